@@ -1,0 +1,170 @@
+-- join_group.lua: Kafka's JoinGroup (GroupMetadataManager.classicGroupJoin) in one atomic step.
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[13]).
+-- ARGV[1]  now ms or ''          ARGV[2]  group id
+-- ARGV[3]  member id ('' = new member)
+-- ARGV[4]  group instance id ('' = dynamic member)
+-- ARGV[5]  protocol type         ARGV[6]  protocols: cmsgpack array of {name, metadata}
+-- ARGV[7]  session timeout ms    ARGV[8]  rebalance timeout ms
+-- ARGV[9]  client id             ARGV[10] client host
+-- ARGV[11] '1' if a known member id is required (KIP-394), else '0'
+-- ARGV[12] a fresh UUID, used if this join creates a member id
+-- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
+
+local req = {
+  mid = ARGV[3], iid = ARGV[4], pt = ARGV[5], pr = ARGV[6],
+  st = tonumber(ARGV[7]), rt = tonumber(ARGV[8]), cid = ARGV[9], host = ARGV[10],
+}
+local require_known = ARGV[11] == '1'
+local uuid = ARGV[12]
+local protocols = cmsgpack.unpack(req.pr)
+
+apply_due()
+
+if req.st < CFG.group_min_session_timeout_ms or req.st > CFG.group_max_session_timeout_ms then
+  return respond(join_error('INVALID_SESSION_TIMEOUT', req.mid))
+end
+
+if not group_exists() then
+  if req.mid ~= '' then return respond(join_error('UNKNOWN_MEMBER_ID', req.mid)) end
+  create_group()
+end
+
+-- Kafka's acceptJoiningMember: parked members always; others while there is room.
+local function accept_joining_member(id)
+  local state = G.state
+  if state == EMPTY or state == DEAD then return true end
+  if state == PREPARING then
+    return (is_member(id) and awaiting_join(id))
+      or redis.call('HLEN', K_JOINING) < CFG.group_max_size
+  end
+  return is_member(id) or nmembers() < CFG.group_max_size
+end
+
+local function add_member_and_rebalance(id)
+  add_member(id, req)
+  if G.state == PREPARING and G.prev == EMPTY then set_g('nma', 1) end
+  -- A new member cannot heartbeat while parked; bound how long its join may wait.
+  schedule(hb_key(id), NOW + CFG.new_member_join_timeout_ms)
+  maybe_prepare_rebalance_or_complete_join('adding new member ' .. id)
+  return reply_or_wait(id, 'j')
+end
+
+local function update_member_and_rebalance(rec, reason)
+  update_member(rec, req, true)
+  maybe_prepare_rebalance_or_complete_join(reason)
+  return reply_or_wait(rec.id, 'j')
+end
+
+-- ClassicGroup.replaceStaticMember: the new member id takes over the old one's place; a caller
+-- still parked under the old id is fenced at once.
+local function replace_static_member(old_id, new_id)
+  local old = mget(old_id)
+  if not old then illegal('cannot replace non-existing member ' .. old_id) end
+  local was_joining = awaiting_join(old_id)
+  local was_syncing = old.as == 1
+  local was_pending_sync = redis.call('HEXISTS', K_PSYNC, old_id) == 1
+  redis.call('HDEL', K_MEMBERS, old_id)
+  redis.call('HDEL', K_JOINING, old_id)
+  redis.call('HDEL', K_PSYNC, old_id)
+  cancel(hb_key(old_id))
+  if was_joining then
+    reply_put(old_id, {k = 'j', e = 'FENCED_INSTANCE_ID', mid = old_id, gen = -1, ldr = '',
+                       mem = {}, skip = false})
+  elseif was_syncing then
+    reply_put(old_id, sync_error('FENCED_INSTANCE_ID'))
+  end
+  local rec = old
+  rec.id, rec.as, rec.new = new_id, 0, 0
+  mput(rec)
+  if G.leader == old_id then set_g('leader', new_id) end
+  redis.call('HSET', K_STATIC, req.iid, new_id)
+  -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).
+  if was_pending_sync then redis.call('HSET', K_PSYNC, new_id, 1) end
+  return rec
+end
+
+local function update_static_member_and_rebalance(old_id, new_id)
+  local rec = replace_static_member(old_id, new_id)
+  reschedule_heartbeat(rec)
+  update_member(rec, req, true)
+  if G.state == STABLE then
+    if select_protocol() == G.pname then
+      -- Same protocol: no rebalance; the static member gets the current generation back, and
+      -- a returning leader is told to skip the assignment (KIP-814).
+      redis.call('HDEL', K_JOINING, new_id)
+      local is_leader = G.leader == new_id
+      return respond(join_reply(new_id, 'NONE', is_leader, is_leader))
+    end
+    maybe_prepare_rebalance_or_complete_join('static member ' .. new_id .. ' changed protocol')
+  elseif G.state == COMPLETING then
+    prepare_rebalance('static member ' .. new_id .. ' rejoined during CompletingRebalance')
+  elseif G.state == EMPTY or G.state == DEAD then
+    illegal('group ' .. GROUP_ID .. ' in state ' .. G.state .. ' with a static member')
+  else
+    maybe_complete_join_phase()
+  end
+  return reply_or_wait(new_id, 'j')
+end
+
+local function join_new_member()
+  if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', '')) end
+  if not supports_protocols(req.pt, protocols) then
+    return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', ''))
+  end
+  if req.iid ~= '' then
+    local new_id = req.iid .. '-' .. uuid
+    local existing = redis.call('HGET', K_STATIC, req.iid)
+    if existing then return update_static_member_and_rebalance(existing, new_id) end
+    return add_member_and_rebalance(new_id)
+  end
+  local new_id = req.cid .. '-' .. uuid
+  if require_known then
+    -- KIP-394: hand out the id; the member is pending until it joins with it.
+    redis.call('HSET', K_PENDING, new_id, 1)
+    schedule(hb_key(new_id), NOW + req.st)
+    return respond(join_error('MEMBER_ID_REQUIRED', new_id))
+  end
+  return add_member_and_rebalance(new_id)
+end
+
+local function join_existing_member()
+  local id = req.mid
+  if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', id)) end
+  if not supports_protocols(req.pt, protocols) then
+    return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', id))
+  end
+  if is_pending(id) then
+    if req.iid ~= '' then
+      -- Kafka raises IllegalStateException here: pending members are never static.
+      return respond(join_error('UNKNOWN_SERVER_ERROR', id))
+    end
+    return add_member_and_rebalance(id)
+  end
+  local err = validate_member(id, req.iid)
+  if err then return respond(join_error(err, id)) end
+  local rec = mget(id)
+  if G.state == PREPARING then
+    return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined during PreparingRebalance')
+  elseif G.state == COMPLETING then
+    if rec.pr == req.pr then
+      -- Same metadata: it probably missed its JoinGroup response; send it again.
+      return respond(join_reply(id, 'NONE', G.leader == id, false))
+    end
+    return update_member_and_rebalance(rec, 'member ' .. id .. ' changed metadata')
+  elseif G.state == STABLE then
+    if G.leader == id or rec.pr ~= req.pr then
+      -- A leader's rejoin forces a rebalance (it may have seen metadata change).
+      return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined Stable group')
+    end
+    return respond(join_reply(id, 'NONE', false, false))
+  end
+  -- Empty: the member must reset its generation and rejoin.
+  return respond(join_error('UNKNOWN_MEMBER_ID', id))
+end
+
+if not accept_joining_member(req.mid) then
+  if req.mid ~= '' and is_member(req.mid) then remove_member(req.mid) end
+  return respond(join_error('GROUP_MAX_SIZE_REACHED', ''))
+end
+if req.mid == '' then return join_new_member() end
+return join_existing_member()

@@ -1,0 +1,576 @@
+-- prelude.lua: shared head of every group script (rcoord/scripts.py puts it in front of each
+-- step's file, so one script call is one atomic protocol step).
+--
+-- Every group script receives the same KEYS (rcoord/keys.py documents them):
+--   KEYS[1]  cfg       hash   namespace settings, this partition's copy
+--   KEYS[2]  groups    set    group ids of this partition
+--   KEYS[3]  due       zset   group id -> earliest deadline of the group
+--   KEYS[4]  group     hash   state, gen, ptype, pname, leader, timer arguments, P:<protocol> counts
+--   KEYS[5]  members   hash   member id -> member record (cmsgpack)
+--   KEYS[6]  statics   hash   group instance id -> member id
+--   KEYS[7]  pending   hash   member ids handed out with MEMBER_ID_REQUIRED, not yet joined
+--   KEYS[8]  joining   hash   member ids with a parked JoinGroup
+--   KEYS[9]  psync     hash   member ids expected to send SyncGroup this generation
+--   KEYS[10] replies   hash   member id -> reply to its parked Join/SyncGroup (cmsgpack)
+--   KEYS[11] wake      stream wake-ups for parked callers
+--   KEYS[12] deadlines zset   'hb:<member>' | 'join' | 'sync' -> deadline (ms)
+--   KEYS[13] offsets   hash   committed offsets
+-- and the same first ARGV:
+--   ARGV[1]  now in ms, or '' to read Redis TIME (the one clock; tests may pass a mock time)
+--   ARGV[2]  group id
+-- Protocol errors are returned inside replies by Kafka name; invariant violations are error
+-- replies starting with RCOORD_ILLEGAL_STATE (rcoord/errors.py maps both).
+
+local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
+      K_REPLIES, K_WAKE, K_DL, K_OFFSETS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+      KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local GROUP_ID = ARGV[2]
+
+local NOW
+if ARGV[1] ~= '' then
+  NOW = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The state table (rcoord/state.py VALID_PREVIOUS; a parity test keeps them equal).
+local EMPTY, PREPARING, COMPLETING, STABLE, DEAD =
+  'Empty', 'PreparingRebalance', 'CompletingRebalance', 'Stable', 'Dead'
+local VALID_PREVIOUS = {
+  [EMPTY] = {[PREPARING] = true},
+  [PREPARING] = {[STABLE] = true, [COMPLETING] = true, [EMPTY] = true},
+  [COMPLETING] = {[PREPARING] = true},
+  [STABLE] = {[COMPLETING] = true},
+  [DEAD] = {[STABLE] = true, [PREPARING] = true, [COMPLETING] = true, [EMPTY] = true, [DEAD] = true},
+}
+
+-- Settings; defaults are rcoord/config.py's (a parity test keeps them equal).
+local DEFAULTS = {
+  group_min_session_timeout_ms = 6000,
+  group_max_session_timeout_ms = 1800000,
+  group_max_size = 2147483647,
+  group_initial_rebalance_delay_ms = 3000,
+  new_member_join_timeout_ms = 300000,
+  offsets_retention_ms = 604800000,
+  offset_metadata_max_bytes = 4096,
+}
+local CFG = {}
+do
+  local names = {}
+  for name, _ in pairs(DEFAULTS) do names[#names + 1] = name end
+  local values = redis.call('HMGET', K_CFG, unpack(names))
+  for i, name in ipairs(names) do
+    CFG[name] = tonumber(values[i]) or DEFAULTS[name]
+  end
+end
+
+local function illegal(msg)
+  return error({err = 'RCOORD_ILLEGAL_STATE ' .. msg})
+end
+
+-- Group hash, cached in G and written through.
+local G = {}
+do
+  local flat = redis.call('HGETALL', K_GROUP)
+  for i = 1, #flat, 2 do G[flat[i]] = flat[i + 1] end
+end
+local function group_exists() return G.state ~= nil end
+local function set_g(field, value)
+  G[field] = tostring(value)
+  redis.call('HSET', K_GROUP, field, value)
+end
+local function gen() return tonumber(G.gen or '0') end
+
+local function create_group()
+  G = {}
+  set_g('state', EMPTY)
+  set_g('prev', EMPTY)
+  set_g('gen', 0)
+  set_g('ptype', '')
+  set_g('pname', '')
+  set_g('leader', '')
+  set_g('ts', NOW)
+  set_g('created', NOW)
+  redis.call('SADD', K_GROUPS, GROUP_ID)
+end
+
+local function transition(to)
+  local from = G.state
+  if not VALID_PREVIOUS[to][from] then
+    local names = {}
+    for s, _ in pairs(VALID_PREVIOUS[to]) do names[#names + 1] = s end
+    table.sort(names)
+    illegal('Group ' .. GROUP_ID .. ' should be in one of the states {' ..
+      table.concat(names, ', ') .. '} before moving to ' .. to ..
+      ' state. Instead it is in ' .. tostring(from) .. ' state.')
+  end
+  set_g('prev', from)
+  set_g('state', to)
+  set_g('ts', NOW)
+end
+
+local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end
+
+-- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
+local function schedule(name, at) redis.call('ZADD', K_DL, at, name) end
+local function cancel(name) redis.call('ZREM', K_DL, name) end
+local function hb_key(id) return 'hb:' .. id end
+
+-- Wake-ups and replies for parked callers.
+local WAKE = false
+local function wake() WAKE = true end
+local function reply_put(id, rep)
+  redis.call('HSET', K_REPLIES, id, cmsgpack.pack(rep))
+  wake()
+end
+
+-- Member records.
+local function mget(id)
+  local blob = redis.call('HGET', K_MEMBERS, id)
+  if not blob then return nil end
+  return cmsgpack.unpack(blob)
+end
+local function mput(rec) redis.call('HSET', K_MEMBERS, rec.id, cmsgpack.pack(rec)) end
+local function all_members()
+  local flat = redis.call('HGETALL', K_MEMBERS)
+  local out = {}
+  for i = 2, #flat, 2 do out[#out + 1] = cmsgpack.unpack(flat[i]) end
+  table.sort(out, function(a, b) return a.seq < b.seq end)
+  return out
+end
+local function nmembers() return redis.call('HLEN', K_MEMBERS) end
+local function is_member(id) return redis.call('HEXISTS', K_MEMBERS, id) == 1 end
+local function is_pending(id) return redis.call('HEXISTS', K_PENDING, id) == 1 end
+local function awaiting_join(id) return redis.call('HEXISTS', K_JOINING, id) == 1 end
+local function all_joined()
+  return nmembers() == redis.call('HLEN', K_JOINING) and redis.call('HLEN', K_PENDING) == 0
+end
+local function protocols_of(rec) return cmsgpack.unpack(rec.pr) end
+local function count_protocols(rec, delta)
+  for _, p in ipairs(protocols_of(rec)) do
+    local n = redis.call('HINCRBY', K_GROUP, 'P:' .. p[1], delta)
+    if n <= 0 then redis.call('HDEL', K_GROUP, 'P:' .. p[1]) end
+  end
+end
+local function metadata_for(rec, name)
+  for _, p in ipairs(protocols_of(rec)) do
+    if p[1] == name then return p[2] end
+  end
+  return ''
+end
+
+-- Kafka's ClassicGroup.supportsProtocols: an Empty group takes any non-empty type and list;
+-- otherwise the type must match and one protocol must be supported by every member.
+local function supports_protocols(ptype, protocols)
+  if G.state == EMPTY then
+    return ptype ~= '' and #protocols > 0
+  end
+  if G.ptype ~= ptype then return false end
+  local n = nmembers()
+  for _, p in ipairs(protocols) do
+    if tonumber(redis.call('HGET', K_GROUP, 'P:' .. p[1]) or '0') == n then return true end
+  end
+  return false
+end
+
+-- Kafka's selectProtocol: every member votes for its most preferred candidate (a protocol all
+-- members support); most votes wins, ties go to the smaller name so the choice is deterministic.
+local function select_protocol()
+  local members = all_members()
+  local n = #members
+  local votes = {}
+  for _, rec in ipairs(members) do
+    for _, p in ipairs(protocols_of(rec)) do
+      if tonumber(redis.call('HGET', K_GROUP, 'P:' .. p[1]) or '0') == n then
+        votes[p[1]] = (votes[p[1]] or 0) + 1
+        break
+      end
+    end
+  end
+  local best, best_votes = '', -1
+  for name, v in pairs(votes) do
+    if v > best_votes or (v == best_votes and name < best) then best, best_votes = name, v end
+  end
+  return best
+end
+
+local function rebalance_timeout()
+  local rt = 0
+  for _, rec in ipairs(all_members()) do
+    if rec.rt > rt then rt = rec.rt end
+  end
+  return rt
+end
+
+local function current_members()
+  local out = {}
+  for _, rec in ipairs(all_members()) do
+    out[#out + 1] = {id = rec.id, iid = rec.iid, meta = metadata_for(rec, G.pname)}
+  end
+  return out
+end
+
+local function join_reply(id, err, with_members, skip)
+  local rep = {k = 'j', e = err, mid = id, gen = gen(), pt = G.ptype, pn = G.pname,
+               ldr = G.leader, mem = {}, skip = skip or false}
+  if with_members then rep.mem = current_members() end
+  return rep
+end
+local function join_error(err, id) return {k = 'j', e = err, mid = id or '', gen = -1, ldr = '',
+                                            mem = {}, skip = false} end
+local function sync_error(err) return {k = 's', e = err, asg = ''} end
+
+local function elect_leader()
+  local best = nil
+  for _, rec in ipairs(all_members()) do
+    best = rec.id
+    break
+  end
+  set_g('leader', best or '')
+end
+
+-- ClassicGroup.add: the member is added with a parked JoinGroup.
+local function add_member(id, req)
+  if req.iid ~= '' then
+    if redis.call('HEXISTS', K_STATIC, req.iid) == 1 then
+      illegal('Static member with groupInstanceId=' .. req.iid .. ' is already a member of ' .. GROUP_ID)
+    end
+    redis.call('HSET', K_STATIC, req.iid, id)
+  end
+  if nmembers() == 0 then set_g('ptype', req.pt) end
+  if G.ptype ~= req.pt then illegal('The group and member protocol types must be the same') end
+  if G.leader == '' then set_g('leader', id) end
+  local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
+               pt = req.pt, pr = req.pr, asg = '', as = 0, new = 1,
+               seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
+  mput(rec)
+  count_protocols(rec, 1)
+  redis.call('HSET', K_JOINING, id, 1)
+  redis.call('HDEL', K_PENDING, id)
+  redis.call('HDEL', K_REPLIES, id)
+  return rec
+end
+
+-- ClassicGroup.remove plus cancelling the member's session deadline.
+local function remove_member(id)
+  local rec = mget(id)
+  if rec then
+    redis.call('HDEL', K_MEMBERS, id)
+    count_protocols(rec, -1)
+    if rec.iid ~= '' and redis.call('HGET', K_STATIC, rec.iid) == id then
+      redis.call('HDEL', K_STATIC, rec.iid)
+    end
+  end
+  redis.call('HDEL', K_JOINING, id)
+  redis.call('HDEL', K_PENDING, id)
+  redis.call('HDEL', K_PSYNC, id)
+  redis.call('HDEL', K_REPLIES, id)
+  cancel(hb_key(id))
+  if G.leader == id then elect_leader() end
+  wake()
+end
+
+-- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
+local function update_member(rec, req, parked)
+  count_protocols(rec, -1)
+  rec.pr, rec.rt, rec.st = req.pr, req.rt, req.st
+  mput(rec)
+  count_protocols(rec, 1)
+  if parked then
+    redis.call('HSET', K_JOINING, rec.id, 1)
+    redis.call('HDEL', K_REPLIES, rec.id)
+  else
+    redis.call('HDEL', K_JOINING, rec.id)
+  end
+end
+
+local function validate_member(id, iid)
+  if iid ~= '' then
+    local existing = redis.call('HGET', K_STATIC, iid)
+    if not existing then return 'UNKNOWN_MEMBER_ID' end
+    if existing ~= id then return 'FENCED_INSTANCE_ID' end
+  end
+  if not is_member(id) then return 'UNKNOWN_MEMBER_ID' end
+  return nil
+end
+
+local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) end
+
+-- Completes parked SyncGroups with the members' assignments (or an error).
+local function propagate_assignment(err)
+  for _, rec in ipairs(all_members()) do
+    if rec.as == 1 then
+      local rep = {k = 's', e = err, asg = rec.asg}
+      if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
+      reply_put(rec.id, rep)
+      rec.as = 0
+      mput(rec)
+      reschedule_heartbeat(rec)
+    end
+  end
+end
+
+local function set_and_propagate_assignment(assignments)
+  if G.state ~= COMPLETING then illegal('assignment outside CompletingRebalance') end
+  for _, rec in ipairs(all_members()) do
+    rec.asg = assignments[rec.id] or ''
+    mput(rec)
+  end
+  propagate_assignment('NONE')
+end
+
+local function reset_and_propagate_error(err)
+  if G.state ~= COMPLETING then illegal('reset of assignment outside CompletingRebalance') end
+  for _, rec in ipairs(all_members()) do
+    rec.asg = ''
+    mput(rec)
+  end
+  propagate_assignment(err)
+end
+
+local function remove_pending_sync(id)
+  redis.call('HDEL', K_PSYNC, id)
+  if G.state == COMPLETING or G.state == STABLE then
+    if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
+  else
+    cancel('sync')
+  end
+end
+
+local function init_next_generation()
+  set_g('gen', gen() + 1)
+  if nmembers() > 0 then
+    set_g('pname', select_protocol())
+    transition(COMPLETING)
+  else
+    set_g('pname', '')
+    transition(EMPTY)
+  end
+  redis.call('DEL', K_PSYNC)
+end
+
+-- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
+local function maybe_elect_new_joined_leader()
+  if G.leader == '' then return false end
+  if awaiting_join(G.leader) then return true end
+  for _, rec in ipairs(all_members()) do
+    if awaiting_join(rec.id) then
+      set_g('leader', rec.id)
+      return true
+    end
+  end
+  return false
+end
+
+-- Replies to members that are gone and never came for them are dropped once a generation forms.
+local function prune_replies()
+  local ids = redis.call('HKEYS', K_REPLIES)
+  for _, id in ipairs(ids) do
+    if not is_member(id) then redis.call('HDEL', K_REPLIES, id) end
+  end
+end
+
+local function complete_join()
+  cancel('join')
+  for _, rec in ipairs(all_members()) do
+    if rec.iid == '' and not awaiting_join(rec.id) then remove_member(rec.id) end
+  end
+  if G.state == DEAD then return end
+  if not maybe_elect_new_joined_leader() and nmembers() > 0 then
+    -- Nobody rejoined (only absent static members remain): try again after a rebalance timeout.
+    set_g('jk', 'n')
+    schedule('join', NOW + rebalance_timeout())
+    return
+  end
+  init_next_generation()
+  if G.state == EMPTY then return end
+  local members = all_members()
+  local with_members = nil
+  for _, rec in ipairs(members) do
+    if awaiting_join(rec.id) then
+      local is_leader = rec.id == G.leader
+      if is_leader and with_members == nil then with_members = current_members() end
+      local rep = join_reply(rec.id, 'NONE', false, false)
+      if is_leader then rep.mem = with_members end
+      reply_put(rec.id, rep)
+      redis.call('HDEL', K_JOINING, rec.id)
+    end
+    reschedule_heartbeat(rec)
+    if rec.new == 1 then
+      rec.new = 0
+      mput(rec)
+    end
+    redis.call('HSET', K_PSYNC, rec.id, 1)
+  end
+  set_g('sg', gen())
+  schedule('sync', NOW + rebalance_timeout())
+  prune_replies()
+end
+
+local function maybe_complete_join_phase()
+  if G.state ~= PREPARING then return end
+  if G.prev == EMPTY then return end -- the initial rebalance completes only by its delay timer
+  if not all_joined() then return end
+  complete_join()
+end
+
+local function prepare_rebalance(reason)
+  if G.state == COMPLETING then reset_and_propagate_error('REBALANCE_IN_PROGRESS') end
+  redis.call('DEL', K_PSYNC)
+  cancel('sync')
+  local initial = G.state == EMPTY
+  if initial then
+    local delay = CFG.group_initial_rebalance_delay_ms
+    set_g('jk', 'i')
+    set_g('jd', delay)
+    set_g('jr', math.max(rebalance_timeout() - delay, 0))
+    set_g('nma', 0)
+    schedule('join', NOW + delay)
+  end
+  transition(PREPARING)
+  set_g('reason', reason or '')
+  if not initial then
+    if all_joined() then
+      complete_join()
+    else
+      set_g('jk', 'n')
+      schedule('join', NOW + rebalance_timeout())
+    end
+  end
+end
+
+local function maybe_prepare_rebalance_or_complete_join(reason)
+  if can_rebalance() then prepare_rebalance(reason) else maybe_complete_join_phase() end
+end
+
+-- Timer actions -----------------------------------------------------------------------------
+
+local function expire_heartbeat(id)
+  if G.state == DEAD then return end
+  if is_pending(id) then
+    redis.call('HDEL', K_PENDING, id)
+    if G.state == PREPARING and all_joined() then complete_join() end
+    return
+  end
+  local rec = mget(id)
+  if not rec then return end
+  -- Kafka's hasSatisfiedHeartbeat: a parked member is alive, unless it is new.
+  local satisfied = rec.new ~= 1 and (awaiting_join(id) or rec.as == 1)
+  if satisfied then return end
+  remove_member(id)
+  if G.state == STABLE or G.state == COMPLETING then
+    maybe_prepare_rebalance_or_complete_join('removing member ' .. id .. ' on heartbeat expiration')
+  elseif G.state == PREPARING and all_joined() then
+    complete_join()
+  end
+end
+
+local function expire_join()
+  if G.state ~= PREPARING then return end
+  if G.jk == 'i' then
+    -- Kafka's tryCompleteInitialRebalanceElseSchedule: extend while members keep arriving.
+    local delay, remaining = tonumber(G.jd), tonumber(G.jr)
+    if G.nma == '1' and remaining ~= 0 then
+      local new_delay = math.min(CFG.group_initial_rebalance_delay_ms, remaining)
+      set_g('nma', 0)
+      set_g('jd', new_delay)
+      set_g('jr', math.max(remaining - delay, 0))
+      schedule('join', NOW + new_delay)
+      return
+    end
+  end
+  complete_join()
+end
+
+local function expire_sync()
+  if tonumber(G.sg or '-1') ~= gen() then return end
+  if G.state ~= COMPLETING and G.state ~= STABLE then return end
+  local ids = redis.call('HKEYS', K_PSYNC)
+  if #ids == 0 then return end
+  for _, id in ipairs(ids) do remove_member(id) end
+  prepare_rebalance('removing members that did not send SyncGroup in time')
+end
+
+-- Applies every deadline of this group that has passed, in deadline order (lazy expiry).
+local function apply_due()
+  local applied = 0
+  while group_exists() and applied < 1000 do
+    local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+    if #first == 0 or tonumber(first[2]) > NOW then break end
+    local name = first[1]
+    redis.call('ZREM', K_DL, name)
+    if name == 'join' then
+      expire_join()
+    elseif name == 'sync' then
+      expire_sync()
+    elseif string.sub(name, 1, 3) == 'hb:' then
+      expire_heartbeat(string.sub(name, 4))
+    end
+    applied = applied + 1
+  end
+  -- A group over a lowered group_max_size rebalances so that the excess members are turned away.
+  if group_exists() and (G.state == STABLE or G.state == COMPLETING)
+      and nmembers() > CFG.group_max_size then
+    prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
+  end
+  return applied
+end
+
+-- Every script ends here: publish the group's earliest deadline and wake parked callers.
+local function finish()
+  if group_exists() then
+    local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+    if #first == 0 then
+      redis.call('ZREM', K_DUE, GROUP_ID)
+    else
+      redis.call('ZADD', K_DUE, first[2], GROUP_ID)
+    end
+  else
+    redis.call('ZREM', K_DUE, GROUP_ID)
+  end
+  if WAKE then
+    local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
+    redis.call('HSET', K_GROUP, 'wid', id)
+    G.wid = id
+  end
+end
+
+local function next_deadline()
+  local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  return tonumber(first[2])
+end
+
+-- Reply to a parked caller if its reply is ready, otherwise tell it how to wait.
+-- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}.
+local function reply_or_wait(id, kind)
+  local blob = redis.call('HGET', K_REPLIES, id)
+  if blob then
+    local rep = cmsgpack.unpack(blob)
+    if rep.k == kind then
+      redis.call('HDEL', K_REPLIES, id)
+      finish()
+      return {'R', blob}
+    end
+  end
+  local waiting
+  if kind == 'j' then
+    waiting = awaiting_join(id)
+  else
+    local rec = mget(id)
+    waiting = rec ~= nil and rec.as == 1
+  end
+  if not waiting then
+    finish()
+    if kind == 'j' then return {'R', cmsgpack.pack(join_error('UNKNOWN_MEMBER_ID', ''))} end
+    return {'R', cmsgpack.pack(sync_error('UNKNOWN_MEMBER_ID'))}
+  end
+  finish()
+  return {'W', G.wid or '0-0', next_deadline(), NOW, id}
+end
+
+local function respond(rep)
+  finish()
+  return {'R', cmsgpack.pack(rep)}
+end

@@ -1,0 +1,52 @@
+"""rcoord: Kafka's consumer-group coordination on Redis.
+
+The classic group protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) with Kafka's state
+machine, generations, delayed join and static membership, kept in Redis and changed only by
+Lua scripts.
+"""
+
+from .clock import MockTime
+from .config import CoordinatorConfig
+from .coordinator import GroupCoordinator
+from .errors import (
+    ConfigError,
+    ConnectionLost,
+    Errors,
+    IllegalStateError,
+    InvalidRequestError,
+    ProtocolError,
+    RcoordError,
+)
+from .partitioning import partition_for
+from .protocol import (
+    JoinGroupMember,
+    JoinGroupResult,
+    LeaveGroupResult,
+    LeaveMemberResult,
+    MemberIdentity,
+    SyncGroupResult,
+)
+from .state import GroupState
+
+__all__ = [
+    "ConfigError",
+    "ConnectionLost",
+    "CoordinatorConfig",
+    "Errors",
+    "GroupCoordinator",
+    "GroupState",
+    "IllegalStateError",
+    "InvalidRequestError",
+    "JoinGroupMember",
+    "JoinGroupResult",
+    "LeaveGroupResult",
+    "LeaveMemberResult",
+    "MemberIdentity",
+    "MockTime",
+    "ProtocolError",
+    "RcoordError",
+    "SyncGroupResult",
+    "partition_for",
+]
+
+__version__ = "0.1.0"

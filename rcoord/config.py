@@ -1,0 +1,137 @@
+"""CoordinatorConfig: the deployment settings of one rcoord namespace, with Kafka's defaults.
+
+The group limits are broker settings in Kafka, so every party of a namespace must enforce the
+same ones. They are stored in Redis: a namespace-wide hash for Python (``<ns>:settings``) and a
+copy in each coordinator partition (``<ns>:{tag}:cfg``) that the scripts read, because a script
+may only touch keys of its own slot. A config passed to ``GroupCoordinator`` writes the settings
+it *names* (the fields given to the constructor); settings it does not name come from Redis, or
+from the defaults below when Redis has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["CoordinatorConfig", "STORED_SETTINGS"]
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of a namespace. Defaults are Kafka's broker defaults.
+
+    Attributes:
+        group_min_session_timeout_ms: smallest session timeout a member may ask for
+            (``group.min.session.timeout.ms``).
+        group_max_session_timeout_ms: largest session timeout (``group.max.session.timeout.ms``).
+        group_max_size: most members a group may have (``group.max.size``).
+        group_initial_rebalance_delay_ms: how long the first rebalance of an empty group waits
+            for more members, extended per arrival up to the rebalance timeout
+            (``group.initial.rebalance.delay.ms``).
+        num_partitions: coordinator partitions (``offsets.topic.num.partitions``); fixed once the
+            namespace holds groups.
+        new_member_join_timeout_ms: how long a new member's parked JoinGroup may wait before the
+            member is dropped (Kafka's ``GroupCoordinator.NewMemberJoinTimeoutMs``).
+        offsets_retention_ms: how long offsets are kept after a group became Empty
+            (``offsets.retention.minutes``).
+        offset_metadata_max_bytes: largest commit metadata string (``offset.metadata.max.bytes``).
+        namespace: key prefix, so several deployments can share one Redis.
+    """
+
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    group_max_size: int = 2**31 - 1
+    group_initial_rebalance_delay_ms: int = 3000
+    num_partitions: int = 50
+    new_member_join_timeout_ms: int = 300_000
+    offsets_retention_ms: int = 604_800_000
+    offset_metadata_max_bytes: int = 4096
+    namespace: str = "rcoord"
+    _named: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def named(self) -> frozenset[str]:
+        """The settings this config was constructed with explicitly."""
+        return self._named
+
+    def validate(self) -> None:
+        """Check every invariant; the message names the field to fix."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be an int, got {value!r}")
+        positive = (
+            "group_min_session_timeout_ms",
+            "group_max_session_timeout_ms",
+            "group_max_size",
+            "num_partitions",
+            "new_member_join_timeout_ms",
+            "offsets_retention_ms",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_initial_rebalance_delay_ms < 0:
+            raise ConfigError("group_initial_rebalance_delay_ms must be >= 0")
+        if self.offset_metadata_max_bytes < 0:
+            raise ConfigError("offset_metadata_max_bytes must be >= 0")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ConfigError(
+                "group_min_session_timeout_ms "
+                f"({self.group_min_session_timeout_ms}) must not exceed "
+                f"group_max_session_timeout_ms ({self.group_max_session_timeout_ms})"
+            )
+        if self.group_max_size > 2**31 - 1:
+            raise ConfigError("group_max_size must fit a Java int (<= 2147483647)")
+        if self.num_partitions > 16384:
+            raise ConfigError("num_partitions must be <= 16384 (one Redis Cluster slot each)")
+        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
+            raise ConfigError(
+                f"namespace must be 1-64 characters of [A-Za-z0-9._:-] (no braces), "
+                f"got {self.namespace!r}"
+            )
+
+    def stored_values(self) -> dict[str, int]:
+        """The settings kept in Redis, as field -> value."""
+        return {name: getattr(self, name) for name in STORED_SETTINGS}
+
+    def merged_with_stored(self, stored: Mapping[str, Any]) -> CoordinatorConfig:
+        """This config's named settings over ``stored`` ones over the defaults."""
+        values: dict[str, Any] = {}
+        for name in STORED_SETTINGS:
+            if name in self._named:
+                values[name] = getattr(self, name)
+            elif name in stored:
+                values[name] = int(stored[name])
+        values["namespace"] = self.namespace
+        merged = dataclasses.replace(CoordinatorConfig(), **values)
+        object.__setattr__(merged, "_named", self._named)
+        return merged
+
+
+_FIELDS = [f.name for f in dataclasses.fields(CoordinatorConfig) if not f.name.startswith("_")]
+_INT_FIELDS = [n for n in _FIELDS if n != "namespace"]
+STORED_SETTINGS: tuple[str, ...] = tuple(_INT_FIELDS)
+"""Settings stored per namespace in Redis (everything but the namespace itself)."""
+
+_dataclass_init = CoordinatorConfig.__init__
+
+
+def _recording_init(self: CoordinatorConfig, *args: Any, **kwargs: Any) -> None:
+    named = set(_FIELDS[: len(args)]) | {k for k in kwargs if not k.startswith("_")}
+    kwargs.pop("_named", None)
+    _dataclass_init(self, *args, **kwargs)
+    object.__setattr__(self, "_named", frozenset(named))
+
+
+CoordinatorConfig.__init__ = _recording_init  # type: ignore[method-assign]

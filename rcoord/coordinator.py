@@ -1,0 +1,279 @@
+"""GroupCoordinator: Kafka's classic group protocol, served from Redis by Lua scripts.
+
+Phases of a rebalance, as Kafka runs them and as the scripts reproduce them:
+
+1. **Join.** Members send JoinGroup. A new member is given an id (KIP-394: it must join again
+   with it). The group moves to PreparingRebalance and parks each JoinGroup until every known
+   member has rejoined, or the rebalance timeout passes (members that did not rejoin are
+   dropped), or, for a group's first generation, the initial rebalance delay has passed
+   without new arrivals.
+2. **Generation.** The join phase completes: the generation id increments, a protocol is
+   chosen by vote, and every parked JoinGroup is answered; the leader's answer lists the
+   members and their metadata. The group is CompletingRebalance.
+3. **Sync.** The leader sends the assignment in SyncGroup; followers' SyncGroups are parked
+   until it arrives. The group is Stable.
+4. **Liveness.** Heartbeats refresh each member's session deadline; a member whose deadline
+   passes is removed and the group rebalances.
+
+Every step is one script call (``lua/``), which first applies the group's passed deadlines,
+so no step depends on a timer process having run. A parked call waits on the group's wake
+stream (``XREAD BLOCK``) and collects its reply with ``await_reply``; while it waits it also
+applies the deadlines it is waiting for.
+
+State transitions (see ``rcoord.state``): Empty -> PreparingRebalance -> CompletingRebalance
+-> Stable, back to PreparingRebalance on any membership change, and Empty when the last member
+leaves.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import CoordinatorConfig
+from .errors import ConfigError, Errors, translate_redis_errors
+from .keys import GroupKeys, PartitionKeys, settings_key
+from .partitioning import partition_for
+from .protocol.heartbeat import decode_heartbeat, heartbeat_args
+from .protocol.join import JoinGroupResult, JoinRequest
+from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
+from .protocol.sync import SyncGroupResult, SyncRequest
+from .scripts import Scripts
+
+__all__ = ["GroupCoordinator"]
+
+MAX_BLOCK_MS = 1000
+"""Longest single XREAD BLOCK of a parked call; it then re-checks (and applies deadlines)."""
+MOCK_CLOCK_BLOCK_MS = 20
+"""With an injected clock, time only moves when the test moves it: re-check often."""
+DUE_BATCH = 1000
+
+
+class GroupCoordinator:
+    """The server side of Kafka's classic group protocol, one method per request.
+
+    ``redis_client`` is a ``redis.Redis`` or ``redis.RedisCluster`` created with
+    ``decode_responses=False``. ``config`` writes the settings it names to the namespace in
+    Redis (see ``CoordinatorConfig``); without one, the stored settings (or Kafka's defaults)
+    apply. ``clock`` (a callable returning milliseconds) replaces Redis ``TIME`` in every
+    script; it exists for deterministic tests, like Kafka's MockTime.
+
+    Nothing touches Redis until ``start()`` or the first request.
+    """
+
+    def __init__(
+        self,
+        redis_client: Any,
+        config: CoordinatorConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self._redis = redis_client
+        self._given = config
+        self._clock = clock
+        self._scripts = Scripts(redis_client)
+        self._config: CoordinatorConfig | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @translate_redis_errors
+    def start(self) -> GroupCoordinator:
+        """Load the scripts and settle the namespace settings. Idempotent."""
+        with self._lock:
+            if self._config is None:
+                self._check_client()
+                self._scripts.load()
+                self._config = self._settle_config()
+        return self
+
+    @property
+    def config(self) -> CoordinatorConfig:
+        """The settings in force (after ``start()``)."""
+        return self._started()
+
+    def _started(self) -> CoordinatorConfig:
+        if self._config is None:
+            self.start()
+        assert self._config is not None
+        return self._config
+
+    def _check_client(self) -> None:
+        encoder = self._redis.get_encoder() if hasattr(self._redis, "get_encoder") else None
+        if encoder is not None and getattr(encoder, "decode_responses", False):
+            raise ConfigError(
+                "GroupCoordinator needs a Redis client with decode_responses=False "
+                "(replies carry binary metadata)"
+            )
+
+    def _settle_config(self) -> CoordinatorConfig:
+        namespace = self._given.namespace if self._given else "rcoord"
+        raw = self._redis.hgetall(settings_key(namespace))
+        stored = {k.decode(): v.decode() for k, v in raw.items()}
+        base = self._given if self._given is not None else CoordinatorConfig(namespace=namespace)
+        effective = base.merged_with_stored(stored)
+        if self._given is None or not (self._given.named - {"namespace"}):
+            return effective
+        old_partitions = int(stored.get("num_partitions", effective.num_partitions))
+        if old_partitions != effective.num_partitions and self._has_groups(namespace, old_partitions):
+            raise ConfigError(
+                f"num_partitions is fixed at {old_partitions} for namespace {namespace!r} "
+                "because it holds groups; delete them or use another namespace"
+            )
+        values = effective.stored_values()
+        pipe = self._redis.pipeline(transaction=False)
+        for p in range(effective.num_partitions):
+            pipe.hset(PartitionKeys(namespace, p, effective.num_partitions).cfg, mapping=values)
+        pipe.hset(settings_key(namespace), mapping=values)
+        pipe.execute()
+        return effective
+
+    def _has_groups(self, namespace: str, num_partitions: int) -> bool:
+        pipe = self._redis.pipeline(transaction=False)
+        for p in range(num_partitions):
+            pipe.scard(PartitionKeys(namespace, p, num_partitions).groups)
+        return any(n for n in pipe.execute())
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        """The coordinator partition of ``group_id`` (Kafka's __consumer_offsets partition)."""
+        return partition_for(group_id, self._started().num_partitions)
+
+    def _keys(self, group_id: str) -> GroupKeys:
+        cfg = self._started()
+        return GroupKeys.of(cfg.namespace, cfg.num_partitions, group_id)
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else str(int(self._clock()))
+
+    def _call(self, step: str, keys: GroupKeys, args: Sequence[Any]) -> Any:
+        script = getattr(self._scripts, step)
+        return script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
+
+    def _block_ms(self, deadline: int, now: int) -> int:
+        if self._clock is not None:
+            return MOCK_CLOCK_BLOCK_MS
+        if deadline < 0:
+            return MAX_BLOCK_MS
+        return max(1, min(MAX_BLOCK_MS, deadline - now + 1))
+
+    def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
+        """Wait for a parked Join/SyncGroup's reply; see the module docstring."""
+        while reply[0] == b"W":
+            wake_id, deadline, now = reply[1], int(reply[2]), int(reply[3])
+            self._redis.xread({keys.wake: wake_id}, count=1, block=self._block_ms(deadline, now))
+            reply = self._call("await_reply", keys, [member_id, kind])
+        return bytes(reply[1])
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    @translate_redis_errors
+    def join_group(
+        self,
+        group_id: str,
+        member_id: str = "",
+        *,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int | None = None,
+        group_instance_id: str | None = None,
+        client_id: str = "",
+        client_host: str = "",
+        require_known_member_id: bool = True,
+        reason: str | None = None,
+    ) -> JoinGroupResult:
+        """JoinGroup. Blocks while the join is parked; see ``rcoord.protocol.join`` for errors."""
+        req = JoinRequest.build(
+            group_id,
+            member_id,
+            protocol_type=protocol_type,
+            protocols=protocols,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            group_instance_id=group_instance_id,
+            client_id=client_id,
+            client_host=client_host,
+            require_known_member_id=require_known_member_id,
+            reason=reason,
+        )
+        if not req.group_id:
+            return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)
+        keys = self._keys(req.group_id)
+        reply = self._call("join_group", keys, req.args())
+        if reply[0] == b"W":
+            # The member id may have been created by this call; the wait reply carries it.
+            parked_id = bytes(reply[4]).decode("utf-8", "surrogateescape")
+            return JoinGroupResult.decode(self._park(keys, parked_id, "j", reply))
+        return JoinGroupResult.decode(bytes(reply[1]))
+
+    @translate_redis_errors
+    def sync_group(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        *,
+        assignments: dict[str, bytes] | None = None,
+        group_instance_id: str | None = None,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> SyncGroupResult:
+        """SyncGroup. A follower's call blocks until the leader's assignment is stored."""
+        req = SyncRequest.build(
+            group_id,
+            generation_id,
+            member_id,
+            assignments=assignments,
+            group_instance_id=group_instance_id,
+            protocol_type=protocol_type,
+            protocol_name=protocol_name,
+        )
+        if not req.group_id:
+            return SyncGroupResult(Errors.INVALID_GROUP_ID)
+        keys = self._keys(req.group_id)
+        reply = self._call("sync_group", keys, req.args())
+        if reply[0] == b"W":
+            return SyncGroupResult.decode(self._park(keys, req.member_id, "s", reply))
+        return SyncGroupResult.decode(bytes(reply[1]))
+
+    @translate_redis_errors
+    def heartbeat(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None = None,
+    ) -> Errors:
+        """Heartbeat: refreshes the member's session; the code says whether to rejoin."""
+        gid, args = heartbeat_args(group_id, generation_id, member_id, group_instance_id)
+        if not gid:
+            return Errors.INVALID_GROUP_ID
+        return decode_heartbeat(self._call("heartbeat", self._keys(gid), args))
+
+    @translate_redis_errors
+    def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> LeaveGroupResult:
+        """LeaveGroup for one or many members (by member id, or by instance id)."""
+        gid, idents, packed = leave_args(group_id, members)
+        if not gid:
+            return LeaveGroupResult(Errors.INVALID_GROUP_ID)
+        reply = self._call("leave_group", self._keys(gid), [packed])
+        return decode_leave(reply, idents)
+
+    @translate_redis_errors
+    def run_timers(self) -> int:
+        """Apply every passed deadline in every partition; return how many were applied."""
+        cfg = self._started()
+        applied = 0
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            while True:
+                due = self._scripts.due_groups(keys=[pk.due], args=[self._now_arg(), DUE_BATCH])
+                groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
+                for group_id in groups:
+                    applied += int(self._call("expire_deadlines", pk.group(group_id), []))
+                if len(groups) < DUE_BATCH:
+                    break
+        return applied

@@ -1,0 +1,230 @@
+"""Errors: Kafka's protocol error codes, and the few exceptions rcoord raises.
+
+Hierarchy::
+
+    RcoordError
+    ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
+    ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
+    ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
+    ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
+    │   └── IllegalStateError  an invariant of the group state machine would have been broken
+    └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
+        ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
+        ├── FencedInstanceIdError, CoordinatorNotAvailableError, ...
+        └── (every other code maps to ProtocolError itself through ``for_code``)
+
+The coordinator API returns ``Errors`` values inside its results wherever Kafka answers with an
+error code; exceptions are for programming errors and lost connections. The worker client uses
+``ProtocolError.for_code`` to turn a result's code into an exception when it wants one.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis.exceptions
+
+__all__ = [
+    "Errors",
+    "RcoordError",
+    "ConfigError",
+    "InvalidRequestError",
+    "ConnectionLost",
+    "ScriptError",
+    "IllegalStateError",
+    "ProtocolError",
+    "UnknownMemberIdError",
+    "IllegalGenerationError",
+    "RebalanceInProgressError",
+    "FencedInstanceIdError",
+    "CoordinatorNotAvailableError",
+    "raise_for_script_error",
+    "translate_redis_errors",
+]
+
+
+class Errors(enum.IntEnum):
+    """Kafka's error codes (``org.apache.kafka.common.protocol.Errors``), same names and numbers."""
+
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    REQUEST_TIMED_OUT = 7
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
+    GROUP_AUTHORIZATION_FAILED = 30
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_CONFIG = 40
+    INVALID_REQUEST = 42
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
+    GROUP_SUBSCRIBED_TO_TOPIC = 86
+    UNSTABLE_OFFSET_COMMIT = 88
+
+    @property
+    def retriable(self) -> bool:
+        """Whether Kafka marks the error retriable (the same request may succeed later)."""
+        return self in _RETRIABLE
+
+    @classmethod
+    def from_name(cls, name: str | bytes) -> Errors:
+        """Map a named error returned by a Lua script; unknown names are a server error."""
+        if isinstance(name, bytes):
+            name = name.decode()
+        try:
+            return cls[name]
+        except KeyError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+_RETRIABLE = frozenset(
+    {
+        Errors.REQUEST_TIMED_OUT,
+        Errors.COORDINATOR_LOAD_IN_PROGRESS,
+        Errors.COORDINATOR_NOT_AVAILABLE,
+        Errors.NOT_COORDINATOR,
+        Errors.UNKNOWN_TOPIC_OR_PARTITION,
+        Errors.UNSTABLE_OFFSET_COMMIT,
+    }
+)
+
+
+class RcoordError(Exception):
+    """Base of every exception rcoord raises."""
+
+
+class ConfigError(RcoordError, ValueError):
+    """A configuration value is invalid, or conflicts with what the namespace stores in Redis."""
+
+
+class InvalidRequestError(RcoordError, ValueError):
+    """An argument that no coordinator could ever accept (wrong size or characters)."""
+
+
+class ConnectionLost(RcoordError):
+    """Redis was unreachable or the connection dropped; the call may or may not have applied.
+
+    Every rcoord script is safe to retry (see docs/architecture.md, "Retries"), so the usual
+    reaction is to back off and call again.
+    """
+
+
+class ScriptError(RcoordError):
+    """A Lua script returned a named error that signals a bug rather than bad input."""
+
+
+class IllegalStateError(ScriptError):
+    """A transition outside the declared state table was attempted (see rcoord.state)."""
+
+
+class ProtocolError(RcoordError):
+    """A Kafka protocol error raised as an exception; ``error`` holds the code."""
+
+    error: Errors = Errors.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "", error: Errors | None = None) -> None:
+        if error is not None:
+            self.error = error
+        super().__init__(message or self.error.name)
+
+    @property
+    def retriable(self) -> bool:
+        return self.error.retriable
+
+    @staticmethod
+    def for_code(error: Errors | int) -> type[ProtocolError]:
+        """The exception class for a code: a named subclass where one exists, else the base."""
+        return _BY_CODE.get(Errors(error), ProtocolError)
+
+    @classmethod
+    def of(cls, error: Errors | int, message: str = "") -> ProtocolError:
+        """An instance for ``error``, carrying the code even when no subclass is named for it."""
+        error = Errors(error)
+        return cls.for_code(error)(message, error)
+
+
+class UnknownMemberIdError(ProtocolError):
+    error = Errors.UNKNOWN_MEMBER_ID
+
+
+class IllegalGenerationError(ProtocolError):
+    error = Errors.ILLEGAL_GENERATION
+
+
+class RebalanceInProgressError(ProtocolError):
+    error = Errors.REBALANCE_IN_PROGRESS
+
+
+class FencedInstanceIdError(ProtocolError):
+    error = Errors.FENCED_INSTANCE_ID
+
+
+class CoordinatorNotAvailableError(ProtocolError):
+    error = Errors.COORDINATOR_NOT_AVAILABLE
+
+
+_BY_CODE: dict[Errors, type[ProtocolError]] = {
+    c.error: c
+    for c in (
+        UnknownMemberIdError,
+        IllegalGenerationError,
+        RebalanceInProgressError,
+        FencedInstanceIdError,
+        CoordinatorNotAvailableError,
+    )
+}
+
+# Named error replies a script may return (``return redis.error_reply("RCOORD_<NAME> text")``).
+# This is the one place that maps them to exceptions.
+_SCRIPT_ERRORS: dict[str, type[RcoordError]] = {
+    "RCOORD_ILLEGAL_STATE": IllegalStateError,
+    "RCOORD_BAD_ARGUMENT": InvalidRequestError,
+    "RCOORD_CONFIG": ConfigError,
+}
+
+
+def raise_for_script_error(exc: redis.exceptions.ResponseError) -> None:
+    """Re-raise a script's named error reply as its rcoord exception (others are left alone)."""
+    text = str(exc)
+    for marker, cls in _SCRIPT_ERRORS.items():
+        pos = text.find(marker)
+        if pos >= 0:
+            raise cls(text[pos + len(marker) :].strip()) from exc
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def translate_redis_errors(fn: F) -> F:
+    """The single boundary where redis-py exceptions become rcoord exceptions."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise ConnectionLost(f"{fn.__name__}: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            raise_for_script_error(exc)
+            raise
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,88 @@
+"""Redis key names. Every key of a partition shares the partition's hash tag.
+
+A group's keys, in the order every group script receives them as KEYS:
+
+====  ==========================  ============================================================
+ #    key                          contents
+====  ==========================  ============================================================
+ 1    ``<ns>:{t}:cfg``             hash: the namespace settings, copied into this partition
+ 2    ``<ns>:{t}:groups``          set: ids of the groups in this partition
+ 3    ``<ns>:{t}:due``             zset: group id -> earliest deadline of that group (ms)
+ 4    ``<ns>:{t}:g:<group>``       hash: state, generation, protocol, leader, timers' arguments
+ 5    ``<ns>:{t}:m:<group>``       hash: member id -> member record (msgpack)
+ 6    ``<ns>:{t}:s:<group>``       hash: group instance id -> member id (static members)
+ 7    ``<ns>:{t}:p:<group>``       hash: pending member ids (KIP-394, awaiting their 2nd join)
+ 8    ``<ns>:{t}:j:<group>``       hash: member ids with a parked JoinGroup
+ 9    ``<ns>:{t}:y:<group>``       hash: member ids expected to send SyncGroup this generation
+ 10   ``<ns>:{t}:r:<group>``       hash: member id -> reply to its parked Join/SyncGroup
+ 11   ``<ns>:{t}:w:<group>``       stream: wake-ups for parked callers (XREAD BLOCK)
+ 12   ``<ns>:{t}:d:<group>``       zset: this group's deadlines (``hb:<member>``, ``join``, ``sync``)
+ 13   ``<ns>:{t}:o:<group>``       hash: committed offsets (msgpack per partition)
+====  ==========================  ============================================================
+
+``<ns>:settings`` (no tag) holds the namespace settings for Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .partitioning import partition_for, partition_tag
+
+__all__ = ["GroupKeys", "PartitionKeys", "settings_key"]
+
+
+def settings_key(namespace: str) -> str:
+    return f"{namespace}:settings"
+
+
+@dataclass(frozen=True)
+class PartitionKeys:
+    """Keys shared by all groups of one coordinator partition."""
+
+    namespace: str
+    partition: int
+    num_partitions: int
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.namespace}:{{{partition_tag(self.partition, self.num_partitions)}}}"
+
+    @property
+    def cfg(self) -> str:
+        return f"{self.prefix}:cfg"
+
+    @property
+    def groups(self) -> str:
+        return f"{self.prefix}:groups"
+
+    @property
+    def due(self) -> str:
+        return f"{self.prefix}:due"
+
+    def group(self, group_id: str) -> GroupKeys:
+        return GroupKeys(self, group_id)
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """All keys of one group, in script KEYS order (see the module table)."""
+
+    partition: PartitionKeys
+    group_id: str
+
+    @classmethod
+    def of(cls, namespace: str, num_partitions: int, group_id: str) -> GroupKeys:
+        p = partition_for(group_id, num_partitions)
+        return cls(PartitionKeys(namespace, p, num_partitions), group_id)
+
+    def _k(self, kind: str) -> str:
+        return f"{self.partition.prefix}:{kind}:{self.group_id}"
+
+    @property
+    def wake(self) -> str:
+        return self._k("w")
+
+    def all(self) -> list[str]:
+        p = self.partition
+        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdo"]

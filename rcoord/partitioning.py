@@ -1,0 +1,101 @@
+"""Which coordinator partition a group lives in, and which Redis Cluster slot that partition uses.
+
+A group's partition is Kafka's ``__consumer_offsets`` partition:
+``Utils.abs(groupId.hashCode()) % num_partitions``, with Java's ``String.hashCode`` over UTF-16
+code units and Kafka's ``Utils.abs`` (Integer.MIN_VALUE maps to 0). Python's ``hash()`` is
+randomised per process, so the Java arithmetic is reproduced here exactly.
+
+Every key of a partition carries the same hash tag, so a partition is one cluster slot and a script
+may touch a group's keys and the partition's deadline index together. Naive tags (``{0}``..``{49}``)
+put 12, 17 and 21 of 50 partitions on three masters; instead each partition's tag is the first
+string ``<p>.<k>`` whose slot falls in the p-th equal share of the slot range, so any even split of
+slots over masters also splits the partitions evenly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = [
+    "java_string_hashcode",
+    "kafka_abs",
+    "partition_for",
+    "keyslot",
+    "partition_tag",
+    "SLOTS",
+]
+
+SLOTS = 16384
+
+
+def java_string_hashcode(s: str) -> int:
+    """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 units, as int32."""
+    h = 0
+    data = s.encode("utf-16-be", "surrogatepass")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= (1 << 31) else h
+
+
+def kafka_abs(n: int) -> int:
+    """Kafka's ``Utils.abs``: absolute value, with Integer.MIN_VALUE mapped to 0."""
+    return 0 if n == -(1 << 31) else abs(n)
+
+
+def partition_for(group_id: str, num_partitions: int = 50) -> int:
+    """The coordinator partition of ``group_id``, exactly as Kafka's GroupCoordinator computes it."""
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    return kafka_abs(java_string_hashcode(group_id)) % num_partitions
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for i in range(256):
+        crc = i << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+        table.append(crc & 0xFFFF)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for b in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ b) & 0xFF]
+    return crc
+
+
+def keyslot(key: str | bytes) -> int:
+    """Redis Cluster's slot for ``key`` (CRC16/XMODEM mod 16384, honouring ``{hash tags}``)."""
+    k = key.encode() if isinstance(key, str) else key
+    start = k.find(b"{")
+    if start >= 0:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1 : end]
+    return _crc16(k) % SLOTS
+
+
+@functools.lru_cache(maxsize=None)
+def _tags(num_partitions: int) -> tuple[str, ...]:
+    if not 1 <= num_partitions <= SLOTS:
+        raise ValueError(f"num_partitions must be in 1..{SLOTS}, got {num_partitions}")
+    tags = []
+    for p in range(num_partitions):
+        lo, hi = p * SLOTS // num_partitions, (p + 1) * SLOTS // num_partitions
+        k = 0
+        while not lo <= keyslot(f"{p}.{k}") < hi:
+            k += 1
+        tags.append(f"{p}.{k}")
+    return tuple(tags)
+
+
+def partition_tag(partition: int, num_partitions: int) -> str:
+    """The hash-tag text (without braces) for ``partition``; its slot is in the p-th slot share."""
+    if not 0 <= partition < num_partitions:
+        raise ValueError(f"partition {partition} out of range 0..{num_partitions - 1}")
+    return _tags(num_partitions)[partition]

@@ -1,0 +1,174 @@
+"""JoinGroup: request checks and encoding, and the result type.
+
+Possible errors in ``JoinGroupResult.error`` (Kafka's, same cases):
+INVALID_GROUP_ID (empty group id), INVALID_SESSION_TIMEOUT (outside the namespace bounds),
+UNKNOWN_MEMBER_ID (unknown member, or a member id for a group that does not exist),
+MEMBER_ID_REQUIRED (KIP-394: rejoin with the ``member_id`` returned), INCONSISTENT_GROUP_PROTOCOL
+(type differs, or no protocol in common), GROUP_MAX_SIZE_REACHED, FENCED_INSTANCE_ID (a newer
+member holds this instance id), COORDINATOR_NOT_AVAILABLE (the group is being deleted),
+UNKNOWN_SERVER_ERROR (a pending member sent an instance id).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ..errors import Errors, InvalidRequestError
+from ._checks import (
+    MAX_PROTOCOLS,
+    check_id,
+    check_instance_id,
+    optional_text,
+    require_bytes,
+    require_int,
+    require_str,
+    text,
+)
+
+__all__ = ["JoinGroupMember", "JoinGroupResult", "JoinRequest"]
+
+
+@dataclass(frozen=True)
+class JoinGroupMember:
+    """One member as the leader sees it: id, instance id and metadata for the chosen protocol."""
+
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+@dataclass(frozen=True)
+class JoinGroupResult:
+    """Kafka's JoinGroupResponse. ``members`` is filled for the leader only."""
+
+    error: Errors
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader_id: str = ""
+    member_id: str = ""
+    members: list[JoinGroupMember] = field(default_factory=list)
+    skip_assignment: bool = False
+
+    @classmethod
+    def failed(cls, error: Errors, member_id: str = "") -> JoinGroupResult:
+        return cls(error=error, member_id=member_id)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> JoinGroupResult:
+        rep = msgpack.unpackb(blob, raw=True)
+        error = Errors.from_name(rep[b"e"])
+        members = [
+            JoinGroupMember(
+                member_id=text(m[b"id"]),
+                group_instance_id=optional_text(m[b"iid"]),
+                metadata=bytes(m[b"meta"]) if m[b"meta"] else b"",
+            )
+            for m in (rep.get(b"mem") or [])
+        ]
+        if error is not Errors.NONE:
+            return cls(error=error, member_id=text(rep.get(b"mid")))
+        return cls(
+            error=error,
+            generation_id=int(rep[b"gen"]),
+            protocol_type=optional_text(rep.get(b"pt")),
+            protocol_name=optional_text(rep.get(b"pn")),
+            leader_id=text(rep.get(b"ldr")),
+            member_id=text(rep.get(b"mid")),
+            members=members,
+            skip_assignment=bool(rep.get(b"skip")),
+        )
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """A checked JoinGroup request, ready to become script arguments."""
+
+    group_id: str
+    member_id: str
+    group_instance_id: str
+    protocol_type: str
+    protocols: bytes
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    client_id: str
+    client_host: str
+    require_known_member_id: bool
+    reason: str | None
+
+    @classmethod
+    def build(
+        cls,
+        group_id: Any,
+        member_id: Any,
+        *,
+        protocol_type: Any,
+        protocols: Any,
+        session_timeout_ms: Any,
+        rebalance_timeout_ms: Any,
+        group_instance_id: Any,
+        client_id: Any,
+        client_host: Any,
+        require_known_member_id: Any,
+        reason: Any,
+    ) -> JoinRequest:
+        group_id = check_id("group_id", group_id)
+        member_id = check_id("member_id", member_id)
+        protocol_type = require_str("protocol_type", protocol_type)
+        session_timeout_ms = require_int("session_timeout_ms", session_timeout_ms)
+        if rebalance_timeout_ms is None:
+            rebalance_timeout_ms = session_timeout_ms
+        rebalance_timeout_ms = require_int("rebalance_timeout_ms", rebalance_timeout_ms)
+        if rebalance_timeout_ms < 0:
+            raise InvalidRequestError(f"rebalance_timeout_ms must be >= 0, got {rebalance_timeout_ms}")
+        if isinstance(protocols, (str, bytes)) or not isinstance(protocols, Sequence):
+            raise TypeError("protocols must be a sequence of (name, metadata bytes) pairs")
+        if len(protocols) > MAX_PROTOCOLS:
+            raise InvalidRequestError(f"at most {MAX_PROTOCOLS} protocols may be offered")
+        pairs: list[list[bytes]] = []
+        seen: set[str] = set()
+        for item in protocols:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError("each protocol must be a (name, metadata bytes) pair")
+            name = require_str("protocol name", item[0])
+            if name in seen:
+                raise InvalidRequestError(f"protocol {name!r} is listed twice")
+            seen.add(name)
+            pairs.append([name.encode(), require_bytes(f"metadata of protocol {name!r}", item[1])])
+        if reason is not None:
+            reason = require_str("reason", reason)[:255]
+        if not isinstance(require_known_member_id, bool):
+            raise TypeError("require_known_member_id must be a bool")
+        return cls(
+            group_id=group_id,
+            member_id=member_id,
+            group_instance_id=check_instance_id(group_instance_id),
+            protocol_type=protocol_type,
+            protocols=msgpack.packb(pairs, use_bin_type=False),
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            client_id=check_id("client_id", client_id),
+            client_host=check_id("client_host", client_host),
+            require_known_member_id=require_known_member_id,
+            reason=reason,
+        )
+
+    def args(self) -> list[Any]:
+        """ARGV[3:] of join_group.lua."""
+        return [
+            self.member_id,
+            self.group_instance_id,
+            self.protocol_type,
+            self.protocols,
+            self.session_timeout_ms,
+            self.rebalance_timeout_ms,
+            self.client_id,
+            self.client_host,
+            "1" if self.require_known_member_id else "0",
+            str(uuid.uuid4()),
+        ]

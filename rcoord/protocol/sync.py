@@ -1,0 +1,102 @@
+"""SyncGroup: request checks and encoding, and the result type.
+
+Possible errors in ``SyncGroupResult.error``: INVALID_GROUP_ID, UNKNOWN_MEMBER_ID (unknown member,
+unknown or Empty group), FENCED_INSTANCE_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL
+(the given protocol type or name differs from the group's), REBALANCE_IN_PROGRESS (the group is
+rebalancing, or the rebalance this sync waited on was aborted), COORDINATOR_NOT_AVAILABLE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ..errors import Errors
+from ._checks import check_id, check_instance_id, optional_text, require_bytes, require_int, require_str
+
+__all__ = ["SyncGroupResult", "SyncRequest"]
+
+
+@dataclass(frozen=True)
+class SyncGroupResult:
+    """Kafka's SyncGroupResponse: this member's assignment for the generation."""
+
+    error: Errors
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+    @classmethod
+    def decode(cls, blob: bytes) -> SyncGroupResult:
+        rep = msgpack.unpackb(blob, raw=True)
+        asg = rep.get(b"asg") or b""
+        return cls(
+            error=Errors.from_name(rep[b"e"]),
+            protocol_type=optional_text(rep.get(b"pt")),
+            protocol_name=optional_text(rep.get(b"pn")),
+            assignment=bytes(asg),
+        )
+
+
+def _optional(name: str, value: Any) -> str:
+    return "" if value is None else "=" + require_str(name, value)
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str
+    protocol_type: str
+    protocol_name: str
+    assignments: bytes
+
+    @classmethod
+    def build(
+        cls,
+        group_id: Any,
+        generation_id: Any,
+        member_id: Any,
+        *,
+        assignments: Any,
+        group_instance_id: Any,
+        protocol_type: Any,
+        protocol_name: Any,
+    ) -> SyncRequest:
+        packed = b""
+        if assignments is not None:
+            if not isinstance(assignments, Mapping):
+                raise TypeError("assignments must be a mapping of member id -> bytes")
+            packed = msgpack.packb(
+                {
+                    check_id("assignment member id", k).encode(): require_bytes(
+                        f"assignment for {k!r}", v
+                    )
+                    for k, v in assignments.items()
+                },
+                use_bin_type=False,
+            )
+        return cls(
+            group_id=check_id("group_id", group_id),
+            generation_id=require_int("generation_id", generation_id),
+            member_id=check_id("member_id", member_id),
+            group_instance_id=check_instance_id(group_instance_id),
+            protocol_type=_optional("protocol_type", protocol_type),
+            protocol_name=_optional("protocol_name", protocol_name),
+            assignments=packed,
+        )
+
+    def args(self) -> list[Any]:
+        """ARGV[3:] of sync_group.lua."""
+        return [
+            self.member_id,
+            self.generation_id,
+            self.group_instance_id,
+            self.protocol_type,
+            self.protocol_name,
+            self.assignments,
+        ]

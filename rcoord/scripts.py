@@ -1,0 +1,75 @@
+"""Loading the Lua scripts: each step's file behind the shared prelude, called by SHA.
+
+Scripts are registered once per client in ``Scripts.load()`` (not in a constructor) and called
+through redis-py ``Script`` objects, which reload a script on NOSCRIPT, so ``SCRIPT FLUSH``,
+a server restart and a failover are survived. Using a script that was never loaded is a bug and
+raises at once.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Scripts", "GROUP_STEPS", "lua_source", "lua_dir"]
+
+GROUP_STEPS = (
+    "join_group",
+    "sync_group",
+    "heartbeat",
+    "leave_group",
+    "await_reply",
+    "expire_deadlines",
+)
+"""Steps that run behind the prelude and take the group KEYS layout."""
+
+STANDALONE = ("due_groups",)
+"""Scripts without the prelude (partition-level)."""
+
+
+def lua_dir() -> Path:
+    """Where the .lua files are: inside the wheel (rcoord/lua) or the source tree (lua/)."""
+    packaged = resources.files("rcoord") / "lua"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    source = Path(__file__).resolve().parent.parent / "lua"
+    if source.is_dir():
+        return source
+    raise FileNotFoundError("rcoord's Lua scripts are missing: neither rcoord/lua nor lua/ exists")
+
+
+def lua_source(name: str) -> str:
+    """The full source sent to Redis for script ``name``."""
+    base = lua_dir()
+    body = (base / f"{name}.lua").read_text()
+    if name in GROUP_STEPS:
+        return (base / "prelude.lua").read_text() + "\n" + body
+    return body
+
+
+class Scripts:
+    """The registered scripts of one Redis client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._scripts: dict[str, Any] = {}
+
+    @property
+    def loaded(self) -> bool:
+        return bool(self._scripts)
+
+    def load(self) -> None:
+        for name in GROUP_STEPS + STANDALONE:
+            self._scripts[name] = self._client.register_script(lua_source(name))
+
+    def __getattr__(self, name: str) -> Any:
+        scripts = self.__dict__.get("_scripts", {})
+        if name in scripts:
+            return scripts[name]
+        if name in GROUP_STEPS + STANDALONE:
+            raise RuntimeError(f"script {name!r} used before Scripts.load()")
+        raise AttributeError(name)
+
+    def sha(self, name: str) -> str:
+        return str(self._scripts[name].sha)

@@ -1,0 +1,150 @@
+"""A scenario harness in the spirit of Kafka's GroupMetadataManagerTestContext.
+
+Members are threads; time is a MockTime that only moves when the test calls ``sleep``; parked
+calls are futures the test waits on explicitly (with a bounded timeout), never a sleep-and-hope.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rcoord import Errors, GroupCoordinator, JoinGroupResult, MockTime, SyncGroupResult
+from rcoord.keys import GroupKeys
+
+WAIT_S = 15.0
+PROTOCOLS: list[tuple[str, bytes]] = [("range", b"range-meta")]
+
+
+@dataclass
+class Ctx:
+    coord: GroupCoordinator
+    clock: MockTime | None
+    pool: concurrent.futures.ThreadPoolExecutor
+    group_id: str = "group-id"
+    protocol_type: str = "consumer"
+    session_timeout_ms: int = 5000
+    rebalance_timeout_ms: int = 10000
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def join_async(
+        self,
+        member_id: str = "",
+        *,
+        protocols: Sequence[tuple[str, bytes]] | None = None,
+        **kw: Any,
+    ) -> concurrent.futures.Future[JoinGroupResult]:
+        args: dict[str, Any] = dict(
+            protocol_type=self.protocol_type,
+            protocols=list(protocols if protocols is not None else PROTOCOLS),
+            session_timeout_ms=self.session_timeout_ms,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
+        )
+        args.update(kw)
+        group_id = args.pop("group_id", self.group_id)
+        return self.pool.submit(self.coord.join_group, group_id, member_id, **args)
+
+    def join(self, member_id: str = "", **kw: Any) -> JoinGroupResult:
+        return self.join_async(member_id, **kw).result(WAIT_S)
+
+    def new_member_id(self, **kw: Any) -> str:
+        """KIP-394 first round: ask for an id."""
+        res = self.join(**kw)
+        assert res.error == Errors.MEMBER_ID_REQUIRED, res
+        return res.member_id
+
+    def sync_async(
+        self, member_id: str, generation_id: int, assignments: dict[str, bytes] | None = None, **kw: Any
+    ) -> concurrent.futures.Future[SyncGroupResult]:
+        group_id = kw.pop("group_id", self.group_id)
+        return self.pool.submit(
+            self.coord.sync_group, group_id, generation_id, member_id, assignments=assignments, **kw
+        )
+
+    def sync(self, member_id: str, generation_id: int, assignments: dict[str, bytes] | None = None, **kw: Any) -> SyncGroupResult:
+        return self.sync_async(member_id, generation_id, assignments, **kw).result(WAIT_S)
+
+    def heartbeat(self, member_id: str, generation_id: int, **kw: Any) -> Errors:
+        return self.coord.heartbeat(self.group_id, generation_id, member_id, **kw)
+
+    # -- time and inspection -----------------------------------------------------------------
+
+    def sleep(self, ms: int) -> int:
+        """Advance the mock clock and let every passed deadline act."""
+        assert self.clock is not None, "sleep needs a MockTime"
+        self.clock.sleep(ms)
+        return self.coord.run_timers()
+
+    def state(self) -> str:
+        keys = self._keys()
+        raw = self.coord._redis.hget(keys.all()[3], "state")
+        return raw.decode() if raw else "Dead"
+
+    def group_field(self, name: str) -> str | None:
+        raw = self.coord._redis.hget(self._keys().all()[3], name)
+        return raw.decode() if raw else None
+
+    def member_ids(self) -> set[str]:
+        return {k.decode() for k in self.coord._redis.hkeys(self._keys().all()[4])}
+
+    def _keys(self) -> GroupKeys:
+        cfg = self.coord.config
+        return GroupKeys.of(cfg.namespace, cfg.num_partitions, self.group_id)
+
+    # -- composite steps ---------------------------------------------------------------------
+
+    def settle(self, futures: Sequence[concurrent.futures.Future[Any]], step_ms: int = 100) -> list[Any]:
+        """Advance mock time in small steps until every parked call has its reply."""
+        wait_until(lambda: all(f.done() for f in futures), lambda: self.sleep(step_ms))
+        return [f.result(WAIT_S) for f in futures]
+
+    def parked(self) -> int:
+        return int(self.coord._redis.hlen(self._keys().all()[7]))
+
+    def stable_group(self, n: int, **join_kw: Any) -> tuple[int, list[str]]:
+        """Form a Stable group of ``n`` dynamic members; returns (generation, ids, leader first).
+
+        With no initial delay the first member forms generation 1 alone and syncs; the others
+        then join together with it, which completes once every pending member has joined.
+        """
+        ids = [self.new_member_id(**join_kw) for _ in range(n)]
+        first = self.join_async(ids[0], **join_kw)
+        if self.clock is not None:
+            self.settle([first])
+        r0 = first.result(WAIT_S)
+        assert r0.error == Errors.NONE
+        if n > 1:
+            # Stable first, so the leader's rejoin below always starts a new rebalance.
+            assert self.sync(ids[0], r0.generation_id, {ids[0]: b""}).error == Errors.NONE
+        futures = [self.join_async(i, **join_kw) for i in ids] if n > 1 else [first]
+        results = [f.result(WAIT_S) for f in futures]
+        assert all(r.error == Errors.NONE for r in results), results
+        generation = results[0].generation_id
+        assert {r.generation_id for r in results} == {generation}
+        leader = results[0].leader_id
+        syncs = [
+            self.sync_async(i, generation, {m: m.encode() for m in ids} if i == leader else None)
+            for i in ids
+        ]
+        for s in syncs:
+            assert s.result(WAIT_S).error == Errors.NONE
+        assert self.state() == "Stable"
+        ordered = [leader] + [i for i in ids if i != leader]
+        return generation, ordered
+
+
+def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
+    """Poll ``cond`` (running ``step`` between polls) until it holds; fail after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        if step is not None:
+            step()
+        time.sleep(0.01)
