@@ -1,0 +1,76 @@
+"""LeaveGroup, single and batch (KIP-345), after Kafka's classic leave tests."""
+
+from __future__ import annotations
+
+from harness import WAIT_S, wait_until
+from rcoord import Errors, MemberIdentity
+
+
+def test_leave_empty_group_id(ctx):
+    assert ctx.coord.leave_group("", [MemberIdentity("m")]).error == Errors.INVALID_GROUP_ID
+
+
+def test_leave_unknown_group_reports_each_member_unknown(ctx):
+    res = ctx.coord.leave_group(ctx.group_id, [MemberIdentity("a"), MemberIdentity("", "inst")])
+    assert res.error == Errors.NONE
+    assert [(m.member_id, m.group_instance_id, m.error) for m in res.members] == [
+        ("a", None, Errors.UNKNOWN_MEMBER_ID),
+        ("", "inst", Errors.UNKNOWN_MEMBER_ID),
+    ]
+
+
+def test_leave_last_member_makes_group_empty(ctx):
+    gen, (mid,) = ctx.stable_group(1)
+    res = ctx.coord.leave_group(ctx.group_id, [MemberIdentity(mid, reason="bye")])
+    assert res.members[0].error == Errors.NONE
+    assert ctx.state() == "Empty" and ctx.member_ids() == set()
+
+
+def test_leave_triggers_rebalance_for_the_rest(ctx):
+    gen, ids = ctx.stable_group(3)
+    res = ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids[0])])
+    assert res.members[0].error == Errors.NONE
+    assert ctx.state() == "PreparingRebalance"
+    results = [f.result(WAIT_S) for f in [ctx.join_async(i) for i in ids[1:]]]
+    assert {r.generation_id for r in results} == {gen + 1}
+    # The leader left: a new one was elected among those who rejoined.
+    assert results[0].leader_id in ids[1:]
+
+
+def test_batch_leave_in_request_order_with_unknown_members(ctx):
+    gen, ids = ctx.stable_group(3)
+    res = ctx.coord.leave_group(
+        ctx.group_id,
+        [MemberIdentity(ids[2]), MemberIdentity("ghost"), MemberIdentity(ids[1])],
+    )
+    assert [m.member_id for m in res.members] == [ids[2], "ghost", ids[1]]
+    assert [m.error for m in res.members] == [Errors.NONE, Errors.UNKNOWN_MEMBER_ID, Errors.NONE]
+    assert ctx.member_ids() == {ids[0]}
+
+
+def test_leave_of_pending_member(ctx):
+    gen, ids = ctx.stable_group(1)
+    pending = ctx.new_member_id()
+    res = ctx.coord.leave_group(ctx.group_id, [MemberIdentity(pending)])
+    assert res.members[0].error == Errors.NONE
+    assert ctx.join(pending).error == Errors.UNKNOWN_MEMBER_ID
+    # As in Kafka, a successful leave of a Stable group's (pending) member starts a rebalance.
+    assert ctx.state() == "PreparingRebalance"
+
+
+def test_leave_completes_a_waiting_join_phase(ctx):
+    ctx.session_timeout_ms = 60_000
+    gen, ids = ctx.stable_group(2)
+    f = ctx.join_async(ids[0])
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids[1])])
+    assert f.result(WAIT_S).generation_id == gen + 1
+
+
+def test_member_leaving_while_parked_in_join_gets_unknown_member(ctx):
+    ctx.session_timeout_ms = 60_000
+    gen, ids = ctx.stable_group(2)
+    f_leader = ctx.join_async(ids[0])
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids[0])])
+    assert f_leader.result(WAIT_S).error == Errors.UNKNOWN_MEMBER_ID
