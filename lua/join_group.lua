@@ -84,6 +84,11 @@ local function replace_static_member(old_id, new_id)
 end
 
 local function update_static_member_and_rebalance(old_id, new_id)
+  -- Checked before any write (a script error must not leave the group half-changed).
+  if G.state == EMPTY or G.state == DEAD then
+    illegal('Group ' .. GROUP_ID .. ' was not supposed to be in the state ' .. G.state ..
+      ' when the unknown static member ' .. req.iid .. ' rejoins.')
+  end
   local rec = replace_static_member(old_id, new_id)
   reschedule_heartbeat(rec)
   update_member(rec, req, true)
@@ -98,8 +103,6 @@ local function update_static_member_and_rebalance(old_id, new_id)
     maybe_prepare_rebalance_or_complete_join('static member ' .. new_id .. ' changed protocol')
   elseif G.state == COMPLETING then
     prepare_rebalance('static member ' .. new_id .. ' rejoined during CompletingRebalance')
-  elseif G.state == EMPTY or G.state == DEAD then
-    illegal('group ' .. GROUP_ID .. ' in state ' .. G.state .. ' with a static member')
   else
     maybe_complete_join_phase()
   end
@@ -163,7 +166,7 @@ local function join_existing_member()
 end
 
 if not accept_joining_member(req.mid) then
-  if req.mid ~= '' and is_member(req.mid) then remove_member(req.mid) end
+  if req.mid ~= '' and (is_member(req.mid) or is_pending(req.mid)) then remove_member(req.mid) end
   return respond(join_error('GROUP_MAX_SIZE_REACHED', ''))
 end
 if req.mid == '' then return join_new_member() end

@@ -11,7 +11,7 @@
 --   KEYS[7]  pending   hash   member ids handed out with MEMBER_ID_REQUIRED, not yet joined
 --   KEYS[8]  joining   hash   member ids with a parked JoinGroup
 --   KEYS[9]  psync     hash   member ids expected to send SyncGroup this generation
---   KEYS[10] replies   hash   member id -> reply to its parked Join/SyncGroup (cmsgpack)
+--   KEYS[10] replies   hash   'j:<member>' | 's:<member>' -> reply to a parked Join/SyncGroup
 --   KEYS[11] wake      stream wake-ups for parked callers
 --   KEYS[12] deadlines zset   'hb:<member>' | 'join' | 'sync' -> deadline (ms)
 --   KEYS[13] offsets   hash   committed offsets
@@ -120,8 +120,11 @@ local function hb_key(id) return 'hb:' .. id end
 -- Wake-ups and replies for parked callers.
 local WAKE = false
 local function wake() WAKE = true end
+-- A reply slot per member and kind, so a join reply never overwrites an uncollected sync reply.
+local function reply_field(kind, id) return kind .. ':' .. id end
 local function reply_put(id, rep)
-  redis.call('HSET', K_REPLIES, id, cmsgpack.pack(rep))
+  rep.at = NOW
+  redis.call('HSET', K_REPLIES, reply_field(rep.k, id), cmsgpack.pack(rep))
   wake()
 end
 
@@ -248,7 +251,7 @@ local function add_member(id, req)
   count_protocols(rec, 1)
   redis.call('HSET', K_JOINING, id, 1)
   redis.call('HDEL', K_PENDING, id)
-  redis.call('HDEL', K_REPLIES, id)
+  redis.call('HDEL', K_REPLIES, reply_field('j', id))
   return rec
 end
 
@@ -265,7 +268,7 @@ local function remove_member(id)
   redis.call('HDEL', K_JOINING, id)
   redis.call('HDEL', K_PENDING, id)
   redis.call('HDEL', K_PSYNC, id)
-  redis.call('HDEL', K_REPLIES, id)
+  -- Replies already stored stay: Kafka sent those responses before removing the member.
   cancel(hb_key(id))
   if G.leader == id then elect_leader() end
   wake()
@@ -279,7 +282,7 @@ local function update_member(rec, req, parked)
   count_protocols(rec, 1)
   if parked then
     redis.call('HSET', K_JOINING, rec.id, 1)
-    redis.call('HDEL', K_REPLIES, rec.id)
+    redis.call('HDEL', K_REPLIES, reply_field('j', rec.id))
   else
     redis.call('HDEL', K_JOINING, rec.id)
   end
@@ -363,11 +366,14 @@ local function maybe_elect_new_joined_leader()
   return false
 end
 
--- Replies to members that are gone and never came for them are dropped once a generation forms.
+-- Replies nobody collected are dropped once a generation forms. A parked caller re-checks at
+-- least every second, so a reply older than REPLY_TTL_MS has no caller left.
+local REPLY_TTL_MS = 60000
 local function prune_replies()
-  local ids = redis.call('HKEYS', K_REPLIES)
-  for _, id in ipairs(ids) do
-    if not is_member(id) then redis.call('HDEL', K_REPLIES, id) end
+  local flat = redis.call('HGETALL', K_REPLIES)
+  for i = 1, #flat, 2 do
+    local rep = cmsgpack.unpack(flat[i + 1])
+    if (rep.at or 0) + REPLY_TTL_MS < NOW then redis.call('HDEL', K_REPLIES, flat[i]) end
   end
 end
 
@@ -425,7 +431,6 @@ local function prepare_rebalance(reason)
     set_g('jk', 'i')
     set_g('jd', delay)
     set_g('jr', math.max(rebalance_timeout() - delay, 0))
-    set_g('nma', 0)
     schedule('join', NOW + delay)
   end
   transition(PREPARING)
@@ -499,6 +504,13 @@ local function apply_due()
     local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
     if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
+    -- Kafka's timer orders by deadline only; at equal deadlines the group's join and sync
+    -- timers act before session timers (a member the join keeps is then rescheduled).
+    if string.sub(name, 1, 3) == 'hb:' then
+      for _, t in ipairs({'join', 'sync'}) do
+        if redis.call('ZSCORE', K_DL, t) == first[2] then name = t break end
+      end
+    end
     redis.call('ZREM', K_DL, name)
     if name == 'join' then
       expire_join()
@@ -509,9 +521,11 @@ local function apply_due()
     end
     applied = applied + 1
   end
-  -- A group over a lowered group_max_size rebalances so that the excess members are turned away.
+  -- A group over a lowered group_max_size rebalances once per new limit, so that the excess
+  -- members are turned away (Kafka does this when it loads such a group).
   if group_exists() and (G.state == STABLE or G.state == COMPLETING)
-      and nmembers() > CFG.group_max_size then
+      and tonumber(G.capchk or '-1') ~= CFG.group_max_size and nmembers() > CFG.group_max_size then
+    set_g('capchk', CFG.group_max_size)
     prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
   end
   return applied
@@ -545,14 +559,11 @@ end
 -- Reply to a parked caller if its reply is ready, otherwise tell it how to wait.
 -- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}.
 local function reply_or_wait(id, kind)
-  local blob = redis.call('HGET', K_REPLIES, id)
+  local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
   if blob then
-    local rep = cmsgpack.unpack(blob)
-    if rep.k == kind then
-      redis.call('HDEL', K_REPLIES, id)
-      finish()
-      return {'R', blob}
-    end
+    redis.call('HDEL', K_REPLIES, reply_field(kind, id))
+    finish()
+    return {'R', blob}
   end
   local waiting
   if kind == 'j' then

@@ -29,14 +29,15 @@ if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS'))
 
 local rec = mget(member_id)
 if G.state == COMPLETING then
+  -- Decode before any write: a script error must never leave the group half-changed.
+  local assignments = {}
+  if G.leader == member_id and ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
   rec.as = 1
   mput(rec)
-  redis.call('HDEL', K_REPLIES, member_id)
+  redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
   remove_pending_sync(member_id)
   if G.leader == member_id then
     -- The leader's assignment; members it left out get an empty one.
-    local assignments = {}
-    if ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
     set_and_propagate_assignment(assignments)
     transition(STABLE)
   end

@@ -331,3 +331,38 @@ def test_oversized_group_shrinks_after_max_size_lowered(redis_client, namespace,
 def _parked(c) -> int:
     keys = c._keys().all()
     return int(c.coord._redis.hlen(keys[7]))
+
+
+def test_join_timer_acts_before_a_session_timer_due_at_the_same_moment(ctx):
+    """Kafka's testRebalanceCompletesBeforeMemberJoins: the join completes, keeping the member."""
+    ctx.session_timeout_ms = ctx.rebalance_timeout_ms = 10_000
+    first = ctx.join(group_instance_id="a")
+    ctx.sync(first.member_id, first.generation_id, {}, group_instance_id="a")
+    ctx.clock.sleep(1000)
+    f_b = ctx.join_async(group_instance_id="b")  # a new static member starts a rebalance
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    # Same millisecond: a's session deadline now equals the join deadline.
+    assert ctx.heartbeat(first.member_id, first.generation_id, group_instance_id="a") == Errors.REBALANCE_IN_PROGRESS
+    ctx.sleep(10_000)
+    res = f_b.result(WAIT_S)
+    assert res.error == Errors.NONE and res.generation_id == first.generation_id + 1
+    assert len(ctx.member_ids()) == 2  # a, static and absent, is kept and rescheduled
+
+
+def test_pending_member_turned_away_by_max_size_is_forgotten(make_coordinator, clock, pool):
+    from harness import Ctx
+
+    c = Ctx(make_coordinator(clock=clock, group_max_size=1), clock, pool)
+    first, pending = c.new_member_id(), c.new_member_id()  # an Empty group hands out ids freely
+    assert c.join(first).error == Errors.NONE
+    assert c.join(pending).error == Errors.GROUP_MAX_SIZE_REACHED
+    assert c.coord._redis.hlen(c._keys().all()[6]) == 0
+    assert c.join(pending).error == Errors.UNKNOWN_MEMBER_ID
+
+
+def test_rebalance_timeout_must_be_positive(ctx):
+    from rcoord import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="rebalance_timeout_ms"):
+        ctx.coord.join_group("g", protocol_type="consumer", protocols=PROTOCOLS,
+                             session_timeout_ms=5000, rebalance_timeout_ms=0)

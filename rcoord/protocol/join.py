@@ -124,8 +124,8 @@ class JoinRequest:
         if rebalance_timeout_ms is None:
             rebalance_timeout_ms = session_timeout_ms
         rebalance_timeout_ms = require_int("rebalance_timeout_ms", rebalance_timeout_ms)
-        if rebalance_timeout_ms < 0:
-            raise InvalidRequestError(f"rebalance_timeout_ms must be >= 0, got {rebalance_timeout_ms}")
+        if rebalance_timeout_ms < 1:
+            raise InvalidRequestError(f"rebalance_timeout_ms must be >= 1, got {rebalance_timeout_ms}")
         if isinstance(protocols, (str, bytes)) or not isinstance(protocols, Sequence):
             raise TypeError("protocols must be a sequence of (name, metadata bytes) pairs")
         if len(protocols) > MAX_PROTOCOLS:
