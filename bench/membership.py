@@ -35,6 +35,7 @@ import os
 import platform
 import queue
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -112,6 +113,11 @@ def make_config(namespace: str, delay_ms: int) -> CoordinatorConfig:
         group_min_session_timeout_ms=1000,
         namespace=namespace,
     )
+
+
+def process_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def assignment_for(member_id: str) -> bytes:
@@ -239,11 +245,14 @@ def _worker_main(
             ok = False
             break
     ready_q.put((pid, ok and len(ids) == len(slots), dict(errors)))
+    cpu0 = cpu1 = process_cpu_s()
     if go_evt.wait(READY_TIMEOUT_S + 60):
         with lock:
             coord.counts.clear()  # count only the timed part
+        cpu0 = process_cpu_s()
         go.set()
     stop_evt.wait(spec["timeout_s"] + 60)
+    cpu1 = process_cpu_s()
     with lock:
         counts = dict(coord.counts)
     stop.set()
@@ -259,6 +268,7 @@ def _worker_main(
                 "errors": dict(errors),
                 "final": dict(final),
                 "alive_threads": sum(th.is_alive() for th in threads),
+                "cpu_s": cpu1 - cpu0,
             }
         )
     client.close()
@@ -307,6 +317,11 @@ def evalsha_stats(r: redis.Redis) -> tuple[int, int]:
     stats = r.info("commandstats")
     entry = stats.get("cmdstat_evalsha") or {}
     return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+
+
+def server_cpu_s(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def slowlog_last_id(r: redis.Redis) -> int:
@@ -411,6 +426,7 @@ def run_formation(
                 raise RuntimeError(f"worker {pid} failed during the member-id round: {errs}")
         offset_ms = server_clock_offset_ms(r)
         calls0, usec0 = evalsha_stats(r)
+        scpu0 = server_cpu_s(r)
         slow0 = slowlog_last_id(r)
         go_evt.set()
         t_go = now()
@@ -436,6 +452,7 @@ def run_formation(
                     (("start", t_start), ("parked", t_parked), ("joined", t_joined),
                      ("synced", t_synced))}
         calls1, usec1 = evalsha_stats(r)
+        scpu1 = server_cpu_s(r)
         slowest = slowest_since(r, slow0)
         if not formed_gen:
             state, sgen = r.hmget(k_group, "state", "gen")
@@ -448,6 +465,7 @@ def run_formation(
         formed_gen = 0
         snapshot = None
         calls1 = calls0 = usec1 = usec0 = 0
+        scpu0 = scpu1 = 0.0
         slowest = None
     finally:
         stop_evt.set()
@@ -471,7 +489,9 @@ def run_formation(
     counts: collections.Counter[str] = collections.Counter()
     errors: collections.Counter[str] = collections.Counter()
     final: dict[int, tuple[str, int]] = {}
+    client_cpu = 0.0
     for rep in reports:
+        client_cpu += rep["cpu_s"]
         counts.update(rep["counts"])
         errors.update(rep["errors"])
         final.update(rep["final"])
@@ -506,6 +526,8 @@ def run_formation(
         spread_ms=(max(snapshot["start"]) - t0) * 1000,
         go_lag_ms=(t0 - t_go) * 1000,
         server_ms=(usec1 - usec0) / 1000.0,
+        server_cpu_ms=(scpu1 - scpu0) * 1000,
+        client_cpu_ms=client_cpu * 1000,
         server_calls=calls1 - calls0,
         slowest_ms=slowest,
         member_ids=[final[i][0] for i in sorted(final)],
@@ -549,13 +571,14 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
                     fmt_ms(res["complete_ms"]), fmt_ms(res["distribute_ms"]), str(res["gen"]),
                     str(c.get("join_group", 0)), str(c.get("await_j", 0)),
                     str(c.get("sync_group", 0)), str(c.get("await_s", 0)),
-                    str(c.get("heartbeat", 0)), fmt_ms(res["server_ms"]),
+                    str(c.get("heartbeat", 0)), f'{res["server_cpu_ms"]:.0f}',
+                    f'{res["client_cpu_ms"]:.0f}',
                     fmt_ms(res["slowest_ms"]) if res["slowest_ms"] is not None else "<1",
                     str(err),
                 ])
             else:
                 rows.append([str(n), str(res["procs"]), str(delay), str(k + 1), "FAILED"]
-                            + ["-"] * 15 + [str(err)])
+                            + ["-"] * 16 + [str(err)])
             tag = f"   {n} members, delay {delay} ms, run {k + 1}"
             for msg in res["problems"]:
                 problems.append(f"{tag}: PROBLEM: {msg}")
@@ -583,7 +606,7 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
         summaries.append(line)
     headers = ["members", "procs", "delay", "run", "wall", "idle", "excl_delay", "spread",
                "register", "complete", "distribute", "gens", "join", "j-await", "sync",
-               "s-await", "hb", "srv_ms", "slowest", "errors"]
+               "s-await", "hb", "srv_cpu", "cli_cpu", "slowest", "errors"]
     print_table(headers, rows)
     print("   (times in ms; columns explained in bench/README.md)")
     print()
@@ -591,6 +614,177 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
         print(v)
     sys.stdout.flush()
     return kept
+
+
+# --------------------------------------------------------------------------------------------
+# 1b. Formation driven by one pipelined client (how much of the time is the server's)
+# --------------------------------------------------------------------------------------------
+
+
+def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members: int,
+                            delay_ms: int, timeout_s: float) -> dict[str, Any]:
+    """Form a group by sending each protocol step for all members in one pipeline.
+
+    The scripts never block (a parked call returns 'W' and the client waits), so one client can
+    play every member: all second JoinGroups, then (once the join timer has fired) every
+    member's await_reply, then every SyncGroup (followers first, the leader last), then the
+    followers' await_reply. Time spent waiting for the join timer is not counted.
+    """
+    from rcoord.protocol.join import JoinGroupResult, JoinRequest
+    from rcoord.protocol.sync import SyncGroupResult, SyncRequest
+
+    ns = nsreg.new()
+    coord = GroupCoordinator(r, make_config(ns, delay_ms)).start()
+    gk = coord._keys(GROUP)
+    keys = gk.all()
+    shas = {}
+    from rcoord.scripts import lua_source
+
+    for step in ("join_group", "sync_group", "await_reply"):
+        shas[step] = r.script_load(lua_source(step))
+        assert shas[step] == coord._scripts.sha(step)
+
+    def run(calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        pipe = r.pipeline(transaction=False)
+        for step, args in calls:
+            pipe.evalsha(shas[step], len(keys), *keys, "", GROUP, *args)
+        return pipe.execute()
+
+    def join_args(mid: str, i: int) -> list[Any]:
+        return JoinRequest.build(
+            GROUP, mid, protocol_type=PROTOCOL_TYPE, protocols=PROTOCOLS,
+            session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=None,
+            group_instance_id=None, client_id=f"m{i}", client_host="",
+            require_known_member_id=True, reason=None,
+        ).args()
+
+    res: dict[str, Any] = {"members": members, "delay_ms": delay_ms, "ok": False, "problems": []}
+    try:
+        # Untimed: the MEMBER_ID_REQUIRED round, and the second JoinGroups' arguments.
+        first = run([("join_group", join_args("", i)) for i in range(members)])
+        ids = [JoinGroupResult.decode(bytes(x[1])).member_id for x in first]
+        second = [("join_group", join_args(mid, i)) for i, mid in enumerate(ids)]
+        scpu0 = server_cpu_s(r)
+        timed = 0.0
+        calls = 0
+
+        t = now()
+        replies = run(second)
+        register = now() - t
+        calls += len(second)
+        parked = sum(1 for x in replies if x[0] == b"W")
+        if parked != members:
+            res["problems"].append(f"{members - parked} second JoinGroups were not parked")
+
+        # Wait (untimed) for the join timer; the call that applies it is timed.
+        complete = 0.0
+        deadline = now() + timeout_s
+        state = b""
+        last: Any = None
+        while now() < deadline:
+            score = r.zscore(keys[11], "join")
+            if score is not None:
+                sec, usec = r.time()
+                wait = (score - (sec * 1000 + usec / 1000)) / 1000.0
+                if wait > 0:
+                    time.sleep(wait + 0.001)
+            t = now()
+            last = run([("await_reply", [ids[0], "j"])])[0]
+            complete += now() - t
+            calls += 1
+            state = r.hget(keys[3], "state") or b""
+            if state != b"PreparingRebalance":
+                break
+        if state != b"CompletingRebalance":
+            raise RuntimeError(f"join phase did not complete (state {state!r})")
+
+        t = now()
+        joined = [JoinGroupResult.decode(bytes(x[1])) if x[0] == b"R" else None
+                  for x in run([("await_reply", [mid, "j"]) for mid in ids[1:]])]
+        collect_join = now() - t
+        calls += members - 1
+        # Member 0's reply came with the call that completed the join phase.
+        joined.insert(0, JoinGroupResult.decode(bytes(last[1])) if last[0] == b"R" else None)
+        if any(j is None or j.error is not Errors.NONE for j in joined):
+            bad = sum(1 for j in joined if j is None or j.error is not Errors.NONE)
+            raise RuntimeError(f"{bad} members have no JoinGroup result")
+        gen = joined[0].generation_id
+        leader = joined[0].leader_id
+        lead = next(j for j in joined if j.member_id == leader)
+        assignments = {m.member_id: assignment_for(m.member_id) for m in lead.members}
+
+        def sync_args(mid: str, asg: dict[str, bytes] | None) -> list[Any]:
+            return SyncRequest.build(GROUP, gen, mid, assignments=asg, group_instance_id=None,
+                                     protocol_type=None, protocol_name=None).args()
+
+        followers = [mid for mid in ids if mid != leader]
+        t = now()
+        sync_calls = [("sync_group", sync_args(mid, None)) for mid in followers]
+        sync_calls.append(("sync_group", sync_args(leader, assignments)))
+        sreplies = run(sync_calls)
+        sync = now() - t
+        calls += len(sync_calls)
+        waiting = [mid for mid, x in zip(followers + [leader], sreplies) if x[0] == b"W"]
+        t = now()
+        collected = run([("await_reply", [mid, "s"]) for mid in waiting])
+        collect_sync = now() - t
+        calls += len(waiting)
+        scpu1 = server_cpu_s(r)
+        results = {mid: x for mid, x in zip(followers + [leader], sreplies) if x[0] == b"R"}
+        results.update({mid: x for mid, x in zip(waiting, collected)})
+        wrong = 0
+        for mid in ids:
+            x = results.get(mid)
+            if x is None or x[0] != b"R":
+                wrong += 1
+                continue
+            sr = SyncGroupResult.decode(bytes(x[1]))
+            if sr.error is not Errors.NONE or sr.assignment != assignment_for(mid):
+                wrong += 1
+        if wrong:
+            res["problems"].append(f"{wrong} members without the right SyncGroup result")
+        if r.hget(keys[3], "state") != b"Stable":
+            res["problems"].append("group not Stable after the SyncGroup round")
+        timed = register + complete + collect_join + sync + collect_sync
+        res.update(
+            ok=not res["problems"], gen=gen, calls=calls, total_ms=timed * 1000,
+            register_ms=register * 1000, complete_ms=complete * 1000,
+            collect_join_ms=collect_join * 1000, sync_ms=sync * 1000,
+            collect_sync_ms=collect_sync * 1000, server_cpu_ms=(scpu1 - scpu0) * 1000,
+        )
+    except Exception as exc:
+        res["problems"].append(f"{type(exc).__name__}: {exc}")
+    finally:
+        nsreg.delete(r, ns)
+    return res
+
+
+def section_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, args: Any) -> None:
+    print()
+    print("1b. The same formation driven by ONE pipelined client (no member threads): every step")
+    print("    for all members in one pipeline; waiting for the join timer is not counted.")
+    print("    Shows the coordinator's own share of the time, with the Python load taken out.")
+    print()
+    rows = []
+    problems = []
+    for n in args.pipelined_sizes:
+        res = run_pipelined_formation(r, nsreg, members=n, delay_ms=100,
+                                      timeout_s=args.formation_timeout)
+        if res.get("total_ms") is not None:
+            rows.append([str(n), "100", fmt_ms(res["total_ms"]), fmt_ms(res["register_ms"]),
+                         fmt_ms(res["complete_ms"]), fmt_ms(res["collect_join_ms"]),
+                         fmt_ms(res["sync_ms"]), fmt_ms(res["collect_sync_ms"]),
+                         str(res["gen"]), str(res["calls"]), f'{res["server_cpu_ms"]:.0f}',
+                         "ok" if res["ok"] else "PROBLEM"])
+        else:
+            rows.append([str(n), "100", "FAILED"] + ["-"] * 8 + ["PROBLEM"])
+        problems += [f"   {n} members: PROBLEM: {p}" for p in res["problems"]]
+    print_table(["members", "delay", "excl_delay", "register", "complete", "join_replies",
+                 "sync", "sync_replies", "gens", "calls", "srv_cpu", "check"], rows)
+    print("   (times in ms)")
+    for p in problems:
+        print(p)
+    sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------------------------
@@ -784,6 +978,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
         ]
     if args.heartbeat_group not in {n for n, _, _ in args.scenarios}:
         args.scenarios.append((args.heartbeat_group, default_delay(args.heartbeat_group), 1))
+    args.pipelined_sizes = [100, 1000] if args.quick else [10, 100, 1000]
     args.seq_heartbeats = 3000 if args.quick else 10_000
     args.pipelined_heartbeats = 30_000 if args.quick else 200_000
     args.batches = [100, 1000]
@@ -840,6 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
               "group_min_session_timeout_ms=1000, namespace=<unique per run>)")
 
         formed = section_formation(url, r, nsreg, args, keep_for_heartbeats=args.heartbeat_group)
+        section_pipelined_formation(r, nsreg, args)
         if formed is None:
             print()
             print("2./3. skipped: no formed group to heartbeat")

@@ -113,6 +113,7 @@ def test_leader_is_first_member_to_join(ctx):
     first, second = ctx.new_member_id(), ctx.new_member_id()
     r1 = ctx.join(first)
     assert r1.leader_id == first
+    ctx.sync(first, r1.generation_id, {})  # Stable: the leader's rejoin below always rebalances
     f2 = ctx.join_async(second)
     f1 = ctx.join_async(first)
     r2, r1 = f2.result(WAIT_S), f1.result(WAIT_S)
