@@ -75,6 +75,7 @@ class GroupCoordinator:
         self._scripts = Scripts(redis_client)
         self._config: CoordinatorConfig | None = None
         self._lock = threading.Lock()
+        self._max_block_ms = MAX_BLOCK_MS
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -84,6 +85,7 @@ class GroupCoordinator:
         with self._lock:
             if self._config is None:
                 self._check_client()
+                self._max_block_ms = self._block_limit()
                 self._scripts.load()
                 self._config = self._settle_config()
         return self
@@ -106,6 +108,18 @@ class GroupCoordinator:
                 "GroupCoordinator needs a Redis client with decode_responses=False "
                 "(replies carry binary metadata)"
             )
+
+    def _block_limit(self) -> int:
+        """A parked call's XREAD must return before the client's socket timeout fires."""
+        kwargs: dict[str, Any] = {}
+        if hasattr(self._redis, "connection_pool"):
+            kwargs = self._redis.connection_pool.connection_kwargs
+        elif hasattr(self._redis, "nodes_manager"):
+            kwargs = self._redis.nodes_manager.connection_kwargs
+        timeout = kwargs.get("socket_timeout")
+        if not timeout:
+            return MAX_BLOCK_MS
+        return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * 0.5)))
 
     def _settle_config(self) -> CoordinatorConfig:
         namespace = self._given.namespace if self._given else "rcoord"
@@ -154,10 +168,10 @@ class GroupCoordinator:
 
     def _block_ms(self, deadline: int, now: int) -> int:
         if self._clock is not None:
-            return MOCK_CLOCK_BLOCK_MS
+            return min(MOCK_CLOCK_BLOCK_MS, self._max_block_ms)
         if deadline < 0:
-            return MAX_BLOCK_MS
-        return max(1, min(MAX_BLOCK_MS, deadline - now + 1))
+            return self._max_block_ms
+        return max(1, min(self._max_block_ms, deadline - now + 1))
 
     def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
         """Wait for a parked Join/SyncGroup's reply; see the module docstring."""

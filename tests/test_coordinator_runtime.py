@@ -185,3 +185,14 @@ def test_leave_many_members_in_one_call(make_coordinator, pool):
     ids, results = _form(coord, "g-batch", 5, pool)
     res = coord.leave_group("g-batch", [MemberIdentity(i) for i in ids])
     assert [m.error for m in res.members] == [Errors.NONE] * 5
+
+
+def test_parked_call_respects_a_short_socket_timeout(redis_server, namespace, pool):
+    """A client with socket_timeout=0.3 s: parked calls must block for less than that."""
+    client = redis_server.client(socket_timeout=0.3)
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
+                                                       group_initial_rebalance_delay_ms=800)).start()
+    mid = coord.join_group("g-sock", **{**JOIN, "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000}).member_id
+    res = coord.join_group("g-sock", mid, **{**JOIN, "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000})
+    assert res.error == Errors.NONE and res.generation_id == 1
+    client.close()
