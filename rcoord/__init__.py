@@ -26,6 +26,7 @@ from .protocol import (
     MemberIdentity,
     SyncGroupResult,
 )
+from .protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from .state import GroupState
 
 __all__ = [
@@ -43,6 +44,9 @@ __all__ = [
     "LeaveMemberResult",
     "MemberIdentity",
     "MockTime",
+    "OffsetAndMetadata",
+    "OffsetFetchResult",
+    "TopicPartition",
     "ProtocolError",
     "RcoordError",
     "SyncGroupResult",

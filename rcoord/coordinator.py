@@ -38,6 +38,15 @@ from .partitioning import partition_for
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
 from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
+from .protocol.offsets import (
+    OffsetAndMetadata,
+    OffsetFetchResult,
+    TopicPartition,
+    decode_fetch,
+    encode_commit,
+    partitions_args,
+)
+from .protocol._checks import check_id, check_instance_id, require_int
 from .protocol.sync import SyncGroupResult, SyncRequest
 from .scripts import Scripts
 
@@ -275,6 +284,52 @@ class GroupCoordinator:
             return LeaveGroupResult(Errors.INVALID_GROUP_ID)
         reply = self._call("leave_group", self._keys(gid), [packed])
         return decode_leave(reply, idents)
+
+    @translate_redis_errors
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int],
+        *,
+        member_id: str = "",
+        generation_id: int = -1,
+        group_instance_id: str | None = None,
+        retention_ms: int | None = None,
+    ) -> dict[TopicPartition, Errors]:
+        """OffsetCommit, fenced by generation; all accepted partitions are stored atomically.
+
+        ``generation_id=-1`` with no member id is the simple (assign()) commit, accepted only
+        while the group has no members. See ``rcoord.protocol.offsets`` for the errors.
+        """
+        gid = check_id("group_id", group_id)
+        order, packed = encode_commit(offsets)
+        args = [
+            check_id("member_id", member_id),
+            require_int("generation_id", generation_id),
+            check_instance_id(group_instance_id),
+            "" if retention_ms is None else require_int("retention_ms", retention_ms),
+            packed,
+        ]
+        if not gid:
+            return {tp: Errors.INVALID_GROUP_ID for tp in order}
+        if not order:
+            return {}
+        reply = self._call("commit_offsets", self._keys(gid), args)
+        return {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+
+    @translate_redis_errors
+    def fetch_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> OffsetFetchResult:
+        """OffsetFetch: committed offsets; a requested partition with no commit maps to -1."""
+        gid = check_id("group_id", group_id)
+        fields = partitions_args(partitions)
+        if not gid:
+            return OffsetFetchResult(Errors.INVALID_GROUP_ID)
+        if partitions is not None and not fields:
+            return OffsetFetchResult(Errors.NONE)
+        flat = self._call("fetch_offsets", self._keys(gid), fields)
+        return OffsetFetchResult(Errors.NONE, decode_fetch(flat))
 
     @translate_redis_errors
     def run_timers(self) -> int:

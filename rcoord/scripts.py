@@ -21,6 +21,8 @@ GROUP_STEPS = (
     "leave_group",
     "await_reply",
     "expire_deadlines",
+    "commit_offsets",
+    "fetch_offsets",
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 

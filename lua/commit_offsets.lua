@@ -1,0 +1,60 @@
+-- commit_offsets.lua: Kafka's OffsetCommit for a classic group (OffsetMetadataManager.commitOffset
+-- and ClassicGroup.validateOffsetCommit), all partitions in one atomic step: either every accepted
+-- partition is stored or, on a group-level error, none is.
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[13]); offsets live in KEYS[13].
+-- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
+-- ARGV[5] group instance id ('' = none)   ARGV[6] retention ms ('' = the group's retention)
+-- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length}
+--         where field = '<partition>:<topic>'
+-- Returns {group-level error name, {per-partition error names in request order}}.
+
+local member_id, generation, iid, retention = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local entries = cmsgpack.unpack(ARGV[7])
+
+apply_due()
+
+local function validate()
+  if not group_exists() then
+    if generation >= 0 then return 'GROUP_ID_NOT_FOUND' end
+    create_group() -- a "simple" group, used only for offsets
+    return nil
+  end
+  if G.state == DEAD then return 'COORDINATOR_NOT_AVAILABLE' end
+  if generation < 0 and G.state == EMPTY then return nil end
+  if generation >= 0 or member_id ~= '' or iid ~= '' then
+    local err = validate_member(member_id, iid)
+    if err then return err end
+    if generation ~= gen() then return 'ILLEGAL_GENERATION' end
+  elseif G.state ~= EMPTY then
+    return 'UNKNOWN_MEMBER_ID'
+  end
+  if G.state == COMPLETING then return 'REBALANCE_IN_PROGRESS' end
+  return nil
+end
+
+local err = validate()
+local results = {}
+if err then
+  for i = 1, #entries do results[i] = err end
+  finish()
+  return {err, results}
+end
+
+-- A commit from a member of the current generation counts as a heartbeat.
+if (G.state == STABLE or G.state == PREPARING) and is_member(member_id) then
+  reschedule_heartbeat(mget(member_id))
+end
+
+local expire = -1
+if retention ~= '' then expire = NOW + tonumber(retention) end
+for i, e in ipairs(entries) do
+  if e[5] > CFG.offset_metadata_max_bytes then
+    results[i] = 'OFFSET_METADATA_TOO_LARGE'
+  else
+    redis.call('HSET', K_OFFSETS, e[1],
+      cmsgpack.pack({o = e[2], m = e[3], le = e[4], t = NOW, x = expire}))
+    results[i] = 'NONE'
+  end
+end
+finish()
+return {'NONE', results}

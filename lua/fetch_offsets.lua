@@ -1,0 +1,17 @@
+-- fetch_offsets.lua: Kafka's OffsetFetch for a classic group.
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[13]).
+-- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3..] fields '<partition>:<topic>' (none = all)
+-- Returns {field, record-or-false, field, record-or-false, ...}.
+
+apply_due()
+local out = {}
+if #ARGV > 2 then
+  for i = 3, #ARGV do
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = redis.call('HGET', K_OFFSETS, ARGV[i]) or false
+  end
+else
+  out = redis.call('HGETALL', K_OFFSETS)
+end
+finish()
+return out

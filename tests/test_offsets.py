@@ -1,0 +1,100 @@
+"""OffsetCommit / OffsetFetch with generation fencing (the first part of the offsets issue)."""
+
+from __future__ import annotations
+
+from harness import WAIT_S, wait_until
+from rcoord import Errors, OffsetAndMetadata, TopicPartition
+
+T0, T1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
+
+
+def test_member_of_current_generation_commits_and_fetches(ctx):
+    gen, (mid,) = ctx.stable_group(1)
+    res = ctx.coord.commit_offsets(ctx.group_id, {T0: OffsetAndMetadata(42, "m", 3), T1: 7},
+                                   member_id=mid, generation_id=gen)
+    assert res == {T0: Errors.NONE, T1: Errors.NONE}
+    fetched = ctx.coord.fetch_offsets(ctx.group_id)
+    assert fetched.error == Errors.NONE
+    assert fetched.offsets == {T0: OffsetAndMetadata(42, "m", 3), T1: OffsetAndMetadata(7)}
+    assert fetched.offsets[T0].commit_timestamp_ms == ctx.clock()
+
+
+def test_zombie_of_an_older_generation_cannot_overwrite(ctx):
+    gen, ids = ctx.stable_group(2)
+    ctx.coord.commit_offsets(ctx.group_id, {T0: 10}, member_id=ids[1], generation_id=gen)
+    # A rebalance completes without ids[1]'s knowledge: it is now a zombie of generation gen.
+    f0 = ctx.join_async(ids[0])
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    f1 = ctx.join_async(ids[1])
+    new_gen = f0.result(WAIT_S).generation_id
+    f1.result(WAIT_S)
+    assert ctx.coord.commit_offsets(ctx.group_id, {T0: 5}, member_id=ids[1], generation_id=gen) == {
+        T0: Errors.ILLEGAL_GENERATION
+    }
+    assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets[T0].offset == 10
+    assert new_gen == gen + 1
+
+
+def test_commit_errors_follow_kafka(ctx):
+    c = ctx.coord
+    # Unknown group with a generation: GROUP_ID_NOT_FOUND (OffsetCommit v9+).
+    assert c.commit_offsets(ctx.group_id, {T0: 1}, member_id="m", generation_id=1) == {T0: Errors.GROUP_ID_NOT_FOUND}
+    gen, (mid,) = ctx.stable_group(1)
+    assert c.commit_offsets(ctx.group_id, {T0: 1}, member_id="ghost", generation_id=gen) == {T0: Errors.UNKNOWN_MEMBER_ID}
+    # A simple commit to a group with members is refused.
+    assert c.commit_offsets(ctx.group_id, {T0: 1}) == {T0: Errors.UNKNOWN_MEMBER_ID}
+    assert c.commit_offsets("", {T0: 1}) == {T0: Errors.INVALID_GROUP_ID}
+
+
+def test_commit_during_completing_rebalance_and_preparing_rebalance(ctx):
+    mid = ctx.new_member_id()
+    res = ctx.join(mid)
+    assert ctx.state() == "CompletingRebalance"
+    assert ctx.coord.commit_offsets(ctx.group_id, {T0: 1}, member_id=mid,
+                                    generation_id=res.generation_id) == {T0: Errors.REBALANCE_IN_PROGRESS}
+    ctx.sync(mid, res.generation_id, {})
+    ctx.join_async(ctx.new_member_id())  # starts a rebalance
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    # A member of the current generation may still commit (revocation commits).
+    assert ctx.coord.commit_offsets(ctx.group_id, {T0: 9}, member_id=mid,
+                                    generation_id=res.generation_id) == {T0: Errors.NONE}
+
+
+def test_simple_commit_creates_an_offsets_only_group(ctx):
+    assert ctx.coord.commit_offsets(ctx.group_id, {T0: 3}) == {T0: Errors.NONE}
+    assert ctx.state() == "Empty"
+    assert ctx.coord.fetch_offsets(ctx.group_id, [T0, T1]).offsets == {
+        T0: OffsetAndMetadata(3), T1: OffsetAndMetadata(-1)
+    }
+
+
+def test_metadata_too_large_fails_only_that_partition(make_coordinator, clock, pool):
+    from harness import Ctx
+
+    c = Ctx(make_coordinator(clock=clock, offset_metadata_max_bytes=4), clock, pool)
+    res = c.coord.commit_offsets(c.group_id, {T0: OffsetAndMetadata(1, "12345"), T1: OffsetAndMetadata(2, "1234")})
+    assert res == {T0: Errors.OFFSET_METADATA_TOO_LARGE, T1: Errors.NONE}
+    assert c.coord.fetch_offsets(c.group_id).offsets == {T1: OffsetAndMetadata(2, "1234")}
+
+
+def test_fenced_static_instance_cannot_commit(ctx):
+    first = ctx.join(group_instance_id="s")
+    ctx.sync(first.member_id, first.generation_id, {}, group_instance_id="s")
+    ctx.join(group_instance_id="s")  # replaces the member id
+    res = ctx.coord.commit_offsets(ctx.group_id, {T0: 1}, member_id=first.member_id,
+                                   generation_id=first.generation_id, group_instance_id="s")
+    assert res == {T0: Errors.FENCED_INSTANCE_ID}
+
+
+def test_commit_counts_as_heartbeat(ctx):
+    gen, (mid,) = ctx.stable_group(1)
+    for _ in range(4):
+        ctx.sleep(ctx.session_timeout_ms - 1000)
+        assert ctx.coord.commit_offsets(ctx.group_id, {T0: 1}, member_id=mid, generation_id=gen) == {T0: Errors.NONE}
+    assert ctx.member_ids() == {mid}
+
+
+def test_fetch_unknown_group(ctx):
+    assert ctx.coord.fetch_offsets(ctx.group_id).offsets == {}
+    assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets == {T0: OffsetAndMetadata(-1)}
+
