@@ -51,8 +51,9 @@ for i, e in ipairs(entries) do
   if e[5] > CFG.offset_metadata_max_bytes then
     results[i] = 'OFFSET_METADATA_TOO_LARGE'
   else
-    redis.call('HSET', K_OFFSETS, e[1],
-      cmsgpack.pack({o = e[2], m = e[3], le = e[4], t = NOW, x = expire}))
+    local rec = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
+    redis.call('HSET', K_OFFSETS, e[1], cmsgpack.pack(rec))
+    schedule_offset_expiry(rec)
     results[i] = 'NONE'
   end
 end

@@ -54,6 +54,7 @@ local DEFAULTS = {
   new_member_join_timeout_ms = 300000,
   offsets_retention_ms = 604800000,
   offset_metadata_max_bytes = 4096,
+  offsets_retention_check_interval_ms = 600000,
 }
 local CFG = {}
 do
@@ -93,6 +94,8 @@ local function create_group()
   set_g('ts', NOW)
   set_g('created', NOW)
   redis.call('SADD', K_GROUPS, GROUP_ID)
+  -- An Empty group with no offsets is removed after the retention check interval.
+  redis.call('ZADD', K_DL, 'LT', NOW + CFG.offsets_retention_check_interval_ms, 'gc')
 end
 
 local function transition(to)
@@ -108,6 +111,8 @@ local function transition(to)
   set_g('prev', from)
   set_g('state', to)
   set_g('ts', NOW)
+  -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them.
+  if to == EMPTY or to == STABLE then redis.call('ZADD', K_DL, 'LT', NOW, 'gc') end
 end
 
 local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end
@@ -341,16 +346,58 @@ local function remove_pending_sync(id)
   end
 end
 
+-- The topics a "consumer" member subscribes to, from its rcoord ConsumerProtocolSubscription
+-- (rcoord/protocol/consumer.py); nil when the metadata does not decode.
+local function decode_topics(meta)
+  local ok, t = pcall(cmsgpack.unpack, meta)
+  if not ok or type(t) ~= 'table' or type(t.topics) ~= 'table' then return nil end
+  for _, topic in ipairs(t.topics) do
+    if type(topic) ~= 'string' then return nil end
+  end
+  return t.topics
+end
+
+-- Kafka's computeSubscribedTopics: known only for the "consumer" protocol type and only when
+-- every member's metadata decodes; an unknown subscription counts as every topic.
+local function compute_subscribed_topics()
+  redis.call('HDEL', K_GROUP, 'subs')
+  G.subs = nil
+  if G.ptype ~= 'consumer' then return end
+  local set, list = {}, {}
+  for _, rec in ipairs(all_members()) do
+    local topics = decode_topics(metadata_for(rec, G.pname))
+    if topics == nil then return end
+    for _, topic in ipairs(topics) do
+      if not set[topic] then set[topic] = true list[#list + 1] = topic end
+    end
+  end
+  set_g('subs', cmsgpack.pack(list))
+end
+
+local function subscribed_set()
+  if G.subs == nil then return nil end
+  local set = {}
+  for _, topic in ipairs(cmsgpack.unpack(G.subs)) do set[topic] = true end
+  return set
+end
+
+local function is_subscribed(topic, subs)
+  if subs == nil then return G.ptype == 'consumer' end
+  return subs[topic] == true
+end
+
 local function init_next_generation()
   set_g('gen', gen() + 1)
+  redis.call('DEL', K_PSYNC)
   if nmembers() > 0 then
     set_g('pname', select_protocol())
+    compute_subscribed_topics()
     transition(COMPLETING)
   else
     set_g('pname', '')
+    compute_subscribed_topics()
     transition(EMPTY)
   end
-  redis.call('DEL', K_PSYNC)
 end
 
 -- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
@@ -497,6 +544,68 @@ local function expire_sync()
   prepare_rebalance('removing members that did not send SyncGroup in time')
 end
 
+-- The group becomes Dead and its keys go in the same step (Dead is never stored).
+local function delete_group()
+  transition(DEAD)
+  redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
+    K_WAKE, K_DL, K_OFFSETS)
+  redis.call('SREM', K_GROUPS, GROUP_ID)
+  redis.call('ZREM', K_DUE, GROUP_ID)
+  G = {}
+end
+
+-- Kafka's offsetExpirationCondition: which timestamp an offset's retention counts from, or nil
+-- when no offset may expire in the current state.
+local function expiration_base()
+  if G.ptype == '' then return 'commit' end
+  if G.state == EMPTY then return 'empty' end
+  if G.ptype == 'consumer' and G.subs ~= nil and G.state == STABLE then return 'commit' end
+  return nil
+end
+
+local function expiry_of(rec, base)
+  if rec.x >= 0 then return rec.x end -- explicit per-commit retention (OffsetCommit v2-v4)
+  if base == 'empty' then return tonumber(G.ts) + CFG.offsets_retention_ms end
+  return rec.t + CFG.offsets_retention_ms
+end
+
+-- After a commit: make sure the retention timer fires no later than this offset's expiry.
+local function schedule_offset_expiry(rec)
+  local base = expiration_base()
+  if base then redis.call('ZADD', K_DL, 'LT', expiry_of(rec, base), 'gc') end
+end
+
+-- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
+-- exactly when due instead of on a periodic scan.
+local function expire_offsets()
+  local base = expiration_base()
+  local next_at = nil
+  if base then
+    local subs = subscribed_set()
+    local flat = redis.call('HGETALL', K_OFFSETS)
+    for i = 1, #flat, 2 do
+      local topic = string.match(flat[i], '^%d+:(.*)$')
+      if not is_subscribed(topic, subs) then
+        local at = expiry_of(cmsgpack.unpack(flat[i + 1]), base)
+        if NOW >= at then
+          redis.call('HDEL', K_OFFSETS, flat[i])
+        elseif next_at == nil or at < next_at then
+          next_at = at
+        end
+      end
+    end
+  end
+  if G.state == EMPTY and redis.call('HLEN', K_OFFSETS) == 0 then
+    local at = tonumber(G.ts) + CFG.offsets_retention_check_interval_ms
+    if NOW >= at then
+      delete_group()
+      return
+    end
+    if next_at == nil or at < next_at then next_at = at end
+  end
+  if next_at then schedule('gc', next_at) end
+end
+
 -- Applies every deadline of this group that has passed, in deadline order (lazy expiry).
 local function apply_due()
   local applied = 0
@@ -516,6 +625,8 @@ local function apply_due()
       expire_join()
     elseif name == 'sync' then
       expire_sync()
+    elseif name == 'gc' then
+      expire_offsets()
     elseif string.sub(name, 1, 3) == 'hb:' then
       expire_heartbeat(string.sub(name, 4))
     end

@@ -26,6 +26,7 @@ from .protocol import (
     MemberIdentity,
     SyncGroupResult,
 )
+from .protocol.admin import GroupDescription, GroupListing, MemberDescription, OffsetDeleteResult
 from .protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from .state import GroupState
 
@@ -35,6 +36,10 @@ __all__ = [
     "CoordinatorConfig",
     "Errors",
     "GroupCoordinator",
+    "GroupDescription",
+    "GroupListing",
+    "MemberDescription",
+    "OffsetDeleteResult",
     "GroupState",
     "IllegalStateError",
     "InvalidRequestError",

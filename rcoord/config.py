@@ -42,6 +42,9 @@ class CoordinatorConfig:
         offsets_retention_ms: how long offsets are kept after a group became Empty
             (``offsets.retention.minutes``).
         offset_metadata_max_bytes: largest commit metadata string (``offset.metadata.max.bytes``).
+        offsets_retention_check_interval_ms: how long an Empty group with no offsets lingers
+            before it is removed; Kafka removes it at its next periodic clean-up
+            (``offsets.retention.check.interval.ms``). Offsets themselves expire exactly on time.
         namespace: key prefix, so several deployments can share one Redis.
     """
 
@@ -53,6 +56,7 @@ class CoordinatorConfig:
     new_member_join_timeout_ms: int = 300_000
     offsets_retention_ms: int = 604_800_000
     offset_metadata_max_bytes: int = 4096
+    offsets_retention_check_interval_ms: int = 600_000
     namespace: str = "rcoord"
     _named: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -77,6 +81,7 @@ class CoordinatorConfig:
             "num_partitions",
             "new_member_join_timeout_ms",
             "offsets_retention_ms",
+            "offsets_retention_check_interval_ms",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -47,10 +47,22 @@ from .protocol.offsets import (
     partitions_args,
 )
 from .protocol._checks import check_id, check_instance_id, require_int
+from .protocol.admin import (
+    GroupDescription,
+    GroupListing,
+    OffsetDeleteResult,
+    decode_description,
+)
 from .protocol.sync import SyncGroupResult, SyncRequest
 from .scripts import Scripts
 
 __all__ = ["GroupCoordinator"]
+
+
+def require_str_state(state: Any) -> str:
+    if not isinstance(state, str):
+        raise TypeError(f"states must be str names, got {type(state).__name__}")
+    return state.lower()
 
 MAX_BLOCK_MS = 1000
 """Longest single XREAD BLOCK of a parked call; it then re-checks (and applies deadlines)."""
@@ -330,6 +342,71 @@ class GroupCoordinator:
             return OffsetFetchResult(Errors.NONE)
         flat = self._call("fetch_offsets", self._keys(gid), fields)
         return OffsetFetchResult(Errors.NONE, decode_fetch(flat))
+
+    # -- administration ----------------------------------------------------------------------
+
+    @translate_redis_errors
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """DescribeGroups for one group; an unknown group is "Dead" with no members."""
+        gid = check_id("group_id", group_id)
+        if not gid:
+            return GroupDescription(Errors.INVALID_GROUP_ID, gid, "Dead")
+        return decode_description(gid, self._call("describe_group", self._keys(gid), []))
+
+    @translate_redis_errors
+    def list_groups(self, states: Sequence[str] | None = None) -> list[GroupListing]:
+        """ListGroups across every partition (one node or a cluster), optionally by state name.
+
+        Passed deadlines are applied first, so the states listed are current.
+        """
+        wanted = None if states is None else {require_str_state(s) for s in states}
+        cfg = self._started()
+        self.run_timers()
+        listings: list[GroupListing] = []
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            ids = sorted(self._redis.smembers(pk.groups))
+            if not ids:
+                continue
+            pipe = self._redis.pipeline(transaction=False)
+            for raw in ids:
+                pipe.hmget(pk.group(raw.decode("utf-8", "surrogateescape")).all()[3], "state", "ptype")
+            for raw, (state, ptype) in zip(ids, pipe.execute(), strict=True):
+                if state is None:
+                    continue  # deleted between the two reads
+                listing = GroupListing(raw.decode("utf-8", "surrogateescape"),
+                                       (ptype or b"").decode(), state.decode())
+                if wanted is None or listing.state.lower() in wanted:
+                    listings.append(listing)
+        return listings
+
+    @translate_redis_errors
+    def delete_groups(self, group_ids: Sequence[str]) -> dict[str, Errors]:
+        """DeleteGroups: Empty groups only (NON_EMPTY_GROUP otherwise); offsets go too."""
+        out: dict[str, Errors] = {}
+        for group_id in group_ids:
+            gid = check_id("group_id", group_id)
+            if not gid:
+                out[gid] = Errors.INVALID_GROUP_ID
+                continue
+            out[gid] = Errors.from_name(self._call("delete_group", self._keys(gid), []))
+        return out
+
+    @translate_redis_errors
+    def delete_offsets(self, group_id: str, partitions: Sequence[TopicPartition]) -> OffsetDeleteResult:
+        """OffsetDelete (KIP-496): refused per partition while a member subscribes to the topic."""
+        gid = check_id("group_id", group_id)
+        fields = partitions_args(partitions)
+        order = [TopicPartition(tp[0], tp[1]) for tp in partitions]
+        if not gid:
+            return OffsetDeleteResult(Errors.INVALID_GROUP_ID)
+        reply = self._call("delete_offsets", self._keys(gid), fields)
+        top = Errors.from_name(reply[0])
+        if top is not Errors.NONE:
+            return OffsetDeleteResult(top)
+        return OffsetDeleteResult(
+            top, {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+        )
 
     @translate_redis_errors
     def run_timers(self) -> int:

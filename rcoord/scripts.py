@@ -23,6 +23,9 @@ GROUP_STEPS = (
     "expire_deadlines",
     "commit_offsets",
     "fetch_offsets",
+    "describe_group",
+    "delete_group",
+    "delete_offsets",
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 

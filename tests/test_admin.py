@@ -1,0 +1,166 @@
+"""Describe, list and delete groups; delete offsets (KIP-496); offsets retention (KIP-211)."""
+
+from __future__ import annotations
+
+from harness import WAIT_S, wait_until
+from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
+from rcoord.protocol.consumer import ConsumerProtocolSubscription
+
+ORDERS0, AUDIT0 = TopicPartition("orders", 0), TopicPartition("audit", 0)
+
+
+def _sub(*topics: str) -> list[tuple[str, bytes]]:
+    return [("range", ConsumerProtocolSubscription(topics=list(topics)).encode())]
+
+
+def test_describe_unknown_group_is_dead(ctx):
+    d = ctx.coord.describe_group("nobody")
+    assert (d.error, d.group_id, d.state, d.members) == (Errors.NONE, "nobody", "Dead", [])
+
+
+def test_describe_stable_group_shows_metadata_and_assignment(ctx):
+    gen, ids = ctx.stable_group(2, client_id="cid", client_host="/10.0.0.1")
+    d = ctx.coord.describe_group(ctx.group_id)
+    assert d.state == "Stable" and d.protocol_type == "consumer" and d.protocol_name == "range"
+    by_id = {m.member_id: m for m in d.members}
+    assert set(by_id) == set(ids)
+    m = by_id[ids[1]]
+    assert (m.client_id, m.client_host, m.metadata, m.assignment) == (
+        "cid", "/10.0.0.1", b"range-meta", ids[1].encode())
+
+
+def test_describe_rebalancing_group_hides_metadata(ctx):
+    gen, ids = ctx.stable_group(2)
+    ctx.join_async(ids[0])
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    d = ctx.coord.describe_group(ctx.group_id)
+    assert d.state == "PreparingRebalance" and d.protocol_name == ""
+    assert {m.metadata for m in d.members} == {b""}
+
+
+def test_list_groups_across_partitions_with_state_filter(ctx):
+    ctx.stable_group(1)
+    for i in range(5):
+        assert ctx.coord.commit_offsets(f"simple-{i}", {ORDERS0: i})[ORDERS0] == Errors.NONE
+    listed = {g.group_id: g for g in ctx.coord.list_groups()}
+    assert listed[ctx.group_id].state == "Stable" and listed[ctx.group_id].protocol_type == "consumer"
+    assert {f"simple-{i}" for i in range(5)} <= set(listed)
+    assert listed["simple-0"].state == "Empty" and listed["simple-0"].protocol_type == ""
+    assert {g.group_id for g in ctx.coord.list_groups(["STABLE"])} == {ctx.group_id}
+    assert {g.group_id for g in ctx.coord.list_groups(["empty"])} == {f"simple-{i}" for i in range(5)}
+
+
+def test_delete_groups(ctx):
+    gen, (mid,) = ctx.stable_group(1)
+    ctx.coord.commit_offsets("offsets-only", {ORDERS0: 5})
+    res = ctx.coord.delete_groups([ctx.group_id, "offsets-only", "unknown", ""])
+    assert res == {
+        ctx.group_id: Errors.NON_EMPTY_GROUP,
+        "offsets-only": Errors.NONE,
+        "unknown": Errors.GROUP_ID_NOT_FOUND,
+        "": Errors.INVALID_GROUP_ID,
+    }
+    # Deleting removed the offsets too.
+    assert ctx.coord.fetch_offsets("offsets-only", [ORDERS0]).offsets[ORDERS0].offset == -1
+    assert ctx.coord.describe_group("offsets-only").state == "Dead"
+
+
+def test_delete_offsets_refused_for_subscribed_topic(ctx):
+    first = ctx.join(require_known_member_id=False, protocols=_sub("orders"))
+    ctx.sync(first.member_id, first.generation_id, {})
+    ctx.coord.commit_offsets(ctx.group_id, {ORDERS0: 1, AUDIT0: 2}, member_id=first.member_id,
+                             generation_id=first.generation_id)
+    res = ctx.coord.delete_offsets(ctx.group_id, [ORDERS0, AUDIT0])
+    assert res.error == Errors.NONE
+    assert res.partitions == {ORDERS0: Errors.GROUP_SUBSCRIBED_TO_TOPIC, AUDIT0: Errors.NONE}
+    assert set(ctx.coord.fetch_offsets(ctx.group_id).offsets) == {ORDERS0}
+
+
+def test_delete_offsets_group_errors(ctx):
+    assert ctx.coord.delete_offsets("nobody", [ORDERS0]).error == Errors.GROUP_ID_NOT_FOUND
+    res = ctx.join(require_known_member_id=False, protocol_type="connect")
+    ctx.sync(res.member_id, res.generation_id, {})
+    assert ctx.coord.delete_offsets(ctx.group_id, [ORDERS0]).error == Errors.NON_EMPTY_GROUP
+
+
+def test_undecodable_metadata_counts_as_subscribed_to_everything(ctx):
+    first = ctx.join(require_known_member_id=False, protocols=[("range", b"\xc1 not msgpack")])
+    ctx.sync(first.member_id, first.generation_id, {})
+    res = ctx.coord.delete_offsets(ctx.group_id, [AUDIT0])
+    assert res.partitions == {AUDIT0: Errors.GROUP_SUBSCRIBED_TO_TOPIC}
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def _retention_ctx(make_coordinator, clock, pool, **cfg):
+    from harness import Ctx
+
+    settings = dict(offsets_retention_ms=60_000, offsets_retention_check_interval_ms=10_000)
+    settings.update(cfg)
+    c = Ctx(make_coordinator(clock=clock, **settings), clock, pool)
+    c.session_timeout_ms = 600_000
+    c.rebalance_timeout_ms = 600_000
+    return c
+
+
+def test_offsets_of_an_empty_group_expire_after_retention_then_group_is_removed(make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    first = c.join(require_known_member_id=False, protocols=_sub("orders"))
+    c.sync(first.member_id, first.generation_id, {})
+    c.coord.commit_offsets(c.group_id, {ORDERS0: 9}, member_id=first.member_id,
+                           generation_id=first.generation_id)
+    c.sleep(50_000)  # a long-lived member: its subscribed offsets never expire
+    c.coord.leave_group(c.group_id, [MemberIdentity(first.member_id)])
+    assert c.state() == "Empty"
+    # Retention counts from the moment the group became Empty (KIP-211).
+    c.sleep(59_999)
+    assert c.coord.fetch_offsets(c.group_id).offsets == {ORDERS0: OffsetAndMetadata(9)}
+    c.sleep(1)
+    assert c.coord.fetch_offsets(c.group_id).offsets == {}
+    # The Empty group with no offsets left is removed.
+    assert c.coord.describe_group(c.group_id).state == "Dead"
+
+
+def test_simple_group_offsets_expire_from_commit_time(make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    c.coord.commit_offsets(c.group_id, {ORDERS0: 1})
+    c.sleep(30_000)
+    c.coord.commit_offsets(c.group_id, {AUDIT0: 2})
+    c.sleep(30_000)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {AUDIT0}
+    c.sleep(30_000)
+    assert c.coord.fetch_offsets(c.group_id).offsets == {}
+    assert c.state() == "Dead"
+
+
+def test_stable_consumer_group_expires_only_unsubscribed_topics(make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    first = c.join(require_known_member_id=False, protocols=_sub("orders"))
+    c.sync(first.member_id, first.generation_id, {})
+    c.coord.commit_offsets(c.group_id, {ORDERS0: 1, AUDIT0: 2}, member_id=first.member_id,
+                           generation_id=first.generation_id)
+    for _ in range(3):
+        c.sleep(30_000)
+        c.heartbeat(first.member_id, first.generation_id)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0}
+
+
+def test_per_commit_retention_overrides(make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    c.coord.commit_offsets(c.group_id, {ORDERS0: 1}, retention_ms=5_000)
+    c.coord.commit_offsets(c.group_id, {AUDIT0: 1})
+    c.sleep(5_000)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {AUDIT0}
+
+
+def test_empty_group_without_offsets_is_removed_after_check_interval(make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    gen, (mid,) = c.stable_group(1)
+    c.coord.leave_group(c.group_id, [MemberIdentity(mid)])
+    assert c.state() == "Empty"
+    c.sleep(9_999)
+    assert c.state() == "Empty"
+    c.sleep(1)
+    assert c.state() == "Dead"
+    assert c.group_id not in {g.group_id for g in c.coord.list_groups()}
