@@ -8,6 +8,8 @@
 -- ARGV[9]  client id             ARGV[10] client host
 -- ARGV[11] '1' if a known member id is required (KIP-394), else '0'
 -- ARGV[12] a fresh UUID, used if this join creates a member id
+-- ARGV[13] cmsgpack array of {protocol name, subscribed topics or false}: for protocol type
+--          "consumer", the topics each protocol's metadata subscribes to (false: undecodable)
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
 
 local req = {
@@ -17,6 +19,8 @@ local req = {
 local require_known = ARGV[11] == '1'
 local uuid = ARGV[12]
 local protocols = cmsgpack.unpack(req.pr)
+req.subs = {}
+for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
 
 apply_due()
 

@@ -250,7 +250,7 @@ local function add_member(id, req)
   if G.ptype ~= req.pt then illegal('The group and member protocol types must be the same') end
   if G.leader == '' then set_g('leader', id) end
   local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
-               pt = req.pt, pr = req.pr, asg = '', as = 0, new = 1,
+               pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1,
                seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
   mput(rec)
   count_protocols(rec, 1)
@@ -282,7 +282,7 @@ end
 -- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
 local function update_member(rec, req, parked)
   count_protocols(rec, -1)
-  rec.pr, rec.rt, rec.st = req.pr, req.rt, req.st
+  rec.pr, rec.rt, rec.st, rec.subs = req.pr, req.rt, req.st, req.subs
   mput(rec)
   count_protocols(rec, 1)
   if parked then
@@ -346,15 +346,14 @@ local function remove_pending_sync(id)
   end
 end
 
--- The topics a "consumer" member subscribes to, from its rcoord ConsumerProtocolSubscription
--- (rcoord/protocol/consumer.py); nil when the metadata does not decode.
-local function decode_topics(meta)
-  local ok, t = pcall(cmsgpack.unpack, meta)
-  if not ok or type(t) ~= 'table' or type(t.topics) ~= 'table' then return nil end
-  for _, topic in ipairs(t.topics) do
-    if type(topic) ~= 'string' then return nil end
-  end
-  return t.topics
+-- The topics a "consumer" member subscribes to under protocol ``name``: decoded from its
+-- ConsumerProtocolSubscription by the sans-I/O core (rcoord/protocol/join.py) and kept in the
+-- member record; nil when the metadata did not decode.
+local function subscribed_topics_of(rec, name)
+  if type(rec.subs) ~= 'table' then return nil end
+  local topics = rec.subs[name]
+  if type(topics) ~= 'table' then return nil end
+  return topics
 end
 
 -- Kafka's computeSubscribedTopics: known only for the "consumer" protocol type and only when
@@ -365,7 +364,7 @@ local function compute_subscribed_topics()
   if G.ptype ~= 'consumer' then return end
   local set, list = {}, {}
   for _, rec in ipairs(all_members()) do
-    local topics = decode_topics(metadata_for(rec, G.pname))
+    local topics = subscribed_topics_of(rec, G.pname)
     if topics == nil then return end
     for _, topic in ipairs(topics) do
       if not set[topic] then set[topic] = true list[#list + 1] = topic end

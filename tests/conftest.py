@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
+
+# Deterministic property tests (reproducible in CI) with no per-example deadline (the suite's
+# servers share two cores with the tests).
+settings.register_profile("rcoord", deadline=None, derandomize=True)
+settings.load_profile("rcoord")
 
 from rcoord import CoordinatorConfig, GroupCoordinator, MockTime
 from rcoord.embedded import EmbeddedCluster, EmbeddedServer

@@ -164,3 +164,11 @@ def test_empty_group_without_offsets_is_removed_after_check_interval(make_coordi
     c.sleep(1)
     assert c.state() == "Dead"
     assert c.group_id not in {g.group_id for g in c.coord.list_groups()}
+
+
+def test_subscription_with_user_data_is_understood(ctx):
+    meta = ConsumerProtocolSubscription(topics=["orders"], user_data=b"\x00\xffbinary").encode()
+    first = ctx.join(require_known_member_id=False, protocols=[("range", meta)])
+    ctx.sync(first.member_id, first.generation_id, {})
+    res = ctx.coord.delete_offsets(ctx.group_id, [ORDERS0, AUDIT0])
+    assert res.partitions == {ORDERS0: Errors.GROUP_SUBSCRIBED_TO_TOPIC, AUDIT0: Errors.NONE}

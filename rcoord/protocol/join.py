@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 
 from ..errors import Errors, InvalidRequestError
+from .consumer import PROTOCOL_TYPE, subscribed_topics
 from ._checks import (
     MAX_PROTOCOLS,
     check_id,
@@ -100,6 +101,7 @@ class JoinRequest:
     client_host: str
     require_known_member_id: bool
     reason: str | None
+    subscriptions: bytes
 
     @classmethod
     def build(
@@ -156,6 +158,7 @@ class JoinRequest:
             client_host=check_id("client_host", client_host),
             require_known_member_id=require_known_member_id,
             reason=reason,
+            subscriptions=_subscriptions(protocol_type, pairs),
         )
 
     def args(self) -> list[Any]:
@@ -171,4 +174,20 @@ class JoinRequest:
             self.client_host,
             "1" if self.require_known_member_id else "0",
             str(uuid.uuid4()),
+            self.subscriptions,
         ]
+
+
+def _subscriptions(protocol_type: str, pairs: list[list[bytes]]) -> bytes:
+    """For "consumer" members, the topics each protocol subscribes to (KIP-496, KIP-211).
+
+    The coordinator needs them to keep subscribed offsets from expiring or being deleted; the
+    decoder lives here, once, and the script stores what it found. Metadata that does not decode
+    is marked ``False``, which counts as subscribed to every topic, as in Kafka.
+    """
+    out: list[list[Any]] = []
+    if protocol_type == PROTOCOL_TYPE:
+        for name, meta in pairs:
+            topics = subscribed_topics(meta)
+            out.append([name, False if topics is None else [t.encode() for t in sorted(topics)]])
+    return msgpack.packb(out, use_bin_type=False)
