@@ -15,6 +15,8 @@
 --   KEYS[11] wake      stream wake-ups for parked callers
 --   KEYS[12] deadlines zset   'hb:<member>' | 'join' | 'sync' -> deadline (ms)
 --   KEYS[13] offsets   hash   committed offsets
+--   KEYS[14] hint      string expires when the group's earliest deadline falls due (a wake-up
+--                             hint for coordinators that listen to expired-key events)
 -- and the same first ARGV:
 --   ARGV[1]  now in ms, or '' to read Redis TIME (the one clock; tests may pass a mock time)
 --   ARGV[2]  group id
@@ -22,12 +24,13 @@
 -- replies starting with RCOORD_ILLEGAL_STATE (rcoord/errors.py maps both).
 
 local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
-      K_REPLIES, K_WAKE, K_DL, K_OFFSETS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-      KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+      KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local GROUP_ID = ARGV[2]
 
 local NOW
-if ARGV[1] ~= '' then
+local MOCK_TIME = ARGV[1] ~= ''
+if MOCK_TIME then
   NOW = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')
@@ -547,7 +550,7 @@ end
 local function delete_group()
   transition(DEAD)
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
-    K_WAKE, K_DL, K_OFFSETS)
+    K_WAKE, K_DL, K_OFFSETS, K_HINT)
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
   G = {}
@@ -642,16 +645,25 @@ local function apply_due()
 end
 
 -- Every script ends here: publish the group's earliest deadline and wake parked callers.
+-- When that deadline becomes the partition's earliest, the lease holder is told at once on the
+-- shard channel named like the due index, so it never sleeps past a deadline. The hint key
+-- expires at the same moment (coordinators may listen to its expired event; only a hint).
 local function finish()
-  if group_exists() then
-    local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
-    if #first == 0 then
-      redis.call('ZREM', K_DUE, GROUP_ID)
-    else
-      redis.call('ZADD', K_DUE, first[2], GROUP_ID)
-    end
-  else
+  local first = group_exists() and redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES') or {}
+  if #first == 0 then
     redis.call('ZREM', K_DUE, GROUP_ID)
+    redis.call('DEL', K_HINT)
+  else
+    local at = tonumber(first[2])
+    local old = tonumber(redis.call('ZSCORE', K_DUE, GROUP_ID) or '-1')
+    if old ~= at then
+      local pmin = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+      redis.call('ZADD', K_DUE, at, GROUP_ID)
+      if #pmin == 0 or at < tonumber(pmin[2]) then
+        redis.call('SPUBLISH', K_DUE, string.format('%d', at))
+      end
+      if not MOCK_TIME then redis.call('SET', K_HINT, GROUP_ID, 'PXAT', math.max(at, NOW + 1)) end
+    end
   end
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())

@@ -18,7 +18,11 @@ A group's keys, in the order every group script receives them as KEYS:
  11   ``<ns>:{t}:w:<group>``       stream: wake-ups for parked callers (XREAD BLOCK)
  12   ``<ns>:{t}:d:<group>``       zset: this group's deadlines (``hb:<member>``, ``join``, ``sync``)
  13   ``<ns>:{t}:o:<group>``       hash: committed offsets (msgpack per partition)
+ 14   ``<ns>:{t}:h:<group>``       string: expires when the group's earliest deadline is due
 ====  ==========================  ============================================================
+
+The shard channel named like key 3 (``<ns>:{t}:due``) carries a message whenever a script makes
+a deadline the partition's earliest, so the lease holder never sleeps past it.
 
 ``<ns>:settings`` (no tag) holds the namespace settings for Python.
 """
@@ -85,4 +89,8 @@ class GroupKeys:
 
     def all(self) -> list[str]:
         p = self.partition
-        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdo"]
+        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdoh"]
+
+    @property
+    def hint(self) -> str:
+        return self._k("h")
