@@ -8,17 +8,20 @@ Run from the repository root::
 
 Without ``--redis-url`` an ``rcoord.embedded.EmbeddedServer`` (a throw-away redis/valkey server
 on a free 127.0.0.1 port) is started and stopped at the end. Every run uses fresh namespaces
-(``bench-<pid>-<n>``) and deletes their keys at the end. See bench/README.md for what each row
-means.
+(``bench-<pid>-<time>-<n>``) and deletes their keys at the end. See bench/README.md for what
+each column means and for measured results.
 
 Sections:
 
-1. Group formation of N members (N = 10, 100, 1000). The members are threads spread over
-   several OS processes (``multiprocessing``, spawn). Every member first obtains its member id
-   (JoinGroup with "" -> MEMBER_ID_REQUIRED); then the clock starts and every member sends its
-   second JoinGroup (parked until the generation forms), then SyncGroup (the leader assigns every
+1. Group formation of N members (10, 100, 1000), with an initial rebalance delay (one
+   generation) and without (two generations). The members are threads spread over several OS
+   processes (``multiprocessing``, spawn). Every member first obtains its member id (JoinGroup
+   with "" -> MEMBER_ID_REQUIRED); then the clock starts and every member sends its second
+   JoinGroup (parked until the generation forms), then SyncGroup (the leader assigns every
    member of its JoinGroupResult.members). The group is formed when every member holds its
    SyncGroup result for the same generation and the group is Stable.
+1b. The same formation driven by one client that pipelines each step for all members (the
+   scripts never block), to separate the coordinator's share from the Python load generator's.
 2. Heartbeats per second from one process on the formed 1000-member group: sequential
    ``coord.heartbeat`` calls, then raw EVALSHA of the heartbeat script pipelined in batches.
 3. The server-side ceiling of the heartbeat script, with redis-benchmark if available.
@@ -107,6 +110,14 @@ class CountingCoordinator(GroupCoordinator):
         return super()._park(keys, member_id, kind, reply)
 
 
+def group_key(gk: Any, kind: str) -> str:
+    """One key of a group by its letter (rcoord/keys.py: g state, m members, y pending syncs,
+    d deadlines), independent of its position in the KEYS list."""
+    key = gk._k(kind)
+    assert key in gk.all(), key
+    return str(key)
+
+
 def make_config(namespace: str, delay_ms: int) -> CoordinatorConfig:
     return CoordinatorConfig(
         group_initial_rebalance_delay_ms=delay_ms,
@@ -178,6 +189,7 @@ def _worker_main(
             )
             if first.error is not Errors.MEMBER_ID_REQUIRED:
                 note(f"first JoinGroup: {first.error.name}")
+                return
             member_id = first.member_id
             with lock:
                 ids[i] = member_id
@@ -390,8 +402,8 @@ def run_formation(
     ns = nsreg.new()
     config = make_config(ns, delay_ms)
     parent = GroupCoordinator(r, config).start()
-    keys = parent._keys(GROUP).all()
-    k_group, k_members, k_psync, k_deadlines = keys[3], keys[4], keys[8], keys[11]
+    gk = parent._keys(GROUP)
+    k_group, k_members, k_psync, k_deadlines = (group_key(gk, k) for k in "gmyd")
 
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, members))
@@ -415,7 +427,7 @@ def run_formation(
         workers.append(w)
 
     result: dict[str, Any] = {"members": members, "procs": procs, "delay_ms": delay_ms,
-                              "namespace": ns, "ok": False, "problems": []}
+                              "namespace": ns, "ok": False, "problems": [], "rejoins": {}}
     try:
         for _ in range(procs):
             try:
@@ -488,22 +500,30 @@ def run_formation(
 
     counts: collections.Counter[str] = collections.Counter()
     errors: collections.Counter[str] = collections.Counter()
+    rejoins: collections.Counter[str] = collections.Counter()
     final: dict[int, tuple[str, int]] = {}
     client_cpu = 0.0
     for rep in reports:
         client_cpu += rep["cpu_s"]
         counts.update(rep["counts"])
-        errors.update(rep["errors"])
+        for name, cnt in rep["errors"].items():
+            # The normal signals to rejoin while a group goes through several generations.
+            if name.endswith(("REBALANCE_IN_PROGRESS", "ILLEGAL_GENERATION")):
+                rejoins[name] += cnt
+            else:
+                errors[name] += cnt
         final.update(rep["final"])
         if rep["alive_threads"]:
             result["problems"].append(f"{rep['alive_threads']} member threads still running")
-    result.update(counts=dict(counts), errors=dict(errors))
+    result.update(counts=dict(counts), errors=dict(errors), rejoins=dict(rejoins))
     if snapshot is None or not formed_gen:
         return result
 
     t0 = min(snapshot["start"])
-    parked_last = max(snapshot["parked"])
     joined_first = min(snapshot["joined"])
+    # The join phase cannot complete before the server has every member's JoinGroup; a member
+    # whose JoinGroup completed the phase was never parked (its time is when it got the reply).
+    parked_last = min(max(snapshot["parked"]), joined_first)
     done = max(snapshot["synced"])
     wall = (done - t0) * 1000
     # Idle delay: every member was parked and the group only waited for its join timer
@@ -553,6 +573,7 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
     print()
     rows = []
     problems: list[str] = []
+    notes: list[str] = []
     summaries: list[str] = []
     kept = None
     for n, delay, nruns in args.scenarios:
@@ -574,16 +595,18 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
                     str(c.get("heartbeat", 0)), f'{res["server_cpu_ms"]:.0f}',
                     f'{res["client_cpu_ms"]:.0f}',
                     fmt_ms(res["slowest_ms"]) if res["slowest_ms"] is not None else "<1",
-                    str(err),
+                    str(sum(res["rejoins"].values())), str(err),
                 ])
             else:
                 rows.append([str(n), str(res["procs"]), str(delay), str(k + 1), "FAILED"]
-                            + ["-"] * 16 + [str(err)])
+                            + ["-"] * 17 + [str(err)])
             tag = f"   {n} members, delay {delay} ms, run {k + 1}"
             for msg in res["problems"]:
                 problems.append(f"{tag}: PROBLEM: {msg}")
             for name, cnt in sorted(res["errors"].items()):
-                problems.append(f"{tag}: {cnt} x {name}")
+                problems.append(f"{tag}: ERROR: {cnt} x {name}")
+            for name, cnt in sorted(res["rejoins"].items()):
+                notes.append(f"{tag}: {cnt} x {name} (member rejoined)")
             if n == keep_for_heartbeats and res["ok"]:
                 if kept is not None:
                     nsreg.delete(r, kept["namespace"])
@@ -606,11 +629,11 @@ def section_formation(url: str, r: redis.Redis, nsreg: NamespaceRegistry, args: 
         summaries.append(line)
     headers = ["members", "procs", "delay", "run", "wall", "idle", "excl_delay", "spread",
                "register", "complete", "distribute", "gens", "join", "j-await", "sync",
-               "s-await", "hb", "srv_cpu", "cli_cpu", "slowest", "errors"]
+               "s-await", "hb", "srv_cpu", "cli_cpu", "slowest", "rejoin", "errors"]
     print_table(headers, rows)
     print("   (times in ms; columns explained in bench/README.md)")
     print()
-    for v in summaries + problems:
+    for v in summaries + notes + problems:
         print(v)
     sys.stdout.flush()
     return kept
@@ -682,7 +705,7 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
         state = b""
         last: Any = None
         while now() < deadline:
-            score = r.zscore(keys[11], "join")
+            score = r.zscore(group_key(gk, "d"), "join")
             if score is not None:
                 sec, usec = r.time()
                 wait = (score - (sec * 1000 + usec / 1000)) / 1000.0
@@ -692,7 +715,7 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
             last = run([("await_reply", [ids[0], "j"])])[0]
             complete += now() - t
             calls += 1
-            state = r.hget(keys[3], "state") or b""
+            state = r.hget(group_key(gk, "g"), "state") or b""
             if state != b"PreparingRebalance":
                 break
         if state != b"CompletingRebalance":
@@ -743,7 +766,7 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
                 wrong += 1
         if wrong:
             res["problems"].append(f"{wrong} members without the right SyncGroup result")
-        if r.hget(keys[3], "state") != b"Stable":
+        if r.hget(group_key(gk, "g"), "state") != b"Stable":
             res["problems"].append("group not Stable after the SyncGroup round")
         timed = register + complete + collect_join + sync + collect_sync
         res.update(
@@ -969,21 +992,28 @@ def parse_args(argv: list[str] | None = None) -> Any:
             for n in sizes
         ]
     elif args.quick:
-        args.scenarios = [(10, 50, 1), (100, 100, 1), (1000, 1000, 1), (100, 0, 1)]
+        args.scenarios = [(10, 50, 1), (100, 100, 1), (100, 0, 1), (1000, 0, 1)]
     else:
         args.scenarios = [
-            (10, 50, 3), (100, 100, 3), (1000, 1000, 3),   # one generation (the main result)
-            (100, 0, 2), (1000, 0, 2),                      # no delay: extra generations
-            (1000, 200, 1),                                 # short delay, many windows
+            (10, 50, 3), (100, 100, 3), (1000, 1000, 2),   # initial delay: one generation
+            (10, 0, 3), (100, 0, 3), (1000, 0, 2),          # no delay: two generations
+            (1000, 200, 1),                                 # short delay: several windows
         ]
     if args.heartbeat_group not in {n for n, _, _ in args.scenarios}:
         args.scenarios.append((args.heartbeat_group, default_delay(args.heartbeat_group), 1))
     args.pipelined_sizes = [100, 1000] if args.quick else [10, 100, 1000]
     args.seq_heartbeats = 3000 if args.quick else 10_000
-    args.pipelined_heartbeats = 30_000 if args.quick else 200_000
+    args.pipelined_heartbeats = 20_000 if args.quick else 100_000
     args.batches = [100, 1000]
-    args.bench_n = 50_000 if args.quick else 200_000
+    args.bench_n = 30_000 if args.quick else 200_000
     return args
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def machine_line() -> str:
@@ -1031,6 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {machine_line()}; Python {platform.python_version()}; "
               f"redis-py {redis.__version__} ({hired}); server {srv_name} {srv_ver} "
               f"{'embedded' if server else 'external'} at {host}:{port}")
+        print(f"load average at start: {load_average()}")
         print("config: CoordinatorConfig(group_initial_rebalance_delay_ms=<delay>, "
               "group_min_session_timeout_ms=1000, namespace=<unique per run>)")
 
@@ -1051,7 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(["what", "figure"], [list(x) for x in REFERENCES], right={1})
         print()
-        print(f"total benchmark time: {now() - started:.1f} s")
+        print(f"load average at end: {load_average()}; total benchmark time: "
+              f"{now() - started:.1f} s")
     finally:
         nsreg.delete_all(r)
         r.close()

@@ -1,7 +1,7 @@
 -- commit_offsets.lua: Kafka's OffsetCommit for a classic group (OffsetMetadataManager.commitOffset
 -- and ClassicGroup.validateOffsetCommit), all partitions in one atomic step: either every accepted
 -- partition is stored or, on a group-level error, none is.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]); offsets live in KEYS[13].
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]); offsets live in KEYS[13].
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)   ARGV[6] retention ms ('' = the group's retention)
 -- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length}

@@ -1,6 +1,6 @@
 -- delete_group.lua: Kafka's DeleteGroups for one group: only an Empty group may go, and its
 -- offsets go with it.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns the Kafka error name.
 

@@ -1,5 +1,5 @@
 -- delete_offsets.lua: Kafka's OffsetDelete (KIP-496) for one group.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3..] fields '<partition>:<topic>'
 -- Returns {group-level error name, {per-partition error names in ARGV order}}.
 

@@ -1,6 +1,6 @@
 -- describe_group.lua: Kafka's DescribeGroups for one classic group (after applying its passed
 -- deadlines, so the answer is current).
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns cmsgpack {st = state, pt = protocol type, pn = protocol name (Stable only),
 --                   mem = {{id, iid, cid, host, meta, asg}...}}; a missing group is 'Dead'.

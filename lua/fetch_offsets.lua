@@ -1,5 +1,5 @@
 -- fetch_offsets.lua: Kafka's OffsetFetch for a classic group.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3..] fields '<partition>:<topic>' (none = all)
 -- Returns {field, record-or-false, field, record-or-false, ...}.
 

@@ -1,5 +1,5 @@
 -- heartbeat.lua: Kafka's Heartbeat (classicGroupHeartbeatToClassicGroup) in one atomic step.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
 -- Returns the Kafka error name ('NONE' on success).

@@ -1,5 +1,5 @@
 -- join_group.lua: Kafka's JoinGroup (GroupMetadataManager.classicGroupJoin) in one atomic step.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1]  now ms or ''          ARGV[2]  group id
 -- ARGV[3]  member id ('' = new member)
 -- ARGV[4]  group instance id ('' = dynamic member)

@@ -1,5 +1,5 @@
 -- leave_group.lua: Kafka's LeaveGroup (classicGroupLeaveToClassicGroup), batch form (KIP-345).
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[14]).
+-- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- ARGV[3] cmsgpack array of {member id, group instance id ('' = none)}, in request order
 -- Returns {top-level error name, {per-member error names in request order}}.

@@ -17,6 +17,8 @@
 --   KEYS[13] offsets   hash   committed offsets
 --   KEYS[14] hint      string expires when the group's earliest deadline falls due (a wake-up
 --                             hint for coordinators that listen to expired-key events)
+--   KEYS[15] events    stream this partition's group transitions and member expiries (capped),
+--                             which coordinators turn into logs and metrics
 -- and the same first ARGV:
 --   ARGV[1]  now in ms, or '' to read Redis TIME (the one clock; tests may pass a mock time)
 --   ARGV[2]  group id
@@ -24,8 +26,9 @@
 -- replies starting with RCOORD_ILLEGAL_STATE (rcoord/errors.py maps both).
 
 local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
-      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-      KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+      KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
+      KEYS[14], KEYS[15]
 local GROUP_ID = ARGV[2]
 
 local NOW
@@ -67,6 +70,12 @@ do
   for i, name in ipairs(names) do
     CFG[name] = tonumber(values[i]) or DEFAULTS[name]
   end
+end
+
+-- A record of what happened, for logs and metrics (the stream is capped; events are a view).
+local function event(kind, ...)
+  redis.call('XADD', K_EVENTS, 'MAXLEN', '~', '1000', '*', 'e', kind, 'g', GROUP_ID, 'at',
+    string.format('%d', NOW), ...)
 end
 
 local function illegal(msg)
@@ -114,6 +123,17 @@ local function transition(to)
   set_g('prev', from)
   set_g('state', to)
   set_g('ts', NOW)
+  -- A rebalance runs from entering PreparingRebalance to reaching Stable (or Empty).
+  local took = ''
+  if to == PREPARING and from ~= PREPARING then
+    set_g('rbts', NOW)
+  elseif (to == STABLE or to == EMPTY) and G.rbts then
+    took = string.format('%d', NOW - tonumber(G.rbts))
+    redis.call('HDEL', K_GROUP, 'rbts')
+    G.rbts = nil
+  end
+  event('transition', 'from', from or '', 'to', to, 'gen', G.gen or '0', 'took', took,
+    'why', G.reason or '')
   -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them.
   if to == EMPTY or to == STABLE then redis.call('ZADD', K_DL, 'LT', NOW, 'gc') end
 end
@@ -482,8 +502,8 @@ local function prepare_rebalance(reason)
     set_g('jr', math.max(rebalance_timeout() - delay, 0))
     schedule('join', NOW + delay)
   end
-  transition(PREPARING)
   set_g('reason', reason or '')
+  transition(PREPARING)
   if not initial then
     if all_joined() then
       complete_join()
@@ -500,7 +520,7 @@ end
 
 -- Timer actions -----------------------------------------------------------------------------
 
-local function expire_heartbeat(id)
+local function expire_heartbeat(id, deadline)
   if G.state == DEAD then return end
   if is_pending(id) then
     redis.call('HDEL', K_PENDING, id)
@@ -512,6 +532,7 @@ local function expire_heartbeat(id)
   -- Kafka's hasSatisfiedHeartbeat: a parked member is alive, unless it is new.
   local satisfied = rec.new ~= 1 and (awaiting_join(id) or rec.as == 1)
   if satisfied then return end
+  event('expired', 'member', id, 'late', string.format('%d', NOW - deadline))
   remove_member(id)
   if G.state == STABLE or G.state == COMPLETING then
     maybe_prepare_rebalance_or_complete_join('removing member ' .. id .. ' on heartbeat expiration')
@@ -609,6 +630,7 @@ local function expire_offsets()
 end
 
 -- Applies every deadline of this group that has passed, in deadline order (lazy expiry).
+local LATENESS = {} -- ms after its deadline that each applied timer acted (for metrics)
 local function apply_due()
   local applied = 0
   while group_exists() and applied < 1000 do
@@ -623,6 +645,8 @@ local function apply_due()
       end
     end
     redis.call('ZREM', K_DL, name)
+    local deadline = tonumber(first[2])
+    LATENESS[#LATENESS + 1] = NOW - deadline
     if name == 'join' then
       expire_join()
     elseif name == 'sync' then
@@ -630,7 +654,7 @@ local function apply_due()
     elseif name == 'gc' then
       expire_offsets()
     elseif string.sub(name, 1, 3) == 'hb:' then
-      expire_heartbeat(string.sub(name, 4))
+      expire_heartbeat(string.sub(name, 4), deadline)
     end
     applied = applied + 1
   end

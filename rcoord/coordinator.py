@@ -419,7 +419,7 @@ class GroupCoordinator:
                 due = self._scripts.due_groups(keys=[pk.due], args=[self._now_arg(), DUE_BATCH])
                 groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
                 for group_id in groups:
-                    applied += int(self._call("expire_deadlines", pk.group(group_id), []))
+                    applied += int(self._call("expire_deadlines", pk.group(group_id), [])[0])
                 if len(groups) < DUE_BATCH:
                     break
         return applied

@@ -19,6 +19,7 @@ A group's keys, in the order every group script receives them as KEYS:
  12   ``<ns>:{t}:d:<group>``       zset: this group's deadlines (``hb:<member>``, ``join``, ``sync``)
  13   ``<ns>:{t}:o:<group>``       hash: committed offsets (msgpack per partition)
  14   ``<ns>:{t}:h:<group>``       string: expires when the group's earliest deadline is due
+ 15   ``<ns>:{t}:events``          stream: the partition's transitions and expiries (capped)
 ====  ==========================  ============================================================
 
 The shard channel named like key 3 (``<ns>:{t}:due``) carries a message whenever a script makes
@@ -64,6 +65,14 @@ class PartitionKeys:
     def due(self) -> str:
         return f"{self.prefix}:due"
 
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}:events"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.prefix}:lease"
+
     def group(self, group_id: str) -> GroupKeys:
         return GroupKeys(self, group_id)
 
@@ -89,7 +98,7 @@ class GroupKeys:
 
     def all(self) -> list[str]:
         p = self.partition
-        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdoh"]
+        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdoh"] + [p.events]
 
     @property
     def hint(self) -> str:

@@ -1,0 +1,469 @@
+"""Topics on Redis Streams: Kafka offsets, partitioning, fetch, blocking fetch and retention.
+
+Every test that takes ``redis_client`` runs on one node and on a 3-master cluster.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis.cluster
+
+from rcoord import Errors, RcoordError
+from rcoord import topics as topics_mod
+from rcoord.partitioning import SLOTS, keyslot
+from rcoord.topics import (
+    FetchResult,
+    Producer,
+    ProducerRecord,
+    TopicError,
+    Topics,
+    fetch,
+    log_offsets,
+    partition_key,
+    partition_tag,
+    resolve_offset,
+)
+from test_murmur2 import KEY_I_12_PARTITIONS
+
+WAIT_S = 15.0
+
+
+@pytest.fixture
+def topics(redis_client: Any, namespace: str) -> Topics:
+    return Topics(redis_client, namespace)
+
+
+@pytest.fixture
+def producer(redis_client: Any, namespace: str) -> Producer:
+    return Producer(redis_client, namespace)
+
+
+@pytest.fixture
+def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=16)
+    try:
+        yield executor
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    """Poll a server-side condition with a deadline (never a bare sleep-and-hope)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def server_ms(client: Any, key: str) -> int:
+    """Redis TIME of the node that holds ``key``."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        sec, usec = client.time(target_nodes=client.get_node_from_key(key))
+    else:
+        sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def blocked_clients(client: Any, key: str) -> int:
+    if isinstance(client, redis.cluster.RedisCluster):
+        info = client.info("clients", target_nodes=client.get_node_from_key(key))
+    else:
+        info = client.info("clients")
+    return int(info["blocked_clients"])
+
+
+def fetch_all(client: Any, ns: str, topic: str, partition: int, offset: int = 0) -> FetchResult:
+    return fetch(client, ns, topic, partition, offset, max_records=100_000)
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+def test_create_describe_list_delete(topics: Topics, redis_client: Any, namespace: str) -> None:
+    assert topics.list() == []
+    topics.create("orders", 3, retention_records=100)
+    topics.create("payments", 1, retention_ms=60_000)
+    assert topics.list() == ["orders", "payments"]
+    desc = topics.describe("orders")
+    assert desc.name == "orders"
+    assert [(p.partition, p.log_start_offset, p.log_end_offset, p.error) for p in desc.partitions] == [
+        (0, 0, 0, Errors.NONE), (1, 0, 0, Errors.NONE), (2, 0, 0, Errors.NONE)
+    ]
+    assert (desc.retention_records, desc.retention_ms) == (100, None)
+    assert desc.created_ms > 0
+    assert topics.describe("payments").retention_ms == 60_000
+    assert topics.partition_count("orders") == 3
+
+    topics.delete("orders")
+    assert topics.list() == ["payments"]
+    for p in range(3):
+        assert not redis_client.exists(partition_key(namespace, "orders", p))
+    with pytest.raises(TopicError) as err:
+        topics.describe("orders")
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert err.value.retriable
+    with pytest.raises(TopicError) as err:
+        topics.delete("orders")
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_duplicate_create_and_invalid_arguments(topics: Topics) -> None:
+    topics.create("orders", 2)
+    with pytest.raises(TopicError) as err:
+        topics.create("orders", 5)
+    assert err.value.error == Errors.TOPIC_ALREADY_EXISTS
+    assert isinstance(err.value, RcoordError)
+    assert topics.partition_count("orders") == 2  # the failed create changed nothing
+
+    for bad in (0, -1):
+        with pytest.raises(TopicError) as err:
+            topics.create("other", bad)
+        assert err.value.error == Errors.INVALID_PARTITIONS
+    for name in ("", "a b", "x{y}", "a" * 250, ".."):
+        with pytest.raises(TopicError) as err:
+            topics.create(name, 1)
+        assert err.value.error == Errors.INVALID_TOPIC_EXCEPTION
+    with pytest.raises(TopicError) as err:
+        topics.create("other", 1, retention_ms=-5)
+    assert err.value.error == Errors.INVALID_CONFIG
+    assert topics.list() == ["orders"]
+
+
+def test_recreated_topic_starts_at_offset_zero(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    producer.send("t", b"a", partition=0)
+    producer.send("t", b"b", partition=0)
+    topics.delete("t")
+    # Producing to the deleted topic neither works nor brings a stream back.
+    with pytest.raises(TopicError) as err:
+        producer.send("t", b"c", partition=0)
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert not redis_client.exists(partition_key(namespace, "t", 0))
+    assert fetch(redis_client, namespace, "t", 0, 0).error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+    topics.create("t", 1)
+    assert producer.send("t", b"new", partition=0).offset == 0
+
+
+def test_add_partitions(topics: Topics, redis_client: Any, namespace: str) -> None:
+    producer = Producer(redis_client, namespace, metadata_max_age_ms=60_000)
+    topics.create("t", 2)
+    producer.send("t", b"x", partition=1)  # caches the count 2
+    topics.add_partitions("t", 5)
+    desc = topics.describe("t")
+    assert [(p.partition, p.log_start_offset, p.log_end_offset) for p in desc.partitions] == [
+        (0, 0, 0), (1, 0, 1), (2, 0, 0), (3, 0, 0), (4, 0, 0)
+    ]
+    # A partition beyond the cached count makes the producer re-read the metadata.
+    assert producer.send("t", b"y", partition=4).offset == 0
+    for total in (5, 3):
+        with pytest.raises(TopicError) as err:
+            topics.add_partitions("t", total)
+        assert err.value.error == Errors.INVALID_PARTITIONS
+    with pytest.raises(TopicError) as err:
+        topics.add_partitions("missing", 3)
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert topics.partition_count("t") == 5
+
+
+# -- producing --------------------------------------------------------------------------------
+
+
+def test_offsets_start_at_zero_and_timestamps_are_server_time(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 2)
+    key = partition_key(namespace, "t", 1)
+    before = server_ms(redis_client, key)
+    metas = [producer.send("t", f"v{i}".encode(), partition=1) for i in range(5)]
+    after = server_ms(redis_client, key)
+    assert [m.offset for m in metas] == [0, 1, 2, 3, 4]
+    assert all(m.topic == "t" and m.partition == 1 for m in metas)
+    assert all(before <= m.timestamp_ms <= after for m in metas)
+    res = fetch_all(redis_client, namespace, "t", 1)
+    assert [r.timestamp_ms for r in res.records] == [m.timestamp_ms for m in metas]
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 0)
+    assert log_offsets(redis_client, namespace, "t", 1) == (0, 5)
+
+
+def test_offsets_contiguous_under_concurrent_producers(
+    topics: Topics, redis_client: Any, namespace: str,
+    pool: concurrent.futures.ThreadPoolExecutor,
+) -> None:
+    topics.create("t", 2)
+    threads, per_thread = 8, 60
+    barrier = threading.Barrier(threads)
+
+    def produce(t: int) -> list[tuple[int, int, bytes]]:
+        producer = Producer(redis_client, namespace)  # one producer per worker, as in real life
+        barrier.wait(WAIT_S)
+        out = []
+        for i in range(per_thread):
+            value = f"{t}:{i}".encode()
+            if i % 3 == 0:  # a small batch now and then, interleaved with single sends
+                metas = producer.send_batch("t", [ProducerRecord(value, partition=i % 2)])
+            else:
+                metas = [producer.send("t", value, partition=i % 2)]
+            out.append((metas[0].partition, metas[0].offset, value))
+        return out
+
+    results = [f.result(WAIT_S) for f in [pool.submit(produce, t) for t in range(threads)]]
+    sent = [row for rows in results for row in rows]
+    for p in (0, 1):
+        offsets = sorted(o for part, o, _ in sent if part == p)
+        assert offsets == list(range(threads * per_thread // 2))  # contiguous, no duplicates
+        by_offset = {o: v for part, o, v in sent if part == p}
+        records = fetch_all(redis_client, namespace, "t", p).records
+        assert [(r.offset, r.value) for r in records] == sorted(by_offset.items())
+    # Each producer's records to one partition keep their order (offsets increase).
+    for rows in results:
+        for p in (0, 1):
+            mine = [o for part, o, _ in rows if part == p]
+            assert mine == sorted(mine)
+
+
+def test_key_partitioning_matches_kafka(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("keyed", 12)
+    metas = [producer.send("keyed", b"v", key=f"key-{i}".encode()) for i in range(100)]
+    assert [m.partition for m in metas] == KEY_I_12_PARTITIONS
+    for p in range(12):
+        keys = [r.key for r in fetch_all(redis_client, namespace, "keyed", p).records]
+        assert keys == [f"key-{i}".encode() for i in range(100) if KEY_I_12_PARTITIONS[i] == p]
+
+
+def test_batch_send_keeps_order(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 3)
+    producer.send("t", b"first", partition=2)
+    batch = [
+        ProducerRecord(f"v{i}".encode(), key=None, partition=i % 3,
+                       headers={"i": str(i).encode()} if i % 2 else None)
+        for i in range(30)
+    ]
+    metas = producer.send_batch("t", batch)
+    assert [m.partition for m in metas] == [i % 3 for i in range(30)]
+    for p in range(3):
+        offsets = [m.offset for m in metas if m.partition == p]
+        start = 1 if p == 2 else 0
+        assert offsets == list(range(start, start + 10))
+        recs = fetch_all(redis_client, namespace, "t", p, start).records
+        assert [r.value for r in recs] == [f"v{i}".encode() for i in range(30) if i % 3 == p]
+        assert [r.headers for r in recs] == [
+            {"i": str(i).encode()} if i % 2 else {} for i in range(30) if i % 3 == p
+        ]
+    # One partition's records in one batch get one timestamp (one script call).
+    assert len({m.timestamp_ms for m in metas if m.partition == 0}) == 1
+    assert producer.send_batch("t", []) == []
+    # Plain bytes are accepted as records; all-keyless records go through the partitioner.
+    assert len(producer.send_batch("t", [b"a", b"b"])) == 2
+
+
+def test_records_roundtrip_keys_values_headers(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    producer.send("t", b"\x00\xff binary", key=b"\x80k", headers={"h1": b"", "h2": b"\x01"})
+    producer.send("t", None, key=b"tombstone")
+    producer.send("t", b"", partition=0)
+    recs = fetch_all(redis_client, namespace, "t", 0).records
+    assert [(r.offset, r.key, r.value, r.headers) for r in recs] == [
+        (0, b"\x80k", b"\x00\xff binary", {"h1": b"", "h2": b"\x01"}),
+        (1, b"tombstone", None, {}),
+        (2, None, b"", {}),
+    ]
+
+
+def test_sticky_and_round_robin_partitioners(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 4)
+    sticky = Producer(redis_client, namespace, batch_size=1_000_000)
+    assert len({m.partition for m in sticky.send_batch("t", [b"x"] * 20)}) == 1
+    # A batch is "done" after batch_size bytes: then the producer moves to another partition.
+    eager = Producer(redis_client, namespace, batch_size=10)
+    parts = [eager.send("t", b"0123456789").partition for _ in range(20)]
+    assert all(a != b for a, b in zip(parts, parts[1:]))
+    rr = Producer(redis_client, namespace, partitioner="round_robin")
+    metas = rr.send_batch("t", [ProducerRecord(b"x", key=b"same")] * 8)
+    assert [m.partition for m in metas] == [0, 1, 2, 3, 0, 1, 2, 3]
+    custom = Producer(redis_client, namespace, partitioner=lambda topic, key, n: n - 1)
+    assert custom.send("t", b"x", key=b"k").partition == 3
+
+
+def test_unknown_topic_and_partition(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    with pytest.raises(TopicError) as err:
+        producer.send("nope", b"x")
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    topics.create("t", 2)
+    for bad in (2, -1):
+        with pytest.raises(TopicError) as err:
+            producer.send("t", b"x", partition=bad)
+        assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert fetch(redis_client, namespace, "t", 7, 0).error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    with pytest.raises(TopicError):
+        log_offsets(redis_client, namespace, "nope", 0)
+    with pytest.raises(TypeError):
+        producer.send("t", "text", partition=0)  # type: ignore[arg-type]
+
+
+def test_scripts_reload_after_script_flush(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 3)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=p) for p in range(3)])
+    redis_client.script_flush()
+    metas = producer.send_batch("t", [ProducerRecord(b"b", partition=p) for p in range(3)])
+    assert [m.offset for m in metas] == [1, 1, 1]
+    assert [p.log_end_offset for p in topics.describe("t").partitions] == [2, 2, 2]
+
+
+def test_decoding_client_is_rejected(redis_server: Any) -> None:
+    client = redis_server.client(decode_responses=True)
+    try:
+        with pytest.raises(TypeError):
+            Topics(client, "x")
+        with pytest.raises(TypeError):
+            Producer(client, "x")
+    finally:
+        client.close()
+
+
+# -- fetching ---------------------------------------------------------------------------------
+
+
+def test_fetch_from_offset_returns_the_next_records(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(f"v{i}".encode(), partition=0) for i in range(10)])
+    res = fetch(redis_client, namespace, "t", 0, 4, max_records=3)
+    assert res.error == Errors.NONE
+    assert [(r.offset, r.value) for r in res.records] == [(4, b"v4"), (5, b"v5"), (6, b"v6")]
+    assert (res.log_start_offset, res.log_end_offset) == (0, 10)
+    res = fetch(redis_client, namespace, "t", 0, 7)
+    assert [r.offset for r in res.records] == [7, 8, 9]
+    at_end = fetch(redis_client, namespace, "t", 0, 10)
+    assert (at_end.error, at_end.records) == (Errors.NONE, [])
+    past = fetch(redis_client, namespace, "t", 0, 11)
+    assert past.error == Errors.OFFSET_OUT_OF_RANGE
+    assert (past.log_start_offset, past.log_end_offset, past.records) == (0, 10, [])
+
+
+def test_out_of_range_below_log_start_after_count_retention(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 2, retention_records=4)
+    producer.send_batch("t", [ProducerRecord(f"v{i}".encode(), partition=0) for i in range(10)])
+    producer.send_batch("t", [ProducerRecord(b"x", partition=1) for _ in range(3)])
+    assert topics.apply_retention("t") == {0: 6, 1: 0}
+    desc = topics.describe("t")
+    assert [(p.log_start_offset, p.log_end_offset) for p in desc.partitions] == [(6, 10), (0, 3)]
+
+    below = fetch(redis_client, namespace, "t", 0, 3)
+    assert below.error == Errors.OFFSET_OUT_OF_RANGE
+    assert (below.log_start_offset, below.log_end_offset) == (6, 10)
+    assert resolve_offset("earliest", redis_client, namespace, "t", 0) == 6
+    assert resolve_offset("latest", redis_client, namespace, "t", 0) == 10
+    with pytest.raises(ValueError):
+        resolve_offset("none", redis_client, namespace, "t", 0)  # type: ignore[arg-type]
+    ok = fetch(redis_client, namespace, "t", 0, 6)
+    assert [(r.offset, r.value) for r in ok.records] == [(6, b"v6"), (7, b"v7"), (8, b"v8"),
+                                                         (9, b"v9")]
+    # Offsets keep counting from the log end after trimming.
+    assert producer.send("t", b"v10", partition=0).offset == 10
+
+
+def test_retention_can_empty_a_partition_without_losing_the_log_end(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1, retention_records=0)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=0) for _ in range(5)])
+    assert topics.apply_retention("t") == {0: 5}
+    assert log_offsets(redis_client, namespace, "t", 0) == (5, 5)
+    assert fetch(redis_client, namespace, "t", 0, 4).error == Errors.OFFSET_OUT_OF_RANGE
+    assert producer.send("t", b"y", partition=0).offset == 5
+    assert [r.offset for r in fetch(redis_client, namespace, "t", 0, 5).records] == [5]
+
+
+def test_retention_by_age_uses_server_time(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(topics_mod, "RETENTION_SCAN", 3)  # force several scan rounds
+    topics.create("t", 1, retention_ms=500)
+    old = producer.send_batch("t", [ProducerRecord(b"old", partition=0) for _ in range(8)])
+    key = partition_key(namespace, "t", 0)
+    assert topics.apply_retention("t") == {0: 0}  # nothing is old enough yet
+    # Wait on the server's clock (the one retention uses) until the old records expired.
+    wait_until(lambda: server_ms(redis_client, key) > old[-1].timestamp_ms + 500)
+    new = producer.send_batch("t", [ProducerRecord(b"new", partition=0) for _ in range(2)])
+    assert topics.apply_retention("t") == {0: 8}
+    res = fetch_all(redis_client, namespace, "t", 0, 8)
+    assert [(r.offset, r.value) for r in res.records] == [(m.offset, b"new") for m in new]
+    assert fetch(redis_client, namespace, "t", 0, 7).error == Errors.OFFSET_OUT_OF_RANGE
+
+
+def test_block_fetch_wakes_on_a_new_record(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    pool: concurrent.futures.ThreadPoolExecutor,
+) -> None:
+    topics.create("t", 2)
+    producer.send("t", b"before", partition=1)
+    key = partition_key(namespace, "t", 1)
+    baseline = blocked_clients(redis_client, key)
+    started = time.monotonic()
+    future = pool.submit(fetch, redis_client, namespace, "t", 1, 1, 500, 30_000)
+    # The fetch is parked in XREAD BLOCK on the partition's node before the record arrives.
+    wait_until(lambda: blocked_clients(redis_client, key) > baseline)
+    assert not future.done()
+    meta = producer.send("t", b"wake", partition=1)
+    res = future.result(timeout=WAIT_S)
+    assert time.monotonic() - started < 25  # woken, not timed out
+    assert res.error == Errors.NONE
+    assert [(r.offset, r.value) for r in res.records] == [(meta.offset, b"wake")]
+    assert meta.offset == 1 and res.log_end_offset == 2
+
+
+def test_block_fetch_times_out_empty(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    started = time.monotonic()
+    res = fetch(redis_client, namespace, "t", 0, 0, block_ms=200)
+    assert time.monotonic() - started >= 0.15
+    assert (res.error, res.records, res.log_end_offset) == (Errors.NONE, [], 0)
+    # Out-of-range answers at once, without blocking.
+    res = fetch(redis_client, namespace, "t", 0, 5, block_ms=30_000)
+    assert res.error == Errors.OFFSET_OUT_OF_RANGE
+
+
+# -- key layout -------------------------------------------------------------------------------
+
+
+def test_each_partition_is_its_own_key_and_tags_do_not_depend_on_the_count() -> None:
+    keys = {partition_key("ns", "orders", p) for p in range(50)}
+    assert len(keys) == 50
+    assert partition_key("ns", "orders", 7) == f"ns:topic:{{{partition_tag('orders', 7)}}}:orders:7"
+    # A topic's partitions spread over the slot range: every third of it (one master of an
+    # evenly split 3-master cluster) holds some, for any partition count from 6 on.
+    for topic in ("orders", "payments", "t", "events.v2"):
+        counts = [0, 0, 0]
+        for p in range(64):
+            counts[keyslot(partition_key("ns", topic, p)) * 3 // SLOTS] += 1
+            if p + 1 >= 6:
+                assert min(counts) >= 1
+                assert max(counts) - min(counts) <= 4
