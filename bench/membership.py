@@ -822,7 +822,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
     member_ids = formed["member_ids"]
     client = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0)
     coord = GroupCoordinator(client, CoordinatorConfig(namespace=ns)).start()
-    keys = coord._keys(GROUP).all()
+    keys = coord._keys(GROUP).heartbeat_keys()
 
     print()
     print(f"2. Heartbeats from one process ({len(member_ids)}-member group, generation {gen},"

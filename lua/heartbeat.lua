@@ -1,27 +1,47 @@
 -- heartbeat.lua: Kafka's Heartbeat (classicGroupHeartbeatToClassicGroup) in one atomic step.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- The hot path of every live member, so it runs without the prelude and takes only the keys it
+-- needs. If any of the group's deadlines has passed it changes nothing and answers 'DUE': the
+-- caller applies them (expire_deadlines) and sends the heartbeat again, so deadlines still act
+-- first, as in every other step.
+-- KEYS[1] due  KEYS[2] group  KEYS[3] members  KEYS[4] statics  KEYS[5] deadlines  KEYS[6] hint
+--   (the same keys as in prelude.lua's layout, rcoord/keys.py GroupKeys.heartbeat_keys)
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
--- Returns the Kafka error name ('NONE' on success).
+-- Returns the Kafka error name ('NONE' on success), or 'DUE'.
 
-local member_id, generation, iid = ARGV[3], tonumber(ARGV[4]), ARGV[5]
-
-apply_due()
-
-local function heartbeat()
-  if not group_exists() then return 'UNKNOWN_MEMBER_ID' end
-  if G.state == DEAD then return 'COORDINATOR_NOT_AVAILABLE' end
-  local err = validate_member(member_id, iid)
-  if err then return err end
-  if generation ~= gen() then return 'ILLEGAL_GENERATION' end
-  if G.state == EMPTY then return 'UNKNOWN_MEMBER_ID' end
-  -- Every other state refreshes the session: members heartbeat while they rejoin or sync.
-  reschedule_heartbeat(mget(member_id))
-  if G.state == PREPARING then return 'REBALANCE_IN_PROGRESS' end
-  if G.state == COMPLETING or G.state == STABLE then return 'NONE' end
-  illegal('unexpected state ' .. tostring(G.state) .. ' in Heartbeat')
+local K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_DL, K_HINT = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6]
+local group_id, member_id, generation, iid = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local mock_time = ARGV[1] ~= ''
+local now
+if mock_time then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local result = heartbeat()
-finish()
-return result
+local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+if #first > 0 and tonumber(first[2]) <= now then return 'DUE' end
+
+local state, gen = unpack(redis.call('HMGET', K_GROUP, 'state', 'gen'))
+if not state then return 'UNKNOWN_MEMBER_ID' end
+if state == 'Dead' then return 'COORDINATOR_NOT_AVAILABLE' end
+-- ClassicGroup.validateMember
+if iid ~= '' then
+  local existing = redis.call('HGET', K_STATIC, iid)
+  if not existing then return 'UNKNOWN_MEMBER_ID' end
+  if existing ~= member_id then return 'FENCED_INSTANCE_ID' end
+end
+local blob = redis.call('HGET', K_MEMBERS, member_id)
+if not blob then return 'UNKNOWN_MEMBER_ID' end
+if tonumber(gen) ~= generation then return 'ILLEGAL_GENERATION' end
+if state == 'Empty' then return 'UNKNOWN_MEMBER_ID' end
+
+-- Every other state refreshes the session: members heartbeat while they rejoin or sync.
+local rec = cmsgpack.unpack(blob)
+redis.call('ZADD', K_DL, now + rec.st, 'hb:' .. member_id)
+publish_earliest(K_DL, K_DUE, K_HINT, group_id, true, now, mock_time)
+if state == 'PreparingRebalance' then return 'REBALANCE_IN_PROGRESS' end
+if state == 'CompletingRebalance' or state == 'Stable' then return 'NONE' end
+return redis.error_reply('RCOORD_ILLEGAL_STATE unexpected state ' .. state .. ' in Heartbeat')

@@ -67,6 +67,7 @@ local function replace_static_member(old_id, new_id)
   local was_joining = awaiting_join(old_id)
   local was_syncing = old.as == 1
   local was_pending_sync = redis.call('HEXISTS', K_PSYNC, old_id) == 1
+  forget_members()
   redis.call('HDEL', K_MEMBERS, old_id)
   redis.call('HDEL', K_JOINING, old_id)
   redis.call('HDEL', K_PSYNC, old_id)

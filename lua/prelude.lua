@@ -1,5 +1,5 @@
--- prelude.lua: shared head of every group script (rcoord/scripts.py puts it in front of each
--- step's file, so one script call is one atomic protocol step).
+-- prelude.lua: shared head of every group script (rcoord/scripts.py puts deadline_index.lua and
+-- this file in front of each step's file, so one script call is one atomic protocol step).
 --
 -- Every group script receives the same KEYS (rcoord/keys.py documents them):
 --   KEYS[1]  cfg       hash   namespace settings, this partition's copy
@@ -156,18 +156,32 @@ local function reply_put(id, rep)
   wake()
 end
 
--- Member records.
+-- Member records. A join or sync of a large group walks every member several times, so the
+-- decoded records are cached for the rest of this call; writes go through mput (which keeps the
+-- cache true) and every removal calls forget_members().
+local MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil
+local function forget_members() MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil end
 local function mget(id)
+  if MEMBERS_BY_ID then return MEMBERS_BY_ID[id] end
   local blob = redis.call('HGET', K_MEMBERS, id)
   if not blob then return nil end
   return cmsgpack.unpack(blob)
 end
-local function mput(rec) redis.call('HSET', K_MEMBERS, rec.id, cmsgpack.pack(rec)) end
+local function mput(rec)
+  redis.call('HSET', K_MEMBERS, rec.id, cmsgpack.pack(rec))
+  if MEMBERS_BY_ID and MEMBERS_BY_ID[rec.id] ~= rec then forget_members() end
+end
 local function all_members()
+  if MEMBERS_CACHE then return MEMBERS_CACHE end
   local flat = redis.call('HGETALL', K_MEMBERS)
-  local out = {}
-  for i = 2, #flat, 2 do out[#out + 1] = cmsgpack.unpack(flat[i]) end
+  local out, by_id = {}, {}
+  for i = 2, #flat, 2 do
+    local rec = cmsgpack.unpack(flat[i])
+    out[#out + 1] = rec
+    by_id[rec.id] = rec
+  end
   table.sort(out, function(a, b) return a.seq < b.seq end)
+  MEMBERS_CACHE, MEMBERS_BY_ID = out, by_id
   return out
 end
 local function nmembers() return redis.call('HLEN', K_MEMBERS) end
@@ -272,6 +286,7 @@ local function add_member(id, req)
   if nmembers() == 0 then set_g('ptype', req.pt) end
   if G.ptype ~= req.pt then illegal('The group and member protocol types must be the same') end
   if G.leader == '' then set_g('leader', id) end
+  forget_members()
   local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
                pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1,
                seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
@@ -286,6 +301,7 @@ end
 -- ClassicGroup.remove plus cancelling the member's session deadline.
 local function remove_member(id)
   local rec = mget(id)
+  forget_members()
   if rec then
     redis.call('HDEL', K_MEMBERS, id)
     count_protocols(rec, -1)
@@ -569,6 +585,7 @@ end
 
 -- The group becomes Dead and its keys go in the same step (Dead is never stored).
 local function delete_group()
+  forget_members()
   transition(DEAD)
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
@@ -668,27 +685,10 @@ local function apply_due()
   return applied
 end
 
--- Every script ends here: publish the group's earliest deadline and wake parked callers.
--- When that deadline becomes the partition's earliest, the lease holder is told at once on the
--- shard channel named like the due index, so it never sleeps past a deadline. The hint key
--- expires at the same moment (coordinators may listen to its expired event; only a hint).
+-- Every script ends here: publish the group's earliest deadline (deadline_index.lua) and wake
+-- parked callers.
 local function finish()
-  local first = group_exists() and redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES') or {}
-  if #first == 0 then
-    redis.call('ZREM', K_DUE, GROUP_ID)
-    redis.call('DEL', K_HINT)
-  else
-    local at = tonumber(first[2])
-    local old = tonumber(redis.call('ZSCORE', K_DUE, GROUP_ID) or '-1')
-    if old ~= at then
-      local pmin = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
-      redis.call('ZADD', K_DUE, at, GROUP_ID)
-      if #pmin == 0 or at < tonumber(pmin[2]) then
-        redis.call('SPUBLISH', K_DUE, string.format('%d', at))
-      end
-      if not MOCK_TIME then redis.call('SET', K_HINT, GROUP_ID, 'PXAT', math.max(at, NOW + 1)) end
-    end
-  end
+  publish_earliest(K_DL, K_DUE, K_HINT, GROUP_ID, group_exists(), NOW, MOCK_TIME)
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
     redis.call('HSET', K_GROUP, 'wid', id)

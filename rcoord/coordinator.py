@@ -27,7 +27,9 @@ leaves.
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,8 +69,13 @@ def require_str_state(state: Any) -> str:
 MAX_BLOCK_MS = 1000
 """Longest single XREAD BLOCK of a parked call; it then re-checks (and applies deadlines)."""
 MOCK_CLOCK_BLOCK_MS = 20
+DEADLINE_JITTER_MS = 10
+"""Spread of parked callers waking at a deadline (see ``_park``)."""
+SAFETY_POLL_MS = 5000
+"""A parked call re-checks with the script at least this often, whatever it saw."""
 """With an injected clock, time only moves when the test moves it: re-check often."""
 DUE_BATCH = 1000
+MAX_DUE_RETRIES = 5
 
 
 class GroupCoordinator:
@@ -162,7 +169,19 @@ class GroupCoordinator:
             pipe.hset(PartitionKeys(namespace, p, effective.num_partitions).cfg, mapping=values)
         pipe.hset(settings_key(namespace), mapping=values)
         pipe.execute()
+        if int(stored.get("group_max_size", effective.group_max_size)) > effective.group_max_size:
+            # A lowered limit: let every group see it now (oversized ones start to shrink),
+            # as Kafka does when it loads a group that is over capacity.
+            self._touch_all_groups(effective)
         return effective
+
+    def _touch_all_groups(self, cfg: CoordinatorConfig) -> None:
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            for raw in self._redis.smembers(pk.groups):
+                group_id = raw.decode("utf-8", "surrogateescape")
+                keys = pk.group(group_id)
+                self._scripts.expire_deadlines(keys=keys.all(), args=[self._now_arg(), group_id])
 
     def _has_groups(self, namespace: str, num_partitions: int) -> bool:
         pipe = self._redis.pipeline(transaction=False)
@@ -195,10 +214,31 @@ class GroupCoordinator:
         return max(1, min(self._max_block_ms, deadline - now + 1))
 
     def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
-        """Wait for a parked Join/SyncGroup's reply; see the module docstring."""
+        """Wait for a parked Join/SyncGroup's reply; see the module docstring.
+
+        The wait ends early when the group's wake stream moves (a reply may be ready). When it
+        times out at the group's next deadline, one cheap read tells whether that deadline is
+        really due; only then does this caller apply it (``await_reply``). A small random delay
+        spreads the callers of a large group, so usually one applies the deadline and the others
+        are woken by the result instead of all calling the script at once.
+        """
         while reply[0] == b"W":
-            wake_id, deadline, now = reply[1], int(reply[2]), int(reply[3])
-            self._redis.xread({keys.wake: wake_id}, count=1, block=self._block_ms(deadline, now))
+            wake_id, deadline, base_now = reply[1], int(reply[2]), int(reply[3])
+            started = time.monotonic()
+            while True:
+                # Server time now, from the script's clock reading and the time since.
+                server_now = base_now + int((time.monotonic() - started) * 1000)
+                block = self._block_ms(deadline, server_now)
+                if self._clock is None and deadline >= 0:
+                    block += random.randint(0, DEADLINE_JITTER_MS)
+                woke = self._redis.xread({keys.wake: wake_id}, count=1, block=block)
+                elapsed_ms = (time.monotonic() - started) * 1000
+                if woke or self._clock is not None or elapsed_ms >= SAFETY_POLL_MS:
+                    break
+                score = self._redis.zscore(keys.partition.due, keys.group_id)
+                if score is not None and score <= base_now + elapsed_ms:
+                    break
+                deadline = -1 if score is None else int(score)
             reply = self._call("await_reply", keys, [member_id, kind])
         return bytes(reply[1])
 
@@ -286,7 +326,17 @@ class GroupCoordinator:
         gid, args = heartbeat_args(group_id, generation_id, member_id, group_instance_id)
         if not gid:
             return Errors.INVALID_GROUP_ID
-        return decode_heartbeat(self._call("heartbeat", self._keys(gid), args))
+        keys = self._keys(gid)
+        for _ in range(MAX_DUE_RETRIES):
+            reply = self._scripts.heartbeat(
+                keys=keys.heartbeat_keys(), args=[self._now_arg(), gid, *args]
+            )
+            if reply != b"DUE":
+                return decode_heartbeat(reply)
+            # A deadline of the group has passed: apply it first, as every step does.
+            self._call("expire_deadlines", keys, [])
+        # Deadlines kept falling due between the calls: a retriable answer, try again shortly.
+        return Errors.COORDINATOR_NOT_AVAILABLE
 
     @translate_redis_errors
     def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> LeaveGroupResult:

@@ -103,3 +103,7 @@ class GroupKeys:
     @property
     def hint(self) -> str:
         return self._k("h")
+
+    def heartbeat_keys(self) -> list[str]:
+        """KEYS of heartbeat.lua: due, group, members, statics, deadlines, hint."""
+        return [self.partition.due, self._k("g"), self._k("m"), self._k("s"), self._k("d"), self._k("h")]

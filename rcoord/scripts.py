@@ -17,7 +17,6 @@ __all__ = ["Scripts", "GROUP_STEPS", "lua_source", "lua_dir"]
 GROUP_STEPS = (
     "join_group",
     "sync_group",
-    "heartbeat",
     "leave_group",
     "await_reply",
     "expire_deadlines",
@@ -29,8 +28,14 @@ GROUP_STEPS = (
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 
-STANDALONE = ("due_groups",)
-"""Scripts without the prelude (partition-level)."""
+STANDALONE = ("due_groups", "heartbeat")
+"""Scripts without the prelude: partition-level ones, and the heartbeat hot path."""
+
+INCLUDES: dict[str, tuple[str, ...]] = {
+    "heartbeat": ("deadline_index",),
+    **{step: ("deadline_index", "prelude") for step in GROUP_STEPS},
+}
+"""Shared files put in front of a script, in order (Redis scripts cannot import)."""
 
 
 def lua_dir() -> Path:
@@ -47,10 +52,9 @@ def lua_dir() -> Path:
 def lua_source(name: str) -> str:
     """The full source sent to Redis for script ``name``."""
     base = lua_dir()
-    body = (base / f"{name}.lua").read_text()
-    if name in GROUP_STEPS:
-        return (base / "prelude.lua").read_text() + "\n" + body
-    return body
+    parts = [(base / f"{inc}.lua").read_text() for inc in INCLUDES.get(name, ())]
+    parts.append((base / f"{name}.lua").read_text())
+    return "\n".join(parts)
 
 
 class Scripts:

@@ -150,7 +150,9 @@ def test_pending_member_expires_after_session_timeout(ctx):
 
 def test_rebalance_completes_when_all_members_rejoin(ctx):
     gen, ids = ctx.stable_group(3)
-    futures = [ctx.join_async(i) for i in ids]
+    futures = [ctx.join_async(ids[0])]  # the leader's rejoin starts the rebalance
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    futures += [ctx.join_async(i) for i in ids[1:]]
     results = [f.result(WAIT_S) for f in futures]
     assert {r.generation_id for r in results} == {gen + 1}
     assert results[0].leader_id == ids[0]
@@ -318,7 +320,7 @@ def test_oversized_group_shrinks_after_max_size_lowered(redis_client, namespace,
     c = Ctx(GroupCoordinator(redis_client, CoordinatorConfig(**base), clock=clock).start(), clock, pool)
     gen, ids = c.stable_group(3)
     # The operator lowers group_max_size; the group rebalances and turns the last rejoiner away.
-    GroupCoordinator(redis_client, CoordinatorConfig(group_max_size=2, **base)).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(group_max_size=2, **base), clock=clock).start()
     assert c.heartbeat(ids[0], gen) == Errors.REBALANCE_IN_PROGRESS
     f0, f1 = c.join_async(ids[0]), c.join_async(ids[1])
     wait_until(lambda: c.group_field("wid") is not None and len(ids) == 3 and _parked(c) == 2)
