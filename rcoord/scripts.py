@@ -28,7 +28,7 @@ GROUP_STEPS = (
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 
-STANDALONE = ("due_groups", "heartbeat")
+STANDALONE = ("due_groups", "heartbeat", "lease")
 """Scripts without the prelude: partition-level ones, and the heartbeat hot path."""
 
 INCLUDES: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,103 @@
+"""``rcoord coordinator``: run one coordinator process.
+
+Settings come from flags, then the environment, then defaults:
+
+====================  ===========================  ======================
+flag                  environment                  default
+====================  ===========================  ======================
+``--redis-url``       ``RCOORD_REDIS_URL``         (required)
+``--id``              ``RCOORD_COORDINATOR_ID``    host-pid-random
+``--namespace``       ``RCOORD_NAMESPACE``         rcoord
+``--metrics-port``    ``RCOORD_METRICS_PORT``      no HTTP server (0 = any free port)
+``--metrics-host``    ``RCOORD_METRICS_HOST``      127.0.0.1
+``--lease-ttl-ms``    ``RCOORD_LEASE_TTL_MS``      5000
+``--wake``            ``RCOORD_WAKE``              both
+``--log-level``       ``RCOORD_LOG_LEVEL``         INFO
+====================  ===========================  ======================
+
+URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users), and point at a
+single node or any node of a Redis Cluster (detected from the server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["coordinator_main", "add_coordinator_arguments", "JsonFormatter"]
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and every ``extra`` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in _RESERVED and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _env(name: str, default: Any = None) -> Any:
+    value = os.environ.get(name)
+    return default if value in (None, "") else value
+
+
+def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", default=_env("RCOORD_REDIS_URL"))
+    p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"))
+    p.add_argument("--namespace", default=_env("RCOORD_NAMESPACE", "rcoord"))
+    p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"))
+    p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"))
+    p.add_argument("--lease-ttl-ms", type=int, default=int(_env("RCOORD_LEASE_TTL_MS", 5000)))
+    p.add_argument("--wake", choices=("both", "index", "hints"), default=_env("RCOORD_WAKE", "both"))
+    p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"))
+
+
+def coordinator_main(args: argparse.Namespace) -> int:
+    from .service import CoordinatorService, ServiceConfig
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(args.log_level.upper())
+    try:
+        kw: dict[str, Any] = dict(
+            redis_url=args.redis_url or "",
+            namespace=args.namespace,
+            metrics_port=None if args.metrics_port is None else int(args.metrics_port),
+            metrics_host=args.metrics_host,
+            lease_ttl_ms=int(args.lease_ttl_ms),
+            wake=args.wake,
+        )
+        if args.coordinator_id:
+            kw["coordinator_id"] = args.coordinator_id
+        config = ServiceConfig(**kw)
+    except ConfigError as exc:
+        print(f"rcoord coordinator: {exc}", file=sys.stderr)
+        return 2
+    service = CoordinatorService(config).start()
+    signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
+    signal.signal(signal.SIGINT, lambda *_: service._stop.set())
+    try:
+        service.run()
+    finally:
+        service.stop()
+    return 0

@@ -1,0 +1,51 @@
+"""/metrics (Prometheus text format) and /healthz (JSON) for a coordinator process."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = ["StatusServer"]
+
+
+class StatusServer:
+    def __init__(self, host: str, port: int, registry: Any, health: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
+        registry_ = registry
+        health_ = health
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                if self.path.startswith("/metrics"):
+                    body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
+                elif self.path.startswith("/healthz"):
+                    ok, detail = health_()
+                    body, ctype, code = json.dumps(detail).encode(), "application/json", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="rcoord-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

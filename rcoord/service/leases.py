@@ -1,0 +1,128 @@
+"""Partition leases: which coordinator process does each partition's timer work.
+
+Live coordinators register in ``<ns>:coordinators`` (a zset of id -> expiry, server time). Every
+coordinator computes the same plan from the same live set: each partition goes to the
+coordinator that ranks it highest (rendezvous hashing, so a join or a death moves few
+partitions), capped at the fair share ceil(partitions / coordinators). A coordinator acquires
+the leases the plan gives it, renews them, and hands the others straight to their planned holder
+(no gap in coverage). A lease whose holder is gone from the registry (it stopped, or died and its
+registry entry expired after one TTL) is taken by the partition's planned holder at once. Leases never guard state: two holders at once are harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from ..keys import PartitionKeys
+from ..scripts import Scripts
+
+__all__ = ["plan", "LeaseKeeper"]
+
+
+def _rank(coordinator_id: str, partition: int) -> int:
+    digest = hashlib.blake2b(f"{coordinator_id}\x00{partition}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def plan(num_partitions: int, live: Sequence[str]) -> dict[int, str]:
+    """Partition -> coordinator, the same for everyone who sees the same ``live`` set."""
+    if not live:
+        return {}
+    cap = -(-num_partitions // len(live))
+    load = {c: 0 for c in live}
+    out: dict[int, str] = {}
+    for p in range(num_partitions):
+        for c in sorted(live, key=lambda c: (_rank(c, p), c), reverse=True):
+            if load[c] < cap:
+                out[p] = c
+                load[c] += 1
+                break
+    return out
+
+
+class LeaseKeeper:
+    """One coordinator's view of the leases; ``step()`` is one round of register/acquire/renew."""
+
+    def __init__(
+        self,
+        client: Any,
+        scripts: Scripts,
+        namespace: str,
+        num_partitions: int,
+        coordinator_id: str,
+        ttl_ms: int,
+    ) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._namespace = namespace
+        self._n = num_partitions
+        self.coordinator_id = coordinator_id
+        self.ttl_ms = ttl_ms
+        self.owned: set[int] = set()
+        self.live: list[str] = []
+        self._lease_keys = [PartitionKeys(namespace, p, num_partitions).lease for p in range(num_partitions)]
+
+    @property
+    def registry_key(self) -> str:
+        return f"{self._namespace}:coordinators"
+
+    @property
+    def channel(self) -> str:
+        """Broadcast channel: a coordinator joined or left; everyone re-plans at once."""
+        return f"{self._namespace}:coordinators"
+
+    def _server_ms(self) -> int:
+        sec, usec = self._client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    def register(self) -> list[str]:
+        now = self._server_ms()
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zadd(self.registry_key, {self.coordinator_id: now + self.ttl_ms})
+        pipe.zremrangebyscore(self.registry_key, "-inf", now)
+        pipe.zrange(self.registry_key, 0, -1)
+        live = sorted(x.decode() for x in pipe.execute()[2])
+        self.live = live
+        return live
+
+    def _op(self, p: int, op: str, target: str = "") -> str:
+        holder = self._scripts.lease(
+            keys=[self._lease_keys[p]], args=[op, self.coordinator_id, self.ttl_ms, target]
+        )
+        return holder.decode() if isinstance(holder, bytes) else str(holder)
+
+    def step(self) -> set[int]:
+        """Register, then take, renew or hand off leases so the plan holds; return what we own."""
+        live = self.register()
+        if self.coordinator_id not in live:
+            live = sorted([*live, self.coordinator_id])
+        wanted = plan(self._n, live)
+        pipe = self._client.pipeline(transaction=False)
+        for key in self._lease_keys:
+            pipe.get(key)
+        holders = [h.decode() if h else "" for h in pipe.execute()]
+        owned = set()
+        for p in range(self._n):
+            target = wanted[p]
+            if target == self.coordinator_id:
+                holder = self._op(p, "acquire")
+                if holder not in ("", self.coordinator_id) and holder not in live:
+                    holder = self._op(p, "steal", holder)
+            elif holders[p] == self.coordinator_id:
+                holder = self._op(p, "handoff", target)
+            else:
+                holder = holders[p]
+            if holder == self.coordinator_id:
+                owned.add(p)
+        self.owned = owned
+        return owned
+
+    def release_all(self) -> None:
+        """Graceful exit: free our leases and leave the registry, so others take over at once."""
+        for p in sorted(self.owned):
+            self._op(p, "release")
+        self.owned = set()
+        self._client.zrem(self.registry_key, self.coordinator_id)
+        self._client.publish(self.channel, b"left")

@@ -1,0 +1,98 @@
+"""Turning the partitions' event streams into structured logs and metrics.
+
+Scripts append every group transition and member expiry to their partition's capped events
+stream; the lease holder tails it, logs each event as one JSON line and counts it. Gauges of
+groups by state and of members are sampled from the leased partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..keys import PartitionKeys
+from .metrics import Metrics
+
+__all__ = ["EventTail", "sample_groups"]
+
+log = logging.getLogger("rcoord.groups")
+STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable")
+
+
+class EventTail:
+    def __init__(self, client: Any, namespace: str, num_partitions: int, metrics: Metrics) -> None:
+        self._client = client
+        self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
+        self._metrics = metrics
+        self._last: dict[int, bytes] = {}
+
+    def poll(self, owned: set[int]) -> int:
+        """Read what is new in each leased partition's events; a newly leased one starts now."""
+        ps = sorted(owned)
+        for p in list(self._last):
+            if p not in owned:
+                del self._last[p]
+        if not ps:
+            return 0
+        pipe = self._client.pipeline(transaction=False)
+        for p in ps:
+            if p in self._last:
+                pipe.xrange(self._pk[p].events, min=b"(" + self._last[p], max="+", count=1000)
+            else:
+                pipe.xrevrange(self._pk[p].events, count=1)
+        seen = 0
+        for p, entries in zip(ps, pipe.execute(), strict=True):
+            if p not in self._last:
+                self._last[p] = entries[0][0] if entries else b"0-0"
+                continue
+            for entry_id, fields in entries:
+                self._last[p] = entry_id
+                self._record(p, {k.decode(): v.decode("utf-8", "surrogateescape") for k, v in fields.items()})
+                seen += 1
+        return seen
+
+    def _record(self, partition: int, e: dict[str, str]) -> None:
+        kind = e.get("e")
+        if kind == "transition":
+            to = e.get("to", "")
+            self._metrics.transitions.labels(to).inc()
+            if to == "PreparingRebalance" and e.get("from") != "PreparingRebalance":
+                self._metrics.rebalances_started.inc()
+            if e.get("took"):
+                self._metrics.rebalances_completed.inc()
+                self._metrics.rebalance_duration.observe(int(e["took"]) / 1000.0)
+            log.info("group transition", extra={"event": "group_transition", "partition": partition,
+                                                "group": e.get("g"), "from": e.get("from"), "to": to,
+                                                "generation": int(e.get("gen") or 0),
+                                                "reason": e.get("why") or None, "at_ms": int(e["at"])})
+        elif kind == "expired":
+            self._metrics.members_expired.inc()
+            log.info("member expired", extra={"event": "member_expired", "partition": partition,
+                                              "group": e.get("g"), "member": e.get("member"),
+                                              "late_ms": int(e.get("late") or 0), "at_ms": int(e["at"])})
+
+
+def sample_groups(client: Any, namespace: str, num_partitions: int, owned: set[int],
+                  metrics: Metrics) -> None:
+    """Refresh the groups-by-state and members gauges from the leased partitions."""
+    counts = dict.fromkeys(STATES, 0)
+    members = 0
+    for p in sorted(owned):
+        pk = PartitionKeys(namespace, p, num_partitions)
+        ids = list(client.smembers(pk.groups))
+        if not ids:
+            continue
+        pipe = client.pipeline(transaction=False)
+        for raw in ids:
+            keys = pk.group(raw.decode("utf-8", "surrogateescape")).all()
+            pipe.hget(keys[3], "state")
+            pipe.hlen(keys[4])
+        replies = pipe.execute()
+        for i in range(0, len(replies), 2):
+            state = (replies[i] or b"").decode()
+            if state in counts:
+                counts[state] += 1
+            members += int(replies[i + 1])
+    for state, n in counts.items():
+        metrics.groups.labels(state).set(n)
+    metrics.members.set(members)

@@ -1,0 +1,238 @@
+"""CoordinatorService: a stateless process that makes every deadline act on time.
+
+Group state needs no process: every script applies the passed deadlines of the group it
+touches. But an idle group (a member that just stops heartbeating) is touched by nobody, so
+coordinator processes run the timers. They divide the partitions among themselves with leases
+(``leases.py``); each sweeps the deadlines of the partitions it leases exactly when they fall due
+(``sweeper.py``), woken early by shard-channel messages when a script sets an earlier deadline,
+and optionally by expired-key events (``listener.py``), which are only hints. Events become logs
+and metrics (``observe.py``); ``/metrics`` and ``/healthz`` are served over HTTP (``http.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import CoordinatorConfig
+from ..coordinator import GroupCoordinator
+from ..errors import ConfigError
+from .connect import connect
+from .http import StatusServer
+from .leases import LeaseKeeper
+from .listener import Listener
+from .metrics import Metrics
+from .observe import EventTail, sample_groups
+from .sweeper import Sweeper
+
+__all__ = ["ServiceConfig", "CoordinatorService"]
+
+log = logging.getLogger("rcoord.service")
+
+RESYNC_MS = 1000
+"""Re-read the deadline index this often anyway (pub/sub is at-most-once)."""
+TAIL_MS = 250
+SAMPLE_MS = 5000
+WAKE_MODES = ("both", "index", "hints")
+
+
+def default_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Settings of one coordinator process.
+
+    ``wake`` chooses what drives the timers: ``index`` (the deadline index and its shard-channel
+    messages), ``hints`` (expired-key events only; for measurements, never for production), or
+    ``both`` (the default).
+    """
+
+    redis_url: str
+    coordinator_id: str = field(default_factory=default_id)
+    namespace: str = "rcoord"
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    lease_ttl_ms: int = 5000
+    wake: str = "both"
+
+    def __post_init__(self) -> None:
+        if not self.redis_url:
+            raise ConfigError("redis_url is required (--redis-url or RCOORD_REDIS_URL)")
+        if self.lease_ttl_ms < 100:
+            raise ConfigError(f"lease_ttl_ms must be >= 100, got {self.lease_ttl_ms}")
+        if self.wake not in WAKE_MODES:
+            raise ConfigError(f"wake must be one of {', '.join(WAKE_MODES)}, got {self.wake!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+
+
+class CoordinatorService:
+    def __init__(self, config: ServiceConfig, client: Any = None) -> None:
+        self.config = config
+        self._client = client
+        self.metrics = Metrics()
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._stop = threading.Event()
+        self._lease_wake = threading.Event()
+        self._owned: set[int] = set()
+        self._last_lease_ok = 0.0
+        self._http: StatusServer | None = None
+        self._lease_thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> CoordinatorService:
+        cfg = self.config
+        if self._client is None:
+            self._client = connect(cfg.redis_url)
+        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace)).start()
+        self.group_config = coord.config
+        scripts = coord._scripts
+        n = self.group_config.num_partitions
+        self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
+        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics)
+        self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
+        self.listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
+                                 deadlines=cfg.wake != "hints", hints=cfg.wake != "index")
+        self.listener.start()
+        self._owned = self.leases.step()
+        self._last_lease_ok = time.monotonic()
+        self._client.publish(self.leases.channel, b"joined")
+        self._queue.put(("owned", set(self._owned)))
+        self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
+        self._lease_thread.start()
+        if cfg.metrics_port is not None:
+            self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry, self.health)
+            self._http.start()
+        log.info("coordinator started", extra={
+            "event": "started", "id": cfg.coordinator_id, "namespace": cfg.namespace,
+            "partitions": n, "leases": len(self._owned), "wake": cfg.wake,
+            "metrics_port": self._http.port if self._http else None,
+            "keyspace_events": self.listener.keyspace_status})
+        return self
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._http.port if self._http else None
+
+    def stop(self) -> None:
+        """Graceful: release leases at once so the others take over without waiting a TTL."""
+        self._stop.set()
+        self._lease_wake.set()
+        if self._lease_thread is not None:
+            self._lease_thread.join(timeout=5)
+        try:
+            self.leases.release_all()
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.warning("could not release leases", extra={"event": "release_failed", "why": str(exc)})
+        self.listener.stop()
+        if self._http is not None:
+            self._http.stop()
+        log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        age_ms = (time.monotonic() - self._last_lease_ok) * 1000
+        ok = age_ms < 2 * self.config.lease_ttl_ms and not self._stop.is_set()
+        return ok, {
+            "status": "ok" if ok else "unhealthy",
+            "id": self.config.coordinator_id,
+            "leases": len(self._owned),
+            "live_coordinators": len(self.leases.live),
+            "last_lease_round_ms_ago": int(age_ms),
+            "wake": self.config.wake,
+            "keyspace_events": self.listener.keyspace_status,
+        }
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    def _lease_loop(self) -> None:
+        period = self.config.lease_ttl_ms / 4000.0
+        while not self._stop.is_set():
+            self._lease_wake.wait(period)
+            self._lease_wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                owned = self.leases.step()
+                self._last_lease_ok = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - keep trying; health reports staleness
+                log.warning("lease round failed", extra={"event": "lease_error", "why": str(exc)})
+                continue
+            self.metrics.leases.set(len(owned))
+            if owned != self._owned:
+                log.info("leases changed", extra={"event": "leases", "id": self.config.coordinator_id,
+                                                  "count": len(owned), "partitions": sorted(owned)})
+                self._queue.put(("owned", set(owned)))
+
+    def run(self) -> None:
+        """The timer loop; returns when ``stop()`` is called (from a signal or another thread)."""
+        index = self.config.wake != "hints"
+        sweeper = self.sweeper
+        sweeper.sync_clock()
+        owned: set[int] = set()
+        last_resync = last_tail = last_sample = 0.0
+        while not self._stop.is_set():
+            try:
+                if index and sweeper.next_due() <= sweeper.server_now():
+                    sweeper.sweep_due("deadline")
+                    self.metrics.wakeups.labels("deadline").inc()
+                mono = time.monotonic() * 1000
+                wait_ms = min(RESYNC_MS - (mono - last_resync), TAIL_MS - (mono - last_tail))
+                if index:
+                    wait_ms = min(wait_ms, sweeper.next_due() - sweeper.server_now())
+                try:
+                    event = self._queue.get(timeout=max(0.0, wait_ms) / 1000.0)
+                except queue.Empty:
+                    event = None
+                if event is not None:
+                    owned = self._handle(event, owned, index)
+                mono = time.monotonic() * 1000
+                if mono - last_resync >= RESYNC_MS:
+                    last_resync = mono
+                    sweeper.sync_clock()
+                    if index:
+                        sweeper.resync(owned)
+                if mono - last_tail >= TAIL_MS:
+                    last_tail = mono
+                    self.tail.poll(owned)
+                if mono - last_sample >= SAMPLE_MS:
+                    last_sample = mono
+                    sample_groups(self._client, self.config.namespace, self.group_config.num_partitions,
+                                  owned, self.metrics)
+            except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
+                log.warning("timer loop error; retrying", extra={"event": "loop_error", "why": str(exc)})
+                self._stop.wait(0.2)
+
+    def _handle(self, event: tuple[Any, ...], owned: set[int], index: bool) -> set[int]:
+        kind = event[0]
+        if kind == "owned":
+            owned = set(event[1])
+            self._owned = owned
+            if index:
+                self.sweeper.resync(owned)
+        elif kind == "deadline":
+            p, at = event[1], event[2]
+            if p in owned:
+                self.metrics.wakeups.labels("channel").inc()
+                self.sweeper.note_deadline(p, at)
+        elif kind == "hint":
+            p, group_id = event[1], event[2]
+            if p in owned:
+                self.metrics.wakeups.labels("hint").inc()
+                applied = self.sweeper.expire_group(p, group_id, "hint")
+                self.metrics.hints.labels("hit" if applied else "miss").inc()
+        elif kind == "resync":
+            if index:
+                self.sweeper.resync(owned)
+        elif kind == "coordinators":
+            self._lease_wake.set()
+        return owned

@@ -1,0 +1,95 @@
+"""The timer work of the partitions a coordinator leases.
+
+For each leased partition it knows the earliest deadline (the partition's due index, kept current
+by shard-channel messages and re-read on any doubt), sleeps until the earliest one of all, and
+then applies every passed deadline of every due group with ``expire_deadlines``. No polling
+interval decides precision: the wait ends exactly at the next deadline or at a message that
+brings one earlier.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..keys import PartitionKeys
+from ..scripts import Scripts
+from .metrics import Metrics
+
+__all__ = ["Sweeper"]
+
+DUE_BATCH = 500
+
+
+class Sweeper:
+    def __init__(self, client: Any, scripts: Scripts, namespace: str, num_partitions: int,
+                 metrics: Metrics) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
+        self._metrics = metrics
+        self.earliest: dict[int, float] = {}
+        self._offset_ms = 0.0  # server clock minus local wall clock
+
+    # -- server time -----------------------------------------------------------------------------
+
+    def sync_clock(self) -> None:
+        before = time.time() * 1000
+        sec, usec = self._client.time()
+        after = time.time() * 1000
+        self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2
+
+    def server_now(self) -> float:
+        return time.time() * 1000 + self._offset_ms
+
+    # -- the deadline index ----------------------------------------------------------------------
+
+    def resync(self, owned: set[int]) -> None:
+        """Re-read the earliest deadline of every leased partition (the authority)."""
+        ps = sorted(owned)
+        pipe = self._client.pipeline(transaction=False)
+        for p in ps:
+            pipe.zrange(self._pk[p].due, 0, 0, withscores=True)
+        self.earliest = {}
+        for p, first in zip(ps, pipe.execute(), strict=True):
+            self.earliest[p] = float(first[0][1]) if first else float("inf")
+
+    def note_deadline(self, p: int, at: float) -> None:
+        if p in self.earliest and at < self.earliest[p]:
+            self.earliest[p] = at
+
+    def next_due(self) -> float:
+        return min(self.earliest.values(), default=float("inf"))
+
+    def sweep_due(self, source: str) -> int:
+        """Apply the passed deadlines of every leased partition whose earliest one has passed."""
+        now = self.server_now()
+        applied = 0
+        for p, at in list(self.earliest.items()):
+            if at <= now:
+                applied += self.sweep_partition(p, source)
+        return applied
+
+    def sweep_partition(self, p: int, source: str) -> int:
+        pk = self._pk[p]
+        applied = 0
+        while True:
+            due = self._scripts.due_groups(keys=[pk.due], args=["", DUE_BATCH])
+            groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
+            for group_id in groups:
+                applied += self.expire_group(p, group_id, source)
+            if len(groups) < DUE_BATCH:
+                break
+        first = self._client.zrange(pk.due, 0, 0, withscores=True)
+        self.earliest[p] = float(first[0][1]) if first else float("inf")
+        return applied
+
+    def expire_group(self, p: int, group_id: str, source: str) -> int:
+        keys = self._pk[p].group(group_id)
+        reply = self._scripts.expire_deadlines(keys=keys.all(), args=["", group_id])
+        applied = int(reply[0])
+        for late_ms in reply[1:]:
+            self._metrics.lateness.observe(max(0, int(late_ms)) / 1000.0)
+        if applied:
+            self._metrics.deadlines_applied.labels(source).inc(applied)
+        return applied

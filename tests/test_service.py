@@ -1,0 +1,243 @@
+"""The coordinator service, as real processes against the test servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import wait_until
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.partitioning import partition_for
+from rcoord.service.leases import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=300,
+            rebalance_timeout_ms=2000)
+TTL_MS = 1000
+
+
+class Proc:
+    def __init__(self, url: str, namespace: str, cid: str, *extra: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rcoord.service", "--redis-url", url, "--namespace", namespace,
+             "--id", cid, "--metrics-port", "0", "--lease-ttl-ms", str(TTL_MS), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+        )
+        line = self.proc.stdout.readline()
+        try:
+            started = json.loads(line)
+        except ValueError:
+            self.proc.kill()
+            raise AssertionError(f"coordinator did not start: {line}{self.proc.stdout.read()}")
+        self.port = started["metrics_port"]
+        self.id = cid
+
+    def health(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return json.loads(r.read())
+        except OSError:
+            return {}
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.communicate()[0]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop(signal.SIGKILL)
+
+
+def _setup(client: Any, namespace: str) -> GroupCoordinator:
+    return GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10, group_initial_rebalance_delay_ms=0)).start()
+
+
+def _lonely_member(coord: GroupCoordinator, group: str) -> str:
+    """A one-member Stable group whose member then goes silent."""
+    mid = coord.join_group(group, **JOIN).member_id
+    res = coord.join_group(group, mid, **JOIN)
+    assert coord.sync_group(group, res.generation_id, mid, assignments={}).error == Errors.NONE
+    return mid
+
+
+def _is_member(coord: GroupCoordinator, group: str, mid: str) -> bool:
+    """A raw read: it applies no deadline, unlike every script."""
+    return bool(coord._redis.hexists(coord._keys(group).all()[4], mid))
+
+
+def _server_ms(client: Any) -> int:
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def test_plan_is_fair_and_moves_little():
+    ids = ["a", "b", "c"]
+    p3 = plan(50, ids)
+    counts = sorted(list(p3.values()).count(c) for c in ids)
+    assert counts == [16, 17, 17]
+    p4 = plan(50, ids + ["d"])
+    moved = sum(1 for p in range(50) if p3[p] != p4[p])
+    assert list(p4.values()).count("d") in (12, 13)
+    assert moved <= 20  # mostly the newcomer's share moves
+
+
+def test_without_coordinators_an_idle_member_waits_for_the_next_touch(single_client, namespace):
+    coord = _setup(single_client, namespace)
+    mid = _lonely_member(coord, "idle")
+    deadline = _server_ms(single_client) + JOIN["session_timeout_ms"]
+    wait_until(lambda: _server_ms(single_client) > deadline + 50)
+    assert _is_member(coord, "idle", mid)  # nothing ran the timers
+    assert coord.describe_group("idle").state == "Empty"  # the touch applies the deadline
+    assert not _is_member(coord, "idle", mid)
+
+
+def test_one_coordinator_expires_an_idle_member_and_rebalances(redis_server, single_client, namespace, procs):
+    coord = _setup(single_client, namespace)
+    procs.append(Proc(redis_server.url, namespace, "c1"))
+    a = coord.join_group("g2", **JOIN).member_id
+    b = coord.join_group("g2", **JOIN).member_id
+    # a forms generation 1 alone, then both join generation 2.
+    ra = coord.join_group("g2", a, **JOIN)
+    coord.sync_group("g2", ra.generation_id, a, assignments={})
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        fa, fb = ex.submit(coord.join_group, "g2", a, **JOIN), ex.submit(coord.join_group, "g2", b, **JOIN)
+        r1, r2 = fa.result(10), fb.result(10)
+    gen = r1.generation_id
+    leader = r1.leader_id
+    with cf.ThreadPoolExecutor(2) as ex:
+        s = [ex.submit(coord.sync_group, "g2", gen, m, assignments={} if m == leader else None) for m in (a, b)]
+        [x.result(10) for x in s]
+    # b goes silent; a keeps heartbeating (with raw reads only in between, no touches by b).
+    def a_alive_b_gone() -> bool:
+        coord.heartbeat("g2", gen, a)
+        return not _is_member(coord, "g2", b)
+
+    wait_until(a_alive_b_gone, timeout_s=10)
+    assert coord.heartbeat("g2", gen, a) == Errors.REBALANCE_IN_PROGRESS
+    out = procs[0].stop()
+    assert '"event": "member_expired"' in out and '"event": "group_transition"' in out
+
+
+def test_three_coordinators_share_partitions_and_survive_a_kill(redis_server, single_client, namespace, procs):
+    coord = _setup(single_client, namespace)
+    for i in range(3):
+        procs.append(Proc(redis_server.url, namespace, f"c{i}"))
+    wait_until(lambda: sorted(p.health().get("leases", 0) for p in procs) == [16, 17, 17], timeout_s=15)
+    victim = procs[1]
+    victim_parts = {p for p, c in plan(50, ["c0", "c1", "c2"]).items() if c == "c1"}
+    # Groups whose partitions the victim leases, with members that will go silent.
+    groups = []
+    i = 0
+    while len(groups) < 3:
+        g = f"grp-{i}"
+        if partition_for(g) in victim_parts:
+            groups.append((g, _lonely_member(coord, g)))
+        i += 1
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    survivors = [procs[0], procs[2]]
+    # Its partitions are taken over once its leases expire (one TTL), and its deadlines act.
+    wait_until(lambda: sum(p.health().get("leases", 0) for p in survivors) == 50, timeout_s=TTL_MS / 1000 * 4)
+    wait_until(lambda: not any(_is_member(coord, g, m) for g, m in groups), timeout_s=10)
+
+
+def test_a_new_coordinator_takes_its_share_without_a_gap(redis_server, single_client, namespace, procs):
+    _setup(single_client, namespace)
+    procs.append(Proc(redis_server.url, namespace, "first"))
+    wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=10)
+    procs.append(Proc(redis_server.url, namespace, "second"))
+    want = list(plan(50, ["first", "second"]).values()).count("second")
+    wait_until(lambda: procs[1].health().get("leases") == want and procs[0].health().get("leases") == 50 - want,
+               timeout_s=10)
+    # Every partition always has a holder: handoffs move the lease directly.
+    holders = single_client.mget([f"{namespace}:{{{t}}}:lease" for t in _tags()])
+    assert all(holders)
+
+
+def _tags() -> list[str]:
+    from rcoord.partitioning import partition_tag
+
+    return [partition_tag(p, 50) for p in range(50)]
+
+
+def test_sigterm_releases_leases_at_once(redis_server, single_client, namespace, procs):
+    _setup(single_client, namespace)
+    long_ttl = ["--lease-ttl-ms", "30000"]
+    procs.append(Proc(redis_server.url, namespace, "stays", *long_ttl))
+    procs.append(Proc(redis_server.url, namespace, "leaves", *long_ttl))
+    wait_until(lambda: procs[1].health().get("leases", 0) > 0, timeout_s=15)
+    out = procs[1].stop(signal.SIGTERM)
+    assert procs[1].proc.returncode == 0, out
+    # Far sooner than the 30 s TTL: released leases are taken at once.
+    wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=10)
+
+
+def test_cluster_coordinator_hears_expiry_events_from_every_master(redis_cluster, namespace, procs):
+    client = redis_cluster.client()
+    coord = _setup(client, namespace)
+    # Hints only: members are removed only if the events of every master reach the process.
+    procs.append(Proc(redis_cluster.url, namespace, "hints-only", "--wake", "hints"))
+    assert procs[0].health().get("keyspace_events") == "enabled"
+    nodes = {}
+    i = 0
+    while len(nodes) < 3:
+        g = f"cl-{i}"
+        node = client.get_node_from_key(coord._keys(g).all()[3]).name
+        if node not in nodes:
+            nodes[node] = (g, _lonely_member(coord, g))
+        i += 1
+    wait_until(lambda: not any(_is_member(coord, g, m) for g, m in nodes.values()), timeout_s=20)
+    assert procs[0].metric('rcoord_expiry_hints_total{result="hit"}') >= 3
+    client.close()
+
+
+def test_cli_reports_a_missing_url():
+    env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, "-m", "rcoord.service"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "RCOORD_REDIS_URL" in res.stderr
+
+
+def test_cli_flags_override_environment(monkeypatch):
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments
+
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("RCOORD_LEASE_TTL_MS", "1234")
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    args = p.parse_args(["--lease-ttl-ms", "777"])
+    assert args.redis_url == "redis://127.0.0.1:1/0" and args.lease_ttl_ms == 777
+    assert p.parse_args([]).lease_ttl_ms == 1234
