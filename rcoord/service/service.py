@@ -193,8 +193,14 @@ class CoordinatorService:
                     event = self._queue.get(timeout=max(0.0, wait_ms) / 1000.0)
                 except queue.Empty:
                     event = None
-                if event is not None:
+                while event is not None:
+                    # Drain everything already heard before sweeping: a burst of messages then
+                    # costs one sweep, not one loop turn each.
                     owned = self._handle(event, owned, index)
+                    try:
+                        event = self._queue.get_nowait()
+                    except queue.Empty:
+                        event = None
                 mono = time.monotonic() * 1000
                 if mono - last_resync >= RESYNC_MS:
                     last_resync = mono
