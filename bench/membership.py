@@ -866,7 +866,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
                 pipe.evalsha(sha, len(keys), *keys, now_arg, GROUP, mid, gen, "")
             replies = pipe.execute(raise_on_error=False)
             for rep in replies:
-                if rep != b"NONE":
+                if rep != [b"NONE"]:
                     key = repr(rep)[:120]
                     bad[key] += 1
                     if len(sample) < 3:
@@ -880,6 +880,27 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
                      fmt_rate(rate), f"{srv:.1f}", str(sum(bad.values())),
                      f"target >= {HEARTBEAT_TARGET:,.0f}/s: {'MET' if rate >= HEARTBEAT_TARGET else 'MISSED'}"])
         problems += [f"batch {batch}: {v} x {k}" for k, v in bad.items()]
+    # (c) the public batch API, GroupCoordinator.heartbeat_many (pipelined, same script)
+    for batch in args.batches:
+        total = max(batch, (args.pipelined_heartbeats // batch) * batch)
+        bad = collections.Counter()
+        c0, u0 = evalsha_stats(r)
+        t = now()
+        sent = 0
+        while sent < total:
+            reqs = [(GROUP, gen, member_ids[(sent + k) % len(member_ids)]) for k in range(batch)]
+            for e in coord.heartbeat_many(reqs):
+                if e is not Errors.NONE:
+                    bad[e.name] += 1
+            sent += batch
+        dt = now() - t
+        c1, u1 = evalsha_stats(r)
+        srv = (u1 - u0) / max(1, c1 - c0)
+        rate = total / dt
+        rows.append([f"coord.heartbeat_many, batch {batch}", "1", f"{total:,}", f"{dt:.2f}",
+                     fmt_rate(rate), f"{srv:.1f}", str(sum(bad.values())),
+                     f"target >= {HEARTBEAT_TARGET:,.0f}/s: {'MET' if rate >= HEARTBEAT_TARGET else 'MISSED'}"])
+        problems += [f"heartbeat_many batch {batch}: {v} x {k}" for k, v in bad.items()]
     print_table(["mode", "procs", "heartbeats", "seconds", "per_second", "srv_us/call",
                  "errors", "note"], rows, right={1, 2, 3, 4, 5, 6})
     for p in problems:

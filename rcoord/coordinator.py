@@ -75,7 +75,10 @@ SAFETY_POLL_MS = 5000
 """A parked call re-checks with the script at least this often, whatever it saw."""
 """With an injected clock, time only moves when the test moves it: re-check often."""
 DUE_BATCH = 1000
+KEYS_CACHE_SIZE = 10_000
 MAX_DUE_RETRIES = 5
+HEARTBEAT_BATCH = 500
+"""Most members of one group in one heartbeat script call (a script blocks its shard)."""
 
 
 class GroupCoordinator:
@@ -104,6 +107,7 @@ class GroupCoordinator:
         self._config: CoordinatorConfig | None = None
         self._lock = threading.Lock()
         self._max_block_ms = MAX_BLOCK_MS
+        self._keys_cache: dict[str, GroupKeys] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -196,8 +200,14 @@ class GroupCoordinator:
         return partition_for(group_id, self._started().num_partitions)
 
     def _keys(self, group_id: str) -> GroupKeys:
-        cfg = self._started()
-        return GroupKeys.of(cfg.namespace, cfg.num_partitions, group_id)
+        keys = self._keys_cache.get(group_id)
+        if keys is None:
+            cfg = self._started()
+            keys = GroupKeys.of(cfg.namespace, cfg.num_partitions, group_id)
+            if len(self._keys_cache) >= KEYS_CACHE_SIZE:
+                self._keys_cache.clear()
+            self._keys_cache[group_id] = keys
+        return keys
 
     def _now_arg(self) -> str:
         return "" if self._clock is None else str(int(self._clock()))
@@ -332,11 +342,48 @@ class GroupCoordinator:
                 keys=keys.heartbeat_keys(), args=[self._now_arg(), gid, *args]
             )
             if reply != b"DUE":
-                return decode_heartbeat(reply)
+                return decode_heartbeat(reply[0])
             # A deadline of the group has passed: apply it first, as every step does.
             self._call("expire_deadlines", keys, [])
         # Deadlines kept falling due between the calls: a retriable answer, try again shortly.
         return Errors.COORDINATOR_NOT_AVAILABLE
+
+    @translate_redis_errors
+    def heartbeat_many(
+        self, heartbeats: Sequence[tuple[str, int, str] | tuple[str, int, str, str | None]]
+    ) -> list[Errors]:
+        """Heartbeats of many members (group id, generation, member id[, instance id]), for a
+        process that hosts many members: one script call per group (up to HEARTBEAT_BATCH
+        members each), all pipelined in one round trip. Same answers as ``heartbeat``, in order.
+        """
+        out: list[Errors | None] = [None] * len(heartbeats)
+        by_group: dict[str, list[tuple[int, list[Any]]]] = {}
+        for i, hb in enumerate(heartbeats):
+            gid, args = heartbeat_args(hb[0], hb[1], hb[2], hb[3] if len(hb) > 3 else None)
+            if not gid:
+                out[i] = Errors.INVALID_GROUP_ID
+            else:
+                by_group.setdefault(gid, []).append((i, args))
+        sha = self._scripts.sha("heartbeat")
+        now = self._now_arg()
+        calls: list[tuple[str, list[tuple[int, list[Any]]]]] = []
+        pipe = self._redis.pipeline(transaction=False)
+        for gid, items in by_group.items():
+            keys = self._keys(gid).heartbeat_keys()
+            for start in range(0, len(items), HEARTBEAT_BATCH):
+                chunk = items[start : start + HEARTBEAT_BATCH]
+                flat = [x for _, args in chunk for x in args]
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, now, gid, *flat)
+                calls.append((gid, chunk))
+        for (gid, chunk), reply in zip(calls, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception) or reply == b"DUE":
+                # NOSCRIPT (restart, failover) or a passed deadline: the single call handles both.
+                for i, args in chunk:
+                    out[i] = self.heartbeat(gid, args[1], args[0], args[2] or None)
+            else:
+                for (i, _), code in zip(chunk, reply, strict=True):
+                    out[i] = decode_heartbeat(code)
+        return [e if e is not None else Errors.UNKNOWN_SERVER_ERROR for e in out]
 
     @translate_redis_errors
     def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> LeaveGroupResult:

@@ -30,6 +30,7 @@ a deadline the partition's earliest, so the lease holder never sleeps past it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .partitioning import partition_for, partition_tag
@@ -97,8 +98,12 @@ class GroupKeys:
         return self._k("w")
 
     def all(self) -> list[str]:
+        return list(self._all)
+
+    @functools.cached_property
+    def _all(self) -> tuple[str, ...]:
         p = self.partition
-        return [p.cfg, p.groups, p.due] + [self._k(k) for k in "gmspjyrwdoh"] + [p.events]
+        return (p.cfg, p.groups, p.due, *[self._k(k) for k in "gmspjyrwdoh"], p.events)
 
     @property
     def hint(self) -> str:
@@ -106,4 +111,5 @@ class GroupKeys:
 
     def heartbeat_keys(self) -> list[str]:
         """KEYS of heartbeat.lua: due, group, members, statics, deadlines, hint."""
-        return [self.partition.due, self._k("g"), self._k("m"), self._k("s"), self._k("d"), self._k("h")]
+        a = self._all
+        return [a[2], a[3], a[4], a[5], a[11], a[13]]

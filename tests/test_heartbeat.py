@@ -87,3 +87,33 @@ def test_last_member_expiring_makes_group_empty(ctx):
     ctx.sleep(ctx.session_timeout_ms)
     assert ctx.state() == "Empty"
     assert ctx.group_field("gen") == str(gen + 1)
+
+
+def test_heartbeat_many_matches_single_heartbeats(ctx):
+    gen, ids = ctx.stable_group(2)
+    res = ctx.coord.heartbeat_many([
+        (ctx.group_id, gen, ids[0]),
+        (ctx.group_id, gen, "ghost"),
+        ("", gen, ids[0]),
+        (ctx.group_id, gen - 1, ids[1], None),
+    ])
+    assert res == [Errors.NONE, Errors.UNKNOWN_MEMBER_ID, Errors.INVALID_GROUP_ID, Errors.ILLEGAL_GENERATION]
+
+
+def test_heartbeat_many_applies_passed_deadlines_first(ctx):
+    gen, ids = ctx.stable_group(2)
+    ctx.clock.sleep(ctx.session_timeout_ms)  # both sessions passed; nobody ran the timers
+    res = ctx.coord.heartbeat_many([(ctx.group_id, gen, ids[0])])
+    assert res == [Errors.UNKNOWN_MEMBER_ID]
+
+
+def test_heartbeat_many_survives_script_flush(ctx, redis_client):
+    import redis as redis_mod
+
+    gen, ids = ctx.stable_group(1)
+    if isinstance(redis_client, redis_mod.RedisCluster):
+        for node in redis_client.get_primaries():
+            redis_client.get_redis_connection(node).script_flush()
+    else:
+        redis_client.script_flush()
+    assert ctx.coord.heartbeat_many([(ctx.group_id, gen, ids[0])]) == [Errors.NONE]
