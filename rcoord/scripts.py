@@ -33,6 +33,7 @@ STANDALONE = ("due_groups", "heartbeat", "lease")
 
 INCLUDES: dict[str, tuple[str, ...]] = {
     "heartbeat": ("deadline_index",),
+    **{f"topic_{n}": ("topic_common",) for n in ("append", "fetch", "offsets", "retention", "create_meta")},
     **{step: ("deadline_index", "prelude") for step in GROUP_STEPS},
 }
 """Shared files put in front of a script, in order (Redis scripts cannot import)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness import WAIT_S, wait_until
+from harness import wait_until
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 
 import pytest
 import redis
@@ -55,6 +54,7 @@ def test_parked_member_completes_its_own_deadline_without_any_timer_process(make
     fb = pool.submit(coord.join_group, "g-lazy", b, **join)
     ra, rb = fa.result(20), fb.result(20)
     gen = ra.generation_id
+    assert rb.generation_id == gen and ra.leader_id == rb.leader_id
     leader = ra.leader_id
     coord.sync_group("g-lazy", gen, leader, assignments={})
     other = b if leader == a else a

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, MockTime, TopicPartition
 from rcoord.protocol.join import JoinGroupResult, JoinRequest

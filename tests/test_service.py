@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,6 +132,7 @@ def test_one_coordinator_expires_an_idle_member_and_rebalances(redis_server, sin
         fa, fb = ex.submit(coord.join_group, "g2", a, **JOIN), ex.submit(coord.join_group, "g2", b, **JOIN)
         r1, r2 = fa.result(10), fb.result(10)
     gen = r1.generation_id
+    assert r2.generation_id == gen
     leader = r1.leader_id
     with cf.ThreadPoolExecutor(2) as ex:
         s = [ex.submit(coord.sync_group, "g2", gen, m, assignments={} if m == leader else None) for m in (a, b)]

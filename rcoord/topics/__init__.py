@@ -1,0 +1,67 @@
+"""Topics: the partitions a consumer group divides, as Redis Streams with Kafka offsets.
+
+A topic with N partitions is N streams plus one metadata hash. Partition ``p`` of ``topic``:
+
+* ``<ns>:topic:{<tag>}:<topic>:<p>``: a stream, one entry per record;
+* ``<ns>:topicmeta:{<topic>}``: a hash with ``partitions``, ``created_ms`` and the retention
+  settings (``retention_records``, ``retention_ms``; absent means unlimited).
+
+**Offsets are stream ids.** The record at Kafka offset ``o`` has the stream id ``0-<o+1>``.
+Appends use ``XADD key 0-*`` (Redis >= 7): the server itself gives the next sequence number in
+millisecond 0, so the offset is assigned by the same command that stores the record, and a
+script that appends several records gets consecutive offsets. ``o + 1`` because ``0-0`` is not
+a valid entry id. The stream's ``last-generated-id`` survives trimming, so the log end offset
+(the offset of the next record) is its sequence number even when retention removed every
+record; the log start offset is the first entry's sequence minus one, or the log end when the
+stream is empty. Fetching from ``o`` is ``XRANGE key 0-<o+1> +``, and waiting for records at
+the log end ``e`` is ``XREAD BLOCK ... STREAMS key 0-<e>``. The ``<o+1>-0`` alternative would
+need the next id computed by hand and gains nothing.
+
+**Every script touches one key**, so in a cluster it runs on the partition's node. The tag of a
+partition depends only on ``(topic, p)``, never on the partition count, because
+``add_partitions`` must not move existing partitions. Tags follow a golden-ratio sequence
+over 64 equal slot shares, rotated by the topic's hash: any prefix ``0..n-1`` of a topic's
+partitions is spread over the slot range (so over the masters), and different topics start at
+different places.
+
+**One clock.** Record timestamps and retention cutoffs come from the partition node's Redis
+``TIME``, read inside the script; no client clock is ever stored.
+
+A partition stream exists from ``create``/``add_partitions`` until ``delete``; an append never
+creates one (the script checks the key first), so producing to a deleted topic fails with
+UNKNOWN_TOPIC_OR_PARTITION instead of resurrecting it.
+"""
+
+from ._base import (
+    FetchResult,
+    PartitionInfo,
+    ProducerRecord,
+    Record,
+    RecordMetadata,
+    TopicDescription,
+    TopicError,
+    meta_key,
+    partition_key,
+    partition_tag,
+)
+from .admin import Topics
+from .fetch import fetch, log_offsets, resolve_offset
+from .producer import Producer
+
+__all__ = [
+    "TopicError",
+    "PartitionInfo",
+    "TopicDescription",
+    "ProducerRecord",
+    "RecordMetadata",
+    "Record",
+    "FetchResult",
+    "Topics",
+    "Producer",
+    "fetch",
+    "log_offsets",
+    "resolve_offset",
+    "partition_key",
+    "meta_key",
+    "partition_tag",
+]

@@ -1,0 +1,273 @@
+"""The core of topics: types, key names, argument checks and the Lua scripts they call."""
+
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis.exceptions
+
+from ..errors import Errors, InvalidRequestError, ProtocolError
+from ..murmur2 import murmur2
+from ..partitioning import SLOTS, keyslot
+from ..scripts import lua_source
+
+MAX_APPEND_PER_CALL = 1000
+"""Records per append script call; bounds how long one call holds the server."""
+RETENTION_SCAN = 1000
+"""Entries one retention call inspects for age; ``apply_retention`` repeats until done."""
+_TAG_SHARES = 64
+_GOLDEN32 = 0x9E3779B9  # 2**32 / golden ratio
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+_MAX_TOPIC_LEN = 249
+
+
+class TopicError(ProtocolError):
+    """A topic request failed with a Kafka error code (``error``).
+
+    It is a ``ProtocolError`` (so an ``RcoordError``) and so carries ``retriable``: for example
+    UNKNOWN_TOPIC_OR_PARTITION is retriable, because metadata may simply be behind.
+    """
+
+    def __init__(self, error: Errors, message: str = "") -> None:
+        self.detail = message
+        super().__init__(f"{error.name}: {message}" if message else error.name, error)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep (error, message) through pickling: the base would rebuild from the text alone.
+        return (type(self), (self.error, self.detail))
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """Log offsets of one partition; ``error`` is set (offsets -1) if its stream is missing."""
+
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    error: Errors = Errors.NONE
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    partitions: list[PartitionInfo]
+    created_ms: int = 0
+    retention_records: int | None = None
+    retention_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ProducerRecord:
+    """One record for ``Producer.send_batch``; ``value=None`` is a tombstone, as in Kafka."""
+
+    value: bytes | None
+    key: bytes | None = None
+    partition: int | None = None
+    headers: dict[str, bytes] | None = None
+
+
+@dataclass(frozen=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class Record:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """Kafka's per-partition fetch answer: records plus the log offsets seen at the same instant.
+
+    Offsets are -1 when ``error`` is UNKNOWN_TOPIC_OR_PARTITION.
+    """
+
+    records: list[Record]
+    log_start_offset: int
+    log_end_offset: int
+    error: Errors = Errors.NONE
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=65536)
+def partition_tag(topic: str, partition: int) -> str:
+    """The hash tag of a partition: ``<topic>.<p>.<k>`` with the first ``k`` landing in its share.
+
+    The share is ``(rotation + p * 2**32/phi) mod 2**32`` scaled to 64 shares: a low-discrepancy
+    sequence, so partitions 0..n-1 spread over the slot range for every n, and the tag never
+    depends on n. Integer arithmetic keeps it identical on every platform.
+    """
+    rotation = murmur2(topic.encode()) & 0xFFFFFFFF
+    share = ((rotation + partition * _GOLDEN32) & 0xFFFFFFFF) * _TAG_SHARES >> 32
+    k = 0
+    while keyslot(f"{topic}.{partition}.{k}") * _TAG_SHARES // SLOTS != share:
+        k += 1
+    return f"{topic}.{partition}.{k}"
+
+
+def partition_key(namespace: str, topic: str, partition: int) -> str:
+    """The stream holding one partition."""
+    return f"{namespace}:topic:{{{partition_tag(topic, partition)}}}:{topic}:{partition}"
+
+
+def meta_key(namespace: str, topic: str) -> str:
+    """The topic's metadata hash (partition count, creation time, retention)."""
+    return f"{namespace}:topicmeta:{{{topic}}}"
+
+
+def _offset_id(offset: int) -> str:
+    return f"0-{offset + 1}"
+
+
+def _id_offset(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[2]) - 1
+
+
+
+# -- Lua (lua/topic_*.lua) --------------------------------------------------------------------
+
+
+class _Lua:
+    """A script called by SHA, loaded on NOSCRIPT (also after ``SCRIPT FLUSH`` or a restart).
+
+    redis-py's ``Script`` cannot preload into a cluster pipeline, so pipelines queue EVALSHA
+    and re-run, one by one, the calls that came back NOSCRIPT (they did not run).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = lua_source(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+_Call = tuple[_Lua, Sequence[str], Sequence[Any]]
+
+
+def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
+    """Run script calls in one pipeline (one round trip per node); results in call order."""
+    if len(calls) == 1:
+        lua, keys, args = calls[0]
+        return [lua(client, keys, args)]
+    pipe = client.pipeline(transaction=False)
+    for lua, keys, args in calls:
+        # execute_command: a cluster pipeline blocks the evalsha() method, not the command,
+        # and routes it by its first key like any other keyed command.
+        pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)
+    results = pipe.execute(raise_on_error=False)
+    out = []
+    for (lua, keys, args), res in zip(calls, results):
+        if isinstance(res, redis.exceptions.NoScriptError):
+            res = lua(client, keys, args)
+        elif isinstance(res, Exception):
+            raise res
+        out.append(res)
+    return out
+
+
+APPEND = _Lua("topic_append")
+FETCH = _Lua("topic_fetch")
+MAKE = _Lua("topic_make")
+OFFSETS = _Lua("topic_offsets")
+RETENTION = _Lua("topic_retention")
+CREATE_META = _Lua("topic_create_meta")
+GROW_META = _Lua("topic_grow_meta")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _check_client(client: Any) -> None:
+    """Record values are bytes; a decoding client would corrupt them (or fail on binary)."""
+    if client.get_encoder().decode_responses:
+        raise TypeError("rcoord topics need a Redis client with decode_responses=False")
+
+
+def _check_topic(topic: str) -> None:
+    """Kafka's topic name rules; they also keep braces (hash tags) out of key names."""
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be str, got {type(topic).__name__}")
+    if (
+        not _LEGAL_TOPIC.fullmatch(topic)
+        or len(topic) > _MAX_TOPIC_LEN
+        or topic in (".", "..")
+    ):
+        raise TopicError(Errors.INVALID_TOPIC_EXCEPTION, f"illegal topic name {topic!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got {type(value).__name__}")
+    if value < minimum:
+        raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _name(raw: bytes | str) -> Errors:
+    return Errors.from_name(raw)
+
+
+def _opt_int(raw: bytes | None) -> int | None:
+    return None if raw is None else int(raw)
+
+
+def _decode_entry(entry: Sequence[Any]) -> Record:
+    entry_id, flat = entry[0], entry[1]
+    fields = dict(zip(flat[::2], flat[1::2]))
+    raw_headers = fields.get(b"h")
+    headers: dict[str, bytes] = {}
+    if raw_headers is not None:
+        headers = {k: v for k, v in msgpack.unpackb(raw_headers, raw=False)}
+    return Record(
+        offset=_id_offset(entry_id),
+        key=fields.get(b"k"),
+        value=fields.get(b"v"),
+        headers=headers,
+        timestamp_ms=int(fields[b"t"]),
+    )
+
+
+def _encode_record(rec: ProducerRecord) -> list[Any]:
+    if rec.value is not None and not isinstance(rec.value, (bytes, bytearray)):
+        raise TypeError(f"value must be bytes or None, got {type(rec.value).__name__}")
+    if rec.key is not None and not isinstance(rec.key, (bytes, bytearray)):
+        raise TypeError(f"key must be bytes or None, got {type(rec.key).__name__}")
+    flags, headers = 0, b""
+    if rec.value is not None:
+        flags |= 1
+    if rec.key is not None:
+        flags |= 2
+    if rec.headers:
+        for name, val in rec.headers.items():
+            if not isinstance(name, str) or not isinstance(val, (bytes, bytearray)):
+                raise TypeError("headers must map str to bytes")
+        headers = msgpack.packb([[k, bytes(v)] for k, v in rec.headers.items()], use_bin_type=True)
+        flags |= 4
+    return [flags, rec.value if rec.value is not None else b"", rec.key or b"", headers]
+
+

@@ -1,0 +1,174 @@
+"""Topics administration: create, grow, describe, delete, list, apply retention."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import Errors, translate_redis_errors
+from ._base import (
+    CREATE_META,
+    GROW_META,
+    MAKE,
+    OFFSETS,
+    RETENTION,
+    RETENTION_SCAN,
+    PartitionInfo,
+    TopicDescription,
+    TopicError,
+    _check_client,
+    _check_int,
+    _check_topic,
+    _name,
+    _opt_int,
+    _run,
+    meta_key,
+    partition_key,
+)
+
+# -- topics -----------------------------------------------------------------------------------
+
+
+class Topics:
+    """Create, grow, describe, list and delete topics, and apply their retention.
+
+    Topic-level steps touch several slots (the metadata hash and every partition stream), so
+    they are ordered so that a crash leaves nothing a retry cannot mend: ``create`` claims the
+    metadata first (the one atomic "does it exist" decision), then makes the streams;
+    ``delete`` removes the streams first and the metadata last, so a half-deleted topic is
+    still listed and ``delete`` can simply be called again. A ``create`` that crashed after
+    its claim leaves a listed topic whose missing partitions ``describe`` reports as
+    UNKNOWN_TOPIC_OR_PARTITION; ``delete`` and ``create`` again mend it.
+    """
+
+    def __init__(self, redis_client: Any, namespace: str = "rcoord") -> None:
+        _check_client(redis_client)
+        self._r = redis_client
+        self._ns = namespace
+
+    @translate_redis_errors
+    def create(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        retention_records: int | None = None,
+        retention_ms: int | None = None,
+    ) -> None:
+        """Kafka's CreateTopics: TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_CONFIG."""
+        _check_topic(topic)
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+            raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {partitions!r}")
+        for name, val in (("retention_records", retention_records), ("retention_ms", retention_ms)):
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
+                raise TopicError(Errors.INVALID_CONFIG, f"{name} must be an int >= 0: {val!r}")
+        (res,) = _run(self._r, [(CREATE_META, [meta_key(self._ns, topic)], [
+            partitions,
+            "" if retention_records is None else retention_records,
+            "" if retention_ms is None else retention_ms,
+        ])])
+        if _name(res[0]) != Errors.NONE:
+            raise TopicError(_name(res[0]), topic)
+        # The name is ours now; drop whatever a crashed delete of an older topic left behind.
+        _run(self._r, [(MAKE, [partition_key(self._ns, topic, p)], ["reset"])
+                       for p in range(partitions)])
+
+    @translate_redis_errors
+    def add_partitions(self, topic: str, new_total: int) -> None:
+        """Kafka's CreatePartitions: grow to ``new_total``; INVALID_PARTITIONS unless it grows.
+
+        The new streams are made before the count is raised, so no producer is ever told about
+        a partition that does not exist yet. They are made only if missing: a concurrent
+        ``add_partitions`` may already have announced them and received records.
+        """
+        _check_topic(topic)
+        _check_int("new_total", new_total, 1)
+        current = self.partition_count(topic)
+        if new_total <= current:
+            raise TopicError(Errors.INVALID_PARTITIONS,
+                             f"{topic} has {current} partitions; cannot go to {new_total}")
+        _run(self._r, [(MAKE, [partition_key(self._ns, topic, p)], ["ensure"])
+                       for p in range(current, new_total)])
+        (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)], [new_total])])
+        if _name(res[0]) != Errors.NONE:
+            raise TopicError(_name(res[0]), f"{topic} has {res[1]} partitions")
+
+    @translate_redis_errors
+    def partition_count(self, topic: str) -> int:
+        _check_topic(topic)
+        raw = self._r.hget(meta_key(self._ns, topic), "partitions")
+        if raw is None:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        return int(raw)
+
+    @translate_redis_errors
+    def describe(self, topic: str) -> TopicDescription:
+        _check_topic(topic)
+        meta = self._r.hgetall(meta_key(self._ns, topic))
+        if not meta:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        n = int(meta[b"partitions"])
+        results = _run(self._r, [(OFFSETS, [partition_key(self._ns, topic, p)], [])
+                                 for p in range(n)])
+        infos = [PartitionInfo(p, int(r[1]), int(r[2]), _name(r[0])) for p, r in enumerate(results)]
+        return TopicDescription(
+            name=topic,
+            partitions=infos,
+            created_ms=int(meta.get(b"created_ms", 0)),
+            retention_records=_opt_int(meta.get(b"retention_records")),
+            retention_ms=_opt_int(meta.get(b"retention_ms")),
+        )
+
+    @translate_redis_errors
+    def delete(self, topic: str) -> None:
+        """Kafka's DeleteTopics; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        n = self.partition_count(topic)
+        pipe = self._r.pipeline(transaction=False)
+        for p in range(n):
+            pipe.delete(partition_key(self._ns, topic, p))
+        pipe.execute()
+        self._r.delete(meta_key(self._ns, topic))
+
+    @translate_redis_errors
+    def list(self) -> list[str]:
+        """Topic names, sorted. SCAN visits every master in a cluster; the metadata hashes are
+        the only registry, so there is no second structure to keep consistent."""
+        prefix = f"{self._ns}:topicmeta:{{"
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*}"
+        names = set()
+        for key in self._r.scan_iter(match=pattern, count=1000):
+            text = key.decode() if isinstance(key, bytes) else key
+            if text.startswith(prefix) and text.endswith("}"):
+                names.add(text[len(prefix):-1])
+        return sorted(names)
+
+    @translate_redis_errors
+    def apply_retention(self, topic: str) -> dict[int, int]:
+        """Trim every partition by the topic's retention; returns partition -> log start offset.
+
+        By count: ``XTRIM MAXLEN`` keeps the newest ``retention_records`` (exactly; Kafka works
+        per segment and so keeps somewhat more). By age: records older than ``retention_ms`` by
+        the node's clock go from the head, up to the first one that is not expired, scanned
+        ``RETENTION_SCAN`` entries per call so no call holds the server for long.
+        """
+        _check_topic(topic)
+        desc_meta = self._r.hgetall(meta_key(self._ns, topic))
+        if not desc_meta:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        n = int(desc_meta[b"partitions"])
+        records = desc_meta.get(b"retention_records", b"")
+        age = desc_meta.get(b"retention_ms", b"")
+        pending = list(range(n))
+        starts: dict[int, int] = {}
+        while pending:
+            results = _run(self._r, [
+                (RETENTION, [partition_key(self._ns, topic, p)], [records, age, RETENTION_SCAN])
+                for p in pending
+            ])
+            again = []
+            for p, res in zip(pending, results):
+                starts[p] = int(res[1])
+                if int(res[3]):
+                    again.append(p)
+            pending, records = again, b""
+        return dict(sorted(starts.items()))
