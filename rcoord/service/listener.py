@@ -28,9 +28,8 @@ log = logging.getLogger("rcoord.service")
 def enable_keyspace_events(node: redis.Redis) -> str:
     """Turn on expired-key events on ``node`` if needed; return '' or why it could not."""
     try:
-        flags = node.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
-        if isinstance(flags, bytes):
-            flags = flags.decode()
+        raw = node.config_get("notify-keyspace-events").get("notify-keyspace-events") or ""
+        flags: str = raw.decode() if isinstance(raw, bytes) else str(raw)
         has_class = "E" in flags
         has_expired = "x" in flags or "A" in flags
         if not (has_class and has_expired):
