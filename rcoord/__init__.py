@@ -5,6 +5,16 @@ machine, generations, delayed join and static membership, kept in Redis and chan
 Lua scripts.
 """
 
+from .client import (
+    CommitFailedError,
+    Consumer,
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    Generation,
+    GroupClosedError,
+)
 from .clock import MockTime
 from .config import CoordinatorConfig
 from .coordinator import GroupCoordinator
@@ -31,7 +41,15 @@ from .protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartiti
 from .state import GroupState
 
 __all__ = [
+    "CommitFailedError",
     "ConfigError",
+    "Consumer",
+    "ConsumerGroup",
+    "ConsumerGroupConfig",
+    "ConsumerRebalanceListener",
+    "ConsumerRecord",
+    "Generation",
+    "GroupClosedError",
     "ConnectionLost",
     "CoordinatorConfig",
     "Errors",

@@ -8,9 +8,12 @@ Hierarchy::
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
+    ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/group.py)
     └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
         ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
         ├── FencedInstanceIdError, CoordinatorNotAvailableError, ...
+        ├── CommitFailedError  (worker client) a commit fenced because the group rebalanced
+        ├── TopicError         (rcoord.topics) a topic or partition request failed
         └── (every other code maps to ProtocolError itself through ``for_code``)
 
 The coordinator API returns ``Errors`` values inside its results wherever Kafka answers with an

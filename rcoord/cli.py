@@ -1,0 +1,546 @@
+"""The ``rcoord`` command line.
+
+``rcoord coordinator`` runs one coordinator process (``rcoord.service``).
+
+``rcoord demo`` runs the main job end to end: a topic, a producer, a coordinator and a consumer
+group of worker processes; one worker is killed midway and another one joins; at the end it
+checks that every record was processed at least once and every committed offset reached the
+log end, and exits 0 only if both hold. See ``rcoord demo --help``.
+
+Subcommands are registered in ``COMMANDS`` (name -> (add arguments, run)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import secrets
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions
+
+__all__ = ["COMMANDS", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``rcoord`` / ``python -m rcoord``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="rcoord", description="Kafka's consumer groups on Redis.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add_arguments, _, help_text) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command][1](args)
+
+
+# -- rcoord demo ------------------------------------------------------------------------------
+
+DEMO_GROUP = "demo"
+DEMO_TOPIC = "demo-events"
+ENV_REDIS_URL = "RCOORD_REDIS_URL"
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get(ENV_REDIS_URL),
+        help=f"Redis or Redis Cluster to use (default ${ENV_REDIS_URL}); without one, "
+        "an embedded server is started on 127.0.0.1",
+    )
+    p.add_argument("--partitions", type=int, default=12, help="partitions of the topic (12)")
+    p.add_argument("--records", type=int, default=3000, help="records to produce (3000)")
+    p.add_argument("--workers", type=int, default=3, help="worker processes at the start (3)")
+    p.add_argument(
+        "--produce-seconds",
+        type=float,
+        default=8.0,
+        help="spread the records over this many seconds (8)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=55.0,
+        help="give up (exit 1) after this many seconds (55)",
+    )
+
+
+@dataclass
+class _DemoState:
+    """What the main process knows while the demo runs."""
+
+    started: float = field(default_factory=time.monotonic)
+    printed_events: int = 0
+    generations: dict[int, dict[str, tuple[str, list[int]]]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )
+
+    def clock(self) -> str:
+        return f"{time.monotonic() - self.started:6.2f}s"
+
+
+DEMO_WORKER: dict[str, Any] = {
+    "session_timeout_ms": 1500,
+    "heartbeat_interval_ms": 300,
+    "rebalance_timeout_ms": 5000,
+    "partition_watch_interval_ms": 1000,
+    "join_backoff_ms": 500,
+    "retry_backoff_ms": 50,
+    "retry_backoff_max_ms": 500,
+}
+DEMO_WORK_MS = 1.0
+"""Simulated work per record, so the group is visibly busy while it rebalances."""
+
+
+def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
+    """One worker process of the demo (spawned; stopped by ``stop``, or killed)."""
+    import logging
+
+    from .client import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener
+    from .client.group import client_from_url
+    from .protocol.offsets import TopicPartition
+
+    logging.basicConfig(level=logging.WARNING, format=f"  [{name}] %(levelname)s %(message)s")
+    log = logging.getLogger(f"rcoord.demo.{name}")
+    client = client_from_url(url)
+    consumer: Any = None
+
+    class Report(ConsumerRebalanceListener):
+        def _note(self, event: str, partitions: list[TopicPartition]) -> None:
+            gen = consumer.generation
+            client.rpush(
+                f"{namespace}:demo:events",
+                json.dumps(
+                    {
+                        "event": event,
+                        "worker": name,
+                        "pid": os.getpid(),
+                        "gen": gen.generation_id,
+                        "member": gen.member_id,
+                        "partitions": sorted(p.partition for p in partitions),
+                        "reason": gen.end_reason.value if gen.end_reason else None,
+                    }
+                ),
+            )
+
+        def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+            self._note("assigned", partitions)
+
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            self._note("revoked", partitions)
+
+        def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
+            self._note("lost", partitions)
+
+    config = ConsumerGroupConfig(
+        group_id=DEMO_GROUP,
+        topics=[DEMO_TOPIC],
+        redis_client=client,
+        namespace=namespace,
+        client_id=name,
+        **DEMO_WORKER,
+    )
+    consumer = Consumer(
+        config,
+        listener=Report(),
+        auto_commit_interval_ms=250,
+        fetch_max_wait_ms=50,
+        max_poll_records=200,
+    )
+    while not stop.is_set():
+        try:
+            records = consumer.poll(timeout=0.2)
+        except Exception as exc:  # noqa: BLE001 - a join error is reported once; keep polling
+            log.warning("poll: %s", exc)
+            continue
+        if not records:
+            continue
+        time.sleep(DEMO_WORK_MS * len(records) / 1000)  # the "work"
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(f"{namespace}:demo:done:{name}", *[f"{r.partition}:{r.offset}" for r in records])
+        pipe.execute()
+    consumer.close(timeout=30)
+    client.close()
+
+
+class _Demo:
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        from .client.group import client_from_url
+        from .config import CoordinatorConfig
+        from .coordinator import GroupCoordinator
+        from .topics import Producer, Topics
+
+        self.url, self.args = url, args
+        self.state = _DemoState()
+        self.deadline = time.monotonic() + args.time_limit
+        self.r = client_from_url(url)
+        self.ns = f"demo-{os.getpid()}-{secrets.token_hex(3)}"
+        self.coord = GroupCoordinator(
+            self.r,
+            CoordinatorConfig(
+                namespace=self.ns,
+                group_min_session_timeout_ms=100,
+                group_initial_rebalance_delay_ms=500,
+            ),
+        ).start()
+        self.topics = Topics(self.r, self.ns)
+        self.producer = Producer(self.r, self.ns)
+        self.ctx = mp.get_context("spawn")
+        self.procs: dict[str, Any] = {}
+        self.stops: dict[str, Any] = {}
+        self.names: list[str] = []
+        self.produced = 0
+        self.producing = False
+        self.last_progress = 0.0
+        self.stop_threads = threading.Event()
+        self.service: Any = None
+
+    # -- output
+
+    def say(self, text: str) -> None:
+        print(f"{self.state.clock()}  {text}", flush=True)
+
+    def show_events(self) -> None:
+        raw = self.r.lrange(f"{self.ns}:demo:events", self.state.printed_events, -1)
+        for item in raw:
+            ev = json.loads(item)
+            self.state.printed_events += 1
+            parts = " ".join(str(p) for p in ev["partitions"]) or "-"
+            why = f" ({ev['reason']})" if ev["event"] != "assigned" and ev["reason"] else ""
+            self.say(f"generation {ev['gen']:>2}  {ev['worker']} {ev['event']:<8} [{parts}]{why}")
+            if ev["event"] == "assigned":
+                self.state.generations[ev["gen"]][ev["member"]] = (ev["worker"], ev["partitions"])
+
+    def owners(self, names: set[str]) -> int | None:
+        """The latest generation in which exactly ``names`` hold every partition."""
+        for gen, members in sorted(self.state.generations.items(), reverse=True):
+            workers = {w for w, _ in members.values()}
+            parts = sorted(p for _, ps in members.values() for p in ps)
+            if workers == names and parts == list(range(self.args.partitions)):
+                return gen
+        return None
+
+    # -- workers
+
+    def start_worker(self) -> str:
+        name = f"w{len(self.names) + 1}"
+        stop = self.ctx.Event()
+        proc = self.ctx.Process(
+            target=_demo_worker, args=(self.url, self.ns, name, stop), daemon=True
+        )
+        proc.start()
+        self.procs[name], self.stops[name] = proc, stop
+        self.names.append(name)
+        self.say(f"started worker {name} (pid {proc.pid})")
+        return name
+
+    def live(self) -> set[str]:
+        return set(self.procs)
+
+    # -- waiting
+
+    def wait(self, what: str, cond: Callable[[], bool], every: float = 0.05) -> None:
+        """Print events (and progress once a second) until ``cond()``; bounded by --time-limit."""
+        while not cond():
+            if time.monotonic() > self.deadline:
+                raise TimeoutError(
+                    f"{what}: not reached within --time-limit {self.args.time_limit:g} s"
+                )
+            self.show_events()
+            if self.producing and time.monotonic() - self.last_progress >= 1.0:
+                self.last_progress = time.monotonic()
+                self.say(self.progress())
+            time.sleep(every)
+        self.show_events()
+
+    # -- data
+
+    def log_ends(self) -> dict[int, int]:
+        return {p.partition: p.log_end_offset for p in self.topics.describe(DEMO_TOPIC).partitions}
+
+    def committed(self) -> dict[int, int]:
+        from .protocol.offsets import TopicPartition
+
+        got = self.coord.fetch_offsets(
+            DEMO_GROUP, [TopicPartition(DEMO_TOPIC, p) for p in range(self.args.partitions)]
+        ).offsets
+        return {tp.partition: o.offset for tp, o in got.items()}
+
+    def processed(self) -> dict[str, list[tuple[int, int]]]:
+        out: dict[str, list[tuple[int, int]]] = {}
+        for name in self.names:
+            items = self.r.lrange(f"{self.ns}:demo:done:{name}", 0, -1)
+            out[name] = [(int(p), int(o)) for p, o in (x.decode().split(":") for x in items)]
+        return out
+
+    def lag(self) -> int:
+        ends, done = self.log_ends(), self.committed()
+        return sum(end - max(0, done.get(p, -1)) for p, end in ends.items())
+
+    def progress(self) -> str:
+        counts = {n: len(v) for n, v in self.processed().items()}
+        per = "  ".join(f"{n}={c}" for n, c in counts.items())
+        return f"produced {self.produced}, processed {per}, lag {self.lag()}"
+
+    # -- background threads
+
+    def start_coordinator(self) -> str:
+        """The coordinator service in a thread of this process (or a stand-in without it)."""
+        try:
+            from .service import CoordinatorService, ServiceConfig
+
+            self.service = CoordinatorService(
+                ServiceConfig(redis_url=self.url, namespace=self.ns, coordinator_id="demo")
+            ).start()
+        except Exception as exc:  # noqa: BLE001 - the demo can run without the service
+            self.service = None
+            threading.Thread(target=self.run_timers, daemon=True).start()
+            return f"GroupCoordinator.run_timers() every 100 ms (no coordinator service: {exc})"
+        threading.Thread(
+            target=self.service.run, name="rcoord-demo-coordinator", daemon=True
+        ).start()
+        return "rcoord.service.CoordinatorService, in a thread of this process"
+
+    def run_timers(self) -> None:
+        """The stand-in coordinator: apply passed deadlines (session timeouts) promptly."""
+        while not self.stop_threads.wait(0.1):
+            try:
+                self.coord.run_timers()
+            except Exception as exc:  # noqa: BLE001 - scripts apply deadlines lazily anyway
+                self.say(f"coordinator: run_timers failed: {exc}")
+
+    def produce(self) -> None:
+        batch = 50
+        pause = self.args.produce_seconds / max(1, -(-self.args.records // batch))
+        while self.produced < self.args.records and not self.stop_threads.is_set():
+            from .topics import ProducerRecord
+
+            n = min(batch, self.args.records - self.produced)
+            self.producer.send_batch(
+                DEMO_TOPIC,
+                [
+                    ProducerRecord(
+                        f"event {self.produced + i}".encode(),
+                        key=f"user-{(self.produced + i) % 97}".encode(),
+                    )
+                    for i in range(n)
+                ],
+            )
+            self.produced += n
+            self.stop_threads.wait(pause)
+
+    # -- the script
+
+    def run(self) -> int:
+        a = self.args
+        self.say(
+            f"namespace {self.ns}; topic {DEMO_TOPIC!r} with {a.partitions} partitions; "
+            f"group {DEMO_GROUP!r}; session timeout {DEMO_WORKER['session_timeout_ms']} ms, "
+            f"heartbeat {DEMO_WORKER['heartbeat_interval_ms']} ms"
+        )
+        self.topics.create(DEMO_TOPIC, a.partitions)
+        self.say(f"coordinator: {self.start_coordinator()}")
+        for _ in range(a.workers):
+            self.start_worker()
+        first = set(self.names)
+        self.wait("the first generation", lambda: self.owners(first) is not None)
+        self.say(f"the group is stable: {self.ownership(self.owners(first))}")
+
+        producer = threading.Thread(target=self.produce, daemon=True)
+        producer.start()
+        self.producing = True
+        self.say(f"producing {a.records} records (keyed; Kafka's murmur2 partitioner)")
+        self.wait("a third of the records", lambda: self.produced >= a.records // 3)
+        self.say(self.progress())
+
+        victim = self.names[-1]
+        victim_gen = self.owners(first)
+        assert victim_gen is not None
+        victim_member, victim_parts = next(
+            (m, ps) for m, (w, ps) in self.state.generations[victim_gen].items() if w == victim
+        )
+        killed_at = time.monotonic()
+        self.procs.pop(victim).kill()
+        self.say(
+            f"killed {victim} with SIGKILL (it held {victim_parts} in generation {victim_gen})"
+        )
+        survivors = self.live()
+        self.wait(
+            "the dead worker's partitions to move",
+            lambda: (self.owners(survivors) or 0) > victim_gen,
+        )
+        moved = time.monotonic() - killed_at
+        self.say(
+            f"{victim}'s partitions moved to {sorted(survivors)} {moved:.2f} s after the kill "
+            f"(session timeout {DEMO_WORKER['session_timeout_ms'] / 1000:g} s)"
+        )
+        from .protocol.offsets import TopicPartition
+
+        zombie = self.coord.commit_offsets(
+            DEMO_GROUP,
+            {TopicPartition(DEMO_TOPIC, p): 0 for p in victim_parts},
+            member_id=victim_member,
+            generation_id=victim_gen,
+        )
+        codes = sorted({e.name for e in zombie.values()})
+        self.say(f"a commit stamped with {victim}'s generation {victim_gen} is refused: {codes}")
+
+        newcomer = self.start_worker()
+        everyone = self.live()
+        self.wait(f"{newcomer} to join", lambda: self.owners(everyone) is not None)
+        self.say(f"the group is stable again: {self.ownership(self.owners(everyone))}")
+
+        def drained() -> bool:
+            return self.produced >= a.records and self.committed() == self.log_ends()
+
+        self.wait("every committed offset to reach the log end", drained, every=0.1)
+        self.producing = False
+        self.say(self.progress())
+        for name in sorted(self.live()):
+            self.stops[name].set()
+        for name in sorted(self.live()):
+            self.procs[name].join(30)
+        self.show_events()
+        return self.report(
+            zombie_refused=all(
+                e.name in ("UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION") for e in zombie.values()
+            )
+        )
+
+    def ownership(self, gen: int | None) -> str:
+        members = self.state.generations.get(gen or -1, {})
+        return f"generation {gen}: " + "; ".join(
+            f"{w} [{' '.join(map(str, ps))}]" for w, ps in sorted(members.values())
+        )
+
+    def report(self, *, zombie_refused: bool) -> int:
+        ends, committed = self.log_ends(), self.committed()
+        processed = self.processed()
+        seen: dict[tuple[int, int], int] = defaultdict(int)
+        for items in processed.values():
+            for item in items:
+                seen[item] += 1
+        total = sum(ends.values())
+        missing = [(p, o) for p, end in ends.items() for o in range(end) if (p, o) not in seen]
+        duplicates = sum(c - 1 for c in seen.values() if c > 1)
+        print(flush=True)
+        print("worker  records processed", flush=True)
+        for name in self.names:
+            print(f"{name:<7} {len(processed.get(name, [])):>17}", flush=True)
+        print(flush=True)
+        print(f"generations: {', '.join(str(g) for g in sorted(self.state.generations))}")
+        at_end = committed == ends
+        all_once = not missing
+        print(
+            f"produced {total} records; processed {len(seen)} distinct, "
+            f"{duplicates} more than once (at-least-once redelivery after the kill)"
+        )
+        print(
+            f"check: every produced record processed at least once ... "
+            f"{'yes' if all_once else f'NO ({len(missing)} missing, e.g. {missing[:5]})'}"
+        )
+        print(
+            f"check: every committed offset is at the log end ........ "
+            f"{'yes' if at_end else f'NO (committed {committed}, log end {ends})'}"
+        )
+        print(
+            f"check: the killed member's commit was refused .......... "
+            f"{'yes' if zombie_refused else 'NO'}"
+        )
+        ok = all_once and at_end and zombie_refused
+        print("demo: OK" if ok else "demo: FAILED", flush=True)
+        return 0 if ok else 1
+
+    def cleanup(self) -> None:
+        self.stop_threads.set()
+        if self.service is not None:
+            self.service.stop()
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        try:
+            keys = list(self.r.scan_iter(match=f"{self.ns}:*", count=1000))
+            for key in keys:
+                self.r.delete(key)
+        except redis.exceptions.RedisError as exc:  # the namespace is unique to this run
+            print(f"demo: could not delete the namespace's keys: {exc}", file=sys.stderr)
+        self.r.close()
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .embedded import EmbeddedServer
+
+    if args.partitions < 2 or args.workers < 2 or args.records < 1:
+        print(
+            "rcoord demo: needs --partitions >= 2, --workers >= 2, --records >= 1", file=sys.stderr
+        )
+        return 2
+    server = None
+    url = args.redis_url
+    started = time.monotonic()
+    if not url:
+        server = EmbeddedServer().start()
+        url = server.url
+        print(
+            f"  0.00s  no Redis configured: started an embedded server at {url} "
+            f"({os.path.basename(server.binary or 'server')})",
+            flush=True,
+        )
+    demo = None
+    try:
+        demo = _Demo(url, args)
+        demo.state.started = started
+        return demo.run()
+    except TimeoutError as exc:
+        print(f"demo: FAILED: {exc}", flush=True)
+        return 1
+    finally:
+        if demo is not None:
+            demo.cleanup()
+        if server is not None:
+            server.stop()
+
+
+# -- rcoord coordinator (rcoord.service) ------------------------------------------------------
+
+
+def _coordinator_arguments(p: argparse.ArgumentParser) -> None:
+    from .service.cli import add_coordinator_arguments
+
+    add_coordinator_arguments(p)
+
+
+def _run_coordinator(args: argparse.Namespace) -> int:
+    from .service.cli import coordinator_main
+
+    return coordinator_main(args)
+
+
+COMMANDS: dict[
+    str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+] = {
+    "coordinator": (
+        _coordinator_arguments,
+        _run_coordinator,
+        "run one coordinator process (timers for the partitions it leases; /metrics, /healthz)",
+    ),
+    "demo": (
+        _demo_arguments,
+        _run_demo,
+        (
+            "run a consumer group of worker processes over a topic, kill one, add one, and check "
+            "that nothing was lost"
+        ),
+    ),
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

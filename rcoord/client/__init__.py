@@ -1,0 +1,52 @@
+"""The worker side: join a consumer group, get partitions, consume them, commit fenced offsets.
+
+* ``ConsumerGroup`` / ``Generation``: the kafka-go style lifecycle (``group.next()`` hands out
+  generations; ``generation.start(fn)`` runs work bound to one; ``generation.commit_offsets``).
+* ``Consumer``: Kafka's poll loop on top, with auto-commit and a ``ConsumerRebalanceListener``.
+* ``ERROR_POLICY``: how every coordinator error is handled, as one table.
+"""
+
+from .config import ConsumerGroupConfig, StartOffset
+from .consumer import Consumer, ConsumerRebalanceListener, ConsumerRecord
+from .group import (
+    CONNECTION_LOST,
+    ERROR_POLICY,
+    OTHERWISE,
+    CommitFailedError,
+    ConsumerGroup,
+    Coordinator,
+    EndReason,
+    Generation,
+    GenerationContext,
+    GenerationEndedError,
+    GroupClosedError,
+    PartitionAssignment,
+    Reaction,
+    RedisCoordinator,
+    client_from_url,
+    reaction_for,
+)
+
+__all__ = [
+    "CONNECTION_LOST",
+    "ERROR_POLICY",
+    "OTHERWISE",
+    "CommitFailedError",
+    "Consumer",
+    "ConsumerGroup",
+    "ConsumerGroupConfig",
+    "ConsumerRebalanceListener",
+    "ConsumerRecord",
+    "Coordinator",
+    "EndReason",
+    "Generation",
+    "GenerationContext",
+    "GenerationEndedError",
+    "GroupClosedError",
+    "PartitionAssignment",
+    "Reaction",
+    "RedisCoordinator",
+    "StartOffset",
+    "client_from_url",
+    "reaction_for",
+]

@@ -1,0 +1,201 @@
+"""ConsumerGroupConfig: everything a worker needs to be one member of a consumer group.
+
+The fields mirror segmentio/kafka-go's ``ConsumerGroupConfig`` in Python names (``ID`` ->
+``group_id``, ``GroupBalancers`` -> ``assignors``, ``StartOffset`` -> ``start_offset``, ...),
+with kafka-go's defaults except the rebalance timeout, which is Kafka's (60 s; kafka-go uses
+30 s). Durations are integer milliseconds, as in Kafka's own configuration names.
+
+``validate()`` runs on construction and names the field to fix, like kafka-go's
+``ConsumerGroupConfig.Validate``. No I/O happens here: the Redis connection is made when the
+group starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..assignors import Assignor, UnknownAssignorError, get_assignor
+from ..errors import ConfigError
+
+__all__ = ["ConsumerGroupConfig", "StartOffset"]
+
+StartOffset = Literal["earliest", "latest"]
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # as CoordinatorConfig.namespace
+_INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's group.instance.id charset
+
+
+@dataclass(frozen=True)
+class ConsumerGroupConfig:
+    """Settings of one group member. Only ``group_id``, ``topics`` and Redis are required.
+
+    Attributes:
+        group_id: the consumer group (kafka-go ``ID``).
+        topics: topics to consume; stored as a tuple without duplicates, in the given order.
+        assignors: assignment strategies offered in JoinGroup, most preferred first (kafka-go
+            ``GroupBalancers``). Names registered with ``rcoord.assignors.register_assignor``, or
+            ``Assignor`` objects. The coordinator picks the one every member supports that most
+            members prefer; the leader then runs it.
+        heartbeat_interval_ms: time between heartbeats (kafka-go ``HeartbeatInterval``). Must be
+            at most a third of the session timeout, so two lost beats do not expire the member.
+        partition_watch_interval_ms: how often the leader reads the partition counts of the
+            subscribed topics (kafka-go ``PartitionWatchInterval``).
+        watch_partition_changes: whether the leader watches at all (kafka-go
+            ``WatchPartitionChanges``; rcoord defaults it on).
+        session_timeout_ms: a member that does not heartbeat for this long is removed
+            (kafka-go ``SessionTimeout``). Must lie within the namespace's
+            ``group_min_session_timeout_ms`` / ``group_max_session_timeout_ms``.
+        rebalance_timeout_ms: how long the coordinator waits for every member to rejoin in a
+            rebalance; it bounds how long revoking partitions may take (kafka-go
+            ``RebalanceTimeout``).
+        join_backoff_ms: pause before joining again after a failed join (kafka-go
+            ``JoinGroupBackoff``).
+        retention_ms: how long committed offsets are kept once the group is empty; None keeps
+            the namespace's ``offsets_retention_ms`` (kafka-go ``RetentionTime``).
+        start_offset: where to start in a partition with no committed offset, and where to go
+            when a committed offset fell out of the log: "earliest" (the log start) or "latest"
+            (the log end, only new records). kafka-go ``StartOffset`` (FirstOffset/LastOffset).
+        group_instance_id: makes the member static (KIP-345): it keeps its partitions across
+            a restart within the session timeout, and it does not send LeaveGroup on close.
+        client_id: prefix of the member id the coordinator hands out.
+        redis_url: ``redis://host:port/db``; a cluster is detected and used as one.
+        redis_client: an existing ``redis.Redis`` or ``redis.RedisCluster`` created with
+            ``decode_responses=False``, used instead of ``redis_url``. The group does not close it.
+        namespace: the rcoord namespace (key prefix) shared with the coordinators and topics.
+        retry_backoff_ms: first pause before retrying a call that failed with a lost
+            connection or COORDINATOR_NOT_AVAILABLE (Kafka ``retry.backoff.ms``). Pauses double,
+            with jitter, up to ``retry_backoff_max_ms`` (Kafka ``retry.backoff.max.ms``); a call
+            is retried for at most one session timeout.
+    """
+
+    group_id: str
+    topics: Sequence[str]
+    assignors: Sequence[str | Assignor] = ("range", "roundrobin")
+    heartbeat_interval_ms: int = 3000
+    partition_watch_interval_ms: int = 5000
+    watch_partition_changes: bool = True
+    session_timeout_ms: int = 30_000
+    rebalance_timeout_ms: int = 60_000
+    join_backoff_ms: int = 5000
+    retention_ms: int | None = None
+    start_offset: StartOffset = "earliest"
+    group_instance_id: str | None = None
+    client_id: str = "rcoord"
+    redis_url: str | None = None
+    redis_client: Any = field(default=None, compare=False, repr=False)
+    namespace: str = "rcoord"
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        # Sequences become tuples so the frozen config is hashable and cannot change under us.
+        if isinstance(self.topics, Iterable) and not isinstance(self.topics, (str, bytes)):
+            object.__setattr__(self, "topics", tuple(dict.fromkeys(self.topics)))
+        if isinstance(self.assignors, Iterable) and not isinstance(self.assignors, (str, bytes)):
+            object.__setattr__(self, "assignors", tuple(self.assignors))
+        self.validate()
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check every field and invariant; the ``ConfigError`` message names the bad field."""
+        if not isinstance(self.group_id, str) or not self.group_id:
+            raise ConfigError(f"group_id must be a non-empty str, got {self.group_id!r}")
+        if not isinstance(self.topics, tuple) or not self.topics:
+            raise ConfigError(
+                f"topics must be a non-empty list of topic names, got {self.topics!r}"
+            )
+        for topic in self.topics:
+            if not isinstance(topic, str) or not topic:
+                raise ConfigError(f"topics must hold non-empty str names, got {topic!r}")
+        self.resolved_assignors()  # raises ConfigError naming 'assignors'
+        for name in (
+            "heartbeat_interval_ms",
+            "partition_watch_interval_ms",
+            "session_timeout_ms",
+            "rebalance_timeout_ms",
+            "retry_backoff_ms",
+            "retry_backoff_max_ms",
+        ):
+            _positive(name, getattr(self, name))
+        _int("join_backoff_ms", self.join_backoff_ms)
+        if self.join_backoff_ms < 0:
+            raise ConfigError(f"join_backoff_ms must be >= 0, got {self.join_backoff_ms}")
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ConfigError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most "
+                f"session_timeout_ms / 3 ({self.session_timeout_ms / 3:g})"
+            )
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ConfigError(
+                f"retry_backoff_max_ms ({self.retry_backoff_max_ms}) must be >= "
+                f"retry_backoff_ms ({self.retry_backoff_ms})"
+            )
+        if not isinstance(self.watch_partition_changes, bool):
+            raise ConfigError("watch_partition_changes must be a bool")
+        if self.retention_ms is not None:
+            _int("retention_ms", self.retention_ms)
+            if self.retention_ms < 0:
+                raise ConfigError(f"retention_ms must be >= 0 or None, got {self.retention_ms}")
+        if self.start_offset not in ("earliest", "latest"):
+            raise ConfigError(
+                f"start_offset must be 'earliest' or 'latest', got {self.start_offset!r}"
+            )
+        if self.group_instance_id is not None and (
+            not isinstance(self.group_instance_id, str)
+            or not _INSTANCE_ID_RE.match(self.group_instance_id)
+        ):
+            raise ConfigError(
+                "group_instance_id must be 1-249 characters of [a-zA-Z0-9._-] or None, "
+                f"got {self.group_instance_id!r}"
+            )
+        if not isinstance(self.client_id, str):
+            raise ConfigError(f"client_id must be a str, got {self.client_id!r}")
+        if self.redis_url is not None and self.redis_client is not None:
+            raise ConfigError("give redis_url or redis_client, not both")
+        if self.redis_url is not None and (
+            not isinstance(self.redis_url, str) or "://" not in self.redis_url
+        ):
+            raise ConfigError(
+                f"redis_url must look like redis://host:port/db, got {self.redis_url!r}"
+            )
+        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
+            raise ConfigError(
+                f"namespace must be 1-64 characters of [A-Za-z0-9._:-], got {self.namespace!r}"
+            )
+
+    def resolved_assignors(self) -> list[Assignor]:
+        """The assignor objects, in preference order (names looked up in the registry)."""
+        if not isinstance(self.assignors, tuple) or not self.assignors:
+            raise ConfigError(f"assignors must be a non-empty list, got {self.assignors!r}")
+        out: list[Assignor] = []
+        for item in self.assignors:
+            if isinstance(item, str):
+                try:
+                    out.append(get_assignor(item))
+                except UnknownAssignorError as exc:
+                    raise ConfigError(f"assignors: {exc}") from None
+            elif isinstance(getattr(item, "name", None), str) and callable(
+                getattr(item, "assign", None)
+            ):
+                out.append(item)
+            else:
+                raise ConfigError(f"assignors must hold names or Assignor objects, got {item!r}")
+        names = [a.name for a in out]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"assignors must not repeat a name, got {names}")
+        return out
+
+
+def _int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an int (milliseconds), got {value!r}")
+    return value
+
+
+def _positive(name: str, value: Any) -> None:
+    if _int(name, value) < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}")

@@ -1,0 +1,516 @@
+"""Consumer: Kafka's poll loop over the partitions a ``ConsumerGroup`` assigns to this member.
+
+::
+
+    with Consumer(ConsumerGroupConfig(group_id="orders", topics=["orders"],
+                                      redis_url="redis://127.0.0.1:6379/0")) as consumer:
+        for record in consumer:              # or: records = consumer.poll(timeout=1.0)
+            handle(record)                   # offsets are auto-committed every 5 s
+
+``poll()`` drives everything, as in Kafka's consumer: when the group hands out a new generation
+it calls ``on_partitions_assigned``, it fetches the assigned partitions from the positions the
+generation gives (committed offsets, or the start-offset policy), and when the generation ends it
+revokes the partitions before the member may rejoin:
+
+1. the records fetched but not yet returned for those partitions are dropped, so a record of a
+   partition this member no longer owns is never handed out (kafka-go #1398, sarama #1543);
+2. if the partitions were **revoked** (the member is still in the group, so the generation's
+   commits still succeed): auto-commit commits the positions, then ``on_partitions_revoked``
+   runs, where the application may commit too;
+3. if they were **lost** (the member was expired or fenced; someone else may own them already):
+   ``on_partitions_lost`` runs and nothing is committed.
+
+Within one member the order is always revoked-or-lost of generation N, then assigned of
+generation N+1: the group cannot form N+1 until this member rejoins, and it rejoins only after
+the revocation (the consumer holds generation N open with a routine until then). Callbacks run
+in the thread that calls ``poll()``, never concurrently with the application's processing.
+
+The revocation waits for the next ``poll()`` (or ``close()``), for at most
+``rebalance_timeout_ms``: a member that does not rejoin by then is removed by the coordinator,
+so after that the partitions are reported as lost. This is Kafka's ``max.poll.interval.ms``
+with the rebalance timeout as the bound.
+
+A ``Consumer`` is meant for one thread; ``close()`` may be called from another one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from ..errors import ConnectionLost, Errors, RcoordError
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from .config import ConsumerGroupConfig
+from .group import (
+    CommitFailedError,
+    ConsumerGroup,
+    Coordinator,
+    Generation,
+    GenerationContext,
+    GenerationEndedError,
+)
+
+__all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
+
+log = logging.getLogger("rcoord.client")
+
+
+@dataclass(frozen=True)
+class ConsumerRecord:
+    """One record of a partition, as ``poll()`` returns it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class ConsumerRebalanceListener:
+    """Callbacks around a rebalance (Kafka's ``ConsumerRebalanceListener``). All run in ``poll()``.
+
+    Override what you need; the defaults do nothing. Unlike Kafka's Java default,
+    ``on_partitions_lost`` does *not* call ``on_partitions_revoked``: a lost partition must not be
+    committed, and revocation handlers usually commit.
+    """
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        """The generation is ending and this member still owns ``partitions``: commits still
+        succeed, so flush and commit here. Buffered records were already dropped."""
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        """A generation started with ``partitions`` (every one of them, as in Kafka's eager
+        protocol). Fetching starts from the committed offsets, or the start-offset policy."""
+
+    def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
+        """The member was expired or fenced: another member may own ``partitions`` already.
+        Clean up without committing."""
+
+
+class _Hold:
+    """The consumer's routine on a generation: it keeps the generation open (so the member
+    does not rejoin) until the polling thread has revoked its partitions."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.released = threading.Event()
+        self.gave_up = False
+        self._limit_s = limit_s
+
+    def __call__(self, ctx: GenerationContext) -> None:
+        ctx.done.wait()
+        if not self.released.wait(self._limit_s):
+            self.gave_up = True
+            log.warning(
+                "generation %d ended but poll() was not called within the rebalance timeout "
+                "(%.1f s); rejoining, and its partitions will be reported as lost",
+                ctx.generation.generation_id,
+                self._limit_s,
+            )
+
+
+class Consumer:
+    """Records from the partitions a consumer group assigns to this member.
+
+    Arguments besides ``config``:
+        listener: a ``ConsumerRebalanceListener`` (or any object with some of its methods).
+        enable_auto_commit: commit the positions of returned records every
+            ``auto_commit_interval_ms`` (from inside ``poll()``), before a revocation and on
+            ``close()``. Kafka's ``enable.auto.commit``. A position is committed once every record
+            before it has been returned by ``poll()``, and ``poll()`` is called again only after
+            they were processed, so auto-commit gives at-least-once processing.
+        max_poll_records: most records one ``poll()`` returns (Kafka's ``max.poll.records``).
+        fetch_max_wait_ms: how long one fetch waits for new records when every assigned
+            partition is at its end (Kafka's ``fetch.max.wait.ms``).
+        coordinator: a ``Coordinator`` to use instead of Redis (tests).
+    """
+
+    def __init__(
+        self,
+        config: ConsumerGroupConfig,
+        *,
+        listener: ConsumerRebalanceListener | Any = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5000,
+        max_poll_records: int = 500,
+        fetch_max_wait_ms: int = 100,
+        coordinator: Coordinator | None = None,
+    ) -> None:
+        for name, value in (
+            ("auto_commit_interval_ms", auto_commit_interval_ms),
+            ("max_poll_records", max_poll_records),
+            ("fetch_max_wait_ms", fetch_max_wait_ms),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self._config = config
+        self._group = ConsumerGroup(config, coordinator=coordinator)
+        self._listener = listener if listener is not None else ConsumerRebalanceListener()
+        self._auto_commit = bool(enable_auto_commit)
+        self._auto_commit_s = auto_commit_interval_ms / 1000
+        self._max_poll_records = max_poll_records
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._lock = threading.RLock()
+        self._stop = threading.Event()  # close() was called (possibly from another thread)
+        self._closed = False
+        self._gen: Generation | None = None
+        self._hold: _Hold | None = None
+        self._assigned: list[TopicPartition] = []
+        self._position: dict[TopicPartition, int] = {}
+        self._fetch_pos: dict[TopicPartition, int] = {}
+        self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._next_auto_commit = 0.0
+        self._drain_turn = 0
+        self._block_turn = 0
+        self._revoking = False
+
+    # -- information
+
+    @property
+    def group(self) -> ConsumerGroup:
+        return self._group
+
+    @property
+    def generation(self) -> Generation | None:
+        """The generation whose partitions this consumer holds, or None between generations."""
+        return self._gen
+
+    @property
+    def member_id(self) -> str:
+        return self._group.member_id
+
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions currently assigned to this consumer, sorted."""
+        return list(self._assigned)
+
+    def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition)."""
+        try:
+            return self._position[TopicPartition(*tp)]
+        except KeyError:
+            raise KeyError(f"{tp} is not assigned to this consumer") from None
+
+    def committed(
+        self, partitions: list[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets from the coordinator (-1: none), of ``partitions`` or the assignment."""
+        wanted = list(partitions if partitions is not None else self._assigned)
+        if not wanted:
+            return {}
+        result = self._group.coordinator.fetch_offsets(self._config.group_id, wanted)
+        return {tp: result.offsets[tp].offset if tp in result.offsets else -1 for tp in wanted}
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Records between the position and the log end, per assigned partition."""
+        coord = self._group.coordinator
+        out: dict[TopicPartition, int] = {}
+        for tp in self._assigned:
+            _, end = coord.log_offsets(tp.topic, tp.partition)
+            out[tp] = max(0, end - self._position.get(tp, end))
+        return out
+
+    # -- the poll loop
+
+    def poll(
+        self, timeout: float | None = 1.0, max_records: int | None = None
+    ) -> list[ConsumerRecord]:
+        """Records of the assigned partitions: as soon as there are some, else [] after ``timeout``.
+
+        Runs the rebalance callbacks and auto-commit as described in the module docstring.
+        Raises what the group's ``next()`` raises (a join error, once; ``GroupClosedError`` after
+        a fatal error) and what the listener raises (after the rebalance step completed).
+        """
+        limit = self._max_poll_records if max_records is None else max_records
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            self._check_open()
+            while True:
+                self._revoke_if_ended()
+                if self._stop.is_set():
+                    return []
+                if self._gen is None:
+                    try:
+                        gen = self._group.next(timeout=_slice(deadline, 0.1))
+                    except TimeoutError:
+                        if _expired(deadline):
+                            return []
+                        continue
+                    self._begin(gen)
+                    continue
+                self._maybe_auto_commit()
+                records = self._drain(limit)
+                if records:
+                    return records
+                if not self._fetch(deadline) and _expired(deadline):
+                    return []
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Every record, forever (until ``close()``): ``poll()`` in a loop."""
+        while not self._stop.is_set():
+            yield from self.poll(timeout=1.0)
+
+    # -- commits
+
+    def commit(
+        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None
+    ) -> None:
+        """Commit ``offsets`` (next offset to read, per partition), or every current position.
+
+        Fenced by the generation: raises ``CommitFailedError`` if the group rebalanced since
+        (then the partitions are revoked at the next ``poll()``).
+        """
+        with self._lock:
+            self._check_open()
+            gen = self._gen
+            if gen is None:
+                if offsets:
+                    raise CommitFailedError(
+                        "this consumer holds no generation (it is between rebalances), so it "
+                        "owns no partitions to commit",
+                        Errors.REBALANCE_IN_PROGRESS,
+                    )
+                return
+            wanted = dict(offsets) if offsets is not None else dict(self._position)
+            gen.commit_offsets(wanted)
+            for tp, off in wanted.items():
+                value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
+                self._committed[TopicPartition(*tp)] = value
+
+    def _commit_changed(self, gen: Generation) -> None:
+        changed = {tp: pos for tp, pos in self._position.items() if self._committed.get(tp) != pos}
+        if changed:
+            gen.commit_offsets(changed)
+            self._committed.update(changed)
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._auto_commit or self._gen is None:
+            return
+        now = time.monotonic()
+        if now < self._next_auto_commit:
+            return
+        self._next_auto_commit = now + self._auto_commit_s
+        try:
+            self._commit_changed(self._gen)
+        except CommitFailedError as exc:
+            log.warning("auto-commit refused: %s", exc)
+        except RcoordError as exc:
+            log.warning("auto-commit failed: %s", exc)
+
+    # -- generations
+
+    def _begin(self, gen: Generation) -> None:
+        hold = _Hold(self._config.rebalance_timeout_ms / 1000)
+        try:
+            gen.start(hold)
+        except GenerationEndedError:
+            return  # it ended before we could hold it: nothing was assigned
+        self._gen, self._hold = gen, hold
+        offsets = gen.offsets
+        self._assigned = sorted(offsets)
+        self._position = dict(offsets)
+        self._fetch_pos = dict(offsets)
+        self._buffers = {tp: deque() for tp in self._assigned}
+        self._committed = dict(gen.committed)
+        self._next_auto_commit = time.monotonic() + self._auto_commit_s
+        log.info(
+            "generation %d: assigned %s",
+            gen.generation_id,
+            ", ".join(f"{tp.topic}-{tp.partition}" for tp in self._assigned) or "nothing",
+        )
+        _call(self._listener, "on_partitions_assigned", list(self._assigned))
+
+    def _revoke_if_ended(self) -> None:
+        gen, hold = self._gen, self._hold
+        if gen is None or not gen.done.is_set():
+            return
+        self._revoke(lost=gen.lost or (hold is not None and hold.gave_up))
+
+    def _revoke(self, *, lost: bool) -> None:
+        """End this consumer's hold on the current generation (see the module docstring)."""
+        gen, hold = self._gen, self._hold
+        assert gen is not None
+        partitions = list(self._assigned)
+        self._buffers = {}  # never hand out a record of a partition we are giving up
+        self._revoking = True
+        try:
+            if not lost and self._auto_commit:
+                try:
+                    self._commit_changed(gen)
+                except CommitFailedError as exc:
+                    log.warning("final commit of generation %d refused: %s", gen.generation_id, exc)
+                except RcoordError as exc:
+                    log.warning("final commit of generation %d failed: %s", gen.generation_id, exc)
+                lost = gen.lost  # a refused commit can reveal that the partitions are gone
+            log.info(
+                "generation %d: %s %d partitions (%s)",
+                gen.generation_id,
+                "lost" if lost else "revoking",
+                len(partitions),
+                gen.end_reason.value if gen.end_reason else "closing",
+            )
+            method = "on_partitions_lost" if lost else "on_partitions_revoked"
+            _call(self._listener, method, partitions)  # what it raises propagates after finally
+        finally:
+            self._revoking = False
+            self._gen = self._hold = None
+            self._assigned = []
+            self._position, self._fetch_pos, self._committed = {}, {}, {}
+            if hold is not None:
+                hold.released.set()
+
+    # -- fetching
+
+    def _drain(self, limit: int) -> list[ConsumerRecord]:
+        """Up to ``limit`` buffered records, taking partitions in turn; advances positions."""
+        out: list[ConsumerRecord] = []
+        n = len(self._assigned)
+        for i in range(n):
+            tp = self._assigned[(self._drain_turn + i) % n]
+            buf = self._buffers.get(tp)
+            if not buf:
+                continue
+            while buf and len(out) < limit:
+                out.append(buf.popleft())
+            self._position[tp] = out[-1].offset + 1
+            if len(out) >= limit:
+                break
+        self._drain_turn += 1
+        return out
+
+    def _fetch(self, deadline: float | None) -> bool:
+        """Fetch every assigned partition once; if all are at their end, wait on one of them."""
+        gen = self._gen
+        assert gen is not None
+        if not self._assigned:
+            gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+            return False
+        pending = [tp for tp in self._assigned if not self._buffers.get(tp)]
+        got = False
+        for tp in pending:
+            if gen.done.is_set() or self._stop.is_set():
+                return got
+            got = self._fetch_one(tp, None) or got
+        if got:
+            return True
+        block = _slice(deadline, self._fetch_max_wait_ms / 1000)
+        if block <= 0.001 or gen.done.is_set():
+            return False
+        tp = pending[self._block_turn % len(pending)]
+        self._block_turn += 1
+        return self._fetch_one(tp, int(block * 1000))
+
+    def _fetch_one(self, tp: TopicPartition, block_ms: int | None) -> bool:
+        try:
+            result = self._group.coordinator.fetch(
+                tp.topic, tp.partition, self._fetch_pos[tp], self._max_poll_records, block_ms
+            )
+        except ConnectionLost as exc:
+            log.warning("fetch of %s-%d failed: %s", tp.topic, tp.partition, exc)
+            self._stop.wait(self._config.retry_backoff_ms / 1000)
+            return False
+        if result.error is Errors.OFFSET_OUT_OF_RANGE:
+            policy = self._config.start_offset
+            reset = result.log_start_offset if policy == "earliest" else result.log_end_offset
+            log.warning(
+                "%s-%d: offset %d is out of range [%d, %d]; resetting to %s (%d)",
+                tp.topic,
+                tp.partition,
+                self._fetch_pos[tp],
+                result.log_start_offset,
+                result.log_end_offset,
+                policy,
+                reset,
+            )
+            self._fetch_pos[tp] = self._position[tp] = reset
+            return False
+        if result.error is not Errors.NONE:
+            log.debug("fetch of %s-%d: %s", tp.topic, tp.partition, result.error.name)
+            return False
+        if not result.records:
+            return False
+        buf = self._buffers[tp]
+        for rec in result.records:
+            buf.append(
+                ConsumerRecord(
+                    tp.topic,
+                    tp.partition,
+                    rec.offset,
+                    rec.key,
+                    rec.value,
+                    rec.headers,
+                    rec.timestamp_ms,
+                )
+            )
+        self._fetch_pos[tp] = result.records[-1].offset + 1
+        return True
+
+    # -- lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RcoordError("the consumer is closed")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Revoke (committing, with auto-commit) or drop the partitions, leave the group, stop.
+
+        Safe to call from another thread than ``poll()``'s, and more than once.
+        """
+        self._stop.set()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._revoking and self._hold is not None:
+                    # close() from inside a revocation callback: that revocation is this
+                    # consumer's last; let the group go on (it waits for the hold).
+                    self._hold.released.set()
+                elif self._gen is not None:
+                    try:
+                        self._revoke(lost=self._gen.lost)
+                    except Exception:
+                        log.exception("the rebalance listener raised during close()")
+            finally:
+                self._group.close(timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _call(listener: Any, method: str, partitions: list[TopicPartition]) -> None:
+    fn = getattr(listener, method, None)
+    if fn is not None:
+        fn(partitions)
+
+
+def _slice(deadline: float | None, cap: float) -> float:
+    """Seconds to wait now: at most ``cap``, and not past ``deadline``."""
+    if deadline is None:
+        return cap
+    return max(0.0, min(cap, deadline - time.monotonic()))
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline

@@ -1,0 +1,824 @@
+"""ConsumerGroup and Generation: the worker-side lifecycle and the error policy table.
+
+Two layers: a function-field fake ``Coordinator`` (kafka-go's mockCoordinator) drives the error
+paths and the lifecycle rules deterministically; then the same client runs against a real server,
+one node and a 3-master cluster. Every wait is on a condition, bounded by ``wait_until``.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import inspect
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import wait_until
+
+from rcoord import (
+    ConnectionLost,
+    Errors,
+    GroupCoordinator,
+    JoinGroupMember,
+    JoinGroupResult,
+    LeaveGroupResult,
+    OffsetAndMetadata,
+    OffsetFetchResult,
+    ProtocolError,
+    SyncGroupResult,
+    TopicPartition,
+)
+from rcoord.client import (
+    ERROR_POLICY,
+    OTHERWISE,
+    CommitFailedError,
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    EndReason,
+    GenerationEndedError,
+    GroupClosedError,
+    PartitionAssignment,
+    Reaction,
+    reaction_for,
+)
+from rcoord.client import group as group_module
+from rcoord.errors import ConfigError, FencedInstanceIdError
+from rcoord.protocol.consumer import (
+    ConsumerProtocolAssignment,
+    MalformedMetadataError,
+)
+from rcoord.topics import FetchResult, Producer, ProducerRecord, Record, Topics
+
+TP = TopicPartition
+WAIT_S = 15.0
+
+# -- the fake coordinator ---------------------------------------------------------------------
+
+METHODS = (
+    "join_group",
+    "sync_group",
+    "heartbeat",
+    "leave_group",
+    "commit_offsets",
+    "fetch_offsets",
+    "partition_counts",
+    "log_offsets",
+    "fetch",
+)
+
+
+def _unset(name: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"unexpected call to {name}")
+
+    return fail
+
+
+class FakeCoordinator:
+    """kafka-go's mockCoordinator: each method is a function field; an unset one fails loudly."""
+
+    def __init__(self, **fns: Callable[..., Any]) -> None:
+        unknown = set(fns) - set(METHODS)
+        assert not unknown, unknown
+        for name in METHODS:
+            setattr(self, name, fns.get(name) or _unset(name))
+
+
+class OneMemberGroup:
+    """An in-memory group for one member (plus optional extra members), built on the fake.
+
+    ``events`` is a shared, ordered log of coordinator calls; tests append their own events
+    (listener calls) to it, so orders across the two can be checked.
+    """
+
+    def __init__(self, topic: str = "t", partitions: int = 4, records: int = 0) -> None:
+        self.topic = topic
+        self.events: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.next_id = 0
+        self.leader: str | None = None  # None: the joining member leads
+        self.extra_members: list[JoinGroupMember] = []
+        self.join_answers: deque[Errors | BaseException | None] = deque()  # None: as usual
+        self.sync_answers: deque[Errors] = deque()
+        self.heartbeat_answers: deque[Errors | BaseException] = deque()
+        self.heartbeat_default: Errors | BaseException = Errors.NONE
+        self.heartbeats = 0
+        self.commit_answers: deque[Errors] = deque()
+        self.committed: dict[TP, int] = {}
+        self.counts = {topic: partitions}
+        self.logs: dict[TP, list[Record]] = {
+            TP(topic, p): [Record(o, None, b"%d-%d" % (p, o), {}, 0) for o in range(records)]
+            for p in range(partitions)
+        }
+        self.park_join = threading.Event()  # set: a join with a member id parks until leave
+        self.left = threading.Event()
+        self.leaves: list[str] = []
+        self.joins: list[str] = []
+        self.fake = FakeCoordinator(
+            join_group=self.join_group,
+            sync_group=self.sync_group,
+            heartbeat=self.heartbeat,
+            leave_group=self.leave_group,
+            commit_offsets=self.commit_offsets,
+            fetch_offsets=self.fetch_offsets,
+            partition_counts=self.partition_counts,
+            log_offsets=self.log_offsets,
+            fetch=self.fetch,
+        )
+
+    def log(self, *event: Any) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def kinds(self) -> list[str]:
+        with self.lock:
+            return [e[0] for e in self.events]
+
+    # -- the protocol
+
+    def join_group(self, group_id: str, member_id: str = "", **kw: Any) -> JoinGroupResult:
+        self.log("join", member_id)
+        self.joins.append(member_id)
+        answer = self.join_answers.popleft() if self.join_answers else None
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer is not None:
+            return JoinGroupResult.failed(answer, member_id)
+        if not member_id:
+            self.next_id += 1
+            return JoinGroupResult.failed(Errors.MEMBER_ID_REQUIRED, f"m-{self.next_id}")
+        if self.park_join.is_set():
+            assert self.left.wait(WAIT_S), "a parked join was never released"
+            return JoinGroupResult.failed(Errors.UNKNOWN_MEMBER_ID, member_id)
+        self.generation += 1
+        name, metadata = kw["protocols"][0]
+        leader = self.leader or member_id
+        return JoinGroupResult(
+            Errors.NONE,
+            self.generation,
+            "consumer",
+            name,
+            leader,
+            member_id,
+            [JoinGroupMember(member_id, None, metadata), *self.extra_members]
+            if leader == member_id
+            else [],
+        )
+
+    def sync_group(
+        self, group_id: str, generation_id: int, member_id: str, **kw: Any
+    ) -> SyncGroupResult:
+        self.log("sync", generation_id)
+        if self.sync_answers:
+            return SyncGroupResult(self.sync_answers.popleft())
+        plan = kw.get("assignments")
+        if plan is None:  # a follower: everything goes to it
+            blob = ConsumerProtocolAssignment(
+                [TP(self.topic, p) for p in range(self.counts[self.topic])]
+            ).encode()
+        else:
+            blob = plan[member_id]
+        return SyncGroupResult(Errors.NONE, "consumer", kw.get("protocol_name"), blob)
+
+    def heartbeat(
+        self, group_id: str, generation_id: int, member_id: str, iid: Any = None
+    ) -> Errors:
+        with self.lock:
+            self.heartbeats += 1
+            answer = (
+                self.heartbeat_answers.popleft()
+                if self.heartbeat_answers
+                else self.heartbeat_default
+            )
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer is not Errors.NONE:
+            self.log("heartbeat", answer)
+        return answer
+
+    def leave_group(self, group_id: str, members: Any) -> LeaveGroupResult:
+        self.log("leave", members[0].member_id)
+        self.leaves.append(members[0].member_id)
+        self.left.set()
+        return LeaveGroupResult(Errors.NONE)
+
+    def commit_offsets(
+        self, group_id: str, offsets: Any, *, member_id: str, generation_id: int, **kw: Any
+    ) -> dict[TP, Errors]:
+        plain = {
+            tp: (o.offset if isinstance(o, OffsetAndMetadata) else o) for tp, o in offsets.items()
+        }
+        self.log("commit", generation_id, plain)
+        if self.commit_answers:
+            answer = self.commit_answers.popleft()
+            return {tp: answer for tp in offsets}
+        self.committed.update(plain)
+        return {tp: Errors.NONE for tp in offsets}
+
+    def fetch_offsets(self, group_id: str, partitions: Any = None) -> OffsetFetchResult:
+        return OffsetFetchResult(
+            Errors.NONE, {tp: OffsetAndMetadata(self.committed.get(tp, -1)) for tp in partitions}
+        )
+
+    def partition_counts(self, topics: Any) -> dict[str, int]:
+        with self.lock:
+            return {t: self.counts[t] for t in topics if t in self.counts}
+
+    def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, len(self.logs.get(TP(topic, partition), []))
+
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: Any
+    ) -> FetchResult:
+        log = self.logs.get(TP(topic, partition), [])
+        records = log[offset : offset + max_records]
+        if not records and block_ms:
+            threading.Event().wait(min(block_ms, 20) / 1000)  # the fake's "XREAD BLOCK"
+        return FetchResult(records, 0, len(log))
+
+
+def fast_config(**overrides: Any) -> ConsumerGroupConfig:
+    settings: dict[str, Any] = {
+        "group_id": "g",
+        "topics": ["t"],
+        "heartbeat_interval_ms": 10,
+        "session_timeout_ms": 90,
+        "rebalance_timeout_ms": 5000,
+        "join_backoff_ms": 20,
+        "retry_backoff_ms": 1,
+        "retry_backoff_max_ms": 5,
+        "partition_watch_interval_ms": 10,
+    }
+    settings.update(overrides)
+    return ConsumerGroupConfig(**settings)
+
+
+@pytest.fixture
+def fake_group() -> Any:
+    made: list[ConsumerGroup] = []
+
+    def make(state: OneMemberGroup, **overrides: Any) -> ConsumerGroup:
+        group = ConsumerGroup(fast_config(**overrides), coordinator=state.fake)  # type: ignore[arg-type]
+        made.append(group)
+        return group
+
+    yield make
+    for g in made:
+        g.close(timeout=WAIT_S)
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def test_config_defaults_mirror_kafka_go() -> None:
+    cfg = ConsumerGroupConfig(
+        group_id="g", topics=["a", "b", "a"], redis_url="redis://127.0.0.1:1/0"
+    )
+    assert cfg.topics == ("a", "b")
+    assert cfg.assignors == ("range", "roundrobin")
+    assert (cfg.heartbeat_interval_ms, cfg.partition_watch_interval_ms, cfg.session_timeout_ms) == (
+        3000,
+        5000,
+        30_000,
+    )
+    assert (cfg.rebalance_timeout_ms, cfg.join_backoff_ms, cfg.start_offset) == (
+        60_000,
+        5000,
+        "earliest",
+    )
+    assert (
+        cfg.watch_partition_changes and cfg.retention_ms is None and cfg.group_instance_id is None
+    )
+    assert [a.name for a in cfg.resolved_assignors()] == ["range", "roundrobin"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("group_id", ""),
+        ("topics", []),
+        ("topics", [""]),
+        ("assignors", ["nope"]),
+        ("assignors", []),
+        ("heartbeat_interval_ms", 0),
+        ("heartbeat_interval_ms", 10_001),  # > session_timeout_ms / 3
+        ("session_timeout_ms", -5),
+        ("rebalance_timeout_ms", 0),
+        ("join_backoff_ms", -1),
+        ("partition_watch_interval_ms", 0),
+        ("retention_ms", -1),
+        ("start_offset", "first"),
+        ("group_instance_id", "has space"),
+        ("namespace", "a{b}"),
+        ("retry_backoff_max_ms", 1),
+        ("redis_url", "localhost"),
+    ],
+)
+def test_config_validate_names_the_bad_field(field: str, value: Any) -> None:
+    settings: dict[str, Any] = {"group_id": "g", "topics": ["t"]}
+    settings[field] = value
+    with pytest.raises(ConfigError, match=field):
+        ConsumerGroupConfig(**settings)
+
+
+def test_group_needs_redis_or_a_coordinator() -> None:
+    with pytest.raises(ConfigError, match="redis_url or redis_client"):
+        ConsumerGroup(ConsumerGroupConfig(group_id="g", topics=["t"]))
+
+
+# -- the error policy table -------------------------------------------------------------------
+
+
+def _documented_policy() -> dict[str, tuple[str, ...]]:
+    """The rows of the table in ERROR_POLICY's docstring, parsed from the source."""
+    tree = ast.parse(Path(inspect.getsourcefile(group_module) or "").read_text())
+    body = tree.body
+    doc = next(
+        body[i + 1].value.value  # type: ignore[attr-defined]
+        for i, node in enumerate(body)
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ERROR_POLICY"
+    )
+    lines = doc.splitlines()
+    borders = [i for i, line in enumerate(lines) if line.startswith("=====")]
+    assert len(borders) == 3, "the table has a header and a body"
+    rows: dict[str, tuple[str, ...]] = {}
+    pending: list[str] = []
+    for line in lines[borders[1] + 1 : borders[2]]:
+        cells = line.split()
+        if len(cells) == 1:  # a name continued on the next line
+            pending.append(cells[0].rstrip(","))
+            continue
+        names = [*pending, " ".join(cells[:-4]).rstrip(",")]
+        pending = []
+        for name in names:
+            rows[name] = tuple(cells[-4:])
+    return rows
+
+
+def test_error_policy_docstring_matches_the_table() -> None:
+    documented = _documented_policy()
+    actual = {
+        **{e.name: r for e, r in ERROR_POLICY.items()},
+        "``ConnectionLost`` (exception)": reaction_for(ConnectionLost("x")),
+        "anything else": OTHERWISE,
+    }
+    assert set(documented) == set(actual)
+    for name, r in actual.items():
+        assert documented[name] == (
+            "yes" if r.retry else "no",
+            r.member_id,
+            r.partitions,
+            r.then,
+        ), name
+
+
+def test_reaction_for_maps_codes_exceptions_and_unknowns() -> None:
+    assert reaction_for(Errors.UNKNOWN_MEMBER_ID) == Reaction(False, "reset", "lost", "rejoin")
+    assert reaction_for(ProtocolError.of(Errors.REBALANCE_IN_PROGRESS)).partitions == "revoked"
+    assert reaction_for(ConnectionLost("down")).retry
+    assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL) is OTHERWISE
+    assert reaction_for(ValueError("bug")) is OTHERWISE
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Errors.REBALANCE_IN_PROGRESS,
+        Errors.ILLEGAL_GENERATION,
+        Errors.UNKNOWN_MEMBER_ID,
+        Errors.FENCED_INSTANCE_ID,
+        Errors.COORDINATOR_NOT_AVAILABLE,
+        Errors.GROUP_AUTHORIZATION_FAILED,  # "anything else"
+    ],
+)
+def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) -> None:
+    row = reaction_for(error)
+    state = OneMemberGroup()
+    if row.retry:
+        state.heartbeat_default = error  # keeps failing for the whole session timeout
+    else:
+        state.heartbeat_answers.append(error)
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert gen.member_id == "m-1" and gen.generation_id == 1
+    assert gen.done.wait(WAIT_S)
+    state.heartbeat_default = Errors.NONE
+    assert gen.lost is row.lost
+    assert gen.end_reason is EndReason.of(error)
+    if row.retry:
+        assert state.heartbeats > 3  # it was retried for a session timeout before giving up
+    if row.then == "fatal":
+        with pytest.raises(FencedInstanceIdError):
+            group.next(timeout=WAIT_S)
+        with pytest.raises(FencedInstanceIdError):  # and for good: the group closed itself
+            group.next(timeout=WAIT_S)
+        return
+    if row.then == "backoff":
+        with pytest.raises(ProtocolError) as info:
+            group.next(timeout=WAIT_S)
+        assert info.value.error is error
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.generation_id == 2
+    expect_id = "m-2" if row.member_id in ("reset", "leave") else "m-1"
+    assert nxt.member_id == expect_id
+    assert state.leaves == (["m-1"] if row.member_id == "leave" else [])
+    # The rejoin after the error used the member id the row says.
+    assert state.joins[2] == ("" if row.member_id in ("reset", "leave") else "m-1")
+
+
+def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.heartbeat_default = Errors.REBALANCE_IN_PROGRESS
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    release = threading.Event()
+    gen.start(lambda ctx: release.wait(WAIT_S))
+    assert gen.done.wait(WAIT_S)
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats >= beats + 3)  # still beating while the routine runs
+    assert state.joins == ["", "m-1"]  # and not rejoining yet
+    state.heartbeat_default = Errors.UNKNOWN_MEMBER_ID  # the rebalance timeout removed it
+    wait_until(lambda: gen.lost)
+    heartbeat_thread = gen._helpers[0]
+    wait_until(lambda: not heartbeat_thread.is_alive())  # it stopped though the routine runs
+    assert state.joins == ["", "m-1"]
+    state.heartbeat_default = Errors.NONE
+    release.set()
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.member_id == "m-2" and state.joins[2] == ""
+
+
+def test_retriable_errors_are_retried_without_ending_anything(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.join_answers.extend([Errors.COORDINATOR_NOT_AVAILABLE, ConnectionLost("blip")])
+    state.heartbeat_answers.extend([ConnectionLost("blip"), Errors.COORDINATOR_LOAD_IN_PROGRESS])
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert gen.generation_id == 1
+    wait_until(lambda: state.heartbeats >= 6)
+    assert not gen.done.is_set()
+
+
+# -- join errors ------------------------------------------------------------------------------
+
+
+def test_join_error_is_reported_once_then_the_member_leaves_backs_off_and_rejoins(
+    fake_group: Any,
+) -> None:
+    state = OneMemberGroup()
+    # The first join gets its member id as usual; the join with it fails.
+    state.join_answers.extend([None, Errors.INCONSISTENT_GROUP_PROTOCOL])
+    group = fake_group(state)
+    with pytest.raises(ProtocolError, match="INCONSISTENT_GROUP_PROTOCOL") as info:
+        group.next(timeout=WAIT_S)
+    assert info.value.error is Errors.INCONSISTENT_GROUP_PROTOCOL
+    gen = group.next(timeout=WAIT_S)
+    assert state.leaves == ["m-1"]  # kafka-go: leave, forget the id, back off
+    assert gen.member_id == "m-2"
+    assert state.joins == ["", "m-1", "", "m-2"]
+
+
+def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.sync_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)  # no error surfaces: rejoining is routine
+    assert gen.generation_id == 2 and gen.member_id == "m-1"
+    assert state.leaves == []
+
+
+def test_undecodable_subscription_is_a_clear_error(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.extra_members = [JoinGroupMember("bad-member", None, b"\xc1 not msgpack")]
+    group = fake_group(state)
+    with pytest.raises(MalformedMetadataError, match="bad-member.*not a consumer subscription"):
+        group.next(timeout=WAIT_S)
+    assert state.leaves == ["m-1"]
+
+
+def test_close_unparks_a_parked_join_with_leave_group(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.park_join.set()
+    group = fake_group(state)
+    with pytest.raises(TimeoutError):
+        group.next(timeout=0.05)
+    wait_until(lambda: state.joins == ["", "m-1"])
+    group.close(timeout=WAIT_S)
+    assert state.leaves == ["m-1"]
+    assert not group._thread.is_alive()  # type: ignore[union-attr]
+    with pytest.raises(GroupClosedError):
+        group.next(timeout=WAIT_S)
+
+
+# -- the generation lifecycle -----------------------------------------------------------------
+
+
+def test_consecutive_generations_keep_the_member_id(fake_group: Any) -> None:
+    state = OneMemberGroup(partitions=3)
+    state.committed[TP("t", 1)] = 7
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert gen.assignments == {
+        "t": [PartitionAssignment(0, 0), PartitionAssignment(1, 7), PartitionAssignment(2, 0)]
+    }
+    assert gen.committed == {TP("t", 1): 7}
+    assert gen.is_leader and gen.group_id == "g"
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    assert gen.done.wait(WAIT_S) and not gen.lost
+    nxt = group.next(timeout=WAIT_S)
+    assert (nxt.generation_id, nxt.member_id, nxt.group_id) == (2, gen.member_id, "g")
+
+
+def test_the_next_generation_waits_for_every_routine(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    releases = [threading.Event() for _ in range(3)]
+    finished: list[int] = []
+    for i, ev in enumerate(releases):
+        gen.start(lambda ctx, i=i, ev=ev: (ctx.wait(WAIT_S), ev.wait(WAIT_S), finished.append(i)))
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    assert gen.done.wait(WAIT_S)
+    for ev in releases[:2]:
+        ev.set()
+    wait_until(lambda: len(finished) == 2)
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats >= beats + 3)
+    assert state.joins == ["", "m-1"]  # one routine still runs: no rejoin
+    with pytest.raises(TimeoutError):
+        group.next(timeout=0.01)
+    releases[2].set()
+    nxt = group.next(timeout=WAIT_S)
+    assert sorted(finished) == [0, 1, 2] and nxt.generation_id == 2
+    with pytest.raises(GenerationEndedError):
+        gen.start(lambda ctx: None)
+
+
+def test_a_raising_routine_ends_the_generation(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    gen.start(lambda ctx: None)  # returning normally changes nothing
+    boom = RuntimeError("boom")
+
+    def fail(ctx: Any) -> None:
+        raise boom
+
+    gen.start(fail)
+    assert gen.done.wait(WAIT_S)
+    assert gen.end_reason is EndReason.ROUTINE_FAILED and gen.exceptions == [boom] and not gen.lost
+    assert group.next(timeout=WAIT_S).member_id == gen.member_id
+
+
+def test_a_generation_that_ends_before_next_is_withdrawn(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    group = fake_group(state)
+    group.start()
+    wait_until(lambda: state.generation >= 2)  # gen 1 ended unseen; the member rejoined
+    gen = group.next(timeout=WAIT_S)
+    assert gen.generation_id >= 2 and not gen.done.is_set()
+
+
+@pytest.mark.parametrize(
+    "answer, lost",
+    [
+        (Errors.ILLEGAL_GENERATION, True),
+        (Errors.UNKNOWN_MEMBER_ID, True),
+        (Errors.REBALANCE_IN_PROGRESS, False),
+    ],
+)
+def test_fenced_commit_raises_commit_failed_and_ends_the_generation(
+    fake_group: Any, answer: Errors, lost: bool
+) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    gen.commit_offsets({TP("t", 0): 5})
+    assert state.committed == {TP("t", 0): 5}
+    state.commit_answers.append(answer)
+    with pytest.raises(CommitFailedError, match="rebalanced") as info:
+        gen.commit_offsets({("t", 0): 6})
+    assert info.value.error is answer and info.value.partitions == {TP("t", 0): answer}
+    assert answer.name in str(info.value)
+    assert gen.done.is_set() and gen.lost is lost
+    assert state.committed == {TP("t", 0): 5}
+
+
+def test_commit_offsets_retries_a_lost_connection(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    original = state.fake.commit_offsets  # type: ignore[attr-defined]
+    failures = deque([ConnectionLost("blip")])
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.popleft()
+        return original(*args, **kwargs)
+
+    state.fake.commit_offsets = flaky  # type: ignore[attr-defined]
+    gen.commit_offsets({TP("t", 1): 3})
+    assert state.committed == {TP("t", 1): 3}
+
+
+def test_leader_watches_partition_counts(fake_group: Any) -> None:
+    state = OneMemberGroup(partitions=2)
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert len(gen.partitions) == 2
+    with state.lock:
+        state.counts["t"] = 3
+    assert gen.done.wait(WAIT_S)
+    assert gen.end_reason is EndReason.PARTITIONS_CHANGED and not gen.lost
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.partitions == [TP("t", 0), TP("t", 1), TP("t", 2)]
+
+
+def test_followers_do_not_watch_partition_counts(fake_group: Any) -> None:
+    state = OneMemberGroup(partitions=2)
+    state.leader = "someone-else"
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert not gen.is_leader and len(gen.partitions) == 2
+    with state.lock:
+        state.counts["t"] = 3
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats >= beats + 5)  # many watch intervals pass
+    assert not gen.done.is_set()
+    assert len(gen._helpers) == 1  # the heartbeat only
+
+
+def test_static_member_does_not_leave_on_close(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state, group_instance_id="worker-1")
+    gen = group.next(timeout=WAIT_S)
+    group.close(timeout=WAIT_S)
+    assert gen.done.is_set() and gen.end_reason is EndReason.CLOSED
+    assert state.leaves == []
+
+
+def test_close_ends_the_generation_waits_for_routines_and_leaves(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    order: list[str] = []
+    gen.start(lambda ctx: (ctx.wait(WAIT_S), order.append("routine returned")))
+    group.close(timeout=WAIT_S)
+    order.append("closed")
+    assert order == ["routine returned", "closed"]
+    assert state.leaves == ["m-1"] and gen.end_reason is EndReason.CLOSED
+    with pytest.raises(GroupClosedError):
+        group.next()
+    group.close()  # idempotent
+
+
+def test_close_from_inside_a_routine_does_not_deadlock(fake_group: Any) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    closed = threading.Event()
+    gen.start(lambda ctx: (group.close(), closed.set()))
+    assert closed.wait(WAIT_S)
+    wait_until(lambda: not group._thread.is_alive())  # type: ignore[union-attr]
+    assert state.leaves == ["m-1"] and gen.end_reason is EndReason.CLOSED
+
+
+# -- against a real server (one node and a cluster) -------------------------------------------
+
+
+@pytest.fixture
+def real(make_coordinator: Any, redis_client: Any, namespace: str) -> Any:
+    """A coordinator with short test bounds, the topics admin, and a group factory."""
+    coord: GroupCoordinator = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    groups: list[ConsumerGroup] = []
+
+    class Real:
+        pass
+
+    r = Real()
+    r.coord, r.topics, r.client, r.namespace = coord, topics, redis_client, namespace  # type: ignore[attr-defined]
+
+    def group(**overrides: Any) -> ConsumerGroup:
+        settings: dict[str, Any] = {
+            "redis_client": redis_client,
+            "namespace": namespace,
+            "heartbeat_interval_ms": 50,
+            "session_timeout_ms": 1000,
+            "rebalance_timeout_ms": 3000,
+            "partition_watch_interval_ms": 50,
+            "retry_backoff_ms": 10,
+            "retry_backoff_max_ms": 100,
+        }
+        settings.update(overrides)
+        settings.setdefault("group_id", "g")
+        settings.setdefault("topics", ["t"])
+        g = ConsumerGroup(ConsumerGroupConfig(**settings))
+        groups.append(g)
+        return g
+
+    r.group = group  # type: ignore[attr-defined]
+    yield r
+    for g in groups:
+        g.close(timeout=WAIT_S)
+
+
+def test_real_single_member_lifecycle(real: Any) -> None:
+    real.topics.create("t", 4)
+    group = real.group()
+    gen = group.next(timeout=WAIT_S)
+    assert gen.is_leader and gen.generation_id == 1
+    assert gen.offsets == {TP("t", p): 0 for p in range(4)}
+    gen.commit_offsets({TP("t", 2): 0})
+    group.close(timeout=WAIT_S)
+    desc = real.coord.describe_group("g")
+    assert desc.state == "Empty" and desc.members == []
+    assert real.coord.fetch_offsets("g", [TP("t", 2)]).offsets[TP("t", 2)].offset == 0
+
+
+def test_real_two_members_split_and_fence_the_old_generation(real: Any) -> None:
+    real.topics.create("t", 6)
+    a = real.group()
+    gen_a1 = a.next(timeout=WAIT_S)
+    assert len(gen_a1.partitions) == 6
+    b = real.group()
+    b.start()
+    assert gen_a1.done.wait(WAIT_S)  # b's join makes a's heartbeat answer "rebalance"
+    assert gen_a1.end_reason is EndReason.REBALANCE and not gen_a1.lost
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ga, gb = pool.map(lambda g: g.next(timeout=WAIT_S), [a, b])
+    assert ga.generation_id == gb.generation_id == 2
+    assert ga.member_id == gen_a1.member_id  # the member id is kept across generations
+    assert set(ga.partitions).isdisjoint(gb.partitions)
+    assert set(ga.partitions) | set(gb.partitions) == {TP("t", p) for p in range(6)}
+    with pytest.raises(CommitFailedError) as info:
+        gen_a1.commit_offsets({TP("t", 0): 1})
+    assert info.value.error is Errors.ILLEGAL_GENERATION
+    ga.commit_offsets({tp: 0 for tp in ga.partitions})  # the live generation's commit succeeds
+
+
+def test_real_start_offsets_use_commits_then_the_policy(real: Any) -> None:
+    real.topics.create("t", 2)
+    Producer(real.client, real.namespace).send_batch(
+        "t", [ProducerRecord(b"x", partition=p) for p in (0, 0, 1)]
+    )
+    assert real.coord.commit_offsets("g", {TP("t", 0): 1})[TP("t", 0)] is Errors.NONE
+    group = real.group(start_offset="latest")
+    gen = group.next(timeout=WAIT_S)
+    assert gen.offsets == {TP("t", 0): 1, TP("t", 1): 1}  # committed; else the log end
+    assert gen.committed == {TP("t", 0): 1}
+
+
+def test_real_partition_watcher_sees_new_partitions(real: Any) -> None:
+    real.topics.create("t", 2)
+    group = real.group()
+    gen = group.next(timeout=WAIT_S)
+    real.topics.add_partitions("t", 5)
+    assert gen.done.wait(WAIT_S)
+    assert gen.end_reason is EndReason.PARTITIONS_CHANGED
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.generation_id == gen.generation_id + 1
+    assert nxt.partitions == [TP("t", p) for p in range(5)]
+
+
+def test_real_undecodable_member_metadata_is_reported_by_the_leader(real: Any) -> None:
+    real.topics.create("t", 2)
+    group = real.group()
+    gen = group.next(timeout=WAIT_S)
+    coord = real.coord
+    first = coord.join_group(
+        "g", protocol_type="consumer", protocols=[("range", b"\xc1junk")], session_timeout_ms=1000
+    )
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        parked = pool.submit(
+            coord.join_group,
+            "g",
+            first.member_id,
+            protocol_type="consumer",
+            protocols=[("range", b"\xc1junk")],
+            session_timeout_ms=1000,
+            rebalance_timeout_ms=3000,
+        )
+        assert gen.done.wait(WAIT_S)
+        with pytest.raises(MalformedMetadataError, match=first.member_id):
+            group.next(timeout=WAIT_S)
+        parked.result(WAIT_S)
+
+
+def test_real_static_member_keeps_its_place_on_close(real: Any) -> None:
+    real.topics.create("t", 2)
+    group = real.group(group_instance_id="static-1", session_timeout_ms=3000)
+    gen = group.next(timeout=WAIT_S)
+    group.close(timeout=WAIT_S)
+    desc = real.coord.describe_group("g")
+    assert [m.member_id for m in desc.members] == [gen.member_id]  # no LeaveGroup was sent
+    again = real.group(group_instance_id="static-1", session_timeout_ms=3000)
+    back = again.next(timeout=WAIT_S)
+    # KIP-345: the restarted static member gets its partitions back without a rebalance.
+    assert back.generation_id == gen.generation_id and back.partitions == gen.partitions

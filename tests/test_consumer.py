@@ -1,0 +1,351 @@
+"""Consumer: the poll loop, commits, offset resets and the rebalance listener.
+
+The listener's call order and the buffer rules run on the function-field fake coordinator of
+test_client_group (deterministic); the rest runs on a real server, one node and a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import wait_until
+from test_client_group import WAIT_S, OneMemberGroup, fast_config
+
+from rcoord import Errors, GroupCoordinator, MemberIdentity, TopicPartition
+from rcoord.client import (
+    CommitFailedError,
+    Consumer,
+    ConsumerGroupConfig,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+)
+from rcoord.topics import Producer, Record, Topics
+
+TP = TopicPartition
+
+
+class Recorder(ConsumerRebalanceListener):
+    """Appends every callback to the fake's shared event log (so coordinator calls interleave)."""
+
+    def __init__(self, events: Any = None, commit_on_revoke: Consumer | None = None) -> None:
+        self.events: list[tuple[Any, ...]] = [] if events is None else events
+        self.consumer = commit_on_revoke
+        self.lock = threading.Lock()
+
+    def _add(self, kind: str, partitions: list[TopicPartition]) -> None:
+        with self.lock:
+            self.events.append((kind, sorted(partitions)))
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        self._add("revoked", partitions)
+        if self.consumer is not None:
+            self.consumer.commit()  # the generation is ending, but this commit still succeeds
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        self._add("assigned", partitions)
+
+    def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
+        self._add("lost", partitions)
+
+    def kinds(self) -> list[str]:
+        with self.lock:
+            return [e[0] for e in self.events]
+
+
+def poll_until(
+    consumer: Consumer, cond: Any, *, max_records: int | None = None
+) -> list[ConsumerRecord]:
+    got: list[ConsumerRecord] = []
+
+    def step() -> None:
+        got.extend(consumer.poll(timeout=0.05, max_records=max_records))
+
+    wait_until(lambda: cond(got), step)
+    return got
+
+
+@pytest.fixture
+def fake_consumer() -> Iterator[Any]:
+    made: list[Consumer] = []
+
+    def make(state: OneMemberGroup, listener: Any = None, **kw: Any) -> Consumer:
+        settings: dict[str, Any] = {"fetch_max_wait_ms": 5, "auto_commit_interval_ms": 100_000}
+        settings.update(kw)
+        c = Consumer(fast_config(), listener=listener, coordinator=state.fake, **settings)  # type: ignore[arg-type]
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close(timeout=WAIT_S)
+
+
+# -- listener order (fake coordinator) --------------------------------------------------------
+
+
+def test_listener_order_revoked_before_assigned_and_lost_without_commit(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=2, records=3)
+    listener = Recorder(state.events)
+    listener.lock = state.lock  # one lock, one ordered log
+    consumer = fake_consumer(state, listener)
+    all_tps = [TP("t", 0), TP("t", 1)]
+
+    got = poll_until(consumer, lambda g: len(g) == 6)
+    assert {(r.partition, r.offset) for r in got} == {(p, o) for p in (0, 1) for o in range(3)}
+    assert state.kinds()[:3] == ["join", "join", "sync"]
+    assert listener.events[3] == ("assigned", all_tps)
+
+    # A rebalance: auto-commit, then revoked (still committable), then assigned of the next one.
+    mark = len(state.events)
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    wait_until(lambda: consumer.generation is not None and consumer.generation.done.is_set())
+    poll_until(
+        consumer,
+        lambda g: consumer.generation is not None and consumer.generation.generation_id == 2,
+    )
+    tail = [e for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert [e[0] for e in tail] == ["commit", "revoked", "join", "sync", "assigned"]
+    assert tail[0] == ("commit", 1, {TP("t", 0): 3, TP("t", 1): 3})
+    assert tail[1] == ("revoked", all_tps) and tail[4] == ("assigned", all_tps)
+
+    # The member is removed: lost (no commit), then a fresh member id and assigned.
+    consumer.poll(timeout=0)  # nothing new
+    mark = len(state.events)
+    state.heartbeat_answers.append(Errors.UNKNOWN_MEMBER_ID)
+    poll_until(
+        consumer,
+        lambda g: consumer.generation is not None and consumer.generation.generation_id == 3,
+    )
+    tail = [e for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert [e[0] for e in tail] == ["lost", "join", "join", "sync", "assigned"]
+    assert tail[1] == ("join", "")
+    assert consumer.member_id == "m-2"
+
+    # close(): a final commit, revoked, then LeaveGroup.
+    state.logs[TP("t", 0)].append(Record(3, None, b"new", {}, 0))
+    assert [r.offset for r in poll_until(consumer, lambda g: len(g) == 1)] == [3]
+    mark = len(state.events)
+    consumer.close(timeout=WAIT_S)
+    tail = [e for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert [e[0] for e in tail] == ["commit", "revoked", "leave"]
+    assert tail[0] == ("commit", 3, {TP("t", 0): 4})
+
+
+def test_commit_inside_on_partitions_revoked_succeeds(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=1, records=2)
+    listener = Recorder()
+    consumer = fake_consumer(state, listener, enable_auto_commit=False)
+    listener.consumer = consumer
+    poll_until(consumer, lambda g: len(g) == 2)
+    assert state.committed == {}
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    poll_until(consumer, lambda g: listener.kinds() == ["assigned", "revoked", "assigned"])
+    assert state.committed == {TP("t", 0): 2}
+
+
+def test_buffered_records_of_revoked_partitions_are_dropped(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=1, records=10)
+    consumer = fake_consumer(state, enable_auto_commit=False)
+    first = poll_until(consumer, lambda g: len(g) >= 1, max_records=1)
+    assert [r.offset for r in first] == [0]
+    gen = consumer.generation
+    assert gen is not None
+    consumer.commit()  # position 1; offsets 1..9 sit in the buffer
+    assert state.committed == {TP("t", 0): 1}
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    assert gen.done.wait(WAIT_S)
+    state.committed[TP("t", 0)] = 5  # as if another member had processed 1..4 meanwhile
+    nxt = poll_until(consumer, lambda g: len(g) >= 1, max_records=1)
+    # Nothing from the old buffer: the new generation starts at the committed offset.
+    assert [r.offset for r in nxt] == [5]
+    assert consumer.generation is not None and consumer.generation.generation_id == 2
+
+
+def test_poll_without_generation_times_out_and_commit_is_a_noop(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=1)
+    state.park_join.set()
+    consumer = fake_consumer(state)
+    assert consumer.poll(timeout=0.05) == []
+    consumer.commit()  # nothing assigned: nothing to do
+    with pytest.raises(CommitFailedError, match="no generation"):
+        consumer.commit({TP("t", 0): 1})
+
+
+def test_listener_exception_propagates_after_the_step_completes(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=1, records=1)
+
+    class Failing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            raise RuntimeError("listener failed")
+
+    consumer = fake_consumer(state, Failing())
+    poll_until(consumer, lambda g: len(g) == 1)
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    gen = consumer.generation
+    assert gen is not None and gen.done.wait(WAIT_S)
+    with pytest.raises(RuntimeError, match="listener failed"):
+        consumer.poll(timeout=WAIT_S)
+    assert consumer.generation is None  # the revocation completed despite the exception
+    poll_until(consumer, lambda g: consumer.generation is not None)
+
+
+def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
+    state = OneMemberGroup(partitions=1, records=1)
+    calls: list[list[TopicPartition]] = []
+    consumer: Consumer
+
+    class Closing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            calls.append(partitions)
+            consumer.close(timeout=WAIT_S)
+
+    consumer = fake_consumer(state, Closing())
+    poll_until(consumer, lambda g: len(g) == 1)
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    gen = consumer.generation
+    assert gen is not None and gen.done.wait(WAIT_S)
+    assert consumer.poll(timeout=WAIT_S) == []
+    assert calls == [[TP("t", 0)]]  # revoked once, not again by close()
+    assert state.leaves == ["m-1"]
+    with pytest.raises(Exception, match="closed"):
+        consumer.poll(timeout=0)
+
+
+# -- against a real server --------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[Any]:
+    coord: GroupCoordinator = make_coordinator()
+    consumers: list[Consumer] = []
+
+    class Env:
+        pass
+
+    e = Env()
+    e.coord, e.client, e.namespace = coord, redis_client, namespace  # type: ignore[attr-defined]
+    e.topics = Topics(redis_client, namespace)  # type: ignore[attr-defined]
+    e.producer = Producer(redis_client, namespace, "round_robin")  # type: ignore[attr-defined]
+
+    def consumer(listener: Any = None, **kw: Any) -> Consumer:
+        cfg_kw: dict[str, Any] = {
+            "group_id": "g",
+            "topics": ["t"],
+            "redis_client": redis_client,
+            "namespace": namespace,
+            "heartbeat_interval_ms": 50,
+            "session_timeout_ms": 1000,
+            "rebalance_timeout_ms": 3000,
+            "retry_backoff_ms": 10,
+            "retry_backoff_max_ms": 100,
+        }
+        for k in list(kw):
+            if k in ConsumerGroupConfig.__dataclass_fields__:
+                cfg_kw[k] = kw.pop(k)
+        kw.setdefault("fetch_max_wait_ms", 20)
+        c = Consumer(ConsumerGroupConfig(**cfg_kw), listener=listener, **kw)
+        consumers.append(c)
+        return c
+
+    e.consumer = consumer  # type: ignore[attr-defined]
+    yield e
+    for c in consumers:
+        c.close(timeout=WAIT_S)
+
+
+def _log_ends(env: Any, n: int) -> dict[TopicPartition, int]:
+    return {TP("t", p.partition): p.log_end_offset for p in env.topics.describe("t").partitions[:n]}
+
+
+def test_real_consume_everything_and_commit_on_close(env: Any) -> None:
+    env.topics.create("t", 3)
+    env.producer.send_batch("t", [b"v%d" % i for i in range(90)])
+    consumer = env.consumer()
+    got = poll_until(consumer, lambda g: len(g) >= 90)
+    assert len(got) == 90 and len({(r.partition, r.offset) for r in got}) == 90
+    assert {r.value for r in got} == {b"v%d" % i for i in range(90)}
+    consumer.close(timeout=WAIT_S)
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(3)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 3)
+
+
+def test_real_manual_commit_resumes_without_duplicates(env: Any) -> None:
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"a%d" % i for i in range(20)])
+    first = env.consumer(enable_auto_commit=False)
+    got = poll_until(first, lambda g: len(g) >= 20)
+    first.commit()
+    assert first.committed() == _log_ends(env, 2)
+    first.close(timeout=WAIT_S)
+    env.producer.send_batch("t", [b"b%d" % i for i in range(10)])
+    second = env.consumer(enable_auto_commit=False)
+    more = poll_until(second, lambda g: len(g) >= 10)
+    assert sorted(r.value for r in more) == sorted(b"b%d" % i for i in range(10))
+    assert not {(r.partition, r.offset) for r in got} & {(r.partition, r.offset) for r in more}
+    assert second.lag() == {TP("t", 0): 0, TP("t", 1): 0}
+
+
+def test_real_out_of_range_offset_resets_by_policy(env: Any) -> None:
+    env.topics.create("t", 1, retention_records=5)
+    env.producer.send_batch("t", [b"x%d" % i for i in range(10)])
+    env.topics.apply_retention("t")  # the log now starts at 5
+    assert env.coord.commit_offsets("g", {TP("t", 0): 2})[TP("t", 0)] is Errors.NONE  # below it
+    consumer = env.consumer(start_offset="earliest")
+    got = poll_until(consumer, lambda g: len(g) >= 5)
+    assert [r.offset for r in got] == [5, 6, 7, 8, 9]
+    consumer.close(timeout=WAIT_S)
+    assert (
+        env.coord.commit_offsets("g", {TP("t", 0): 50})[TP("t", 0)] is Errors.NONE
+    )  # past the end
+    latest = env.consumer(start_offset="latest")
+    poll_until(latest, lambda g: latest.generation is not None)
+    assert latest.poll(timeout=0.1) == []
+    assert latest.position(TP("t", 0)) == 10
+    env.producer.send("t", b"fresh")
+    assert [r.value for r in poll_until(latest, lambda g: len(g) >= 1)] == [b"fresh"]
+
+
+def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> None:
+    env.topics.create("t", 4)
+    env.producer.send_batch("t", [b"%d" % i for i in range(40)])
+    la = Recorder()
+    a = env.consumer(la, enable_auto_commit=False)
+    la.consumer = a
+    poll_until(a, lambda g: len(g) >= 40)
+    assert la.kinds() == ["assigned"] and la.events[0][1] == [TP("t", p) for p in range(4)]
+    lb = Recorder()
+    b = env.consumer(lb)
+    stop = threading.Event()
+    b_thread = threading.Thread(target=lambda: [b.poll(0.05) for _ in iter(stop.is_set, True)])
+    b_thread.start()
+    try:
+        poll_until(a, lambda g: la.kinds() == ["assigned", "revoked", "assigned"])
+        wait_until(lambda: lb.kinds() == ["assigned"])
+    finally:
+        stop.set()
+        b_thread.join(WAIT_S)
+    # a committed everything it had consumed inside on_partitions_revoked.
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(4)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 4)
+    a_parts, b_parts = set(la.events[2][1]), set(lb.events[0][1])
+    assert a_parts.isdisjoint(b_parts) and len(a_parts | b_parts) == 4
+
+
+def test_real_expired_member_reports_lost_and_rejoins(env: Any) -> None:
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(4)])
+    listener = Recorder()
+    consumer = env.consumer(listener)
+    poll_until(consumer, lambda g: len(g) >= 4)
+    old = consumer.generation
+    assert old is not None
+    # Remove the member behind its back, as a session expiry would.
+    env.coord.leave_group("g", [MemberIdentity(old.member_id)])
+    poll_until(consumer, lambda g: listener.kinds() == ["assigned", "lost", "assigned"])
+    assert consumer.member_id != old.member_id
+    with pytest.raises(CommitFailedError) as info:
+        old.commit_offsets({TP("t", 0): 1})
+    assert info.value.error is Errors.UNKNOWN_MEMBER_ID
