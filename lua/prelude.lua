@@ -691,8 +691,14 @@ local function finish()
   publish_earliest(K_DL, K_DUE, K_HINT, GROUP_ID, group_exists(), NOW, MOCK_TIME)
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
-    redis.call('HSET', K_GROUP, 'wid', id)
-    G.wid = id
+    if group_exists() then
+      redis.call('HSET', K_GROUP, 'wid', id)
+      G.wid = id
+    else
+      -- The group was deleted in this call: parked callers still need the wake-up, but the
+      -- stream must not outlive them.
+      redis.call('PEXPIRE', K_WAKE, 60000)
+    end
   end
 end
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import CoordinatorConfig
-from .errors import ConfigError, Errors, translate_redis_errors
+from .errors import ConfigError, Errors, InvalidRequestError, translate_redis_errors
 from .keys import GroupKeys, PartitionKeys, settings_key
 from .partitioning import partition_for
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
@@ -59,6 +59,19 @@ from .protocol.sync import SyncGroupResult, SyncRequest
 from .scripts import Scripts
 
 __all__ = ["GroupCoordinator"]
+
+
+def _retention_arg(retention_ms: Any) -> Any:
+    """OffsetCommit v2-v4 retention: None or -1 (Kafka's DEFAULT_RETENTION_TIME) mean the
+    group's retention; otherwise the offset expires that long after the commit."""
+    if retention_ms is None:
+        return ""
+    value = require_int("retention_ms", retention_ms)
+    if value == -1:
+        return ""
+    if value < 0:
+        raise InvalidRequestError(f"retention_ms must be >= 0 or -1 (the default), got {value}")
+    return value
 
 
 def require_str_state(state: Any) -> str:
@@ -356,6 +369,7 @@ class GroupCoordinator:
         process that hosts many members: one script call per group (up to HEARTBEAT_BATCH
         members each), all pipelined in one round trip. Same answers as ``heartbeat``, in order.
         """
+        self._started()
         out: list[Errors | None] = [None] * len(heartbeats)
         by_group: dict[str, list[tuple[int, list[Any]]]] = {}
         for i, hb in enumerate(heartbeats):
@@ -376,9 +390,15 @@ class GroupCoordinator:
                 pipe.execute_command("EVALSHA", sha, len(keys), *keys, now, gid, *flat)
                 calls.append((gid, chunk))
         for (gid, chunk), reply in zip(calls, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception) or reply == b"DUE":
-                # NOSCRIPT (restart, failover) or a passed deadline: the single call handles both.
-                for i, args in chunk:
+            if reply == b"DUE" or isinstance(reply, Exception):
+                # A passed deadline (apply it first, as every step does) or NOSCRIPT after a
+                # restart (the Script object reloads it): send this group's chunk again once.
+                group_keys = self._keys(gid)
+                self._call("expire_deadlines", group_keys, [])
+                flat = [x for _, args in chunk for x in args]
+                reply = self._scripts.heartbeat(keys=group_keys.heartbeat_keys(), args=[now, gid, *flat])
+            if reply == b"DUE":
+                for i, args in chunk:  # deadlines keep falling due: one by one
                     out[i] = self.heartbeat(gid, args[1], args[0], args[2] or None)
             else:
                 for (i, _), code in zip(chunk, reply, strict=True):
@@ -416,7 +436,7 @@ class GroupCoordinator:
             check_id("member_id", member_id),
             require_int("generation_id", generation_id),
             check_instance_id(group_instance_id),
-            "" if retention_ms is None else require_int("retention_ms", retention_ms),
+            _retention_arg(retention_ms),
             packed,
         ]
         if not gid:

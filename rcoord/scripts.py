@@ -82,4 +82,6 @@ class Scripts:
         raise AttributeError(name)
 
     def sha(self, name: str) -> str:
+        if name not in self._scripts:
+            raise RuntimeError(f"script {name!r} used before Scripts.load()")
         return str(self._scripts[name].sha)

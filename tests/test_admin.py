@@ -172,3 +172,13 @@ def test_subscription_with_user_data_is_understood(ctx):
     ctx.sync(first.member_id, first.generation_id, {})
     res = ctx.coord.delete_offsets(ctx.group_id, [ORDERS0, AUDIT0])
     assert res.partitions == {ORDERS0: Errors.GROUP_SUBSCRIBED_TO_TOPIC, AUDIT0: Errors.NONE}
+
+
+def test_deleting_a_group_right_after_its_member_expired_leaves_no_keys(ctx):
+    gen, (mid,) = ctx.stable_group(1)
+    ctx.clock.sleep(ctx.session_timeout_ms)  # the member's session passed; nobody touched it
+    assert ctx.coord.delete_groups([ctx.group_id]) == {ctx.group_id: Errors.NONE}
+    keys = ctx._keys().all()
+    group_keys = keys[3:14]  # the group's own keys (the partition's keys stay)
+    left = [k for k in group_keys if ctx.coord._redis.exists(k) and ctx.coord._redis.pttl(k) == -1]
+    assert left == []

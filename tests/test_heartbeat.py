@@ -117,3 +117,10 @@ def test_heartbeat_many_survives_script_flush(ctx, redis_client):
     else:
         redis_client.script_flush()
     assert ctx.coord.heartbeat_many([(ctx.group_id, gen, ids[0])]) == [Errors.NONE]
+
+
+def test_heartbeat_many_as_the_first_call(redis_client, namespace):
+    from rcoord import CoordinatorConfig, GroupCoordinator
+
+    coord = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace))
+    assert coord.heartbeat_many([("g", 1, "m")]) == [Errors.UNKNOWN_MEMBER_ID]

@@ -98,3 +98,14 @@ def test_fetch_unknown_group(ctx):
     assert ctx.coord.fetch_offsets(ctx.group_id).offsets == {}
     assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets == {T0: OffsetAndMetadata(-1)}
 
+
+
+def test_retention_minus_one_means_the_default(ctx):
+    from rcoord import InvalidRequestError
+    import pytest
+
+    assert ctx.coord.commit_offsets(ctx.group_id, {T0: 5}, retention_ms=-1) == {T0: Errors.NONE}
+    ctx.sleep(1)
+    assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets[T0].offset == 5
+    with pytest.raises(InvalidRequestError, match="retention_ms"):
+        ctx.coord.commit_offsets(ctx.group_id, {T0: 5}, retention_ms=-2)

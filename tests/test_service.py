@@ -241,3 +241,10 @@ def test_cli_flags_override_environment(monkeypatch):
     args = p.parse_args(["--lease-ttl-ms", "777"])
     assert args.redis_url == "redis://127.0.0.1:1/0" and args.lease_ttl_ms == 777
     assert p.parse_args([]).lease_ttl_ms == 1234
+
+
+def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
+    _setup(single_client, namespace)  # 50 partitions, no groups yet
+    procs.append(Proc(redis_server.url, namespace, "c1"))
+    GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace, num_partitions=10)).start()
+    assert procs[0].proc.wait(timeout=15) == 3  # its supervisor starts it again with 10

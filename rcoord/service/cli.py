@@ -100,4 +100,4 @@ def coordinator_main(args: argparse.Namespace) -> int:
         service.run()
     finally:
         service.stop()
-    return 0
+    return service.exit_code

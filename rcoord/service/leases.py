@@ -5,8 +5,9 @@ coordinator computes the same plan from the same live set: each partition goes t
 coordinator that ranks it highest (rendezvous hashing, so a join or a death moves few
 partitions), capped at the fair share ceil(partitions / coordinators). A coordinator acquires
 the leases the plan gives it, renews them, and hands the others straight to their planned holder
-(no gap in coverage). A lease whose holder is gone from the registry (it stopped, or died and its
-registry entry expired after one TTL) is taken by the partition's planned holder at once. Leases never guard state: two holders at once are harmless.
+and announces it, so the new holder starts at once. A lease whose holder is gone from the
+registry (it stopped, or died and its registry entry expired after one TTL) is taken by the
+partition's planned holder at once. Leases never guard state: two holders at once are harmless.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class LeaseKeeper:
         self.ttl_ms = ttl_ms
         self.owned: set[int] = set()
         self.live: list[str] = []
+        self.handed_off = False
         self._lease_keys = [PartitionKeys(namespace, p, num_partitions).lease for p in range(num_partitions)]
 
     @property
@@ -93,8 +95,29 @@ class LeaseKeeper:
         )
         return holder.decode() if isinstance(holder, bytes) else str(holder)
 
+    def _ops(self, ops: list[tuple[int, str, str]]) -> dict[int, str]:
+        """Lease operations in one pipeline (one round trip per node): a lease round must stay
+        far shorter than the TTL even with many partitions or a distant server."""
+        if not ops:
+            return {}
+        sha = self._scripts.sha("lease")
+        pipe = self._client.pipeline(transaction=False)
+        for p, op, target in ops:
+            pipe.execute_command("EVALSHA", sha, 1, self._lease_keys[p], op, self.coordinator_id,
+                                 self.ttl_ms, target)
+        out = {}
+        for (p, op, target), reply in zip(ops, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception):  # NOSCRIPT after a restart: the Script reloads it
+                out[p] = self._op(p, op, target)
+            else:
+                out[p] = reply.decode() if isinstance(reply, bytes) else str(reply)
+        return out
+
     def step(self) -> set[int]:
-        """Register, then take, renew or hand off leases so the plan holds; return what we own."""
+        """Register, then take, renew or hand off leases so the plan holds; return what we own.
+
+        Also sets ``handed_off``: whether this round gave partitions away (the caller then tells
+        the others, so the new holder starts at once instead of at its next round)."""
         live = self.register()
         if self.coordinator_id not in live:
             live = sorted([*live, self.coordinator_id])
@@ -103,26 +126,24 @@ class LeaseKeeper:
         for key in self._lease_keys:
             pipe.get(key)
         holders = [h.decode() if h else "" for h in pipe.execute()]
-        owned = set()
+        ops: list[tuple[int, str, str]] = []
         for p in range(self._n):
-            target = wanted[p]
-            if target == self.coordinator_id:
-                holder = self._op(p, "acquire")
-                if holder not in ("", self.coordinator_id) and holder not in live:
-                    holder = self._op(p, "steal", holder)
+            if wanted[p] == self.coordinator_id:
+                ops.append((p, "acquire", ""))
             elif holders[p] == self.coordinator_id:
-                holder = self._op(p, "handoff", target)
-            else:
-                holder = holders[p]
-            if holder == self.coordinator_id:
-                owned.add(p)
-        self.owned = owned
+                ops.append((p, "handoff", wanted[p]))
+        results = self._ops(ops)
+        steals = [(p, "steal", h) for p, h in results.items()
+                  if wanted[p] == self.coordinator_id and h not in ("", self.coordinator_id) and h not in live]
+        results.update(self._ops(steals))
+        self.handed_off = any(op == "handoff" for _, op, _ in ops)
+        owned = {p for p in range(self._n) if results.get(p, holders[p]) == self.coordinator_id}
+        self.owned = owned  # a new set each round: readers in other threads see one or the other
         return owned
 
     def release_all(self) -> None:
         """Graceful exit: free our leases and leave the registry, so others take over at once."""
-        for p in sorted(self.owned):
-            self._op(p, "release")
+        self._ops([(p, "release", "") for p in sorted(self.owned)])
         self.owned = set()
         self._client.zrem(self.registry_key, self.coordinator_id)
         self._client.publish(self.channel, b"left")

@@ -89,7 +89,7 @@ class Listener:
     def _run_shard(self) -> None:
         """Shard channels of every partition: a script made a deadline the partition's earliest."""
         self._listen(lambda ps: ps.ssubscribe(*self._channels),
-                     lambda ps: ps.get_sharded_message(timeout=0.2))
+                     lambda ps: ps.get_sharded_message(timeout=0.02))
 
     def _run_lease_channel(self) -> None:
         self._listen(lambda ps: ps.subscribe(self._lease_channel), lambda ps: ps.get_message(timeout=0.2))
@@ -132,6 +132,9 @@ class Listener:
         while not self._stop.is_set():
             pubsub = None
             try:
+                # Again on every (re)connect: CONFIG SET does not survive a restart or failover.
+                problem = enable_keyspace_events(node)
+                self.keyspace_status = "enabled" if not problem else "unavailable: " + problem
                 pubsub = node.pubsub()
                 pubsub.subscribe(channel)
                 while not self._stop.is_set():

@@ -24,6 +24,7 @@ from typing import Any
 from ..config import CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
+from ..keys import settings_key
 from .connect import connect
 from .http import StatusServer
 from .leases import LeaseKeeper
@@ -41,6 +42,12 @@ RESYNC_MS = 1000
 TAIL_MS = 250
 SAMPLE_MS = 5000
 WAKE_MODES = ("both", "index", "hints")
+
+
+def _db_of(client: Any) -> int:
+    """The database the client uses (keyspace events are per database)."""
+    pool = getattr(client, "connection_pool", None)
+    return int(pool.connection_kwargs.get("db", 0)) if pool is not None else 0
 
 
 def default_id() -> str:
@@ -87,6 +94,7 @@ class CoordinatorService:
         self._last_lease_ok = 0.0
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
+        self.exit_code = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -102,7 +110,8 @@ class CoordinatorService:
         self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
         self.listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
-                                 deadlines=cfg.wake != "hints", hints=cfg.wake != "index")
+                                 deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
+                                 db=_db_of(self._client))
         self.listener.start()
         self._owned = self.leases.step()
         self._last_lease_ok = time.monotonic()
@@ -110,6 +119,7 @@ class CoordinatorService:
         self._queue.put(("owned", set(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
         self._lease_thread.start()
+        threading.Thread(target=self._sample_loop, name="rcoord-sampler", daemon=True).start()
         if cfg.metrics_port is not None:
             self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry, self.health)
             self._http.start()
@@ -156,22 +166,54 @@ class CoordinatorService:
 
     def _lease_loop(self) -> None:
         period = self.config.lease_ttl_ms / 4000.0
+        published = set(self._owned)
         while not self._stop.is_set():
             self._lease_wake.wait(period)
+            # Cleared before the round: a wake-up that arrives during it is not lost.
             self._lease_wake.clear()
             if self._stop.is_set():
                 return
             try:
+                self._check_settings()
+                started = time.monotonic()
                 owned = self.leases.step()
+                took_ms = (time.monotonic() - started) * 1000
                 self._last_lease_ok = time.monotonic()
+                if took_ms > self.config.lease_ttl_ms / 2:
+                    log.warning("a lease round took more than half the lease TTL",
+                                extra={"event": "slow_lease_round", "took_ms": int(took_ms)})
+                if self.leases.handed_off:
+                    self._client.publish(self.leases.channel, b"handoff")
             except Exception as exc:  # noqa: BLE001 - keep trying; health reports staleness
                 log.warning("lease round failed", extra={"event": "lease_error", "why": str(exc)})
                 continue
             self.metrics.leases.set(len(owned))
-            if owned != self._owned:
+            self._owned = owned
+            if owned != published:
+                published = set(owned)
                 log.info("leases changed", extra={"event": "leases", "id": self.config.coordinator_id,
                                                   "count": len(owned), "partitions": sorted(owned)})
                 self._queue.put(("owned", set(owned)))
+
+    def _check_settings(self) -> None:
+        """The partition count is fixed while groups exist, but may change before: a process that
+        kept the old count would sweep keys nobody uses, so it stops and lets its supervisor
+        start it again with the new one."""
+        raw = self._client.hget(settings_key(self.config.namespace), "num_partitions")
+        if raw is not None and int(raw) != self.group_config.num_partitions:
+            log.error("num_partitions changed; restarting", extra={
+                "event": "settings_changed", "was": self.group_config.num_partitions, "now": int(raw)})
+            self.exit_code = 3
+            self._stop.set()
+
+    def _sample_loop(self) -> None:
+        """Gauges of groups by state and members: O(groups), so never on the timer loop."""
+        while not self._stop.wait(SAMPLE_MS / 1000):
+            try:
+                sample_groups(self._client, self.config.namespace, self.group_config.num_partitions,
+                              set(self.leases.owned), self.metrics)
+            except Exception as exc:  # noqa: BLE001 - a gauge may be stale; nothing else
+                log.warning("sampling groups failed", extra={"event": "sample_error", "why": str(exc)})
 
     def run(self) -> None:
         """The timer loop; returns when ``stop()`` is called (from a signal or another thread)."""
@@ -179,7 +221,7 @@ class CoordinatorService:
         sweeper = self.sweeper
         sweeper.sync_clock()
         owned: set[int] = set()
-        last_resync = last_tail = last_sample = 0.0
+        last_resync = last_tail = 0.0
         while not self._stop.is_set():
             try:
                 if index and sweeper.next_due() <= sweeper.server_now():
@@ -204,16 +246,14 @@ class CoordinatorService:
                 mono = time.monotonic() * 1000
                 if mono - last_resync >= RESYNC_MS:
                     last_resync = mono
+                    # The lease keeper's set is the truth; events only make changes act sooner.
+                    owned = set(self.leases.owned)
                     sweeper.sync_clock()
                     if index:
                         sweeper.resync(owned)
                 if mono - last_tail >= TAIL_MS:
                     last_tail = mono
                     self.tail.poll(owned)
-                if mono - last_sample >= SAMPLE_MS:
-                    last_sample = mono
-                    sample_groups(self._client, self.config.namespace, self.group_config.num_partitions,
-                                  owned, self.metrics)
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
                 log.warning("timer loop error; retrying", extra={"event": "loop_error", "why": str(exc)})
                 self._stop.wait(0.2)
@@ -222,7 +262,6 @@ class CoordinatorService:
         kind = event[0]
         if kind == "owned":
             owned = set(event[1])
-            self._owned = owned
             if index:
                 self.sweeper.resync(owned)
         elif kind == "deadline":

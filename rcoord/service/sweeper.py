@@ -9,8 +9,11 @@ brings one earlier.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+import redis
 
 from ..keys import PartitionKeys
 from ..scripts import Scripts
@@ -19,6 +22,7 @@ from .metrics import Metrics
 __all__ = ["Sweeper"]
 
 DUE_BATCH = 500
+log = logging.getLogger("rcoord.service")
 
 
 class Sweeper:
@@ -34,13 +38,15 @@ class Sweeper:
     # -- server time -----------------------------------------------------------------------------
 
     def sync_clock(self) -> None:
-        before = time.time() * 1000
+        """Server time = monotonic time + offset, so a step of the local wall clock (NTP) can
+        neither make the loop spin nor sleep past a deadline."""
+        before = time.monotonic() * 1000
         sec, usec = self._client.time()
-        after = time.time() * 1000
+        after = time.monotonic() * 1000
         self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2
 
     def server_now(self) -> float:
-        return time.time() * 1000 + self._offset_ms
+        return time.monotonic() * 1000 + self._offset_ms
 
     # -- the deadline index ----------------------------------------------------------------------
 
@@ -87,7 +93,14 @@ class Sweeper:
 
     def expire_group(self, p: int, group_id: str, source: str) -> int:
         keys = self._pk[p].group(group_id)
-        return self._record(self._scripts.expire_deadlines(keys=keys.all(), args=["", group_id]), source)
+        try:
+            reply = self._scripts.expire_deadlines(keys=keys.all(), args=["", group_id])
+        except redis.ResponseError as exc:
+            # One broken group (a script error is a bug, logged) must not stop the others.
+            log.error("expiring a group failed", extra={"event": "expire_error", "partition": p,
+                                                        "group": group_id, "why": str(exc)})
+            return 0
+        return self._record(reply, source)
 
     def _expire_many(self, p: int, groups: list[str], source: str) -> int:
         if len(groups) <= 1:
@@ -99,6 +112,8 @@ class Sweeper:
             pipe.execute_command("EVALSHA", sha, len(keys), *keys, "", group_id)
         applied = 0
         for group_id, reply in zip(groups, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                raise reply
             if isinstance(reply, Exception):
                 # NOSCRIPT after a restart or failover, or a dropped connection: one by one,
                 # through the Script object, which reloads the script.
