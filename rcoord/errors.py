@@ -8,7 +8,7 @@ Hierarchy::
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
-    ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/group.py)
+    ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
     └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
         ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
         ├── FencedInstanceIdError, CoordinatorNotAvailableError, ...

@@ -49,8 +49,12 @@ def worker_main(url: str, namespace: str, name: str, stop: Any) -> None:
     """One worker process: consume until ``stop`` is set, then close (commit, leave)."""
     import logging
 
-    from rcoord.client import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener
-    from rcoord.client.group import client_from_url
+    from rcoord.client import (
+        Consumer,
+        ConsumerGroupConfig,
+        ConsumerRebalanceListener,
+        client_from_url,
+    )
 
     logging.basicConfig(level=logging.WARNING, format=f"{name} %(levelname)s %(message)s")
     client = client_from_url(url)

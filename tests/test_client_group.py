@@ -45,7 +45,7 @@ from rcoord.client import (
     Reaction,
     reaction_for,
 )
-from rcoord.client import group as group_module
+from rcoord.client import policy as policy_module
 from rcoord.errors import ConfigError, FencedInstanceIdError
 from rcoord.protocol.consumer import (
     ConsumerProtocolAssignment,
@@ -336,7 +336,7 @@ def test_group_needs_redis_or_a_coordinator() -> None:
 
 def _documented_policy() -> dict[str, tuple[str, ...]]:
     """The rows of the table in ERROR_POLICY's docstring, parsed from the source."""
-    tree = ast.parse(Path(inspect.getsourcefile(group_module) or "").read_text())
+    tree = ast.parse(Path(inspect.getsourcefile(policy_module) or "").read_text())
     body = tree.body
     doc = next(
         body[i + 1].value.value  # type: ignore[attr-defined]

@@ -248,3 +248,16 @@ def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, s
     procs.append(Proc(redis_server.url, namespace, "c1"))
     GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace, num_partitions=10)).start()
     assert procs[0].proc.wait(timeout=15) == 3  # its supervisor starts it again with 10
+
+
+def test_coordinator_connects_as_an_acl_user(redis_server, single_client, namespace, procs):
+    """A Redis ACL user in the URL (user:password@), as managed deployments require."""
+    single_client.execute_command("ACL", "SETUSER", "rcoord-svc", "on", ">s3cret", "~*", "&*", "+@all")
+    try:
+        _setup(single_client, namespace)
+        url = redis_server.url.replace("redis://", "redis://rcoord-svc:s3cret@")
+        procs.append(Proc(url, namespace, "acl"))
+        wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=10)
+    finally:
+        procs[0].stop() if procs else None
+        single_client.execute_command("ACL", "DELUSER", "rcoord-svc")

@@ -8,24 +8,11 @@
 
 from .config import ConsumerGroupConfig, StartOffset
 from .consumer import Consumer, ConsumerRebalanceListener, ConsumerRecord
-from .group import (
-    CONNECTION_LOST,
-    ERROR_POLICY,
-    OTHERWISE,
-    CommitFailedError,
-    ConsumerGroup,
-    Coordinator,
-    EndReason,
-    Generation,
-    GenerationContext,
-    GenerationEndedError,
-    GroupClosedError,
-    PartitionAssignment,
-    Reaction,
-    RedisCoordinator,
-    client_from_url,
-    reaction_for,
-)
+from .coordinator import Coordinator, RedisCoordinator, client_from_url
+from .errors import CommitFailedError, GenerationEndedError, GroupClosedError
+from .generation import EndReason, Generation, GenerationContext, PartitionAssignment
+from .group import ConsumerGroup
+from .policy import CONNECTION_LOST, ERROR_POLICY, OTHERWISE, Reaction, reaction_for
 
 __all__ = [
     "CONNECTION_LOST",

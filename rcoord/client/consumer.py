@@ -47,14 +47,10 @@ from typing import Any, Self
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .config import ConsumerGroupConfig
-from .group import (
-    CommitFailedError,
-    ConsumerGroup,
-    Coordinator,
-    Generation,
-    GenerationContext,
-    GenerationEndedError,
-)
+from .coordinator import Coordinator
+from .errors import CommitFailedError, GenerationEndedError
+from .generation import Generation, GenerationContext
+from .group import ConsumerGroup
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 

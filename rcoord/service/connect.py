@@ -7,22 +7,9 @@ from typing import Any
 import redis
 import redis.cluster
 
+from ..connect import connect
+
 __all__ = ["connect", "primaries"]
-
-
-def connect(url: str, **kwargs: Any) -> Any:
-    """A client for ``url`` (redis://, rediss://, with user:password): a RedisCluster when the
-    server reports cluster mode, else a Redis. ``decode_responses`` is always False."""
-    kwargs.setdefault("socket_connect_timeout", 5.0)
-    kwargs["decode_responses"] = False
-    probe = redis.Redis.from_url(url, **kwargs)
-    try:
-        cluster = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
-    finally:
-        probe.close()
-    if cluster:
-        return redis.cluster.RedisCluster.from_url(url, **kwargs)
-    return redis.Redis.from_url(url, **kwargs)
 
 
 def primaries(client: Any) -> list[redis.Redis]:

@@ -1,0 +1,140 @@
+"""The seam between the worker client and Redis: the narrow ``Coordinator`` protocol.
+
+``Coordinator`` has one method per request the client sends (kafka-go's ``coordinator``
+interface), so tests can replace Redis with a fake whose methods are plain function fields.
+``RedisCoordinator`` is the implementation on Redis; ``client_from_url`` makes its client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .. import topics as _topics
+from ..config import CoordinatorConfig
+from ..connect import connect
+from ..coordinator import GroupCoordinator
+from ..errors import Errors, translate_redis_errors
+from ..protocol.join import JoinGroupResult
+from ..protocol.leave import LeaveGroupResult, MemberIdentity
+from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
+from ..protocol.sync import SyncGroupResult
+
+__all__ = ["SOCKET_TIMEOUT_S", "Coordinator", "RedisCoordinator", "client_from_url"]
+
+SOCKET_TIMEOUT_S = 10.0
+"""Socket timeout of clients made from ``redis_url``: above a parked call's 1 s XREAD."""
+
+
+class Coordinator(Protocol):
+    """What the client needs from the coordinator and the topics, one method per request.
+
+    ``RedisCoordinator`` implements it on Redis; tests implement it with function fields.
+    Group-step methods have ``GroupCoordinator``'s signatures and Kafka error codes.
+    """
+
+    def join_group(
+        self,
+        group_id: str,
+        member_id: str = "",
+        *,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int | None = None,
+        group_instance_id: str | None = None,
+        client_id: str = "",
+        reason: str | None = None,
+    ) -> JoinGroupResult: ...
+
+    def sync_group(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        *,
+        assignments: dict[str, bytes] | None = None,
+        group_instance_id: str | None = None,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> SyncGroupResult: ...
+
+    def heartbeat(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None = None,
+    ) -> Errors: ...
+
+    def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> LeaveGroupResult: ...
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int],
+        *,
+        member_id: str = "",
+        generation_id: int = -1,
+        group_instance_id: str | None = None,
+        retention_ms: int | None = None,
+    ) -> dict[TopicPartition, Errors]: ...
+
+    def fetch_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> OffsetFetchResult: ...
+
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Partition count of each existing topic; unknown topics are left out."""
+        ...
+
+    def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start offset, log end offset) of a partition."""
+        ...
+
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None
+    ) -> _topics.FetchResult:
+        """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
+        ...
+
+
+class RedisCoordinator(GroupCoordinator):
+    """The ``Coordinator`` on Redis: ``GroupCoordinator`` plus the topic reads a worker needs.
+
+    It uses the settings stored in the namespace (it writes none), so workers enforce the limits
+    the deployment's coordinators configured.
+    """
+
+    def __init__(self, redis_client: Any, namespace: str = "rcoord") -> None:
+        super().__init__(redis_client, CoordinatorConfig(namespace=namespace))
+        self._ns = namespace
+        self._topic_admin = _topics.Topics(redis_client, namespace)
+
+    @translate_redis_errors
+    def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for topic in topics:
+            try:
+                out[topic] = self._topic_admin.partition_count(topic)
+            except _topics.TopicError as exc:
+                if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise
+        return out
+
+    def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return _topics.log_offsets(self._redis, self._ns, topic, partition)
+
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None
+    ) -> _topics.FetchResult:
+        return _topics.fetch(
+            self._redis, self._ns, topic, partition, offset, max_records, block_ms=block_ms
+        )
+
+
+@translate_redis_errors
+def client_from_url(url: str) -> Any:
+    """A ``redis.Redis`` for ``url``, or a ``redis.RedisCluster`` if the server is a cluster node
+    (``rcoord.connect.connect``, with the client's ``SOCKET_TIMEOUT_S``)."""
+    return connect(url, socket_timeout=SOCKET_TIMEOUT_S)

@@ -1,0 +1,41 @@
+"""The worker client's exceptions (see the hierarchy in ``rcoord.errors``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import Errors, ProtocolError, RcoordError
+from ..protocol.offsets import TopicPartition
+
+__all__ = ["CommitFailedError", "GenerationEndedError", "GroupClosedError"]
+
+
+class CommitFailedError(ProtocolError):
+    """An offset commit was refused because the group has moved on from this generation.
+
+    ``error`` is the coordinator's code (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+    REBALANCE_IN_PROGRESS or FENCED_INSTANCE_ID); ``partitions`` maps each refused partition to
+    it. The generation has ended; its partitions may already belong to another member, which will
+    process again the records since the last successful commit.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        error: Errors | None = None,
+        partitions: Mapping[TopicPartition, Errors] | None = None,
+    ) -> None:
+        super().__init__(message, error)
+        self.partitions = dict(partitions or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.error, self.partitions))
+
+
+class GroupClosedError(RcoordError):
+    """The group was closed (by ``close()``, or by a fatal error): no more generations."""
+
+
+class GenerationEndedError(RcoordError):
+    """``Generation.start`` was called after the generation's routines were collected."""

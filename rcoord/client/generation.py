@@ -1,0 +1,329 @@
+"""``Generation``: one generation of the group as this member sees it, the user's handle.
+
+kafka-go's ``Generation``: it carries the fencing pair (member id, generation id) into every
+``commit_offsets``, runs routines bound to it with ``start(fn)`` (each gets a
+``GenerationContext``), and records why it ended (``EndReason``) and how (``ERROR_POLICY``).
+``ConsumerGroup`` creates generations and collects their routines; see ``rcoord.client.group``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConnectionLost, Errors, ProtocolError
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from .coordinator import Coordinator
+from .errors import CommitFailedError, GenerationEndedError
+from .policy import Reaction, reaction_for, severity
+
+__all__ = ["EndReason", "Generation", "GenerationContext", "PartitionAssignment"]
+
+log = logging.getLogger("rcoord.client")
+
+_COMMIT_FENCED = (
+    Errors.UNKNOWN_MEMBER_ID,
+    Errors.ILLEGAL_GENERATION,
+    Errors.FENCED_INSTANCE_ID,
+    Errors.REBALANCE_IN_PROGRESS,
+)
+
+_COMMIT_WHY = {
+    Errors.UNKNOWN_MEMBER_ID: "the coordinator no longer knows member {member} (its session "
+    "expired, it missed the rebalance timeout, or it left)",
+    Errors.ILLEGAL_GENERATION: "generation {gen} is over: the group has moved to a newer generation",
+    Errors.FENCED_INSTANCE_ID: "another process took over group instance id {iid}",
+    Errors.REBALANCE_IN_PROGRESS: "the group is completing a rebalance",
+}
+
+
+class EndReason(enum.Enum):
+    """Why a generation ended."""
+
+    REBALANCE = "the coordinator started a rebalance"
+    MEMBER_LOST = "the coordinator no longer counts this member in the generation"
+    COORDINATOR_UNREACHABLE = "the coordinator could not be reached for a session timeout"
+    PARTITIONS_CHANGED = "the partition count of a subscribed topic changed"
+    ROUTINE_FAILED = "a routine started with Generation.start() raised"
+    ERROR = "the coordinator answered with an error"
+    CLOSED = "the group is closing"
+
+    @classmethod
+    def of(cls, error: Errors | BaseException) -> EndReason:
+        if isinstance(error, ConnectionLost):
+            return cls.COORDINATOR_UNREACHABLE
+        if isinstance(error, ProtocolError):
+            error = error.error
+        if error is Errors.REBALANCE_IN_PROGRESS:
+            return cls.REBALANCE
+        if error in (
+            Errors.ILLEGAL_GENERATION,
+            Errors.UNKNOWN_MEMBER_ID,
+            Errors.FENCED_INSTANCE_ID,
+        ):
+            return cls.MEMBER_LOST
+        if isinstance(error, Errors) and reaction_for(error).retry:
+            return cls.COORDINATOR_UNREACHABLE
+        return cls.ERROR
+
+
+@dataclass(frozen=True)
+class PartitionAssignment:
+    """One assigned partition and the offset to start reading at (kafka-go's PartitionAssignment)."""
+
+    partition: int
+    offset: int
+
+
+class GenerationContext:
+    """What a routine started with ``Generation.start`` receives.
+
+    ``done`` is set when the generation ends; the routine should then finish its work (a final
+    commit still succeeds unless the partitions were lost) and return promptly.
+    """
+
+    def __init__(self, generation: Generation) -> None:
+        self.generation = generation
+        self.done = generation.done
+
+    @property
+    def ended(self) -> bool:
+        return self.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the generation ends or ``timeout`` passes; True if it ended."""
+        return self.done.wait(timeout)
+
+
+class Generation:
+    """One generation of the group as this member sees it: the user's handle (kafka-go).
+
+    Attributes:
+        group_id, generation_id, member_id, leader_id, protocol_name: from JoinGroup.
+        assignments: topic -> sorted ``PartitionAssignment`` list (where to start reading).
+        committed: the committed offsets found for the assigned partitions; partitions missing
+            here start at the ``start_offset`` policy.
+        done: set when the generation ends; see ``end_reason`` and ``lost``.
+        exceptions: what routines started with ``start`` raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        leader_id: str,
+        protocol_name: str | None,
+        assignments: Mapping[TopicPartition, int],
+        committed: Mapping[TopicPartition, int],
+        coordinator: Coordinator,
+        group_instance_id: str | None = None,
+        retention_ms: int | None = None,
+        retry: Callable[[Callable[[], Any], Callable[[Any], Any] | None], Any] | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.generation_id = generation_id
+        self.member_id = member_id
+        self.leader_id = leader_id
+        self.protocol_name = protocol_name
+        by_topic: dict[str, list[PartitionAssignment]] = {}
+        for tp in sorted(assignments):
+            by_topic.setdefault(tp.topic, []).append(
+                PartitionAssignment(tp.partition, assignments[tp])
+            )
+        self.assignments: dict[str, list[PartitionAssignment]] = by_topic
+        self.committed: dict[TopicPartition, int] = dict(committed)
+        self.done = threading.Event()
+        self.exceptions: list[BaseException] = []
+        self._coordinator = coordinator
+        self._instance_id = group_instance_id
+        self._retention_ms = retention_ms
+        self._retry = retry or (lambda call, error_of: call())
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._sealed = False
+        self._end_reason: EndReason | None = None
+        self._end_error: BaseException | Errors | None = None
+        self._reaction: Reaction | None = None
+        self._reaction_error: BaseException | Errors | None = None
+        self._lost = False
+        # Set once every routine has returned: the heartbeat and the watcher stop then.
+        self._routines_done = threading.Event()
+        self._helpers: list[threading.Thread] = []  # the heartbeat and the watcher
+        self._watch_topics: list[str] = []
+        self._watch_baseline: dict[str, int] | None = None  # the counts the leader assigned
+
+    def __repr__(self) -> str:
+        state = "live" if not self.done.is_set() else f"ended ({self._end_reason})"
+        return (
+            f"Generation(group_id={self.group_id!r}, generation_id={self.generation_id}, "
+            f"member_id={self.member_id!r}, partitions={len(self.partitions)}, {state})"
+        )
+
+    # -- information
+
+    @property
+    def partitions(self) -> list[TopicPartition]:
+        """The assigned partitions, sorted."""
+        return [
+            TopicPartition(t, pa.partition) for t, pas in self.assignments.items() for pa in pas
+        ]
+
+    @property
+    def offsets(self) -> dict[TopicPartition, int]:
+        """Assigned partition -> offset to start at."""
+        return {
+            TopicPartition(t, pa.partition): pa.offset
+            for t, pas in self.assignments.items()
+            for pa in pas
+        }
+
+    @property
+    def is_leader(self) -> bool:
+        return self.member_id == self.leader_id
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        """Why the generation ended (None while it is live)."""
+        return self._end_reason
+
+    @property
+    def end_error(self) -> BaseException | Errors | None:
+        """The error code or exception that ended it, if one did."""
+        return self._end_error
+
+    @property
+    def lost(self) -> bool:
+        """True if the partitions were lost rather than revoked (see ``ERROR_POLICY``)."""
+        return self._lost
+
+    # -- routines
+
+    def start(self, fn: Callable[[GenerationContext], Any]) -> None:
+        """Run ``fn(ctx)`` in a thread bound to this generation.
+
+        The group starts the next generation only after every such thread has returned, so
+        ``fn`` must return soon after ``ctx.done`` is set. If ``fn`` raises, the exception is
+        logged and kept in ``exceptions``, and the generation ends (the member rejoins).
+        Raises ``GenerationEndedError`` if the generation's routines were already collected.
+        """
+        if not callable(fn):
+            raise TypeError("start() needs a callable taking a GenerationContext")
+        ctx = GenerationContext(self)
+        with self._lock:
+            if self._sealed:
+                raise GenerationEndedError(
+                    f"generation {self.generation_id} of group {self.group_id!r} has ended "
+                    "and its routines were collected; take the next one from group.next()"
+                )
+            thread = threading.Thread(
+                target=self._run_routine,
+                args=(fn, ctx),
+                name=f"rcoord-{self.group_id}-gen{self.generation_id}-routine{len(self._threads)}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _run_routine(self, fn: Callable[[GenerationContext], Any], ctx: GenerationContext) -> None:
+        try:
+            fn(ctx)
+        except BaseException as exc:  # the root of the routine: report once, end the generation
+            log.exception(
+                "routine of generation %s raised; ending the generation", self.generation_id
+            )
+            with self._lock:
+                self.exceptions.append(exc)
+            self._end(EndReason.ROUTINE_FAILED)  # not a coordinator error: the member rejoins
+
+    # -- commits
+
+    def commit_offsets(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+        """OffsetCommit stamped with this generation and member id (fenced by the coordinator).
+
+        ``offsets`` maps ``TopicPartition(topic, partition)`` (or a ``(topic, partition)`` pair)
+        to the next offset to read. Raises ``CommitFailedError`` if the group has rebalanced
+        since this generation started (and ends the generation, per ``ERROR_POLICY``),
+        ``ConnectionLost`` if Redis stayed unreachable, and ``ProtocolError`` for other codes.
+        """
+        prepared: dict[TopicPartition, OffsetAndMetadata | int] = {
+            TopicPartition(tp[0], tp[1]): off for tp, off in offsets.items()
+        }
+        if not prepared:
+            return
+
+        def call() -> dict[TopicPartition, Errors]:
+            return self._coordinator.commit_offsets(
+                self.group_id,
+                prepared,
+                member_id=self.member_id,
+                generation_id=self.generation_id,
+                group_instance_id=self._instance_id,
+                retention_ms=self._retention_ms,
+            )
+
+        def error_of(result: dict[TopicPartition, Errors]) -> Errors:
+            return next((e for e in result.values() if e is not Errors.NONE), Errors.NONE)
+
+        result = self._retry(call, error_of)
+        failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
+        if not failed:
+            return
+        codes = set(failed.values())
+        fenced = next((c for c in _COMMIT_FENCED if c in codes), None)
+        if fenced is not None:
+            self._end(EndReason.of(fenced), fenced)
+            why = _COMMIT_WHY[fenced].format(
+                member=self.member_id, gen=self.generation_id, iid=self._instance_id
+            )
+            raise CommitFailedError(
+                f"commit of generation {self.generation_id} refused ({fenced.name}): {why}. "
+                "The group has rebalanced, so these partitions may belong to another member "
+                "now, which will process again the records after the last successful commit. "
+                "Take the next generation and continue from the committed offsets.",
+                fenced,
+                failed,
+            )
+        first = min(codes)
+        raise ProtocolError.of(
+            first,
+            f"commit of generation {self.generation_id} failed for "
+            + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
+        )
+
+    # -- ending (internal)
+
+    def _end(self, reason: EndReason, error: BaseException | Errors | None = None) -> None:
+        """End the generation; an error also applies its ``ERROR_POLICY`` row."""
+        reaction = reaction_for(error) if error is not None else None
+        with self._lock:
+            if self._end_reason is None:
+                self._end_reason = reason
+                self._end_error = error
+            if reaction is not None:
+                if reaction.lost:
+                    self._lost = True
+                # The most severe row wins: fatal > backoff > rejoin (and forgetting the id).
+                if self._reaction is None or severity(reaction) > severity(self._reaction):
+                    self._reaction = reaction
+                    self._reaction_error = error
+        already = self.done.is_set()
+        self.done.set()
+        if not already and self._on_end is not None:
+            self._on_end()
+
+    def _routine_threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
+    def _seal(self) -> list[threading.Thread]:
+        with self._lock:
+            self._sealed = True
+            return list(self._threads)

@@ -1,0 +1,118 @@
+"""A generation's background threads: the heartbeat and, on the leader, the partition watcher.
+
+``start_helpers`` starts them when a generation is handed out; they end the generation
+(``Generation._end``) when the coordinator or the partition counts say so, and stop once its
+routines have returned (the heartbeat) or it has ended (the watcher).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..errors import Errors, RcoordError
+from .config import ConsumerGroupConfig
+from .coordinator import Coordinator
+from .generation import EndReason, Generation
+from .policy import reaction_for
+from .retry import Retry
+
+__all__ = ["heartbeat_loop", "start_helpers", "watch_partitions"]
+
+log = logging.getLogger("rcoord.client")
+
+
+def start_helpers(
+    gen: Generation, coordinator: Coordinator, config: ConsumerGroupConfig, retry: Retry
+) -> None:
+    """Start the heartbeat (and the partition watcher, on the leader) of ``gen``; the threads
+    are kept in ``gen._helpers`` so the group can join them."""
+    threads = [
+        threading.Thread(
+            target=heartbeat_loop,
+            args=(gen, coordinator, config, retry),
+            name=f"rcoord-{gen.group_id}-gen{gen.generation_id}-heartbeat",
+            daemon=True,
+        )
+    ]
+    if config.watch_partition_changes and gen.is_leader:
+        threads.append(
+            threading.Thread(
+                target=watch_partitions,
+                args=(gen, coordinator, config),
+                name=f"rcoord-{gen.group_id}-gen{gen.generation_id}-watcher",
+                daemon=True,
+            )
+        )
+    gen._helpers = threads
+    for t in threads:
+        t.start()
+
+
+def heartbeat_loop(
+    gen: Generation, coordinator: Coordinator, config: ConsumerGroupConfig, retry: Retry
+) -> None:
+    """Beat every heartbeat interval until the generation's routines have all returned.
+
+    Errors follow ``ERROR_POLICY``: a revoking member (REBALANCE_IN_PROGRESS) keeps beating
+    so that its session survives a slow revocation; once the partitions are lost, beating
+    is pointless and stops.
+    """
+    cfg = config
+    coord = coordinator
+    interval = cfg.heartbeat_interval_ms / 1000
+    while not gen._routines_done.wait(interval):
+        try:
+            error = retry(
+                lambda: coord.heartbeat(
+                    gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id
+                ),
+                lambda e: e,
+            )
+        except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
+            gen._end(EndReason.of(exc), exc)
+            return
+        if error is Errors.NONE:
+            continue
+        gen._end(EndReason.of(error), error)
+        if reaction_for(error).lost:
+            return
+
+
+def watch_partitions(
+    gen: Generation, coordinator: Coordinator, config: ConsumerGroupConfig
+) -> None:
+    """The leader's partition watcher: end the generation when a count changes."""
+    cfg = config
+    topics = gen._watch_topics
+    baseline = gen._watch_baseline
+    interval = cfg.partition_watch_interval_ms / 1000
+    coord = coordinator
+    if baseline is None:
+        try:
+            baseline = _counts(coord, topics)
+        except RcoordError as exc:
+            log.warning("partition watcher: reading partition counts failed: %s", exc)
+            baseline = None
+    while not gen.done.wait(interval):
+        try:
+            counts = _counts(coord, topics)
+        except RcoordError as exc:
+            log.warning("partition watcher: reading partition counts failed: %s", exc)
+            continue
+        if baseline is None:
+            baseline = counts
+        elif counts != baseline:
+            log.info(
+                "group %r: partition counts changed %s -> %s; rejoining",
+                cfg.group_id,
+                baseline,
+                counts,
+            )
+            gen._end(EndReason.PARTITIONS_CHANGED)
+            return
+
+
+def _counts(coord: Coordinator, topics: list[str]) -> dict[str, int]:
+    found = coord.partition_counts(topics)
+    return {t: found.get(t, 0) for t in topics}

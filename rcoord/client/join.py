@@ -1,0 +1,273 @@
+"""One round of the group protocol, for one member: from JoinGroup to a ``Generation``.
+
+1. **JoinGroup**, twice the first time (KIP-394: the coordinator hands out a member id, the
+   member joins again with it). Each configured assignor is offered as a protocol, with a
+   ``ConsumerProtocolSubscription`` of the topics as its metadata.
+2. **Assign** (leader only): see ``leader_assignment``.
+3. **SyncGroup**: the leader sends every member's ``ConsumerProtocolAssignment``; every member
+   gets its own back.
+4. **OffsetFetch** for the assigned partitions: see ``start_offsets``.
+
+``join_generation`` runs the round; the steps between its requests are functions of their own:
+
+* ``leader_assignment``: the leader decodes every member's subscription, reads the partition
+  counts of all subscribed topics and runs the assignor the coordinator selected.
+* ``member_assignment``: what SyncGroup gave this member, decoded.
+* ``start_offsets``: OffsetFetch for the assigned partitions; a partition without a committed
+  offset starts at the ``start_offset`` policy (log start or log end).
+* ``topics_to_watch``: the topics whose partition counts the leader watches.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+from .. import topics as _topics
+from ..assignors import Assignor, kafka_member_order
+from ..errors import Errors, ProtocolError
+from ..protocol.consumer import (
+    PROTOCOL_TYPE,
+    ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
+    MalformedMetadataError,
+)
+from ..protocol.join import JoinGroupResult
+from ..protocol.offsets import TopicPartition
+from ..protocol.sync import SyncGroupResult
+from .config import ConsumerGroupConfig
+from .coordinator import Coordinator
+from .generation import Generation
+from .retry import Retry
+
+__all__ = [
+    "join_generation",
+    "leader_assignment",
+    "member_assignment",
+    "start_offsets",
+    "topics_to_watch",
+]
+
+log = logging.getLogger("rcoord.client")
+
+
+def join_generation(
+    reason: str,
+    member_id: str,
+    *,
+    config: ConsumerGroupConfig,
+    assignors: Sequence[Assignor],
+    coordinator: Coordinator,
+    retry: Retry,
+    closing: threading.Event,
+    parked: Callable[[], AbstractContextManager[object]],
+    on_member_id: Callable[[str], None],
+    on_end: Callable[[], None],
+) -> Generation | None:
+    """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
+
+    ``member_id`` is the id to join with ("" for a new member); every id the coordinator hands
+    out is reported through ``on_member_id`` at once, so the group can leave while a later call
+    is parked. JoinGroup and SyncGroup run inside ``parked()``. Returns the new generation
+    (whose ``on_end`` is ``on_end``), or None if ``closing`` was set. Raises ``ProtocolError``
+    for an error code that retries did not clear, and ``MalformedMetadataError`` for metadata
+    that cannot be decoded.
+    """
+    cfg = config
+    coord = coordinator
+    metadata = ConsumerProtocolSubscription(cfg.topics).encode()
+    protocols = [(a.name, metadata) for a in assignors]
+    while True:
+        if closing.is_set():
+            return None
+        with parked():
+            joined = retry(
+                functools.partial(
+                    coord.join_group,
+                    cfg.group_id,
+                    member_id,
+                    protocol_type=PROTOCOL_TYPE,
+                    protocols=protocols,
+                    session_timeout_ms=cfg.session_timeout_ms,
+                    rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+                    group_instance_id=cfg.group_instance_id,
+                    client_id=cfg.client_id,
+                    reason=reason,
+                ),
+                lambda r: r.error,
+            )
+        if joined.error is Errors.MEMBER_ID_REQUIRED:
+            member_id = joined.member_id
+            on_member_id(member_id)
+            continue
+        if joined.error is not Errors.NONE:
+            raise ProtocolError.of(
+                joined.error, f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+            )
+        break
+    member_id = joined.member_id
+    on_member_id(member_id)
+    if closing.is_set():
+        return None
+    log.info(
+        "group %r: joined generation %d as %s%s (protocol %s)",
+        cfg.group_id,
+        joined.generation_id,
+        member_id,
+        " (leader)" if joined.leader_id == member_id else "",
+        joined.protocol_name,
+    )
+    plan: dict[str, bytes] | None = None
+    counts: dict[str, int] | None = None
+    if joined.leader_id == member_id and not joined.skip_assignment:
+        plan, counts = leader_assignment(joined, assignors, coord, retry, cfg.group_id)
+    with parked():
+        synced = retry(
+            lambda: coord.sync_group(
+                cfg.group_id,
+                joined.generation_id,
+                member_id,
+                assignments=plan,
+                group_instance_id=cfg.group_instance_id,
+                protocol_type=PROTOCOL_TYPE,
+                protocol_name=joined.protocol_name,
+            ),
+            lambda r: r.error,
+        )
+    if synced.error is not Errors.NONE:
+        raise ProtocolError.of(
+            synced.error,
+            f"SyncGroup of {cfg.group_id!r} generation {joined.generation_id} failed: "
+            f"{synced.error.name}",
+        )
+    partitions = member_assignment(synced, cfg.group_id)
+    offsets, committed = start_offsets(partitions, coord, cfg, retry)
+    gen = Generation(
+        group_id=cfg.group_id,
+        generation_id=joined.generation_id,
+        member_id=member_id,
+        leader_id=joined.leader_id,
+        protocol_name=joined.protocol_name,
+        assignments=offsets,
+        committed=committed,
+        coordinator=coord,
+        group_instance_id=cfg.group_instance_id,
+        retention_ms=cfg.retention_ms,
+        retry=retry,
+        on_end=on_end,
+    )
+    gen._watch_baseline = counts
+    gen._watch_topics = topics_to_watch(cfg.topics, joined)
+    return gen
+
+
+def leader_assignment(
+    joined: JoinGroupResult,
+    assignors: Sequence[Assignor],
+    coordinator: Coordinator,
+    retry: Retry,
+    group_id: str,
+) -> tuple[dict[str, bytes], dict[str, int]]:
+    """The leader's step: run the selected assignor over every member's subscription.
+
+    Returns every member's encoded ``ConsumerProtocolAssignment`` and the partition counts the
+    assignment was made from (the partition watcher's baseline).
+    """
+    name = joined.protocol_name or ""
+    assignor = next((a for a in assignors if a.name == name), None)
+    if assignor is None:
+        raise ProtocolError.of(
+            Errors.INCONSISTENT_GROUP_PROTOCOL,
+            f"the coordinator selected protocol {name!r}, which this member did not offer "
+            f"(offered: {[a.name for a in assignors]})",
+        )
+    subscriptions: dict[str, ConsumerProtocolSubscription] = {}
+    for member in joined.members:
+        try:
+            subscriptions[member.member_id] = ConsumerProtocolSubscription.decode(member.metadata)
+        except MalformedMetadataError as exc:
+            raise MalformedMetadataError(
+                f"member {member.member_id!r} of group {group_id!r} sent JoinGroup "
+                f"metadata for protocol {name!r} that is not a consumer subscription: {exc}"
+            ) from exc
+    topics = sorted({t for sub in subscriptions.values() for t in sub.topics})
+    counts = retry(lambda: coordinator.partition_counts(topics), None)
+    order = kafka_member_order((m.member_id, m.group_instance_id) for m in joined.members)
+    if _takes_member_order(assignor):
+        plan = assignor.assign(subscriptions, counts, member_order=order)  # type: ignore[call-arg]
+    else:
+        plan = assignor.assign(subscriptions, counts)
+    log.debug("group %r: %s assignment %s", group_id, name, plan)
+    encoded = {mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode() for mid in subscriptions}
+    return encoded, {t: counts.get(t, 0) for t in topics}
+
+
+def member_assignment(synced: SyncGroupResult, group_id: str) -> list[TopicPartition]:
+    """The partitions SyncGroup assigned to this member."""
+    try:
+        assignment = (
+            ConsumerProtocolAssignment.decode(synced.assignment)
+            if synced.assignment
+            else ConsumerProtocolAssignment([])
+        )
+    except MalformedMetadataError as exc:
+        raise MalformedMetadataError(
+            f"the leader of {group_id!r} sent this member an assignment it cannot decode: {exc}"
+        ) from exc
+    return list(assignment.partitions)
+
+
+def topics_to_watch(topics: Sequence[str], joined: JoinGroupResult) -> list[str]:
+    """This member's topics and every topic another member subscribed to."""
+    watched = set(topics)
+    for member in joined.members:
+        try:
+            watched.update(ConsumerProtocolSubscription.decode(member.metadata).topics)
+        except MalformedMetadataError:
+            pass
+    return sorted(watched)
+
+
+def start_offsets(
+    partitions: list[TopicPartition],
+    coordinator: Coordinator,
+    config: ConsumerGroupConfig,
+    retry: Retry,
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Committed offsets of the assigned partitions, the start-offset policy elsewhere.
+
+    Returns (offset to start at, committed offset) for each partition; partitions without a
+    committed offset are missing from the second.
+    """
+    if not partitions:
+        return {}, {}
+    cfg = config
+    coord = coordinator
+    fetched = retry(lambda: coord.fetch_offsets(cfg.group_id, partitions), lambda r: r.error)
+    if fetched.error is not Errors.NONE:
+        raise ProtocolError.of(fetched.error, f"OffsetFetch of {cfg.group_id!r} failed")
+    offsets: dict[TopicPartition, int] = {}
+    committed: dict[TopicPartition, int] = {}
+    for tp in partitions:
+        found = fetched.offsets.get(tp)
+        if found is not None and found.offset >= 0:
+            offsets[tp] = committed[tp] = found.offset
+            continue
+        try:
+            start, end = retry(functools.partial(coord.log_offsets, tp.topic, tp.partition), None)
+        except _topics.TopicError as exc:
+            log.warning("no log offsets for %s-%d (%s); starting at 0", tp.topic, tp.partition, exc)
+            start = end = 0
+        offsets[tp] = start if cfg.start_offset == "earliest" else end
+    return offsets, committed
+
+
+def _takes_member_order(assignor: Assignor) -> bool:
+    try:
+        return "member_order" in inspect.signature(assignor.assign).parameters
+    except (TypeError, ValueError):
+        return False

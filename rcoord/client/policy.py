@@ -1,0 +1,110 @@
+"""The client's error policy: what a member does when a coordinator call answers with an error.
+
+``ERROR_POLICY`` is the one table (kafka-go's ``run()``, aiokafka's ``_do_heartbeat``);
+``reaction_for`` looks an error up in it, and ``severity`` orders its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from ..errors import ConnectionLost, Errors, ProtocolError
+
+__all__ = ["CONNECTION_LOST", "ERROR_POLICY", "OTHERWISE", "Reaction", "reaction_for", "severity"]
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """What the member does when a coordinator call answers with an error (one table row)."""
+
+    retry: bool
+    """Retry the same call first (exponential back-off, for at most one session timeout)."""
+    member_id: Literal["keep", "reset", "leave"]
+    """Keep the member id, forget it (rejoin as a new member), or send LeaveGroup and forget it."""
+    partitions: Literal["revoked", "lost"]
+    """How the current generation's partitions end: revoked (commits may still succeed, so the
+    consumer commits) or lost (another member may own them already: no commit)."""
+    then: Literal["rejoin", "backoff", "fatal"]
+    """Rejoin at once; or report the error through ``next()`` and rejoin after
+    ``join_backoff_ms``; or report it and close the group."""
+
+    @property
+    def lost(self) -> bool:
+        return self.partitions == "lost"
+
+
+_UNREACHABLE = Reaction(True, "keep", "lost", "backoff")
+
+ERROR_POLICY: Mapping[Errors, Reaction] = MappingProxyType(
+    {
+        # error                                retry  member id  partitions  then
+        Errors.REBALANCE_IN_PROGRESS: Reaction(False, "keep", "revoked", "rejoin"),
+        Errors.ILLEGAL_GENERATION: Reaction(False, "keep", "lost", "rejoin"),
+        Errors.UNKNOWN_MEMBER_ID: Reaction(False, "reset", "lost", "rejoin"),
+        Errors.FENCED_INSTANCE_ID: Reaction(False, "keep", "lost", "fatal"),
+        Errors.COORDINATOR_NOT_AVAILABLE: _UNREACHABLE,
+        Errors.COORDINATOR_LOAD_IN_PROGRESS: _UNREACHABLE,
+        Errors.NOT_COORDINATOR: _UNREACHABLE,
+        Errors.REQUEST_TIMED_OUT: _UNREACHABLE,
+    }
+)
+"""The client's error policy, in one place. It applies to every call that carries a generation
+or a member id: JoinGroup, SyncGroup, Heartbeat and OffsetCommit.
+
+=================================  =====  =========  ==========  =======
+error                              retry  member id  partitions  then
+=================================  =====  =========  ==========  =======
+REBALANCE_IN_PROGRESS              no     keep       revoked     rejoin
+ILLEGAL_GENERATION                 no     keep       lost        rejoin
+UNKNOWN_MEMBER_ID                  no     reset      lost        rejoin
+FENCED_INSTANCE_ID                 no     keep       lost        fatal
+COORDINATOR_NOT_AVAILABLE,         yes    keep       lost        backoff
+NOT_COORDINATOR,
+COORDINATOR_LOAD_IN_PROGRESS,
+REQUEST_TIMED_OUT
+``ConnectionLost`` (exception)     yes    keep       lost        backoff
+anything else                      no     leave      lost        backoff
+=================================  =====  =========  ==========  =======
+
+Why each row, in Kafka's terms: REBALANCE_IN_PROGRESS means "rejoin"; the member is still in the
+group, so its partitions are *revoked* and a final commit still succeeds (the coordinator accepts
+commits of the current generation while it prepares the rebalance), and the heartbeat keeps
+beating until the revocation is done. ILLEGAL_GENERATION means the group went on without this
+generation; Kafka resets the generation but keeps the member id. UNKNOWN_MEMBER_ID means the
+member was removed (session expired, rebalance timeout, or left); it rejoins with a fresh id.
+Both lose the partitions: someone else may be processing them. FENCED_INSTANCE_ID means another
+process took over this static member's instance id; carrying on would make two owners, so it is
+fatal, as in Kafka. Coordinator unavailability and lost connections are retried; if that fails for
+a whole session timeout, the session has probably expired, so the partitions count as lost.
+Anything else (INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, GROUP_MAX_SIZE_REACHED, a
+subscription the leader cannot decode, ...) is reported, and the member leaves and backs off
+before it joins again (kafka-go's ``run`` loop does the same).
+
+MEMBER_ID_REQUIRED is not in the table: it is the normal first step of JoinGroup (KIP-394).
+"""
+
+CONNECTION_LOST = _UNREACHABLE
+"""The row for ``ConnectionLost``: Redis could not be reached."""
+
+OTHERWISE = Reaction(False, "leave", "lost", "backoff")
+"""The row for every error not in ``ERROR_POLICY``."""
+
+
+def reaction_for(error: Errors | BaseException) -> Reaction:
+    """The ``ERROR_POLICY`` row for an error code or an exception."""
+    if isinstance(error, ConnectionLost):
+        return CONNECTION_LOST
+    if isinstance(error, ProtocolError):
+        error = error.error
+    if isinstance(error, Errors):
+        return ERROR_POLICY.get(error, OTHERWISE)
+    return OTHERWISE
+
+
+def severity(r: Reaction) -> int:
+    """How severe a row is, to pick one when several errors end a generation:
+    fatal > backoff > rejoin, and forgetting the member id counts one more."""
+    return {"rejoin": 0, "backoff": 1, "fatal": 3}[r.then] + (1 if r.member_id != "keep" else 0)

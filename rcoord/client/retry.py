@@ -1,0 +1,115 @@
+"""Retrying one coordinator call: lost connections and the ``retry`` rows of ``ERROR_POLICY``.
+
+``call_with_retries`` is the policy (tenacity, exponential back-off with jitter, for at most
+one session timeout, cut short when the group closes); ``Retry`` is its shape, as the group
+hands it to the code that sends requests for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+import tenacity
+from tenacity.stop import stop_base
+
+from ..errors import ConnectionLost, Errors
+from .config import ConsumerGroupConfig
+from .policy import reaction_for
+
+__all__ = ["Retry", "call_with_retries"]
+
+log = logging.getLogger("rcoord.client")
+
+T = TypeVar("T")
+
+
+class Retry(Protocol):
+    """``retry(call, error_of)``: run ``call`` under the group's retry policy.
+
+    ``error_of`` reads the error code out of a result (None: results are never retried).
+    """
+
+    def __call__(self, call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T: ...
+
+
+def call_with_retries(
+    call: Callable[[], T],
+    error_of: Callable[[T], Errors] | None,
+    *,
+    config: ConsumerGroupConfig,
+    closing: threading.Event,
+) -> T:
+    """Run ``call``; retry lost connections and the ``retry`` rows of ``ERROR_POLICY``.
+
+    Pauses grow exponentially with jitter (``retry_backoff_ms`` .. ``retry_backoff_max_ms``)
+    and wake early when ``closing`` is set. Retries stop one session timeout after the first
+    failure; then the last result is returned (or the last exception raised).
+    """
+    cfg = config
+
+    def sleep(seconds: float) -> None:
+        closing.wait(seconds)
+
+    def retriable(result: T) -> bool:
+        return error_of is not None and reaction_for(error_of(result)).retry
+
+    def last_outcome(state: tenacity.RetryCallState) -> T:
+        assert state.outcome is not None
+        return state.outcome.result()  # type: ignore[no-any-return]
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        assert state.outcome is not None
+        what = (
+            state.outcome.exception()
+            if state.outcome.failed
+            else (error_of(state.outcome.result()) if error_of else "?")
+        )
+        log.info(
+            "group %r: retrying after %s (attempt %d)", cfg.group_id, what, state.attempt_number
+        )
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(ConnectionLost)
+        | tenacity.retry_if_result(retriable),
+        # retry_backoff_ms * 2**n, capped, plus up to one retry_backoff_ms of jitter.
+        wait=tenacity.wait_exponential(
+            multiplier=cfg.retry_backoff_ms / 1000,
+            min=cfg.retry_backoff_ms / 1000,
+            max=cfg.retry_backoff_max_ms / 1000,
+        )
+        + tenacity.wait_random(0, cfg.retry_backoff_ms / 1000),
+        stop=_StopAfterFailingFor(cfg.session_timeout_ms / 1000) | _StopWhenClosing(closing),
+        sleep=sleep,
+        retry_error_callback=last_outcome,
+        before_sleep=before_sleep,
+    )
+    return retrying(call)
+
+
+class _StopWhenClosing(stop_base):
+    """Stop retrying once the group closes."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self._event.is_set()
+
+
+class _StopAfterFailingFor(stop_base):
+    """Stop once the call has been failing for ``budget`` seconds (measured from the first
+    failure, so a long parked call does not use up the budget before its first retry)."""
+
+    def __init__(self, budget: float) -> None:
+        self._budget = budget
+        self._first: float | None = None
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = now
+        return now - self._first >= self._budget
