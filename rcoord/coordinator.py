@@ -27,9 +27,7 @@ leaves.
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +38,7 @@ from .partitioning import partition_for
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
 from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
+from .protocol.park import MAX_BLOCK_MS, park_flow
 from .protocol.offsets import (
     OffsetAndMetadata,
     OffsetFetchResult,
@@ -79,13 +78,6 @@ def require_str_state(state: Any) -> str:
         raise TypeError(f"states must be str names, got {type(state).__name__}")
     return state.lower()
 
-MAX_BLOCK_MS = 1000
-"""Longest single XREAD BLOCK of a parked call; it then re-checks (and applies deadlines)."""
-MOCK_CLOCK_BLOCK_MS = 20
-DEADLINE_JITTER_MS = 10
-"""Spread of parked callers waking at a deadline (see ``_park``)."""
-SAFETY_POLL_MS = 5000
-"""A parked call re-checks with the script at least this often, whatever it saw."""
 """With an injected clock, time only moves when the test moves it: re-check often."""
 DUE_BATCH = 1000
 KEYS_CACHE_SIZE = 10_000
@@ -229,41 +221,21 @@ class GroupCoordinator:
         script = getattr(self._scripts, step)
         return script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
 
-    def _block_ms(self, deadline: int, now: int) -> int:
-        if self._clock is not None:
-            return min(MOCK_CLOCK_BLOCK_MS, self._max_block_ms)
-        if deadline < 0:
-            return self._max_block_ms
-        return max(1, min(self._max_block_ms, deadline - now + 1))
-
     def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
-        """Wait for a parked Join/SyncGroup's reply; see the module docstring.
-
-        The wait ends early when the group's wake stream moves (a reply may be ready). When it
-        times out at the group's next deadline, one cheap read tells whether that deadline is
-        really due; only then does this caller apply it (``await_reply``). A small random delay
-        spreads the callers of a large group, so usually one applies the deadline and the others
-        are woken by the result instead of all calling the script at once.
-        """
-        while reply[0] == b"W":
-            wake_id, deadline, base_now = reply[1], int(reply[2]), int(reply[3])
-            started = time.monotonic()
+        """Wait for a parked Join/SyncGroup's reply: runs the sans-I/O ``park_flow``."""
+        flow = park_flow(reply, mock_clock=self._clock is not None, max_block_ms=self._max_block_ms)
+        try:
+            op = next(flow)
             while True:
-                # Server time now, from the script's clock reading and the time since.
-                server_now = base_now + int((time.monotonic() - started) * 1000)
-                block = self._block_ms(deadline, server_now)
-                if self._clock is None and deadline >= 0:
-                    block += random.randint(0, DEADLINE_JITTER_MS)
-                woke = self._redis.xread({keys.wake: wake_id}, count=1, block=block)
-                elapsed_ms = (time.monotonic() - started) * 1000
-                if woke or self._clock is not None or elapsed_ms >= SAFETY_POLL_MS:
-                    break
-                score = self._redis.zscore(keys.partition.due, keys.group_id)
-                if score is not None and score <= base_now + elapsed_ms:
-                    break
-                deadline = -1 if score is None else int(score)
-            reply = self._call("await_reply", keys, [member_id, kind])
-        return bytes(reply[1])
+                if op[0] == "xread":
+                    result: Any = bool(self._redis.xread({keys.wake: op[1]}, count=1, block=op[2]))
+                elif op[0] == "zscore":
+                    result = self._redis.zscore(keys.partition.due, keys.group_id)
+                else:
+                    result = self._call("await_reply", keys, [member_id, kind])
+                op = flow.send(result)
+        except StopIteration as done:
+            return bytes(done.value)
 
     # -- the protocol ------------------------------------------------------------------------
 

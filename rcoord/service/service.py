@@ -95,6 +95,7 @@ class CoordinatorService:
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
         self.exit_code = 0
+        self._hinted: set[int] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -243,6 +244,8 @@ class CoordinatorService:
                         event = self._queue.get_nowait()
                     except queue.Empty:
                         event = None
+                if self._hinted:
+                    self._check_hints()
                 mono = time.monotonic() * 1000
                 if mono - last_resync >= RESYNC_MS:
                     last_resync = mono
@@ -257,6 +260,18 @@ class CoordinatorService:
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
                 log.warning("timer loop error; retrying", extra={"event": "loop_error", "why": str(exc)})
                 self._stop.wait(0.2)
+
+    def _check_hints(self) -> None:
+        """An expired hint key says a group had a deadline due: a hit if the index had missed it
+        (its earliest deadline was stale); the following sweep then applies it."""
+        hinted, self._hinted = sorted(self._hinted), set()
+        known = {p: self.sweeper.earliest.get(p, float("inf")) for p in hinted}
+        self.sweeper._refresh(hinted)
+        now = self.sweeper.server_now()
+        for p in hinted:
+            fresh = self.sweeper.earliest[p]
+            hit = fresh <= now and fresh < known[p]
+            self.metrics.hints.labels("hit" if hit else "miss").inc()
 
     def _handle(self, event: tuple[Any, ...], owned: set[int], index: bool) -> set[int]:
         kind = event[0]
@@ -273,8 +288,13 @@ class CoordinatorService:
             p, group_id = event[1], event[2]
             if p in owned:
                 self.metrics.wakeups.labels("hint").inc()
-                applied = self.sweeper.expire_group(p, group_id, "hint")
-                self.metrics.hints.labels("hit" if applied else "miss").inc()
+                if index:
+                    # The index usually acted already: collect the partitions and re-read their
+                    # earliest deadlines in one round trip after draining (see run()).
+                    self._hinted.add(p)
+                else:
+                    applied = self.sweeper.expire_group(p, group_id, "hint")
+                    self.metrics.hints.labels("hit" if applied else "miss").inc()
         elif kind == "resync":
             if index:
                 self.sweeper.resync(owned)

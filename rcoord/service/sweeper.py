@@ -68,27 +68,55 @@ class Sweeper:
         return min(self.earliest.values(), default=float("inf"))
 
     def sweep_due(self, source: str) -> int:
-        """Apply the passed deadlines of every leased partition whose earliest one has passed."""
+        """Apply the passed deadlines of every leased partition whose earliest one has passed.
+
+        Three pipelined round trips however many partitions are due: the due groups of each,
+        then every group's ``expire_deadlines``, then each partition's new earliest deadline. A
+        burst of expiries spread over many partitions (a rack going down) must not cost a round
+        trip per partition or per group.
+        """
         now = self.server_now()
-        applied = 0
-        for p, at in list(self.earliest.items()):
-            if at <= now:
-                applied += self.sweep_partition(p, source)
+        due = [p for p, at in self.earliest.items() if at <= now]
+        if not due:
+            return 0
+        sha = self._scripts.sha("due_groups")
+        pipe = self._client.pipeline(transaction=False)
+        for p in due:
+            pipe.execute_command("EVALSHA", sha, 1, self._pk[p].due, "", DUE_BATCH)
+        work: list[tuple[int, str]] = []
+        full: list[int] = []
+        for p, reply in zip(due, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception):  # NOSCRIPT: the partition's own path reloads it
+                full.append(p)
+                continue
+            groups = [g.decode("utf-8", "surrogateescape") for g in reply[1:]]
+            work.extend((p, g) for g in groups)
+            if len(groups) >= DUE_BATCH:
+                full.append(p)
+        applied = self._expire_many(work, source)
+        for p in full:
+            applied += self.sweep_partition(p, source)
+        self._refresh(due)
         return applied
 
+    def _refresh(self, partitions: list[int]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for p in partitions:
+            pipe.zrange(self._pk[p].due, 0, 0, withscores=True)
+        for p, first in zip(partitions, pipe.execute(), strict=True):
+            self.earliest[p] = float(first[0][1]) if first else float("inf")
+
     def sweep_partition(self, p: int, source: str) -> int:
-        """Every due group of the partition, in pipelined batches: a burst of expiries (a rack
-        going down) costs one round trip per batch, not one per group."""
+        """Every due group of one partition, in pipelined batches."""
         pk = self._pk[p]
         applied = 0
         while True:
             due = self._scripts.due_groups(keys=[pk.due], args=["", DUE_BATCH])
             groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
-            applied += self._expire_many(p, groups, source)
+            applied += self._expire_many([(p, g) for g in groups], source)
             if len(groups) < DUE_BATCH:
                 break
-        first = self._client.zrange(pk.due, 0, 0, withscores=True)
-        self.earliest[p] = float(first[0][1]) if first else float("inf")
+        self._refresh([p])
         return applied
 
     def expire_group(self, p: int, group_id: str, source: str) -> int:
@@ -102,21 +130,21 @@ class Sweeper:
             return 0
         return self._record(reply, source)
 
-    def _expire_many(self, p: int, groups: list[str], source: str) -> int:
-        if len(groups) <= 1:
-            return sum(self.expire_group(p, g, source) for g in groups)
+    def _expire_many(self, work: list[tuple[int, str]], source: str) -> int:
+        if len(work) <= 1:
+            return sum(self.expire_group(p, g, source) for p, g in work)
         sha = self._scripts.sha("expire_deadlines")
         pipe = self._client.pipeline(transaction=False)
-        for group_id in groups:
+        for p, group_id in work:
             keys = self._pk[p].group(group_id).all()
             pipe.execute_command("EVALSHA", sha, len(keys), *keys, "", group_id)
         applied = 0
-        for group_id, reply in zip(groups, pipe.execute(raise_on_error=False), strict=True):
+        for (p, group_id), reply in zip(work, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply
             if isinstance(reply, Exception):
-                # NOSCRIPT after a restart or failover, or a dropped connection: one by one,
-                # through the Script object, which reloads the script.
+                # NOSCRIPT after a restart or failover, or a script error: one by one, through
+                # the Script object, which reloads the script and logs a failure.
                 applied += self.expire_group(p, group_id, source)
             else:
                 applied += self._record(reply, source)

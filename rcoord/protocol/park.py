@@ -1,0 +1,67 @@
+"""Waiting for a parked JoinGroup/SyncGroup reply, as a sans-I/O flow.
+
+The flow is a generator that yields the I/O it needs and receives the results, in the manner of
+httpx's auth flows, so the blocking ``GroupCoordinator`` and the asyncio
+``AsyncGroupCoordinator`` share the one algorithm and differ only in how they perform I/O:
+
+* ``("xread", wake_id, block_ms)``: block on the group's wake stream; send back whether it moved;
+* ``("zscore",)``: the group's earliest deadline in the partition's due index (or None);
+* ``("poll",)``: run ``await_reply``; send back its reply.
+
+The flow returns the reply's bytes. Why it waits the way it does: the wait ends early when the
+wake stream moves (a reply may be ready). When it times out at the group's next deadline, one
+cheap read tells whether that deadline is really due; only then does this caller apply it. A
+small random delay spreads the callers of a large group, so usually one applies the deadline and
+the others are woken by the result instead of all running the script at once.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Generator
+from typing import Any
+
+__all__ = ["park_flow", "MAX_BLOCK_MS", "MOCK_CLOCK_BLOCK_MS", "DEADLINE_JITTER_MS", "SAFETY_POLL_MS"]
+
+MAX_BLOCK_MS = 1000
+"""Longest single XREAD BLOCK of a parked call; it then re-checks."""
+MOCK_CLOCK_BLOCK_MS = 20
+"""With an injected clock, time only moves when the test moves it: re-check often."""
+DEADLINE_JITTER_MS = 10
+"""Spread of parked callers waking at a deadline."""
+SAFETY_POLL_MS = 5000
+"""A parked call re-checks with the script at least this often, whatever it saw."""
+
+Op = tuple[Any, ...]
+
+
+def block_ms(deadline: int, now: float, *, mock_clock: bool, max_block_ms: int) -> int:
+    if mock_clock:
+        return min(MOCK_CLOCK_BLOCK_MS, max_block_ms)
+    if deadline < 0:
+        return max_block_ms
+    return int(max(1, min(max_block_ms, deadline - now + 1)))
+
+
+def park_flow(reply: list[Any], *, mock_clock: bool, max_block_ms: int) -> Generator[Op, Any, bytes]:
+    """Yield I/O requests until the parked call's reply (``{'R', blob}``) arrives."""
+    while reply[0] == b"W":
+        wake_id, deadline, base_now = reply[1], int(reply[2]), int(reply[3])
+        started = time.monotonic()
+        while True:
+            # Server time now: the script's clock reading plus the (monotonic) time since.
+            server_now = base_now + (time.monotonic() - started) * 1000
+            block = block_ms(deadline, server_now, mock_clock=mock_clock, max_block_ms=max_block_ms)
+            if not mock_clock and deadline >= 0:
+                block += random.randint(0, DEADLINE_JITTER_MS)
+            woke = yield ("xread", wake_id, block)
+            elapsed_ms = (time.monotonic() - started) * 1000
+            if woke or mock_clock or elapsed_ms >= SAFETY_POLL_MS:
+                break
+            score = yield ("zscore",)
+            if score is not None and score <= base_now + elapsed_ms:
+                break
+            deadline = -1 if score is None else int(score)
+        reply = yield ("poll",)
+    return bytes(reply[1])
