@@ -4,8 +4,9 @@ N members, spread over P processes, each process one asyncio loop with N/P membe
 (``rcoord.asyncio.AsyncGroupCoordinator``): coroutines cost far less CPU than threads, so on a
 2-core machine the members themselves take less of the time being measured. Each member:
 
-1. (untimed) JoinGroup with member id "" -> MEMBER_ID_REQUIRED and its id; all processes wait at
-   a barrier until every member has its id;
+1. (untimed) JoinGroup with member id "" -> MEMBER_ID_REQUIRED and its id, and its own Redis
+   connection opened (a live member has one already; connecting is not forming a group); all
+   processes wait at a barrier until every member is ready;
 2. JoinGroup with its id (parked until the generation forms);
 3. SyncGroup (the leader sends every member's assignment; followers wait for it).
 
@@ -48,6 +49,8 @@ def member_process(url: str, ns: str, group: str, count: int, barrier, out) -> N
         client = redis.asyncio.Redis.from_url(url, max_connections=count + 10)
         coord = await AsyncGroupCoordinator(client, ns).start()
         ids = [(await coord.join_group(group, **JOIN)).member_id for _ in range(count)]
+        # Every member has its own connection before the clock starts, as a live member would.
+        await asyncio.gather(*(client.execute_command("PING") for _ in range(count)))
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
         started = time.time()
 
