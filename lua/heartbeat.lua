@@ -13,14 +13,7 @@
 local K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_DL, K_HINT = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
 local group_id = ARGV[2]
-local mock_time = ARGV[1] ~= ''
-local now
-if mock_time then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now, mock_time = read_clock(ARGV[1])
 
 local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
 if #first > 0 and tonumber(first[2]) <= now then return 'DUE' end

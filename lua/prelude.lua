@@ -31,14 +31,7 @@ local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING
       KEYS[14], KEYS[15]
 local GROUP_ID = ARGV[2]
 
-local NOW
-local MOCK_TIME = ARGV[1] ~= ''
-if MOCK_TIME then
-  NOW = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local NOW, MOCK_TIME = read_clock(ARGV[1])
 
 -- The state table (rcoord/state.py VALID_PREVIOUS; a parity test keeps them equal).
 local EMPTY, PREPARING, COMPLETING, STABLE, DEAD =

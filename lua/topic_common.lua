@@ -3,10 +3,7 @@
 
 local function seq(id) return tonumber(string.match(id, '^0%-(%d+)$')) end
 local function is_partition(key) return redis.call('TYPE', key)['ok'] == 'stream' end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local function now_ms() return (read_clock('')) end
 -- Log start and end offsets: end = sequence of the last id ever generated (kept by trimming),
 -- start = first entry's offset, or end when retention emptied the stream.
 local function log_offsets(key)

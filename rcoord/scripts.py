@@ -32,9 +32,10 @@ STANDALONE = ("due_groups", "heartbeat", "lease")
 """Scripts without the prelude: partition-level ones, and the heartbeat hot path."""
 
 INCLUDES: dict[str, tuple[str, ...]] = {
-    "heartbeat": ("deadline_index",),
-    **{f"topic_{n}": ("topic_common",) for n in ("append", "fetch", "offsets", "retention", "create_meta")},
-    **{step: ("deadline_index", "prelude") for step in GROUP_STEPS},
+    "heartbeat": ("clock", "deadline_index"),
+    "due_groups": ("clock",),
+    **{f"topic_{n}": ("clock", "topic_common") for n in ("append", "fetch", "offsets", "retention", "create_meta")},
+    **{step: ("clock", "deadline_index", "prelude") for step in GROUP_STEPS},
 }
 """Shared files put in front of a script, in order (Redis scripts cannot import)."""
 
