@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 import functools
 import operator
 
-from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
+from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.client.group import client_from_url
 from rcoord.topics import Producer, ProducerRecord, Topics
 
@@ -70,38 +70,14 @@ def now() -> float:
 def worker_main(url: str, ns: str, name: str, settings: dict[str, Any], go: Any, stop: Any) -> None:
     import logging
 
-    from rcoord.client import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener
+    from rcoord.client import Consumer, ConsumerGroupConfig
+    from rcoord.client.history import RebalanceHistory
 
     logging.basicConfig(level=logging.WARNING, format=f"[{name}] %(levelname)s %(message)s")
     client = client_from_url(url)
     client.rpush(f"{ns}:ready", name)
     go.wait(TIMEOUT_S)
-    consumer: Any = None
-
-    class Events(ConsumerRebalanceListener):
-        def _note(self, event: str, partitions: list[TopicPartition]) -> None:
-            gen = consumer.generation
-            client.rpush(
-                f"{ns}:events",
-                json.dumps(
-                    {
-                        "t": now(),
-                        "event": event,
-                        "worker": name,
-                        "gen": gen.generation_id,
-                        "partitions": sorted(p.partition for p in partitions),
-                    }
-                ),
-            )
-
-        def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
-            self._note("assigned", partitions)
-
-        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
-            self._note("revoked", partitions)
-
-        def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
-            self._note("lost", partitions)
+    events = RebalanceHistory(client, f"{ns}:events", name, extra=lambda: {"t": now()})
 
     config = ConsumerGroupConfig(
         group_id=GROUP,
@@ -117,11 +93,12 @@ def worker_main(url: str, ns: str, name: str, settings: dict[str, Any], go: Any,
     )
     consumer = Consumer(
         config,
-        listener=Events(),
+        listener=events,
         auto_commit_interval_ms=1000,
         max_poll_records=settings["max_poll_records"],
         fetch_max_wait_ms=50,
     )
+    events.consumer = consumer
     count, first, last, reported, reported_count = 0, 0.0, 0.0, 0.0, 0
     seen: set[tuple[int, int]] = set()
     while not stop.is_set():

@@ -102,41 +102,14 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
     """One worker process of the demo (spawned; stopped by ``stop``, or killed)."""
     import logging
 
-    from .client import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener
+    from .client import Consumer, ConsumerGroupConfig
     from .client.group import client_from_url
-    from .protocol.offsets import TopicPartition
+    from .client.history import RebalanceHistory
 
     logging.basicConfig(level=logging.WARNING, format=f"  [{name}] %(levelname)s %(message)s")
     log = logging.getLogger(f"rcoord.demo.{name}")
     client = client_from_url(url)
-    consumer: Any = None
-
-    class Report(ConsumerRebalanceListener):
-        def _note(self, event: str, partitions: list[TopicPartition]) -> None:
-            gen = consumer.generation
-            client.rpush(
-                f"{namespace}:demo:events",
-                json.dumps(
-                    {
-                        "event": event,
-                        "worker": name,
-                        "pid": os.getpid(),
-                        "gen": gen.generation_id,
-                        "member": gen.member_id,
-                        "partitions": sorted(p.partition for p in partitions),
-                        "reason": gen.end_reason.value if gen.end_reason else None,
-                    }
-                ),
-            )
-
-        def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
-            self._note("assigned", partitions)
-
-        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
-            self._note("revoked", partitions)
-
-        def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
-            self._note("lost", partitions)
+    report = RebalanceHistory(client, f"{namespace}:demo:events", name)
 
     config = ConsumerGroupConfig(
         group_id=DEMO_GROUP,
@@ -148,11 +121,12 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
     )
     consumer = Consumer(
         config,
-        listener=Report(),
+        listener=report,
         auto_commit_interval_ms=250,
         fetch_max_wait_ms=50,
         max_poll_records=200,
     )
+    report.consumer = consumer
     while not stop.is_set():
         try:
             records = consumer.poll(timeout=0.2)

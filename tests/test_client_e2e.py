@@ -49,51 +49,22 @@ def worker_main(url: str, namespace: str, name: str, stop: Any) -> None:
     """One worker process: consume until ``stop`` is set, then close (commit, leave)."""
     import logging
 
-    from rcoord.client import (
-        Consumer,
-        ConsumerGroupConfig,
-        ConsumerRebalanceListener,
-        client_from_url,
-    )
+    from rcoord.client import Consumer, ConsumerGroupConfig, client_from_url
+    from rcoord.client.history import RebalanceHistory
 
     logging.basicConfig(level=logging.WARNING, format=f"{name} %(levelname)s %(message)s")
     client = client_from_url(url)
     history = f"{namespace}:e2e:history"
     processed = f"{namespace}:e2e:processed:{name}"
-    consumer: Any = None
-
-    class Record(ConsumerRebalanceListener):
-        def _note(self, event: str, partitions: list[TopicPartition]) -> None:
-            gen = consumer.generation
-            client.rpush(
-                history,
-                json.dumps(
-                    {
-                        "event": event,
-                        "worker": name,
-                        "pid": os.getpid(),
-                        "gen": gen.generation_id,
-                        "member": gen.member_id,
-                        "partitions": sorted(p.partition for p in partitions),
-                    }
-                ),
-            )
-
-        def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
-            self._note("assigned", partitions)
-
-        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
-            self._note("revoked", partitions)
-
-        def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
-            self._note("lost", partitions)
+    record = RebalanceHistory(client, history, name)
 
     config = ConsumerGroupConfig(
         group_id=GROUP, topics=[TOPIC], redis_client=client, namespace=namespace, **WORKER
     )
     consumer = Consumer(
-        config, listener=Record(), auto_commit_interval_ms=200, fetch_max_wait_ms=50
+        config, listener=record, auto_commit_interval_ms=200, fetch_max_wait_ms=50
     )
+    record.consumer = consumer
     while not stop.is_set():
         try:
             records = consumer.poll(timeout=0.1)
