@@ -76,7 +76,7 @@ def _retention_arg(retention_ms: Any) -> Any:
 def require_str_state(state: Any) -> str:
     if not isinstance(state, str):
         raise TypeError(f"states must be str names, got {type(state).__name__}")
-    return state.lower()
+    return state.strip().lower()
 
 """With an injected clock, time only moves when the test moves it: re-check often."""
 DUE_BATCH = 1000

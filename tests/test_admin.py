@@ -182,3 +182,8 @@ def test_deleting_a_group_right_after_its_member_expired_leaves_no_keys(ctx):
     group_keys = keys[3:14]  # the group's own keys (the partition's keys stay)
     left = [k for k in group_keys if ctx.coord._redis.exists(k) and ctx.coord._redis.pttl(k) == -1]
     assert left == []
+
+
+def test_list_groups_state_filter_ignores_case_and_spaces(ctx):
+    ctx.stable_group(1)
+    assert {g.group_id for g in ctx.coord.list_groups([" stable "])} == {ctx.group_id}
