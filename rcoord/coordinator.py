@@ -38,7 +38,7 @@ from .partitioning import partition_for
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
 from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
-from .protocol.park import MAX_BLOCK_MS, park_flow
+from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.offsets import (
     OffsetAndMetadata,
     OffsetFetchResult,
@@ -231,6 +231,8 @@ class GroupCoordinator:
                     result: Any = bool(self._redis.xread({keys.wake: op[1]}, count=1, block=op[2]))
                 elif op[0] == "zscore":
                     result = self._redis.zscore(keys.partition.due, keys.group_id)
+                elif op[0] == "claim":
+                    result = bool(self._redis.set(keys.claim, b"1", nx=True, px=CLAIM_MS))
                 else:
                     result = self._call("await_reply", keys, [member_id, kind])
                 op = flow.send(result)

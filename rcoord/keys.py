@@ -22,6 +22,9 @@ A group's keys, in the order every group script receives them as KEYS:
  15   ``<ns>:{t}:events``          stream: the partition's transitions and expiries (capped)
 ====  ==========================  ============================================================
 
+``<ns>:{t}:a:<group>`` (same tag, no script touches it) is the short-lived claim with which one
+parked caller applies a due deadline for the others.
+
 The shard channel named like key 3 (``<ns>:{t}:due``) carries a message whenever a script makes
 a deadline the partition's earliest, so the lease holder never sleeps past it.
 
@@ -108,6 +111,11 @@ class GroupKeys:
     @property
     def hint(self) -> str:
         return self._k("h")
+
+    @property
+    def claim(self) -> str:
+        """Not a script key: parked callers claim a due deadline with it (protocol/park.py)."""
+        return self._k("a")
 
     def heartbeat_keys(self) -> list[str]:
         """KEYS of heartbeat.lua: due, group, members, statics, deadlines, hint."""

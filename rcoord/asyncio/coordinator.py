@@ -30,7 +30,7 @@ from ..protocol.offsets import (
     partitions_args,
 )
 from ..protocol._checks import check_id, check_instance_id, require_int
-from ..protocol.park import MAX_BLOCK_MS, park_flow
+from ..protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from ..protocol.sync import SyncGroupResult, SyncRequest
 from ..scripts import Scripts
 
@@ -114,6 +114,8 @@ class AsyncGroupCoordinator:
                     result: Any = bool(await self._redis.xread({keys.wake: op[1]}, count=1, block=op[2]))
                 elif op[0] == "zscore":
                     result = await self._redis.zscore(keys.partition.due, keys.group_id)
+                elif op[0] == "claim":
+                    result = bool(await self._redis.set(keys.claim, b"1", nx=True, px=CLAIM_MS))
                 else:
                     result = await self._call("await_reply", keys, [member_id, kind])
                 op = flow.send(result)

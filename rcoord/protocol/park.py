@@ -6,13 +6,16 @@ httpx's auth flows, so the blocking ``GroupCoordinator`` and the asyncio
 
 * ``("xread", wake_id, block_ms)``: block on the group's wake stream; send back whether it moved;
 * ``("zscore",)``: the group's earliest deadline in the partition's due index (or None);
+* ``("claim",)``: try to become the one caller that applies a due deadline (SET NX with a short
+  expiry); send back whether it succeeded;
 * ``("poll",)``: run ``await_reply``; send back its reply.
 
 The flow returns the reply's bytes. Why it waits the way it does: the wait ends early when the
 wake stream moves (a reply may be ready). When it times out at the group's next deadline, one
-cheap read tells whether that deadline is really due; only then does this caller apply it. A
-small random delay spreads the callers of a large group, so usually one applies the deadline and
-the others are woken by the result instead of all running the script at once.
+cheap read tells whether that deadline is really due; if it is, one caller of the group claims it
+and applies it, and the others are woken by the result (or re-check once the claim expires), so
+a group of 1,000 parked members runs the script once per deadline, not 1,000 times. A small
+random delay spreads the callers' checks.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-__all__ = ["park_flow", "MAX_BLOCK_MS", "MOCK_CLOCK_BLOCK_MS", "DEADLINE_JITTER_MS", "SAFETY_POLL_MS"]
+__all__ = [
+    "park_flow",
+    "MAX_BLOCK_MS",
+    "MOCK_CLOCK_BLOCK_MS",
+    "DEADLINE_JITTER_MS",
+    "SAFETY_POLL_MS",
+    "CLAIM_MS",
+]
 
 MAX_BLOCK_MS = 1000
 """Longest single XREAD BLOCK of a parked call; it then re-checks."""
@@ -32,6 +42,8 @@ DEADLINE_JITTER_MS = 10
 """Spread of parked callers waking at a deadline."""
 SAFETY_POLL_MS = 5000
 """A parked call re-checks with the script at least this often, whatever it saw."""
+CLAIM_MS = 50
+"""How long a claim to apply a due deadline holds; a claimant that dies is replaced after it."""
 
 Op = tuple[Any, ...]
 
@@ -61,7 +73,11 @@ def park_flow(reply: list[Any], *, mock_clock: bool, max_block_ms: int) -> Gener
                 break
             score = yield ("zscore",)
             if score is not None and score <= base_now + elapsed_ms:
-                break
+                if (yield ("claim",)):
+                    break
+                # Another parked caller applies it; its result wakes us, else re-check later.
+                deadline = int(base_now + elapsed_ms) + CLAIM_MS
+                continue
             deadline = -1 if score is None else int(score)
         reply = yield ("poll",)
     return bytes(reply[1])
