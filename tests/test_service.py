@@ -121,6 +121,9 @@ def test_without_coordinators_an_idle_member_waits_for_the_next_touch(single_cli
 def test_one_coordinator_expires_an_idle_member_and_rebalances(redis_server, single_client, namespace, procs):
     coord = _setup(single_client, namespace)
     procs.append(Proc(redis_server.url, namespace, "c1"))
+    # A session long enough that the member who keeps heartbeating never misses it, even on a
+    # loaded machine; only the silent one expires.
+    JOIN = {**globals()["JOIN"], "session_timeout_ms": 1500, "rebalance_timeout_ms": 5000}
     a = coord.join_group("g2", **JOIN).member_id
     b = coord.join_group("g2", **JOIN).member_id
     # a forms generation 1 alone, then both join generation 2.
