@@ -142,6 +142,11 @@ class CoordinatorService:
         if self._lease_thread is not None:
             self._lease_thread.join(timeout=5)
         try:
+            # Log what happened since the last look, so a stop loses no transition or expiry.
+            self.tail.poll(set(self.leases.owned))
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.warning("could not read the last events", extra={"event": "tail_failed", "why": str(exc)})
+        try:
             self.leases.release_all()
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             log.warning("could not release leases", extra={"event": "release_failed", "why": str(exc)})
