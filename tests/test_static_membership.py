@@ -139,3 +139,53 @@ def test_leave_by_instance_id(ctx):
 def test_pending_member_join_with_instance_id_is_server_error(ctx):
     pending = ctx.new_member_id()
     assert ctx.join(pending, group_instance_id="x").error == Errors.UNKNOWN_SERVER_ERROR
+
+
+def test_group_waits_in_preparing_rebalance_for_an_absent_static_member(ctx):
+    """Kafka's testGroupStuckInRebalanceTimeoutDueToNonjoinedStaticMember."""
+    ctx.session_timeout_ms = 10_000
+    ctx.rebalance_timeout_ms = 5_000
+    gen, ids = _static_group(ctx, ["leader", "follower"])
+    # A dynamic member joins; the static members do not rejoin before the rebalance timeout.
+    f = ctx.join_async(require_known_member_id=False)
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    ctx.sleep(ctx.rebalance_timeout_ms)
+    res = f.result(WAIT_S)
+    assert res.error == Errors.NONE and res.leader_id == res.member_id  # the new member leads
+    assert len(res.members) == 3 and res.generation_id == gen + 1
+    assert ctx.state() == "CompletingRebalance"
+    # The static follower leaves; at the next timeout only the static leader is kept, and with
+    # nobody rejoined the group stays in PreparingRebalance (generation unchanged).
+    ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids["follower"], "follower")])
+    assert ctx.state() == "PreparingRebalance"
+    ctx.sleep(ctx.rebalance_timeout_ms)
+    assert ctx.member_ids() == {ids["leader"]}
+    assert ctx.group_field("gen") == str(gen + 1) and ctx.state() == "PreparingRebalance"
+
+
+def test_parked_sync_of_replaced_static_member_is_fenced(ctx):
+    """Kafka's testStaticMemberFenceDuplicateSyncingFollowerAfterMemberIdChanged."""
+    ctx.session_timeout_ms = 60_000
+    gen, ids = _static_group(ctx, ["a", "b"])
+    leader = ctx.group_field("leader")
+    leader_inst = next(i for i, m in ids.items() if m == leader)
+    follower_inst = next(i for i in ids if i != leader_inst)
+    fl = ctx.join_async(leader, group_instance_id=leader_inst)
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    ff = ctx.join_async(ids[follower_inst], group_instance_id=follower_inst)
+    new_gen = fl.result(WAIT_S).generation_id
+    assert ff.result(WAIT_S).generation_id == new_gen
+    parked = ctx.sync_async(ids[follower_inst], new_gen, group_instance_id=follower_inst)
+    wait_until(lambda: _awaiting_sync(ctx, ids[follower_inst]))
+    # The same instance restarts with no member id: the parked sync of the old id is fenced,
+    # and the group rebalances (the leader may have assigned to the old id).
+    ctx.join_async(group_instance_id=follower_inst)
+    assert parked.result(WAIT_S).error == Errors.FENCED_INSTANCE_ID
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+
+
+def _awaiting_sync(ctx, member_id):
+    import msgpack
+
+    blob = ctx.coord._redis.hget(ctx._keys().all()[4], member_id)
+    return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1
