@@ -124,3 +124,19 @@ def test_heartbeat_many_as_the_first_call(redis_client, namespace):
 
     coord = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace))
     assert coord.heartbeat_many([("g", 1, "m")]) == [Errors.UNKNOWN_MEMBER_ID]
+
+
+def test_pending_member_that_never_rejoins_times_out_and_the_group_stays_stable(ctx):
+    """Kafka's testSecondMemberPartiallyJoinAndTimeout."""
+    ctx.session_timeout_ms = 5000
+    first = ctx.join(group_instance_id="leader-instance-id")
+    ctx.sync(first.member_id, first.generation_id, {})
+    pending = ctx.new_member_id()
+    assert ctx.state() == "Stable"
+    for _ in range(2):
+        ctx.sleep(2500)
+        assert ctx.heartbeat(first.member_id, first.generation_id) == Errors.NONE
+    assert ctx.member_ids() == {first.member_id}
+    assert ctx.coord._redis.hlen(ctx._keys().all()[6]) == 0  # no pending member left
+    assert ctx.state() == "Stable" and ctx.group_field("gen") == str(first.generation_id)
+    assert ctx.join(pending).error == Errors.UNKNOWN_MEMBER_ID

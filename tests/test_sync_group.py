@@ -126,3 +126,16 @@ def _awaiting_sync(ctx, member_id):
 
     blob = ctx.coord._redis.hget(ctx._keys().all()[4], member_id)
     return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1
+
+
+def test_leader_that_never_syncs_is_removed_and_followers_told_to_rejoin(ctx):
+    """Kafka's testRebalanceTimesOutWhenSyncRequestIsNotReceivedFromLeaders."""
+    ctx.session_timeout_ms = 60_000
+    gen, ids = _completing(ctx, 3)
+    leader, f1, f2 = ids
+    parked = [ctx.sync_async(f, gen) for f in (f1, f2)]
+    wait_until(lambda: _awaiting_sync(ctx, f1) and _awaiting_sync(ctx, f2))
+    ctx.sleep(ctx.rebalance_timeout_ms)
+    assert [p.result(WAIT_S).error for p in parked] == [Errors.REBALANCE_IN_PROGRESS] * 2
+    assert ctx.member_ids() == {f1, f2}
+    assert ctx.state() == "PreparingRebalance"
