@@ -703,10 +703,12 @@ end
 
 -- Reply to a parked caller if its reply is ready, otherwise tell it how to wait.
 -- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}.
+-- A reply is read, not consumed: if the same member parked twice (a client that gave up on its
+-- first JoinGroup and sent another), both callers get the answer, and neither is left waiting
+-- or told it is unknown. The slot is cleared when the member parks again, and pruned later.
 local function reply_or_wait(id, kind)
   local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
   if blob then
-    redis.call('HDEL', K_REPLIES, reply_field(kind, id))
     finish()
     return {'R', blob}
   end

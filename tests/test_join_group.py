@@ -368,3 +368,35 @@ def test_rebalance_timeout_must_be_positive(ctx):
     with pytest.raises(InvalidRequestError, match="rebalance_timeout_ms"):
         ctx.coord.join_group("g", protocol_type="consumer", protocols=PROTOCOLS,
                              session_timeout_ms=5000, rebalance_timeout_ms=0)
+
+
+def test_a_member_that_joins_twice_while_parked_gets_the_answer_on_both_calls(ctx):
+    """After Kafka's testDynamicMembersCanRejoinGroupWithMaxSizeWhileRebalancing: a rejoin while
+    parked replaces the parked request; here the earlier caller gets the same answer too."""
+    gen, ids = ctx.stable_group(2)
+    first = ctx.join_async(ids[0])
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    again = ctx.join_async(ids[0])  # the same member, still parked
+    wait_until(lambda: ctx.parked() == 1)
+    other = ctx.join_async(ids[1])
+    r_first, r_again, r_other = first.result(WAIT_S), again.result(WAIT_S), other.result(WAIT_S)
+    assert r_first == r_again and r_first.error == Errors.NONE
+    assert r_first.generation_id == r_other.generation_id == gen + 1
+
+
+def test_max_size_turns_away_the_extra_member_while_the_others_rejoin(make_coordinator, clock, pool):
+    """Kafka's testDynamicMembersCanRejoinGroupWithMaxSizeWhileRebalancing."""
+    from harness import Ctx
+
+    c = Ctx(make_coordinator(clock=clock, group_max_size=3, group_initial_rebalance_delay_ms=50), clock, pool)
+    ids = [c.new_member_id() for _ in range(4)]
+    second = [c.join_async(i) for i in ids]
+    wait_until(lambda: sum(f.done() for f in second) == 1)  # the 4th is turned away at once
+    assert [f.result(WAIT_S).error for f in second if f.done()] == [Errors.GROUP_MAX_SIZE_REACHED]
+    assert len(c.member_ids()) == 3 and c.parked() == 3
+    third = [c.join_async(i) for i in ids]  # members may rejoin while rebalancing
+    c.sleep(50)
+    c.sleep(50)
+    results = [f.result(WAIT_S) for f in third]
+    assert sorted(r.error for r in results) == sorted([Errors.NONE] * 3 + [Errors.GROUP_MAX_SIZE_REACHED])
+    assert c.state() == "CompletingRebalance" and c.parked() == 0
