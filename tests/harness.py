@@ -103,7 +103,15 @@ class Ctx:
         return [f.result(WAIT_S) for f in futures]
 
     def parked(self) -> int:
+        """Members with a parked JoinGroup."""
         return int(self.coord._redis.hlen(self._keys().all()[7]))
+
+    def awaiting_sync(self, member_id: str) -> bool:
+        """Whether ``member_id`` has a parked SyncGroup (its record's ``as`` flag)."""
+        import msgpack
+
+        blob = self.coord._redis.hget(self._keys().all()[4], member_id)
+        return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1
 
     def stable_group(self, n: int, **join_kw: Any) -> tuple[int, list[str]]:
         """Form a Stable group of ``n`` dynamic members; returns (generation, ids, leader first).

@@ -323,17 +323,12 @@ def test_oversized_group_shrinks_after_max_size_lowered(redis_client, namespace,
     GroupCoordinator(redis_client, CoordinatorConfig(group_max_size=2, **base), clock=clock).start()
     assert c.heartbeat(ids[0], gen) == Errors.REBALANCE_IN_PROGRESS
     f0, f1 = c.join_async(ids[0]), c.join_async(ids[1])
-    wait_until(lambda: c.group_field("wid") is not None and len(ids) == 3 and _parked(c) == 2)
+    wait_until(lambda: c.group_field("wid") is not None and len(ids) == 3 and c.parked() == 2)
     late = c.join(ids[2])
     assert late.error == Errors.GROUP_MAX_SIZE_REACHED
     c.sleep(c.rebalance_timeout_ms)
     assert {f0.result(WAIT_S).generation_id, f1.result(WAIT_S).generation_id} == {gen + 1}
     assert c.member_ids() == set(ids[:2])
-
-
-def _parked(c) -> int:
-    keys = c._keys().all()
-    return int(c.coord._redis.hlen(keys[7]))
 
 
 def test_join_timer_acts_before_a_session_timer_due_at_the_same_moment(ctx):

@@ -176,16 +176,9 @@ def test_parked_sync_of_replaced_static_member_is_fenced(ctx):
     new_gen = fl.result(WAIT_S).generation_id
     assert ff.result(WAIT_S).generation_id == new_gen
     parked = ctx.sync_async(ids[follower_inst], new_gen, group_instance_id=follower_inst)
-    wait_until(lambda: _awaiting_sync(ctx, ids[follower_inst]))
+    wait_until(lambda: ctx.awaiting_sync(ids[follower_inst]))
     # The same instance restarts with no member id: the parked sync of the old id is fenced,
     # and the group rebalances (the leader may have assigned to the old id).
     ctx.join_async(group_instance_id=follower_inst)
     assert parked.result(WAIT_S).error == Errors.FENCED_INSTANCE_ID
     wait_until(lambda: ctx.state() == "PreparingRebalance")
-
-
-def _awaiting_sync(ctx, member_id):
-    import msgpack
-
-    blob = ctx.coord._redis.hget(ctx._keys().all()[4], member_id)
-    return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1

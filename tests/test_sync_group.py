@@ -31,7 +31,7 @@ def test_leader_assignment_reaches_parked_followers_and_missing_ones_are_empty(c
     gen, ids = _completing(ctx, 3)
     leader, f1, f2 = ids
     p1 = ctx.sync_async(f1, gen)
-    wait_until(lambda: _awaiting_sync(ctx, f1))
+    wait_until(lambda: ctx.awaiting_sync(f1))
     assert not p1.done()
     res = ctx.sync(leader, gen, {leader: b"L", f1: b"F1", "not-a-member": b"x"})
     assert res.error == Errors.NONE and res.assignment == b"L"
@@ -67,7 +67,7 @@ def test_parked_follower_sync_gets_rebalance_in_progress_when_rebalance_restarts
     gen, ids = _completing(ctx, 2)
     leader, follower = ids
     parked = ctx.sync_async(follower, gen)
-    wait_until(lambda: _awaiting_sync(ctx, follower))
+    wait_until(lambda: ctx.awaiting_sync(follower))
     # A new member arrives before the leader syncs: the rebalance starts over.
     ctx.join_async(ctx.new_member_id())
     assert parked.result(WAIT_S).error == Errors.REBALANCE_IN_PROGRESS
@@ -116,16 +116,10 @@ def test_sync_timeout_is_cancelled_once_everyone_synced(ctx):
 def test_member_leaving_while_parked_in_sync_gets_unknown_member(ctx):
     gen, ids = _completing(ctx, 2)
     parked = ctx.sync_async(ids[1], gen)
-    wait_until(lambda: _awaiting_sync(ctx, ids[1]))
+    wait_until(lambda: ctx.awaiting_sync(ids[1]))
     ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids[1])])
     assert parked.result(WAIT_S).error in (Errors.UNKNOWN_MEMBER_ID, Errors.REBALANCE_IN_PROGRESS)
 
-
-def _awaiting_sync(ctx, member_id):
-    import msgpack
-
-    blob = ctx.coord._redis.hget(ctx._keys().all()[4], member_id)
-    return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1
 
 
 def test_leader_that_never_syncs_is_removed_and_followers_told_to_rejoin(ctx):
@@ -134,7 +128,7 @@ def test_leader_that_never_syncs_is_removed_and_followers_told_to_rejoin(ctx):
     gen, ids = _completing(ctx, 3)
     leader, f1, f2 = ids
     parked = [ctx.sync_async(f, gen) for f in (f1, f2)]
-    wait_until(lambda: _awaiting_sync(ctx, f1) and _awaiting_sync(ctx, f2))
+    wait_until(lambda: ctx.awaiting_sync(f1) and ctx.awaiting_sync(f2))
     ctx.sleep(ctx.rebalance_timeout_ms)
     assert [p.result(WAIT_S).error for p in parked] == [Errors.REBALANCE_IN_PROGRESS] * 2
     assert ctx.member_ids() == {f1, f2}
