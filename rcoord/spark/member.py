@@ -1,0 +1,268 @@
+"""Group mode: a streaming query that is one member of an rcoord consumer group.
+
+``StreamMember`` lives in Spark's *streaming source runner*, the Python process the JVM starts
+for the query's stream reader and keeps for the query's whole life (see the PySpark notes).
+That process can hold a membership: a ``ConsumerGroup`` with its heartbeat thread. No Spark
+here: the Spark adapter calls ``initial()``, ``plan()``, ``commit()`` and ``close()``.
+
+**The query is the member.** Its plans (``Position``) carry the generation and member id they
+were made under:
+
+* ``initial()`` joins and waits for the first generation; the query starts at the group's
+  committed offsets (the ``start_offset`` policy where none was committed).
+* ``plan(start, latest, limit)`` runs when Spark plans the next micro-batch. Spark plans a
+  batch only after the previous one's sink has finished, so ``start`` (the previous batch's
+  end) is processed: it is committed first, fenced by the generation it was planned in. Then,
+  if the generation ended (a member came or went), the member lets the group rejoin, takes the
+  next generation and *rebases*: lost partitions are dropped, gained ones start at the group's
+  committed offsets, and the query goes on without a restart.
+* The member does not rejoin while a batch planned in the ending generation may still be
+  running: each generation has a routine (``Generation.start``) that returns only when ``plan``
+  has committed that batch, so a partition's new owner never reads it while its old owner is
+  still processing it (Kafka's eager rebalance: revoke, commit, then rejoin). The rebalance
+  timeout bounds the wait, as in Kafka.
+* A commit the coordinator refuses (the group moved on; the plan came from an old checkpoint
+  or a member that was removed) moves no offset and stops nothing: it is counted in
+  ``refused`` and the partitions are processed again by their owner (at-least-once).
+* ``close()`` leaves the group at once, so the others take the partitions over without
+  waiting for the session timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..client import (
+    CommitFailedError,
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    Generation,
+    GenerationContext,
+    GroupClosedError,
+)
+from ..errors import Errors, RcoordError
+from ..protocol.offsets import TopicPartition
+from .options import ReadOptions
+from .plan import Position, limit_end
+
+__all__ = ["CommitOutcome", "StreamMember", "member_config"]
+
+log = logging.getLogger("rcoord.spark")
+
+TP = TopicPartition
+LatestFn = Callable[[Sequence[TP]], Mapping[TP, tuple[int, int]]]
+"""(partitions) -> partition -> (log start, log end)."""
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What became of one commit: ``accepted`` or refused with the coordinator's ``error``."""
+
+    generation: int
+    member: str
+    offsets: dict[TP, int]
+    accepted: bool
+    error: Errors = Errors.NONE
+
+
+def member_config(opts: ReadOptions, topics: Sequence[str], client: Any) -> ConsumerGroupConfig:
+    """The group settings of a group-mode read."""
+    start = opts.starting if isinstance(opts.starting, str) else "earliest"
+    return ConsumerGroupConfig(
+        group_id=str(opts.group_id),
+        topics=list(topics),
+        redis_client=client,
+        namespace=opts.namespace,
+        session_timeout_ms=opts.session_timeout_ms,
+        heartbeat_interval_ms=opts.heartbeat_interval_ms,
+        rebalance_timeout_ms=opts.rebalance_timeout_ms,
+        partition_watch_interval_ms=max(500, opts.heartbeat_interval_ms),
+        join_backoff_ms=min(1000, opts.session_timeout_ms),
+        start_offset="latest" if start == "latest" else "earliest",
+        client_id="spark",
+    )
+
+
+class StreamMember:
+    """One streaming query's membership in a consumer group (see the module docstring)."""
+
+    def __init__(self, group: ConsumerGroup, *, fail_on_data_loss: bool = True,
+                 rejoin_wait_s: float = 1.0) -> None:
+        self._group = group
+        self._fail = fail_on_data_loss
+        self._rejoin_wait_s = rejoin_wait_s
+        self._gen: Generation | None = None
+        self._hold = threading.Event()
+        self._closing = threading.Event()
+        self._committed: dict[TP, int] = {}
+        self._initial: Position | None = None
+        self.outcomes: list[CommitOutcome] = []
+
+    # -- information
+
+    @property
+    def generation(self) -> Generation | None:
+        return self._gen
+
+    @property
+    def refused(self) -> list[CommitOutcome]:
+        return [o for o in self.outcomes if not o.accepted]
+
+    # -- lifecycle
+
+    def initial(self, timeout_s: float) -> Position:
+        """Join and return where the query starts: the group's committed offsets.
+
+        Spark asks twice when a query starts; both answers are the same position.
+        """
+        if self._initial is None:
+            gen = self._group.next(timeout=timeout_s)
+            self._adopt(gen)
+            self._initial = self._base_position()
+        return self._initial
+
+    def close(self, timeout_s: float | None = 30.0) -> None:
+        """Leave the group now (the routine of the current generation returns first)."""
+        self._closing.set()
+        self._hold.set()
+        self._group.close(timeout=timeout_s)
+
+    # -- planning
+
+    def plan(self, start: Position, latest: LatestFn, limit: int | None) -> Position:
+        """The end of the next batch; ``start`` itself when there is nothing to read."""
+        self.commit(start)
+        gen = self._gen
+        if gen is None or gen.done.is_set():
+            if not self._next_generation():
+                return start
+            gen = self._gen
+            assert gen is not None
+        assigned = sorted(gen.offsets)
+        if start.generation == gen.generation_id and start.member == gen.member_id:
+            begin = {tp: start.offsets.get(tp, self._base(tp)) for tp in assigned}
+            starts = {tp: begin[tp] for tp in assigned if tp not in start.offsets}
+        else:
+            # Planned by another membership (an old checkpoint, or a generation this query
+            # left): go on from what the group has committed for our partitions.
+            begin = {tp: self._base(tp) for tp in assigned}
+            starts = dict(begin)
+        bounds = latest(assigned)
+        for tp in assigned:
+            lo, hi = bounds.get(tp, (begin[tp], begin[tp]))
+            if begin[tp] < lo or begin[tp] > hi:
+                if self._fail and begin[tp] < lo:
+                    from .resolve import DataLossError
+
+                    raise DataLossError(
+                        f"{tp.topic}-{tp.partition}: committed offset {begin[tp]} is below the "
+                        f"log start {lo} (retention removed records the group never read); set "
+                        "failOnDataLoss=false to go on from the log start"
+                    )
+                begin[tp] = lo if begin[tp] < lo else hi
+                starts[tp] = begin[tp]
+        ends = limit_end(begin, {tp: bounds.get(tp, (0, begin[tp]))[1] for tp in assigned}, limit)
+        end = Position(ends, starts, gen.generation_id, gen.member_id)
+        if not starts and end.offsets == start.offsets and start.same_plan(end):
+            return start
+        return end
+
+    # -- commits
+
+    def commit(self, pos: Position) -> CommitOutcome | None:
+        """Commit ``pos`` (a finished batch's end) with the generation it was planned in.
+
+        Returns None when there is nothing new to commit.
+        """
+        if pos.generation is None or not pos.offsets:
+            return None
+        gen = self._gen
+        mine = gen is not None and (pos.generation, pos.member) == (gen.generation_id,
+                                                                    gen.member_id)
+        if mine:
+            todo = {tp: o for tp, o in pos.offsets.items() if self._committed.get(tp) != o}
+            if not todo:
+                return None
+            assert gen is not None
+            try:
+                gen.commit_offsets(todo)
+            except CommitFailedError as exc:
+                log.warning("group %r: %s", gen.group_id, exc)
+                return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
+            self._committed.update(todo)
+            return self._record(pos, todo, Errors.NONE)
+        if pos == self._initial:
+            return None
+        # Not this generation's plan: let the coordinator fence it with its own stamp.
+        try:
+            result = self._group.coordinator.commit_offsets(
+                self._group.config.group_id,
+                dict(pos.offsets),
+                member_id=pos.member or "",
+                generation_id=pos.generation,
+            )
+        except RcoordError as exc:
+            log.warning("commit of a generation %d plan failed: %s", pos.generation, exc)
+            return self._record(pos, dict(pos.offsets), Errors.UNKNOWN_SERVER_ERROR)
+        error = next((e for e in result.values() if e is not Errors.NONE), Errors.NONE)
+        if error is not Errors.NONE:
+            log.warning("group %r: commit planned in generation %d by %s refused (%s); the "
+                        "group's committed offsets stay", self._group.config.group_id,
+                        pos.generation, pos.member, error.name)
+        return self._record(pos, dict(pos.offsets), error)
+
+    # -- internals
+
+    def _record(self, pos: Position, offsets: dict[TP, int], error: Errors) -> CommitOutcome:
+        out = CommitOutcome(int(pos.generation or 0), pos.member or "", offsets,
+                            error is Errors.NONE, error)
+        self.outcomes.append(out)
+        del self.outcomes[:-100]
+        return out
+
+    def _base(self, tp: TP) -> int:
+        """Where the current generation stands in ``tp``: committed by us, else its start."""
+        assert self._gen is not None
+        return self._committed.get(tp, self._gen.offsets[tp])
+
+    def _base_position(self) -> Position:
+        assert self._gen is not None
+        base = {tp: self._base(tp) for tp in sorted(self._gen.offsets)}
+        return Position(base, dict(base), self._gen.generation_id, self._gen.member_id)
+
+    def _adopt(self, gen: Generation) -> None:
+        hold = threading.Event()
+        self._hold = hold
+        self._gen = gen
+        self._committed = {}
+
+        def revoke(ctx: GenerationContext) -> None:
+            # Returning lets the group rejoin: only after plan() committed what this
+            # generation planned (or the query is closing).
+            while not hold.wait(0.1):
+                if self._closing.is_set():
+                    return
+
+        gen.start(revoke)
+        log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
+                 gen.generation_id, gen.member_id,
+                 [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
+
+    def _next_generation(self) -> bool:
+        """Release the ended generation and take the next one if it comes soon."""
+        self._hold.set()
+        try:
+            gen = self._group.next(timeout=self._rejoin_wait_s)
+        except TimeoutError:
+            return False
+        except GroupClosedError:
+            raise
+        except RcoordError as exc:  # a join that backs off; the group keeps trying
+            log.warning("group %r: %s", self._group.config.group_id, exc)
+            return False
+        self._adopt(gen)
+        return True

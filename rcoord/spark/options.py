@@ -1,0 +1,324 @@
+"""The data source's options: parsed and checked once, with errors that name the option.
+
+Spark hands a data source its ``.option(k, v)`` pairs as strings in a case-insensitive map. The
+names follow Spark's Kafka source wherever it has the same concept (``subscribe``,
+``subscribePattern``, ``assign``, ``startingOffsets``, ``endingOffsets``,
+``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``maxRecordsPerPartition``), so a Kafka pipeline
+moves over by changing ``format("kafka")`` to ``format("rcoord")``. rcoord adds ``url``,
+``namespace``, ``groupId`` (group mode) and the group's timeouts.
+
+Everything here is plain Python: no Redis, no Spark. Checks that need Redis (does the topic
+exist?) happen where the partitions are resolved (``rcoord.spark.plan``), with the same kind of
+error.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "OffsetSpec",
+    "OptionError",
+    "ReadKind",
+    "ReadOptions",
+    "WriteOptions",
+    "parse_read_options",
+    "parse_write_options",
+]
+
+EARLIEST = -2
+"""Kafka's sentinel for "the log start offset" in a JSON offsets option."""
+LATEST = -1
+"""Kafka's sentinel for "the log end offset" in a JSON offsets option."""
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_GROUP_OPTIONS = ("sessiontimeoutms", "heartbeatintervalms", "rebalancetimeoutms")
+
+
+class OptionError(ConfigError):
+    """An option of the ``rcoord`` data source is missing, malformed or conflicts with another.
+
+    The message starts with the option's name, as given in ``.option(...)``.
+    """
+
+
+class ReadKind(enum.Enum):
+    """Which read the options are for: Spark calls the same data source for both."""
+
+    BATCH = "batch"
+    STREAM = "stream"
+
+
+OffsetSpec = str | dict[str, dict[int, int]]
+"""``"earliest"``, ``"latest"``, or topic -> partition -> offset (-2 earliest, -1 latest)."""
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """A read's settings. ``topics``/``pattern``/``assign``: exactly one is set."""
+
+    url: str
+    namespace: str = "rcoord"
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+    starting: OffsetSpec = "earliest"
+    ending: OffsetSpec = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    max_records_per_partition: int = 100_000
+    fetch_size: int = 2000
+    group_id: str | None = None
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    rebalance_timeout_ms: int = 30_000
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def subscription(self) -> str:
+        """The option that names the topics, for error messages."""
+        if self.assign is not None:
+            return "assign"
+        return "subscribePattern" if self.pattern is not None else "subscribe"
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    url: str
+    namespace: str = "rcoord"
+    topic: str | None = None
+
+
+def _lower(options: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        out[str(key).lower()] = "" if value is None else str(value)
+    return out
+
+
+def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
+    url = opts.get("url") or env.get("RCOORD_REDIS_URL", "")
+    if not url:
+        raise OptionError(
+            "url: no Redis URL; set .option('url', 'redis://host:port/db') or RCOORD_REDIS_URL"
+        )
+    if "://" not in url:
+        raise OptionError(f"url: must look like redis://host:port/db, got {url!r}")
+    return url
+
+
+def _namespace(opts: Mapping[str, str]) -> str:
+    ns = opts.get("namespace", "rcoord") or "rcoord"
+    if not _NAMESPACE_RE.match(ns):
+        raise OptionError(f"namespace: must be 1-64 characters of [A-Za-z0-9._:-], got {ns!r}")
+    return ns
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"{name}: must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise OptionError(f"{name}: must be a positive integer, got {raw!r}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise OptionError(f"{name}: must be true or false, got {raw!r}")
+
+
+def _json(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"{name}: malformed JSON ({exc.msg} at character {exc.pos}): {raw!r}")\
+            from None
+
+
+def parse_offsets(name: str, raw: str, allowed: tuple[int, ...]) -> OffsetSpec:
+    """``earliest`` / ``latest`` / ``{"topic": {"0": 23, "1": -2}}`` (Spark's Kafka format).
+
+    ``allowed`` are the sentinels this option accepts: a batch's ``endingOffsets`` cannot be
+    -2 (earliest), as in Spark's Kafka source.
+    """
+    text = raw.strip()
+    low = text.lower()
+    if low == "earliest" and EARLIEST in allowed:
+        return "earliest"
+    if low == "latest" and LATEST in allowed:
+        return "latest"
+    if not text.startswith("{"):
+        words = " or ".join(w for w, s in (("earliest", EARLIEST), ("latest", LATEST))
+                            if s in allowed)
+        raise OptionError(f"{name}: must be {words} or JSON like {{\"events\": {{\"0\": 23}}}}, "
+                          f"got {raw!r}")
+    parsed = _json(name, text)
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(f"{name}: JSON must map topic names to {{partition: offset}}, got {raw!r}")
+    out: dict[str, dict[int, int]] = {}
+    for topic, parts in parsed.items():
+        if not isinstance(parts, dict) or not parts:
+            raise OptionError(f"{name}: topic {topic!r} must map partitions to offsets, "
+                              f"got {parts!r}")
+        out[topic] = {}
+        for p, off in parts.items():
+            try:
+                partition = int(p)
+            except (TypeError, ValueError):
+                raise OptionError(f"{name}: partition {p!r} of topic {topic!r} is not an "
+                                  "integer") from None
+            if partition < 0:
+                raise OptionError(f"{name}: partition {p!r} of topic {topic!r} is negative")
+            if not isinstance(off, int) or isinstance(off, bool):
+                raise OptionError(f"{name}: offset of {topic}-{p} must be an integer, got {off!r}")
+            if off < 0 and off not in allowed:
+                raise OptionError(f"{name}: offset {off} of {topic}-{p} is not allowed here "
+                                  f"(offsets are >= 0, or one of {sorted(allowed)})")
+            out[topic][partition] = off
+    return out
+
+
+def _assign(raw: str) -> dict[str, tuple[int, ...]]:
+    parsed = _json("assign", raw)
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(f"assign: JSON must map topic names to partition lists, like "
+                          f"{{\"events\": [0, 1]}}, got {raw!r}")
+    out: dict[str, tuple[int, ...]] = {}
+    for topic, parts in parsed.items():
+        if (not isinstance(parts, list) or not parts
+                or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                           for p in parts)):
+            raise OptionError(f"assign: topic {topic!r} needs a non-empty list of partition "
+                              f"numbers >= 0, got {parts!r}")
+        out[topic] = tuple(sorted(set(parts)))
+    return out
+
+
+def parse_read_options(
+    options: Mapping[str, Any], kind: ReadKind, env: Mapping[str, str] | None = None
+) -> ReadOptions:
+    """Check a read's options; raises ``OptionError`` naming the first bad one."""
+    opts = _lower(options)
+    env = os.environ if env is None else env
+    url = _url(opts, env)
+    namespace = _namespace(opts)
+
+    given = [n for n, k in (("subscribe", "subscribe"), ("subscribePattern", "subscribepattern"),
+                            ("assign", "assign")) if opts.get(k, "").strip()]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise OptionError(f"{'/'.join(given) or 'subscribe'}: give exactly one of subscribe, "
+                          f"subscribePattern or assign (got {what})")
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+    if given[0] == "subscribe":
+        topics = tuple(dict.fromkeys(t.strip() for t in opts["subscribe"].split(",") if t.strip()))
+        if not topics:
+            raise OptionError(f"subscribe: no topic names in {opts['subscribe']!r}")
+    elif given[0] == "subscribePattern":
+        pattern = opts["subscribepattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise OptionError(f"subscribePattern: not a regular expression ({exc}): "
+                              f"{pattern!r}") from None
+    else:
+        assign = _assign(opts["assign"])
+
+    group_id = opts.get("groupid") or None
+    if group_id is not None:
+        if kind is ReadKind.BATCH:
+            raise OptionError(
+                "groupId: group mode is for streaming reads (spark.readStream); a batch read "
+                "(spark.read) reads fixed offset ranges and joins no group"
+            )
+        if assign is not None:
+            raise OptionError("groupId: a group divides subscribed topics among its members; "
+                              "use subscribe or subscribePattern, not assign")
+
+    default_start = "earliest" if kind is ReadKind.BATCH or group_id else "latest"
+    starting: OffsetSpec = default_start
+    if opts.get("startingoffsets"):
+        allowed = (EARLIEST,) if kind is ReadKind.BATCH else (EARLIEST, LATEST)
+        starting = parse_offsets("startingOffsets", opts["startingoffsets"], allowed)
+        if group_id is not None and isinstance(starting, dict):
+            raise OptionError("startingOffsets: in group mode the group's committed offsets "
+                              "say where to start; give earliest or latest (for partitions "
+                              "the group has never committed)")
+    ending: OffsetSpec = "latest"
+    if opts.get("endingoffsets"):
+        if kind is ReadKind.STREAM:
+            raise OptionError("endingOffsets: only for batch reads (spark.read); a stream "
+                              "reads on as records arrive")
+        ending = parse_offsets("endingOffsets", opts["endingoffsets"], (LATEST,))
+
+    max_per_trigger = None
+    if opts.get("maxoffsetspertrigger"):
+        max_per_trigger = _positive_int("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
+    fail = _bool("failOnDataLoss", opts["failondataloss"]) if opts.get("failondataloss") else True
+    per_part = 100_000
+    if opts.get("maxrecordsperpartition"):
+        per_part = _positive_int("maxRecordsPerPartition", opts["maxrecordsperpartition"])
+    fetch_size = _positive_int("fetchSize", opts["fetchsize"]) if opts.get("fetchsize") else 2000
+
+    timeouts: dict[str, int] = {}
+    for key, name in zip(_GROUP_OPTIONS,
+                         ("sessionTimeoutMs", "heartbeatIntervalMs", "rebalanceTimeoutMs")):
+        if opts.get(key):
+            if group_id is None:
+                raise OptionError(f"{name}: only meaningful with groupId")
+            timeouts[key] = _positive_int(name, opts[key])
+    session = timeouts.get("sessiontimeoutms", 10_000)
+    beat = timeouts.get("heartbeatintervalms", min(1_000, max(1, session // 3)))
+    if beat * 3 > session:
+        raise OptionError(f"heartbeatIntervalMs: {beat} must be at most sessionTimeoutMs / 3 "
+                          f"({session / 3:g})")
+    return ReadOptions(
+        url=url,
+        namespace=namespace,
+        topics=topics,
+        pattern=pattern,
+        assign=assign,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=max_per_trigger,
+        fail_on_data_loss=fail,
+        max_records_per_partition=per_part,
+        fetch_size=fetch_size,
+        group_id=group_id,
+        session_timeout_ms=session,
+        heartbeat_interval_ms=beat,
+        rebalance_timeout_ms=timeouts.get("rebalancetimeoutms", 30_000),
+    )
+
+
+def parse_write_options(
+    options: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> WriteOptions:
+    """A write's settings: where to, and the default ``topic`` for rows without one."""
+    opts = _lower(options)
+    env = os.environ if env is None else env
+    for name in ("subscribe", "subscribepattern", "assign", "groupid"):
+        if opts.get(name):
+            pretty = {"subscribepattern": "subscribePattern", "groupid": "groupId"}.get(name, name)
+            raise OptionError(f"{pretty}: is a read option; a write names its topic with the "
+                              "topic option or a topic column")
+    topic = opts.get("topic") or None
+    return WriteOptions(url=_url(opts, env), namespace=_namespace(opts), topic=topic)

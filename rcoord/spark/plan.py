@@ -1,0 +1,158 @@
+"""Offset positions and range planning for the data source, in plain Python.
+
+A streaming query's offset (what Spark writes to ``offsets/N`` in its checkpoint and passes back
+as ``start``/``end``) is a ``Position``: the next offset of every partition the query reads
+after that batch. In group mode it also carries the generation and member id the batch was
+planned under, so the commit made once the batch's sink has finished is fenced by exactly that
+generation, and a plan that outlived its generation can be recognised.
+
+``starts`` holds where partitions begin that did not continue from the previous position: a
+partition that appeared (a topic grew, a pattern matched a new topic) or, in group mode, every
+partition of a new generation (which starts at the group's committed offsets, not at whatever
+the query read before). ``partitions(start, end)`` in Spark only gets the two positions, so the
+end must say where such partitions begin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..protocol.offsets import TopicPartition
+
+__all__ = ["OffsetRange", "Position", "limit_end", "ranges_between", "split_ranges"]
+
+TP = TopicPartition
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Records ``start`` (inclusive) to ``end`` (exclusive) of one partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _nested(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def _flat(nested: Any, what: str) -> dict[TP, int]:
+    if not isinstance(nested, dict):
+        raise ValueError(f"{what} must map topics to {{partition: offset}}, got {nested!r}")
+    out: dict[TP, int] = {}
+    for topic, parts in nested.items():
+        if not isinstance(parts, dict):
+            raise ValueError(f"{what}: topic {topic!r} must map partitions to offsets")
+        for p, off in parts.items():
+            out[TP(str(topic), int(p))] = int(off)
+    return out
+
+
+@dataclass(frozen=True)
+class Position:
+    """A stream offset: next offset per partition, plus the group generation in group mode."""
+
+    offsets: dict[TP, int]
+    starts: dict[TP, int] = field(default_factory=dict)
+    generation: int | None = None
+    member: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict Spark checkpoints (JSON-encodable, keys are strings)."""
+        out: dict[str, Any] = {"offsets": _nested(self.offsets)}
+        if self.starts:
+            out["starts"] = _nested(self.starts)
+        if self.generation is not None:
+            out["generation"] = self.generation
+            out["member"] = self.member or ""
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Position:
+        if not isinstance(raw, Mapping) or "offsets" not in raw:
+            raise ValueError(f"not an rcoord stream offset: {raw!r}")
+        gen = raw.get("generation")
+        return cls(
+            offsets=_flat(raw["offsets"], "offsets"),
+            starts=_flat(raw.get("starts", {}), "starts"),
+            generation=None if gen is None else int(gen),
+            member=None if gen is None else str(raw.get("member", "")),
+        )
+
+    def same_plan(self, other: Position) -> bool:
+        """True if ``other`` was planned by the same membership (or neither is in a group)."""
+        return self.generation == other.generation and self.member == other.member
+
+    def continues(self, previous: Position, tp: TP) -> bool:
+        """True if ``tp`` goes on from ``previous`` rather than from ``starts``."""
+        return self.same_plan(previous) and tp in previous.offsets and tp not in self.starts
+
+
+def ranges_between(start: Position, end: Position) -> list[OffsetRange]:
+    """The records a batch from ``start`` to ``end`` reads, one range per partition of ``end``.
+
+    Partitions only in ``start`` (lost in a rebalance, or of a deleted topic) are dropped;
+    partitions that do not continue from ``start`` begin at ``end.starts``.
+    """
+    out: list[OffsetRange] = []
+    for tp in sorted(end.offsets):
+        hi = end.offsets[tp]
+        if end.continues(start, tp):
+            lo = start.offsets[tp]
+        elif tp in end.starts:
+            lo = end.starts[tp]
+        else:
+            raise ValueError(f"offset of {tp.topic}-{tp.partition} has no start: {end!r}")
+        if hi > lo:
+            out.append(OffsetRange(tp.topic, tp.partition, lo, hi))
+    return out
+
+
+def split_ranges(ranges: Iterable[OffsetRange], max_records: int) -> list[OffsetRange]:
+    """Split every range into pieces of at most ``max_records`` (Spark tasks of bounded size)."""
+    if max_records < 1:
+        raise ValueError("max_records must be >= 1")
+    out: list[OffsetRange] = []
+    for r in ranges:
+        lo = r.start
+        while lo < r.end:
+            hi = min(r.end, lo + max_records)
+            out.append(OffsetRange(r.topic, r.partition, lo, hi))
+            lo = hi
+    return out
+
+
+def limit_end(start: Mapping[TP, int], latest: Mapping[TP, int], limit: int | None) -> dict[TP, int]:
+    """The end offsets of a batch that reads at most ``limit`` records in total.
+
+    Spark's Kafka source shares ``maxOffsetsPerTrigger`` among partitions in proportion to how
+    far behind each is; this does the same with the largest-remainder method, so the total is
+    exactly ``min(limit, total lag)`` and no partition is given more than its lag (Spark's
+    rounding can go over the limit). Ties go to the lower partition, so the plan is
+    deterministic. ``start`` lacks nothing that ``latest`` has.
+    """
+    lags = {tp: max(0, latest[tp] - start[tp]) for tp in latest}
+    total = sum(lags.values())
+    if limit is None or total <= limit:
+        return {tp: start[tp] + lags[tp] for tp in latest}
+    shares: dict[TP, int] = {}
+    remainders: list[tuple[int, TP]] = []
+    for tp in sorted(lags):
+        whole, rem = divmod(limit * lags[tp], total)
+        shares[tp] = whole
+        remainders.append((-rem, tp))
+    left = limit - sum(shares.values())
+    for _, tp in sorted(remainders)[:left]:
+        shares[tp] += 1
+    return {tp: start[tp] + shares[tp] for tp in latest}

@@ -1,0 +1,192 @@
+"""From options to partitions and offsets, reading topic metadata from Redis (no Spark).
+
+Runs where Spark plans: in a batch read's planner, or in the streaming source's runner process.
+Every error is an ``OptionError`` naming the option that asked for something that is not there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..errors import Errors
+from ..protocol.offsets import TopicPartition
+from ..topics import Topics, TopicError, fetch
+from ..topics import Record
+from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
+from .plan import OffsetRange
+
+__all__ = [
+    "DataLossError",
+    "log_bounds",
+    "read_range",
+    "resolve_offsets",
+    "resolve_partitions",
+    "subscribed_topics",
+]
+
+TP = TopicPartition
+
+
+class DataLossError(RuntimeError):
+    """Records a query was going to read are gone (retention trimmed them, or the topic went).
+
+    Raised only with ``failOnDataLoss`` true (the default, as in Spark's Kafka source).
+    """
+
+
+def subscribed_topics(admin: Topics, opts: ReadOptions) -> list[str]:
+    """The topics the subscription names that exist; an unknown ``subscribe``/``assign`` topic
+    is an error (a pattern simply matches what exists now)."""
+    if opts.pattern is not None:
+        regex = re.compile(opts.pattern)
+        return [t for t in admin.list() if regex.fullmatch(t)]
+    names = list(opts.topics) if opts.assign is None else list(opts.assign)
+    for topic in names:
+        try:
+            admin.partition_count(topic)
+        except TopicError as exc:
+            if exc.error in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
+                raise OptionError(f"{opts.subscription}: unknown topic {topic!r} in namespace "
+                                  f"{opts.namespace!r}") from None
+            raise
+    return names
+
+
+def resolve_partitions(admin: Topics, opts: ReadOptions) -> list[TP]:
+    """Every partition the read covers, sorted."""
+    out: list[TP] = []
+    for topic in subscribed_topics(admin, opts):
+        try:
+            count = admin.partition_count(topic)
+        except TopicError as exc:  # a pattern's topic deleted meanwhile
+            if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and opts.pattern is not None:
+                continue
+            raise
+        if opts.assign is not None:
+            for p in opts.assign[topic]:
+                if p >= count:
+                    raise OptionError(f"assign: topic {topic!r} has {count} partitions; there "
+                                      f"is no partition {p}")
+                out.append(TP(topic, p))
+        else:
+            out.extend(TP(topic, p) for p in range(count))
+    return sorted(out)
+
+
+def log_bounds(admin: Topics, partitions: Iterable[TP]) -> dict[TP, tuple[int, int]]:
+    """(log start, log end) of each partition, one pipelined round trip per topic."""
+    wanted: dict[str, set[int]] = {}
+    for tp in partitions:
+        wanted.setdefault(tp.topic, set()).add(tp.partition)
+    out: dict[TP, tuple[int, int]] = {}
+    for topic, parts in wanted.items():
+        try:
+            desc = admin.describe(topic)
+        except TopicError as exc:
+            if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            continue  # deleted: the caller treats its partitions as gone
+        for info in desc.partitions:
+            if info.partition in parts and info.error is Errors.NONE:
+                out[TP(topic, info.partition)] = (info.log_start_offset, info.log_end_offset)
+    return out
+
+
+def resolve_offsets(
+    name: str,
+    spec: OffsetSpec,
+    partitions: Sequence[TP],
+    bounds: Mapping[TP, tuple[int, int]],
+    default: int,
+    fail_on_data_loss: bool = True,
+) -> dict[TP, int]:
+    """Concrete offsets for ``spec`` (the option ``name``) on ``partitions``.
+
+    JSON offsets may name only partitions of the read; partitions they leave out take
+    ``default`` (EARLIEST or LATEST). An offset below the log start is data loss (an error, or
+    the log start without ``failOnDataLoss``); one past the log end is an error.
+    """
+    wanted = set(partitions)
+    explicit: dict[TP, int] = {}
+    if isinstance(spec, dict):
+        for topic, parts in spec.items():
+            for p, off in parts.items():
+                tp = TP(topic, p)
+                if tp not in wanted:
+                    raise OptionError(f"{name}: {topic}-{p} is not among the partitions this "
+                                      "read covers (check the topic name and partition count)")
+                explicit[tp] = off
+        sentinel = default
+    else:
+        sentinel = EARLIEST if spec == "earliest" else LATEST
+    out: dict[TP, int] = {}
+    for tp in partitions:
+        lo, hi = bounds.get(tp, (0, 0))
+        want = explicit.get(tp, sentinel)
+        if want == EARLIEST:
+            out[tp] = lo
+        elif want == LATEST:
+            out[tp] = hi
+        elif want > hi:
+            raise OptionError(f"{name}: offset {want} of {tp.topic}-{tp.partition} is past its "
+                              f"log end offset {hi}")
+        elif want < lo:
+            if fail_on_data_loss:
+                raise DataLossError(
+                    f"{name}: offset {want} of {tp.topic}-{tp.partition} is below its log "
+                    f"start offset {lo} (retention removed those records); set "
+                    "failOnDataLoss=false to start at the log start instead"
+                )
+            out[tp] = lo
+        else:
+            out[tp] = want
+    return out
+
+
+def read_range(
+    client: Any,
+    namespace: str,
+    rng: OffsetRange,
+    fetch_size: int,
+    fail_on_data_loss: bool,
+) -> Iterable[list[Record]]:
+    """The records of ``rng``, in chunks of at most ``fetch_size`` (one script call each).
+
+    Records trimmed by retention since planning are data loss: an error, or skipped without
+    ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
+    ``rng.end``.
+    """
+    offset = rng.start
+    while offset < rng.end:
+        want = min(fetch_size, rng.end - offset)
+        try:
+            res = fetch(client, namespace, rng.topic, rng.partition, offset, max_records=want)
+        except TopicError as exc:
+            if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and not fail_on_data_loss:
+                return
+            raise DataLossError(f"{rng.topic}-{rng.partition}: {exc}") from exc
+        if res.error is Errors.OFFSET_OUT_OF_RANGE and res.log_start_offset > offset:
+            if fail_on_data_loss:
+                raise DataLossError(
+                    f"{rng.topic}-{rng.partition}: offsets {offset}..{res.log_start_offset - 1} "
+                    "were removed by retention before this batch read them; set "
+                    "failOnDataLoss=false to skip them"
+                )
+            offset = res.log_start_offset
+            continue
+        if res.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            if fail_on_data_loss:
+                raise DataLossError(f"{rng.topic}-{rng.partition} no longer exists")
+            return
+        if res.error is not Errors.NONE:
+            raise TopicError(res.error, f"{rng.topic}-{rng.partition} at offset {offset}")
+        records = [r for r in res.records if r.offset < rng.end]
+        if not records:
+            if fail_on_data_loss:
+                raise DataLossError(f"{rng.topic}-{rng.partition}: no record at offset {offset} "
+                                    f"(log end {res.log_end_offset})")
+            return
+        yield records
+        offset = records[-1].offset + 1

@@ -1,0 +1,336 @@
+"""The PySpark adapter: the ``rcoord`` Python data source (imported only with pyspark present).
+
+A thin layer: options, planning, group membership and the write path are the Spark-free
+modules beside it. What runs where (measured, see ``docs/architecture.md``):
+
+* ``RcoordDataSource.reader`` / ``streamReader`` / ``writer`` run in Spark's Python planner or
+  runner processes; their objects are pickled to the executors, so they hold only options and
+  open Redis connections lazily (``_clients``), never at construction.
+* The stream reader in the *runner* process lives as long as the query: it holds the group
+  membership in group mode (``StreamMember``).
+* ``read`` and ``write`` run in executor Python workers, on unpickled copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from ..client import ConsumerGroup, client_from_url
+from ..protocol.offsets import TopicPartition
+from ..topics import Topics
+from .member import StreamMember, member_config
+from .options import (
+    EARLIEST,
+    LATEST,
+    ReadKind,
+    ReadOptions,
+    parse_read_options,
+    parse_write_options,
+)
+from .plan import OffsetRange, Position, limit_end, ranges_between, split_ranges
+from .resolve import log_bounds, read_range, resolve_offsets, resolve_partitions
+from .rows import SCHEMA_DDL, records_to_batch
+from .write import make_producer, write_rows
+
+__all__ = ["RcoordDataSource"]
+
+log = logging.getLogger("rcoord.spark")
+
+TP = TopicPartition
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(url: str) -> Any:
+    """One Redis client per URL per Python process (executor workers are reused)."""
+    with _clients_lock:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = client_from_url(url)
+        return client
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):  # type: ignore[misc]
+    """One Spark task: a range of one partition, and how to reach it (plain, picklable)."""
+
+    url: str
+    namespace: str
+    range: OffsetRange
+    fetch_size: int
+    fail_on_data_loss: bool
+
+
+def _read(part: RangePartition) -> Iterator[Any]:
+    client = _client(part.url)
+    rng = part.range
+    for records in read_range(client, part.namespace, rng, part.fetch_size,
+                              part.fail_on_data_loss):
+        yield records_to_batch(rng.topic, rng.partition, records)
+
+
+def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange]) -> list[RangePartition]:
+    return [
+        RangePartition(opts.url, opts.namespace, r, opts.fetch_size, opts.fail_on_data_loss)
+        for r in split_ranges(ranges, opts.max_records_per_partition)
+    ]
+
+
+class RcoordDataSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format("rcoord")``, ``readStream``, ``write`` and ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rcoord"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return BatchReader(parse_read_options(self.options, ReadKind.BATCH))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return StreamReader(parse_read_options(self.options, ReadKind.STREAM))
+
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+        _check_write_schema(schema)
+        return BatchWriter(parse_write_options(self.options))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        _check_write_schema(schema)
+        return StreamWriter(parse_write_options(self.options))
+
+
+def _check_write_schema(schema: Any) -> None:
+    from .options import OptionError
+
+    names = {f.name.lower() for f in schema.fields}
+    if "value" not in names:
+        raise OptionError("value: a write needs a value column (binary or string); the "
+                          f"DataFrame has {sorted(names)}")
+
+
+# -- batch read --------------------------------------------------------------------------------
+
+
+class BatchReader(DataSourceReader):  # type: ignore[misc]
+    """Exact offset ranges, one Spark partition per topic partition (split when large)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        admin = Topics(_client(opts.url), opts.namespace)
+        parts = resolve_partitions(admin, opts)
+        bounds = log_bounds(admin, parts)
+        start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, EARLIEST,
+                                opts.fail_on_data_loss)
+        end = resolve_offsets("endingOffsets", opts.ending, parts, bounds, LATEST,
+                              opts.fail_on_data_loss)
+        ranges = []
+        for tp in parts:
+            if start[tp] > end[tp]:
+                from .options import OptionError
+
+                raise OptionError(f"startingOffsets: offset {start[tp]} of {tp.topic}-"
+                                  f"{tp.partition} is past its endingOffsets {end[tp]}")
+            ranges.append(OffsetRange(tp.topic, tp.partition, start[tp], end[tp]))
+        tasks = _tasks(opts, [r for r in ranges if r.size > 0])
+        # Spark wants at least one partition; an empty range reads nothing.
+        return tasks or [RangePartition(opts.url, opts.namespace, OffsetRange("-", 0, 0, 0),
+                                        opts.fetch_size, opts.fail_on_data_loss)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition.range.size == 0:
+            return iter(())
+        return _read(partition)
+
+
+# -- streaming read ----------------------------------------------------------------------------
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """A streaming read; in group mode, the query is a member of the consumer group."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._member: StreamMember | None = None
+        self._target: dict[TP, int] | None = None  # availableNow: never plan past these
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The planner pickles a copy for the executors: no membership, no connection.
+        return {"opts": self.opts, "_member": None, "_target": None}
+
+    # -- shared
+
+    def _admin(self) -> Topics:
+        return Topics(_client(self.opts.url), self.opts.namespace)
+
+    def _bounds(self, parts: Sequence[TP]) -> dict[TP, tuple[int, int]]:
+        bounds = log_bounds(self._admin(), parts)
+        if self._target is not None:
+            bounds = {tp: (lo, min(hi, self._target.get(tp, lo))) for tp, (lo, hi)
+                      in bounds.items()}
+        return bounds
+
+    def _limit(self, limit: ReadLimit | None) -> int | None:
+        if isinstance(limit, ReadAllAvailable):
+            return None
+        if isinstance(limit, ReadMaxRows):
+            return int(limit.max_rows)
+        return self.opts.max_offsets_per_trigger
+
+    def _membership(self) -> StreamMember:
+        if self._member is None:
+            from .resolve import subscribed_topics
+
+            opts = self.opts
+            topics = subscribed_topics(self._admin(), opts)
+            group = ConsumerGroup(member_config(opts, topics, _client(opts.url)))
+            self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss)
+        return self._member
+
+    # -- Spark's calls (runner process)
+
+    def initialOffset(self) -> dict[str, Any]:
+        opts = self.opts
+        if opts.group_id is not None:
+            wait = (opts.rebalance_timeout_ms + opts.session_timeout_ms) / 1000 + 5
+            return self._membership().initial(wait).to_json()
+        parts = resolve_partitions(self._admin(), opts)
+        bounds = log_bounds(self._admin(), parts)
+        start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
+                                opts.fail_on_data_loss)
+        return Position(start, dict(start)).to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(n) if n is not None else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        parts = resolve_partitions(self._admin(), self.opts)
+        self._target = {tp: hi for tp, (_, hi) in log_bounds(self._admin(), parts).items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        pos = Position.from_json(start)
+        n = self._limit(limit)
+        if self.opts.group_id is not None:
+            return self._membership().plan(pos, self._bounds, n).to_json()
+        parts = resolve_partitions(self._admin(), self.opts)
+        bounds = self._bounds(parts)
+        begin: dict[TP, int] = {}
+        starts: dict[TP, int] = {}
+        for tp in parts:
+            if tp not in bounds:
+                continue
+            if tp in pos.offsets:
+                begin[tp] = pos.offsets[tp]
+            else:  # a new partition starts at its beginning, as in Spark's Kafka source
+                begin[tp] = starts[tp] = bounds[tp][0]
+        end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, n)
+        if not starts and end == {tp: pos.offsets[tp] for tp in end} \
+                and len(end) == len(pos.offsets):
+            return start
+        return Position(end, starts).to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, finish = Position.from_json(start), Position.from_json(end)
+        if self.opts.group_id is not None and self._member is not None:
+            gen = self._member.generation
+            if gen is not None and (finish.generation, finish.member) != (gen.generation_id,
+                                                                          gen.member_id):
+                # A batch replayed from a checkpoint of another membership: its partitions
+                # may belong to another member now. Read nothing; the owner reads them.
+                log.warning("skipping a batch planned in generation %s by %s (now %d, %s)",
+                            finish.generation, finish.member, gen.generation_id,
+                            gen.member_id)
+                return []
+        return _tasks(self.opts, ranges_between(begin, finish))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self._member is not None:
+            self._member.commit(Position.from_json(end))
+
+    def stop(self) -> None:
+        if self._member is not None:
+            self._member.close()
+
+
+# -- writes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class WriteMessage(WriterCommitMessage):  # type: ignore[misc]
+    appended: int
+    duplicates: int
+
+
+def _rows(iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    for row in iterator:
+        yield row.asDict(recursive=True)
+
+
+class BatchWriter(DataSourceWriter):  # type: ignore[misc]
+    """``df.write.format("rcoord")``: append every row (at-least-once if a task is retried)."""
+
+    def __init__(self, opts: Any) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriteMessage:
+        producer = make_producer(_client(self.opts.url), self.opts.namespace, None, None)
+        res = write_rows(producer, _rows(iterator), self.opts.topic)
+        return WriteMessage(res.appended, res.duplicates)
+
+
+class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+    """``writeStream.format("rcoord")``: an idempotent producer per (query, task partition),
+    epoch = batch id, so a micro-batch Spark runs again appends nothing twice."""
+
+    def __init__(self, opts: Any) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriteMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        query = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        if ctx is None or query is None or batch is None:
+            raise RuntimeError("rcoord stream writer: Spark gave the task no query id or batch "
+                               "id (sql.streaming.queryId / streaming.sql.batchId)")
+        producer_id = f"spark:{query}:{ctx.partitionId()}"
+        producer = make_producer(_client(self.opts.url), self.opts.namespace, producer_id,
+                                 int(batch))
+        res = write_rows(producer, _rows(iterator), self.opts.topic)
+        return WriteMessage(res.appended, res.duplicates)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        return None
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        return None
