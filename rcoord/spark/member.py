@@ -100,6 +100,9 @@ class StreamMember:
         self._closing = threading.Event()
         self._committed: dict[TP, int] = {}
         self._initial: Position | None = None
+        # (generation, member) -> offsets already sent: Spark's deferred commit(end) repeats
+        # a plan that plan() committed (or saw refused) before the generation changed.
+        self._sent: dict[tuple[int, str], dict[TP, int]] = {}
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -178,8 +181,15 @@ class StreamMember:
 
         Returns None when there is nothing new to commit.
         """
-        if pos.generation is None or not pos.offsets:
+        if pos.generation is None or not pos.offsets or pos == self._initial:
             return None
+        stamp = (pos.generation, pos.member or "")
+        sent = self._sent.get(stamp, {})
+        if all(sent.get(tp) == o for tp, o in pos.offsets.items()):
+            return None
+        self._sent[stamp] = {**sent, **pos.offsets}
+        while len(self._sent) > 16:
+            del self._sent[next(iter(self._sent))]
         gen = self._gen
         mine = gen is not None and (pos.generation, pos.member) == (gen.generation_id,
                                                                     gen.member_id)
@@ -193,10 +203,12 @@ class StreamMember:
             except CommitFailedError as exc:
                 log.warning("group %r: %s", gen.group_id, exc)
                 return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
+            except RcoordError as exc:  # Redis unreachable for a session: try again next time
+                log.warning("group %r: commit failed, will retry: %s", gen.group_id, exc)
+                self._sent.pop(stamp, None)
+                return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
             self._committed.update(todo)
             return self._record(pos, todo, Errors.NONE)
-        if pos == self._initial:
-            return None
         # Not this generation's plan: let the coordinator fence it with its own stamp.
         try:
             result = self._group.coordinator.commit_offsets(

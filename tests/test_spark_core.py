@@ -1,0 +1,284 @@
+"""The Spark-free core of rcoord.spark: options, planning, resolution, group member, write rows.
+
+No JVM: these run with or without pyspark installed. Redis-backed tests use the suite's
+single-node server fixture.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from harness import wait_until
+
+from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
+from rcoord.client import ConsumerGroup
+from rcoord.spark.member import StreamMember, member_config
+from rcoord.spark.options import (
+    OptionError,
+    ReadKind,
+    parse_read_options,
+    parse_write_options,
+)
+from rcoord.spark.plan import OffsetRange, Position, limit_end, ranges_between, split_ranges
+from rcoord.spark.resolve import (
+    DataLossError,
+    log_bounds,
+    read_range,
+    resolve_offsets,
+    resolve_partitions,
+)
+from rcoord.spark.write import row_to_record, write_rows
+from rcoord.topics import Producer, Topics
+
+TP = TopicPartition
+URL = {"url": "redis://127.0.0.1:1/0"}
+
+
+def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
+    return parse_read_options({**URL, **kw}, kind, env={})
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "given", "names"),
+    [
+        (ReadKind.BATCH, {"subscribe": "a", "assign": '{"a": [0]}'}, "subscribe/assign"),
+        (ReadKind.BATCH, {}, "subscribe"),
+        (ReadKind.BATCH, {"assign": "{a: [0]}"}, "assign: malformed JSON"),
+        (ReadKind.BATCH, {"assign": '{"a": []}'}, "assign"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": '{"a": {"0": 1'},
+         "startingOffsets: malformed JSON"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": '{"a": {"x": 1}}'},
+         "startingOffsets"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets"),
+        (ReadKind.BATCH, {"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'},
+         "endingOffsets"),
+        (ReadKind.BATCH, {"subscribe": "a", "groupId": "g"}, "groupId: group mode is for "
+                                                             "streaming reads"),
+        (ReadKind.STREAM, {"assign": '{"a": [0]}', "groupId": "g"}, "groupId"),
+        (ReadKind.STREAM, {"subscribe": "a", "endingOffsets": "latest"}, "endingOffsets"),
+        (ReadKind.STREAM, {"subscribe": "a", "maxOffsetsPerTrigger": "0"},
+         "maxOffsetsPerTrigger"),
+        (ReadKind.STREAM, {"subscribe": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        (ReadKind.STREAM, {"subscribePattern": "(", }, "subscribePattern"),
+        (ReadKind.STREAM, {"subscribe": "a", "groupId": "g", "startingOffsets": '{"a": {"0": 1}}'},
+         "startingOffsets"),
+        (ReadKind.STREAM, {"subscribe": "a", "sessionTimeoutMs": "3000"}, "sessionTimeoutMs"),
+        (ReadKind.STREAM, {"subscribe": "a", "groupId": "g", "sessionTimeoutMs": "3000",
+                           "heartbeatIntervalMs": "2000"}, "heartbeatIntervalMs"),
+    ],
+)
+def test_bad_options_name_the_option(kind: ReadKind, given: dict[str, str], names: str) -> None:
+    with pytest.raises(OptionError, match="^" + names.replace("/", "/").replace("(", r"\(")):
+        parse_read_options({**URL, **given}, kind, env={})
+
+
+def test_url_comes_from_the_option_or_the_environment() -> None:
+    with pytest.raises(OptionError, match="^url: no Redis URL"):
+        parse_read_options({"subscribe": "a"}, ReadKind.BATCH, env={})
+    got = parse_read_options({"subscribe": "a"}, ReadKind.BATCH,
+                             env={"RCOORD_REDIS_URL": "redis://h:1/2"})
+    assert got.url == "redis://h:1/2"
+    with pytest.raises(OptionError, match="^subscribe: is a read option"):
+        parse_write_options({**URL, "subscribe": "a"}, env={})
+
+
+def test_options_are_case_insensitive_and_follow_kafka_defaults() -> None:
+    batch = parse_read_options({**URL, "SUBSCRIBE": "a, b,a"}, ReadKind.BATCH, env={})
+    assert batch.topics == ("a", "b") and batch.starting == "earliest" and batch.ending == "latest"
+    stream = opts(subscribe="a")
+    assert stream.starting == "latest" and stream.fail_on_data_loss
+    group = opts(subscribe="a", groupId="g")
+    assert group.starting == "earliest" and group.group_id == "g"
+    spec = opts(ReadKind.BATCH, assign='{"a": [1, 0, 1]}',
+                startingOffsets='{"a": {"0": 23, "1": -2}}', endingOffsets='{"a": {"0": -1}}')
+    assert spec.assign == {"a": (0, 1)}
+    assert spec.starting == {"a": {0: 23, 1: -2}} and spec.ending == {"a": {0: -1}}
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def test_limit_end_shares_the_limit_by_lag_exactly() -> None:
+    a, b, c = TP("t", 0), TP("t", 1), TP("t", 2)
+    start = {a: 0, b: 10, c: 5}
+    latest = {a: 100, b: 10, c: 55}
+    end = limit_end(start, latest, 30)
+    assert sum(end[tp] - start[tp] for tp in start) == 30
+    assert end == {a: 20, b: 10, c: 15}
+    assert limit_end(start, latest, None) == latest
+    assert limit_end(start, latest, 1000) == latest
+    # one record over three equal lags: deterministic, the lowest partition gets it
+    assert limit_end({a: 0, b: 0, c: 0}, {a: 5, b: 5, c: 5}, 1) == {a: 1, b: 0, c: 0}
+
+
+def test_positions_round_trip_and_rebase_with_starts() -> None:
+    a, b = TP("t", 0), TP("t", 1)
+    prev = Position({a: 10, b: 4}, generation=3, member="m")
+    assert Position.from_json(prev.to_json()) == prev
+    same = Position({a: 15, b: 4}, generation=3, member="m")
+    assert ranges_between(prev, same) == [OffsetRange("t", 0, 10, 15)]
+    # a new generation starts every partition at its starts (the group's committed offsets)
+    nxt = Position({a: 12, TP("t", 2): 9}, starts={a: 8, TP("t", 2): 7}, generation=4,
+                   member="m")
+    assert ranges_between(prev, nxt) == [OffsetRange("t", 0, 8, 12), OffsetRange("t", 2, 7, 9)]
+    with pytest.raises(ValueError, match="no start"):
+        ranges_between(prev, Position({a: 12}, generation=4, member="m"))
+    assert split_ranges([OffsetRange("t", 0, 0, 5)], 2) == [
+        OffsetRange("t", 0, 0, 2), OffsetRange("t", 0, 2, 4), OffsetRange("t", 0, 4, 5)]
+
+
+# -- resolution against Redis ------------------------------------------------------------------
+
+
+@pytest.fixture
+def topics(single_client: Any, namespace: str) -> Topics:
+    return Topics(single_client, namespace)
+
+
+def test_resolve_partitions_and_offsets(redis_server: Any, single_client: Any, namespace: str,
+                                        topics: Topics) -> None:
+    topics.create("ev", 3)
+    topics.create("ev2", 1)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 30)
+    base = {"url": redis_server.url, "namespace": namespace}
+    o = parse_read_options({**base, "subscribePattern": "ev.*"}, ReadKind.BATCH, env={})
+    parts = resolve_partitions(topics, o)
+    assert parts == [TP("ev", 0), TP("ev", 1), TP("ev", 2), TP("ev2", 0)]
+    with pytest.raises(OptionError, match="^subscribe: unknown topic 'nope'"):
+        resolve_partitions(topics, parse_read_options({**base, "subscribe": "ev,nope"},
+                                                      ReadKind.BATCH, env={}))
+    with pytest.raises(OptionError, match="^assign: topic 'ev' has 3 partitions"):
+        resolve_partitions(topics, parse_read_options({**base, "assign": '{"ev": [3]}'},
+                                                      ReadKind.BATCH, env={}))
+    bounds = log_bounds(topics, parts)
+    ends = {tp: hi for tp, (_, hi) in bounds.items()}
+    got = resolve_offsets("startingOffsets", {"ev": {0: 2, 1: -1}}, parts, bounds, -2)
+    assert got == {TP("ev", 0): 2, TP("ev", 1): ends[TP("ev", 1)], TP("ev", 2): 0,
+                   TP("ev2", 0): 0}
+    with pytest.raises(OptionError, match="^startingOffsets: zz-0 is not among"):
+        resolve_offsets("startingOffsets", {"zz": {0: 1}}, parts, bounds, -2)
+    with pytest.raises(OptionError, match="past its log end"):
+        resolve_offsets("startingOffsets", {"ev": {0: 10_000}}, parts, bounds, -2)
+
+
+def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: Topics) -> None:
+    topics.create("ret", 1, retention_records=5)
+    Producer(single_client, namespace).send_batch("ret", [str(i).encode() for i in range(20)])
+    topics.apply_retention("ret")
+    rng = OffsetRange("ret", 0, 0, 20)
+    with pytest.raises(DataLossError, match="failOnDataLoss=false"):
+        list(read_range(single_client, namespace, rng, 3, True))
+    chunks = list(read_range(single_client, namespace, rng, 3, False))
+    assert [r.offset for c in chunks for r in c] == list(range(15, 20))
+    bounds = log_bounds(topics, [TP("ret", 0)])
+    with pytest.raises(DataLossError):
+        resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2)
+    assert resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2,
+                           fail_on_data_loss=False) == {TP("ret", 0): 15}
+
+
+# -- rows to records ---------------------------------------------------------------------------
+
+
+def test_rows_become_records(single_client: Any, namespace: str, topics: Topics) -> None:
+    topic, rec = row_to_record({"value": "v", "key": b"k", "partition": 1,
+                                "headers": [{"key": "h", "value": b"1"}]}, "dflt")
+    assert topic == "dflt" and rec.value == b"v" and rec.key == b"k" and rec.partition == 1
+    assert rec.headers == {"h": b"1"}
+    with pytest.raises(OptionError, match="^topic:"):
+        row_to_record({"value": b"v"}, None)
+    topics.create("w", 4)
+    res = write_rows(Producer(single_client, namespace),
+                     [{"value": b"a", "key": b"k1"}, {"value": b"b", "topic": "w"}], "w")
+    assert res.appended == 2
+
+
+# -- the group member (Spark's runner calls, without Spark) ------------------------------------
+
+
+@pytest.fixture
+def coord(single_client: Any, namespace: str) -> GroupCoordinator:
+    cfg = CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
+                            group_initial_rebalance_delay_ms=0)
+    return GroupCoordinator(single_client, cfg).start()
+
+
+def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
+    o = parse_read_options({"url": url, "namespace": namespace, "subscribe": "ev",
+                            "groupId": "g", "sessionTimeoutMs": "1500",
+                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000", **kw},
+                           ReadKind.STREAM, env={})
+    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2)
+
+
+def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_client: Any,
+                                                  namespace: str, topics: Topics,
+                                                  coord: GroupCoordinator) -> None:
+    topics.create("ev", 4)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 40)
+
+    def latest(parts: Any) -> Any:
+        return log_bounds(topics, parts)
+
+    a = _member(redis_server.url, namespace, single_client)
+    b = _member(redis_server.url, namespace, single_client)
+    try:
+        first = a.initial(10)
+        assert first == a.initial(10)  # Spark asks twice; the same answer
+        assert sorted(first.offsets) == [TP("ev", p) for p in range(4)]
+        end = a.plan(first, latest, 8)  # 2 per partition
+        assert sum(end.offsets.values()) == 8 and end.generation == first.generation
+
+        # b joins: a's generation ends; a's next plan commits its batch, then rebases
+        joined: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: joined.update(pos=b.initial(10)))
+        t.start()
+        wait_until(lambda: a.generation is not None and a.generation.done.is_set(),
+                   timeout_s=10)
+        got = {"pos": end}
+
+        def a_rebased() -> bool:
+            got["pos"] = a.plan(end, latest, None)
+            return got["pos"].generation != end.generation
+
+        wait_until(a_rebased, timeout_s=10)
+        nxt = got["pos"]
+        t.join(10)
+        assert nxt.generation == joined["pos"].generation == end.generation + 1
+        committed = {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()}
+        assert committed == end.offsets  # a's batch was committed before it rejoined
+        mine, theirs = set(nxt.offsets), set(joined["pos"].offsets)
+        assert mine.isdisjoint(theirs) and len(mine | theirs) == 4
+        # gained/kept partitions start at the group's committed offsets
+        assert nxt.starts == {tp: committed[tp] for tp in mine}
+
+        # a commit stamped with the old generation is refused, moves nothing, raises nothing
+        stale = Position({tp: 10 for tp in end.offsets}, generation=end.generation,
+                         member=end.member)
+        outcome = a.commit(stale)
+        assert outcome is not None and not outcome.accepted
+        assert {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()} == committed
+        # and one from another process's membership (an old checkpoint) too
+        foreign = Position({tp: 10 for tp in theirs}, generation=nxt.generation, member="other")
+        assert not a.commit(foreign).accepted  # type: ignore[union-attr]
+        assert {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()} == committed
+
+        # a leaves: b takes every partition from the committed offsets without a restart
+        a.close()
+        state = {"pos": joined["pos"]}
+
+        def b_has_all() -> bool:
+            state["pos"] = b.plan(state["pos"], latest, None)
+            return len(state["pos"].offsets) == 4
+
+        wait_until(b_has_all, timeout_s=10)
+        pos = state["pos"]
+        assert all(pos.starts[tp] == committed[tp] for tp in mine)
+    finally:
+        a.close(5)
+        b.close(5)

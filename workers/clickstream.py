@@ -1,0 +1,278 @@
+"""A streaming pipeline on Spark: per-key click counts over event-time windows, as Parquet.
+
+    python -m workers.clickstream --group clicks --topic events --out DIR \
+        [--redis-url redis://127.0.0.1:6379/0] [--master local[2]]
+
+Each instance is a Spark streaming query in *group mode*: a member of the consumer group
+``--group``. Start several (on one machine or many, in one Spark application or many) and they
+split the topic's partitions; stop one (Ctrl-C / SIGTERM) and the others take its partitions
+over from the offsets it committed; kill one and they take them over after its session
+timeout. No query restarts when partitions move.
+
+Records: the key is what is counted (a user, a page); the value is JSON with an event time
+``{"ts": <epoch milliseconds>}`` (the record's timestamp when missing). Windows are tumbling,
+``--window`` long. A record whose event time is behind the query's watermark (the newest event
+time the query has seen minus ``--watermark``) is late and not counted, as in Spark's
+windowed aggregations.
+
+Output: every micro-batch writes, per topic partition it read, one Parquet file
+``DIR/counts/topic=T/partition=P/start-S.parquet`` with columns ``window_start``,
+``window_end``, ``key``, ``count`` for the records from offset S on. The file name is the
+batch's first offset in that partition, so when a partition's new owner processes again the
+records its old owner had processed but not committed (a crash), it starts at the same
+committed offset and *replaces* that file: the output never counts a record twice. The counts
+of a (window, key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
+``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("clickstream")
+
+__all__ = ["build_query", "main", "read_counts", "stop_gracefully", "window_counts"]
+
+
+def _ms(text: str) -> int:
+    """'10s', '500ms', '2m', or a number of milliseconds."""
+    text = text.strip().lower()
+    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)):
+        if text.endswith(suffix) and text[: -len(suffix)].strip().replace(".", "", 1).isdigit():
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
+    """The expected output in plain Python: (window start ms, key) -> count, for
+    ``events`` as (key, event time ms) pairs (what the tests and the bench compare with)."""
+    out: dict[tuple[int, str], int] = defaultdict(int)
+    for key, ts in events:
+        out[(ts - ts % window_ms, key)] += 1
+    return dict(out)
+
+
+def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
+    """The pipeline's output summed per (window start ms, key); reads Parquet with pyarrow."""
+    import pyarrow.parquet as pq
+
+    totals: dict[tuple[int, str], int] = defaultdict(int)
+    for path in sorted(Path(out_dir, "counts").glob("topic=*/partition=*/start-*.parquet")):
+        table = pq.read_table(path).to_pydict()
+        for start, key, count in zip(table["window_start"], table["key"], table["count"]):
+            ms = int(start.timestamp() * 1000) if isinstance(start, dt.datetime) else int(start)
+            totals[(ms, key)] += int(count)
+    return dict(totals)
+
+
+class _Sink:
+    """The ``foreachBatch`` function: one aggregation, one file per (topic partition, start)."""
+
+    def __init__(self, out_dir: str, window_ms: int) -> None:
+        self.out_dir = out_dir
+        self.window_ms = window_ms
+        self.query: Any = None  # set once started: the watermark comes from its progress
+        self.batches = 0
+        self.records = 0
+        self.late = 0
+
+    def watermark_ms(self) -> int:
+        """The watermark Spark computed at the end of the previous batch (0 before any)."""
+        progress = self.query.lastProgress if self.query is not None else None
+        mark = (progress or {}).get("eventTime", {}).get("watermark")
+        if not mark:
+            return 0
+        when = dt.datetime.fromisoformat(mark.replace("Z", "+00:00"))
+        return int(when.timestamp() * 1000)
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        wm = self.watermark_ms()
+        late = F.col("event_ms") < F.lit(wm)
+        window_start = F.col("event_ms") - F.pmod(F.col("event_ms"), F.lit(self.window_ms))
+        rows = (
+            batch.groupBy("topic", "partition", window_start.alias("ws"), "k")
+            .agg(
+                F.sum(F.when(late, 0).otherwise(1)).alias("n"),
+                F.count(F.lit(1)).alias("all"),
+                F.min("offset").alias("lo"),
+            )
+            .collect()
+        )
+        by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
+        for row in rows:
+            by_part[(row["topic"], row["partition"])].append(row)
+            self.records += row["all"]
+            self.late += row["all"] - row["n"]
+        for (topic, partition), group in by_part.items():
+            self._write(topic, partition, min(r["lo"] for r in group), group)
+        self.batches += 1
+
+    def _write(self, topic: str, partition: int, start: int, rows: list[Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        kept = [r for r in rows if r["n"] > 0]
+        utc = dt.timezone.utc
+        table = pa.table({
+            "window_start": pa.array(
+                [dt.datetime.fromtimestamp(r["ws"] / 1000, utc) for r in kept],
+                pa.timestamp("ms", tz="UTC")),
+            "window_end": pa.array(
+                [dt.datetime.fromtimestamp((r["ws"] + self.window_ms) / 1000, utc) for r in kept],
+                pa.timestamp("ms", tz="UTC")),
+            "key": pa.array([r["k"] for r in kept], pa.string()),
+            "count": pa.array([r["n"] for r in kept], pa.int64()),
+        })
+        folder = Path(self.out_dir, "counts", f"topic={topic}", f"partition={partition}")
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{uuid.uuid4().hex}"
+        pq.write_table(table, tmp)
+        os.replace(tmp, folder / f"start-{start}.parquet")  # atomic: replaces a retried range
+
+
+def build_query(
+    spark: Any,
+    *,
+    topics: str,
+    group: str,
+    out: str,
+    url: str | None = None,
+    namespace: str = "rcoord",
+    window: str = "10s",
+    watermark: str = "1m",
+    trigger: str = "500ms",
+    checkpoint: str | None = None,
+    options: dict[str, str] | None = None,
+) -> Any:
+    """Start one instance of the pipeline in ``spark``; returns the ``StreamingQuery``."""
+    from pyspark.sql import functions as F
+
+    from rcoord.spark import register
+
+    register(spark)
+    window_ms = _ms(window)
+    reader = (
+        spark.readStream.format("rcoord")
+        .option("subscribe", topics)
+        .option("groupId", group)
+        .option("namespace", namespace)
+        .option("startingOffsets", "earliest")
+    )
+    if url:
+        reader = reader.option("url", url)
+    for k, v in (options or {}).items():
+        reader = reader.option(k, v)
+    events = reader.load().select(
+        "topic",
+        "partition",
+        "offset",
+        F.col("key").cast("string").alias("k"),
+        F.coalesce(
+            F.get_json_object(F.col("value").cast("string"), "$.ts").cast("long"),
+            F.unix_millis(F.col("timestamp")),
+        ).alias("event_ms"),
+    )
+    events = events.withColumn("event_time", F.timestamp_millis("event_ms")) \
+        .withWatermark("event_time", f"{_ms(watermark)} milliseconds")
+    sink = _Sink(out, window_ms)
+    writer = events.writeStream.foreachBatch(sink).trigger(
+        processingTime=f"{_ms(trigger)} milliseconds")
+    # Group mode keeps the offsets in the group; a fresh checkpoint per run is enough.
+    location = checkpoint or os.path.join(out, "_checkpoints", uuid.uuid4().hex)
+    query = writer.option("checkpointLocation", location).start()
+    sink.query = query
+    query._rcoord_sink = sink  # for tests and the bench: batches, records, late
+    return query
+
+
+def stop_gracefully(query: Any, timeout_s: float = 10.0) -> None:
+    """Stop after the query has caught up, so its last batch's offsets are committed.
+
+    Spark commits a batch's offsets to the group when it plans the next trigger; a trigger
+    that found no new data means everything processed is committed. Waits up to
+    ``timeout_s`` for such a trigger, then stops (leaving the group) either way.
+    """
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        status = query.status
+        if not status["isDataAvailable"] and not status["isTriggerActive"]:
+            break
+        time.sleep(0.05)
+    query.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--group", required=True, help="consumer group of the instances")
+    parser.add_argument("--topic", required=True, help="topic(s) to read, comma-separated")
+    parser.add_argument("--out", required=True, help="output directory (Parquet)")
+    parser.add_argument("--redis-url", default=os.environ.get("RCOORD_REDIS_URL"))
+    parser.add_argument("--namespace", default="rcoord")
+    parser.add_argument("--master", default=None, help="Spark master (default local[2])")
+    parser.add_argument("--window", default="10s")
+    parser.add_argument("--watermark", default="1m")
+    parser.add_argument("--trigger", default="500ms")
+    parser.add_argument("--max-offsets-per-trigger", default=None)
+    parser.add_argument("--session-timeout-ms", default=None)
+    parser.add_argument("--heartbeat-interval-ms", default=None)
+    parser.add_argument("--run-for", type=float, default=None,
+                        help="stop gracefully after this many seconds (default: until signalled)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"clickstream-{args.group}")
+    if args.master or not os.environ.get("SPARK_HOME"):
+        builder = builder.master(args.master or "local[2]")
+    spark = (builder.config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    options = {}
+    for opt, val in (("maxOffsetsPerTrigger", args.max_offsets_per_trigger),
+                     ("sessionTimeoutMs", args.session_timeout_ms),
+                     ("heartbeatIntervalMs", args.heartbeat_interval_ms)):
+        if val:
+            options[opt] = str(val)
+    query = build_query(spark, topics=args.topic, group=args.group, out=args.out,
+                        url=args.redis_url, namespace=args.namespace, window=args.window,
+                        watermark=args.watermark, trigger=args.trigger, options=options)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"clickstream: query {query.id} started (group {args.group})", flush=True)
+    deadline = None if args.run_for is None else time.monotonic() + args.run_for
+    while query.isActive and not stop.is_set():
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        stop.wait(0.5)
+    failed = query.exception()
+    if query.isActive:
+        stop_gracefully(query)
+    sink = query._rcoord_sink
+    print(f"clickstream: stopped after {sink.batches} batches, {sink.records} records "
+          f"({sink.late} late)", flush=True)
+    spark.stop()
+    if failed is not None:
+        print(f"clickstream: query failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
