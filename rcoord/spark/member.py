@@ -138,6 +138,7 @@ class StreamMember:
 
     def plan(self, start: Position, latest: LatestFn, limit: int | None) -> Position:
         """The end of the next batch; ``start`` itself when there is nothing to read."""
+        self._group.start()  # a query restarted on a checkpoint plans before initial()
         self.commit(start)
         gen = self._gen
         if gen is None or gen.done.is_set():

@@ -257,15 +257,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, finish = Position.from_json(start), Position.from_json(end)
-        if self.opts.group_id is not None and self._member is not None:
-            gen = self._member.generation
-            if gen is not None and (finish.generation, finish.member) != (gen.generation_id,
-                                                                          gen.member_id):
+        if self.opts.group_id is not None:
+            gen = self._membership().generation
+            if gen is None or (finish.generation, finish.member) != (gen.generation_id,
+                                                                     gen.member_id):
                 # A batch replayed from a checkpoint of another membership: its partitions
                 # may belong to another member now. Read nothing; the owner reads them.
-                log.warning("skipping a batch planned in generation %s by %s (now %d, %s)",
-                            finish.generation, finish.member, gen.generation_id,
-                            gen.member_id)
+                log.warning("skipping a batch planned in generation %s by %s: this query "
+                            "is another member now", finish.generation, finish.member)
                 return []
         return _tasks(self.opts, ranges_between(begin, finish))
 

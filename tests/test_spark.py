@@ -1,0 +1,400 @@
+"""The rcoord data source on a real SparkSession (local[2]) against a real Redis.
+
+One SparkSession for the whole module (JVM start-up costs seconds); every query is bounded by
+``awaitTermination(timeout)`` or an explicit wait on a condition. Skipped only when pyspark is
+not importable; CI installs the ``spark`` extra, so they run there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e "
+                                                "'.[spark]' to run the Spark tests)")
+
+from harness import wait_until  # noqa: E402
+
+from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition  # noqa: E402
+from rcoord.murmur2 import partition_for_key  # noqa: E402
+from rcoord.protocol.consumer import ConsumerProtocolAssignment  # noqa: E402
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERY_S = 120  # bound of every awaitTermination / wait in this module
+GROUP_OPTS = {"sessionTimeoutMs": "3000", "heartbeatIntervalMs": "300",
+              "rebalanceTimeoutMs": "10000"}
+WINDOW_MS = 10_000
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Spark's Python workers must import this checkout's rcoord (and workers/).
+    path = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rcoord-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    from rcoord.spark import register
+
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def coord(single_client: Any, namespace: str) -> GroupCoordinator:
+    cfg = CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
+                            group_initial_rebalance_delay_ms=0)
+    return GroupCoordinator(single_client, cfg).start()
+
+
+def reader(spark: Any, url: str, namespace: str, stream: bool = False) -> Any:
+    base = spark.readStream if stream else spark.read
+    return base.format("rcoord").option("url", url).option("namespace", namespace)
+
+
+def committed(coord: GroupCoordinator, group: str) -> dict[int, int]:
+    return {tp.partition: o.offset for tp, o in coord.fetch_offsets(group).offsets.items()}
+
+
+def log_ends(topics: Topics, topic: str) -> dict[int, int]:
+    return {p.partition: p.log_end_offset for p in topics.describe(topic).partitions}
+
+
+def assignment(coord: GroupCoordinator, group: str) -> dict[str, list[int]]:
+    """member id -> partitions, once the group is Stable (else {})."""
+    desc = coord.describe_group(group)
+    if str(desc.state).lower() != "stable":
+        return {}
+    return {m.member_id: sorted(tp.partition for tp in
+                                ConsumerProtocolAssignment.decode(m.assignment).partitions)
+            for m in desc.members}
+
+
+# -- batch reads and writes --------------------------------------------------------------------
+
+
+def test_batch_read_returns_exactly_a_range_with_every_column(spark: Any, redis_server: Any,
+                                                              single_client: Any,
+                                                              namespace: str) -> None:
+    Topics(single_client, namespace).create("ev", 3)
+    producer = Producer(single_client, namespace)
+    for i in range(15):
+        producer.send("ev", f"v{i}".encode(), key=None if i == 4 else f"k{i}".encode(),
+                      partition=i % 3, headers={"n": str(i).encode()} if i % 2 else None)
+    df = (reader(spark, redis_server.url, namespace).option("subscribe", "ev")
+          .option("startingOffsets", '{"ev": {"0": 1, "1": -2, "2": -2}}')
+          .option("endingOffsets", '{"ev": {"0": 4, "1": -1, "2": 2}}').load())
+    assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
+        ("key", "binary"), ("value", "binary"), ("topic", "string"), ("partition", "int"),
+        ("offset", "bigint"), ("timestamp", "timestamp"), ("timestampType", "int"),
+        ("headers", "array<struct<key:string,value:binary>>")]
+    got = sorted((r.partition, r.offset, r.key, r.value, r.topic, r.timestampType,
+                  {h.key: h.value for h in r.headers}, r.timestamp) for r in df.collect())
+    want = []
+    for p, lo, hi in ((0, 1, 4), (1, 0, 5), (2, 0, 2)):
+        for rec in fetch(single_client, namespace, "ev", p, lo, max_records=hi - lo).records:
+            import datetime as dt
+
+            ts = dt.datetime.fromtimestamp(rec.timestamp_ms / 1000, dt.timezone.utc)
+            want.append((p, rec.offset, rec.key, rec.value, "ev", 1, rec.headers,
+                         ts.replace(tzinfo=None)))
+    assert got == sorted(want) and len(got) == 3 + 5 + 2
+
+
+def test_bad_options_fail_naming_the_option(spark: Any, redis_server: Any, single_client: Any,
+                                            namespace: str) -> None:
+    Topics(single_client, namespace).create("ev", 1)
+    cases = [
+        ({"subscribe": "nope"}, "subscribe: unknown topic 'nope'"),
+        ({"subscribe": "ev", "assign": '{"ev": [0]}'}, "give exactly one of subscribe"),
+        ({"subscribe": "ev", "startingOffsets": '{"ev": {"0": '}, "startingOffsets: malformed"),
+        ({"subscribe": "ev", "groupId": "g"}, "groupId: group mode is for streaming reads"),
+    ]
+    for options, message in cases:
+        with pytest.raises(Exception, match=message):
+            reader(spark, redis_server.url, namespace).options(**options).load().collect()
+
+
+def test_write_then_read_keeps_keys_values_headers_and_partitions(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str) -> None:
+    Topics(single_client, namespace).create("out", 4)
+    rows = [(f"k{i}".encode() if i % 3 else None, f"v{i}".encode(),
+             i % 4 if i % 5 == 0 else None, [("h", str(i).encode())] if i % 2 else [])
+            for i in range(24)]
+    rows = [r for r in rows if r[0] is not None or r[2] is not None]  # keyless need a partition
+    df = spark.createDataFrame(
+        rows, "key binary, value binary, partition int, "
+              "headers array<struct<key: string, value: binary>>")
+    (df.write.format("rcoord").option("url", redis_server.url).option("namespace", namespace)
+     .option("topic", "out").mode("append").save())
+    back = reader(spark, redis_server.url, namespace).option("subscribe", "out").load().collect()
+    got = sorted((r.value, r.key, r.partition, [(h.key, h.value) for h in r.headers])
+                 for r in back)
+    want = sorted((v, k, p if p is not None else partition_for_key(k, 4), h)
+                  for k, v, p, h in rows)
+    assert got == want
+
+
+# -- streaming reads ---------------------------------------------------------------------------
+
+
+def test_stream_honours_max_offsets_per_trigger_and_available_now(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        tmp_path: Path) -> None:
+    Topics(single_client, namespace).create("ev", 3)
+    Producer(single_client, namespace, "round_robin").send_batch(
+        "ev", [f"v{i}".encode() for i in range(40)])
+    seen: list[list[tuple[int, int]]] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        seen.append([(r.partition, r.offset) for r in batch.select("partition", "offset")
+                     .collect()])
+
+    q = (reader(spark, redis_server.url, namespace, stream=True).option("subscribe", "ev")
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "9").load()
+         .writeStream.foreachBatch(sink).trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "cp")).start())
+    assert q.awaitTermination(QUERY_S), "availableNow query did not end by itself"
+    assert q.exception() is None
+    sizes = [len(b) for b in seen if b]
+    assert sizes and all(n <= 9 for n in sizes) and sizes.count(9) >= 4
+    everything = sorted(x for b in seen for x in b)
+    assert everything == sorted((p, o) for p, end in log_ends(
+        Topics(single_client, namespace), "ev").items() for o in range(end))
+
+
+def _has_idempotent_producer() -> bool:
+    return "idempotent" in inspect.signature(Producer).parameters
+
+
+@pytest.mark.xfail(not _has_idempotent_producer(), strict=False,
+                   reason="needs the idempotent producer (branch producer) on main")
+def test_replayed_micro_batch_does_not_append_twice(spark: Any, redis_server: Any,
+                                                    single_client: Any, namespace: str,
+                                                    tmp_path: Path) -> None:
+    topics = Topics(single_client, namespace)
+    topics.create("src", 2)
+    topics.create("dst", 2)
+    Producer(single_client, namespace, "round_robin").send_batch(
+        "src", [ProducerRecord(f"v{i}".encode(), f"k{i}".encode()) for i in range(20)])
+    cp = tmp_path / "cp"
+
+    def run() -> None:
+        q = (reader(spark, redis_server.url, namespace, stream=True).option("subscribe", "src")
+             .option("startingOffsets", "earliest").load().select("key", "value")
+             .writeStream.format("rcoord").option("url", redis_server.url)
+             .option("namespace", namespace).option("topic", "dst")
+             .trigger(availableNow=True).option("checkpointLocation", str(cp)).start())
+        assert q.awaitTermination(QUERY_S)
+        assert q.exception() is None
+
+    run()
+    assert sum(log_ends(topics, "dst").values()) == 20
+    # Forget that the last batch finished: Spark runs it again on restart (same query id,
+    # same batch id, same rows), as after a crash between the sink and the commit log.
+    last = max(int(p.name) for p in (cp / "commits").iterdir() if p.name.isdigit())
+    (cp / "commits" / str(last)).unlink()
+    run()
+    assert sum(log_ends(topics, "dst").values()) == 20
+
+
+# -- group mode --------------------------------------------------------------------------------
+
+
+def _produce_events(single_client: Any, namespace: str, n: int, t0: int,
+                    events: list[tuple[str, int]]) -> None:
+    """n click events over 6 partitions (keys u0..u6, event times 100 ms apart)."""
+    producer = Producer(single_client, namespace)
+    recs = []
+    for i in range(n):
+        key, ts = f"u{i % 7}", t0 + i * 100
+        events.append((key, ts))
+        recs.append(ProducerRecord(json.dumps({"ts": ts}).encode(), key.encode(), i % 6))
+    producer.send_batch("events", recs)
+
+
+def test_group_queries_split_and_take_over_after_a_graceful_stop(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    from workers.clickstream import build_query, read_counts, stop_gracefully, window_counts
+
+    topics = Topics(single_client, namespace)
+    topics.create("events", 6)
+    events: list[tuple[str, int]] = []
+    _produce_events(single_client, namespace, 60, T0, events)
+    out = str(tmp_path / "out")
+
+    def start() -> Any:
+        return build_query(spark, topics="events", group="clicks", out=out,
+                           url=redis_server.url, namespace=namespace, trigger="300ms",
+                           options=GROUP_OPTS)
+
+    qa = start()
+    qb = None
+    try:
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or qa.exception() is not None, timeout_s=QUERY_S)
+        assert qa.exception() is None
+        qb = start()
+        wait_until(lambda: len(assignment(coord, "clicks")) == 2, timeout_s=QUERY_S)
+        split = assignment(coord, "clicks")
+        assert sorted(sum(split.values(), [])) == list(range(6))
+        assert sorted(len(p) for p in split.values()) == [3, 3]
+        _produce_events(single_client, namespace, 60, T0 + 60_000, events)
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or qa.exception() is not None or qb.exception() is not None,
+                   timeout_s=QUERY_S)
+        assert qa.exception() is None and qb.exception() is None
+        # No restart: both queries kept running through the rebalance.
+        assert qa.isActive and qb.isActive
+
+        stop_gracefully(qa)  # commits what it processed, leaves at once
+        ends = log_ends(topics, "events")
+        assert committed(coord, "clicks") == ends
+        wait_until(lambda: len(assignment(coord, "clicks")) == 1, timeout_s=QUERY_S)
+        assert list(assignment(coord, "clicks").values()) == [list(range(6))]
+        _produce_events(single_client, namespace, 60, T0 + 120_000, events)
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or qb.exception() is not None, timeout_s=QUERY_S)
+        assert qb.exception() is None and qb.isActive
+        stop_gracefully(qb)
+    finally:
+        for q in (qa, qb):
+            if q is not None and q.isActive:
+                q.stop()
+    assert read_counts(out) == window_counts(events, WINDOW_MS)
+    assert coord.describe_group("clicks").members == []
+
+
+def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    from workers.clickstream import build_query, read_counts, stop_gracefully, window_counts
+
+    topics = Topics(single_client, namespace)
+    topics.create("events", 6)
+    events: list[tuple[str, int]] = []
+    _produce_events(single_client, namespace, 60, T0, events)
+    out = str(tmp_path / "out")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]))
+    log_file = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.clickstream", "--group", "clicks", "--topic", "events",
+         "--out", out, "--redis-url", redis_server.url, "--namespace", namespace,
+         "--trigger", "300ms", "--session-timeout-ms", GROUP_OPTS["sessionTimeoutMs"],
+         "--heartbeat-interval-ms", GROUP_OPTS["heartbeatIntervalMs"]],
+        cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    qb = None
+    try:
+        wait_until(lambda: len(assignment(coord, "clicks")) == 1 or proc.poll() is not None,
+                   timeout_s=QUERY_S)
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        qb = build_query(spark, topics="events", group="clicks", out=out,
+                         url=redis_server.url, namespace=namespace, trigger="300ms",
+                         options=GROUP_OPTS)
+        wait_until(lambda: len(assignment(coord, "clicks")) == 2, timeout_s=QUERY_S)
+        _produce_events(single_client, namespace, 60, T0 + 60_000, events)
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or qb.exception() is not None, timeout_s=QUERY_S)
+        # SIGKILL the other instance's whole process tree (driver, JVM, Python workers):
+        # no stop, no LeaveGroup, no last commit.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        _produce_events(single_client, namespace, 60, T0 + 120_000, events)
+        # after its session timeout the group rebalances; qb takes all six partitions
+        wait_until(lambda: list(assignment(coord, "clicks").values()) == [list(range(6))]
+                   or qb.exception() is not None, timeout_s=QUERY_S)
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or qb.exception() is not None, timeout_s=QUERY_S)
+        assert qb.exception() is None and qb.isActive
+        stop_gracefully(qb)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log_file.close()
+        if qb is not None and qb.isActive:
+            qb.stop()
+    assert read_counts(out) == window_counts(events, WINDOW_MS)
+
+
+def test_a_fenced_commit_stops_nothing_and_moves_no_offset(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    topics = Topics(single_client, namespace)
+    topics.create("events", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    seen: list[tuple[int, int]] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        seen.extend((r.partition, r.offset) for r in batch.select("partition", "offset")
+                    .collect())
+
+    def start(cp: Path) -> Any:
+        reader_ = reader(spark, redis_server.url, namespace, stream=True)
+        for k, v in {"subscribe": "events", "groupId": "g", **GROUP_OPTS}.items():
+            reader_ = reader_.option(k, v)
+        return (reader_.load().writeStream.foreachBatch(sink).trigger(processingTime="300 "
+                                                                                  "milliseconds")
+                .option("checkpointLocation", str(cp)).start())
+
+    def caught_up(q: Any) -> Any:
+        return lambda: committed(coord, "g") == log_ends(topics, "events") or \
+            q.exception() is not None
+
+    from workers.clickstream import stop_gracefully
+
+    old_cp = tmp_path / "old"
+    producer.send_batch("events", [b"a"] * 10)
+    q1 = start(old_cp)
+    wait_until(caught_up(q1), timeout_s=QUERY_S)
+    stop_gracefully(q1)
+    producer.send_batch("events", [b"b"] * 10)
+    q2 = start(tmp_path / "new")  # the group moves on to offsets 10/10
+    wait_until(caught_up(q2), timeout_s=QUERY_S)
+    stop_gracefully(q2)
+    after_q2 = committed(coord, "g")
+    assert after_q2 == {0: 10, 1: 10}
+    # q3 restarts on q1's checkpoint: Spark hands it q1's last plan (generation and member of
+    # q1), whose commit would move the group back to 5/5. The coordinator refuses it; q3 goes
+    # on from the group's offsets, reading only new records.
+    seen.clear()
+    producer.send_batch("events", [b"c"] * 4)
+    q3 = start(old_cp)
+    try:
+        wait_until(caught_up(q3), timeout_s=QUERY_S)
+        assert q3.exception() is None and q3.isActive
+        assert committed(coord, "g") == {0: 12, 1: 12}
+        assert sorted(seen) == [(0, 10), (0, 11), (1, 10), (1, 11)]
+    finally:
+        stop_gracefully(q3)
