@@ -14,6 +14,7 @@ modules beside it. What runs where (measured, see ``docs/architecture.md``):
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -210,6 +211,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
             topics = subscribed_topics(self._admin(), opts)
             group = ConsumerGroup(member_config(opts, topics, _client(opts.url)))
             self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss)
+            _leave_on_sigterm()
         return self._member
 
     # -- Spark's calls (runner process)
@@ -278,6 +280,23 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
     def stop(self) -> None:
         if self._member is not None:
             self._member.close()
+
+
+def _leave_on_sigterm() -> None:
+    """Make a SIGTERM end the runner through its ``finally: reader.stop()``.
+
+    When a query stops, Spark ends the runner process with SIGTERM; Python's default action
+    exits at once, skipping ``stop()``, so the member would stay in the group until its
+    session timeout. Raising SystemExit instead unwinds the runner's loop, which calls
+    ``stop()``: the member leaves at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 # -- writes ------------------------------------------------------------------------------------
