@@ -156,26 +156,33 @@ def build_query(
     trigger: str = "500ms",
     checkpoint: str | None = None,
     options: dict[str, str] | None = None,
+    source: Any = None,
 ) -> Any:
-    """Start one instance of the pipeline in ``spark``; returns the ``StreamingQuery``."""
+    """Start one instance of the pipeline in ``spark``; returns the ``StreamingQuery``.
+
+    ``source`` replaces the rcoord group-mode stream with any streaming DataFrame of the same
+    columns (the benchmark runs the pipeline over Spark's Parquet file source that way).
+    """
     from pyspark.sql import functions as F
 
     from rcoord.spark import register
 
     register(spark)
     window_ms = _ms(window)
-    reader = (
-        spark.readStream.format("rcoord")
-        .option("subscribe", topics)
-        .option("groupId", group)
-        .option("namespace", namespace)
-        .option("startingOffsets", "earliest")
-    )
-    if url:
-        reader = reader.option("url", url)
-    for k, v in (options or {}).items():
-        reader = reader.option(k, v)
-    events = reader.load().select(
+    if source is None:
+        reader = (
+            spark.readStream.format("rcoord")
+            .option("subscribe", topics)
+            .option("groupId", group)
+            .option("namespace", namespace)
+            .option("startingOffsets", "earliest")
+        )
+        if url:
+            reader = reader.option("url", url)
+        for k, v in (options or {}).items():
+            reader = reader.option(k, v)
+        source = reader.load()
+    events = source.select(
         "topic",
         "partition",
         "offset",
