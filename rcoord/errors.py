@@ -11,7 +11,7 @@ Hierarchy::
     ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
     └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
         ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
-        ├── FencedInstanceIdError, CoordinatorNotAvailableError, ...
+        ├── FencedInstanceIdError, CoordinatorNotAvailableError, NotCoordinatorError, ...
         ├── CommitFailedError  (worker client) a commit fenced because the group rebalanced
         ├── TopicError         (rcoord.topics) a topic or partition request failed
         └── (every other code maps to ProtocolError itself through ``for_code``)
@@ -44,6 +44,7 @@ __all__ = [
     "RebalanceInProgressError",
     "FencedInstanceIdError",
     "CoordinatorNotAvailableError",
+    "NotCoordinatorError",
     "raise_for_script_error",
     "translate_redis_errors",
 ]
@@ -185,6 +186,14 @@ class CoordinatorNotAvailableError(ProtocolError):
     error = Errors.COORDINATOR_NOT_AVAILABLE
 
 
+class NotCoordinatorError(ProtocolError):
+    """The caller addressed a group under a layout the namespace does not hold (its partition
+    count is stale, or the settings were lost with the data): re-read the settings and retry,
+    as a Kafka client looks the coordinator up again. The coordinators do this by themselves."""
+
+    error = Errors.NOT_COORDINATOR
+
+
 _BY_CODE: dict[Errors, type[ProtocolError]] = {
     c.error: c
     for c in (
@@ -193,6 +202,7 @@ _BY_CODE: dict[Errors, type[ProtocolError]] = {
         RebalanceInProgressError,
         FencedInstanceIdError,
         CoordinatorNotAvailableError,
+        NotCoordinatorError,
     )
 }
 
@@ -202,6 +212,7 @@ _SCRIPT_ERRORS: dict[str, type[RcoordError]] = {
     "RCOORD_ILLEGAL_STATE": IllegalStateError,
     "RCOORD_BAD_ARGUMENT": InvalidRequestError,
     "RCOORD_CONFIG": ConfigError,
+    "RCOORD_NOT_COORDINATOR": NotCoordinatorError,
 }
 
 

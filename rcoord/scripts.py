@@ -28,8 +28,9 @@ GROUP_STEPS = (
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 
-STANDALONE = ("due_groups", "heartbeat", "lease")
-"""Scripts without the prelude: partition-level ones, and the heartbeat hot path."""
+STANDALONE = ("due_groups", "heartbeat", "lease", "settings")
+"""Scripts without the prelude: partition-level and namespace-level ones, and the heartbeat
+hot path."""
 
 INCLUDES: dict[str, tuple[str, ...]] = {
     "heartbeat": ("clock", "deadline_index"),

@@ -13,7 +13,13 @@ flag                  environment                  default
 ``--lease-ttl-ms``    ``RCOORD_LEASE_TTL_MS``      5000
 ``--wake``            ``RCOORD_WAKE``              both
 ``--log-level``       ``RCOORD_LOG_LEVEL``         INFO
+``--set NAME=VALUE``  ``RCOORD_SETTINGS``          none (group settings this process names;
+                      (``NAME=VALUE,...``)         repeat the flag for several)
 ====================  ===========================  ======================
+
+``--set`` names the namespace's group settings (``CoordinatorConfig`` fields, such as
+``group_min_session_timeout_ms=100``) as a broker's configuration names Kafka's: they are written
+at start and written again whenever the namespace loses them.
 
 URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users), and point at a
 single node or any node of a Redis Cluster (detected from the server).
@@ -68,6 +74,23 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl-ms", type=int, default=int(_env("RCOORD_LEASE_TTL_MS", 5000)))
     p.add_argument("--wake", choices=("both", "index", "hints"), default=_env("RCOORD_WAKE", "both"))
     p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"))
+    env_settings = [x for x in str(_env("RCOORD_SETTINGS", "")).split(",") if x]
+    p.add_argument("--set", dest="settings", action="append", default=env_settings,
+                   metavar="NAME=VALUE", help="a group setting this process names (repeatable)")
+
+
+def parse_settings(items: list[str]) -> dict[str, int]:
+    """``NAME=VALUE`` strings as setting -> int; a malformed one is a ConfigError naming it."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise ConfigError(f"--set expects NAME=INTEGER, got {item!r}") from None
+    return out
 
 
 def coordinator_main(args: argparse.Namespace) -> int:
@@ -86,6 +109,7 @@ def coordinator_main(args: argparse.Namespace) -> int:
             metrics_host=args.metrics_host,
             lease_ttl_ms=int(args.lease_ttl_ms),
             wake=args.wake,
+            settings=parse_settings(list(getattr(args, "settings", None) or [])),
         )
         if args.coordinator_id:
             kw["coordinator_id"] = args.coordinator_id
