@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import redis.exceptions
 
 __all__ = ["COMMANDS", "main"]
@@ -308,7 +309,7 @@ class _Demo:
         self.state = _DemoState()
         self.deadline = deadline
         self.step = "connecting to Redis"
-        self.r = client_from_url(url)
+        self.r = _demo_client(url)
         self.ns = f"demo-{os.getpid()}-{secrets.token_hex(3)}"
         self.coord = GroupCoordinator(
             self.r,
@@ -589,13 +590,23 @@ class _Demo:
         return 0 if ok else 1
 
     def abandon(self) -> None:
-        """Stop the run from another thread: its blocked or long calls to Redis fail at once."""
+        """Stop the run from another thread: its calls to Redis fail from now on.
+
+        The pool hands out no more connections, and the calls in flight lose theirs; redis-py
+        would retry those (reconnect and send again), so each connection's retries are spent
+        first. On a cluster the client is closed (best effort: it may reconnect).
+        """
         self.stop_threads.set()
         pool = getattr(self.r, "connection_pool", None)
-        if pool is not None:
-            pool.disconnect()  # shuts the sockets of calls in flight, too
-        else:
-            self.r.close()  # RedisCluster: every node's pool
+        if not isinstance(pool, _GatedPool):
+            self.r.close()
+            return
+        pool.closed = True
+        for conn in [*pool._get_in_use_connections(), *pool._available_connections]:
+            retry = getattr(conn, "retry", None)
+            if retry is not None:
+                retry.update_retries(0)
+        pool.disconnect()  # shuts the sockets of calls in flight, too
 
     def cleanup(self, *, delete_keys: bool, until: float) -> None:
         """Stop the coordinator and workers; delete the run's keys (batched) unless the server is
@@ -610,6 +621,9 @@ class _Demo:
                 proc.kill()
             proc.join(5)
         self.r.close()
+        pool = getattr(self.r, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
         if not delete_keys:
             return
         left = 0
@@ -633,6 +647,32 @@ class _Demo:
         if left:
             print(f"demo: {left} keys of {self.ns} are left (clean-up ran out of time)",
                   file=sys.stderr)
+
+
+class _GatedPool(redis.ConnectionPool):
+    """A connection pool that can be shut: once ``closed``, every call fails at once. The demo's
+    set-up is a few long calls in library code that cannot watch the deadline themselves."""
+
+    closed = False
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.closed:
+            raise redis.exceptions.ConnectionError("the demo gave up (--time-limit)")
+        return super().get_connection(*args, **kwargs)
+
+
+def _demo_client(url: str) -> Any:
+    """The demo's client: a RedisCluster for a cluster, else a Redis on a _GatedPool."""
+    from .client.coordinator import SOCKET_TIMEOUT_S
+    from .client.group import client_from_url
+
+    client = client_from_url(url)
+    if not isinstance(client, redis.Redis):
+        return client
+    client.close()
+    return redis.Redis(connection_pool=_GatedPool.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0
+    ))
 
 
 CLEANUP_S = 10.0
@@ -706,16 +746,17 @@ def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
         # The run checks the deadline between steps; a step that cannot (a long set-up call)
         # is cut off from here.
         runner.join(max(0.0, deadline - time.monotonic()))
+        gave_up = time.monotonic() - started
         if runner.is_alive():
-            step = demo.step
+            # Not joined: it may be computing in library code for a while, but from here on
+            # every call it makes to Redis fails, so nothing it does outlives the clean-up.
+            outcome = {"error": TimeoutError(demo.step)}
             demo.abandon()
-            runner.join(5)
-            outcome = {"error": TimeoutError(step)}
         error = outcome.get("error")
         if isinstance(error, TimeoutError):
             print(
                 f"demo: FAILED: {error}: not done within --time-limit {args.time_limit:g} s "
-                f"(gave up at {time.monotonic() - started:.2f} s)",
+                f"(gave up at {gave_up:.2f} s)",
                 flush=True,
             )
             return 1
