@@ -93,7 +93,7 @@ def connect(url: str, **kwargs: Any) -> Any:
         return probe
     try:
         return redis.cluster.RedisCluster.from_url(url, **kwargs)
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # redis-py words a refused CLUSTER SLOTS as "cannot be connected": say why.
         missing = _missing_cluster_permission(probe)
         if missing is not None:
