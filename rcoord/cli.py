@@ -90,18 +90,18 @@ def check_url(url: str | None, flag: str = "--redis-url") -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` without its password (messages and logs must not carry it)."""
+    """``url`` as messages show it: without its password and its query arguments."""
     from urllib.parse import urlsplit, urlunsplit
 
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = parts.hostname or ""
+            host = f"[{host}]" if ":" in host else host
+            port = f":{parts.port}" if parts.port else ""
+            netloc = f"{parts.username or ''}:***@{host}{port}"
+        return urlunsplit(parts._replace(netloc=netloc, query=""))
     except ValueError:
         return "<unparsable URL>"
 

@@ -117,14 +117,15 @@ def coordinator_main(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    try:
-        service = CoordinatorService(config).start()
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
-        return report(exc, prog, url=url, debug=level == "DEBUG")
+    service = CoordinatorService(config)
+    # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is a
+    # graceful stop too, not a kill.
     signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
     signal.signal(signal.SIGINT, lambda *_: service._stop.set())
+    try:
+        service.start()
+    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
+        return report(exc, prog, url=url, debug=level == "DEBUG")
     try:
         service.run()
     finally:
