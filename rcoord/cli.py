@@ -300,7 +300,6 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
 
 class _Demo:
     def __init__(self, url: str, args: argparse.Namespace, deadline: float) -> None:
-        from .client.group import client_from_url
         from .config import CoordinatorConfig
         from .coordinator import GroupCoordinator
         from .topics import Producer, Topics
@@ -602,7 +601,7 @@ class _Demo:
             self.r.close()
             return
         pool.closed = True
-        for conn in [*pool._get_in_use_connections(), *pool._available_connections]:
+        for conn in [*pool._in_use_connections, *pool._available_connections]:
             retry = getattr(conn, "retry", None)
             if retry is not None:
                 retry.update_retries(0)

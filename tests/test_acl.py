@@ -18,23 +18,29 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-
 from harness import wait_until
-from rcoord import Consumer, ConsumerGroupConfig, CoordinatorConfig, Errors, GroupCoordinator
-from rcoord import TopicPartition
+
+from rcoord import (
+    Consumer,
+    ConsumerGroupConfig,
+    CoordinatorConfig,
+    Errors,
+    GroupCoordinator,
+    TopicPartition,
+)
 from rcoord.connect import connect
 from rcoord.errors import MissingPermissionError
 from rcoord.topics import Producer, ProducerRecord, Topics
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 PASSWORD = "acl-test-pw"
-FAST = dict(group_min_session_timeout_ms=10, group_initial_rebalance_delay_ms=0)
+FAST = {"group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
 
 
 def doc_rules() -> dict[str, list[str]]:
     """role -> the rule tokens of its ``ACL SETUSER <user> ...`` line in docs/security.md."""
     text = DOC.read_text()
-    found = re.findall(r"^# role: (\S+)\nACL SETUSER <user> (.+)$", text, flags=re.M)
+    found = re.findall(r"^# role: (\S+)\nACL SETUSER <user> (.+)$", text, flags=re.MULTILINE)
     rules = {role: line.split() for role, line in found}
     assert set(rules) == {"worker", "service", "service-hints", "admin", "cluster"}, rules.keys()
     return rules
@@ -131,8 +137,8 @@ def test_admin_operations(users: Users, namespace: str, backend: str) -> None:
     topics.apply_retention("t")
     coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace)).start()
     assert coord.config.num_partitions == 10
-    join = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=5000,
-                rebalance_timeout_ms=5000)
+    join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                            "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000}
     first = coord.join_group("g", "", **join)
     assert coord.join_group("g", first.member_id, **join).error == Errors.NONE
     assert [g.group_id for g in coord.list_groups()] == ["g"]
@@ -179,8 +185,8 @@ def _service(users: Users, name: str, namespace: str) -> tuple[Any, threading.Th
 def _idle_member_is_expired_by(users: Users, namespace: str, worker: Any) -> None:
     """A member that never heartbeats again is removed by the service alone."""
     coord = GroupCoordinator(worker, CoordinatorConfig(namespace=namespace)).start()
-    join = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=300,
-                rebalance_timeout_ms=1000)
+    join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                            "session_timeout_ms": 300, "rebalance_timeout_ms": 1000}
     first = coord.join_group("idle", "", **join)
     assert coord.join_group("idle", first.member_id, **join).error == Errors.NONE
     keys = coord._keys("idle").all()
@@ -189,7 +195,7 @@ def _idle_member_is_expired_by(users: Users, namespace: str, worker: Any) -> Non
 
 @pytest.mark.parametrize("hints", [False, True], ids=["index-alone", "with-hints"])
 def test_coordinator_service(users: Users, namespace: str, backend: str, hints: bool) -> None:
-    admin_name, admin = admin_setup(users, namespace)
+    _, admin = admin_setup(users, namespace)
     _, worker = make(users, namespace, "worker")
     roles = ("service", "service-hints") if hints else ("service",)
     name = users.make(namespace, *roles, *users.extra)  # type: ignore[attr-defined]

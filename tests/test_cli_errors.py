@@ -24,7 +24,7 @@ def rcoord(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "rcoord", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def one_error_line(res: subprocess.CompletedProcess[str], command: str) -> str:

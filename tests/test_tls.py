@@ -134,8 +134,8 @@ def test_group_round_trip_and_topics_over_tls(tls_url: str, certs: Path, namespa
         coord = GroupCoordinator(client, CoordinatorConfig(
             namespace=namespace, group_min_session_timeout_ms=10,
             group_initial_rebalance_delay_ms=0)).start()
-        join = dict(protocol_type="consumer", protocols=[("range", b"m")],
-                    session_timeout_ms=5000, rebalance_timeout_ms=5000)
+        join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"m")],
+                                "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000}
         member = coord.join_group("g", "", **join).member_id
         joined = coord.join_group("g", member, **join)
         assert joined.error == Errors.NONE and joined.leader_id == member
