@@ -6,6 +6,7 @@ Hierarchy::
     ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
     ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
+    ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
     ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
@@ -36,6 +37,7 @@ __all__ = [
     "ConfigError",
     "InvalidRequestError",
     "ConnectionLost",
+    "MissingPermissionError",
     "ScriptError",
     "IllegalStateError",
     "ProtocolError",
@@ -130,6 +132,11 @@ class ConnectionLost(RcoordError):
     Every rcoord script is safe to retry (see docs/architecture.md, "Retries"), so the usual
     reaction is to back off and call again.
     """
+
+
+class MissingPermissionError(RcoordError):
+    """The Redis ACL user may not run a command rcoord needs; the message names the rule to add
+    (docs/security.md lists the rules of each role)."""
 
 
 class ScriptError(RcoordError):
