@@ -18,7 +18,7 @@ if op == 'establish' then
     local pairs_ = {}
     for i = 2, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
     redis.call('HSET', key, unpack(pairs_))
-    redis.call('HSETNX', key, 'version', 1)
+    if redis.call('HEXISTS', key, 'version') == 0 then redis.call('HSET', key, 'version', 1) end
   end
   return redis.call('HGETALL', key)
 elseif op == 'update' then
