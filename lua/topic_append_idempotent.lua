@@ -74,13 +74,14 @@ for i = 1, dup do
 end
 
 -- Writes from here on.
-local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - expiration, 'LIMIT', 0, prune)
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now - expiration),
+  'LIMIT', 0, prune)
 for _, other in ipairs(stale) do
   redis.call('HDEL', KEYS[2], other)
   redis.call('ZREM', KEYS[3], other)
 end
 
-local ts = string.format('%d', now)
+local ts = string.format('%d', now)  -- whole ms, never in exponent form
 local first_id = ''
 for r = dup + 1, n do
   local i = RECORD_ARGS + (r - 1) * 4
@@ -93,15 +94,17 @@ for r = dup + 1, n do
   if first_id == '' then first_id = id end
 end
 
+-- Only an append is activity (Kafka's lastTimestamp): a resent duplicate does not extend the
+-- state's life, so retrying forever cannot keep a dead producer's state.
 if dup < n then
   st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, now}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
   st.last = first + n - 1
+  local out = {string.format('%d %d %d', st.epoch, st.last, now)}
+  for _, b in ipairs(st.batches) do
+    out[#out + 1] = string.format('%d %d %d %d', b[1], b[2], b[3], b[4])
+  end
+  redis.call('HSET', KEYS[2], pid, table.concat(out, ' '))
+  redis.call('ZADD', KEYS[3], ts, pid)
 end
-local out = {string.format('%d %d %d', st.epoch, st.last, now)}
-for _, b in ipairs(st.batches) do
-  out[#out + 1] = string.format('%d %d %d %d', b[1], b[2], b[3], b[4])
-end
-redis.call('HSET', KEYS[2], pid, table.concat(out, ' '))
-redis.call('ZADD', KEYS[3], now, pid)
 return {'NONE', first_id, now, dup, dup_offsets, dup_ts}
