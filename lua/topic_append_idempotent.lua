@@ -42,6 +42,7 @@ if raw then
   st = load_state(raw)
   if now - st.active >= expiration then st = nil end
 end
+local starts = st == nil  -- a producer (re)starts here: the one way the state can grow
 
 local dup = 0  -- leading records whose sequence was already appended
 if st then
@@ -73,12 +74,16 @@ for i = 1, dup do
   dup_offsets[i], dup_ts[i] = off, t
 end
 
--- Writes from here on.
-local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now - expiration),
-  'LIMIT', 0, prune)
-for _, other in ipairs(stale) do
-  redis.call('HDEL', KEYS[2], other)
-  redis.call('ZREM', KEYS[3], other)
+-- Writes from here on. Only a starting producer can add a state, so it is the one that
+-- removes up to `prune` expired ones: the state never grows without bound, and an append by a
+-- known producer (the common case) does not scan.
+if starts then
+  local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now - expiration),
+    'LIMIT', 0, prune)
+  for _, other in ipairs(stale) do
+    redis.call('HDEL', KEYS[2], other)
+    redis.call('ZREM', KEYS[3], other)
+  end
 end
 
 local ts = string.format('%d', now)  -- whole ms, never in exponent form

@@ -436,13 +436,23 @@ def test_pruning_is_bounded_per_call(topics: Topics, redis_client: Any, namespac
             "t", b"x", partition=0)
     assert redis_client.hlen(state) == redis_client.zcard(activity) == old
     clock.sleep(1000)
-    fresh = Producer(redis_client, namespace, producer_id="fresh", clock=clock)
-    left = old
+    # Only a starting producer (the one way the state grows) prunes, at most the bound.
+    known = Producer(redis_client, namespace, producer_id="old0", clock=clock)
+    known.send("t", b"restart", partition=0)  # its own state expired: it starts again
+    # The oldest (by activity, then id) went, "old0" among them, which then started afresh.
+    left = old - PRODUCER_PRUNE_PER_CALL
+    assert redis_client.hlen(state) == redis_client.zcard(activity) == left + 1
+    known.send("t", b"again", partition=0)  # a known producer's append does not prune
+    assert redis_client.hlen(state) == left + 1
+    fresh = 0
     while left:
-        fresh.send("t", b"y", partition=0)
+        Producer(redis_client, namespace, producer_id=f"new{fresh}", clock=clock).send(
+            "t", b"y", partition=0)
+        fresh += 1
         left = max(0, left - PRODUCER_PRUNE_PER_CALL)
-        assert redis_client.hlen(state) == redis_client.zcard(activity) == left + 1
-    assert redis_client.hkeys(state) == [b"fresh"]
+        assert redis_client.hlen(state) == redis_client.zcard(activity) == left + 1 + fresh
+    assert sorted(redis_client.hkeys(state)) == sorted(
+        [b"old0"] + [f"new{i}".encode() for i in range(fresh)])
 
 
 def test_delete_and_recreate_starts_clean(
