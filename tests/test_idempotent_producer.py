@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 from redis.backoff import ExponentialBackoff
@@ -467,7 +468,7 @@ def test_delete_and_recreate_starts_clean(
             assert not redis_client.exists(key)
     # A crashed delete could leave state behind; create clears it anyway.
     state, _ = producer_state_keys(namespace, "t", 0)
-    redis_client.hset(state, "x", "9 100 0")
+    redis_client.hset(state, "x", msgpack.packb([9, 100, 0]))
     topics.create("t", 2)
     assert not redis_client.exists(state)
     # A lower epoch is not fenced and sequence 0 is not a duplicate: the topic is new.
@@ -476,7 +477,7 @@ def test_delete_and_recreate_starts_clean(
     assert [(m.offset, m.duplicate) for m in metas] == [(0, False), (0, False)]
     # Partitions added later start clean too, whatever a crash left.
     new_state, _ = producer_state_keys(namespace, "t", 2)
-    redis_client.hset(new_state, "x", "9 100 0")
+    redis_client.hset(new_state, "x", msgpack.packb([9, 100, 0]))
     topics.add_partitions("t", 3)
     assert not redis_client.exists(new_state)
 
