@@ -25,10 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
+import redis
 
-from rcoord.embedded import EmbeddedServer  # noqa: E402
-from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets  # noqa: E402
+from rcoord.embedded import EmbeddedServer
+from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
 
 PARTITIONS = 12
 VALUE = b"x" * 100
@@ -102,7 +102,7 @@ def main() -> int:
     print("records/call  idempotent  records/s  calls/s  server us/call (median)  check")
     print("------------  ----------  ---------  -------  -----------------------  -----")
     for (per_call, idempotent), r in sorted(best.items()):
-        print(f"{per_call:>12}  {str(idempotent):>10}  {r['records_s']:>9,.0f}  {r['calls_s']:>7,.0f}"
+        print(f"{per_call:>12}  {idempotent!s:>10}  {r['records_s']:>9,.0f}  {r['calls_s']:>7,.0f}"
               f"  {statistics.median(srv[(per_call, idempotent)]):>23.1f}"
               f"  {'ok' if r['ok'] else 'FAILED'}")
     return 0
