@@ -78,6 +78,7 @@ class Errors(enum.IntEnum):
     INVALID_PARTITIONS = 37
     INVALID_CONFIG = 40
     INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
@@ -85,6 +86,7 @@ class Errors(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     UNSTABLE_OFFSET_COMMIT = 88
+    PRODUCER_FENCED = 90
 
     @property
     def retriable(self) -> bool:
