@@ -20,9 +20,10 @@ from rcoord.keys import PartitionKeys, settings_key
 JOIN = dict(protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=200, rebalance_timeout_ms=300)
 
 
-def _form(coord, group, n, pool):
-    ids = [coord.join_group(group, **JOIN).member_id for _ in range(n)]
-    futures = [pool.submit(coord.join_group, group, i, **JOIN) for i in ids]
+def _form(coord, group, n, pool, **join):
+    join = {**JOIN, **join}
+    ids = [coord.join_group(group, **join).member_id for _ in range(n)]
+    futures = [pool.submit(coord.join_group, group, i, **join) for i in ids]
     results = [f.result(20) for f in futures]
     return ids, results
 
@@ -189,7 +190,8 @@ def test_connection_loss_is_a_typed_exception(namespace):
 
 def test_leave_many_members_in_one_call(make_coordinator, pool):
     coord = make_coordinator(group_initial_rebalance_delay_ms=50)
-    ids, results = _form(coord, "g-batch", 5, pool)
+    # Sessions long enough that no member can expire before the leave on a loaded machine.
+    ids, results = _form(coord, "g-batch", 5, pool, session_timeout_ms=10_000)
     res = coord.leave_group("g-batch", [MemberIdentity(i) for i in ids])
     assert [m.error for m in res.members] == [Errors.NONE] * 5
 
