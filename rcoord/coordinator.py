@@ -217,6 +217,14 @@ class GroupCoordinator:
             self._keys_cache[group_id] = keys
         return keys
 
+    def _current_layout(self) -> CoordinatorConfig:
+        """For calls that read partitions directly (no group script to refuse a stale layout):
+        the first partition's settings copy exists only under the agreed count."""
+        cfg = self._started()
+        if not self._redis.exists(PartitionKeys(cfg.namespace, 0, cfg.num_partitions).cfg):
+            cfg = self.resettle()
+        return cfg
+
     def _now_arg(self) -> str:
         return "" if self._clock is None else str(int(self._clock()))
 
@@ -464,8 +472,8 @@ class GroupCoordinator:
         Passed deadlines are applied first, so the states listed are current.
         """
         wanted = None if states is None else {require_str_state(s) for s in states}
-        cfg = self._started()
         self.run_timers()
+        cfg = self._current_layout()
         listings: list[GroupListing] = []
         for p in range(cfg.num_partitions):
             pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
@@ -515,7 +523,7 @@ class GroupCoordinator:
     @translate_redis_errors
     def run_timers(self) -> int:
         """Apply every passed deadline in every partition; return how many were applied."""
-        cfg = self._started()
+        cfg = self._current_layout()
         applied = 0
         for p in range(cfg.num_partitions):
             pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)

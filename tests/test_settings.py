@@ -187,3 +187,22 @@ def test_asyncio_coordinator_follows_a_layout_change(redis_server, namespace):
         assert asyncio.run(scenario()) == (9, Errors.MEMBER_ID_REQUIRED)
     finally:
         sync_client.close()
+
+
+def test_list_groups_follows_a_layout_change(redis_client, namespace):
+    stale = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=3)).start()
+    member = _form_alone(GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start(), "g")
+    assert [g.group_id for g in stale.list_groups()] == ["g"]
+    assert stale.config.num_partitions == 3 and _members(stale, "g") == {member}
+
+
+def test_a_process_naming_another_count_after_a_loss_is_told_why(redis_client, namespace):
+    """An admin process that named 10 finds, after a loss, 50 established and holding groups:
+    it does not move the groups; its calls say what to fix."""
+    admin = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10, **FAST)).start()
+    _lose_namespace(redis_client, namespace)
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    _form_alone(worker, "g")
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 50"):
+        admin.describe_group("g")
