@@ -37,10 +37,16 @@ from .config import CoordinatorConfig
 from .errors import ConfigError, Errors, InvalidRequestError, translate_redis_errors
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
+from .protocol._checks import check_id, check_instance_id, require_int
+from .protocol.admin import (
+    GroupDescription,
+    GroupListing,
+    OffsetDeleteResult,
+    decode_description,
+)
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
 from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
-from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.offsets import (
     OffsetAndMetadata,
     OffsetFetchResult,
@@ -49,13 +55,7 @@ from .protocol.offsets import (
     encode_commit,
     partitions_args,
 )
-from .protocol._checks import check_id, check_instance_id, require_int
-from .protocol.admin import (
-    GroupDescription,
-    GroupListing,
-    OffsetDeleteResult,
-    decode_description,
-)
+from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.sync import SyncGroupResult, SyncRequest
 from .scripts import Scripts
 from .settings import settle

@@ -42,7 +42,7 @@ from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
 from .keys import PartitionKeys, settings_key
 
-__all__ = ["Settled", "settle_flow", "settle", "asettle", "copy_pattern", "MAX_SETTLE_ROUNDS"]
+__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "copy_pattern", "settle", "settle_flow"]
 
 log = logging.getLogger("rcoord.settings")
 

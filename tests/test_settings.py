@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-
 from harness import PROTOCOLS
+
 from rcoord import ConfigError, CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.asyncio import AsyncGroupCoordinator
 from rcoord.keys import GroupKeys, settings_key

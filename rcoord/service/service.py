@@ -87,7 +87,8 @@ class ServiceConfig:
         unknown = set(self.settings) - set(STORED_SETTINGS)
         if unknown:
             raise ConfigError(f"unknown group setting(s) {sorted(unknown)}; known: {', '.join(STORED_SETTINGS)}")
-        CoordinatorConfig(namespace=self.namespace, **dict(self.settings))  # validates the values
+        named: dict[str, Any] = dict(self.settings)
+        CoordinatorConfig(namespace=self.namespace, **named)  # validates the values
         if self.wake not in WAKE_MODES:
             raise ConfigError(f"wake must be one of {', '.join(WAKE_MODES)}, got {self.wake!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -115,7 +116,8 @@ class CoordinatorService:
         cfg = self.config
         if self._client is None:
             self._client = connect(cfg.redis_url)
-        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **dict(cfg.settings))).start()
+        named: dict[str, Any] = dict(cfg.settings)
+        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
         self._coord = coord
         self.group_config = coord.config
         scripts = coord._scripts
