@@ -55,11 +55,19 @@ local DEFAULTS = {
   offset_metadata_max_bytes = 4096,
   offsets_retention_check_interval_ms = 600000,
 }
+-- The partition's copy of the settings is also the proof that the caller's layout is the
+-- namespace's: keys are named by (partition count, partition), and copies exist only for the
+-- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
+-- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
 local CFG = {}
 do
-  local names = {}
+  local names = {'num_partitions'}
   for name, _ in pairs(DEFAULTS) do names[#names + 1] = name end
   local values = redis.call('HMGET', K_CFG, unpack(names))
+  if not values[1] then
+    return redis.error_reply('RCOORD_NOT_COORDINATOR no settings at ' .. K_CFG ..
+      ': the partition count is stale or the settings were lost')
+  end
   for i, name in ipairs(names) do
     CFG[name] = tonumber(values[i]) or DEFAULTS[name]
   end

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import redis.exceptions
 
 __all__ = ["COMMANDS", "main"]
@@ -32,12 +33,163 @@ __all__ = ["COMMANDS", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rcoord`` / ``python -m rcoord``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="rcoord", description="Kafka's consumer groups on Redis.")
+    parser = Parser(prog="rcoord", description="Kafka's consumer groups on Redis.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (add_arguments, _, help_text) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     args = parser.parse_args(argv)
     return COMMANDS[args.command][1](args)
+
+
+# -- errors at the edge -----------------------------------------------------------------------
+#
+# A command that cannot run says what to fix in one line on stderr and exits non-zero: 2 for a
+# bad flag or setting (nothing was tried), 1 for what went wrong while running (Redis refused,
+# unreachable, a permission missing). The traceback is for developers: ``--log-level debug``.
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+class UsageError(Exception):
+    """A flag's value is wrong; the message says which and what is allowed (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (``rcoord demo: error: ...``) and exit 2."""
+
+    def error(self, message: str) -> Any:  # the argparse hook; never returns
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def log_level(value: str) -> str:
+    """A ``--log-level`` value, upper-cased, or a UsageError naming the allowed ones."""
+    level = str(value).strip().upper()
+    if level not in LOG_LEVELS:
+        raise UsageError(
+            f"--log-level {value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def check_url(url: str | None, flag: str = "--redis-url") -> str:
+    """The URL if redis-py can parse it, else a UsageError that says what a URL looks like."""
+    from redis.connection import parse_url
+
+    if not url:
+        raise UsageError(f"{flag} is required (or set ${ENV_REDIS_URL})")
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise UsageError(
+            f"{flag} {redact(url)!r} is not a Redis URL ({exc}); "
+            "write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... for TLS"
+        ) from exc
+    return url
+
+
+def redact(url: str) -> str:
+    """``url`` as messages show it: without its password and its query arguments."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = parts.hostname or ""
+            host = f"[{host}]" if ":" in host else host
+            port = f":{parts.port}" if parts.port else ""
+            netloc = f"{parts.username or ''}:***@{host}{port}"
+        return urlunsplit(parts._replace(netloc=netloc, query=""))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def with_tls_files(url: str, ca_file: str | None, cert_file: str | None,
+                   key_file: str | None) -> str:
+    """``url`` with redis-py's TLS query arguments added (``ssl_ca_certs``, ``ssl_certfile``,
+    ``ssl_keyfile``), so every process the URL is given to verifies the server the same way."""
+    from urllib.parse import urlencode
+
+    extra = {
+        name: value
+        for name, value in (
+            ("ssl_ca_certs", ca_file), ("ssl_certfile", cert_file), ("ssl_keyfile", key_file)
+        )
+        if value
+    }
+    if not extra:
+        return url
+    if not url.startswith("rediss://"):
+        raise UsageError("--tls-ca-file/--tls-cert-file/--tls-key-file need a rediss:// URL")
+    for name, value in extra.items():
+        if not os.path.isfile(value):
+            raise UsageError(f"{name} file {value!r} does not exist")
+    return url + ("&" if "?" in url else "?") + urlencode(extra)
+
+
+def add_tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca-file", default=os.environ.get("RCOORD_TLS_CA_FILE"),
+                   help="CA certificate(s) that sign the server's certificate, for rediss:// "
+                   "(default $RCOORD_TLS_CA_FILE; else the system's CAs)")
+    p.add_argument("--tls-cert-file", default=os.environ.get("RCOORD_TLS_CERT_FILE"),
+                   help="client certificate, if the server asks for one (mutual TLS)")
+    p.add_argument("--tls-key-file", default=os.environ.get("RCOORD_TLS_KEY_FILE"),
+                   help="the client certificate's private key")
+
+
+def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
+    """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
+    from .embedded import EmbeddedServerError
+    from .errors import ConfigError, ConnectionLost, MissingPermissionError, RcoordError
+
+    at = f" at {redact(url)}" if url else ""
+    cause: BaseException = exc
+    if isinstance(exc, ConnectionLost) and exc.__cause__ is not None:
+        cause = exc.__cause__  # the redis-py error says more than our wrapper
+    text = " ".join(str(cause).split()).rstrip(".")
+    if isinstance(exc, (UsageError, ConfigError)):
+        return EXIT_USAGE, text
+    if isinstance(cause, redis.exceptions.AuthenticationError):
+        return EXIT_FAILURE, (
+            f"Redis{at} refused the login ({text}); check the user and password in the URL "
+            "(redis://USER:PASSWORD@HOST:PORT)"
+        )
+    if isinstance(cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            return EXIT_FAILURE, (
+                f"the TLS certificate of Redis{at} is not trusted ({text}); give the CA that "
+                "signed it with --tls-ca-file (or ?ssl_ca_certs= in the URL)"
+            )
+        return EXIT_FAILURE, (
+            f"cannot reach Redis{at}: {text}; check the host and port, and that the server runs"
+        )
+    if isinstance(exc, MissingPermissionError):
+        return EXIT_FAILURE, text
+    if isinstance(cause, redis.exceptions.NoPermissionError):
+        return EXIT_FAILURE, (
+            f"the Redis user may not do this: {text}; docs/security.md lists the ACL rules "
+            "each role needs"
+        )
+    if isinstance(cause, redis.exceptions.RedisClusterException):
+        return EXIT_FAILURE, f"Redis Cluster{at}: {text}"
+    if isinstance(exc, (EmbeddedServerError, RcoordError, redis.exceptions.RedisError)):
+        return EXIT_FAILURE, f"{type(cause).__name__}: {text}"
+    return EXIT_FAILURE, (
+        f"unexpected {type(exc).__name__}: {text} (run with --log-level debug for the traceback)"
+    )
+
+
+def report(exc: BaseException, prog: str, *, url: str | None = None, debug: bool = False) -> int:
+    """Print ``exc`` as one line on stderr (with the traceback first if ``debug``); the status."""
+    import traceback
+
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    code, line = explain(exc, url)
+    print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    return code
 
 
 # -- rcoord demo ------------------------------------------------------------------------------
@@ -67,8 +219,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         default=55.0,
-        help="give up (exit 1) after this many seconds (55)",
+        help="give up (exit 1) after this many seconds, set-up included (55)",
     )
+    p.add_argument("--log-level", default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+                   help="of this process; DEBUG also prints the traceback of an error (WARNING)")
+    add_tls_arguments(p)
 
 
 @dataclass
@@ -144,16 +299,16 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
 
 
 class _Demo:
-    def __init__(self, url: str, args: argparse.Namespace) -> None:
-        from .client.group import client_from_url
+    def __init__(self, url: str, args: argparse.Namespace, deadline: float) -> None:
         from .config import CoordinatorConfig
         from .coordinator import GroupCoordinator
         from .topics import Producer, Topics
 
         self.url, self.args = url, args
         self.state = _DemoState()
-        self.deadline = time.monotonic() + args.time_limit
-        self.r = client_from_url(url)
+        self.deadline = deadline
+        self.step = "connecting to Redis"
+        self.r = _demo_client(url)
         self.ns = f"demo-{os.getpid()}-{secrets.token_hex(3)}"
         self.coord = GroupCoordinator(
             self.r,
@@ -221,11 +376,10 @@ class _Demo:
 
     def wait(self, what: str, cond: Callable[[], bool], every: float = 0.05) -> None:
         """Print events (and progress once a second) until ``cond()``; bounded by --time-limit."""
+        self.step = f"waiting for {what}"
         while not cond():
             if time.monotonic() > self.deadline:
-                raise TimeoutError(
-                    f"{what}: not reached within --time-limit {self.args.time_limit:g} s"
-                )
+                raise TimeoutError(self.step)
             self.show_events()
             if self.producing and time.monotonic() - self.last_progress >= 1.0:
                 self.last_progress = time.monotonic()
@@ -318,8 +472,11 @@ class _Demo:
             f"group {DEMO_GROUP!r}; session timeout {DEMO_WORKER['session_timeout_ms']} ms, "
             f"heartbeat {DEMO_WORKER['heartbeat_interval_ms']} ms"
         )
+        self.step = f"set-up: creating topic {DEMO_TOPIC!r} with {a.partitions} partitions"
         self.topics.create(DEMO_TOPIC, a.partitions)
+        self.step = "set-up: starting the coordinator"
         self.say(f"coordinator: {self.start_coordinator()}")
+        self.step = "set-up: starting the workers"
         for _ in range(a.workers):
             self.start_worker()
         first = set(self.names)
@@ -431,7 +588,30 @@ class _Demo:
         print("demo: OK" if ok else "demo: FAILED", flush=True)
         return 0 if ok else 1
 
-    def cleanup(self) -> None:
+    def abandon(self) -> None:
+        """Stop the run from another thread: its calls to Redis fail from now on.
+
+        The pool hands out no more connections, and the calls in flight lose theirs; redis-py
+        would retry those (reconnect and send again), so each connection's retries are spent
+        first. On a cluster the client is closed (best effort: it may reconnect).
+        """
+        self.stop_threads.set()
+        pool = getattr(self.r, "connection_pool", None)
+        if not isinstance(pool, _GatedPool):
+            self.r.close()
+            return
+        pool.closed = True
+        for conn in [*pool._in_use_connections, *pool._available_connections]:
+            retry = getattr(conn, "retry", None)
+            if retry is not None:
+                retry.update_retries(0)
+        pool.disconnect()  # shuts the sockets of calls in flight, too
+
+    def cleanup(self, *, delete_keys: bool, until: float) -> None:
+        """Stop the coordinator and workers; delete the run's keys (batched) unless the server is
+        thrown away anyway. Bounded by ``until`` (at least CLEANUP_S from now)."""
+        from .client.group import client_from_url
+
         self.stop_threads.set()
         if self.service is not None:
             self.service.stop()
@@ -439,26 +619,107 @@ class _Demo:
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
-        try:
-            keys = list(self.r.scan_iter(match=f"{self.ns}:*", count=1000))
-            for key in keys:
-                self.r.delete(key)
-        except redis.exceptions.RedisError as exc:  # the namespace is unique to this run
-            print(f"demo: could not delete the namespace's keys: {exc}", file=sys.stderr)
         self.r.close()
+        pool = getattr(self.r, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
+        if not delete_keys:
+            return
+        left = 0
+        try:
+            r = client_from_url(self.url)  # a fresh one: abandon() may have cut the old one
+            try:
+                batch: list[bytes] = []
+                for key in r.scan_iter(match=f"{self.ns}:*", count=1000):
+                    batch.append(key)
+                    if len(batch) == 1000 and time.monotonic() < until:
+                        _unlink(r, batch)
+                        batch = []
+                    elif time.monotonic() >= until:
+                        left += 1
+                _unlink(r, batch)
+            finally:
+                r.close()
+        except Exception as exc:  # noqa: BLE001 - the namespace is unique to this run
+            print(f"demo: could not delete the keys of {self.ns}: {exc}", file=sys.stderr)
+            return
+        if left:
+            print(f"demo: {left} keys of {self.ns} are left (clean-up ran out of time)",
+                  file=sys.stderr)
+
+
+class _GatedPool(redis.ConnectionPool):
+    """A connection pool that can be shut: once ``closed``, every call fails at once. The demo's
+    set-up is a few long calls in library code that cannot watch the deadline themselves."""
+
+    closed = False
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.closed:
+            raise redis.exceptions.ConnectionError("the demo gave up (--time-limit)")
+        return super().get_connection(*args, **kwargs)
+
+
+def _demo_client(url: str) -> Any:
+    """The demo's client: a RedisCluster for a cluster, else a Redis on a _GatedPool."""
+    from .client.coordinator import SOCKET_TIMEOUT_S
+    from .client.group import client_from_url
+
+    client = client_from_url(url)
+    if not isinstance(client, redis.Redis):
+        return client
+    client.close()
+    return redis.Redis(connection_pool=_GatedPool.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0
+    ))
+
+
+CLEANUP_S = 10.0
+"""The clean-up after the verdict may take this long even when --time-limit is used up."""
+
+
+def _unlink(r: Any, keys: list[bytes]) -> None:
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.unlink(key)
+    pipe.execute()
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    """The demo, bounded as a whole by --time-limit: set-up, the run, the checks. Clean-up
+    follows (at most CLEANUP_S more)."""
+    prog = "rcoord demo"
+    started = time.monotonic()
+    deadline = started + args.time_limit
+    try:
+        level = log_level(args.log_level)
+        if args.partitions < 2 or args.workers < 2 or args.records < 1:
+            raise UsageError("needs --partitions >= 2, --workers >= 2, --records >= 1")
+        if args.time_limit <= 0:
+            raise UsageError(f"--time-limit must be > 0, got {args.time_limit:g}")
+        url = args.redis_url
+        if url:
+            url = with_tls_files(
+                check_url(url), args.tls_ca_file, args.tls_cert_file, args.tls_key_file
+            )
+    except UsageError as exc:
+        return report(exc, prog)
+    import logging
+
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s %(message)s")
+    try:
+        return _demo_bounded(args, url, started, deadline)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
+        return report(exc, prog, url=url, debug=level == "DEBUG")
+
+
+def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
+                  deadline: float) -> int:
     from .embedded import EmbeddedServer
 
-    if args.partitions < 2 or args.workers < 2 or args.records < 1:
-        print(
-            "rcoord demo: needs --partitions >= 2, --workers >= 2, --records >= 1", file=sys.stderr
-        )
-        return 2
     server = None
-    url = args.redis_url
-    started = time.monotonic()
     if not url:
         server = EmbeddedServer().start()
         url = server.url
@@ -469,15 +730,42 @@ def _run_demo(args: argparse.Namespace) -> int:
         )
     demo = None
     try:
-        demo = _Demo(url, args)
+        demo = _Demo(url, args, deadline)
         demo.state.started = started
-        return demo.run()
-    except TimeoutError as exc:
-        print(f"demo: FAILED: {exc}", flush=True)
-        return 1
+        outcome: dict[str, Any] = {}
+
+        def body() -> None:
+            try:
+                outcome["code"] = demo.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                outcome["error"] = exc
+
+        runner = threading.Thread(target=body, name="rcoord-demo", daemon=True)
+        runner.start()
+        # The run checks the deadline between steps; a step that cannot (a long set-up call)
+        # is cut off from here.
+        runner.join(max(0.0, deadline - time.monotonic()))
+        gave_up = time.monotonic() - started
+        if runner.is_alive():
+            # Not joined: it may be computing in library code for a while, but from here on
+            # every call it makes to Redis fails, so nothing it does outlives the clean-up.
+            outcome = {"error": TimeoutError(demo.step)}
+            demo.abandon()
+        error = outcome.get("error")
+        if isinstance(error, TimeoutError):
+            print(
+                f"demo: FAILED: {error}: not done within --time-limit {args.time_limit:g} s "
+                f"(gave up at {gave_up:.2f} s)",
+                flush=True,
+            )
+            return 1
+        if error is not None:
+            raise error
+        return int(outcome["code"])
     finally:
         if demo is not None:
-            demo.cleanup()
+            demo.cleanup(delete_keys=server is None,
+                         until=max(deadline, time.monotonic() + CLEANUP_S))
         if server is not None:
             server.stop()
 

@@ -2,6 +2,18 @@
 
 The coordinator service (``rcoord.service``) and the worker client (``rcoord.client``) both
 connect through ``connect``, so a deployment is described by its URL alone.
+
+How the topology is found: ``HELLO`` (no arguments) answers with a ``mode`` field,
+``standalone`` or ``cluster``. Redis and Valkey run ``HELLO`` for every authenticated user
+whatever its ACL rules say (it is flagged ``no-auth`` like ``AUTH``), so a least-privilege user
+that may not run ``INFO`` still gets the right answer; taking a cluster for a single node would
+leak raw ``MOVED`` errors from every later call. Servers older than 6.2 do not know ``HELLO``
+without arguments; for them ``INFO cluster`` is asked instead, and a refusal of both is an
+error that names the permission, never a guess.
+
+A cluster client also needs ``CLUSTER SLOTS`` (to map slots to nodes) and ``COMMAND`` (to find
+the keys of a command); a user without them gets a ``MissingPermissionError`` naming them
+instead of redis-py's "cannot be connected" (docs/security.md has the ACL rules).
 """
 
 from __future__ import annotations
@@ -10,29 +22,82 @@ from typing import Any
 
 import redis
 import redis.cluster
+import redis.exceptions
 
-__all__ = ["connect"]
+from .errors import MissingPermissionError
+
+__all__ = ["connect", "server_mode"]
+
+CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
+"""What redis-py's RedisCluster runs on start besides the caller's commands."""
+
+
+def server_mode(client: redis.Redis) -> str:
+    """``"cluster"`` or ``"standalone"``, as the server reports it (see the module docstring)."""
+    try:
+        hello = client.execute_command("HELLO")
+    except redis.exceptions.NoPermissionError:
+        hello = None  # not seen on Redis/Valkey (HELLO is no-auth), but cheap to handle
+    except redis.exceptions.ResponseError:
+        hello = None  # before 6.2: HELLO needs a protocol version, or is unknown (before 6.0)
+    if isinstance(hello, dict):
+        mode = hello.get(b"mode", hello.get("mode"))
+        if mode is not None:
+            return mode.decode() if isinstance(mode, bytes) else str(mode)
+    try:
+        info = client.info("cluster")
+    except redis.exceptions.NoPermissionError as exc:
+        raise MissingPermissionError(
+            "cannot tell a Redis Cluster from a single node: the server has no HELLO mode field "
+            f"and the user may not run INFO ({exc}); allow +info in its ACL rules"
+        ) from exc
+    return "cluster" if str(info.get("cluster_enabled", 0)) == "1" else "standalone"
+
+
+def _missing_cluster_permission(client: redis.Redis) -> MissingPermissionError | None:
+    """Run what RedisCluster runs on start; name the first command the user may not run."""
+    for command in CLUSTER_COMMANDS:
+        try:
+            client.execute_command(*command.split())
+        except redis.exceptions.NoPermissionError as exc:
+            rule = "+" + command.lower().replace(" ", "|")
+            return MissingPermissionError(
+                f"the Redis user may not run {command}, which a Redis Cluster client needs to "
+                f"find the nodes and the keys of each command: add {rule} to its ACL rules "
+                f"(see docs/security.md); the server said: {exc}"
+            )
+    return None
 
 
 def connect(url: str, **kwargs: Any) -> Any:
     """A client for ``url`` (redis://, rediss://, with user:password): a RedisCluster when the
-    server reports cluster mode (``INFO cluster``), else a Redis.
+    server reports cluster mode, else a Redis.
 
-    ``kwargs`` go to redis-py (``socket_timeout``, ...); ``socket_connect_timeout`` defaults to
-    5 s, and ``decode_responses`` is always False (rcoord reads bytes). A server that refuses
-    ``INFO cluster`` is taken for a single node.
+    ``kwargs`` go to redis-py (``socket_timeout``, ``ssl_ca_certs``, ...);
+    ``socket_connect_timeout`` defaults to 5 s, and ``decode_responses`` is always False
+    (rcoord reads bytes).
+
+    Raises redis-py's ``ConnectionError`` (refused, unknown host, TLS failure),
+    ``AuthenticationError`` (wrong user or password), ``ValueError`` (a malformed URL) and
+    ``MissingPermissionError`` (an ACL user that lacks what connecting needs).
     """
     kwargs.setdefault("socket_connect_timeout", 5.0)
     kwargs["decode_responses"] = False
     probe = redis.Redis.from_url(url, **kwargs)
     try:
-        cluster = str(probe.info("cluster").get("cluster_enabled", 0)) == "1"
-    except redis.exceptions.ResponseError:
-        cluster = False
+        cluster = server_mode(probe) == "cluster"
     except BaseException:
         probe.close()
         raise
     if not cluster:
         return probe
-    probe.close()
-    return redis.cluster.RedisCluster.from_url(url, **kwargs)
+    try:
+        return redis.cluster.RedisCluster.from_url(url, **kwargs)
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # redis-py words a refused CLUSTER SLOTS as "cannot be connected": say why.
+        missing = _missing_cluster_permission(probe)
+        if missing is not None:
+            raise missing from exc
+        raise
+    finally:
+        probe.close()

@@ -31,14 +31,22 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis.exceptions
+
 from .config import CoordinatorConfig
 from .errors import ConfigError, Errors, InvalidRequestError, translate_redis_errors
-from .keys import GroupKeys, PartitionKeys, settings_key
+from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
+from .protocol._checks import check_id, check_instance_id, require_int
+from .protocol.admin import (
+    GroupDescription,
+    GroupListing,
+    OffsetDeleteResult,
+    decode_description,
+)
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
 from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
-from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.offsets import (
     OffsetAndMetadata,
     OffsetFetchResult,
@@ -47,15 +55,10 @@ from .protocol.offsets import (
     encode_commit,
     partitions_args,
 )
-from .protocol._checks import check_id, check_instance_id, require_int
-from .protocol.admin import (
-    GroupDescription,
-    GroupListing,
-    OffsetDeleteResult,
-    decode_description,
-)
+from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.sync import SyncGroupResult, SyncRequest
 from .scripts import Scripts
+from .settings import settle
 
 __all__ = ["GroupCoordinator"]
 
@@ -84,6 +87,9 @@ KEYS_CACHE_SIZE = 10_000
 MAX_DUE_RETRIES = 5
 HEARTBEAT_BATCH = 500
 """Most members of one group in one heartbeat script call (a script blocks its shard)."""
+NOT_COORDINATOR_RETRIES = 3
+"""Settle-and-retry rounds when a script says the caller's layout is not the namespace's."""
+_NOT_COORDINATOR = "RCOORD_NOT_COORDINATOR"
 
 
 class GroupCoordinator:
@@ -92,7 +98,10 @@ class GroupCoordinator:
     ``redis_client`` is a ``redis.Redis`` or ``redis.RedisCluster`` created with
     ``decode_responses=False``. ``config`` writes the settings it names to the namespace in
     Redis (see ``CoordinatorConfig``); without one, the stored settings (or Kafka's defaults)
-    apply. ``clock`` (a callable returning milliseconds) replaces Redis ``TIME`` in every
+    apply. The settings, the partition count above all, are one agreed fact of the namespace
+    (``rcoord.settings``): a call made with a stale count is refused by the script and this
+    class settles again and retries by itself; a process that named settings writes them again
+    if they were lost. ``clock`` (a callable returning milliseconds) replaces Redis ``TIME`` in every
     script; it exists for deterministic tests, like Kafka's MockTime.
 
     Nothing touches Redis until ``start()`` or the first request.
@@ -113,6 +122,8 @@ class GroupCoordinator:
         self._lock = threading.Lock()
         self._max_block_ms = MAX_BLOCK_MS
         self._keys_cache: dict[str, GroupKeys] = {}
+        self.settings_version = 0
+        """The version of the namespace settings this coordinator last settled."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -124,8 +135,16 @@ class GroupCoordinator:
                 self._check_client()
                 self._max_block_ms = self._block_limit()
                 self._scripts.load()
-                self._config = self._settle_config()
+                self._settle()
         return self
+
+    @translate_redis_errors
+    def resettle(self) -> CoordinatorConfig:
+        """Read (or re-establish) the namespace settings now; what a NOT_COORDINATOR triggers,
+        and what the coordinator service does when it sees the settings changed or lost."""
+        self._started()
+        with self._lock:
+            return self._settle()
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -158,27 +177,17 @@ class GroupCoordinator:
             return MAX_BLOCK_MS
         return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * 0.5)))
 
-    def _settle_config(self) -> CoordinatorConfig:
+    def _settle(self) -> CoordinatorConfig:
+        """Settle the namespace settings (under ``self._lock``); see ``rcoord.settings``."""
         namespace = self._given.namespace if self._given else "rcoord"
-        raw = self._redis.hgetall(settings_key(namespace))
-        stored = {k.decode(): v.decode() for k, v in raw.items()}
-        base = self._given if self._given is not None else CoordinatorConfig(namespace=namespace)
-        effective = base.merged_with_stored(stored)
-        if self._given is None or not (self._given.named - {"namespace"}):
-            return effective
-        old_partitions = int(stored.get("num_partitions", effective.num_partitions))
-        if old_partitions != effective.num_partitions and self._has_groups(namespace, old_partitions):
-            raise ConfigError(
-                f"num_partitions is fixed at {old_partitions} for namespace {namespace!r} "
-                "because it holds groups; delete them or use another namespace"
-            )
-        values = effective.stored_values()
-        pipe = self._redis.pipeline(transaction=False)
-        for p in range(effective.num_partitions):
-            pipe.hset(PartitionKeys(namespace, p, effective.num_partitions).cfg, mapping=values)
-        pipe.hset(settings_key(namespace), mapping=values)
-        pipe.execute()
-        if int(stored.get("group_max_size", effective.group_max_size)) > effective.group_max_size:
+        settled = settle(self._redis, self._scripts, namespace, self._given, self._config)
+        effective = settled.config
+        if self._config is not None and self._config.num_partitions != effective.num_partitions:
+            self._keys_cache.clear()
+        self._config = effective
+        self.settings_version = settled.version
+        was_max = int(settled.was.get("group_max_size", effective.group_max_size))
+        if was_max > effective.group_max_size:
             # A lowered limit: let every group see it now (oversized ones start to shrink),
             # as Kafka does when it loads a group that is over capacity.
             self._touch_all_groups(effective)
@@ -191,12 +200,6 @@ class GroupCoordinator:
                 group_id = raw.decode("utf-8", "surrogateescape")
                 keys = pk.group(group_id)
                 self._scripts.expire_deadlines(keys=keys.all(), args=[self._now_arg(), group_id])
-
-    def _has_groups(self, namespace: str, num_partitions: int) -> bool:
-        pipe = self._redis.pipeline(transaction=False)
-        for p in range(num_partitions):
-            pipe.scard(PartitionKeys(namespace, p, num_partitions).groups)
-        return any(n for n in pipe.execute())
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -214,12 +217,30 @@ class GroupCoordinator:
             self._keys_cache[group_id] = keys
         return keys
 
+    def _current_layout(self) -> CoordinatorConfig:
+        """For calls that read partitions directly (no group script to refuse a stale layout):
+        the first partition's settings copy exists only under the agreed count."""
+        cfg = self._started()
+        if not self._redis.exists(PartitionKeys(cfg.namespace, 0, cfg.num_partitions).cfg):
+            cfg = self.resettle()
+        return cfg
+
     def _now_arg(self) -> str:
         return "" if self._clock is None else str(int(self._clock()))
 
     def _call(self, step: str, keys: GroupKeys, args: Sequence[Any]) -> Any:
+        """Run a group step. A script that finds no settings copy under the caller's layout
+        refuses before writing anything; then settle again, re-address the group, retry."""
         script = getattr(self._scripts, step)
-        return script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
+        for attempt in range(NOT_COORDINATOR_RETRIES + 1):
+            try:
+                return script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
+            except redis.exceptions.ResponseError as exc:
+                if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
+                    raise
+            self.resettle()
+            keys = self._keys(keys.group_id)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
         """Wait for a parked Join/SyncGroup's reply: runs the sans-I/O ``park_flow``."""
@@ -273,11 +294,11 @@ class GroupCoordinator:
         )
         if not req.group_id:
             return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)
-        keys = self._keys(req.group_id)
-        reply = self._call("join_group", keys, req.args())
+        reply = self._call("join_group", self._keys(req.group_id), req.args())
         if reply[0] == b"W":
             # The member id may have been created by this call; the wait reply carries it.
             parked_id = bytes(reply[4]).decode("utf-8", "surrogateescape")
+            keys = self._keys(req.group_id)  # as the call addressed it, after any re-settle
             return JoinGroupResult.decode(self._park(keys, parked_id, "j", reply))
         return JoinGroupResult.decode(bytes(reply[1]))
 
@@ -305,9 +326,9 @@ class GroupCoordinator:
         )
         if not req.group_id:
             return SyncGroupResult(Errors.INVALID_GROUP_ID)
-        keys = self._keys(req.group_id)
-        reply = self._call("sync_group", keys, req.args())
+        reply = self._call("sync_group", self._keys(req.group_id), req.args())
         if reply[0] == b"W":
+            keys = self._keys(req.group_id)  # as the call addressed it, after any re-settle
             return SyncGroupResult.decode(self._park(keys, req.member_id, "s", reply))
         return SyncGroupResult.decode(bytes(reply[1]))
 
@@ -451,8 +472,8 @@ class GroupCoordinator:
         Passed deadlines are applied first, so the states listed are current.
         """
         wanted = None if states is None else {require_str_state(s) for s in states}
-        cfg = self._started()
         self.run_timers()
+        cfg = self._current_layout()
         listings: list[GroupListing] = []
         for p in range(cfg.num_partitions):
             pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
@@ -502,7 +523,7 @@ class GroupCoordinator:
     @translate_redis_errors
     def run_timers(self) -> int:
         """Apply every passed deadline in every partition; return how many were applied."""
-        cfg = self._started()
+        cfg = self._current_layout()
         applied = 0
         for p in range(cfg.num_partitions):
             pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)

@@ -6,12 +6,13 @@ Hierarchy::
     ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
     ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
+    ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
     ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
     └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
         ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
-        ├── FencedInstanceIdError, CoordinatorNotAvailableError, ...
+        ├── FencedInstanceIdError, CoordinatorNotAvailableError, NotCoordinatorError, ...
         ├── CommitFailedError  (worker client) a commit fenced because the group rebalanced
         ├── TopicError         (rcoord.topics) a topic or partition request failed
         └── (every other code maps to ProtocolError itself through ``for_code``)
@@ -36,6 +37,7 @@ __all__ = [
     "ConfigError",
     "InvalidRequestError",
     "ConnectionLost",
+    "MissingPermissionError",
     "ScriptError",
     "IllegalStateError",
     "ProtocolError",
@@ -44,6 +46,7 @@ __all__ = [
     "RebalanceInProgressError",
     "FencedInstanceIdError",
     "CoordinatorNotAvailableError",
+    "NotCoordinatorError",
     "raise_for_script_error",
     "translate_redis_errors",
 ]
@@ -75,6 +78,7 @@ class Errors(enum.IntEnum):
     INVALID_PARTITIONS = 37
     INVALID_CONFIG = 40
     INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     MEMBER_ID_REQUIRED = 79
@@ -82,6 +86,7 @@ class Errors(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     UNSTABLE_OFFSET_COMMIT = 88
+    PRODUCER_FENCED = 90
 
     @property
     def retriable(self) -> bool:
@@ -129,6 +134,11 @@ class ConnectionLost(RcoordError):
     Every rcoord script is safe to retry (see docs/architecture.md, "Retries"), so the usual
     reaction is to back off and call again.
     """
+
+
+class MissingPermissionError(RcoordError):
+    """The Redis ACL user may not run a command rcoord needs; the message names the rule to add
+    (docs/security.md lists the rules of each role)."""
 
 
 class ScriptError(RcoordError):
@@ -185,6 +195,14 @@ class CoordinatorNotAvailableError(ProtocolError):
     error = Errors.COORDINATOR_NOT_AVAILABLE
 
 
+class NotCoordinatorError(ProtocolError):
+    """The caller addressed a group under a layout the namespace does not hold (its partition
+    count is stale, or the settings were lost with the data): re-read the settings and retry,
+    as a Kafka client looks the coordinator up again. The coordinators do this by themselves."""
+
+    error = Errors.NOT_COORDINATOR
+
+
 _BY_CODE: dict[Errors, type[ProtocolError]] = {
     c.error: c
     for c in (
@@ -193,6 +211,7 @@ _BY_CODE: dict[Errors, type[ProtocolError]] = {
         RebalanceInProgressError,
         FencedInstanceIdError,
         CoordinatorNotAvailableError,
+        NotCoordinatorError,
     )
 }
 
@@ -202,6 +221,7 @@ _SCRIPT_ERRORS: dict[str, type[RcoordError]] = {
     "RCOORD_ILLEGAL_STATE": IllegalStateError,
     "RCOORD_BAD_ARGUMENT": InvalidRequestError,
     "RCOORD_CONFIG": ConfigError,
+    "RCOORD_NOT_COORDINATOR": NotCoordinatorError,
 }
 
 

@@ -8,8 +8,12 @@ randomised per process, so the Java arithmetic is reproduced here exactly.
 Every key of a partition carries the same hash tag, so a partition is one cluster slot and a script
 may touch a group's keys and the partition's deadline index together. Naive tags (``{0}``..``{49}``)
 put 12, 17 and 21 of 50 partitions on three masters; instead each partition's tag is the first
-string ``<p>.<k>`` whose slot falls in the p-th equal share of the slot range, so any even split of
-slots over masters also splits the partitions evenly.
+string ``<n>.<p>.<k>`` (``n`` the partition count) whose slot falls in the p-th equal share of the
+slot range, so any even split of slots over masters also splits the partitions evenly.
+
+The count is part of the tag so that two layouts of one namespace never share a key: a process
+with a stale count addresses keys where no settings copy exists, and every group script refuses
+it (see ``rcoord.settings``) instead of creating a second copy of a group.
 """
 
 from __future__ import annotations
@@ -88,9 +92,9 @@ def _tags(num_partitions: int) -> tuple[str, ...]:
     for p in range(num_partitions):
         lo, hi = p * SLOTS // num_partitions, (p + 1) * SLOTS // num_partitions
         k = 0
-        while not lo <= keyslot(f"{p}.{k}") < hi:
+        while not lo <= keyslot(f"{num_partitions}.{p}.{k}") < hi:
             k += 1
-        tags.append(f"{p}.{k}")
+        tags.append(f"{num_partitions}.{p}.{k}")
     return tuple(tags)
 
 

@@ -28,13 +28,15 @@ GROUP_STEPS = (
 )
 """Steps that run behind the prelude and take the group KEYS layout."""
 
-STANDALONE = ("due_groups", "heartbeat", "lease")
-"""Scripts without the prelude: partition-level ones, and the heartbeat hot path."""
+STANDALONE = ("due_groups", "heartbeat", "lease", "settings")
+"""Scripts without the prelude: partition-level and namespace-level ones, and the heartbeat
+hot path."""
 
 INCLUDES: dict[str, tuple[str, ...]] = {
     "heartbeat": ("clock", "deadline_index"),
     "due_groups": ("clock",),
-    **{f"topic_{n}": ("clock", "topic_common") for n in ("append", "fetch", "offsets", "retention", "create_meta")},
+    **{f"topic_{n}": ("clock", "topic_common") for n in (
+        "append", "append_idempotent", "fetch", "offsets", "retention", "create_meta")},
     **{step: ("clock", "deadline_index", "prelude") for step in GROUP_STEPS},
 }
 """Shared files put in front of a script, in order (Redis scripts cannot import)."""

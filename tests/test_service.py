@@ -264,3 +264,25 @@ def test_coordinator_connects_as_an_acl_user(redis_server, single_client, namesp
     finally:
         procs[0].stop() if procs else None
         single_client.execute_command("ACL", "DELUSER", "rcoord-svc")
+
+
+def test_service_writes_its_named_settings_again_after_data_loss(redis_server, single_client, namespace, procs):
+    """Issue 8: settings named by the service (the broker's part) come back after a data loss,
+    so members configured for a lowered minimum session timeout can join again."""
+    procs.append(Proc(redis_server.url, namespace, "owner", "--set", "group_min_session_timeout_ms=100"))
+    key = f"{namespace}:settings"
+    assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+    for k in list(single_client.scan_iter(match=f"{namespace}:*", count=1000)):
+        single_client.delete(k)
+    member = GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace))
+    wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100", timeout_s=10)
+    assert member.join_group("g", **{**JOIN, "session_timeout_ms": 150}).error == Errors.MEMBER_ID_REQUIRED
+
+
+def test_service_rejects_an_unknown_setting(redis_server, namespace):
+    out = subprocess.run(
+        [sys.executable, "-m", "rcoord.service", "--redis-url", redis_server.url, "--namespace", namespace,
+         "--set", "group_min_sesion_timeout_ms=100"],
+        capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 2
+    assert "unknown group setting" in out.stderr and "group_min_sesion_timeout_ms" in out.stderr

@@ -7,7 +7,6 @@ not importable; CI installs the ``spark`` extra, so they run there.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -192,12 +191,6 @@ def test_stream_honours_max_offsets_per_trigger_and_available_now(
         Topics(single_client, namespace), "ev").items() for o in range(end))
 
 
-def _has_idempotent_producer() -> bool:
-    return "idempotent" in inspect.signature(Producer).parameters
-
-
-@pytest.mark.xfail(not _has_idempotent_producer(), strict=False,
-                   reason="needs the idempotent producer (branch producer) on main")
 def test_replayed_micro_batch_does_not_append_twice(spark: Any, redis_server: Any,
                                                     single_client: Any, namespace: str,
                                                     tmp_path: Path) -> None:

@@ -2,9 +2,10 @@
 
 It shares everything with ``rcoord.GroupCoordinator`` but the I/O: the Lua scripts, the request
 checks and encodings and the reply decoders (``rcoord.protocol``), and the parked-call wait
-(``rcoord.protocol.park.park_flow``). Writing namespace settings is an operator's act done with
-the blocking ``GroupCoordinator``; this class uses what the namespace stores (or Kafka's
-defaults), as every party of a namespace must.
+(``rcoord.protocol.park.park_flow``) and the settling of the namespace settings
+(``rcoord.settings.settle_flow``). Writing namespace settings is an operator's act done with the
+blocking ``GroupCoordinator``; this class uses what the namespace stores (establishing Kafka's
+defaults if nothing is stored), as every party of a namespace must.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import redis.exceptions
 
 from ..config import CoordinatorConfig
 from ..errors import ConfigError, ConnectionLost, Errors, raise_for_script_error
-from ..keys import GroupKeys, settings_key
+from ..keys import GroupKeys
 from ..protocol.heartbeat import decode_heartbeat, heartbeat_args
 from ..protocol.join import JoinGroupResult, JoinRequest
 from ..protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
@@ -32,7 +33,9 @@ from ..protocol.offsets import (
 from ..protocol._checks import check_id, check_instance_id, require_int
 from ..protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from ..protocol.sync import SyncGroupResult, SyncRequest
+from ..coordinator import NOT_COORDINATOR_RETRIES
 from ..scripts import Scripts
+from ..settings import asettle
 
 __all__ = ["AsyncGroupCoordinator"]
 
@@ -78,10 +81,17 @@ class AsyncGroupCoordinator:
             if encoder is not None and getattr(encoder, "decode_responses", False):
                 raise ConfigError("AsyncGroupCoordinator needs a client with decode_responses=False")
             self._scripts.load()
-            raw = await self._redis.hgetall(settings_key(self._namespace))
-            stored = {k.decode(): v.decode() for k, v in raw.items()}
-            self._config = CoordinatorConfig(namespace=self._namespace).merged_with_stored(stored)
+            await self.resettle()
         return self
+
+    async def resettle(self) -> CoordinatorConfig:
+        """Read (or re-establish) the namespace settings; what a NOT_COORDINATOR triggers."""
+        settled = await asettle(self._redis, self._scripts, self._namespace,
+                                CoordinatorConfig(namespace=self._namespace), self._config)
+        if self._config is not None and self._config.num_partitions != settled.config.num_partitions:
+            self._keys_cache.clear()
+        self._config = settled.config
+        return settled.config
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -102,10 +112,20 @@ class AsyncGroupCoordinator:
         return "" if self._clock is None else str(int(self._clock()))
 
     async def _call(self, step: str, keys: GroupKeys, args: Sequence[Any]) -> Any:
+        """Run a group step; on a stale layout settle again and retry (see GroupCoordinator)."""
         script = getattr(self._scripts, step)
-        return await script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
+        for attempt in range(NOT_COORDINATOR_RETRIES + 1):
+            try:
+                return await script(keys=keys.all(), args=[self._now_arg(), keys.group_id, *args])
+            except redis.exceptions.ResponseError as exc:
+                if "RCOORD_NOT_COORDINATOR" not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
+                    raise
+            await self.resettle()
+            keys = await self._keys(keys.group_id)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _park(self, keys: GroupKeys, member_id: str, kind: str, reply: list[Any]) -> bytes:
+        keys = await self._keys(keys.group_id)  # as the parking call addressed it, after any re-settle
         flow = park_flow(reply, mock_clock=self._clock is not None, max_block_ms=MAX_BLOCK_MS)
         try:
             op = next(flow)

@@ -13,10 +13,24 @@ flag                  environment                  default
 ``--lease-ttl-ms``    ``RCOORD_LEASE_TTL_MS``      5000
 ``--wake``            ``RCOORD_WAKE``              both
 ``--log-level``       ``RCOORD_LOG_LEVEL``         INFO
+``--tls-ca-file``     ``RCOORD_TLS_CA_FILE``       the system's CAs
+``--tls-cert-file``   ``RCOORD_TLS_CERT_FILE``     none (mutual TLS only)
+``--tls-key-file``    ``RCOORD_TLS_KEY_FILE``      none (mutual TLS only)
+``--set NAME=VALUE``  ``RCOORD_SETTINGS``          none (group settings this process names;
+                      (``NAME=VALUE,...``)         repeat the flag for several)
 ====================  ===========================  ======================
 
+``--set`` names the namespace's group settings (``CoordinatorConfig`` fields, such as
+``group_min_session_timeout_ms=100``) as a broker's configuration names Kafka's: they are written
+at start and written again whenever the namespace loses them.
+
 URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users), and point at a
-single node or any node of a Redis Cluster (detected from the server).
+single node or any node of a Redis Cluster (detected from the server). The TLS files become
+redis-py's URL arguments (``?ssl_ca_certs=...``), which may also be written in the URL itself.
+
+A setting or connection that does not work is one line on stderr (``rcoord coordinator: error:
+...``) and exit status 2 (a bad flag) or 1 (Redis unreachable, refused the login, or a missing
+ACL permission); ``--log-level debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -65,37 +79,77 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default=_env("RCOORD_NAMESPACE", "rcoord"))
     p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"))
     p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"))
-    p.add_argument("--lease-ttl-ms", type=int, default=int(_env("RCOORD_LEASE_TTL_MS", 5000)))
+    p.add_argument("--lease-ttl-ms", type=int, default=_env("RCOORD_LEASE_TTL_MS", 5000))
     p.add_argument("--wake", choices=("both", "index", "hints"), default=_env("RCOORD_WAKE", "both"))
     p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"))
+    from ..cli import add_tls_arguments
+
+    add_tls_arguments(p)
+    env_settings = [x for x in str(_env("RCOORD_SETTINGS", "")).split(",") if x]
+    p.add_argument("--set", dest="settings", action="append", default=env_settings,
+                   metavar="NAME=VALUE", help="a group setting this process names (repeatable)")
+
+
+def parse_settings(items: list[str]) -> dict[str, int]:
+    """``NAME=VALUE`` strings as setting -> int; a malformed one is a ConfigError naming it."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise ConfigError(f"--set expects NAME=INTEGER, got {item!r}") from None
+    return out
 
 
 def coordinator_main(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; the exit status (see the module docstring)."""
+    from ..cli import UsageError, check_url, log_level, report, with_tls_files
+    from ..config import CoordinatorConfig
     from .service import CoordinatorService, ServiceConfig
 
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(args.log_level.upper())
+    prog = "rcoord coordinator"
+    url = None
     try:
+        level = log_level(args.log_level)
+        url = with_tls_files(
+            check_url(args.redis_url),
+            getattr(args, "tls_ca_file", None),
+            getattr(args, "tls_cert_file", None),
+            getattr(args, "tls_key_file", None),
+        )
+        CoordinatorConfig(namespace=args.namespace)  # a bad namespace is a usage error
         kw: dict[str, Any] = dict(
-            redis_url=args.redis_url or "",
+            redis_url=url,
             namespace=args.namespace,
             metrics_port=None if args.metrics_port is None else int(args.metrics_port),
             metrics_host=args.metrics_host,
             lease_ttl_ms=int(args.lease_ttl_ms),
             wake=args.wake,
+            settings=parse_settings(list(getattr(args, "settings", None) or [])),
         )
         if args.coordinator_id:
             kw["coordinator_id"] = args.coordinator_id
         config = ServiceConfig(**kw)
-    except ConfigError as exc:
-        print(f"rcoord coordinator: {exc}", file=sys.stderr)
-        return 2
-    service = CoordinatorService(config).start()
+    except (UsageError, ValueError) as exc:  # ConfigError is a ValueError
+        return report(exc if isinstance(exc, (UsageError, ConfigError)) else UsageError(str(exc)),
+                      prog)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    service = CoordinatorService(config)
+    # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is a
+    # graceful stop too, not a kill.
     signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
     signal.signal(signal.SIGINT, lambda *_: service._stop.set())
+    try:
+        service.start()
+    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
+        return report(exc, prog, url=url, debug=level == "DEBUG")
     try:
         service.run()
     finally:

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import redis
+import redis.exceptions
 
 from ..keys import PartitionKeys
 from ..partitioning import partition_tag
@@ -25,8 +26,15 @@ __all__ = ["Listener", "enable_keyspace_events"]
 log = logging.getLogger("rcoord.service")
 
 
+INDEX_ALONE = "deadlines act from the index alone"
+
+
 def enable_keyspace_events(node: redis.Redis) -> str:
-    """Turn on expired-key events on ``node`` if needed; return '' or why it could not."""
+    """Turn on expired-key events on ``node`` if needed; return '' or why it could not.
+
+    Managed Redis, and a least-privilege ACL user (docs/security.md), may refuse ``CONFIG``;
+    the events may still flow if the operator configured them, so the subscription is kept.
+    """
     try:
         raw = node.config_get("notify-keyspace-events").get("notify-keyspace-events") or ""
         flags: str = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -36,8 +44,9 @@ def enable_keyspace_events(node: redis.Redis) -> str:
             wanted = "".join(sorted(set(flags) | {"E", "x"}))
             node.config_set("notify-keyspace-events", wanted)
         return ""
-    except redis.ResponseError as exc:  # managed Redis may refuse CONFIG
-        return f"CONFIG refused: {exc}"
+    except redis.ResponseError as exc:  # NOPERM is a ResponseError too
+        return (f"CONFIG refused ({exc}); {INDEX_ALONE}; expiry hints arrive only if the "
+                "server's notify-keyspace-events already has E and x")
 
 
 class Listener:
@@ -65,16 +74,16 @@ class Listener:
         if self._want_deadlines:
             self._spawn(self._run_shard, "rcoord-deadlines")
         if self._want_hints:
-            problems = []
-            for node in primaries(self._client):
-                problem = enable_keyspace_events(node)
-                if problem:
-                    problems.append(problem)
-                self._spawn(lambda n=node: self._run_keyspace(n), "rcoord-hints")
-            self.keyspace_status = "enabled" if not problems else "unavailable: " + "; ".join(problems)
+            nodes = primaries(self._client)
+            problems = [p for p in (enable_keyspace_events(n) for n in nodes) if p]
+            # Set before the threads start: a thread that finds the channel refused has the
+            # last word.
+            self.keyspace_status = "enabled" if not problems else "unknown: " + "; ".join(problems)
             if problems:
-                log.warning("expired-key events unavailable; deadlines still act from the index",
+                log.warning("expired-key events may be off; deadlines still act from the index",
                             extra={"event": "keyspace_events_unavailable", "why": problems})
+            for node in nodes:
+                self._spawn(lambda n=node: self._run_keyspace(n), "rcoord-hints")
 
     def _spawn(self, fn: Any, name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
@@ -134,7 +143,7 @@ class Listener:
             try:
                 # Again on every (re)connect: CONFIG SET does not survive a restart or failover.
                 problem = enable_keyspace_events(node)
-                self.keyspace_status = "enabled" if not problem else "unavailable: " + problem
+                self.keyspace_status = "enabled" if not problem else "unknown: " + problem
                 pubsub = node.pubsub()
                 pubsub.subscribe(channel)
                 while not self._stop.is_set():
@@ -148,6 +157,16 @@ class Listener:
                         if m and m.group(1).decode() in self._tags:
                             self._events.put(("hint", self._tags[m.group(1).decode()],
                                               m.group(2).decode("utf-8", "surrogateescape")))
+            except redis.exceptions.NoPermissionError as exc:
+                # The ACL user may not hear this channel: hints are off for good, and the
+                # deadline index (which needs no events) does the work.
+                self.keyspace_status = (
+                    f"unavailable: the Redis user may not subscribe to {channel} ({exc}; add "
+                    f"&__keyevent@*__:expired to its ACL rules to get hints); {INDEX_ALONE}")
+                log.warning("expired-key events unavailable; deadlines still act from the index",
+                            extra={"event": "keyspace_events_unavailable",
+                                   "why": self.keyspace_status})
+                return
             except (redis.ConnectionError, redis.TimeoutError):
                 self._events.put(("resync",))
                 self._stop.wait(0.2)

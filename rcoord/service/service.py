@@ -18,10 +18,11 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import CoordinatorConfig
+from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
@@ -61,6 +62,12 @@ class ServiceConfig:
     ``wake`` chooses what drives the timers: ``index`` (the deadline index and its shard-channel
     messages), ``hints`` (expired-key events only; for measurements, never for production), or
     ``both`` (the default).
+
+    ``settings`` are group settings this process names for the namespace (``CoordinatorConfig``
+    field -> value, e.g. ``group_min_session_timeout_ms``), as a broker's configuration names
+    Kafka's group settings. They are written at start, and written again whenever the process
+    sees the namespace's settings lost (a restart without persistence, a failover to an empty
+    replica) or changed by someone else.
     """
 
     redis_url: str
@@ -70,12 +77,18 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
     lease_ttl_ms: int = 5000
     wake: str = "both"
+    settings: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.redis_url:
             raise ConfigError("redis_url is required (--redis-url or RCOORD_REDIS_URL)")
         if self.lease_ttl_ms < 100:
             raise ConfigError(f"lease_ttl_ms must be >= 100, got {self.lease_ttl_ms}")
+        unknown = set(self.settings) - set(STORED_SETTINGS)
+        if unknown:
+            raise ConfigError(f"unknown group setting(s) {sorted(unknown)}; known: {', '.join(STORED_SETTINGS)}")
+        named: dict[str, Any] = dict(self.settings)
+        CoordinatorConfig(namespace=self.namespace, **named)  # validates the values
         if self.wake not in WAKE_MODES:
             raise ConfigError(f"wake must be one of {', '.join(WAKE_MODES)}, got {self.wake!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -103,7 +116,9 @@ class CoordinatorService:
         cfg = self.config
         if self._client is None:
             self._client = connect(cfg.redis_url)
-        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace)).start()
+        named: dict[str, Any] = dict(cfg.settings)
+        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
+        self._coord = coord
         self.group_config = coord.config
         scripts = coord._scripts
         n = self.group_config.num_partitions
@@ -202,13 +217,23 @@ class CoordinatorService:
                 self._queue.put(("owned", set(owned)))
 
     def _check_settings(self) -> None:
-        """The partition count is fixed while groups exist, but may change before: a process that
-        kept the old count would sweep keys nobody uses, so it stops and lets its supervisor
-        start it again with the new one."""
-        raw = self._client.hget(settings_key(self.config.namespace), "num_partitions")
-        if raw is not None and int(raw) != self.group_config.num_partitions:
+        """Keep the namespace settings as this process knows them, every lease round.
+
+        Lost (data loss) or changed by another party: settle again, which writes the settings
+        this process names and re-establishes the rest as they were. The partition count is
+        fixed while groups exist, but may change before: a process that kept the old count
+        would sweep keys nobody uses, so it stops and lets its supervisor start it again."""
+        raw = self._client.hmget(settings_key(self.config.namespace), "version", "num_partitions")
+        version = None if raw[0] is None else int(raw[0])
+        if version != self._coord.settings_version:
+            log.warning("namespace settings %s; settling them again", "lost" if version is None else "changed",
+                        extra={"event": "settings_resettled", "was_version": self._coord.settings_version,
+                               "now_version": version})
+            settled = self._coord.resettle()
+            raw = [None, str(settled.num_partitions).encode()]
+        if raw[1] is not None and int(raw[1]) != self.group_config.num_partitions:
             log.error("num_partitions changed; restarting", extra={
-                "event": "settings_changed", "was": self.group_config.num_partitions, "now": int(raw)})
+                "event": "settings_changed", "was": self.group_config.num_partitions, "now": int(raw[1])})
             self.exit_code = 3
             self._stop.set()
 

@@ -62,27 +62,12 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
 
 def make_producer(client: Any, namespace: str, producer_id: str | None,
                   epoch: int | None) -> Producer:
-    """An idempotent producer named ``producer_id`` at ``epoch``, or a plain one without id.
-
-    If this rcoord has no idempotent producer yet (``Producer`` takes no ``idempotent``), a
-    plain producer is used and a warning says that a replayed batch may append twice.
-    """
+    """An idempotent producer named ``producer_id`` at ``epoch`` (a streaming write task), or
+    one with an id Redis allocates (a batch write task: only its own retried calls dedupe)."""
     if producer_id is None:
-        return _plain(client, namespace)
-    try:
-        return Producer(client, namespace, idempotent=True,  # type: ignore[call-arg]
-                        producer_id=producer_id, producer_epoch=int(epoch or 0))
-    except TypeError:
-        log.warning("rcoord has no idempotent producer here; a micro-batch Spark runs again "
-                    "may append its records twice")
         return Producer(client, namespace)
-
-
-def _plain(client: Any, namespace: str) -> Producer:
-    try:
-        return Producer(client, namespace, idempotent=False)  # type: ignore[call-arg]
-    except TypeError:
-        return Producer(client, namespace)
+    return Producer(client, namespace, idempotent=True, producer_id=producer_id,
+                    producer_epoch=int(epoch or 0))
 
 
 class WriteResult:

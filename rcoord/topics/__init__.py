@@ -17,7 +17,9 @@ stream is empty. Fetching from ``o`` is ``XRANGE key 0-<o+1> +``, and waiting fo
 the log end ``e`` is ``XREAD BLOCK ... STREAMS key 0-<e>``. The ``<o+1>-0`` alternative would
 need the next id computed by hand and gains nothing.
 
-**Every script touches one key**, so in a cluster it runs on the partition's node. The tag of a
+**Every script touches one partition's keys** (its stream, and for idempotent appends the
+producer state beside it, under the same hash tag), so in a cluster it runs on the partition's
+node. The tag of a
 partition depends only on ``(topic, p)``, never on the partition count, because
 ``add_partitions`` must not move existing partitions. Tags follow a golden-ratio sequence
 over 64 equal slot shares, rotated by the topic's hash: any prefix ``0..n-1`` of a topic's
@@ -43,6 +45,7 @@ from ._base import (
     meta_key,
     partition_key,
     partition_tag,
+    producer_state_keys,
 )
 from .admin import Topics
 from .fetch import fetch, log_offsets, resolve_offset
@@ -64,4 +67,5 @@ __all__ = [
     "partition_key",
     "meta_key",
     "partition_tag",
+    "producer_state_keys",
 ]

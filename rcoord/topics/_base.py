@@ -20,6 +20,11 @@ MAX_APPEND_PER_CALL = 1000
 """Records per append script call; bounds how long one call holds the server."""
 RETENTION_SCAN = 1000
 """Entries one retention call inspects for age; ``apply_retention`` repeats until done."""
+PRODUCER_ID_EXPIRATION_MS = 86_400_000
+"""Kafka's ``producer.id.expiration.ms`` default (1 day): idle producer state is forgotten."""
+PRODUCER_PRUNE_PER_CALL = 8
+"""Expired producer states one idempotent append removes at most, so pruning stays O(1) per call
+and still outpaces growth (each call adds at most one producer)."""
 _TAG_SHARES = 64
 _GOLDEN32 = 0x9E3779B9  # 2**32 / golden ratio
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
@@ -62,6 +67,7 @@ class TopicDescription:
     created_ms: int = 0
     retention_records: int | None = None
     retention_ms: int | None = None
+    producer_id_expiration_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,15 @@ class ProducerRecord:
 
 @dataclass(frozen=True)
 class RecordMetadata:
+    """Where a record went. ``duplicate``: an idempotent producer's retry found the record already
+    appended, so nothing was appended; ``offset`` and ``timestamp_ms`` are then the original
+    append's, or -1 when the partition no longer remembers that batch (it keeps the last 5)."""
+
     topic: str
     partition: int
     offset: int
     timestamp_ms: int
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,28 @@ def partition_key(namespace: str, topic: str, partition: int) -> str:
 def meta_key(namespace: str, topic: str) -> str:
     """The topic's metadata hash (partition count, creation time, retention)."""
     return f"{namespace}:topicmeta:{{{topic}}}"
+
+
+def producer_state_keys(namespace: str, topic: str, partition: int) -> tuple[str, str]:
+    """Idempotent producers' state of one partition, in the stream's slot: a hash (producer id ->
+    epoch, last sequence, recent batches) and a zset (producer id -> last activity ms) that
+    finds expired states without a scan."""
+    tag = partition_tag(topic, partition)
+    return (
+        f"{namespace}:topicpst:{{{tag}}}:{topic}:{partition}",
+        f"{namespace}:topicpact:{{{tag}}}:{topic}:{partition}",
+    )
+
+
+def partition_keys(namespace: str, topic: str, partition: int) -> list[str]:
+    """Every key of one partition: the stream, then its producer state (``topic_make`` KEYS)."""
+    return [partition_key(namespace, topic, partition),
+            *producer_state_keys(namespace, topic, partition)]
+
+
+def producer_id_counter_key(namespace: str) -> str:
+    """The counter behind allocated producer ids."""
+    return f"{namespace}:producerids"
 
 
 def _offset_id(offset: int) -> str:
@@ -191,6 +224,8 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
 
 
 APPEND = _Lua("topic_append")
+APPEND_IDEMPOTENT = _Lua("topic_append_idempotent")
+PRODUCER_ID = _Lua("topic_producer_id")
 FETCH = _Lua("topic_fetch")
 MAKE = _Lua("topic_make")
 OFFSETS = _Lua("topic_offsets")

@@ -24,6 +24,8 @@ from ._base import (
     _run,
     meta_key,
     partition_key,
+    partition_keys,
+    producer_state_keys,
 )
 
 # -- topics -----------------------------------------------------------------------------------
@@ -54,23 +56,35 @@ class Topics:
         *,
         retention_records: int | None = None,
         retention_ms: int | None = None,
+        producer_id_expiration_ms: int | None = None,
     ) -> None:
-        """Kafka's CreateTopics: TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_CONFIG."""
+        """Kafka's CreateTopics: TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_CONFIG.
+
+        ``producer_id_expiration_ms`` (Kafka's ``producer.id.expiration.ms``, a broker setting
+        there): how long an idempotent producer's state in this topic's partitions outlives its
+        last append; ``None`` means Kafka's default, 1 day. It is a topic setting so that every
+        producer of the topic applies the same expiry.
+        """
         _check_topic(topic)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {partitions!r}")
-        for name, val in (("retention_records", retention_records), ("retention_ms", retention_ms)):
-            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 0):
-                raise TopicError(Errors.INVALID_CONFIG, f"{name} must be an int >= 0: {val!r}")
+        for name, val, low in (
+            ("retention_records", retention_records, 0),
+            ("retention_ms", retention_ms, 0),
+            ("producer_id_expiration_ms", producer_id_expiration_ms, 1),
+        ):
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < low):
+                raise TopicError(Errors.INVALID_CONFIG, f"{name} must be an int >= {low}: {val!r}")
         (res,) = _run(self._r, [(CREATE_META, [meta_key(self._ns, topic)], [
             partitions,
             "" if retention_records is None else retention_records,
             "" if retention_ms is None else retention_ms,
+            "" if producer_id_expiration_ms is None else producer_id_expiration_ms,
         ])])
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), topic)
         # The name is ours now; drop whatever a crashed delete of an older topic left behind.
-        _run(self._r, [(MAKE, [partition_key(self._ns, topic, p)], ["reset"])
+        _run(self._r, [(MAKE, partition_keys(self._ns, topic, p), ["reset"])
                        for p in range(partitions)])
 
     @translate_redis_errors
@@ -87,7 +101,7 @@ class Topics:
         if new_total <= current:
             raise TopicError(Errors.INVALID_PARTITIONS,
                              f"{topic} has {current} partitions; cannot go to {new_total}")
-        _run(self._r, [(MAKE, [partition_key(self._ns, topic, p)], ["ensure"])
+        _run(self._r, [(MAKE, partition_keys(self._ns, topic, p), ["ensure"])
                        for p in range(current, new_total)])
         (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)], [new_total])])
         if _name(res[0]) != Errors.NONE:
@@ -117,15 +131,22 @@ class Topics:
             created_ms=int(meta.get(b"created_ms", 0)),
             retention_records=_opt_int(meta.get(b"retention_records")),
             retention_ms=_opt_int(meta.get(b"retention_ms")),
+            producer_id_expiration_ms=_opt_int(meta.get(b"producer_id_expiration_ms")),
         )
 
     @translate_redis_errors
     def delete(self, topic: str) -> None:
-        """Kafka's DeleteTopics; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        """Kafka's DeleteTopics; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic.
+
+        Idempotent producers' state goes with each partition (and ``create`` clears any that a
+        crashed delete left), so a topic re-created under the same name starts clean.
+        """
         n = self.partition_count(topic)
         pipe = self._r.pipeline(transaction=False)
         for p in range(n):
             pipe.delete(partition_key(self._ns, topic, p))
+            for key in producer_state_keys(self._ns, topic, p):
+                pipe.delete(key)
         pipe.execute()
         self._r.delete(meta_key(self._ns, topic))
 

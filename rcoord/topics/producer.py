@@ -1,18 +1,26 @@
-"""The producer: Kafka's partitioners (murmur2 on the key, sticky or round-robin without one)."""
+"""The producer: Kafka's partitioners (murmur2 on the key, sticky or round-robin without one),
+and Kafka's idempotent producer (KIP-98): a retried append is never appended twice."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ..murmur2 import partition_for_key, to_positive
 from ._base import (
     APPEND,
+    APPEND_IDEMPOTENT,
     MAX_APPEND_PER_CALL,
+    PRODUCER_ID,
+    PRODUCER_ID_EXPIRATION_MS,
+    PRODUCER_PRUNE_PER_CALL,
     ProducerRecord,
     RecordMetadata,
     TopicError,
@@ -26,11 +34,34 @@ from ._base import (
     _run,
     meta_key,
     partition_key,
+    partition_keys,
+    producer_id_counter_key,
 )
 
 # -- producer ---------------------------------------------------------------------------------
 
 PartitionerFn = Callable[[str, "bytes | None", int], int]
+
+_MAX_EPOCH = (1 << 53) - 1  # sequence and epoch arithmetic in Lua is exact up to 2**53
+_MAX_PRODUCER_ID_LEN = 1024
+# Worst first: the error raised when several partitions of one call failed.
+_SEVERITY = (Errors.PRODUCER_FENCED, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
+
+
+@dataclass
+class _Sequence:
+    """An idempotent producer's numbering of one partition.
+
+    ``lost_from``: the lowest sequence number of a call whose outcome is unknown (the connection
+    failed) or that was refused; the next append tells the script that those numbers may be
+    missing, so the gap is accepted once and the lost records can never appear later. The lock
+    is held from numbering until the reply, so one producer's appends to a partition reach
+    the server in sequence order even when several threads share the producer.
+    """
+
+    next: int = 0
+    lost_from: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Producer:
@@ -49,6 +80,23 @@ class Producer:
     An explicit ``partition`` always wins. Partition counts are cached for
     ``metadata_max_age_ms`` (client monotonic time, only used for this cache) and re-read at
     once when a partition looks out of range or a topic unknown. The producer is thread-safe.
+
+    **Idempotence** (``idempotent=True``, the default, as in Kafka >= 3.0). The producer has an
+    id (``producer_id``; ``None`` allocates a unique one from Redis on first use) and an epoch
+    (``producer_epoch``), and numbers its records per partition from 0, consecutively. The
+    append script keeps, per partition and producer id, the epoch, the last sequence appended
+    and the offsets of the last 5 batches, and drops records whose sequence it already has. So
+    a call resent by redis-py's ``Retry`` (or run twice by a lost reply) appends nothing twice;
+    the duplicate records come back with ``duplicate=True`` and their original offsets (-1 when
+    no longer remembered). A lower epoch than the partition has seen raises TopicError
+    PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
+    same id and epoch that resends the same records in the same order appends nothing twice
+    either (the Spark sink's replay); one with a higher epoch starts again from 0. The state
+    expires after the topic's ``producer_id_expiration_ms`` without an append. See
+    docs/guarantees.md. ``idempotent=False`` appends every call as it comes.
+
+    ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
+    record timestamps and producer state expiry.
     """
 
     def __init__(
@@ -60,10 +108,34 @@ class Producer:
         batch_size: int = 16384,
         metadata_max_age_ms: int = 5000,
         rng: random.Random | None = None,
+        idempotent: bool = True,
+        producer_id: str | None = None,
+        producer_epoch: int = 0,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         _check_client(redis_client)
         if not callable(partitioner) and partitioner not in ("default", "round_robin"):
             raise InvalidRequestError(f"unknown partitioner {partitioner!r}")
+        if not isinstance(idempotent, bool):
+            raise TypeError(f"idempotent must be bool, got {type(idempotent).__name__}")
+        if producer_id is not None:
+            if not isinstance(producer_id, str):
+                raise TypeError(f"producer_id must be str or None, got {type(producer_id).__name__}")
+            if not 0 < len(producer_id.encode()) <= _MAX_PRODUCER_ID_LEN:
+                raise InvalidRequestError(
+                    f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
+            if not idempotent:
+                raise InvalidRequestError("producer_id only applies with idempotent=True")
+        _check_int("producer_epoch", producer_epoch, 0)
+        if producer_epoch > _MAX_EPOCH:
+            raise InvalidRequestError(f"producer_epoch must be <= {_MAX_EPOCH}, got {producer_epoch}")
+        self._idempotent = idempotent
+        self._producer_id = producer_id
+        self._epoch = producer_epoch
+        self._clock = clock
+        self._id_lock = threading.Lock()
+        self._seqs: dict[tuple[str, int], _Sequence] = {}
+        self._expiration: dict[str, int] = {}
         self._r = redis_client
         self._ns = namespace
         self._partitioner = partitioner
@@ -83,14 +155,50 @@ class Producer:
             cached = self._counts.get(topic)
         if cached is not None and not refresh and now - cached[1] < self._max_age_s:
             return cached[0]
-        raw = self._r.hget(meta_key(self._ns, topic), "partitions")
+        raw, expiration = self._r.hmget(
+            meta_key(self._ns, topic), ["partitions", "producer_id_expiration_ms"])
         if raw is None:
             with self._lock:
                 self._counts.pop(topic, None)
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         with self._lock:
             self._counts[topic] = (int(raw), now)
+            self._expiration[topic] = (
+                PRODUCER_ID_EXPIRATION_MS if expiration is None else int(expiration))
         return int(raw)
+
+    # -- idempotence
+
+    @property
+    def producer_id(self) -> str | None:
+        """The id in use; with ``idempotent=True`` and none given, allocated now if not yet.
+
+        ``None`` only for a non-idempotent producer.
+        """
+        if self._idempotent and self._producer_id is None:
+            self._allocate_producer_id()
+        return self._producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._epoch
+
+    @translate_redis_errors
+    def _allocate_producer_id(self) -> str:
+        """A number from the namespace's counter plus a random part: unique even if the counter
+        key is lost, so a new producer can never inherit another's sequence numbers."""
+        with self._id_lock:
+            if self._producer_id is None:
+                (number,) = _run(self._r, [(PRODUCER_ID, [producer_id_counter_key(self._ns)], [])])
+                self._producer_id = f"rcoord-{int(number)}-{secrets.token_hex(8)}"
+            return self._producer_id
+
+    def _sequence(self, topic: str, partition: int) -> _Sequence:
+        with self._lock:
+            return self._seqs.setdefault((topic, partition), _Sequence())
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else str(int(self._clock()))
 
     def _choose(self, topic: str, rec: ProducerRecord, n: int) -> int:
         if callable(self._partitioner):
@@ -162,6 +270,8 @@ class Producer:
         by_part: dict[int, list[int]] = {}
         for i, p in enumerate(parts):
             by_part.setdefault(p, []).append(i)
+        if self._idempotent:
+            return self._send_idempotent(topic, by_part, encoded)
         calls: list[_Call] = []
         chunks: list[tuple[int, list[int]]] = []
         for p, idxs in by_part.items():
@@ -186,3 +296,84 @@ class Producer:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                              f"{topic} partitions {sorted(set(failed))} do not exist")
         return [m for m in out if m is not None]
+
+    def _send_idempotent(
+        self, topic: str, by_part: dict[int, list[int]], encoded: list[list[Any]]
+    ) -> list[RecordMetadata]:
+        """Number the records per partition and append them; see the class docstring.
+
+        The partitions' locks are taken in partition order (one topic per call), so two threads
+        sending to overlapping partitions cannot deadlock.
+        """
+        pid = self.producer_id
+        assert pid is not None
+        with self._lock:
+            expiration = self._expiration.get(topic, PRODUCER_ID_EXPIRATION_MS)
+        order = sorted(by_part)
+        seqs = {p: self._sequence(topic, p) for p in order}
+        with contextlib.ExitStack() as stack:
+            for p in order:
+                stack.enter_context(seqs[p].lock)
+            now = self._now_arg()
+            calls: list[_Call] = []
+            chunks: list[tuple[int, int, list[int]]] = []  # partition, first sequence, records
+            for p in order:
+                idxs, seq = by_part[p], seqs[p]
+                lost = "" if seq.lost_from is None else seq.lost_from
+                keys = partition_keys(self._ns, topic, p)
+                for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
+                    chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
+                    args = [now, pid, self._epoch, seq.next + lo, lost, expiration,
+                            PRODUCER_PRUNE_PER_CALL, *(a for i in chunk for a in encoded[i])]
+                    calls.append((APPEND_IDEMPOTENT, keys, args))
+                    chunks.append((p, seq.next + lo, chunk))
+            try:
+                results = _run(self._r, calls)
+            except BaseException:
+                # Unknown outcome: the numbers are spent either way, and may be missing.
+                for p in order:
+                    self._spend(seqs[p], len(by_part[p]), seqs[p].next)
+                raise
+
+            out: list[RecordMetadata | None] = [None] * len(encoded)
+            failed: dict[int, tuple[Errors, str, int]] = {}  # partition -> error, why, first seq
+            for (p, first_seq, chunk), res in zip(chunks, results):
+                error = _name(res[0])
+                if error != Errors.NONE:
+                    if p not in failed:
+                        why = res[1].decode() if len(res) > 1 else ""
+                        failed[p] = (error, why, first_seq)
+                    continue
+                first = _id_offset(res[1]) if res[1] else -1
+                ts, dup = int(res[2]), int(res[3])
+                for j, i in enumerate(chunk):
+                    if j < dup:
+                        out[i] = RecordMetadata(topic, p, int(res[4][j]), int(res[5][j]), True)
+                    else:
+                        out[i] = RecordMetadata(topic, p, first + j - dup, ts)
+            for p in order:
+                lost_at = failed[p][2] if p in failed else None
+                self._spend(seqs[p], len(by_part[p]), lost_at)
+        if failed:
+            if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
+                with self._lock:
+                    self._counts.pop(topic, None)
+            worst = min(failed.values(), key=lambda f: _rank(f[0]))[0]
+            detail = "; ".join(f"partition {p}: {why or e.name}"
+                               for p, (e, why, _) in sorted(failed.items()))
+            raise TopicError(worst, f"{topic} {detail}")
+        return [m for m in out if m is not None]
+
+    @staticmethod
+    def _spend(seq: _Sequence, count: int, lost_at: int | None) -> None:
+        """Advance past ``count`` numbers; remember the lowest one that may be missing, or
+        forget the old one once an append went through."""
+        seq.next += count
+        if lost_at is None:
+            seq.lost_from = None
+        elif seq.lost_from is None:
+            seq.lost_from = lost_at
+
+
+def _rank(error: Errors) -> int:
+    return _SEVERITY.index(error) if error in _SEVERITY else len(_SEVERITY)

@@ -1,0 +1,255 @@
+"""Least privilege: the ACL rules of docs/security.md, tested for real.
+
+The rules are read from the document itself (its ``ACL SETUSER`` lines under ``# role:``), the
+users are created on the test servers (every node of the cluster), and each role's operations
+run through rcoord as that user. ``ACL LOG`` must then hold no denial for the user, except the
+ones the document says a role degrades on (the coordinator service without ``CONFIG``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.cluster
+from harness import wait_until
+
+from rcoord import (
+    Consumer,
+    ConsumerGroupConfig,
+    CoordinatorConfig,
+    Errors,
+    GroupCoordinator,
+    TopicPartition,
+)
+from rcoord.connect import connect
+from rcoord.errors import MissingPermissionError
+from rcoord.topics import Producer, ProducerRecord, Topics
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
+PASSWORD = "acl-test-pw"
+FAST = {"group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
+
+
+def doc_rules() -> dict[str, list[str]]:
+    """role -> the rule tokens of its ``ACL SETUSER <user> ...`` line in docs/security.md."""
+    text = DOC.read_text()
+    found = re.findall(r"^# role: (\S+)\nACL SETUSER <user> (.+)$", text, flags=re.MULTILINE)
+    rules = {role: line.split() for role, line in found}
+    assert set(rules) == {"worker", "service", "service-hints", "admin", "cluster"}, rules.keys()
+    return rules
+
+
+RULES = doc_rules()
+
+
+class Users:
+    """ACL users made from the document's rules, on every node; removed afterwards."""
+
+    def __init__(self, nodes: list[redis.Redis], url: str) -> None:
+        self.nodes = nodes
+        self.url = url
+        self.made: list[str] = []
+
+    def make(self, namespace: str, *roles: str) -> str:
+        name = f"u-{roles[0]}-{uuid.uuid4().hex[:6]}"
+        for node in self.nodes:
+            node.execute_command("ACL", "DELUSER", name)
+            for role in roles:
+                tokens = [t.replace("<password>", PASSWORD).replace("<namespace>", namespace)
+                          for t in RULES[role]]
+                node.execute_command("ACL", "SETUSER", name, *tokens)
+        self.made.append(name)
+        return name
+
+    def url_of(self, name: str) -> str:
+        return self.url.replace("redis://", f"redis://{name}:{PASSWORD}@")
+
+    def client(self, name: str) -> Any:
+        return connect(self.url_of(name))
+
+    def denials(self, name: str) -> list[tuple[str, str]]:
+        """(reason, object) of every ACL LOG entry of ``name``, on every node."""
+        out = []
+        for node in self.nodes:
+            for entry in node.execute_command("ACL", "LOG"):
+                e = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
+                if e["username"] == name.encode():
+                    out.append((e["reason"].decode(), e["object"].decode()))
+        return out
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            for name in self.made:
+                node.execute_command("ACL", "DELUSER", name)
+
+
+@pytest.fixture
+def users(request: pytest.FixtureRequest, backend: str) -> Iterator[Users]:
+    if backend == "single":
+        server = request.getfixturevalue("redis_server")
+        nodes, url = [server.client()], server.url
+        extra: tuple[str, ...] = ()
+    else:
+        cluster = request.getfixturevalue("redis_cluster")
+        nodes, url = cluster.node_clients(), cluster.url
+        extra = ("cluster",)
+    u = Users(nodes, url)
+    u.extra = extra  # type: ignore[attr-defined]
+    try:
+        yield u
+    finally:
+        u.cleanup()
+        for n in nodes:
+            n.close()
+
+
+def make(users: Users, namespace: str, role: str) -> tuple[str, Any]:
+    name = users.make(namespace, role, *users.extra)  # type: ignore[attr-defined]
+    return name, users.client(name)
+
+
+def admin_setup(users: Users, namespace: str, partitions: int = 3) -> tuple[str, Any]:
+    """The admin user sets the namespace's settings and creates topic ``t``."""
+    name, client = make(users, namespace, "admin")
+    GroupCoordinator(client, CoordinatorConfig(namespace=namespace, num_partitions=10,
+                                               **FAST)).start()
+    Topics(client, namespace).create("t", partitions)
+    return name, client
+
+
+def test_admin_operations(users: Users, namespace: str, backend: str) -> None:
+    name, client = admin_setup(users, namespace)
+    if backend == "cluster":
+        assert isinstance(client, redis.cluster.RedisCluster)  # found without INFO
+    topics = Topics(client, namespace)
+    topics.add_partitions("t", 4)
+    assert topics.describe("t").partitions[3].partition == 3
+    topics.create("gone", 2)
+    topics.delete("gone")
+    assert topics.list() == ["t"]
+    topics.apply_retention("t")
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace)).start()
+    assert coord.config.num_partitions == 10
+    join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                            "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000}
+    first = coord.join_group("g", "", **join)
+    assert coord.join_group("g", first.member_id, **join).error == Errors.NONE
+    assert [g.group_id for g in coord.list_groups()] == ["g"]
+    assert coord.describe_group("g").members
+    assert coord.delete_groups(["nope"]) == {"nope": Errors.GROUP_ID_NOT_FOUND}
+    coord.delete_offsets("g", [TopicPartition("t", 0)])
+    assert users.denials(name) == []
+    client.close()
+
+
+def test_worker_produces_consumes_and_commits(users: Users, namespace: str) -> None:
+    admin_name, admin = admin_setup(users, namespace)
+    name, client = make(users, namespace, "worker")
+    Producer(client, namespace).send_batch(
+        "t", [ProducerRecord(b"v%d" % i, key=b"k%d" % i) for i in range(30)])
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+        session_timeout_ms=1000, heartbeat_interval_ms=200, rebalance_timeout_ms=2000))
+    got: list[Any] = []
+    try:
+        wait_until(lambda: got.extend(consumer.poll(timeout=0.2)) or len(got) >= 30)
+        consumer.commit()
+    finally:
+        consumer.close(timeout=5)
+    assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(30))
+    committed = GroupCoordinator(admin, CoordinatorConfig(namespace=namespace)).fetch_offsets(
+        "g", [TopicPartition("t", p) for p in range(3)]).offsets
+    assert sum(o.offset for o in committed.values()) == 30
+    assert users.denials(name) == [] and users.denials(admin_name) == []
+    client.close()
+    admin.close()
+
+
+def _service(users: Users, name: str, namespace: str) -> tuple[Any, threading.Thread]:
+    from rcoord.service import CoordinatorService, ServiceConfig
+
+    svc = CoordinatorService(ServiceConfig(redis_url=users.url_of(name), namespace=namespace,
+                                           lease_ttl_ms=1000)).start()
+    thread = threading.Thread(target=svc.run, daemon=True)
+    thread.start()
+    return svc, thread
+
+
+def _idle_member_is_expired_by(users: Users, namespace: str, worker: Any) -> None:
+    """A member that never heartbeats again is removed by the service alone."""
+    coord = GroupCoordinator(worker, CoordinatorConfig(namespace=namespace)).start()
+    join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                            "session_timeout_ms": 300, "rebalance_timeout_ms": 1000}
+    first = coord.join_group("idle", "", **join)
+    assert coord.join_group("idle", first.member_id, **join).error == Errors.NONE
+    keys = coord._keys("idle").all()
+    wait_until(lambda: worker.hlen(keys[4]) == 0, timeout_s=10)
+
+
+@pytest.mark.parametrize("hints", [False, True], ids=["index-alone", "with-hints"])
+def test_coordinator_service(users: Users, namespace: str, backend: str, hints: bool) -> None:
+    _, admin = admin_setup(users, namespace)
+    _, worker = make(users, namespace, "worker")
+    roles = ("service", "service-hints") if hints else ("service",)
+    name = users.make(namespace, *roles, *users.extra)  # type: ignore[attr-defined]
+    svc, thread = _service(users, name, namespace)
+    try:
+        wait_until(lambda: svc.health()[1]["leases"] == 10, timeout_s=10)
+        _idle_member_is_expired_by(users, namespace, worker)
+        status = svc.health()[1]["keyspace_events"]
+        ok = svc.health()[0]
+    finally:
+        svc.stop()
+        thread.join(5)
+    assert ok
+    denied = users.denials(name)
+    if hints:
+        assert status == "enabled" and denied == []
+    else:
+        # The documented degradation: no CONFIG, no key-event channel; the index does the work.
+        assert status.startswith("unavailable: the Redis user may not subscribe to __keyevent@")
+        assert "deadlines act from the index alone" in status
+        assert set(denied) <= {("command", "config|get"), ("channel", "__keyevent@0__:expired")}
+    worker.close()
+    admin.close()
+
+
+def test_a_namespace_cannot_touch_a_namespace_that_extends_its_name(users: Users,
+                                                                     namespace: str) -> None:
+    """``~a:*`` (with the separator) does not cover namespace ``a2``; ``~a*`` would."""
+    other = namespace + "2"
+    _, other_admin = admin_setup(users, other)
+    Producer(other_admin, other).send_batch("t", [ProducerRecord(b"secret", key=b"k")])
+    name, worker = make(users, namespace, "worker")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.hgetall(f"{other}:settings")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.hset(f"{other}:settings", "num_partitions", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        # Through rcoord: every script declares its keys, and the ACL checks them.
+        GroupCoordinator(worker, CoordinatorConfig(namespace=other)).start()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        Topics(worker, other).describe("t")
+    assert {reason for reason, _ in users.denials(name)} == {"key"}
+    worker.close()
+    other_admin.close()
+
+
+@pytest.mark.parametrize("backend", ["cluster"])
+def test_a_cluster_user_without_cluster_slots_is_told_which_rule_to_add(users: Users,
+                                                                        namespace: str) -> None:
+    name = users.make(namespace, "worker")  # no "cluster" rule
+    with pytest.raises(MissingPermissionError, match=r"CLUSTER SLOTS.*\+cluster\|slots"):
+        users.client(name)
+    for node in users.nodes:
+        node.execute_command("ACL", "SETUSER", name, "+cluster|slots")
+    with pytest.raises(MissingPermissionError, match=r"COMMAND.*add \+command "):
+        users.client(name)
+

@@ -1,0 +1,166 @@
+"""The command line at its edges: a bad setting or an unreachable, unwelcoming Redis is one line
+on stderr that says what to fix, and a non-zero exit (2 usage, 1 runtime); the traceback only
+with ``--log-level debug``. Every case runs ``python -m rcoord`` against real servers."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rcoord.embedded import EmbeddedServer
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSWORD = "s3cret-pw"
+
+
+def rcoord(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "rcoord", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def one_error_line(res: subprocess.CompletedProcess[str], command: str) -> str:
+    """The single ``rcoord <command>: error: ...`` line of stderr (and nothing else on it)."""
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"rcoord {command}: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[EmbeddedServer]:
+    """A server with ``requirepass`` (the default user needs the password); set once it answers,
+    since EmbeddedServer.start() waits for a PING without one."""
+    server = EmbeddedServer().start()
+    try:
+        with server.client() as admin:
+            admin.config_set("requirepass", PASSWORD)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def refused_port() -> int:
+    """A port nothing listens on: bound, then closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+COMMANDS = ["coordinator", "demo"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_url_that_is_not_a_redis_url(command):
+    res = rcoord(command, "--redis-url", "http://127.0.0.1:6379")
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "--redis-url 'http://127.0.0.1:6379' is not a Redis URL" in line
+    assert "redis://[USER:PASSWORD@]HOST:PORT" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_refused_port(command, refused_port):
+    res = rcoord(command, "--redis-url", f"redis://127.0.0.1:{refused_port}")
+    line = one_error_line(res, command)
+    assert res.returncode == 1
+    assert f"cannot reach Redis at redis://127.0.0.1:{refused_port}" in line
+    assert "Connection refused" in line and "check the host and port" in line
+
+
+def test_an_unknown_host():
+    res = rcoord("coordinator", "--redis-url", "redis://no-such-host.invalid:6379")
+    line = one_error_line(res, "coordinator")
+    assert res.returncode == 1
+    assert "cannot reach Redis at redis://no-such-host.invalid:6379" in line
+    assert "no-such-host.invalid" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_wrong_password_is_named_and_not_printed(command, locked_server):
+    url = f"redis://default:wrong-pw@127.0.0.1:{locked_server.port}"
+    res = rcoord(command, "--redis-url", url)
+    line = one_error_line(res, command)
+    assert res.returncode == 1
+    assert "refused the login" in line and "check the user and password" in line
+    assert "wrong-pw" not in res.stderr + res.stdout
+    assert f"redis://default:***@127.0.0.1:{locked_server.port}" in line
+
+
+def test_an_unknown_user(locked_server):
+    url = f"redis://nobody:{PASSWORD}@127.0.0.1:{locked_server.port}"
+    line = one_error_line(rcoord("coordinator", "--redis-url", url), "coordinator")
+    assert "refused the login" in line and "invalid username-password pair" in line
+
+
+def test_no_password_where_one_is_required(locked_server):
+    res = rcoord("coordinator", "--redis-url", locked_server.url)
+    line = one_error_line(res, "coordinator")
+    assert res.returncode == 1 and "refused the login" in line
+
+
+def test_a_bad_namespace_is_a_usage_error(redis_server):
+    res = rcoord("coordinator", "--redis-url", redis_server.url, "--namespace", "a{b}")
+    line = one_error_line(res, "coordinator")
+    assert res.returncode == 2 and "namespace must be" in line and "'a{b}'" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_log_level_is_a_usage_error(command, redis_server):
+    res = rcoord(command, "--redis-url", redis_server.url, "--log-level", "loud")
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "--log-level 'loud' is not a log level" in line and "DEBUG" in line
+
+
+def test_a_bad_flag_value_is_one_line(redis_server):
+    res = rcoord("demo", "--redis-url", redis_server.url, "--partitions", "many")
+    line = one_error_line(res, "demo")
+    assert res.returncode == 2 and "--partitions: invalid int value: 'many'" in line
+
+
+def test_tls_files_need_a_rediss_url(redis_server, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not used")
+    res = rcoord("coordinator", "--redis-url", redis_server.url, "--tls-ca-file", str(ca))
+    line = one_error_line(res, "coordinator")
+    assert res.returncode == 2 and "need a rediss:// URL" in line
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_debug_keeps_the_traceback(command, refused_port):
+    res = rcoord(command, "--redis-url", f"redis://127.0.0.1:{refused_port}", "--log-level",
+                 "debug")
+    assert res.returncode == 1
+    assert "Traceback (most recent call last)" in res.stderr
+    assert "ConnectionError" in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rcoord {command}: error: cannot reach Redis"), last
+
+
+def test_demo_time_limit_covers_set_up(redis_server, single_client):
+    """A topic of many partitions makes set-up outlast the limit: the demo gives up during set-up
+    (it used to notice only at its first wait, after the whole set-up), and leaves no keys."""
+    res = rcoord("demo", "--redis-url", redis_server.url, "--partitions", "100000",
+                 "--time-limit", "1", timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    m = re.search(r"demo: FAILED: (.*): not done within --time-limit 1 s \(gave up at ([\d.]+) s\)",
+                  res.stdout)
+    assert m, res.stdout
+    assert m.group(1) == "set-up: creating topic 'demo-events' with 100000 partitions"
+    # The demo's own clock: it stops at the limit, not after the set-up it was in.
+    assert 1.0 <= float(m.group(2)) < 5.0
+    ns = re.search(r"namespace (demo-\S+);", res.stdout)
+    assert ns, res.stdout
+    assert list(single_client.scan_iter(match=f"{ns.group(1)}:*", count=1000)) == []

@@ -1,0 +1,573 @@
+"""Idempotent appends (Kafka KIP-98): a retried append is never appended twice.
+
+Every test that takes ``redis_client`` runs on one node and on a 3-master cluster. The fault test
+at the end runs its own server, because it stops and continues that process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from rcoord import ConnectionLost, Errors, InvalidRequestError, MockTime
+from rcoord.embedded import EmbeddedServer
+from rcoord.topics import (
+    Producer,
+    ProducerRecord,
+    RecordMetadata,
+    TopicError,
+    Topics,
+    fetch,
+    log_offsets,
+    producer_state_keys,
+)
+from rcoord.topics._base import (
+    APPEND_IDEMPOTENT,
+    PRODUCER_ID_EXPIRATION_MS,
+    PRODUCER_PRUNE_PER_CALL,
+    _encode_record,
+    _run,
+    partition_keys,
+)
+
+WAIT_S = 15.0
+
+
+@pytest.fixture
+def topics(redis_client: Any, namespace: str) -> Topics:
+    return Topics(redis_client, namespace)
+
+
+def values(ns: str, client: Any, topic: str, partition: int) -> list[bytes | None]:
+    return [r.value for r in fetch(client, ns, topic, partition, 0, max_records=1_000_000).records]
+
+
+def append(
+    client: Any, ns: str, topic: str, partition: int, pid: str, epoch: int, first: int,
+    vals: Sequence[bytes], *, lost: int | None = None, now: int | None = None,
+    expiration: int = PRODUCER_ID_EXPIRATION_MS,
+) -> list[Any]:
+    """One call of the append script, exactly as the Producer sends it (so a test can resend it)."""
+    args: list[Any] = [
+        "" if now is None else now, pid, epoch, first, "" if lost is None else lost,
+        expiration, PRODUCER_PRUNE_PER_CALL,
+    ]
+    for v in vals:
+        args.extend(_encode_record(ProducerRecord(v)))
+    (res,) = _run(client, [(APPEND_IDEMPOTENT, partition_keys(ns, topic, partition), args)])
+    return list(res)
+
+
+def ok(res: list[Any]) -> tuple[int, int, list[int]]:
+    """(offset of the first appended record or -1, duplicates, their offsets) of a NONE reply."""
+    assert res[0] == b"NONE", res
+    first = int(res[1].decode().split("-")[1]) - 1 if res[1] else -1
+    return first, int(res[3]), [int(o) for o in res[4]]
+
+
+def error(res: list[Any]) -> Errors:
+    return Errors.from_name(res[0])
+
+
+class ReplayingClient:
+    """Runs every script call twice and returns the second reply: what redis-py does when it
+    resends a command on a new connection after the first attempt already ran."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.replays = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def evalsha(self, *args: Any) -> Any:
+        self._inner.evalsha(*args)
+        self.replays += 1
+        return self._inner.evalsha(*args)
+
+    def pipeline(self, transaction: bool = False) -> ReplayingPipeline:
+        return ReplayingPipeline(self)
+
+
+class ReplayingPipeline:
+    def __init__(self, owner: ReplayingClient) -> None:
+        self._owner = owner
+        self._commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any) -> None:
+        self._commands.append(args)
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        result: list[Any] = []
+        for _ in range(2):
+            pipe = self._owner._inner.pipeline(transaction=False)
+            for command in self._commands:
+                pipe.execute_command(*command)
+            result = pipe.execute(raise_on_error=raise_on_error)
+        self._owner.replays += 1
+        return result
+
+
+# -- duplicates -------------------------------------------------------------------------------
+
+
+def test_a_resent_script_call_appends_nothing(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    vals = [f"v{i}".encode() for i in range(5)]
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, vals)) == (0, 0, [])
+    # The same call again (a retry whose first attempt ran): all five are duplicates.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, vals)) == (-1, 5, [0, 1, 2, 3, 4])
+    assert values(namespace, redis_client, "t", 0) == vals
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 5)
+
+
+def test_client_that_resends_every_call(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 3)
+    client = ReplayingClient(redis_client)
+    recs = [ProducerRecord(f"v{i}".encode(), partition=i % 3) for i in range(30)]
+
+    metas = Producer(client, namespace, producer_id="a").send_batch("t", recs)  # one pipeline
+    metas += [Producer(client, namespace, producer_id="b").send("t", b"single", partition=1)]
+    assert client.replays == 2
+    # The second run of each call found its records appended; the caller sees the offsets.
+    assert all(m.duplicate for m in metas)
+    assert [m.offset for m in metas] == [i // 3 for i in range(30)] + [10]
+    for p in range(3):
+        expected = [r.value for r in recs if r.partition == p] + ([b"single"] if p == 1 else [])
+        assert values(namespace, redis_client, "t", p) == expected
+
+    # Control: without idempotence the same client writes every record twice.
+    Producer(client, namespace, idempotent=False).send("t", b"twice", partition=0)
+    assert values(namespace, redis_client, "t", 0)[-2:] == [b"twice", b"twice"]
+
+
+def test_spark_replay_same_id_and_epoch_then_a_later_epoch(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """The Spark sink: a fresh Producer per task, id per (query, task partition), epoch = batch."""
+    topics.create("t", 3)
+    pid = "spark:q-1f3a:4"
+    recs = [ProducerRecord(f"row{i}".encode(), key=f"k{i}".encode()) for i in range(40)]
+
+    first = Producer(redis_client, namespace, producer_id=pid, producer_epoch=7)
+    assert first.producer_id == pid
+    metas = first.send_batch("t", recs[:25]) + first.send_batch("t", recs[25:])
+    assert not any(m.duplicate for m in metas)
+    before = {p: values(namespace, redis_client, "t", p) for p in range(3)}
+
+    # The task is retried: a new instance, same id and epoch, same records in the same order,
+    # batched differently. Nothing is appended; every record reports where it already is.
+    replay = Producer(redis_client, namespace, producer_id=pid, producer_epoch=7)
+    again = replay.send_batch("t", recs[:10]) + replay.send_batch("t", recs[10:])
+    assert all(m.duplicate for m in again)
+    assert [(m.partition, m.offset, m.timestamp_ms) for m in again] == [
+        (m.partition, m.offset, m.timestamp_ms) for m in metas
+    ]
+    assert {p: values(namespace, redis_client, "t", p) for p in range(3)} == before
+
+    # The next micro-batch (a later epoch) appends, from sequence 0 again.
+    later = Producer(redis_client, namespace, producer_id=pid, producer_epoch=8)
+    new = later.send_batch("t", recs[:5])
+    assert not any(m.duplicate for m in new)
+    for p in range(3):
+        mine = [r.value for r, m in zip(recs[:5], new) if m.partition == p]
+        assert values(namespace, redis_client, "t", p) == before[p] + mine
+
+    # The old epoch's task, still running somewhere (a zombie), is fenced.
+    with pytest.raises(TopicError) as err:
+        first.send_batch("t", recs[:5])
+    assert err.value.error == Errors.PRODUCER_FENCED
+    assert not err.value.retriable
+
+
+def test_replay_with_more_records_appends_only_the_new_tail(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    recs = [ProducerRecord(f"r{i}".encode(), partition=0) for i in range(8)]
+    Producer(redis_client, namespace, producer_id="x", producer_epoch=1).send_batch("t", recs[:5])
+    metas = Producer(redis_client, namespace, producer_id="x", producer_epoch=1).send_batch("t", recs)
+    assert [(m.offset, m.duplicate) for m in metas] == [
+        (0, True), (1, True), (2, True), (3, True), (4, True), (5, False), (6, False), (7, False)
+    ]
+    assert values(namespace, redis_client, "t", 0) == [r.value for r in recs]
+
+
+def test_partial_overlap_at_the_script(topics: Topics, redis_client: Any, namespace: str) -> None:
+    topics.create("t", 1)
+    vals = [f"v{i}".encode() for i in range(8)]
+    append(redis_client, namespace, "t", 0, "p", 0, 0, vals[:5])
+    # Sequences 3..7: 3 and 4 are duplicates, 5..7 are appended at offsets 5..7.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 3, vals[3:])) == (5, 2, [3, 4])
+    assert values(namespace, redis_client, "t", 0) == vals
+
+
+def test_old_batches_are_forgotten_after_five(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    for b in range(7):  # seven one-record batches: sequences 0..6
+        append(redis_client, namespace, "t", 0, "p", 0, b, [f"b{b}".encode()])
+    # Still duplicates, but only the last five batches' offsets are remembered.
+    first, dup, offsets = ok(append(redis_client, namespace, "t", 0, "p", 0, 0,
+                                    [f"b{b}".encode() for b in range(7)]))
+    assert (first, dup, offsets) == (-1, 7, [-1, -1, 2, 3, 4, 5, 6])
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 7)
+
+
+# -- sequence and epoch checks ----------------------------------------------------------------
+
+
+def test_a_gap_is_out_of_order_and_changes_nothing(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a", b"b"])
+    res = append(redis_client, namespace, "t", 0, "p", 0, 3, [b"d"])
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert b"expected 2" in res[1]
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 2)
+    # The state did not move: sequence 2 is still the next one.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 2, [b"c"])) == (2, 0, [])
+
+
+def test_a_gap_the_producer_declares_lost_is_accepted_and_stays_lost(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a", b"b"])
+    # Sequences 2..3 went out in a call whose outcome the producer never learnt.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 4, [b"e"], lost=2)) == (2, 0, [])
+    # If that call reaches the server late, it is a duplicate of nothing: never appended.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 2, [b"c", b"d"])) == (-1, 2, [-1, -1])
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e"]
+    # A declared loss does not excuse a gap before it.
+    res = append(redis_client, namespace, "t", 0, "p", 0, 9, [b"x"], lost=7)
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_epochs_fence_and_reset(topics: Topics, redis_client: Any, namespace: str) -> None:
+    topics.create("t", 1)
+    append(redis_client, namespace, "t", 0, "p", 3, 0, [b"a", b"b"])
+    res = append(redis_client, namespace, "t", 0, "p", 2, 2, [b"zombie"])
+    assert error(res) == Errors.PRODUCER_FENCED
+    # A higher epoch starts again at sequence 0, and nowhere else.
+    assert error(append(redis_client, namespace, "t", 0, "p", 4, 2, [b"c"])) == (
+        Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert ok(append(redis_client, namespace, "t", 0, "p", 4, 0, [b"c"])) == (2, 0, [])
+    # Epoch 3's sequences are not duplicates any more, they are fenced.
+    assert error(append(redis_client, namespace, "t", 0, "p", 3, 0, [b"a"])) == Errors.PRODUCER_FENCED
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"c"]
+    # Other producers are not concerned.
+    assert ok(append(redis_client, namespace, "t", 0, "other", 0, 0, [b"o"])) == (3, 0, [])
+
+
+def test_producer_errors_name_the_partition(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 2)
+    Producer(redis_client, namespace, producer_id="x", producer_epoch=5).send("t", b"a", partition=1)
+    old = Producer(redis_client, namespace, producer_id="x", producer_epoch=4)
+    with pytest.raises(TopicError) as err:
+        old.send_batch("t", [ProducerRecord(b"b", partition=0), ProducerRecord(b"c", partition=1)])
+    assert err.value.error == Errors.PRODUCER_FENCED
+    assert "partition 1" in str(err.value)
+    assert values(namespace, redis_client, "t", 0) == [b"b"]  # partition 0 had no state: appended
+
+
+def test_invalid_arguments(redis_client: Any, namespace: str) -> None:
+    with pytest.raises(InvalidRequestError):
+        Producer(redis_client, namespace, idempotent=False, producer_id="x")
+    with pytest.raises(InvalidRequestError):
+        Producer(redis_client, namespace, producer_epoch=-1)
+    with pytest.raises(InvalidRequestError):
+        Producer(redis_client, namespace, producer_epoch=1 << 53)
+    with pytest.raises(InvalidRequestError):
+        Producer(redis_client, namespace, producer_id="")
+    with pytest.raises(TypeError):
+        Producer(redis_client, namespace, producer_id=7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Producer(redis_client, namespace, producer_epoch="1")  # type: ignore[arg-type]
+    with pytest.raises(TopicError) as err:
+        Topics(redis_client, namespace).create("t", 1, producer_id_expiration_ms=0)
+    assert err.value.error == Errors.INVALID_CONFIG
+    assert Producer(redis_client, namespace, idempotent=False).producer_id is None
+
+
+def test_allocated_ids_are_unique(redis_client: Any, namespace: str) -> None:
+    ids = {Producer(redis_client, namespace).producer_id for _ in range(5)}
+    assert len(ids) == 5 and all(isinstance(i, str) and i for i in ids)
+
+
+# -- the producer's own bookkeeping -----------------------------------------------------------
+
+
+class FailingClient:
+    """Fails the next script call with a ConnectionError, before or after running it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.fail: str | None = None  # "before" or "after"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def evalsha(self, *args: Any) -> Any:
+        mode, self.fail = self.fail, None
+        if mode == "before":
+            raise redis.exceptions.ConnectionError("lost before sending")
+        result = self._inner.evalsha(*args)
+        if mode == "after":
+            raise redis.exceptions.ConnectionError("reply lost")
+        return result
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_failed_call_neither_duplicates_nor_blocks_the_partition(
+    topics: Topics, redis_client: Any, namespace: str, when: str
+) -> None:
+    topics.create("t", 1)
+    client = FailingClient(redis_client)
+    producer = Producer(client, namespace)
+    producer.send("t", b"a", partition=0)
+    client.fail = when
+    with pytest.raises(ConnectionLost):
+        producer.send("t", b"b", partition=0)
+    # The next append goes through whether or not "b" was appended; "b" is there at most once.
+    meta = producer.send("t", b"c", partition=0)
+    assert not meta.duplicate
+    expected = [b"a", b"b", b"c"] if when == "after" else [b"a", b"c"]
+    assert values(namespace, redis_client, "t", 0) == expected
+    assert producer.send("t", b"d", partition=0).offset == len(expected)
+
+
+def test_one_producer_shared_by_threads_keeps_sequences_in_order(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 2)
+    producer = Producer(redis_client, namespace)
+    threads, per_thread = 8, 40
+    barrier = threading.Barrier(threads)
+
+    def produce(t: int) -> list[RecordMetadata]:
+        barrier.wait(WAIT_S)
+        out = []
+        for i in range(per_thread):
+            recs = [ProducerRecord(f"{t}:{i}:{j}".encode(), partition=(i + j) % 2) for j in range(3)]
+            out += producer.send_batch("t", recs)
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        metas = [m for f in [pool.submit(produce, t) for t in range(threads)]
+                 for m in f.result(WAIT_S)]
+    assert not any(m.duplicate for m in metas)
+    for p in (0, 1):
+        offsets = sorted(m.offset for m in metas if m.partition == p)
+        assert offsets == list(range(len(offsets)))
+        vals = values(namespace, redis_client, "t", p)
+        assert len(vals) == len(set(vals)) == len(offsets)
+
+
+# -- expiry, pruning, topic lifecycle ---------------------------------------------------------
+
+
+def test_state_expires_after_the_topic_setting(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    clock = MockTime()
+    topics.create("t", 1, producer_id_expiration_ms=1000)
+    assert topics.describe("t").producer_id_expiration_ms == 1000
+
+    def resend() -> RecordMetadata:
+        return Producer(redis_client, namespace, producer_id="x", clock=clock).send(
+            "t", b"a", partition=0)
+
+    assert not resend().duplicate
+    clock.sleep(999)
+    assert resend().duplicate  # a duplicate is not activity: the state still dates from t=0
+    clock.sleep(1)
+    # 1000 ms without an append: the state is gone, so the same sequence starts it afresh.
+    assert not resend().duplicate
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"a"]
+
+
+def test_state_expires_on_the_server_clock(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1, producer_id_expiration_ms=200)
+    Producer(redis_client, namespace, producer_id="x").send("t", b"a", partition=0)
+    appended: list[RecordMetadata] = []
+
+    def resent_and_appended() -> bool:
+        meta = Producer(redis_client, namespace, producer_id="x").send("t", b"a", partition=0)
+        if not meta.duplicate:
+            appended.append(meta)
+        return bool(appended)
+
+    deadline = time.monotonic() + WAIT_S
+    while not resent_and_appended():
+        assert time.monotonic() < deadline, "producer state never expired"
+        time.sleep(0.02)
+    assert appended[0].offset == 1
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"a"]
+
+
+def test_pruning_is_bounded_per_call(topics: Topics, redis_client: Any, namespace: str) -> None:
+    clock = MockTime()
+    topics.create("t", 1, producer_id_expiration_ms=1000)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    old = 3 * PRODUCER_PRUNE_PER_CALL + 2
+    for i in range(old):
+        Producer(redis_client, namespace, producer_id=f"old{i}", clock=clock).send(
+            "t", b"x", partition=0)
+    assert redis_client.hlen(state) == redis_client.zcard(activity) == old
+    clock.sleep(1000)
+    # Only a starting producer (the one way the state grows) prunes, at most the bound.
+    known = Producer(redis_client, namespace, producer_id="old0", clock=clock)
+    known.send("t", b"restart", partition=0)  # its own state expired: it starts again
+    # The oldest (by activity, then id) went, "old0" among them, which then started afresh.
+    left = old - PRODUCER_PRUNE_PER_CALL
+    assert redis_client.hlen(state) == redis_client.zcard(activity) == left + 1
+    known.send("t", b"again", partition=0)  # a known producer's append does not prune
+    assert redis_client.hlen(state) == left + 1
+    fresh = 0
+    while left:
+        Producer(redis_client, namespace, producer_id=f"new{fresh}", clock=clock).send(
+            "t", b"y", partition=0)
+        fresh += 1
+        left = max(0, left - PRODUCER_PRUNE_PER_CALL)
+        assert redis_client.hlen(state) == redis_client.zcard(activity) == left + 1 + fresh
+    assert sorted(redis_client.hkeys(state)) == sorted(
+        [b"old0"] + [f"new{i}".encode() for i in range(fresh)])
+
+
+def test_delete_and_recreate_starts_clean(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 2)
+    Producer(redis_client, namespace, producer_id="x", producer_epoch=5).send_batch(
+        "t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    topics.delete("t")
+    for p in (0, 1):
+        for key in producer_state_keys(namespace, "t", p):
+            assert not redis_client.exists(key)
+    # A crashed delete could leave state behind; create clears it anyway.
+    state, _ = producer_state_keys(namespace, "t", 0)
+    redis_client.hset(state, "x", msgpack.packb([9, 100, 0]))
+    topics.create("t", 2)
+    assert not redis_client.exists(state)
+    # A lower epoch is not fenced and sequence 0 is not a duplicate: the topic is new.
+    metas = Producer(redis_client, namespace, producer_id="x", producer_epoch=1).send_batch(
+        "t", [ProducerRecord(b"c", partition=0), ProducerRecord(b"d", partition=1)])
+    assert [(m.offset, m.duplicate) for m in metas] == [(0, False), (0, False)]
+    # Partitions added later start clean too, whatever a crash left.
+    new_state, _ = producer_state_keys(namespace, "t", 2)
+    redis_client.hset(new_state, "x", msgpack.packb([9, 100, 0]))
+    topics.add_partitions("t", 3)
+    assert not redis_client.exists(new_state)
+
+
+# -- the fault that found it ------------------------------------------------------------------
+
+
+class CountingRetry(Retry):
+    """redis-py's Retry, counting the failures it retried (so the test cannot pass vacuously)."""
+
+    def __init__(self) -> None:
+        super().__init__(ExponentialBackoff(cap=0.05, base=0.005), retries=200)
+        self.retried = 0
+        self._count_lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CountingRetry:
+        return self  # redis-py deep-copies its retry into every connection: share one counter
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any],
+                        *args: Any, **kwargs: Any) -> Any:
+        def counting_fail(*a: Any) -> Any:
+            with self._count_lock:
+                self.retried += 1
+            return fail(*a)
+
+        return super().call_with_retry(do, counting_fail, *args, **kwargs)
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer().start()
+    try:
+        yield server
+    finally:
+        if server.pid is not None:
+            os.kill(server.pid, signal.SIGCONT)  # never leave it stopped
+        server.stop()
+
+
+def test_no_duplicates_when_the_server_stalls_and_redis_py_retries(
+    own_server: EmbeddedServer,
+) -> None:
+    """The tester's fault, bounded: the server is SIGSTOPped 5 times while batches are sent
+    through a client with a short socket timeout and redis-py retries; every value must be
+    in the topic exactly once, at contiguous offsets."""
+    ns, topic, partitions = "fault", "t", 4
+    retry = CountingRetry()
+    client = own_server.client(
+        socket_timeout=0.1, socket_connect_timeout=0.1, retry=retry,
+        retry_on_error=[redis.exceptions.TimeoutError, redis.exceptions.ConnectionError],
+    )
+    reader = own_server.client()
+    try:
+        Topics(reader, ns).create(topic, partitions)
+        producer = Producer(client, ns, partitioner="round_robin")
+        pid = own_server.pid
+        assert pid is not None
+        stalls_done = threading.Event()
+
+        def stall() -> None:
+            try:
+                for _ in range(5):
+                    time.sleep(0.25)
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(0.5)
+                    os.kill(pid, signal.SIGCONT)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                stalls_done.set()
+
+        staller = threading.Thread(target=stall, daemon=True)
+        staller.start()
+        # Send until all stalls are over and at least 20k values went out (at most 100k).
+        sent, batch = 0, 100
+        while (sent < 20_000 or not stalls_done.is_set()) and sent < 100_000:
+            producer.send_batch(topic, [f"v{sent + i}".encode() for i in range(batch)])
+            sent += batch
+        staller.join(WAIT_S)
+        assert stalls_done.is_set()
+    finally:
+        client.close()
+
+    try:
+        assert retry.retried > 0, "no retry happened: the stalls missed every call"
+        seen: list[bytes | None] = []
+        for p in range(partitions):
+            records = fetch(reader, ns, topic, p, 0, max_records=1_000_000).records
+            assert [r.offset for r in records] == list(range(len(records)))  # contiguous
+            seen += [r.value for r in records]
+        assert len(seen) == sent
+        assert set(seen) == {f"v{i}".encode() for i in range(sent)}  # each value exactly once
+    finally:
+        reader.close()

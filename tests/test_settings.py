@@ -1,0 +1,208 @@
+"""The namespace layout is one agreed fact: a group never exists twice (issue 8, item 1).
+
+Each scenario is one the safety review found: a process with a stale partition count, a layout
+change in an empty namespace, and data loss (whole, or only the settings hash) with processes
+that started before and after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import redis.asyncio
+from harness import PROTOCOLS
+
+from rcoord import ConfigError, CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.keys import GroupKeys, settings_key
+from rcoord.scripts import Scripts
+from rcoord.settings import settle
+
+JOIN = dict(protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=10_000,
+            rebalance_timeout_ms=10_000)
+FAST = dict(group_min_session_timeout_ms=10, group_initial_rebalance_delay_ms=0)
+
+
+def _lose_namespace(client: Any, namespace: str, only: str | None = None) -> None:
+    """What a restart without persistence or a failover to an empty replica does to a namespace."""
+    keys = [only] if only else list(client.scan_iter(match=f"{namespace}:*", count=1000))
+    for key in keys:
+        client.delete(key)
+
+
+def _form_alone(coord: GroupCoordinator, group: str) -> str:
+    first = coord.join_group(group, **JOIN)
+    assert first.error == Errors.MEMBER_ID_REQUIRED
+    joined = coord.join_group(group, first.member_id, **JOIN)
+    assert joined.error == Errors.NONE and joined.generation_id == 1
+    return joined.member_id
+
+
+def _members(coord: GroupCoordinator, group: str) -> set[str]:
+    return {m.member_id for m in coord.describe_group(group).members}
+
+
+def test_workers_with_defaults_then_an_admin_naming_another_count_is_refused(redis_client, namespace):
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    member = _form_alone(worker, "g")
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 50 .* holds groups"):
+        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10)).start()
+    # Nothing moved: the worker's group is where every party looks for it.
+    fresh = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert fresh.config.num_partitions == 50
+    assert _members(fresh, "g") == {member}
+
+
+def test_a_process_with_a_stale_count_is_refused_and_corrects_itself(redis_client, namespace):
+    stale = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    assert stale.config.num_partitions == 50
+    # The namespace holds no group, so an admin may change its layout.
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10)).start()
+    newcomer = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    member = _form_alone(newcomer, "g")
+    # The stale process addresses the old layout: the script refuses, and the coordinator
+    # settles again and retries, so it sees the one group instead of creating a second.
+    assert _members(stale, "g") == {member}
+    assert stale.config.num_partitions == 10
+    assert not redis_client.exists(GroupKeys.of(namespace, 50, "g").all()[3])
+    second = stale.join_group("g", **JOIN)
+    assert second.error == Errors.MEMBER_ID_REQUIRED
+
+
+def test_the_old_layout_copies_are_gone_after_a_change(redis_client, namespace):
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    copies = set(redis_client.scan_iter(match=f"{namespace}:{{*}}:cfg", count=1000))
+    assert len(copies) == 7
+    assert all(k.decode().startswith(f"{namespace}:{{7.") for k in copies)
+
+
+@pytest.mark.parametrize("first", ["started-before", "started-after"])
+def test_after_data_loss_old_and_new_processes_agree(redis_client, namespace, first):
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10,
+                                                     group_min_session_timeout_ms=10)).start()
+    # A worker that names no count: it learned 10 from the namespace.
+    before = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                              group_initial_rebalance_delay_ms=0)).start()
+    assert before.config.num_partitions == 10
+    _form_alone(before, "warm-up")
+    _lose_namespace(redis_client, namespace)
+
+    if first == "started-before":
+        # The old process acts first: it re-proposes what it knew (10, the lowered minimum).
+        member = _form_alone(before, "g")
+        after = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+        assert after.config.num_partitions == 10
+        assert after.config.group_min_session_timeout_ms == 10
+        assert _members(after, "g") == {member}
+    else:
+        # A process started after the loss establishes first (its defaults: 50); the old one
+        # is refused under its stale count and adopts 50 too.
+        after = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+        assert after.config.num_partitions == 50
+        assert before.config.num_partitions == 10  # not yet told
+        member = _form_alone(after, "g")
+        assert _members(before, "g") == {member}
+        assert before.config.num_partitions == 50
+
+
+def test_surviving_copies_decide_when_only_the_settings_hash_is_lost(redis_client, namespace):
+    cfg = CoordinatorConfig(namespace=namespace, num_partitions=10, group_min_session_timeout_ms=123)
+    GroupCoordinator(redis_client, cfg).start()
+    _lose_namespace(redis_client, namespace, only=settings_key(namespace))
+    newcomer = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert newcomer.config.num_partitions == 10
+    assert newcomer.config.group_min_session_timeout_ms == 123
+    assert redis_client.hget(settings_key(namespace), "num_partitions") == b"10"
+
+
+def test_a_group_call_writes_nothing_under_a_stale_layout(redis_client, namespace):
+    coord = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    stale_keys = GroupKeys.of(namespace, 13, "g")
+    scripts = Scripts(redis_client)
+    scripts.load()
+    with pytest.raises(Exception, match="RCOORD_NOT_COORDINATOR"):
+        scripts.join_group(keys=stale_keys.all(), args=["", "g", "", "", "consumer", b"\x90", 10_000,
+                                                         10_000, "", "", "1", "u", b"\x90"])
+    assert not any(redis_client.exists(k) for k in stale_keys.all())
+    assert coord.config.num_partitions == 50
+
+
+def test_concurrent_settles_after_a_loss_agree(redis_client, namespace):
+    """Processes that knew different counts race to re-establish: one proposal stands."""
+    scripts = Scripts(redis_client)
+    scripts.load()
+    barrier = threading.Barrier(8)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        known = CoordinatorConfig(namespace=namespace, num_partitions=7 if i % 2 else 13)
+        barrier.wait(10)
+        settled = settle(redis_client, scripts, namespace, None, known)
+        with lock:
+            results.append(settled.config.num_partitions)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 8 and len(set(results)) == 1
+    copies = list(redis_client.scan_iter(match=f"{namespace}:{{*}}:cfg", count=1000))
+    assert len(copies) == results[0]
+
+
+def test_a_named_setting_survives_a_loss_through_its_owner(redis_client, namespace):
+    owner = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=50,
+                                                             group_initial_rebalance_delay_ms=0)).start()
+    _lose_namespace(redis_client, namespace)
+    # A member that names nothing comes first and establishes Kafka's defaults ...
+    member = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert member.join_group("g", **{**JOIN, "session_timeout_ms": 100}).error == Errors.INVALID_SESSION_TIMEOUT
+    # ... until the owner notices (the service does this every lease round) and writes its own.
+    owner.resettle()
+    assert member.join_group("g", **{**JOIN, "session_timeout_ms": 100}).error == Errors.MEMBER_ID_REQUIRED
+
+
+def test_asyncio_coordinator_follows_a_layout_change(redis_server, namespace):
+    sync_client = redis_server.client()
+    GroupCoordinator(sync_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+
+    async def scenario() -> tuple[int, Errors]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        try:
+            coord = await AsyncGroupCoordinator(client, namespace).start()
+            assert coord.config.num_partitions == 50
+            GroupCoordinator(sync_client, CoordinatorConfig(namespace=namespace, num_partitions=9)).start()
+            res = await coord.join_group("g", **JOIN)
+            return coord.config.num_partitions, res.error
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(scenario()) == (9, Errors.MEMBER_ID_REQUIRED)
+    finally:
+        sync_client.close()
+
+
+def test_list_groups_follows_a_layout_change(redis_client, namespace):
+    stale = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=3)).start()
+    member = _form_alone(GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start(), "g")
+    assert [g.group_id for g in stale.list_groups()] == ["g"]
+    assert stale.config.num_partitions == 3 and _members(stale, "g") == {member}
+
+
+def test_a_process_naming_another_count_after_a_loss_is_told_why(redis_client, namespace):
+    """An admin process that named 10 finds, after a loss, 50 established and holding groups:
+    it does not move the groups; its calls say what to fix."""
+    admin = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10, **FAST)).start()
+    _lose_namespace(redis_client, namespace)
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    _form_alone(worker, "g")
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 50"):
+        admin.describe_group("g")
