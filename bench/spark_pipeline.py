@@ -46,11 +46,11 @@ _path = os.environ.get("PYTHONPATH", "")
 if str(ROOT) not in _path.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), _path) if p)
 
-from rcoord import CoordinatorConfig, GroupCoordinator  # noqa: E402
-from rcoord.client import client_from_url  # noqa: E402
-from rcoord.protocol.consumer import ConsumerProtocolAssignment  # noqa: E402
-from rcoord.topics import Producer, ProducerRecord, Topics  # noqa: E402
-from workers.clickstream import build_query, stop_gracefully  # noqa: E402
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.client import client_from_url
+from rcoord.protocol.consumer import ConsumerProtocolAssignment
+from rcoord.topics import Producer, ProducerRecord, Topics
+from workers.clickstream import build_query, stop_gracefully
 
 TOPIC = "events"
 PARTITIONS = 6

@@ -57,8 +57,8 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
         (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets"),
         (ReadKind.BATCH, {"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'},
          "endingOffsets"),
-        (ReadKind.BATCH, {"subscribe": "a", "groupId": "g"}, "groupId: group mode is for "
-                                                             "streaming reads"),
+        (ReadKind.BATCH, {"subscribe": "a", "groupId": "g"},
+         "groupId: group mode is for streaming reads"),
         (ReadKind.STREAM, {"assign": '{"a": [0]}', "groupId": "g"}, "groupId"),
         (ReadKind.STREAM, {"subscribe": "a", "endingOffsets": "latest"}, "endingOffsets"),
         (ReadKind.STREAM, {"subscribe": "a", "maxOffsetsPerTrigger": "0"},

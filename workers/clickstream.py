@@ -93,7 +93,7 @@ class _Sink:
         mark = (progress or {}).get("eventTime", {}).get("watermark")
         if not mark:
             return 0
-        when = dt.datetime.fromisoformat(mark.replace("Z", "+00:00"))
+        when = dt.datetime.fromisoformat(mark)
         return int(when.timestamp() * 1000)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
@@ -125,7 +125,7 @@ class _Sink:
         import pyarrow.parquet as pq
 
         kept = [r for r in rows if r["n"] > 0]
-        utc = dt.timezone.utc
+        utc = dt.UTC
         table = pa.table({
             "window_start": pa.array(
                 [dt.datetime.fromtimestamp(r["ws"] / 1000, utc) for r in kept],

@@ -49,11 +49,11 @@ def _nested(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
 
 def _flat(nested: Any, what: str) -> dict[TP, int]:
     if not isinstance(nested, dict):
-        raise ValueError(f"{what} must map topics to {{partition: offset}}, got {nested!r}")
+        raise ValueError(f"{what} must map topics to {{partition: offset}}, got {nested!r}")  # noqa: TRY004
     out: dict[TP, int] = {}
     for topic, parts in nested.items():
         if not isinstance(parts, dict):
-            raise ValueError(f"{what}: topic {topic!r} must map partitions to offsets")
+            raise ValueError(f"{what}: topic {topic!r} must map partitions to offsets")  # noqa: TRY004
         for p, off in parts.items():
             out[TP(str(topic), int(p))] = int(off)
     return out

@@ -12,8 +12,7 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
-from ..topics import Topics, TopicError, fetch
-from ..topics import Record
+from ..topics import Record, TopicError, Topics, fetch
 from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
 from .plan import OffsetRange
 

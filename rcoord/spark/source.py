@@ -73,7 +73,7 @@ def _client(url: str) -> Any:
 
 
 @dataclass(frozen=True)
-class RangePartition(InputPartition):  # type: ignore[misc]
+class RangePartition(InputPartition):
     """One Spark task: a range of one partition, and how to reach it (plain, picklable)."""
 
     url: str
@@ -98,7 +98,7 @@ def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange]) -> list[RangePartit
     ]
 
 
-class RcoordDataSource(DataSource):  # type: ignore[misc]
+class RcoordDataSource(DataSource):
     """``spark.read.format("rcoord")``, ``readStream``, ``write`` and ``writeStream``."""
 
     @classmethod
@@ -135,7 +135,7 @@ def _check_write_schema(schema: Any) -> None:
 # -- batch read --------------------------------------------------------------------------------
 
 
-class BatchReader(DataSourceReader):  # type: ignore[misc]
+class BatchReader(DataSourceReader):
     """Exact offset ranges, one Spark partition per topic partition (split when large)."""
 
     def __init__(self, opts: ReadOptions) -> None:
@@ -164,6 +164,7 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
                                         opts.fetch_size, opts.fail_on_data_loss)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
         if partition.range.size == 0:
             return iter(())
         return _read(partition)
@@ -172,7 +173,7 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
 # -- streaming read ----------------------------------------------------------------------------
 
 
-class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A streaming read; in group mode, the query is a member of the consumer group."""
 
     def __init__(self, opts: ReadOptions) -> None:
@@ -271,6 +272,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         return _tasks(self.opts, ranges_between(begin, finish))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
         return _read(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -303,7 +305,7 @@ def _leave_on_sigterm() -> None:
 
 
 @dataclass
-class WriteMessage(WriterCommitMessage):  # type: ignore[misc]
+class WriteMessage(WriterCommitMessage):
     appended: int
     duplicates: int
 
@@ -313,7 +315,7 @@ def _rows(iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
         yield row.asDict(recursive=True)
 
 
-class BatchWriter(DataSourceWriter):  # type: ignore[misc]
+class BatchWriter(DataSourceWriter):
     """``df.write.format("rcoord")``: append every row (at-least-once if a task is retried)."""
 
     def __init__(self, opts: Any) -> None:
@@ -325,7 +327,7 @@ class BatchWriter(DataSourceWriter):  # type: ignore[misc]
         return WriteMessage(res.appended, res.duplicates)
 
 
-class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+class StreamWriter(DataSourceStreamWriter):
     """``writeStream.format("rcoord")``: an idempotent producer per (query, task partition),
     epoch = batch id, so a micro-batch Spark runs again appends nothing twice."""
 
