@@ -3,9 +3,11 @@
 -- partition is stored or, on a group-level error, none is.
 -- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]); offsets live in KEYS[13].
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
--- ARGV[5] group instance id ('' = none)   ARGV[6] retention ms ('' = the group's retention)
+-- ARGV[5] group instance id ('' = none)
+-- ARGV[6] retention ms ('' = the group's retention; at most 2^52, so NOW + it stays exact)
 -- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length}
---         where field = '<partition>:<topic>'
+--         where field = '<partition>:<topic>'; offset and leader epoch are decimal strings,
+--         stored as they came: Lua numbers are doubles and Kafka's offsets are int64
 -- Returns {group-level error name, {per-partition error names in request order}}.
 
 local member_id, generation, iid, retention = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]

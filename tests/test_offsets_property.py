@@ -200,7 +200,7 @@ class GroupMachine(RuleBasedStateMachine):
         stored = {}
         for field, blob in raw.items():
             p, _, topic = field.decode().partition(":")
-            stored[TopicPartition(topic, int(p))] = msgpack.unpackb(blob, raw=True)[b"o"]
+            stored[TopicPartition(topic, int(p))] = int(msgpack.unpackb(blob, raw=True)[b"o"])
         assert stored == self.committed
 
     @invariant()
