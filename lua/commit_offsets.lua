@@ -49,15 +49,25 @@ end
 
 local expire = -1
 if retention ~= '' then expire = NOW + tonumber(retention) end
+-- Every record of one commit has the same commit time and expiry, so one expiry schedule
+-- covers them all; fields are written in HSET batches (one command per 256 partitions).
+local stored, batch = nil, {}
+local function flush()
+  if #batch > 0 then redis.call('HSET', K_OFFSETS, unpack(batch)) end
+  batch = {}
+end
 for i, e in ipairs(entries) do
   if e[5] > CFG.offset_metadata_max_bytes then
     results[i] = 'OFFSET_METADATA_TOO_LARGE'
   else
-    local rec = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
-    redis.call('HSET', K_OFFSETS, e[1], cmsgpack.pack(rec))
-    schedule_offset_expiry(rec)
+    stored = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
+    batch[#batch + 1] = e[1]
+    batch[#batch + 1] = cmsgpack.pack(stored)
+    if #batch >= 512 then flush() end
     results[i] = 'NONE'
   end
 end
+flush()
+if stored then schedule_offset_expiry(stored) end
 finish()
 return {'NONE', results}
