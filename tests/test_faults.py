@@ -42,7 +42,7 @@ from faults.history import (
 from harness import wait_until
 from rcoord.client import RedisCoordinator
 from rcoord.embedded import EmbeddedServer
-from rcoord.keys import settings_key
+from rcoord.keys import GroupKeys, settings_key
 from rcoord.partitioning import partition_for
 from rcoord.protocol.offsets import TopicPartition
 from rcoord.settings import copy_pattern
@@ -464,4 +464,163 @@ def test_kill9_of_redis_with_aof_always_loses_no_acked_commit_or_append(scenario
     assert _commits_after(sc, restarted) > 0  # the same worker processes went on
     assert all(w.proc.poll() is None for w in sc.workers)
     assert all(s.alive for s in sc.services)
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_redis_down_for_three_seconds_comes_back_with_its_aof(scenario):
+    sc = scenario()
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    before = sc.committed()
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not sc.server.is_running, timeout_s=10)
+    time.sleep(3.0)  # the fault itself: no server for 3 s (twice the session timeout)
+    sc.server.restart()
+    back = time.time()
+    after = sc.committed()
+    assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
+    # The same processes form a group again (their sessions ran out on the server's clock
+    # while it was away, so they rejoin), and go on from the committed offsets.
+    sc.wait_stable(after=back)
+    sc.drain()
+    assert all(w.proc.poll() is None for w in sc.workers)
+    _judge(sc.finish(), owed_at_least=sc.records // 3)
+
+
+def _scan(r: redis.Redis, pattern: str) -> list[str]:
+    return sorted(k.decode() for k in r.scan_iter(match=pattern, count=1000))
+
+
+def test_redis_restart_without_persistence_keeps_one_agreed_layout(scenario):
+    # Non-default settings, named by the service only: a revert to the defaults would show (50
+    # coordinator partitions; a minimum session timeout of 6 s refuses the workers' 1.5 s).
+    sc = scenario(persistent=False, settings={"num_partitions": 10})
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pre = {m.member_id for m in sc.coord.describe_group(GROUP).members}
+    with sc.sample_lock:
+        sc.epoch = 1
+        sc.server.restart()  # SIGTERM; no AOF, no RDB: an empty server on the same port
+        assert TOPIC not in Topics(sc.r, sc.ns).list()  # the data is really gone
+        Topics(sc.r, sc.ns).create(TOPIC, PARTITIONS)  # the admin re-creates the topic
+        sc.epoch = 2
+    lost = time.time()
+    sc.wait_stable(after=lost)
+    sc.drain()
+    pre |= {ev["member"] for ev in sc.events() if ev.get("member") and ev["t"] < lost}
+    h = sc.finish(epoch_of=lambda ev: 0 if ev.get("member") in pre else 1)
+    _judge(h, owed_at_least=sc.records // 4)
+
+    stored = {k.decode(): v.decode() for k, v in sc.r.hgetall(settings_key(sc.ns)).items()}
+    assert stored["num_partitions"] == "10" and stored["group_min_session_timeout_ms"] == "100"
+    copies = _scan(sc.r, copy_pattern(sc.ns))
+    assert len(copies) == 10
+    assert {sc.r.hget(k, "num_partitions") for k in copies} == {b"10"}
+    holders = [k for k in _scan(sc.r, f"{sc.ns}:{{*}}:groups") if sc.r.sismember(k, GROUP)]
+    assert holders == [GroupKeys.of(sc.ns, 10, GROUP).partition.groups], holders
+    assert sc.coord.partition_for(GROUP) == partition_for(GROUP, 10)
+    ends = [ev for w in sc.workers for ev in w.events() if ev["e"] == "exit"]
+    assert [ev["num_partitions"] for ev in ends] == [10] * len(sc.workers)
+    assert sc.coord.config.num_partitions == 10
+    assert all(s.alive for s in sc.services)
+    # The pre-loss generations and the post-loss ones are both in the history.
+    assert {a.epoch for a in h.assignments} == {0, 1}
+
+
+def test_sigstop_of_the_server_shorter_than_the_session_keeps_every_member(scenario):
+    sc = scenario(session_ms=3000)
+    sc.wait_stable()
+    formed = time.time()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(1.2)  # the fault itself: the server is frozen for 1.2 s
+    os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    sc.drain()
+    assert _commits_after(sc, resumed) > 0
+    # Deadlines are on the server's clock (Redis TIME), which the stall did not outrun: the
+    # members' last beats were at most 1.2 s + one interval old, well inside 3 s.
+    later = [ev for ev in sc.events() if ev["t"] > formed]
+    assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned")]
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    victim, others = sc.workers[-1], sc.workers[:-1]
+    mine = [ev for ev in victim.events() if ev["e"] == "assigned" and ev["gen"] == gen][0]
+    assert mine["parts"]
+    victim.signal(signal.SIGSTOP)
+    stopped = time.time()
+    sc.wait_stable(others, after=stopped)  # its session ran out: the others took its partitions
+    zombie = sc.coord.commit_offsets(GROUP, {TopicPartition(TOPIC, p): 0 for p in mine["parts"]},
+                                     member_id=mine["member"], generation_id=gen)
+    assert {e.name for e in zombie.values()} <= {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"}
+    victim.signal(signal.SIGCONT)
+    resumed = time.time()
+    sc.wait_stable(sc.workers, after=resumed)  # it noticed, and rejoined
+    sc.drain()
+    mine_now = victim.events()
+    ended = [ev for ev in mine_now if ev.get("gen") == gen and ev["e"] in ("lost", "revoked")]
+    assert [ev["e"] for ev in ended] == ["lost"]  # not revoked: it must not commit them
+    assert not [ev for ev in mine_now if ev["e"] == "commit" and ev.get("gen") == gen
+                and ev["t"] > ended[0]["t"]]
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_script_flush_mid_run_changes_nothing(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    formed = time.time()
+    sc.start_traffic()
+    sc.wait_produced(1 / 4)
+    for _ in range(4):
+        flushed = time.time()
+        sc.r.script_flush()
+        wait_until(lambda: _commits_after(sc, flushed) >= 3)  # scripts are loaded again
+    sc.drain()
+    later = [ev for ev in sc.events() if ev["t"] > formed]
+    assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned", "commit_failed")]
+    assert {ev["gen"] for ev in later if ev["e"] == "commit"} == {gen}
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(scenario):
+    sc = scenario()
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    dead = sc.workers[-1]
+    dead.proc.kill()  # silent: no LeaveGroup; its session must run out
+    dead.proc.wait(10)
+    newcomer = sc.add_worker("w4")  # its join starts a rebalance that waits for the dead one
+    wait_until(lambda: sc.coord.describe_group(GROUP).state == "PreparingRebalance")
+    sc.services[0].stop(signal.SIGKILL)
+    killed = time.time()
+    second = sc.start_service()
+    live = [*sc.workers[:-2], newcomer]
+    sc.wait_stable(live, after=killed)
+    sc.drain()
+    # Now nobody touches the group but the second service: kill every worker (no LeaveGroup)
+    # and stop the sampler; their sessions must still run out.
+    sc._stop.set()
+    for t in sc._threads:
+        t.join(10)
+    for w in live:
+        w.proc.kill()
+        w.proc.wait(10)
+    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).all()[4]
+    assert sc.r.hlen(members) == len(live)
+    wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=15)
+    assert second.alive
     _judge(sc.finish(), owed_at_least=sc.records // 2)
