@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 import redis
-
 from faults.history import (
     Assignment,
     Commit,
@@ -40,6 +39,7 @@ from faults.history import (
     violations,
 )
 from harness import wait_until
+
 from rcoord.client import RedisCoordinator
 from rcoord.embedded import EmbeddedServer
 from rcoord.keys import GroupKeys, settings_key
@@ -150,7 +150,7 @@ class Service:
     def __init__(self, url: str, ns: str, cid: str, out: Path, settings: dict[str, int]) -> None:
         sets = [x for k, v in settings.items() for x in ("--set", f"{k}={v}")]
         self.out = out
-        self._fh = open(out, "w")
+        self._fh = open(out, "w")  # noqa: SIM115 - open for the process's life
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rcoord.service", "--redis-url", url, "--namespace", ns,
              "--id", cid, "--metrics-port", "0", "--lease-ttl-ms", "1000", *sets],
@@ -183,7 +183,7 @@ class Worker:
     def __init__(self, sc: Scenario, name: str, session_ms: int) -> None:
         self.name = name
         self.history = sc.dir / f"{name}.jsonl"
-        self._fh = open(sc.dir / f"{name}.out", "w")
+        self._fh = open(sc.dir / f"{name}.out", "w")  # noqa: SIM115 - as above
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--redis-url", sc.url, "--namespace", sc.ns,
              "--group", GROUP, "--topic", TOPIC, "--name", name, "--history", str(self.history),
@@ -218,8 +218,9 @@ class Scenario:
     """One run: server, service, workers, producer, sampler. ``epoch`` counts data losses twice
     (odd while one is under way), so acks and samples that straddle a loss are not counted."""
 
-    def __init__(self, tmp_path: Path, *, persistent: bool = True, settings: dict[str, int] | None
-                 = None, session_ms: int = SESSION_MS, workers: int = 3, records: int = 1500) -> None:
+    def __init__(self, tmp_path: Path, *, persistent: bool = True,
+                 settings: dict[str, int] | None = None, session_ms: int = SESSION_MS,
+                 workers: int = 3, records: int = 1500) -> None:
         self.dir = tmp_path
         self.ns = "f" + uuid.uuid4().hex[:10]
         self.server = EmbeddedServer(data_dir=tmp_path / "redis",
@@ -292,7 +293,7 @@ class Scenario:
                 epoch = self.epoch
                 try:
                     got = self.coord.fetch_offsets(GROUP, TPS).offsets
-                except Exception:  # noqa: BLE001 - the server may be down: no sample
+                except Exception:  # noqa: BLE001, S112 - the server may be down: no sample
                     continue
                 if epoch == self.epoch and epoch % 2 == 0:
                     offs = {tp.partition: o.offset for tp, o in got.items()}
@@ -552,13 +553,35 @@ def test_sigstop_of_the_server_shorter_than_the_session_keeps_every_member(scena
     _judge(sc.finish(), owed_at_least=sc.records // 2)
 
 
+def test_sigstop_of_the_server_longer_than_the_session_expires_every_member(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(2.5)  # the fault itself: frozen for longer than the 1.5 s session timeout
+    os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    # Redis TIME moved on while the server was frozen, so at the first touch every session has
+    # run out: the members' partitions are lost (not revoked, no commit) and they rejoin.
+    sc.wait_stable(after=resumed)
+    sc.drain()
+    for w in sc.workers:
+        ended = [ev["e"] for ev in w.events() if ev.get("gen") == gen
+                 and ev["e"] in ("lost", "revoked")]
+        assert ended == ["lost"], (w.name, ended)
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
 def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it(scenario):
     sc = scenario()
     gen = sc.wait_stable()
     sc.start_traffic()
     sc.wait_produced(1 / 3)
     victim, others = sc.workers[-1], sc.workers[:-1]
-    mine = [ev for ev in victim.events() if ev["e"] == "assigned" and ev["gen"] == gen][0]
+    mine = next(ev for ev in victim.events() if ev["e"] == "assigned" and ev["gen"] == gen)
     assert mine["parts"]
     victim.signal(signal.SIGSTOP)
     stopped = time.time()
@@ -587,7 +610,7 @@ def test_script_flush_mid_run_changes_nothing(scenario):
     for _ in range(4):
         flushed = time.time()
         sc.r.script_flush()
-        wait_until(lambda: _commits_after(sc, flushed) >= 3)  # scripts are loaded again
+        wait_until(lambda t=flushed: _commits_after(sc, t) >= 3)  # scripts are loaded again
     sc.drain()
     later = [ev for ev in sc.events() if ev["t"] > formed]
     assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned", "commit_failed")]

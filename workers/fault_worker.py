@@ -50,7 +50,7 @@ def main() -> int:
     log = logging.getLogger("fault_worker")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    out = open(args.history, "a", buffering=1, encoding="utf-8")
+    out = open(args.history, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - whole run
 
     def note(event: str, **fields: Any) -> None:
         out.write(json.dumps({"e": event, "t": time.time(), **fields}) + "\n")

@@ -27,8 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Assignment", "Commit", "Sample", "History", "violations", "assert_clean",
-           "read_worker_files"]
+__all__ = [
+    "Assignment",
+    "Commit",
+    "History",
+    "Sample",
+    "assert_clean",
+    "read_worker_files",
+    "violations",
+]
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,8 @@ def _two_owners(h: History) -> Iterable[str]:
             owners[(a.epoch, a.gen, p)].add(a.member)
     for (epoch, gen, p), members in sorted(owners.items()):
         if len(members) > 1:
-            yield f"two owners: partition {p} in generation {gen} (epoch {epoch}): {sorted(members)}"
+            yield (f"two owners: partition {p} in generation {gen} (epoch {epoch}): "
+                   f"{sorted(members)}")
 
 
 def _offsets_back(h: History) -> Iterable[str]:
@@ -142,7 +150,9 @@ def _natural(value: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, value)
 
 
-def read_worker_files(paths: Iterable[Path], epoch_of: Any = None) -> tuple[History, list[dict[str, Any]]]:
+def read_worker_files(
+    paths: Iterable[Path], epoch_of: Any = None
+) -> tuple[History, list[dict[str, Any]]]:
     """Fold the workers' history files (workers/fault_worker.py) into a History.
 
     ``epoch_of(event) -> int`` places an event in an epoch (default: all in epoch 0). Returns
