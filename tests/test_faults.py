@@ -528,8 +528,13 @@ def test_redis_restart_without_persistence_keeps_one_agreed_layout(scenario):
     assert [ev["num_partitions"] for ev in ends] == [10] * len(sc.workers)
     assert sc.coord.config.num_partitions == 10
     assert all(s.alive for s in sc.services)
-    # The pre-loss generations and the post-loss ones are both in the history.
+    # The pre-loss generations and the post-loss ones are both in the history, and every worker
+    # learnt that it lost its pre-loss partitions (no revocation, no commit) and joined again.
     assert {a.epoch for a in h.assignments} == {0, 1}
+    for w in sc.workers:
+        before = [ev["e"] for ev in w.events() if ev.get("member") in pre]
+        after = [ev for ev in w.events() if ev.get("member") and ev["member"] not in pre]
+        assert before[-1] == "lost" and after[0]["e"] == "assigned", (w.name, before)
 
 
 def test_sigstop_of_the_server_shorter_than_the_session_keeps_every_member(scenario):
