@@ -470,7 +470,7 @@ def test_kill9_of_redis_with_aof_always_loses_no_acked_commit_or_append(scenario
 
 def test_redis_down_for_three_seconds_comes_back_with_its_aof(scenario):
     sc = scenario()
-    sc.wait_stable()
+    gen = sc.wait_stable()
     sc.start_traffic()
     sc.wait_produced(1 / 3)
     before = sc.committed()
@@ -488,6 +488,10 @@ def test_redis_down_for_three_seconds_comes_back_with_its_aof(scenario):
     sc.wait_stable(after=back)
     sc.drain()
     assert all(w.proc.poll() is None for w in sc.workers)
+    for w in sc.workers:
+        ended = [ev["e"] for ev in w.events() if ev.get("gen") == gen
+                 and ev["e"] in ("lost", "revoked")]
+        assert ended[:1] == ["lost"], (w.name, ended)
     _judge(sc.finish(), owed_at_least=sc.records // 3)
 
 
