@@ -1,0 +1,180 @@
+"""The fault suite's history checker: what the workers, the producer and a sampler recorded,
+and the four rules a run must keep whatever fault it met.
+
+A run is judged only by what was observed, never by what the system says about itself:
+
+1. **One owner per partition and generation.** No two members were assigned the same partition
+   in one generation (from the workers' ``assigned`` events).
+2. **Committed offsets never go back.** Per partition, the offsets sampled from the coordinator
+   over time never decrease, and the commits the workers saw succeed, ordered by generation (one
+   owner per generation, and generation N+1 only starts from what N committed), never decrease.
+3. **Every acknowledged record is processed, and is in the log.** Each value the producer got an
+   ack for was handed to some worker at least once, and is in the log read back at the end.
+4. **No record is appended twice.** Read back, each value is in the log once, and only values
+   the producer sent are there.
+
+A data loss (a restart without persistence) starts a new *epoch*: groups, offsets and records
+before it are gone, generation numbers start again, and only the acks of the new epoch are owed.
+Each event carries its epoch; rules 1 and 2 compare events of one epoch only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Assignment",
+    "Commit",
+    "History",
+    "Sample",
+    "assert_clean",
+    "read_worker_files",
+    "violations",
+]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    worker: str
+    member: str
+    gen: int
+    partitions: tuple[int, ...]
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A commit a worker saw succeed; ``t`` orders one member's commits within a generation."""
+
+    worker: str
+    member: str
+    gen: int
+    t: float
+    offsets: dict[int, int]
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Committed offsets read from the coordinator at one moment (-1 or absent: none)."""
+
+    t: float
+    offsets: dict[int, int]
+    epoch: int = 0
+
+
+@dataclass
+class History:
+    assignments: list[Assignment] = field(default_factory=list)
+    commits: list[Commit] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    acked: set[str] = field(default_factory=set)
+    """Values the producer got an ack for, and that are owed (the current epoch's)."""
+    uncertain: set[str] = field(default_factory=set)
+    """Values sent without an ack (or acked in an epoch that was lost): at most once in the log."""
+    processed: Counter[str] = field(default_factory=Counter)
+    log: dict[int, list[str]] = field(default_factory=dict)
+    """The log read back at the end: partition -> values in offset order."""
+
+
+def violations(h: History) -> list[str]:
+    """Every broken rule, one line each; [] for a clean run."""
+    return [*_two_owners(h), *_offsets_back(h), *_acked_lost(h), *_appended_twice(h)]
+
+
+def assert_clean(h: History) -> None:
+    found = violations(h)
+    assert not found, f"{len(found)} violation(s):\n" + "\n".join(found[:20])
+
+
+def _two_owners(h: History) -> Iterable[str]:
+    owners: dict[tuple[int, int, int], set[str]] = defaultdict(set)
+    for a in h.assignments:
+        for p in a.partitions:
+            owners[(a.epoch, a.gen, p)].add(a.member)
+    for (epoch, gen, p), members in sorted(owners.items()):
+        if len(members) > 1:
+            yield (f"two owners: partition {p} in generation {gen} (epoch {epoch}): "
+                   f"{sorted(members)}")
+
+
+def _offsets_back(h: History) -> Iterable[str]:
+    last: dict[tuple[int, int], tuple[float, int]] = {}
+    for s in sorted(h.samples, key=lambda s: (s.epoch, s.t)):
+        for p, off in s.offsets.items():
+            if off < 0:
+                continue
+            prev = last.get((s.epoch, p))
+            if prev is not None and off < prev[1]:
+                yield (f"committed offset went back: partition {p} (epoch {s.epoch}) was "
+                       f"{prev[1]} at t={prev[0]:.3f}, {off} at t={s.t:.3f}")
+            last[(s.epoch, p)] = (s.t, off)
+    seen: dict[tuple[int, int], Commit] = {}
+    for c in sorted(h.commits, key=lambda c: (c.epoch, c.gen, c.t)):
+        for p, off in c.offsets.items():
+            before = seen.get((c.epoch, p))
+            if before is not None and off < before.offsets[p]:
+                yield (f"commit went back: partition {p} (epoch {c.epoch}): "
+                       f"{before.worker} committed {before.offsets[p]} in generation {before.gen}, "
+                       f"then {c.worker} {off} in generation {c.gen}")
+            seen[(c.epoch, p)] = c
+
+
+def _acked_lost(h: History) -> Iterable[str]:
+    never = sorted(h.acked - set(h.processed), key=_natural)
+    if never:
+        yield f"{len(never)} acked record(s) never processed, e.g. {never[:5]}"
+    in_log = {v for values in h.log.values() for v in values}
+    missing = sorted(h.acked - in_log, key=_natural)
+    if missing:
+        yield f"{len(missing)} acked record(s) missing from the log, e.g. {missing[:5]}"
+
+
+def _appended_twice(h: History) -> Iterable[str]:
+    counts = Counter(v for values in h.log.values() for v in values)
+    twice = sorted((v for v, n in counts.items() if n > 1), key=_natural)
+    if twice:
+        yield f"{len(twice)} record(s) appended more than once, e.g. {twice[:5]}"
+    phantom = sorted(set(counts) - h.acked - h.uncertain, key=_natural)
+    if phantom:
+        yield f"{len(phantom)} record(s) in the log that nobody sent, e.g. {phantom[:5]}"
+
+
+def _natural(value: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in value if ch.isdigit())
+    return (int(digits) if digits else -1, value)
+
+
+def read_worker_files(
+    paths: Iterable[Path], epoch_of: Any = None
+) -> tuple[History, list[dict[str, Any]]]:
+    """Fold the workers' history files (workers/fault_worker.py) into a History.
+
+    ``epoch_of(event) -> int`` places an event in an epoch (default: all in epoch 0). Returns
+    the History (assignments, commits, processed) and every raw event, for scenario checks.
+    """
+    h = History()
+    events: list[dict[str, Any]] = []
+    for path in paths:
+        worker = path.stem
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.endswith("}"):
+                continue  # a line cut short by SIGKILL
+            ev = json.loads(line)
+            ev["worker"] = worker
+            events.append(ev)
+            epoch = epoch_of(ev) if epoch_of is not None else 0
+            if ev["e"] == "assigned":
+                h.assignments.append(Assignment(worker, ev["member"], ev["gen"],
+                                                tuple(ev["parts"]), epoch))
+            elif ev["e"] == "commit":
+                h.commits.append(Commit(worker, ev["member"], ev["gen"], ev["t"],
+                                        {int(p): o for p, o in ev["offsets"].items()}, epoch))
+            elif ev["e"] == "processed":
+                h.processed.update(ev["values"])
+    return h, events

@@ -1,0 +1,658 @@
+"""The fault suite (issue 8, item 6): real processes, real faults, and a history checker.
+
+Every scenario runs its own Redis-protocol server (its directory in ``tmp_path``, so an AOF
+survives a kill), the coordinator service as a subprocess, worker processes
+(``workers/fault_worker.py``: ``Consumer``, commits after each batch, history in a local file), an
+idempotent producer in a thread of the test, and a sampler that reads the committed offsets every
+100 ms. After the fault the run drains (every acked record processed, every committed offset at
+the log end), the workers are stopped, the log is read back, and ``tests/faults/history.py``
+checks the four rules: one owner per partition and generation, committed offsets never go back,
+every acked record processed and in the log, nothing appended twice. Each scenario then checks
+what its fault must do. Everything is bounded (records, waits) and stops by itself.
+
+The checker's own tests (hand-made histories that break each rule) come first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from faults.history import (
+    Assignment,
+    Commit,
+    History,
+    Sample,
+    assert_clean,
+    read_worker_files,
+    violations,
+)
+from harness import wait_until
+
+from rcoord.client import RedisCoordinator
+from rcoord.embedded import EmbeddedServer
+from rcoord.keys import GroupKeys, settings_key
+from rcoord.partitioning import partition_for
+from rcoord.protocol.offsets import TopicPartition
+from rcoord.settings import copy_pattern
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+
+pytestmark = pytest.mark.faults
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "workers" / "fault_worker.py"
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+GROUP, TOPIC, PARTITIONS = "faults", "events", 6
+TPS = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+SESSION_MS = 1500
+WAIT_S = 30.0
+
+
+# -- the checker, on hand-made histories -------------------------------------------------------
+
+
+def _clean() -> History:
+    return History(
+        assignments=[Assignment("w1", "m1", 1, (0, 1)), Assignment("w2", "m2", 1, (2, 3)),
+                     Assignment("w1", "m1", 2, (0, 1, 2, 3))],
+        commits=[Commit("w1", "m1", 1, 1.0, {0: 5}), Commit("w2", "m2", 1, 1.1, {2: 3}),
+                 Commit("w1", "m1", 2, 2.0, {0: 7, 2: 3})],
+        samples=[Sample(1.0, {0: 5, 2: -1}), Sample(2.0, {0: 7, 2: 3})],
+        acked={"v1", "v2"},
+        uncertain={"v3"},
+        processed=__import__("collections").Counter({"v1": 1, "v2": 2}),
+        log={0: ["v1", "v3"], 1: ["v2"]},
+    )
+
+
+def test_checker_passes_a_clean_history():
+    assert violations(_clean()) == []
+
+
+def test_checker_finds_two_owners_in_one_generation():
+    h = _clean()
+    h.assignments.append(Assignment("w3", "m3", 1, (3,)))
+    assert [v for v in violations(h) if v.startswith("two owners: partition 3 in generation 1")]
+    # The same generation number in another epoch (after a data loss) is another generation.
+    h = _clean()
+    h.assignments.append(Assignment("w3", "m3", 1, (3,), epoch=1))
+    assert violations(h) == []
+
+
+def test_checker_finds_a_committed_offset_going_back():
+    h = _clean()
+    h.samples.append(Sample(3.0, {0: 6}))
+    assert any("committed offset went back: partition 0" in v for v in violations(h))
+    h = _clean()
+    h.commits.append(Commit("w2", "m2", 3, 3.0, {0: 6}))  # a later generation, a lower offset
+    assert any("commit went back: partition 0" in v for v in violations(h))
+    h = _clean()
+    h.commits.append(Commit("w1", "m1", 2, 2.5, {0: 6}))  # same member, later, lower
+    assert any("commit went back" in v for v in violations(h))
+
+
+def test_checker_finds_an_acked_record_never_processed_or_missing():
+    h = _clean()
+    h.processed.pop("v1")
+    assert any("acked record(s) never processed" in v for v in violations(h))
+    h = _clean()
+    h.log[0].remove("v1")
+    assert any("acked record(s) missing from the log" in v for v in violations(h))
+
+
+def test_checker_finds_a_record_appended_twice_or_from_nowhere():
+    h = _clean()
+    h.log[1].append("v1")
+    assert any("appended more than once" in v for v in violations(h))
+    h = _clean()
+    h.log[1].append("v9")
+    assert any("nobody sent" in v for v in violations(h))
+    with pytest.raises(AssertionError, match="1 violation"):
+        assert_clean(h)
+
+
+def test_checker_reads_worker_files(tmp_path):
+    lines = [
+        {"e": "assigned", "t": 1.0, "gen": 1, "member": "m1", "parts": [0, 1]},
+        {"e": "processed", "t": 1.1, "values": ["v1", "v2"]},
+        {"e": "commit", "t": 1.2, "gen": 1, "member": "m1", "offsets": {"0": 2}},
+    ]
+    path = tmp_path / "w1.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"e": "proc')  # cut by a kill
+    h, events = read_worker_files([path], epoch_of=lambda ev: 7)
+    assert h.assignments == [Assignment("w1", "m1", 1, (0, 1), 7)]
+    assert h.commits == [Commit("w1", "m1", 1, 1.2, {0: 2}, 7)]
+    assert h.processed == {"v1": 1, "v2": 1}
+    assert len(events) == 3
+
+
+# -- the scenario harness ---------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+class Service:
+    """``python -m rcoord.service`` as a subprocess; its output goes to a file (no pipe to fill)."""
+
+    def __init__(self, url: str, ns: str, cid: str, out: Path, settings: dict[str, int]) -> None:
+        sets = [x for k, v in settings.items() for x in ("--set", f"{k}={v}")]
+        self.out = out
+        self._fh = open(out, "w")  # noqa: SIM115 - open for the process's life
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rcoord.service", "--redis-url", url, "--namespace", ns,
+             "--id", cid, "--metrics-port", "0", "--lease-ttl-ms", "1000", *sets],
+            stdout=self._fh, stderr=subprocess.STDOUT, env=_env(),
+        )
+        wait_until(self._started, timeout_s=20)
+
+    def _started(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the service exited: {self.out.read_text()}")
+        first = self.out.read_text().split("\n", 1)[0]
+        return first.startswith("{") and "metrics_port" in first
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._fh.close()
+
+
+class Worker:
+    def __init__(self, sc: Scenario, name: str, session_ms: int) -> None:
+        self.name = name
+        self.history = sc.dir / f"{name}.jsonl"
+        self._fh = open(sc.dir / f"{name}.out", "w")  # noqa: SIM115 - as above
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "--redis-url", sc.url, "--namespace", sc.ns,
+             "--group", GROUP, "--topic", TOPIC, "--name", name, "--history", str(self.history),
+             "--session-timeout-ms", str(session_ms),
+             "--heartbeat-interval-ms", str(max(100, session_ms // 5))],
+            stdout=self._fh, stderr=subprocess.STDOUT, env=_env(),
+        )
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> int:
+        """SIGCONT (in case it is stopped), SIGTERM, wait; SIGKILL if it does not end."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(timeout=10)
+        self._fh.close()
+        return code
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.history.exists():
+            return []
+        return [json.loads(x) for x in self.history.read_text().splitlines() if x.endswith("}")]
+
+
+class Scenario:
+    """One run: server, service, workers, producer, sampler. ``epoch`` counts data losses twice
+    (odd while one is under way), so acks and samples that straddle a loss are not counted."""
+
+    def __init__(self, tmp_path: Path, *, persistent: bool = True,
+                 settings: dict[str, int] | None = None, session_ms: int = SESSION_MS,
+                 workers: int = 3, records: int = 1500) -> None:
+        self.dir = tmp_path
+        self.ns = "f" + uuid.uuid4().hex[:10]
+        self.server = EmbeddedServer(data_dir=tmp_path / "redis",
+                                     extra_args=AOF if persistent else ()).start()
+        self.url = self.server.url
+        self.settings = {"group_min_session_timeout_ms": 100,
+                         "group_initial_rebalance_delay_ms": 0, **(settings or {})}
+        self.session_ms = session_ms
+        self.r = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=3,
+                             socket_connect_timeout=1)
+        self.services: list[Service] = []
+        self.workers: list[Worker] = []
+        self.start_service()
+        Topics(self.r, self.ns).create(TOPIC, PARTITIONS)
+        self.coord = RedisCoordinator(self.r, self.ns).start()
+        self.producer = Producer(self.r, self.ns, partitioner="round_robin")
+        self.records = records
+        self.epoch = 0
+        self.produced = 0
+        self.acked: dict[int, set[str]] = {}
+        self.uncertain: set[str] = set()
+        self.samples: list[Sample] = []
+        self.sample_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        for i in range(workers):
+            self.add_worker(f"w{i + 1}")
+
+    # -- parts
+
+    def start_service(self) -> Service:
+        n = len(self.services) + 1
+        svc = Service(self.url, self.ns, f"s{n}", self.dir / f"service{n}.out", self.settings)
+        self.services.append(svc)
+        return svc
+
+    def add_worker(self, name: str) -> Worker:
+        w = Worker(self, name, self.session_ms)
+        self.workers.append(w)
+        return w
+
+    def start_traffic(self) -> None:
+        for target in (self._produce, self._sample):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _produce(self) -> None:
+        batch, i = 25, 0
+        while i < self.records and not self._stop.is_set():
+            values = [f"v{j}" for j in range(i, min(i + batch, self.records))]
+            epoch = self.epoch
+            try:
+                self.producer.send_batch(TOPIC, [ProducerRecord(v.encode()) for v in values])
+            except Exception:  # noqa: BLE001 - unknown outcome: at most once in the log
+                self.uncertain.update(values)
+                self._stop.wait(0.05)
+            else:
+                if epoch == self.epoch and epoch % 2 == 0:
+                    self.acked.setdefault(epoch, set()).update(values)
+                else:
+                    self.uncertain.update(values)
+            i += len(values)
+            self.produced = i
+            self._stop.wait(0.05)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            with self.sample_lock:
+                epoch = self.epoch
+                try:
+                    got = self.coord.fetch_offsets(GROUP, TPS).offsets
+                except Exception:  # noqa: BLE001, S112 - the server may be down: no sample
+                    continue
+                if epoch == self.epoch and epoch % 2 == 0:
+                    offs = {tp.partition: o.offset for tp, o in got.items()}
+                    self.samples.append(Sample(time.time(), offs, epoch))
+
+    # -- observations
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for w in self.workers:
+            out += [{**ev, "worker": w.name} for ev in w.events()]
+        return out
+
+    def owners(self, after: float = 0.0) -> dict[int, dict[str, str]]:
+        """gen -> {member: worker} of the assignments recorded after ``after``."""
+        gens: dict[int, dict[str, str]] = {}
+        for ev in self.events():
+            if ev["e"] == "assigned" and ev["t"] > after:
+                gens.setdefault(ev["gen"], {})[ev["member"]] = ev["worker"]
+        return gens
+
+    def stable(self, workers: list[Worker], after: float = 0.0) -> int | None:
+        """The latest generation (recorded after ``after``) in which exactly ``workers`` hold
+        every partition between them."""
+        names = {w.name for w in workers}
+        by_gen: dict[int, list[dict[str, Any]]] = {}
+        for ev in self.events():
+            if ev["e"] == "assigned" and ev["t"] > after:
+                by_gen.setdefault(ev["gen"], []).append(ev)
+        for gen in sorted(by_gen, reverse=True):
+            evs = by_gen[gen]
+            if {e["worker"] for e in evs} == names and sorted(
+                    p for e in evs for p in e["parts"]) == list(range(PARTITIONS)):
+                return gen
+        return None
+
+    def wait_stable(self, workers: list[Worker] | None = None, after: float = 0.0,
+                    timeout_s: float = WAIT_S) -> int:
+        ws = workers if workers is not None else self.workers
+        wait_until(lambda: self.stable(ws, after) is not None, timeout_s=timeout_s)
+        gen = self.stable(ws, after)
+        assert gen is not None
+        return gen
+
+    def wait_produced(self, fraction: float) -> None:
+        wait_until(lambda: self.produced >= self.records * fraction, timeout_s=WAIT_S)
+
+    def log_ends(self) -> dict[int, int]:
+        return {p.partition: p.log_end_offset
+                for p in Topics(self.r, self.ns).describe(TOPIC).partitions}
+
+    def committed(self) -> dict[int, int]:
+        got = self.coord.fetch_offsets(GROUP, TPS).offsets
+        return {tp.partition: o.offset for tp, o in got.items()}
+
+    def drain(self, timeout_s: float = WAIT_S) -> None:
+        """Wait until the producer is done, every owed ack was processed and every committed
+        offset is at the log end."""
+        def done() -> bool:
+            if self.produced < self.records:
+                return False
+            owed = self.acked.get(self.epoch, set())
+            processed: set[str] = set()
+            for ev in self.events():
+                if ev["e"] == "processed":
+                    processed.update(ev["values"])
+            if not owed <= processed:
+                return False
+            try:
+                ends = self.log_ends()
+                return all(self.committed().get(p, -1) == end for p, end in ends.items())
+            except redis.RedisError:
+                return False
+
+        wait_until(lambda: done() or time.sleep(0.1), timeout_s=timeout_s)
+
+    # -- the end
+
+    def finish(self, epoch_of: Callable[[dict[str, Any]], int] | None = None) -> History:
+        """Stop the traffic and the workers (they must exit by themselves, code 0), read the log
+        back, and return the history with the current epoch's acks owed."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+        codes = {w.name: w.stop() for w in self.workers if w.proc.returncode is None}
+        assert all(c == 0 for c in codes.values()), f"worker exit codes {codes}"
+        h, _ = read_worker_files([w.history for w in self.workers if w.history.exists()],
+                                 epoch_of)
+        h.samples = list(self.samples)
+        h.acked = set(self.acked.get(self.epoch, set()))
+        h.uncertain = set(self.uncertain)
+        for epoch, values in self.acked.items():
+            if epoch != self.epoch:
+                h.uncertain |= values
+        for p in range(PARTITIONS):
+            values, offset = [], 0
+            while True:
+                res = fetch(self.r, self.ns, TOPIC, p, offset, 1000)
+                if not res.records:
+                    break
+                values += [r.value.decode() for r in res.records]
+                offset = res.records[-1].offset + 1
+            h.log[p] = values
+        return h
+
+    def close(self) -> None:
+        self._stop.set()
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGCONT)
+                w.proc.kill()
+                w.proc.wait(10)
+            w._fh.close()
+        for s in self.services:
+            s.stop(signal.SIGKILL)
+        self.r.close()
+        if self.server.pid is not None:
+            os.kill(self.server.pid, signal.SIGCONT)
+        self.server.stop()
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Iterator[Callable[..., Scenario]]:
+    made: list[Scenario] = []
+
+    def make(**kw: Any) -> Scenario:
+        made.append(Scenario(tmp_path, **kw))
+        return made[-1]
+
+    yield make
+    for sc in made:
+        sc.close()
+
+
+def _kill9_server(sc: Scenario) -> None:
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not sc.server.is_running, timeout_s=5)
+
+
+def _judge(h: History, owed_at_least: int) -> None:
+    """The four rules, on a history that is not empty (so the rules had something to check)."""
+    assert len(h.acked) >= owed_at_least, f"only {len(h.acked)} acks owed"
+    assert h.assignments and h.commits and h.samples
+    assert_clean(h)
+
+
+def _commits_after(sc: Scenario, t: float) -> int:
+    return sum(1 for ev in sc.events() if ev["e"] == "commit" and ev["t"] > t)
+
+
+# -- the faults -------------------------------------------------------------------------------
+
+
+def test_kill9_of_redis_with_aof_always_loses_no_acked_commit_or_append(scenario):
+    sc = scenario()
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    wait_until(lambda: _commits_after(sc, 0) > 0)
+    before = sc.committed()
+    _kill9_server(sc)
+    sc.server.restart()  # same port, same dir: the AOF is replayed
+    after = sc.committed()
+    assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
+    restarted = time.time()
+    sc.drain()
+    assert _commits_after(sc, restarted) > 0  # the same worker processes went on
+    assert all(w.proc.poll() is None for w in sc.workers)
+    assert all(s.alive for s in sc.services)
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_redis_down_for_three_seconds_comes_back_with_its_aof(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    before = sc.committed()
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not sc.server.is_running, timeout_s=10)
+    time.sleep(3.0)  # the fault itself: no server for 3 s (twice the session timeout)
+    sc.server.restart()
+    back = time.time()
+    after = sc.committed()
+    assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
+    # The same processes form a group again (their sessions ran out on the server's clock
+    # while it was away, so they rejoin), and go on from the committed offsets.
+    sc.wait_stable(after=back)
+    sc.drain()
+    assert all(w.proc.poll() is None for w in sc.workers)
+    for w in sc.workers:
+        ended = [ev["e"] for ev in w.events() if ev.get("gen") == gen
+                 and ev["e"] in ("lost", "revoked")]
+        assert ended[:1] == ["lost"], (w.name, ended)
+    _judge(sc.finish(), owed_at_least=sc.records // 3)
+
+
+def _scan(r: redis.Redis, pattern: str) -> list[str]:
+    return sorted(k.decode() for k in r.scan_iter(match=pattern, count=1000))
+
+
+def test_redis_restart_without_persistence_keeps_one_agreed_layout(scenario):
+    # Non-default settings, named by the service only: a revert to the defaults would show (50
+    # coordinator partitions; a minimum session timeout of 6 s refuses the workers' 1.5 s).
+    sc = scenario(persistent=False, settings={"num_partitions": 10})
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pre = {m.member_id for m in sc.coord.describe_group(GROUP).members}
+    with sc.sample_lock:
+        sc.epoch = 1
+        sc.server.restart()  # SIGTERM; no AOF, no RDB: an empty server on the same port
+        assert TOPIC not in Topics(sc.r, sc.ns).list()  # the data is really gone
+        Topics(sc.r, sc.ns).create(TOPIC, PARTITIONS)  # the admin re-creates the topic
+        sc.epoch = 2
+    lost = time.time()
+    sc.wait_stable(after=lost)
+    sc.drain()
+    pre |= {ev["member"] for ev in sc.events() if ev.get("member") and ev["t"] < lost}
+    h = sc.finish(epoch_of=lambda ev: 0 if ev.get("member") in pre else 1)
+    _judge(h, owed_at_least=sc.records // 4)
+
+    stored = {k.decode(): v.decode() for k, v in sc.r.hgetall(settings_key(sc.ns)).items()}
+    assert stored["num_partitions"] == "10" and stored["group_min_session_timeout_ms"] == "100"
+    copies = _scan(sc.r, copy_pattern(sc.ns))
+    assert len(copies) == 10
+    assert {sc.r.hget(k, "num_partitions") for k in copies} == {b"10"}
+    holders = [k for k in _scan(sc.r, f"{sc.ns}:{{*}}:groups") if sc.r.sismember(k, GROUP)]
+    assert holders == [GroupKeys.of(sc.ns, 10, GROUP).partition.groups], holders
+    assert sc.coord.partition_for(GROUP) == partition_for(GROUP, 10)
+    ends = [ev for w in sc.workers for ev in w.events() if ev["e"] == "exit"]
+    assert [ev["num_partitions"] for ev in ends] == [10] * len(sc.workers)
+    assert sc.coord.config.num_partitions == 10
+    assert all(s.alive for s in sc.services)
+    # The pre-loss generations and the post-loss ones are both in the history, and every worker
+    # learnt that it lost its pre-loss partitions (no revocation, no commit) and joined again.
+    assert {a.epoch for a in h.assignments} == {0, 1}
+    for w in sc.workers:
+        before = [ev["e"] for ev in w.events() if ev.get("member") in pre]
+        after = [ev for ev in w.events() if ev.get("member") and ev["member"] not in pre]
+        assert before[-1] == "lost" and after[0]["e"] == "assigned", (w.name, before)
+
+
+def test_sigstop_of_the_server_shorter_than_the_session_keeps_every_member(scenario):
+    sc = scenario(session_ms=3000)
+    sc.wait_stable()
+    formed = time.time()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(1.2)  # the fault itself: the server is frozen for 1.2 s
+    os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    sc.drain()
+    assert _commits_after(sc, resumed) > 0
+    # Deadlines are on the server's clock (Redis TIME), which the stall did not outrun: the
+    # members' last beats were at most 1.2 s + one interval old, well inside 3 s.
+    later = [ev for ev in sc.events() if ev["t"] > formed]
+    assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned")]
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_sigstop_of_the_server_longer_than_the_session_expires_every_member(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    pid = sc.server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(2.5)  # the fault itself: frozen for longer than the 1.5 s session timeout
+    os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    # Redis TIME moved on while the server was frozen, so at the first touch every session has
+    # run out: the members' partitions are lost (not revoked, no commit) and they rejoin.
+    sc.wait_stable(after=resumed)
+    sc.drain()
+    for w in sc.workers:
+        ended = [ev["e"] for ev in w.events() if ev.get("gen") == gen
+                 and ev["e"] in ("lost", "revoked")]
+        assert ended == ["lost"], (w.name, ended)
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    victim, others = sc.workers[-1], sc.workers[:-1]
+    mine = next(ev for ev in victim.events() if ev["e"] == "assigned" and ev["gen"] == gen)
+    assert mine["parts"]
+    victim.signal(signal.SIGSTOP)
+    stopped = time.time()
+    sc.wait_stable(others, after=stopped)  # its session ran out: the others took its partitions
+    zombie = sc.coord.commit_offsets(GROUP, {TopicPartition(TOPIC, p): 0 for p in mine["parts"]},
+                                     member_id=mine["member"], generation_id=gen)
+    assert {e.name for e in zombie.values()} <= {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"}
+    victim.signal(signal.SIGCONT)
+    resumed = time.time()
+    sc.wait_stable(sc.workers, after=resumed)  # it noticed, and rejoined
+    sc.drain()
+    mine_now = victim.events()
+    ended = [ev for ev in mine_now if ev.get("gen") == gen and ev["e"] in ("lost", "revoked")]
+    assert [ev["e"] for ev in ended] == ["lost"]  # not revoked: it must not commit them
+    assert not [ev for ev in mine_now if ev["e"] == "commit" and ev.get("gen") == gen
+                and ev["t"] > ended[0]["t"]]
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_script_flush_mid_run_changes_nothing(scenario):
+    sc = scenario()
+    gen = sc.wait_stable()
+    formed = time.time()
+    sc.start_traffic()
+    sc.wait_produced(1 / 4)
+    for _ in range(4):
+        flushed = time.time()
+        sc.r.script_flush()
+        wait_until(lambda t=flushed: _commits_after(sc, t) >= 3)  # scripts are loaded again
+    sc.drain()
+    later = [ev for ev in sc.events() if ev["t"] > formed]
+    assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned", "commit_failed")]
+    assert {ev["gen"] for ev in later if ev["e"] == "commit"} == {gen}
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(scenario):
+    sc = scenario()
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 3)
+    dead = sc.workers[-1]
+    dead.proc.kill()  # silent: no LeaveGroup; its session must run out
+    dead.proc.wait(10)
+    newcomer = sc.add_worker("w4")  # its join starts a rebalance that waits for the dead one
+    wait_until(lambda: sc.coord.describe_group(GROUP).state == "PreparingRebalance")
+    sc.services[0].stop(signal.SIGKILL)
+    killed = time.time()
+    second = sc.start_service()
+    live = [*sc.workers[:-2], newcomer]
+    sc.wait_stable(live, after=killed)
+    sc.drain()
+    # Now nobody touches the group but the second service: kill every worker (no LeaveGroup)
+    # and stop the sampler; their sessions must still run out.
+    sc._stop.set()
+    for t in sc._threads:
+        t.join(10)
+    for w in live:
+        w.proc.kill()
+        w.proc.wait(10)
+    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).all()[4]
+    assert sc.r.hlen(members) == len(live)
+    wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=15)
+    assert second.alive
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
