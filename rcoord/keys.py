@@ -38,11 +38,35 @@ from dataclasses import dataclass
 
 from .partitioning import partition_for, partition_tag
 
-__all__ = ["GroupKeys", "PartitionKeys", "settings_key"]
+__all__ = ["GroupKeys", "PartitionKeys", "settings_key", "anchor_keys", "ANCHORS"]
+
+ANCHORS = 16
+"""Count-independent copies of the namespace settings, one in each sixteenth of the slot range."""
 
 
 def settings_key(namespace: str) -> str:
     return f"{namespace}:settings"
+
+
+@functools.lru_cache(maxsize=1)
+def _anchor_tags() -> tuple[str, ...]:
+    from .partitioning import SLOTS, keyslot
+
+    tags = []
+    for i in range(ANCHORS):
+        lo, hi = i * SLOTS // ANCHORS, (i + 1) * SLOTS // ANCHORS
+        k = 0
+        while not lo <= keyslot(f"a.{i}.{k}") < hi:
+            k += 1
+        tags.append(f"a.{i}.{k}")
+    return tuple(tags)
+
+
+def anchor_keys(namespace: str) -> list[str]:
+    """Where a process that finds ``<ns>:settings`` gone looks for the settings it held: copies
+    spread over the slot range (so over the masters), at names that do not depend on the
+    partition count, which is exactly what such a process does not know."""
+    return [f"{namespace}:{{{t}}}:anchor" for t in _anchor_tags()]
 
 
 @dataclass(frozen=True)

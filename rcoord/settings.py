@@ -15,8 +15,9 @@ same with Redis as the only authority:
   (``RCOORD_NOT_COORDINATOR``), and the coordinator settles again and retries by itself, as a
   Kafka client re-discovers its coordinator on NOT_COORDINATOR.
 * **Re-established after data loss without disagreement.** A process that finds the settings
-  gone proposes, in order: a surviving partition copy (found with ``SCAN``; the settings hash
-  and the copies live in different slots, so a failover may lose one and not the other), the
+  gone proposes, in order: a surviving anchor copy (``keys.anchor_keys``: 16 copies at names
+  independent of the partition count, spread over the slot range, because the settings hash
+  and the copies live in different slots and a failover may lose one and not the other), the
   settings it was already using, or its own. Whatever it proposes, ``establish`` lets only the
   first proposal stand. A process that named settings writes them again when it notices they
   are gone (the coordinator service checks every lease round), so a lowered minimum session
@@ -40,9 +41,9 @@ from typing import Any
 
 from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
-from .keys import PartitionKeys, settings_key
+from .keys import PartitionKeys, anchor_keys, settings_key
 
-__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "copy_pattern", "settle", "settle_flow"]
+__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "settle", "settle_flow"]
 
 log = logging.getLogger("rcoord.settings")
 
@@ -60,11 +61,6 @@ class Settled:
         self.version = version
         self.was = dict(was)
         """The stored values before this settle changed them ({} if none were stored)."""
-
-
-def copy_pattern(namespace: str) -> str:
-    """SCAN pattern of every partition copy of ``namespace``, whatever its partition count."""
-    return f"{namespace}:{{*}}:cfg"
 
 
 def _decode(raw: Any) -> dict[str, str]:
@@ -91,7 +87,7 @@ def settle_flow(
     what must be sent back:
 
     * ``("read",)`` -> the settings hash as a dict (empty if none);
-    * ``("find_copies",)`` -> every surviving partition copy, as a list of dicts;
+    * ``("find_copies",)`` -> every surviving anchor copy, as a list of dicts;
     * ``("establish", values)`` / ``("update", values)`` -> the stored hash after the script;
     * ``("count_groups", num_partitions)`` -> groups held under that count;
     * ``("copies", num_partitions, version, values)`` -> how many copies were *not* written
@@ -167,8 +163,10 @@ def settle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig |
             if kind == "read":
                 result = _decode(client.hgetall(key))
             elif kind == "find_copies":
-                found = sorted(set(client.scan_iter(match=copy_pattern(namespace), count=1000)))
-                result = [_decode(client.hgetall(k)) for k in found]
+                pipe = client.pipeline(transaction=False)
+                for k in anchor_keys(namespace):
+                    pipe.hgetall(k)
+                result = [_decode(h) for h in pipe.execute() if h]
             elif kind in ("establish", "update"):
                 flat = [x for kv in op[1].items() for x in kv]
                 result = _decode(scripts.settings(keys=[key], args=[kind, *flat]))
@@ -200,6 +198,7 @@ def _write_copies(client: Any, scripts: Any, namespace: str, num_partitions: int
                   values: Mapping[str, str]) -> int:
     flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
     keys = [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
+    keys += anchor_keys(namespace)
     sha = scripts.sha("settings")
     pipe = client.pipeline(transaction=False)
     for k in keys:
@@ -228,8 +227,7 @@ async def asettle(client: Any, scripts: Any, namespace: str, given: CoordinatorC
             if kind == "read":
                 result = _decode(await client.hgetall(key))
             elif kind == "find_copies":
-                found = sorted({k async for k in client.scan_iter(match=copy_pattern(namespace), count=1000)})
-                result = [_decode(await client.hgetall(k)) for k in found]
+                result = [_decode(h) for h in [await client.hgetall(k) for k in anchor_keys(namespace)] if h]
             elif kind in ("establish", "update"):
                 flat = [x for kv in op[1].items() for x in kv]
                 result = _decode(await scripts.settings(keys=[key], args=[kind, *flat]))
@@ -241,8 +239,8 @@ async def asettle(client: Any, scripts: Any, namespace: str, given: CoordinatorC
             elif kind == "copies":
                 flat = ["copy", str(op[2]), *[x for kv in op[3].items() for x in kv]]
                 result = 0
-                for p in range(op[1]):
-                    reply = await scripts.settings(keys=[PartitionKeys(namespace, p, op[1]).cfg], args=flat)
+                for k in [PartitionKeys(namespace, p, op[1]).cfg for p in range(op[1])] + anchor_keys(namespace):
+                    reply = await scripts.settings(keys=[k], args=flat)
                     result += int(reply) == 0
             elif kind == "drop_copies":
                 for p in range(op[1]):
