@@ -43,7 +43,7 @@ from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
 from .keys import PartitionKeys, anchor_keys, settings_key
 
-__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "settle", "settle_flow"]
+__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "copy_pattern", "settle", "settle_flow"]
 
 log = logging.getLogger("rcoord.settings")
 
@@ -61,6 +61,11 @@ class Settled:
         self.version = version
         self.was = dict(was)
         """The stored values before this settle changed them ({} if none were stored)."""
+
+
+def copy_pattern(namespace: str) -> str:
+    """SCAN pattern of every partition copy of ``namespace``, whatever its count (for checks)."""
+    return f"{namespace}:{{*}}:cfg"
 
 
 def _decode(raw: Any) -> dict[str, str]:
