@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .partitioning import partition_for, partition_tag
+from .partitioning import partition_for, partition_tag, tag_in_share
 
 __all__ = ["GroupKeys", "PartitionKeys", "settings_key", "anchor_keys", "ANCHORS"]
 
@@ -50,16 +50,7 @@ def settings_key(namespace: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _anchor_tags() -> tuple[str, ...]:
-    from .partitioning import SLOTS, keyslot
-
-    tags = []
-    for i in range(ANCHORS):
-        lo, hi = i * SLOTS // ANCHORS, (i + 1) * SLOTS // ANCHORS
-        k = 0
-        while not lo <= keyslot(f"a.{i}.{k}") < hi:
-            k += 1
-        tags.append(f"a.{i}.{k}")
-    return tuple(tags)
+    return tuple(tag_in_share(f"a.{i}", i, ANCHORS) for i in range(ANCHORS))
 
 
 def anchor_keys(namespace: str) -> list[str]:

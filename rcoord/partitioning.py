@@ -88,14 +88,17 @@ def keyslot(key: str | bytes) -> int:
 def _tags(num_partitions: int) -> tuple[str, ...]:
     if not 1 <= num_partitions <= SLOTS:
         raise ValueError(f"num_partitions must be in 1..{SLOTS}, got {num_partitions}")
-    tags = []
-    for p in range(num_partitions):
-        lo, hi = p * SLOTS // num_partitions, (p + 1) * SLOTS // num_partitions
-        k = 0
-        while not lo <= keyslot(f"{num_partitions}.{p}.{k}") < hi:
-            k += 1
-        tags.append(f"{num_partitions}.{p}.{k}")
-    return tuple(tags)
+    return tuple(tag_in_share(f"{num_partitions}.{p}", p, num_partitions) for p in range(num_partitions))
+
+
+def tag_in_share(prefix: str, share: int, shares: int) -> str:
+    """The first ``<prefix>.<k>`` whose slot lies in the ``share``-th of ``shares`` equal parts
+    of the slot range: how partition tags (and the settings anchors) spread over the masters."""
+    lo, hi = share * SLOTS // shares, (share + 1) * SLOTS // shares
+    k = 0
+    while not lo <= keyslot(f"{prefix}.{k}") < hi:
+        k += 1
+    return f"{prefix}.{k}"
 
 
 def partition_tag(partition: int, num_partitions: int) -> str:
