@@ -3,9 +3,11 @@
 -- partition is stored or, on a group-level error, none is.
 -- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]); offsets live in KEYS[13].
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
--- ARGV[5] group instance id ('' = none)   ARGV[6] retention ms ('' = the group's retention)
+-- ARGV[5] group instance id ('' = none)
+-- ARGV[6] retention ms ('' = the group's retention; at most 2^52, so NOW + it stays exact)
 -- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length}
---         where field = '<partition>:<topic>'
+--         where field = '<partition>:<topic>'; offset and leader epoch are decimal strings,
+--         stored as they came: Lua numbers are doubles and Kafka's offsets are int64
 -- Returns {group-level error name, {per-partition error names in request order}}.
 
 local member_id, generation, iid, retention = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -47,15 +49,25 @@ end
 
 local expire = -1
 if retention ~= '' then expire = NOW + tonumber(retention) end
+-- Every record of one commit has the same commit time and expiry, so one expiry schedule
+-- covers them all; fields are written in HSET batches (one command per 256 partitions).
+local stored, batch = nil, {}
+local function flush()
+  if #batch > 0 then redis.call('HSET', K_OFFSETS, unpack(batch)) end
+  batch = {}
+end
 for i, e in ipairs(entries) do
   if e[5] > CFG.offset_metadata_max_bytes then
     results[i] = 'OFFSET_METADATA_TOO_LARGE'
   else
-    local rec = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
-    redis.call('HSET', K_OFFSETS, e[1], cmsgpack.pack(rec))
-    schedule_offset_expiry(rec)
+    stored = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
+    batch[#batch + 1] = e[1]
+    batch[#batch + 1] = cmsgpack.pack(stored)
+    if #batch >= 512 then flush() end
     results[i] = 'NONE'
   end
 end
+flush()
+if stored then schedule_offset_expiry(stored) end
 finish()
 return {'NONE', results}

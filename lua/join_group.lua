@@ -114,6 +114,21 @@ local function update_static_member_and_rebalance(old_id, new_id)
   return reply_or_wait(new_id, 'j')
 end
 
+-- A generated member id must be one the API accepts back (rcoord/protocol/_checks.py:
+-- MAX_ID_BYTES = 1024 bytes of UTF-8), so the client id part is cut to leave room for '-' and
+-- the 36-character UUID, at a character boundary (client ids arrive as valid UTF-8).
+local MAX_ID_BYTES = 1024
+local function id_prefix(client_id)
+  local n = MAX_ID_BYTES - 1 - #uuid
+  if #client_id <= n then return client_id end
+  local b = string.byte(client_id, n + 1)
+  while n > 0 and b >= 0x80 and b < 0xC0 do -- the next byte continues a character: back off
+    b = string.byte(client_id, n)
+    n = n - 1
+  end
+  return string.sub(client_id, 1, n)
+end
+
 local function join_new_member()
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', '')) end
   if not supports_protocols(req.pt, protocols) then
@@ -125,7 +140,7 @@ local function join_new_member()
     if existing then return update_static_member_and_rebalance(existing, new_id) end
     return add_member_and_rebalance(new_id)
   end
-  local new_id = req.cid .. '-' .. uuid
+  local new_id = id_prefix(req.cid) .. '-' .. uuid
   if require_known then
     -- KIP-394: hand out the id; the member is pending until it joins with it.
     redis.call('HSET', K_PENDING, new_id, 1)

@@ -34,15 +34,17 @@ from typing import Any
 import redis.exceptions
 
 from .config import CoordinatorConfig
-from .errors import ConfigError, Errors, InvalidRequestError, translate_redis_errors
+from .errors import ConfigError, Errors, translate_redis_errors
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
-from .protocol._checks import check_id, check_instance_id, require_int
+from .protocol._checks import check_id, check_instance_id, require_int32
 from .protocol.admin import (
     GroupDescription,
     GroupListing,
     OffsetDeleteResult,
     decode_description,
+    group_ids_arg,
+    states_filter,
 )
 from .protocol.heartbeat import decode_heartbeat, heartbeat_args
 from .protocol.join import JoinGroupResult, JoinRequest
@@ -53,7 +55,9 @@ from .protocol.offsets import (
     TopicPartition,
     decode_fetch,
     encode_commit,
+    fetch_batches,
     partitions_args,
+    retention_arg,
 )
 from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from .protocol.sync import SyncGroupResult, SyncRequest
@@ -61,25 +65,6 @@ from .scripts import Scripts
 from .settings import settle
 
 __all__ = ["GroupCoordinator"]
-
-
-def _retention_arg(retention_ms: Any) -> Any:
-    """OffsetCommit v2-v4 retention: None or -1 (Kafka's DEFAULT_RETENTION_TIME) mean the
-    group's retention; otherwise the offset expires that long after the commit."""
-    if retention_ms is None:
-        return ""
-    value = require_int("retention_ms", retention_ms)
-    if value == -1:
-        return ""
-    if value < 0:
-        raise InvalidRequestError(f"retention_ms must be >= 0 or -1 (the default), got {value}")
-    return value
-
-
-def require_str_state(state: Any) -> str:
-    if not isinstance(state, str):
-        raise TypeError(f"states must be str names, got {type(state).__name__}")
-    return state.strip().lower()
 
 """With an injected clock, time only moves when the test moves it: re-check often."""
 DUE_BATCH = 1000
@@ -423,19 +408,19 @@ class GroupCoordinator:
         """OffsetCommit, fenced by generation; all accepted partitions are stored atomically.
 
         ``generation_id=-1`` with no member id is the simple (assign()) commit, accepted only
-        while the group has no members. See ``rcoord.protocol.offsets`` for the errors.
+        while the group has no members. See ``rcoord.protocol.offsets`` for the errors. One call
+        carries at most MAX_ITEMS_PER_CALL partitions (``encode_commit`` says why it refuses
+        rather than splits); offsets are int64, stored exactly.
         """
         gid = check_id("group_id", group_id)
         order, packed = encode_commit(offsets)
         args = [
             check_id("member_id", member_id),
-            require_int("generation_id", generation_id),
+            require_int32("generation_id", generation_id),
             check_instance_id(group_instance_id),
-            _retention_arg(retention_ms),
+            retention_arg(retention_ms),
             packed,
         ]
-        if not gid:
-            return {tp: Errors.INVALID_GROUP_ID for tp in order}
         if not order:
             return {}
         reply = self._call("commit_offsets", self._keys(gid), args)
@@ -445,24 +430,28 @@ class GroupCoordinator:
     def fetch_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition] | None = None
     ) -> OffsetFetchResult:
-        """OffsetFetch: committed offsets; a requested partition with no commit maps to -1."""
+        """OffsetFetch: committed offsets; a requested partition with no commit maps to -1.
+
+        A long partition list is read in several script calls (see ``fetch_batches``).
+        """
         gid = check_id("group_id", group_id)
-        fields = partitions_args(partitions)
-        if not gid:
-            return OffsetFetchResult(Errors.INVALID_GROUP_ID)
-        if partitions is not None and not fields:
-            return OffsetFetchResult(Errors.NONE)
-        flat = self._call("fetch_offsets", self._keys(gid), fields)
-        return OffsetFetchResult(Errors.NONE, decode_fetch(flat))
+        keys = self._keys(gid)
+        if partitions is None:
+            return OffsetFetchResult(Errors.NONE, decode_fetch(self._call("fetch_offsets", keys, [])))
+        offsets = {}
+        for batch in fetch_batches(partitions):
+            offsets.update(decode_fetch(self._call("fetch_offsets", keys, batch)))
+        return OffsetFetchResult(Errors.NONE, offsets)
 
     # -- administration ----------------------------------------------------------------------
 
     @translate_redis_errors
     def describe_group(self, group_id: str) -> GroupDescription:
-        """DescribeGroups for one group; an unknown group is "Dead" with no members."""
+        """DescribeGroups for one group; an unknown group is "Dead" with no members.
+
+        The empty group id is a group like any other here, as in Kafka.
+        """
         gid = check_id("group_id", group_id)
-        if not gid:
-            return GroupDescription(Errors.INVALID_GROUP_ID, gid, "Dead")
         return decode_description(gid, self._call("describe_group", self._keys(gid), []))
 
     @translate_redis_errors
@@ -471,7 +460,7 @@ class GroupCoordinator:
 
         Passed deadlines are applied first, so the states listed are current.
         """
-        wanted = None if states is None else {require_str_state(s) for s in states}
+        wanted = states_filter(states)
         self.run_timers()
         cfg = self._current_layout()
         listings: list[GroupListing] = []
@@ -494,20 +483,24 @@ class GroupCoordinator:
 
     @translate_redis_errors
     def delete_groups(self, group_ids: Sequence[str]) -> dict[str, Errors]:
-        """DeleteGroups: Empty groups only (NON_EMPTY_GROUP otherwise); offsets go too."""
+        """DeleteGroups: Empty groups only (NON_EMPTY_GROUP otherwise); offsets go too.
+
+        Each group is deleted by its own script call, so the list needs no bound of its own (see
+        ``group_ids_arg``). The empty group id is a group like any other here, as in Kafka.
+        """
         out: dict[str, Errors] = {}
-        for group_id in group_ids:
-            gid = check_id("group_id", group_id)
-            if not gid:
-                out[gid] = Errors.INVALID_GROUP_ID
-                continue
+        for gid in group_ids_arg(group_ids):
             out[gid] = Errors.from_name(self._call("delete_group", self._keys(gid), []))
         return out
 
     @translate_redis_errors
     def delete_offsets(self, group_id: str, partitions: Sequence[TopicPartition]) -> OffsetDeleteResult:
-        """OffsetDelete (KIP-496): refused per partition while a member subscribes to the topic."""
+        """OffsetDelete (KIP-496): refused per partition while a member subscribes to the topic.
+
+        At most MAX_ITEMS_PER_CALL partitions, deleted in one script call (``partitions_args``).
+        """
         gid = check_id("group_id", group_id)
+        partitions = list(partitions)
         fields = partitions_args(partitions)
         order = [TopicPartition(tp[0], tp[1]) for tp in partitions]
         if not gid:

@@ -200,7 +200,7 @@ class GroupMachine(RuleBasedStateMachine):
         stored = {}
         for field, blob in raw.items():
             p, _, topic = field.decode().partition(":")
-            stored[TopicPartition(topic, int(p))] = msgpack.unpackb(blob, raw=True)[b"o"]
+            stored[TopicPartition(topic, int(p))] = int(msgpack.unpackb(blob, raw=True)[b"o"])
         assert stored == self.committed
 
     @invariant()
@@ -229,3 +229,43 @@ def test_random_interleavings_keep_the_invariants(redis_client, backend):
     run_state_machine_as_test(
         GroupMachine, settings=settings(max_examples=runs, stateful_step_count=40, deadline=None)
     )
+
+
+# -- int64 offsets: exact round trip at the edges (issue 8 item 3) -----------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The edges where doubles lose precision or int64 ends, and their neighbours, plus anything.
+_EDGES = [0, -1, 1, 2**53 - 1, 2**53, 2**53 + 1, 2**62 + 1, INT64_MAX - 1, INT64_MAX,
+          INT64_MIN, INT64_MIN + 1, -(2**53) - 1]
+INT64 = st.one_of(st.sampled_from(_EDGES), st.integers(INT64_MIN, INT64_MAX))
+EPOCH = st.one_of(st.none(), st.sampled_from([0, INT32_MAX]), st.integers(0, INT32_MAX))
+OUTSIDE_INT64 = st.one_of(st.integers(INT64_MAX + 1, 2**80), st.integers(-(2**80), INT64_MIN - 1),
+                          st.sampled_from([2**63, 2**64, INT64_MIN - 1]))
+
+
+@pytest.mark.parametrize("backend", ["single", "cluster"], indirect=True)
+def test_offsets_round_trip_exactly_across_int64(redis_client, backend):
+    from hypothesis import given
+
+    from rcoord import InvalidRequestError, OffsetAndMetadata
+
+    cfg = CoordinatorConfig(namespace="p" + uuid.uuid4().hex[:10], num_partitions=4)
+    coord = GroupCoordinator(redis_client, cfg).start()
+    tps = [TopicPartition("t", p) for p in range(3)]
+
+    @settings(max_examples=150 if backend == "single" else 40, deadline=None)
+    @given(offsets=st.lists(INT64, min_size=3, max_size=3), epoch=EPOCH, meta=st.text(max_size=8),
+           bad=OUTSIDE_INT64)
+    def check(offsets: list[int], epoch: int | None, meta: str, bad: int) -> None:
+        want = {tp: OffsetAndMetadata(o, meta, epoch) for tp, o in zip(tps, offsets)}
+        assert set(coord.commit_offsets("g", want).values()) == {Errors.NONE}
+        got = coord.fetch_offsets("g", tps).offsets
+        assert got == want  # offset, metadata and leader epoch, exactly
+        assert coord.fetch_offsets("g").offsets == want
+        # Outside int64 is refused whole, and what was stored stays.
+        with pytest.raises(InvalidRequestError, match="int64"):
+            coord.commit_offsets("g", {tps[0]: offsets[0] ^ 1, tps[1]: bad})
+        assert coord.fetch_offsets("g", tps).offsets == want
+
+    check()

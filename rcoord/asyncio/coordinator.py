@@ -28,9 +28,9 @@ from ..protocol.offsets import (
     TopicPartition,
     decode_fetch,
     encode_commit,
-    partitions_args,
+    fetch_batches,
 )
-from ..protocol._checks import check_id, check_instance_id, require_int
+from ..protocol._checks import check_id, check_instance_id, require_int32
 from ..protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
 from ..protocol.sync import SyncGroupResult, SyncRequest
 from ..coordinator import NOT_COORDINATOR_RETRIES
@@ -207,10 +207,8 @@ class AsyncGroupCoordinator:
                              group_instance_id: str | None = None) -> dict[TopicPartition, Errors]:
         gid = check_id("group_id", group_id)
         order, packed = encode_commit(offsets)
-        args = [check_id("member_id", member_id), require_int("generation_id", generation_id),
+        args = [check_id("member_id", member_id), require_int32("generation_id", generation_id),
                 check_instance_id(group_instance_id), "", packed]
-        if not gid:
-            return {tp: Errors.INVALID_GROUP_ID for tp in order}
         if not order:
             return {}
         reply = await self._call("commit_offsets", await self._keys(gid), args)
@@ -219,10 +217,11 @@ class AsyncGroupCoordinator:
     @_translated
     async def fetch_offsets(self, group_id: str, partitions: Sequence[TopicPartition] | None = None) -> OffsetFetchResult:
         gid = check_id("group_id", group_id)
-        fields = partitions_args(partitions)
-        if not gid:
-            return OffsetFetchResult(Errors.INVALID_GROUP_ID)
-        if partitions is not None and not fields:
-            return OffsetFetchResult(Errors.NONE)
-        flat = await self._call("fetch_offsets", await self._keys(gid), fields)
-        return OffsetFetchResult(Errors.NONE, decode_fetch(flat))
+        keys = await self._keys(gid)
+        if partitions is None:
+            flat = await self._call("fetch_offsets", keys, [])
+            return OffsetFetchResult(Errors.NONE, decode_fetch(flat))
+        offsets = {}
+        for batch in fetch_batches(partitions):
+            offsets.update(decode_fetch(await self._call("fetch_offsets", keys, batch)))
+        return OffsetFetchResult(Errors.NONE, offsets)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidRequestError
+from ..protocol._checks import check_id
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
@@ -104,6 +105,7 @@ class ConsumerGroupConfig:
         """Check every field and invariant; the ``ConfigError`` message names the bad field."""
         if not isinstance(self.group_id, str) or not self.group_id:
             raise ConfigError(f"group_id must be a non-empty str, got {self.group_id!r}")
+        _coordinator_id("group_id", self.group_id)
         if not isinstance(self.topics, tuple) or not self.topics:
             raise ConfigError(
                 f"topics must be a non-empty list of topic names, got {self.topics!r}"
@@ -111,6 +113,7 @@ class ConsumerGroupConfig:
         for topic in self.topics:
             if not isinstance(topic, str) or not topic:
                 raise ConfigError(f"topics must hold non-empty str names, got {topic!r}")
+            _coordinator_id("topic", topic)
         self.resolved_assignors()  # raises ConfigError naming 'assignors'
         for name in (
             "heartbeat_interval_ms",
@@ -154,6 +157,7 @@ class ConsumerGroupConfig:
             )
         if not isinstance(self.client_id, str):
             raise ConfigError(f"client_id must be a str, got {self.client_id!r}")
+        _coordinator_id("client_id", self.client_id)
         if self.redis_url is not None and self.redis_client is not None:
             raise ConfigError("give redis_url or redis_client, not both")
         if self.redis_url is not None and (
@@ -188,6 +192,15 @@ class ConsumerGroupConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"assignors must not repeat a name, got {names}")
         return out
+
+
+def _coordinator_id(name: str, value: str) -> None:
+    """The coordinator's own id check (valid UTF-8, at most MAX_ID_BYTES), at construction
+    rather than in the group's background loop; a ConfigError, like every bad setting here."""
+    try:
+        check_id(name, value)
+    except InvalidRequestError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _int(name: str, value: Any) -> int:

@@ -1,8 +1,14 @@
-"""Argument checks shared by the protocol steps.
+"""Argument checks shared by the protocol steps (both coordinators call them).
 
 Type errors are programming errors (TypeError). Values Kafka answers with an error code are left
-to the step, which returns that code. Sizes no coordinator could accept raise
-InvalidRequestError, with the limit in the message.
+to the step, which returns that code. Values no coordinator could accept (too large, outside the
+wire type's range, not encodable as UTF-8) raise InvalidRequestError, with the limit in the
+message. Every limit is listed in docs/architecture.md, "Limits".
+
+Why bounds at all: every step is one Lua script, and Redis runs nothing else while a script
+runs. A request's cost must therefore be bounded by the request itself: one OffsetCommit of a
+million partitions held a whole shard for 4 s. Kafka's own bound is the request size
+(``socket.request.max.bytes``); rcoord bounds the item count and the bytes of each call.
 """
 
 from __future__ import annotations
@@ -13,18 +19,44 @@ from typing import Any
 from ..errors import InvalidRequestError
 
 MAX_ID_BYTES = 1024
-"""Longest group id, member id or client id accepted (UTF-8 bytes); Kafka has no fixed limit."""
+"""Longest group id, member id, client id, client host, protocol type or protocol name (UTF-8
+bytes); Kafka has no fixed limit. Generated member ids stay within it too."""
 MAX_METADATA_BYTES = 1 << 20
 """Largest protocol metadata or member assignment (1 MiB); Kafka's message.max.bytes is similar."""
 MAX_PROTOCOLS = 64
 """Most protocols one member may offer."""
+MAX_MEMBER_METADATA_BYTES = 1 << 20
+"""Largest total of one JoinGroup's protocols (names plus metadata, 1 MiB). The group stores
+them per member and sends them all to the leader, so this, not the per-protocol limit, is what
+one member may cost."""
+MAX_ITEMS_PER_CALL = 10_000
+"""Most items in one call's list: partitions of a commit, fetch or offset delete, members of a
+leave, assignments of a sync, states of a list filter. A 10,000-partition commit runs in about
+40 ms of server time."""
+MAX_REQUEST_BYTES = 16 << 20
+"""Largest total of one SyncGroup's assignments, or of one OffsetCommit's topics and metadata."""
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
+def utf8(name: str, value: str) -> bytes:
+    """``value`` as UTF-8; a lone surrogate (which Redis could not be sent) is a bad request."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{name} is not valid Unicode text ({exc.reason} at index {exc.start})"
+        ) from None
+
+
 def require_str(name: str, value: Any) -> str:
+    """A str that can be sent to Redis (valid UTF-8)."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    utf8(name, value)
     return value
 
 
@@ -32,6 +64,22 @@ def require_int(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return value
+
+
+def require_int32(name: str, value: Any) -> int:
+    """An int that fits Kafka's INT32 field (generation ids, timeouts, partitions)."""
+    number = require_int(name, value)
+    if not INT32_MIN <= number <= INT32_MAX:
+        raise InvalidRequestError(f"{name} {number} is outside int32 [{INT32_MIN}, {INT32_MAX}]")
+    return number
+
+
+def require_int64(name: str, value: Any) -> int:
+    """An int that fits Kafka's INT64 field (offsets, retention)."""
+    number = require_int(name, value)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise InvalidRequestError(f"{name} {number} is outside int64 [{INT64_MIN}, {INT64_MAX}]")
+    return number
 
 
 def require_bytes(name: str, value: Any) -> bytes:
@@ -44,10 +92,23 @@ def require_bytes(name: str, value: Any) -> bytes:
 
 
 def check_id(name: str, value: Any) -> str:
-    text = require_str(name, value)
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    """A group id, member id, client id or similar name: valid UTF-8, at most MAX_ID_BYTES."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if len(utf8(name, value)) > MAX_ID_BYTES:
         raise InvalidRequestError(f"{name} is longer than {MAX_ID_BYTES} bytes")
-    return text
+    return value
+
+
+def check_count(name: str, items: Any, limit: int = MAX_ITEMS_PER_CALL) -> None:
+    """Refuse a call's list before looking at its items, so a huge list costs nothing."""
+    if len(items) > limit:
+        raise InvalidRequestError(f"{name} has {len(items)} items; at most {limit} per call")
+
+
+def check_total(name: str, total: int, limit: int) -> None:
+    if total > limit:
+        raise InvalidRequestError(f"{name} total {total} bytes; the limit is {limit}")
 
 
 def check_instance_id(value: Any) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from ..errors import Errors
-from ._checks import optional_text, text
+from ._checks import check_count, check_id, optional_text, require_str, text
 from .offsets import TopicPartition
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "GroupListing",
     "OffsetDeleteResult",
     "decode_description",
+    "group_ids_arg",
+    "states_filter",
 ]
 
 
@@ -79,3 +82,26 @@ def decode_description(group_id: str, blob: bytes) -> GroupDescription:
             for m in (rep.get(b"mem") or [])
         ],
     )
+
+
+def group_ids_arg(group_ids: Iterable[Any]) -> list[str]:
+    """The checked ids of a DeleteGroups call, duplicates dropped.
+
+    Each group is deleted by its own script call, so a long list never holds the server for
+    long: like Kafka, which accepts any number, the list has no bound of its own. The empty
+    group id is accepted, as Kafka does "for backwards compatibility".
+    """
+    if isinstance(group_ids, (str, bytes)):
+        raise TypeError("group_ids must be a sequence of str, not one str")
+    return list(dict.fromkeys(check_id("group_id", g) for g in group_ids))
+
+
+def states_filter(states: Iterable[Any] | None) -> set[str] | None:
+    """ListGroups' state filter, lower-cased; at most MAX_ITEMS_PER_CALL names."""
+    if states is None:
+        return None
+    if isinstance(states, (str, bytes)):
+        raise TypeError("states must be a sequence of state names, not one str")
+    names = list(states)
+    check_count("states", names)
+    return {require_str("state", s).strip().lower() for s in names}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Errors
-from ._checks import check_id, check_instance_id, require_int
+from ._checks import check_id, check_instance_id, require_int32
 
 __all__ = ["heartbeat_args", "decode_heartbeat"]
 
@@ -20,7 +20,7 @@ def heartbeat_args(
     """(group id, ARGV[3:] of heartbeat.lua)."""
     return check_id("group_id", group_id), [
         check_id("member_id", member_id),
-        require_int("generation_id", generation_id),
+        require_int32("generation_id", generation_id),
         check_instance_id(group_instance_id),
     ]
 

@@ -21,12 +21,15 @@ import msgpack
 from ..errors import Errors, InvalidRequestError
 from .consumer import PROTOCOL_TYPE, subscribed_topics
 from ._checks import (
+    MAX_MEMBER_METADATA_BYTES,
     MAX_PROTOCOLS,
+    check_count,
     check_id,
     check_instance_id,
+    check_total,
     optional_text,
     require_bytes,
-    require_int,
+    require_int32,
     require_str,
     text,
 )
@@ -121,27 +124,31 @@ class JoinRequest:
     ) -> JoinRequest:
         group_id = check_id("group_id", group_id)
         member_id = check_id("member_id", member_id)
-        protocol_type = require_str("protocol_type", protocol_type)
-        session_timeout_ms = require_int("session_timeout_ms", session_timeout_ms)
+        protocol_type = check_id("protocol_type", protocol_type)
+        session_timeout_ms = require_int32("session_timeout_ms", session_timeout_ms)
         if rebalance_timeout_ms is None:
             rebalance_timeout_ms = session_timeout_ms
-        rebalance_timeout_ms = require_int("rebalance_timeout_ms", rebalance_timeout_ms)
+        rebalance_timeout_ms = require_int32("rebalance_timeout_ms", rebalance_timeout_ms)
         if rebalance_timeout_ms < 1:
             raise InvalidRequestError(f"rebalance_timeout_ms must be >= 1, got {rebalance_timeout_ms}")
         if isinstance(protocols, (str, bytes)) or not isinstance(protocols, Sequence):
             raise TypeError("protocols must be a sequence of (name, metadata bytes) pairs")
-        if len(protocols) > MAX_PROTOCOLS:
-            raise InvalidRequestError(f"at most {MAX_PROTOCOLS} protocols may be offered")
+        check_count("protocols", protocols, MAX_PROTOCOLS)
         pairs: list[list[bytes]] = []
         seen: set[str] = set()
+        total = 0
         for item in protocols:
             if not isinstance(item, (tuple, list)) or len(item) != 2:
                 raise TypeError("each protocol must be a (name, metadata bytes) pair")
-            name = require_str("protocol name", item[0])
+            name = check_id("protocol name", item[0])
             if name in seen:
                 raise InvalidRequestError(f"protocol {name!r} is listed twice")
             seen.add(name)
-            pairs.append([name.encode(), require_bytes(f"metadata of protocol {name!r}", item[1])])
+            pair = [name.encode(), require_bytes(f"metadata of protocol {name!r}", item[1])]
+            # What one member costs the group: stored with it, and sent to every leader.
+            total += len(pair[0]) + len(pair[1])
+            check_total("protocols (names and metadata)", total, MAX_MEMBER_METADATA_BYTES)
+            pairs.append(pair)
         if reason is not None:
             reason = require_str("reason", reason)[:255]
         if not isinstance(require_known_member_id, bool):

@@ -14,12 +14,13 @@ from typing import Any
 import msgpack
 
 from ..errors import Errors, InvalidRequestError
-from ._checks import check_id, check_instance_id, require_str
+from ._checks import MAX_ITEMS_PER_CALL, check_id, check_instance_id, require_str
 
 __all__ = ["MemberIdentity", "LeaveMemberResult", "LeaveGroupResult", "leave_args"]
 
-MAX_LEAVING = 10_000
-"""Most members one LeaveGroup may name (one script call must stay short)."""
+MAX_LEAVING = MAX_ITEMS_PER_CALL
+"""Most members one LeaveGroup may name: they leave in one script call (one rebalance), so a
+longer list is refused, not split."""
 
 
 @dataclass(frozen=True)

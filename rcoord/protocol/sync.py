@@ -15,7 +15,16 @@ from typing import Any
 import msgpack
 
 from ..errors import Errors
-from ._checks import check_id, check_instance_id, optional_text, require_bytes, require_int, require_str
+from ._checks import (
+    MAX_REQUEST_BYTES,
+    check_count,
+    check_id,
+    check_instance_id,
+    check_total,
+    optional_text,
+    require_bytes,
+    require_int32,
+)
 
 __all__ = ["SyncGroupResult", "SyncRequest"]
 
@@ -42,7 +51,26 @@ class SyncGroupResult:
 
 
 def _optional(name: str, value: Any) -> str:
-    return "" if value is None else "=" + require_str(name, value)
+    return "" if value is None else "=" + check_id(name, value)
+
+
+def _pack_assignments(assignments: Any) -> bytes:
+    """The leader's assignments, stored in one script call: a generation's assignment is one
+    decision, so it is refused, not split, above MAX_ITEMS_PER_CALL members (no generation
+    larger than that can complete) or MAX_REQUEST_BYTES in all."""
+    if not isinstance(assignments, Mapping):
+        raise TypeError("assignments must be a mapping of member id -> bytes")
+    check_count("assignments", assignments)
+    out: dict[bytes, bytes] = {}
+    total = 0
+    for k, v in assignments.items():
+        key = check_id("assignment member id", k).encode()
+        value = require_bytes(f"assignment for {k!r}", v)
+        total += len(key) + len(value)
+        check_total("assignments", total, MAX_REQUEST_BYTES)
+        out[key] = value
+    packed: bytes = msgpack.packb(out, use_bin_type=False)
+    return packed
 
 
 @dataclass(frozen=True)
@@ -69,20 +97,10 @@ class SyncRequest:
     ) -> SyncRequest:
         packed = b""
         if assignments is not None:
-            if not isinstance(assignments, Mapping):
-                raise TypeError("assignments must be a mapping of member id -> bytes")
-            packed = msgpack.packb(
-                {
-                    check_id("assignment member id", k).encode(): require_bytes(
-                        f"assignment for {k!r}", v
-                    )
-                    for k, v in assignments.items()
-                },
-                use_bin_type=False,
-            )
+            packed = _pack_assignments(assignments)
         return cls(
             group_id=check_id("group_id", group_id),
-            generation_id=require_int("generation_id", generation_id),
+            generation_id=require_int32("generation_id", generation_id),
             member_id=check_id("member_id", member_id),
             group_instance_id=check_instance_id(group_instance_id),
             protocol_type=_optional("protocol_type", protocol_type),
