@@ -23,6 +23,7 @@ JoinGroup member list.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -34,12 +35,27 @@ __all__ = [
     "ASSIGNORS",
     "Assignor",
     "RangeAssignor",
+    "RebalanceProtocol",
     "RoundRobinAssignor",
     "UnknownAssignorError",
     "get_assignor",
     "kafka_member_order",
+    "rebalance_protocol",
     "register_assignor",
 ]
+
+
+class RebalanceProtocol(str, Enum):
+    """How members give up partitions in a rebalance (Kafka's ``RebalanceProtocol``).
+
+    EAGER: every member revokes everything before it rejoins. COOPERATIVE (KIP-429): a member
+    keeps what it owns through the rebalance and revokes only what the new assignment takes
+    away; the group rejoins once more to hand those partitions to their new owners. Declared
+    in order of strength: a consumer uses the strongest protocol all its assignors support.
+    """
+
+    EAGER = "eager"
+    COOPERATIVE = "cooperative"
 
 
 class Assignor(Protocol):
@@ -52,8 +68,39 @@ class Assignor(Protocol):
         members: Mapping[str, ConsumerProtocolSubscription],
         partitions_per_topic: Mapping[str, int],
     ) -> dict[str, list[TopicPartition]]:
-        """Map every member id to its partitions; must be deterministic."""
+        """Map every member id to its partitions; must be deterministic.
+
+        Built-in assignors also take keyword arguments ``member_order`` (see
+        ``kafka_member_order``) and ``partition_racks`` (``{TopicPartition: set of racks}``).
+        An assignor may declare ``supported_protocols`` (a tuple of ``RebalanceProtocol``);
+        without it, it supports EAGER only, as in Kafka.
+        """
         ...
+
+
+def supported_protocols(assignor: Any) -> tuple[RebalanceProtocol, ...]:
+    """The rebalance protocols an assignor declares (EAGER when it declares none)."""
+    declared = getattr(assignor, "supported_protocols", None)
+    return tuple(declared) if declared else (RebalanceProtocol.EAGER,)
+
+
+def rebalance_protocol(assignors: Iterable[Any]) -> RebalanceProtocol:
+    """The protocol a consumer with these assignors uses: the strongest they all support.
+
+    As Kafka's ConsumerCoordinator: listing "cooperative-sticky" with "range" gives EAGER,
+    which is the first step of the rolling upgrade from eager to cooperative (the second step
+    drops "range").
+    """
+    common: set[RebalanceProtocol] | None = None
+    names = []
+    for a in assignors:
+        names.append(getattr(a, "name", repr(a)))
+        common = set(supported_protocols(a)) if common is None else common & set(
+            supported_protocols(a))
+    if not common:
+        raise ValueError(f"assignors {names} have no rebalance protocol in common")
+    order = list(RebalanceProtocol)
+    return max(common, key=order.index)
 
 
 class UnknownAssignorError(RcoordError, KeyError):
@@ -136,6 +183,7 @@ class RangeAssignor:
     """
 
     name = "range"
+    supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(
         self,
@@ -143,6 +191,7 @@ class RangeAssignor:
         partitions_per_topic: Mapping[str, int],
         *,
         member_order: Sequence[str] | None = None,
+        partition_racks: Mapping[TopicPartition, Any] | None = None,
     ) -> dict[str, list[TopicPartition]]:
         order = _check_inputs(members, partitions_per_topic, member_order)
         result: dict[str, list[TopicPartition]] = {mid: [] for mid in order}
@@ -179,6 +228,7 @@ class RoundRobinAssignor:
     """
 
     name = "roundrobin"
+    supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(
         self,
@@ -186,6 +236,7 @@ class RoundRobinAssignor:
         partitions_per_topic: Mapping[str, int],
         *,
         member_order: Sequence[str] | None = None,
+        partition_racks: Mapping[TopicPartition, Any] | None = None,
     ) -> dict[str, list[TopicPartition]]:
         order = _check_inputs(members, partitions_per_topic, member_order)
         result: dict[str, list[TopicPartition]] = {mid: [] for mid in order}
