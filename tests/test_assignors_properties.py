@@ -54,7 +54,7 @@ def check_balanced(subs, parts, result):
     With identical subscriptions this is "counts differ by at most one".
     """
     size = {m: len(p) for m, p in result.items()}
-    for mid, assigned in result.items():
+    for mid in result:
         for other, theirs in result.items():
             if size[other] > size[mid] + 1:
                 assert not any(tp.topic in subs[mid] for tp in theirs), (mid, other, result)
