@@ -1,13 +1,13 @@
-"""Partition assignors: the leader's pure, deterministic strategies for dividing partitions.
+"""The assignor contract shared by every strategy: protocol names, rebalance protocols, inputs.
 
 In the classic protocol the coordinator does not assign partitions; the group leader does, with
 the strategy named by the protocol the group agreed on ("range", "roundrobin", ...). The
 coordinator only stores the result. So an assignor must be a pure function of its inputs: every
 leader (and every test) must compute the same answer, whatever order a dict happened to be
-built in. Kafka's assignors sort members and partitions for the same reason.
+built in. Kafka's assignors sort members and partitions for the same reason; where Kafka walks a
+hash map, rcoord walks sorted keys.
 
-Both built-in assignors follow Kafka's semantics (``RangeAssignor`` and ``RoundRobinAssignor``,
-without rack awareness). Common rules, as in Kafka's ``AbstractPartitionAssignor``:
+Common rules, as in Kafka's ``AbstractPartitionAssignor``:
 
 * every member appears in the result, possibly with an empty list;
 * a topic nobody subscribes to is not assigned;
@@ -27,22 +27,29 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from .errors import InvalidRequestError, RcoordError
-from .protocol.consumer import ConsumerProtocolSubscription
-from .protocol.offsets import TopicPartition
+from ..errors import InvalidRequestError, RcoordError
+from ..protocol.consumer import ConsumerProtocolSubscription
+from ..protocol.offsets import TopicPartition
 
 __all__ = [
     "ASSIGNORS",
     "Assignor",
-    "RangeAssignor",
+    "PartitionRacks",
     "RebalanceProtocol",
-    "RoundRobinAssignor",
     "UnknownAssignorError",
+    "check_inputs",
+    "check_partition_racks",
     "get_assignor",
     "kafka_member_order",
     "rebalance_protocol",
     "register_assignor",
+    "subscribed_known_topics",
+    "supported_protocols",
+    "use_rack_aware",
 ]
+
+PartitionRacks = Mapping[TopicPartition, frozenset[str]]
+"""The racks holding a replica of each partition (a partition not listed has none known)."""
 
 
 class RebalanceProtocol(str, Enum):
@@ -130,7 +137,7 @@ def kafka_member_order(members: Iterable[tuple[str, str | None]]) -> list[str]:
     return [mid for mid, _ in sorted(pairs, key=lambda p: (p[1] is None, p[1] or "", p[0]))]
 
 
-def _check_inputs(
+def check_inputs(
     members: Any, partitions_per_topic: Any, member_order: Sequence[str] | None
 ) -> list[str]:
     """Validate the inputs and return the member ids in assignment order."""
@@ -163,93 +170,53 @@ def _check_inputs(
     return order
 
 
-class RangeAssignor:
-    """Kafka's RangeAssignor: per topic, contiguous ranges; the first ``n % m`` get one extra.
+def check_partition_racks(partition_racks: Any) -> dict[TopicPartition, frozenset[str]]:
+    """Validate ``partition_racks`` and return it normalised (``{}`` for None).
 
-    For each topic (in name order) the members subscribed to it, in member order, split its
-    ``n`` partitions into ``m`` contiguous ranges of ``n // m``; the first ``n % m`` members get
-    one more. Ranges keep a member's partitions of co-partitioned topics aligned (partition 0 of
-    every topic goes to the same member), which joins across topics rely on. The cost is skew:
-    the extra partitions of every topic go to the same first members.
-
-    Members C0 and C1 subscribe to t0 and t1, each with 3 partitions:
-
-    ======  ==========================
-    member  assignment
-    ======  ==========================
-    C0      t0p0, t0p1, t1p0, t1p1
-    C1      t0p2, t1p2
-    ======  ==========================
+    Each value is the set of racks holding a replica of the partition (KIP-881); a bare str
+    would silently become its characters, so it is refused.
     """
-
-    name = "range"
-    supported_protocols = (RebalanceProtocol.EAGER,)
-
-    def assign(
-        self,
-        members: Mapping[str, ConsumerProtocolSubscription],
-        partitions_per_topic: Mapping[str, int],
-        *,
-        member_order: Sequence[str] | None = None,
-        partition_racks: Mapping[TopicPartition, Any] | None = None,
-    ) -> dict[str, list[TopicPartition]]:
-        order = _check_inputs(members, partitions_per_topic, member_order)
-        result: dict[str, list[TopicPartition]] = {mid: [] for mid in order}
-        subscribed = {t for sub in members.values() for t in sub.topics}
-        for topic in sorted(subscribed & partitions_per_topic.keys()):
-            consumers = [mid for mid in order if topic in members[mid].topics]
-            count = partitions_per_topic[topic]
-            per, extra = divmod(count, len(consumers))
-            start = 0
-            for i, mid in enumerate(consumers):
-                length = per + (1 if i < extra else 0)
-                result[mid].extend(TopicPartition(topic, p) for p in range(start, start + length))
-                start += length
-        return result
+    if partition_racks is None:
+        return {}
+    if not isinstance(partition_racks, Mapping):
+        raise TypeError("partition_racks must map TopicPartition -> set of rack names")
+    out: dict[TopicPartition, frozenset[str]] = {}
+    for tp, racks in partition_racks.items():
+        if not isinstance(tp, tuple) or len(tp) != 2:
+            raise TypeError(f"partition_racks keys must be TopicPartition, got {tp!r}")
+        if isinstance(racks, (str, bytes)) or not isinstance(racks, Iterable):
+            raise TypeError(f"racks of {tp!r} must be a set of str, got {type(racks).__name__}")
+        names = frozenset(racks)
+        if not all(isinstance(r, str) for r in names):
+            raise TypeError(f"racks of {tp!r} must be str")
+        out[TopicPartition(tp[0], tp[1])] = names
+    return out
 
 
-class RoundRobinAssignor:
-    """Kafka's RoundRobinAssignor: all partitions dealt in turn, skipping unsubscribed members.
+def subscribed_known_topics(
+    members: Mapping[str, ConsumerProtocolSubscription], partitions_per_topic: Mapping[str, int]
+) -> list[str]:
+    """Topics somebody subscribes to and the metadata knows, sorted (what gets assigned)."""
+    subscribed = {t for sub in members.values() for t in sub.topics}
+    return sorted(subscribed & partitions_per_topic.keys())
 
-    Every partition of every subscribed topic, sorted by (topic, partition), goes to the next
-    member in a circular walk over the members in member order; a member not subscribed to the
-    partition's topic is passed over (the walk does not restart per topic). With identical
-    subscriptions this balances total counts to within one, across all topics, which ranges
-    cannot do.
 
-    Members C0 and C1 subscribe to t0 and t1, each with 3 partitions:
+def use_rack_aware(
+    consumer_racks: Iterable[str],
+    partition_racks: Iterable[str],
+    racks_per_partition: Iterable[frozenset[str]],
+) -> bool:
+    """Kafka's ``useRackAwareAssignment``: only when it can help.
 
-    ======  ==========================
-    member  assignment
-    ======  ==========================
-    C0      t0p0, t0p2, t1p1
-    C1      t0p1, t1p0, t1p2
-    ======  ==========================
+    Members and partitions must share a rack, and not every partition may be on every rack
+    (if all partitions sit on the same racks, every member is equally close to all of them and
+    matching racks would only cost balance).
     """
-
-    name = "roundrobin"
-    supported_protocols = (RebalanceProtocol.EAGER,)
-
-    def assign(
-        self,
-        members: Mapping[str, ConsumerProtocolSubscription],
-        partitions_per_topic: Mapping[str, int],
-        *,
-        member_order: Sequence[str] | None = None,
-        partition_racks: Mapping[TopicPartition, Any] | None = None,
-    ) -> dict[str, list[TopicPartition]]:
-        order = _check_inputs(members, partitions_per_topic, member_order)
-        result: dict[str, list[TopicPartition]] = {mid: [] for mid in order}
-        subscribed = {t for sub in members.values() for t in sub.topics}
-        pos = 0  # the circular iterator's position, kept across topics as in Kafka
-        for topic in sorted(subscribed & partitions_per_topic.keys()):
-            for p in range(partitions_per_topic[topic]):
-                # Someone subscribes to this topic, so the walk finds a member within one lap.
-                while topic not in members[order[pos]].topics:
-                    pos = (pos + 1) % len(order)
-                result[order[pos]].append(TopicPartition(topic, p))
-                pos = (pos + 1) % len(order)
-        return result
+    members_on = set(consumer_racks)
+    all_racks = frozenset(partition_racks)
+    if not members_on or members_on.isdisjoint(all_racks):
+        return False
+    return not all(racks == all_racks for racks in racks_per_partition)
 
 
 _REGISTRY: dict[str, Assignor] = {}
@@ -285,5 +252,3 @@ def get_assignor(name: str) -> Assignor:
         raise UnknownAssignorError(f"unknown assignor {name!r}; known: {known}") from None
 
 
-register_assignor(RangeAssignor())
-register_assignor(RoundRobinAssignor())

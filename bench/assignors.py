@@ -1,0 +1,106 @@
+"""Assignor cost and stickiness: time for 1,000 members x 10,000 partitions, partitions moved.
+
+For every registered assignor:
+
+* the time of one ``assign`` for 1,000 members and 10,000 partitions, as one topic and as 100
+  topics of 100 (fresh group, then the rebalance after one member leaves, with the previous
+  assignment fed back as ``owned_partitions``; the best of ``--repeat`` runs);
+* how many partitions change owner when one member of 100 leaves, and when one joins
+  (1,000 partitions in 10 topics). The minimum is what the leaver owned (10), or what the
+  joiner must get (9-10). For cooperative-sticky the figure is over both rounds of the
+  incremental rebalance (the first round holds the moving partitions back).
+
+Pure Python, no Redis. Run: ``python bench/assignors.py`` (``--repeat N``). Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rcoord.assignors import ASSIGNORS, get_assignor
+from rcoord.protocol.consumer import ConsumerProtocolSubscription
+from rcoord.protocol.offsets import TopicPartition
+
+Assignment = dict[str, list[TopicPartition]]
+
+
+def group(n: int, topics: list[str], owned: Mapping[str, list[TopicPartition]] | None = None,
+          generation: int = 1) -> dict[str, ConsumerProtocolSubscription]:
+    owned = owned or {}
+    return {f"member-{i:04d}": ConsumerProtocolSubscription(
+        topics, owned_partitions=owned.get(f"member-{i:04d}", ()),
+        generation_id=generation if owned else -1) for i in range(n)}
+
+
+def timed(name: str, members: dict[str, ConsumerProtocolSubscription],
+          counts: dict[str, int], repeat: int) -> tuple[float, Assignment]:
+    assignor = get_assignor(name)
+    best, result = float("inf"), {}
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = assignor.assign(members, counts)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def settle(name: str, members: dict[str, ConsumerProtocolSubscription],
+           counts: dict[str, int], generation: int) -> Assignment:
+    """Assign; for a cooperative assignor, rejoin once more with what each member kept."""
+    assignor = get_assignor(name)
+    result = assignor.assign(members, counts)
+    if name == "cooperative-sticky":
+        members = {m: ConsumerProtocolSubscription(s.topics, owned_partitions=result[m],
+                                                   generation_id=generation + 1)
+                   for m, s in members.items()}
+        result = assignor.assign(members, counts)
+    return result
+
+
+def moved(before: Assignment, after: Assignment) -> int:
+    owner = {tp: m for m, parts in before.items() for tp in parts}
+    return sum(1 for m, parts in after.items() for tp in parts if owner.get(tp) != m)
+
+
+def churn(name: str) -> tuple[int, int]:
+    topics = [f"t{i}" for i in range(10)]
+    counts = dict.fromkeys(topics, 100)
+    start = settle(name, group(100, topics), counts, 1)
+    stayers = group(100, topics, start, 1)
+    del stayers["member-0042"]
+    left = settle(name, stayers, counts, 1)
+    grown = group(100, topics, start, 1)
+    grown["member-0100"] = ConsumerProtocolSubscription(topics)
+    joined = settle(name, grown, counts, 1)
+    return moved(start, left), moved(start, joined)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    shapes = {"1 topic": {"t": 10_000}, "100 topics": {f"t{i:03d}": 100 for i in range(100)}}
+    print("| assignor | 1 topic: fresh | 1 topic: after a leave | 100 topics: fresh "
+          "| 100 topics: after a leave | moved, 1 of 100 leaves | moved, 1 joins 100 |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sorted(ASSIGNORS):
+        cells = []
+        for counts in shapes.values():
+            topics = sorted(counts)
+            fresh_s, fresh = timed(name, group(1000, topics), counts, args.repeat)
+            stayers = group(1000, topics, fresh)
+            del stayers["member-0500"]
+            again_s, _ = timed(name, stayers, counts, args.repeat)
+            cells += [f"{fresh_s * 1000:.0f} ms", f"{again_s * 1000:.0f} ms"]
+        leave, join = churn(name)
+        print(f"| {name} | " + " | ".join(cells) + f" | {leave} | {join} |")
+
+
+if __name__ == "__main__":
+    main()

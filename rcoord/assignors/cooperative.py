@@ -1,0 +1,82 @@
+"""KIP-429's rule for cooperative rebalancing: a partition never moves owner-to-owner in one round.
+
+With the cooperative protocol a member keeps consuming what it owns while the group
+rebalances. So the leader must not give a partition to a new member while its current owner
+still holds it: the owner first revokes it (it is simply missing from the owner's new
+assignment), the group rebalances once more, and then the partition, now owned by nobody, is
+assigned. ``validate_cooperative_assignment`` is the leader's check of that rule (Kafka's
+``ConsumerCoordinator.validateCooperativeAssignment``); ``partitions_transferring_ownership``
+finds the partitions a plain assignment would move directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..errors import RcoordError
+from ..protocol.offsets import TopicPartition
+
+__all__ = [
+    "CooperativeAssignmentError",
+    "partitions_transferring_ownership",
+    "validate_cooperative_assignment",
+]
+
+
+class CooperativeAssignmentError(RcoordError):
+    """An assignment hands a partition to a new member while another member still owns it.
+
+    Raised on the leader before it sends the assignment (Kafka raises IllegalStateException):
+    the assignor does not support the cooperative protocol it claims to. ``partitions`` lists
+    the offending partitions, sorted.
+    """
+
+    def __init__(self, message: str, partitions: list[TopicPartition]) -> None:
+        super().__init__(message)
+        self.partitions = partitions
+
+
+def partitions_transferring_ownership(
+    owned: Mapping[str, Iterable[TopicPartition]],
+    assigned: Mapping[str, Iterable[TopicPartition]],
+) -> dict[TopicPartition, str]:
+    """``{partition: new member}`` for partitions that some member gains while another loses.
+
+    A member missing from ``assigned`` loses everything it owned; a member missing from
+    ``owned`` owned nothing.
+    """
+    added: dict[TopicPartition, str] = {}
+    revoked: set[TopicPartition] = set()
+    for mid, parts in assigned.items():
+        mine = set(owned.get(mid, ()))
+        new = set(parts)
+        for tp in new - mine:
+            added[tp] = mid
+        revoked |= mine - new
+    for mid, parts in owned.items():
+        if mid not in assigned:
+            revoked.update(parts)
+    return {tp: mid for tp, mid in added.items() if tp in revoked}
+
+
+def validate_cooperative_assignment(
+    owned: Mapping[str, Iterable[TopicPartition]],
+    assigned: Mapping[str, Iterable[TopicPartition]],
+) -> None:
+    """Raise ``CooperativeAssignmentError`` if any partition moves directly between members.
+
+    ``owned`` is what each member reported owning in its JoinGroup subscription
+    (``owned_partitions``), ``assigned`` the assignment about to be sent. Returns None when the
+    assignment respects KIP-429.
+    """
+    moving = partitions_transferring_ownership(owned, assigned)
+    if moving:
+        bad = sorted(moving)
+        shown = ", ".join(f"{tp.topic}-{tp.partition} -> {moving[tp]}" for tp in bad[:10])
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise CooperativeAssignmentError(
+            "with the cooperative protocol a partition must be revoked by its owner before "
+            f"another member gets it, but the assignor moved {shown}{more}; "
+            "use an assignor that supports COOPERATIVE (e.g. cooperative-sticky)",
+            bad,
+        )

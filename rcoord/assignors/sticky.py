@@ -1,0 +1,141 @@
+"""Kafka's StickyAssignor and CooperativeStickyAssignor.
+
+Both compute the same assignment (Kafka's ``AbstractStickyAssignor``): as balanced as the
+subscriptions allow, and, within that, moving as few previously owned partitions as possible.
+They differ in the rebalance protocol:
+
+* ``sticky`` is EAGER: every member revokes everything before it rejoins, so the assignment is
+  handed out whole.
+* ``cooperative-sticky`` supports COOPERATIVE (KIP-429) and EAGER: a partition moving from one
+  current owner to another is left out of this round; the owner revokes it, the group
+  rebalances again, and the next round assigns it. Members keep consuming everything else.
+
+What a member owned comes from its subscription's ``owned_partitions`` and ``generation_id``
+(KIP-429's fields). Kafka's StickyAssignor encodes its previous assignment and generation in
+its own ``user_data`` instead, because an eager member has already revoked everything (and so
+reports no owned partitions) when it rejoins; in rcoord the subscription's fields serve both
+assignors, and an eager member reports what it held before revoking. ``user_data`` is left to
+custom assignors.
+
+Where Kafka's result depends on hash-map iteration order, members and topics are visited in
+sorted order, so every leader computes the same assignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..protocol.consumer import ConsumerProtocolSubscription
+from ..protocol.offsets import TopicPartition
+from ._base import (
+    RebalanceProtocol,
+    check_inputs,
+    check_partition_racks,
+    subscribed_known_topics,
+)
+from ._sticky_constrained import ConstrainedAssignment
+from ._sticky_general import GeneralAssignment
+from ._sticky_inputs import RackInfo, resolve_claims
+from .cooperative import partitions_transferring_ownership
+
+__all__ = ["CooperativeStickyAssignor", "StickyAssignor", "sticky_assignment"]
+
+
+def sticky_assignment(
+    members: Mapping[str, ConsumerProtocolSubscription],
+    partitions_per_topic: Mapping[str, int],
+    member_order: Sequence[str] | None = None,
+    partition_racks: Mapping[TopicPartition, Any] | None = None,
+) -> tuple[dict[str, list[TopicPartition]], dict[TopicPartition, str]]:
+    """The sticky assignment, and the partitions it moves from one owner to another.
+
+    The second value maps each partition the assignment gives to a member other than the one
+    that owns it (per the members' ``owned_partitions``) to its new member.
+    """
+    order = check_inputs(members, partitions_per_topic, member_order)
+    racks = check_partition_racks(partition_racks)
+    topics = subscribed_known_topics(members, partitions_per_topic)
+    counts = {t: partitions_per_topic[t] for t in topics}
+    ids = sorted(members)
+    if not ids:
+        return {}, {}
+    claims = resolve_claims(ids, members, counts)
+    all_partitions = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
+    rack_info = RackInfo(members, all_partitions, racks)
+    if claims.all_equal:
+        builder = ConstrainedAssignment(ids, topics, counts, claims, rack_info)
+        built = builder.build()
+        moving = builder.transferring
+    else:
+        built = GeneralAssignment(ids, members, topics, counts, claims, rack_info).build()
+        owned = {mid: members[mid].owned_partitions for mid in ids}
+        moving = partitions_transferring_ownership(owned, built)
+    return {mid: sorted(built[mid]) for mid in order}, moving
+
+
+class StickyAssignor:
+    """Kafka's StickyAssignor (EAGER): balanced, and keeping as many owned partitions as it can.
+
+    Three members own t0p0-t0p5 two each; when C2 leaves, C0 and C1 keep theirs and split C2's
+    (range and roundrobin would reshuffle everything):
+
+    ======  ===============  =========================
+    member  owned (gen 5)    assigned
+    ======  ===============  =========================
+    C0      t0p0, t0p1       t0p0, t0p1, t0p4
+    C1      t0p2, t0p3       t0p2, t0p3, t0p5
+    ======  ===============  =========================
+
+    Conflicting claims (two members reporting the same partition) are settled as Kafka does:
+    the newer generation wins; two claims of the same generation void the partition for both.
+    """
+
+    name = "sticky"
+    supported_protocols = (RebalanceProtocol.EAGER,)
+
+    def assign(
+        self,
+        members: Mapping[str, ConsumerProtocolSubscription],
+        partitions_per_topic: Mapping[str, int],
+        *,
+        member_order: Sequence[str] | None = None,
+        partition_racks: Mapping[TopicPartition, Any] | None = None,
+    ) -> dict[str, list[TopicPartition]]:
+        result, _ = sticky_assignment(members, partitions_per_topic, member_order, partition_racks)
+        return result
+
+
+class CooperativeStickyAssignor:
+    """Kafka's CooperativeStickyAssignor: the sticky assignment, minus partitions still owned.
+
+    A partition the sticky assignment moves from one current owner to another is left out of
+    this round (KIP-429): its owner sees it missing and revokes it, the group rebalances once
+    more, and then it is assigned. C2 joins C0 (owning t0p0-t0p2) and C1 (t0p3-t0p5):
+
+    ======  ===============  ===========  ===========
+    member  owned (gen 5)    round 1      round 2
+    ======  ===============  ===========  ===========
+    C0      t0p0-t0p2        t0p0, t0p1   t0p0, t0p1
+    C1      t0p3-t0p5        t0p3, t0p4   t0p3, t0p4
+    C2      (none)           (none)       t0p2, t0p5
+    ======  ===============  ===========  ===========
+    """
+
+    name = "cooperative-sticky"
+    supported_protocols = (RebalanceProtocol.COOPERATIVE, RebalanceProtocol.EAGER)
+
+    def assign(
+        self,
+        members: Mapping[str, ConsumerProtocolSubscription],
+        partitions_per_topic: Mapping[str, int],
+        *,
+        member_order: Sequence[str] | None = None,
+        partition_racks: Mapping[TopicPartition, Any] | None = None,
+    ) -> dict[str, list[TopicPartition]]:
+        result, moving = sticky_assignment(
+            members, partitions_per_topic, member_order, partition_racks)
+        if moving:
+            for mid, parts in result.items():
+                result[mid] = [tp for tp in parts if moving.get(tp) != mid]
+        return result
