@@ -7,7 +7,8 @@ What is judged comes from the workers' own files:
 
 * **no pause for kept partitions**: for every partition a worker holds from before the join until
   the end, the times at which ``poll()`` returned its records never leave a gap longer than
-  ``MAX_GAP_S`` (two heartbeat intervals; an eager rebalance stops every partition for at least
+  ``MAX_GAP_S`` (three heartbeat intervals: the producer and a 2-core machine stall everyone
+  now and then, which the gap includes; an eager rebalance stops every partition for at least
   the time it takes every member to notice the rebalance, revoke and rejoin);
 * **one owner at a time**: ownership intervals (from ``assigned`` to ``revoked``/``lost``/exit)
   of one partition never overlap between workers, a stronger form of the checker's rule 1,
@@ -29,7 +30,7 @@ from harness import wait_until
 from test_faults import GROUP, PARTITIONS, TOPIC, WAIT_S, WORKER, Scenario, Worker, _env
 
 HEARTBEAT_MS = 300
-MAX_GAP_S = 2 * HEARTBEAT_MS / 1000
+MAX_GAP_S = 3 * HEARTBEAT_MS / 1000
 
 
 class CoopWorker(Worker):
@@ -122,7 +123,12 @@ def test_fourth_worker_joins_without_stopping_the_kept_partitions(tmp_path: Path
             gap = max(b - a for a, b in zip(window, window[1:], strict=False))
             worst = max(worst, gap)
             assert gap <= MAX_GAP_S, f"{w} stopped partition {p} for {gap:.3f} s"
-    # The revoking worker was told exactly what moved, and the newcomer got it.
+    # The revoking worker was told exactly what moved, and the newcomer got it; a kept partition
+    # was never revoked or lost (an eager rebalance revokes every partition of every member).
     moved = set().union(*(before[w] - after[w] for w in ("w1", "w2", "w3")))
     assert moved == after["w4"]
+    for w in ("w1", "w2", "w3"):
+        gone = {p for e in events if e["worker"] == w and e["e"] in ("revoked", "lost")
+                and e["t"] >= t_join for p in e["parts"]}
+        assert gone == before[w] - after[w], (w, gone)
     print(f"worst gap of a kept partition: {worst * 1000:.0f} ms (bound {MAX_GAP_S * 1000:.0f})")
