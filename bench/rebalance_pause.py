@@ -30,14 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from harness import wait_until  # noqa: E402
-from test_faults import GROUP, PARTITIONS, TOPIC, WAIT_S, WORKER, Scenario, Worker, _env  # noqa: E402
+from harness import wait_until
+from test_faults import GROUP, PARTITIONS, TOPIC, WAIT_S, WORKER, Scenario, Worker, _env
 
 HEARTBEAT_MS = 300
 
@@ -96,7 +97,7 @@ def trial(assignor: str) -> dict[int, float]:
     for p in range(PARTITIONS):
         times = sorted(e["t"] for e in events if e["e"] == "processed"
                        and p in e.get("parts", ()) and t_join - 1.0 <= e["t"] <= t_end)
-        pauses[p] = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+        pauses[p] = max((b - a for a, b in pairwise(times)), default=0.0)
     return pauses
 
 

@@ -260,11 +260,15 @@ def test_leader_refuses_an_assignor_that_moves_partitions_directly(
             rebalance_timeout_ms=2000, join_backoff_ms=100, retry_backoff_ms=10,
         )
 
-    with ConsumerGroup(cfg()) as leader, ConsumerGroup(cfg()) as other:
-        gen = leader.next(timeout=WAIT_S)
-        assert len(gen.partitions) == 4
-        other.start()
-        # The leader's next round moves two partitions straight to the newcomer: refused.
-        with pytest.raises(CooperativeAssignmentError, match="bad-coop"):
-            while True:
-                leader.next(timeout=WAIT_S)
+    other = ConsumerGroup(cfg())  # not started yet (entering a with block would start it)
+    with ConsumerGroup(cfg()) as leader:
+        try:
+            gen = leader.next(timeout=WAIT_S)
+            assert len(gen.partitions) == 4
+            other.start()
+            # The leader's next round moves two partitions straight to the newcomer: refused.
+            with pytest.raises(CooperativeAssignmentError, match="bad-coop"):
+                while True:
+                    leader.next(timeout=WAIT_S)
+        finally:
+            other.close(timeout=WAIT_S)

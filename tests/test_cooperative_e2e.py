@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def test_fourth_worker_joins_without_stopping_the_kept_partitions(tmp_path: Path
     # No partition ever had two owners at once.
     for p, spans in intervals(events, time.time()).items():
         spans.sort()
-        for (s1, e1, w1), (s2, _, w2) in zip(spans, spans[1:], strict=False):
+        for (s1, e1, w1), (s2, _, w2) in pairwise(spans):
             assert s2 >= e1, f"partition {p}: {w1} held it until {e1}, {w2} from {s2}"
     # The three kept most of their partitions, and never paused them.
     kept = {w: before[w] & after[w] for w in ("w1", "w2", "w3")}
@@ -120,7 +121,7 @@ def test_fourth_worker_joins_without_stopping_the_kept_partitions(tmp_path: Path
                            and e["e"] == "processed" and p in e.get("parts", ()))
             window = [t for t in times if t_join - 1.0 <= t <= t_settled + 0.5]
             assert window and window[0] <= t_join and window[-1] >= t_settled, (w, p)
-            gap = max(b - a for a, b in zip(window, window[1:], strict=False))
+            gap = max(b - a for a, b in pairwise(window))
             worst = max(worst, gap)
             assert gap <= MAX_GAP_S, f"{w} stopped partition {p} for {gap:.3f} s"
     # The revoking worker was told exactly what moved, and the newcomer got it; a kept partition

@@ -30,6 +30,14 @@ The revocation waits for the next ``poll()`` (or ``close()``), for at most
 so after that the partitions are reported as lost. This is Kafka's ``max.poll.interval.ms``
 with the rebalance timeout as the bound.
 
+Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative-sticky"]``) a
+rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
+records of every partition while the member rejoins, then applies the difference (KIP-429):
+revoked partitions are dropped, committed and passed to ``on_partitions_revoked`` (only when
+there are some; the member then rejoins so their new owners get them), added ones start at their
+committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
+the added partitions (possibly none). Lost partitions are still all lost.
+
 A ``Consumer`` is meant for one thread; ``close()`` may be called from another one.
 """
 

@@ -51,6 +51,20 @@ Where this differs from kafka-go, on purpose:
 * **Errors are reported once through ``next()``** only when they change something the user
   should know (a join that backs off, a fatal error); a routine rejoin is not an error.
 
+**The cooperative protocol (KIP-429)**, when every configured assignor supports it (``protocol``):
+a generation that ends without losing its partitions is *carried*: the member rejoins reporting
+them in its subscription (``owned_partitions``, ``generation_id``) instead of giving them up, and
+the next generation says what was ``added`` and ``revoked``; a non-empty ``revoked`` makes the
+member rejoin at once so the partitions the assignor withheld reach their new owners. Lost
+partitions are still lost. The member reports what its holder *acknowledged* holding
+(``Generation.acknowledge``): this group acknowledges each generation at hand-out (the routines of
+the previous one have returned); ``Consumer`` passes ``acknowledge="by_caller"`` and acknowledges
+once ``poll()`` has applied the difference, which is what lets it keep returning records of kept
+partitions during the rebalance. Routines started with ``Generation.start`` stay bound to their
+generation (their commits carry its id, which dies with it), so with this class they stop and
+restart around a rebalance; the assignment is cooperative, the no-pause path is ``Consumer``.
+See docs/architecture.md, "Cooperative rebalancing in the client".
+
 The client depends on a narrow ``Coordinator`` protocol (kafka-go's ``coordinator`` interface),
 so tests can replace Redis with a fake whose methods are plain function fields.
 
