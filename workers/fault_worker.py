@@ -5,7 +5,7 @@ line, so the history survives whatever happens to Redis (a restart without persi
 everything stored there)::
 
     {"e": "assigned" | "revoked" | "lost", "t": ..., "gen": ..., "member": ..., "parts": [...]}
-    {"e": "processed", "t": ..., "values": [...]}        # written before the commit below
+    {"e": "processed", "t": ..., "values": [...], "parts": [...]}  # before the commit below
     {"e": "commit", "t": ..., "gen": ..., "member": ..., "offsets": {"<partition>": offset}}
     {"e": "commit_refused" | "commit_failed", "t": ..., "gen": ..., "member": ..., "error": ...}
     {"e": "exit", "t": ..., "num_partitions": ...}      # the layout this process ended on
@@ -40,11 +40,24 @@ def main() -> int:
     p.add_argument("--session-timeout-ms", type=int, default=1500)
     p.add_argument("--heartbeat-interval-ms", type=int, default=300)
     p.add_argument("--rebalance-timeout-ms", type=int, default=4000)
+    p.add_argument("--assignor", action="append", default=None,
+                   help="assignor name, repeatable, most preferred first (default: range, "
+                        "roundrobin); cooperative-sticky uses workers/coop_assignor.py's "
+                        "stand-in unless rcoord registers the real one")
     args = p.parse_args()
 
     from rcoord.client import CommitFailedError, Consumer, ConsumerGroupConfig, client_from_url
     from rcoord.errors import RcoordError
     from rcoord.protocol.offsets import TopicPartition
+
+    if args.assignor and "cooperative-sticky" in args.assignor:
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from workers.coop_assignor import install
+
+        install()
 
     logging.basicConfig(level=logging.WARNING, format=f"{args.name} %(levelname)s %(message)s")
     log = logging.getLogger("fault_worker")
@@ -85,6 +98,7 @@ def main() -> int:
         join_backoff_ms=200,
         retry_backoff_ms=50,
         retry_backoff_max_ms=300,
+        **({"assignors": tuple(args.assignor)} if args.assignor else {}),
     )
     consumer = Consumer(config, listener=Listener(), enable_auto_commit=False,
                         max_poll_records=200, fetch_max_wait_ms=50)
@@ -101,7 +115,8 @@ def main() -> int:
         if gen is not last_gen:
             committed, last_gen = dict(gen.committed) if gen else {}, gen
         if records:
-            note("processed", values=[r.value.decode() for r in records if r.value is not None])
+            note("processed", values=[r.value.decode() for r in records if r.value is not None],
+                 parts=sorted({r.partition for r in records}))
         if gen is None:
             continue
         changed = {}

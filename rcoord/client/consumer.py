@@ -30,6 +30,14 @@ The revocation waits for the next ``poll()`` (or ``close()``), for at most
 so after that the partitions are reported as lost. This is Kafka's ``max.poll.interval.ms``
 with the rebalance timeout as the bound.
 
+Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative-sticky"]``) a
+rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
+records of every partition while the member rejoins, then applies the difference (KIP-429):
+revoked partitions are dropped, committed and passed to ``on_partitions_revoked`` (only when
+there are some; the member then rejoins so their new owners get them), added ones start at their
+committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
+the added partitions (possibly none). Lost partitions are still all lost.
+
 A ``Consumer`` is meant for one thread; ``close()`` may be called from another one.
 """
 
@@ -106,6 +114,13 @@ class _Hold:
 
     def __call__(self, ctx: GenerationContext) -> None:
         ctx.done.wait()
+        gen = ctx.generation
+        if gen.wait_decided(self._limit_s) and gen.carried:
+            # Cooperative: the partitions are kept through the rejoin, nothing to revoke now.
+            # Only wait until poll() has taken the generation in hand (it does so at once), so
+            # the member reports exactly the partitions this consumer holds.
+            gen.wait_acknowledged(self._limit_s)
+            return
         if not self.released.wait(self._limit_s):
             self.gave_up = True
             log.warning(
@@ -151,7 +166,7 @@ class Consumer:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self._config = config
-        self._group = ConsumerGroup(config, coordinator=coordinator)
+        self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
         self._listener = listener if listener is not None else ConsumerRebalanceListener()
         self._auto_commit = bool(enable_auto_commit)
         self._auto_commit_s = auto_commit_interval_ms / 1000
@@ -235,7 +250,7 @@ class Consumer:
         with self._lock:
             self._check_open()
             while True:
-                self._revoke_if_ended()
+                self._settle(deadline)
                 if self._stop.is_set():
                     return []
                 if self._gen is None:
@@ -322,6 +337,7 @@ class Consumer:
         self._buffers = {tp: deque() for tp in self._assigned}
         self._committed = dict(gen.committed)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
+        gen.acknowledge()
         log.info(
             "generation %d: assigned %s",
             gen.generation_id,
@@ -329,11 +345,85 @@ class Consumer:
         )
         _call(self._listener, "on_partitions_assigned", list(self._assigned))
 
-    def _revoke_if_ended(self) -> None:
+    def _settle(self, deadline: float | None) -> None:
+        """If the generation ended: revoke everything (eager, lost, closing), or, when the
+        cooperative protocol carries the partitions through the rejoin, take the next generation
+        as soon as it is there and apply only what changed (``_transition``)."""
         gen, hold = self._gen, self._hold
         if gen is None or not gen.done.is_set():
             return
-        self._revoke(lost=gen.lost or (hold is not None and hold.gave_up))
+        if not gen.wait_decided(0.5):
+            return  # the group decides at once; until then the fetcher pauses
+        lost = gen.lost or (hold is not None and hold.gave_up)
+        if not gen.carried or lost:
+            self._revoke(lost=lost)
+            return
+        # Rebalancing cooperatively: keep consuming; block only when there is nothing to read.
+        wait = 0.0 if self._assigned else _slice(deadline, self._fetch_max_wait_ms / 1000)
+        try:
+            new = self._group.next(timeout=wait)
+        except TimeoutError:
+            return
+        self._transition(new)
+
+    def _transition(self, new: Generation) -> None:
+        """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
+
+        Revoked partitions (owned, not assigned) are dropped and committed, then the listener
+        hears ``on_partitions_revoked`` (only if there are any) and the member rejoins so their
+        new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
+        consumer's positions (``new`` only knows their committed offsets, which may lag).
+        ``on_partitions_assigned`` always runs, with the added partitions only.
+        """
+        hold = _Hold(self._config.rebalance_timeout_ms / 1000)
+        try:
+            new.start(hold)
+        except GenerationEndedError:
+            return  # ended and collected before we held it: the member still reports our set
+        old = self._gen
+        before = set(self._assigned)
+        offsets = new.offsets
+        revoked = sorted(before - offsets.keys())
+        added = sorted(offsets.keys() - before)
+        self._revoking = True
+        try:
+            if revoked and self._auto_commit:
+                changed = {
+                    tp: self._position[tp]
+                    for tp in revoked
+                    if self._committed.get(tp) != self._position[tp]
+                }
+                try:
+                    new.commit_offsets(changed)
+                except RcoordError as exc:
+                    log.warning("commit of revoked partitions failed: %s", exc)
+            for tp in revoked:
+                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                    table.pop(tp, None)
+            for tp in added:
+                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                self._buffers[tp] = deque()
+                if tp in new.committed:
+                    self._committed[tp] = new.committed[tp]
+            self._assigned = sorted((before - set(revoked)) | set(added))
+            self._gen, self._hold = new, hold
+            new.acknowledge()
+            log.info(
+                "generation %d -> %d (cooperative): kept %d, revoked %s, added %s",
+                old.generation_id if old is not None else -1,
+                new.generation_id,
+                len(self._assigned) - len(added),
+                _names(revoked) or "nothing",
+                _names(added) or "nothing",
+            )
+            if revoked:
+                try:
+                    _call(self._listener, "on_partitions_revoked", list(revoked))
+                finally:
+                    new.request_rejoin()  # after they are stopped: their new owners wait
+        finally:
+            self._revoking = False
+        _call(self._listener, "on_partitions_assigned", list(added))
 
     def _revoke(self, *, lost: bool) -> None:
         """End this consumer's hold on the current generation (see the module docstring)."""
@@ -392,22 +482,30 @@ class Consumer:
         gen = self._gen
         assert gen is not None
         if not self._assigned:
-            gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+            if not gen.done.is_set():
+                gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
             return False
         pending = [tp for tp in self._assigned if not self._buffers.get(tp)]
         got = False
         for tp in pending:
-            if gen.done.is_set() or self._stop.is_set():
+            if self._must_stop_fetching(gen):
                 return got
             got = self._fetch_one(tp, None) or got
         if got:
             return True
         block = _slice(deadline, self._fetch_max_wait_ms / 1000)
-        if block <= 0.001 or gen.done.is_set():
+        if block <= 0.001 or self._must_stop_fetching(gen):
             return False
         tp = pending[self._block_turn % len(pending)]
         self._block_turn += 1
         return self._fetch_one(tp, int(block * 1000))
+
+    def _must_stop_fetching(self, gen: Generation) -> bool:
+        """Stop when closing, or when the generation ended and its partitions are not carried
+        through the rejoin (cooperative): they are about to be revoked or lost."""
+        if self._stop.is_set():
+            return True
+        return gen.done.is_set() and not (gen.carried and not gen.lost)
 
     def _fetch_one(self, tp: TopicPartition, block_ms: int | None) -> bool:
         try:
@@ -499,6 +597,10 @@ def _call(listener: Any, method: str, partitions: list[TopicPartition]) -> None:
     fn = getattr(listener, method, None)
     if fn is not None:
         fn(partitions)
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in partitions)
 
 
 def _slice(deadline: float | None, cap: float) -> float:

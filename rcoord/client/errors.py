@@ -8,7 +8,12 @@ from typing import Any
 from ..errors import Errors, ProtocolError, RcoordError
 from ..protocol.offsets import TopicPartition
 
-__all__ = ["CommitFailedError", "GenerationEndedError", "GroupClosedError"]
+__all__ = [
+    "CommitFailedError",
+    "CooperativeAssignmentError",
+    "GenerationEndedError",
+    "GroupClosedError",
+]
 
 
 class CommitFailedError(ProtocolError):
@@ -39,3 +44,9 @@ class GroupClosedError(RcoordError):
 
 class GenerationEndedError(RcoordError):
     """``Generation.start`` was called after the generation's routines were collected."""
+
+
+class CooperativeAssignmentError(RcoordError):
+    """The leader's assignor moved a partition straight between two owners in one round, which
+    the cooperative protocol forbids (KIP-429). The round fails; per ``ERROR_POLICY`` the leader
+    leaves, backs off and rejoins, and the error is reported through ``next()``."""

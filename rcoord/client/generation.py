@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,9 @@ class EndReason(enum.Enum):
     COORDINATOR_UNREACHABLE = "the coordinator could not be reached for a session timeout"
     PARTITIONS_CHANGED = "the partition count of a subscribed topic changed"
     ROUTINE_FAILED = "a routine started with Generation.start() raised"
+    PARTITIONS_REVOKED = (
+        "the cooperative assignment revoked partitions; rejoining so their new owners get them"
+    )
     ERROR = "the coordinator answered with an error"
     CLOSED = "the group is closing"
 
@@ -109,6 +112,13 @@ class Generation:
             here start at the ``start_offset`` policy.
         done: set when the generation ends; see ``end_reason`` and ``lost``.
         exceptions: what routines started with ``start`` raised.
+        owned_before: the partitions this member reported as owned in the JoinGroup of this
+            generation (always empty under the eager protocol, which revokes everything first).
+        added, revoked: ``partitions - owned_before`` and ``owned_before - partitions``, sorted
+            (KIP-429). Under the cooperative protocol a non-empty ``revoked`` means the member
+            rejoins at once, once it has stopped them, so their new owners get them.
+        carried: set once the generation has ended, if its partitions are carried through the
+            next rejoin (cooperative protocol, not lost, not closing) rather than given up.
     """
 
     def __init__(
@@ -126,6 +136,7 @@ class Generation:
         retention_ms: int | None = None,
         retry: Callable[[Callable[[], Any], Callable[[Any], Any] | None], Any] | None = None,
         on_end: Callable[[], None] | None = None,
+        owned_before: Sequence[TopicPartition] = (),
     ) -> None:
         self.group_id = group_id
         self.generation_id = generation_id
@@ -139,6 +150,10 @@ class Generation:
             )
         self.assignments: dict[str, list[PartitionAssignment]] = by_topic
         self.committed: dict[TopicPartition, int] = dict(committed)
+        mine, before = set(assignments), {TopicPartition(*tp) for tp in owned_before}
+        self.owned_before: list[TopicPartition] = sorted(before)
+        self.added: list[TopicPartition] = sorted(mine - before)
+        self.revoked: list[TopicPartition] = sorted(before - mine)
         self.done = threading.Event()
         self.exceptions: list[BaseException] = []
         self._coordinator = coordinator
@@ -159,6 +174,11 @@ class Generation:
         self._helpers: list[threading.Thread] = []  # the heartbeat and the watcher
         self._watch_topics: list[str] = []
         self._watch_baseline: dict[str, int] | None = None  # the counts the leader assigned
+        # Cooperative protocol: once ended, the group decides (once) whether the partitions are
+        # carried through the rejoin; the holder acknowledges that it holds exactly them.
+        self._decided = threading.Event()
+        self._carried = False
+        self._acknowledged = threading.Event()
 
     def __repr__(self) -> str:
         state = "live" if not self.done.is_set() else f"ended ({self._end_reason})"
@@ -203,6 +223,38 @@ class Generation:
     def lost(self) -> bool:
         """True if the partitions were lost rather than revoked (see ``ERROR_POLICY``)."""
         return self._lost
+
+    @property
+    def carried(self) -> bool:
+        """True once the generation has ended and its partitions are kept through the rejoin
+        (cooperative protocol); until the group has decided, False."""
+        return self._decided.is_set() and self._carried
+
+    def wait_decided(self, timeout: float | None = None) -> bool:
+        """Wait until the group has decided how this ended generation's partitions end
+        (carried or given up); True if it has."""
+        return self._decided.wait(timeout)
+
+    def acknowledge(self) -> None:
+        """Tell the group that the caller now holds exactly this generation's partitions.
+
+        Under the cooperative protocol the member reports the partitions of the last
+        acknowledged generation as owned when it rejoins; reporting fewer than it consumes would
+        let the assignor give one of them to another member. ``ConsumerGroup`` acknowledges a
+        generation itself unless it was created with ``acknowledge="by_caller"`` (``Consumer``).
+        """
+        self._acknowledged.set()
+
+    @property
+    def acknowledged(self) -> bool:
+        return self._acknowledged.is_set()
+
+    def wait_acknowledged(self, timeout: float | None = None) -> bool:
+        return self._acknowledged.wait(timeout)
+
+    def request_rejoin(self) -> None:
+        """End the generation so the member rejoins (cooperative: after revoking partitions)."""
+        self._end(EndReason.PARTITIONS_REVOKED)
 
     # -- routines
 
@@ -304,6 +356,10 @@ class Generation:
         """End the generation; an error also applies its ``ERROR_POLICY`` row."""
         reaction = reaction_for(error) if error is not None else None
         with self._lock:
+            if self._decided.is_set() and self._carried:
+                # The partitions were carried into the next rejoin. A commit refused now only says that the group has moved on;
+                # a real loss shows in the rejoin (UNKNOWN_MEMBER_ID) and ends the holder there.
+                reaction = None
             if self._end_reason is None:
                 self._end_reason = reason
                 self._end_error = error
@@ -318,6 +374,22 @@ class Generation:
         self.done.set()
         if not already and self._on_end is not None:
             self._on_end()
+
+    def _decide(self, may_carry: bool) -> bool:
+        """Decide once, after the end, whether the partitions are carried (not lost, not closed)."""
+        with self._lock:
+            if not self._decided.is_set():
+                self._carried = (
+                    may_carry and not self._lost and self._end_reason is not EndReason.CLOSED
+                )
+                self._decided.set()
+            return self._carried
+
+    def _mark_lost(self) -> None:
+        """The carried partitions turned out lost (the rejoin failed with a lost reaction)."""
+        with self._lock:
+            self._lost = True
+        self._end(EndReason.MEMBER_LOST)
 
     def _routine_threads(self) -> list[threading.Thread]:
         with self._lock:

@@ -51,6 +51,20 @@ Where this differs from kafka-go, on purpose:
 * **Errors are reported once through ``next()``** only when they change something the user
   should know (a join that backs off, a fatal error); a routine rejoin is not an error.
 
+**The cooperative protocol (KIP-429)**, when every configured assignor supports it (``protocol``):
+a generation that ends without losing its partitions is *carried*: the member rejoins reporting
+them in its subscription (``owned_partitions``, ``generation_id``) instead of giving them up, and
+the next generation says what was ``added`` and ``revoked``; a non-empty ``revoked`` makes the
+member rejoin at once so the partitions the assignor withheld reach their new owners. Lost
+partitions are still lost. The member reports what its holder *acknowledged* holding
+(``Generation.acknowledge``): this group acknowledges each generation at hand-out (the routines of
+the previous one have returned); ``Consumer`` passes ``acknowledge="by_caller"`` and acknowledges
+once ``poll()`` has applied the difference, which is what lets it keep returning records of kept
+partitions during the rebalance. Routines started with ``Generation.start`` stay bound to their
+generation (their commits carry its id, which dies with it), so with this class they stop and
+restart around a rebalance; the assignment is cooperative, the no-pause path is ``Consumer``.
+See docs/architecture.md, "Cooperative rebalancing in the client".
+
 The client depends on a narrow ``Coordinator`` protocol (kafka-go's ``coordinator`` interface),
 so tests can replace Redis with a fake whose methods are plain function fields.
 
@@ -74,11 +88,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
-from ..assignors import Assignor
+from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import ConfigError, Errors, ProtocolError, RcoordError
 from ..protocol.leave import MemberIdentity
+from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import GroupClosedError
@@ -112,15 +127,28 @@ class ConsumerGroup:
     """
 
     def __init__(
-        self, config: ConsumerGroupConfig, *, coordinator: Coordinator | None = None
+        self,
+        config: ConsumerGroupConfig,
+        *,
+        coordinator: Coordinator | None = None,
+        acknowledge: Literal["on_take", "by_caller"] = "on_take",
     ) -> None:
         if not isinstance(config, ConsumerGroupConfig):
             raise TypeError("config must be a ConsumerGroupConfig")
+        if acknowledge not in ("on_take", "by_caller"):
+            raise ValueError(f"acknowledge must be 'on_take' or 'by_caller', got {acknowledge!r}")
         config.validate()
         if coordinator is None and config.redis_url is None and config.redis_client is None:
             raise ConfigError("redis_url or redis_client must be set (or pass a coordinator)")
         self._config = config
         self._assignors: list[Assignor] = config.resolved_assignors()
+        self._protocol = rebalance_protocol(self._assignors)
+        self._acknowledge = acknowledge
+        # Cooperative protocol: the partitions kept through the next rejoin, the generation
+        # they were acknowledged in, and that generation (marked lost if the rejoin fails).
+        self._owned: tuple[TopicPartition, ...] = ()
+        self._owned_generation = -1
+        self._held: Generation | None = None
         self._coordinator: Coordinator | None = coordinator
         self._owned_client: Any = None
         self._cond = threading.Condition()
@@ -150,6 +178,11 @@ class ConsumerGroup:
     def generation(self) -> Generation | None:
         """The current generation (also before ``next()`` takes it), or None between them."""
         return self._current
+
+    @property
+    def protocol(self) -> RebalanceProtocol:
+        """EAGER or COOPERATIVE: the strongest protocol every configured assignor supports."""
+        return self._protocol
 
     @property
     def coordinator(self) -> Coordinator:
@@ -272,6 +305,8 @@ class ConsumerGroup:
                     if self._closing.is_set():
                         break
                     failures += 1
+                    if reaction_for(exc).lost:
+                        self._drop_owned(None)  # the carried partitions are lost too
                     if not self._react(exc, failures):
                         break
                     reason = f"rejoining after {type(exc).__name__}: {exc}"[:255]
@@ -279,6 +314,14 @@ class ConsumerGroup:
                 if gen is None:
                     break
                 failures = 0
+                if self._acknowledge == "on_take":
+                    # Every routine of the previous generation has returned: the member holds
+                    # exactly what this generation gives it.
+                    gen.acknowledge()
+                    if gen.revoked and self.protocol is RebalanceProtocol.COOPERATIVE:
+                        # Nothing consumes the revoked partitions any more: rejoin at once so
+                        # their new owners get them (the generation is withdrawn, see _deliver).
+                        gen.request_rejoin()
                 with self._cond:
                     if self._closing.is_set():
                         gen._end(EndReason.CLOSED)
@@ -286,7 +329,17 @@ class ConsumerGroup:
                 self._start_threads(gen)
                 self._deliver(gen)
                 gen.done.wait()
+                carried = gen._decide(
+                    self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing.is_set()
+                )
                 self._collect(gen)
+                if carried:
+                    if gen.acknowledged:
+                        self._owned = tuple(gen.partitions)
+                        self._owned_generation = gen.generation_id
+                        self._held = gen
+                else:
+                    self._drop_owned(gen)
                 with self._cond:
                     self._current = None
                 reason = (gen.end_reason or EndReason.ERROR).value
@@ -378,7 +431,17 @@ class ConsumerGroup:
             parked=self._parked,
             on_member_id=self._set_member_id,
             on_end=self._notify,
+            protocol=self.protocol,
+            owned=self._owned,
+            owned_generation=self._owned_generation,
         )
+
+    def _drop_owned(self, ended: Generation | None) -> None:
+        """The member holds nothing any more; a carried generation still held is lost."""
+        held, self._held = self._held, None
+        self._owned, self._owned_generation = (), -1
+        if held is not None and held is not ended and held.carried:
+            held._mark_lost()
 
     def _set_member_id(self, member_id: str) -> None:
         self._member_id = member_id

@@ -24,11 +24,11 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from .. import topics as _topics
-from ..assignors import Assignor, kafka_member_order
+from ..assignors import Assignor, RebalanceProtocol, kafka_member_order
 from ..errors import Errors, ProtocolError
 from ..protocol.consumer import (
     PROTOCOL_TYPE,
@@ -41,10 +41,12 @@ from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
+from .errors import CooperativeAssignmentError
 from .generation import Generation
 from .retry import Retry
 
 __all__ = [
+    "check_cooperative",
     "join_generation",
     "leader_assignment",
     "member_assignment",
@@ -67,6 +69,9 @@ def join_generation(
     parked: Callable[[], AbstractContextManager[object]],
     on_member_id: Callable[[str], None],
     on_end: Callable[[], None],
+    protocol: RebalanceProtocol = RebalanceProtocol.EAGER,
+    owned: Sequence[TopicPartition] = (),
+    owned_generation: int = -1,
 ) -> Generation | None:
     """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
 
@@ -76,10 +81,19 @@ def join_generation(
     (whose ``on_end`` is ``on_end``), or None if ``closing`` was set. Raises ``ProtocolError``
     for an error code that retries did not clear, and ``MalformedMetadataError`` for metadata
     that cannot be decoded.
+
+    ``owned`` and ``owned_generation`` are the partitions the member keeps through this rejoin
+    and the generation it got them in (cooperative protocol, KIP-429); they go into the
+    subscription so the assignor can leave them in place, and the generation's ``added`` and
+    ``revoked`` are computed against them. Under the eager protocol both are empty.
     """
     cfg = config
     coord = coordinator
-    metadata = ConsumerProtocolSubscription(cfg.topics).encode()
+    subscribed = set(cfg.topics)
+    owned = sorted(tp for tp in owned if tp.topic in subscribed)
+    metadata = ConsumerProtocolSubscription(
+        cfg.topics, owned_partitions=owned, generation_id=owned_generation if owned else -1
+    ).encode()
     protocols = [(a.name, metadata) for a in assignors]
     while True:
         if closing.is_set():
@@ -124,7 +138,9 @@ def join_generation(
     plan: dict[str, bytes] | None = None
     counts: dict[str, int] | None = None
     if joined.leader_id == member_id and not joined.skip_assignment:
-        plan, counts = leader_assignment(joined, assignors, coord, retry, cfg.group_id)
+        plan, counts = leader_assignment(
+            joined, assignors, coord, retry, cfg.group_id, protocol=protocol
+        )
     with parked():
         synced = retry(
             lambda: coord.sync_group(
@@ -159,6 +175,7 @@ def join_generation(
         retention_ms=cfg.retention_ms,
         retry=retry,
         on_end=on_end,
+        owned_before=owned,
     )
     gen._watch_baseline = counts
     gen._watch_topics = topics_to_watch(cfg.topics, joined)
@@ -171,8 +188,14 @@ def leader_assignment(
     coordinator: Coordinator,
     retry: Retry,
     group_id: str,
+    *,
+    protocol: RebalanceProtocol = RebalanceProtocol.EAGER,
 ) -> tuple[dict[str, bytes], dict[str, int]]:
     """The leader's step: run the selected assignor over every member's subscription.
+
+    Under the cooperative protocol the result is checked first (``check_cooperative``): an
+    assignor that moves a partition straight from one owner to another in one round would make
+    two members consume it at once, so the round fails instead (Kafka's leader does the same).
 
     Returns every member's encoded ``ConsumerProtocolAssignment`` and the partition counts the
     assignment was made from (the partition watcher's baseline).
@@ -202,8 +225,47 @@ def leader_assignment(
     else:
         plan = assignor.assign(subscriptions, counts)
     log.debug("group %r: %s assignment %s", group_id, name, plan)
+    if protocol is RebalanceProtocol.COOPERATIVE:
+        owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
+        check_cooperative(owned, plan, name)
     encoded = {mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode() for mid in subscriptions}
     return encoded, {t: counts.get(t, 0) for t in topics}
+
+
+def check_cooperative(
+    owned: Mapping[str, Sequence[TopicPartition]],
+    assigned: Mapping[str, Sequence[TopicPartition]],
+    assignor_name: str = "",
+) -> None:
+    """Raise ``CooperativeAssignmentError`` if a partition moves between two owners in one round.
+
+    KIP-429's rule: a partition one member gives up this round (owned, not assigned) must not
+    be given to another member (assigned, not owned) in the same round; it is handed out in
+    the next round, after its owner has revoked it and rejoined.
+    """
+    revoked: dict[TopicPartition, str] = {}
+    added: dict[TopicPartition, str] = {}
+    for mid, parts in owned.items():
+        mine = set(assigned.get(mid, ()))
+        for tp in parts:
+            if tp not in mine:
+                revoked[tp] = mid
+    for mid, parts in assigned.items():
+        had = set(owned.get(mid, ()))
+        for tp in parts:
+            if tp not in had:
+                added[tp] = mid
+    moved = sorted(revoked.keys() & added.keys())
+    if moved:
+        shown = ", ".join(
+            f"{tp.topic}-{tp.partition} ({revoked[tp]} -> {added[tp]})" for tp in moved[:10]
+        )
+        raise CooperativeAssignmentError(
+            f"assignor {assignor_name!r} breaks the cooperative protocol: it moves "
+            f"{len(moved)} partition(s) directly from their owner to another member in one "
+            f"round: {shown}. A cooperative assignor must leave such partitions unassigned "
+            "for one round; use an assignor that supports COOPERATIVE (cooperative-sticky)."
+        )
 
 
 def member_assignment(synced: SyncGroupResult, group_id: str) -> list[TopicPartition]:

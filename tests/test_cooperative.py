@@ -1,0 +1,274 @@
+"""The incremental cooperative protocol (KIP-429) in the worker client.
+
+Pure checks first (the leader's validation, protocol choice), then consumers against a real
+server with the stand-in cooperative assignor of ``workers/coop_assignor.py``: the
+revoke/assign/rejoin sequence, kept partitions consumed through the rebalance, the rolling
+upgrade from eager, fencing, and a leader whose assignor breaks the protocol. Every wait is on a
+condition, bounded by ``wait_until``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import wait_until
+from test_client_group import WAIT_S
+from test_consumer import Recorder
+
+from rcoord import GroupCoordinator, MemberIdentity, TopicPartition
+from rcoord.assignors import RebalanceProtocol, get_assignor, rebalance_protocol
+from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig
+from rcoord.client.errors import CooperativeAssignmentError
+from rcoord.client.join import check_cooperative
+from rcoord.topics import Producer, Topics
+from workers.coop_assignor import StandInCooperativeAssignor, install
+
+TP = TopicPartition
+COOP = "cooperative-sticky"
+
+install()
+
+
+# -- pure ---------------------------------------------------------------------------------------
+
+
+def test_check_cooperative_refuses_a_direct_move_and_accepts_withholding() -> None:
+    owned = {"a": [TP("t", 0), TP("t", 1)], "b": []}
+    check_cooperative(owned, {"a": [TP("t", 0)], "b": []})  # t-1 withheld: fine
+    check_cooperative(owned, {"a": [TP("t", 0), TP("t", 1)], "b": [TP("t", 2)]})  # unowned
+    with pytest.raises(CooperativeAssignmentError, match=r"t-1 \(a -> b\)"):
+        check_cooperative(owned, {"a": [TP("t", 0)], "b": [TP("t", 1)]})
+
+
+def test_protocol_is_the_strongest_common_one() -> None:
+    def group(*names: str) -> ConsumerGroup:
+        cfg = ConsumerGroupConfig(
+            group_id="g", topics=["t"], assignors=names, redis_url="redis://127.0.0.1:1/0"
+        )
+        return ConsumerGroup(cfg)
+
+    assert group(COOP).protocol is RebalanceProtocol.COOPERATIVE
+    assert group(COOP, "range").protocol is RebalanceProtocol.EAGER  # rolling upgrade, step 1
+    assert group("range").protocol is RebalanceProtocol.EAGER
+    assert rebalance_protocol([get_assignor(COOP)]) is RebalanceProtocol.COOPERATIVE
+
+
+def test_stand_in_withholds_moved_partitions_then_hands_them_out() -> None:
+    from rcoord.protocol.consumer import ConsumerProtocolSubscription as Sub
+
+    a = StandInCooperativeAssignor()
+    owned = {m: [TP("t", p) for p in range(i * 4, i * 4 + 4)] for i, m in enumerate("abc")}
+    subs = {m: Sub(["t"], owned_partitions=owned.get(m, [])) for m in "abcd"}
+    first = a.assign(subs, {"t": 12})
+    check_cooperative(owned, first)
+    assert [len(first[m]) for m in "abcd"] == [3, 3, 3, 0]
+    subs = {m: Sub(["t"], owned_partitions=first[m]) for m in "abcd"}
+    second = a.assign(subs, {"t": 12})
+    assert [len(second[m]) for m in "abcd"] == [3, 3, 3, 3]
+    assert all(second[m] == first[m] for m in "abc")
+
+
+# -- against a real server ----------------------------------------------------------------------
+
+
+class Runner:
+    """One consumer polled in its own thread; records (monotonic time, partition) per record."""
+
+    def __init__(self, consumer: Consumer, listener: Recorder) -> None:
+        self.consumer, self.listener = consumer, listener
+        self.seen: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                records = self.consumer.poll(timeout=0.05)
+            except Exception as exc:  # noqa: BLE001 - kept for the test to assert on
+                self.errors.append(exc)
+                continue
+            now = time.monotonic()
+            with self.lock:
+                self.seen.extend((now, r.partition) for r in records)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT_S)
+        self.consumer.close(timeout=WAIT_S)
+
+
+@pytest.fixture
+def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[Any]:
+    coord: GroupCoordinator = make_coordinator()
+    runners: list[Runner] = []
+
+    class Env:
+        pass
+
+    e: Any = Env()
+    e.coord, e.topics = coord, Topics(redis_client, namespace)
+    e.producer = Producer(redis_client, namespace, "round_robin")
+
+    def consumer(assignors: tuple[str, ...] = (COOP,), **kw: Any) -> Runner:
+        cfg = ConsumerGroupConfig(
+            group_id="g",
+            topics=["t"],
+            assignors=assignors,
+            redis_client=redis_client,
+            namespace=namespace,
+            heartbeat_interval_ms=50,
+            session_timeout_ms=1000,
+            rebalance_timeout_ms=3000,
+            retry_backoff_ms=10,
+            retry_backoff_max_ms=100,
+        )
+        listener = Recorder()
+        c = Consumer(cfg, listener=listener, fetch_max_wait_ms=20, **kw)
+        r = Runner(c, listener)
+        runners.append(r)
+        return r
+
+    e.consumer = consumer
+    yield e
+    for r in runners:
+        r.close()
+
+
+def _parts(events: list[tuple[Any, ...]], kind: str) -> list[list[int]]:
+    return [[tp.partition for tp in e[1]] for e in events if e[0] == kind]
+
+
+def _held(r: Runner) -> set[int]:
+    return {tp.partition for tp in r.consumer.assignment()}
+
+
+def _settled(runners: list[Runner], n: int) -> bool:
+    held = [_held(r) for r in runners]
+    return sum(map(len, held)) == n and len(set().union(*held)) == n and all(held)
+
+
+def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any) -> None:
+    env.topics.create("t", 12)
+    first = [env.consumer() for _ in range(3)]
+    wait_until(lambda: _settled(first, 12))
+    before = {id(r): _held(r) for r in first}
+    marks = [len(r.listener.events) for r in first]
+    # Records keep arriving: each kept partition must keep being returned by poll().
+    stop = threading.Event()
+    feeder = threading.Thread(
+        target=lambda: [env.producer.send_batch("t", [b"x"] * 24) or stop.wait(0.02)
+                        for _ in iter(stop.is_set, True)],
+        daemon=True,
+    )
+    feeder.start()
+    try:
+        fourth = env.consumer()
+        wait_until(lambda: _settled([*first, fourth], 12))
+        t_done = time.monotonic()
+        wait_until(lambda: all(any(t > t_done for t, _ in r.seen) for r in first))
+    finally:
+        stop.set()
+        feeder.join(WAIT_S)
+    for r, mark in zip(first, marks, strict=True):
+        tail = r.listener.events[mark:]
+        kept = before[id(r)] & _held(r)
+        assert len(kept) == 3 and _held(r) == kept  # it only gave one up
+        # Told exactly what moved: revoked the one partition (once), and in each round after
+        # (the one that withheld it, the one that handed it out) assigned nothing new.
+        assert tail[0][0] == "revoked" and "lost" not in [e[0] for e in tail]
+        assert _parts(tail, "revoked") == [sorted(before[id(r)] - kept)]
+        assert all(parts == [] for parts in _parts(tail, "assigned")) and len(tail) >= 2
+        assert not r.errors
+    # The newcomer: nothing in the first round (withheld), the three moved ones in the second.
+    assert _parts(fourth.listener.events, "assigned") == [[], sorted(_held(fourth))]
+    assert not any(e[0] in ("revoked", "lost") for e in fourth.listener.events)
+
+
+def test_kept_partitions_are_polled_while_the_group_rebalances(env: Any) -> None:
+    env.topics.create("t", 4)
+    a = env.consumer()
+    wait_until(lambda: _held(a) == {0, 1, 2, 3})
+    gen = a.consumer.generation
+    assert gen is not None
+    b = env.consumer()
+    # a's generation ends (b joined) but a keeps its partitions through the rejoin ...
+    wait_until(lambda: gen.done.is_set() and gen.carried)
+    env.producer.send_batch("t", [b"r%d" % i for i in range(40)])
+    # ... and returns records of them; once it settles, it holds two of them, b the others.
+    wait_until(lambda: _settled([a, b], 4))
+    wait_until(lambda: len(a.seen) + len(b.seen) >= 40)
+    assert len({p for _, p in a.seen} | {p for _, p in b.seen}) == 4
+    assert a.listener.kinds() == ["assigned", "revoked", "assigned"]
+
+
+def test_rolling_upgrade_from_eager_to_cooperative(env: Any) -> None:
+    env.topics.create("t", 6)
+    # Step 1: every member lists both; the group runs the cooperative assignor eagerly.
+    old = [env.consumer((COOP, "range")) for _ in range(2)]
+    wait_until(lambda: _settled(old, 6))
+    assert all(r.consumer.group.protocol is RebalanceProtocol.EAGER for r in old)
+    assert old[0].consumer.generation.protocol_name == COOP  # type: ignore[union-attr]
+    # Step 2, one member at a time: replace it with one that lists only cooperative-sticky.
+    new: list[Runner] = []
+    for i in range(2):
+        old[i].close()
+        new.append(env.consumer())
+        group = [*old[i + 1:], *new]
+        wait_until(lambda g=group: _settled(g, 6))
+        assert new[-1].consumer.group.protocol is RebalanceProtocol.COOPERATIVE
+    # Eager members revoked everything each time; cooperative ones only what moved.
+    for r in new:
+        assert "lost" not in r.listener.kinds() and not r.errors
+    kinds = old[1].listener.kinds()
+    assert kinds[:3] == ["assigned", "revoked", "assigned"]  # eager: all, then all again
+    assert old[1].listener.events[1][1] == old[1].listener.events[0][1]
+
+
+def test_fenced_member_under_cooperative_loses_everything(env: Any) -> None:
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(4)])
+    a = env.consumer()
+    wait_until(lambda: _held(a) == {0, 1})
+    old = a.consumer.generation
+    assert old is not None
+    env.coord.leave_group("g", [MemberIdentity(old.member_id)])  # as a session expiry would
+    wait_until(lambda: a.listener.kinds() == ["assigned", "lost", "assigned"])
+    assert a.listener.events[1][1] == [TP("t", 0), TP("t", 1)]
+    assert a.listener.events[2][1] == [TP("t", 0), TP("t", 1)]  # all new: nothing was kept
+    assert a.consumer.member_id != old.member_id
+    assert old.lost and not old.carried
+
+
+def test_leader_refuses_an_assignor_that_moves_partitions_directly(
+    make_coordinator: Any, redis_client: Any, namespace: str
+) -> None:
+    make_coordinator()
+    Topics(redis_client, namespace).create("t", 4)
+    bad = StandInCooperativeAssignor("bad-coop", withhold=False)
+
+    def cfg() -> ConsumerGroupConfig:
+        return ConsumerGroupConfig(
+            group_id="g", topics=["t"], assignors=[bad], redis_client=redis_client,
+            namespace=namespace, heartbeat_interval_ms=50, session_timeout_ms=1000,
+            rebalance_timeout_ms=2000, join_backoff_ms=100, retry_backoff_ms=10,
+        )
+
+    other = ConsumerGroup(cfg())  # not started yet (entering a with block would start it)
+    with ConsumerGroup(cfg()) as leader:
+        try:
+            gen = leader.next(timeout=WAIT_S)
+            assert len(gen.partitions) == 4
+            other.start()
+            # The leader's next round moves two partitions straight to the newcomer: refused.
+            with pytest.raises(CooperativeAssignmentError, match="bad-coop"):
+                while True:
+                    leader.next(timeout=WAIT_S)
+        finally:
+            other.close(timeout=WAIT_S)
