@@ -15,8 +15,7 @@ partition that keeps flowing has a pause of about its record spacing (~15 ms her
 scheduling noise); a stopped one, the time it stopped. Heartbeat 300 ms, session 1.5 s.
 
 * eager: ``--assignor range`` (every member revokes everything at each rebalance);
-* cooperative: ``--assignor cooperative-sticky`` (the stand-in of ``workers/coop_assignor.py``
-  until ``rcoord.assignors`` registers the real one).
+* cooperative: ``--assignor cooperative-sticky`` (KIP-429: members keep what they keep).
 
 Uses the fault suite's scenario harness (``tests/test_faults.py``) for the server, service,
 producer and worker processes.

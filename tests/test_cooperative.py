@@ -1,7 +1,7 @@
 """The incremental cooperative protocol (KIP-429) in the worker client.
 
 Pure checks first (the leader's validation, protocol choice), then consumers against a real
-server with the stand-in cooperative assignor of ``workers/coop_assignor.py``: the
+server with ``cooperative-sticky``: the
 revoke/assign/rejoin sequence, kept partitions consumed through the rebalance, the rolling
 upgrade from eager, fencing, and a leader whose assignor breaks the protocol. Every wait is on a
 condition, bounded by ``wait_until``.
@@ -25,12 +25,21 @@ from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig
 from rcoord.client.errors import CooperativeAssignmentError
 from rcoord.client.join import check_cooperative
 from rcoord.topics import Producer, Topics
-from workers.coop_assignor import StandInCooperativeAssignor, install
 
 TP = TopicPartition
 COOP = "cooperative-sticky"
 
-install()
+
+
+class DirectMover:
+    """A broken plug-in: claims COOPERATIVE but deals partitions as range does, moving owned
+    partitions straight to newcomers."""
+
+    name = "bad-coop"
+    supported_protocols = (RebalanceProtocol.COOPERATIVE,)
+
+    def assign(self, members: Any, partitions_per_topic: Any, **kw: Any) -> Any:
+        return get_assignor("range").assign(members, partitions_per_topic)
 
 
 # -- pure ---------------------------------------------------------------------------------------
@@ -40,7 +49,7 @@ def test_check_cooperative_refuses_a_direct_move_and_accepts_withholding() -> No
     owned = {"a": [TP("t", 0), TP("t", 1)], "b": []}
     check_cooperative(owned, {"a": [TP("t", 0)], "b": []})  # t-1 withheld: fine
     check_cooperative(owned, {"a": [TP("t", 0), TP("t", 1)], "b": [TP("t", 2)]})  # unowned
-    with pytest.raises(CooperativeAssignmentError, match=r"t-1 \(a -> b\)"):
+    with pytest.raises(CooperativeAssignmentError, match=r"t-1 -> b"):
         check_cooperative(owned, {"a": [TP("t", 0)], "b": [TP("t", 1)]})
 
 
@@ -57,10 +66,10 @@ def test_protocol_is_the_strongest_common_one() -> None:
     assert rebalance_protocol([get_assignor(COOP)]) is RebalanceProtocol.COOPERATIVE
 
 
-def test_stand_in_withholds_moved_partitions_then_hands_them_out() -> None:
+def test_cooperative_sticky_withholds_moved_partitions_then_hands_them_out() -> None:
     from rcoord.protocol.consumer import ConsumerProtocolSubscription as Sub
 
-    a = StandInCooperativeAssignor()
+    a = get_assignor(COOP)
     owned = {m: [TP("t", p) for p in range(i * 4, i * 4 + 4)] for i, m in enumerate("abc")}
     subs = {m: Sub(["t"], owned_partitions=owned.get(m, [])) for m in "abcd"}
     first = a.assign(subs, {"t": 12})
@@ -180,9 +189,10 @@ def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any)
         tail = r.listener.events[mark:]
         kept = before[id(r)] & _held(r)
         assert len(kept) == 3 and _held(r) == kept  # it only gave one up
-        # Told exactly what moved: revoked the one partition (once), and in each round after
-        # (the one that withheld it, the one that handed it out) assigned nothing new.
-        assert tail[0][0] == "revoked" and "lost" not in [e[0] for e in tail]
+        # Told exactly what moved: revoked the one partition (once), and in every round
+        # (the one that withheld it, the one that handed it out, and any other round the
+        # joining member's arrival caused) assigned nothing new.
+        assert "lost" not in [e[0] for e in tail]
         assert _parts(tail, "revoked") == [sorted(before[id(r)] - kept)]
         assert all(parts == [] for parts in _parts(tail, "assigned")) and len(tail) >= 2
         assert not r.errors
@@ -205,7 +215,10 @@ def test_kept_partitions_are_polled_while_the_group_rebalances(env: Any) -> None
     wait_until(lambda: _settled([a, b], 4))
     wait_until(lambda: len(a.seen) + len(b.seen) >= 40)
     assert len({p for _, p in a.seen} | {p for _, p in b.seen}) == 4
-    assert a.listener.kinds() == ["assigned", "revoked", "assigned"]
+    # One revocation; the rounds after it (a's own rejoin, b's hand-out) assign a nothing new.
+    kinds = a.listener.kinds()
+    assert kinds[:3] == ["assigned", "revoked", "assigned"] and set(kinds[3:]) <= {"assigned"}
+    assert all(e[1] == [] for e in a.listener.events[2:] if e[0] == "assigned")
 
 
 def test_rolling_upgrade_from_eager_to_cooperative(env: Any) -> None:
@@ -251,7 +264,7 @@ def test_leader_refuses_an_assignor_that_moves_partitions_directly(
 ) -> None:
     make_coordinator()
     Topics(redis_client, namespace).create("t", 4)
-    bad = StandInCooperativeAssignor("bad-coop", withhold=False)
+    bad = DirectMover()
 
     def cfg() -> ConsumerGroupConfig:
         return ConsumerGroupConfig(

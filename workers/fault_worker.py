@@ -42,22 +42,12 @@ def main() -> int:
     p.add_argument("--rebalance-timeout-ms", type=int, default=4000)
     p.add_argument("--assignor", action="append", default=None,
                    help="assignor name, repeatable, most preferred first (default: range, "
-                        "roundrobin); cooperative-sticky uses workers/coop_assignor.py's "
-                        "stand-in unless rcoord registers the real one")
+                        "roundrobin)")
     args = p.parse_args()
 
     from rcoord.client import CommitFailedError, Consumer, ConsumerGroupConfig, client_from_url
     from rcoord.errors import RcoordError
     from rcoord.protocol.offsets import TopicPartition
-
-    if args.assignor and "cooperative-sticky" in args.assignor:
-        import os
-        import sys
-
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from workers.coop_assignor import install
-
-        install()
 
     logging.basicConfig(level=logging.WARNING, format=f"{args.name} %(levelname)s %(message)s")
     log = logging.getLogger("fault_worker")

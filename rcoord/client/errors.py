@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..assignors import CooperativeAssignmentError  # raised by the leader's check
 from ..errors import Errors, ProtocolError, RcoordError
 from ..protocol.offsets import TopicPartition
 
@@ -46,7 +47,3 @@ class GenerationEndedError(RcoordError):
     """``Generation.start`` was called after the generation's routines were collected."""
 
 
-class CooperativeAssignmentError(RcoordError):
-    """The leader's assignor moved a partition straight between two owners in one round, which
-    the cooperative protocol forbids (KIP-429). The round fails; per ``ERROR_POLICY`` the leader
-    leaves, backs off and rejoins, and the error is reported through ``next()``."""

@@ -28,7 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from .. import topics as _topics
-from ..assignors import Assignor, RebalanceProtocol, kafka_member_order
+from ..assignors import (
+    Assignor,
+    CooperativeAssignmentError,
+    RebalanceProtocol,
+    kafka_member_order,
+    validate_cooperative_assignment,
+)
 from ..errors import Errors, ProtocolError
 from ..protocol.consumer import (
     PROTOCOL_TYPE,
@@ -41,7 +47,6 @@ from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import CooperativeAssignmentError
 from .generation import Generation
 from .retry import Retry
 
@@ -239,33 +244,15 @@ def check_cooperative(
 ) -> None:
     """Raise ``CooperativeAssignmentError`` if a partition moves between two owners in one round.
 
-    KIP-429's rule: a partition one member gives up this round (owned, not assigned) must not
-    be given to another member (assigned, not owned) in the same round; it is handed out in
-    the next round, after its owner has revoked it and rejoined.
+    KIP-429's rule (``rcoord.assignors.validate_cooperative_assignment``), with the assignor
+    named in the message so the leader's error says which plug-in is at fault.
     """
-    revoked: dict[TopicPartition, str] = {}
-    added: dict[TopicPartition, str] = {}
-    for mid, parts in owned.items():
-        mine = set(assigned.get(mid, ()))
-        for tp in parts:
-            if tp not in mine:
-                revoked[tp] = mid
-    for mid, parts in assigned.items():
-        had = set(owned.get(mid, ()))
-        for tp in parts:
-            if tp not in had:
-                added[tp] = mid
-    moved = sorted(revoked.keys() & added.keys())
-    if moved:
-        shown = ", ".join(
-            f"{tp.topic}-{tp.partition} ({revoked[tp]} -> {added[tp]})" for tp in moved[:10]
-        )
+    try:
+        validate_cooperative_assignment(owned, assigned)
+    except CooperativeAssignmentError as exc:
         raise CooperativeAssignmentError(
-            f"assignor {assignor_name!r} breaks the cooperative protocol: it moves "
-            f"{len(moved)} partition(s) directly from their owner to another member in one "
-            f"round: {shown}. A cooperative assignor must leave such partitions unassigned "
-            "for one round; use an assignor that supports COOPERATIVE (cooperative-sticky)."
-        )
+            f"assignor {assignor_name!r} breaks the cooperative protocol: {exc}", exc.partitions
+        ) from None
 
 
 def member_assignment(synced: SyncGroupResult, group_id: str) -> list[TopicPartition]:
