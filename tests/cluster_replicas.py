@@ -55,7 +55,8 @@ def run_init(addrs: Sequence[str], *args: str, bound_s: float = 60.0,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the bootstrap script (``args`` before the nodes), killed after ``bound_s``."""
     return subprocess.run(
-        ["sh", str(INIT), *args, *addrs], capture_output=True, text=True, timeout=bound_s,
+        ["sh", str(INIT), *args, *addrs], check=False, capture_output=True, text=True,
+        timeout=bound_s,
         env={**os.environ, "REDIS_CLI": find_cli(), **(env or {})},
     )
 

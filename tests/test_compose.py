@@ -10,7 +10,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from cluster_replicas import cluster_nodes, free_port, node, run_init, start_init
 
 from rcoord.embedded import EmbeddedServer, _parse_info
@@ -160,12 +162,10 @@ def test_a_missing_client_binary_is_named():
 
 
 def _compose() -> dict:
-    yaml = pytest.importorskip("yaml")
     return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
 
 
 def test_the_compose_file_is_valid_against_the_compose_specification_schema():
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((COMPOSE / "compose-spec.schema.json").read_text())
     doc = _compose()
     jsonschema.Draft7Validator.check_schema(schema)
@@ -202,6 +202,32 @@ def test_the_script_is_posix_sh():
     dash = shutil.which("dash")
     if dash is None:
         pytest.skip("dash not installed")
-    res = subprocess.run([dash, "-n", str(COMPOSE / "cluster-init.sh")], capture_output=True,
-                         text=True, timeout=10)
+    res = subprocess.run([dash, "-n", str(COMPOSE / "cluster-init.sh")], check=False,
+                         capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_feeder_creates_the_topic_once_and_appends(redis_server, namespace, tmp_path):
+    import subprocess
+    import sys
+
+    from rcoord.topics import Topics
+
+    ready = tmp_path / "ready"
+    cmd = [sys.executable, str(COMPOSE / "feed.py"), "--redis-url", redis_server.url,
+           "--namespace", namespace, "--topic", "lines", "--partitions", "3", "--records", "30",
+           "--batch", "20", "--interval", "0", "--ready-file", str(ready)]
+    env = {**__import__("os").environ, "PYTHONPATH": str(COMPOSE.parent)}
+    first = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "created topic lines with 3 partitions" in first.stdout and ready.exists()
+    again = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert again.returncode == 0 and "topic lines exists" in again.stdout, again.stderr
+    c = redis_server.client()
+    try:
+        parts = Topics(c, namespace).describe("lines").partitions
+    finally:
+        c.close()
+    assert len(parts) == 3 and sum(p.log_end_offset for p in parts) == 60
