@@ -110,15 +110,12 @@ def test_a_node_that_never_comes_up_fails_with_its_name_within_the_bound(servers
     nodes = _start(servers, 2)
     missing = free_port()
     names = [*_names(nodes), f"localhost:{missing}"]
-    t0 = time.monotonic()
-    res = run_init(names, "--timeout", "2", bound_s=30)
-    took = time.monotonic() - t0
+    res = run_init(names, "--timeout", "2", bound_s=15)  # killed (and failed) past 15 s
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"cluster-init: FAILED: node localhost:{missing} did not answer "
                                "PING within 2s"), lines
-    assert took < 20, took  # the bound held (2 s of polling plus connect timeouts)
     # Nothing was created on the nodes that did answer.
     for s in nodes:
         c = s.client()
