@@ -83,7 +83,8 @@ def _list(ctx: Context) -> int:
     listings = ctx.coordinator().list_groups([STATES[s.lower()] for s in wanted] or None)
     listings = sorted(listings, key=lambda g: g.group_id)
     if ctx.json:
-        print_json([{"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type}
+        print_json([{"group": g.group_id, "state": g.state,
+                     "protocol_type": g.protocol_type or None}
                     for g in listings])
     else:
         print_table(["GROUP", "STATE", "PROTOCOL-TYPE"],
