@@ -62,9 +62,10 @@ def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str
 
 
 def rows(stdout: str, header: str) -> list[list[str]]:
-    """The rows of the table whose first line starts with ``header``, split on blanks."""
-    lines = stdout.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(header))
+    """The rows of the table whose column names start with the words of ``header``, each row
+    split on blanks."""
+    lines, words = stdout.splitlines(), header.split()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:len(words)] == words)
     out = []
     for ln in lines[start + 1:]:
         if not ln.strip():

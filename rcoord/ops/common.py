@@ -15,6 +15,7 @@ from typing import Any
 from ..cli import (
     ENV_REDIS_URL,
     EXIT_FAILURE,
+    EXIT_USAGE,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -22,12 +23,16 @@ from ..cli import (
     report,
     with_tls_files,
 )
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError, Errors, ProtocolError
 
 __all__ = ["Context", "Failure", "Progress", "add_common", "leaf", "run"]
 
 SOCKET_TIMEOUT_S = 15.0
 """Longer than any blocking read a command makes (``topics consume`` waits 500 ms at most)."""
+
+BAD_INPUT = frozenset({Errors.INVALID_TOPIC_EXCEPTION, Errors.INVALID_PARTITIONS,
+                       Errors.INVALID_CONFIG})
+"""Kafka errors that mean the arguments were wrong (exit 2, as a bad flag)."""
 
 
 class Failure(Exception):
@@ -137,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
             traceback.print_exception(exc, file=sys.stderr)
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        return EXIT_FAILURE
+        bad_input = isinstance(exc, ProtocolError) and exc.error in BAD_INPUT
+        return EXIT_USAGE if bad_input else EXIT_FAILURE
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
         return report(exc, prog, url=url, debug=level == "DEBUG")
     finally:
