@@ -785,6 +785,27 @@ def _run_coordinator(args: argparse.Namespace) -> int:
     return coordinator_main(args)
 
 
+# -- rcoord groups / rcoord topics (rcoord.ops) ------------------------------------------------
+
+
+def _groups_arguments(p: argparse.ArgumentParser) -> None:
+    from .ops.groups import add_arguments
+
+    add_arguments(p)
+
+
+def _topics_arguments(p: argparse.ArgumentParser) -> None:
+    from .ops.topics import add_arguments
+
+    add_arguments(p)
+
+
+def _run_ops(args: argparse.Namespace) -> int:
+    from .ops.common import run
+
+    return run(args)
+
+
 COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 ] = {
@@ -800,6 +821,16 @@ COMMANDS: dict[
             "run a consumer group of worker processes over a topic, kill one, add one, and check "
             "that nothing was lost"
         ),
+    ),
+    "groups": (
+        _groups_arguments,
+        _run_ops,
+        "consumer groups: list, describe (with lag), delete, delete-offsets, reset-offsets",
+    ),
+    "topics": (
+        _topics_arguments,
+        _run_ops,
+        "topics: create, list, describe, delete, add-partitions, produce, consume",
     ),
 }
 

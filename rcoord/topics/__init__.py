@@ -50,6 +50,7 @@ from ._base import (
 from .admin import Topics
 from .fetch import fetch, log_offsets, resolve_offset
 from .producer import Producer
+from .times import OffsetAndTimestamp, offsets_for_times
 
 __all__ = [
     "TopicError",
@@ -64,6 +65,8 @@ __all__ = [
     "fetch",
     "log_offsets",
     "resolve_offset",
+    "offsets_for_times",
+    "OffsetAndTimestamp",
     "partition_key",
     "meta_key",
     "partition_tag",

@@ -1,0 +1,151 @@
+"""What every ``rcoord groups`` / ``rcoord topics`` command shares: its options, its connection,
+and how it fails (one line on stderr; exit 2 for bad input, 1 for a failure while running, as
+the rest of ``rcoord.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cli import (
+    ENV_REDIS_URL,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    UsageError,
+    add_tls_arguments,
+    check_url,
+    log_level,
+    report,
+    with_tls_files,
+)
+from ..errors import ConfigError, Errors, ProtocolError
+
+__all__ = ["Context", "Failure", "Progress", "add_common", "leaf", "run"]
+
+SOCKET_TIMEOUT_S = 15.0
+"""Longer than any blocking read a command makes (``topics consume`` waits 500 ms at most)."""
+
+BAD_INPUT = frozenset({Errors.INVALID_TOPIC_EXCEPTION, Errors.INVALID_PARTITIONS,
+                       Errors.INVALID_CONFIG})
+"""Kafka errors that mean the arguments were wrong (exit 2, as a bad flag)."""
+
+
+class Failure(Exception):
+    """A command could not do what it was asked; the message says why and what to do (exit 1)."""
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """``--redis-url``, ``--namespace``, ``--output``, ``--log-level`` and the TLS files."""
+    p.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL),
+                   help=f"Redis or Redis Cluster (default ${ENV_REDIS_URL})")
+    p.add_argument("--namespace", default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
+                   help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
+    p.add_argument("--output", choices=("table", "json"), default="table",
+                   help="table for people (default), json for programs")
+    p.add_argument("--log-level", default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+                   help="DEBUG also prints the traceback of an error (WARNING)")
+    add_tls_arguments(p)
+
+
+def leaf(sub: Any, name: str, help_text: str,
+         body: Callable[[Context], int]) -> argparse.ArgumentParser:
+    """A subcommand parser with the common options, whose run is ``body``."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    add_common(p)
+    p.set_defaults(body=body, prog=p.prog)
+    return p
+
+
+@dataclass
+class Context:
+    """One command's run: its arguments, its Redis client and the admin objects on it."""
+
+    args: argparse.Namespace
+    prog: str
+    url: str
+    client: Any = None
+    _coordinator: Any = field(default=None, repr=False)
+
+    @property
+    def namespace(self) -> str:
+        return str(self.args.namespace)
+
+    @property
+    def json(self) -> bool:
+        return bool(self.args.output == "json")
+
+    def coordinator(self) -> Any:
+        """A ``GroupCoordinator`` on the namespace that names no setting, so it adopts the stored
+        ones and changes none (``rcoord.settings``)."""
+        if self._coordinator is None:
+            from ..config import CoordinatorConfig
+            from ..coordinator import GroupCoordinator
+
+            config = CoordinatorConfig(namespace=self.namespace)
+            self._coordinator = GroupCoordinator(self.client, config).start()
+        return self._coordinator
+
+    def topics(self) -> Any:
+        from ..topics import Topics
+
+        return Topics(self.client, self.namespace)
+
+    def note(self, text: str) -> None:
+        """A remark beside the output (stderr), e.g. a clamped offset."""
+        print(f"{self.prog}: {text}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Progress on stderr for what takes time: silent for the first second, then at most one
+    line a second, so quick commands print nothing but their result."""
+
+    def __init__(self, ctx: Context, every_s: float = 1.0) -> None:
+        self._ctx = ctx
+        self._every = every_s
+        self._next = time.monotonic() + every_s
+
+    def __call__(self, text: Callable[[], str]) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self._every
+            self._ctx.note(text())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the options, connect, run the chosen subcommand; every error is one line."""
+    prog = str(args.prog)
+    try:
+        level = log_level(args.log_level)
+        url = with_tls_files(check_url(args.redis_url), args.tls_ca_file, args.tls_cert_file,
+                             args.tls_key_file)
+        from ..config import CoordinatorConfig
+
+        CoordinatorConfig(namespace=args.namespace)  # a bad namespace is a usage error
+    except (UsageError, ConfigError) as exc:
+        return report(exc, prog)
+    ctx = Context(args, prog, url)
+    try:
+        from ..connect import connect
+
+        ctx.client = connect(url, socket_timeout=SOCKET_TIMEOUT_S)
+        return int(args.body(ctx))
+    except KeyboardInterrupt:
+        return 130
+    except (Failure, ProtocolError) as exc:
+        if level == "DEBUG":
+            import traceback
+
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        bad_input = isinstance(exc, ProtocolError) and exc.error in BAD_INPUT
+        return EXIT_USAGE if bad_input else EXIT_FAILURE
+    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
+        return report(exc, prog, url=url, debug=level == "DEBUG")
+    finally:
+        if ctx.client is not None:
+            ctx.client.close()

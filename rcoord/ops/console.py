@@ -1,0 +1,255 @@
+"""``rcoord topics produce`` and ``rcoord topics consume``: Kafka's console producer and consumer.
+
+``produce`` appends one record per line of stdin (``--key-separator`` splits a key off each
+line), with the idempotent producer and Kafka's partitioner. It sends in batches when stdin is a
+file or a pipe, and line by line when it is a terminal, so what is typed is sent at once.
+
+``consume`` prints records, one per line. With ``--group`` it is a member of that consumer group
+(its partitions are assigned; its positions are committed); without, it reads every partition
+of the topic directly, from the log end (or the log start with ``--from-beginning``). It stops
+after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on Ctrl-C, and
+then says how many records it printed (stderr), as Kafka's console consumer does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..cli import UsageError
+from .common import Context, Failure, Progress, leaf
+
+__all__ = ["add_console_arguments"]
+
+BATCH = 500
+"""Lines per append when stdin is not a terminal."""
+FETCH_WAIT_MS = 500
+"""How long one read of a caught-up consumer waits for a record."""
+
+
+def add_console_arguments(sub: Any) -> None:
+    q = leaf(sub, "produce", "append the lines of stdin to a topic, one record each", _produce)
+    q.add_argument("topic")
+    q.add_argument("--key-separator", metavar="SEP",
+                   help="each line is KEY SEP VALUE (split at the first SEP)")
+    q.add_argument("--partition", type=int, metavar="P",
+                   help="append to this partition (default: Kafka's partitioner)")
+    q = leaf(sub, "consume", "print a topic's records (as a group member with --group)",
+             _consume)
+    q.add_argument("topic")
+    q.add_argument("--group", metavar="G", help="consume as a member of consumer group G")
+    q.add_argument("--from-beginning", action="store_true",
+                   help="start at the log start where there is no committed offset (default: "
+                   "the log end, only new records)")
+    q.add_argument("--max-messages", type=int, metavar="N", help="stop after N records")
+    q.add_argument("--timeout-ms", type=int, metavar="MS",
+                   help="stop after MS without a record (default: run until Ctrl-C)")
+    q.add_argument("--print-key", action="store_true", help="print KEY SEP VALUE")
+    q.add_argument("--print-offset", action="store_true",
+                   help="print the partition and offset before each record")
+    q.add_argument("--key-separator", default="\t", metavar="SEP",
+                   help="between the printed key and value (a tab)")
+
+
+# -- produce ----------------------------------------------------------------------------------
+
+
+def _lines(ctx: Context) -> Iterator[tuple[int, str]]:
+    for number, line in enumerate(sys.stdin, 1):
+        yield number, line.rstrip("\r\n")
+
+
+def _produce(ctx: Context) -> int:
+    from ..topics import Producer, ProducerRecord
+
+    a = ctx.args
+    if a.key_separator == "":
+        raise UsageError("--key-separator must not be empty")
+    if a.partition is not None and a.partition < 0:
+        raise UsageError(f"--partition must be >= 0, got {a.partition}")
+    count = ctx.topics().partition_count(a.topic)  # a missing topic fails before any input
+    if a.partition is not None and a.partition >= count:
+        raise Failure(f"topic {a.topic!r} has {count} partitions; there is no partition "
+                      f"{a.partition}")
+    producer = Producer(ctx.client, ctx.namespace)
+    batch_size = 1 if sys.stdin.isatty() else BATCH
+    progress = Progress(ctx)
+    sent: dict[int, int] = {}
+    batch: list[ProducerRecord] = []
+
+    def flush() -> None:
+        for meta in producer.send_batch(a.topic, batch):
+            sent[meta.partition] = sent.get(meta.partition, 0) + 1
+        batch.clear()
+        progress(lambda: f"produced {sum(sent.values())} records")
+
+    for number, line in _lines(ctx):
+        key: bytes | None = None
+        value = line
+        if a.key_separator is not None:
+            k, found, v = line.partition(a.key_separator)
+            if not found:
+                flush()
+                raise Failure(f"line {number} has no key separator {a.key_separator!r}; the "
+                              f"{sum(sent.values())} records before it were produced")
+            key, value = k.encode(), v
+        batch.append(ProducerRecord(value.encode(), key=key, partition=a.partition))
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    total = sum(sent.values())
+    if ctx.json:
+        print_json_line({"topic": a.topic, "records": total,
+                         "partitions": {str(p): n for p, n in sorted(sent.items())}})
+    else:
+        spread = ", ".join(f"{p}: {n}" for p, n in sorted(sent.items()))
+        print(f"Produced {total} records to {a.topic}" + (f" (partitions {spread})."
+                                                          if spread else "."), flush=True)
+    return 0
+
+
+# -- consume ----------------------------------------------------------------------------------
+
+
+def print_json_line(data: Any) -> None:
+    print(json.dumps(data), flush=True)
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+class _Printer:
+    """Prints records in the chosen format and counts them against ``--max-messages``."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx, self.args = ctx, ctx.args
+        self.count = 0
+
+    @property
+    def wanted(self) -> int | None:
+        m = self.args.max_messages
+        return None if m is None else m - self.count
+
+    def __call__(self, topic: str, partition: int, offset: int, key: bytes | None,
+                 value: bytes | None, timestamp_ms: int) -> None:
+        self.count += 1
+        if self.ctx.json:
+            print_json_line({
+                "topic": topic, "partition": partition, "offset": offset,
+                "timestamp_ms": timestamp_ms, "key": _text(key), "value": _text(value),
+                "value_base64": base64.b64encode(value).decode() if value is not None else None,
+            })
+            return
+        a = self.args
+        parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
+        if a.print_key:
+            parts.append(_text(key) or "null")
+        parts.append("null" if value is None else (_text(value) or ""))
+        print(a.key_separator.join(parts) if a.print_key else "\t".join(parts), flush=True)
+
+
+def _consume(ctx: Context) -> int:
+    a = ctx.args
+    for name in ("max_messages", "timeout_ms"):
+        value = getattr(a, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    ctx.topics().partition_count(a.topic)  # a missing topic is an error, not an endless wait
+    printer = _Printer(ctx)
+    try:
+        if a.group:
+            _consume_group(ctx, printer)
+        else:
+            _consume_direct(ctx, printer)
+    finally:
+        ctx.note(f"Processed a total of {printer.count} messages")
+    return 0
+
+
+def _idle_deadline(a: argparse.Namespace) -> float | None:
+    return None if a.timeout_ms is None else time.monotonic() + a.timeout_ms / 1000
+
+
+def _consume_direct(ctx: Context, printer: _Printer) -> None:
+    """Every partition, read in turn; waits (blocking read) only when all are caught up."""
+    from ..topics import fetch, log_offsets
+
+    a = ctx.args
+    count = ctx.topics().partition_count(a.topic)
+    position = {}
+    for p in range(count):
+        start, end = log_offsets(ctx.client, ctx.namespace, a.topic, p)
+        position[p] = start if a.from_beginning else end
+    idle_until = _idle_deadline(a)
+    turn = 0
+    while printer.wanted is None or printer.wanted > 0:
+        got = False
+        for i in range(count):
+            p = (turn + i) % count
+            want = printer.wanted
+            res = fetch(ctx.client, ctx.namespace, a.topic, p, position[p],
+                        max_records=min(500, want) if want else 500)
+            if res.records:
+                got = True
+                for r in res.records:
+                    printer(a.topic, p, r.offset, r.key, r.value, r.timestamp_ms)
+                position[p] = res.records[-1].offset + 1
+                break
+            # Retention passed this position: go on from the log start.
+            position[p] = max(position[p], res.log_start_offset)
+        turn += 1
+        if got:
+            idle_until = _idle_deadline(a)
+            continue
+        if idle_until is not None and time.monotonic() >= idle_until:
+            return
+        # All caught up: wait on partition ``turn`` for a while, then look at all again.
+        p = turn % count
+        fetch(ctx.client, ctx.namespace, a.topic, p, position[p], max_records=1,
+              block_ms=min(FETCH_WAIT_MS, _left_ms(idle_until)) if count == 1 else 50)
+
+
+def _left_ms(deadline: float | None) -> int:
+    if deadline is None:
+        return FETCH_WAIT_MS
+    return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def _consume_group(ctx: Context, printer: _Printer) -> None:
+    """A member of the group: the group assigns the partitions; positions are committed as the
+    consumer goes (auto-commit) and when it stops (it leaves the group)."""
+    import os
+    import socket
+
+    from ..client import Consumer, ConsumerGroupConfig
+
+    a = ctx.args
+    config = ConsumerGroupConfig(
+        group_id=a.group, topics=[a.topic], redis_client=ctx.client, namespace=ctx.namespace,
+        client_id=f"rcoord-console-{socket.gethostname()}-{os.getpid()}",
+        start_offset="earliest" if a.from_beginning else "latest",
+    )
+    consumer = Consumer(config, fetch_max_wait_ms=FETCH_WAIT_MS)
+    progress = Progress(ctx, every_s=2.0)
+    try:
+        idle_until = _idle_deadline(a)
+        while printer.wanted is None or printer.wanted > 0:
+            records = consumer.poll(timeout=min(1.0, _left_ms(idle_until) / 1000),
+                                    max_records=printer.wanted or 500)
+            for r in records:
+                printer(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms)
+            if records:
+                idle_until = _idle_deadline(a)
+            elif idle_until is not None and time.monotonic() >= idle_until:
+                return
+            elif not consumer.assignment():
+                progress(lambda: f"waiting to join group {a.group!r}")
+    finally:
+        consumer.close(timeout=10)

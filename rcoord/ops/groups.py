@@ -1,0 +1,357 @@
+"""``rcoord groups``: Kafka's kafka-consumer-groups.sh over the coordinator's admin API.
+
+``list``, ``describe`` (state, protocol, members, and per partition the committed offset, the
+log end offset and the lag), ``delete``, ``delete-offsets`` and ``reset-offsets``. Answers carry
+Kafka's error names (NON_EMPTY_GROUP, GROUP_SUBSCRIBED_TO_TOPIC, ...) so they can be looked up.
+
+``reset-offsets --execute`` commits through the coordinator's simple-commit path (generation -1,
+no member id), which the commit script accepts only while the group has no members: the check
+that a consumer has not joined since the plan was made is made by the same atomic step that
+writes the offsets, never by a read-then-write here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from ..cli import UsageError
+from ..errors import Errors
+from ..protocol.admin import GroupDescription, MemberDescription
+from ..protocol.offsets import TopicPartition
+from ..state import GroupState
+from .common import Context, Failure, leaf
+from .output import print_json, print_table
+from .reset import MODES, Mode, Row, parse_datetime, parse_duration, parse_topics, plan
+
+__all__ = ["add_arguments"]
+
+STATES = {s.value.lower(): s.value for s in GroupState}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = leaf(sub, "list", "list the consumer groups (optionally in some states)", _list)
+    q.add_argument("--state", action="append", default=[],
+                   help="only groups in this state (repeat, or comma-separate): "
+                   + ", ".join(STATES.values()))
+    q = leaf(sub, "describe", "a group's state, members, and committed offsets and lag",
+             _describe)
+    q.add_argument("group")
+    q = leaf(sub, "delete", "delete empty groups and their offsets", _delete)
+    q.add_argument("groups", nargs="+", metavar="GROUP")
+    q = leaf(sub, "delete-offsets", "delete a group's committed offsets of some topics",
+             _delete_offsets)
+    q.add_argument("group")
+    q.add_argument("--topic", action="append", required=True, metavar="TOPIC[:P,...]",
+                   help="a topic, or some of its partitions (repeatable)")
+    q = leaf(sub, "reset-offsets",
+             "move a group's committed offsets (dry run by default; --execute to commit)",
+             _reset_offsets)
+    q.add_argument("group")
+    which = q.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic", action="append", metavar="TOPIC[:P,...]",
+                       help="a topic, or some of its partitions (repeatable)")
+    which.add_argument("--all-topics", action="store_true",
+                       help="every topic the group has committed offsets for")
+    mode = q.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--to-earliest", action="store_true", help="the log start offset")
+    mode.add_argument("--to-latest", action="store_true", help="the log end offset")
+    mode.add_argument("--to-offset", type=int, metavar="N", help="offset N")
+    mode.add_argument("--shift-by", type=int, metavar="N",
+                      help="the committed offset plus N (N may be negative)")
+    mode.add_argument("--to-datetime", metavar="ISO8601",
+                      help="the first record at or after YYYY-MM-DDTHH:mm:SS.sss[zone]")
+    mode.add_argument("--by-duration", metavar="PnDTnHnMnS",
+                      help="the first record at or after that long ago")
+    run = q.add_mutually_exclusive_group()
+    run.add_argument("--dry-run", action="store_true", help="show the plan only (the default)")
+    run.add_argument("--execute", action="store_true",
+                     help="commit the plan; only while the group has no members")
+
+
+# -- list -------------------------------------------------------------------------------------
+
+
+def _list(ctx: Context) -> int:
+    wanted = [s.strip() for arg in ctx.args.state for s in arg.split(",") if s.strip()]
+    unknown = [s for s in wanted if s.lower() not in STATES]
+    if unknown:
+        raise UsageError(f"--state {unknown[0]!r} is not a group state; use one of "
+                         + ", ".join(STATES.values()))
+    listings = ctx.coordinator().list_groups([STATES[s.lower()] for s in wanted] or None)
+    listings = sorted(listings, key=lambda g: g.group_id)
+    if ctx.json:
+        print_json([{"group": g.group_id, "state": g.state,
+                     "protocol_type": g.protocol_type or None}
+                    for g in listings])
+    else:
+        print_table(["GROUP", "STATE", "PROTOCOL-TYPE"],
+                    [(g.group_id, g.state, g.protocol_type) for g in listings])
+    return 0
+
+
+# -- describe ---------------------------------------------------------------------------------
+
+
+def _assigned(desc: GroupDescription) -> dict[str, list[TopicPartition]]:
+    """Each member's partitions, decoded from its consumer assignment (filled while Stable)."""
+    from ..protocol.consumer import ConsumerProtocolAssignment
+
+    out: dict[str, list[TopicPartition]] = {}
+    for m in desc.members:
+        parts: list[TopicPartition] = []
+        if desc.protocol_type == "consumer" and m.assignment:
+            try:
+                decoded = ConsumerProtocolAssignment.decode(m.assignment).partitions
+                parts = [TopicPartition(t, p) for t, p in decoded]
+            except Exception:  # noqa: BLE001 - another protocol's bytes: show no partitions
+                parts = []
+        out[m.member_id] = parts
+    return out
+
+
+def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[int, int]]:
+    """(log start, log end) of every partition of ``topics``; a missing topic is left out."""
+    from ..topics import TopicError
+
+    out: dict[TopicPartition, tuple[int, int]] = {}
+    admin = ctx.topics()
+    for topic in sorted(set(topics)):
+        try:
+            desc = admin.describe(topic)
+        except TopicError as exc:
+            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            continue
+        for p in desc.partitions:
+            if p.error == Errors.NONE:
+                out[TopicPartition(topic, p.partition)] = (p.log_start_offset, p.log_end_offset)
+    return out
+
+
+def _describe(ctx: Context) -> int:
+    group = ctx.args.group
+    coord = ctx.coordinator()
+    desc = coord.describe_group(group)
+    if desc.state == GroupState.DEAD.value:
+        raise Failure(f"consumer group {group!r} does not exist")
+    committed = {tp: o.offset for tp, o in coord.fetch_offsets(group).offsets.items()}
+    assigned = _assigned(desc)
+    owner: dict[TopicPartition, MemberDescription] = {}
+    for m in desc.members:
+        for tp in assigned[m.member_id]:
+            owner[tp] = m
+    tps = sorted(set(committed) | set(owner))
+    ends = log_ends(ctx, [tp.topic for tp in tps])
+    rows: list[dict[str, Any]] = []
+    for tp in tps:
+        offset = committed.get(tp)
+        end = ends[tp][1] if tp in ends else None
+        lag = end - offset if end is not None and offset is not None and offset >= 0 else None
+        m = owner.get(tp)
+        rows.append({
+            "topic": tp.topic, "partition": tp.partition, "current_offset": offset,
+            "log_end_offset": end, "lag": lag,
+            "consumer_id": m.member_id if m else None,
+            "host": (m.client_host or None) if m else None,
+            "client_id": (m.client_id or None) if m else None,
+        })
+    members = [{
+        "consumer_id": m.member_id, "group_instance_id": m.group_instance_id,
+        "host": m.client_host or None, "client_id": m.client_id or None,
+        "partitions": [[tp.topic, tp.partition] for tp in assigned[m.member_id]],
+    } for m in desc.members]
+    total = sum(r["lag"] for r in rows if r["lag"] is not None)
+    if desc.state == GroupState.EMPTY.value:
+        ctx.note(f"consumer group {group!r} has no active members")
+    elif desc.state != GroupState.STABLE.value:
+        ctx.note(f"warning: consumer group {group!r} is rebalancing ({desc.state}); "
+                 "members and their partitions are shown once it is Stable")
+    if ctx.json:
+        print_json({
+            "group": group, "state": desc.state, "protocol_type": desc.protocol_type or None,
+            "protocol": desc.protocol_name or None, "members": members, "partitions": rows,
+            "total_lag": total,
+        })
+        return 0
+    print_table(["GROUP", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "#MEMBERS", "TOTAL-LAG"],
+                [(group, desc.state, desc.protocol_type, desc.protocol_name, len(members),
+                  total)])
+    if members:
+        print()
+        print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"],
+                    [(m["consumer_id"], m["group_instance_id"], m["host"], m["client_id"],
+                      len(m["partitions"])) for m in members])
+    if rows:
+        print()
+        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
+                     "CONSUMER-ID", "HOST", "CLIENT-ID"],
+                    [(group, r["topic"], r["partition"], r["current_offset"],
+                      r["log_end_offset"], r["lag"], r["consumer_id"], r["host"],
+                      r["client_id"]) for r in rows])
+    return 0
+
+
+# -- delete -----------------------------------------------------------------------------------
+
+WHY = {
+    Errors.NON_EMPTY_GROUP: "the group has members; it can be deleted once it is Empty",
+    Errors.GROUP_ID_NOT_FOUND: "no such group",
+}
+
+
+def _delete(ctx: Context) -> int:
+    results = ctx.coordinator().delete_groups(ctx.args.groups)
+    deleted = [g for g, e in results.items() if e == Errors.NONE]
+    failed = {g: e for g, e in results.items() if e != Errors.NONE}
+    if ctx.json:
+        print_json({"deleted": deleted, "failed": {g: e.name for g, e in failed.items()}})
+    elif deleted:
+        names = ", ".join(repr(g) for g in deleted)
+        print(f"Deletion of requested consumer groups ({names}) was successful.", flush=True)
+    if failed:
+        raise Failure("; ".join(
+            f"group {g!r} could not be deleted: {e.name}"
+            + (f" ({WHY[e]})" if e in WHY else "") for g, e in failed.items()
+        ))
+    return 0
+
+
+def _partitions(ctx: Context, specs: Sequence[str]) -> list[TopicPartition]:
+    """The partitions ``--topic`` names; every one must exist."""
+    out: list[TopicPartition] = []
+    admin = ctx.topics()
+    for topic, parts in parse_topics(specs):
+        count = admin.partition_count(topic)
+        if parts is None:
+            parts = list(range(count))
+        missing = [p for p in parts if p >= count]
+        if missing:
+            raise Failure(f"topic {topic!r} has {count} partitions; there is no partition "
+                          f"{missing[0]}")
+        out.extend(TopicPartition(topic, p) for p in parts)
+    return sorted(set(out))
+
+
+def _delete_offsets(ctx: Context) -> int:
+    group = ctx.args.group
+    tps = _partitions(ctx, ctx.args.topic)
+    res = ctx.coordinator().delete_offsets(group, tps)
+    if res.error != Errors.NONE:
+        why = {
+            Errors.GROUP_ID_NOT_FOUND: f"consumer group {group!r} does not exist",
+            Errors.NON_EMPTY_GROUP: f"deleting offsets of consumer group {group!r} is "
+            "forbidden while it has members",
+        }.get(res.error, f"group {group!r}")
+        raise Failure(f"{why} ({res.error.name})")
+    rows = [(tp.topic, tp.partition, "Successful" if e == Errors.NONE else f"Error: {e.name}")
+            for tp, e in sorted(res.partitions.items())]
+    if ctx.json:
+        print_json([{"topic": t, "partition": p, "error": None if s == "Successful" else s[7:]}
+                    for t, p, s in rows])
+    else:
+        print_table(["TOPIC", "PARTITION", "STATUS"], rows)
+    refused = [f"{tp.topic}-{tp.partition}" for tp, e in sorted(res.partitions.items())
+               if e != Errors.NONE]
+    if refused:
+        codes = sorted({e.name for e in res.partitions.values() if e != Errors.NONE})
+        raise Failure(f"offsets of {', '.join(refused)} were not deleted ({', '.join(codes)}: "
+                      "a member of the group subscribes to the topic)")
+    return 0
+
+
+# -- reset-offsets ----------------------------------------------------------------------------
+
+
+def _mode(args: argparse.Namespace, server_ms: Any) -> Mode:
+    for name in MODES:
+        value = getattr(args, name)
+        if value is None or value is False:
+            continue
+        if name == "to_datetime":
+            return Mode(name, parse_datetime(value))
+        if name == "by_duration":
+            return Mode(name, server_ms() - parse_duration(value))
+        if name == "to_offset" and value < 0:
+            raise UsageError(f"--to-offset must be >= 0, got {value}")
+        return Mode(name, 0 if value is True else int(value))
+    raise UsageError("choose a reset: " + ", ".join("--" + m.replace("_", "-") for m in MODES))
+
+
+def _server_ms(ctx: Context) -> int:
+    """Now on Redis' clock, the clock that stamps records (any node of a cluster)."""
+    secs, micros = ctx.client.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
+def _reset_offsets(ctx: Context) -> int:
+    from ..topics import offsets_for_times
+
+    args, group = ctx.args, ctx.args.group
+    mode = _mode(args, lambda: _server_ms(ctx))
+    coord = ctx.coordinator()
+    state = coord.describe_group(group).state
+    if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
+        raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, but "
+                      f"the current state is {state}.")
+    committed = {tp: o.offset for tp, o in coord.fetch_offsets(group).offsets.items()
+                 if o.offset >= 0}
+    if args.all_topics:
+        tps = sorted(committed)
+        if not tps:
+            raise Failure(f"group {group!r} has no committed offsets; name the topics with "
+                          "--topic")
+    else:
+        tps = _partitions(ctx, args.topic)
+    offsets = log_ends(ctx, [tp.topic for tp in tps])
+    gone = [tp for tp in tps if tp not in offsets]
+    if gone:
+        raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
+    by_time: dict[TopicPartition, int | None] = {}
+    if mode.name in ("to_datetime", "by_duration"):
+        if mode.value < 0:
+            raise UsageError(f"--{mode.describe()} points before 1970")
+        found = offsets_for_times(ctx.client, ctx.namespace, {tp: mode.value for tp in tps})
+        by_time = {TopicPartition(*tp): (f.offset if f else None) for tp, f in found.items()}
+    rows = plan(mode, tps, committed, offsets, by_time)
+    for row in rows:
+        if row.note:
+            ctx.note(f"note: {row.tp.topic}-{row.tp.partition}: {row.note}")
+    if args.execute:
+        _commit(ctx, group, rows)
+    _show_plan(ctx, group, rows, executed=bool(args.execute))
+    return 0
+
+
+def _commit(ctx: Context, group: str, rows: Sequence[Row]) -> None:
+    """One simple commit (no member, generation -1): the coordinator refuses it if the group
+    has members, in the same script that would write the offsets."""
+    errors = ctx.coordinator().commit_offsets(group, {r.tp: r.new for r in rows})
+    bad = {e for e in errors.values() if e != Errors.NONE}
+    if Errors.UNKNOWN_MEMBER_ID in bad:
+        raise Failure(f"the coordinator refused the reset: group {group!r} has members now "
+                      "(UNKNOWN_MEMBER_ID for a commit without a member); nothing was changed. "
+                      "Stop its consumers and run again")
+    if len(set(errors.values())) == 1 and bad:  # a group-level error: nothing was written
+        raise Failure(f"the coordinator refused the reset of group {group!r}: "
+                      f"{bad.pop().name}; nothing was changed")
+    if bad:
+        refused = [f"{tp.topic}-{tp.partition} ({e.name})" for tp, e in sorted(errors.items())
+                   if e != Errors.NONE]
+        raise Failure(f"these offsets of group {group!r} were not committed (the others were): "
+                      + ", ".join(refused))
+
+
+def _show_plan(ctx: Context, group: str, rows: Sequence[Row], *, executed: bool) -> None:
+    if ctx.json:
+        print_json({"group": group, "executed": executed,
+                    "partitions": [r.as_json(group) for r in rows]})
+    else:
+        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
+                    [(group, r.tp.topic, r.tp.partition, r.current, r.new) for r in rows])
+    if executed:
+        ctx.note(f"committed {len(rows)} offsets of group {group!r}")
+    else:
+        ctx.note("dry run: nothing was changed; add --execute to commit these offsets")

@@ -1,0 +1,162 @@
+"""The plan of ``rcoord groups reset-offsets``: which offset each partition goes to, and why.
+
+As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` (log end),
+``--to-offset N``, ``--shift-by N`` (from the committed offset), ``--to-datetime`` and
+``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
+the log end where there is none). Every target is clamped into [log start, log end], as Kafka
+does, and the plan says where it was.
+
+Times are read on Redis' clock (``TIME``), the clock that stamped the records, so
+``--by-duration PT1H`` means an hour before now as the server counts it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..cli import UsageError
+from ..protocol.offsets import TopicPartition
+from .common import Failure
+
+__all__ = ["MODES", "Mode", "Row", "parse_datetime", "parse_duration", "parse_topics", "plan"]
+
+MODES = ("to_earliest", "to_latest", "to_offset", "shift_by", "to_datetime", "by_duration")
+
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration(text: str) -> int:
+    """An ISO-8601 duration as Java's ``Duration.parse`` reads it (``PnDTnHnMn.nS``), in ms."""
+    m = _DURATION.fullmatch(text.strip())
+    if not m or not any(m.group(i) for i in (2, 3, 4, 5)) or text.strip().upper().endswith("T"):
+        raise UsageError(
+            f"--by-duration {text!r} is not a duration; write PnDTnHnMnS, e.g. P1D, PT2H30M, "
+            "PT0.5S"
+        )
+    sign, days, hours, minutes, seconds, frac = m.groups()
+    ms = (int(days or 0) * 86_400_000 + int(hours or 0) * 3_600_000
+          + int(minutes or 0) * 60_000 + int(seconds or 0) * 1000)
+    if frac:
+        sub = int((frac + "000")[:3])
+        ms += -sub if (seconds or "").startswith("-") else sub
+    return -ms if sign == "-" else ms
+
+
+def parse_datetime(text: str) -> int:
+    """An ISO-8601 date and time in epoch ms, e.g. ``2024-05-01T10:00:00.000`` or with a zone
+    (``Z``, ``+02:00``); without one it is local time, as Kafka's ``--to-datetime`` reads it."""
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"--to-datetime {text!r} is not an ISO-8601 date-time; write "
+            "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +02:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time
+    return int(when.timestamp() * 1000)
+
+
+def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
+    """``--topic T`` (every partition) or ``--topic T:0,2`` (those), repeatable."""
+    out: list[tuple[str, list[int] | None]] = []
+    for spec in specs:
+        topic, colon, parts = spec.partition(":")
+        if not topic:
+            raise UsageError(f"--topic {spec!r}: write TOPIC or TOPIC:PARTITION[,PARTITION...]")
+        if not colon:
+            out.append((topic, None))
+            continue
+        try:
+            numbers = [int(p) for p in parts.split(",")]
+        except ValueError:
+            raise UsageError(
+                f"--topic {spec!r}: partitions must be numbers, as in {topic}:0,1,2"
+            ) from None
+        if any(n < 0 for n in numbers):
+            raise UsageError(f"--topic {spec!r}: partitions are >= 0")
+        out.append((topic, sorted(set(numbers))))
+    return out
+
+
+@dataclass(frozen=True)
+class Mode:
+    """The chosen reset and its argument (an offset, a shift, or a timestamp in ms)."""
+
+    name: str
+    value: int = 0
+
+    def describe(self) -> str:
+        return self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One partition of the plan."""
+
+    tp: TopicPartition
+    current: int | None
+    log_start: int
+    log_end: int
+    requested: int
+    new: int
+    note: str = ""
+
+    def as_json(self, group: str) -> dict[str, Any]:
+        return {
+            "group": group, "topic": self.tp.topic, "partition": self.tp.partition,
+            "current_offset": self.current, "new_offset": self.new,
+            "log_start_offset": self.log_start, "log_end_offset": self.log_end,
+            "requested_offset": self.requested, "note": self.note or None,
+        }
+
+
+def plan(
+    mode: Mode,
+    partitions: Sequence[TopicPartition],
+    committed: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, tuple[int, int]],
+    by_time: Mapping[TopicPartition, int | None],
+) -> list[Row]:
+    """The new offset of every partition. ``offsets`` maps each to (log start, log end);
+    ``by_time`` holds the offsets found for a time-based mode (None: no record that recent)."""
+    rows = []
+    for tp in partitions:
+        start, end = offsets[tp]
+        current = committed.get(tp)
+        note = ""
+        if mode.name == "to_earliest":
+            requested = start
+        elif mode.name == "to_latest":
+            requested = end
+        elif mode.name == "to_offset":
+            requested = mode.value
+        elif mode.name == "shift_by":
+            if current is None:
+                raise Failure(
+                    f"cannot shift the offset of {tp.topic}-{tp.partition}: the group has no "
+                    "committed offset there; use --to-offset, --to-earliest or --to-latest"
+                )
+            requested = current + mode.value
+        elif mode.name in ("to_datetime", "by_duration"):
+            found = by_time[tp]
+            if found is None:
+                requested, note = end, "no record at or after that time: the log end"
+            else:
+                requested = found
+        else:  # pragma: no cover - argparse allows only MODES
+            raise AssertionError(mode.name)
+        new = min(max(requested, start), end)
+        if requested > end:
+            note = f"{requested} is above the log end offset; clamped to {end}"
+        elif requested < start:
+            note = f"{requested} is below the log start offset; clamped to {start}"
+        rows.append(Row(tp, current, start, end, requested, new, note))
+    return rows

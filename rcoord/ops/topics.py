@@ -1,0 +1,126 @@
+"""``rcoord topics``: Kafka's kafka-topics.sh (create, list, describe, delete, add-partitions),
+plus the console producer and consumer as ``produce`` and ``consume`` (``rcoord.ops.console``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import Errors
+from ..topics import TopicError
+from .common import Context, leaf
+from .console import add_console_arguments
+from .output import print_json, print_table
+
+__all__ = ["add_arguments"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = leaf(sub, "create", "create a topic", _create)
+    q.add_argument("topic")
+    q.add_argument("--partitions", type=int, required=True, metavar="N")
+    q.add_argument("--retention-ms", type=int, metavar="MS",
+                   help="records older than this are removed (default: kept)")
+    q.add_argument("--retention-records", type=int, metavar="N",
+                   help="keep only the newest N records per partition (default: all)")
+    q.add_argument("--if-not-exists", action="store_true",
+                   help="succeed if the topic already exists")
+    leaf(sub, "list", "list the topics", _list)
+    q = leaf(sub, "describe", "partitions and their log start and end offsets", _describe)
+    q.add_argument("topics", nargs="*", metavar="TOPIC", help="default: every topic")
+    q = leaf(sub, "delete", "delete topics and their records", _delete)
+    q.add_argument("topics", nargs="+", metavar="TOPIC")
+    q.add_argument("--if-exists", action="store_true", help="succeed if a topic is missing")
+    q = leaf(sub, "add-partitions", "grow a topic to N partitions", _add_partitions)
+    q.add_argument("topic")
+    q.add_argument("--partitions", type=int, required=True, metavar="N",
+                   help="the new total, more than now")
+    add_console_arguments(sub)
+
+
+def _create(ctx: Context) -> int:
+    a = ctx.args
+    created = True
+    try:
+        ctx.topics().create(a.topic, a.partitions, retention_ms=a.retention_ms,
+                            retention_records=a.retention_records)
+    except TopicError as exc:
+        if not (a.if_not_exists and exc.error == Errors.TOPIC_ALREADY_EXISTS):
+            raise
+        created = False
+    if ctx.json:
+        print_json({"topic": a.topic, "created": created})
+    else:
+        print(f"Created topic {a.topic}." if created else f"Topic {a.topic} already exists.",
+              flush=True)
+    return 0
+
+
+def _list(ctx: Context) -> int:
+    names = ctx.topics().list()
+    if ctx.json:
+        print_json(names)
+    else:
+        for name in names:
+            print(name)
+    return 0
+
+
+def _describe(ctx: Context) -> int:
+    admin = ctx.topics()
+    names = ctx.args.topics or admin.list()
+    descs = [admin.describe(name) for name in names]
+    if ctx.json:
+        print_json([{
+            "topic": d.name, "partition_count": len(d.partitions), "created_ms": d.created_ms,
+            "retention_ms": d.retention_ms, "retention_records": d.retention_records,
+            "partitions": [{"partition": p.partition, "log_start_offset": p.log_start_offset,
+                            "log_end_offset": p.log_end_offset,
+                            "error": None if p.error == Errors.NONE else p.error.name}
+                           for p in d.partitions],
+        } for d in descs])
+        return 0
+    print_table(["TOPIC", "PARTITIONS", "RETENTION-MS", "RETENTION-RECORDS", "RECORDS"],
+                [(d.name, len(d.partitions), d.retention_ms, d.retention_records,
+                  sum(p.log_end_offset - p.log_start_offset for p in d.partitions
+                      if p.error == Errors.NONE)) for d in descs])
+    rows = [(d.name, p.partition, p.log_start_offset, p.log_end_offset,
+             None if p.error == Errors.NONE else p.error.name)
+            for d in descs for p in d.partitions]
+    if rows:
+        print()
+        print_table(["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET", "ERROR"], rows)
+    return 0
+
+
+def _delete(ctx: Context) -> int:
+    admin = ctx.topics()
+    deleted = []
+    for name in ctx.args.topics:
+        try:
+            admin.delete(name)
+        except TopicError as exc:
+            if not (ctx.args.if_exists and exc.error == Errors.UNKNOWN_TOPIC_OR_PARTITION):
+                raise
+            continue
+        deleted.append(name)
+    if ctx.json:
+        print_json({"deleted": deleted})
+    else:
+        for name in deleted:
+            print(f"Deleted topic {name}.", flush=True)
+    return 0
+
+
+def _add_partitions(ctx: Context) -> int:
+    admin = ctx.topics()
+    before = admin.partition_count(ctx.args.topic)
+    admin.add_partitions(ctx.args.topic, ctx.args.partitions)
+    if ctx.json:
+        print_json({"topic": ctx.args.topic, "partitions_before": before,
+                    "partitions": ctx.args.partitions})
+    else:
+        print(f"Topic {ctx.args.topic} now has {ctx.args.partitions} partitions "
+              f"(was {before}).", flush=True)
+    return 0

@@ -1,0 +1,419 @@
+"""``rcoord groups``: the real command line (``python -m rcoord``) in a subprocess against real
+servers, on one node and on a 3-master cluster; tables and JSON both checked.
+
+Groups with members are formed in this process through the coordinator (consumer-protocol
+subscriptions and assignments, long sessions), so the command sees a Stable group it did not
+make itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Ctx
+from test_cli_errors import one_error_line
+
+from rcoord import Errors, TopicPartition
+from rcoord.cli import UsageError
+from rcoord.ops.common import Context, Failure
+from rcoord.ops.groups import _commit
+from rcoord.ops.reset import Mode, Row, parse_datetime, parse_duration, plan
+from rcoord.protocol.consumer import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+from rcoord.topics import Producer, ProducerRecord, Topics
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+
+
+@pytest.fixture
+def url(request: pytest.FixtureRequest, backend: str) -> str:
+    server = request.getfixturevalue("redis_server" if backend == "single" else "redis_cluster")
+    return str(server.url)
+
+
+@pytest.fixture
+def cli(url: str, namespace: str, make_coordinator: Any) -> Any:
+    """``cli("groups", "describe", "g")``: runs the command on this test's server and namespace
+    (whose settings a coordinator established first, with no initial rebalance delay)."""
+    make_coordinator()
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+        env["PYTHONPATH"] = str(ROOT)
+        return subprocess.run(
+            [sys.executable, "-m", "rcoord", *args, "--redis-url", url, "--namespace", namespace],
+            env=env, input=stdin, capture_output=True, text=True, timeout=120, check=False)
+
+    return run
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "Traceback" not in res.stderr
+    return res
+
+
+def rows(stdout: str, header: str) -> list[list[str]]:
+    """The rows of the table whose column names start with the words of ``header``, each row
+    split on blanks."""
+    lines, words = stdout.splitlines(), header.split()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:len(words)] == words)
+    out = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        out.append(ln.split())
+    return out
+
+
+def committed(coord: Any, group: str) -> dict[tuple[str, int], int]:
+    return {(tp.topic, tp.partition): o.offset
+            for tp, o in coord.fetch_offsets(group).offsets.items()}
+
+
+def stable_group(coord: Any, pool: Any, group: str, topic: str,
+                 owners: dict[str, list[int]]) -> tuple[int, dict[str, str]]:
+    """A Stable consumer group: one member per client id in ``owners``, each assigned those
+    partitions of ``topic``; returns (generation, client id -> member id)."""
+    ctx = Ctx(coord, None, pool, group_id=group, session_timeout_ms=120_000,
+              rebalance_timeout_ms=120_000)
+    protocols = [("range", ConsumerProtocolSubscription([topic]).encode())]
+
+    def kw(name: str) -> dict[str, Any]:
+        return {"client_id": name, "client_host": f"/10.0.0.{len(name)}", "protocols": protocols}
+
+    names = list(owners)
+    ids = {name: ctx.new_member_id(**kw(name)) for name in names}
+    first = ctx.join(ids[names[0]], **kw(names[0]))
+    assert first.error == Errors.NONE
+    assert ctx.sync(ids[names[0]], first.generation_id, {ids[names[0]]: b""}).error == Errors.NONE
+    futures = [ctx.join_async(ids[n], **kw(n)) for n in names]
+    results = [f.result(30) for f in futures]
+    assert all(r.error == Errors.NONE for r in results), results
+    gen, leader = results[0].generation_id, results[0].leader_id
+    plan_ = {ids[n]: ConsumerProtocolAssignment([(topic, p) for p in parts]).encode()
+             for n, parts in owners.items()}
+    syncs = [ctx.sync_async(ids[n], gen, plan_ if ids[n] == leader else None) for n in names]
+    assert all(s.result(30).error == Errors.NONE for s in syncs)
+    assert ctx.state() == "Stable"
+    return gen, ids
+
+
+def produce(client: Any, namespace: str, topic: str, counts: dict[int, int],
+            stamps: list[int] | None = None) -> None:
+    """``counts[p]`` records to partition p; with ``stamps``, record i of each partition is
+    appended at time stamps[i] (the producer's test clock)."""
+    now = [0]
+    producer = Producer(client, namespace, clock=(lambda: now[0]) if stamps else None)
+    for p, n in counts.items():
+        for i in range(n):
+            if stamps:
+                now[0] = stamps[i]
+            producer.send_batch(topic, [ProducerRecord(f"r{i}".encode(), partition=p)])
+
+
+# -- list and describe ------------------------------------------------------------------------
+
+
+def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespace, pool):
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("orders", 3)
+    produce(redis_client, namespace, "orders", {0: 5, 1: 3})
+    gen, ids = stable_group(coord, pool, "busy", "orders", {"alpha": [0, 1], "beta": [2]})
+    errors = coord.commit_offsets("busy", {TopicPartition("orders", 0): 2,
+                                           TopicPartition("orders", 1): 3},
+                                  member_id=ids["alpha"], generation_id=gen)
+    assert set(errors.values()) == {Errors.NONE}
+    coord.commit_offsets("idle", {TopicPartition("orders", 0): 5})  # a simple (Empty) group
+
+    res = ok(cli("groups", "list"))
+    assert rows(res.stdout, "GROUP") == [["busy", "Stable", "consumer"],
+                                         ["idle", "Empty", "-"]]  # a simple group
+    res = ok(cli("groups", "list", "--state", "stable", "--output", "json"))
+    assert json.loads(res.stdout) == [
+        {"group": "busy", "state": "Stable", "protocol_type": "consumer"}]
+    assert json.loads(ok(cli("groups", "list", "--state", "Empty,Dead", "--output",
+                             "json")).stdout) == [
+        {"group": "idle", "state": "Empty", "protocol_type": None}]
+
+    res = ok(cli("groups", "describe", "busy"))
+    assert rows(res.stdout, "GROUP  STATE") == [
+        ["busy", "Stable", "consumer", "range", "2", "3"]]
+    members = rows(res.stdout, "CONSUMER-ID")
+    assert sorted(members) == sorted([[ids["alpha"], "-", "/10.0.0.5", "alpha", "2"],
+                                      [ids["beta"], "-", "/10.0.0.4", "beta", "1"]])
+    assert rows(res.stdout, "GROUP  TOPIC") == [
+        ["busy", "orders", "0", "2", "5", "3", ids["alpha"], "/10.0.0.5", "alpha"],
+        ["busy", "orders", "1", "3", "3", "0", ids["alpha"], "/10.0.0.5", "alpha"],
+        ["busy", "orders", "2", "-", "0", "-", ids["beta"], "/10.0.0.4", "beta"],
+    ]
+    assert res.stderr == ""
+
+    doc = json.loads(ok(cli("groups", "describe", "busy", "--output", "json")).stdout)
+    assert (doc["group"], doc["state"], doc["protocol_type"], doc["protocol"]) == (
+        "busy", "Stable", "consumer", "range")
+    assert doc["total_lag"] == 3
+    assert {m["client_id"]: (m["consumer_id"], m["host"], m["partitions"])
+            for m in doc["members"]} == {
+        "alpha": (ids["alpha"], "/10.0.0.5", [["orders", 0], ["orders", 1]]),
+        "beta": (ids["beta"], "/10.0.0.4", [["orders", 2]]),
+    }
+    assert doc["partitions"][0] == {
+        "topic": "orders", "partition": 0, "current_offset": 2, "log_end_offset": 5, "lag": 3,
+        "consumer_id": ids["alpha"], "host": "/10.0.0.5", "client_id": "alpha"}
+    assert doc["partitions"][2]["current_offset"] is None and doc["partitions"][2]["lag"] is None
+
+    res = ok(cli("groups", "describe", "idle"))
+    assert rows(res.stdout, "GROUP  STATE") == [["idle", "Empty", "-", "-", "0", "0"]]
+    assert rows(res.stdout, "GROUP  TOPIC") == [["idle", "orders", "0", "5", "5", "0", "-", "-",
+                                                 "-"]]
+    assert "consumer group 'idle' has no active members" in res.stderr
+
+
+def test_describe_an_unknown_group(cli):
+    res = cli("groups", "describe", "nobody")
+    assert res.returncode == 1
+    assert "consumer group 'nobody' does not exist" in one_error_line(res, "groups describe")
+
+
+# -- reset-offsets ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def reset_setup(make_coordinator, redis_client, namespace):
+    """Group ``g`` (Empty) at offsets 4 and 3 of topic ``t``. Partition 0: 10 records, one a
+    minute from 2024-01-01T00:00Z, retention keeping 8 (log start 2); partition 1: 5 records."""
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2, retention_records=8)
+    produce(redis_client, namespace, "t", {0: 10, 1: 5},
+            stamps=[T0 + i * 60_000 for i in range(10)])
+    assert topics.apply_retention("t") == {0: 2, 1: 0}
+    coord.commit_offsets("g", {TopicPartition("t", 0): 4, TopicPartition("t", 1): 3})
+    return coord
+
+
+def reset(cli, *args: str) -> tuple[list[list[str]], str]:
+    res = ok(cli("groups", "reset-offsets", "g", *args))
+    return rows(res.stdout, "GROUP"), res.stderr
+
+
+def test_reset_offsets_every_mode(cli, reset_setup):
+    coord = reset_setup
+    # The default is a dry run: the plan is shown, nothing changes.
+    plan_rows, err = reset(cli, "--topic", "t", "--to-earliest")
+    assert plan_rows == [["g", "t", "0", "4", "2"], ["g", "t", "1", "3", "0"]]
+    assert "dry run: nothing was changed; add --execute" in err
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+    reset(cli, "--topic", "t", "--to-earliest", "--dry-run")
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+
+    _, err = reset(cli, "--topic", "t", "--to-earliest", "--execute")
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 0}
+    assert "committed 2 offsets of group 'g'" in err
+    reset(cli, "--topic", "t", "--to-latest", "--execute")
+    assert committed(coord, "g") == {("t", 0): 10, ("t", 1): 5}
+
+    # --to-offset, clamped into [log start, log end] with a note, as Kafka does.
+    _, err = reset(cli, "--topic", "t", "--to-offset", "7", "--execute")
+    assert committed(coord, "g") == {("t", 0): 7, ("t", 1): 5}
+    assert "t-1: 7 is above the log end offset; clamped to 5" in err
+    _, err = reset(cli, "--topic", "t:0", "--to-offset", "0", "--execute")
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 5}
+    assert "t-0: 0 is below the log start offset; clamped to 2" in err
+
+    # --shift-by, both signs, from the committed offsets (and clamped).
+    reset(cli, "--topic", "t", "--shift-by", "3", "--execute")
+    assert committed(coord, "g") == {("t", 0): 5, ("t", 1): 5}
+    reset(cli, "--topic", "t", "--shift-by", "-2", "--execute")
+    assert committed(coord, "g") == {("t", 0): 3, ("t", 1): 3}
+    _, err = reset(cli, "--topic", "t", "--shift-by", "-100", "--execute")
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 0}
+    assert "t-0: -97 is below the log start offset; clamped to 2" in err
+
+    # --to-datetime: the first record at or after it (partition 1's records are at T0..T0+4m).
+    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T00:03:30Z",
+                         "--execute")
+    assert plan_rows == [["g", "t", "0", "2", "4"], ["g", "t", "1", "0", "4"]]
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 4}
+    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T01:03:30+01:00")
+    assert [r[4] for r in plan_rows] == ["4", "4"]  # the same instant in another zone
+    _, err = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T00:07:00.000Z", "--execute")
+    assert committed(coord, "g") == {("t", 0): 7, ("t", 1): 5}
+    assert "t-1: no record at or after that time: the log end" in err
+
+    # JSON: the plan with its log offsets and notes.
+    res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--to-offset", "9",
+                 "--output", "json"))
+    doc = json.loads(res.stdout)
+    assert doc["executed"] is False
+    assert doc["partitions"] == [
+        {"group": "g", "topic": "t", "partition": 0, "current_offset": 7, "new_offset": 9,
+         "log_start_offset": 2, "log_end_offset": 10, "requested_offset": 9, "note": None},
+        {"group": "g", "topic": "t", "partition": 1, "current_offset": 5, "new_offset": 5,
+         "log_start_offset": 0, "log_end_offset": 5, "requested_offset": 9,
+         "note": "9 is above the log end offset; clamped to 5"},
+    ]
+    assert committed(coord, "g") == {("t", 0): 7, ("t", 1): 5}
+
+
+def test_reset_by_duration_uses_the_servers_clock(cli, make_coordinator, redis_client,
+                                                  namespace):
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 1)
+    secs, micros = redis_client.time()
+    now = int(secs) * 1000 + int(micros) // 1000
+    minute = 60_000
+    produce(redis_client, namespace, "t", {0: 5}, stamps=[now - k * 10 * minute
+                                                          for k in (5, 4, 3, 2, 1)])
+    coord.commit_offsets("g", {TopicPartition("t", 0): 0})
+    plan_rows, _ = reset(cli, "--topic", "t", "--by-duration", "PT25M", "--execute")
+    assert plan_rows == [["g", "t", "0", "0", "3"]]  # the record of 20 minutes ago
+    assert committed(coord, "g") == {("t", 0): 3}
+    reset(cli, "--all-topics", "--by-duration", "P1D", "--execute")
+    assert committed(coord, "g") == {("t", 0): 0}
+    res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--by-duration", "PT1M",
+                 "--output", "json"))
+    assert json.loads(res.stdout)["partitions"][0]["new_offset"] == 5  # none that recent
+
+
+def test_reset_refuses_a_group_with_members(cli, make_coordinator, redis_client, namespace,
+                                            pool, url):
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 2)
+    produce(redis_client, namespace, "t", {0: 4, 1: 4})
+    gen, ids = stable_group(coord, pool, "g", "t", {"a": [0, 1]})
+    coord.commit_offsets("g", {TopicPartition("t", 0): 1}, member_id=ids["a"],
+                         generation_id=gen)
+    for run in ("--dry-run", "--execute"):
+        res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-latest", run)
+        line = one_error_line(res, "groups reset-offsets")
+        assert res.returncode == 1
+        assert ("Assignments can only be reset if the group 'g' is inactive, but the current "
+                "state is Stable.") in line
+    assert committed(coord, "g") == {("t", 0): 1}
+    # Past the state check (a member joined after it): the commit itself is refused, by the
+    # coordinator's simple-commit path, and nothing is written.
+    ctx = Context(argparse.Namespace(namespace=namespace, output="table"),
+                  "rcoord groups reset-offsets", url, client=redis_client)
+    tp0 = TopicPartition("t", 0)
+    with pytest.raises(Failure, match="has members now .UNKNOWN_MEMBER_ID"):
+        _commit(ctx, "g", [Row(tp0, 1, 0, 4, 4, 4)])
+    assert committed(coord, "g") == {("t", 0): 1}
+
+
+# -- delete and delete-offsets ----------------------------------------------------------------
+
+
+def test_delete_refuses_a_group_with_members(cli, make_coordinator, redis_client, namespace,
+                                             pool):
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 1)
+    stable_group(coord, pool, "live", "t", {"a": [0]})
+    coord.commit_offsets("old", {TopicPartition("t", 0): 0})
+    coord.commit_offsets("older", {TopicPartition("t", 0): 0})
+    res = cli("groups", "delete", "live")
+    line = one_error_line(res, "groups delete")
+    assert res.returncode == 1
+    assert "group 'live' could not be deleted: NON_EMPTY_GROUP" in line
+    assert coord.describe_group("live").state == "Stable"
+    res = ok(cli("groups", "delete", "old"))
+    assert res.stdout.strip() == "Deletion of requested consumer groups ('old') was successful."
+    res = cli("groups", "delete", "older", "live", "--output", "json")
+    assert res.returncode == 1
+    assert json.loads(res.stdout) == {"deleted": ["older"], "failed": {"live": "NON_EMPTY_GROUP"}}
+    assert "NON_EMPTY_GROUP" in one_error_line(res, "groups delete")
+    assert {g.group_id for g in coord.list_groups()} == {"live"}
+
+
+def test_delete_offsets(cli, make_coordinator, redis_client, namespace, pool):
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("a", 2)
+    topics.create("b", 1)
+    offsets = {TopicPartition("a", 0): 1, TopicPartition("a", 1): 1, TopicPartition("b", 0): 1}
+    coord.commit_offsets("g", offsets)
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "a:1"))
+    assert rows(res.stdout, "TOPIC") == [["a", "1", "Successful"]]
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "a", "--output", "json"))
+    assert json.loads(res.stdout) == [{"topic": "a", "partition": 0, "error": None},
+                                      {"topic": "a", "partition": 1, "error": None}]
+    assert committed(coord, "g") == {("b", 0): 1}
+    # A member subscribed to the topic: refused per partition, in one line.
+    gen, ids = stable_group(coord, pool, "live", "b", {"m": [0]})
+    coord.commit_offsets("live", {TopicPartition("b", 0): 1}, member_id=ids["m"],
+                         generation_id=gen)
+    res = cli("groups", "delete-offsets", "live", "--topic", "b")
+    assert res.returncode == 1
+    assert rows(res.stdout, "TOPIC") == [["b", "0", "Error:", "GROUP_SUBSCRIBED_TO_TOPIC"]]
+    assert "GROUP_SUBSCRIBED_TO_TOPIC" in one_error_line(res, "groups delete-offsets")
+    assert committed(coord, "live") == {("b", 0): 1}
+    res = cli("groups", "delete-offsets", "nobody", "--topic", "b")
+    assert "consumer group 'nobody' does not exist (GROUP_ID_NOT_FOUND)" in one_error_line(
+        res, "groups delete-offsets")
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["list", "--state", "sleepy"], 2, "--state 'sleepy' is not a group state"),
+    (["reset-offsets", "g", "--topic", "t", "--by-duration", "1h"], 2,
+     "--by-duration '1h' is not a duration"),
+    (["reset-offsets", "g", "--topic", "t", "--to-datetime", "yesterday"], 2,
+     "--to-datetime 'yesterday' is not an ISO-8601 date-time"),
+    (["reset-offsets", "g", "--topic", "t:x", "--to-earliest"], 2,
+     "partitions must be numbers"),
+    (["reset-offsets", "g", "--topic", "t", "--to-earliest", "--to-latest"], 2,
+     "not allowed with argument"),
+    (["reset-offsets", "g", "--topic", "t"], 2, "one of the arguments --to-earliest"),
+    (["reset-offsets", "g", "--topic", "t", "--to-offset", "-1"], 2, "--to-offset must be >= 0"),
+    (["reset-offsets", "g", "--topic", "t", "--shift-by", "1"], 1,
+     "cannot shift the offset of t-0: the group has no committed offset"),
+    (["reset-offsets", "g", "--topic", "t:3", "--to-earliest"], 1,
+     "topic 't' has 1 partitions; there is no partition 3"),
+    (["reset-offsets", "g", "--topic", "nope", "--to-earliest"], 1,
+     "UNKNOWN_TOPIC_OR_PARTITION: nope"),
+    (["describe", "g", "--output", "yaml"], 2, "invalid choice: 'yaml'"),
+])
+def test_bad_input_is_one_line(cli, redis_client, namespace, args, code, says):
+    Topics(redis_client, namespace).create("t", 1)
+    res = cli("groups", *args)
+    line = one_error_line(res, f"groups {args[0]}")
+    assert res.returncode == code, line
+    assert says in line
+
+
+def test_parse_duration_and_datetime():
+    assert parse_duration("P1D") == 86_400_000
+    assert parse_duration("PT2H30M") == 9_000_000
+    assert parse_duration("pt0.5s") == 500
+    assert parse_duration("P1DT1S") == 86_401_000
+    assert parse_duration("-PT1M") == -60_000
+    for bad in ("P", "PT", "1H", "P1H", "PT1D", "P1DT"):
+        with pytest.raises(UsageError):
+            parse_duration(bad)
+    assert parse_datetime("2024-01-01T00:00:00Z") == T0
+    assert parse_datetime("2024-01-01T00:00:00.250+00:00") == T0 + 250
+    local = dt.datetime(2024, 1, 1, 12, 0).astimezone()
+    assert parse_datetime("2024-01-01T12:00:00") == int(local.timestamp() * 1000)
+
+
+def test_plan_clamps_and_falls_back_to_the_log_end():
+    tp = TopicPartition("t", 0)
+    offsets = {tp: (2, 10)}
+    assert plan(Mode("to_offset", 12), [tp], {}, offsets, {})[0].new == 10
+    assert plan(Mode("shift_by", -5), [tp], {tp: 4}, offsets, {})[0].new == 2
+    row = plan(Mode("to_datetime", 0), [tp], {}, offsets, {tp: None})[0]
+    assert (row.new, row.note) == (10, "no record at or after that time: the log end")
+    with pytest.raises(Failure, match="no committed offset"):
+        plan(Mode("shift_by", 1), [tp], {}, offsets, {})

@@ -1,0 +1,160 @@
+"""``rcoord topics``: the real command line (``python -m rcoord``) in a subprocess against real
+servers, on one node and on a 3-master cluster; tables and JSON both checked, and the console
+producer and consumer (directly and as a group member) end to end."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import test_cli_groups
+from test_cli_errors import one_error_line
+from test_cli_groups import ok, rows
+
+from rcoord import TopicPartition
+from rcoord.topics import Topics, fetch
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+
+def records(client: Any, namespace: str, topic: str, partition: int) -> list[tuple[Any, ...]]:
+    return [(r.key, r.value) for r in fetch(client, namespace, topic, partition, 0).records]
+
+
+def test_create_list_describe_grow_delete(cli, redis_client, namespace):
+    res = ok(cli("topics", "create", "orders", "--partitions", "3"))
+    assert res.stdout.strip() == "Created topic orders."
+    ok(cli("topics", "create", "audit", "--partitions", "1", "--retention-ms", "60000",
+           "--retention-records", "100"))
+    assert ok(cli("topics", "list")).stdout.split() == ["audit", "orders"]
+    assert json.loads(ok(cli("topics", "list", "--output", "json")).stdout) == ["audit", "orders"]
+
+    res = ok(cli("topics", "create", "orders", "--partitions", "3", "--if-not-exists"))
+    assert res.stdout.strip() == "Topic orders already exists."
+    res = cli("topics", "create", "orders", "--partitions", "3")
+    assert res.returncode == 1
+    assert "TOPIC_ALREADY_EXISTS: orders" in one_error_line(res, "topics create")
+
+    ok(cli("topics", "produce", "orders", "--partition", "1", stdin="a\nb\n"))
+    res = ok(cli("topics", "describe"))
+    assert rows(res.stdout, "TOPIC  PARTITIONS") == [["audit", "1", "60000", "100", "0"],
+                                                     ["orders", "3", "-", "-", "2"]]
+    assert rows(res.stdout, "TOPIC PARTITION") == [
+        ["audit", "0", "0", "0", "-"], ["orders", "0", "0", "0", "-"],
+        ["orders", "1", "0", "2", "-"], ["orders", "2", "0", "0", "-"]]
+
+    res = ok(cli("topics", "add-partitions", "orders", "--partitions", "5"))
+    assert res.stdout.strip() == "Topic orders now has 5 partitions (was 3)."
+    doc = json.loads(ok(cli("topics", "describe", "orders", "--output", "json")).stdout)
+    assert [(d["topic"], d["partition_count"], d["retention_ms"]) for d in doc] == [
+        ("orders", 5, None)]
+    assert [(p["partition"], p["log_start_offset"], p["log_end_offset"], p["error"])
+            for p in doc[0]["partitions"]] == [
+        (0, 0, 0, None), (1, 0, 2, None), (2, 0, 0, None), (3, 0, 0, None), (4, 0, 0, None)]
+    assert Topics(redis_client, namespace).partition_count("orders") == 5
+    res = cli("topics", "add-partitions", "orders", "--partitions", "4")
+    assert res.returncode == 2
+    assert "orders has 5 partitions; cannot go to 4" in one_error_line(res, "topics add-partitions")
+
+    res = ok(cli("topics", "delete", "audit", "--output", "json"))
+    assert json.loads(res.stdout) == {"deleted": ["audit"]}
+    res = cli("topics", "delete", "audit")
+    assert res.returncode == 1
+    assert "UNKNOWN_TOPIC_OR_PARTITION: audit" in one_error_line(res, "topics delete")
+    assert ok(cli("topics", "delete", "audit", "orders", "--if-exists")).stdout.strip() == (
+        "Deleted topic orders.")
+    assert Topics(redis_client, namespace).list() == []
+
+
+def test_produce_and_consume_directly(cli, redis_client, namespace):
+    Topics(redis_client, namespace).create("ev", 3)
+    lines = "".join(f"user-{i}:event {i}\n" for i in range(12))
+    res = ok(cli("topics", "produce", "ev", "--key-separator", ":", stdin=lines))
+    assert res.stdout.startswith("Produced 12 records to ev (partitions ")
+    got = sorted(kv for p in range(3) for kv in records(redis_client, namespace, "ev", p))
+    assert got == sorted((f"user-{i}".encode(), f"event {i}".encode()) for i in range(12))
+    doc = json.loads(ok(cli("topics", "produce", "ev", "--partition", "2", "--output", "json",
+                            stdin="x\ny\n")).stdout)
+    assert doc == {"topic": "ev", "records": 2, "partitions": {"2": 2}}
+
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "14",
+                 "--print-key", "--key-separator", "="))
+    printed = res.stdout.splitlines()
+    assert sorted(printed) == sorted([f"user-{i}=event {i}" for i in range(12)]
+                                     + ["null=x", "null=y"])
+    assert "Processed a total of 14 messages" in res.stderr
+    # Per partition, in offset order.
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "14",
+                 "--output", "json"))
+    docs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(docs) == 14 and {d["topic"] for d in docs} == {"ev"}
+    for p in range(3):
+        offsets = [d["offset"] for d in docs if d["partition"] == p]
+        assert offsets == list(range(len(offsets)))
+    assert {(d["key"], d["value"]) for d in docs if d["partition"] == 2} >= {
+        (None, "x"), (None, "y")}
+    # Without --from-beginning only new records count: none arrive, so it stops idle.
+    res = ok(cli("topics", "consume", "ev", "--timeout-ms", "300"))
+    assert res.stdout == "" and "Processed a total of 0 messages" in res.stderr
+
+
+def test_consume_as_a_group_member(cli, make_coordinator, redis_client, namespace):
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("ev", 2)
+    ok(cli("topics", "produce", "ev", stdin="".join(f"v{i}\n" for i in range(6))))
+    res = ok(cli("topics", "consume", "ev", "--group", "g", "--from-beginning",
+                 "--max-messages", "6", "--print-offset", "--timeout-ms", "30000"))
+    assert sorted(ln.split("\t")[2] for ln in res.stdout.splitlines()) == [
+        f"v{i}" for i in range(6)]
+    # It committed what it printed, and left the group.
+    ends = {(p.partition): p.log_end_offset
+            for p in Topics(redis_client, namespace).describe("ev").partitions}
+    got = coord.fetch_offsets("g", [TopicPartition("ev", p) for p in range(2)]).offsets
+    assert {tp.partition: o.offset for tp, o in got.items()} == ends
+    assert coord.describe_group("g").state == "Empty"
+    # Run again: it resumes from the committed offsets, so there is nothing to print.
+    res = ok(cli("topics", "consume", "ev", "--group", "g", "--from-beginning",
+                 "--timeout-ms", "1500"))
+    assert res.stdout == "" and "Processed a total of 0 messages" in res.stderr
+    doc = json.loads(ok(cli("groups", "describe", "g", "--output", "json")).stdout)
+    assert doc["total_lag"] == 0 and len(doc["partitions"]) == 2
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize(("args", "stdin", "code", "says"), [
+    (["create", "bad name", "--partitions", "1"], None, 2, "illegal topic name 'bad name'"),
+    (["create", "t2", "--partitions", "0"], None, 2, "INVALID_PARTITIONS"),
+    (["create", "t2"], None, 2, "the following arguments are required: --partitions"),
+    (["produce", "t", "--key-separator", ":"], "k:v\nno separator\n", 1,
+     "line 2 has no key separator ':'; the 1 records before it were produced"),
+    (["produce", "nope"], "x\n", 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
+    (["produce", "t", "--partition", "4"], "x\n", 1, "there is no partition 4"),
+    (["consume", "nope", "--timeout-ms", "100"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
+    (["consume", "t", "--max-messages", "0"], None, 2, "--max-messages must be >= 1"),
+    (["describe", "nope"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
+])
+def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, says):
+    Topics(redis_client, namespace).create("t", 1)
+    res = cli("topics", *args, stdin=stdin)
+    line = one_error_line(res, f"topics {args[0]}")
+    assert res.returncode == code, line
+    assert says in line
+
+
+def test_namespace_and_url_come_from_the_environment(redis_server, namespace):
+    import os
+    import subprocess
+    import sys
+
+    from test_cli_groups import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env |= {"PYTHONPATH": str(ROOT), "RCOORD_REDIS_URL": redis_server.url,
+            "RCOORD_NAMESPACE": namespace}
+    res = subprocess.run([sys.executable, "-m", "rcoord", "topics", "create", "e", "--partitions",
+                          "1"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    with redis_server.client() as client:
+        assert Topics(client, namespace).list() == ["e"]
