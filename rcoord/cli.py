@@ -221,6 +221,12 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         default=55.0,
         help="give up (exit 1) after this many seconds, set-up included (55)",
     )
+    p.add_argument(
+        "--assignor",
+        default="cooperative-sticky",
+        help="the workers' assignor (cooperative-sticky: incremental rebalancing, the workers "
+        "that stay keep consuming; range or roundrobin: eager, every worker stops)",
+    )
     p.add_argument("--log-level", default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
                    help="of this process; DEBUG also prints the traceback of an error (WARNING)")
     add_tls_arguments(p)
@@ -235,6 +241,7 @@ class _DemoState:
     generations: dict[int, dict[str, tuple[str, list[int]]]] = field(
         default_factory=lambda: defaultdict(dict)
     )
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     def clock(self) -> str:
         return f"{time.monotonic() - self.started:6.2f}s"
@@ -253,7 +260,8 @@ DEMO_WORK_MS = 1.0
 """Simulated work per record, so the group is visibly busy while it rebalances."""
 
 
-def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
+def _demo_worker(url: str, namespace: str, name: str, stop: Any,
+                 assignor: str = "cooperative-sticky") -> None:
     """One worker process of the demo (spawned; stopped by ``stop``, or killed)."""
     import logging
 
@@ -272,6 +280,7 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any) -> None:
         redis_client=client,
         namespace=namespace,
         client_id=name,
+        assignors=[assignor],
         **DEMO_WORKER,
     )
     consumer = Consumer(
@@ -340,11 +349,14 @@ class _Demo:
         for item in raw:
             ev = json.loads(item)
             self.state.printed_events += 1
+            self.state.events.append(ev)
             parts = " ".join(str(p) for p in ev["partitions"]) or "-"
             why = f" ({ev['reason']})" if ev["event"] != "assigned" and ev["reason"] else ""
             self.say(f"generation {ev['gen']:>2}  {ev['worker']} {ev['event']:<8} [{parts}]{why}")
             if ev["event"] == "assigned":
-                self.state.generations[ev["gen"]][ev["member"]] = (ev["worker"], ev["partitions"])
+                # Under the cooperative protocol "partitions" is only what was added.
+                held = ev.get("held", ev["partitions"])
+                self.state.generations[ev["gen"]][ev["member"]] = (ev["worker"], held)
 
     def owners(self, names: set[str]) -> int | None:
         """The latest generation in which exactly ``names`` hold every partition."""
@@ -361,7 +373,8 @@ class _Demo:
         name = f"w{len(self.names) + 1}"
         stop = self.ctx.Event()
         proc = self.ctx.Process(
-            target=_demo_worker, args=(self.url, self.ns, name, stop), daemon=True
+            target=_demo_worker, args=(self.url, self.ns, name, stop, self.args.assignor),
+            daemon=True
         )
         proc.start()
         self.procs[name], self.stops[name] = proc, stop
@@ -522,10 +535,13 @@ class _Demo:
         codes = sorted({e.name for e in zombie.values()})
         self.say(f"a commit stamped with {victim}'s generation {victim_gen} is refused: {codes}")
 
+        self.show_events()
+        mark = len(self.state.events)
         newcomer = self.start_worker()
         everyone = self.live()
         self.wait(f"{newcomer} to join", lambda: self.owners(everyone) is not None)
         self.say(f"the group is stable again: {self.ownership(self.owners(everyone))}")
+        kept_revoked = self.kept_but_revoked(self.state.events[mark:], self.owners(everyone))
 
         def drained() -> bool:
             return self.produced >= a.records and self.committed() == self.log_ends()
@@ -541,8 +557,22 @@ class _Demo:
         return self.report(
             zombie_refused=all(
                 e.name in ("UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION") for e in zombie.values()
-            )
+            ),
+            kept_revoked=kept_revoked,
         )
+
+    def kept_but_revoked(self, events: list[dict[str, Any]], gen: int | None) -> int:
+        """Partitions a worker kept across the newcomer's join but was made to revoke anyway.
+
+        Zero is the point of the cooperative protocol (KIP-429): the workers that stay keep
+        consuming what they keep. An eager protocol revokes every partition of every worker.
+        """
+        final = {w: set(ps) for w, ps in self.state.generations.get(gen or -1, {}).values()}
+        revoked: dict[str, set[int]] = defaultdict(set)
+        for ev in events:
+            if ev["event"] in ("revoked", "lost"):
+                revoked[ev["worker"]] |= set(ev["partitions"])
+        return sum(len(revoked[w] & final.get(w, set())) for w in revoked)
 
     def ownership(self, gen: int | None) -> str:
         members = self.state.generations.get(gen or -1, {})
@@ -550,7 +580,7 @@ class _Demo:
             f"{w} [{' '.join(map(str, ps))}]" for w, ps in sorted(members.values())
         )
 
-    def report(self, *, zombie_refused: bool) -> int:
+    def report(self, *, zombie_refused: bool, kept_revoked: int) -> int:
         ends, committed = self.log_ends(), self.committed()
         processed = self.processed()
         seen: dict[tuple[int, int], int] = defaultdict(int)
@@ -584,7 +614,17 @@ class _Demo:
             f"check: the killed member's commit was refused .......... "
             f"{'yes' if zombie_refused else 'NO'}"
         )
-        ok = all_once and at_end and zombie_refused
+        cooperative = self.args.assignor == "cooperative-sticky"
+        kept_ok = kept_revoked == 0 or not cooperative
+        if cooperative:
+            print(
+                f"check: the workers that stayed kept consuming .......... "
+                f"{'yes' if kept_ok else f'NO ({kept_revoked} kept partitions were revoked)'}"
+            )
+        else:
+            print(f"eager rebalancing ({self.args.assignor}): the workers that stayed revoked "
+                  f"{kept_revoked} partitions they kept when one joined")
+        ok = all_once and at_end and zombie_refused and kept_ok
         print("demo: OK" if ok else "demo: FAILED", flush=True)
         return 0 if ok else 1
 
@@ -697,6 +737,12 @@ def _run_demo(args: argparse.Namespace) -> int:
             raise UsageError("needs --partitions >= 2, --workers >= 2, --records >= 1")
         if args.time_limit <= 0:
             raise UsageError(f"--time-limit must be > 0, got {args.time_limit:g}")
+        from .assignors import UnknownAssignorError, get_assignor
+
+        try:
+            get_assignor(args.assignor)
+        except UnknownAssignorError as exc:
+            raise UsageError(f"--assignor: {exc}") from None
         url = args.redis_url
         if url:
             url = with_tls_files(

@@ -129,6 +129,13 @@ def test_a_bad_flag_value_is_one_line(redis_server):
     assert res.returncode == 2 and "--partitions: invalid int value: 'many'" in line
 
 
+def test_an_unknown_demo_assignor_is_a_usage_error(redis_server):
+    res = rcoord("demo", "--redis-url", redis_server.url, "--assignor", "stickyish")
+    line = one_error_line(res, "demo")
+    assert res.returncode == 2 and "--assignor: unknown assignor 'stickyish'" in line
+    assert "cooperative-sticky" in line  # the known names are listed
+
+
 def test_tls_files_need_a_rediss_url(redis_server, tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_text("not used")

@@ -319,4 +319,24 @@ def test_demo_main_job_exits_zero() -> None:
     assert "with SIGKILL" in out and "is refused" in out
     assert "every produced record processed at least once ... yes" in out
     assert "every committed offset is at the log end ........ yes" in out
+    # cooperative-sticky by default: the workers that stay revoke nothing they keep on a join.
+    assert "the workers that stayed kept consuming .......... yes" in out
     assert out.rstrip().endswith("demo: OK")
+
+
+def test_demo_with_an_eager_assignor_reports_the_stop() -> None:
+    """With --assignor range (eager), the same demo passes and reports what the stop cost."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rcoord", "demo", "--records", "600", "--produce-seconds", "2",
+         "--assignor", "range"],
+        capture_output=True, check=False, text=True, timeout=90, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.search(r"eager rebalancing \(range\): the workers that stayed revoked (\d+)",
+                      done.stdout)
+    assert found and int(found.group(1)) > 0, done.stdout

@@ -6,7 +6,10 @@ example that no two members of one generation ever held the same partition). Eac
 appended to one Redis list as a JSON object::
 
     {"event": "assigned"|"revoked"|"lost", "worker": ..., "pid": ..., "gen": ..., "member": ...,
-     "partitions": [...], "reason": ...}
+     "partitions": [...], "held": [...], "reason": ...}
+
+``partitions`` is what the callback was given; ``held`` is everything the member holds after
+it. They differ under the cooperative protocol, where ``assigned`` lists only what was added.
 
 plus whatever ``extra()`` returns (a benchmark adds its timestamps).
 """
@@ -43,6 +46,8 @@ class RebalanceHistory(ConsumerRebalanceListener):
             "gen": gen.generation_id if gen else -1,
             "member": gen.member_id if gen else "",
             "partitions": sorted(p.partition for p in partitions),
+            "held": sorted(p.partition for p in self.consumer.assignment())
+            if self.consumer is not None else [],
             "reason": gen.end_reason.value if gen is not None and gen.end_reason else None,
         }
         if self._extra is not None:
