@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,11 +285,11 @@ def test_group_queries_split_and_take_over_after_a_graceful_stop(
             if q is not None and q.isActive:
                 q.stop()
     assert read_counts(out) == window_counts(events, WINDOW_MS)
-    # The stopped query left (its runner's stop() sends LeaveGroup): the group is empty well
-    # before the 3 s session timeout would have removed it.
-    left_by = time.monotonic() + 2.0
-    wait_until(lambda: coord.describe_group("clicks").members == [], timeout_s=2.0)
-    assert time.monotonic() <= left_by
+    # The stopped query left (its runner's stop() sends LeaveGroup): the group's last change
+    # is a leave, not a session expiry (whatever the machine's load made the timing).
+    wait_until(lambda: coord.describe_group("clicks").members == [], timeout_s=QUERY_S)
+    reason = single_client.hget(coord._keys("clicks").all()[3], "reason")
+    assert reason == b"members left the group", reason
 
 
 def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
