@@ -54,9 +54,10 @@ from typing import Any, Self
 
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from ..topics.times import OffsetAndTimestamp
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import CommitFailedError, GenerationEndedError
+from .errors import CommitFailedError, GenerationEndedError, IllegalStateError
 from .generation import Generation, GenerationContext
 from .group import ConsumerGroup
 
@@ -182,12 +183,17 @@ class Consumer:
         self._fetch_pos: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
         self._next_auto_commit = 0.0
         self._drain_turn = 0
         self._block_turn = 0
         self._revoking = False
 
     # -- information
+
+    def _coordinator(self) -> Coordinator:
+        self._group.start()  # connects (idempotent); seeks may come before the first poll
+        return self._group.coordinator
 
     @property
     def group(self) -> ConsumerGroup:
@@ -207,11 +213,87 @@ class Consumer:
         return list(self._assigned)
 
     def position(self, tp: TopicPartition) -> int:
-        """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition)."""
-        try:
-            return self._position[TopicPartition(*tp)]
-        except KeyError:
-            raise KeyError(f"{tp} is not assigned to this consumer") from None
+        """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
+
+        Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException).
+        """
+        return self._position[self._require_assigned(tp, "read the position of")]
+
+    # -- positions and flow control (Kafka's seek*, pause, resume)
+
+    def _require_assigned(self, tp: TopicPartition | tuple[str, int], action: str) -> TopicPartition:
+        key = TopicPartition(*tp)
+        if key not in self._position:
+            held = _names(self._assigned) or "nothing"
+            raise IllegalStateError(
+                f"cannot {action} {key.topic}-{key.partition}: it is not assigned to this "
+                f"consumer (assigned: {held}); wait for on_partitions_assigned or assign() it"
+            )
+        return key
+
+    def _partitions_arg(
+        self, partitions: list[TopicPartition] | None, action: str
+    ) -> list[TopicPartition]:
+        if partitions is None:
+            return list(self._assigned)
+        return [self._require_assigned(tp, action) for tp in partitions]
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """The next ``poll()`` returns records of ``tp`` from ``offset`` on (Kafka's ``seek``).
+
+        Records already fetched for ``tp`` are dropped. An offset outside the log is handled at
+        the next fetch by the ``start_offset`` policy, as Kafka's ``auto.offset.reset``.
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"seek offset must be an int >= 0, got {offset!r}")
+        with self._lock:
+            key = self._require_assigned(tp, "seek")
+            self._position[key] = self._fetch_pos[key] = offset
+            buf = self._buffers.get(key)
+            if buf is not None:
+                buf.clear()
+
+    def seek_to_beginning(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Seek ``partitions`` (default: every assigned one) to their log start offsets."""
+        self._seek_to_edge(partitions, 0)
+
+    def seek_to_end(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Seek ``partitions`` (default: every assigned one) to their log end offsets: only
+        records produced from now on are returned."""
+        self._seek_to_edge(partitions, 1)
+
+    def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
+        with self._lock:
+            wanted = self._partitions_arg(partitions, "seek")
+            coord = self._coordinator()
+            for tp in wanted:
+                self.seek(tp, coord.log_offsets(tp.topic, tp.partition)[edge])
+
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition, the earliest offset whose record's timestamp (ms) is at or after the
+        given one, or None when no record is that recent (Kafka's ``offsetsForTimes``). Any
+        partition of an existing topic, assigned or not."""
+        asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
+        found = self._coordinator().offsets_for_times(keys)
+        return {tp: found[tp] for tp in asked}
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
+        the member stays in the group). Pausing is forgotten when a partition is revoked."""
+        with self._lock:
+            self._paused.update(self._partitions_arg(list(partitions), "pause"))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Return records of ``partitions`` again, from where they were paused."""
+        with self._lock:
+            self._paused.difference_update(self._partitions_arg(list(partitions), "resume"))
+
+    def paused(self) -> list[TopicPartition]:
+        """The paused partitions, sorted."""
+        return sorted(self._paused)
 
     def committed(
         self, partitions: list[TopicPartition] | None = None
@@ -400,6 +482,7 @@ class Consumer:
             for tp in revoked:
                 for table in (self._buffers, self._position, self._fetch_pos, self._committed):
                     table.pop(tp, None)
+                self._paused.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
                 self._buffers[tp] = deque()
@@ -454,6 +537,7 @@ class Consumer:
             self._revoking = False
             self._gen = self._hold = None
             self._assigned = []
+            self._paused = set()
             self._position, self._fetch_pos, self._committed = {}, {}, {}
             if hold is not None:
                 hold.released.set()
@@ -467,7 +551,7 @@ class Consumer:
         for i in range(n):
             tp = self._assigned[(self._drain_turn + i) % n]
             buf = self._buffers.get(tp)
-            if not buf:
+            if not buf or tp in self._paused:
                 continue
             while buf and len(out) < limit:
                 out.append(buf.popleft())
@@ -485,7 +569,14 @@ class Consumer:
             if not gen.done.is_set():
                 gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
             return False
-        pending = [tp for tp in self._assigned if not self._buffers.get(tp)]
+        pending = [
+            tp for tp in self._assigned if not self._buffers.get(tp) and tp not in self._paused
+        ]
+        if not pending:
+            # Everything is paused (or buffered but paused): wait as a fetch would, then return.
+            if not gen.done.is_set():
+                gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+            return False
         got = False
         for tp in pending:
             if self._must_stop_fetching(gen):

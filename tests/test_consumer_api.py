@@ -1,0 +1,124 @@
+"""Consumer API as Kafka users know it: seek, pause, offsets by time, async commits, the poll
+interval, assign, and subscribe by pattern. Real servers, one node and a cluster (the ``env``
+fixture of test_consumer); every wait is on a condition, bounded by ``wait_until``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import test_consumer
+from harness import wait_until
+from test_consumer import Recorder, poll_until
+
+from rcoord import TopicPartition
+from rcoord.client import Consumer
+from rcoord.client.errors import IllegalStateError
+
+TP = TopicPartition
+env = test_consumer.env  # the fixture: a namespace, its topics, a producer, consumers of "g"
+
+
+def _fill(env: Any, partitions: int, per_partition: int) -> None:
+    env.topics.create("t", partitions)
+    for p in range(partitions):
+        for i in range(per_partition):
+            env.producer.send("t", b"p%d-%d" % (p, i), partition=p)
+
+
+def _consume_all(consumer: Consumer, n: int) -> list[Any]:
+    return poll_until(consumer, lambda g: len(g) >= n)
+
+
+# -- 1. positions and flow control ------------------------------------------------------------
+
+
+def test_seek_seek_to_beginning_and_end_and_position(env: Any) -> None:
+    _fill(env, 2, 5)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 10)) == 10
+    assert consumer.position(TP("t", 0)) == 5 and consumer.position(TP("t", 1)) == 5
+
+    consumer.seek(TP("t", 0), 3)
+    assert consumer.position(TP("t", 0)) == 3
+    again = _consume_all(consumer, 2)
+    assert sorted((r.partition, r.offset) for r in again) == [(0, 3), (0, 4)]
+
+    consumer.seek_to_beginning([TP("t", 1)])
+    assert consumer.position(TP("t", 1)) == 0
+    assert sorted(r.offset for r in _consume_all(consumer, 5)) == [0, 1, 2, 3, 4]
+
+    consumer.seek_to_beginning()
+    assert len(_consume_all(consumer, 10)) == 10
+    consumer.seek(TP("t", 0), 1)
+    consumer.seek_to_end()
+    assert consumer.position(TP("t", 0)) == 5 and consumer.position(TP("t", 1)) == 5
+    assert consumer.poll(timeout=0.1) == []
+    env.producer.send("t", b"new", partition=1)
+    assert [(r.partition, r.offset) for r in _consume_all(consumer, 1)] == [(1, 5)]
+
+
+def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer()
+    _consume_all(consumer, 1)
+    for call in (
+        lambda: consumer.seek(TP("t", 7), 0),
+        lambda: consumer.seek_to_end([TP("other", 0)]),
+        lambda: consumer.pause([TP("t", 3)]),
+        lambda: consumer.resume([TP("t", 3)]),
+        lambda: consumer.position(TP("t", 9)),
+    ):
+        with pytest.raises(IllegalStateError, match="not assigned to this consumer"):
+            call()
+    with pytest.raises(ValueError, match="offset must be an int >= 0"):
+        consumer.seek(TP("t", 0), -1)
+    assert consumer.paused() == []
+
+
+def test_offsets_for_times(env: Any) -> None:
+    env.topics.create("t", 2)
+    metas = [env.producer.send("t", b"%d" % i, partition=0) for i in range(3)]
+    consumer = env.consumer()
+    got = _consume_all(consumer, 3)
+    stamps = [r.timestamp_ms for r in sorted(got, key=lambda r: r.offset)]
+    assert len(metas) == 3
+    found = consumer.offsets_for_times(
+        {TP("t", 0): stamps[1], TP("t", 1): 0, ("t", 0): stamps[-1] + 10**9}  # type: ignore[dict-item]
+    )
+    first_at_or_after = next(i for i, ts in enumerate(stamps) if ts >= stamps[1])
+    assert found[TP("t", 0)] is None  # the last key given for t-0 wins: nothing that recent
+    assert found[TP("t", 1)] is None  # an empty partition has no record at all
+    one = consumer.offsets_for_times({TP("t", 0): stamps[1]})[TP("t", 0)]
+    assert one is not None and one.offset == first_at_or_after and one.timestamp_ms == stamps[1]
+    earliest = consumer.offsets_for_times({TP("t", 0): 0})[TP("t", 0)]
+    assert earliest is not None and earliest.offset == 0
+
+
+def test_pause_resume_and_pause_state_dropped_on_revoke(env: Any) -> None:
+    _fill(env, 2, 3)
+    listener = Recorder()
+    consumer = env.consumer(listener, enable_auto_commit=False)
+    poll_until(consumer, lambda g: consumer.assignment() == [TP("t", 0), TP("t", 1)])
+    consumer.seek_to_beginning()  # the poll that saw the assignment may have returned records
+    consumer.pause([TP("t", 0)])
+    assert consumer.paused() == [TP("t", 0)]
+    got = _consume_all(consumer, 3)
+    assert {r.partition for r in got} == {1}
+    assert consumer.poll(timeout=0.1) == []  # t-0 has records, but it is paused
+    assert consumer.assignment() == [TP("t", 0), TP("t", 1)]  # still assigned
+    consumer.resume([TP("t", 0)])
+    assert consumer.paused() == []
+    assert sorted(r.offset for r in _consume_all(consumer, 3)) == [0, 1, 2]
+    assert {r.partition for r in got} == {1}
+
+    consumer.pause([TP("t", 0), TP("t", 1)])
+    other = env.consumer()  # a second member: the eager rebalance revokes everything
+
+    def step() -> None:
+        consumer.poll(timeout=0.02)
+        other.poll(timeout=0.02)
+
+    wait_until(lambda: listener.kinds()[-2:] == ["revoked", "assigned"], step)
+    assert consumer.paused() == []
