@@ -5,6 +5,7 @@ fixture of test_consumer); every wait is on a condition, bounded by ``wait_until
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from harness import wait_until
 from test_consumer import Recorder, poll_until
 
 from rcoord import TopicPartition
-from rcoord.client import Consumer
+from rcoord.client import CommitFailedError, Consumer
 from rcoord.client.errors import IllegalStateError
 
 TP = TopicPartition
@@ -122,3 +123,67 @@ def test_pause_resume_and_pause_state_dropped_on_revoke(env: Any) -> None:
 
     wait_until(lambda: listener.kinds()[-2:] == ["revoked", "assigned"], step)
     assert consumer.paused() == []
+
+
+# -- 2. asynchronous commits ------------------------------------------------------------------
+
+
+def _kill_connections(client: Any) -> int:
+    """Close every connection of every node except the one asking (a blip for the consumer);
+    returns how many were closed."""
+    kill = ("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    if hasattr(client, "get_nodes"):  # a cluster: each node
+        return sum(int(client.execute_command(*kill, target_nodes=n)) for n in client.get_nodes())
+    return int(client.execute_command(*kill))
+
+
+def test_commit_async_callbacks_in_order_through_connection_blips(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer(enable_auto_commit=False)
+    _consume_all(consumer, 1)
+    poller = threading.current_thread()
+    done: list[tuple[int, BaseException | None, bool]] = []
+
+    def callback(i: int) -> Any:
+        def call(offsets: dict[TopicPartition, int], exc: BaseException | None) -> None:
+            assert offsets == {TP("t", 0): i}
+            done.append((i, exc, threading.current_thread() is poller))
+
+        return call
+
+    n = 60
+    killed = 0
+    for i in range(1, n + 1):
+        consumer.commit_async({TP("t", 0): i}, callback(i))
+        if i % 15 == 0:
+            killed += _kill_connections(env.client)  # the committer meets dead connections
+    assert killed > 0
+    wait_until(lambda: len(done) == n, lambda: consumer.poll(timeout=0.02))
+    assert [d[0] for d in done] == list(range(1, n + 1))  # commit order
+    assert all(d[1] is None for d in done)
+    assert all(d[2] for d in done)  # from poll(), in the caller's thread
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): n}  # the last one won
+
+
+def test_commit_waits_for_earlier_async_commits(env: Any) -> None:
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False)
+    _consume_all(consumer, 3)
+    done: list[int] = []
+    for i in (1, 2):
+        consumer.commit_async({TP("t", 0): i}, lambda o, e, i=i: done.append(i))
+    consumer.commit()  # the position, 3: after both async ones, whose callbacks ran first
+    assert done == [1, 2]
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 3}
+
+
+def test_commit_async_refused_reports_commit_failed_in_order(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer(enable_auto_commit=False)
+    results: list[tuple[str, Any]] = []
+    consumer.commit_async({TP("t", 0): 1}, lambda o, e: results.append(("before", e)))
+    _consume_all(consumer, 1)
+    consumer.commit_async(None, lambda o, e: results.append(("after", o)))
+    wait_until(lambda: len(results) == 2, lambda: consumer.poll(timeout=0.02))
+    assert results[0][0] == "before" and isinstance(results[0][1], CommitFailedError)
+    assert results[1] == ("after", {TP("t", 0): 1})

@@ -55,6 +55,7 @@ from typing import Any, Self
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics.times import OffsetAndTimestamp
+from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
 from .errors import CommitFailedError, GenerationEndedError, IllegalStateError
@@ -184,6 +185,7 @@ class Consumer:
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
+        self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
         self._next_auto_commit = 0.0
         self._drain_turn = 0
         self._block_turn = 0
@@ -331,6 +333,7 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
+            self._run_commit_callbacks()
             while True:
                 self._settle(deadline)
                 if self._stop.is_set():
@@ -368,6 +371,7 @@ class Consumer:
         """
         with self._lock:
             self._check_open()
+            self._wait_async_commits()
             gen = self._gen
             if gen is None:
                 if offsets:
@@ -383,7 +387,77 @@ class Consumer:
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 self._committed[TopicPartition(*tp)] = value
 
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None,
+        callback: OffsetCommitCallback | None = None,
+    ) -> None:
+        """Commit ``offsets`` (default: every current position) in the background.
+
+        As Kafka's ``commitAsync``: commits are sent one at a time in the order of the calls, so
+        a later commit is never overtaken by an earlier one's retry, and ``callback(offsets,
+        exception)`` (exception None on success; ``CommitFailedError`` when fenced) runs in
+        that same order, from a later ``poll()``, ``commit()`` or ``close()`` in the caller's
+        thread, never from the background thread. ``commit()`` waits for earlier async commits.
+        """
+        with self._lock:
+            self._check_open()
+            gen = self._gen
+            wanted = dict(offsets) if offsets is not None else dict(self._position)
+            plain = {
+                TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
+                for tp, off in wanted.items()
+            }
+            if gen is None:
+                if not plain:
+                    self._committer.complete_now(plain, None, callback)
+                    return
+                self._committer.complete_now(
+                    plain,
+                    CommitFailedError(
+                        "this consumer holds no generation (it is between rebalances), so it "
+                        "owns no partitions to commit",
+                        Errors.REBALANCE_IN_PROGRESS,
+                    ),
+                    callback,
+                )
+                return
+            self._committer.submit(lambda: gen.commit_offsets(wanted), plain, callback, gen)
+
+    def _wait_async_commits(self) -> None:
+        """Let every queued async commit finish, then run their callbacks (Kafka's
+        ``commitSync`` does the same, so a sync commit is never overtaken by an older one)."""
+        self._await_committer()
+        self._run_commit_callbacks()
+
+    def _await_committer(self) -> None:
+        # Each job's retries are bounded by a session timeout; this bound only guards against a
+        # committer that close() already stopped with jobs left.
+        limit = 2 * self._config.session_timeout_ms / 1000
+        if self._committer.pending and not self._committer.wait_idle(limit):
+            log.warning("async commits still pending after %.0f s; committing anyway", limit)
+
+    def _run_commit_callbacks(self) -> None:
+        """Run finished async commits' callbacks in commit order; the first exception a
+        callback raises propagates once they all ran."""
+        first: BaseException | None = None
+        for done in self._committer.take_completions():
+            error = done.error
+            if error is None and done.token is not None and done.token is self._gen:
+                self._committed.update(done.offsets)
+            if done.callback is None:
+                if error is not None:
+                    log.warning("async commit of %s failed: %s", done.offsets, error)
+                continue
+            try:
+                done.callback(done.offsets, error)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
+                first = first or exc
+        if first is not None:
+            raise first
+
     def _commit_changed(self, gen: Generation) -> None:
+        self._await_committer()  # older async commits land first
         changed = {tp: pos for tp, pos in self._position.items() if self._committed.get(tp) != pos}
         if changed:
             gen.commit_offsets(changed)
@@ -660,6 +734,11 @@ class Consumer:
                 return
             self._closed = True
             try:
+                self._committer.close(timeout)
+                try:
+                    self._run_commit_callbacks()
+                except Exception:
+                    log.exception("an async commit callback raised during close()")
                 if self._revoking and self._hold is not None:
                     # close() from inside a revocation callback: that revocation is this
                     # consumer's last; let the group go on (it waits for the hold).
