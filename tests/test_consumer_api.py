@@ -187,3 +187,29 @@ def test_commit_async_refused_reports_commit_failed_in_order(env: Any) -> None:
     wait_until(lambda: len(results) == 2, lambda: consumer.poll(timeout=0.02))
     assert results[0][0] == "before" and isinstance(results[0][1], CommitFailedError)
     assert results[1] == ("after", {TP("t", 0): 1})
+
+
+# -- 3. max_poll_interval_ms --------------------------------------------------------------------
+
+
+def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -> None:
+    _fill(env, 2, 1)
+    la, lb = Recorder(), Recorder()
+    a = env.consumer(la, max_poll_interval_ms=400)
+    b = env.consumer(lb, max_poll_interval_ms=60_000)
+
+    def both() -> None:
+        a.poll(timeout=0.02)
+        b.poll(timeout=0.02)
+
+    wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
+    a_member, mark = a.member_id, len(la.kinds())
+    # a stops polling; b goes on and gets both partitions once a has left the group.
+    wait_until(lambda: len(b.assignment()) == 2, lambda: b.poll(timeout=0.02))
+    assert a_member not in {m.member_id for m in env.coord.describe_group("g").members}
+    assert a.assignment() != []  # a has not polled: it learns only at its next poll()
+    # a polls again: its partitions were lost (not revoked: another member may own them), and
+    # it rejoins as a new member.
+    wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
+    assert la.kinds()[mark:] == ["lost", "assigned"]
+    assert a.member_id != a_member

@@ -158,12 +158,14 @@ class Consumer:
         auto_commit_interval_ms: int = 5000,
         max_poll_records: int = 500,
         fetch_max_wait_ms: int = 100,
+        max_poll_interval_ms: int = 300_000,
         coordinator: Coordinator | None = None,
     ) -> None:
         for name, value in (
             ("auto_commit_interval_ms", auto_commit_interval_ms),
             ("max_poll_records", max_poll_records),
             ("fetch_max_wait_ms", fetch_max_wait_ms),
+            ("max_poll_interval_ms", max_poll_interval_ms),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -186,6 +188,12 @@ class Consumer:
         self._committed: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
+        self._max_poll_interval_s = max_poll_interval_ms / 1000
+        self._poll_state = threading.Lock()  # guards the three below, shared with the watchdog
+        self._last_poll = time.monotonic()
+        self._in_poll = False
+        self._poll_expired = False
+        self._watchdog: threading.Thread | None = None
         self._next_auto_commit = 0.0
         self._drain_turn = 0
         self._block_turn = 0
@@ -223,7 +231,9 @@ class Consumer:
 
     # -- positions and flow control (Kafka's seek*, pause, resume)
 
-    def _require_assigned(self, tp: TopicPartition | tuple[str, int], action: str) -> TopicPartition:
+    def _require_assigned(
+        self, tp: TopicPartition | tuple[str, int], action: str
+    ) -> TopicPartition:
         key = TopicPartition(*tp)
         if key not in self._position:
             held = _names(self._assigned) or "nothing"
@@ -333,26 +343,73 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
-            self._run_commit_callbacks()
-            while True:
-                self._settle(deadline)
-                if self._stop.is_set():
-                    return []
-                if self._gen is None:
-                    try:
-                        gen = self._group.next(timeout=_slice(deadline, 0.1))
-                    except TimeoutError:
-                        if _expired(deadline):
-                            return []
-                        continue
-                    self._begin(gen)
+            self._poll_started()
+            try:
+                return self._poll(deadline, limit)
+            finally:
+                with self._poll_state:
+                    self._in_poll = False
+                    self._last_poll = time.monotonic()
+
+    def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
+        """``poll()``'s loop, with the lock held and the poll timer stopped."""
+        self._run_commit_callbacks()
+        while True:
+            self._settle(deadline)
+            if self._stop.is_set():
+                return []
+            if self._gen is None:
+                try:
+                    gen = self._group.next(timeout=_slice(deadline, 0.1))
+                except TimeoutError:
+                    if _expired(deadline):
+                        return []
                     continue
-                self._maybe_auto_commit()
-                records = self._drain(limit)
-                if records:
-                    return records
-                if not self._fetch(deadline) and _expired(deadline):
-                    return []
+                self._begin(gen)
+                continue
+            self._maybe_auto_commit()
+            records = self._drain(limit)
+            if records:
+                return records
+            if not self._fetch(deadline) and _expired(deadline):
+                return []
+
+    # -- liveness apart from progress (Kafka's max.poll.interval.ms)
+
+    def _poll_started(self) -> None:
+        with self._poll_state:
+            self._in_poll = True
+            self._last_poll = time.monotonic()
+            expired, self._poll_expired = self._poll_expired, False
+        if expired:
+            log.info("group %r: polling again; rejoining", self._config.group_id)
+            self._group.resume()
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch_polls,
+                name=f"rcoord-{self._config.group_id}-poll-timer",
+                daemon=True,
+            )
+            self._watchdog.start()
+
+    def _watch_polls(self) -> None:
+        """Leave the group when the application has not called ``poll()`` for
+        ``max_poll_interval_ms`` (the heartbeat alone does not keep a stuck consumer in)."""
+        limit = self._max_poll_interval_s
+        period = min(1.0, max(0.01, limit / 10))
+        while not self._stop.wait(period):
+            with self._poll_state:
+                idle = time.monotonic() - self._last_poll
+                if self._in_poll or self._poll_expired or idle <= limit:
+                    continue
+                self._poll_expired = True
+            reason = (
+                f"consumer poll timeout has expired: poll() was not called for {idle:.1f} s "
+                f"(max_poll_interval_ms {limit * 1000:.0f}); the application is too slow "
+                "processing records, or stuck"
+            )
+            log.warning("group %r: %s; leaving the group", self._config.group_id, reason)
+            self._group.leave_until_resumed(reason[:255])
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, forever (until ``close()``): ``poll()`` in a loop."""
