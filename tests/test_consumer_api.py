@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import test_consumer
 from harness import wait_until
+from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
-from rcoord import TopicPartition
+from rcoord import Errors, TopicPartition
 from rcoord.client import CommitFailedError, Consumer
 from rcoord.client.errors import IllegalStateError
 
@@ -213,3 +214,63 @@ def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -
     wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
     assert la.kinds()[mark:] == ["lost", "assigned"]
     assert a.member_id != a_member
+
+
+# -- 4. assign, unsubscribe, subscribe as a method ------------------------------------------
+
+
+def test_assign_commits_as_a_simple_group_only_while_the_group_is_empty(env: Any) -> None:
+    _fill(env, 2, 4)
+    manual = env.consumer(topics=[], enable_auto_commit=False)
+    manual.assign([TP("t", 1)])
+    assert manual.assignment() == [TP("t", 1)]
+    got = _consume_all(manual, 4)
+    assert {r.partition for r in got} == {1} and manual.member_id == ""
+    manual.commit()  # the group has no members: accepted
+    assert env.coord.fetch_offsets("g", [TP("t", 1)]).offsets[TP("t", 1)].offset == 4
+    assert env.coord.describe_group("g").members == []  # assign() never joined
+
+    member = env.consumer()
+    poll_until(member, lambda g: member.assignment() == [TP("t", 0), TP("t", 1)])
+    with pytest.raises(CommitFailedError, match="has active members") as info:
+        manual.commit({TP("t", 1): 2})
+    assert info.value.error is Errors.UNKNOWN_MEMBER_ID
+    results: list[Any] = []
+    manual.commit_async({TP("t", 1): 3}, lambda o, e: results.append(e))
+    wait_until(lambda: results, lambda: manual.poll(timeout=0.02))
+    assert isinstance(results[0], CommitFailedError)
+
+    member.close(timeout=WAIT_S)  # the group is empty again
+    manual.commit({TP("t", 1): 1})
+    assert env.coord.fetch_offsets("g", [TP("t", 1)]).offsets[TP("t", 1)].offset == 1
+
+    # A later assign() keeps the position of a kept partition, starts a new one at its commit.
+    env.coord.commit_offsets("g", {TP("t", 0): 2})
+    manual.assign([TP("t", 0), TP("t", 1)])
+    assert manual.position(TP("t", 1)) == 4 and manual.position(TP("t", 0)) == 2
+
+
+def test_mixing_subscribe_and_assign_raises_until_unsubscribe(env: Any) -> None:
+    _fill(env, 2, 1)
+    subscribed = env.consumer()
+    with pytest.raises(IllegalStateError, match="unsubscribe"):
+        subscribed.assign([TP("t", 0)])
+    manual = env.consumer(topics=[])
+    with pytest.raises(IllegalStateError, match="subscribe\\(\\) or assign\\(\\)"):
+        manual.poll(timeout=0)
+    manual.assign([TP("t", 0)])
+    with pytest.raises(IllegalStateError, match="unsubscribe"):
+        manual.subscribe(["t"])
+    manual.unsubscribe()
+    assert manual.assignment() == []
+    listener = Recorder()
+    manual.subscribe(["t"], listener=listener)
+    poll_until(manual, lambda g: len(manual.assignment()) == 2)
+    assert listener.kinds() == ["assigned"] and manual.member_id != ""
+
+    # Unsubscribing a member revokes its partitions and leaves the group.
+    manual.unsubscribe()
+    assert listener.kinds() == ["assigned", "revoked"] and manual.assignment() == []
+    wait_until(lambda: env.coord.describe_group("g").members == [])
+    manual.assign([TP("t", 1)])
+    assert manual.assignment() == [TP("t", 1)]
