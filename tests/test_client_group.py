@@ -301,7 +301,6 @@ def test_config_defaults_mirror_kafka_go() -> None:
     "field, value",
     [
         ("group_id", ""),
-        ("topics", []),
         ("topics", [""]),
         ("assignors", ["nope"]),
         ("assignors", []),
@@ -324,6 +323,13 @@ def test_config_validate_names_the_bad_field(field: str, value: Any) -> None:
     settings[field] = value
     with pytest.raises(ConfigError, match=field):
         ConsumerGroupConfig(**settings)
+
+
+def test_empty_topics_are_for_a_consumer_only() -> None:
+    # A Consumer subscribes or assigns later; a ConsumerGroup needs a topic to join with.
+    cfg = ConsumerGroupConfig(group_id="g", topics=[], redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match="topics"):
+        ConsumerGroup(cfg)
 
 
 def test_group_needs_redis_or_a_coordinator() -> None:

@@ -33,6 +33,9 @@ _INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's group.instan
 class ConsumerGroupConfig:
     """Settings of one group member. Only ``group_id``, ``topics`` and Redis are required.
 
+    ``topics`` may be empty only for a ``Consumer`` that calls ``subscribe()`` or ``assign()``
+    later; a ``ConsumerGroup`` needs at least one topic.
+
     Attributes:
         group_id: the consumer group (kafka-go ``ID``).
         topics: topics to consume; stored as a tuple without duplicates, in the given order.
@@ -106,10 +109,8 @@ class ConsumerGroupConfig:
         if not isinstance(self.group_id, str) or not self.group_id:
             raise ConfigError(f"group_id must be a non-empty str, got {self.group_id!r}")
         _coordinator_id("group_id", self.group_id)
-        if not isinstance(self.topics, tuple) or not self.topics:
-            raise ConfigError(
-                f"topics must be a non-empty list of topic names, got {self.topics!r}"
-            )
+        if not isinstance(self.topics, tuple):
+            raise ConfigError(f"topics must be a list of topic names, got {self.topics!r}")
         for topic in self.topics:
             if not isinstance(topic, str) or not topic:
                 raise ConfigError(f"topics must hold non-empty str names, got {topic!r}")

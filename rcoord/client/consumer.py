@@ -43,22 +43,27 @@ A ``Consumer`` is meant for one thread; ``close()`` may be called from another o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from ..errors import ConnectionLost, Errors, RcoordError
+from ..errors import ConfigError, ConnectionLost, Errors, ProtocolError, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from ..topics.times import OffsetAndTimestamp
+from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
-from .coordinator import Coordinator
-from .errors import CommitFailedError, GenerationEndedError
+from .coordinator import Coordinator, RedisCoordinator, client_from_url
+from .errors import CommitFailedError, GenerationEndedError, IllegalStateError
 from .generation import Generation, GenerationContext
 from .group import ConsumerGroup
+from .join import start_offsets
+from .retry import call_with_retries
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
@@ -156,17 +161,26 @@ class Consumer:
         auto_commit_interval_ms: int = 5000,
         max_poll_records: int = 500,
         fetch_max_wait_ms: int = 100,
+        max_poll_interval_ms: int = 300_000,
         coordinator: Coordinator | None = None,
     ) -> None:
         for name, value in (
             ("auto_commit_interval_ms", auto_commit_interval_ms),
             ("max_poll_records", max_poll_records),
             ("fetch_max_wait_ms", fetch_max_wait_ms),
+            ("max_poll_interval_ms", max_poll_interval_ms),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self._config = config
-        self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
+        self._coordinator_arg = coordinator
+        self._own_coordinator: Coordinator | None = None
+        self._owned_client: Any = None
+        # subscribe() gives the consumer a group; assign() gives it partitions and no group.
+        self._group: ConsumerGroup | None = None
+        self._assigned_manually = False
+        if config.topics:
+            self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
         self._listener = listener if listener is not None else ConsumerRebalanceListener()
         self._auto_commit = bool(enable_auto_commit)
         self._auto_commit_s = auto_commit_interval_ms / 1000
@@ -182,6 +196,14 @@ class Consumer:
         self._fetch_pos: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
+        self._max_poll_interval_s = max_poll_interval_ms / 1000
+        self._poll_state = threading.Lock()  # guards the three below, shared with the watchdog
+        self._last_poll = time.monotonic()
+        self._in_poll = False
+        self._poll_expired = False
+        self._watchdog: threading.Thread | None = None
         self._next_auto_commit = 0.0
         self._drain_turn = 0
         self._block_turn = 0
@@ -189,8 +211,29 @@ class Consumer:
 
     # -- information
 
+    def _coordinator(self) -> Coordinator:
+        if self._group is not None:
+            self._group.start()  # connects (idempotent); seeks may come before the first poll
+            return self._group.coordinator
+        if self._own_coordinator is None:
+            coord = self._coordinator_arg
+            if coord is None:
+                client = self._config.redis_client
+                if client is None:
+                    if self._config.redis_url is None:
+                        raise ConfigError("redis_url or redis_client must be set")
+                    client = self._owned_client = client_from_url(self._config.redis_url)
+                redis_coord = RedisCoordinator(client, self._config.namespace)
+                redis_coord.start()
+                coord = redis_coord
+            self._own_coordinator = coord
+        return self._own_coordinator
+
     @property
     def group(self) -> ConsumerGroup:
+        """The group this consumer is subscribed through (IllegalStateError if it is not)."""
+        if self._group is None:
+            raise IllegalStateError("this consumer is not subscribed; it has no group")
         return self._group
 
     @property
@@ -200,18 +243,96 @@ class Consumer:
 
     @property
     def member_id(self) -> str:
-        return self._group.member_id
+        return self._group.member_id if self._group is not None else ""
 
     def assignment(self) -> list[TopicPartition]:
         """The partitions currently assigned to this consumer, sorted."""
         return list(self._assigned)
 
     def position(self, tp: TopicPartition) -> int:
-        """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition)."""
-        try:
-            return self._position[TopicPartition(*tp)]
-        except KeyError:
-            raise KeyError(f"{tp} is not assigned to this consumer") from None
+        """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
+
+        Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException).
+        """
+        return self._position[self._require_assigned(tp, "read the position of")]
+
+    # -- positions and flow control (Kafka's seek*, pause, resume)
+
+    def _require_assigned(
+        self, tp: TopicPartition | tuple[str, int], action: str
+    ) -> TopicPartition:
+        key = TopicPartition(*tp)
+        if key not in self._position:
+            held = _names(self._assigned) or "nothing"
+            raise IllegalStateError(
+                f"cannot {action} {key.topic}-{key.partition}: it is not assigned to this "
+                f"consumer (assigned: {held}); wait for on_partitions_assigned or assign() it"
+            )
+        return key
+
+    def _partitions_arg(
+        self, partitions: list[TopicPartition] | None, action: str
+    ) -> list[TopicPartition]:
+        if partitions is None:
+            return list(self._assigned)
+        return [self._require_assigned(tp, action) for tp in partitions]
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """The next ``poll()`` returns records of ``tp`` from ``offset`` on (Kafka's ``seek``).
+
+        Records already fetched for ``tp`` are dropped. An offset outside the log is handled at
+        the next fetch by the ``start_offset`` policy, as Kafka's ``auto.offset.reset``.
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"seek offset must be an int >= 0, got {offset!r}")
+        with self._lock:
+            key = self._require_assigned(tp, "seek")
+            self._position[key] = self._fetch_pos[key] = offset
+            buf = self._buffers.get(key)
+            if buf is not None:
+                buf.clear()
+
+    def seek_to_beginning(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Seek ``partitions`` (default: every assigned one) to their log start offsets."""
+        self._seek_to_edge(partitions, 0)
+
+    def seek_to_end(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Seek ``partitions`` (default: every assigned one) to their log end offsets: only
+        records produced from now on are returned."""
+        self._seek_to_edge(partitions, 1)
+
+    def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
+        with self._lock:
+            wanted = self._partitions_arg(partitions, "seek")
+            coord = self._coordinator()
+            for tp in wanted:
+                self.seek(tp, coord.log_offsets(tp.topic, tp.partition)[edge])
+
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition, the earliest offset whose record's timestamp (ms) is at or after the
+        given one, or None when no record is that recent (Kafka's ``offsetsForTimes``). Any
+        partition of an existing topic, assigned or not."""
+        asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
+        found = self._coordinator().offsets_for_times(keys)
+        return {tp: found[tp] for tp in asked}
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
+        the member stays in the group). Pausing is forgotten when a partition is revoked."""
+        with self._lock:
+            self._paused.update(self._partitions_arg(list(partitions), "pause"))
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Return records of ``partitions`` again, from where they were paused."""
+        with self._lock:
+            self._paused.difference_update(self._partitions_arg(list(partitions), "resume"))
+
+    def paused(self) -> list[TopicPartition]:
+        """The paused partitions, sorted."""
+        return sorted(self._paused)
 
     def committed(
         self, partitions: list[TopicPartition] | None = None
@@ -220,17 +341,135 @@ class Consumer:
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
             return {}
-        result = self._group.coordinator.fetch_offsets(self._config.group_id, wanted)
+        result = self._coordinator().fetch_offsets(self._config.group_id, wanted)
         return {tp: result.offsets[tp].offset if tp in result.offsets else -1 for tp in wanted}
 
     def lag(self) -> dict[TopicPartition, int]:
         """Records between the position and the log end, per assigned partition."""
-        coord = self._group.coordinator
+        coord = self._coordinator()
         out: dict[TopicPartition, int] = {}
         for tp in self._assigned:
             _, end = coord.log_offsets(tp.topic, tp.partition)
             out[tp] = max(0, end - self._position.get(tp, end))
         return out
+
+    # -- subscribe or assign
+
+    def subscribe(self, topics: Sequence[str], listener: Any = None) -> None:
+        """Join the group for ``topics`` (Kafka's ``subscribe``); the group assigns partitions.
+
+        Replaces an earlier subscription (its partitions are revoked first, committing with
+        auto-commit). Raises ``IllegalStateError`` after ``assign()`` (Kafka does; call
+        ``unsubscribe()`` first).
+        """
+        names = [topics] if isinstance(topics, str) else list(topics)
+        with self._lock:
+            self._check_open()
+            if self._assigned_manually:
+                raise IllegalStateError(
+                    "subscribe() after assign(): a consumer either subscribes (the group assigns "
+                    "its partitions) or assigns partitions itself; call unsubscribe() first"
+                )
+            if not names:
+                self.unsubscribe()
+                return
+            config = dataclasses.replace(self._config, topics=names)
+            if listener is not None:
+                self._listener = listener
+            if self._group is not None and tuple(config.topics) == tuple(self._config.topics):
+                return
+            self._leave_group()
+            self._config = config
+            self._group = ConsumerGroup(
+                config, coordinator=self._coordinator_arg, acknowledge="by_caller"
+            )
+            with self._poll_state:
+                self._poll_expired = False
+                self._last_poll = time.monotonic()
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
+
+        No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
+        committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
+        the previous ``assign()`` keeps its position. Commits go to ``group_id`` as a simple
+        group (no member id, generation -1): the coordinator accepts them only while the group
+        has no members, else they raise ``CommitFailedError``. Raises ``IllegalStateError`` on
+        a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
+        """
+        wanted = sorted({TopicPartition(*tp) for tp in partitions})
+        with self._lock:
+            self._check_open()
+            if self._group is not None:
+                raise IllegalStateError(
+                    "assign() on a subscribed consumer: the group assigns its partitions; call "
+                    "unsubscribe() first"
+                )
+            if not wanted:
+                self.unsubscribe()
+                return
+            before = set(self._assigned)
+            removed = before - set(wanted)
+            added = [tp for tp in wanted if tp not in before]
+            if removed and self._assigned_manually and self._auto_commit:
+                self._auto_commit_now()
+            coord = self._coordinator()
+            offsets, committed = start_offsets(
+                added,
+                coord,
+                self._config,
+                lambda call, error_of: call_with_retries(
+                    call, error_of, config=self._config, closing=self._stop
+                ),
+            )
+            for tp in removed:
+                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                    table.pop(tp, None)
+                self._paused.discard(tp)
+            for tp in added:
+                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                self._buffers[tp] = deque()
+                if tp in committed:
+                    self._committed[tp] = committed[tp]
+            self._assigned = wanted
+            self._assigned_manually = True
+            self._next_auto_commit = time.monotonic() + self._auto_commit_s
+
+    def unsubscribe(self) -> None:
+        """Give up every partition: leave the group (revoking, with a final auto-commit), or
+        forget the ``assign()``ed partitions (auto-committing their positions)."""
+        with self._lock:
+            self._check_open()
+            if self._assigned_manually:
+                if self._auto_commit:
+                    self._auto_commit_now()
+                self._assigned_manually = False
+                self._assigned, self._paused = [], set()
+                self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
+            self._leave_group()
+
+    def _auto_commit_now(self) -> None:
+        target = self._commit_target()
+        if target is None:
+            return
+        try:
+            self._commit_changed(target[0])
+        except RcoordError as exc:
+            log.warning("auto-commit failed: %s", exc)
+
+    def _leave_group(self) -> None:
+        """Revoke the current generation's partitions and close the group, if there is one."""
+        group = self._group
+        if group is None:
+            return
+        self._await_committer()
+        self._run_commit_callbacks()
+        try:
+            if self._gen is not None:
+                self._revoke(lost=self._gen.lost)
+        finally:
+            group.close()
+            self._group = None
 
     # -- the poll loop
 
@@ -249,25 +488,88 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
-            while True:
-                self._settle(deadline)
-                if self._stop.is_set():
-                    return []
-                if self._gen is None:
-                    try:
-                        gen = self._group.next(timeout=_slice(deadline, 0.1))
-                    except TimeoutError:
-                        if _expired(deadline):
-                            return []
-                        continue
-                    self._begin(gen)
+            self._poll_started()
+            try:
+                return self._poll(deadline, limit)
+            finally:
+                with self._poll_state:
+                    self._in_poll = False
+                    self._last_poll = time.monotonic()
+
+    def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
+        """``poll()``'s loop, with the lock held and the poll timer stopped."""
+        self._run_commit_callbacks()
+        while True:
+            self._settle(deadline)
+            if self._stop.is_set():
+                return []
+            if self._gen is None and self._group is None:
+                if not self._assigned_manually:
+                    raise IllegalStateError(
+                        "this consumer is neither subscribed nor assigned any partitions; "
+                        "call subscribe() or assign() first"
+                    )
+            elif self._gen is None:
+                assert self._group is not None
+                try:
+                    gen = self._group.next(timeout=_slice(deadline, 0.1))
+                except TimeoutError:
+                    if _expired(deadline):
+                        return []
                     continue
-                self._maybe_auto_commit()
-                records = self._drain(limit)
-                if records:
-                    return records
-                if not self._fetch(deadline) and _expired(deadline):
-                    return []
+                self._begin(gen)
+                continue
+            self._maybe_auto_commit()
+            records = self._drain(limit)
+            if records:
+                return records
+            if not self._fetch(deadline) and _expired(deadline):
+                return []
+
+    # -- liveness apart from progress (Kafka's max.poll.interval.ms)
+
+    def _poll_started(self) -> None:
+        with self._poll_state:
+            self._in_poll = True
+            self._last_poll = time.monotonic()
+            expired, self._poll_expired = self._poll_expired, False
+        if expired:
+            log.info("group %r: polling again; rejoining", self._config.group_id)
+            if self._group is not None:
+                self._group.resume()
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch_polls,
+                name=f"rcoord-{self._config.group_id}-poll-timer",
+                daemon=True,
+            )
+            self._watchdog.start()
+
+    def _watch_polls(self) -> None:
+        """Leave the group when the application has not called ``poll()`` for
+        ``max_poll_interval_ms`` (the heartbeat alone does not keep a stuck consumer in)."""
+        limit = self._max_poll_interval_s
+        period = min(1.0, max(0.01, limit / 10))
+        while not self._stop.wait(period):
+            with self._poll_state:
+                idle = time.monotonic() - self._last_poll
+                if (
+                    self._in_poll
+                    or self._poll_expired
+                    or idle <= limit
+                    or self._group is None  # assign(): no membership to lose
+                ):
+                    continue
+                self._poll_expired = True
+            reason = (
+                f"consumer poll timeout has expired: poll() was not called for {idle:.1f} s "
+                f"(max_poll_interval_ms {limit * 1000:.0f}); the application is too slow "
+                "processing records, or stuck"
+            )
+            log.warning("group %r: %s; leaving the group", self._config.group_id, reason)
+            group = self._group
+            if group is not None:
+                group.leave_until_resumed(reason[:255])
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, forever (until ``close()``): ``poll()`` in a loop."""
@@ -286,36 +588,141 @@ class Consumer:
         """
         with self._lock:
             self._check_open()
-            gen = self._gen
-            if gen is None:
+            self._wait_async_commits()
+            target = self._commit_target()
+            if target is None:
                 if offsets:
-                    raise CommitFailedError(
-                        "this consumer holds no generation (it is between rebalances), so it "
-                        "owns no partitions to commit",
-                        Errors.REBALANCE_IN_PROGRESS,
-                    )
+                    raise _no_generation()
                 return
             wanted = dict(offsets) if offsets is not None else dict(self._position)
-            gen.commit_offsets(wanted)
+            target[0](wanted)
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 self._committed[TopicPartition(*tp)] = value
 
-    def _commit_changed(self, gen: Generation) -> None:
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None,
+        callback: OffsetCommitCallback | None = None,
+    ) -> None:
+        """Commit ``offsets`` (default: every current position) in the background.
+
+        As Kafka's ``commitAsync``: commits are sent one at a time in the order of the calls, so
+        a later commit is never overtaken by an earlier one's retry, and ``callback(offsets,
+        exception)`` (exception None on success; ``CommitFailedError`` when fenced) runs in
+        that same order, from a later ``poll()``, ``commit()`` or ``close()`` in the caller's
+        thread, never from the background thread. ``commit()`` waits for earlier async commits.
+        """
+        with self._lock:
+            self._check_open()
+            target = self._commit_target()
+            wanted = dict(offsets) if offsets is not None else dict(self._position)
+            plain = {
+                TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
+                for tp, off in wanted.items()
+            }
+            if target is None:
+                self._committer.complete_now(plain, _no_generation() if plain else None, callback)
+                return
+            commit, token = target
+            self._committer.submit(lambda: commit(wanted), plain, callback, token)
+
+    def _commit_target(self) -> tuple[_CommitFn, object] | None:
+        """How to commit now, and the token an async completion is checked against: the
+        generation's fenced commit, the simple-group commit of ``assign()``, or None (between
+        generations)."""
+        if self._gen is not None:
+            return self._gen.commit_offsets, self._gen
+        if self._assigned_manually:
+            return self._commit_simple, _SIMPLE
+        return None
+
+    def _commit_simple(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+        """OffsetCommit as a simple group (no member id, generation -1), as Kafka's consumer
+        does after ``assign()``. The coordinator accepts it only while the group has no
+        members: a group whose members commit with generations must not be overwritten."""
+        coord = self._coordinator()
+        prepared = {TopicPartition(*tp): off for tp, off in offsets.items()}
+        if not prepared:
+            return
+        group_id = self._config.group_id
+        result = call_with_retries(
+            lambda: coord.commit_offsets(
+                group_id, prepared, retention_ms=self._config.retention_ms
+            ),
+            lambda r: next((e for e in r.values() if e is not Errors.NONE), Errors.NONE),
+            config=self._config,
+            closing=self._stop,
+        )
+        failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
+        if not failed:
+            return
+        code = min(set(failed.values()))
+        if code in (Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION):
+            raise CommitFailedError(
+                f"commit refused ({code.name}): group {group_id!r} has active members, and a "
+                "consumer using assign() commits as a simple group, which the coordinator "
+                "accepts only while the group has no members. Use another group_id for "
+                "assign(), or stop the group's members first.",
+                code,
+                failed,
+            )
+        raise ProtocolError.of(
+            code,
+            f"commit to group {group_id!r} failed for "
+            + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
+        )
+
+    def _wait_async_commits(self) -> None:
+        """Let every queued async commit finish, then run their callbacks (Kafka's
+        ``commitSync`` does the same, so a sync commit is never overtaken by an older one)."""
+        self._await_committer()
+        self._run_commit_callbacks()
+
+    def _await_committer(self) -> None:
+        # Each job's retries are bounded by a session timeout; this bound only guards against a
+        # committer that close() already stopped with jobs left.
+        limit = 2 * self._config.session_timeout_ms / 1000
+        if self._committer.pending and not self._committer.wait_idle(limit):
+            log.warning("async commits still pending after %.0f s; committing anyway", limit)
+
+    def _run_commit_callbacks(self) -> None:
+        """Run finished async commits' callbacks in commit order; the first exception a
+        callback raises propagates once they all ran."""
+        first: BaseException | None = None
+        for done in self._committer.take_completions():
+            error = done.error
+            current = self._commit_target()
+            if error is None and current is not None and done.token is current[1]:
+                self._committed.update(done.offsets)
+            if done.callback is None:
+                if error is not None:
+                    log.warning("async commit of %s failed: %s", done.offsets, error)
+                continue
+            try:
+                done.callback(done.offsets, error)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others ran
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _commit_changed(self, commit: _CommitFn) -> None:
+        self._await_committer()  # older async commits land first
         changed = {tp: pos for tp, pos in self._position.items() if self._committed.get(tp) != pos}
         if changed:
-            gen.commit_offsets(changed)
+            commit(changed)
             self._committed.update(changed)
 
     def _maybe_auto_commit(self) -> None:
-        if not self._auto_commit or self._gen is None:
+        target = self._commit_target()
+        if not self._auto_commit or target is None:
             return
         now = time.monotonic()
         if now < self._next_auto_commit:
             return
         self._next_auto_commit = now + self._auto_commit_s
         try:
-            self._commit_changed(self._gen)
+            self._commit_changed(target[0])
         except CommitFailedError as exc:
             log.warning("auto-commit refused: %s", exc)
         except RcoordError as exc:
@@ -360,6 +767,7 @@ class Consumer:
             return
         # Rebalancing cooperatively: keep consuming; block only when there is nothing to read.
         wait = 0.0 if self._assigned else _slice(deadline, self._fetch_max_wait_ms / 1000)
+        assert self._group is not None
         try:
             new = self._group.next(timeout=wait)
         except TimeoutError:
@@ -400,6 +808,7 @@ class Consumer:
             for tp in revoked:
                 for table in (self._buffers, self._position, self._fetch_pos, self._committed):
                     table.pop(tp, None)
+                self._paused.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
                 self._buffers[tp] = deque()
@@ -435,7 +844,7 @@ class Consumer:
         try:
             if not lost and self._auto_commit:
                 try:
-                    self._commit_changed(gen)
+                    self._commit_changed(gen.commit_offsets)
                 except CommitFailedError as exc:
                     log.warning("final commit of generation %d refused: %s", gen.generation_id, exc)
                 except RcoordError as exc:
@@ -454,6 +863,7 @@ class Consumer:
             self._revoking = False
             self._gen = self._hold = None
             self._assigned = []
+            self._paused = set()
             self._position, self._fetch_pos, self._committed = {}, {}, {}
             if hold is not None:
                 hold.released.set()
@@ -467,7 +877,7 @@ class Consumer:
         for i in range(n):
             tp = self._assigned[(self._drain_turn + i) % n]
             buf = self._buffers.get(tp)
-            if not buf:
+            if not buf or tp in self._paused:
                 continue
             while buf and len(out) < limit:
                 out.append(buf.popleft())
@@ -480,12 +890,19 @@ class Consumer:
     def _fetch(self, deadline: float | None) -> bool:
         """Fetch every assigned partition once; if all are at their end, wait on one of them."""
         gen = self._gen
-        assert gen is not None
+        idle = gen.done if gen is not None else self._stop  # what ends an idle wait early
         if not self._assigned:
-            if not gen.done.is_set():
-                gen.done.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+            if not idle.is_set():
+                idle.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
             return False
-        pending = [tp for tp in self._assigned if not self._buffers.get(tp)]
+        pending = [
+            tp for tp in self._assigned if not self._buffers.get(tp) and tp not in self._paused
+        ]
+        if not pending:
+            # Everything is paused (or buffered but paused): wait as a fetch would, then return.
+            if not idle.is_set():
+                idle.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+            return False
         got = False
         for tp in pending:
             if self._must_stop_fetching(gen):
@@ -500,16 +917,18 @@ class Consumer:
         self._block_turn += 1
         return self._fetch_one(tp, int(block * 1000))
 
-    def _must_stop_fetching(self, gen: Generation) -> bool:
+    def _must_stop_fetching(self, gen: Generation | None) -> bool:
         """Stop when closing, or when the generation ended and its partitions are not carried
         through the rejoin (cooperative): they are about to be revoked or lost."""
         if self._stop.is_set():
             return True
+        if gen is None:
+            return False  # assign(): no generation to end
         return gen.done.is_set() and not (gen.carried and not gen.lost)
 
     def _fetch_one(self, tp: TopicPartition, block_ms: int | None) -> bool:
         try:
-            result = self._group.coordinator.fetch(
+            result = self._coordinator().fetch(
                 tp.topic, tp.partition, self._fetch_pos[tp], self._max_poll_records, block_ms
             )
         except ConnectionLost as exc:
@@ -558,6 +977,14 @@ class Consumer:
         if self._closed:
             raise RcoordError("the consumer is closed")
 
+    def _close_own_client(self) -> None:
+        if self._owned_client is not None:
+            try:
+                self._owned_client.close()
+            except Exception:  # closing a broken client must not hide the close itself
+                log.debug("closing the Redis client failed", exc_info=True)
+            self._owned_client = None
+
     def close(self, timeout: float | None = None) -> None:
         """Revoke (committing, with auto-commit) or drop the partitions, leave the group, stop.
 
@@ -569,6 +996,11 @@ class Consumer:
                 return
             self._closed = True
             try:
+                self._committer.close(timeout)
+                try:
+                    self._run_commit_callbacks()
+                except Exception:
+                    log.exception("an async commit callback raised during close()")
                 if self._revoking and self._hold is not None:
                     # close() from inside a revocation callback: that revocation is this
                     # consumer's last; let the group go on (it waits for the hold).
@@ -579,7 +1011,9 @@ class Consumer:
                     except Exception:
                         log.exception("the rebalance listener raised during close()")
             finally:
-                self._group.close(timeout)
+                if self._group is not None:
+                    self._group.close(timeout)
+                self._close_own_client()
 
     def __enter__(self) -> Self:
         return self
@@ -591,6 +1025,18 @@ class Consumer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_CommitFn = Callable[[Mapping[TopicPartition, int | OffsetAndMetadata]], None]
+_SIMPLE = object()  # the token of simple-group commits (assign())
+
+
+def _no_generation() -> CommitFailedError:
+    return CommitFailedError(
+        "this consumer holds no generation (it is between rebalances), so it owns no "
+        "partitions to commit",
+        Errors.REBALANCE_IN_PROGRESS,
+    )
 
 
 def _call(listener: Any, method: str, partitions: list[TopicPartition]) -> None:

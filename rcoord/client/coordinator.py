@@ -7,7 +7,7 @@ interface), so tests can replace Redis with a fake whose methods are plain funct
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from .. import topics as _topics
@@ -19,6 +19,8 @@ from ..protocol.join import JoinGroupResult
 from ..protocol.leave import LeaveGroupResult, MemberIdentity
 from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from ..protocol.sync import SyncGroupResult
+from ..topics.times import OffsetAndTimestamp
+from ..topics.times import offsets_for_times as _offsets_for_times
 
 __all__ = ["SOCKET_TIMEOUT_S", "Coordinator", "RedisCoordinator", "client_from_url"]
 
@@ -98,6 +100,16 @@ class Coordinator(Protocol):
         """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
         ...
 
+    def offsets_for_times(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
+        """The first offset at or after each timestamp (``rcoord.topics.offsets_for_times``)."""
+        ...
+
+    def list_topics(self) -> list[str]:
+        """Every topic of the namespace (for pattern subscriptions)."""
+        ...
+
 
 class RedisCoordinator(GroupCoordinator):
     """The ``Coordinator`` on Redis: ``GroupCoordinator`` plus the topic reads a worker needs.
@@ -131,6 +143,15 @@ class RedisCoordinator(GroupCoordinator):
         return _topics.fetch(
             self._redis, self._ns, topic, partition, offset, max_records, block_ms=block_ms
         )
+
+    def offsets_for_times(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
+        return _offsets_for_times(self._redis, self._ns, timestamps)
+
+    @translate_redis_errors
+    def list_topics(self) -> list[str]:
+        return self._topic_admin.list()
 
 
 @translate_redis_errors

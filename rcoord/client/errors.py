@@ -14,6 +14,7 @@ __all__ = [
     "CooperativeAssignmentError",
     "GenerationEndedError",
     "GroupClosedError",
+    "IllegalStateError",
 ]
 
 
@@ -47,3 +48,9 @@ class GenerationEndedError(RcoordError):
     """``Generation.start`` was called after the generation's routines were collected."""
 
 
+
+
+class IllegalStateError(RcoordError):
+    """A call that the consumer's current state does not allow (Kafka's
+    ``IllegalStateException``): seeking or pausing a partition that is not assigned, or mixing
+    ``subscribe`` and ``assign`` on one consumer. The message says which state and what to do."""

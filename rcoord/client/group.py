@@ -138,6 +138,8 @@ class ConsumerGroup:
         if acknowledge not in ("on_take", "by_caller"):
             raise ValueError(f"acknowledge must be 'on_take' or 'by_caller', got {acknowledge!r}")
         config.validate()
+        if not config.topics:
+            raise ConfigError("topics must name at least one topic to join a group with")
         if coordinator is None and config.redis_url is None and config.redis_client is None:
             raise ConfigError("redis_url or redis_client must be set (or pass a coordinator)")
         self._config = config
@@ -162,6 +164,10 @@ class ConsumerGroup:
         self._in_call = False
         self._left = False
         self._exited = threading.Event()
+        # Cleared while the member stays out of the group on its holder's request
+        # (``leave_until_resumed``); the run loop joins only while it is set.
+        self._may_join = threading.Event()
+        self._may_join.set()
 
     # -- properties
 
@@ -292,6 +298,38 @@ class ConsumerGroup:
                 log.debug("closing the Redis client failed", exc_info=True)
             self._owned_client = None
 
+    def leave_until_resumed(self, reason: str) -> None:
+        """Leave the group now and stay out until ``resume()``: Kafka's reaction to an
+        application that stopped polling for ``max.poll.interval.ms``. The current generation
+        ends with its partitions lost (others may own them as soon as the group rebalances),
+        LeaveGroup carries ``reason``, and the member joins again as a new member."""
+        with self._cond:
+            self._may_join.clear()
+            gen = self._current if self._current is not None else self._slot
+            member_id = self._member_id
+            self._cond.notify_all()
+        if gen is not None:
+            gen._mark_lost()
+        if member_id:
+            if self._config.group_instance_id is None:
+                self._leave(member_id, reason)
+                self._member_id = ""
+            else:
+                log.warning(
+                    "group %r: %s; a static member does not send LeaveGroup, its partitions "
+                    "move when its session times out",
+                    self._config.group_id,
+                    reason,
+                )
+
+    def resume(self) -> None:
+        """Let the member join again after ``leave_until_resumed`` (idempotent)."""
+        self._may_join.set()
+
+    @property
+    def left_until_resumed(self) -> bool:
+        return not self._may_join.is_set()
+
     # -- the run loop
 
     def _run(self) -> None:
@@ -299,6 +337,12 @@ class ConsumerGroup:
         failures = 0
         try:
             while not self._closing.is_set():
+                if not self._may_join.is_set():
+                    while not self._may_join.wait(0.05) and not self._closing.is_set():
+                        pass
+                    if self._closing.is_set():
+                        break
+                    reason = "rejoining: the consumer polls again"
                 try:
                     gen = self._join_generation(reason)
                 except Exception as exc:  # noqa: BLE001 - every failure has a row in ERROR_POLICY

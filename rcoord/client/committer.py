@@ -1,0 +1,141 @@
+"""The consumer's asynchronous committer: one background thread, one FIFO queue.
+
+Kafka's ``commitAsync`` promises that callbacks run in the order the commits were made and that
+an earlier commit's retry never lands after a later commit (which would move the committed
+offset backwards). One thread taking jobs strictly in order gives both: a job's retries (under
+``ERROR_POLICY``, inside ``Generation.commit_offsets``) finish before the next job starts.
+
+Callbacks do not run on this thread: each finished job is queued as a completion, and the
+consumer runs the completions from the thread that calls ``poll()``, ``commit()`` or
+``close()``, as Kafka does, so a callback never runs concurrently with the application.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..protocol.offsets import TopicPartition
+
+__all__ = ["AsyncCommitter", "Completion", "OffsetCommitCallback"]
+
+log = logging.getLogger("rcoord.client")
+
+OffsetCommitCallback = Callable[[dict[TopicPartition, int], BaseException | None], Any]
+"""``callback(offsets, exception)``: Kafka's ``OffsetCommitCallback.onComplete``; ``exception``
+is None when the commit succeeded."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished asynchronous commit, waiting for its callback to run."""
+
+    offsets: dict[TopicPartition, int]
+    error: BaseException | None
+    callback: OffsetCommitCallback | None
+    token: object  # what the consumer needs to apply the result (the generation)
+
+
+@dataclass(frozen=True)
+class _Job:
+    run: Callable[[], None]
+    offsets: dict[TopicPartition, int]
+    callback: OffsetCommitCallback | None
+    token: object
+
+
+class AsyncCommitter:
+    """Runs commit jobs one at a time in submission order; the thread starts on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._jobs: deque[_Job] = deque()
+        self._done: deque[Completion] = deque()
+        self._submitted = 0
+        self._finished = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self,
+        run: Callable[[], None],
+        offsets: dict[TopicPartition, int],
+        callback: OffsetCommitCallback | None,
+        token: object = None,
+    ) -> None:
+        """Queue ``run`` (which commits ``offsets`` or raises) behind every earlier job."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the committer is closed")
+            self._jobs.append(_Job(run, offsets, callback, token))
+            self._submitted += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def complete_now(
+        self,
+        offsets: dict[TopicPartition, int],
+        error: BaseException | None,
+        callback: OffsetCommitCallback | None,
+    ) -> None:
+        """Queue an outcome known at submission (an empty commit, a refusal) behind the earlier
+        jobs, so its callback keeps its place in the order."""
+
+        def known() -> None:
+            if error is not None:
+                raise error
+
+        self.submit(known, offsets, callback)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every job submitted so far has finished; False on timeout."""
+        with self._cond:
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._finished >= target, timeout)
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet finished."""
+        with self._cond:
+            return self._submitted - self._finished
+
+    def take_completions(self) -> list[Completion]:
+        """The finished jobs since the last call, in submission order."""
+        with self._cond:
+            out = list(self._done)
+            self._done.clear()
+            return out
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs (within ``timeout``), then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._jobs) or self._closed)
+                if not self._jobs:
+                    return
+                job = self._jobs[0]
+            error: BaseException | None = None
+            try:
+                job.run()
+            except Exception as exc:  # noqa: BLE001 - handed to the callback, in order
+                error = exc
+            with self._cond:
+                self._jobs.popleft()
+                self._done.append(Completion(job.offsets, error, job.callback, job.token))
+                self._finished += 1
+                self._cond.notify_all()

@@ -1,0 +1,276 @@
+"""Consumer API as Kafka users know it: seek, pause, offsets by time, async commits, the poll
+interval, assign, and subscribe by pattern. Real servers, one node and a cluster (the ``env``
+fixture of test_consumer); every wait is on a condition, bounded by ``wait_until``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import test_consumer
+from harness import wait_until
+from test_client_group import WAIT_S
+from test_consumer import Recorder, poll_until
+
+from rcoord import Errors, TopicPartition
+from rcoord.client import CommitFailedError, Consumer
+from rcoord.client.errors import IllegalStateError
+
+TP = TopicPartition
+env = test_consumer.env  # the fixture: a namespace, its topics, a producer, consumers of "g"
+
+
+def _fill(env: Any, partitions: int, per_partition: int) -> None:
+    env.topics.create("t", partitions)
+    for p in range(partitions):
+        for i in range(per_partition):
+            env.producer.send("t", b"p%d-%d" % (p, i), partition=p)
+
+
+def _consume_all(consumer: Consumer, n: int) -> list[Any]:
+    return poll_until(consumer, lambda g: len(g) >= n)
+
+
+# -- 1. positions and flow control ------------------------------------------------------------
+
+
+def test_seek_seek_to_beginning_and_end_and_position(env: Any) -> None:
+    _fill(env, 2, 5)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 10)) == 10
+    assert consumer.position(TP("t", 0)) == 5 and consumer.position(TP("t", 1)) == 5
+
+    consumer.seek(TP("t", 0), 3)
+    assert consumer.position(TP("t", 0)) == 3
+    again = _consume_all(consumer, 2)
+    assert sorted((r.partition, r.offset) for r in again) == [(0, 3), (0, 4)]
+
+    consumer.seek_to_beginning([TP("t", 1)])
+    assert consumer.position(TP("t", 1)) == 0
+    assert sorted(r.offset for r in _consume_all(consumer, 5)) == [0, 1, 2, 3, 4]
+
+    consumer.seek_to_beginning()
+    assert len(_consume_all(consumer, 10)) == 10
+    consumer.seek(TP("t", 0), 1)
+    consumer.seek_to_end()
+    assert consumer.position(TP("t", 0)) == 5 and consumer.position(TP("t", 1)) == 5
+    assert consumer.poll(timeout=0.1) == []
+    env.producer.send("t", b"new", partition=1)
+    assert [(r.partition, r.offset) for r in _consume_all(consumer, 1)] == [(1, 5)]
+
+
+def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer()
+    _consume_all(consumer, 1)
+    for call in (
+        lambda: consumer.seek(TP("t", 7), 0),
+        lambda: consumer.seek_to_end([TP("other", 0)]),
+        lambda: consumer.pause([TP("t", 3)]),
+        lambda: consumer.resume([TP("t", 3)]),
+        lambda: consumer.position(TP("t", 9)),
+    ):
+        with pytest.raises(IllegalStateError, match="not assigned to this consumer"):
+            call()
+    with pytest.raises(ValueError, match="offset must be an int >= 0"):
+        consumer.seek(TP("t", 0), -1)
+    assert consumer.paused() == []
+
+
+def test_offsets_for_times(env: Any) -> None:
+    env.topics.create("t", 2)
+    metas = [env.producer.send("t", b"%d" % i, partition=0) for i in range(3)]
+    consumer = env.consumer()
+    got = _consume_all(consumer, 3)
+    stamps = [r.timestamp_ms for r in sorted(got, key=lambda r: r.offset)]
+    assert len(metas) == 3
+    found = consumer.offsets_for_times(
+        {TP("t", 0): stamps[1], TP("t", 1): 0, ("t", 0): stamps[-1] + 10**9}  # type: ignore[dict-item]
+    )
+    first_at_or_after = next(i for i, ts in enumerate(stamps) if ts >= stamps[1])
+    assert found[TP("t", 0)] is None  # the last key given for t-0 wins: nothing that recent
+    assert found[TP("t", 1)] is None  # an empty partition has no record at all
+    one = consumer.offsets_for_times({TP("t", 0): stamps[1]})[TP("t", 0)]
+    assert one is not None and one.offset == first_at_or_after and one.timestamp_ms == stamps[1]
+    earliest = consumer.offsets_for_times({TP("t", 0): 0})[TP("t", 0)]
+    assert earliest is not None and earliest.offset == 0
+
+
+def test_pause_resume_and_pause_state_dropped_on_revoke(env: Any) -> None:
+    _fill(env, 2, 3)
+    listener = Recorder()
+    consumer = env.consumer(listener, enable_auto_commit=False)
+    poll_until(consumer, lambda g: consumer.assignment() == [TP("t", 0), TP("t", 1)])
+    consumer.seek_to_beginning()  # the poll that saw the assignment may have returned records
+    consumer.pause([TP("t", 0)])
+    assert consumer.paused() == [TP("t", 0)]
+    got = _consume_all(consumer, 3)
+    assert {r.partition for r in got} == {1}
+    assert consumer.poll(timeout=0.1) == []  # t-0 has records, but it is paused
+    assert consumer.assignment() == [TP("t", 0), TP("t", 1)]  # still assigned
+    consumer.resume([TP("t", 0)])
+    assert consumer.paused() == []
+    assert sorted(r.offset for r in _consume_all(consumer, 3)) == [0, 1, 2]
+    assert {r.partition for r in got} == {1}
+
+    consumer.pause([TP("t", 0), TP("t", 1)])
+    other = env.consumer()  # a second member: the eager rebalance revokes everything
+
+    def step() -> None:
+        consumer.poll(timeout=0.02)
+        other.poll(timeout=0.02)
+
+    wait_until(lambda: listener.kinds()[-2:] == ["revoked", "assigned"], step)
+    assert consumer.paused() == []
+
+
+# -- 2. asynchronous commits ------------------------------------------------------------------
+
+
+def _kill_connections(client: Any) -> int:
+    """Close every connection of every node except the one asking (a blip for the consumer);
+    returns how many were closed."""
+    kill = ("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    if hasattr(client, "get_nodes"):  # a cluster: each node
+        return sum(int(client.execute_command(*kill, target_nodes=n)) for n in client.get_nodes())
+    return int(client.execute_command(*kill))
+
+
+def test_commit_async_callbacks_in_order_through_connection_blips(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer(enable_auto_commit=False)
+    _consume_all(consumer, 1)
+    poller = threading.current_thread()
+    done: list[tuple[int, BaseException | None, bool]] = []
+
+    def callback(i: int) -> Any:
+        def call(offsets: dict[TopicPartition, int], exc: BaseException | None) -> None:
+            assert offsets == {TP("t", 0): i}
+            done.append((i, exc, threading.current_thread() is poller))
+
+        return call
+
+    n = 60
+    killed = 0
+    for i in range(1, n + 1):
+        consumer.commit_async({TP("t", 0): i}, callback(i))
+        if i % 15 == 0:
+            killed += _kill_connections(env.client)  # the committer meets dead connections
+    assert killed > 0
+    wait_until(lambda: len(done) == n, lambda: consumer.poll(timeout=0.02))
+    assert [d[0] for d in done] == list(range(1, n + 1))  # commit order
+    assert all(d[1] is None for d in done)
+    assert all(d[2] for d in done)  # from poll(), in the caller's thread
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): n}  # the last one won
+
+
+def test_commit_waits_for_earlier_async_commits(env: Any) -> None:
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False)
+    _consume_all(consumer, 3)
+    done: list[int] = []
+    for i in (1, 2):
+        consumer.commit_async({TP("t", 0): i}, lambda o, e, i=i: done.append(i))
+    consumer.commit()  # the position, 3: after both async ones, whose callbacks ran first
+    assert done == [1, 2]
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 3}
+
+
+def test_commit_async_refused_reports_commit_failed_in_order(env: Any) -> None:
+    _fill(env, 1, 1)
+    consumer = env.consumer(enable_auto_commit=False)
+    results: list[tuple[str, Any]] = []
+    consumer.commit_async({TP("t", 0): 1}, lambda o, e: results.append(("before", e)))
+    _consume_all(consumer, 1)
+    consumer.commit_async(None, lambda o, e: results.append(("after", o)))
+    wait_until(lambda: len(results) == 2, lambda: consumer.poll(timeout=0.02))
+    assert results[0][0] == "before" and isinstance(results[0][1], CommitFailedError)
+    assert results[1] == ("after", {TP("t", 0): 1})
+
+
+# -- 3. max_poll_interval_ms --------------------------------------------------------------------
+
+
+def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -> None:
+    _fill(env, 2, 1)
+    la, lb = Recorder(), Recorder()
+    a = env.consumer(la, max_poll_interval_ms=400)
+    b = env.consumer(lb, max_poll_interval_ms=60_000)
+
+    def both() -> None:
+        a.poll(timeout=0.02)
+        b.poll(timeout=0.02)
+
+    wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
+    a_member, mark = a.member_id, len(la.kinds())
+    # a stops polling; b goes on and gets both partitions once a has left the group.
+    wait_until(lambda: len(b.assignment()) == 2, lambda: b.poll(timeout=0.02))
+    assert a_member not in {m.member_id for m in env.coord.describe_group("g").members}
+    assert a.assignment() != []  # a has not polled: it learns only at its next poll()
+    # a polls again: its partitions were lost (not revoked: another member may own them), and
+    # it rejoins as a new member.
+    wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
+    assert la.kinds()[mark:] == ["lost", "assigned"]
+    assert a.member_id != a_member
+
+
+# -- 4. assign, unsubscribe, subscribe as a method ------------------------------------------
+
+
+def test_assign_commits_as_a_simple_group_only_while_the_group_is_empty(env: Any) -> None:
+    _fill(env, 2, 4)
+    manual = env.consumer(topics=[], enable_auto_commit=False)
+    manual.assign([TP("t", 1)])
+    assert manual.assignment() == [TP("t", 1)]
+    got = _consume_all(manual, 4)
+    assert {r.partition for r in got} == {1} and manual.member_id == ""
+    manual.commit()  # the group has no members: accepted
+    assert env.coord.fetch_offsets("g", [TP("t", 1)]).offsets[TP("t", 1)].offset == 4
+    assert env.coord.describe_group("g").members == []  # assign() never joined
+
+    member = env.consumer()
+    poll_until(member, lambda g: member.assignment() == [TP("t", 0), TP("t", 1)])
+    with pytest.raises(CommitFailedError, match="has active members") as info:
+        manual.commit({TP("t", 1): 2})
+    assert info.value.error is Errors.UNKNOWN_MEMBER_ID
+    results: list[Any] = []
+    manual.commit_async({TP("t", 1): 3}, lambda o, e: results.append(e))
+    wait_until(lambda: results, lambda: manual.poll(timeout=0.02))
+    assert isinstance(results[0], CommitFailedError)
+
+    member.close(timeout=WAIT_S)  # the group is empty again
+    manual.commit({TP("t", 1): 1})
+    assert env.coord.fetch_offsets("g", [TP("t", 1)]).offsets[TP("t", 1)].offset == 1
+
+    # A later assign() keeps the position of a kept partition, starts a new one at its commit.
+    env.coord.commit_offsets("g", {TP("t", 0): 2})
+    manual.assign([TP("t", 0), TP("t", 1)])
+    assert manual.position(TP("t", 1)) == 4 and manual.position(TP("t", 0)) == 2
+
+
+def test_mixing_subscribe_and_assign_raises_until_unsubscribe(env: Any) -> None:
+    _fill(env, 2, 1)
+    subscribed = env.consumer()
+    with pytest.raises(IllegalStateError, match="unsubscribe"):
+        subscribed.assign([TP("t", 0)])
+    manual = env.consumer(topics=[])
+    with pytest.raises(IllegalStateError, match="subscribe\\(\\) or assign\\(\\)"):
+        manual.poll(timeout=0)
+    manual.assign([TP("t", 0)])
+    with pytest.raises(IllegalStateError, match="unsubscribe"):
+        manual.subscribe(["t"])
+    manual.unsubscribe()
+    assert manual.assignment() == []
+    listener = Recorder()
+    manual.subscribe(["t"], listener=listener)
+    poll_until(manual, lambda g: len(manual.assignment()) == 2)
+    assert listener.kinds() == ["assigned"] and manual.member_id != ""
+
+    # Unsubscribing a member revokes its partitions and leaves the group.
+    manual.unsubscribe()
+    assert listener.kinds() == ["assigned", "revoked"] and manual.assignment() == []
+    wait_until(lambda: env.coord.describe_group("g").members == [])
+    manual.assign([TP("t", 1)])
+    assert manual.assignment() == [TP("t", 1)]
