@@ -96,7 +96,7 @@ def form(url: str, members: int, procs: int, delay_ms: int) -> dict[str, float]:
     # How long the formed join phase then sat waiting on its delay timer: from the last join
     # request to the group's transition to CompletingRebalance (server clock, same machine).
     coord = GroupCoordinator(client, CoordinatorConfig(namespace=ns))
-    events = client.xrange(coord._keys("g").all()[14], count=10_000)
+    events = client.xrange(coord._keys("g").partition.events, count=10_000)
     completing = [int(f[b"at"]) / 1000 for _, f in events
                   if f.get(b"e") == b"transition" and f.get(b"to") == b"CompletingRebalance"]
     idle = max(0.0, completing[-1] - last_join_sent) if completing else 0.0

@@ -111,9 +111,17 @@ class GroupKeys:
     def _k(self, kind: str) -> str:
         return f"{self.partition.prefix}:{kind}:{self.group_id}"
 
-    @property
-    def wake(self) -> str:
-        return self._k("w")
+    # Named keys, so callers never index KEYS by number (the table above gives the order).
+    group = property(lambda self: self._k("g"), doc="hash: the group record")
+    members = property(lambda self: self._k("m"), doc="hash: member id -> member record")
+    statics = property(lambda self: self._k("s"), doc="hash: instance id -> member id")
+    pending = property(lambda self: self._k("p"), doc="hash: pending member ids (KIP-394)")
+    joining = property(lambda self: self._k("j"), doc="hash: members with a parked JoinGroup")
+    syncing = property(lambda self: self._k("y"), doc="hash: members expected to SyncGroup")
+    replies = property(lambda self: self._k("r"), doc="hash: replies to parked calls")
+    wake = property(lambda self: self._k("w"), doc="stream: wake-ups for parked callers")
+    deadlines = property(lambda self: self._k("d"), doc="zset: this group's deadlines")
+    offsets = property(lambda self: self._k("o"), doc="hash: committed offsets")
 
     def all(self) -> list[str]:
         return list(self._all)

@@ -28,19 +28,19 @@ same with Redis as the only authority:
   deletion is reported (logged); it can no longer be reached and its members rejoin under the
   new count.
 
-The steps are a sans-I/O generator (``settle_flow``) so the blocking and the asyncio
-coordinators share them; each drives it with its own I/O (``settle`` here, and
-``rcoord.asyncio``).
+The steps are one sans-I/O flow (``settle_flow``, see ``rcoord.flow``), so the blocking and the
+asyncio coordinators share them and differ only in the driver that performs the I/O.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
+from .flow import Command, Flow, Pipeline, Script, ScriptBatch, adrive, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
 
 __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "copy_pattern", "settle", "settle_flow"]
@@ -49,9 +49,6 @@ log = logging.getLogger("rcoord.settings")
 
 MAX_SETTLE_ROUNDS = 5
 """Rounds of settling when writers race (a copy write meets a newer version); then give up."""
-
-Op = tuple[Any, ...]
-
 
 class Settled:
     """What ``settle_flow`` returns: the settings in force and their version."""
@@ -84,49 +81,44 @@ def _values(cfg: CoordinatorConfig) -> dict[str, str]:
 
 def settle_flow(
     namespace: str, given: CoordinatorConfig | None, known: CoordinatorConfig | None
-) -> Generator[Op, Any, Settled]:
-    """Settle the namespace's settings; yields I/O operations, returns the settings in force.
+) -> Flow[Settled]:
+    """Settle the namespace's settings (a flow of ``rcoord.flow``); returns the settings in force.
 
     ``given`` is the config the caller constructed (its *named* settings are written); ``known``
-    the settings the caller used so far (re-proposed if the namespace lost them). Operations and
-    what must be sent back:
-
-    * ``("read",)`` -> the settings hash as a dict (empty if none);
-    * ``("find_copies",)`` -> every surviving anchor copy, as a list of dicts;
-    * ``("establish", values)`` / ``("update", values)`` -> the stored hash after the script;
-    * ``("count_groups", num_partitions)`` -> groups held under that count;
-    * ``("copies", num_partitions, version, values)`` -> how many copies were *not* written
-      because a newer version was there;
-    * ``("drop_copies", num_partitions)`` -> None.
+    the settings the caller used so far (re-proposed if the namespace lost them).
     """
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
+    key = settings_key(namespace)
     for _ in range(MAX_SETTLE_ROUNDS):
-        stored: dict[str, str] = yield ("read",)
+        stored = _decode((yield Command(("HGETALL", key))))
         was = dict(stored)
         if "num_partitions" not in stored:
-            stored = yield ("establish", (yield from _proposal(namespace, base, known)))
+            proposal = yield from _proposal(namespace, base, known)
+            stored = yield from _write(key, "establish", proposal)
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
         if changes:
             old_np = int(stored["num_partitions"])
             new_np = int(changes.get("num_partitions", old_np))
-            if new_np != old_np and (yield ("count_groups", old_np)):
+            if new_np != old_np and (yield from _count_groups(namespace, old_np)):
                 raise ConfigError(
                     f"num_partitions is fixed at {old_np} for namespace {namespace!r} because it "
                     "holds groups; delete them or use another namespace"
                 )
-            stored = yield ("update", changes)
+            stored = yield from _write(key, "update", changes)
             if new_np != old_np:
-                yield ("drop_copies", old_np)
-                late = yield ("count_groups", old_np)
+                yield Pipeline([("DEL", PartitionKeys(namespace, p, old_np).cfg)
+                                for p in range(old_np)])
+                late = yield from _count_groups(namespace, old_np)
                 if late:
                     log.warning("%d group(s) were created under the old partition count %d while "
                                 "namespace %r moved to %d; their members rejoin under the new count",
                                 late, old_np, namespace, new_np)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
-        stale = yield ("copies", effective.num_partitions, version, _values(effective))
+        stale = yield from _write_copies(namespace, effective.num_partitions, version,
+                                         _values(effective))
         if not stale:
             return Settled(effective, version, was)
     raise ConfigError(
@@ -135,10 +127,37 @@ def settle_flow(
     )
 
 
+def _write(key: str, op: str, values: Mapping[str, str]) -> Flow[dict[str, str]]:
+    """``establish`` or ``update`` the settings hash; the stored hash after the script."""
+    flat = [x for kv in values.items() for x in kv]
+    return _decode((yield Script("settings", [key], [op, *flat])))
+
+
+def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
+    """Groups held under ``num_partitions``."""
+    replies = yield Pipeline([("SCARD", PartitionKeys(namespace, p, num_partitions).groups)
+                              for p in range(num_partitions)])
+    return sum(int(n) for n in replies)
+
+
+def _write_copies(namespace: str, num_partitions: int, version: int,
+                  values: Mapping[str, str]) -> Flow[int]:
+    """Write every partition copy and anchor; how many were not written (a newer version)."""
+    flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
+    keys = [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
+    keys += anchor_keys(namespace)
+    replies = yield ScriptBatch("settings", [([k], flat) for k in keys])
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return sum(int(reply) == 0 for reply in replies)
+
+
 def _proposal(
     namespace: str, base: CoordinatorConfig, known: CoordinatorConfig | None
-) -> Generator[Op, Any, dict[str, str]]:
-    copies: list[dict[str, str]] = yield ("find_copies",)
+) -> Flow[dict[str, str]]:
+    replies = yield Pipeline([("HGETALL", k) for k in anchor_keys(namespace)])
+    copies = [_decode(h) for h in replies if h]
     usable = [c for c in copies if "num_partitions" in c]
     if usable:
         best = max(usable, key=lambda c: int(c.get("version", "0")))
@@ -152,107 +171,13 @@ def _proposal(
     return _values(base)
 
 
-# -- the blocking driver ---------------------------------------------------------------------
-
-
 def settle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig | None,
            known: CoordinatorConfig | None) -> Settled:
     """Run ``settle_flow`` with a blocking redis-py client (``scripts.settings`` loaded)."""
-    flow = settle_flow(namespace, given, known)
-    key = settings_key(namespace)
-    result: Any = None
-    try:
-        op = next(flow)
-        while True:
-            kind = op[0]
-            if kind == "read":
-                result = _decode(client.hgetall(key))
-            elif kind == "find_copies":
-                pipe = client.pipeline(transaction=False)
-                for k in anchor_keys(namespace):
-                    pipe.hgetall(k)
-                result = [_decode(h) for h in pipe.execute() if h]
-            elif kind in ("establish", "update"):
-                flat = [x for kv in op[1].items() for x in kv]
-                result = _decode(scripts.settings(keys=[key], args=[kind, *flat]))
-            elif kind == "count_groups":
-                result = _count_groups(client, namespace, op[1])
-            elif kind == "copies":
-                result = _write_copies(client, scripts, namespace, op[1], op[2], op[3])
-            elif kind == "drop_copies":
-                pipe = client.pipeline(transaction=False)
-                for p in range(op[1]):
-                    pipe.delete(PartitionKeys(namespace, p, op[1]).cfg)
-                pipe.execute()
-                result = None
-            else:  # pragma: no cover - the flow yields nothing else
-                raise AssertionError(op)
-            op = flow.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-def _count_groups(client: Any, namespace: str, num_partitions: int) -> int:
-    pipe = client.pipeline(transaction=False)
-    for p in range(num_partitions):
-        pipe.scard(PartitionKeys(namespace, p, num_partitions).groups)
-    return sum(int(n) for n in pipe.execute())
-
-
-def _write_copies(client: Any, scripts: Any, namespace: str, num_partitions: int, version: int,
-                  values: Mapping[str, str]) -> int:
-    flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
-    keys = [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
-    keys += anchor_keys(namespace)
-    sha = scripts.sha("settings")
-    pipe = client.pipeline(transaction=False)
-    for k in keys:
-        pipe.execute_command("EVALSHA", sha, 1, k, *flat)
-    stale = 0
-    for k, reply in zip(keys, pipe.execute(raise_on_error=False), strict=True):
-        if isinstance(reply, Exception):  # NOSCRIPT after a restart: the Script object reloads
-            reply = scripts.settings(keys=[k], args=flat)
-        stale += int(reply) == 0
-    return stale
-
-
-# -- the asyncio driver ----------------------------------------------------------------------
+    return drive(client, scripts, settle_flow(namespace, given, known))
 
 
 async def asettle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig | None,
                   known: CoordinatorConfig | None) -> Settled:
     """Run ``settle_flow`` with a ``redis.asyncio`` client: the same steps, awaited."""
-    flow = settle_flow(namespace, given, known)
-    key = settings_key(namespace)
-    result: Any = None
-    try:
-        op = next(flow)
-        while True:
-            kind = op[0]
-            if kind == "read":
-                result = _decode(await client.hgetall(key))
-            elif kind == "find_copies":
-                result = [_decode(h) for h in [await client.hgetall(k) for k in anchor_keys(namespace)] if h]
-            elif kind in ("establish", "update"):
-                flat = [x for kv in op[1].items() for x in kv]
-                result = _decode(await scripts.settings(keys=[key], args=[kind, *flat]))
-            elif kind == "count_groups":
-                pipe = client.pipeline(transaction=False)
-                for p in range(op[1]):
-                    pipe.scard(PartitionKeys(namespace, p, op[1]).groups)
-                result = sum(int(n) for n in await pipe.execute())
-            elif kind == "copies":
-                flat = ["copy", str(op[2]), *[x for kv in op[3].items() for x in kv]]
-                result = 0
-                for k in [PartitionKeys(namespace, p, op[1]).cfg for p in range(op[1])] + anchor_keys(namespace):
-                    reply = await scripts.settings(keys=[k], args=flat)
-                    result += int(reply) == 0
-            elif kind == "drop_copies":
-                for p in range(op[1]):
-                    await client.delete(PartitionKeys(namespace, p, op[1]).cfg)
-                result = None
-            else:  # pragma: no cover - the flow yields nothing else
-                raise AssertionError(op)
-            op = flow.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    return await adrive(client, scripts, settle_flow(namespace, given, known))

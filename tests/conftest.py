@@ -110,10 +110,27 @@ def clock() -> MockTime:
     return MockTime()
 
 
+@pytest.fixture(params=["blocking", "asyncio"])
+def driver(request: pytest.FixtureRequest) -> str:
+    """Which coordinator serves a ``ctx`` scenario: both run the same flows (rcoord.steps)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def ctx(make_coordinator: Callable[..., GroupCoordinator], clock: MockTime,
-        pool: concurrent.futures.ThreadPoolExecutor) -> Any:
-    """A scenario context on a MockTime clock (see tests/harness.py)."""
+def ctx(request: pytest.FixtureRequest, driver: str, backend: str, redis_client: Any,
+        namespace: str, clock: MockTime, pool: concurrent.futures.ThreadPoolExecutor) -> Any:
+    """A scenario context on a MockTime clock (see tests/harness.py), served by the blocking
+    coordinator or by the asyncio one behind a blocking facade (tests/async_driver.py)."""
     from harness import Ctx
 
-    return Ctx(make_coordinator(clock=clock), clock, pool)
+    cfg = CoordinatorConfig(namespace=namespace, **FAST)
+    if driver == "blocking":
+        yield Ctx(GroupCoordinator(redis_client, cfg, clock=clock).start(), clock, pool)
+        return
+    from async_driver import AsyncBacked, async_client_factory
+
+    coord = AsyncBacked(redis_client, async_client_factory(request, backend), cfg, clock).start()
+    try:
+        yield Ctx(coord, clock, pool)  # type: ignore[arg-type]
+    finally:
+        coord.close()

@@ -81,15 +81,15 @@ class Ctx:
 
     def state(self) -> str:
         keys = self._keys()
-        raw = self.coord._redis.hget(keys.all()[3], "state")
+        raw = self.coord._redis.hget(keys.group, "state")
         return raw.decode() if raw else "Dead"
 
     def group_field(self, name: str) -> str | None:
-        raw = self.coord._redis.hget(self._keys().all()[3], name)
+        raw = self.coord._redis.hget(self._keys().group, name)
         return raw.decode() if raw else None
 
     def member_ids(self) -> set[str]:
-        return {k.decode() for k in self.coord._redis.hkeys(self._keys().all()[4])}
+        return {k.decode() for k in self.coord._redis.hkeys(self._keys().members)}
 
     def _keys(self) -> GroupKeys:
         cfg = self.coord.config
@@ -104,13 +104,13 @@ class Ctx:
 
     def parked(self) -> int:
         """Members with a parked JoinGroup."""
-        return int(self.coord._redis.hlen(self._keys().all()[7]))
+        return int(self.coord._redis.hlen(self._keys().joining))
 
     def awaiting_sync(self, member_id: str) -> bool:
         """Whether ``member_id`` has a parked SyncGroup (its record's ``as`` flag)."""
         import msgpack
 
-        blob = self.coord._redis.hget(self._keys().all()[4], member_id)
+        blob = self.coord._redis.hget(self._keys().members, member_id)
         return blob is not None and msgpack.unpackb(blob, raw=True)[b"as"] == 1
 
     def stable_group(self, n: int, **join_kw: Any) -> tuple[int, list[str]]:

@@ -99,7 +99,7 @@ class ClusterScenario(Scenario):
             self._stop.wait(0.05)
 
     def group_slot(self) -> int:
-        key = GroupKeys.of(self.ns, self.coord.config.num_partitions, GROUP).all()[3]
+        key = GroupKeys.of(self.ns, self.coord.config.num_partitions, GROUP).group
         return redis.cluster.key_slot(key.encode())
 
     def close(self) -> None:

@@ -654,7 +654,7 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
     for w in live:
         w.proc.kill()
         w.proc.wait(10)
-    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).all()[4]
+    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).members
     assert sc.r.hlen(members) == len(live)
     wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=15)
     assert second.alive

@@ -137,6 +137,6 @@ def test_pending_member_that_never_rejoins_times_out_and_the_group_stays_stable(
         ctx.sleep(2500)
         assert ctx.heartbeat(first.member_id, first.generation_id) == Errors.NONE
     assert ctx.member_ids() == {first.member_id}
-    assert ctx.coord._redis.hlen(ctx._keys().all()[6]) == 0  # no pending member left
+    assert ctx.coord._redis.hlen(ctx._keys().pending) == 0  # no pending member left
     assert ctx.state() == "Stable" and ctx.group_field("gen") == str(first.generation_id)
     assert ctx.join(pending).error == Errors.UNKNOWN_MEMBER_ID

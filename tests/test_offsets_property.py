@@ -61,10 +61,10 @@ class GroupMachine(RuleBasedStateMachine):
         self.coord.run_timers()
 
     def _group(self) -> dict[bytes, bytes]:
-        return self.client.hgetall(self.keys.all()[3])
+        return self.client.hgetall(self.keys.group)
 
     def _members(self) -> set[str]:
-        return {k.decode() for k in self.client.hkeys(self.keys.all()[4])}
+        return {k.decode() for k in self.client.hkeys(self.keys.members)}
 
     def _start_join(self, m: Member, metadata: bytes = b"x") -> None:
         req = JoinRequest.build(GROUP, m.member_id, protocols=[("range", metadata)], **JOIN_ARGS)
@@ -200,7 +200,7 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def offsets_change_only_through_accepted_commits(self) -> None:
-        raw = self.client.hgetall(self.keys.all()[12])
+        raw = self.client.hgetall(self.keys.offsets)
         stored = {}
         for field, blob in raw.items():
             p, _, topic = field.decode().partition(":")
@@ -222,7 +222,7 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def parked_members_are_consistent(self) -> None:
-        joining = {k.decode() for k in self.client.hkeys(self.keys.all()[7])}
+        joining = {k.decode() for k in self.client.hkeys(self.keys.joining)}
         assert joining <= self._members()
 
 

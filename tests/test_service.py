@@ -89,7 +89,7 @@ def _lonely_member(coord: GroupCoordinator, group: str) -> str:
 
 def _is_member(coord: GroupCoordinator, group: str, mid: str) -> bool:
     """A raw read: it applies no deadline, unlike every script."""
-    return bool(coord._redis.hexists(coord._keys(group).all()[4], mid))
+    return bool(coord._redis.hexists(coord._keys(group).members, mid))
 
 
 def _server_ms(client: Any) -> int:
@@ -215,7 +215,7 @@ def test_cluster_coordinator_hears_expiry_events_from_every_master(redis_cluster
     i = 0
     while len(nodes) < 3:
         g = f"cl-{i}"
-        node = client.get_node_from_key(coord._keys(g).all()[3]).name
+        node = client.get_node_from_key(coord._keys(g).group).name
         if node not in nodes:
             nodes[node] = (g, _lonely_member(coord, g))
         i += 1

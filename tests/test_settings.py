@@ -67,7 +67,7 @@ def test_a_process_with_a_stale_count_is_refused_and_corrects_itself(redis_clien
     # settles again and retries, so it sees the one group instead of creating a second.
     assert _members(stale, "g") == {member}
     assert stale.config.num_partitions == 10
-    assert not redis_client.exists(GroupKeys.of(namespace, 50, "g").all()[3])
+    assert not redis_client.exists(GroupKeys.of(namespace, 50, "g").group)
     second = stale.join_group("g", **JOIN)
     assert second.error == Errors.MEMBER_ID_REQUIRED
 

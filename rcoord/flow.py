@@ -1,0 +1,173 @@
+"""The I/O a protocol flow asks for, and the two drivers that perform it.
+
+Every protocol step, the settling of the namespace settings and the wait of a parked call are
+written once, as sans-I/O generators (httpx's auth flows are the model): a flow yields one of
+the operations below and is sent back its result, or has the error thrown into it. The
+blocking ``GroupCoordinator`` runs flows with ``drive`` and the asyncio one with ``adrive``;
+nothing else differs between them, so they cannot drift apart.
+
+The operations are few on purpose (a script, a command, a pipeline, a blocking stream read),
+so a driver is a dozen lines and each flow reads as the protocol it implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["Command", "Flow", "Pipeline", "Script", "ScriptBatch", "XRead", "adrive", "drive"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Script:
+    """Run one Lua script by name (``rcoord.scripts``); its Script object reloads on NOSCRIPT.
+
+    Sent back: the reply. A script error is thrown into the flow.
+    """
+
+    name: str
+    keys: Sequence[Any]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class ScriptBatch:
+    """Run one script many times in one round trip (a non-transactional pipeline of EVALSHA).
+
+    Sent back: the replies in order; a call that failed (NOSCRIPT after a restart, say) is run
+    again once through its Script object, and if that fails too its exception takes its place.
+    """
+
+    name: str
+    calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]  # (keys, args) per call
+
+
+@dataclass(frozen=True)
+class Command:
+    """One Redis command, e.g. ``Command(("HGETALL", key))``. Sent back: the parsed reply."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Commands sent in one round trip (not a transaction). Sent back: the replies in order."""
+
+    commands: Sequence[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class XRead:
+    """Block up to ``block_ms`` on one stream after ``after``. Sent back: whether it moved."""
+
+    key: Any
+    after: Any
+    block_ms: int
+
+
+Op = Script | ScriptBatch | Command | Pipeline | XRead
+Flow = Generator[Op, Any, R]
+
+
+def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
+    sha = scripts.sha(op.name)
+    pipe = client.pipeline(transaction=False)
+    for keys, args in op.calls:
+        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+    out = []
+    for (keys, args), reply in zip(op.calls, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, Exception):
+            try:
+                reply = getattr(scripts, op.name)(keys=keys, args=args)
+            except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
+                reply = exc
+        out.append(reply)
+    return out
+
+
+def _perform(client: Any, scripts: Any, op: Op) -> Any:
+    if isinstance(op, Script):
+        return getattr(scripts, op.name)(keys=op.keys, args=op.args)
+    if isinstance(op, Command):
+        return client.execute_command(*op.args)
+    if isinstance(op, Pipeline):
+        pipe = client.pipeline(transaction=False)
+        for command in op.commands:
+            pipe.execute_command(*command)
+        return pipe.execute()
+    if isinstance(op, ScriptBatch):
+        return _batch_sync(client, scripts, op)
+    if isinstance(op, XRead):
+        return bool(client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    raise TypeError(f"not an operation: {op!r}")
+
+
+def drive(client: Any, scripts: Any, flow: Flow[R]) -> R:
+    """Run ``flow`` with a blocking redis-py client (``redis.Redis`` or ``RedisCluster``)."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = _perform(client, scripts, op)
+            except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
+    sha = scripts.sha(op.name)
+    pipe = client.pipeline(transaction=False)
+    for keys, args in op.calls:
+        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+    out = []
+    for (keys, args), reply in zip(op.calls, await pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, Exception):
+            try:
+                reply = await getattr(scripts, op.name)(keys=keys, args=args)
+            except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
+                reply = exc
+        out.append(reply)
+    return out
+
+
+async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
+    if isinstance(op, Script):
+        return await getattr(scripts, op.name)(keys=op.keys, args=op.args)
+    if isinstance(op, Command):
+        return await client.execute_command(*op.args)
+    if isinstance(op, Pipeline):
+        pipe = client.pipeline(transaction=False)
+        for command in op.commands:
+            pipe.execute_command(*command)
+        return await pipe.execute()
+    if isinstance(op, ScriptBatch):
+        return await _batch_async(client, scripts, op)
+    if isinstance(op, XRead):
+        return bool(await client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    raise TypeError(f"not an operation: {op!r}")
+
+
+async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:
+    """Run ``flow`` with a ``redis.asyncio`` client: the same operations, awaited."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = await _aperform(client, scripts, op)
+            except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def flat_pairs(values: Sequence[Any]) -> list[Any]:
+    """``[k1, v1, k2, v2]`` from ``[(k1, v1), (k2, v2)]``, for HSET-style arguments."""
+    return [x for kv in values for x in kv]

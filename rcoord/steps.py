@@ -1,0 +1,479 @@
+"""Every request of Kafka's classic group protocol, defined once, as a flow.
+
+``GroupSteps`` holds what a coordinator knows (the settled namespace settings, its clock, a
+cache of key layouts) and defines each request as a sans-I/O flow (``rcoord.flow``): the
+request's checks and encoding, the script it runs, the wait of a parked call, the retry after
+a stale layout, and the decoding of the reply. ``GroupCoordinator`` (blocking) and
+``AsyncGroupCoordinator`` (asyncio) are thin drivers over these flows: their public methods
+are generated from them (``blocking_step`` / ``asyncio_step``), so both have the same methods
+with the same signatures and the same behaviour, and a fix made here reaches both.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.exceptions
+
+from .config import CoordinatorConfig
+from .errors import Errors
+from .flow import Command, Flow, Pipeline, Script, ScriptBatch, XRead
+from .keys import GroupKeys, PartitionKeys
+from .partitioning import partition_for
+from .protocol._checks import check_id, check_instance_id, require_int32
+from .protocol.admin import (
+    GroupDescription,
+    GroupListing,
+    OffsetDeleteResult,
+    decode_description,
+    group_ids_arg,
+    states_filter,
+)
+from .protocol.heartbeat import decode_heartbeat, heartbeat_args
+from .protocol.join import JoinGroupResult, JoinRequest
+from .protocol.leave import LeaveGroupResult, MemberIdentity, decode_leave, leave_args
+from .protocol.offsets import (
+    OffsetAndMetadata,
+    OffsetFetchResult,
+    TopicPartition,
+    decode_fetch,
+    encode_commit,
+    fetch_batches,
+    partitions_args,
+    retention_arg,
+)
+from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
+from .protocol.sync import SyncGroupResult, SyncRequest
+from .settings import settle_flow
+
+__all__ = [
+    "DUE_BATCH",
+    "HEARTBEAT_BATCH",
+    "KEYS_CACHE_SIZE",
+    "MAX_DUE_RETRIES",
+    "NOT_COORDINATOR_RETRIES",
+    "PUBLIC_STEPS",
+    "GroupSteps",
+    "block_limit",
+    "present_as",
+]
+
+DUE_BATCH = 1000
+"""Groups read from a partition's due index per call of ``run_timers``."""
+KEYS_CACHE_SIZE = 10_000
+"""Key layouts remembered; the cache is emptied when full (layouts are cheap to rebuild)."""
+MAX_DUE_RETRIES = 5
+"""Heartbeats retried after applying a passed deadline, before a retriable answer."""
+HEARTBEAT_BATCH = 500
+"""Most members of one group in one heartbeat script call (a script blocks its shard)."""
+NOT_COORDINATOR_RETRIES = 3
+"""Settle-and-retry rounds when a script says the caller's layout is not the namespace's."""
+_NOT_COORDINATOR = "RCOORD_NOT_COORDINATOR"
+
+PUBLIC_STEPS = (
+    "join_group", "sync_group", "heartbeat", "heartbeat_many", "leave_group", "commit_offsets",
+    "fetch_offsets", "describe_group", "list_groups", "delete_groups", "delete_offsets",
+    "run_timers",
+)
+"""The requests both coordinators serve, each from the flow of the same name."""
+
+
+def block_limit(client: Any) -> int:
+    """A parked call's XREAD must return before the client's socket timeout fires."""
+    kwargs: dict[str, Any] = {}
+    if hasattr(client, "connection_pool"):
+        kwargs = client.connection_pool.connection_kwargs
+    elif hasattr(client, "nodes_manager"):
+        kwargs = client.nodes_manager.connection_kwargs
+    elif hasattr(client, "connection_kwargs"):  # redis.asyncio.RedisCluster
+        kwargs = client.connection_kwargs
+    timeout = kwargs.get("socket_timeout")
+    if not timeout:
+        return MAX_BLOCK_MS
+    return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * 0.5)))
+
+
+def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:
+    """Give a driver's ``method`` the name, docstring and signature of ``step``, with the
+    result the caller gets (``R``, not ``Flow[R]``), so ``help()`` and ``inspect`` show it."""
+    functools.update_wrapper(method, step)
+    sig = inspect.signature(step)
+    ret = sig.return_annotation
+    if isinstance(ret, str) and ret.startswith("Flow[") and ret.endswith("]"):
+        ret = ret[len("Flow["):-1]
+    method.__signature__ = sig.replace(return_annotation=ret)  # type: ignore[attr-defined]
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+class GroupSteps:
+    """A coordinator's state, and one flow per request (see the module docstring).
+
+    ``given`` is the config the coordinator was constructed with (its named settings are
+    written to the namespace); ``clock`` replaces Redis ``TIME`` in every script (tests).
+    """
+
+    def __init__(self, given: CoordinatorConfig | None, namespace: str,
+                 clock: Callable[[], int] | None) -> None:
+        self.given = given
+        self.namespace = given.namespace if given is not None else namespace
+        self.clock = clock
+        self.config: CoordinatorConfig | None = None
+        self.settings_version = 0
+        self.max_block_ms = MAX_BLOCK_MS
+        self._keys_cache: dict[str, GroupKeys] = {}
+
+    # -- state -----------------------------------------------------------------------------
+
+    def settled(self) -> CoordinatorConfig:
+        if self.config is None:
+            raise RuntimeError("the coordinator is not started")
+        return self.config
+
+    def keys(self, group_id: str) -> GroupKeys:
+        keys = self._keys_cache.get(group_id)
+        if keys is None:
+            cfg = self.settled()
+            keys = GroupKeys.of(cfg.namespace, cfg.num_partitions, group_id)
+            if len(self._keys_cache) >= KEYS_CACHE_SIZE:
+                self._keys_cache.clear()
+            self._keys_cache[group_id] = keys
+        return keys
+
+    def now_arg(self) -> str:
+        return "" if self.clock is None else str(int(self.clock()))
+
+    def partition_for(self, group_id: str) -> int:
+        """The coordinator partition of ``group_id`` (Kafka's __consumer_offsets partition)."""
+        return partition_for(group_id, self.settled().num_partitions)
+
+    # -- plumbing flows --------------------------------------------------------------------
+
+    def settle(self) -> Flow[CoordinatorConfig]:
+        """Settle the namespace settings (``rcoord.settings``) and adopt them."""
+        settled = yield from settle_flow(self.namespace, self.given, self.config)
+        effective = settled.config
+        if self.config is not None and self.config.num_partitions != effective.num_partitions:
+            self._keys_cache.clear()
+        self.config = effective
+        self.settings_version = settled.version
+        was_max = int(settled.was.get("group_max_size", effective.group_max_size))
+        if was_max > effective.group_max_size:
+            # A lowered limit: let every group see it now (oversized ones start to shrink),
+            # as Kafka does when it loads a group that is over capacity.
+            yield from self._touch_all_groups(effective)
+        return effective
+
+    def _touch_all_groups(self, cfg: CoordinatorConfig) -> Flow[None]:
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            for raw in (yield Command(("SMEMBERS", pk.groups))):
+                group_id = _text(raw)
+                yield Script("expire_deadlines", pk.group(group_id).all(),
+                             [self.now_arg(), group_id])
+
+    def call(self, step: str, keys: GroupKeys, args: Sequence[Any]) -> Flow[Any]:
+        """Run a group step. A script that finds no settings copy under the caller's layout
+        refuses before writing anything; then settle again (unless a concurrent call already
+        did), re-address the group, retry."""
+        for attempt in range(NOT_COORDINATOR_RETRIES + 1):
+            seen = self.config
+            try:
+                return (yield Script(step, keys.all(), [self.now_arg(), keys.group_id, *args]))
+            except redis.exceptions.ResponseError as exc:
+                if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
+                    raise
+            if self.config is seen:
+                yield from self.settle()
+            keys = self.keys(keys.group_id)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _park(self, group_id: str, member_id: str, kind: str, reply: list[Any]) -> Flow[bytes]:
+        """Wait for a parked Join/SyncGroup's reply (``rcoord.protocol.park``)."""
+        keys = self.keys(group_id)  # as the parking call addressed it, after any re-settle
+        wait = park_flow(reply, mock_clock=self.clock is not None, max_block_ms=self.max_block_ms)
+        try:
+            op = next(wait)
+            while True:
+                result: Any
+                if op[0] == "xread":
+                    result = yield XRead(keys.wake, op[1], op[2])
+                elif op[0] == "zscore":
+                    result = yield Command(("ZSCORE", keys.partition.due, keys.group_id))
+                    result = None if result is None else float(result)
+                elif op[0] == "claim":
+                    result = bool((yield Command(("SET", keys.claim, b"1", "NX", "PX", CLAIM_MS))))
+                else:
+                    result = yield from self.call("await_reply", keys, [member_id, kind])
+                op = wait.send(result)
+        except StopIteration as done:
+            return bytes(done.value)
+
+    def _current_layout(self) -> Flow[CoordinatorConfig]:
+        """For calls that read partitions directly (no group script to refuse a stale layout):
+        the first partition's settings copy exists only under the agreed count."""
+        cfg = self.settled()
+        if not (yield Command(("EXISTS", PartitionKeys(cfg.namespace, 0, cfg.num_partitions).cfg))):
+            cfg = yield from self.settle()
+        return cfg
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def join_group(
+        self,
+        group_id: str,
+        member_id: str = "",
+        *,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int | None = None,
+        group_instance_id: str | None = None,
+        client_id: str = "",
+        client_host: str = "",
+        require_known_member_id: bool = True,
+        reason: str | None = None,
+    ) -> Flow[JoinGroupResult]:
+        """JoinGroup. Waits while the join is parked; see ``rcoord.protocol.join`` for errors."""
+        req = JoinRequest.build(
+            group_id, member_id, protocol_type=protocol_type, protocols=protocols,
+            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
+            group_instance_id=group_instance_id, client_id=client_id, client_host=client_host,
+            require_known_member_id=require_known_member_id, reason=reason,
+        )
+        if not req.group_id:
+            return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)
+        reply = yield from self.call("join_group", self.keys(req.group_id), req.args())
+        if reply[0] == b"W":
+            # The member id may have been created by this call; the wait reply carries it.
+            parked_id = _text(bytes(reply[4]))
+            return JoinGroupResult.decode((yield from self._park(req.group_id, parked_id, "j",
+                                                                  reply)))
+        return JoinGroupResult.decode(bytes(reply[1]))
+
+    def sync_group(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        *,
+        assignments: dict[str, bytes] | None = None,
+        group_instance_id: str | None = None,
+        protocol_type: str | None = None,
+        protocol_name: str | None = None,
+    ) -> Flow[SyncGroupResult]:
+        """SyncGroup. A follower's call waits until the leader's assignment is stored."""
+        req = SyncRequest.build(
+            group_id, generation_id, member_id, assignments=assignments,
+            group_instance_id=group_instance_id, protocol_type=protocol_type,
+            protocol_name=protocol_name,
+        )
+        if not req.group_id:
+            return SyncGroupResult(Errors.INVALID_GROUP_ID)
+        reply = yield from self.call("sync_group", self.keys(req.group_id), req.args())
+        if reply[0] == b"W":
+            return SyncGroupResult.decode((yield from self._park(req.group_id, req.member_id, "s",
+                                                                  reply)))
+        return SyncGroupResult.decode(bytes(reply[1]))
+
+    def heartbeat(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None = None,
+    ) -> Flow[Errors]:
+        """Heartbeat: refreshes the member's session; the code says whether to rejoin."""
+        gid, args = heartbeat_args(group_id, generation_id, member_id, group_instance_id)
+        if not gid:
+            return Errors.INVALID_GROUP_ID
+        keys = self.keys(gid)
+        for _ in range(MAX_DUE_RETRIES):
+            reply = yield Script("heartbeat", keys.heartbeat_keys(), [self.now_arg(), gid, *args])
+            if reply != b"DUE":
+                return decode_heartbeat(reply[0])
+            # A deadline of the group has passed: apply it first, as every step does.
+            yield from self.call("expire_deadlines", keys, [])
+        # Deadlines kept falling due between the calls: a retriable answer, try again shortly.
+        return Errors.COORDINATOR_NOT_AVAILABLE
+
+    def heartbeat_many(
+        self, heartbeats: Sequence[tuple[str, int, str] | tuple[str, int, str, str | None]]
+    ) -> Flow[list[Errors]]:
+        """Heartbeats of many members (group id, generation, member id[, instance id]), for a
+        process that hosts many members: one script call per group (up to HEARTBEAT_BATCH
+        members each), all in one round trip. Same answers as ``heartbeat``, in order.
+        """
+        out: list[Errors | None] = [None] * len(heartbeats)
+        by_group: dict[str, list[tuple[int, list[Any]]]] = {}
+        for i, hb in enumerate(heartbeats):
+            gid, args = heartbeat_args(hb[0], hb[1], hb[2], hb[3] if len(hb) > 3 else None)
+            if not gid:
+                out[i] = Errors.INVALID_GROUP_ID
+            else:
+                by_group.setdefault(gid, []).append((i, args))
+        now = self.now_arg()
+        chunks: list[tuple[str, list[tuple[int, list[Any]]]]] = []
+        calls = []
+        for gid, items in by_group.items():
+            keys = self.keys(gid).heartbeat_keys()
+            for start in range(0, len(items), HEARTBEAT_BATCH):
+                chunk = items[start : start + HEARTBEAT_BATCH]
+                chunks.append((gid, chunk))
+                calls.append((keys, [now, gid, *[x for _, args in chunk for x in args]]))
+        replies = (yield ScriptBatch("heartbeat", calls)) if calls else []
+        for (gid, chunk), (keys, args), reply in zip(chunks, calls, replies, strict=True):
+            if reply == b"DUE" or isinstance(reply, Exception):
+                # A passed deadline (apply it first, as every step does), or a call that failed
+                # even after the driver's reload: send this group's chunk again once.
+                yield from self.call("expire_deadlines", self.keys(gid), [])
+                reply = yield Script("heartbeat", keys, args)
+            if reply == b"DUE":
+                for i, hb_args in chunk:  # deadlines keep falling due: one by one
+                    out[i] = yield from self.heartbeat(gid, hb_args[1], hb_args[0],
+                                                       hb_args[2] or None)
+            else:
+                for (i, _), code in zip(chunk, reply, strict=True):
+                    out[i] = decode_heartbeat(code)
+        return [e if e is not None else Errors.UNKNOWN_SERVER_ERROR for e in out]
+
+    def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> Flow[LeaveGroupResult]:
+        """LeaveGroup for one or many members (by member id, or by instance id)."""
+        gid, idents, packed = leave_args(group_id, members)
+        if not gid:
+            return LeaveGroupResult(Errors.INVALID_GROUP_ID)
+        reply = yield from self.call("leave_group", self.keys(gid), [packed])
+        return decode_leave(reply, idents)
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int],
+        *,
+        member_id: str = "",
+        generation_id: int = -1,
+        group_instance_id: str | None = None,
+        retention_ms: int | None = None,
+    ) -> Flow[dict[TopicPartition, Errors]]:
+        """OffsetCommit, fenced by generation; all accepted partitions are stored atomically.
+
+        ``generation_id=-1`` with no member id is the simple (assign()) commit, accepted only
+        while the group is Empty. See ``rcoord.protocol.offsets`` for the errors. One call
+        carries at most MAX_ITEMS_PER_CALL partitions (``encode_commit`` says why it refuses
+        rather than splits); offsets are int64, stored exactly.
+        """
+        gid = check_id("group_id", group_id)
+        order, packed = encode_commit(offsets)
+        args = [
+            check_id("member_id", member_id),
+            require_int32("generation_id", generation_id),
+            check_instance_id(group_instance_id),
+            retention_arg(retention_ms),
+            packed,
+        ]
+        if not order:
+            return {}
+        reply = yield from self.call("commit_offsets", self.keys(gid), args)
+        return {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+
+    def fetch_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> Flow[OffsetFetchResult]:
+        """OffsetFetch: committed offsets; a requested partition with no commit maps to -1.
+
+        A long partition list is read in several script calls (see ``fetch_batches``).
+        """
+        gid = check_id("group_id", group_id)
+        keys = self.keys(gid)
+        batches = [[]] if partitions is None else fetch_batches(partitions)
+        offsets = {}
+        for batch in batches:
+            offsets.update(decode_fetch((yield from self.call("fetch_offsets", keys, batch))))
+        return OffsetFetchResult(Errors.NONE, offsets)
+
+    # -- administration --------------------------------------------------------------------
+
+    def describe_group(self, group_id: str) -> Flow[GroupDescription]:
+        """DescribeGroups for one group; an unknown group is "Dead" with no members.
+
+        The empty group id is a group like any other here, as in Kafka.
+        """
+        gid = check_id("group_id", group_id)
+        return decode_description(gid, (yield from self.call("describe_group", self.keys(gid), [])))
+
+    def list_groups(self, states: Sequence[str] | None = None) -> Flow[list[GroupListing]]:
+        """ListGroups across every partition (one node or a cluster), optionally by state name.
+
+        Passed deadlines are applied first, so the states listed are current.
+        """
+        wanted = states_filter(states)
+        yield from self.run_timers()
+        cfg = yield from self._current_layout()
+        listings: list[GroupListing] = []
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            ids = sorted((yield Command(("SMEMBERS", pk.groups))))
+            if not ids:
+                continue
+            rows = yield Pipeline([("HMGET", pk.group(_text(raw)).group, "state", "ptype")
+                                   for raw in ids])
+            for raw, (state, ptype) in zip(ids, rows, strict=True):
+                if state is None:
+                    continue  # deleted between the two reads
+                listing = GroupListing(_text(raw), (ptype or b"").decode(), state.decode())
+                if wanted is None or listing.state.lower() in wanted:
+                    listings.append(listing)
+        return listings
+
+    def delete_groups(self, group_ids: Sequence[str]) -> Flow[dict[str, Errors]]:
+        """DeleteGroups: Empty groups only (NON_EMPTY_GROUP otherwise); offsets go too.
+
+        Each group is deleted by its own script call, so the list needs no bound of its own (see
+        ``group_ids_arg``). The empty group id is a group like any other here, as in Kafka.
+        """
+        out: dict[str, Errors] = {}
+        for gid in group_ids_arg(group_ids):
+            out[gid] = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
+        return out
+
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> Flow[OffsetDeleteResult]:
+        """OffsetDelete (KIP-496): refused per partition while a member subscribes to the topic.
+
+        At most MAX_ITEMS_PER_CALL partitions, deleted in one script call (``partitions_args``).
+        """
+        gid = check_id("group_id", group_id)
+        partitions = list(partitions)
+        fields = partitions_args(partitions)
+        order = [TopicPartition(tp[0], tp[1]) for tp in partitions]
+        if not gid:
+            return OffsetDeleteResult(Errors.INVALID_GROUP_ID)
+        reply = yield from self.call("delete_offsets", self.keys(gid), fields)
+        top = Errors.from_name(reply[0])
+        if top is not Errors.NONE:
+            return OffsetDeleteResult(top)
+        return OffsetDeleteResult(
+            top, {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+        )
+
+    def run_timers(self) -> Flow[int]:
+        """Apply every passed deadline in every partition; return how many were applied."""
+        cfg = yield from self._current_layout()
+        applied = 0
+        for p in range(cfg.num_partitions):
+            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+            while True:
+                due = yield Script("due_groups", [pk.due], [self.now_arg(), DUE_BATCH])
+                groups = [_text(g) for g in due[1:]]
+                for group_id in groups:
+                    applied += int((yield from self.call("expire_deadlines", pk.group(group_id),
+                                                         []))[0])
+                if len(groups) < DUE_BATCH:
+                    break
+        return applied

@@ -1,0 +1,44 @@
+"""Each request is defined once (rcoord.steps); the two coordinators are drivers over it.
+
+The behavioural tests run against both drivers (the ``ctx`` fixture is parametrised over
+``blocking`` and ``asyncio``); here, that the two public surfaces cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from rcoord import GroupCoordinator
+from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.steps import PUBLIC_STEPS, GroupSteps
+
+
+def _public(cls: type) -> set[str]:
+    return {n for n in dir(cls) if not n.startswith("_")}
+
+
+def test_both_coordinators_have_the_same_public_surface():
+    assert _public(GroupCoordinator) == _public(AsyncGroupCoordinator)
+    assert set(PUBLIC_STEPS) <= _public(GroupCoordinator)
+
+
+def test_every_request_has_the_signature_and_docs_of_its_one_definition():
+    for name in PUBLIC_STEPS:
+        step = inspect.signature(getattr(GroupSteps, name))
+        blocking = inspect.signature(getattr(GroupCoordinator, name))
+        awaited = inspect.signature(getattr(AsyncGroupCoordinator, name))
+        assert blocking == awaited, name
+        assert list(blocking.parameters)[1:] == list(step.parameters)[1:], name
+        assert not str(blocking.return_annotation).startswith("Flow["), name
+        assert getattr(GroupCoordinator, name).__doc__ == getattr(GroupSteps, name).__doc__
+        assert getattr(AsyncGroupCoordinator, name).__doc__ == getattr(GroupSteps, name).__doc__
+        assert inspect.iscoroutinefunction(getattr(AsyncGroupCoordinator, name)), name
+        assert not inspect.iscoroutinefunction(getattr(GroupCoordinator, name)), name
+
+
+def test_the_lifecycle_methods_match_too():
+    for name in ("start", "resettle"):
+        assert inspect.iscoroutinefunction(getattr(AsyncGroupCoordinator, name))
+        sync = inspect.signature(getattr(GroupCoordinator, name))
+        awaited = inspect.signature(getattr(AsyncGroupCoordinator, name))
+        assert list(sync.parameters) == list(awaited.parameters)
