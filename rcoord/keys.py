@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from .partitioning import partition_for, partition_tag, tag_in_share
 
-__all__ = ["GroupKeys", "PartitionKeys", "settings_key", "anchor_keys", "ANCHORS"]
+__all__ = ["ANCHORS", "GroupKeys", "PartitionKeys", "anchor_keys", "settings_key"]
 
 ANCHORS = 16
 """Count-independent copies of the namespace settings, one in each sixteenth of the slot range."""
