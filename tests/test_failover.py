@@ -254,7 +254,7 @@ def test_sigkill_of_the_groups_master_promotes_its_replica_and_loses_at_most_the
     assert dead not in heard and len(heard) == 3, heard
     lost_logs = [x for x in _logged(svc, "keyspace_lost") if x.get("node") == dead]
     assert len(lost_logs) == 1, lost_logs
-    assert _logged(svc, "listener_recovered")
+    wait_until(lambda: any("nodes" in x for x in _logged(svc, "listener_recovered")))
     sc.drain()
     assert _commits_after(sc, promoted) > 0
     assert sc.produced == sc.records

@@ -157,7 +157,9 @@ class Listener:
                     running[addr] = threading.Event()
                     self._spawn(lambda n=node, a=addr, q=running[addr]: self._run_keyspace(n, a, q),
                                 "rcoord-hints-" + addr)
-            lost = self._lost.wait(REDISCOVER_S)
+            # While some master is not heard, look again soon: the recovery is then logged
+            # (below) as soon as the new subscriptions are confirmed.
+            lost = self._lost.wait(REFRESH_S if outage else REDISCOVER_S)
             if self._stop.is_set():
                 return
             if lost:
