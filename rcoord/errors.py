@@ -246,6 +246,12 @@ def translate_redis_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise ConnectionLost(f"{fn.__name__}: {exc}") from exc
+        except redis.exceptions.ClusterError as exc:
+            # redis-py gives up on a slot after a bounded number of redirections: "TTL
+            # exhausted" when a multi-key script keeps meeting TRYAGAIN while its slot migrates
+            # (its keys are split between two masters), CLUSTERDOWN while the cluster fails
+            # over. The script did not run; the slot will settle, so it is worth a retry.
+            raise ConnectionLost(f"{fn.__name__}: slot unavailable for now ({exc})") from exc
         except redis.exceptions.ResponseError as exc:
             raise_for_script_error(exc)
             raise

@@ -18,10 +18,13 @@ and after: they must follow the new topology without a restart.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -139,6 +142,21 @@ def _promoted(cluster: ReplicaCluster, slot: int, port: int) -> bool:
         return False
 
 
+def _health(svc: Any) -> dict[str, Any]:
+    """The service's /healthz (its port is in the first log line)."""
+    port = json.loads(svc.out.read_text().split("\n", 1)[0])["metrics_port"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as exc:  # 503 while unhealthy: the body is the same JSON
+        return dict(json.loads(exc.read()))
+
+
+def _logged(svc: Any, event: str) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in svc.out.read_text().splitlines() if x.startswith("{")]
+    return [x for x in lines if x.get("event") == event]
+
+
 def _still_running(sc: ClusterScenario) -> None:
     assert all(w.proc.poll() is None for w in sc.workers), [w.proc.returncode for w in sc.workers]
     assert all(s.alive for s in sc.services), [s.out.read_text()[-2000:] for s in sc.services]
@@ -221,11 +239,22 @@ def test_sigkill_of_the_groups_master_promotes_its_replica_and_loses_at_most_the
     replica = cluster.replica_of(master)
     victim = cluster.nodes[master.port]
     assert victim.pid is not None
+    svc = sc.services[0]
+    dead, promoted_addr = f"127.0.0.1:{master.port}", f"127.0.0.1:{replica.port}"
+    assert dead in _health(svc)["keyspace_nodes"]
     killed = time.time()
     os.kill(victim.pid, signal.SIGKILL)
     wait_until(lambda: not victim.is_running, timeout_s=5)
     wait_until(lambda: _promoted(cluster, slot, replica.port), timeout_s=30)
     promoted = time.time()
+    # The service's expired-key listener follows the promotion: it hears the promoted replica
+    # and no longer the dead master, having said so once (not once per reconnect attempt).
+    wait_until(lambda: promoted_addr in _health(svc)["keyspace_nodes"], timeout_s=20)
+    heard = _health(svc)["keyspace_nodes"]
+    assert dead not in heard and len(heard) == 3, heard
+    lost_logs = [x for x in _logged(svc, "keyspace_lost") if x.get("node") == dead]
+    assert len(lost_logs) == 1, lost_logs
+    wait_until(lambda: any("nodes" in x for x in _logged(svc, "listener_recovered")))
     sc.drain()
     assert _commits_after(sc, promoted) > 0
     assert sc.produced == sc.records

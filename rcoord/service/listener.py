@@ -4,6 +4,11 @@ events from every master, and coordinators joining or leaving.
 Everything heard goes into one queue that the timer loop reads. Pub/sub is at-most-once and
 redis-py reconnects silently, so every reconnect (seen as a new subscribe confirmation) queues
 a ``resync``: the loop then re-reads the deadline index, which is the authority.
+
+Expired-key events are heard on each master separately. When a subscription's connection
+fails (a master killed, its replica promoted) the listener asks the cluster for its masters
+again and subscribes to the ones it does not hear yet (``hint_nodes`` says which it hears);
+each outage is logged once as a warning and its end as info.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from typing import Any
 
 import redis
@@ -27,6 +33,10 @@ log = logging.getLogger("rcoord.service")
 
 
 INDEX_ALONE = "deadlines act from the index alone"
+REFRESH_S = 0.5
+"""At most one topology refresh per this many seconds while a subscription is failing."""
+REDISCOVER_S = 5.0
+"""Look for new masters (resharding, added nodes) this often even when nothing failed."""
 
 
 def enable_keyspace_events(node: redis.Redis) -> str:
@@ -68,6 +78,10 @@ class Listener:
         self._tags = {partition_tag(p, num_partitions): p for p in range(num_partitions)}
         self._hint_re = re.compile(rb"^" + re.escape(namespace.encode()) + rb":\{([^}]*)\}:h:(.*)$", re.S)
         self.keyspace_status = "disabled" if not hints else "starting"
+        self._lock = threading.Lock()
+        self._subscribed: set[str] = set()
+        self._lost = threading.Event()
+        self._refreshed = 0.0
 
     def start(self) -> None:
         self._spawn(self._run_lease_channel, "rcoord-coordinators")
@@ -82,8 +96,13 @@ class Listener:
             if problems:
                 log.warning("expired-key events may be off; deadlines still act from the index",
                             extra={"event": "keyspace_events_unavailable", "why": problems})
-            for node in nodes:
-                self._spawn(lambda n=node: self._run_keyspace(n), "rcoord-hints")
+            self._spawn(lambda: self._run_hints(nodes), "rcoord-hints")
+
+    @property
+    def hint_nodes(self) -> set[str]:
+        """The masters (``host:port``) whose expired-key channel this process hears now."""
+        with self._lock:
+            return set(self._subscribed)
 
     def _spawn(self, fn: Any, name: str) -> None:
         t = threading.Thread(target=fn, name=name, daemon=True)
@@ -92,31 +111,108 @@ class Listener:
 
     def stop(self) -> None:
         self._stop.set()
+        self._lost.set()
         for t in self._threads:
             t.join(timeout=3)
 
+    # -- topology --------------------------------------------------------------------------------
+
+    def _refresh_topology(self) -> None:
+        """Ask the cluster which nodes are masters now (CLUSTER SLOTS through redis-py's own
+        refresh), at most every ``REFRESH_S``: a connection lost to a master may mean it failed
+        and a replica took its slots. A single node has no topology to refresh."""
+        manager = getattr(self._client, "nodes_manager", None)
+        if manager is None:
+            return
+        with self._lock:
+            if time.monotonic() - self._refreshed < REFRESH_S:
+                return
+            self._refreshed = time.monotonic()
+        try:
+            manager.initialize()
+        except Exception as exc:  # noqa: BLE001 - no node answers yet; the next failure retries
+            log.debug("topology refresh failed", extra={"event": "topology_refresh_failed",
+                                                        "why": str(exc)})
+
+    def _run_hints(self, nodes: list[redis.Redis]) -> None:
+        """Keep one expired-key subscriber per master as the masters change.
+
+        Keyspace events are node-local, so a master that fails takes its events with it: its
+        subscriber then fails to reconnect, and this loop re-discovers the masters (a promoted
+        replica is one) and subscribes to the new ones, stopping the subscribers of nodes that
+        no longer serve slots. It also looks every ``REDISCOVER_S`` anyway, for masters added by
+        resharding."""
+        running: dict[str, threading.Event] = {}
+        outage = False
+        while not self._stop.is_set():
+            current = {_addr(n): n for n in nodes}
+            for addr, quit_ in list(running.items()):
+                if addr not in current:
+                    quit_.set()
+                    del running[addr]
+                    with self._lock:
+                        self._subscribed.discard(addr)
+            for addr, node in current.items():
+                if addr not in running:
+                    running[addr] = threading.Event()
+                    self._spawn(lambda n=node, a=addr, q=running[addr]: self._run_keyspace(n, a, q),
+                                "rcoord-hints-" + addr)
+            # While some master is not heard, look again soon: the recovery is then logged
+            # (below) as soon as the new subscriptions are confirmed.
+            lost = self._lost.wait(REFRESH_S if outage else REDISCOVER_S)
+            if self._stop.is_set():
+                return
+            if lost:
+                self._lost.clear()
+                outage = True
+                self._stop.wait(REFRESH_S)  # let a failover progress; also bounds the rate
+                self._refresh_topology()
+            # Otherwise the client's slot map is current enough: redis-py refreshes it on MOVED.
+            try:
+                nodes = primaries(self._client)
+            except Exception as exc:  # noqa: BLE001 - keep the old set; the next round retries
+                log.debug("listing masters failed", extra={"event": "topology_refresh_failed",
+                                                           "why": str(exc)})
+                continue
+            if outage and self.hint_nodes == {_addr(n) for n in nodes}:
+                outage = False
+                log.info("expired-key events heard from every master again",
+                         extra={"event": "listener_recovered", "nodes": sorted(self.hint_nodes)})
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
     def _run_shard(self) -> None:
         """Shard channels of every partition: a script made a deadline the partition's earliest."""
-        self._listen(lambda ps: ps.ssubscribe(*self._channels),
+        self._listen("deadlines", lambda ps: ps.ssubscribe(*self._channels),
                      lambda ps: ps.get_sharded_message(timeout=0.02))
 
     def _run_lease_channel(self) -> None:
-        self._listen(lambda ps: ps.subscribe(self._lease_channel), lambda ps: ps.get_message(timeout=0.2))
+        self._listen("coordinators", lambda ps: ps.subscribe(self._lease_channel),
+                     lambda ps: ps.get_message(timeout=0.2))
 
-    def _listen(self, subscribe: Any, receive: Any) -> None:
+    def _listen(self, what: str, subscribe: Any, receive: Any) -> None:
+        failing = False
         while not self._stop.is_set():
             pubsub = None
             try:
                 pubsub = self._client.pubsub()
                 subscribe(pubsub)
+                if failing:
+                    failing = False
+                    log.info("listener subscribed again", extra={"event": "listener_recovered",
+                                                                "channel": what})
                 while not self._stop.is_set():
                     msg = receive(pubsub)
                     if msg is not None:
                         self._dispatch(msg)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("listener lost its connection; resyncing",
-                            extra={"event": "listener_reconnect", "why": str(exc)})
+                if not failing:  # once per outage: the retries below run every 0.2 s
+                    failing = True
+                    log.warning("listener lost its connection; resyncing and retrying",
+                                extra={"event": "listener_reconnect", "channel": what,
+                                       "why": str(exc)})
                 self._events.put(("resync",))
+                self._refresh_topology()
                 self._stop.wait(0.2)
             finally:
                 if pubsub is not None:
@@ -136,9 +232,11 @@ class Listener:
         elif kind == "message" and msg["channel"] == self._lease_channel.encode():
             self._events.put(("coordinators",))
 
-    def _run_keyspace(self, node: redis.Redis) -> None:
+    def _run_keyspace(self, node: redis.Redis, addr: str, quit_: threading.Event) -> None:
+        """Hear one master's expired-key events until it stops being a master (``quit_``)."""
         channel = f"__keyevent@{self._db}__:expired"
-        while not self._stop.is_set():
+        failing = False
+        while not (self._stop.is_set() or quit_.is_set()):
             pubsub = None
             try:
                 # Again on every (re)connect: CONFIG SET does not survive a restart or failover.
@@ -146,12 +244,21 @@ class Listener:
                 self.keyspace_status = "enabled" if not problem else "unknown: " + problem
                 pubsub = node.pubsub()
                 pubsub.subscribe(channel)
-                while not self._stop.is_set():
+                while not (self._stop.is_set() or quit_.is_set()):
                     msg = pubsub.get_message(timeout=0.2)
                     if msg is None:
                         continue
                     if msg["type"] == "subscribe":
+                        with self._lock:
+                            self._subscribed.add(addr)
                         self._events.put(("resync",))
+                        if failing:
+                            failing = False
+                            log.info("expired-key events heard again", extra={
+                                "event": "keyspace_subscribed", "node": addr})
+                        else:
+                            log.debug("expired-key events subscribed", extra={
+                                "event": "keyspace_subscribed", "node": addr})
                     elif msg["type"] == "message":
                         m = self._hint_re.match(msg["data"])
                         if m and m.group(1).decode() in self._tags:
@@ -167,8 +274,16 @@ class Listener:
                             extra={"event": "keyspace_events_unavailable",
                                    "why": self.keyspace_status})
                 return
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                with self._lock:
+                    self._subscribed.discard(addr)
+                if not failing:  # once per outage; the master may have failed over
+                    failing = True
+                    log.warning("lost the expired-key subscription of a master; looking for "
+                                "the current masters", extra={
+                                    "event": "keyspace_lost", "node": addr, "why": str(exc)})
                 self._events.put(("resync",))
+                self._lost.set()
                 self._stop.wait(0.2)
             finally:
                 if pubsub is not None:
@@ -176,3 +291,13 @@ class Listener:
                         pubsub.close()
                     except Exception:  # noqa: BLE001
                         pass
+        with self._lock:
+            self._subscribed.discard(addr)
+        if quit_.is_set() and not self._stop.is_set():
+            log.info("stopped hearing a node that no longer serves slots",
+                     extra={"event": "keyspace_unsubscribed", "node": addr})
+
+
+def _addr(node: redis.Redis) -> str:
+    kw = node.connection_pool.connection_kwargs
+    return f"{kw.get('host', '?')}:{kw.get('port', '?')}"

@@ -181,6 +181,7 @@ class CoordinatorService:
             "last_lease_round_ms_ago": int(age_ms),
             "wake": self.config.wake,
             "keyspace_events": self.listener.keyspace_status,
+            "keyspace_nodes": sorted(self.listener.hint_nodes),
         }
 
     # -- loops ----------------------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""Resharding under load (issue 13): the slot of a live group's coordinator partition moves to
+another master by the standard procedure (``CLUSTER SETSLOT IMPORTING/MIGRATING``, ``MIGRATE
+... KEYS`` a few keys at a time, ``CLUSTER SETSLOT NODE``) while the fault suite's workers
+heartbeat, consume and commit and the coordinator service runs (tests/test_failover.py's
+ClusterScenario on tests/cluster_replicas.py's cluster, without replicas).
+
+While the slot is migrating, a script's keys are split between the two masters: the source
+answers ``ASK`` for a script whose keys are all gone and ``TRYAGAIN`` for one whose keys are
+split, and redis-py retries both. The migration here is slow on purpose (one key per step) so
+that calls meet it. Nothing may be lost: the history checker (one owner per generation, no
+committed offset back, every acked record processed) judges the whole run, and afterwards the
+service, not the members, must apply the partition's deadlines from the new master.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from cluster_replicas import NodeInfo, ReplicaCluster
+from harness import wait_until
+from test_failover import ClusterScenario, _still_running
+from test_faults import GROUP, _commits_after, _judge
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+STEP_PAUSE_S = 0.15
+"""Between two MIGRATE steps: keeps the slot half-moved long enough for calls to meet it."""
+MIGRATE_BOUND_S = 60.0
+
+
+def migrate_slot(cluster: ReplicaCluster, slot: int, src: NodeInfo, dst: NodeInfo,
+                 keys_per_step: int = 1) -> int:
+    """Move ``slot`` from ``src`` to ``dst`` as ``redis-cli --cluster reshard`` does; returns
+    the number of keys moved. Bounded by ``MIGRATE_BOUND_S``."""
+    s, d = cluster.node_client(src.port), cluster.node_client(dst.port)
+    moved = 0
+    try:
+        d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.id)
+        s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.id)
+        deadline = time.monotonic() + MIGRATE_BOUND_S
+        while True:
+            keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_per_step)
+            if not keys:
+                break
+            assert time.monotonic() < deadline, "migration did not finish in time"
+            s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(STEP_PAUSE_S)
+        # The destination first, so the source's MOVED never points at a node that disowns it.
+        d.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.id)
+        s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.id)
+        for m in cluster.masters():
+            if m.id not in (src.id, dst.id):
+                c = cluster.node_client(m.port)
+                try:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.id)
+                finally:
+                    c.close()
+    finally:
+        s.close()
+        d.close()
+    return moved
+
+
+def _metric(svc: Any, name: str) -> float:
+    """Sum of a counter's samples on the service's /metrics."""
+    port = json.loads(svc.out.read_text().split("\n", 1)[0])["metrics_port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def _redirections(cluster: ReplicaCluster, port: int) -> dict[str, int]:
+    """ASK and TRYAGAIN replies a node gave (INFO errorstats): calls that met a migration."""
+    c = cluster.node_client(port, decode_responses=True)
+    try:
+        stats = c.info("errorstats")
+    finally:
+        c.close()
+    return {k: int(v["count"]) for k, v in stats.items()
+            if k in ("errorstat_ASK", "errorstat_TRYAGAIN")}
+
+
+@pytest.fixture
+def cluster() -> Iterator[ReplicaCluster]:
+    c = ReplicaCluster(masters=3, replicas=0).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def scenario(tmp_path: Path, cluster: ReplicaCluster) -> Iterator[ClusterScenario]:
+    sc = ClusterScenario(tmp_path, cluster, workers=3, records=1500)
+    try:
+        yield sc
+    finally:
+        sc.close()
+
+
+def test_moving_the_groups_slot_under_load_loses_nothing_and_the_service_follows(
+        scenario, cluster):
+    sc = scenario
+    sc.wait_stable()
+    sc.start_traffic()
+    sc.wait_produced(1 / 4)
+    wait_until(lambda: _commits_after(sc, 0) > 0)
+    slot = sc.group_slot()
+    src = cluster.master_of_slot(slot)
+    dst = next(m for m in cluster.masters() if m.id != src.id)
+    before = sc.committed()
+    moved = migrate_slot(cluster, slot, src, dst)
+    done = time.time()
+    print(f"\nmoved {moved} keys of slot {slot}")
+    assert moved >= 5  # the group's hash, members, offsets, the deadline index, ...
+    assert cluster.master_of_slot(slot).port == dst.port
+    assert not cluster.node_client(src.port).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+    met = _redirections(cluster, src.port)
+    print(f"calls that met the migration: {met}")
+    assert met, "no call met the migration (no ASK or TRYAGAIN on the source): a vacuous test"
+    after = sc.committed()
+    assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
+    sc.drain()
+    assert _commits_after(sc, done) > 0  # the same workers commit on the new master
+    assert sc.produced == sc.records
+    _still_running(sc)
+
+    # The service's timers follow the slot: with the producer and sampler stopped and every
+    # member gone silent (SIGKILL, no LeaveGroup), nobody but the service touches the group, so
+    # only its sweeps (counted by rcoord_deadlines_applied) can expire the members.
+    sc._stop.set()
+    for t in sc._threads:
+        t.join(10)
+    svc = sc.services[0]
+    applied = _metric(svc, "rcoord_deadlines_applied_total")
+    for w in sc.workers:
+        w.proc.send_signal(signal.SIGKILL)
+        w.proc.wait(10)
+    wait_until(lambda: _metric(svc, "rcoord_deadlines_applied_total") >= applied + len(sc.workers),
+               timeout_s=20)
+    assert len(sc.coord.describe_group(GROUP).members) == 0
+    _judge(sc.finish(), owed_at_least=sc.records // 2)
+
+
+def test_migrate_slot_moves_every_key(cluster):
+    """The helper above on a quiet slot: every key arrives, in one piece."""
+    r = redis.cluster.RedisCluster(host="127.0.0.1", port=next(iter(cluster.nodes)))
+    try:
+        keys = [f"{{m}}:k{i}" for i in range(7)]
+        for k in keys:
+            r.set(k, k)
+        slot = redis.cluster.key_slot(b"{m}")
+        src = cluster.master_of_slot(slot)
+        dst = next(m for m in cluster.masters() if m.id != src.id)
+        assert migrate_slot(cluster, slot, src, dst, keys_per_step=3) == len(keys)
+        assert cluster.master_of_slot(slot).port == dst.port
+        assert [r.get(k) for k in keys] == [k.encode() for k in keys]
+    finally:
+        r.close()
