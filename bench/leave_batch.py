@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
+import redis
 
-from rcoord import CoordinatorConfig, Errors, GroupCoordinator  # noqa: E402
-from rcoord.protocol.join import JoinGroupResult, JoinRequest  # noqa: E402
-from rcoord.protocol.leave import MemberIdentity  # noqa: E402
-from rcoord.protocol.sync import SyncGroupResult, SyncRequest  # noqa: E402
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.protocol.join import JoinGroupResult, JoinRequest
+from rcoord.protocol.leave import MemberIdentity
+from rcoord.protocol.sync import SyncGroupResult, SyncRequest
 
 GROUP = "bench-group"
 SESSION_TIMEOUT_MS = 60_000
@@ -105,9 +105,10 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
         ).args()
 
     # The script cache must hold the scripts before EVALSHA (start() loads them lazily).
-    for step in sha:
-        from rcoord.scripts import lua_source
-        assert r.script_load(lua_source(step)) == sha[step]
+    from rcoord.scripts import lua_source
+
+    for step, digest in sha.items():
+        assert r.script_load(lua_source(step)) == digest
 
     figures: dict[str, Any] = {}
     phase.start()
