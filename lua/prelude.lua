@@ -157,10 +157,21 @@ local function reply_put(id, rep)
   wake()
 end
 
+-- Per-member writes go out in batches of this many arguments (Lua's unpack has a limit), so a
+-- step that touches every member makes a few calls instead of one per member. Even, so that
+-- field/value and score/member pairs never straddle two batches.
+local BATCH = 1000
+local function call_batched(cmd, key, items)
+  for i = 1, #items, BATCH do
+    redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
+  end
+end
+
 -- Member records. A join or sync of a large group walks every member several times, so the
 -- decoded records are cached for the rest of this call; writes go through mput (which keeps the
--- cache true) and every removal calls forget_members().
-local MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil
+-- cache true) and removals drop the record from MEMBERS_BY_ID, the list is compacted lazily.
+-- LEAD_POS: no live member sits before this position of the list (elect_leader starts there).
+local MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
 local function forget_members() MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil end
 local function mget(id)
   if MEMBERS_BY_ID then return MEMBERS_BY_ID[id] end
@@ -173,16 +184,37 @@ local function mput(rec)
   if MEMBERS_BY_ID and MEMBERS_BY_ID[rec.id] ~= rec then forget_members() end
 end
 local function all_members()
-  if MEMBERS_CACHE then return MEMBERS_CACHE end
+  if MEMBERS_CACHE then
+    if MEMBERS_DIRTY then
+      local live = {}
+      for _, rec in ipairs(MEMBERS_CACHE) do
+        if MEMBERS_BY_ID[rec.id] == rec then live[#live + 1] = rec end
+      end
+      MEMBERS_CACHE, MEMBERS_DIRTY, LEAD_POS = live, false, 1
+    end
+    return MEMBERS_CACHE
+  end
   local flat = redis.call('HGETALL', K_MEMBERS)
-  local out, by_id = {}, {}
+  local out, by_id, by_seq, seqs = {}, {}, {}, {}
   for i = 2, #flat, 2 do
     local rec = cmsgpack.unpack(flat[i])
     out[#out + 1] = rec
     by_id[rec.id] = rec
+    if seqs and by_seq[rec.seq] == nil then
+      by_seq[rec.seq] = rec
+      seqs[#seqs + 1] = rec.seq
+    else
+      seqs = nil
+    end
   end
-  table.sort(out, function(a, b) return a.seq < b.seq end)
-  MEMBERS_CACHE, MEMBERS_BY_ID = out, by_id
+  if seqs then
+    -- Sorting the numbers alone is several times faster than sorting with a Lua comparator.
+    table.sort(seqs)
+    for i, seq in ipairs(seqs) do out[i] = by_seq[seq] end
+  else
+    table.sort(out, function(a, b) return a.seq < b.seq end)
+  end
+  MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = out, by_id, false, 1
   return out
 end
 local function nmembers() return redis.call('HLEN', K_MEMBERS) end
@@ -192,13 +224,36 @@ local function awaiting_join(id) return redis.call('HEXISTS', K_JOINING, id) == 
 local function all_joined()
   return nmembers() == redis.call('HLEN', K_JOINING) and redis.call('HLEN', K_PENDING) == 0
 end
-local function protocols_of(rec) return cmsgpack.unpack(rec.pr) end
-local function count_protocols(rec, delta)
-  for _, p in ipairs(protocols_of(rec)) do
-    local n = redis.call('HINCRBY', K_GROUP, 'P:' .. p[1], delta)
-    if n <= 0 then redis.call('HDEL', K_GROUP, 'P:' .. p[1]) end
+-- Decoded protocol lists by their encoding (members of a group mostly send the same one), so a
+-- pass over every member decodes each distinct list once. Callers never modify them.
+local PROTOCOLS = {}
+local function protocols_of(rec)
+  local list = PROTOCOLS[rec.pr]
+  if list == nil then
+    list = cmsgpack.unpack(rec.pr)
+    PROTOCOLS[rec.pr] = list
+  end
+  return list
+end
+-- Kafka's isNew: set when the member is added, cleared when the next generation forms. The
+-- generation it was added in (ng) clears it implicitly, so completing a join need not rewrite
+-- every member record (records without ng are cleared explicitly).
+local function is_new(rec) return rec.new == 1 and (rec.ng == nil or rec.ng == gen()) end
+-- P:<protocol> counts how many members support a protocol; G keeps them current.
+local function add_protocol_count(name, delta)
+  local field = 'P:' .. name
+  local n = redis.call('HINCRBY', K_GROUP, field, delta)
+  if n <= 0 then
+    redis.call('HDEL', K_GROUP, field)
+    G[field] = nil
+  else
+    G[field] = tostring(n)
   end
 end
+local function count_protocols(rec, delta)
+  for _, p in ipairs(protocols_of(rec)) do add_protocol_count(p[1], delta) end
+end
+local function protocol_count(name) return tonumber(G['P:' .. name] or '0') end
 local function metadata_for(rec, name)
   for _, p in ipairs(protocols_of(rec)) do
     if p[1] == name then return p[2] end
@@ -215,7 +270,7 @@ local function supports_protocols(ptype, protocols)
   if G.ptype ~= ptype then return false end
   local n = nmembers()
   for _, p in ipairs(protocols) do
-    if tonumber(redis.call('HGET', K_GROUP, 'P:' .. p[1]) or '0') == n then return true end
+    if protocol_count(p[1]) == n then return true end
   end
   return false
 end
@@ -228,7 +283,7 @@ local function select_protocol()
   local votes = {}
   for _, rec in ipairs(members) do
     for _, p in ipairs(protocols_of(rec)) do
-      if tonumber(redis.call('HGET', K_GROUP, 'P:' .. p[1]) or '0') == n then
+      if protocol_count(p[1]) == n then
         votes[p[1]] = (votes[p[1]] or 0) + 1
         break
       end
@@ -267,13 +322,21 @@ local function join_error(err, id) return {k = 'j', e = err, mid = id or '', gen
                                             mem = {}, skip = false} end
 local function sync_error(err) return {k = 's', e = err, asg = ''} end
 
+-- The oldest member leads. Removed members stay in the cached list until it is compacted, so
+-- the scan starts after the last removed leader: leaders removed one after another in one call
+-- cost one pass over the list in all, not one each.
 local function elect_leader()
-  local best = nil
-  for _, rec in ipairs(all_members()) do
-    best = rec.id
-    break
+  if not MEMBERS_CACHE then all_members() end
+  local best = ''
+  while LEAD_POS <= #MEMBERS_CACHE do
+    local rec = MEMBERS_CACHE[LEAD_POS]
+    if MEMBERS_BY_ID[rec.id] == rec then
+      best = rec.id
+      break
+    end
+    LEAD_POS = LEAD_POS + 1
   end
-  set_g('leader', best or '')
+  set_g('leader', best)
 end
 
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
@@ -289,7 +352,7 @@ local function add_member(id, req)
   if G.leader == '' then set_g('leader', id) end
   forget_members()
   local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
-               pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1,
+               pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1, ng = gen(),
                seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
   mput(rec)
   count_protocols(rec, 1)
@@ -299,25 +362,75 @@ local function add_member(id, req)
   return rec
 end
 
--- ClassicGroup.remove plus cancelling the member's session deadline.
-local function remove_member(id)
-  local rec = mget(id)
-  forget_members()
-  if rec then
-    redis.call('HDEL', K_MEMBERS, id)
-    count_protocols(rec, -1)
-    if rec.iid ~= '' and redis.call('HGET', K_STATIC, rec.iid) == id then
-      redis.call('HDEL', K_STATIC, rec.iid)
+-- ClassicGroup.remove plus cancelling the session deadline, for any number of members at once:
+-- every key is written with one call per batch, protocol counts once per protocol, and the
+-- leader is elected once at the end, so removing k members costs O(k), not O(k * group size).
+-- ``recs`` optionally maps ids to records the caller already read (others are read here).
+-- Replies already stored stay: Kafka sent those responses before removing the members.
+local function remove_members(ids, recs)
+  if #ids == 0 then return end
+  recs = recs or {}
+  local uniq, seen, unread = {}, {}, {}
+  for _, id in ipairs(ids) do
+    if not seen[id] then
+      seen[id] = true
+      uniq[#uniq + 1] = id
+      if recs[id] == nil then unread[#unread + 1] = id end
     end
   end
-  redis.call('HDEL', K_JOINING, id)
-  redis.call('HDEL', K_PENDING, id)
-  redis.call('HDEL', K_PSYNC, id)
-  -- Replies already stored stay: Kafka sent those responses before removing the member.
-  cancel(hb_key(id))
-  if G.leader == id then elect_leader() end
+  if MEMBERS_BY_ID then
+    for _, id in ipairs(unread) do recs[id] = MEMBERS_BY_ID[id] or false end
+  else
+    for i = 1, #unread, BATCH do
+      local part = {unpack(unread, i, math.min(i + BATCH - 1, #unread))}
+      local blobs = redis.call('HMGET', K_MEMBERS, unpack(part))
+      for j = 1, #part do
+        recs[part[j]] = blobs[j] and cmsgpack.unpack(blobs[j]) or false
+      end
+    end
+  end
+  local present, deltas, iids, iid_owner, hb = {}, {}, {}, {}, {}
+  for _, id in ipairs(uniq) do
+    local rec = recs[id]
+    if rec then
+      present[#present + 1] = id
+      for _, p in ipairs(protocols_of(rec)) do deltas[p[1]] = (deltas[p[1]] or 0) - 1 end
+      if rec.iid ~= '' then
+        iids[#iids + 1] = rec.iid
+        iid_owner[#iids] = id
+      end
+      if MEMBERS_BY_ID and MEMBERS_BY_ID[id] then
+        MEMBERS_BY_ID[id] = nil
+        MEMBERS_DIRTY = true
+      end
+    end
+    hb[#hb + 1] = hb_key(id)
+  end
+  call_batched('HDEL', K_MEMBERS, present)
+  local names = {}
+  for name, _ in pairs(deltas) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do add_protocol_count(name, deltas[name]) end
+  if #iids > 0 then
+    local stale = {}
+    for i = 1, #iids, BATCH do
+      local last = math.min(i + BATCH - 1, #iids)
+      local owners = redis.call('HMGET', K_STATIC, unpack(iids, i, last))
+      for j = i, last do
+        if owners[j - i + 1] == iid_owner[j] then stale[#stale + 1] = iids[j] end
+      end
+    end
+    call_batched('HDEL', K_STATIC, stale)
+  end
+  call_batched('HDEL', K_JOINING, uniq)
+  call_batched('HDEL', K_PENDING, uniq)
+  call_batched('HDEL', K_PSYNC, uniq)
+  call_batched('ZREM', K_DL, hb)
+  if seen[G.leader] then elect_leader() end
   wake()
 end
+
+local function remove_member(id) remove_members({id}) end
 
 -- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
 local function update_member(rec, req, parked)
@@ -345,36 +458,38 @@ end
 
 local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) end
 
--- Completes parked SyncGroups with the members' assignments (or an error).
-local function propagate_assignment(err)
+-- Gives every member its new assignment (``asg_of(rec)``) and completes the parked SyncGroups
+-- with it (or with an error): one pass over the members and batched writes.
+local function propagate_assignment(err, asg_of)
+  local recs, replies, hbs = {}, {}, {}
   for _, rec in ipairs(all_members()) do
+    rec.asg = asg_of(rec)
     if rec.as == 1 then
-      local rep = {k = 's', e = err, asg = rec.asg}
+      local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
       if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
-      reply_put(rec.id, rep)
+      replies[#replies + 1] = reply_field('s', rec.id)
+      replies[#replies + 1] = cmsgpack.pack(rep)
       rec.as = 0
-      mput(rec)
-      reschedule_heartbeat(rec)
+      hbs[#hbs + 1] = NOW + rec.st
+      hbs[#hbs + 1] = hb_key(rec.id)
     end
+    recs[#recs + 1] = rec.id
+    recs[#recs + 1] = cmsgpack.pack(rec)
   end
+  call_batched('HSET', K_MEMBERS, recs)
+  call_batched('HSET', K_REPLIES, replies)
+  call_batched('ZADD', K_DL, hbs)
+  if #replies > 0 then wake() end
 end
 
 local function set_and_propagate_assignment(assignments)
   if G.state ~= COMPLETING then illegal('assignment outside CompletingRebalance') end
-  for _, rec in ipairs(all_members()) do
-    rec.asg = assignments[rec.id] or ''
-    mput(rec)
-  end
-  propagate_assignment('NONE')
+  propagate_assignment('NONE', function(rec) return assignments[rec.id] or '' end)
 end
 
 local function reset_and_propagate_error(err)
   if G.state ~= COMPLETING then illegal('reset of assignment outside CompletingRebalance') end
-  for _, rec in ipairs(all_members()) do
-    rec.asg = ''
-    mput(rec)
-  end
-  propagate_assignment(err)
+  propagate_assignment(err, function() return '' end)
 end
 
 local function remove_pending_sync(id)
@@ -455,19 +570,35 @@ end
 -- Replies nobody collected are dropped once a generation forms. A parked caller re-checks at
 -- least every second, so a reply older than REPLY_TTL_MS has no caller left.
 local REPLY_TTL_MS = 60000
-local function prune_replies()
-  local flat = redis.call('HGETALL', K_REPLIES)
-  for i = 1, #flat, 2 do
-    local rep = cmsgpack.unpack(flat[i + 1])
-    if (rep.at or 0) + REPLY_TTL_MS < NOW then redis.call('HDEL', K_REPLIES, flat[i]) end
+-- ``fresh``: fields written in this call (not read back).
+local function prune_replies(fresh)
+  local older = {}
+  for _, field in ipairs(redis.call('HKEYS', K_REPLIES)) do
+    if not fresh[field] then older[#older + 1] = field end
   end
+  local stale = {}
+  for i = 1, #older, BATCH do
+    local last = math.min(i + BATCH - 1, #older)
+    local blobs = redis.call('HMGET', K_REPLIES, unpack(older, i, last))
+    for j = i, last do
+      local blob = blobs[j - i + 1]
+      if blob and (cmsgpack.unpack(blob).at or 0) + REPLY_TTL_MS < NOW then
+        stale[#stale + 1] = older[j]
+      end
+    end
+  end
+  call_batched('HDEL', K_REPLIES, stale)
 end
 
 local function complete_join()
   cancel('join')
+  local joining = {}
+  for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
+  local absent = {}
   for _, rec in ipairs(all_members()) do
-    if rec.iid == '' and not awaiting_join(rec.id) then remove_member(rec.id) end
+    if rec.iid == '' and not joining[rec.id] then absent[#absent + 1] = rec.id end
   end
+  remove_members(absent)
   if G.state == DEAD then return end
   if not maybe_elect_new_joined_leader() and nmembers() > 0 then
     -- Nobody rejoined (only absent static members remain): try again after a rebalance timeout.
@@ -477,27 +608,52 @@ local function complete_join()
   end
   init_next_generation()
   if G.state == EMPTY then return end
-  local members = all_members()
-  local with_members = nil
-  for _, rec in ipairs(members) do
-    if awaiting_join(rec.id) then
-      local is_leader = rec.id == G.leader
-      if is_leader and with_members == nil then with_members = current_members() end
-      local rep = join_reply(rec.id, 'NONE', false, false)
-      if is_leader then rep.mem = with_members end
-      reply_put(rec.id, rep)
-      redis.call('HDEL', K_JOINING, rec.id)
+  -- Every member's reply, session deadline and pending sync, written in batches.
+  local replies, fresh, joined, hbs, recs, psync = {}, {}, {}, {}, {}, {}
+  -- A follower's reply differs from the others only in its member id: encode the rest once and
+  -- append the id (a msgpack map is its size, then its key/value pairs).
+  local common = join_reply('', 'NONE', false, false)
+  common.mid, common.at = nil, NOW
+  local body = cmsgpack.pack(common)
+  local n_common = string.byte(body, 1) - 0x80
+  local template = n_common >= 1 and n_common < 15 and string.char(0x81 + n_common) ..
+    string.sub(body, 2) .. cmsgpack.pack('mid')
+  for _, rec in ipairs(all_members()) do
+    if joining[rec.id] then
+      local field = reply_field('j', rec.id)
+      local packed
+      if rec.id == G.leader or not template then
+        local rep = join_reply(rec.id, 'NONE', false, false)
+        if rec.id == G.leader then rep.mem = current_members() end
+        rep.at = NOW
+        packed = cmsgpack.pack(rep)
+      else
+        packed = template .. cmsgpack.pack(rec.id)
+      end
+      replies[#replies + 1] = field
+      replies[#replies + 1] = packed
+      fresh[field] = true
+      joined[#joined + 1] = rec.id
     end
-    reschedule_heartbeat(rec)
-    if rec.new == 1 then
+    hbs[#hbs + 1] = NOW + rec.st
+    hbs[#hbs + 1] = hb_key(rec.id)
+    if rec.new == 1 and rec.ng == nil then
       rec.new = 0
-      mput(rec)
+      recs[#recs + 1] = rec.id
+      recs[#recs + 1] = cmsgpack.pack(rec)
     end
-    redis.call('HSET', K_PSYNC, rec.id, 1)
+    psync[#psync + 1] = rec.id
+    psync[#psync + 1] = 1
   end
+  call_batched('HSET', K_REPLIES, replies)
+  if #replies > 0 then wake() end
+  call_batched('HDEL', K_JOINING, joined)
+  call_batched('ZADD', K_DL, hbs)
+  call_batched('HSET', K_MEMBERS, recs)
+  call_batched('HSET', K_PSYNC, psync)
   set_g('sg', gen())
   schedule('sync', NOW + rebalance_timeout())
-  prune_replies()
+  prune_replies(fresh)
 end
 
 local function maybe_complete_join_phase()
@@ -547,7 +703,7 @@ local function expire_heartbeat(id, deadline)
   local rec = mget(id)
   if not rec then return end
   -- Kafka's hasSatisfiedHeartbeat: a parked member is alive, unless it is new.
-  local satisfied = rec.new ~= 1 and (awaiting_join(id) or rec.as == 1)
+  local satisfied = not is_new(rec) and (awaiting_join(id) or rec.as == 1)
   if satisfied then return end
   event('expired', 'member', id, 'late', string.format('%d', NOW - deadline))
   remove_member(id)
@@ -580,7 +736,7 @@ local function expire_sync()
   if G.state ~= COMPLETING and G.state ~= STABLE then return end
   local ids = redis.call('HKEYS', K_PSYNC)
   if #ids == 0 then return end
-  for _, id in ipairs(ids) do remove_member(id) end
+  remove_members(ids)
   prepare_rebalance('removing members that did not send SyncGroup in time')
 end
 

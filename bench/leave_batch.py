@@ -1,0 +1,243 @@
+"""Group-size scaling of the group scripts: formation, join completion and batch LeaveGroup.
+
+Run from the repository root::
+
+    python bench/leave_batch.py                 # ~1 min on 2 vCPU
+    python bench/leave_batch.py --redis-url redis://127.0.0.1:6379/0
+
+Issue 12 asks that no single script call block the shard for more than 5 ms while a
+1,000-member group forms or while 500 of its members leave in one request, and that script time
+per member at 1,000 members be at most 1.3 times the figure at 100. This bench forms groups of
+100 and 1,000 members with one client that pipelines every step for all members (the scripts
+never block, so the server's share is measured without thousands of member threads), then sends
+one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). For every phase it
+reports the script calls, their total server time (``INFO commandstats`` deltas of EVALSHA) and
+the longest single call (``SLOWLOG`` with a 0 µs threshold, read back after the phase), and the
+server process's CPU time over the phase (``INFO cpu``; unlike the first two it does not count
+time the server spent preempted, so it is the steadier figure on a loaded machine).
+
+Without ``--redis-url`` an embedded server is started on 127.0.0.1 and stopped at the end; with
+it, SLOWLOG settings are changed for the run and restored, and only this run's keys are deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import redis
+
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.protocol.join import JoinGroupResult, JoinRequest
+from rcoord.protocol.leave import MemberIdentity
+from rcoord.protocol.sync import SyncGroupResult, SyncRequest
+
+GROUP = "bench-group"
+SESSION_TIMEOUT_MS = 60_000
+DELAY_MS = 100
+TARGET_MAX_CALL_MS = 5.0
+
+
+class Phase:
+    """Server time of the EVALSHA calls made between ``start`` and ``stop``, and the longest."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    def _stats(self) -> tuple[int, int]:
+        entry = self.r.info("commandstats").get("cmdstat_evalsha") or {}
+        return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+
+    def _cpu(self) -> float:
+        cpu = self.r.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    def start(self) -> None:
+        self.r.slowlog_reset()
+        self.calls0, self.usec0 = self._stats()
+        self.cpu0 = self._cpu()
+
+    def stop(self) -> dict[str, float]:
+        cpu1 = self._cpu()
+        calls1, usec1 = self._stats()
+        worst = 0
+        for e in self.r.slowlog_get(1_000_000):
+            cmd = e.get("command") or b""
+            if isinstance(cmd, bytes):
+                cmd = cmd.decode(errors="replace")
+            if str(cmd).lower().startswith("evalsha"):
+                worst = max(worst, int(e["duration"]))
+        return {"calls": calls1 - self.calls0 - 0, "ms": (usec1 - self.usec0) / 1000.0,
+                "max_ms": worst / 1000.0, "cpu_ms": (cpu1 - self.cpu0) * 1000}
+
+
+def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoordinator, list[str],
+                                                                      dict[str, Any]]:
+    """Form a Stable group of ``members`` dynamic members; returns the coordinator, the member
+    ids, and the phase figures (formation as a whole and the call that completed the join)."""
+    coord = GroupCoordinator(r, CoordinatorConfig(
+        group_initial_rebalance_delay_ms=DELAY_MS, group_min_session_timeout_ms=1000,
+        namespace=ns)).start()
+    keys = coord._keys(GROUP)
+    kl = keys.all()
+    sha = {s: coord._scripts.sha(s) for s in ("join_group", "sync_group", "await_reply")}
+
+    def run(calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        pipe = r.pipeline(transaction=False)
+        for step, args in calls:
+            pipe.evalsha(sha[step], len(kl), *kl, "", GROUP, *args)
+        return pipe.execute()
+
+    def join_args(mid: str, i: int) -> list[Any]:
+        return JoinRequest.build(
+            GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
+            session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=None,
+            group_instance_id=None, client_id=f"m{i}", client_host="",
+            require_known_member_id=True, reason=None,
+        ).args()
+
+    # The script cache must hold the scripts before EVALSHA (start() loads them lazily).
+    from rcoord.scripts import lua_source
+
+    for step, digest in sha.items():
+        assert r.script_load(lua_source(step)) == digest
+
+    figures: dict[str, Any] = {}
+    phase.start()
+    first = run([("join_group", join_args("", i)) for i in range(members)])
+    ids = [JoinGroupResult.decode(bytes(x[1])).member_id for x in first]
+    second = run([("join_group", join_args(mid, i)) for i, mid in enumerate(ids)])
+    assert all(x[0] == b"W" for x in second), "second JoinGroups must park"
+    pre = phase.stop()
+    # Wait for the initial delay (untimed; it is extended once while members keep arriving),
+    # then the call that applies it completes the join phase.
+    while True:
+        score = r.zscore(keys.deadlines, "join")
+        sec, usec = r.time()
+        if score is not None and score > sec * 1000 + usec / 1000:
+            time.sleep((score - (sec * 1000 + usec / 1000)) / 1000 + 0.002)
+        phase.start()
+        last = run([("await_reply", [ids[0], "j"])])[0]
+        complete = phase.stop()
+        st = r.hget(keys.group, "state")
+        if st != b"PreparingRebalance":
+            break
+    assert st == b"CompletingRebalance", st
+    phase.start()
+    rest = run([("await_reply", [mid, "j"]) for mid in ids[1:]])
+    joined = [JoinGroupResult.decode(bytes(last[1]))] + [
+        JoinGroupResult.decode(bytes(x[1])) for x in rest]
+    assert all(j.error is Errors.NONE for j in joined)
+    gen, leader = joined[0].generation_id, joined[0].leader_id
+    lead = next(j for j in joined if j.member_id == leader)
+    assignments = {m.member_id: m.member_id.encode() for m in lead.members}
+
+    def sync_args(mid: str, asg: dict[str, bytes] | None) -> list[Any]:
+        return SyncRequest.build(GROUP, gen, mid, assignments=asg, group_instance_id=None,
+                                 protocol_type=None, protocol_name=None).args()
+
+    followers = [mid for mid in ids if mid != leader]
+    calls = [("sync_group", sync_args(mid, None)) for mid in followers]
+    calls.append(("sync_group", sync_args(leader, assignments)))
+    replies = run(calls)
+    waiting = [mid for mid, x in zip(followers + [leader], replies) if x[0] == b"W"]
+    collected = run([("await_reply", [mid, "s"]) for mid in waiting])
+    post = phase.stop()
+    for x in list(collected) + [x for x in replies if x[0] == b"R"]:
+        sr = SyncGroupResult.decode(bytes(x[1]))
+        assert sr.error is Errors.NONE, sr
+    assert r.hget(keys.group, "state") == b"Stable"
+    total_calls = pre["calls"] + complete["calls"] + post["calls"]
+    total_ms = pre["ms"] + complete["ms"] + post["ms"]
+    figures["formation"] = {"calls": total_calls, "ms": total_ms,
+                            "cpu_ms": pre["cpu_ms"] + complete["cpu_ms"] + post["cpu_ms"],
+                            "max_ms": max(pre["max_ms"], complete["max_ms"], post["max_ms"])}
+    figures["complete"] = complete
+    return coord, ids, figures
+
+
+def cleanup(r: redis.Redis, ns: str) -> None:
+    for key in r.scan_iter(match=f"*{ns}*", count=1000):
+        r.delete(key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--redis-url", help="use this server (127.0.0.1 only)")
+    args = p.parse_args(argv)
+    server = None
+    if args.redis_url:
+        r = redis.Redis.from_url(args.redis_url)
+    else:
+        from rcoord.embedded import EmbeddedServer
+        server = EmbeddedServer().start()
+        r = server.client()
+    old = r.config_get("slowlog-*")
+    r.config_set("slowlog-log-slower-than", 0)
+    r.config_set("slowlog-max-len", 100_000)
+    rows: list[list[str]] = []
+    per_member: dict[int, float] = {}
+    try:
+        base = f"bench-lb-{os.getpid()}-{int(time.time())}"
+        for n in (100, 1000):
+            ns = f"{base}-f{n}"
+            try:
+                _, _, fig = form(r, ns, n, Phase(r))
+            finally:
+                cleanup(r, ns)
+            f = fig["formation"]
+            per_member[n] = f["ms"] * 1000 / n
+            rows.append([f"form {n} members", str(f["calls"]), f"{f['ms']:.1f}",
+                         f"{per_member[n]:.0f}", f"{f['max_ms']:.2f}", f"{f['cpu_ms']:.1f}"])
+            c = fig["complete"]
+            rows.append([f"  join completion, {n}", str(c["calls"]), f"{c['ms']:.1f}", "-",
+                         f"{c['max_ms']:.2f}", f"{c['cpu_ms']:.1f}"])
+        for leaving in (100, 500):
+            ns = f"{base}-l{leaving}"
+            try:
+                coord, ids, _ = form(r, ns, 1000, Phase(r))
+                phase = Phase(r)
+                # Oldest members first: the leader leaves first, then each next leader.
+                who = [MemberIdentity(member_id=mid) for mid in ids[:leaving]]
+                phase.start()
+                res = coord.leave_group(GROUP, who)
+                lf = phase.stop()
+                assert res.error is Errors.NONE
+                assert all(m.error is Errors.NONE for m in res.members)
+                keys = coord._keys(GROUP)
+                assert r.hlen(keys.members) == 1000 - leaving
+            finally:
+                cleanup(r, ns)
+            rows.append([f"leave {leaving} of 1000 (one call)", str(lf["calls"]),
+                         f"{lf['ms']:.1f}", "-", f"{lf['max_ms']:.2f}", f"{lf['cpu_ms']:.1f}"])
+    finally:
+        r.config_set("slowlog-log-slower-than", old.get("slowlog-log-slower-than", 10000))
+        r.config_set("slowlog-max-len", old.get("slowlog-max-len", 128))
+        r.close()
+        if server is not None:
+            server.stop()
+    headers = ["phase", "script calls", "server ms", "µs/member", "max call ms",
+               "server CPU ms"]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+    ratio = per_member[1000] / per_member[100]
+    worst = max(float(row[4]) for row in rows)
+    print(f"\nper-member ratio 1000/100: {ratio:.2f} (target <= 1.3); "
+          f"longest call {worst:.2f} ms (target <= {TARGET_MAX_CALL_MS} ms); "
+          f"load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
