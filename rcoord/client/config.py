@@ -65,6 +65,10 @@ class ConsumerGroupConfig:
         group_instance_id: makes the member static (KIP-345): it keeps its partitions across
             a restart within the session timeout, and it does not send LeaveGroup on close.
         client_id: prefix of the member id the coordinator hands out.
+        client_rack: the rack (zone) this member runs in (Kafka ``client.rack``). Sent in the
+            subscription; rack-aware assignors (``range``, ``sticky``, ``cooperative-sticky``
+            per KIP-881, ``rack-affinity``) prefer partitions held in the same rack, where the
+            racks of the Redis nodes are declared with ``rcoord.topics.set_node_racks``.
         redis_url: ``redis://host:port/db``; a cluster is detected and used as one.
         redis_client: an existing ``redis.Redis`` or ``redis.RedisCluster`` created with
             ``decode_responses=False``, used instead of ``redis_url``. The group does not close it.
@@ -88,6 +92,7 @@ class ConsumerGroupConfig:
     start_offset: StartOffset = "earliest"
     group_instance_id: str | None = None
     client_id: str = "rcoord"
+    client_rack: str | None = None
     redis_url: str | None = None
     redis_client: Any = field(default=None, compare=False, repr=False)
     namespace: str = "rcoord"

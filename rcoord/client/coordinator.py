@@ -19,6 +19,7 @@ from ..protocol.join import JoinGroupResult
 from ..protocol.leave import LeaveGroupResult, MemberIdentity
 from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from ..protocol.sync import SyncGroupResult
+from ..topics import racks as _racks
 from ..topics.times import OffsetAndTimestamp
 from ..topics.times import offsets_for_times as _offsets_for_times
 
@@ -90,6 +91,10 @@ class Coordinator(Protocol):
         """Partition count of each existing topic; unknown topics are left out."""
         ...
 
+    def partition_racks(self, counts: Mapping[str, int]) -> dict[TopicPartition, set[str]]:
+        """The racks holding each partition (``rcoord.topics.racks``); {} when none declared."""
+        ...
+
     def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, log end offset) of a partition."""
         ...
@@ -133,6 +138,10 @@ class RedisCoordinator(GroupCoordinator):
                 if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
                     raise
         return out
+
+    @translate_redis_errors
+    def partition_racks(self, counts: Mapping[str, int]) -> dict[TopicPartition, set[str]]:
+        return _racks.partition_racks(self._redis, self._ns, counts)
 
     def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return _topics.log_offsets(self._redis, self._ns, topic, partition)

@@ -26,6 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from .. import topics as _topics
 from ..assignors import (
@@ -97,7 +98,8 @@ def join_generation(
     subscribed = set(cfg.topics)
     owned = sorted(tp for tp in owned if tp.topic in subscribed)
     metadata = ConsumerProtocolSubscription(
-        cfg.topics, owned_partitions=owned, generation_id=owned_generation if owned else -1
+        cfg.topics, owned_partitions=owned, generation_id=owned_generation if owned else -1,
+        rack=cfg.client_rack,
     ).encode()
     protocols = [(a.name, metadata) for a in assignors]
     while True:
@@ -225,10 +227,15 @@ def leader_assignment(
     topics = sorted({t for sub in subscriptions.values() for t in sub.topics})
     counts = retry(lambda: coordinator.partition_counts(topics), None)
     order = kafka_member_order((m.member_id, m.group_instance_id) for m in joined.members)
-    if _takes_member_order(assignor):
-        plan = assignor.assign(subscriptions, counts, member_order=order)  # type: ignore[call-arg]
-    else:
-        plan = assignor.assign(subscriptions, counts)
+    extra: dict[str, Any] = {}
+    if _takes(assignor, "member_order"):
+        extra["member_order"] = order
+    racks_of = getattr(coordinator, "partition_racks", None)
+    if (_takes(assignor, "partition_racks") and racks_of is not None
+            and any(sub.rack for sub in subscriptions.values())):
+        # Only when some member says where it runs: the racks cost a read per rebalance.
+        extra["partition_racks"] = retry(lambda: racks_of(counts), None)
+    plan = assignor.assign(subscriptions, counts, **extra)
     log.debug("group %r: %s assignment %s", group_id, name, plan)
     if protocol is RebalanceProtocol.COOPERATIVE:
         owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
@@ -315,8 +322,9 @@ def start_offsets(
     return offsets, committed
 
 
-def _takes_member_order(assignor: Assignor) -> bool:
+def _takes(assignor: Assignor, keyword: str) -> bool:
+    """Whether the assignor's ``assign`` accepts ``keyword`` (plug-ins may not)."""
     try:
-        return "member_order" in inspect.signature(assignor.assign).parameters
+        return keyword in inspect.signature(assignor.assign).parameters
     except (TypeError, ValueError):
         return False

@@ -50,6 +50,7 @@ from ._base import (
 from .admin import Topics
 from .fetch import fetch, log_offsets, resolve_offset
 from .producer import Producer
+from .racks import node_racks, partition_racks, set_node_racks
 from .times import OffsetAndTimestamp, offsets_for_times
 
 __all__ = [
@@ -66,6 +67,9 @@ __all__ = [
     "log_offsets",
     "resolve_offset",
     "offsets_for_times",
+    "node_racks",
+    "partition_racks",
+    "set_node_racks",
     "OffsetAndTimestamp",
     "partition_key",
     "meta_key",

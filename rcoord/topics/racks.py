@@ -1,0 +1,76 @@
+"""Where a partition's data lives, by rack: what rack-aware assignors need (KIP-881).
+
+In Kafka a partition's racks are the ``broker.rack`` of the brokers holding its replicas, and a
+consumer with ``client.rack`` prefers partitions with a replica in its own rack, so it reads
+from a nearby broker. In rcoord a partition is a stream on one Redis master, copied to that
+master's replicas, and Redis nodes have no notion of a rack. So the operator declares one: the
+namespace hash ``<ns>:node-racks`` maps a node's address (``host:port``, as the cluster reports
+it, or as the client connects to a single server) to its rack (``set_node_racks``). A
+partition's racks are then the racks of the master that owns its slot and of that master's
+replicas. Nodes not in the map have no rack; with no map at all, no partition has racks and
+the assignors behave exactly as without rack awareness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..protocol.offsets import TopicPartition
+from ._base import partition_key
+
+__all__ = ["node_racks", "node_racks_key", "partition_racks", "set_node_racks"]
+
+
+def node_racks_key(namespace: str) -> str:
+    """The namespace's node -> rack hash."""
+    return f"{namespace}:node-racks"
+
+
+def set_node_racks(client: Any, namespace: str, racks: Mapping[str, str]) -> None:
+    """Declare the rack of each Redis node (``{"host:port": "rack"}``), replacing the map."""
+    for node, rack in racks.items():
+        host, sep, port = node.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"node must be 'host:port', got {node!r}")
+        if not isinstance(rack, str) or not rack:
+            raise ValueError(f"rack of {node!r} must be a non-empty str, got {rack!r}")
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(node_racks_key(namespace))
+    if racks:
+        pipe.hset(node_racks_key(namespace), mapping=dict(racks))
+    pipe.execute()
+
+
+def node_racks(client: Any, namespace: str) -> dict[str, str]:
+    """The declared node -> rack map ({} when none is declared)."""
+    raw = client.hgetall(node_racks_key(namespace))
+    return {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+            for k, v in raw.items()}
+
+
+def _holders(client: Any, key: str) -> list[str]:
+    """Addresses of the nodes holding ``key``: its slot's master and replicas (a cluster), or
+    the one server the client talks to."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:
+        nodes = manager.slots_cache.get(client.keyslot(key), [])
+        return [f"{n.host}:{n.port}" for n in nodes]
+    kwargs = client.connection_pool.connection_kwargs
+    return [f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"]
+
+
+def partition_racks(
+    client: Any, namespace: str, partitions_per_topic: Mapping[str, int]
+) -> dict[TopicPartition, set[str]]:
+    """The racks holding each partition of these topics ({} when no rack is declared)."""
+    racks = node_racks(client, namespace)
+    if not racks:
+        return {}
+    out: dict[TopicPartition, set[str]] = {}
+    for topic, count in partitions_per_topic.items():
+        for p in range(count):
+            held = {racks[n] for n in _holders(client, partition_key(namespace, topic, p))
+                    if n in racks}
+            out[TopicPartition(topic, p)] = held
+    return out
