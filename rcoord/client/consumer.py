@@ -178,7 +178,7 @@ class Consumer(SubscriptionMixin):
         # subscribe() gives the consumer a group; assign() gives it partitions and no group.
         self._group: ConsumerGroup | None = None
         self._assigned_manually = False
-        if config.topics:
+        if config.topics or config.topic_pattern is not None:
             self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
         self._listener = listener if listener is not None else ConsumerRebalanceListener()
         self._auto_commit = bool(enable_auto_commit)
@@ -747,6 +747,10 @@ class Consumer(SubscriptionMixin):
             return False
         if result.error is not Errors.NONE:
             log.debug("fetch of %s-%d: %s", tp.topic, tp.partition, result.error.name)
+            if result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                # Deleted under us: the next rebalance drops it (a pattern subscription's
+                # watcher notices); until then, ask again only after a backoff.
+                self._stop.wait(self._config.retry_backoff_ms / 1000)
             return False
         if not result.records:
             return False

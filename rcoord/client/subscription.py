@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -72,14 +73,35 @@ class SubscriptionMixin:
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool) -> None: ...
 
-    def subscribe(self, topics: Sequence[str], listener: Any = None) -> None:
-        """Join the group for ``topics`` (Kafka's ``subscribe``); the group assigns partitions.
+    def subscribe(
+        self,
+        topics: Sequence[str] | None = None,
+        listener: Any = None,
+        *,
+        pattern: re.Pattern[str] | None = None,
+    ) -> None:
+        """Join the group for ``topics``, or for every topic whose whole name matches
+        ``pattern`` (Kafka's ``subscribe``); the group assigns partitions.
 
-        Replaces an earlier subscription (its partitions are revoked first, committing with
-        auto-commit). Raises ``IllegalStateError`` after ``assign()`` (Kafka does; call
-        ``unsubscribe()`` first).
+        A pattern subscription follows the topics: the member joins with the topics the pattern
+        matches now and rejoins, so the group rebalances, when a topic that matches is created
+        or deleted (checked every ``partition_watch_interval_ms``).
+
+        Replaces an earlier subscription of the same kind (its partitions are revoked first,
+        committing with auto-commit). Raises ``IllegalStateError`` after ``assign()``, on a
+        consumer subscribed by topics when given a pattern or the other way round, and when
+        given both (Kafka's subscription types are mutually exclusive; call ``unsubscribe()``
+        first).
         """
-        names = [topics] if isinstance(topics, str) else list(topics)
+        if topics is not None and pattern is not None:
+            raise IllegalStateError(
+                "subscribe() with both topics and a pattern: subscribe to one or the other"
+            )
+        if pattern is not None and (
+            not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str)
+        ):
+            raise TypeError(f"pattern must be a compiled str pattern (re.compile), got {pattern!r}")
+        names = [] if topics is None else [topics] if isinstance(topics, str) else list(topics)
         with self._lock:
             self._check_open()
             if self._assigned_manually:
@@ -87,13 +109,26 @@ class SubscriptionMixin:
                     "subscribe() after assign(): a consumer either subscribes (the group assigns "
                     "its partitions) or assigns partitions itself; call unsubscribe() first"
                 )
-            if not names:
+            if self._group is not None and (pattern is None) != (
+                self._config.topic_pattern is None
+            ):
+                now = "a pattern" if self._config.topic_pattern is not None else "topics"
+                raise IllegalStateError(
+                    f"subscribe() by {'pattern' if pattern is not None else 'topics'} on a "
+                    f"consumer subscribed by {now}: a consumer subscribes by topics or by "
+                    "pattern, not both; call unsubscribe() first"
+                )
+            if not names and pattern is None:
                 self.unsubscribe()
                 return
-            config = dataclasses.replace(self._config, topics=names)
+            config = dataclasses.replace(self._config, topics=names, topic_pattern=pattern)
             if listener is not None:
                 self._listener = listener
-            if self._group is not None and tuple(config.topics) == tuple(self._config.topics):
+            if (
+                self._group is not None
+                and tuple(config.topics) == tuple(self._config.topics)
+                and config.topic_pattern == self._config.topic_pattern
+            ):
                 return
             self._leave_group()
             self._config = config
