@@ -34,11 +34,15 @@ class ConsumerGroupConfig:
     """Settings of one group member. Only ``group_id``, ``topics`` and Redis are required.
 
     ``topics`` may be empty only for a ``Consumer`` that calls ``subscribe()`` or ``assign()``
-    later; a ``ConsumerGroup`` needs at least one topic.
+    later, or when ``topic_pattern`` is set; a ``ConsumerGroup`` needs one of the two.
 
     Attributes:
         group_id: the consumer group (kafka-go ``ID``).
         topics: topics to consume; stored as a tuple without duplicates, in the given order.
+        topic_pattern: instead of ``topics``, a compiled ``re.Pattern``: the member subscribes
+            to every topic whose whole name matches it (Kafka's ``subscribe(Pattern)``), checked
+            at each join and every ``partition_watch_interval_ms``, so topics created or deleted
+            later are picked up or dropped by a rebalance.
         assignors: assignment strategies offered in JoinGroup, most preferred first (kafka-go
             ``GroupBalancers``). Names registered with ``rcoord.assignors.register_assignor``, or
             ``Assignor`` objects. The coordinator picks the one every member supports that most
@@ -46,7 +50,8 @@ class ConsumerGroupConfig:
         heartbeat_interval_ms: time between heartbeats (kafka-go ``HeartbeatInterval``). Must be
             at most a third of the session timeout, so two lost beats do not expire the member.
         partition_watch_interval_ms: how often the leader reads the partition counts of the
-            subscribed topics (kafka-go ``PartitionWatchInterval``).
+            subscribed topics (kafka-go ``PartitionWatchInterval``), and how often a member
+            with a ``topic_pattern`` lists the topics again.
         watch_partition_changes: whether the leader watches at all (kafka-go
             ``WatchPartitionChanges``; rcoord defaults it on).
         session_timeout_ms: a member that does not heartbeat for this long is removed
@@ -81,6 +86,7 @@ class ConsumerGroupConfig:
 
     group_id: str
     topics: Sequence[str]
+    topic_pattern: re.Pattern[str] | None = None
     assignors: Sequence[str | Assignor] = ("range", "roundrobin")
     heartbeat_interval_ms: int = 3000
     partition_watch_interval_ms: int = 5000
@@ -120,6 +126,19 @@ class ConsumerGroupConfig:
             if not isinstance(topic, str) or not topic:
                 raise ConfigError(f"topics must hold non-empty str names, got {topic!r}")
             _coordinator_id("topic", topic)
+        if self.topic_pattern is not None:
+            if not isinstance(self.topic_pattern, re.Pattern) or not isinstance(
+                self.topic_pattern.pattern, str
+            ):
+                raise ConfigError(
+                    "topic_pattern must be a compiled str pattern (re.compile(...)) or None, "
+                    f"got {self.topic_pattern!r}"
+                )
+            if self.topics:
+                raise ConfigError(
+                    "topics and topic_pattern are mutually exclusive: subscribe to a list of "
+                    "topics or to a pattern, not both"
+                )
         self.resolved_assignors()  # raises ConfigError naming 'assignors'
         for name in (
             "heartbeat_interval_ms",

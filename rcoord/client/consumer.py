@@ -43,17 +43,16 @@ A ``Consumer`` is meant for one thread; ``close()`` may be called from another o
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from ..errors import ConfigError, ConnectionLost, Errors, ProtocolError, RcoordError
+from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
@@ -62,8 +61,8 @@ from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import CommitFailedError, GenerationEndedError, IllegalStateError
 from .generation import Generation, GenerationContext
 from .group import ConsumerGroup
-from .join import start_offsets
-from .retry import call_with_retries
+from .polltimer import PollTimer
+from .subscription import SubscriptionMixin
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
@@ -136,7 +135,7 @@ class _Hold:
             )
 
 
-class Consumer:
+class Consumer(SubscriptionMixin):
     """Records from the partitions a consumer group assigns to this member.
 
     Arguments besides ``config``:
@@ -179,7 +178,7 @@ class Consumer:
         # subscribe() gives the consumer a group; assign() gives it partitions and no group.
         self._group: ConsumerGroup | None = None
         self._assigned_manually = False
-        if config.topics:
+        if config.topics or config.topic_pattern is not None:
             self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
         self._listener = listener if listener is not None else ConsumerRebalanceListener()
         self._auto_commit = bool(enable_auto_commit)
@@ -198,12 +197,9 @@ class Consumer:
         self._committed: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
-        self._max_poll_interval_s = max_poll_interval_ms / 1000
-        self._poll_state = threading.Lock()  # guards the three below, shared with the watchdog
-        self._last_poll = time.monotonic()
-        self._in_poll = False
-        self._poll_expired = False
-        self._watchdog: threading.Thread | None = None
+        self._poll_timer = PollTimer(
+            config.group_id, max_poll_interval_ms, lambda: self._group, self._stop
+        )
         self._next_auto_commit = 0.0
         self._drain_turn = 0
         self._block_turn = 0
@@ -353,124 +349,6 @@ class Consumer:
             out[tp] = max(0, end - self._position.get(tp, end))
         return out
 
-    # -- subscribe or assign
-
-    def subscribe(self, topics: Sequence[str], listener: Any = None) -> None:
-        """Join the group for ``topics`` (Kafka's ``subscribe``); the group assigns partitions.
-
-        Replaces an earlier subscription (its partitions are revoked first, committing with
-        auto-commit). Raises ``IllegalStateError`` after ``assign()`` (Kafka does; call
-        ``unsubscribe()`` first).
-        """
-        names = [topics] if isinstance(topics, str) else list(topics)
-        with self._lock:
-            self._check_open()
-            if self._assigned_manually:
-                raise IllegalStateError(
-                    "subscribe() after assign(): a consumer either subscribes (the group assigns "
-                    "its partitions) or assigns partitions itself; call unsubscribe() first"
-                )
-            if not names:
-                self.unsubscribe()
-                return
-            config = dataclasses.replace(self._config, topics=names)
-            if listener is not None:
-                self._listener = listener
-            if self._group is not None and tuple(config.topics) == tuple(self._config.topics):
-                return
-            self._leave_group()
-            self._config = config
-            self._group = ConsumerGroup(
-                config, coordinator=self._coordinator_arg, acknowledge="by_caller"
-            )
-            with self._poll_state:
-                self._poll_expired = False
-                self._last_poll = time.monotonic()
-
-    def assign(self, partitions: Sequence[TopicPartition]) -> None:
-        """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
-
-        No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
-        committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
-        the previous ``assign()`` keeps its position. Commits go to ``group_id`` as a simple
-        group (no member id, generation -1): the coordinator accepts them only while the group
-        has no members, else they raise ``CommitFailedError``. Raises ``IllegalStateError`` on
-        a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
-        """
-        wanted = sorted({TopicPartition(*tp) for tp in partitions})
-        with self._lock:
-            self._check_open()
-            if self._group is not None:
-                raise IllegalStateError(
-                    "assign() on a subscribed consumer: the group assigns its partitions; call "
-                    "unsubscribe() first"
-                )
-            if not wanted:
-                self.unsubscribe()
-                return
-            before = set(self._assigned)
-            removed = before - set(wanted)
-            added = [tp for tp in wanted if tp not in before]
-            if removed and self._assigned_manually and self._auto_commit:
-                self._auto_commit_now()
-            coord = self._coordinator()
-            offsets, committed = start_offsets(
-                added,
-                coord,
-                self._config,
-                lambda call, error_of: call_with_retries(
-                    call, error_of, config=self._config, closing=self._stop
-                ),
-            )
-            for tp in removed:
-                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
-                    table.pop(tp, None)
-                self._paused.discard(tp)
-            for tp in added:
-                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
-                self._buffers[tp] = deque()
-                if tp in committed:
-                    self._committed[tp] = committed[tp]
-            self._assigned = wanted
-            self._assigned_manually = True
-            self._next_auto_commit = time.monotonic() + self._auto_commit_s
-
-    def unsubscribe(self) -> None:
-        """Give up every partition: leave the group (revoking, with a final auto-commit), or
-        forget the ``assign()``ed partitions (auto-committing their positions)."""
-        with self._lock:
-            self._check_open()
-            if self._assigned_manually:
-                if self._auto_commit:
-                    self._auto_commit_now()
-                self._assigned_manually = False
-                self._assigned, self._paused = [], set()
-                self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
-            self._leave_group()
-
-    def _auto_commit_now(self) -> None:
-        target = self._commit_target()
-        if target is None:
-            return
-        try:
-            self._commit_changed(target[0])
-        except RcoordError as exc:
-            log.warning("auto-commit failed: %s", exc)
-
-    def _leave_group(self) -> None:
-        """Revoke the current generation's partitions and close the group, if there is one."""
-        group = self._group
-        if group is None:
-            return
-        self._await_committer()
-        self._run_commit_callbacks()
-        try:
-            if self._gen is not None:
-                self._revoke(lost=self._gen.lost)
-        finally:
-            group.close()
-            self._group = None
-
     # -- the poll loop
 
     def poll(
@@ -488,13 +366,11 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
-            self._poll_started()
+            self._poll_timer.poll_started()
             try:
                 return self._poll(deadline, limit)
             finally:
-                with self._poll_state:
-                    self._in_poll = False
-                    self._last_poll = time.monotonic()
+                self._poll_timer.poll_finished()
 
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
@@ -525,51 +401,6 @@ class Consumer:
                 return records
             if not self._fetch(deadline) and _expired(deadline):
                 return []
-
-    # -- liveness apart from progress (Kafka's max.poll.interval.ms)
-
-    def _poll_started(self) -> None:
-        with self._poll_state:
-            self._in_poll = True
-            self._last_poll = time.monotonic()
-            expired, self._poll_expired = self._poll_expired, False
-        if expired:
-            log.info("group %r: polling again; rejoining", self._config.group_id)
-            if self._group is not None:
-                self._group.resume()
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(
-                target=self._watch_polls,
-                name=f"rcoord-{self._config.group_id}-poll-timer",
-                daemon=True,
-            )
-            self._watchdog.start()
-
-    def _watch_polls(self) -> None:
-        """Leave the group when the application has not called ``poll()`` for
-        ``max_poll_interval_ms`` (the heartbeat alone does not keep a stuck consumer in)."""
-        limit = self._max_poll_interval_s
-        period = min(1.0, max(0.01, limit / 10))
-        while not self._stop.wait(period):
-            with self._poll_state:
-                idle = time.monotonic() - self._last_poll
-                if (
-                    self._in_poll
-                    or self._poll_expired
-                    or idle <= limit
-                    or self._group is None  # assign(): no membership to lose
-                ):
-                    continue
-                self._poll_expired = True
-            reason = (
-                f"consumer poll timeout has expired: poll() was not called for {idle:.1f} s "
-                f"(max_poll_interval_ms {limit * 1000:.0f}); the application is too slow "
-                "processing records, or stuck"
-            )
-            log.warning("group %r: %s; leaving the group", self._config.group_id, reason)
-            group = self._group
-            if group is not None:
-                group.leave_until_resumed(reason[:255])
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, forever (until ``close()``): ``poll()`` in a loop."""
@@ -636,42 +467,6 @@ class Consumer:
         if self._assigned_manually:
             return self._commit_simple, _SIMPLE
         return None
-
-    def _commit_simple(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
-        """OffsetCommit as a simple group (no member id, generation -1), as Kafka's consumer
-        does after ``assign()``. The coordinator accepts it only while the group has no
-        members: a group whose members commit with generations must not be overwritten."""
-        coord = self._coordinator()
-        prepared = {TopicPartition(*tp): off for tp, off in offsets.items()}
-        if not prepared:
-            return
-        group_id = self._config.group_id
-        result = call_with_retries(
-            lambda: coord.commit_offsets(
-                group_id, prepared, retention_ms=self._config.retention_ms
-            ),
-            lambda r: next((e for e in r.values() if e is not Errors.NONE), Errors.NONE),
-            config=self._config,
-            closing=self._stop,
-        )
-        failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
-        if not failed:
-            return
-        code = min(set(failed.values()))
-        if code in (Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION):
-            raise CommitFailedError(
-                f"commit refused ({code.name}): group {group_id!r} has active members, and a "
-                "consumer using assign() commits as a simple group, which the coordinator "
-                "accepts only while the group has no members. Use another group_id for "
-                "assign(), or stop the group's members first.",
-                code,
-                failed,
-            )
-        raise ProtocolError.of(
-            code,
-            f"commit to group {group_id!r} failed for "
-            + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
-        )
 
     def _wait_async_commits(self) -> None:
         """Let every queued async commit finish, then run their callbacks (Kafka's
@@ -952,6 +747,10 @@ class Consumer:
             return False
         if result.error is not Errors.NONE:
             log.debug("fetch of %s-%d: %s", tp.topic, tp.partition, result.error.name)
+            if result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                # Deleted under us: the next rebalance drops it (a pattern subscription's
+                # watcher notices); until then, ask again only after a backoff.
+                self._stop.wait(self._config.retry_backoff_ms / 1000)
             return False
         if not result.records:
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class EndReason(enum.Enum):
     MEMBER_LOST = "the coordinator no longer counts this member in the generation"
     COORDINATOR_UNREACHABLE = "the coordinator could not be reached for a session timeout"
     PARTITIONS_CHANGED = "the partition count of a subscribed topic changed"
+    SUBSCRIPTION_CHANGED = "the topics the subscription pattern matches changed"
     ROUTINE_FAILED = "a routine started with Generation.start() raised"
     PARTITIONS_REVOKED = (
         "the cooperative assignment revoked partitions; rejoining so their new owners get them"
@@ -174,6 +176,9 @@ class Generation:
         self._helpers: list[threading.Thread] = []  # the heartbeat and the watcher
         self._watch_topics: list[str] = []
         self._watch_baseline: dict[str, int] | None = None  # the counts the leader assigned
+        # A pattern subscription: the pattern, and the topics it matched when this member joined.
+        self._watch_pattern: re.Pattern[str] | None = None
+        self._watch_matched: tuple[str, ...] = ()
         # Cooperative protocol: once ended, the group decides (once) whether the partitions are
         # carried through the rejoin; the holder acknowledges that it holds exactly them.
         self._decided = threading.Event()

@@ -138,8 +138,10 @@ class ConsumerGroup:
         if acknowledge not in ("on_take", "by_caller"):
             raise ValueError(f"acknowledge must be 'on_take' or 'by_caller', got {acknowledge!r}")
         config.validate()
-        if not config.topics:
-            raise ConfigError("topics must name at least one topic to join a group with")
+        if not config.topics and config.topic_pattern is None:
+            raise ConfigError(
+                "topics must name at least one topic (or topic_pattern be set) to join a group"
+            )
         if coordinator is None and config.redis_url is None and config.redis_client is None:
             raise ConfigError("redis_url or redis_client must be set (or pass a coordinator)")
         self._config = config

@@ -1,8 +1,15 @@
-"""A generation's background threads: the heartbeat and, on the leader, the partition watcher.
+"""A generation's background threads: the heartbeat and the watcher.
 
 ``start_helpers`` starts them when a generation is handed out; they end the generation
-(``Generation._end``) when the coordinator or the partition counts say so, and stop once its
-routines have returned (the heartbeat) or it has ended (the watcher).
+(``Generation._end``) when the coordinator, the partition counts or the topics a pattern matches
+say so, and stop once its routines have returned (the heartbeat) or it has ended (the watcher).
+
+The watcher runs on the leader (partition counts of every topic the group subscribes to, as
+Kafka's leader compares its metadata snapshot with the one it assigned from) and on every member
+that subscribes by pattern (the topics its pattern matches against the set it joined with, as
+Kafka's consumer rejoins when its pattern subscription changed since the last join). A
+follower's changed subscription makes the coordinator rebalance the group, so a topic that only
+a follower's pattern matches is picked up too.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from ..errors import Errors, RcoordError
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
 from .generation import EndReason, Generation
+from .join import topics_matching
 from .policy import reaction_for
 from .retry import Retry
 
@@ -35,7 +43,7 @@ def start_helpers(
             daemon=True,
         )
     ]
-    if config.watch_partition_changes and gen.is_leader:
+    if (config.watch_partition_changes and gen.is_leader) or gen._watch_pattern is not None:
         threads.append(
             threading.Thread(
                 target=watch_partitions,
@@ -82,12 +90,19 @@ def heartbeat_loop(
 def watch_partitions(
     gen: Generation, coordinator: Coordinator, config: ConsumerGroupConfig
 ) -> None:
-    """The leader's partition watcher: end the generation when a count changes."""
+    """End the generation when a partition count changes (leader) or the topics the member's
+    pattern matches change (pattern subscription), checking every partition watch interval."""
     cfg = config
     topics = gen._watch_topics
     baseline = gen._watch_baseline
     interval = cfg.partition_watch_interval_ms / 1000
     coord = coordinator
+    counting = cfg.watch_partition_changes and gen.is_leader
+    if not counting:
+        while not gen.done.wait(interval):
+            if _pattern_changed(gen, coord, cfg):
+                return
+        return
     if baseline is None:
         try:
             baseline = _counts(coord, topics)
@@ -95,6 +110,8 @@ def watch_partitions(
             log.warning("partition watcher: reading partition counts failed: %s", exc)
             baseline = None
     while not gen.done.wait(interval):
+        if _pattern_changed(gen, coord, cfg):
+            return
         try:
             counts = _counts(coord, topics)
         except RcoordError as exc:
@@ -111,6 +128,30 @@ def watch_partitions(
             )
             gen._end(EndReason.PARTITIONS_CHANGED)
             return
+
+
+def _pattern_changed(gen: Generation, coord: Coordinator, cfg: ConsumerGroupConfig) -> bool:
+    """If ``gen``'s member subscribes by pattern and the matched topics are no longer the set it
+    joined with, end the generation (the rejoin sends the new set) and return True."""
+    pattern = gen._watch_pattern
+    if pattern is None:
+        return False
+    try:
+        matched = topics_matching(pattern, coord.list_topics())
+    except RcoordError as exc:
+        log.warning("pattern watcher: listing the topics failed: %s", exc)
+        return False
+    if matched == gen._watch_matched:
+        return False
+    log.info(
+        "group %r: pattern %r now matches %s (joined with %s); rejoining",
+        cfg.group_id,
+        pattern.pattern,
+        list(matched),
+        list(gen._watch_matched),
+    )
+    gen._end(EndReason.SUBSCRIPTION_CHANGED)
+    return True
 
 
 def _counts(coord: Coordinator, topics: list[str]) -> dict[str, int]:

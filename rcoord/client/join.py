@@ -16,6 +16,7 @@
 * ``start_offsets``: OffsetFetch for the assigned partitions; a partition without a committed
   offset starts at the ``start_offset`` policy (log start or log end).
 * ``topics_to_watch``: the topics whose partition counts the leader watches.
+* ``topics_matching``: the topics a pattern subscription stands for now.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -57,6 +59,7 @@ __all__ = [
     "leader_assignment",
     "member_assignment",
     "start_offsets",
+    "topics_matching",
     "topics_to_watch",
 ]
 
@@ -92,13 +95,23 @@ def join_generation(
     and the generation it got them in (cooperative protocol, KIP-429); they go into the
     subscription so the assignor can leave them in place, and the generation's ``added`` and
     ``revoked`` are computed against them. Under the eager protocol both are empty.
+
+    With ``config.topic_pattern`` the subscription sent is the topics the pattern matches now
+    (Kafka's ``subscribeFromPattern`` on a metadata refresh); the generation keeps the pattern
+    and that set so ``heartbeat.watch_partitions`` can see the set change.
     """
     cfg = config
     coord = coordinator
-    subscribed = set(cfg.topics)
+    pattern = cfg.topic_pattern
+    if pattern is None:
+        topics: tuple[str, ...] = tuple(cfg.topics)
+    else:
+        topics = topics_matching(pattern, retry(coord.list_topics, None))
+        log.info("group %r: pattern %r matches %s", cfg.group_id, pattern.pattern, list(topics))
+    subscribed = set(topics)
     owned = sorted(tp for tp in owned if tp.topic in subscribed)
     metadata = ConsumerProtocolSubscription(
-        cfg.topics, owned_partitions=owned, generation_id=owned_generation if owned else -1,
+        topics, owned_partitions=owned, generation_id=owned_generation if owned else -1,
         rack=cfg.client_rack,
     ).encode()
     protocols = [(a.name, metadata) for a in assignors]
@@ -185,7 +198,9 @@ def join_generation(
         owned_before=owned,
     )
     gen._watch_baseline = counts
-    gen._watch_topics = topics_to_watch(cfg.topics, joined)
+    gen._watch_topics = topics_to_watch(topics, joined)
+    gen._watch_pattern = pattern
+    gen._watch_matched = topics
     return gen
 
 
@@ -286,6 +301,12 @@ def topics_to_watch(topics: Sequence[str], joined: JoinGroupResult) -> list[str]
         except MalformedMetadataError:
             pass
     return sorted(watched)
+
+
+def topics_matching(pattern: re.Pattern[str], names: Iterable[str]) -> tuple[str, ...]:
+    """The names ``pattern`` matches as a whole (Java's ``Matcher.matches``, which Kafka's
+    pattern subscription uses), sorted: ``orders-.*`` takes ``orders-eu``, not ``old-orders-eu``."""
+    return tuple(sorted(n for n in set(names) if pattern.fullmatch(n)))
 
 
 def start_offsets(

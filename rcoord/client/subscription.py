@@ -1,0 +1,265 @@
+"""How a ``Consumer`` gets its partitions: ``subscribe`` (a group assigns them) or ``assign``
+(the application names them, no group membership), and the commit that goes with each.
+
+Kafka allows one of the two per consumer at a time (its ``SubscriptionState`` types are mutually
+exclusive), and so does this module: switching needs ``unsubscribe()`` in between. A subscribed
+consumer commits with its generation (``Generation.commit_offsets``); an assigned one commits as a
+*simple group* (``commit_as_simple_group``: no member id, generation -1), which the coordinator
+accepts only while the group has no members.
+
+``SubscriptionMixin`` holds the three public calls; ``Consumer`` inherits them. They work on the
+consumer's own state (the mixin is a part of the ``Consumer`` class, split out to keep modules
+small), so the attributes and helpers they use are declared below for the type checker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Errors, ProtocolError, RcoordError
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from .config import ConsumerGroupConfig
+from .coordinator import Coordinator
+from .errors import CommitFailedError, IllegalStateError
+from .group import ConsumerGroup
+from .join import start_offsets
+from .polltimer import PollTimer
+from .retry import call_with_retries
+
+if TYPE_CHECKING:
+    from .consumer import ConsumerRecord, _CommitFn
+
+__all__ = ["SubscriptionMixin", "commit_as_simple_group"]
+
+log = logging.getLogger("rcoord.client")
+
+
+class SubscriptionMixin:
+    """``subscribe``, ``assign`` and ``unsubscribe`` of ``Consumer``."""
+
+    if TYPE_CHECKING:
+        # The Consumer state these calls read and change (set in Consumer.__init__).
+        _config: ConsumerGroupConfig
+        _coordinator_arg: Coordinator | None
+        _group: ConsumerGroup | None
+        _assigned_manually: bool
+        _listener: Any
+        _lock: threading.RLock
+        _auto_commit: bool
+        _auto_commit_s: float
+        _next_auto_commit: float
+        _assigned: list[TopicPartition]
+        _paused: set[TopicPartition]
+        _position: dict[TopicPartition, int]
+        _fetch_pos: dict[TopicPartition, int]
+        _committed: dict[TopicPartition, int]
+        _buffers: dict[TopicPartition, deque[ConsumerRecord]]
+        _gen: Any
+        _stop: threading.Event
+        _poll_timer: PollTimer
+
+        def _check_open(self) -> None: ...
+        def _coordinator(self) -> Coordinator: ...
+        def _commit_target(self) -> tuple[_CommitFn, object] | None: ...
+        def _commit_changed(self, commit: _CommitFn) -> None: ...
+        def _await_committer(self) -> None: ...
+        def _run_commit_callbacks(self) -> None: ...
+        def _revoke(self, *, lost: bool) -> None: ...
+
+    def subscribe(
+        self,
+        topics: Sequence[str] | None = None,
+        listener: Any = None,
+        *,
+        pattern: re.Pattern[str] | None = None,
+    ) -> None:
+        """Join the group for ``topics``, or for every topic whose whole name matches
+        ``pattern`` (Kafka's ``subscribe``); the group assigns partitions.
+
+        A pattern subscription follows the topics: the member joins with the topics the pattern
+        matches now and rejoins, so the group rebalances, when a topic that matches is created
+        or deleted (checked every ``partition_watch_interval_ms``).
+
+        Replaces an earlier subscription of the same kind (its partitions are revoked first,
+        committing with auto-commit). Raises ``IllegalStateError`` after ``assign()``, on a
+        consumer subscribed by topics when given a pattern or the other way round, and when
+        given both (Kafka's subscription types are mutually exclusive; call ``unsubscribe()``
+        first).
+        """
+        if topics is not None and pattern is not None:
+            raise IllegalStateError(
+                "subscribe() with both topics and a pattern: subscribe to one or the other"
+            )
+        if pattern is not None and (
+            not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str)
+        ):
+            raise TypeError(f"pattern must be a compiled str pattern (re.compile), got {pattern!r}")
+        names = [] if topics is None else [topics] if isinstance(topics, str) else list(topics)
+        with self._lock:
+            self._check_open()
+            if self._assigned_manually:
+                raise IllegalStateError(
+                    "subscribe() after assign(): a consumer either subscribes (the group assigns "
+                    "its partitions) or assigns partitions itself; call unsubscribe() first"
+                )
+            if self._group is not None and (pattern is None) != (
+                self._config.topic_pattern is None
+            ):
+                now = "a pattern" if self._config.topic_pattern is not None else "topics"
+                raise IllegalStateError(
+                    f"subscribe() by {'pattern' if pattern is not None else 'topics'} on a "
+                    f"consumer subscribed by {now}: a consumer subscribes by topics or by "
+                    "pattern, not both; call unsubscribe() first"
+                )
+            if not names and pattern is None:
+                self.unsubscribe()
+                return
+            config = dataclasses.replace(self._config, topics=names, topic_pattern=pattern)
+            if listener is not None:
+                self._listener = listener
+            if (
+                self._group is not None
+                and tuple(config.topics) == tuple(self._config.topics)
+                and config.topic_pattern == self._config.topic_pattern
+            ):
+                return
+            self._leave_group()
+            self._config = config
+            self._group = ConsumerGroup(
+                config, coordinator=self._coordinator_arg, acknowledge="by_caller"
+            )
+            self._poll_timer.reset(config.group_id)
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
+
+        No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
+        committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
+        the previous ``assign()`` keeps its position. Commits go to ``group_id`` as a simple
+        group (no member id, generation -1): the coordinator accepts them only while the group
+        has no members, else they raise ``CommitFailedError``. Raises ``IllegalStateError`` on
+        a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
+        """
+        wanted = sorted({TopicPartition(*tp) for tp in partitions})
+        with self._lock:
+            self._check_open()
+            if self._group is not None:
+                raise IllegalStateError(
+                    "assign() on a subscribed consumer: the group assigns its partitions; call "
+                    "unsubscribe() first"
+                )
+            if not wanted:
+                self.unsubscribe()
+                return
+            before = set(self._assigned)
+            removed = before - set(wanted)
+            added = [tp for tp in wanted if tp not in before]
+            if removed and self._assigned_manually and self._auto_commit:
+                self._auto_commit_now()
+            coord = self._coordinator()
+            offsets, committed = start_offsets(
+                added,
+                coord,
+                self._config,
+                lambda call, error_of: call_with_retries(
+                    call, error_of, config=self._config, closing=self._stop
+                ),
+            )
+            for tp in removed:
+                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                    table.pop(tp, None)
+                self._paused.discard(tp)
+            for tp in added:
+                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                self._buffers[tp] = deque()
+                if tp in committed:
+                    self._committed[tp] = committed[tp]
+            self._assigned = wanted
+            self._assigned_manually = True
+            self._next_auto_commit = time.monotonic() + self._auto_commit_s
+
+    def unsubscribe(self) -> None:
+        """Give up every partition: leave the group (revoking, with a final auto-commit), or
+        forget the ``assign()``ed partitions (auto-committing their positions)."""
+        with self._lock:
+            self._check_open()
+            if self._assigned_manually:
+                if self._auto_commit:
+                    self._auto_commit_now()
+                self._assigned_manually = False
+                self._assigned, self._paused = [], set()
+                self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
+            self._leave_group()
+
+    def _auto_commit_now(self) -> None:
+        target = self._commit_target()
+        if target is None:
+            return
+        try:
+            self._commit_changed(target[0])
+        except RcoordError as exc:
+            log.warning("auto-commit failed: %s", exc)
+
+    def _leave_group(self) -> None:
+        """Revoke the current generation's partitions and close the group, if there is one."""
+        group = self._group
+        if group is None:
+            return
+        self._await_committer()
+        self._run_commit_callbacks()
+        try:
+            if self._gen is not None:
+                self._revoke(lost=self._gen.lost)
+        finally:
+            group.close()
+            self._group = None
+
+    def _commit_simple(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+        commit_as_simple_group(self._coordinator(), self._config, offsets, self._stop)
+
+
+def commit_as_simple_group(
+    coordinator: Coordinator,
+    config: ConsumerGroupConfig,
+    offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+    closing: threading.Event,
+) -> None:
+    """OffsetCommit as a simple group (no member id, generation -1), as Kafka's consumer does
+    after ``assign()``. The coordinator accepts it only while the group has no members: a group
+    whose members commit with generations must not be overwritten. Raises ``CommitFailedError``
+    when refused for that reason, ``ProtocolError`` for any other error."""
+    prepared = {TopicPartition(*tp): off for tp, off in offsets.items()}
+    if not prepared:
+        return
+    group_id = config.group_id
+    result = call_with_retries(
+        lambda: coordinator.commit_offsets(group_id, prepared, retention_ms=config.retention_ms),
+        lambda r: next((e for e in r.values() if e is not Errors.NONE), Errors.NONE),
+        config=config,
+        closing=closing,
+    )
+    failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
+    if not failed:
+        return
+    code = min(set(failed.values()))
+    if code in (Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION):
+        raise CommitFailedError(
+            f"commit refused ({code.name}): group {group_id!r} has active members, and a "
+            "consumer using assign() commits as a simple group, which the coordinator "
+            "accepts only while the group has no members. Use another group_id for "
+            "assign(), or stop the group's members first.",
+            code,
+            failed,
+        )
+    raise ProtocolError.of(
+        code,
+        f"commit to group {group_id!r} failed for "
+        + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
+    )
