@@ -32,22 +32,23 @@ from typing import Any, TypeVar
 import redis.exceptions
 
 __all__ = [
-    "Errors",
-    "RcoordError",
     "ConfigError",
-    "InvalidRequestError",
     "ConnectionLost",
-    "MissingPermissionError",
-    "ScriptError",
-    "IllegalStateError",
-    "ProtocolError",
-    "UnknownMemberIdError",
-    "IllegalGenerationError",
-    "RebalanceInProgressError",
-    "FencedInstanceIdError",
     "CoordinatorNotAvailableError",
+    "Errors",
+    "FencedInstanceIdError",
+    "IllegalGenerationError",
+    "IllegalStateError",
+    "InvalidRequestError",
+    "MissingPermissionError",
     "NotCoordinatorError",
+    "ProtocolError",
+    "RcoordError",
+    "RebalanceInProgressError",
+    "ScriptError",
+    "UnknownMemberIdError",
     "raise_for_script_error",
+    "reraise_as_rcoord",
     "translate_redis_errors",
 ]
 
@@ -237,6 +238,23 @@ def raise_for_script_error(exc: redis.exceptions.ResponseError) -> None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def reraise_as_rcoord(name: str, exc: BaseException) -> None:
+    """Raise the rcoord exception for a redis-py one, if it has one (else return).
+
+    Shared by the blocking boundary (``translate_redis_errors``) and the asyncio one.
+    """
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        raise ConnectionLost(f"{name}: {exc}") from exc
+    if isinstance(exc, redis.exceptions.ClusterError):
+        # redis-py gives up on a slot after a bounded number of redirections: "TTL
+        # exhausted" when a multi-key script keeps meeting TRYAGAIN while its slot migrates
+        # (its keys are split between two masters), CLUSTERDOWN while the cluster fails
+        # over. The script did not run; the slot will settle, so it is worth a retry.
+        raise ConnectionLost(f"{name}: slot unavailable for now ({exc})") from exc
+    if isinstance(exc, redis.exceptions.ResponseError):
+        raise_for_script_error(exc)
+
+
 def translate_redis_errors(fn: F) -> F:
     """The single boundary where redis-py exceptions become rcoord exceptions."""
 
@@ -244,16 +262,8 @@ def translate_redis_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise ConnectionLost(f"{fn.__name__}: {exc}") from exc
-        except redis.exceptions.ClusterError as exc:
-            # redis-py gives up on a slot after a bounded number of redirections: "TTL
-            # exhausted" when a multi-key script keeps meeting TRYAGAIN while its slot migrates
-            # (its keys are split between two masters), CLUSTERDOWN while the cluster fails
-            # over. The script did not run; the slot will settle, so it is worth a retry.
-            raise ConnectionLost(f"{fn.__name__}: slot unavailable for now ({exc})") from exc
-        except redis.exceptions.ResponseError as exc:
-            raise_for_script_error(exc)
+        except redis.exceptions.RedisError as exc:
+            reraise_as_rcoord(fn.__name__, exc)
             raise
 
     return wrapper  # type: ignore[return-value]

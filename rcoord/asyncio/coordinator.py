@@ -15,7 +15,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import redis.exceptions
 
 from ..config import CoordinatorConfig
-from ..errors import ConfigError, ConnectionLost, raise_for_script_error
+from ..errors import ConfigError, reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import Scripts
 from ..steps import GroupSteps, block_limit, present_as
@@ -30,10 +30,8 @@ async def _translated(name: str, call: Coroutine[Any, Any, R]) -> R:
     """The asyncio twin of ``errors.translate_redis_errors``: the one exception boundary."""
     try:
         return await call
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise ConnectionLost(f"{name}: {exc}") from exc
-    except redis.exceptions.ResponseError as exc:
-        raise_for_script_error(exc)
+    except redis.exceptions.RedisError as exc:
+        reraise_as_rcoord(name, exc)
         raise
 
 
