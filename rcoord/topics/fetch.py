@@ -4,33 +4,49 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import redis.exceptions
+
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ._base import (
-    FETCH,
     OFFSETS,
     FetchResult,
     TopicError,
     _check_client,
     _check_int,
     _check_topic,
-    _decode_entry,
     _name,
     _offset_id,
     _run,
     partition_key,
 )
+from ._decode import decode_entries, log_offsets_of
 
 # -- fetching ---------------------------------------------------------------------------------
 
 
 def _fetch_once(client: Any, key: str, offset: int, max_records: int) -> FetchResult:
-    (res,) = _run(client, [(FETCH, [key], [offset, _offset_id(offset), max_records])])
-    return FetchResult(
-        records=[_decode_entry(e) for e in res[3]],
-        log_start_offset=int(res[1]),
-        log_end_offset=int(res[2]),
-        error=_name(res[0]),
-    )
+    """One MULTI/EXEC on the partition's stream: XINFO STREAM (log offsets), then XRANGE.
+
+    Both commands name the same key, so in a cluster the transaction runs on the partition's
+    node like a script did, and MULTI/EXEC makes the records and the log offsets one instant.
+    XINFO STREAM fails on a missing key (or one that is not a stream): the partition does not
+    exist. The checks run on the reply, so the server does only the two reads; records XRANGE
+    returned for an offset outside the log are dropped.
+    """
+    pipe = client.pipeline(transaction=True)
+    pipe.xinfo_stream(key)
+    pipe.xrange(key, _offset_id(offset), "+", count=max_records)
+    info, entries = pipe.execute(raise_on_error=False)
+    if isinstance(info, redis.exceptions.ResponseError):
+        return FetchResult([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+    if isinstance(info, Exception):
+        raise info
+    if isinstance(entries, Exception):
+        raise entries
+    start, end = log_offsets_of(info)
+    if offset < start or offset > end:
+        return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
+    return FetchResult(decode_entries(entries), start, end, Errors.NONE)
 
 
 @translate_redis_errors
@@ -48,7 +64,7 @@ def fetch(
     ``offset`` may be anything from the log start to the log end inclusive (the end gives no
     records); anything else answers OFFSET_OUT_OF_RANGE with the current log offsets, so the
     caller can apply its reset policy (``resolve_offset``). Records and log offsets are read
-    in one script, so they describe the same instant.
+    in one MULTI/EXEC (XINFO STREAM, XRANGE), so they describe the same instant.
 
     With ``block_ms`` > 0 and no records at ``offset``, waits up to ``block_ms`` for one
     (Kafka's ``fetch.max.wait.ms``) with ``XREAD BLOCK`` from the id just before ``offset``:
