@@ -39,10 +39,10 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-import consume  # noqa: E402  (bench/consume.py: the one-worker run)
+import consume  # bench/consume.py: the one-worker run
 
-from rcoord.client.group import client_from_url  # noqa: E402
-from rcoord.topics import Producer, ProducerRecord, Topics, fetch, partition_key  # noqa: E402
+from rcoord.client.group import client_from_url
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch, partition_key
 
 TOPIC = "read-path"
 PARTITIONS = 12
