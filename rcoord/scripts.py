@@ -36,7 +36,7 @@ INCLUDES: dict[str, tuple[str, ...]] = {
     "heartbeat": ("clock", "deadline_index"),
     "due_groups": ("clock",),
     **{f"topic_{n}": ("clock", "topic_common") for n in (
-        "append", "append_idempotent", "fetch", "offsets", "retention", "create_meta",
+        "append", "append_idempotent", "offsets", "retention", "create_meta",
         "offset_for_time")},
     **{step: ("clock", "deadline_index", "prelude") for step in GROUP_STEPS},
 }

@@ -226,7 +226,6 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
 APPEND = _Lua("topic_append")
 APPEND_IDEMPOTENT = _Lua("topic_append_idempotent")
 PRODUCER_ID = _Lua("topic_producer_id")
-FETCH = _Lua("topic_fetch")
 MAKE = _Lua("topic_make")
 OFFSETS = _Lua("topic_offsets")
 RETENTION = _Lua("topic_retention")
@@ -269,22 +268,6 @@ def _name(raw: bytes | str) -> Errors:
 
 def _opt_int(raw: bytes | None) -> int | None:
     return None if raw is None else int(raw)
-
-
-def _decode_entry(entry: Sequence[Any]) -> Record:
-    entry_id, flat = entry[0], entry[1]
-    fields = dict(zip(flat[::2], flat[1::2]))
-    raw_headers = fields.get(b"h")
-    headers: dict[str, bytes] = {}
-    if raw_headers is not None:
-        headers = {k: v for k, v in msgpack.unpackb(raw_headers, raw=False)}
-    return Record(
-        offset=_id_offset(entry_id),
-        key=fields.get(b"k"),
-        value=fields.get(b"v"),
-        headers=headers,
-        timestamp_ms=int(fields[b"t"]),
-    )
 
 
 def _encode_record(rec: ProducerRecord) -> list[Any]:

@@ -4,33 +4,95 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import redis.exceptions
+
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ._base import (
-    FETCH,
     OFFSETS,
     FetchResult,
     TopicError,
     _check_client,
     _check_int,
     _check_topic,
-    _decode_entry,
+    _id_offset,
     _name,
     _offset_id,
     _run,
     partition_key,
 )
+from ._decode import decode_entries, log_offsets_of
 
 # -- fetching ---------------------------------------------------------------------------------
 
 
+_STALE_RETRIES = 3
+"""Re-reads of a partition whose stream was replaced between the two reads of one fetch."""
+
+
+def _read(pipe: Any, key: str, offset: int, max_records: int) -> None:
+    pipe.xrange(key, _offset_id(offset), "+", count=max_records)
+    pipe.xinfo_stream(key)
+
+
+def _no_stream(exc: Exception) -> bool:
+    """XINFO STREAM's answer for a missing key, or for a key that is not a stream."""
+    text = str(exc)
+    return "no such key" in text or text.startswith("WRONGTYPE")
+
+
+def _answer(offset: int, entries: Any, info: Any) -> FetchResult | None:
+    """The fetch answer from an XRANGE and the XINFO STREAM that followed it on the same
+    connection; None when the two reads saw different streams (deleted and re-created).
+
+    Why the two reads need no transaction: within one stream, the log start and end only grow
+    and the record at an offset never changes, so the entries read first are still the records
+    at those offsets when XINFO runs (start <= offset), and all of them lie below the end XINFO
+    reports. The answer is therefore the state at the XINFO instant, with possibly fewer
+    records than that instant held, which a fetch may return anyway. An offset below the start
+    or above the end is OFFSET_OUT_OF_RANGE with those offsets, as the script answered. If the
+    stream was replaced in between, the entries do not start at ``offset`` or reach past the
+    end; the caller reads again.
+    """
+    if isinstance(info, Exception):
+        if isinstance(info, redis.exceptions.ResponseError) and _no_stream(info):
+            return FetchResult([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+        raise info
+    start, end = log_offsets_of(info)
+    if offset < start or offset > end:
+        return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
+    if isinstance(entries, Exception):
+        raise entries
+    if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
+        return None
+    return FetchResult(decode_entries(entries), start, end, Errors.NONE)
+
+
+def _fetch_many(client: Any, reads: list[tuple[str, int, int]]) -> list[FetchResult]:
+    """Fetch answers for ``(stream key, offset, max records)`` reads, in one pipeline.
+
+    Every read is an XRANGE then an XINFO STREAM on its own key (see ``_answer``), so in a
+    cluster each pair goes to its partition's node and the pipeline costs one round trip per
+    node. No script runs: the server does two plain reads per partition.
+    """
+    results: list[FetchResult | None] = [None] * len(reads)
+    todo = list(range(len(reads)))
+    for _ in range(_STALE_RETRIES):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            _read(pipe, *reads[i])
+        replies = pipe.execute(raise_on_error=False)
+        for n, i in enumerate(todo):
+            results[i] = _answer(reads[i][1], replies[2 * n], replies[2 * n + 1])
+        todo = [i for i in todo if results[i] is None]
+        if not todo:
+            return [r for r in results if r is not None]
+    key = reads[todo[0]][0]
+    raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                     f"{key} was replaced during each of {_STALE_RETRIES} reads")
+
+
 def _fetch_once(client: Any, key: str, offset: int, max_records: int) -> FetchResult:
-    (res,) = _run(client, [(FETCH, [key], [offset, _offset_id(offset), max_records])])
-    return FetchResult(
-        records=[_decode_entry(e) for e in res[3]],
-        log_start_offset=int(res[1]),
-        log_end_offset=int(res[2]),
-        error=_name(res[0]),
-    )
+    return _fetch_many(client, [(key, offset, max_records)])[0]
 
 
 @translate_redis_errors
@@ -47,8 +109,9 @@ def fetch(
 
     ``offset`` may be anything from the log start to the log end inclusive (the end gives no
     records); anything else answers OFFSET_OUT_OF_RANGE with the current log offsets, so the
-    caller can apply its reset policy (``resolve_offset``). Records and log offsets are read
-    in one script, so they describe the same instant.
+    caller can apply its reset policy (``resolve_offset``). Records and log offsets describe one
+    instant: the log offsets are read right after the records, and the log only grows at its
+    end and is trimmed at its start (``_answer``).
 
     With ``block_ms`` > 0 and no records at ``offset``, waits up to ``block_ms`` for one
     (Kafka's ``fetch.max.wait.ms``) with ``XREAD BLOCK`` from the id just before ``offset``:

@@ -1,0 +1,153 @@
+"""Read-path benchmark: what one process reads from a topic, layer by layer.
+
+Run from the repository root::
+
+    python bench/read_path.py            # 120,000 records, 3 rounds (~40 s on 2 vCPU)
+    python bench/read_path.py --quick    # 30,000 records, 1 round (~15 s)
+    python bench/read_path.py --redis-url redis://127.0.0.1:6379/0
+
+Without ``--redis-url`` an ``rcoord.embedded.EmbeddedServer`` is started on a free 127.0.0.1
+port and stopped at the end. Every run uses fresh namespaces and deletes its keys.
+
+N records (100-byte values) go into a 12-partition topic, then one process reads all of them,
+partition after partition, 500 records per call, in three ways:
+
+a. **plain XRANGE**: ``client.xrange(stream, "0-<o+1>", "+", count=500)`` in a loop, the
+   stream entries left as redis-py returns them (no Record objects): the data path's ceiling;
+b. **rcoord fetch**: ``rcoord.topics.fetch(..., max_records=500)`` in the same loop, so
+   the difference to (a) is what the fetch adds (log offsets, checks, decoding into Records);
+c. **one Consumer worker**: ``bench/consume.py``'s one-worker throughput run (a spawned
+   process, ``Consumer.poll`` with max_poll_records=500, auto-commit every second), timed from
+   its first to its last record.
+
+(a) and (b) are repeated ``--rounds`` times in alternation; the table gives the best round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import consume  # bench/consume.py: the one-worker run
+
+from rcoord.client.group import client_from_url
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch, partition_key
+
+TOPIC = "read-path"
+PARTITIONS = 12
+VALUE = b"x" * 100
+BATCH = 500
+
+
+def produce(client: Any, ns: str, records: int) -> None:
+    Topics(client, ns).create(TOPIC, PARTITIONS)
+    producer = Producer(client, ns, "round_robin")
+    for lo in range(0, records, 12_000):
+        producer.send_batch(
+            TOPIC,
+            [ProducerRecord(VALUE, partition=i % PARTITIONS)
+             for i in range(lo, min(records, lo + 12_000))],
+        )
+
+
+def plain_xrange(client: Any, ns: str) -> int:
+    count = 0
+    for p in range(PARTITIONS):
+        key, offset = partition_key(ns, TOPIC, p), 0
+        while True:
+            entries = client.xrange(key, f"0-{offset + 1}", "+", count=BATCH)
+            if not entries:
+                break
+            count += len(entries)
+            offset += len(entries)
+    return count
+
+
+def rcoord_fetch(client: Any, ns: str) -> int:
+    count = 0
+    for p in range(PARTITIONS):
+        offset = 0
+        while True:
+            res = fetch(client, ns, TOPIC, p, offset, max_records=BATCH)
+            if not res.records:
+                break
+            count += len(res.records)
+            offset = res.records[-1].offset + 1
+    return count
+
+
+def timed(fn: Any, client: Any, ns: str, records: int) -> float:
+    t0 = time.perf_counter()
+    got = fn(client, ns)
+    elapsed = time.perf_counter() - t0
+    if got != records:
+        raise AssertionError(f"{fn.__name__} read {got} records, expected {records}")
+    return records / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="30,000 records, 1 round")
+    p.add_argument("--redis-url", help="use this server (127.0.0.1 only)")
+    p.add_argument("--records", type=int)
+    p.add_argument("--rounds", type=int)
+    args = p.parse_args(argv)
+    records = args.records or (30_000 if args.quick else 120_000)
+    rounds = args.rounds or (1 if args.quick else 3)
+
+    server = None
+    url = args.redis_url
+    if not url:
+        from rcoord.embedded import EmbeddedServer
+
+        server = EmbeddedServer().start()
+        url = server.url
+    client = client_from_url(url)
+    ns = f"bench-read-{os.getpid()}-{secrets.token_hex(2)}"
+    try:
+        version = client.info("server").get("redis_version", "?")
+        print(
+            f"# rcoord read-path benchmark — {platform.node()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}, server {version} at {url}",
+            flush=True,
+        )
+        print(f"# {records:,} records, {PARTITIONS} partitions, {len(VALUE)}-byte values, "
+              f"{BATCH} per call; best of {rounds} rounds for (a) and (b)", flush=True)
+        print(flush=True)
+        produce(client, ns, records)
+        best = {"xrange": 0.0, "fetch": 0.0}
+        for _ in range(rounds):
+            best["xrange"] = max(best["xrange"], timed(plain_xrange, client, ns, records))
+            best["fetch"] = max(best["fetch"], timed(rcoord_fetch, client, ns, records))
+        worker = consume.throughput(url, 1, records, BATCH)["rate"]
+        ceiling = best["xrange"]
+        print("| reader | records/s | of plain XRANGE |")
+        print("|---|---:|---:|")
+        for label, rate in (
+            ("(a) plain XRANGE loop", ceiling),
+            ("(b) rcoord.topics.fetch loop", best["fetch"]),
+            ("(c) one Consumer worker", worker),
+        ):
+            print(f"| {label} | {rate:,.0f} | {rate / ceiling:.0%} |", flush=True)
+        return 0
+    finally:
+        for key in list(client.scan_iter(match=f"{ns}:*", count=1000)):
+            client.delete(key)
+        client.close()
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
