@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from rcoord.keys import GroupKeys
 from rcoord.steps import PUBLIC_STEPS
 
 WAIT_S = 60.0
+SHUTDOWN_S = 5.0
 
 
 class AsyncBacked:
@@ -66,19 +68,32 @@ class AsyncBacked:
         return lambda *args, **kwargs: self._await(method(*args, **kwargs))
 
     def close(self) -> None:
+        """Cancel the calls the test abandoned (parked ones), close the client, stop the loop.
+
+        Bounded: a cancelled call on a cluster client can take a while to unwind, and teardown
+        must neither hang nor leave tasks for the garbage collector to complain about.
+        """
+
         async def shut() -> None:
-            # Parked calls the test abandoned are cancelled before the client goes.
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in others:
                 task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
-            await self._client.aclose()
+            if others:
+                await asyncio.wait(others, timeout=SHUTDOWN_S)
+            await asyncio.wait_for(self._client.aclose(), SHUTDOWN_S)
 
         try:
-            self._await(shut())
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(3 * SHUTDOWN_S)
+        except (TimeoutError, OSError) as exc:
+            warnings.warn(f"asyncio coordinator did not shut down cleanly: {exc!r}", stacklevel=2)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+            self._thread.join(SHUTDOWN_S)
+            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending and not self._loop.is_running():
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
 
