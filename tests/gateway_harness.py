@@ -10,11 +10,11 @@ from typing import Any
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.gateway import Gateway, GatewayConfig
 
-FAST_GROUPS = dict(
-    group_min_session_timeout_ms=10,
-    group_max_session_timeout_ms=600_000,
-    group_initial_rebalance_delay_ms=0,
-)
+FAST_GROUPS = {
+    "group_min_session_timeout_ms": 10,
+    "group_max_session_timeout_ms": 600_000,
+    "group_initial_rebalance_delay_ms": 0,
+}
 
 
 class GatewayThread:

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
-from gateway_harness import FAST_GROUPS, GatewayThread, settle_fast_groups  # noqa: E402
-from harness import wait_until  # noqa: E402
+from gateway_harness import FAST_GROUPS, GatewayThread, settle_fast_groups
+from harness import wait_until
 
-from rcoord.gateway.wire import build, encode_response, request_class  # noqa: E402
-from rcoord.topics import Topics  # noqa: E402
+from rcoord.gateway.wire import build, request_class
+from rcoord.topics import Topics
 
 
 @pytest.fixture

@@ -13,9 +13,16 @@ import asyncio
 from typing import Any
 
 from ..errors import Errors
-from ..topics import FetchResult, RecordMetadata, TopicError, fetch, log_offsets
+from ..topics import (
+    FetchResult,
+    Record,
+    RecordMetadata,
+    TopicError,
+    fetch,
+    log_offsets,
+    partition_key,
+)
 from ..topics import offsets_for_times as topic_offsets_for_times
-from ..topics import partition_key
 from .records import BatchError, decode_batches, encode_batch
 from .registry import api
 from .state import Connection, GatewayState
@@ -85,7 +92,8 @@ def _read(state: GatewayState, topic: str, partition: int, offset: int) -> Fetch
 
 
 def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[str, Any]:
-    records, used = [], 0
+    records: list[Record] = []
+    used = 0
     for rec in res.records:
         used += (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
                  + sum(len(k) + len(v) for k, v in rec.headers.items()))

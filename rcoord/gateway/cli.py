@@ -80,5 +80,5 @@ def gateway_main(args: argparse.Namespace) -> int:
         return 0
     except KeyboardInterrupt:
         return 0
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
         return report(exc, "rcoord gateway", url=url, debug=args.log_level == "DEBUG")

@@ -57,26 +57,26 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
             raise FrameError(f"no Kafka schema for API key {key} version {version}") from None
     try:
         client_id, request = decode_body(key, version, frame)
-    except Exception as exc:  # any parse failure: the frame is not this request
+    except Exception as exc:  # noqa: BLE001  (any parse failure: not this request)
         raise FrameError(f"cannot parse {entry.name} v{version}: {exc}") from None
     conn.client_id = client_id or ""
-    data: dict[str, Any] | None
+    response: dict[str, Any] | None
     try:
-        data = await entry.handler(conn, request, version)
+        response = await entry.handler(conn, request, version)
     except RequestError as exc:
-        data = error_response(key, version, exc.code)
+        response = error_response(key, version, exc.code)
     except ProtocolError as exc:  # e.g. a TopicError: the code Kafka would send
-        data = error_response(key, version, exc.error)
+        response = error_response(key, version, exc.error)
     except (InvalidRequestError, TypeError, ValueError) as exc:  # rcoord's argument checks
         log.info("%s v%d refused: %s", entry.name, version, exc)
-        data = error_response(key, version, Errors.INVALID_REQUEST)
+        response = error_response(key, version, Errors.INVALID_REQUEST)
     except ConnectionLost as exc:
         log.warning("%s v%d: Redis unreachable: %s", entry.name, version, exc)
         code = Errors.COORDINATOR_NOT_AVAILABLE if entry.group else Errors.UNKNOWN_SERVER_ERROR
-        data = error_response(key, version, code)
+        response = error_response(key, version, code)
     except Exception:
         log.exception("%s v%d failed", entry.name, version)
-        data = error_response(key, version, Errors.UNKNOWN_SERVER_ERROR)
-    if data is None:
+        response = error_response(key, version, Errors.UNKNOWN_SERVER_ERROR)
+    if response is None:
         return None
-    return encode_response(key, version, corr, data)
+    return encode_response(key, version, corr, response)

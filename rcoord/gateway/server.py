@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Self
 
 import redis
 import redis.asyncio
@@ -84,7 +84,7 @@ class Gateway:
         self._sync_redis.close()
         self.state.close()
 
-    async def __aenter__(self) -> Gateway:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
