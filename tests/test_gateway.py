@@ -337,3 +337,57 @@ def test_confluent_kafka_produces_and_consumes(gateway: GatewayThread, topics: T
     assert got == {b"k%d" % i: (b"v%d" % i, [("n", b"%d" % i)]) for i in range(30)}
     ends = {p.partition: p.log_end_offset for p in topics.describe("rd").partitions}
     assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+def _group_states(admin: Any) -> dict[str, str]:
+    return {g["group_id"]: g["group_state"] for g in admin.list_groups()}
+
+
+def test_kafka_python_admin_topics_and_groups(gateway: GatewayThread, topics: Topics) -> None:
+    from kafka.admin import NewTopic
+    from kafka.errors import InvalidConfigurationError, TopicAlreadyExistsError
+
+    admin = kafka.KafkaAdminClient(bootstrap_servers=gateway.bootstrap)
+    try:
+        admin.create_topics([NewTopic("made", 3, 1, topic_configs={"retention.ms": "60000"})])
+        desc = topics.describe("made")
+        assert len(desc.partitions) == 3 and desc.retention_ms == 60000
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("made", 1, 1)])
+        with pytest.raises(InvalidConfigurationError):
+            admin.create_topics([NewTopic("other", 1, 1, topic_configs={"cleanup.policy": "x"})])
+
+        member = _Member(gateway, "admin-g", "made")
+        member.start()
+        try:
+            wait_until(lambda: member.assigned == {0, 1, 2})
+            assert _group_states(admin)["admin-g"] == "Stable"
+            described = admin.describe_groups(["admin-g"])["admin-g"]
+            assert described["group_state"] == "Stable"
+            assert described["protocol_data"] == "range"
+            (m,) = described["members"]
+            # The client's ConsumerProtocol bytes passed through the coordinator untouched.
+            assert m["member_metadata"]["topics"] == ["made"]
+            assert m["member_assignment"]["assigned_partitions"] == [
+                {"topic": "made", "partitions": [0, 1, 2]}]
+        finally:
+            member.stop.set()
+            member.join(30)
+        wait_until(lambda: _group_states(admin).get("admin-g") == "Empty")
+        simple = kafka.KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="admin-g",
+                                     enable_auto_commit=False)
+        simple.assign([kafka.TopicPartition("made", 1)])
+        simple.commit({kafka.TopicPartition("made", 1): kafka.OffsetAndMetadata(0, "", -1)})
+        simple.close()
+        offsets = admin.list_group_offsets("admin-g")["admin-g"]
+        assert {(tp.topic, tp.partition): om.offset for tp, om in offsets.items()} == {
+            ("made", 1): 0}
+        admin.delete_groups(["admin-g"])
+        assert "admin-g" not in _group_states(admin)
+        admin.delete_topics(["made"])
+        assert "made" not in topics.list()
+    finally:
+        admin.close()

@@ -18,7 +18,14 @@ from typing import Any
 from kio.index import KioIndexError
 
 from ..errors import ConnectionLost, Errors, InvalidRequestError, ProtocolError
-from . import api_groups, api_meta, api_offsets, api_records  # noqa: F401  (they register their APIs)
+from . import (  # noqa: F401  (each registers its APIs)
+    api_admin,
+    api_groups,
+    api_meta,
+    api_offsets,
+    api_records,
+    api_topics,
+)
 from .errors import RequestError
 from .framing import FrameError
 from .registry import REGISTRY

@@ -53,7 +53,7 @@ class Gateway:
         host, port = self._server.sockets[0].getsockname()[:2]
         return str(host), int(port)
 
-    async def start(self) -> Gateway:
+    async def start(self) -> Self:
         await self.state.coordinator.start()
         self._server = await asyncio.start_server(
             self._accept, self.config.listen_host, self.config.listen_port)
