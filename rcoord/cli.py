@@ -239,6 +239,21 @@ def _run_ops(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# -- rcoord gateway (rcoord.gateway) -----------------------------------------------------------
+
+
+def _gateway_arguments(p: argparse.ArgumentParser) -> None:
+    from .gateway.cli import add_arguments
+
+    add_arguments(p)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from .gateway.cli import gateway_main
+
+    return gateway_main(args)
+
+
 COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 ] = {
@@ -254,6 +269,11 @@ COMMANDS: dict[
             "run a consumer group of worker processes over a topic, kill one, add one, and check "
             "that nothing was lost"
         ),
+    ),
+    "gateway": (
+        _gateway_arguments,
+        _run_gateway,
+        "serve Kafka's wire protocol: Kafka clients join rcoord groups and use rcoord topics",
     ),
     "groups": (
         _groups_arguments,

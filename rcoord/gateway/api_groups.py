@@ -1,0 +1,94 @@
+"""JoinGroup, SyncGroup, Heartbeat, LeaveGroup: Kafka's group requests, served by the same
+flows as rcoord's Python API (``rcoord.asyncio.AsyncGroupCoordinator`` over ``rcoord.steps``).
+
+Metadata and assignments are opaque bytes to the coordinator, so a Kafka client's own
+ConsumerProtocol subscription and assignment pass through unchanged, and the Kafka client that
+is elected leader computes the assignment, as with a Kafka broker. A parked JoinGroup or
+SyncGroup awaits its reply on this connection's task only; other connections go on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol.leave import MemberIdentity
+from .registry import api
+from .state import Connection
+from .wire import millis
+
+__all__: list[str] = []
+
+# JoinGroup v4 (KIP-394): a member without an id is first given one (MEMBER_ID_REQUIRED).
+_MEMBER_ID_REQUIRED_FROM = 4
+
+
+@api(11, "JoinGroup", 0, 9, group=True)
+async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    session_ms = millis(req.session_timeout)
+    rebalance = getattr(req, "rebalance_timeout", None)
+    res = await conn.state.coordinator.join_group(
+        req.group_id,
+        req.member_id,
+        protocol_type=req.protocol_type,
+        protocols=[(p.name, p.metadata) for p in req.protocols],
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=session_ms if rebalance is None else millis(rebalance),
+        group_instance_id=getattr(req, "group_instance_id", None),
+        client_id=conn.client_id,
+        client_host=conn.client_host,
+        require_known_member_id=version >= _MEMBER_ID_REQUIRED_FROM,
+        reason=getattr(req, "reason", None),
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": res.error,
+        "generation_id": res.generation_id,
+        "protocol_type": res.protocol_type,
+        "protocol_name": res.protocol_name,
+        "leader": res.leader_id,
+        "skip_assignment": res.skip_assignment,
+        "member_id": res.member_id,
+        "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                     "metadata": m.metadata} for m in res.members],
+    }
+
+
+@api(14, "SyncGroup", 0, 5, group=True)
+async def sync_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    res = await conn.state.coordinator.sync_group(
+        req.group_id,
+        req.generation_id,
+        req.member_id,
+        assignments={a.member_id: a.assignment for a in req.assignments},
+        group_instance_id=getattr(req, "group_instance_id", None),
+        protocol_type=getattr(req, "protocol_type", None),
+        protocol_name=getattr(req, "protocol_name", None),
+    )
+    return {"throttle_time": 0, "error_code": res.error, "protocol_type": res.protocol_type,
+            "protocol_name": res.protocol_name, "assignment": res.assignment}
+
+
+@api(12, "Heartbeat", 0, 4, group=True)
+async def heartbeat(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    code = await conn.state.coordinator.heartbeat(
+        req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None))
+    return {"throttle_time": 0, "error_code": code}
+
+
+@api(13, "LeaveGroup", 0, 5, group=True)
+async def leave_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if version < 3:
+        members = [MemberIdentity(req.member_id)]
+    else:
+        members = [MemberIdentity(m.member_id, m.group_instance_id, getattr(m, "reason", None))
+                   for m in req.members]
+    res = await conn.state.coordinator.leave_group(req.group_id, members)
+    if version < 3 and res.members and res.error == 0:
+        # One member, answered by the top-level code as before batch leave (KIP-345).
+        return {"throttle_time": 0, "error_code": res.members[0].error}
+    return {
+        "throttle_time": 0,
+        "error_code": res.error,
+        "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                     "error_code": m.error} for m in res.members],
+    }

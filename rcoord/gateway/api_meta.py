@@ -1,0 +1,94 @@
+"""ApiVersions, Metadata and FindCoordinator: where clients learn what to send, and to whom.
+
+This gateway is the whole cluster for its clients: one broker (itself, at the advertised
+address), the leader of every partition and the coordinator of every group. Any gateway of a
+namespace can serve any group or partition, because all state is in Redis.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ..errors import Errors
+from ..topics import TopicError
+from .registry import REGISTRY, api
+from .state import NODE_ID, Connection, GatewayState
+
+__all__ = ["partition_counts"]
+
+_ZERO_UUID = uuid.UUID(int=0)
+_GROUP_KEY, _TXN_KEY = 0, 1
+
+
+@api(18, "ApiVersions", 0, 3)
+async def api_versions(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    keys = [{"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            for a in sorted(REGISTRY.values(), key=lambda a: a.key)]
+    return {"error_code": Errors.NONE, "api_keys": keys, "throttle_time": 0}
+
+
+def partition_counts(state: GatewayState, names: list[str] | None) -> dict[str, int | Errors]:
+    """Blocking: topic -> partition count, or the error for that name (None: every topic)."""
+    out: dict[str, int | Errors] = {}
+    for name in state.topics.list() if names is None else names:
+        try:
+            out[name] = state.topics.partition_count(name)
+        except TopicError as exc:
+            out[name] = exc.error
+    return out
+
+
+@api(3, "Metadata", 0, 12)
+async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    wanted: list[str] | None = None
+    if req.topics is not None and (req.topics or version > 0):  # v0: empty means all
+        wanted = [t.name for t in req.topics if t.name is not None]
+    counts = await state.blocking(partition_counts, state, wanted)
+    topics = []
+    for name, count in counts.items():
+        if isinstance(count, Errors):
+            topics.append({"error_code": count, "name": name, "topic_id": _ZERO_UUID,
+                           "partitions": []})
+            continue
+        topics.append({
+            "error_code": Errors.NONE, "name": name, "topic_id": _ZERO_UUID,
+            "is_internal": False,
+            "partitions": [{
+                "error_code": Errors.NONE, "partition_index": p, "leader_id": NODE_ID,
+                "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+                "offline_replicas": [],
+            } for p in range(count)],
+        })
+    host, port = state.advertised
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "cluster_id": f"rcoord-{state.config.namespace}",
+        "controller_id": NODE_ID,
+        "topics": topics,
+    }
+
+
+def _coordinator(state: GatewayState, key: str, key_type: int) -> dict[str, Any]:
+    host, port = state.advertised
+    if key_type == _GROUP_KEY:
+        return {"key": key, "node_id": NODE_ID, "host": host, "port": port,
+                "error_code": Errors.NONE, "error_message": None}
+    # Transactions (key type 1) and share groups are not served by this gateway.
+    code = Errors.COORDINATOR_NOT_AVAILABLE if key_type == _TXN_KEY else Errors.INVALID_REQUEST
+    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
+            "error_message": f"key type {key_type} is not served by the rcoord gateway"}
+
+
+@api(10, "FindCoordinator", 0, 4, group=True)
+async def find_coordinator(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    key_type = int(getattr(req, "key_type", _GROUP_KEY))
+    if version >= 4:
+        return {"throttle_time": 0,
+                "coordinators": [_coordinator(conn.state, k, key_type)
+                                 for k in req.coordinator_keys]}
+    one = _coordinator(conn.state, req.key, key_type)
+    del one["key"]
+    return {"throttle_time": 0, **one}

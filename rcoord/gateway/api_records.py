@@ -1,0 +1,178 @@
+"""Produce, Fetch and ListOffsets: Kafka's record APIs over rcoord topics (Redis Streams).
+
+Offsets are rcoord's (a record's stream id is ``0-<offset+1>``), timestamps are the Redis
+clock's at append (Kafka's LogAppendTime), and a partition's log start and end are the stream's.
+The blocking ``rcoord.topics`` calls run on the gateway's topic threads; a Fetch that finds
+nothing waits with an asyncio ``XREAD BLOCK`` on the partitions' streams (up to the client's
+``max_wait``), so a waiting consumer holds no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import Errors
+from ..topics import (
+    FetchResult,
+    Record,
+    RecordMetadata,
+    TopicError,
+    fetch,
+    log_offsets,
+    partition_key,
+)
+from ..topics import offsets_for_times as topic_offsets_for_times
+from .records import BatchError, decode_batches, encode_batch
+from .registry import api
+from .state import Connection, GatewayState
+from .wire import millis
+
+__all__: list[str] = []
+
+FETCH_MAX_RECORDS = 500
+"""Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
+_RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
+_EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
+
+
+# -- Produce ----------------------------------------------------------------------------------
+
+
+def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
+            ) -> dict[str, Any]:
+    """Blocking: append one partition's batches; the partition's response."""
+    out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
+                           "log_append_time": -1, "log_start_offset": -1}
+    try:
+        batches = decode_batches(data or b"", partition)
+        records = [r for b in batches for r in b.records]
+        if any(b.producer_id >= 0 for b in batches):
+            raise BatchError(Errors.INVALID_REQUEST,
+                             "idempotent producers are not supported (no InitProducerId)")
+        if not records:
+            raise BatchError(Errors.INVALID_REQUEST, "no records")
+        metas: list[RecordMetadata] = state.producer.send_batch(topic, records)
+        start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
+    except BatchError as exc:
+        out.update(error_code=exc.code, error_message=str(exc))
+        return out
+    except TopicError as exc:
+        out.update(error_code=exc.error, error_message=str(exc))
+        return out
+    out.update(base_offset=metas[0].offset, log_append_time=metas[0].timestamp_ms,
+               log_start_offset=start)
+    return out
+
+
+@api(0, "Produce", 3, 9)
+async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | None:
+    state = conn.state
+    jobs = [(t.name, p.index, state.blocking(_append, state, t.name, p.index, p.records))
+            for t in req.topic_data for p in t.partition_data]
+    results = await asyncio.gather(*(job for _, _, job in jobs))
+    if req.acks == 0:
+        return None  # acks=0: Kafka sends no response at all
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, _, _), res in zip(jobs, results, strict=True):
+        by_topic.setdefault(topic, []).append(res)
+    return {"throttle_time": 0, "responses": [
+        {"name": topic, "partition_responses": parts} for topic, parts in by_topic.items()]}
+
+
+# -- Fetch ------------------------------------------------------------------------------------
+
+
+def _read(state: GatewayState, topic: str, partition: int, offset: int) -> FetchResult:
+    try:
+        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset,
+                     FETCH_MAX_RECORDS)
+    except TopicError as exc:
+        return FetchResult([], -1, -1, exc.error)
+
+
+def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[str, Any]:
+    records: list[Record] = []
+    used = 0
+    for rec in res.records:
+        used += (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
+                 + sum(len(k) + len(v) for k, v in rec.headers.items()))
+        if records and used > max_bytes:
+            break
+        records.append(rec)
+    return {
+        "partition_index": partition, "error_code": res.error,
+        "high_watermark": res.log_end_offset, "last_stable_offset": res.log_end_offset,
+        "log_start_offset": res.log_start_offset, "aborted_transactions": None,
+        "preferred_read_replica": -1, "records": encode_batch(records),
+    }
+
+
+async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, int]],
+                            wait_ms: int) -> None:
+    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``."""
+    streams = {partition_key(state.config.namespace, t, p): f"0-{o}" for t, p, o in wanted}
+    if streams and wait_ms > 0:
+        await state.redis.xread(streams, count=1, block=wait_ms)
+
+
+@api(1, "Fetch", 4, 12)
+async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    wanted = [(t.topic, p.partition, int(p.fetch_offset), int(p.partition_max_bytes))
+              for t in req.topics for p in t.partitions]
+
+    async def read_all() -> list[FetchResult]:
+        return list(await asyncio.gather(*(state.blocking(_read, state, t, p, o)
+                                           for t, p, o, _ in wanted)))
+
+    results = await read_all()
+    if wanted and not any(r.records or r.error != Errors.NONE for r in results):
+        await _wait_for_records(state, [(t, p, o) for t, p, o, _ in wanted],
+                                millis(req.max_wait))
+        results = await read_all()
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition, _, max_bytes), res in zip(wanted, results, strict=True):
+        by_topic.setdefault(topic, []).append(_partition_data(partition, res, max_bytes))
+    return {"throttle_time": 0, "error_code": Errors.NONE, "session_id": 0,
+            "responses": [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]}
+
+
+# -- ListOffsets ------------------------------------------------------------------------------
+
+
+def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"partition_index": partition, "error_code": Errors.NONE,
+                           "timestamp": -1, "offset": -1, "leader_epoch": 0}
+    ns = state.config.namespace
+    try:
+        start, end = log_offsets(state.sync_redis, ns, topic, partition)
+        if ts == _EARLIEST:
+            out["offset"] = start
+        elif ts in (_LATEST, _MAX_TIMESTAMP):
+            # Timestamps only grow (one clock), so the max-timestamp record is the last one.
+            out["offset"] = end if ts == _LATEST else max(start, end - 1)
+        elif ts < 0:
+            out["error_code"] = Errors.INVALID_REQUEST
+        else:
+            found = topic_offsets_for_times(state.sync_redis, ns, {(topic, partition): ts})
+            hit = found[(topic, partition)]
+            if hit is not None:
+                out.update(offset=hit.offset, timestamp=hit.timestamp_ms)
+    except TopicError as exc:
+        out["error_code"] = exc.error
+    return out
+
+
+@api(2, "ListOffsets", 1, 7)
+async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    jobs = [(t.name, state.blocking(_list_offset, state, t.name, p.partition_index,
+                                    int(p.timestamp)))
+            for t in req.topics for p in t.partitions]
+    results = await asyncio.gather(*(job for _, job in jobs))
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, _), res in zip(jobs, results, strict=True):
+        by_topic.setdefault(topic, []).append(res)
+    return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts}
+                                           for t, parts in by_topic.items()]}

@@ -1,0 +1,86 @@
+"""CreateTopics and DeleteTopics over ``rcoord.topics.Topics``.
+
+A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's own
+``retention.records``; any other config is refused with INVALID_CONFIG rather than silently
+ignored. With one broker, the replication factor must be -1 (the default) or 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import Errors
+from ..topics import TopicError
+from .registry import api
+from .state import Connection, GatewayState
+
+__all__: list[str] = []
+
+DEFAULT_PARTITIONS = 1
+"""Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
+_INVALID_REPLICATION_FACTOR = 38
+_CONFIGS = {"retention.ms": "retention_ms", "retention.records": "retention_records"}
+
+
+def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": topic.name, "error_code": Errors.NONE, "error_message": None,
+                           "num_partitions": -1, "replication_factor": -1}
+    count = len(topic.assignments) or int(topic.num_partitions)
+    count = DEFAULT_PARTITIONS if count == -1 else count
+    if int(topic.replication_factor) not in (-1, 1):
+        out.update(error_code=_INVALID_REPLICATION_FACTOR,
+                   error_message="the rcoord gateway is a single broker: use 1 or -1")
+        return out
+    settings: dict[str, int | None] = {}
+    for cfg in topic.configs:
+        if cfg.name not in _CONFIGS:
+            out.update(error_code=Errors.INVALID_CONFIG,
+                       error_message=f"config {cfg.name!r} is not supported; "
+                       f"supported: {', '.join(sorted(_CONFIGS))}")
+            return out
+        try:
+            value = None if cfg.value is None else int(cfg.value)
+        except ValueError:
+            value = -2
+        if value is not None and value < -1:
+            out.update(error_code=Errors.INVALID_CONFIG,
+                       error_message=f"{cfg.name} must be an integer >= -1")
+            return out
+        settings[_CONFIGS[cfg.name]] = None if value in (None, -1) else value
+    try:
+        if validate_only:
+            if topic.name in state.topics.list():
+                raise TopicError(Errors.TOPIC_ALREADY_EXISTS, topic.name)
+            if count < 1:
+                raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {count}")
+        else:
+            state.topics.create(topic.name, count, **settings)
+    except TopicError as exc:
+        out.update(error_code=exc.error, error_message=str(exc))
+        return out
+    out.update(num_partitions=count, replication_factor=1)
+    return out
+
+
+@api(19, "CreateTopics", 2, 7)
+async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    results = await asyncio.gather(*(state.blocking(_create, state, t, bool(req.validate_only))
+                                     for t in req.topics))
+    return {"throttle_time": 0, "topics": list(results)}
+
+
+def _delete(state: GatewayState, name: str) -> dict[str, Any]:
+    try:
+        state.topics.delete(name)
+    except TopicError as exc:
+        return {"name": name, "error_code": exc.error, "error_message": str(exc)}
+    return {"name": name, "error_code": Errors.NONE, "error_message": None}
+
+
+@api(20, "DeleteTopics", 1, 5)
+async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    results = await asyncio.gather(*(state.blocking(_delete, state, n) for n in req.topic_names))
+    return {"throttle_time": 0, "responses": list(results)}

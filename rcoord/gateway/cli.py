@@ -1,0 +1,84 @@
+"""``rcoord gateway``: serve Kafka's protocol on HOST:PORT over the namespace's Redis state.
+
+Only argument parsing lives at module level, so ``rcoord --help`` works without the
+``gateway`` extra (kio) installed; the server is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from ..cli import (
+    ENV_REDIS_URL,
+    LOG_LEVELS,
+    UsageError,
+    add_tls_arguments,
+    check_url,
+    report,
+    with_tls_files,
+)
+
+__all__ = ["add_arguments", "gateway_main", "host_port"]
+
+
+def host_port(value: str, flag: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) or a UsageError saying what is expected."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"{flag} {value!r} is not HOST:PORT (for example 127.0.0.1:9092)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default="127.0.0.1:9092",
+                   help="address to accept Kafka clients on (default 127.0.0.1:9092; port 0 "
+                   "picks a free one)")
+    p.add_argument("--advertise", default=None,
+                   help="HOST:PORT clients are told to connect to (Metadata, FindCoordinator); "
+                   "default: the listening address")
+    p.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL),
+                   help=f"Redis to use (default ${ENV_REDIS_URL})")
+    p.add_argument("--namespace", default="rcoord", help="rcoord namespace (default rcoord)")
+    p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
+                   help="largest request accepted; a larger one closes the connection "
+                   "(Kafka's socket.request.max.bytes, default 100 MiB)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    add_tls_arguments(p)
+
+
+def gateway_main(args: argparse.Namespace) -> int:
+    url = None
+    try:
+        url = with_tls_files(check_url(args.redis_url), args.tls_ca_file, args.tls_cert_file,
+                             args.tls_key_file)
+        listen = host_port(args.listen, "--listen")
+        advertise = host_port(args.advertise, "--advertise") if args.advertise else None
+        logging.basicConfig(level=args.log_level,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from .server import Gateway
+        from .state import GatewayConfig
+
+        config = GatewayConfig(
+            listen_host=listen[0], listen_port=listen[1],
+            advertise_host=advertise[0] if advertise else None,
+            advertise_port=advertise[1] if advertise else None,
+            namespace=args.namespace, max_frame_bytes=args.max_frame_bytes,
+        )
+        try:
+            config.validate()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+        async def serve() -> None:
+            async with Gateway(config, url) as gateway:
+                await gateway.serve_forever()
+
+        asyncio.run(serve())
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
+        return report(exc, "rcoord gateway", url=url, debug=args.log_level == "DEBUG")

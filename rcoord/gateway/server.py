@@ -1,0 +1,124 @@
+"""The asyncio server: one task per connection, requests of a connection answered in order.
+
+Kafka's broker reads a connection's next request only after it has answered the previous one
+(the channel is muted meanwhile), which is what makes responses come back in request order.
+Each connection here is its own task that does the same, so a JoinGroup parked on one
+connection waits on that task alone, and the event loop keeps serving every other connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Self
+
+import redis
+import redis.asyncio
+
+from .dispatch import handle_frame
+from .framing import FrameError, frame, read_frame
+from .state import Connection, GatewayConfig, GatewayState
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("rcoord.gateway")
+
+SOCKET_TIMEOUT_S = 30.0
+"""Redis socket timeout; parked calls block for at most half of it (``rcoord.steps``)."""
+
+
+class Gateway:
+    """``async with Gateway(config, redis_url) as gw: await gw.serve_forever()``.
+
+    ``start()`` binds the listening socket (port 0 picks a free one; ``address`` tells which)
+    and loads the coordinator's scripts; ``close()`` stops accepting, ends every connection
+    and releases the Redis clients.
+    """
+
+    def __init__(self, config: GatewayConfig, redis_url: str, **redis_kwargs: Any) -> None:
+        self.config = config.validate()
+        kwargs = {"socket_timeout": SOCKET_TIMEOUT_S, **redis_kwargs}
+        self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
+        self._sync_redis = redis.Redis.from_url(redis_url, **kwargs)
+        self.state = GatewayState(config, self._async_redis, self._sync_redis)
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        if self._server is None:
+            raise RuntimeError("the gateway is not started")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def start(self) -> Self:
+        await self.state.coordinator.start()
+        self._server = await asyncio.start_server(
+            self._accept, self.config.listen_host, self.config.listen_port)
+        host, port = self.address
+        self.state.advertised = (self.config.advertise_host or host,
+                                 self.config.advertise_port or port)
+        log.info("rcoord gateway listening on %s:%d, advertising %s:%d (namespace %s)",
+                 host, port, *self.state.advertised, self.config.namespace)
+        return self
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+        await self._async_redis.aclose()
+        self._sync_redis.close()
+        self.state.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # close() ends every connection; nothing to report
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        conn = Connection(self.state, str(peer[0]))
+        try:
+            while True:
+                request = await read_frame(reader, self.config.max_frame_bytes)
+                if request is None:
+                    break
+                response = await handle_frame(conn, request)
+                if response is not None:
+                    writer.write(frame(response))
+                    await writer.drain()
+        except FrameError as exc:
+            log.warning("closing connection from %s:%s (client id %r): %s",
+                        peer[0], peer[1], conn.client_id, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()

@@ -1,0 +1,84 @@
+"""What every handler can reach: the settings, the coordinator, the topics, one connection.
+
+The gateway keeps no state of its own between requests (groups, offsets and records live in
+Redis), so several gateways may serve the same namespace behind one address. Topic calls go
+through ``rcoord.topics``, which is blocking: they run on a thread pool of their own, so a slow
+one never stalls the event loop that serves the other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..asyncio import AsyncGroupCoordinator
+from ..topics import Producer, Topics
+
+__all__ = ["Connection", "GatewayConfig", "GatewayState"]
+
+T = TypeVar("T")
+
+NODE_ID = 0
+"""The broker id this gateway gives itself; each gateway is the whole cluster to its clients."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """``advertise_*``: the address clients are told to connect to (Metadata, FindCoordinator);
+    ``max_frame_bytes``: Kafka's ``socket.request.max.bytes``; ``topic_threads``: threads for
+    the blocking topic calls."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9092
+    advertise_host: str | None = None
+    advertise_port: int | None = None
+    namespace: str = "rcoord"
+    max_frame_bytes: int = 100 * 1024 * 1024
+    topic_threads: int = 16
+
+    def validate(self) -> GatewayConfig:
+        if not 0 <= self.listen_port <= 65535:
+            raise ValueError(f"listen_port must be 0..65535, got {self.listen_port}")
+        if self.advertise_port is not None and not 1 <= self.advertise_port <= 65535:
+            raise ValueError(f"advertise_port must be 1..65535, got {self.advertise_port}")
+        if self.max_frame_bytes < 1024:
+            raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+        if self.topic_threads < 1:
+            raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
+        return self
+
+
+class GatewayState:
+    """The shared pieces of one gateway process (see the module docstring)."""
+
+    def __init__(self, config: GatewayConfig, async_redis: Any, sync_redis: Any) -> None:
+        self.config = config
+        self.redis = async_redis
+        self.sync_redis = sync_redis
+        self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
+        self.topics = Topics(sync_redis, config.namespace)
+        self.producer = Producer(sync_redis, config.namespace, idempotent=False)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=config.topic_threads, thread_name_prefix="rcoord-gateway-topics")
+        self.advertised: tuple[str, int] = (config.listen_host, config.listen_port)
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking topic call on the topic threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class Connection:
+    """One client connection: who it is, for the requests that record it (JoinGroup)."""
+
+    state: GatewayState
+    client_host: str
+    client_id: str = ""

@@ -1,0 +1,179 @@
+"""Kafka messages as kio entities: decoding requests, building and encoding responses.
+
+kio (generated from the same JSON message schemas Kafka itself is built from) gives one frozen
+dataclass per API, version and nested struct, and a reader and writer for each. Handlers in
+this package never name those classes: they read request fields by name, and return a response
+as plain data (dicts, lists, ints, ``Errors``) that ``build`` turns into the class of the
+version the client asked for. A field that version lacks is dropped, and a field the handler
+did not give gets its schema default or a zero, which is how Kafka's own generated code fills
+fields across versions. So one handler serves every version of its API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import io
+import types
+import typing
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32Timedelta, i64Timedelta
+
+__all__ = [
+    "RequestHeaderInfo",
+    "build",
+    "decode_body",
+    "encode_response",
+    "error_response",
+    "millis",
+    "parse_header_prefix",
+    "request_class",
+    "response_class",
+]
+
+_TIMEDELTAS = (i32Timedelta, i64Timedelta, datetime.timedelta)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestHeaderInfo:
+    """The fields every request header version starts with, read before anything else."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None = None
+
+
+def parse_header_prefix(frame: bytes) -> RequestHeaderInfo:
+    """api key, version and correlation id: the first 8 bytes of every header version."""
+    if len(frame) < 8:
+        raise ValueError(f"a request header needs 8 bytes, the frame has {len(frame)}")
+    return RequestHeaderInfo(
+        int.from_bytes(frame[0:2], "big", signed=True),
+        int.from_bytes(frame[2:4], "big", signed=True),
+        int.from_bytes(frame[4:8], "big", signed=True),
+    )
+
+
+@functools.cache
+def request_class(api_key: int, version: int) -> Any:
+    return load_request_schema(api_key, version)
+
+
+@functools.cache
+def response_class(api_key: int, version: int) -> Any:
+    return load_response_schema(api_key, version)
+
+
+def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, Any]:
+    """(client id, request entity) of a whole request frame (header and body).
+
+    Raises ValueError (or kio's errors) if the frame does not parse as that request.
+    """
+    cls = request_class(api_key, version)
+    header_cls = cls.__header_schema__
+    view = memoryview(frame)
+    header, used = entity_reader(header_cls)(view, 0)
+    body, size = entity_reader(cls)(view, used)
+    if used + size != len(frame):
+        raise ValueError(f"{len(frame) - used - size} bytes left over after the request body")
+    return header.client_id, body
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, data: Mapping[str, Any]
+                    ) -> bytes:
+    """The response frame body (header and payload, without the size prefix)."""
+    cls = response_class(api_key, version)
+    header_cls = cls.__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_cls)(buf, build(header_cls, {"correlation_id": correlation_id}))
+    entity_writer(cls)(buf, build(cls, data))
+    return buf.getvalue()
+
+
+def error_response(api_key: int, version: int, error: int) -> dict[str, Any]:
+    """A response with ``error`` in its top-level error code (if it has one), all else zero."""
+    cls = response_class(api_key, version)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {"error_code": error} if "error_code" in names else {}
+
+
+def millis(value: Any) -> int:
+    """A kio timedelta field (or a plain int) as integer milliseconds."""
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    return int(value)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def build(cls: Any, data: Mapping[str, Any]) -> Any:
+    """An instance of the kio class ``cls`` from plain data (see the module docstring)."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = _zero(hints[f.name])
+    return cls(**kwargs)
+
+
+def _optional(tp: Any) -> tuple[bool, Any]:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return True, args[0]
+    return False, tp
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    nullable, inner = _optional(tp)
+    if value is None:
+        return None if nullable else _zero(inner)
+    if inner is ErrorCode:
+        return ErrorCode(int(value))
+    if isinstance(inner, type) and issubclass(inner, datetime.datetime) and isinstance(value, int):
+        if value < 0:  # Kafka's -1: no timestamp
+            return None if nullable else _EPOCH
+        return _EPOCH + datetime.timedelta(milliseconds=value)
+    if isinstance(inner, type) and issubclass(inner, _TIMEDELTAS):
+        return value if isinstance(value, datetime.timedelta) else datetime.timedelta(
+            milliseconds=int(value))
+    if typing.get_origin(inner) is tuple:
+        item = typing.get_args(inner)[0]
+        return tuple(_convert(item, v) for v in value)
+    if dataclasses.is_dataclass(inner) and isinstance(value, Mapping):
+        return build(inner, value)
+    return value
+
+
+def _zero(tp: Any) -> Any:
+    nullable, inner = _optional(tp)
+    if nullable:
+        return None
+    if inner is ErrorCode:
+        return ErrorCode.none
+    if isinstance(inner, type) and issubclass(inner, _TIMEDELTAS):
+        return datetime.timedelta(0)
+    if typing.get_origin(inner) is tuple:
+        return ()
+    if dataclasses.is_dataclass(inner):
+        return build(inner, {})
+    if inner is uuid.UUID:
+        return uuid.UUID(int=0)
+    if isinstance(inner, type):
+        for base in (bool, int, str, bytes):
+            if issubclass(inner, base):
+                return base()
+    raise TypeError(f"no zero value for {tp!r}")

@@ -1,0 +1,393 @@
+"""The Kafka gateway driven by real Kafka clients (kafka-python, confluent-kafka) and by raw
+frames for the error paths. Each test starts its own gateway on a free loopback port."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+kafka = pytest.importorskip("kafka")
+
+from gateway_harness import FAST_GROUPS, GatewayThread, settle_fast_groups
+from harness import wait_until
+
+from rcoord.gateway.wire import build, request_class
+from rcoord.topics import Topics
+
+
+@pytest.fixture
+def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
+    client = redis_server.client()
+    settle_fast_groups(client, namespace)
+    client.close()
+    gw = GatewayThread(redis_server.url, namespace).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
+    client = redis_server.client()
+    try:
+        yield Topics(client, namespace)
+    finally:
+        client.close()
+
+
+# -- raw frames -------------------------------------------------------------------------------
+
+
+def _request(api_key: int, version: int, corr: int, body: dict[str, Any]) -> bytes:
+    from kio.serial import entity_writer
+
+    cls = request_class(api_key, version)
+    header_cls = cls.__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_cls)(buf, build(header_cls, {
+        "request_api_key": api_key, "request_api_version": version, "correlation_id": corr,
+        "client_id": "raw"}))
+    entity_writer(cls)(buf, build(cls, body))
+    data = buf.getvalue()
+    return len(data).to_bytes(4, "big") + data
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    return exactly(int.from_bytes(exactly(4), "big"))
+
+
+def _connect(gw: GatewayThread) -> socket.socket:
+    sock = socket.create_connection(gw.address, timeout=10)
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_api_versions_lists_only_what_is_served(gateway: GatewayThread) -> None:
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.serial import entity_reader
+
+    with _connect(gateway) as sock:
+        sock.sendall(_request(18, 3, 7, {"client_software_name": "t",
+                                         "client_software_version": "1"}))
+        frame = _recv_frame(sock)
+    assert int.from_bytes(frame[:4], "big") == 7  # response header v0: correlation id only
+    resp, _ = entity_reader(ApiVersionsResponse)(frame, 4)
+    assert resp.error_code.value == 0
+    served = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+    assert served[18] == (0, 3)
+    assert served[11] == (0, 9) and served[1] == (4, 12) and served[0] == (3, 9)
+    assert 22 not in served  # InitProducerId: not served, so not advertised
+
+
+def test_api_versions_out_of_range_answers_v0_with_the_ranges(gateway: GatewayThread) -> None:
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse
+    from kio.serial import entity_reader
+
+    frame = (b"\x00\x12\x00\x63" + (9).to_bytes(4, "big") + b"\x00\x00\x00")  # v99, garbage body
+    with _connect(gateway) as sock:
+        sock.sendall(len(frame).to_bytes(4, "big") + frame)
+        reply = _recv_frame(sock)
+    assert int.from_bytes(reply[:4], "big") == 9
+    resp, _ = entity_reader(ApiVersionsResponse)(reply, 4)
+    assert resp.error_code.value == 35  # UNSUPPORTED_VERSION
+    assert any(k.api_key == 3 for k in resp.api_keys)
+
+
+def test_unserved_api_gets_unsupported_version_and_the_connection_stays(
+    gateway: GatewayThread,
+) -> None:
+    from kio.schema.describe_acls.v1.response import DescribeAclsResponse
+    from kio.serial import entity_reader
+
+    with _connect(gateway) as sock:
+        sock.sendall(_request(29, 1, 3, {}))  # DescribeAcls: Kafka has it, the gateway not
+        reply = _recv_frame(sock)
+        resp, _ = entity_reader(DescribeAclsResponse)(reply, 4)
+        assert resp.error_code.value == 35
+        sock.sendall(_request(18, 3, 4, {"client_software_name": "t",
+                                         "client_software_version": "1"}))
+        assert int.from_bytes(_recv_frame(sock)[:4], "big") == 4
+
+
+@pytest.mark.parametrize("bad", ["unknown-key", "truncated", "oversized", "garbage-body"])
+def test_bad_frames_close_only_their_connection(gateway: GatewayThread, bad: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    good = _connect(gateway)
+    victim = _connect(gateway)
+    try:
+        if bad == "unknown-key":
+            body = (9999).to_bytes(2, "big") + b"\x00\x00" + b"\x00\x00\x00\x01"
+            victim.sendall(len(body).to_bytes(4, "big") + body)
+        elif bad == "truncated":
+            victim.sendall((100).to_bytes(4, "big") + b"\x00\x12\x00\x03")
+            victim.shutdown(socket.SHUT_WR)
+        elif bad == "oversized":
+            victim.sendall((200 * 1024 * 1024).to_bytes(4, "big"))
+        else:
+            body = b"\x00\x03\x00\x0c\x00\x00\x00\x01" + b"\xff" * 5  # Metadata v12, junk
+            victim.sendall(len(body).to_bytes(4, "big") + body)
+        assert _closed(victim)
+        good.sendall(_request(18, 3, 11, {"client_software_name": "t",
+                                          "client_software_version": "1"}))
+        assert int.from_bytes(_recv_frame(good)[:4], "big") == 11
+    finally:
+        good.close()
+        victim.close()
+    if bad != "truncated":
+        wait_until(lambda: any("closing connection" in r.getMessage() for r in caplog.records))
+
+
+# -- kafka-python -----------------------------------------------------------------------------
+
+
+def test_metadata_names_this_gateway_as_the_only_broker(gateway: GatewayThread,
+                                                        topics: Topics) -> None:
+    topics.create("orders", 3)
+    admin = kafka.KafkaAdminClient(bootstrap_servers=gateway.bootstrap)
+    try:
+        assert "orders" in admin.list_topics()
+        cluster = admin.describe_cluster()
+        host, port = gateway.address
+        assert [(b["host"], b["port"], b["broker_id"]) for b in cluster["brokers"]] == [
+            (host, port, 0)]
+        (desc,) = admin.describe_topics(["orders"])
+        assert sorted(p["partition_index"] for p in desc["partitions"]) == [0, 1, 2]
+        assert {p["leader_id"] for p in desc["partitions"]} == {0}
+    finally:
+        admin.close()
+
+
+def test_advertised_address_is_what_clients_are_told(redis_server: Any, namespace: str) -> None:
+    settle_fast_groups(redis_server.client(), namespace)
+    gw = GatewayThread(redis_server.url, namespace, advertise_host="localhost",
+                       advertise_port=19092).start()
+    try:
+        from kio.schema.metadata.v12.response import MetadataResponse
+        from kio.serial import entity_reader
+
+        with _connect(gw) as sock:
+            sock.sendall(_request(3, 12, 1, {"topics": None}))
+            resp, _ = entity_reader(MetadataResponse)(_recv_frame(sock), 5)
+        assert [(b.host, b.port) for b in resp.brokers] == [("localhost", 19092)]
+    finally:
+        gw.stop()
+
+
+def _producer(gw: GatewayThread) -> Any:
+    return kafka.KafkaProducer(bootstrap_servers=gw.bootstrap, enable_idempotence=False)
+
+
+def test_kafka_python_produces_and_consumes_keys_and_headers(gateway: GatewayThread,
+                                                           topics: Topics) -> None:
+    topics.create("events", 2)
+    producer = _producer(gateway)
+    sent = []
+    for i in range(20):
+        md = producer.send("events", key=b"key-%d" % i, value=b"value-%d" % i,
+                           headers=[("trace", b"t%d" % i)]).get(timeout=10)
+        sent.append((md.partition, md.offset, b"key-%d" % i, b"value-%d" % i))
+    producer.close()
+    assert len({(p, o) for p, o, _, _ in sent}) == 20
+    consumer = kafka.KafkaConsumer("events", bootstrap_servers=gateway.bootstrap,
+                                   auto_offset_reset="earliest", consumer_timeout_ms=3000,
+                                   enable_auto_commit=False, group_id=None)
+    got = [(m.partition, m.offset, m.key, m.value, m.headers) for m in consumer]
+    consumer.close()
+    assert sorted(g[:4] for g in got) == sorted(sent)
+    for _, _, key, _, headers in got:
+        assert headers == [("trace", b"t" + key.split(b"-")[1])]
+    # Keys were partitioned by Kafka's murmur2, as rcoord's own producer does.
+    from rcoord.murmur2 import partition_for_key
+
+    assert all(p == partition_for_key(k, 2) for p, _, k, _ in sent)
+
+
+class _Member(threading.Thread):
+    """A kafka-python group member polling in its own thread; records its assignment."""
+
+    def __init__(self, gw: GatewayThread, group: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = kafka.KafkaConsumer(
+            topic, bootstrap_servers=gw.bootstrap, group_id=group,
+            auto_offset_reset="earliest", enable_auto_commit=False,
+            heartbeat_interval_ms=200, session_timeout_ms=6000)
+        self.stop = threading.Event()
+        self.assigned: set[int] = set()
+        self.records: list[Any] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for batch in self.consumer.poll(timeout_ms=100).values():
+                self.records.extend(batch)
+            self.assigned = {tp.partition for tp in self.consumer.assignment()}
+        self.consumer.close()
+
+
+def test_kafka_python_group_forms_rebalances_and_commits(gateway: GatewayThread,
+                                                         topics: Topics) -> None:
+    topics.create("work", 4)
+    producer = _producer(gateway)
+    for i in range(40):
+        producer.send("work", value=b"%d" % i, partition=i % 4)
+    producer.flush()
+    producer.close()
+    a, b = _Member(gateway, "g", "work"), _Member(gateway, "g", "work")
+    a.start()
+    b.start()
+    try:
+        wait_until(lambda: a.assigned and b.assigned and a.assigned | b.assigned == {0, 1, 2, 3}
+                   and not a.assigned & b.assigned)
+        b.stop.set()
+        b.join(30)
+        wait_until(lambda: a.assigned == {0, 1, 2, 3})
+        wait_until(lambda: len({(r.partition, r.offset) for r in a.records + b.records}) == 40)
+    finally:
+        a.stop.set()
+        b.stop.set()
+        a.join(30)
+    # Commits and committed offsets, through a fresh member of the now-empty group.
+    c = kafka.KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="g",
+                            enable_auto_commit=False)
+    try:
+        tp = kafka.TopicPartition("work", 2)
+        c.assign([tp])
+        c.commit({tp: kafka.OffsetAndMetadata(7, "meta", -1)})
+        assert c.committed(tp) == 7
+        other = kafka.TopicPartition("work", 3)
+        assert c.committed(other) is None
+    finally:
+        c.close()
+
+
+def test_group_offsets_are_rcoord_offsets(gateway: GatewayThread, topics: Topics,
+                                          redis_server: Any, namespace: str) -> None:
+    """A commit made through the gateway is the one rcoord's Python API reads."""
+    from rcoord import CoordinatorConfig, GroupCoordinator
+    from rcoord.protocol.offsets import TopicPartition
+
+    topics.create("shared", 1)
+    c = kafka.KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="both",
+                            enable_auto_commit=False)
+    try:
+        tp = kafka.TopicPartition("shared", 0)
+        c.assign([tp])
+        c.commit({tp: kafka.OffsetAndMetadata(5, "from-kafka", -1)})
+    finally:
+        c.close()
+    client = redis_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **FAST_GROUPS))
+    got = coord.start().fetch_offsets("both", [TopicPartition("shared", 0)])
+    client.close()
+    assert got.offsets[TopicPartition("shared", 0)].offset == 5
+    assert got.offsets[TopicPartition("shared", 0)].metadata == "from-kafka"
+
+
+# -- confluent-kafka (librdkafka) -------------------------------------------------------------
+
+
+def test_confluent_kafka_produces_and_consumes(gateway: GatewayThread, topics: Topics) -> None:
+    ck = pytest.importorskip("confluent_kafka")
+    topics.create("rd", 3)
+    producer = ck.Producer({"bootstrap.servers": gateway.bootstrap, "enable.idempotence": False,
+                            "broker.address.family": "v4"})
+    for i in range(30):
+        producer.produce("rd", key=b"k%d" % i, value=b"v%d" % i, headers=[("n", b"%d" % i)])
+    assert producer.flush(20) == 0
+    consumer = ck.Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": "rdg",
+                            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                            "broker.address.family": "v4", "session.timeout.ms": 6000,
+                            "heartbeat.interval.ms": 500})
+    consumer.subscribe(["rd"])
+    got: dict[bytes, tuple[bytes, Any]] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < 30 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            got[msg.key()] = (msg.value(), msg.headers())
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([ck.TopicPartition("rd", p) for p in range(3)],
+                                       timeout=10)
+    finally:
+        consumer.close()
+    assert got == {b"k%d" % i: (b"v%d" % i, [("n", b"%d" % i)]) for i in range(30)}
+    ends = {p.partition: p.log_end_offset for p in topics.describe("rd").partitions}
+    assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+def _group_states(admin: Any) -> dict[str, str]:
+    return {g["group_id"]: g["group_state"] for g in admin.list_groups()}
+
+
+def test_kafka_python_admin_topics_and_groups(gateway: GatewayThread, topics: Topics) -> None:
+    from kafka.admin import NewTopic
+    from kafka.errors import InvalidConfigurationError, TopicAlreadyExistsError
+
+    admin = kafka.KafkaAdminClient(bootstrap_servers=gateway.bootstrap)
+    try:
+        admin.create_topics([NewTopic("made", 3, 1, topic_configs={"retention.ms": "60000"})])
+        desc = topics.describe("made")
+        assert len(desc.partitions) == 3 and desc.retention_ms == 60000
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("made", 1, 1)])
+        with pytest.raises(InvalidConfigurationError):
+            admin.create_topics([NewTopic("other", 1, 1, topic_configs={"cleanup.policy": "x"})])
+
+        member = _Member(gateway, "admin-g", "made")
+        member.start()
+        try:
+            wait_until(lambda: member.assigned == {0, 1, 2})
+            assert _group_states(admin)["admin-g"] == "Stable"
+            described = admin.describe_groups(["admin-g"])["admin-g"]
+            assert described["group_state"] == "Stable"
+            assert described["protocol_data"] == "range"
+            (m,) = described["members"]
+            # The client's ConsumerProtocol bytes passed through the coordinator untouched.
+            assert m["member_metadata"]["topics"] == ["made"]
+            assert m["member_assignment"]["assigned_partitions"] == [
+                {"topic": "made", "partitions": [0, 1, 2]}]
+        finally:
+            member.stop.set()
+            member.join(30)
+        wait_until(lambda: _group_states(admin).get("admin-g") == "Empty")
+        simple = kafka.KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="admin-g",
+                                     enable_auto_commit=False)
+        simple.assign([kafka.TopicPartition("made", 1)])
+        simple.commit({kafka.TopicPartition("made", 1): kafka.OffsetAndMetadata(0, "", -1)})
+        simple.close()
+        offsets = admin.list_group_offsets("admin-g")["admin-g"]
+        assert {(tp.topic, tp.partition): om.offset for tp, om in offsets.items()} == {
+            ("made", 1): 0}
+        admin.delete_groups(["admin-g"])
+        assert "admin-g" not in _group_states(admin)
+        admin.delete_topics(["made"])
+        assert "made" not in topics.list()
+    finally:
+        admin.close()
