@@ -80,8 +80,8 @@ class GroupCoordinator:
 
     ``redis_client`` is a ``redis.Redis`` or ``redis.RedisCluster`` created with
     ``decode_responses=False``. ``config`` writes the settings it names to the namespace in
-    Redis (see ``CoordinatorConfig``); without one, the stored settings (or Kafka's defaults)
-    apply. The settings, the partition count above all, are one agreed fact of the namespace
+    Redis (see ``CoordinatorConfig``); without one (or with just a namespace name), the stored
+    settings (or Kafka's defaults) apply. The settings, the partition count above all, are one agreed fact of the namespace
     (``rcoord.settings``): a call made with a stale count is refused by the script and this
     class settles again and retries by itself; a process that named settings writes them again
     if they were lost. ``clock`` (a callable returning milliseconds) replaces Redis ``TIME`` in
@@ -93,13 +93,14 @@ class GroupCoordinator:
     def __init__(
         self,
         redis_client: Any,
-        config: CoordinatorConfig | None = None,
+        config: CoordinatorConfig | str | None = None,
         *,
         clock: Callable[[], int] | None = None,
     ) -> None:
         self._redis = redis_client
         self._scripts = Scripts(redis_client)
-        self._steps = GroupSteps(config, "rcoord", clock)
+        given = config if isinstance(config, CoordinatorConfig) else None
+        self._steps = GroupSteps(given, config if isinstance(config, str) else "rcoord", clock)
         self._lock = threading.Lock()
 
     def _run(self, flow: Flow[R]) -> R:

@@ -42,3 +42,14 @@ def test_the_lifecycle_methods_match_too():
         sync = inspect.signature(getattr(GroupCoordinator, name))
         awaited = inspect.signature(getattr(AsyncGroupCoordinator, name))
         assert list(sync.parameters) == list(awaited.parameters)
+
+
+def test_both_take_a_config_or_a_namespace_name(redis_client, namespace):
+    from rcoord import CoordinatorConfig
+
+    by_name = GroupCoordinator(redis_client, namespace).start()
+    assert by_name.config.namespace == namespace
+    named = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert named.config == by_name.config
+    assert inspect.signature(GroupCoordinator).parameters["config"].annotation == \
+        inspect.signature(AsyncGroupCoordinator).parameters["config"].annotation
