@@ -6,7 +6,7 @@ Run from the repository root::
     python bench/consume.py --quick    # smaller run (~15 s)
     python bench/consume.py --redis-url redis://127.0.0.1:6379/0
 
-Without ``--redis-url`` an ``rcoord.embedded.EmbeddedServer`` is started on a free 127.0.0.1
+Without ``--redis-url`` an ``rcoord.testing.embedded.EmbeddedServer`` is started on a free 127.0.0.1
 port and stopped at the end. Every run uses a fresh namespace and deletes its keys.
 
 Sections:
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url = args.redis_url
     if not url:
-        from rcoord.embedded import EmbeddedServer
+        from rcoord.testing.embedded import EmbeddedServer
 
         server = EmbeddedServer().start()
         url = server.url

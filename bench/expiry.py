@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, JoinGroupResult  # noqa: E402
-from rcoord.embedded import EmbeddedServer  # noqa: E402
+from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 from rcoord.keys import PartitionKeys  # noqa: E402
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], require_known_member_id=False)

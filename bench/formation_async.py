@@ -38,7 +38,7 @@ import redis.asyncio  # noqa: E402
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator  # noqa: E402
 from rcoord.asyncio import AsyncGroupCoordinator  # noqa: E402
-from rcoord.embedded import EmbeddedServer  # noqa: E402
+from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=60_000,
             rebalance_timeout_ms=60_000)

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.redis_url:
         r = redis.Redis.from_url(args.redis_url)
     else:
-        from rcoord.embedded import EmbeddedServer
+        from rcoord.testing.embedded import EmbeddedServer
         server = EmbeddedServer().start()
         r = server.client()
     old = r.config_get("slowlog-*")

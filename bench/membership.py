@@ -6,7 +6,7 @@ Run from the repository root::
     python bench/membership.py --quick    # smaller run (~30 s)
     python bench/membership.py --redis-url redis://127.0.0.1:6379/0
 
-Without ``--redis-url`` an ``rcoord.embedded.EmbeddedServer`` (a throw-away redis/valkey server
+Without ``--redis-url`` an ``rcoord.testing.embedded.EmbeddedServer`` (a throw-away redis/valkey server
 on a free 127.0.0.1 port) is started and stopped at the end. Every run uses fresh namespaces
 (``bench-<pid>-<time>-<n>``) and deletes their keys at the end. See bench/README.md for what
 each column means and for measured results.
@@ -1062,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
         host = "127.0.0.1"
         url = f"redis://{host}:{port}/{parsed.get('db', 0)}"
     else:
-        from rcoord.embedded import EmbeddedServer
+        from rcoord.testing.embedded import EmbeddedServer
 
         server = EmbeddedServer(extra_args=["--maxclients", "10000",
                                             "--slowlog-log-slower-than", "1000"]).start()

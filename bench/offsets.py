@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition  # noqa: E402
-from rcoord.embedded import EmbeddedServer  # noqa: E402
+from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=60_000,
             require_known_member_id=False)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis
 
-from rcoord.embedded import EmbeddedServer
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
 
 PARTITIONS = 12

@@ -6,7 +6,7 @@ Run from the repository root::
     python bench/read_path.py --quick    # 30,000 records, 1 round (~15 s)
     python bench/read_path.py --redis-url redis://127.0.0.1:6379/0
 
-Without ``--redis-url`` an ``rcoord.embedded.EmbeddedServer`` is started on a free 127.0.0.1
+Without ``--redis-url`` an ``rcoord.testing.embedded.EmbeddedServer`` is started on a free 127.0.0.1
 port and stopped at the end. Every run uses fresh namespaces and deletes its keys.
 
 N records (100-byte values) go into a 12-partition topic, then one process reads all of them,
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url = args.redis_url
     if not url:
-        from rcoord.embedded import EmbeddedServer
+        from rcoord.testing.embedded import EmbeddedServer
 
         server = EmbeddedServer().start()
         url = server.url

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from expiry import JOIN, cpu_seconds, lateness, pct  # noqa: E402
 
 from rcoord import CoordinatorConfig, GroupCoordinator  # noqa: E402
-from rcoord.embedded import EmbeddedCluster  # noqa: E402
+from rcoord.testing.embedded import EmbeddedCluster  # noqa: E402
 from rcoord.keys import PartitionKeys  # noqa: E402
 
 LEASE_TTL_MS = 2000

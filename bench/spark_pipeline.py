@@ -167,7 +167,7 @@ def main() -> None:
     server = None
     url = args.redis_url
     if url is None:
-        from rcoord.embedded import EmbeddedServer
+        from rcoord.testing.embedded import EmbeddedServer
 
         server = EmbeddedServer().start()
         url = server.url

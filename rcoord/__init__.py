@@ -15,7 +15,7 @@ from .client import (
     Generation,
     GroupClosedError,
 )
-from .clock import MockTime
+from .testing.clock import MockTime
 from .config import CoordinatorConfig
 from .coordinator import GroupCoordinator
 from .errors import (

@@ -137,7 +137,7 @@ def add_tls_arguments(p: argparse.ArgumentParser) -> None:
 
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
-    from .embedded import EmbeddedServerError
+    from .testing.embedded import EmbeddedServerError
     from .errors import ConfigError, ConnectionLost, MissingPermissionError, RcoordError
 
     at = f" at {redact(url)}" if url else ""

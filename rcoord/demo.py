@@ -616,7 +616,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
                   deadline: float) -> int:
-    from .embedded import EmbeddedServer
+    from .testing.embedded import EmbeddedServer
 
     server = None
     if not url:

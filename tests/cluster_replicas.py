@@ -20,7 +20,7 @@ from typing import Any
 import redis
 import redis.cluster
 
-from rcoord.embedded import EmbeddedServer, _pick_free_port, find_server_binary
+from rcoord.testing.embedded import EmbeddedServer, _pick_free_port, find_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 INIT = ROOT / "compose" / "cluster-init.sh"

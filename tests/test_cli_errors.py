@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rcoord.embedded import EmbeddedServer
+from rcoord.testing.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret-pw"

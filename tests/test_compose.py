@@ -15,7 +15,7 @@ import pytest
 import yaml
 from cluster_replicas import cluster_nodes, free_port, node, run_init, start_init
 
-from rcoord.embedded import EmbeddedServer, _parse_info
+from rcoord.testing.embedded import EmbeddedServer, _parse_info
 
 COMPOSE = Path(__file__).resolve().parent.parent / "compose"
 

@@ -14,7 +14,7 @@ from rcoord import (
     GroupCoordinator,
     MemberIdentity,
 )
-from rcoord.embedded import EmbeddedServer
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.keys import PartitionKeys, settings_key
 
 JOIN = dict(protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=200, rebalance_timeout_ms=300)

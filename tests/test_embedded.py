@@ -1,4 +1,4 @@
-"""Tests for rcoord.embedded: real throw-away servers on 127.0.0.1."""
+"""Tests for rcoord.testing.embedded: real throw-away servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rcoord import embedded
-from rcoord.embedded import (
+from rcoord.testing import embedded
+from rcoord.testing.embedded import (
     CLUSTER_SLOTS,
     ENV_SERVER_BINARY,
     EmbeddedCluster,
@@ -152,7 +152,7 @@ def test_fixed_busy_port_fails_fast() -> None:
 
 def test_atexit_stops_forgotten_servers(tmp_path) -> None:
     code = (
-        "from rcoord.embedded import EmbeddedServer\n"
+        "from rcoord.testing.embedded import EmbeddedServer\n"
         "s = EmbeddedServer().start()\n"
         "print(s.pid, s.port, s.data_dir, flush=True)\n"
     )

@@ -41,7 +41,7 @@ from faults.history import (
 from harness import wait_until
 
 from rcoord.client import RedisCoordinator
-from rcoord.embedded import EmbeddedServer
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.keys import GroupKeys, settings_key
 from rcoord.partitioning import partition_for
 from rcoord.protocol.offsets import TopicPartition

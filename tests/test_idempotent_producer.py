@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from rcoord import ConnectionLost, Errors, InvalidRequestError, MockTime
-from rcoord.embedded import EmbeddedServer
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import (
     Producer,
     ProducerRecord,
