@@ -45,7 +45,14 @@ from .protocol.offsets import (
     partitions_args,
     retention_arg,
 )
-from .protocol.park import CLAIM_MS, MAX_BLOCK_MS, park_flow
+from .protocol.park import (
+    CLAIM_MS,
+    MAX_BLOCK_MS,
+    ClaimDeadline,
+    ReadDeadline,
+    WaitWake,
+    park_flow,
+)
 from .protocol.sync import SyncGroupResult, SyncRequest
 from .settings import settle_flow
 
@@ -201,14 +208,14 @@ class GroupSteps:
             op = next(wait)
             while True:
                 result: Any
-                if op[0] == "xread":
-                    result = yield XRead(keys.wake, op[1], op[2])
-                elif op[0] == "zscore":
+                if isinstance(op, WaitWake):
+                    result = yield XRead(keys.wake, op.after, op.block_ms)
+                elif isinstance(op, ReadDeadline):
                     result = yield Command(("ZSCORE", keys.partition.due, keys.group_id))
                     result = None if result is None else float(result)
-                elif op[0] == "claim":
+                elif isinstance(op, ClaimDeadline):
                     result = bool((yield Command(("SET", keys.claim, b"1", "NX", "PX", CLAIM_MS))))
-                else:
+                else:  # Poll
                     result = yield from self.call("await_reply", keys, [member_id, kind])
                 op = wait.send(result)
         except StopIteration as done:

@@ -53,3 +53,18 @@ def test_both_take_a_config_or_a_namespace_name(redis_client, namespace):
     assert named.config == by_name.config
     assert inspect.signature(GroupCoordinator).parameters["config"].annotation == \
         inspect.signature(AsyncGroupCoordinator).parameters["config"].annotation
+
+
+def test_the_park_flow_asks_for_typed_operations():
+    import pytest
+
+    from rcoord.protocol.park import MOCK_CLOCK_BLOCK_MS, Poll, WaitWake, park_flow
+
+    flow = park_flow([b"W", b"5-0", b"-1", b"1000"], mock_clock=True, max_block_ms=1000)
+    assert next(flow) == WaitWake(b"5-0", MOCK_CLOCK_BLOCK_MS)
+    assert flow.send(False) == Poll()  # a mock clock re-checks after every wait
+    assert flow.send([b"W", b"6-0", b"-1", b"1000"]) == WaitWake(b"6-0", MOCK_CLOCK_BLOCK_MS)
+    assert flow.send(True) == Poll()
+    with pytest.raises(StopIteration) as done:
+        flow.send([b"R", b"the reply"])
+    assert done.value.value == b"the reply"

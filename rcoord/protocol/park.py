@@ -4,11 +4,11 @@ The flow is a generator that yields the I/O it needs and receives the results, i
 httpx's auth flows, so the blocking ``GroupCoordinator`` and the asyncio
 ``AsyncGroupCoordinator`` share the one algorithm and differ only in how they perform I/O:
 
-* ``("xread", wake_id, block_ms)``: block on the group's wake stream; send back whether it moved;
-* ``("zscore",)``: the group's earliest deadline in the partition's due index (or None);
-* ``("claim",)``: try to become the one caller that applies a due deadline (SET NX with a short
-  expiry); send back whether it succeeded;
-* ``("poll",)``: run ``await_reply``; send back its reply.
+* ``WaitWake(after, block_ms)``: block on the group's wake stream; send back whether it moved;
+* ``ReadDeadline()``: the group's earliest deadline in the partition's due index (or None);
+* ``ClaimDeadline()``: try to become the one caller that applies a due deadline (SET NX with a
+  short expiry); send back whether it succeeded;
+* ``Poll()``: run ``await_reply``; send back its reply.
 
 The flow returns the reply's bytes. Why it waits the way it does: the wait ends early when the
 wake stream moves (a reply may be ready). When it times out at the group's next deadline, one
@@ -23,15 +23,20 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "park_flow",
+    "CLAIM_MS",
+    "DEADLINE_JITTER_MS",
     "MAX_BLOCK_MS",
     "MOCK_CLOCK_BLOCK_MS",
-    "DEADLINE_JITTER_MS",
     "SAFETY_POLL_MS",
-    "CLAIM_MS",
+    "ClaimDeadline",
+    "Poll",
+    "ReadDeadline",
+    "WaitWake",
+    "park_flow",
 ]
 
 MAX_BLOCK_MS = 1000
@@ -45,7 +50,32 @@ SAFETY_POLL_MS = 5000
 CLAIM_MS = 50
 """How long a claim to apply a due deadline holds; a claimant that dies is replaced after it."""
 
-Op = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class WaitWake:
+    """Block on the group's wake stream after ``after`` for up to ``block_ms``."""
+
+    after: Any
+    block_ms: int
+
+
+@dataclass(frozen=True)
+class ReadDeadline:
+    """Read the group's earliest deadline from the partition's due index."""
+
+
+@dataclass(frozen=True)
+class ClaimDeadline:
+    """Try to become the one parked caller that applies the group's due deadline."""
+
+
+@dataclass(frozen=True)
+class Poll:
+    """Run ``await_reply`` for this member's parked call."""
+
+
+Op = WaitWake | ReadDeadline | ClaimDeadline | Poll
 
 
 def block_ms(deadline: int, now: float, *, mock_clock: bool, max_block_ms: int) -> int:
@@ -67,17 +97,17 @@ def park_flow(reply: list[Any], *, mock_clock: bool, max_block_ms: int) -> Gener
             block = block_ms(deadline, server_now, mock_clock=mock_clock, max_block_ms=max_block_ms)
             if not mock_clock and deadline >= 0:
                 block += random.randint(0, DEADLINE_JITTER_MS)
-            woke = yield ("xread", wake_id, block)
+            woke = yield WaitWake(wake_id, block)
             elapsed_ms = (time.monotonic() - started) * 1000
             if woke or mock_clock or elapsed_ms >= SAFETY_POLL_MS:
                 break
-            score = yield ("zscore",)
+            score = yield ReadDeadline()
             if score is not None and score <= base_now + elapsed_ms:
-                if (yield ("claim",)):
+                if (yield ClaimDeadline()):
                     break
                 # Another parked caller applies it; its result wakes us, else re-check later.
                 deadline = int(base_now + elapsed_ms) + CLAIM_MS
                 continue
             deadline = -1 if score is None else int(score)
-        reply = yield ("poll",)
+        reply = yield Poll()
     return bytes(reply[1])
