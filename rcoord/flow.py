@@ -16,7 +16,17 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Command", "Flow", "Pipeline", "Script", "ScriptBatch", "XRead", "adrive", "drive"]
+__all__ = [
+    "Command",
+    "Flow",
+    "Pipeline",
+    "Script",
+    "ScriptBatch",
+    "WaitReplicas",
+    "XRead",
+    "adrive",
+    "drive",
+]
 
 R = TypeVar("R")
 
@@ -68,7 +78,22 @@ class XRead:
     block_ms: int
 
 
-Op = Script | ScriptBatch | Command | Pipeline | XRead
+@dataclass(frozen=True)
+class WaitReplicas:
+    """Wait until ``replicas`` replicas of the master holding ``key`` have every write made
+    before this operation, or ``timeout_ms`` passed. Sent back: how many acknowledged.
+
+    Redis's WAIT counts the writes of its own connection, so the driver writes ``key`` (an
+    INCR) and sends WAIT on one connection to that master: the replication stream is ordered,
+    so a replica that has this write has every earlier write of the master too.
+    """
+
+    key: Any
+    replicas: int
+    timeout_ms: int
+
+
+Op = Script | ScriptBatch | Command | Pipeline | XRead | WaitReplicas
 Flow = Generator[Op, Any, R]
 
 
@@ -102,6 +127,14 @@ def _perform(client: Any, scripts: Any, op: Op) -> Any:
         return _batch_sync(client, scripts, op)
     if isinstance(op, XRead):
         return bool(client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    if isinstance(op, WaitReplicas):
+        target = client
+        if hasattr(client, "get_redis_connection"):  # a cluster: the key's master, directly
+            target = client.get_redis_connection(client.get_node_from_key(op.key))
+        pipe = target.pipeline(transaction=False)
+        pipe.execute_command("INCR", op.key)
+        pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
+        return int(pipe.execute()[1])
     raise TypeError(f"not an operation: {op!r}")
 
 
@@ -150,7 +183,28 @@ async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
         return await _batch_async(client, scripts, op)
     if isinstance(op, XRead):
         return bool(await client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    if isinstance(op, WaitReplicas):
+        return await _await_replicas(client, op)
     raise TypeError(f"not an operation: {op!r}")
+
+
+async def _await_replicas(client: Any, op: WaitReplicas) -> int:
+    if hasattr(client, "get_node_from_key"):  # redis.asyncio.RedisCluster: one node's pipeline
+        from redis.asyncio.cluster import PipelineCommand
+
+        await client.initialize()
+        commands = [PipelineCommand(0, "INCR", op.key),
+                    PipelineCommand(1, "WAIT", op.replicas, op.timeout_ms)]
+        await client.get_node_from_key(op.key).execute_pipeline(commands)
+        for command in commands:
+            if isinstance(command.result, Exception):
+                raise command.result
+        acked: Any = commands[1].result
+        return int(acked)
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("INCR", op.key)
+    pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
+    return int((await pipe.execute())[1])
 
 
 async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:

@@ -92,6 +92,12 @@ class PartitionKeys:
     def lease(self) -> str:
         return f"{self.prefix}:lease"
 
+    @property
+    def acks(self) -> str:
+        """Not a script key: the counter a replica-acknowledged commit writes before its WAIT
+        (``rcoord.flow.WaitReplicas``)."""
+        return f"{self.prefix}:acks"
+
     def group(self, group_id: str) -> GroupKeys:
         return GroupKeys(self, group_id)
 

@@ -19,8 +19,8 @@ from typing import Any
 import redis.exceptions
 
 from .config import CoordinatorConfig
-from .errors import Errors
-from .flow import Command, Flow, Pipeline, Script, ScriptBatch, XRead
+from .errors import Errors, InvalidRequestError
+from .flow import Command, Flow, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
@@ -366,6 +366,8 @@ class GroupSteps:
         generation_id: int = -1,
         group_instance_id: str | None = None,
         retention_ms: int | None = None,
+        required_acks: int = 0,
+        ack_timeout_ms: int = 5000,
     ) -> Flow[dict[TopicPartition, Errors]]:
         """OffsetCommit, fenced by generation; all accepted partitions are stored atomically.
 
@@ -373,6 +375,14 @@ class GroupSteps:
         while the group is Empty. See ``rcoord.protocol.offsets`` for the errors. One call
         carries at most MAX_ITEMS_PER_CALL partitions (``encode_commit`` says why it refuses
         rather than splits); offsets are int64, stored exactly.
+
+        ``required_acks`` replicas must have the commit before it is answered NONE (Kafka's
+        ``offsets.commit.required.acks``; ``ack_timeout_ms`` is its
+        ``offsets.commit.timeout.ms``). Redis replicates asynchronously, so with the default 0
+        a failover can lose a commit the master acknowledged; with N > 0 the commit is followed
+        by WAIT, and if fewer than N replicas have it in time every accepted partition answers
+        COORDINATOR_NOT_AVAILABLE, as Kafka answers a commit its ISR did not acknowledge: the
+        offsets are on the master, and the caller commits again (the same offsets: harmless).
         """
         gid = check_id("group_id", group_id)
         order, packed = encode_commit(offsets)
@@ -383,10 +393,25 @@ class GroupSteps:
             retention_arg(retention_ms),
             packed,
         ]
+        acks = require_int32("required_acks", required_acks)
+        wait_ms = require_int32("ack_timeout_ms", ack_timeout_ms)
+        if acks < 0 or wait_ms < 0:
+            raise InvalidRequestError(
+                f"required_acks and ack_timeout_ms must be >= 0, got {acks} and {wait_ms}")
         if not order:
             return {}
-        reply = yield from self.call("commit_offsets", self.keys(gid), args)
-        return {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+        keys = self.keys(gid)
+        reply = yield from self.call("commit_offsets", keys, args)
+        result = {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
+        if acks and Errors.NONE in result.values():
+            try:
+                acked = yield WaitReplicas(keys.partition.acks, acks, wait_ms)
+            except redis.exceptions.ResponseError:
+                acked = -1  # e.g. MOVED: the slot changed master since the commit
+            if acked < acks:
+                result = {tp: Errors.COORDINATOR_NOT_AVAILABLE if e is Errors.NONE else e
+                          for tp, e in result.items()}
+        return result
 
     def fetch_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition] | None = None
