@@ -76,6 +76,14 @@ class _TopicState:
             return
         remaining = [p for p in range(self.count) if p not in self.assigned]
         start = 0  # without a filter the takes are consecutive slices of ``remaining``
+        # With rack matching, each rack's candidates in partition order, and how far each
+        # rack's scan got: partitions before the cursor are taken, so no scan repeats work.
+        by_rack: dict[str, list[int]] = {}
+        if match is not None:
+            for p in remaining:
+                for rack in self.racks.get(p, ()):
+                    by_rack.setdefault(rack, []).append(p)
+        cursor: dict[str | None, int] = {}
         for consumer in self.consumers:
             if len(self.assigned) == self.count:
                 break
@@ -84,12 +92,14 @@ class _TopicState:
                 parts = remaining[start:start + limit]
                 start += len(parts)
             else:
-                parts = []
-                for p in remaining:
-                    if len(parts) == limit:
-                        break
-                    if p not in self.assigned and match(consumer, p):
-                        parts.append(p)
+                own = self.consumer_racks.get(consumer)
+                candidates = remaining if own is None else by_rack.get(own, [])
+                i, parts = cursor.get(own, 0), []
+                while len(parts) < limit and i < len(candidates):
+                    if candidates[i] not in self.assigned:
+                        parts.append(candidates[i])
+                    i += 1
+                cursor[own] = i
             if parts:
                 self.assign(consumer, parts, result)
 
@@ -176,13 +186,19 @@ def _assign_co_partitioned(
     assignments, so a member's remaining quota is the same in each; once it reaches zero it
     never grows again, so such members are dropped from the scan for good.
     """
-    remaining = list(group[0].consumers)
+    first = group[0]
+    remaining = list(first.consumers)
+    empty: frozenset[str] = frozenset()
     for p in range(count):
-        remaining = [c for c in remaining if group[0].max_assignable(c) > 0]
+        remaining = [c for c in remaining if first.max_assignable(c) > 0]
         if not remaining:
             break
+        # A member fits partition p of every topic when its rack holds all of them (or it has
+        # no rack): the racks common to the group's topics decide, once per partition.
+        common = frozenset.intersection(*(s.racks.get(p, empty) for s in group))
         for consumer in remaining:
-            if all(s.racks_match(consumer, p) and s.max_assignable(consumer) > 0 for s in group):
+            rack = first.consumer_racks.get(consumer)
+            if rack is None or rack in common:
                 for s in group:
                     s.assign(consumer, [p], result)
                 break
