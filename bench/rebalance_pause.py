@@ -10,9 +10,11 @@ Each trial starts an embedded server, the rcoord service and three worker proces
 continuously (25 records every 50 ms, round robin), waits until the three hold every partition,
 then starts a fourth worker and waits until the four hold every partition. For each partition,
 the *pause* is the longest gap between two records of it being returned by ``poll()`` (any
-worker), from one second before the join until half a second after the group settled. A
-partition that keeps flowing has a pause of about its record spacing (~15 ms here, plus
-scheduling noise); a stopped one, the time it stopped. Heartbeat 300 ms, session 1.5 s.
+worker), from the join until half a second after the group settled, and the *steady-state gap*
+the longest gap in the second before the join (the machine's own noise). Partitions are split
+into *kept* (the same worker holds them before and after) and *moved*. A partition that keeps
+flowing has a pause of about the steady-state gap; a stopped one, the time it stopped.
+Heartbeat 300 ms, session 1.5 s.
 
 * eager: ``--assignor range`` (every member revokes everything at each rebalance);
 * cooperative: ``--assignor cooperative-sticky`` (KIP-429: members keep what they keep).
@@ -72,8 +74,13 @@ def _settled(events: list[dict[str, Any]], names: set[str]) -> bool:
     return all(held.get(n) for n in names) and sorted(parts) == list(range(PARTITIONS))
 
 
-def trial(assignor: str) -> dict[int, float]:
-    """partition -> pause (s) around one join."""
+def trial(assignor: str) -> list[tuple[bool, float, float]]:
+    """Per partition around one join: (kept by its owner?, pause, baseline), in seconds.
+
+    The pause is the longest gap between two of its records returned by ``poll()`` from the
+    join until half a second after the group settled; the baseline is the longest gap in the
+    steady second before the join (the machine's own noise: producer cadence, scheduling).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         sc = Scenario(Path(tmp), workers=0, records=10**6)
         try:
@@ -82,6 +89,7 @@ def trial(assignor: str) -> dict[int, float]:
             wait_until(lambda: _settled(sc.events(), {"w1", "w2", "w3"}), timeout_s=WAIT_S)
             time.sleep(1.0)  # a steady second before the join (measured, not waited on)
             t_join = time.time()
+            before = _held(sc.events())
             sc.workers.append(BenchWorker(sc, "w4", assignor))
             wait_until(lambda: _settled(sc.events(), {"w1", "w2", "w3", "w4"}), timeout_s=WAIT_S)
             t_end = time.time() + 0.5
@@ -92,37 +100,42 @@ def trial(assignor: str) -> dict[int, float]:
             for w in sc.workers:
                 w.stop()
             sc.close()
-    pauses: dict[int, float] = {}
+    after = _held(events)
+    owner = {p: w for w, parts in before.items() for p in parts}
+    out = []
     for p in range(PARTITIONS):
         times = sorted(e["t"] for e in events if e["e"] == "processed"
                        and p in e.get("parts", ()) and t_join - 1.0 <= e["t"] <= t_end)
-        pauses[p] = max((b - a for a, b in pairwise(times)), default=0.0)
-    return pauses
+        quiet = [t for t in times if t <= t_join]
+        busy = [t for t in times if t >= (quiet[-1] if quiet else t_join)]
+        pause = max((b - a for a, b in pairwise(busy)), default=0.0)
+        baseline = max((b - a for a, b in pairwise(quiet)), default=0.0)
+        out.append((p in after.get(owner.get(p, ""), set()), pause, baseline))
+    return out
+
+
+def _ms(values: list[float], fn: Any) -> str:
+    return f"{fn(values) * 1000:.0f} ms" if values else "-"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
     args = ap.parse_args()
-    rows = []
-    for label, assignor in (("eager (range)", "range"),
-                            ("cooperative (cooperative-sticky)", "cooperative-sticky")):
-        per_partition: list[float] = []
-        worst_trial: list[float] = []
-        for _ in range(args.trials):
-            pauses = trial(assignor)
-            per_partition += pauses.values()
-            worst_trial.append(max(pauses.values()))
-        stopped = sum(1 for x in per_partition if x > 2 * HEARTBEAT_MS / 1000)
-        rows.append((label, statistics.median(per_partition), max(per_partition),
-                     statistics.median(worst_trial), stopped, len(per_partition)))
     print(f"rebalance pause when a 4th worker joins 3 ({PARTITIONS} partitions, heartbeat "
           f"{HEARTBEAT_MS} ms, {args.trials} trial(s) each)")
-    print(f"{'protocol':34} {'median/partition':>17} {'max/partition':>14} "
-          f"{'median worst':>13} {'stopped >600ms':>15}")
-    for label, med, mx, worst, stopped, n in rows:
-        print(f"{label:34} {med * 1000:>14.0f} ms {mx * 1000:>11.0f} ms {worst * 1000:>10.0f} ms "
-              f"{stopped:>9}/{n}")
+    print("| protocol | kept partitions: median / max pause | moved partitions: median / max "
+          "pause | steady-state gap: median / max |")
+    print("|---|---|---|---|")
+    for label, assignor in (("eager (range)", "range"),
+                            ("cooperative (cooperative-sticky)", "cooperative-sticky")):
+        rows = [row for _ in range(args.trials) for row in trial(assignor)]
+        kept = [pause for is_kept, pause, _ in rows if is_kept]
+        moved = [pause for is_kept, pause, _ in rows if not is_kept]
+        base = [b for _, _, b in rows]
+        print(f"| {label} | {_ms(kept, statistics.median)} / {_ms(kept, max)} ({len(kept)}) "
+              f"| {_ms(moved, statistics.median)} / {_ms(moved, max)} ({len(moved)}) "
+              f"| {_ms(base, statistics.median)} / {_ms(base, max)} |")
     return 0
 
 
