@@ -23,7 +23,10 @@ from ..topics import (
     partition_key,
 )
 from ..topics import offsets_for_times as topic_offsets_for_times
-from .records import BatchError, decode_batches, encode_batch
+from ..topics.producer import append_idempotent
+from .api_producers import kafka_producer_name
+from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH
+from .records import BatchError, IncomingBatch, decode_batches, encode_batch
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -39,20 +42,50 @@ _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 # -- Produce ----------------------------------------------------------------------------------
 
 
+def _append_batch(state: GatewayState, topic: str, partition: int, batch: IncomingBatch
+                  ) -> RecordMetadata:
+    """Blocking: append one batch; where its first record is (the original place for an
+    idempotent producer's exact resend)."""
+    if not batch.records:
+        raise BatchError(Errors.INVALID_REQUEST, "a record batch without records")
+    if batch.producer_id < 0:
+        return state.producer.send_batch(topic, batch.records)[0]
+    if batch.producer_epoch < 0 or batch.base_sequence < 0:
+        raise BatchError(Errors.INVALID_REQUEST,
+                         f"producer id {batch.producer_id} with epoch {batch.producer_epoch} "
+                         f"and base sequence {batch.base_sequence}: both must be >= 0")
+    try:
+        metas = append_idempotent(
+            state.sync_redis, state.config.namespace, topic, partition, batch.records,
+            producer_id=kafka_producer_name(batch.producer_id),
+            producer_epoch=batch.producer_epoch, base_sequence=batch.base_sequence)
+    except TopicError as exc:
+        if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
+            raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
+        raise
+    first = metas[0]
+    if first.duplicate and first.offset < 0:
+        # Appended before, but no longer among the batches the partition remembers.
+        raise BatchError(DUPLICATE_SEQUENCE_NUMBER,
+                         f"producer {batch.producer_id} sequence {batch.base_sequence} "
+                         "was appended before")
+    return first
+
+
 def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
             ) -> dict[str, Any]:
-    """Blocking: append one partition's batches; the partition's response."""
+    """Blocking: append one partition's batches, in order; the partition's response.
+
+    An idempotent producer's exact resend is answered as Kafka does: success, with the offset
+    and timestamp of the original append (DUPLICATE_SEQUENCE_NUMBER when that is forgotten).
+    """
     out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
                            "log_append_time": -1, "log_start_offset": -1}
     try:
         batches = decode_batches(data or b"", partition)
-        records = [r for b in batches for r in b.records]
-        if any(b.producer_id >= 0 for b in batches):
-            raise BatchError(Errors.INVALID_REQUEST,
-                             "idempotent producers are not supported (no InitProducerId)")
-        if not records:
+        if not batches:
             raise BatchError(Errors.INVALID_REQUEST, "no records")
-        metas: list[RecordMetadata] = state.producer.send_batch(topic, records)
+        metas = [_append_batch(state, topic, partition, b) for b in batches]
         start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except BatchError as exc:
         out.update(error_code=exc.code, error_message=str(exc))

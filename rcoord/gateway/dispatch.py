@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (each registers its APIs)
     api_groups,
     api_meta,
     api_offsets,
+    api_producers,
     api_records,
     api_topics,
 )
