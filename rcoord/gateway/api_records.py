@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from ..errors import Errors
+from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
     Record,
@@ -143,10 +144,31 @@ def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[st
 
 async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, int]],
                             wait_ms: int) -> None:
-    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``."""
-    streams = {partition_key(state.config.namespace, t, p): f"0-{o}" for t, p, o in wanted}
-    if streams and wait_ms > 0:
+    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``.
+
+    One ``XREAD BLOCK`` over every stream on one node. A Redis Cluster refuses a multi-key
+    command across slots, and every partition has a slot of its own, so there each slot gets
+    its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
+    (redis-py drops a connection whose command was cancelled, so no late reply is misread).
+    """
+    if not wanted or wait_ms <= 0:
+        return
+    by_slot: dict[int, dict[str, str]] = {}
+    for t, p, o in wanted:
+        key = partition_key(state.config.namespace, t, p)
+        by_slot.setdefault(keyslot(key) if state.cluster else 0, {})[key] = f"0-{o}"
+    if len(by_slot) == 1:
+        (streams,) = by_slot.values()
         await state.redis.xread(streams, count=1, block=wait_ms)
+        return
+    waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=wait_ms))
+             for streams in by_slot.values()]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 @api(1, "Fetch", 4, 12)

@@ -15,7 +15,9 @@ from typing import Any, Self
 
 import redis
 import redis.asyncio
+import redis.cluster
 
+from ..connect import connect
 from .dispatch import handle_frame
 from .framing import FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
@@ -39,8 +41,15 @@ class Gateway:
     def __init__(self, config: GatewayConfig, redis_url: str, **redis_kwargs: Any) -> None:
         self.config = config.validate()
         kwargs = {"socket_timeout": SOCKET_TIMEOUT_S, **redis_kwargs}
-        self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
-        self._sync_redis = redis.Redis.from_url(redis_url, **kwargs)
+        # One node or a Redis Cluster, as the server says (rcoord.connect); the asyncio client
+        # (groups, Fetch waits) is of the same kind.
+        self._sync_redis = connect(redis_url, **kwargs)
+        kwargs["decode_responses"] = False
+        self._async_redis: Any
+        if isinstance(self._sync_redis, redis.cluster.RedisCluster):
+            self._async_redis = redis.asyncio.RedisCluster.from_url(redis_url, **kwargs)
+        else:
+            self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
         self.state = GatewayState(config, self._async_redis, self._sync_redis)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()

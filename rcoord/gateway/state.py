@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
+
 from ..asyncio import AsyncGroupCoordinator
 from ..topics import Producer, Topics
 
@@ -65,6 +67,8 @@ class GatewayState:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=config.topic_threads, thread_name_prefix="rcoord-gateway-topics")
         self.advertised: tuple[str, int] = (config.listen_host, config.listen_port)
+        self.cluster = not isinstance(sync_redis, redis.Redis)
+        """A Redis Cluster: multi-key commands must stay within one slot."""
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking topic call on the topic threads."""
