@@ -27,10 +27,11 @@ FAST_GROUPS = {
 class GatewayThread:
     """``start()`` returns once the gateway listens; ``bootstrap`` is its HOST:PORT."""
 
-    def __init__(self, redis_url: str, namespace: str, **config: Any) -> None:
+    def __init__(self, redis_url: str, namespace: str, auth: Any = None, **config: Any) -> None:
         self.config = GatewayConfig(listen_host="127.0.0.1", listen_port=0, namespace=namespace,
                                     **config)
         self.redis_url = redis_url
+        self.auth = auth
         self.loop = asyncio.new_event_loop()
         self.gateway: Gateway | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="gateway",
@@ -38,7 +39,7 @@ class GatewayThread:
 
     def start(self) -> GatewayThread:
         self._thread.start()
-        self.gateway = Gateway(self.config, self.redis_url)
+        self.gateway = Gateway(self.config, self.redis_url, auth=self.auth)
         asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(30)
         return self
 

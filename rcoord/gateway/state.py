@@ -57,8 +57,11 @@ class GatewayConfig:
 class GatewayState:
     """The shared pieces of one gateway process (see the module docstring)."""
 
-    def __init__(self, config: GatewayConfig, async_redis: Any, sync_redis: Any) -> None:
+    def __init__(self, config: GatewayConfig, async_redis: Any, sync_redis: Any,
+                 auth: Any = None) -> None:
         self.config = config
+        self.auth = auth
+        """An ``auth.AuthConfig``: every connection must authenticate (None: no one must)."""
         self.redis = async_redis
         self.sync_redis = sync_redis
         self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
@@ -86,3 +89,8 @@ class Connection:
     state: GatewayState
     client_host: str
     client_id: str = ""
+    sasl_mechanism: str | None = None
+    principal: str | None = None
+    """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
+    close_after_response: bool = False
+    """Set by a handler whose answer must be the connection's last (a failed authentication)."""
