@@ -1,14 +1,21 @@
 """A gateway on a free loopback port, served by its own event loop in a thread, for tests that
-drive it with blocking Kafka clients (kafka-python, confluent-kafka)."""
+drive it with blocking Kafka clients (kafka-python, confluent-kafka); raw Kafka frames for the
+tests that must send what no client sends."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.gateway import Gateway, GatewayConfig
+from rcoord.gateway.wire import build, request_class
+from rcoord.topics import Topics
 
 FAST_GROUPS = {
     "group_min_session_timeout_ms": 10,
@@ -20,10 +27,11 @@ FAST_GROUPS = {
 class GatewayThread:
     """``start()`` returns once the gateway listens; ``bootstrap`` is its HOST:PORT."""
 
-    def __init__(self, redis_url: str, namespace: str, **config: Any) -> None:
+    def __init__(self, redis_url: str, namespace: str, auth: Any = None, **config: Any) -> None:
         self.config = GatewayConfig(listen_host="127.0.0.1", listen_port=0, namespace=namespace,
                                     **config)
         self.redis_url = redis_url
+        self.auth = auth
         self.loop = asyncio.new_event_loop()
         self.gateway: Gateway | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="gateway",
@@ -31,7 +39,7 @@ class GatewayThread:
 
     def start(self) -> GatewayThread:
         self._thread.start()
-        self.gateway = Gateway(self.config, self.redis_url)
+        self.gateway = Gateway(self.config, self.redis_url, auth=self.auth)
         asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(30)
         return self
 
@@ -56,3 +64,162 @@ class GatewayThread:
 def settle_fast_groups(client: Any, namespace: str) -> None:
     """Name the namespace's settings (small timeouts, no initial delay) before the gateway."""
     GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **FAST_GROUPS)).start()
+
+
+@contextlib.contextmanager
+def running_gateway(redis_server: Any, namespace: str, **config: Any) -> Iterator[GatewayThread]:
+    """A started gateway over ``redis_server`` (fast group settings), stopped at the end."""
+    client = redis_server.client()
+    settle_fast_groups(client, namespace)
+    client.close()
+    gw = GatewayThread(redis_server.url, namespace, **config).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+@contextlib.contextmanager
+def topics_of(redis_server: Any, namespace: str) -> Iterator[Topics]:
+    client = redis_server.client()
+    try:
+        yield Topics(client, namespace)
+    finally:
+        client.close()
+
+
+# -- raw frames -------------------------------------------------------------------------------
+
+
+def request_frame(api_key: int, version: int, corr: int, body: dict[str, Any]) -> bytes:
+    """A whole request frame (size prefix, header v1/v2, body) built from plain data."""
+    from kio.serial import entity_writer
+
+    cls = request_class(api_key, version)
+    header_cls = cls.__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_cls)(buf, build(header_cls, {
+        "request_api_key": api_key, "request_api_version": version, "correlation_id": corr,
+        "client_id": "raw"}))
+    entity_writer(cls)(buf, build(cls, body))
+    data = buf.getvalue()
+    return len(data).to_bytes(4, "big") + data
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    """The next response frame's body (header and payload)."""
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    return exactly(int.from_bytes(exactly(4), "big"))
+
+
+def response(sock: socket.socket, api_key: int, version: int, header_bytes: int) -> Any:
+    """Read the next frame as ``api_key``'s response at ``version``; ``header_bytes``: 4 for
+    response header v0, 5 for v1 (flexible versions: an empty tagged-field section)."""
+    from kio.serial import entity_reader
+
+    from rcoord.gateway.wire import response_class
+
+    frame = recv_frame(sock)
+    resp, _ = entity_reader(response_class(api_key, version))(frame, header_bytes)
+    return resp
+
+
+def connect(gw: GatewayThread) -> socket.socket:
+    return socket.create_connection(gw.address, timeout=10)
+
+
+class LossyProxy:
+    """A TCP proxy in front of a gateway that loses the answer to chosen requests: it forwards
+    the request, then closes the client's connection instead of forwarding the response, so the
+    client cannot know whether the request was applied and must resend it (Kafka's "network
+    exception" case). ``drop(api_key, times)`` arms it; ``dropped`` counts what it did.
+
+    Bind first (``port``), start the gateway advertising that port, then ``start(upstream)``.
+    """
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._armed: dict[int, int] = {}
+        self.dropped = 0
+        self._closing = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+
+    def drop(self, api_key: int, times: int = 1) -> None:
+        with self._lock:
+            self._armed[api_key] = times
+
+    def start(self, upstream: tuple[str, int]) -> LossyProxy:
+        self._upstream = upstream
+        self._spawn(self._accept_loop)
+        return self
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._upstream)
+            self._socks += [client, server]
+            doomed: set[int] = set()
+            self._spawn(self._requests, client, server, doomed)
+            self._spawn(self._responses, server, client, doomed)
+
+    def _requests(self, client: socket.socket, server: socket.socket, doomed: set[int]) -> None:
+        try:
+            while True:
+                body = recv_frame(client)
+                key = int.from_bytes(body[0:2], "big")
+                with self._lock:
+                    if self._armed.get(key, 0) > 0:
+                        self._armed[key] -= 1
+                        doomed.add(int.from_bytes(body[4:8], "big"))
+                server.sendall(len(body).to_bytes(4, "big") + body)
+        except OSError:
+            pass
+        finally:
+            _close(client, server)
+
+    def _responses(self, server: socket.socket, client: socket.socket, doomed: set[int]) -> None:
+        try:
+            while True:
+                body = recv_frame(server)
+                if int.from_bytes(body[0:4], "big") in doomed:
+                    with self._lock:
+                        self.dropped += 1
+                    return  # applied upstream, never answered: the client must resend
+                client.sendall(len(body).to_bytes(4, "big") + body)
+        except OSError:
+            pass
+        finally:
+            _close(client, server)
+
+    def stop(self) -> None:
+        self._closing.set()
+        _close(self._listener, *self._socks)
+        for t in self._threads:
+            t.join(10)
+
+
+def _close(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            s.close()

@@ -3,7 +3,6 @@ frames for the error paths. Each test starts its own gateway on a free loopback 
 
 from __future__ import annotations
 
-import io
 import socket
 import threading
 import time
@@ -15,67 +14,32 @@ import pytest
 pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
-from gateway_harness import FAST_GROUPS, GatewayThread, settle_fast_groups
+from gateway_harness import (
+    FAST_GROUPS,
+    GatewayThread,
+    recv_frame,
+    request_frame,
+    running_gateway,
+    settle_fast_groups,
+    topics_of,
+)
+from gateway_harness import connect as _connect
 from harness import wait_until
 
-from rcoord.gateway.wire import build, request_class
 from rcoord.topics import Topics
 
 
 @pytest.fixture
 def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    client = redis_server.client()
-    settle_fast_groups(client, namespace)
-    client.close()
-    gw = GatewayThread(redis_server.url, namespace).start()
-    try:
+    with running_gateway(redis_server, namespace) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture
 def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    client = redis_server.client()
-    try:
-        yield Topics(client, namespace)
-    finally:
-        client.close()
+    with topics_of(redis_server, namespace) as t:
+        yield t
 
-
-# -- raw frames -------------------------------------------------------------------------------
-
-
-def _request(api_key: int, version: int, corr: int, body: dict[str, Any]) -> bytes:
-    from kio.serial import entity_writer
-
-    cls = request_class(api_key, version)
-    header_cls = cls.__header_schema__
-    buf = io.BytesIO()
-    entity_writer(header_cls)(buf, build(header_cls, {
-        "request_api_key": api_key, "request_api_version": version, "correlation_id": corr,
-        "client_id": "raw"}))
-    entity_writer(cls)(buf, build(cls, body))
-    data = buf.getvalue()
-    return len(data).to_bytes(4, "big") + data
-
-
-def _recv_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
-
-    return exactly(int.from_bytes(exactly(4), "big"))
-
-
-def _connect(gw: GatewayThread) -> socket.socket:
-    sock = socket.create_connection(gw.address, timeout=10)
-    return sock
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -90,16 +54,17 @@ def test_api_versions_lists_only_what_is_served(gateway: GatewayThread) -> None:
     from kio.serial import entity_reader
 
     with _connect(gateway) as sock:
-        sock.sendall(_request(18, 3, 7, {"client_software_name": "t",
+        sock.sendall(request_frame(18, 3, 7, {"client_software_name": "t",
                                          "client_software_version": "1"}))
-        frame = _recv_frame(sock)
+        frame = recv_frame(sock)
     assert int.from_bytes(frame[:4], "big") == 7  # response header v0: correlation id only
     resp, _ = entity_reader(ApiVersionsResponse)(frame, 4)
     assert resp.error_code.value == 0
     served = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
     assert served[18] == (0, 3)
     assert served[11] == (0, 9) and served[1] == (4, 12) and served[0] == (3, 9)
-    assert 22 not in served  # InitProducerId: not served, so not advertised
+    assert served[22] == (0, 5)  # InitProducerId
+    assert 29 not in served  # DescribeAcls: not served, so not advertised
 
 
 def test_api_versions_out_of_range_answers_v0_with_the_ranges(gateway: GatewayThread) -> None:
@@ -109,7 +74,7 @@ def test_api_versions_out_of_range_answers_v0_with_the_ranges(gateway: GatewayTh
     frame = (b"\x00\x12\x00\x63" + (9).to_bytes(4, "big") + b"\x00\x00\x00")  # v99, garbage body
     with _connect(gateway) as sock:
         sock.sendall(len(frame).to_bytes(4, "big") + frame)
-        reply = _recv_frame(sock)
+        reply = recv_frame(sock)
     assert int.from_bytes(reply[:4], "big") == 9
     resp, _ = entity_reader(ApiVersionsResponse)(reply, 4)
     assert resp.error_code.value == 35  # UNSUPPORTED_VERSION
@@ -123,13 +88,13 @@ def test_unserved_api_gets_unsupported_version_and_the_connection_stays(
     from kio.serial import entity_reader
 
     with _connect(gateway) as sock:
-        sock.sendall(_request(29, 1, 3, {}))  # DescribeAcls: Kafka has it, the gateway not
-        reply = _recv_frame(sock)
+        sock.sendall(request_frame(29, 1, 3, {}))  # DescribeAcls: Kafka has it, the gateway not
+        reply = recv_frame(sock)
         resp, _ = entity_reader(DescribeAclsResponse)(reply, 4)
         assert resp.error_code.value == 35
-        sock.sendall(_request(18, 3, 4, {"client_software_name": "t",
+        sock.sendall(request_frame(18, 3, 4, {"client_software_name": "t",
                                          "client_software_version": "1"}))
-        assert int.from_bytes(_recv_frame(sock)[:4], "big") == 4
+        assert int.from_bytes(recv_frame(sock)[:4], "big") == 4
 
 
 @pytest.mark.parametrize("bad", ["unknown-key", "truncated", "oversized", "garbage-body"])
@@ -150,9 +115,9 @@ def test_bad_frames_close_only_their_connection(gateway: GatewayThread, bad: str
             body = b"\x00\x03\x00\x0c\x00\x00\x00\x01" + b"\xff" * 5  # Metadata v12, junk
             victim.sendall(len(body).to_bytes(4, "big") + body)
         assert _closed(victim)
-        good.sendall(_request(18, 3, 11, {"client_software_name": "t",
+        good.sendall(request_frame(18, 3, 11, {"client_software_name": "t",
                                           "client_software_version": "1"}))
-        assert int.from_bytes(_recv_frame(good)[:4], "big") == 11
+        assert int.from_bytes(recv_frame(good)[:4], "big") == 11
     finally:
         good.close()
         victim.close()
@@ -189,8 +154,8 @@ def test_advertised_address_is_what_clients_are_told(redis_server: Any, namespac
         from kio.serial import entity_reader
 
         with _connect(gw) as sock:
-            sock.sendall(_request(3, 12, 1, {"topics": None}))
-            resp, _ = entity_reader(MetadataResponse)(_recv_frame(sock), 5)
+            sock.sendall(request_frame(3, 12, 1, {"topics": None}))
+            resp, _ = entity_reader(MetadataResponse)(recv_frame(sock), 5)
         assert [(b.host, b.port) for b in resp.brokers] == [("localhost", 19092)]
     finally:
         gw.stop()

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from ..errors import Errors
+from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
     Record,
@@ -23,7 +24,10 @@ from ..topics import (
     partition_key,
 )
 from ..topics import offsets_for_times as topic_offsets_for_times
-from .records import BatchError, decode_batches, encode_batch
+from ..topics.producer import append_idempotent
+from .api_producers import kafka_producer_name
+from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH
+from .records import BatchError, IncomingBatch, decode_batches, encode_batch
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -39,20 +43,50 @@ _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 # -- Produce ----------------------------------------------------------------------------------
 
 
+def _append_batch(state: GatewayState, topic: str, partition: int, batch: IncomingBatch
+                  ) -> RecordMetadata:
+    """Blocking: append one batch; where its first record is (the original place for an
+    idempotent producer's exact resend)."""
+    if not batch.records:
+        raise BatchError(Errors.INVALID_REQUEST, "a record batch without records")
+    if batch.producer_id < 0:
+        return state.producer.send_batch(topic, batch.records)[0]
+    if batch.producer_epoch < 0 or batch.base_sequence < 0:
+        raise BatchError(Errors.INVALID_REQUEST,
+                         f"producer id {batch.producer_id} with epoch {batch.producer_epoch} "
+                         f"and base sequence {batch.base_sequence}: both must be >= 0")
+    try:
+        metas = append_idempotent(
+            state.sync_redis, state.config.namespace, topic, partition, batch.records,
+            producer_id=kafka_producer_name(batch.producer_id),
+            producer_epoch=batch.producer_epoch, base_sequence=batch.base_sequence)
+    except TopicError as exc:
+        if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
+            raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
+        raise
+    first = metas[0]
+    if first.duplicate and first.offset < 0:
+        # Appended before, but no longer among the batches the partition remembers.
+        raise BatchError(DUPLICATE_SEQUENCE_NUMBER,
+                         f"producer {batch.producer_id} sequence {batch.base_sequence} "
+                         "was appended before")
+    return first
+
+
 def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
             ) -> dict[str, Any]:
-    """Blocking: append one partition's batches; the partition's response."""
+    """Blocking: append one partition's batches, in order; the partition's response.
+
+    An idempotent producer's exact resend is answered as Kafka does: success, with the offset
+    and timestamp of the original append (DUPLICATE_SEQUENCE_NUMBER when that is forgotten).
+    """
     out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
                            "log_append_time": -1, "log_start_offset": -1}
     try:
         batches = decode_batches(data or b"", partition)
-        records = [r for b in batches for r in b.records]
-        if any(b.producer_id >= 0 for b in batches):
-            raise BatchError(Errors.INVALID_REQUEST,
-                             "idempotent producers are not supported (no InitProducerId)")
-        if not records:
+        if not batches:
             raise BatchError(Errors.INVALID_REQUEST, "no records")
-        metas: list[RecordMetadata] = state.producer.send_batch(topic, records)
+        metas = [_append_batch(state, topic, partition, b) for b in batches]
         start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except BatchError as exc:
         out.update(error_code=exc.code, error_message=str(exc))
@@ -110,10 +144,31 @@ def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[st
 
 async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, int]],
                             wait_ms: int) -> None:
-    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``."""
-    streams = {partition_key(state.config.namespace, t, p): f"0-{o}" for t, p, o in wanted}
-    if streams and wait_ms > 0:
+    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``.
+
+    One ``XREAD BLOCK`` over every stream on one node. A Redis Cluster refuses a multi-key
+    command across slots, and every partition has a slot of its own, so there each slot gets
+    its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
+    (redis-py drops a connection whose command was cancelled, so no late reply is misread).
+    """
+    if not wanted or wait_ms <= 0:
+        return
+    by_slot: dict[int, dict[str, str]] = {}
+    for t, p, o in wanted:
+        key = partition_key(state.config.namespace, t, p)
+        by_slot.setdefault(keyslot(key) if state.cluster else 0, {})[key] = f"0-{o}"
+    if len(by_slot) == 1:
+        (streams,) = by_slot.values()
         await state.redis.xread(streams, count=1, block=wait_ms)
+        return
+    waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=wait_ms))
+             for streams in by_slot.values()]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 @api(1, "Fetch", 4, 12)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
+from .errors import INVALID_REPLICATION_FACTOR
 from .registry import api
 from .state import Connection, GatewayState
 
@@ -19,7 +20,6 @@ __all__: list[str] = []
 
 DEFAULT_PARTITIONS = 1
 """Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
-_INVALID_REPLICATION_FACTOR = 38
 _CONFIGS = {"retention.ms": "retention_ms", "retention.records": "retention_records"}
 
 
@@ -29,7 +29,7 @@ def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, A
     count = len(topic.assignments) or int(topic.num_partitions)
     count = DEFAULT_PARTITIONS if count == -1 else count
     if int(topic.replication_factor) not in (-1, 1):
-        out.update(error_code=_INVALID_REPLICATION_FACTOR,
+        out.update(error_code=INVALID_REPLICATION_FACTOR,
                    error_message="the rcoord gateway is a single broker: use 1 or -1")
         return out
     settings: dict[str, int | None] = {}

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
+    p.add_argument("--auth-file", default=None,
+                   help='require SASL/PLAIN from every client; users from this JSON file: '
+                   '{"users": {"name": "password"}} (docs/gateway.md)')
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     add_tls_arguments(p)
 
@@ -58,8 +61,14 @@ def gateway_main(args: argparse.Namespace) -> int:
         advertise = host_port(args.advertise, "--advertise") if args.advertise else None
         logging.basicConfig(level=args.log_level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from .auth import load_auth_file
         from .server import Gateway
         from .state import GatewayConfig
+
+        try:
+            auth = load_auth_file(args.auth_file) if args.auth_file else None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
         config = GatewayConfig(
             listen_host=listen[0], listen_port=listen[1],
@@ -73,7 +82,7 @@ def gateway_main(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
 
         async def serve() -> None:
-            async with Gateway(config, url) as gateway:
+            async with Gateway(config, url, auth=auth) as gateway:
                 await gateway.serve_forever()
 
         asyncio.run(serve())

@@ -23,8 +23,10 @@ from . import (  # noqa: F401  (each registers its APIs)
     api_groups,
     api_meta,
     api_offsets,
+    api_producers,
     api_records,
     api_topics,
+    auth,
 )
 from .errors import RequestError
 from .framing import FrameError
@@ -37,6 +39,8 @@ __all__ = ["API_VERSIONS", "handle_frame"]
 log = logging.getLogger("rcoord.gateway")
 
 API_VERSIONS = 18
+_BEFORE_AUTH = frozenset({API_VERSIONS, auth.SASL_HANDSHAKE, auth.SASL_AUTHENTICATE})
+"""What a connection may send before it authenticated (with ``--auth-file``)."""
 
 
 async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
@@ -49,6 +53,8 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except ValueError as exc:
         raise FrameError(str(exc)) from None
     key, version, corr = head.api_key, head.api_version, head.correlation_id
+    if conn.state.auth is not None and conn.principal is None and key not in _BEFORE_AUTH:
+        raise FrameError(f"API key {key} before SASL authentication")
     entry = REGISTRY.get(key)
     if entry is None or not entry.min_version <= version <= entry.max_version:
         if key == API_VERSIONS:

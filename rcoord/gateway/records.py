@@ -20,6 +20,7 @@ from kio.records.readers import read_batch
 
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
+from .errors import CORRUPT_MESSAGE, UNSUPPORTED_COMPRESSION_TYPE
 
 __all__ = ["BatchError", "IncomingBatch", "decode_batches", "encode_batch"]
 
@@ -30,8 +31,6 @@ _COMPRESSION_MASK = 0x07
 _LOG_APPEND_TIME = 0x08
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
-_UNSUPPORTED_COMPRESSION_TYPE = 76
-_CORRUPT_MESSAGE = 2
 
 
 class BatchError(Exception):
@@ -59,21 +58,21 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
     pos = 0
     while pos < len(view):
         if len(view) - pos < _HEADER_BYTES:
-            raise BatchError(_CORRUPT_MESSAGE, "truncated record batch header")
+            raise BatchError(CORRUPT_MESSAGE, "truncated record batch header")
         magic = view[pos + _MAGIC_AT]
         if magic != 2:
             raise BatchError(Errors.UNSUPPORTED_VERSION,
                              f"record batch magic {magic}; only v2 batches are accepted")
         attributes = int.from_bytes(view[pos + _ATTRIBUTES_AT:pos + _ATTRIBUTES_AT + 2], "big")
         if attributes & _COMPRESSION_MASK:
-            raise BatchError(_UNSUPPORTED_COMPRESSION_TYPE,
+            raise BatchError(UNSUPPORTED_COMPRESSION_TYPE,
                              "compressed batches are not accepted; produce uncompressed")
         if attributes & (_TRANSACTIONAL | _CONTROL):
             raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
         try:
             batch, size = read_batch(view, pos)
         except Exception as exc:  # noqa: BLE001  (CRC mismatch, bad lengths, short buffer)
-            raise BatchError(_CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
+            raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
         records = []
         for rec in batch.records:
             headers = {h.key.decode("utf-8", "replace") if h.key is not None else "":
@@ -108,9 +107,11 @@ _BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. record count
 _BATCH_HEAD = struct.Struct(">qiibI")  # base offset, length, leader epoch, magic, crc
 
 
-def encode_batch(records: Sequence[Record]) -> bytes:
+def encode_batch(records: Sequence[Record], producer_id: int = -1, producer_epoch: int = -1,
+                 base_sequence: int = -1) -> bytes:
     """One v2 batch holding ``records`` (consecutive or not; offsets are deltas from the first),
-    with LogAppendTime timestamps: rcoord stamps records with the Redis clock on append."""
+    with LogAppendTime timestamps: rcoord stamps records with the Redis clock on append. The
+    producer fields are -1 in fetched batches; tests set them to produce as a Kafka producer."""
     if not records:
         return b""
     base_offset, base_ts = records[0].offset, records[0].timestamp_ms
@@ -118,7 +119,7 @@ def encode_batch(records: Sequence[Record]) -> bytes:
     body.write(_BATCH_TAIL.pack(
         _LOG_APPEND_TIME, records[-1].offset - base_offset, base_ts,
         max(r.timestamp_ms for r in records),
-        -1, -1, -1,  # producer id, producer epoch, base sequence
+        producer_id, producer_epoch, base_sequence,
         len(records)))
     for r in records:
         rec = io.BytesIO()

@@ -15,7 +15,9 @@ from typing import Any, Self
 
 import redis
 import redis.asyncio
+import redis.cluster
 
+from ..connect import connect
 from .dispatch import handle_frame
 from .framing import FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
@@ -36,12 +38,20 @@ class Gateway:
     and releases the Redis clients.
     """
 
-    def __init__(self, config: GatewayConfig, redis_url: str, **redis_kwargs: Any) -> None:
+    def __init__(self, config: GatewayConfig, redis_url: str, *, auth: Any = None,
+                 **redis_kwargs: Any) -> None:
         self.config = config.validate()
         kwargs = {"socket_timeout": SOCKET_TIMEOUT_S, **redis_kwargs}
-        self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
-        self._sync_redis = redis.Redis.from_url(redis_url, **kwargs)
-        self.state = GatewayState(config, self._async_redis, self._sync_redis)
+        # One node or a Redis Cluster, as the server says (rcoord.connect); the asyncio client
+        # (groups, Fetch waits) is of the same kind.
+        self._sync_redis = connect(redis_url, **kwargs)
+        kwargs["decode_responses"] = False
+        self._async_redis: Any
+        if isinstance(self._sync_redis, redis.cluster.RedisCluster):
+            self._async_redis = redis.asyncio.RedisCluster.from_url(redis_url, **kwargs)
+        else:
+            self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
+        self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -113,6 +123,8 @@ class Gateway:
                 if response is not None:
                     writer.write(frame(response))
                     await writer.drain()
+                if conn.close_after_response:
+                    break
         except FrameError as exc:
             log.warning("closing connection from %s:%s (client id %r): %s",
                         peer[0], peer[1], conn.client_id, exc)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
+
 from ..asyncio import AsyncGroupCoordinator
 from ..topics import Producer, Topics
 
@@ -55,8 +57,11 @@ class GatewayConfig:
 class GatewayState:
     """The shared pieces of one gateway process (see the module docstring)."""
 
-    def __init__(self, config: GatewayConfig, async_redis: Any, sync_redis: Any) -> None:
+    def __init__(self, config: GatewayConfig, async_redis: Any, sync_redis: Any,
+                 auth: Any = None) -> None:
         self.config = config
+        self.auth = auth
+        """An ``auth.AuthConfig``: every connection must authenticate (None: no one must)."""
         self.redis = async_redis
         self.sync_redis = sync_redis
         self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
@@ -65,6 +70,8 @@ class GatewayState:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=config.topic_threads, thread_name_prefix="rcoord-gateway-topics")
         self.advertised: tuple[str, int] = (config.listen_host, config.listen_port)
+        self.cluster = not isinstance(sync_redis, redis.Redis)
+        """A Redis Cluster: multi-key commands must stay within one slot."""
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking topic call on the topic threads."""
@@ -82,3 +89,8 @@ class Connection:
     state: GatewayState
     client_host: str
     client_id: str = ""
+    sasl_mechanism: str | None = None
+    principal: str | None = None
+    """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
+    close_after_response: bool = False
+    """Set by a handler whose answer must be the connection's last (a failed authentication)."""

@@ -377,3 +377,100 @@ class Producer:
 
 def _rank(error: Errors) -> int:
     return _SEVERITY.index(error) if error in _SEVERITY else len(_SEVERITY)
+
+
+# -- appends numbered by the caller ------------------------------------------------------------
+
+
+@translate_redis_errors
+def allocate_producer_number(redis_client: Any, namespace: str = "rcoord") -> int:
+    """The next number of the namespace's producer id counter (the one ``Producer`` uses).
+
+    For a front end that must hand out producer ids of its own shape (the Kafka gateway's are
+    64-bit integers); it adds a random part, as ``Producer`` does, so a reset counter cannot
+    make a new producer inherit an old one's sequence numbers.
+    """
+    _check_client(redis_client)
+    (number,) = _run(redis_client, [(PRODUCER_ID, [producer_id_counter_key(namespace)], [])])
+    return int(number)
+
+
+@translate_redis_errors
+def append_idempotent(
+    redis_client: Any,
+    namespace: str,
+    topic: str,
+    partition: int,
+    records: Iterable[ProducerRecord | bytes],
+    *,
+    producer_id: str,
+    producer_epoch: int,
+    base_sequence: int,
+    lost_from: int | None = None,
+    producer_id_expiration_ms: int | None = None,
+    clock: Callable[[], int] | None = None,
+) -> list[RecordMetadata]:
+    """Append one batch of an idempotent producer that numbers its records itself.
+
+    ``Producer`` numbers its own records; a front end whose clients already do (Kafka's
+    producers send a producer id, an epoch and a base sequence with every batch, and resend the
+    batch unchanged on a retry) calls this instead, so the same script decides: records
+    ``base_sequence .. base_sequence + n - 1`` of ``(producer_id, producer_epoch)`` go to
+    ``partition`` at most once. The result is one ``RecordMetadata`` per record, in order;
+    records the partition already had come back with ``duplicate=True`` and their original
+    offset and timestamp (-1 once the batch is no longer among the last 5 remembered). Raises
+    TopicError PRODUCER_FENCED (an older epoch than the partition has seen),
+    OUT_OF_ORDER_SEQUENCE_NUMBER (a gap) or UNKNOWN_TOPIC_OR_PARTITION; nothing is appended
+    then. ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
+    gap is accepted once). ``producer_id_expiration_ms``: the topic's setting, read from Redis
+    when None. ``clock``: tests only, as for ``Producer``. The batch's ``partition`` fields are
+    ignored: every record goes to ``partition``.
+    """
+    _check_client(redis_client)
+    _check_topic(topic)
+    _check_int("partition", partition, 0)
+    if not isinstance(producer_id, str):
+        raise TypeError(f"producer_id must be str, got {type(producer_id).__name__}")
+    if not 0 < len(producer_id.encode()) <= _MAX_PRODUCER_ID_LEN:
+        raise InvalidRequestError(
+            f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
+    _check_int("producer_epoch", producer_epoch, 0)
+    _check_int("base_sequence", base_sequence, 0)
+    recs = [r if isinstance(r, ProducerRecord) else ProducerRecord(r) for r in records]
+    if not recs:
+        return []
+    for name, value in (("producer_epoch", producer_epoch),
+                        ("base_sequence", base_sequence + len(recs) - 1)):
+        if value > _MAX_EPOCH:
+            raise InvalidRequestError(f"{name} must be <= {_MAX_EPOCH}, got {value}")
+    if lost_from is not None:
+        _check_int("lost_from", lost_from, 0)
+    if producer_id_expiration_ms is None:
+        raw = redis_client.hget(meta_key(namespace, topic), "producer_id_expiration_ms")
+        expiration = PRODUCER_ID_EXPIRATION_MS if raw is None else int(raw)
+    else:
+        expiration = _check_int("producer_id_expiration_ms", producer_id_expiration_ms, 1)
+    encoded = [_encode_record(rec) for rec in recs]
+    now = "" if clock is None else str(int(clock()))
+    lost = "" if lost_from is None else lost_from
+    keys = partition_keys(namespace, topic, partition)
+    calls: list[_Call] = []
+    for lo in range(0, len(recs), MAX_APPEND_PER_CALL):
+        chunk = encoded[lo : lo + MAX_APPEND_PER_CALL]
+        args = [now, producer_id, producer_epoch, base_sequence + lo, lost, expiration,
+                PRODUCER_PRUNE_PER_CALL, *(a for rec in chunk for a in rec)]
+        calls.append((APPEND_IDEMPOTENT, keys, args))
+    out: list[RecordMetadata] = []
+    for lo, res in zip(range(0, len(recs), MAX_APPEND_PER_CALL), _run(redis_client, calls)):
+        error = _name(res[0])
+        if error != Errors.NONE:
+            why = res[1].decode() if len(res) > 1 else ""
+            raise TopicError(error, f"{topic} partition {partition}: {why or error.name}")
+        first = _id_offset(res[1]) if res[1] else -1
+        ts, dup = int(res[2]), int(res[3])
+        for j in range(min(MAX_APPEND_PER_CALL, len(recs) - lo)):
+            if j < dup:
+                out.append(RecordMetadata(topic, partition, int(res[4][j]), int(res[5][j]), True))
+            else:
+                out.append(RecordMetadata(topic, partition, first + j - dup, ts))
+    return out

@@ -1,0 +1,104 @@
+"""SASL/PLAIN authentication on the Kafka listener (SaslHandshake v1 + SaslAuthenticate).
+
+With ``--auth-file`` every connection must authenticate before anything but ApiVersions,
+SaslHandshake and SaslAuthenticate; any other request first closes the connection, as Kafka's
+broker does. A failed SaslAuthenticate is answered SASL_AUTHENTICATION_FAILED, then the
+connection is closed. The users come from a JSON file::
+
+    {"users": {"alice": "alice-secret", "bob": "bob-secret"}}
+
+Only the gateway holds the Redis credentials; clients hold Kafka credentials. The file holds
+passwords in clear, so keep it readable by the gateway's user only. Passwords are compared in
+constant time. ACLs (per-group and per-topic authorisation) are not built yet.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import Errors
+from .registry import api
+from .state import Connection
+
+__all__ = ["AuthConfig", "load_auth_file"]
+
+log = logging.getLogger("rcoord.gateway")
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
+SASL_AUTHENTICATION_FAILED = 58
+MECHANISMS = ("PLAIN",)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may connect: user name -> password (SASL/PLAIN)."""
+
+    users: dict[str, str]
+
+    def check(self, user: str, password: str) -> bool:
+        expected = self.users.get(user)
+        # Compare even for an unknown user, so timing does not tell which names exist.
+        ok = hmac.compare_digest((expected or "\0").encode(), password.encode())
+        return expected is not None and ok
+
+
+def load_auth_file(path: str | Path) -> AuthConfig:
+    """Read ``--auth-file``; ValueError saying what is wrong with it."""
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read the auth file {path}: {exc}") from None
+    users = data.get("users") if isinstance(data, dict) else None
+    if not isinstance(users, dict) or not users or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in users.items()):
+        raise ValueError(f'the auth file {path} needs {{"users": {{"name": "password", ...}}}} '
+                         "with at least one user, names and passwords non-empty strings")
+    return AuthConfig(dict(users))
+
+
+@api(SASL_HANDSHAKE, "SaslHandshake", 1, 1)
+async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if conn.state.auth is None or conn.principal is not None:
+        return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": list(MECHANISMS)}
+    if req.mechanism not in MECHANISMS:
+        conn.close_after_response = True
+        return {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": list(MECHANISMS)}
+    conn.sasl_mechanism = req.mechanism
+    return {"error_code": Errors.NONE, "mechanisms": list(MECHANISMS)}
+
+
+@api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2)
+async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    auth = conn.state.auth
+    if auth is None or conn.sasl_mechanism is None or conn.principal is not None:
+        conn.close_after_response = True
+        return {"error_code": ILLEGAL_SASL_STATE, "error_message": "no SASL handshake before",
+                "auth_bytes": b"", "session_lifetime": 0}
+    # PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
+    parts = bytes(req.auth_bytes).split(b"\0")
+    user = password = ""
+    if len(parts) == 3:
+        authzid, user_b, password_b = parts
+        try:
+            user, password = user_b.decode(), password_b.decode()
+        except UnicodeDecodeError:
+            user = ""
+        if authzid and authzid != user_b:
+            user = ""  # acting for another user is not allowed
+    if not user or not auth.check(user, password):
+        log.warning("SASL/PLAIN authentication failed from %s for user %r", conn.client_host,
+                    user)
+        conn.close_after_response = True
+        return {"error_code": SASL_AUTHENTICATION_FAILED,
+                "error_message": "Authentication failed: invalid username or password",
+                "auth_bytes": b"", "session_lifetime": 0}
+    conn.principal = f"User:{user}"
+    return {"error_code": Errors.NONE, "error_message": None, "auth_bytes": b"",
+            "session_lifetime": 0}

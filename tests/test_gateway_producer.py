@@ -1,0 +1,209 @@
+"""Kafka's idempotent producer through the gateway: InitProducerId, and Produce numbered by the
+client (kafka-python 3 and librdkafka with idempotence on), resends appended once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+kafka = pytest.importorskip("kafka")
+
+from gateway_harness import (
+    GatewayThread,
+    LossyProxy,
+    connect,
+    request_frame,
+    response,
+    running_gateway,
+    topics_of,
+)
+
+from rcoord.gateway.records import encode_batch
+from rcoord.topics import Record, Topics, producer_state_keys
+
+INIT_PRODUCER_ID, PRODUCE = 22, 0
+
+
+@pytest.fixture
+def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
+    with running_gateway(redis_server, namespace) as gw:
+        yield gw
+
+
+@pytest.fixture
+def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
+    with topics_of(redis_server, namespace) as t:
+        yield t
+
+
+def _producers_in(redis_server: Any, namespace: str, topic: str, partitions: int) -> set[str]:
+    """The producer names with state in the topic's partitions (Redis, not the gateway)."""
+    client = redis_server.client()
+    try:
+        return {name.decode() for p in range(partitions)
+                for name in client.hkeys(producer_state_keys(namespace, topic, p)[0])}
+    finally:
+        client.close()
+
+
+# -- raw frames -------------------------------------------------------------------------------
+
+
+class _Raw:
+    """One connection speaking InitProducerId v4 and Produce v9 (both flexible: header v1)."""
+
+    def __init__(self, gw: GatewayThread) -> None:
+        self.sock = connect(gw)
+        self.corr = 0
+
+    def init_producer_id(self, transactional_id: str | None = None) -> Any:
+        self.corr += 1
+        self.sock.sendall(request_frame(INIT_PRODUCER_ID, 4, self.corr, {
+            "transactional_id": transactional_id, "transaction_timeout": 60000}))
+        return response(self.sock, INIT_PRODUCER_ID, 4, 5)
+
+    def produce(self, topic: str, batch: bytes) -> Any:
+        self.corr += 1
+        self.sock.sendall(request_frame(PRODUCE, 9, self.corr, {
+            "acks": -1, "timeout": 10000, "topic_data": [
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]}))
+        (topic_resp,) = response(self.sock, PRODUCE, 9, 5).responses
+        (part,) = topic_resp.partition_responses
+        return part
+
+
+def _batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
+    records = [Record(i, None, v, {}, 0) for i, v in enumerate(values)]
+    return encode_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+
+def test_resent_batch_is_appended_once_and_sequences_are_checked(
+    gateway: GatewayThread, topics: Topics, redis_server: Any, namespace: str,
+) -> None:
+    topics.create("idem", 1)
+    raw = _Raw(gateway)
+    try:
+        init = raw.init_producer_id()
+        assert init.error_code.value == 0 and init.producer_epoch == 0
+        pid = int(init.producer_id)
+        assert pid > 0 and int(raw.init_producer_id().producer_id) != pid  # always a new id
+
+        first = _batch(pid, 0, 0, [b"a", b"b", b"c"])
+        ok = raw.produce("idem", first)
+        assert (ok.error_code.value, ok.base_offset) == (0, 0)
+        again = raw.produce("idem", first)  # the resend of a batch whose answer was lost
+        assert (again.error_code.value, again.base_offset) == (0, 0)
+        assert again.log_append_time == ok.log_append_time  # the original append's
+        assert raw.produce("idem", _batch(pid, 0, 3, [b"d"])).base_offset == 3
+
+        gap = raw.produce("idem", _batch(pid, 0, 9, [b"x"]))
+        assert gap.error_code.value == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+        for seq in range(4, 9):  # five more batches: the first one is no longer remembered
+            assert raw.produce("idem", _batch(pid, 0, seq, [b"%d" % seq])).error_code.value == 0
+        forgotten = raw.produce("idem", first)
+        assert forgotten.error_code.value == 46  # DUPLICATE_SEQUENCE_NUMBER: not appended
+
+        assert raw.produce("idem", _batch(pid, 1, 0, [b"new-epoch"])).error_code.value == 0
+        fenced = raw.produce("idem", _batch(pid, 0, 9, [b"zombie"]))
+        assert fenced.error_code.value == 47  # INVALID_PRODUCER_EPOCH
+
+        txn = raw.init_producer_id("a-transaction")
+        assert txn.error_code.value == 42  # transactions are not served
+    finally:
+        raw.sock.close()
+    values = [r.value for r in _read_all(redis_server, namespace, "idem", 0)]
+    assert values == [b"a", b"b", b"c", b"d", b"4", b"5", b"6", b"7", b"8", b"new-epoch"]
+    assert _producers_in(redis_server, namespace, "idem", 1) == {f"kafka-{pid}"}
+
+
+def _read_all(redis_server: Any, namespace: str, topic: str, partition: int) -> list[Record]:
+    from rcoord.topics import fetch
+
+    client = redis_server.client()
+    try:
+        return fetch(client, namespace, topic, partition, 0, 10_000).records
+    finally:
+        client.close()
+
+
+# -- real clients -----------------------------------------------------------------------------
+
+
+def test_kafka_python_idempotent_producer(gateway: GatewayThread, topics: Topics,
+                                          redis_server: Any, namespace: str) -> None:
+    topics.create("kp", 3)
+    producer = kafka.KafkaProducer(bootstrap_servers=gateway.bootstrap)  # idempotent by default
+    try:
+        metas = [producer.send("kp", key=b"k%d" % i, value=b"v%d" % i,
+                               headers=[("h", b"%d" % i)]) for i in range(60)]
+        producer.flush(20)
+        placed = {(m.get(10).partition, m.get(10).offset) for m in metas}
+    finally:
+        producer.close()
+    assert len(placed) == 60
+    got = [r for p in range(3) for r in _read_all(redis_server, namespace, "kp", p)]
+    assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(60))
+    names = _producers_in(redis_server, namespace, "kp", 3)
+    assert len(names) == 1 and next(iter(names)).startswith("kafka-")
+
+
+def test_confluent_kafka_idempotent_producer(gateway: GatewayThread, topics: Topics,
+                                             redis_server: Any, namespace: str) -> None:
+    ck = pytest.importorskip("confluent_kafka")
+    topics.create("rdk", 3)
+    producer = ck.Producer({"bootstrap.servers": gateway.bootstrap, "enable.idempotence": True,
+                            "broker.address.family": "v4"})
+    errors: list[Any] = []
+    for i in range(60):
+        producer.produce("rdk", key=b"k%d" % i, value=b"v%d" % i, headers=[("h", b"%d" % i)],
+                         on_delivery=lambda err, msg: errors.append(err) if err else None)
+    assert producer.flush(20) == 0
+    assert errors == []
+    got = [r for p in range(3) for r in _read_all(redis_server, namespace, "rdk", p)]
+    assert sorted(r.value for r in got) == sorted(b"v%d" % i for i in range(60))
+    names = _producers_in(redis_server, namespace, "rdk", 3)
+    assert len(names) == 1 and next(iter(names)).startswith("kafka-")
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
+def test_a_batch_resent_after_a_lost_answer_is_appended_once(
+    client: str, redis_server: Any, namespace: str,
+) -> None:
+    """The proxy lets the first Produce through and loses its answer; the client resends the
+    same batch (same producer id, epoch and sequence) on a new connection."""
+    proxy = LossyProxy()
+    with running_gateway(redis_server, namespace, advertise_host="127.0.0.1",
+                         advertise_port=proxy.port) as gw, topics_of(redis_server, namespace) as t:
+        t.create("lossy", 1)
+        proxy.start(gw.address)
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        try:
+            proxy.drop(PRODUCE)
+            if client == "kafka-python":
+                producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, retries=5,
+                                               linger_ms=50)
+                futures = [producer.send("lossy", value=b"v%d" % i) for i in range(10)]
+                producer.flush(30)
+                offsets = sorted(f.get(10).offset for f in futures)
+                producer.close()
+            else:
+                ck = pytest.importorskip("confluent_kafka")
+                producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
+                                        "enable.idempotence": True,
+                                        "broker.address.family": "v4"})
+                got: list[Any] = []
+                for i in range(10):
+                    producer.produce("lossy", value=b"v%d" % i,
+                                     on_delivery=lambda err, msg: got.append((err, msg.offset())))
+                assert producer.flush(30) == 0
+                assert [e for e, _ in got if e is not None] == []
+                offsets = sorted(o for _, o in got)
+        finally:
+            proxy.stop()
+        assert proxy.dropped == 1
+        values = [r.value for r in _read_all(redis_server, namespace, "lossy", 0)]
+    assert sorted(values) == sorted(b"v%d" % i for i in range(10))  # each exactly once
+    assert offsets == list(range(10))
