@@ -56,7 +56,7 @@ def main() -> None:
             r.execute_command("REPLICAOF", "127.0.0.1", primary.port)
         with primary.client() as c:
             deadline = time.monotonic() + 30
-            while c.info("replication")["connected_slaves"] < 1:
+            while c.info("replication").get("slave0", {}).get("state") != "online":
                 if time.monotonic() > deadline:
                     raise SystemExit("the replica never connected")
                 time.sleep(0.05)

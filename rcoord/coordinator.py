@@ -48,6 +48,7 @@ from .steps import (
     GroupSteps,
     block_limit,
     present_as,
+    socket_timeout_ms,
 )
 
 __all__ = ["GroupCoordinator", "blocking_step"]
@@ -120,6 +121,7 @@ class GroupCoordinator:
                         "(replies carry binary metadata)"
                     )
                 self._steps.max_block_ms = block_limit(self._redis)
+                self._steps.socket_timeout_ms = socket_timeout_ms(self._redis)
                 self._scripts.load()
                 self._run(self._steps.settle())
         return self

@@ -245,11 +245,12 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
     """
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         raise ConnectionLost(f"{name}: {exc}") from exc
-    if isinstance(exc, redis.exceptions.ClusterError):
+    if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)):
         # redis-py gives up on a slot after a bounded number of redirections: "TTL
         # exhausted" when a multi-key script keeps meeting TRYAGAIN while its slot migrates
         # (its keys are split between two masters), CLUSTERDOWN while the cluster fails
-        # over. The script did not run; the slot will settle, so it is worth a retry.
+        # over, SlotNotCoveredError while no node is known for a slot. The script did not
+        # run; the slot will settle, so it is worth a retry.
         raise ConnectionLost(f"{name}: slot unavailable for now ({exc})") from exc
     if isinstance(exc, redis.exceptions.ResponseError):
         raise_for_script_error(exc)
@@ -262,7 +263,7 @@ def translate_redis_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except redis.exceptions.RedisError as exc:
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             reraise_as_rcoord(fn.__name__, exc)
             raise
 

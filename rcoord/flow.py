@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 __all__ = [
     "Command",
     "Flow",
+    "MasterOf",
     "Pipeline",
     "Script",
     "ScriptBatch",
@@ -85,7 +86,8 @@ class WaitReplicas:
 
     Redis's WAIT counts the writes of its own connection, so the driver writes ``key`` (an
     INCR) and sends WAIT on one connection to that master: the replication stream is ordered,
-    so a replica that has this write has every earlier write of the master too.
+    so a replica that has this write has every earlier write of the master too. Sent back:
+    ``(acknowledged, node)``, where node names the master that answered (``MasterOf``).
     """
 
     key: Any
@@ -93,7 +95,22 @@ class WaitReplicas:
     timeout_ms: int
 
 
-Op = Script | ScriptBatch | Command | Pipeline | XRead | WaitReplicas
+@dataclass(frozen=True)
+class MasterOf:
+    """Sent back: the name (``host:port``) of the master the client sends ``key`` to; "" on
+    one node."""
+
+    key: Any
+
+
+def _master_name(client: Any, key: Any) -> str:
+    if not hasattr(client, "get_node_from_key"):
+        return ""
+    node = client.get_node_from_key(key)
+    return f"{node.host}:{node.port}"
+
+
+Op = Script | ScriptBatch | Command | Pipeline | XRead | WaitReplicas | MasterOf
 Flow = Generator[Op, Any, R]
 
 
@@ -127,14 +144,16 @@ def _perform(client: Any, scripts: Any, op: Op) -> Any:
         return _batch_sync(client, scripts, op)
     if isinstance(op, XRead):
         return bool(client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    if isinstance(op, MasterOf):
+        return _master_name(client, op.key)
     if isinstance(op, WaitReplicas):
-        target = client
-        if hasattr(client, "get_redis_connection"):  # a cluster: the key's master, directly
+        target, name = client, _master_name(client, op.key)
+        if name:  # a cluster: the key's master, directly, so INCR and WAIT share a connection
             target = client.get_redis_connection(client.get_node_from_key(op.key))
         pipe = target.pipeline(transaction=False)
         pipe.execute_command("INCR", op.key)
         pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
-        return int(pipe.execute()[1])
+        return int(pipe.execute()[1]), name
     raise TypeError(f"not an operation: {op!r}")
 
 
@@ -183,12 +202,16 @@ async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
         return await _batch_async(client, scripts, op)
     if isinstance(op, XRead):
         return bool(await client.xread({op.key: op.after}, count=1, block=op.block_ms))
+    if isinstance(op, MasterOf):
+        if hasattr(client, "get_node_from_key"):
+            await client.initialize()
+        return _master_name(client, op.key)
     if isinstance(op, WaitReplicas):
         return await _await_replicas(client, op)
     raise TypeError(f"not an operation: {op!r}")
 
 
-async def _await_replicas(client: Any, op: WaitReplicas) -> int:
+async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
     if hasattr(client, "get_node_from_key"):  # redis.asyncio.RedisCluster: one node's pipeline
         from redis.asyncio.cluster import PipelineCommand
 
@@ -200,11 +223,11 @@ async def _await_replicas(client: Any, op: WaitReplicas) -> int:
             if isinstance(command.result, Exception):
                 raise command.result
         acked: Any = commands[1].result
-        return int(acked)
+        return int(acked), _master_name(client, op.key)
     pipe = client.pipeline(transaction=False)
     pipe.execute_command("INCR", op.key)
     pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
-    return int((await pipe.execute())[1])
+    return int((await pipe.execute())[1]), ""
 
 
 async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:

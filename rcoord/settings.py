@@ -90,9 +90,11 @@ def settle_flow(
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
     key = settings_key(namespace)
+    was: dict[str, str] | None = None
     for _ in range(MAX_SETTLE_ROUNDS):
         stored = _decode((yield Command(("HGETALL", key))))
-        was = dict(stored)
+        if was is None:  # what was stored before this settle (a retried round changed it)
+            was = dict(stored)
         if "num_partitions" not in stored:
             proposal = yield from _proposal(namespace, base, known)
             stored = yield from _write(key, "establish", proposal)

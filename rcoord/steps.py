@@ -20,7 +20,7 @@ import redis.exceptions
 
 from .config import CoordinatorConfig
 from .errors import Errors, InvalidRequestError
-from .flow import Command, Flow, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
+from .flow import Command, Flow, MasterOf, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
@@ -66,6 +66,7 @@ __all__ = [
     "GroupSteps",
     "block_limit",
     "present_as",
+    "socket_timeout_ms",
 ]
 
 DUE_BATCH = 1000
@@ -79,6 +80,12 @@ HEARTBEAT_BATCH = 500
 NOT_COORDINATOR_RETRIES = 3
 """Settle-and-retry rounds when a script says the caller's layout is not the namespace's."""
 _NOT_COORDINATOR = "RCOORD_NOT_COORDINATOR"
+_NOT_ACKNOWLEDGED = (
+    redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError, redis.exceptions.ClusterDownError,
+)
+"""Answers to the replica wait that mean "not now", not "never": anything else (a missing ACL
+permission, a proxy without WAIT) is raised, so a misconfiguration is not retried for ever."""
 
 PUBLIC_STEPS = (
     "join_group", "sync_group", "heartbeat", "heartbeat_many", "leave_group", "commit_offsets",
@@ -88,8 +95,8 @@ PUBLIC_STEPS = (
 """The requests both coordinators serve, each from the flow of the same name."""
 
 
-def block_limit(client: Any) -> int:
-    """A parked call's XREAD must return before the client's socket timeout fires."""
+def socket_timeout_ms(client: Any) -> int | None:
+    """The client's socket timeout in ms (None: it waits for ever)."""
     kwargs: dict[str, Any] = {}
     if hasattr(client, "connection_pool"):
         kwargs = client.connection_pool.connection_kwargs
@@ -98,9 +105,15 @@ def block_limit(client: Any) -> int:
     elif hasattr(client, "connection_kwargs"):  # redis.asyncio.RedisCluster
         kwargs = client.connection_kwargs
     timeout = kwargs.get("socket_timeout")
+    return int(timeout * 1000) if timeout else None
+
+
+def block_limit(client: Any) -> int:
+    """A parked call's XREAD must return before the client's socket timeout fires."""
+    timeout = socket_timeout_ms(client)
     if not timeout:
         return MAX_BLOCK_MS
-    return max(1, min(MAX_BLOCK_MS, int(timeout * 1000 * 0.5)))
+    return max(1, min(MAX_BLOCK_MS, timeout // 2))
 
 
 def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:
@@ -133,6 +146,8 @@ class GroupSteps:
         self.config: CoordinatorConfig | None = None
         self.settings_version = 0
         self.max_block_ms = MAX_BLOCK_MS
+        self.socket_timeout_ms: int | None = None
+        """The client's socket timeout (a blocking wait must end before it)."""
         self._keys_cache: dict[str, GroupKeys] = {}
 
     # -- state -----------------------------------------------------------------------------
@@ -143,9 +158,11 @@ class GroupSteps:
         return self.config
 
     def keys(self, group_id: str) -> GroupKeys:
+        cfg = self.settled()
         keys = self._keys_cache.get(group_id)
-        if keys is None:
-            cfg = self.settled()
+        # A layout cached under another count (a thread that read the old settings while
+        # another settled the new ones) is rebuilt, never trusted.
+        if keys is None or keys.partition.num_partitions != cfg.num_partitions:
             keys = GroupKeys.of(cfg.namespace, cfg.num_partitions, group_id)
             if len(self._keys_cache) >= KEYS_CACHE_SIZE:
                 self._keys_cache.clear()
@@ -337,9 +354,10 @@ class GroupSteps:
         for (gid, chunk), (keys, args), reply in zip(chunks, calls, replies, strict=True):
             if reply == b"DUE" or isinstance(reply, Exception):
                 # A passed deadline (apply it first, as every step does), or a call that failed
-                # even after the driver's reload: send this group's chunk again once.
+                # even after the driver's reload: send this group's chunk again once, addressed
+                # as the group is now (applying the deadline may have settled a new layout).
                 yield from self.call("expire_deadlines", self.keys(gid), [])
-                reply = yield Script("heartbeat", keys, args)
+                reply = yield Script("heartbeat", self.keys(gid).heartbeat_keys(), args)
             if reply == b"DUE":
                 for i, hb_args in chunk:  # deadlines keep falling due: one by one
                     out[i] = yield from self.heartbeat(gid, hb_args[1], hb_args[0],
@@ -382,7 +400,8 @@ class GroupSteps:
         a failover can lose a commit the master acknowledged; with N > 0 the commit is followed
         by WAIT, and if fewer than N replicas have it in time every accepted partition answers
         COORDINATOR_NOT_AVAILABLE, as Kafka answers a commit its ISR did not acknowledge: the
-        offsets are on the master, and the caller commits again (the same offsets: harmless).
+        offsets are on the master (readable at once, unlike Kafka), and the caller commits
+        again (the same offsets: harmless). See docs/guarantees.md, "Failover".
         """
         gid = check_id("group_id", group_id)
         order, packed = encode_commit(offsets)
@@ -395,19 +414,19 @@ class GroupSteps:
         ]
         acks = require_int32("required_acks", required_acks)
         wait_ms = require_int32("ack_timeout_ms", ack_timeout_ms)
-        if acks < 0 or wait_ms < 0:
+        if acks < 0 or wait_ms < 1:
             raise InvalidRequestError(
-                f"required_acks and ack_timeout_ms must be >= 0, got {acks} and {wait_ms}")
+                f"required_acks must be >= 0 and ack_timeout_ms >= 1, got {acks} and {wait_ms} "
+                "(Redis tracks no in-sync replica set, so Kafka's -1 has no equivalent: name a "
+                "replica count)")
         if not order:
             return {}
         keys = self.keys(gid)
+        master = (yield MasterOf(keys.partition.acks)) if acks else None
         reply = yield from self.call("commit_offsets", keys, args)
         result = {tp: Errors.from_name(code) for tp, code in zip(order, reply[1], strict=True)}
         if acks and Errors.NONE in result.values():
-            try:
-                acked = yield WaitReplicas(keys.partition.acks, acks, wait_ms)
-            except redis.exceptions.ResponseError:
-                acked = -1  # e.g. MOVED: the slot changed master since the commit
+            acked = yield from self._replica_acks(gid, master, acks, wait_ms)
             if acked < acks:
                 result = {tp: Errors.COORDINATOR_NOT_AVAILABLE if e is Errors.NONE else e
                           for tp, e in result.items()}
@@ -427,6 +446,24 @@ class GroupSteps:
         for batch in batches:
             offsets.update(decode_fetch((yield from self.call("fetch_offsets", keys, batch))))
         return OffsetFetchResult(Errors.NONE, offsets)
+
+    def _replica_acks(self, group_id: str, master: Any, acks: int, wait_ms: int) -> Flow[int]:
+        """How many replicas have the commit just made (``-1``: cannot tell, so none count).
+
+        WAIT must measure the master that ran the commit. If the group's slot now belongs to
+        another node (a failover or a migration between the two calls), or the layout changed
+        under the call, the answer would be about the wrong master: it counts as none, and the
+        caller commits again. The wait is capped below the client's socket timeout, so it ends
+        as an answer, not as a lost connection.
+        """
+        keys = self.keys(group_id)
+        if self.socket_timeout_ms:
+            wait_ms = max(1, min(wait_ms, self.socket_timeout_ms // 2))
+        try:
+            acked, node = yield WaitReplicas(keys.partition.acks, acks, wait_ms)
+        except _NOT_ACKNOWLEDGED:
+            return -1  # the slot is moving or its master is gone: not acknowledged
+        return int(acked) if node == master else -1
 
     # -- administration --------------------------------------------------------------------
 

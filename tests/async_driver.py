@@ -89,10 +89,13 @@ class AsyncBacked:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(SHUTDOWN_S)
+            if self._thread.is_alive():  # the loop is still running a stuck call: leave it
+                warnings.warn("asyncio coordinator loop did not stop", stacklevel=2)
+                return
             pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
             for task in pending:
                 task.cancel()
-            if pending and not self._loop.is_running():
+            if pending:
                 self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 

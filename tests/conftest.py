@@ -129,8 +129,8 @@ def ctx(request: pytest.FixtureRequest, driver: str, backend: str, redis_client:
         return
     from async_driver import AsyncBacked, async_client_factory
 
-    coord = AsyncBacked(redis_client, async_client_factory(request, backend), cfg, clock).start()
+    coord = AsyncBacked(redis_client, async_client_factory(request, backend), cfg, clock)
     try:
-        yield Ctx(coord, clock, pool)  # type: ignore[arg-type]
+        yield Ctx(coord.start(), clock, pool)  # type: ignore[arg-type]
     finally:
         coord.close()

@@ -33,7 +33,10 @@ def primary_with_replica() -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
         with replica.client() as r:
             r.execute_command("REPLICAOF", "127.0.0.1", primary.port)
         with primary.client() as p:
-            wait_until(lambda: p.info("replication")["connected_slaves"] == 1, timeout_s=30)
+            # Online, not just connected: a full sync first waits for the server's
+            # repl-diskless-sync-delay (5 s by default) and acknowledges nothing meanwhile.
+            wait_until(lambda: p.info("replication").get("slave0", {}).get("state") == "online",
+                       timeout_s=30)
         yield primary, replica
     finally:
         replica.stop()
@@ -86,10 +89,13 @@ def test_without_a_replica_a_required_ack_never_comes(request, redis_server):
     assert coord.commit_offsets("g", {TP: 2}) == {TP: Errors.NONE}  # the default does not wait
 
 
-@pytest.mark.parametrize("bad", [dict(required_acks=-1), dict(ack_timeout_ms=-5)])
-def test_negative_acks_or_timeouts_are_invalid(request, redis_server, bad):
+@pytest.mark.parametrize("bad", [dict(required_acks=-1), dict(ack_timeout_ms=-5),
+                                 dict(required_acks=1, ack_timeout_ms=0)])
+def test_negative_acks_or_a_timeout_below_one_ms_are_invalid(request, redis_server, bad):
+    # WAIT with timeout 0 would wait for ever; Kafka's -1 (all in-sync replicas) has no Redis
+    # equivalent. Both are refused before anything is written.
     coord = _coordinators(request, redis_server, "blocking")
-    with pytest.raises(InvalidRequestError, match=">= 0"):
+    with pytest.raises(InvalidRequestError, match="required_acks must be >= 0"):
         coord.commit_offsets("g", {TP: 1}, **bad)
     assert coord.fetch_offsets("g", [TP]).offsets[TP].offset == -1  # nothing written
 
@@ -135,4 +141,14 @@ def test_on_a_cluster_the_group_masters_replica_acknowledges(request, replica_cl
             r.execute_command("READONLY")  # a cluster replica serves reads only when asked
             assert r.hexists(keys.offsets, "0:t"), g
     assert coord.commit_offsets("g0", {TP: 6}, required_acks=2, ack_timeout_ms=50) == {
+        TP: Errors.COORDINATOR_NOT_AVAILABLE}
+
+
+def test_the_wait_ends_before_the_clients_socket_timeout(request, redis_server):
+    # A 5 s ack timeout on a client whose socket times out after 1 s: the wait is capped, so
+    # the caller gets an answer (not a lost connection, not 5 s of retries).
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=1.0)
+    request.addfinalizer(client.close)
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace="a" + uuid.uuid4().hex[:10]))
+    assert coord.commit_offsets("g", {TP: 3}, required_acks=1, ack_timeout_ms=5000) == {
         TP: Errors.COORDINATOR_NOT_AVAILABLE}

@@ -68,3 +68,23 @@ def test_the_park_flow_asks_for_typed_operations():
     with pytest.raises(StopIteration) as done:
         flow.send([b"R", b"the reply"])
     assert done.value.value == b"the reply"
+
+
+def test_asyncio_still_takes_namespace_as_a_keyword(redis_client):
+    import pytest
+
+    coord = AsyncGroupCoordinator(redis_client, namespace="kw-ns")
+    assert coord._steps.namespace == "kw-ns"
+    with pytest.raises(TypeError, match="either"):
+        AsyncGroupCoordinator(redis_client, "a", namespace="b")
+
+
+def test_a_layout_cached_under_another_count_is_rebuilt():
+    from rcoord import CoordinatorConfig
+    from rcoord.keys import GroupKeys
+
+    steps = GroupSteps(None, "ns", None)
+    steps.config = CoordinatorConfig(namespace="ns", num_partitions=16)
+    # A thread that read the old count cached its layout after the new count was settled.
+    steps._keys_cache["g"] = GroupKeys.of("ns", 8, "g")
+    assert steps.keys("g").partition.num_partitions == 16

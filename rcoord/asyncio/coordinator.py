@@ -18,7 +18,7 @@ from ..config import CoordinatorConfig
 from ..errors import ConfigError, reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import Scripts
-from ..steps import GroupSteps, block_limit, present_as
+from ..steps import GroupSteps, block_limit, present_as, socket_timeout_ms
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
 
@@ -30,7 +30,7 @@ async def _translated(name: str, call: Coroutine[Any, Any, R]) -> R:
     """The asyncio twin of ``errors.translate_redis_errors``: the one exception boundary."""
     try:
         return await call
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         reraise_as_rcoord(name, exc)
         raise
 
@@ -53,16 +53,19 @@ class AsyncGroupCoordinator:
 
     ``redis_client`` is a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` created
     with ``decode_responses=False``. ``config`` is a ``CoordinatorConfig`` (its named settings
-    are written to the namespace, as with the blocking coordinator) or just a namespace name.
+    are written to the namespace, as with the blocking coordinator) or just a namespace name
+    (``namespace=`` is still accepted, as before the two coordinators shared a constructor).
     Nothing touches Redis until ``await start()`` or the first call.
     """
 
     def __init__(self, redis_client: Any, config: CoordinatorConfig | str | None = None, *,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None, namespace: str | None = None) -> None:
         self._redis = redis_client
         self._scripts = Scripts(redis_client)
         given = config if isinstance(config, CoordinatorConfig) else None
-        namespace = config if isinstance(config, str) else "rcoord"
+        if namespace is not None and config is not None:
+            raise TypeError("give the namespace either as config or as namespace=, not both")
+        namespace = config if isinstance(config, str) else (namespace or "rcoord")
         self._steps = GroupSteps(given, namespace, clock)
         self._lock = asyncio.Lock()
 
@@ -82,6 +85,7 @@ class AsyncGroupCoordinator:
                         "(replies carry binary metadata)"
                     )
                 self._steps.max_block_ms = block_limit(self._redis)
+                self._steps.socket_timeout_ms = socket_timeout_ms(self._redis)
                 self._scripts.load()
                 await _translated("start", self._run(self._steps.settle()))
         return self

@@ -6,9 +6,12 @@ from a nearby broker. In rcoord a partition is a stream on one Redis master, cop
 master's replicas, and Redis nodes have no notion of a rack. So the operator declares one: the
 namespace hash ``<ns>:node-racks`` maps a node's address (``host:port``, as the cluster reports
 it, or as the client connects to a single server) to its rack (``set_node_racks``). A
-partition's racks are then the racks of the master that owns its slot and of that master's
-replicas. Nodes not in the map have no rack; with no map at all, no partition has racks and
-the assignors behave exactly as without rack awareness.
+partition's rack is then the rack of the master that owns its slot. Only the master counts:
+rcoord reads every partition from its master (there is no follower fetching, Kafka's KIP-392),
+so a replica in the consumer's rack would promise a locality the reads do not have. Nodes not in
+the map have no rack; with no map at all, no partition has racks and the assignors behave
+exactly as without rack awareness. A client connected through a unix socket has no address to
+look up, so its partitions have no rack.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ def set_node_racks(client: Any, namespace: str, racks: Mapping[str, str]) -> Non
             raise ValueError(f"node must be 'host:port', got {node!r}")
         if not isinstance(rack, str) or not rack:
             raise ValueError(f"rack of {node!r} must be a non-empty str, got {rack!r}")
-    pipe = client.pipeline(transaction=False)
+    # One key, so MULTI works on a cluster too: a leader never reads the map half replaced.
+    pipe = client.pipeline(transaction=True)
     pipe.delete(node_racks_key(namespace))
     if racks:
         pipe.hset(node_racks_key(namespace), mapping=dict(racks))
@@ -49,28 +53,28 @@ def node_racks(client: Any, namespace: str) -> dict[str, str]:
             for k, v in raw.items()}
 
 
-def _holders(client: Any, key: str) -> list[str]:
-    """Addresses of the nodes holding ``key``: its slot's master and replicas (a cluster), or
-    the one server the client talks to."""
-    manager = getattr(client, "nodes_manager", None)
-    if manager is not None:
-        nodes = manager.slots_cache.get(client.keyslot(key), [])
-        return [f"{n.host}:{n.port}" for n in nodes]
+def _master(client: Any, key: str) -> str | None:
+    """Address of the master ``key`` is read from: its slot's master (a cluster), or the one
+    server the client talks to (None through a unix socket)."""
+    if hasattr(client, "get_node_from_key"):
+        node = client.get_node_from_key(key)
+        return f"{node.host}:{node.port}"
     kwargs = client.connection_pool.connection_kwargs
-    return [f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"]
+    if "path" in kwargs or "host" not in kwargs:
+        return None
+    return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
 
 
 def partition_racks(
     client: Any, namespace: str, partitions_per_topic: Mapping[str, int]
 ) -> dict[TopicPartition, set[str]]:
-    """The racks holding each partition of these topics ({} when no rack is declared)."""
+    """The rack each partition of these topics is read from ({} when no rack is declared)."""
     racks = node_racks(client, namespace)
     if not racks:
         return {}
     out: dict[TopicPartition, set[str]] = {}
     for topic, count in partitions_per_topic.items():
         for p in range(count):
-            held = {racks[n] for n in _holders(client, partition_key(namespace, topic, p))
-                    if n in racks}
-            out[TopicPartition(topic, p)] = held
+            master = _master(client, partition_key(namespace, topic, p))
+            out[TopicPartition(topic, p)] = {racks[master]} if master in racks else set()
     return out
