@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 __all__ = ["GROUP_STEPS", "STANDALONE", "Scripts", "is_missing_function", "library_source",
-           "lua_dir", "lua_source"]
+           "lua_dir", "lua_source", "route_fcall_locally"]
 
 GROUP_STEPS = (
     "join_group",
@@ -95,6 +95,29 @@ def is_missing_function(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and "function not found" in str(exc).lower()
 
 
+def route_fcall_locally(client: Any) -> None:
+    """Make a redis-py cluster client find an FCALL's slot from its first key, without a round
+    trip.
+
+    redis-py knows where EVAL/EVALSHA keep their keys, but treats FCALL as a command with
+    "movable keys" and asks a server (``COMMAND GETKEYS``, on its default node) before every
+    call: a second round trip per step, and every call fails while that one node is down. All
+    keys of an rcoord function share one slot and there is always at least one, so the first
+    key decides. The change is made in the client's own command table (shared with its
+    pipelines; made again after redis-py reloads the table); a client without one is left
+    alone.
+    """
+    parser = getattr(client, "commands_parser", None)
+    commands = getattr(parser, "commands", None)
+    if not isinstance(commands, dict):
+        return
+    entry = commands.get("fcall")
+    if not isinstance(entry, dict) or "movablekeys" not in entry.get("flags", ()):
+        return
+    commands["fcall"] = {**entry, "flags": [f for f in entry["flags"] if f != "movablekeys"],
+                         "first_key_pos": 3, "last_key_pos": 3, "step_count": 1}
+
+
 class Scripts:
     """The library's functions as called through one Redis client (blocking or asyncio).
 
@@ -110,6 +133,7 @@ class Scripts:
         self.library, self._source = library_source()
         self.names = {step: f"{self.library}_{step}" for step in GROUP_STEPS + STANDALONE}
         self._ready = False
+        self._cluster = hasattr(client, "commands_parser")
 
     @property
     def loaded(self) -> bool:
@@ -124,6 +148,8 @@ class Scripts:
         """The FCALL of function ``name``, e.g. to queue in a pipeline."""
         if not self._ready:
             raise RuntimeError(f"function {name!r} used before Scripts.load()")
+        if self._cluster:
+            route_fcall_locally(self._client)
         return ("FCALL", self.names[name], len(keys), *keys, *args)
 
     def __getattr__(self, name: str) -> Any:
