@@ -1,6 +1,6 @@
 """Server time per protocol step: what one call of each group step costs inside Redis.
 
-A one-member Stable group on an embedded server; each phase makes N calls of one kind through
+Stable groups on an embedded server (two members, and one for the rebalance rounds); each phase makes N calls of one kind through
 the public blocking API (or, for the fixed overhead and ``await_reply``, the coordinator's
 single-step hook) and reads the server's own timing of every script/function call:
 ``INFO commandstats`` deltas (EVALSHA + FCALL + FCALL_RO). Calls are replayed in pipelines
@@ -23,6 +23,7 @@ existing server). Prints a table.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import sys
 import uuid
 from collections.abc import Callable
@@ -100,7 +101,22 @@ def run(r: redis.Redis, n: int, batch: int) -> None:
     joined = coord.join_group("g", **JOIN)
     mid, gen = joined.member_id, joined.generation_id
     coord.sync_group("g", gen, mid, assignments={mid: b"a"})
-    keys = coord._keys("g")
+    # A two-member group: A (the measured member, 120 s session) and B (60 s), so A's session
+    # deadline is not the group's earliest and A's heartbeats and commits leave the partition's
+    # deadline index alone, as for most members of a real group.
+    a = coord.join_group("g2", **{**JOIN, "session_timeout_ms": 120_000})
+    coord.sync_group("g2", a.generation_id, a.member_id, assignments={})
+    with cf.ThreadPoolExecutor(2) as pool:
+        fb = pool.submit(coord.join_group, "g2", **{**JOIN, "session_timeout_ms": 60_000})
+        fa = pool.submit(coord.join_group, "g2", member_id=a.member_id,
+                         **{**JOIN, "session_timeout_ms": 120_000})
+        ja, jb = fa.result(), fb.result()
+        sa = pool.submit(coord.sync_group, "g2", ja.generation_id, ja.member_id,
+                         assignments={ja.member_id: b"a", jb.member_id: b"b"})
+        sb = pool.submit(coord.sync_group, "g2", jb.generation_id, jb.member_id)
+        assert sa.result().error.name == sb.result().error.name == "NONE"
+    mid2, gen2 = ja.member_id, ja.generation_id
+    keys = coord._keys("g2")
     steps = coord._steps
     bare_sha = r.script_load("return 1")
     has_functions = True
@@ -115,12 +131,18 @@ def run(r: redis.Redis, n: int, batch: int) -> None:
             r.script_load(lua_source(step))
     tp = TopicPartition("t", 0)
     join_op = first_op(steps.join_group("g", mid, **JOIN))
-    heartbeat = call_command(coord, first_op(steps.heartbeat("g", gen, mid)))
+    heartbeat = call_command(coord, first_op(steps.heartbeat("g2", gen2, mid2)))
     commit = call_command(coord, first_op(steps.commit_offsets(
-        "g", {tp: 7}, member_id=mid, generation_id=gen)))
+        "g2", {tp: 7}, member_id=mid2, generation_id=gen2)))
     expire = call_command(coord, first_op(steps.call("expire_deadlines", keys, [])))
-    await_reply = call_command(coord, first_op(steps.call("await_reply", keys, [mid, "s"])))
+    await_reply = call_command(coord, first_op(steps.call("await_reply", keys, [mid2, "s"])))
     join = call_command(coord, join_op)
+    # The replayed calls must take the path they are named for (a heartbeat answered DUE, for
+    # one, would measure only the check for passed deadlines).
+    assert r.execute_command(*expire)[0] == 0
+    assert r.execute_command(*heartbeat) == [b"NONE"], r.execute_command(*heartbeat)
+    assert r.execute_command(*commit)[0] == b"NONE"
+    assert r.execute_command(*await_reply)[0] == b"R"
     state = {"gen": gen}
 
     def sync_cmd() -> tuple[Any, ...]:

@@ -60,23 +60,28 @@ local DEFAULTS = {
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
-local CFG = {}
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check); the
+-- other settings are read, all at once, by the first step that asks for one.
 -- (Written out: a library's load runs no code beyond definitions; pairs is not available then.)
-local CFG_NAMES = {'num_partitions', 'group_min_session_timeout_ms',
-  'group_max_session_timeout_ms', 'group_max_size', 'group_initial_rebalance_delay_ms',
-  'new_member_join_timeout_ms', 'offsets_retention_ms', 'offset_metadata_max_bytes',
-  'offsets_retention_check_interval_ms'}
+local CFG_REST = {'group_min_session_timeout_ms', 'group_max_session_timeout_ms',
+  'group_initial_rebalance_delay_ms', 'new_member_join_timeout_ms', 'offsets_retention_ms',
+  'offset_metadata_max_bytes', 'offsets_retention_check_interval_ms'}
+local CFG_META = {__index = function(cfg, name)
+  if DEFAULTS[name] == nil then return nil end
+  local values = redis.call('HMGET', K_CFG, unpack(CFG_REST))
+  for i, field in ipairs(CFG_REST) do rawset(cfg, field, tonumber(values[i]) or DEFAULTS[field]) end
+  return rawget(cfg, name)
+end}
+local CFG = {}
 -- Reads the partition's settings copy into CFG; an error reply when there is none.
 local function read_settings()
-  local values = redis.call('HMGET', K_CFG, unpack(CFG_NAMES))
+  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
   if not values[1] then
     return redis.error_reply('RCOORD_NOT_COORDINATOR no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
   end
-  CFG = {}
-  for i, name in ipairs(CFG_NAMES) do
-    CFG[name] = tonumber(values[i]) or DEFAULTS[name]
-  end
+  CFG = setmetatable({num_partitions = tonumber(values[1]),
+    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size}, CFG_META)
   return nil
 end
 
@@ -90,12 +95,29 @@ local function illegal(msg)
   return error({err = 'RCOORD_ILLEGAL_STATE ' .. msg})
 end
 
--- Group hash, cached in G and written through.
+-- Group hash, cached in G and written through. The fields most steps read come in one HMGET;
+-- any other is read on first use (G_SEEN remembers the ones read absent), so a call never
+-- reads the whole hash (protocol counts, timer arguments) for one field.
+local G_CORE = {'state', 'prev', 'gen', 'ptype', 'pname', 'leader', 'wid', 'capchk', 'sg'}
+local G_SEEN = {}
+local G_META = {__index = function(g, field)
+  if G_SEEN[field] then return nil end
+  G_SEEN[field] = true
+  local value = redis.call('HGET', K_GROUP, field)
+  if not value then return nil end
+  rawset(g, field, value)
+  return value
+end}
 local G = {}
+local function new_group_table() return setmetatable({}, G_META) end
 local function read_group()
-  G = {}
-  local flat = redis.call('HGETALL', K_GROUP)
-  for i = 1, #flat, 2 do G[flat[i]] = flat[i + 1] end
+  G_SEEN = {}
+  G = new_group_table()
+  local values = redis.call('HMGET', K_GROUP, unpack(G_CORE))
+  for i, field in ipairs(G_CORE) do
+    G_SEEN[field] = true
+    if values[i] then rawset(G, field, values[i]) end
+  end
 end
 local function group_exists() return G.state ~= nil end
 
@@ -114,7 +136,7 @@ end
 local function gen() return tonumber(G.gen or '0') end
 
 local function create_group()
-  G = {}
+  G = new_group_table()
   set_g('state', EMPTY)
   set_g('prev', EMPTY)
   set_g('gen', 0)
@@ -771,7 +793,7 @@ local function delete_group()
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
-  G = {}
+  G = new_group_table()
 end
 
 -- Kafka's offsetExpirationCondition: which timestamp an offset's retention counts from, or nil
