@@ -57,10 +57,8 @@ def form(coord: GroupCoordinator, n: int, session_ms: int, prefix: str, spread_s
     from rcoord.protocol.join import JoinRequest
     from rcoord.protocol.sync import SyncRequest
 
-    from rcoord.scripts import lua_source
-
     client = coord._redis
-    shas = {s: client.script_load(lua_source(s)) for s in ("join_group", "await_reply", "sync_group")}
+    coord._scripts.load_library()  # before raw pipelined FCALLs (start() loads it lazily)
     batch = 100
     t0 = time.monotonic()
     for start in range(0, n, batch):
@@ -73,7 +71,7 @@ def form(coord: GroupCoordinator, n: int, session_ms: int, prefix: str, spread_s
         def run(step: str, args_of: dict[str, list[object]]) -> list[object]:
             pipe = client.pipeline(transaction=False)
             for g in groups:
-                pipe.evalsha(shas[step], len(keys[g]), *keys[g], "", g, *args_of[g])
+                pipe.execute_command(*coord._scripts.command(step, keys[g], ["", g, *args_of[g]]))
             return pipe.execute()
 
         joins = {g: JoinRequest.build(g, "", protocols=JOIN["protocols"], protocol_type="consumer",

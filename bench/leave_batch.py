@@ -53,8 +53,10 @@ class Phase:
         self.r = r
 
     def _stats(self) -> tuple[int, int]:
-        entry = self.r.info("commandstats").get("cmdstat_evalsha") or {}
-        return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+        stats = self.r.info("commandstats")
+        entries = [stats.get(n) or {} for n in ("cmdstat_evalsha", "cmdstat_fcall")]
+        return (sum(int(e.get("calls", 0)) for e in entries),
+                sum(int(e.get("usec", 0)) for e in entries))
 
     def _cpu(self) -> float:
         cpu = self.r.info("cpu")
@@ -73,7 +75,7 @@ class Phase:
             cmd = e.get("command") or b""
             if isinstance(cmd, bytes):
                 cmd = cmd.decode(errors="replace")
-            if str(cmd).lower().startswith("evalsha"):
+            if str(cmd).lower().startswith(("evalsha", "fcall")):
                 worst = max(worst, int(e["duration"]))
         return {"calls": calls1 - self.calls0 - 0, "ms": (usec1 - self.usec0) / 1000.0,
                 "max_ms": worst / 1000.0, "cpu_ms": (cpu1 - self.cpu0) * 1000}
@@ -88,12 +90,10 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
         namespace=ns)).start()
     keys = coord._keys(GROUP)
     kl = keys.all()
-    sha = {s: coord._scripts.sha(s) for s in ("join_group", "sync_group", "await_reply")}
-
     def run(calls: list[tuple[str, list[Any]]]) -> list[Any]:
         pipe = r.pipeline(transaction=False)
         for step, args in calls:
-            pipe.evalsha(sha[step], len(kl), *kl, "", GROUP, *args)
+            pipe.execute_command(*coord._scripts.command(step, kl, ["", GROUP, *args]))
         return pipe.execute()
 
     def join_args(mid: str, i: int) -> list[Any]:
@@ -104,11 +104,8 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
             require_known_member_id=True, reason=None,
         ).args()
 
-    # The script cache must hold the scripts before EVALSHA (start() loads them lazily).
-    from rcoord.scripts import lua_source
-
-    for step, digest in sha.items():
-        assert r.script_load(lua_source(step)) == digest
+    # The library must be loaded before raw pipelined FCALLs (start() loads it lazily).
+    coord._scripts.load_library()
 
     figures: dict[str, Any] = {}
     phase.start()

@@ -325,10 +325,15 @@ class NamespaceRegistry:
 
 
 def evalsha_stats(r: redis.Redis) -> tuple[int, int]:
-    """(calls, usec) of EVALSHA so far (INFO commandstats)."""
+    """(calls, usec) of EVALSHA and FCALL so far (INFO commandstats): group steps are library
+    functions, topic steps scripts."""
     stats = r.info("commandstats")
-    entry = stats.get("cmdstat_evalsha") or {}
-    return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+    calls = usec = 0
+    for name in ("cmdstat_evalsha", "cmdstat_fcall"):
+        entry = stats.get(name) or {}
+        calls += int(entry.get("calls", 0))
+        usec += int(entry.get("usec", 0))
+    return calls, usec
 
 
 def server_cpu_s(r: redis.Redis) -> float:
@@ -660,17 +665,12 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
     coord = GroupCoordinator(r, make_config(ns, delay_ms)).start()
     gk = coord._keys(GROUP)
     keys = gk.all()
-    shas = {}
-    from rcoord.scripts import lua_source
-
-    for step in ("join_group", "sync_group", "await_reply"):
-        shas[step] = r.script_load(lua_source(step))
-        assert shas[step] == coord._scripts.sha(step)
+    coord._scripts.load_library()  # the library must be there before raw pipelined FCALLs
 
     def run(calls: list[tuple[str, list[Any]]]) -> list[Any]:
         pipe = r.pipeline(transaction=False)
         for step, args in calls:
-            pipe.evalsha(shas[step], len(keys), *keys, "", GROUP, *args)
+            pipe.execute_command(*coord._scripts.command(step, keys, ["", GROUP, *args]))
         return pipe.execute()
 
     def join_args(mid: str, i: int) -> list[Any]:
@@ -848,9 +848,8 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
     problems += [f"sequential: {v} x {k}" for k, v in bad.items()]
 
     # (b) pipelined raw EVALSHA (same KEYS and ARGV as coord._call("heartbeat", ...))
-    sha = coord._scripts.sha("heartbeat")
-    if not client.script_exists(sha)[0]:
-        problems.append("heartbeat script was not loaded on the server")
+    coord._scripts.load_library()
+    hb_fn = coord._scripts.names["heartbeat"]
     now_arg = coord._now_arg()
     for batch in args.batches:
         total = max(batch, (args.pipelined_heartbeats // batch) * batch)
@@ -863,7 +862,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
             pipe = client.pipeline(transaction=False)
             for k in range(batch):
                 mid = member_ids[(sent + k) % len(member_ids)]
-                pipe.evalsha(sha, len(keys), *keys, now_arg, GROUP, mid, gen, "")
+                pipe.execute_command("FCALL", hb_fn, len(keys), *keys, now_arg, GROUP, mid, gen, "")
             replies = pipe.execute(raise_on_error=False)
             for rep in replies:
                 if rep != [b"NONE"]:
@@ -907,7 +906,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
         print(f"   PROBLEM: {p}")
     sys.stdout.flush()
     client.close()
-    return keys, gen, sha, member_ids, problems
+    return keys, gen, hb_fn, member_ids, problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -957,8 +956,9 @@ def section_server_ceiling(r: redis.Redis, host: str, port: int, keys: list[str]
         print_table(["command", "result"], [["heartbeat EVALSHA", "redis-benchmark not available"]],
                     right=set())
         return
-    hb = ["evalsha", sha, str(len(keys)), *keys, "", GROUP, member_id, str(gen), ""]
-    check = r.evalsha(sha, len(keys), *keys, "", GROUP, member_id, gen, "")
+    # ``sha`` is the heartbeat's library function name (FCALL), not a script digest any more.
+    hb = ["fcall", sha, str(len(keys)), *keys, "", GROUP, member_id, str(gen), ""]
+    check = r.execute_command("FCALL", sha, len(keys), *keys, "", GROUP, member_id, gen, "")
     rows = []
     plan = [
         ("heartbeat EVALSHA", hb, 50, 16, args.bench_n),
@@ -977,7 +977,7 @@ def section_server_ceiling(r: redis.Redis, host: str, port: int, keys: list[str]
             rows[-1].append(f"{srv:.1f}")
         else:
             rows[-1].append("")
-    after = r.evalsha(sha, len(keys), *keys, "", GROUP, member_id, gen, "")
+    after = r.execute_command("FCALL", sha, len(keys), *keys, "", GROUP, member_id, gen, "")
     print_table(["command", "clients", "pipeline", "requests", "per_second", "srv_us/call"],
                 rows, right={1, 2, 3, 4, 5})
     print(f"   tool: {binary}; heartbeat reply checked before/after: {check!r}/{after!r}")

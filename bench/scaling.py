@@ -51,14 +51,9 @@ def form(coord: GroupCoordinator, n: int, session_ms: int, prefix: str, spread_s
     from rcoord import Errors, JoinGroupResult
     from rcoord.protocol.join import JoinRequest
     from rcoord.protocol.sync import SyncRequest
-    from rcoord.scripts import lua_source
-
     client = coord._redis
     nodes = {n.name: client.get_redis_connection(n) for n in client.get_primaries()}
-    shas = {}
-    for step in ("join_group", "await_reply", "sync_group"):
-        for node in nodes.values():
-            shas[step] = node.script_load(lua_source(step))
+    coord._scripts.load_library()  # on every master, before raw pipelined FCALLs
     batch = 100
     t0 = time.monotonic()
     for start in range(0, n, batch):
@@ -75,7 +70,8 @@ def form(coord: GroupCoordinator, n: int, session_ms: int, prefix: str, spread_s
                 mine = [g for g in groups if owner[g] == name]
                 pipe = node.pipeline(transaction=False)
                 for g in mine:
-                    pipe.evalsha(shas[step], len(keys[g]), *keys[g], "", g, *args_of[g])
+                    pipe.execute_command(*coord._scripts.command(step, keys[g],
+                                                                 ["", g, *args_of[g]]))
                 out.update(zip(mine, pipe.execute(), strict=True))
             return out
 

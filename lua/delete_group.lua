@@ -1,18 +1,20 @@
 -- delete_group.lua: Kafka's DeleteGroups for one group: only an Empty group may go, and its
 -- offsets go with it.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns the Kafka error name.
 
-apply_due()
-local result
-if not group_exists() then
-  result = 'GROUP_ID_NOT_FOUND'
-elseif G.state ~= EMPTY then
-  result = 'NON_EMPTY_GROUP'
-else
-  delete_group()
-  result = 'NONE'
+local function delete_group_step()
+  local result
+  if not group_exists() then
+    result = 'GROUP_ID_NOT_FOUND'
+  elseif G.state ~= EMPTY then
+    result = 'NON_EMPTY_GROUP'
+  else
+    delete_group()
+    result = 'NONE'
+  end
+  return result
 end
-finish()
-return result
+
+group_step('delete_group', delete_group_step)

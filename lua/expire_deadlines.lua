@@ -1,10 +1,15 @@
 -- expire_deadlines.lua: applies every passed deadline of one group (the timer sweep's step).
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns {number of deadlines applied, then each one's lateness in ms (now - deadline)}.
+-- It always publishes the group's earliest deadline (other steps only when it may have moved),
+-- so the sweep, which comes here from the partition's index, also repairs that index.
 
-local applied = apply_due()
-finish()
-local out = {applied}
-for i = 1, math.min(#LATENESS, 1000) do out[#out + 1] = LATENESS[i] end
-return out
+local function expire_deadlines()
+  FORCE_PUBLISH = true
+  local out = {APPLIED}
+  for i = 1, math.min(#LATENESS, 1000) do out[#out + 1] = LATENESS[i] end
+  return out
+end
+
+group_step('expire_deadlines', expire_deadlines)

@@ -1,5 +1,5 @@
 -- join_group.lua: Kafka's JoinGroup (GroupMetadataManager.classicGroupJoin) in one atomic step.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
 -- ARGV[1]  now ms or ''          ARGV[2]  group id
 -- ARGV[3]  member id ('' = new member)
 -- ARGV[4]  group instance id ('' = dynamic member)
@@ -12,25 +12,20 @@
 --          "consumer", the topics each protocol's metadata subscribes to (false: undecodable)
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
 
-local req = {
-  mid = ARGV[3], iid = ARGV[4], pt = ARGV[5], pr = ARGV[6],
-  st = tonumber(ARGV[7]), rt = tonumber(ARGV[8]), cid = ARGV[9], host = ARGV[10],
-}
-local require_known = ARGV[11] == '1'
-local uuid = ARGV[12]
-local protocols = cmsgpack.unpack(req.pr)
-req.subs = {}
-for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
+local REQ -- this call's request (set by parse_join_group)
 
-apply_due()
-
-if req.st < CFG.group_min_session_timeout_ms or req.st > CFG.group_max_session_timeout_ms then
-  return respond(join_error('INVALID_SESSION_TIMEOUT', req.mid))
-end
-
-if not group_exists() then
-  if req.mid ~= '' then return respond(join_error('UNKNOWN_MEMBER_ID', req.mid)) end
-  create_group()
+local function parse_join_group(ARGV)
+  local req = {
+    mid = ARGV[3], iid = ARGV[4], pt = ARGV[5], pr = ARGV[6],
+    st = tonumber(ARGV[7]), rt = tonumber(ARGV[8]), cid = ARGV[9], host = ARGV[10],
+  }
+  req.require_known = ARGV[11] == '1'
+  req.uuid = ARGV[12]
+  req.protocols = cmsgpack.unpack(req.pr)
+  req.subs = {}
+  for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
+  REQ = req
+  return req
 end
 
 -- Kafka's acceptJoiningMember: parked members always; others while there is room.
@@ -45,7 +40,7 @@ local function accept_joining_member(id)
 end
 
 local function add_member_and_rebalance(id)
-  add_member(id, req)
+  add_member(id, REQ)
   if G.state == PREPARING and G.prev == EMPTY then set_g('nma', 1) end
   -- A new member cannot heartbeat while parked; bound how long its join may wait.
   schedule(hb_key(id), NOW + CFG.new_member_join_timeout_ms)
@@ -54,7 +49,7 @@ local function add_member_and_rebalance(id)
 end
 
 local function update_member_and_rebalance(rec, reason)
-  update_member(rec, req, true)
+  update_member(rec, REQ, true)
   maybe_prepare_rebalance_or_complete_join(reason)
   return reply_or_wait(rec.id, 'j')
 end
@@ -82,7 +77,7 @@ local function replace_static_member(old_id, new_id)
   rec.id, rec.as, rec.new = new_id, 0, 0
   mput(rec)
   if G.leader == old_id then set_g('leader', new_id) end
-  redis.call('HSET', K_STATIC, req.iid, new_id)
+  redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).
   if was_pending_sync then redis.call('HSET', K_PSYNC, new_id, 1) end
   return rec
@@ -92,11 +87,11 @@ local function update_static_member_and_rebalance(old_id, new_id)
   -- Checked before any write (a script error must not leave the group half-changed).
   if G.state == EMPTY or G.state == DEAD then
     illegal('Group ' .. GROUP_ID .. ' was not supposed to be in the state ' .. G.state ..
-      ' when the unknown static member ' .. req.iid .. ' rejoins.')
+      ' when the unknown static member ' .. REQ.iid .. ' rejoins.')
   end
   local rec = replace_static_member(old_id, new_id)
   reschedule_heartbeat(rec)
-  update_member(rec, req, true)
+  update_member(rec, REQ, true)
   if G.state == STABLE then
     if select_protocol() == G.pname then
       -- Same protocol: no rebalance; the static member gets the current generation back, and
@@ -119,7 +114,7 @@ end
 -- the 36-character UUID, at a character boundary (client ids arrive as valid UTF-8).
 local MAX_ID_BYTES = 1024
 local function id_prefix(client_id)
-  local n = MAX_ID_BYTES - 1 - #uuid
+  local n = MAX_ID_BYTES - 1 - #REQ.uuid
   if #client_id <= n then return client_id end
   local b = string.byte(client_id, n + 1)
   while n > 0 and b >= 0x80 and b < 0xC0 do -- the next byte continues a character: back off
@@ -131,51 +126,51 @@ end
 
 local function join_new_member()
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', '')) end
-  if not supports_protocols(req.pt, protocols) then
+  if not supports_protocols(REQ.pt, REQ.protocols) then
     return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', ''))
   end
-  if req.iid ~= '' then
-    local new_id = req.iid .. '-' .. uuid
-    local existing = redis.call('HGET', K_STATIC, req.iid)
+  if REQ.iid ~= '' then
+    local new_id = REQ.iid .. '-' .. REQ.uuid
+    local existing = redis.call('HGET', K_STATIC, REQ.iid)
     if existing then return update_static_member_and_rebalance(existing, new_id) end
     return add_member_and_rebalance(new_id)
   end
-  local new_id = id_prefix(req.cid) .. '-' .. uuid
-  if require_known then
+  local new_id = id_prefix(REQ.cid) .. '-' .. REQ.uuid
+  if REQ.require_known then
     -- KIP-394: hand out the id; the member is pending until it joins with it.
     redis.call('HSET', K_PENDING, new_id, 1)
-    schedule(hb_key(new_id), NOW + req.st)
+    schedule(hb_key(new_id), NOW + REQ.st)
     return respond(join_error('MEMBER_ID_REQUIRED', new_id))
   end
   return add_member_and_rebalance(new_id)
 end
 
 local function join_existing_member()
-  local id = req.mid
+  local id = REQ.mid
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', id)) end
-  if not supports_protocols(req.pt, protocols) then
+  if not supports_protocols(REQ.pt, REQ.protocols) then
     return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', id))
   end
   if is_pending(id) then
-    if req.iid ~= '' then
+    if REQ.iid ~= '' then
       -- Kafka raises IllegalStateException here: pending members are never static.
       return respond(join_error('UNKNOWN_SERVER_ERROR', id))
     end
     return add_member_and_rebalance(id)
   end
-  local err = validate_member(id, req.iid)
+  local err = validate_member(id, REQ.iid)
   if err then return respond(join_error(err, id)) end
   local rec = mget(id)
   if G.state == PREPARING then
     return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined during PreparingRebalance')
   elseif G.state == COMPLETING then
-    if rec.pr == req.pr then
+    if rec.pr == REQ.pr then
       -- Same metadata: it probably missed its JoinGroup response; send it again.
       return respond(join_reply(id, 'NONE', G.leader == id, false))
     end
     return update_member_and_rebalance(rec, 'member ' .. id .. ' changed metadata')
   elseif G.state == STABLE then
-    if G.leader == id or rec.pr ~= req.pr then
+    if G.leader == id or rec.pr ~= REQ.pr then
       -- A leader's rejoin forces a rebalance (it may have seen metadata change).
       return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined Stable group')
     end
@@ -185,9 +180,22 @@ local function join_existing_member()
   return respond(join_error('UNKNOWN_MEMBER_ID', id))
 end
 
-if not accept_joining_member(req.mid) then
-  if req.mid ~= '' and (is_member(req.mid) or is_pending(req.mid)) then remove_member(req.mid) end
-  return respond(join_error('GROUP_MAX_SIZE_REACHED', ''))
+local function join_group()
+  if REQ.st < CFG.group_min_session_timeout_ms or REQ.st > CFG.group_max_session_timeout_ms then
+    return respond(join_error('INVALID_SESSION_TIMEOUT', REQ.mid))
+  end
+
+  if not group_exists() then
+    if REQ.mid ~= '' then return respond(join_error('UNKNOWN_MEMBER_ID', REQ.mid)) end
+    create_group()
+  end
+
+  if not accept_joining_member(REQ.mid) then
+    if REQ.mid ~= '' and (is_member(REQ.mid) or is_pending(REQ.mid)) then remove_member(REQ.mid) end
+    return respond(join_error('GROUP_MAX_SIZE_REACHED', ''))
+  end
+  if REQ.mid == '' then return join_new_member() end
+  return join_existing_member()
 end
-if req.mid == '' then return join_new_member() end
-return join_existing_member()
+
+group_step('join_group', join_group, parse_join_group)

@@ -1,76 +1,75 @@
 -- leave_group.lua: Kafka's LeaveGroup (classicGroupLeaveToClassicGroup), batch form (KIP-345).
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- ARGV[3] cmsgpack array of {member id, group instance id ('' = none)}, in request order
 -- Returns {top-level error name, {per-member error names in request order}}.
 
-local leaving = cmsgpack.unpack(ARGV[3])
+local function parse_leave_group(ARGV) return cmsgpack.unpack(ARGV[3]) end
 
-apply_due()
+local function leave_group(leaving)
+  local results = {}
+  if not group_exists() then
+    for i = 1, #leaving do results[i] = 'UNKNOWN_MEMBER_ID' end
+    return {'NONE', results}
+  end
+  if G.state == DEAD then
+    return {'COORDINATOR_NOT_AVAILABLE', results}
+  end
 
-local results = {}
-if not group_exists() then
-  for i = 1, #leaving do results[i] = 'UNKNOWN_MEMBER_ID' end
-  finish()
+  -- Every named member is checked first, in request order, as if the earlier ones had already
+  -- left (a member named twice, or by member id after its instance id, is unknown the second
+  -- time); then all of them are removed together and the group-level work runs once.
+  local gone, gone_static, recs, leaving_ids = {}, {}, {}, {}
+  local function mark(id)
+    gone[id] = true
+    leaving_ids[#leaving_ids + 1] = id
+    local rec = mget(id)
+    recs[id] = rec or false
+    if rec and rec.iid ~= '' and redis.call('HGET', K_STATIC, rec.iid) == id then
+      gone_static[rec.iid] = true
+    end
+  end
+  local function static_owner(iid)
+    if iid == '' or gone_static[iid] then return nil end
+    return redis.call('HGET', K_STATIC, iid) or nil
+  end
+  local function check_member(mid, iid) -- prelude validate_member, seeing earlier removals
+    if iid ~= '' then
+      local existing = static_owner(iid)
+      if not existing then return 'UNKNOWN_MEMBER_ID' end
+      if existing ~= mid then return 'FENCED_INSTANCE_ID' end
+    end
+    if gone[mid] or not is_member(mid) then return 'UNKNOWN_MEMBER_ID' end
+    return nil
+  end
+
+  local any_left = false
+  for i, m in ipairs(leaving) do
+    local mid, iid = m[1], m[2]
+    local err = nil
+    if mid == '' then
+      -- Administrative removal by instance id.
+      local current = static_owner(iid)
+      if current then mark(current) else err = 'UNKNOWN_MEMBER_ID' end
+    elseif not gone[mid] and is_pending(mid) then
+      mark(mid)
+    else
+      err = check_member(mid, iid)
+      if not err then mark(mid) end
+    end
+    results[i] = err or 'NONE'
+    if not err then any_left = true end
+  end
+  remove_members(leaving_ids, recs)
+
+  if any_left then
+    if G.state == STABLE or G.state == COMPLETING then
+      maybe_prepare_rebalance_or_complete_join('members left the group')
+    elseif G.state == PREPARING then
+      maybe_complete_join_phase()
+    end
+  end
   return {'NONE', results}
 end
-if G.state == DEAD then
-  finish()
-  return {'COORDINATOR_NOT_AVAILABLE', results}
-end
 
--- Every named member is checked first, in request order, as if the earlier ones had already
--- left (a member named twice, or by member id after its instance id, is unknown the second
--- time); then all of them are removed together and the group-level work runs once.
-local gone, gone_static, recs, leaving_ids = {}, {}, {}, {}
-local function mark(id)
-  gone[id] = true
-  leaving_ids[#leaving_ids + 1] = id
-  local rec = mget(id)
-  recs[id] = rec or false
-  if rec and rec.iid ~= '' and redis.call('HGET', K_STATIC, rec.iid) == id then
-    gone_static[rec.iid] = true
-  end
-end
-local function static_owner(iid)
-  if iid == '' or gone_static[iid] then return nil end
-  return redis.call('HGET', K_STATIC, iid) or nil
-end
-local function check_member(mid, iid) -- prelude validate_member, seeing earlier removals
-  if iid ~= '' then
-    local existing = static_owner(iid)
-    if not existing then return 'UNKNOWN_MEMBER_ID' end
-    if existing ~= mid then return 'FENCED_INSTANCE_ID' end
-  end
-  if gone[mid] or not is_member(mid) then return 'UNKNOWN_MEMBER_ID' end
-  return nil
-end
-
-local any_left = false
-for i, m in ipairs(leaving) do
-  local mid, iid = m[1], m[2]
-  local err = nil
-  if mid == '' then
-    -- Administrative removal by instance id.
-    local current = static_owner(iid)
-    if current then mark(current) else err = 'UNKNOWN_MEMBER_ID' end
-  elseif not gone[mid] and is_pending(mid) then
-    mark(mid)
-  else
-    err = check_member(mid, iid)
-    if not err then mark(mid) end
-  end
-  results[i] = err or 'NONE'
-  if not err then any_left = true end
-end
-remove_members(leaving_ids, recs)
-
-if any_left then
-  if G.state == STABLE or G.state == COMPLETING then
-    maybe_prepare_rebalance_or_complete_join('members left the group')
-  elseif G.state == PREPARING then
-    maybe_complete_join_phase()
-  end
-end
-finish()
-return {'NONE', results}
+group_step('leave_group', leave_group, parse_leave_group)

@@ -1,37 +1,38 @@
--- prelude.lua: shared head of every group script (rcoord/scripts.py puts deadline_index.lua and
--- this file in front of each step's file, so one script call is one atomic protocol step).
+-- prelude.lua: the shared part of the rcoord Functions library (rcoord/scripts.py assembles
+-- the library: clock.lua, deadline_index.lua, this file, then one file per step). Everything here
+-- is defined once, when the library loads; a call only sets the per-call state (begin()) and runs
+-- its step inside group_step(), which applies due deadlines, runs the step and finishes.
 --
--- Every group script receives the same KEYS (rcoord/keys.py documents them):
---   KEYS[1]  cfg       hash   namespace settings, this partition's copy
---   KEYS[2]  groups    set    group ids of this partition
---   KEYS[3]  due       zset   group id -> earliest deadline of the group
---   KEYS[4]  group     hash   state, gen, ptype, pname, leader, timer arguments, P:<protocol> counts
---   KEYS[5]  members   hash   member id -> member record (cmsgpack)
---   KEYS[6]  statics   hash   group instance id -> member id
---   KEYS[7]  pending   hash   member ids handed out with MEMBER_ID_REQUIRED, not yet joined
---   KEYS[8]  joining   hash   member ids with a parked JoinGroup
---   KEYS[9]  psync     hash   member ids expected to send SyncGroup this generation
---   KEYS[10] replies   hash   'j:<member>' | 's:<member>' -> reply to a parked Join/SyncGroup
---   KEYS[11] wake      stream wake-ups for parked callers
---   KEYS[12] deadlines zset   'hb:<member>' | 'join' | 'sync' -> deadline (ms)
---   KEYS[13] offsets   hash   committed offsets
---   KEYS[14] hint      string expires when the group's earliest deadline falls due (a wake-up
+-- Every group step receives the same keys (rcoord/keys.py documents them):
+--   keys[1]  cfg       hash   namespace settings, this partition's copy
+--   keys[2]  groups    set    group ids of this partition
+--   keys[3]  due       zset   group id -> earliest deadline of the group
+--   keys[4]  group     hash   state, gen, ptype, pname, leader, timer arguments, P:<protocol> counts
+--   keys[5]  members   hash   member id -> member record (cmsgpack)
+--   keys[6]  statics   hash   group instance id -> member id
+--   keys[7]  pending   hash   member ids handed out with MEMBER_ID_REQUIRED, not yet joined
+--   keys[8]  joining   hash   member ids with a parked JoinGroup
+--   keys[9]  psync     hash   member ids expected to send SyncGroup this generation
+--   keys[10] replies   hash   'j:<member>' | 's:<member>' -> reply to a parked Join/SyncGroup
+--   keys[11] wake      stream wake-ups for parked callers
+--   keys[12] deadlines zset   'hb:<member>' | 'join' | 'sync' -> deadline (ms)
+--   keys[13] offsets   hash   committed offsets
+--   keys[14] hint      string expires when the group's earliest deadline falls due (a wake-up
 --                             hint for coordinators that listen to expired-key events)
---   KEYS[15] events    stream this partition's group transitions and member expiries (capped),
+--   keys[15] events    stream this partition's group transitions and member expiries (capped),
 --                             which coordinators turn into logs and metrics
--- and the same first ARGV:
+-- and the same first arguments (ARGV in the step files):
 --   ARGV[1]  now in ms, or '' to read Redis TIME (the one clock; tests may pass a mock time)
 --   ARGV[2]  group id
 -- Protocol errors are returned inside replies by Kafka name; invariant violations are error
 -- replies starting with RCOORD_ILLEGAL_STATE (rcoord/errors.py maps both).
+--
+-- Functions may not create globals, and the library's locals (the upvalues below) outlive a
+-- call: begin() sets every per-call value at the start of each call.
 
 local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
-      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
-      KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13],
-      KEYS[14], KEYS[15]
-local GROUP_ID = ARGV[2]
-
-local NOW, MOCK_TIME = read_clock(ARGV[1])
+      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS
+local GROUP_ID, NOW, MOCK_TIME
 
 -- The state table (rcoord/state.py VALID_PREVIOUS; a parity test keeps them equal).
 local EMPTY, PREPARING, COMPLETING, STABLE, DEAD =
@@ -59,18 +60,29 @@ local DEFAULTS = {
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check); the
+-- other settings are read, all at once, by the first step that asks for one.
+-- (Written out: a library's load runs no code beyond definitions; pairs is not available then.)
+local CFG_REST = {'group_min_session_timeout_ms', 'group_max_session_timeout_ms',
+  'group_initial_rebalance_delay_ms', 'new_member_join_timeout_ms', 'offsets_retention_ms',
+  'offset_metadata_max_bytes', 'offsets_retention_check_interval_ms'}
+local CFG_META = {__index = function(cfg, name)
+  if DEFAULTS[name] == nil then return nil end
+  local values = redis.call('HMGET', K_CFG, unpack(CFG_REST))
+  for i, field in ipairs(CFG_REST) do rawset(cfg, field, tonumber(values[i]) or DEFAULTS[field]) end
+  return rawget(cfg, name)
+end}
 local CFG = {}
-do
-  local names = {'num_partitions'}
-  for name, _ in pairs(DEFAULTS) do names[#names + 1] = name end
-  local values = redis.call('HMGET', K_CFG, unpack(names))
+-- Reads the partition's settings copy into CFG; an error reply when there is none.
+local function read_settings()
+  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
   if not values[1] then
     return redis.error_reply('RCOORD_NOT_COORDINATOR no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
   end
-  for i, name in ipairs(names) do
-    CFG[name] = tonumber(values[i]) or DEFAULTS[name]
-  end
+  CFG = setmetatable({num_partitions = tonumber(values[1]),
+    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size}, CFG_META)
+  return nil
 end
 
 -- A record of what happened, for logs and metrics (the stream is capped; events are a view).
@@ -83,13 +95,40 @@ local function illegal(msg)
   return error({err = 'RCOORD_ILLEGAL_STATE ' .. msg})
 end
 
--- Group hash, cached in G and written through.
+-- Group hash, cached in G and written through. The fields most steps read come in one HMGET;
+-- any other is read on first use (G_SEEN remembers the ones read absent), so a call never
+-- reads the whole hash (protocol counts, timer arguments) for one field.
+local G_CORE = {'state', 'prev', 'gen', 'ptype', 'pname', 'leader', 'wid', 'capchk', 'sg'}
+local G_SEEN = {}
+local G_META = {__index = function(g, field)
+  if G_SEEN[field] then return nil end
+  G_SEEN[field] = true
+  local value = redis.call('HGET', K_GROUP, field)
+  if not value then return nil end
+  rawset(g, field, value)
+  return value
+end}
 local G = {}
-do
-  local flat = redis.call('HGETALL', K_GROUP)
-  for i = 1, #flat, 2 do G[flat[i]] = flat[i + 1] end
+local function new_group_table() return setmetatable({}, G_META) end
+local function read_group()
+  G_SEEN = {}
+  G = new_group_table()
+  local values = redis.call('HMGET', K_GROUP, unpack(G_CORE))
+  for i, field in ipairs(G_CORE) do
+    G_SEEN[field] = true
+    if values[i] then rawset(G, field, values[i]) end
+  end
 end
 local function group_exists() return G.state ~= nil end
+
+-- Every write to the group's deadlines goes through dl_write (or call_batched), so finish()
+-- knows whether the group's earliest deadline may have moved; if not, the partition's index
+-- is already right and is left alone.
+local DL_CHANGED = false
+local function dl_write(...)
+  DL_CHANGED = true
+  return redis.call(...)
+end
 local function set_g(field, value)
   G[field] = tostring(value)
   redis.call('HSET', K_GROUP, field, value)
@@ -97,7 +136,7 @@ end
 local function gen() return tonumber(G.gen or '0') end
 
 local function create_group()
-  G = {}
+  G = new_group_table()
   set_g('state', EMPTY)
   set_g('prev', EMPTY)
   set_g('gen', 0)
@@ -108,7 +147,7 @@ local function create_group()
   set_g('created', NOW)
   redis.call('SADD', K_GROUPS, GROUP_ID)
   -- An Empty group with no offsets is removed after the retention check interval.
-  redis.call('ZADD', K_DL, 'LT', NOW + CFG.offsets_retention_check_interval_ms, 'gc')
+  dl_write('ZADD', K_DL, 'LT', NOW + CFG.offsets_retention_check_interval_ms, 'gc')
 end
 
 local function transition(to)
@@ -136,14 +175,14 @@ local function transition(to)
   event('transition', 'from', from or '', 'to', to, 'gen', G.gen or '0', 'took', took,
     'why', G.reason or '')
   -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them.
-  if to == EMPTY or to == STABLE then redis.call('ZADD', K_DL, 'LT', NOW, 'gc') end
+  if to == EMPTY or to == STABLE then dl_write('ZADD', K_DL, 'LT', NOW, 'gc') end
 end
 
 local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end
 
 -- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
-local function schedule(name, at) redis.call('ZADD', K_DL, at, name) end
-local function cancel(name) redis.call('ZREM', K_DL, name) end
+local function schedule(name, at) dl_write('ZADD', K_DL, at, name) end
+local function cancel(name) dl_write('ZREM', K_DL, name) end
 local function hb_key(id) return 'hb:' .. id end
 
 -- Wake-ups and replies for parked callers.
@@ -162,6 +201,7 @@ end
 -- field/value and score/member pairs never straddle two batches.
 local BATCH = 1000
 local function call_batched(cmd, key, items)
+  if key == K_DL and #items > 0 then DL_CHANGED = true end
   for i = 1, #items, BATCH do
     redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
   end
@@ -341,14 +381,18 @@ end
 
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
 local function add_member(id, req)
+  -- Both checks before the first write (Redis keeps a failed call's earlier writes).
+  local first = nmembers() == 0
+  if not first and G.ptype ~= req.pt then
+    illegal('The group and member protocol types must be the same')
+  end
   if req.iid ~= '' then
     if redis.call('HEXISTS', K_STATIC, req.iid) == 1 then
       illegal('Static member with groupInstanceId=' .. req.iid .. ' is already a member of ' .. GROUP_ID)
     end
     redis.call('HSET', K_STATIC, req.iid, id)
   end
-  if nmembers() == 0 then set_g('ptype', req.pt) end
-  if G.ptype ~= req.pt then illegal('The group and member protocol types must be the same') end
+  if first then set_g('ptype', req.pt) end
   if G.leader == '' then set_g('leader', id) end
   forget_members()
   local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
@@ -743,12 +787,13 @@ end
 -- The group becomes Dead and its keys go in the same step (Dead is never stored).
 local function delete_group()
   forget_members()
+  DL_CHANGED = true
   transition(DEAD)
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
-  G = {}
+  G = new_group_table()
 end
 
 -- Kafka's offsetExpirationCondition: which timestamp an offset's retention counts from, or nil
@@ -769,7 +814,7 @@ end
 -- After a commit: make sure the retention timer fires no later than this offset's expiry.
 local function schedule_offset_expiry(rec)
   local base = expiration_base()
-  if base then redis.call('ZADD', K_DL, 'LT', expiry_of(rec, base), 'gc') end
+  if base then dl_write('ZADD', K_DL, 'LT', expiry_of(rec, base), 'gc') end
 end
 
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
@@ -818,7 +863,7 @@ local function apply_due()
         if redis.call('ZSCORE', K_DL, t) == first[2] then name = t break end
       end
     end
-    redis.call('ZREM', K_DL, name)
+    dl_write('ZREM', K_DL, name)
     local deadline = tonumber(first[2])
     LATENESS[#LATENESS + 1] = NOW - deadline
     if name == 'join' then
@@ -834,18 +879,25 @@ local function apply_due()
   end
   -- A group over a lowered group_max_size rebalances once per new limit, so that the excess
   -- members are turned away (Kafka does this when it loads such a group).
+  -- The check runs once per limit (a group under the limit cannot outgrow it: joins refuse
+  -- members beyond it), so a step does not count the members every time.
   if group_exists() and (G.state == STABLE or G.state == COMPLETING)
-      and tonumber(G.capchk or '-1') ~= CFG.group_max_size and nmembers() > CFG.group_max_size then
+      and tonumber(G.capchk or '-1') ~= CFG.group_max_size then
     set_g('capchk', CFG.group_max_size)
-    prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
+    if nmembers() > CFG.group_max_size then
+      prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
+    end
   end
   return applied
 end
 
--- Every script ends here: publish the group's earliest deadline (deadline_index.lua) and wake
--- parked callers.
+-- Every group step ends here (group_step calls it): publish the group's earliest deadline
+-- (deadline_index.lua) if it may have moved, and wake parked callers.
+local FORCE_PUBLISH = false
 local function finish()
-  publish_earliest(K_DL, K_DUE, K_HINT, GROUP_ID, group_exists(), NOW, MOCK_TIME)
+  if DL_CHANGED or FORCE_PUBLISH then
+    publish_earliest(K_DL, K_DUE, K_HINT, GROUP_ID, group_exists(), NOW, MOCK_TIME)
+  end
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
     if group_exists() then
@@ -866,16 +918,15 @@ local function next_deadline()
 end
 
 -- Reply to a parked caller if its reply is ready, otherwise tell it how to wait.
--- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}.
+-- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}; the wake id is
+-- filled in by group_step after finish() (which may add the wake-up this caller waits after).
 -- A reply is read, not consumed: if the same member parked twice (a client that gave up on its
 -- first JoinGroup and sent another), both callers get the answer, and neither is left waiting
 -- or told it is unknown. The slot is cleared when the member parks again, and pruned later.
+local WAIT_REPLY = nil
 local function reply_or_wait(id, kind)
   local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
-  if blob then
-    finish()
-    return {'R', blob}
-  end
+  if blob then return {'R', blob} end
   local waiting
   if kind == 'j' then
     waiting = awaiting_join(id)
@@ -884,15 +935,57 @@ local function reply_or_wait(id, kind)
     waiting = rec ~= nil and rec.as == 1
   end
   if not waiting then
-    finish()
     if kind == 'j' then return {'R', cmsgpack.pack(join_error('UNKNOWN_MEMBER_ID', ''))} end
     return {'R', cmsgpack.pack(sync_error('UNKNOWN_MEMBER_ID'))}
   end
-  finish()
-  return {'W', G.wid or '0-0', next_deadline(), NOW, id}
+  WAIT_REPLY = {'W', '0-0', next_deadline(), NOW, id}
+  return WAIT_REPLY
 end
 
-local function respond(rep)
-  finish()
-  return {'R', cmsgpack.pack(rep)}
+local function respond(rep) return {'R', cmsgpack.pack(rep)} end
+
+-- The start of every call: the per-call state, the settings and the group. An error reply
+-- (nothing written) when the partition has no settings copy.
+local APPLIED = 0
+local function begin(keys, argv)
+  K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
+    K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS = keys[1], keys[2], keys[3], keys[4],
+    keys[5], keys[6], keys[7], keys[8], keys[9], keys[10], keys[11], keys[12], keys[13],
+    keys[14], keys[15]
+  GROUP_ID = argv[2]
+  NOW, MOCK_TIME = read_clock(argv[1])
+  WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
+  MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
+  PROTOCOLS, LATENESS = {}, {}
+  local err = read_settings()
+  if err then return err end
+  read_group()
+  return nil
+end
+
+-- Registers a library function under the library's versioned prefix (LIB, set by
+-- rcoord/scripts.py in front of the library).
+local function register(name, fn, flags)
+  redis.register_function{function_name = LIB .. '_' .. name, callback = fn, flags = flags or {}}
+end
+
+-- Registers a group step: ``parse(args)`` decodes the arguments (before anything is written;
+-- it may return an error reply), then the wrapper applies the group's passed deadlines, runs
+-- ``run(parsed)`` (its checks come before its own writes) and finishes: deadline index and
+-- wake-ups, once per call, whatever path the step took.
+local function group_step(name, run, parse)
+  register(name, function(keys, args)
+    local err = begin(keys, args)
+    if err then return err end
+    local req = args
+    if parse then
+      req = parse(args)
+      if type(req) == 'table' and req.err then return req end
+    end
+    APPLIED = apply_due()
+    local reply = run(req)
+    finish()
+    if reply ~= nil and reply == WAIT_REPLY then reply[2] = G.wid or '0-0' end
+    return reply
+  end)
 end

@@ -11,37 +11,39 @@
 --                already holds a newer version (two writers racing never leave an older copy).
 -- Returns a flat field, value array (establish, update) or 1 / 0 (copy: written or not).
 
-local key, op = KEYS[1], ARGV[1]
+register('settings', function(KEYS, ARGV)
+  local key, op = KEYS[1], ARGV[1]
 
-if op == 'establish' then
-  if redis.call('EXISTS', key) == 0 then
-    local pairs_ = {}
-    for i = 2, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
-    redis.call('HSET', key, unpack(pairs_))
-    if redis.call('HEXISTS', key, 'version') == 0 then redis.call('HSET', key, 'version', 1) end
-  end
-  return redis.call('HGETALL', key)
-elseif op == 'update' then
-  if redis.call('EXISTS', key) == 0 then
-    return redis.error_reply('RCOORD_NOT_COORDINATOR the settings at ' .. key .. ' were lost')
-  end
-  local changed = false
-  for i = 2, #ARGV, 2 do
-    if redis.call('HGET', key, ARGV[i]) ~= ARGV[i + 1] then
-      redis.call('HSET', key, ARGV[i], ARGV[i + 1])
-      changed = true
+  if op == 'establish' then
+    if redis.call('EXISTS', key) == 0 then
+      local pairs_ = {}
+      for i = 2, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
+      redis.call('HSET', key, unpack(pairs_))
+      if redis.call('HEXISTS', key, 'version') == 0 then redis.call('HSET', key, 'version', 1) end
     end
+    return redis.call('HGETALL', key)
+  elseif op == 'update' then
+    if redis.call('EXISTS', key) == 0 then
+      return redis.error_reply('RCOORD_NOT_COORDINATOR the settings at ' .. key .. ' were lost')
+    end
+    local changed = false
+    for i = 2, #ARGV, 2 do
+      if redis.call('HGET', key, ARGV[i]) ~= ARGV[i + 1] then
+        redis.call('HSET', key, ARGV[i], ARGV[i + 1])
+        changed = true
+      end
+    end
+    if changed then redis.call('HINCRBY', key, 'version', 1) end
+    return redis.call('HGETALL', key)
+  elseif op == 'copy' then
+    local have = tonumber(redis.call('HGET', key, 'version') or '-1')
+    local version = tonumber(ARGV[2])
+    if have > version then return 0 end
+    local pairs_ = {'version', ARGV[2]}
+    for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
+    redis.call('DEL', key)
+    redis.call('HSET', key, unpack(pairs_))
+    return 1
   end
-  if changed then redis.call('HINCRBY', key, 'version', 1) end
-  return redis.call('HGETALL', key)
-elseif op == 'copy' then
-  local have = tonumber(redis.call('HGET', key, 'version') or '-1')
-  local version = tonumber(ARGV[2])
-  if have > version then return 0 end
-  local pairs_ = {'version', ARGV[2]}
-  for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
-  redis.call('DEL', key)
-  redis.call('HSET', key, unpack(pairs_))
-  return 1
-end
-return redis.error_reply('RCOORD_BAD_ARGUMENT unknown settings op ' .. tostring(op))
+  return redis.error_reply('RCOORD_BAD_ARGUMENT unknown settings op ' .. tostring(op))
+end)

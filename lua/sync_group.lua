@@ -1,14 +1,10 @@
 -- sync_group.lua: Kafka's SyncGroup (classicGroupSyncToClassicGroup) in one atomic step.
--- KEYS: the group layout of prelude.lua (KEYS[1]..KEYS[15]).
+-- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
 -- ARGV[6] protocol type, ARGV[7] protocol name: '' = not given, else '=' .. value
 -- ARGV[8] assignments: cmsgpack map member id -> bytes ('' = none; only the leader's count)
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id}.
-
-local member_id, generation, iid = ARGV[3], tonumber(ARGV[4]), ARGV[5]
-
-apply_due()
 
 -- Kafka's isProtocolInconsistent: both given and different.
 local function inconsistent(given, actual)
@@ -16,36 +12,47 @@ local function inconsistent(given, actual)
   return actual ~= '' and string.sub(given, 2) ~= actual
 end
 
-if not group_exists() or G.state == EMPTY then return respond(sync_error('UNKNOWN_MEMBER_ID')) end
-if G.state == DEAD then return respond(sync_error('COORDINATOR_NOT_AVAILABLE')) end
-local err = validate_member(member_id, iid)
-if err then return respond(sync_error(err)) end
-if generation ~= gen() then return respond(sync_error('ILLEGAL_GENERATION')) end
-if inconsistent(ARGV[6], G.ptype) or inconsistent(ARGV[7], G.pname) then
-  return respond(sync_error('INCONSISTENT_GROUP_PROTOCOL'))
-end
-
-if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS')) end
-
-local rec = mget(member_id)
-if G.state == COMPLETING then
-  -- Decode before any write: a script error must never leave the group half-changed.
+-- Decoded before any write: a failed call must never leave the group half-changed.
+local function parse_sync_group(ARGV)
   local assignments = {}
-  if G.leader == member_id and ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
-  rec.as = 1
-  mput(rec)
-  redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
-  remove_pending_sync(member_id)
-  if G.leader == member_id then
-    -- The leader's assignment; members it left out get an empty one.
-    set_and_propagate_assignment(assignments)
-    transition(STABLE)
-  end
-  return reply_or_wait(member_id, 's')
+  if ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
+  return {member_id = ARGV[3], generation = tonumber(ARGV[4]), iid = ARGV[5], ptype = ARGV[6],
+          pname = ARGV[7], assignments = assignments}
 end
 
-if G.state == STABLE then
-  remove_pending_sync(member_id)
-  return respond({k = 's', e = 'NONE', pt = G.ptype, pn = G.pname, asg = rec.asg})
+local function sync_group(req)
+  local member_id = req.member_id
+  if not group_exists() or G.state == EMPTY then return respond(sync_error('UNKNOWN_MEMBER_ID')) end
+  if G.state == DEAD then return respond(sync_error('COORDINATOR_NOT_AVAILABLE')) end
+  local err = validate_member(member_id, req.iid)
+  if err then return respond(sync_error(err)) end
+  if req.generation ~= gen() then return respond(sync_error('ILLEGAL_GENERATION')) end
+  if inconsistent(req.ptype, G.ptype) or inconsistent(req.pname, G.pname) then
+    return respond(sync_error('INCONSISTENT_GROUP_PROTOCOL'))
+  end
+
+  if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS')) end
+
+  local rec = mget(member_id)
+  if G.state == COMPLETING then
+    rec.as = 1
+    mput(rec)
+    redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
+    remove_pending_sync(member_id)
+    if G.leader == member_id then
+      -- The leader's assignment (only the leader's counts); members it left out get an
+      -- empty one.
+      set_and_propagate_assignment(req.assignments)
+      transition(STABLE)
+    end
+    return reply_or_wait(member_id, 's')
+  end
+
+  if G.state == STABLE then
+    remove_pending_sync(member_id)
+    return respond({k = 's', e = 'NONE', pt = G.ptype, pn = G.pname, asg = rec.asg})
+  end
+  illegal('unexpected state ' .. tostring(G.state) .. ' in SyncGroup')
 end
-illegal('unexpected state ' .. tostring(G.state) .. ' in SyncGroup')
+
+group_step('sync_group', sync_group, parse_sync_group)

@@ -6,7 +6,7 @@ the operations below and is sent back its result, or has the error thrown into i
 blocking ``GroupCoordinator`` runs flows with ``drive`` and the asyncio one with ``adrive``;
 nothing else differs between them, so they cannot drift apart.
 
-The operations are few on purpose (a script, a command, a pipeline, a blocking stream read),
+The operations are few on purpose (a library function, a command, a pipeline, a blocking stream read),
 so a driver is a dozen lines and each flow reads as the protocol it implements.
 """
 
@@ -34,9 +34,10 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Script:
-    """Run one Lua script by name (``rcoord.scripts``); its Script object reloads on NOSCRIPT.
+    """Call one function of the rcoord library by step name (``rcoord.scripts``) with FCALL;
+    the library is loaded, and the call sent again, if the server answers it is missing.
 
-    Sent back: the reply. A script error is thrown into the flow.
+    Sent back: the reply. An error reply is thrown into the flow.
     """
 
     name: str
@@ -46,10 +47,11 @@ class Script:
 
 @dataclass(frozen=True)
 class ScriptBatch:
-    """Run one script many times in one round trip (a non-transactional pipeline of EVALSHA).
+    """Call one function many times in one round trip (a non-transactional pipeline of FCALL).
 
-    Sent back: the replies in order; a call that failed (NOSCRIPT after a restart, say) is run
-    again once through its Script object, and if that fails too its exception takes its place.
+    Sent back: the replies in order; a call that failed (the library missing after a restart,
+    say) is run again once on its own (loading the library if needed), and if that fails too
+    its exception takes its place.
     """
 
     name: str
@@ -115,15 +117,14 @@ Flow = Generator[Op, Any, R]
 
 
 def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
-    sha = scripts.sha(op.name)
     pipe = client.pipeline(transaction=False)
     for keys, args in op.calls:
-        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        pipe.execute_command(*scripts.command(op.name, keys, args))
     out = []
     for (keys, args), reply in zip(op.calls, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(reply, Exception):
             try:
-                reply = getattr(scripts, op.name)(keys=keys, args=args)
+                reply = scripts.call(op.name, keys, args)
             except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
                 reply = exc
         out.append(reply)
@@ -132,7 +133,7 @@ def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 
 def _perform(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, Script):
-        return getattr(scripts, op.name)(keys=op.keys, args=op.args)
+        return scripts.call(op.name, op.keys, op.args)
     if isinstance(op, Command):
         return client.execute_command(*op.args)
     if isinstance(op, Pipeline):
@@ -173,15 +174,14 @@ def drive(client: Any, scripts: Any, flow: Flow[R]) -> R:
 
 
 async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
-    sha = scripts.sha(op.name)
     pipe = client.pipeline(transaction=False)
     for keys, args in op.calls:
-        pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        pipe.execute_command(*scripts.command(op.name, keys, args))
     out = []
     for (keys, args), reply in zip(op.calls, await pipe.execute(raise_on_error=False), strict=True):
         if isinstance(reply, Exception):
             try:
-                reply = await getattr(scripts, op.name)(keys=keys, args=args)
+                reply = await scripts.acall(op.name, keys, args)
             except Exception as exc:  # noqa: BLE001 - handed to the flow, which decides
                 reply = exc
         out.append(reply)
@@ -190,7 +190,7 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 
 async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, Script):
-        return await getattr(scripts, op.name)(keys=op.keys, args=op.args)
+        return await scripts.acall(op.name, op.keys, op.args)
     if isinstance(op, Command):
         return await client.execute_command(*op.args)
     if isinstance(op, Pipeline):

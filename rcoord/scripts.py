@@ -1,18 +1,35 @@
-"""Loading the Lua scripts: each step's file behind the shared prelude, called by SHA.
+"""The rcoord Functions library: every group step, the heartbeat, the sweep, leases and settings.
 
-Scripts are registered once per client in ``Scripts.load()`` (not in a constructor) and called
-through redis-py ``Script`` objects, which reload a script on NOSCRIPT, so ``SCRIPT FLUSH``,
-a server restart and a failover are survived. Using a script that was never loaded is a bug and
-raises at once.
+The Lua files are assembled into one Redis Functions library (Redis 7+, Valkey): the shared
+helpers (``clock.lua``, ``deadline_index.lua``, ``prelude.lua``) are defined once, when the
+library loads, and each step registers a function. A call therefore runs only its step, where a
+script re-ran the ~900-line prelude (about a hundred closures) every time.
+
+The library's name carries a hash of its source (``rcoord_<hash>``, functions
+``rcoord_<hash>_<step>``), so two rcoord versions sharing a server never call each other's code
+and loading is idempotent. It is loaded lazily: a call that the server answers "Function not
+found" (never loaded, a restart without persistence, a failover to a replica that never had it,
+``FUNCTION FLUSH``) loads it on every master (``FUNCTION LOAD REPLACE``) and is sent again, once.
+
+Topic scripts (``lua/topic_*.lua``) stay scripts called by SHA (``rcoord.topics._base``): they
+are small, run without the prelude, and are called from pipelines that batch them by the
+hundred; ``lua_source`` serves them.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Scripts", "GROUP_STEPS", "lua_source", "lua_dir"]
+import redis
+
+__all__ = ["GROUP_STEPS", "STANDALONE", "Scripts", "is_missing_function", "library_source",
+           "lua_dir", "lua_source", "route_fcall_locally"]
 
 GROUP_STEPS = (
     "join_group",
@@ -26,21 +43,21 @@ GROUP_STEPS = (
     "delete_group",
     "delete_offsets",
 )
-"""Steps that run behind the prelude and take the group KEYS layout."""
+"""Steps that run inside the prelude's ``group_step`` wrapper and take the group keys layout."""
 
 STANDALONE = ("due_groups", "heartbeat", "lease", "settings")
-"""Scripts without the prelude: partition-level and namespace-level ones, and the heartbeat
+"""Functions outside the wrapper: partition-level and namespace-level ones, and the heartbeat
 hot path."""
 
+SHARED = ("clock", "deadline_index", "prelude")
+"""The library's shared part, in order, in front of the step files."""
+
 INCLUDES: dict[str, tuple[str, ...]] = {
-    "heartbeat": ("clock", "deadline_index"),
-    "due_groups": ("clock",),
     **{f"topic_{n}": ("clock", "topic_common") for n in (
         "append", "append_idempotent", "offsets", "retention", "create_meta",
         "offset_for_time")},
-    **{step: ("clock", "deadline_index", "prelude") for step in GROUP_STEPS},
 }
-"""Shared files put in front of a script, in order (Redis scripts cannot import)."""
+"""Shared files put in front of a topic script, in order (scripts cannot import)."""
 
 
 def lua_dir() -> Path:
@@ -55,37 +72,135 @@ def lua_dir() -> Path:
 
 
 def lua_source(name: str) -> str:
-    """The full source sent to Redis for script ``name``."""
+    """The full source sent to Redis for the (topic) script ``name``."""
     base = lua_dir()
     parts = [(base / f"{inc}.lua").read_text() for inc in INCLUDES.get(name, ())]
     parts.append((base / f"{name}.lua").read_text())
     return "\n".join(parts)
 
 
+@functools.cache
+def library_source() -> tuple[str, str]:
+    """(library name, FUNCTION LOAD source) of the rcoord library."""
+    base = lua_dir()
+    body = "\n".join((base / f"{part}.lua").read_text()
+                     for part in (*SHARED, *GROUP_STEPS, *STANDALONE))
+    name = "rcoord_" + hashlib.sha1(body.encode()).hexdigest()[:12]
+    return name, f"#!lua name={name}\nlocal LIB = '{name}'\n{body}"
+
+
+def is_missing_function(exc: BaseException) -> bool:
+    """Whether a server error says the called function is not loaded (Redis and Valkey answer
+    "ERR Function not found")."""
+    return isinstance(exc, redis.ResponseError) and "function not found" in str(exc).lower()
+
+
+def route_fcall_locally(client: Any) -> None:
+    """Make a redis-py cluster client find an FCALL's slot from its first key, without a round
+    trip.
+
+    redis-py knows where EVAL/EVALSHA keep their keys, but treats FCALL as a command with
+    "movable keys" and asks a server (``COMMAND GETKEYS``, on its default node) before every
+    call: a second round trip per step, and every call fails while that one node is down. All
+    keys of an rcoord function share one slot and there is always at least one, so the first
+    key decides. The change is made in the client's own command table (shared with its
+    pipelines; made again after redis-py reloads the table); a client without one is left
+    alone.
+    """
+    parser = getattr(client, "commands_parser", None)
+    commands = getattr(parser, "commands", None)
+    if not isinstance(commands, dict):
+        return
+    entry = commands.get("fcall")
+    if not isinstance(entry, dict) or "movablekeys" not in entry.get("flags", ()):
+        return
+    commands["fcall"] = {**entry, "flags": [f for f in entry["flags"] if f != "movablekeys"],
+                         "first_key_pos": 3, "last_key_pos": 3, "step_count": 1}
+
+
 class Scripts:
-    """The registered scripts of one Redis client."""
+    """The library's functions as called through one Redis client (blocking or asyncio).
+
+    ``scripts.<step>(keys=..., args=...)`` runs a function (a coroutine with an asyncio client),
+    loading the library first if the server lacks it. ``command()`` gives the FCALL to queue in
+    a pipeline; a pipelined call that comes back ``is_missing_function`` is sent again through
+    ``scripts.<step>``, which loads. Using a step before ``load()`` is a bug and raises at once.
+    """
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._scripts: dict[str, Any] = {}
+        self._async = inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+        self.library, self._source = library_source()
+        self.names = {step: f"{self.library}_{step}" for step in GROUP_STEPS + STANDALONE}
+        self._ready = False
+        self._cluster = hasattr(client, "commands_parser")
 
     @property
     def loaded(self) -> bool:
-        return bool(self._scripts)
+        return self._ready
 
     def load(self) -> None:
-        for name in GROUP_STEPS + STANDALONE:
-            self._scripts[name] = self._client.register_script(lua_source(name))
+        """Allow calls. No I/O: the library is loaded on the first "Function not found", on
+        every master, so a blocking and an asyncio client start alike."""
+        self._ready = True
+
+    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The FCALL of function ``name``, e.g. to queue in a pipeline."""
+        if not self._ready:
+            raise RuntimeError(f"function {name!r} used before Scripts.load()")
+        if self._cluster:
+            route_fcall_locally(self._client)
+        return ("FCALL", self.names[name], len(keys), *keys, *args)
 
     def __getattr__(self, name: str) -> Any:
-        scripts = self.__dict__.get("_scripts", {})
-        if name in scripts:
-            return scripts[name]
-        if name in GROUP_STEPS + STANDALONE:
-            raise RuntimeError(f"script {name!r} used before Scripts.load()")
-        raise AttributeError(name)
+        if name.startswith("_") or name not in GROUP_STEPS + STANDALONE:
+            raise AttributeError(name)
+        if self._async:
+            async def acall(*, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+                return await self.acall(name, keys, args)
+            return acall
 
-    def sha(self, name: str) -> str:
-        if name not in self._scripts:
-            raise RuntimeError(f"script {name!r} used before Scripts.load()")
-        return str(self._scripts[name].sha)
+        def call(*, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+            return self.call(name, keys, args)
+        return call
+
+    # -- blocking ------------------------------------------------------------------------------
+
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        command = self.command(name, keys, args)
+        try:
+            return self._client.execute_command(*command)
+        except redis.ResponseError as exc:
+            if not is_missing_function(exc):
+                raise
+        self.load_library()
+        return self._client.execute_command(*command)
+
+    def load_library(self) -> None:
+        """FUNCTION LOAD REPLACE on every master (one node: the client's)."""
+        if hasattr(self._client, "get_primaries"):
+            for node in self._client.get_primaries():
+                self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
+                                             target_nodes=node)
+        else:
+            self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source)
+
+    # -- asyncio -------------------------------------------------------------------------------
+
+    async def acall(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        command = self.command(name, keys, args)
+        try:
+            return await self._client.execute_command(*command)
+        except redis.ResponseError as exc:
+            if not is_missing_function(exc):
+                raise
+        await self.aload_library()
+        return await self._client.execute_command(*command)
+
+    async def aload_library(self) -> None:
+        if hasattr(self._client, "get_primaries"):
+            for node in self._client.get_primaries():
+                await self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
+                                                   target_nodes=node)
+        else:
+            await self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source)

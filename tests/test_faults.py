@@ -45,6 +45,7 @@ from rcoord.testing.embedded import EmbeddedServer
 from rcoord.keys import GroupKeys, settings_key
 from rcoord.partitioning import partition_for
 from rcoord.protocol.offsets import TopicPartition
+from rcoord.scripts import library_source
 from rcoord.settings import copy_pattern
 from rcoord.topics import Producer, ProducerRecord, Topics, fetch
 
@@ -613,7 +614,11 @@ def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it
     _judge(sc.finish(), owed_at_least=sc.records // 2)
 
 
-def test_script_flush_mid_run_changes_nothing(scenario):
+@pytest.mark.parametrize("flush", ["script", "function"])
+def test_script_flush_mid_run_changes_nothing(scenario, flush):
+    """SCRIPT FLUSH drops the topic scripts, FUNCTION FLUSH the group steps' library: both are
+    loaded again by the next call that misses them, and the run goes on as if nothing
+    happened."""
     sc = scenario()
     gen = sc.wait_stable()
     formed = time.time()
@@ -621,8 +626,14 @@ def test_script_flush_mid_run_changes_nothing(scenario):
     sc.wait_produced(1 / 4)
     for _ in range(4):
         flushed = time.time()
-        sc.r.script_flush()
-        wait_until(lambda t=flushed: _commits_after(sc, t) >= 3)  # scripts are loaded again
+        if flush == "script":
+            sc.r.script_flush()
+        else:
+            assert sc.r.function_flush()
+        wait_until(lambda t=flushed: _commits_after(sc, t) >= 3)  # loaded again
+    if flush == "function":
+        libraries = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in sc.r.function_list()]
+        assert [lib[b"library_name"] for lib in libraries] == [library_source()[0].encode()]
     sc.drain()
     later = [ev for ev in sc.events() if ev["t"] > formed]
     assert not [ev for ev in later if ev["e"] in ("lost", "revoked", "assigned", "commit_failed")]

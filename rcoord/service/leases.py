@@ -100,14 +100,13 @@ class LeaseKeeper:
         far shorter than the TTL even with many partitions or a distant server."""
         if not ops:
             return {}
-        sha = self._scripts.sha("lease")
         pipe = self._client.pipeline(transaction=False)
         for p, op, target in ops:
-            pipe.execute_command("EVALSHA", sha, 1, self._lease_keys[p], op, self.coordinator_id,
-                                 self.ttl_ms, target)
+            pipe.execute_command(*self._scripts.command(
+                "lease", [self._lease_keys[p]], [op, self.coordinator_id, self.ttl_ms, target]))
         out = {}
         for (p, op, target), reply in zip(ops, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception):  # NOSCRIPT after a restart: the Script reloads it
+            if isinstance(reply, Exception):  # library missing after a restart: _op loads it
                 out[p] = self._op(p, op, target)
             else:
                 out[p] = reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -79,14 +79,14 @@ class Sweeper:
         due = [p for p, at in self.earliest.items() if at <= now]
         if not due:
             return 0
-        sha = self._scripts.sha("due_groups")
         pipe = self._client.pipeline(transaction=False)
         for p in due:
-            pipe.execute_command("EVALSHA", sha, 1, self._pk[p].due, "", DUE_BATCH)
+            pipe.execute_command(*self._scripts.command("due_groups", [self._pk[p].due],
+                                                        ["", DUE_BATCH]))
         work: list[tuple[int, str]] = []
         full: list[int] = []
         for p, reply in zip(due, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception):  # NOSCRIPT: the partition's own path reloads it
+            if isinstance(reply, Exception):  # library missing: the partition's own path loads it
                 full.append(p)
                 continue
             groups = [g.decode("utf-8", "surrogateescape") for g in reply[1:]]
@@ -133,18 +133,17 @@ class Sweeper:
     def _expire_many(self, work: list[tuple[int, str]], source: str) -> int:
         if len(work) <= 1:
             return sum(self.expire_group(p, g, source) for p, g in work)
-        sha = self._scripts.sha("expire_deadlines")
         pipe = self._client.pipeline(transaction=False)
         for p, group_id in work:
             keys = self._pk[p].group(group_id).all()
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, "", group_id)
+            pipe.execute_command(*self._scripts.command("expire_deadlines", keys, ["", group_id]))
         applied = 0
         for (p, group_id), reply in zip(work, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply
             if isinstance(reply, Exception):
-                # NOSCRIPT after a restart or failover, or a script error: one by one, through
-                # the Script object, which reloads the script and logs a failure.
+                # The library missing after a restart or failover, or a function error: one by
+                # one, through the library call, which loads the library and logs a failure.
                 applied += self.expire_group(p, group_id, source)
             else:
                 applied += self._record(reply, source)

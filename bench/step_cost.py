@@ -1,0 +1,232 @@
+"""Server time per protocol step: what one call of each group step costs inside Redis.
+
+Stable groups on an embedded server (two members, and one for the rebalance rounds); each phase makes N calls of one kind through
+the public blocking API (or, for the fixed overhead and ``await_reply``, the coordinator's
+single-step hook) and reads the server's own timing of every script/function call:
+``INFO commandstats`` deltas (EVALSHA + FCALL + FCALL_RO). Calls are replayed in pipelines
+(the first script/function call each step's flow makes, captured from the flow), so the server
+stays busy as under load; a phase that mixes steps (a rebalance round is a JoinGroup and then a
+SyncGroup) has an ``INFO commandstats`` between its calls, and the difference of two
+consecutive replies is the one call between them (INFO costs cache: that split reads high).
+
+Rows: a bare call (a script / function that only returns), the fixed overhead of a group step
+(``expire_deadlines`` with nothing due: read settings and group, apply nothing, finish), a
+heartbeat, a one-partition OffsetCommit, a JoinGroup and SyncGroup of a rebalance round of the
+one-member group (the leader rejoins: the join completes in the same call, then the leader
+syncs its assignment), and ``await_reply`` collecting a stored reply. Issue 12's targets are
+printed beside them.
+
+Run: ``python bench/step_cost.py`` (``-n`` calls per phase, default 2000; ``--redis-url`` for an
+existing server). Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition  # noqa: E402
+from rcoord.embedded import EmbeddedServer  # noqa: E402
+
+CALLS = ("evalsha", "fcall", "fcall_ro")
+JOIN = dict(protocol_type="consumer", protocols=[("range", b"\x00\x01")],
+            session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+            require_known_member_id=False)
+BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_bare', " \
+           "function() return 1 end)"
+TARGETS = {"bare call": "", "fixed overhead (expire_deadlines, nothing due)": "<= 3",
+           "heartbeat": "<= 6", "commit, 1 partition": "<= 15", "join (rebalance round)": "<= 20",
+           "sync (rebalance round, leader)": "<= 20", "await_reply (reply stored)": ""}
+
+
+def script_stats(r: redis.Redis) -> tuple[int, int]:
+    """(calls, usec) of script and function calls so far (INFO commandstats)."""
+    return stats_of(r.info("commandstats"))
+
+
+def stats_of(stats: dict[str, Any]) -> tuple[int, int]:
+    """(calls, usec) of script and function calls in an ``INFO commandstats`` reply."""
+    calls = usec = 0
+    for name in CALLS:
+        entry = stats.get(f"cmdstat_{name}") or {}
+        calls += int(entry.get("calls", 0))
+        usec += int(entry.get("usec", 0))
+    return calls, usec
+
+
+def first_op(flow: Any) -> Any:
+    """The first operation a step's flow asks for: its script/function call, to replay."""
+    op = next(flow)
+    flow.close()
+    return op
+
+
+def call_command(coord: GroupCoordinator, op: Any) -> tuple[Any, ...]:
+    """The Redis command that performs ``op``: FCALL of the library function, or EVALSHA."""
+    scripts = coord._scripts
+    if hasattr(scripts, "command"):
+        return tuple(scripts.command(op.name, op.keys, op.args))
+    return ("EVALSHA", scripts.sha(op.name), len(op.keys), *op.keys, *op.args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=4000, help="calls per phase")
+    ap.add_argument("--batch", type=int, default=100, help="calls per pipeline")
+    ap.add_argument("--redis-url")
+    opts = ap.parse_args()
+    server = None if opts.redis_url else EmbeddedServer().start()
+    try:
+        url = opts.redis_url or server.url  # type: ignore[union-attr]
+        run(redis.Redis.from_url(url), opts.n, opts.batch)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run(r: redis.Redis, n: int, batch: int) -> None:
+    ns = f"sc{uuid.uuid4().hex[:8]}"
+    coord = GroupCoordinator(r, CoordinatorConfig(
+        namespace=ns, group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=100)).start()
+    joined = coord.join_group("g", **JOIN)
+    mid, gen = joined.member_id, joined.generation_id
+    coord.sync_group("g", gen, mid, assignments={mid: b"a"})
+    # A two-member group: A (the measured member, 120 s session) and B (60 s), so A's session
+    # deadline is not the group's earliest and A's heartbeats and commits leave the partition's
+    # deadline index alone, as for most members of a real group.
+    a = coord.join_group("g2", **{**JOIN, "session_timeout_ms": 120_000})
+    coord.sync_group("g2", a.generation_id, a.member_id, assignments={})
+    with cf.ThreadPoolExecutor(2) as pool:
+        fb = pool.submit(coord.join_group, "g2", **{**JOIN, "session_timeout_ms": 60_000})
+        fa = pool.submit(coord.join_group, "g2", member_id=a.member_id,
+                         **{**JOIN, "session_timeout_ms": 120_000})
+        ja, jb = fa.result(), fb.result()
+        sa = pool.submit(coord.sync_group, "g2", ja.generation_id, ja.member_id,
+                         assignments={ja.member_id: b"a", jb.member_id: b"b"})
+        sb = pool.submit(coord.sync_group, "g2", jb.generation_id, jb.member_id)
+        assert sa.result().error.name == sb.result().error.name == "NONE"
+    mid2, gen2 = ja.member_id, ja.generation_id
+    keys = coord._keys("g2")
+    steps = coord._steps
+    bare_sha = r.script_load("return 1")
+    has_functions = True
+    try:
+        r.execute_command("FUNCTION", "LOAD", "REPLACE", BARE_LIB)
+    except redis.ResponseError:
+        has_functions = False
+    if not hasattr(coord._scripts, "command"):  # scripts: make sure each is in the cache
+        from rcoord.scripts import lua_source
+        for step in ("join_group", "sync_group", "heartbeat", "commit_offsets",
+                     "expire_deadlines", "await_reply"):
+            r.script_load(lua_source(step))
+    tp = TopicPartition("t", 0)
+    join_op = first_op(steps.join_group("g", mid, **JOIN))
+    heartbeat = call_command(coord, first_op(steps.heartbeat("g2", gen2, mid2)))
+    commit = call_command(coord, first_op(steps.commit_offsets(
+        "g2", {tp: 7}, member_id=mid2, generation_id=gen2)))
+    expire = call_command(coord, first_op(steps.call("expire_deadlines", keys, [])))
+    await_reply = call_command(coord, first_op(steps.call("await_reply", keys, [mid2, "s"])))
+    join = call_command(coord, join_op)
+    # The replayed calls must take the path they are named for (a heartbeat answered DUE, for
+    # one, would measure only the check for passed deadlines).
+    assert r.execute_command(*expire)[0] == 0
+    assert r.execute_command(*heartbeat) == [b"NONE"], r.execute_command(*heartbeat)
+    assert r.execute_command(*commit)[0] == b"NONE"
+    assert r.execute_command(*await_reply)[0] == b"R"
+    state = {"gen": gen}
+
+    def sync_cmd() -> tuple[Any, ...]:
+        # SyncGroup ARGV: now, group, member, generation, ... (lua/sync_group.lua); each
+        # rebalance round bumps the generation by one.
+        state["gen"] += 1
+        op = first_op(steps.sync_group("g", state["gen"], mid, assignments={mid: b"a"}))
+        return call_command(coord, op)
+
+    phases: list[tuple[str, Callable[[], list[tuple[Any, ...]]]]] = [
+        ("bare EVALSHA", lambda: [("EVALSHA", bare_sha, 0)]),
+    ]
+    if has_functions:
+        phases.append(("bare FCALL", lambda: [("FCALL", "rcoord_bench_bare", 0)]))
+    phases += [
+        ("fixed overhead (expire_deadlines, nothing due)", lambda: [expire]),
+        ("heartbeat", lambda: [heartbeat]),
+        ("commit, 1 partition", lambda: [commit]),
+        ("rebalance round", lambda: [join, sync_cmd()]),
+        ("await_reply (reply stored)", lambda: [await_reply]),
+    ]
+    names = {str(c[1]): s for c, s in ((heartbeat, "heartbeat"), (join, "join_group"),
+                                       (commit, "commit_offsets"), (expire, "expire_deadlines"),
+                                       (await_reply, "await_reply"))}
+    names[str(sync_cmd()[1])] = "sync_group"
+    state["gen"] -= 1
+    rows = []
+    for label, make in phases:
+        c0, u0 = script_stats(r)
+        per_step: dict[str, list[int]] = {}
+        done = 0
+        while done < n:
+            # INFO between the calls of a pipeline: the difference of two consecutive replies is
+            # the server time of the one call between them, with the server kept busy.
+            pipe = r.pipeline(transaction=False)
+            sent: list[str] = []
+            split = label == "rebalance round"
+            for _ in range(min(batch, n - done)):
+                for cmd in make():
+                    if split:
+                        pipe.execute_command("INFO", "commandstats")
+                    pipe.execute_command(*cmd)
+                    sent.append(names.get(str(cmd[1]), str(cmd[1])))
+                done += 1
+            if split:
+                pipe.execute_command("INFO", "commandstats")
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            if split:
+                infos = [stats_of(x) for x in replies[0::2]]
+                for i, step in enumerate(sent):
+                    per_step.setdefault(step, []).append(infos[i + 1][1] - infos[i][1])
+        c1, u1 = script_stats(r)
+        if label == "rebalance round":
+            for step, row_label in (("join_group", "join (rebalance round)"),
+                                    ("sync_group", "sync (rebalance round, leader)")):
+                got = per_step.get(step, [])
+                rows.append(row(row_label, (len(got), sum(got))))
+        else:
+            rows.append(row(label, (c1 - c0, u1 - u0)))
+    check = coord.join_group("g", member_id=mid, **JOIN)  # the group still works
+    assert check.error.name == "NONE", check
+    info = r.info("server")
+    print(f"server: {info.get('server_name', 'redis')} "
+          f"{info.get('valkey_version') or info.get('redis_version')}, {n} calls per phase, "
+          f"pipelines of {batch}")
+    print_table(["step", "calls", "server µs/call", "target µs"],
+                rows)
+
+
+def row(label: str, stats: tuple[int, int]) -> list[str]:
+    target = next((v for k, v in TARGETS.items() if label.startswith(k)), "")
+    return [label, f"{stats[0]:,}", f"{stats[1] / max(stats[0], 1):.1f}", target]
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for rw in rows:
+        print("| " + " | ".join(str(x).ljust(w) for x, w in zip(rw, widths, strict=True)) + " |")
+
+
+if __name__ == "__main__":
+    main()
