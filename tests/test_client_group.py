@@ -68,6 +68,7 @@ METHODS = (
     "partition_counts",
     "log_offsets",
     "fetch",
+    "fetch_many",
 )
 
 
@@ -129,6 +130,7 @@ class OneMemberGroup:
             partition_counts=self.partition_counts,
             log_offsets=self.log_offsets,
             fetch=self.fetch,
+            fetch_many=self.fetch_many,
         )
 
     def log(self, *event: Any) -> None:
@@ -240,6 +242,9 @@ class OneMemberGroup:
         if not records and block_ms:
             threading.Event().wait(min(block_ms, 20) / 1000)  # the fake's "XREAD BLOCK"
         return FetchResult(records, 0, len(log))
+
+    def fetch_many(self, reads: Any, max_records: int) -> list[FetchResult]:
+        return [self.fetch(t, p, o, max_records, None) for t, p, o in reads]
 
 
 def fast_config(**overrides: Any) -> ConsumerGroupConfig:

@@ -105,6 +105,13 @@ class Coordinator(Protocol):
         """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
         ...
 
+    def fetch_many(
+        self, reads: Sequence[tuple[str, int, int]], max_records: int
+    ) -> list[_topics.FetchResult]:
+        """Records of several ``(topic, partition, offset)`` reads, answers in the same order,
+        in one round trip per node; never blocks (``rcoord.topics.fetch_many``)."""
+        ...
+
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int], int]
     ) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
@@ -152,6 +159,11 @@ class RedisCoordinator(GroupCoordinator):
         return _topics.fetch(
             self._redis, self._ns, topic, partition, offset, max_records, block_ms=block_ms
         )
+
+    def fetch_many(
+        self, reads: Sequence[tuple[str, int, int]], max_records: int
+    ) -> list[_topics.FetchResult]:
+        return _topics.fetch_many(self._redis, self._ns, reads, max_records)
 
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int], int]

@@ -1,13 +1,16 @@
 """Stream entries to Records and XINFO STREAM to log offsets: the read path's hot loop.
 
-A fetch of 500 records spends most of its client time here, so the loop is written for speed:
-each entry arrives from redis-py as ``(id, {field: value})`` (its XRANGE reply callback already
-paired the fields), and a ``Record`` is built by filling a fresh instance's ``__dict__`` instead
-of calling the frozen dataclass's ``__init__``, which sets each field through
-``object.__setattr__`` and costs about twice as much. The result is an ordinary ``Record``
-(equal to, and indistinguishable from, one built by its constructor); ``tests/test_topics.py``
-checks that. Entry fields (``lua/topic_append*.lua``): ``t`` timestamp ms, ``v`` value, ``k``
-key, ``h`` msgpack'd header pairs; a missing ``v`` or ``k`` is ``None``.
+A fetch of 500 records spends most of its client time here, so the loop is written for speed.
+Entries arrive as ``(id, [name, value, ...])``, the flat form the server sends, because
+``rcoord.topics.fetch`` reads on a standalone server without redis-py's XRANGE reply callback
+(pairing each entry into a dict cost about as much as the whole decode); the common layout (a
+timestamp and a value) is read by position. A ``Record`` is built by filling a fresh instance's
+``__dict__`` instead of calling the frozen dataclass's ``__init__``, which sets each field
+through ``object.__setattr__`` and costs about twice as much. The result is an ordinary
+``Record`` (equal to, and indistinguishable from, one built by its constructor);
+``tests/test_topics.py`` checks that for every layout. Entry fields (``lua/topic_append*.lua``,
+the only writer, in this order): ``t`` timestamp ms, ``v`` value, ``k`` key, ``h`` msgpack'd
+header pairs; a missing ``v`` or ``k`` is ``None``.
 """
 
 from __future__ import annotations
@@ -30,26 +33,62 @@ if hasattr(Record, "__slots__"):  # pragma: no cover - a guard for a future Reco
 def decode_entries(entries: Sequence[Sequence[Any]]) -> list[Record]:
     """Records of XRANGE entries ``(b"0-<offset + 1>", fields)``, in order.
 
-    ``fields`` is a dict when redis-py's reply callback ran (a standalone client) and the flat
-    ``[name, value, ...]`` list when it did not (a cluster transaction runs only the cluster
-    callbacks); the flat form is paired first.
+    ``fields`` is the flat ``[name, value, ...]`` list the server sent when no reply callback
+    ran (``rcoord.topics.fetch`` reads that way: redis-py's XRANGE callback pairs every entry
+    into a dict, which costs as much as this whole loop), and a dict when the callback ran (a
+    plain ``client.xrange``, or a cluster pipeline).
     """
-    if entries and not isinstance(entries[0][1], dict):
-        entries = [(e[0], dict(zip(e[1][::2], e[1][1::2]))) for e in entries]
+    if not entries:
+        return []
+    if isinstance(entries[0][1], dict):
+        return _decode_paired(entries)
+    # Ids are "0-<offset + 1>" and a partition's offsets have no gaps (appends take the next
+    # sequence, trimming removes a prefix), so one reply's offsets are consecutive: parse the
+    # first and the last id, and count in between. A reply that is not consecutive (no writer
+    # makes one) is parsed id by id.
+    offset = int(entries[0][0][2:]) - 1
+    if int(entries[-1][0][2:]) - 1 != offset + len(entries) - 1:
+        return _decode_paired([(e[0], dict(zip(e[1][::2], e[1][1::2]))) for e in entries])
+    out: list[Record] = []
+    append = out.append
+    for _, f in entries:
+        rec = _new(Record)
+        if len(f) == 4 and f[2] == b"v":
+            # The common layout: ``t`` (always written first) and a value; no key, no headers.
+            _set(rec, "__dict__", {
+                "offset": offset,
+                "key": None,
+                "value": f[3],
+                "headers": {},
+                "timestamp_ms": int(f[1]),
+            })
+        else:
+            _set(rec, "__dict__", _fields(offset, dict(zip(f[::2], f[1::2]))))
+        append(rec)
+        offset += 1
+    return out
+
+
+def _decode_paired(entries: Sequence[Sequence[Any]]) -> list[Record]:
     out: list[Record] = []
     append = out.append
     for entry_id, fields in entries:
-        raw_headers = fields.get(b"h")
         rec = _new(Record)
-        _set(rec, "__dict__", {
-            "offset": int(entry_id[2:]) - 1,  # ids are always "0-<seq>"
-            "key": fields.get(b"k"),
-            "value": fields.get(b"v"),
-            "headers": {} if raw_headers is None else dict(_unpack(raw_headers, raw=False)),
-            "timestamp_ms": int(fields[b"t"]),
-        })
+        _set(rec, "__dict__", _fields(int(entry_id[2:]) - 1, fields))  # ids are "0-<seq>"
         append(rec)
     return out
+
+
+def _fields(offset: int, fields: Mapping[bytes, bytes]) -> dict[str, Any]:
+    """A Record's ``__dict__`` from its offset and its entry's paired fields."""
+    raw_headers = fields.get(b"h")
+    return {
+        "offset": offset,
+        "key": fields.get(b"k"),
+        "value": fields.get(b"v"),
+        "headers": {} if raw_headers is None else dict(_unpack(raw_headers, raw=False)),
+        "timestamp_ms": int(fields[b"t"]),
+    }
 
 
 def _seq(entry_id: bytes | str) -> int:
