@@ -48,32 +48,34 @@ from ._base import (
     producer_state_keys,
 )
 from .admin import Topics
-from .fetch import fetch, fetch_many, log_offsets, resolve_offset
+from .fetch import PartitionRecords, fetch, fetch_many, fetch_many_as, log_offsets, resolve_offset
 from .producer import Producer
 from .racks import node_racks, partition_racks, set_node_racks
 from .times import OffsetAndTimestamp, offsets_for_times
 
 __all__ = [
-    "TopicError",
-    "PartitionInfo",
-    "TopicDescription",
-    "ProducerRecord",
-    "RecordMetadata",
-    "Record",
     "FetchResult",
-    "Topics",
+    "OffsetAndTimestamp",
+    "PartitionInfo",
+    "PartitionRecords",
     "Producer",
+    "ProducerRecord",
+    "Record",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicError",
+    "Topics",
     "fetch",
     "fetch_many",
+    "fetch_many_as",
     "log_offsets",
-    "resolve_offset",
-    "offsets_for_times",
-    "node_racks",
-    "partition_racks",
-    "set_node_racks",
-    "OffsetAndTimestamp",
-    "partition_key",
     "meta_key",
+    "node_racks",
+    "offsets_for_times",
+    "partition_key",
+    "partition_racks",
     "partition_tag",
     "producer_state_keys",
+    "resolve_offset",
+    "set_node_racks",
 ]
