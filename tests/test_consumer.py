@@ -6,6 +6,7 @@ test_client_group (deterministic); the rest runs on a real server, one node and 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from rcoord.client import (
     ConsumerRebalanceListener,
     ConsumerRecord,
 )
+from rcoord.client import consumer as consumer_module
 from rcoord.topics import Producer, Record, Topics
 
 TP = TopicPartition
@@ -212,6 +214,64 @@ def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
     assert state.leaves == ["m-1"]
     with pytest.raises(Exception, match="closed"):
         consumer.poll(timeout=0)
+
+
+# -- fetching (fake coordinator) -------------------------------------------------------------
+
+
+def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
+    fake_consumer: Any,
+) -> None:
+    """One call per fetch covers every assigned partition that is not paused and has nothing
+    buffered; it asks for max_poll_records in all, shared among the partitions not known to be
+    at their log end (an empty partition is, after its first fetch)."""
+    state = OneMemberGroup(partitions=4, records=30)
+    state.logs[TP("t", 3)] = []
+    calls: list[tuple[list[tuple[str, int, int]], int]] = []
+    inner = state.fake.fetch_many_as
+
+    def recording(reads: Any, max_records: int, record_type: Any) -> Any:
+        calls.append(([tuple(r) for r in reads], max_records))
+        return inner(reads, max_records, record_type)
+
+    state.fake.fetch_many_as = recording
+    consumer = fake_consumer(state, max_poll_records=20)
+
+    first = consumer.poll(timeout=WAIT_S)
+    assert calls == [([("t", 0, 0), ("t", 1, 0), ("t", 2, 0), ("t", 3, 0)], 5)]
+    assert sorted((r.partition, r.offset) for r in first) == [
+        (p, o) for p in range(3) for o in range(5)
+    ]
+
+    consumer.pause([TP("t", 1)])
+    second = consumer.poll(timeout=WAIT_S)
+    assert calls[1] == ([("t", 0, 5), ("t", 2, 5), ("t", 3, 0)], 10)  # 1 paused, 3 at its end
+    assert sorted((r.partition, r.offset) for r in second) == [
+        (p, o) for p in (0, 2) for o in range(5, 15)
+    ]
+    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in first + second)
+    assert consumer.position(TP("t", 0)) == 15 and consumer.position(TP("t", 1)) == 5
+
+
+def test_consumer_records_from_records_equal_constructed_ones() -> None:
+    """The blocking fetch's Records become ConsumerRecords by filling ``__dict__``: equal to
+    constructed ones, with the same repr, fields and vars, and as immutable."""
+    records = [
+        Record(7, None, b"v", {}, 1_700_000_000_000),
+        Record(8, b"k", None, {"h": b"\x00"}, 0),
+    ]
+    got = consumer_module._consumer_records("orders", 3, records)
+    want = [
+        ConsumerRecord("orders", 3, 7, None, b"v", {}, 1_700_000_000_000),
+        ConsumerRecord("orders", 3, 8, b"k", None, {"h": b"\x00"}, 0),
+    ]
+    assert got == want and got != [ConsumerRecord("orders", 4, 7, None, b"v", {}, 0)] + want[1:]
+    assert [repr(r) for r in got] == [repr(r) for r in want]
+    assert [vars(r) for r in got] == [vars(r) for r in want]
+    assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in want]
+    assert all(type(r) is ConsumerRecord for r in got)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got[0].value = b"changed"  # type: ignore[misc]
 
 
 # -- against a real server --------------------------------------------------------------------
