@@ -224,9 +224,9 @@ def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
 ) -> None:
     """One call per fetch covers every assigned partition that is not paused and has nothing
     buffered; it asks for max_poll_records in all, shared among the partitions not known to be
-    at their log end (an empty partition is, after its first fetch)."""
-    state = OneMemberGroup(partitions=4, records=30)
-    state.logs[TP("t", 3)] = []
+    at their log end (an empty partition is, after its first fetch), at least 50 each."""
+    state = OneMemberGroup(partitions=8, records=300)
+    state.logs[TP("t", 7)] = []
     calls: list[tuple[list[tuple[str, int, int]], int]] = []
     inner = state.fake.fetch_many_as
 
@@ -235,22 +235,25 @@ def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
         return inner(reads, max_records, record_type)
 
     state.fake.fetch_many_as = recording
-    consumer = fake_consumer(state, max_poll_records=20)
+    consumer = fake_consumer(state, max_poll_records=200)
 
     first = consumer.poll(timeout=WAIT_S)
-    assert calls == [([("t", 0, 0), ("t", 1, 0), ("t", 2, 0), ("t", 3, 0)], 5)]
-    assert sorted((r.partition, r.offset) for r in first) == [
-        (p, o) for p in range(3) for o in range(5)
+    assert calls == [([("t", p, 0) for p in range(8)], 50)]  # 200 / 8 is below the floor
+    second = consumer.poll(timeout=WAIT_S)
+    assert len(calls) == 1  # the buffered records came first
+    assert sorted((r.partition, r.offset) for r in first + second) == [
+        (p, o) for p in range(7) for o in range(50)
     ]
 
-    consumer.pause([TP("t", 1)])
-    second = consumer.poll(timeout=WAIT_S)
-    assert calls[1] == ([("t", 0, 5), ("t", 2, 5), ("t", 3, 0)], 10)  # 1 paused, 3 at its end
-    assert sorted((r.partition, r.offset) for r in second) == [
-        (p, o) for p in (0, 2) for o in range(5, 15)
+    consumer.pause([TP("t", p) for p in range(1, 6)])
+    third = consumer.poll(timeout=WAIT_S)
+    # 1-5 paused, 7 at its end: 0 and 6 share the 200.
+    assert calls[1] == ([("t", 0, 50), ("t", 6, 50), ("t", 7, 0)], 100)
+    assert sorted((r.partition, r.offset) for r in third) == [
+        (p, o) for p in (0, 6) for o in range(50, 150)
     ]
-    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in first + second)
-    assert consumer.position(TP("t", 0)) == 15 and consumer.position(TP("t", 1)) == 5
+    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in first + second + third)
+    assert consumer.position(TP("t", 0)) == 150 and consumer.position(TP("t", 1)) == 50
 
 
 def test_consumer_records_from_records_equal_constructed_ones() -> None:
