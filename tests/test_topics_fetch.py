@@ -236,3 +236,23 @@ def test_flat_and_paired_entries_decode_alike(single_client: Any, namespace: str
     gappy = flat[:3] + flat[5:]
     assert _decode.decode_entries(gappy) == want[:3] + want[5:]
     assert fetch(single_client, namespace, "t", 0, 0).records == want
+
+
+def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
+    """RESP3 replies (XINFO STREAM as a map) decode as RESP2 ones do."""
+    resp2, resp3 = redis_server.client(), redis_server.client(protocol=3)
+    try:
+        Topics(resp2, namespace).create("t", 2)
+        Producer(resp2, namespace).send_batch("t", [
+            ProducerRecord(b"v%d" % i, key=b"k" if i % 2 else None, partition=i % 2)
+            for i in range(6)
+        ])
+        reads = [("t", 0, 1), ("t", 1, 0), ("t", 1, 7), ("t", 2, 0)]
+        got = fetch_module.fetch_many(resp3, namespace, reads)
+        assert got == fetch_module.fetch_many(resp2, namespace, reads)
+        assert [r.error for r in got] == [Errors.NONE, Errors.NONE, Errors.OFFSET_OUT_OF_RANGE,
+                                          Errors.UNKNOWN_TOPIC_OR_PARTITION]
+        assert [r.value for r in got[0].records] == [b"v2", b"v4"]
+    finally:
+        resp2.close()
+        resp3.close()
