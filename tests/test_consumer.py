@@ -223,8 +223,9 @@ def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
     fake_consumer: Any,
 ) -> None:
     """One call per fetch covers every assigned partition that is not paused and has nothing
-    buffered; it asks for max_poll_records in all, shared among the partitions not known to be
-    at their log end (an empty partition is, after its first fetch), at least 50 each."""
+    buffered; it asks for four polls' worth of records in all, shared among the partitions not
+    known to be at their log end (an empty partition is, after its first fetch), at most
+    max_poll_records and at least 50 of each."""
     state = OneMemberGroup(partitions=8, records=300)
     state.logs[TP("t", 7)] = []
     calls: list[tuple[list[tuple[str, int, int]], int]] = []
@@ -235,25 +236,28 @@ def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
         return inner(reads, max_records, record_type)
 
     state.fake.fetch_many_as = recording
-    consumer = fake_consumer(state, max_poll_records=200)
+    consumer = fake_consumer(state, max_poll_records=80)
 
-    first = consumer.poll(timeout=WAIT_S)
-    assert calls == [([("t", p, 0) for p in range(8)], 50)]  # 200 / 8 is below the floor
-    second = consumer.poll(timeout=WAIT_S)
-    assert len(calls) == 1  # the buffered records came first
-    assert sorted((r.partition, r.offset) for r in first + second) == [
+    polls = [consumer.poll(timeout=WAIT_S) for _ in range(5)]
+    assert calls == [([("t", p, 0) for p in range(8)], 50)]  # 4 * 80 / 8 is below the floor
+    assert [len(got) for got in polls] == [80] * 4 + [30]  # the 7 * 50 buffered records
+    assert sorted((r.partition, r.offset) for got in polls for r in got) == [
         (p, o) for p in range(7) for o in range(50)
     ]
 
-    consumer.pause([TP("t", p) for p in range(1, 6)])
-    third = consumer.poll(timeout=WAIT_S)
-    # 1-5 paused, 7 at its end: 0 and 6 share the 200.
-    assert calls[1] == ([("t", 0, 50), ("t", 6, 50), ("t", 7, 0)], 100)
-    assert sorted((r.partition, r.offset) for r in third) == [
-        (p, o) for p in (0, 6) for o in range(50, 150)
+    consumer.pause([TP("t", p) for p in range(2, 7)])
+    again = consumer.poll(timeout=WAIT_S) + consumer.poll(timeout=WAIT_S)
+    # 2-6 paused, 7 at its end: 0 and 1 share 4 * 80, at most 80 each; one fetch, two polls.
+    assert calls[1:] == [([("t", 0, 50), ("t", 1, 50), ("t", 7, 0)], 80)]
+    assert sorted((r.partition, r.offset) for r in again) == [
+        (p, o) for p in (0, 1) for o in range(50, 130)
     ]
-    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in first + second + third)
-    assert consumer.position(TP("t", 0)) == 150 and consumer.position(TP("t", 1)) == 50
+    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in sum(polls, again))
+    assert consumer.position(TP("t", 0)) == 130 and consumer.position(TP("t", 2)) == 50
+
+    consumer.pause([TP("t", 0)])
+    assert [r.offset for r in consumer.poll(timeout=WAIT_S)] == list(range(130, 210))
+    assert calls[2] == ([("t", 1, 130), ("t", 7, 0)], 80)  # one busy partition: capped at 80
 
 
 def test_consumer_records_from_records_equal_constructed_ones() -> None:
