@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
 import redis
@@ -57,8 +58,9 @@ def _read(pipe: Any, key: str, offset: int, max_records: int) -> None:
     pipe.execute_command("XINFO", "STREAM", key)
 
 
-_RAW_REPLIES: dict[str, Any] = {}
-"""No reply callbacks: XRANGE and XINFO STREAM answers as the server sent them."""
+_RAW_REPLIES: Mapping[str, Any] = MappingProxyType({})
+"""No reply callbacks: XRANGE and XINFO STREAM answers as the server sent them (read-only, as
+every pipeline made here shares it)."""
 
 
 def _pipeline(client: Any) -> Any:
