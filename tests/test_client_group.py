@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import dataclasses
 import inspect
 import threading
 from collections import deque
@@ -51,7 +52,7 @@ from rcoord.protocol.consumer import (
     ConsumerProtocolAssignment,
     MalformedMetadataError,
 )
-from rcoord.topics import FetchResult, Producer, ProducerRecord, Record, Topics
+from rcoord.topics import FetchResult, PartitionRecords, Producer, ProducerRecord, Record, Topics
 
 TP = TopicPartition
 WAIT_S = 15.0
@@ -68,6 +69,7 @@ METHODS = (
     "partition_counts",
     "log_offsets",
     "fetch",
+    "fetch_many_as",
 )
 
 
@@ -129,6 +131,7 @@ class OneMemberGroup:
             partition_counts=self.partition_counts,
             log_offsets=self.log_offsets,
             fetch=self.fetch,
+            fetch_many_as=self.fetch_many_as,
         )
 
     def log(self, *event: Any) -> None:
@@ -240,6 +243,16 @@ class OneMemberGroup:
         if not records and block_ms:
             threading.Event().wait(min(block_ms, 20) / 1000)  # the fake's "XREAD BLOCK"
         return FetchResult(records, 0, len(log))
+
+    def fetch_many_as(self, reads: Any, max_records: int, record_type: Any) -> list[Any]:
+        out = []
+        for topic, partition, offset in reads:
+            res = self.fetch(topic, partition, offset, max_records, None)
+            records = [
+                record_type(topic, partition, *dataclasses.astuple(r)) for r in res.records
+            ]
+            out.append(PartitionRecords(records, res.log_start_offset, res.log_end_offset))
+        return out
 
 
 def fast_config(**overrides: Any) -> ConsumerGroupConfig:

@@ -6,6 +6,7 @@ test_client_group (deterministic); the rest runs on a real server, one node and 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from rcoord.client import (
     ConsumerRebalanceListener,
     ConsumerRecord,
 )
+from rcoord.client import consumer as consumer_module
 from rcoord.topics import Producer, Record, Topics
 
 TP = TopicPartition
@@ -212,6 +214,71 @@ def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
     assert state.leaves == ["m-1"]
     with pytest.raises(Exception, match="closed"):
         consumer.poll(timeout=0)
+
+
+# -- fetching (fake coordinator) -------------------------------------------------------------
+
+
+def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
+    fake_consumer: Any,
+) -> None:
+    """One call per fetch covers every assigned partition that is not paused and has nothing
+    buffered; it asks for four polls' worth of records in all, shared among the partitions not
+    known to be at their log end (an empty partition is, after its first fetch), at most
+    max_poll_records and at least 50 of each."""
+    state = OneMemberGroup(partitions=8, records=300)
+    state.logs[TP("t", 7)] = []
+    calls: list[tuple[list[tuple[str, int, int]], int]] = []
+    inner = state.fake.fetch_many_as
+
+    def recording(reads: Any, max_records: int, record_type: Any) -> Any:
+        calls.append(([tuple(r) for r in reads], max_records))
+        return inner(reads, max_records, record_type)
+
+    state.fake.fetch_many_as = recording
+    consumer = fake_consumer(state, max_poll_records=80)
+
+    polls = [consumer.poll(timeout=WAIT_S) for _ in range(5)]
+    assert calls == [([("t", p, 0) for p in range(8)], 50)]  # 4 * 80 / 8 is below the floor
+    assert [len(got) for got in polls] == [80] * 4 + [30]  # the 7 * 50 buffered records
+    assert sorted((r.partition, r.offset) for got in polls for r in got) == [
+        (p, o) for p in range(7) for o in range(50)
+    ]
+
+    consumer.pause([TP("t", p) for p in range(2, 7)])
+    again = consumer.poll(timeout=WAIT_S) + consumer.poll(timeout=WAIT_S)
+    # 2-6 paused, 7 at its end: 0 and 1 share 4 * 80, at most 80 each; one fetch, two polls.
+    assert calls[1:] == [([("t", 0, 50), ("t", 1, 50), ("t", 7, 0)], 80)]
+    assert sorted((r.partition, r.offset) for r in again) == [
+        (p, o) for p in (0, 1) for o in range(50, 130)
+    ]
+    assert all(r.value == b"%d-%d" % (r.partition, r.offset) for r in sum(polls, again))
+    assert consumer.position(TP("t", 0)) == 130 and consumer.position(TP("t", 2)) == 50
+
+    consumer.pause([TP("t", 0)])
+    assert [r.offset for r in consumer.poll(timeout=WAIT_S)] == list(range(130, 210))
+    assert calls[2] == ([("t", 1, 130), ("t", 7, 0)], 80)  # one busy partition: capped at 80
+
+
+def test_consumer_records_from_records_equal_constructed_ones() -> None:
+    """The blocking fetch's Records become ConsumerRecords by filling ``__dict__``: equal to
+    constructed ones, with the same repr, fields and vars, and as immutable."""
+    records = [
+        Record(7, None, b"v", {}, 1_700_000_000_000),
+        Record(8, b"k", None, {"h": b"\x00"}, 0),
+    ]
+    got = consumer_module._consumer_records("orders", 3, records)
+    want = [
+        ConsumerRecord("orders", 3, 7, None, b"v", {}, 1_700_000_000_000),
+        ConsumerRecord("orders", 3, 8, b"k", None, {"h": b"\x00"}, 0),
+    ]
+    assert got == want and got != [ConsumerRecord("orders", 4, 7, None, b"v", {}, 0)] + want[1:]
+    assert [repr(r) for r in got] == [repr(r) for r in want]
+    assert [vars(r) for r in got] == [vars(r) for r in want]
+    assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in want]
+    assert all(type(r) is ConsumerRecord for r in got)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got[0].value = b"changed"  # type: ignore[misc]
 
 
 # -- against a real server --------------------------------------------------------------------

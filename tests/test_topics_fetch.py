@@ -1,5 +1,6 @@
 """The fetch read path (XRANGE then XINFO STREAM, pipelined; rcoord.topics._decode): what the
-fetch script used to guarantee, checked on one node and on the cluster."""
+fetch script used to guarantee, and the several-partition fetch (fetch_many, fetch_many_as),
+checked on one node and on the cluster."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from typing import Any
 import pytest
 
 from rcoord import Errors
+from rcoord.client.consumer import ConsumerRecord
+from rcoord.errors import InvalidRequestError
 from rcoord.topics import (
     Producer,
     ProducerRecord,
     Record,
+    TopicError,
     Topics,
+    _decode,
     fetch,
     partition_key,
 )
@@ -114,3 +119,140 @@ def test_a_stream_replaced_between_the_two_reads_is_read_again(
     assert fetch_module._answer(2, old_entries, new_info) is None
     same = fetch_module._answer(2, redis_client.xrange(key, "0-3", "+"), new_info)
     assert same is not None and [r.value for r in same.records] == [b"new"]
+
+
+# -- several partitions in one call (fetch_many, fetch_many_as) --------------------------------
+
+
+def test_fetch_many_answers_each_read_as_fetch_does(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """Known partitions (on several masters in the cluster), an unknown partition and an
+    unknown topic among them, an offset past the end and one at the end: one answer per read,
+    in the order asked, each equal to the single-partition fetch of the same read."""
+    topics.create("t", 6)
+    for p in range(6):
+        producer.send_batch("t", [ProducerRecord(b"%d-%d" % (p, i), partition=p)
+                                  for i in range(p + 2)])
+    reads = [
+        ("t", 3, 1),
+        ("t", 0, 0),
+        ("t", 6, 0),        # no such partition
+        ("nope", 0, 0),     # no such topic
+        ("t", 5, 0),
+        ("t", 1, 9),        # past the end (3 records)
+        ("t", 2, 4),        # at the end: no records, no error
+    ]
+    if hasattr(redis_client, "get_node_from_key"):
+        nodes = {redis_client.get_node_from_key(partition_key(namespace, "t", p)).name
+                 for p in (3, 0, 5, 1, 2)}
+        assert len(nodes) >= 2, "the reads must span several masters"
+    got = fetch_module.fetch_many(redis_client, namespace, reads, max_records=3)
+    want = [fetch(redis_client, namespace, t, p, o, max_records=3) for t, p, o in reads]
+    assert got == want
+    assert [(r.error, [x.value for x in r.records]) for r in got] == [
+        (Errors.NONE, [b"3-1", b"3-2", b"3-3"]),
+        (Errors.NONE, [b"0-0", b"0-1"]),
+        (Errors.UNKNOWN_TOPIC_OR_PARTITION, []),
+        (Errors.UNKNOWN_TOPIC_OR_PARTITION, []),
+        (Errors.NONE, [b"5-0", b"5-1", b"5-2"]),
+        (Errors.OFFSET_OUT_OF_RANGE, []),
+        (Errors.NONE, []),
+    ]
+    assert (got[5].log_start_offset, got[5].log_end_offset) == (0, 3)
+    assert (got[2].log_start_offset, got[2].log_end_offset) == (-1, -1)
+    assert fetch_module.fetch_many(redis_client, namespace, []) == []
+
+
+def test_fetch_many_checks_every_read_before_reading(redis_client: Any, namespace: str) -> None:
+    with pytest.raises(TopicError):
+        fetch_module.fetch_many(redis_client, namespace, [("t", 0, 0), ("bad name!", 0, 0)])
+    with pytest.raises(InvalidRequestError):
+        fetch_module.fetch_many(redis_client, namespace, [("t", 0, -1)])
+    with pytest.raises(InvalidRequestError):
+        fetch_module.fetch_many(redis_client, namespace, [("t", 0, 0)], max_records=0)
+
+
+def test_fetch_many_as_builds_consumer_records_equal_to_constructed_ones(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """Every entry layout (value only, key only, key and headers, empty value, nothing) decoded
+    straight into ConsumerRecords: equal to constructed ones, same repr, fields, vars, frozen."""
+    topics.create("t", 2)
+    metas = producer.send_batch("t", [
+        ProducerRecord(b"v0", partition=1),
+        ProducerRecord(None, key=b"k1", partition=1),
+        ProducerRecord(b"v2", key=b"", headers={"a": b"\x00", "b": b""}, partition=1),
+        ProducerRecord(b"", partition=1),
+        ProducerRecord(None, partition=1),
+    ])
+    (res,) = fetch_module.fetch_many_as(redis_client, namespace, [("t", 1, 0)], 10, ConsumerRecord)
+    want = [
+        ConsumerRecord("t", 1, 0, None, b"v0", {}, metas[0].timestamp_ms),
+        ConsumerRecord("t", 1, 1, b"k1", None, {}, metas[1].timestamp_ms),
+        ConsumerRecord("t", 1, 2, b"", b"v2", {"a": b"\x00", "b": b""}, metas[2].timestamp_ms),
+        ConsumerRecord("t", 1, 3, None, b"", {}, metas[3].timestamp_ms),
+        ConsumerRecord("t", 1, 4, None, None, {}, metas[4].timestamp_ms),
+    ]
+    assert (res.error, res.log_start_offset, res.log_end_offset) == (Errors.NONE, 0, 5)
+    assert res.records == want
+    assert [repr(r) for r in res.records] == [repr(r) for r in want]
+    assert [vars(r) for r in res.records] == [vars(r) for r in want]
+    assert [dataclasses.astuple(r) for r in res.records] == [dataclasses.astuple(r) for r in want]
+    assert all(type(r) is ConsumerRecord for r in res.records)
+    assert res.records[0].topic_partition == ("t", 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.records[0].offset = 5  # type: ignore[misc]
+    # The Record path decodes the same entries to the same fields.
+    plain = fetch(redis_client, namespace, "t", 1, 0).records
+    assert [("t", 1, *dataclasses.astuple(r)) for r in plain] == [
+        dataclasses.astuple(r) for r in want
+    ]
+
+
+def test_fetch_many_as_refuses_a_record_type_of_another_shape(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    topics.create("t", 1)
+    with pytest.raises(TypeError, match="fields"):
+        fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 0)], 10, Record)
+
+
+def test_flat_and_paired_entries_decode_alike(single_client: Any, namespace: str) -> None:
+    """The flat entries a callback-free read gets, the paired ones of ``client.xrange``, and a
+    reply whose ids are not consecutive (parsed id by id): the same Records."""
+    Topics(single_client, namespace).create("t", 1)
+    Producer(single_client, namespace).send_batch("t", [
+        ProducerRecord(b"v%d" % i, key=b"k" if i % 2 else None,
+                       headers={"h": b"%d" % i} if i % 3 == 0 else None, partition=0)
+        for i in range(9)
+    ])
+    key = partition_key(namespace, "t", 0)
+    paired = single_client.xrange(key, "-", "+")
+    flat = [[e_id, [x for kv in fields.items() for x in kv]] for e_id, fields in paired]
+    want = _decode.decode_entries(paired)
+    assert [r.offset for r in want] == list(range(9))
+    assert _decode.decode_entries(flat) == want
+    gappy = flat[:3] + flat[5:]
+    assert _decode.decode_entries(gappy) == want[:3] + want[5:]
+    assert fetch(single_client, namespace, "t", 0, 0).records == want
+
+
+def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
+    """RESP3 replies (XINFO STREAM as a map) decode as RESP2 ones do."""
+    resp2, resp3 = redis_server.client(), redis_server.client(protocol=3)
+    try:
+        Topics(resp2, namespace).create("t", 2)
+        Producer(resp2, namespace).send_batch("t", [
+            ProducerRecord(b"v%d" % i, key=b"k" if i % 2 else None, partition=i % 2)
+            for i in range(6)
+        ])
+        reads = [("t", 0, 1), ("t", 1, 0), ("t", 1, 7), ("t", 2, 0)]
+        got = fetch_module.fetch_many(resp3, namespace, reads)
+        assert got == fetch_module.fetch_many(resp2, namespace, reads)
+        assert [r.error for r in got] == [Errors.NONE, Errors.NONE, Errors.OFFSET_OUT_OF_RANGE,
+                                          Errors.UNKNOWN_TOPIC_OR_PARTITION]
+        assert [r.value for r in got[0].records] == [b"v2", b"v4"]
+    finally:
+        resp2.close()
+        resp3.close()

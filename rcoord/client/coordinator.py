@@ -8,7 +8,7 @@ interface), so tests can replace Redis with a fake whose methods are plain funct
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .. import topics as _topics
 from ..config import CoordinatorConfig
@@ -24,6 +24,8 @@ from ..topics.times import OffsetAndTimestamp
 from ..topics.times import offsets_for_times as _offsets_for_times
 
 __all__ = ["SOCKET_TIMEOUT_S", "Coordinator", "RedisCoordinator", "client_from_url"]
+
+R = TypeVar("R")
 
 SOCKET_TIMEOUT_S = 10.0
 """Socket timeout of clients made from ``redis_url``: above a parked call's 1 s XREAD."""
@@ -105,6 +107,14 @@ class Coordinator(Protocol):
         """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
         ...
 
+    def fetch_many_as(
+        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R]
+    ) -> list[_topics.PartitionRecords[R]]:
+        """Records of several ``(topic, partition, offset)`` reads as ``record_type``s, answers
+        in the same order, in one round trip per node; never blocks
+        (``rcoord.topics.fetch_many_as``)."""
+        ...
+
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int], int]
     ) -> dict[tuple[str, int], OffsetAndTimestamp | None]:
@@ -152,6 +162,11 @@ class RedisCoordinator(GroupCoordinator):
         return _topics.fetch(
             self._redis, self._ns, topic, partition, offset, max_records, block_ms=block_ms
         )
+
+    def fetch_many_as(
+        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R]
+    ) -> list[_topics.PartitionRecords[R]]:
+        return _topics.fetch_many_as(self._redis, self._ns, reads, max_records, record_type)
 
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int], int]

@@ -48,7 +48,7 @@ from ._base import (
     producer_state_keys,
 )
 from .admin import Topics
-from .fetch import fetch, log_offsets, resolve_offset
+from .fetch import PartitionRecords, fetch, fetch_many, fetch_many_as, log_offsets, resolve_offset
 from .producer import Producer
 from .racks import node_racks, partition_racks, set_node_racks
 from .times import OffsetAndTimestamp, offsets_for_times
@@ -64,6 +64,9 @@ __all__ = [
     "Topics",
     "Producer",
     "fetch",
+    "fetch_many",
+    "fetch_many_as",
+    "PartitionRecords",
     "log_offsets",
     "resolve_offset",
     "offsets_for_times",
