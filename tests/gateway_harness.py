@@ -223,3 +223,16 @@ def _close(*socks: socket.socket) -> None:
             s.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             s.close()
+
+
+def sasl_connect(gw: GatewayThread, user: str, password: str) -> socket.socket:
+    """A raw connection authenticated with SASL/PLAIN (handshake v1, authenticate v2)."""
+    sock = connect(gw)
+    sock.sendall(request_frame(17, 1, 1, {"mechanism": "PLAIN"}))
+    if response(sock, 17, 1, 4).error_code.value != 0:
+        raise AssertionError("SASL handshake refused")
+    sock.sendall(request_frame(36, 2, 2, {"auth_bytes": b"\0%s\0%s" % (user.encode(),
+                                                                        password.encode())}))
+    if response(sock, 36, 2, 5).error_code.value != 0:
+        raise AssertionError(f"SASL authentication of {user} failed")
+    return sock

@@ -19,6 +19,8 @@ import redis
 
 from ..asyncio import AsyncGroupCoordinator
 from ..topics import Producer, Topics
+from .acl import CLUSTER_NAME, Operation, ResourceType
+from .errors import AUTHORIZATION_FAILED, RequestError
 
 __all__ = ["Connection", "GatewayConfig", "GatewayState"]
 
@@ -94,3 +96,29 @@ class Connection:
     """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
     close_after_response: bool = False
     """Set by a handler whose answer must be the connection's last (a failed authentication)."""
+
+    def may(self, op: Operation, resource: ResourceType, name: str = CLUSTER_NAME, *,
+            log_denied: bool = True) -> bool:
+        """May this connection's principal do ``op`` on the resource? True when no ACLs are
+        configured (``rcoord.gateway.acl`` has the rules)."""
+        auth = self.state.auth
+        if auth is None or auth.authorizer is None:
+            return True
+        return bool(auth.authorizer.authorize(self.principal or "User:ANONYMOUS",
+                                              self.client_host, op, resource, name,
+                                              log_denied=log_denied))
+
+    def may_any(self, op: Operation, resource: ResourceType) -> bool:
+        """May the principal do ``op`` on some resource of this type (Kafka's
+        ``authorizeByResourceType``)? True when no ACLs are configured."""
+        auth = self.state.auth
+        if auth is None or auth.authorizer is None:
+            return True
+        return bool(auth.authorizer.authorize_any(self.principal or "User:ANONYMOUS",
+                                                  self.client_host, op, resource))
+
+    def require(self, op: Operation, resource: ResourceType, name: str = CLUSTER_NAME) -> None:
+        """Raise the request-wide authorization error of the resource type unless allowed."""
+        if not self.may(op, resource, name):
+            raise RequestError(AUTHORIZATION_FAILED[resource],
+                               f"{op.value} on {resource.value} {name} is not allowed")
