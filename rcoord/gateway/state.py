@@ -34,7 +34,7 @@ NODE_ID = 0
 class GatewayConfig:
     """``advertise_*``: the address clients are told to connect to (Metadata, FindCoordinator);
     ``max_frame_bytes``: Kafka's ``socket.request.max.bytes``; ``topic_threads``: threads for
-    the blocking topic calls."""
+    the blocking topic calls; ``tls_*``: TLS on the listener (Kafka's SSL / SASL_SSL)."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 9092
@@ -43,6 +43,13 @@ class GatewayConfig:
     namespace: str = "rcoord"
     max_frame_bytes: int = 100 * 1024 * 1024
     topic_threads: int = 16
+    tls_cert_file: str | None = None
+    """Serve TLS on the listener with this certificate chain (PEM); None: plaintext."""
+    tls_key_file: str | None = None
+    """The certificate's private key (PEM); None: it is in ``tls_cert_file``."""
+    tls_ca_file: str | None = None
+    """CA(s) that must sign a client certificate: every client must present one (mutual TLS).
+    None: clients are not asked for a certificate."""
 
     def validate(self) -> GatewayConfig:
         if not 0 <= self.listen_port <= 65535:
@@ -53,6 +60,9 @@ class GatewayConfig:
             raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.topic_threads < 1:
             raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
+        if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file):
+            raise ValueError("tls_key_file and tls_ca_file need tls_cert_file (the listener's "
+                             "certificate)")
         return self
 
 
