@@ -223,3 +223,46 @@ def _close(*socks: socket.socket) -> None:
             s.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             s.close()
+
+
+def sasl_connect(gw: GatewayThread, user: str, password: str) -> socket.socket:
+    """A raw connection authenticated with SASL/PLAIN (handshake v1, authenticate v2)."""
+    sock = connect(gw)
+    sock.sendall(request_frame(17, 1, 1, {"mechanism": "PLAIN"}))
+    if response(sock, 17, 1, 4).error_code.value != 0:
+        raise AssertionError("SASL handshake refused")
+    sock.sendall(request_frame(36, 2, 2, {"auth_bytes": b"\0%s\0%s" % (user.encode(),
+                                                                        password.encode())}))
+    if response(sock, 36, 2, 5).error_code.value != 0:
+        raise AssertionError(f"SASL authentication of {user} failed")
+    return sock
+
+
+# -- certificates -------------------------------------------------------------------------------
+
+
+def _openssl(d: Any, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+
+def _key_and_csr(d: Any, name: str, cn: str) -> None:
+    _openssl(d, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+
+
+def make_certs(d: Any) -> None:
+    """In directory ``d``, with the ``openssl`` CLI: ``ca.pem`` signs ``server.pem`` (IP
+    127.0.0.1) and ``client.pem`` (CN=alice); ``other-ca.pem`` signs ``stranger.pem``."""
+    for ca in ("ca", "other-ca"):
+        _openssl(d, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                 "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "1",
+                 "-subj", f"/CN={ca}")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, cn, ca, ext in (("server", "127.0.0.1", "ca", ["-extfile", "san.ext"]),
+                              ("client", "alice", "ca", []),
+                              ("stranger", "mallory", "other-ca", [])):
+        _key_and_csr(d, name, cn)
+        _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey",
+                 f"{ca}.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext)

@@ -1,6 +1,11 @@
 """DescribeGroups, ListGroups, DeleteGroups and OffsetDelete, through the same flows as
 rcoord's Python API (``rcoord.steps``): a group formed by Kafka clients and one formed by
-rcoord's own members look the same to both front ends."""
+rcoord's own members look the same to both front ends.
+
+ACLs, as Kafka's ``KafkaApis``: DescribeGroups needs DESCRIBE on each group (else that group
+is answered GROUP_AUTHORIZATION_FAILED); ListGroups lists every group to a principal with
+DESCRIBE on the cluster, else only the groups it may DESCRIBE; DeleteGroups needs DELETE on each
+group; OffsetDelete DELETE on the group and READ on each topic."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
+from .acl import Operation, ResourceType
+from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
 
@@ -19,6 +26,11 @@ __all__: list[str] = []
 async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     groups = []
     for gid in req.groups:
+        if not conn.may(Operation.DESCRIBE, ResourceType.GROUP, gid):
+            groups.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": gid,
+                           "group_state": "", "protocol_type": "", "protocol_data": "",
+                           "members": []})
+            continue
         d = await conn.state.coordinator.describe_group(gid)
         groups.append({
             "error_code": d.error, "group_id": d.group_id, "group_state": d.state,
@@ -36,6 +48,10 @@ async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str,
 async def list_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     states = list(getattr(req, "states_filter", ()) or ()) or None
     listings = await conn.state.coordinator.list_groups(states)
+    if not conn.may(Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
+        listings = [g for g in listings
+                    if conn.may(Operation.DESCRIBE, ResourceType.GROUP, g.group_id,
+                                log_denied=False)]
     return {"throttle_time": 0, "error_code": Errors.NONE, "groups": [
         {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state}
         for g in listings]}
@@ -43,16 +59,28 @@ async def list_groups(conn: Connection, req: Any, version: int) -> dict[str, Any
 
 @api(42, "DeleteGroups", 0, 2, group=True)
 async def delete_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
-    results = await conn.state.coordinator.delete_groups(list(req.groups_names))
-    return {"throttle_time": 0, "results": [{"group_id": gid, "error_code": code}
-                                            for gid, code in results.items()]}
+    names = list(req.groups_names)
+    allowed = [g for g in names if conn.may(Operation.DELETE, ResourceType.GROUP, g)]
+    results: dict[str, int] = {g: GROUP_AUTHORIZATION_FAILED for g in names if g not in allowed}
+    if allowed:
+        results.update(await conn.state.coordinator.delete_groups(allowed))
+    return {"throttle_time": 0, "results": [{"group_id": gid, "error_code": results[gid]}
+                                            for gid in dict.fromkeys(names)]}
 
 
 @api(47, "OffsetDelete", 0, 0, group=True)
 async def offset_delete(conn: Connection, req: Any, version: int) -> dict[str, Any]:
-    wanted = [TopicPartition(t.name, p.partition_index) for t in req.topics for p in t.partitions]
-    res = await conn.state.coordinator.delete_offsets(req.group_id, wanted)
+    conn.require(Operation.DELETE, ResourceType.GROUP, req.group_id)
     by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    wanted = []
+    for t in req.topics:
+        if conn.may(Operation.READ, ResourceType.TOPIC, t.name):
+            wanted += [TopicPartition(t.name, p.partition_index) for p in t.partitions]
+        else:
+            by_topic[t.name] += [{"partition_index": p.partition_index,
+                                  "error_code": TOPIC_AUTHORIZATION_FAILED}
+                                 for p in t.partitions]
+    res = await conn.state.coordinator.delete_offsets(req.group_id, wanted)
     for tp, code in res.partitions.items():
         by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
     return {"throttle_time": 0, "error_code": res.error, "topics": [

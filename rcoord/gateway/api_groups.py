@@ -5,6 +5,9 @@ Metadata and assignments are opaque bytes to the coordinator, so a Kafka client'
 ConsumerProtocol subscription and assignment pass through unchanged, and the Kafka client that
 is elected leader computes the assignment, as with a Kafka broker. A parked JoinGroup or
 SyncGroup awaits its reply on this connection's task only; other connections go on.
+
+With ACLs, each of these needs READ on the group (Kafka's ``KafkaApis``), else the request is
+answered GROUP_AUTHORIZATION_FAILED without touching the group.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..protocol.leave import MemberIdentity
+from .acl import Operation, ResourceType
+from .errors import GROUP_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
 from .wire import millis
@@ -24,6 +29,10 @@ _MEMBER_ID_REQUIRED_FROM = 4
 
 @api(11, "JoinGroup", 0, 9, group=True)
 async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if not conn.may(Operation.READ, ResourceType.GROUP, req.group_id):
+        return {"throttle_time": 0, "error_code": GROUP_AUTHORIZATION_FAILED,
+                "generation_id": -1, "protocol_name": None, "leader": "", "member_id": "",
+                "members": []}
     session_ms = millis(req.session_timeout)
     rebalance = getattr(req, "rebalance_timeout", None)
     res = await conn.state.coordinator.join_group(
@@ -55,6 +64,7 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
 
 @api(14, "SyncGroup", 0, 5, group=True)
 async def sync_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    conn.require(Operation.READ, ResourceType.GROUP, req.group_id)
     res = await conn.state.coordinator.sync_group(
         req.group_id,
         req.generation_id,
@@ -70,6 +80,7 @@ async def sync_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
 
 @api(12, "Heartbeat", 0, 4, group=True)
 async def heartbeat(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    conn.require(Operation.READ, ResourceType.GROUP, req.group_id)
     code = await conn.state.coordinator.heartbeat(
         req.group_id, req.generation_id, req.member_id, getattr(req, "group_instance_id", None))
     return {"throttle_time": 0, "error_code": code}
@@ -77,6 +88,7 @@ async def heartbeat(conn: Connection, req: Any, version: int) -> dict[str, Any]:
 
 @api(13, "LeaveGroup", 0, 5, group=True)
 async def leave_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    conn.require(Operation.READ, ResourceType.GROUP, req.group_id)
     if version < 3:
         members = [MemberIdentity(req.member_id)]
     else:

@@ -12,6 +12,8 @@ from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
+from .acl import Operation, ResourceType
+from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
 
@@ -45,8 +47,16 @@ async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     wanted: list[str] | None = None
     if req.topics is not None and (req.topics or version > 0):  # v0: empty means all
         wanted = [t.name for t in req.topics if t.name is not None]
+    topics: list[dict[str, Any]] = []
+    if wanted is not None:
+        refused = {n for n in wanted if not conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n)}
+        topics += [{"error_code": TOPIC_AUTHORIZATION_FAILED, "name": n, "topic_id": _ZERO_UUID,
+                    "partitions": []} for n in sorted(refused)]
+        wanted = [n for n in wanted if n not in refused]
     counts = await state.blocking(partition_counts, state, wanted)
-    topics = []
+    if wanted is None:
+        counts = {n: c for n, c in counts.items()
+                  if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n, log_denied=False)}
     for name, count in counts.items():
         if isinstance(count, Errors):
             topics.append({"error_code": count, "name": name, "topic_id": _ZERO_UUID,
@@ -71,8 +81,11 @@ async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     }
 
 
-def _coordinator(state: GatewayState, key: str, key_type: int) -> dict[str, Any]:
-    host, port = state.advertised
+def _coordinator(conn: Connection, key: str, key_type: int) -> dict[str, Any]:
+    host, port = conn.state.advertised
+    if key_type == _GROUP_KEY and not conn.may(Operation.DESCRIBE, ResourceType.GROUP, key):
+        return {"key": key, "node_id": -1, "host": "", "port": -1,
+                "error_code": GROUP_AUTHORIZATION_FAILED, "error_message": None}
     if key_type == _GROUP_KEY:
         return {"key": key, "node_id": NODE_ID, "host": host, "port": port,
                 "error_code": Errors.NONE, "error_message": None}
@@ -87,8 +100,8 @@ async def find_coordinator(conn: Connection, req: Any, version: int) -> dict[str
     key_type = int(getattr(req, "key_type", _GROUP_KEY))
     if version >= 4:
         return {"throttle_time": 0,
-                "coordinators": [_coordinator(conn.state, k, key_type)
+                "coordinators": [_coordinator(conn, k, key_type)
                                  for k in req.coordinator_keys]}
-    one = _coordinator(conn.state, req.key, key_type)
+    one = _coordinator(conn, req.key, key_type)
     del one["key"]
     return {"throttle_time": 0, **one}

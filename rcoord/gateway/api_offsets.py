@@ -2,6 +2,12 @@
 
 Offsets are fenced by generation exactly as for rcoord's own members (the script decides), and
 the empty member id with generation -1 is the simple (``assign()``) commit.
+
+ACLs, as Kafka's ``KafkaApis``: OffsetCommit needs READ on the group (else every partition is
+answered GROUP_AUTHORIZATION_FAILED) and READ on each topic (else that topic's partitions get
+TOPIC_AUTHORIZATION_FAILED and are not committed). OffsetFetch needs DESCRIBE on the group and
+DESCRIBE on a topic to see its offsets: a topic asked for by name is answered
+TOPIC_AUTHORIZATION_FAILED, and a fetch of all the group's offsets leaves it out.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from .acl import Operation, ResourceType
+from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
 from .wire import millis
@@ -27,22 +35,35 @@ def _by_topic(items: dict[TopicPartition, Any]) -> dict[str, list[tuple[int, Any
 
 @api(8, "OffsetCommit", 2, 8, group=True)
 async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if not conn.may(Operation.READ, ResourceType.GROUP, req.group_id):
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "error_code": GROUP_AUTHORIZATION_FAILED}
+                for p in t.partitions]} for t in req.topics]}
     offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
+    refused: dict[TopicPartition, int] = {}
     for t in req.topics:
+        if not conn.may(Operation.READ, ResourceType.TOPIC, t.name):
+            refused.update({TopicPartition(t.name, p.partition_index): TOPIC_AUTHORIZATION_FAILED
+                            for p in t.partitions})
+            continue
         for p in t.partitions:
             epoch = int(getattr(p, "committed_leader_epoch", -1))
             offsets[TopicPartition(t.name, p.partition_index)] = OffsetAndMetadata(
                 p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
     retention = getattr(req, "retention_time", None)
     retention_ms = None if retention is None else millis(retention)
-    codes = await conn.state.coordinator.commit_offsets(
-        req.group_id,
-        offsets,
-        member_id=req.member_id,
-        generation_id=req.generation_id_or_member_epoch,
-        group_instance_id=getattr(req, "group_instance_id", None),
-        retention_ms=None if retention_ms is None or retention_ms < 0 else retention_ms,
-    )
+    codes: dict[TopicPartition, Any] = {}
+    if offsets or not refused:
+        codes = dict(await conn.state.coordinator.commit_offsets(
+            req.group_id,
+            offsets,
+            member_id=req.member_id,
+            generation_id=req.generation_id_or_member_epoch,
+            group_instance_id=getattr(req, "group_instance_id", None),
+            retention_ms=None if retention_ms is None or retention_ms < 0 else retention_ms,
+        ))
+    codes.update(refused)
     return {"throttle_time": 0, "topics": [
         {"name": topic, "partitions": [{"partition_index": p, "error_code": code}
                                        for p, code in parts]}
@@ -51,11 +72,31 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
 
 
 async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str, Any]:
+    if not conn.may(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        return {"group_id": group_id, "error_code": GROUP_AUTHORIZATION_FAILED, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                 "metadata": "", "error_code": GROUP_AUTHORIZATION_FAILED}
+                for p in t.partition_indexes]} for t in topics or ()]}
     wanted = None
+    refused: list[dict[str, Any]] = []
     if topics is not None:
-        wanted = [TopicPartition(t.name, p) for t in topics for p in t.partition_indexes]
+        wanted = []
+        for t in topics:
+            if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t.name):
+                wanted += [TopicPartition(t.name, p) for p in t.partition_indexes]
+            else:
+                refused.append({"name": t.name, "partitions": [
+                    {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                     "metadata": "", "error_code": TOPIC_AUTHORIZATION_FAILED}
+                    for p in t.partition_indexes]})
+    if wanted == [] and refused:
+        return {"group_id": group_id, "error_code": Errors.NONE, "topics": refused}
     res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
-    return {"group_id": group_id, "error_code": res.error, "topics": [
+    visible = {tp: om for tp, om in dict(res.offsets).items()
+               if wanted is not None
+               or conn.may(Operation.DESCRIBE, ResourceType.TOPIC, tp.topic, log_denied=False)}
+    return {"group_id": group_id, "error_code": res.error, "topics": refused + [
         {"name": topic, "partitions": [{
             "partition_index": p,
             "committed_offset": om.offset,
@@ -63,7 +104,7 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
             "metadata": om.metadata,
             "error_code": Errors.NONE,
         } for p, om in parts]}
-        for topic, parts in _by_topic(dict(res.offsets)).items()
+        for topic, parts in _by_topic(visible).items()
     ]}
 
 

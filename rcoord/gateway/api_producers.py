@@ -10,6 +10,9 @@ Without a transactional id, Kafka's coordinator answers every InitProducerId wit
 epoch 0, also when the request names the producer's current id and epoch (KIP-360: a Java
 producer bumps its epoch itself after an unknown outcome; librdkafka asks for a new id). The
 gateway does the same. Transactions are not served: a transactional id gets INVALID_REQUEST.
+
+ACLs, as Kafka 3.x: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic, else
+CLUSTER_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 from ..errors import Errors
 from ..topics.producer import allocate_producer_number
+from .acl import Operation, ResourceType
+from .errors import CLUSTER_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
 
@@ -49,6 +54,10 @@ async def init_producer_id(conn: Connection, req: Any, version: int) -> dict[str
                  req.transactional_id)
         return {"throttle_time": 0, "error_code": Errors.INVALID_REQUEST, "producer_id": -1,
                 "producer_epoch": -1}
+    if not (conn.may(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False)
+            or conn.may_any(Operation.WRITE, ResourceType.TOPIC)):
+        return {"throttle_time": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
     number = await state.blocking(allocate_producer_number, state.sync_redis,
                                   state.config.namespace)
     return {"throttle_time": 0, "error_code": Errors.NONE,

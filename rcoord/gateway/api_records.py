@@ -5,6 +5,10 @@ clock's at append (Kafka's LogAppendTime), and a partition's log start and end a
 The blocking ``rcoord.topics`` calls run on the gateway's topic threads; a Fetch that finds
 nothing waits with an asyncio ``XREAD BLOCK`` on the partitions' streams (up to the client's
 ``max_wait``), so a waiting consumer holds no thread.
+
+ACLs, as Kafka's ``KafkaApis``: Produce needs WRITE on the topic, Fetch READ, ListOffsets
+DESCRIBE; a partition of a topic refused is answered TOPIC_AUTHORIZATION_FAILED and the
+others of the same request are served.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from ..topics import (
 )
 from ..topics import offsets_for_times as topic_offsets_for_times
 from ..topics.producer import append_idempotent
+from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
-from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH
+from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
 from .records import BatchError, IncomingBatch, decode_batches, encode_batch
 from .registry import api
 from .state import Connection, GatewayState
@@ -102,7 +107,16 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
 @api(0, "Produce", 3, 9)
 async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | None:
     state = conn.state
-    jobs = [(t.name, p.index, state.blocking(_append, state, t.name, p.index, p.records))
+    writable = {t.name for t in req.topic_data
+                if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
+
+    async def refused(partition: int) -> dict[str, Any]:
+        return {"index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED, "base_offset": -1,
+                "log_append_time": -1, "log_start_offset": -1}
+
+    jobs = [(t.name, p.index,
+             state.blocking(_append, state, t.name, p.index, p.records) if t.name in writable
+             else refused(p.index))
             for t in req.topic_data for p in t.partition_data]
     results = await asyncio.gather(*(job for _, _, job in jobs))
     if req.acks == 0:
@@ -174,8 +188,10 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
 @api(1, "Fetch", 4, 12)
 async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
+    readable = {t.topic for t in req.topics if conn.may(Operation.READ, ResourceType.TOPIC,
+                                                        t.topic)}
     wanted = [(t.topic, p.partition, int(p.fetch_offset), int(p.partition_max_bytes))
-              for t in req.topics for p in t.partitions]
+              for t in req.topics for p in t.partitions if t.topic in readable]
 
     async def read_all() -> list[FetchResult]:
         return list(await asyncio.gather(*(state.blocking(_read, state, t, p, o)
@@ -187,6 +203,13 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
                                 millis(req.max_wait))
         results = await read_all()
     by_topic: dict[str, list[dict[str, Any]]] = {}
+    for t in req.topics:
+        if t.topic not in readable:
+            by_topic[t.topic] = [{
+                "partition_index": p.partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+                "aborted_transactions": None, "preferred_read_replica": -1, "records": None,
+            } for p in t.partitions]
     for (topic, partition, _, max_bytes), res in zip(wanted, results, strict=True):
         by_topic.setdefault(topic, []).append(_partition_data(partition, res, max_bytes))
     return {"throttle_time": 0, "error_code": Errors.NONE, "session_id": 0,
@@ -222,8 +245,16 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
 @api(2, "ListOffsets", 1, 7)
 async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
+    described = {t.name for t in req.topics
+                 if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t.name)}
+
+    async def refused(partition: int) -> dict[str, Any]:
+        return {"partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                "timestamp": -1, "offset": -1, "leader_epoch": -1}
+
     jobs = [(t.name, state.blocking(_list_offset, state, t.name, p.partition_index,
-                                    int(p.timestamp)))
+                                    int(p.timestamp)) if t.name in described
+             else refused(p.partition_index))
             for t in req.topics for p in t.partitions]
     results = await asyncio.gather(*(job for _, job in jobs))
     by_topic: dict[str, list[dict[str, Any]]] = {}

@@ -3,6 +3,9 @@
 A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's own
 ``retention.records``; any other config is refused with INVALID_CONFIG rather than silently
 ignored. With one broker, the replication factor must be -1 (the default) or 1.
+
+ACLs, as Kafka's ``KafkaApis``: CreateTopics needs CREATE on the cluster or on the topic,
+DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
-from .errors import INVALID_REPLICATION_FACTOR
+from .acl import Operation, ResourceType
+from .errors import INVALID_REPLICATION_FACTOR, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection, GatewayState
 
@@ -66,8 +70,16 @@ def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, A
 @api(19, "CreateTopics", 2, 7)
 async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
-    results = await asyncio.gather(*(state.blocking(_create, state, t, bool(req.validate_only))
-                                     for t in req.topics))
+    cluster_create = conn.may(Operation.CREATE, ResourceType.CLUSTER, log_denied=False)
+
+    async def one(topic: Any) -> dict[str, Any]:
+        if not cluster_create and not conn.may(Operation.CREATE, ResourceType.TOPIC, topic.name):
+            return {"name": topic.name, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                    "error_message": "Authorization failed.", "num_partitions": -1,
+                    "replication_factor": -1}
+        return await state.blocking(_create, state, topic, bool(req.validate_only))
+
+    results = await asyncio.gather(*(one(t) for t in req.topics))
     return {"throttle_time": 0, "topics": list(results)}
 
 
@@ -82,5 +94,12 @@ def _delete(state: GatewayState, name: str) -> dict[str, Any]:
 @api(20, "DeleteTopics", 1, 5)
 async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
-    results = await asyncio.gather(*(state.blocking(_delete, state, n) for n in req.topic_names))
+
+    async def one(name: str) -> dict[str, Any]:
+        if not conn.may(Operation.DELETE, ResourceType.TOPIC, name):
+            return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                    "error_message": "Authorization failed."}
+        return await state.blocking(_delete, state, name)
+
+    results = await asyncio.gather(*(one(n) for n in req.topic_names))
     return {"throttle_time": 0, "responses": list(results)}

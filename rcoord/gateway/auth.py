@@ -9,7 +9,11 @@ connection is closed. The users come from a JSON file::
 
 Only the gateway holds the Redis credentials; clients hold Kafka credentials. The file holds
 passwords in clear, so keep it readable by the gateway's user only. Passwords are compared in
-constant time. ACLs (per-group and per-topic authorisation) are not built yet.
+constant time.
+
+The same file may hold Kafka ACLs (``"acls": [...]``, ``"super_users": ["User:admin"]``; see
+``rcoord.gateway.acl``). With an ``acls`` key, even an empty list, every action needs a rule
+that allows it; without one, any authenticated user may do everything.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Errors
+from .acl import Authorizer, parse_acls
 from .registry import api
 from .state import Connection
 
@@ -38,9 +43,10 @@ MECHANISMS = ("PLAIN",)
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """Who may connect: user name -> password (SASL/PLAIN)."""
+    """Who may connect: user name -> password (SASL/PLAIN); what they may do (None: all)."""
 
     users: dict[str, str]
+    authorizer: Authorizer | None = None
 
     def check(self, user: str, password: str) -> bool:
         expected = self.users.get(user)
@@ -60,7 +66,25 @@ def load_auth_file(path: str | Path) -> AuthConfig:
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in users.items()):
         raise ValueError(f'the auth file {path} needs {{"users": {{"name": "password", ...}}}} '
                          "with at least one user, names and passwords non-empty strings")
-    return AuthConfig(dict(users))
+    unknown = set(data) - {"users", "acls", "super_users"}
+    if unknown:
+        raise ValueError(f"the auth file {path} has unknown key(s) {', '.join(sorted(unknown))}"
+                         "; expected users, acls, super_users")
+    authorizer = None
+    if "acls" in data:
+        supers = data.get("super_users", [])
+        if not isinstance(supers, list) or not all(
+                isinstance(s, str) and s.startswith("User:") for s in supers):
+            raise ValueError(f"the auth file {path}: super_users must be a list of "
+                             "'User:<name>'")
+        try:
+            authorizer = Authorizer(parse_acls(data["acls"]), supers)
+        except ValueError as exc:
+            raise ValueError(f"the auth file {path}: {exc}") from None
+    elif "super_users" in data:
+        raise ValueError(f"the auth file {path}: super_users without acls means nothing; "
+                         "add \"acls\": [] to deny everyone else by default")
+    return AuthConfig(dict(users), authorizer)
 
 
 @api(SASL_HANDSHAKE, "SaslHandshake", 1, 1)

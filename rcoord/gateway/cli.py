@@ -46,8 +46,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
     p.add_argument("--auth-file", default=None,
-                   help='require SASL/PLAIN from every client; users from this JSON file: '
-                   '{"users": {"name": "password"}} (docs/gateway.md)')
+                   help='require SASL/PLAIN from every client; users (and optional Kafka ACLs) '
+                   'from this JSON file: {"users": {"name": "password"}, "acls": [...]} '
+                   "(docs/gateway.md)")
+    p.add_argument("--listen-tls-cert-file", default=None,
+                   help="serve TLS to Kafka clients with this certificate chain (PEM): "
+                   "security.protocol SSL, or SASL_SSL with --auth-file. (--tls-* are for "
+                   "the connection to Redis)")
+    p.add_argument("--listen-tls-key-file", default=None,
+                   help="the listener certificate's private key (PEM; default: in the "
+                   "certificate file)")
+    p.add_argument("--listen-tls-ca-file", default=None,
+                   help="require a client certificate signed by this CA (mutual TLS)")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     add_tls_arguments(p)
 
@@ -75,11 +85,18 @@ def gateway_main(args: argparse.Namespace) -> int:
             advertise_host=advertise[0] if advertise else None,
             advertise_port=advertise[1] if advertise else None,
             namespace=args.namespace, max_frame_bytes=args.max_frame_bytes,
+            tls_cert_file=args.listen_tls_cert_file, tls_key_file=args.listen_tls_key_file,
+            tls_ca_file=args.listen_tls_ca_file,
         )
         try:
             config.validate()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        for flag, path in (("--listen-tls-cert-file", config.tls_cert_file),
+                           ("--listen-tls-key-file", config.tls_key_file),
+                           ("--listen-tls-ca-file", config.tls_ca_file)):
+            if path is not None and not os.path.isfile(path):
+                raise UsageError(f"{flag} {path!r} does not exist")
 
         async def serve() -> None:
             async with Gateway(config, url, auth=auth) as gateway:

@@ -4,20 +4,36 @@ ones rcoord's own API uses; these are Kafka's numbers, ``org.apache.kafka.common
 
 from __future__ import annotations
 
+from .acl import ResourceType
+
 __all__ = [
+    "AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
     "CORRUPT_MESSAGE",
     "DUPLICATE_SEQUENCE_NUMBER",
+    "GROUP_AUTHORIZATION_FAILED",
     "INVALID_PRODUCER_EPOCH",
     "INVALID_REPLICATION_FACTOR",
+    "TOPIC_AUTHORIZATION_FAILED",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "RequestError",
 ]
 
 CORRUPT_MESSAGE = 2
+TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_REPLICATION_FACTOR = 38
 DUPLICATE_SEQUENCE_NUMBER = 46
 INVALID_PRODUCER_EPOCH = 47
 UNSUPPORTED_COMPRESSION_TYPE = 76
+
+AUTHORIZATION_FAILED = {
+    ResourceType.TOPIC: TOPIC_AUTHORIZATION_FAILED,
+    ResourceType.GROUP: GROUP_AUTHORIZATION_FAILED,
+    ResourceType.CLUSTER: CLUSTER_AUTHORIZATION_FAILED,
+}
+"""The error Kafka answers when an operation on a resource of this type is not allowed."""
 
 
 class RequestError(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any, Self
 
 import redis
@@ -28,6 +29,22 @@ log = logging.getLogger("rcoord.gateway")
 
 SOCKET_TIMEOUT_S = 30.0
 """Redis socket timeout; parked calls block for at most half of it (``rcoord.steps``)."""
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+"""A client that has not finished its TLS handshake by then is disconnected."""
+
+
+def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context (None: plaintext). With ``tls_ca_file`` every client must
+    present a certificate that CA signed (Kafka's ``ssl.client.auth=required``)."""
+    if config.tls_cert_file is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    if config.tls_ca_file is not None:
+        ctx.load_verify_locations(config.tls_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
 
 
 class Gateway:
@@ -52,6 +69,7 @@ class Gateway:
         else:
             self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
         self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)
+        self._tls = server_tls_context(self.config)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -66,12 +84,14 @@ class Gateway:
     async def start(self) -> Self:
         await self.state.coordinator.start()
         self._server = await asyncio.start_server(
-            self._accept, self.config.listen_host, self.config.listen_port)
+            self._accept, self.config.listen_host, self.config.listen_port, ssl=self._tls,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self._tls else None)
         host, port = self.address
         self.state.advertised = (self.config.advertise_host or host,
                                  self.config.advertise_port or port)
-        log.info("rcoord gateway listening on %s:%d, advertising %s:%d (namespace %s)",
-                 host, port, *self.state.advertised, self.config.namespace)
+        protocol = ("SASL_" if self.state.auth else "") + ("SSL" if self._tls else "PLAINTEXT")
+        log.info("rcoord gateway listening on %s:%d (%s), advertising %s:%d (namespace %s)",
+                 host, port, protocol, *self.state.advertised, self.config.namespace)
         return self
 
     async def serve_forever(self) -> None:

@@ -19,6 +19,8 @@ import redis
 
 from ..asyncio import AsyncGroupCoordinator
 from ..topics import Producer, Topics
+from .acl import CLUSTER_NAME, Operation, ResourceType
+from .errors import AUTHORIZATION_FAILED, RequestError
 
 __all__ = ["Connection", "GatewayConfig", "GatewayState"]
 
@@ -32,7 +34,7 @@ NODE_ID = 0
 class GatewayConfig:
     """``advertise_*``: the address clients are told to connect to (Metadata, FindCoordinator);
     ``max_frame_bytes``: Kafka's ``socket.request.max.bytes``; ``topic_threads``: threads for
-    the blocking topic calls."""
+    the blocking topic calls; ``tls_*``: TLS on the listener (Kafka's SSL / SASL_SSL)."""
 
     listen_host: str = "127.0.0.1"
     listen_port: int = 9092
@@ -41,6 +43,13 @@ class GatewayConfig:
     namespace: str = "rcoord"
     max_frame_bytes: int = 100 * 1024 * 1024
     topic_threads: int = 16
+    tls_cert_file: str | None = None
+    """Serve TLS on the listener with this certificate chain (PEM); None: plaintext."""
+    tls_key_file: str | None = None
+    """The certificate's private key (PEM); None: it is in ``tls_cert_file``."""
+    tls_ca_file: str | None = None
+    """CA(s) that must sign a client certificate: every client must present one (mutual TLS).
+    None: clients are not asked for a certificate."""
 
     def validate(self) -> GatewayConfig:
         if not 0 <= self.listen_port <= 65535:
@@ -51,6 +60,9 @@ class GatewayConfig:
             raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
         if self.topic_threads < 1:
             raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
+        if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file):
+            raise ValueError("tls_key_file and tls_ca_file need tls_cert_file (the listener's "
+                             "certificate)")
         return self
 
 
@@ -94,3 +106,29 @@ class Connection:
     """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
     close_after_response: bool = False
     """Set by a handler whose answer must be the connection's last (a failed authentication)."""
+
+    def may(self, op: Operation, resource: ResourceType, name: str = CLUSTER_NAME, *,
+            log_denied: bool = True) -> bool:
+        """May this connection's principal do ``op`` on the resource? True when no ACLs are
+        configured (``rcoord.gateway.acl`` has the rules)."""
+        auth = self.state.auth
+        if auth is None or auth.authorizer is None:
+            return True
+        return bool(auth.authorizer.authorize(self.principal or "User:ANONYMOUS",
+                                              self.client_host, op, resource, name,
+                                              log_denied=log_denied))
+
+    def may_any(self, op: Operation, resource: ResourceType) -> bool:
+        """May the principal do ``op`` on some resource of this type (Kafka's
+        ``authorizeByResourceType``)? True when no ACLs are configured."""
+        auth = self.state.auth
+        if auth is None or auth.authorizer is None:
+            return True
+        return bool(auth.authorizer.authorize_any(self.principal or "User:ANONYMOUS",
+                                                  self.client_host, op, resource))
+
+    def require(self, op: Operation, resource: ResourceType, name: str = CLUSTER_NAME) -> None:
+        """Raise the request-wide authorization error of the resource type unless allowed."""
+        if not self.may(op, resource, name):
+            raise RequestError(AUTHORIZATION_FAILED[resource],
+                               f"{op.value} on {resource.value} {name} is not allowed")

@@ -1,0 +1,245 @@
+"""Kafka's ACLs on the gateway: who may do what to which group, topic or the cluster.
+
+The model is Kafka's (``StandardAuthorizer``), so a rule written for a Kafka cluster means the
+same here. A rule (an ACL) names a principal (``User:alice``, or ``User:*`` for everyone), a
+resource type (``topic``, ``group``, ``cluster``), a resource name with a pattern type
+(``literal``: that name, or ``*`` for every name; ``prefixed``: every name starting with it),
+operations, a permission (``allow`` or ``deny``) and a client host (``*``: any).
+
+Deciding one action (``Authorizer.authorize``):
+
+* a super user may do anything;
+* any matching ``deny`` rule denies, whatever allows it (deny wins);
+* else any matching ``allow`` rule allows;
+* else the action is denied (Kafka's default, ``allow.everyone.if.no.acl.found=false``).
+
+``ALL`` matches every operation. An ``allow`` of READ, WRITE, DELETE or ALTER also allows
+DESCRIBE (and ALTER_CONFIGS allows DESCRIBE_CONFIGS), as in Kafka; a ``deny`` of READ does not
+deny DESCRIBE. ``Authorizer.authorize_any`` is Kafka's ``authorizeByResourceType`` (may the
+principal do ``op`` on *some* resource of a type?), which InitProducerId uses.
+
+Which request needs which operation is decided in the handlers (``api_*``), following Kafka's
+``KafkaApis``; docs/gateway.md has the table.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CLUSTER_NAME", "Acl", "Authorizer", "Operation", "ResourceType", "parse_acls"]
+
+log = logging.getLogger("rcoord.gateway.authorizer")
+
+CLUSTER_NAME = "kafka-cluster"
+"""The name of the one cluster resource, as in Kafka."""
+WILDCARD = "*"
+
+
+class Operation(enum.Enum):
+    ALL = "ALL"
+    READ = "READ"
+    WRITE = "WRITE"
+    CREATE = "CREATE"
+    DELETE = "DELETE"
+    ALTER = "ALTER"
+    DESCRIBE = "DESCRIBE"
+    CLUSTER_ACTION = "CLUSTER_ACTION"
+    DESCRIBE_CONFIGS = "DESCRIBE_CONFIGS"
+    ALTER_CONFIGS = "ALTER_CONFIGS"
+    IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
+
+
+class ResourceType(enum.Enum):
+    TOPIC = "topic"
+    GROUP = "group"
+    CLUSTER = "cluster"
+
+
+class PatternType(enum.Enum):
+    LITERAL = "literal"
+    PREFIXED = "prefixed"
+
+
+_OPS_FOR = {
+    ResourceType.TOPIC: frozenset({
+        Operation.ALL, Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
+        Operation.ALTER, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
+        Operation.ALTER_CONFIGS}),
+    ResourceType.GROUP: frozenset({
+        Operation.ALL, Operation.READ, Operation.DESCRIBE, Operation.DELETE}),
+    ResourceType.CLUSTER: frozenset({
+        Operation.ALL, Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS,
+        Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE, Operation.ALTER,
+        Operation.DESCRIBE}),
+}
+"""The operations Kafka defines on each resource type (its ``AclCommand`` refuses others)."""
+
+_IMPLIES_DESCRIBE = frozenset({Operation.DESCRIBE, Operation.READ, Operation.WRITE,
+                               Operation.DELETE, Operation.ALTER})
+_IMPLIES_DESCRIBE_CONFIGS = frozenset({Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS})
+
+
+@dataclass(frozen=True)
+class Acl:
+    """One rule; see the module docstring."""
+
+    principal: str
+    resource: ResourceType
+    name: str
+    pattern: PatternType
+    operation: Operation
+    allow: bool
+    host: str = WILDCARD
+
+    def matches_resource(self, resource: ResourceType, name: str) -> bool:
+        if resource is not self.resource:
+            return False
+        if self.pattern is PatternType.PREFIXED:
+            return name.startswith(self.name)
+        return self.name == WILDCARD or self.name == name
+
+    def grants(self, op: Operation) -> bool:
+        """Does this rule speak about ``op`` (with Kafka's implied DESCRIBE for allows)?"""
+        if self.operation is Operation.ALL or self.operation is op:
+            return True
+        if not self.allow:
+            return False
+        if op is Operation.DESCRIBE:
+            return self.operation in _IMPLIES_DESCRIBE
+        if op is Operation.DESCRIBE_CONFIGS:
+            return self.operation in _IMPLIES_DESCRIBE_CONFIGS
+        return False
+
+    def applies_to(self, principal: str, host: str) -> bool:
+        return (self.principal in (principal, "User:*")
+                and self.host in (WILDCARD, host))
+
+
+class Authorizer:
+    """Decides actions by the rules (see the module docstring); holds no other state."""
+
+    def __init__(self, acls: Iterable[Acl], super_users: Iterable[str] = ()) -> None:
+        self.acls = tuple(acls)
+        self.super_users = frozenset(super_users)
+
+    def authorize(self, principal: str, host: str, op: Operation, resource: ResourceType,
+                  name: str, *, log_denied: bool = True) -> bool:
+        """May ``principal`` (from ``host``) do ``op`` on the resource ``name``?"""
+        if principal in self.super_users:
+            return True
+        allowed = False
+        for acl in self.acls:
+            if not (acl.applies_to(principal, host) and acl.matches_resource(resource, name)
+                    and acl.grants(op)):
+                continue
+            if not acl.allow:
+                allowed = False
+                break  # deny wins
+            allowed = True
+        if not allowed and log_denied:
+            log.info("Principal = %s is Denied operation = %s from host = %s on resource = "
+                     "%s:%s", principal, op.value, host, resource.value, name)
+        return allowed
+
+    def authorize_any(self, principal: str, host: str, op: Operation,
+                      resource: ResourceType) -> bool:
+        """May ``principal`` do ``op`` on at least one resource of this type? Kafka's
+        ``authorizeByResourceType``: an allow counts unless a deny covers all it allows (a
+        literal ``*`` deny, the same literal name, or a prefix of the allowed name)."""
+        if principal in self.super_users:
+            return True
+        deny_literal: set[str] = set()
+        deny_prefix: set[str] = set()
+        allows: list[Acl] = []
+        for acl in self.acls:
+            if acl.resource is not resource or not acl.applies_to(principal, host):
+                continue
+            if acl.operation is not op and acl.operation is not Operation.ALL:
+                continue
+            if not acl.allow:
+                if acl.pattern is PatternType.LITERAL and acl.name == WILDCARD:
+                    return False
+                (deny_literal if acl.pattern is PatternType.LITERAL else deny_prefix).add(
+                    acl.name)
+            else:
+                allows.append(acl)
+        for acl in allows:
+            if acl.pattern is PatternType.LITERAL and acl.name == WILDCARD:
+                return True
+        for acl in allows:
+            if acl.pattern is PatternType.LITERAL and acl.name in deny_literal:
+                continue
+            if any(acl.name.startswith(p) for p in deny_prefix):
+                continue
+            return True
+        return False
+
+
+def _choice(entry: Mapping[str, Any], field: str, enum_cls: Any, default: str | None,
+            where: str) -> Any:
+    value = entry.get(field, default)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {field!r} is required")  # noqa: TRY004 (a bad file)
+    try:
+        return enum_cls(value.lower() if enum_cls is not Operation else value.upper())
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum_cls)
+        raise ValueError(f"{where}: {field} {value!r} is not one of {allowed}") from None
+
+
+def parse_acls(entries: Any, where: str = "acls") -> list[Acl]:
+    """The ``acls`` list of the auth file as rules; ValueError (for any malformed file, as
+    ``load_auth_file`` reports it) naming the bad entry and field.
+
+    Each entry: ``{"principal": "User:alice", "resource": "topic"|"group"|"cluster",
+    "name": "orders" | "*", "pattern": "literal"|"prefixed", "operations": ["READ", ...],
+    "permission": "allow"|"deny", "host": "*"}``; ``pattern`` defaults to literal,
+    ``permission`` to allow, ``host`` to ``*``, a cluster's ``name`` to ``kafka-cluster``.
+    """
+    if not isinstance(entries, list):
+        raise ValueError(f"{where} must be a list of rules")  # noqa: TRY004 (a bad file)
+    out: list[Acl] = []
+    for i, entry in enumerate(entries):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{at} must be an object")  # noqa: TRY004 (a bad file)
+        unknown = set(entry) - {"principal", "resource", "name", "pattern", "operations",
+                                "permission", "host"}
+        if unknown:
+            raise ValueError(f"{at}: unknown field(s) {', '.join(sorted(unknown))}")
+        principal = entry.get("principal")
+        if not isinstance(principal, str) or not principal.startswith("User:") or \
+                len(principal) == len("User:"):
+            raise ValueError(f"{at}: principal must be 'User:<name>' or 'User:*', "
+                             f"got {principal!r}")
+        resource = _choice(entry, "resource", ResourceType, None, at)
+        pattern = _choice(entry, "pattern", PatternType, "literal", at)
+        default_name = CLUSTER_NAME if resource is ResourceType.CLUSTER else None
+        name = entry.get("name", default_name)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{at}: name must be a non-empty string ('*' for every name)")
+        if pattern is PatternType.PREFIXED and name == WILDCARD:
+            raise ValueError(f"{at}: a prefixed pattern cannot be '*' (use literal '*')")
+        if resource is ResourceType.CLUSTER and name not in (CLUSTER_NAME, WILDCARD):
+            raise ValueError(f"{at}: the cluster resource is named {CLUSTER_NAME!r}")
+        permission = entry.get("permission", "allow")
+        if permission not in ("allow", "deny"):
+            raise ValueError(f"{at}: permission must be 'allow' or 'deny', got {permission!r}")
+        host = entry.get("host", WILDCARD)
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"{at}: host must be an IP address or '*'")
+        ops = entry.get("operations")
+        if not isinstance(ops, list) or not ops:
+            raise ValueError(f"{at}: operations must be a non-empty list, e.g. [\"READ\"]")
+        for op_name in ops:
+            op = _choice({"op": op_name}, "op", Operation, None, f"{at} operations")
+            if op not in _OPS_FOR[resource]:
+                valid = ", ".join(sorted(o.value for o in _OPS_FOR[resource]))
+                raise ValueError(f"{at}: {op.value} is not an operation on a {resource.value} "
+                                 f"(valid: {valid})")
+            out.append(Acl(principal, resource, name, pattern, op, permission == "allow", host))
+    return out
