@@ -155,3 +155,15 @@ def test_group_keys_follow_the_contract_by_name():
     header = lua_header()
     for i, (name, lua) in enumerate(GROUP_KEYS, start=1):
         assert f"  {lua} = keys[{i}] -- {name}" in header
+
+
+def test_state_names_are_spelt_only_in_the_header():
+    """Every step compares states through the header's constants, so the Python names reach
+    all of them (a misspelt constant is an undefined global, an error at once)."""
+    header = lua_header()
+    _, source = library_source()
+    body = source[source.index(header) + len(header):]
+    code = "\n".join(line.split("--", 1)[0] for line in body.splitlines())
+    for state in S:
+        assert f"'{state.value}'" not in code and f'"{state.value}"' not in code, state
+        assert f"'{state.value}'" in header
