@@ -4,7 +4,8 @@
 -- it changes nothing and answers 'DUE': the caller applies them (expire_deadlines) and sends the
 -- heartbeat again, so deadlines still act first, as in every other step.
 -- keys[1] due  keys[2] group  keys[3] members  keys[4] statics  keys[5] deadlines  keys[6] hint
---   (the same keys as in prelude.lua's layout, rcoord/keys.py GroupKeys.heartbeat_keys)
+--   (named in rcoord/contract.py HEARTBEAT_KEYS; rcoord/keys.py GroupKeys.heartbeat_keys)
+-- The state constants (EMPTY ... DEAD) come from the library's header (rcoord/contract.py).
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- ARGV[3..] one or more triples: member id, generation id, group instance id ('' = none)
 --   (several members of one group heartbeat in one call: GroupCoordinator.heartbeat_many)
@@ -13,7 +14,7 @@
 local function heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_id, generation,
                              iid)
   if not state then return 'UNKNOWN_MEMBER_ID' end
-  if state == 'Dead' then return 'COORDINATOR_NOT_AVAILABLE' end
+  if state == DEAD then return 'COORDINATOR_NOT_AVAILABLE' end
   -- ClassicGroup.validateMember
   if iid ~= '' then
     local existing = redis.call('HGET', k_static, iid)
@@ -23,12 +24,12 @@ local function heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_
   local blob = redis.call('HGET', k_members, member_id)
   if not blob then return 'UNKNOWN_MEMBER_ID' end
   if gen ~= generation then return 'ILLEGAL_GENERATION' end
-  if state == 'Empty' then return 'UNKNOWN_MEMBER_ID' end
+  if state == EMPTY then return 'UNKNOWN_MEMBER_ID' end
   -- Every other state refreshes the session: members heartbeat while they rejoin or sync.
   local at = now + cmsgpack.unpack(blob).st
   redis.call('ZADD', k_dl, at, 'hb:' .. member_id)
-  if state == 'PreparingRebalance' then return 'REBALANCE_IN_PROGRESS', at end
-  if state == 'CompletingRebalance' or state == 'Stable' then return 'NONE', at end
+  if state == PREPARING then return 'REBALANCE_IN_PROGRESS', at end
+  if state == COMPLETING or state == STABLE then return 'NONE', at end
   return 'UNKNOWN_SERVER_ERROR', at -- not reachable: the state table has no other state
 end
 

@@ -38,5 +38,5 @@ register('lease', function(KEYS, ARGV)
     redis.call('DEL', key)
     return ''
   end
-  return redis.error_reply('RCOORD_BAD_ARGUMENT unknown lease op ' .. tostring(op))
+  return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' unknown lease op ' .. tostring(op))
 end)

@@ -3,7 +3,8 @@
 -- is defined once, when the library loads; a call only sets the per-call state (begin()) and runs
 -- its step inside group_step(), which applies due deadlines, runs the step and finishes.
 --
--- Every group step receives the same keys (rcoord/keys.py documents them):
+-- Every group step receives the same keys (rcoord/keys.py documents them; the library's header,
+-- rendered by rcoord/contract.py, binds them to the K_* locals by name in this order):
 --   keys[1]  cfg       hash   namespace settings, this partition's copy
 --   keys[2]  groups    set    group ids of this partition
 --   keys[3]  due       zset   group id -> earliest deadline of the group
@@ -27,49 +28,30 @@
 -- Protocol errors are returned inside replies by Kafka name; invariant violations are error
 -- replies starting with RCOORD_ILLEGAL_STATE (rcoord/errors.py maps both).
 --
+-- The header in front of the library (rcoord/contract.py renders it from the Python) defines
+-- what both languages share: the state constants EMPTY, PREPARING, COMPLETING, STABLE, DEAD
+-- and VALID_PREVIOUS (rcoord/state.py), DEFAULTS and SETTINGS_FIELDS (rcoord/config.py), the
+-- K_* key locals and bind_group_keys (rcoord/keys.py order), and one constant per named error
+-- reply, RCOORD_* (rcoord/errors.py).
+--
 -- Functions may not create globals, and the library's locals (the upvalues below) outlive a
 -- call: begin() sets every per-call value at the start of each call.
 
-local K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
-      K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS
 local GROUP_ID, NOW, MOCK_TIME
 
--- The state table (rcoord/state.py VALID_PREVIOUS; a parity test keeps them equal).
-local EMPTY, PREPARING, COMPLETING, STABLE, DEAD =
-  'Empty', 'PreparingRebalance', 'CompletingRebalance', 'Stable', 'Dead'
-local VALID_PREVIOUS = {
-  [EMPTY] = {[PREPARING] = true},
-  [PREPARING] = {[STABLE] = true, [COMPLETING] = true, [EMPTY] = true},
-  [COMPLETING] = {[PREPARING] = true},
-  [STABLE] = {[COMPLETING] = true},
-  [DEAD] = {[STABLE] = true, [PREPARING] = true, [COMPLETING] = true, [EMPTY] = true, [DEAD] = true},
-}
-
--- Settings; defaults are rcoord/config.py's (a parity test keeps them equal).
-local DEFAULTS = {
-  group_min_session_timeout_ms = 6000,
-  group_max_session_timeout_ms = 1800000,
-  group_max_size = 2147483647,
-  group_initial_rebalance_delay_ms = 3000,
-  new_member_join_timeout_ms = 300000,
-  offsets_retention_ms = 604800000,
-  offset_metadata_max_bytes = 4096,
-  offsets_retention_check_interval_ms = 600000,
-}
+-- Settings: DEFAULTS and SETTINGS_FIELDS come from the header (rcoord/config.py).
 -- The partition's copy of the settings is also the proof that the caller's layout is the
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
 -- Every step needs the copy's existence and group_max_size (apply_due's capacity check); the
 -- other settings are read, all at once, by the first step that asks for one.
--- (Written out: a library's load runs no code beyond definitions; pairs is not available then.)
-local CFG_REST = {'group_min_session_timeout_ms', 'group_max_session_timeout_ms',
-  'group_initial_rebalance_delay_ms', 'new_member_join_timeout_ms', 'offsets_retention_ms',
-  'offset_metadata_max_bytes', 'offsets_retention_check_interval_ms'}
 local CFG_META = {__index = function(cfg, name)
   if DEFAULTS[name] == nil then return nil end
-  local values = redis.call('HMGET', K_CFG, unpack(CFG_REST))
-  for i, field in ipairs(CFG_REST) do rawset(cfg, field, tonumber(values[i]) or DEFAULTS[field]) end
+  local values = redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS))
+  for i, field in ipairs(SETTINGS_FIELDS) do
+    rawset(cfg, field, tonumber(values[i]) or DEFAULTS[field])
+  end
   return rawget(cfg, name)
 end}
 local CFG = {}
@@ -77,7 +59,7 @@ local CFG = {}
 local function read_settings()
   local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
   if not values[1] then
-    return redis.error_reply('RCOORD_NOT_COORDINATOR no settings at ' .. K_CFG ..
+    return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
@@ -92,7 +74,7 @@ local function event(kind, ...)
 end
 
 local function illegal(msg)
-  return error({err = 'RCOORD_ILLEGAL_STATE ' .. msg})
+  return error({err = RCOORD_ILLEGAL_STATE .. ' ' .. msg})
 end
 
 -- Group hash, cached in G and written through. The fields most steps read come in one HMGET;
@@ -948,10 +930,7 @@ local function respond(rep) return {'R', cmsgpack.pack(rep)} end
 -- (nothing written) when the partition has no settings copy.
 local APPLIED = 0
 local function begin(keys, argv)
-  K_CFG, K_GROUPS, K_DUE, K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC,
-    K_REPLIES, K_WAKE, K_DL, K_OFFSETS, K_HINT, K_EVENTS = keys[1], keys[2], keys[3], keys[4],
-    keys[5], keys[6], keys[7], keys[8], keys[9], keys[10], keys[11], keys[12], keys[13],
-    keys[14], keys[15]
+  bind_group_keys(keys)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0

@@ -24,7 +24,7 @@ register('settings', function(KEYS, ARGV)
     return redis.call('HGETALL', key)
   elseif op == 'update' then
     if redis.call('EXISTS', key) == 0 then
-      return redis.error_reply('RCOORD_NOT_COORDINATOR the settings at ' .. key .. ' were lost')
+      return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' the settings at ' .. key .. ' were lost')
     end
     local changed = false
     for i = 2, #ARGV, 2 do
@@ -45,5 +45,5 @@ register('settings', function(KEYS, ARGV)
     redis.call('HSET', key, unpack(pairs_))
     return 1
   end
-  return redis.error_reply('RCOORD_BAD_ARGUMENT unknown settings op ' .. tostring(op))
+  return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' unknown settings op ' .. tostring(op))
 end)

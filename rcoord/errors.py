@@ -48,6 +48,7 @@ __all__ = [
     "ScriptError",
     "UnknownMemberIdError",
     "raise_for_script_error",
+    "script_error_names",
     "reraise_as_rcoord",
     "translate_redis_errors",
 ]
@@ -224,6 +225,12 @@ _SCRIPT_ERRORS: dict[str, type[RcoordError]] = {
     "RCOORD_CONFIG": ConfigError,
     "RCOORD_NOT_COORDINATOR": NotCoordinatorError,
 }
+
+
+def script_error_names() -> tuple[str, ...]:
+    """The named error replies a script may return (rendered into the library as constants by
+    ``rcoord.contract``, so a script cannot name one this registry lacks)."""
+    return tuple(_SCRIPT_ERRORS)
 
 
 def raise_for_script_error(exc: redis.exceptions.ResponseError) -> None:

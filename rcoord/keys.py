@@ -1,6 +1,7 @@
 """Redis key names. Every key of a partition shares the partition's hash tag.
 
-A group's keys, in the order every group script receives them as KEYS:
+A group's keys, in the order every group script receives them as KEYS (``rcoord.contract``
+GROUP_KEYS declares the order, by name, for both languages):
 
 ====  ==========================  ============================================================
  #    key                          contents
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from .contract import GROUP_KEYS, HEARTBEAT_KEYS
 from .partitioning import partition_for, partition_tag, tag_in_share
 
 __all__ = ["ANCHORS", "GroupKeys", "PartitionKeys", "anchor_keys", "settings_key"]
@@ -132,10 +134,16 @@ class GroupKeys:
     def all(self) -> list[str]:
         return list(self._all)
 
+    def named(self, name: str) -> str:
+        """The key called ``name`` in ``rcoord.contract``: the group's own, or its partition's."""
+        own = getattr(type(self), name, None)
+        if isinstance(own, property):
+            return str(getattr(self, name))
+        return str(getattr(self.partition, name))
+
     @functools.cached_property
     def _all(self) -> tuple[str, ...]:
-        p = self.partition
-        return (p.cfg, p.groups, p.due, *[self._k(k) for k in "gmspjyrwdoh"], p.events)
+        return tuple(self.named(name) for name, _ in GROUP_KEYS)
 
     @property
     def hint(self) -> str:
@@ -148,5 +156,4 @@ class GroupKeys:
 
     def heartbeat_keys(self) -> list[str]:
         """KEYS of heartbeat.lua: due, group, members, statics, deadlines, hint."""
-        a = self._all
-        return [a[2], a[3], a[4], a[5], a[11], a[13]]
+        return [self.named(name) for name in HEARTBEAT_KEYS]

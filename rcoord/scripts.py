@@ -5,6 +5,9 @@ helpers (``clock.lua``, ``deadline_index.lua``, ``prelude.lua``) are defined onc
 library loads, and each step registers a function. A call therefore runs only its step, where a
 script re-ran the ~900-line prelude (about a hundred closures) every time.
 
+The library opens with the contract both languages share (states, settings defaults, key
+layout, error names), rendered from the Python definitions by ``rcoord.contract``.
+
 The library's name carries a hash of its source (``rcoord_<hash>``, functions
 ``rcoord_<hash>_<step>``), so two rcoord versions sharing a server never call each other's code
 and loading is idempotent. It is loaded lazily: a call that the server answers "Function not
@@ -28,7 +31,10 @@ from typing import Any
 
 import redis
 
-__all__ = ["GROUP_STEPS", "STANDALONE", "Scripts", "is_missing_function", "library_source",
+from .contract import lua_header
+
+__all__ = ["GROUP_STEPS", "STANDALONE", "Scripts", "build_library", "is_missing_function",
+           "library_source",
            "lua_dir", "lua_source", "route_fcall_locally"]
 
 GROUP_STEPS = (
@@ -82,9 +88,16 @@ def lua_source(name: str) -> str:
 @functools.cache
 def library_source() -> tuple[str, str]:
     """(library name, FUNCTION LOAD source) of the rcoord library."""
+    return build_library(lua_header())
+
+
+def build_library(header: str) -> tuple[str, str]:
+    """(name, source) of the library with ``header`` (the rendered contract,
+    ``rcoord.contract.lua_header``) in front of the Lua files. The name hashes everything, so a
+    changed contract or file is a different library."""
     base = lua_dir()
-    body = "\n".join((base / f"{part}.lua").read_text()
-                     for part in (*SHARED, *GROUP_STEPS, *STANDALONE))
+    body = "\n".join([header, *((base / f"{part}.lua").read_text()
+                                for part in (*SHARED, *GROUP_STEPS, *STANDALONE))])
     name = "rcoord_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return name, f"#!lua name={name}\nlocal LIB = '{name}'\n{body}"
 

@@ -1,10 +1,10 @@
 """The classic group state machine, declared once as a table of valid previous states.
 
-This mirrors Kafka's ``ClassicGroupState``. The Lua prelude (``lua/prelude.lua``) holds the same
-table for the scripts, which are the only code that changes a group's state in Redis; a parity
-test keeps the two identical. This module is the reference model: ``transition_to`` is what the
-scripts' ``transition()`` does, and the predicates below are derived from the table rather than
-written as separate ``if`` chains.
+This mirrors Kafka's ``ClassicGroupState``. It is the only copy: ``rcoord.contract`` renders the
+table into the Lua library, whose ``transition()`` is the only code that changes a group's state
+in Redis. This module is the reference model: ``transition_to`` is what the library's
+``transition()`` does, and the predicates below are derived from the table rather than written
+as separate ``if`` chains.
 """
 
 from __future__ import annotations

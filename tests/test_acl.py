@@ -189,8 +189,8 @@ def _idle_member_is_expired_by(users: Users, namespace: str, worker: Any) -> Non
                             "session_timeout_ms": 300, "rebalance_timeout_ms": 1000}
     first = coord.join_group("idle", "", **join)
     assert coord.join_group("idle", first.member_id, **join).error == Errors.NONE
-    keys = coord._keys("idle").all()
-    wait_until(lambda: worker.hlen(keys[4]) == 0, timeout_s=10)
+    members = coord._keys("idle").members
+    wait_until(lambda: worker.hlen(members) == 0, timeout_s=10)
 
 
 @pytest.mark.parametrize("hints", [False, True], ids=["index-alone", "with-hints"])

@@ -73,7 +73,7 @@ def test_run_timers_expires_idle_members(make_coordinator, pool):
     coord = make_coordinator()
     ids, results = _form(coord, "g-idle", 1, pool)
     coord.sync_group("g-idle", results[0].generation_id, ids[0], assignments={})
-    keys = coord._keys("g-idle").all()
+    keys = coord._keys("g-idle")
     deadline = time.monotonic() + 10
     applied = 0
     # Nobody touches the group: only run_timers can remove the silent member.
@@ -86,7 +86,7 @@ def test_run_timers_expires_idle_members(make_coordinator, pool):
 
 
 def redis_is_member(coord, keys, member_id):
-    return bool(coord._redis.hexists(keys[4], member_id))
+    return bool(coord._redis.hexists(keys.members, member_id))
 
 
 def test_scripts_survive_script_flush(make_coordinator, redis_client, pool):

@@ -84,9 +84,9 @@ def sample_groups(client: Any, namespace: str, num_partitions: int, owned: set[i
             continue
         pipe = client.pipeline(transaction=False)
         for raw in ids:
-            keys = pk.group(raw.decode("utf-8", "surrogateescape")).all()
-            pipe.hget(keys[3], "state")
-            pipe.hlen(keys[4])
+            keys = pk.group(raw.decode("utf-8", "surrogateescape"))
+            pipe.hget(keys.group, "state")
+            pipe.hlen(keys.members)
         replies = pipe.execute()
         for i in range(0, len(replies), 2):
             state = (replies[i] or b"").decode()

@@ -1,0 +1,143 @@
+"""The contract between the Python side and the Lua library, written once, here.
+
+Both languages must agree on the group states and their valid previous states
+(``rcoord.state``), the settings and their defaults (``rcoord.config``), the order of a group
+step's keys (``rcoord.keys``) and the named error replies (``rcoord.errors``). Rather than
+keeping a hand-written Lua copy of each and a test that compares the two, ``lua_header()``
+renders them as Lua definitions that ``rcoord.scripts`` puts in front of the library. The
+library's name hashes its whole source, header included, so a changed contract is a new library
+that servers load afresh.
+
+The member-record and group-hash field names (``jk``, ``sg``, ``as``, ``pr`` ...) are private
+to the Lua side: Python reads them only in tests, so they are not part of this contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .config import STORED_SETTINGS, CoordinatorConfig
+from .errors import script_error_names
+from .state import VALID_PREVIOUS, GroupState
+
+__all__ = ["GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header", "setting_defaults"]
+
+GROUP_KEYS: tuple[tuple[str, str], ...] = (
+    ("cfg", "K_CFG"),
+    ("groups", "K_GROUPS"),
+    ("due", "K_DUE"),
+    ("group", "K_GROUP"),
+    ("members", "K_MEMBERS"),
+    ("statics", "K_STATIC"),
+    ("pending", "K_PENDING"),
+    ("joining", "K_JOINING"),
+    ("syncing", "K_PSYNC"),
+    ("replies", "K_REPLIES"),
+    ("wake", "K_WAKE"),
+    ("deadlines", "K_DL"),
+    ("offsets", "K_OFFSETS"),
+    ("hint", "K_HINT"),
+    ("events", "K_EVENTS"),
+)
+"""Every group step's KEYS, in order: (name in ``rcoord.keys``, the Lua local it is bound to).
+``GroupKeys.all()`` follows this order; the library binds its locals from it, so neither side
+numbers the keys by hand."""
+
+HEARTBEAT_KEYS: tuple[str, ...] = ("due", "group", "members", "statics", "deadlines", "hint")
+"""The heartbeat function's KEYS (it runs outside the group step wrapper and takes only these)."""
+
+STATE_CONSTANTS: dict[GroupState, str] = {
+    GroupState.EMPTY: "EMPTY",
+    GroupState.PREPARING_REBALANCE: "PREPARING",
+    GroupState.COMPLETING_REBALANCE: "COMPLETING",
+    GroupState.STABLE: "STABLE",
+    GroupState.DEAD: "DEAD",
+}
+"""The Lua constant holding each state's name."""
+
+UNDEFAULTED = ("num_partitions",)
+"""Stored settings the library has no default for: a partition copy without them is no copy."""
+
+
+def setting_defaults() -> dict[str, int]:
+    """The library's default for each stored setting a partition copy may lack: the
+    ``CoordinatorConfig`` defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(CoordinatorConfig)}
+    out: dict[str, int] = {}
+    for name in STORED_SETTINGS:
+        if name in UNDEFAULTED:
+            continue
+        default = fields[name]
+        if not isinstance(default, int):
+            raise TypeError(f"CoordinatorConfig.{name} has no int default to render")
+        out[name] = default
+    return out
+
+
+def _wrapped(head: str, items: list[str], tail: str = "") -> list[str]:
+    """``head`` + comma-separated ``items`` + ``tail``, as lines of at most 100 characters."""
+    lines, line = [], head
+    for i, item in enumerate(items):
+        piece = item + (", " if i < len(items) - 1 else tail)
+        if len(line) + len(piece.rstrip()) > 100:
+            lines.append(line.rstrip())
+            line = "  "
+        line += piece
+    lines.append(line)
+    return lines
+
+
+def _lua_str(value: str) -> str:
+    if not value.replace("_", "").isalnum():
+        raise ValueError(f"not a plain name, refusing to render it into Lua: {value!r}")
+    return f"'{value}'"
+
+
+def lua_header(
+    valid_previous: Mapping[GroupState, frozenset[GroupState]] = VALID_PREVIOUS,
+    defaults: Mapping[str, int] | None = None,
+) -> str:
+    """The Lua definitions of the contract, the first lines of the library.
+
+    The arguments exist for tests, which render a library with a different table or defaults
+    to show that the library follows whatever Python says. Everything is written out in full:
+    a library's load runs definitions only (Valkey offers no ``pairs`` then).
+    """
+    defaults = setting_defaults() if defaults is None else dict(defaults)
+    lines = [
+        "-- The Python/Lua contract, rendered by rcoord/contract.py from rcoord/state.py,",
+        "-- rcoord/config.py, rcoord/contract.py GROUP_KEYS and rcoord/errors.py. Not hand-written:",
+        "-- change the Python and the library follows (its name hashes this text too).",
+        "",
+        "-- Group states and, for each target state, the states a group may be in before it.",
+    ]
+    states = list(STATE_CONSTANTS)
+    lines.append(f"local {', '.join(STATE_CONSTANTS[s] for s in states)} =")
+    lines.append("  " + ", ".join(_lua_str(s.value) for s in states))
+    lines.append("local VALID_PREVIOUS = {")
+    for target in states:
+        prevs = sorted(valid_previous.get(target, frozenset()), key=states.index)
+        body = ", ".join(f"[{STATE_CONSTANTS[p]}] = true" for p in prevs)
+        lines.append(f"  [{STATE_CONSTANTS[target]}] = {{{body}}},")
+    lines.append("}")
+    lines.append("")
+    lines.append("-- Settings a partition copy may lack, and their defaults (CoordinatorConfig).")
+    lines.append("local DEFAULTS = {")
+    for name, value in defaults.items():
+        _lua_str(name)
+        lines.append(f"  {name} = {int(value)},")
+    lines.append("}")
+    lines += _wrapped("local SETTINGS_FIELDS = {", [_lua_str(n) for n in defaults], "}")
+    lines.append("")
+    lines.append("-- A group step's keys, bound by name (rcoord/keys.py GroupKeys.all() order).")
+    lines += _wrapped("local ", [lua for _, lua in GROUP_KEYS])
+    lines.append("local function bind_group_keys(keys)")
+    for i, (name, lua) in enumerate(GROUP_KEYS, start=1):
+        lines.append(f"  {lua} = keys[{i}] -- {name}")
+    lines.append("end")
+    lines.append("")
+    lines.append("-- Named error replies (rcoord/errors.py maps each to its exception).")
+    for name in script_error_names():
+        lines.append(f"local {name} = {_lua_str(name)}")
+    return "\n".join(lines) + "\n"
