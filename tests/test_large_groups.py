@@ -16,7 +16,6 @@ import pytest
 
 from rcoord import Errors
 from rcoord.protocol.join import JoinGroupResult, JoinRequest
-from rcoord.protocol.leave import MemberIdentity
 from rcoord.protocol.sync import SyncGroupResult, SyncRequest
 
 GROUP = "big"
@@ -30,7 +29,7 @@ def set_chunk(coord: Any, group: str, size: int) -> None:
 
 def test_chunked_completion_through_the_api(ctx):
     set_chunk(ctx.coord, ctx.group_id, 3)
-    gen, ids = ctx.stable_group(10)
+    _, ids = ctx.stable_group(10)
     # stable_group checked every join and sync answer; the leader saw all ten members.
     keys = ctx._keys()
     r = ctx.coord._redis
