@@ -59,6 +59,7 @@ end
 local function replace_static_member(old_id, new_id)
   local old = mget(old_id)
   if not old then illegal('cannot replace non-existing member ' .. old_id) end
+  if settle_join() then old = mget(old_id) end
   local was_joining = awaiting_join(old_id)
   local was_syncing = old.as == 1
   local was_pending_sync = redis.call('HEXISTS', K_PSYNC, old_id) == 1

@@ -300,8 +300,19 @@ end
 -- Kafka's selectProtocol: every member votes for its most preferred candidate (a protocol all
 -- members support); most votes wins, ties go to the smaller name so the choice is deterministic.
 local function select_protocol()
+  -- Every candidate (a protocol all members support) is in every member's list: when the
+  -- leader's list holds exactly one, it wins the vote, and no other member is read.
+  local n = nmembers()
+  local probe = G.leader ~= '' and mget(G.leader)
+  if probe then
+    local only, found = nil, 0
+    for _, p in ipairs(protocols_of(probe)) do
+      if protocol_count(p[1]) == n then only, found = p[1], found + 1 end
+    end
+    if found == 1 then return only end
+  end
   local members = all_members()
-  local n = #members
+  n = #members
   local votes = {}
   for _, rec in ipairs(members) do
     for _, p in ipairs(protocols_of(rec)) do
@@ -318,10 +329,28 @@ local function select_protocol()
   return best
 end
 
+-- The members' rebalance timeouts, kept as a count per value in the group field 'rtc' (cmsgpack
+-- map timeout -> count; add_member, update_member and remove_members keep it), so the largest
+-- is known without decoding every member: a LeaveGroup that starts a rebalance reads only the
+-- members it removes. A group stored before the field existed counts its members once.
+-- Callers that change the members read the counts before their first change of K_MEMBERS.
+local function rt_counts()
+  if G.rtc then return cmsgpack.unpack(G.rtc) end
+  local counts = {}
+  for _, rec in ipairs(all_members()) do counts[rec.rt] = (counts[rec.rt] or 0) + 1 end
+  return counts
+end
+local function rt_update(counts, deltas)
+  for rt, d in pairs(deltas) do
+    local n = (counts[rt] or 0) + d
+    if n > 0 then counts[rt] = n else counts[rt] = nil end
+  end
+  set_g('rtc', cmsgpack.pack(counts))
+end
 local function rebalance_timeout()
   local rt = 0
-  for _, rec in ipairs(all_members()) do
-    if rec.rt > rt then rt = rec.rt end
+  for value, _ in pairs(rt_counts()) do
+    if value > rt then rt = value end
   end
   return rt
 end
@@ -361,6 +390,10 @@ local function elect_leader()
   set_g('leader', best)
 end
 
+-- Finishes a join completion that is still being written in chunks (complete_join below), so a
+-- step that changes the members or the generation sees it whole; true if there was one.
+local settle_join
+
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
 local function add_member(id, req)
   -- Both checks before the first write (Redis keeps a failed call's earlier writes).
@@ -368,12 +401,12 @@ local function add_member(id, req)
   if not first and G.ptype ~= req.pt then
     illegal('The group and member protocol types must be the same')
   end
-  if req.iid ~= '' then
-    if redis.call('HEXISTS', K_STATIC, req.iid) == 1 then
-      illegal('Static member with groupInstanceId=' .. req.iid .. ' is already a member of ' .. GROUP_ID)
-    end
-    redis.call('HSET', K_STATIC, req.iid, id)
+  if req.iid ~= '' and redis.call('HEXISTS', K_STATIC, req.iid) == 1 then
+    illegal('Static member with groupInstanceId=' .. req.iid .. ' is already a member of ' .. GROUP_ID)
   end
+  settle_join()
+  local rtc = rt_counts()
+  if req.iid ~= '' then redis.call('HSET', K_STATIC, req.iid, id) end
   if first then set_g('ptype', req.pt) end
   if G.leader == '' then set_g('leader', id) end
   forget_members()
@@ -382,6 +415,7 @@ local function add_member(id, req)
                seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
   mput(rec)
   count_protocols(rec, 1)
+  rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
   redis.call('HDEL', K_PENDING, id)
   redis.call('HDEL', K_REPLIES, reply_field('j', id))
@@ -395,6 +429,8 @@ end
 -- Replies already stored stay: Kafka sent those responses before removing the members.
 local function remove_members(ids, recs)
   if #ids == 0 then return end
+  settle_join()
+  local rtc, rt_deltas = rt_counts(), {}
   recs = recs or {}
   local uniq, seen, unread = {}, {}, {}
   for _, id in ipairs(ids) do
@@ -421,6 +457,7 @@ local function remove_members(ids, recs)
     if rec then
       present[#present + 1] = id
       for _, p in ipairs(protocols_of(rec)) do deltas[p[1]] = (deltas[p[1]] or 0) - 1 end
+      rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) - 1
       if rec.iid ~= '' then
         iids[#iids + 1] = rec.iid
         iid_owner[#iids] = id
@@ -437,6 +474,7 @@ local function remove_members(ids, recs)
   for name, _ in pairs(deltas) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do add_protocol_count(name, deltas[name]) end
+  if #present > 0 then rt_update(rtc, rt_deltas) end
   if #iids > 0 then
     local stale = {}
     for i = 1, #iids, BATCH do
@@ -460,10 +498,15 @@ local function remove_member(id) remove_members({id}) end
 
 -- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
 local function update_member(rec, req, parked)
+  if settle_join() then rec.new = (mget(rec.id) or rec).new end
+  local rtc = rt_counts()
   count_protocols(rec, -1)
+  local rt_deltas = {[rec.rt] = -1}
   rec.pr, rec.rt, rec.st, rec.subs = req.pr, req.rt, req.st, req.subs
+  rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) + 1
   mput(rec)
   count_protocols(rec, 1)
+  rt_update(rtc, rt_deltas)
   if parked then
     redis.call('HSET', K_JOINING, rec.id, 1)
     redis.call('HDEL', K_REPLIES, reply_field('j', rec.id))
@@ -487,6 +530,7 @@ local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) 
 -- Gives every member its new assignment (``asg_of(rec)``) and completes the parked SyncGroups
 -- with it (or with an error): one pass over the members and batched writes.
 local function propagate_assignment(err, asg_of)
+  settle_join()
   local recs, replies, hbs = {}, {}, {}
   for _, rec in ipairs(all_members()) do
     rec.asg = asg_of(rec)
@@ -571,7 +615,9 @@ local function init_next_generation()
   redis.call('DEL', K_PSYNC)
   if nmembers() > 0 then
     set_g('pname', select_protocol())
-    compute_subscribed_topics()
+    -- The subscribed topics are computed by the completion's chunks (complete_join).
+    redis.call('HDEL', K_GROUP, 'subs')
+    G.subs = nil
     transition(COMPLETING)
   else
     set_g('pname', '')
@@ -596,33 +642,197 @@ end
 -- Replies nobody collected are dropped once a generation forms. A parked caller re-checks at
 -- least every second, so a reply older than REPLY_TTL_MS has no caller left.
 local REPLY_TTL_MS = 60000
--- ``fresh``: fields written in this call (not read back).
-local function prune_replies(fresh)
-  local older = {}
-  for _, field in ipairs(redis.call('HKEYS', K_REPLIES)) do
-    if not fresh[field] then older[#older + 1] = field end
-  end
+-- Drops those of the reply ``fields`` that are older than that (absent ones are skipped).
+local function prune_reply_fields(fields)
   local stale = {}
-  for i = 1, #older, BATCH do
-    local last = math.min(i + BATCH - 1, #older)
-    local blobs = redis.call('HMGET', K_REPLIES, unpack(older, i, last))
+  for i = 1, #fields, BATCH do
+    local last = math.min(i + BATCH - 1, #fields)
+    local blobs = redis.call('HMGET', K_REPLIES, unpack(fields, i, last))
     for j = i, last do
       local blob = blobs[j - i + 1]
       if blob and (cmsgpack.unpack(blob).at or 0) + REPLY_TTL_MS < NOW then
-        stale[#stale + 1] = older[j]
+        stale[#stale + 1] = fields[j]
       end
     end
   end
   call_batched('HDEL', K_REPLIES, stale)
 end
 
+-- Elements i..j of a list (unpack has a limit).
+local function slice(list, i, j)
+  local out = {}
+  for x = i, math.min(j, #list) do out[#out + 1] = list[x] end
+  return out
+end
+
+-- HMGET of any number of fields, in batches.
+local function hmget_batched(key, fields)
+  local out = {}
+  for i = 1, #fields, BATCH do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + BATCH - 1, #fields)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
+-- The header of a msgpack array of ``n`` elements (the leader's member list is assembled from
+-- entries packed in several calls).
+local function msgpack_array_header(n)
+  if n < 16 then return string.char(0x90 + n) end
+  if n < 65536 then return string.char(0xdc, math.floor(n / 256), n % 256) end
+  return string.char(0xdd, math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
+    math.floor(n / 256) % 256, n % 256)
+end
+
+-- Join completion in chunks (issue 12: no single call may block the shard for long). Completing
+-- the join of a large group writes a reply, a session deadline and more per member; the first
+-- call (complete_join) decides everything group-level (absent members removed, leader,
+-- generation, protocol, pending syncs, sync deadline) and writes the first chunk of members;
+-- each later call writes one more chunk: apply_due runs the continuation deadline 'cj', which
+-- is due at 0 so that it comes before every other deadline of the group, and applies no other
+-- deadline while chunks remain (so session and sync deadlines act after the completion, as
+-- after a completion in one call; a heartbeat answers DUE meanwhile). Parked callers and the
+-- sweeper drive it: a caller whose chunk is pending is still parked and is told to wait until
+-- 'cj', which has passed. The leader's reply, which lists every member, is written with the
+-- last chunk, from member entries each chunk stores ('cjm:<k>'). A step that changes the
+-- members or the generation first finishes the rest (settle_join).
+-- Group fields while chunks remain: cjk next chunk, cjn chunks, cjt completion time (session
+-- deadlines count from it), 'cj:<k>' chunk k's member ids, 'cjm:<k>' chunk k's entries.
+-- Chunk size: the partition settings field join_chunk_members (tests set a small one), else:
+local JOIN_CHUNK_MEMBERS = 250
+local JOIN_CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
+
+-- Writes chunk ``k`` of ``n`` (member ``ids``) of the completion that started at ``at``;
+-- ``inline``: the member entries and topics of every chunk are in this call (n == 1).
+local function join_chunk(ids, k, n, at)
+  JOIN_CHUNK_RAN = true
+  local blobs = hmget_batched(K_MEMBERS, ids)
+  local parked = hmget_batched(K_JOINING, ids)
+  -- A follower's reply differs from the others only in its member id: encode the rest once and
+  -- append the id (a msgpack map is its size, then its key/value pairs).
+  local common = join_reply('', 'NONE', false, false)
+  common.mid, common.at = nil, NOW
+  local body = cmsgpack.pack(common)
+  local n_common = string.byte(body, 1) - 0x80
+  local template = n_common >= 1 and n_common < 15 and string.char(0x81 + n_common) ..
+    string.sub(body, 2) .. cmsgpack.pack('mid')
+  local consumer = G.ptype == 'consumer'
+  local replies, joined, hbs, recs, old, mem, topics = {}, {}, {}, {}, {}, {}, {}
+  local unknown = false
+  for i, id in ipairs(ids) do
+    if blobs[i] then
+      local rec = cmsgpack.unpack(blobs[i])
+      old[#old + 1] = reply_field('s', id)
+      if parked[i] then
+        if id ~= G.leader then
+          replies[#replies + 1] = reply_field('j', id)
+          replies[#replies + 1] = template and template .. cmsgpack.pack(id) or
+            cmsgpack.pack(join_reply(id, 'NONE', false, false))
+          joined[#joined + 1] = id
+        end
+      else
+        old[#old + 1] = reply_field('j', id)
+      end
+      hbs[#hbs + 1] = at + rec.st
+      hbs[#hbs + 1] = hb_key(id)
+      if rec.new == 1 and rec.ng == nil then
+        rec.new = 0
+        recs[#recs + 1] = id
+        recs[#recs + 1] = cmsgpack.pack(rec)
+      end
+      mem[#mem + 1] = rec.seq
+      mem[#mem + 1] = cmsgpack.pack({id = rec.id, iid = rec.iid, meta = metadata_for(rec, G.pname)})
+      if consumer and not unknown then
+        local list = subscribed_topics_of(rec, G.pname)
+        if list == nil then
+          unknown = true
+        else
+          for _, t in ipairs(list) do topics[#topics + 1] = t end
+        end
+      end
+    end
+  end
+  prune_reply_fields(old)
+  call_batched('HSET', K_REPLIES, replies)
+  call_batched('HDEL', K_JOINING, joined)
+  call_batched('ZADD', K_DL, hbs)
+  call_batched('HSET', K_MEMBERS, recs)
+  if #replies > 0 then wake() end
+  if k < n then
+    redis.call('HSET', K_GROUP, 'cjm:' .. k, cmsgpack.pack({mem, unknown or topics}))
+    set_g('cjk', k + 1)
+    return
+  end
+  -- The last chunk: the entries of every chunk, in the members' order (oldest first).
+  local drop = {'cjk', 'cjn', 'cjt'}
+  for j = 1, n - 1 do
+    local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cjm:' .. j))
+    for _, x in ipairs(part[1]) do mem[#mem + 1] = x end
+    if part[2] == true then
+      unknown = true
+    elseif not unknown then
+      for _, t in ipairs(part[2]) do topics[#topics + 1] = t end
+    end
+    drop[#drop + 1] = 'cjm:' .. j
+    drop[#drop + 1] = 'cj:' .. (j + 1)
+  end
+  local by_seq, seqs = {}, {}
+  for i = 1, #mem, 2 do
+    by_seq[mem[i]] = mem[i + 1]
+    seqs[#seqs + 1] = mem[i]
+  end
+  table.sort(seqs)
+  local entries = {}
+  for i, seq in ipairs(seqs) do entries[i] = by_seq[seq] end
+  if redis.call('HEXISTS', K_JOINING, G.leader) == 1 then
+    local rep = join_reply(G.leader, 'NONE', false, false)
+    rep.mem, rep.at = nil, NOW
+    local lbody = cmsgpack.pack(rep)
+    redis.call('HSET', K_REPLIES, reply_field('j', G.leader),
+      string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. cmsgpack.pack('mem') ..
+      msgpack_array_header(#entries) .. table.concat(entries))
+    redis.call('HDEL', K_JOINING, G.leader)
+    wake()
+  end
+  -- Kafka's computeSubscribedTopics: known only for "consumer" and when every member's decodes.
+  if consumer and not unknown then
+    local set, list = {}, {}
+    for _, t in ipairs(topics) do
+      if not set[t] then set[t] = true list[#list + 1] = t end
+    end
+    set_g('subs', cmsgpack.pack(list))
+  end
+  if n > 1 then
+    redis.call('HDEL', K_GROUP, unpack(drop))
+    for _, f in ipairs(drop) do G[f] = nil end
+    cancel('cj')
+  end
+end
+
+-- Writes the next chunk of a pending join completion.
+local function continue_join()
+  local k, n = tonumber(G.cjk), tonumber(G.cjn)
+  local ids = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cj:' .. k))
+  join_chunk(ids, k, n, tonumber(G.cjt))
+end
+
+settle_join = function()
+  if not G.cjk then return false end
+  while G.cjk do continue_join() end
+  forget_members()
+  return true
+end
+
 local function complete_join()
   cancel('join')
-  local joining = {}
+  -- Members that neither rejoined nor are static (static members keep their place) are removed;
+  -- found from the keys alone (a static member is its instance id's owner), no record decoded.
+  local joining, static = {}, {}
   for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
-  local absent = {}
-  for _, rec in ipairs(all_members()) do
-    if rec.iid == '' and not joining[rec.id] then absent[#absent + 1] = rec.id end
+  for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
+  local ids, absent = {}, {}
+  for _, id in ipairs(redis.call('HKEYS', K_MEMBERS)) do
+    if joining[id] or static[id] then ids[#ids + 1] = id else absent[#absent + 1] = id end
   end
   remove_members(absent)
   if G.state == DEAD then return end
@@ -634,52 +844,35 @@ local function complete_join()
   end
   init_next_generation()
   if G.state == EMPTY then return end
-  -- Every member's reply, session deadline and pending sync, written in batches.
-  local replies, fresh, joined, hbs, recs, psync = {}, {}, {}, {}, {}, {}
-  -- A follower's reply differs from the others only in its member id: encode the rest once and
-  -- append the id (a msgpack map is its size, then its key/value pairs).
-  local common = join_reply('', 'NONE', false, false)
-  common.mid, common.at = nil, NOW
-  local body = cmsgpack.pack(common)
-  local n_common = string.byte(body, 1) - 0x80
-  local template = n_common >= 1 and n_common < 15 and string.char(0x81 + n_common) ..
-    string.sub(body, 2) .. cmsgpack.pack('mid')
-  for _, rec in ipairs(all_members()) do
-    if joining[rec.id] then
-      local field = reply_field('j', rec.id)
-      local packed
-      if rec.id == G.leader or not template then
-        local rep = join_reply(rec.id, 'NONE', false, false)
-        if rec.id == G.leader then rep.mem = current_members() end
-        rep.at = NOW
-        packed = cmsgpack.pack(rep)
-      else
-        packed = template .. cmsgpack.pack(rec.id)
-      end
-      replies[#replies + 1] = field
-      replies[#replies + 1] = packed
-      fresh[field] = true
-      joined[#joined + 1] = rec.id
-    end
-    hbs[#hbs + 1] = NOW + rec.st
-    hbs[#hbs + 1] = hb_key(rec.id)
-    if rec.new == 1 and rec.ng == nil then
-      rec.new = 0
-      recs[#recs + 1] = rec.id
-      recs[#recs + 1] = cmsgpack.pack(rec)
-    end
-    psync[#psync + 1] = rec.id
+  -- Replies left by members no longer in the group (members' own: with their chunk).
+  local member, others = {}, {}
+  for _, id in ipairs(ids) do member[id] = true end
+  for _, field in ipairs(redis.call('HKEYS', K_REPLIES)) do
+    if not member[string.sub(field, 3)] then others[#others + 1] = field end
+  end
+  prune_reply_fields(others)
+  local psync = {}
+  for _, id in ipairs(ids) do
+    psync[#psync + 1] = id
     psync[#psync + 1] = 1
   end
-  call_batched('HSET', K_REPLIES, replies)
-  if #replies > 0 then wake() end
-  call_batched('HDEL', K_JOINING, joined)
-  call_batched('ZADD', K_DL, hbs)
-  call_batched('HSET', K_MEMBERS, recs)
   call_batched('HSET', K_PSYNC, psync)
   set_g('sg', gen())
   schedule('sync', NOW + rebalance_timeout())
-  prune_replies(fresh)
+  local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
+  size = math.max(1, size)
+  local n = math.max(1, math.ceil(#ids / size))
+  if n > 1 then
+    local fields = {'cjn', n, 'cjt', NOW}
+    for k = 2, n do
+      fields[#fields + 1] = 'cj:' .. k
+      fields[#fields + 1] = cmsgpack.pack(slice(ids, (k - 1) * size + 1, k * size))
+    end
+    redis.call('HSET', K_GROUP, unpack(fields))
+    G.cjn, G.cjt = tostring(n), tostring(NOW)
+    schedule('cj', 0)
+  end
+  join_chunk(slice(ids, 1, size), 1, n, NOW)
 end
 
 local function maybe_complete_join_phase()
@@ -690,6 +883,7 @@ local function maybe_complete_join_phase()
 end
 
 local function prepare_rebalance(reason)
+  settle_join()
   if G.state == COMPLETING then reset_and_propagate_error('REBALANCE_IN_PROGRESS') end
   redis.call('DEL', K_PSYNC)
   cancel('sync')
@@ -834,28 +1028,38 @@ end
 local LATENESS = {} -- ms after its deadline that each applied timer acted (for metrics)
 local function apply_due()
   local applied = 0
+  JOIN_CHUNK_RAN = false
   while group_exists() and applied < 1000 do
     local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
     if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
-    -- Kafka's timer orders by deadline only; at equal deadlines the group's join and sync
-    -- timers act before session timers (a member the join keeps is then rescheduled).
-    if string.sub(name, 1, 3) == 'hb:' then
-      for _, t in ipairs({'join', 'sync'}) do
-        if redis.call('ZSCORE', K_DL, t) == first[2] then name = t break end
+    -- A join completion still being written (due at 0, so first): one chunk per call, and no
+    -- other deadline until it is whole (complete_join explains).
+    if name == 'cj' then
+      if JOIN_CHUNK_RAN then break end
+      continue_join()
+      applied = applied + 1
+      if G.cjk then break end
+    else
+      -- Kafka's timer orders by deadline only; at equal deadlines the group's join and sync
+      -- timers act before session timers (a member the join keeps is then rescheduled).
+      if string.sub(name, 1, 3) == 'hb:' then
+        for _, t in ipairs({'join', 'sync'}) do
+          if redis.call('ZSCORE', K_DL, t) == first[2] then name = t break end
+        end
       end
-    end
-    dl_write('ZREM', K_DL, name)
-    local deadline = tonumber(first[2])
-    LATENESS[#LATENESS + 1] = NOW - deadline
-    if name == 'join' then
-      expire_join()
-    elseif name == 'sync' then
-      expire_sync()
-    elseif name == 'gc' then
-      expire_offsets()
-    elseif string.sub(name, 1, 3) == 'hb:' then
-      expire_heartbeat(string.sub(name, 4), deadline)
+      dl_write('ZREM', K_DL, name)
+      local deadline = tonumber(first[2])
+      LATENESS[#LATENESS + 1] = NOW - deadline
+      if name == 'join' then
+        expire_join()
+      elseif name == 'sync' then
+        expire_sync()
+      elseif name == 'gc' then
+        expire_offsets()
+      elseif string.sub(name, 1, 3) == 'hb:' then
+        expire_heartbeat(string.sub(name, 4), deadline)
+      end
     end
     applied = applied + 1
   end

@@ -1,0 +1,197 @@
+"""Large groups (issue 12): join completion written in chunks, and the stored largest rebalance
+timeout. A small chunk size (the partition settings field ``join_chunk_members``) makes a
+10-member group use several chunks.
+
+The raw tests call the library's functions one at a time with an explicit clock, so the state
+between two chunks can be inspected; the scenario test runs the public API (both drivers, both
+backends), where parked callers drive the chunks themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from rcoord import Errors
+from rcoord.protocol.join import JoinGroupResult, JoinRequest
+from rcoord.protocol.sync import SyncGroupResult, SyncRequest
+
+GROUP = "big"
+T0 = 1_000_000
+DELAY = 100
+
+
+def set_chunk(coord: Any, group: str, size: int) -> None:
+    coord._redis.hset(coord._keys(group).partition.cfg, "join_chunk_members", size)
+
+
+def test_chunked_completion_through_the_api(ctx):
+    set_chunk(ctx.coord, ctx.group_id, 3)
+    _, ids = ctx.stable_group(10)
+    # stable_group checked every join and sync answer; the leader saw all ten members.
+    keys = ctx._keys()
+    r = ctx.coord._redis
+    assert r.zscore(keys.deadlines, "cj") is None
+    assert ctx.group_field("cjk") is None and ctx.group_field("cjn") is None
+    assert not [f for f in r.hkeys(keys.group) if f.startswith((b"cj:", b"cjm:"))]
+    assert ctx.parked() == 0 and ctx.member_ids() == set(ids)
+
+
+class Raw:
+    """The library's functions called one at a time at explicit times (no parking)."""
+
+    def __init__(self, coord: Any) -> None:
+        self.coord, self.r = coord, coord._redis
+        self.keys = coord._keys(GROUP)
+
+    def call(self, step: str, now: int, *args: Any) -> Any:
+        return self.coord._scripts.call(step, self.keys.all(), [str(now), GROUP, *args])
+
+    def join(self, now: int, mid: str, rt: int = DELAY, i: int = 0) -> Any:
+        return self.call("join_group", now, *JoinRequest.build(
+            GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
+            session_timeout_ms=60_000, rebalance_timeout_ms=rt, group_instance_id=None,
+            client_id=f"c{i}", client_host="", require_known_member_id=True, reason=None,
+        ).args())
+
+    def await_join(self, now: int, mid: str) -> Any:
+        return self.call("await_reply", now, mid, "j")
+
+    def field(self, name: str) -> str | None:
+        raw = self.r.hget(self.keys.group, name)
+        return raw.decode() if raw is not None else None
+
+    def parked(self) -> set[str]:
+        return {k.decode() for k in self.r.hkeys(self.keys.joining)}
+
+
+def form_parked(raw: Raw, n: int, rts: list[int] | None = None) -> list[str]:
+    """n members joined and parked in the initial rebalance (its delay timer at T0 + DELAY)."""
+    ids = []
+    for i in range(n):
+        res = JoinGroupResult.decode(bytes(raw.join(T0, "", i=i)[1]))
+        assert res.error is Errors.MEMBER_ID_REQUIRED
+        ids.append(res.member_id)
+    for i, mid in enumerate(ids):
+        assert raw.join(T0, mid, rt=(rts[i] if rts else DELAY), i=i)[0] == b"W"
+    return ids
+
+
+@pytest.fixture
+def raw(make_coordinator) -> Raw:
+    # rebalance timeout == delay: the initial rebalance completes at its first timer.
+    coord = make_coordinator(group_initial_rebalance_delay_ms=DELAY)
+    set_chunk(coord, GROUP, 3)
+    return Raw(coord)
+
+
+def test_completion_between_chunks(raw):
+    ids = form_parked(raw, 10)
+    now = T0 + DELAY
+    first = raw.await_join(now, ids[0])  # applies the join timer: completion, chunk 1 of 4
+    assert raw.field("state") == "CompletingRebalance" and raw.field("gen") == "1"
+    assert raw.field("cjk") == "2" and raw.field("cjn") == "4"
+    assert raw.r.zscore(raw.keys.deadlines, "cj") == 0
+    # Every member must sync this generation, whichever chunk it is in; the sync timer runs.
+    assert {k.decode() for k in raw.r.hkeys(raw.keys.syncing)} == set(ids)
+    assert raw.r.zscore(raw.keys.deadlines, "sync") == now + DELAY
+    # The leader (oldest) is answered with the last chunk, whichever chunk it is in; the
+    # members of chunks 2-4 are still parked (chunks follow the member hash's order).
+    assert first[0] == b"W" and ids[0] in raw.parked() and len(raw.parked() - {ids[0]}) in (6, 7)
+    # A heartbeat waits for the completion (its deadline acts first), as do other deadlines.
+    assert raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
+                                   [str(now), GROUP, ids[5], 1, ""]) == b"DUE"
+    # Each later call writes one chunk.
+    assert raw.call("expire_deadlines", now + 1)[0] == 1
+    assert raw.field("cjk") == "3" and len(raw.parked() - {ids[0]}) in (3, 4)
+    raw.call("expire_deadlines", now + 1)
+    assert raw.field("cjk") == "4"
+    last = raw.await_join(now + 2, ids[0])  # the last chunk: the leader's reply
+    assert last[0] == b"R" and raw.field("cjk") is None and not raw.parked()
+    assert raw.r.zscore(raw.keys.deadlines, "cj") is None
+    lead = JoinGroupResult.decode(bytes(last[1]))
+    assert lead.error is Errors.NONE and lead.leader_id == ids[0] and lead.generation_id == 1
+    # All members, oldest first, as a completion in one call lists them.
+    assert [m.member_id for m in lead.members] == ids
+    for mid in ids[1:]:
+        res = JoinGroupResult.decode(bytes(raw.await_join(now + 2, mid)[1]))
+        assert res.error is Errors.NONE and res.generation_id == 1 and res.members == []
+    # Session deadlines count from the completion, not from the call that wrote the chunk.
+    scores = {raw.r.zscore(raw.keys.deadlines, f"hb:{m}") for m in ids}
+    assert scores == {now + 60_000}
+    # The metadata (b"") is no subscription: the topics are unknown, as Kafka computes them.
+    assert raw.r.hget(raw.keys.group, "subs") is None
+
+
+def test_membership_change_finishes_a_pending_completion(raw):
+    ids = form_parked(raw, 10)
+    now = T0 + DELAY
+    raw.await_join(now, ids[0])
+    assert raw.field("cjk") == "2"
+    # A LeaveGroup during the completion: the completion is finished first (every parked
+    # member answered with generation 1), then the member leaves and a rebalance starts.
+    res = raw.call("leave_group", now + 1, msgpack.packb([[ids[9], ""]]))
+    assert res[0] == b"NONE" and res[1] == [b"NONE"]
+    assert raw.field("cjk") is None and raw.r.zscore(raw.keys.deadlines, "cj") is None
+    assert raw.field("state") == "PreparingRebalance"
+    for mid in ids[:9]:
+        reply = raw.await_join(now + 1, mid)
+        assert reply[0] == b"R"
+        res = JoinGroupResult.decode(bytes(reply[1]))
+        assert res.error is Errors.NONE and res.generation_id == 1
+
+
+def test_leader_sync_during_completion_settles_it_first(raw):
+    ids = form_parked(raw, 7)
+    now = T0 + DELAY
+    raw.await_join(now, ids[0])
+    # The leader re-sends its JoinGroup (same metadata) and gets the member list at once...
+    lead = JoinGroupResult.decode(bytes(raw.join(now, ids[0])[1]))
+    assert lead.error is Errors.NONE and [m.member_id for m in lead.members] == ids
+    assert raw.field("cjk") is not None  # (that call wrote the next chunk)
+    # ...then syncs before the other chunks were written: they are written first.
+    sync = raw.call("sync_group", now, *SyncRequest.build(
+        GROUP, 1, ids[0], assignments={m: m.encode() for m in ids}, group_instance_id=None,
+        protocol_type=None, protocol_name=None).args())
+    assert SyncGroupResult.decode(bytes(sync[1])).error is Errors.NONE
+    assert raw.field("state") == "Stable" and raw.field("cjk") is None and not raw.parked()
+    for mid in ids[1:]:
+        res = JoinGroupResult.decode(bytes(raw.await_join(now, mid)[1]))
+        assert res.error is Errors.NONE and res.generation_id == 1
+
+
+def test_largest_rebalance_timeout_is_stored(raw):
+    rts = [100, 900, 300, 900]
+    ids = form_parked(raw, 4, rts)
+    assert msgpack.unpackb(raw.r.hget(raw.keys.group, "rtc"), strict_map_key=False) == {
+        100: 1, 300: 1, 900: 2}
+    t = T0 + DELAY
+    while raw.field("state") == "PreparingRebalance":
+        raw.call("expire_deadlines", t)
+        t += DELAY
+    while raw.field("cjk") is not None:
+        raw.call("expire_deadlines", t)
+    assert raw.field("state") == "CompletingRebalance"
+    assert raw.r.zscore(raw.keys.deadlines, "sync") is not None
+    # Both members with 900 leave: the rebalance waits the largest remaining timeout (300).
+    res = raw.call("leave_group", t, msgpack.packb([[ids[1], ""], [ids[3], ""]]))
+    assert res[1] == [b"NONE", b"NONE"]
+    assert raw.field("state") == "PreparingRebalance"
+    assert raw.r.zscore(raw.keys.deadlines, "join") == t + 300
+    assert msgpack.unpackb(raw.r.hget(raw.keys.group, "rtc"), strict_map_key=False) == {
+        100: 1, 300: 1}
+
+
+def test_group_without_stored_timeouts_counts_its_members(raw):
+    ids = form_parked(raw, 3, [100, 700, 200])
+    raw.r.hdel(raw.keys.group, "rtc")  # as stored before the field existed
+    res = raw.call("leave_group", T0, msgpack.packb([[ids[0], ""]]))
+    assert res[1] == [b"NONE"]
+    assert msgpack.unpackb(raw.r.hget(raw.keys.group, "rtc"), strict_map_key=False) == {
+        700: 1, 200: 1}
+    # A rejoin with another timeout moves the count.
+    assert raw.join(T0, ids[1], rt=400, i=1)[0] == b"W"
+    assert msgpack.unpackb(raw.r.hget(raw.keys.group, "rtc"), strict_map_key=False) == {
+        400: 1, 200: 1}
