@@ -38,7 +38,9 @@ import redis  # noqa: E402
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition  # noqa: E402
 from rcoord.embedded import EmbeddedServer  # noqa: E402
 
-CALLS = ("evalsha", "fcall", "fcall_ro")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import script_stats, stats_of  # noqa: E402
+
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"\x00\x01")],
             session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
             require_known_member_id=False)
@@ -47,21 +49,6 @@ BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_
 TARGETS = {"bare call": "", "fixed overhead (expire_deadlines, nothing due)": "<= 3",
            "heartbeat": "<= 6", "commit, 1 partition": "<= 15", "join (rebalance round)": "<= 20",
            "sync (rebalance round, leader)": "<= 20", "await_reply (reply stored)": ""}
-
-
-def script_stats(r: redis.Redis) -> tuple[int, int]:
-    """(calls, usec) of script and function calls so far (INFO commandstats)."""
-    return stats_of(r.info("commandstats"))
-
-
-def stats_of(stats: dict[str, Any]) -> tuple[int, int]:
-    """(calls, usec) of script and function calls in an ``INFO commandstats`` reply."""
-    calls = usec = 0
-    for name in CALLS:
-        entry = stats.get(f"cmdstat_{name}") or {}
-        calls += int(entry.get("calls", 0))
-        usec += int(entry.get("usec", 0))
-    return calls, usec
 
 
 def first_op(flow: Any) -> Any:

@@ -355,6 +355,98 @@ class Generation:
             + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
         )
 
+    # -- the group's side (internal to rcoord.client)
+    #
+    # ``ConsumerGroup`` and its helper threads drive a generation through these methods, so
+    # every field of a Generation is written only here.
+
+    def watch(
+        self,
+        *,
+        topics: Sequence[str],
+        baseline: Mapping[str, int] | None,
+        pattern: re.Pattern[str] | None,
+        matched: Sequence[str],
+    ) -> None:
+        """Record what the watcher compares against: the topics whose partition counts it
+        watches and the counts the leader assigned from, and a pattern subscription's pattern
+        with the topics it matched at the join."""
+        self._watch_topics = list(topics)
+        self._watch_baseline = dict(baseline) if baseline is not None else None
+        self._watch_pattern = pattern
+        self._watch_matched = tuple(matched)
+
+    @property
+    def watched_topics(self) -> list[str]:
+        return list(self._watch_topics)
+
+    @property
+    def watched_baseline(self) -> dict[str, int] | None:
+        return dict(self._watch_baseline) if self._watch_baseline is not None else None
+
+    @property
+    def watched_pattern(self) -> re.Pattern[str] | None:
+        return self._watch_pattern
+
+    @property
+    def watched_matched(self) -> tuple[str, ...]:
+        return tuple(self._watch_matched)
+
+    def start_helper(self, target: Callable[[], None], kind: str) -> None:
+        """Run ``target`` in a background thread of this generation (the heartbeat, the
+        watcher); ``collect`` joins it after the routines have returned."""
+        thread = threading.Thread(
+            target=target,
+            name=f"rcoord-{self.group_id}-gen{self.generation_id}-{kind}",
+            daemon=True,
+        )
+        with self._lock:
+            self._helpers.append(thread)
+        thread.start()
+
+    def wait_routines(self, timeout: float | None = None) -> bool:
+        """Wait until ``collect`` has seen every routine return; True if it has (the heartbeat
+        beats until then, so the session survives a slow revocation)."""
+        return self._routines_done.wait(timeout)
+
+    def is_routine_thread(self, thread: threading.Thread) -> bool:
+        """True if ``thread`` runs a routine of this generation (waiting for the group from
+        there would deadlock)."""
+        with self._lock:
+            return thread in self._threads
+
+    def collect(self, warn_after: float) -> None:
+        """Refuse new routines, wait for every routine (logging every ``warn_after`` seconds
+        while one still runs), then stop and join the helper threads."""
+        with self._lock:
+            self._sealed = True
+            routines = list(self._threads)
+        for thread in routines:
+            thread.join(warn_after)
+            while thread.is_alive():
+                log.warning(
+                    "group %r: a routine of generation %d is still running %.0f s after the "
+                    "generation ended; the member cannot rejoin until it returns",
+                    self.group_id,
+                    self.generation_id,
+                    warn_after,
+                )
+                thread.join(warn_after)
+        self._routines_done.set()
+        with self._lock:
+            helpers = list(self._helpers)
+        for thread in helpers:
+            thread.join()
+
+    @property
+    def pending_reaction(self) -> tuple[Reaction, BaseException | Errors | None] | None:
+        """The most severe ``ERROR_POLICY`` row an error that ended this generation calls
+        for, with that error; None if no error did."""
+        with self._lock:
+            if self._reaction is None:
+                return None
+            return self._reaction, self._reaction_error
+
     # -- ending (internal)
 
     def _end(self, reason: EndReason, error: BaseException | Errors | None = None) -> None:
@@ -395,12 +487,3 @@ class Generation:
         with self._lock:
             self._lost = True
         self._end(EndReason.MEMBER_LOST)
-
-    def _routine_threads(self) -> list[threading.Thread]:
-        with self._lock:
-            return list(self._threads)
-
-    def _seal(self) -> list[threading.Thread]:
-        with self._lock:
-            self._sealed = True
-            return list(self._threads)

@@ -290,7 +290,7 @@ class ConsumerGroup:
         thread = self._thread
         me = threading.current_thread()
         # From a routine of the generation, waiting would deadlock: the run thread waits for it.
-        inside = thread is me or (gen is not None and me in gen._routine_threads())
+        inside = thread is me or (gen is not None and gen.is_routine_thread(me))
         if thread is not None and not inside:
             thread.join(timeout)
         if self._owned_client is not None and (thread is None or not thread.is_alive()):
@@ -389,8 +389,8 @@ class ConsumerGroup:
                 with self._cond:
                     self._current = None
                 reason = (gen.end_reason or EndReason.ERROR).value
-                reaction = gen._reaction
-                if reaction is not None and not self._react(gen._reaction_error, 1, reaction, gen):
+                pending = gen.pending_reaction
+                if pending is not None and not self._react(pending[1], 1, pending[0], gen):
                     break
         except BaseException:  # the thread's root: never die silently
             log.exception("consumer group %r stopped on an unexpected error", self._config.group_id)
@@ -522,19 +522,7 @@ class ConsumerGroup:
 
     def _collect(self, gen: Generation) -> None:
         """Wait for every routine of ``gen``, then stop its heartbeat and watcher."""
-        warn_after = self._config.rebalance_timeout_ms / 1000
-        for thread in gen._seal():
-            while not _join(thread, warn_after):
-                log.warning(
-                    "group %r: a routine of generation %d is still running %.0f s after the "
-                    "generation ended; the member cannot rejoin until it returns",
-                    self._config.group_id,
-                    gen.generation_id,
-                    warn_after,
-                )
-        gen._routines_done.set()
-        for thread in gen._helpers:
-            thread.join()
+        gen.collect(warn_after=self._config.rebalance_timeout_ms / 1000)
 
     def _notify(self) -> None:
         with self._cond:
@@ -545,11 +533,6 @@ class ConsumerGroup:
     def _retry(self, call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
         """``call_with_retries`` with this group's settings; retries stop when it closes."""
         return call_with_retries(call, error_of, config=self._config, closing=self._closing)
-
-
-def _join(thread: threading.Thread, timeout: float) -> bool:
-    thread.join(timeout)
-    return not thread.is_alive()
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

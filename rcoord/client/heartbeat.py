@@ -1,6 +1,7 @@
 """A generation's background threads: the heartbeat and the watcher.
 
-``start_helpers`` starts them when a generation is handed out; they end the generation
+``start_helpers`` starts them (as the generation's helper threads, which ``Generation.collect``
+joins) when a generation is handed out; they end the generation
 (``Generation._end``) when the coordinator, the partition counts or the topics a pattern matches
 say so, and stop once its routines have returned (the heartbeat) or it has ended (the watcher).
 
@@ -15,7 +16,6 @@ a follower's pattern matches is picked up too.
 from __future__ import annotations
 
 import logging
-import threading
 
 from ..errors import Errors, RcoordError
 from .config import ConsumerGroupConfig
@@ -33,28 +33,11 @@ log = logging.getLogger("rcoord.client")
 def start_helpers(
     gen: Generation, coordinator: Coordinator, config: ConsumerGroupConfig, retry: Retry
 ) -> None:
-    """Start the heartbeat (and the partition watcher, on the leader) of ``gen``; the threads
-    are kept in ``gen._helpers`` so the group can join them."""
-    threads = [
-        threading.Thread(
-            target=heartbeat_loop,
-            args=(gen, coordinator, config, retry),
-            name=f"rcoord-{gen.group_id}-gen{gen.generation_id}-heartbeat",
-            daemon=True,
-        )
-    ]
-    if (config.watch_partition_changes and gen.is_leader) or gen._watch_pattern is not None:
-        threads.append(
-            threading.Thread(
-                target=watch_partitions,
-                args=(gen, coordinator, config),
-                name=f"rcoord-{gen.group_id}-gen{gen.generation_id}-watcher",
-                daemon=True,
-            )
-        )
-    gen._helpers = threads
-    for t in threads:
-        t.start()
+    """Start the heartbeat (and the partition watcher, on the leader or under a pattern
+    subscription) of ``gen`` as its helper threads; ``Generation.collect`` joins them."""
+    gen.start_helper(lambda: heartbeat_loop(gen, coordinator, config, retry), "heartbeat")
+    if (config.watch_partition_changes and gen.is_leader) or gen.watched_pattern is not None:
+        gen.start_helper(lambda: watch_partitions(gen, coordinator, config), "watcher")
 
 
 def heartbeat_loop(
@@ -69,7 +52,7 @@ def heartbeat_loop(
     cfg = config
     coord = coordinator
     interval = cfg.heartbeat_interval_ms / 1000
-    while not gen._routines_done.wait(interval):
+    while not gen.wait_routines(interval):
         try:
             error = retry(
                 lambda: coord.heartbeat(
@@ -93,8 +76,8 @@ def watch_partitions(
     """End the generation when a partition count changes (leader) or the topics the member's
     pattern matches change (pattern subscription), checking every partition watch interval."""
     cfg = config
-    topics = gen._watch_topics
-    baseline = gen._watch_baseline
+    topics = gen.watched_topics
+    baseline = gen.watched_baseline
     interval = cfg.partition_watch_interval_ms / 1000
     coord = coordinator
     counting = cfg.watch_partition_changes and gen.is_leader
@@ -133,7 +116,7 @@ def watch_partitions(
 def _pattern_changed(gen: Generation, coord: Coordinator, cfg: ConsumerGroupConfig) -> bool:
     """If ``gen``'s member subscribes by pattern and the matched topics are no longer the set it
     joined with, end the generation (the rejoin sends the new set) and return True."""
-    pattern = gen._watch_pattern
+    pattern = gen.watched_pattern
     if pattern is None:
         return False
     try:
@@ -141,14 +124,14 @@ def _pattern_changed(gen: Generation, coord: Coordinator, cfg: ConsumerGroupConf
     except RcoordError as exc:
         log.warning("pattern watcher: listing the topics failed: %s", exc)
         return False
-    if matched == gen._watch_matched:
+    if matched == gen.watched_matched:
         return False
     log.info(
         "group %r: pattern %r now matches %s (joined with %s); rejoining",
         cfg.group_id,
         pattern.pattern,
         list(matched),
-        list(gen._watch_matched),
+        list(gen.watched_matched),
     )
     gen._end(EndReason.SUBSCRIPTION_CHANGED)
     return True

@@ -3,7 +3,7 @@ events from every master, and coordinators joining or leaving.
 
 Everything heard goes into one queue that the timer loop reads. Pub/sub is at-most-once and
 redis-py reconnects silently, so every reconnect (seen as a new subscribe confirmation) queues
-a ``resync``: the loop then re-reads the deadline index, which is the authority.
+a ``Resync`` event: the loop then re-reads the deadline index, which is the authority.
 
 Expired-key events are heard on each master separately. When a subscription's connection
 fails (a master killed, its replica promoted) the listener asks the cluster for its masters
@@ -14,7 +14,6 @@ each outage is logged once as a warning and its end as info.
 from __future__ import annotations
 
 import logging
-import queue
 import re
 import threading
 import time
@@ -26,6 +25,7 @@ import redis.exceptions
 from ..keys import PartitionKeys
 from ..partitioning import partition_tag
 from .connect import primaries
+from .events import CoordinatorsChanged, Deadline, EventQueue, Hint, Resync
 
 __all__ = ["Listener", "enable_keyspace_events"]
 
@@ -61,7 +61,7 @@ def enable_keyspace_events(node: redis.Redis) -> str:
 
 class Listener:
     def __init__(self, client: Any, namespace: str, num_partitions: int, lease_channel: str,
-                 events: "queue.Queue[tuple[Any, ...]]", *, deadlines: bool, hints: bool,
+                 events: EventQueue, *, deadlines: bool, hints: bool,
                  db: int = 0) -> None:
         self._client = client
         self._events = events
@@ -211,7 +211,7 @@ class Listener:
                     log.warning("listener lost its connection; resyncing and retrying",
                                 extra={"event": "listener_reconnect", "channel": what,
                                        "why": str(exc)})
-                self._events.put(("resync",))
+                self._events.put(Resync())
                 self._refresh_topology()
                 self._stop.wait(0.2)
             finally:
@@ -224,13 +224,13 @@ class Listener:
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind in ("subscribe", "ssubscribe"):
-            self._events.put(("resync",))  # (re)subscribed: anything in the gap is lost
+            self._events.put(Resync())  # (re)subscribed: anything in the gap is lost
         elif kind == "smessage":
             p = self._channels.get(msg["channel"])
             if p is not None:
-                self._events.put(("deadline", p, int(msg["data"])))
+                self._events.put(Deadline(p, int(msg["data"])))
         elif kind == "message" and msg["channel"] == self._lease_channel.encode():
-            self._events.put(("coordinators",))
+            self._events.put(CoordinatorsChanged())
 
     def _run_keyspace(self, node: redis.Redis, addr: str, quit_: threading.Event) -> None:
         """Hear one master's expired-key events until it stops being a master (``quit_``)."""
@@ -251,7 +251,7 @@ class Listener:
                     if msg["type"] == "subscribe":
                         with self._lock:
                             self._subscribed.add(addr)
-                        self._events.put(("resync",))
+                        self._events.put(Resync())
                         if failing:
                             failing = False
                             log.info("expired-key events heard again", extra={
@@ -262,7 +262,7 @@ class Listener:
                     elif msg["type"] == "message":
                         m = self._hint_re.match(msg["data"])
                         if m and m.group(1).decode() in self._tags:
-                            self._events.put(("hint", self._tags[m.group(1).decode()],
+                            self._events.put(Hint(self._tags[m.group(1).decode()],
                                               m.group(2).decode("utf-8", "surrogateescape")))
             except redis.exceptions.NoPermissionError as exc:
                 # The ACL user may not hear this channel: hints are off for good, and the
@@ -282,7 +282,7 @@ class Listener:
                     log.warning("lost the expired-key subscription of a master; looking for "
                                 "the current masters", extra={
                                     "event": "keyspace_lost", "node": addr, "why": str(exc)})
-                self._events.put(("resync",))
+                self._events.put(Resync())
                 self._lost.set()
                 self._stop.wait(0.2)
             finally:

@@ -27,6 +27,7 @@ from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
 from .connect import connect
+from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
 from .http import StatusServer
 from .leases import LeaseKeeper
 from .listener import Listener
@@ -100,7 +101,7 @@ class CoordinatorService:
         self.config = config
         self._client = client
         self.metrics = Metrics()
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._queue: EventQueue = queue.Queue()
         self._stop = threading.Event()
         self._lease_wake = threading.Event()
         self._owned: set[int] = set()
@@ -132,7 +133,7 @@ class CoordinatorService:
         self._owned = self.leases.step()
         self._last_lease_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
-        self._queue.put(("owned", set(self._owned)))
+        self._queue.put(Owned(frozenset(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
         self._lease_thread.start()
         threading.Thread(target=self._sample_loop, name="rcoord-sampler", daemon=True).start()
@@ -215,7 +216,7 @@ class CoordinatorService:
                 published = set(owned)
                 log.info("leases changed", extra={"event": "leases", "id": self.config.coordinator_id,
                                                   "count": len(owned), "partitions": sorted(owned)})
-                self._queue.put(("owned", set(owned)))
+                self._queue.put(Owned(frozenset(owned)))
 
     def _check_settings(self) -> None:
         """Keep the namespace settings as this process knows them, every lease round.
@@ -304,31 +305,31 @@ class CoordinatorService:
             hit = fresh <= now and fresh < known[p]
             self.metrics.hints.labels("hit" if hit else "miss").inc()
 
-    def _handle(self, event: tuple[Any, ...], owned: set[int], index: bool) -> set[int]:
-        kind = event[0]
-        if kind == "owned":
-            owned = set(event[1])
-            if index:
-                self.sweeper.resync(owned)
-        elif kind == "deadline":
-            p, at = event[1], event[2]
-            if p in owned:
-                self.metrics.wakeups.labels("channel").inc()
-                self.sweeper.note_deadline(p, at)
-        elif kind == "hint":
-            p, group_id = event[1], event[2]
-            if p in owned:
-                self.metrics.wakeups.labels("hint").inc()
+    def _handle(self, event: Event, owned: set[int], index: bool) -> set[int]:
+        match event:
+            case Owned(partitions):
+                owned = set(partitions)
                 if index:
-                    # The index usually acted already: collect the partitions and re-read their
-                    # earliest deadlines in one round trip after draining (see run()).
-                    self._hinted.add(p)
-                else:
-                    applied = self.sweeper.expire_group(p, group_id, "hint")
-                    self.metrics.hints.labels("hit" if applied else "miss").inc()
-        elif kind == "resync":
-            if index:
-                self.sweeper.resync(owned)
-        elif kind == "coordinators":
-            self._lease_wake.set()
+                    self.sweeper.resync(owned)
+            case Deadline(p, at_ms):
+                if p in owned:
+                    self.metrics.wakeups.labels("channel").inc()
+                    self.sweeper.note_deadline(p, at_ms)
+            case Hint(p, group_id):
+                if p in owned:
+                    self.metrics.wakeups.labels("hint").inc()
+                    if index:
+                        # The index usually acted already: collect the partitions and re-read
+                        # their earliest deadlines in one round trip after draining (see run()).
+                        self._hinted.add(p)
+                    else:
+                        applied = self.sweeper.expire_group(p, group_id, "hint")
+                        self.metrics.hints.labels("hit" if applied else "miss").inc()
+            case Resync():
+                if index:
+                    self.sweeper.resync(owned)
+            case CoordinatorsChanged():
+                self._lease_wake.set()
+            case _:
+                raise TypeError(f"the timer loop got an unknown event {event!r}")
         return owned
