@@ -152,3 +152,36 @@ def test_the_wait_ends_before_the_clients_socket_timeout(request, redis_server):
     coord = GroupCoordinator(client, CoordinatorConfig(namespace="a" + uuid.uuid4().hex[:10]))
     assert coord.commit_offsets("g", {TP: 3}, required_acks=1, ack_timeout_ms=5000) == {
         TP: Errors.COORDINATOR_NOT_AVAILABLE}
+
+
+def test_a_worker_commits_with_the_acks_its_config_asks_for(primary_with_replica):
+    # ConsumerGroupConfig(commit_required_acks=N) reaches every commit the worker makes: the
+    # generation's, a simple assign() commit, and the Spark source's (all go through its
+    # RedisCoordinator). Two replicas asked of a server that has one: never acknowledged.
+    from rcoord.client import ConsumerGroupConfig
+    from rcoord.client.coordinator import RedisCoordinator
+
+    primary, _ = primary_with_replica
+    ns = "a" + uuid.uuid4().hex[:10]
+    with primary.client() as client:
+        one = RedisCoordinator(client, ns, commit_required_acks=1).start()
+        assert one.commit_offsets("g", {TP: 1}) == {TP: Errors.NONE}
+        two = RedisCoordinator(client, ns, commit_required_acks=2, commit_ack_timeout_ms=20)
+        assert two.start().commit_offsets("g", {TP: 2}) == {TP: Errors.COORDINATOR_NOT_AVAILABLE}
+        assert two.commit_offsets("g", {TP: 3}, required_acks=0) == {TP: Errors.NONE}
+    # The group's own coordinator is built with them.
+    from rcoord.client import ConsumerGroup
+
+    with primary.client() as client:
+        cfg = ConsumerGroupConfig(group_id="g", topics=["t"], redis_client=client, namespace=ns,
+                                  commit_required_acks=2, commit_ack_timeout_ms=20)
+        group = ConsumerGroup(cfg).start()
+        try:
+            assert group.coordinator.commit_offsets("g", {TP: 4}) == {
+                TP: Errors.COORDINATOR_NOT_AVAILABLE}
+        finally:
+            group.close(timeout=10)
+    with pytest.raises(Exception, match="commit_required_acks must be >= 0"):
+        ConsumerGroupConfig(group_id="g", topics=["t"], commit_required_acks=-1)
+    with pytest.raises(Exception, match="commit_ack_timeout_ms"):
+        ConsumerGroupConfig(group_id="g", topics=["t"], commit_ack_timeout_ms=0)

@@ -64,6 +64,13 @@ class ConsumerGroupConfig:
             ``JoinGroupBackoff``).
         retention_ms: how long committed offsets are kept once the group is empty; None keeps
             the namespace's ``offsets_retention_ms`` (kafka-go ``RetentionTime``).
+        commit_required_acks: replicas that must have a commit before it counts as done (Kafka's
+            ``offsets.commit.required.acks``); 0, the default, trusts the master's answer, which
+            a failover can lose (docs/guarantees.md, "Failover"). With N > 0 a commit too few
+            replicas acknowledged within ``commit_ack_timeout_ms`` is retried, as Kafka's
+            client retries COORDINATOR_NOT_AVAILABLE. Needs ``+wait`` in the worker's ACL.
+        commit_ack_timeout_ms: how long a commit waits for those replicas (Kafka's
+            ``offsets.commit.timeout.ms``).
         start_offset: where to start in a partition with no committed offset, and where to go
             when a committed offset fell out of the log: "earliest" (the log start) or "latest"
             (the log end, only new records). kafka-go ``StartOffset`` (FirstOffset/LastOffset).
@@ -95,6 +102,8 @@ class ConsumerGroupConfig:
     rebalance_timeout_ms: int = 60_000
     join_backoff_ms: int = 5000
     retention_ms: int | None = None
+    commit_required_acks: int = 0
+    commit_ack_timeout_ms: int = 5000
     start_offset: StartOffset = "earliest"
     group_instance_id: str | None = None
     client_id: str = "rcoord"
@@ -168,6 +177,12 @@ class ConsumerGroupConfig:
             _int("retention_ms", self.retention_ms)
             if self.retention_ms < 0:
                 raise ConfigError(f"retention_ms must be >= 0 or None, got {self.retention_ms}")
+        _int("commit_required_acks", self.commit_required_acks)
+        if self.commit_required_acks < 0:
+            raise ConfigError(
+                f"commit_required_acks must be >= 0, got {self.commit_required_acks} (Redis "
+                "keeps no in-sync replica set, so Kafka's -1 has no equivalent: name a count)")
+        _positive("commit_ack_timeout_ms", self.commit_ack_timeout_ms)
         if self.start_offset not in ("earliest", "latest"):
             raise ConfigError(
                 f"start_offset must be 'earliest' or 'latest', got {self.start_offset!r}"

@@ -252,7 +252,11 @@ class Consumer(SubscriptionMixin):
                     if self._config.redis_url is None:
                         raise ConfigError("redis_url or redis_client must be set")
                     client = self._owned_client = client_from_url(self._config.redis_url)
-                redis_coord = RedisCoordinator(client, self._config.namespace)
+                redis_coord = RedisCoordinator(
+                    client, self._config.namespace,
+                    commit_required_acks=self._config.commit_required_acks,
+                    commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
+                )
                 redis_coord.start()
                 coord = redis_coord
             self._own_coordinator = coord

@@ -133,10 +133,24 @@ class RedisCoordinator(GroupCoordinator):
     the deployment's coordinators configured.
     """
 
-    def __init__(self, redis_client: Any, namespace: str = "rcoord") -> None:
+    def __init__(self, redis_client: Any, namespace: str = "rcoord", *,
+                 commit_required_acks: int = 0, commit_ack_timeout_ms: int = 5000) -> None:
         super().__init__(redis_client, CoordinatorConfig(namespace=namespace))
         self._ns = namespace
         self._topic_admin = _topics.Topics(redis_client, namespace)
+        self._commit_acks = (commit_required_acks, commit_ack_timeout_ms)
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: dict[TopicPartition, OffsetAndMetadata | int],
+        **kwargs: Any,
+    ) -> dict[TopicPartition, Errors]:
+        """OffsetCommit with the replica acknowledgement the worker's config asks for
+        (``commit_required_acks``), unless the call names its own."""
+        kwargs.setdefault("required_acks", self._commit_acks[0])
+        kwargs.setdefault("ack_timeout_ms", self._commit_acks[1])
+        return super().commit_offsets(group_id, offsets, **kwargs)
 
     @translate_redis_errors
     def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:

@@ -216,7 +216,11 @@ class ConsumerGroup:
                 client = self._config.redis_client
                 if client is None:
                     client = self._owned_client = client_from_url(str(self._config.redis_url))
-                coord = RedisCoordinator(client, self._config.namespace)
+                coord = RedisCoordinator(
+                    client, self._config.namespace,
+                    commit_required_acks=self._config.commit_required_acks,
+                    commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
+                )
                 coord.start()
                 self._coordinator = coord
             self._thread = threading.Thread(
