@@ -25,6 +25,7 @@ from rcoord.steps import PUBLIC_STEPS
 
 WAIT_S = 60.0
 SHUTDOWN_S = 5.0
+_UNFINISHED: list[Any] = []
 
 
 class AsyncBacked:
@@ -96,7 +97,15 @@ class AsyncBacked:
             for task in pending:
                 task.cancel()
             if pending:
-                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                done, stuck = self._loop.run_until_complete(
+                    asyncio.wait(pending, timeout=SHUTDOWN_S))
+                if stuck:
+                    # A cancelled call of the cluster client that does not unwind (seen under
+                    # load): keep it and its loop referenced for the session rather than let
+                    # the collector destroy a pending task mid-test elsewhere.
+                    _UNFINISHED.append((self._loop, stuck))
+                    warnings.warn(f"{len(stuck)} cancelled call(s) did not finish", stacklevel=2)
+                    return
             self._loop.close()
 
 
