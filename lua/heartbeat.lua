@@ -39,7 +39,18 @@ register('heartbeat', function(KEYS, ARGV)
   local group_id = ARGV[2]
   local now, mock_time = read_clock(ARGV[1])
 
-  local first = redis.call('ZRANGE', k_dl, 0, 0, 'WITHSCORES')
+  -- A join completion or sync propagation still being written in chunks (the continuation
+  -- 'cj' or 'cs', due at 0: prelude.lua) does not hold heartbeats back: the state and generation
+  -- are already the new ones, so a heartbeat is answered as after a completion in one call (a
+  -- member whose join reply is still pending sends the old generation, and the sync chunks
+  -- never shorten a session a heartbeat refreshed). Any other passed deadline acts first.
+  local first = redis.call('ZRANGE', k_dl, 0, 1, 'WITHSCORES')
+  local chunked = #first > 0 and (first[1] == 'cj' or first[1] == 'cs')
+  if chunked then
+    first = {first[3], first[4]}
+  elseif #first > 2 then
+    first = {first[1], first[2]}
+  end
   if #first > 0 and tonumber(first[2]) <= now then return 'DUE' end
 
   local state, gen = unpack(redis.call('HMGET', k_group, 'state', 'gen'))
@@ -54,7 +65,8 @@ register('heartbeat', function(KEYS, ARGV)
     local code, at = heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_id,
       tonumber(ARGV[i + 1]), ARGV[i + 2])
     results[#results + 1] = code
-    if at and (#first == 0 or first[1] == 'hb:' .. member_id or at < tonumber(first[2])) then
+    if at and not chunked and (#first == 0 or first[1] == 'hb:' .. member_id
+        or at < tonumber(first[2])) then
       moved = true
     end
   end

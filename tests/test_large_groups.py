@@ -100,9 +100,12 @@ def test_completion_between_chunks(raw):
     # The leader (oldest) is answered with the last chunk, whichever chunk it is in; the
     # members of chunks 2-4 are still parked (chunks follow the member hash's order).
     assert first[0] == b"W" and ids[0] in raw.parked() and len(raw.parked() - {ids[0]}) in (6, 7)
-    # A heartbeat waits for the completion (its deadline acts first), as do other deadlines.
-    assert raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
-                                   [str(now), GROUP, ids[5], 1, ""]) == b"DUE"
+    # A heartbeat is answered as after a completion in one call (the pending chunks do not
+    # hold it back): the old generation is illegal, the new one refreshes the session.
+    hb = raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
+                                 [str(now), GROUP, ids[5], 0, "", ids[6], 1, ""])
+    assert hb == [b"ILLEGAL_GENERATION", b"NONE"]
+    assert raw.r.zscore(raw.keys.deadlines, "cj") == 0  # no chunk written by it
     # Each later call writes one chunk.
     assert raw.call("expire_deadlines", now + 1)[0] == 1
     assert raw.field("cjk") == "3" and len(raw.parked() - {ids[0]}) in (3, 4)
