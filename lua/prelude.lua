@@ -713,7 +713,8 @@ end
 local function remove_pending_sync(id)
   redis.call('HDEL', K_PSYNC, id)
   if G.state == COMPLETING or G.state == STABLE then
-    if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
+    -- (While join chunks remain, their members' pending syncs are not written yet.)
+    if redis.call('HLEN', K_PSYNC) == 0 and not G.cjk then cancel('sync') end
   else
     cancel('sync')
   end
@@ -852,10 +853,17 @@ local function join_chunk(ids, k, n, at)
     string.sub(body, 2) .. cmsgpack.pack('mid')
   local consumer = G.ptype == 'consumer'
   local replies, joined, hbs, recs, old, mem, topics = {}, {}, {}, {}, {}, {}, {}
+  local psync = {}
   local unknown = false
   for i, id in ipairs(ids) do
     if blobs[i] then
       local rec = cmsgpack.unpack(blobs[i])
+      -- Every member must sync this generation, unless it already did (a member that learnt
+      -- the generation from a repeated JoinGroup before its chunk was written).
+      if rec.as ~= 1 then
+        psync[#psync + 1] = id
+        psync[#psync + 1] = 1
+      end
       old[#old + 1] = reply_field('s', id)
       if parked[i] then
         if id ~= G.leader then
@@ -887,6 +895,7 @@ local function join_chunk(ids, k, n, at)
     end
   end
   prune_reply_fields(old)
+  call_batched('HSET', K_PSYNC, psync)
   call_batched('HSET', K_REPLIES, replies)
   call_batched('HDEL', K_JOINING, joined)
   call_batched('ZADD', K_DL, hbs)
@@ -941,6 +950,8 @@ local function join_chunk(ids, k, n, at)
     for _, f in ipairs(drop) do G[f] = nil end
     cancel('cj')
   end
+  -- Every member synced before the last chunk was written: the sync deadline has no purpose.
+  if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
 end
 
 -- Writes the next chunk of a pending join completion.
@@ -962,12 +973,17 @@ local function complete_join()
   cancel('join')
   -- Members that neither rejoined nor are static (static members keep their place) are removed;
   -- found from the keys alone (a static member is its instance id's owner), no record decoded.
-  local joining, static = {}, {}
-  for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
-  for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
-  local ids, absent = {}, {}
-  for _, id in ipairs(redis.call('HKEYS', K_MEMBERS)) do
-    if joining[id] or static[id] then ids[#ids + 1] = id else absent[#absent + 1] = id end
+  -- When every member rejoined (the common case), nobody is absent and no set is built.
+  local ids, absent = redis.call('HKEYS', K_MEMBERS), {}
+  if redis.call('HLEN', K_JOINING) < #ids then
+    local joining, static = {}, {}
+    for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
+    for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
+    local kept = {}
+    for _, id in ipairs(ids) do
+      if joining[id] or static[id] then kept[#kept + 1] = id else absent[#absent + 1] = id end
+    end
+    ids = kept
   end
   remove_members(absent)
   if G.state == DEAD then return end
@@ -986,12 +1002,7 @@ local function complete_join()
     if not member[string.sub(field, 3)] then others[#others + 1] = field end
   end
   prune_reply_fields(others)
-  local psync = {}
-  for _, id in ipairs(ids) do
-    psync[#psync + 1] = id
-    psync[#psync + 1] = 1
-  end
-  call_batched('HSET', K_PSYNC, psync)
+  -- The pending syncs are written with each member's chunk (join_chunk).
   set_g('sg', gen())
   schedule('sync', NOW + rebalance_timeout())
   local size = chunk_size()
