@@ -12,6 +12,7 @@ local function describe_group(ARGV)
   else
     -- As Kafka: metadata and assignments are shown only once the group is Stable.
     local stable = G.state == STABLE
+    settle_chunks() -- (assignments still being written in chunks: every member is read anyway)
     local members = {}
     for _, rec in ipairs(all_members()) do
       members[#members + 1] = {id = rec.id, iid = rec.iid, cid = rec.cid, host = rec.host,

@@ -39,7 +39,25 @@ register('heartbeat', function(KEYS, ARGV)
   local group_id = ARGV[2]
   local now, mock_time = read_clock(ARGV[1])
 
-  local first = redis.call('ZRANGE', k_dl, 0, 0, 'WITHSCORES')
+  -- A join completion or sync propagation still being written in chunks (the continuation
+  -- 'cj' or 'cs', due at 0: prelude.lua) does not hold heartbeats back: the state and generation
+  -- are already the new ones, so a heartbeat is answered as after a completion in one call (a
+  -- member whose join reply is still pending sends the old generation, and the sync chunks
+  -- never shorten a session a heartbeat refreshed). Nor does a passed offset-retention check
+  -- ('gc', due when a group turns Stable): it changes no heartbeat's answer. Any other passed
+  -- deadline acts first. When one was passed over, the group's earliest deadline has passed,
+  -- so refreshed sessions cannot move it.
+  local head = redis.call('ZRANGE', k_dl, 0, 2, 'WITHSCORES')
+  local first, passed_over = {}, false
+  for i = 1, #head, 2 do
+    local name, at = head[i], tonumber(head[i + 1])
+    if name == 'cj' or name == 'cs' or (name == 'gc' and at <= now) then
+      passed_over = true
+    else
+      first = {name, head[i + 1]}
+      break
+    end
+  end
   if #first > 0 and tonumber(first[2]) <= now then return 'DUE' end
 
   local state, gen = unpack(redis.call('HMGET', k_group, 'state', 'gen'))
@@ -54,7 +72,8 @@ register('heartbeat', function(KEYS, ARGV)
     local code, at = heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_id,
       tonumber(ARGV[i + 1]), ARGV[i + 2])
     results[#results + 1] = code
-    if at and (#first == 0 or first[1] == 'hb:' .. member_id or at < tonumber(first[2])) then
+    if at and not passed_over and (#first == 0 or first[1] == 'hb:' .. member_id
+        or at < tonumber(first[2])) then
       moved = true
     end
   end

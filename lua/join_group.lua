@@ -59,7 +59,7 @@ end
 local function replace_static_member(old_id, new_id)
   local old = mget(old_id)
   if not old then illegal('cannot replace non-existing member ' .. old_id) end
-  if settle_join() then old = mget(old_id) end
+  if settle_chunks() then old = mget(old_id) end
   local was_joining = awaiting_join(old_id)
   local was_syncing = old.as == 1
   local was_pending_sync = redis.call('HEXISTS', K_PSYNC, old_id) == 1
@@ -77,6 +77,7 @@ local function replace_static_member(old_id, new_id)
   local rec = old
   rec.id, rec.as, rec.new = new_id, 0, 0
   mput(rec)
+  if G.oi and rec.seq then redis.call('HSET', K_GROUP, order_field(rec.seq), new_id) end
   if G.leader == old_id then set_g('leader', new_id) end
   redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).

@@ -80,7 +80,8 @@ end
 -- Group hash, cached in G and written through. The fields most steps read come in one HMGET;
 -- any other is read on first use (G_SEEN remembers the ones read absent), so a call never
 -- reads the whole hash (protocol counts, timer arguments) for one field.
-local G_CORE = {'state', 'prev', 'gen', 'ptype', 'pname', 'leader', 'wid', 'capchk', 'sg'}
+local G_CORE = {'state', 'prev', 'gen', 'ptype', 'pname', 'leader', 'wid', 'capchk', 'sg', 'oi',
+                'cjk', 'csk'}
 local G_SEEN = {}
 local G_META = {__index = function(g, field)
   if G_SEEN[field] then return nil end
@@ -127,6 +128,7 @@ local function create_group()
   set_g('leader', '')
   set_g('ts', NOW)
   set_g('created', NOW)
+  set_g('oi', 1) -- the group keeps the members' join order index (see member_order)
   redis.call('SADD', K_GROUPS, GROUP_ID)
   -- An Empty group with no offsets is removed after the retention check interval.
   dl_write('ZADD', K_DL, 'LT', NOW + CFG.offsets_retention_check_interval_ms, 'gc')
@@ -373,10 +375,49 @@ local function join_error(err, id) return {k = 'j', e = err, mid = id or '', gen
                                             mem = {}, skip = false} end
 local function sync_error(err) return {k = 's', e = err, asg = ''} end
 
+-- The members' join order, kept so that electing the oldest member reads no member record: the
+-- group field 'o:<seq>' names the member that joined with sequence number seq (add_member sets
+-- it, remove_members deletes it, a replaced static member's new id takes its place), and 'lp'
+-- is a sequence number below which no member is left, where the next scan starts; so the scans
+-- of a group's whole life cost one pass over its sequence numbers. Groups created before the
+-- index existed (no 'oi' field) decode every member instead.
+local ORDER_SCAN = 100
+local function order_field(seq) return 'o:' .. string.format('%d', seq) end
+-- The id of the oldest member for which accept(id) is true, or nil.
+local function oldest_member(accept)
+  local top = tonumber(redis.call('HGET', K_GROUP, 'seq') or '0')
+  local lp = tonumber(G.lp or '1')
+  local s, first_live = lp, nil
+  local found = nil
+  while s <= top and not found do
+    local fields = {}
+    for x = s, math.min(s + ORDER_SCAN - 1, top) do fields[#fields + 1] = order_field(x) end
+    local ids = redis.call('HMGET', K_GROUP, unpack(fields))
+    for i = 1, #fields do
+      local id = ids[i]
+      if id then
+        first_live = first_live or s + i - 1
+        if accept(id) then
+          found = id
+          break
+        end
+      end
+    end
+    s = s + #fields
+  end
+  local new_lp = first_live or s
+  if new_lp > lp then set_g('lp', new_lp) end
+  return found
+end
+
 -- The oldest member leads. Removed members stay in the cached list until it is compacted, so
 -- the scan starts after the last removed leader: leaders removed one after another in one call
 -- cost one pass over the list in all, not one each.
 local function elect_leader()
+  if G.oi then
+    set_g('leader', oldest_member(function() return true end) or '')
+    return
+  end
   if not MEMBERS_CACHE then all_members() end
   local best = ''
   while LEAD_POS <= #MEMBERS_CACHE do
@@ -390,9 +431,36 @@ local function elect_leader()
   set_g('leader', best)
 end
 
--- Finishes a join completion that is still being written in chunks (complete_join below), so a
--- step that changes the members or the generation sees it whole; true if there was one.
-local settle_join
+-- Finishes a join completion or a sync propagation that is still being written in chunks
+-- (complete_join and propagate_assignment below), so a step that changes the members or the
+-- generation sees it whole; true if there was one.
+local settle_chunks
+
+-- Elements i..j of a list (unpack has a limit).
+local function slice(list, i, j)
+  local out = {}
+  for x = i, math.min(j, #list) do out[#out + 1] = list[x] end
+  return out
+end
+
+-- HMGET of any number of fields, in batches.
+local function hmget_batched(key, fields)
+  local out = {}
+  for i = 1, #fields, BATCH do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + BATCH - 1, #fields)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
+-- Members per chunk of a join completion or a sync propagation: the partition settings field
+-- join_chunk_members (tests set a small one), else:
+local JOIN_CHUNK_MEMBERS = 250
+local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
+local function chunk_size()
+  local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
+  return math.max(1, size)
+end
 
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
 local function add_member(id, req)
@@ -404,7 +472,7 @@ local function add_member(id, req)
   if req.iid ~= '' and redis.call('HEXISTS', K_STATIC, req.iid) == 1 then
     illegal('Static member with groupInstanceId=' .. req.iid .. ' is already a member of ' .. GROUP_ID)
   end
-  settle_join()
+  settle_chunks()
   local rtc = rt_counts()
   if req.iid ~= '' then redis.call('HSET', K_STATIC, req.iid, id) end
   if first then set_g('ptype', req.pt) end
@@ -414,6 +482,7 @@ local function add_member(id, req)
                pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1, ng = gen(),
                seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
   mput(rec)
+  if G.oi then redis.call('HSET', K_GROUP, order_field(rec.seq), id) end
   count_protocols(rec, 1)
   rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
@@ -429,7 +498,7 @@ end
 -- Replies already stored stay: Kafka sent those responses before removing the members.
 local function remove_members(ids, recs)
   if #ids == 0 then return end
-  settle_join()
+  settle_chunks()
   local rtc, rt_deltas = rt_counts(), {}
   recs = recs or {}
   local uniq, seen, unread = {}, {}, {}
@@ -451,11 +520,12 @@ local function remove_members(ids, recs)
       end
     end
   end
-  local present, deltas, iids, iid_owner, hb = {}, {}, {}, {}, {}
+  local present, deltas, iids, iid_owner, hb, order = {}, {}, {}, {}, {}, {}
   for _, id in ipairs(uniq) do
     local rec = recs[id]
     if rec then
       present[#present + 1] = id
+      if rec.seq then order[#order + 1] = order_field(rec.seq) end
       for _, p in ipairs(protocols_of(rec)) do deltas[p[1]] = (deltas[p[1]] or 0) - 1 end
       rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) - 1
       if rec.iid ~= '' then
@@ -470,6 +540,7 @@ local function remove_members(ids, recs)
     hb[#hb + 1] = hb_key(id)
   end
   call_batched('HDEL', K_MEMBERS, present)
+  if G.oi then call_batched('HDEL', K_GROUP, order) end
   local names = {}
   for name, _ in pairs(deltas) do names[#names + 1] = name end
   table.sort(names)
@@ -498,7 +569,11 @@ local function remove_member(id) remove_members({id}) end
 
 -- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
 local function update_member(rec, req, parked)
-  if settle_join() then rec.new = (mget(rec.id) or rec).new end
+  if settle_chunks() then
+    -- The chunks rewrote the record the caller read: keep what they wrote.
+    local now_rec = mget(rec.id) or rec
+    rec.new, rec.as, rec.asg, rec.ag = now_rec.new, now_rec.as, now_rec.asg, now_rec.ag
+  end
   local rtc = rt_counts()
   count_protocols(rec, -1)
   local rt_deltas = {[rec.rt] = -1}
@@ -527,34 +602,107 @@ end
 
 local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) end
 
--- Gives every member its new assignment (``asg_of(rec)``) and completes the parked SyncGroups
--- with it (or with an error): one pass over the members and batched writes.
-local function propagate_assignment(err, asg_of)
-  settle_join()
+-- Sync propagation in chunks (issue 12: no single call may block the shard for long). Giving a
+-- large group its assignment rewrites every member record and answers every parked SyncGroup,
+-- so the call that stores the leader's assignment (or a reset's error) writes the first chunk of
+-- members, the leader's own first, and keeps the others' assignments in the group hash; each
+-- later call writes one more chunk through the continuation deadline 'cs' (due at 0, as 'cj' of
+-- a join completion: apply_due writes one chunk per call and applies no other deadline until
+-- the propagation is whole). The group's state moves at once, as in Kafka (Stable once the
+-- leader's assignment is stored): a member whose chunk is pending is answered when it is
+-- written (a SyncGroup in Stable parks until then: sync_group), heartbeats are answered as in
+-- Stable (heartbeat.lua passes over the continuation), and session deadlines count from the
+-- propagation (ZADD GT: a heartbeat answered meanwhile is not shortened). A step that changes
+-- the members or the generation first finishes the rest (settle_chunks).
+-- Group fields while chunks remain: csk next chunk, csn chunks, cst propagation time, cse the
+-- error sent ('NONE' with an assignment), 'cs:<k>' chunk k's {member ids, assignments}.
+-- Member records: asg the assignment, ag the generation it was given in.
+
+-- Writes one chunk: members ``ids`` get assignments ``asgs`` of the propagation at ``at``.
+local function sync_chunk(ids, asgs, err, at)
+  CHUNK_RAN = true
+  local blobs = hmget_batched(K_MEMBERS, ids)
+  local g = gen()
   local recs, replies, hbs = {}, {}, {}
-  for _, rec in ipairs(all_members()) do
-    rec.asg = asg_of(rec)
-    if rec.as == 1 then
-      local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
-      if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
-      replies[#replies + 1] = reply_field('s', rec.id)
-      replies[#replies + 1] = cmsgpack.pack(rep)
-      rec.as = 0
-      hbs[#hbs + 1] = NOW + rec.st
-      hbs[#hbs + 1] = hb_key(rec.id)
+  for i, id in ipairs(ids) do
+    if blobs[i] then
+      local rec = cmsgpack.unpack(blobs[i])
+      rec.asg, rec.ag = asgs[i], g
+      if rec.as == 1 then
+        local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
+        if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
+        replies[#replies + 1] = reply_field('s', id)
+        replies[#replies + 1] = cmsgpack.pack(rep)
+        rec.as = 0
+        hbs[#hbs + 1] = at + rec.st
+        hbs[#hbs + 1] = hb_key(id)
+      end
+      recs[#recs + 1] = id
+      recs[#recs + 1] = cmsgpack.pack(rec)
     end
-    recs[#recs + 1] = rec.id
-    recs[#recs + 1] = cmsgpack.pack(rec)
   end
+  forget_members()
   call_batched('HSET', K_MEMBERS, recs)
   call_batched('HSET', K_REPLIES, replies)
-  call_batched('ZADD', K_DL, hbs)
+  if #hbs > 0 then
+    DL_CHANGED = true
+    for i = 1, #hbs, BATCH do
+      redis.call('ZADD', K_DL, 'GT', unpack(hbs, i, math.min(i + BATCH - 1, #hbs)))
+    end
+  end
   if #replies > 0 then wake() end
+end
+
+-- Writes the next chunk of a pending sync propagation.
+local function continue_sync()
+  local k, n = tonumber(G.csk), tonumber(G.csn)
+  local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cs:' .. k))
+  sync_chunk(part[1], part[2], G.cse, tonumber(G.cst))
+  if k < n then
+    redis.call('HDEL', K_GROUP, 'cs:' .. k)
+    set_g('csk', k + 1)
+  else
+    redis.call('HDEL', K_GROUP, 'csk', 'csn', 'cst', 'cse', 'cs:' .. k)
+    G.csk, G.csn, G.cst, G.cse = nil, nil, nil, nil
+    cancel('cs')
+  end
+end
+
+-- Gives every member its new assignment (``asg_of(id)``) and completes the parked SyncGroups
+-- with it (or with the error ``err``), in chunks (above): the ids come from the hash's keys, so
+-- no record is decoded outside the chunk that writes it.
+local function propagate_assignment(err, asg_of)
+  settle_chunks()
+  local ids = redis.call('HKEYS', K_MEMBERS)
+  for i, id in ipairs(ids) do
+    if id == G.leader and i > 1 then
+      ids[i] = ids[1]
+      ids[1] = id
+      break
+    end
+  end
+  local asgs = {}
+  for i, id in ipairs(ids) do asgs[i] = asg_of(id) end
+  local size = chunk_size()
+  local n = math.max(1, math.ceil(#ids / size))
+  if n > 1 then
+    local fields = {'csk', 2, 'csn', n, 'cst', NOW, 'cse', err}
+    for k = 2, n do
+      local first = (k - 1) * size + 1
+      fields[#fields + 1] = 'cs:' .. k
+      fields[#fields + 1] = cmsgpack.pack({slice(ids, first, k * size),
+                                           slice(asgs, first, k * size)})
+    end
+    call_batched('HSET', K_GROUP, fields)
+    G.csk, G.csn, G.cst, G.cse = '2', tostring(n), tostring(NOW), err
+    schedule('cs', 0)
+  end
+  sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW)
 end
 
 local function set_and_propagate_assignment(assignments)
   if G.state ~= COMPLETING then illegal('assignment outside CompletingRebalance') end
-  propagate_assignment('NONE', function(rec) return assignments[rec.id] or '' end)
+  propagate_assignment('NONE', function(id) return assignments[id] or '' end)
 end
 
 local function reset_and_propagate_error(err)
@@ -565,7 +713,8 @@ end
 local function remove_pending_sync(id)
   redis.call('HDEL', K_PSYNC, id)
   if G.state == COMPLETING or G.state == STABLE then
-    if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
+    -- (While join chunks remain, their members' pending syncs are not written yet.)
+    if redis.call('HLEN', K_PSYNC) == 0 and not G.cjk then cancel('sync') end
   else
     cancel('sync')
   end
@@ -630,6 +779,11 @@ end
 local function maybe_elect_new_joined_leader()
   if G.leader == '' then return false end
   if awaiting_join(G.leader) then return true end
+  if G.oi then
+    local id = oldest_member(awaiting_join)
+    if id then set_g('leader', id) end
+    return id ~= nil
+  end
   for _, rec in ipairs(all_members()) do
     if awaiting_join(rec.id) then
       set_g('leader', rec.id)
@@ -658,23 +812,6 @@ local function prune_reply_fields(fields)
   call_batched('HDEL', K_REPLIES, stale)
 end
 
--- Elements i..j of a list (unpack has a limit).
-local function slice(list, i, j)
-  local out = {}
-  for x = i, math.min(j, #list) do out[#out + 1] = list[x] end
-  return out
-end
-
--- HMGET of any number of fields, in batches.
-local function hmget_batched(key, fields)
-  local out = {}
-  for i = 1, #fields, BATCH do
-    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + BATCH - 1, #fields)))
-    for j = 1, #part do out[#out + 1] = part[j] end
-  end
-  return out
-end
-
 -- The header of a msgpack array of ``n`` elements (the leader's member list is assembled from
 -- entries packed in several calls).
 local function msgpack_array_header(n)
@@ -695,17 +832,15 @@ end
 -- sweeper drive it: a caller whose chunk is pending is still parked and is told to wait until
 -- 'cj', which has passed. The leader's reply, which lists every member, is written with the
 -- last chunk, from member entries each chunk stores ('cjm:<k>'). A step that changes the
--- members or the generation first finishes the rest (settle_join).
+-- members or the generation first finishes the rest (settle_chunks).
 -- Group fields while chunks remain: cjk next chunk, cjn chunks, cjt completion time (session
 -- deadlines count from it), 'cj:<k>' chunk k's member ids, 'cjm:<k>' chunk k's entries.
--- Chunk size: the partition settings field join_chunk_members (tests set a small one), else:
-local JOIN_CHUNK_MEMBERS = 250
-local JOIN_CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
+-- Chunk size: chunk_size() above.
 
 -- Writes chunk ``k`` of ``n`` (member ``ids``) of the completion that started at ``at``;
 -- ``inline``: the member entries and topics of every chunk are in this call (n == 1).
 local function join_chunk(ids, k, n, at)
-  JOIN_CHUNK_RAN = true
+  CHUNK_RAN = true
   local blobs = hmget_batched(K_MEMBERS, ids)
   local parked = hmget_batched(K_JOINING, ids)
   -- A follower's reply differs from the others only in its member id: encode the rest once and
@@ -718,10 +853,17 @@ local function join_chunk(ids, k, n, at)
     string.sub(body, 2) .. cmsgpack.pack('mid')
   local consumer = G.ptype == 'consumer'
   local replies, joined, hbs, recs, old, mem, topics = {}, {}, {}, {}, {}, {}, {}
+  local psync = {}
   local unknown = false
   for i, id in ipairs(ids) do
     if blobs[i] then
       local rec = cmsgpack.unpack(blobs[i])
+      -- Every member must sync this generation, unless it already did (a member that learnt
+      -- the generation from a repeated JoinGroup before its chunk was written).
+      if rec.as ~= 1 then
+        psync[#psync + 1] = id
+        psync[#psync + 1] = 1
+      end
       old[#old + 1] = reply_field('s', id)
       if parked[i] then
         if id ~= G.leader then
@@ -753,6 +895,7 @@ local function join_chunk(ids, k, n, at)
     end
   end
   prune_reply_fields(old)
+  call_batched('HSET', K_PSYNC, psync)
   call_batched('HSET', K_REPLIES, replies)
   call_batched('HDEL', K_JOINING, joined)
   call_batched('ZADD', K_DL, hbs)
@@ -807,6 +950,8 @@ local function join_chunk(ids, k, n, at)
     for _, f in ipairs(drop) do G[f] = nil end
     cancel('cj')
   end
+  -- Every member synced before the last chunk was written: the sync deadline has no purpose.
+  if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
 end
 
 -- Writes the next chunk of a pending join completion.
@@ -816,9 +961,10 @@ local function continue_join()
   join_chunk(ids, k, n, tonumber(G.cjt))
 end
 
-settle_join = function()
-  if not G.cjk then return false end
+settle_chunks = function()
+  if not G.cjk and not G.csk then return false end
   while G.cjk do continue_join() end
+  while G.csk do continue_sync() end
   forget_members()
   return true
 end
@@ -827,12 +973,17 @@ local function complete_join()
   cancel('join')
   -- Members that neither rejoined nor are static (static members keep their place) are removed;
   -- found from the keys alone (a static member is its instance id's owner), no record decoded.
-  local joining, static = {}, {}
-  for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
-  for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
-  local ids, absent = {}, {}
-  for _, id in ipairs(redis.call('HKEYS', K_MEMBERS)) do
-    if joining[id] or static[id] then ids[#ids + 1] = id else absent[#absent + 1] = id end
+  -- When every member rejoined (the common case), nobody is absent and no set is built.
+  local ids, absent = redis.call('HKEYS', K_MEMBERS), {}
+  if redis.call('HLEN', K_JOINING) < #ids then
+    local joining, static = {}, {}
+    for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
+    for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
+    local kept = {}
+    for _, id in ipairs(ids) do
+      if joining[id] or static[id] then kept[#kept + 1] = id else absent[#absent + 1] = id end
+    end
+    ids = kept
   end
   remove_members(absent)
   if G.state == DEAD then return end
@@ -851,16 +1002,10 @@ local function complete_join()
     if not member[string.sub(field, 3)] then others[#others + 1] = field end
   end
   prune_reply_fields(others)
-  local psync = {}
-  for _, id in ipairs(ids) do
-    psync[#psync + 1] = id
-    psync[#psync + 1] = 1
-  end
-  call_batched('HSET', K_PSYNC, psync)
+  -- The pending syncs are written with each member's chunk (join_chunk).
   set_g('sg', gen())
   schedule('sync', NOW + rebalance_timeout())
-  local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
-  size = math.max(1, size)
+  local size = chunk_size()
   local n = math.max(1, math.ceil(#ids / size))
   if n > 1 then
     local fields = {'cjn', n, 'cjt', NOW}
@@ -868,7 +1013,7 @@ local function complete_join()
       fields[#fields + 1] = 'cj:' .. k
       fields[#fields + 1] = cmsgpack.pack(slice(ids, (k - 1) * size + 1, k * size))
     end
-    redis.call('HSET', K_GROUP, unpack(fields))
+    call_batched('HSET', K_GROUP, fields)
     G.cjn, G.cjt = tostring(n), tostring(NOW)
     schedule('cj', 0)
   end
@@ -883,7 +1028,7 @@ local function maybe_complete_join_phase()
 end
 
 local function prepare_rebalance(reason)
-  settle_join()
+  settle_chunks()
   if G.state == COMPLETING then reset_and_propagate_error('REBALANCE_IN_PROGRESS') end
   redis.call('DEL', K_PSYNC)
   cancel('sync')
@@ -1028,18 +1173,24 @@ end
 local LATENESS = {} -- ms after its deadline that each applied timer acted (for metrics)
 local function apply_due()
   local applied = 0
-  JOIN_CHUNK_RAN = false
+  CHUNK_RAN = false
   while group_exists() and applied < 1000 do
     local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
     if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
-    -- A join completion still being written (due at 0, so first): one chunk per call, and no
-    -- other deadline until it is whole (complete_join explains).
-    if name == 'cj' then
-      if JOIN_CHUNK_RAN then break end
-      continue_join()
+    -- A join completion or sync propagation still being written (due at 0, so first): one
+    -- chunk per call, and no other deadline until it is whole (complete_join explains).
+    if name == 'cj' or name == 'cs' then
+      if CHUNK_RAN then break end
+      if name == 'cj' and G.cjk then
+        continue_join()
+      elseif name == 'cs' and G.csk then
+        continue_sync()
+      else
+        cancel(name) -- (no chunk left: a stray continuation)
+      end
       applied = applied + 1
-      if G.cjk then break end
+      if G.cjk or G.csk then break end
     else
       -- Kafka's timer orders by deadline only; at equal deadlines the group's join and sync
       -- timers act before session timers (a member the join keeps is then rescheduled).

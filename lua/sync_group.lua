@@ -49,6 +49,16 @@ local function sync_group(req)
   end
 
   if G.state == STABLE then
+    if G.csk and rec.ag ~= gen() then
+      -- The leader's assignment is stored but this member's chunk is still to be written
+      -- (prelude propagate_assignment): it waits, as a SyncGroup in CompletingRebalance does,
+      -- and is answered with its chunk.
+      rec.as = 1
+      mput(rec)
+      redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
+      remove_pending_sync(member_id)
+      return reply_or_wait(member_id, 's')
+    end
     remove_pending_sync(member_id)
     return respond({k = 's', e = 'NONE', pt = G.ptype, pn = G.pname, asg = rec.asg})
   end

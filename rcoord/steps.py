@@ -74,7 +74,9 @@ DUE_BATCH = 1000
 KEYS_CACHE_SIZE = 10_000
 """Key layouts remembered; the cache is emptied when full (layouts are cheap to rebuild)."""
 MAX_DUE_RETRIES = 5
-"""Heartbeats retried after applying a passed deadline, before a retriable answer."""
+"""Heartbeats retried after a deadline sweep that applied nothing, before a retriable answer."""
+MAX_DUE_CALLS = 1_000
+"""Most heartbeat attempts in all, counting those after sweeps that made progress."""
 HEARTBEAT_BATCH = 500
 """Most members of one group in one heartbeat script call (a script blocks its shard)."""
 NOT_COORDINATOR_RETRIES = 3
@@ -317,12 +319,19 @@ class GroupSteps:
         if not gid:
             return Errors.INVALID_GROUP_ID
         keys = self.keys(gid)
-        for _ in range(MAX_DUE_RETRIES):
+        stalled = 0
+        for _ in range(MAX_DUE_CALLS):
             reply = yield Script("heartbeat", keys.heartbeat_keys(), [self.now_arg(), gid, *args])
             if reply != b"DUE":
                 return decode_heartbeat(reply[0])
-            # A deadline of the group has passed: apply it first, as every step does.
-            yield from self.call("expire_deadlines", keys, [])
+            # A deadline of the group has passed: apply it first, as every step does. A call
+            # that applied something (one chunk of a large completion applies per call) made
+            # progress and is not counted as a retry.
+            applied = yield from self.call("expire_deadlines", keys, [])
+            if not applied or int(applied[0]) == 0:
+                stalled += 1
+                if stalled >= MAX_DUE_RETRIES:
+                    break
         # Deadlines kept falling due between the calls: a retriable answer, try again shortly.
         return Errors.COORDINATOR_NOT_AVAILABLE
 

@@ -94,15 +94,18 @@ def test_completion_between_chunks(raw):
     assert raw.field("state") == "CompletingRebalance" and raw.field("gen") == "1"
     assert raw.field("cjk") == "2" and raw.field("cjn") == "4"
     assert raw.r.zscore(raw.keys.deadlines, "cj") == 0
-    # Every member must sync this generation, whichever chunk it is in; the sync timer runs.
-    assert {k.decode() for k in raw.r.hkeys(raw.keys.syncing)} == set(ids)
+    # The sync timer runs; the pending syncs are written with each member's chunk.
+    assert raw.r.hlen(raw.keys.syncing) == 3
     assert raw.r.zscore(raw.keys.deadlines, "sync") == now + DELAY
     # The leader (oldest) is answered with the last chunk, whichever chunk it is in; the
     # members of chunks 2-4 are still parked (chunks follow the member hash's order).
     assert first[0] == b"W" and ids[0] in raw.parked() and len(raw.parked() - {ids[0]}) in (6, 7)
-    # A heartbeat waits for the completion (its deadline acts first), as do other deadlines.
-    assert raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
-                                   [str(now), GROUP, ids[5], 1, ""]) == b"DUE"
+    # A heartbeat is answered as after a completion in one call (the pending chunks do not
+    # hold it back): the old generation is illegal, the new one refreshes the session.
+    hb = raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
+                                 [str(now), GROUP, ids[5], 0, "", ids[6], 1, ""])
+    assert hb == [b"ILLEGAL_GENERATION", b"NONE"]
+    assert raw.r.zscore(raw.keys.deadlines, "cj") == 0  # no chunk written by it
     # Each later call writes one chunk.
     assert raw.call("expire_deadlines", now + 1)[0] == 1
     assert raw.field("cjk") == "3" and len(raw.parked() - {ids[0]}) in (3, 4)
@@ -110,6 +113,7 @@ def test_completion_between_chunks(raw):
     assert raw.field("cjk") == "4"
     last = raw.await_join(now + 2, ids[0])  # the last chunk: the leader's reply
     assert last[0] == b"R" and raw.field("cjk") is None and not raw.parked()
+    assert {k.decode() for k in raw.r.hkeys(raw.keys.syncing)} == set(ids)
     assert raw.r.zscore(raw.keys.deadlines, "cj") is None
     lead = JoinGroupResult.decode(bytes(last[1]))
     assert lead.error is Errors.NONE and lead.leader_id == ids[0] and lead.generation_id == 1
@@ -195,3 +199,112 @@ def test_group_without_stored_timeouts_counts_its_members(raw):
     assert raw.join(T0, ids[1], rt=400, i=1)[0] == b"W"
     assert msgpack.unpackb(raw.r.hget(raw.keys.group, "rtc"), strict_map_key=False) == {
         400: 1, 200: 1}
+
+
+def sync(raw: Raw, now: int, mid: str, gen: int = 1, asg: dict[str, bytes] | None = None) -> Any:
+    return raw.call("sync_group", now, *SyncRequest.build(
+        GROUP, gen, mid, assignments=asg, group_instance_id=None, protocol_type=None,
+        protocol_name=None).args())
+
+
+def complete(raw: Raw, ids: list[str], now: int) -> None:
+    """Completes the initial join (every chunk written) and collects the join replies."""
+    raw.await_join(now, ids[0])
+    while raw.field("cjk") is not None:
+        raw.call("expire_deadlines", now)
+    assert raw.field("state") == "CompletingRebalance" and not raw.parked()
+
+
+def test_sync_propagation_between_chunks(raw):
+    ids = form_parked(raw, 7)
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    for mid in ids[1:]:
+        assert sync(raw, now, mid)[0] == b"W"
+    lead = sync(raw, now + 1, ids[0], asg={m: m.encode() for m in ids})
+    # Stable once the leader's assignment is stored, as in Kafka; the leader's own chunk is first.
+    assert raw.field("state") == "Stable" and raw.field("csk") == "2" and raw.field("csn") == "3"
+    assert raw.r.zscore(raw.keys.deadlines, "cs") == 0
+    assert lead[0] == b"R"
+    res = SyncGroupResult.decode(bytes(lead[1]))
+    assert res.error is Errors.NONE and res.assignment == ids[0].encode()
+    answered = {m for m in ids if raw.r.hexists(raw.keys.replies, f"s:{m}")}
+    assert len(answered) == 3 and ids[0] in answered
+    pending = [m for m in ids if m not in answered]
+    # Heartbeats see Stable (no REBALANCE_IN_PROGRESS, not held back), and write no chunk; a
+    # session a heartbeat refreshed is not shortened by its member's chunk later.
+    hb = raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(),
+                                 [str(now + 50), GROUP, pending[0], 1, "", ids[0], 1, ""])
+    assert hb == [b"NONE", b"NONE"] and raw.field("csk") == "2"
+    # A member whose chunk is pending and syncs again in Stable waits for its chunk.
+    again = sync(raw, now + 50, pending[1])
+    assert again[0] == b"W" or SyncGroupResult.decode(bytes(again[1])).assignment == \
+        pending[1].encode()
+    while raw.field("csk") is not None:
+        assert raw.call("expire_deadlines", now + 60)[0] >= 1
+    assert raw.r.zscore(raw.keys.deadlines, "cs") is None
+    assert not [f for f in raw.r.hkeys(raw.keys.group) if f.startswith((b"cs:", b"cse", b"cst"))]
+    for mid in ids:
+        res = SyncGroupResult.decode(bytes(raw.call("await_reply", now + 60, mid, "s")[1]))
+        assert res.error is Errors.NONE and res.assignment == mid.encode(), mid
+    assert raw.r.zscore(raw.keys.deadlines, f"hb:{pending[0]}") == now + 50 + 60_000
+    assert raw.r.zscore(raw.keys.deadlines, f"hb:{pending[2]}") == now + 1 + 60_000
+    # A later SyncGroup in Stable reads the stored assignment.
+    res = SyncGroupResult.decode(bytes(sync(raw, now + 70, pending[2])[1]))
+    assert res.error is Errors.NONE and res.assignment == pending[2].encode()
+
+
+def test_leave_during_sync_chunks_finishes_them_first(raw):
+    ids = form_parked(raw, 7)
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    for mid in ids[1:]:
+        sync(raw, now, mid)
+    sync(raw, now, ids[0], asg={m: m.encode() for m in ids})
+    assert raw.field("csk") == "2"
+    res = raw.call("leave_group", now + 1, msgpack.packb([[ids[6], ""]]))
+    assert res[1] == [b"NONE"] and raw.field("csk") is None
+    assert raw.field("state") == "PreparingRebalance"
+    for mid in ids[:6]:  # every parked SyncGroup got its assignment before the member left
+        res = SyncGroupResult.decode(bytes(raw.call("await_reply", now + 1, mid, "s")[1]))
+        assert res.error is Errors.NONE and res.assignment == mid.encode()
+
+
+def test_leader_election_reads_the_join_order(raw):
+    ids = form_parked(raw, 10)
+    complete(raw, ids, T0 + DELAY)
+    assert raw.field("leader") == ids[0]
+    # The order index names each member by its join sequence; no record is read to elect.
+    assert [raw.r.hget(raw.keys.group, f"o:{i + 1}").decode() for i in range(10)] == ids
+    leaving = [ids[0], ids[1], ids[2], ids[4]]
+    res = raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in leaving]))
+    assert res[1] == [b"NONE"] * 4
+    assert raw.field("leader") == ids[3] and raw.field("lp") == "4"
+    assert raw.r.hget(raw.keys.group, "o:5") is None
+    raw.call("leave_group", T0 + DELAY, msgpack.packb([[ids[3], ""]]))
+    assert raw.field("leader") == ids[5] and raw.field("lp") == "6"
+    # Everyone leaves: no leader, and the scan position passes every sequence number.
+    raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in ids[5:]]))
+    assert raw.field("leader") == "" and raw.field("lp") == "11"
+
+
+def test_heartbeat_retries_while_chunks_make_progress(make_coordinator):
+    from rcoord.testing.clock import MockTime
+
+    clock = MockTime(T0)
+    coord = make_coordinator(clock=clock, group_initial_rebalance_delay_ms=DELAY)
+    coord._redis.hset(coord._keys(GROUP).partition.cfg, "join_chunk_members", 1)
+    raw = Raw(coord)
+    # More chunks than MAX_DUE_RETRIES, and a passed session deadline behind them: each sweep
+    # writes one chunk, and the heartbeat is answered once the completion is whole.
+    from rcoord.steps import MAX_DUE_RETRIES
+
+    ids = form_parked(raw, MAX_DUE_RETRIES + 5)
+    now = T0 + DELAY
+    raw.await_join(now, ids[0])
+    assert int(raw.field("cjn")) > MAX_DUE_RETRIES + 1
+    raw.r.zadd(raw.keys.deadlines, {"hb:not-a-member": now})
+    clock.sleep(DELAY + 1)
+    assert clock() >= now
+    assert coord.heartbeat(GROUP, 1, ids[1]) is Errors.NONE
+    assert raw.field("cjk") is None and raw.r.zscore(raw.keys.deadlines, "hb:not-a-member") is None
