@@ -1,10 +1,9 @@
 """Two gateways over the same namespace (one Redis node, and the 3-master cluster): clients
 bootstrapped to either one form one group, produce through one and consume through the other.
-The gateways share nothing but Redis; each answers FindCoordinator with itself.
-
-The group members are librdkafka's: two kafka-python 3 consumers on two gateways sometimes
-(about 1 run in 4 here) end with one member removed from the group after its first assignment
-was computed without topic metadata; not diagnosed (docs/gateway.md, "Not done")."""
+The gateways share nothing but Redis; each answers FindCoordinator with itself. The members
+are librdkafka's or kafka-python's (each kafka-python member reads its topic's metadata before
+it subscribes, which keeps clear of a kafka-python 3.0.12 bug: docs/gateway.md, "Known client
+issues")."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def topics(server: Any, namespace: str) -> Iterator[Topics]:
 
 
 class _Member(threading.Thread):
-    """A librdkafka group member (it reads metadata before it joins; see the module note)."""
+    """A librdkafka group member."""
 
     def __init__(self, gw: GatewayThread, group: str, topic: str) -> None:
         super().__init__(daemon=True)
@@ -72,12 +71,58 @@ class _Member(threading.Thread):
             self.consumer.close()
 
 
+class _KafkaPythonMember(threading.Thread):
+    """A kafka-python group member, with the same fields as ``_Member``.
+
+    It reads the topic's metadata before it subscribes. kafka-python 3.0.12 otherwise joins
+    before its first topic Metadata request, so a leader assigns nothing, rejoins when the
+    metadata arrives, and if that rejoin's JoinGroup is still parked when ``poll()`` returns,
+    the client never takes up the finished round (see docs/gateway.md, "Known client issues").
+    """
+
+    def __init__(self, gw: GatewayThread, group: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = kafka.KafkaConsumer(
+            bootstrap_servers=gw.bootstrap, group_id=group,
+            auto_offset_reset="earliest", enable_auto_commit=False,
+            heartbeat_interval_ms=200, session_timeout_ms=6000)
+        assert self.consumer.partitions_for_topic(topic)  # metadata first (see above)
+        self.consumer.subscribe([topic])
+        self.stop = threading.Event()
+        self.assigned: set[int] = set()
+        self.values: list[bytes] = []
+        self._seen: set[tuple[int, int]] = set()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                for tp, batch in self.consumer.poll(timeout_ms=100).items():
+                    # A rebalance may refuse a commit; the records then come again (kept once).
+                    self.values.extend(r.value for r in batch
+                                       if (r.partition, r.offset) not in self._seen)
+                    self._seen.update((r.partition, r.offset) for r in batch)
+                    try:
+                        self.consumer.commit(
+                            {tp: kafka.OffsetAndMetadata(batch[-1].offset + 1, "", -1)})
+                    except (kafka.errors.RebalanceInProgressError,
+                            kafka.errors.CommitFailedError):
+                        pass
+                self.assigned = {tp.partition for tp in self.consumer.assignment()}
+        finally:
+            self.consumer.close()
+
+
+MEMBERS = {"librdkafka": _Member, "kafka-python": _KafkaPythonMember}
+
+
+@pytest.mark.parametrize("client", sorted(MEMBERS))
 def test_one_group_spans_two_gateways(two_gateways: tuple[GatewayThread, GatewayThread],
-                                      topics: Topics) -> None:
+                                      topics: Topics, client: str) -> None:
     one, two = two_gateways
     assert one.address != two.address
     topics.create("spread", 4)
-    a, b = _Member(one, "multi", "spread"), _Member(two, "multi", "spread")
+    member = MEMBERS[client]
+    a, b = member(one, "multi", "spread"), member(two, "multi", "spread")
     a.start()
     b.start()
     try:
@@ -90,21 +135,29 @@ def test_one_group_spans_two_gateways(two_gateways: tuple[GatewayThread, Gateway
             producer.send("spread", value=b"%d" % i, partition=i % 4)
         producer.flush(20)
         producer.close()
-        wait_until(lambda: len(a.values) + len(b.values) == 40, timeout_s=WAIT_S)
-        assert sorted(a.values + b.values) == sorted(b"%d" % i for i in range(40))
+        # A rebalance may come while they read (a client's own rejoin, e.g. kafka-python's after
+        # a metadata refresh); a partition whose commit it refused is read again by its next
+        # owner, so the check is on the set of values, not their count.
+        want = {b"%d" % i for i in range(40)}
+        wait_until(lambda: set(a.values) | set(b.values) == want, timeout_s=WAIT_S)
         assert a.values and b.values
         b.stop.set()
         b.join(30)
         wait_until(lambda: a.assigned == {0, 1, 2, 3}, timeout_s=WAIT_S)
+        # Commits made through either gateway, read through the other (waited for while ``a``
+        # runs: it commits what it reads again after a refused commit).
+        admin = kafka.KafkaAdminClient(bootstrap_servers=two.bootstrap)
+        try:
+            wait_until(lambda: _committed(admin) == {p: 10 for p in range(4)}, timeout_s=WAIT_S)
+        finally:
+            admin.close()
     finally:
         a.stop.set()
         b.stop.set()
         a.join(30)
         b.join(30)
-    # Commits made through either gateway, read through the other.
-    admin = kafka.KafkaAdminClient(bootstrap_servers=two.bootstrap)
-    try:
-        offsets = admin.list_group_offsets("multi")["multi"]
-    finally:
-        admin.close()
-    assert {tp.partition: om.offset for tp, om in offsets.items()} == {p: 10 for p in range(4)}
+
+
+def _committed(admin: Any) -> dict[int, int]:
+    offsets = admin.list_group_offsets("multi")["multi"]
+    return {tp.partition: om.offset for tp, om in offsets.items()}

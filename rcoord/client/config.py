@@ -20,6 +20,7 @@ from typing import Any, Literal
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
 from ..protocol._checks import check_id
+from ..protocol.consumer import ENCODINGS, Encoding
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
@@ -81,6 +82,10 @@ class ConsumerGroupConfig:
             subscription; rack-aware assignors (``range``, ``sticky``, ``cooperative-sticky``
             per KIP-881, ``rack-affinity``) prefer partitions held in the same rack, where the
             racks of the Redis nodes are declared with ``rcoord.topics.set_node_racks``.
+        protocol_encoding: how this member encodes its subscription: "msgpack" (rcoord's
+            format) or "kafka" (Kafka's binary ConsumerProtocol). Use "kafka" in a group shared
+            with Kafka clients (through ``rcoord gateway``), whose leader reads only that. An
+            rcoord leader reads both and answers each member in its own encoding.
         redis_url: ``redis://host:port/db``; a cluster is detected and used as one.
         redis_client: an existing ``redis.Redis`` or ``redis.RedisCluster`` created with
             ``decode_responses=False``, used instead of ``redis_url``. The group does not close it.
@@ -108,6 +113,7 @@ class ConsumerGroupConfig:
     group_instance_id: str | None = None
     client_id: str = "rcoord"
     client_rack: str | None = None
+    protocol_encoding: Encoding = "msgpack"
     redis_url: str | None = None
     redis_client: Any = field(default=None, compare=False, repr=False)
     namespace: str = "rcoord"
@@ -194,6 +200,10 @@ class ConsumerGroupConfig:
             raise ConfigError(
                 "group_instance_id must be 1-249 characters of [a-zA-Z0-9._-] or None, "
                 f"got {self.group_instance_id!r}"
+            )
+        if self.protocol_encoding not in ENCODINGS:
+            raise ConfigError(
+                f"protocol_encoding must be one of {ENCODINGS}, got {self.protocol_encoding!r}"
             )
         if not isinstance(self.client_id, str):
             raise ConfigError(f"client_id must be a str, got {self.client_id!r}")

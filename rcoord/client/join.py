@@ -44,8 +44,10 @@ from ..protocol.consumer import (
     ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
     MalformedMetadataError,
+    metadata_encoding,
 )
 from ..protocol.join import JoinGroupResult
+from ..protocol.kafka_consumer import HIGHEST_VERSION
 from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
 from .config import ConsumerGroupConfig
@@ -113,7 +115,7 @@ def join_generation(
     metadata = ConsumerProtocolSubscription(
         topics, owned_partitions=owned, generation_id=owned_generation if owned else -1,
         rack=cfg.client_rack,
-    ).encode()
+    ).encode(cfg.protocol_encoding)
     protocols = [(a.name, metadata) for a in assignors]
     while True:
         if closing.is_set():
@@ -220,7 +222,9 @@ def leader_assignment(
     two members consume it at once, so the round fails instead (Kafka's leader does the same).
 
     Returns every member's encoded ``ConsumerProtocolAssignment`` and the partition counts the
-    assignment was made from (the partition watcher's baseline).
+    assignment was made from (the partition watcher's baseline). Each assignment is encoded the
+    way that member's subscription was (msgpack, or Kafka's ConsumerProtocol at the version it
+    sent, at most 3), so Kafka clients in the group can read theirs.
     """
     name = joined.protocol_name or ""
     assignor = next((a for a in assignors if a.name == name), None)
@@ -255,7 +259,13 @@ def leader_assignment(
     if protocol is RebalanceProtocol.COOPERATIVE:
         owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
         check_cooperative(owned, plan, name)
-    encoded = {mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode() for mid in subscriptions}
+    encodings = {m.member_id: metadata_encoding(m.metadata) for m in joined.members}
+    encoded = {
+        mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode(
+            encodings[mid][0], min(encodings[mid][1], HIGHEST_VERSION)
+        )
+        for mid in subscriptions
+    }
     return encoded, {t: counts.get(t, 0) for t in topics}
 
 

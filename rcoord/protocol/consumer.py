@@ -18,6 +18,15 @@ versions its schema:
 Optional fields at their default value are left out of the encoding, which keeps the common
 payload small and means older encoders' output is simply "a newer field at its default".
 
+**Two encodings.** ``decode()`` also reads Kafka's own binary ``ConsumerProtocol``
+(``rcoord.protocol.kafka_consumer``), and ``encode(encoding="kafka")`` writes it, so an rcoord
+member and Kafka clients (through the gateway) can share one group: the leader of either kind
+reads every member's subscription, and an rcoord leader answers each member in the encoding its
+subscription came in (``metadata_encoding``). The two cannot be confused: Kafka's bytes open
+with an int16 version (a 0x00 byte for versions 0-255), msgpack maps with 0x80-0x8f, 0xde or
+0xdf. msgpack stays the default for rcoord-only groups: it is the format the rest of rcoord's
+tools read, and it is forward compatible without a version table.
+
 Decoding untrusted bytes never raises anything but ``MalformedMetadataError`` (a subclass of
 ``InvalidRequestError``), whose message names what is wrong. Constructing a value with the wrong
 Python types raises ``TypeError`` (a programming error); impossible values (an empty topic, a
@@ -28,19 +37,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
 from ..errors import InvalidRequestError
+from . import kafka_consumer
 from .offsets import TopicPartition
 
 __all__ = [
+    "ENCODINGS",
     "PROTOCOL_TYPE",
     "VERSION",
     "ConsumerProtocolAssignment",
     "ConsumerProtocolSubscription",
+    "Encoding",
     "MalformedMetadataError",
+    "metadata_encoding",
     "subscribed_topics",
 ]
 
@@ -49,6 +62,11 @@ PROTOCOL_TYPE = "consumer"
 
 VERSION = 0
 """The version this code writes. It reads every version >= 0 (unknown fields are ignored)."""
+
+Encoding = Literal["msgpack", "kafka"]
+"""rcoord's msgpack maps, or Kafka's binary ConsumerProtocol."""
+
+ENCODINGS: tuple[Encoding, ...] = ("msgpack", "kafka")
 
 _INT32_MAX = 2**31 - 1
 """Kafka's partition numbers and generation ids are int32; larger values cannot be real."""
@@ -184,6 +202,24 @@ def _field_partitions(kind: str, obj: Mapping[str, Any], field: str) -> list[Top
     return out
 
 
+def metadata_encoding(data: bytes) -> tuple[Encoding, int]:
+    """Which encoding ``data`` is in, and its version: ("kafka", v) or ("msgpack", VERSION).
+
+    Only the first byte is looked at (see the module docstring); whether the rest decodes is
+    ``decode()``'s business. Empty or one-byte data counts as msgpack (and fails there).
+    """
+    if len(data) >= 2 and data[0] == 0:
+        return "kafka", int.from_bytes(bytes(data[:2]), "big")
+    return "msgpack", VERSION
+
+
+def _check_encoding(encoding: Any) -> Encoding:
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+    e: Encoding = encoding
+    return e
+
+
 def _pack(obj: dict[str, Any]) -> bytes:
     packed: bytes = msgpack.packb(obj, use_bin_type=True)
     return packed
@@ -228,8 +264,13 @@ class ConsumerProtocolSubscription:
         object.__setattr__(self, "generation_id", _int("generation_id", generation_id, -1))
         object.__setattr__(self, "rack", rack)
 
-    def encode(self) -> bytes:
-        """Deterministic msgpack bytes; fields at their defaults are omitted."""
+    def encode(self, encoding: Encoding = "msgpack") -> bytes:
+        """Deterministic bytes: msgpack with fields at their defaults omitted, or Kafka's
+        Subscription v3 (``encoding="kafka"``)."""
+        if _check_encoding(encoding) == "kafka":
+            return kafka_consumer.encode_subscription(
+                self.topics, self.user_data, self.owned_partitions, self.generation_id, self.rack
+            )
         obj: dict[str, Any] = {"version": VERSION, "topics": list(self.topics)}
         if self.user_data:
             obj["user_data"] = self.user_data
@@ -243,8 +284,15 @@ class ConsumerProtocolSubscription:
 
     @classmethod
     def decode(cls, data: bytes) -> ConsumerProtocolSubscription:
-        """Decode any version >= 0, ignoring unknown fields; bad ones are MalformedMetadataError."""
+        """Decode either encoding, any version >= 0, ignoring unknown fields; bad bytes raise
+        MalformedMetadataError."""
         kind = "subscription"
+        if metadata_encoding(data)[0] == "kafka":
+            try:
+                k = kafka_consumer.decode_subscription(data)
+            except ValueError as exc:
+                raise MalformedMetadataError(str(exc)) from exc
+            return cls(k.topics, k.user_data, k.owned_partitions, k.generation_id, k.rack)
         obj = _unpack_map(data, kind)
         if "topics" not in obj:
             raise MalformedMetadataError(f"{kind} is missing 'topics'")
@@ -282,8 +330,13 @@ class ConsumerProtocolAssignment:
         object.__setattr__(self, "partitions", _topic_partitions("partitions", partitions))
         object.__setattr__(self, "user_data", _bytes("user_data", user_data))
 
-    def encode(self) -> bytes:
-        """Deterministic msgpack bytes; empty ``user_data`` is omitted."""
+    def encode(
+        self, encoding: Encoding = "msgpack", version: int = kafka_consumer.HIGHEST_VERSION
+    ) -> bytes:
+        """Deterministic bytes: msgpack with empty ``user_data`` omitted, or Kafka's Assignment
+        at ``version`` (``encoding="kafka"``; the version only matters to that encoding)."""
+        if _check_encoding(encoding) == "kafka":
+            return kafka_consumer.encode_assignment(self.partitions, self.user_data, version)
         obj: dict[str, Any] = {
             "version": VERSION,
             "partitions": _group_by_topic(self.partitions),
@@ -294,8 +347,15 @@ class ConsumerProtocolAssignment:
 
     @classmethod
     def decode(cls, data: bytes) -> ConsumerProtocolAssignment:
-        """Decode any version >= 0, ignoring unknown fields; bad ones are MalformedMetadataError."""
+        """Decode either encoding, any version >= 0, ignoring unknown fields; bad bytes raise
+        MalformedMetadataError."""
         kind = "assignment"
+        if metadata_encoding(data)[0] == "kafka":
+            try:
+                k = kafka_consumer.decode_assignment(data)
+            except ValueError as exc:
+                raise MalformedMetadataError(str(exc)) from exc
+            return cls(k.partitions, k.user_data)
         obj = _unpack_map(data, kind)
         if "partitions" not in obj:
             raise MalformedMetadataError(f"{kind} is missing 'partitions'")
