@@ -62,6 +62,8 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
             generation_id=req.generation_id_or_member_epoch,
             group_instance_id=getattr(req, "group_instance_id", None),
             retention_ms=None if retention_ms is None or retention_ms < 0 else retention_ms,
+            required_acks=conn.state.config.commit_required_acks,
+            ack_timeout_ms=conn.state.config.commit_ack_timeout_ms,
         ))
     codes.update(refused)
     return {"throttle_time": 0, "topics": [

@@ -58,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "certificate file)")
     p.add_argument("--listen-tls-ca-file", default=None,
                    help="require a client certificate signed by this CA (mutual TLS)")
+    p.add_argument("--commit-required-acks", type=int, default=0,
+                   help="replicas that must have an OffsetCommit before it is answered (Kafka's "
+                        "offsets.commit.required.acks; default 0: the master's answer)")
+    p.add_argument("--commit-ack-timeout-ms", type=int, default=5000,
+                   help="how long a commit waits for them (offsets.commit.timeout.ms; 5000)")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     add_tls_arguments(p)
 
@@ -87,6 +92,8 @@ def gateway_main(args: argparse.Namespace) -> int:
             namespace=args.namespace, max_frame_bytes=args.max_frame_bytes,
             tls_cert_file=args.listen_tls_cert_file, tls_key_file=args.listen_tls_key_file,
             tls_ca_file=args.listen_tls_ca_file,
+            commit_required_acks=args.commit_required_acks,
+            commit_ack_timeout_ms=args.commit_ack_timeout_ms,
         )
         try:
             config.validate()

@@ -50,6 +50,11 @@ class GatewayConfig:
     tls_ca_file: str | None = None
     """CA(s) that must sign a client certificate: every client must present one (mutual TLS).
     None: clients are not asked for a certificate."""
+    commit_required_acks: int = 0
+    """Replicas that must have an OffsetCommit before it is answered (Kafka's broker setting
+    ``offsets.commit.required.acks``; 0 trusts the master, see docs/guarantees.md)."""
+    commit_ack_timeout_ms: int = 5000
+    """How long a commit waits for them (``offsets.commit.timeout.ms``)."""
 
     def validate(self) -> GatewayConfig:
         if not 0 <= self.listen_port <= 65535:
@@ -58,6 +63,9 @@ class GatewayConfig:
             raise ValueError(f"advertise_port must be 1..65535, got {self.advertise_port}")
         if self.max_frame_bytes < 1024:
             raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+        if self.commit_required_acks < 0 or self.commit_ack_timeout_ms < 1:
+            raise ValueError("commit_required_acks must be >= 0 and commit_ack_timeout_ms >= 1 "
+                             "(Redis keeps no in-sync replica set: Kafka's -1 has no equivalent)")
         if self.topic_threads < 1:
             raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
         if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file):
