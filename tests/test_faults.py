@@ -619,7 +619,9 @@ def test_script_flush_mid_run_changes_nothing(scenario, flush):
     """SCRIPT FLUSH drops the topic scripts, FUNCTION FLUSH the group steps' library: both are
     loaded again by the next call that misses them, and the run goes on as if nothing
     happened."""
-    sc = scenario()
+    # A long session: this test is about the script cache, and "nothing happened" must not
+    # be broken by a scheduling stall of a loaded machine expiring a member.
+    sc = scenario(session_ms=6000)
     gen = sc.wait_stable()
     formed = time.time()
     sc.start_traffic()
