@@ -20,6 +20,7 @@ from kio.index import KioIndexError
 from ..errors import ConnectionLost, Errors, InvalidRequestError, ProtocolError
 from . import (  # noqa: F401  (each registers its APIs)
     api_admin,
+    api_configs,
     api_groups,
     api_meta,
     api_offsets,
