@@ -318,9 +318,9 @@ class GroupSteps:
         gid, args = heartbeat_args(group_id, generation_id, member_id, group_instance_id)
         if not gid:
             return Errors.INVALID_GROUP_ID
-        keys = self.keys(gid)
         stalled = 0
         for _ in range(MAX_DUE_CALLS):
+            keys = self.keys(gid)  # as the group is addressed now (a sweep may have re-settled)
             reply = yield Script("heartbeat", keys.heartbeat_keys(), [self.now_arg(), gid, *args])
             if reply != b"DUE":
                 return decode_heartbeat(reply[0])
