@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition  # noqa: E402
-from rcoord.embedded import EmbeddedServer  # noqa: E402
+from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import script_stats, stats_of  # noqa: E402

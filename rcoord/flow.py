@@ -148,9 +148,10 @@ def _perform(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, MasterOf):
         return _master_name(client, op.key)
     if isinstance(op, WaitReplicas):
-        target, name = client, _master_name(client, op.key)
-        if name:  # a cluster: the key's master, directly, so INCR and WAIT share a connection
-            target = client.get_redis_connection(client.get_node_from_key(op.key))
+        target, name = client, ""
+        if hasattr(client, "get_node_from_key"):  # a cluster: the key's master, directly,
+            node = client.get_node_from_key(op.key)  # so INCR and WAIT share a connection
+            target, name = client.get_redis_connection(node), f"{node.host}:{node.port}"
         pipe = target.pipeline(transaction=False)
         pipe.execute_command("INCR", op.key)
         pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
@@ -243,8 +244,3 @@ async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:
                 op = flow.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def flat_pairs(values: Sequence[Any]) -> list[Any]:
-    """``[k1, v1, k2, v2]`` from ``[(k1, v1), (k2, v2)]``, for HSET-style arguments."""
-    return [x for kv in values for x in kv]

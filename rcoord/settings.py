@@ -40,10 +40,10 @@ from typing import Any
 
 from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
-from .flow import Command, Flow, Pipeline, Script, ScriptBatch, adrive, drive
+from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
 
-__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "asettle", "copy_pattern", "settle", "settle_flow"]
+__all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flow"]
 
 log = logging.getLogger("rcoord.settings")
 
@@ -178,8 +178,3 @@ def settle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig |
     """Run ``settle_flow`` with a blocking redis-py client (``scripts.settings`` loaded)."""
     return drive(client, scripts, settle_flow(namespace, given, known))
 
-
-async def asettle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig | None,
-                  known: CoordinatorConfig | None) -> Settled:
-    """Run ``settle_flow`` with a ``redis.asyncio`` client: the same steps, awaited."""
-    return await adrive(client, scripts, settle_flow(namespace, given, known))

@@ -1,5 +1,0 @@
-"""Compatibility alias: the mock clock lives in ``rcoord.testing.clock``."""
-
-from .testing.clock import MockTime
-
-__all__ = ["MockTime"]
