@@ -106,16 +106,7 @@ class ClusterScenario(Scenario):
         return redis.cluster.key_slot(key.encode())
 
     def close(self) -> None:
-        self._stop.set()
-        for w in self.workers:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGCONT)
-                w.proc.kill()
-                w.proc.wait(10)
-            w._fh.close()
-        for s in self.services:
-            s.stop(signal.SIGKILL)
-        self.r.close()
+        self.stop_processes()  # the cluster belongs to the fixture, which stops it
 
 
 @pytest.fixture

@@ -400,7 +400,8 @@ class Scenario:
             h.log[p] = values
         return h
 
-    def close(self) -> None:
+    def stop_processes(self) -> None:
+        """Stop the traffic, kill every worker and service, close the client."""
         self._stop.set()
         for w in self.workers:
             if w.proc.poll() is None:
@@ -411,6 +412,9 @@ class Scenario:
         for s in self.services:
             s.stop(signal.SIGKILL)
         self.r.close()
+
+    def close(self) -> None:
+        self.stop_processes()
         if self.server.pid is not None:
             os.kill(self.server.pid, signal.SIGCONT)
         self.server.stop()
