@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from .config import CoordinatorConfig
-from .errors import ConfigError, translate_redis_errors
+from .errors import translate_redis_errors
 from .flow import Flow, drive
 from .keys import GroupKeys
 from .scripts import Scripts
@@ -46,9 +46,7 @@ from .steps import (
     MAX_DUE_RETRIES,
     NOT_COORDINATOR_RETRIES,
     GroupSteps,
-    block_limit,
     present_as,
-    socket_timeout_ms,
 )
 
 __all__ = ["GroupCoordinator", "blocking_step"]
@@ -114,14 +112,7 @@ class GroupCoordinator:
         """Load the scripts and settle the namespace settings. Idempotent."""
         with self._lock:
             if self._steps.config is None:
-                encoder = self._redis.get_encoder() if hasattr(self._redis, "get_encoder") else None
-                if encoder is not None and getattr(encoder, "decode_responses", False):
-                    raise ConfigError(
-                        "GroupCoordinator needs a Redis client with decode_responses=False "
-                        "(replies carry binary metadata)"
-                    )
-                self._steps.max_block_ms = block_limit(self._redis)
-                self._steps.socket_timeout_ms = socket_timeout_ms(self._redis)
+                self._steps.prepare(self._redis, "GroupCoordinator")
                 self._scripts.load()
                 self._run(self._steps.settle())
         return self

@@ -19,7 +19,7 @@ from typing import Any
 import redis.exceptions
 
 from .config import CoordinatorConfig
-from .errors import Errors, InvalidRequestError
+from .errors import ConfigError, Errors, InvalidRequestError
 from .flow import Command, Flow, MasterOf, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
@@ -153,6 +153,18 @@ class GroupSteps:
         self._keys_cache: dict[str, GroupKeys] = {}
 
     # -- state -----------------------------------------------------------------------------
+
+    def prepare(self, client: Any, driver: str) -> None:
+        """What a driver's ``start()`` learns from its client before the first call: that it
+        returns bytes (replies carry binary metadata) and how long a blocking wait may last."""
+        encoder = client.get_encoder() if hasattr(client, "get_encoder") else None
+        if encoder is not None and getattr(encoder, "decode_responses", False):
+            raise ConfigError(
+                f"{driver} needs a Redis client with decode_responses=False "
+                "(replies carry binary metadata)"
+            )
+        self.max_block_ms = block_limit(client)
+        self.socket_timeout_ms = socket_timeout_ms(client)
 
     def settled(self) -> CoordinatorConfig:
         if self.config is None:

@@ -15,10 +15,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import redis.exceptions
 
 from ..config import CoordinatorConfig
-from ..errors import ConfigError, reraise_as_rcoord
+from ..errors import reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import Scripts
-from ..steps import GroupSteps, block_limit, present_as, socket_timeout_ms
+from ..steps import GroupSteps, present_as
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
 
@@ -78,14 +78,7 @@ class AsyncGroupCoordinator:
             return self
         async with self._lock:
             if self._steps.config is None:
-                encoder = self._redis.get_encoder() if hasattr(self._redis, "get_encoder") else None
-                if encoder is not None and getattr(encoder, "decode_responses", False):
-                    raise ConfigError(
-                        "AsyncGroupCoordinator needs a Redis client with decode_responses=False "
-                        "(replies carry binary metadata)"
-                    )
-                self._steps.max_block_ms = block_limit(self._redis)
-                self._steps.socket_timeout_ms = socket_timeout_ms(self._redis)
+                self._steps.prepare(self._redis, "AsyncGroupCoordinator")
                 self._scripts.load()
                 await _translated("start", self._run(self._steps.settle()))
         return self
