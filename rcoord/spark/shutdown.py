@@ -17,10 +17,10 @@ Python's default SIGTERM action ends the process at once, skipping the runner's
 ``finally: reader.stop()``, so the member would stay in the group until its session timeout.
 ``install()`` makes the first SIGTERM raise ``SystemExit`` instead, which unwinds the runner's
 loop into ``stop()``. That handler used to stay installed, so the second SIGTERM raised
-``SystemExit`` again, inside ``stop()``: the main thread left ``ConsumerGroup.close()`` while the
-group's background thread was about to send LeaveGroup, and the interpreter shut down around
-that daemon thread. Usually LeaveGroup still got out; on a loaded machine it sometimes did not
-and the member was removed by session expiry. Hence:
+``SystemExit`` again, inside ``stop()``: before ``ConsumerGroup.close()`` had begun, or while
+the main thread waited there for the group's daemon thread to send LeaveGroup, which the
+interpreter's shutdown could then cut off. Often LeaveGroup still got out; on a loaded machine
+it sometimes did not and the member was removed by session expiry. Hence:
 
 * the handler turns further SIGTERMs off before it raises (Spark's second SIGTERM is ignored);
 * ``shielded()`` ignores SIGTERM while ``stop()`` leaves the group, whatever way the runner got
