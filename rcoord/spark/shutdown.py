@@ -9,7 +9,7 @@ process that holds a group-mode member) from the JVM with ``PythonStreamingSourc
    **second** SIGTERM to the same process (Java sends it while the process is still alive).
 
 Nothing follows: no SIGKILL, no wait. Measured with a probe source that logs every SIGTERM in
-the runner: the second came 0.2 to 1.2 ms after the first, and in 3 of 4 stops it came after the
+the runner: the second came 0.3 to 1.3 ms after the first, and in 3 of 4 stops it came after the
 first had been handled, while ``stop()`` was running (the other time the two were delivered as
 one).
 
