@@ -15,13 +15,13 @@ pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
-    take,
     FAST_GROUPS,
     GatewayThread,
     recv_frame,
     request_frame,
     running_gateway,
     settle_fast_groups,
+    take,
     topics_of,
 )
 from gateway_harness import connect as _connect

@@ -17,12 +17,12 @@ pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
-    take,
     GatewayThread,
     request_frame,
     response,
     running_gateway,
     sasl_connect,
+    take,
     topics_of,
 )
 from harness import wait_until

@@ -15,12 +15,12 @@ pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
-    take,
     GatewayThread,
     connect,
     request_frame,
     response,
     running_gateway,
+    take,
     topics_of,
 )
 

@@ -19,12 +19,12 @@ kafka = pytest.importorskip("kafka")
 ck = pytest.importorskip("confluent_kafka")
 
 from gateway_harness import (
-    take,
     GatewayThread,
     connect,
     make_certs,
     request_frame,
     running_gateway,
+    take,
     topics_of,
 )
 from harness import wait_until
