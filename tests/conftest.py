@@ -116,6 +116,35 @@ def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# The (driver, backend) pairs a ``ctx`` scenario runs on. The blocking driver runs on both
+# backends; the asyncio driver runs the same flows (rcoord.steps) over the same scripts, so what
+# a cluster could change (key routing, EVALSHA on the group's slot) is already covered by the
+# blocking driver's cluster run and by tests/test_asyncio.py, which runs the asyncio
+# coordinator on both backends. Dropping asyncio x cluster here saves a quarter of the
+# scenario runs.
+CTX_PAIRS = [("blocking", "single"), ("blocking", "cluster"), ("asyncio", "single")]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrise ``ctx`` tests over CTX_PAIRS instead of the full driver x backend product.
+
+    Added as a ``parametrize`` mark (before pytest's own hooks read the marks), so the
+    ``driver`` and ``backend`` fixtures' own params yield to it as for any explicit mark. A test
+    that parametrises ``driver`` or ``backend`` itself keeps its own choice.
+    """
+    if "ctx" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        names = names.replace(" ", "").split(",") if isinstance(names, str) else list(names)
+        if "driver" in names or "backend" in names:
+            return
+    metafunc.definition.add_marker(pytest.mark.parametrize(
+        ("driver", "backend"), CTX_PAIRS, indirect=True,
+        ids=[f"{d}-{b}" for d, b in CTX_PAIRS]))
+
+
 @pytest.fixture
 def ctx(request: pytest.FixtureRequest, driver: str, backend: str, redis_client: Any,
         namespace: str, clock: MockTime, pool: concurrent.futures.ThreadPoolExecutor) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import itertools
 import socket
 import threading
 from collections.abc import Iterator
@@ -266,3 +267,13 @@ def make_certs(d: Any) -> None:
         _key_and_csr(d, name, cn)
         _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey",
                  f"{ca}.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext)
+
+
+def take(consumer: Any, n: int) -> list[Any]:
+    """The first ``n`` messages a kafka-python ``KafkaConsumer`` yields, fewer if its
+    ``consumer_timeout_ms`` passes first (the caller's comparison then fails).
+
+    ``list(consumer)`` instead ends only after ``consumer_timeout_ms`` without a message, so
+    every such read cost that whole bound after its last record.
+    """
+    return list(itertools.islice(consumer, n))

@@ -1,5 +1,6 @@
-"""``rcoord topics``: the real command line (``python -m rcoord``) in a subprocess against real
-servers, on one node and on a 3-master cluster; tables and JSON both checked, and the console
+"""``rcoord topics``: the command line (``rcoord.cli.main``, in this process, as in
+test_cli_groups; the environment test runs ``python -m rcoord``) against real servers, on one
+node and on a 3-master cluster; tables and JSON both checked, and the console
 producer and consumer (directly and as a group member) end to end."""
 
 from __future__ import annotations

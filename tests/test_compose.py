@@ -91,7 +91,9 @@ def test_a_node_that_comes_up_late_is_waited_for(servers):
     names = [*_names(nodes), f"localhost:{late_port}"]
     proc = start_init(names, "--replicas", "1", "--timeout", "30")
     try:
-        time.sleep(3.0)  # the fault itself: the sixth node starts 3 s after the script
+        # The fault itself: the sixth node starts 1.5 s after the script, which by then has
+        # had at least one PING refused (it polls once a second).
+        time.sleep(1.5)
         assert proc.poll() is None, proc.communicate()
         late = node(late_port)
         servers.append(late)
@@ -110,12 +112,12 @@ def test_a_node_that_never_comes_up_fails_with_its_name_within_the_bound(servers
     nodes = _start(servers, 2)
     missing = free_port()
     names = [*_names(nodes), f"localhost:{missing}"]
-    res = run_init(names, "--timeout", "2", bound_s=15)  # killed (and failed) past 15 s
+    res = run_init(names, "--timeout", "1", bound_s=15)  # killed (and failed) past 15 s
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"cluster-init: FAILED: node localhost:{missing} did not answer "
-                               "PING within 2s"), lines
+                               "PING within 1s"), lines
     # Nothing was created on the nodes that did answer.
     for s in nodes:
         c = s.client()
@@ -129,7 +131,7 @@ def test_an_empty_node_beside_an_existing_cluster_fails_loudly(servers):
     nodes = _start(servers, 3)
     assert run_init(_names(nodes), "--timeout", "30").returncode == 0
     stray = _start(servers, 1)[0]
-    res = run_init(_names([*nodes, stray]), "--timeout", "2")
+    res = run_init(_names([*nodes, stray]), "--timeout", "1")
     assert res.returncode == 1
     assert res.stderr.startswith("cluster-init: FAILED: node localhost:"), res.stderr
     assert "knows 1 of 4 nodes" in res.stderr or "knows 3 of 4" in res.stderr, res.stderr

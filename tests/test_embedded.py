@@ -7,7 +7,6 @@ import socket
 import stat
 import subprocess
 import sys
-from typing import Iterator
 
 import pytest
 import redis
@@ -33,10 +32,11 @@ def _refuses(port: int) -> bool:
         return True
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster() as c:
-        yield c
+@pytest.fixture
+def cluster(redis_cluster: EmbeddedCluster) -> EmbeddedCluster:
+    """The session's 3-master cluster (conftest): these tests only read its topology and write
+    keys of their own, so a second cluster of the same shape would only cost a start."""
+    return redis_cluster
 
 
 # --------------------------------------------------------------------------

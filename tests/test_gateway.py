@@ -21,6 +21,7 @@ from gateway_harness import (
     request_frame,
     running_gateway,
     settle_fast_groups,
+    take,
     topics_of,
 )
 from gateway_harness import connect as _connect
@@ -179,7 +180,7 @@ def test_kafka_python_produces_and_consumes_keys_and_headers(gateway: GatewayThr
     consumer = kafka.KafkaConsumer("events", bootstrap_servers=gateway.bootstrap,
                                    auto_offset_reset="earliest", consumer_timeout_ms=3000,
                                    enable_auto_commit=False, group_id=None)
-    got = [(m.partition, m.offset, m.key, m.value, m.headers) for m in consumer]
+    got = [(m.partition, m.offset, m.key, m.value, m.headers) for m in take(consumer, 20)]
     consumer.close()
     assert sorted(g[:4] for g in got) == sorted(sent)
     for _, _, key, _, headers in got:

@@ -20,7 +20,9 @@ COORDINATOR_NOT_AVAILABLE = 15
 
 @pytest.fixture(scope="module")
 def primary() -> Iterator[EmbeddedServer]:
-    server, replica = EmbeddedServer().start(), EmbeddedServer().start()
+    from cluster_replicas import NO_SYNC_DELAY
+
+    server, replica = EmbeddedServer(extra_args=NO_SYNC_DELAY).start(), EmbeddedServer().start()
     try:
         with replica.client() as r:
             r.execute_command("REPLICAOF", "127.0.0.1", server.port)

@@ -3,8 +3,8 @@ timeout. A small chunk size (the partition settings field ``join_chunk_members``
 10-member group use several chunks.
 
 The raw tests call the library's functions one at a time with an explicit clock, so the state
-between two chunks can be inspected; the scenario test runs the public API (both drivers, both
-backends), where parked callers drive the chunks themselves.
+between two chunks can be inspected; the scenario test runs the public API (both drivers; see
+conftest.CTX_PAIRS for the backends), where parked callers drive the chunks themselves.
 """
 
 from __future__ import annotations

@@ -27,14 +27,16 @@ TP = TopicPartition("t", 0)
 
 @pytest.fixture(scope="module")
 def primary_with_replica() -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
-    primary = EmbeddedServer().start()
+    from cluster_replicas import NO_SYNC_DELAY
+
+    primary = EmbeddedServer(extra_args=NO_SYNC_DELAY).start()
     replica = EmbeddedServer().start()
     try:
         with replica.client() as r:
             r.execute_command("REPLICAOF", "127.0.0.1", primary.port)
         with primary.client() as p:
-            # Online, not just connected: a full sync first waits for the server's
-            # repl-diskless-sync-delay (5 s by default) and acknowledges nothing meanwhile.
+            # Online, not just connected: a replica acknowledges nothing before its full sync
+            # (which NO_SYNC_DELAY starts at once instead of after 5 s) has ended.
             wait_until(lambda: p.info("replication").get("slave0", {}).get("state") == "online",
                        timeout_s=30)
         yield primary, replica
