@@ -572,9 +572,11 @@ local function remove_members(ids, recs)
     end
     call_batched('HDEL', K_STATIC, stale)
   end
-  call_batched('HDEL', K_JOINING, uniq)
-  call_batched('HDEL', K_PENDING, uniq)
-  call_batched('HDEL', K_PSYNC, uniq)
+  -- These hashes are mostly empty (no parked join, pending id or awaited sync): one HLEN
+  -- instead of a command naming every leaving member.
+  for _, key in ipairs({K_JOINING, K_PENDING, K_PSYNC}) do
+    if redis.call('HLEN', key) > 0 then call_batched('HDEL', key, uniq) end
+  end
   call_batched('ZREM', K_DL, hb)
   if seen[G.leader] then elect_leader() end
   wake()
