@@ -44,8 +44,9 @@ local GROUP_ID, NOW, MOCK_TIME
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
--- Every step needs the copy's existence and group_max_size (apply_due's capacity check); the
--- other settings are read, all at once, by the first step that asks for one.
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and
+-- every commit offsets_retention_ms, so those come in the first read; the other settings are
+-- read, all at once, by the first step that asks for one.
 local CFG_META = {__index = function(cfg, name)
   if DEFAULTS[name] == nil then return nil end
   local values = redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS))
@@ -57,13 +58,15 @@ end}
 local CFG = {}
 -- Reads the partition's settings copy into CFG; an error reply when there is none.
 local function read_settings()
-  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
+  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
+    'offsets_retention_ms')
   if not values[1] then
     return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
-    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size}, CFG_META)
+    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size,
+    offsets_retention_ms = tonumber(values[3]) or DEFAULTS.offsets_retention_ms}, CFG_META)
   return nil
 end
 
