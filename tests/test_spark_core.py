@@ -6,7 +6,10 @@ single-node server fixture.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,3 +285,33 @@ def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_clie
     finally:
         a.close(5)
         b.close(5)
+
+
+# -- how the runner process ends (rcoord.spark.shutdown) -----------------------------------------
+
+_SHUTDOWN_CHILD = """
+import signal
+from rcoord.spark import shutdown
+
+shutdown.install()
+with shutdown.shielded():  # stop() on the end-of-file path: a SIGTERM must not cut it short
+    signal.raise_signal(signal.SIGTERM)
+    print("shielded", flush=True)
+try:
+    signal.raise_signal(signal.SIGTERM)  # the first SIGTERM outside stop(): unwind into finally
+except SystemExit as exc:
+    print("exit", exc.code, flush=True)
+    signal.raise_signal(signal.SIGTERM)  # Spark's second SIGTERM: ignored
+    with shutdown.shielded():
+        pass
+    signal.raise_signal(signal.SIGTERM)  # the shield restored "ignore", not the handler
+    print("ignored", flush=True)
+"""
+
+
+def test_sigterm_unwinds_once_and_never_inside_the_shield() -> None:
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", _SHUTDOWN_CHILD], check=False, cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n") == ["shielded", "exit 143", "ignored", ""]

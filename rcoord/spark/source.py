@@ -14,7 +14,6 @@ modules beside it. What runs where (measured, see ``docs/architecture.md``):
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 from ..client import ConsumerGroup, client_from_url
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
+from . import shutdown
 from .member import StreamMember, member_config
 from .options import (
     EARLIEST,
@@ -212,7 +212,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topics = subscribed_topics(self._admin(), opts)
             group = ConsumerGroup(member_config(opts, topics, _client(opts.url)))
             self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss)
-            _leave_on_sigterm()
+            shutdown.install()  # Spark ends the runner with SIGTERM: run stop() first
         return self._member
 
     # -- Spark's calls (runner process)
@@ -281,24 +281,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         if self._member is not None:
-            self._member.close()
-
-
-def _leave_on_sigterm() -> None:
-    """Make a SIGTERM end the runner through its ``finally: reader.stop()``.
-
-    When a query stops, Spark ends the runner process with SIGTERM; Python's default action
-    exits at once, skipping ``stop()``, so the member would stay in the group until its
-    session timeout. Raising SystemExit instead unwinds the runner's loop, which calls
-    ``stop()``: the member leaves at once.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(143)
-
-    signal.signal(signal.SIGTERM, handler)
+            # Spark's second SIGTERM (or one after the socket closed) must not cut the
+            # LeaveGroup short; see rcoord.spark.shutdown.
+            with shutdown.shielded():
+                self._member.close()
 
 
 # -- writes ------------------------------------------------------------------------------------
