@@ -65,7 +65,7 @@ GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("csk", "sync propagation still being written in chunks: its cursor"),
 )
 """The group hash fields every group step reads, in one HMGET, at its start (in this order);
-any other field is read when first used. The library's ``G_CORE`` and ``core_table`` (which
+any other field is read when first used. The library's ``G_CORE`` and ``core_fields`` (which
 builds the per-call group table in one allocation) are rendered from this list."""
 
 STATE_CONSTANTS: dict[GroupState, str] = {
@@ -158,8 +158,8 @@ def lua_header(
         lines.append(f"  {lua} = keys[{i}] -- {name}")
     lines.append("end")
     lines.append("")
-    lines.append("-- The group hash fields every step reads at its start (GROUP_CORE_FIELDS), and the")
-    lines.append("-- group table built from their HMGET values (false = absent) in one allocation.")
+    lines.append("-- The group hash fields every step reads at its start (GROUP_CORE_FIELDS),")
+    lines.append("-- and the group table built from their HMGET values (false = absent).")
     names = [name for name, _ in GROUP_CORE_FIELDS]
     lines += _wrapped("local G_CORE = {", [_lua_str(n) for n in names], "}")
     lines.append("local function core_fields(v)")

@@ -1,4 +1,5 @@
-"""The partition's due index holds each group's earliest deadline, exactly, after every step.
+"""The partition's due index holds each group's earliest deadline, exactly, after every group
+step (a heartbeat that passes over a due retention check may leave it earlier, never later).
 
 Steps skip the index when a deadline write cannot move the group's earliest (a later deadline
 of another name), which saves two commands on most commits and heartbeat-like writes of a
