@@ -58,7 +58,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
                  fmt_rate(n_seq / dt), f"{srv:.1f}", str(sum(bad.values())), ""])
     problems += [f"sequential: {v} x {k}" for k, v in bad.items()]
 
-    # (b) pipelined raw EVALSHA (same KEYS and ARGV as coord.heartbeat)
+    # (b) pipelined raw FCALL of the heartbeat function (same KEYS and ARGV as coord.heartbeat)
     scripts = Scripts(client)  # the public function library, for raw pipelined FCALLs
     scripts.load()
     scripts.load_library()
@@ -88,7 +88,7 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
         c1, u1 = script_stats(r)
         srv = (u1 - u0) / max(1, c1 - c0)
         rate = total / dt
-        rows.append([f"pipelined EVALSHA, batch {batch}", "1", f"{total:,}", f"{dt:.2f}",
+        rows.append([f"pipelined FCALL, batch {batch}", "1", f"{total:,}", f"{dt:.2f}",
                      fmt_rate(rate), f"{srv:.1f}", str(sum(bad.values())),
                      f"target >= {HEARTBEAT_TARGET:,.0f}/s: {'MET' if rate >= HEARTBEAT_TARGET else 'MISSED'}"])
         problems += [f"batch {batch}: {v} x {k}" for k, v in bad.items()]
@@ -161,7 +161,7 @@ def section_server_ceiling(r: redis.Redis, host: str, port: int, keys: list[str]
     print()
     binary = find_benchmark_binary()
     if binary is None:
-        print_table(["command", "result"], [["heartbeat EVALSHA", "redis-benchmark not available"]],
+        print_table(["command", "result"], [["heartbeat FCALL", "redis-benchmark not available"]],
                     right=set())
         return
     # ``sha`` is the heartbeat's library function name (FCALL), not a script digest any more.
@@ -169,8 +169,8 @@ def section_server_ceiling(r: redis.Redis, host: str, port: int, keys: list[str]
     check = r.execute_command("FCALL", sha, len(keys), *keys, "", GROUP, member_id, gen, "")
     rows = []
     plan = [
-        ("heartbeat EVALSHA", hb, 50, 16, args.bench_n),
-        ("heartbeat EVALSHA", hb, 50, 1, args.bench_n // 2),
+        ("heartbeat FCALL", hb, 50, 16, args.bench_n),
+        ("heartbeat FCALL", hb, 50, 1, args.bench_n // 2),
         ("EVAL return 1 (small-script baseline)", ["eval", "return 1", "0"], 50, 16, args.bench_n),
         ("EVAL return 1 (small-script baseline)", ["eval", "return 1", "0"], 50, 1, args.bench_n // 2),
     ]

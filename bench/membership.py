@@ -23,7 +23,7 @@ Sections:
 1b. The same formation driven by one client that pipelines each step for all members (the
    scripts never block), to separate the coordinator's share from the Python load generator's.
 2. Heartbeats per second from one process on the formed 1000-member group: sequential
-   ``coord.heartbeat`` calls, then raw EVALSHA of the heartbeat script pipelined in batches.
+   ``coord.heartbeat`` calls, then raw FCALLs of the heartbeat function pipelined in batches.
 3. The server-side ceiling of the heartbeat script, with redis-benchmark if available.
 4. Reference figures quoted in the issue (not measured here).
 """

@@ -15,6 +15,7 @@ local function parse_commit_offsets(ARGV)
           retention = ARGV[6], entries = cmsgpack.unpack(ARGV[7])}
 end
 
+-- nil and the committing member's record (nil for a simple commit), or the group-level error.
 local function validate_commit(req)
   local generation, member_id = req.generation, req.member_id
   if not group_exists() then
@@ -24,20 +25,22 @@ local function validate_commit(req)
   end
   if G.state == DEAD then return 'COORDINATOR_NOT_AVAILABLE' end
   if generation < 0 and G.state == EMPTY then return nil end
+  local rec = nil
   if generation >= 0 or member_id ~= '' or req.iid ~= '' then
-    local err = validate_member(member_id, req.iid)
+    local err
+    err, rec = validate_member(member_id, req.iid)
     if err then return err end
     if generation ~= gen() then return 'ILLEGAL_GENERATION' end
   elseif G.state ~= EMPTY then
     return 'UNKNOWN_MEMBER_ID'
   end
   if G.state == COMPLETING then return 'REBALANCE_IN_PROGRESS' end
-  return nil
+  return nil, rec
 end
 
 local function commit_offsets(req)
   local entries = req.entries
-  local err = validate_commit(req)
+  local err, rec = validate_commit(req)
   local results = {}
   if err then
     for i = 1, #entries do results[i] = err end
@@ -45,9 +48,8 @@ local function commit_offsets(req)
   end
 
   -- A commit from a member of the current generation counts as a heartbeat.
-  if G.state == STABLE or G.state == PREPARING then
-    local rec = mget(req.member_id)
-    if rec then reschedule_heartbeat(rec) end
+  if rec and (G.state == STABLE or G.state == PREPARING) then
+    reschedule_heartbeat(rec)
   end
 
   local expire = -1
@@ -60,7 +62,8 @@ local function commit_offsets(req)
     batch = {}
   end
   for i, e in ipairs(entries) do
-    if e[5] > CFG.offset_metadata_max_bytes then
+    -- (empty metadata always fits: no settings read for the common commit)
+    if e[5] > 0 and e[5] > CFG.offset_metadata_max_bytes then
       results[i] = 'OFFSET_METADATA_TOO_LARGE'
     else
       stored = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}

@@ -160,9 +160,8 @@ local function join_existing_member()
     end
     return add_member_and_rebalance(id)
   end
-  local err = validate_member(id, REQ.iid)
+  local err, rec = validate_member(id, REQ.iid)
   if err then return respond(join_error(err, id)) end
-  local rec = mget(id)
   if G.state == PREPARING then
     return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined during PreparingRebalance')
   elseif G.state == COMPLETING then

@@ -44,8 +44,9 @@ local GROUP_ID, NOW, MOCK_TIME
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
--- Every step needs the copy's existence and group_max_size (apply_due's capacity check); the
--- other settings are read, all at once, by the first step that asks for one.
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and
+-- every commit offsets_retention_ms, so those come in the first read; the other settings are
+-- read, all at once, by the first step that asks for one.
 local CFG_META = {__index = function(cfg, name)
   if DEFAULTS[name] == nil then return nil end
   local values = redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS))
@@ -57,13 +58,15 @@ end}
 local CFG = {}
 -- Reads the partition's settings copy into CFG; an error reply when there is none.
 local function read_settings()
-  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
+  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
+    'offsets_retention_ms')
   if not values[1] then
     return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
-    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size}, CFG_META)
+    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size,
+    offsets_retention_ms = tonumber(values[3]) or DEFAULTS.offsets_retention_ms}, CFG_META)
   return nil
 end
 
@@ -77,14 +80,17 @@ local function illegal(msg)
   return error({err = RCOORD_ILLEGAL_STATE .. ' ' .. msg})
 end
 
--- Group hash, cached in G and written through. The fields most steps read come in one HMGET;
--- any other is read on first use (G_SEEN remembers the ones read absent), so a call never
--- reads the whole hash (protocol counts, timer arguments) for one field.
-local G_CORE = {'state', 'prev', 'gen', 'ptype', 'pname', 'leader', 'wid', 'capchk', 'sg', 'oi',
-                'cjk', 'csk'}
-local G_SEEN = {}
+-- Group hash, cached in G and written through. The fields most steps read (G_CORE, from the
+-- header: rcoord/contract.py GROUP_CORE_FIELDS) come in one HMGET; any other is read on first
+-- use (G_SEEN remembers the ones read absent), so a call never reads the whole hash (protocol
+-- counts, timer arguments) for one field. Every call builds G, so it is made in one allocation
+-- (core_fields, from the header) and G_SEEN only when a field outside the core is read.
+local IS_CORE = {}
+for i = 1, #G_CORE do IS_CORE[G_CORE[i]] = true end
+local G_SEEN = nil
 local G_META = {__index = function(g, field)
-  if G_SEEN[field] then return nil end
+  if IS_CORE[field] then return nil end -- read with the core: absent
+  if G_SEEN == nil then G_SEEN = {} elseif G_SEEN[field] then return nil end
   G_SEEN[field] = true
   local value = redis.call('HGET', K_GROUP, field)
   if not value then return nil end
@@ -94,23 +100,34 @@ end}
 local G = {}
 local function new_group_table() return setmetatable({}, G_META) end
 local function read_group()
-  G_SEEN = {}
-  G = new_group_table()
-  local values = redis.call('HMGET', K_GROUP, unpack(G_CORE))
-  for i, field in ipairs(G_CORE) do
-    G_SEEN[field] = true
-    if values[i] then rawset(G, field, values[i]) end
-  end
+  G_SEEN = nil
+  G = setmetatable(core_fields(redis.call('HMGET', K_GROUP, unpack(G_CORE))), G_META)
 end
 local function group_exists() return G.state ~= nil end
 
 -- Every write to the group's deadlines goes through dl_write (or call_batched), so finish()
 -- knows whether the group's earliest deadline may have moved; if not, the partition's index
--- is already right and is left alone.
+-- is already right and is left alone. When the call began with nothing due, apply_due leaves
+-- the group's earliest deadline in EARLIEST_NAME / EARLIEST_AT (false: the group has none;
+-- nil: not known), so a write that cannot move it (a later deadline of another name: a
+-- member's session refreshed while another's is earlier, the offsets' retention check) does
+-- not count: most heartbeat-like writes of a large group then leave the index alone.
 local DL_CHANGED = false
-local function dl_write(...)
-  DL_CHANGED = true
-  return redis.call(...)
+local EARLIEST_NAME, EARLIEST_AT = nil, nil
+-- Whether writing deadline ``name`` (due ``at``; nil for a removal) may move the earliest.
+local function moves_earliest(name, at)
+  if not EARLIEST_AT or name == EARLIEST_NAME then return true end
+  return at ~= nil and at < EARLIEST_AT
+end
+-- ('ZADD', K_DL, [flag,] at, name) or ('ZREM', K_DL, name): one deadline at a time.
+local function dl_write(cmd, key, ...)
+  local n = select('#', ...)
+  if not DL_CHANGED then
+    local at = nil
+    if cmd == 'ZADD' then at = tonumber((select(n - 1, ...))) end
+    DL_CHANGED = moves_earliest((select(n, ...)), at)
+  end
+  return redis.call(cmd, key, ...)
 end
 local function set_g(field, value)
   G[field] = tostring(value)
@@ -250,8 +267,9 @@ local function all_joined()
 end
 -- Decoded protocol lists by their encoding (members of a group mostly send the same one), so a
 -- pass over every member decodes each distinct list once. Callers never modify them.
-local PROTOCOLS = {}
+local PROTOCOLS = nil -- made on first use in a call
 local function protocols_of(rec)
+  if PROTOCOLS == nil then PROTOCOLS = {} end
   local list = PROTOCOLS[rec.pr]
   if list == nil then
     list = cmsgpack.unpack(rec.pr)
@@ -557,9 +575,11 @@ local function remove_members(ids, recs)
     end
     call_batched('HDEL', K_STATIC, stale)
   end
-  call_batched('HDEL', K_JOINING, uniq)
-  call_batched('HDEL', K_PENDING, uniq)
-  call_batched('HDEL', K_PSYNC, uniq)
+  -- These hashes are mostly empty (no parked join, pending id or awaited sync): one HLEN
+  -- instead of a command naming every leaving member.
+  for _, key in ipairs({K_JOINING, K_PENDING, K_PSYNC}) do
+    if redis.call('HLEN', key) > 0 then call_batched('HDEL', key, uniq) end
+  end
   call_batched('ZREM', K_DL, hb)
   if seen[G.leader] then elect_leader() end
   wake()
@@ -590,14 +610,17 @@ local function update_member(rec, req, parked)
   end
 end
 
+-- Kafka's validateMember: nil and the member's record, or the error. Every caller goes on to
+-- use the record, so it is read here once (the check is its existence).
 local function validate_member(id, iid)
   if iid ~= '' then
     local existing = redis.call('HGET', K_STATIC, iid)
     if not existing then return 'UNKNOWN_MEMBER_ID' end
     if existing ~= id then return 'FENCED_INSTANCE_ID' end
   end
-  if not is_member(id) then return 'UNKNOWN_MEMBER_ID' end
-  return nil
+  local rec = mget(id)
+  if not rec then return 'UNKNOWN_MEMBER_ID' end
+  return nil, rec
 end
 
 local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) end
@@ -1170,13 +1193,22 @@ local function expire_offsets()
 end
 
 -- Applies every deadline of this group that has passed, in deadline order (lazy expiry).
-local LATENESS = {} -- ms after its deadline that each applied timer acted (for metrics)
+-- ms after its deadline that each applied timer acted (for metrics); made on first use
+local NO_LATENESS = {}
+local LATENESS = NO_LATENESS
 local function apply_due()
   local applied = 0
   CHUNK_RAN = false
   while group_exists() and applied < 1000 do
     local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
-    if #first == 0 or tonumber(first[2]) > NOW then break end
+    if #first == 0 then
+      EARLIEST_AT = false
+      break
+    end
+    if tonumber(first[2]) > NOW then
+      EARLIEST_NAME, EARLIEST_AT = first[1], tonumber(first[2])
+      break
+    end
     local name = first[1]
     -- A join completion or sync propagation still being written (due at 0, so first): one
     -- chunk per call, and no other deadline until it is whole (complete_join explains).
@@ -1201,6 +1233,7 @@ local function apply_due()
       end
       dl_write('ZREM', K_DL, name)
       local deadline = tonumber(first[2])
+      if LATENESS == NO_LATENESS then LATENESS = {} end
       LATENESS[#LATENESS + 1] = NOW - deadline
       if name == 'join' then
         expire_join()
@@ -1290,7 +1323,7 @@ local function begin(keys, argv)
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
-  PROTOCOLS, LATENESS = {}, {}
+  PROTOCOLS, LATENESS, EARLIEST_NAME, EARLIEST_AT = nil, NO_LATENESS, nil, nil
   local err = read_settings()
   if err then return err end
   read_group()

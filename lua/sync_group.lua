@@ -24,7 +24,7 @@ local function sync_group(req)
   local member_id = req.member_id
   if not group_exists() or G.state == EMPTY then return respond(sync_error('UNKNOWN_MEMBER_ID')) end
   if G.state == DEAD then return respond(sync_error('COORDINATOR_NOT_AVAILABLE')) end
-  local err = validate_member(member_id, req.iid)
+  local err, rec = validate_member(member_id, req.iid)
   if err then return respond(sync_error(err)) end
   if req.generation ~= gen() then return respond(sync_error('ILLEGAL_GENERATION')) end
   if inconsistent(req.ptype, G.ptype) or inconsistent(req.pname, G.pname) then
@@ -33,7 +33,6 @@ local function sync_group(req)
 
   if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS')) end
 
-  local rec = mget(member_id)
   if G.state == COMPLETING then
     rec.as = 1
     mput(rec)

@@ -8,8 +8,10 @@ renders them as Lua definitions that ``rcoord.scripts`` puts in front of the lib
 library's name hashes its whole source, header included, so a changed contract is a new library
 that servers load afresh.
 
-The member-record and group-hash field names (``jk``, ``sg``, ``as``, ``pr`` ...) are private
-to the Lua side: Python reads them only in tests, so they are not part of this contract.
+The group hash's core fields (the ones every step reads in one HMGET) are listed here too, with
+what each holds, because the library's reader is generated from the list. The other member-record
+and group-hash field names (``jk``, ``as``, ``pr`` ...) are private to the Lua side: Python reads
+them only in tests, so they are not part of this contract.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import script_error_names
 from .state import VALID_PREVIOUS, GroupState
 
-__all__ = ["GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header", "setting_defaults"]
+__all__ = ["GROUP_CORE_FIELDS", "GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header",
+           "setting_defaults"]
 
 GROUP_KEYS: tuple[tuple[str, str], ...] = (
     ("cfg", "K_CFG"),
@@ -46,6 +49,24 @@ numbers the keys by hand."""
 
 HEARTBEAT_KEYS: tuple[str, ...] = ("due", "group", "members", "statics", "deadlines", "hint")
 """The heartbeat function's KEYS (it runs outside the group step wrapper and takes only these)."""
+
+GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("state", "the group state's name (rcoord.state.GroupState value)"),
+    ("prev", "the state before it"),
+    ("gen", "generation id"),
+    ("ptype", "protocol type ('' for a group used only for offsets)"),
+    ("pname", "the selected protocol (assignor) of this generation"),
+    ("leader", "the leader's member id"),
+    ("wid", "id of the last wake-up entry on the group's wake stream"),
+    ("capchk", "group_max_size the membership was last checked against"),
+    ("sg", "generation whose SyncGroup assignment is stored"),
+    ("oi", "whether the join-order index exists (leader election)"),
+    ("cjk", "join completion still being written in chunks: its cursor"),
+    ("csk", "sync propagation still being written in chunks: its cursor"),
+)
+"""The group hash fields every group step reads, in one HMGET, at its start (in this order);
+any other field is read when first used. The library's ``G_CORE`` and ``core_fields`` (which
+builds the per-call group table in one allocation) are rendered from this list."""
 
 STATE_CONSTANTS: dict[GroupState, str] = {
     GroupState.EMPTY: "EMPTY",
@@ -135,6 +156,14 @@ def lua_header(
     lines.append("local function bind_group_keys(keys)")
     for i, (name, lua) in enumerate(GROUP_KEYS, start=1):
         lines.append(f"  {lua} = keys[{i}] -- {name}")
+    lines.append("end")
+    lines.append("")
+    lines.append("-- The group hash fields every step reads at its start (GROUP_CORE_FIELDS),")
+    lines.append("-- and the group table built from their HMGET values (false = absent).")
+    names = [name for name, _ in GROUP_CORE_FIELDS]
+    lines += _wrapped("local G_CORE = {", [_lua_str(n) for n in names], "}")
+    lines.append("local function core_fields(v)")
+    lines += _wrapped("  return {", [f"{n} = v[{i}] or nil" for i, n in enumerate(names, 1)], "}")
     lines.append("end")
     lines.append("")
     lines.append("-- Named error replies (rcoord/errors.py maps each to its exception).")

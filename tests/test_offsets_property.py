@@ -57,8 +57,22 @@ class GroupMachine(RuleBasedStateMachine):
     # -- plumbing ------------------------------------------------------------------------------
 
     def _settle(self) -> None:
-        # Deadlines due "now" act before the next step, so each step sees a settled group.
+        # Every step leaves the partition's due index right (checked before the timers run,
+        # which would repair it); deadlines due "now" then act before the next step, so each
+        # step sees a settled group.
+        self._check_due_index()
         self.coord.run_timers()
+        self._check_due_index()
+
+    def _check_due_index(self) -> None:
+        """The partition's due index holds the group's earliest deadline, exactly (a later one
+        would let a deadline pass unseen; steps skip the index when a write cannot move it)."""
+        first = self.client.zrange(self.keys.deadlines, 0, 0, withscores=True)
+        published = self.client.zscore(self.keys.named("due"), GROUP)
+        if not first:
+            assert published is None, published
+        else:
+            assert published == first[0][1], (first, published)
 
     def _group(self) -> dict[bytes, bytes]:
         return self.client.hgetall(self.keys.group)
