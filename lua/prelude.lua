@@ -473,7 +473,7 @@ end
 
 -- Members per chunk of a join completion or a sync propagation: the partition settings field
 -- join_chunk_members (tests set a small one), else:
-local JOIN_CHUNK_MEMBERS = 250
+local JOIN_CHUNK_MEMBERS = 200
 local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
 local function chunk_size()
   local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
