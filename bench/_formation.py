@@ -66,7 +66,7 @@ class CountingRedis(redis.Redis):
             step = self.steps.get(fn, fn)
             if step == "await_reply":
                 nkeys = int(args[2])
-                kind = args[3 + nkeys + 2]
+                kind = args[3 + nkeys + 3]  # ARGV[4]: now, group, member, kind
                 step = f"await_{kind.decode() if isinstance(kind, bytes) else kind}"
             with self.count_lock:
                 self.counts[step] += 1
