@@ -56,6 +56,23 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
             require_known_member_id=True, reason=None,
         ).args()
 
+    def collect(got: dict[str, Any], todo: list[str], kind: str) -> int:
+        """Poll ``await_reply`` for ``todo`` until every reply is in ``got``; the calls made.
+
+        A large group's join completion and the leader's assignment are written in chunks
+        (prelude.lua): each call applies at most one more chunk, so a member whose reply is not
+        written yet is answered 'W' and polls again, as a parked member does when the wake
+        stream moves."""
+        made = 0
+        for _ in range(100):
+            if not todo:
+                break
+            polled = run([("await_reply", [mid, kind]) for mid in todo])
+            made += len(todo)
+            got.update({mid: x for mid, x in zip(todo, polled) if x[0] == b"R"})
+            todo = [mid for mid, x in zip(todo, polled) if x[0] != b"R"]
+        return made
+
     res: dict[str, Any] = {"members": members, "delay_ms": delay_ms, "ok": False, "problems": []}
     try:
         # Untimed: the MEMBER_ID_REQUIRED round, and the second JoinGroups' arguments.
@@ -96,19 +113,9 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
         if state != b"CompletingRebalance":
             raise RuntimeError(f"join phase did not complete (state {state!r})")
 
-        # A large group's join completes in chunks (prelude.lua complete_join): each call
-        # applies at most one more chunk, so a member whose reply was not written yet is
-        # answered 'W' and polls again, as a parked member does when the wake stream moves.
         t = now()
         got: dict[str, Any] = {ids[0]: last} if last[0] == b"R" else {}
-        todo = [mid for mid in ids if mid not in got]
-        for _ in range(100):
-            if not todo:
-                break
-            polled = run([("await_reply", [mid, "j"]) for mid in todo])
-            calls += len(todo)
-            got.update({mid: x for mid, x in zip(todo, polled) if x[0] == b"R"})
-            todo = [mid for mid, x in zip(todo, polled) if x[0] != b"R"]
+        calls += collect(got, [mid for mid in ids if mid not in got], "j")
         collect_join = now() - t
         joined = [JoinGroupResult.decode(bytes(got[mid][1])) if mid in got else None
                   for mid in ids]
@@ -132,17 +139,9 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
         sync = now() - t
         calls += len(sync_calls)
         waiting = [mid for mid, x in zip(followers + [leader], sreplies) if x[0] == b"W"]
-        # The leader's assignment also reaches a large group in chunks: poll again, as above.
         t = now()
         results = {mid: x for mid, x in zip(followers + [leader], sreplies) if x[0] == b"R"}
-        todo = waiting
-        for _ in range(100):
-            if not todo:
-                break
-            collected = run([("await_reply", [mid, "s"]) for mid in todo])
-            calls += len(todo)
-            results.update({mid: x for mid, x in zip(todo, collected) if x[0] == b"R"})
-            todo = [mid for mid, x in zip(todo, collected) if x[0] != b"R"]
+        calls += collect(results, waiting, "s")
         collect_sync = now() - t
         scpu1 = server_cpu_s(r)
         wrong = 0

@@ -396,8 +396,14 @@ def test_a_runner_stopped_like_spark_leaves_the_group_at_once(
 
     jvm = _runner_in_group(getattr(spark_runner, source_name), redis_server, single_client,
                            namespace, coord, tmp_path)
+    _end_and_check_it_left(jvm, jvm.stop_like_spark, single_client, coord, tmp_path)
+
+
+def _end_and_check_it_left(jvm: Any, end: Any, single_client: Any, coord: GroupCoordinator,
+                           tmp_path: Path) -> None:
+    """End the runner with ``end()``; its member must have left (LeaveGroup), not expired."""
     try:
-        jvm.stop_like_spark()
+        end()
         jvm.wait(LEAVE_S)
         log = (tmp_path / "runner.log").read_text()
         wait_until(lambda: coord.describe_group("clicks").members == [], timeout_s=LEAVE_S)
@@ -415,15 +421,7 @@ def test_a_runner_whose_socket_closes_leaves_the_group(
 
     jvm = _runner_in_group(RcoordDataSource, redis_server, single_client, namespace, coord,
                            tmp_path)
-    try:
-        jvm.close_socket()
-        jvm.wait(LEAVE_S)
-        log = (tmp_path / "runner.log").read_text()
-        wait_until(lambda: coord.describe_group("clicks").members == [], timeout_s=LEAVE_S)
-    finally:
-        jvm.close()
-    assert coord.describe_group("clicks").state == "Empty", log
-    assert _expired(single_client, coord, "clicks") == [], log
+    _end_and_check_it_left(jvm, jvm.close_socket, single_client, coord, tmp_path)
 
 
 def test_a_fenced_commit_stops_nothing_and_moves_no_offset(
