@@ -12,15 +12,24 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import redis
 from _common import (
-    NamespaceRegistry, fmt_ms, now, print_table, server_cpu_s,
+    NamespaceRegistry,
+    fmt_ms,
+    now,
+    print_table,
+    server_cpu_s,
 )
 from _membership_setup import (
-    GROUP, PROTOCOL_TYPE, PROTOCOLS, SESSION_TIMEOUT_MS, assignment_for,
+    GROUP,
+    PROTOCOL_TYPE,
+    PROTOCOLS,
+    SESSION_TIMEOUT_MS,
+    assignment_for,
     make_config,
 )
 
 from rcoord import Errors, GroupCoordinator
 from rcoord.scripts import Scripts
+
 
 def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members: int,
                             delay_ms: int, timeout_s: float) -> dict[str, Any]:
@@ -164,7 +173,7 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
             collect_join_ms=collect_join * 1000, sync_ms=sync * 1000,
             collect_sync_ms=collect_sync * 1000, server_cpu_ms=(scpu1 - scpu0) * 1000,
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as a PROBLEM row
         res["problems"].append(f"{type(exc).__name__}: {exc}")
     finally:
         nsreg.delete(r, ns)
