@@ -84,6 +84,26 @@ FAST = dict(
 
 
 @pytest.fixture
+def gateway(redis_server: EmbeddedServer, namespace: str) -> Iterator[Any]:
+    """A Kafka gateway (rcoord.gateway, fast group settings) over the session's server and this
+    test's namespace, stopped at the end (tests/gateway_harness.py)."""
+    from gateway_harness import running_gateway
+
+    with running_gateway(redis_server, namespace) as gw:
+        yield gw
+
+
+@pytest.fixture
+def topics(redis_server: EmbeddedServer, namespace: str) -> Iterator[Any]:
+    """This test's namespace's topics on the session's server, for the gateway tests (a test
+    module may define its own ``topics`` for another backend)."""
+    from gateway_harness import topics_of
+
+    with topics_of(redis_server, namespace) as t:
+        yield t
+
+
+@pytest.fixture
 def make_coordinator(redis_client: Any, namespace: str) -> Callable[..., GroupCoordinator]:
     """Build a coordinator on this test's backend and namespace; kwargs are config overrides."""
 

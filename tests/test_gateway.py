@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,28 +18,13 @@ from gateway_harness import (
     GatewayThread,
     recv_frame,
     request_frame,
-    running_gateway,
     settle_fast_groups,
     take,
-    topics_of,
 )
 from gateway_harness import connect as _connect
 from harness import wait_until
 
 from rcoord.topics import Topics
-
-
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
-
 
 
 def _closed(sock: socket.socket) -> bool:

@@ -37,18 +37,6 @@ TOPIC_CONFIG, STATIC_BROKER, DEFAULT = 1, 4, 5
 WAIT_S = 60.0
 
 
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
-
-
 class _Raw:
     """One raw connection; ``call`` sends a request and reads its response (``header_bytes``:
     4 for response header v0, 5 for the flexible versions' v1)."""

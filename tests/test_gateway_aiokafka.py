@@ -5,7 +5,6 @@ member leaves."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,23 +12,11 @@ import pytest
 pytest.importorskip("kio")
 aiokafka = pytest.importorskip("aiokafka")
 
-from gateway_harness import GatewayThread, running_gateway, topics_of
+from gateway_harness import GatewayThread
 
 from rcoord.topics import Topics
 
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
 
 
 async def _until(cond: Any) -> None:

@@ -7,7 +7,6 @@ split between them, each reads its own, and when the second leaves the first tak
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("kio")
 kafka = pytest.importorskip("kafka")
 
-from gateway_harness import GatewayThread, running_gateway, topics_of
+from gateway_harness import GatewayThread
 from harness import wait_until
 
 from rcoord.client import Consumer, ConsumerGroupConfig
@@ -23,18 +22,6 @@ from rcoord.topics import Producer, Topics
 
 WAIT_S = 60.0
 TOPIC, GROUP, N = "mixed", "mixed-g", 4
-
-
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
 
 
 class _Member(threading.Thread):

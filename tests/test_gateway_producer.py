@@ -3,7 +3,6 @@ client (kafka-python 3 and librdkafka with idempotence on), resends appended onc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,18 +24,6 @@ from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, Topics, producer_state_keys
 
 INIT_PRODUCER_ID, PRODUCE = 22, 0
-
-
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
 
 
 def _producers_in(redis_server: Any, namespace: str, topic: str, partitions: int) -> set[str]:

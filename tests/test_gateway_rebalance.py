@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,24 +11,12 @@ import pytest
 pytest.importorskip("kio")
 ck = pytest.importorskip("confluent_kafka")
 
-from gateway_harness import GatewayThread, running_gateway, topics_of
+from gateway_harness import GatewayThread
 from harness import wait_until
 
 from rcoord.topics import Topics
 
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def gateway(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
-    with running_gateway(redis_server, namespace) as gw:
-        yield gw
-
-
-@pytest.fixture
-def topics(redis_server: Any, namespace: str) -> Iterator[Topics]:
-    with topics_of(redis_server, namespace) as t:
-        yield t
 
 
 class Member(threading.Thread):
