@@ -332,10 +332,6 @@ class ConsumerGroup:
         """Let the member join again after ``leave_until_resumed`` (idempotent)."""
         self._may_join.set()
 
-    @property
-    def left_until_resumed(self) -> bool:
-        return not self._may_join.is_set()
-
     # -- the run loop
 
     def _run(self) -> None:
