@@ -22,7 +22,7 @@ local function delete_offsets(ARGV)
     end
   end
   -- An Empty group whose last offset went is removed on the usual schedule.
-  if G.state == EMPTY then dl_write('ZADD', K_DL, 'LT', NOW, 'gc') end
+  if G.state == EMPTY then schedule_by('gc', NOW) end
   return {'NONE', results}
 end
 

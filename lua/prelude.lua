@@ -105,29 +105,34 @@ local function read_group()
 end
 local function group_exists() return G.state ~= nil end
 
--- Every write to the group's deadlines goes through dl_write (or call_batched), so finish()
--- knows whether the group's earliest deadline may have moved; if not, the partition's index
--- is already right and is left alone. When the call began with nothing due, apply_due leaves
+-- Every write to the group's deadlines goes through schedule, schedule_by or cancel (or
+-- call_batched), so finish() knows whether the group's earliest deadline may have moved; if
+-- not, the partition's index is already right and is left alone. When the call began with nothing due, apply_due leaves
 -- the group's earliest deadline in EARLIEST_NAME / EARLIEST_AT (false: the group has none;
 -- nil: not known), so a write that cannot move it (a later deadline of another name: a
 -- member's session refreshed while another's is earlier, the offsets' retention check) does
 -- not count: most heartbeat-like writes of a large group then leave the index alone.
 local DL_CHANGED = false
 local EARLIEST_NAME, EARLIEST_AT = nil, nil
--- Whether writing deadline ``name`` (due ``at``; nil for a removal) may move the earliest.
-local function moves_earliest(name, at)
-  if not EARLIEST_AT or name == EARLIEST_NAME then return true end
-  return at ~= nil and at < EARLIEST_AT
+-- Notes a write of deadline ``name`` (due ``at``; nil for a removal) if it may move the
+-- earliest: nothing is known of it, it is this name, or the write is earlier.
+local function note_deadline_write(name, at)
+  if DL_CHANGED then return end
+  DL_CHANGED = not EARLIEST_AT or name == EARLIEST_NAME or (at ~= nil and at < EARLIEST_AT)
 end
--- ('ZADD', K_DL, [flag,] at, name) or ('ZREM', K_DL, name): one deadline at a time.
-local function dl_write(cmd, key, ...)
-  local n = select('#', ...)
-  if not DL_CHANGED then
-    local at = nil
-    if cmd == 'ZADD' then at = tonumber((select(n - 1, ...))) end
-    DL_CHANGED = moves_earliest((select(n, ...)), at)
-  end
-  return redis.call(cmd, key, ...)
+-- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
+local function schedule(name, at)
+  note_deadline_write(name, at)
+  redis.call('ZADD', K_DL, at, name)
+end
+-- Due no later than ``at`` (an earlier deadline of that name stays).
+local function schedule_by(name, at)
+  note_deadline_write(name, at)
+  redis.call('ZADD', K_DL, 'LT', at, name)
+end
+local function cancel(name)
+  note_deadline_write(name, nil)
+  redis.call('ZREM', K_DL, name)
 end
 local function set_g(field, value)
   G[field] = tostring(value)
@@ -148,7 +153,7 @@ local function create_group()
   set_g('oi', 1) -- the group keeps the members' join order index (see member_order)
   redis.call('SADD', K_GROUPS, GROUP_ID)
   -- An Empty group with no offsets is removed after the retention check interval.
-  dl_write('ZADD', K_DL, 'LT', NOW + CFG.offsets_retention_check_interval_ms, 'gc')
+  schedule_by('gc', NOW + CFG.offsets_retention_check_interval_ms)
 end
 
 local function transition(to)
@@ -176,14 +181,11 @@ local function transition(to)
   event('transition', 'from', from or '', 'to', to, 'gen', G.gen or '0', 'took', took,
     'why', G.reason or '')
   -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them.
-  if to == EMPTY or to == STABLE then dl_write('ZADD', K_DL, 'LT', NOW, 'gc') end
+  if to == EMPTY or to == STABLE then schedule_by('gc', NOW) end
 end
 
 local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end
 
--- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
-local function schedule(name, at) dl_write('ZADD', K_DL, at, name) end
-local function cancel(name) dl_write('ZREM', K_DL, name) end
 local function hb_key(id) return 'hb:' .. id end
 
 -- Wake-ups and replies for parked callers.
@@ -1158,7 +1160,7 @@ end
 -- After a commit: make sure the retention timer fires no later than this offset's expiry.
 local function schedule_offset_expiry(rec)
   local base = expiration_base()
-  if base then dl_write('ZADD', K_DL, 'LT', expiry_of(rec, base), 'gc') end
+  if base then schedule_by('gc', expiry_of(rec, base)) end
 end
 
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
@@ -1231,7 +1233,7 @@ local function apply_due()
           if redis.call('ZSCORE', K_DL, t) == first[2] then name = t break end
         end
       end
-      dl_write('ZREM', K_DL, name)
+      cancel(name)
       local deadline = tonumber(first[2])
       if LATENESS == NO_LATENESS then LATENESS = {} end
       LATENESS[#LATENESS + 1] = NOW - deadline
