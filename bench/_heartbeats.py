@@ -26,6 +26,18 @@ from rcoord.scripts import Scripts
 HEARTBEAT_TARGET = 50_000.0
 
 
+def rate_row(label: str, total: int, dt: float, r: redis.Redis, u0: int, c0: int,
+             bad: collections.Counter[str]) -> list[str]:
+    """A heartbeat-throughput row: rate, server µs per function call since ``(c0, u0)``, errors
+    and the target check."""
+    c1, u1 = script_stats(r)
+    rate = total / dt
+    verdict = "MET" if rate >= HEARTBEAT_TARGET else "MISSED"
+    return [label, "1", f"{total:,}", f"{dt:.2f}", fmt_rate(rate),
+            f"{(u1 - u0) / max(1, c1 - c0):.1f}", str(sum(bad.values())),
+            f"target >= {HEARTBEAT_TARGET:,.0f}/s: {verdict}"]
+
+
 def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: Any,
                        ) -> tuple[list[str], int, str, list[Any], list[Any]]:
     ns = formed["namespace"]
@@ -84,13 +96,8 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
                     if len(sample) < 3:
                         sample.append(rep)
             sent += batch
-        dt = now() - t
-        c1, u1 = script_stats(r)
-        srv = (u1 - u0) / max(1, c1 - c0)
-        rate = total / dt
-        rows.append([f"pipelined FCALL, batch {batch}", "1", f"{total:,}", f"{dt:.2f}",
-                     fmt_rate(rate), f"{srv:.1f}", str(sum(bad.values())),
-                     f"target >= {HEARTBEAT_TARGET:,.0f}/s: {'MET' if rate >= HEARTBEAT_TARGET else 'MISSED'}"])
+        rows.append(rate_row(f"pipelined FCALL, batch {batch}", total, now() - t, r, u0, c0,
+                             bad))
         problems += [f"batch {batch}: {v} x {k}" for k, v in bad.items()]
     # (c) the public batch API, GroupCoordinator.heartbeat_many (pipelined, same script)
     for batch in args.batches:
@@ -105,13 +112,8 @@ def section_heartbeats(r: redis.Redis, url: str, formed: dict[str, Any], args: A
                 if e is not Errors.NONE:
                     bad[e.name] += 1
             sent += batch
-        dt = now() - t
-        c1, u1 = script_stats(r)
-        srv = (u1 - u0) / max(1, c1 - c0)
-        rate = total / dt
-        rows.append([f"coord.heartbeat_many, batch {batch}", "1", f"{total:,}", f"{dt:.2f}",
-                     fmt_rate(rate), f"{srv:.1f}", str(sum(bad.values())),
-                     f"target >= {HEARTBEAT_TARGET:,.0f}/s: {'MET' if rate >= HEARTBEAT_TARGET else 'MISSED'}"])
+        rows.append(rate_row(f"coord.heartbeat_many, batch {batch}", total, now() - t, r, u0,
+                             c0, bad))
         problems += [f"heartbeat_many batch {batch}: {v} x {k}" for k, v in bad.items()]
     print_table(["mode", "procs", "heartbeats", "seconds", "per_second", "srv_us/call",
                  "errors", "note"], rows, right={1, 2, 3, 4, 5, 6})

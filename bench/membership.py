@@ -39,9 +39,14 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import redis
 from _common import (
-    NamespaceRegistry, load_average, machine_line, now, print_table, start_server,
+    NamespaceRegistry,
+    load_average,
+    machine_line,
+    now,
+    print_table,
+    start_server,
 )
-from _formation import section_formation
+from _formation import default_delay, section_formation
 from _heartbeats import section_heartbeats, section_server_ceiling
 from _membership_setup import SOCKET_TIMEOUT_S
 from _pipelined_formation import section_pipelined_formation
@@ -53,15 +58,6 @@ REFERENCES = [
     ("server: small script, unpipelined", "80,000 /s"),
     ("server: small script, pipelined", "184,000 /s"),
 ]
-
-
-def default_delay(members: int) -> int:
-    """An initial delay long enough for every member's JoinGroup to arrive in its first window."""
-    if members <= 10:
-        return 50
-    if members <= 100:
-        return 100
-    return 1000
 
 
 def parse_args(argv: list[str] | None = None) -> Any:
