@@ -39,44 +39,45 @@ register('heartbeat', function(KEYS, ARGV)
   local group_id = ARGV[2]
   local now, mock_time = read_clock(ARGV[1])
 
-  -- A join completion or sync propagation still being written in chunks (the continuation
-  -- 'cj' or 'cs', due at 0: prelude.lua) does not hold heartbeats back: the state and generation
-  -- are already the new ones, so a heartbeat is answered as after a completion in one call (a
-  -- member whose join reply is still pending sends the old generation, and the sync chunks
-  -- never shorten a session a heartbeat refreshed). Nor does a passed offset-retention check
-  -- ('gc', due when a group turns Stable): it changes no heartbeat's answer. Any other passed
-  -- deadline acts first. When one was passed over, the group's earliest deadline has passed,
-  -- so refreshed sessions cannot move it.
-  local head = redis.call('ZRANGE', k_dl, 0, 2, 'WITHSCORES')
-  local first, passed_over = {}, false
-  for i = 1, #head, 2 do
-    local name, at = head[i], tonumber(head[i + 1])
-    if name == 'cj' or name == 'cs' or (name == 'gc' and at <= now) then
-      passed_over = true
-    else
-      first = {name, head[i + 1]}
-      break
+  local state, gen, ea = unpack(redis.call('HMGET', k_group, 'state', 'gen', 'ea'))
+  gen = tonumber(gen)
+  -- The group's 'ea' is the earliest deadline as published to the partition's due index, never
+  -- later than the real one (deadline_index.lua). While it lies ahead, nothing is due, and a
+  -- refreshed session needs publishing only if it falls before it (it never does in a steady
+  -- group: sessions only move later).
+  local published = ea ~= '-' and tonumber(ea) or nil
+  local look = state ~= false and (ea == false or (published ~= nil and published <= now))
+  if look then
+    -- The published time has passed (or is not known): look at the deadlines themselves.
+    -- A join completion or sync propagation still being written in chunks (the continuation
+    -- 'cj' or 'cs', due at 0: prelude.lua) does not hold heartbeats back: the state and
+    -- generation are already the new ones, so a heartbeat is answered as after a completion
+    -- in one call (a member whose join reply is still pending sends the old generation, and the
+    -- sync chunks never shorten a session a heartbeat refreshed). Nor does a passed
+    -- offset-retention check ('gc', due when a group turns Stable): it changes no heartbeat's
+    -- answer. Any other passed deadline acts first.
+    local head = redis.call('ZRANGE', k_dl, 0, 2, 'WITHSCORES')
+    for i = 1, #head, 2 do
+      local name, at = head[i], tonumber(head[i + 1])
+      if not (name == 'cj' or name == 'cs' or (name == 'gc' and at <= now)) then
+        if at <= now then return 'DUE' end
+        break
+      end
     end
   end
-  if #first > 0 and tonumber(first[2]) <= now then return 'DUE' end
 
-  local state, gen = unpack(redis.call('HMGET', k_group, 'state', 'gen'))
-  gen = tonumber(gen)
-
-  -- The group's earliest deadline moves only if it was one of the refreshed sessions, or a
-  -- refreshed session now falls before it; otherwise the partition's index stays as it is.
-  local moved = false
+  local moved = look
   local results = {}
   for i = 3, #ARGV, 3 do
-    local member_id = ARGV[i]
-    local code, at = heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_id,
+    local code, at = heartbeat_one(k_members, k_static, k_dl, state, gen, now, ARGV[i],
       tonumber(ARGV[i + 1]), ARGV[i + 2])
     results[#results + 1] = code
-    if at and not passed_over and (#first == 0 or first[1] == 'hb:' .. member_id
-        or at < tonumber(first[2])) then
-      moved = true
-    end
+    if at and (published == nil or at < published) then moved = true end -- (at: state ~= false)
   end
-  if moved then publish_earliest(k_dl, k_due, k_hint, group_id, true, now, mock_time) end
+  -- After a look, publish the real earliest (a write only if it differs from 'ea').
+  if moved then
+    publish_earliest(k_dl, k_due, k_hint, k_group, group_id, true, ea or nil, now,
+      mock_time)
+  end
   return results
 end)

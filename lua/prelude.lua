@@ -105,34 +105,41 @@ local function read_group()
 end
 local function group_exists() return G.state ~= nil end
 
--- Every write to the group's deadlines goes through schedule, schedule_by or cancel (or
--- call_batched), so finish() knows whether the group's earliest deadline may have moved; if
--- not, the partition's index is already right and is left alone. When the call began with nothing due, apply_due leaves
--- the group's earliest deadline in EARLIEST_NAME / EARLIEST_AT (false: the group has none;
--- nil: not known), so a write that cannot move it (a later deadline of another name: a
--- member's session refreshed while another's is earlier, the offsets' retention check) does
--- not count: most heartbeat-like writes of a large group then leave the index alone.
+-- The partition's due index holds, for each group, a time no later than the group's earliest
+-- deadline (a lower bound, not the exact earliest), and the group hash's 'ea' field holds the
+-- same value ('-': the group has no deadline and is not in the index; absent: not known). So
+-- a write that postpones a deadline, or removes one, leaves the index alone: a coordinator (or
+-- a parked caller) that comes at the old time finds nothing due and publishes the real earliest
+-- then (apply_due). In a steady group the member whose session is the earliest is the next to
+-- heartbeat, so an exact index had to be rewritten by nearly every heartbeat; a lower bound is
+-- rewritten about once per session timeout. Only a deadline earlier than the published one must
+-- be published at once, or it would be acted on late; every write to the group's deadlines
+-- goes through schedule, schedule_by, cancel or call_batched, so finish() knows.
+-- PUBLISHED: the published bound (false: none, nil: not known), from G.ea.
 local DL_CHANGED = false
-local EARLIEST_NAME, EARLIEST_AT = nil, nil
--- Notes a write of deadline ``name`` (due ``at``; nil for a removal) if it may move the
--- earliest: nothing is known of it, it is this name, or the write is earlier.
-local function note_deadline_write(name, at)
+local PUBLISHED = nil
+local function published_of(ea)
+  if ea == '-' then return false end
+  return tonumber(ea)
+end
+-- Notes a deadline written at ``at``: it must be published if it falls before the bound.
+local function note_deadline_write(at)
   if DL_CHANGED then return end
-  DL_CHANGED = not EARLIEST_AT or name == EARLIEST_NAME or (at ~= nil and at < EARLIEST_AT)
+  DL_CHANGED = not PUBLISHED or at < PUBLISHED
 end
 -- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
 local function schedule(name, at)
-  note_deadline_write(name, at)
+  note_deadline_write(at)
   redis.call('ZADD', K_DL, at, name)
 end
 -- Due no later than ``at`` (an earlier deadline of that name stays).
 local function schedule_by(name, at)
-  note_deadline_write(name, at)
+  note_deadline_write(at)
   redis.call('ZADD', K_DL, 'LT', at, name)
 end
 local function cancel(name)
-  note_deadline_write(name, nil)
-  redis.call('ZREM', K_DL, name)
+  redis.call('ZREM', K_DL, name) -- the index stays a lower bound
+
 end
 local function set_g(field, value)
   G[field] = tostring(value)
@@ -203,8 +210,12 @@ end
 -- step that touches every member makes a few calls instead of one per member. Even, so that
 -- field/value and score/member pairs never straddle two batches.
 local BATCH = 1000
+-- Notes deadlines written as ZADD score/member pairs (see note_deadline_write).
+local function note_deadline_pairs(items)
+  for i = 1, #items, 2 do note_deadline_write(tonumber(items[i])) end
+end
 local function call_batched(cmd, key, items)
-  if key == K_DL and #items > 0 then DL_CHANGED = true end
+  if key == K_DL and cmd == 'ZADD' then note_deadline_pairs(items) end
   for i = 1, #items, BATCH do
     redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
   end
@@ -670,7 +681,7 @@ local function sync_chunk(ids, asgs, err, at)
   call_batched('HSET', K_MEMBERS, recs)
   call_batched('HSET', K_REPLIES, replies)
   if #hbs > 0 then
-    DL_CHANGED = true
+    note_deadline_pairs(hbs)
     for i = 1, #hbs, BATCH do
       redis.call('ZADD', K_DL, 'GT', unpack(hbs, i, math.min(i + BATCH - 1, #hbs)))
     end
@@ -1201,16 +1212,15 @@ local LATENESS = NO_LATENESS
 local function apply_due()
   local applied = 0
   CHUNK_RAN = false
-  while group_exists() and applied < 1000 do
+  PUBLISHED = published_of(G.ea)
+  if group_exists() and not (PUBLISHED == false or (PUBLISHED and PUBLISHED > NOW)) then
+    -- The published bound has passed (or is not known): look at the deadlines themselves, and
+    -- publish the real earliest when done (finish() writes only if it differs).
+    DL_CHANGED = true
+  end
+  while DL_CHANGED and group_exists() and applied < 1000 do
     local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
-    if #first == 0 then
-      EARLIEST_AT = false
-      break
-    end
-    if tonumber(first[2]) > NOW then
-      EARLIEST_NAME, EARLIEST_AT = first[1], tonumber(first[2])
-      break
-    end
+    if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
     -- A join completion or sync propagation still being written (due at 0, so first): one
     -- chunk per call, and no other deadline until it is whole (complete_join explains).
@@ -1268,7 +1278,9 @@ end
 local FORCE_PUBLISH = false
 local function finish()
   if DL_CHANGED or FORCE_PUBLISH then
-    publish_earliest(K_DL, K_DUE, K_HINT, GROUP_ID, group_exists(), NOW, MOCK_TIME)
+    local ea = publish_earliest(K_DL, K_DUE, K_HINT, K_GROUP, GROUP_ID, group_exists(), G.ea,
+      NOW, MOCK_TIME)
+    if group_exists() then G.ea = ea end
   end
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
@@ -1325,7 +1337,7 @@ local function begin(keys, argv)
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
-  PROTOCOLS, LATENESS, EARLIEST_NAME, EARLIEST_AT = nil, NO_LATENESS, nil, nil
+  PROTOCOLS, LATENESS, PUBLISHED = nil, NO_LATENESS, nil
   local err = read_settings()
   if err then return err end
   read_group()

@@ -63,6 +63,8 @@ GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("oi", "whether the join-order index exists (leader election)"),
     ("cjk", "join completion still being written in chunks: its cursor"),
     ("csk", "sync propagation still being written in chunks: its cursor"),
+    ("ea", "the group's earliest deadline as published to the partition's due index, never later "
+           "than the real one ('-': no deadline; lua/deadline_index.lua)"),
 )
 """The group hash fields every group step reads, in one HMGET, at its start (in this order);
 any other field is read when first used. The library's ``G_CORE`` and ``core_fields`` (which
