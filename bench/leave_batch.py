@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 import redis
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.contract import reply_field
 from rcoord.protocol.join import JoinGroupResult, JoinRequest
 from rcoord.protocol.leave import MemberIdentity
 from rcoord.protocol.sync import SyncGroupResult, SyncRequest
@@ -96,6 +97,20 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
             pipe.execute_command(*coord._scripts.command(step, kl, ["", GROUP, *args]))
         return pipe.execute()
 
+    def collect_replies(waiting: list[str], kind: str) -> dict[str, Any]:
+        """What a woken parked caller does (rcoord.protocol.park): read the stored reply with a
+        plain HGET, and run ``await_reply`` (which writes the next chunk) only if it is not
+        there yet. Returns the replies found, shaped as ``await_reply``'s."""
+        pipe = r.pipeline(transaction=False)
+        for mid in waiting:
+            pipe.hget(keys.replies, reply_field(kind, mid))
+        found = {mid: [b"R", blob] for mid, blob in zip(waiting, pipe.execute()) if blob}
+        missing = [mid for mid in waiting if mid not in found]
+        for mid, x in zip(missing, run([("await_reply", [mid, kind]) for mid in missing])):
+            if x[0] == b"R":
+                found[mid] = x
+        return found
+
     def join_args(mid: str, i: int) -> list[Any]:
         return JoinRequest.build(
             GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
@@ -135,10 +150,7 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
     if last[0] == b"R":
         answers[ids[0]] = last
     while len(answers) < len(ids):
-        waiting = [mid for mid in ids if mid not in answers]
-        for mid, x in zip(waiting, run([("await_reply", [mid, "j"]) for mid in waiting])):
-            if x[0] == b"R":
-                answers[mid] = x
+        answers.update(collect_replies([mid for mid in ids if mid not in answers], "j"))
     collect = phase.stop()
     phase.start()
     joined = [JoinGroupResult.decode(bytes(answers[mid][1])) for mid in ids]
@@ -163,10 +175,7 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
     phase.start()
     synced = {mid: x for mid, x in zip(followers + [leader], replies) if x[0] == b"R"}
     while len(synced) < len(ids):
-        waiting = [mid for mid in followers + [leader] if mid not in synced]
-        for mid, x in zip(waiting, run([("await_reply", [mid, "s"]) for mid in waiting])):
-            if x[0] == b"R":
-                synced[mid] = x
+        synced.update(collect_replies([mid for mid in followers + [leader] if mid not in synced], "s"))
     post = phase.stop()
     for x in synced.values():
         sr = SyncGroupResult.decode(bytes(x[1]))

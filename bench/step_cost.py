@@ -1,16 +1,23 @@
 """Server time per protocol step: what one call of each group step costs inside Redis.
 
 Stable groups on an embedded server (two members, and one for the rebalance rounds); each phase
-replays N calls of one kind, captured from the public blocking API's flows (the first
-script/function call each step makes; for the fixed overhead and ``await_reply``, the
-coordinator's single-step hook), in pipelines, so the server stays busy as under load, and reads
-the server's own timing of the calls: ``INFO commandstats`` deltas (EVALSHA + FCALL + FCALL_RO).
-A rebalance round is a JoinGroup and then a SyncGroup: to tell them apart, one pass has an
-``INFO commandstats`` between every two calls (the difference of two consecutive replies is the
-one call between them), which costs the cache, so those two rows read high; a second pass
-without it gives the round's cost per call. Every phase runs ``--rounds`` times, the phases
-interleaved; the table shows the median and the range over rounds, because this machine's
-figures move between runs by up to half.
+replays N calls of one kind, captured from the public blocking API's flows (the first function
+call each step makes; for the fixed overhead and ``await_reply``, the coordinator's single-step
+hook), in pipelines, so the server stays busy as under load, and reads the server's own timing
+of the calls: ``INFO commandstats`` deltas (FCALL, and EVALSHA for the bare script). A rebalance
+round is a JoinGroup and then a SyncGroup: to tell them apart, one pass has an ``INFO
+commandstats`` between every two calls (the difference of two consecutive replies is the one
+call between them), which costs the cache, so those two rows read high; a second pass without
+it gives the round's cost per call. "commands/call" counts the commands each call ran inside
+the server (every one costs about a microsecond there). Every phase runs ``--rounds`` times, the
+phases interleaved; the table shows the median and the range over rounds, because this
+machine's figures move between runs by up to half.
+
+``--against REV`` loads the library of another revision (built by that revision's own code, from
+``git archive``) next to this tree's, on the same server, with its own groups, and runs every
+phase for both, interleaved call batch by call batch, so both see the same machine: the table
+then gives both medians and the median of this tree's time over REV's per round. That ratio is
+the figure to trust for a change; the absolute figures move with the load.
 
 Rows: a bare call (a script / function that only returns), the fixed overhead of a group step
 (``expire_deadlines`` with nothing due: read the clock, settings and group, apply nothing, check
@@ -22,82 +29,107 @@ call, then the leader syncs its assignment), and ``await_reply`` collecting a st
 Issue 12's targets are printed beside them.
 
 Run: ``python bench/step_cost.py`` (``-n`` calls per phase and round, default 4000;
-``--rounds``, default 5; ``--redis-url`` for an existing server). Prints a table.
+``--rounds``, default 5; ``--against REV``; ``--redis-url`` for an existing server). Prints a
+table.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
+import redis
 
-from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition  # noqa: E402
-from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
+from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
+from rcoord.testing.embedded import EmbeddedServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCRIPT_COMMANDS, script_stats, stats_of  # noqa: E402
+from _common import SCRIPT_COMMANDS, script_stats, stats_of
 
-JOIN = dict(protocol_type="consumer", protocols=[("range", b"\x00\x01")],
-            session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
-            require_known_member_id=False)
+JOIN = {"protocol_type": "consumer", "protocols": [("range", b"\x00\x01")],
+        "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000,
+        "require_known_member_id": False}
 BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_bare', " \
            "function() return 1 end)"
 TARGETS = {"fixed overhead": "<= 3", "heartbeat": "<= 6", "commit": "<= 15", "join": "<= 20",
            "sync": "<= 20"}
+ROUND = "rebalance round"
+
+Make = Callable[[], list[tuple[Any, ...]]]
+
+
+@dataclass
+class Variant:
+    """One library under test: its phases (label -> the calls of one repetition) and which
+    step each replayed function name is."""
+
+    name: str
+    phases: dict[str, Make]
+    steps: dict[Any, str]
+    # per phase label: per round, step (or "all", "inner") -> (calls, usec or commands)
+    results: dict[str, list[dict[str, tuple[int, int]]]] = field(default_factory=dict)
 
 
 def first_op(flow: Any) -> Any:
-    """The first operation a step's flow asks for: its script/function call, to replay."""
+    """The first operation a step's flow asks for: its function call, to replay."""
     op = next(flow)
     flow.close()
     return op
 
 
 def call_command(coord: GroupCoordinator, op: Any) -> tuple[Any, ...]:
-    """The Redis command that performs ``op``: FCALL of the library function, or EVALSHA."""
+    """The FCALL that performs ``op``."""
+    return tuple(coord._scripts.command(op.name, op.keys, op.args))
+
+
+def library_of(rev: str) -> tuple[str, str]:
+    """(name, FUNCTION LOAD source) of the library revision ``rev`` builds, by its own code."""
+    with tempfile.TemporaryDirectory(prefix="rcoord-ab-") as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", ("import sys; from rcoord.scripts import library_source; "
+                                    "n, s = library_source(); sys.stdout.write(n + '\\n' + s)")],
+            cwd=tmp, env={**os.environ, "PYTHONPATH": tmp}, check=True, capture_output=True,
+            text=True).stdout
+    name, source = out.split("\n", 1)
+    return name, source
+
+
+def use_library(coord: GroupCoordinator, name: str, source: str) -> None:
+    """Point ``coord``'s calls at library ``name`` (loaded on first use, as its own would be)."""
     scripts = coord._scripts
-    if hasattr(scripts, "command"):
-        return tuple(scripts.command(op.name, op.keys, op.args))
-    return ("EVALSHA", scripts.sha(op.name), len(op.keys), *op.keys, *op.args)
+    scripts.library, scripts._source = name, source
+    scripts.names = {step: f"{name}_{step}" for step in scripts.names}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", type=int, default=4000, help="calls per phase")
-    ap.add_argument("--batch", type=int, default=100, help="calls per pipeline")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="rounds of every phase, interleaved; the table shows the median")
-    ap.add_argument("--redis-url")
-    opts = ap.parse_args()
-    server = None if opts.redis_url else EmbeddedServer().start()
-    try:
-        url = opts.redis_url or server.url  # type: ignore[union-attr]
-        run(redis.Redis.from_url(url), opts.n, opts.batch, opts.rounds)
-    finally:
-        if server is not None:
-            server.stop()
-
-
-def run(r: redis.Redis, n: int, batch: int, rounds: int) -> None:
-    ns = f"sc{uuid.uuid4().hex[:8]}"
+def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Variant:
+    """Groups to measure on, in a namespace of their own, and the calls to replay."""
     coord = GroupCoordinator(r, CoordinatorConfig(
-        namespace=ns, group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=100)).start()
+        namespace=f"sc{uuid.uuid4().hex[:8]}", group_initial_rebalance_delay_ms=0,
+        group_min_session_timeout_ms=100))
+    if library is not None:
+        use_library(coord, *library)
+    coord.start()
     joined = coord.join_group("g", **JOIN)
     mid, gen = joined.member_id, joined.generation_id
     coord.sync_group("g", gen, mid, assignments={mid: b"a"})
     # A two-member group: A (the measured member, 120 s session) and B (60 s), so A's session
-    # deadline is not the group's earliest and A's heartbeats and commits leave the partition's
-    # deadline index alone, as for most members of a real group.
+    # deadline is not the group's earliest, as for most members of a real group.
     a = coord.join_group("g2", **{**JOIN, "session_timeout_ms": 120_000})
     coord.sync_group("g2", a.generation_id, a.member_id, assignments={})
     with cf.ThreadPoolExecutor(2) as pool:
@@ -112,19 +144,7 @@ def run(r: redis.Redis, n: int, batch: int, rounds: int) -> None:
     mid2, gen2 = ja.member_id, ja.generation_id
     keys = coord._keys("g2")
     steps = coord._steps
-    bare_sha = r.script_load("return 1")
-    has_functions = True
-    try:
-        r.execute_command("FUNCTION", "LOAD", "REPLACE", BARE_LIB)
-    except redis.ResponseError:
-        has_functions = False
-    if not hasattr(coord._scripts, "command"):  # scripts: make sure each is in the cache
-        from rcoord.scripts import lua_source
-        for step in ("join_group", "sync_group", "heartbeat", "commit_offsets",
-                     "expire_deadlines", "await_reply"):
-            r.script_load(lua_source(step))
     tp = TopicPartition("t", 0)
-    join_op = first_op(steps.join_group("g", mid, **JOIN))
     heartbeat = call_command(coord, first_op(steps.heartbeat("g2", gen2, mid2)))
     # B's 60 s session is g2's earliest deadline: in a steady group the member whose session is
     # the earliest is the next to heartbeat, so this is the common heartbeat of a real group.
@@ -133,77 +153,120 @@ def run(r: redis.Redis, n: int, batch: int, rounds: int) -> None:
         "g2", {tp: 7}, member_id=mid2, generation_id=gen2)))
     expire = call_command(coord, first_op(steps.call("expire_deadlines", keys, [])))
     await_reply = call_command(coord, first_op(steps.call("await_reply", keys, [mid2, "s"])))
-    join = call_command(coord, join_op)
+    join = call_command(coord, first_op(steps.join_group("g", mid, **JOIN)))
     # The replayed calls must take the path they are named for (a heartbeat answered DUE, for
     # one, would measure only the check for passed deadlines).
     assert r.execute_command(*expire)[0] == 0
     assert r.execute_command(*heartbeat) == [b"NONE"], r.execute_command(*heartbeat)
+    assert r.execute_command(*heartbeat_earliest) == [b"NONE"]
     assert r.execute_command(*commit)[0] == b"NONE"
     assert r.execute_command(*await_reply)[0] == b"R"
-    assert r.execute_command(*heartbeat_earliest) == [b"NONE"]
-    state = {"gen": gen}
+    generation = {"gen": gen}
 
-    def sync_cmd() -> tuple[Any, ...]:
-        # SyncGroup ARGV: now, group, member, generation, ... (lua/sync_group.lua); each
-        # rebalance round bumps the generation by one.
-        state["gen"] += 1
-        op = first_op(steps.sync_group("g", state["gen"], mid, assignments={mid: b"a"}))
+    def sync_cmd(advance: bool = True) -> tuple[Any, ...]:
+        # Each rebalance round bumps the generation by one.
+        nxt = generation["gen"] + 1
+        if advance:
+            generation["gen"] = nxt
+        op = first_op(steps.sync_group("g", nxt, mid, assignments={mid: b"a"}))
         return call_command(coord, op)
 
-    phases: list[tuple[str, Callable[[], list[tuple[Any, ...]]]]] = [
-        ("bare EVALSHA", lambda: [("EVALSHA", bare_sha, 0)]),
-    ]
-    if has_functions:
-        phases.append(("bare FCALL", lambda: [("FCALL", "rcoord_bench_bare", 0)]))
-    phases += [
-        ("fixed overhead (expire_deadlines, nothing due)", lambda: [expire]),
-        ("heartbeat", lambda: [heartbeat]),
-        ("heartbeat, the group's earliest session", lambda: [heartbeat_earliest]),
-        ("commit, 1 partition", lambda: [commit]),
-        ("rebalance round", lambda: [join, sync_cmd()]),
-        ("await_reply (reply stored)", lambda: [await_reply]),
-    ]
-    # Which step each replayed call is: its function name, or the script sha of the step.
+    phases: dict[str, Make] = {
+        "fixed overhead (expire_deadlines, nothing due)": lambda: [expire],
+        "heartbeat": lambda: [heartbeat],
+        "heartbeat, the group's earliest session": lambda: [heartbeat_earliest],
+        "commit, 1 partition": lambda: [commit],
+        ROUND: lambda: [join, sync_cmd()],
+        "await_reply (reply stored)": lambda: [await_reply],
+    }
     names = {heartbeat[1]: "heartbeat", join[1]: "join_group", commit[1]: "commit_offsets",
-             expire[1]: "expire_deadlines", await_reply[1]: "await_reply"}
-    names[sync_cmd()[1]] = "sync_group"
-    state["gen"] -= 1
-    # per phase label: per round, step -> (calls, usec)
-    per_round: dict[str, list[dict[str, tuple[int, int]]]] = {label: [] for label, _ in phases}
+             expire[1]: "expire_deadlines", await_reply[1]: "await_reply",
+             sync_cmd(advance=False)[1]: "sync_group"}
+    return Variant(name, phases, names)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=4000, help="calls per phase and round")
+    ap.add_argument("--batch", type=int, default=100, help="calls per pipeline")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of every phase, interleaved; the table shows the median")
+    ap.add_argument("--against", metavar="REV",
+                    help="also measure the library of git revision REV, interleaved")
+    ap.add_argument("--redis-url")
+    opts = ap.parse_args()
+    other = library_of(opts.against) if opts.against else None
+    server = None if opts.redis_url else EmbeddedServer().start()
+    try:
+        url = opts.redis_url or server.url  # type: ignore[union-attr]
+        run(redis.Redis.from_url(url), opts.n, opts.batch, opts.rounds, opts.against, other)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run(r: redis.Redis, n: int, batch: int, rounds: int, against: str | None = None,
+        other: tuple[str, str] | None = None) -> None:
+    variants = [prepare(r, "this tree", None)]
+    if against is not None:
+        variants.append(prepare(r, against, other))
+    bare_sha = r.script_load("return 1")
+    bare: dict[str, Make] = {"bare EVALSHA": lambda: [("EVALSHA", bare_sha, 0)]}
+    try:
+        r.execute_command("FUNCTION", "LOAD", "REPLACE", BARE_LIB)
+        bare["bare FCALL"] = lambda: [("FCALL", "rcoord_bench_bare", 0)]
+    except redis.ResponseError:
+        pass
+    base = Variant("bare", bare, {})
+    labels = [*bare, *variants[0].phases]
     for _ in range(rounds):
-        for label, make in phases:
-            per_round[label].append(measure(r, make, n, batch, names,
-                                            split=label == "rebalance round"))
-    rows = []
-    for label, _ in phases:
-        if label == "rebalance round":
-            for step, row_label in (("join_group", "join (rebalance round, INFO between)"),
-                                    ("sync_group", "sync (rebalance round, INFO between)")):
-                rows.append(row(row_label, [rd[step] for rd in per_round[label]]))
-            rows.append(row("join + sync, per call (rebalance round)",
-                            [rd["all"] for rd in per_round[label]], per_round[label][0]["inner"]))
-        else:
-            rows.append(row(label, [rd["all"] for rd in per_round[label]],
-                            per_round[label][0]["inner"]))
-    check = coord.join_group("g", member_id=mid, **JOIN)  # the group still works
-    assert check.error.name == "NONE", check
+        for label in labels:
+            for v in ([base] if label in bare else variants):
+                # Batch by batch, so two variants see the same moments of the machine.
+                v.results.setdefault(label, []).append(
+                    measure(r, v.phases[label], n, batch, v.steps, split=label == ROUND))
     info = r.info("server")
     print(f"server: {info.get('server_name', 'redis')} "
           f"{info.get('valkey_version') or info.get('redis_version')}, {n} calls per phase and "
           f"round, {rounds} rounds, pipelines of {batch}")
-    print_table(["step", "calls/round", "commands/call", "server µs/call (median)", "range",
-                 "target µs"],
-                rows)
+    rows = []
+    for label in labels:
+        for row_label, pick in row_specs(label):
+            cells = []
+            for v in ([base] if label in bare else variants):
+                per_round = [pick(rd) for rd in v.results[label]]
+                inner = v.results[label][0].get("inner") if pick is pick_all else None
+                cells.append((per_round, inner))
+            rows.append(row(row_label, cells, len(variants)))
+    header = ["step", "calls/round", "commands/call", "server µs/call (median)", "range"]
+    if against is not None:
+        header = ["step", "calls/round", "commands/call", "µs/call", f"{against}: commands/call",
+                  f"{against}: µs/call", "this / " + against]
+    print_table([*header, "target µs"], rows)
 
 
-def measure(r: redis.Redis, make: Callable[[], list[tuple[Any, ...]]], n: int, batch: int,
-            names: dict[Any, str], split: bool) -> dict[str, tuple[int, int]]:
+def pick_all(rd: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    return rd["all"]
+
+
+def row_specs(label: str) -> list[tuple[str, Callable[[dict[str, tuple[int, int]]],
+                                                       tuple[int, int]]]]:
+    """The table rows of one phase and how each reads a round's figures."""
+    if label != ROUND:
+        return [(label, pick_all)]
+    return [("join (rebalance round, INFO between)", lambda rd: rd["join_group"]),
+            ("sync (rebalance round, INFO between)", lambda rd: rd["sync_group"]),
+            ("join + sync, per call (rebalance round)", pick_all)]
+
+
+def measure(r: redis.Redis, make: Make, n: int, batch: int, names: dict[Any, str],
+            split: bool) -> dict[str, tuple[int, int]]:
     """Replay ``n`` rounds of ``make()``'s calls in pipelines of ``batch``; the server's own
     time of the calls from ``INFO commandstats`` deltas. Returns (calls, usec): under "all" for
     the whole phase, and, with ``split``, per step too, from an INFO between every two calls
     (the difference of consecutive replies is the one call between them; INFO costs the
     cache, so the split reads high: the "all" figure of a split phase is from a second pass
-    without it)."""
+    without it); and under "inner", (calls, commands they ran)."""
     out: dict[str, tuple[int, int]] = {}
     for with_info in ((True, False) if split else (False,)):
         inner0 = inner_calls(r)
@@ -239,21 +302,35 @@ def measure(r: redis.Redis, make: Callable[[], list[tuple[Any, ...]]], n: int, b
 
 def inner_calls(r: redis.Redis) -> int:
     """Commands run so far other than script/function calls and INFO: the commands the
-    steps' scripts ran (each costs about a microsecond of server time inside a script)."""
+    steps' scripts ran."""
     stats = r.info("commandstats")
     skip = {f"cmdstat_{c}" for c in (*SCRIPT_COMMANDS, "info")}
     return sum(int(v.get("calls", 0)) for k, v in stats.items() if k not in skip)
 
 
-def row(label: str, per_round: list[tuple[int, int]],
-        inner: tuple[int, int] | None = None) -> list[str]:
-    """One table row: calls per round, commands each call ran, the median over rounds of µs per
-    call and the range."""
+def row(label: str, cells: list[tuple[list[tuple[int, int]], tuple[int, int] | None]],
+        variants: int) -> list[str]:
+    """One table row. ``cells``: per variant, (calls and usec per round, calls and inner
+    commands). One variant: calls, commands, median µs/call, range. Two: each variant's
+    commands and median µs/call, and the median over rounds of the first's time over the
+    second's."""
     target = next((v for k, v in TARGETS.items() if label.startswith(k)), "")
-    rates = sorted(u / max(c, 1) for c, u in per_round)
-    commands = "-" if inner is None else f"{inner[1] / max(inner[0], 1):.1f}"
-    return [label, f"{per_round[0][0]:,}", commands, f"{statistics.median(rates):.1f}",
-            f"{rates[0]:.1f}-{rates[-1]:.1f}", target]
+    rates = [[u / max(c, 1) for c, u in per_round] for per_round, _ in cells]
+
+    def commands(inner: tuple[int, int] | None) -> str:
+        return "-" if inner is None else f"{inner[1] / max(inner[0], 1):.1f}"
+
+    first_calls = f"{cells[0][0][0][0]:,}"
+    if variants == 1 or len(cells) == 1:
+        ordered = sorted(rates[0])
+        out = [label, first_calls, commands(cells[0][1]), f"{statistics.median(ordered):.1f}",
+               f"{ordered[0]:.1f}-{ordered[-1]:.1f}"]
+        if variants == 2:
+            out = [*out[:4], "", "", ""]
+        return [*out, target]
+    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True) if b)
+    return [label, first_calls, commands(cells[0][1]), f"{statistics.median(rates[0]):.1f}",
+            commands(cells[1][1]), f"{statistics.median(rates[1]):.1f}", f"{ratio:.2f}", target]
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

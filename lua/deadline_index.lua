@@ -7,7 +7,8 @@
 -- expired-key events; only a hint). Between two publications the index may be earlier than the
 -- group's earliest deadline, never later (prelude.lua, note_deadline_write, says why).
 -- Takes every key and value as arguments (``published``: the group's 'ea' as read, nil when
--- absent); touches nothing else. Returns the value 'ea' now holds.
+-- absent; ``k_group`` nil: the caller writes 'ea' itself); touches nothing else. Returns the
+-- value 'ea' is to hold.
 
 local function publish_earliest(k_deadlines, k_due, k_hint, k_group, group_id, exists, published,
                                 now, mock_time)
@@ -16,7 +17,7 @@ local function publish_earliest(k_deadlines, k_due, k_hint, k_group, group_id, e
     if published == '-' then return published end
     redis.call('ZREM', k_due, group_id)
     redis.call('DEL', k_hint)
-    if exists then redis.call('HSET', k_group, 'ea', '-') end
+    if exists and k_group then redis.call('HSET', k_group, 'ea', '-') end
     return '-'
   end
   local at = tonumber(first[2])
@@ -24,7 +25,7 @@ local function publish_earliest(k_deadlines, k_due, k_hint, k_group, group_id, e
   local pmin = redis.call('ZRANGE', k_due, 0, 0, 'WITHSCORES')
   redis.call('ZADD', k_due, at, group_id)
   local ea = string.format('%d', at)
-  redis.call('HSET', k_group, 'ea', ea)
+  if k_group then redis.call('HSET', k_group, 'ea', ea) end
   if #pmin == 0 or at < tonumber(pmin[2]) then
     redis.call('SPUBLISH', k_due, ea)
   end

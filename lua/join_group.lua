@@ -77,7 +77,7 @@ local function replace_static_member(old_id, new_id)
   local rec = old
   rec.id, rec.as, rec.new = new_id, 0, 0
   mput(rec)
-  if G.oi and rec.seq then redis.call('HSET', K_GROUP, order_field(rec.seq), new_id) end
+  if G.oi and rec.seq then g_call('HSET', order_field(rec.seq), new_id) end
   if G.leader == old_id then set_g('leader', new_id) end
   redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).

@@ -88,8 +88,10 @@ end
 local IS_CORE = {}
 for i = 1, #G_CORE do IS_CORE[G_CORE[i]] = true end
 local G_SEEN = nil
+local G_WRITES, G_WRITE_ORDER = nil, nil -- (set_g, below)
 local G_META = {__index = function(g, field)
   if IS_CORE[field] then return nil end -- read with the core: absent
+  if G_WRITES and G_WRITES[field] == false then return nil end -- deleted in this call
   if G_SEEN == nil then G_SEEN = {} elseif G_SEEN[field] then return nil end
   G_SEEN[field] = true
   local value = redis.call('HGET', K_GROUP, field)
@@ -141,9 +143,45 @@ local function cancel(name)
   redis.call('ZREM', K_DL, name) -- the index stays a lower bound
 
 end
+-- Writes to the group hash through set_g / del_g are kept in G and sent together, one HSET
+-- (and one HDEL) when the step finishes: a rebalance step changes a dozen fields (state, prev,
+-- ts, gen, pname, the timer arguments, the wake id ...) and each command costs about a
+-- microsecond inside a function. Every command that writes the hash directly (g_call) sends
+-- the collected writes first, so the hash sees every write in the order the step made it.
+local function note_g(field, value)
+  if G_WRITES == nil then G_WRITES, G_WRITE_ORDER = {}, {} end
+  if G_WRITES[field] == nil then G_WRITE_ORDER[#G_WRITE_ORDER + 1] = field end
+  G_WRITES[field] = value
+end
 local function set_g(field, value)
-  G[field] = tostring(value)
-  redis.call('HSET', K_GROUP, field, value)
+  local v = tostring(value)
+  G[field] = v
+  note_g(field, v)
+end
+local function del_g(field)
+  G[field] = nil
+  note_g(field, false)
+end
+local function flush_g()
+  if G_WRITES == nil then return end
+  local sets, dels = {}, {}
+  for _, field in ipairs(G_WRITE_ORDER) do
+    local v = G_WRITES[field]
+    if v then
+      sets[#sets + 1] = field
+      sets[#sets + 1] = v
+    else
+      dels[#dels + 1] = field
+    end
+  end
+  G_WRITES, G_WRITE_ORDER = nil, nil
+  if #sets > 0 then redis.call('HSET', K_GROUP, unpack(sets)) end
+  if #dels > 0 then redis.call('HDEL', K_GROUP, unpack(dels)) end
+end
+-- A direct write to the group hash (fields set_g does not keep: chunk parts, the order index).
+local function g_call(cmd, ...)
+  flush_g()
+  return redis.call(cmd, K_GROUP, ...)
 end
 local function gen() return tonumber(G.gen or '0') end
 
@@ -182,8 +220,7 @@ local function transition(to)
     set_g('rbts', NOW)
   elseif (to == STABLE or to == EMPTY) and G.rbts then
     took = string.format('%d', NOW - tonumber(G.rbts))
-    redis.call('HDEL', K_GROUP, 'rbts')
-    G.rbts = nil
+    del_g('rbts')
   end
   event('transition', 'from', from or '', 'to', to, 'gen', G.gen or '0', 'took', took,
     'why', G.reason or '')
@@ -199,7 +236,7 @@ local function hb_key(id) return 'hb:' .. id end
 local WAKE = false
 local function wake() WAKE = true end
 -- A reply slot per member and kind, so a join reply never overwrites an uncollected sync reply.
-local function reply_field(kind, id) return kind .. ':' .. id end
+-- reply_field(kind, id): the header's (rcoord/contract.py REPLY_FIELD_SEPARATOR).
 local function reply_put(id, rep)
   rep.at = NOW
   redis.call('HSET', K_REPLIES, reply_field(rep.k, id), cmsgpack.pack(rep))
@@ -216,6 +253,7 @@ local function note_deadline_pairs(items)
 end
 local function call_batched(cmd, key, items)
   if key == K_DL and cmd == 'ZADD' then note_deadline_pairs(items) end
+  if key == K_GROUP then flush_g() end
   for i = 1, #items, BATCH do
     redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
   end
@@ -297,13 +335,8 @@ local function is_new(rec) return rec.new == 1 and (rec.ng == nil or rec.ng == g
 -- P:<protocol> counts how many members support a protocol; G keeps them current.
 local function add_protocol_count(name, delta)
   local field = 'P:' .. name
-  local n = redis.call('HINCRBY', K_GROUP, field, delta)
-  if n <= 0 then
-    redis.call('HDEL', K_GROUP, field)
-    G[field] = nil
-  else
-    G[field] = tostring(n)
-  end
+  local n = tonumber(G[field] or '0') + delta
+  if n <= 0 then del_g(field) else set_g(field, n) end
 end
 local function count_protocols(rec, delta)
   for _, p in ipairs(protocols_of(rec)) do add_protocol_count(p[1], delta) end
@@ -416,7 +449,7 @@ local ORDER_SCAN = 100
 local function order_field(seq) return 'o:' .. string.format('%d', seq) end
 -- The id of the oldest member for which accept(id) is true, or nil.
 local function oldest_member(accept)
-  local top = tonumber(redis.call('HGET', K_GROUP, 'seq') or '0')
+  local top = tonumber(G.seq or '0')
   local lp = tonumber(G.lp or '1')
   local s, first_live = lp, nil
   local found = nil
@@ -511,9 +544,10 @@ local function add_member(id, req)
   forget_members()
   local rec = {id = id, iid = req.iid, cid = req.cid, host = req.host, st = req.st, rt = req.rt,
                pt = req.pt, pr = req.pr, subs = req.subs, asg = '', as = 0, new = 1, ng = gen(),
-               seq = redis.call('HINCRBY', K_GROUP, 'seq', 1)}
+               seq = tonumber(G.seq or '0') + 1}
+  set_g('seq', rec.seq)
   mput(rec)
-  if G.oi then redis.call('HSET', K_GROUP, order_field(rec.seq), id) end
+  if G.oi then g_call('HSET', order_field(rec.seq), id) end
   count_protocols(rec, 1)
   rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
@@ -695,11 +729,11 @@ local function continue_sync()
   local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cs:' .. k))
   sync_chunk(part[1], part[2], G.cse, tonumber(G.cst))
   if k < n then
-    redis.call('HDEL', K_GROUP, 'cs:' .. k)
+    g_call('HDEL', 'cs:' .. k)
     set_g('csk', k + 1)
   else
-    redis.call('HDEL', K_GROUP, 'csk', 'csn', 'cst', 'cse', 'cs:' .. k)
-    G.csk, G.csn, G.cst, G.cse = nil, nil, nil, nil
+    g_call('HDEL', 'cs:' .. k)
+    for _, field in ipairs({'csk', 'csn', 'cst', 'cse'}) do del_g(field) end
     cancel('cs')
   end
 end
@@ -722,7 +756,7 @@ local function propagate_assignment(err, asg_of)
   local size = chunk_size()
   local n = math.max(1, math.ceil(#ids / size))
   if n > 1 then
-    local fields = {'csk', 2, 'csn', n, 'cst', NOW, 'cse', err}
+    local fields = {}
     for k = 2, n do
       local first = (k - 1) * size + 1
       fields[#fields + 1] = 'cs:' .. k
@@ -730,7 +764,10 @@ local function propagate_assignment(err, asg_of)
                                            slice(asgs, first, k * size)})
     end
     call_batched('HSET', K_GROUP, fields)
-    G.csk, G.csn, G.cst, G.cse = '2', tostring(n), tostring(NOW), err
+    set_g('csk', 2)
+    set_g('csn', n)
+    set_g('cst', NOW)
+    set_g('cse', err)
     schedule('cs', 0)
   end
   sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW)
@@ -769,8 +806,7 @@ end
 -- Kafka's computeSubscribedTopics: known only for the "consumer" protocol type and only when
 -- every member's metadata decodes; an unknown subscription counts as every topic.
 local function compute_subscribed_topics()
-  redis.call('HDEL', K_GROUP, 'subs')
-  G.subs = nil
+  del_g('subs')
   if G.ptype ~= 'consumer' then return end
   local set, list = {}, {}
   for _, rec in ipairs(all_members()) do
@@ -801,8 +837,7 @@ local function init_next_generation()
   if nmembers() > 0 then
     set_g('pname', select_protocol())
     -- The subscribed topics are computed by the completion's chunks (complete_join).
-    redis.call('HDEL', K_GROUP, 'subs')
-    G.subs = nil
+    del_g('subs')
     transition(COMPLETING)
   else
     set_g('pname', '')
@@ -938,12 +973,12 @@ local function join_chunk(ids, k, n, at)
   call_batched('HSET', K_MEMBERS, recs)
   if #replies > 0 then wake() end
   if k < n then
-    redis.call('HSET', K_GROUP, 'cjm:' .. k, cmsgpack.pack({mem, unknown or topics}))
+    g_call('HSET', 'cjm:' .. k, cmsgpack.pack({mem, unknown or topics}))
     set_g('cjk', k + 1)
     return
   end
   -- The last chunk: the entries of every chunk, in the members' order (oldest first).
-  local drop = {'cjk', 'cjn', 'cjt'}
+  local drop = {}
   for j = 1, n - 1 do
     local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cjm:' .. j))
     for _, x in ipairs(part[1]) do mem[#mem + 1] = x end
@@ -982,8 +1017,8 @@ local function join_chunk(ids, k, n, at)
     set_g('subs', cmsgpack.pack(list))
   end
   if n > 1 then
-    redis.call('HDEL', K_GROUP, unpack(drop))
-    for _, f in ipairs(drop) do G[f] = nil end
+    g_call('HDEL', unpack(drop))
+    for _, field in ipairs({'cjk', 'cjn', 'cjt'}) do del_g(field) end
     cancel('cj')
   end
   -- Every member synced before the last chunk was written: the sync deadline has no purpose.
@@ -1044,13 +1079,14 @@ local function complete_join()
   local size = chunk_size()
   local n = math.max(1, math.ceil(#ids / size))
   if n > 1 then
-    local fields = {'cjn', n, 'cjt', NOW}
+    local fields = {}
     for k = 2, n do
       fields[#fields + 1] = 'cj:' .. k
       fields[#fields + 1] = cmsgpack.pack(slice(ids, (k - 1) * size + 1, k * size))
     end
     call_batched('HSET', K_GROUP, fields)
-    G.cjn, G.cjt = tostring(n), tostring(NOW)
+    set_g('cjn', n)
+    set_g('cjt', NOW)
     schedule('cj', 0)
   end
   join_chunk(slice(ids, 1, size), 1, n, NOW)
@@ -1146,6 +1182,7 @@ local function delete_group()
   forget_members()
   DL_CHANGED = true
   transition(DEAD)
+  G_WRITES, G_WRITE_ORDER = nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
   redis.call('SREM', K_GROUPS, GROUP_ID)
@@ -1274,25 +1311,25 @@ local function apply_due()
 end
 
 -- Every group step ends here (group_step calls it): publish the group's earliest deadline
--- (deadline_index.lua) if it may have moved, and wake parked callers.
+-- (deadline_index.lua) if it must be, wake parked callers, and send the group hash writes.
 local FORCE_PUBLISH = false
 local function finish()
   if DL_CHANGED or FORCE_PUBLISH then
-    local ea = publish_earliest(K_DL, K_DUE, K_HINT, K_GROUP, GROUP_ID, group_exists(), G.ea,
-      NOW, MOCK_TIME)
-    if group_exists() then G.ea = ea end
+    local ea = publish_earliest(K_DL, K_DUE, K_HINT, nil, GROUP_ID, group_exists(), G.ea, NOW,
+      MOCK_TIME)
+    if group_exists() and ea ~= G.ea then set_g('ea', ea) end
   end
   if WAKE then
     local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
     if group_exists() then
-      redis.call('HSET', K_GROUP, 'wid', id)
-      G.wid = id
+      set_g('wid', id)
     else
       -- The group was deleted in this call: parked callers still need the wake-up, but the
       -- stream must not outlive them.
       redis.call('PEXPIRE', K_WAKE, 60000)
     end
   end
+  flush_g()
 end
 
 local function next_deadline()
@@ -1336,6 +1373,7 @@ local function begin(keys, argv)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
+  G_WRITES, G_WRITE_ORDER = nil, nil
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
   PROTOCOLS, LATENESS, PUBLISHED = nil, NO_LATENESS, nil
   local err = read_settings()

@@ -63,12 +63,23 @@ GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("oi", "whether the join-order index exists (leader election)"),
     ("cjk", "join completion still being written in chunks: its cursor"),
     ("csk", "sync propagation still being written in chunks: its cursor"),
-    ("ea", "the group's earliest deadline as published to the partition's due index, never later "
-           "than the real one ('-': no deadline; lua/deadline_index.lua)"),
+    ("ea", ("the group's earliest deadline as published to the partition's due index, never "
+            "later than the real one ('-': no deadline; lua/deadline_index.lua)")),
 )
 """The group hash fields every group step reads, in one HMGET, at its start (in this order);
 any other field is read when first used. The library's ``G_CORE`` and ``core_fields`` (which
 builds the per-call group table in one allocation) are rendered from this list."""
+
+REPLY_FIELD_SEPARATOR = ":"
+"""A parked call's reply is stored in the group's replies hash under ``<kind>:<member id>``
+(kind ``j`` for JoinGroup, ``s`` for SyncGroup): the library's ``reply_field`` is rendered from
+this, and a parked caller reads its reply there directly (``reply_field`` below)."""
+
+
+def reply_field(kind: str, member_id: str) -> str:
+    """The replies-hash field holding ``member_id``'s reply to a parked call of ``kind``."""
+    return f"{kind}{REPLY_FIELD_SEPARATOR}{member_id}"
+
 
 STATE_CONSTANTS: dict[GroupState, str] = {
     GroupState.EMPTY: "EMPTY",
@@ -167,6 +178,10 @@ def lua_header(
     lines.append("local function core_fields(v)")
     lines += _wrapped("  return {", [f"{n} = v[{i}] or nil" for i, n in enumerate(names, 1)], "}")
     lines.append("end")
+    lines.append("")
+    lines.append("-- A parked call's reply field in the replies hash (REPLY_FIELD_SEPARATOR).")
+    lines.append("local function reply_field(kind, id) return kind .. "
+                 f"'{REPLY_FIELD_SEPARATOR}' .. id end")
     lines.append("")
     lines.append("-- Named error replies (rcoord/errors.py maps each to its exception).")
     for name in script_error_names():

@@ -19,6 +19,7 @@ from typing import Any
 import redis.exceptions
 
 from .config import CoordinatorConfig
+from .contract import reply_field
 from .errors import ConfigError, Errors, InvalidRequestError
 from .flow import Command, Flow, MasterOf, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
 from .keys import GroupKeys, PartitionKeys
@@ -50,6 +51,7 @@ from .protocol.park import (
     MAX_BLOCK_MS,
     ClaimDeadline,
     ReadDeadline,
+    ReadReply,
     WaitWake,
     park_flow,
 )
@@ -246,6 +248,8 @@ class GroupSteps:
                     result = None if result is None else float(result)
                 elif isinstance(op, ClaimDeadline):
                     result = bool((yield Command(("SET", keys.claim, b"1", "NX", "PX", CLAIM_MS))))
+                elif isinstance(op, ReadReply):
+                    result = yield Command(("HGET", keys.replies, reply_field(kind, member_id)))
                 else:  # Poll
                     result = yield from self.call("await_reply", keys, [member_id, kind])
                 op = wait.send(result)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcoord import Errors, MemberIdentity, TopicPartition
-
 from harness import wait_until
+
+from rcoord import Errors, MemberIdentity, TopicPartition
 
 TP = TopicPartition("t", 0)
 
@@ -75,7 +75,7 @@ def test_a_deadline_earlier_than_the_published_one_is_published_at_once(ctx):
     # One member with a long session and a short rebalance timeout: the published time is its
     # session's end, a minute away; a second member's join starts a rebalance whose join timer
     # is due in 2 s, and the index must say so at once.
-    join_kw = dict(session_timeout_ms=60_000, rebalance_timeout_ms=2000)
+    join_kw = {"session_timeout_ms": 60_000, "rebalance_timeout_ms": 2000}
     first_id = ctx.new_member_id(**join_kw)
     (first,) = ctx.settle([ctx.join_async(first_id, **join_kw)])
     assert first.error == Errors.NONE, first
@@ -122,7 +122,7 @@ def test_leaving_member_with_the_earliest_session_leaves_a_lower_bound(ctx):
 
 
 def test_a_deleted_group_leaves_the_index(ctx):
-    gen, (mid,) = ctx.stable_group(1)
+    _, (mid,) = ctx.stable_group(1)
     ctx.coord.leave_group(ctx.group_id, [MemberIdentity(mid)])
     assert ctx.coord.delete_groups([ctx.group_id])[ctx.group_id] == Errors.NONE
     keys = ctx._keys()

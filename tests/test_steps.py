@@ -58,15 +58,29 @@ def test_both_take_a_config_or_a_namespace_name(redis_client, namespace):
 def test_the_park_flow_asks_for_typed_operations():
     import pytest
 
-    from rcoord.protocol.park import MOCK_CLOCK_BLOCK_MS, Poll, WaitWake, park_flow
+    from rcoord.protocol.park import MOCK_CLOCK_BLOCK_MS, Poll, ReadReply, WaitWake, park_flow
 
     flow = park_flow([b"W", b"5-0", b"-1", b"1000"], mock_clock=True, max_block_ms=1000)
     assert next(flow) == WaitWake(b"5-0", MOCK_CLOCK_BLOCK_MS)
     assert flow.send(False) == Poll()  # a mock clock re-checks after every wait
     assert flow.send([b"W", b"6-0", b"-1", b"1000"]) == WaitWake(b"6-0", MOCK_CLOCK_BLOCK_MS)
-    assert flow.send(True) == Poll()
+    assert flow.send(True) == ReadReply()  # woken: read the stored reply first
+    assert flow.send(None) == Poll()  # not written yet: the script applies what is due
     with pytest.raises(StopIteration) as done:
         flow.send([b"R", b"the reply"])
+    assert done.value.value == b"the reply"
+
+
+def test_a_woken_park_flow_returns_the_stored_reply_without_the_script():
+    import pytest
+
+    from rcoord.protocol.park import ReadReply, WaitWake, park_flow
+
+    flow = park_flow([b"W", b"5-0", b"-1", b"1000"], mock_clock=False, max_block_ms=1000)
+    assert isinstance(next(flow), WaitWake)
+    assert flow.send(True) == ReadReply()
+    with pytest.raises(StopIteration) as done:
+        flow.send(b"the reply")
     assert done.value.value == b"the reply"
 
 
@@ -88,3 +102,23 @@ def test_a_layout_cached_under_another_count_is_rebuilt():
     # A thread that read the old count cached its layout after the new count was settled.
     steps._keys_cache["g"] = GroupKeys.of("ns", 8, "g")
     assert steps.keys("g").partition.num_partitions == 16
+
+
+def test_a_parked_callers_reply_is_where_the_driver_reads_it(ctx):
+    # The park flow reads a woken caller's reply with a plain HGET (ReadReply) before it runs
+    # await_reply; the field is the contract's reply_field, which the library renders too.
+    from rcoord.contract import reply_field
+    from rcoord.protocol.join import JoinGroupResult
+    from rcoord.protocol.sync import SyncGroupResult
+
+    gen, ids = ctx.stable_group(2)  # both second JoinGroups park; a SyncGroup parks unless
+    replies = ctx._keys().replies    # the leader's came first
+    r = ctx.coord._redis
+    for mid in ids:
+        joined = JoinGroupResult.decode(r.hget(replies, reply_field("j", mid)))
+        assert (joined.member_id, joined.generation_id) == (mid, gen)
+    stored = {mid: r.hget(replies, reply_field("s", mid)) for mid in ids}
+    assert any(stored.values()), stored
+    for mid, blob in stored.items():
+        if blob is not None:
+            assert SyncGroupResult.decode(blob).assignment == mid.encode()

@@ -8,10 +8,16 @@ httpx's auth flows, so the blocking ``GroupCoordinator`` and the asyncio
 * ``ReadDeadline()``: the group's earliest deadline in the partition's due index (or None);
 * ``ClaimDeadline()``: try to become the one caller that applies a due deadline (SET NX with a
   short expiry); send back whether it succeeded;
+* ``ReadReply()``: read the stored reply with a plain ``HGET``; send back its bytes or None;
 * ``Poll()``: run ``await_reply``; send back its reply.
 
 The flow returns the reply's bytes. Why it waits the way it does: the wait ends early when the
-wake stream moves (a reply may be ready). When it times out at the group's next deadline, one
+wake stream moves (a reply may be ready), and then the reply is read with a plain ``HGET``,
+about a tenth of ``await_reply``'s server time; only when it is not there yet (a chunk still to
+be written, a deadline to apply) does the caller run the script. That read is safe: the step
+that parks a call clears the member's reply slot of that kind in the same atomic call, and a
+reply once written is final, so whatever the slot holds after the park is this call's answer,
+the one ``await_reply`` would return. When it times out at the group's next deadline, one
 cheap read tells whether that deadline is really due; if it is, one caller of the group claims it
 and applies it, and the others are woken by the result (or re-check once the claim expires), so
 a group of 1,000 parked members runs the script once per deadline, not 1,000 times. A small
@@ -35,6 +41,7 @@ __all__ = [
     "ClaimDeadline",
     "Poll",
     "ReadDeadline",
+    "ReadReply",
     "WaitWake",
     "park_flow",
 ]
@@ -71,11 +78,16 @@ class ClaimDeadline:
 
 
 @dataclass(frozen=True)
+class ReadReply:
+    """Read this member's stored reply (None if it is not written yet)."""
+
+
+@dataclass(frozen=True)
 class Poll:
     """Run ``await_reply`` for this member's parked call."""
 
 
-Op = WaitWake | ReadDeadline | ClaimDeadline | Poll
+Op = WaitWake | ReadDeadline | ClaimDeadline | ReadReply | Poll
 
 
 def block_ms(deadline: int, now: float, *, mock_clock: bool, max_block_ms: int) -> int:
@@ -99,6 +111,10 @@ def park_flow(reply: list[Any], *, mock_clock: bool, max_block_ms: int) -> Gener
                 block += random.randint(0, DEADLINE_JITTER_MS)
             woke = yield WaitWake(wake_id, block)
             elapsed_ms = (time.monotonic() - started) * 1000
+            if woke:
+                stored = yield ReadReply()
+                if stored is not None:
+                    return bytes(stored)
             if woke or mock_clock or elapsed_ms >= SAFETY_POLL_MS:
                 break
             score = yield ReadDeadline()
