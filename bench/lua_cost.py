@@ -35,6 +35,16 @@ redis.register_function('lc_hmget12', function(k, a)
   return 1
 end)
 redis.register_function('lc_strings', function(k, a) strings() return 1 end)
+redis.register_function('lc_concat', function(k, a)
+  local t = {}
+  for i = 1, 20 do t[i] = 'hb:' .. a[1] end
+  return 1
+end)
+redis.register_function('lc_numbers', function(k, a)
+  local t = {}
+  for i = 1, 20 do t[i] = tostring(1795367058991 + i) end
+  return 1
+end)
 redis.register_function('lc_hset1', function(k, a)
   redis.call('HSET', k[1], unpack(strings())) return 1
 end)
@@ -56,6 +66,8 @@ ROWS = [
     ("+ TIME", "lc_time", 15),
     ("+ one HGET", "lc_hget", 15),
     ("+ one HMGET of 12 fields", "lc_hmget12", 15),
+    ("+ 20 strings concatenated from strings (Lua only)", "lc_concat", 15),
+    ("+ 20 numbers turned into strings (Lua only)", "lc_numbers", 15),
     ("+ 20 short strings in a table (Lua only)", "lc_strings", 15),
     ("+ the same, then one HSET of 10 fields", "lc_hset1", 15),
     ("+ the same, then 10 HSETs of one field", "lc_hset10", 15),
