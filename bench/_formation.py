@@ -20,15 +20,27 @@ from typing import Any
 import _common  # noqa: F401  (puts the repository root on sys.path)
 import redis
 from _common import (
-    NamespaceRegistry, fmt_ms, now, print_table, script_stats, server_cpu_s,
-    slowest_since, slowlog_last_id,
+    NamespaceRegistry,
+    fmt_ms,
+    now,
+    print_table,
+    script_stats,
+    server_cpu_s,
+    slowest_since,
+    slowlog_last_id,
 )
 from _membership_setup import (
-    GROUP, PROTOCOL_TYPE, PROTOCOLS, SESSION_TIMEOUT_MS, SOCKET_TIMEOUT_S, assignment_for,
+    GROUP,
+    PROTOCOL_TYPE,
+    PROTOCOLS,
+    SESSION_TIMEOUT_MS,
+    SOCKET_TIMEOUT_S,
+    assignment_for,
     make_config,
 )
 
 from rcoord import Errors, GroupCoordinator
+from rcoord.connect import driver_info
 from rcoord.scripts import Scripts
 
 READY_TIMEOUT_S = 90.0  # workers: start, connect, obtain every member id
@@ -96,7 +108,8 @@ def _worker_main(
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=5.0,
             max_connections=len(slots) + 4,
-        )
+            driver_info=driver_info(),  # as rcoord.connect's clients (no metadata parse per
+        )                               # connection)
         coord = GroupCoordinator(client, make_config(spec["namespace"], spec["delay_ms"])).start()
     except Exception:
         ready_q.put((pid, False, traceback.format_exc()))

@@ -38,6 +38,7 @@ import redis.asyncio  # noqa: E402
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator  # noqa: E402
 from rcoord.asyncio import AsyncGroupCoordinator  # noqa: E402
+from rcoord.connect import driver_info  # noqa: E402
 from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=60_000,
@@ -46,7 +47,8 @@ JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeou
 
 def member_process(url: str, ns: str, group: str, count: int, barrier, out) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
-        client = redis.asyncio.Redis.from_url(url, max_connections=count + 10)
+        client = redis.asyncio.Redis.from_url(url, max_connections=count + 10,
+                                              driver_info=driver_info())
         coord = await AsyncGroupCoordinator(client, ns).start()
         ids = [(await coord.join_group(group, **JOIN)).member_id for _ in range(count)]
         # Every member has its own connection before the clock starts, as a live member would.

@@ -27,7 +27,7 @@ import redis.exceptions
 
 from .errors import MissingPermissionError
 
-__all__ = ["connect", "server_mode"]
+__all__ = ["connect", "driver_info", "server_mode"]
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -56,8 +56,9 @@ def server_mode(client: redis.Redis) -> str:
 
 
 @functools.cache
-def _driver_info() -> Any:
-    """One ``DriverInfo`` (redis-py >= 7.1) for every connection this module's clients make.
+def driver_info() -> Any:
+    """One ``DriverInfo`` (redis-py >= 7.1) for every connection this module's clients make;
+    pass it as ``driver_info=`` when you build a redis-py client for rcoord yourself.
 
     Without it, redis-py 8 builds a new one in each ``Connection.__init__`` of a pool made from
     a URL, and that reads the installed package's metadata (``importlib.metadata.version``,
@@ -101,7 +102,7 @@ def connect(url: str, **kwargs: Any) -> Any:
     """
     kwargs.setdefault("socket_connect_timeout", 5.0)
     kwargs["decode_responses"] = False
-    info = _driver_info()
+    info = driver_info()
     if info is not None and not {"driver_info", "lib_name", "lib_version"} & kwargs.keys():
         kwargs["driver_info"] = info
     probe = redis.Redis.from_url(url, **kwargs)
