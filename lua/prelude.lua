@@ -448,14 +448,21 @@ local function sync_error(err) return {k = 's', e = err, asg = ''} end
 local ORDER_SCAN = 100
 local function order_field(seq) return 'o:' .. string.format('%d', seq) end
 -- The id of the oldest member for which accept(id) is true, or nil.
+local REMOVED_SEQS = nil -- sequence numbers of the members removed in this call (a set)
 local function oldest_member(accept)
   local top = tonumber(G.seq or '0')
   local lp = tonumber(G.lp or '1')
   local s, first_live = lp, nil
   local found = nil
+  local batch = 16 -- the first live member is usually near the start: a small first read
   while s <= top and not found do
+    -- Members removed in this call (a batch leave of the oldest, say) are known dead: skip
+    -- them without naming their fields.
+    while REMOVED_SEQS and s <= top and REMOVED_SEQS[s] do s = s + 1 end
+    if s > top then break end
     local fields = {}
-    for x = s, math.min(s + ORDER_SCAN - 1, top) do fields[#fields + 1] = order_field(x) end
+    for x = s, math.min(s + batch - 1, top) do fields[#fields + 1] = order_field(x) end
+    batch = ORDER_SCAN
     local ids = redis.call('HMGET', K_GROUP, unpack(fields))
     for i = 1, #fields do
       local id = ids[i]
@@ -590,7 +597,11 @@ local function remove_members(ids, recs)
     local rec = recs[id]
     if rec then
       present[#present + 1] = id
-      if rec.seq then order[#order + 1] = order_field(rec.seq) end
+      if rec.seq then
+        order[#order + 1] = order_field(rec.seq)
+        if REMOVED_SEQS == nil then REMOVED_SEQS = {} end
+        REMOVED_SEQS[rec.seq] = true
+      end
       for _, p in ipairs(protocols_of(rec)) do deltas[p[1]] = (deltas[p[1]] or 0) - 1 end
       rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) - 1
       if rec.iid ~= '' then
@@ -1373,7 +1384,7 @@ local function begin(keys, argv)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
-  G_WRITES, G_WRITE_ORDER = nil, nil
+  G_WRITES, G_WRITE_ORDER, REMOVED_SEQS = nil, nil, nil
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
   PROTOCOLS, LATENESS, PUBLISHED = nil, NO_LATENESS, nil
   local err = read_settings()

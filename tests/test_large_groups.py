@@ -288,6 +288,19 @@ def test_leader_election_reads_the_join_order(raw):
     assert raw.field("leader") == "" and raw.field("lp") == "11"
 
 
+def test_leader_election_after_a_batch_leave_of_the_oldest_hundreds(raw):
+    # The members a call removed are skipped without naming their order fields, and the scan
+    # reads a small first batch: the next oldest is still elected, across batch boundaries.
+    ids = form_parked(raw, 150)
+    complete(raw, ids, T0 + DELAY)
+    leaving = ids[:130] + [ids[131]]
+    res = raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in leaving]))
+    assert res[1] == [b"NONE"] * len(leaving)
+    assert raw.field("leader") == ids[130] and raw.field("lp") == "131"
+    raw.call("leave_group", T0 + DELAY, msgpack.packb([[ids[130], ""]]))
+    assert raw.field("leader") == ids[132] and raw.field("lp") == "133"
+
+
 def test_heartbeat_retries_while_chunks_make_progress(make_coordinator):
     from rcoord.testing.clock import MockTime
 
