@@ -48,6 +48,7 @@ from .steps import (
     GroupSteps,
     present_as,
 )
+from .wake import SharedWakeReads
 
 __all__ = ["GroupCoordinator", "blocking_step"]
 # Re-exported for callers that tuned or read them here before the steps had their own module.
@@ -101,9 +102,10 @@ class GroupCoordinator:
         given = config if isinstance(config, CoordinatorConfig) else None
         self._steps = GroupSteps(given, config if isinstance(config, str) else "rcoord", clock)
         self._lock = threading.Lock()
+        self._wake_reads = SharedWakeReads()
 
     def _run(self, flow: Flow[R]) -> R:
-        return drive(self._redis, self._scripts, flow)
+        return drive(self._redis, self._scripts, flow, self._wake_reads)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

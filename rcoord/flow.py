@@ -131,7 +131,7 @@ def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
     return out
 
 
-def _perform(client: Any, scripts: Any, op: Op) -> Any:
+def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
     if isinstance(op, Script):
         return scripts.call(op.name, op.keys, op.args)
     if isinstance(op, Command):
@@ -144,6 +144,8 @@ def _perform(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, ScriptBatch):
         return _batch_sync(client, scripts, op)
     if isinstance(op, XRead):
+        if wake_reads is not None:  # threads of one coordinator share the read (rcoord.wake)
+            return bool(wake_reads.wait(client, op.key, op.after, op.block_ms))
         return bool(client.xread({op.key: op.after}, count=1, block=op.block_ms))
     if isinstance(op, MasterOf):
         return _master_name(client, op.key)
@@ -159,13 +161,15 @@ def _perform(client: Any, scripts: Any, op: Op) -> Any:
     raise TypeError(f"not an operation: {op!r}")
 
 
-def drive(client: Any, scripts: Any, flow: Flow[R]) -> R:
-    """Run ``flow`` with a blocking redis-py client (``redis.Redis`` or ``RedisCluster``)."""
+def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None) -> R:
+    """Run ``flow`` with a blocking redis-py client (``redis.Redis`` or ``RedisCluster``);
+    ``wake_reads`` (``rcoord.wake.SharedWakeReads``) shares blocking stream reads between the
+    threads of one coordinator."""
     try:
         op = next(flow)
         while True:
             try:
-                result = _perform(client, scripts, op)
+                result = _perform(client, scripts, op, wake_reads)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
                 op = flow.throw(exc)
             else:
