@@ -132,9 +132,10 @@ def settle_flow(
                                 late, old_np, namespace, new_np)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
-        if effective.num_partitions != guess:  # the copies read were another layout's
+        if effective.num_partitions != guess:  # the partition copies read were another layout's
             guess = effective.num_partitions
-            held = yield from _read_copies(_copy_keys(namespace, guess))
+            anchors = {k: held[k] for k in anchor_keys(namespace)}
+            held = {**(yield from _read_copies(_partition_copies(namespace, guess))), **anchors}
         written, stale = yield from _repair_copies(held, version, _values(effective))
         if not stale:
             return Settled(effective, version, was, written)
@@ -157,10 +158,9 @@ def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
     return sum(int(n) for n in replies)
 
 
-def _copy_keys(namespace: str, num_partitions: int) -> list[str]:
-    """Every copy of the settings under ``num_partitions``: one per partition, then the anchors."""
-    keys = [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
-    return keys + anchor_keys(namespace)
+def _partition_copies(namespace: str, num_partitions: int) -> list[str]:
+    """The copy in each partition of the ``num_partitions`` layout."""
+    return [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
 
 
 Held = dict[str, dict[str, str]]
@@ -169,7 +169,7 @@ Held = dict[str, dict[str, str]]
 
 def _read(namespace: str, num_partitions: int) -> Flow[tuple[dict[str, str], Held]]:
     """The settings hash and every copy under ``num_partitions`` (key -> hash), in one pipeline."""
-    keys = _copy_keys(namespace, num_partitions)
+    keys = _partition_copies(namespace, num_partitions) + anchor_keys(namespace)
     replies = yield Pipeline([("HGETALL", settings_key(namespace))]
                              + [("HGETALL", k) for k in keys])
     return _decode(replies[0]), {k: _decode(r) for k, r in zip(keys, replies[1:], strict=True)}
