@@ -201,7 +201,8 @@ def _held_version(copy: Mapping[Any, Any]) -> int:
 def _repair_copies(held: Held, version: int,
                    values: Mapping[str, str]) -> Flow[tuple[tuple[str, ...], int]]:
     """Write the copies in ``held`` (key -> what a read found there) that differ from
-    ``version`` and ``values``; the keys written, and how many copies hold a newer version.
+    ``version`` and ``values``; the keys written, and how many copies hold a newer version
+    (found so, or refusing the write).
 
     A copy is written only if the write would change it: missing (never written, or lost on a
     failover), older, or the same version with other values (settings re-established after a
