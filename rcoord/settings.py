@@ -14,6 +14,10 @@ same with Redis as the only authority:
   addresses keys where no copy exists. The group scripts refuse such a call before any write
   (``RCOORD_NOT_COORDINATOR``), and the coordinator settles again and retries by itself, as a
   Kafka client re-discovers its coordinator on NOT_COORDINATOR.
+* **Repaired by every settle, written only where wrong.** A copy can be lost on a failover (a
+  replica that never got it), so every settle reads every copy (one pipeline, with the
+  settings hash) and writes those that are missing, older, or the same version with other
+  values. Many workers starting at once against a settled namespace so only read.
 * **Re-established after data loss without disagreement.** A process that finds the settings
   gone proposes, in order: a surviving anchor copy (``keys.anchor_keys``: 16 copies at names
   independent of the partition count, spread over the slot range, because the settings hash
@@ -40,7 +44,7 @@ from typing import Any
 
 from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
-from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
+from .flow import Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
 
 __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flow"]
@@ -53,11 +57,14 @@ MAX_SETTLE_ROUNDS = 5
 class Settled:
     """What ``settle_flow`` returns: the settings in force and their version."""
 
-    def __init__(self, config: CoordinatorConfig, version: int, was: Mapping[str, str]) -> None:
+    def __init__(self, config: CoordinatorConfig, version: int, was: Mapping[str, str],
+                 written: tuple[str, ...] = ()) -> None:
         self.config = config
         self.version = version
         self.was = dict(was)
         """The stored values before this settle changed them ({} if none were stored)."""
+        self.written = written
+        """The copies this settle wrote (missing, older or different ones); () if all held it."""
 
 
 def copy_pattern(namespace: str) -> str:
@@ -86,17 +93,24 @@ def settle_flow(
 
     ``given`` is the config the caller constructed (its *named* settings are written); ``known``
     the settings the caller used so far (re-proposed if the namespace lost them).
+
+    Each round reads the settings hash and, in the same round trip, every copy under the count
+    this process expects; copies are then written only where they differ (``_repair_copies``).
+    A round ends in another when a copy holds a newer version (a racing writer moved on).
     """
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
     key = settings_key(namespace)
     was: dict[str, str] | None = None
+    guess = (known if known is not None else base).num_partitions
     for _ in range(MAX_SETTLE_ROUNDS):
-        stored = _decode((yield Command(("HGETALL", key))))
+        # One round trip: the settings and, under the count this process expects, every copy.
+        stored, held = yield from _read(namespace, guess)
         if was is None:  # what was stored before this settle (a retried round changed it)
             was = dict(stored)
         if "num_partitions" not in stored:
-            proposal = yield from _proposal(namespace, base, known)
+            found = [_decode(held[k]) for k in anchor_keys(namespace)]
+            proposal = _proposal(namespace, base, known, found)
             stored = yield from _write(key, "establish", proposal)
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
@@ -119,10 +133,13 @@ def settle_flow(
                                 late, old_np, namespace, new_np)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
-        stale = yield from _write_copies(namespace, effective.num_partitions, version,
-                                         _values(effective))
+        if effective.num_partitions != guess:  # the partition copies read were another layout's
+            guess = effective.num_partitions
+            anchors = {k: held[k] for k in anchor_keys(namespace)}
+            held = {**(yield from _read_copies(_partition_copies(namespace, guess))), **anchors}
+        written, stale = yield from _repair_copies(held, version, _values(effective))
         if not stale:
-            return Settled(effective, version, was)
+            return Settled(effective, version, was, written)
     raise ConfigError(
         f"the settings of namespace {namespace!r} kept changing while this process read them "
         f"({MAX_SETTLE_ROUNDS} rounds); try again"
@@ -142,25 +159,79 @@ def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
     return sum(int(n) for n in replies)
 
 
-def _write_copies(namespace: str, num_partitions: int, version: int,
-                  values: Mapping[str, str]) -> Flow[int]:
-    """Write every partition copy and anchor; how many were not written (a newer version)."""
+def _partition_copies(namespace: str, num_partitions: int) -> list[str]:
+    """The copy in each partition of the ``num_partitions`` layout."""
+    return [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
+
+
+Held = dict[str, dict[Any, Any]]
+"""Copies as read: key -> the hash found there as the client parsed it (bytes -> bytes; {} if
+none). Left undecoded: a start compares every copy, and decoding them took about a tenth of a
+start's client time (cProfile, 50 partitions on a cluster)."""
+
+
+def _read(namespace: str, num_partitions: int) -> Flow[tuple[dict[str, str], Held]]:
+    """The settings hash and every copy under ``num_partitions`` (key -> hash), in one pipeline."""
+    keys = _partition_copies(namespace, num_partitions) + anchor_keys(namespace)
+    replies = yield Pipeline([("HGETALL", settings_key(namespace))]
+                             + [("HGETALL", k) for k in keys])
+    return _decode(replies[0]), {k: _hash(r) for k, r in zip(keys, replies[1:], strict=True)}
+
+
+def _read_copies(keys: list[str]) -> Flow[Held]:
+    replies = yield Pipeline([("HGETALL", k) for k in keys])
+    return {k: _hash(r) for k, r in zip(keys, replies, strict=True)}
+
+
+def _hash(raw: Any) -> dict[Any, Any]:
+    """A hash reply as a dict (redis-py parses HGETALL to one; a flat reply is paired up)."""
+    if isinstance(raw, dict):
+        return raw
+    return {raw[i]: raw[i + 1] for i in range(0, len(raw), 2)}
+
+
+def _held_version(copy: Mapping[Any, Any]) -> int:
+    """The version a copy holds; -1 if none (or none readable: such a copy is rewritten)."""
+    try:
+        return int(copy.get(b"version", -1))
+    except ValueError:
+        return -1
+
+
+def _repair_copies(held: Held, version: int,
+                   values: Mapping[str, str]) -> Flow[tuple[tuple[str, ...], int]]:
+    """Write the copies in ``held`` (key -> what a read found there) that differ from
+    ``version`` and ``values``; the keys written, and how many copies hold a newer version
+    (found so, or refusing the write).
+
+    A copy is written only if the write would change it: missing (never written, or lost on a
+    failover), older, or the same version with other values (settings re-established after a
+    loss start again at version 1). A copy found newer is not written (the ``copy`` op would
+    refuse it); it counts, as a refused write does, as a sign that the settings moved on. The
+    read may be a round trip old: a copy deleted since is written by the next settle, and a
+    racing writer's newer version is still kept by the ``copy`` op, which is the guarantee.
+    """
+    want = {k.encode(): v.encode() for k, v in {"version": str(version), **values}.items()}
+    newer: list[str] = []
+    todo: list[str] = []
+    for key, copy in held.items():
+        if copy != want:
+            (newer if _held_version(copy) > version else todo).append(key)
+    if not todo:
+        return (), len(newer)
     flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
-    keys = [PartitionKeys(namespace, p, num_partitions).cfg for p in range(num_partitions)]
-    keys += anchor_keys(namespace)
-    replies = yield ScriptBatch("settings", [([k], flat) for k in keys])
+    replies = yield ScriptBatch("settings", [([k], flat) for k in todo])
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-    return sum(int(reply) == 0 for reply in replies)
+    written = tuple(k for k, reply in zip(todo, replies, strict=True) if int(reply) == 1)
+    return written, len(newer) + len(todo) - len(written)
 
 
-def _proposal(
-    namespace: str, base: CoordinatorConfig, known: CoordinatorConfig | None
-) -> Flow[dict[str, str]]:
-    replies = yield Pipeline([("HGETALL", k) for k in anchor_keys(namespace)])
-    copies = [_decode(h) for h in replies if h]
-    usable = [c for c in copies if "num_partitions" in c]
+def _proposal(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig | None,
+              anchors: list[dict[str, str]]) -> dict[str, str]:
+    """What to establish when the settings are gone (``anchors``: the anchor copies as read)."""
+    usable = [c for c in anchors if "num_partitions" in c]
     if usable:
         best = max(usable, key=lambda c: int(c.get("version", "0")))
         counts = {c["num_partitions"] for c in usable}
