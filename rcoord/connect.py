@@ -14,6 +14,10 @@ error that names the permission, never a guess.
 A cluster client also needs ``CLUSTER SLOTS`` (to map slots to nodes) and ``COMMAND`` (to find
 the keys of a command); a user without them gets a ``MissingPermissionError`` naming them
 instead of redis-py's "cannot be connected" (docs/security.md has the ACL rules).
+
+Closing: a cluster client is a ``ClusterClient``, whose ``close()`` also shuts the sockets of
+every node. redis-py's own ``RedisCluster.close()`` does not when the client was made from a URL
+(see the class), and a start that fails shuts the sockets it opened before raising.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import redis.exceptions
 
 from .errors import MissingPermissionError
 
-__all__ = ["connect", "driver_info", "server_mode"]
+__all__ = ["ClusterClient", "connect", "driver_info", "server_mode"]
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -73,6 +77,52 @@ def driver_info() -> Any:
     return DriverInfo(name="redis-py", lib_version=redis.__version__)
 
 
+class ClusterClient(redis.cluster.RedisCluster):
+    """A ``RedisCluster`` whose ``close()`` shuts every node's sockets, as ``Redis.close()`` does.
+
+    Why: redis-py (8.1) builds each node of a cluster made from a URL as
+    ``Redis(connection_pool=ConnectionPool(...))``. A ``Redis`` handed a pool does not own it
+    (``auto_close_connection_pool`` is False), so ``RedisCluster.close()``, which calls each
+    node's ``Redis.close()``, returns the connections to their pools and leaves their sockets
+    open until garbage collection: a ResourceWarning, and a connection the server keeps until
+    then. The same holds for a start that fails after opening a socket (a user refused
+    ``CLUSTER SLOTS`` or ``COMMAND``): redis-py raises from ``__init__`` and nobody can close
+    what it opened. Only public redis-py attributes are read (``startup_nodes``,
+    ``nodes_manager``, ``ClusterNode.redis_connection``); nothing of redis-py is patched.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._disconnect_nodes()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._disconnect_nodes()
+
+    def _disconnect_nodes(self) -> None:
+        """Disconnect the pool of every node this client made, whether ``__init__`` finished.
+
+        ``startup_nodes`` is set before redis-py asks ``CLUSTER SLOTS`` (and holds the URL's
+        node); ``nodes_manager`` exists once the slots are known. A node the topology dropped
+        on a later refresh is in neither (redis-py forgets it) and is left to its own ``__del__``.
+        """
+        nodes: list[Any] = list(getattr(self, "startup_nodes", None) or ())
+        manager = getattr(self, "nodes_manager", None)
+        if manager is not None:
+            nodes += manager.startup_nodes.values()
+            nodes += manager.nodes_cache.values()
+        pools = {id(pool): pool for pool in (
+            node.redis_connection.connection_pool for node in nodes
+            if node.redis_connection is not None)}
+        for pool in pools.values():
+            pool.disconnect()
+
+
 def _missing_cluster_permission(client: redis.Redis) -> MissingPermissionError | None:
     """Run what RedisCluster runs on start; name the first command the user may not run."""
     for command in CLUSTER_COMMANDS:
@@ -89,8 +139,9 @@ def _missing_cluster_permission(client: redis.Redis) -> MissingPermissionError |
 
 
 def connect(url: str, **kwargs: Any) -> Any:
-    """A client for ``url`` (redis://, rediss://, with user:password): a RedisCluster when the
-    server reports cluster mode, else a Redis.
+    """A client for ``url`` (redis://, rediss://, with user:password): a ``ClusterClient`` (a
+    RedisCluster) when the server reports cluster mode, else a Redis. ``close()`` shuts every
+    socket it opened; a failed ``connect`` leaves none open.
 
     ``kwargs`` go to redis-py (``socket_timeout``, ``ssl_ca_certs``, ...);
     ``socket_connect_timeout`` defaults to 5 s, and ``decode_responses`` is always False
@@ -114,7 +165,7 @@ def connect(url: str, **kwargs: Any) -> Any:
     if not cluster:
         return probe
     try:
-        return redis.cluster.RedisCluster.from_url(url, **kwargs)
+        return ClusterClient.from_url(url, **kwargs)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # redis-py words a refused CLUSTER SLOTS as "cannot be connected": say why.
         missing = _missing_cluster_permission(probe)

@@ -23,8 +23,8 @@ def test_connect_sends_redis_pys_own_name_and_version(redis_server: Any) -> None
     every connection of every client made by ``connect`` shares one ``DriverInfo`` (redis-py
     would read the package metadata again for each connection of a URL-made pool).
 
-    Single node only: a cluster client made by ``connect`` and closed leaves a socket open
-    (seen before this change too), which this suite's warnings-as-errors would report."""
+    Single node: a cluster client has no ``connection_pool`` of its own to inspect (closing one
+    is tested in test_connect_close.py)."""
     first, second = connect(redis_server.url), connect(redis_server.url)
     try:
         assert _lib(first) == ("redis-py", redis.__version__)
