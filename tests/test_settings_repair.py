@@ -2,15 +2,15 @@
 
 Every start settles the namespace (``rcoord.settings``): it reads every copy (one per
 partition, plus the anchors) and writes only those that are missing, older or different, so
-many workers starting against a settled namespace only read. The copies are counted by the
-server itself (``INFO commandstats``: FCALL, summed over a cluster's masters) and by the
-settle's own report (``Settled.written``).
+many workers starting against a settled namespace only read. The copy writes are counted as
+the ``settings`` function calls this process sends (the ``nodes`` fixture) and by the settle's
+own report (``Settled.written``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -23,21 +23,25 @@ from rcoord.settings import settle, settle_flow
 
 
 @pytest.fixture
-def nodes(request: pytest.FixtureRequest, backend: str) -> Iterator[list[Any]]:
-    """A client per master of the test's backend, to read INFO commandstats."""
-    if backend == "single":
-        clients = [request.getfixturevalue("redis_server").client()]
-    else:
-        clients = request.getfixturevalue("redis_cluster").node_clients()
-    try:
-        yield clients
-    finally:
-        for client in clients:
-            client.close()
+def nodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the ``settings`` function calls this process sends (every FCALL goes through
+    ``Scripts.command``, pipelined or not, with either driver). Counting here rather than with
+    the servers' INFO commandstats keeps activity other tests left on the shared servers out of
+    the count."""
+    count = [0]
+    original = Scripts.command
+
+    def counting(self: Scripts, name: str, keys: Any, args: Any) -> tuple[Any, ...]:
+        if name == "settings":
+            count[0] += 1
+        return original(self, name, keys, args)
+
+    monkeypatch.setattr(Scripts, "command", counting)
+    return count
 
 
-def _fcalls(nodes: list[Any]) -> int:
-    return sum(int(n.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)) for n in nodes)
+def _fcalls(nodes: list[int]) -> int:
+    return nodes[0]
 
 
 def _all_copies(namespace: str, num_partitions: int) -> list[str]:
