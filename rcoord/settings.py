@@ -19,13 +19,16 @@ same with Redis as the only authority:
   settings hash) and writes those that are missing, older, or the same version with other
   values. Many workers starting at once against a settled namespace so only read.
 * **Re-established after data loss without disagreement.** A process that finds the settings
-  gone proposes, in order: a surviving anchor copy (``keys.anchor_keys``: 16 copies at names
-  independent of the partition count, spread over the slot range, because the settings hash
-  and the copies live in different slots and a failover may lose one and not the other), the
-  settings it was already using, or its own. Whatever it proposes, ``establish`` lets only the
-  first proposal stand. A process that named settings writes them again when it notices they
-  are gone (the coordinator service checks every lease round), so a lowered minimum session
-  timeout comes back by itself.
+  gone proposes the newest surviving copy (``_recover``): an anchor (``keys.anchor_keys``: 16
+  copies at names independent of the partition count, spread over the slot range, because the
+  settings hash and the copies live in different slots and a failover may lose one and not the
+  other), or a partition copy of the layout the anchors name (of the layout it read if no
+  anchor is left); else the settings it was already using, or its own. It proposes the highest
+  version it read, so no surviving copy is newer than the settings (such a copy would refuse
+  every repair). Whatever it proposes, ``establish`` lets only the first proposal stand. A
+  process that named settings writes them again when it notices they are gone (the
+  coordinator service checks every lease round), so a lowered minimum session timeout comes
+  back by itself.
 * **The count changes only in an empty namespace.** Changing it first checks that no group
   exists, then stores the new count, deletes the old copies (old-layout calls are refused from
   then on) and writes the new ones. A group created in the instant between the check and the
@@ -96,7 +99,8 @@ def settle_flow(
 
     Each round reads the settings hash and, in the same round trip, every copy under the count
     this process expects; copies are then written only where they differ (``_repair_copies``).
-    A round ends in another when a copy holds a newer version (a racing writer moved on).
+    A round ends in another when a copy holds a newer version (a racing writer moved on). If
+    the settings hash is gone, ``_recover`` chooses what to establish from what was read.
     """
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
@@ -109,8 +113,7 @@ def settle_flow(
         if was is None:  # what was stored before this settle (a retried round changed it)
             was = dict(stored)
         if "num_partitions" not in stored:
-            found = [_decode(held[k]) for k in anchor_keys(namespace)]
-            proposal = _proposal(namespace, base, known, found)
+            proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
             stored = yield from _write(key, "establish", proposal)
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
@@ -228,20 +231,94 @@ def _repair_copies(held: Held, version: int,
     return written, len(newer) + len(todo) - len(written)
 
 
-def _proposal(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig | None,
-              anchors: list[dict[str, str]]) -> dict[str, str]:
-    """What to establish when the settings are gone (``anchors``: the anchor copies as read)."""
-    usable = [c for c in anchors if "num_partitions" in c]
-    if usable:
-        best = max(usable, key=lambda c: int(c.get("version", "0")))
-        counts = {c["num_partitions"] for c in usable}
-        if len(counts) > 1:
-            log.warning("namespace %r has partition copies for several counts %s; adopting %s",
-                        namespace, sorted(counts), best["num_partitions"])
-        return {k: v for k, v in best.items() if k in STORED_SETTINGS or k == "version"}
-    if known is not None:
-        return _values(known)
-    return _values(base)
+def _count(copy: Mapping[str, str]) -> int | None:
+    """The partition count a copy names; None if none (or none usable: it cannot propose)."""
+    try:
+        count = int(copy["num_partitions"])
+    except (KeyError, ValueError):
+        return None
+    return count if count > 0 else None
+
+
+def _version(copy: Mapping[str, str]) -> int:
+    """The version a decoded copy holds; -1 if none (or none readable)."""
+    try:
+        return int(copy.get("version", -1))
+    except ValueError:
+        return -1
+
+
+def _newest(copies: list[dict[str, str]]) -> dict[str, str] | None:
+    """The copy with the highest version; among equal versions the greatest content, so every
+    process that read the same copies picks the same one, whatever order it read them in."""
+    if not copies:
+        return None
+    return max(copies, key=lambda c: (_version(c), sorted(c.items())))
+
+
+def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig | None,
+             guess: int, held: Held) -> Flow[tuple[dict[str, str], int, Held]]:
+    """What to ``establish`` when the settings hash is gone, from the copies ``held`` (the
+    anchors and every partition copy under ``guess``, as the same read found them); returns the
+    proposal, the count whose partition copies ``held`` now holds, and ``held``.
+
+    **Which copy.** The newest (highest version, then greatest content) among the copies that
+    name a partition count. Only if none does, the settings this process used (``known``), else
+    its own config: a namespace that lost everything starts again from the caller's settings.
+
+    **Which count.** The anchors sit at names every process reads whatever count it guesses,
+    so they decide it whenever one survives: the newest anchor's count. Partition copies are
+    found only under the guessed count (the one used, else named, else 50), so processes with
+    different guesses read different ones; were they to decide the count while an anchor names
+    another, processes guessing differently would propose different counts, and copies left
+    behind by an older layout could overrule the current one. So while an anchor survives,
+    partition copies count only if they name the anchors' count (a warning names the others);
+    if the anchors' count is not the guessed one, that layout's copies are read first (one more
+    round trip), so what is proposed has seen the layout it adopts. With no anchor left, the
+    partition copies under the guess are all there is, and they decide. Either way a partition
+    copy counts only if it names the count of the layout it sits in (no settle writes another).
+    A layout nobody guesses and no anchor names is not found: its copies stay, unread.
+
+    **Which version.** The highest version among everything read, the ignored copies included,
+    and at least the chosen copy's: every copy the settle then checks holds the same version or
+    an older one, so it is rewritten rather than counted as newer in every round (settings
+    re-established below a surviving copy were refused by it for good), and a copy ignored here
+    never refuses a later write. Settings proposed from the caller's config, which no copy
+    holds, take one above the highest version read, as an update would; 1 if nothing was read.
+
+    **Racing.** ``establish`` keeps the first proposal; every other process adopts it (and
+    reads that layout's copies again if it guessed another). Processes that read the same keys
+    propose the same settings; with different guesses (no anchor left) they may propose
+    different ones, and the one kept stands for all.
+    """
+    names = anchor_keys(namespace)
+    anchors = [_decode(held[k]) for k in names if held[k]]
+    top = max(_held_version(c) for c in held.values())
+    counts = sorted({n for n in map(_count, anchors) if n is not None})
+    newest_anchor = _newest([c for c in anchors if _count(c) is not None])
+    count = guess if newest_anchor is None else int(newest_anchor["num_partitions"])
+    if len(counts) > 1:
+        log.warning("the anchor copies of namespace %r name several partition counts %s; "
+                    "adopting the newest one's, %d", namespace, counts, count)
+    if count != guess:
+        ignored = [k for k in held if k not in names and held[k]]
+        if ignored:
+            log.warning("namespace %r lost its settings; %d partition copies of another layout "
+                        "(%d partitions) were found, but the surviving anchors name %d",
+                        namespace, len(ignored), guess, count)
+        anchors_held = {k: held[k] for k in names}
+        held = {**(yield from _read_copies(_partition_copies(namespace, count))), **anchors_held}
+        top = max([top, *(_held_version(c) for c in held.values())])
+    found = [_decode(copy) for copy in held.values() if copy]
+    usable = [c for c in found if _count(c) == count]
+    best = _newest(usable)
+    if best is not None:
+        proposal = {k: v for k, v in best.items() if k in STORED_SETTINGS}
+        version = max(top, _version(best), 1)
+    else:
+        proposal = _values(known if known is not None else base)
+        version = top + 1 if top > 0 else 1
+    return {**proposal, "version": str(version)}, count, held
 
 
 def settle(client: Any, scripts: Any, namespace: str, given: CoordinatorConfig | None,

@@ -10,6 +10,7 @@ own report (``Settled.written``).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Generator
 from typing import Any
 
@@ -190,3 +191,212 @@ def test_the_asyncio_coordinator_reads_and_repairs_the_same_way(request, backend
     assert asyncio.run(start()) == 50
     assert _fcalls(nodes) == calls + 1
     assert _text(redis_client.hgetall(lost)) == want
+
+
+# -- re-establishing after the settings hash and every anchor are lost --------------------------
+
+
+def _lose_settings_and_anchors(client: Any, namespace: str) -> None:
+    """A failover to replicas that missed the settings hash and every anchor, but not the
+    partition copies (they live on other slots, so other masters)."""
+    for key in [settings_key(namespace), *anchor_keys(namespace)]:
+        client.delete(key)
+
+
+def _at_version_3(client: Any, namespace: str, count: int) -> dict[str, str]:
+    """Establish the namespace with ``count`` partitions, then update it twice: version 3.
+    Returns what every copy holds."""
+    _start(client, namespace, num_partitions=count)
+    _start(client, namespace, group_max_size=9)
+    _start(client, namespace, group_min_session_timeout_ms=77)
+    held = _text(client.hgetall(PartitionKeys(namespace, 0, count).cfg))
+    assert held["version"] == "3" and held["group_max_size"] == "9"
+    return held
+
+
+def _assert_consistent(client: Any, namespace: str, count: int, want: dict[str, str]) -> None:
+    """The settings hash and every copy (each partition's and each anchor) hold ``want``."""
+    assert _text(client.hgetall(settings_key(namespace))) == want
+    for key in _all_copies(namespace, count):
+        assert _text(client.hgetall(key)) == want, key
+
+
+def test_settings_lost_with_every_anchor_are_taken_from_the_partition_copies(redis_client,
+                                                                            namespace):
+    """Before: the settings were re-established at version 1 from the caller's defaults, the
+    surviving copies at version 3 counted as newer in every round, and every start raised
+    ConfigError for good."""
+    want = _at_version_3(redis_client, namespace, 50)
+    _lose_settings_and_anchors(redis_client, namespace)
+    coord = _start(redis_client, namespace)
+    assert coord.settings_version == 3
+    assert coord.config.group_max_size == 9 and coord.config.group_min_session_timeout_ms == 77
+    assert coord.config.num_partitions == 50
+    _assert_consistent(redis_client, namespace, 50, want)
+    assert _start(redis_client, namespace).settings_version == 3  # and it stays so
+
+
+def test_a_running_coordinator_recovers_its_layout_from_the_partition_copies(redis_client,
+                                                                              namespace):
+    """A coordinator that used 10 partitions reads that layout's copies (a fresh process that
+    names nothing would look at 50): it adopts them, and so does everyone after it."""
+    want = _at_version_3(redis_client, namespace, 10)
+    running = _start(redis_client, namespace)
+    assert running.config.num_partitions == 10
+    _lose_settings_and_anchors(redis_client, namespace)
+    assert running.resettle().group_max_size == 9
+    assert running.settings_version == 3
+    _assert_consistent(redis_client, namespace, 10, want)
+    fresh = _start(redis_client, namespace)
+    assert fresh.config.num_partitions == 10 and fresh.settings_version == 3
+
+
+def test_the_asyncio_coordinator_recovers_the_same_way(request, backend, redis_client,
+                                                      namespace):
+    from async_driver import async_client_factory
+
+    from rcoord.asyncio import AsyncGroupCoordinator
+
+    want = _at_version_3(redis_client, namespace, 50)
+    _lose_settings_and_anchors(redis_client, namespace)
+
+    async def start() -> tuple[int, int, int]:
+        client = async_client_factory(request, backend)()
+        try:
+            coord = await AsyncGroupCoordinator(client, namespace).start()
+            return coord.settings_version, coord.config.num_partitions, coord.config.group_max_size
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(start()) == (3, 50, 9)
+    _assert_consistent(redis_client, namespace, 50, want)
+
+
+def test_a_namespace_that_lost_everything_takes_the_callers_settings_at_version_1(
+        redis_client, namespace):
+    _at_version_3(redis_client, namespace, 10)
+    for key in list(redis_client.scan_iter(match=f"{namespace}:*", count=1000)):
+        redis_client.delete(key)
+    coord = _start(redis_client, namespace, num_partitions=7, group_max_size=5)
+    assert coord.settings_version == 1
+    assert coord.config.num_partitions == 7 and coord.config.group_max_size == 5
+    want = _text(redis_client.hgetall(settings_key(namespace)))
+    assert want["version"] == "1" and want["group_max_size"] == "5"
+    _assert_consistent(redis_client, namespace, 7, want)
+
+
+def _older_copy(client: Any, key: str, held: dict[str, str], version: str, **values: Any) -> None:
+    """Replace the copy at ``key`` with ``held`` at ``version`` (and ``values``): what a replica
+    that missed later writes holds."""
+    client.delete(key)
+    fields = {**{k: v for k, v in held.items() if k != "version"},
+              **{k: str(v) for k, v in values.items()}}
+    _scripts(client).call("settings", [key], ["copy", version,
+                                              *[x for kv in fields.items() for x in kv]])
+
+
+def test_a_surviving_anchor_names_the_count_and_its_layout_is_read(redis_client, namespace):
+    """One anchor survives, older (version 2) than its layout's copies (version 3), and the
+    process guesses another count (it names nothing: 50). The anchor names 10; the settle reads
+    the 10 copies before it proposes, so it establishes version 3, not the anchor's 2 (which
+    the copies would then refuse in every round)."""
+    want = _at_version_3(redis_client, namespace, 10)
+    _lose_settings_and_anchors(redis_client, namespace)
+    anchor = anchor_keys(namespace)[7]
+    _older_copy(redis_client, anchor, want, "2", group_min_session_timeout_ms=6000)
+    coord = _start(redis_client, namespace)
+    assert coord.config.num_partitions == 10 and coord.settings_version == 3
+    assert coord.config.group_min_session_timeout_ms == 77
+    _assert_consistent(redis_client, namespace, 10, want)
+
+
+def test_copies_of_another_layout_do_not_decide_the_count_while_an_anchor_survives(
+        redis_client, namespace, caplog):
+    """Copies left under the guessed count (50) by an older layout hold a higher version (5)
+    than the surviving anchors (10, version 3): the anchors, read by every process whatever its
+    guess, decide the count. The settings take the highest version read, so those copies
+    refuse no later write: moving the namespace to 50 partitions rewrites them."""
+    want = _at_version_3(redis_client, namespace, 10)
+    redis_client.delete(settings_key(namespace))
+    for p in range(0, 50, 7):
+        _older_copy(redis_client, PartitionKeys(namespace, p, 50).cfg, want, "5",
+                    num_partitions=50, group_max_size=33)
+    coord = _start(redis_client, namespace)
+    assert coord.config.num_partitions == 10 and coord.config.group_max_size == 9
+    assert coord.settings_version == 5
+    assert "copies of another layout" in caplog.text
+    _assert_consistent(redis_client, namespace, 10, {**want, "version": "5"})
+    moved = _start(redis_client, namespace, num_partitions=50)
+    assert moved.settings_version == 6 and moved.config.group_max_size == 9
+    _assert_consistent(redis_client, namespace, 50,
+                       {**want, "version": "6", "num_partitions": "50"})
+
+
+def test_a_copy_naming_another_count_than_its_layout_does_not_decide(redis_client, namespace):
+    """With no anchor left, the partition copies under the guessed count decide, but only those
+    that name that count: a copy naming another one was not written by a settle of this layout
+    (it is ignored, though its version still counts)."""
+    want = _at_version_3(redis_client, namespace, 50)
+    _lose_settings_and_anchors(redis_client, namespace)
+    _older_copy(redis_client, PartitionKeys(namespace, 11, 50).cfg, want, "4", num_partitions=10)
+    coord = _start(redis_client, namespace)
+    assert coord.config.num_partitions == 50 and coord.settings_version == 4
+    _assert_consistent(redis_client, namespace, 50, {**want, "version": "4"})
+
+
+def test_coordinators_racing_the_recovery_agree(redis_client, namespace):
+    want = _at_version_3(redis_client, namespace, 50)
+    _lose_settings_and_anchors(redis_client, namespace)
+    barrier = threading.Barrier(4)
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            barrier.wait(10)
+            coord = _start(redis_client, namespace)
+            results.append((coord.settings_version, coord.config.num_partitions,
+                            coord.config.group_max_size))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and results == [(3, 50, 9)] * 4
+    _assert_consistent(redis_client, namespace, 50, want)
+
+
+def test_processes_guessing_different_layouts_racing_the_recovery_agree(redis_client, namespace):
+    """Half know the surviving layout (10, version 3), half name nothing and find no copy
+    under 50, so propose the defaults at version 1. Whichever proposal ``establish`` keeps,
+    every process adopts it, and no copy it checks is left newer than the settings."""
+    _at_version_3(redis_client, namespace, 10)
+    _lose_settings_and_anchors(redis_client, namespace)
+    scripts = _scripts(redis_client)
+    barrier = threading.Barrier(4)
+    results: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        known = CoordinatorConfig(namespace=namespace, num_partitions=10) if i % 2 else None
+        try:
+            barrier.wait(10)
+            settled = settle(redis_client, scripts, namespace, None, known)
+            results.append((settled.version, settled.config.num_partitions))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and len(results) == 4 and len(set(results)) == 1
+    version, count = results[0]
+    assert (version, count) in {(3, 10), (1, 50)}
+    stored = _text(redis_client.hgetall(settings_key(namespace)))
+    assert stored["version"] == str(version) and stored["num_partitions"] == str(count)
+    _assert_consistent(redis_client, namespace, count, stored)
