@@ -141,13 +141,14 @@ local function schedule_by(name, at)
 end
 local function cancel(name)
   redis.call('ZREM', K_DL, name) -- the index stays a lower bound
-
 end
 -- Writes to the group hash through set_g / del_g are kept in G and sent together, one HSET
 -- (and one HDEL) when the step finishes: a rebalance step changes a dozen fields (state, prev,
--- ts, gen, pname, the timer arguments, the wake id ...) and each command costs about a
--- microsecond inside a function. Every command that writes the hash directly (g_call) sends
--- the collected writes first, so the hash sees every write in the order the step made it.
+-- ts, gen, pname, the timer arguments, the wake id ...), and each command inside a function
+-- costs a few tenths of a microsecond besides its work (bench/lua_cost.py) and is one more
+-- command in the replication stream. Every command that writes the hash directly (g_call,
+-- call_batched) sends the collected writes first, so the hash sees every write in the order
+-- the step made it.
 local function note_g(field, value)
   if G_WRITES == nil then G_WRITES, G_WRITE_ORDER = {}, {} end
   if G_WRITES[field] == nil then G_WRITE_ORDER[#G_WRITE_ORDER + 1] = field end
