@@ -58,7 +58,9 @@ def process_cpu_s() -> float:
 
 class CountingRedis(redis.Redis):
     """A redis-py client that counts the coordinator's function calls by step and notes, per
-    thread, when a call first parks (its first ``XREAD BLOCK`` on the group's wake stream).
+    thread, when a JoinGroup first parks (the join function answers ``W``: the member now waits
+    for the generation; the threads of one coordinator then share one read of the wake stream,
+    so a thread's own ``XREAD`` is no sign of parking).
 
     It hooks redis-py's public ``execute_command``, so the coordinator runs unchanged (no
     private method of rcoord is overridden). ``await_reply`` is counted per kind
@@ -73,6 +75,7 @@ class CountingRedis(redis.Redis):
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         name = str(args[0]).upper() if args else ""
+        step = ""
         if name == "FCALL":
             fn = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
             step = self.steps.get(fn, fn)
@@ -82,9 +85,11 @@ class CountingRedis(redis.Redis):
                 step = f"await_{kind.decode() if isinstance(kind, bytes) else kind}"
             with self.count_lock:
                 self.counts[step] += 1
-        elif name == "XREAD" and getattr(self.tls, "parked_at", 0) is None:
+        reply = super().execute_command(*args, **options)
+        if (step == "join_group" and getattr(self.tls, "parked_at", 0) is None
+                and isinstance(reply, list) and reply and reply[0] == b"W"):
             self.tls.parked_at = now()
-        return super().execute_command(*args, **options)
+        return reply
 
 
 def _worker_main(
