@@ -65,6 +65,7 @@ local function replace_static_member(old_id, new_id)
   local was_pending_sync = redis.call('HEXISTS', K_PSYNC, old_id) == 1
   forget_members()
   redis.call('HDEL', K_MEMBERS, old_id)
+  NMEMBERS = nil
   redis.call('HDEL', K_JOINING, old_id)
   redis.call('HDEL', K_PSYNC, old_id)
   cancel(hb_key(old_id))
@@ -199,4 +200,4 @@ local function join_group()
   return join_existing_member()
 end
 
-group_step('join_group', join_group, parse_join_group)
+group_step('join_group', join_group, parse_join_group, true) -- (all settings at once)

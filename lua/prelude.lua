@@ -57,12 +57,25 @@ local CFG_META = {__index = function(cfg, name)
 end}
 local CFG = {}
 -- Reads the partition's settings copy into CFG; an error reply when there is none.
-local function read_settings()
-  local values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
-    'offsets_retention_ms')
+-- ``all``: every setting in the same read (JoinGroup uses several; other steps use the three).
+local function read_settings(all)
+  local values
+  if all then
+    values = redis.call('HMGET', K_CFG, 'num_partitions', unpack(SETTINGS_FIELDS))
+  else
+    values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
+      'offsets_retention_ms')
+  end
   if not values[1] then
     return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
       ': the partition count is stale or the settings were lost')
+  end
+  if all then
+    CFG = {num_partitions = tonumber(values[1])}
+    for i, field in ipairs(SETTINGS_FIELDS) do
+      CFG[field] = tonumber(values[i + 1]) or DEFAULTS[field]
+    end
+    return nil
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
     group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size,
@@ -238,7 +251,19 @@ local WAKE = false
 local function wake() WAKE = true end
 -- A reply slot per member and kind, so a join reply never overwrites an uncollected sync reply.
 -- reply_field(kind, id): the header's (rcoord/contract.py REPLY_FIELD_SEPARATOR).
+-- The reply slots this call cleared to park a call (PARKED_NOW: field -> true), and whether it
+-- has since written any reply or removed any member (ANSWERED). A call that parked a member
+-- and answered nobody knows, without reading them, that the slot is empty and the member
+-- waits (reply_or_wait).
+local PARKED_NOW, ANSWERED = nil, false
+local function park_slot(id, kind)
+  local field = reply_field(kind, id)
+  redis.call('HDEL', K_REPLIES, field)
+  if PARKED_NOW == nil then PARKED_NOW = {} end
+  PARKED_NOW[field] = true
+end
 local function reply_put(id, rep)
+  ANSWERED = true
   rep.at = NOW
   redis.call('HSET', K_REPLIES, reply_field(rep.k, id), cmsgpack.pack(rep))
   wake()
@@ -255,6 +280,7 @@ end
 local function call_batched(cmd, key, items)
   if key == K_DL and cmd == 'ZADD' then note_deadline_pairs(items) end
   if key == K_GROUP then flush_g() end
+  if key == K_REPLIES and cmd == 'HSET' then ANSWERED = true end
   for i = 1, #items, BATCH do
     redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
   end
@@ -265,6 +291,9 @@ end
 -- cache true) and removals drop the record from MEMBERS_BY_ID, the list is compacted lazily.
 -- LEAD_POS: no live member sits before this position of the list (elect_leader starts there).
 local MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
+-- The member count (nmembers), read once per call and kept by the writes that change it (mput
+-- adds, removals forget it).
+local NMEMBERS = nil
 local function forget_members() MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil end
 local function mget(id)
   if MEMBERS_BY_ID then return MEMBERS_BY_ID[id] end
@@ -273,7 +302,8 @@ local function mget(id)
   return cmsgpack.unpack(blob)
 end
 local function mput(rec)
-  redis.call('HSET', K_MEMBERS, rec.id, cmsgpack.pack(rec))
+  local added = redis.call('HSET', K_MEMBERS, rec.id, cmsgpack.pack(rec))
+  if NMEMBERS ~= nil then NMEMBERS = NMEMBERS + added end
   if MEMBERS_BY_ID and MEMBERS_BY_ID[rec.id] ~= rec then forget_members() end
 end
 local function all_members()
@@ -310,7 +340,10 @@ local function all_members()
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = out, by_id, false, 1
   return out
 end
-local function nmembers() return redis.call('HLEN', K_MEMBERS) end
+local function nmembers()
+  if NMEMBERS == nil then NMEMBERS = redis.call('HLEN', K_MEMBERS) end
+  return NMEMBERS
+end
 local function is_member(id) return redis.call('HEXISTS', K_MEMBERS, id) == 1 end
 local function is_pending(id) return redis.call('HEXISTS', K_PENDING, id) == 1 end
 local function awaiting_join(id) return redis.call('HEXISTS', K_JOINING, id) == 1 end
@@ -560,7 +593,7 @@ local function add_member(id, req)
   rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
   redis.call('HDEL', K_PENDING, id)
-  redis.call('HDEL', K_REPLIES, reply_field('j', id))
+  park_slot(id, 'j')
   return rec
 end
 
@@ -617,6 +650,7 @@ local function remove_members(ids, recs)
     hb[#hb + 1] = hb_key(id)
   end
   call_batched('HDEL', K_MEMBERS, present)
+  NMEMBERS, ANSWERED = nil, true
   if G.oi then call_batched('HDEL', K_GROUP, order) end
   local names = {}
   for name, _ in pairs(deltas) do names[#names + 1] = name end
@@ -663,7 +697,7 @@ local function update_member(rec, req, parked)
   rt_update(rtc, rt_deltas)
   if parked then
     redis.call('HSET', K_JOINING, rec.id, 1)
-    redis.call('HDEL', K_REPLIES, reply_field('j', rec.id))
+    park_slot(rec.id, 'j')
   else
     redis.call('HDEL', K_JOINING, rec.id)
   end
@@ -1014,6 +1048,7 @@ local function join_chunk(ids, k, n, at)
     local rep = join_reply(G.leader, 'NONE', false, false)
     rep.mem, rep.at = nil, NOW
     local lbody = cmsgpack.pack(rep)
+    ANSWERED = true
     redis.call('HSET', K_REPLIES, reply_field('j', G.leader),
       string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. cmsgpack.pack('mem') ..
       msgpack_array_header(#entries) .. table.concat(entries))
@@ -1194,7 +1229,7 @@ local function delete_group()
   forget_members()
   DL_CHANGED = true
   transition(DEAD)
-  G_WRITES, G_WRITE_ORDER = nil, nil -- the hash goes
+  G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
   redis.call('SREM', K_GROUPS, GROUP_ID)
@@ -1358,6 +1393,10 @@ end
 -- or told it is unknown. The slot is cleared when the member parks again, and pruned later.
 local WAIT_REPLY = nil
 local function reply_or_wait(id, kind)
+  if PARKED_NOW and not ANSWERED and PARKED_NOW[reply_field(kind, id)] then
+    WAIT_REPLY = {'W', '0-0', next_deadline(), NOW, id}
+    return WAIT_REPLY
+  end
   local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
   if blob then return {'R', blob} end
   local waiting
@@ -1380,15 +1419,16 @@ local function respond(rep) return {'R', cmsgpack.pack(rep)} end
 -- The start of every call: the per-call state, the settings and the group. An error reply
 -- (nothing written) when the partition has no settings copy.
 local APPLIED = 0
-local function begin(keys, argv)
+local function begin(keys, argv, all_settings)
   bind_group_keys(keys)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
-  G_WRITES, G_WRITE_ORDER, REMOVED_SEQS = nil, nil, nil
+  G_WRITES, G_WRITE_ORDER, REMOVED_SEQS, NMEMBERS = nil, nil, nil, nil
+  PARKED_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
   PROTOCOLS, LATENESS, PUBLISHED = nil, NO_LATENESS, nil
-  local err = read_settings()
+  local err = read_settings(all_settings)
   if err then return err end
   read_group()
   return nil
@@ -1404,9 +1444,9 @@ end
 -- it may return an error reply), then the wrapper applies the group's passed deadlines, runs
 -- ``run(parsed)`` (its checks come before its own writes) and finishes: deadline index and
 -- wake-ups, once per call, whatever path the step took.
-local function group_step(name, run, parse)
+local function group_step(name, run, parse, all_settings)
   register(name, function(keys, args)
-    local err = begin(keys, args)
+    local err = begin(keys, args, all_settings)
     if err then return err end
     local req = args
     if parse then

@@ -36,7 +36,7 @@ local function sync_group(req)
   if G.state == COMPLETING then
     rec.as = 1
     mput(rec)
-    redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
+    park_slot(member_id, 's')
     remove_pending_sync(member_id)
     if G.leader == member_id then
       -- The leader's assignment (only the leader's counts); members it left out get an
@@ -54,7 +54,7 @@ local function sync_group(req)
       -- and is answered with its chunk.
       rec.as = 1
       mput(rec)
-      redis.call('HDEL', K_REPLIES, reply_field('s', member_id))
+      park_slot(member_id, 's')
       remove_pending_sync(member_id)
       return reply_or_wait(member_id, 's')
     end
