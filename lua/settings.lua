@@ -1,6 +1,6 @@
 -- settings.lua: the namespace settings as one agreed fact (rcoord/settings.py drives it).
--- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update), or a partition's
---         copy '<ns>:{tag}:cfg' (op copy)
+-- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, adopt), or a
+--         partition's copy '<ns>:{tag}:cfg' (op copy)
 -- ARGV[1] op:
 --   'establish'  ARGV[2..] field, value pairs: stored (version 1) only if no settings exist;
 --                either way the stored settings come back. Whoever comes first decides.
@@ -9,7 +9,12 @@
 --                if no settings exist (they were lost: establish first).
 --   'copy'       ARGV[2] version, ARGV[3..] field, value pairs: the copy is replaced unless it
 --                already holds a newer version (two writers racing never leave an older copy).
--- Returns a flat field, value array (establish, update) or 1 / 0 (copy: written or not).
+--   'adopt'      ARGV[2] version, ARGV[3..] field, value pairs: the fields are written at that
+--                version only if the settings hold an older one (they were rolled back below a
+--                copy by a failover); the stored settings come back ({} if none exist: nothing
+--                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
+--                is not an integer.
+-- Returns a flat field, value array (establish, update, adopt) or 1 / 0 (copy: written or not).
 
 register('settings', function(KEYS, ARGV)
   local key, op = KEYS[1], ARGV[1]
@@ -44,6 +49,19 @@ register('settings', function(KEYS, ARGV)
     redis.call('DEL', key)
     redis.call('HSET', key, unpack(pairs_))
     return 1
+  elseif op == 'adopt' then
+    local version = tonumber(ARGV[2])
+    if version == nil or version ~= math.floor(version) then
+      return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' adopt needs an integer version, got '
+        .. tostring(ARGV[2]))
+    end
+    if redis.call('EXISTS', key) == 1
+        and tonumber(redis.call('HGET', key, 'version') or '-1') < version then
+      local pairs_ = {'version', ARGV[2]}
+      for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
+      redis.call('HSET', key, unpack(pairs_))
+    end
+    return redis.call('HGETALL', key)
   end
   return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' unknown settings op ' .. tostring(op))
 end)

@@ -18,6 +18,10 @@ same with Redis as the only authority:
   replica that never got it), so every settle reads every copy (one pipeline, with the
   settings hash) and writes those that are missing, older, or the same version with other
   values. Many workers starting at once against a settled namespace so only read.
+* **Caught up when the settings fall behind a copy.** A failover may roll the settings hash
+  back (a replica that missed the last update) while the copies keep the newer version, which
+  refuses every repair. A settle that finds the hash still behind a copy it read a round
+  earlier adopts the newest copy (``adopt``, only over an older version), then repairs.
 * **Re-established after data loss without disagreement.** A process that finds the settings
   gone proposes the newest surviving copy (``_recover``): an anchor (``keys.anchor_keys``: 16
   copies at names independent of the partition count, spread over the slot range, because the
@@ -55,7 +59,8 @@ __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flo
 log = logging.getLogger("rcoord.settings")
 
 MAX_SETTLE_ROUNDS = 5
-"""Rounds of settling when writers race (a copy write meets a newer version); then give up."""
+"""Rounds of settling when writers race (a copy write meets a newer version); then give up.
+A rolled-back settings hash takes two (one to see a newer copy, one to adopt it)."""
 
 class Settled:
     """What ``settle_flow`` returns: the settings in force and their version."""
@@ -101,12 +106,27 @@ def settle_flow(
     this process expects; copies are then written only where they differ (``_repair_copies``).
     A round ends in another when a copy holds a newer version (a racing writer moved on). If
     the settings hash is gone, ``_recover`` chooses what to establish from what was read.
+
+    **A copy newer than the settings hash** ends the round before any write: settings a copy
+    has outgrown are neither updated nor copied. Seen once, it may be a writer caught between
+    the hash and the copy reads of one pipeline (a writer writes the hash, then the copies).
+    If a later round, reading the hash after that copy, still finds the hash older, the hash
+    went back: a failover to a replica that missed the last update, or settings established
+    below a copy. No writer leaves that behind, so waiting cannot help; the settle ``adopt``s
+    the newest copy (``_ahead``) and goes on (the caller's named settings, then the repair).
+    It adopts at the copy's own version, and ``adopt`` writes only over an older one, so
+    concurrent settles adopt once and agree, and an ``update`` that reached the rolled-back
+    hash first (at that version) stands: the settle writes it over the copies, which ``copy``
+    allows at an equal version. Adopting one version above would overwrite that update. An
+    update below the adopted version is not lost either: its writer's settle cannot end while
+    a newer copy is read, and it applies its named settings again on the adopted ones.
     """
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
     key = settings_key(namespace)
     was: dict[str, str] | None = None
     guess = (known if known is not None else base).num_partitions
+    ahead_seen = -1  # the newest copy an earlier round read above the settings it read
     for _ in range(MAX_SETTLE_ROUNDS):
         # One round trip: the settings and, under the count this process expects, every copy.
         stored, held = yield from _read(namespace, guess)
@@ -115,6 +135,20 @@ def settle_flow(
         if "num_partitions" not in stored:
             proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
             stored = yield from _write(key, "establish", proposal)
+        # A copy newer than the settings: a writer between this read of the settings and of
+        # the copy, or settings rolled back below it (then adopted, see the docstring).
+        # Nothing is written from settings a copy has outgrown: no update, no repair.
+        guess, held = yield from _layout(namespace, _count(stored), guess, held)
+        ahead = _ahead(namespace, held, stored, guess)
+        if ahead is not None and _version(stored) < ahead_seen:
+            stored = yield from _adopt(key, ahead)
+            if "num_partitions" not in stored:  # lost meanwhile: the next round recovers them
+                continue
+            guess, held = yield from _layout(namespace, _count(stored), guess, held)
+            ahead = _ahead(namespace, held, stored, guess)
+        if ahead is not None:
+            ahead_seen = max(ahead_seen, _version(ahead))
+            continue
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
         if changes:
@@ -136,10 +170,7 @@ def settle_flow(
                                 late, old_np, namespace, new_np)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
-        if effective.num_partitions != guess:  # the partition copies read were another layout's
-            guess = effective.num_partitions
-            anchors = {k: held[k] for k in anchor_keys(namespace)}
-            held = {**(yield from _read_copies(_partition_copies(namespace, guess))), **anchors}
+        guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
         written, stale = yield from _repair_copies(held, version, _values(effective))
         if not stale:
             return Settled(effective, version, was, written)
@@ -153,6 +184,49 @@ def _write(key: str, op: str, values: Mapping[str, str]) -> Flow[dict[str, str]]
     """``establish`` or ``update`` the settings hash; the stored hash after the script."""
     flat = [x for kv in values.items() for x in kv]
     return _decode((yield Script("settings", [key], [op, *flat])))
+
+
+def _layout(namespace: str, count: int | None, guess: int,
+            held: Held) -> Flow[tuple[int, Held]]:
+    """``held`` with the partition copies of the ``count`` layout (read now if the ones held
+    are another layout's, ``guess``); returns the count they belong to, and them."""
+    if count is None or count == guess:
+        return guess, held
+    anchors = {k: held[k] for k in anchor_keys(namespace)}
+    return count, {**(yield from _read_copies(_partition_copies(namespace, count))), **anchors}
+
+
+def _ahead(namespace: str, held: Held, stored: Mapping[str, str],
+           count: int) -> dict[str, str] | None:
+    """What to ``adopt`` if a copy in ``held`` holds a newer version than the settings
+    ``stored`` (None if none does): the newest such copy that can hold the settings (an anchor
+    naming a count, or a partition copy naming its layout's ``count``), else the stored
+    settings, at the highest version among the copies (as ``_recover`` proposes: no copy read
+    is left newer than the settings, so none refuses a repair for good)."""
+    version = _version(stored)
+    names = set(anchor_keys(namespace))
+    above: list[dict[str, str]] = []
+    top = version
+    for key, copy in held.items():
+        if _held_version(copy) <= version:
+            continue
+        top = max(top, _held_version(copy))
+        decoded = _decode(copy)
+        if _count(decoded) is not None and (key in names or _count(decoded) == count):
+            above.append(decoded)
+    if top == version:
+        return None
+    best = _newest(above)
+    settings = {k: v for k, v in (best if best is not None else stored).items()
+                if k in STORED_SETTINGS}
+    return {**settings, "version": str(top)}
+
+
+def _adopt(key: str, proposal: Mapping[str, str]) -> Flow[dict[str, str]]:
+    """``adopt`` ``proposal`` (its version among its fields) if the settings hash holds an older
+    version; the stored hash after the script ({} if it was lost meanwhile)."""
+    fields = [x for kv in proposal.items() if kv[0] != "version" for x in kv]
+    return _decode((yield Script("settings", [key], ["adopt", proposal["version"], *fields])))
 
 
 def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:

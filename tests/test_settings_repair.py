@@ -15,6 +15,7 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+import redis
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Flow, drive
@@ -400,3 +401,197 @@ def test_processes_guessing_different_layouts_racing_the_recovery_agree(redis_cl
     stored = _text(redis_client.hgetall(settings_key(namespace)))
     assert stored["version"] == str(version) and stored["num_partitions"] == str(count)
     _assert_consistent(redis_client, namespace, count, stored)
+
+
+# -- a settings hash older than its copies (rolled back, not lost) -----------------------------
+
+
+def _roll_back(client: Any, namespace: str, count: int) -> tuple[dict[str, str], dict[str, str]]:
+    """After two updates (version 3 everywhere), put the version-2 settings back into the hash
+    while every copy keeps version 3: a failover to a replica that missed the last update.
+    Returns (what the hash held at version 2, what every copy holds at version 3)."""
+    _start(client, namespace, num_partitions=count)
+    _start(client, namespace, group_max_size=9)
+    two = _text(client.hgetall(settings_key(namespace)))
+    assert two["version"] == "2"
+    _start(client, namespace, group_min_session_timeout_ms=77)
+    three = _text(client.hgetall(settings_key(namespace)))
+    assert three["version"] == "3"
+    client.hset(settings_key(namespace), mapping=two)
+    assert _text(client.hgetall(settings_key(namespace))) == two
+    for key in _all_copies(namespace, count):
+        assert _text(client.hgetall(key)) == three, key
+    return two, three
+
+
+def test_a_settings_hash_older_than_its_copies_adopts_the_newest_copy(redis_client, namespace,
+                                                                      nodes):
+    """Before: every round read copies newer than the hash, the copy op refused to write the
+    older version over them, and every start raised ConfigError ("kept changing") for good.
+    Now the second round, still finding the hash behind a copy the first round read, adopts
+    that copy: one ``settings`` call (the adopt), no copy written (they all held it)."""
+    two, three = _roll_back(redis_client, namespace, 50)
+    assert two["group_min_session_timeout_ms"] != "77"
+    calls = _fcalls(nodes)
+    coord = _start(redis_client, namespace)
+    assert _fcalls(nodes) == calls + 1
+    assert coord.settings_version == 3
+    assert coord.config.group_max_size == 9 and coord.config.group_min_session_timeout_ms == 77
+    _assert_consistent(redis_client, namespace, 50, three)
+    assert _start(redis_client, namespace).settings_version == 3  # and it stays so
+
+
+def test_a_rolled_back_hash_with_lost_copies_adopts_and_repairs_them(redis_client, namespace):
+    """Some copies were lost too, and one partition copy names another count than its layout
+    at a newer version still (no settle writes such a copy): the hash adopts the newest usable
+    copy at the highest version read, so that copy refuses no repair, and every copy is
+    rewritten to agree."""
+    _, three = _roll_back(redis_client, namespace, 10)
+    lost = [PartitionKeys(namespace, 4, 10).cfg, anchor_keys(namespace)[2]]
+    for key in lost:
+        redis_client.delete(key)
+    _older_copy(redis_client, PartitionKeys(namespace, 7, 10).cfg, three, "4", num_partitions=3)
+    settled = settle(redis_client, _scripts(redis_client), namespace, None, None)
+    assert settled.version == 4 and settled.config.group_min_session_timeout_ms == 77
+    assert settled.config.num_partitions == 10
+    want = {**three, "version": "4"}
+    _assert_consistent(redis_client, namespace, 10, want)
+    assert settle(redis_client, _scripts(redis_client), namespace, None, None).written == ()
+
+
+def test_the_asyncio_coordinator_adopts_the_newest_copy_the_same_way(request, backend,
+                                                                    redis_client, namespace):
+    from async_driver import async_client_factory
+
+    from rcoord.asyncio import AsyncGroupCoordinator
+
+    _, three = _roll_back(redis_client, namespace, 50)
+
+    async def start() -> tuple[int, int, int]:
+        client = async_client_factory(request, backend)()
+        try:
+            coord = await AsyncGroupCoordinator(client, namespace).start()
+            return (coord.settings_version, coord.config.group_max_size,
+                    coord.config.group_min_session_timeout_ms)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(start()) == (3, 9, 77)
+    _assert_consistent(redis_client, namespace, 50, three)
+
+
+def _run_threads(count: int, target: Any) -> list[BaseException]:
+    """Run ``target(i)`` in ``count`` threads released together; the exceptions they raised."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait(10)
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+def test_coordinators_starting_together_on_a_rolled_back_hash_agree(redis_client, namespace):
+    _, three = _roll_back(redis_client, namespace, 50)
+    results: list[tuple[int, int, int]] = []
+
+    def start(_: int) -> None:
+        coord = _start(redis_client, namespace)
+        results.append((coord.settings_version, coord.config.group_max_size,
+                        coord.config.group_min_session_timeout_ms))
+
+    assert _run_threads(4, start) == []
+    assert results == [(3, 9, 77)] * 4
+    _assert_consistent(redis_client, namespace, 50, three)
+
+
+def test_an_update_racing_the_adoption_is_not_lost(redis_client, namespace):
+    """Two processes start on a rolled-back hash together; one names group_max_size=11 (an
+    update). Whoever adopts, the update lands on the adopted settings (version 4) and every
+    process and copy ends there: neither the update nor the version-3 settings are lost."""
+    _, three = _roll_back(redis_client, namespace, 50)
+    results: list[int] = []
+
+    def start(i: int) -> None:
+        coord = _start(redis_client, namespace, **({"group_max_size": 11} if i == 0 else {}))
+        results.append(coord.settings_version)
+
+    assert _run_threads(4, start) == []
+    assert len(results) == 4 and min(results) >= 3
+    want = {**three, "group_max_size": "11", "version": "4"}
+    _assert_consistent(redis_client, namespace, 50, want)
+    assert _start(redis_client, namespace).settings_version == 4
+
+
+def _then_at(flow: Flow[Any], n: int, hook: Any) -> Generator[Any, Any, Any]:
+    """``flow``, with ``hook()`` run after its ``n``-th operation came back (1: ``_then``)."""
+    op = next(flow)
+    try:
+        for i in range(1, 10_000):
+            reply = yield op
+            if i == n:
+                hook()
+            op = flow.send(reply)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the flow did not end")
+
+
+@pytest.mark.parametrize("writer", ["start", "update op"])
+def test_an_update_between_the_second_read_and_the_adopt_wins(redis_client, namespace, writer):
+    """This settle read the rolled-back hash twice (two rounds, so it adopts next); before its
+    adopt, another process updates group_max_size to 11: a whole start (which adopts version 3
+    itself, then updates: version 4), or the ``update`` op on the rolled-back hash (version 3,
+    the version-2 settings with 11). Either way the hash already holds the version this settle
+    would adopt, so its adopt writes nothing and it settles on the update: never lost."""
+    two, three = _roll_back(redis_client, namespace, 50)
+    scripts = _scripts(redis_client)
+
+    def update() -> None:
+        if writer == "start":
+            _start(redis_client, namespace, group_max_size=11)
+        else:
+            scripts.call("settings", [settings_key(namespace)], ["update", "group_max_size", "11"])
+
+    settled = drive(redis_client, scripts, _then_at(settle_flow(namespace, None, None), 2, update))
+    want = ({**three, "group_max_size": "11", "version": "4"} if writer == "start"
+            else {**two, "group_max_size": "11", "version": "3"})
+    assert settled.version == int(want["version"]) and settled.config.group_max_size == 11
+    _assert_consistent(redis_client, namespace, 50, want)
+
+
+def test_adopt_writes_only_over_an_older_version(redis_client, namespace):
+    """The op itself: an older hash takes the fields and version; the same or a newer version
+    is kept (a racing update that got there first wins); no hash, nothing written."""
+    scripts = _scripts(redis_client)
+    key = settings_key(namespace)
+
+    def adopt(version: str, **fields: Any) -> dict[str, str]:
+        flat = [x for kv in fields.items() for x in (kv[0], str(kv[1]))]
+        return _text(_hash_reply(scripts.call("settings", [key], ["adopt", version, *flat])))
+
+    assert adopt("3", group_max_size=9) == {} and not redis_client.exists(key)
+    redis_client.hset(key, mapping={"version": "2", "group_max_size": "5", "num_partitions": "7"})
+    assert adopt("3", group_max_size=9) == {"version": "3", "group_max_size": "9",
+                                            "num_partitions": "7"}
+    assert adopt("3", group_max_size=1) == {"version": "3", "group_max_size": "9",
+                                            "num_partitions": "7"}
+    assert adopt("2", group_max_size=1)["group_max_size"] == "9"
+    with pytest.raises(redis.ResponseError, match="RCOORD_BAD_ARGUMENT.*integer version"):
+        scripts.call("settings", [key], ["adopt", "x", "group_max_size", "1"])
+
+
+def _hash_reply(raw: Any) -> dict[bytes, bytes]:
+    if isinstance(raw, dict):
+        return raw
+    return {raw[i]: raw[i + 1] for i in range(0, len(raw), 2)}
