@@ -10,6 +10,13 @@
 -- absent; ``k_group`` nil: the caller writes 'ea' itself); touches nothing else. Returns the
 -- value 'ea' is to hold.
 
+-- The published time a group's 'ea' field holds: a number, false for '-' (the group has no
+-- deadline), nil when the field is absent (not known).
+local function published_of(ea)
+  if ea == '-' then return false end
+  return tonumber(ea)
+end
+
 local function publish_earliest(k_deadlines, k_due, k_hint, k_group, group_id, exists, published,
                                 now, mock_time)
   local first = exists and redis.call('ZRANGE', k_deadlines, 0, 0, 'WITHSCORES') or {}

@@ -45,8 +45,8 @@ register('heartbeat', function(KEYS, ARGV)
   -- later than the real one (deadline_index.lua). While it lies ahead, nothing is due, and a
   -- refreshed session needs publishing only if it falls before it (it never does in a steady
   -- group: sessions only move later).
-  local published = ea ~= '-' and tonumber(ea) or nil
-  local look = state ~= false and (ea == false or (published ~= nil and published <= now))
+  local published = published_of(ea)
+  local look = state ~= false and (published == nil or (published and published <= now))
   if look then
     -- The published time has passed (or is not known): look at the deadlines themselves.
     -- A join completion or sync propagation still being written in chunks (the continuation
@@ -72,7 +72,7 @@ register('heartbeat', function(KEYS, ARGV)
     local code, at = heartbeat_one(k_members, k_static, k_dl, state, gen, now, ARGV[i],
       tonumber(ARGV[i + 1]), ARGV[i + 2])
     results[#results + 1] = code
-    if at and (published == nil or at < published) then moved = true end -- (at: state ~= false)
+    if at and (not published or at < published) then moved = true end -- (at: state ~= false)
   end
   -- After a look, publish the real earliest (a write only if it differs from 'ea').
   if moved then

@@ -47,12 +47,17 @@ local GROUP_ID, NOW, MOCK_TIME
 -- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and
 -- every commit offsets_retention_ms, so those come in the first read; the other settings are
 -- read, all at once, by the first step that asks for one.
+-- Fills ``cfg`` with every setting from ``values``, an HMGET reply whose SETTINGS_FIELDS
+-- start at index ``first``.
+local function fill_settings(cfg, values, first)
+  for i, field in ipairs(SETTINGS_FIELDS) do
+    rawset(cfg, field, tonumber(values[first + i - 1]) or DEFAULTS[field])
+  end
+  return cfg
+end
 local CFG_META = {__index = function(cfg, name)
   if DEFAULTS[name] == nil then return nil end
-  local values = redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS))
-  for i, field in ipairs(SETTINGS_FIELDS) do
-    rawset(cfg, field, tonumber(values[i]) or DEFAULTS[field])
-  end
+  fill_settings(cfg, redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS)), 1)
   return rawget(cfg, name)
 end}
 local CFG = {}
@@ -71,10 +76,7 @@ local function read_settings(all)
       ': the partition count is stale or the settings were lost')
   end
   if all then
-    CFG = {num_partitions = tonumber(values[1])}
-    for i, field in ipairs(SETTINGS_FIELDS) do
-      CFG[field] = tonumber(values[i + 1]) or DEFAULTS[field]
-    end
+    CFG = fill_settings({num_partitions = tonumber(values[1])}, values, 2)
     return nil
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
@@ -133,10 +135,6 @@ local function group_exists() return G.state ~= nil end
 -- PUBLISHED: the published bound (false: none, nil: not known), from G.ea.
 local DL_CHANGED = false
 local PUBLISHED = nil
-local function published_of(ea)
-  if ea == '-' then return false end
-  return tonumber(ea)
-end
 -- Notes a deadline written at ``at``: it must be published if it falls before the bound.
 local function note_deadline_write(at)
   if DL_CHANGED then return end

@@ -16,6 +16,13 @@
 --                is not an integer.
 -- Returns a flat field, value array (establish, update, adopt) or 1 / 0 (copy: written or not).
 
+-- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
+local function versioned_pairs(ARGV)
+  local pairs_ = {'version', ARGV[2]}
+  for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
+  return pairs_
+end
+
 register('settings', function(KEYS, ARGV)
   local key, op = KEYS[1], ARGV[1]
 
@@ -44,10 +51,8 @@ register('settings', function(KEYS, ARGV)
     local have = tonumber(redis.call('HGET', key, 'version') or '-1')
     local version = tonumber(ARGV[2])
     if have > version then return 0 end
-    local pairs_ = {'version', ARGV[2]}
-    for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
     redis.call('DEL', key)
-    redis.call('HSET', key, unpack(pairs_))
+    redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
     return 1
   elseif op == 'adopt' then
     local version = tonumber(ARGV[2])
@@ -57,9 +62,7 @@ register('settings', function(KEYS, ARGV)
     end
     if redis.call('EXISTS', key) == 1
         and tonumber(redis.call('HGET', key, 'version') or '-1') < version then
-      local pairs_ = {'version', ARGV[2]}
-      for i = 3, #ARGV do pairs_[#pairs_ + 1] = ARGV[i] end
-      redis.call('HSET', key, unpack(pairs_))
+      redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
     end
     return redis.call('HGETALL', key)
   end

@@ -82,12 +82,8 @@ def copy_pattern(namespace: str) -> str:
 
 def _decode(raw: Any) -> dict[str, str]:
     """A flat field/value reply (or a dict) as str -> str."""
-    if isinstance(raw, dict):
-        items = list(raw.items())
-    else:
-        items = [(raw[i], raw[i + 1]) for i in range(0, len(raw), 2)]
     return {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-            for k, v in items}
+            for k, v in _hash(raw).items()}
 
 
 def _values(cfg: CoordinatorConfig) -> dict[str, str]:
@@ -380,8 +376,7 @@ def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig |
             log.warning("namespace %r lost its settings; %d partition copies of another layout "
                         "(%d partitions) were found, but the surviving anchors name %d",
                         namespace, len(ignored), guess, count)
-        anchors_held = {k: held[k] for k in names}
-        held = {**(yield from _read_copies(_partition_copies(namespace, count))), **anchors_held}
+        _, held = yield from _layout(namespace, count, guess, held)
         top = max([top, *(_held_version(c) for c in held.values())])
     found = [_decode(copy) for copy in held.values() if copy]
     usable = [c for c in found if _count(c) == count]
