@@ -7,7 +7,8 @@
 -- expired-key events; only a hint). Between two publications the index may be earlier than the
 -- group's earliest deadline, never later (prelude.lua, note_deadline_write, says why).
 -- Takes every key and value as arguments (``published``: the group's 'ea' as read, nil when
--- absent; ``k_group`` nil: the caller writes 'ea' itself); touches nothing else. Returns the
+-- absent; ``k_group`` nil: the caller writes 'ea' itself; ``head``: the deadlines' first entry
+-- as the caller last read it, if nothing wrote them since, else nil); touches nothing else. Returns the
 -- value 'ea' is to hold.
 
 -- The published time a group's 'ea' field holds: a number, false for '-' (the group has no
@@ -18,8 +19,8 @@ local function published_of(ea)
 end
 
 local function publish_earliest(k_deadlines, k_due, k_hint, k_group, group_id, exists, published,
-                                now, mock_time)
-  local first = exists and redis.call('ZRANGE', k_deadlines, 0, 0, 'WITHSCORES') or {}
+                                now, mock_time, head)
+  local first = exists and (head or redis.call('ZRANGE', k_deadlines, 0, 0, 'WITHSCORES')) or {}
   if #first == 0 then
     if published == '-' then return published end
     redis.call('ZREM', k_due, group_id)

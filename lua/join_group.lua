@@ -78,7 +78,7 @@ local function replace_static_member(old_id, new_id)
   local rec = old
   rec.id, rec.as, rec.new = new_id, 0, 0
   mput(rec)
-  if G.oi and rec.seq then g_call('HSET', order_field(rec.seq), new_id) end
+  if G.oi and rec.seq then set_g(order_field(rec.seq), new_id) end
   if G.leader == old_id then set_g('leader', new_id) end
   redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).
@@ -200,4 +200,15 @@ local function join_group()
   return join_existing_member()
 end
 
-group_step('join_group', join_group, parse_join_group, true) -- (all settings at once)
+-- The group hash fields a join that adds or updates a member reads besides the core (the
+-- member sequence, the rebalance timeout counts, the count of each protocol it names, and the
+-- initial rebalance's new-member flag), in the first read. The MEMBER_ID_REQUIRED round reads
+-- none of them.
+local function join_fields(req)
+  if req.mid == '' and req.iid == '' and req.require_known then return nil end
+  local fields = {'seq', 'rtc', 'nma'}
+  for _, p in ipairs(req.protocols) do fields[#fields + 1] = 'P:' .. p[1] end
+  return fields
+end
+
+group_step('join_group', join_group, parse_join_group, {all_settings = true, fields = join_fields})

@@ -116,9 +116,23 @@ local G_META = {__index = function(g, field)
 end}
 local G = {}
 local function new_group_table() return setmetatable({}, G_META) end
-local function read_group()
+-- ``extra``: fields outside the core that this call will read (a step names them from its
+-- request: group_step's ``fields``), fetched in the same HMGET instead of one HGET each.
+local function read_group(extra)
   G_SEEN = nil
-  G = setmetatable(core_fields(redis.call('HMGET', K_GROUP, unpack(G_CORE))), G_META)
+  if extra == nil or #extra == 0 then
+    G = setmetatable(core_fields(redis.call('HMGET', K_GROUP, unpack(G_CORE))), G_META)
+    return
+  end
+  local names = {unpack(G_CORE)}
+  for _, field in ipairs(extra) do names[#names + 1] = field end
+  local values = redis.call('HMGET', K_GROUP, unpack(names))
+  G = setmetatable(core_fields(values), G_META)
+  G_SEEN = {}
+  for i, field in ipairs(extra) do
+    local value = values[#G_CORE + i]
+    if value then rawset(G, field, value) else G_SEEN[field] = true end
+  end
 end
 local function group_exists() return G.state ~= nil end
 
@@ -140,17 +154,30 @@ local function note_deadline_write(at)
   if DL_CHANGED then return end
   DL_CHANGED = not PUBLISHED or at < PUBLISHED
 end
+-- The group's earliest deadline as read in this call ({} when none; nil: not read since the
+-- last write), so that the checks for due deadlines, the parked caller's wait and the
+-- publication at the end read it once between two writes. Every write to the deadlines
+-- forgets it (dl_written).
+local DL_HEAD = nil
+local function dl_written() DL_HEAD = nil end
+local function dl_head()
+  if DL_HEAD == nil then DL_HEAD = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES') end
+  return DL_HEAD
+end
 -- Deadlines: this group's zset, and the partition index of each group's earliest deadline.
 local function schedule(name, at)
   note_deadline_write(at)
+  DL_HEAD = nil
   redis.call('ZADD', K_DL, at, name)
 end
 -- Due no later than ``at`` (an earlier deadline of that name stays).
 local function schedule_by(name, at)
   note_deadline_write(at)
+  DL_HEAD = nil
   redis.call('ZADD', K_DL, 'LT', at, name)
 end
 local function cancel(name)
+  DL_HEAD = nil
   redis.call('ZREM', K_DL, name) -- the index stays a lower bound
 end
 -- Writes to the group hash through set_g / del_g are kept in G and sent together, one HSET
@@ -190,7 +217,8 @@ local function flush_g()
   if #sets > 0 then redis.call('HSET', K_GROUP, unpack(sets)) end
   if #dels > 0 then redis.call('HDEL', K_GROUP, unpack(dels)) end
 end
--- A direct write to the group hash (fields set_g does not keep: chunk parts, the order index).
+-- A direct command on the group hash, after the writes set_g collected (fields set_g does not
+-- keep: chunk parts; a read of fields G does not hold, such as the order index).
 local function g_call(cmd, ...)
   flush_g()
   return redis.call(cmd, K_GROUP, ...)
@@ -276,7 +304,10 @@ local function note_deadline_pairs(items)
   for i = 1, #items, 2 do note_deadline_write(tonumber(items[i])) end
 end
 local function call_batched(cmd, key, items)
-  if key == K_DL and cmd == 'ZADD' then note_deadline_pairs(items) end
+  if key == K_DL then
+    dl_written()
+    if cmd == 'ZADD' then note_deadline_pairs(items) end
+  end
   if key == K_GROUP then flush_g() end
   if key == K_REPLIES and cmd == 'HSET' then ANSWERED = true end
   for i = 1, #items, BATCH do
@@ -495,7 +526,7 @@ local function oldest_member(accept)
     local fields = {}
     for x = s, math.min(s + batch - 1, top) do fields[#fields + 1] = order_field(x) end
     batch = ORDER_SCAN
-    local ids = redis.call('HMGET', K_GROUP, unpack(fields))
+    local ids = g_call('HMGET', unpack(fields)) -- (after this call's own writes)
     for i = 1, #fields do
       local id = ids[i]
       if id then
@@ -558,7 +589,7 @@ end
 
 -- Members per chunk of a join completion or a sync propagation: the partition settings field
 -- join_chunk_members (tests set a small one), else:
-local JOIN_CHUNK_MEMBERS = 200
+local JOIN_CHUNK_MEMBERS = 100
 local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
 local function chunk_size()
   local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
@@ -586,7 +617,7 @@ local function add_member(id, req)
                seq = tonumber(G.seq or '0') + 1}
   set_g('seq', rec.seq)
   mput(rec)
-  if G.oi then g_call('HSET', order_field(rec.seq), id) end
+  if G.oi then set_g(order_field(rec.seq), id) end
   count_protocols(rec, 1)
   rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
@@ -760,6 +791,7 @@ local function sync_chunk(ids, asgs, err, at)
   call_batched('HSET', K_REPLIES, replies)
   if #hbs > 0 then
     note_deadline_pairs(hbs)
+    dl_written()
     for i = 1, #hbs, BATCH do
       redis.call('ZADD', K_DL, 'GT', unpack(hbs, i, math.min(i + BATCH - 1, #hbs)))
     end
@@ -1230,6 +1262,7 @@ local function delete_group()
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT)
+  dl_written()
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
   G = new_group_table()
@@ -1301,7 +1334,7 @@ local function apply_due()
     DL_CHANGED = true
   end
   while DL_CHANGED and group_exists() and applied < 1000 do
-    local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+    local first = dl_head()
     if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
     -- A join completion or sync propagation still being written (due at 0, so first): one
@@ -1361,7 +1394,7 @@ local FORCE_PUBLISH = false
 local function finish()
   if DL_CHANGED or FORCE_PUBLISH then
     local ea = publish_earliest(K_DL, K_DUE, K_HINT, nil, GROUP_ID, group_exists(), G.ea, NOW,
-      MOCK_TIME)
+      MOCK_TIME, group_exists() and dl_head() or nil)
     if group_exists() and ea ~= G.ea then set_g('ea', ea) end
   end
   if WAKE then
@@ -1378,7 +1411,7 @@ local function finish()
 end
 
 local function next_deadline()
-  local first = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES')
+  local first = dl_head()
   if #first == 0 then return -1 end
   return tonumber(first[2])
 end
@@ -1417,7 +1450,7 @@ local function respond(rep) return {'R', cmsgpack.pack(rep)} end
 -- The start of every call: the per-call state, the settings and the group. An error reply
 -- (nothing written) when the partition has no settings copy.
 local APPLIED = 0
-local function begin(keys, argv, all_settings)
+local function begin(keys, argv, all_settings, extra)
   bind_group_keys(keys)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
@@ -1425,10 +1458,10 @@ local function begin(keys, argv, all_settings)
   G_WRITES, G_WRITE_ORDER, REMOVED_SEQS, NMEMBERS = nil, nil, nil, nil
   PARKED_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
-  PROTOCOLS, LATENESS, PUBLISHED = nil, NO_LATENESS, nil
+  PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD = nil, NO_LATENESS, nil, nil
   local err = read_settings(all_settings)
   if err then return err end
-  read_group()
+  read_group(extra)
   return nil
 end
 
@@ -1438,19 +1471,23 @@ local function register(name, fn, flags)
   redis.register_function{function_name = LIB .. '_' .. name, callback = fn, flags = flags or {}}
 end
 
--- Registers a group step: ``parse(args)`` decodes the arguments (before anything is written;
--- it may return an error reply), then the wrapper applies the group's passed deadlines, runs
--- ``run(parsed)`` (its checks come before its own writes) and finishes: deadline index and
--- wake-ups, once per call, whatever path the step took.
-local function group_step(name, run, parse, all_settings)
+-- Registers a group step: ``parse(args)`` decodes the arguments (from the arguments alone,
+-- before anything is read or written; it may return an error reply), then the wrapper reads
+-- the settings and the group, applies the group's passed deadlines, runs ``run(parsed)`` (its
+-- checks come before its own writes) and finishes: deadline index and wake-ups, once per call,
+-- whatever path the step took. ``opts.all_settings``: read every setting at once;
+-- ``opts.fields(parsed)``: group hash fields outside the core the step will read (read_group).
+local function group_step(name, run, parse, opts)
+  opts = opts or {}
+  local all_settings, fields = opts.all_settings, opts.fields
   register(name, function(keys, args)
-    local err = begin(keys, args, all_settings)
-    if err then return err end
     local req = args
     if parse then
       req = parse(args)
       if type(req) == 'table' and req.err then return req end
     end
+    local err = begin(keys, args, all_settings, fields and fields(req))
+    if err then return err end
     APPLIED = apply_due()
     local reply = run(req)
     finish()

@@ -71,6 +71,21 @@ def test_a_timer_run_at_a_passed_published_time_publishes_the_real_earliest(ctx)
     assert ctx.state() == "Stable" and ctx.member_ids() == {mid}
 
 
+def test_a_step_at_a_passed_published_time_publishes_the_earliest_after_its_own_writes(ctx):
+    # The step reads the deadlines once to find nothing due, then refreshes the session: what
+    # it publishes is the earliest after that write, not the one it read before it.
+    gen, (mid,) = ctx.stable_group(1)
+    commit(ctx, mid, gen)
+    before, _ = earliest_and_published(ctx)
+    ctx.clock.sleep(2000)
+    assert ctx.heartbeat(mid, gen) == Errors.NONE  # the session ends 2 s later; index stays
+    ctx.clock.sleep(int(before - ctx.clock.milliseconds()) + 1)
+    commit(ctx, mid, gen)  # the published time passed: it looks, then moves the session on
+    earliest, published = earliest_and_published(ctx)
+    assert earliest is not None and earliest > before + 2000
+    assert published == earliest
+
+
 def test_a_deadline_earlier_than_the_published_one_is_published_at_once(ctx):
     # One member with a long session and a short rebalance timeout: the published time is its
     # session's end, a minute away; a second member's join starts a rebalance whose join timer
