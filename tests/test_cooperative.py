@@ -22,7 +22,8 @@ from test_consumer import Recorder
 from rcoord import GroupCoordinator, MemberIdentity, TopicPartition
 from rcoord.assignors import RebalanceProtocol, get_assignor, rebalance_protocol
 from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig
-from rcoord.client.errors import CooperativeAssignmentError
+from rcoord.client.coordinator import RedisCoordinator
+from rcoord.client.errors import CommitFailedError, CooperativeAssignmentError
 from rcoord.client.join import check_cooperative
 from rcoord.topics import Producer, Topics
 
@@ -125,7 +126,9 @@ def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[An
     e.coord, e.topics = coord, Topics(redis_client, namespace)
     e.producer = Producer(redis_client, namespace, "round_robin")
 
-    def consumer(assignors: tuple[str, ...] = (COOP,), **kw: Any) -> Runner:
+    def consumer(
+        assignors: tuple[str, ...] = (COOP,), listener: Recorder | None = None, **kw: Any
+    ) -> Runner:
         cfg = ConsumerGroupConfig(
             group_id="g",
             topics=["t"],
@@ -138,7 +141,7 @@ def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[An
             retry_backoff_ms=10,
             retry_backoff_max_ms=100,
         )
-        listener = Recorder()
+        listener = listener if listener is not None else Recorder()
         c = Consumer(cfg, listener=listener, fetch_max_wait_ms=20, **kw)
         r = Runner(c, listener)
         runners.append(r)
@@ -163,10 +166,38 @@ def _settled(runners: list[Runner], n: int) -> bool:
     return sum(map(len, held)) == n and len(set().union(*held)) == n and all(held)
 
 
+def _told(r: Runner) -> set[int]:
+    """What the listener was told this member holds: assigned adds, revoked and lost remove."""
+    told: set[int] = set()
+    with r.listener.lock:
+        for kind, parts in r.listener.events:
+            ps = {tp.partition for tp in parts}
+            told = told | ps if kind == "assigned" else told - ps
+    return told
+
+
+def _stable(runners: list[Runner], n: int) -> bool:
+    """Settled, balanced, and every listener has heard of exactly what its member holds.
+
+    ``_settled`` alone can hold mid-rebalance: a member whose poll() has not yet taken the
+    generation that shrinks it still holds its old, larger share while the others hold the rest
+    (e.g. 4, 6 and 2 of 12; the assignor withheld the 2 it must give up). And a member's
+    assignment changes just before its listener hears of it. Either way a revocation or
+    assignment would still be on its way. Balanced shares (what cooperative-sticky converges to)
+    with every listener up to date mean no member has anything left to revoke or hear.
+    """
+    sizes = [len(_held(r)) for r in runners]
+    return (
+        _settled(runners, n)
+        and max(sizes) - min(sizes) <= 1
+        and all(_told(r) == _held(r) for r in runners)
+    )
+
+
 def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any) -> None:
     env.topics.create("t", 12)
     first = [env.consumer() for _ in range(3)]
-    wait_until(lambda: _settled(first, 12))
+    wait_until(lambda: _stable(first, 12))  # 4 each: the group formed, callbacks all ran
     before = {id(r): _held(r) for r in first}
     marks = [len(r.listener.events) for r in first]
     # Records keep arriving: each kept partition must keep being returned by poll().
@@ -179,7 +210,7 @@ def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any)
     feeder.start()
     try:
         fourth = env.consumer()
-        wait_until(lambda: _settled([*first, fourth], 12))
+        wait_until(lambda: _stable([*first, fourth], 12))
         t_done = time.monotonic()
         wait_until(lambda: all(any(t > t_done for t, _ in r.seen) for r in first))
     finally:
@@ -196,9 +227,88 @@ def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any)
         assert _parts(tail, "revoked") == [sorted(before[id(r)] - kept)]
         assert all(parts == [] for parts in _parts(tail, "assigned")) and len(tail) >= 2
         assert not r.errors
-    # The newcomer: nothing in the first round (withheld), the three moved ones in the second.
-    assert _parts(fourth.listener.events, "assigned") == [[], sorted(_held(fourth))]
+    # The newcomer: nothing in its first round (all twelve were owned, so all were withheld),
+    # then the three moved ones, each once. Usually they all come in the second round; a member
+    # whose generation of the first round ended before its poll() took it (it is withdrawn) only
+    # gives its partition up in the next one, so the newcomer gets that one a round later.
+    got = _parts(fourth.listener.events, "assigned")
+    assert got[0] == [] and sorted(p for parts in got[1:] for p in parts) == sorted(_held(fourth))
     assert not any(e[0] in ("revoked", "lost") for e in fourth.listener.events)
+
+
+class JoinSpy(RedisCoordinator):
+    """The Redis coordinator of one member, counting that member's JoinGroup calls."""
+
+    def __init__(self, redis_client: Any, namespace: str) -> None:
+        super().__init__(redis_client, namespace)
+        self.joins = 0
+        self.cond = threading.Condition()
+
+    def join_group(self, *args: Any, **kwargs: Any) -> Any:
+        with self.cond:
+            self.joins += 1
+            self.cond.notify_all()
+        return super().join_group(*args, **kwargs)
+
+    def joined_since(self, count: int, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.joins > count, timeout)
+
+
+class SlowRevoker(Recorder):
+    """Its first ``on_partitions_revoked`` waits until the generation it revokes in has ended
+    (the coordinator started another rebalance), then waits a little for the member to rejoin,
+    notes whether it did, and commits, as a listener that flushes work before committing."""
+
+    def __init__(self, spy: JoinSpy, started: threading.Event) -> None:
+        super().__init__()
+        self.spy, self.started = spy, started
+        self.consumer_ref: Consumer | None = None
+        self.rejoined_inside: list[bool] = []
+        self.commit_errors: list[CommitFailedError] = []
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        assert self.consumer_ref is not None
+        gen = self.consumer_ref.generation
+        assert gen is not None
+        if not self.started.is_set():
+            joins = self.spy.joins
+            self.started.set()
+            assert gen.done.wait(WAIT_S), "the next rebalance never started"
+            self.rejoined_inside.append(self.spy.joined_since(joins, REJOIN_GRACE_S))
+            try:  # the generation is over, but the member has not rejoined: still accepted
+                self.consumer_ref.commit()
+            except CommitFailedError as exc:
+                self.commit_errors.append(exc)
+        super().on_partitions_revoked(partitions)
+
+
+REJOIN_GRACE_S = 1.0
+"""How long ``SlowRevoker`` gives a member to rejoin from inside the callback: well under the
+rebalance timeout (3 s, after which the coordinator would drop the member), and far above the
+few milliseconds a member that does not wait for the callback takes to rejoin."""
+
+
+def test_a_revoking_member_rejoins_only_after_on_partitions_revoked_returns(
+    env: Any, redis_client: Any, namespace: str
+) -> None:
+    """KIP-429 / Kafka's ConsumerCoordinator: the revocation callback runs before the member
+    rejoins, even when another member's arrival ends the generation meanwhile, so the revoked
+    partition's new owner cannot get it (nor the callback's commit be refused) while it runs."""
+    env.topics.create("t", 3)
+    spy = JoinSpy(redis_client, namespace)
+    spy.start()
+    started = threading.Event()
+    listener = SlowRevoker(spy, started)
+    a = env.consumer(listener=listener, coordinator=spy)
+    listener.consumer_ref = a.consumer
+    wait_until(lambda: _stable([a], 3))
+    b = env.consumer()  # a keeps two, revokes one (withheld from b this round)
+    assert started.wait(WAIT_S)
+    c = env.consumer()  # its JoinGroup ends a's generation while a's callback still runs
+    wait_until(lambda: _stable([a, b, c], 3))
+    assert listener.rejoined_inside == [False] and not listener.commit_errors
+    assert not a.errors and "lost" not in a.listener.kinds()
 
 
 def test_kept_partitions_are_polled_while_the_group_rebalances(env: Any) -> None:

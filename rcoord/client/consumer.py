@@ -34,7 +34,9 @@ Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative
 rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
 records of every partition while the member rejoins, then applies the difference (KIP-429):
 revoked partitions are dropped, committed and passed to ``on_partitions_revoked`` (only when
-there are some; the member then rejoins so their new owners get them), added ones start at their
+there are some; the member then rejoins so their new owners get them, and never before that
+callback has returned, even if another member's arrival ended the generation meanwhile, so its
+commits still succeed), added ones start at their
 committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
 the added partitions (possibly none). Lost partitions are still all lost.
 
@@ -139,10 +141,12 @@ class ConsumerRebalanceListener:
 
 class _Hold:
     """The consumer's routine on a generation: it keeps the generation open (so the member
-    does not rejoin) until the polling thread has revoked its partitions."""
+    does not rejoin) until the polling thread has revoked its partitions, or, when they are
+    carried through the rejoin (cooperative), until it has taken the generation in hand."""
 
     def __init__(self, limit_s: float) -> None:
-        self.released = threading.Event()
+        self.released = threading.Event()  # poll() revoked (or lost) the partitions
+        self.applied = threading.Event()  # poll() took the generation in hand, revocation included
         self.gave_up = False
         self._limit_s = limit_s
 
@@ -152,8 +156,12 @@ class _Hold:
         if gen.wait_decided(self._limit_s) and gen.carried:
             # Cooperative: the partitions are kept through the rejoin, nothing to revoke now.
             # Only wait until poll() has taken the generation in hand (it does so at once), so
-            # the member reports exactly the partitions this consumer holds.
-            gen.wait_acknowledged(self._limit_s)
+            # the member reports exactly the partitions this consumer holds, and until the
+            # on_partitions_revoked that taking it called has returned: as in Kafka, whose
+            # poll thread sends the JoinGroup after it, the revoked partitions reach their new
+            # owners (and the callback's commits are accepted) only once it is done, even when
+            # another member's arrival ended this generation meanwhile.
+            self.applied.wait(self._limit_s)
             return
         if not self.released.wait(self._limit_s):
             self.gave_up = True
@@ -578,6 +586,7 @@ class Consumer(SubscriptionMixin):
         self._committed = dict(gen.committed)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
         gen.acknowledge()
+        hold.applied.set()  # nothing revoked in taking it
         log.info(
             "generation %d: assigned %s",
             gen.generation_id,
@@ -666,6 +675,7 @@ class Consumer(SubscriptionMixin):
                     new.request_rejoin()  # after they are stopped: their new owners wait
         finally:
             self._revoking = False
+            hold.applied.set()  # the member may rejoin now (see _Hold)
         _call(self._listener, "on_partitions_assigned", list(added))
 
     def _revoke(self, *, lost: bool) -> None:
@@ -886,6 +896,7 @@ class Consumer(SubscriptionMixin):
                     # close() from inside a revocation callback: that revocation is this
                     # consumer's last; let the group go on (it waits for the hold).
                     self._hold.released.set()
+                    self._hold.applied.set()
                 elif self._gen is not None:
                     try:
                         self._revoke(lost=self._gen.lost)
