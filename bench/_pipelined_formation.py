@@ -28,6 +28,7 @@ from _membership_setup import (
 )
 
 from rcoord import Errors, GroupCoordinator
+from rcoord.contract import reply_field
 from rcoord.scripts import Scripts
 
 
@@ -37,8 +38,9 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
 
     The scripts never block (a parked call returns 'W' and the client waits), so one client can
     play every member: all second JoinGroups, then (once the join timer has fired) every
-    member's await_reply, then every SyncGroup (followers first, the leader last), then the
-    followers' await_reply. Time spent waiting for the join timer is not counted.
+    member's reply (read as a parked caller does: HGET, then await_reply if it is not there), then
+    every SyncGroup (followers first, the leader last), then the followers' replies. Time spent
+    waiting for the join timer is not counted.
     """
     from rcoord.protocol.join import JoinGroupResult, JoinRequest
     from rcoord.protocol.sync import SyncGroupResult, SyncRequest
@@ -66,14 +68,23 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
         ).args()
 
     def collect(got: dict[str, Any], todo: list[str], kind: str) -> int:
-        """Poll ``await_reply`` for ``todo`` until every reply is in ``got``; the calls made.
+        """Collect the replies of ``todo`` into ``got`` (shaped as ``await_reply``'s) as woken
+        parked callers do (rcoord.protocol.park): read the stored reply with a plain HGET, and
+        call ``await_reply`` only for those not there yet. Returns the function calls made.
 
         A large group's join completion and the leader's assignment are written in chunks
         (prelude.lua): each call applies at most one more chunk, so a member whose reply is not
-        written yet is answered 'W' and polls again, as a parked member does when the wake
+        written yet is answered 'W' and looks again, as a parked member does when the wake
         stream moves."""
         made = 0
         for _ in range(100):
+            if not todo:
+                break
+            pipe = r.pipeline(transaction=False)
+            for mid in todo:
+                pipe.hget(gk.replies, reply_field(kind, mid))
+            got.update({mid: [b"R", blob] for mid, blob in zip(todo, pipe.execute()) if blob})
+            todo = [mid for mid in todo if mid not in got]
             if not todo:
                 break
             polled = run([("await_reply", [mid, kind]) for mid in todo])
