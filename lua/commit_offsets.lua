@@ -1,7 +1,7 @@
 -- commit_offsets.lua: Kafka's OffsetCommit for a classic group (OffsetMetadataManager.commitOffset
 -- and ClassicGroup.validateOffsetCommit), all partitions in one atomic step: either every accepted
 -- partition is stored or, on a group-level error, none is.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); offsets live in keys[13].
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); offsets live in keys[13].
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
 -- ARGV[6] retention ms ('' = the group's retention; at most 2^52, so NOW + it stays exact)

@@ -1,6 +1,6 @@
 -- delete_group.lua: Kafka's DeleteGroups for one group: only an Empty group may go, and its
 -- offsets go with it.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns the Kafka error name.
 

@@ -1,5 +1,5 @@
 -- delete_offsets.lua: Kafka's OffsetDelete (KIP-496) for one group.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3..] fields '<partition>:<topic>'
 -- Returns {group-level error name, {per-partition error names in ARGV order}}.
 

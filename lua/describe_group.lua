@@ -1,6 +1,6 @@
 -- describe_group.lua: Kafka's DescribeGroups for one classic group (after applying its passed
 -- deadlines, so the answer is current).
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns cmsgpack {st = state, pt = protocol type, pn = protocol name (Stable only),
 --                   mem = {{id, iid, cid, host, meta, asg}...}}; a missing group is 'Dead'.

@@ -1,5 +1,5 @@
 -- expire_deadlines.lua: applies every passed deadline of one group (the timer sweep's step).
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- Returns {number of deadlines applied, then each one's lateness in ms (now - deadline)}.
 -- It always publishes the group's earliest deadline (other steps only when it may have moved),

@@ -1,5 +1,5 @@
 -- fetch_offsets.lua: Kafka's OffsetFetch for a classic group.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3..] fields '<partition>:<topic>' (none = all)
 -- Returns {field, record-or-false, field, record-or-false, ...}.
 

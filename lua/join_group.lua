@@ -1,5 +1,5 @@
 -- join_group.lua: Kafka's JoinGroup (GroupMetadataManager.classicGroupJoin) in one atomic step.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1]  now ms or ''          ARGV[2]  group id
 -- ARGV[3]  member id ('' = new member)
 -- ARGV[4]  group instance id ('' = dynamic member)
@@ -78,7 +78,10 @@ local function replace_static_member(old_id, new_id)
   local rec = old
   rec.id, rec.as, rec.new = new_id, 0, 0
   mput(rec)
-  if G.oi and rec.seq then set_g(order_field(rec.seq), new_id) end
+  if G.oq and rec.seq then
+    redis.call('ZREM', K_ORDER, old_id)
+    redis.call('ZADD', K_ORDER, rec.seq, new_id)
+  end
   if G.leader == old_id then set_g('leader', new_id) end
   redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).

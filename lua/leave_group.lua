@@ -1,5 +1,5 @@
 -- leave_group.lua: Kafka's LeaveGroup (classicGroupLeaveToClassicGroup), batch form (KIP-345).
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- ARGV[3] cmsgpack array of {member id, group instance id ('' = none)}, in request order
 -- Returns {top-level error name, {per-member error names in request order}}.

@@ -22,6 +22,7 @@
 --                             hint for coordinators that listen to expired-key events)
 --   keys[15] events    stream this partition's group transitions and member expiries (capped),
 --                             which coordinators turn into logs and metrics
+--   keys[16] order     zset   member id -> its join sequence number (leader election)
 -- and the same first arguments (ARGV in the step files):
 --   ARGV[1]  now in ms, or '' to read Redis TIME (the one clock; tests may pass a mock time)
 --   ARGV[2]  group id
@@ -235,7 +236,7 @@ local function create_group()
   set_g('leader', '')
   set_g('ts', NOW)
   set_g('created', NOW)
-  set_g('oi', 1) -- the group keeps the members' join order index (see member_order)
+  set_g('oq', 1) -- the group keeps its members' join order in K_ORDER (oldest_member)
   redis.call('SADD', K_GROUPS, GROUP_ID)
   -- An Empty group with no offsets is removed after the retention check interval.
   schedule_by('gc', NOW + CFG.offsets_retention_check_interval_ms)
@@ -503,54 +504,42 @@ local function join_error(err, id) return {k = 'j', e = err, mid = id or '', gen
 local function sync_error(err) return {k = 's', e = err, asg = ''} end
 
 -- The members' join order, kept so that electing the oldest member reads no member record: the
--- group field 'o:<seq>' names the member that joined with sequence number seq (add_member sets
--- it, remove_members deletes it, a replaced static member's new id takes its place), and 'lp'
--- is a sequence number below which no member is left, where the next scan starts; so the scans
--- of a group's whole life cost one pass over its sequence numbers. Groups created before the
--- index existed (no 'oi' field) decode every member instead.
+-- order key (K_ORDER) scores each member id by the sequence number it joined with (add_member
+-- adds it, remove_members removes it, a replaced static member's new id takes its score), so
+-- its head is the oldest live member. It is a key of its own, not fields of the group hash:
+-- a hash of a few dozen fields is a listpack, which the server searches field by field, and
+-- a field per member would make every step's read of the group grow with the group.
+-- Groups without it ('oq' absent: created by an older rcoord, which kept the order in group
+-- fields 'o:<seq>') decode every member instead; remove_members still drops those fields.
 local ORDER_SCAN = 100
 local function order_field(seq) return 'o:' .. string.format('%d', seq) end
--- The id of the oldest member for which accept(id) is true, or nil.
-local REMOVED_SEQS = nil -- sequence numbers of the members removed in this call (a set)
+-- The id of the oldest member in the order key for which accept(id) is true, or nil.
 local function oldest_member(accept)
-  local top = tonumber(G.seq or '0')
-  local lp = tonumber(G.lp or '1')
-  local s, first_live = lp, nil
-  local found = nil
-  local batch = 16 -- the first live member is usually near the start: a small first read
-  while s <= top and not found do
-    -- Members removed in this call (a batch leave of the oldest, say) are known dead: skip
-    -- them without naming their fields.
-    while REMOVED_SEQS and s <= top and REMOVED_SEQS[s] do s = s + 1 end
-    if s > top then break end
-    local fields = {}
-    for x = s, math.min(s + batch - 1, top) do fields[#fields + 1] = order_field(x) end
-    batch = ORDER_SCAN
-    local ids = g_call('HMGET', unpack(fields)) -- (after this call's own writes)
-    for i = 1, #fields do
-      local id = ids[i]
-      if id then
-        first_live = first_live or s + i - 1
-        if accept(id) then
-          found = id
-          break
-        end
-      end
+  local start, batch = 0, 16 -- the member sought is usually near the head: a small first read
+  while true do
+    local ids = redis.call('ZRANGE', K_ORDER, start, start + batch - 1)
+    for _, id in ipairs(ids) do
+      if accept(id) then return id end
     end
-    s = s + #fields
+    if #ids < batch then return nil end
+    start = start + batch
+    batch = ORDER_SCAN
   end
-  local new_lp = first_live or s
-  if new_lp > lp then set_g('lp', new_lp) end
-  return found
 end
+local function any_member() return true end
 
 -- The oldest member leads. Removed members stay in the cached list until it is compacted, so
 -- the scan starts after the last removed leader: leaders removed one after another in one call
 -- cost one pass over the list in all, not one each.
 local function elect_leader()
-  if G.oi then
-    set_g('leader', oldest_member(function() return true end) or '')
-    return
+  if G.oq then
+    -- (Members an older rcoord added meanwhile are not in the order key: with none found
+    -- there, the records decide.)
+    local id = oldest_member(any_member)
+    if id or nmembers() == 0 then
+      set_g('leader', id or '')
+      return
+    end
   end
   if not MEMBERS_CACHE then all_members() end
   local best = ''
@@ -617,7 +606,7 @@ local function add_member(id, req)
                seq = tonumber(G.seq or '0') + 1}
   set_g('seq', rec.seq)
   mput(rec)
-  if G.oi then set_g(order_field(rec.seq), id) end
+  if G.oq then redis.call('ZADD', K_ORDER, rec.seq, id) end
   count_protocols(rec, 1)
   rt_update(rtc, {[rec.rt] = 1})
   redis.call('HSET', K_JOINING, id, 1)
@@ -656,15 +645,12 @@ local function remove_members(ids, recs)
     end
   end
   local present, deltas, iids, iid_owner, hb, order = {}, {}, {}, {}, {}, {}
+  local legacy_order = G.oi ~= nil -- (an older rcoord's order fields 'o:<seq>' to drop)
   for _, id in ipairs(uniq) do
     local rec = recs[id]
     if rec then
       present[#present + 1] = id
-      if rec.seq then
-        order[#order + 1] = order_field(rec.seq)
-        if REMOVED_SEQS == nil then REMOVED_SEQS = {} end
-        REMOVED_SEQS[rec.seq] = true
-      end
+      if legacy_order and rec.seq then order[#order + 1] = order_field(rec.seq) end
       for _, p in ipairs(protocols_of(rec)) do deltas[p[1]] = (deltas[p[1]] or 0) - 1 end
       rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) - 1
       if rec.iid ~= '' then
@@ -680,7 +666,8 @@ local function remove_members(ids, recs)
   end
   call_batched('HDEL', K_MEMBERS, present)
   NMEMBERS, ANSWERED = nil, true
-  if G.oi then call_batched('HDEL', K_GROUP, order) end
+  if G.oq then call_batched('ZREM', K_ORDER, present) end
+  if legacy_order then call_batched('HDEL', K_GROUP, order) end
   local names = {}
   for name, _ in pairs(deltas) do names[#names + 1] = name end
   table.sort(names)
@@ -926,10 +913,13 @@ end
 local function maybe_elect_new_joined_leader()
   if G.leader == '' then return false end
   if awaiting_join(G.leader) then return true end
-  if G.oi then
+  if G.oq then
     local id = oldest_member(awaiting_join)
-    if id then set_g('leader', id) end
-    return id ~= nil
+    if id then
+      set_g('leader', id)
+      return true
+    end
+    -- (None in the order key: members an older rcoord added, if any, are in the records.)
   end
   for _, rec in ipairs(all_members()) do
     if awaiting_join(rec.id) then
@@ -1261,7 +1251,7 @@ local function delete_group()
   transition(DEAD)
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
-    K_WAKE, K_DL, K_OFFSETS, K_HINT)
+    K_WAKE, K_DL, K_OFFSETS, K_HINT, K_ORDER)
   dl_written()
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
@@ -1455,7 +1445,7 @@ local function begin(keys, argv, all_settings, extra)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
-  G_WRITES, G_WRITE_ORDER, REMOVED_SEQS, NMEMBERS = nil, nil, nil, nil
+  G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil
   PARKED_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD = nil, NO_LATENESS, nil, nil

@@ -1,5 +1,5 @@
 -- sync_group.lua: Kafka's SyncGroup (classicGroupSyncToClassicGroup) in one atomic step.
--- keys: the group layout of prelude.lua (keys[1]..keys[15]); ARGV: the function's args.
+-- keys: the group layout of prelude.lua (keys[1]..keys[16]); ARGV: the function's args.
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
 -- ARGV[6] protocol type, ARGV[7] protocol name: '' = not given, else '=' .. value

@@ -42,6 +42,7 @@ GROUP_KEYS: tuple[tuple[str, str], ...] = (
     ("offsets", "K_OFFSETS"),
     ("hint", "K_HINT"),
     ("events", "K_EVENTS"),
+    ("order", "K_ORDER"),
 )
 """Every group step's KEYS, in order: (name in ``rcoord.keys``, the Lua local it is bound to).
 ``GroupKeys.all()`` follows this order; the library binds its locals from it, so neither side
@@ -60,7 +61,7 @@ GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("wid", "id of the last wake-up entry on the group's wake stream"),
     ("capchk", "group_max_size the membership was last checked against"),
     ("sg", "generation whose SyncGroup assignment is stored"),
-    ("oi", "whether the join-order index exists (leader election)"),
+    ("oq", "whether the group keeps its members' join order in the order key (leader election)"),
     ("cjk", "join completion still being written in chunks: its cursor"),
     ("csk", "sync propagation still being written in chunks: its cursor"),
     ("ea", ("the group's earliest deadline as published to the partition's due index, never "

@@ -21,6 +21,7 @@ GROUP_KEYS declares the order, by name, for both languages):
  13   ``<ns>:{t}:o:<group>``       hash: committed offsets (msgpack per partition)
  14   ``<ns>:{t}:h:<group>``       string: expires when the group's earliest deadline is due
  15   ``<ns>:{t}:events``          stream: the partition's transitions and expiries (capped)
+ 16   ``<ns>:{t}:q:<group>``       zset: member id -> its join sequence number (the oldest leads)
 ====  ==========================  ============================================================
 
 ``<ns>:{t}:a:<group>`` (same tag, no script touches it) is the short-lived claim with which one
@@ -130,6 +131,7 @@ class GroupKeys:
     wake = property(lambda self: self._k("w"), doc="stream: wake-ups for parked callers")
     deadlines = property(lambda self: self._k("d"), doc="zset: this group's deadlines")
     offsets = property(lambda self: self._k("o"), doc="hash: committed offsets")
+    order = property(lambda self: self._k("q"), doc="zset: member id -> join sequence number")
 
     def all(self) -> list[str]:
         return list(self._all)

@@ -270,35 +270,108 @@ def test_leave_during_sync_chunks_finishes_them_first(raw):
         assert res.error is Errors.NONE and res.assignment == mid.encode()
 
 
+def order(raw: Raw) -> list[str]:
+    """The group's order key, oldest first."""
+    return [m.decode() for m in raw.r.zrange(raw.keys.order, 0, -1)]
+
+
 def test_leader_election_reads_the_join_order(raw):
     ids = form_parked(raw, 10)
     complete(raw, ids, T0 + DELAY)
     assert raw.field("leader") == ids[0]
-    # The order index names each member by its join sequence; no record is read to elect.
-    assert [raw.r.hget(raw.keys.group, f"o:{i + 1}").decode() for i in range(10)] == ids
+    # The order key scores each member by its join sequence; no record is read to elect, and
+    # the group hash holds no field per member.
+    assert raw.r.zrange(raw.keys.order, 0, -1, withscores=True) == [
+        (m.encode(), float(i + 1)) for i, m in enumerate(ids)]
+    assert not [f for f in raw.r.hkeys(raw.keys.group) if f.startswith(b"o:")]
     leaving = [ids[0], ids[1], ids[2], ids[4]]
     res = raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in leaving]))
     assert res[1] == [b"NONE"] * 4
-    assert raw.field("leader") == ids[3] and raw.field("lp") == "4"
-    assert raw.r.hget(raw.keys.group, "o:5") is None
+    assert raw.field("leader") == ids[3] and order(raw) == [ids[3], *ids[5:]]
     raw.call("leave_group", T0 + DELAY, msgpack.packb([[ids[3], ""]]))
-    assert raw.field("leader") == ids[5] and raw.field("lp") == "6"
-    # Everyone leaves: no leader, and the scan position passes every sequence number.
+    assert raw.field("leader") == ids[5] and order(raw) == ids[5:]
+    # Everyone leaves: no leader, and the order key is gone with its last member.
     raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in ids[5:]]))
-    assert raw.field("leader") == "" and raw.field("lp") == "11"
+    assert raw.field("leader") == "" and not raw.r.exists(raw.keys.order)
 
 
 def test_leader_election_after_a_batch_leave_of_the_oldest_hundreds(raw):
-    # The members a call removed are skipped without naming their order fields, and the scan
-    # reads a small first batch: the next oldest is still elected, across batch boundaries.
+    # The scan reads a small first batch, then larger ones: after the oldest 130 left, the
+    # next oldest is elected (it heads the order key).
     ids = form_parked(raw, 150)
     complete(raw, ids, T0 + DELAY)
     leaving = ids[:130] + [ids[131]]
     res = raw.call("leave_group", T0 + DELAY, msgpack.packb([[m, ""] for m in leaving]))
     assert res[1] == [b"NONE"] * len(leaving)
-    assert raw.field("leader") == ids[130] and raw.field("lp") == "131"
+    assert raw.field("leader") == ids[130] and order(raw) == [ids[130], *ids[132:]]
     raw.call("leave_group", T0 + DELAY, msgpack.packb([[ids[130], ""]]))
-    assert raw.field("leader") == ids[132] and raw.field("lp") == "133"
+    assert raw.field("leader") == ids[132] and order(raw) == ids[132:]
+
+
+def test_the_oldest_rejoined_member_leads_when_the_leader_did_not_rejoin(raw):
+    # The join timer removes the 20 oldest members (the leader among them), which did not
+    # rejoin: the new leader is the head of the order key after their removal.
+    ids = form_parked(raw, 40)
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    for mid in ids[1:]:
+        sync(raw, now, mid)
+    sync(raw, now, ids[0], asg={m: m.encode() for m in ids})
+    assert raw.field("state") == "Stable"
+    changed = JoinRequest.build(
+        GROUP, ids[20], protocol_type="consumer", protocols=[("range", b"new")],
+        session_timeout_ms=60_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
+        client_id="c20", client_host="", require_known_member_id=True, reason=None).args()
+    assert raw.call("join_group", now + 1, *changed)[0] == b"W"  # new metadata: a rebalance
+    assert raw.field("state") == "PreparingRebalance"
+    for i, mid in enumerate(ids[21:], start=21):
+        assert raw.join(now + 1, mid, i=i)[0] == b"W"
+    raw.call("expire_deadlines", now + 1 + DELAY)
+    assert raw.field("state") == "CompletingRebalance"
+    assert raw.field("leader") == ids[20] and order(raw) == ids[20:]
+
+
+def test_a_replaced_static_member_keeps_its_place_in_the_join_order(raw):
+    # A static member that restarts (a new member id for its instance id) keeps its join
+    # sequence: when the leader, older than it, leaves, it leads, not a younger member.
+    def static_join(now: int, mid: str) -> Any:
+        return raw.call("join_group", now, *JoinRequest.build(
+            GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
+            session_timeout_ms=60_000, rebalance_timeout_ms=DELAY, group_instance_id="s1",
+            client_id="s", client_host="", require_known_member_id=True, reason=None).args())
+
+    (leader,) = form_parked(raw, 1)
+    assert static_join(T0, "")[0] == b"W"
+    static_old = next(m for m in raw.parked() if m != leader)
+    younger = form_parked(raw, 1)[0]
+    ids = [leader, static_old, younger]
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    for mid in ids[1:]:
+        sync(raw, now, mid)
+    sync(raw, now, leader, asg={m: m.encode() for m in ids})
+    assert raw.field("state") == "Stable" and order(raw) == ids
+    res = JoinGroupResult.decode(bytes(static_join(now + 1, "")[1]))
+    assert res.error is Errors.NONE and res.member_id != static_old
+    assert order(raw) == [leader, res.member_id, younger]
+    raw.call("leave_group", now + 2, msgpack.packb([[leader, ""]]))
+    assert raw.field("leader") == res.member_id
+
+
+def test_a_group_an_older_rcoord_made_elects_from_the_records(raw):
+    # A group made before the order key existed has order fields in the group hash and no
+    # 'oq': elections read the member records, and removals drop the old fields.
+    ids = form_parked(raw, 6)
+    complete(raw, ids, T0 + DELAY)
+    raw.r.hdel(raw.keys.group, "oq")
+    raw.r.delete(raw.keys.order)
+    raw.r.hset(raw.keys.group, mapping={"oi": 1, **{f"o:{i + 1}": m for i, m in enumerate(ids)}})
+    res = raw.call("leave_group", T0 + DELAY, msgpack.packb([[ids[0], ""], [ids[2], ""]]))
+    assert res[1] == [b"NONE"] * 2
+    assert raw.field("leader") == ids[1]
+    assert sorted(f.decode() for f in raw.r.hkeys(raw.keys.group) if f.startswith(b"o:")) == [
+        "o:2", "o:4", "o:5", "o:6"]
+    assert not raw.r.exists(raw.keys.order)
 
 
 def test_heartbeat_retries_while_chunks_make_progress(make_coordinator):
