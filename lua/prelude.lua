@@ -218,8 +218,8 @@ local function flush_g()
   if #sets > 0 then redis.call('HSET', K_GROUP, unpack(sets)) end
   if #dels > 0 then redis.call('HDEL', K_GROUP, unpack(dels)) end
 end
--- A direct command on the group hash, after the writes set_g collected (fields set_g does not
--- keep: chunk parts; a read of fields G does not hold, such as the order index).
+-- A direct write to the group hash, after the writes set_g collected (fields set_g does not
+-- keep: chunk parts).
 local function g_call(cmd, ...)
   flush_g()
   return redis.call(cmd, K_GROUP, ...)
