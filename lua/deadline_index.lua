@@ -8,8 +8,8 @@
 -- group's earliest deadline, never later (prelude.lua, note_deadline_write, says why).
 -- Takes every key and value as arguments (``published``: the group's 'ea' as read, nil when
 -- absent; ``k_group`` nil: the caller writes 'ea' itself; ``head``: the deadlines' first entry
--- as the caller last read it, if nothing wrote them since, else nil); touches nothing else. Returns the
--- value 'ea' is to hold.
+-- as the caller last read it, if nothing wrote them since, else nil); touches nothing else.
+-- Returns the value 'ea' is to hold.
 
 -- The published time a group's 'ea' field holds: a number, false for '-' (the group has no
 -- deadline), nil when the field is absent (not known).

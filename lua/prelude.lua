@@ -158,9 +158,9 @@ end
 -- The group's earliest deadline as read in this call ({} when none; nil: not read since the
 -- last write), so that the checks for due deadlines, the parked caller's wait and the
 -- publication at the end read it once between two writes. Every write to the deadlines
--- forgets it (dl_written).
+-- forgets it (DL_HEAD = nil: schedule, schedule_by, cancel, call_batched, sync_chunk's ZADD,
+-- delete_group).
 local DL_HEAD = nil
-local function dl_written() DL_HEAD = nil end
 local function dl_head()
   if DL_HEAD == nil then DL_HEAD = redis.call('ZRANGE', K_DL, 0, 0, 'WITHSCORES') end
   return DL_HEAD
@@ -306,7 +306,7 @@ local function note_deadline_pairs(items)
 end
 local function call_batched(cmd, key, items)
   if key == K_DL then
-    dl_written()
+    DL_HEAD = nil
     if cmd == 'ZADD' then note_deadline_pairs(items) end
   end
   if key == K_GROUP then flush_g() end
@@ -778,7 +778,7 @@ local function sync_chunk(ids, asgs, err, at)
   call_batched('HSET', K_REPLIES, replies)
   if #hbs > 0 then
     note_deadline_pairs(hbs)
-    dl_written()
+    DL_HEAD = nil
     for i = 1, #hbs, BATCH do
       redis.call('ZADD', K_DL, 'GT', unpack(hbs, i, math.min(i + BATCH - 1, #hbs)))
     end
@@ -1252,7 +1252,7 @@ local function delete_group()
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT, K_ORDER)
-  dl_written()
+  DL_HEAD = nil
   redis.call('SREM', K_GROUPS, GROUP_ID)
   redis.call('ZREM', K_DUE, GROUP_ID)
   G = new_group_table()

@@ -207,12 +207,28 @@ def sync(raw: Raw, now: int, mid: str, gen: int = 1, asg: dict[str, bytes] | Non
         protocol_name=None).args())
 
 
+def sync_all(raw: Raw, ids: list[str], now: int) -> None:
+    """Every member sends SyncGroup, the leader (ids[0]) last, assigning each its own id."""
+    for mid in ids[1:]:
+        sync(raw, now, mid)
+    sync(raw, now, ids[0], asg={m: m.encode() for m in ids})
+
+
 def complete(raw: Raw, ids: list[str], now: int) -> None:
     """Completes the initial join (every chunk written) and collects the join replies."""
     raw.await_join(now, ids[0])
     while raw.field("cjk") is not None:
         raw.call("expire_deadlines", now)
     assert raw.field("state") == "CompletingRebalance" and not raw.parked()
+
+
+def form_stable(raw: Raw, n: int) -> list[str]:
+    """n members formed into a Stable generation at T0 + DELAY (the first one leads)."""
+    ids = form_parked(raw, n)
+    complete(raw, ids, T0 + DELAY)
+    sync_all(raw, ids, T0 + DELAY)
+    assert raw.field("state") == "Stable"
+    return ids
 
 
 def test_sync_propagation_between_chunks(raw):
@@ -258,9 +274,7 @@ def test_leave_during_sync_chunks_finishes_them_first(raw):
     ids = form_parked(raw, 7)
     now = T0 + DELAY
     complete(raw, ids, now)
-    for mid in ids[1:]:
-        sync(raw, now, mid)
-    sync(raw, now, ids[0], asg={m: m.encode() for m in ids})
+    sync_all(raw, ids, now)
     assert raw.field("csk") == "2"
     res = raw.call("leave_group", now + 1, msgpack.packb([[ids[6], ""]]))
     assert res[1] == [b"NONE"] and raw.field("csk") is None
@@ -311,13 +325,8 @@ def test_leader_election_after_a_batch_leave_of_the_oldest_hundreds(raw):
 def test_the_oldest_rejoined_member_leads_when_the_leader_did_not_rejoin(raw):
     # The join timer removes the 20 oldest members (the leader among them), which did not
     # rejoin: the new leader is the head of the order key after their removal.
-    ids = form_parked(raw, 40)
+    ids = form_stable(raw, 40)
     now = T0 + DELAY
-    complete(raw, ids, now)
-    for mid in ids[1:]:
-        sync(raw, now, mid)
-    sync(raw, now, ids[0], asg={m: m.encode() for m in ids})
-    assert raw.field("state") == "Stable"
     changed = JoinRequest.build(
         GROUP, ids[20], protocol_type="consumer", protocols=[("range", b"new")],
         session_timeout_ms=60_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
@@ -347,9 +356,7 @@ def test_a_replaced_static_member_keeps_its_place_in_the_join_order(raw):
     ids = [leader, static_old, younger]
     now = T0 + DELAY
     complete(raw, ids, now)
-    for mid in ids[1:]:
-        sync(raw, now, mid)
-    sync(raw, now, leader, asg={m: m.encode() for m in ids})
+    sync_all(raw, ids, now)
     assert raw.field("state") == "Stable" and order(raw) == ids
     res = JoinGroupResult.decode(bytes(static_join(now + 1, "")[1]))
     assert res.error is Errors.NONE and res.member_id != static_old
