@@ -919,7 +919,9 @@ local function maybe_elect_new_joined_leader()
       set_g('leader', id)
       return true
     end
-    -- (None in the order key: members an older rcoord added, if any, are in the records.)
+    -- None there: if the order key holds every member, nobody rejoined; else members an older
+    -- rcoord added are only in the records.
+    if redis.call('ZCARD', K_ORDER) == nmembers() then return false end
   end
   for _, rec in ipairs(all_members()) do
     if awaiting_join(rec.id) then

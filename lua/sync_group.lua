@@ -20,6 +20,15 @@ local function parse_sync_group(ARGV)
           pname = ARGV[7], assignments = assignments}
 end
 
+-- The member's SyncGroup waits for its assignment: marked awaiting, its reply slot cleared,
+-- and no longer expected to sync.
+local function park_sync(rec)
+  rec.as = 1
+  mput(rec)
+  park_slot(rec.id, 's')
+  remove_pending_sync(rec.id)
+end
+
 local function sync_group(req)
   local member_id = req.member_id
   if not group_exists() or G.state == EMPTY then return respond(sync_error('UNKNOWN_MEMBER_ID')) end
@@ -34,10 +43,7 @@ local function sync_group(req)
   if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS')) end
 
   if G.state == COMPLETING then
-    rec.as = 1
-    mput(rec)
-    park_slot(member_id, 's')
-    remove_pending_sync(member_id)
+    park_sync(rec)
     if G.leader == member_id then
       -- The leader's assignment (only the leader's counts); members it left out get an
       -- empty one.
@@ -52,10 +58,7 @@ local function sync_group(req)
       -- The leader's assignment is stored but this member's chunk is still to be written
       -- (prelude propagate_assignment): it waits, as a SyncGroup in CompletingRebalance does,
       -- and is answered with its chunk.
-      rec.as = 1
-      mput(rec)
-      park_slot(member_id, 's')
-      remove_pending_sync(member_id)
+      park_sync(rec)
       return reply_or_wait(member_id, 's')
     end
     remove_pending_sync(member_id)

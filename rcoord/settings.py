@@ -204,9 +204,9 @@ def _ahead(namespace: str, held: Held, stored: Mapping[str, str],
     above: list[dict[str, str]] = []
     top = version
     for key, copy in held.items():
-        if _held_version(copy) <= version:
+        if _version(copy) <= version:
             continue
-        top = max(top, _held_version(copy))
+        top = max(top, _version(copy))
         decoded = _decode(copy)
         if _count(decoded) is not None and (key in names or _count(decoded) == count):
             above.append(decoded)
@@ -263,14 +263,6 @@ def _hash(raw: Any) -> dict[Any, Any]:
     return {raw[i]: raw[i + 1] for i in range(0, len(raw), 2)}
 
 
-def _held_version(copy: Mapping[Any, Any]) -> int:
-    """The version a copy holds; -1 if none (or none readable: such a copy is rewritten)."""
-    try:
-        return int(copy.get(b"version", -1))
-    except ValueError:
-        return -1
-
-
 def _repair_copies(held: Held, version: int,
                    values: Mapping[str, str]) -> Flow[tuple[tuple[str, ...], int]]:
     """Write the copies in ``held`` (key -> what a read found there) that differ from
@@ -289,7 +281,7 @@ def _repair_copies(held: Held, version: int,
     todo: list[str] = []
     for key, copy in held.items():
         if copy != want:
-            (newer if _held_version(copy) > version else todo).append(key)
+            (newer if _version(copy) > version else todo).append(key)
     if not todo:
         return (), len(newer)
     flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
@@ -310,10 +302,11 @@ def _count(copy: Mapping[str, str]) -> int | None:
     return count if count > 0 else None
 
 
-def _version(copy: Mapping[str, str]) -> int:
-    """The version a decoded copy holds; -1 if none (or none readable)."""
+def _version(copy: Mapping[Any, Any]) -> int:
+    """The version a copy holds, decoded (str keys) or as read (``Held``: bytes keys); -1 if
+    none (or none readable: such a copy is rewritten)."""
     try:
-        return int(copy.get("version", -1))
+        return int(copy.get("version", copy.get(b"version", -1)))
     except ValueError:
         return -1
 
@@ -363,7 +356,7 @@ def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig |
     """
     names = anchor_keys(namespace)
     anchors = [_decode(held[k]) for k in names if held[k]]
-    top = max(_held_version(c) for c in held.values())
+    top = max(_version(c) for c in held.values())
     counts = sorted({n for n in map(_count, anchors) if n is not None})
     newest_anchor = _newest([c for c in anchors if _count(c) is not None])
     count = guess if newest_anchor is None else int(newest_anchor["num_partitions"])
@@ -377,7 +370,7 @@ def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig |
                         "(%d partitions) were found, but the surviving anchors name %d",
                         namespace, len(ignored), guess, count)
         _, held = yield from _layout(namespace, count, guess, held)
-        top = max([top, *(_held_version(c) for c in held.values())])
+        top = max([top, *(_version(c) for c in held.values())])
     found = [_decode(copy) for copy in held.values() if copy]
     usable = [c for c in found if _count(c) == count]
     best = _newest(usable)

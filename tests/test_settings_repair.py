@@ -121,14 +121,7 @@ def test_an_older_or_different_copy_is_rewritten(redis_client, namespace):
 def _then(flow: Flow[Any], hook: Any) -> Generator[Any, Any, Any]:
     """``flow``, with ``hook()`` run after its first operation (the read) came back: another
     process acting between this settle's read and its writes."""
-    reply = yield next(flow)
-    hook()
-    try:
-        op = flow.send(reply)
-        while True:
-            op = flow.send((yield op))
-    except StopIteration as done:
-        return done.value
+    return (yield from _then_at(flow, 1, hook))
 
 
 def test_a_writer_racing_with_a_newer_version_wins_over_a_repair(redis_client, namespace):
@@ -534,7 +527,7 @@ def test_an_update_racing_the_adoption_is_not_lost(redis_client, namespace):
 
 
 def _then_at(flow: Flow[Any], n: int, hook: Any) -> Generator[Any, Any, Any]:
-    """``flow``, with ``hook()`` run after its ``n``-th operation came back (1: ``_then``)."""
+    """``flow``, with ``hook()`` run after its ``n``-th operation came back."""
     op = next(flow)
     try:
         for i in range(1, 10_000):
