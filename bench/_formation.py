@@ -57,39 +57,65 @@ def process_cpu_s() -> float:
 
 
 class CountingRedis(redis.Redis):
-    """A redis-py client that counts the coordinator's function calls by step and notes, per
-    thread, when a JoinGroup first parks (the join function answers ``W``: the member now waits
-    for the generation; the threads of one coordinator then share one read of the wake stream,
-    so a thread's own ``XREAD`` is no sign of parking).
+    """A redis-py client that counts the coordinator's function calls by step and notes when
+    each member's JoinGroup first parks (the join function answers ``W``, whose last field is
+    the member id: the member now waits for the generation; the threads of one coordinator
+    share one read of the wake stream, so a thread's own ``XREAD`` is no sign of parking).
 
-    It hooks redis-py's public ``execute_command``, so the coordinator runs unchanged (no
-    private method of rcoord is overridden). ``await_reply`` is counted per kind
-    (``await_j``/``await_s``)."""
+    It hooks redis-py's public ``execute_command`` and ``pipeline`` (the threads of one
+    coordinator send concurrent calls together in one pipeline: ``rcoord.batching``), so the
+    coordinator runs unchanged (no private method of rcoord is overridden). ``await_reply`` is
+    counted per kind (``await_j``/``await_s``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counts: collections.Counter[str] = collections.Counter()
         self.count_lock = threading.Lock()
-        self.tls = threading.local()
+        self.parked_at: dict[bytes, float] = {}  # member id -> when its JoinGroup parked
         self.steps = {fn: step for step, fn in Scripts(self).names.items()}
 
+    def step_of(self, args: tuple[Any, ...]) -> str:
+        """The step an FCALL runs, counted ("" for any other command)."""
+        if not args or str(args[0]).upper() != "FCALL":
+            return ""
+        fn = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+        step = self.steps.get(fn, fn)
+        if step == "await_reply":
+            nkeys = int(args[2])
+            kind = args[3 + nkeys + 3]  # ARGV[4]: now, group, member, kind
+            step = f"await_{kind.decode() if isinstance(kind, bytes) else kind}"
+        with self.count_lock:
+            self.counts[step] += 1
+        return step
+
+    def note_reply(self, step: str, reply: Any) -> None:
+        if step == "join_group" and isinstance(reply, list) and reply and reply[0] == b"W":
+            self.parked_at.setdefault(bytes(reply[-1]), now())
+
     def execute_command(self, *args: Any, **options: Any) -> Any:
-        name = str(args[0]).upper() if args else ""
-        step = ""
-        if name == "FCALL":
-            fn = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
-            step = self.steps.get(fn, fn)
-            if step == "await_reply":
-                nkeys = int(args[2])
-                kind = args[3 + nkeys + 3]  # ARGV[4]: now, group, member, kind
-                step = f"await_{kind.decode() if isinstance(kind, bytes) else kind}"
-            with self.count_lock:
-                self.counts[step] += 1
+        step = self.step_of(args)
         reply = super().execute_command(*args, **options)
-        if (step == "join_group" and getattr(self.tls, "parked_at", 0) is None
-                and isinstance(reply, list) and reply and reply[0] == b"W"):
-            self.tls.parked_at = now()
+        self.note_reply(step, reply)
         return reply
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        return CountingPipeline(self, transaction, shard_hint)
+
+
+class CountingPipeline(redis.client.Pipeline):
+    """A pipeline of ``CountingRedis``: its calls are counted and noted like single ones."""
+
+    def __init__(self, owner: CountingRedis, transaction: bool, shard_hint: Any) -> None:
+        super().__init__(owner.connection_pool, owner.response_callbacks, transaction,
+                         shard_hint)
+        self.owner = owner
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        steps = [self.owner.step_of(args) for args, _options in self.command_stack]
+        replies = super().execute(raise_on_error)
+        for step, reply in zip(steps, replies, strict=True):
+            self.owner.note_reply(step, reply)
+        return replies
 
 
 def _worker_main(
@@ -153,7 +179,7 @@ def _worker_main(
         t_start[i] = now()
         deadline = now() + spec["timeout_s"]
         while not stop.is_set() and now() < deadline:
-            client.tls.parked_at = None
+            client.parked_at.pop(member_id.encode(), None)
             jr = coord.join_group(
                 GROUP, member_id, protocol_type=PROTOCOL_TYPE, protocols=PROTOCOLS,
                 session_timeout_ms=SESSION_TIMEOUT_MS, client_id=f"m{i}",
@@ -168,7 +194,7 @@ def _worker_main(
                 else:
                     stop.wait(0.05)
                 continue
-            t_parked[i] = client.tls.parked_at or t
+            t_parked[i] = client.parked_at.pop(member_id.encode(), None) or t
             t_joined[i] = t
             assignments = None
             if jr.leader_id == member_id:

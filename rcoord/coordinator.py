@@ -48,6 +48,7 @@ from .steps import (
     GroupSteps,
     present_as,
 )
+from .batching import SharedCalls
 from .wake import SharedWakeReads
 
 __all__ = ["GroupCoordinator", "blocking_step"]
@@ -103,9 +104,10 @@ class GroupCoordinator:
         self._steps = GroupSteps(given, config if isinstance(config, str) else "rcoord", clock)
         self._lock = threading.Lock()
         self._wake_reads = SharedWakeReads()
+        self._calls = SharedCalls()
 
     def _run(self, flow: Flow[R]) -> R:
-        return drive(self._redis, self._scripts, flow, self._wake_reads)
+        return drive(self._redis, self._scripts, flow, self._wake_reads, self._calls)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

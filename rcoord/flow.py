@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "Claim",
     "Command",
     "Flow",
     "MasterOf",
     "Pipeline",
     "Script",
     "ScriptBatch",
+    "SharedRead",
     "WaitReplicas",
+    "Woken",
     "XRead",
     "adrive",
     "drive",
@@ -66,6 +69,25 @@ class Command:
 
 
 @dataclass(frozen=True)
+class SharedRead:
+    """A read-only command whose reply the threads of one process may share: a driver may
+    answer a thread that asks while the same command is in flight with that call's reply
+    (``rcoord.wake``). Sent back: the parsed reply."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``SET key 1 NX PX px_ms``: try to hold a short claim. Sent back: whether this caller
+    holds it; a driver may answer no without asking while another thread of its process
+    holds the claim (``rcoord.wake``)."""
+
+    key: Any
+    px_ms: int
+
+
+@dataclass(frozen=True)
 class Pipeline:
     """Commands sent in one round trip (not a transaction). Sent back: the replies in order."""
 
@@ -74,11 +96,23 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class XRead:
-    """Block up to ``block_ms`` on one stream after ``after``. Sent back: whether it moved."""
+    """Block up to ``block_ms`` on one stream after ``after``. Sent back: whether it moved,
+    or, when ``slot`` (a hash and a field) is given and the driver read that field after the
+    stream moved, ``Woken`` with its value; a driver may do that when one read serves many
+    waiters (``rcoord.wake``)."""
 
     key: Any
     after: Any
     block_ms: int
+    slot: tuple[Any, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Woken:
+    """An ``XRead`` that ended because the stream moved, with the ``slot`` field as read after
+    the move (``stored``: None when the field was absent). Truthy, like True."""
+
+    stored: bytes | None
 
 
 @dataclass(frozen=True)
@@ -112,7 +146,8 @@ def _master_name(client: Any, key: Any) -> str:
     return f"{node.host}:{node.port}"
 
 
-Op = Script | ScriptBatch | Command | Pipeline | XRead | WaitReplicas | MasterOf
+Op = (Script | ScriptBatch | Command | SharedRead | Claim | Pipeline | XRead | WaitReplicas
+      | MasterOf)
 Flow = Generator[Op, Any, R]
 
 
@@ -131,11 +166,21 @@ def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
     return out
 
 
-def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
+def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None, calls: Any = None) -> Any:
     if isinstance(op, Script):
+        if calls is not None:
+            return scripts.call(op.name, op.keys, op.args, calls)
         return scripts.call(op.name, op.keys, op.args)
     if isinstance(op, Command):
         return client.execute_command(*op.args)
+    if isinstance(op, SharedRead):
+        if wake_reads is not None:
+            return wake_reads.read(client, op.args)
+        return client.execute_command(*op.args)
+    if isinstance(op, Claim):
+        if wake_reads is not None:
+            return wake_reads.claim(client, op.key, op.px_ms)
+        return bool(client.set(op.key, b"1", nx=True, px=op.px_ms))
     if isinstance(op, Pipeline):
         pipe = client.pipeline(transaction=False)
         for command in op.commands:
@@ -145,7 +190,7 @@ def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
         return _batch_sync(client, scripts, op)
     if isinstance(op, XRead):
         if wake_reads is not None:  # threads of one coordinator share the read (rcoord.wake)
-            return bool(wake_reads.wait(client, op.key, op.after, op.block_ms))
+            return wake_reads.wait(client, op.key, op.after, op.block_ms, op.slot)
         return bool(client.xread({op.key: op.after}, count=1, block=op.block_ms))
     if isinstance(op, MasterOf):
         return _master_name(client, op.key)
@@ -161,7 +206,8 @@ def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
     raise TypeError(f"not an operation: {op!r}")
 
 
-def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None) -> R:
+def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None,
+          calls: Any = None) -> R:
     """Run ``flow`` with a blocking redis-py client (``redis.Redis`` or ``RedisCluster``);
     ``wake_reads`` (``rcoord.wake.SharedWakeReads``) shares blocking stream reads between the
     threads of one coordinator."""
@@ -169,7 +215,7 @@ def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None) -> R
         op = next(flow)
         while True:
             try:
-                result = _perform(client, scripts, op, wake_reads)
+                result = _perform(client, scripts, op, wake_reads, calls)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
                 op = flow.throw(exc)
             else:
@@ -196,8 +242,10 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, Script):
         return await scripts.acall(op.name, op.keys, op.args)
-    if isinstance(op, Command):
+    if isinstance(op, Command | SharedRead):
         return await client.execute_command(*op.args)
+    if isinstance(op, Claim):
+        return bool(await client.set(op.key, b"1", nx=True, px=op.px_ms))
     if isinstance(op, Pipeline):
         pipe = client.pipeline(transaction=False)
         for command in op.commands:

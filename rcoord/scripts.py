@@ -179,9 +179,13 @@ class Scripts:
 
     # -- blocking ------------------------------------------------------------------------------
 
-    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any], shared: Any = None) -> Any:
+        """FCALL ``name``; ``shared`` (``rcoord.batching.SharedCalls``) may send it together
+        with other threads' calls."""
         command = self.command(name, keys, args)
         try:
+            if shared is not None:
+                return shared.execute(self._client, command)
             return self._client.execute_command(*command)
         except redis.ResponseError as exc:
             if not is_missing_function(exc):

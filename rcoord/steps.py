@@ -21,7 +21,19 @@ import redis.exceptions
 from .config import CoordinatorConfig
 from .contract import reply_field
 from .errors import ConfigError, Errors, InvalidRequestError
-from .flow import Command, Flow, MasterOf, Pipeline, Script, ScriptBatch, WaitReplicas, XRead
+from .flow import (
+    Claim,
+    Command,
+    Flow,
+    MasterOf,
+    Pipeline,
+    Script,
+    ScriptBatch,
+    SharedRead,
+    WaitReplicas,
+    Woken,
+    XRead,
+)
 from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
@@ -237,19 +249,25 @@ class GroupSteps:
         """Wait for a parked Join/SyncGroup's reply (``rcoord.protocol.park``)."""
         keys = self.keys(group_id)  # as the parking call addressed it, after any re-settle
         wait = park_flow(reply, mock_clock=self.clock is not None, max_block_ms=self.max_block_ms)
+        slot = reply_field(kind, member_id)
+        woken: Woken | None = None  # the reply slot, read by the wake-up's shared reader
         try:
             op = next(wait)
             while True:
                 result: Any
                 if isinstance(op, WaitWake):
-                    result = yield XRead(keys.wake, op.after, op.block_ms)
+                    result = yield XRead(keys.wake, op.after, op.block_ms, (keys.replies, slot))
+                    woken = result if isinstance(result, Woken) else None
+                    result = bool(result)
+                elif isinstance(op, ReadReply) and woken is not None:
+                    result, woken = woken.stored, None
                 elif isinstance(op, ReadDeadline):
-                    result = yield Command(("ZSCORE", keys.partition.due, keys.group_id))
+                    result = yield SharedRead(("ZSCORE", keys.partition.due, keys.group_id))
                     result = None if result is None else float(result)
                 elif isinstance(op, ClaimDeadline):
-                    result = bool((yield Command(("SET", keys.claim, b"1", "NX", "PX", CLAIM_MS))))
+                    result = yield Claim(keys.claim, CLAIM_MS)
                 elif isinstance(op, ReadReply):
-                    result = yield Command(("HGET", keys.replies, reply_field(kind, member_id)))
+                    result = yield Command(("HGET", keys.replies, slot))
                 else:  # Poll
                     result = yield from self.call("await_reply", keys, [member_id, kind])
                 op = wait.send(result)

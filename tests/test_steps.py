@@ -122,3 +122,28 @@ def test_a_parked_callers_reply_is_where_the_driver_reads_it(ctx):
     for mid, blob in stored.items():
         if blob is not None:
             assert SyncGroupResult.decode(blob).assignment == mid.encode()
+
+
+def test_a_reply_read_at_the_wake_up_is_not_read_again():
+    # A parked call asks to wait with its reply slot named; when the driver's shared read
+    # brought the slot along (Woken), the flow returns it without an HGET of its own.
+    import pytest
+
+    from rcoord import CoordinatorConfig
+    from rcoord.contract import reply_field
+    from rcoord.flow import Command, Woken, XRead
+
+    steps = GroupSteps(None, "ns", None)
+    steps.config = CoordinatorConfig(namespace="ns")
+    keys = steps.keys("g")
+    parked = [b"W", b"5-0", b"-1", b"1000"]
+    flow = steps._park("g", "m1", "j", parked)
+    op = next(flow)
+    assert isinstance(op, XRead) and op.slot == (keys.replies, reply_field("j", "m1"))
+    with pytest.raises(StopIteration) as done:
+        flow.send(Woken(b"the reply"))
+    assert done.value.value == b"the reply"
+    # A driver that only says the stream moved leaves the read to the flow.
+    flow = steps._park("g", "m1", "j", parked)
+    next(flow)
+    assert flow.send(True) == Command(("HGET", keys.replies, reply_field("j", "m1")))

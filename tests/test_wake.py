@@ -5,27 +5,51 @@ needs, and each waiter's own time limit kept."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import uuid
 from typing import Any
 
 import pytest
+import redis
 from harness import wait_until
 
+from rcoord.flow import Woken
 from rcoord.wake import SharedWakeReads
 
 LONG_MS = 10_000
 
 
 class CountingReads:
-    """The test's client with its XREADs counted (the servers are shared with other tests,
-    whose leftovers would disturb a server-side count)."""
+    """The test's client with its commands counted (the servers are shared with other tests,
+    whose leftovers would disturb a server-side count); ``fail_hmget`` makes HMGET fail, and
+    single commands wait for ``gate``."""
 
-    def __init__(self, client: Any) -> None:
-        self.client, self.calls = client, 0
+    def __init__(self, client: Any, *, fail_hmget: bool = False) -> None:
+        self.client, self.calls, self.fail_hmget = client, 0, fail_hmget
+        self.hmgets: list[list[Any]] = []
+        self.commands: list[tuple[Any, ...]] = []
+        self.sets = 0
+        self.gate = threading.Event()
+        self.gate.set()
 
     def xread(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         return self.client.xread(*args, **kwargs)
+
+    def hmget(self, key: Any, fields: list[Any]) -> Any:
+        self.hmgets.append(list(fields))
+        if self.fail_hmget:
+            raise redis.ConnectionError("link down")
+        return self.client.hmget(key, fields)
+
+    def execute_command(self, *args: Any) -> Any:
+        self.commands.append(args)
+        assert self.gate.wait(LONG_MS / 1000)
+        return self.client.execute_command(*args)
+
+    def set(self, *args: Any, **kwargs: Any) -> Any:
+        self.sets += 1
+        return self.client.set(*args, **kwargs)
 
 
 @pytest.fixture
@@ -75,6 +99,95 @@ def test_a_waiter_behind_the_read_in_flight_sees_the_entries_between(redis_clien
         assert not current.done()
         redis_client.xadd(stream, {"g": 3})
         assert current.result(timeout=LONG_MS / 1000) is True
+
+
+def test_the_reader_reads_the_reply_slots_of_the_threads_it_wakes_in_one_read(
+        redis_client, stream):
+    # Five threads wait with a reply slot each, one without: the stream moves after four
+    # replies were written, and the reader hands each slotted thread its slot as read after
+    # the move (one HMGET); the thread without a slot is told the stream moved.
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    replies = f"{stream}:replies"
+    with cf.ThreadPoolExecutor(6) as pool:
+        slotted = {i: pool.submit(reads.wait, counted, stream, b"0-0", LONG_MS,
+                                  (replies, f"j:{i}")) for i in range(5)}
+        bare = pool.submit(reads.wait, counted, stream, b"0-0", LONG_MS)
+        wait_until(lambda: reads.waiting(stream) == 6)
+        redis_client.hset(replies, mapping={f"j:{i}": f"reply {i}" for i in range(4)})
+        redis_client.xadd(stream, {"g": 1})
+        got = {i: f.result(timeout=LONG_MS / 1000) for i, f in slotted.items()}
+        assert bare.result(timeout=LONG_MS / 1000) is True
+    redis_client.delete(replies)
+    assert got == {**{i: Woken(f"reply {i}".encode()) for i in range(4)}, 4: Woken(None)}
+    assert len(counted.hmgets) == 1 and sorted(counted.hmgets[0]) == [f"j:{i}" for i in range(5)]
+
+
+def test_a_failed_slot_read_leaves_the_threads_to_read_their_own(redis_client, stream):
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client, fail_hmget=True)
+    with cf.ThreadPoolExecutor(3) as pool:
+        waits = [pool.submit(reads.wait, counted, stream, b"0-0", LONG_MS,
+                             (f"{stream}:replies", f"j:{i}")) for i in range(3)]
+        wait_until(lambda: reads.waiting(stream) == 3)
+        redis_client.xadd(stream, {"g": 1})
+        assert [w.result(timeout=LONG_MS / 1000) for w in waits] == [True] * 3
+    assert len(counted.hmgets) == 1
+
+
+def test_threads_asking_the_same_read_while_it_is_in_flight_share_its_reply(redis_client,
+                                                                              stream):
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    counted.gate.clear()
+    redis_client.zadd(f"{stream}:due", {"g": 1234})
+    command = ("ZSCORE", f"{stream}:due", "g")
+    with cf.ThreadPoolExecutor(6) as pool:
+        first = pool.submit(reads.read, counted, command)
+        wait_until(lambda: len(counted.commands) == 1)
+        others = [pool.submit(reads.read, counted, command) for _ in range(5)]
+        wait_until(lambda: reads.sharing(command) == 5)
+        counted.gate.set()
+        assert {float(f.result(timeout=LONG_MS / 1000)) for f in [first, *others]} == {1234.0}
+    assert counted.commands == [command]
+    # Once answered, the next read is sent again (nothing is cached).
+    redis_client.zadd(f"{stream}:due", {"g": 99})
+    assert float(reads.read(counted, command)) == 99.0
+    redis_client.delete(f"{stream}:due")
+
+
+def test_an_error_of_a_shared_read_reaches_every_thread_that_shared_it(redis_client, stream):
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    counted.gate.clear()
+    redis_client.set(stream, "not a sorted set")
+    command = ("ZSCORE", stream, "g")
+    with cf.ThreadPoolExecutor(3) as pool:
+        first = pool.submit(reads.read, counted, command)
+        wait_until(lambda: len(counted.commands) == 1)
+        others = [pool.submit(reads.read, counted, command) for _ in range(2)]
+        wait_until(lambda: reads.sharing(command) == 2)
+        counted.gate.set()
+        for f in [first, *others]:
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                f.result(timeout=LONG_MS / 1000)
+
+
+def test_a_claim_is_asked_once_per_process_while_it_holds(redis_client, stream):
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    claim = f"{stream}:claim"
+    assert reads.claim(counted, claim, 100) is True
+    assert counted.sets == 1
+    # While it holds, other threads of the process are told no without asking the server.
+    assert [reads.claim(counted, claim, 100) for _ in range(5)] == [False] * 5
+    assert counted.sets == 1
+    # Once it has expired, the next thread asks again and wins.
+    wait_until(lambda: reads.claim(counted, claim, 100))
+    assert counted.sets >= 2
+    # Another process's claim (here: the key set by someone else) is refused by the server.
+    other = SharedWakeReads()
+    assert other.claim(counted, claim, 100) is False
 
 
 def test_a_failed_read_fails_its_reader_and_leaves_no_waiter(redis_client, stream):
