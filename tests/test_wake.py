@@ -135,20 +135,28 @@ def test_a_failed_slot_read_leaves_the_threads_to_read_their_own(redis_client, s
     assert len(counted.hmgets) == 1
 
 
+def _read_together(reads: SharedWakeReads, counted: CountingReads, command: tuple[Any, ...],
+                   pool: Any, n: int) -> list[Any]:
+    """``n`` threads read ``command``: the first is held in flight until the other ``n - 1``
+    wait for its reply; the futures of all ``n``."""
+    counted.gate.clear()
+    first = pool.submit(reads.read, counted, command)
+    wait_until(lambda: len(counted.commands) == 1)
+    others = [pool.submit(reads.read, counted, command) for _ in range(n - 1)]
+    wait_until(lambda: reads.sharing(command) == n - 1)
+    counted.gate.set()
+    return [first, *others]
+
+
 def test_threads_asking_the_same_read_while_it_is_in_flight_share_its_reply(redis_client,
                                                                               stream):
     reads = SharedWakeReads()
     counted = CountingReads(redis_client)
-    counted.gate.clear()
     redis_client.zadd(f"{stream}:due", {"g": 1234})
     command = ("ZSCORE", f"{stream}:due", "g")
     with cf.ThreadPoolExecutor(6) as pool:
-        first = pool.submit(reads.read, counted, command)
-        wait_until(lambda: len(counted.commands) == 1)
-        others = [pool.submit(reads.read, counted, command) for _ in range(5)]
-        wait_until(lambda: reads.sharing(command) == 5)
-        counted.gate.set()
-        assert {float(f.result(timeout=LONG_MS / 1000)) for f in [first, *others]} == {1234.0}
+        calls = _read_together(reads, counted, command, pool, 6)
+        assert {float(f.result(timeout=LONG_MS / 1000)) for f in calls} == {1234.0}
     assert counted.commands == [command]
     # Once answered, the next read is sent again (nothing is cached).
     redis_client.zadd(f"{stream}:due", {"g": 99})
@@ -159,16 +167,10 @@ def test_threads_asking_the_same_read_while_it_is_in_flight_share_its_reply(redi
 def test_an_error_of_a_shared_read_reaches_every_thread_that_shared_it(redis_client, stream):
     reads = SharedWakeReads()
     counted = CountingReads(redis_client)
-    counted.gate.clear()
     redis_client.set(stream, "not a sorted set")
     command = ("ZSCORE", stream, "g")
     with cf.ThreadPoolExecutor(3) as pool:
-        first = pool.submit(reads.read, counted, command)
-        wait_until(lambda: len(counted.commands) == 1)
-        others = [pool.submit(reads.read, counted, command) for _ in range(2)]
-        wait_until(lambda: reads.sharing(command) == 2)
-        counted.gate.set()
-        for f in [first, *others]:
+        for f in _read_together(reads, counted, command, pool, 3):
             with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
                 f.result(timeout=LONG_MS / 1000)
 
