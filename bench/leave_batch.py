@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert r.hlen(keys.members) == 1000 - leaving
             finally:
                 cleanup(r, ns)
-            rows.append([f"leave {leaving} of 1000 (one call)", str(lf["calls"]),
+            rows.append([f"leave {leaving} of 1000 (one request)", str(lf["calls"]),
                          f"{lf['ms']:.1f}", "-", f"{lf['max_ms']:.2f}", f"{lf['cpu_ms']:.1f}"])
     finally:
         r.config_set("slowlog-log-slower-than", old.get("slowlog-log-slower-than", 10000))

@@ -412,11 +412,15 @@ class GroupSteps:
 
     def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> Flow[LeaveGroupResult]:
         """LeaveGroup for one or many members (by member id, or by instance id)."""
-        gid, idents, packed = leave_args(group_id, members)
+        gid, idents, chunks = leave_args(group_id, members)
         if not gid:
             return LeaveGroupResult(Errors.INVALID_GROUP_ID)
-        reply = yield from self.call("leave_group", self.keys(gid), [packed])
-        return decode_leave(reply, idents)
+        replies = []
+        for packed in chunks:  # LEAVE_CHUNK members per call (rcoord.protocol.leave)
+            replies.append((yield from self.call("leave_group", self.keys(gid), [packed])))
+            if Errors.from_name(replies[-1][0]) is not Errors.NONE:
+                break
+        return decode_leave(replies, idents)
 
     def commit_offsets(
         self,

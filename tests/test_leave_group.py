@@ -74,3 +74,49 @@ def test_member_leaving_while_parked_in_join_gets_unknown_member(ctx):
     wait_until(lambda: ctx.state() == "PreparingRebalance")
     ctx.coord.leave_group(ctx.group_id, [MemberIdentity(ids[0])])
     assert f_leader.result(WAIT_S).error == Errors.UNKNOWN_MEMBER_ID
+
+
+def test_a_long_leave_is_sent_in_chunks_with_the_answers_of_one_call(ctx, monkeypatch):
+    # Two members per call: six names make three calls, in request order, and each member's
+    # answer is what one call would give (a member named again after it left is unknown,
+    # whichever call names it).
+    from rcoord.protocol import leave
+    from rcoord.steps import GroupSteps
+
+    monkeypatch.setattr(leave, "LEAVE_CHUNK", 2)
+    calls = []
+    call = GroupSteps.call
+
+    def counting(self, step, *args, **kwargs):
+        calls.append(step)
+        return call(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(GroupSteps, "call", counting)
+    _gen, ids = ctx.stable_group(4)
+    calls.clear()
+    names = [MemberIdentity(ids[3]), MemberIdentity("ghost"), MemberIdentity(ids[1]),
+             MemberIdentity(ids[3]), MemberIdentity("", "no-such-instance"), MemberIdentity(ids[0])]
+    res = ctx.coord.leave_group(ctx.group_id, names)
+    assert calls == ["leave_group"] * 3
+    assert res.error == Errors.NONE
+    assert [(m.member_id, m.error) for m in res.members] == [
+        (ids[3], Errors.NONE), ("ghost", Errors.UNKNOWN_MEMBER_ID), (ids[1], Errors.NONE),
+        (ids[3], Errors.UNKNOWN_MEMBER_ID), ("", Errors.UNKNOWN_MEMBER_ID), (ids[0], Errors.NONE),
+    ]
+    assert ctx.member_ids() == {ids[2]}
+    assert ctx.state() == "PreparingRebalance"
+
+
+def test_a_top_level_error_of_a_later_call_answers_every_member_not_yet_removed():
+    # The first call removed its members; the group died before the second: those members
+    # did leave, and the others get the second call's error (they may try again).
+    from rcoord.protocol.leave import decode_leave
+
+    names = [MemberIdentity("a"), MemberIdentity("b"), MemberIdentity("c")]
+    res = decode_leave([[b"NONE", [b"NONE"]], [b"COORDINATOR_NOT_AVAILABLE", []]], names)
+    assert res.error == Errors.NONE
+    assert [m.error for m in res.members] == [
+        Errors.NONE, Errors.COORDINATOR_NOT_AVAILABLE, Errors.COORDINATOR_NOT_AVAILABLE]
+    # The first call's top-level error is the request's.
+    assert decode_leave([[b"COORDINATOR_NOT_AVAILABLE", []]], names).error == \
+        Errors.COORDINATOR_NOT_AVAILABLE
