@@ -93,8 +93,8 @@ class SharedCalls:
                     self._sending = False
             for each in batch:
                 if each.reply is _UNSET and each.error is None:  # the sender was interrupted
-                    each.error = redis.ConnectionError("the call was not sent: the thread sending "
-                                                 "its batch was interrupted")
+                    each.error = redis.ConnectionError(
+                        "the call was not sent: the thread sending its batch was interrupted")
                 if each.done is not None:
                     each.done.set()
 

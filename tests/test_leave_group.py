@@ -88,7 +88,8 @@ def test_a_long_leave_is_sent_in_chunks_with_the_answers_of_one_call(ctx, monkey
     call = GroupSteps.call
 
     def counting(self, step, *args, **kwargs):
-        calls.append(step)
+        if step == "leave_group":  # (other members' threads may poll meanwhile)
+            calls.append(step)
         return call(self, step, *args, **kwargs)
 
     monkeypatch.setattr(GroupSteps, "call", counting)
