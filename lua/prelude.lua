@@ -528,8 +528,9 @@ local function oldest_member(accept)
 end
 local function any_member() return true end
 
--- The oldest member leads. Removed members stay in the cached list until it is compacted, so
--- the scan starts after the last removed leader: leaders removed one after another in one call
+-- The oldest member leads: the order key's head. Without the key (or without any member in
+-- it) the records decide; removed members stay in their cached list until it is compacted, so
+-- that scan starts after the last removed leader: leaders removed one after another in one call
 -- cost one pass over the list in all, not one each.
 local function elect_leader()
   if G.oq then

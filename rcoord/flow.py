@@ -168,9 +168,7 @@ def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 
 def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None, calls: Any = None) -> Any:
     if isinstance(op, Script):
-        if calls is not None:
-            return scripts.call(op.name, op.keys, op.args, calls)
-        return scripts.call(op.name, op.keys, op.args)
+        return scripts.call(op.name, op.keys, op.args, calls)
     if isinstance(op, Command):
         return client.execute_command(*op.args)
     if isinstance(op, SharedRead):
@@ -210,7 +208,8 @@ def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None,
           calls: Any = None) -> R:
     """Run ``flow`` with a blocking redis-py client (``redis.Redis`` or ``RedisCluster``);
     ``wake_reads`` (``rcoord.wake.SharedWakeReads``) shares blocking stream reads between the
-    threads of one coordinator."""
+    threads of one coordinator, and ``calls`` (``rcoord.batching.SharedCalls``) sends their
+    concurrent function calls together."""
     try:
         op = next(flow)
         while True:

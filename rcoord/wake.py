@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 from .flow import Woken
@@ -62,8 +61,7 @@ class _Stream:
         self.cond = threading.Condition()
         self.reading = False
         self.newest: tuple[int, int] | None = None  # the newest entry any read has returned
-        self.positions: Counter[tuple[int, int]] = Counter()  # waiting threads' positions
-        self.waiters: set[_Waiter] = set()
+        self.waiters: set[_Waiter] = set()  # the waiting threads (each with its position)
         self.read_from = (0, 0)  # where the read in flight started
 
     def moved(self, after: tuple[int, int]) -> bool:
@@ -87,24 +85,23 @@ class _Stream:
                     return True
         me = _Waiter(position, slot)
         with self.cond:
-            self.positions[position] += 1
             self.waiters.add(me)
             try:
                 while True:
                     remaining = deadline - time.monotonic()
                     if me.woken is not None or self.moved(position):
-                        self._leave(me)
+                        self.waiters.discard(me)
                         return me.woken or True
                     if remaining <= 0:
-                        self._leave(me)
+                        self.waiters.discard(me)
                         return False
                     if not self.reading:
                         break
                     self.cond.wait(remaining)
                 self.reading = True
-                self.read_from = start = min(self.positions)
+                self.read_from = start = min(w.position for w in self.waiters)
             except BaseException:
-                self._leave(me)
+                self.waiters.discard(me)
                 raise
         try:
             # The oldest position any waiting thread needs, for as long as this thread waits.
@@ -114,7 +111,7 @@ class _Stream:
         except BaseException:
             with self.cond:
                 self.reading = False
-                self._leave(me)
+                self.waiters.discard(me)
                 self.cond.notify_all()
             raise
         with self.cond:
@@ -122,7 +119,7 @@ class _Stream:
             self._note(newest)
             for waiter, value in stored:
                 waiter.woken = Woken(value)
-            self._leave(me)
+            self.waiters.discard(me)
             self.cond.notify_all()
             return me.woken or self.moved(position)
 
@@ -152,12 +149,6 @@ class _Stream:
         """Remember the newest entry a read returned (the caller holds the condition)."""
         if newest is not None and (self.newest is None or newest > self.newest):
             self.newest = newest
-
-    def _leave(self, waiter: _Waiter) -> None:
-        self.waiters.discard(waiter)
-        self.positions[waiter.position] -= 1
-        if self.positions[waiter.position] <= 0:
-            del self.positions[waiter.position]
 
 
 def _newest(reply: Any) -> tuple[int, int] | None:
@@ -291,10 +282,10 @@ class SharedWakeReads:
         if stream is None:
             return 0
         with stream.cond:
-            return sum(stream.positions.values())
+            return len(stream.waiters)
 
     def _drop_idle(self) -> None:
         # Racy by design, and harmless: a thread that already holds a dropped stream still
         # waits correctly on it, only no longer shares its read with later arrivals.
-        for key in [k for k, st in self._streams.items() if not st.reading and not st.positions]:
+        for key in [k for k, st in self._streams.items() if not st.reading and not st.waiters]:
             del self._streams[key]
