@@ -25,21 +25,25 @@ from rcoord.settings import settle, settle_flow
 
 
 @pytest.fixture
-def nodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the ``settings`` function calls this process sends (every FCALL goes through
-    ``Scripts.command``, pipelined or not, with either driver). Counting here rather than with
-    the servers' INFO commandstats keeps activity other tests left on the shared servers out of
-    the count."""
+def nodes(monkeypatch: pytest.MonkeyPatch, namespace: str) -> list[int]:
+    """Counts the ``settings`` function calls this process sends for this test's namespace
+    (every FCALL goes through ``Scripts.command``, pipelined or not, with either driver).
+    Counting here rather than with the servers' INFO commandstats, and only this namespace's
+    keys, keeps activity other tests left on the shared servers out of the count."""
     count = [0]
     original = Scripts.command
 
     def counting(self: Scripts, name: str, keys: Any, args: Any) -> tuple[Any, ...]:
-        if name == "settings":
+        if name == "settings" and any(namespace in _text_of(k) for k in keys):
             count[0] += 1
         return original(self, name, keys, args)
 
     monkeypatch.setattr(Scripts, "command", counting)
     return count
+
+
+def _text_of(key: Any) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
 
 
 def _fcalls(nodes: list[int]) -> int:
