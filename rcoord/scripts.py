@@ -96,10 +96,20 @@ def build_library(header: str) -> tuple[str, str]:
     ``rcoord.contract.lua_header``) in front of the Lua files. The name hashes everything, so a
     changed contract or file is a different library."""
     base = lua_dir()
-    body = "\n".join([header, *((base / f"{part}.lua").read_text()
-                                for part in (*SHARED, *GROUP_STEPS, *STANDALONE))])
+    shared = [(base / f"{part}.lua").read_text() for part in SHARED]
+    steps = [_scoped((base / f"{part}.lua").read_text()) for part in (*GROUP_STEPS, *STANDALONE)]
+    body = "\n".join([header, *shared, *steps])
     name = "rcoord_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return name, f"#!lua name={name}\nlocal LIB = '{name}'\n{body}"
+
+
+def _scoped(step_file: str) -> str:
+    """A step file inside its own ``do ... end`` block. Lua 5.1 allows a function (the library's
+    main chunk too) 200 local variables; the shared part's helpers are locals of that chunk, so
+    if every step file's own locals counted as well, the library would stop loading after a few
+    more helpers. In a block, a file's locals end with the file: the limit applies to the shared
+    part plus the largest step file, and no step can reach another's locals by accident."""
+    return f"do\n{step_file}\nend"
 
 
 def is_missing_function(exc: BaseException) -> bool:

@@ -54,12 +54,12 @@ PROTOCOLS = [("range", b"meta")]
 
 @pytest.fixture
 def use_library(redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Make coordinators built afterwards run a library rendered from ``lua_header(**kw)``
-    instead of the standard one; the library is deleted from every master afterwards."""
+    """Make coordinators built afterwards run a library rendered from ``lua_header(**kw)`` (and
+    ``tail`` after it) instead of the standard one; the library is deleted from every master afterwards."""
     names: list[str] = []
 
-    def use(**kw: Any) -> str:
-        name, source = build_library(lua_header(**kw))
+    def use(tail: str = "", **kw: Any) -> str:
+        name, source = build_library(lua_header(**kw) + tail)
         monkeypatch.setattr(rcoord.scripts, "library_source", lambda: (name, source))
         names.append(name)
         return name
@@ -97,6 +97,16 @@ def test_library_refuses_a_transition_the_python_table_forbids(make_coordinator,
     standard = make_coordinator()
     assert standard.fetch_offsets("g", [tp]).offsets[tp].offset == 5
     assert standard.delete_groups(["g"]) == {"g": Errors.NONE}
+
+
+def test_the_library_has_room_for_more_shared_helpers(make_coordinator, use_library):
+    """Lua 5.1 allows the library's main chunk 200 local variables, and every shared helper is
+    one. Each step file's own locals end with its block (rcoord/scripts.py ``_scoped``), so they
+    do not add up: before, the library stood at the limit and one more helper stopped it from
+    loading at all."""
+    use_library(tail="local " + ", ".join(f"spare_{i}" for i in range(10)) + "\n")
+    coord = make_coordinator()
+    assert _join(coord, "g").error == Errors.MEMBER_ID_REQUIRED
 
 
 def test_a_settings_default_changed_in_python_reaches_the_library(
