@@ -15,7 +15,8 @@ local function parse_commit_offsets(ARGV)
           retention = ARGV[6], entries = cmsgpack.unpack(ARGV[7])}
 end
 
--- nil and the committing member's record (nil for a simple commit), or the group-level error.
+-- nil and the committing member's session timeout (nil for a simple commit), or the
+-- group-level error.
 local function validate_commit(req)
   local generation, member_id = req.generation, req.member_id
   if not group_exists() then
@@ -25,22 +26,22 @@ local function validate_commit(req)
   end
   if G.state == DEAD then return 'COORDINATOR_NOT_AVAILABLE' end
   if generation < 0 and G.state == EMPTY then return nil end
-  local rec = nil
+  local session = nil
   if generation >= 0 or member_id ~= '' or req.iid ~= '' then
     local err
-    err, rec = validate_member(member_id, req.iid)
+    err, session = validate_member(member_id, req.iid, true)
     if err then return err end
     if generation ~= gen() then return 'ILLEGAL_GENERATION' end
   elseif G.state ~= EMPTY then
     return 'UNKNOWN_MEMBER_ID'
   end
   if G.state == COMPLETING then return 'REBALANCE_IN_PROGRESS' end
-  return nil, rec
+  return nil, session
 end
 
 local function commit_offsets(req)
   local entries = req.entries
-  local err, rec = validate_commit(req)
+  local err, session = validate_commit(req)
   local results = {}
   if err then
     for i = 1, #entries do results[i] = err end
@@ -48,8 +49,8 @@ local function commit_offsets(req)
   end
 
   -- A commit from a member of the current generation counts as a heartbeat.
-  if rec and (G.state == STABLE or G.state == PREPARING) then
-    reschedule_heartbeat(rec)
+  if session and (G.state == STABLE or G.state == PREPARING) then
+    schedule(hb_key(req.member_id), NOW + session)
   end
 
   local expire = -1

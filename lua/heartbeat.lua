@@ -26,7 +26,7 @@ local function heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_
   if gen ~= generation then return 'ILLEGAL_GENERATION' end
   if state == EMPTY then return 'UNKNOWN_MEMBER_ID' end
   -- Every other state refreshes the session: members heartbeat while they rejoin or sync.
-  local at = now + cmsgpack.unpack(blob).st
+  local at = now + member_session(blob)
   redis.call('ZADD', k_dl, at, 'hb:' .. member_id)
   if state == PREPARING then return 'REBALANCE_IN_PROGRESS', at end
   if state == COMPLETING or state == STABLE then return 'NONE', at end
