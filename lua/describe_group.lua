@@ -23,4 +23,4 @@ local function describe_group(ARGV)
   return cmsgpack.pack(out)
 end
 
-group_step('describe_group', describe_group)
+group_step('describe_group', describe_group, nil, {settles = true})

@@ -12,4 +12,4 @@ local function expire_deadlines()
   return out
 end
 
-group_step('expire_deadlines', expire_deadlines)
+group_step('expire_deadlines', expire_deadlines, nil, {partial = true})

@@ -214,4 +214,5 @@ local function join_fields(req)
   return fields
 end
 
-group_step('join_group', join_group, parse_join_group, {all_settings = true, fields = join_fields})
+group_step('join_group', join_group, parse_join_group,
+  {all_settings = true, fields = join_fields, settles = true})

@@ -99,4 +99,4 @@ local function leave_group(leaving)
   return {'NONE', results}
 end
 
-group_step('leave_group', leave_group, parse_leave_group)
+group_step('leave_group', leave_group, parse_leave_group, {settles = true})

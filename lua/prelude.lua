@@ -1352,8 +1352,19 @@ end
 -- ms after its deadline that each applied timer acted (for metrics); made on first use
 local NO_LATENESS = {}
 local LATENESS = NO_LATENESS
+-- Deadlines (other than chunk continuations) applied per call: a burst of session expiries (a
+-- host with hundreds of members dying) would otherwise be applied in one call, about 0.1 ms
+-- each, blocking the shard for tens of ms. The rest stay due: MORE_DUE tells group_step to
+-- answer BUSY, and the caller sends its request again (each call applies the next batch). The
+-- partition settings field due_per_call overrides it (tests set a small one).
+local DUE_PER_CALL = 25
+local MORE_DUE = false
+local function due_budget()
+  return math.max(1, tonumber(redis.call('HGET', K_CFG, 'due_per_call')) or DUE_PER_CALL)
+end
+
 local function apply_due()
-  local applied = 0
+  local applied, budget = 0, nil
   CHUNK_RAN = false
   PUBLISHED = published_of(G.ea)
   if group_exists() and not (PUBLISHED == false or (PUBLISHED and PUBLISHED > NOW)) then
@@ -1361,7 +1372,7 @@ local function apply_due()
     -- publish the real earliest when done (finish() writes only if it differs).
     DL_CHANGED = true
   end
-  while DL_CHANGED and group_exists() and applied < 1000 do
+  while DL_CHANGED and group_exists() do
     local first = dl_head()
     if #first == 0 or tonumber(first[2]) > NOW then break end
     local name = first[1]
@@ -1379,6 +1390,12 @@ local function apply_due()
       applied = applied + 1
       if G.cjk or G.csk then break end
     else
+      budget = budget or due_budget()
+      if budget == 0 then
+        MORE_DUE = true
+        break
+      end
+      budget = budget - 1
       -- Kafka's timer orders by deadline only; at equal deadlines the group's join and sync
       -- timers act before session timers (a member the join keeps is then rescheduled).
       if string.sub(name, 1, 3) == 'hb:' then
@@ -1406,8 +1423,8 @@ local function apply_due()
   -- members are turned away (Kafka does this when it loads such a group).
   -- The check runs once per limit (a group under the limit cannot outgrow it: joins refuse
   -- members beyond it), so a step does not count the members every time.
-  if group_exists() and (G.state == STABLE or G.state == COMPLETING)
-      and tonumber(G.capchk or '-1') ~= CFG.group_max_size then
+  if group_exists() and (G.state == STABLE or G.state == COMPLETING) and not MORE_DUE
+      and not (G.cjk or G.csk) and tonumber(G.capchk or '-1') ~= CFG.group_max_size then
     set_g('capchk', CFG.group_max_size)
     if nmembers() > CFG.group_max_size then
       prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
@@ -1486,7 +1503,7 @@ local function begin(keys, argv, all_settings, extra)
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil
   PARKED_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
-  PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD = nil, NO_LATENESS, nil, nil
+  PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
   local err = read_settings(all_settings)
   if err then return err end
   read_group(extra)
@@ -1505,9 +1522,18 @@ end
 -- checks come before its own writes) and finishes: deadline index and wake-ups, once per call,
 -- whatever path the step took. ``opts.all_settings``: read every setting at once;
 -- ``opts.fields(parsed)``: group hash fields outside the core the step will read (read_group).
+-- No call blocks the shard for long, so a call may end before its step runs and answer BUSY
+-- (nothing of the step done; the caller sends the request again, rcoord/steps.py): when
+-- deadlines are still due after this call's share (apply_due), and, for a step that would
+-- otherwise finish a chunked join completion or sync propagation all at once
+-- (``opts.settles``: it may change the members or the generation; settle_chunks), while
+-- chunks remain (this call wrote one). ``opts.partial``: the step runs anyway (the sweep's
+-- expire_deadlines, whose callers call again while the group stays due).
+local BUSY = {'B'}
 local function group_step(name, run, parse, opts)
   opts = opts or {}
-  local all_settings, fields = opts.all_settings, opts.fields
+  local all_settings, fields, settles, partial = opts.all_settings, opts.fields, opts.settles,
+    opts.partial
   register(name, function(keys, args)
     local req = args
     if parse then
@@ -1517,6 +1543,10 @@ local function group_step(name, run, parse, opts)
     local err = begin(keys, args, all_settings, fields and fields(req))
     if err then return err end
     APPLIED = apply_due()
+    if not partial and (MORE_DUE or (settles and (G.cjk or G.csk))) then
+      finish()
+      return BUSY
+    end
     local reply = run(req)
     finish()
     if reply ~= nil and reply == WAIT_REPLY then reply[2] = G.wid or '0-0' end

@@ -20,7 +20,7 @@ import redis.exceptions
 
 from .config import CoordinatorConfig
 from .contract import reply_field
-from .errors import ConfigError, Errors, InvalidRequestError
+from .errors import ConfigError, CoordinatorNotAvailableError, Errors, InvalidRequestError
 from .flow import (
     Claim,
     Command,
@@ -89,6 +89,9 @@ KEYS_CACHE_SIZE = 10_000
 """Key layouts remembered; the cache is emptied when full (layouts are cheap to rebuild)."""
 MAX_DUE_RETRIES = 5
 """Heartbeats retried after a deadline sweep that applied nothing, before a retriable answer."""
+MAX_BUSY_CALLS = 10_000
+"""Most calls of one group step answered BUSY before giving up (each applied up to
+``due_per_call`` deadlines or wrote one chunk: far more than any group needs)."""
 MAX_DUE_CALLS = 1_000
 """Most heartbeat attempts in all, counting those after sweeps that made progress."""
 HEARTBEAT_BATCH = 500
@@ -130,6 +133,11 @@ def block_limit(client: Any) -> int:
     if not timeout:
         return MAX_BLOCK_MS
     return max(1, min(MAX_BLOCK_MS, timeout // 2))
+
+
+def _busy(reply: Any) -> bool:
+    """Whether a group step's reply is BUSY (``{'B'}``: call again)."""
+    return isinstance(reply, list) and len(reply) == 1 and reply[0] == b"B"
 
 
 def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:
@@ -232,11 +240,19 @@ class GroupSteps:
     def call(self, step: str, keys: GroupKeys, args: Sequence[Any]) -> Flow[Any]:
         """Run a group step. A script that finds no settings copy under the caller's layout
         refuses before writing anything; then settle again (unless a concurrent call already
-        did), re-address the group, retry."""
+        did), re-address the group, retry. A call that answers BUSY applied its share of the
+        group's pending work (due deadlines, a chunk) and did nothing of the step, so no call
+        blocks the shard for long (lua/prelude.lua ``group_step``): it is sent again."""
         for attempt in range(NOT_COORDINATOR_RETRIES + 1):
             seen = self.config
             try:
-                return (yield Script(step, keys.all(), [self.now_arg(), keys.group_id, *args]))
+                for _ in range(MAX_BUSY_CALLS):
+                    reply = yield Script(step, keys.all(), [self.now_arg(), keys.group_id, *args])
+                    if not _busy(reply):
+                        return reply
+                raise CoordinatorNotAvailableError(
+                    f"group {keys.group_id!r} still had deadlines or chunks to apply after "
+                    f"{MAX_BUSY_CALLS} calls of {step}; try again")
             except redis.exceptions.ResponseError as exc:
                 if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
                     raise
@@ -584,12 +600,17 @@ class GroupSteps:
         applied = 0
         for p in range(cfg.num_partitions):
             pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
-            while True:
+            # Until no group of the partition is due, or a round applies nothing: a call applies
+            # a share of a group's due deadlines (lua/prelude.lua apply_due) and leaves the
+            # group due for the rest; one due in the index with nothing to apply is repaired.
+            for _ in range(MAX_BUSY_CALLS):
                 due = yield Script("due_groups", [pk.due], [self.now_arg(), DUE_BATCH])
                 groups = [_text(g) for g in due[1:]]
+                round_applied = 0
                 for group_id in groups:
-                    applied += int((yield from self.call("expire_deadlines", pk.group(group_id),
-                                                         []))[0])
-                if len(groups) < DUE_BATCH:
+                    round_applied += int((yield from self.call(
+                        "expire_deadlines", pk.group(group_id), []))[0])
+                applied += round_applied
+                if not groups or (round_applied == 0 and len(groups) < DUE_BATCH):
                     break
         return applied

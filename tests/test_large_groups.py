@@ -46,8 +46,17 @@ class Raw:
         self.coord, self.r = coord, coord._redis
         self.keys = coord._keys(GROUP)
 
-    def call(self, step: str, now: int, *args: Any) -> Any:
+    def call_once(self, step: str, now: int, *args: Any) -> Any:
         return self.coord._scripts.call(step, self.keys.all(), [str(now), GROUP, *args])
+
+    def call(self, step: str, now: int, *args: Any) -> Any:
+        """Sent again while it answers BUSY, as rcoord.steps does (each such call wrote a
+        chunk or applied due deadlines)."""
+        for _ in range(1000):
+            reply = self.call_once(step, now, *args)
+            if reply != [b"B"]:
+                return reply
+        raise AssertionError(f"{step} stayed BUSY")
 
     def join(self, now: int, mid: str, rt: int = DELAY, i: int = 0) -> Any:
         return self.call("join_group", now, *JoinRequest.build(
@@ -129,33 +138,59 @@ def test_completion_between_chunks(raw):
     assert raw.r.hget(raw.keys.group, "subs") is None
 
 
-def test_membership_change_finishes_a_pending_completion(raw):
+def test_a_membership_change_during_a_completion_is_busy_until_the_completion_is_whole(raw):
     ids = form_parked(raw, 10)
     now = T0 + DELAY
     raw.await_join(now, ids[0])
     assert raw.field("cjk") == "2"
-    # A LeaveGroup during the completion: the completion is finished first (every parked
-    # member answered with generation 1), then the member leaves and a rebalance starts.
-    res = raw.call("leave_group", now + 1, msgpack.packb([[ids[9], ""]]))
+    # A LeaveGroup during the completion does not finish it in one call (that would block the
+    # shard as long as the completion itself): each call writes the next chunk and, while
+    # chunks remain, answers BUSY with the member still in place.
+    busy = 0
+    while (res := raw.call_once("leave_group", now + 1, msgpack.packb([[ids[9], ""]]))) == [b"B"]:
+        busy += 1
+        assert ids[9] in {m.decode() for m in raw.r.hkeys(raw.keys.members)}
+        assert raw.field("state") == "CompletingRebalance"
+    # Chunks 2 and 3 were written by calls that answered BUSY; the third wrote chunk 4, the
+    # last, and then removed the member.
+    assert busy == 2 and raw.field("cjk") is None
     assert res[0] == b"NONE" and res[1] == [b"NONE"]
-    assert raw.field("cjk") is None and raw.r.zscore(raw.keys.deadlines, "cj") is None
+    assert raw.r.zscore(raw.keys.deadlines, "cj") is None
     assert raw.field("state") == "PreparingRebalance"
-    for mid in ids[:9]:
+    for mid in ids[:9]:  # every parked member was answered with generation 1
         reply = raw.await_join(now + 1, mid)
         assert reply[0] == b"R"
         res = JoinGroupResult.decode(bytes(reply[1]))
         assert res.error is Errors.NONE and res.generation_id == 1
 
 
+def test_a_join_and_a_describe_during_a_completion_are_busy_too(raw):
+    ids = form_parked(raw, 10)
+    now = T0 + DELAY
+    raw.await_join(now, ids[0])
+    assert raw.field("cjk") == "2"
+    # The leader re-sends its JoinGroup: that call writes chunk 2 and answers BUSY...
+    join = JoinRequest.build(
+        GROUP, ids[0], protocol_type="consumer", protocols=[("range", b"")],
+        session_timeout_ms=60_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
+        client_id="c0", client_host="", require_known_member_id=True, reason=None).args()
+    assert raw.call_once("join_group", now, *join) == [b"B"] and raw.field("cjk") == "3"
+    # ...as does a describe (chunk 3); the next writes the last chunk and answers.
+    assert raw.call_once("describe_group", now) == [b"B"] and raw.field("cjk") == "4"
+    described = msgpack.unpackb(raw.call_once("describe_group", now), raw=False)
+    assert raw.field("cjk") is None
+    assert described["st"] == "CompletingRebalance" and len(described["mem"]) == 10
+    lead = JoinGroupResult.decode(bytes(raw.call_once("join_group", now, *join)[1]))
+    assert lead.error is Errors.NONE and [m.member_id for m in lead.members] == ids
+
+
 def test_leader_sync_during_completion_settles_it_first(raw):
+    # A client that syncs before its join reply (it cannot have the member list yet, but it
+    # can name the generation) is not turned away: the chunks are written first, in that call.
     ids = form_parked(raw, 7)
     now = T0 + DELAY
     raw.await_join(now, ids[0])
-    # The leader re-sends its JoinGroup (same metadata) and gets the member list at once...
-    lead = JoinGroupResult.decode(bytes(raw.join(now, ids[0])[1]))
-    assert lead.error is Errors.NONE and [m.member_id for m in lead.members] == ids
-    assert raw.field("cjk") is not None  # (that call wrote the next chunk)
-    # ...then syncs before the other chunks were written: they are written first.
+    assert raw.field("cjk") is not None
     sync = raw.call("sync_group", now, *SyncRequest.build(
         GROUP, 1, ids[0], assignments={m: m.encode() for m in ids}, group_instance_id=None,
         protocol_type=None, protocol_name=None).args())
@@ -270,13 +305,17 @@ def test_sync_propagation_between_chunks(raw):
     assert res.error is Errors.NONE and res.assignment == pending[2].encode()
 
 
-def test_leave_during_sync_chunks_finishes_them_first(raw):
+def test_leave_during_sync_chunks_is_busy_until_they_are_written(raw):
     ids = form_parked(raw, 7)
     now = T0 + DELAY
     complete(raw, ids, now)
     sync_all(raw, ids, now)
     assert raw.field("csk") == "2"
-    res = raw.call("leave_group", now + 1, msgpack.packb([[ids[6], ""]]))
+    # Three chunks: the leader's call wrote the first; a leave writes the second and answers
+    # BUSY, the next writes the last and removes the member.
+    assert raw.call_once("leave_group", now + 1, msgpack.packb([[ids[6], ""]])) == [b"B"]
+    assert raw.field("csk") == "3" and raw.field("state") == "Stable"
+    res = raw.call_once("leave_group", now + 1, msgpack.packb([[ids[6], ""]]))
     assert res[1] == [b"NONE"] and raw.field("csk") is None
     assert raw.field("state") == "PreparingRebalance"
     for mid in ids[:6]:  # every parked SyncGroup got its assignment before the member left
@@ -401,3 +440,88 @@ def test_heartbeat_retries_while_chunks_make_progress(make_coordinator):
     assert clock() >= now
     assert coord.heartbeat(GROUP, 1, ids[1]) is Errors.NONE
     assert raw.field("cjk") is None and raw.r.zscore(raw.keys.deadlines, "hb:not-a-member") is None
+
+
+# -- bursts of deadlines ---------------------------------------------------------------------
+
+
+def set_due_per_call(coord: Any, n: int) -> None:
+    coord._redis.hset(coord._keys(GROUP).partition.cfg, "due_per_call", n)
+
+
+def members(raw: Raw) -> set[str]:
+    return {m.decode() for m in raw.r.hkeys(raw.keys.members)}
+
+
+def burst(raw: Raw, n: int, staying: int) -> tuple[list[str], int]:
+    """A Stable group of ``n``, whose first ``staying`` members heartbeat late, so the sessions
+    of the others pass together at the time returned."""
+    ids = form_stable(raw, n)
+    now = T0 + DELAY
+    # The sync chunks still to write, and what fell due with the sync (the offsets check).
+    while raw.field("csk") is not None:
+        raw.call("expire_deadlines", now + 1)
+    raw.call("expire_deadlines", now + 1)
+    assert raw.r.zcount(raw.keys.deadlines, "-inf", now + 1) == 0
+    args = [str(now + 30_000), GROUP]
+    for mid in ids[:staying]:
+        args += [mid, 1, ""]
+    hb = raw.coord._scripts.call("heartbeat", raw.keys.heartbeat_keys(), args)
+    assert hb == [b"NONE"] * staying
+    return ids, now + 60_001
+
+
+def test_a_burst_of_session_expiries_is_applied_a_share_per_call(raw):
+    # Seven sessions pass at once and a call applies three: a step that finds them due applies
+    # its share and answers BUSY (nothing of the step done) until none is left, then runs.
+    set_due_per_call(raw.coord, 3)
+    ids, later = burst(raw, 10, staying=3)
+    assert raw.call_once("describe_group", later) == [b"B"] and len(members(raw)) == 7
+    assert raw.call_once("describe_group", later) == [b"B"] and len(members(raw)) == 4
+    described = msgpack.unpackb(raw.call_once("describe_group", later), raw=False)
+    assert members(raw) == set(ids[:3]) == {m["id"] for m in described["mem"]}
+    assert described["st"] == "PreparingRebalance"
+
+
+def test_the_sweep_applies_a_share_per_call_and_stays_due_for_the_rest(raw):
+    set_due_per_call(raw.coord, 3)
+    ids, later = burst(raw, 10, staying=3)
+    due = raw.r.zscore(raw.keys.partition.due, GROUP)
+    assert due is not None and due <= later
+    reply = raw.call_once("expire_deadlines", later)
+    assert reply[0] == 3 and [int(x) for x in reply[1:]] == [1] * 3  # lateness, ms
+    assert len(members(raw)) == 7
+    assert raw.r.zscore(raw.keys.partition.due, GROUP) <= later  # still due: the sweep returns
+    assert raw.call_once("expire_deadlines", later)[0] == 3
+    assert raw.call_once("expire_deadlines", later)[0] == 1
+    assert members(raw) == set(ids[:3])
+    assert raw.r.zscore(raw.keys.partition.due, GROUP) > later
+
+
+def test_every_expiry_of_a_burst_is_applied_through_the_api(make_coordinator):
+    # The public API hides the shares: run_timers sweeps until nothing is due, a heartbeat
+    # applies the deadlines first, and a step answered BUSY is sent again.
+    from rcoord import TopicPartition
+    from rcoord.testing.clock import MockTime
+
+    clock = MockTime(T0)
+    coord = make_coordinator(clock=clock, group_initial_rebalance_delay_ms=DELAY)
+    set_due_per_call(coord, 2)
+    raw = Raw(coord)
+    ids, later = burst(raw, 9, staying=2)
+    clock.sleep(later - clock())
+    tp = TopicPartition("t", 0)
+    # A commit from an expired member: its session is gone (deadlines act first).
+    assert coord.commit_offsets(GROUP, {tp: 1}, member_id=ids[5], generation_id=1) == {
+        tp: Errors.UNKNOWN_MEMBER_ID}
+    assert members(raw) == set(ids[:2])
+    # Another burst, swept by run_timers, then a heartbeat that finds none left to apply.
+    set_due_per_call(coord, 1)
+    assert coord.heartbeat(GROUP, 1, ids[0]) is Errors.REBALANCE_IN_PROGRESS
+    # (Deadlines of no member, due now: each is applied, to no effect. The group's published
+    # earliest is a lower bound of its deadlines, so it is lowered with them.)
+    raw.r.zadd(raw.keys.deadlines, {f"hb:ghost-{i}": clock() for i in range(5)})
+    raw.r.hset(raw.keys.group, "ea", clock())
+    raw.r.zadd(raw.keys.partition.due, {GROUP: clock()})
+    assert coord.run_timers() == 5
+    assert raw.r.zcount(raw.keys.deadlines, "-inf", clock()) == 0
