@@ -10,7 +10,11 @@ Issue 12 asks that no single script call block the shard for more than 5 ms whil
 per member at 1,000 members be at most 1.3 times the figure at 100. This bench forms groups of
 100 and 1,000 members with one client that pipelines every step for all members (the scripts
 never block, so the server's share is measured without thousands of member threads), then sends
-one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). For every phase it
+one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). Then the cases
+where one request used to do a whole group's pending work in one call: 500 of 1,000 sessions
+passing at once (the sweep's ``expire_deadlines`` calls until all are applied), and a late
+JoinGroup, a LeaveGroup of one member and a DescribeGroups sent through the public API while a
+1,000-member join completion is still being written in chunks. For every phase it
 reports the script calls, their total server time (``INFO commandstats`` deltas of EVALSHA) and
 the longest single call (``SLOWLOG`` with a 0 µs threshold, read back after the phase), and the
 server process's CPU time over the phase (``INFO cpu``; unlike the first two it does not count
@@ -26,6 +30,7 @@ import argparse
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +87,11 @@ class Phase:
                 "max_ms": worst / 1000.0, "cpu_ms": (cpu1 - self.cpu0) * 1000}
 
 
-def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoordinator, list[str],
-                                                                      dict[str, Any]]:
+def form(r: redis.Redis, ns: str, members: int, phase: Phase, *,
+         completing: bool = False) -> tuple[GroupCoordinator, list[str], dict[str, Any]]:
     """Form a Stable group of ``members`` dynamic members; returns the coordinator, the member
-    ids, and the phase figures (formation as a whole and the call that completed the join)."""
+    ids, and the phase figures (formation as a whole and the call that completed the join).
+    ``completing``: stop after the call that completed the join (its first chunk written)."""
     coord = GroupCoordinator(r, CoordinatorConfig(
         group_initial_rebalance_delay_ms=DELAY_MS, group_min_session_timeout_ms=1000,
         namespace=ns)).start()
@@ -143,6 +149,8 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase) -> tuple[GroupCoor
         if st != b"PreparingRebalance":
             break
     assert st == b"CompletingRebalance", st
+    if completing:
+        return coord, ids, figures
     # A large group's completion is written in chunks, one per call: parked callers whose chunk
     # is still pending are told to wait (already passed), and call again, as the client does.
     phase.start()
@@ -198,6 +206,56 @@ def cleanup(r: redis.Redis, ns: str) -> None:
         r.delete(key)
 
 
+def burst(r: redis.Redis, ns: str, expiring: int) -> dict[str, float]:
+    """A Stable 1,000-member group whose first ``expiring`` members' sessions pass at once (the
+    others heartbeat 30 s later, at an explicit time): the sweep's calls until all are applied."""
+    coord, ids, _ = form(r, ns, 1000, Phase(r))
+    keys = coord._keys(GROUP)
+    sec, usec = r.time()
+    now = sec * 1000 + usec // 1000
+    gen = int(r.hget(keys.group, "gen"))
+    pipe = r.pipeline(transaction=False)
+    for mid in ids[expiring:]:
+        pipe.execute_command(*coord._scripts.command(
+            "heartbeat", keys.heartbeat_keys(), [str(now + 30_000), GROUP, mid, gen, ""]))
+    assert all(x == [b"NONE"] for x in pipe.execute())
+    phase = Phase(r)
+    phase.start()
+    while r.hlen(keys.members) > 1000 - expiring:  # (as the sweeper calls while it stays due)
+        r.execute_command(*coord._scripts.command(
+            "expire_deadlines", keys.all(), [str(now + SESSION_TIMEOUT_MS + 10_000), GROUP]))
+    return phase.stop()
+
+
+def during_completion(r: redis.Redis, ns: str, what: str) -> dict[str, float]:
+    """One request while a 1,000-member join completion is being written in chunks (a
+    straggler's JoinGroup, one member's LeaveGroup, a DescribeGroups), through the public API,
+    which sends it again while it answers BUSY (each such call writes a chunk)."""
+    coord, ids, _ = form(r, ns, 1000, Phase(r), completing=True)
+    keys = coord._keys(GROUP)
+    assert r.hget(keys.group, "cjk") is not None
+    phase = Phase(r)
+    phase.start()
+    if what == "join":
+        res = coord.join_group(GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
+                               session_timeout_ms=SESSION_TIMEOUT_MS)
+        assert res.error is Errors.MEMBER_ID_REQUIRED
+        pool = ThreadPoolExecutor(1)  # the join parks: wait until it has, then move on
+        pool.submit(coord.join_group, GROUP, res.member_id, protocol_type="consumer",
+                    protocols=[("range", b"")], session_timeout_ms=SESSION_TIMEOUT_MS)
+        deadline = time.monotonic() + 30
+        while not r.hexists(keys.joining, res.member_id):
+            assert time.monotonic() < deadline, "the late join did not park"
+            time.sleep(0.005)
+        pool.shutdown(wait=False, cancel_futures=True)
+    elif what == "leave":
+        res = coord.leave_group(GROUP, [MemberIdentity(member_id=ids[500])])
+        assert res.error is Errors.NONE and res.members[0].error is Errors.NONE
+    else:
+        assert len(coord.describe_group(GROUP).members) == 1000
+    return phase.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--redis-url", help="use this server (127.0.0.1 only)")
@@ -250,6 +308,20 @@ def main(argv: list[str] | None = None) -> int:
                 cleanup(r, ns)
             rows.append([f"leave {leaving} of 1000 (one request)", str(lf["calls"]),
                          f"{lf['ms']:.1f}", "-", f"{lf['max_ms']:.2f}", f"{lf['cpu_ms']:.1f}"])
+        for label, measure in (
+                ("500 of 1000 sessions pass at once (sweep)", lambda ns: burst(r, ns, 500)),
+                ("late JoinGroup while 1000 complete", lambda ns: during_completion(r, ns, "join")),
+                ("LeaveGroup of 1 while 1000 complete",
+                 lambda ns: during_completion(r, ns, "leave")),
+                ("DescribeGroups while 1000 complete",
+                 lambda ns: during_completion(r, ns, "describe"))):
+            ns = f"{base}-{len(rows)}"
+            try:
+                f = measure(ns)
+            finally:
+                cleanup(r, ns)
+            rows.append([label, str(f["calls"]), f"{f['ms']:.1f}", "-", f"{f['max_ms']:.2f}",
+                         f"{f['cpu_ms']:.1f}"])
     finally:
         r.config_set("slowlog-log-slower-than", old.get("slowlog-log-slower-than", 10000))
         r.config_set("slowlog-max-len", old.get("slowlog-max-len", 128))
@@ -264,9 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
     ratio = per_member[1000] / per_member[100]
-    worst = max(float(row[4]) for row in rows)
-    print(f"\nper-member ratio 1000/100: {ratio:.2f} (target <= 1.3); "
-          f"longest call {worst:.2f} ms (target <= {TARGET_MAX_CALL_MS} ms); "
+    # Issue 12's target covers forming 1,000 members and 500 of them leaving in one request;
+    # the rows after those are reported beside it.
+    targeted = [row for row in rows if row[0].startswith(("form 1000", "  join completion + "
+                "replies, 1000", "  leader's SyncGroup + replies, 1000", "leave 500"))]
+    others = rows[-4:]
+    worst = max(float(row[4]) for row in targeted)
+    print(f"\nper-member ratio 1000/100: {ratio:.2f} (target <= 1.3); longest call forming 1000 "
+          f"or leaving 500: {worst:.2f} ms (target <= {TARGET_MAX_CALL_MS} ms); in the last "
+          f"four rows: {max(float(row[4]) for row in others):.2f} ms; "
           f"load average {os.getloadavg()[0]:.2f}")
     return 0
 

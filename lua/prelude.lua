@@ -840,9 +840,9 @@ end
 -- Gives every member its new assignment (``asg_of(id)``) and completes the parked SyncGroups
 -- with it (or with the error ``err``), in chunks (above): the ids come from the hash's keys, so
 -- no record is decoded outside the chunk that writes it.
-local function propagate_assignment(err, asg_of)
+local function propagate_assignment(err, asg_of, ids)
   settle_chunks()
-  local ids = redis.call('HKEYS', K_MEMBERS)
+  ids = ids or redis.call('HKEYS', K_MEMBERS)
   for i, id in ipairs(ids) do
     if id == G.leader and i > 1 then
       ids[i] = ids[1]
@@ -877,9 +877,21 @@ local function set_and_propagate_assignment(assignments)
   propagate_assignment('NONE', function(id) return assignments[id] or '' end)
 end
 
+-- Kafka clears every member's assignment and answers the parked SyncGroups. Here only the
+-- parked members are written: while CompletingRebalance, a member has synced (its SyncGroup is
+-- parked, 'as') exactly when it is no longer expected to (the syncing hash; join chunks are
+-- settled first), and an assignment is read only in Stable, which every member reaches with
+-- one written by the leader's propagation. So a reset costs the members that synced, not the
+-- whole group (a late joiner right after a 1,000-member completion: none).
 local function reset_and_propagate_error(err)
   if G.state ~= COMPLETING then illegal('reset of assignment outside CompletingRebalance') end
-  propagate_assignment(err, function() return '' end)
+  settle_chunks()
+  local parked, expected = {}, {}
+  for _, id in ipairs(redis.call('HKEYS', K_PSYNC)) do expected[id] = true end
+  for _, id in ipairs(redis.call('HKEYS', K_MEMBERS)) do
+    if not expected[id] then parked[#parked + 1] = id end
+  end
+  propagate_assignment(err, function() return '' end, parked)
 end
 
 local function remove_pending_sync(id)

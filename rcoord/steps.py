@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis.exceptions
@@ -38,10 +39,12 @@ from .keys import GroupKeys, PartitionKeys
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
 from .protocol.admin import (
+    DESCRIBE_PAGE,
+    DESCRIBE_RESTARTS,
     GroupDescription,
     GroupListing,
     OffsetDeleteResult,
-    decode_description,
+    decode_description_page,
     group_ids_arg,
     states_filter,
 )
@@ -536,7 +539,24 @@ class GroupSteps:
         The empty group id is a group like any other here, as in Kafka.
         """
         gid = check_id("group_id", group_id)
-        return decode_description(gid, (yield from self.call("describe_group", self.keys(gid), [])))
+        for attempt in range(DESCRIBE_RESTARTS + 1):
+            # A large group is listed a page per call (lua/describe_group.lua); a page taken
+            # after the group changed starts the description again, and the last try lists
+            # the group in one call, which is consistent by itself.
+            size: int | str = DESCRIBE_PAGE if attempt < DESCRIBE_RESTARTS else ""
+            keys = self.keys(gid)
+            desc, total, token = decode_description_page(
+                gid, (yield from self.call("describe_group", keys, [0, size])))
+            members = list(desc.members)
+            while len(members) < total:
+                page, _, again = decode_description_page(
+                    gid, (yield from self.call("describe_group", keys, [len(members), size])))
+                if again != token or not page.members:
+                    break
+                members += page.members
+            else:
+                return replace(desc, members=members)
+        raise AssertionError("unreachable: the last try lists the group in one call")
 
     def list_groups(self, states: Sequence[str] | None = None) -> Flow[list[GroupListing]]:
         """ListGroups across every partition (one node or a cluster), optionally by state name.

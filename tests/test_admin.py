@@ -29,6 +29,29 @@ def test_describe_stable_group_shows_metadata_and_assignment(ctx):
         "cid", "/10.0.0.1", b"range-meta", ids[1].encode())
 
 
+def test_a_group_larger_than_a_page_is_described_a_page_per_call(ctx, monkeypatch, namespace):
+    # (lua/describe_group.lua: listing 1,000 members in one call held the shard 7-9 ms)
+    import rcoord.steps
+    from rcoord.steps import GroupSteps
+
+    gen, ids = ctx.stable_group(5, client_id="cid")
+    whole = ctx.coord.describe_group(ctx.group_id)
+    calls = []
+    call = GroupSteps.call
+
+    def counting(self, step, keys, args):
+        if self.namespace == namespace and step == "describe_group":
+            calls.append(list(args))
+        return call(self, step, keys, args)
+
+    monkeypatch.setattr(GroupSteps, "call", counting)
+    monkeypatch.setattr(rcoord.steps, "DESCRIBE_PAGE", 2)
+    paged = ctx.coord.describe_group(ctx.group_id)
+    assert calls == [[0, 2], [2, 2], [4, 2]]
+    assert paged == whole and len(paged.members) == 5 and paged.state == "Stable"
+    assert {m.member_id: m.assignment for m in paged.members} == {m: m.encode() for m in ids}
+
+
 def test_describe_rebalancing_group_hides_metadata(ctx):
     gen, ids = ctx.stable_group(2)
     ctx.join_async(ids[0])

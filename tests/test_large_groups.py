@@ -525,3 +525,72 @@ def test_every_expiry_of_a_burst_is_applied_through_the_api(make_coordinator):
     raw.r.zadd(raw.keys.partition.due, {GROUP: clock()})
     assert coord.run_timers() == 5
     assert raw.r.zcount(raw.keys.deadlines, "-inf", clock()) == 0
+
+
+def test_a_reset_during_completing_rebalance_writes_only_the_members_that_synced(raw):
+    # Kafka clears every assignment and answers the parked SyncGroups; only the latter can be
+    # observed (an assignment is read in Stable only, and Stable is reached with the leader's),
+    # so only the members that synced are written.
+    ids = form_parked(raw, 7)
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    synced, waiting = ids[1:3], ids[3:]
+    for mid in synced:
+        assert sync(raw, now, mid)[0] == b"W"
+    before = {mid: raw.r.hget(raw.keys.members, mid) for mid in waiting}
+    # A member leaves: a rebalance, and the reset of the pending assignment.
+    res = raw.call("leave_group", now, msgpack.packb([[ids[6], ""]]))
+    assert res[1] == [b"NONE"] and raw.field("state") == "PreparingRebalance"
+    for mid in synced:
+        reply = raw.call("await_reply", now, mid, "s")
+        assert reply[0] == b"R"
+        assert SyncGroupResult.decode(bytes(reply[1])).error is Errors.REBALANCE_IN_PROGRESS
+        assert msgpack.unpackb(raw.r.hget(raw.keys.members, mid), raw=True)[b"as"] == 0
+    for mid in waiting[:-1]:
+        assert raw.r.hget(raw.keys.members, mid) == before[mid]
+        assert not raw.r.hexists(raw.keys.replies, f"s:{mid}")
+
+
+def test_a_description_whose_group_changed_between_pages_starts_again(make_coordinator,
+                                                                        monkeypatch):
+    import rcoord.steps
+    from rcoord.steps import GroupSteps
+    from rcoord.testing.clock import MockTime
+
+    clock = MockTime(T0 + DELAY)
+    coord = make_coordinator(clock=clock, group_initial_rebalance_delay_ms=DELAY)
+    set_chunk(coord, GROUP, 3)
+    raw = Raw(coord)
+    ids = form_stable(raw, 6)
+    monkeypatch.setattr(rcoord.steps, "DESCRIBE_PAGE", 2)
+    calls = []
+    call = GroupSteps.call
+
+    def changing(self, step, keys, args):
+        reply = yield from call(self, step, keys, args)
+        if step == "describe_group":
+            calls.append(list(args))
+            if len(calls) == 1:  # between the first and second page, a member leaves
+                raw.call("leave_group", clock(), msgpack.packb([[ids[5], ""]]))
+        return reply
+
+    monkeypatch.setattr(GroupSteps, "call", changing)
+    desc = coord.describe_group(GROUP)
+    assert calls == [[0, 2], [2, 2], [0, 2], [2, 2], [4, 2]]  # the second page started it again
+    assert desc.state == "PreparingRebalance"
+    assert [m.member_id for m in desc.members] == ids[:5]  # (join order)
+    # A group that keeps changing: the last try lists it in one call.
+    monkeypatch.setattr(rcoord.steps, "DESCRIBE_RESTARTS", 0)
+    calls.clear()
+    assert [m.member_id for m in coord.describe_group(GROUP).members] == ids[:5]
+    assert calls == [[0, ""]]
+
+
+def test_a_group_an_older_rcoord_made_is_described_in_one_call(raw):
+    # Without the join order key, the members are listed whole (ordered by their records).
+    ids = form_stable(raw, 5)
+    raw.r.hdel(raw.keys.group, "oq")
+    raw.r.delete(raw.keys.order)
+    blob = raw.call("describe_group", T0 + DELAY, 0, 2)
+    described = msgpack.unpackb(blob, raw=False)
+    assert [m["id"] for m in described["mem"]] == ids and described["n"] == 5
