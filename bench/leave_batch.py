@@ -338,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = per_member[1000] / per_member[100]
     # Issue 12's target covers forming 1,000 members and 500 of them leaving in one request;
     # the rows after those are reported beside it.
-    targeted = [row for row in rows if row[0].startswith(("form 1000", "  join completion + "
-                "replies, 1000", "  leader's SyncGroup + replies, 1000", "leave 500"))]
+    targeted = [row for row in rows if row[0].startswith((
+        "form 1000", "  join completion + replies, 1000", "  leader's SyncGroup + replies, 1000",
+        "leave 500"))]
     others = rows[-4:]
     worst = max(float(row[4]) for row in targeted)
     print(f"\nper-member ratio 1000/100: {ratio:.2f} (target <= 1.3); longest call forming 1000 "

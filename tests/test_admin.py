@@ -34,7 +34,7 @@ def test_a_group_larger_than_a_page_is_described_a_page_per_call(ctx, monkeypatc
     import rcoord.steps
     from rcoord.steps import GroupSteps
 
-    gen, ids = ctx.stable_group(5, client_id="cid")
+    _gen, ids = ctx.stable_group(5, client_id="cid")
     whole = ctx.coord.describe_group(ctx.group_id)
     calls = []
     call = GroupSteps.call

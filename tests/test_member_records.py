@@ -39,7 +39,7 @@ def test_every_record_written_leads_with_the_session_timeout(ctx):
     _gen, ids = ctx.stable_group(3)
     for mid in ids:
         rec = _record(ctx, mid)
-        assert list(rec)[0] == b"st"
+        assert next(iter(rec)) == b"st"
         assert rec[b"st"] == 7000 and rec[b"id"] == mid.encode()
 
 
@@ -81,7 +81,7 @@ def test_a_record_of_more_than_fifteen_entries_is_rewritten_led_by_its_session_t
     blob = _blob(ctx, leader)
     assert blob[0] == 0xDE  # map16
     rewritten = msgpack.unpackb(blob, raw=True)
-    assert list(rewritten)[0] == b"st" and rewritten[b"st"] == 9000
+    assert next(iter(rewritten)) == b"st" and rewritten[b"st"] == 9000
     assert {k: rewritten[k] for k in extra} == extra
     ctx.sleep(1000)
     assert ctx.heartbeat(leader, gen + 1) == Errors.NONE

@@ -65,8 +65,8 @@ class OffsetDeleteResult:
 
 
 DESCRIBE_PAGE = 250
-"""Members listed per ``describe_group`` call (lua/describe_group.lua): about 2 ms of server
-time each; 1,000 in one call held the shard 7-9 ms."""
+"""Members listed per ``describe_group`` call (lua/describe_group.lua): at most 4 ms of server
+time each in ``bench/leave_batch.py``; 1,000 in one call held the shard 7-9 ms."""
 DESCRIBE_RESTARTS = 3
 """Times a paged description starts again because the group changed between its pages; the
 last try lists the group in one call."""
