@@ -241,13 +241,19 @@ def during_completion(r: redis.Redis, ns: str, what: str) -> dict[str, float]:
                                session_timeout_ms=SESSION_TIMEOUT_MS)
         assert res.error is Errors.MEMBER_ID_REQUIRED
         pool = ThreadPoolExecutor(1)  # the join parks: wait until it has, then move on
-        pool.submit(coord.join_group, GROUP, res.member_id, protocol_type="consumer",
-                    protocols=[("range", b"")], session_timeout_ms=SESSION_TIMEOUT_MS)
+        parked = pool.submit(coord.join_group, GROUP, res.member_id, protocol_type="consumer",
+                             protocols=[("range", b"")], session_timeout_ms=SESSION_TIMEOUT_MS)
         deadline = time.monotonic() + 30
         while not r.hexists(keys.joining, res.member_id):
             assert time.monotonic() < deadline, "the late join did not park"
             time.sleep(0.005)
-        pool.shutdown(wait=False, cancel_futures=True)
+        figures = phase.stop()
+        # Untimed: the late member leaves, so its parked join returns (UNKNOWN_MEMBER_ID)
+        # instead of polling into the next phase.
+        coord.leave_group(GROUP, [MemberIdentity(member_id=res.member_id)])
+        assert parked.result(30).error is Errors.UNKNOWN_MEMBER_ID
+        pool.shutdown()
+        return figures
     elif what == "leave":
         res = coord.leave_group(GROUP, [MemberIdentity(member_id=ids[500])])
         assert res.error is Errors.NONE and res.members[0].error is Errors.NONE

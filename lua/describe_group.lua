@@ -6,11 +6,13 @@
 -- ARGV[4] the most members to list ('' = every one)
 -- Returns cmsgpack {st = state, pt = protocol type, pn = protocol name (Stable only),
 --                   mem = {{id, iid, cid, host, meta, asg}...}, n = members in all,
---                   tok = what the pages of one description share}; a missing group is 'Dead'.
+--                   nx = where the next page starts, tok = what the pages of one description
+--                   share}; a missing group is 'Dead'.
 -- Listing 1,000 members in one call held the shard 7-9 ms, so a caller lists a large group a
 -- page at a time (rcoord/steps.py describe_group). The pages come from the join order key;
 -- a page whose tok differs from the first page's was taken after the members, the state or
--- the generation changed, and the caller starts again. A group an older rcoord made (no order
+-- the generation changed (a static member's replacement too: it bumps the join sequence), and
+-- the caller starts again; so does one that lacks a member its ids named. A group an older rcoord made (no order
 -- key, or members it added missing from it) is listed whole in one call.
 
 local function member_entry(rec, stable)
@@ -29,22 +31,20 @@ local function describe_group(ARGV)
     local first, size = tonumber(ARGV[3]) or 0, tonumber(ARGV[4])
     local total = nmembers()
     local members = {}
-    -- (The order key holds no member that left; it lacks members an older rcoord added: it
-    -- holds them all when it has an entry at position total - 1. ZRANGE, not ZCARD, which the
-    -- documented ACL roles do not allow: docs/security.md.)
-    if size and G.oq and total > 0
-        and #redis.call('ZRANGE', K_ORDER, total - 1, total - 1) == 1 then
+    local nx = total
+    if size and G.oq and total > 0 and order_holds_all(total) then
       local ids = redis.call('ZRANGE', K_ORDER, first, first + size - 1)
       local blobs = #ids > 0 and hmget_batched(K_MEMBERS, ids) or {}
       for i = 1, #ids do
         if blobs[i] then members[#members + 1] = member_entry(cmsgpack.unpack(blobs[i]), stable) end
       end
+      nx = first + #ids
     else
       for _, rec in ipairs(all_members()) do members[#members + 1] = member_entry(rec, stable) end
       total = #members
     end
     out = {st = G.state, pt = G.ptype, pn = stable and G.pname or '', mem = members, n = total,
-      tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total}
+      nx = nx, tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total}
   end
   return cmsgpack.pack(out)
 end

@@ -83,6 +83,9 @@ local function replace_static_member(old_id, new_id)
     redis.call('ZADD', K_ORDER, rec.seq, new_id)
   end
   if G.leader == old_id then set_g('leader', new_id) end
+  -- (The join sequence moves on, though the new id keeps the old one's place: a description
+  -- listed a page at a time sees that the members changed; describe_group.lua.)
+  set_g('seq', tonumber(G.seq or '0') + 1)
   redis.call('HSET', K_STATIC, REQ.iid, new_id)
   -- rcoord: the obligation to sync moves to the new id (see docs/architecture.md).
   if was_pending_sync then redis.call('HSET', K_PSYNC, new_id, 1) end

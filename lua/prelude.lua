@@ -958,6 +958,14 @@ local function init_next_generation()
 end
 
 -- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
+-- Whether the order key holds every one of the group's ``n`` members (it never holds a member
+-- that left; it lacks members an older rcoord added during a rolling upgrade): it has an entry
+-- at position n - 1. ZRANGE, not ZCARD, which the documented ACL roles do not grant
+-- (docs/security.md).
+local function order_holds_all(n)
+  return n == 0 or #redis.call('ZRANGE', K_ORDER, n - 1, n - 1) == 1
+end
+
 local function maybe_elect_new_joined_leader()
   if G.leader == '' then return false end
   if awaiting_join(G.leader) then return true end
@@ -969,7 +977,7 @@ local function maybe_elect_new_joined_leader()
     end
     -- None there: if the order key holds every member, nobody rejoined; else members an older
     -- rcoord added are only in the records.
-    if redis.call('ZCARD', K_ORDER) == nmembers() then return false end
+    if order_holds_all(nmembers()) then return false end
   end
   for _, rec in ipairs(all_members()) do
     if awaiting_join(rec.id) then
@@ -1399,8 +1407,10 @@ local function apply_due()
       else
         cancel(name) -- (no chunk left: a stray continuation)
       end
-      applied = applied + 1
-      if G.cjk or G.csk then break end
+      if G.cjk or G.csk then
+        applied = applied + 1
+        break
+      end
     else
       budget = budget or due_budget()
       if budget == 0 then

@@ -545,17 +545,21 @@ class GroupSteps:
             # the group in one call, which is consistent by itself.
             size: int | str = DESCRIBE_PAGE if attempt < DESCRIBE_RESTARTS else ""
             keys = self.keys(gid)
-            desc, total, token = decode_description_page(
+            first = decode_description_page(
                 gid, (yield from self.call("describe_group", keys, [0, size])))
-            members = list(desc.members)
-            while len(members) < total:
-                page, _, again = decode_description_page(
-                    gid, (yield from self.call("describe_group", keys, [len(members), size])))
-                if again != token or not page.members:
+            members, at = list(first.description.members), first.next
+            while at < first.total:
+                page = decode_description_page(
+                    gid, (yield from self.call("describe_group", keys, [at, size])))
+                # A page of another moment, or one that lacks a member its ids named.
+                if (page.token != first.token or page.next <= at
+                        or len(page.description.members) != page.next - at):
                     break
-                members += page.members
+                members += page.description.members
+                at = page.next
             else:
-                return replace(desc, members=members)
+                if len(members) == first.total:
+                    return replace(first.description, members=members)
         raise AssertionError("unreachable: the last try lists the group in one call")
 
     def list_groups(self, states: Sequence[str] | None = None) -> Flow[list[GroupListing]]:
@@ -617,20 +621,26 @@ class GroupSteps:
     def run_timers(self) -> Flow[int]:
         """Apply every passed deadline in every partition; return how many were applied."""
         cfg = yield from self._current_layout()
+        partitions = [PartitionKeys(cfg.namespace, p, cfg.num_partitions)
+                      for p in range(cfg.num_partitions)]
         applied = 0
-        for p in range(cfg.num_partitions):
-            pk = PartitionKeys(cfg.namespace, p, cfg.num_partitions)
-            # Until no group of the partition is due, or a round applies nothing: a call applies
-            # a share of a group's due deadlines (lua/prelude.lua apply_due) and leaves the
-            # group due for the rest; one due in the index with nothing to apply is repaired.
-            for _ in range(MAX_BUSY_CALLS):
+        # Passes over every partition until one finds nothing due or applies nothing: a call
+        # applies a share of a group's due deadlines (lua/prelude.lua apply_due) and leaves the
+        # group due for the rest, for the next pass, so a partition with a burst does not hold
+        # the others back; a group due in the index with nothing to apply is repaired.
+        for _ in range(MAX_BUSY_CALLS):
+            again, full, pass_applied = [], False, 0
+            for pk in partitions:
                 due = yield Script("due_groups", [pk.due], [self.now_arg(), DUE_BATCH])
-                groups = [_text(g) for g in due[1:]]
-                round_applied = 0
-                for group_id in groups:
-                    round_applied += int((yield from self.call(
-                        "expire_deadlines", pk.group(group_id), []))[0])
-                applied += round_applied
-                if not groups or (round_applied == 0 and len(groups) < DUE_BATCH):
-                    break
+                groups = due[1:]
+                for raw in groups:
+                    pass_applied += int((yield from self.call(
+                        "expire_deadlines", pk.group(_text(raw)), []))[0])
+                if groups:
+                    again.append(pk)  # (only these can still be due)
+                full = full or len(groups) >= DUE_BATCH
+            applied += pass_applied
+            if not again or (pass_applied == 0 and not full):
+                break
+            partitions = again
         return applied

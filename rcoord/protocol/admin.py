@@ -19,6 +19,7 @@ __all__ = [
     "OffsetDeleteResult",
     "DESCRIBE_PAGE",
     "DESCRIBE_RESTARTS",
+    "DescriptionPage",
     "decode_description_page",
     "group_ids_arg",
     "states_filter",
@@ -72,11 +73,21 @@ DESCRIBE_RESTARTS = 3
 last try lists the group in one call."""
 
 
-def decode_description_page(group_id: str, blob: bytes) -> tuple[GroupDescription, int, bytes]:
-    """One page of a description: the description with this page's members, how many members
-    the group has in all, and the token every page of one consistent description shares."""
+@dataclass(frozen=True)
+class DescriptionPage:
+    """One page of a description (lua/describe_group.lua): the description with this page's
+    members, how many members the group has in all, where the next page starts, and the token
+    every page of one consistent description shares."""
+
+    description: GroupDescription
+    total: int
+    next: int
+    token: bytes
+
+
+def decode_description_page(group_id: str, blob: bytes) -> DescriptionPage:
     rep: dict[bytes, Any] = msgpack.unpackb(blob, raw=True)
-    return GroupDescription(
+    description = GroupDescription(
         error=Errors.NONE,
         group_id=group_id,
         state=text(rep[b"st"]),
@@ -93,7 +104,10 @@ def decode_description_page(group_id: str, blob: bytes) -> tuple[GroupDescriptio
             )
             for m in (rep.get(b"mem") or [])
         ],
-    ), int(rep.get(b"n") or 0), bytes(rep.get(b"tok") or b"")
+    )
+    total = int(rep.get(b"n") or 0)
+    return DescriptionPage(description, total, int(rep.get(b"nx") or total),
+                           bytes(rep.get(b"tok") or b""))
 
 
 def group_ids_arg(group_ids: Iterable[Any]) -> list[str]:
