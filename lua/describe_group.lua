@@ -12,8 +12,8 @@
 -- page at a time (rcoord/steps.py describe_group). The pages come from the join order key;
 -- a page whose tok differs from the first page's was taken after the members, the state or
 -- the generation changed (a static member's replacement too: it bumps the join sequence), and
--- the caller starts again; so does one that lacks a member its ids named. A group an older rcoord made (no order
--- key, or members it added missing from it) is listed whole in one call.
+-- the caller starts again; so does one that lacks a member its ids named. A group an older
+-- rcoord made (no order key, or members it added missing from it) is listed whole in one call.
 
 local function member_entry(rec, stable)
   return {id = rec.id, iid = rec.iid, cid = rec.cid, host = rec.host,
