@@ -50,7 +50,7 @@ local function commit_offsets(req)
 
   -- A commit from a member of the current generation counts as a heartbeat.
   if session and (G.state == STABLE or G.state == PREPARING) then
-    schedule(hb_key(req.member_id), NOW + session)
+    reschedule_heartbeat(req.member_id, session)
   end
 
   local expire = -1

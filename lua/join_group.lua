@@ -99,7 +99,7 @@ local function update_static_member_and_rebalance(old_id, new_id)
       ' when the unknown static member ' .. REQ.iid .. ' rejoins.')
   end
   local rec = replace_static_member(old_id, new_id)
-  reschedule_heartbeat(rec)
+  reschedule_heartbeat(rec.id, rec.st)
   update_member(rec, REQ, true)
   if G.state == STABLE then
     if select_protocol() == G.pname then

@@ -768,7 +768,7 @@ local function validate_member(id, iid, session_only)
   return nil, session_only and rec.st or rec
 end
 
-local function reschedule_heartbeat(rec) schedule(hb_key(rec.id), NOW + rec.st) end
+local function reschedule_heartbeat(id, st) schedule(hb_key(id), NOW + st) end
 
 -- Sync propagation in chunks (issue 12: no single call may block the shard for long). Giving a
 -- large group its assignment rewrites every member record and answers every parked SyncGroup,
@@ -957,7 +957,6 @@ local function init_next_generation()
   end
 end
 
--- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
 -- Whether the order key holds every one of the group's ``n`` members (it never holds a member
 -- that left; it lacks members an older rcoord added during a rolling upgrade): it has an entry
 -- at position n - 1. ZRANGE, not ZCARD, which the documented ACL roles do not grant
@@ -966,6 +965,7 @@ local function order_holds_all(n)
   return n == 0 or #redis.call('ZRANGE', K_ORDER, n - 1, n - 1) == 1
 end
 
+-- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
 local function maybe_elect_new_joined_leader()
   if G.leader == '' then return false end
   if awaiting_join(G.leader) then return true end
