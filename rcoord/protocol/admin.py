@@ -66,7 +66,7 @@ class OffsetDeleteResult:
 
 
 DESCRIBE_PAGE = 250
-"""Members listed per ``describe_group`` call (lua/describe_group.lua): at most 4 ms of server
+"""Members listed per ``describe_group`` call (lua/describe_group.lua): at most 4.6 ms of server
 time each in ``bench/leave_batch.py``; 1,000 in one call held the shard 7-9 ms."""
 DESCRIBE_RESTARTS = 3
 """Times a paged description starts again because the group changed between its pages; the
