@@ -26,7 +26,11 @@ is not the group's earliest, a heartbeat of the member whose session is (in a st
 next member to heartbeat is that one), a one-partition OffsetCommit, a JoinGroup and SyncGroup
 of a rebalance round of the one-member group (the leader rejoins: the join completes in the same
 call, then the leader syncs its assignment), and ``await_reply`` collecting a stored reply.
-Issue 12's targets are printed beside them.
+Issue 12's targets are printed beside them, and so is what each row's calls cost when they run
+only their Redis commands ("its commands alone"): the commands each call ran, recorded through
+a copy of the library whose ``redis.call`` notes them, replayed by a function that does nothing
+else, with the same keys and arguments. That is the floor under a step's time for as long as it
+runs those commands; the rest of its time is its Lua. Without ``--against`` only.
 
 Run: ``python bench/step_cost.py`` (``-n`` calls per phase and round, default 4000;
 ``--rounds``, default 5; ``--against REV``; ``--redis-url`` for an existing server). Prints a
@@ -64,6 +68,33 @@ JOIN = {"protocol_type": "consumer", "protocols": [("range", b"\x00\x01")],
         "require_known_member_id": False}
 BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_bare', " \
            "function() return 1 end)"
+# Put in front of a copy of the library (after its name line; the library uses only these three
+# of the redis API, and a function library may not use setmetatable while it loads): every
+# redis.call the steps make is noted, arguments as the server receives them (numbers as Redis turns them into strings),
+# and rcoord_bench_recorded returns the notes since the last time it was called.
+RECORDER = """
+local function real_redis() return redis end -- the global, as each call finds it
+local RECORDED = {}
+local redis = {
+  register_function = function(...) return real_redis().register_function(...) end,
+  error_reply = function(...) return real_redis().error_reply(...) end,
+  call = function(...)
+    local cmd = {...}
+    for i = 1, #cmd do
+      if type(cmd[i]) == 'number' then cmd[i] = string.format('%.17g', cmd[i]) end
+    end
+    RECORDED[#RECORDED + 1] = cmd
+    return real_redis().call(...)
+  end,
+}
+redis.register_function('rcoord_bench_recorded', function()
+  local out = RECORDED
+  RECORDED = {}
+  return out
+end)
+"""
+RECORDING_LIB = "rcoord_bench_rec"
+FLOOR_LIB = "rcoord_bench_floor"
 TARGETS = {"fixed overhead": "<= 3", "heartbeat": "<= 6", "commit": "<= 15", "join": "<= 20",
            "sync": "<= 20"}
 ROUND = "rebalance round"
@@ -79,6 +110,7 @@ class Variant:
     name: str
     phases: dict[str, Make]
     steps: dict[Any, str]
+    coord: GroupCoordinator | None = None
     # per phase label: per round, step (or "all", "inner") -> (calls, usec or commands)
     results: dict[str, list[dict[str, tuple[int, int]]]] = field(default_factory=dict)
 
@@ -115,6 +147,62 @@ def use_library(coord: GroupCoordinator, name: str, source: str) -> None:
     scripts = coord._scripts
     scripts.library, scripts._source = name, source
     scripts.names = {step: f"{name}_{step}" for step in scripts.names}
+
+
+def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
+                      calls: list[tuple[Any, ...]]) -> list[list[list[bytes]]]:
+    """The commands each of ``calls`` runs inside the server, in order: the calls run once,
+    in order, through a copy of the library whose ``redis.call`` notes its arguments
+    (RECORDER), so they change the groups as the measured calls would."""
+    scripts = coord._scripts
+    head = f"#!lua name={scripts.library}\nlocal LIB = '{scripts.library}'\n"
+    assert scripts._source.startswith(head), "the library's first lines changed"
+    r.function_load(f"#!lua name={RECORDING_LIB}\nlocal LIB = '{RECORDING_LIB}'\n{RECORDER}"
+                    + scripts._source[len(head):], replace=True)
+    out = []
+    for cmd in calls:
+        name = cmd[1].decode() if isinstance(cmd[1], bytes) else str(cmd[1])
+        r.execute_command(cmd[0], name.replace(scripts.library, RECORDING_LIB, 1), *cmd[2:])
+        out.append(r.fcall("rcoord_bench_recorded", 0))
+    r.function_delete(RECORDING_LIB)
+    return out
+
+
+def lua_literal(arg: bytes | int) -> str:
+    """``arg`` as a Lua string literal (every byte outside printable ASCII, and the quote and
+    backslash, as a three-digit decimal escape, which Lua 5.1 reads whatever follows it)."""
+    raw = str(arg).encode() if isinstance(arg, int) else arg
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in b'"\\' else f"\\{b:03d}"
+                         for b in raw) + '"'
+
+
+def commands_alone(r: redis.Redis, v: Variant) -> Variant:
+    """What each phase's calls would cost if they ran only their Redis commands: one library
+    function per recorded call that replays, with the same keys and arguments passed in (so
+    the call itself costs the same), the exact commands the step ran, and nothing else. The
+    floor a step's Lua cannot go under without running fewer commands; the replay repeats the
+    recorded writes (the same values again), which costs about what the step's writes do."""
+    lines = [f"#!lua name={FLOOR_LIB}"]
+    phases: dict[str, Make] = {}
+    steps: dict[Any, str] = {}
+    made = 0
+    for label, make in v.phases.items():
+        for cmd in make():  # one call first, so the recorded one takes the measured calls' path
+            r.execute_command(*cmd)
+        calls = make()
+        floors = []
+        for cmd, recorded in zip(calls, recorded_commands(r, v.coord, calls), strict=True):
+            made += 1
+            fn = f"{FLOOR_LIB}_{made}"
+            body = ", ".join("{" + ", ".join(lua_literal(a) for a in c) + "}" for c in recorded)
+            lines.append(f"local C{made} = {{{body}}}")
+            lines.append(f"redis.register_function('{fn}', function() for _, c in ipairs(C{made}) "
+                         "do redis.call(unpack(c)) end return 1 end)")
+            floors.append(("FCALL", fn, *cmd[2:]))
+            steps[fn] = v.steps.get(cmd[1], str(cmd[1]))
+        phases[label] = lambda floors=floors: floors  # type: ignore[misc]
+    r.function_load("\n".join(lines), replace=True)
+    return Variant("commands alone", phases, steps)
 
 
 def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Variant:
@@ -182,7 +270,7 @@ def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Varia
     names = {heartbeat[1]: "heartbeat", join[1]: "join_group", commit[1]: "commit_offsets",
              expire[1]: "expire_deadlines", await_reply[1]: "await_reply",
              sync_cmd(advance=False)[1]: "sync_group"}
-    return Variant(name, phases, names)
+    return Variant(name, phases, names, coord)
 
 
 def main() -> None:
@@ -218,10 +306,14 @@ def run(r: redis.Redis, n: int, batch: int, rounds: int, against: str | None = N
     except redis.ResponseError:
         pass
     base = Variant("bare", bare, {})
+    # Beside this tree's calls (alone, not with --against), the same calls' commands alone.
+    # (Their own groups: a replay writes what the recorded calls wrote, the same values again.)
+    floor = commands_alone(r, prepare(r, "commands alone", None)) if against is None else None
+    measured = variants if floor is None else [*variants, floor]
     labels = [*bare, *variants[0].phases]
     for _ in range(rounds):
         for label in labels:
-            for v in ([base] if label in bare else variants):
+            for v in ([base] if label in bare else measured):
                 # Batch by batch, so two variants see the same moments of the machine.
                 v.results.setdefault(label, []).append(
                     measure(r, v.phases[label], n, batch, v.steps, split=label == ROUND))
@@ -237,12 +329,23 @@ def run(r: redis.Redis, n: int, batch: int, rounds: int, against: str | None = N
                 per_round = [pick(rd) for rd in v.results[label]]
                 inner = v.results[label][0].get("inner") if pick is pick_all else None
                 cells.append((per_round, inner))
-            rows.append(row(row_label, cells, len(variants)))
+            out = row(row_label, cells, len(variants))
+            if floor is not None:
+                alone = "" if label in bare else f"{median_rate(map(pick, floor.results[label])):.1f}"
+                out.insert(-1, alone)
+            rows.append(out)
     header = ["step", "calls/round", "commands/call", "server µs/call (median)", "range"]
+    if floor is not None:
+        header.append("its commands alone µs")
     if against is not None:
         header = ["step", "calls/round", "commands/call", "µs/call", f"{against}: commands/call",
                   f"{against}: µs/call", "this / " + against]
     print_table([*header, "target µs"], rows)
+
+
+def median_rate(per_round: Any) -> float:
+    """Median over rounds of µs per call, from (calls, usec) per round."""
+    return statistics.median(u / max(c, 1) for c, u in per_round)
 
 
 def pick_all(rd: dict[str, tuple[int, int]]) -> tuple[int, int]:
