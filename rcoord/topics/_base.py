@@ -14,7 +14,7 @@ import redis.exceptions
 from ..errors import Errors, InvalidRequestError, ProtocolError
 from ..murmur2 import murmur2
 from ..partitioning import SLOTS, keyslot
-from ..scripts import lua_source
+from ..scripts import MAX_RELOADS, lua_source
 
 MAX_APPEND_PER_CALL = 1000
 """Records per append script call; bounds how long one call holds the server."""
@@ -195,8 +195,16 @@ class _Lua:
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
+            pass
+        # (Another SCRIPT FLUSH or a restart may land between the load and the call: MAX_RELOADS.)
+        for reload in range(1, MAX_RELOADS + 1):
             client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                if reload == MAX_RELOADS:
+                    raise
+        raise AssertionError("not reached")  # (the loop returns or raises)
 
 
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]

@@ -1,0 +1,134 @@
+"""A call whose function (or topic script) the server has lost loads it and sends itself again,
+however often a flush lands between that load and the call, up to ``MAX_RELOADS`` loads.
+
+A fault test that flushed four times in a row hit the case once under load: the one retry after
+the load found the library gone again, the member took the error for an unknown one and left its
+group. The flush here is sent right after each load, the exact window that run fell into.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from rcoord.scripts import MAX_RELOADS, Scripts, is_missing_function
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics._base import PRODUCER_ID
+
+DUE_KEY = "{scripts-reload}:due"
+
+
+class FlushAfterLoad(Scripts):
+    """Scripts whose first ``flushes`` library loads are each undone by a FUNCTION FLUSH."""
+
+    def __init__(self, client: Any, flushes: int) -> None:
+        super().__init__(client)
+        self.flushes, self.loads = flushes, 0
+
+    def load_library(self) -> None:
+        super().load_library()
+        self.loads += 1
+        if self.loads <= self.flushes:
+            self._client.function_flush()
+
+    async def aload_library(self) -> None:
+        await super().aload_library()
+        self.loads += 1
+        if self.loads <= self.flushes:
+            await self._client.function_flush()
+
+
+def _now_of(reply: list[Any]) -> int:
+    """due_groups answers {now, group ids...}: the server's clock, in ms."""
+    return int(reply[0])
+
+
+@pytest.fixture
+def client(redis_server: EmbeddedServer) -> Any:
+    r = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    yield r
+    Scripts(r).load_library()  # (leave the library in place; later callers would load it anyway)
+    r.close()
+
+
+@pytest.mark.parametrize("flushes", range(MAX_RELOADS))
+def test_a_call_loads_again_while_flushes_undo_its_loads(client: Any, flushes: int) -> None:
+    scripts = FlushAfterLoad(client, flushes)
+    scripts.load()
+    client.function_flush()
+    now = _now_of(scripts.call("due_groups", [DUE_KEY], ["", "10"]))
+    assert now > 0
+    assert scripts.loads == flushes + 1
+
+
+def test_a_call_gives_up_after_max_reloads(client: Any) -> None:
+    scripts = FlushAfterLoad(client, MAX_RELOADS)
+    scripts.load()
+    client.function_flush()
+    with pytest.raises(redis.ResponseError) as caught:
+        scripts.call("due_groups", [DUE_KEY], ["", "10"])
+    assert is_missing_function(caught.value)
+    assert scripts.loads == MAX_RELOADS
+
+
+@pytest.mark.parametrize("flushes", [MAX_RELOADS - 1, MAX_RELOADS])
+def test_the_asyncio_driver_loads_alike(redis_server: EmbeddedServer, flushes: int) -> None:
+    async def run() -> tuple[Any, int]:
+        r = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        try:
+            scripts = FlushAfterLoad(r, flushes)
+            scripts.load()
+            await r.function_flush()
+            try:
+                reply: Any = await scripts.acall("due_groups", [DUE_KEY], ["", "10"])
+            except redis.ResponseError as exc:
+                reply = exc
+            await Scripts(r).aload_library()
+            return reply, scripts.loads
+        finally:
+            await r.aclose()
+
+    reply, loads = asyncio.run(run())
+    if flushes < MAX_RELOADS:
+        assert _now_of(reply) > 0
+        assert loads == flushes + 1
+    else:
+        assert isinstance(reply, redis.ResponseError) and is_missing_function(reply)
+        assert loads == MAX_RELOADS
+
+
+class ScriptFlushAfterLoad:
+    """A client whose first ``flushes`` SCRIPT LOADs are each undone by a SCRIPT FLUSH."""
+
+    def __init__(self, client: Any, flushes: int) -> None:
+        self.client, self.flushes, self.loads = client, flushes, 0
+
+    def evalsha(self, *args: Any) -> Any:
+        return self.client.evalsha(*args)
+
+    def script_load(self, source: str) -> Any:
+        sha = self.client.script_load(source)
+        self.loads += 1
+        if self.loads <= self.flushes:
+            self.client.script_flush()
+        return sha
+
+
+@pytest.mark.parametrize("flushes", [MAX_RELOADS - 1, MAX_RELOADS])
+def test_a_topic_script_loads_alike(client: Any, flushes: int) -> None:
+    key = "{scripts-reload}:producer-ids"
+    client.set(key, 41)
+    flushing = ScriptFlushAfterLoad(client, flushes)
+    client.script_flush()
+    if flushes < MAX_RELOADS:
+        assert PRODUCER_ID(flushing, [key], []) == 42
+        assert flushing.loads == flushes + 1
+    else:
+        with pytest.raises(redis.exceptions.NoScriptError):
+            PRODUCER_ID(flushing, [key], [])
+        assert flushing.loads == MAX_RELOADS
+        assert client.get(key) == b"41"  # it never ran
