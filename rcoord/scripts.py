@@ -114,8 +114,9 @@ def _scoped(step_file: str) -> str:
 MAX_RELOADS = 3
 """Times one call loads the library and sends itself again while the server answers that the
 function is missing. Once is not always enough: another FUNCTION FLUSH, a restart or a failover
-may land between the load and the call it was for (a fault test flushing four times in a row hit
-that under load, and the member, taking the error for an unknown one, left its group)."""
+may land between the load and the call it was for (most likely what failed one CI run of the
+fault test that flushes four times in a row: a member took the second "Function not found" for
+an unknown error and left its group)."""
 
 
 def is_missing_function(exc: BaseException) -> bool:
