@@ -8,6 +8,7 @@ never see each other's keys and need no FLUSHALL.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -115,13 +116,46 @@ def make_coordinator(redis_client: Any, namespace: str) -> Callable[..., GroupCo
     return make
 
 
+class TrackedPool(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool that remembers its futures, so that its fixture can end the calls a test
+    left parked."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers)
+        self.futures: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any,  # type: ignore[override]
+               **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future = super().submit(fn, *args, **kwargs)
+        self.futures.append(future)
+        return future
+
+
+RELEASE_S = 5.0
+"""How long the pool fixture tries to end the calls a test left parked."""
+DAY_MS = 86_400_000
+
+
 @pytest.fixture
-def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
-    """Threads for parked calls (members are threads, as in a real group)."""
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=64)
+def pool(clock: MockTime) -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    """Threads for parked calls (members are threads, as in a real group).
+
+    A call a test leaves parked on the MockTime clock would otherwise poll the server every
+    20 ms for the rest of the session (its deadlines never come), and later tests would see its
+    calls (one counted a leftover thread's ``await_reply`` once). At the end the clock moves a
+    day at a time, so every deadline passes and each parked call gets its answer (for at most
+    RELEASE_S; a call parked on the real clock ends at its own deadlines)."""
+    executor = TrackedPool(max_workers=64)
     try:
         yield executor
     finally:
+        give_up = time.monotonic() + RELEASE_S
+        while time.monotonic() < give_up:
+            pending = [f for f in executor.futures if not f.done()]
+            if not pending:
+                break
+            clock.sleep(DAY_MS)
+            concurrent.futures.wait(pending, timeout=0.2)
         executor.shutdown(wait=False, cancel_futures=True)
 
 
