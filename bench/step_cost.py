@@ -70,8 +70,8 @@ BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_
            "function() return 1 end)"
 # Put in front of a copy of the library (after its name line; the library uses only these three
 # of the redis API, and a function library may not use setmetatable while it loads): every
-# redis.call the steps make is noted, arguments as the server receives them (numbers as Redis turns them into strings),
-# and rcoord_bench_recorded returns the notes since the last time it was called.
+# redis.call the steps make is noted, arguments as the server receives them (numbers as Redis
+# turns them into strings), and rcoord_bench_recorded returns the notes since its last call.
 RECORDER = """
 local function real_redis() return redis end -- the global, as each call finds it
 local RECORDED = {}

@@ -1,9 +1,9 @@
 """A call whose function (or topic script) the server has lost loads it and sends itself again,
 however often a flush lands between that load and the call, up to ``MAX_RELOADS`` loads.
 
-A fault test that flushed four times in a row hit the case once under load: the one retry after
-the load found the library gone again, the member took the error for an unknown one and left its
-group. The flush here is sent right after each load, the exact window that run fell into.
+Most likely what failed one CI run of the fault test that flushes four times in a row: the one
+retry after the load found the library gone again, and the member, taking the error for an
+unknown one, left its group. The flush here is sent right after each load, that very window.
 """
 
 from __future__ import annotations
