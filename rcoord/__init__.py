@@ -26,6 +26,7 @@ from .errors import (
     InvalidRequestError,
     ProtocolError,
     RcoordError,
+    ServerUnavailable,
 )
 from .partitioning import partition_for
 from .protocol import (
@@ -51,6 +52,7 @@ __all__ = [
     "Generation",
     "GroupClosedError",
     "ConnectionLost",
+    "ServerUnavailable",
     "CoordinatorConfig",
     "Errors",
     "GroupCoordinator",

@@ -6,6 +6,7 @@ Hierarchy::
     ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
     ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
+    │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, ...)
     ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
@@ -46,10 +47,12 @@ __all__ = [
     "RcoordError",
     "RebalanceInProgressError",
     "ScriptError",
+    "ServerUnavailable",
     "UnknownMemberIdError",
+    "is_missing_function",
     "raise_for_script_error",
-    "script_error_names",
     "reraise_as_rcoord",
+    "script_error_names",
     "translate_redis_errors",
 ]
 
@@ -136,6 +139,32 @@ class ConnectionLost(RcoordError):
     Every rcoord script is safe to retry (see docs/architecture.md, "Retries"), so the usual
     reaction is to back off and call again.
     """
+
+
+class ServerUnavailable(ConnectionLost):
+    """Redis answered that it cannot run the call now, and did not run it: a replica's READONLY
+    (a failover the client's connection has not followed yet), BUSY (another script running past
+    busy-reply-threshold), TRYAGAIN (a slot migrating), or a function or script still missing
+    after ``rcoord.scripts.MAX_RELOADS`` loads. Kafka's answer in those moments is
+    COORDINATOR_NOT_AVAILABLE, which clients retry keeping their member id; a ``ConnectionLost``
+    gets the same reaction everywhere (the worker client backs off and retries; the gateway
+    answers a group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown
+    error, which leaves the group."""
+
+
+def is_missing_function(exc: BaseException) -> bool:
+    """Whether a server error says the called function is not loaded (Redis and Valkey answer
+    "ERR Function not found")."""
+    return isinstance(exc, redis.exceptions.ResponseError) and "function not found" in str(exc).lower()
+
+
+def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:
+    """The answers ``ServerUnavailable`` stands for (redis-py has classes for some; BUSY comes
+    as a plain error whose text starts with the code)."""
+    if isinstance(exc, (redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
+                        redis.exceptions.NoScriptError)):
+        return True
+    return str(exc).startswith("BUSY ") or is_missing_function(exc)
 
 
 class MissingPermissionError(RcoordError):
@@ -261,6 +290,8 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
         raise ConnectionLost(f"{name}: slot unavailable for now ({exc})") from exc
     if isinstance(exc, redis.exceptions.ResponseError):
         raise_for_script_error(exc)
+        if _cannot_run_now(exc):
+            raise ServerUnavailable(f"{name}: Redis cannot run this now; try again ({exc})") from exc
 
 
 def translate_redis_errors(fn: F) -> F:

@@ -32,6 +32,7 @@ from typing import Any
 import redis
 
 from .contract import lua_header
+from .errors import is_missing_function
 
 __all__ = ["GROUP_STEPS", "MAX_RELOADS", "STANDALONE", "Scripts", "build_library",
            "is_missing_function", "library_source", "lua_dir", "lua_source", "route_fcall_locally"]
@@ -116,13 +117,8 @@ MAX_RELOADS = 3
 function is missing. Once is not always enough: another FUNCTION FLUSH, a restart or a failover
 may land between the load and the call it was for (most likely what failed one CI run of the
 fault test that flushes four times in a row: a member took the second "Function not found" for
-an unknown error and left its group)."""
-
-
-def is_missing_function(exc: BaseException) -> bool:
-    """Whether a server error says the called function is not loaded (Redis and Valkey answer
-    "ERR Function not found")."""
-    return isinstance(exc, redis.ResponseError) and "function not found" in str(exc).lower()
+an unknown error and left its group). A call that still finds it missing raises, and the public
+API's boundary turns that into ``ServerUnavailable`` (retried, not taken for an unknown error)."""
 
 
 def route_fcall_locally(client: Any) -> None:

@@ -1,0 +1,125 @@
+"""When Redis answers that it cannot run a call now (a replica's READONLY after a failover the
+client has not followed, BUSY, TRYAGAIN, a function still missing after every reload), the public
+API raises ``ServerUnavailable``, a ``ConnectionLost``: retried with the member id kept, as Kafka's
+clients retry COORDINATOR_NOT_AVAILABLE, instead of taken for an unknown error (which makes a
+worker leave its group)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from rcoord import (
+    ConnectionLost,
+    CoordinatorConfig,
+    Errors,
+    GroupCoordinator,
+    ServerUnavailable,
+)
+from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.client.policy import CONNECTION_LOST, reaction_for
+from rcoord.errors import reraise_as_rcoord
+from rcoord.testing.embedded import EmbeddedServer
+
+JOIN = {"protocol_type": "consumer", "protocols": [("range", b"")], "session_timeout_ms": 30_000,
+        "require_known_member_id": False}
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedServer]:
+    """A server of the test's own: it is turned into a replica and back."""
+    own = EmbeddedServer().start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _demote(r: redis.Redis) -> None:
+    """Make the server a replica of a master that does not exist: it keeps its data (it never
+    syncs) and refuses writes with READONLY, as a demoted master does after a failover."""
+    r.execute_command("REPLICAOF", "127.0.0.1", _unused_port())
+
+
+@pytest.mark.parametrize("answer", [
+    redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+    redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+    redis.exceptions.NoScriptError("No matching script. Please use EVAL."),
+    redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"),
+    redis.ResponseError("Function not found"),
+])
+def test_answers_that_mean_not_now_become_server_unavailable(answer: Exception) -> None:
+    with pytest.raises(ServerUnavailable) as caught:
+        reraise_as_rcoord("heartbeat", answer)
+    assert isinstance(caught.value, ConnectionLost) and caught.value.__cause__ is answer
+    assert "try again" in str(caught.value)
+
+
+def test_other_errors_are_left_alone() -> None:
+    reraise_as_rcoord("heartbeat", redis.ResponseError("WRONGTYPE Operation against a key"))
+    reraise_as_rcoord("heartbeat", redis.ResponseError("ERR unknown command 'FCALL'"))
+
+
+def test_the_worker_retries_it_keeping_its_member_id() -> None:
+    reaction = reaction_for(ServerUnavailable("heartbeat: Redis cannot run this now"))
+    assert reaction == CONNECTION_LOST
+    assert reaction.retry and reaction.member_id == "keep"
+
+
+def test_a_demoted_master_answers_server_unavailable_until_it_is_promoted(
+        server: EmbeddedServer, namespace: str) -> None:
+    r = redis.Redis(host="127.0.0.1", port=server.port)
+    coord = GroupCoordinator(r, CoordinatorConfig(
+        namespace=namespace, group_initial_rebalance_delay_ms=0,
+        group_min_session_timeout_ms=100)).start()
+    joined = coord.join_group("g", **JOIN)
+    coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+    _demote(r)
+    try:
+        with pytest.raises(ServerUnavailable, match="READONLY|read only"):
+            coord.heartbeat("g", joined.generation_id, joined.member_id)
+    finally:
+        r.execute_command("REPLICAOF", "NO", "ONE")
+    assert coord.heartbeat("g", joined.generation_id, joined.member_id) is Errors.NONE
+    r.close()
+
+
+def test_the_asyncio_coordinator_answers_alike(server: EmbeddedServer, namespace: str) -> None:
+    r = redis.Redis(host="127.0.0.1", port=server.port)
+
+    async def scenario() -> tuple[Any, Errors]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        try:
+            coord = await AsyncGroupCoordinator(client, CoordinatorConfig(
+                namespace=namespace, group_initial_rebalance_delay_ms=0,
+                group_min_session_timeout_ms=100)).start()
+            joined = await coord.join_group("g", **JOIN)
+            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            _demote(r)
+            try:
+                await coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused: Any = None
+            except ServerUnavailable as exc:
+                refused = exc
+            finally:
+                r.execute_command("REPLICAOF", "NO", "ONE")
+            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
+        finally:
+            await client.aclose()
+
+    refused, after = asyncio.run(scenario())
+    assert isinstance(refused, ServerUnavailable)
+    assert after is Errors.NONE
+    r.close()
