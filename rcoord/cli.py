@@ -137,8 +137,14 @@ def add_tls_arguments(p: argparse.ArgumentParser) -> None:
 
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
+    from .errors import (
+        ConfigError,
+        ConnectionLost,
+        MissingPermissionError,
+        RcoordError,
+        ServerUnavailable,
+    )
     from .testing.embedded import EmbeddedServerError
-    from .errors import ConfigError, ConnectionLost, MissingPermissionError, RcoordError
 
     at = f" at {redact(url)}" if url else ""
     cause: BaseException = exc
@@ -163,6 +169,12 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
         )
     if isinstance(exc, MissingPermissionError):
         return EXIT_FAILURE, text
+    if isinstance(cause, redis.exceptions.ReadOnlyError):
+        return EXIT_FAILURE, (
+            f"Redis{at} is a read-only replica ({text}); give the URL of its master"
+        )
+    if isinstance(exc, ServerUnavailable):
+        return EXIT_FAILURE, f"Redis{at} cannot run this now ({text}); try again"
     if isinstance(cause, redis.exceptions.NoPermissionError):
         return EXIT_FAILURE, (
             f"the Redis user may not do this: {text}; docs/security.md lists the ACL rules "

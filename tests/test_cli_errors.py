@@ -171,3 +171,21 @@ def test_demo_time_limit_covers_set_up(redis_server, single_client):
     ns = re.search(r"namespace (demo-\S+);", res.stdout)
     assert ns, res.stdout
     assert list(single_client.scan_iter(match=f"{ns.group(1)}:*", count=1000)) == []
+
+
+def test_a_replica_is_named_with_what_to_do_instead(tmp_path):
+    """A write sent to a replica (a URL naming the wrong node, or a master demoted by a
+    failover) says so and asks for the master's URL."""
+    server = EmbeddedServer().start()
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            absent = s.getsockname()[1]
+        client = server.client()
+        client.execute_command("REPLICAOF", "127.0.0.1", absent)
+        res = rcoord("topics", "create", "orders", "--partitions", "1", "--redis-url", server.url)
+        line = one_error_line(res, "topics create")
+        assert res.returncode == 1
+        assert "read-only replica" in line and "give the URL of its master" in line, line
+    finally:
+        server.stop()
