@@ -84,8 +84,8 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except (InvalidRequestError, TypeError, ValueError) as exc:  # rcoord's argument checks
         log.info("%s v%d refused: %s", entry.name, version, exc)
         response = error_response(key, version, Errors.INVALID_REQUEST)
-    except ConnectionLost as exc:
-        log.warning("%s v%d: Redis unreachable: %s", entry.name, version, exc)
+    except ConnectionLost as exc:  # (ServerUnavailable too: Redis answered "not now")
+        log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version, exc)
         code = Errors.COORDINATOR_NOT_AVAILABLE if entry.group else Errors.UNKNOWN_SERVER_ERROR
         response = error_response(key, version, code)
     except Exception:
