@@ -8,6 +8,7 @@ never see each other's keys and need no FLUSHALL.
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -61,6 +62,25 @@ def redis_client(request: pytest.FixtureRequest, backend: str) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    """A server of the test's own, for a test that changes the server itself (demotes it to a
+    replica, flushes its functions) or must not see other tests' clients."""
+    server = EmbeddedServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def refused_port() -> int:
+    """A port nothing listens on: bound, then closed."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

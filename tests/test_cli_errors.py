@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,14 +46,6 @@ def locked_server() -> Iterator[EmbeddedServer]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def refused_port() -> int:
-    """A port nothing listens on: bound, then closed."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 COMMANDS = ["coordinator", "demo"]
@@ -173,19 +164,12 @@ def test_demo_time_limit_covers_set_up(redis_server, single_client):
     assert list(single_client.scan_iter(match=f"{ns.group(1)}:*", count=1000)) == []
 
 
-def test_a_replica_is_named_with_what_to_do_instead(tmp_path):
+def test_a_replica_is_named_with_what_to_do_instead(own_server, refused_port):
     """A write sent to a replica (a URL naming the wrong node, or a master demoted by a
     failover) says so and asks for the master's URL."""
-    server = EmbeddedServer().start()
-    try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            absent = s.getsockname()[1]
-        client = server.client()
-        client.execute_command("REPLICAOF", "127.0.0.1", absent)
-        res = rcoord("topics", "create", "orders", "--partitions", "1", "--redis-url", server.url)
-        line = one_error_line(res, "topics create")
-        assert res.returncode == 1
-        assert "read-only replica" in line and "give the URL of its master" in line, line
-    finally:
-        server.stop()
+    with own_server.client() as client:
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    res = rcoord("topics", "create", "orders", "--partitions", "1", "--redis-url", own_server.url)
+    line = one_error_line(res, "topics create")
+    assert res.returncode == 1
+    assert "read-only replica" in line and "give the URL of its master" in line, line

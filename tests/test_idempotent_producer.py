@@ -507,14 +507,13 @@ class CountingRetry(Retry):
 
 
 @pytest.fixture
-def own_server() -> Iterator[EmbeddedServer]:
-    server = EmbeddedServer().start()
+def own_server(own_server: EmbeddedServer) -> Iterator[EmbeddedServer]:
+    """conftest's own_server, never left stopped (these tests SIGSTOP it)."""
     try:
-        yield server
+        yield own_server
     finally:
-        if server.pid is not None:
-            os.kill(server.pid, signal.SIGCONT)  # never leave it stopped
-        server.stop()
+        if own_server.pid is not None:
+            os.kill(own_server.pid, signal.SIGCONT)
 
 
 def test_no_duplicates_when_the_server_stalls_and_redis_py_retries(

@@ -47,20 +47,11 @@ def _now_of(reply: list[Any]) -> int:
     return int(reply[0])
 
 
-@pytest.fixture(scope="module")
-def server() -> Any:
-    """A server of this module's own: on the shared one, a thread an earlier test left running
-    may load the library between a flush here and the call that should find it missing."""
-    own = EmbeddedServer().start()
-    try:
-        yield own
-    finally:
-        own.stop()
-
-
 @pytest.fixture
-def client(server: EmbeddedServer) -> Any:
-    r = redis.Redis(host="127.0.0.1", port=server.port)
+def client(own_server: EmbeddedServer) -> Any:
+    """A client of a server of the test's own: on the shared one, another test's client may load
+    the library between a flush here and the call that should find it missing."""
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
     yield r
     r.close()
 
@@ -86,9 +77,9 @@ def test_a_call_gives_up_after_max_reloads(client: Any) -> None:
 
 
 @pytest.mark.parametrize("flushes", [MAX_RELOADS - 1, MAX_RELOADS])
-def test_the_asyncio_driver_loads_alike(server: EmbeddedServer, flushes: int) -> None:
+def test_the_asyncio_driver_loads_alike(own_server: EmbeddedServer, flushes: int) -> None:
     async def run() -> tuple[Any, int]:
-        r = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        r = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
         try:
             scripts = FlushAfterLoad(r, flushes)
             scripts.load()

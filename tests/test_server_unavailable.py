@@ -7,8 +7,6 @@ worker leave its group)."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,26 +29,10 @@ JOIN = {"protocol_type": "consumer", "protocols": [("range", b"")], "session_tim
         "require_known_member_id": False}
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    """A server of the test's own: it is turned into a replica and back."""
-    own = EmbeddedServer().start()
-    try:
-        yield own
-    finally:
-        own.stop()
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _demote(r: redis.Redis) -> None:
+def _demote(r: redis.Redis, absent_port: int) -> None:
     """Make the server a replica of a master that does not exist: it keeps its data (it never
     syncs) and refuses writes with READONLY, as a demoted master does after a failover."""
-    r.execute_command("REPLICAOF", "127.0.0.1", _unused_port())
+    r.execute_command("REPLICAOF", "127.0.0.1", absent_port)
 
 
 @pytest.mark.parametrize("answer", [
@@ -79,14 +61,14 @@ def test_the_worker_retries_it_keeping_its_member_id() -> None:
 
 
 def test_a_demoted_master_answers_server_unavailable_until_it_is_promoted(
-        server: EmbeddedServer, namespace: str) -> None:
-    r = redis.Redis(host="127.0.0.1", port=server.port)
+        own_server: EmbeddedServer, refused_port: int, namespace: str) -> None:
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
     coord = GroupCoordinator(r, CoordinatorConfig(
         namespace=namespace, group_initial_rebalance_delay_ms=0,
         group_min_session_timeout_ms=100)).start()
     joined = coord.join_group("g", **JOIN)
     coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-    _demote(r)
+    _demote(r, refused_port)
     try:
         with pytest.raises(ServerUnavailable, match="READONLY|read only"):
             coord.heartbeat("g", joined.generation_id, joined.member_id)
@@ -96,18 +78,19 @@ def test_a_demoted_master_answers_server_unavailable_until_it_is_promoted(
     r.close()
 
 
-def test_the_asyncio_coordinator_answers_alike(server: EmbeddedServer, namespace: str) -> None:
-    r = redis.Redis(host="127.0.0.1", port=server.port)
+def test_the_asyncio_coordinator_answers_alike(own_server: EmbeddedServer, refused_port: int,
+                                               namespace: str) -> None:
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
 
     async def scenario() -> tuple[Any, Errors]:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
         try:
             coord = await AsyncGroupCoordinator(client, CoordinatorConfig(
                 namespace=namespace, group_initial_rebalance_delay_ms=0,
                 group_min_session_timeout_ms=100)).start()
             joined = await coord.join_group("g", **JOIN)
             await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            _demote(r)
+            _demote(r, refused_port)
             try:
                 await coord.heartbeat("g", joined.generation_id, joined.member_id)
                 refused: Any = None
