@@ -4,7 +4,10 @@ A topic with N partitions is N streams plus one metadata hash. Partition ``p`` o
 
 * ``<ns>:topic:{<tag>}:<topic>:<p>``: a stream, one entry per record;
 * ``<ns>:topicmeta:{<topic>}``: a hash with ``partitions``, ``created_ms`` and the retention
-  settings (``retention_records``, ``retention_ms``; absent means unlimited).
+  settings (``retention_records``, ``retention_ms``; absent means unlimited), and the token of
+  the ``create`` call that made it (``create_token``);
+* ``<ns>:topicmade:{<tag>}:<topic>:<p>``: that token again, beside the stream, so a resent
+  ``create`` does not make the partition a second time.
 
 **Offsets are stream ids.** The record at Kafka offset ``o`` has the stream id ``0-<o+1>``.
 Appends use ``XADD key 0-*`` (Redis >= 7): the server itself gives the next sequence number in

@@ -156,9 +156,22 @@ def producer_state_keys(namespace: str, topic: str, partition: int) -> tuple[str
 
 
 def partition_keys(namespace: str, topic: str, partition: int) -> list[str]:
-    """Every key of one partition: the stream, then its producer state (``topic_make`` KEYS)."""
+    """The stream of one partition, then its producer state (idempotent appends' KEYS)."""
     return [partition_key(namespace, topic, partition),
             *producer_state_keys(namespace, topic, partition)]
+
+
+def creation_token_key(namespace: str, topic: str, partition: int) -> str:
+    """The token of the ``Topics.create`` call that made the partition, in the stream's slot: a
+    resent create finds it and leaves the partition (and what producers appended) alone."""
+    return f"{namespace}:topicmade:{{{partition_tag(topic, partition)}}}:{topic}:{partition}"
+
+
+def make_keys(namespace: str, topic: str, partition: int) -> list[str]:
+    """Every key of one partition (``topic_make`` KEYS): ``partition_keys`` and its creation
+    token."""
+    return [*partition_keys(namespace, topic, partition),
+            creation_token_key(namespace, topic, partition)]
 
 
 def producer_id_counter_key(namespace: str) -> str:

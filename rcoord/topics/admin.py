@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from ..errors import Errors, translate_redis_errors
@@ -22,9 +23,10 @@ from ._base import (
     _name,
     _opt_int,
     _run,
+    creation_token_key,
+    make_keys,
     meta_key,
     partition_key,
-    partition_keys,
     producer_state_keys,
 )
 
@@ -40,7 +42,10 @@ class Topics:
     ``delete`` removes the streams first and the metadata last, so a half-deleted topic is
     still listed and ``delete`` can simply be called again. A ``create`` that crashed after
     its claim leaves a listed topic whose missing partitions ``describe`` reports as
-    UNKNOWN_TOPIC_OR_PARTITION; ``delete`` and ``create`` again mend it.
+    UNKNOWN_TOPIC_OR_PARTITION; ``delete`` and ``create`` again mend it. A step resent by
+    redis-py after a lost reply is not a crash: each ``create`` call carries a token of its own,
+    so its resent claim succeeds again and its resent partition step leaves alone the partitions
+    it already made (and the records producers appended since).
     """
 
     def __init__(self, redis_client: Any, namespace: str = "rcoord") -> None:
@@ -75,16 +80,21 @@ class Topics:
         ):
             if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < low):
                 raise TopicError(Errors.INVALID_CONFIG, f"{name} must be an int >= {low}: {val!r}")
+        # One token per call: redis-py resends a script whose reply was lost (its default
+        # Retry), and the resent call must know it is the same create, not a second one.
+        token = uuid.uuid4().hex
         (res,) = _run(self._r, [(CREATE_META, [meta_key(self._ns, topic)], [
             partitions,
             "" if retention_records is None else retention_records,
             "" if retention_ms is None else retention_ms,
             "" if producer_id_expiration_ms is None else producer_id_expiration_ms,
+            token,
         ])])
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), topic)
-        # The name is ours now; drop whatever a crashed delete of an older topic left behind.
-        _run(self._r, [(MAKE, partition_keys(self._ns, topic, p), ["reset"])
+        # The name is ours now; drop whatever a crashed delete of an older topic left behind,
+        # but never what this create made (a resent MAKE finds its token and does nothing).
+        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["reset", token])
                        for p in range(partitions)])
 
     @translate_redis_errors
@@ -101,7 +111,7 @@ class Topics:
         if new_total <= current:
             raise TopicError(Errors.INVALID_PARTITIONS,
                              f"{topic} has {current} partitions; cannot go to {new_total}")
-        _run(self._r, [(MAKE, partition_keys(self._ns, topic, p), ["ensure"])
+        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure"])
                        for p in range(current, new_total)])
         (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)], [new_total])])
         if _name(res[0]) != Errors.NONE:
@@ -147,6 +157,7 @@ class Topics:
             pipe.delete(partition_key(self._ns, topic, p))
             for key in producer_state_keys(self._ns, topic, p):
                 pipe.delete(key)
+            pipe.delete(creation_token_key(self._ns, topic, p))
         pipe.execute()
         self._r.delete(meta_key(self._ns, topic))
 
