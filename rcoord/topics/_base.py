@@ -196,7 +196,8 @@ class _Lua:
     """A script called by SHA, loaded on NOSCRIPT (also after ``SCRIPT FLUSH`` or a restart).
 
     redis-py's ``Script`` cannot preload into a cluster pipeline, so pipelines queue EVALSHA
-    and re-run, one by one, the calls that came back NOSCRIPT (they did not run).
+    and re-run, one by one, the calls that came back NOSCRIPT (they did not run); ``_run``
+    keeps that from reordering the calls of one partition.
     """
 
     def __init__(self, name: str) -> None:
@@ -224,7 +225,37 @@ _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
 
 
 def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
-    """Run script calls in one pipeline (one round trip per node); results in call order."""
+    """Run script calls in pipelines (one round trip per node); results in call order.
+
+    Calls on the same first key (one partition) depend on each other's order: the chunks of a
+    batch of more than ``MAX_APPEND_PER_CALL`` records, whose offsets or sequence numbers follow
+    on. A pipeline therefore holds at most one call per first key, and the k-th call of a key
+    goes in the k-th pipeline, sent once the one before has fully answered. The reason is
+    NOSCRIPT: a call that came back NOSCRIPT did not run and is sent again after its pipeline,
+    and had a later call of the same partition been in that pipeline, it could have run (the
+    script loaded meanwhile by another client), and the resent call would land after it:
+    records out of order, or for an idempotent producer a spurious OUT_OF_ORDER_SEQUENCE_NUMBER
+    or records taken for duplicates and never appended. Different partitions do not depend on
+    each other, so resending within a pipeline is safe. Nearly every call has one call per key,
+    and one pipeline.
+    """
+    out: list[Any] = [None] * len(calls)
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, (_, keys, _) in enumerate(calls):
+        k = seen.get(keys[0], 0)
+        seen[keys[0]] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(i)
+    for indices in rounds:
+        for i, res in zip(indices, _run_independent(client, [calls[i] for i in indices])):
+            out[i] = res
+    return out
+
+
+def _run_independent(client: Any, calls: Sequence[_Call]) -> list[Any]:
+    """``_run`` for calls on distinct first keys, in one pipeline (``_run`` says why)."""
     if len(calls) == 1:
         lua, keys, args = calls[0]
         return [lua(client, keys, args)]

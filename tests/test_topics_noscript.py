@@ -1,0 +1,93 @@
+"""A batch of several script calls for one partition meets NOSCRIPT, and another client loads
+the script while the batch is on its way (as after a restart, when many clients reload at once).
+
+The server runs the calls one by one as their bytes arrive. ``SplitConnection`` makes the race
+happen on cue: it sends a batch holding two calls of the append script in two parts, and between
+them waits (on the server's own error counter) until the first call has been answered NOSCRIPT,
+then has another client load the script. A batch of one call per partition is sent as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.connection
+
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics._base import APPEND, APPEND_IDEMPOTENT, MAX_APPEND_PER_CALL, _Lua
+
+WAIT_S = 15.0
+
+
+def noscript_replies(client: redis.Redis) -> int:
+    return int(client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+
+
+def splitting_client(server: EmbeddedServer, script: _Lua, helper: redis.Redis,
+                     splits: list[int]) -> redis.Redis:
+    """A client whose requests holding two or more calls of ``script`` reach the server in two
+    parts: the first call, then (once the server answered it NOSCRIPT and ``helper`` loaded the
+    script) the rest. ``splits`` counts the requests split so."""
+    call = b"EVALSHA\r\n$40\r\n" + script.sha.encode()
+
+    class SplitConnection(redis.connection.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            data = bytes(command) if isinstance(command, (bytes, bytearray)) else b"".join(
+                bytes(part) for part in command)
+            second = data.find(call, data.find(call) + 1)
+            if second < 0:
+                super().send_packed_command(command, check_health)
+                return
+            cut = data.rfind(b"*", 0, second)  # the start of the second call's array
+            before = noscript_replies(helper)
+            super().send_packed_command([data[:cut]], check_health)
+            deadline = time.monotonic() + WAIT_S
+            while noscript_replies(helper) == before:
+                assert time.monotonic() < deadline, "the first call was never answered"
+                time.sleep(0.001)
+            helper.script_load(script.source)
+            splits.append(1)
+            super().send_packed_command([data[cut:]], check_health)
+
+    client = server.client()
+    client.connection_pool.connection_class = SplitConnection
+    return client
+
+
+@pytest.fixture
+def helper(own_server: EmbeddedServer) -> Iterator[redis.Redis]:
+    client = own_server.client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_a_batch_split_into_calls_keeps_its_order_when_the_script_cache_was_flushed(
+    own_server: EmbeddedServer, helper: redis.Redis, idempotent: bool
+) -> None:
+    Topics(helper, "ns").create("t", 1)
+    script = APPEND_IDEMPOTENT if idempotent else APPEND
+    splits: list[int] = []
+    client = splitting_client(own_server, script, helper, splits)
+    try:
+        producer = Producer(client, "ns", idempotent=idempotent)
+        producer.send("t", b"warm", partition=0)  # (the producer id is allocated)
+        values = [b"%06d" % i for i in range(MAX_APPEND_PER_CALL + 10)]  # two calls
+        helper.script_flush()
+        before = noscript_replies(helper)
+        metas = producer.send_batch("t", [ProducerRecord(v, partition=0) for v in values])
+    finally:
+        client.close()
+    assert noscript_replies(helper) > before  # the flush was seen: the test is not vacuous
+    assert [(m.offset, m.duplicate) for m in metas] == [(1 + i, False) for i in range(len(values))]
+    log = fetch(helper, "ns", "t", 0, 1, max_records=len(values) + 1).records
+    assert [r.value for r in log] == values
+    # Two calls of one partition never share a request (the old _run sent both in one).
+    assert splits == []
