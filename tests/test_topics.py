@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 import redis.cluster
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from test_murmur2 import KEY_I_12_PARTITIONS
 
-from rcoord import Errors, RcoordError
+from rcoord import Errors, InvalidRequestError, RcoordError
 from rcoord.partitioning import SLOTS, keyslot
 from rcoord.topics import (
     FetchResult,
@@ -445,6 +447,23 @@ def test_block_fetch_times_out_empty(
     # Out-of-range answers at once, without blocking.
     res = fetch(redis_client, namespace, "t", 0, 5, block_ms=30_000)
     assert res.error == Errors.OFFSET_OUT_OF_RANGE
+
+
+def test_block_fetch_takes_whole_milliseconds_only(redis_server: Any, namespace: str) -> None:
+    """XREAD BLOCK 0 waits forever, so a fraction must not be truncated to 0. (The client's
+    timeout, with redis-py's retries off, ends the endless wait the old code fell into.)"""
+    client = redis_server.client(socket_timeout=2, retry=Retry(NoBackoff(), 0))
+    try:
+        Topics(client, namespace).create("t", 1)
+        for bad in (0.5, 1.5, True):
+            with pytest.raises(TypeError, match="block_ms must be int"):
+                fetch(client, namespace, "t", 0, 0, block_ms=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequestError, match="block_ms must be >= 0"):
+            fetch(client, namespace, "t", 0, 0, block_ms=-1)
+        res = fetch(client, namespace, "t", 0, 0, block_ms=0)  # no wait at all
+        assert (res.error, res.records) == (Errors.NONE, [])
+    finally:
+        client.close()
 
 
 # -- key layout -------------------------------------------------------------------------------

@@ -172,18 +172,24 @@ def fetch(
     (Kafka's ``fetch.max.wait.ms``) with ``XREAD BLOCK`` from the id just before ``offset``:
     a record appended between the first read and the XREAD is still seen, so no wake-up is
     lost. The client's ``socket_timeout`` must exceed ``block_ms``.
+
+    ``block_ms`` is a whole number of milliseconds (``None`` or 0: do not wait); anything else
+    raises, because ``XREAD BLOCK 0`` waits forever, so a fraction truncated to 0 would turn a
+    short wait into an endless one.
     """
     _check_client(redis_client)
     _check_topic(topic)
     _check_int("partition", partition, 0)
     _check_int("offset", offset, 0)
     _check_int("max_records", max_records, 1)
+    if block_ms is not None:
+        _check_int("block_ms", block_ms, 0)
     key = partition_key(namespace, topic, partition)
     result = _fetch_once(redis_client, key, offset, max_records)
-    if result.records or result.error != Errors.NONE or not block_ms or block_ms <= 0:
+    if result.records or result.error != Errors.NONE or not block_ms:
         return result
     # Entries with id > 0-<offset> are those at offsets >= offset.
-    redis_client.xread({key: f"0-{offset}"}, count=1, block=int(block_ms))
+    redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
     return _fetch_once(redis_client, key, offset, max_records)
 
 
