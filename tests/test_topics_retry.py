@@ -19,7 +19,7 @@ import redis.connection
 from rcoord import Errors
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, TopicError, Topics, fetch, partition_key
-from rcoord.topics._base import CREATE_META, MAKE, _Lua, creation_token_key
+from rcoord.topics._base import CREATE_META, GROW_META, MAKE, _Lua, creation_token_key
 
 
 class Loss:
@@ -80,7 +80,7 @@ def lossy(redis_server: EmbeddedServer, loss: Loss,
           single_client: redis.Redis) -> Iterator[redis.Redis]:
     # Loaded first, so that the first reply to the marked call is the script's answer, not
     # NOSCRIPT (a call that did not run).
-    for script in (CREATE_META, MAKE):
+    for script in (CREATE_META, GROW_META, MAKE):
         single_client.script_load(script.source)
     client = lossy_client(redis_server, loss)
     try:
@@ -123,6 +123,22 @@ def test_create_whose_make_reply_was_lost_keeps_acknowledged_records(
         res = fetch(single_client, namespace, "t", p, 0)
         assert [(r.offset, r.value) for r in res.records] == [(0, value)]
     assert producer.send("t", b"c", partition=0).offset == 1  # offset 0 is not handed out twice
+
+
+def test_add_partitions_whose_reply_was_lost_succeeds(
+    lossy: redis.Redis, loss: Loss, single_client: redis.Redis, namespace: str
+) -> None:
+    Topics(single_client, namespace).create("t", 1)
+    loss.arm(GROW_META)
+    Topics(lossy, namespace).add_partitions("t", 3)
+    assert loss.lost == 1
+    desc = Topics(single_client, namespace).describe("t")
+    assert [(p.partition, p.error) for p in desc.partitions] == [
+        (0, Errors.NONE), (1, Errors.NONE), (2, Errors.NONE)]
+    # Asking for the count the topic has is still refused, as in Kafka.
+    with pytest.raises(TopicError) as err:
+        Topics(lossy, namespace).add_partitions("t", 3)
+    assert err.value.error == Errors.INVALID_PARTITIONS
 
 
 def test_create_still_clears_what_an_older_topic_left(

@@ -103,7 +103,9 @@ class Topics:
 
         The new streams are made before the count is raised, so no producer is ever told about
         a partition that does not exist yet. They are made only if missing: a concurrent
-        ``add_partitions`` may already have announced them and received records.
+        ``add_partitions`` may already have announced them and received records. Raising the
+        count carries a token of this call, so when redis-py resends it after a lost reply, the
+        resend is not taken for a second request and answered INVALID_PARTITIONS.
         """
         _check_topic(topic)
         _check_int("new_total", new_total, 1)
@@ -113,7 +115,10 @@ class Topics:
                              f"{topic} has {current} partitions; cannot go to {new_total}")
         _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure"])
                        for p in range(current, new_total)])
-        (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)], [new_total])])
+        # A token per call, as in ``create``: a resend of this very call is not a request for
+        # the count the topic already has.
+        (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)],
+                                 [new_total, uuid.uuid4().hex])])
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), f"{topic} has {res[1]} partitions")
 
