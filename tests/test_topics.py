@@ -138,6 +138,24 @@ def test_duplicate_create_and_invalid_arguments(topics: Topics) -> None:
     assert topics.list() == ["orders"]
 
 
+def test_topic_settings_are_bounded_by_what_the_scripts_take(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """Kafka's long is the limit: XTRIM MAXLEN refuses more, which made every apply_retention of
+    a topic created with a larger retention_records fail with a raw server error."""
+    for name in ("retention_records", "retention_ms", "producer_id_expiration_ms"):
+        with pytest.raises(TopicError, match=name) as err:
+            topics.create("t", 1, **{name: 2**63})
+        assert err.value.error == Errors.INVALID_CONFIG
+    assert topics.list() == []
+    top = 2**63 - 1
+    topics.create("t", 1, retention_records=top, retention_ms=top, producer_id_expiration_ms=top)
+    producer = Producer(redis_client, namespace)
+    assert producer.send("t", b"a", partition=0).offset == 0
+    assert producer.send("t", b"b", partition=0).offset == 1
+    assert topics.apply_retention("t") == {0: 0}  # nothing is old or many enough to go
+
+
 def test_recreated_topic_starts_at_offset_zero(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str
 ) -> None:

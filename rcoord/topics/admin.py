@@ -30,6 +30,9 @@ from ._base import (
     producer_state_keys,
 )
 
+MAX_CONFIG = 2**63 - 1
+"""The largest count or duration a topic setting takes (Kafka's configs are Java longs)."""
+
 # -- topics -----------------------------------------------------------------------------------
 
 
@@ -73,13 +76,17 @@ class Topics:
         _check_topic(topic)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {partitions!r}")
+        # Up to Kafka's long: XTRIM MAXLEN takes no more (a larger count made every
+        # apply_retention fail), and the scripts' doubles compare ages that large correctly.
         for name, val, low in (
             ("retention_records", retention_records, 0),
             ("retention_ms", retention_ms, 0),
             ("producer_id_expiration_ms", producer_id_expiration_ms, 1),
         ):
-            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < low):
-                raise TopicError(Errors.INVALID_CONFIG, f"{name} must be an int >= {low}: {val!r}")
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool)
+                                    or not low <= val <= MAX_CONFIG):
+                raise TopicError(Errors.INVALID_CONFIG,
+                                 f"{name} must be an int from {low} to {MAX_CONFIG}: {val!r}")
         # One token per call: redis-py resends a script whose reply was lost (its default
         # Retry), and the resent call must know it is the same create, not a second one.
         token = uuid.uuid4().hex
