@@ -6,7 +6,7 @@ Hierarchy::
     ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
     ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
-    │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, ...)
+    │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, OOM..)
     ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
@@ -144,8 +144,11 @@ class ConnectionLost(RcoordError):
 class ServerUnavailable(ConnectionLost):
     """Redis answered that it cannot run the call now, and did not run it: a replica's READONLY
     (a failover the client's connection has not followed yet), BUSY (another script running past
-    busy-reply-threshold), TRYAGAIN (a slot migrating), or a function or script still missing
-    after ``rcoord.scripts.MAX_RELOADS`` loads. Kafka's answer in those moments is
+    busy-reply-threshold), TRYAGAIN (a slot migrating), a function or script still missing
+    after ``rcoord.scripts.MAX_RELOADS`` loads, or OOM (used memory above ``maxmemory`` under a
+    no-eviction policy; Redis refuses a function at its start and a script at its first write
+    that may use memory, unless it wrote already, so a refused call wrote nothing; it lasts until
+    retention, consumers or an operator free memory). Kafka's answer in those moments is
     COORDINATOR_NOT_AVAILABLE, which clients retry keeping their member id; a ``ConnectionLost``
     gets the same reaction everywhere (the worker client backs off and retries; the gateway
     answers a group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown
@@ -290,6 +293,11 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
         raise ConnectionLost(f"{name}: slot unavailable for now ({exc})") from exc
     if isinstance(exc, redis.exceptions.ResponseError):
         raise_for_script_error(exc)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            raise ServerUnavailable(
+                f"{name}: Redis is out of memory (used memory > maxmemory) and refused to write; "
+                f"free memory (topic retention, deleting data) or raise maxmemory, then try "
+                f"again ({exc})") from exc
         if _cannot_run_now(exc):
             raise ServerUnavailable(f"{name}: Redis cannot run this now; try again ({exc})") from exc
 

@@ -24,6 +24,7 @@ from rcoord.asyncio import AsyncGroupCoordinator
 from rcoord.client.policy import CONNECTION_LOST, reaction_for
 from rcoord.errors import reraise_as_rcoord
 from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Producer, Topics, log_offsets
 
 JOIN = {"protocol_type": "consumer", "protocols": [("range", b"")], "session_timeout_ms": 30_000,
         "require_known_member_id": False}
@@ -41,6 +42,8 @@ def _demote(r: redis.Redis, absent_port: int) -> None:
     redis.exceptions.NoScriptError("No matching script. Please use EVAL."),
     redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"),
     redis.ResponseError("Function not found"),
+    redis.exceptions.OutOfMemoryError(
+        "command not allowed when used memory > 'maxmemory'. script: x, on @user_script:42."),
 ])
 def test_answers_that_mean_not_now_become_server_unavailable(answer: Exception) -> None:
     with pytest.raises(ServerUnavailable) as caught:
@@ -106,3 +109,29 @@ def test_the_asyncio_coordinator_answers_alike(own_server: EmbeddedServer, refus
     assert isinstance(refused, ServerUnavailable)
     assert after is Errors.NONE
     r.close()
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+def test_a_send_refused_for_memory_raises_server_unavailable_and_writes_nothing(
+    own_server: EmbeddedServer, idempotent: bool
+) -> None:
+    """Used memory above maxmemory (noeviction): Redis refuses the append script's first XADD,
+    so nothing is written, and the producer says so with the typed retriable error instead of
+    redis-py's raw OutOfMemoryError."""
+    r = own_server.client()
+    try:
+        Topics(r, "ns").create("t", 1)
+        producer = Producer(r, "ns", idempotent=idempotent)
+        assert producer.send("t", b"a", partition=0).offset == 0  # (the producer id is made)
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(ServerUnavailable, match="out of memory") as caught:
+                producer.send("t", b"b", partition=0)
+            assert isinstance(caught.value.__cause__, redis.exceptions.OutOfMemoryError)
+            assert log_offsets(r, "ns", "t", 0) == (0, 1)  # nothing was appended
+        finally:
+            r.config_set("maxmemory", 0)
+        assert producer.send("t", b"c", partition=0).offset == 1
+    finally:
+        r.close()
