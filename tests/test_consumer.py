@@ -401,6 +401,39 @@ def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> Non
     assert a_parts.isdisjoint(b_parts) and len(a_parts | b_parts) == 4
 
 
+def test_real_close_lets_the_listener_commit_in_on_partitions_revoked(env: Any) -> None:
+    """Kafka's idiom for manual commits: commit in on_partitions_revoked. close() runs that
+    callback while the consumer is still open, and flushes its async commits (callback
+    included) before leaving the group."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(20)])
+    completions: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
+    errors: list[BaseException] = []
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            try:
+                consumer.commit({TP("t", 0): consumer.position(TP("t", 0))})
+                consumer.commit_async(
+                    {TP("t", 1): consumer.position(TP("t", 1))},
+                    lambda offsets, exc: completions.append((offsets, exc)),
+                )
+            except Exception as exc:
+                errors.append(exc)
+                raise
+
+    consumer = env.consumer(Committing(), enable_auto_commit=False)
+    poll_until(consumer, lambda g: len(g) >= 20)
+    consumer.close(timeout=WAIT_S)
+    ends = _log_ends(env, 2)
+    assert errors == []
+    assert completions == [({TP("t", 1): ends[TP("t", 1)]}, None)]
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == ends
+    with pytest.raises(Exception, match="closed"):
+        consumer.commit()
+
+
 def test_real_expired_member_reports_lost_and_rejoins(env: Any) -> None:
     env.topics.create("t", 2)
     env.producer.send_batch("t", [b"%d" % i for i in range(4)])

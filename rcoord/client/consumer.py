@@ -225,6 +225,10 @@ class Consumer(SubscriptionMixin):
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._lock = threading.RLock()
         self._stop = threading.Event()  # close() was called (possibly from another thread)
+        # close() is running its final revocation: the listener may still commit (Kafka's
+        # close() calls onPartitionsRevoked while the consumer is open), but close() is not
+        # run again. _closed is set only once that revocation and its commits are done.
+        self._closing = False
         self._closed = False
         self._gen: Generation | None = None
         self._hold: _Hold | None = None
@@ -710,8 +714,8 @@ class Consumer(SubscriptionMixin):
             self._paused = set()
             self._caught_up = set()
             self._position, self._fetch_pos, self._committed = {}, {}, {}
-            if hold is not None:
-                hold.released.set()
+            if hold is not None and not self._closing:
+                hold.released.set()  # close() releases it once the callback's commits landed
 
     # -- fetching
 
@@ -879,30 +883,39 @@ class Consumer(SubscriptionMixin):
     def close(self, timeout: float | None = None) -> None:
         """Revoke (committing, with auto-commit) or drop the partitions, leave the group, stop.
 
+        The final revocation runs before the consumer counts as closed, so the listener's
+        ``commit()`` and ``commit_async()`` in ``on_partitions_revoked`` still work, as in
+        Kafka; the async commits are flushed (within ``timeout``) and their callbacks run
+        before the group is left, while the generation still accepts them.
         Safe to call from another thread than ``poll()``'s, and more than once.
         """
         self._stop.set()
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            if self._closed or self._closing:
+                return  # closed, or close() called again from the listener it is running
+            self._closing = True
+            hold = self._hold
             try:
+                if not self._revoking and self._gen is not None:
+                    try:
+                        self._revoke(lost=self._gen.lost)
+                    except Exception:
+                        log.exception("the rebalance listener raised during close()")
+                # Else close() was called from inside a revocation callback: that revocation
+                # is this consumer's last.
                 self._committer.close(timeout)
                 try:
                     self._run_commit_callbacks()
                 except Exception:
                     log.exception("an async commit callback raised during close()")
-                if self._revoking and self._hold is not None:
-                    # close() from inside a revocation callback: that revocation is this
-                    # consumer's last; let the group go on (it waits for the hold).
-                    self._hold.released.set()
-                    self._hold.applied.set()
-                elif self._gen is not None:
-                    try:
-                        self._revoke(lost=self._gen.lost)
-                    except Exception:
-                        log.exception("the rebalance listener raised during close()")
             finally:
+                self._closed = True
+                self._closing = False
+                if hold is not None:
+                    # Only now may the group go on (it waits for the hold): the commits made
+                    # during the revocation used the generation, which a rejoin would end.
+                    hold.released.set()
+                    hold.applied.set()
                 if self._group is not None:
                     self._group.close(timeout)
                 self._close_own_client()
