@@ -33,10 +33,11 @@ with the rebalance timeout as the bound.
 Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative-sticky"]``) a
 rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
 records of every partition while the member rejoins, then applies the difference (KIP-429):
-revoked partitions are dropped, committed and passed to ``on_partitions_revoked`` (only when
-there are some; the member then rejoins so their new owners get them, and never before that
-callback has returned, even if another member's arrival ended the generation meanwhile, so its
-commits still succeed), added ones start at their
+revoked partitions are stopped (their buffered records dropped), committed and passed to
+``on_partitions_revoked`` (only when there are some; they are still assigned while it runs, so
+it can read their positions and commit them, as in Kafka; the member then rejoins so their new
+owners get them, and never before that callback has returned, even if another member's arrival
+ended the generation meanwhile, so its commits still succeed), added ones start at their
 committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
 the added partitions (possibly none). Lost partitions are still all lost.
 
@@ -249,6 +250,9 @@ class Consumer(SubscriptionMixin):
         self._drain_turn = 0
         self._block_turn = 0
         self._revoking = False
+        # Cooperative revoked partitions while on_partitions_revoked runs: no longer fetched
+        # or returned (out of _assigned) but still assigned, with their positions (_transition).
+        self._pending_revocation: list[TopicPartition] = []
 
     # -- information
 
@@ -291,7 +295,10 @@ class Consumer(SubscriptionMixin):
         return self._group.member_id if self._group is not None else ""
 
     def assignment(self) -> list[TopicPartition]:
-        """The partitions currently assigned to this consumer, sorted."""
+        """The partitions currently assigned to this consumer, sorted (inside a cooperative
+        ``on_partitions_revoked``, the revoked ones too, as in Kafka)."""
+        if self._pending_revocation:
+            return sorted(self._assigned + self._pending_revocation)
         return list(self._assigned)
 
     def position(self, tp: TopicPartition) -> int:
@@ -623,8 +630,9 @@ class Consumer(SubscriptionMixin):
     def _transition(self, new: Generation) -> None:
         """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
 
-        Revoked partitions (owned, not assigned) are dropped and committed, then the listener
-        hears ``on_partitions_revoked`` (only if there are any) and the member rejoins so their
+        Revoked partitions (owned, not assigned) are stopped and committed, then the listener
+        hears ``on_partitions_revoked`` (only if there are any; they keep their positions until
+        it returned, so it can commit them), they are removed, and the member rejoins so their
         new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
         consumer's positions (``new`` only knows their committed offsets, which may lag).
         ``on_partitions_assigned`` always runs, with the added partitions only.
@@ -640,6 +648,7 @@ class Consumer(SubscriptionMixin):
         revoked = sorted(before - offsets.keys())
         added = sorted(offsets.keys() - before)
         self._revoking = True
+        stopped = False
         try:
             if revoked and self._auto_commit:
                 changed = {
@@ -652,9 +661,9 @@ class Consumer(SubscriptionMixin):
                 except RcoordError as exc:
                     log.warning("commit of revoked partitions failed: %s", exc)
             for tp in revoked:
-                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
-                    table.pop(tp, None)
-                self._paused.discard(tp)
+                # Stopped: their buffered records are never handed out and, out of _assigned,
+                # they are not fetched again. Their positions stay until the callback returned.
+                self._buffers.pop(tp, None)
                 self._caught_up.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
@@ -662,6 +671,7 @@ class Consumer(SubscriptionMixin):
                 if tp in new.committed:
                     self._committed[tp] = new.committed[tp]
             self._assigned = sorted((before - set(revoked)) | set(added))
+            self._pending_revocation = revoked
             self._gen, self._hold = new, hold
             new.acknowledge()
             log.info(
@@ -673,12 +683,19 @@ class Consumer(SubscriptionMixin):
                 _names(added) or "nothing",
             )
             if revoked:
-                try:
-                    _call(self._listener, "on_partitions_revoked", list(revoked))
-                finally:
-                    new.request_rejoin()  # after they are stopped: their new owners wait
+                stopped = True
+                # As Kafka's ConsumerCoordinator: the callback runs while they are still
+                # assigned, so it can read their positions and commit them.
+                _call(self._listener, "on_partitions_revoked", list(revoked))
         finally:
             self._revoking = False
+            self._pending_revocation = []
+            for tp in revoked:
+                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                    table.pop(tp, None)
+                self._paused.discard(tp)
+            if stopped:
+                new.request_rejoin()  # after the callback: their new owners wait for it
             hold.applied.set()  # the member may rejoin now (see _Hold)
         _call(self._listener, "on_partitions_assigned", list(added))
 
