@@ -727,6 +727,26 @@ def test_close_timeout_bounds_the_retries_of_a_final_commit(fake_group: Any) -> 
     assert len(outcome) == 1 and "unreachable" in str(outcome[0])
 
 
+def test_close_does_not_wait_out_the_heartbeat_retries_once_the_routines_returned(
+    fake_group: Any,
+) -> None:
+    """Heartbeats keep retrying during close() (for the routines' final commits), but stop
+    once the routines have returned: close() without a timeout does not wait for the retries
+    of a heartbeat to an unreachable Redis to use up the session timeout."""
+    state = OneMemberGroup()
+    group = fake_group(state, session_timeout_ms=60_000, heartbeat_interval_ms=10)
+    gen = group.next(timeout=WAIT_S)
+    gen.start(lambda ctx: ctx.wait())
+    state.heartbeat_default = ConnectionLost("Redis is unreachable")
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats >= beats + 3)  # a heartbeat is being retried
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (group.close(), closed.set()), daemon=True)
+    closer.start()
+    assert closed.wait(WAIT_S)  # not after the 60 s session timeout
+    assert gen.end_reason is EndReason.CLOSED and state.leaves == ["m-1"]
+
+
 def test_close_from_inside_a_routine_does_not_deadlock(fake_group: Any) -> None:
     state = OneMemberGroup()
     group = fake_group(state)

@@ -302,7 +302,12 @@ class ConsumerGroup:
         # From a routine of the generation, waiting would deadlock: the run thread waits for it.
         inside = thread is me or (gen is not None and gen.is_routine_thread(me))
         if thread is not None and not inside:
-            thread.join(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if gen is not None and gen.wait_routines(timeout):
+                # The routines returned: stop the heartbeat's retries (if Redis is down, it
+                # would otherwise hold the run thread's collect for up to a session timeout).
+                self._finished.set()
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 self._finished.set()  # close()'s timeout bounds the final commits' retries
         if self._owned_client is not None and (thread is None or not thread.is_alive()):
