@@ -376,6 +376,45 @@ def test_on_partitions_revoked_reads_and_commits_the_revoked_partitions(env: Any
         a.consumer.position(TP("t", revoked[0]))  # gone once the callback returned
 
 
+class FailingRevoker(Recorder):
+    """Records each callback with the generation it ran in; ``on_partitions_revoked`` raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer_ref: Consumer | None = None
+        self.generations: list[tuple[str, int]] = []
+
+    def _note(self, kind: str) -> None:
+        gen = self.consumer_ref.generation if self.consumer_ref is not None else None
+        self.generations.append((kind, gen.generation_id if gen is not None else -1))
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        self._note("revoked")
+        super().on_partitions_revoked(partitions)
+        raise RuntimeError("the revocation handler failed")
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        self._note("assigned")
+        super().on_partitions_assigned(partitions)
+
+
+def test_on_partitions_assigned_runs_even_if_on_partitions_revoked_raised(env: Any) -> None:
+    """As Kafka's ConsumerCoordinator: the assigned callback of the same generation still runs,
+    then poll() raises what on_partitions_revoked raised."""
+    env.topics.create("t", 4)
+    listener = FailingRevoker()
+    a = env.consumer(listener=listener)
+    listener.consumer_ref = a.consumer
+    wait_until(lambda: _stable([a], 4))
+    b = env.consumer()
+    wait_until(lambda: _stable([a, b], 4))
+    at = [kind for kind, _ in listener.generations].index("revoked")
+    revoked_in = listener.generations[at][1]
+    # Right after it, in the same generation (not the next round's, nor missing).
+    assert listener.generations[at + 1 : at + 2] == [("assigned", revoked_in)]
+    assert [str(e) for e in a.errors] == ["the revocation handler failed"]
+
+
 def test_rolling_upgrade_from_eager_to_cooperative(env: Any) -> None:
     env.topics.create("t", 6)
     # Step 1: every member lists both; the group runs the cooperative assignor eagerly.

@@ -635,7 +635,8 @@ class Consumer(SubscriptionMixin):
         it returned, so it can commit them), they are removed, and the member rejoins so their
         new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
         consumer's positions (``new`` only knows their committed offsets, which may lag).
-        ``on_partitions_assigned`` always runs, with the added partitions only.
+        ``on_partitions_assigned`` always runs, with the added partitions only, even when
+        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka).
         """
         hold = _Hold(self._config.rebalance_timeout_ms / 1000)
         try:
@@ -649,6 +650,7 @@ class Consumer(SubscriptionMixin):
         added = sorted(offsets.keys() - before)
         self._revoking = True
         stopped = False
+        failed: Exception | None = None  # what on_partitions_revoked raised
         try:
             if revoked and self._auto_commit:
                 changed = {
@@ -686,7 +688,10 @@ class Consumer(SubscriptionMixin):
                 stopped = True
                 # As Kafka's ConsumerCoordinator: the callback runs while they are still
                 # assigned, so it can read their positions and commit them.
-                _call(self._listener, "on_partitions_revoked", list(revoked))
+                try:
+                    _call(self._listener, "on_partitions_revoked", list(revoked))
+                except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
+                    failed = exc
         finally:
             self._revoking = False
             self._pending_revocation = []
@@ -697,7 +702,16 @@ class Consumer(SubscriptionMixin):
             if stopped:
                 new.request_rejoin()  # after the callback: their new owners wait for it
             hold.applied.set()  # the member may rejoin now (see _Hold)
-        _call(self._listener, "on_partitions_assigned", list(added))
+        # As Kafka: the added partitions are announced even if the revocation callback raised
+        # (they are assigned either way); then its exception, the first one, propagates.
+        try:
+            _call(self._listener, "on_partitions_assigned", list(added))
+        except Exception:
+            if failed is None:
+                raise
+            log.exception("on_partitions_assigned raised after on_partitions_revoked did")
+        if failed is not None:
+            raise failed
 
     def _revoke(self, *, lost: bool) -> None:
         """End this consumer's hold on the current generation (see the module docstring)."""
