@@ -216,6 +216,32 @@ def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
         consumer.poll(timeout=0)
 
 
+def test_close_after_the_hold_gave_up_reports_lost_without_committing() -> None:
+    """A generation ended and poll() was not called within the rebalance timeout: the hold
+    gave up and the member rejoined without this consumer. close() then reports the partitions
+    lost and commits nothing, as the next poll() would have (``_settle``)."""
+    state = OneMemberGroup(partitions=1, records=3)
+    listener = Recorder(state.events)
+    listener.lock = state.lock
+    consumer = Consumer(
+        fast_config(rebalance_timeout_ms=200), listener=listener, coordinator=state.fake,  # type: ignore[arg-type]
+        fetch_max_wait_ms=5, auto_commit_interval_ms=100_000,
+    )
+    try:
+        poll_until(consumer, lambda g: len(g) == 3)  # positions 3, nothing committed yet
+        state.park_join.set()  # the rejoin parks, as while waiting for other members
+        mark = len(state.events)
+        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+        # No poll(): after the rebalance timeout the hold gives up and the member rejoins.
+        wait_until(lambda: "join" in [e[0] for e in state.events[mark:]])
+        consumer.close(timeout=WAIT_S)
+    finally:
+        consumer.close(timeout=WAIT_S)
+    tail = [e[0] for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert "lost" in tail and "revoked" not in tail and "commit" not in tail, tail
+    assert state.committed == {}
+
+
 # -- fetching (fake coordinator) -------------------------------------------------------------
 
 

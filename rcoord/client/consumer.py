@@ -928,8 +928,11 @@ class Consumer(SubscriptionMixin):
             hold = self._hold
             try:
                 if not self._revoking and self._gen is not None:
+                    # As in _settle: once the hold gave up, the member has rejoined without
+                    # this consumer, so others may own the partitions: lost, never committed.
+                    lost = self._gen.lost or (hold is not None and hold.gave_up)
                     try:
-                        self._revoke(lost=self._gen.lost)
+                        self._revoke(lost=lost)
                     except Exception:
                         log.exception("the rebalance listener raised during close()")
                 # Else close() was called from inside a revocation callback: that revocation
