@@ -47,6 +47,7 @@ from rcoord.client import (
     reaction_for,
 )
 from rcoord.client import policy as policy_module
+from rcoord.client.coordinator import RedisCoordinator
 from rcoord.errors import ConfigError, FencedInstanceIdError
 from rcoord.protocol.consumer import (
     ConsumerProtocolAssignment,
@@ -697,6 +698,55 @@ def test_close_ends_the_generation_waits_for_routines_and_leaves(fake_group: Any
     group.close()  # idempotent
 
 
+def test_close_timeout_bounds_the_retries_of_a_final_commit(fake_group: Any) -> None:
+    """Retries of a routine's final commit go on after close() (see the real-server test), but
+    no longer than close()'s timeout, even when the session timeout would allow more."""
+    state = OneMemberGroup()
+    group = fake_group(state, session_timeout_ms=60_000, heartbeat_interval_ms=10)
+    gen = group.next(timeout=WAIT_S)
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("Redis is unreachable")
+
+    outcome: list[BaseException] = []
+    ended = threading.Event()
+
+    def routine(ctx: Any) -> None:
+        ctx.wait()
+        state.fake.commit_offsets = unreachable  # type: ignore[attr-defined]
+        try:
+            ctx.generation.commit_offsets({TP("t", 0): 4})
+        except ConnectionLost as exc:
+            outcome.append(exc)
+        finally:
+            ended.set()
+
+    gen.start(routine)
+    group.close(timeout=0.2)
+    assert ended.wait(WAIT_S)  # the session timeout (60 s) would have kept it retrying
+    assert len(outcome) == 1 and "unreachable" in str(outcome[0])
+
+
+def test_close_does_not_wait_out_the_heartbeat_retries_once_the_routines_returned(
+    fake_group: Any,
+) -> None:
+    """Heartbeats keep retrying during close() (for the routines' final commits), but stop
+    once the routines have returned: close() without a timeout does not wait for the retries
+    of a heartbeat to an unreachable Redis to use up the session timeout."""
+    state = OneMemberGroup()
+    group = fake_group(state, session_timeout_ms=60_000, heartbeat_interval_ms=10)
+    gen = group.next(timeout=WAIT_S)
+    gen.start(lambda ctx: ctx.wait())
+    state.heartbeat_default = ConnectionLost("Redis is unreachable")
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats >= beats + 3)  # a heartbeat is being retried
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (group.close(), closed.set()), daemon=True)
+    closer.start()
+    assert closed.wait(WAIT_S)  # not after the 60 s session timeout
+    assert gen.end_reason is EndReason.CLOSED and state.leaves == ["m-1"]
+
+
 def test_close_from_inside_a_routine_does_not_deadlock(fake_group: Any) -> None:
     state = OneMemberGroup()
     group = fake_group(state)
@@ -828,6 +878,54 @@ def test_real_undecodable_member_metadata_is_reported_by_the_leader(real: Any) -
         with pytest.raises(MalformedMetadataError, match=first.member_id):
             group.next(timeout=WAIT_S)
         parked.result(WAIT_S)
+
+
+class CommitBlips(RedisCoordinator):
+    """The Redis coordinator; each exception queued in ``failures`` fails one commit call."""
+
+    def __init__(self, redis_client: Any, namespace: str) -> None:
+        super().__init__(redis_client, namespace)
+        self.failures: deque[BaseException] = deque()
+        self.calls = 0
+
+    def commit_offsets(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.popleft()
+        return super().commit_offsets(*args, **kwargs)
+
+
+def test_real_final_commit_on_close_is_retried_after_a_lost_connection(real: Any) -> None:
+    """close() stops joining at once, but a routine's final commit is still retried (as a
+    commit is while the group runs), so one lost connection does not lose it."""
+    real.topics.create("t", 1)
+    coord = CommitBlips(real.client, real.namespace)
+    coord.start()
+    cfg = ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=real.client, namespace=real.namespace,
+        heartbeat_interval_ms=50, session_timeout_ms=3000, rebalance_timeout_ms=3000,
+        retry_backoff_ms=10, retry_backoff_max_ms=100,
+    )
+    group = ConsumerGroup(cfg, coordinator=coord)
+    outcome: list[object] = []
+
+    def routine(ctx: Any) -> None:
+        ctx.wait()  # until close() ends the generation
+        coord.failures.append(ConnectionLost("a blip"))
+        try:
+            ctx.generation.commit_offsets({TP("t", 0): 7})
+            outcome.append("committed")
+        except Exception as exc:  # noqa: BLE001 - asserted on below
+            outcome.append(exc)
+
+    try:
+        gen = group.next(timeout=WAIT_S)
+        gen.start(routine)
+        group.close(timeout=WAIT_S)
+    finally:
+        group.close(timeout=WAIT_S)
+    assert outcome == ["committed"] and coord.calls == 2
+    assert real.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == 7
 
 
 def test_real_static_member_keeps_its_place_on_close(real: Any) -> None:

@@ -216,6 +216,32 @@ def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
         consumer.poll(timeout=0)
 
 
+def test_close_after_the_hold_gave_up_reports_lost_without_committing() -> None:
+    """A generation ended and poll() was not called within the rebalance timeout: the hold
+    gave up and the member rejoined without this consumer. close() then reports the partitions
+    lost and commits nothing, as the next poll() would have (``_settle``)."""
+    state = OneMemberGroup(partitions=1, records=3)
+    listener = Recorder(state.events)
+    listener.lock = state.lock
+    consumer = Consumer(
+        fast_config(rebalance_timeout_ms=200), listener=listener, coordinator=state.fake,  # type: ignore[arg-type]
+        fetch_max_wait_ms=5, auto_commit_interval_ms=100_000,
+    )
+    try:
+        poll_until(consumer, lambda g: len(g) == 3)  # positions 3, nothing committed yet
+        state.park_join.set()  # the rejoin parks, as while waiting for other members
+        mark = len(state.events)
+        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+        # No poll(): after the rebalance timeout the hold gives up and the member rejoins.
+        wait_until(lambda: "join" in [e[0] for e in state.events[mark:]])
+        consumer.close(timeout=WAIT_S)
+    finally:
+        consumer.close(timeout=WAIT_S)
+    tail = [e[0] for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert "lost" in tail and "revoked" not in tail and "commit" not in tail, tail
+    assert state.committed == {}
+
+
 # -- fetching (fake coordinator) -------------------------------------------------------------
 
 
@@ -399,6 +425,39 @@ def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> Non
     assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 4)
     a_parts, b_parts = set(la.events[2][1]), set(lb.events[0][1])
     assert a_parts.isdisjoint(b_parts) and len(a_parts | b_parts) == 4
+
+
+def test_real_close_lets_the_listener_commit_in_on_partitions_revoked(env: Any) -> None:
+    """Kafka's idiom for manual commits: commit in on_partitions_revoked. close() runs that
+    callback while the consumer is still open, and flushes its async commits (callback
+    included) before leaving the group."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(20)])
+    completions: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
+    errors: list[BaseException] = []
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            try:
+                consumer.commit({TP("t", 0): consumer.position(TP("t", 0))})
+                consumer.commit_async(
+                    {TP("t", 1): consumer.position(TP("t", 1))},
+                    lambda offsets, exc: completions.append((offsets, exc)),
+                )
+            except Exception as exc:
+                errors.append(exc)
+                raise
+
+    consumer = env.consumer(Committing(), enable_auto_commit=False)
+    poll_until(consumer, lambda g: len(g) >= 20)
+    consumer.close(timeout=WAIT_S)
+    ends = _log_ends(env, 2)
+    assert errors == []
+    assert completions == [({TP("t", 1): ends[TP("t", 1)]}, None)]
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == ends
+    with pytest.raises(Exception, match="closed"):
+        consumer.commit()
 
 
 def test_real_expired_member_reports_lost_and_rejoins(env: Any) -> None:

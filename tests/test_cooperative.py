@@ -331,6 +331,90 @@ def test_kept_partitions_are_polled_while_the_group_rebalances(env: Any) -> None
     assert all(e[1] == [] for e in a.listener.events[2:] if e[0] == "assigned")
 
 
+class PositionCommitter(Recorder):
+    """Manual commits, Kafka's idiom: ``on_partitions_revoked`` notes the revoked partitions'
+    positions and the assignment, then commits every position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer_ref: Consumer | None = None
+        self.inside: list[tuple[dict[TopicPartition, int], list[TopicPartition]]] = []
+        self.errors: list[Exception] = []
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        c = self.consumer_ref
+        assert c is not None
+        try:
+            self.inside.append(({tp: c.position(tp) for tp in partitions}, c.assignment()))
+            c.commit()
+        except Exception as exc:
+            self.errors.append(exc)
+            raise
+        finally:
+            super().on_partitions_revoked(partitions)
+
+
+def test_on_partitions_revoked_reads_and_commits_the_revoked_partitions(env: Any) -> None:
+    """As Kafka's ConsumerCoordinator: the revoked partitions are still assigned while the
+    callback runs (positions readable, commit() includes them), and removed only after it."""
+    env.topics.create("t", 4)
+    env.producer.send_batch("t", [b"r%d" % i for i in range(40)])  # 10 a partition
+    listener = PositionCommitter()
+    a = env.consumer(listener=listener, enable_auto_commit=False)
+    listener.consumer_ref = a.consumer
+    wait_until(lambda: len(a.seen) >= 40)
+    b = env.consumer(enable_auto_commit=False)
+    wait_until(lambda: _stable([a, b], 4))
+    revoked = sorted(set(range(4)) - _held(a))
+    assert len(revoked) == 2 and listener.errors == [] and not a.errors
+    assert listener.inside == [
+        ({TP("t", p): 10 for p in revoked}, [TP("t", p) for p in range(4)])
+    ]
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(4)]).offsets
+    assert {tp.partition: o.offset for tp, o in committed.items()} == {p: 10 for p in range(4)}
+    with pytest.raises(Exception, match="not assigned"):
+        a.consumer.position(TP("t", revoked[0]))  # gone once the callback returned
+
+
+class FailingRevoker(Recorder):
+    """Records each callback with the generation it ran in; ``on_partitions_revoked`` raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer_ref: Consumer | None = None
+        self.generations: list[tuple[str, int]] = []
+
+    def _note(self, kind: str) -> None:
+        gen = self.consumer_ref.generation if self.consumer_ref is not None else None
+        self.generations.append((kind, gen.generation_id if gen is not None else -1))
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        self._note("revoked")
+        super().on_partitions_revoked(partitions)
+        raise RuntimeError("the revocation handler failed")
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        self._note("assigned")
+        super().on_partitions_assigned(partitions)
+
+
+def test_on_partitions_assigned_runs_even_if_on_partitions_revoked_raised(env: Any) -> None:
+    """As Kafka's ConsumerCoordinator: the assigned callback of the same generation still runs,
+    then poll() raises what on_partitions_revoked raised."""
+    env.topics.create("t", 4)
+    listener = FailingRevoker()
+    a = env.consumer(listener=listener)
+    listener.consumer_ref = a.consumer
+    wait_until(lambda: _stable([a], 4))
+    b = env.consumer()
+    wait_until(lambda: _stable([a, b], 4))
+    at = [kind for kind, _ in listener.generations].index("revoked")
+    revoked_in = listener.generations[at][1]
+    # Right after it, in the same generation (not the next round's, nor missing).
+    assert listener.generations[at + 1 : at + 2] == [("assigned", revoked_in)]
+    assert [str(e) for e in a.errors] == ["the revocation handler failed"]
+
+
 def test_rolling_upgrade_from_eager_to_cooperative(env: Any) -> None:
     env.topics.create("t", 6)
     # Step 1: every member lists both; the group runs the cooperative assignor eagerly.

@@ -33,10 +33,11 @@ with the rebalance timeout as the bound.
 Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative-sticky"]``) a
 rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
 records of every partition while the member rejoins, then applies the difference (KIP-429):
-revoked partitions are dropped, committed and passed to ``on_partitions_revoked`` (only when
-there are some; the member then rejoins so their new owners get them, and never before that
-callback has returned, even if another member's arrival ended the generation meanwhile, so its
-commits still succeed), added ones start at their
+revoked partitions are stopped (their buffered records dropped), committed and passed to
+``on_partitions_revoked`` (only when there are some; they are still assigned while it runs, so
+it can read their positions and commit them, as in Kafka; the member then rejoins so their new
+owners get them, and never before that callback has returned, even if another member's arrival
+ended the generation meanwhile, so its commits still succeed), added ones start at their
 committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
 the added partitions (possibly none). Lost partitions are still all lost.
 
@@ -225,6 +226,10 @@ class Consumer(SubscriptionMixin):
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._lock = threading.RLock()
         self._stop = threading.Event()  # close() was called (possibly from another thread)
+        # close() is running its final revocation: the listener may still commit (Kafka's
+        # close() calls onPartitionsRevoked while the consumer is open), but close() is not
+        # run again. _closed is set only once that revocation and its commits are done.
+        self._closing = False
         self._closed = False
         self._gen: Generation | None = None
         self._hold: _Hold | None = None
@@ -245,6 +250,9 @@ class Consumer(SubscriptionMixin):
         self._drain_turn = 0
         self._block_turn = 0
         self._revoking = False
+        # Cooperative revoked partitions while on_partitions_revoked runs: no longer fetched
+        # or returned (out of _assigned) but still assigned, with their positions (_transition).
+        self._pending_revocation: list[TopicPartition] = []
 
     # -- information
 
@@ -287,7 +295,10 @@ class Consumer(SubscriptionMixin):
         return self._group.member_id if self._group is not None else ""
 
     def assignment(self) -> list[TopicPartition]:
-        """The partitions currently assigned to this consumer, sorted."""
+        """The partitions currently assigned to this consumer, sorted (inside a cooperative
+        ``on_partitions_revoked``, the revoked ones too, as in Kafka)."""
+        if self._pending_revocation:
+            return sorted(self._assigned + self._pending_revocation)
         return list(self._assigned)
 
     def position(self, tp: TopicPartition) -> int:
@@ -619,11 +630,13 @@ class Consumer(SubscriptionMixin):
     def _transition(self, new: Generation) -> None:
         """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
 
-        Revoked partitions (owned, not assigned) are dropped and committed, then the listener
-        hears ``on_partitions_revoked`` (only if there are any) and the member rejoins so their
+        Revoked partitions (owned, not assigned) are stopped and committed, then the listener
+        hears ``on_partitions_revoked`` (only if there are any; they keep their positions until
+        it returned, so it can commit them), they are removed, and the member rejoins so their
         new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
         consumer's positions (``new`` only knows their committed offsets, which may lag).
-        ``on_partitions_assigned`` always runs, with the added partitions only.
+        ``on_partitions_assigned`` always runs, with the added partitions only, even when
+        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka).
         """
         hold = _Hold(self._config.rebalance_timeout_ms / 1000)
         try:
@@ -636,6 +649,8 @@ class Consumer(SubscriptionMixin):
         revoked = sorted(before - offsets.keys())
         added = sorted(offsets.keys() - before)
         self._revoking = True
+        stopped = False
+        failed: Exception | None = None  # what on_partitions_revoked raised
         try:
             if revoked and self._auto_commit:
                 changed = {
@@ -648,9 +663,9 @@ class Consumer(SubscriptionMixin):
                 except RcoordError as exc:
                     log.warning("commit of revoked partitions failed: %s", exc)
             for tp in revoked:
-                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
-                    table.pop(tp, None)
-                self._paused.discard(tp)
+                # Stopped: their buffered records are never handed out and, out of _assigned,
+                # they are not fetched again. Their positions stay until the callback returned.
+                self._buffers.pop(tp, None)
                 self._caught_up.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
@@ -658,6 +673,7 @@ class Consumer(SubscriptionMixin):
                 if tp in new.committed:
                     self._committed[tp] = new.committed[tp]
             self._assigned = sorted((before - set(revoked)) | set(added))
+            self._pending_revocation = revoked
             self._gen, self._hold = new, hold
             new.acknowledge()
             log.info(
@@ -669,14 +685,33 @@ class Consumer(SubscriptionMixin):
                 _names(added) or "nothing",
             )
             if revoked:
+                stopped = True
+                # As Kafka's ConsumerCoordinator: the callback runs while they are still
+                # assigned, so it can read their positions and commit them.
                 try:
                     _call(self._listener, "on_partitions_revoked", list(revoked))
-                finally:
-                    new.request_rejoin()  # after they are stopped: their new owners wait
+                except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
+                    failed = exc
         finally:
             self._revoking = False
+            self._pending_revocation = []
+            for tp in revoked:
+                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                    table.pop(tp, None)
+                self._paused.discard(tp)
+            if stopped:
+                new.request_rejoin()  # after the callback: their new owners wait for it
             hold.applied.set()  # the member may rejoin now (see _Hold)
-        _call(self._listener, "on_partitions_assigned", list(added))
+        # As Kafka: the added partitions are announced even if the revocation callback raised
+        # (they are assigned either way); then its exception, the first one, propagates.
+        try:
+            _call(self._listener, "on_partitions_assigned", list(added))
+        except Exception:
+            if failed is None:
+                raise
+            log.exception("on_partitions_assigned raised after on_partitions_revoked did")
+        if failed is not None:
+            raise failed
 
     def _revoke(self, *, lost: bool) -> None:
         """End this consumer's hold on the current generation (see the module docstring)."""
@@ -710,8 +745,8 @@ class Consumer(SubscriptionMixin):
             self._paused = set()
             self._caught_up = set()
             self._position, self._fetch_pos, self._committed = {}, {}, {}
-            if hold is not None:
-                hold.released.set()
+            if hold is not None and not self._closing:
+                hold.released.set()  # close() releases it once the callback's commits landed
 
     # -- fetching
 
@@ -879,30 +914,42 @@ class Consumer(SubscriptionMixin):
     def close(self, timeout: float | None = None) -> None:
         """Revoke (committing, with auto-commit) or drop the partitions, leave the group, stop.
 
+        The final revocation runs before the consumer counts as closed, so the listener's
+        ``commit()`` and ``commit_async()`` in ``on_partitions_revoked`` still work, as in
+        Kafka; the async commits are flushed (within ``timeout``) and their callbacks run
+        before the group is left, while the generation still accepts them.
         Safe to call from another thread than ``poll()``'s, and more than once.
         """
         self._stop.set()
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            if self._closed or self._closing:
+                return  # closed, or close() called again from the listener it is running
+            self._closing = True
+            hold = self._hold
             try:
+                if not self._revoking and self._gen is not None:
+                    # As in _settle: once the hold gave up, the member has rejoined without
+                    # this consumer, so others may own the partitions: lost, never committed.
+                    lost = self._gen.lost or (hold is not None and hold.gave_up)
+                    try:
+                        self._revoke(lost=lost)
+                    except Exception:
+                        log.exception("the rebalance listener raised during close()")
+                # Else close() was called from inside a revocation callback: that revocation
+                # is this consumer's last.
                 self._committer.close(timeout)
                 try:
                     self._run_commit_callbacks()
                 except Exception:
                     log.exception("an async commit callback raised during close()")
-                if self._revoking and self._hold is not None:
-                    # close() from inside a revocation callback: that revocation is this
-                    # consumer's last; let the group go on (it waits for the hold).
-                    self._hold.released.set()
-                    self._hold.applied.set()
-                elif self._gen is not None:
-                    try:
-                        self._revoke(lost=self._gen.lost)
-                    except Exception:
-                        log.exception("the rebalance listener raised during close()")
             finally:
+                self._closed = True
+                self._closing = False
+                if hold is not None:
+                    # Only now may the group go on (it waits for the hold): the commits made
+                    # during the revocation used the generation, which a rejoin would end.
+                    hold.released.set()
+                    hold.applied.set()
                 if self._group is not None:
                     self._group.close(timeout)
                 self._close_own_client()

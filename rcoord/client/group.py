@@ -31,7 +31,8 @@ One background thread (``run``) drives the rounds. A round is:
 
 ``close()`` ends the generation, waits for its routines, sends LeaveGroup (not for a static
 member, as in Kafka: a static member's partitions wait for it until its session times out) and
-stops the thread.
+stops the thread. It stops joining at once; the routines' final commits (and the heartbeats
+meanwhile) are still retried until they have returned, within ``close()``'s timeout.
 
 Where this differs from kafka-go, on purpose:
 
@@ -157,6 +158,11 @@ class ConsumerGroup:
         self._owned_client: Any = None
         self._cond = threading.Condition()
         self._closing = threading.Event()
+        # Set once close() no longer waits for the routines (their generation was collected,
+        # the run thread exited, or close()'s timeout passed). Joining and parking stop at
+        # _closing; the generation's commits and heartbeats keep retrying until this, so a
+        # routine's final commit on close survives a transient ConnectionLost.
+        self._finished = threading.Event()
         self._thread: threading.Thread | None = None
         self._slot: Generation | None = None
         self._error: BaseException | None = None
@@ -296,7 +302,14 @@ class ConsumerGroup:
         # From a routine of the generation, waiting would deadlock: the run thread waits for it.
         inside = thread is me or (gen is not None and gen.is_routine_thread(me))
         if thread is not None and not inside:
-            thread.join(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if gen is not None and gen.wait_routines(timeout):
+                # The routines returned: stop the heartbeat's retries (if Redis is down, it
+                # would otherwise hold the run thread's collect for up to a session timeout).
+                self._finished.set()
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self._finished.set()  # close()'s timeout bounds the final commits' retries
         if self._owned_client is not None and (thread is None or not thread.is_alive()):
             try:
                 self._owned_client.close()
@@ -441,6 +454,7 @@ class ConsumerGroup:
         return True
 
     def _shutdown(self) -> None:
+        self._finished.set()  # every routine has returned: nothing is left to retry for
         member_id = self._member_id
         if member_id and not self._left and self._config.group_instance_id is None:
             self._leave(member_id, "the consumer is closing")
@@ -473,6 +487,7 @@ class ConsumerGroup:
             assignors=self._assignors,
             coordinator=self.coordinator,
             retry=self._retry,
+            generation_retry=self._retry_until_finished,
             closing=self._closing,
             parked=self._parked,
             on_member_id=self._set_member_id,
@@ -507,7 +522,7 @@ class ConsumerGroup:
     # -- a generation's threads
 
     def _start_threads(self, gen: Generation) -> None:
-        start_helpers(gen, self.coordinator, self._config, self._retry)
+        start_helpers(gen, self.coordinator, self._config, self._retry_until_finished)
 
     def _deliver(self, gen: Generation) -> None:
         """Offer ``gen`` to ``next()``; withdraw it if it ends before anyone takes it."""
@@ -531,8 +546,17 @@ class ConsumerGroup:
     # -- retries
 
     def _retry(self, call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
-        """``call_with_retries`` with this group's settings; retries stop when it closes."""
+        """``call_with_retries`` with this group's settings; retries stop when it closes
+        (joining: a closing member has nothing to join for)."""
         return call_with_retries(call, error_of, config=self._config, closing=self._closing)
+
+    def _retry_until_finished(
+        self, call: Callable[[], T], error_of: Callable[[T], Errors] | None
+    ) -> T:
+        """The same for a generation's commits and heartbeats: these go on retrying after
+        ``close()`` until its routines have returned (``_finished``), since a routine's last
+        act is usually its final commit, which must not lose to one lost connection."""
+        return call_with_retries(call, error_of, config=self._config, closing=self._finished)
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

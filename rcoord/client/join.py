@@ -83,6 +83,7 @@ def join_generation(
     protocol: RebalanceProtocol = RebalanceProtocol.EAGER,
     owned: Sequence[TopicPartition] = (),
     owned_generation: int = -1,
+    generation_retry: Retry | None = None,
 ) -> Generation | None:
     """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
 
@@ -101,6 +102,9 @@ def join_generation(
     With ``config.topic_pattern`` the subscription sent is the topics the pattern matches now
     (Kafka's ``subscribeFromPattern`` on a metadata refresh); the generation keeps the pattern
     and that set so ``heartbeat.watch_partitions`` can see the set change.
+
+    ``generation_retry`` (default ``retry``) is what the generation's commits use: the group's
+    goes on after ``closing`` until the routines have returned, so their final commits retry.
     """
     cfg = config
     coord = coordinator
@@ -195,7 +199,7 @@ def join_generation(
         coordinator=coord,
         group_instance_id=cfg.group_instance_id,
         retention_ms=cfg.retention_ms,
-        retry=retry,
+        retry=generation_retry or retry,
         on_end=on_end,
         owned_before=owned,
     )

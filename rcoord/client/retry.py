@@ -1,8 +1,10 @@
 """Retrying one coordinator call: lost connections and the ``retry`` rows of ``ERROR_POLICY``.
 
 ``call_with_retries`` is the policy (tenacity, exponential back-off with jitter, for at most
-one session timeout, cut short when the group closes); ``Retry`` is its shape, as the group
-hands it to the code that sends requests for it.
+one session timeout, cut short by an event the group sets: ``closing`` for joins, and for a
+generation's commits and heartbeats the end of its routines after a close, so a final commit is
+still retried); ``Retry`` is its shape, as the group hands it to the code that sends requests
+for it.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def call_with_retries(
 
 
 class _StopWhenClosing(stop_base):
-    """Stop retrying once the group closes."""
+    """Stop retrying once ``event`` is set (the group's closing, or its routines' end)."""
 
     def __init__(self, event: threading.Event) -> None:
         self._event = event
