@@ -8,7 +8,12 @@ import threading
 import uuid
 from typing import Any
 
+import pytest
+
+kafka = pytest.importorskip("kafka")
+
 from gateway_harness import connect, request_frame, response, running_gateway, topics_of
+from harness import wait_until
 
 from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, fetch
@@ -93,3 +98,43 @@ def test_two_producers_big_batches_each_land_whole_at_the_answered_base_offset(o
             assert calls_for(N, "big") == calls_for(1, "one")
         finally:
             client.close()
+
+
+def _redis_ms(client: Any) -> int:
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def test_consumed_timestamps_are_each_records_own_not_the_newest(gateway, redis_server, topics):
+    """Records of three appends, fetched in one response: each keeps its append's timestamp
+    (kafka-python reads a LogAppendTime batch's max timestamp for all of its records)."""
+    topics.create("ts", 1)
+    produced: list[tuple[int, int]] = []
+    producer = kafka.KafkaProducer(bootstrap_servers=gateway.bootstrap, linger_ms=0)
+    clock = redis_server.client()
+    try:
+        for i in range(3):
+            if produced:  # the next append gets a later Redis millisecond
+                wait_until(lambda: _redis_ms(clock) > produced[-1][1])
+            md = producer.send("ts", f"v{i}".encode(), partition=0).get(10)
+            produced.append((md.offset, md.timestamp))
+    finally:
+        producer.close()
+        clock.close()
+    assert len({ts for _, ts in produced}) == 3
+    consumer = kafka.KafkaConsumer(bootstrap_servers=gateway.bootstrap, enable_auto_commit=False)
+    try:
+        tp = kafka.TopicPartition("ts", 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        got: list[tuple[int, int, int]] = []
+
+        def poll() -> None:
+            for recs in consumer.poll(200).values():
+                got.extend((r.offset, r.timestamp, r.timestamp_type) for r in recs)
+
+        wait_until(lambda: len(got) >= 3, poll)
+    finally:
+        consumer.close()
+    assert [(o, ts) for o, ts, _ in got] == produced
+    assert {kind for _, _, kind in got} == {1}  # LogAppendTime: the Redis clock at append

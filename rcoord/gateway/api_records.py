@@ -32,7 +32,7 @@ from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
 from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
-from .records import BatchError, IncomingBatch, decode_batches, encode_batch
+from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -158,7 +158,7 @@ def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[st
         "partition_index": partition, "error_code": res.error,
         "high_watermark": res.log_end_offset, "last_stable_offset": res.log_end_offset,
         "log_start_offset": res.log_start_offset, "aborted_transactions": None,
-        "preferred_read_replica": -1, "records": encode_batch(records),
+        "preferred_read_replica": -1, "records": encode_fetched(records),
     }
 
 
