@@ -136,3 +136,29 @@ def test_every_version_of_every_api_carries_the_error_somewhere(key):
 def test_metadata_for_all_topics_cannot_carry_an_error_so_the_connection_closes():
     req = build(request_class(3, 12), {"topics": None})
     assert request_error_response(3, 12, req, REQUEST_TIMED_OUT) is None
+
+
+ILLEGAL_GENERATION = 22
+
+
+@pytest.mark.parametrize("version", [2, 8])
+def test_commit_with_a_generation_to_a_group_that_does_not_exist_is_illegal_generation(
+        gateway, topics, version):
+    """Below OffsetCommit v9 Kafka answers ILLEGAL_GENERATION, not GROUP_ID_NOT_FOUND (69),
+    which those clients do not know; a simple commit (generation -1) still creates the offsets."""
+    topics.create("t", 1)
+    sock = connect(gateway)
+    header = 4 if version < 8 else 5
+    try:
+        def commit(corr: int, generation: int, member: str) -> int:
+            sock.sendall(request_frame(8, version, corr, {
+                "group_id": "gone", "generation_id_or_member_epoch": generation,
+                "member_id": member, "topics": [{"name": "t", "partitions": [
+                    {"partition_index": 0, "committed_offset": 1}]}]}))
+            got = response(sock, 8, version, header)
+            return int(got.topics[0].partitions[0].error_code.value)
+
+        assert commit(1, 3, "m-1") == ILLEGAL_GENERATION
+        assert commit(2, -1, "") == 0
+    finally:
+        sock.close()
