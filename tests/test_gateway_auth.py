@@ -125,3 +125,23 @@ def test_auth_file_errors_say_what_is_expected(tmp_path: Path) -> None:
         load_auth_file(bad)
     with pytest.raises(ValueError, match="cannot read"):
         load_auth_file(tmp_path / "missing.json")
+
+
+def test_a_frame_over_512_kb_before_authentication_closes_the_connection(
+        gateway: GatewayThread) -> None:
+    """Kafka caps requests at 512 KB until the client authenticated; after, the listener's
+    ``max_frame_bytes`` applies. Only the size prefix is sent: the gateway must not wait for
+    the body."""
+    big = 512 * 1024 + 1
+    with connect(gateway) as sock:
+        sock.sendall(big.to_bytes(4, "big"))
+        assert sock.recv(1) == b""
+    with connect(gateway) as sock:
+        sock.sendall(request_frame(17, 1, 1, {"mechanism": "PLAIN"}))
+        assert response(sock, 17, 1, 4).error_code.value == 0
+        sock.sendall(request_frame(36, 2, 2, {"auth_bytes": b"\0alice\0alice-secret"}))
+        assert response(sock, 36, 2, 5).error_code.value == 0
+        padding = "x" * big  # a Metadata request naming one long (unknown) topic
+        sock.sendall(request_frame(3, 12, 3, {"topics": [{"name": padding}]}))
+        answer = response(sock, 3, 12, 5)
+        assert [t.name for t in answer.topics] == [padding]

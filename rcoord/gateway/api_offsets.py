@@ -33,6 +33,12 @@ def _by_topic(items: dict[TopicPartition, Any]) -> dict[str, list[tuple[int, Any
     return out
 
 
+_GROUP_ID_NOT_FOUND_SINCE = 9
+"""A commit with a generation to a group that does not exist is GROUP_ID_NOT_FOUND from
+OffsetCommit v9 on; older versions get ILLEGAL_GENERATION, the code their clients know how to
+handle (rejoin), as Kafka's ``OffsetMetadataManager.validateOffsetCommit`` answers them."""
+
+
 @api(8, "OffsetCommit", 2, 8, group=True)
 async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if not conn.may(Operation.READ, ResourceType.GROUP, req.group_id):
@@ -65,6 +71,9 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
             required_acks=conn.state.config.commit_required_acks,
             ack_timeout_ms=conn.state.config.commit_ack_timeout_ms,
         ))
+    if version < _GROUP_ID_NOT_FOUND_SINCE:
+        codes = {tp: Errors.ILLEGAL_GENERATION if code == Errors.GROUP_ID_NOT_FOUND else code
+                 for tp, code in codes.items()}
     codes.update(refused)
     return {"throttle_time": 0, "topics": [
         {"name": topic, "partitions": [{"partition_index": p, "error_code": code}

@@ -32,7 +32,7 @@ from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
 from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
-from .records import BatchError, IncomingBatch, decode_batches, encode_batch
+from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -51,11 +51,16 @@ _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 def _append_batch(state: GatewayState, topic: str, partition: int, batch: IncomingBatch
                   ) -> RecordMetadata:
     """Blocking: append one batch; where its first record is (the original place for an
-    idempotent producer's exact resend)."""
+    idempotent producer's exact resend).
+
+    One script call per batch however many records it has (``atomic``): Kafka appends a batch
+    whole, and the client takes base offset + index as each record's offset, so nothing may
+    land in between. The frame limit (``max_frame_bytes``) bounds the batch.
+    """
     if not batch.records:
         raise BatchError(Errors.INVALID_REQUEST, "a record batch without records")
     if batch.producer_id < 0:
-        return state.producer.send_batch(topic, batch.records)[0]
+        return state.producer.send_batch(topic, batch.records, atomic=True)[0]
     if batch.producer_epoch < 0 or batch.base_sequence < 0:
         raise BatchError(Errors.INVALID_REQUEST,
                          f"producer id {batch.producer_id} with epoch {batch.producer_epoch} "
@@ -64,7 +69,8 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
         metas = append_idempotent(
             state.sync_redis, state.config.namespace, topic, partition, batch.records,
             producer_id=kafka_producer_name(batch.producer_id),
-            producer_epoch=batch.producer_epoch, base_sequence=batch.base_sequence)
+            producer_epoch=batch.producer_epoch, base_sequence=batch.base_sequence,
+            atomic=True)
     except TopicError as exc:
         if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
             raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
@@ -152,7 +158,7 @@ def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[st
         "partition_index": partition, "error_code": res.error,
         "high_watermark": res.log_end_offset, "last_stable_offset": res.log_end_offset,
         "log_start_offset": res.log_start_offset, "aborted_transactions": None,
-        "preferred_read_replica": -1, "records": encode_batch(records),
+        "preferred_read_replica": -1, "records": encode_fetched(records),
     }
 
 

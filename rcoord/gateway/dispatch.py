@@ -8,6 +8,11 @@
 * A request that cannot be parsed, or an API key or version no schema describes, cannot be
   answered (there is no response layout to use): the connection is closed with a log line,
   which is what Kafka's broker does with an unparseable request.
+* A request that fails as a whole (a handler's RequestError, Redis unreachable or refusing
+  writes) is answered as Kafka's ``AbstractRequest.getErrorResponse``: the error on every
+  partition, topic, group or resource the request named (``error_responses``), never an empty
+  response a client would read as success. Where the request names nothing to carry the error,
+  and for a Produce with acks=0 (no response is ever sent), the connection is closed.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from . import (  # noqa: F401  (each registers its APIs)
     api_topics,
     auth,
 )
+from .error_responses import UNAVAILABLE, request_error_response
 from .errors import RequestError
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
-from .wire import decode_body, encode_response, error_response, parse_header_prefix
+from .wire import decode_body, encode_response, parse_header_prefix
 
 __all__ = ["API_VERSIONS", "handle_frame"]
 
@@ -64,33 +70,48 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
             data["error_code"] = Errors.UNSUPPORTED_VERSION
             return encode_response(key, 0, corr, data)
         try:
-            body = error_response(key, version, Errors.UNSUPPORTED_VERSION)
-            log.info("API key %d v%d is not served; answered UNSUPPORTED_VERSION", key, version)
-            return encode_response(key, version, corr, body)
+            try:
+                unserved = decode_body(key, version, frame)[1]
+            except Exception:  # noqa: BLE001  (then only a top-level code can be answered)
+                unserved = None
+            body = request_error_response(key, version, unserved, Errors.UNSUPPORTED_VERSION)
         except KioIndexError:
             raise FrameError(f"no Kafka schema for API key {key} version {version}") from None
+        if body is None:
+            raise FrameError(f"API key {key} v{version} is not served, and its response has "
+                             "no error code to say so")
+        log.info("API key %d v%d is not served; answered UNSUPPORTED_VERSION", key, version)
+        return encode_response(key, version, corr, body)
     try:
         client_id, request = decode_body(key, version, frame)
     except Exception as exc:  # noqa: BLE001  (any parse failure: not this request)
         raise FrameError(f"cannot parse {entry.name} v{version}: {exc}") from None
     conn.client_id = client_id or ""
     response: dict[str, Any] | None
+    code: int
     try:
         response = await entry.handler(conn, request, version)
     except RequestError as exc:
-        response = error_response(key, version, exc.code)
+        code = exc.code
     except ProtocolError as exc:  # e.g. a TopicError: the code Kafka would send
-        response = error_response(key, version, exc.error)
+        code = exc.error
     except (InvalidRequestError, TypeError, ValueError) as exc:  # rcoord's argument checks
         log.info("%s v%d refused: %s", entry.name, version, exc)
-        response = error_response(key, version, Errors.INVALID_REQUEST)
+        code = Errors.INVALID_REQUEST
     except ConnectionLost as exc:  # (ServerUnavailable too: Redis answered "not now")
         log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version, exc)
-        code = Errors.COORDINATOR_NOT_AVAILABLE if entry.group else Errors.UNKNOWN_SERVER_ERROR
-        response = error_response(key, version, code)
+        code = (Errors.COORDINATOR_NOT_AVAILABLE if entry.group
+                else UNAVAILABLE.get(key, Errors.UNKNOWN_SERVER_ERROR))
     except Exception:
         log.exception("%s v%d failed", entry.name, version)
-        response = error_response(key, version, Errors.UNKNOWN_SERVER_ERROR)
+        code = Errors.UNKNOWN_SERVER_ERROR
+    else:
+        return None if response is None else encode_response(key, version, corr, response)
+    if key == 0 and getattr(request, "acks", None) == 0:
+        # Kafka closes an acks=0 producer's connection on an error: its only way to tell.
+        raise FrameError(f"Produce with acks=0 failed (error code {code})")
+    response = request_error_response(key, version, request, code)
     if response is None:
-        return None
+        raise FrameError(f"{entry.name} v{version} failed with error code {code}, and the "
+                         "request names nothing to attach it to")
     return encode_response(key, version, corr, response)

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["DEFAULT_MAX_FRAME_BYTES", "FrameError", "frame", "read_frame"]
+__all__ = ["DEFAULT_MAX_FRAME_BYTES", "PRE_AUTH_MAX_FRAME_BYTES", "FrameError", "frame",
+           "read_frame"]
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 """Kafka's ``socket.request.max.bytes`` default (100 MiB)."""
+PRE_AUTH_MAX_FRAME_BYTES = 512 * 1024
+"""The limit until a connection has authenticated (with ``--auth-file``): Kafka's
+``SaslServerAuthenticator`` caps requests at 512 KB then, so a peer that has not proved who it
+is cannot make the gateway buffer ``DEFAULT_MAX_FRAME_BYTES`` per connection."""
 
 _MIN_FRAME_BYTES = 8  # api key, api version, correlation id
 

@@ -22,7 +22,7 @@ from ..errors import Errors
 from ..topics import ProducerRecord, Record
 from .errors import CORRUPT_MESSAGE, UNSUPPORTED_COMPRESSION_TYPE
 
-__all__ = ["BatchError", "IncomingBatch", "decode_batches", "encode_batch"]
+__all__ = ["BatchError", "IncomingBatch", "decode_batches", "encode_batch", "encode_fetched"]
 
 _MAGIC_AT = 16  # base offset (8), batch length (4), partition leader epoch (4)
 _ATTRIBUTES_AT = 21  # ... magic (1), crc (4)
@@ -107,11 +107,31 @@ _BATCH_TAIL = struct.Struct(">hiqqqhii")  # attributes .. record count
 _BATCH_HEAD = struct.Struct(">qiibI")  # base offset, length, leader epoch, magic, crc
 
 
+def encode_fetched(records: Sequence[Record]) -> bytes:
+    """Fetched records as v2 batches, one per run of records with the same timestamp.
+
+    A LogAppendTime batch gives every record one timestamp, the batch's max timestamp (clients
+    ignore the per-record deltas then), so one batch over records of several appends would
+    show them all with the newest one's time. rcoord stamps each append with the Redis clock,
+    and an append's records share it: a batch per run of equal timestamps is what Kafka sends
+    for a LogAppendTime topic (one batch per appended batch), and each record keeps its own.
+    """
+    out: list[bytes] = []
+    lo = 0
+    for hi in range(1, len(records) + 1):
+        if hi == len(records) or records[hi].timestamp_ms != records[lo].timestamp_ms:
+            out.append(encode_batch(records[lo:hi]))
+            lo = hi
+    return b"".join(out)
+
+
 def encode_batch(records: Sequence[Record], producer_id: int = -1, producer_epoch: int = -1,
                  base_sequence: int = -1) -> bytes:
     """One v2 batch holding ``records`` (consecutive or not; offsets are deltas from the first),
-    with LogAppendTime timestamps: rcoord stamps records with the Redis clock on append. The
-    producer fields are -1 in fetched batches; tests set them to produce as a Kafka producer."""
+    flagged LogAppendTime: rcoord stamps records with the Redis clock on append. Clients read
+    every record's timestamp as the batch's newest, so a fetch sends one batch per timestamp
+    (``encode_fetched``). The producer fields are -1 in fetched batches; tests set them to
+    produce as a Kafka producer."""
     if not records:
         return b""
     base_offset, base_ts = records[0].offset, records[0].timestamp_ms

@@ -20,7 +20,7 @@ import redis.cluster
 
 from ..connect import connect
 from .dispatch import handle_frame
-from .framing import FrameError, frame, read_frame
+from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
 
 __all__ = ["Gateway"]
@@ -131,12 +131,19 @@ class Gateway:
         finally:
             self._tasks.discard(task)
 
+    def _frame_limit(self, conn: Connection) -> int:
+        """``max_frame_bytes``, but at most ``PRE_AUTH_MAX_FRAME_BYTES`` while the connection
+        must still authenticate (as Kafka's SASL authenticator)."""
+        if self.state.auth is not None and conn.principal is None:
+            return min(self.config.max_frame_bytes, PRE_AUTH_MAX_FRAME_BYTES)
+        return self.config.max_frame_bytes
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
         conn = Connection(self.state, str(peer[0]))
         try:
             while True:
-                request = await read_frame(reader, self.config.max_frame_bytes)
+                request = await read_frame(reader, self._frame_limit(conn))
                 if request is None:
                     break
                 response = await handle_frame(conn, request)

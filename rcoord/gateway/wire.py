@@ -31,7 +31,6 @@ __all__ = [
     "build",
     "decode_body",
     "encode_response",
-    "error_response",
     "millis",
     "parse_header_prefix",
     "request_class",
@@ -97,13 +96,6 @@ def encode_response(api_key: int, version: int, correlation_id: int, data: Mappi
     entity_writer(header_cls)(buf, build(header_cls, {"correlation_id": correlation_id}))
     entity_writer(cls)(buf, build(cls, data))
     return buf.getvalue()
-
-
-def error_response(api_key: int, version: int, error: int) -> dict[str, Any]:
-    """A response with ``error`` in its top-level error code (if it has one), all else zero."""
-    cls = response_class(api_key, version)
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {"error_code": error} if "error_code" in names else {}
 
 
 def millis(value: Any) -> int:

@@ -239,18 +239,25 @@ class Producer:
 
     @translate_redis_errors
     def send_batch(
-        self, topic: str, records: Iterable[ProducerRecord | bytes]
+        self, topic: str, records: Iterable[ProducerRecord | bytes], *, atomic: bool = False
     ) -> list[RecordMetadata]:
         """Append many records in one pipeline; metadata comes back in the order given.
 
         Records of one partition go in one script call (per ``MAX_APPEND_PER_CALL``), so they
         get consecutive offsets in the order given. If a partition vanished meanwhile the other
         partitions' records are still appended and TopicError is raised.
+
+        ``atomic``: each partition's records go in one script call however many there are, so
+        no other producer's records can land between them (more than ``MAX_APPEND_PER_CALL``
+        would otherwise be several calls). Kafka's gateway needs it: a Kafka record batch is
+        appended whole, and its client computes every record's offset as base + index. The
+        caller bounds the batch (the gateway by its frame size), as one call holds the server.
         """
         recs = [r if isinstance(r, ProducerRecord) else ProducerRecord(r) for r in records]
-        return self._send(topic, recs) if recs else []
+        return self._send(topic, recs, atomic) if recs else []
 
-    def _send(self, topic: str, recs: list[ProducerRecord]) -> list[RecordMetadata]:
+    def _send(self, topic: str, recs: list[ProducerRecord], atomic: bool = False
+              ) -> list[RecordMetadata]:
         _check_topic(topic)
         n = self._num_partitions(topic)
         parts: list[int] = []
@@ -271,12 +278,17 @@ class Producer:
         for i, p in enumerate(parts):
             by_part.setdefault(p, []).append(i)
         if self._idempotent:
+            if atomic:
+                raise InvalidRequestError(
+                    "atomic appends are for producers that number their own batches: use "
+                    "append_idempotent(..., atomic=True), or an idempotent=False Producer")
             return self._send_idempotent(topic, by_part, encoded)
         calls: list[_Call] = []
         chunks: list[tuple[int, list[int]]] = []
         for p, idxs in by_part.items():
-            for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
-                chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
+            step = len(idxs) if atomic else MAX_APPEND_PER_CALL
+            for lo in range(0, len(idxs), step):
+                chunk = idxs[lo : lo + step]
                 args = [a for i in chunk for a in encoded[i]]
                 calls.append((APPEND, [partition_key(self._ns, topic, p)], args))
                 chunks.append((p, chunk))
@@ -409,6 +421,7 @@ def append_idempotent(
     lost_from: int | None = None,
     producer_id_expiration_ms: int | None = None,
     clock: Callable[[], int] | None = None,
+    atomic: bool = False,
 ) -> list[RecordMetadata]:
     """Append one batch of an idempotent producer that numbers its records itself.
 
@@ -424,7 +437,9 @@ def append_idempotent(
     then. ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
     gap is accepted once). ``producer_id_expiration_ms``: the topic's setting, read from Redis
     when None. ``clock``: tests only, as for ``Producer``. The batch's ``partition`` fields are
-    ignored: every record goes to ``partition``.
+    ignored: every record goes to ``partition``. ``atomic``: the whole batch in one script
+    call (see ``Producer.send_batch``), so nothing lands between its records and it is
+    remembered as one batch for deduplication, as Kafka does; the caller bounds its size.
     """
     _check_client(redis_client)
     _check_topic(topic)
@@ -454,21 +469,22 @@ def append_idempotent(
     now = "" if clock is None else str(int(clock()))
     lost = "" if lost_from is None else lost_from
     keys = partition_keys(namespace, topic, partition)
+    step = len(recs) if atomic else MAX_APPEND_PER_CALL
     calls: list[_Call] = []
-    for lo in range(0, len(recs), MAX_APPEND_PER_CALL):
-        chunk = encoded[lo : lo + MAX_APPEND_PER_CALL]
+    for lo in range(0, len(recs), step):
+        chunk = encoded[lo : lo + step]
         args = [now, producer_id, producer_epoch, base_sequence + lo, lost, expiration,
                 PRODUCER_PRUNE_PER_CALL, *(a for rec in chunk for a in rec)]
         calls.append((APPEND_IDEMPOTENT, keys, args))
     out: list[RecordMetadata] = []
-    for lo, res in zip(range(0, len(recs), MAX_APPEND_PER_CALL), _run(redis_client, calls)):
+    for lo, res in zip(range(0, len(recs), step), _run(redis_client, calls)):
         error = _name(res[0])
         if error != Errors.NONE:
             why = res[1].decode() if len(res) > 1 else ""
             raise TopicError(error, f"{topic} partition {partition}: {why or error.name}")
         first = _id_offset(res[1]) if res[1] else -1
         ts, dup = int(res[2]), int(res[3])
-        for j in range(min(MAX_APPEND_PER_CALL, len(recs) - lo)):
+        for j in range(min(step, len(recs) - lo)):
             if j < dup:
                 out.append(RecordMetadata(topic, partition, int(res[4][j]), int(res[5][j]), True))
             else:
