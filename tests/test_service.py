@@ -286,3 +286,51 @@ def test_service_rejects_an_unknown_setting(redis_server, namespace):
         capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 2
     assert "unknown group setting" in out.stderr and "group_min_sesion_timeout_ms" in out.stderr
+
+
+def _in_process(url: str, namespace: str, cid: str, **settings: int) -> Any:
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    return CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, coordinator_id=cid,
+                                            lease_ttl_ms=200, wake="index", settings=settings)).start()
+
+
+def _lease_rounds(svcs: list[Any], rounds: int) -> None:
+    """Wait until every service has completed ``rounds`` more lease rounds."""
+    seen: list[set[float]] = [{s._last_lease_ok} for s in svcs]
+
+    def done() -> bool:
+        for s, times in zip(svcs, seen):
+            times.add(s._last_lease_ok)
+        return all(len(t) > rounds for t in seen)
+
+    wait_until(done, timeout_s=10)
+
+
+def test_services_naming_different_settings_do_not_rewrite_each_other(redis_server, single_client,
+                                                                      namespace, caplog):
+    """Two processes naming different values (a rolling change of --set): the one started last
+    wrote its value; the other adopts it, warns once, and nobody writes again every round."""
+    caplog.set_level("INFO", logger="rcoord")
+    key = f"{namespace}:settings"
+    svcs = [_in_process(redis_server.url, namespace, "ten", group_max_size=10)]
+    try:
+        svcs.append(_in_process(redis_server.url, namespace, "twenty", group_max_size=20))
+        version = single_client.hget(key, "version")
+        wait_until(lambda: svcs[0]._coord.config.group_max_size == 20, timeout_s=10)
+        _lease_rounds(svcs, 5)
+        assert single_client.hget(key, "version") == version
+        assert single_client.hget(key, "group_max_size") == b"20"
+        overridden = [r for r in caplog.records if getattr(r, "event", None) == "settings_overridden"]
+        assert len(overridden) == 1 and "group_max_size=10" in overridden[0].getMessage()
+        # Lost settings are still written again by a process that names them.
+        single_client.delete(key)
+        wait_until(lambda: single_client.hget(key, "group_max_size") in (b"10", b"20"), timeout_s=10)
+        _lease_rounds(svcs, 5)
+        settled = single_client.hget(key, "version")
+        _lease_rounds(svcs, 5)
+        assert single_client.hget(key, "version") == settled
+        assert svcs[0]._coord.config.group_max_size == svcs[1]._coord.config.group_max_size
+    finally:
+        for s in svcs:
+            s.stop()

@@ -68,7 +68,8 @@ class ServiceConfig:
     field -> value, e.g. ``group_min_session_timeout_ms``), as a broker's configuration names
     Kafka's group settings. They are written at start, and written again whenever the process
     sees the namespace's settings lost (a restart without persistence, a failover to an empty
-    replica) or changed by someone else.
+    replica). Settings changed by someone else are adopted (a warning names the ones overridden),
+    so processes naming different values do not rewrite each other's every lease round.
     """
 
     redis_url: str
@@ -221,23 +222,45 @@ class CoordinatorService:
     def _check_settings(self) -> None:
         """Keep the namespace settings as this process knows them, every lease round.
 
-        Lost (data loss) or changed by another party: settle again, which writes the settings
-        this process names and re-establishes the rest as they were. The partition count is
-        fixed while groups exist, but may change before: a process that kept the old count
-        would sweep keys nobody uses, so it stops and lets its supervisor start it again."""
+        Lost (data loss): settle again, which writes the settings this process names and
+        re-establishes the rest as they were. Changed by another party (the version moved):
+        adopt the stored values and warn once about named ones overridden; writing ours back
+        would start a war with a process naming other values, each rewriting the settings
+        (and every copy) every round. The partition count is fixed while groups exist, but may
+        change before: a process that kept the old count would sweep keys nobody uses, so it
+        stops and lets its supervisor start it again."""
         raw = self._client.hmget(settings_key(self.config.namespace), "version", "num_partitions")
         version = None if raw[0] is None else int(raw[0])
         if version != self._coord.settings_version:
-            log.warning("namespace settings %s; settling them again", "lost" if version is None else "changed",
-                        extra={"event": "settings_resettled", "was_version": self._coord.settings_version,
-                               "now_version": version})
-            settled = self._coord.resettle()
+            was_version = self._coord.settings_version
+            if version is None:
+                log.warning("namespace settings lost; settling them again", extra={
+                    "event": "settings_resettled", "was_version": was_version, "now_version": None})
+                settled = self._coord.resettle()
+            else:
+                settled = self._coord.resettle(write_named=False)
+                self._report_overridden(settled, was_version)
             raw = [None, str(settled.num_partitions).encode()]
         if raw[1] is not None and int(raw[1]) != self.group_config.num_partitions:
             log.error("num_partitions changed; restarting", extra={
                 "event": "settings_changed", "was": self.group_config.num_partitions, "now": int(raw[1])})
             self.exit_code = 3
             self._stop.set()
+
+    def _report_overridden(self, settled: CoordinatorConfig, was_version: int) -> None:
+        """One warning per change by another party, naming the settings of ours it overrode."""
+        overridden = {name: {"named": value, "now": getattr(settled, name)}
+                      for name, value in self.config.settings.items()
+                      if getattr(settled, name) != value}
+        if overridden:
+            log.warning("namespace settings changed by another process; adopted, overriding %s",
+                        ", ".join(f"{k}={v['named']} (now {v['now']})" for k, v in overridden.items()),
+                        extra={"event": "settings_overridden", "was_version": was_version,
+                               "now_version": self._coord.settings_version, "overridden": overridden})
+        else:
+            log.info("namespace settings changed by another process; adopted", extra={
+                "event": "settings_adopted", "was_version": was_version,
+                "now_version": self._coord.settings_version})
 
     def _sample_loop(self) -> None:
         """Gauges of groups by state and members: O(groups), so never on the timer loop."""
