@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from harness import wait_until
+
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.partitioning import partition_for
 from rcoord.service.leases import plan
@@ -334,3 +337,116 @@ def test_services_naming_different_settings_do_not_rewrite_each_other(redis_serv
     finally:
         for s in svcs:
             s.stop()
+
+
+class _Events(logging.Handler):
+    """Counts log records by their ``event`` field."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[str(getattr(record, "event", ""))] += 1
+
+
+@pytest.fixture
+def events() -> Iterator[_Events]:
+    handler = _Events()
+    logger = logging.getLogger("rcoord")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def _fcalls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def _over_maxmemory(client: Any) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) // 2))
+
+
+def test_timer_loop_waits_while_redis_refuses_writes(own_server, namespace, events):
+    """Out of memory, expire_deadlines is refused for every group: the timer loop waits between
+    turns (a loop error each) instead of asking again at once, and catches up once memory is
+    freed."""
+    client = own_server.client()
+    coord = _setup(client, namespace)
+    mids = {g: _lonely_member(coord, g) for g in ("g1", "g2", "g3")}
+    svc = _in_process(own_server.url, namespace, "oom", group_min_session_timeout_ms=10,
+                      group_initial_rebalance_delay_ms=0)
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        _over_maxmemory(client)
+        runner.start()
+        wait_until(lambda: events.counts["loop_error"] >= 2, timeout_s=10)
+        assert events.counts["expire_error"] == 0  # not blamed on the groups
+        calls = _fcalls(client)
+        wait_until(lambda: events.counts["loop_error"] >= 4, timeout_s=10)
+        # One turn between two loop errors: a bounded number of calls, not a spin.
+        assert _fcalls(client) - calls < 500  # lease rounds included; the spin made thousands
+        client.config_set("maxmemory", "0")
+        wait_until(lambda: not any(_is_member(coord, g, m) for g, m in mids.items()), timeout_s=20)
+    finally:
+        client.config_set("maxmemory", "0")
+        svc.stop()
+        runner.join(10)
+    assert not runner.is_alive()
+
+
+def test_stop_ends_the_timer_loop_with_many_refused_due_groups(own_server, namespace):
+    """520 due groups in one partition (more than one batch), every call refused: stop() still
+    ends run()."""
+    client = own_server.client()
+    cfg = {"num_partitions": 1, "group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **cfg)).start()
+    for i in range(520):
+        coord.join_group(f"g{i}", **{**JOIN, "session_timeout_ms": 50})
+    wait_until(lambda: int(client.zcount(coord._keys("g0").partition.due, 0, _server_ms(client))) == 520)
+    svc = _in_process(own_server.url, namespace, "stuck", **cfg)
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        _over_maxmemory(client)
+        calls = _fcalls(client)
+        runner.start()
+        wait_until(lambda: _fcalls(client) > calls, timeout_s=10)  # sweeping, refused
+        svc.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+    finally:
+        client.config_set("maxmemory", "0")
+        svc.stop()
+
+
+def test_a_group_whose_call_fails_is_backed_off_and_the_others_expire(own_server, namespace, events):
+    """A group whose expire_deadlines fails (here: its record is not a hash) is retried later,
+    left out of the next deadline meanwhile; the other due groups of its partition expire."""
+    from rcoord.service.metrics import Metrics
+    from rcoord.service.sweeper import Sweeper
+
+    client = own_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, num_partitions=1, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    mid = _lonely_member(coord, "good")
+    bad = coord._keys("bad")
+    client.set(bad.group, "not a hash")
+    client.zadd(bad.partition.due, {"bad": _server_ms(client) - 1000})
+    sweeper = Sweeper(client, coord._scripts, namespace, 1, Metrics())
+    sweeper.backoff_first_ms = 60_000  # no retry within the test
+    sweeper.sync_clock()
+    wait_until(lambda: (sweeper.resync({0}), sweeper.next_due() <= sweeper.server_now())[1])
+    wait_until(lambda: not _is_member(coord, "good", mid),
+               step=lambda: sweeper.sweep_due("deadline"), timeout_s=10)
+    assert (0, "bad") in sweeper.backed_off
+    assert sweeper.next_due() > sweeper.server_now()  # nothing due: the loop would wait
+    calls = _fcalls(client)
+    assert sweeper.sweep_due("deadline") == 0
+    sweeper.resync({0})
+    assert sweeper.next_due() > sweeper.server_now() and _fcalls(client) == calls
+    assert events.counts["expire_error"] == 1

@@ -44,6 +44,9 @@ RESYNC_MS = 1000
 TAIL_MS = 250
 SAMPLE_MS = 5000
 WAKE_MODES = ("both", "index", "hints")
+LOOP_PAUSE_MS = 200
+LOOP_PAUSE_MAX_MS = 5000
+"""The timer loop's wait after a failed turn: 200 ms, doubling up to 5 s."""
 
 
 def _db_of(client: Any) -> int:
@@ -125,7 +128,7 @@ class CoordinatorService:
         scripts = coord._scripts
         n = self.group_config.num_partitions
         self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
-        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics)
+        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
         self.listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
                                  deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
@@ -278,6 +281,7 @@ class CoordinatorService:
         sweeper.sync_clock()
         owned: set[int] = set()
         last_resync = last_tail = 0.0
+        pause = LOOP_PAUSE_MS
         while not self._stop.is_set():
             try:
                 if index and sweeper.next_due() <= sweeper.server_now():
@@ -312,9 +316,14 @@ class CoordinatorService:
                 if mono - last_tail >= TAIL_MS:
                     last_tail = mono
                     self.tail.poll(owned)
+                pause = LOOP_PAUSE_MS
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
-                log.warning("timer loop error; retrying", extra={"event": "loop_error", "why": str(exc)})
-                self._stop.wait(0.2)
+                # Redis that refuses (out of memory, read-only, unreachable) refuses the next
+                # turn too: wait, longer each time (bounded), rather than asking again at once.
+                log.warning("timer loop error; retrying", extra={
+                    "event": "loop_error", "why": str(exc), "retry_in_ms": pause})
+                self._stop.wait(pause / 1000)
+                pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
 
     def _check_hints(self) -> None:
         """An expired hint key says a group had a deadline due: a hit if the index had missed it
