@@ -450,3 +450,39 @@ def test_a_group_whose_call_fails_is_backed_off_and_the_others_expire(own_server
     sweeper.resync({0})
     assert sweeper.next_due() > sweeper.server_now() and _fcalls(client) == calls
     assert events.counts["expire_error"] == 1
+
+
+def test_stop_closes_the_connections_start_opened(own_server, namespace):
+    client = own_server.client()
+    base = len(client.client_list())
+    for i in range(2):
+        svc = _in_process(own_server.url, namespace, f"cycle{i}")
+        runner = threading.Thread(target=svc.run, daemon=True)
+        runner.start()
+        wait_until(lambda: len(client.client_list()) > base)
+        svc.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        wait_until(lambda: len(client.client_list()) == base, timeout_s=10)
+
+
+def test_a_failed_start_closes_what_it_opened(own_server, namespace):
+    """A start that fails after the listener started (here: the user may not PUBLISH) stops the
+    listener's threads and closes its connections, instead of leaving them reconnecting."""
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    client = own_server.client()
+    client.execute_command("ACL", "SETUSER", "nopub", "on", ">pw", "~*", "&*", "+@all", "-publish")
+    url = own_server.url.replace("redis://", "redis://nopub:pw@")
+    svc = CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, lease_ttl_ms=200,
+                                           coordinator_id="nopub"))
+    with pytest.raises(Exception, match="(?i)publish|permission"):
+        svc.start()
+
+    def ours() -> list[Any]:
+        return [c for c in client.client_list() if c.get("user") == "nopub"]
+
+    wait_until(lambda: not ours(), timeout_s=10)
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith("rcoord-") and t.is_alive()], timeout_s=10)
+    assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry

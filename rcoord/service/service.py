@@ -112,15 +112,30 @@ class CoordinatorService:
         self._last_lease_ok = 0.0
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
+        self._sample_thread: threading.Thread | None = None
+        self.listener: Listener | None = None
+        self._made_client = False
+        """``start()`` connected (no client given): ``stop()`` closes that client."""
         self.exit_code = 0
         self._hinted: set[int] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> CoordinatorService:
+        """Connect, settle, start listening and leasing. A start that fails part way closes
+        what it opened (listener threads would otherwise reconnect forever)."""
         cfg = self.config
         if self._client is None:
             self._client = connect(cfg.redis_url)
+            self._made_client = True
+        try:
+            return self._start()
+        except BaseException:
+            self._shut_down(release=True)
+            raise
+
+    def _start(self) -> CoordinatorService:
+        cfg = self.config
         named: dict[str, Any] = dict(cfg.settings)
         coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
         self._coord = coord
@@ -130,17 +145,20 @@ class CoordinatorService:
         self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
         self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
-        self.listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
-                                 deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
-                                 db=_db_of(self._client))
-        self.listener.start()
+        listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
+                            deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
+                            db=_db_of(self._client))
+        self.listener = listener
+        listener.start()
         self._owned = self.leases.step()
         self._last_lease_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
         self._lease_thread.start()
-        threading.Thread(target=self._sample_loop, name="rcoord-sampler", daemon=True).start()
+        self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
+                                               daemon=True)
+        self._sample_thread.start()
         if cfg.metrics_port is not None:
             self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry, self.health)
             self._http.start()
@@ -148,7 +166,7 @@ class CoordinatorService:
             "event": "started", "id": cfg.coordinator_id, "namespace": cfg.namespace,
             "partitions": n, "leases": len(self._owned), "wake": cfg.wake,
             "metrics_port": self._http.port if self._http else None,
-            "keyspace_events": self.listener.keyspace_status})
+            "keyspace_events": listener.keyspace_status})
         return self
 
     @property
@@ -157,23 +175,45 @@ class CoordinatorService:
 
     def stop(self) -> None:
         """Graceful: release leases at once so the others take over without waiting a TTL."""
+        self._shut_down(release=False)
+        log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
+
+    def _shut_down(self, release: bool) -> None:
+        """Stop the threads, release the leases, close what ``start()`` opened (the client it
+        connected included; a client passed in belongs to the caller). Also what a failed
+        start runs, on whatever part of the start had happened (``release``: the leases may
+        not have been logged yet, so only released)."""
         self._stop.set()
         self._lease_wake.set()
         if self._lease_thread is not None:
             self._lease_thread.join(timeout=5)
-        try:
-            # Log what happened since the last look, so a stop loses no transition or expiry.
-            self.tail.poll(set(self.leases.owned))
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
-            log.warning("could not read the last events", extra={"event": "tail_failed", "why": str(exc)})
-        try:
-            self.leases.release_all()
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
-            log.warning("could not release leases", extra={"event": "release_failed", "why": str(exc)})
-        self.listener.stop()
+        leases = getattr(self, "leases", None)
+        if leases is not None:
+            if not release:
+                try:
+                    # Log what happened since the last look, so a stop loses no transition or
+                    # expiry.
+                    self.tail.poll(set(leases.owned))
+                except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                    log.warning("could not read the last events",
+                                extra={"event": "tail_failed", "why": str(exc)})
+            try:
+                leases.release_all()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not release leases",
+                            extra={"event": "release_failed", "why": str(exc)})
+        if self.listener is not None:
+            self.listener.stop()
         if self._http is not None:
             self._http.stop()
-        log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
+        if self._sample_thread is not None:
+            self._sample_thread.join(timeout=5)
+        if self._made_client and self._client is not None:
+            try:
+                self._client.close()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not close the Redis client",
+                            extra={"event": "close_failed", "why": str(exc)})
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         age_ms = (time.monotonic() - self._last_lease_ok) * 1000
@@ -185,8 +225,8 @@ class CoordinatorService:
             "live_coordinators": len(self.leases.live),
             "last_lease_round_ms_ago": int(age_ms),
             "wake": self.config.wake,
-            "keyspace_events": self.listener.keyspace_status,
-            "keyspace_nodes": sorted(self.listener.hint_nodes),
+            "keyspace_events": self.listener.keyspace_status if self.listener else None,
+            "keyspace_nodes": sorted(self.listener.hint_nodes) if self.listener else [],
         }
 
     # -- loops ----------------------------------------------------------------------------------
