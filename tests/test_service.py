@@ -486,3 +486,42 @@ def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     wait_until(lambda: not [t for t in threading.enumerate()
                             if t.name.startswith("rcoord-") and t.is_alive()], timeout_s=10)
     assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry
+
+
+def test_health_reports_a_stuck_timer_loop(own_server, namespace):
+    """The lease thread keeps renewing while the timer loop is stuck (here: blocked in a call):
+    /healthz must not say ok, since the leased partitions are not swept."""
+    svc = _in_process(own_server.url, namespace, "stuck-loop")
+    blocked, entered, release = threading.Event(), threading.Event(), threading.Event()
+    real_next_due = svc.sweeper.next_due
+
+    def next_due() -> float:
+        if blocked.is_set():
+            entered.set()
+            release.wait()
+        return real_next_due()
+
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: svc.health()[0], timeout_s=10)
+        svc.sweeper.next_due = next_due  # type: ignore[method-assign]
+        blocked.set()
+        wait_until(entered.is_set, timeout_s=10)
+
+
+        def stuck_loop_reported() -> bool:
+            ok, status = svc.health()
+            # Unhealthy because of the timer loop, while the leases are renewed.
+            return (not ok and status["last_timer_turn_ms_ago"] >= 400
+                    and status["last_lease_round_ms_ago"] < 400)
+
+        wait_until(stuck_loop_reported, timeout_s=10)
+        blocked.clear()
+        release.set()
+        wait_until(lambda: svc.health()[0], timeout_s=10)  # healthy again once it moves
+    finally:
+        blocked.clear()
+        release.set()
+        svc.stop()
+        runner.join(10)

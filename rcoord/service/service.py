@@ -110,6 +110,9 @@ class CoordinatorService:
         self._lease_wake = threading.Event()
         self._owned: set[int] = set()
         self._last_lease_ok = 0.0
+        self._last_turn_ok = 0.0
+        """When the timer loop last completed a turn (monotonic): leases renewed by a process
+        whose timer loop is stuck would hold partitions nobody sweeps, so health checks both."""
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
         self._sample_thread: threading.Thread | None = None
@@ -151,7 +154,7 @@ class CoordinatorService:
         self.listener = listener
         listener.start()
         self._owned = self.leases.step()
-        self._last_lease_ok = time.monotonic()
+        self._last_lease_ok = self._last_turn_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
@@ -216,14 +219,22 @@ class CoordinatorService:
                             extra={"event": "close_failed", "why": str(exc)})
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        age_ms = (time.monotonic() - self._last_lease_ok) * 1000
-        ok = age_ms < 2 * self.config.lease_ttl_ms and not self._stop.is_set()
+        """Healthy while both the lease thread and the timer loop make progress: a turn of the
+        timer loop ends at least every ``TAIL_MS`` when nothing is wrong, so one that has not
+        ended for two lease TTLs is stuck (or Redis refuses it), and the partitions it leases
+        are not swept."""
+        now = time.monotonic()
+        age_ms = (now - self._last_lease_ok) * 1000
+        turn_ms = (now - self._last_turn_ok) * 1000
+        limit = 2 * self.config.lease_ttl_ms
+        ok = age_ms < limit and turn_ms < limit and not self._stop.is_set()
         return ok, {
             "status": "ok" if ok else "unhealthy",
             "id": self.config.coordinator_id,
             "leases": len(self._owned),
             "live_coordinators": len(self.leases.live),
             "last_lease_round_ms_ago": int(age_ms),
+            "last_timer_turn_ms_ago": int(turn_ms),
             "wake": self.config.wake,
             "keyspace_events": self.listener.keyspace_status if self.listener else None,
             "keyspace_nodes": sorted(self.listener.hint_nodes) if self.listener else [],
@@ -357,6 +368,7 @@ class CoordinatorService:
                     last_tail = mono
                     self.tail.poll(owned)
                 pause = LOOP_PAUSE_MS
+                self._last_turn_ok = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
                 # Redis that refuses (out of memory, read-only, unreachable) refuses the next
                 # turn too: wait, longer each time (bounded), rather than asking again at once.
