@@ -23,7 +23,13 @@ from typing import Any
 
 import redis
 
-from ..errors import ConnectionLost, RcoordError, ServerUnavailable, reraise_as_rcoord
+from ..errors import (
+    ConnectionLost,
+    RcoordError,
+    ServerUnavailable,
+    is_missing_function,
+    reraise_as_rcoord,
+)
 from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .metrics import Metrics
@@ -198,7 +204,7 @@ class Sweeper:
         for (p, group_id), reply in zip(work, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply
-            if isinstance(reply, redis.ResponseError):
+            if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
                 _raise_if_refused(reply)  # the rest of the batch was refused too: the loop waits
             if isinstance(reply, Exception):
                 # The library missing after a restart or failover, or a function error: one by
@@ -228,3 +234,9 @@ def _raise_if_refused(exc: redis.ResponseError) -> None:
         raise
     except RcoordError:
         return
+
+
+def _library_missing(exc: redis.ResponseError) -> bool:
+    """The library is gone (a restart, a failover, FUNCTION FLUSH): the raw pipelined call
+    fails, but the library call in ``expire_group`` loads it again, so it is no refusal."""
+    return isinstance(exc, redis.exceptions.NoScriptError) or is_missing_function(exc)
