@@ -122,12 +122,14 @@ class GroupCoordinator:
         return self
 
     @translate_redis_errors
-    def resettle(self) -> CoordinatorConfig:
+    def resettle(self, *, write_named: bool = True) -> CoordinatorConfig:
         """Read (or re-establish) the namespace settings now; what a NOT_COORDINATOR triggers,
-        and what the coordinator service does when it sees the settings changed or lost."""
+        and what the coordinator service does when it sees the settings changed or lost.
+        ``write_named=False`` adopts the stored values rather than writing the named ones
+        (another process changed them; see ``rcoord.settings``)."""
         self._started()
         with self._lock:
-            return self._run(self._steps.settle())
+            return self._run(self._steps.settle(write_named))
 
     @property
     def config(self) -> CoordinatorConfig:

@@ -33,6 +33,12 @@ same with Redis as the only authority:
   process that named settings writes them again when it notices they are gone (the
   coordinator service checks every lease round), so a lowered minimum session timeout comes
   back by itself.
+* **Changed by another process: adopted, not fought.** A coordinator service that finds the
+  version moved while the settings still exist adopts the stored values (``write_named=False``)
+  and logs once which of its named settings were overridden. It writes its own again only
+  when the settings are lost; otherwise two processes naming different values (a rolling
+  change of ``--set``) would rewrite each other every lease round. A process that starts
+  still writes what it names (``update``), so the last one started stands.
 * **The count changes only in an empty namespace.** Changing it first checks that no group
   exists, then stores the new count, deletes the old copies (old-layout calls are refused from
   then on) and writes the new ones. A group created in the instant between the check and the
@@ -91,12 +97,16 @@ def _values(cfg: CoordinatorConfig) -> dict[str, str]:
 
 
 def settle_flow(
-    namespace: str, given: CoordinatorConfig | None, known: CoordinatorConfig | None
+    namespace: str, given: CoordinatorConfig | None, known: CoordinatorConfig | None,
+    write_named: bool = True,
 ) -> Flow[Settled]:
     """Settle the namespace's settings (a flow of ``rcoord.flow``); returns the settings in force.
 
     ``given`` is the config the caller constructed (its *named* settings are written); ``known``
     the settings the caller used so far (re-proposed if the namespace lost them).
+    ``write_named=False`` adopts what is stored instead of writing the named settings over it:
+    what a long-running process does when *another* process changed them, so two processes
+    naming different values do not rewrite each other's forever (the last writer stands).
 
     Each round reads the settings hash and, in the same round trip, every copy under the count
     this process expects; copies are then written only where they differ (``_repair_copies``).
@@ -119,6 +129,9 @@ def settle_flow(
     """
     base = given if given is not None else CoordinatorConfig(namespace=namespace)
     named = (given.named - {"namespace"}) if given is not None else frozenset()
+    if not write_named:
+        # The stored values win over the named ones, in the writes and in the settings in force.
+        base, named = CoordinatorConfig(namespace=namespace), frozenset()
     key = settings_key(namespace)
     was: dict[str, str] | None = None
     guess = (known if known is not None else base).num_partitions

@@ -217,9 +217,10 @@ class GroupSteps:
 
     # -- plumbing flows --------------------------------------------------------------------
 
-    def settle(self) -> Flow[CoordinatorConfig]:
-        """Settle the namespace settings (``rcoord.settings``) and adopt them."""
-        settled = yield from settle_flow(self.namespace, self.given, self.config)
+    def settle(self, write_named: bool = True) -> Flow[CoordinatorConfig]:
+        """Settle the namespace settings (``rcoord.settings``) and adopt them; with
+        ``write_named=False`` the stored values stand over this process's named ones."""
+        settled = yield from settle_flow(self.namespace, self.given, self.config, write_named)
         effective = settled.config
         if self.config is not None and self.config.num_partitions != effective.num_partitions:
             self._keys_cache.clear()

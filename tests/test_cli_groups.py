@@ -411,6 +411,32 @@ def test_delete_offsets(cli, make_coordinator, redis_client, namespace, pool):
         res, "groups delete-offsets")
 
 
+def test_offsets_of_a_deleted_topic_are_left_out_of_a_reset_and_can_be_deleted(
+        cli, make_coordinator, redis_client, namespace):
+    """Offsets outlive their topic: --all-topics resets the others and notes the deleted one;
+    delete-offsets removes them when their partitions are named (as Kafka's broker, which
+    does not check the topic), and says how when only the topic is named."""
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("x", 2)
+    topics.create("y", 1)
+    produce(redis_client, namespace, "y", {0: 5})
+    coord.commit_offsets("g", {TopicPartition("x", 0): 1, TopicPartition("x", 1): 1,
+                               TopicPartition("y", 0): 1})
+    topics.delete("x")
+    res = ok(cli("groups", "reset-offsets", "g", "--all-topics", "--to-latest", "--execute"))
+    assert [r[:5] for r in rows(res.stdout, "GROUP")] == [["g", "y", "0", "1", "5"]]
+    assert "topic 'x' does not exist (any more)" in res.stderr
+    assert "delete-offsets g --topic x:0,1" in res.stderr
+    assert committed(coord, "g") == {("x", 0): 1, ("x", 1): 1, ("y", 0): 5}
+    res = cli("groups", "delete-offsets", "g", "--topic", "x")
+    assert res.returncode == 1
+    assert "name its partitions, e.g. --topic x:0" in one_error_line(res, "groups delete-offsets")
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "x:0,1"))
+    assert rows(res.stdout, "TOPIC") == [["x", "0", "Successful"], ["x", "1", "Successful"]]
+    assert committed(coord, "g") == {("y", 0): 5}
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 

@@ -69,6 +69,23 @@ def test_create_list_describe_grow_delete(cli, redis_client, namespace):
     assert Topics(redis_client, namespace).list() == []
 
 
+def test_delete_checks_every_named_topic_before_deleting_any(cli, redis_client, namespace):
+    """As kafka-topics.sh: a missing name among several deletes nothing and is named; with
+    --if-exists the others are deleted and each is reported."""
+    admin = Topics(redis_client, namespace)
+    admin.create("a", 1)
+    admin.create("c", 2)
+    res = cli("topics", "delete", "a", "missing", "c", "gone")
+    assert res.returncode == 1
+    line = one_error_line(res, "topics delete")
+    assert "UNKNOWN_TOPIC_OR_PARTITION: missing, gone" in line and "nothing was deleted" in line
+    assert res.stdout == ""
+    assert admin.list() == ["a", "c"]
+    res = ok(cli("topics", "delete", "a", "missing", "c", "--if-exists", "--output", "json"))
+    assert json.loads(res.stdout) == {"deleted": ["a", "c"]}
+    assert admin.list() == []
+
+
 def test_produce_and_consume_directly(cli, redis_client, namespace):
     Topics(redis_client, namespace).create("ev", 3)
     lines = "".join(f"user-{i}:event {i}\n" for i in range(12))

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from harness import wait_until
+
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.partitioning import partition_for
 from rcoord.service.leases import plan
@@ -286,3 +289,239 @@ def test_service_rejects_an_unknown_setting(redis_server, namespace):
         capture_output=True, text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 2
     assert "unknown group setting" in out.stderr and "group_min_sesion_timeout_ms" in out.stderr
+
+
+def _in_process(url: str, namespace: str, cid: str, **settings: int) -> Any:
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    return CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, coordinator_id=cid,
+                                            lease_ttl_ms=200, wake="index", settings=settings)).start()
+
+
+def _lease_rounds(svcs: list[Any], rounds: int) -> None:
+    """Wait until every service has completed ``rounds`` more lease rounds."""
+    seen: list[set[float]] = [{s._last_lease_ok} for s in svcs]
+
+    def done() -> bool:
+        for s, times in zip(svcs, seen):
+            times.add(s._last_lease_ok)
+        return all(len(t) > rounds for t in seen)
+
+    wait_until(done, timeout_s=10)
+
+
+def test_services_naming_different_settings_do_not_rewrite_each_other(redis_server, single_client,
+                                                                      namespace, caplog):
+    """Two processes naming different values (a rolling change of --set): the one started last
+    wrote its value; the other adopts it, warns once, and nobody writes again every round."""
+    caplog.set_level("INFO", logger="rcoord")
+    key = f"{namespace}:settings"
+    svcs = [_in_process(redis_server.url, namespace, "ten", group_max_size=10)]
+    try:
+        svcs.append(_in_process(redis_server.url, namespace, "twenty", group_max_size=20))
+        version = single_client.hget(key, "version")
+        wait_until(lambda: svcs[0]._coord.config.group_max_size == 20, timeout_s=10)
+        _lease_rounds(svcs, 5)
+        assert single_client.hget(key, "version") == version
+        assert single_client.hget(key, "group_max_size") == b"20"
+        overridden = [r for r in caplog.records if getattr(r, "event", None) == "settings_overridden"]
+        assert len(overridden) == 1 and "group_max_size=10" in overridden[0].getMessage()
+        # Lost settings are still written again by a process that names them.
+        single_client.delete(key)
+        wait_until(lambda: single_client.hget(key, "group_max_size") in (b"10", b"20"), timeout_s=10)
+        _lease_rounds(svcs, 5)
+        settled = single_client.hget(key, "version")
+        _lease_rounds(svcs, 5)
+        assert single_client.hget(key, "version") == settled
+        assert svcs[0]._coord.config.group_max_size == svcs[1]._coord.config.group_max_size
+    finally:
+        for s in svcs:
+            s.stop()
+
+
+class _Events(logging.Handler):
+    """Counts log records by their ``event`` field."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[str(getattr(record, "event", ""))] += 1
+
+
+@pytest.fixture
+def events() -> Iterator[_Events]:
+    handler = _Events()
+    logger = logging.getLogger("rcoord")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def _fcalls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def _over_maxmemory(client: Any) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) // 2))
+
+
+def test_timer_loop_waits_while_redis_refuses_writes(own_server, namespace, events):
+    """Out of memory, expire_deadlines is refused for every group: the timer loop waits between
+    turns (a loop error each) instead of asking again at once, and catches up once memory is
+    freed."""
+    client = own_server.client()
+    coord = _setup(client, namespace)
+    mids = {g: _lonely_member(coord, g) for g in ("g1", "g2", "g3")}
+    svc = _in_process(own_server.url, namespace, "oom", group_min_session_timeout_ms=10,
+                      group_initial_rebalance_delay_ms=0)
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        _over_maxmemory(client)
+        runner.start()
+        wait_until(lambda: events.counts["loop_error"] >= 2, timeout_s=10)
+        assert events.counts["expire_error"] == 0  # not blamed on the groups
+        calls = _fcalls(client)
+        wait_until(lambda: events.counts["loop_error"] >= 4, timeout_s=10)
+        # One turn between two loop errors: a bounded number of calls, not a spin.
+        assert _fcalls(client) - calls < 500  # lease rounds included; the spin made thousands
+        client.config_set("maxmemory", "0")
+        wait_until(lambda: not any(_is_member(coord, g, m) for g, m in mids.items()), timeout_s=20)
+    finally:
+        client.config_set("maxmemory", "0")
+        svc.stop()
+        runner.join(10)
+    assert not runner.is_alive()
+
+
+def test_stop_ends_the_timer_loop_with_many_refused_due_groups(own_server, namespace):
+    """520 due groups in one partition (more than one batch), every call refused: stop() still
+    ends run()."""
+    client = own_server.client()
+    cfg = {"num_partitions": 1, "group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **cfg)).start()
+    for i in range(520):
+        coord.join_group(f"g{i}", **{**JOIN, "session_timeout_ms": 50})
+    wait_until(lambda: int(client.zcount(coord._keys("g0").partition.due, 0, _server_ms(client))) == 520)
+    svc = _in_process(own_server.url, namespace, "stuck", **cfg)
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        _over_maxmemory(client)
+        calls = _fcalls(client)
+        runner.start()
+        wait_until(lambda: _fcalls(client) > calls, timeout_s=10)  # sweeping, refused
+        svc.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+    finally:
+        client.config_set("maxmemory", "0")
+        svc.stop()
+
+
+def test_a_group_whose_call_fails_is_backed_off_and_the_others_expire(own_server, namespace, events):
+    """A group whose expire_deadlines fails (here: its record is not a hash) is retried later,
+    left out of the next deadline meanwhile; the other due groups of its partition expire."""
+    from rcoord.service.metrics import Metrics
+    from rcoord.service.sweeper import Sweeper
+
+    client = own_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, num_partitions=1, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    mid = _lonely_member(coord, "good")
+    bad = coord._keys("bad")
+    client.set(bad.group, "not a hash")
+    client.zadd(bad.partition.due, {"bad": _server_ms(client) - 1000})
+    sweeper = Sweeper(client, coord._scripts, namespace, 1, Metrics())
+    sweeper.backoff_first_ms = 60_000  # no retry within the test
+    sweeper.sync_clock()
+    wait_until(lambda: (sweeper.resync({0}), sweeper.next_due() <= sweeper.server_now())[1])
+    wait_until(lambda: not _is_member(coord, "good", mid),
+               step=lambda: sweeper.sweep_due("deadline"), timeout_s=10)
+    assert (0, "bad") in sweeper.backed_off
+    assert sweeper.next_due() > sweeper.server_now()  # nothing due: the loop would wait
+    calls = _fcalls(client)
+    assert sweeper.sweep_due("deadline") == 0
+    sweeper.resync({0})
+    assert sweeper.next_due() > sweeper.server_now() and _fcalls(client) == calls
+    assert events.counts["expire_error"] == 1
+
+
+def test_stop_closes_the_connections_start_opened(own_server, namespace):
+    client = own_server.client()
+    base = len(client.client_list())
+    for i in range(2):
+        svc = _in_process(own_server.url, namespace, f"cycle{i}")
+        runner = threading.Thread(target=svc.run, daemon=True)
+        runner.start()
+        wait_until(lambda: len(client.client_list()) > base)
+        svc.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        wait_until(lambda: len(client.client_list()) == base, timeout_s=10)
+
+
+def test_a_failed_start_closes_what_it_opened(own_server, namespace):
+    """A start that fails after the listener started (here: the user may not PUBLISH) stops the
+    listener's threads and closes its connections, instead of leaving them reconnecting."""
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    client = own_server.client()
+    client.execute_command("ACL", "SETUSER", "nopub", "on", ">pw", "~*", "&*", "+@all", "-publish")
+    url = own_server.url.replace("redis://", "redis://nopub:pw@")
+    svc = CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, lease_ttl_ms=200,
+                                           coordinator_id="nopub"))
+    with pytest.raises(Exception, match="(?i)publish|permission"):
+        svc.start()
+
+    def ours() -> list[Any]:
+        return [c for c in client.client_list() if c.get("user") == "nopub"]
+
+    wait_until(lambda: not ours(), timeout_s=10)
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith("rcoord-") and t.is_alive()], timeout_s=10)
+    assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry
+
+
+def test_health_reports_a_stuck_timer_loop(own_server, namespace):
+    """The lease thread keeps renewing while the timer loop is stuck (here: blocked in a call):
+    /healthz must not say ok, since the leased partitions are not swept."""
+    svc = _in_process(own_server.url, namespace, "stuck-loop")
+    blocked, entered, release = threading.Event(), threading.Event(), threading.Event()
+    real_next_due = svc.sweeper.next_due
+
+    def next_due() -> float:
+        if blocked.is_set():
+            entered.set()
+            release.wait()
+        return real_next_due()
+
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: svc.health()[0], timeout_s=10)
+        svc.sweeper.next_due = next_due  # type: ignore[method-assign]
+        blocked.set()
+        wait_until(entered.is_set, timeout_s=10)
+
+
+        def stuck_loop_reported() -> bool:
+            ok, status = svc.health()
+            # Unhealthy because of the timer loop, while the leases are renewed.
+            return (not ok and status["last_timer_turn_ms_ago"] >= 400
+                    and status["last_lease_round_ms_ago"] < 400)
+
+        wait_until(stuck_loop_reported, timeout_s=10)
+        blocked.clear()
+        release.set()
+        wait_until(lambda: svc.health()[0], timeout_s=10)  # healthy again once it moves
+    finally:
+        blocked.clear()
+        release.set()
+        svc.stop()
+        runner.join(10)

@@ -219,12 +219,27 @@ def _delete(ctx: Context) -> int:
     return 0
 
 
-def _partitions(ctx: Context, specs: Sequence[str]) -> list[TopicPartition]:
-    """The partitions ``--topic`` names; every one must exist."""
+def _partitions(ctx: Context, specs: Sequence[str],
+                named_may_be_gone: bool = False) -> list[TopicPartition]:
+    """The partitions ``--topic`` names; every one must exist, except, with
+    ``named_may_be_gone``, partitions named explicitly (``x:0``) of a topic that does not exist
+    (any more): offsets outlive their topic, and Kafka's broker deletes the offsets of named
+    partitions without checking the topic, so they can be removed."""
+    from ..topics import TopicError
+
     out: list[TopicPartition] = []
     admin = ctx.topics()
     for topic, parts in parse_topics(specs):
-        count = admin.partition_count(topic)
+        try:
+            count = admin.partition_count(topic)
+        except TopicError as exc:
+            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION or not named_may_be_gone:
+                raise
+            if parts is None:
+                raise Failure(f"topic {topic!r} does not exist; to delete the offsets of a "
+                              f"deleted topic name its partitions, e.g. --topic {topic}:0") from exc
+            out.extend(TopicPartition(topic, p) for p in parts)
+            continue
         if parts is None:
             parts = list(range(count))
         missing = [p for p in parts if p >= count]
@@ -237,7 +252,7 @@ def _partitions(ctx: Context, specs: Sequence[str]) -> list[TopicPartition]:
 
 def _delete_offsets(ctx: Context) -> int:
     group = ctx.args.group
-    tps = _partitions(ctx, ctx.args.topic)
+    tps = _partitions(ctx, ctx.args.topic, named_may_be_gone=True)
     res = ctx.coordinator().delete_offsets(group, tps)
     if res.error != Errors.NONE:
         why = {
@@ -306,6 +321,20 @@ def _reset_offsets(ctx: Context) -> int:
     else:
         tps = _partitions(ctx, args.topic)
     offsets = log_ends(ctx, [tp.topic for tp in tps])
+    if args.all_topics:
+        # Offsets outlive their topic; a deleted topic has nothing to reset to, and must not
+        # stop the reset of the others.
+        existing = {tp.topic for tp in offsets}
+        deleted = sorted({tp.topic for tp in tps if tp.topic not in existing})
+        for topic in deleted:
+            parts = ",".join(str(tp.partition) for tp in tps if tp.topic == topic)
+            ctx.note(f"note: topic {topic!r} does not exist (any more); its committed offsets are "
+                     f"left out (remove them with: groups delete-offsets {group} "
+                     f"--topic {topic}:{parts})")
+        tps = [tp for tp in tps if tp.topic in existing]
+        if not tps:
+            raise Failure(f"group {group!r} has committed offsets only for topics that do not "
+                          "exist (any more)")
     gone = [tp for tp in tps if tp not in offsets]
     if gone:
         raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")

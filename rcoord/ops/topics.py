@@ -95,21 +95,43 @@ def _describe(ctx: Context) -> int:
 
 
 def _delete(ctx: Context) -> int:
+    """Every named topic must exist before any is deleted (as kafka-topics.sh): a typo among
+    several names must not leave the others half done and unreported. ``--if-exists`` deletes
+    those that exist and skips the rest."""
     admin = ctx.topics()
-    deleted = []
-    for name in ctx.args.topics:
+    names = list(dict.fromkeys(ctx.args.topics))
+    missing = []
+    for name in names:
+        try:
+            admin.partition_count(name)
+        except TopicError as exc:
+            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            missing.append(name)
+    if missing and not ctx.args.if_exists:
+        raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                         f"{', '.join(missing)} (no such topic; nothing was deleted; "
+                         "--if-exists deletes the topics that exist)")
+    deleted: list[str] = []
+    gone: list[str] = []  # deleted by someone else between the check and the delete
+    for name in names:
+        if name in missing:
+            continue
         try:
             admin.delete(name)
         except TopicError as exc:
-            if not (ctx.args.if_exists and exc.error == Errors.UNKNOWN_TOPIC_OR_PARTITION):
+            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
                 raise
+            gone.append(name)
             continue
         deleted.append(name)
+        if not ctx.json:
+            print(f"Deleted topic {name}.", flush=True)
     if ctx.json:
         print_json({"deleted": deleted})
-    else:
-        for name in deleted:
-            print(f"Deleted topic {name}.", flush=True)
+    if gone and not ctx.args.if_exists:
+        raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                         f"{', '.join(gone)} (deleted by someone else meanwhile)")
     return 0
 
 

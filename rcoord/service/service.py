@@ -44,6 +44,9 @@ RESYNC_MS = 1000
 TAIL_MS = 250
 SAMPLE_MS = 5000
 WAKE_MODES = ("both", "index", "hints")
+LOOP_PAUSE_MS = 200
+LOOP_PAUSE_MAX_MS = 5000
+"""The timer loop's wait after a failed turn: 200 ms, doubling up to 5 s."""
 
 
 def _db_of(client: Any) -> int:
@@ -68,7 +71,8 @@ class ServiceConfig:
     field -> value, e.g. ``group_min_session_timeout_ms``), as a broker's configuration names
     Kafka's group settings. They are written at start, and written again whenever the process
     sees the namespace's settings lost (a restart without persistence, a failover to an empty
-    replica) or changed by someone else.
+    replica). Settings changed by someone else are adopted (a warning names the ones overridden),
+    so processes naming different values do not rewrite each other's every lease round.
     """
 
     redis_url: str
@@ -106,17 +110,35 @@ class CoordinatorService:
         self._lease_wake = threading.Event()
         self._owned: set[int] = set()
         self._last_lease_ok = 0.0
+        self._last_turn_ok = 0.0
+        """When the timer loop last completed a turn (monotonic): leases renewed by a process
+        whose timer loop is stuck would hold partitions nobody sweeps, so health checks both."""
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
+        self._sample_thread: threading.Thread | None = None
+        self.listener: Listener | None = None
+        self._made_client = False
+        """``start()`` connected (no client given): ``stop()`` closes that client."""
         self.exit_code = 0
         self._hinted: set[int] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> CoordinatorService:
+        """Connect, settle, start listening and leasing. A start that fails part way closes
+        what it opened (listener threads would otherwise reconnect forever)."""
         cfg = self.config
         if self._client is None:
             self._client = connect(cfg.redis_url)
+            self._made_client = True
+        try:
+            return self._start()
+        except BaseException:
+            self._shut_down(release=True)
+            raise
+
+    def _start(self) -> CoordinatorService:
+        cfg = self.config
         named: dict[str, Any] = dict(cfg.settings)
         coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
         self._coord = coord
@@ -124,19 +146,22 @@ class CoordinatorService:
         scripts = coord._scripts
         n = self.group_config.num_partitions
         self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
-        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics)
+        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
-        self.listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
-                                 deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
-                                 db=_db_of(self._client))
-        self.listener.start()
+        listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
+                            deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
+                            db=_db_of(self._client))
+        self.listener = listener
+        listener.start()
         self._owned = self.leases.step()
-        self._last_lease_ok = time.monotonic()
+        self._last_lease_ok = self._last_turn_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
         self._lease_thread.start()
-        threading.Thread(target=self._sample_loop, name="rcoord-sampler", daemon=True).start()
+        self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
+                                               daemon=True)
+        self._sample_thread.start()
         if cfg.metrics_port is not None:
             self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry, self.health)
             self._http.start()
@@ -144,7 +169,7 @@ class CoordinatorService:
             "event": "started", "id": cfg.coordinator_id, "namespace": cfg.namespace,
             "partitions": n, "leases": len(self._owned), "wake": cfg.wake,
             "metrics_port": self._http.port if self._http else None,
-            "keyspace_events": self.listener.keyspace_status})
+            "keyspace_events": listener.keyspace_status})
         return self
 
     @property
@@ -153,36 +178,66 @@ class CoordinatorService:
 
     def stop(self) -> None:
         """Graceful: release leases at once so the others take over without waiting a TTL."""
+        self._shut_down(release=False)
+        log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
+
+    def _shut_down(self, release: bool) -> None:
+        """Stop the threads, release the leases, close what ``start()`` opened (the client it
+        connected included; a client passed in belongs to the caller). Also what a failed
+        start runs, on whatever part of the start had happened (``release``: the leases may
+        not have been logged yet, so only released)."""
         self._stop.set()
         self._lease_wake.set()
         if self._lease_thread is not None:
             self._lease_thread.join(timeout=5)
-        try:
-            # Log what happened since the last look, so a stop loses no transition or expiry.
-            self.tail.poll(set(self.leases.owned))
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
-            log.warning("could not read the last events", extra={"event": "tail_failed", "why": str(exc)})
-        try:
-            self.leases.release_all()
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
-            log.warning("could not release leases", extra={"event": "release_failed", "why": str(exc)})
-        self.listener.stop()
+        leases = getattr(self, "leases", None)
+        if leases is not None:
+            if not release:
+                try:
+                    # Log what happened since the last look, so a stop loses no transition or
+                    # expiry.
+                    self.tail.poll(set(leases.owned))
+                except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                    log.warning("could not read the last events",
+                                extra={"event": "tail_failed", "why": str(exc)})
+            try:
+                leases.release_all()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not release leases",
+                            extra={"event": "release_failed", "why": str(exc)})
+        if self.listener is not None:
+            self.listener.stop()
         if self._http is not None:
             self._http.stop()
-        log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
+        if self._sample_thread is not None:
+            self._sample_thread.join(timeout=5)
+        if self._made_client and self._client is not None:
+            try:
+                self._client.close()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not close the Redis client",
+                            extra={"event": "close_failed", "why": str(exc)})
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        age_ms = (time.monotonic() - self._last_lease_ok) * 1000
-        ok = age_ms < 2 * self.config.lease_ttl_ms and not self._stop.is_set()
+        """Healthy while both the lease thread and the timer loop make progress: a turn of the
+        timer loop ends at least every ``TAIL_MS`` when nothing is wrong, so one that has not
+        ended for two lease TTLs is stuck (or Redis refuses it), and the partitions it leases
+        are not swept."""
+        now = time.monotonic()
+        age_ms = (now - self._last_lease_ok) * 1000
+        turn_ms = (now - self._last_turn_ok) * 1000
+        limit = 2 * self.config.lease_ttl_ms
+        ok = age_ms < limit and turn_ms < limit and not self._stop.is_set()
         return ok, {
             "status": "ok" if ok else "unhealthy",
             "id": self.config.coordinator_id,
             "leases": len(self._owned),
             "live_coordinators": len(self.leases.live),
             "last_lease_round_ms_ago": int(age_ms),
+            "last_timer_turn_ms_ago": int(turn_ms),
             "wake": self.config.wake,
-            "keyspace_events": self.listener.keyspace_status,
-            "keyspace_nodes": sorted(self.listener.hint_nodes),
+            "keyspace_events": self.listener.keyspace_status if self.listener else None,
+            "keyspace_nodes": sorted(self.listener.hint_nodes) if self.listener else [],
         }
 
     # -- loops ----------------------------------------------------------------------------------
@@ -221,23 +276,45 @@ class CoordinatorService:
     def _check_settings(self) -> None:
         """Keep the namespace settings as this process knows them, every lease round.
 
-        Lost (data loss) or changed by another party: settle again, which writes the settings
-        this process names and re-establishes the rest as they were. The partition count is
-        fixed while groups exist, but may change before: a process that kept the old count
-        would sweep keys nobody uses, so it stops and lets its supervisor start it again."""
+        Lost (data loss): settle again, which writes the settings this process names and
+        re-establishes the rest as they were. Changed by another party (the version moved):
+        adopt the stored values and warn once about named ones overridden; writing ours back
+        would start a war with a process naming other values, each rewriting the settings
+        (and every copy) every round. The partition count is fixed while groups exist, but may
+        change before: a process that kept the old count would sweep keys nobody uses, so it
+        stops and lets its supervisor start it again."""
         raw = self._client.hmget(settings_key(self.config.namespace), "version", "num_partitions")
         version = None if raw[0] is None else int(raw[0])
         if version != self._coord.settings_version:
-            log.warning("namespace settings %s; settling them again", "lost" if version is None else "changed",
-                        extra={"event": "settings_resettled", "was_version": self._coord.settings_version,
-                               "now_version": version})
-            settled = self._coord.resettle()
+            was_version = self._coord.settings_version
+            if version is None:
+                log.warning("namespace settings lost; settling them again", extra={
+                    "event": "settings_resettled", "was_version": was_version, "now_version": None})
+                settled = self._coord.resettle()
+            else:
+                settled = self._coord.resettle(write_named=False)
+                self._report_overridden(settled, was_version)
             raw = [None, str(settled.num_partitions).encode()]
         if raw[1] is not None and int(raw[1]) != self.group_config.num_partitions:
             log.error("num_partitions changed; restarting", extra={
                 "event": "settings_changed", "was": self.group_config.num_partitions, "now": int(raw[1])})
             self.exit_code = 3
             self._stop.set()
+
+    def _report_overridden(self, settled: CoordinatorConfig, was_version: int) -> None:
+        """One warning per change by another party, naming the settings of ours it overrode."""
+        overridden = {name: {"named": value, "now": getattr(settled, name)}
+                      for name, value in self.config.settings.items()
+                      if getattr(settled, name) != value}
+        if overridden:
+            log.warning("namespace settings changed by another process; adopted, overriding %s",
+                        ", ".join(f"{k}={v['named']} (now {v['now']})" for k, v in overridden.items()),
+                        extra={"event": "settings_overridden", "was_version": was_version,
+                               "now_version": self._coord.settings_version, "overridden": overridden})
+        else:
+            log.info("namespace settings changed by another process; adopted", extra={
+                "event": "settings_adopted", "was_version": was_version,
+                "now_version": self._coord.settings_version})
 
     def _sample_loop(self) -> None:
         """Gauges of groups by state and members: O(groups), so never on the timer loop."""
@@ -255,6 +332,7 @@ class CoordinatorService:
         sweeper.sync_clock()
         owned: set[int] = set()
         last_resync = last_tail = 0.0
+        pause = LOOP_PAUSE_MS
         while not self._stop.is_set():
             try:
                 if index and sweeper.next_due() <= sweeper.server_now():
@@ -289,9 +367,15 @@ class CoordinatorService:
                 if mono - last_tail >= TAIL_MS:
                     last_tail = mono
                     self.tail.poll(owned)
+                pause = LOOP_PAUSE_MS
+                self._last_turn_ok = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
-                log.warning("timer loop error; retrying", extra={"event": "loop_error", "why": str(exc)})
-                self._stop.wait(0.2)
+                # Redis that refuses (out of memory, read-only, unreachable) refuses the next
+                # turn too: wait, longer each time (bounded), rather than asking again at once.
+                log.warning("timer loop error; retrying", extra={
+                    "event": "loop_error", "why": str(exc), "retry_in_ms": pause})
+                self._stop.wait(pause / 1000)
+                pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
 
     def _check_hints(self) -> None:
         """An expired hint key says a group had a deadline due: a hit if the index had missed it

@@ -5,16 +5,31 @@ by shard-channel messages and re-read on any doubt), sleeps until the earliest o
 then applies every passed deadline of every due group with ``expire_deadlines``. No polling
 interval decides precision: the wait ends exactly at the next deadline or at a message that
 brings one earlier.
+
+Failures are of two kinds. Redis that cannot run anything now (out of memory, READONLY after a
+demotion, BUSY, a lost connection: ``ServerUnavailable`` / ``ConnectionLost``) is raised to the
+timer loop, which waits before the next turn; sweeping again at once would only repeat the
+refusal (thousands of calls a second). A call that fails for one group only (a script error) is
+retried for that group after a bounded exponential backoff, and the group is left out of the
+earliest deadline meanwhile, so it neither stops the others nor makes the loop spin.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 import redis
 
+from ..errors import (
+    ConnectionLost,
+    RcoordError,
+    ServerUnavailable,
+    is_missing_function,
+    reraise_as_rcoord,
+)
 from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .metrics import Metrics
@@ -22,13 +37,24 @@ from .metrics import Metrics
 __all__ = ["Sweeper"]
 
 DUE_BATCH = 500
+MAX_PASSES = 20
+"""Batches ``sweep_partition`` runs in one call; what is left stays due for the next turn, so
+one call never runs unbounded (and the stop event is checked between batches)."""
+BACKOFF_FIRST_MS = 100
+BACKOFF_MAX_MS = 30_000
+"""A group whose call failed is retried after 100 ms, doubling up to 30 s."""
 log = logging.getLogger("rcoord.service")
 
 
 class Sweeper:
     def __init__(self, client: Any, scripts: Scripts, namespace: str, num_partitions: int,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, stop: threading.Event | None = None) -> None:
         self._client = client
+        self._stop = stop if stop is not None else threading.Event()
+        self.backoff_first_ms = BACKOFF_FIRST_MS
+        self.backoff_max_ms = BACKOFF_MAX_MS
+        self.backed_off: dict[tuple[int, str], tuple[float, int]] = {}
+        """(partition, group) -> (server ms before which it is not retried, failures so far)."""
         self._scripts = scripts
         self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
         self._metrics = metrics
@@ -52,20 +78,27 @@ class Sweeper:
 
     def resync(self, owned: set[int]) -> None:
         """Re-read the earliest deadline of every leased partition (the authority)."""
-        ps = sorted(owned)
-        pipe = self._client.pipeline(transaction=False)
-        for p in ps:
-            pipe.zrange(self._pk[p].due, 0, 0, withscores=True)
+        now = self.server_now()
+        # Forget backoffs long past (a group deleted meanwhile is never retried to clear it).
+        self.backed_off = {k: v for k, v in self.backed_off.items()
+                           if v[0] > now - self.backoff_max_ms and k[0] in owned}
         self.earliest = {}
-        for p, first in zip(ps, pipe.execute(), strict=True):
-            self.earliest[p] = float(first[0][1]) if first else float("inf")
+        self._refresh(sorted(owned))
 
     def note_deadline(self, p: int, at: float) -> None:
         if p in self.earliest and at < self.earliest[p]:
             self.earliest[p] = at
 
     def next_due(self) -> float:
+        """The earliest deadline to act on; a backed-off group counts from its retry time."""
         return min(self.earliest.values(), default=float("inf"))
+
+    def _waiting(self, p: int, group_id: str, now: float) -> bool:
+        entry = self.backed_off.get((p, group_id))
+        return entry is not None and entry[0] > now
+
+    def _backed_off_in(self, p: int) -> int:
+        return sum(1 for q, _ in self.backed_off if q == p)
 
     def sweep_due(self, source: str) -> int:
         """Apply the passed deadlines of every leased partition whose earliest one has passed.
@@ -81,8 +114,10 @@ class Sweeper:
             return 0
         pipe = self._client.pipeline(transaction=False)
         for p in due:
+            # Backed-off groups come first among the due ones often: ask for as many more.
+            limit = DUE_BATCH + self._backed_off_in(p)
             pipe.execute_command(*self._scripts.command("due_groups", [self._pk[p].due],
-                                                        ["", DUE_BATCH]))
+                                                        ["", limit]))
         work: list[tuple[int, str]] = []
         full: list[int] = []
         for p, reply in zip(due, pipe.execute(raise_on_error=False), strict=True):
@@ -90,31 +125,48 @@ class Sweeper:
                 full.append(p)
                 continue
             groups = [g.decode("utf-8", "surrogateescape") for g in reply[1:]]
-            work.extend((p, g) for g in groups)
-            if len(groups) >= DUE_BATCH:
+            ready = [g for g in groups if not self._waiting(p, g, now)]
+            work.extend((p, g) for g in ready)
+            if len(ready) >= DUE_BATCH:
                 full.append(p)
         applied = self._expire_many(work, source)
         for p in full:
+            if self._stop.is_set():
+                break
             applied += self.sweep_partition(p, source)
         self._refresh(due)
         return applied
 
     def _refresh(self, partitions: list[int]) -> None:
+        """Re-read each partition's earliest deadline. A backed-off group counts from its
+        retry time, so the first entries are read up to one that is not backed off (entries
+        after it are no earlier)."""
         pipe = self._client.pipeline(transaction=False)
         for p in partitions:
-            pipe.zrange(self._pk[p].due, 0, 0, withscores=True)
-        for p, first in zip(partitions, pipe.execute(), strict=True):
-            self.earliest[p] = float(first[0][1]) if first else float("inf")
+            pipe.zrange(self._pk[p].due, 0, self._backed_off_in(p), withscores=True)
+        for p, firsts in zip(partitions, pipe.execute(), strict=True):
+            at = float("inf")
+            for raw, score in firsts:
+                entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
+                at = min(at, float(score) if entry is None else max(float(score), entry[0]))
+            self.earliest[p] = at
 
     def sweep_partition(self, p: int, source: str) -> int:
-        """Every due group of one partition, in pipelined batches."""
+        """The due groups of one partition, in pipelined batches: at most ``MAX_PASSES``, until
+        a batch applies nothing or the service stops (what is left stays due for later)."""
         pk = self._pk[p]
         applied = 0
-        while True:
-            due = self._scripts.due_groups(keys=[pk.due], args=["", DUE_BATCH])
+        for _ in range(MAX_PASSES):
+            if self._stop.is_set():
+                break
+            limit = DUE_BATCH + self._backed_off_in(p)
+            due = self._scripts.due_groups(keys=[pk.due], args=["", limit])
+            now = float(due[0])
             groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
-            applied += self._expire_many([(p, g) for g in groups], source)
-            if len(groups) < DUE_BATCH:
+            ready = [g for g in groups if not self._waiting(p, g, now)]
+            done = self._expire_many([(p, g) for g in ready], source)
+            applied += done
+            if len(ready) < DUE_BATCH or not done:
                 break
         self._refresh([p])
         return applied
@@ -124,11 +176,22 @@ class Sweeper:
         try:
             reply = self._scripts.expire_deadlines(keys=keys.all(), args=["", group_id])
         except redis.ResponseError as exc:
-            # One broken group (a script error is a bug, logged) must not stop the others.
-            log.error("expiring a group failed", extra={"event": "expire_error", "partition": p,
-                                                        "group": group_id, "why": str(exc)})
+            self._failed(p, group_id, exc)
             return 0
+        self.backed_off.pop((p, group_id), None)
         return self._record(reply, source)
+
+    def _failed(self, p: int, group_id: str, exc: redis.ResponseError) -> None:
+        """Raise what says Redis cannot run anything now (the loop waits, then tries again);
+        else back this group off, so one broken group (a script error is a bug, logged) stops
+        neither the others nor the loop's wait."""
+        _raise_if_refused(exc)
+        _, failures = self.backed_off.get((p, group_id), (0.0, 0))
+        delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
+        self.backed_off[(p, group_id)] = (self.server_now() + delay, failures + 1)
+        log.error("expiring a group failed; retrying it later", extra={
+            "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
+            "failures": failures + 1, "retry_in_ms": int(delay)})
 
     def _expire_many(self, work: list[tuple[int, str]], source: str) -> int:
         if len(work) <= 1:
@@ -141,11 +204,14 @@ class Sweeper:
         for (p, group_id), reply in zip(work, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply
+            if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
+                _raise_if_refused(reply)  # the rest of the batch was refused too: the loop waits
             if isinstance(reply, Exception):
                 # The library missing after a restart or failover, or a function error: one by
                 # one, through the library call, which loads the library and logs a failure.
                 applied += self.expire_group(p, group_id, source)
             else:
+                self.backed_off.pop((p, group_id), None)
                 applied += self._record(reply, source)
         return applied
 
@@ -156,3 +222,21 @@ class Sweeper:
         if applied:
             self._metrics.deadlines_applied.labels(source).inc(applied)
         return applied
+
+
+def _raise_if_refused(exc: redis.ResponseError) -> None:
+    """Raise ``exc`` as rcoord's ``ServerUnavailable``/``ConnectionLost`` if it says Redis
+    cannot run anything now (out of memory, READONLY, BUSY...); return if it concerns only the
+    call that failed (a script's named error, a script bug)."""
+    try:
+        reraise_as_rcoord("expire_deadlines", exc)
+    except (ServerUnavailable, ConnectionLost):
+        raise
+    except RcoordError:
+        return
+
+
+def _library_missing(exc: redis.ResponseError) -> bool:
+    """The library is gone (a restart, a failover, FUNCTION FLUSH): the raw pipelined call
+    fails, but the library call in ``expire_group`` loads it again, so it is no refusal."""
+    return isinstance(exc, redis.exceptions.NoScriptError) or is_missing_function(exc)
