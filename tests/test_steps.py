@@ -41,7 +41,7 @@ def test_the_lifecycle_methods_match_too():
         assert inspect.iscoroutinefunction(getattr(AsyncGroupCoordinator, name))
         sync = inspect.signature(getattr(GroupCoordinator, name))
         awaited = inspect.signature(getattr(AsyncGroupCoordinator, name))
-        assert list(sync.parameters) == list(awaited.parameters)
+        assert sync.parameters == awaited.parameters, name
 
 
 def test_both_take_a_config_or_a_namespace_name(redis_client, namespace):

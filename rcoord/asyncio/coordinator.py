@@ -83,11 +83,13 @@ class AsyncGroupCoordinator:
                 await _translated("start", self._run(self._steps.settle()))
         return self
 
-    async def resettle(self) -> CoordinatorConfig:
-        """Read (or re-establish) the namespace settings; what a NOT_COORDINATOR triggers."""
+    async def resettle(self, *, write_named: bool = True) -> CoordinatorConfig:
+        """Read (or re-establish) the namespace settings; what a NOT_COORDINATOR triggers.
+        ``write_named=False`` adopts the stored values rather than writing the named ones
+        (another process changed them; see ``rcoord.settings``)."""
         await self.start()
         async with self._lock:
-            return await _translated("resettle", self._run(self._steps.settle()))
+            return await _translated("resettle", self._run(self._steps.settle(write_named)))
 
     @property
     def config(self) -> CoordinatorConfig:
