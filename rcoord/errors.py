@@ -8,6 +8,7 @@ Hierarchy::
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
     │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, OOM..)
     ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
+    ├── ParkAbandonedError     a parked JoinGroup/SyncGroup was given up because its caller closes
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
     ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidRequestError",
     "MissingPermissionError",
     "NotCoordinatorError",
+    "ParkAbandonedError",
     "ProtocolError",
     "RcoordError",
     "RebalanceInProgressError",
@@ -173,6 +175,17 @@ def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:
 class MissingPermissionError(RcoordError):
     """The Redis ACL user may not run a command rcoord needs; the message names the rule to add
     (docs/security.md lists the rules of each role)."""
+
+
+class ParkAbandonedError(RcoordError):
+    """A blocking JoinGroup or SyncGroup stopped waiting for its parked reply because the event
+    its caller named (``rcoord.flow.abandon_parked_when``) was set: the caller is closing.
+
+    Nothing was undone on the server: the member stays parked there (a static member keeps its
+    place and its session runs on), and the reply, once written, is pruned unread. Kafka's Java
+    consumer does the same when it closes during a rebalance: it drops its in-flight request.
+    The worker client raises it only after ``close()``, which takes it as the end of the run.
+    """
 
 
 class ScriptError(RcoordError):

@@ -8,13 +8,28 @@ nothing else differs between them, so they cannot drift apart.
 
 The operations are few on purpose (a library function, a command, a pipeline, a blocking stream read),
 so a driver is a dozen lines and each flow reads as the protocol it implements.
+
+A caller may give up a parked call (``abandon_parked_when``): before each blocking stream read
+(``XRead``, which only the wait of a parked JoinGroup/SyncGroup asks for, each at most
+``rcoord.protocol.park.MAX_BLOCK_MS``) both drivers check the caller's event and, once it is set,
+throw ``ParkAbandonedError`` into the flow instead of waiting. So a closing worker stops waiting
+within one such read, whatever the rebalance timeout, without sending anything: a static member
+must not leave (KIP-345), and the server needs nothing from it, since the parked member stays as
+it is and its unread reply is pruned. It is a context (``contextvars``), not a parameter, so the
+coordinators' public methods keep the one signature of their step (``tests/test_steps.py``), and
+a coordinator that does not run flows (a test's fake) simply never looks at it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import contextlib
+import contextvars
+import threading
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from .errors import ParkAbandonedError
 
 __all__ = [
     "Claim",
@@ -28,6 +43,7 @@ __all__ = [
     "WaitReplicas",
     "Woken",
     "XRead",
+    "abandon_parked_when",
     "adrive",
     "drive",
 ]
@@ -139,6 +155,37 @@ class MasterOf:
     key: Any
 
 
+_ABANDON: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "rcoord_abandon_parked", default=None)
+
+
+@contextlib.contextmanager
+def abandon_parked_when(event: threading.Event) -> Iterator[None]:
+    """Within this block (in this thread, or this asyncio task), a parked JoinGroup/SyncGroup
+    whose caller's ``event`` is set stops waiting and raises ``ParkAbandonedError``, at the
+    latest one ``MAX_BLOCK_MS`` read after the event was set. The worker client wraps its joins
+    in it with its closing event, so ``close()`` of a static member, which sends no LeaveGroup
+    to answer the parked call, need not wait out the rebalance."""
+    token = _ABANDON.set(event)
+    try:
+        yield
+    finally:
+        _ABANDON.reset(token)
+
+
+def _abandoned(op: Op) -> ParkAbandonedError | None:
+    """The error to throw instead of performing ``op``: a blocking read whose caller gave up."""
+    if not isinstance(op, XRead):
+        return None
+    event = _ABANDON.get()
+    if event is None or not event.is_set():
+        return None
+    return ParkAbandonedError(
+        f"gave up waiting on {op.key!r}: the caller is closing (abandon_parked_when); the "
+        "parked call stays on the server, and a static member keeps its place until its "
+        "session times out")
+
+
 def _master_name(client: Any, key: Any) -> str:
     if not hasattr(client, "get_node_from_key"):
         return ""
@@ -214,6 +261,9 @@ def drive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None,
         op = next(flow)
         while True:
             try:
+                abandoned = _abandoned(op)
+                if abandoned is not None:
+                    raise abandoned
                 result = _perform(client, scripts, op, wake_reads, calls)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
                 op = flow.throw(exc)
@@ -288,6 +338,9 @@ async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:
         op = next(flow)
         while True:
             try:
+                abandoned = _abandoned(op)
+                if abandoned is not None:
+                    raise abandoned
                 result = await _aperform(client, scripts, op)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
                 op = flow.throw(exc)

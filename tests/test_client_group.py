@@ -50,6 +50,7 @@ from rcoord.client import policy as policy_module
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.errors import ConfigError, FencedInstanceIdError
 from rcoord.protocol.consumer import (
+    PROTOCOL_TYPE,
     ConsumerProtocolAssignment,
     MalformedMetadataError,
 )
@@ -939,3 +940,42 @@ def test_real_static_member_keeps_its_place_on_close(real: Any) -> None:
     back = again.next(timeout=WAIT_S)
     # KIP-345: the restarted static member gets its partitions back without a rebalance.
     assert back.generation_id == gen.generation_id and back.partitions == gen.partitions
+
+
+def test_real_static_member_close_gives_up_its_parked_join(real: Any) -> None:
+    """A static member sends no LeaveGroup on close, so nothing answers its parked JoinGroup:
+    close() gives the call up instead (``abandon_parked_when``), within one 1 s wait, rather
+    than waiting for the rebalance to complete (here a minute: the other member never rejoins),
+    and the member stays in the group."""
+    real.topics.create("t", 2)
+    group = real.group(group_instance_id="static-1", session_timeout_ms=3000)
+    protocols = [(a.name, b"") for a in group.config.resolved_assignors()]
+
+    def join(member_id: str = "") -> Any:
+        return real.coord.join_group("g", member_id, protocol_type=PROTOCOL_TYPE,
+                                     protocols=protocols, session_timeout_ms=60_000,
+                                     rebalance_timeout_ms=60_000)
+
+    # A member that holds the group for a minute and never rejoins (its process hangs).
+    hung = join(join().member_id)
+    assert hung.error is Errors.NONE
+    assert real.coord.sync_group("g", hung.generation_id, hung.member_id,
+                                 assignments={hung.member_id: b""}).error is Errors.NONE
+    group.start()
+
+    def static_members() -> list[str]:
+        desc = real.coord.describe_group("g")
+        return [m.member_id for m in desc.members if m.group_instance_id == "static-1"]
+
+    # Its first JoinGroup is parked (the member id it was given is still in the parked reply).
+    wait_until(lambda: bool(static_members()) and group._in_call, timeout_s=WAIT_S)
+    [member_id] = static_members()
+    group.close(timeout=5.0)  # far below the minute the parked join would wait
+    assert not group._thread.is_alive()  # type: ignore[union-attr]
+    with pytest.raises(GroupClosedError):
+        group.next(timeout=WAIT_S)
+    # No LeaveGroup was sent: the static member keeps its place and the round still waits.
+    desc = real.coord.describe_group("g")
+    assert desc.state == "PreparingRebalance"
+    assert {(m.member_id, m.group_instance_id) for m in desc.members} == {
+        (hung.member_id, None), (member_id, "static-1")}

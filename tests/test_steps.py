@@ -147,3 +147,49 @@ def test_a_reply_read_at_the_wake_up_is_not_read_again():
     flow = steps._park("g", "m1", "j", parked)
     next(flow)
     assert flow.send(True) == Command(("HGET", keys.replies, reply_field("j", "m1")))
+
+
+def test_both_drivers_give_up_a_blocking_read_once_the_callers_event_is_set(redis_server):
+    """``abandon_parked_when``: a set event turns the next ``XRead`` (a parked call's wait)
+    into ``ParkAbandonedError`` thrown into the flow; other operations, and the same read
+    outside the block or with the event clear, run as usual."""
+    import asyncio
+    import threading
+
+    import redis.asyncio
+
+    from rcoord.errors import ParkAbandonedError
+    from rcoord.flow import Command, XRead, abandon_parked_when, adrive, drive
+
+    def flow():
+        assert (yield Command(("PING",))) is True  # runs even while the event is set
+        try:
+            moved = yield XRead(b"no-such-wake-stream", "0-0", 10)
+        except ParkAbandonedError as exc:
+            return f"abandoned: {exc}"
+        return f"waited: moved={moved}"
+
+    closing = threading.Event()
+    client = redis_server.client()
+    try:
+        with abandon_parked_when(closing):
+            assert drive(client, None, flow()) == "waited: moved=False"
+            closing.set()
+            given_up = drive(client, None, flow())
+        assert given_up.startswith("abandoned: gave up waiting on b'no-such-wake-stream'")
+        assert drive(client, None, flow()) == "waited: moved=False"  # the block ended
+    finally:
+        client.close()
+
+    async def run_async() -> list[str]:
+        aclient = redis.asyncio.Redis(host=redis_server.host, port=redis_server.port)
+        try:
+            out = [await adrive(aclient, None, flow())]
+            with abandon_parked_when(closing):
+                out.append(await adrive(aclient, None, flow()))
+            return out
+        finally:
+            await aclient.aclose()
+
+    waited, abandoned = asyncio.run(run_async())
+    assert waited == "waited: moved=False" and abandoned.startswith("abandoned: ")

@@ -31,8 +31,11 @@ One background thread (``run``) drives the rounds. A round is:
 
 ``close()`` ends the generation, waits for its routines, sends LeaveGroup (not for a static
 member, as in Kafka: a static member's partitions wait for it until its session times out) and
-stops the thread. It stops joining at once; the routines' final commits (and the heartbeats
-meanwhile) are still retried until they have returned, within ``close()``'s timeout.
+stops the thread. It stops joining at once: a JoinGroup or SyncGroup parked on the coordinator
+is answered by the LeaveGroup, or, for a static member, given up within a second
+(``rcoord.flow.abandon_parked_when``; the Java consumer drops its in-flight request too); the
+routines' final commits (and the heartbeats meanwhile) are still retried until they have
+returned, within ``close()``'s timeout.
 
 Where this differs from kafka-go, on purpose:
 
@@ -93,6 +96,7 @@ from typing import Any, Literal, Self, TypeVar
 
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import ConfigError, Errors, ProtocolError, RcoordError
+from ..flow import abandon_parked_when
 from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
@@ -296,6 +300,8 @@ class ConsumerGroup:
         if first and parked_id:
             # The run thread may be parked in JoinGroup or SyncGroup for up to the rebalance
             # timeout; leaving now removes the member, which answers the parked call at once.
+            # A static member does not leave: its run thread gives the call up instead, within
+            # one 1 s wait, having seen _closing (_parked).
             self._leave(parked_id, "the consumer is closing")
         thread = self._thread
         me = threading.current_thread()
@@ -510,11 +516,16 @@ class ConsumerGroup:
     @contextlib.contextmanager
     def _parked(self) -> Iterator[None]:
         """Around JoinGroup and SyncGroup, which the coordinator may park for up to the
-        rebalance timeout: ``close()`` sends LeaveGroup meanwhile, which answers them at once."""
+        rebalance timeout: ``close()`` sends LeaveGroup meanwhile, which answers them at once.
+        A static member sends none (KIP-345), so the call is also given up once the group
+        closes (``abandon_parked_when``: within one 1 s wait, raising ``ParkAbandonedError``,
+        which the run loop takes as the end, like any error after close). A coordinator that
+        does not run ``rcoord.flow`` flows (a test's fake) is unaffected."""
         with self._cond:
             self._in_call = True
         try:
-            yield
+            with abandon_parked_when(self._closing):
+                yield
         finally:
             with self._cond:
                 self._in_call = False
