@@ -158,6 +158,11 @@ def _read(state: GatewayState, topic: str, partition: int, offset: int, max_byte
     """
     asked = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
     try:
+        if offset < 0:
+            # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
+            # (with its log offsets, so the client can reset), not the request as invalid.
+            start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
+            return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
         res = fetch(state.sync_redis, state.config.namespace, topic, partition, offset, asked)
     except TopicError as exc:
         return FetchResult([], -1, -1, exc.error)
@@ -291,9 +296,16 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
         start, end = log_offsets(state.sync_redis, ns, topic, partition)
         if ts == _EARLIEST:
             out["offset"] = start
-        elif ts in (_LATEST, _MAX_TIMESTAMP):
-            # Timestamps only grow (one clock), so the max-timestamp record is the last one.
-            out["offset"] = end if ts == _LATEST else max(start, end - 1)
+        elif ts == _LATEST:
+            out["offset"] = end
+        elif ts == _MAX_TIMESTAMP:
+            # KIP-734: the record with the largest timestamp, with that timestamp; timestamps
+            # only grow (one clock), so it is the last record. An empty log has none: -1, -1.
+            if end > start:
+                last = fetch(state.sync_redis, ns, topic, partition, end - 1, 1)
+                if last.records:
+                    out.update(offset=last.records[0].offset,
+                               timestamp=last.records[0].timestamp_ms)
         elif ts < 0:
             out["error_code"] = Errors.INVALID_REQUEST
         else:
