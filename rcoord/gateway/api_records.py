@@ -41,6 +41,9 @@ __all__: list[str] = []
 
 FETCH_MAX_RECORDS = 500
 """Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
+FETCH_FIRST_READ = 32
+"""Records the first read of a partition asks for; later reads are sized by the bytes those
+took (``_read``)."""
 _RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 
@@ -137,23 +140,67 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
 # -- Fetch ------------------------------------------------------------------------------------
 
 
-def _read(state: GatewayState, topic: str, partition: int, offset: int) -> FetchResult:
+def _record_bytes(rec: Record) -> int:
+    """About what ``rec`` takes in a Fetch response (its key, value, headers and framing)."""
+    return (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
+            + sum(len(k) + len(v) for k, v in rec.headers.items()))
+
+
+def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
+          ) -> FetchResult:
+    """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
+    (at least one record, as Kafka sends a record larger than the limit whole).
+
+    Read in steps so that memory follows the byte limit, not the record count: the first read
+    asks for ``FETCH_FIRST_READ`` records, and each later one for as many as the bytes left
+    should hold at the size the records so far had. 500 records of 1 MB each, read at once,
+    held 500 MB in the gateway to send one.
+    """
+    asked = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
     try:
-        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset,
-                     FETCH_MAX_RECORDS)
+        if offset < 0:
+            # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
+            # (with its log offsets, so the client can reset), not the request as invalid.
+            start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
+            return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
+        res = fetch(state.sync_redis, state.config.namespace, topic, partition, offset, asked)
     except TopicError as exc:
         return FetchResult([], -1, -1, exc.error)
-
-
-def _partition_data(partition: int, res: FetchResult, max_bytes: int) -> dict[str, Any]:
-    records: list[Record] = []
-    used = 0
-    for rec in res.records:
-        used += (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
-                 + sum(len(k) + len(v) for k, v in rec.headers.items()))
-        if records and used > max_bytes:
+    records, used = list(res.records), sum(_record_bytes(r) for r in res.records)
+    last = res
+    while (last.error == Errors.NONE and len(last.records) == asked and used < max_bytes
+           and len(records) < FETCH_MAX_RECORDS):
+        asked = min(FETCH_MAX_RECORDS - len(records),
+                    int((max_bytes - used) * len(records) / used) + 1)
+        try:
+            last = fetch(state.sync_redis, state.config.namespace, topic, partition,
+                         records[-1].offset + 1, asked)
+        except TopicError:
             break
-        records.append(rec)
+        if last.error != Errors.NONE:
+            break  # (retention trimmed past the next offset meanwhile: send what was read)
+        records.extend(last.records)
+        used += sum(_record_bytes(r) for r in last.records)
+    if last.error != Errors.NONE:
+        last = res
+    return FetchResult(records, res.log_start_offset, last.log_end_offset, res.error)
+
+
+def _within(records: list[Record], max_bytes: int, whole: bool) -> tuple[list[Record], int]:
+    """The first records of ``records`` that fit ``max_bytes`` (with ``whole``, at least the
+    first, which Kafka sends even when it alone is larger), and the bytes they take."""
+    out: list[Record] = []
+    used = 0
+    for rec in records:
+        size = _record_bytes(rec)
+        if used + size > max_bytes and (out or not whole):
+            break
+        out.append(rec)
+        used += size
+    return out, used
+
+
+def _partition_data(partition: int, res: FetchResult, records: list[Record]) -> dict[str, Any]:
     return {
         "partition_index": partition, "error_code": res.error,
         "high_watermark": res.log_end_offset, "last_stable_offset": res.log_end_offset,
@@ -200,8 +247,8 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
               for t in req.topics for p in t.partitions if t.topic in readable]
 
     async def read_all() -> list[FetchResult]:
-        return list(await asyncio.gather(*(state.blocking(_read, state, t, p, o)
-                                           for t, p, o, _ in wanted)))
+        return list(await asyncio.gather(*(state.blocking(_read, state, t, p, o, m)
+                                           for t, p, o, m in wanted)))
 
     results = await read_all()
     if wanted and not any(r.records or r.error != Errors.NONE for r in results):
@@ -216,8 +263,24 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
                 "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                 "aborted_transactions": None, "preferred_read_replica": -1, "records": None,
             } for p in t.partitions]
-    for (topic, partition, _, max_bytes), res in zip(wanted, results, strict=True):
-        by_topic.setdefault(topic, []).append(_partition_data(partition, res, max_bytes))
+    # The request's max_bytes (fetch.max.bytes) bounds the whole response: partitions in
+    # request order take what is left of it. While some is left a partition gets at least one
+    # record, however large (so a record over partition_max_bytes is still delivered), and the
+    # first partition with records always does, as in Kafka; so a response is at most about
+    # max_bytes plus one record. Without this bound a response could grow past the client's
+    # own receive limit (100 MB for librdkafka), which dropped the connection and asked again.
+    left = int(req.max_bytes) if int(req.max_bytes) > 0 else 1 << 62
+    chosen: list[list[Record]] = []
+    for (_, _, _, max_bytes), res in zip(wanted, results, strict=True):
+        records, used = _within(res.records, min(max_bytes, left),
+                                whole=left > 0 or not any(chosen))
+        chosen.append(records)
+        left = max(0, left - used)
+    encoded = await asyncio.gather(*(state.blocking(_partition_data, partition, res, records)
+                                     for (_, partition, _, _), res, records
+                                     in zip(wanted, results, chosen, strict=True)))
+    for (topic, _, _, _), data in zip(wanted, encoded, strict=True):
+        by_topic.setdefault(topic, []).append(data)
     return {"throttle_time": 0, "error_code": Errors.NONE, "session_id": 0,
             "responses": [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]}
 
@@ -233,9 +296,16 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
         start, end = log_offsets(state.sync_redis, ns, topic, partition)
         if ts == _EARLIEST:
             out["offset"] = start
-        elif ts in (_LATEST, _MAX_TIMESTAMP):
-            # Timestamps only grow (one clock), so the max-timestamp record is the last one.
-            out["offset"] = end if ts == _LATEST else max(start, end - 1)
+        elif ts == _LATEST:
+            out["offset"] = end
+        elif ts == _MAX_TIMESTAMP:
+            # KIP-734: the record with the largest timestamp, with that timestamp; timestamps
+            # only grow (one clock), so it is the last record. An empty log has none: -1, -1.
+            if end > start:
+                last = fetch(state.sync_redis, ns, topic, partition, end - 1, 1)
+                if last.records:
+                    out.update(offset=last.records[0].offset,
+                               timestamp=last.records[0].timestamp_ms)
         elif ts < 0:
             out["error_code"] = Errors.INVALID_REQUEST
         else:

@@ -1,0 +1,101 @@
+"""Fetch through the gateway follows the byte limits: the request's ``max_bytes`` bounds the
+whole response (a client drops a response over its own receive limit, then asks again, for
+ever), and a partition is read from Redis in steps sized by its records' bytes, so large records
+are not pulled 500 at a time into the gateway's memory to send a few."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+from gateway_harness import connect, request_frame, response
+
+from rcoord.gateway import api_records
+from rcoord.gateway.records import decode_batches
+from rcoord.topics import Producer, ProducerRecord
+
+BIG = 40_000
+
+
+def _fetch(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
+           partition_max_bytes: int) -> dict[tuple[str, int], int]:
+    """One raw Fetch v12 from offset 0; the number of records each partition got."""
+    by_topic: dict[str, list[int]] = {}
+    for t, p in partitions:
+        by_topic.setdefault(t, []).append(p)
+    sock = connect(gw)
+    try:
+        sock.sendall(request_frame(1, 12, 7, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": max_bytes,
+            "topics": [{"topic": t, "partitions": [
+                {"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes}
+                for p in ps]} for t, ps in by_topic.items()]}))
+        fetched = response(sock, 1, 12, 5)
+    finally:
+        sock.close()
+    out = {}
+    for t in fetched.responses:
+        for p in t.partitions:
+            assert p.error_code.value == 0
+            batches = decode_batches(bytes(p.records or b""), p.partition_index)
+            out[(t.topic, p.partition_index)] = sum(len(b.records) for b in batches)
+    return out
+
+
+def test_the_request_max_bytes_bounds_the_whole_response(gateway, redis_server, topics):
+    topics.create("big", 3)
+    client = redis_server.client()
+    try:
+        producer = Producer(client, gateway.config.namespace, idempotent=False)
+        for p in range(3):
+            producer.send_batch("big", [_record(p) for _ in range(10)])
+    finally:
+        client.close()
+    parts = [("big", 0), ("big", 1), ("big", 2)]
+    # 100 KB for the whole response: two records of the first partition, one of the second
+    # (while some of the budget is left, a partition gets a record however large), none of
+    # the third. Before, each partition got its own 1 MB: all 30 records, 1.2 MB.
+    got = _fetch(gateway, parts, max_bytes=100_000, partition_max_bytes=1 << 20)
+    assert got == {("big", 0): 2, ("big", 1): 1, ("big", 2): 0}
+    # A budget smaller than one record still delivers the first partition's first record.
+    assert _fetch(gateway, parts, max_bytes=1_000, partition_max_bytes=1 << 20) == {
+        ("big", 0): 1, ("big", 1): 0, ("big", 2): 0}
+    # A large budget: the partition limits apply (1 MB each: every record).
+    assert _fetch(gateway, parts, max_bytes=50 << 20, partition_max_bytes=1 << 20) == {
+        ("big", 0): 10, ("big", 1): 10, ("big", 2): 10}
+
+
+def test_a_partition_of_large_records_is_read_in_steps(gateway, redis_server, topics,
+                                                      monkeypatch):
+    topics.create("steps", 2)
+    client = redis_server.client()
+    try:
+        producer = Producer(client, gateway.config.namespace, idempotent=False)
+        producer.send_batch("steps", [_record(0) for _ in range(100)])
+        producer.send_batch("steps", [ProducerRecord(b"x", partition=1) for _ in range(300)])
+    finally:
+        client.close()
+    read: dict[int, int] = {0: 0, 1: 0}
+    fetch = api_records.fetch
+
+    def counting(*args: Any) -> Any:
+        res = fetch(*args)
+        read[args[3]] += len(res.records)
+        return res
+
+    monkeypatch.setattr(api_records, "fetch", counting)
+    got = _fetch(gateway, [("steps", 0), ("steps", 1)], max_bytes=50 << 20,
+                 partition_max_bytes=100_000)
+    # Large records: two fit 100 KB, and only the first read's records were read, not the
+    # 100 (up to 500) that one read of FETCH_MAX_RECORDS took before.
+    assert got[("steps", 0)] == 2
+    assert read[0] <= api_records.FETCH_FIRST_READ
+    # Small records: all 300 still come, in a second read sized by the first one's bytes.
+    assert got[("steps", 1)] == 300 and read[1] == 300
+
+
+def _record(partition: int) -> ProducerRecord:
+    return ProducerRecord(b"v" * BIG, partition=partition)
