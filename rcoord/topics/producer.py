@@ -247,7 +247,11 @@ class Producer:
 
         Records of one partition go in one script call (per ``MAX_APPEND_PER_CALL``), so they
         get consecutive offsets in the order given. If a partition vanished meanwhile the other
-        partitions' records are still appended and TopicError is raised.
+        partitions' records are still appended and TopicError is raised. The same holds for a
+        call Redis refuses (``ServerUnavailable``: READONLY, BUSY, OOM) or a connection lost
+        mid-batch (``ConnectionLost``): the refused call appended nothing, but the calls of other
+        partitions may have, so a batch spanning partitions can be partly appended (how to
+        resend it without duplicates: docs/guarantees.md, "What is not guaranteed").
 
         ``atomic``: each partition's records go in one script call however many there are, so
         no other producer's records can land between them (more than ``MAX_APPEND_PER_CALL``
