@@ -11,16 +11,15 @@ from the defaults below when Redis has none.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .names import NAMESPACE_RULE, valid_namespace
 
 __all__ = ["CoordinatorConfig", "STORED_SETTINGS"]
 
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -100,11 +99,8 @@ class CoordinatorConfig:
             raise ConfigError("group_max_size must fit a Java int (<= 2147483647)")
         if self.num_partitions > 16384:
             raise ConfigError("num_partitions must be <= 16384 (one Redis Cluster slot each)")
-        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
-            raise ConfigError(
-                f"namespace must be 1-64 characters of [A-Za-z0-9._:-] (no braces), "
-                f"got {self.namespace!r}"
-            )
+        if not valid_namespace(self.namespace):
+            raise ConfigError(f"namespace must be {NAMESPACE_RULE}, got {self.namespace!r}")
 
     def stored_values(self) -> dict[str, int]:
         """The settings kept in Redis, as field -> value."""

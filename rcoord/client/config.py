@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
+from ..names import NAMESPACE_RULE, valid_namespace
 from ..protocol._checks import check_id
 from ..protocol.consumer import ENCODINGS, Encoding
 
@@ -26,7 +27,6 @@ __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
 StartOffset = Literal["earliest", "latest"]
 
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # as CoordinatorConfig.namespace
 _INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's group.instance.id charset
 
 
@@ -216,10 +216,8 @@ class ConsumerGroupConfig:
             raise ConfigError(
                 f"redis_url must look like redis://host:port/db, got {self.redis_url!r}"
             )
-        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.match(self.namespace):
-            raise ConfigError(
-                f"namespace must be 1-64 characters of [A-Za-z0-9._:-], got {self.namespace!r}"
-            )
+        if not valid_namespace(self.namespace):
+            raise ConfigError(f"namespace must be {NAMESPACE_RULE}, got {self.namespace!r}")
 
     def resolved_assignors(self) -> list[Assignor]:
         """The assignor objects, in preference order (names looked up in the registry)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..names import NAMESPACE_RULE, valid_namespace
 
 __all__ = [
     "EARLIEST",
@@ -41,7 +42,6 @@ EARLIEST = -2
 LATEST = -1
 """Kafka's sentinel for "the log end offset" in a JSON offsets option."""
 
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _GROUP_OPTIONS = ("sessiontimeoutms", "heartbeatintervalms", "rebalancetimeoutms")
 
 
@@ -119,8 +119,8 @@ def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
 
 def _namespace(opts: Mapping[str, str]) -> str:
     ns = opts.get("namespace", "rcoord") or "rcoord"
-    if not _NAMESPACE_RE.match(ns):
-        raise OptionError(f"namespace: must be 1-64 characters of [A-Za-z0-9._:-], got {ns!r}")
+    if not valid_namespace(ns):
+        raise OptionError(f"namespace: must be {NAMESPACE_RULE}, got {ns!r}")
     return ns
 
 

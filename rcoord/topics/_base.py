@@ -13,6 +13,7 @@ import redis.exceptions
 
 from ..errors import Errors, InvalidRequestError, ProtocolError
 from ..murmur2 import murmur2
+from ..names import NAMESPACE_RULE, valid_namespace
 from ..partitioning import SLOTS, keyslot
 from ..scripts import MAX_RELOADS, lua_source
 
@@ -286,6 +287,13 @@ GROW_META = _Lua("topic_grow_meta")
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _check_namespace(namespace: str) -> None:
+    """The namespace prefixes every key; braces in it would split a partition's keys over
+    cluster slots (``rcoord.names``)."""
+    if not valid_namespace(namespace):
+        raise InvalidRequestError(f"namespace must be {NAMESPACE_RULE}, got {namespace!r}")
 
 
 def _check_client(client: Any) -> None:

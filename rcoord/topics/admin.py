@@ -19,6 +19,7 @@ from ._base import (
     TopicError,
     _check_client,
     _check_int,
+    _check_namespace,
     _check_topic,
     _name,
     _opt_int,
@@ -53,6 +54,7 @@ class Topics:
 
     def __init__(self, redis_client: Any, namespace: str = "rcoord") -> None:
         _check_client(redis_client)
+        _check_namespace(namespace)
         self._r = redis_client
         self._ns = namespace
 

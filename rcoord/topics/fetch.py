@@ -20,6 +20,7 @@ from ._base import (
     TopicError,
     _check_client,
     _check_int,
+    _check_namespace,
     _check_topic,
     _id_offset,
     _name,
@@ -178,6 +179,7 @@ def fetch(
     short wait into an endless one.
     """
     _check_client(redis_client)
+    _check_namespace(namespace)
     _check_topic(topic)
     _check_int("partition", partition, 0)
     _check_int("offset", offset, 0)
@@ -236,6 +238,7 @@ def _keyed_reads(
     record_type: type[Any] | None,
 ) -> list[tuple[str, int, int, _Decode]]:
     _check_client(redis_client)
+    _check_namespace(namespace)
     _check_int("max_records", max_records, 1)
     keyed: list[tuple[str, int, int, _Decode]] = []
     for topic, partition, offset in reads:

@@ -27,6 +27,7 @@ from ._base import (
     _Call,
     _check_client,
     _check_int,
+    _check_namespace,
     _check_topic,
     _encode_record,
     _id_offset,
@@ -114,6 +115,7 @@ class Producer:
         clock: Callable[[], int] | None = None,
     ) -> None:
         _check_client(redis_client)
+        _check_namespace(namespace)
         if not callable(partitioner) and partitioner not in ("default", "round_robin"):
             raise InvalidRequestError(f"unknown partitioner {partitioner!r}")
         if not isinstance(idempotent, bool):
@@ -245,7 +247,11 @@ class Producer:
 
         Records of one partition go in one script call (per ``MAX_APPEND_PER_CALL``), so they
         get consecutive offsets in the order given. If a partition vanished meanwhile the other
-        partitions' records are still appended and TopicError is raised.
+        partitions' records are still appended and TopicError is raised. The same holds for a
+        call Redis refuses (``ServerUnavailable``: READONLY, BUSY, OOM) or a connection lost
+        mid-batch (``ConnectionLost``): the refused call appended nothing, but the calls of other
+        partitions may have, so a batch spanning partitions can be partly appended (how to
+        resend it without duplicates: docs/guarantees.md, "What is not guaranteed").
 
         ``atomic``: each partition's records go in one script call however many there are, so
         no other producer's records can land between them (more than ``MAX_APPEND_PER_CALL``
@@ -403,6 +409,7 @@ def allocate_producer_number(redis_client: Any, namespace: str = "rcoord") -> in
     make a new producer inherit an old one's sequence numbers.
     """
     _check_client(redis_client)
+    _check_namespace(namespace)
     (number,) = _run(redis_client, [(PRODUCER_ID, [producer_id_counter_key(namespace)], [])])
     return int(number)
 
@@ -442,6 +449,7 @@ def append_idempotent(
     remembered as one batch for deduplication, as Kafka does; the caller bounds its size.
     """
     _check_client(redis_client)
+    _check_namespace(namespace)
     _check_topic(topic)
     _check_int("partition", partition, 0)
     if not isinstance(producer_id, str):

@@ -22,6 +22,7 @@ from ._base import (
     TopicError,
     _check_client,
     _check_int,
+    _check_namespace,
     _check_topic,
     _Lua,
     _name,
@@ -58,6 +59,7 @@ def offsets_for_times(
     target time cannot be negative").
     """
     _check_client(redis_client)
+    _check_namespace(namespace)
     order: list[tuple[str, int]] = []
     calls = []
     for tp, ts in timestamps.items():

@@ -1,0 +1,37 @@
+"""One rule for namespaces, checked by every party that names keys (rcoord.names)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rcoord import CoordinatorConfig
+from rcoord.errors import ConfigError, InvalidRequestError
+from rcoord.names import valid_namespace
+from rcoord.topics import Producer, Topics, fetch, fetch_many
+
+
+@pytest.mark.parametrize("name", ["rcoord", "a.b:c-d_e", "x" * 64, "0"])
+def test_valid_namespaces(name):
+    assert valid_namespace(name)
+    assert CoordinatorConfig(namespace=name).namespace == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "a{b}", "a}b{", "ns\n", "sp ace", "é", None, 7])
+def test_invalid_namespaces_are_refused_by_the_coordinator(name):
+    assert not valid_namespace(name)
+    with pytest.raises(ConfigError, match="namespace must be"):
+        CoordinatorConfig(namespace=name)
+
+
+@pytest.mark.parametrize("name", ["a}b{", "ns\n", ""])
+def test_the_topics_api_refuses_them_too(redis_client, name):
+    # Before, "a}b{" put a partition's stream and its producer state in different cluster
+    # slots (CROSSSLOT at the first idempotent append); now every entry point says so at once.
+    with pytest.raises(InvalidRequestError, match="namespace must be"):
+        Topics(redis_client, name)
+    with pytest.raises(InvalidRequestError, match="namespace must be"):
+        Producer(redis_client, name)
+    with pytest.raises(InvalidRequestError, match="namespace must be"):
+        fetch(redis_client, name, "t", 0, 0)
+    with pytest.raises(InvalidRequestError, match="namespace must be"):
+        fetch_many(redis_client, name, [("t", 0, 0)])
