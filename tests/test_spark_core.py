@@ -32,8 +32,8 @@ from rcoord.spark.resolve import (
     resolve_offsets,
     resolve_partitions,
 )
-from rcoord.spark.write import row_to_record, write_rows
-from rcoord.topics import Producer, Topics
+from rcoord.spark.write import make_producer, row_to_record, write_rows
+from rcoord.topics import Producer, Topics, fetch
 
 TP = TopicPartition
 URL = {"url": "redis://127.0.0.1:1/0"}
@@ -199,6 +199,33 @@ def test_rows_become_records(single_client: Any, namespace: str, topics: Topics)
     res = write_rows(Producer(single_client, namespace),
                      [{"value": b"a", "key": b"k1"}, {"value": b"b", "topic": "w"}], "w")
     assert res.appended == 2
+
+
+def test_the_topic_option_wins_over_the_topic_column() -> None:
+    # As Spark's Kafka sink: a stream read from "in" (its rows carry topic "in") and written
+    # with option("topic", "out") goes to "out", not back into "in" for ever.
+    assert row_to_record({"value": b"x", "topic": "in"}, "out")[0] == "out"
+    assert row_to_record({"value": b"x", "topic": "in"}, None)[0] == "in"
+
+
+def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # A streaming write task is an idempotent producer named by the query and task, at the
+    # batch's epoch; a retried (or speculative) attempt sends the same rows in the same order
+    # and must put each where the first attempt did, or dedup (per-partition sequence numbers)
+    # drops other rows as duplicates and appends some twice. The first attempt dies half-way.
+    topics.create("out", 4)
+    rows = [{"value": f"v{i}".encode() * 20} for i in range(3000)]
+    first = write_rows(make_producer(single_client, namespace, "spark:q:0", 7), rows[:1500],
+                       "out")
+    retry = write_rows(make_producer(single_client, namespace, "spark:q:0", 7), rows, "out")
+    assert (first.appended, retry.duplicates, retry.appended) == (1500, 1500, 1500)
+    stored: list[bytes] = []
+    for p in range(4):
+        got = fetch(single_client, namespace, "out", p, 0, max_records=5000).records
+        stored += [r.value for r in got if r.value is not None]
+    assert sorted(stored) == sorted(r["value"] for r in rows)  # each row once, none lost
+    assert len({p for p in range(4) if fetch(single_client, namespace, "out", p, 0, 1).records}) > 1
 
 
 # -- the group member (Spark's runner calls, without Spark) ------------------------------------
