@@ -103,6 +103,12 @@ class StreamMember:
         # (generation, member) -> offsets already sent: Spark's deferred commit(end) repeats
         # a plan that plan() committed (or saw refused) before the generation changed.
         self._sent: dict[tuple[int, str], dict[TP, int]] = {}
+        # The (generation, member) stamps this process planned under. Only those positions are
+        # committed: a batch replayed from a checkpoint another process planned was skipped
+        # here (partitions()), and committing its end in that member's name, which the
+        # coordinator accepts while the old member's session and generation last, would move
+        # the group past records nobody processed.
+        self._planned: set[tuple[int, str]] = set()
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -126,6 +132,7 @@ class StreamMember:
             gen = self._group.next(timeout=timeout_s)
             self._adopt(gen)
             self._initial = self._base_position()
+            self._planned.add((int(self._initial.generation or 0), self._initial.member or ""))
         return self._initial
 
     def close(self, timeout_s: float | None = 30.0) -> None:
@@ -173,6 +180,7 @@ class StreamMember:
         end = Position(ends, starts, gen.generation_id, gen.member_id)
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
+        self._planned.add((gen.generation_id, gen.member_id))
         return end
 
     # -- commits
@@ -185,6 +193,13 @@ class StreamMember:
         if pos.generation is None or not pos.offsets or pos == self._initial:
             return None
         stamp = (pos.generation, pos.member or "")
+        if stamp not in self._planned:
+            # Planned by another process (a checkpoint's batch, which this query skipped):
+            # not ours to commit. Its records come again from the group's committed offsets
+            # (at least once), never skipped.
+            log.info("not committing a batch planned in generation %s by %s: another "
+                     "process planned it", pos.generation, pos.member)
+            return None
         sent = self._sent.get(stamp, {})
         if all(sent.get(tp) == o for tp, o in pos.offsets.items()):
             return None
@@ -210,7 +225,8 @@ class StreamMember:
                 return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
             self._committed.update(todo)
             return self._record(pos, todo, Errors.NONE)
-        # Not this generation's plan: let the coordinator fence it with its own stamp.
+        # This process's plan from an earlier generation: let the coordinator fence it with
+        # its own stamp.
         try:
             result = self._group.coordinator.commit_offsets(
                 self._group.config.group_id,
