@@ -24,10 +24,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -35,7 +35,8 @@ from .contract import lua_header
 from .errors import is_missing_function
 
 __all__ = ["GROUP_STEPS", "MAX_RELOADS", "STANDALONE", "Scripts", "build_library",
-           "is_missing_function", "library_source", "lua_dir", "lua_source", "route_fcall_locally"]
+           "is_missing_function", "library_source", "lua_dir", "lua_source", "route_fcall_locally",
+           "send_reloading"]
 
 GROUP_STEPS = (
     "join_group",
@@ -112,6 +113,8 @@ def _scoped(step_file: str) -> str:
     return f"do\n{step_file}\nend"
 
 
+T = TypeVar("T")
+
 MAX_RELOADS = 3
 """Times one call loads the library and sends itself again while the server answers that the
 function is missing. Once is not always enough: another FUNCTION FLUSH, a restart or a failover
@@ -119,6 +122,25 @@ may land between the load and the call it was for (most likely what failed one C
 fault test that flushes four times in a row: a member took the second "Function not found" for
 an unknown error and left its group). A call that still finds it missing raises, and the public
 API's boundary turns that into ``ServerUnavailable`` (retried, not taken for an unknown error)."""
+
+
+def send_reloading(first: Callable[[], T], again: Callable[[], T], load: Callable[[], object],
+                   missing: Callable[[redis.ResponseError], bool]) -> T:
+    """``first()``; while the server answers that the function or script is missing
+    (``missing``), ``load()`` it and send ``again()``, up to ``MAX_RELOADS`` loads; a call that
+    still finds it missing raises. The one reload loop of the library's functions
+    (``Scripts.call``; ``Scripts.acall`` is its asyncio twin) and of the topic scripts
+    (``rcoord.topics._base._Lua``)."""
+    send = first
+    for loads in range(MAX_RELOADS + 1):
+        try:
+            return send()
+        except redis.ResponseError as exc:
+            if not missing(exc) or loads == MAX_RELOADS:
+                raise
+        load()
+        send = again
+    raise AssertionError("not reached")  # (the loop returns or raises)
 
 
 def route_fcall_locally(client: Any) -> None:
@@ -196,21 +218,12 @@ class Scripts:
         """FCALL ``name``; ``shared`` (``rcoord.batching.SharedCalls``) may send it together
         with other threads' calls."""
         command = self.command(name, keys, args)
-        try:
-            if shared is not None:
-                return shared.execute(self._client, command)
+
+        def direct() -> Any:
             return self._client.execute_command(*command)
-        except redis.ResponseError as exc:
-            if not is_missing_function(exc):
-                raise
-        for reload in range(1, MAX_RELOADS + 1):
-            self.load_library()
-            try:
-                return self._client.execute_command(*command)
-            except redis.ResponseError as exc:
-                if not is_missing_function(exc) or reload == MAX_RELOADS:
-                    raise
-        raise AssertionError("not reached")  # (the loop returns or raises)
+
+        first = direct if shared is None else lambda: shared.execute(self._client, command)
+        return send_reloading(first, direct, self.load_library, is_missing_function)
 
     def load_library(self) -> None:
         """FUNCTION LOAD REPLACE on every master (one node: the client's)."""

@@ -15,7 +15,7 @@ from ..errors import Errors, InvalidRequestError, ProtocolError
 from ..murmur2 import murmur2
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..partitioning import SLOTS, keyslot
-from ..scripts import MAX_RELOADS, lua_source
+from ..scripts import lua_source, send_reloading
 
 MAX_APPEND_PER_CALL = 1000
 """Records per append script call; bounds how long one call holds the server."""
@@ -207,19 +207,11 @@ class _Lua:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
+        def send() -> Any:
             return client.evalsha(self.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            pass
-        # (Another SCRIPT FLUSH or a restart may land between the load and the call: MAX_RELOADS.)
-        for reload in range(1, MAX_RELOADS + 1):
-            client.script_load(self.source)
-            try:
-                return client.evalsha(self.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                if reload == MAX_RELOADS:
-                    raise
-        raise AssertionError("not reached")  # (the loop returns or raises)
+
+        return send_reloading(send, send, lambda: client.script_load(self.source),
+                              lambda exc: isinstance(exc, redis.exceptions.NoScriptError))
 
 
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
