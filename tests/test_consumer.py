@@ -427,6 +427,41 @@ def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> Non
     assert a_parts.isdisjoint(b_parts) and len(a_parts | b_parts) == 4
 
 
+def test_real_async_commits_in_on_partitions_revoked_land_before_the_rejoin(env: Any) -> None:
+    """Kafka sends a commitAsync made in onPartitionsRevoked before its JoinGroup, on the same
+    connection, so the broker applies it in the old generation. poll() likewise lets the
+    callback's async commits land before the member may rejoin: a rejoin that completed the
+    next generation first would fence them (ILLEGAL_GENERATION) and the offsets would be lost.
+    Many queued commits make the race wide; each must succeed."""
+    env.topics.create("t", 4)
+    env.producer.send_batch("t", [b"%d" % i for i in range(40)])
+    completions: list[BaseException | None] = []
+    queued = 200
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            for _ in range(queued):
+                a.commit_async(None, lambda offsets, exc: completions.append(exc))
+
+    la = Recorder()
+    a = env.consumer(Committing(), enable_auto_commit=False)
+    poll_until(a, lambda g: len(g) >= 40)
+    b = env.consumer(la)
+    stop = threading.Event()
+    b_thread = threading.Thread(target=lambda: [b.poll(0.05) for _ in iter(stop.is_set, True)])
+    b_thread.start()
+    try:
+        # a's callbacks run from its own later poll(): wait until every one has run.
+        poll_until(a, lambda g: len(completions) == queued)
+        wait_until(lambda: la.kinds() == ["assigned"])
+    finally:
+        stop.set()
+        b_thread.join(WAIT_S)
+    assert [exc for exc in completions if exc is not None] == []
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(4)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 4)
+
+
 def test_real_close_lets_the_listener_commit_in_on_partitions_revoked(env: Any) -> None:
     """Kafka's idiom for manual commits: commit in on_partitions_revoked. close() runs that
     callback while the consumer is still open, and flushes its async commits (callback

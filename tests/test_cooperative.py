@@ -415,6 +415,46 @@ def test_on_partitions_assigned_runs_even_if_on_partitions_revoked_raised(env: A
     assert [str(e) for e in a.errors] == ["the revocation handler failed"]
 
 
+class AsyncCommitter(Recorder):
+    """``on_partitions_revoked`` queues many async commits of the revoked partitions."""
+
+    QUEUED = 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer_ref: Consumer | None = None
+        self.completions: list[BaseException | None] = []
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        c = self.consumer_ref
+        assert c is not None
+        positions = {tp: c.position(tp) for tp in partitions}
+        for _ in range(self.QUEUED):
+            c.commit_async(positions, lambda offsets, exc: self.completions.append(exc))
+        super().on_partitions_revoked(partitions)
+
+
+def test_async_commits_in_on_partitions_revoked_land_before_the_follow_up_rejoin(
+    env: Any,
+) -> None:
+    """The follow-up rejoin that hands the revoked partitions over waits for the callback's
+    async commits: sent after it, they would meet the next generation and be fenced."""
+    env.topics.create("t", 4)
+    env.producer.send_batch("t", [b"r%d" % i for i in range(40)])  # 10 a partition
+    listener = AsyncCommitter()
+    a = env.consumer(listener=listener, enable_auto_commit=False)
+    listener.consumer_ref = a.consumer
+    wait_until(lambda: len(a.seen) >= 40)
+    b = env.consumer(enable_auto_commit=False)
+    wait_until(lambda: _stable([a, b], 4))
+    wait_until(lambda: len(listener.completions) == AsyncCommitter.QUEUED)  # a polls on
+    assert [exc for exc in listener.completions if exc is not None] == []
+    revoked = set(range(4)) - _held(a)
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in sorted(revoked)]).offsets
+    assert len(revoked) == 2
+    assert {tp.partition: o.offset for tp, o in committed.items()} == {p: 10 for p in revoked}
+
+
 def test_rolling_upgrade_from_eager_to_cooperative(env: Any) -> None:
     env.topics.create("t", 6)
     # Step 1: every member lists both; the group runs the cooperative assignor eagerly.

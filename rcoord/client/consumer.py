@@ -700,6 +700,7 @@ class Consumer(SubscriptionMixin):
                     table.pop(tp, None)
                 self._paused.discard(tp)
             if stopped:
+                self._await_committer()  # the callback's async commits land first (_revoke)
                 new.request_rejoin()  # after the callback: their new owners wait for it
             hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
@@ -746,7 +747,12 @@ class Consumer(SubscriptionMixin):
             self._caught_up = set()
             self._position, self._fetch_pos, self._committed = {}, {}, {}
             if hold is not None and not self._closing:
-                hold.released.set()  # close() releases it once the callback's commits landed
+                # As Kafka, whose commitAsync in onPartitionsRevoked goes out before the
+                # JoinGroup: the callback's async commits land in this generation before the
+                # member may rejoin (a rejoin completing the next one would fence them).
+                # close() releases the hold itself once they landed.
+                self._await_committer()
+                hold.released.set()
 
     # -- fetching
 
