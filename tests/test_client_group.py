@@ -452,6 +452,46 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
     assert state.joins[2] == ("" if row.member_id in ("reset", "leave") else "m-1")
 
 
+def test_combine_keeps_what_each_row_calls_for() -> None:
+    lost_conn = reaction_for(ConnectionLost("down"))
+    unknown = reaction_for(Errors.UNKNOWN_MEMBER_ID)
+    both = policy_module.combine(lost_conn, unknown)
+    assert (both.member_id, both.partitions, both.then) == ("reset", "lost", "backoff")
+    assert policy_module.combine(unknown, lost_conn) == both
+    revoked = reaction_for(Errors.REBALANCE_IN_PROGRESS)
+    assert policy_module.combine(revoked, revoked) == revoked
+    fenced = policy_module.combine(OTHERWISE, reaction_for(Errors.FENCED_INSTANCE_ID))
+    assert (fenced.member_id, fenced.then) == ("leave", "fatal")
+
+
+def test_a_fenced_commit_after_a_lost_connection_forgets_the_member_id(fake_group: Any) -> None:
+    """The heartbeat gives up on an unreachable coordinator (back off, keep the id), then the
+    routine's final commit is answered UNKNOWN_MEMBER_ID (forget the id): the rejoin after the
+    back-off must come as a new member, not with the id the coordinator has removed."""
+    state = OneMemberGroup()
+    state.heartbeat_default = ConnectionLost("down")
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    refused: list[CommitFailedError] = []
+
+    def routine(ctx: Any) -> None:
+        ctx.wait(WAIT_S)
+        state.heartbeat_default = Errors.NONE
+        state.commit_answers.append(Errors.UNKNOWN_MEMBER_ID)
+        try:
+            ctx.generation.commit_offsets({("t", 0): 1})
+        except CommitFailedError as exc:
+            refused.append(exc)
+
+    gen.start(routine)
+    assert gen.done.wait(WAIT_S)
+    with pytest.raises(ConnectionLost):
+        group.next(timeout=WAIT_S)  # the back-off reports the first error
+    nxt = group.next(timeout=WAIT_S)
+    assert [exc.error for exc in refused] == [Errors.UNKNOWN_MEMBER_ID]
+    assert state.joins[2] == "" and nxt.member_id == "m-2"
+
+
 def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -> None:
     state = OneMemberGroup()
     state.heartbeat_default = Errors.REBALANCE_IN_PROGRESS

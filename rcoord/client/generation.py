@@ -20,7 +20,7 @@ from ..errors import ConnectionLost, Errors, ProtocolError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .coordinator import Coordinator
 from .errors import CommitFailedError, GenerationEndedError
-from .policy import Reaction, reaction_for, severity
+from .policy import Reaction, combine, outranks, reaction_for
 
 __all__ = ["EndReason", "Generation", "GenerationContext", "PartitionAssignment"]
 
@@ -440,8 +440,8 @@ class Generation:
 
     @property
     def pending_reaction(self) -> tuple[Reaction, BaseException | Errors | None] | None:
-        """The most severe ``ERROR_POLICY`` row an error that ended this generation calls
-        for, with that error; None if no error did."""
+        """What the errors that ended this generation call for (their ``ERROR_POLICY`` rows,
+        combined), with the most severe one's error; None if no error did."""
         with self._lock:
             if self._reaction is None:
                 return None
@@ -463,10 +463,13 @@ class Generation:
             if reaction is not None:
                 if reaction.lost:
                     self._lost = True
-                # The most severe row wins: fatal > backoff > rejoin (and forgetting the id).
-                if self._reaction is None or severity(reaction) > severity(self._reaction):
-                    self._reaction = reaction
-                    self._reaction_error = error
+                # Both rows apply (policy.combine); the more severe one's error is reported.
+                if self._reaction is None:
+                    self._reaction, self._reaction_error = reaction, error
+                else:
+                    if outranks(reaction, self._reaction):
+                        self._reaction_error = error
+                    self._reaction = combine(self._reaction, reaction)
         already = self.done.is_set()
         self.done.set()
         if not already and self._on_end is not None:

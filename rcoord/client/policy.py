@@ -1,7 +1,8 @@
 """The client's error policy: what a member does when a coordinator call answers with an error.
 
 ``ERROR_POLICY`` is the one table (kafka-go's ``run()``, aiokafka's ``_do_heartbeat``);
-``reaction_for`` looks an error up in it, and ``severity`` orders its rows.
+``reaction_for`` looks an error up in it, and ``combine`` merges the rows of two errors that
+ended the same generation.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from typing import Literal
 
 from ..errors import ConnectionLost, Errors, ProtocolError
 
-__all__ = ["CONNECTION_LOST", "ERROR_POLICY", "OTHERWISE", "Reaction", "reaction_for", "severity"]
+__all__ = [
+    "CONNECTION_LOST",
+    "ERROR_POLICY",
+    "OTHERWISE",
+    "Reaction",
+    "combine",
+    "outranks",
+    "reaction_for",
+]
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,24 @@ def reaction_for(error: Errors | BaseException) -> Reaction:
     return OTHERWISE
 
 
-def severity(r: Reaction) -> int:
-    """How severe a row is, to pick one when several errors end a generation:
-    fatal > backoff > rejoin, and forgetting the member id counts one more."""
-    return {"rejoin": 0, "backoff": 1, "fatal": 3}[r.then] + (1 if r.member_id != "keep" else 0)
+_THEN_ORDER = {"rejoin": 0, "backoff": 1, "fatal": 2}
+_MEMBER_ID_ORDER = {"keep": 0, "reset": 1, "leave": 2}
+
+
+def combine(a: Reaction, b: Reaction) -> Reaction:
+    """The reaction to two errors that ended the same generation: everything either row calls
+    for. Picking one row would drop the other's part: a lost connection (backoff, keep the id)
+    then a commit answered UNKNOWN_MEMBER_ID (rejoin, forget the id) must back off *and* forget
+    the id, or the next JoinGroup carries an id the coordinator already removed."""
+    return Reaction(
+        retry=a.retry and b.retry,
+        member_id=max(a.member_id, b.member_id, key=_MEMBER_ID_ORDER.__getitem__),
+        partitions="lost" if a.lost or b.lost else "revoked",
+        then=max(a.then, b.then, key=_THEN_ORDER.__getitem__),
+    )
+
+
+def outranks(a: Reaction, b: Reaction) -> bool:
+    """Whether ``a`` ends the group's next step more severely than ``b`` (fatal > backoff >
+    rejoin): its error is the one reported."""
+    return _THEN_ORDER[a.then] > _THEN_ORDER[b.then]
