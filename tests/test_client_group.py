@@ -52,6 +52,7 @@ from rcoord.errors import ConfigError, FencedInstanceIdError
 from rcoord.protocol.consumer import (
     PROTOCOL_TYPE,
     ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
     MalformedMetadataError,
 )
 from rcoord.topics import FetchResult, PartitionRecords, Producer, ProducerRecord, Record, Topics
@@ -490,6 +491,44 @@ def test_a_fenced_commit_after_a_lost_connection_forgets_the_member_id(fake_grou
     nxt = group.next(timeout=WAIT_S)
     assert [exc.error for exc in refused] == [Errors.UNKNOWN_MEMBER_ID]
     assert state.joins[2] == "" and nxt.member_id == "m-2"
+
+
+def test_leave_until_resumed_loses_a_carried_generation_during_the_rejoin(
+    fake_group: Any,
+) -> None:
+    """Cooperative: a generation's partitions are carried into the rejoin. If the member is
+    made to leave while that rejoin is under way, the carried generation is the one its
+    consumer still reads from: it must end lost at once, not once a later answer says so."""
+    state = OneMemberGroup()
+    group = fake_group(state, assignors=("cooperative-sticky",))
+    gen = group.next(timeout=WAIT_S)
+    gen.acknowledge()
+    entered, release = threading.Event(), threading.Event()
+    join = state.fake.join_group
+    owned: list[tuple[TP, ...]] = []  # what each join's subscription says the member owns
+
+    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
+        owned.append(ConsumerProtocolSubscription.decode(kw["protocols"][0][1]).owned_partitions)
+        entered.set()
+        release.wait(WAIT_S)
+        if member_id in state.leaves:  # as the coordinator: a member that left is unknown
+            return JoinGroupResult.failed(Errors.UNKNOWN_MEMBER_ID, member_id)
+        return join(group_id, member_id, **kw)
+
+    state.fake.join_group = held_join
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    try:
+        assert entered.wait(WAIT_S)  # the rejoin is under way, the partitions carried
+        assert gen.carried and not gen.lost
+        group.leave_until_resumed("max.poll.interval.ms passed")
+        assert gen.lost
+        assert state.leaves == ["m-1"]
+    finally:
+        release.set()
+    group.resume()
+    wait_until(lambda: len(owned) >= 3)  # the parked rejoin, then the new member's two steps
+    assert owned[0] == tuple(TP("t", p) for p in range(4))  # carried into the rejoin
+    assert owned[-1] == ()  # it left: it comes back owning nothing
 
 
 def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -> None:

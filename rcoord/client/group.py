@@ -331,10 +331,13 @@ class ConsumerGroup:
         with self._cond:
             self._may_join.clear()
             gen = self._current if self._current is not None else self._slot
+            # Cooperative: the partitions carried through a rejoin under way are still read.
+            held = self._held
             member_id = self._member_id
             self._cond.notify_all()
-        if gen is not None:
-            gen._mark_lost()
+        for ending in (gen, held):
+            if ending is not None and (ending is gen or ending.carried):
+                ending._mark_lost()
         if member_id:
             if self._config.group_instance_id is None:
                 self._leave(member_id, reason)
