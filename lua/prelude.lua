@@ -1235,6 +1235,9 @@ local function prepare_rebalance(reason)
     set_g('jk', 'i')
     set_g('jd', delay)
     set_g('jr', math.max(rebalance_timeout() - delay, 0))
+    -- Kafka's newMemberAdded, cleared here (Kafka clears it only when it extends the delay, so
+    -- an arrival in an earlier initial rebalance could extend a later one).
+    set_g('nma', 0)
     schedule('join', NOW + delay)
   end
   set_g('reason', reason or '')

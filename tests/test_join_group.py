@@ -302,6 +302,36 @@ def test_initial_rebalance_delay_is_capped_by_rebalance_timeout(make_coordinator
     assert fa.result(WAIT_S).generation_id == 1
 
 
+def test_a_later_initial_rebalance_is_not_extended_by_an_arrival_in_an_earlier_one(
+        make_coordinator, clock, pool):
+    """The new-member flag of one initial rebalance does not outlive it (docs/architecture.md,
+    deliberate differences: Kafka only clears it when it extends the delay)."""
+    from harness import Ctx
+    from rcoord import MemberIdentity
+
+    c = Ctx(make_coordinator(clock=clock, group_initial_rebalance_delay_ms=3000), clock, pool)
+    c.session_timeout_ms = 60_000
+    c.rebalance_timeout_ms = 3000  # no time left after the first delay: no extension
+    a, b = c.new_member_id(), c.new_member_id()
+    fa = c.join_async(a)
+    wait_until(lambda: c.state() == "PreparingRebalance")
+    fb = c.join_async(b)  # arrives during the initial rebalance
+    wait_until(lambda: len(c.member_ids()) == 2)
+    c.sleep(3000)
+    assert fa.result(WAIT_S).generation_id == fb.result(WAIT_S).generation_id == 1
+    assert c.coord.leave_group(c.group_id, [MemberIdentity(a), MemberIdentity(b)]).error == Errors.NONE
+    assert c.state() == "Empty"
+    # A later initial rebalance, with time to extend: nobody arrives during its delay, so it
+    # completes when the first delay ends.
+    c.rebalance_timeout_ms = 10_000
+    d = c.new_member_id()
+    fd = c.join_async(d)
+    wait_until(lambda: c.state() == "PreparingRebalance")
+    c.sleep(3000)
+    wait_until(fd.done, lambda: c.sleep(0), timeout_s=2)
+    assert fd.result(WAIT_S).generation_id == 3
+
+
 def test_group_max_size_reached_for_new_member(make_coordinator, clock, pool):
     from harness import Ctx
 
