@@ -19,6 +19,8 @@ from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.spark.member import StreamMember, member_config
 from rcoord.spark.options import (
+    READ_OPTIONS,
+    UNSUPPORTED,
     OptionError,
     ReadKind,
     parse_read_options,
@@ -78,6 +80,51 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
 def test_bad_options_name_the_option(kind: ReadKind, given: dict[str, str], names: str) -> None:
     with pytest.raises(OptionError, match="^" + names.replace("/", "/").replace("(", r"\(")):
         parse_read_options({**URL, **given}, kind, env={})
+
+
+def test_an_unknown_option_fails_naming_it_and_the_nearest_valid_name() -> None:
+    # Spark's Kafka source ignores unknown options: a typo silently started this stream at
+    # latest. Spark hands options over lower-cased (its CaseInsensitiveDict).
+    with pytest.raises(OptionError, match=r"^startingoffset: not an option of an rcoord read; "
+                                          r"did you mean startingOffsets\?"):
+        opts(subscribe="a", startingoffset="earliest")
+    with pytest.raises(OptionError, match=r"^maxoffsetpertrigger: .*maxOffsetsPerTrigger\?"):
+        opts(subscribe="a", maxoffsetpertrigger="10")
+    with pytest.raises(OptionError, match="^zzz: .*the read options are url, namespace"):
+        opts(subscribe="a", zzz="1")
+    with pytest.raises(OptionError, match=r"^topics: not an option of an rcoord write; did you "
+                                          r"mean topic\?"):
+        parse_write_options({**URL, "topics": "t"}, env={})
+    with pytest.raises(OptionError, match="^topic: is a write option"):
+        opts(subscribe="a", topic="b")
+    with pytest.raises(OptionError, match="^startingOffsets: is a read option"):
+        parse_write_options({**URL, "startingoffsets": "earliest"}, env={})
+    # the keys Spark itself adds (load(path), load(p1, p2), writeStream) pass, in any case
+    spark_keys = {"path": "p", "paths": '["a", "b"]', "checkpointlocation": "/c", "queryName": "q"}
+    assert opts(subscribe="a", **spark_keys).topics == ("a",)
+    assert parse_write_options({**URL, **spark_keys, "TOPIC": "t"}, env={}).topic == "t"
+    assert opts(ReadKind.BATCH, subscribe="a", includeHeaders="true").topics == ("a",)
+    # every documented read option is known (none is taken for a typo)
+    everything = {n: "1" for n in READ_OPTIONS if n not in ("subscribePattern", "assign")}
+    with pytest.raises(OptionError) as info:
+        opts(**everything)
+    assert "not an option" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        *[({name: "1"}, f"^{name.lower()}: {reason}") for name, reason in UNSUPPORTED.items()],
+        ({"kafka.bootstrap.servers": "h:9092"}, r"^kafka.bootstrap.servers: .*give url"),
+        ({"kafka.group.id": "g"}, "^kafka.group.id: use groupId"),
+        ({"kafka.security.protocol": "SSL"}, "^kafka.security.protocol: rcoord takes no Kafka"),
+        ({"includeHeaders": "false"}, "^includeHeaders: rcoord's rows always have the headers"),
+    ],
+)
+def test_kafka_source_options_rcoord_lacks_say_what_to_use(given: dict[str, str],
+                                                           message: str) -> None:
+    with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        opts(subscribe="a", **{k.lower(): v for k, v in given.items()})
 
 
 def test_url_comes_from_the_option_or_the_environment() -> None:
