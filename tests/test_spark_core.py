@@ -30,6 +30,8 @@ from rcoord.spark.plan import OffsetRange, Position, limit_end, ranges_between, 
 from rcoord.spark.resolve import (
     DataLossError,
     log_bounds,
+    log_snapshot,
+    next_position,
     read_range,
     resolve_offsets,
     resolve_partitions,
@@ -230,6 +232,80 @@ def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: To
         resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2)
     assert resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2,
                            fail_on_data_loss=False) == {TP("ret", 0): 15}
+
+
+def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    return source.StreamReader(parse_read_options(
+        {"url": url, "namespace": namespace, "subscribe": "re", "startingOffsets": "earliest",
+         **kw}, ReadKind.STREAM, env={}))
+
+
+def _offsets(reader: Any, start: Any, end: Any) -> list[tuple[int, int]]:
+    out = []
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            out += zip(batch.column("partition").to_pylist(), batch.column("offset").to_pylist())
+    return sorted(out)
+
+
+def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
+    # The topic is deleted and created again while the query runs (or between restarts from
+    # its checkpoint): offsets begin again at 0. Before, the next plan took max(planned, end)
+    # and silently waited, then read the new topic from the old offset on (skipping its first
+    # records); a replayed batch read whatever the new topic had at those offsets.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("re", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("re", [b"old"] * 10)
+    reader = _stream_reader(redis_server.url, namespace)
+    first = reader.initialOffset()
+    batch = reader.latestOffset(first, every)
+    assert Position.from_json(batch).offsets == {TP("re", 0): 5, TP("re", 1): 5}
+
+    topics.delete("re")
+    topics.create("re", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("re", [b"new"] * 4)
+    restarted = _stream_reader(redis_server.url, namespace)
+    with pytest.raises(DataLossError, match=r"^topic 're' partition 0: the topic was deleted and "
+                                            r"created again since offset 5 .*failOnDataLoss"):
+        restarted.latestOffset(batch, every)
+    # the batch Spark replays from the checkpoint was planned in the old topic
+    part = reader.partitions(first, batch)[0]
+    with pytest.raises(DataLossError, match="planned in a topic that has since been deleted and "
+                                            "created again"):
+        list(restarted.read(part))
+    lenient = _stream_reader(redis_server.url, namespace, failOnDataLoss="false")
+    assert list(lenient.read(lenient.partitions(first, batch)[0])) == []
+    nxt = lenient.latestOffset(batch, every)
+    assert _offsets(lenient, batch, nxt) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # all of the new
+    assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
+
+
+def test_continuity_loss_names_topic_partition_and_offsets(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    tp = TP("gap", 0)
+    topics.create("gap", 1, retention_records=5)
+    Producer(single_client, namespace).send_batch("gap", [b"x"] * 8)
+    bounds, tokens = log_snapshot(topics, [tp])
+    planned = Position({tp: 2}, tokens=tokens)
+    assert next_position(planned, [tp], bounds, tokens, None, True) == Position({tp: 8},
+                                                                                tokens=tokens)
+    topics.apply_retention("gap")  # offsets 0..2 go
+    bounds = log_bounds(topics, [tp])
+    with pytest.raises(DataLossError, match=r"^topic 'gap' partition 0: offsets 2 to 2 were "
+                                            r"removed by retention .*\(3\)$"):
+        next_position(planned, [tp], bounds, tokens, None, True)
+    got = next_position(planned, [tp], bounds, tokens, None, False)
+    assert got is not None and ranges_between(planned, got) == [OffsetRange("gap", 0, 3, 8)]
+    # a position checkpointed before tokens existed: a start past the log end still shows
+    with pytest.raises(DataLossError, match="start offset 9 is past the log end offset 8"):
+        next_position(Position({tp: 9}), [tp], bounds, tokens, None, True)
+    # availableNow's target (here 6) below a start records moved past it is no loss
+    assert next_position(Position({tp: 7}, tokens=tokens), [tp], bounds, tokens, None, True,
+                         lambda b: {t: (lo, 6) for t, (lo, _) in b.items()}) is None
 
 
 # -- rows to records ---------------------------------------------------------------------------
