@@ -366,7 +366,8 @@ def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
                             "groupId": "g", "sessionTimeoutMs": "1500",
                             "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000", **kw},
                            ReadKind.STREAM, env={})
-    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2)
+    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2,
+                        fail_on_data_loss=o.fail_on_data_loss)
 
 
 def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_client: Any,
@@ -467,6 +468,40 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
     finally:
         old.close(5)
         new.close(5)
+
+
+def test_a_group_member_treats_a_start_past_the_log_end_as_data_loss(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # The topic was deleted and created again under the member: its next start (5) is past
+    # the new log end (2). Before, the member jumped to the log end whatever failOnDataLoss
+    # said, skipping the new topic's first records.
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 10)
+
+    def latest(parts: Any) -> Any:
+        return log_bounds(topics, parts)
+
+    strict = _member(redis_server.url, namespace, single_client)
+    try:
+        batch = strict.plan(strict.initial(10), latest, None)
+        assert batch.offsets == {TP("ev", 0): 5, TP("ev", 1): 5}
+        topics.delete("ev")
+        topics.create("ev", 2)
+        Producer(single_client, namespace, "round_robin").send_batch("ev", [b"y"] * 4)
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0: the planned start "
+                                                r"offset 5 is past the log end offset 2"):
+            strict.plan(batch, latest, None)
+    finally:
+        strict.close(5)
+    lenient = _member(redis_server.url, namespace, single_client, failOnDataLoss="false")
+    try:
+        # the group committed 5 (strict's batch); the new topic is read from its start
+        nxt = lenient.plan(lenient.initial(10), latest, None)
+        assert nxt.starts == {TP("ev", 0): 0, TP("ev", 1): 0}
+        assert nxt.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
+    finally:
+        lenient.close(5)
 
 
 # -- how the runner process ends (rcoord.spark.shutdown) -----------------------------------------
