@@ -142,6 +142,9 @@ def test_bad_options_fail_naming_the_option(spark: Any, redis_server: Any, singl
         ({"subscribe": "ev", "assign": '{"ev": [0]}'}, "give exactly one of subscribe"),
         ({"subscribe": "ev", "startingOffsets": '{"ev": {"0": '}, "startingOffsets: malformed"),
         ({"subscribe": "ev", "groupId": "g"}, "groupId: group mode is for streaming reads"),
+        # a typo: Spark hands the name over lower-cased; before, it was ignored
+        ({"subscribe": "ev", "startingOffset": "earliest"},
+         "startingoffset: not an option of an rcoord read; did you mean startingOffsets"),
     ]
     for options, message in cases:
         with pytest.raises(Exception, match=message):

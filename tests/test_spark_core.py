@@ -19,6 +19,8 @@ from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.spark.member import StreamMember, member_config
 from rcoord.spark.options import (
+    READ_OPTIONS,
+    UNSUPPORTED,
     OptionError,
     ReadKind,
     parse_read_options,
@@ -28,6 +30,8 @@ from rcoord.spark.plan import OffsetRange, Position, limit_end, ranges_between, 
 from rcoord.spark.resolve import (
     DataLossError,
     log_bounds,
+    log_snapshot,
+    next_position,
     read_range,
     resolve_offsets,
     resolve_partitions,
@@ -78,6 +82,51 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
 def test_bad_options_name_the_option(kind: ReadKind, given: dict[str, str], names: str) -> None:
     with pytest.raises(OptionError, match="^" + names.replace("/", "/").replace("(", r"\(")):
         parse_read_options({**URL, **given}, kind, env={})
+
+
+def test_an_unknown_option_fails_naming_it_and_the_nearest_valid_name() -> None:
+    # Spark's Kafka source ignores unknown options: a typo silently started this stream at
+    # latest. Spark hands options over lower-cased (its CaseInsensitiveDict).
+    with pytest.raises(OptionError, match=r"^startingoffset: not an option of an rcoord read; "
+                                          r"did you mean startingOffsets\?"):
+        opts(subscribe="a", startingoffset="earliest")
+    with pytest.raises(OptionError, match=r"^maxoffsetpertrigger: .*maxOffsetsPerTrigger\?"):
+        opts(subscribe="a", maxoffsetpertrigger="10")
+    with pytest.raises(OptionError, match="^zzz: .*the read options are url, namespace"):
+        opts(subscribe="a", zzz="1")
+    with pytest.raises(OptionError, match=r"^topics: not an option of an rcoord write; did you "
+                                          r"mean topic\?"):
+        parse_write_options({**URL, "topics": "t"}, env={})
+    with pytest.raises(OptionError, match="^topic: is a write option"):
+        opts(subscribe="a", topic="b")
+    with pytest.raises(OptionError, match="^startingOffsets: is a read option"):
+        parse_write_options({**URL, "startingoffsets": "earliest"}, env={})
+    # the keys Spark itself adds (load(path), load(p1, p2), writeStream) pass, in any case
+    spark_keys = {"path": "p", "paths": '["a", "b"]', "checkpointlocation": "/c", "queryName": "q"}
+    assert opts(subscribe="a", **spark_keys).topics == ("a",)
+    assert parse_write_options({**URL, **spark_keys, "TOPIC": "t"}, env={}).topic == "t"
+    assert opts(ReadKind.BATCH, subscribe="a", includeHeaders="true").topics == ("a",)
+    # every documented read option is known (none is taken for a typo)
+    everything = {n: "1" for n in READ_OPTIONS if n not in ("subscribePattern", "assign")}
+    with pytest.raises(OptionError) as info:
+        opts(**everything)
+    assert "not an option" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        *[({name: "1"}, f"^{name.lower()}: {reason}") for name, reason in UNSUPPORTED.items()],
+        ({"kafka.bootstrap.servers": "h:9092"}, r"^kafka.bootstrap.servers: .*give url"),
+        ({"kafka.group.id": "g"}, "^kafka.group.id: use groupId"),
+        ({"kafka.security.protocol": "SSL"}, "^kafka.security.protocol: rcoord takes no Kafka"),
+        ({"includeHeaders": "false"}, "^includeHeaders: rcoord's rows always have the headers"),
+    ],
+)
+def test_kafka_source_options_rcoord_lacks_say_what_to_use(given: dict[str, str],
+                                                           message: str) -> None:
+    with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        opts(subscribe="a", **{k.lower(): v for k, v in given.items()})
 
 
 def test_url_comes_from_the_option_or_the_environment() -> None:
@@ -185,6 +234,80 @@ def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: To
                            fail_on_data_loss=False) == {TP("ret", 0): 15}
 
 
+def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    return source.StreamReader(parse_read_options(
+        {"url": url, "namespace": namespace, "subscribe": "re", "startingOffsets": "earliest",
+         **kw}, ReadKind.STREAM, env={}))
+
+
+def _offsets(reader: Any, start: Any, end: Any) -> list[tuple[int, int]]:
+    out = []
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            out += zip(batch.column("partition").to_pylist(), batch.column("offset").to_pylist())
+    return sorted(out)
+
+
+def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
+    # The topic is deleted and created again while the query runs (or between restarts from
+    # its checkpoint): offsets begin again at 0. Before, the next plan took max(planned, end)
+    # and silently waited, then read the new topic from the old offset on (skipping its first
+    # records); a replayed batch read whatever the new topic had at those offsets.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("re", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("re", [b"old"] * 10)
+    reader = _stream_reader(redis_server.url, namespace)
+    first = reader.initialOffset()
+    batch = reader.latestOffset(first, every)
+    assert Position.from_json(batch).offsets == {TP("re", 0): 5, TP("re", 1): 5}
+
+    topics.delete("re")
+    topics.create("re", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("re", [b"new"] * 4)
+    restarted = _stream_reader(redis_server.url, namespace)
+    with pytest.raises(DataLossError, match=r"^topic 're' partition 0: the topic was deleted and "
+                                            r"created again since offset 5 .*failOnDataLoss"):
+        restarted.latestOffset(batch, every)
+    # the batch Spark replays from the checkpoint was planned in the old topic
+    part = reader.partitions(first, batch)[0]
+    with pytest.raises(DataLossError, match="planned in a topic that has since been deleted and "
+                                            "created again"):
+        list(restarted.read(part))
+    lenient = _stream_reader(redis_server.url, namespace, failOnDataLoss="false")
+    assert list(lenient.read(lenient.partitions(first, batch)[0])) == []
+    nxt = lenient.latestOffset(batch, every)
+    assert _offsets(lenient, batch, nxt) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # all of the new
+    assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
+
+
+def test_continuity_loss_names_topic_partition_and_offsets(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    tp = TP("gap", 0)
+    topics.create("gap", 1, retention_records=5)
+    Producer(single_client, namespace).send_batch("gap", [b"x"] * 8)
+    bounds, tokens = log_snapshot(topics, [tp])
+    planned = Position({tp: 2}, tokens=tokens)
+    assert next_position(planned, [tp], bounds, tokens, None, True) == Position({tp: 8},
+                                                                                tokens=tokens)
+    topics.apply_retention("gap")  # offsets 0..2 go
+    bounds = log_bounds(topics, [tp])
+    with pytest.raises(DataLossError, match=r"^topic 'gap' partition 0: offsets 2 to 2 were "
+                                            r"removed by retention .*\(3\)$"):
+        next_position(planned, [tp], bounds, tokens, None, True)
+    got = next_position(planned, [tp], bounds, tokens, None, False)
+    assert got is not None and ranges_between(planned, got) == [OffsetRange("gap", 0, 3, 8)]
+    # a position checkpointed before tokens existed: a start past the log end still shows
+    with pytest.raises(DataLossError, match="start offset 9 is past the log end offset 8"):
+        next_position(Position({tp: 9}), [tp], bounds, tokens, None, True)
+    # availableNow's target (here 6) below a start records moved past it is no loss
+    assert next_position(Position({tp: 7}, tokens=tokens), [tp], bounds, tokens, None, True,
+                         lambda b: {t: (lo, 6) for t, (lo, _) in b.items()}) is None
+
+
 # -- rows to records ---------------------------------------------------------------------------
 
 
@@ -243,7 +366,8 @@ def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
                             "groupId": "g", "sessionTimeoutMs": "1500",
                             "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000", **kw},
                            ReadKind.STREAM, env={})
-    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2)
+    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2,
+                        fail_on_data_loss=o.fail_on_data_loss)
 
 
 def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_client: Any,
@@ -344,6 +468,40 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
     finally:
         old.close(5)
         new.close(5)
+
+
+def test_a_group_member_treats_a_start_past_the_log_end_as_data_loss(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # The topic was deleted and created again under the member: its next start (5) is past
+    # the new log end (2). Before, the member jumped to the log end whatever failOnDataLoss
+    # said, skipping the new topic's first records.
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 10)
+
+    def latest(parts: Any) -> Any:
+        return log_bounds(topics, parts)
+
+    strict = _member(redis_server.url, namespace, single_client)
+    try:
+        batch = strict.plan(strict.initial(10), latest, None)
+        assert batch.offsets == {TP("ev", 0): 5, TP("ev", 1): 5}
+        topics.delete("ev")
+        topics.create("ev", 2)
+        Producer(single_client, namespace, "round_robin").send_batch("ev", [b"y"] * 4)
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0: the planned start "
+                                                r"offset 5 is past the log end offset 2"):
+            strict.plan(batch, latest, None)
+    finally:
+        strict.close(5)
+    lenient = _member(redis_server.url, namespace, single_client, failOnDataLoss="false")
+    try:
+        # the group committed 5 (strict's batch); the new topic is read from its start
+        nxt = lenient.plan(lenient.initial(10), latest, None)
+        assert nxt.starts == {TP("ev", 0): 0, TP("ev", 1): 0}
+        assert nxt.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
+    finally:
+        lenient.close(5)
 
 
 # -- how the runner process ends (rcoord.spark.shutdown) -----------------------------------------

@@ -48,6 +48,7 @@ from ..errors import Errors, RcoordError
 from ..protocol.offsets import TopicPartition
 from .options import ReadOptions
 from .plan import Position, limit_end
+from .resolve import DataLossError, continuity_loss
 
 __all__ = ["CommitOutcome", "StreamMember", "member_config"]
 
@@ -165,17 +166,16 @@ class StreamMember:
         bounds = latest(assigned)
         for tp in assigned:
             lo, hi = bounds.get(tp, (begin[tp], begin[tp]))
-            if begin[tp] < lo or begin[tp] > hi:
-                if self._fail and begin[tp] < lo:
-                    from .resolve import DataLossError
-
-                    raise DataLossError(
-                        f"{tp.topic}-{tp.partition}: committed offset {begin[tp]} is below the "
-                        f"log start {lo} (retention removed records the group never read); set "
-                        "failOnDataLoss=false to go on from the log start"
-                    )
-                begin[tp] = lo if begin[tp] < lo else hi
-                starts[tp] = begin[tp]
+            # Below the log start (retention) or past the log end (the topic was deleted and
+            # created again): data loss, as outside group mode (resolve.next_position).
+            loss = continuity_loss(tp, begin[tp], (lo, hi), None, None)
+            if loss is not None:
+                if self._fail:
+                    raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the "
+                                        f"earliest available offset ({lo})")
+                log.warning("%s; going on from the earliest available offset %d "
+                            "(failOnDataLoss=false)", loss, lo)
+                begin[tp] = starts[tp] = lo
         ends = limit_end(begin, {tp: bounds.get(tp, (0, begin[tp]))[1] for tp in assigned}, limit)
         end = Position(ends, starts, gen.generation_id, gen.member_id)
         if not starts and end.offsets == start.offsets and start.same_plan(end):

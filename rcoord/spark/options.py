@@ -7,6 +7,13 @@ names follow Spark's Kafka source wherever it has the same concept (``subscribe`
 moves over by changing ``format("kafka")`` to ``format("rcoord")``. rcoord adds ``url``,
 ``namespace``, ``groupId`` (group mode) and the group's timeouts.
 
+**Every option is checked by name.** Spark's own Kafka source ignores an option it does not
+know, so a typo (``startingOffset``) silently changes what a query reads. Here an unknown name
+is an ``OptionError`` that names it and the nearest valid name; a Kafka-source option rcoord
+does not implement says what to use instead (``UNSUPPORTED``); and the keys Spark adds by
+itself to every data source's options (``SPARK_OPTIONS``) pass. Spark hands options over in
+its ``CaseInsensitiveDict`` (keys lower-cased), so names compare without case.
+
 Everything here is plain Python: no Redis, no Spark. Checks that need Redis (does the topic
 exist?) happen where the partitions are resolved (``rcoord.spark.plan``), with the same kind of
 error.
@@ -14,6 +21,7 @@ error.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import os
@@ -28,6 +36,10 @@ from ..names import NAMESPACE_RULE, valid_namespace
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "READ_OPTIONS",
+    "SPARK_OPTIONS",
+    "UNSUPPORTED",
+    "WRITE_OPTIONS",
     "OffsetSpec",
     "OptionError",
     "ReadKind",
@@ -43,6 +55,44 @@ LATEST = -1
 """Kafka's sentinel for "the log end offset" in a JSON offsets option."""
 
 _GROUP_OPTIONS = ("sessiontimeoutms", "heartbeatintervalms", "rebalancetimeoutms")
+
+READ_OPTIONS = (
+    "url", "namespace", "subscribe", "subscribePattern", "assign", "startingOffsets",
+    "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss", "maxRecordsPerPartition",
+    "fetchSize", "includeHeaders", "groupId", "sessionTimeoutMs", "heartbeatIntervalMs",
+    "rebalanceTimeoutMs",
+)
+"""Every option a read takes (spelled as documented; compared without case)."""
+WRITE_OPTIONS = ("url", "namespace", "topic")
+"""Every option a write takes."""
+SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName")
+"""Keys Spark itself puts into a data source's options (measured on Spark 4.3): ``path`` from
+``load(p)``/``save(p)``, ``paths`` (a JSON list) from ``load(p1, p2)``, and ``checkpointLocation``
+and ``queryName`` in a ``writeStream``'s options. rcoord uses none of them."""
+
+_TIMESTAMPS = ("rcoord does not start or end a read at a timestamp; find the offsets with "
+               "rcoord.topics.offsets_for_times and give them in startingOffsets/endingOffsets")
+_NO_CONSUMER = ("rcoord reads Redis with no Kafka consumer, so there is no poll or offset "
+                "fetch to tune; remove it (fetchSize sets the records read per call)")
+UNSUPPORTED = {
+    "startingOffsetsByTimestamp": _TIMESTAMPS,
+    "endingOffsetsByTimestamp": _TIMESTAMPS,
+    "startingTimestamp": _TIMESTAMPS,
+    "endingTimestamp": _TIMESTAMPS,
+    "startingOffsetsByTimestampStrategy": _TIMESTAMPS,
+    "minPartitions": ("rcoord does not support it; every topic partition is one Spark task, "
+                      "split into tasks of at most maxRecordsPerPartition records"),
+    "minOffsetsPerTrigger": ("rcoord does not support it; a processingTime trigger lets "
+                             "records gather between micro-batches"),
+    "maxTriggerDelay": ("rcoord does not support it (it goes with minOffsetsPerTrigger); use a "
+                        "processingTime trigger"),
+    "fetchOffset.numRetries": _NO_CONSUMER,
+    "fetchOffset.retryIntervalMs": _NO_CONSUMER,
+    "kafkaConsumer.pollTimeoutMs": _NO_CONSUMER,
+    "groupIdPrefix": ("rcoord's reads join no consumer group unless groupId is set (group "
+                      "mode, where the query is a member); remove it, or set groupId"),
+}
+"""Spark Kafka source options rcoord does not implement, with what to do instead."""
 
 
 class OptionError(ConfigError):
@@ -104,6 +154,39 @@ def _lower(options: Mapping[str, Any]) -> dict[str, str]:
     for key, value in options.items():
         out[str(key).lower()] = "" if value is None else str(value)
     return out
+
+
+def _check_names(opts: Mapping[str, str], known: tuple[str, ...], what: str,
+                 other: tuple[str, ...]) -> None:
+    """Raise ``OptionError`` for the first option that is not in ``known`` (nor Spark's own);
+    ``other`` are the options of the other direction (a read's, for a write)."""
+    canonical = {n.lower(): n for n in (*known, *SPARK_OPTIONS)}
+    others = {n.lower(): n for n in other}
+    unsupported = {n.lower(): why for n, why in UNSUPPORTED.items()}
+    for key in sorted(opts):
+        if key in canonical:
+            continue
+        if key == "kafka.bootstrap.servers":
+            raise OptionError(f"{key}: rcoord reads and writes Redis, not Kafka brokers; give "
+                              "url (redis://host:port/db) instead")
+        if key == "kafka.group.id":
+            raise OptionError(f"{key}: use groupId (group mode: the query is a member of an "
+                              "rcoord consumer group)")
+        if key.startswith("kafka."):
+            raise OptionError(f"{key}: rcoord takes no Kafka client settings (it talks to "
+                              "Redis through url); remove it")
+        if key in unsupported:
+            raise OptionError(f"{key}: {unsupported[key]}")
+        if key == "topic" and what == "read":
+            raise OptionError("topic: is a write option; a read names its topics with "
+                              "subscribe, subscribePattern or assign")
+        if key in others:
+            raise OptionError(f"{others[key]}: is a {'write' if what == 'read' else 'read'} "
+                              f"option, not one of an rcoord {what}")
+        near = difflib.get_close_matches(key, list(canonical), n=1)
+        hint = f"did you mean {canonical[near[0]]}?" if near else \
+            f"the {what} options are {', '.join(known)}"
+        raise OptionError(f"{key}: not an option of an rcoord {what}; {hint}")
 
 
 def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
@@ -215,9 +298,14 @@ def parse_read_options(
 ) -> ReadOptions:
     """Check a read's options; raises ``OptionError`` naming the first bad one."""
     opts = _lower(options)
+    _check_names(opts, READ_OPTIONS, "read", WRITE_OPTIONS)
     env = os.environ if env is None else env
     url = _url(opts, env)
     namespace = _namespace(opts)
+    if opts.get("includeheaders") and not _bool("includeHeaders", opts["includeheaders"]):
+        raise OptionError("includeHeaders: rcoord's rows always have the headers column; keep "
+                          "includeHeaders true (or unset) and drop the column with "
+                          "df.drop('headers')")
 
     given = [n for n, k in (("subscribe", "subscribe"), ("subscribePattern", "subscribepattern"),
                             ("assign", "assign")) if opts.get(k, "").strip()]
@@ -320,5 +408,6 @@ def parse_write_options(
             pretty = {"subscribepattern": "subscribePattern", "groupid": "groupId"}.get(name, name)
             raise OptionError(f"{pretty}: is a read option; a write names its topic with the "
                               "topic option or a topic column")
+    _check_names(opts, WRITE_OPTIONS, "write", READ_OPTIONS)
     topic = opts.get("topic") or None
     return WriteOptions(url=_url(opts, env), namespace=_namespace(opts), topic=topic)

@@ -11,6 +11,12 @@ partition that appeared (a topic grew, a pattern matched a new topic) or, in gro
 partition of a new generation (which starts at the group's committed offsets, not at whatever
 the query read before). ``partitions(start, end)`` in Spark only gets the two positions, so the
 end must say where such partitions begin.
+
+``tokens`` holds, per topic, the create token of the topic the offsets belong to
+(``TopicDescription.create_token``). A topic deleted and created again starts its offsets at 0
+again; without the token, a position checkpointed in the old topic would be taken for one in
+the new (see ``rcoord.spark.resolve.continuity_loss``). Positions checkpointed before tokens
+existed have none and are taken as they are.
 """
 
 from __future__ import annotations
@@ -67,12 +73,15 @@ class Position:
     starts: dict[TP, int] = field(default_factory=dict)
     generation: int | None = None
     member: str | None = None
+    tokens: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark checkpoints (JSON-encodable, keys are strings)."""
         out: dict[str, Any] = {"offsets": _nested(self.offsets)}
         if self.starts:
             out["starts"] = _nested(self.starts)
+        if self.tokens:
+            out["tokens"] = dict(sorted(self.tokens.items()))
         if self.generation is not None:
             out["generation"] = self.generation
             out["member"] = self.member or ""
@@ -83,11 +92,15 @@ class Position:
         if not isinstance(raw, Mapping) or "offsets" not in raw:
             raise ValueError(f"not an rcoord stream offset: {raw!r}")
         gen = raw.get("generation")
+        tokens = raw.get("tokens", {})
+        if not isinstance(tokens, Mapping):
+            raise ValueError(f"tokens must map topics to create tokens, got {tokens!r}")  # noqa: TRY004
         return cls(
             offsets=_flat(raw["offsets"], "offsets"),
             starts=_flat(raw.get("starts", {}), "starts"),
             generation=None if gen is None else int(gen),
             member=None if gen is None else str(raw.get("member", "")),
+            tokens={str(t): str(v) for t, v in tokens.items()},
         )
 
     def same_plan(self, other: Position) -> bool:

@@ -6,19 +6,23 @@ Every error is an ``OptionError`` naming the option that asked for something tha
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
 from ..topics import Record, TopicError, Topics, fetch
 from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
-from .plan import OffsetRange
+from .plan import OffsetRange, Position, limit_end
 
 __all__ = [
     "DataLossError",
+    "continuity_loss",
     "log_bounds",
+    "log_snapshot",
+    "next_position",
     "read_range",
     "resolve_offsets",
     "resolve_partitions",
@@ -26,6 +30,8 @@ __all__ = [
 ]
 
 TP = TopicPartition
+
+log = logging.getLogger("rcoord.spark")
 
 
 class DataLossError(RuntimeError):
@@ -76,10 +82,18 @@ def resolve_partitions(admin: Topics, opts: ReadOptions) -> list[TP]:
 
 def log_bounds(admin: Topics, partitions: Iterable[TP]) -> dict[TP, tuple[int, int]]:
     """(log start, log end) of each partition, one pipelined round trip per topic."""
+    return log_snapshot(admin, partitions)[0]
+
+
+def log_snapshot(
+    admin: Topics, partitions: Iterable[TP]
+) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
+    """``log_bounds``, and the create token of each topic (``TopicDescription.create_token``)."""
     wanted: dict[str, set[int]] = {}
     for tp in partitions:
         wanted.setdefault(tp.topic, set()).add(tp.partition)
     out: dict[TP, tuple[int, int]] = {}
+    tokens: dict[str, str] = {}
     for topic, parts in wanted.items():
         try:
             desc = admin.describe(topic)
@@ -87,10 +101,37 @@ def log_bounds(admin: Topics, partitions: Iterable[TP]) -> dict[TP, tuple[int, i
             if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
                 raise
             continue  # deleted: the caller treats its partitions as gone
+        if desc.create_token:
+            tokens[topic] = desc.create_token
         for info in desc.partitions:
             if info.partition in parts and info.error is Errors.NONE:
                 out[TP(topic, info.partition)] = (info.log_start_offset, info.log_end_offset)
-    return out
+    return out, tokens
+
+
+def continuity_loss(
+    tp: TP, planned: int, bounds: tuple[int, int], planned_token: str | None, token: str | None
+) -> str | None:
+    """Why a query cannot go on reading ``tp`` at ``planned`` (its next offset from the previous
+    batch, or a checkpoint), or None when it can. ``bounds`` is (log start, log end) now.
+
+    Three ways, as Spark's Kafka source reports data loss: the topic was deleted and created
+    again (its create token changed; its offsets began again at 0, so ``planned`` names other
+    records or none); ``planned`` is past the log end (a re-creation that a position without
+    tokens cannot otherwise show); records from ``planned`` on were removed by retention.
+    """
+    lo, hi = bounds
+    where = f"topic {tp.topic!r} partition {tp.partition}"
+    if planned_token and token and planned_token != token:
+        return (f"{where}: the topic was deleted and created again since offset {planned} was "
+                f"planned (the new topic holds offsets {lo} to {hi}, other records)")
+    if planned > hi:
+        return (f"{where}: the planned start offset {planned} is past the log end offset {hi} "
+                "(the topic was deleted and created again, so its offsets began again at 0)")
+    if planned < lo:
+        return (f"{where}: offsets {planned} to {lo - 1} were removed by retention before the "
+                f"query read them (the log starts at {lo})")
+    return None
 
 
 def resolve_offsets(
@@ -144,19 +185,91 @@ def resolve_offsets(
     return out
 
 
+Bounds = dict[TP, tuple[int, int]]
+
+
+def next_position(
+    start: Position,
+    partitions: Sequence[TP],
+    bounds: Bounds,
+    tokens: Mapping[str, str],
+    limit: int | None,
+    fail_on_data_loss: bool,
+    clamp: Callable[[Bounds], Bounds] | None = None,
+) -> Position | None:
+    """The end of a stream's next micro-batch (outside group mode), or None if there is nothing
+    to read. ``bounds`` and ``tokens`` are ``log_snapshot`` of ``partitions`` now; ``clamp``
+    lowers log ends (availableNow's target).
+
+    A partition of ``start`` goes on from its offset unless ``continuity_loss`` finds a gap:
+    with ``failOnDataLoss`` that is a ``DataLossError`` naming topic, partition and offsets;
+    without, a warning, and the partition starts again at its log start (in ``starts``). The
+    check uses the real log ends, not the clamped ones: records appended after availableNow's
+    target was taken may have moved ``start`` past it. A partition new to the read starts at
+    its log start, as in Spark's Kafka source.
+    """
+    begin: dict[TP, int] = {}
+    starts: dict[TP, int] = {}
+    for tp in partitions:
+        if tp not in bounds:
+            continue
+        lo = bounds[tp][0]
+        if tp not in start.offsets:
+            begin[tp] = starts[tp] = lo
+            continue
+        begin[tp] = start.offsets[tp]
+        loss = continuity_loss(tp, begin[tp], bounds[tp], start.tokens.get(tp.topic),
+                               tokens.get(tp.topic))
+        if loss is None:
+            continue
+        if fail_on_data_loss:
+            raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the earliest "
+                                f"available offset ({lo})")
+        log.warning("%s; going on from the earliest available offset %d (failOnDataLoss=false)",
+                    loss, lo)
+        begin[tp] = starts[tp] = lo
+    if clamp is not None:
+        bounds = clamp(bounds)
+    end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, limit)
+    if (not starts and end == {tp: start.offsets[tp] for tp in end}
+            and len(end) == len(start.offsets) and start.tokens == dict(tokens)):
+        return None
+    return Position(end, starts, tokens=dict(tokens))
+
+
 def read_range(
     client: Any,
     namespace: str,
     rng: OffsetRange,
     fetch_size: int,
     fail_on_data_loss: bool,
+    token: str | None = None,
 ) -> Iterable[list[Record]]:
     """The records of ``rng``, in chunks of at most ``fetch_size`` (one script call each).
 
     Records trimmed by retention since planning are data loss: an error, or skipped without
     ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
-    ``rng.end``.
+    ``rng.end``. ``token`` is the create token of the topic the range was planned in: if the
+    topic was created again since (a batch Spark replays after a restart was planned, perhaps
+    long before), the offsets name other records, so it is data loss too (without
+    ``failOnDataLoss`` the range reads nothing and the next plan starts over in the new topic).
     """
+    if token:
+        try:
+            now = Topics(client, namespace).create_token(rng.topic)
+        except TopicError as exc:
+            if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            now = ""
+        if now != token:
+            msg = (f"topic {rng.topic!r} partition {rng.partition}: offsets {rng.start} to "
+                   f"{rng.end - 1} were planned in a topic that has since been deleted"
+                   f"{' and created again' if now else ''}")
+            if fail_on_data_loss:
+                raise DataLossError(f"{msg}; set failOnDataLoss=false to go on from the "
+                                    "earliest available offset")
+            log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+            return
     offset = rng.start
     while offset < rng.end:
         want = min(fetch_size, rng.end - offset)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,15 @@ from .options import (
     parse_read_options,
     parse_write_options,
 )
-from .plan import OffsetRange, Position, limit_end, ranges_between, split_ranges
-from .resolve import log_bounds, read_range, resolve_offsets, resolve_partitions
+from .plan import OffsetRange, Position, ranges_between, split_ranges
+from .resolve import (
+    log_bounds,
+    log_snapshot,
+    next_position,
+    read_range,
+    resolve_offsets,
+    resolve_partitions,
+)
 from .rows import SCHEMA_DDL, records_to_batch
 from .write import make_producer, write_rows
 
@@ -81,19 +88,22 @@ class RangePartition(InputPartition):
     range: OffsetRange
     fetch_size: int
     fail_on_data_loss: bool
+    token: str = ""  # the create token of the topic the range was planned in ("" unknown)
 
 
 def _read(part: RangePartition) -> Iterator[Any]:
     client = _client(part.url)
     rng = part.range
     for records in read_range(client, part.namespace, rng, part.fetch_size,
-                              part.fail_on_data_loss):
+                              part.fail_on_data_loss, part.token):
         yield records_to_batch(rng.topic, rng.partition, records)
 
 
-def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange]) -> list[RangePartition]:
+def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange],
+           tokens: Mapping[str, str]) -> list[RangePartition]:
     return [
-        RangePartition(opts.url, opts.namespace, r, opts.fetch_size, opts.fail_on_data_loss)
+        RangePartition(opts.url, opts.namespace, r, opts.fetch_size, opts.fail_on_data_loss,
+                       tokens.get(r.topic, ""))
         for r in split_ranges(ranges, opts.max_records_per_partition)
     ]
 
@@ -145,7 +155,7 @@ class BatchReader(DataSourceReader):
         opts = self.opts
         admin = Topics(_client(opts.url), opts.namespace)
         parts = resolve_partitions(admin, opts)
-        bounds = log_bounds(admin, parts)
+        bounds, tokens = log_snapshot(admin, parts)
         start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, EARLIEST,
                                 opts.fail_on_data_loss)
         end = resolve_offsets("endingOffsets", opts.ending, parts, bounds, LATEST,
@@ -158,7 +168,7 @@ class BatchReader(DataSourceReader):
                 raise OptionError(f"startingOffsets: offset {start[tp]} of {tp.topic}-"
                                   f"{tp.partition} is past its endingOffsets {end[tp]}")
             ranges.append(OffsetRange(tp.topic, tp.partition, start[tp], end[tp]))
-        tasks = _tasks(opts, [r for r in ranges if r.size > 0])
+        tasks = _tasks(opts, [r for r in ranges if r.size > 0], tokens)
         # Spark wants at least one partition; an empty range reads nothing.
         return tasks or [RangePartition(opts.url, opts.namespace, OffsetRange("-", 0, 0, 0),
                                         opts.fetch_size, opts.fail_on_data_loss)]
@@ -191,11 +201,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return Topics(_client(self.opts.url), self.opts.namespace)
 
     def _bounds(self, parts: Sequence[TP]) -> dict[TP, tuple[int, int]]:
-        bounds = log_bounds(self._admin(), parts)
-        if self._target is not None:
-            bounds = {tp: (lo, min(hi, self._target.get(tp, lo))) for tp, (lo, hi)
-                      in bounds.items()}
-        return bounds
+        return self._clamp(log_bounds(self._admin(), parts))
+
+    def _clamp(self, bounds: dict[TP, tuple[int, int]]) -> dict[TP, tuple[int, int]]:
+        """availableNow: no log end past the target (the ends when the run began)."""
+        if self._target is None:
+            return bounds
+        return {tp: (lo, min(hi, self._target.get(tp, lo))) for tp, (lo, hi) in bounds.items()}
 
     def _limit(self, limit: ReadLimit | None) -> int | None:
         if isinstance(limit, ReadAllAvailable):
@@ -223,10 +235,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             wait = (opts.rebalance_timeout_ms + opts.session_timeout_ms) / 1000 + 5
             return self._membership().initial(wait).to_json()
         parts = resolve_partitions(self._admin(), opts)
-        bounds = log_bounds(self._admin(), parts)
+        bounds, tokens = log_snapshot(self._admin(), parts)
         start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
                                 opts.fail_on_data_loss)
-        return Position(start, dict(start)).to_json()
+        return Position(start, dict(start), tokens=tokens).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_offsets_per_trigger
@@ -242,21 +254,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.group_id is not None:
             return self._membership().plan(pos, self._bounds, n).to_json()
         parts = resolve_partitions(self._admin(), self.opts)
-        bounds = self._bounds(parts)
-        begin: dict[TP, int] = {}
-        starts: dict[TP, int] = {}
-        for tp in parts:
-            if tp not in bounds:
-                continue
-            if tp in pos.offsets:
-                begin[tp] = pos.offsets[tp]
-            else:  # a new partition starts at its beginning, as in Spark's Kafka source
-                begin[tp] = starts[tp] = bounds[tp][0]
-        end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, n)
-        if not starts and end == {tp: pos.offsets[tp] for tp in end} \
-                and len(end) == len(pos.offsets):
-            return start
-        return Position(end, starts).to_json()
+        bounds, tokens = log_snapshot(self._admin(), parts)
+        nxt = next_position(pos, parts, bounds, tokens, n, self.opts.fail_on_data_loss,
+                            self._clamp)
+        return start if nxt is None else nxt.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, finish = Position.from_json(start), Position.from_json(end)
@@ -269,7 +270,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.warning("skipping a batch planned in generation %s by %s: this query "
                             "is another member now", finish.generation, finish.member)
                 return []
-        return _tasks(self.opts, ranges_between(begin, finish))
+        return _tasks(self.opts, ranges_between(begin, finish), finish.tokens)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)

@@ -69,6 +69,9 @@ class TopicDescription:
     retention_records: int | None = None
     retention_ms: int | None = None
     producer_id_expiration_ms: int | None = None
+    create_token: str = ""
+    """Unique per ``create`` call: a topic deleted and created again under the same name has a
+    new one (its offsets start again at 0), so a reader can tell the two apart."""
 
 
 @dataclass(frozen=True)

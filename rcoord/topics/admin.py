@@ -156,7 +156,19 @@ class Topics:
             retention_records=_opt_int(meta.get(b"retention_records")),
             retention_ms=_opt_int(meta.get(b"retention_ms")),
             producer_id_expiration_ms=_opt_int(meta.get(b"producer_id_expiration_ms")),
+            create_token=meta.get(b"create_token", b"").decode(),
         )
+
+    @translate_redis_errors
+    def create_token(self, topic: str) -> str:
+        """The token of the ``create`` call that made ``topic`` (``TopicDescription.create_token``):
+        another one means the topic was deleted and created again. UNKNOWN_TOPIC_OR_PARTITION if
+        there is no such topic."""
+        _check_topic(topic)
+        count, raw = self._r.hmget(meta_key(self._ns, topic), ["partitions", "create_token"])
+        if count is None:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        return "" if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
     @translate_redis_errors
     def delete(self, topic: str) -> None:
