@@ -143,7 +143,7 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
 def _record_bytes(rec: Record) -> int:
     """About what ``rec`` takes in a Fetch response (its key, value, headers and framing)."""
     return (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
-            + sum(len(k) + len(v) for k, v in rec.headers.items()))
+            + sum(len(k) + len(v or b"") for k, v in rec.header_list))
 
 
 def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int

@@ -21,6 +21,7 @@ from ._base import (
     PRODUCER_ID,
     PRODUCER_ID_EXPIRATION_MS,
     PRODUCER_PRUNE_PER_CALL,
+    Headers,
     ProducerRecord,
     RecordMetadata,
     TopicError,
@@ -234,9 +235,12 @@ class Producer:
         value: bytes | None,
         key: bytes | None = None,
         partition: int | None = None,
-        headers: dict[str, bytes] | None = None,
+        headers: Headers | None = None,
     ) -> RecordMetadata:
-        """Append one record; its offset and Redis-time timestamp come back."""
+        """Append one record; its offset and Redis-time timestamp come back.
+
+        ``headers``: a mapping, or a sequence of ``(name, value)`` pairs kept in order with
+        repeated names (see ``ProducerRecord``)."""
         return self._send(topic, [ProducerRecord(value, key, partition, headers)])[0]
 
     @translate_redis_errors
