@@ -6,7 +6,9 @@
 -- ARGV[4] sequence number of the first record (the others follow consecutively),
 -- ARGV[5] lowest sequence number the producer may have lost ('' if none),
 -- ARGV[6] producer.id.expiration.ms, ARGV[7] expired producers to prune at most,
--- ARGV[8 ...] 4 per record as in topic_append.lua: flags, value, key, headers.
+-- ARGV[8] sequence modulus ('' for rcoord's unbounded sequences; 2147483648 for a Kafka
+-- producer's, which wrap from 2^31-1 to 0), ARGV[9 ...] 4 per record as in topic_append.lua:
+-- flags, value, key, headers.
 -- Returns {'NONE', first appended id or '', timestamp ms, duplicates d, {offsets of the d
 -- leading records}, {their timestamps}} (-1 where no longer known), or
 -- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, {'OUT_OF_ORDER_SEQUENCE_NUMBER', why}.
@@ -14,10 +16,10 @@
 -- State of one producer (a msgpack array of integers; C-coded, about 5x cheaper than text):
 -- epoch, last sequence appended (-1: none in this epoch), last activity ms, then 4 per
 -- remembered batch (oldest first): first sequence, last sequence, first offset, timestamp. A
--- batch's offsets are consecutive because one call appends them. Every check comes before the
--- first write.
+-- batch's offsets are consecutive because one call appends them. Stored sequences never wrap:
+-- a wrapping one is unwrapped on arrival (below). Every check comes before the first write.
 
-local RECORD_ARGS = 8
+local RECORD_ARGS = 9
 local KEEP_BATCHES = 5  -- Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
@@ -26,6 +28,7 @@ local pid = ARGV[2]
 local epoch, first = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lost_from = tonumber(ARGV[5])  -- nil when ''
 local expiration, prune = tonumber(ARGV[6]), tonumber(ARGV[7])
+local modulus = tonumber(ARGV[8])  -- nil when ''
 local n = (#ARGV - RECORD_ARGS + 1) / 4
 
 local function load_state(raw)
@@ -52,12 +55,21 @@ if st then
       pid, epoch, st.epoch)}
   end
   if epoch > st.epoch then st = {epoch = epoch, last = -1, active = now, batches = {}} end
+  local sent = first
+  if modulus and st.last >= 0 then
+    -- Kafka numbers modulo 2^31 (0 follows 2^31-1, DefaultRecordBatch.incrementSequence):
+    -- take the unwrapped sequence congruent to `first` nearest the expected one (within half
+    -- the range either way), so the comparisons below hold across the wrap.
+    local d = (first - st.last - 1) % modulus
+    if d >= modulus / 2 then d = d - modulus end
+    first = st.last + 1 + d
+  end
   -- The next sequence is last + 1; a gap is only accepted where the producer says it may have
   -- lost records (a call that failed or timed out), which then never appear.
   if first > st.last + 1 and not (lost_from and lost_from <= st.last + 1) then
     return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
       'producer %s epoch %d sent sequence %d, expected %d',
-      pid, epoch, first, st.last + 1)}
+      pid, epoch, sent, modulus and (st.last + 1) % modulus or st.last + 1)}
   end
   dup = math.max(0, math.min(n, st.last - first + 1))
 else

@@ -24,7 +24,7 @@ from gateway_harness import (
 from gateway_harness import connect as _connect
 from harness import wait_until
 
-from rcoord.topics import Topics
+from rcoord.topics import Topics, fetch
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -173,6 +173,68 @@ def test_kafka_python_produces_and_consumes_keys_and_headers(gateway: GatewayThr
     from rcoord.murmur2 import partition_for_key
 
     assert all(p == partition_for_key(k, 2) for p, _, k, _ in sent)
+
+
+def test_repeated_and_null_headers_survive_the_gateway(gateway: GatewayThread, topics: Topics,
+                                                      redis_server: Any, namespace: str) -> None:
+    """Kafka's headers are an ordered list: a name may repeat and a value may be null. Both
+    come back to a Kafka consumer as sent, and rcoord's reader sees them in ``header_list``.
+    kafka-python sends repeated names (it refuses null values); librdkafka sends a null one."""
+    ck = pytest.importorskip("confluent_kafka")
+    topics.create("hdrs", 1)
+    repeated = [("a", b"1"), ("a", b"2"), ("b", b""), ("a", b"3")]
+    producer = _producer(gateway)
+    producer.send("hdrs", value=b"v", headers=repeated).get(timeout=10)
+    producer.close()
+    nulls = [("n", None), ("n", b"x")]
+    rd = ck.Producer({"bootstrap.servers": gateway.bootstrap, "enable.idempotence": False,
+                      "broker.address.family": "v4"})
+    rd.produce("hdrs", value=b"w", headers=nulls, partition=0)
+    rd.produce("hdrs", value=b"plain", partition=0)
+    assert rd.flush(20) == 0
+    consumer = kafka.KafkaConsumer("hdrs", bootstrap_servers=gateway.bootstrap,
+                                   auto_offset_reset="earliest", consumer_timeout_ms=3000,
+                                   enable_auto_commit=False, group_id=None)
+    got = [(m.value, list(m.headers)) for m in take(consumer, 3)]
+    consumer.close()
+    assert got == [(b"v", repeated), (b"w", nulls), (b"plain", [])]
+    client = redis_server.client()
+    try:
+        records = fetch(client, namespace, "hdrs", 0, 0, 10).records
+    finally:
+        client.close()
+    assert [(r.header_list, r.headers) for r in records] == [
+        (tuple(repeated), {"a": b"3", "b": b""}), (tuple(nulls), {"n": b"x"}), ((), {})]
+
+
+def test_a_null_header_name_is_refused_as_kafka_does() -> None:
+    """Kafka's broker refuses a header whose name is null; so does the gateway's decoder,
+    naming what is wrong (before, the header became one named "")."""
+    import datetime as dt
+    import io
+
+    from kio.records.schema import NewRecordBatch, RecordHeader
+    from kio.records.schema import Record as KioRecord
+    from kio.records.writers import write_new_batch
+    from kio.static.primitive import i8, i16, i32, i64
+
+    from rcoord.gateway.errors import CORRUPT_MESSAGE
+    from rcoord.gateway.records import BatchError, decode_batches
+
+    def batch(key: bytes | None) -> bytes:
+        rec = KioRecord(attributes=i8(0), timestamp=dt.datetime.now(dt.UTC), offset=i64(0),
+                        key=None, value=b"v", headers=(RecordHeader(key=key, value=b"x"),))
+        buf = io.BytesIO()
+        write_new_batch(buf, NewRecordBatch(producer_id=i64(-1), producer_epoch=i16(-1),
+                                            base_sequence=i32(-1), records=(rec,),
+                                            attributes=i16(0)))
+        return buf.getvalue()
+
+    (ok,) = decode_batches(batch(b"h"), 0)
+    assert ok.records[0].headers == [("h", b"x")]
+    with pytest.raises(BatchError, match="null key") as err:
+        decode_batches(batch(None), 0)
+    assert err.value.code == CORRUPT_MESSAGE
 
 
 class _Member(threading.Thread):

@@ -106,6 +106,51 @@ def test_resent_batch_is_appended_once_and_sequences_are_checked(
     assert _producers_in(redis_server, namespace, "idem", 1) == {f"kafka-{pid}"}
 
 
+SEQ_MAX = (1 << 31) - 1  # Kafka's Integer.MAX_VALUE: the sequence after it is 0
+
+
+def test_sequences_wrap_after_int_max_as_kafka_numbers_them(
+    gateway: GatewayThread, topics: Topics, redis_server: Any, namespace: str,
+) -> None:
+    """A Kafka producer's sequence after 2**31 - 1 is 0 (DefaultRecordBatch.incrementSequence),
+    and a batch may span the wrap. Before, the gateway compared them as plain integers: the
+    records after the wrap were taken for duplicates (answered, never appended)."""
+    topics.create("wrap", 1)
+    raw = _Raw(gateway)
+    try:
+        pid = int(raw.init_producer_id().producer_id)
+        # A producer's first batch may start anywhere; these two end exactly at the top.
+        assert raw.produce("wrap", _batch(pid, 0, SEQ_MAX - 1, [b"a"])).base_offset == 0
+        assert raw.produce("wrap", _batch(pid, 0, SEQ_MAX, [b"b"])).base_offset == 1
+        after = raw.produce("wrap", _batch(pid, 0, 0, [b"c", b"d"]))
+        assert (after.error_code.value, after.base_offset) == (0, 2)
+        retried = raw.produce("wrap", _batch(pid, 0, SEQ_MAX, [b"b"]))  # before the wrap
+        assert (retried.error_code.value, retried.base_offset) == (0, 1)
+        assert raw.produce("wrap", _batch(pid, 0, 5, [b"x"])).error_code.value == 45  # gap
+        assert raw.produce("wrap", _batch(pid, 0, 2, [b"e"])).base_offset == 4
+
+        # A batch spanning the wrap: 2**31 - 3 .. 1, then 2 follows it.
+        other = int(raw.init_producer_id().producer_id)
+        span = _batch(other, 0, SEQ_MAX - 2, [b"s0", b"s1", b"s2", b"s3", b"s4"])
+        assert raw.produce("wrap", span).base_offset == 5
+        assert raw.produce("wrap", _batch(other, 0, 2, [b"t"])).base_offset == 10
+        again = raw.produce("wrap", span)  # its resend, across the wrap: a duplicate
+        assert (again.error_code.value, again.base_offset) == (0, 5)
+        # rcoord remembers sequences per record: the span's records after the wrap (0, 1)
+        # are known at their offsets too.
+        tail = raw.produce("wrap", _batch(other, 0, 0, [b"s3", b"s4"]))
+        assert (tail.error_code.value, tail.base_offset) == (0, 8)
+        assert raw.produce("wrap", _batch(other, 0, 4, [b"x"])).error_code.value == 45  # gap
+        # Below the span (never sent by this producer): not appended, answered
+        # DUPLICATE_SEQUENCE_NUMBER as any sequence no longer remembered.
+        assert raw.produce("wrap", _batch(other, 0, SEQ_MAX - 3, [b"x"])).error_code.value == 46
+        assert raw.produce("wrap", _batch(other, 0, 3, [b"u"])).base_offset == 11
+    finally:
+        raw.sock.close()
+    values = [r.value for r in _read_all(redis_server, namespace, "wrap", 0)]
+    assert values == [b"a", b"b", b"c", b"d", b"e", b"s0", b"s1", b"s2", b"s3", b"s4", b"t", b"u"]
+
+
 def _read_all(redis_server: Any, namespace: str, topic: str, partition: int) -> list[Record]:
     from rcoord.topics import fetch
 

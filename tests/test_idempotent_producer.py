@@ -40,6 +40,7 @@ from rcoord.topics._base import (
     _run,
     partition_keys,
 )
+from rcoord.topics.producer import append_idempotent
 
 WAIT_S = 15.0
 
@@ -56,12 +57,13 @@ def values(ns: str, client: Any, topic: str, partition: int) -> list[bytes | Non
 def append(
     client: Any, ns: str, topic: str, partition: int, pid: str, epoch: int, first: int,
     vals: Sequence[bytes], *, lost: int | None = None, now: int | None = None,
-    expiration: int = PRODUCER_ID_EXPIRATION_MS,
+    expiration: int = PRODUCER_ID_EXPIRATION_MS, modulus: int | None = None,
 ) -> list[Any]:
-    """One call of the append script, exactly as the Producer sends it (so a test can resend it)."""
+    """One call of the append script, exactly as the Producer sends it (so a test can resend it);
+    ``modulus``: as ``append_idempotent(wrapping=True)`` sends Kafka's sequences."""
     args: list[Any] = [
         "" if now is None else now, pid, epoch, first, "" if lost is None else lost,
-        expiration, PRODUCER_PRUNE_PER_CALL,
+        expiration, PRODUCER_PRUNE_PER_CALL, "" if modulus is None else modulus,
     ]
     for v in vals:
         args.extend(_encode_record(ProducerRecord(v)))
@@ -259,6 +261,68 @@ def test_a_gap_the_producer_declares_lost_is_accepted_and_stays_lost(
     # A declared loss does not excuse a gap before it.
     res = append(redis_client, namespace, "t", 0, "p", 0, 9, [b"x"], lost=7)
     assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+SEQ_MAX = (1 << 31) - 1  # a Kafka producer's top sequence; 0 comes next
+
+
+def test_kafka_sequences_wrap_after_int_max(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """wrapping=True (the gateway's Kafka producers): sequence 0 follows 2**31 - 1, as Kafka's
+    ProducerAppendInfo.inSequence has it, and a batch may span the wrap. Before, sequences
+    after the wrap were below the last one: taken for duplicates, acknowledged, never appended
+    (data loss)."""
+    topics.create("t", 1)
+
+    def send(first: int, vals: list[bytes], pid: str = "k") -> list[tuple[int, bool]]:
+        metas = append_idempotent(redis_client, namespace, "t", 0, vals, producer_id=pid,
+                                  producer_epoch=0, base_sequence=first, atomic=True,
+                                  wrapping=True)
+        return [(m.offset, m.duplicate) for m in metas]
+
+    assert send(SEQ_MAX - 1, [b"a", b"b"]) == [(0, False), (1, False)]  # ends at the top
+    assert send(0, [b"c"]) == [(2, False)]  # the wrap: next is 0
+    # A batch spanning the wrap (2**31 - 3 .. 1), then the one after it.
+    assert send(SEQ_MAX - 2, [b"s0", b"s1", b"s2", b"s3", b"s4"], "span") == [
+        (3 + i, False) for i in range(5)]
+    assert send(2, [b"t"], "span") == [(8, False)]
+    # Retries across the wrap are duplicates with their original offsets, appended nothing.
+    assert send(SEQ_MAX - 2, [b"s0", b"s1", b"s2", b"s3", b"s4"], "span") == [
+        (3 + i, True) for i in range(5)]
+    assert send(SEQ_MAX - 1, [b"a", b"b"]) == [(0, True), (1, True)]
+    # Out of order across the wrap: expected 3 (span) and 1 (k).
+    for pid, first, expected in (("span", 4, 3), ("k", 2, 1), ("k", SEQ_MAX // 2, 1)):
+        with pytest.raises(TopicError) as err:
+            send(first, [b"x"], pid)
+        assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        # The message speaks Kafka's numbers, not the unwrapped ones the state keeps.
+        assert f"sent sequence {first}, expected {expected}" in str(err.value)
+    assert send(3, [b"u"], "span") == [(9, False)]
+    assert send(1, [b"d"]) == [(10, False)]
+    assert values(namespace, redis_client, "t", 0) == [
+        b"a", b"b", b"c", b"s0", b"s1", b"s2", b"s3", b"s4", b"t", b"u", b"d"]
+    # A new epoch starts at 0 and only there, wrapped or not.
+    with pytest.raises(TopicError):
+        append_idempotent(redis_client, namespace, "t", 0, [b"x"], producer_id="k",
+                          producer_epoch=1, base_sequence=SEQ_MAX, wrapping=True)
+    # The wrapped state is not rcoord's native numbering: without wrapping, 0..2 after the top
+    # stay what they are there, sequences already passed (duplicates).
+    assert ok(append(redis_client, namespace, "t", 0, "native", 0, SEQ_MAX, [b"n"])) == (
+        11, 0, [])
+    assert ok(append(redis_client, namespace, "t", 0, "native", 0, SEQ_MAX + 1, [b"m"])) == (
+        12, 0, [])
+    assert ok(append(redis_client, namespace, "t", 0, "native", 0, 0, [b"n"])) == (-1, 1, [-1])
+
+
+def test_wrapping_arguments_are_checked(redis_client: Any, namespace: str) -> None:
+    Topics(redis_client, namespace).create("t", 1)
+    for kwargs, match in (({"base_sequence": 1 << 31}, "base_sequence must be < 2147483648"),
+                          ({"base_sequence": 0, "lost_from": 0}, "lost_from")):
+        with pytest.raises(InvalidRequestError, match=match):
+            append_idempotent(redis_client, namespace, "t", 0, [b"x"], producer_id="k",
+                              producer_epoch=0, wrapping=True, **kwargs)
+    assert values(namespace, redis_client, "t", 0) == []
 
 
 def test_epochs_fence_and_reset(topics: Topics, redis_client: Any, namespace: str) -> None:

@@ -315,13 +315,34 @@ def test_rows_become_records(single_client: Any, namespace: str, topics: Topics)
     topic, rec = row_to_record({"value": "v", "key": b"k", "partition": 1,
                                 "headers": [{"key": "h", "value": b"1"}]}, "dflt")
     assert topic == "dflt" and rec.value == b"v" and rec.key == b"k" and rec.partition == 1
-    assert rec.headers == {"h": b"1"}
+    assert rec.headers == [("h", b"1")]
     with pytest.raises(OptionError, match="^topic:"):
         row_to_record({"value": b"v"}, None)
     topics.create("w", 4)
     res = write_rows(Producer(single_client, namespace),
                      [{"value": b"a", "key": b"k1"}, {"value": b"b", "topic": "w"}], "w")
     assert res.appended == 2
+
+
+def test_rows_keep_repeated_and_null_headers_both_ways(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # Spark's Kafka rows carry headers as an array of (key, value) structs: names may repeat
+    # and values may be null, as in Kafka; a write keeps them all, in order, and a read gives
+    # them back the same way (before, both went through a dict and kept one per name).
+    pa = pytest.importorskip("pyarrow")
+    from rcoord.spark.rows import records_to_batch
+
+    rows_headers = [{"key": "a", "value": b"1"}, {"key": "n", "value": None},
+                    {"key": "a", "value": b"2"}]
+    topics.create("hdr", 1)
+    res = write_rows(Producer(single_client, namespace),
+                     [{"value": b"v", "partition": 0, "headers": rows_headers}], "hdr")
+    assert res.appended == 1
+    records = fetch(single_client, namespace, "hdr", 0, 0, 10).records
+    assert records[0].header_list == (("a", b"1"), ("n", None), ("a", b"2"))
+    batch = records_to_batch("hdr", 0, records)
+    assert isinstance(batch, pa.RecordBatch)
+    assert batch.column("headers").to_pylist() == [rows_headers]
 
 
 def test_the_topic_option_wins_over_the_topic_column() -> None:

@@ -23,6 +23,7 @@ from rcoord.topics import (
     FetchResult,
     Producer,
     ProducerRecord,
+    Record,
     TopicError,
     Topics,
     fetch,
@@ -303,6 +304,36 @@ def test_records_roundtrip_keys_values_headers(
         (1, b"tombstone", None, {}),
         (2, None, b"", {}),
     ]
+
+
+def test_headers_keep_order_repeats_and_nulls(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """Headers are a list, as in Kafka: a name may repeat (Headers.add) and a value may be null.
+    ``header_list`` has them all in order; ``headers`` the last value of each name
+    (Kafka's lastHeader). A mapping is still accepted."""
+    topics.create("t", 1)
+    pairs = [("a", b"1"), ("b", None), ("a", b"2"), ("c", b"")]
+    producer.send("t", b"x", headers=pairs)
+    producer.send_batch("t", [ProducerRecord(b"y", headers=tuple(pairs[:2])),
+                              ProducerRecord(b"z", headers={"m": b"1"})])
+    producer.send("t", b"none", headers=[])
+    recs = fetch_all(redis_client, namespace, "t", 0).records
+    assert [r.header_list for r in recs] == [
+        tuple(pairs), (("a", b"1"), ("b", None)), (("m", b"1"),), ()]
+    assert [r.headers for r in recs] == [
+        {"a": b"2", "b": None, "c": b""}, {"a": b"1", "b": None}, {"m": b"1"}, {}]
+    # A Record built by hand derives either form from the other, and equals the decoded one.
+    assert recs[0] == Record(0, None, b"x", {}, recs[0].timestamp_ms, header_list=tuple(pairs))
+    assert recs[2] == Record(2, None, b"z", {"m": b"1"}, recs[2].timestamp_ms)
+    with pytest.raises(ValueError, match="dict\\(header_list\\)"):
+        Record(0, None, b"x", {"a": b"1"}, 0, header_list=(("a", b"2"),))
+    for bad, match in (([("a", "text")], "value must be bytes or None"),
+                       ([(1, b"v")], "name must be str"),
+                       ([("a", b"1", b"2")], "pairs"), ("ab", "pairs")):
+        with pytest.raises(TypeError, match=match):
+            producer.send("t", b"bad", headers=bad)  # type: ignore[arg-type]
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 4)
 
 
 def test_sticky_and_round_robin_partitioners(

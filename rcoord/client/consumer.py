@@ -57,7 +57,8 @@ from typing import Any, Self
 
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
-from ..topics import PartitionRecords, Record
+from ..topics import Header, PartitionRecords, Record
+from ..topics._base import sync_headers
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
@@ -75,15 +76,21 @@ log = logging.getLogger("rcoord.client")
 
 @dataclass(frozen=True)
 class ConsumerRecord:
-    """One record of a partition, as ``poll()`` returns it."""
+    """One record of a partition, as ``poll()`` returns it. ``headers`` and ``header_list``
+    are as in ``rcoord.topics.Record``: a dict with the last value of each name, and every
+    header in order."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, bytes | None] = field(default_factory=dict)
     timestamp_ms: int = 0
+    header_list: tuple[Header, ...] = ()
+
+    def __post_init__(self) -> None:
+        sync_headers(self)
 
     @property
     def topic_partition(self) -> TopicPartition:

@@ -73,7 +73,7 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
             state.sync_redis, state.config.namespace, topic, partition, batch.records,
             producer_id=kafka_producer_name(batch.producer_id),
             producer_epoch=batch.producer_epoch, base_sequence=batch.base_sequence,
-            atomic=True)
+            atomic=True, wrapping=True)  # Kafka's sequences go from 2**31 - 1 to 0
     except TopicError as exc:
         if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
             raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
@@ -143,7 +143,7 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
 def _record_bytes(rec: Record) -> int:
     """About what ``rec`` takes in a Fetch response (its key, value, headers and framing)."""
     return (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
-            + sum(len(k) + len(v) for k, v in rec.headers.items()))
+            + sum(len(k) + len(v or b"") for k, v in rec.header_list))
 
 
 def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import crc32c
 from kio.records.readers import read_batch
+from kio.records.schema import RecordHeader
 
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
@@ -75,12 +76,23 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
         records = []
         for rec in batch.records:
-            headers = {h.key.decode("utf-8", "replace") if h.key is not None else "":
-                       h.value if h.value is not None else b"" for h in rec.headers}
-            records.append(ProducerRecord(rec.value, rec.key, partition, headers or None))
+            records.append(ProducerRecord(rec.value, rec.key, partition,
+                                          _headers(rec.headers) if rec.headers else None))
         out.append(IncomingBatch(int(batch.producer_id), int(batch.producer_epoch),
                                  int(batch.base_sequence), records))
         pos += size
+    return out
+
+
+def _headers(headers: Sequence[RecordHeader]) -> list[tuple[str, bytes | None]]:
+    """A record's headers as rcoord pairs: in order, repeated names kept, a null value kept as
+    ``None`` (Kafka allows both). A null name is refused, as Kafka's broker refuses it
+    (``DefaultRecord.readHeaders``: "Invalid negative header key size")."""
+    out = []
+    for h in headers:
+        if h.key is None:
+            raise BatchError(CORRUPT_MESSAGE, "a record header with a null key")
+        out.append((h.key.decode("utf-8", "replace"), h.value))
     return out
 
 
@@ -148,8 +160,8 @@ def encode_batch(records: Sequence[Record], producer_id: int = -1, producer_epoc
         _varint(rec, r.offset - base_offset)
         _bytes_field(rec, r.key)
         _bytes_field(rec, r.value)
-        _varint(rec, len(r.headers))
-        for name, value in r.headers.items():
+        _varint(rec, len(r.header_list))
+        for name, value in r.header_list:  # every header, in order (``headers`` drops repeats)
             _bytes_field(rec, name.encode())
             _bytes_field(rec, value)
         raw = rec.getvalue()

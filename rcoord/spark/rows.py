@@ -46,8 +46,10 @@ def records_to_batch(topic: str, partition: int, records: Sequence[Record]) -> A
 
     schema = arrow_schema()
     n = len(records)
+    # header_list: every header in order, repeated names and null values included, as
+    # Spark's Kafka source gives them (``headers`` keeps one value per name).
     headers = [
-        [{"key": k, "value": v} for k, v in r.headers.items()] if r.headers else []
+        [{"key": k, "value": v} for k, v in r.header_list] if r.header_list else []
         for r in records
     ]
     return pa.RecordBatch.from_arrays(

@@ -50,13 +50,14 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
     if not topic:
         raise OptionError("topic: rows have no topic column (or it is null) and no topic "
                           "option is set")
-    headers: dict[str, bytes] | None = None
+    headers: list[tuple[str, bytes | None]] | None = None
     raw_headers = row.get("headers")
     if raw_headers:
-        headers = {}
+        # Pairs in order: a row may repeat a header name, and each is kept (as Kafka does).
+        headers = []
         for h in raw_headers:
             k, v = (h["key"], h["value"]) if isinstance(h, Mapping) else (h[0], h[1])
-            headers[str(k)] = _bytes("headers.value", v) or b""
+            headers.append((str(k), _bytes("headers.value", v)))  # null stays null
     partition = row.get("partition")
     return str(topic), ProducerRecord(
         value=_bytes("value", row.get("value")),

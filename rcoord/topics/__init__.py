@@ -39,6 +39,8 @@ UNKNOWN_TOPIC_OR_PARTITION instead of resurrecting it.
 
 from ._base import (
     FetchResult,
+    Header,
+    Headers,
     PartitionInfo,
     ProducerRecord,
     Record,
@@ -61,6 +63,8 @@ __all__ = [
     "PartitionInfo",
     "TopicDescription",
     "ProducerRecord",
+    "Header",
+    "Headers",
     "RecordMetadata",
     "Record",
     "FetchResult",

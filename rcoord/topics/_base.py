@@ -4,9 +4,9 @@
 import functools
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 import redis.exceptions
@@ -74,14 +74,26 @@ class TopicDescription:
     new one (its offsets start again at 0), so a reader can tell the two apart."""
 
 
+Header: TypeAlias = tuple[str, bytes | None]
+"""One record header: a name and a value, which may be null (``None``), as in Kafka."""
+
+Headers: TypeAlias = Mapping[str, bytes | None] | Sequence[tuple[str, bytes | None]]
+"""What a producer accepts as a record's headers: a mapping (one value per name) or a sequence
+of ``(name, value)`` pairs, kept in order with repeated names (Kafka's ``Headers.add``)."""
+
+
 @dataclass(frozen=True)
 class ProducerRecord:
-    """One record for ``Producer.send_batch``; ``value=None`` is a tombstone, as in Kafka."""
+    """One record for ``Producer.send_batch``; ``value=None`` is a tombstone, as in Kafka.
+
+    ``headers``: a mapping, or a sequence of ``(name, value)`` pairs whose order and repeated
+    names are kept (Kafka's record headers are such a list); a header value may be ``None``.
+    """
 
     value: bytes | None
     key: bytes | None = None
     partition: int | None = None
-    headers: dict[str, bytes] | None = None
+    headers: Headers | None = None
 
 
 @dataclass(frozen=True)
@@ -99,11 +111,39 @@ class RecordMetadata:
 
 @dataclass(frozen=True)
 class Record:
+    """One stored record.
+
+    ``header_list``: every header, in the order produced, repeated names included (Kafka's
+    ``Headers``). ``headers``: the same as a dict, one value per name, the *last* one where a
+    name repeats (what Kafka's ``Headers.lastHeader`` returns); convenient, but it loses
+    repeats, so code that forwards records (the Kafka gateway, Spark rows) reads
+    ``header_list``. Built with only one of them, the other is derived from it.
+    """
+
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: dict[str, bytes]
+    headers: dict[str, bytes | None]
     timestamp_ms: int
+    header_list: tuple[Header, ...] = ()
+
+    def __post_init__(self) -> None:
+        sync_headers(self)
+
+
+def sync_headers(rec: Any) -> None:
+    """Fill whichever of ``rec.headers`` / ``rec.header_list`` its constructor left empty from
+    the other (``Record``, and the consumer's ``ConsumerRecord``, which mirrors its fields);
+    both given must agree."""
+    if rec.headers and not rec.header_list:
+        object.__setattr__(rec, "header_list", tuple(rec.headers.items()))
+    elif rec.header_list:
+        pairs = tuple((k, v) for k, v in rec.header_list)
+        object.__setattr__(rec, "header_list", pairs)
+        if not rec.headers:
+            object.__setattr__(rec, "headers", dict(pairs))
+        elif rec.headers != dict(pairs):
+            raise ValueError("headers must be dict(header_list) (the last value of each name)")
 
 
 @dataclass(frozen=True)
@@ -336,11 +376,30 @@ def _encode_record(rec: ProducerRecord) -> list[Any]:
     if rec.key is not None:
         flags |= 2
     if rec.headers:
-        for name, val in rec.headers.items():
-            if not isinstance(name, str) or not isinstance(val, (bytes, bytearray)):
-                raise TypeError("headers must map str to bytes")
-        headers = msgpack.packb([[k, bytes(v)] for k, v in rec.headers.items()], use_bin_type=True)
-        flags |= 4
+        pairs = _header_pairs(rec.headers)
+        if pairs:
+            headers = msgpack.packb(pairs, use_bin_type=True)
+            flags |= 4
     return [flags, rec.value if rec.value is not None else b"", rec.key or b"", headers]
 
 
+
+
+def _header_pairs(headers: Any) -> list[list[Any]]:
+    """A record's headers as stored: ``[[name, value], ...]`` in order, repeats kept."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    if isinstance(items, (str, bytes, bytearray)):
+        raise TypeError("headers must be a mapping or a sequence of (str, bytes) pairs")
+    out: list[list[Any]] = []
+    for pair in items:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"headers must be a mapping or a sequence of (str, bytes) pairs, "
+                            f"got an item {pair!r}")
+        name, val = pair
+        if not isinstance(name, str):
+            raise TypeError(f"a header name must be str, got {type(name).__name__}")
+        if val is not None and not isinstance(val, (bytes, bytearray)):
+            raise TypeError(f"header {name!r}: value must be bytes or None, "
+                            f"got {type(val).__name__}")
+        out.append([name, None if val is None else bytes(val)])
+    return out

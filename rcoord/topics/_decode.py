@@ -10,7 +10,9 @@ through ``object.__setattr__`` and costs about twice as much. The result is an o
 ``Record`` (equal to, and indistinguishable from, one built by its constructor);
 ``tests/test_topics.py`` checks that for every layout. Entry fields (``lua/topic_append*.lua``,
 the only writer, in this order): ``t`` timestamp ms, ``v`` value, ``k`` key, ``h`` msgpack'd
-header pairs; a missing ``v`` or ``k`` is ``None``.
+header pairs (``[[name, value], ...]``, in order, names may repeat, values may be nil); a missing
+``v`` or ``k`` is ``None``. A record's ``header_list`` is those pairs as a tuple of tuples (the
+shared empty tuple when there are none) and ``headers`` their dict (last value per name).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def _decode_flat(
                     "value": f[3],
                     "headers": {},
                     "timestamp_ms": int(f[1]),
+                    "header_list": (),
                 })
             else:
                 _set(rec, "__dict__", _fields(offset, dict(zip(f[::2], f[1::2])), None))
@@ -133,6 +136,7 @@ def _decode_flat(
                 "value": f[3],
                 "headers": {},
                 "timestamp_ms": int(f[1]),
+                "header_list": (),
             })
         else:
             _set(rec, "__dict__", _fields(offset, dict(zip(f[::2], f[1::2])), head))
@@ -146,12 +150,15 @@ def _fields(
 ) -> dict[str, Any]:
     """A record's ``__dict__`` from its offset and its entry's paired fields."""
     raw_headers = fields.get(b"h")
+    # use_list=False: the pairs come out as a tuple of tuples, ready for header_list.
+    pairs = () if raw_headers is None else _unpack(raw_headers, raw=False, use_list=False)
     own = {
         "offset": offset,
         "key": fields.get(b"k"),
         "value": fields.get(b"v"),
-        "headers": {} if raw_headers is None else dict(_unpack(raw_headers, raw=False)),
+        "headers": dict(pairs),
         "timestamp_ms": int(fields[b"t"]),
+        "header_list": pairs,
     }
     return own if head is None else {"topic": head[0], "partition": head[1], **own}
 

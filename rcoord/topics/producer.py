@@ -21,6 +21,7 @@ from ._base import (
     PRODUCER_ID,
     PRODUCER_ID_EXPIRATION_MS,
     PRODUCER_PRUNE_PER_CALL,
+    Headers,
     ProducerRecord,
     RecordMetadata,
     TopicError,
@@ -44,6 +45,10 @@ from ._base import (
 PartitionerFn = Callable[[str, "bytes | None", int], int]
 
 _MAX_EPOCH = (1 << 53) - 1  # sequence and epoch arithmetic in Lua is exact up to 2**53
+KAFKA_SEQUENCE_MODULUS = 1 << 31
+"""A Kafka producer's sequence numbers are int32s that go from 2**31 - 1 back to 0
+(``DefaultRecordBatch.incrementSequence``); ``append_idempotent(wrapping=True)`` compares them
+modulo this."""
 _MAX_PRODUCER_ID_LEN = 1024
 # Worst first: the error raised when several partitions of one call failed.
 _SEVERITY = (Errors.PRODUCER_FENCED, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
@@ -234,9 +239,12 @@ class Producer:
         value: bytes | None,
         key: bytes | None = None,
         partition: int | None = None,
-        headers: dict[str, bytes] | None = None,
+        headers: Headers | None = None,
     ) -> RecordMetadata:
-        """Append one record; its offset and Redis-time timestamp come back."""
+        """Append one record; its offset and Redis-time timestamp come back.
+
+        ``headers``: a mapping, or a sequence of ``(name, value)`` pairs kept in order with
+        repeated names (see ``ProducerRecord``)."""
         return self._send(topic, [ProducerRecord(value, key, partition, headers)])[0]
 
     @translate_redis_errors
@@ -342,7 +350,8 @@ class Producer:
                 for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
                     chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
                     args = [now, pid, self._epoch, seq.next + lo, lost, expiration,
-                            PRODUCER_PRUNE_PER_CALL, *(a for i in chunk for a in encoded[i])]
+                            PRODUCER_PRUNE_PER_CALL, "",  # (unbounded sequences)
+                            *(a for i in chunk for a in encoded[i])]
                     calls.append((APPEND_IDEMPOTENT, keys, args))
                     chunks.append((p, seq.next + lo, chunk))
             try:
@@ -429,6 +438,7 @@ def append_idempotent(
     producer_id_expiration_ms: int | None = None,
     clock: Callable[[], int] | None = None,
     atomic: bool = False,
+    wrapping: bool = False,
 ) -> list[RecordMetadata]:
     """Append one batch of an idempotent producer that numbers its records itself.
 
@@ -447,6 +457,11 @@ def append_idempotent(
     ignored: every record goes to ``partition``. ``atomic``: the whole batch in one script
     call (see ``Producer.send_batch``), so nothing lands between its records and it is
     remembered as one batch for deduplication, as Kafka does; the caller bounds its size.
+    ``wrapping``: sequences are a Kafka producer's, ``0 .. 2**31 - 1`` with 0 after the top
+    (a batch may span it), and are compared modulo ``KAFKA_SEQUENCE_MODULUS``: a sequence is a
+    retry, the next one or a gap by its distance from the next expected, within 2**30 either
+    way (the script keeps them unwrapped). ``lost_from`` is not taken then (Kafka producers
+    resend instead).
     """
     _check_client(redis_client)
     _check_namespace(namespace)
@@ -459,11 +474,20 @@ def append_idempotent(
             f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
     _check_int("producer_epoch", producer_epoch, 0)
     _check_int("base_sequence", base_sequence, 0)
+    if not isinstance(wrapping, bool):
+        raise TypeError(f"wrapping must be bool, got {type(wrapping).__name__}")
+    if wrapping:
+        if base_sequence >= KAFKA_SEQUENCE_MODULUS:
+            raise InvalidRequestError(
+                f"base_sequence must be < {KAFKA_SEQUENCE_MODULUS} with wrapping=True, "
+                f"got {base_sequence}")
+        if lost_from is not None:
+            raise InvalidRequestError("lost_from does not apply with wrapping=True")
     recs = [r if isinstance(r, ProducerRecord) else ProducerRecord(r) for r in records]
     if not recs:
         return []
-    for name, value in (("producer_epoch", producer_epoch),
-                        ("base_sequence", base_sequence + len(recs) - 1)):
+    last_sequence = len(recs) - 1 + (0 if wrapping else base_sequence)
+    for name, value in (("producer_epoch", producer_epoch), ("base_sequence", last_sequence)):
         if value > _MAX_EPOCH:
             raise InvalidRequestError(f"{name} must be <= {_MAX_EPOCH}, got {value}")
     if lost_from is not None:
@@ -479,10 +503,12 @@ def append_idempotent(
     keys = partition_keys(namespace, topic, partition)
     step = len(recs) if atomic else MAX_APPEND_PER_CALL
     calls: list[_Call] = []
+    modulus = KAFKA_SEQUENCE_MODULUS if wrapping else ""
     for lo in range(0, len(recs), step):
         chunk = encoded[lo : lo + step]
-        args = [now, producer_id, producer_epoch, base_sequence + lo, lost, expiration,
-                PRODUCER_PRUNE_PER_CALL, *(a for rec in chunk for a in rec)]
+        first = (base_sequence + lo) % KAFKA_SEQUENCE_MODULUS if wrapping else base_sequence + lo
+        args = [now, producer_id, producer_epoch, first, lost, expiration,
+                PRODUCER_PRUNE_PER_CALL, modulus, *(a for rec in chunk for a in rec)]
         calls.append((APPEND_IDEMPOTENT, keys, args))
     out: list[RecordMetadata] = []
     for lo, res in zip(range(0, len(recs), step), _run(redis_client, calls)):
