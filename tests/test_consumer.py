@@ -22,8 +22,11 @@ from rcoord.client import (
     ConsumerGroupConfig,
     ConsumerRebalanceListener,
     ConsumerRecord,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
 )
 from rcoord.client import consumer as consumer_module
+from rcoord.errors import ConfigError
 from rcoord.topics import Producer, Record, Topics
 
 TP = TopicPartition
@@ -399,6 +402,77 @@ def test_real_out_of_range_offset_resets_by_policy(env: Any) -> None:
     assert latest.position(TP("t", 0)) == 10
     env.producer.send("t", b"fresh")
     assert [r.value for r in poll_until(latest, lambda g: len(g) >= 1)] == [b"fresh"]
+
+
+def test_real_start_offset_none_never_guesses_a_position(env: Any) -> None:
+    """Kafka's auto.offset.reset=none: a partition with no committed offset has no position;
+    poll() raises NoOffsetForPartitionError naming it (before fetching anything) until it is
+    sought, and nothing is committed for it meanwhile."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])  # 5 a partition
+    assert env.coord.commit_offsets("g", {TP("t", 0): 3})[TP("t", 0)] is Errors.NONE
+    consumer = env.consumer(start_offset="none")
+    raised: list[NoOffsetForPartitionError] = []
+
+    def poll_once(got: list[ConsumerRecord]) -> bool:
+        try:
+            got.extend(consumer.poll(timeout=0.05))
+        except NoOffsetForPartitionError as exc:
+            raised.append(exc)
+        return bool(raised)
+
+    wait_until(lambda: poll_once([]))
+    assert raised[0].partitions == [TP("t", 1)] and "t-1" in str(raised[0])
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.position(TP("t", 1))
+    assert consumer.position(TP("t", 0)) == 3
+    assert consumer.lag() == {TP("t", 0): 2}
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.poll(timeout=0.05)  # again, until sought
+    consumer.commit()  # commits the partitions that have a position, only
+    committed = env.coord.fetch_offsets("g", [TP("t", 0), TP("t", 1)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == {TP("t", 0): 3, TP("t", 1): -1}
+    consumer.seek_to_beginning([TP("t", 1)])
+    got = poll_until(consumer, lambda g: len(g) >= 7)
+    assert sorted((r.partition, r.offset) for r in got) == [(0, 3), (0, 4)] + [
+        (1, o) for o in range(5)
+    ]
+
+
+def test_real_start_offset_none_raises_when_the_position_falls_out_of_the_log(
+    env: Any,
+) -> None:
+    """Retention deleted records this group never read: with start_offset="none" that is an
+    OffsetOutOfRangeError naming the partition and position, not a silent jump."""
+    env.topics.create("t", 1, retention_records=5)
+    env.producer.send_batch("t", [b"x%d" % i for i in range(10)])
+    env.topics.apply_retention("t")  # the log now starts at 5
+    assert env.coord.commit_offsets("g", {TP("t", 0): 2})[TP("t", 0)] is Errors.NONE
+    consumer = env.consumer(start_offset="none")
+    raised: list[OffsetOutOfRangeError] = []
+
+    def poll_once() -> bool:
+        try:
+            assert consumer.poll(timeout=0.05) == []
+        except OffsetOutOfRangeError as exc:
+            raised.append(exc)
+        return bool(raised)
+
+    wait_until(poll_once)
+    assert raised[0].offsets == {TP("t", 0): 2} and "t-0 at 2" in str(raised[0])
+    with pytest.raises(OffsetOutOfRangeError):
+        consumer.poll(timeout=0.05)
+    consumer.seek(TP("t", 0), 7)
+    assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 3)] == [7, 8, 9]
+
+
+def test_start_offset_none_is_a_valid_policy_and_others_are_refused() -> None:
+    cfg = ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://127.0.0.1:1/0",
+                              start_offset="none")
+    assert cfg.start_offset == "none"
+    with pytest.raises(ConfigError, match="'earliest', 'latest' or 'none'"):
+        ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://127.0.0.1:1/0",
+                            start_offset="smallest")  # type: ignore[arg-type]
 
 
 def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> None:

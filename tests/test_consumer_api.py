@@ -15,7 +15,7 @@ from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
 from rcoord import Errors, TopicPartition
-from rcoord.client import CommitFailedError, Consumer
+from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError
 from rcoord.client.errors import IllegalStateError
 
 TP = TopicPartition
@@ -217,6 +217,23 @@ def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -
 
 
 # -- 4. assign, unsubscribe, subscribe as a method ------------------------------------------
+
+
+def test_assign_with_start_offset_none_needs_a_seek_for_an_uncommitted_partition(
+    env: Any,
+) -> None:
+    _fill(env, 2, 4)
+    env.coord.commit_offsets("g", {TP("t", 0): 1})
+    manual = env.consumer(topics=[], start_offset="none")
+    manual.assign([TP("t", 0), TP("t", 1)])
+    with pytest.raises(NoOffsetForPartitionError) as info:
+        manual.poll(timeout=0.05)
+    assert info.value.partitions == [TP("t", 1)]
+    manual.seek(TP("t", 1), 2)
+    got = _consume_all(manual, 5)
+    assert sorted((r.partition, r.offset) for r in got) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+    manual.assign([TP("t", 0)])  # dropping the partition drops what was known of it
+    assert manual.assignment() == [TP("t", 0)]
 
 
 def test_assign_commits_as_a_simple_group_only_while_the_group_is_empty(env: Any) -> None:

@@ -9,7 +9,14 @@
 from .config import ConsumerGroupConfig, StartOffset
 from .consumer import Consumer, ConsumerRebalanceListener, ConsumerRecord
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import CommitFailedError, GenerationEndedError, GroupClosedError
+from .errors import (
+    CommitFailedError,
+    GenerationEndedError,
+    GroupClosedError,
+    InvalidOffsetError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 from .generation import EndReason, Generation, GenerationContext, PartitionAssignment
 from .group import ConsumerGroup
 from .policy import CONNECTION_LOST, ERROR_POLICY, OTHERWISE, Reaction, reaction_for
@@ -30,6 +37,9 @@ __all__ = [
     "GenerationContext",
     "GenerationEndedError",
     "GroupClosedError",
+    "InvalidOffsetError",
+    "NoOffsetForPartitionError",
+    "OffsetOutOfRangeError",
     "PartitionAssignment",
     "Reaction",
     "RedisCoordinator",

@@ -25,7 +25,7 @@ from ..protocol.consumer import ENCODINGS, Encoding
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
-StartOffset = Literal["earliest", "latest"]
+StartOffset = Literal["earliest", "latest", "none"]
 
 _INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's group.instance.id charset
 
@@ -74,7 +74,12 @@ class ConsumerGroupConfig:
             ``offsets.commit.timeout.ms``).
         start_offset: where to start in a partition with no committed offset, and where to go
             when a committed offset fell out of the log: "earliest" (the log start) or "latest"
-            (the log end, only new records). kafka-go ``StartOffset`` (FirstOffset/LastOffset).
+            (the log end, only new records), kafka-go ``StartOffset`` (FirstOffset/LastOffset);
+            or "none", Kafka's ``auto.offset.reset=none``: never guess. ``Consumer.poll()``
+            then raises ``NoOffsetForPartitionError`` for a partition with no committed offset
+            and ``OffsetOutOfRangeError`` for a position that fell out of the log (records
+            deleted by retention, a topic created again) until the application seeks it; a
+            ``Generation`` gives such a partition the offset -1 (no position).
         group_instance_id: makes the member static (KIP-345): it keeps its partitions across
             a restart within the session timeout, and it does not send LeaveGroup on close.
         client_id: prefix of the member id the coordinator hands out.
@@ -189,9 +194,9 @@ class ConsumerGroupConfig:
                 f"commit_required_acks must be >= 0, got {self.commit_required_acks} (Redis "
                 "keeps no in-sync replica set, so Kafka's -1 has no equivalent: name a count)")
         _positive("commit_ack_timeout_ms", self.commit_ack_timeout_ms)
-        if self.start_offset not in ("earliest", "latest"):
+        if self.start_offset not in ("earliest", "latest", "none"):
             raise ConfigError(
-                f"start_offset must be 'earliest' or 'latest', got {self.start_offset!r}"
+                f"start_offset must be 'earliest', 'latest' or 'none', got {self.start_offset!r}"
             )
         if self.group_instance_id is not None and (
             not isinstance(self.group_instance_id, str)

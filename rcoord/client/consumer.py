@@ -63,7 +63,14 @@ from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import CommitFailedError, GenerationEndedError, IllegalStateError
+from .errors import (
+    CommitFailedError,
+    GenerationEndedError,
+    IllegalStateError,
+    InvalidOffsetError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 from .generation import Generation, GenerationContext
 from .group import ConsumerGroup
 from .polltimer import PollTimer
@@ -245,6 +252,10 @@ class Consumer(SubscriptionMixin):
         self._fetch_pos: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # Assigned partitions with no position to read from (start_offset="none"): -1 when
+        # nothing was committed, else the position that fell out of the log. Not fetched or
+        # committed; poll() raises until the application seeks them.
+        self._invalid: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_fetch_many). Only a hint; a stale entry costs one small fetch.
@@ -311,9 +322,13 @@ class Consumer(SubscriptionMixin):
     def position(self, tp: TopicPartition) -> int:
         """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
 
-        Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException).
+        Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException),
+        and ``InvalidOffsetError`` if it has no position (``start_offset="none"``).
         """
-        return self._position[self._require_assigned(tp, "read the position of")]
+        key = self._require_assigned(tp, "read the position of")
+        if key in self._invalid:
+            raise self._invalid_offsets_error([key])
+        return self._position[key]
 
     # -- positions and flow control (Kafka's seek*, pause, resume)
 
@@ -347,6 +362,7 @@ class Consumer(SubscriptionMixin):
         with self._lock:
             key = self._require_assigned(tp, "seek")
             self._position[key] = self._fetch_pos[key] = offset
+            self._invalid.pop(key, None)
             self._caught_up.discard(key)
             buf = self._buffers.get(key)
             if buf is not None:
@@ -409,6 +425,8 @@ class Consumer(SubscriptionMixin):
         coord = self._coordinator()
         out: dict[TopicPartition, int] = {}
         for tp in self._assigned:
+            if tp in self._invalid:
+                continue  # no position, so no lag (Kafka's currentLag is empty then)
             _, end = coord.log_offsets(tp.topic, tp.partition)
             out[tp] = max(0, end - self._position.get(tp, end))
         return out
@@ -463,6 +481,8 @@ class Consumer(SubscriptionMixin):
             records = self._drain(limit)
             if records:
                 return records
+            if self._invalid:
+                raise self._invalid_offsets_error(list(self._invalid))
             if not self._fetch(deadline) and _expired(deadline):
                 return []
 
@@ -489,7 +509,7 @@ class Consumer(SubscriptionMixin):
                 if offsets:
                     raise _no_generation()
                 return
-            wanted = dict(offsets) if offsets is not None else dict(self._position)
+            wanted = dict(offsets) if offsets is not None else self._positions()
             target[0](wanted)
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
@@ -511,7 +531,7 @@ class Consumer(SubscriptionMixin):
         with self._lock:
             self._check_open()
             target = self._commit_target()
-            wanted = dict(offsets) if offsets is not None else dict(self._position)
+            wanted = dict(offsets) if offsets is not None else self._positions()
             plain = {
                 TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 for tp, off in wanted.items()
@@ -521,6 +541,32 @@ class Consumer(SubscriptionMixin):
                 return
             commit, token = target
             self._committer.submit(lambda: commit(wanted), plain, callback, token)
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        """The positions of the assigned partitions that have one (what a commit sends)."""
+        if not self._invalid:
+            return dict(self._position)
+        return {tp: p for tp, p in self._position.items() if tp not in self._invalid}
+
+    def _invalid_offsets_error(self, partitions: list[TopicPartition]) -> InvalidOffsetError:
+        """What ``poll()`` and ``position()`` raise for partitions without a position: no
+        committed offset first (Kafka resets those before it fetches), else out of range."""
+        missing = sorted(tp for tp in partitions if self._invalid[tp] < 0)
+        how = "seek(), seek_to_beginning() or seek_to_end()"
+        if missing:
+            return NoOffsetForPartitionError(
+                f"no committed offset for {_names(missing)} and start_offset is 'none': "
+                f"choose where to start with {how}",
+                missing,
+            )
+        out = {tp: self._invalid[tp] for tp in sorted(partitions)}
+        where = ", ".join(f"{tp.topic}-{tp.partition} at {o}" for tp, o in out.items())
+        return OffsetOutOfRangeError(
+            f"positions out of range of their logs ({where}): records were deleted by "
+            f"retention or the topic was created again, and start_offset is 'none': choose "
+            f"where to go on with {how}",
+            out,
+        )
 
     def _commit_target(self) -> tuple[_CommitFn, object] | None:
         """How to commit now, and the token an async completion is checked against: the
@@ -567,7 +613,7 @@ class Consumer(SubscriptionMixin):
 
     def _commit_changed(self, commit: _CommitFn) -> None:
         self._await_committer()  # older async commits land first
-        changed = {tp: pos for tp, pos in self._position.items() if self._committed.get(tp) != pos}
+        changed = {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
         if changed:
             commit(changed)
             self._committed.update(changed)
@@ -600,6 +646,7 @@ class Consumer(SubscriptionMixin):
         self._assigned = sorted(offsets)
         self._position = dict(offsets)
         self._fetch_pos = dict(offsets)
+        self._invalid = {tp: o for tp, o in offsets.items() if o < 0}
         self._buffers = {tp: deque() for tp in self._assigned}
         self._committed = dict(gen.committed)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
@@ -660,10 +707,11 @@ class Consumer(SubscriptionMixin):
         failed: Exception | None = None  # what on_partitions_revoked raised
         try:
             if revoked and self._auto_commit:
+                valid = self._positions()
                 changed = {
-                    tp: self._position[tp]
+                    tp: valid[tp]
                     for tp in revoked
-                    if self._committed.get(tp) != self._position[tp]
+                    if tp in valid and self._committed.get(tp) != valid[tp]
                 }
                 try:
                     new.commit_offsets(changed)
@@ -676,6 +724,8 @@ class Consumer(SubscriptionMixin):
                 self._caught_up.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                if offsets[tp] < 0:
+                    self._invalid[tp] = offsets[tp]
                 self._buffers[tp] = deque()
                 if tp in new.committed:
                     self._committed[tp] = new.committed[tp]
@@ -703,7 +753,9 @@ class Consumer(SubscriptionMixin):
             self._revoking = False
             self._pending_revocation = []
             for tp in revoked:
-                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                for table in (
+                    self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
+                ):
                     table.pop(tp, None)
                 self._paused.discard(tp)
             if stopped:
@@ -752,7 +804,7 @@ class Consumer(SubscriptionMixin):
             self._assigned = []
             self._paused = set()
             self._caught_up = set()
-            self._position, self._fetch_pos, self._committed = {}, {}, {}
+            self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
             if hold is not None and not self._closing:
                 # As Kafka, whose commitAsync in onPartitionsRevoked goes out before the
                 # JoinGroup: the callback's async commits land in this generation before the
@@ -794,7 +846,9 @@ class Consumer(SubscriptionMixin):
                 idle.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
             return False
         pending = [
-            tp for tp in self._assigned if not self._buffers.get(tp) and tp not in self._paused
+            tp
+            for tp in self._assigned
+            if not self._buffers.get(tp) and tp not in self._paused and tp not in self._invalid
         ]
         if not pending:
             # Everything is paused (or buffered but paused): wait as a fetch would, then return.
@@ -883,6 +937,18 @@ class Consumer(SubscriptionMixin):
         reset an out-of-range position by the ``start_offset`` policy."""
         if result.error is Errors.OFFSET_OUT_OF_RANGE:
             policy = self._config.start_offset
+            if policy == "none":
+                log.warning(
+                    "%s-%d: offset %d is out of range [%d, %d]; start_offset is 'none', so "
+                    "poll() raises until the partition is sought",
+                    tp.topic,
+                    tp.partition,
+                    self._fetch_pos[tp],
+                    result.log_start_offset,
+                    result.log_end_offset,
+                )
+                self._invalid[tp] = self._fetch_pos[tp]
+                return False
             reset = result.log_start_offset if policy == "earliest" else result.log_end_offset
             log.warning(
                 "%s-%d: offset %d is out of range [%d, %d]; resetting to %s (%d)",

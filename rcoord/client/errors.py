@@ -15,6 +15,9 @@ __all__ = [
     "GenerationEndedError",
     "GroupClosedError",
     "IllegalStateError",
+    "InvalidOffsetError",
+    "NoOffsetForPartitionError",
+    "OffsetOutOfRangeError",
 ]
 
 
@@ -48,6 +51,36 @@ class GenerationEndedError(RcoordError):
     """``Generation.start`` was called after the generation's routines were collected."""
 
 
+class InvalidOffsetError(RcoordError):
+    """Assigned partitions have no position to read from and ``start_offset="none"`` forbids
+    guessing one (Kafka's ``InvalidOffsetException``). ``partitions`` lists them; the
+    consumer goes on raising this from ``poll()`` until each is given a position with
+    ``seek``, ``seek_to_beginning`` or ``seek_to_end``."""
+
+    def __init__(self, message: str, partitions: list[TopicPartition]) -> None:
+        super().__init__(message)
+        self.partitions = sorted(partitions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.partitions))
+
+
+class NoOffsetForPartitionError(InvalidOffsetError):
+    """No offset was ever committed for these partitions (Kafka's
+    ``NoOffsetForPartitionException``)."""
+
+
+class OffsetOutOfRangeError(InvalidOffsetError):
+    """The positions of these partitions fell out of their logs: records were deleted by
+    retention, or the topic was created again (Kafka's ``OffsetOutOfRangeException``).
+    ``offsets`` maps each partition to the position that is out of range."""
+
+    def __init__(self, message: str, offsets: Mapping[TopicPartition, int]) -> None:
+        super().__init__(message, list(offsets))
+        self.offsets = dict(offsets)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.offsets))
 
 
 class IllegalStateError(RcoordError):

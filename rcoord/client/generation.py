@@ -111,7 +111,7 @@ class Generation:
         group_id, generation_id, member_id, leader_id, protocol_name: from JoinGroup.
         assignments: topic -> sorted ``PartitionAssignment`` list (where to start reading).
         committed: the committed offsets found for the assigned partitions; partitions missing
-            here start at the ``start_offset`` policy.
+            here start at the ``start_offset`` policy (at -1, no position, under "none").
         done: set when the generation ends; see ``end_reason`` and ``lost``.
         exceptions: what routines started with ``start`` raised.
         owned_before: the partitions this member reported as owned in the JoinGroup of this

@@ -56,6 +56,7 @@ from .generation import Generation
 from .retry import Retry
 
 __all__ = [
+    "NO_POSITION",
     "check_cooperative",
     "join_generation",
     "leader_assignment",
@@ -323,6 +324,10 @@ def topics_matching(pattern: re.Pattern[str], names: Iterable[str]) -> tuple[str
     return tuple(sorted(n for n in set(names) if pattern.fullmatch(n)))
 
 
+NO_POSITION = -1
+"""The start offset of a partition with no committed offset under ``start_offset="none"``."""
+
+
 def start_offsets(
     partitions: list[TopicPartition],
     coordinator: Coordinator,
@@ -332,7 +337,8 @@ def start_offsets(
     """Committed offsets of the assigned partitions, the start-offset policy elsewhere.
 
     Returns (offset to start at, committed offset) for each partition; partitions without a
-    committed offset are missing from the second.
+    committed offset are missing from the second, and start at ``NO_POSITION`` under the
+    policy "none" (the application chooses).
     """
     if not partitions:
         return {}, {}
@@ -347,6 +353,9 @@ def start_offsets(
         found = fetched.offsets.get(tp)
         if found is not None and found.offset >= 0:
             offsets[tp] = committed[tp] = found.offset
+            continue
+        if cfg.start_offset == "none":
+            offsets[tp] = NO_POSITION
             continue
         try:
             start, end = retry(functools.partial(coord.log_offsets, tp.topic, tp.partition), None)

@@ -59,6 +59,7 @@ class SubscriptionMixin:
         _paused: set[TopicPartition]
         _position: dict[TopicPartition, int]
         _fetch_pos: dict[TopicPartition, int]
+        _invalid: dict[TopicPartition, int]
         _committed: dict[TopicPartition, int]
         _buffers: dict[TopicPartition, deque[ConsumerRecord]]
         _gen: Any
@@ -173,11 +174,15 @@ class SubscriptionMixin:
                 ),
             )
             for tp in removed:
-                for table in (self._buffers, self._position, self._fetch_pos, self._committed):
+                for table in (
+                    self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
+                ):
                     table.pop(tp, None)
                 self._paused.discard(tp)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                if offsets[tp] < 0:  # start_offset="none" and nothing committed
+                    self._invalid[tp] = offsets[tp]
                 self._buffers[tp] = deque()
                 if tp in committed:
                     self._committed[tp] = committed[tp]
@@ -196,6 +201,7 @@ class SubscriptionMixin:
                 self._assigned_manually = False
                 self._assigned, self._paused = [], set()
                 self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
+                self._invalid = {}
             self._leave_group()
 
     def _auto_commit_now(self) -> None:
