@@ -15,7 +15,7 @@ from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
 from rcoord import Errors, TopicPartition
-from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError
+from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError, WakeupError
 from rcoord.client.errors import IllegalStateError
 
 TP = TopicPartition
@@ -234,6 +234,45 @@ def test_assign_with_start_offset_none_needs_a_seek_for_an_uncommitted_partition
     assert sorted((r.partition, r.offset) for r in got) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
     manual.assign([TP("t", 0)])  # dropping the partition drops what was known of it
     assert manual.assignment() == [TP("t", 0)]
+
+
+def test_wakeup_interrupts_a_blocked_poll_once(env: Any) -> None:
+    """Kafka's wakeup(): a poll() blocked in another thread raises WakeupError; the consumer
+    is unchanged and the next poll() works; a wakeup() with no poll running hits the next."""
+    _fill(env, 1, 2)
+    consumer = env.consumer()
+    assert len(_consume_all(consumer, 2)) == 2
+    outcome: list[BaseException | list[Any]] = []
+
+    def blocked() -> None:
+        try:
+            outcome.append(consumer.poll(timeout=None))  # nothing arrives: blocks for ever
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    wait_until(lambda: consumer._poll_timer._in_poll)  # the poll is running
+    consumer.wakeup()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and isinstance(outcome[0], WakeupError)
+    env.producer.send("t", b"after", partition=0)
+    assert [r.value for r in _consume_all(consumer, 1)] == [b"after"]  # unchanged
+    consumer.wakeup()
+    with pytest.raises(WakeupError):
+        consumer.poll(timeout=0.05)
+    assert consumer.poll(timeout=0.05) == []  # once per wakeup()
+
+
+def test_beginning_and_end_offsets_of_any_partition(env: Any) -> None:
+    env.topics.create("t", 2, retention_records=3)
+    for i in range(5):
+        env.producer.send("t", b"%d" % i, partition=0)
+    env.topics.apply_retention("t")
+    consumer = env.consumer(topics=[])  # assigned nothing: any partition may be asked
+    tps = [TP("t", 0), TP("t", 1)]
+    assert consumer.beginning_offsets(tps) == {TP("t", 0): 2, TP("t", 1): 0}
+    assert consumer.end_offsets(tps) == {TP("t", 0): 5, TP("t", 1): 0}
 
 
 def test_assign_commits_as_a_simple_group_only_while_the_group_is_empty(env: Any) -> None:

@@ -16,6 +16,7 @@ from .errors import (
     InvalidOffsetError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    WakeupError,
 )
 from .generation import EndReason, Generation, GenerationContext, PartitionAssignment
 from .group import ConsumerGroup
@@ -44,6 +45,7 @@ __all__ = [
     "Reaction",
     "RedisCoordinator",
     "StartOffset",
+    "WakeupError",
     "client_from_url",
     "reaction_for",
 ]

@@ -70,6 +70,7 @@ from .errors import (
     InvalidOffsetError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    WakeupError,
 )
 from .generation import Generation, GenerationContext
 from .group import ConsumerGroup
@@ -240,6 +241,7 @@ class Consumer(SubscriptionMixin):
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._lock = threading.RLock()
         self._stop = threading.Event()  # close() was called (possibly from another thread)
+        self._wakeup = threading.Event()  # wakeup() was called: poll() raises WakeupError
         # close() is running its final revocation: the listener may still commit (Kafka's
         # close() calls onPartitionsRevoked while the consumer is open), but close() is not
         # run again. _closed is set only once that revocation and its commits are done.
@@ -380,9 +382,23 @@ class Consumer(SubscriptionMixin):
     def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
         with self._lock:
             wanted = self._partitions_arg(partitions, "seek")
-            coord = self._coordinator()
-            for tp in wanted:
-                self.seek(tp, coord.log_offsets(tp.topic, tp.partition)[edge])
+            for tp, offset in self._log_edge(wanted, edge).items():
+                self.seek(tp, offset)
+
+    def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still in each partition's log (Kafka's ``beginningOffsets``): any
+        partition of an existing topic, assigned or not."""
+        return self._log_edge(partitions, 0)
+
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offset the next record appended to each partition will get (Kafka's
+        ``endOffsets``): any partition of an existing topic, assigned or not."""
+        return self._log_edge(partitions, 1)
+
+    def _log_edge(self, partitions: list[TopicPartition], edge: int) -> dict[TopicPartition, int]:
+        coord = self._coordinator()
+        wanted = [TopicPartition(*tp) for tp in partitions]
+        return {tp: coord.log_offsets(tp.topic, tp.partition)[edge] for tp in wanted}
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]
@@ -454,10 +470,20 @@ class Consumer(SubscriptionMixin):
             finally:
                 self._poll_timer.poll_finished()
 
+    def wakeup(self) -> None:
+        """Make the ``poll()`` blocked now in another thread, or else the next one, raise
+        ``WakeupError`` (Kafka's ``wakeup()``), within about ``fetch_max_wait_ms``: the way to
+        stop a poll loop from a signal handler or another thread and still commit and close
+        from the loop's own thread. Raised once per call."""
+        self._wakeup.set()
+
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
         self._run_commit_callbacks()
         while True:
+            if self._wakeup.is_set():
+                self._wakeup.clear()
+                raise WakeupError("poll() interrupted by wakeup()")
             self._settle(deadline)
             if self._stop.is_set():
                 return []

@@ -18,6 +18,7 @@ __all__ = [
     "InvalidOffsetError",
     "NoOffsetForPartitionError",
     "OffsetOutOfRangeError",
+    "WakeupError",
 ]
 
 
@@ -81,6 +82,12 @@ class OffsetOutOfRangeError(InvalidOffsetError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.offsets))
+
+
+class WakeupError(RcoordError):
+    """``Consumer.wakeup()`` was called: the ``poll()`` it interrupted (or the next one)
+    raises this once (Kafka's ``WakeupException``). The consumer is unchanged; the poll
+    loop usually commits and closes next."""
 
 
 class IllegalStateError(RcoordError):
