@@ -94,6 +94,11 @@ class KafkaMember(_Member):
             TOPIC, bootstrap_servers=gw.bootstrap, group_id=GROUP,
             auto_offset_reset="earliest", heartbeat_interval_ms=200, session_timeout_ms=6000,
             partition_assignment_strategy=[RangePartitionAssignor])
+        # kafka-python can join before its first metadata answer is in; as the leader it then
+        # assigns nothing ("No partition metadata for topic") and, if that answer lands
+        # between its assignment and its metadata snapshot, never rejoins. Seen once under a
+        # loaded machine; waiting for the topic's metadata first takes the race out.
+        assert self.consumer.partitions_for_topic(TOPIC) == set(range(N))
 
     def step(self) -> None:
         batches = self.consumer.poll(timeout_ms=100)
