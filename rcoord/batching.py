@@ -63,10 +63,37 @@ class SharedCalls:
             else:
                 self._sending = call.sends = True
         if not call.sends:
-            call.done.wait()  # type: ignore[union-attr]
+            try:
+                call.done.wait()  # type: ignore[union-attr]
+            except BaseException:
+                # Interrupted while waiting (a KeyboardInterrupt, a signal handler's
+                # SystemExit): the turn to send may be, or become, this call's, and a turn
+                # nobody takes would stall every later call of the coordinator.
+                self._withdraw(call)
+                raise
         if call.sends:
             self._send_queue(client)
         return _outcome(call)
+
+    def _withdraw(self, call: _Call) -> None:
+        """Take a call whose thread stopped waiting out of the queue, unsent, and hand its turn
+        to send (if it had come) to the next queued call. A call already taken into a batch is
+        left to that batch's sender."""
+        with self._lock:
+            if not any(each is call for each in self._queue):
+                return
+            self._queue = [each for each in self._queue if each is not call]
+            if call.sends:
+                self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        """The first queued call sends the next batch; none queued, no batch is in flight (the
+        caller holds the lock)."""
+        if self._queue:
+            self._queue[0].sends = True
+            self._queue[0].done.set()  # type: ignore[union-attr]
+        else:
+            self._sending = False
 
     def queued(self) -> int:
         """How many calls wait for the batch in flight to return (for tests and debugging)."""
@@ -86,11 +113,7 @@ class SharedCalls:
                 each.error = exc
         finally:
             with self._lock:
-                if self._queue:  # the first call queued meanwhile sends the next batch
-                    self._queue[0].sends = True
-                    self._queue[0].done.set()  # type: ignore[union-attr]
-                else:
-                    self._sending = False
+                self._pass_turn()  # the first call queued meanwhile sends the next batch
             for each in batch:
                 if each.reply is _UNSET and each.error is None:  # the sender was interrupted
                     each.error = redis.ConnectionError(
