@@ -230,19 +230,21 @@ class SharedWakeReads:
         one question per process instead of one per thread. A reply shared this way was read
         after the sharing thread's wait ended, or at most one round trip before: no staler
         than any reply is by the time its caller acts on it."""
-        with self._lock:
-            self._forked()
-            call = self._reads.get(command)
-            first = call is None
-            if call is None:
-                call = self._reads[command] = _Read()
-        if not first:
+        while True:
             with self._lock:
+                self._forked()
+                call = self._reads.get(command)
+                if call is None:
+                    call = self._reads[command] = _Read()
+                    break
                 call.sharers += 1
             call.done.wait()
-            if call.error is not None:
+            if call.error is None:
+                return call.value
+            if isinstance(call.error, Exception):
                 raise call.error
-            return call.value
+            # The reading thread was interrupted (KeyboardInterrupt, SystemExit): that is its
+            # own affair, not this thread's; read again (or share the next read).
         try:
             call.value = client.execute_command(*command)
         except BaseException as exc:

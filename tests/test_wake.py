@@ -228,3 +228,41 @@ def test_blocking_coordinator_threads_park_on_one_read(make_coordinator):
     assert {r.error.name for r in results} == {"NONE"}
     assert {r.generation_id for r in results} == {1}
     assert sorted(r.member_id for r in results) == sorted(ids)
+
+
+class Interrupted(BaseException):
+    """Stands for a KeyboardInterrupt (or a signal handler's SystemExit) in one thread."""
+
+
+def test_an_interrupted_shared_read_leaves_the_threads_sharing_it_to_read_themselves(
+        redis_client, stream):
+    # The thread whose read others share is interrupted: that is its own affair. The sharing
+    # threads must not raise its interruption (a worker thread would die of another thread's
+    # Ctrl-C); they get the reply by reading for themselves.
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    redis_client.zadd(f"{stream}:due", {"g": 1234})
+    command = ("ZSCORE", f"{stream}:due", "g")
+    plain = counted.execute_command
+    interrupted = threading.Event()
+
+    def interrupt_the_first(*args: Any) -> Any:
+        if not interrupted.is_set():
+            interrupted.set()
+            assert counted.gate.wait(LONG_MS / 1000)
+            counted.commands.append(args)
+            raise Interrupted()
+        return plain(*args)
+
+    counted.execute_command = interrupt_the_first  # type: ignore[method-assign]
+    with cf.ThreadPoolExecutor(3) as pool:
+        counted.gate.clear()
+        first = pool.submit(reads.read, counted, command)
+        wait_until(interrupted.is_set)
+        sharers = [pool.submit(reads.read, counted, command) for _ in range(2)]
+        wait_until(lambda: reads.sharing(command) == 2)
+        counted.gate.set()
+        with pytest.raises(Interrupted):
+            first.result(timeout=LONG_MS / 1000)
+        assert [float(f.result(timeout=LONG_MS / 1000)) for f in sharers] == [1234.0] * 2
+    redis_client.delete(f"{stream}:due")
