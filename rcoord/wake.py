@@ -61,6 +61,9 @@ class _Stream:
         self.cond = threading.Condition()
         self.reading = False
         self.newest: tuple[int, int] | None = None  # the newest entry any read has returned
+        # The position each reply slot was last told, from ``newest`` alone, the stream had
+        # moved past (see ``wait``); emptied whenever ``newest`` moves on.
+        self.told: dict[Any, tuple[int, int]] = {}
         self.waiters: set[_Waiter] = set()  # the waiting threads (each with its position)
         self.read_from = (0, 0)  # where the read in flight started
 
@@ -73,7 +76,18 @@ class _Stream:
         deadline = time.monotonic() + block_ms / 1000
         with self.cond:
             if self.moved(position):
-                return True
+                if slot is None or self.told.get(slot) != position:
+                    if slot is not None:
+                        self.told[slot] = position
+                    return True
+                # The parked call was told the stream had moved past this position, found no
+                # reply, asked the server, and comes back with the same position: the group's
+                # wake id, its stream's newest entry, is older than what this process remembers.
+                # So the memory is of an earlier stream under this key (the group was deleted
+                # and made again; a failover lost entries), and trusting it again would send
+                # the call round HGET and await_reply until the stream passes it: forget it.
+                self.newest = None
+                self.told.clear()
             behind = self.reading and position < self.read_from
         if behind:
             # The read in flight starts after this position and would not see entries between
@@ -149,6 +163,7 @@ class _Stream:
         """Remember the newest entry a read returned (the caller holds the condition)."""
         if newest is not None and (self.newest is None or newest > self.newest):
             self.newest = newest
+            self.told.clear()
 
 
 def _newest(reply: Any) -> tuple[int, int] | None:

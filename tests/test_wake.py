@@ -266,3 +266,44 @@ def test_an_interrupted_shared_read_leaves_the_threads_sharing_it_to_read_themse
             first.result(timeout=LONG_MS / 1000)
         assert [float(f.result(timeout=LONG_MS / 1000)) for f in sharers] == [1234.0] * 2
     redis_client.delete(f"{stream}:due")
+
+
+def test_a_group_made_again_under_its_id_parks_without_spinning(make_coordinator):
+    # The process has read a group's wake stream; the group is deleted (its stream with it)
+    # and made again under the same id. The new group's first JoinGroup parks through the
+    # initial delay with the wake id of a group that never woke ("0-0"): what the process
+    # remembers of the old stream must not tell it, again and again, that the new stream
+    # moved. Before, the call went round HGET + await_reply for the whole delay.
+    from rcoord import MemberIdentity
+
+    coord = make_coordinator(group_initial_rebalance_delay_ms=400)
+    client = coord._redis  # this test's own client (the fixture's, closed after)
+    join = {"protocol_type": "consumer", "protocols": [("range", b"")],
+            "session_timeout_ms": 30_000, "rebalance_timeout_ms": 30_000}
+    a = coord.join_group("g", **join).member_id
+    assert coord.join_group("g", a, **join).generation_id == 1  # after the initial delay
+    b = coord.join_group("g", **join).member_id
+    wake_key = coord._keys("g").wake
+    with cf.ThreadPoolExecutor(1) as pool:
+        parked = pool.submit(coord.join_group, "g", b, **join)
+        wait_until(lambda: coord._wake_reads.waiting(wake_key) == 1)
+        assert coord.join_group("g", a, **join).generation_id == 2
+        assert parked.result(timeout=30).generation_id == 2  # woken through the stream
+    assert coord.leave_group("g", [MemberIdentity(a), MemberIdentity(b)]).error.name == "NONE"
+    assert coord.delete_groups(["g"])["g"].name == "NONE"
+    assert client.exists(wake_key) == 0
+
+    await_replies = []
+    plain = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
+            await_replies.append(args)
+        return plain(*args, **kwargs)
+
+    client.execute_command = counting
+    c = coord.join_group("g", **join).member_id
+    result = coord.join_group("g", c, **join)
+    assert result.error.name == "NONE" and result.generation_id == 1
+    # Woken once at the deadline (a claim, one await_reply), give or take a re-check.
+    assert len(await_replies) <= 3
