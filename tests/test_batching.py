@@ -218,3 +218,52 @@ def test_a_caller_interrupted_while_it_waits_its_turn_does_not_stall_the_others(
     wait_until(lambda: "later" in outcomes, timeout_s=10)
     assert outcomes["later"] == 1002  # the interrupted call was never sent
     assert shared.queued() == 0
+
+
+class HeldCluster:
+    """A cluster client whose single commands wait for ``gate`` (everything else is the
+    client's own, so the batching sees a cluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.gate, self.singles = client, threading.Event(), 0
+
+    def execute_command(self, *args: Any) -> Any:
+        self.singles += 1
+        assert self.gate.wait(WAIT_S)
+        return self.client.execute_command(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_on_a_cluster_a_down_master_fails_only_the_calls_it_holds():
+    # One master of a cluster is down: redis-py fails a pipeline that addresses it as a whole.
+    # The calls batched with one for that master, addressed to the healthy masters, must still
+    # be answered, as they would be had they been sent alone; only the dead master's call fails.
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    with EmbeddedCluster(masters=3).start() as cluster:
+        client = cluster.client(socket_connect_timeout=2, socket_timeout=5)
+        try:
+            by_port: dict[int, str] = {}
+            n = 0
+            while len(by_port) < 3:
+                by_port.setdefault(client.get_node_from_key(f"k{n}").port, f"k{n}")
+                n += 1
+            dead_port, *live_ports = by_port
+            next(s for s in cluster.nodes if s.port == dead_port).stop()
+            shared, held = SharedCalls(), HeldCluster(client)
+            with cf.ThreadPoolExecutor(4) as pool:
+                first = pool.submit(shared.execute, held, ("INCRBY", by_port[live_ports[0]], 10))
+                wait_until(lambda: held.singles == 1)
+                dead = pool.submit(shared.execute, held, ("INCR", by_port[dead_port]))
+                wait_until(lambda: shared.queued() == 1)
+                live = [pool.submit(shared.execute, held, ("INCR", by_port[p])) for p in live_ports]
+                wait_until(lambda: shared.queued() == 3)
+                held.gate.set()
+                assert first.result(WAIT_S) == 10
+                assert [f.result(WAIT_S) for f in live] == [11, 1]
+                with pytest.raises(redis.ConnectionError):
+                    dead.result(WAIT_S)
+        finally:
+            client.close()
