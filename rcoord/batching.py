@@ -9,7 +9,9 @@ thread that finds no batch in flight sends its command at once (alone, it is the
 threads that come while a batch is in flight queue theirs, and the first of them sends the whole
 queue as one pipeline when the batch in flight returns. Each thread gets its own reply or error:
 a pipeline is not a transaction, and the commands are independent (each is one atomic function
-call). Like ``rcoord.wake``, only the blocking driver uses this.
+call). On a cluster, a batch that fails as a whole (a master it addresses is down) is sent
+again call by call, so calls for the other masters do not fail with it. Like ``rcoord.wake``,
+only the blocking driver uses this.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ _UNSET: Any = object()
 
 
 class _Call:
-    """One queued command and, once answered, its reply or error; ``done`` (made only for a
-    call that waits behind a batch in flight) is set when it is answered or its turn to send
-    the queue has come (``sends``)."""
+    """One queued command and, once answered, its reply or error, or ``alone``: send it by
+    yourself (its batch failed as a whole on a cluster); ``done`` (made only for a call that
+    waits behind a batch in flight) is set when it is answered or its turn to send the queue
+    has come (``sends``)."""
 
-    __slots__ = ("command", "done", "error", "reply", "sends")
+    __slots__ = ("alone", "command", "done", "error", "reply", "sends")
 
     def __init__(self, command: tuple[Any, ...]) -> None:
         self.command = command
@@ -39,6 +42,7 @@ class _Call:
         self.reply: Any = _UNSET
         self.error: BaseException | None = None
         self.sends = False
+        self.alone = False
 
 
 class SharedCalls:
@@ -63,10 +67,39 @@ class SharedCalls:
             else:
                 self._sending = call.sends = True
         if not call.sends:
-            call.done.wait()  # type: ignore[union-attr]
+            try:
+                call.done.wait()  # type: ignore[union-attr]
+            except BaseException:
+                # Interrupted while waiting (a KeyboardInterrupt, a signal handler's
+                # SystemExit): the turn to send may be, or become, this call's, and a turn
+                # nobody takes would stall every later call of the coordinator.
+                self._withdraw(call)
+                raise
         if call.sends:
             self._send_queue(client)
+        if call.alone:
+            return client.execute_command(*command)
         return _outcome(call)
+
+    def _withdraw(self, call: _Call) -> None:
+        """Take a call whose thread stopped waiting out of the queue, unsent, and hand its turn
+        to send (if it had come) to the next queued call. A call already taken into a batch is
+        left to that batch's sender."""
+        with self._lock:
+            if not any(each is call for each in self._queue):
+                return
+            self._queue = [each for each in self._queue if each is not call]
+            if call.sends:
+                self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        """The first queued call sends the next batch; none queued, no batch is in flight (the
+        caller holds the lock)."""
+        if self._queue:
+            self._queue[0].sends = True
+            self._queue[0].done.set()  # type: ignore[union-attr]
+        else:
+            self._sending = False
 
     def queued(self) -> int:
         """How many calls wait for the batch in flight to return (for tests and debugging)."""
@@ -84,13 +117,17 @@ class SharedCalls:
         except Exception as exc:  # noqa: BLE001 - every caller of the batch gets it
             for each in batch:
                 each.error = exc
+            if len(batch) > 1 and hasattr(client, "get_node_from_key"):
+                # redis-py fails a cluster pipeline as a whole when it cannot reach one of its
+                # nodes (or finds no node for a slot): that says nothing of the calls for the
+                # other masters, which must not fail with it. Each caller sends its own call
+                # again, by itself (a group step is safe to send again, and the caller would
+                # retry it anyway).
+                for each in batch:
+                    each.alone = True
         finally:
             with self._lock:
-                if self._queue:  # the first call queued meanwhile sends the next batch
-                    self._queue[0].sends = True
-                    self._queue[0].done.set()  # type: ignore[union-attr]
-                else:
-                    self._sending = False
+                self._pass_turn()  # the first call queued meanwhile sends the next batch
             for each in batch:
                 if each.reply is _UNSET and each.error is None:  # the sender was interrupted
                     each.error = redis.ConnectionError(

@@ -61,6 +61,9 @@ class _Stream:
         self.cond = threading.Condition()
         self.reading = False
         self.newest: tuple[int, int] | None = None  # the newest entry any read has returned
+        # The position each reply slot was last told, from ``newest`` alone, the stream had
+        # moved past (see ``wait``); emptied whenever ``newest`` moves on.
+        self.told: dict[Any, tuple[int, int]] = {}
         self.waiters: set[_Waiter] = set()  # the waiting threads (each with its position)
         self.read_from = (0, 0)  # where the read in flight started
 
@@ -73,7 +76,18 @@ class _Stream:
         deadline = time.monotonic() + block_ms / 1000
         with self.cond:
             if self.moved(position):
-                return True
+                if slot is None or self.told.get(slot) != position:
+                    if slot is not None:
+                        self.told[slot] = position
+                    return True
+                # The parked call was told the stream had moved past this position, found no
+                # reply, asked the server, and comes back with the same position: the group's
+                # wake id, its stream's newest entry, is older than what this process remembers.
+                # So the memory is of an earlier stream under this key (the group was deleted
+                # and made again; a failover lost entries), and trusting it again would send
+                # the call round HGET and await_reply until the stream passes it: forget it.
+                self.newest = None
+                self.told.clear()
             behind = self.reading and position < self.read_from
         if behind:
             # The read in flight starts after this position and would not see entries between
@@ -149,6 +163,7 @@ class _Stream:
         """Remember the newest entry a read returned (the caller holds the condition)."""
         if newest is not None and (self.newest is None or newest > self.newest):
             self.newest = newest
+            self.told.clear()
 
 
 def _newest(reply: Any) -> tuple[int, int] | None:
@@ -230,19 +245,21 @@ class SharedWakeReads:
         one question per process instead of one per thread. A reply shared this way was read
         after the sharing thread's wait ended, or at most one round trip before: no staler
         than any reply is by the time its caller acts on it."""
-        with self._lock:
-            self._forked()
-            call = self._reads.get(command)
-            first = call is None
-            if call is None:
-                call = self._reads[command] = _Read()
-        if not first:
+        while True:
             with self._lock:
+                self._forked()
+                call = self._reads.get(command)
+                if call is None:
+                    call = self._reads[command] = _Read()
+                    break
                 call.sharers += 1
             call.done.wait()
-            if call.error is not None:
+            if call.error is None:
+                return call.value
+            if isinstance(call.error, Exception):
                 raise call.error
-            return call.value
+            # The reading thread was interrupted (KeyboardInterrupt, SystemExit): that is its
+            # own affair, not this thread's; read again (or share the next read).
         try:
             call.value = client.execute_command(*command)
         except BaseException as exc:

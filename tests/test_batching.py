@@ -5,6 +5,7 @@ together in the next, and every thread gets its own reply or error."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
 import threading
 import uuid
 from typing import Any
@@ -173,3 +174,96 @@ def test_concurrent_join_groups_of_one_coordinator_share_a_pipeline(make_coordin
     assert len({r.member_id for r in results}) == 8
     assert [len(p) for p in gated.pipelines] == [8]
     assert all(c[0] == "FCALL" for c in gated.pipelines[0])
+
+
+def test_a_caller_interrupted_while_it_waits_its_turn_does_not_stall_the_others(
+        redis_client, key):
+    # A thread waiting behind the batch in flight is interrupted (a signal handler raising, as
+    # a KeyboardInterrupt or a SIGTERM handler's SystemExit does in the main thread) while the
+    # turn to send the next batch is about to come to it. The turn must pass on: the call
+    # queued behind it is sent, and so is every later call; the interrupted call is not sent.
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    shared, gated = SharedCalls(), GatedClient(redis_client)
+    outcomes: dict[str, Any] = {}
+
+    def call_in_thread(name: str, command: tuple[Any, ...]) -> None:
+        # Daemon threads: a call left waiting for ever fails the test instead of hanging it.
+        def run() -> None:
+            outcomes[name] = shared.execute(gated, command)
+        threading.Thread(target=run, daemon=True).start()
+
+    def interrupt_main() -> None:
+        wait_until(lambda: shared.queued() == 1)  # the main thread's call waits its turn
+        call_in_thread("behind", ("INCRBY", key, 1))
+        wait_until(lambda: shared.queued() == 2)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)  # type: ignore[arg-type]
+
+    def raise_interrupted(signum: int, frame: Any) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    try:
+        call_in_thread("first", ("INCRBY", key, 1000))
+        wait_until(lambda: len(gated.singles) == 1)
+        threading.Thread(target=interrupt_main, daemon=True).start()
+        with pytest.raises(Interrupted):
+            shared.execute(gated, ("INCRBY", key, 10))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    gated.gate.set()
+    wait_until(lambda: {"first", "behind"} <= outcomes.keys(), timeout_s=10)
+    assert outcomes == {"first": 1000, "behind": 1001}
+    call_in_thread("later", ("INCRBY", key, 1))
+    wait_until(lambda: "later" in outcomes, timeout_s=10)
+    assert outcomes["later"] == 1002  # the interrupted call was never sent
+    assert shared.queued() == 0
+
+
+class HeldCluster:
+    """A cluster client whose single commands wait for ``gate`` (everything else is the
+    client's own, so the batching sees a cluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.gate, self.singles = client, threading.Event(), 0
+
+    def execute_command(self, *args: Any) -> Any:
+        self.singles += 1
+        assert self.gate.wait(WAIT_S)
+        return self.client.execute_command(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_on_a_cluster_a_down_master_fails_only_the_calls_it_holds():
+    # One master of a cluster is down: redis-py fails a pipeline that addresses it as a whole.
+    # The calls batched with one for that master, addressed to the healthy masters, must still
+    # be answered, as they would be had they been sent alone; only the dead master's call fails.
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    with EmbeddedCluster(masters=3).start() as cluster:
+        client = cluster.client(socket_connect_timeout=2, socket_timeout=5)
+        try:
+            by_port: dict[int, str] = {}
+            n = 0
+            while len(by_port) < 3:
+                by_port.setdefault(client.get_node_from_key(f"k{n}").port, f"k{n}")
+                n += 1
+            dead_port, *live_ports = by_port
+            next(s for s in cluster.nodes if s.port == dead_port).stop()
+            shared, held = SharedCalls(), HeldCluster(client)
+            with cf.ThreadPoolExecutor(4) as pool:
+                first = pool.submit(shared.execute, held, ("INCRBY", by_port[live_ports[0]], 10))
+                wait_until(lambda: held.singles == 1)
+                dead = pool.submit(shared.execute, held, ("INCR", by_port[dead_port]))
+                wait_until(lambda: shared.queued() == 1)
+                live = [pool.submit(shared.execute, held, ("INCR", by_port[p])) for p in live_ports]
+                wait_until(lambda: shared.queued() == 3)
+                held.gate.set()
+                assert first.result(WAIT_S) == 10
+                assert [f.result(WAIT_S) for f in live] == [11, 1]
+                with pytest.raises(redis.ConnectionError):
+                    dead.result(WAIT_S)
+        finally:
+            client.close()

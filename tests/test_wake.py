@@ -228,3 +228,82 @@ def test_blocking_coordinator_threads_park_on_one_read(make_coordinator):
     assert {r.error.name for r in results} == {"NONE"}
     assert {r.generation_id for r in results} == {1}
     assert sorted(r.member_id for r in results) == sorted(ids)
+
+
+class Interrupted(BaseException):
+    """Stands for a KeyboardInterrupt (or a signal handler's SystemExit) in one thread."""
+
+
+def test_an_interrupted_shared_read_leaves_the_threads_sharing_it_to_read_themselves(
+        redis_client, stream):
+    # The thread whose read others share is interrupted: that is its own affair. The sharing
+    # threads must not raise its interruption (a worker thread would die of another thread's
+    # Ctrl-C); they get the reply by reading for themselves.
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    redis_client.zadd(f"{stream}:due", {"g": 1234})
+    command = ("ZSCORE", f"{stream}:due", "g")
+    plain = counted.execute_command
+    interrupted = threading.Event()
+
+    def interrupt_the_first(*args: Any) -> Any:
+        if not interrupted.is_set():
+            interrupted.set()
+            assert counted.gate.wait(LONG_MS / 1000)
+            counted.commands.append(args)
+            raise Interrupted()
+        return plain(*args)
+
+    counted.execute_command = interrupt_the_first  # type: ignore[method-assign]
+    with cf.ThreadPoolExecutor(3) as pool:
+        counted.gate.clear()
+        first = pool.submit(reads.read, counted, command)
+        wait_until(interrupted.is_set)
+        sharers = [pool.submit(reads.read, counted, command) for _ in range(2)]
+        wait_until(lambda: reads.sharing(command) == 2)
+        counted.gate.set()
+        with pytest.raises(Interrupted):
+            first.result(timeout=LONG_MS / 1000)
+        assert [float(f.result(timeout=LONG_MS / 1000)) for f in sharers] == [1234.0] * 2
+    redis_client.delete(f"{stream}:due")
+
+
+def test_a_group_made_again_under_its_id_parks_without_spinning(make_coordinator):
+    # The process has read a group's wake stream; the group is deleted (its stream with it)
+    # and made again under the same id. The new group's first JoinGroup parks through the
+    # initial delay with the wake id of a group that never woke ("0-0"): what the process
+    # remembers of the old stream must not tell it, again and again, that the new stream
+    # moved. Before, the call went round HGET + await_reply for the whole delay.
+    from rcoord import MemberIdentity
+
+    coord = make_coordinator(group_initial_rebalance_delay_ms=400)
+    client = coord._redis  # this test's own client (the fixture's, closed after)
+    join = {"protocol_type": "consumer", "protocols": [("range", b"")],
+            "session_timeout_ms": 30_000, "rebalance_timeout_ms": 30_000}
+    a = coord.join_group("g", **join).member_id
+    assert coord.join_group("g", a, **join).generation_id == 1  # after the initial delay
+    b = coord.join_group("g", **join).member_id
+    wake_key = coord._keys("g").wake
+    with cf.ThreadPoolExecutor(1) as pool:
+        parked = pool.submit(coord.join_group, "g", b, **join)
+        wait_until(lambda: coord._wake_reads.waiting(wake_key) == 1)
+        assert coord.join_group("g", a, **join).generation_id == 2
+        assert parked.result(timeout=30).generation_id == 2  # woken through the stream
+    assert coord.leave_group("g", [MemberIdentity(a), MemberIdentity(b)]).error.name == "NONE"
+    assert coord.delete_groups(["g"])["g"].name == "NONE"
+    assert client.exists(wake_key) == 0
+
+    await_replies = []
+    plain = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
+            await_replies.append(args)
+        return plain(*args, **kwargs)
+
+    client.execute_command = counting
+    c = coord.join_group("g", **join).member_id
+    result = coord.join_group("g", c, **join)
+    assert result.error.name == "NONE" and result.generation_id == 1
+    # Woken once at the deadline (a claim, one await_reply), give or take a re-check.
+    assert len(await_replies) <= 3
