@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +371,71 @@ def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(
         stored += [r.value for r in got if r.value is not None]
     assert sorted(stored) == sorted(r["value"] for r in rows)  # each row once, none lost
     assert len({p for p in range(4) if fetch(single_client, namespace, "out", p, 0, 1).records}) > 1
+
+
+def _dies_after(rows: list[dict[str, Any]], n: int) -> Any:
+    """A task's input that fails after ``n`` rows (an executor lost mid-task)."""
+    for i, row in enumerate(rows):
+        if i == n:
+            raise ConnectionError("executor lost")
+        yield row
+
+
+def _stored(client: Any, namespace: str, topic: str, partitions: int) -> Counter[Any]:
+    """Every record of the topic as (partition if keyed else None, key, value, headers)."""
+    out: Counter[Any] = Counter()
+    for p in range(partitions):
+        for r in fetch(client, namespace, topic, p, 0, max_records=100_000).records:
+            out[(p if r.key is not None else None, r.key, r.value, r.header_list)] += 1
+    return out
+
+
+def _expected(rows: list[dict[str, Any]], partitions: int) -> Counter[Any]:
+    from rcoord.murmur2 import partition_for_key
+
+    return Counter(
+        (None if r.get("key") is None else partition_for_key(r["key"], partitions),
+         r.get("key"), r["value"],
+         tuple((h["key"], h["value"]) for h in r.get("headers") or ()))
+        for r in rows)
+
+
+def _shuffled_rows() -> list[dict[str, Any]]:
+    # What a task after a shuffle sees: keyed and keyless rows, repeated values among them
+    # (counts often repeat), some with headers.
+    rows: list[dict[str, Any]] = []
+    for i in range(3000):
+        row: dict[str, Any] = {"value": f"v{i % 700}".encode() * 5}
+        if i % 3:
+            row["key"] = f"k{i % 50}".encode()
+        if i % 7 == 0:
+            row["headers"] = [{"key": "h", "value": str(i % 4).encode()}]
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("died_after", [1500, 2500])
+def test_a_retried_write_task_that_sees_its_rows_in_another_order_loses_none(
+        single_client: Any, namespace: str, topics: Topics, died_after: int) -> None:
+    # After a shuffle Spark does not keep the order of a task's rows across attempts (shuffle
+    # blocks arrive in any order). The first attempt appended some rows and died; the retry
+    # (same producer id and epoch) sees the same rows in another order. Numbering by position
+    # took the retry's first rows for duplicates of different rows: those were lost, and the
+    # first attempt's rows the retry sent later were stored twice.
+    import random
+
+    topics.create("out", 4)
+    rows = _shuffled_rows()
+    with pytest.raises(ConnectionError):
+        write_rows(make_producer(single_client, namespace, "spark:q:3", 9),
+                   _dies_after(rows, died_after), "out")
+    stored_first = sum(_stored(single_client, namespace, "out", 4).values())
+    assert 0 < stored_first < len(rows)
+    again = list(rows)
+    random.Random(5).shuffle(again)
+    retry = write_rows(make_producer(single_client, namespace, "spark:q:3", 9), again, "out")
+    assert _stored(single_client, namespace, "out", 4) == _expected(rows, 4)  # once each
+    assert (retry.duplicates, retry.appended) == (stored_first, len(rows) - stored_first)
 
 
 # -- the group member (Spark's runner calls, without Spark) ------------------------------------
