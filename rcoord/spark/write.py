@@ -74,11 +74,12 @@ def make_producer(client: Any, namespace: str, producer_id: str | None,
     """An idempotent producer named ``producer_id`` at ``epoch`` (a streaming write task), or
     one with an id Redis allocates (a batch write task: only its own retried calls dedupe).
 
-    A named producer's keyless records are partitioned with a random generator seeded by its
-    id and epoch: deduplication compares each partition's sequence numbers, so a retried task
-    (same id and epoch, same rows in the same order) must send each row where the first attempt
-    did. With an unseeded one, a retry of 3,000 keyless rows over 4 partitions stored 68 rows
-    twice and lost 68 others (each taken for a duplicate of a different row)."""
+    A named producer logs its appends, so a later attempt of the same id and epoch reads back
+    what this one stored and checks its rows off by content (``retry``), in whatever order
+    they come. Its keyless records are partitioned with a random generator seeded by its id and
+    epoch, so an attempt that sees the same rows in the same order places them the same way
+    (before the content check, sequence numbers alone decided: unseeded, a retry of 3,000
+    keyless rows over 4 partitions stored 68 rows twice and lost 68 others)."""
     if producer_id is None:
         return Producer(client, namespace)
     epoch = int(epoch or 0)

@@ -19,6 +19,7 @@ append) and holds the current epoch only.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +127,7 @@ def epoch_appends(client: Any, namespace: str, topic: str, producer_id: str, epo
     for i, (s, calls) in enumerate(zip(mine, logs)):
         covered = sorted((first, first + count - 1) for first, _, count in calls)
         contiguous = bool(covered) and covered[0][0] == 0 and all(
-            b[0] == a[1] + 1 for a, b in zip(covered, covered[1:]))
+            b[0] == a[1] + 1 for a, b in itertools.pairwise(covered))
         complete = whole[i] and contiguous and covered[-1][1] == s.last_sequence
         out[s.partition] = EpochAppends(s.partition, s.last_sequence,
                                         sorted(records[i], key=lambda r: r.offset), complete)
