@@ -98,7 +98,7 @@ class Producer:
     no longer remembered). A lower epoch than the partition has seen raises TopicError
     PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
     same id and epoch that resends the same records in the same order appends nothing twice
-    either (the Spark sink's replay); one with a higher epoch starts again from 0. The state
+    either (a replay; the Spark sink also handles another order, see ``log_appends``); one with a higher epoch starts again from 0. The state
     expires after the topic's ``producer_id_expiration_ms`` without an append. See
     docs/guarantees.md. ``idempotent=False`` appends every call as it comes.
 
