@@ -5,7 +5,10 @@ record per ``send`` (one script call each) or 100 records per ``send_batch`` to 
 (one script call of 100 records), turning partitions round-robin, for a fixed time. Each
 combination runs with ``idempotent=False`` (``topic_append.lua``) and ``idempotent=True``
 (``topic_append_idempotent.lua``: sequence checks and producer state), alternating, best of
-``--runs``. The server time per script call comes from ``INFO commandstats`` (EVALSHA). Every
+``--runs``; ``log`` is ``idempotent=True`` with a named producer and ``log_appends=True`` (the
+Spark sink's producer: one more ``APPEND`` and ``PEXPIRE`` per call, for the append log a
+retried task reads back). The server time per script call comes from ``INFO commandstats``
+(EVALSHA). Every
 run checks that the topic holds exactly the records it sent and that no reply was a duplicate.
 
 Run: ``python bench/produce.py`` (``--quick`` for a shorter run; ``--redis-url`` for an existing
@@ -39,12 +42,15 @@ def evalsha_stats(client: Any) -> tuple[int, float]:
     return int(stats.get("calls", 0)), float(stats.get("usec", 0))
 
 
-def measure(url: str, per_call: int, idempotent: bool, seconds: float) -> dict[str, Any]:
+def measure(url: str, per_call: int, idempotent: bool | str, seconds: float) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     ns = f"bp{uuid.uuid4().hex[:8]}"
     topics = Topics(client, ns)
     topics.create("t", PARTITIONS)
-    producer = Producer(client, ns, idempotent=idempotent)
+    if idempotent == "log":
+        producer = Producer(client, ns, producer_id=f"bench-{ns}", log_appends=True)
+    else:
+        producer = Producer(client, ns, idempotent=bool(idempotent))
     batches = [[ProducerRecord(VALUE, partition=p)] * per_call for p in range(PARTITIONS)]
     producer.send_batch("t", batches[0])  # warm up: metadata, script load, producer id
     calls0, usec0 = evalsha_stats(client)
@@ -84,14 +90,14 @@ def main() -> int:
     if not url:
         server = EmbeddedServer().start()
         url = server.url
-    best: dict[tuple[int, bool], dict[str, Any]] = {}
-    srv: dict[tuple[int, bool], list[float]] = {}
+    best: dict[tuple[int, str], dict[str, Any]] = {}
+    srv: dict[tuple[int, str], list[float]] = {}
     try:
         for _ in range(args.runs):
             for per_call in (1, 100):
-                for idempotent in (False, True):
+                for idempotent in (False, True, "log"):
                     row = measure(url, per_call, idempotent, seconds)
-                    key = (per_call, idempotent)
+                    key = (per_call, str(idempotent))
                     srv.setdefault(key, []).append(row["srv_us"])
                     if key not in best or row["records_s"] > best[key]["records_s"]:
                         best[key] = row

@@ -1,7 +1,9 @@
 -- topic_append_idempotent.lua: appends an idempotent producer's records to one partition stream,
 -- dropping the records it already appended (Kafka KIP-98, the broker's ProducerAppendInfo).
 -- KEYS[1] stream, KEYS[2] producer states (hash: producer id -> state), KEYS[3] producer activity
--- (zset: producer id -> last activity ms). All three carry the partition's hash tag.
+-- (zset: producer id -> last activity ms), KEYS[4] optional: this producer's append log (a
+-- string, one line per call that appended: "epoch first-sequence first-offset count\n", only
+-- the current epoch's; rcoord.topics.epoch_log reads it). All carry the partition's hash tag.
 -- ARGV[1] now ms or '' (Redis TIME), ARGV[2] producer id, ARGV[3] producer epoch,
 -- ARGV[4] sequence number of the first record (the others follow consecutively),
 -- ARGV[5] lowest sequence number the producer may have lost ('' if none),
@@ -46,6 +48,9 @@ if raw then
   if now - st.active >= expiration then st = nil end
 end
 local starts = st == nil  -- a producer (re)starts here: the one way the state can grow
+local log_key = KEYS[4]
+-- The log holds one epoch: it starts over when the producer (re)starts or its epoch rises.
+local log_starts = starts or epoch > st.epoch
 
 local dup = 0  -- leading records whose sequence was already appended
 if st then
@@ -123,5 +128,15 @@ if dup < n then
   end
   redis.call('HSET', KEYS[2], pid, cmsgpack.pack(out))
   redis.call('ZADD', KEYS[3], ts, pid)
+  if log_key then
+    -- It lives as long as the state would (expiration after the last append).
+    local line = string.format('%d %d %d %d\n', st.epoch, first + dup, seq(first_id) - 1, n - dup)
+    if log_starts then
+      redis.call('SET', log_key, line, 'PX', expiration)
+    else
+      redis.call('APPEND', log_key, line)
+      redis.call('PEXPIRE', log_key, expiration)
+    end
+  end
 end
 return {'NONE', first_id, now, dup, dup_offsets, dup_ts}

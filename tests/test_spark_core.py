@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +371,161 @@ def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(
         stored += [r.value for r in got if r.value is not None]
     assert sorted(stored) == sorted(r["value"] for r in rows)  # each row once, none lost
     assert len({p for p in range(4) if fetch(single_client, namespace, "out", p, 0, 1).records}) > 1
+
+
+def _dies_after(rows: list[dict[str, Any]], n: int) -> Any:
+    """A task's input that fails after ``n`` rows (an executor lost mid-task)."""
+    for i, row in enumerate(rows):
+        if i == n:
+            raise ConnectionError("executor lost")
+        yield row
+
+
+def _stored(client: Any, namespace: str, topic: str, partitions: int) -> Counter[Any]:
+    """Every record of the topic as (partition if keyed else None, key, value, headers)."""
+    out: Counter[Any] = Counter()
+    for p in range(partitions):
+        for r in fetch(client, namespace, topic, p, 0, max_records=100_000).records:
+            out[(p if r.key is not None else None, r.key, r.value, r.header_list)] += 1
+    return out
+
+
+def _expected(rows: list[dict[str, Any]], partitions: int) -> Counter[Any]:
+    from rcoord.murmur2 import partition_for_key
+
+    return Counter(
+        (None if r.get("key") is None else partition_for_key(r["key"], partitions),
+         r.get("key"), r["value"],
+         tuple((h["key"], h["value"]) for h in r.get("headers") or ()))
+        for r in rows)
+
+
+def _shuffled_rows() -> list[dict[str, Any]]:
+    # What a task after a shuffle sees: keyed and keyless rows, repeated values among them
+    # (counts often repeat), some with headers.
+    rows: list[dict[str, Any]] = []
+    for i in range(3000):
+        row: dict[str, Any] = {"value": f"v{i % 700}".encode() * 5}
+        if i % 3:
+            row["key"] = f"k{i % 50}".encode()
+        if i % 7 == 0:
+            row["headers"] = [{"key": "h", "value": str(i % 4).encode()}]
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("died_after", [1500, 2500])
+def test_a_retried_write_task_that_sees_its_rows_in_another_order_loses_none(
+        single_client: Any, namespace: str, topics: Topics, died_after: int) -> None:
+    # After a shuffle Spark does not keep the order of a task's rows across attempts (shuffle
+    # blocks arrive in any order). The first attempt appended some rows and died; the retry
+    # (same producer id and epoch) sees the same rows in another order. Numbering by position
+    # took the retry's first rows for duplicates of different rows: those were lost, and the
+    # first attempt's rows the retry sent later were stored twice.
+    import random
+
+    topics.create("out", 4)
+    rows = _shuffled_rows()
+    with pytest.raises(ConnectionError):
+        write_rows(make_producer(single_client, namespace, "spark:q:3", 9),
+                   _dies_after(rows, died_after), "out")
+    stored_first = sum(_stored(single_client, namespace, "out", 4).values())
+    assert 0 < stored_first < len(rows)
+    again = list(rows)
+    random.Random(5).shuffle(again)
+    retry = write_rows(make_producer(single_client, namespace, "spark:q:3", 9), again, "out")
+    assert _stored(single_client, namespace, "out", 4) == _expected(rows, 4)  # once each
+    assert (retry.duplicates, retry.appended) == (stored_first, len(rows) - stored_first)
+
+
+def test_a_retry_of_a_retry_reads_back_what_every_attempt_stored(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # Three attempts, each in its own order; the first two die at different points. Rows with
+    # an explicit partition are checked off only against that partition.
+    import random
+
+    topics.create("out", 4)
+    rows = _shuffled_rows()[:2000]
+    for i, r in enumerate(rows[:300]):
+        r["partition"] = i % 4
+        r.pop("key", None)
+    orders = [list(rows) for _ in range(3)]
+    for seed, order in enumerate(orders):
+        random.Random(seed).shuffle(order)
+    with pytest.raises(ConnectionError):
+        write_rows(make_producer(single_client, namespace, "spark:q:1", 2),
+                   _dies_after(orders[0], 1200), "out")
+    with pytest.raises(ConnectionError):
+        write_rows(make_producer(single_client, namespace, "spark:q:1", 2),
+                   _dies_after(orders[1], 1900), "out")
+    stored_before = sum(_stored(single_client, namespace, "out", 4).values())
+    last = write_rows(make_producer(single_client, namespace, "spark:q:1", 2), orders[2], "out")
+    assert (last.duplicates, last.appended) == (stored_before, len(rows) - stored_before)
+    stored = Counter()
+    for p in range(4):
+        for rec in fetch(single_client, namespace, "out", p, 0, max_records=10_000).records:
+            stored[(rec.key, rec.value, rec.header_list)] += 1
+    assert stored == Counter((r.get("key"), r["value"],
+                              tuple((h["key"], h["value"]) for h in r.get("headers") or ()))
+                             for r in rows)
+    for i, r in enumerate(rows[:300]):  # each explicit partition holds its rows
+        got = fetch(single_client, namespace, "out", i % 4, 0, max_records=10_000).records
+        assert r["value"] in {rec.value for rec in got}
+    # the next batch (a higher epoch) is a first attempt again: it checks nothing off
+    nxt = write_rows(make_producer(single_client, namespace, "spark:q:1", 3), rows[:10], "out")
+    assert (nxt.appended, nxt.duplicates) == (10, 0)
+
+
+def test_an_attempt_running_beside_another_in_another_order_fails_and_loses_nothing(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # A speculative copy (or a zombie) appends under the same id and epoch at the same time as
+    # another attempt, in another order. Here the second attempt runs whole while the first is
+    # half-way; the first then sends sequence numbers the second already used for other rows.
+    # It must not report success (its rows were not stored under those numbers): it fails,
+    # and every row is stored (some twice: two live attempts cannot both be exact).
+    import random
+
+    from rcoord.spark.retry import AttemptConflict
+    from rcoord.topics import TopicError
+
+    topics.create("out", 4)
+    rows = _shuffled_rows()[:2000]
+    other = list(rows)
+    random.Random(3).shuffle(other)
+    second: list[Any] = []
+
+    def first_attempt() -> Any:
+        for i, row in enumerate(rows):
+            if i == 1000:
+                second.append(write_rows(make_producer(single_client, namespace, "spark:q:2", 0),
+                                         other, "out"))
+            yield row
+
+    with pytest.raises((AttemptConflict, TopicError)):
+        write_rows(make_producer(single_client, namespace, "spark:q:2", 0), first_attempt(),
+                   "out")
+    assert second[0].duplicates == 1000 and second[0].appended == 1000
+    lost = _expected(rows, 4) - _stored(single_client, namespace, "out", 4)
+    assert not lost
+
+
+def test_a_duplicate_answer_is_checked_against_the_row_sent(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # A call run twice (redis-py resends after a lost reply) answers duplicates of this very
+    # row: fine. A duplicate of a different row means another attempt took the number.
+    from rcoord.spark.retry import AttemptConflict, check_duplicates
+    from rcoord.topics import ProducerRecord
+
+    topics.create("d", 2)
+    recs = [ProducerRecord(f"r{i}".encode(), partition=i % 2) for i in range(6)]
+    Producer(single_client, namespace, producer_id="p", producer_epoch=1).send_batch("d", recs)
+    resend = Producer(single_client, namespace, producer_id="p", producer_epoch=1)
+    metas = resend.send_batch("d", recs)
+    assert all(m.duplicate for m in metas)
+    check_duplicates(resend, "d", recs, metas)  # the same rows: no error
+    swapped = [recs[2], recs[1], recs[0], *recs[3:]]
+    with pytest.raises(AttemptConflict, match="d partition 0: producer p epoch 1: .*offset 0"):
+        check_duplicates(resend, "d", swapped, metas)
 
 
 # -- the group member (Spark's runner calls, without Spark) ------------------------------------

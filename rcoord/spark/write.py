@@ -8,11 +8,12 @@ so a stream read from one topic, whose rows carry its name, can be written to an
 
 A streaming write task appends through an idempotent producer (KIP-98) whose id names the query
 and the task's partition and whose epoch is the micro-batch id, so a batch Spark runs again
-after a failure appends nothing twice: the producer numbers the task's records per partition
-from 0 within the epoch, and the append script drops the numbers it has already stored. That
-needs every attempt to send each row to the same partition: keyed rows go by murmur2, and
-keyless ones by a sticky partitioner whose random choices are seeded by the producer id and
-epoch, so a retried or speculative task repeats them.
+after a failure appends nothing twice. A first attempt numbers its records per partition from
+0 within the epoch. An attempt that finds records stored under its id and epoch (a retried,
+speculative or replayed task) checks its rows off against them by content, in whatever order
+they come, and appends only the others (``retry``): after a shuffle, Spark does not keep a
+task's row order across attempts. Keyless rows go by a sticky partitioner seeded by the
+producer id and epoch, so an attempt that does see the same order places them the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..topics import Producer, ProducerRecord, RecordMetadata
 from .options import OptionError
+from .retry import EarlierAttempts, check_duplicates
 
 __all__ = ["WriteResult", "make_producer", "row_to_record", "write_rows"]
 
@@ -72,20 +74,24 @@ def make_producer(client: Any, namespace: str, producer_id: str | None,
     """An idempotent producer named ``producer_id`` at ``epoch`` (a streaming write task), or
     one with an id Redis allocates (a batch write task: only its own retried calls dedupe).
 
-    A named producer's keyless records are partitioned with a random generator seeded by its
-    id and epoch: deduplication compares each partition's sequence numbers, so a retried task
-    (same id and epoch, same rows in the same order) must send each row where the first attempt
-    did. With an unseeded one, a retry of 3,000 keyless rows over 4 partitions stored 68 rows
-    twice and lost 68 others (each taken for a duplicate of a different row)."""
+    A named producer logs its appends, so a later attempt of the same id and epoch reads back
+    what this one stored and checks its rows off by content (``retry``), in whatever order
+    they come. Its keyless records are partitioned with a random generator seeded by its id and
+    epoch, so an attempt that sees the same rows in the same order places them the same way
+    (before the content check, sequence numbers alone decided: unseeded, a retry of 3,000
+    keyless rows over 4 partitions stored 68 rows twice and lost 68 others)."""
     if producer_id is None:
         return Producer(client, namespace)
     epoch = int(epoch or 0)
+    # log_appends: a later attempt reads back what this one stored (rcoord.spark.retry).
     return Producer(client, namespace, idempotent=True, producer_id=producer_id,
-                    producer_epoch=epoch, rng=random.Random(f"{producer_id}:{epoch}"))
+                    producer_epoch=epoch, rng=random.Random(f"{producer_id}:{epoch}"),
+                    log_appends=True)
 
 
 class WriteResult:
-    """Counts of one write task: records appended and records found already appended."""
+    """Counts of one write task: records appended and rows found already stored (by an
+    earlier attempt, or by this one's own call that a lost reply made run twice)."""
 
     def __init__(self) -> None:
         self.appended = 0
@@ -101,18 +107,33 @@ class WriteResult:
 
 def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
                default_topic: str | None) -> WriteResult:
-    """Append every row, in order, in batches of up to 1000 per topic."""
+    """Append every row, in order, in batches of up to 1000 per topic.
+
+    With a producer that logs its appends (``make_producer`` with an id), rows an earlier
+    attempt of the same id and epoch stored are skipped, whatever their order
+    (``retry.EarlierAttempts``). Raises ``retry.AttemptConflict`` if a record came back as a
+    duplicate of a different row (another attempt appending at the same time).
+    """
     result = WriteResult()
+    earlier = EarlierAttempts(producer) if producer.logs_appends else None
     pending: dict[str, list[ProducerRecord]] = {}
     count = 0
+
+    def flush() -> None:
+        for t, recs in pending.items():
+            metas = producer.send_batch(t, recs)
+            check_duplicates(producer, t, recs, metas)
+            result.add(metas)
+
     for row in rows:
         topic, rec = row_to_record(row, default_topic)
+        if earlier is not None and earlier.take(topic, rec):
+            result.duplicates += 1
+            continue
         pending.setdefault(topic, []).append(rec)
         count += 1
         if count >= _BATCH:
-            for t, recs in pending.items():
-                result.add(producer.send_batch(t, recs))
+            flush()
             pending, count = {}, 0
-    for t, recs in pending.items():
-        result.add(producer.send_batch(t, recs))
+    flush()
     return result

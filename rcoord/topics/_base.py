@@ -199,6 +199,14 @@ def producer_state_keys(namespace: str, topic: str, partition: int) -> tuple[str
     )
 
 
+def producer_log_key(namespace: str, topic: str, partition: int, producer_id: str) -> str:
+    """One idempotent producer's append log in one partition (the stream's slot): the offset
+    ranges its current epoch appended, kept only for producers that ask for it
+    (``Producer(log_appends=True)``; ``rcoord.topics.epoch_log`` reads it)."""
+    tag = partition_tag(topic, partition)
+    return f"{namespace}:topicplog:{{{tag}}}:{topic}:{partition}:{producer_id}"
+
+
 def partition_keys(namespace: str, topic: str, partition: int) -> list[str]:
     """The stream of one partition, then its producer state (idempotent appends' KEYS)."""
     return [partition_key(namespace, topic, partition),

@@ -38,6 +38,7 @@ from ._base import (
     partition_key,
     partition_keys,
     producer_id_counter_key,
+    producer_log_key,
 )
 
 # -- producer ---------------------------------------------------------------------------------
@@ -97,9 +98,15 @@ class Producer:
     no longer remembered). A lower epoch than the partition has seen raises TopicError
     PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
     same id and epoch that resends the same records in the same order appends nothing twice
-    either (the Spark sink's replay); one with a higher epoch starts again from 0. The state
+    either (a replay; the Spark sink also handles another order, see ``log_appends``); one with a higher epoch starts again from 0. The state
     expires after the topic's ``producer_id_expiration_ms`` without an append. See
     docs/guarantees.md. ``idempotent=False`` appends every call as it comes.
+
+    ``log_appends`` (named idempotent producers): each partition also keeps the offset ranges
+    this producer appended in its current epoch (one line per script call, an ``APPEND``), so a
+    later producer under the same id and epoch can read back what was stored
+    (``rcoord.topics.epoch_log``) and go on from there with ``resume_sequence``: the Spark
+    sink's retried tasks, whose rows may come in another order.
 
     ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
     record timestamps and producer state expiry.
@@ -118,6 +125,7 @@ class Producer:
         producer_id: str | None = None,
         producer_epoch: int = 0,
         clock: Callable[[], int] | None = None,
+        log_appends: bool = False,
     ) -> None:
         _check_client(redis_client)
         _check_namespace(namespace)
@@ -133,6 +141,9 @@ class Producer:
                     f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
             if not idempotent:
                 raise InvalidRequestError("producer_id only applies with idempotent=True")
+        if log_appends and producer_id is None:
+            raise InvalidRequestError("log_appends needs a producer_id: the log is read back "
+                                      "by a later producer of the same id")
         _check_int("producer_epoch", producer_epoch, 0)
         if producer_epoch > _MAX_EPOCH:
             raise InvalidRequestError(f"producer_epoch must be <= {_MAX_EPOCH}, got {producer_epoch}")
@@ -140,6 +151,7 @@ class Producer:
         self._producer_id = producer_id
         self._epoch = producer_epoch
         self._clock = clock
+        self._log_appends = log_appends
         self._id_lock = threading.Lock()
         self._seqs: dict[tuple[str, int], _Sequence] = {}
         self._expiration: dict[str, int] = {}
@@ -190,6 +202,26 @@ class Producer:
     def producer_epoch(self) -> int:
         return self._epoch
 
+    @property
+    def logs_appends(self) -> bool:
+        """Whether each partition keeps this producer's append log (``log_appends``)."""
+        return self._log_appends
+
+    @property
+    def redis_client(self) -> Any:
+        return self._r
+
+    @property
+    def namespace(self) -> str:
+        return self._ns
+
+    @translate_redis_errors
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count, from the cache the partitioner uses (Kafka's
+        ``partitionsFor``); UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        _check_topic(topic)
+        return self._num_partitions(topic)
+
     @translate_redis_errors
     def _allocate_producer_id(self) -> str:
         """A number from the namespace's counter plus a random part: unique even if the counter
@@ -199,6 +231,24 @@ class Producer:
                 (number,) = _run(self._r, [(PRODUCER_ID, [producer_id_counter_key(self._ns)], [])])
                 self._producer_id = f"rcoord-{int(number)}-{secrets.token_hex(8)}"
             return self._producer_id
+
+    def resume_sequence(self, topic: str, partition: int, next_sequence: int) -> None:
+        """Number this producer's next record to ``partition`` ``next_sequence``, not 0.
+
+        For a producer that takes over an epoch an earlier producer of the same id appended in
+        (``rcoord.topics.epoch_log``): its new records follow the stored ones instead of being
+        taken for their duplicates. Only before the first send to that partition.
+        """
+        if not self._idempotent:
+            raise InvalidRequestError("resume_sequence is for idempotent producers")
+        _check_int("next_sequence", next_sequence, 0)
+        seq = self._sequence(topic, partition)
+        with seq.lock:
+            if seq.next != 0:
+                raise InvalidRequestError(
+                    f"{topic} partition {partition}: this producer has sent records there "
+                    f"already (next sequence {seq.next})")
+            seq.next = next_sequence
 
     def _sequence(self, topic: str, partition: int) -> _Sequence:
         with self._lock:
@@ -347,6 +397,8 @@ class Producer:
                 idxs, seq = by_part[p], seqs[p]
                 lost = "" if seq.lost_from is None else seq.lost_from
                 keys = partition_keys(self._ns, topic, p)
+                if self._log_appends:
+                    keys.append(producer_log_key(self._ns, topic, p, pid))
                 for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
                     chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
                     args = [now, pid, self._epoch, seq.next + lo, lost, expiration,
