@@ -42,6 +42,7 @@ BENCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replica_acks", ("--seconds", "5")),
     ("read_path", ()),
     ("produce", ()),
+    ("spark_write", ()),
     ("consume", ()),
     ("formation_async", ()),
     ("membership", ()),
