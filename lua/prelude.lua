@@ -237,6 +237,14 @@ local function create_group()
   set_g('ts', NOW)
   set_g('created', NOW)
   set_g('oq', 1) -- the group keeps its members' join order in K_ORDER (oldest_member)
+  -- A group deleted by a call that woke its parked callers leaves its wake stream for a
+  -- minute (finish): a group made again under the id meanwhile waits after that stream's
+  -- last entry, not '0-0', which the old entries would answer at once, again and again.
+  local last = redis.call('XREVRANGE', K_WAKE, '+', '-', 'COUNT', 1)
+  if #last > 0 then
+    set_g('wid', last[1][1])
+    redis.call('PERSIST', K_WAKE)  -- the stream is this group's now
+  end
   redis.call('SADD', K_GROUPS, GROUP_ID)
   -- An Empty group with no offsets is removed after the retention check interval.
   schedule_by('gc', NOW + CFG.offsets_retention_check_interval_ms)

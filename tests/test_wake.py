@@ -307,3 +307,33 @@ def test_a_group_made_again_under_its_id_parks_without_spinning(make_coordinator
     assert result.error.name == "NONE" and result.generation_id == 1
     # Woken once at the deadline (a claim, one await_reply), give or take a re-check.
     assert len(await_replies) <= 3
+
+
+def test_a_group_made_again_while_its_old_wake_stream_lingers_parks_without_spinning(
+    make_coordinator,
+):
+    # A group deleted by a call that woke its parked callers keeps its wake stream for a
+    # minute (so they still see the wake-up). A group made again under the id meanwhile must
+    # wait after that stream's last entry: with '0-0' its parked calls read the old entries
+    # at once, again and again, for the whole initial delay.
+    coord = make_coordinator(group_initial_rebalance_delay_ms=400)
+    client = coord._redis
+    wake_key = coord._keys("g").wake
+    client.xadd(wake_key, {"g": "7"})  # what the deleting call left
+    client.pexpire(wake_key, 60_000)
+    join = {"protocol_type": "consumer", "protocols": [("range", b"")],
+            "session_timeout_ms": 30_000, "rebalance_timeout_ms": 30_000}
+    await_replies = []
+    plain = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
+            await_replies.append(args)
+        return plain(*args, **kwargs)
+
+    client.execute_command = counting
+    c = coord.join_group("g", **join).member_id
+    result = coord.join_group("g", c, **join)
+    assert result.error.name == "NONE" and result.generation_id == 1
+    assert len(await_replies) <= 3  # woken at the deadline, give or take a re-check
+    assert client.pttl(wake_key) == -1  # the new group's stream lives as long as the group
