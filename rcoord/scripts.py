@@ -21,9 +21,11 @@ hundred; ``lua_source`` serves them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -182,6 +184,13 @@ class Scripts:
         self.names = {step: f"{self.library}_{step}" for step in GROUP_STEPS + STANDALONE}
         self._ready = False
         self._cluster = hasattr(client, "commands_parser")
+        # One load per loss, not one per caller: the threads (or tasks) that meet "Function not
+        # found" together wait for one load, then send again (a load blocks the server for
+        # about 2 ms, and a process may run hundreds of members). ``_loads`` counts the loads
+        # done; a caller loads only if none was done since it sent.
+        self._loads = 0
+        self._load_lock = threading.Lock()
+        self._aload_lock = asyncio.Lock() if self._async else None
 
     @property
     def loaded(self) -> bool:
@@ -223,7 +232,17 @@ class Scripts:
             return self._client.execute_command(*command)
 
         first = direct if shared is None else lambda: shared.execute(self._client, command)
-        return send_reloading(first, direct, self.load_library, is_missing_function)
+        seen = self._loads
+
+        def load_once() -> None:
+            nonlocal seen
+            with self._load_lock:
+                if self._loads == seen:  # else another caller loaded since this one sent
+                    self.load_library()
+                    self._loads += 1
+                seen = self._loads
+
+        return send_reloading(first, direct, load_once, is_missing_function)
 
     def load_library(self) -> None:
         """FUNCTION LOAD REPLACE on every master (one node: the client's)."""
@@ -238,13 +257,19 @@ class Scripts:
 
     async def acall(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         command = self.command(name, keys, args)
+        seen = self._loads
         try:
             return await self._client.execute_command(*command)
         except redis.ResponseError as exc:
             if not is_missing_function(exc):
                 raise
+        assert self._aload_lock is not None
         for reload in range(1, MAX_RELOADS + 1):
-            await self.aload_library()
+            async with self._aload_lock:  # one load per loss, as in call()
+                if self._loads == seen:
+                    await self.aload_library()
+                    self._loads += 1
+                seen = self._loads
             try:
                 return await self._client.execute_command(*command)
             except redis.ResponseError as exc:

@@ -9,6 +9,7 @@ unknown one, left its group. The flush here is sent right after each load, that 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -132,3 +133,111 @@ def test_a_topic_script_loads_alike(client: Any, flushes: int) -> None:
             PRODUCER_ID(flushing, [key], [])
         assert flushing.loads == MAX_RELOADS
         assert client.get(key) == b"41"  # it never ran
+
+
+class CountingMisses:
+    """A client that counts the calls answered "Function not found"."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.misses, self.cond = client, 0, threading.Condition()
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.client.execute_command(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if is_missing_function(exc):
+                with self.cond:
+                    self.misses += 1
+                    self.cond.notify_all()
+            raise
+
+
+class LoadAfterMisses(Scripts):
+    """Scripts that load only once ``n`` calls have missed the library: every caller has met
+    the loss before any load, the moment that makes them all want to load."""
+
+    def __init__(self, client: CountingMisses, n: int) -> None:
+        super().__init__(client)
+        self.n, self.loads = n, 0
+
+    def load_library(self) -> None:
+        counting = self._client
+        with counting.cond:
+            assert counting.cond.wait_for(lambda: counting.misses >= self.n, timeout=30)
+        Scripts(counting.client).load_library()
+        with counting.cond:
+            self.loads += 1
+
+
+def test_threads_that_find_the_library_gone_together_load_it_once(client: Any) -> None:
+    """A process's member threads all meet "Function not found" after a flush (a restart, a
+    failover): one loads, the others wait for that load and send again. Before, each loaded
+    (16 loads here; a load holds the server about 2 ms, and a process may run hundreds)."""
+    n = 16
+    scripts = LoadAfterMisses(CountingMisses(client), n)
+    scripts.load()
+    client.function_flush()
+    replies: list[Any] = []
+
+    def call() -> None:
+        replies.append(scripts.call("due_groups", [DUE_KEY], ["", "10"]))
+
+    threads = [threading.Thread(target=call) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(replies) == n and all(_now_of(r) > 0 for r in replies)
+    assert scripts.loads == 1
+
+
+class AsyncCountingMisses:
+    """The asyncio twin of ``CountingMisses``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.misses, self.missed = client, 0, asyncio.Event()
+        self.n = 0
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self.client.execute_command(*args, **kwargs)
+        except redis.ResponseError as exc:
+            if is_missing_function(exc):
+                self.misses += 1
+                if self.misses >= self.n:
+                    self.missed.set()
+            raise
+
+
+class AsyncLoadAfterMisses(Scripts):
+    def __init__(self, client: AsyncCountingMisses, n: int) -> None:
+        client.n = n
+        super().__init__(client)
+        self.loads = 0
+
+    async def aload_library(self) -> None:
+        counting = self._client
+        await asyncio.wait_for(counting.missed.wait(), 30)
+        await Scripts(counting.client).aload_library()
+        self.loads += 1
+
+
+def test_asyncio_tasks_that_find_the_library_gone_together_load_it_once(
+    own_server: EmbeddedServer,
+) -> None:
+    async def run() -> tuple[list[Any], int]:
+        r = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
+        try:
+            scripts = AsyncLoadAfterMisses(AsyncCountingMisses(r), 16)
+            scripts.load()
+            await r.function_flush()
+            replies = await asyncio.gather(
+                *(scripts.acall("due_groups", [DUE_KEY], ["", "10"]) for _ in range(16))
+            )
+            return list(replies), scripts.loads
+        finally:
+            await r.aclose()
+
+    replies, loads = asyncio.run(run())
+    assert len(replies) == 16 and all(_now_of(r) > 0 for r in replies)
+    assert loads == 1
