@@ -264,6 +264,17 @@ def test_wakeup_interrupts_a_blocked_poll_once(env: Any) -> None:
     assert consumer.poll(timeout=0.05) == []  # once per wakeup()
 
 
+def test_subscription_names_the_subscribed_topics(env: Any) -> None:
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    consumer = env.consumer(topics=["u", "t", "u"])
+    assert consumer.subscription() == ["t", "u"]
+    consumer.unsubscribe()
+    assert consumer.subscription() == []
+    consumer.assign([TP("t", 0)])
+    assert consumer.subscription() == []  # assigned, not subscribed (Kafka: empty)
+
+
 def test_beginning_and_end_offsets_of_any_partition(env: Any) -> None:
     env.topics.create("t", 2, retention_records=3)
     for i in range(5):

@@ -69,6 +69,7 @@ def test_pattern_subscription_gains_a_topic_created_later(env: Any) -> None:
     got: list[Any] = []
     _poll_collect([consumer], got, lambda g: len(_values(g, "orders-a")) == 4)
     assert consumer.assignment() == [TP("orders-a", 0), TP("orders-a", 1)]
+    assert consumer.subscription() == ["orders-a"]  # what the pattern matched (Kafka's)
 
     env.topics.create("orders-b", 2)
     env.topics.create("old-orders-c", 1)  # matches only partly: a pattern matches whole names
@@ -87,6 +88,7 @@ def test_pattern_subscription_gains_a_topic_created_later(env: Any) -> None:
     ]
     assert {r.topic for r in got} == {"orders-a", "orders-b"}
     assert len(got) == 10  # every record once: the rebalance committed orders-a's positions
+    assert consumer.subscription() == ["orders-a", "orders-b"]
 
 
 def test_pattern_subscription_of_two_members_spreads_a_new_topic(env: Any) -> None:

@@ -190,6 +190,17 @@ class SubscriptionMixin:
             self._assigned_manually = True
             self._next_auto_commit = time.monotonic() + self._auto_commit_s
 
+    def subscription(self) -> list[str]:
+        """The topics this consumer is subscribed to, sorted (Kafka's ``subscription()``): the
+        named ones, or, by pattern, those it matched when the current generation was joined
+        (none between generations); [] when it is not subscribed (``assign()`` included)."""
+        if self._group is None:
+            return []
+        if self._config.topic_pattern is None:
+            return sorted(set(self._config.topics))
+        gen = self._gen
+        return sorted(gen.watched_matched) if gen is not None else []
+
     def unsubscribe(self) -> None:
         """Give up every partition: leave the group (revoking, with a final auto-commit), or
         forget the ``assign()``ed partitions (auto-committing their positions)."""
