@@ -12,7 +12,9 @@ The library's name carries a hash of its source (``rcoord_<hash>``, functions
 ``rcoord_<hash>_<step>``), so two rcoord versions sharing a server never call each other's code
 and loading is idempotent. It is loaded lazily: a call that the server answers "Function not
 found" (never loaded, a restart without persistence, a failover to a replica that never had it,
-``FUNCTION FLUSH``) loads it on every master (``FUNCTION LOAD REPLACE``) and is sent again, once.
+``FUNCTION FLUSH``) loads it on every master (``FUNCTION LOAD REPLACE``) and is sent again, up to
+``MAX_RELOADS`` times (another flush or failover may land between the load and the call). The
+callers that meet one loss together share one load (see ``Scripts``).
 
 Topic scripts (``lua/topic_*.lua``) stay scripts called by SHA (``rcoord.topics._base``): they
 are small, run without the prelude, and are called from pipelines that batch them by the

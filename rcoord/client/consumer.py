@@ -27,8 +27,10 @@ in the thread that calls ``poll()``, never concurrently with the application's p
 
 The revocation waits for the next ``poll()`` (or ``close()``), for at most
 ``rebalance_timeout_ms``: a member that does not rejoin by then is removed by the coordinator,
-so after that the partitions are reported as lost. This is Kafka's ``max.poll.interval.ms``
-with the rebalance timeout as the bound.
+so after that the partitions are reported as lost. (Kafka's consumer sends
+``max.poll.interval.ms`` as its rebalance timeout; here the two are apart:
+``rebalance_timeout_ms`` bounds this wait, and ``max_poll_interval_ms`` makes a member whose
+application stops calling ``poll()`` leave the group.)
 
 Under the cooperative protocol (every assignor supports it, e.g. ``["cooperative-sticky"]``) a
 rebalance that does not lose the partitions revokes nothing up front: ``poll()`` goes on returning
@@ -41,7 +43,8 @@ ended the generation meanwhile, so its commits still succeed), added ones start 
 committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
 the added partitions (possibly none). Lost partitions are still all lost.
 
-A ``Consumer`` is meant for one thread; ``close()`` may be called from another one.
+A ``Consumer`` is meant for one thread; ``close()`` and ``wakeup()`` may be called from another
+one.
 """
 
 from __future__ import annotations
