@@ -74,14 +74,31 @@ def _env(name: str, default: Any = None) -> Any:
 
 
 def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", default=_env("RCOORD_REDIS_URL"))
-    p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"))
-    p.add_argument("--namespace", default=_env("RCOORD_NAMESPACE", "rcoord"))
-    p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"))
-    p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"))
-    p.add_argument("--lease-ttl-ms", type=int, default=_env("RCOORD_LEASE_TTL_MS", 5000))
-    p.add_argument("--wake", choices=("both", "index", "hints"), default=_env("RCOORD_WAKE", "both"))
-    p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"))
+    p.add_argument("--redis-url", default=_env("RCOORD_REDIS_URL"),
+                   help="the Redis (or Redis Cluster node) holding the groups: redis:// or "
+                   "rediss:// (default $RCOORD_REDIS_URL)")
+    p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"),
+                   help="this process's name in leases, logs and metrics (default "
+                   "$RCOORD_COORDINATOR_ID; else host-pid-random)")
+    p.add_argument("--namespace", default=_env("RCOORD_NAMESPACE", "rcoord"),
+                   help="the key prefix of the groups this process serves (default "
+                   "$RCOORD_NAMESPACE, else rcoord)")
+    p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"),
+                   help="serve /metrics (Prometheus) and /healthz on this port (default "
+                   "$RCOORD_METRICS_PORT; none if unset)")
+    p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"),
+                   help="the address /metrics and /healthz listen on (default "
+                   "$RCOORD_METRICS_HOST, else 127.0.0.1: loopback only)")
+    p.add_argument("--lease-ttl-ms", type=int, default=_env("RCOORD_LEASE_TTL_MS", 5000),
+                   help="how long this process's lease on a coordinator partition lasts "
+                   "unrenewed: a dead process's partitions move after it (default 5000)")
+    p.add_argument("--wake", choices=("both", "index", "hints"),
+                   default=_env("RCOORD_WAKE", "both"),
+                   help="what drives the timers: the deadline index, expired-key hints (for "
+                   "measurements only) or both (default)")
+    p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
+                   "logs are JSON lines on stdout")
     from ..cli import add_tls_arguments
 
     add_tls_arguments(p)
