@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..asyncio import AsyncGroupCoordinator
+from ..steps import block_limit
 from ..topics import Producer, Topics
 from .acl import CLUSTER_NAME, Operation, ResourceType
 from .errors import AUTHORIZATION_FAILED, RequestError
@@ -83,6 +84,8 @@ class GatewayState:
         self.auth = auth
         """An ``auth.AuthConfig``: every connection must authenticate (None: no one must)."""
         self.redis = async_redis
+        self.block_limit_ms = block_limit(async_redis)
+        """The longest ``XREAD BLOCK`` the Redis client's socket timeout lets through."""
         self.sync_redis = sync_redis
         self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
         self.topics = Topics(sync_redis, config.namespace)
