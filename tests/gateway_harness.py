@@ -28,7 +28,9 @@ FAST_GROUPS = {
 class GatewayThread:
     """``start()`` returns once the gateway listens; ``bootstrap`` is its HOST:PORT."""
 
-    def __init__(self, redis_url: str, namespace: str, auth: Any = None, **config: Any) -> None:
+    def __init__(self, redis_url: str, namespace: str, auth: Any = None,
+                 redis_kwargs: dict[str, Any] | None = None, **config: Any) -> None:
+        self.redis_kwargs = redis_kwargs or {}
         self.config = GatewayConfig(listen_host="127.0.0.1", listen_port=0, namespace=namespace,
                                     **config)
         self.redis_url = redis_url
@@ -40,7 +42,7 @@ class GatewayThread:
 
     def start(self) -> GatewayThread:
         self._thread.start()
-        self.gateway = Gateway(self.config, self.redis_url, auth=self.auth)
+        self.gateway = Gateway(self.config, self.redis_url, auth=self.auth, **self.redis_kwargs)
         asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(30)
         return self
 
@@ -68,12 +70,14 @@ def settle_fast_groups(client: Any, namespace: str) -> None:
 
 
 @contextlib.contextmanager
-def running_gateway(redis_server: Any, namespace: str, **config: Any) -> Iterator[GatewayThread]:
-    """A started gateway over ``redis_server`` (fast group settings), stopped at the end."""
+def running_gateway(redis_server: Any, namespace: str, redis_kwargs: dict[str, Any] | None = None,
+                    **config: Any) -> Iterator[GatewayThread]:
+    """A started gateway over ``redis_server`` (fast group settings), stopped at the end;
+    ``redis_kwargs`` go to its Redis clients (e.g. a small ``socket_timeout``)."""
     client = redis_server.client()
     settle_fast_groups(client, namespace)
     client.close()
-    gw = GatewayThread(redis_server.url, namespace, **config).start()
+    gw = GatewayThread(redis_server.url, namespace, redis_kwargs=redis_kwargs, **config).start()
     try:
         yield gw
     finally:

@@ -253,3 +253,45 @@ def test_a_cluster_user_without_cluster_slots_is_told_which_rule_to_add(users: U
     with pytest.raises(MissingPermissionError, match=r"COMMAND.*add \+command "):
         users.client(name)
 
+
+
+def test_worker_makes_a_group_again_while_its_old_wake_stream_lingers(users: Users,
+                                                                       namespace: str) -> None:
+    """Creating a group reads its wake stream's last id (XREVRANGE) and, if a deleted group's
+    stream lingers, takes it over (PERSIST): both run with the worker's rights."""
+    admin_name, admin = admin_setup(users, namespace)
+    name, worker = make(users, namespace, "worker")
+    coord = GroupCoordinator(worker, CoordinatorConfig(namespace=namespace)).start()
+    wake_key = coord._keys("g").wake
+    admin.xadd(wake_key, {"g": "7"})  # what a deleting call that woke parked callers leaves
+    admin.pexpire(wake_key, 60_000)
+    join: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                            "session_timeout_ms": 5000, "rebalance_timeout_ms": 5000}
+    first = coord.join_group("g", "", **join)
+    assert coord.join_group("g", first.member_id, **join).error == Errors.NONE
+    plain = connect(users.url)  # the default user: PTTL is no role's business
+    assert plain.pttl(wake_key) == -1  # taken over by the new group
+    plain.close()
+    assert users.denials(name) == [] and users.denials(admin_name) == []
+    worker.close()
+    admin.close()
+
+
+def test_worker_runs_a_named_producer_that_logs_its_appends(users: Users,
+                                                           namespace: str) -> None:
+    """The Spark sink's producer (``log_appends``): the first append of an epoch SETs the
+    partition's append log with PX, later ones APPEND to it and PEXPIRE it; a retried task
+    reads it back (GET, XRANGE)."""
+    from rcoord.topics.epoch_log import epoch_appends, epoch_states
+
+    admin_name, admin = admin_setup(users, namespace, partitions=1)
+    name, worker = make(users, namespace, "worker")
+    producer = Producer(worker, namespace, producer_id="sink-0", log_appends=True)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0)])
+    producer.send_batch("t", [ProducerRecord(b"b", partition=0)])
+    states = epoch_states(worker, namespace, "t", "sink-0", 1)
+    stored = epoch_appends(worker, namespace, "t", "sink-0", 0, list(states.values()))
+    assert [r.value for r in stored[0].records] == [b"a", b"b"]
+    assert users.denials(name) == [] and users.denials(admin_name) == []
+    worker.close()
+    admin.close()

@@ -217,6 +217,11 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     command across slots, and every partition has a slot of its own, so there each slot gets
     its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
     (redis-py drops a connection whose command was cancelled, so no late reply is misread).
+
+    ``wait_ms`` is the client's ``max_wait`` (any int32), and a blocked command must return
+    before the Redis client's socket timeout or redis-py gives up on it; so the wait is made of
+    blocks of at most ``state.block_limit_ms`` (half that timeout), repeated until a record
+    comes or the client's wait is over.
     """
     if not wanted or wait_ms <= 0:
         return
@@ -224,14 +229,28 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     for t, p, o in wanted:
         key = partition_key(state.config.namespace, t, p)
         by_slot.setdefault(keyslot(key) if state.cluster else 0, {})[key] = f"0-{o}"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_ms / 1000
+    while wait_ms > 0:
+        if await _xread_any(state, list(by_slot.values()), min(wait_ms, state.block_limit_ms)):
+            return
+        wait_ms = int((deadline - loop.time()) * 1000)
+
+
+async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int) -> bool:
+    """One ``XREAD BLOCK`` per slot group; True once one returned something (or failed: the
+    read that follows the wait reports the error)."""
     if len(by_slot) == 1:
-        (streams,) = by_slot.values()
-        await state.redis.xread(streams, count=1, block=wait_ms)
-        return
-    waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=wait_ms))
-             for streams in by_slot.values()]
+        return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
+    waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=block_ms))
+             for streams in by_slot]
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        pending: set[asyncio.Future[Any]] = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(w.exception() is not None or w.result() for w in done):
+                return True
+        return False
     finally:
         for w in waits:
             w.cancel()

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
+    p.add_argument("--connections-max-idle-ms", type=int, default=600_000,
+                   help="close a connection that sends no request for this long (Kafka's "
+                   "connections.max.idle.ms, default 600000)")
     p.add_argument("--auth-file", default=None,
                    help='require SASL/PLAIN from every client; users (and optional Kafka ACLs) '
                    'from this JSON file: {"users": {"name": "password"}, "acls": [...]} '
@@ -94,6 +97,7 @@ def gateway_main(args: argparse.Namespace) -> int:
             tls_ca_file=args.listen_tls_ca_file,
             commit_required_acks=args.commit_required_acks,
             commit_ack_timeout_ms=args.commit_ack_timeout_ms,
+            connections_max_idle_ms=args.connections_max_idle_ms,
         )
         try:
             config.validate()

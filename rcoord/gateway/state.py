@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..asyncio import AsyncGroupCoordinator
+from ..steps import block_limit
 from ..topics import Producer, Topics
 from .acl import CLUSTER_NAME, Operation, ResourceType
 from .errors import AUTHORIZATION_FAILED, RequestError
@@ -55,6 +56,11 @@ class GatewayConfig:
     ``offsets.commit.required.acks``; 0 trusts the master, see docs/guarantees.md)."""
     commit_ack_timeout_ms: int = 5000
     """How long a commit waits for them (``offsets.commit.timeout.ms``)."""
+    connections_max_idle_ms: int = 600_000
+    """A connection that has no request in progress and sends no complete request for about
+    this long is closed (Kafka's ``connections.max.idle.ms``, 10 minutes): a peer that connects
+    and stays silent, or sends part of a frame and stops, no longer holds a task and its buffer
+    for ever. Clients reconnect when they next need the connection, as they do with Kafka."""
 
     def validate(self) -> GatewayConfig:
         if not 0 <= self.listen_port <= 65535:
@@ -66,6 +72,9 @@ class GatewayConfig:
         if self.commit_required_acks < 0 or self.commit_ack_timeout_ms < 1:
             raise ValueError("commit_required_acks must be >= 0 and commit_ack_timeout_ms >= 1 "
                              "(Redis keeps no in-sync replica set: Kafka's -1 has no equivalent)")
+        if self.connections_max_idle_ms < 100:
+            raise ValueError("connections_max_idle_ms must be >= 100, got "
+                             f"{self.connections_max_idle_ms}")
         if self.topic_threads < 1:
             raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
         if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file):
@@ -83,6 +92,8 @@ class GatewayState:
         self.auth = auth
         """An ``auth.AuthConfig``: every connection must authenticate (None: no one must)."""
         self.redis = async_redis
+        self.block_limit_ms = block_limit(async_redis)
+        """The longest ``XREAD BLOCK`` the Redis client's socket timeout lets through."""
         self.sync_redis = sync_redis
         self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
         self.topics = Topics(sync_redis, config.namespace)
@@ -114,6 +125,10 @@ class Connection:
     """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
     close_after_response: bool = False
     """Set by a handler whose answer must be the connection's last (a failed authentication)."""
+    requests: int = 0
+    """Requests read so far; the idle sweep (``Gateway``) sees a silent connection by it."""
+    busy: bool = False
+    """A request is being answered (a parked JoinGroup, a waiting Fetch): never idle then."""
 
     def may(self, op: Operation, resource: ResourceType, name: str = CLUSTER_NAME, *,
             log_denied: bool = True) -> bool:

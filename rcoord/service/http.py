@@ -10,7 +10,12 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-__all__ = ["StatusServer"]
+__all__ = ["REQUEST_TIMEOUT_S", "StatusServer"]
+
+REQUEST_TIMEOUT_S = 10.0
+"""A connection that sends nothing for this long is closed. http.server's handlers otherwise
+wait for a request for ever, one thread each: a peer that opens connections and stays silent
+would pile up threads without bound. Prometheus and health probes send their request at once."""
 
 
 class StatusServer:
@@ -19,6 +24,8 @@ class StatusServer:
         health_ = health
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S  # (StreamRequestHandler sets it on the socket)
+
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
                 if self.path.startswith("/metrics"):
                     body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
