@@ -86,3 +86,18 @@ def test_resume_sequence_numbers_after_the_stored_records(
     with pytest.raises(InvalidRequestError, match="for idempotent producers"):
         Producer(redis_client, namespace, idempotent=False).resume_sequence("t", 0, 1)
     assert again.partition_count("t") == 1
+
+
+def test_deleting_the_topic_deletes_the_append_logs(
+        redis_client: Any, namespace: str, topics: Topics) -> None:
+    """The logs are named by producer id, so a delete finds them through the producer states
+    (before, they stayed until they expired, a day by default)."""
+    topics.create("t", 2)
+    _named(redis_client, namespace, 1).send_batch(
+        "t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    Producer(redis_client, namespace, producer_id="plain").send("t", b"c", partition=1)
+    logs = [producer_log_key(namespace, "t", p, "task-1") for p in range(2)]
+    assert all(redis_client.exists(k) for k in logs)
+    topics.delete("t")
+    assert not any(redis_client.exists(k) for k in logs)
+    assert redis_client.keys(f"{namespace}:topic*") == []  # nothing of the topic is left

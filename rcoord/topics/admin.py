@@ -28,6 +28,7 @@ from ._base import (
     make_keys,
     meta_key,
     partition_key,
+    producer_log_key,
     producer_state_keys,
 )
 
@@ -178,9 +179,18 @@ class Topics:
         crashed delete left), so a topic re-created under the same name starts clean.
         """
         n = self.partition_count(topic)
+        # The producers' append logs (Spark sink producers) are named by producer id: found in
+        # the state hash, which the log never outlives.
+        pipe = self._r.pipeline(transaction=False)
+        for p in range(n):
+            pipe.hkeys(producer_state_keys(self._ns, topic, p)[0])
+        producers = pipe.execute()
         pipe = self._r.pipeline(transaction=False)
         for p in range(n):
             pipe.delete(partition_key(self._ns, topic, p))
+            for pid in producers[p]:
+                name = pid.decode() if isinstance(pid, bytes) else str(pid)
+                pipe.delete(producer_log_key(self._ns, topic, p, name))
             for key in producer_state_keys(self._ns, topic, p):
                 pipe.delete(key)
             pipe.delete(creation_token_key(self._ns, topic, p))
