@@ -29,6 +29,8 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis.exceptions
+
 from .errors import ParkAbandonedError
 
 __all__ = [
@@ -198,12 +200,29 @@ Op = (Script | ScriptBatch | Command | SharedRead | Claim | Pipeline | XRead | W
 Flow = Generator[Op, Any, R]
 
 
+_WHOLE_BATCH_FAILED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                       redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+
+
+def _failed_whole(client: Any, op: ScriptBatch, exc: Exception) -> list[Any]:
+    """redis-py fails a cluster pipeline as a whole when one of its masters cannot be reached:
+    each call is then sent again alone (below), so the calls for the healthy masters are
+    answered and only the unreachable master's fail. On one node the error is everyone's."""
+    if not hasattr(client, "get_node_from_key") or not isinstance(exc, _WHOLE_BATCH_FAILED):
+        raise exc
+    return [exc] * len(op.calls)
+
+
 def _batch_sync(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for keys, args in op.calls:
         pipe.execute_command(*scripts.command(op.name, keys, args))
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except Exception as exc:  # noqa: BLE001 - _failed_whole re-raises what is not a node's loss
+        replies = _failed_whole(client, op, exc)
     out = []
-    for (keys, args), reply in zip(op.calls, pipe.execute(raise_on_error=False), strict=True):
+    for (keys, args), reply in zip(op.calls, replies, strict=True):
         if isinstance(reply, Exception):
             try:
                 reply = scripts.call(op.name, keys, args)
@@ -277,8 +296,12 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for keys, args in op.calls:
         pipe.execute_command(*scripts.command(op.name, keys, args))
+    try:
+        replies = await pipe.execute(raise_on_error=False)
+    except Exception as exc:  # noqa: BLE001 - _failed_whole re-raises what is not a node's loss
+        replies = _failed_whole(client, op, exc)
     out = []
-    for (keys, args), reply in zip(op.calls, await pipe.execute(raise_on_error=False), strict=True):
+    for (keys, args), reply in zip(op.calls, replies, strict=True):
         if isinstance(reply, Exception):
             try:
                 reply = await scripts.acall(op.name, keys, args)

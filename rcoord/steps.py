@@ -86,6 +86,10 @@ __all__ = [
     "socket_timeout_ms",
 ]
 
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+"""Errors that say a call's master could not be reached (not what the call would answer)."""
+
 DUE_BATCH = 1000
 """Groups read from a partition's due index per call of ``run_timers``."""
 KEYS_CACHE_SIZE = 10_000
@@ -415,6 +419,13 @@ class GroupSteps:
                 calls.append((keys, [now, gid, *[x for _, args in chunk for x in args]]))
         replies = (yield ScriptBatch("heartbeat", calls)) if calls else []
         for (gid, chunk), (keys, args), reply in zip(chunks, calls, replies, strict=True):
+            if isinstance(reply, _UNREACHABLE):
+                # This group's master cannot be reached (a cluster master down, the others up):
+                # its members get what Kafka answers when their coordinator is unavailable,
+                # which they retry; the other groups' answers stand.
+                for i, _ in chunk:
+                    out[i] = Errors.COORDINATOR_NOT_AVAILABLE
+                continue
             if reply == b"DUE" or isinstance(reply, Exception):
                 # A passed deadline (apply it first, as every step does), or a call that failed
                 # even after the driver's reload: send this group's chunk again once, addressed

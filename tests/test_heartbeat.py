@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness import WAIT_S, wait_until
+
 from rcoord import Errors
 
 
@@ -140,3 +141,89 @@ def test_pending_member_that_never_rejoins_times_out_and_the_group_stays_stable(
     assert ctx.coord._redis.hlen(ctx._keys().pending) == 0  # no pending member left
     assert ctx.state() == "Stable" and ctx.group_field("gen") == str(first.generation_id)
     assert ctx.join(pending).error == Errors.UNKNOWN_MEMBER_ID
+
+
+def test_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_others():
+    """One master of a cluster is down. redis-py fails a pipeline that addresses it as a
+    whole; heartbeat_many used to raise for every member. Now the members of the groups on
+    the healthy masters get their answers and those on the down one COORDINATOR_NOT_AVAILABLE
+    (Kafka's answer when a coordinator is unavailable, which clients retry)."""
+    from rcoord import CoordinatorConfig, GroupCoordinator
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    with EmbeddedCluster(masters=3).start() as cluster:
+        client = cluster.client(socket_connect_timeout=2, socket_timeout=5)
+        try:
+            coord = GroupCoordinator(client, CoordinatorConfig(
+                namespace="hbmany", group_min_session_timeout_ms=10,
+                group_initial_rebalance_delay_ms=0)).start()
+            by_port: dict[int, str] = {}  # one group per master
+            n = 0
+            while len(by_port) < 3:
+                gid = f"g{n}"
+                by_port.setdefault(client.get_node_from_key(coord._keys(gid).group).port, gid)
+                n += 1
+            join = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                    "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000}
+            members: dict[str, tuple[int, str]] = {}
+            for gid in by_port.values():
+                mid = coord.join_group(gid, **join).member_id
+                joined = coord.join_group(gid, mid, **join)
+                coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
+                members[gid] = (joined.generation_id, mid)
+            dead_port = next(iter(by_port))
+            next(s for s in cluster.nodes if s.port == dead_port).stop()
+            asked = [(gid, *members[gid]) for gid in by_port.values()]
+            answers = dict(zip(by_port, coord.heartbeat_many(asked), strict=True))
+            assert answers.pop(dead_port) == Errors.COORDINATOR_NOT_AVAILABLE
+            assert list(answers.values()) == [Errors.NONE, Errors.NONE]
+        finally:
+            client.close()
+
+
+def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_others():
+    """The asyncio driver shares the flow and the per-call fallback."""
+    import asyncio
+
+    import redis.asyncio.cluster
+
+    from rcoord import CoordinatorConfig
+    from rcoord.asyncio import AsyncGroupCoordinator
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    with EmbeddedCluster(masters=3).start() as cluster:
+        async def run() -> None:
+            seed = cluster.nodes[0]
+            client = redis.asyncio.cluster.RedisCluster(
+                host="127.0.0.1", port=seed.port, socket_connect_timeout=2, socket_timeout=5)
+            try:
+                coord = await AsyncGroupCoordinator(client, CoordinatorConfig(
+                    namespace="ahbmany", group_min_session_timeout_ms=10,
+                    group_initial_rebalance_delay_ms=0)).start()
+                await client.initialize()
+                by_port: dict[int, str] = {}
+                n = 0
+                while len(by_port) < 3:
+                    gid = f"g{n}"
+                    node = client.get_node_from_key(coord._steps.keys(gid).group)
+                    by_port.setdefault(node.port, gid)
+                    n += 1
+                join = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                        "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000}
+                members: dict[str, tuple[int, str]] = {}
+                for gid in by_port.values():
+                    mid = (await coord.join_group(gid, **join)).member_id
+                    joined = await coord.join_group(gid, mid, **join)
+                    await coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
+                    members[gid] = (joined.generation_id, mid)
+                dead_port = next(iter(by_port))
+                next(s for s in cluster.nodes if s.port == dead_port).stop()
+                asked = [(gid, *members[gid]) for gid in by_port.values()]
+                got = await coord.heartbeat_many(asked)
+                answers = dict(zip(by_port, got, strict=True))
+                assert answers.pop(dead_port) == Errors.COORDINATOR_NOT_AVAILABLE
+                assert list(answers.values()) == [Errors.NONE, Errors.NONE]
+            finally:
+                await client.aclose()
+
+        asyncio.run(run())
