@@ -476,6 +476,28 @@ def test_a_retry_of_a_retry_reads_back_what_every_attempt_stored(
     assert (nxt.appended, nxt.duplicates) == (10, 0)
 
 
+def test_a_keyless_row_does_not_take_the_stored_record_an_explicit_partition_row_needs(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # The same content twice: once keyless (stored wherever the sticky partitioner put it) and
+    # once with an explicit partition 0. A retry that checked the keyless row off against the
+    # partition-0 record (the first partition holding that content) left the explicit row
+    # nothing to match, so it was appended again: stored three times instead of twice.
+    rows: list[dict[str, Any]] = [{"value": b"same"}, {"value": b"same", "partition": 0}]
+    for n in range(20):  # a producer id whose keyless record lands off partition 0
+        topic, pid = f"mix{n}", f"spark:q:mix{n}"
+        topics.create(topic, 4)
+        write_rows(make_producer(single_client, namespace, pid, 0), rows, topic)
+        if len(fetch(single_client, namespace, topic, 0, 0, max_records=10).records) == 1:
+            break
+    else:
+        pytest.fail("every producer id put the keyless row on partition 0")
+    retry = write_rows(make_producer(single_client, namespace, pid, 0), rows, topic)
+    assert (retry.duplicates, retry.appended) == (2, 0)
+    per_part = [len(fetch(single_client, namespace, topic, p, 0, max_records=10).records)
+                for p in range(4)]
+    assert sum(per_part) == 2 and per_part[0] == 1
+
+
 def test_an_attempt_running_beside_another_in_another_order_fails_and_loses_nothing(
         single_client: Any, namespace: str, topics: Topics) -> None:
     # A speculative copy (or a zombie) appends under the same id and epoch at the same time as

@@ -15,7 +15,10 @@ content is still counted, appending the others numbered after the stored ones
 (``Producer.resume_sequence``). Contents are matched across partitions: a keyless row placed
 by the sticky partitioner may land elsewhere in another order; a row with an explicit
 ``partition`` matches only records of that partition. Identical rows are interchangeable,
-so which of them is skipped does not matter.
+so which of them is skipped does not matter. A keyless row claims no particular record: it
+claims one of the content's records still unclaimed, and a row with an explicit partition one
+of that partition's too (``_Pool``), so a keyless row met first cannot take the only record an
+explicit-partition row of the same content needs (it did, and that row was stored twice).
 
 Rows whose content differs between attempts (``rand()``, a timestamp taken in the task) are
 not the same rows; they are out of reach of any deduplication and may be stored twice.
@@ -55,6 +58,36 @@ def stored_content(topic: str, rec: Record) -> Content:
     return (topic, rec.key, rec.value, tuple(rec.header_list))
 
 
+class _Pool:
+    """The stored records of one content, and the rows checked off against them.
+
+    A row with an explicit partition needs a record of that partition; a keyless row any
+    record. Rows come one at a time, so a keyless row does not pick its record: it lowers
+    ``free`` only. A row naming partition p is skipped while p has a record no such row took
+    and some record is still free. Then the explicit rows fit their partitions, the keyless
+    ones fit what is left, and no row that could be matched is refused."""
+
+    __slots__ = ("free", "in_part")
+
+    def __init__(self) -> None:
+        self.free = 0  # records no row has claimed yet
+        self.in_part: dict[int, int] = {}  # partition -> records not claimed by its explicit rows
+
+    def add(self, partition: int) -> None:
+        self.free += 1
+        self.in_part[partition] = self.in_part.get(partition, 0) + 1
+
+    def take(self, partition: int | None) -> bool:
+        if self.free == 0:
+            return False
+        if partition is not None:
+            if not self.in_part.get(partition):
+                return False
+            self.in_part[partition] -= 1
+        self.free -= 1
+        return True
+
+
 class EarlierAttempts:
     """What earlier attempts of this producer id and epoch stored, read per topic when the
     topic's first row comes (the normal path: one pipelined HGET per topic, nothing stored)."""
@@ -62,8 +95,7 @@ class EarlierAttempts:
     def __init__(self, producer: Producer) -> None:
         self._producer = producer
         self._seen: set[str] = set()
-        # content -> partition -> records stored and not yet checked off
-        self._pools: dict[Content, dict[int, int]] = {}
+        self._pools: dict[Content, _Pool] = {}
         self.stored = 0  # records the earlier attempts stored, in the topics seen
 
     def take(self, topic: str, rec: ProducerRecord) -> bool:
@@ -72,23 +104,8 @@ class EarlierAttempts:
             self._load(topic)
         if not self._pools:
             return False
-        content = content_of(topic, rec)
-        pool = self._pools.get(content)
-        if pool is None:
-            return False
-        if rec.partition is not None:
-            if not pool.get(rec.partition):
-                return False
-            part = rec.partition
-        else:
-            part = next(iter(pool))
-        if pool[part] > 1:
-            pool[part] -= 1
-        else:
-            del pool[part]
-            if not pool:
-                del self._pools[content]
-        return True
+        pool = self._pools.get(content_of(topic, rec))
+        return pool is not None and pool.take(rec.partition)
 
     def _load(self, topic: str) -> None:
         self._seen.add(topic)
@@ -103,8 +120,7 @@ class EarlierAttempts:
         for part, a in sorted(appended.items()):
             p.resume_sequence(topic, part, a.last_sequence + 1)
             for r in a.records:
-                pool = self._pools.setdefault(stored_content(topic, r), {})
-                pool[part] = pool.get(part, 0) + 1
+                self._pools.setdefault(stored_content(topic, r), _Pool()).add(part)
             self.stored += len(a.records)
             if not a.complete:
                 log.warning("%s: producer %s epoch %d: partition %d's log of what earlier "
