@@ -268,6 +268,20 @@ def test_an_interrupted_shared_read_leaves_the_threads_sharing_it_to_read_themse
     redis_client.delete(f"{stream}:due")
 
 
+def _count_await_replies(client: Any) -> list[Any]:
+    """The ``await_reply`` calls ``client`` sends from now on (its execute_command wrapped)."""
+    calls: list[Any] = []
+    plain = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
+            calls.append(args)
+        return plain(*args, **kwargs)
+
+    client.execute_command = counting
+    return calls
+
+
 def test_a_group_made_again_under_its_id_parks_without_spinning(make_coordinator):
     # The process has read a group's wake stream; the group is deleted (its stream with it)
     # and made again under the same id. The new group's first JoinGroup parks through the
@@ -293,15 +307,7 @@ def test_a_group_made_again_under_its_id_parks_without_spinning(make_coordinator
     assert coord.delete_groups(["g"])["g"].name == "NONE"
     assert client.exists(wake_key) == 0
 
-    await_replies = []
-    plain = client.execute_command
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
-            await_replies.append(args)
-        return plain(*args, **kwargs)
-
-    client.execute_command = counting
+    await_replies = _count_await_replies(client)
     c = coord.join_group("g", **join).member_id
     result = coord.join_group("g", c, **join)
     assert result.error.name == "NONE" and result.generation_id == 1
@@ -323,15 +329,7 @@ def test_a_group_made_again_while_its_old_wake_stream_lingers_parks_without_spin
     client.pexpire(wake_key, 60_000)
     join = {"protocol_type": "consumer", "protocols": [("range", b"")],
             "session_timeout_ms": 30_000, "rebalance_timeout_ms": 30_000}
-    await_replies = []
-    plain = client.execute_command
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        if args[0] == "FCALL" and str(args[1]).endswith("_await_reply"):
-            await_replies.append(args)
-        return plain(*args, **kwargs)
-
-    client.execute_command = counting
+    await_replies = _count_await_replies(client)
     c = coord.join_group("g", **join).member_id
     result = coord.join_group("g", c, **join)
     assert result.error.name == "NONE" and result.generation_id == 1
