@@ -8,7 +8,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -401,9 +401,8 @@ class Producer:
                     keys.append(producer_log_key(self._ns, topic, p, pid))
                 for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
                     chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
-                    args = [now, pid, self._epoch, seq.next + lo, lost, expiration,
-                            PRODUCER_PRUNE_PER_CALL, "",  # (unbounded sequences)
-                            *(a for i in chunk for a in encoded[i])]
+                    args = _idempotent_args(now, pid, self._epoch, seq.next + lo, lost,
+                                            expiration, "", [encoded[i] for i in chunk])
                     calls.append((APPEND_IDEMPOTENT, keys, args))
                     chunks.append((p, seq.next + lo, chunk))
             try:
@@ -452,6 +451,16 @@ class Producer:
             seq.lost_from = None
         elif seq.lost_from is None:
             seq.lost_from = lost_at
+
+
+def _idempotent_args(now: str, producer_id: str, epoch: int, first_sequence: int,
+                     lost_from: int | str, expiration: int, modulus: int | str,
+                     records: Sequence[list[Any]]) -> list[Any]:
+    """ARGV of one ``topic_append_idempotent.lua`` call (its header lists them): the one place
+    both the ``Producer`` and ``append_idempotent`` (the gateway's) lay them out. ``modulus``
+    is "" for rcoord's unbounded sequences, ``KAFKA_SEQUENCE_MODULUS`` for a Kafka producer's."""
+    return [now, producer_id, epoch, first_sequence, lost_from, expiration,
+            PRODUCER_PRUNE_PER_CALL, modulus, *(a for rec in records for a in rec)]
 
 
 def _rank(error: Errors) -> int:
@@ -559,8 +568,8 @@ def append_idempotent(
     for lo in range(0, len(recs), step):
         chunk = encoded[lo : lo + step]
         first = (base_sequence + lo) % KAFKA_SEQUENCE_MODULUS if wrapping else base_sequence + lo
-        args = [now, producer_id, producer_epoch, first, lost, expiration,
-                PRODUCER_PRUNE_PER_CALL, modulus, *(a for rec in chunk for a in rec)]
+        args = _idempotent_args(now, producer_id, producer_epoch, first, lost, expiration,
+                                modulus, chunk)
         calls.append((APPEND_IDEMPOTENT, keys, args))
     out: list[RecordMetadata] = []
     for lo, res in zip(range(0, len(recs), step), _run(redis_client, calls)):
