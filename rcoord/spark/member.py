@@ -48,7 +48,7 @@ from ..errors import Errors, RcoordError
 from ..protocol.offsets import TopicPartition
 from .options import ReadOptions
 from .plan import Position, limit_end
-from .resolve import DataLossError, continuity_loss
+from .resolve import continuity_loss, restart_after_loss
 
 __all__ = ["CommitOutcome", "StreamMember", "member_config"]
 
@@ -170,12 +170,7 @@ class StreamMember:
             # created again): data loss, as outside group mode (resolve.next_position).
             loss = continuity_loss(tp, begin[tp], (lo, hi), None, None)
             if loss is not None:
-                if self._fail:
-                    raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the "
-                                        f"earliest available offset ({lo})")
-                log.warning("%s; going on from the earliest available offset %d "
-                            "(failOnDataLoss=false)", loss, lo)
-                begin[tp] = starts[tp] = lo
+                begin[tp] = starts[tp] = restart_after_loss(loss, lo, self._fail)
         ends = limit_end(begin, {tp: bounds.get(tp, (0, begin[tp]))[1] for tp in assigned}, limit)
         end = Position(ends, starts, gen.generation_id, gen.member_id)
         if not starts and end.offsets == start.offsets and start.same_plan(end):

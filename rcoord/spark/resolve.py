@@ -26,6 +26,7 @@ __all__ = [
     "read_range",
     "resolve_offsets",
     "resolve_partitions",
+    "restart_after_loss",
     "subscribed_topics",
 ]
 
@@ -185,6 +186,19 @@ def resolve_offsets(
     return out
 
 
+def restart_after_loss(loss: str, log_start: int, fail_on_data_loss: bool) -> int:
+    """What a plan does with a partition ``continuity_loss`` found a gap in: a
+    ``DataLossError`` with ``failOnDataLoss``, else a warning, and the partition starts again
+    at ``log_start`` (returned). One rule for both modes (``next_position``, group mode's
+    ``StreamMember``)."""
+    if fail_on_data_loss:
+        raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the earliest "
+                            f"available offset ({log_start})")
+    log.warning("%s; going on from the earliest available offset %d (failOnDataLoss=false)",
+                loss, log_start)
+    return log_start
+
+
 Bounds = dict[TP, tuple[int, int]]
 
 
@@ -220,14 +234,8 @@ def next_position(
         begin[tp] = start.offsets[tp]
         loss = continuity_loss(tp, begin[tp], bounds[tp], start.tokens.get(tp.topic),
                                tokens.get(tp.topic))
-        if loss is None:
-            continue
-        if fail_on_data_loss:
-            raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the earliest "
-                                f"available offset ({lo})")
-        log.warning("%s; going on from the earliest available offset %d (failOnDataLoss=false)",
-                    loss, lo)
-        begin[tp] = starts[tp] = lo
+        if loss is not None:
+            begin[tp] = starts[tp] = restart_after_loss(loss, lo, fail_on_data_loss)
     if clamp is not None:
         bounds = clamp(bounds)
     end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, limit)
