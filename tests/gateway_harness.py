@@ -141,6 +141,16 @@ def connect(gw: GatewayThread) -> socket.socket:
     return socket.create_connection(gw.address, timeout=10)
 
 
+def call_once(gw: GatewayThread, api_key: int, version: int, body: dict[str, Any]) -> Any:
+    """One request on a connection of its own (a flexible version: response header v1)."""
+    sock = connect(gw)
+    try:
+        sock.sendall(request_frame(api_key, version, 3, body))
+        return response(sock, api_key, version, 5)
+    finally:
+        sock.close()
+
+
 class LossyProxy:
     """A TCP proxy in front of a gateway that loses the answer to chosen requests: it forwards
     the request, then closes the client's connection instead of forwarding the response, so the

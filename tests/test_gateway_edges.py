@@ -4,25 +4,14 @@ the largest timestamp and that timestamp, or -1 and -1 for an empty log."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import connect, request_frame, response
+from gateway_harness import call_once
 
 from rcoord.errors import Errors
 from rcoord.topics import Producer, ProducerRecord
-
-
-def _call(gw: Any, key: int, version: int, body: dict[str, Any]) -> Any:
-    sock = connect(gw)
-    try:
-        sock.sendall(request_frame(key, version, 3, body))
-        return response(sock, key, version, 5)
-    finally:
-        sock.close()
 
 
 def test_a_negative_fetch_offset_is_out_of_range_for_its_partition_only(gateway, redis_server,
@@ -34,7 +23,7 @@ def test_a_negative_fetch_offset_is_out_of_range_for_its_partition_only(gateway,
             "neg", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
     finally:
         client.close()
-    fetched = _call(gateway, 1, 12, {
+    fetched = call_once(gateway, 1, 12, {
         "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
         "topics": [{"topic": "neg", "partitions": [
             {"partition": 0, "fetch_offset": -1, "partition_max_bytes": 1 << 20},
@@ -54,7 +43,7 @@ def test_max_timestamp_names_the_last_record_or_nothing(gateway, redis_server, t
             "mx", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=0)])
     finally:
         client.close()
-    listed = _call(gateway, 2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+    listed = call_once(gateway, 2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
         {"name": "mx", "partitions": [{"partition_index": p, "timestamp": -3}
                                       for p in (0, 1)]}]})
     parts = {p.partition_index: p for p in listed.topics[0].partitions}

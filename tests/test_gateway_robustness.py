@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
 
 import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import connect, request_frame, response, running_gateway
+from gateway_harness import call_once, connect, request_frame, response, running_gateway
 
 from rcoord.errors import Errors
-
-
-def _call(gw: Any, key: int, version: int, body: dict[str, Any]) -> Any:
-    sock = connect(gw)
-    try:
-        sock.sendall(request_frame(key, version, 3, body))
-        return response(sock, key, version, 5)
-    finally:
-        sock.close()
 
 
 def test_a_fetch_that_waits_longer_than_the_redis_socket_timeout_is_answered_empty(
@@ -34,7 +24,7 @@ def test_a_fetch_that_waits_longer_than_the_redis_socket_timeout_is_answered_emp
     topics.create("quiet", 1)
     with running_gateway(redis_server, namespace, redis_kwargs={"socket_timeout": 0.5}) as gw:
         started = time.monotonic()
-        fetched = _call(gw, 1, 12, {
+        fetched = call_once(gw, 1, 12, {
             "replica_id": -1, "max_wait": 1500, "min_bytes": 1, "max_bytes": 1 << 20,
             "topics": [{"topic": "quiet", "partitions": [
                 {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
@@ -81,7 +71,7 @@ def test_a_parked_request_is_not_idle(redis_server, namespace, topics):
     # A Fetch waiting for records (max_wait) is a request in progress, however long.
     topics.create("slow", 1)
     with running_gateway(redis_server, namespace, connections_max_idle_ms=200) as gw:
-        fetched = _call(gw, 1, 12, {
+        fetched = call_once(gw, 1, 12, {
             "replica_id": -1, "max_wait": 700, "min_bytes": 1, "max_bytes": 1 << 20,
             "topics": [{"topic": "slow", "partitions": [
                 {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
