@@ -34,6 +34,7 @@ import redis.exceptions
 from .errors import ParkAbandonedError
 
 __all__ = [
+    "UNREACHABLE",
     "Claim",
     "Command",
     "Flow",
@@ -200,15 +201,16 @@ Op = (Script | ScriptBatch | Command | SharedRead | Claim | Pipeline | XRead | W
 Flow = Generator[Op, Any, R]
 
 
-_WHOLE_BATCH_FAILED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                       redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+               redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+"""Errors that say a call's master could not be reached (not what the call would answer)."""
 
 
 def _failed_whole(client: Any, op: ScriptBatch, exc: Exception) -> list[Any]:
     """redis-py fails a cluster pipeline as a whole when one of its masters cannot be reached:
     each call is then sent again alone (below), so the calls for the healthy masters are
     answered and only the unreachable master's fail. On one node the error is everyone's."""
-    if not hasattr(client, "get_node_from_key") or not isinstance(exc, _WHOLE_BATCH_FAILED):
+    if not hasattr(client, "get_node_from_key") or not isinstance(exc, UNREACHABLE):
         raise exc
     return [exc] * len(op.calls)
 

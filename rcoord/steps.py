@@ -23,6 +23,7 @@ from .config import CoordinatorConfig
 from .contract import reply_field
 from .errors import ConfigError, CoordinatorNotAvailableError, Errors, InvalidRequestError
 from .flow import (
+    UNREACHABLE,
     Claim,
     Command,
     Flow,
@@ -85,10 +86,6 @@ __all__ = [
     "present_as",
     "socket_timeout_ms",
 ]
-
-_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
-"""Errors that say a call's master could not be reached (not what the call would answer)."""
 
 DUE_BATCH = 1000
 """Groups read from a partition's due index per call of ``run_timers``."""
@@ -419,7 +416,7 @@ class GroupSteps:
                 calls.append((keys, [now, gid, *[x for _, args in chunk for x in args]]))
         replies = (yield ScriptBatch("heartbeat", calls)) if calls else []
         for (gid, chunk), (keys, args), reply in zip(chunks, calls, replies, strict=True):
-            if isinstance(reply, _UNREACHABLE):
+            if isinstance(reply, UNREACHABLE):
                 # This group's master cannot be reached (a cluster master down, the others up):
                 # its members get what Kafka answers when their coordinator is unavailable,
                 # which they retry; the other groups' answers stand.
