@@ -612,15 +612,17 @@ def _outage_client(server: EmbeddedServer) -> Any:
     return server.client(socket_timeout=0.3, retry=RedisRetry(NoBackoff(), 0))
 
 
+@pytest.mark.parametrize("commit", ["sync", "async"])
 @pytest.mark.parametrize("outage", ["killed", "sigstopped"])
 def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreachable(
-    own_server: EmbeddedServer, namespace: str, outage: str
+    own_server: EmbeddedServer, namespace: str, outage: str, commit: str
 ) -> None:
-    """A poll thread commits after each batch (Kafka's at-least-once loop); Redis becomes
-    unreachable; another thread calls close(timeout). The poll thread's commit retries for a
-    session timeout and close() waited for it, then retried the final revocation commit for
-    another one: close(0.5) took up to two session timeouts. close() must return within its
-    timeout (here: well before one session timeout), from any thread."""
+    """A poll thread commits after each batch (Kafka's at-least-once loop; or queues async
+    commits); Redis becomes unreachable; another thread calls close(timeout). The poll
+    thread's commit retries for a session timeout and close() waited for it, then retried the
+    final revocation commit for another one: close(0.5) took up to two session timeouts (and
+    queued async commits one each). close() must return within its timeout (here: well before
+    one session timeout, allowing for the one call in flight), from any thread."""
     client = _outage_client(own_server)
     Topics(client, namespace).create("t", 1)
     Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
@@ -635,16 +637,24 @@ def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreac
         auto_commit_interval_ms=100_000,  # auto-commit only on revocation (close())
     )
     got: list[ConsumerRecord] = []
-    in_commit = threading.Event()  # the loop is inside commit()
+    in_commit = threading.Event()  # the loop is inside commit(), or queued async ones
+    outage_began = threading.Event()
     ended: list[BaseException | None] = []
+    completions: list[BaseException | None] = []
 
     def loop() -> None:
         try:
             while True:
                 got.extend(consumer.poll(timeout=0.05))
-                in_commit.set()
-                consumer.commit()
-                in_commit.clear()
+                if commit == "sync":
+                    in_commit.set()
+                    consumer.commit()
+                    in_commit.clear()
+                    continue
+                for _ in range(20):
+                    consumer.commit_async(None, lambda offsets, exc: completions.append(exc))
+                if outage_began.is_set() and consumer._committer.pending >= 100:
+                    in_commit.set()
         except BaseException as exc:  # noqa: BLE001 - the test looks at how the loop ended
             ended.append(exc)
 
@@ -658,6 +668,7 @@ def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreac
             own_server.stop()
         else:
             os.kill(pid, signal.SIGSTOP)
+        outage_began.set()
         assert in_commit.wait(WAIT_S)  # the loop commits (retrying, or about to) in the outage
         closer = threading.Thread(target=consumer.close, args=(CLOSE_TIMEOUT_S,), daemon=True)
         closer.start()
