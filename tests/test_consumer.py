@@ -7,12 +7,16 @@ test_client_group (deterministic); the rest runs on a real server, one node and 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from harness import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry as RedisRetry
 from test_client_group import WAIT_S, OneMemberGroup, fast_config
 
 from rcoord import Errors, GroupCoordinator, MemberIdentity, TopicPartition
@@ -26,7 +30,8 @@ from rcoord.client import (
     OffsetOutOfRangeError,
 )
 from rcoord.client import consumer as consumer_module
-from rcoord.errors import ConfigError
+from rcoord.errors import ConfigError, RcoordError
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, Record, Topics
 
 TP = TopicPartition
@@ -584,3 +589,162 @@ def test_real_expired_member_reports_lost_and_rejoins(env: Any) -> None:
     with pytest.raises(CommitFailedError) as info:
         old.commit_offsets({TP("t", 0): 1})
     assert info.value.error is Errors.UNKNOWN_MEMBER_ID
+
+
+# -- close() from another thread --------------------------------------------------------------
+
+OUTAGE_SESSION_MS = 20_000
+"""The session timeout of the outage tests: long against close()'s timeout, so a close() that
+waits for a commit's retries (one session timeout each) shows, and short enough for the old
+behaviour's test run to end."""
+
+CLOSE_BOUND_S = 10.0
+"""How long those tests let close(timeout=CLOSE_TIMEOUT_S) take: far more than its timeout (a
+loaded machine), less than the session timeout its retries used to wait for."""
+
+CLOSE_TIMEOUT_S = 0.5
+
+
+def _outage_client(server: EmbeddedServer) -> Any:
+    """A client whose call fails within 0.3 s when the server is unreachable: no redis-py
+    retries (the default retries a call ten times, with back-off), a 0.3 s socket timeout (a
+    SIGSTOPped server never answers)."""
+    return server.client(socket_timeout=0.3, retry=RedisRetry(NoBackoff(), 0))
+
+
+@pytest.mark.parametrize("commit", ["sync", "async"])
+@pytest.mark.parametrize("outage", ["killed", "sigstopped"])
+def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreachable(
+    own_server: EmbeddedServer, namespace: str, outage: str, commit: str
+) -> None:
+    """A poll thread commits after each batch (Kafka's at-least-once loop; or queues async
+    commits); Redis becomes unreachable; another thread calls close(timeout). The poll
+    thread's commit retries for a session timeout and close() waited for it, then retried the
+    final revocation commit for another one: close(0.5) took up to two session timeouts (and
+    queued async commits one each). close() must return within its timeout (here: well before
+    one session timeout, allowing for the one call in flight), from any thread."""
+    client = _outage_client(own_server)
+    Topics(client, namespace).create("t", 1)
+    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
+    consumer = Consumer(
+        ConsumerGroupConfig(
+            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
+            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
+            retry_backoff_max_ms=100,
+        ),
+        fetch_max_wait_ms=20,
+        auto_commit_interval_ms=100_000,  # auto-commit only on revocation (close())
+    )
+    got: list[ConsumerRecord] = []
+    in_commit = threading.Event()  # the loop is inside commit(), or queued async ones
+    outage_began = threading.Event()
+    ended: list[BaseException | None] = []
+    completions: list[BaseException | None] = []
+
+    def loop() -> None:
+        try:
+            while True:
+                got.extend(consumer.poll(timeout=0.05))
+                if commit == "sync":
+                    in_commit.set()
+                    consumer.commit()
+                    in_commit.clear()
+                    continue
+                for _ in range(20):
+                    consumer.commit_async(None, lambda offsets, exc: completions.append(exc))
+                if outage_began.is_set() and consumer._committer.pending >= 100:
+                    in_commit.set()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how the loop ended
+            ended.append(exc)
+
+    poller = threading.Thread(target=loop, daemon=True)
+    poller.start()
+    pid = own_server.pid
+    assert pid is not None
+    try:
+        wait_until(lambda: len(got) == 5)
+        if outage == "killed":
+            own_server.stop()
+        else:
+            os.kill(pid, signal.SIGSTOP)
+        outage_began.set()
+        assert in_commit.wait(WAIT_S)  # the loop commits (retrying, or about to) in the outage
+        closer = threading.Thread(target=consumer.close, args=(CLOSE_TIMEOUT_S,), daemon=True)
+        closer.start()
+        closer.join(CLOSE_BOUND_S)
+        assert not closer.is_alive(), "close() waited for the unreachable coordinator"
+        poller.join(CLOSE_BOUND_S)
+        assert not poller.is_alive()
+        # The loop ended: its commit gave up (ConnectionLost), or the next call found the
+        # consumer closed.
+        assert len(ended) == 1 and isinstance(ended[0], RcoordError)
+    finally:
+        if outage == "sigstopped":
+            os.kill(pid, signal.SIGCONT)
+        consumer.close(timeout=WAIT_S)
+        poller.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's retries end by then
+        client.close()
+
+
+def _poll_in_a_thread(consumer: Consumer) -> tuple[threading.Thread, list[ConsumerRecord]]:
+    """A poll loop in its own thread, until the consumer is closed (iteration ends then)."""
+    got: list[ConsumerRecord] = []
+    thread = threading.Thread(target=lambda: got.extend(consumer), daemon=True)
+    thread.start()
+    return thread, got
+
+
+@pytest.mark.parametrize("timeout", [0.0, WAIT_S])
+def test_real_close_from_another_thread_commits_while_redis_answers(
+    env: Any, timeout: float
+) -> None:
+    """close() from another thread than the poll loop's: the loop stops, close() revokes, and
+    with a reachable coordinator the final commits land whatever the timeout: past it, a
+    commit is no longer retried but still sent once (close(0) included)."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(20)])
+    revoked: list[list[TopicPartition]] = []
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            revoked.append(sorted(partitions))
+            consumer.commit()
+
+    consumer = env.consumer(Committing(), enable_auto_commit=False)
+    loop, got = _poll_in_a_thread(consumer)
+    wait_until(lambda: len(got) == 20)
+    consumer.close(timeout=timeout)
+    loop.join(WAIT_S)
+    assert not loop.is_alive()
+    assert revoked == [[TP("t", 0), TP("t", 1)]]
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 2)
+    # It leaves the group (after close(0), from the group's thread, in the background).
+    wait_until(lambda: env.coord.describe_group("g").members == [])
+
+
+def test_real_close_from_another_thread_flushes_async_commits_of_the_revocation(
+    env: Any,
+) -> None:
+    """The async commits on_partitions_revoked makes during a close() from another thread land
+    in the generation and their callbacks run, before the member leaves."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(20)])
+    completions: list[BaseException | None] = []
+    queued = 50
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            for _ in range(queued):
+                consumer.commit_async(None, lambda offsets, exc: completions.append(exc))
+
+    consumer = env.consumer(Committing(), enable_auto_commit=False)
+    loop, got = _poll_in_a_thread(consumer)
+    wait_until(lambda: len(got) == 20)
+    consumer.close(timeout=WAIT_S)
+    loop.join(WAIT_S)
+    assert not loop.is_alive()
+    assert completions == [None] * queued
+    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 2)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConnectionLost
 from ..protocol.offsets import TopicPartition
 
 __all__ = ["AsyncCommitter", "Completion", "OffsetCommitCallback"]
@@ -59,6 +60,10 @@ class AsyncCommitter:
         self._submitted = 0
         self._finished = 0
         self._closed = False
+        # Set by give_up(); then, once a job could not reach the coordinator, the jobs left
+        # are failed unsent (_unreachable).
+        self._given_up = False
+        self._unreachable = False
         self._thread: threading.Thread | None = None
 
     def submit(
@@ -113,6 +118,17 @@ class AsyncCommitter:
             self._done.clear()
             return out
 
+    def give_up(self) -> None:
+        """The consumer's close() timeout passed: stop spending time on an unreachable
+        coordinator. Each job left is still sent once while the coordinator answers (a commit
+        made before close() is not dropped because close() was short); once one fails with
+        ``ConnectionLost``, every job after it fails with ``ConnectionLost`` unsent, at once,
+        its callback still run in order. (The retries inside a job are stopped by the group,
+        ``ConsumerGroup.stop_retrying``.)"""
+        with self._cond:
+            self._given_up = True
+            self._cond.notify_all()
+
     def close(self, timeout: float | None = None) -> None:
         """Finish the queued jobs (within ``timeout``), then stop the thread."""
         with self._cond:
@@ -129,12 +145,21 @@ class AsyncCommitter:
                 if not self._jobs:
                     return
                 job = self._jobs[0]
+                unsent = self._unreachable
             error: BaseException | None = None
-            try:
-                job.run()
-            except Exception as exc:  # noqa: BLE001 - handed to the callback, in order
-                error = exc
+            if unsent:
+                error = ConnectionLost(
+                    "commit not sent: close()'s timeout passed and an earlier commit could not "
+                    "reach the coordinator"
+                )
+            else:
+                try:
+                    job.run()
+                except Exception as exc:  # noqa: BLE001 - handed to the callback, in order
+                    error = exc
             with self._cond:
+                if self._given_up and isinstance(error, ConnectionLost):
+                    self._unreachable = True
                 self._jobs.popleft()
                 self._done.append(Completion(job.offsets, error, job.callback, job.token))
                 self._finished += 1

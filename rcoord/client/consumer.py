@@ -1024,11 +1024,52 @@ class Consumer(SubscriptionMixin):
 
         The final revocation runs before the consumer counts as closed, so the listener's
         ``commit()`` and ``commit_async()`` in ``on_partitions_revoked`` still work, as in
-        Kafka; the async commits are flushed (within ``timeout``) and their callbacks run
-        before the group is left, while the generation still accepts them.
-        Safe to call from another thread than ``poll()``'s, and more than once.
+        Kafka; the async commits are flushed and their callbacks run before the group is left,
+        while the generation still accepts them.
+
+        ``timeout`` (seconds) bounds the whole close, as Kafka's ``close(timeout)``: once it
+        has passed, commits and heartbeats stop retrying (each call still makes one attempt,
+        so with a reachable coordinator nothing is dropped), async commits still queued are
+        sent once each until one fails to reach the coordinator (the rest then fail unsent,
+        with ``ConnectionLost``), and close() stops waiting for the group's thread (which sends
+        LeaveGroup in the background). ``None``: the retries give up one session timeout after
+        close() began (the budget one call's retries have anyway), and close() waits for the
+        group's thread. Beyond the bound, close() may still wait for one Redis call in flight
+        (up to the client's socket timeout and its own retries) and for the listener.
+
+        Safe to call from another thread than ``poll()``'s, and more than once: a ``poll()``
+        running there returns at its next step (waits in it end by the same bound), then this
+        close() revokes.
         """
         self._stop.set()
+        started = time.monotonic()
+        deadline = None if timeout is None else started + max(0.0, timeout)
+        give_up_after = (
+            self._config.session_timeout_ms / 1000 if timeout is None else max(0.0, timeout)
+        )
+        timer = threading.Timer(give_up_after, self._give_up_waiting)
+        timer.daemon = True
+        timer.name = f"rcoord-{self._config.group_id}-close-timer"
+        timer.start()
+        try:
+            self._close(deadline)
+        finally:
+            timer.cancel()
+
+    def _give_up_waiting(self) -> None:
+        """close()'s bound has passed: stop retrying commits and heartbeats (here and in a
+        ``poll()`` running in another thread) and stop sending async commits to a coordinator
+        that cannot be reached."""
+        log.warning(
+            "group %r: close() is past its bound; commits and heartbeats stop retrying",
+            self._config.group_id,
+        )
+        group = self._group
+        if group is not None:
+            group.stop_retrying()
+        self._committer.give_up()
+
+    def _close(self, deadline: float | None) -> None:
         with self._lock:
             if self._closed or self._closing:
                 return  # closed, or close() called again from the listener it is running
@@ -1045,7 +1086,7 @@ class Consumer(SubscriptionMixin):
                         log.exception("the rebalance listener raised during close()")
                 # Else close() was called from inside a revocation callback: that revocation
                 # is this consumer's last.
-                self._committer.close(timeout)
+                self._committer.close(_remaining(deadline))
                 try:
                     self._run_commit_callbacks()
                 except Exception:
@@ -1059,7 +1100,7 @@ class Consumer(SubscriptionMixin):
                     hold.released.set()
                     hold.applied.set()
                 if self._group is not None:
-                    self._group.close(timeout)
+                    self._group.close(_remaining(deadline))
                 self._close_own_client()
 
     def __enter__(self) -> Self:
@@ -1107,6 +1148,11 @@ def _slice(deadline: float | None, cap: float) -> float:
     if deadline is None:
         return cap
     return max(0.0, min(cap, deadline - time.monotonic()))
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (None: no deadline), never negative."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _expired(deadline: float | None) -> bool:

@@ -323,6 +323,17 @@ class ConsumerGroup:
                 log.debug("closing the Redis client failed", exc_info=True)
             self._owned_client = None
 
+    def stop_retrying(self) -> None:
+        """Make the generation's commits and heartbeats stop retrying: each call from now on
+        makes one attempt, and a retry under way ends at its next pause.
+
+        For a holder whose ``close()`` timeout has passed before it closed this group
+        (``Consumer.close``, which revokes first): against an unreachable coordinator those
+        retries would otherwise go on for a session timeout each. ``close(timeout)`` does the
+        same once its own timeout passed. Meant for closing only: it is never undone.
+        """
+        self._finished.set()
+
     def leave_until_resumed(self, reason: str) -> None:
         """Leave the group now and stay out until ``resume()``: Kafka's reaction to an
         application that stopped polling for ``max.poll.interval.ms``. The current generation
