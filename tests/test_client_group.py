@@ -583,6 +583,28 @@ def test_join_error_is_reported_once_then_the_member_leaves_backs_off_and_rejoin
     assert state.joins == ["", "m-1", "", "m-2"]
 
 
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (Errors.INVALID_SESSION_TIMEOUT,
+         r"session_timeout_ms=\d+ is outside the namespace's group_min_session_timeout_ms"),
+        (Errors.INCONSISTENT_GROUP_PROTOCOL, r"share none of this member's assignors \[range"),
+        (Errors.GROUP_MAX_SIZE_REACHED, r"group_max_size members"),
+    ],
+)
+def test_a_join_refusal_says_which_setting_to_change(
+    fake_group: Any, error: Errors, says: str
+) -> None:
+    """Before, the message was only the code ("JoinGroup of 'g' failed: INVALID_SESSION_TIMEOUT"),
+    repeated every join_backoff_ms, with nothing naming session_timeout_ms or its bounds."""
+    state = OneMemberGroup()
+    state.join_answers.extend([None, error])
+    group = fake_group(state)
+    with pytest.raises(ProtocolError, match=says) as info:
+        group.next(timeout=WAIT_S)
+    assert info.value.error is error
+
+
 def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:
     state = OneMemberGroup()
     state.sync_answers.append(Errors.REBALANCE_IN_PROGRESS)

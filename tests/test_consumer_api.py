@@ -14,7 +14,7 @@ from harness import wait_until
 from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
-from rcoord import Errors, TopicPartition
+from rcoord import Errors, OffsetAndMetadata, TopicPartition
 from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError, WakeupError
 from rcoord.client.errors import IllegalStateError
 
@@ -341,3 +341,73 @@ def test_mixing_subscribe_and_assign_raises_until_unsubscribe(env: Any) -> None:
     wait_until(lambda: env.coord.describe_group("g").members == [])
     manual.assign([TP("t", 1)])
     assert manual.assignment() == [TP("t", 1)]
+
+
+def test_a_closed_consumer_raises_illegal_state_from_every_call(env: Any) -> None:
+    """Kafka's ``IllegalStateException("This consumer has already been closed.")``. Before,
+    ``poll``/``commit`` raised a bare RcoordError, ``seek``/``pause`` said the partition was
+    "not assigned; wait for on_partitions_assigned", ``committed``/``end_offsets`` a
+    GroupClosedError, and ``assignment``/``committed([])`` answered as if open."""
+    _fill(env, 1, 1)
+    consumer = env.consumer()
+    poll_until(consumer, lambda g: consumer.assignment() == [TP("t", 0)])
+    consumer.close(timeout=WAIT_S)
+    tp = TP("t", 0)
+    calls = {
+        "poll": lambda: consumer.poll(timeout=0),
+        "commit": lambda: consumer.commit(),
+        "commit_async": lambda: consumer.commit_async(),
+        "assignment": consumer.assignment,
+        "subscription": consumer.subscription,
+        "position": lambda: consumer.position(tp),
+        "seek": lambda: consumer.seek(tp, 0),
+        "seek_to_beginning": lambda: consumer.seek_to_beginning(),
+        "seek_to_end": lambda: consumer.seek_to_end([tp]),
+        "pause": lambda: consumer.pause([tp]),
+        "resume": lambda: consumer.resume([tp]),
+        "paused": consumer.paused,
+        "committed": lambda: consumer.committed([tp]),
+        "lag": consumer.lag,
+        "beginning_offsets": lambda: consumer.beginning_offsets([tp]),
+        "end_offsets": lambda: consumer.end_offsets([tp]),
+        "offsets_for_times": lambda: consumer.offsets_for_times({tp: 0}),
+        "subscribe": lambda: consumer.subscribe(["t"]),
+        "assign": lambda: consumer.assign([tp]),
+        "unsubscribe": consumer.unsubscribe,
+    }
+    for name, call in calls.items():
+        with pytest.raises(IllegalStateError, match="has been closed; create a new Consumer"):
+            call()
+            pytest.fail(f"{name}() on a closed consumer did not raise")
+    consumer.close()  # closing again is still fine
+    consumer.wakeup()
+
+
+def test_a_negative_commit_offset_is_refused_before_anything_is_sent(env: Any) -> None:
+    """Kafka's client refuses a negative offset ("Invalid negative offset"). Before, a -5 was
+    committed, read back by ``committed()`` and silently reset by the next owner."""
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 3)) == 3
+    consumer.commit({TP("t", 0): 2})
+    gen = consumer.generation
+    assert gen is not None
+    for call in (
+        lambda: consumer.commit({TP("t", 0): -5}),
+        lambda: consumer.commit({TP("t", 0): OffsetAndMetadata(-1)}),
+        lambda: consumer.commit_async({TP("t", 0): -7}),
+        lambda: gen.commit_offsets({TP("t", 0): -3}),
+    ):
+        with pytest.raises(ValueError, match="offset for t-0 must be >= 0"):
+            call()
+    with pytest.raises(TypeError, match="offset for t-0 must be an int"):
+        consumer.commit({TP("t", 0): "3"})
+    consumer.poll(timeout=0)  # runs any async callback; none was queued
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 2}
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == 2
+
+
+def test_poll_with_a_timeout_that_is_not_a_number_names_it(env: Any) -> None:
+    consumer = env.consumer(topics=[])
+    with pytest.raises(TypeError, match="timeout must be seconds"):
+        consumer.poll(timeout="1")  # type: ignore[arg-type]

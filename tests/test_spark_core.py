@@ -37,7 +37,7 @@ from rcoord.spark.resolve import (
     resolve_offsets,
     resolve_partitions,
 )
-from rcoord.spark.write import make_producer, row_to_record, write_rows
+from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
 from rcoord.topics import Producer, Topics, fetch
 
 TP = TopicPartition
@@ -351,6 +351,34 @@ def test_the_topic_option_wins_over_the_topic_column() -> None:
     # with option("topic", "out") goes to "out", not back into "in" for ever.
     assert row_to_record({"value": b"x", "topic": "in"}, "out")[0] == "out"
     assert row_to_record({"value": b"x", "topic": "in"}, None)[0] == "in"
+
+
+def test_a_write_is_checked_when_planned_and_never_overwrites() -> None:
+    """Spark's Kafka sink refuses SaveMode.Overwrite; before, ``mode("overwrite")`` appended
+    silently (measured on Spark 4.3: a 32-record topic had 33 after it), and a write without a
+    topic failed only inside each task."""
+    with pytest.raises(OptionError, match=r'^mode: .*\.mode\("append"\)'):
+        check_write_plan(["key", "value"], "out", overwrite=True)
+    with pytest.raises(OptionError, match="^topic: set .option"):
+        check_write_plan(["key", "value"], None, overwrite=False)
+    with pytest.raises(OptionError, match="^value: a write needs a value column"):
+        check_write_plan(["key", "topic"], None, overwrite=False)
+    check_write_plan(["Value", "Topic"], None, overwrite=False)  # columns are case-insensitive
+    check_write_plan(["value"], "out", overwrite=False)
+
+
+def test_the_data_source_refuses_a_batch_overwrite_and_accepts_append() -> None:
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from rcoord.spark.source import RcoordDataSource
+
+    source = RcoordDataSource({**URL, "topic": "out"})
+    schema = StructType([StructField("value", BinaryType())])
+    with pytest.raises(OptionError, match="^mode: "):
+        source.writer(schema, True)
+    assert source.writer(schema, False) is not None
+    assert source.streamWriter(schema, True) is not None  # Complete output mode: appends
 
 
 def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(

@@ -371,6 +371,29 @@ def test_unknown_topic_and_partition(
         producer.send("t", "text", partition=0)  # type: ignore[arg-type]
 
 
+def test_records_of_the_wrong_type_are_named_before_a_partition_is_chosen(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """Before, the partitioner met a bad key or value first: a str key failed with bytes()'s
+    "string argument without an encoding", an int value with "object of type 'int' has no
+    len()", int headers with "'int' object is not iterable"."""
+    topics.create("t", 2)
+    with pytest.raises(TypeError, match="key must be bytes or None, got str"):
+        producer.send("t", b"x", key="k")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="value must be bytes or None, got int"):
+        producer.send("t", 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key must be bytes or None, got int"):
+        bad_key: Any = 7
+        producer.send_batch("t", [ProducerRecord(b"a"), ProducerRecord(b"b", bad_key)])
+    with pytest.raises(TypeError, match="headers must be a mapping or a sequence"):
+        producer.send("t", b"x", headers=5)  # type: ignore[arg-type]
+    assert [p.log_end_offset for p in topics.describe("t").partitions] == [0, 0]  # nothing sent
+    with pytest.raises(TypeError, match="redis_client must be a redis.Redis"):
+        Producer("redis://127.0.0.1:6379/0", namespace)
+    with pytest.raises(TypeError, match="redis_client must be a redis.Redis"):
+        Topics(None, namespace)
+
+
 def test_scripts_reload_after_script_flush(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str
 ) -> None:

@@ -75,7 +75,7 @@ from .errors import (
     OffsetOutOfRangeError,
     WakeupError,
 )
-from .generation import Generation, GenerationContext
+from .generation import Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
 from .polltimer import PollTimer
 from .subscription import SubscriptionMixin
@@ -320,6 +320,7 @@ class Consumer(SubscriptionMixin):
     def assignment(self) -> list[TopicPartition]:
         """The partitions currently assigned to this consumer, sorted (inside a cooperative
         ``on_partitions_revoked``, the revoked ones too, as in Kafka)."""
+        self._check_open()
         if self._pending_revocation:
             return sorted(self._assigned + self._pending_revocation)
         return list(self._assigned)
@@ -330,6 +331,7 @@ class Consumer(SubscriptionMixin):
         Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException),
         and ``InvalidOffsetError`` if it has no position (``start_offset="none"``).
         """
+        self._check_open()
         key = self._require_assigned(tp, "read the position of")
         if key in self._invalid:
             raise self._invalid_offsets_error([key])
@@ -365,6 +367,7 @@ class Consumer(SubscriptionMixin):
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"seek offset must be an int >= 0, got {offset!r}")
         with self._lock:
+            self._check_open()
             key = self._require_assigned(tp, "seek")
             self._position[key] = self._fetch_pos[key] = offset
             self._invalid.pop(key, None)
@@ -384,6 +387,7 @@ class Consumer(SubscriptionMixin):
 
     def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
         with self._lock:
+            self._check_open()
             wanted = self._partitions_arg(partitions, "seek")
             for tp, offset in self._log_edge(wanted, edge).items():
                 self.seek(tp, offset)
@@ -399,6 +403,7 @@ class Consumer(SubscriptionMixin):
         return self._log_edge(partitions, 1)
 
     def _log_edge(self, partitions: list[TopicPartition], edge: int) -> dict[TopicPartition, int]:
+        self._check_open()
         coord = self._coordinator()
         wanted = [TopicPartition(*tp) for tp in partitions]
         return {tp: coord.log_offsets(tp.topic, tp.partition)[edge] for tp in wanted}
@@ -409,6 +414,7 @@ class Consumer(SubscriptionMixin):
         """Per partition, the earliest offset whose record's timestamp (ms) is at or after the
         given one, or None when no record is that recent (Kafka's ``offsetsForTimes``). Any
         partition of an existing topic, assigned or not."""
+        self._check_open()
         asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
         found = self._coordinator().offsets_for_times(keys)
@@ -418,21 +424,25 @@ class Consumer(SubscriptionMixin):
         """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
         the member stays in the group). Pausing is forgotten when a partition is revoked."""
         with self._lock:
+            self._check_open()
             self._paused.update(self._partitions_arg(list(partitions), "pause"))
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         """Return records of ``partitions`` again, from where they were paused."""
         with self._lock:
+            self._check_open()
             self._paused.difference_update(self._partitions_arg(list(partitions), "resume"))
 
     def paused(self) -> list[TopicPartition]:
         """The paused partitions, sorted."""
+        self._check_open()
         return sorted(self._paused)
 
     def committed(
         self, partitions: list[TopicPartition] | None = None
     ) -> dict[TopicPartition, int]:
         """Committed offsets from the coordinator (-1: none), of ``partitions`` or the assignment."""
+        self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
             return {}
@@ -441,6 +451,7 @@ class Consumer(SubscriptionMixin):
 
     def lag(self) -> dict[TopicPartition, int]:
         """Records between the position and the log end, per assigned partition."""
+        self._check_open()
         coord = self._coordinator()
         out: dict[TopicPartition, int] = {}
         for tp in self._assigned:
@@ -464,6 +475,10 @@ class Consumer(SubscriptionMixin):
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
+        if timeout is not None and (
+            not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+        ):
+            raise TypeError(f"timeout must be seconds (a float) or None, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
@@ -528,17 +543,19 @@ class Consumer(SubscriptionMixin):
         """Commit ``offsets`` (next offset to read, per partition), or every current position.
 
         Fenced by the generation: raises ``CommitFailedError`` if the group rebalanced since
-        (then the partitions are revoked at the next ``poll()``).
+        (then the partitions are revoked at the next ``poll()``). A negative offset raises
+        ``ValueError`` and nothing is committed, as Kafka's ``OffsetAndMetadata`` refuses one.
         """
+        given = None if offsets is None else commit_offsets_arg(offsets)
         with self._lock:
             self._check_open()
             self._wait_async_commits()
             target = self._commit_target()
             if target is None:
-                if offsets:
+                if given:
                     raise _no_generation()
                 return
-            wanted = dict(offsets) if offsets is not None else self._positions()
+            wanted = given if given is not None else self._positions()
             target[0](wanted)
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
@@ -556,11 +573,13 @@ class Consumer(SubscriptionMixin):
         exception)`` (exception None on success; ``CommitFailedError`` when fenced) runs in
         that same order, from a later ``poll()``, ``commit()`` or ``close()`` in the caller's
         thread, never from the background thread. ``commit()`` waits for earlier async commits.
+        A negative offset raises ``ValueError`` here, at the call, as in ``commit()``.
         """
+        given = None if offsets is None else commit_offsets_arg(offsets)
         with self._lock:
             self._check_open()
             target = self._commit_target()
-            wanted = dict(offsets) if offsets is not None else self._positions()
+            wanted = given if given is not None else self._positions()
             plain = {
                 TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 for tp, off in wanted.items()
@@ -1008,8 +1027,14 @@ class Consumer(SubscriptionMixin):
     # -- lifecycle
 
     def _check_open(self) -> None:
+        """Every call but ``close()`` and ``wakeup()`` on a closed consumer raises, as Kafka's
+        ``IllegalStateException("This consumer has already been closed.")``: after close the
+        consumer holds no partitions and no group, so an answer would be made up (``seek``
+        said the partition was "not assigned; wait for on_partitions_assigned")."""
         if self._closed:
-            raise RcoordError("the consumer is closed")
+            raise IllegalStateError(
+                "this consumer has been closed; create a new Consumer to consume again"
+            )
 
     def _close_own_client(self) -> None:
         if self._owned_client is not None:

@@ -22,7 +22,13 @@ from .coordinator import Coordinator
 from .errors import CommitFailedError, GenerationEndedError
 from .policy import Reaction, combine, outranks, reaction_for
 
-__all__ = ["EndReason", "Generation", "GenerationContext", "PartitionAssignment"]
+__all__ = [
+    "EndReason",
+    "Generation",
+    "GenerationContext",
+    "PartitionAssignment",
+    "commit_offsets_arg",
+]
 
 log = logging.getLogger("rcoord.client")
 
@@ -40,6 +46,33 @@ _COMMIT_WHY = {
     Errors.FENCED_INSTANCE_ID: "another process took over group instance id {iid}",
     Errors.REBALANCE_IN_PROGRESS: "the group is completing a rebalance",
 }
+
+
+def commit_offsets_arg(
+    offsets: Mapping[Any, int | OffsetAndMetadata],
+) -> dict[TopicPartition, int | OffsetAndMetadata]:
+    """``offsets`` of a commit, keyed by ``TopicPartition``, checked before anything is sent.
+
+    An offset is the next one to read, so it is never negative: Kafka's client refuses one
+    when the ``OffsetAndMetadata`` is built ("Invalid negative offset"). The coordinator stores
+    any int64 (Kafka's broker does too), so without this check a -5 was committed, read back as
+    a position outside the log and silently reset by the next owner.
+    """
+    out: dict[TopicPartition, int | OffsetAndMetadata] = {}
+    for tp, off in offsets.items():
+        if not isinstance(tp, tuple) or len(tp) != 2:
+            raise TypeError(f"commit offsets must be keyed by TopicPartition(topic, partition), "
+                            f"got {tp!r}")
+        key = TopicPartition(tp[0], tp[1])
+        value = off.offset if isinstance(off, OffsetAndMetadata) else off
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"offset for {key.topic}-{key.partition} must be an int or an "
+                            f"OffsetAndMetadata, got {off!r}")
+        if value < 0:
+            raise ValueError(f"offset for {key.topic}-{key.partition} must be >= 0 (the next "
+                             f"offset to read), got {value}")
+        out[key] = off
+    return out
 
 
 class EndReason(enum.Enum):
@@ -306,13 +339,12 @@ class Generation:
         """OffsetCommit stamped with this generation and member id (fenced by the coordinator).
 
         ``offsets`` maps ``TopicPartition(topic, partition)`` (or a ``(topic, partition)`` pair)
-        to the next offset to read. Raises ``CommitFailedError`` if the group has rebalanced
-        since this generation started (and ends the generation, per ``ERROR_POLICY``),
-        ``ConnectionLost`` if Redis stayed unreachable, and ``ProtocolError`` for other codes.
+        to the next offset to read (``ValueError`` if negative, checked before anything is sent).
+        Raises ``CommitFailedError`` if the group has rebalanced since this generation started
+        (and ends the generation, per ``ERROR_POLICY``), ``ConnectionLost`` if Redis stayed
+        unreachable, and ``ProtocolError`` for other codes.
         """
-        prepared: dict[TopicPartition, OffsetAndMetadata | int] = {
-            TopicPartition(tp[0], tp[1]): off for tp, off in offsets.items()
-        }
+        prepared = commit_offsets_arg(offsets)
         if not prepared:
             return
 

@@ -69,6 +69,30 @@ __all__ = [
 log = logging.getLogger("rcoord.client")
 
 
+def join_error_hint(error: Errors, cfg: ConsumerGroupConfig) -> str:
+    """What to change after a JoinGroup refusal that no retry can mend, as Kafka's exception
+    messages say it (``InvalidSessionTimeoutException``: "not within the range allowed by the
+    broker"). The member backs off and joins again (``ERROR_POLICY``, "anything else"), so the
+    warning repeats this every ``join_backoff_ms`` until the setting is changed."""
+    if error is Errors.INVALID_SESSION_TIMEOUT:
+        return (
+            f" (session_timeout_ms={cfg.session_timeout_ms} is outside the namespace's "
+            "group_min_session_timeout_ms..group_max_session_timeout_ms, Kafka's 6000..1800000 "
+            "unless changed: set session_timeout_ms within them, or change the namespace "
+            "settings with CoordinatorConfig)"
+        )
+    if error is Errors.INCONSISTENT_GROUP_PROTOCOL:
+        names = ", ".join(a if isinstance(a, str) else a.name for a in cfg.assignors)
+        return (
+            f" (the group's members share none of this member's assignors [{names}], or "
+            "use another protocol type: give every member of the group a common assignor)"
+        )
+    if error is Errors.GROUP_MAX_SIZE_REACHED:
+        return (" (the group already has the namespace's group_max_size members: stop one, "
+                "or raise group_max_size)")
+    return ""
+
+
 def join_generation(
     reason: str,
     member_id: str,
@@ -147,7 +171,9 @@ def join_generation(
             continue
         if joined.error is not Errors.NONE:
             raise ProtocolError.of(
-                joined.error, f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+                joined.error,
+                f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+                + join_error_hint(joined.error, cfg),
             )
         break
     member_id = joined.member_id

@@ -194,6 +194,7 @@ class SubscriptionMixin:
         """The topics this consumer is subscribed to, sorted (Kafka's ``subscription()``): the
         named ones, or, by pattern, those it matched when the current generation was joined
         (none between generations); [] when it is not subscribed (``assign()`` included)."""
+        self._check_open()
         if self._group is None:
             return []
         if self._config.topic_pattern is None:

@@ -58,7 +58,7 @@ from .resolve import (
     resolve_partitions,
 )
 from .rows import SCHEMA_DDL, records_to_batch
-from .write import make_producer, write_rows
+from .write import check_write_plan, make_producer, write_rows
 
 __all__ = ["RcoordDataSource"]
 
@@ -125,21 +125,16 @@ class RcoordDataSource(DataSource):
         return StreamReader(parse_read_options(self.options, ReadKind.STREAM))
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
-        _check_write_schema(schema)
-        return BatchWriter(parse_write_options(self.options))
+        opts = parse_write_options(self.options)
+        check_write_plan([f.name for f in schema.fields], opts.topic, overwrite)
+        return BatchWriter(opts)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
-        _check_write_schema(schema)
-        return StreamWriter(parse_write_options(self.options))
-
-
-def _check_write_schema(schema: Any) -> None:
-    from .options import OptionError
-
-    names = {f.name.lower() for f in schema.fields}
-    if "value" not in names:
-        raise OptionError("value: a write needs a value column (binary or string); the "
-                          f"DataFrame has {sorted(names)}")
+        # ``overwrite`` is the Complete output mode here, which Spark's Kafka sink accepts
+        # (every result row is appended each trigger), so only the batch writer refuses it.
+        opts = parse_write_options(self.options)
+        check_write_plan([f.name for f in schema.fields], opts.topic, False)
+        return StreamWriter(opts)
 
 
 # -- batch read --------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..topics import Producer, ProducerRecord, RecordMetadata
 from .options import OptionError
 from .retry import EarlierAttempts, check_duplicates
 
-__all__ = ["WriteResult", "make_producer", "row_to_record", "write_rows"]
+__all__ = ["WriteResult", "check_write_plan", "make_producer", "row_to_record", "write_rows"]
 
 log = logging.getLogger("rcoord.spark")
 
@@ -42,6 +42,29 @@ def _bytes(name: str, value: Any) -> bytes | None:
     if isinstance(value, str):
         return value.encode()
     raise TypeError(f"column {name} must be binary or string, got {type(value).__name__}")
+
+
+def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite: bool) -> None:
+    """What a write can be told before any task runs (Spark's Kafka sink checks the same when
+    the query is analysed), so a bad write fails once, at ``save()``/``start()``, naming what
+    to change, not in every task.
+
+    * ``overwrite``: a topic is a log, so a batch write only appends; Spark's Kafka sink refuses
+      ``Overwrite`` too. Before, ``mode("overwrite")`` appended silently. (The default
+      ``ErrorIfExists`` never reaches a data source: Spark refuses it for Python data sources
+      and asks for Append or Overwrite, so the message here says which.)
+    * a ``value`` column, and a topic: the ``topic`` option or a ``topic`` column.
+    """
+    if overwrite:
+        raise OptionError('mode: an rcoord topic is a log that writes only append to; use '
+                          '.mode("append") (Spark\'s Kafka sink refuses Overwrite too)')
+    names = {c.lower() for c in columns}
+    if "value" not in names:
+        raise OptionError("value: a write needs a value column (binary or string); the "
+                          f"DataFrame has {sorted(names)}")
+    if not topic_option and "topic" not in names:
+        raise OptionError("topic: set .option('topic', NAME) or give the DataFrame a topic "
+                          f"column; it has {sorted(names)}")
 
 
 def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[str, ProducerRecord]:

@@ -4,7 +4,7 @@
 import functools
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -341,6 +341,11 @@ def _check_namespace(namespace: str) -> None:
 
 def _check_client(client: Any) -> None:
     """Record values are bytes; a decoding client would corrupt them (or fail on binary)."""
+    if not callable(getattr(client, "get_encoder", None)):
+        raise TypeError(
+            f"redis_client must be a redis.Redis or redis.RedisCluster client (e.g. "
+            f"redis.Redis.from_url(url)), got {type(client).__name__}"
+        )
     if client.get_encoder().decode_responses:
         raise TypeError("rcoord topics need a Redis client with decode_responses=False")
 
@@ -396,7 +401,7 @@ def _encode_record(rec: ProducerRecord) -> list[Any]:
 def _header_pairs(headers: Any) -> list[list[Any]]:
     """A record's headers as stored: ``[[name, value], ...]`` in order, repeats kept."""
     items = headers.items() if isinstance(headers, Mapping) else headers
-    if isinstance(items, (str, bytes, bytearray)):
+    if isinstance(items, (str, bytes, bytearray)) or not isinstance(items, Iterable):
         raise TypeError("headers must be a mapping or a sequence of (str, bytes) pairs")
     out: list[list[Any]] = []
     for pair in items:

@@ -323,6 +323,10 @@ class Producer:
     def _send(self, topic: str, recs: list[ProducerRecord], atomic: bool = False
               ) -> list[RecordMetadata]:
         _check_topic(topic)
+        # Records are checked (and encoded) before a partition is chosen: the partitioner reads
+        # the key and the value's length, so a str key failed there with bytes()'s "string
+        # argument without an encoding" and an int value with "has no len()".
+        encoded = [_encode_record(rec) for rec in recs]
         n = self._num_partitions(topic)
         parts: list[int] = []
         for rec in recs:
@@ -336,7 +340,6 @@ class Producer:
                 raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                                  f"{topic} has no partition {p} (count {n})")
             parts.append(p)
-        encoded = [_encode_record(rec) for rec in recs]
 
         by_part: dict[int, list[int]] = {}
         for i, p in enumerate(parts):
