@@ -285,6 +285,53 @@ def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
     assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
 
 
+@pytest.mark.parametrize("subscription", [
+    {"subscribe": "re,keep"}, {"subscribe": "", "assign": '{"re": [0, 1], "keep": [0]}'}])
+def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_created_again(
+        subscription: dict[str, str], redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, caplog: Any) -> None:
+    # A named topic deleted while the query runs. Before, every plan after the deletion failed
+    # with "subscribe: unknown topic" whatever failOnDataLoss said; Spark's Kafka source reports
+    # the partitions as gone (data loss) and, without failOnDataLoss, goes on without them.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("re", 2)
+    topics.create("keep", 1)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("re", [b"old"] * 10)
+    producer.send_batch("keep", [b"k"] * 3)
+    strict = _stream_reader(redis_server.url, namespace, **subscription)
+    first = strict.initialOffset()
+    batch = strict.latestOffset(first, every)
+    assert Position.from_json(batch).offsets == {TP("re", 0): 5, TP("re", 1): 5,
+                                                 TP("keep", 0): 3}
+
+    topics.delete("re")
+    producer.send_batch("keep", [b"k"] * 2)
+    with pytest.raises(DataLossError, match=r"^topic 're' partition 0 is gone \(the topic was "
+                                            r"deleted\) .* from offset 5 on.*failOnDataLoss=false"):
+        strict.latestOffset(batch, every)
+    # a query that starts now: the topic is unknown, a plain option error as before
+    with pytest.raises(OptionError, match="unknown topic 're'"):
+        _stream_reader(redis_server.url, namespace, **subscription).initialOffset()
+
+    lenient = _stream_reader(redis_server.url, namespace, failOnDataLoss="false", **subscription)
+    with caplog.at_level("WARNING", logger="rcoord.spark"):
+        nxt = lenient.latestOffset(batch, every)
+    assert Position.from_json(nxt).offsets == {TP("keep", 0): 5}
+    assert _offsets(lenient, batch, nxt) == [(0, 3), (0, 4)]  # keep's new records only
+    assert "topic 're' partition 1 is gone" in caplog.text
+    assert lenient.latestOffset(nxt, every) == nxt  # nothing new: no second report
+
+    # created again: its partitions are new to the query, read from their log start
+    topics.create("re", 2)
+    producer.send_batch("re", [b"new"] * 4)
+    again = lenient.latestOffset(nxt, every)
+    assert Position.from_json(again).starts == {TP("re", 0): 0, TP("re", 1): 0}
+    assert _offsets(lenient, nxt, again) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 def test_continuity_loss_names_topic_partition_and_offsets(
         single_client: Any, namespace: str, topics: Topics) -> None:
     tp = TP("gap", 0)

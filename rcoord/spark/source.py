@@ -245,7 +245,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n is not None else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        parts = resolve_partitions(self._admin(), self.opts)
+        # Spark calls this before initialOffset, also when a query restarts on a checkpoint:
+        # a topic deleted meanwhile is for latestOffset to report (data loss).
+        parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
         self._target = {tp: hi for tp, (_, hi) in log_bounds(self._admin(), parts).items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -253,8 +255,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         n = self._limit(limit)
         if self.opts.group_id is not None:
             return self._membership().plan(pos, self._bounds, n).to_json()
-        parts = resolve_partitions(self._admin(), self.opts)
-        bounds, tokens = log_snapshot(self._admin(), parts)
+        # A topic deleted since the query started is data loss (next_position), not an
+        # unknown topic: only initialOffset insists that every named topic exists.
+        parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
+        bounds, tokens = log_snapshot(self._admin(), sorted(set(parts) | set(pos.offsets)))
+        read = {tp.topic for tp in parts}
+        tokens = {t: v for t, v in tokens.items() if t in read}
         nxt = next_position(pos, parts, bounds, tokens, n, self.opts.fail_on_data_loss,
                             self._clamp)
         return start if nxt is None else nxt.to_json()
