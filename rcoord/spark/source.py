@@ -200,8 +200,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _admin(self) -> Topics:
         return Topics(_client(self.opts.url), self.opts.namespace)
 
-    def _bounds(self, parts: Sequence[TP]) -> dict[TP, tuple[int, int]]:
-        return self._clamp(log_bounds(self._admin(), parts))
+    def _snapshot(self, parts: Sequence[TP]) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
+        """Group mode's ``latest``: clamped log bounds and the topics' create tokens."""
+        bounds, tokens = log_snapshot(self._admin(), parts)
+        return self._clamp(bounds), tokens
 
     def _clamp(self, bounds: dict[TP, tuple[int, int]]) -> dict[TP, tuple[int, int]]:
         """availableNow: no log end past the target (the ends when the run began)."""
@@ -254,7 +256,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pos = Position.from_json(start)
         n = self._limit(limit)
         if self.opts.group_id is not None:
-            return self._membership().plan(pos, self._bounds, n).to_json()
+            return self._membership().plan(pos, self._snapshot, n).to_json()
         # A topic deleted since the query started is data loss (next_position), not an
         # unknown topic: only initialOffset insists that every named topic exists.
         parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
