@@ -285,6 +285,53 @@ def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
     assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
 
 
+@pytest.mark.parametrize("subscription", [
+    {"subscribe": "re,keep"}, {"subscribe": "", "assign": '{"re": [0, 1], "keep": [0]}'}])
+def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_created_again(
+        subscription: dict[str, str], redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, caplog: Any) -> None:
+    # A named topic deleted while the query runs. Before, every plan after the deletion failed
+    # with "subscribe: unknown topic" whatever failOnDataLoss said; Spark's Kafka source reports
+    # the partitions as gone (data loss) and, without failOnDataLoss, goes on without them.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("re", 2)
+    topics.create("keep", 1)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("re", [b"old"] * 10)
+    producer.send_batch("keep", [b"k"] * 3)
+    strict = _stream_reader(redis_server.url, namespace, **subscription)
+    first = strict.initialOffset()
+    batch = strict.latestOffset(first, every)
+    assert Position.from_json(batch).offsets == {TP("re", 0): 5, TP("re", 1): 5,
+                                                 TP("keep", 0): 3}
+
+    topics.delete("re")
+    producer.send_batch("keep", [b"k"] * 2)
+    with pytest.raises(DataLossError, match=r"^topic 're' partition 0 is gone \(the topic was "
+                                            r"deleted\) .* from offset 5 on.*failOnDataLoss=false"):
+        strict.latestOffset(batch, every)
+    # a query that starts now: the topic is unknown, a plain option error as before
+    with pytest.raises(OptionError, match="unknown topic 're'"):
+        _stream_reader(redis_server.url, namespace, **subscription).initialOffset()
+
+    lenient = _stream_reader(redis_server.url, namespace, failOnDataLoss="false", **subscription)
+    with caplog.at_level("WARNING", logger="rcoord.spark"):
+        nxt = lenient.latestOffset(batch, every)
+    assert Position.from_json(nxt).offsets == {TP("keep", 0): 5}
+    assert _offsets(lenient, batch, nxt) == [(0, 3), (0, 4)]  # keep's new records only
+    assert "topic 're' partition 1 is gone" in caplog.text
+    assert lenient.latestOffset(nxt, every) == nxt  # nothing new: no second report
+
+    # created again: its partitions are new to the query, read from their log start
+    topics.create("re", 2)
+    producer.send_batch("re", [b"new"] * 4)
+    again = lenient.latestOffset(nxt, every)
+    assert Position.from_json(again).starts == {TP("re", 0): 0, TP("re", 1): 0}
+    assert _offsets(lenient, nxt, again) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
 def test_continuity_loss_names_topic_partition_and_offsets(
         single_client: Any, namespace: str, topics: Topics) -> None:
     tp = TP("gap", 0)
@@ -604,7 +651,7 @@ def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_clie
     Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 40)
 
     def latest(parts: Any) -> Any:
-        return log_bounds(topics, parts)
+        return log_snapshot(topics, parts)
 
     a = _member(redis_server.url, namespace, single_client)
     b = _member(redis_server.url, namespace, single_client)
@@ -678,7 +725,7 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
     Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 40)
 
     def latest(parts: Any) -> Any:
-        return log_bounds(topics, parts)
+        return log_snapshot(topics, parts)
 
     old = _member(redis_server.url, namespace, single_client, sessionTimeoutMs="60000",
                   rebalanceTimeoutMs="60000")
@@ -697,17 +744,20 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
         new.close(5)
 
 
-def test_a_group_member_treats_a_start_past_the_log_end_as_data_loss(
+def test_a_group_member_treats_a_recreated_topic_as_data_loss(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:
-    # The topic was deleted and created again under the member: its next start (5) is past
-    # the new log end (2). Before, the member jumped to the log end whatever failOnDataLoss
-    # said, skipping the new topic's first records.
+    # The topic was deleted and created again under the member, and then holds more records
+    # than the group's committed offset (5). Before 2026-11-23 a start past the new log end
+    # was the only sign (and before that, the member jumped to the log end whatever
+    # failOnDataLoss said); a committed offset within the new topic was taken as it was, and
+    # the new topic's first records were skipped. Commits now carry the topic's create token.
     topics.create("ev", 2)
-    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 10)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"x"] * 10)
 
     def latest(parts: Any) -> Any:
-        return log_bounds(topics, parts)
+        return log_snapshot(topics, parts)
 
     strict = _member(redis_server.url, namespace, single_client)
     try:
@@ -715,20 +765,98 @@ def test_a_group_member_treats_a_start_past_the_log_end_as_data_loss(
         assert batch.offsets == {TP("ev", 0): 5, TP("ev", 1): 5}
         topics.delete("ev")
         topics.create("ev", 2)
-        Producer(single_client, namespace, "round_robin").send_batch("ev", [b"y"] * 4)
-        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0: the planned start "
-                                                r"offset 5 is past the log end offset 2"):
+        producer.send_batch("ev", [b"y"] * 4)
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0: the topic was deleted "
+                                                r"and created again since offset 5 was planned"):
             strict.plan(batch, latest, None)
     finally:
         strict.close(5)
+    committed = coord.fetch_offsets("g").offsets
+    assert {tp: o.offset for tp, o in committed.items()} == batch.offsets  # the old topic's
+    producer.send_batch("ev", [b"y"] * 10)  # 7 per partition now: 5 is within the new topic
     lenient = _member(redis_server.url, namespace, single_client, failOnDataLoss="false")
     try:
-        # the group committed 5 (strict's batch); the new topic is read from its start
+        # the group committed 5 in the old topic; the new topic is read from its start
         nxt = lenient.plan(lenient.initial(10), latest, None)
         assert nxt.starts == {TP("ev", 0): 0, TP("ev", 1): 0}
-        assert nxt.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
+        assert nxt.offsets == {TP("ev", 0): 7, TP("ev", 1): 7}
     finally:
         lenient.close(5)
+
+
+def test_a_group_member_reports_a_deleted_topic_as_data_loss_and_reads_it_anew(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, caplog: Any) -> None:
+    # Before, a subscribed topic deleted under a group member was dropped without a word
+    # whatever failOnDataLoss said: its partitions read as empty until the leader's partition
+    # watcher rebalanced them away, and the rebase forgot them.
+    topics.create("ev", 2)
+    topics.create("keep", 1)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"x"] * 10)
+    producer.send_batch("keep", [b"k"] * 3)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    def member(group: str, **kw: str) -> StreamMember:
+        o = parse_read_options({"url": redis_server.url, "namespace": namespace,
+                                "subscribe": "ev,keep", "groupId": group,
+                                "sessionTimeoutMs": "1500", "heartbeatIntervalMs": "200",
+                                "rebalanceTimeoutMs": "5000", **kw}, ReadKind.STREAM, env={})
+        return StreamMember(ConsumerGroup(member_config(o, ["ev", "keep"], single_client)),
+                            rejoin_wait_s=0.2, fail_on_data_loss=o.fail_on_data_loss)
+
+    lenient = member("g", failOnDataLoss="false")
+    try:
+        batch = lenient.plan(lenient.initial(10), latest, None)
+        assert batch.offsets == {TP("ev", 0): 5, TP("ev", 1): 5, TP("keep", 0): 3}
+        topics.delete("ev")
+        producer.send_batch("keep", [b"k"] * 2)
+        with caplog.at_level("WARNING", logger="rcoord.spark"):
+            nxt = lenient.plan(batch, latest, None)
+        assert nxt.offsets == {TP("keep", 0): 5}
+        assert "topic 'ev' partition 0 is gone" in caplog.text
+        assert "topic 'ev' partition 1 is gone" in caplog.text
+
+        # the leader's partition watcher rebalances the deleted topic away
+        state: dict[str, Any] = {"pos": nxt, "read": []}
+
+        def rebalanced() -> bool:
+            state["pos"] = lenient.plan(state["pos"], latest, None)
+            return bool(state["pos"].generation != batch.generation)
+
+        wait_until(rebalanced, timeout_s=10)
+        assert state["pos"].offsets == {TP("keep", 0): 5}
+        # created again, with more records than the offsets the group committed (5, in the
+        # deleted topic): the next rebalance gives it back at those offsets, and the member
+        # reads it from its log start (the commits' create token is not the new topic's)
+        topics.create("ev", 2)
+        producer.send_batch("ev", [b"y"] * 14)
+
+        def reads_ev_again() -> bool:
+            prev = state["pos"]
+            state["pos"] = lenient.plan(prev, latest, None)
+            state["read"] += [r for r in ranges_between(prev, state["pos"]) if r.topic == "ev"]
+            return any(r.topic == "ev" for r in state["read"])
+
+        wait_until(reads_ev_again, timeout_s=10)
+        assert sorted(state["read"], key=lambda r: r.partition) == [OffsetRange("ev", 0, 0, 7),
+                                                                   OffsetRange("ev", 1, 0, 7)]
+    finally:
+        lenient.close(5)
+
+    strict = member("s")
+    try:
+        batch = strict.plan(strict.initial(10), latest, None)
+        assert batch.offsets == {TP("ev", 0): 7, TP("ev", 1): 7, TP("keep", 0): 5}
+        topics.delete("ev")
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0 is gone \(the topic "
+                                                r"was deleted\) .* from offset 7 on.*"
+                                                r"failOnDataLoss=false"):
+            strict.plan(batch, latest, None)
+    finally:
+        strict.close(5)
 
 
 # -- how the runner process ends (rcoord.spark.shutdown) -----------------------------------------

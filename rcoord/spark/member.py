@@ -45,18 +45,28 @@ from ..client import (
     GroupClosedError,
 )
 from ..errors import Errors, RcoordError
-from ..protocol.offsets import TopicPartition
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .options import ReadOptions
 from .plan import Position, limit_end
-from .resolve import continuity_loss, restart_after_loss
+from .resolve import continuity_loss, drop_after_loss, gone_loss, restart_after_loss
 
-__all__ = ["CommitOutcome", "StreamMember", "member_config"]
+__all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
 
 log = logging.getLogger("rcoord.spark")
 
 TP = TopicPartition
-LatestFn = Callable[[Sequence[TP]], Mapping[TP, tuple[int, int]]]
-"""(partitions) -> partition -> (log start, log end)."""
+LatestFn = Callable[[Sequence[TP]], tuple[Mapping[TP, tuple[int, int]], Mapping[str, str]]]
+"""(partitions) -> (partition -> (log start, log end), topic -> create token); a partition or
+topic that does not exist is missing."""
+
+TOKEN_METADATA = "rcoord-create-token:"
+"""Commit metadata prefix: the create token of the topic the committed offset belongs to, so the
+partition's next owner can tell an offset of a deleted topic from one of the topic created again
+under the same name (whose offsets began again at 0)."""
+
+
+def _token_of(metadata: str) -> str | None:
+    return metadata[len(TOKEN_METADATA):] or None if metadata.startswith(TOKEN_METADATA) else None
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,12 @@ class StreamMember:
         # coordinator accepts while the old member's session and generation last, would move
         # the group past records nobody processed.
         self._planned: set[tuple[int, str]] = set()
+        # Partitions found gone (their topic deleted) and reported once; read from their log
+        # start if the topic comes back while this process runs.
+        self._gone: set[TP] = set()
+        # Per partition, the create token of the topic the generation's base offset (the
+        # group's committed offset, or this process's last commit) belongs to; None unknown.
+        self._base_tokens: dict[TP, str | None] = {}
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -163,16 +179,41 @@ class StreamMember:
             # left): go on from what the group has committed for our partitions.
             begin = {tp: self._base(tp) for tp in assigned}
             starts = dict(begin)
-        bounds = latest(assigned)
+        bounds, tokens = latest(sorted(set(assigned) | set(start.offsets)))
+        # A partition this query was reading (in ``start``) or was given that no longer exists:
+        # its topic was deleted. Data loss, reported once (resolve.drop_after_loss); the plan
+        # goes on without it. The leader's partition watcher soon rebalances it away, and that
+        # rebase must not hide it, so ``start`` is checked whichever generation planned it.
+        for tp in sorted(set(start.offsets) | set(assigned)):
+            if tp not in bounds and tp not in self._gone:
+                drop_after_loss(gone_loss(tp, start.offsets.get(tp, begin.get(tp, 0))),
+                                self._fail)
+                self._gone.add(tp)
         for tp in assigned:
-            lo, hi = bounds.get(tp, (begin[tp], begin[tp]))
-            # Below the log start (retention) or past the log end (the topic was deleted and
-            # created again): data loss, as outside group mode (resolve.next_position).
-            loss = continuity_loss(tp, begin[tp], (lo, hi), None, None)
+            if tp not in bounds:
+                del begin[tp]
+                starts.pop(tp, None)
+                continue
+            lo, hi = bounds[tp]
+            if tp in self._gone:
+                # Created again after this process saw it gone: new to the query, read from
+                # its log start (the group's committed offset belongs to the deleted topic).
+                self._gone.discard(tp)
+                begin[tp] = starts[tp] = lo
+                continue
+            # The topic was deleted and created again (another create token than the one the
+            # offset was planned or committed in), the offset is below the log start
+            # (retention) or past the log end: data loss, as outside group mode
+            # (resolve.next_position).
+            planned = (start.tokens.get(tp.topic) if tp not in starts else None) \
+                or self._base_tokens.get(tp)
+            loss = continuity_loss(tp, begin[tp], (lo, hi), planned, tokens.get(tp.topic))
             if loss is not None:
                 begin[tp] = starts[tp] = restart_after_loss(loss, lo, self._fail)
-        ends = limit_end(begin, {tp: bounds.get(tp, (0, begin[tp]))[1] for tp in assigned}, limit)
-        end = Position(ends, starts, gen.generation_id, gen.member_id)
+        ends = limit_end(begin, {tp: bounds[tp][1] for tp in begin}, limit)
+        read = {tp.topic for tp in begin}
+        end = Position(ends, starts, gen.generation_id, gen.member_id,
+                       tokens={t: v for t, v in tokens.items() if t in read})
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
         self._planned.add((gen.generation_id, gen.member_id))
@@ -210,7 +251,7 @@ class StreamMember:
                 return None
             assert gen is not None
             try:
-                gen.commit_offsets(todo)
+                gen.commit_offsets(_with_tokens(todo, pos.tokens))
             except CommitFailedError as exc:
                 log.warning("group %r: %s", gen.group_id, exc)
                 return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
@@ -219,13 +260,14 @@ class StreamMember:
                 self._sent.pop(stamp, None)
                 return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
             self._committed.update(todo)
+            self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
             return self._record(pos, todo, Errors.NONE)
         # This process's plan from an earlier generation: let the coordinator fence it with
         # its own stamp.
         try:
             result = self._group.coordinator.commit_offsets(
                 self._group.config.group_id,
-                dict(pos.offsets),
+                _with_tokens(pos.offsets, pos.tokens),
                 member_id=pos.member or "",
                 generation_id=pos.generation,
             )
@@ -258,11 +300,28 @@ class StreamMember:
         base = {tp: self._base(tp) for tp in sorted(self._gen.offsets)}
         return Position(base, dict(base), self._gen.generation_id, self._gen.member_id)
 
+    def _committed_tokens(self, gen: Generation) -> dict[TP, str | None]:
+        """The create tokens the group's committed offsets of ``gen``'s partitions were
+        committed with (``TOKEN_METADATA``; None for a commit without one, e.g. a plain
+        worker's, or if the fetch fails: then only a start past the log end shows a
+        re-creation)."""
+        if not gen.offsets:
+            return {}
+        try:
+            fetched = self._group.coordinator.fetch_offsets(gen.group_id, sorted(gen.offsets))
+        except RcoordError as exc:
+            log.warning("group %r: reading the committed offsets' metadata failed: %s",
+                        gen.group_id, exc)
+            return {}
+        return {tp: _token_of(om.metadata or "") for tp, om in fetched.offsets.items()}
+
     def _adopt(self, gen: Generation) -> None:
         hold = threading.Event()
         self._hold = hold
         self._gen = gen
         self._committed = {}
+        self._gone = set()
+        self._base_tokens = self._committed_tokens(gen)
 
         def revoke(ctx: GenerationContext) -> None:
             # Returning lets the group rejoin: only after plan() committed what this
@@ -290,3 +349,10 @@ class StreamMember:
             return False
         self._adopt(gen)
         return True
+
+
+def _with_tokens(offsets: Mapping[TP, int],
+                 tokens: Mapping[str, str]) -> dict[TP, OffsetAndMetadata | int]:
+    """Offsets to commit, each with the create token of its topic as metadata when known."""
+    return {tp: OffsetAndMetadata(o, TOKEN_METADATA + tokens[tp.topic])
+            if tokens.get(tp.topic) else o for tp, o in offsets.items()}

@@ -20,6 +20,8 @@ from .plan import OffsetRange, Position, limit_end
 __all__ = [
     "DataLossError",
     "continuity_loss",
+    "drop_after_loss",
+    "gone_loss",
     "log_bounds",
     "log_snapshot",
     "next_position",
@@ -42,37 +44,51 @@ class DataLossError(RuntimeError):
     """
 
 
-def subscribed_topics(admin: Topics, opts: ReadOptions) -> list[str]:
-    """The topics the subscription names that exist; an unknown ``subscribe``/``assign`` topic
-    is an error (a pattern simply matches what exists now)."""
+def subscribed_topics(admin: Topics, opts: ReadOptions, *, must_exist: bool = True) -> list[str]:
+    """The topics the subscription names that exist now (a pattern matches what exists now).
+
+    With ``must_exist`` (where a read starts: a batch read, a stream's ``initialOffset``, joining
+    the group) an unknown ``subscribe``/``assign`` topic is an ``OptionError``: a typo should
+    not start a query that reads nothing. Without it (a running stream planning its next batch)
+    a topic deleted meanwhile is left out, and the plan reports the partitions it was reading
+    as gone (``gone_loss``), as Spark's Kafka source does.
+    """
     if opts.pattern is not None:
         regex = re.compile(opts.pattern)
         return [t for t in admin.list() if regex.fullmatch(t)]
     names = list(opts.topics) if opts.assign is None else list(opts.assign)
+    out = []
     for topic in names:
         try:
             admin.partition_count(topic)
         except TopicError as exc:
-            if exc.error in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
+            if exc.error not in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
+                raise
+            if must_exist:
                 raise OptionError(f"{opts.subscription}: unknown topic {topic!r} in namespace "
                                   f"{opts.namespace!r}") from None
-            raise
-    return names
+            continue
+        out.append(topic)
+    return out
 
 
-def resolve_partitions(admin: Topics, opts: ReadOptions) -> list[TP]:
-    """Every partition the read covers, sorted."""
+def resolve_partitions(admin: Topics, opts: ReadOptions, *, must_exist: bool = True) -> list[TP]:
+    """Every partition the read covers, sorted (``must_exist`` as in ``subscribed_topics``:
+    without it, an ``assign`` partition past the topic's count now is left out too)."""
     out: list[TP] = []
-    for topic in subscribed_topics(admin, opts):
+    for topic in subscribed_topics(admin, opts, must_exist=must_exist):
         try:
             count = admin.partition_count(topic)
-        except TopicError as exc:  # a pattern's topic deleted meanwhile
-            if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and opts.pattern is not None:
+        except TopicError as exc:  # deleted since it was listed
+            if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and (opts.pattern is not None
+                                                                   or not must_exist):
                 continue
             raise
         if opts.assign is not None:
             for p in opts.assign[topic]:
                 if p >= count:
+                    if not must_exist:
+                        continue  # re-created with fewer partitions: this one is gone
                     raise OptionError(f"assign: topic {topic!r} has {count} partitions; there "
                                       f"is no partition {p}")
                 out.append(TP(topic, p))
@@ -199,6 +215,26 @@ def restart_after_loss(loss: str, log_start: int, fail_on_data_loss: bool) -> in
     return log_start
 
 
+def gone_loss(tp: TP, planned: int) -> str:
+    """What ``drop_after_loss`` reports for a partition a query was reading that no longer
+    exists: its topic was deleted (or created again with fewer partitions)."""
+    return (f"topic {tp.topic!r} partition {tp.partition} is gone (the topic was deleted) while "
+            f"the query was reading it: records from offset {planned} on, if there were any, "
+            "were never read")
+
+
+def drop_after_loss(loss: str, fail_on_data_loss: bool) -> None:
+    """What a plan does with a partition that is gone (``gone_loss``): a ``DataLossError`` with
+    ``failOnDataLoss``, else a warning, and the plan goes on without it. Spark's Kafka source
+    does the same with partitions that disappear between two batches ("... are gone. Some data
+    may have been missed"). If the topic is created again, its partitions are new to the query
+    and are read from their log start."""
+    if fail_on_data_loss:
+        raise DataLossError(f"{loss}; set failOnDataLoss=false to go on without it")
+    log.warning("%s; going on without it (failOnDataLoss=false); if the topic is created "
+                "again, the query reads it from its log start", loss)
+
+
 Bounds = dict[TP, tuple[int, int]]
 
 
@@ -221,7 +257,14 @@ def next_position(
     check uses the real log ends, not the clamped ones: records appended after availableNow's
     target was taken may have moved ``start`` past it. A partition new to the read starts at
     its log start, as in Spark's Kafka source.
+
+    A partition of ``start`` that ``bounds`` lacks is gone (its topic was deleted; ``bounds``
+    covers ``start``'s partitions too, so one the read no longer names but that still exists
+    is simply dropped): ``drop_after_loss``, an error or a warning and a plan without it.
     """
+    for tp in sorted(start.offsets):
+        if tp not in bounds:
+            drop_after_loss(gone_loss(tp, start.offsets[tp]), fail_on_data_loss)
     begin: dict[TP, int] = {}
     starts: dict[TP, int] = {}
     for tp in partitions:

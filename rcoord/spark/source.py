@@ -195,8 +195,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _admin(self) -> Topics:
         return Topics(_client(self.opts.url), self.opts.namespace)
 
-    def _bounds(self, parts: Sequence[TP]) -> dict[TP, tuple[int, int]]:
-        return self._clamp(log_bounds(self._admin(), parts))
+    def _snapshot(self, parts: Sequence[TP]) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
+        """Group mode's ``latest``: clamped log bounds and the topics' create tokens."""
+        bounds, tokens = log_snapshot(self._admin(), parts)
+        return self._clamp(bounds), tokens
 
     def _clamp(self, bounds: dict[TP, tuple[int, int]]) -> dict[TP, tuple[int, int]]:
         """availableNow: no log end past the target (the ends when the run began)."""
@@ -240,16 +242,22 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n is not None else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        parts = resolve_partitions(self._admin(), self.opts)
+        # Spark calls this before initialOffset, also when a query restarts on a checkpoint:
+        # a topic deleted meanwhile is for latestOffset to report (data loss).
+        parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
         self._target = {tp: hi for tp, (_, hi) in log_bounds(self._admin(), parts).items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         pos = Position.from_json(start)
         n = self._limit(limit)
         if self.opts.group_id is not None:
-            return self._membership().plan(pos, self._bounds, n).to_json()
-        parts = resolve_partitions(self._admin(), self.opts)
-        bounds, tokens = log_snapshot(self._admin(), parts)
+            return self._membership().plan(pos, self._snapshot, n).to_json()
+        # A topic deleted since the query started is data loss (next_position), not an
+        # unknown topic: only initialOffset insists that every named topic exists.
+        parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
+        bounds, tokens = log_snapshot(self._admin(), sorted(set(parts) | set(pos.offsets)))
+        read = {tp.topic for tp in parts}
+        tokens = {t: v for t, v in tokens.items() if t in read}
         nxt = next_position(pos, parts, bounds, tokens, n, self.opts.fail_on_data_loss,
                             self._clamp)
         return start if nxt is None else nxt.to_json()
