@@ -11,6 +11,8 @@ import ast
 import concurrent.futures
 import dataclasses
 import inspect
+import pickle
+import re
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from rcoord.client import (
     EndReason,
     GenerationEndedError,
     GroupClosedError,
+    JoinRefusedError,
     PartitionAssignment,
     Reaction,
     reaction_for,
@@ -369,16 +372,15 @@ def _documented_policy() -> dict[str, tuple[str, ...]]:
     borders = [i for i, line in enumerate(lines) if line.startswith("=====")]
     assert len(borders) == 3, "the table has a header and a body"
     rows: dict[str, tuple[str, ...]] = {}
-    pending: list[str] = []
+    last: tuple[str, ...] = ()
     for line in lines[borders[1] + 1 : borders[2]]:
         cells = line.split()
-        if len(cells) == 1:  # a name continued on the next line
-            pending.append(cells[0].rstrip(","))
+        if len(cells) == 1:  # one more name of the row above (its cells are on that line)
+            assert last, "a continued name needs a row above it"
+            rows[cells[0].rstrip(",")] = last
             continue
-        names = [*pending, " ".join(cells[:-4]).rstrip(",")]
-        pending = []
-        for name in names:
-            rows[name] = tuple(cells[-4:])
+        last = tuple(cells[-4:])
+        rows[" ".join(cells[:-4]).rstrip(",")] = last
     return rows
 
 
@@ -403,7 +405,8 @@ def test_reaction_for_maps_codes_exceptions_and_unknowns() -> None:
     assert reaction_for(Errors.UNKNOWN_MEMBER_ID) == Reaction(False, "reset", "lost", "rejoin")
     assert reaction_for(ProtocolError.of(Errors.REBALANCE_IN_PROGRESS)).partitions == "revoked"
     assert reaction_for(ConnectionLost("down")).retry
-    assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL) is OTHERWISE
+    assert reaction_for(Errors.UNKNOWN_SERVER_ERROR) is OTHERWISE
+    assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL).then == "fatal"
     assert reaction_for(ValueError("bug")) is OTHERWISE
 
 
@@ -415,7 +418,8 @@ def test_reaction_for_maps_codes_exceptions_and_unknowns() -> None:
         Errors.UNKNOWN_MEMBER_ID,
         Errors.FENCED_INSTANCE_ID,
         Errors.COORDINATOR_NOT_AVAILABLE,
-        Errors.GROUP_AUTHORIZATION_FAILED,  # "anything else"
+        Errors.GROUP_AUTHORIZATION_FAILED,  # fatal, as in Kafka's heartbeat handler
+        Errors.UNKNOWN_SERVER_ERROR,  # "anything else"
     ],
 )
 def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) -> None:
@@ -435,10 +439,16 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
     if row.retry:
         assert state.heartbeats > 3  # it was retried for a session timeout before giving up
     if row.then == "fatal":
-        with pytest.raises(FencedInstanceIdError):
+        with pytest.raises(ProtocolError) as info:
             group.next(timeout=WAIT_S)
-        with pytest.raises(FencedInstanceIdError):  # and for good: the group closed itself
+        assert info.value.error is error
+        if error is Errors.FENCED_INSTANCE_ID:
+            assert isinstance(info.value, FencedInstanceIdError)
+        with pytest.raises(ProtocolError) as info:  # and for good: the group closed itself
             group.next(timeout=WAIT_S)
+        assert info.value.error is error
+        if row.member_id == "leave":
+            assert state.leaves == ["m-1"]
         return
     if row.then == "backoff":
         with pytest.raises(ProtocolError) as info:
@@ -572,11 +582,11 @@ def test_join_error_is_reported_once_then_the_member_leaves_backs_off_and_rejoin
 ) -> None:
     state = OneMemberGroup()
     # The first join gets its member id as usual; the join with it fails.
-    state.join_answers.extend([None, Errors.INCONSISTENT_GROUP_PROTOCOL])
+    state.join_answers.extend([None, Errors.UNKNOWN_SERVER_ERROR])
     group = fake_group(state)
-    with pytest.raises(ProtocolError, match="INCONSISTENT_GROUP_PROTOCOL") as info:
+    with pytest.raises(ProtocolError, match="UNKNOWN_SERVER_ERROR") as info:
         group.next(timeout=WAIT_S)
-    assert info.value.error is Errors.INCONSISTENT_GROUP_PROTOCOL
+    assert info.value.error is Errors.UNKNOWN_SERVER_ERROR
     gen = group.next(timeout=WAIT_S)
     assert state.leaves == ["m-1"]  # kafka-go: leave, forget the id, back off
     assert gen.member_id == "m-2"
@@ -590,6 +600,8 @@ def test_join_error_is_reported_once_then_the_member_leaves_backs_off_and_rejoin
          r"session_timeout_ms=\d+ is outside the namespace's group_min_session_timeout_ms"),
         (Errors.INCONSISTENT_GROUP_PROTOCOL, r"share none of this member's assignors \[range"),
         (Errors.GROUP_MAX_SIZE_REACHED, r"group_max_size members"),
+        (Errors.INVALID_GROUP_ID, r"group_id='g' is not a valid group id"),
+        (Errors.GROUP_AUTHORIZATION_FAILED, r"may not use group 'g'"),
     ],
 )
 def test_a_join_refusal_says_which_setting_to_change(
@@ -600,9 +612,47 @@ def test_a_join_refusal_says_which_setting_to_change(
     state = OneMemberGroup()
     state.join_answers.extend([None, error])
     group = fake_group(state)
-    with pytest.raises(ProtocolError, match=says) as info:
+    with pytest.raises(JoinRefusedError, match=says) as info:
         group.next(timeout=WAIT_S)
     assert info.value.error is error
+    assert re.search(says, info.value.hint)
+    again = pickle.loads(pickle.dumps(info.value))  # crosses processes (Spark executors)
+    assert (type(again), again.error, again.hint, str(again)) == (
+        JoinRefusedError, error, info.value.hint, str(info.value)
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Errors.INVALID_SESSION_TIMEOUT,
+        Errors.INCONSISTENT_GROUP_PROTOCOL,
+        Errors.GROUP_MAX_SIZE_REACHED,
+        Errors.INVALID_GROUP_ID,
+        Errors.GROUP_AUTHORIZATION_FAILED,
+    ],
+)
+def test_a_join_refusal_no_retry_can_mend_is_fatal(fake_group: Any, error: Errors) -> None:
+    """Kafka's JoinGroupResponseHandler raises these to the application as fatal. Before, they
+    were "anything else": next() raised once, then the member backed off and joined again, for
+    ever (every join_backoff_ms), and the next next() handed out a generation once the refusal
+    stopped. Now the group closes: every next() raises the refusal, nothing joins again.
+    GROUP_MAX_SIZE_REACHED: the coordinator removed the member already (and answered without a
+    member id), so there is nothing to leave; the others leave with their KIP-394 member id."""
+    state = OneMemberGroup()
+    state.join_answers.extend([None, error])
+    group = fake_group(state)
+    for _ in range(2):  # once, and for good
+        with pytest.raises(JoinRefusedError) as info:
+            group.next(timeout=WAIT_S)
+        assert info.value.error is error and info.value.hint
+    assert group.closed
+    thread = group._thread
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert state.joins == ["", "m-1"]  # no join after the refusal
+    assert state.leaves == ([] if error is Errors.GROUP_MAX_SIZE_REACHED else ["m-1"])
 
 
 def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:

@@ -26,6 +26,7 @@ from rcoord.client import (
     ConsumerGroupConfig,
     ConsumerRebalanceListener,
     ConsumerRecord,
+    JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
 )
@@ -182,6 +183,22 @@ def test_poll_without_generation_times_out_and_commit_is_a_noop(fake_consumer: A
     consumer.commit()  # nothing assigned: nothing to do
     with pytest.raises(CommitFailedError, match="no generation"):
         consumer.commit({TP("t", 0): 1})
+
+
+def test_a_join_refusal_no_retry_can_mend_is_raised_by_every_poll(fake_consumer: Any) -> None:
+    """Kafka's poll() throws InvalidSessionTimeoutException (and the other JoinGroup refusals) as
+    fatal. Before, poll() raised it once and then went on joining every join_backoff_ms, and a
+    later poll() consumed as if nothing had happened."""
+    state = OneMemberGroup(partitions=1, records=3)
+    state.join_answers.extend([None, Errors.INVALID_SESSION_TIMEOUT])
+    consumer = fake_consumer(state)
+    for _ in range(3):
+        with pytest.raises(JoinRefusedError, match="session_timeout_ms=90") as info:
+            consumer.poll(timeout=WAIT_S)
+        assert info.value.error is Errors.INVALID_SESSION_TIMEOUT
+        assert "group_min_session_timeout_ms" in info.value.hint
+    assert state.joins == ["", "m-1"]
+    assert consumer.generation is None
 
 
 def test_listener_exception_propagates_after_the_step_completes(fake_consumer: Any) -> None:
@@ -589,6 +606,50 @@ def test_real_expired_member_reports_lost_and_rejoins(env: Any) -> None:
     with pytest.raises(CommitFailedError) as info:
         old.commit_offsets({TP("t", 0): 1})
     assert info.value.error is Errors.UNKNOWN_MEMBER_ID
+
+
+def test_real_group_max_size_reached_is_fatal_for_the_member_that_does_not_fit(
+    make_coordinator: Any, redis_client: Any, namespace: str
+) -> None:
+    """A namespace with group_max_size=1: the second consumer's poll() raises
+    JoinRefusedError(GROUP_MAX_SIZE_REACHED) with the hint, from every poll, and it never joins
+    again; the first consumer keeps its partitions (no rebalance). Before, the second member
+    joined again every join_backoff_ms, for ever."""
+    coord = make_coordinator(group_max_size=1)
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2)
+    Producer(redis_client, namespace).send_batch("t", [b"%d" % i for i in range(4)])
+    consumers: list[Consumer] = []
+
+    def make() -> Consumer:
+        c = Consumer(
+            ConsumerGroupConfig(
+                group_id="g", topics=["t"], redis_client=redis_client, namespace=namespace,
+                heartbeat_interval_ms=50, session_timeout_ms=1000, rebalance_timeout_ms=3000,
+                retry_backoff_ms=10, retry_backoff_max_ms=100, join_backoff_ms=20,
+            ),
+            fetch_max_wait_ms=20,
+        )
+        consumers.append(c)
+        return c
+
+    try:
+        first, second = make(), make()
+        poll_until(first, lambda g: len(g) == 4)
+        gen = first.generation
+        assert gen is not None
+        for _ in range(2):
+            with pytest.raises(JoinRefusedError, match="group_max_size") as info:
+                second.poll(timeout=WAIT_S)
+            assert info.value.error is Errors.GROUP_MAX_SIZE_REACHED
+        assert second.group.closed
+        members = coord.describe_group("g").members
+        assert [m.member_id for m in members] == [gen.member_id]
+        first.poll(timeout=0.05)
+        assert first.generation is gen and not gen.done.is_set()
+    finally:
+        for c in consumers:
+            c.close(timeout=WAIT_S)
 
 
 # -- close() from another thread --------------------------------------------------------------

@@ -16,6 +16,7 @@ __all__ = [
     "GroupClosedError",
     "IllegalStateError",
     "InvalidOffsetError",
+    "JoinRefusedError",
     "NoOffsetForPartitionError",
     "OffsetOutOfRangeError",
     "WakeupError",
@@ -42,6 +43,24 @@ class CommitFailedError(ProtocolError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.error, self.partitions))
+
+
+class JoinRefusedError(ProtocolError):
+    """The coordinator refused JoinGroup for a reason no retry can mend: a setting of this
+    member or of the namespace has to change first (INVALID_SESSION_TIMEOUT,
+    INCONSISTENT_GROUP_PROTOCOL, GROUP_MAX_SIZE_REACHED, INVALID_GROUP_ID,
+    GROUP_AUTHORIZATION_FAILED). As in Kafka, which raises these from ``poll()`` as fatal
+    exceptions (``InvalidSessionTimeoutException``, ``GroupMaxSizeReachedException``, ...), it
+    closes the group: ``ConsumerGroup.next()`` and ``Consumer.poll()`` raise it from then on.
+    ``error`` is the code; ``hint`` says which setting to change ("" if there is nothing to
+    add to the code)."""
+
+    def __init__(self, message: str = "", error: Errors | None = None, hint: str = "") -> None:
+        super().__init__(message, error)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.error, self.hint))
 
 
 class GroupClosedError(RcoordError):

@@ -52,6 +52,7 @@ from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
+from .errors import JoinRefusedError
 from .generation import Generation
 from .retry import Retry
 
@@ -72,24 +73,29 @@ log = logging.getLogger("rcoord.client")
 def join_error_hint(error: Errors, cfg: ConsumerGroupConfig) -> str:
     """What to change after a JoinGroup refusal that no retry can mend, as Kafka's exception
     messages say it (``InvalidSessionTimeoutException``: "not within the range allowed by the
-    broker"). The member backs off and joins again (``ERROR_POLICY``, "anything else"), so the
-    warning repeats this every ``join_backoff_ms`` until the setting is changed."""
+    broker"). These refusals are fatal (``ERROR_POLICY``): the group closes, and
+    ``JoinRefusedError`` carries this hint to the application. "" for other codes."""
     if error is Errors.INVALID_SESSION_TIMEOUT:
         return (
-            f" (session_timeout_ms={cfg.session_timeout_ms} is outside the namespace's "
+            f"session_timeout_ms={cfg.session_timeout_ms} is outside the namespace's "
             "group_min_session_timeout_ms..group_max_session_timeout_ms, Kafka's 6000..1800000 "
             "unless changed: set session_timeout_ms within them, or change the namespace "
-            "settings with CoordinatorConfig)"
+            "settings with CoordinatorConfig"
         )
     if error is Errors.INCONSISTENT_GROUP_PROTOCOL:
         names = ", ".join(a if isinstance(a, str) else a.name for a in cfg.assignors)
         return (
-            f" (the group's members share none of this member's assignors [{names}], or "
-            "use another protocol type: give every member of the group a common assignor)"
+            f"the group's members share none of this member's assignors [{names}], or "
+            "use another protocol type: give every member of the group a common assignor"
         )
     if error is Errors.GROUP_MAX_SIZE_REACHED:
-        return (" (the group already has the namespace's group_max_size members: stop one, "
-                "or raise group_max_size)")
+        return ("the group already has the namespace's group_max_size members: stop one, "
+                "or raise group_max_size")
+    if error is Errors.INVALID_GROUP_ID:
+        return f"group_id={cfg.group_id!r} is not a valid group id: set a non-empty group_id"
+    if error is Errors.GROUP_AUTHORIZATION_FAILED:
+        return (f"this client may not use group {cfg.group_id!r}: grant it the group, or use "
+                "another group_id")
     return ""
 
 
@@ -170,11 +176,11 @@ def join_generation(
             on_member_id(member_id)
             continue
         if joined.error is not Errors.NONE:
-            raise ProtocolError.of(
-                joined.error,
-                f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
-                + join_error_hint(joined.error, cfg),
-            )
+            message = f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+            hint = join_error_hint(joined.error, cfg)
+            if hint:
+                raise JoinRefusedError(f"{message} ({hint})", joined.error, hint)
+            raise ProtocolError.of(joined.error, message)
         break
     member_id = joined.member_id
     on_member_id(member_id)

@@ -46,6 +46,7 @@ class Reaction:
 
 
 _UNREACHABLE = Reaction(True, "keep", "lost", "backoff")
+_REFUSED = Reaction(False, "leave", "lost", "fatal")
 
 ERROR_POLICY: Mapping[Errors, Reaction] = MappingProxyType(
     {
@@ -58,6 +59,11 @@ ERROR_POLICY: Mapping[Errors, Reaction] = MappingProxyType(
         Errors.COORDINATOR_LOAD_IN_PROGRESS: _UNREACHABLE,
         Errors.NOT_COORDINATOR: _UNREACHABLE,
         Errors.REQUEST_TIMED_OUT: _UNREACHABLE,
+        Errors.INVALID_SESSION_TIMEOUT: _REFUSED,
+        Errors.INCONSISTENT_GROUP_PROTOCOL: _REFUSED,
+        Errors.INVALID_GROUP_ID: _REFUSED,
+        Errors.GROUP_AUTHORIZATION_FAILED: _REFUSED,
+        Errors.GROUP_MAX_SIZE_REACHED: Reaction(False, "reset", "lost", "fatal"),
     }
 )
 """The client's error policy, in one place. It applies to every call that carries a generation
@@ -75,6 +81,11 @@ NOT_COORDINATOR,
 COORDINATOR_LOAD_IN_PROGRESS,
 REQUEST_TIMED_OUT
 ``ConnectionLost`` (exception)     yes    keep       lost        backoff
+INVALID_SESSION_TIMEOUT,           no     leave      lost        fatal
+INCONSISTENT_GROUP_PROTOCOL,
+INVALID_GROUP_ID,
+GROUP_AUTHORIZATION_FAILED
+GROUP_MAX_SIZE_REACHED             no     reset      lost        fatal
 anything else                      no     leave      lost        backoff
 =================================  =====  =========  ==========  =======
 
@@ -88,9 +99,22 @@ Both lose the partitions: someone else may be processing them. FENCED_INSTANCE_I
 process took over this static member's instance id; carrying on would make two owners, so it is
 fatal, as in Kafka. Coordinator unavailability and lost connections are retried; if that fails for
 a whole session timeout, the session has probably expired, so the partitions count as lost.
-Anything else (INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, GROUP_MAX_SIZE_REACHED, a
-subscription the leader cannot decode, ...) is reported, and the member leaves and backs off
-before it joins again (kafka-go's ``run`` loop does the same).
+INVALID_SESSION_TIMEOUT, INCONSISTENT_GROUP_PROTOCOL, INVALID_GROUP_ID, GROUP_AUTHORIZATION_FAILED
+and GROUP_MAX_SIZE_REACHED are refusals no retry can mend: a setting has to change first (the
+session timeout, the assignors, the group id, the rights, the group's size). Kafka's
+``JoinGroupResponseHandler`` raises them from ``poll()`` as fatal; so they are fatal here, raised
+as ``JoinRefusedError`` with a hint naming the setting (``join.join_error_hint``). Before, they
+were "anything else", so the member backed off and joined again for ever, and the application
+saw the error only as one of many transient ones. For GROUP_MAX_SIZE_REACHED the coordinator has
+already removed the member and answers with no member id (Kafka's coordinator does the same), so
+the id is forgotten without a LeaveGroup; for the others the member leaves (an id handed out by
+the KIP-394 round is freed at once instead of at its session's end). Of these, rcoord's own
+coordinator answers the first three (INVALID_GROUP_ID only for an empty group id, which the
+config refuses before); GROUP_AUTHORIZATION_FAILED comes from a ``Coordinator`` that checks
+rights (rcoord's Kafka gateway answers Kafka clients with it), and is fatal in Kafka's client for
+every call. Anything else (a subscription the leader cannot decode, an unexpected code, ...) is
+reported, and the member leaves and backs off before it joins again (kafka-go's ``run`` loop does
+the same).
 
 MEMBER_ID_REQUIRED is not in the table: it is the normal first step of JoinGroup (KIP-394).
 """
