@@ -7,6 +7,7 @@ test_client_group (deterministic); the rest runs on a real server, one node and 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -29,6 +30,7 @@ from rcoord.client import (
     JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    WakeupError,
 )
 from rcoord.client import consumer as consumer_module
 from rcoord.errors import ConfigError, RcoordError
@@ -746,6 +748,122 @@ def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreac
         consumer.close(timeout=WAIT_S)
         poller.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's retries end by then
         client.close()
+
+
+WAKEUP_BOUND_S = 10.0
+"""How long the wakeup tests let a woken call take: far more than it needs, less than the
+session timeout (OUTAGE_SESSION_MS) its retries used to run for."""
+
+
+@pytest.mark.parametrize("outage", ["killed", "sigstopped"])
+def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
+    own_server: EmbeddedServer, namespace: str, outage: str
+) -> None:
+    """Kafka's wakeup() interrupts commitSync. Before, wakeup() was looked at only at the top of
+    poll()'s loop, so a commit() retrying against an unreachable coordinator went on for a
+    session timeout (here 20 s) before anything noticed it."""
+    client = _outage_client(own_server)
+    Topics(client, namespace).create("t", 1)
+    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
+    consumer = Consumer(
+        ConsumerGroupConfig(
+            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
+            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
+            retry_backoff_max_ms=100,
+        ),
+        fetch_max_wait_ms=20,
+        auto_commit_interval_ms=100_000,
+    )
+    got: list[ConsumerRecord] = []
+    retrying = threading.Event()  # the poll thread's commit is retrying (its own log says so)
+    ended: list[BaseException] = []
+
+    class Retries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.threadName == "poller" and "retrying after" in record.getMessage():
+                retrying.set()
+
+    handler = Retries(logging.INFO)
+    rcoord_log = logging.getLogger("rcoord.client")
+    level = rcoord_log.level
+    rcoord_log.addHandler(handler)
+    rcoord_log.setLevel(logging.INFO)
+
+    def loop() -> None:
+        try:
+            while True:
+                got.extend(consumer.poll(timeout=0.05))
+                consumer.commit()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how the loop ended
+            ended.append(exc)
+
+    poller = threading.Thread(target=loop, name="poller", daemon=True)
+    poller.start()
+    pid = own_server.pid
+    assert pid is not None
+    try:
+        wait_until(lambda: len(got) == 5)
+        if outage == "killed":
+            own_server.stop()
+        else:
+            os.kill(pid, signal.SIGSTOP)
+        assert retrying.wait(WAIT_S)  # commit() (or the poll before it) retries in the outage
+        consumer.wakeup()
+        poller.join(WAKEUP_BOUND_S)
+        assert not poller.is_alive(), "wakeup() waited for the commit's retries"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+    finally:
+        rcoord_log.removeHandler(handler)
+        rcoord_log.setLevel(level)
+        if outage == "sigstopped":
+            os.kill(pid, signal.SIGCONT)
+        consumer.close(timeout=0.5)
+        poller.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's retries end by then
+        client.close()
+
+
+def test_wakeup_interrupts_auto_commit_retries_in_poll_but_not_the_heartbeats() -> None:
+    """An auto-commit inside poll() retries COORDINATOR_NOT_AVAILABLE (for a session timeout,
+    30 s here); wakeup() ends it: poll() raises WakeupError. The heartbeat, retrying the same
+    code in its own thread with the same retry function, goes on retrying, and the generation
+    does not end. Before, poll() raised only after the auto-commit's retries ran out."""
+    state = OneMemberGroup(partitions=1, records=3)
+    consumer = Consumer(
+        fast_config(session_timeout_ms=30_000),
+        coordinator=state.fake,  # type: ignore[arg-type]
+        fetch_max_wait_ms=5,
+        auto_commit_interval_ms=1,
+    )
+    ended: list[BaseException] = []
+    try:
+        poll_until(consumer, lambda g: len(g) == 3)
+        gen = consumer.generation
+        assert gen is not None
+        state.commit_answers.extend([Errors.COORDINATOR_NOT_AVAILABLE] * 1_000_000)
+        state.heartbeat_default = Errors.COORDINATOR_NOT_AVAILABLE
+
+        def loop() -> None:
+            try:
+                while True:
+                    consumer.poll(timeout=0.05)
+            except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+                ended.append(exc)
+
+        poller = threading.Thread(target=loop, daemon=True)
+        poller.start()
+        wait_until(lambda: state.kinds().count("commit") >= 5)  # retrying the auto-commit
+        consumer.wakeup()
+        poller.join(WAKEUP_BOUND_S)
+        assert not poller.is_alive(), "wakeup() waited for the auto-commit's retries"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+        beats = state.heartbeats
+        wait_until(lambda: state.heartbeats >= beats + 5)  # the heartbeat still retries
+        assert not gen.done.is_set()
+    finally:
+        state.commit_answers.clear()
+        state.heartbeat_default = Errors.NONE
+        consumer.close(timeout=WAIT_S)
 
 
 def _poll_in_a_thread(consumer: Consumer) -> tuple[threading.Thread, list[ConsumerRecord]]:

@@ -78,6 +78,7 @@ from .errors import (
 from .generation import Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
 from .polltimer import PollTimer
+from .retry import interruptible_by
 from .subscription import SubscriptionMixin
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
@@ -485,15 +486,25 @@ class Consumer(SubscriptionMixin):
             self._check_open()
             self._poll_timer.poll_started()
             try:
-                return self._poll(deadline, limit)
+                with interruptible_by(self._wakeup):
+                    return self._poll(deadline, limit)
+            except WakeupError:
+                self._wakeup.clear()  # raised once per wakeup()
+                raise
             finally:
                 self._poll_timer.poll_finished()
 
     def wakeup(self) -> None:
-        """Make the ``poll()`` blocked now in another thread, or else the next one, raise
-        ``WakeupError`` (Kafka's ``wakeup()``), within about ``fetch_max_wait_ms``: the way to
-        stop a poll loop from a signal handler or another thread and still commit and close
-        from the loop's own thread. Raised once per call."""
+        """Make the ``poll()`` or ``commit()`` blocked now in another thread, or else the next
+        ``poll()``, raise ``WakeupError`` (Kafka's ``wakeup()``), within about
+        ``fetch_max_wait_ms``: the way to stop a poll loop from a signal handler or another
+        thread and still commit and close from the loop's own thread. Raised once per call.
+
+        It also cuts short the retries of the call that thread is blocked in (an auto-commit
+        or a ``commit()`` retrying against an unreachable coordinator, for up to a session
+        timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
+        retries, in their own thread, go on. A final commit of a revocation that a wakeup cuts
+        short counts as failed (logged); the revocation completes, then ``poll()`` raises."""
         self._wakeup.set()
 
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
@@ -557,7 +568,12 @@ class Consumer(SubscriptionMixin):
                     raise _no_generation()
                 return
             wanted = given if given is not None else self._positions()
-            target[0](wanted)
+            try:
+                with interruptible_by(self._wakeup):
+                    target[0](wanted)
+            except WakeupError:
+                self._wakeup.clear()  # raised once per wakeup()
+                raise
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 self._committed[TopicPartition(*tp)] = value
@@ -677,6 +693,8 @@ class Consumer(SubscriptionMixin):
         self._next_auto_commit = now + self._auto_commit_s
         try:
             self._commit_changed(target[0])
+        except WakeupError:
+            raise  # poll() raises it: wakeup() interrupted the retries
         except CommitFailedError as exc:
             log.warning("auto-commit refused: %s", exc)
         except RcoordError as exc:
@@ -833,6 +851,10 @@ class Consumer(SubscriptionMixin):
             if not lost and self._auto_commit:
                 try:
                     self._commit_changed(gen.commit_offsets)
+                except WakeupError as exc:
+                    # Failed, as any commit that gave up; the revocation completes, and the
+                    # wakeup (still set: only poll() and commit() clear it) is raised after it.
+                    log.warning("final commit of generation %d: %s", gen.generation_id, exc)
                 except CommitFailedError as exc:
                     log.warning("final commit of generation %d refused: %s", gen.generation_id, exc)
                 except RcoordError as exc:

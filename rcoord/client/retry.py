@@ -4,15 +4,17 @@
 one session timeout, cut short by an event the group sets: ``closing`` for joins, and for a
 generation's commits and heartbeats the end of its routines after a close, so a final commit is
 still retried); ``Retry`` is its shape, as the group hands it to the code that sends requests
-for it.
+for it. ``interruptible_by`` lets one thread's retries be cut short by its own event (the
+consumer's ``wakeup()``), leaving other threads' retries (the heartbeat's) alone.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
 import tenacity
@@ -20,13 +22,40 @@ from tenacity.stop import stop_base
 
 from ..errors import ConnectionLost, Errors
 from .config import ConsumerGroupConfig
+from .errors import WakeupError
 from .policy import reaction_for
 
-__all__ = ["Retry", "call_with_retries"]
+__all__ = ["Retry", "call_with_retries", "interruptible_by"]
 
 log = logging.getLogger("rcoord.client")
 
 T = TypeVar("T")
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def interruptible_by(wakeup: threading.Event) -> Iterator[None]:
+    """Within this block, retries made *by this thread* stop when ``wakeup`` is set: the pause
+    ends at once and the call raises ``WakeupError`` (Kafka's ``wakeup()``, which interrupts
+    any blocking call of the consumer, ``commitSync`` included). The first attempt of a call is
+    always made; only its retries are cut short.
+
+    Per thread, not per group: the heartbeat thread uses the same retry function as the poll
+    thread's commits, and must go on retrying (the member's session depends on it), so the
+    group's shared events (``closing``, the routines' end) cannot carry a wakeup."""
+    previous = getattr(_local, "wakeup", None)
+    _local.wakeup = wakeup
+    try:
+        yield
+    finally:
+        _local.wakeup = previous
+
+
+def _wakeup_of_this_thread() -> threading.Event | None:
+    event: threading.Event | None = getattr(_local, "wakeup", None)
+    return event
 
 
 class Retry(Protocol):
@@ -52,15 +81,31 @@ def call_with_retries(
     failure; then the last result is returned (or the last exception raised).
     """
     cfg = config
+    wakeup = _wakeup_of_this_thread()
 
     def sleep(seconds: float) -> None:
-        closing.wait(seconds)
+        if wakeup is None:
+            closing.wait(seconds)
+            return
+        # Two events end the pause; the wakeup is waited on, closing looked at every 50 ms.
+        end = time.monotonic() + seconds
+        while not closing.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or wakeup.wait(min(left, 0.05)):
+                return
 
     def retriable(result: T) -> bool:
         return error_of is not None and reaction_for(error_of(result)).retry
 
     def last_outcome(state: tenacity.RetryCallState) -> T:
         assert state.outcome is not None
+        if wakeup is not None and wakeup.is_set() and not closing.is_set():
+            raise WakeupError(
+                f"group {cfg.group_id!r}: retries interrupted by wakeup() after attempt "
+                f"{state.attempt_number} ("
+                + (repr(state.outcome.exception()) if state.outcome.failed else "an error code")
+                + ")"
+            )
         return state.outcome.result()  # type: ignore[no-any-return]
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
@@ -84,12 +129,17 @@ def call_with_retries(
             max=cfg.retry_backoff_max_ms / 1000,
         )
         + tenacity.wait_random(0, cfg.retry_backoff_ms / 1000),
-        stop=_StopAfterFailingFor(cfg.session_timeout_ms / 1000) | _StopWhenClosing(closing),
+        stop=_StopAfterFailingFor(cfg.session_timeout_ms / 1000)
+        | _StopWhenClosing(closing)
+        | _StopWhenClosing(wakeup or _NEVER),
         sleep=sleep,
         retry_error_callback=last_outcome,
         before_sleep=before_sleep,
     )
     return retrying(call)
+
+
+_NEVER = threading.Event()  # never set: the wakeup of a thread that has none
 
 
 class _StopWhenClosing(stop_base):
