@@ -10,9 +10,9 @@ consumer's ``wakeup()``), leaving other threads' retries (the heartbeat's) alone
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
