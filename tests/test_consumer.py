@@ -675,6 +675,33 @@ def _outage_client(server: EmbeddedServer) -> Any:
     return server.client(socket_timeout=0.3, retry=RedisRetry(NoBackoff(), 0))
 
 
+def _cut_off(server: EmbeddedServer, outage: str) -> None:
+    """Make ``server`` unreachable: stopped ("killed"), or SIGSTOPped (it never answers; the
+    caller sends SIGCONT)."""
+    if outage == "killed":
+        server.stop()
+    else:
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+
+
+def _outage_consumer(client: Any, namespace: str) -> Consumer:
+    """A consumer of topic "t" (one partition, five records) through ``client``, with a 20 s
+    session and quick retries, auto-committing only on revocation (close())."""
+    Topics(client, namespace).create("t", 1)
+    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
+    return Consumer(
+        ConsumerGroupConfig(
+            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
+            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
+            retry_backoff_max_ms=100,
+        ),
+        fetch_max_wait_ms=20,
+        auto_commit_interval_ms=100_000,
+    )
+
+
 @pytest.mark.parametrize("commit", ["sync", "async"])
 @pytest.mark.parametrize("outage", ["killed", "sigstopped"])
 def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreachable(
@@ -687,18 +714,7 @@ def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreac
     queued async commits one each). close() must return within its timeout (here: well before
     one session timeout, allowing for the one call in flight), from any thread."""
     client = _outage_client(own_server)
-    Topics(client, namespace).create("t", 1)
-    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
-    consumer = Consumer(
-        ConsumerGroupConfig(
-            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
-            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
-            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
-            retry_backoff_max_ms=100,
-        ),
-        fetch_max_wait_ms=20,
-        auto_commit_interval_ms=100_000,  # auto-commit only on revocation (close())
-    )
+    consumer = _outage_consumer(client, namespace)
     got: list[ConsumerRecord] = []
     in_commit = threading.Event()  # the loop is inside commit(), or queued async ones
     outage_began = threading.Event()
@@ -727,10 +743,7 @@ def test_real_close_from_another_thread_honours_its_timeout_when_redis_is_unreac
     assert pid is not None
     try:
         wait_until(lambda: len(got) == 5)
-        if outage == "killed":
-            own_server.stop()
-        else:
-            os.kill(pid, signal.SIGSTOP)
+        _cut_off(own_server, outage)
         outage_began.set()
         assert in_commit.wait(WAIT_S)  # the loop commits (retrying, or about to) in the outage
         closer = threading.Thread(target=consumer.close, args=(CLOSE_TIMEOUT_S,), daemon=True)
@@ -763,18 +776,7 @@ def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
     poll()'s loop, so a commit() retrying against an unreachable coordinator went on for a
     session timeout (here 20 s) before anything noticed it."""
     client = _outage_client(own_server)
-    Topics(client, namespace).create("t", 1)
-    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
-    consumer = Consumer(
-        ConsumerGroupConfig(
-            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
-            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
-            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
-            retry_backoff_max_ms=100,
-        ),
-        fetch_max_wait_ms=20,
-        auto_commit_interval_ms=100_000,
-    )
+    consumer = _outage_consumer(client, namespace)
     got: list[ConsumerRecord] = []
     retrying = threading.Event()  # the poll thread's commit is retrying (its own log says so)
     ended: list[BaseException] = []
@@ -804,10 +806,7 @@ def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
     assert pid is not None
     try:
         wait_until(lambda: len(got) == 5)
-        if outage == "killed":
-            own_server.stop()
-        else:
-            os.kill(pid, signal.SIGSTOP)
+        _cut_off(own_server, outage)
         assert retrying.wait(WAIT_S)  # commit() (or the poll before it) retries in the outage
         consumer.wakeup()
         poller.join(WAKEUP_BOUND_S)

@@ -9,6 +9,8 @@ import threading
 from typing import Any
 
 import pytest
+import redis
+import redis.cluster
 import test_consumer
 from harness import wait_until
 from test_client_group import WAIT_S
@@ -130,12 +132,19 @@ def test_pause_resume_and_pause_state_dropped_on_revoke(env: Any) -> None:
 
 
 def _kill_connections(client: Any) -> int:
-    """Close every connection of every node except the one asking (a blip for the consumer);
-    returns how many were closed."""
+    """Close every connection of every node (a blip for the consumer), asked through a client
+    of its own, so that the consumer's connections all go, the one it used last included (asked
+    through the consumer's client, the asking connection was spared, and on a cluster it could
+    be the only one there was: nothing closed); returns how many were closed."""
     kill = ("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
     if hasattr(client, "get_nodes"):  # a cluster: each node
-        return sum(int(client.execute_command(*kill, target_nodes=n)) for n in client.get_nodes())
-    return int(client.execute_command(*kill))
+        nodes = [redis.cluster.ClusterNode(n.host, n.port) for n in client.get_nodes()]
+        with redis.RedisCluster(startup_nodes=nodes) as killer:
+            return sum(int(killer.execute_command(*kill, target_nodes=n))
+                       for n in killer.get_nodes())
+    kwargs = client.connection_pool.connection_kwargs
+    with redis.Redis(host=kwargs["host"], port=kwargs["port"]) as killer:
+        return int(killer.execute_command(*kill))
 
 
 def test_commit_async_callbacks_in_order_through_connection_blips(env: Any) -> None:
