@@ -380,6 +380,31 @@ def _log_ends(env: Any, n: int) -> dict[TopicPartition, int]:
     return {TP("t", p.partition): p.log_end_offset for p in env.topics.describe("t").partitions[:n]}
 
 
+def _committed(env: Any, n: int) -> dict[TopicPartition, int]:
+    """Group "g"'s committed offsets of partitions 0..n-1 of topic "t"."""
+    fetched = env.coord.fetch_offsets("g", [TP("t", p) for p in range(n)]).offsets
+    return {tp: o.offset for tp, o in fetched.items()}
+
+
+def _async_committing_consumer(
+    env: Any, partitions: int, records: int, queued: int
+) -> tuple[Consumer, list[BaseException | None]]:
+    """Topic "t" with ``records`` records over ``partitions`` partitions, and a consumer (no
+    auto-commit) whose on_partitions_revoked queues ``queued`` async commits of its positions;
+    returns it and the list their callbacks append their errors to."""
+    env.topics.create("t", partitions)
+    env.producer.send_batch("t", [b"%d" % i for i in range(records)])
+    completions: list[BaseException | None] = []
+
+    class Committing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, parts: list[TopicPartition]) -> None:
+            for _ in range(queued):
+                consumer.commit_async(None, lambda offsets, exc: completions.append(exc))
+
+    consumer: Consumer = env.consumer(Committing(), enable_auto_commit=False)
+    return consumer, completions
+
+
 def test_real_consume_everything_and_commit_on_close(env: Any) -> None:
     env.topics.create("t", 3)
     env.producer.send_batch("t", [b"v%d" % i for i in range(90)])
@@ -388,8 +413,7 @@ def test_real_consume_everything_and_commit_on_close(env: Any) -> None:
     assert len(got) == 90 and len({(r.partition, r.offset) for r in got}) == 90
     assert {r.value for r in got} == {b"v%d" % i for i in range(90)}
     consumer.close(timeout=WAIT_S)
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(3)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 3)
+    assert _committed(env, 3) == _log_ends(env, 3)
 
 
 def test_real_manual_commit_resumes_without_duplicates(env: Any) -> None:
@@ -519,8 +543,7 @@ def test_real_two_consumers_listener_order_and_commit_in_revoke(env: Any) -> Non
         stop.set()
         b_thread.join(WAIT_S)
     # a committed everything it had consumed inside on_partitions_revoked.
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(4)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 4)
+    assert _committed(env, 4) == _log_ends(env, 4)
     a_parts, b_parts = set(la.events[2][1]), set(lb.events[0][1])
     assert a_parts.isdisjoint(b_parts) and len(a_parts | b_parts) == 4
 
@@ -531,18 +554,9 @@ def test_real_async_commits_in_on_partitions_revoked_land_before_the_rejoin(env:
     callback's async commits land before the member may rejoin: a rejoin that completed the
     next generation first would fence them (ILLEGAL_GENERATION) and the offsets would be lost.
     Many queued commits make the race wide; each must succeed."""
-    env.topics.create("t", 4)
-    env.producer.send_batch("t", [b"%d" % i for i in range(40)])
-    completions: list[BaseException | None] = []
     queued = 200
-
-    class Committing(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
-            for _ in range(queued):
-                a.commit_async(None, lambda offsets, exc: completions.append(exc))
-
+    a, completions = _async_committing_consumer(env, 4, 40, queued)
     la = Recorder()
-    a = env.consumer(Committing(), enable_auto_commit=False)
     poll_until(a, lambda g: len(g) >= 40)
     b = env.consumer(la)
     stop = threading.Event()
@@ -556,8 +570,7 @@ def test_real_async_commits_in_on_partitions_revoked_land_before_the_rejoin(env:
         stop.set()
         b_thread.join(WAIT_S)
     assert [exc for exc in completions if exc is not None] == []
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(4)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 4)
+    assert _committed(env, 4) == _log_ends(env, 4)
 
 
 def test_real_close_lets_the_listener_commit_in_on_partitions_revoked(env: Any) -> None:
@@ -587,8 +600,7 @@ def test_real_close_lets_the_listener_commit_in_on_partitions_revoked(env: Any) 
     ends = _log_ends(env, 2)
     assert errors == []
     assert completions == [({TP("t", 1): ends[TP("t", 1)]}, None)]
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == ends
+    assert _committed(env, 2) == ends
     with pytest.raises(Exception, match="closed"):
         consumer.commit()
 
@@ -896,8 +908,7 @@ def test_real_close_from_another_thread_commits_while_redis_answers(
     loop.join(WAIT_S)
     assert not loop.is_alive()
     assert revoked == [[TP("t", 0), TP("t", 1)]]
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 2)
+    assert _committed(env, 2) == _log_ends(env, 2)
     # It leaves the group (after close(0), from the group's thread, in the background).
     wait_until(lambda: env.coord.describe_group("g").members == [])
 
@@ -907,22 +918,12 @@ def test_real_close_from_another_thread_flushes_async_commits_of_the_revocation(
 ) -> None:
     """The async commits on_partitions_revoked makes during a close() from another thread land
     in the generation and their callbacks run, before the member leaves."""
-    env.topics.create("t", 2)
-    env.producer.send_batch("t", [b"%d" % i for i in range(20)])
-    completions: list[BaseException | None] = []
     queued = 50
-
-    class Committing(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
-            for _ in range(queued):
-                consumer.commit_async(None, lambda offsets, exc: completions.append(exc))
-
-    consumer = env.consumer(Committing(), enable_auto_commit=False)
+    consumer, completions = _async_committing_consumer(env, 2, 20, queued)
     loop, got = _poll_in_a_thread(consumer)
     wait_until(lambda: len(got) == 20)
     consumer.close(timeout=WAIT_S)
     loop.join(WAIT_S)
     assert not loop.is_alive()
     assert completions == [None] * queued
-    committed = env.coord.fetch_offsets("g", [TP("t", p) for p in range(2)]).offsets
-    assert {tp: o.offset for tp, o in committed.items()} == _log_ends(env, 2)
+    assert _committed(env, 2) == _log_ends(env, 2)
