@@ -49,6 +49,7 @@ one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -486,13 +487,21 @@ class Consumer(SubscriptionMixin):
             self._check_open()
             self._poll_timer.poll_started()
             try:
-                with interruptible_by(self._wakeup):
+                with self._interruptible():
                     return self._poll(deadline, limit)
-            except WakeupError:
-                self._wakeup.clear()  # raised once per wakeup()
-                raise
             finally:
                 self._poll_timer.poll_finished()
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """The block's retries end at ``wakeup()`` (``retry.interruptible_by``), and the
+        ``WakeupError`` that ends them uses the wakeup up: it is raised once per call."""
+        try:
+            with interruptible_by(self._wakeup):
+                yield
+        except WakeupError:
+            self._wakeup.clear()
+            raise
 
     def wakeup(self) -> None:
         """Make the ``poll()`` or ``commit()`` blocked now in another thread, or else the next
@@ -568,12 +577,8 @@ class Consumer(SubscriptionMixin):
                     raise _no_generation()
                 return
             wanted = given if given is not None else self._positions()
-            try:
-                with interruptible_by(self._wakeup):
-                    target[0](wanted)
-            except WakeupError:
-                self._wakeup.clear()  # raised once per wakeup()
-                raise
+            with self._interruptible():
+                target[0](wanted)
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
                 self._committed[TopicPartition(*tp)] = value
