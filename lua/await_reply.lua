@@ -9,4 +9,4 @@ local function await_reply(ARGV)
   return reply_or_wait(ARGV[3], ARGV[4])
 end
 
-group_step('await_reply', await_reply)
+group_step('await_reply', await_reply, nil, {brief = true})

@@ -79,4 +79,7 @@ local function commit_offsets(req)
   return {'NONE', results}
 end
 
-group_step('commit_offsets', commit_offsets, parse_commit_offsets)
+-- (brief, and 'subs' in the first read: the retention schedule asks whether it is there.)
+local COMMIT_FIELDS = {'subs'}
+group_step('commit_offsets', commit_offsets, parse_commit_offsets,
+  {brief = true, fields = function() return COMMIT_FIELDS end})

@@ -26,4 +26,4 @@ local function delete_offsets(ARGV)
   return {'NONE', results}
 end
 
-group_step('delete_offsets', delete_offsets)
+group_step('delete_offsets', delete_offsets, nil, {brief = true})

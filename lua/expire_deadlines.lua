@@ -15,4 +15,4 @@ local function expire_deadlines()
   return out
 end
 
-group_step('expire_deadlines', expire_deadlines, nil, {partial = true})
+group_step('expire_deadlines', expire_deadlines, nil, {partial = true, brief = true})

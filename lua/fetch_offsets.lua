@@ -16,4 +16,4 @@ local function fetch_offsets(ARGV)
   return out
 end
 
-group_step('fetch_offsets', fetch_offsets)
+group_step('fetch_offsets', fetch_offsets, nil, {brief = true})

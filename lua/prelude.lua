@@ -96,17 +96,17 @@ local function illegal(msg)
   return error({err = RCOORD_ILLEGAL_STATE .. ' ' .. msg})
 end
 
--- Group hash, cached in G and written through. The fields most steps read (G_CORE, from the
--- header: rcoord/contract.py GROUP_CORE_FIELDS) come in one HMGET; any other is read on first
--- use (G_SEEN remembers the ones read absent), so a call never reads the whole hash (protocol
--- counts, timer arguments) for one field. Every call builds G, so it is made in one allocation
--- (core_fields, from the header) and G_SEEN only when a field outside the core is read.
-local IS_CORE = {}
-for i = 1, #G_CORE do IS_CORE[G_CORE[i]] = true end
+-- Group hash, cached in G and written through. The fields a step reads first (GROUP_READS, from
+-- the header: rcoord/contract.py GROUP_CORE_FIELDS or GROUP_BRIEF_FIELDS) come in one HMGET;
+-- any other is read on first use (G_SEEN remembers the ones read absent), so a call never reads
+-- the whole hash (protocol counts, timer arguments) for one field. Every call builds G, so it
+-- is made in one allocation (the read's ``of``) and G_SEEN only when a field outside the first
+-- read is read.
+local READ = GROUP_READS.full -- the fields this call read first (read_group)
 local G_SEEN = nil
 local G_WRITES, G_WRITE_ORDER = nil, nil -- (set_g, below)
 local G_META = {__index = function(g, field)
-  if IS_CORE[field] then return nil end -- read with the core: absent
+  if READ.set[field] then return nil end -- read with the core: absent
   if G_WRITES and G_WRITES[field] == false then return nil end -- deleted in this call
   if G_SEEN == nil then G_SEEN = {} elseif G_SEEN[field] then return nil end
   G_SEEN[field] = true
@@ -119,19 +119,22 @@ local G = {}
 local function new_group_table() return setmetatable({}, G_META) end
 -- ``extra``: fields outside the core that this call will read (a step names them from its
 -- request: group_step's ``fields``), fetched in the same HMGET instead of one HGET each.
-local function read_group(extra)
+-- ``brief``: the step changes no membership, and reads GROUP_READS.brief instead of .full
+-- (rcoord/contract.py GROUP_BRIEF_FIELDS says why).
+local function read_group(extra, brief)
   G_SEEN = nil
+  READ = brief and GROUP_READS.brief or GROUP_READS.full
   if extra == nil or #extra == 0 then
-    G = setmetatable(core_fields(redis.call('HMGET', K_GROUP, unpack(G_CORE))), G_META)
+    G = setmetatable(READ.of(redis.call('HMGET', K_GROUP, unpack(READ.names))), G_META)
     return
   end
-  local names = {unpack(G_CORE)}
+  local names = {unpack(READ.names)}
   for _, field in ipairs(extra) do names[#names + 1] = field end
   local values = redis.call('HMGET', K_GROUP, unpack(names))
-  G = setmetatable(core_fields(values), G_META)
+  G = setmetatable(READ.of(values), G_META)
   G_SEEN = {}
   for i, field in ipairs(extra) do
-    local value = values[#G_CORE + i]
+    local value = values[#READ.names + i]
     if value then rawset(G, field, value) else G_SEEN[field] = true end
   end
 end
@@ -1456,8 +1459,10 @@ local function apply_due()
   -- members are turned away (Kafka does this when it loads such a group).
   -- The check runs once per limit (a group under the limit cannot outgrow it: joins refuse
   -- members beyond it), so a step does not count the members every time.
+  -- (capchk first: in a settled group it is the one that fails, and a brief step then reads
+  -- neither chunk cursor.)
   if group_exists() and (G.state == STABLE or G.state == COMPLETING) and not MORE_DUE
-      and not (G.cjk or G.csk) and tonumber(G.capchk or '-1') ~= CFG.group_max_size then
+      and tonumber(G.capchk or '-1') ~= CFG.group_max_size and not (G.cjk or G.csk) then
     set_g('capchk', CFG.group_max_size)
     if nmembers() > CFG.group_max_size then
       prepare_rebalance('group is over capacity group_max_size=' .. CFG.group_max_size)
@@ -1528,7 +1533,7 @@ local function respond(rep) return {'R', cmsgpack.pack(rep)} end
 -- The start of every call: the per-call state, the settings and the group. An error reply
 -- (nothing written) when the partition has no settings copy.
 local APPLIED = 0
-local function begin(keys, argv, all_settings, extra)
+local function begin(keys, argv, all_settings, extra, brief)
   bind_group_keys(keys)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
@@ -1539,7 +1544,7 @@ local function begin(keys, argv, all_settings, extra)
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
   local err = read_settings(all_settings)
   if err then return err end
-  read_group(extra)
+  read_group(extra, brief)
   return nil
 end
 
@@ -1561,19 +1566,20 @@ end
 -- otherwise finish a chunked join completion or sync propagation all at once
 -- (``opts.settles``: it may change the members or the generation; settle_chunks), while
 -- chunks remain (this call wrote one). ``opts.partial``: the step runs anyway (the sweep's
--- expire_deadlines, whose callers call again while the group stays due).
+-- expire_deadlines, whose callers call again while the group stays due). ``opts.brief``: the
+-- step changes no membership and reads GROUP_READS.brief first (read_group).
 local BUSY = {'B'}
 local function group_step(name, run, parse, opts)
   opts = opts or {}
-  local all_settings, fields, settles, partial = opts.all_settings, opts.fields, opts.settles,
-    opts.partial
+  local all_settings, fields, settles, partial, brief = opts.all_settings, opts.fields,
+    opts.settles, opts.partial, opts.brief
   register(name, function(keys, args)
     local req = args
     if parse then
       req = parse(args)
       if type(req) == 'table' and req.err then return req end
     end
-    local err = begin(keys, args, all_settings, fields and fields(req))
+    local err = begin(keys, args, all_settings, fields and fields(req), brief)
     if err then return err end
     APPLIED = apply_due()
     if not partial and (MORE_DUE or (settles and (G.cjk or G.csk))) then

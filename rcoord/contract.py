@@ -8,10 +8,10 @@ renders them as Lua definitions that ``rcoord.scripts`` puts in front of the lib
 library's name hashes its whole source, header included, so a changed contract is a new library
 that servers load afresh.
 
-The group hash's core fields (the ones every step reads in one HMGET) are listed here too, with
-what each holds, because the library's reader is generated from the list. The other member-record
-and group-hash field names (``jk``, ``as``, ``pr`` ...) are private to the Lua side: Python reads
-them only in tests, so they are not part of this contract.
+The group hash's core and brief fields (the ones a step reads in its first HMGET) are listed
+here too, with what each holds, because the library's readers are generated from the lists. The
+other member-record and group-hash field names (``jk``, ``as``, ``pr`` ...) are private to the
+Lua side: Python reads them only in tests, so they are not part of this contract.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import script_error_names
 from .state import VALID_PREVIOUS, GroupState
 
-__all__ = ["GROUP_CORE_FIELDS", "GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header",
+__all__ = ["GROUP_BRIEF_FIELDS", "GROUP_CORE_FIELDS", "GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header",
            "setting_defaults"]
 
 GROUP_KEYS: tuple[tuple[str, str], ...] = (
@@ -67,9 +67,19 @@ GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("ea", ("the group's earliest deadline as published to the partition's due index, never "
             "later than the real one ('-': no deadline; lua/deadline_index.lua)")),
 )
-"""The group hash fields every group step reads, in one HMGET, at its start (in this order);
-any other field is read when first used. The library's ``G_CORE`` and ``core_fields`` (which
-builds the per-call group table in one allocation) are rendered from this list."""
+"""The group hash fields a membership step reads, in one HMGET, at its start (in this order);
+any other field is read when first used. The library's ``GROUP_READS.full`` (the names, their
+set, and the builder of the per-call group table in one allocation) is rendered from this
+list."""
+
+GROUP_BRIEF_FIELDS: tuple[str, ...] = ("state", "gen", "ptype", "ea", "capchk")
+"""The group hash fields the steps that change no membership (OffsetCommit and the other offset
+steps, the timer sweep's ``expire_deadlines``, ``await_reply``) read at their start instead of
+``GROUP_CORE_FIELDS``: what their common path and the check for passed deadlines use. Every
+field an HMGET names costs the server a few tenths of a microsecond whether or not the step uses
+it (the eight such fields were about a fifth of ``expire_deadlines``' cost with nothing due,
+bench/HISTORY.md); any other field is still read when first used, so a rarer path (a deadline
+that falls due and rebalances the group) is only slower, never different."""
 
 REPLY_FIELD_SEPARATOR = ":"
 """A parked call's reply is stored in the group's replies hash under ``<kind>:<member id>``
@@ -172,13 +182,23 @@ def lua_header(
         lines.append(f"  {lua} = keys[{i}] -- {name}")
     lines.append("end")
     lines.append("")
-    lines.append("-- The group hash fields every step reads at its start (GROUP_CORE_FIELDS),")
-    lines.append("-- and the group table built from their HMGET values (false = absent).")
-    names = [name for name, _ in GROUP_CORE_FIELDS]
-    lines += _wrapped("local G_CORE = {", [_lua_str(n) for n in names], "}")
-    lines.append("local function core_fields(v)")
-    lines += _wrapped("  return {", [f"{n} = v[{i}] or nil" for i, n in enumerate(names, 1)], "}")
-    lines.append("end")
+    lines.append("-- The group hash fields a step reads at its start: GROUP_CORE_FIELDS for a")
+    lines.append("-- membership step, GROUP_BRIEF_FIELDS for the others. Each read: the names, the")
+    lines.append("-- same as a set, and the group table built from their HMGET values (false =")
+    lines.append("-- absent) in one allocation.")
+    lines.append("local GROUP_READS = {")
+    core = [name for name, _ in GROUP_CORE_FIELDS]
+    for label, names in (("full", core), ("brief", list(GROUP_BRIEF_FIELDS))):
+        quoted = [_lua_str(n) for n in names]
+        lines.append(f"  {label} = {{")
+        lines += _wrapped("    names = {", quoted, "},")
+        lines += _wrapped("    set = {", [f"{n} = true" for n in names], "},")
+        lines.append("    of = function(v)")
+        lines += _wrapped("      return {", [f"{n} = v[{i}] or nil"
+                                             for i, n in enumerate(names, 1)], "}")
+        lines.append("    end,")
+        lines.append("  },")
+    lines.append("}")
     lines.append("")
     lines.append("-- A parked call's reply field in the replies hash (REPLY_FIELD_SEPARATOR).")
     lines.append("local function reply_field(kind, id) return kind .. "
