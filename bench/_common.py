@@ -62,6 +62,19 @@ def script_stats(r: redis.Redis) -> tuple[int, int]:
     return stats_of(r.info("commandstats"))
 
 
+def server_us_per_call(r: redis.Redis, cmd: Sequence[Any], n: int, batch: int) -> float:
+    """Server µs per call of ``cmd`` (a script or function call) sent ``n`` times in pipelines
+    of ``batch``: the ``INFO commandstats`` delta of the script commands over the calls."""
+    c0, u0 = script_stats(r)
+    for _ in range(n // batch):
+        pipe = r.pipeline(transaction=False)
+        for _ in range(batch):
+            pipe.execute_command(*cmd)
+        pipe.execute()
+    c1, u1 = script_stats(r)
+    return (u1 - u0) / max(c1 - c0, 1)
+
+
 def server_cpu_s(r: redis.Redis) -> float:
     """CPU (user + sys) the server process has used so far (``INFO cpu``)."""
     cpu = r.info("cpu")

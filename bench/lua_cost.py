@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import script_stats, start_server  # noqa: E402
+from _common import server_us_per_call, start_server  # noqa: E402
 
 import redis  # noqa: E402
 
@@ -90,7 +90,8 @@ def main() -> None:
         results: dict[int, list[float]] = {i: [] for i in range(len(ROWS))}
         for _ in range(opts.rounds):
             for i, (_, fn, nkeys) in enumerate(ROWS):
-                results[i].append(per_call(r, ("FCALL", fn, nkeys, *keys[:nkeys], "m-1"), opts.n))
+                results[i].append(server_us_per_call(
+                    r, ("FCALL", fn, nkeys, *keys[:nkeys], "m-1"), opts.n, 200))
         r.delete(*keys)
         r.execute_command("FUNCTION", "DELETE", "rcoord_lua_cost")
     finally:
@@ -102,17 +103,6 @@ def main() -> None:
     for i, (label, _, _) in enumerate(ROWS):
         xs = sorted(results[i])
         print(f"| {label} | {statistics.median(xs):.2f} | {xs[0]:.2f}-{xs[-1]:.2f} |")
-
-
-def per_call(r: redis.Redis, cmd: tuple[object, ...], n: int) -> float:
-    c0, u0 = script_stats(r)
-    for _ in range(n // 200):
-        pipe = r.pipeline(transaction=False)
-        for _ in range(200):
-            pipe.execute_command(*cmd)
-        pipe.execute()
-    c1, u1 = script_stats(r)
-    return (u1 - u0) / max(c1 - c0, 1)
 
 
 if __name__ == "__main__":

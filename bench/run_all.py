@@ -35,6 +35,7 @@ BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 # (script, arguments): the README command table's commands, in a cheap-to-dear order.
 BENCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("step_cost", ()),
+    ("step_parts", ()),
     ("lua_cost", ()),
     ("leave_batch", ()),
     ("assignors", ()),

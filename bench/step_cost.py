@@ -228,7 +228,7 @@ def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Varia
         sa = pool.submit(coord.sync_group, "g2", ja.generation_id, ja.member_id,
                          assignments={ja.member_id: b"a", jb.member_id: b"b"})
         sb = pool.submit(coord.sync_group, "g2", jb.generation_id, jb.member_id)
-        assert sa.result().error.name == sb.result().error.name == "NONE"
+        assert sa.result().error.name == sb.result().error.name == "NONE", (sa.result(), sb.result())
     mid2, gen2 = ja.member_id, ja.generation_id
     keys = coord._keys("g2")
     steps = coord._steps
