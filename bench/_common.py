@@ -8,6 +8,7 @@ figures in bench/README.md are measured the same way by every bench.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -60,6 +61,16 @@ def stats_of(stats: dict[str, Any], commands: Iterable[str] = SCRIPT_COMMANDS) -
 def script_stats(r: redis.Redis) -> tuple[int, int]:
     """(calls, usec) of script and function calls so far; subtract two readings for a delta."""
     return stats_of(r.info("commandstats"))
+
+
+def rows_options(doc: str, calls: int) -> argparse.Namespace:
+    """The options of a bench whose rows are calls timed by the server: ``-n`` calls per row
+    and round (default ``calls``), ``--rounds`` (default 5), ``--redis-url``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=calls, help="calls per row and round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--redis-url")
+    return ap.parse_args()
 
 
 def server_us_per_call(r: redis.Redis, cmd: Sequence[Any], n: int, batch: int) -> float:

@@ -11,13 +11,12 @@ Run: ``python bench/lua_cost.py`` (``-n`` calls per row and round, default 20000
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import server_us_per_call, start_server  # noqa: E402
+from _common import rows_options, server_us_per_call, start_server  # noqa: E402
 
 import redis  # noqa: E402
 
@@ -76,11 +75,7 @@ ROWS = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", type=int, default=20_000, help="calls per row and round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--redis-url")
-    opts = ap.parse_args()
+    opts = rows_options(__doc__, 20_000)
     server, url, _, _ = start_server(opts.redis_url)
     try:
         r = redis.Redis.from_url(url)

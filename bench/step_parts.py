@@ -17,14 +17,13 @@ default 5; ``--redis-url`` for an existing server). Prints a table.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis
-from _common import server_us_per_call, start_server
+from _common import rows_options, server_us_per_call, start_server
 from step_cost import prepare
 
 from rcoord.scripts import library_source
@@ -67,11 +66,7 @@ ROWS = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-n", type=int, default=4000, help="calls per row and round")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--redis-url")
-    opts = ap.parse_args()
+    opts = rows_options(__doc__, 4000)
     server, url, _, _ = start_server(opts.redis_url)
     try:
         r = redis.Redis.from_url(url)
