@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,16 +22,18 @@ from typing import Any
 import redis
 import redis.exceptions
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "AfterCommand", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rcoord`` / ``python -m rcoord``; returns the exit status."""
     parser = Parser(prog="rcoord", description="Kafka's consumer groups on Redis.")
+    add_before_command(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (add_arguments, _, help_text) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     args = parser.parse_args(argv)
+    apply_before_command(parser, args)
     return COMMANDS[args.command][1](args)
 
 
@@ -53,10 +56,121 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a usage error in one line (``rcoord demo: error: ...``) and exit 2."""
+    """argparse, with a usage error in one line (``rcoord demo: error: ...``) and exit 2.
+
+    A command's own parser (one with no subcommands) names an option it does not know before
+    anything else: argparse sets unknown options aside and first complains about the required
+    ones they leave missing, so ``topics create --partitons 3`` said "required: --partitions"
+    and hid the typo."""
+
+    _has_commands = False
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        self._has_commands = True
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None and not self._has_commands:
+            unknown = self._unknown_options(args)
+            if unknown:
+                self.error(unknown)
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_options(self, args: Sequence[str]) -> str | None:
+        """What to say about the options in ``args`` this parser does not take (None: none).
+        An abbreviation argparse would accept (a prefix of a long option) counts as known;
+        negative numbers and everything after ``--`` are values."""
+        # _option_string_actions is argparse's own table of every flag (mutually exclusive
+        # groups' included), unchanged since argparse began.
+        flags = list(self._option_string_actions)
+        bad: list[str] = []
+        for arg in args:
+            if arg == "--":
+                break
+            if not arg.startswith("-") or arg == "-" or _NUMBER.fullmatch(arg):
+                continue
+            flag = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+            if not any(f == flag or (self.allow_abbrev and flag.startswith("--")
+                                     and f.startswith(flag)) for f in flags):
+                bad.append(flag)
+        if not bad:
+            return None
+        import difflib
+
+        hints = [f"{flag} (did you mean {close[0]}?)" if close else flag
+                 for flag in bad
+                 for close in [difflib.get_close_matches(flag, flags, n=1, cutoff=0.7)]]
+        return f"unrecognized option{'s' if len(bad) > 1 else ''}: {', '.join(hints)}"
 
     def error(self, message: str) -> Any:  # the argparse hook; never returns
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")
+
+
+# -- options before the command ----------------------------------------------------------------
+#
+# ``rcoord --redis-url URL topics list`` is ``rcoord topics list --redis-url URL``: the options
+# every command shares may come before the command too, and one given after it wins. argparse
+# cannot say this by itself: the command's parser fills its defaults into a new namespace that
+# is then copied over what the main parser stored, so an option given before the command would
+# be overwritten by the command's default. So the main parser keeps what it reads aside (in
+# ``_BEFORE``), the command's shared options (``action=AfterCommand``) note that they were given,
+# and ``apply_before_command`` puts each value read before the command where none was given
+# after it.
+
+_BEFORE = "_before_command"
+_AFTER = "_given_after_command"
+
+
+class _BeforeCommand(argparse.Action):
+    """An option of the main parser: kept aside until the command's parser has run."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, _BEFORE, {**getattr(namespace, _BEFORE, {}), self.dest: values})
+
+
+class AfterCommand(argparse.Action):
+    """A command's shared option (argparse's ``store``), noting that it was given, so that it
+    wins over the same option given before the command."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, _AFTER, getattr(namespace, _AFTER, frozenset()) | {self.dest})
+
+
+def add_before_command(p: argparse.ArgumentParser) -> None:
+    """The shared options, on the main parser. ``--log-level`` is checked here as the gateway
+    checks it (upper-cased, one of LOG_LEVELS), so every command gets a level it accepts."""
+    also = " (also after the command, where it wins)"
+    p.add_argument("--redis-url", action=_BeforeCommand, default=argparse.SUPPRESS, metavar="URL",
+                   help=f"Redis or Redis Cluster (default ${ENV_REDIS_URL}){also}")
+    p.add_argument("--namespace", action=_BeforeCommand, default=argparse.SUPPRESS, metavar="NS",
+                   help=f"the rcoord namespace{also}")
+    p.add_argument("--output", action=_BeforeCommand, default=argparse.SUPPRESS,
+                   choices=("table", "json"), help=f"groups and topics: table or json{also}")
+    p.add_argument("--log-level", action=_BeforeCommand, default=argparse.SUPPRESS,
+                   type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help=f"{', '.join(LOG_LEVELS)}{also}")
+    for flag in ("--tls-ca-file", "--tls-cert-file", "--tls-key-file"):
+        p.add_argument(flag, action=_BeforeCommand, default=argparse.SUPPRESS, metavar="FILE",
+                       help=f"for rediss:// URLs{also}")
+
+
+def apply_before_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Give ``args`` the options read before the command, where the command's own were not
+    given; a usage error (exit 2) names one the command does not take."""
+    before = vars(args).pop(_BEFORE, {})
+    after = vars(args).pop(_AFTER, frozenset())
+    for dest, value in before.items():
+        if not hasattr(args, dest):
+            flag = "--" + dest.replace("_", "-")
+            parser.error(f"{flag} is not an option of {parser.prog} {args.command}")
+        if dest not in after:
+            setattr(args, dest, value)
 
 
 def log_level(value: str) -> str:
@@ -126,12 +240,15 @@ def with_tls_files(url: str, ca_file: str | None, cert_file: str | None,
 
 
 def add_tls_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-ca-file", default=os.environ.get("RCOORD_TLS_CA_FILE"),
+    p.add_argument("--tls-ca-file", action=AfterCommand,
+                   default=os.environ.get("RCOORD_TLS_CA_FILE"),
                    help="CA certificate(s) that sign the server's certificate, for rediss:// "
                    "(default $RCOORD_TLS_CA_FILE; else the system's CAs)")
-    p.add_argument("--tls-cert-file", default=os.environ.get("RCOORD_TLS_CERT_FILE"),
+    p.add_argument("--tls-cert-file", action=AfterCommand,
+                   default=os.environ.get("RCOORD_TLS_CERT_FILE"),
                    help="client certificate, if the server asks for one (mutual TLS)")
-    p.add_argument("--tls-key-file", default=os.environ.get("RCOORD_TLS_KEY_FILE"),
+    p.add_argument("--tls-key-file", action=AfterCommand,
+                   default=os.environ.get("RCOORD_TLS_KEY_FILE"),
                    help="the client certificate's private key")
 
 

@@ -27,6 +27,7 @@ import redis.exceptions
 
 from .cli import (
     ENV_REDIS_URL,
+    AfterCommand,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -55,6 +56,7 @@ DEMO_TOPIC = "demo-events"
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redis-url",
+        action=AfterCommand,
         default=os.environ.get(ENV_REDIS_URL),
         help=f"Redis or Redis Cluster to use (default ${ENV_REDIS_URL}); without one, "
         "an embedded server is started on 127.0.0.1",
@@ -80,7 +82,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         help="the workers' assignor (cooperative-sticky: incremental rebalancing, the workers "
         "that stay keep consuming; range or roundrobin: eager, every worker stops)",
     )
-    p.add_argument("--log-level", default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+    p.add_argument("--log-level", action=AfterCommand,
+                   default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
                    help="of this process; DEBUG also prints the traceback of an error (WARNING)")
     add_tls_arguments(p)
 

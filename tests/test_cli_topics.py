@@ -145,6 +145,11 @@ def test_consume_as_a_group_member(cli, make_coordinator, redis_client, namespac
     (["create", "bad name", "--partitions", "1"], None, 2, "illegal topic name 'bad name'"),
     (["create", "t2", "--partitions", "0"], None, 2, "INVALID_PARTITIONS"),
     (["create", "t2"], None, 2, "the following arguments are required: --partitions"),
+    # A misspelt option is named (it used to be "required: --partitions", hiding the typo).
+    (["create", "--partitons", "3", "--topic", "t2"], None, 2,
+     "unrecognized options: --partitons (did you mean --partitions?), --topic"),
+    (["create", "t2", "--partitions=3", "--retension-ms=5"], None, 2,
+     "unrecognized option: --retension-ms (did you mean --retention-ms?)"),
     (["produce", "t", "--key-separator", ":"], "k:v\nno separator\n", 1,
      "line 2 has no key separator ':'; the 1 records before it were produced"),
     (["produce", "nope"], "x\n", 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
@@ -159,6 +164,36 @@ def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, 
     line = one_error_line(res, f"topics {args[0]}")
     assert res.returncode == code, line
     assert says in line
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_common_options_before_the_command(cli, url, redis_client, namespace):
+    """``rcoord --redis-url URL topics list`` works as ``rcoord topics list --redis-url URL``
+    (it was "invalid choice" for the URL); given on both sides, the one after the command
+    wins. An option the command does not take is named."""
+    from test_cli_groups import run_in_process
+
+    Topics(redis_client, namespace).create("t", 1)
+    res = ok(run_in_process(["--redis-url", url, "--namespace", namespace, "--output", "json",
+                             "--log-level", "info", "topics", "list"]))
+    assert json.loads(res.stdout) == ["t"]
+    res = ok(run_in_process(["--redis-url", "redis://127.0.0.1:1", "--namespace", "elsewhere",
+                             "--output", "json", "topics", "list", "--redis-url", url,
+                             "--namespace", namespace, "--output", "table"]))
+    assert res.stdout.split() == ["t"]
+    res = run_in_process(["--tls-ca-file", "ca.pem", "topics", "list", "--redis-url", url])
+    assert res.returncode == 2
+    assert "need a rediss:// URL" in one_error_line(res, "topics list")
+    res = run_in_process(["--output", "json", "demo", "--redis-url", url])
+    assert res.returncode == 2
+    assert res.stderr.startswith("rcoord: error: --output is not an option of rcoord demo")
+
+
+def test_create_partitions_has_help():
+    from test_cli_groups import run_in_process
+
+    res = ok(run_in_process(["topics", "create", "--help"]))
+    assert "how many partitions (1 or more" in " ".join(res.stdout.split())
 
 
 def test_namespace_and_url_come_from_the_environment(redis_server, namespace):

@@ -14,6 +14,7 @@ import os
 from ..cli import (
     ENV_REDIS_URL,
     LOG_LEVELS,
+    AfterCommand,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -39,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", default=None,
                    help="HOST:PORT clients are told to connect to (Metadata, FindCoordinator); "
                    "default: the listening address")
-    p.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL),
+    p.add_argument("--redis-url", action=AfterCommand, default=os.environ.get(ENV_REDIS_URL),
                    help=f"Redis to use (default ${ENV_REDIS_URL})")
-    p.add_argument("--namespace", default="rcoord", help="rcoord namespace (default rcoord)")
+    p.add_argument("--namespace", action=AfterCommand, default="rcoord",
+                   help="rcoord namespace (default rcoord)")
     p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
@@ -66,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "offsets.commit.required.acks; default 0: the master's answer)")
     p.add_argument("--commit-ack-timeout-ms", type=int, default=5000,
                    help="how long a commit waits for them (offsets.commit.timeout.ms; 5000)")
-    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    p.add_argument("--log-level", action=AfterCommand, default="INFO", type=str.upper,
+                   choices=LOG_LEVELS)
     add_tls_arguments(p)
 
 

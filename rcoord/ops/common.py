@@ -16,6 +16,7 @@ from ..cli import (
     ENV_REDIS_URL,
     EXIT_FAILURE,
     EXIT_USAGE,
+    AfterCommand,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -41,13 +42,15 @@ class Failure(Exception):
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--namespace``, ``--output``, ``--log-level`` and the TLS files."""
-    p.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL),
+    p.add_argument("--redis-url", action=AfterCommand, default=os.environ.get(ENV_REDIS_URL),
                    help=f"Redis or Redis Cluster (default ${ENV_REDIS_URL})")
-    p.add_argument("--namespace", default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
+    p.add_argument("--namespace", action=AfterCommand,
+                   default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
                    help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
-    p.add_argument("--output", choices=("table", "json"), default="table",
+    p.add_argument("--output", action=AfterCommand, choices=("table", "json"), default="table",
                    help="table for people (default), json for programs")
-    p.add_argument("--log-level", default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+    p.add_argument("--log-level", action=AfterCommand,
+                   default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
                    help="DEBUG also prints the traceback of an error (WARNING)")
     add_tls_arguments(p)
 

@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = leaf(sub, "create", "create a topic", _create)
     q.add_argument("topic")
-    q.add_argument("--partitions", type=int, required=True, metavar="N")
+    q.add_argument("--partitions", type=int, required=True, metavar="N",
+                   help="how many partitions (1 or more; add-partitions grows them later)")
     q.add_argument("--retention-ms", type=int, metavar="MS",
                    help="records older than this are removed (default: kept)")
     q.add_argument("--retention-records", type=int, metavar="N",

@@ -74,13 +74,16 @@ def _env(name: str, default: Any = None) -> Any:
 
 
 def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", default=_env("RCOORD_REDIS_URL"),
+    from ..cli import AfterCommand, add_tls_arguments
+
+    p.add_argument("--redis-url", action=AfterCommand, default=_env("RCOORD_REDIS_URL"),
                    help="the Redis (or Redis Cluster node) holding the groups: redis:// or "
                    "rediss:// (default $RCOORD_REDIS_URL)")
     p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"),
                    help="this process's name in leases, logs and metrics (default "
                    "$RCOORD_COORDINATOR_ID; else host-pid-random)")
-    p.add_argument("--namespace", default=_env("RCOORD_NAMESPACE", "rcoord"),
+    p.add_argument("--namespace", action=AfterCommand,
+                   default=_env("RCOORD_NAMESPACE", "rcoord"),
                    help="the key prefix of the groups this process serves (default "
                    "$RCOORD_NAMESPACE, else rcoord)")
     p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"),
@@ -96,11 +99,9 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    default=_env("RCOORD_WAKE", "both"),
                    help="what drives the timers: the deadline index, expired-key hints (for "
                    "measurements only) or both (default)")
-    p.add_argument("--log-level", default=_env("RCOORD_LOG_LEVEL", "INFO"),
+    p.add_argument("--log-level", action=AfterCommand, default=_env("RCOORD_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
                    "logs are JSON lines on stdout")
-    from ..cli import add_tls_arguments
-
     add_tls_arguments(p)
     env_settings = [x for x in str(_env("RCOORD_SETTINGS", "")).split(",") if x]
     p.add_argument("--set", dest="settings", action="append", default=env_settings,
