@@ -326,6 +326,27 @@ def test_assign_commits_as_a_simple_group_only_while_the_group_is_empty(env: Any
     assert manual.position(TP("t", 1)) == 4 and manual.position(TP("t", 0)) == 2
 
 
+def test_close_with_auto_commit_commits_the_positions_after_assign(env: Any) -> None:
+    """As Kafka's close() with enable.auto.commit, which commits the consumed positions after
+    assign() too (as a simple group: generation -1, no member id; the group has no members).
+    Before, close() committed only a subscribed consumer's positions."""
+    _fill(env, 2, 4)
+    tps = [TP("t", 0), TP("t", 1)]
+    # The periodic auto-commit does not come round before close().
+    manual = env.consumer(topics=[], auto_commit_interval_ms=3_600_000)
+    unsaved = env.consumer(topics=[], group_id="g-off", enable_auto_commit=False)
+    for consumer in (manual, unsaved):
+        consumer.assign(tps)
+        assert len(_consume_all(consumer, 8)) == 8
+    assert {o.offset for o in env.coord.fetch_offsets("g", tps).offsets.values()} == {-1}
+    manual.close(timeout=WAIT_S)
+    unsaved.close(timeout=WAIT_S)
+    assert {tp: o.offset for tp, o in env.coord.fetch_offsets("g", tps).offsets.items()} == {
+        TP("t", 0): 4, TP("t", 1): 4}
+    assert env.coord.describe_group("g").members == []  # committed without joining
+    assert {o.offset for o in env.coord.fetch_offsets("g-off", tps).offsets.values()} == {-1}
+
+
 def test_mixing_subscribe_and_assign_raises_until_unsubscribe(env: Any) -> None:
     _fill(env, 2, 1)
     subscribed = env.consumer()

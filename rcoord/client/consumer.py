@@ -247,6 +247,10 @@ class Consumer(SubscriptionMixin):
         self._lock = threading.RLock()
         self._stop = threading.Event()  # close() was called (possibly from another thread)
         self._wakeup = threading.Event()  # wakeup() was called: poll() raises WakeupError
+        # Ends the retries of assign()'s simple-group commits: close()'s bound has passed (as
+        # ConsumerGroup.stop_retrying ends a generation's), so close()'s final commit is retried
+        # until then, as a subscribed consumer's is.
+        self._simple_retries_end = threading.Event()
         # close() is running its final revocation: the listener may still commit (Kafka's
         # close() calls onPartitionsRevoked while the consumer is open), but close() is not
         # run again. _closed is set only once that revocation and its commits are done.
@@ -854,16 +858,7 @@ class Consumer(SubscriptionMixin):
         self._revoking = True
         try:
             if not lost and self._auto_commit:
-                try:
-                    self._commit_changed(gen.commit_offsets)
-                except WakeupError as exc:
-                    # Failed, as any commit that gave up; the revocation completes, and the
-                    # wakeup (still set: only poll() and commit() clear it) is raised after it.
-                    log.warning("final commit of generation %d: %s", gen.generation_id, exc)
-                except CommitFailedError as exc:
-                    log.warning("final commit of generation %d refused: %s", gen.generation_id, exc)
-                except RcoordError as exc:
-                    log.warning("final commit of generation %d failed: %s", gen.generation_id, exc)
+                self._final_commit(gen.commit_offsets, f"generation {gen.generation_id}")
                 lost = gen.lost  # a refused commit can reveal that the partitions are gone
             log.info(
                 "generation %d: %s %d partitions (%s)",
@@ -888,6 +883,21 @@ class Consumer(SubscriptionMixin):
                 # close() releases the hold itself once they landed.
                 self._await_committer()
                 hold.released.set()
+
+    def _final_commit(self, commit: _CommitFn, of: str) -> None:
+        """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
+        close() after assign()), bounded as close() bounds it (``_give_up_waiting``). A commit
+        that fails is logged, not raised, so giving the partitions up completes; a wakeup that
+        cut it short counts as a failure, and stays set (only poll() and commit() clear it), so
+        the next of those raises it."""
+        try:
+            self._commit_changed(commit)
+        except WakeupError as exc:
+            log.warning("final commit of %s: %s", of, exc)
+        except CommitFailedError as exc:
+            log.warning("final commit of %s refused: %s", of, exc)
+        except RcoordError as exc:
+            log.warning("final commit of %s failed: %s", of, exc)
 
     # -- fetching
 
@@ -1120,6 +1130,7 @@ class Consumer(SubscriptionMixin):
         group = self._group
         if group is not None:
             group.stop_retrying()
+        self._simple_retries_end.set()
         self._committer.give_up()
 
     def _close(self, deadline: float | None) -> None:
@@ -1137,6 +1148,10 @@ class Consumer(SubscriptionMixin):
                         self._revoke(lost=lost)
                     except Exception:
                         log.exception("the rebalance listener raised during close()")
+                elif self._assigned_manually and self._auto_commit:
+                    # As Kafka's close(), which with auto-commit commits the consumed positions
+                    # after assign() too (a simple-group commit: generation -1, no member id).
+                    self._final_commit(self._commit_simple, "the assigned partitions")
                 # Else close() was called from inside a revocation callback: that revocation
                 # is this consumer's last.
                 self._committer.close(_remaining(deadline))

@@ -64,6 +64,7 @@ class SubscriptionMixin:
         _buffers: dict[TopicPartition, deque[ConsumerRecord]]
         _gen: Any
         _stop: threading.Event
+        _simple_retries_end: threading.Event
         _poll_timer: PollTimer
 
         def _check_open(self) -> None: ...
@@ -145,7 +146,8 @@ class SubscriptionMixin:
         committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
         the previous ``assign()`` keeps its position. Commits go to ``group_id`` as a simple
         group (no member id, generation -1): the coordinator accepts them only while the group
-        has no members, else they raise ``CommitFailedError``. Raises ``IllegalStateError`` on
+        has no members, else they raise ``CommitFailedError``; with auto-commit, ``close()``
+        commits the positions that way too (Kafka's ``close()``). Raises ``IllegalStateError`` on
         a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
         """
         wanted = sorted({TopicPartition(*tp) for tp in partitions})
@@ -240,7 +242,8 @@ class SubscriptionMixin:
             self._group = None
 
     def _commit_simple(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
-        commit_as_simple_group(self._coordinator(), self._config, offsets, self._stop)
+        commit_as_simple_group(self._coordinator(), self._config, offsets,
+                               self._simple_retries_end)
 
 
 def commit_as_simple_group(
