@@ -842,6 +842,71 @@ def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
         client.close()
 
 
+def _waits_in(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` is inside ``function`` now (its stack, read without touching it)."""
+    import sys
+
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
+    own_server: EmbeddedServer, namespace: str
+) -> None:
+    """commit() first waits for the async commits queued before it (as Kafka's commitSync),
+    up to two session timeouts when they retry against an unreachable coordinator; wakeup()
+    from another thread must end that wait with WakeupError, as it ends commit()'s retries.
+    Before, the wait went on until the queued commit's retries ran out (a session timeout, here
+    20 s). The queued commit is neither lost nor made twice: it lands once the server answers
+    again, and its callback runs once."""
+    client = _outage_client(own_server)
+    consumer = _outage_consumer(client, namespace)
+    pid = own_server.pid
+    assert pid is not None
+    done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
+    ended: list[BaseException | None] = []
+
+    def committing() -> None:
+        try:
+            consumer.commit({TP("t", 0): 3})
+            ended.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+            ended.append(exc)
+
+    committer = threading.Thread(target=committing, name="committing", daemon=True)
+    stopped = False
+    try:
+        poll_until(consumer, lambda g: len(g) == 5)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        consumer.commit_async(None, lambda offsets, exc: done.append((offsets, exc)))
+        committer.start()
+        wait_until(lambda: _waits_in(committer, "wait_idle"))
+        consumer.wakeup()
+        committer.join(WAKEUP_BOUND_S)
+        assert not committer.is_alive(), "wakeup() waited for the earlier async commit"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+        assert consumer._committer.pending == 1  # still queued, still retrying
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        wait_until(lambda: done, lambda: consumer.poll(timeout=0.02))  # its callback runs
+        assert done == [({TP("t", 0): 5}, None)]
+        # The async commit landed, and the interrupted commit of 3 was never sent after it.
+        assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 5}
+        consumer.commit()  # the wakeup was used up
+        assert done == [({TP("t", 0): 5}, None)]  # its callback ran once
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        consumer.close(timeout=0.5)
+        committer.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's wait ends by then
+        client.close()
+
+
 def test_wakeup_interrupts_auto_commit_retries_in_poll_but_not_the_heartbeats() -> None:
     """An auto-commit inside poll() retries COORDINATOR_NOT_AVAILABLE (for a session timeout,
     30 s here); wakeup() ends it: poll() raises WakeupError. The heartbeat, retrying the same

@@ -99,11 +99,24 @@ class AsyncCommitter:
 
         self.submit(known, offsets, callback)
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until every job submitted so far has finished; False on timeout."""
+    def wait_idle(
+        self, timeout: float | None = None, interrupt: threading.Event | None = None
+    ) -> bool:
+        """Wait until every job submitted so far has finished; False on timeout, or as soon as
+        ``interrupt`` is set (whoever sets it calls ``interrupt_waits()``, which wakes the
+        wait up to see it)."""
         with self._cond:
             target = self._submitted
-            return self._cond.wait_for(lambda: self._finished >= target, timeout)
+            self._cond.wait_for(
+                lambda: self._finished >= target or (interrupt is not None and interrupt.is_set()),
+                timeout,
+            )
+            return self._finished >= target
+
+    def interrupt_waits(self) -> None:
+        """Make every ``wait_idle()`` look at its ``interrupt`` event now."""
+        with self._cond:
+            self._cond.notify_all()
 
     @property
     def pending(self) -> int:

@@ -517,8 +517,10 @@ class Consumer(SubscriptionMixin):
         or a ``commit()`` retrying against an unreachable coordinator, for up to a session
         timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
         retries, in their own thread, go on. A final commit of a revocation that a wakeup cuts
-        short counts as failed (logged); the revocation completes, then ``poll()`` raises."""
+        short counts as failed (logged); the revocation completes, then ``poll()`` raises. It
+        ends ``commit()``'s wait for earlier async commits too; those stay queued."""
         self._wakeup.set()
+        self._committer.interrupt_waits()
 
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
@@ -574,14 +576,14 @@ class Consumer(SubscriptionMixin):
         given = None if offsets is None else commit_offsets_arg(offsets)
         with self._lock:
             self._check_open()
-            self._wait_async_commits()
-            target = self._commit_target()
-            if target is None:
-                if given:
-                    raise _no_generation()
-                return
-            wanted = given if given is not None else self._positions()
             with self._interruptible():
+                self._wait_async_commits()
+                target = self._commit_target()
+                if target is None:
+                    if given:
+                        raise _no_generation()
+                    return
+                wanted = given if given is not None else self._positions()
                 target[0](wanted)
             for tp, off in wanted.items():
                 value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
@@ -654,16 +656,26 @@ class Consumer(SubscriptionMixin):
 
     def _wait_async_commits(self) -> None:
         """Let every queued async commit finish, then run their callbacks (Kafka's
-        ``commitSync`` does the same, so a sync commit is never overtaken by an older one)."""
-        self._await_committer()
+        ``commitSync`` does the same, so a sync commit is never overtaken by an older one).
+        ``wakeup()`` ends the wait, as it ends commit()'s retries: ``WakeupError``, and the
+        queued commits stay queued (their callbacks run from a later poll(), commit() or
+        close())."""
+        self._await_committer(self._wakeup)
         self._run_commit_callbacks()
 
-    def _await_committer(self) -> None:
+    def _await_committer(self, wakeup: threading.Event | None = None) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left.
         limit = 2 * self._config.session_timeout_ms / 1000
-        if self._committer.pending and not self._committer.wait_idle(limit):
-            log.warning("async commits still pending after %.0f s; committing anyway", limit)
+        if not self._committer.pending or self._committer.wait_idle(limit, wakeup):
+            return
+        if wakeup is not None and wakeup.is_set():
+            raise WakeupError(
+                f"commit() interrupted by wakeup() while {self._committer.pending} earlier "
+                "async commits were pending; they stay queued, and their callbacks run from a "
+                "later poll(), commit() or close()"
+            )
+        log.warning("async commits still pending after %.0f s; committing anyway", limit)
 
     def _run_commit_callbacks(self) -> None:
         """Run finished async commits' callbacks in commit order; the first exception a
