@@ -106,7 +106,7 @@ local READ = GROUP_READS.full -- the fields this call read first (read_group)
 local G_SEEN = nil
 local G_WRITES, G_WRITE_ORDER = nil, nil -- (set_g, below)
 local G_META = {__index = function(g, field)
-  if READ.set[field] then return nil end -- read with the core: absent
+  if READ.set[field] then return nil end -- in this call's first read: absent
   if G_WRITES and G_WRITES[field] == false then return nil end -- deleted in this call
   if G_SEEN == nil then G_SEEN = {} elseif G_SEEN[field] then return nil end
   G_SEEN[field] = true
@@ -117,7 +117,7 @@ local G_META = {__index = function(g, field)
 end}
 local G = {}
 local function new_group_table() return setmetatable({}, G_META) end
--- ``extra``: fields outside the core that this call will read (a step names them from its
+-- ``extra``: fields outside the first read that this call will read (a step names them from its
 -- request: group_step's ``fields``), fetched in the same HMGET instead of one HGET each.
 -- ``brief``: the step changes no membership, and reads GROUP_READS.brief instead of .full
 -- (rcoord/contract.py GROUP_BRIEF_FIELDS says why).

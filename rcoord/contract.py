@@ -23,8 +23,8 @@ from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import script_error_names
 from .state import VALID_PREVIOUS, GroupState
 
-__all__ = ["GROUP_BRIEF_FIELDS", "GROUP_CORE_FIELDS", "GROUP_KEYS", "HEARTBEAT_KEYS", "STATE_CONSTANTS", "lua_header",
-           "setting_defaults"]
+__all__ = ["GROUP_BRIEF_FIELDS", "GROUP_CORE_FIELDS", "GROUP_KEYS", "HEARTBEAT_KEYS",
+           "STATE_CONSTANTS", "lua_header", "setting_defaults"]
 
 GROUP_KEYS: tuple[tuple[str, str], ...] = (
     ("cfg", "K_CFG"),
