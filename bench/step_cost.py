@@ -155,10 +155,8 @@ def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
     in order, through a copy of the library whose ``redis.call`` notes its arguments
     (RECORDER), so they change the groups as the measured calls would."""
     scripts = coord._scripts
-    head = f"#!lua name={scripts.library}\nlocal LIB = '{scripts.library}'\n"
-    assert scripts._source.startswith(head), "the library's first lines changed"
-    r.function_load(f"#!lua name={RECORDING_LIB}\nlocal LIB = '{RECORDING_LIB}'\n{RECORDER}"
-                    + scripts._source[len(head):], replace=True)
+    r.function_load(library_copy(scripts.library, scripts._source, RECORDING_LIB,
+                                 before=RECORDER), replace=True)
     out = []
     for cmd in calls:
         name = cmd[1].decode() if isinstance(cmd[1], bytes) else str(cmd[1])
@@ -166,6 +164,15 @@ def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
         out.append(r.fcall("rcoord_bench_recorded", 0))
     r.function_delete(RECORDING_LIB)
     return out
+
+
+def library_copy(name: str, source: str, copy: str, before: str = "", after: str = "") -> str:
+    """The FUNCTION LOAD source of library ``name`` (``source``) under the name ``copy``, its
+    functions registered under that prefix so the copy loads beside the original, with Lua
+    ``before`` its body (after the name lines) and ``after`` it."""
+    head = f"#!lua name={name}\nlocal LIB = '{name}'\n"
+    assert source.startswith(head), "the library's first lines changed"
+    return f"#!lua name={copy}\nlocal LIB = '{copy}'\n{before}{source[len(head):]}{after}"
 
 
 def lua_literal(arg: bytes | int) -> str:
@@ -228,7 +235,8 @@ def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Varia
         sa = pool.submit(coord.sync_group, "g2", ja.generation_id, ja.member_id,
                          assignments={ja.member_id: b"a", jb.member_id: b"b"})
         sb = pool.submit(coord.sync_group, "g2", jb.generation_id, jb.member_id)
-        assert sa.result().error.name == sb.result().error.name == "NONE", (sa.result(), sb.result())
+        assert sa.result().error.name == sb.result().error.name == "NONE", (
+            sa.result(), sb.result())
     mid2, gen2 = ja.member_id, ja.generation_id
     keys = coord._keys("g2")
     steps = coord._steps

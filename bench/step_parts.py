@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis
 from _common import rows_options, server_us_per_call, start_server
-from step_cost import prepare
+from step_cost import library_copy, prepare
 
 from rcoord.scripts import library_source
 
@@ -74,10 +74,7 @@ def main() -> None:
         expire = variant.phases["fixed overhead (expire_deadlines, nothing due)"]()[0]
         assert r.execute_command(*expire)[0] == 0, "expire_deadlines found something due"
         name, source = library_source()
-        head = f"#!lua name={name}\nlocal LIB = '{name}'\n"
-        assert source.startswith(head), "the library's first lines changed"
-        r.function_load(f"#!lua name={PROBE_LIB}\nlocal LIB = '{PROBE_LIB}'\n"
-                        + source[len(head):] + PROBES, replace=True)
+        r.function_load(library_copy(name, source, PROBE_LIB, after=PROBES), replace=True)
         args = expire[2:]
         fns = [fn or str(expire[1]).replace(name, PROBE_LIB, 1) for _, fn in ROWS]
         results: dict[str, list[float]] = {fn: [] for fn in fns}
