@@ -39,11 +39,45 @@ local function validate_commit(req)
   return nil, session
 end
 
+-- The records of one commit, built before anything is written: the per-partition answers, the
+-- HSET arguments in batches of 256 partitions, and the last record stored (nil when every
+-- partition was refused). Every record of one commit has the same commit time and expiry.
+-- ``max_metadata``: the offset_metadata_max_bytes setting (called only when a partition has
+-- metadata, so the common commit reads no setting for it).
+local function offset_records(entries, now, expire, max_metadata)
+  local results, batches, batch, stored = {}, {}, {}, nil
+  for i, e in ipairs(entries) do
+    if e[5] > 0 and e[5] > max_metadata() then
+      results[i] = 'OFFSET_METADATA_TOO_LARGE'
+    else
+      stored = {o = e[2], m = e[3], le = e[4], t = now, x = expire}
+      batch[#batch + 1] = e[1]
+      batch[#batch + 1] = cmsgpack.pack(stored)
+      if #batch >= 512 then
+        batches[#batches + 1] = batch
+        batch = {}
+      end
+      results[i] = 'NONE'
+    end
+  end
+  if #batch > 0 then batches[#batches + 1] = batch end
+  return results, batches, stored
+end
+
+local function write_offsets(batches)
+  for _, batch in ipairs(batches) do redis.call('HSET', K_OFFSETS, unpack(batch)) end
+end
+
+local function explicit_expiry(req, now)
+  if req.retention == '' then return -1 end
+  return now + tonumber(req.retention)
+end
+
 local function commit_offsets(req)
   local entries = req.entries
   local err, session = validate_commit(req)
-  local results = {}
   if err then
+    local results = {}
     for i = 1, #entries do results[i] = err end
     return {err, results}
   end
@@ -53,33 +87,62 @@ local function commit_offsets(req)
     reschedule_heartbeat(req.member_id, session)
   end
 
-  local expire = -1
-  if req.retention ~= '' then expire = NOW + tonumber(req.retention) end
-  -- Every record of one commit has the same commit time and expiry, so one expiry schedule
-  -- covers them all; fields are written in HSET batches (one command per 256 partitions).
-  local stored, batch = nil, {}
-  local function flush()
-    if #batch > 0 then redis.call('HSET', K_OFFSETS, unpack(batch)) end
-    batch = {}
-  end
-  for i, e in ipairs(entries) do
-    -- (empty metadata always fits: no settings read for the common commit)
-    if e[5] > 0 and e[5] > CFG.offset_metadata_max_bytes then
-      results[i] = 'OFFSET_METADATA_TOO_LARGE'
-    else
-      stored = {o = e[2], m = e[3], le = e[4], t = NOW, x = expire}
-      batch[#batch + 1] = e[1]
-      batch[#batch + 1] = cmsgpack.pack(stored)
-      if #batch >= 512 then flush() end
-      results[i] = 'NONE'
-    end
-  end
-  flush()
+  local results, batches, stored = offset_records(entries, NOW, explicit_expiry(req, NOW),
+    function() return CFG.offset_metadata_max_bytes end)
+  write_offsets(batches)
   if stored then schedule_offset_expiry(stored) end
+  return {'NONE', results}
+end
+
+-- The common commit without the wrapper: a member of the current generation of a Stable or
+-- PreparingRebalance group that has nothing due, whose commit moves no deadline before the
+-- published one (so nothing is applied, published or woken: the wrapper would only read). It
+-- reads what the step reads and writes what the step writes, in the same order; any other case
+-- returns nil before writing anything, and the step runs in the wrapper (which reads again:
+-- only the rare cases pay twice). A simple commit (generation -1) goes there at once.
+local COMMIT_SETTINGS = {'num_partitions', 'group_max_size', 'offsets_retention_ms',
+  'offset_metadata_max_bytes'}
+local COMMIT_GROUP_FIELDS = {'state', 'gen', 'ea', 'ptype', 'subs', 'capchk'}
+local function commit_fast(keys, args, req)
+  if req.generation < 0 or req.member_id == '' then return nil end
+  bind_group_keys(keys)
+  local now = read_clock(args[1])
+  local cfg = redis.call('HMGET', K_CFG, unpack(COMMIT_SETTINGS))
+  if not cfg[1] then return nil end -- (the step answers NOT_COORDINATOR)
+  local state, gen_now, ea, ptype, subs, capchk =
+    unpack(redis.call('HMGET', K_GROUP, unpack(COMMIT_GROUP_FIELDS)))
+  if state ~= STABLE and state ~= PREPARING then return nil end
+  local published = published_of(ea)
+  if not published or published <= now then return nil end -- (due, or not known: apply_due)
+  if state == STABLE
+      and tonumber(capchk or '-1') ~= (tonumber(cfg[2]) or DEFAULTS.group_max_size) then
+    return nil -- (apply_due's capacity check)
+  end
+  if tonumber(gen_now) ~= req.generation then return nil end
+  if req.iid ~= '' and redis.call('HGET', K_STATIC, req.iid) ~= req.member_id then return nil end
+  local blob = redis.call('HGET', K_MEMBERS, req.member_id)
+  if not blob then return nil end
+  local session_at = now + member_session(blob)
+  if session_at < published then return nil end
+  local expire = explicit_expiry(req, now)
+  local results, batches, stored = offset_records(req.entries, now, expire, function()
+    return tonumber(cfg[4]) or DEFAULTS.offset_metadata_max_bytes
+  end)
+  -- (expiration_base and expiry_of for this state: the retention timer, if it runs, counts
+  -- from the commit)
+  local gc_at = nil
+  if stored and (ptype == '' or (ptype == 'consumer' and subs and state == STABLE)) then
+    gc_at = expire >= 0 and expire
+      or now + (tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms)
+    if gc_at < published then return nil end
+  end
+  redis.call('ZADD', K_DL, session_at, hb_key(req.member_id))
+  write_offsets(batches)
+  if gc_at then redis.call('ZADD', K_DL, 'LT', gc_at, 'gc') end
   return {'NONE', results}
 end
 
 -- (brief, and 'subs' in the first read: the retention schedule asks whether it is there.)
 local COMMIT_FIELDS = {'subs'}
 group_step('commit_offsets', commit_offsets, parse_commit_offsets,
-  {brief = true, fields = function() return COMMIT_FIELDS end})
+  {brief = true, fields = function() return COMMIT_FIELDS end, fast = commit_fast})

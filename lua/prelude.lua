@@ -1567,17 +1567,24 @@ end
 -- (``opts.settles``: it may change the members or the generation; settle_chunks), while
 -- chunks remain (this call wrote one). ``opts.partial``: the step runs anyway (the sweep's
 -- expire_deadlines, whose callers call again while the group stays due). ``opts.brief``: the
--- step changes no membership and reads GROUP_READS.brief first (read_group).
+-- step changes no membership and reads GROUP_READS.brief first (read_group). ``opts.fast(keys,
+-- args, parsed)``: the step's common case decided without the wrapper (a reply), or nil before
+-- any write: it must answer exactly as the wrapper would, so it declines every case where the
+-- wrapper would apply, publish or wake anything (commit_offsets.lua).
 local BUSY = {'B'}
 local function group_step(name, run, parse, opts)
   opts = opts or {}
-  local all_settings, fields, settles, partial, brief = opts.all_settings, opts.fields,
-    opts.settles, opts.partial, opts.brief
+  local all_settings, fields, settles, partial, brief, fast = opts.all_settings, opts.fields,
+    opts.settles, opts.partial, opts.brief, opts.fast
   register(name, function(keys, args)
     local req = args
     if parse then
       req = parse(args)
       if type(req) == 'table' and req.err then return req end
+    end
+    if fast then
+      local reply = fast(keys, args, req)
+      if reply ~= nil then return reply end
     end
     local err = begin(keys, args, all_settings, fields and fields(req), brief)
     if err then return err end
