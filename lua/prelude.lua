@@ -1493,22 +1493,32 @@ local function finish()
   flush_g()
 end
 
-local function next_deadline()
-  local first = dl_head()
-  if #first == 0 then return -1 end
-  return tonumber(first[2])
+-- The deadline a parked caller waits for: the group's earliest as published (the due index's
+-- score, which the park flow reads back when its wait ends, rcoord/protocol/park.py), -1 when
+-- the group has none. Asked after finish(), so it is the one just published when this call moved
+-- a deadline before the old bound, and costs no read of the deadlines: a bound earlier than the
+-- real earliest (one postponed since) wakes the caller early, and its await_reply publishes the
+-- real one (apply_due).
+local function published_deadline()
+  local ea = G.ea
+  if ea == nil then -- (not known: only a group deleted in this call)
+    local first = dl_head()
+    return #first == 0 and -1 or tonumber(first[2])
+  end
+  return tonumber(ea) or -1
 end
 
 -- Reply to a parked caller if its reply is ready, otherwise tell it how to wait.
--- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}; the wake id is
--- filled in by group_step after finish() (which may add the wake-up this caller waits after).
+-- Shapes: {'R', reply} or {'W', wake_id, next_deadline_ms, now_ms, member_id}; the wake id and
+-- the deadline are filled in by group_step after finish() (which may add the wake-up this
+-- caller waits after, and publish the deadline).
 -- A reply is read, not consumed: if the same member parked twice (a client that gave up on its
 -- first JoinGroup and sent another), both callers get the answer, and neither is left waiting
 -- or told it is unknown. The slot is cleared when the member parks again, and pruned later.
 local WAIT_REPLY = nil
 local function reply_or_wait(id, kind)
   if PARKED_NOW and not ANSWERED and PARKED_NOW[reply_field(kind, id)] then
-    WAIT_REPLY = {'W', '0-0', next_deadline(), NOW, id}
+    WAIT_REPLY = {'W', '0-0', -1, NOW, id}
     return WAIT_REPLY
   end
   local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
@@ -1524,7 +1534,7 @@ local function reply_or_wait(id, kind)
     if kind == 'j' then return {'R', cmsgpack.pack(join_error('UNKNOWN_MEMBER_ID', ''))} end
     return {'R', cmsgpack.pack(sync_error('UNKNOWN_MEMBER_ID'))}
   end
-  WAIT_REPLY = {'W', '0-0', next_deadline(), NOW, id}
+  WAIT_REPLY = {'W', '0-0', -1, NOW, id}
   return WAIT_REPLY
 end
 
@@ -1595,7 +1605,9 @@ local function group_step(name, run, parse, opts)
     end
     local reply = run(req)
     finish()
-    if reply ~= nil and reply == WAIT_REPLY then reply[2] = G.wid or '0-0' end
+    if reply ~= nil and reply == WAIT_REPLY then
+      reply[2], reply[3] = G.wid or '0-0', published_deadline()
+    end
     return reply
   end)
 end
