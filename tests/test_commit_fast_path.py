@@ -31,7 +31,6 @@ from rcoord.flow import Script
 from rcoord.keys import GroupKeys
 from rcoord.protocol.kafka_consumer import encode_subscription
 from rcoord.scripts import library_source
-from rcoord.testing.embedded import EmbeddedServer
 
 T0, T1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
 FAST_CALL = "fast = commit_fast})"
@@ -50,12 +49,8 @@ def library_variant(suffix: str, replacement: str) -> tuple[str, str]:
 
 
 @pytest.fixture
-def client(redis_server: EmbeddedServer) -> Iterator[redis.Redis]:
-    r = redis_server.client()
-    try:
-        yield r
-    finally:
-        r.close()
+def client(single_client: redis.Redis) -> redis.Redis:
+    return single_client
 
 
 @pytest.fixture
