@@ -355,6 +355,71 @@ def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
     assert read_counts(out) == window_counts(events, WINDOW_MS)
 
 
+def test_a_group_query_restarted_mid_batch_replays_it_and_stores_every_row_once(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    # Batch 1 of a group-mode query fails after its partition-0 task appended its rows through
+    # the rcoord sink; the query restarts on its checkpoint, and Spark replays batch 1 as the
+    # restarted runner's first call. Before, the replay read nothing (the old runner's
+    # membership had planned it), the group redelivered batch 1's records under batch id 2,
+    # and partition 0's five rows were appended again (dst held 25 rows).
+    from pyspark.sql import functions as F
+    from pyspark.sql.utils import StreamingQueryException
+
+    topics = Topics(single_client, namespace)
+    topics.create("src", 2)
+    topics.create("dst", 2)
+    Producer(single_client, namespace).send_batch(
+        "src", [ProducerRecord(f"v{i}".encode(), partition=i % 2) for i in range(20)])
+    cp, marker = tmp_path / "cp", tmp_path / "fail-batch-1"
+    url = redis_server.url
+
+    def gate(partition: int, offset: int, value: bytes) -> bytes:
+        """Batch 1's partition-1 task fails once partition 0's task has appended its rows."""
+        if partition == 1 and offset >= 5 and os.path.exists(str(marker)):
+            import time
+
+            from rcoord.client import client_from_url
+
+            dst = Topics(client_from_url(url), namespace)
+            deadline = time.monotonic() + QUERY_S
+            while dst.describe("dst").partitions[0].log_end_offset < 10:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            raise RuntimeError("injected failure in batch 1")
+        return value
+
+    udf = F.udf(gate, "binary", useArrow=False)  # (Arrow UDFs need pandas)
+
+    def start() -> Any:
+        reader_ = reader(spark, url, namespace, stream=True)
+        for k, v in {"subscribe": "src", "groupId": "g", "maxOffsetsPerTrigger": "10",
+                     **GROUP_OPTS}.items():
+            reader_ = reader_.option(k, v)
+        return (reader_.load().select("key", udf("partition", "offset", "value").alias("value"),
+                                      "partition")
+                .writeStream.format("rcoord").option("url", url).option("namespace", namespace)
+                .option("topic", "dst").trigger(availableNow=True)
+                .option("checkpointLocation", str(cp)).start())
+
+    marker.touch()
+    q1 = start()
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 1"):
+        q1.awaitTermination(QUERY_S)
+    assert log_ends(topics, "dst") == {0: 10, 1: 5}  # batch 0, and batch 1's partition 0
+    assert committed(coord, "g") == {0: 5, 1: 5}  # batch 1 was planned, never committed
+    assert (cp / "offsets" / "1").exists() and not (cp / "commits" / "1").exists()
+    marker.unlink()
+    q2 = start()
+    assert q2.awaitTermination(QUERY_S), "availableNow query did not end by itself"
+    assert q2.exception() is None
+    assert committed(coord, "g") == {0: 10, 1: 10}
+    stored = sorted(r.value for p in (0, 1) for r in fetch(
+        single_client, namespace, "dst", p, 0, max_records=100).records)
+    assert stored == sorted(f"v{i}".encode() for i in range(20))
+
+
 # -- how the stream-source runner ends (no JVM: spark_runner.FakeJvm plays it) -----------------
 
 RUNNER_OPTS = {"sessionTimeoutMs": "60000", "heartbeatIntervalMs": "300",

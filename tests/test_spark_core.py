@@ -744,6 +744,183 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
         new.close(5)
 
 
+# -- a batch Spark replays after a restart, in group mode (the runner's calls, without Spark) ---
+
+GROUP_READ = {"subscribe": "ev", "groupId": "g", "sessionTimeoutMs": "1500",
+              "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000",
+              "maxRecordsPerPartition": "3"}
+
+
+def _run_batch(reader: Any, client: Any, namespace: str, batch_id: int, start: Any, end: Any,
+               slots: set[int] | None = None) -> tuple[list[OffsetRange], list[tuple[int, int]]]:
+    """Spark's side of one micro-batch: ``partitions(start, end)``, then each task (or only the
+    ``slots`` given: a first attempt cut short) reads its range and writes the rows through the
+    rcoord sink as task ``slot`` of query ``q`` (producer ``spark:q:<slot>``, epoch
+    ``batch_id``) to topic ``out``. Returns the tasks' ranges and the (partition, offset) pairs
+    read."""
+    parts = reader.partitions(start, end)
+    read: list[tuple[int, int]] = []
+    for slot, part in enumerate(parts):
+        if slots is not None and slot not in slots:
+            continue
+        rows = []
+        for batch in reader.read(part):
+            for r in batch.to_pylist():
+                read.append((r["partition"], r["offset"]))
+                rows.append({"key": r["key"], "value": r["value"], "partition": r["partition"]})
+        write_rows(make_producer(client, namespace, f"spark:q:{slot}", batch_id), rows, "out")
+    return [p.range for p in parts], read
+
+
+def _committed(coord: GroupCoordinator) -> dict[TopicPartition, int]:
+    return {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()}
+
+
+def _empty(r: OffsetRange) -> OffsetRange:
+    return OffsetRange(r.topic, r.partition, r.start, r.start)
+
+
+@pytest.mark.parametrize(("replayed", "starting"), [(0, "earliest"), (1, "earliest"),
+                                                    (0, "latest")])
+def test_a_batch_replayed_after_a_restart_is_read_exactly_and_committed_by_the_new_member(
+        replayed: int, starting: str, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, coord: GroupCoordinator) -> None:
+    # The query fails in batch ``replayed`` after task slots 0 and 1 (partition 0) appended
+    # through the sink; it restarts on its checkpoint in a new runner process. Spark's first
+    # call there is partitions(start, end) of that batch (for batch 0 after initialOffset, and
+    # ``start`` is then the new process's initial position). Before, the replay read nothing
+    # (another membership planned it), the group redelivered its records under the next batch
+    # id, and partition 0's rows were stored twice (under startingOffsets=latest, with nothing
+    # committed, the group skipped them instead, and partition 1's were never read).
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    topics.create("ev", 2)
+    topics.create("out", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    skip = 2 if starting == "latest" else 0  # records per partition before the query started
+    producer.send_batch("ev", [b"before"] * 2 * skip)
+    values = [f"v{i}".encode() for i in range(20)]
+    url = redis_server.url
+    reads: dict[int, list[tuple[int, int]]] = {}
+    old = _stream_reader(url, namespace, **GROUP_READ, startingOffsets=starting)
+    try:
+        ends = [old.initialOffset()]
+        producer.send_batch("ev", values)
+        ends.append(old.latestOffset(ends[0], ReadMaxRows(8)))  # 4 + 4, in 2 + 2 tasks
+        if replayed == 1:
+            reads[0] = _run_batch(old, single_client, namespace, 0, ends[0], ends[1])[1]
+            ends.append(old.latestOffset(ends[1], ReadMaxRows(8)))  # commits batch 0
+        start, end = ends[replayed], ends[replayed + 1]
+        planned = [p.range for p in old.partitions(start, end)]
+        assert [(r.partition, r.size) for r in planned] == [(0, 3), (0, 1), (1, 3), (1, 1)]
+        _run_batch(old, single_client, namespace, replayed, start, end, slots={0, 1})
+    finally:
+        old.stop()  # the query failed; its runner leaves the group
+    before = _committed(coord)
+    assert before == ({} if replayed == 0 else Position.from_json(start).offsets)
+
+    new = _stream_reader(url, namespace, **GROUP_READ, startingOffsets=starting)
+    try:
+        if replayed == 0:
+            start = new.initialOffset()  # Spark asks for it before replaying batch 0
+            assert new.initialOffset() == start
+        ranges, reads[replayed] = _run_batch(new, single_client, namespace, replayed, start, end)
+        assert ranges == planned  # the same ranges in the same task slots
+        nxt = new.latestOffset(end, ReadMaxRows(100))
+        gen = new._member.generation
+        last = new._member.outcomes[-1]
+        # the replayed end is committed, in the new member's name and generation
+        assert _committed(coord) == Position.from_json(end).offsets
+        assert last.accepted and (last.generation, last.member) == (gen.generation_id,
+                                                                    gen.member_id)
+        assert (last.generation, last.member) != (Position.from_json(end).generation,
+                                                  Position.from_json(end).member)
+        reads[replayed + 1] = _run_batch(new, single_client, namespace, replayed + 1, end,
+                                         nxt)[1]
+        assert new.latestOffset(nxt, ReadMaxRows(100)) == nxt  # nothing new; commits nxt
+        assert _committed(coord) == {TP("ev", 0): skip + 10, TP("ev", 1): skip + 10}
+    finally:
+        new.stop()
+    # every record in exactly one batch id, and the sink stored each once
+    everything = [x for batch in reads.values() for x in batch]
+    assert sorted(everything) == [(p, o) for p in (0, 1) for o in range(skip, skip + 10)]
+    stored = Counter(r.value for p in (0, 1) for r in fetch(
+        single_client, namespace, "out", p, 0, max_records=100).records)
+    assert stored == Counter(values)
+
+
+def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # Batch 1 was planned over 4 partitions by a query that then failed. Before it restarts,
+    # another member took every partition and moved partitions 0 and 2 two records past the
+    # batch's start (1 and 3 stay there). The restarted query gets half the partitions: it
+    # replays exactly the one of them still at the batch's start, leaves the one the other
+    # member moved (no rewind) and the other member's two empty, in their task slots.
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    topics.create("ev", 4)
+    topics.create("out", 4)
+    Producer(single_client, namespace, "round_robin").send_batch(
+        "ev", [f"v{i}".encode() for i in range(40)])
+    url = redis_server.url
+    old = _stream_reader(url, namespace, **GROUP_READ)
+    try:
+        p0 = old.initialOffset()
+        e0 = old.latestOffset(p0, ReadMaxRows(8))  # offsets 0-1 of each partition
+        _run_batch(old, single_client, namespace, 0, p0, e0)
+        e1 = old.latestOffset(e0, ReadMaxRows(16))  # offsets 2-5 of each partition
+        planned = [p.range for p in old.partitions(e0, e1)]
+        assert len(planned) == 8
+    finally:
+        old.stop()
+    start = Position.from_json(e0).offsets
+    assert _committed(coord) == start
+
+    def capped(parts: Any) -> Any:  # the other member's reads: partitions 0 and 2, 2 records
+        bounds, tokens = log_snapshot(topics, parts)
+        return {tp: (lo, start[tp] + (2 if tp.partition % 2 == 0 else 0))
+                for tp, (lo, _) in bounds.items()}, tokens
+
+    other = _member(url, namespace, single_client)
+    stop = threading.Event()
+    try:
+        pos = other.plan(other.initial(10), capped, None)
+        pos = other.plan(pos, capped, None)  # commits the batch before
+        moved = {tp: o + (2 if tp.partition % 2 == 0 else 0) for tp, o in start.items()}
+        assert _committed(coord) == moved
+        state = {"pos": pos}
+
+        def triggers() -> None:  # the other query keeps planning, so the group can rebalance
+            while not stop.wait(0.05):
+                state["pos"] = other.plan(state["pos"], capped, None)
+
+        thread = threading.Thread(target=triggers, daemon=True)
+        thread.start()
+        new = _stream_reader(url, namespace, **GROUP_READ)
+        try:
+            ranges, read = _run_batch(new, single_client, namespace, 1, e0, e1)
+            owned = set(new._member.generation.offsets)
+            assert len(owned) == 2
+            exact = {tp for tp in owned if tp.partition % 2 == 1}
+            assert len(exact) == 1
+            assert ranges == [r if TP(r.topic, r.partition) in exact else _empty(r)
+                              for r in planned]
+            (tp,) = exact
+            assert sorted(read) == [(tp.partition, o) for o in range(start[tp], 6)]
+            nxt = Position.from_json(new.latestOffset(e1, ReadMaxRows(100)))
+            # the replayed end is committed; the other member's commits are not rewound
+            assert _committed(coord) == {**moved, tp: 6}
+            # the next batch goes on from the replayed end and from the other member's commit
+            assert {(r.partition, r.start) for r in ranges_between(Position.from_json(e1), nxt)} \
+                == {(p.partition, 6 if p == tp else moved[p]) for p in owned}
+        finally:
+            new.stop()
+    finally:
+        stop.set()
+        other.close(5)
+
+
 def test_a_group_member_treats_a_recreated_topic_as_data_loss(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:

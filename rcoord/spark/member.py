@@ -24,6 +24,12 @@ were made under:
 * A commit the coordinator refuses (the group moved on; the plan came from an old checkpoint
   or a member that was removed) moves no offset and stops nothing: it is counted in
   ``refused`` and the partitions are processed again by their owner (at-least-once).
+* ``replay(end, ranges)`` serves the batch Spark replays after a restart (planned by the old
+  process's membership, never committed): its partitions this member holds with the group's
+  committed offset at the batch's start are read again, and their ends become a plan of this
+  member's generation, which the next ``plan`` commits and continues from. So each of their
+  records is delivered in one batch id, and the sink's producer (named by the batch id)
+  stores it once. The rest of the batch reads nothing (at-least-once, as before).
 * ``close()`` leaves the group at once, so the others take the partitions over without
   waiting for the session timeout.
 """
@@ -33,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..client import (
@@ -47,7 +53,7 @@ from ..client import (
 from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .options import ReadOptions
-from .plan import Position, limit_end
+from .plan import OffsetRange, Position, limit_end
 from .resolve import continuity_loss, drop_after_loss, gone_loss, restart_after_loss
 
 __all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
@@ -115,11 +121,14 @@ class StreamMember:
         # a plan that plan() committed (or saw refused) before the generation changed.
         self._sent: dict[tuple[int, str], dict[TP, int]] = {}
         # The (generation, member) stamps this process planned under. Only those positions are
-        # committed: a batch replayed from a checkpoint another process planned was skipped
-        # here (partitions()), and committing its end in that member's name, which the
-        # coordinator accepts while the old member's session and generation last, would move
-        # the group past records nobody processed.
+        # committed: of a batch replayed from a checkpoint another process planned, only what
+        # replay() read again is committed, under this member's stamp. Committing its end in
+        # the old member's name, which the coordinator accepts while that member's session and
+        # generation last, would move the group past records nobody processed.
         self._planned: set[tuple[int, str]] = set()
+        # (the replayed end another process planned, this member's plan of what it replays):
+        # see replay(). plan() and commit() take the second for the first.
+        self._replayed: tuple[Position, Position] | None = None
         # Partitions found gone (their topic deleted) and reported once; read from their log
         # start if the topic comes back while this process runs.
         self._gone: set[TP] = set()
@@ -163,7 +172,8 @@ class StreamMember:
     def plan(self, start: Position, latest: LatestFn, limit: int | None) -> Position:
         """The end of the next batch; ``start`` itself when there is nothing to read."""
         self._group.start()  # a query restarted on a checkpoint plans before initial()
-        self.commit(start)
+        own = self._own(start)  # a replayed batch's end: what this member replayed of it
+        self.commit(own)
         gen = self._gen
         if gen is None or gen.done.is_set():
             if not self._next_generation():
@@ -171,14 +181,16 @@ class StreamMember:
             gen = self._gen
             assert gen is not None
         assigned = sorted(gen.offsets)
-        if start.generation == gen.generation_id and start.member == gen.member_id:
-            begin = {tp: start.offsets.get(tp, self._base(tp)) for tp in assigned}
-            starts = {tp: begin[tp] for tp in assigned if tp not in start.offsets}
-        else:
-            # Planned by another membership (an old checkpoint, or a generation this query
-            # left): go on from what the group has committed for our partitions.
-            begin = {tp: self._base(tp) for tp in assigned}
-            starts = dict(begin)
+        # Partitions that go on from ``own``; the others (all of them when it was planned by
+        # another membership: an old checkpoint, or a generation this query left) go on from
+        # what the group has committed.
+        carried = set(own.offsets) & set(assigned) if (
+            own.generation == gen.generation_id and own.member == gen.member_id) else set()
+        begin = {tp: own.offsets[tp] if tp in carried else self._base(tp) for tp in assigned}
+        # Spark's ``partitions(start, end)`` gets only the two positions: every partition that
+        # does not continue from ``start`` itself says in ``starts`` where it begins (all of
+        # them after a replay: Spark's ``start`` is then the other process's plan).
+        starts = {tp: begin[tp] for tp in assigned if tp not in carried or own is not start}
         bounds, tokens = latest(sorted(set(assigned) | set(start.offsets)))
         # A partition this query was reading (in ``start``) or was given that no longer exists:
         # its topic was deleted. Data loss, reported once (resolve.drop_after_loss); the plan
@@ -205,7 +217,7 @@ class StreamMember:
             # offset was planned or committed in), the offset is below the log start
             # (retention) or past the log end: data loss, as outside group mode
             # (resolve.next_position).
-            planned = (start.tokens.get(tp.topic) if tp not in starts else None) \
+            planned = (own.tokens.get(tp.topic) if tp in carried else None) \
                 or self._base_tokens.get(tp)
             loss = continuity_loss(tp, begin[tp], (lo, hi), planned, tokens.get(tp.topic))
             if loss is not None:
@@ -216,8 +228,51 @@ class StreamMember:
                        tokens={t: v for t, v in tokens.items() if t in read})
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
+        if start == self._initial:
+            # After a restart Spark replays batch 0 from the *new* process's initial position,
+            # not this one: the end must say where each partition began (replay()).
+            end = replace(end, starts=dict(begin))
         self._planned.add((gen.generation_id, gen.member_id))
         return end
+
+    def replay(self, end: Position, ranges: Sequence[OffsetRange], timeout_s: float) -> set[TP]:
+        """The partitions of a replayed batch this member reads again exactly.
+
+        ``end`` was planned by another process's membership (the query restarted from its
+        checkpoint; Spark's first call in the new runner is ``partitions`` of the batch the old
+        one planned but never committed, before any ``initialOffset`` or ``latestOffset``), and
+        ``ranges`` are the batch's planned ranges. With no generation yet, this joins and waits
+        for one, as ``initial()`` does (at most ``timeout_s``: ``TimeoutError``).
+
+        A partition is replayed only if this member holds it (in the topic the batch was
+        planned in) and the group's committed offset is exactly where its range begins: then
+        nobody read past that since, and reading the range again under the same batch id lets
+        the sink check the first attempt's appends off. Where nothing is committed, it is
+        replayed unless the start policy puts it past the range's start (there is no commit to
+        rewind; under ``latest`` the range would otherwise go to nobody). Any other range reads
+        nothing: another member's partition is its owner's to read again from the committed
+        offset (at-least-once), and a commit that moved past the start must not be rewound.
+        The replayed ends become a plan of this generation (``_own``), so the next ``plan``
+        commits them fenced by this generation, never in the old member's name, and goes on
+        from them.
+        """
+        if self._replayed is not None and self._replayed[0] == end:
+            return set(self._replayed[1].offsets)
+        if self._gen is None:
+            self._adopt(self._group.next(timeout=timeout_s))
+        gen = self._gen
+        assert gen is not None
+        keep = {TP(r.topic, r.partition) for r in ranges if self._replays(gen, r, end)}
+        log.info("group %r: replaying [%s] of a batch planned in generation %s by %s; [%s] "
+                 "read nothing", gen.group_id, _names(keep), end.generation, end.member,
+                 _names({TP(r.topic, r.partition) for r in ranges} - keep))
+        if keep:
+            stamp = (gen.generation_id, gen.member_id)
+            own = Position({tp: end.offsets[tp] for tp in sorted(keep)}, generation=stamp[0],
+                           member=stamp[1], tokens=dict(end.tokens))
+            self._planned.add(stamp)
+            self._replayed = (end, own)
+        return keep
 
     # -- commits
 
@@ -226,13 +281,14 @@ class StreamMember:
 
         Returns None when there is nothing new to commit.
         """
+        pos = self._own(pos)
         if pos.generation is None or not pos.offsets or pos == self._initial:
             return None
         stamp = (pos.generation, pos.member or "")
         if stamp not in self._planned:
-            # Planned by another process (a checkpoint's batch, which this query skipped):
-            # not ours to commit. Its records come again from the group's committed offsets
-            # (at least once), never skipped.
+            # Planned by another process (a checkpoint's batch, of which this query replayed
+            # nothing): not ours to commit. Its records come again from the group's committed
+            # offsets (at least once), never skipped.
             log.info("not committing a batch planned in generation %s by %s: another "
                      "process planned it", pos.generation, pos.member)
             return None
@@ -289,6 +345,27 @@ class StreamMember:
         self.outcomes.append(out)
         del self.outcomes[:-100]
         return out
+
+    def _replays(self, gen: Generation, r: OffsetRange, end: Position) -> bool:
+        """Whether ``replay`` reads ``r`` (a range of ``end``, the replayed batch) again."""
+        tp = TP(r.topic, r.partition)
+        if tp not in gen.offsets or tp not in end.offsets:
+            return False  # another member's: its owner reads it from the committed offset
+        token, base_token = end.tokens.get(r.topic), self._base_tokens.get(tp)
+        if token and base_token and token != base_token:
+            return False  # the committed offset belongs to another topic of that name
+        if tp in self._committed or tp in gen.committed:
+            return self._base(tp) == r.start  # moved past the start (or short of it): no
+        # Nothing committed: the start policy placed the generation (earliest: the log start,
+        # latest: the log end). No commit can be rewound; under latest, reading nothing would
+        # leave the batch's records to nobody.
+        return r.start <= self._base(tp)
+
+    def _own(self, pos: Position) -> Position:
+        """``pos``, or this member's plan of it if it is the end of a batch it replayed."""
+        if self._replayed is not None and pos == self._replayed[0]:
+            return self._replayed[1]
+        return pos
 
     def _base(self, tp: TP) -> int:
         """Where the current generation stands in ``tp``: committed by us, else its start."""
@@ -349,6 +426,10 @@ class StreamMember:
             return False
         self._adopt(gen)
         return True
+
+
+def _names(tps: set[TP]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
 
 
 def _with_tokens(offsets: Mapping[TP, int],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from ..client import ConsumerGroup, client_from_url
+from ..errors import RcoordError
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
 from . import shutdown
@@ -226,11 +227,41 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- Spark's calls (runner process)
 
+    def _join_wait(self) -> float:
+        """How long a first join may take: a dead member of the old process may hold the
+        rebalance up to its rebalance timeout, or stay until its session expires."""
+        opts = self.opts
+        return (opts.rebalance_timeout_ms + opts.session_timeout_ms) / 1000 + 5
+
+    def _replay(self, begin: Position, finish: Position) -> list[RangePartition]:
+        """The tasks of a batch another process's membership planned, which Spark replays after
+        a restart: the planned tasks in their planned order, each reading its range again if
+        ``StreamMember.replay`` takes its partition, else an empty range in its place. The
+        order is what lines the replay up with the first attempt: the sink's producer is named
+        by the task's index (``spark:<query>:<index>``) and the batch id."""
+        try:
+            ranges = ranges_between(begin, finish)
+        except ValueError:
+            # Batch 0 planned by an rcoord that did not record every partition's start.
+            log.warning("not replaying a batch planned in generation %s by %s: it does not say "
+                        "where its partitions began; the group delivers its records again",
+                        finish.generation, finish.member)
+            return []
+        try:
+            keep = self._membership().replay(finish, ranges, self._join_wait())
+        except (TimeoutError, RcoordError) as exc:  # no generation: read nothing, as before
+            log.warning("not replaying a batch planned in generation %s by %s: %s; the group "
+                        "delivers its records again", finish.generation, finish.member, exc)
+            keep = set()
+        return [t if TP(t.range.topic, t.range.partition) in keep
+                else replace(t, range=OffsetRange(t.range.topic, t.range.partition,
+                                                  t.range.start, t.range.start))
+                for t in _tasks(self.opts, ranges, finish.tokens)]
+
     def initialOffset(self) -> dict[str, Any]:
         opts = self.opts
         if opts.group_id is not None:
-            wait = (opts.rebalance_timeout_ms + opts.session_timeout_ms) / 1000 + 5
-            return self._membership().initial(wait).to_json()
+            return self._membership().initial(self._join_wait()).to_json()
         parts = resolve_partitions(self._admin(), opts)
         bounds, tokens = log_snapshot(self._admin(), parts)
         start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
@@ -268,15 +299,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             gen = self._membership().generation
             if gen is None or (finish.generation, finish.member) != (gen.generation_id,
                                                                      gen.member_id):
-                # A batch replayed from a checkpoint of another membership: its partitions
-                # may belong to another member now. Read nothing; the owner reads them.
-                log.warning("skipping a batch planned in generation %s by %s: this query "
-                            "is another member now", finish.generation, finish.member)
-                return []
+                # A batch replayed from a checkpoint of another membership (Spark's first call
+                # after a restart): read again what this member holds at the batch's start.
+                return self._replay(begin, finish)
         return _tasks(self.opts, ranges_between(begin, finish), finish.tokens)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
+        if partition.range.size == 0:  # a replayed batch's range another member reads
+            return iter(())
         return _read(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
