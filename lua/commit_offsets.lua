@@ -128,10 +128,9 @@ local function commit_fast(keys, args, req)
   local results, batches, stored = offset_records(req.entries, now, expire, function()
     return tonumber(cfg[4]) or DEFAULTS.offset_metadata_max_bytes
   end)
-  -- (expiration_base and expiry_of for this state: the retention timer, if it runs, counts
-  -- from the commit)
+  -- (expiry_of for this state: the retention timer, if it runs, counts from the commit)
   local gc_at = nil
-  if stored and (ptype == '' or (ptype == 'consumer' and subs and state == STABLE)) then
+  if stored and expiration_base_of(ptype, state, subs) == 'commit' then
     gc_at = expire >= 0 and expire
       or now + (tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms)
     if gc_at < published then return nil end

@@ -1331,13 +1331,16 @@ local function delete_group()
 end
 
 -- Kafka's offsetExpirationCondition: which timestamp an offset's retention counts from, or nil
--- when no offset may expire in the current state.
-local function expiration_base()
-  if G.ptype == '' then return 'commit' end
-  if G.state == EMPTY then return 'empty' end
-  if G.ptype == 'consumer' and G.subs ~= nil and G.state == STABLE then return 'commit' end
+-- when no offset may expire in the current state. From the group's protocol type, state and
+-- subscribed topics (any value: some); expiration_base reads them from G, and
+-- commit_offsets.lua's fast path passes what it read without G.
+local function expiration_base_of(ptype, state, subs)
+  if ptype == '' then return 'commit' end
+  if state == EMPTY then return 'empty' end
+  if ptype == 'consumer' and subs and state == STABLE then return 'commit' end
   return nil
 end
+local function expiration_base() return expiration_base_of(G.ptype, G.state, G.subs) end
 
 local function expiry_of(rec, base)
   if rec.x >= 0 then return rec.x end -- explicit per-commit retention (OffsetCommit v2-v4)
