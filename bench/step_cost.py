@@ -59,6 +59,7 @@ import redis
 
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.testing.embedded import EmbeddedServer
+from rcoord.testing.library import library_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SCRIPT_COMMANDS, script_stats, stats_of
@@ -164,15 +165,6 @@ def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
         out.append(r.fcall("rcoord_bench_recorded", 0))
     r.function_delete(RECORDING_LIB)
     return out
-
-
-def library_copy(name: str, source: str, copy: str, before: str = "", after: str = "") -> str:
-    """The FUNCTION LOAD source of library ``name`` (``source``) under the name ``copy``, its
-    functions registered under that prefix so the copy loads beside the original, with Lua
-    ``before`` its body (after the name lines) and ``after`` it."""
-    head = f"#!lua name={name}\nlocal LIB = '{name}'\n"
-    assert source.startswith(head), "the library's first lines changed"
-    return f"#!lua name={copy}\nlocal LIB = '{copy}'\n{before}{source[len(head):]}{after}"
 
 
 def lua_literal(arg: bytes | int) -> str:

@@ -24,9 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis
 from _common import rows_options, server_us_per_call, start_server
-from step_cost import library_copy, prepare
+from step_cost import prepare
 
 from rcoord.scripts import library_source
+from rcoord.testing.library import library_copy
 
 PROBE_LIB = "rcoord_bench_parts"
 # Appended to the library copy: the helpers are locals of its main chunk, so code at its end

@@ -105,7 +105,13 @@ def build_library(header: str) -> tuple[str, str]:
     steps = [_scoped((base / f"{part}.lua").read_text()) for part in (*GROUP_STEPS, *STANDALONE)]
     body = "\n".join([header, *shared, *steps])
     name = "rcoord_" + hashlib.sha1(body.encode()).hexdigest()[:12]
-    return name, f"#!lua name={name}\nlocal LIB = '{name}'\n{body}"
+    return name, library_head(name) + body
+
+
+def library_head(name: str) -> str:
+    """The lines that open library ``name``'s FUNCTION LOAD source: its name, and ``LIB``, the
+    prefix its functions are registered under (prelude.lua ``register``)."""
+    return f"#!lua name={name}\nlocal LIB = '{name}'\n"
 
 
 def _scoped(step_file: str) -> str:

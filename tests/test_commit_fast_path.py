@@ -31,6 +31,7 @@ from rcoord.flow import Script
 from rcoord.keys import GroupKeys
 from rcoord.protocol.kafka_consumer import encode_subscription
 from rcoord.scripts import library_source
+from rcoord.testing.library import library_copy
 
 T0, T1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
 FAST_CALL = "fast = commit_fast})"
@@ -41,11 +42,9 @@ def library_variant(suffix: str, replacement: str) -> tuple[str, str]:
     """(library name, source) of a copy of the library under its own name, with the commit's
     ``fast`` option replaced."""
     name, source = library_source()
-    head = f"#!lua name={name}\nlocal LIB = '{name}'\n"
-    assert source.startswith(head) and source.count(FAST_CALL) == 1
+    assert source.count(FAST_CALL) == 1
     copy = f"{name}_{suffix}"
-    body = source[len(head):].replace(FAST_CALL, replacement)
-    return copy, f"#!lua name={copy}\nlocal LIB = '{copy}'\n{body}"
+    return copy, library_copy(name, source.replace(FAST_CALL, replacement), copy)
 
 
 @pytest.fixture
