@@ -54,8 +54,8 @@ register('heartbeat', function(KEYS, ARGV)
     -- generation are already the new ones, so a heartbeat is answered as after a completion
     -- in one call (a member whose join reply is still pending sends the old generation, and the
     -- sync chunks never shorten a session a heartbeat refreshed). Nor does a passed
-    -- offset-retention check ('gc', due when a group turns Stable): it changes no heartbeat's
-    -- answer. Any other passed deadline acts first.
+    -- offset-retention check ('gc', due when a group with offsets turns Stable): it changes no
+    -- heartbeat's answer. Any other passed deadline acts first.
     local head = redis.call('ZRANGE', k_dl, 0, 2, 'WITHSCORES')
     for i = 1, #head, 2 do
       local name, at = head[i], tonumber(head[i + 1])

@@ -276,8 +276,13 @@ local function transition(to)
   end
   event('transition', 'from', from or '', 'to', to, 'gen', G.gen or '0', 'took', took,
     'why', G.reason or '')
-  -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them.
-  if to == EMPTY or to == STABLE then schedule_by('gc', NOW) end
+  -- Entering Empty or Stable changes which offsets may expire (KIP-211): re-examine them (the
+  -- retention timer, due now, runs expire_offsets in a later call). A Stable group with no
+  -- offsets has none to re-examine (its first commit schedules the timer), so after each
+  -- rebalance of such a group nothing is published for a coordinator to come and apply.
+  if to == EMPTY or (to == STABLE and redis.call('HLEN', K_OFFSETS) > 0) then
+    schedule_by('gc', NOW)
+  end
 end
 
 local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end

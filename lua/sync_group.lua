@@ -17,7 +17,15 @@ local function parse_sync_group(ARGV)
   local assignments = {}
   if ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
   return {member_id = ARGV[3], generation = tonumber(ARGV[4]), iid = ARGV[5], ptype = ARGV[6],
-          pname = ARGV[7], assignments = assignments}
+          pname = ARGV[7], assignments = assignments, sent = ARGV[8] ~= ''}
+end
+
+-- The leader's SyncGroup (the one that sends assignments) moves the group to Stable, and the
+-- transition reads when the rebalance began and why: in the first read, not one HGET each.
+local LEADER_FIELDS = {'rbts', 'reason'}
+local function sync_fields(req)
+  if req.sent then return LEADER_FIELDS end
+  return nil
 end
 
 -- The member's SyncGroup waits for its assignment: marked awaiting, its reply slot cleared,
@@ -67,4 +75,4 @@ local function sync_group(req)
   illegal('unexpected state ' .. tostring(G.state) .. ' in SyncGroup')
 end
 
-group_step('sync_group', sync_group, parse_sync_group)
+group_step('sync_group', sync_group, parse_sync_group, {fields = sync_fields})

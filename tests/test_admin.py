@@ -169,6 +169,41 @@ def test_stable_consumer_group_expires_only_unsubscribed_topics(make_coordinator
     assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0}
 
 
+def test_turning_stable_re_examines_offsets_at_once_only_when_there_are_offsets(
+        make_coordinator, clock, pool):
+    c = _retention_ctx(make_coordinator, clock, pool)
+    keys, r = c._keys(), c.coord._redis
+    # Without offsets, reaching Stable leaves the retention timer where it was (the Empty
+    # group's removal, a check interval after it was made): nothing to publish or apply.
+    first = c.join(require_known_member_id=False, protocols=_sub("orders"))
+    c.sync(first.member_id, first.generation_id, {})
+    assert c.state() == "Stable"
+    assert r.zscore(keys.deadlines, "gc") > clock.milliseconds()
+    t0 = clock.milliseconds()
+    committed = c.coord.commit_offsets(c.group_id, {AUDIT0: 2, ORDERS0: 1},
+                                       member_id=first.member_id,
+                                       generation_id=first.generation_id)
+    assert set(committed.values()) == {Errors.NONE}
+    # Empty: every offset counts from then (KIP-211), a retention after t0 + 1 s.
+    c.sleep(1000)
+    c.coord.leave_group(c.group_id, [MemberIdentity(first.member_id)])
+    assert c.state() == "Empty"
+    c.sleep(29_000)
+    # Stable again: the topic nobody subscribes to counts from its commit once more, a
+    # retention after t0, earlier than the Empty group's time: re-examined at once.
+    second = c.join(require_known_member_id=False, protocols=_sub("orders"))
+    c.sync(second.member_id, second.generation_id, {})
+    assert c.state() == "Stable"
+    assert r.zscore(keys.deadlines, "gc") <= clock.milliseconds()
+    c.coord.run_timers()
+    assert r.zscore(keys.deadlines, "gc") == t0 + 60_000
+    c.sleep(t0 + 60_000 - clock.milliseconds() - 1)
+    c.heartbeat(second.member_id, second.generation_id)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0, AUDIT0}
+    c.sleep(1)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0}
+
+
 def test_per_commit_retention_overrides(make_coordinator, clock, pool):
     c = _retention_ctx(make_coordinator, clock, pool)
     c.coord.commit_offsets(c.group_id, {ORDERS0: 1}, retention_ms=5_000)
