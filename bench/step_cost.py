@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,8 +220,15 @@ def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Varia
     # deadline is not the group's earliest, as for most members of a real group.
     a = coord.join_group("g2", **{**JOIN, "session_timeout_ms": 120_000})
     coord.sync_group("g2", a.generation_id, a.member_id, assignments={})
+    keys = coord._keys("g2")
     with cf.ThreadPoolExecutor(2) as pool:
         fb = pool.submit(coord.join_group, "g2", **{**JOIN, "session_timeout_ms": 60_000})
+        # A rejoins once B's join has started the rebalance: had A come first, its rejoin would
+        # form a generation alone, and B's join then another one that A never rejoins.
+        waited = time.monotonic() + 30
+        while r.hget(keys.group, "state") != b"PreparingRebalance":
+            assert time.monotonic() < waited, "B's JoinGroup did not start a rebalance"
+            time.sleep(0.001)
         fa = pool.submit(coord.join_group, "g2", member_id=a.member_id,
                          **{**JOIN, "session_timeout_ms": 120_000})
         ja, jb = fa.result(), fb.result()
@@ -230,7 +238,6 @@ def prepare(r: redis.Redis, name: str, library: tuple[str, str] | None) -> Varia
         assert sa.result().error.name == sb.result().error.name == "NONE", (
             sa.result(), sb.result())
     mid2, gen2 = ja.member_id, ja.generation_id
-    keys = coord._keys("g2")
     steps = coord._steps
     tp = TopicPartition("t", 0)
     heartbeat = call_command(coord, first_op(steps.heartbeat("g2", gen2, mid2)))
