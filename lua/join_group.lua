@@ -133,18 +133,6 @@ local function id_prefix(client_id)
   return string.sub(client_id, 1, n)
 end
 
-local join_existing_member -- (below)
-
--- The member a new member's JoinGroup adds is named from the request's UUID (ARGV[12]), not by
--- the server as in Kafka, so the same request sent twice (redis-py sends a call again when its
--- reply was lost with the connection) names the same member: when that member exists, the
--- second is the first one's rejoin, never a second member (which would count its protocols and
--- rebalance timeout twice, and leave the group with no protocol every member supports).
-local function resent(new_id)
-  REQ.mid = new_id
-  return join_existing_member()
-end
-
 local function join_new_member()
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', '')) end
   if not supports_protocols(REQ.pt, REQ.protocols) then
@@ -153,23 +141,20 @@ local function join_new_member()
   if REQ.iid ~= '' then
     local new_id = REQ.iid .. '-' .. REQ.uuid
     local existing = redis.call('HGET', K_STATIC, REQ.iid)
-    if existing == new_id then return resent(new_id) end
     if existing then return update_static_member_and_rebalance(existing, new_id) end
     return add_member_and_rebalance(new_id)
   end
   local new_id = id_prefix(REQ.cid) .. '-' .. REQ.uuid
   if REQ.require_known then
-    -- KIP-394: hand out the id; the member is pending until it joins with it. (Sent again, it
-    -- hands out the same id: the client's next request, the join with it, comes after.)
+    -- KIP-394: hand out the id; the member is pending until it joins with it.
     redis.call('HSET', K_PENDING, new_id, 1)
     schedule(hb_key(new_id), NOW + REQ.st)
     return respond(join_error('MEMBER_ID_REQUIRED', new_id))
   end
-  if is_member(new_id) then return resent(new_id) end
   return add_member_and_rebalance(new_id)
 end
 
-join_existing_member = function()
+local function join_existing_member()
   local id = REQ.mid
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', id)) end
   if not supports_protocols(REQ.pt, REQ.protocols) then
@@ -211,6 +196,16 @@ local function join_group()
   if not group_exists() then
     if REQ.mid ~= '' then return respond(join_error('UNKNOWN_MEMBER_ID', REQ.mid)) end
     create_group()
+  end
+
+  -- A new member's id is made from the request's UUID (ARGV[12]), not by the server as in
+  -- Kafka, so the same request sent twice (redis-py sends a call again when the connection lost
+  -- its reply) names the same member: when that member exists, this is its rejoin, never a
+  -- second member (which would count its protocols and rebalance timeout twice). A
+  -- MEMBER_ID_REQUIRED round sent again hands out the same id.
+  if REQ.mid == '' and (REQ.iid ~= '' or not REQ.require_known) then
+    local id = (REQ.iid ~= '' and REQ.iid or id_prefix(REQ.cid)) .. '-' .. REQ.uuid
+    if is_member(id) then REQ.mid = id end
   end
 
   if not accept_joining_member(REQ.mid) then
