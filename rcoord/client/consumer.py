@@ -476,8 +476,8 @@ class Consumer(SubscriptionMixin):
 
         Runs the rebalance callbacks and auto-commit as described in the module docstring.
         Raises what the group's ``next()`` raises (a join error, once; a fatal error such as
-        ``JoinRefusedError`` or ``FencedInstanceIdError``, from then on) and what the listener
-        raises (after the rebalance step completed).
+        ``JoinRefusedError``, ``FencedInstanceIdError`` or ``MissingPermissionError``, from then
+        on) and what the listener raises (after the rebalance step completed).
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
