@@ -51,7 +51,9 @@ __all__ = [
     "ScriptError",
     "ServerUnavailable",
     "UnknownMemberIdError",
+    "as_missing_permission",
     "is_missing_function",
+    "is_missing_permission",
     "raise_for_script_error",
     "reraise_as_rcoord",
     "script_error_names",
@@ -175,6 +177,33 @@ def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:
 class MissingPermissionError(RcoordError):
     """The Redis ACL user may not run a command rcoord needs; the message names the rule to add
     (docs/security.md lists the rules of each role)."""
+
+
+def is_missing_permission(exc: BaseException) -> bool:
+    """Whether an error says that the Redis ACL user may not do what rcoord asked: rcoord's
+    ``MissingPermissionError``, the server's NOPERM reply to a command (redis-py's
+    ``NoPermissionError``), or the same refusal met by a command inside a function or script,
+    which the server sends as a plain error without the NOPERM code ("ACL failure in script:
+    User u has no permissions to run the 'xadd' command ..."). No retry mends any of them: a
+    rule has to be added to the user first."""
+    if isinstance(exc, (MissingPermissionError, redis.exceptions.NoPermissionError)):
+        return True
+    return (isinstance(exc, redis.exceptions.ResponseError)
+            and "acl failure in script" in str(exc).lower())
+
+
+def as_missing_permission(exc: BaseException) -> MissingPermissionError:
+    """A permission error (``is_missing_permission``) as a ``MissingPermissionError``: the
+    server's words, and where the rules are; the server's error is its ``__cause__``."""
+    if isinstance(exc, MissingPermissionError):
+        return exc
+    text = " ".join(str(exc).split()).rstrip(".")
+    error = MissingPermissionError(
+        f"the Redis user may not do what rcoord needs: {text}; add the missing rule to its ACL "
+        "rules (docs/security.md lists the rules of each role)"
+    )
+    error.__cause__ = exc
+    return error
 
 
 class ParkAbandonedError(RcoordError):

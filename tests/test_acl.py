@@ -35,6 +35,7 @@ from rcoord.topics import Producer, ProducerRecord, Topics
 DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 PASSWORD = "acl-test-pw"
 FAST = {"group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
+WAIT_S = 15.0
 
 
 def doc_rules() -> dict[str, list[str]]:
@@ -253,6 +254,54 @@ def test_a_cluster_user_without_cluster_slots_is_told_which_rule_to_add(users: U
     with pytest.raises(MissingPermissionError, match=r"COMMAND.*add \+command "):
         users.client(name)
 
+
+
+def _denied(users: Users, name: str) -> int:
+    """How many times the server refused ``name`` anything (ACL LOG folds repeats into a
+    ``count``), on every node."""
+    total = 0
+    for node in users.nodes:
+        for entry in node.execute_command("ACL", "LOG"):
+            e = {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
+            if e["username"] == name.encode():
+                total += int(e["count"])
+    return total
+
+
+@pytest.mark.parametrize("command", ["xadd", "fcall"])
+def test_a_worker_without_a_permission_stops_at_once_with_the_servers_message(
+        users: Users, namespace: str, command: str) -> None:
+    """A worker user without one rule it needs: ``xadd`` is refused inside the join function
+    (the server answers "ACL failure in script", without the NOPERM code), ``fcall`` at the
+    command (NOPERM). No retry can mend either, so the group closes after the first refusal
+    and every ``poll()`` raises ``MissingPermissionError`` naming the command. Before, the
+    member backed off and joined again every ``join_backoff_ms`` for ever, and ``poll()``
+    raised the server's error once per round, between polls that returned nothing."""
+    admin_setup(users, namespace)[1].close()
+    name = users.make(namespace, "worker", *users.extra)  # type: ignore[attr-defined]
+    for node in users.nodes:
+        node.execute_command("ACL", "SETUSER", name, f"-{command}")
+    client = users.client(name)
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+        session_timeout_ms=1000, heartbeat_interval_ms=200, rebalance_timeout_ms=2000,
+        join_backoff_ms=20, retry_backoff_ms=10, retry_backoff_max_ms=50))
+    try:
+        for _ in range(2):  # once, and for good
+            with pytest.raises(MissingPermissionError, match=f"run the '{command}' command"):
+                consumer.poll(timeout=WAIT_S)
+        assert consumer.group.closed
+        thread = consumer.group._thread
+        assert thread is not None
+        thread.join(WAIT_S)
+        assert not thread.is_alive()  # nothing is left to try again
+        refused = _denied(users, name)
+        with pytest.raises(MissingPermissionError, match="docs/security.md"):
+            consumer.poll(timeout=0.1)
+        assert _denied(users, name) == refused  # that poll asked the server nothing
+    finally:
+        consumer.close(timeout=5)
+        client.close()
 
 
 def test_worker_makes_a_group_again_while_its_old_wake_stream_lingers(users: Users,

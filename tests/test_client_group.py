@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from harness import wait_until
 
 from rcoord import (
@@ -51,7 +52,7 @@ from rcoord.client import (
 )
 from rcoord.client import policy as policy_module
 from rcoord.client.coordinator import RedisCoordinator
-from rcoord.errors import ConfigError, FencedInstanceIdError
+from rcoord.errors import ConfigError, FencedInstanceIdError, MissingPermissionError
 from rcoord.protocol.consumer import (
     PROTOCOL_TYPE,
     ConsumerProtocolAssignment,
@@ -389,6 +390,7 @@ def test_error_policy_docstring_matches_the_table() -> None:
     actual = {
         **{e.name: r for e, r in ERROR_POLICY.items()},
         "``ConnectionLost`` (exception)": reaction_for(ConnectionLost("x")),
+        "a missing permission (exception)": reaction_for(MissingPermissionError("x")),
         "anything else": OTHERWISE,
     }
     assert set(documented) == set(actual)
@@ -408,6 +410,61 @@ def test_reaction_for_maps_codes_exceptions_and_unknowns() -> None:
     assert reaction_for(Errors.UNKNOWN_SERVER_ERROR) is OTHERWISE
     assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL).then == "fatal"
     assert reaction_for(ValueError("bug")) is OTHERWISE
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.NoPermissionError(
+            "User w has no permissions to run the 'fcall' command"),
+        # The same refusal met inside a function: a plain error, without the NOPERM code.
+        redis.exceptions.ResponseError(
+            "ACL failure in script: User w has no permissions to run the 'xadd' command "
+            "script: rcoord_0123456789ab_join_group, on @user_function:233."),
+        MissingPermissionError("the Redis user may not run CLUSTER SLOTS"),
+    ],
+    ids=["noperm", "in-function", "rcoord"],
+)
+def test_a_missing_permission_is_fatal_and_raised_as_missing_permission_error(
+    fake_group: Any, error: Exception
+) -> None:
+    """A permission no retry can give. Before, it was "anything else": next() raised the
+    server's error once, then the member left, backed off and joined again every
+    join_backoff_ms, for ever. Now the group closes after one join, and every next() raises
+    MissingPermissionError with the server's message."""
+    assert reaction_for(error) == Reaction(False, "leave", "lost", "fatal")
+    assert reaction_for(redis.exceptions.ResponseError("WRONGTYPE not a hash")) is OTHERWISE
+    state = OneMemberGroup()
+    state.join_answers.extend([None, error])
+    group = fake_group(state)
+    for _ in range(2):  # once, and for good
+        with pytest.raises(MissingPermissionError) as info:
+            group.next(timeout=WAIT_S)
+        assert str(error).rstrip(".") in str(info.value)
+    if not isinstance(error, MissingPermissionError):
+        assert "docs/security.md" in str(info.value) and info.value.__cause__ is error
+    assert group.closed
+    thread = group._thread
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert state.joins == ["", "m-1"]  # no join after the refusal
+    assert state.leaves == ["m-1"]
+
+
+def test_a_heartbeat_refused_a_permission_closes_the_group(fake_group: Any) -> None:
+    """The same refusal at a heartbeat, after the member joined: the generation ends with its
+    partitions lost, and the group closes instead of joining again (before, it rejoined and
+    was refused again at the next beat, every generation)."""
+    state = OneMemberGroup()
+    state.heartbeat_default = redis.exceptions.NoPermissionError(
+        "User w has no permissions to run the 'fcall' command")
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    with pytest.raises(MissingPermissionError, match="run the 'fcall' command"):
+        group.next(timeout=WAIT_S)
+    assert gen.done.is_set() and gen.lost and group.closed
+    assert state.joins == ["", "m-1"]
 
 
 @pytest.mark.parametrize(

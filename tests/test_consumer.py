@@ -950,6 +950,120 @@ def test_wakeup_interrupts_auto_commit_retries_in_poll_but_not_the_heartbeats() 
         consumer.close(timeout=WAIT_S)
 
 
+def test_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_async_commits() -> None:
+    """poll()'s auto-commit first waits for the async commits queued before it, so that it never
+    overtakes one; against an unavailable coordinator they retry for a session timeout (30 s
+    here). wakeup() must end that wait as it ends the auto-commit's own retries: poll() raises
+    WakeupError at once. Before, the wait went on until the queued commit's retries ran out.
+    Nothing is half done: the auto-commit was not sent, and once the coordinator answers again
+    the queued commit lands, then the next poll()'s auto-commit sends the positions."""
+    state = OneMemberGroup(partitions=1, records=3)
+    tp = TP("t", 0)
+    consumer = Consumer(
+        fast_config(session_timeout_ms=30_000),
+        coordinator=state.fake,  # type: ignore[arg-type]
+        fetch_max_wait_ms=5,
+        auto_commit_interval_ms=1,
+    )
+    done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
+    ended: list[BaseException] = []
+
+    def commits_of(offset: int) -> int:
+        return sum(1 for e in list(state.events) if e[0] == "commit" and e[2] == {tp: offset})
+
+    def polling() -> None:
+        try:
+            consumer.poll(timeout=WAIT_S)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+            ended.append(exc)
+
+    poller = threading.Thread(target=polling, name="poller", daemon=True)
+    try:
+        poll_until(consumer, lambda g: len(g) == 3)  # position 3, not committed yet
+        assert commits_of(3) == 0
+        state.commit_answers.extend([Errors.COORDINATOR_NOT_AVAILABLE] * 1_000_000)
+        consumer.commit_async({tp: 1}, lambda offsets, exc: done.append((offsets, exc)))
+        wait_until(lambda: commits_of(1) >= 2)  # the committer thread retries it
+        poller.start()
+        wait_until(lambda: _waits_in(poller, "wait_idle"))  # the auto-commit waits for it
+        consumer.wakeup()
+        poller.join(WAKEUP_BOUND_S)
+        assert not poller.is_alive(), "wakeup() waited for the earlier async commit"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+        assert "auto-commit" in str(ended[0])
+        assert commits_of(3) == 0  # the auto-commit was not sent
+        assert consumer._committer.pending == 1  # the async commit is still queued
+        state.commit_answers.clear()  # the coordinator answers again
+        wait_until(lambda: state.committed.get(tp) == 3 and done,
+                   lambda: consumer.poll(timeout=0.02))  # (a later poll() runs the callback)
+        assert done == [({tp: 1}, None)]
+        commits = [e[2][tp] for e in state.events if e[0] == "commit" and tp in e[2]]
+        assert commits.index(3) > max(i for i, o in enumerate(commits) if o == 1)
+    finally:
+        state.commit_answers.clear()
+        consumer.close(timeout=WAIT_S)
+        poller.join(WAIT_S)
+
+
+def test_real_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_async_commits(
+    own_server: EmbeddedServer, namespace: str
+) -> None:
+    """The same against a real server that stops answering (SIGSTOP): the queued async commit
+    retries for a session timeout (20 s), poll()'s auto-commit waits for it, and wakeup() ends
+    that wait. After SIGCONT the async commit lands, its callback runs once, and an auto-commit
+    sends the positions: committed, never moved back."""
+    client = _outage_client(own_server)
+    Topics(client, namespace).create("t", 1)
+    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
+    consumer = Consumer(
+        ConsumerGroupConfig(
+            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
+            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
+            retry_backoff_max_ms=100,
+        ),
+        fetch_max_wait_ms=20,
+        auto_commit_interval_ms=1,
+    )
+    tp = TP("t", 0)
+    pid = own_server.pid
+    assert pid is not None
+    done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
+    ended: list[BaseException] = []
+
+    def polling() -> None:
+        try:
+            consumer.poll(timeout=WAIT_S)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+            ended.append(exc)
+
+    poller = threading.Thread(target=polling, name="poller", daemon=True)
+    stopped = False
+    try:
+        poll_until(consumer, lambda g: len(g) == 5)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        consumer.commit_async({tp: 2}, lambda offsets, exc: done.append((offsets, exc)))
+        poller.start()
+        wait_until(lambda: _waits_in(poller, "wait_idle"))
+        consumer.wakeup()
+        poller.join(WAKEUP_BOUND_S)
+        assert not poller.is_alive(), "wakeup() waited for the earlier async commit"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+        assert consumer._committer.pending == 1  # still queued, still retrying
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        wait_until(lambda: done and consumer.committed([tp]) == {tp: 5},
+                   lambda: consumer.poll(timeout=0.02))
+        assert done == [({tp: 2}, None)]
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        consumer.close(timeout=0.5)
+        poller.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's wait ends by then
+        client.close()
+
+
 def _poll_in_a_thread(consumer: Consumer) -> tuple[threading.Thread, list[ConsumerRecord]]:
     """A poll loop in its own thread, until the consumer is closed (iteration ends then)."""
     got: list[ConsumerRecord] = []

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,14 @@ from faults.history import (
 from harness import wait_until
 
 from rcoord.client import RedisCoordinator
-from rcoord.testing.embedded import EmbeddedServer
 from rcoord.keys import GroupKeys, settings_key
 from rcoord.partitioning import partition_for
 from rcoord.protocol.offsets import TopicPartition
 from rcoord.scripts import library_source
 from rcoord.settings import copy_pattern
+from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics._base import APPEND_IDEMPOTENT
 
 pytestmark = pytest.mark.faults
 
@@ -342,6 +344,12 @@ class Scenario:
     def wait_produced(self, fraction: float) -> None:
         wait_until(lambda: self.produced >= self.records * fraction, timeout_s=WAIT_S)
 
+    def stop_producing(self) -> None:
+        """End the production after the batch under way, for a run that produces until its
+        faults are over (a large ``records``): ``drain()`` then waits for what was sent.
+        ``_produce`` reads ``records`` before each batch."""
+        self.records = self.produced
+
     def log_ends(self) -> dict[int, int]:
         return {p.partition: p.log_end_offset
                 for p in Topics(self.r, self.ns).describe(TOPIC).partitions}
@@ -618,25 +626,48 @@ def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it
     _judge(sc.finish(), owed_at_least=sc.records // 2)
 
 
+def _loaded(sc: Scenario, flush: str) -> bool:
+    """Whether what ``flush`` drops is on the server again: the producer's append script
+    (the one topic script this run calls all along), or the library of group steps."""
+    if flush == "script":
+        return bool(sc.r.script_exists(APPEND_IDEMPOTENT.sha)[0])
+    return bool(sc.r.function_list())
+
+
+def _commits_by_worker(sc: Scenario) -> Counter[str]:
+    return Counter(w.name for w in sc.workers for ev in w.events() if ev["e"] == "commit")
+
+
 @pytest.mark.parametrize("flush", ["script", "function"])
 def test_script_flush_mid_run_changes_nothing(scenario, flush):
     """SCRIPT FLUSH drops the topic scripts, FUNCTION FLUSH the group steps' library: both are
     loaded again by the next call that misses them, and the run goes on as if nothing
-    happened."""
+    happened.
+
+    Each flush is followed by explicit conditions, not by times: the server has the code again,
+    and then every worker noted two more commits. A worker commits one batch at a time and
+    notes it once it returned, so at most one of the two was sent before the code was back,
+    and the other ran on it. (Counting commits noted after a time taken before the flush did
+    not say that: a test thread descheduled between that time and the flush let the workers
+    note three commits that ran before it, and the library was found missing.) The producer
+    runs until the flushes are over, so the script has a caller after each of them."""
     # A long session: this test is about the script cache, and "nothing happened" must not
     # be broken by a scheduling stall of a loaded machine expiring a member.
-    sc = scenario(session_ms=6000)
+    sc = scenario(session_ms=6000, records=100_000)
     gen = sc.wait_stable()
     formed = time.time()
     sc.start_traffic()
-    sc.wait_produced(1 / 4)
+    wait_until(lambda: all(_commits_by_worker(sc)[w.name] for w in sc.workers))
     for _ in range(4):
-        flushed = time.time()
         if flush == "script":
             sc.r.script_flush()
         else:
             assert sc.r.function_flush()
-        wait_until(lambda t=flushed: _commits_after(sc, t) >= 3)  # loaded again
+        wait_until(lambda: _loaded(sc, flush))  # a call missed it and loaded it
+        base = _commits_by_worker(sc)
+        wait_until(lambda b=base: all(
+            _commits_by_worker(sc)[w.name] >= b[w.name] + 2 for w in sc.workers))
+    sc.stop_producing()
     if flush == "function":
         libraries = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in sc.r.function_list()]
         assert [lib[b"library_name"] for lib in libraries] == [library_source()[0].encode()]

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from harness import wait_until
+from test_client_group import OneMemberGroup, fast_config
 
-from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
+from rcoord.errors import MissingPermissionError
 from rcoord.spark.member import StreamMember, member_config
 from rcoord.spark.options import (
     READ_OPTIONS,
@@ -710,6 +713,41 @@ def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_clie
     finally:
         a.close(5)
         b.close(5)
+
+
+def test_a_member_whose_group_closed_on_a_fatal_error_fails_the_query() -> None:
+    """The group closes on an error no retry mends (here the Redis user lost a permission the
+    rejoin needs): plan() raises it, as initial() would. Before, plan() took it for a join that
+    backs off, logged it and returned ``start``; the next trigger then failed with
+    GroupClosedError, which does not say why (a JoinRefusedError or FencedInstanceIdError
+    after the start likewise)."""
+    state = OneMemberGroup(topic="ev", partitions=2)
+    group = ConsumerGroup(fast_config(topics=["ev"]), coordinator=state.fake)  # type: ignore[arg-type]
+    member = StreamMember(group, rejoin_wait_s=0.05)
+    try:
+        first = member.initial(10)
+        gen = member.generation
+        assert gen is not None
+        state.join_answers.append(redis.exceptions.ResponseError(
+            "ACL failure in script: User w has no permissions to run the 'xadd' command "
+            "script: rcoord_0123456789ab_join_group, on @user_function:233."))
+        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+        wait_until(gen.done.is_set)
+        failed: list[MissingPermissionError] = []
+
+        def plan_fails() -> bool:
+            try:
+                member.plan(first, lambda parts: ({tp: (0, 0) for tp in parts}, {}), None)
+            except MissingPermissionError as exc:
+                failed.append(exc)
+                return True
+            return False  # the rejoin has not been refused yet
+
+        wait_until(plan_fails)
+        assert "run the 'xadd' command" in str(failed[0])
+        assert state.joins == ["", "m-1", "m-1"]  # one rejoin, refused
+    finally:
+        member.close(5)
 
 
 def test_a_restarted_query_never_commits_the_batch_it_skipped(

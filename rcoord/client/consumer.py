@@ -476,8 +476,8 @@ class Consumer(SubscriptionMixin):
 
         Runs the rebalance callbacks and auto-commit as described in the module docstring.
         Raises what the group's ``next()`` raises (a join error, once; a fatal error such as
-        ``JoinRefusedError`` or ``FencedInstanceIdError``, from then on) and what the listener
-        raises (after the rebalance step completed).
+        ``JoinRefusedError``, ``FencedInstanceIdError`` or ``MissingPermissionError``, from then
+        on) and what the listener raises (after the rebalance step completed).
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
@@ -518,7 +518,9 @@ class Consumer(SubscriptionMixin):
         timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
         retries, in their own thread, go on. A final commit of a revocation that a wakeup cuts
         short counts as failed (logged); the revocation completes, then ``poll()`` raises. It
-        ends ``commit()``'s wait for earlier async commits too; those stay queued."""
+        ends the wait for earlier async commits of ``commit()`` and of ``poll()``'s auto-commit
+        too, before they send anything; the async commits stay queued, and the auto-commit's
+        positions are sent by the next auto-commit (or ``close()``)."""
         self._wakeup.set()
         self._committer.interrupt_waits()
 
@@ -663,7 +665,9 @@ class Consumer(SubscriptionMixin):
         self._await_committer(self._wakeup)
         self._run_commit_callbacks()
 
-    def _await_committer(self, wakeup: threading.Event | None = None) -> None:
+    def _await_committer(
+        self, wakeup: threading.Event | None = None, waiting: str = "commit()"
+    ) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left.
         limit = 2 * self._config.session_timeout_ms / 1000
@@ -671,7 +675,7 @@ class Consumer(SubscriptionMixin):
             return
         if wakeup is not None and wakeup.is_set():
             raise WakeupError(
-                f"commit() interrupted by wakeup() while {self._committer.pending} earlier "
+                f"{waiting} interrupted by wakeup() while {self._committer.pending} earlier "
                 "async commits were pending; they stay queued, and their callbacks run from a "
                 "later poll(), commit() or close()"
             )
@@ -697,8 +701,14 @@ class Consumer(SubscriptionMixin):
         if first is not None:
             raise first
 
-    def _commit_changed(self, commit: _CommitFn) -> None:
-        self._await_committer()  # older async commits land first
+    def _commit_changed(self, commit: _CommitFn, wakeup: threading.Event | None = None) -> None:
+        """Commit the positions that moved since the last commit, after the async commits
+        queued before (so it never overtakes one). With ``wakeup`` (poll()'s auto-commit),
+        ``wakeup()`` ends that wait too, before anything is sent; the positions stay marked
+        uncommitted, so the next auto-commit (or close()) sends them. Only poll()'s
+        auto-commit passes it: a revocation waits for them in any case, since they must land
+        before the member rejoins (``_revoke``)."""
+        self._await_committer(wakeup, "poll()'s auto-commit")  # older async commits land first
         changed = {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
         if changed:
             commit(changed)
@@ -713,9 +723,12 @@ class Consumer(SubscriptionMixin):
             return
         self._next_auto_commit = now + self._auto_commit_s
         try:
-            self._commit_changed(target[0])
+            self._commit_changed(target[0], self._wakeup)
         except WakeupError:
-            raise  # poll() raises it: wakeup() interrupted the retries
+            # poll() raises it: wakeup() interrupted the wait for earlier async commits (nothing
+            # sent) or the commit's retries (sent, and sent again by the next auto-commit, as
+            # _committed was not updated: a commit is one script call, all or nothing).
+            raise
         except CommitFailedError as exc:
             log.warning("auto-commit refused: %s", exc)
         except RcoordError as exc:

@@ -95,7 +95,14 @@ from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
-from ..errors import ConfigError, Errors, ProtocolError, RcoordError
+from ..errors import (
+    ConfigError,
+    Errors,
+    ProtocolError,
+    RcoordError,
+    as_missing_permission,
+    is_missing_permission,
+)
 from ..flow import abandon_parked_when
 from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
@@ -258,9 +265,9 @@ class ConsumerGroup:
         closed, and, once each, an error that made a join fail (``ProtocolError``,
         ``ConnectionLost``, ``MalformedMetadataError``, ...): the group keeps trying after
         ``join_backoff_ms``, so calling ``next()`` again continues. A fatal error
-        (FENCED_INSTANCE_ID, or a JoinGroup refusal no retry can mend, ``JoinRefusedError``:
-        the ``fatal`` rows of ``ERROR_POLICY``) closes the group and is raised by every later
-        call.
+        (FENCED_INSTANCE_ID, a JoinGroup refusal no retry can mend, ``JoinRefusedError``, or a
+        permission the Redis user lacks, ``MissingPermissionError``: the ``fatal`` rows of
+        ``ERROR_POLICY``) closes the group and is raised by every later call.
         """
         if not self._closing.is_set():
             self.start()
@@ -588,7 +595,9 @@ class ConsumerGroup:
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:
     if isinstance(error, BaseException):
-        return error
+        # A refused permission comes as redis-py's NoPermissionError or, met inside a function,
+        # as a plain ResponseError: one exception, with the server's words, for the application.
+        return as_missing_permission(error) if is_missing_permission(error) else error
     if isinstance(error, Errors):
         where = f" (generation {gen.generation_id})" if gen is not None else ""
         return ProtocolError.of(error, f"the coordinator answered {error.name}{where}")

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from ..errors import ConnectionLost, Errors, ProtocolError
+from ..errors import ConnectionLost, Errors, ProtocolError, is_missing_permission
 
 __all__ = [
     "CONNECTION_LOST",
     "ERROR_POLICY",
+    "MISSING_PERMISSION",
     "OTHERWISE",
     "Reaction",
     "combine",
@@ -86,6 +87,7 @@ INCONSISTENT_GROUP_PROTOCOL,
 INVALID_GROUP_ID,
 GROUP_AUTHORIZATION_FAILED
 GROUP_MAX_SIZE_REACHED             no     reset      lost        fatal
+a missing permission (exception)   no     leave      lost        fatal
 anything else                      no     leave      lost        backoff
 =================================  =====  =========  ==========  =======
 
@@ -116,11 +118,23 @@ every call. Anything else (a subscription the leader cannot decode, an unexpecte
 reported, and the member leaves and backs off before it joins again (kafka-go's ``run`` loop does
 the same).
 
+A missing permission is the Redis ACL user's refusal of a command rcoord needs
+(``rcoord.errors.is_missing_permission``: NOPERM, an "ACL failure in script" met inside a
+function, or ``MissingPermissionError``). It is GROUP_AUTHORIZATION_FAILED in Redis's terms, and
+as fatal: a rule has to be added to the user first. The group closes, and ``next()`` and
+``poll()`` raise ``MissingPermissionError`` with the server's message from then on. Before, it
+was "anything else": the member left, backed off and joined again every ``join_backoff_ms`` for
+ever (or, refused a heartbeat, every generation), and the application saw the server's error
+once per round among transient ones.
+
 MEMBER_ID_REQUIRED is not in the table: it is the normal first step of JoinGroup (KIP-394).
 """
 
 CONNECTION_LOST = _UNREACHABLE
 """The row for ``ConnectionLost``: Redis could not be reached."""
+
+MISSING_PERMISSION = _REFUSED
+"""The row for a permission the Redis user lacks (``is_missing_permission``): fatal."""
 
 OTHERWISE = Reaction(False, "leave", "lost", "backoff")
 """The row for every error not in ``ERROR_POLICY``."""
@@ -130,6 +144,8 @@ def reaction_for(error: Errors | BaseException) -> Reaction:
     """The ``ERROR_POLICY`` row for an error code or an exception."""
     if isinstance(error, ConnectionLost):
         return CONNECTION_LOST
+    if isinstance(error, BaseException) and is_missing_permission(error):
+        return MISSING_PERMISSION
     if isinstance(error, ProtocolError):
         error = error.error
     if isinstance(error, Errors):

@@ -49,6 +49,7 @@ from ..client import (
     Generation,
     GenerationContext,
     GroupClosedError,
+    reaction_for,
 )
 from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
@@ -421,8 +422,12 @@ class StreamMember:
             return False
         except GroupClosedError:
             raise
-        except RcoordError as exc:  # a join that backs off; the group keeps trying
-            log.warning("group %r: %s", self._group.config.group_id, exc)
+        except RcoordError as exc:
+            if reaction_for(exc).then == "fatal":
+                # The group closed on it (a missing permission, a JoinGroup refusal, a fenced
+                # instance id): no generation will come, so the query fails with its message.
+                raise
+            log.warning("group %r: %s", self._group.config.group_id, exc)  # it backs off
             return False
         self._adopt(gen)
         return True
