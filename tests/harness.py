@@ -145,6 +145,31 @@ class Ctx:
         return generation, ordered
 
 
+class RawGroup:
+    """One group's library functions called one at a time at explicit times (no parking), as
+    the tests that look at a step's single calls need them."""
+
+    def __init__(self, coord: GroupCoordinator, group_id: str) -> None:
+        self.coord, self.r, self.group_id = coord, coord._redis, group_id
+        self.keys = coord._keys(group_id)
+
+    def call_once(self, step: str, now: int, *args: Any) -> Any:
+        return self.coord._scripts.call(step, self.keys.all(), [str(now), self.group_id, *args])
+
+    def call(self, step: str, now: int, *args: Any) -> Any:
+        """Sent again while it answers BUSY, as rcoord.steps does (each such call wrote a
+        chunk or applied due deadlines)."""
+        for _ in range(1000):
+            reply = self.call_once(step, now, *args)
+            if reply != [b"B"]:
+                return reply
+        raise AssertionError(f"{step} stayed BUSY")
+
+    def field(self, name: str) -> str | None:
+        raw = self.r.hget(self.keys.group, name)
+        return raw.decode() if raw is not None else None
+
+
 def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
     """Poll ``cond`` (running ``step`` between polls) until it holds; fail after ``timeout_s``."""
     import time

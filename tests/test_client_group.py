@@ -434,21 +434,11 @@ def test_a_missing_permission_is_fatal_and_raised_as_missing_permission_error(
     MissingPermissionError with the server's message."""
     assert reaction_for(error) == Reaction(False, "leave", "lost", "fatal")
     assert reaction_for(redis.exceptions.ResponseError("WRONGTYPE not a hash")) is OTHERWISE
-    state = OneMemberGroup()
-    state.join_answers.extend([None, error])
-    group = fake_group(state)
-    for _ in range(2):  # once, and for good
-        with pytest.raises(MissingPermissionError) as info:
-            group.next(timeout=WAIT_S)
+    state, raised = _refused_for_good(fake_group, error, MissingPermissionError)
+    for info in raised:
         assert str(error).rstrip(".") in str(info.value)
     if not isinstance(error, MissingPermissionError):
         assert "docs/security.md" in str(info.value) and info.value.__cause__ is error
-    assert group.closed
-    thread = group._thread
-    assert thread is not None
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
-    assert state.joins == ["", "m-1"]  # no join after the refusal
     assert state.leaves == ["m-1"]
 
 
@@ -679,6 +669,28 @@ def test_a_join_refusal_says_which_setting_to_change(
     )
 
 
+def _refused_for_good(fake_group: Any, error: Any, raised: type[BaseException]) -> tuple[
+        OneMemberGroup, list[pytest.ExceptionInfo[Any]]]:
+    """The second JoinGroup (with the KIP-394 member id) is answered ``error``: next() raises
+    ``raised``, once and for good (asked twice), the group closes, its thread ends and nothing
+    joins again. The group's fake state, and what each next() raised."""
+    state = OneMemberGroup()
+    state.join_answers.extend([None, error])
+    group = fake_group(state)
+    infos = []
+    for _ in range(2):  # once, and for good
+        with pytest.raises(raised) as info:
+            group.next(timeout=WAIT_S)
+        infos.append(info)
+    assert group.closed
+    thread = group._thread
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert state.joins == ["", "m-1"]  # no join after the refusal
+    return state, infos
+
+
 @pytest.mark.parametrize(
     "error",
     [
@@ -696,19 +708,9 @@ def test_a_join_refusal_no_retry_can_mend_is_fatal(fake_group: Any, error: Error
     stopped. Now the group closes: every next() raises the refusal, nothing joins again.
     GROUP_MAX_SIZE_REACHED: the coordinator removed the member already (and answered without a
     member id), so there is nothing to leave; the others leave with their KIP-394 member id."""
-    state = OneMemberGroup()
-    state.join_answers.extend([None, error])
-    group = fake_group(state)
-    for _ in range(2):  # once, and for good
-        with pytest.raises(JoinRefusedError) as info:
-            group.next(timeout=WAIT_S)
+    state, raised = _refused_for_good(fake_group, error, JoinRefusedError)
+    for info in raised:
         assert info.value.error is error and info.value.hint
-    assert group.closed
-    thread = group._thread
-    assert thread is not None
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
-    assert state.joins == ["", "m-1"]  # no join after the refusal
     assert state.leaves == ([] if error is Errors.GROUP_MAX_SIZE_REACHED else ["m-1"])
 
 

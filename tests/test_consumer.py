@@ -697,10 +697,12 @@ def _cut_off(server: EmbeddedServer, outage: str) -> None:
         os.kill(server.pid, signal.SIGSTOP)
 
 
-def _outage_consumer(client: Any, namespace: str, mode: str = "subscribe") -> Consumer:
+def _outage_consumer(client: Any, namespace: str, mode: str = "subscribe",
+                     auto_commit_interval_ms: int = 100_000) -> Consumer:
     """A consumer of topic "t" (one partition, five records) through ``client``, with a 20 s
-    session and quick retries, auto-committing only on revocation or close(); subscribed, or
-    with ``mode="assign"`` assigned the partition."""
+    session and quick retries, auto-committing only on revocation or close() unless
+    ``auto_commit_interval_ms`` says otherwise; subscribed, or with ``mode="assign"`` assigned
+    the partition."""
     Topics(client, namespace).create("t", 1)
     Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
     consumer = Consumer(
@@ -712,7 +714,7 @@ def _outage_consumer(client: Any, namespace: str, mode: str = "subscribe") -> Co
             retry_backoff_max_ms=100,
         ),
         fetch_max_wait_ms=20,
-        auto_commit_interval_ms=100_000,
+        auto_commit_interval_ms=auto_commit_interval_ms,
     )
     if mode == "assign":
         consumer.assign([TP("t", 0)])
@@ -854,6 +856,31 @@ def _waits_in(thread: threading.Thread, function: str) -> bool:
     return False
 
 
+def _wakeup_ends_the_wait_for_an_async_commit(
+    server: EmbeddedServer, consumer: Consumer, queued: dict[TopicPartition, int] | None,
+    done: list[tuple[dict[TopicPartition, int], BaseException | None]],
+    waiter: threading.Thread, ended: list[Any],
+) -> None:
+    """The server stops answering (SIGSTOP); an async commit of ``queued`` is queued (its
+    callback appends to ``done``) and retries; ``waiter`` starts and waits for it; wakeup() must
+    end that wait at once, ``waiter`` recording one WakeupError in ``ended``, with the async
+    commit still queued. The server answers again afterwards (SIGCONT, also on a failure)."""
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        consumer.commit_async(queued, lambda offsets, exc: done.append((offsets, exc)))
+        waiter.start()
+        wait_until(lambda: _waits_in(waiter, "wait_idle"))
+        consumer.wakeup()
+        waiter.join(WAKEUP_BOUND_S)
+        assert not waiter.is_alive(), "wakeup() waited for the earlier async commit"
+        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
+        assert consumer._committer.pending == 1  # still queued, still retrying
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
     own_server: EmbeddedServer, namespace: str
 ) -> None:
@@ -865,8 +892,6 @@ def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
     again, and its callback runs once."""
     client = _outage_client(own_server)
     consumer = _outage_consumer(client, namespace)
-    pid = own_server.pid
-    assert pid is not None
     done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
     ended: list[BaseException | None] = []
 
@@ -878,21 +903,10 @@ def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
             ended.append(exc)
 
     committer = threading.Thread(target=committing, name="committing", daemon=True)
-    stopped = False
     try:
         poll_until(consumer, lambda g: len(g) == 5)
-        os.kill(pid, signal.SIGSTOP)
-        stopped = True
-        consumer.commit_async(None, lambda offsets, exc: done.append((offsets, exc)))
-        committer.start()
-        wait_until(lambda: _waits_in(committer, "wait_idle"))
-        consumer.wakeup()
-        committer.join(WAKEUP_BOUND_S)
-        assert not committer.is_alive(), "wakeup() waited for the earlier async commit"
-        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
-        assert consumer._committer.pending == 1  # still queued, still retrying
-        os.kill(pid, signal.SIGCONT)
-        stopped = False
+        _wakeup_ends_the_wait_for_an_async_commit(own_server, consumer, None, done, committer,
+                                                  ended)
         wait_until(lambda: done, lambda: consumer.poll(timeout=0.02))  # its callback runs
         assert done == [({TP("t", 0): 5}, None)]
         # The async commit landed, and the interrupted commit of 3 was never sent after it.
@@ -900,8 +914,6 @@ def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
         consumer.commit()  # the wakeup was used up
         assert done == [({TP("t", 0): 5}, None)]  # its callback ran once
     finally:
-        if stopped:
-            os.kill(pid, signal.SIGCONT)
         consumer.close(timeout=0.5)
         committer.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's wait ends by then
         client.close()
@@ -1013,21 +1025,8 @@ def test_real_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_asy
     that wait. After SIGCONT the async commit lands, its callback runs once, and an auto-commit
     sends the positions: committed, never moved back."""
     client = _outage_client(own_server)
-    Topics(client, namespace).create("t", 1)
-    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
-    consumer = Consumer(
-        ConsumerGroupConfig(
-            group_id="g", topics=["t"], redis_client=client, namespace=namespace,
-            heartbeat_interval_ms=100, session_timeout_ms=OUTAGE_SESSION_MS,
-            rebalance_timeout_ms=OUTAGE_SESSION_MS, retry_backoff_ms=10,
-            retry_backoff_max_ms=100,
-        ),
-        fetch_max_wait_ms=20,
-        auto_commit_interval_ms=1,
-    )
+    consumer = _outage_consumer(client, namespace, auto_commit_interval_ms=1)
     tp = TP("t", 0)
-    pid = own_server.pid
-    assert pid is not None
     done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
     ended: list[BaseException] = []
 
@@ -1038,27 +1037,14 @@ def test_real_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_asy
             ended.append(exc)
 
     poller = threading.Thread(target=polling, name="poller", daemon=True)
-    stopped = False
     try:
         poll_until(consumer, lambda g: len(g) == 5)
-        os.kill(pid, signal.SIGSTOP)
-        stopped = True
-        consumer.commit_async({tp: 2}, lambda offsets, exc: done.append((offsets, exc)))
-        poller.start()
-        wait_until(lambda: _waits_in(poller, "wait_idle"))
-        consumer.wakeup()
-        poller.join(WAKEUP_BOUND_S)
-        assert not poller.is_alive(), "wakeup() waited for the earlier async commit"
-        assert len(ended) == 1 and isinstance(ended[0], WakeupError), ended
-        assert consumer._committer.pending == 1  # still queued, still retrying
-        os.kill(pid, signal.SIGCONT)
-        stopped = False
+        _wakeup_ends_the_wait_for_an_async_commit(own_server, consumer, {tp: 2}, done, poller,
+                                                  ended)
         wait_until(lambda: done and consumer.committed([tp]) == {tp: 5},
                    lambda: consumer.poll(timeout=0.02))
         assert done == [({tp: 2}, None)]
     finally:
-        if stopped:
-            os.kill(pid, signal.SIGCONT)
         consumer.close(timeout=0.5)
         poller.join(3 * OUTAGE_SESSION_MS / 1000)  # the old behaviour's wait ends by then
         client.close()

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from harness import RawGroup
 
 from rcoord import Errors
 from rcoord.protocol.join import JoinGroupResult, JoinRequest
@@ -27,21 +28,9 @@ def join_args(*, static: str | None = None, member_id: str = "") -> list[Any]:
         require_known_member_id=False, reason=None).args()
 
 
-class Group:
+class Group(RawGroup):
     def __init__(self, coord: Any) -> None:
-        self.coord, self.r = coord, coord._redis
-        self.keys = coord._keys(GROUP)
-
-    def call(self, step: str, now: int, *args: Any) -> Any:
-        for _ in range(100):  # sent again while BUSY, as rcoord.steps does
-            reply = self.coord._scripts.call(step, self.keys.all(), [str(now), GROUP, *args])
-            if reply != [b"B"]:
-                return reply
-        raise AssertionError(f"{step} stayed BUSY")
-
-    def field(self, name: str) -> str | None:
-        raw = self.r.hget(self.keys.group, name)
-        return raw.decode() if raw is not None else None
+        super().__init__(coord, GROUP)
 
     def members(self) -> list[str]:
         return sorted(k.decode() for k in self.r.hkeys(self.keys.members))

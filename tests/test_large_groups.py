@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from harness import RawGroup
 
 from rcoord import Errors
 from rcoord.protocol.join import JoinGroupResult, JoinRequest
@@ -39,24 +40,11 @@ def test_chunked_completion_through_the_api(ctx):
     assert ctx.parked() == 0 and ctx.member_ids() == set(ids)
 
 
-class Raw:
-    """The library's functions called one at a time at explicit times (no parking)."""
+class Raw(RawGroup):
+    """The library's functions for GROUP called one at a time at explicit times."""
 
     def __init__(self, coord: Any) -> None:
-        self.coord, self.r = coord, coord._redis
-        self.keys = coord._keys(GROUP)
-
-    def call_once(self, step: str, now: int, *args: Any) -> Any:
-        return self.coord._scripts.call(step, self.keys.all(), [str(now), GROUP, *args])
-
-    def call(self, step: str, now: int, *args: Any) -> Any:
-        """Sent again while it answers BUSY, as rcoord.steps does (each such call wrote a
-        chunk or applied due deadlines)."""
-        for _ in range(1000):
-            reply = self.call_once(step, now, *args)
-            if reply != [b"B"]:
-                return reply
-        raise AssertionError(f"{step} stayed BUSY")
+        super().__init__(coord, GROUP)
 
     def join(self, now: int, mid: str, rt: int = DELAY, i: int = 0) -> Any:
         return self.call("join_group", now, *JoinRequest.build(
@@ -67,10 +55,6 @@ class Raw:
 
     def await_join(self, now: int, mid: str) -> Any:
         return self.call("await_reply", now, mid, "j")
-
-    def field(self, name: str) -> str | None:
-        raw = self.r.hget(self.keys.group, name)
-        return raw.decode() if raw is not None else None
 
     def parked(self) -> set[str]:
         return {k.decode() for k in self.r.hkeys(self.keys.joining)}
