@@ -124,15 +124,12 @@ local function commit_fast(keys, args, req)
   if not blob then return nil end
   local session_at = now + member_session(blob)
   if session_at < published then return nil end
-  local expire = explicit_expiry(req, now)
-  local results, batches, stored = offset_records(req.entries, now, expire, function()
-    return tonumber(cfg[4]) or DEFAULTS.offset_metadata_max_bytes
-  end)
-  -- (expiry_of for this state: the retention timer, if it runs, counts from the commit)
+  local results, batches, stored = offset_records(req.entries, now, explicit_expiry(req, now),
+    function() return tonumber(cfg[4]) or DEFAULTS.offset_metadata_max_bytes end)
+  -- (the retention timer, if it runs in this state, counts from the commit)
   local gc_at = nil
   if stored and expiration_base_of(ptype, state, subs) == 'commit' then
-    gc_at = expire >= 0 and expire
-      or now + (tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms)
+    gc_at = expiry_of(stored, 'commit', tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms)
     if gc_at < published then return nil end
   end
   redis.call('ZADD', K_DL, session_at, hb_key(req.member_id))

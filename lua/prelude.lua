@@ -1347,10 +1347,13 @@ local function expiration_base_of(ptype, state, subs)
 end
 local function expiration_base() return expiration_base_of(G.ptype, G.state, G.subs) end
 
-local function expiry_of(rec, base)
+-- ``retention``: offsets_retention_ms when the caller read it without CFG (commit_offsets.lua's
+-- fast path, base 'commit'); otherwise CFG's.
+local function expiry_of(rec, base, retention)
   if rec.x >= 0 then return rec.x end -- explicit per-commit retention (OffsetCommit v2-v4)
-  if base == 'empty' then return tonumber(G.ts) + CFG.offsets_retention_ms end
-  return rec.t + CFG.offsets_retention_ms
+  retention = retention or CFG.offsets_retention_ms
+  if base == 'empty' then return tonumber(G.ts) + retention end
+  return rec.t + retention
 end
 
 -- After a commit: make sure the retention timer fires no later than this offset's expiry.
