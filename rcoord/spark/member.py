@@ -174,7 +174,7 @@ class StreamMember:
         """The end of the next batch; ``start`` itself when there is nothing to read."""
         self._group.start()  # a query restarted on a checkpoint plans before initial()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
-        self.commit(own)
+        self._commit_own(own)
         gen = self._gen
         if gen is None or gen.done.is_set():
             if not self._next_generation():
@@ -282,7 +282,10 @@ class StreamMember:
 
         Returns None when there is nothing new to commit.
         """
-        pos = self._own(pos)
+        return self._commit_own(self._own(pos))
+
+    def _commit_own(self, pos: Position) -> CommitOutcome | None:
+        """``commit`` of a position already taken through ``_own``."""
         if pos.generation is None or not pos.offsets or pos == self._initial:
             return None
         stamp = (pos.generation, pos.member or "")
