@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -856,6 +856,20 @@ def _waits_in(thread: threading.Thread, function: str) -> bool:
     return False
 
 
+def _recording_thread(call: Callable[[], object], ended: list[Any], name: str) -> threading.Thread:
+    """A daemon thread (not started) running ``call`` that appends how it ended to ``ended``:
+    None, or the exception it raised (the test looks at how it ended)."""
+
+    def run() -> None:
+        try:
+            call()
+            ended.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+            ended.append(exc)
+
+    return threading.Thread(target=run, name=name, daemon=True)
+
+
 def _wakeup_ends_the_wait_for_an_async_commit(
     server: EmbeddedServer, consumer: Consumer, queued: dict[TopicPartition, int] | None,
     done: list[tuple[dict[TopicPartition, int], BaseException | None]],
@@ -895,14 +909,7 @@ def test_real_wakeup_interrupts_a_commit_waiting_for_earlier_async_commits(
     done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
     ended: list[BaseException | None] = []
 
-    def committing() -> None:
-        try:
-            consumer.commit({TP("t", 0): 3})
-            ended.append(None)
-        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
-            ended.append(exc)
-
-    committer = threading.Thread(target=committing, name="committing", daemon=True)
+    committer = _recording_thread(lambda: consumer.commit({TP("t", 0): 3}), ended, "committing")
     try:
         poll_until(consumer, lambda g: len(g) == 5)
         _wakeup_ends_the_wait_for_an_async_commit(own_server, consumer, None, done, committer,
@@ -978,18 +985,12 @@ def test_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_async_co
         auto_commit_interval_ms=1,
     )
     done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
-    ended: list[BaseException] = []
+    ended: list[BaseException | None] = []
 
     def commits_of(offset: int) -> int:
         return sum(1 for e in list(state.events) if e[0] == "commit" and e[2] == {tp: offset})
 
-    def polling() -> None:
-        try:
-            consumer.poll(timeout=WAIT_S)
-        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
-            ended.append(exc)
-
-    poller = threading.Thread(target=polling, name="poller", daemon=True)
+    poller = _recording_thread(lambda: consumer.poll(timeout=WAIT_S), ended, "poller")
     try:
         poll_until(consumer, lambda g: len(g) == 3)  # position 3, not committed yet
         assert commits_of(3) == 0
@@ -1028,15 +1029,9 @@ def test_real_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_asy
     consumer = _outage_consumer(client, namespace, auto_commit_interval_ms=1)
     tp = TP("t", 0)
     done: list[tuple[dict[TopicPartition, int], BaseException | None]] = []
-    ended: list[BaseException] = []
+    ended: list[BaseException | None] = []
 
-    def polling() -> None:
-        try:
-            consumer.poll(timeout=WAIT_S)
-        except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
-            ended.append(exc)
-
-    poller = threading.Thread(target=polling, name="poller", daemon=True)
+    poller = _recording_thread(lambda: consumer.poll(timeout=WAIT_S), ended, "poller")
     try:
         poll_until(consumer, lambda g: len(g) == 5)
         _wakeup_ends_the_wait_for_an_async_commit(own_server, consumer, {tp: 2}, done, poller,
