@@ -8,8 +8,9 @@ Run from the repository root::
 Issue 12 asks that no single script call block the shard for more than 5 ms while a
 1,000-member group forms or while 500 of its members leave in one request, and that script time
 per member at 1,000 members be at most 1.3 times the figure at 100. This bench forms groups of
-100 and 1,000 members with one client that pipelines every step for all members (the scripts
-never block, so the server's share is measured without thousands of member threads), then sends
+100 and 1,000 members with one client that pipelines every step for all members, each step as
+the worker sends it (one JoinGroup per new member, with a UUID of its own, then SyncGroup; the
+scripts never block, so the server's share is measured without thousands of member threads), then sends
 one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). Then the cases
 where one request used to do a whole group's pending work in one call: 500 of 1,000 sessions
 passing at once (the sweep's ``expire_deadlines`` calls until all are applied), and a late
@@ -30,6 +31,7 @@ import argparse
 import os
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ import redis
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.contract import reply_field
-from rcoord.protocol.join import JoinGroupResult, JoinRequest
+from rcoord.protocol.join import JoinGroupResult, JoinRequest, new_member_id
 from rcoord.protocol.leave import MemberIdentity
 from rcoord.protocol.sync import SyncGroupResult, SyncRequest
 
@@ -117,12 +119,14 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase, *,
                 found[mid] = x
         return found
 
-    def join_args(mid: str, i: int) -> list[Any]:
+    def join_args(i: int) -> list[Any]:
+        """A new member's JoinGroup as the worker sends it (rcoord.client.join): a UUID of its
+        own and no MEMBER_ID_REQUIRED round."""
         return JoinRequest.build(
-            GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
+            GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
             session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=None,
             group_instance_id=None, client_id=f"m{i}", client_host="",
-            require_known_member_id=True, reason=None,
+            require_known_member_id=False, reason=None,
         ).args()
 
     # The library must be loaded before raw pipelined FCALLs (start() loads it lazily).
@@ -130,10 +134,9 @@ def form(r: redis.Redis, ns: str, members: int, phase: Phase, *,
 
     figures: dict[str, Any] = {}
     phase.start()
-    first = run([("join_group", join_args("", i)) for i in range(members)])
-    ids = [JoinGroupResult.decode(bytes(x[1])).member_id for x in first]
-    second = run([("join_group", join_args(mid, i)) for i, mid in enumerate(ids)])
-    assert all(x[0] == b"W" for x in second), "second JoinGroups must park"
+    joins = run([("join_group", join_args(i)) for i in range(members)])
+    assert all(x[0] == b"W" for x in joins), "the JoinGroups must park"
+    ids = [x[4].decode() for x in joins]
     pre = phase.stop()
     # Wait for the initial delay (untimed; it is extended once while members keep arriving),
     # then the call that applies it completes the join phase.
@@ -237,20 +240,22 @@ def during_completion(r: redis.Redis, ns: str, what: str) -> dict[str, float]:
     phase = Phase(r)
     phase.start()
     if what == "join":
-        res = coord.join_group(GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
-                               session_timeout_ms=SESSION_TIMEOUT_MS)
-        assert res.error is Errors.MEMBER_ID_REQUIRED
+        # As the worker joins: one JoinGroup, with a UUID of its own.
+        member_uuid = str(uuid.uuid4())
+        late_id = new_member_id("late", "", member_uuid)
         pool = ThreadPoolExecutor(1)  # the join parks: wait until it has, then move on
-        parked = pool.submit(coord.join_group, GROUP, res.member_id, protocol_type="consumer",
-                             protocols=[("range", b"")], session_timeout_ms=SESSION_TIMEOUT_MS)
+        parked = pool.submit(coord.join_group, GROUP, "", protocol_type="consumer",
+                             protocols=[("range", b"")], session_timeout_ms=SESSION_TIMEOUT_MS,
+                             client_id="late", require_known_member_id=False,
+                             new_member_uuid=member_uuid)
         deadline = time.monotonic() + 30
-        while not r.hexists(keys.joining, res.member_id):
+        while not r.hexists(keys.joining, late_id):
             assert time.monotonic() < deadline, "the late join did not park"
             time.sleep(0.005)
         figures = phase.stop()
         # Untimed: the late member leaves, so its parked join returns (UNKNOWN_MEMBER_ID)
         # instead of polling into the next phase.
-        coord.leave_group(GROUP, [MemberIdentity(member_id=res.member_id)])
+        coord.leave_group(GROUP, [MemberIdentity(member_id=late_id)])
         assert parked.result(30).error is Errors.UNKNOWN_MEMBER_ID
         pool.shutdown()
         return figures

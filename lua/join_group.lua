@@ -7,7 +7,8 @@
 -- ARGV[7]  session timeout ms    ARGV[8]  rebalance timeout ms
 -- ARGV[9]  client id             ARGV[10] client host
 -- ARGV[11] '1' if a known member id is required (KIP-394), else '0'
--- ARGV[12] a fresh UUID, used if this join creates a member id
+-- ARGV[12] the id of the member this join adds, if it adds one (rcoord/protocol/join.py
+--          new_member_id: the client id or group instance id, '-', the request's UUID)
 -- ARGV[13] cmsgpack array of {protocol name, subscribed topics or false}: for protocol type
 --          "consumer", the topics each protocol's metadata subscribes to (false: undecodable)
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
@@ -20,7 +21,7 @@ local function parse_join_group(ARGV)
     st = tonumber(ARGV[7]), rt = tonumber(ARGV[8]), cid = ARGV[9], host = ARGV[10],
   }
   req.require_known = ARGV[11] == '1'
-  req.uuid = ARGV[12]
+  req.new_id = ARGV[12]
   req.protocols = cmsgpack.unpack(req.pr)
   req.subs = {}
   for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
@@ -118,33 +119,17 @@ local function update_static_member_and_rebalance(old_id, new_id)
   return reply_or_wait(new_id, 'j')
 end
 
--- A generated member id must be one the API accepts back (rcoord/protocol/_checks.py:
--- MAX_ID_BYTES = 1024 bytes of UTF-8), so the client id part is cut to leave room for '-' and
--- the 36-character UUID, at a character boundary (client ids arrive as valid UTF-8).
-local MAX_ID_BYTES = 1024
-local function id_prefix(client_id)
-  local n = MAX_ID_BYTES - 1 - #REQ.uuid
-  if #client_id <= n then return client_id end
-  local b = string.byte(client_id, n + 1)
-  while n > 0 and b >= 0x80 and b < 0xC0 do -- the next byte continues a character: back off
-    b = string.byte(client_id, n)
-    n = n - 1
-  end
-  return string.sub(client_id, 1, n)
-end
-
 local function join_new_member()
   if G.state == DEAD then return respond(join_error('COORDINATOR_NOT_AVAILABLE', '')) end
   if not supports_protocols(REQ.pt, REQ.protocols) then
     return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', ''))
   end
+  local new_id = REQ.new_id
   if REQ.iid ~= '' then
-    local new_id = REQ.iid .. '-' .. REQ.uuid
     local existing = redis.call('HGET', K_STATIC, REQ.iid)
     if existing then return update_static_member_and_rebalance(existing, new_id) end
     return add_member_and_rebalance(new_id)
   end
-  local new_id = id_prefix(REQ.cid) .. '-' .. REQ.uuid
   if REQ.require_known then
     -- KIP-394: hand out the id; the member is pending until it joins with it.
     redis.call('HSET', K_PENDING, new_id, 1)
@@ -198,14 +183,14 @@ local function join_group()
     create_group()
   end
 
-  -- A new member's id is made from the request's UUID (ARGV[12]), not by the server as in
-  -- Kafka, so the same request sent twice (redis-py sends a call again when the connection lost
-  -- its reply) names the same member: when that member exists, this is its rejoin, never a
+  -- A new member's id comes with the request (ARGV[12], made from the caller's UUID), not
+  -- from the server as in Kafka, so the same request sent twice (redis-py sends a call again
+  -- when the connection lost its reply; rcoord's worker sends its first join again with the
+  -- same UUID) names the same member: when that member exists, this is its rejoin, never a
   -- second member (which would count its protocols and rebalance timeout twice). A
   -- MEMBER_ID_REQUIRED round sent again hands out the same id.
-  if REQ.mid == '' and (REQ.iid ~= '' or not REQ.require_known) then
-    local id = (REQ.iid ~= '' and REQ.iid or id_prefix(REQ.cid)) .. '-' .. REQ.uuid
-    if is_member(id) then REQ.mid = id end
+  if REQ.mid == '' and (REQ.iid ~= '' or not REQ.require_known) and is_member(REQ.new_id) then
+    REQ.mid = REQ.new_id
   end
 
   if not accept_joining_member(REQ.mid) then

@@ -319,13 +319,21 @@ class GroupSteps:
         client_host: str = "",
         require_known_member_id: bool = True,
         reason: str | None = None,
+        new_member_uuid: str | None = None,
     ) -> Flow[JoinGroupResult]:
-        """JoinGroup. Waits while the join is parked; see ``rcoord.protocol.join`` for errors."""
+        """JoinGroup. Waits while the join is parked; see ``rcoord.protocol.join`` for errors.
+
+        ``new_member_uuid``: the UUID a member this join adds takes its id from
+        (``rcoord.protocol.join.new_member_id``; None: a fresh one). Sending a new member's
+        join again with the same UUID names the same member, so a client that knows its UUID
+        can skip the MEMBER_ID_REQUIRED round (``require_known_member_id=False``) without
+        risking a second member when it retries."""
         req = JoinRequest.build(
             group_id, member_id, protocol_type=protocol_type, protocols=protocols,
             session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
             group_instance_id=group_instance_id, client_id=client_id, client_host=client_host,
             require_known_member_id=require_known_member_id, reason=reason,
+            new_member_uuid=new_member_uuid,
         )
         if not req.group_id:
             return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)

@@ -59,6 +59,7 @@ from rcoord.protocol.consumer import (
     ConsumerProtocolSubscription,
     MalformedMetadataError,
 )
+from rcoord.protocol.join import new_member_id
 from rcoord.topics import FetchResult, PartitionRecords, Producer, ProducerRecord, Record, Topics
 
 TP = TopicPartition
@@ -109,7 +110,7 @@ class OneMemberGroup:
         self.events: list[tuple[Any, ...]] = []
         self.lock = threading.Lock()
         self.generation = 0
-        self.next_id = 0
+        self.new_ids: list[str] = []  # the ids new members named themselves with, in order
         self.leader: str | None = None  # None: the joining member leads
         self.extra_members: list[JoinGroupMember] = []
         self.join_answers: deque[Errors | BaseException | None] = deque()  # None: as usual
@@ -141,6 +142,10 @@ class OneMemberGroup:
             fetch_many_as=self.fetch_many_as,
         )
 
+    def id(self, n: int) -> str:
+        """The id of the n-th new member (1-based) that joined."""
+        return self.new_ids[n - 1]
+
     def log(self, *event: Any) -> None:
         with self.lock:
             self.events.append(event)
@@ -154,14 +159,17 @@ class OneMemberGroup:
     def join_group(self, group_id: str, member_id: str = "", **kw: Any) -> JoinGroupResult:
         self.log("join", member_id)
         self.joins.append(member_id)
+        if not member_id:  # as the coordinator: the new member's id comes with the request
+            assert kw["require_known_member_id"] is False, "the worker skips KIP-394's round"
+            member_id = new_member_id(
+                kw["client_id"], kw.get("group_instance_id") or "", kw["new_member_uuid"])
+            if member_id not in self.new_ids:
+                self.new_ids.append(member_id)
         answer = self.join_answers.popleft() if self.join_answers else None
         if isinstance(answer, BaseException):
             raise answer
         if answer is not None:
             return JoinGroupResult.failed(answer, member_id)
-        if not member_id:
-            self.next_id += 1
-            return JoinGroupResult.failed(Errors.MEMBER_ID_REQUIRED, f"m-{self.next_id}")
         if self.park_join.is_set():
             assert self.left.wait(WAIT_S), "a parked join was never released"
             return JoinGroupResult.failed(Errors.UNKNOWN_MEMBER_ID, member_id)
@@ -439,7 +447,7 @@ def test_a_missing_permission_is_fatal_and_raised_as_missing_permission_error(
         assert str(error).rstrip(".") in str(info.value)
     if not isinstance(error, MissingPermissionError):
         assert "docs/security.md" in str(info.value) and info.value.__cause__ is error
-    assert state.leaves == ["m-1"]
+    assert state.leaves == [state.id(1)]
 
 
 def test_a_heartbeat_refused_a_permission_closes_the_group(fake_group: Any) -> None:
@@ -454,7 +462,7 @@ def test_a_heartbeat_refused_a_permission_closes_the_group(fake_group: Any) -> N
     with pytest.raises(MissingPermissionError, match="run the 'fcall' command"):
         group.next(timeout=WAIT_S)
     assert gen.done.is_set() and gen.lost and group.closed
-    assert state.joins == ["", "m-1"]
+    assert state.joins == [""]
 
 
 @pytest.mark.parametrize(
@@ -478,7 +486,7 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
         state.heartbeat_answers.append(error)
     group = fake_group(state)
     gen = group.next(timeout=WAIT_S)
-    assert gen.member_id == "m-1" and gen.generation_id == 1
+    assert gen.member_id == state.id(1) and gen.generation_id == 1
     assert gen.done.wait(WAIT_S)
     state.heartbeat_default = Errors.NONE
     assert gen.lost is row.lost
@@ -495,7 +503,7 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
             group.next(timeout=WAIT_S)
         assert info.value.error is error
         if row.member_id == "leave":
-            assert state.leaves == ["m-1"]
+            assert state.leaves == [state.id(1)]
         return
     if row.then == "backoff":
         with pytest.raises(ProtocolError) as info:
@@ -503,11 +511,11 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
         assert info.value.error is error
     nxt = group.next(timeout=WAIT_S)
     assert nxt.generation_id == 2
-    expect_id = "m-2" if row.member_id in ("reset", "leave") else "m-1"
+    expect_id = state.id(2) if row.member_id in ("reset", "leave") else state.id(1)
     assert nxt.member_id == expect_id
-    assert state.leaves == (["m-1"] if row.member_id == "leave" else [])
+    assert state.leaves == ([state.id(1)] if row.member_id == "leave" else [])
     # The rejoin after the error used the member id the row says.
-    assert state.joins[2] == ("" if row.member_id in ("reset", "leave") else "m-1")
+    assert state.joins[1] == ("" if row.member_id in ("reset", "leave") else state.id(1))
 
 
 def test_combine_keeps_what_each_row_calls_for() -> None:
@@ -547,7 +555,7 @@ def test_a_fenced_commit_after_a_lost_connection_forgets_the_member_id(fake_grou
         group.next(timeout=WAIT_S)  # the back-off reports the first error
     nxt = group.next(timeout=WAIT_S)
     assert [exc.error for exc in refused] == [Errors.UNKNOWN_MEMBER_ID]
-    assert state.joins[2] == "" and nxt.member_id == "m-2"
+    assert state.joins[1] == "" and nxt.member_id == state.id(2)
 
 
 def test_leave_until_resumed_loses_a_carried_generation_during_the_rejoin(
@@ -579,11 +587,11 @@ def test_leave_until_resumed_loses_a_carried_generation_during_the_rejoin(
         assert gen.carried and not gen.lost
         group.leave_until_resumed("max.poll.interval.ms passed")
         assert gen.lost
-        assert state.leaves == ["m-1"]
+        assert state.leaves == [state.id(1)]
     finally:
         release.set()
     group.resume()
-    wait_until(lambda: len(owned) >= 3)  # the parked rejoin, then the new member's two steps
+    wait_until(lambda: len(owned) >= 2)  # the parked rejoin, then the new member's join
     assert owned[0] == tuple(TP("t", p) for p in range(4))  # carried into the rejoin
     assert owned[-1] == ()  # it left: it comes back owning nothing
 
@@ -598,16 +606,16 @@ def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -
     assert gen.done.wait(WAIT_S)
     beats = state.heartbeats
     wait_until(lambda: state.heartbeats >= beats + 3)  # still beating while the routine runs
-    assert state.joins == ["", "m-1"]  # and not rejoining yet
+    assert state.joins == [""]  # and not rejoining yet
     state.heartbeat_default = Errors.UNKNOWN_MEMBER_ID  # the rebalance timeout removed it
     wait_until(lambda: gen.lost)
     heartbeat_thread = gen._helpers[0]
     wait_until(lambda: not heartbeat_thread.is_alive())  # it stopped though the routine runs
-    assert state.joins == ["", "m-1"]
+    assert state.joins == [""]
     state.heartbeat_default = Errors.NONE
     release.set()
     nxt = group.next(timeout=WAIT_S)
-    assert nxt.member_id == "m-2" and state.joins[2] == ""
+    assert nxt.member_id == state.id(2) and state.joins[1] == ""
 
 
 def test_retriable_errors_are_retried_without_ending_anything(fake_group: Any) -> None:
@@ -628,16 +636,15 @@ def test_join_error_is_reported_once_then_the_member_leaves_backs_off_and_rejoin
     fake_group: Any,
 ) -> None:
     state = OneMemberGroup()
-    # The first join gets its member id as usual; the join with it fails.
-    state.join_answers.extend([None, Errors.UNKNOWN_SERVER_ERROR])
+    state.join_answers.append(Errors.UNKNOWN_SERVER_ERROR)
     group = fake_group(state)
     with pytest.raises(ProtocolError, match="UNKNOWN_SERVER_ERROR") as info:
         group.next(timeout=WAIT_S)
     assert info.value.error is Errors.UNKNOWN_SERVER_ERROR
     gen = group.next(timeout=WAIT_S)
-    assert state.leaves == ["m-1"]  # kafka-go: leave, forget the id, back off
-    assert gen.member_id == "m-2"
-    assert state.joins == ["", "m-1", "", "m-2"]
+    assert state.leaves == [state.id(1)]  # kafka-go: leave, forget the id, back off
+    assert gen.member_id == state.id(2)
+    assert state.joins == ["", ""]
 
 
 @pytest.mark.parametrize(
@@ -657,7 +664,7 @@ def test_a_join_refusal_says_which_setting_to_change(
     """Before, the message was only the code ("JoinGroup of 'g' failed: INVALID_SESSION_TIMEOUT"),
     repeated every join_backoff_ms, with nothing naming session_timeout_ms or its bounds."""
     state = OneMemberGroup()
-    state.join_answers.extend([None, error])
+    state.join_answers.append(error)
     group = fake_group(state)
     with pytest.raises(JoinRefusedError, match=says) as info:
         group.next(timeout=WAIT_S)
@@ -671,11 +678,11 @@ def test_a_join_refusal_says_which_setting_to_change(
 
 def _refused_for_good(fake_group: Any, error: Any, raised: type[BaseException]) -> tuple[
         OneMemberGroup, list[pytest.ExceptionInfo[Any]]]:
-    """The second JoinGroup (with the KIP-394 member id) is answered ``error``: next() raises
+    """The JoinGroup is answered ``error``: next() raises
     ``raised``, once and for good (asked twice), the group closes, its thread ends and nothing
     joins again. The group's fake state, and what each next() raised."""
     state = OneMemberGroup()
-    state.join_answers.extend([None, error])
+    state.join_answers.append(error)
     group = fake_group(state)
     infos = []
     for _ in range(2):  # once, and for good
@@ -687,7 +694,7 @@ def _refused_for_good(fake_group: Any, error: Any, raised: type[BaseException]) 
     assert thread is not None
     thread.join(WAIT_S)
     assert not thread.is_alive()
-    assert state.joins == ["", "m-1"]  # no join after the refusal
+    assert state.joins == [""]  # no join after the refusal
     return state, infos
 
 
@@ -707,11 +714,11 @@ def test_a_join_refusal_no_retry_can_mend_is_fatal(fake_group: Any, error: Error
     ever (every join_backoff_ms), and the next next() handed out a generation once the refusal
     stopped. Now the group closes: every next() raises the refusal, nothing joins again.
     GROUP_MAX_SIZE_REACHED: the coordinator removed the member already (and answered without a
-    member id), so there is nothing to leave; the others leave with their KIP-394 member id."""
+    member id), so there is nothing to leave; the others leave with the id they named themselves."""
     state, raised = _refused_for_good(fake_group, error, JoinRefusedError)
     for info in raised:
         assert info.value.error is error and info.value.hint
-    assert state.leaves == ([] if error is Errors.GROUP_MAX_SIZE_REACHED else ["m-1"])
+    assert state.leaves == ([] if error is Errors.GROUP_MAX_SIZE_REACHED else [state.id(1)])
 
 
 def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:
@@ -719,7 +726,7 @@ def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:
     state.sync_answers.append(Errors.REBALANCE_IN_PROGRESS)
     group = fake_group(state)
     gen = group.next(timeout=WAIT_S)  # no error surfaces: rejoining is routine
-    assert gen.generation_id == 2 and gen.member_id == "m-1"
+    assert gen.generation_id == 2 and gen.member_id == state.id(1)
     assert state.leaves == []
 
 
@@ -729,7 +736,7 @@ def test_undecodable_subscription_is_a_clear_error(fake_group: Any) -> None:
     group = fake_group(state)
     with pytest.raises(MalformedMetadataError, match="bad-member.*not a consumer subscription"):
         group.next(timeout=WAIT_S)
-    assert state.leaves == ["m-1"]
+    assert state.leaves == [state.id(1)]
 
 
 def test_close_unparks_a_parked_join_with_leave_group(fake_group: Any) -> None:
@@ -738,9 +745,9 @@ def test_close_unparks_a_parked_join_with_leave_group(fake_group: Any) -> None:
     group = fake_group(state)
     with pytest.raises(TimeoutError):
         group.next(timeout=0.05)
-    wait_until(lambda: state.joins == ["", "m-1"])
+    wait_until(lambda: state.joins == [""])
     group.close(timeout=WAIT_S)
-    assert state.leaves == ["m-1"]
+    assert state.leaves == [state.id(1)]
     assert not group._thread.is_alive()  # type: ignore[union-attr]
     with pytest.raises(GroupClosedError):
         group.next(timeout=WAIT_S)
@@ -780,7 +787,7 @@ def test_the_next_generation_waits_for_every_routine(fake_group: Any) -> None:
     wait_until(lambda: len(finished) == 2)
     beats = state.heartbeats
     wait_until(lambda: state.heartbeats >= beats + 3)
-    assert state.joins == ["", "m-1"]  # one routine still runs: no rejoin
+    assert state.joins == [""]  # one routine still runs: no rejoin
     with pytest.raises(TimeoutError):
         group.next(timeout=0.01)
     releases[2].set()
@@ -903,7 +910,7 @@ def test_close_ends_the_generation_waits_for_routines_and_leaves(fake_group: Any
     group.close(timeout=WAIT_S)
     order.append("closed")
     assert order == ["routine returned", "closed"]
-    assert state.leaves == ["m-1"] and gen.end_reason is EndReason.CLOSED
+    assert state.leaves == [state.id(1)] and gen.end_reason is EndReason.CLOSED
     with pytest.raises(GroupClosedError):
         group.next()
     group.close()  # idempotent
@@ -955,7 +962,7 @@ def test_close_does_not_wait_out_the_heartbeat_retries_once_the_routines_returne
     closer = threading.Thread(target=lambda: (group.close(), closed.set()), daemon=True)
     closer.start()
     assert closed.wait(WAIT_S)  # not after the 60 s session timeout
-    assert gen.end_reason is EndReason.CLOSED and state.leaves == ["m-1"]
+    assert gen.end_reason is EndReason.CLOSED and state.leaves == [state.id(1)]
 
 
 def test_close_from_inside_a_routine_does_not_deadlock(fake_group: Any) -> None:
@@ -966,7 +973,7 @@ def test_close_from_inside_a_routine_does_not_deadlock(fake_group: Any) -> None:
     gen.start(lambda ctx: (group.close(), closed.set()))
     assert closed.wait(WAIT_S)
     wait_until(lambda: not group._thread.is_alive())  # type: ignore[union-attr]
-    assert state.leaves == ["m-1"] and gen.end_reason is EndReason.CLOSED
+    assert state.leaves == [state.id(1)] and gen.end_reason is EndReason.CLOSED
 
 
 # -- against a real server (one node and a cluster) -------------------------------------------

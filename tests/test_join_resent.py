@@ -5,14 +5,19 @@ member: the second must be that member's rejoin, never a second member."""
 
 from __future__ import annotations
 
+import functools
+import uuid
 from typing import Any
 
 import msgpack
 import pytest
-from harness import RawGroup
+from harness import WAIT_S, RawGroup, wait_until
 
-from rcoord import Errors
-from rcoord.protocol.join import JoinGroupResult, JoinRequest
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.client import ConsumerGroup, ConsumerGroupConfig
+from rcoord.errors import InvalidRequestError
+from rcoord.protocol.join import JoinGroupResult, JoinRequest, new_member_id
+from rcoord.topics import Topics
 
 GROUP = "resent"
 T0 = 1_000_000
@@ -87,3 +92,70 @@ def test_a_join_sent_again_while_it_is_parked_parks_the_same_member(make_coordin
     assert (done.generation_id, done.leader_id, done.protocol_name) == (1, member_id, "range")
     assert [m.member_id for m in done.members] == [member_id]
     assert g.field("state") == "CompletingRebalance"
+
+
+# -- the worker's first JoinGroup: one request, a UUID of its own --------------------------------
+
+
+@pytest.mark.parametrize("static", [None, "instance-1"], ids=["dynamic", "static"])
+def test_a_new_member_that_sends_its_uuid_again_is_one_member(make_coordinator, pool, static):
+    """What the worker does (rcoord.client.join): no MEMBER_ID_REQUIRED round, and every retry
+    of its first join carries the UUID it chose. The id is known before the answer (new_member_id)
+    and a second request with the same UUID, while the first is parked, is the same member."""
+    coord = make_coordinator(group_initial_rebalance_delay_ms=300)
+    g = Group(coord)
+    member_uuid = str(uuid.uuid4())
+    expected = new_member_id("c", static or "", member_uuid)
+    join = functools.partial(
+        coord.join_group, GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
+        session_timeout_ms=SESSION_MS, group_instance_id=static, client_id="c",
+        require_known_member_id=False, new_member_uuid=member_uuid)
+    first = pool.submit(join)
+    wait_until(lambda: g.r.hexists(g.keys.joining, expected))
+    again = pool.submit(join)
+    results = [first.result(WAIT_S), again.result(WAIT_S)]
+    for res in results:
+        assert res.error is Errors.NONE and res.member_id == expected, res
+        assert res.generation_id == 1 and res.leader_id == expected
+    g.assert_one_member(expected)
+    assert g.r.hlen(g.keys.pending) == 0  # no KIP-394 round
+
+
+def test_new_member_uuid_must_be_a_uuid(make_coordinator):
+    coord = make_coordinator()
+    join = functools.partial(
+        coord.join_group, GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
+        session_timeout_ms=SESSION_MS, require_known_member_id=False)
+    with pytest.raises(InvalidRequestError, match="new_member_uuid 'worker-7' is not a UUID"):
+        join(new_member_uuid="worker-7")
+    with pytest.raises(TypeError, match="new_member_uuid must be a str"):
+        join(new_member_uuid=7)
+    assert not coord.list_groups()  # refused before anything was sent
+
+
+def test_a_worker_closed_during_its_first_join_leaves_at_once(redis_client, namespace):
+    """The worker knows its id before its first join returns, so close() leaves while that join
+    is parked: the member is gone at once, not after its join timeout, and the other member's
+    rebalance does not wait for it."""
+    coord = GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, group_initial_rebalance_delay_ms=0))
+    Topics(redis_client, namespace).create("t", 2)
+    # A member that stays in the group without rejoining, so the worker's join stays parked.
+    first = coord.join_group("g", "", protocol_type="consumer",
+                             protocols=[("range", b"")], session_timeout_ms=30_000,
+                             rebalance_timeout_ms=30_000, require_known_member_id=False)
+    assert first.error is Errors.NONE
+    assert coord.sync_group("g", 1, first.member_id, assignments={}).error is Errors.NONE
+    worker = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], client_id="w", redis_client=redis_client,
+        namespace=namespace, session_timeout_ms=30_000, rebalance_timeout_ms=30_000))
+    keys = coord._keys("g")
+    with worker:
+        wait_until(lambda: redis_client.hlen(keys.joining) == 1)
+        parked_id = worker.member_id
+        assert parked_id.startswith("w-") and redis_client.hexists(keys.joining, parked_id)
+        assert redis_client.hlen(keys.pending) == 0
+        worker.close(timeout=WAIT_S)
+        thread = worker._thread
+        assert thread is not None and not thread.is_alive()
+    assert [m.member_id for m in coord.describe_group("g").members] == [first.member_id]

@@ -50,6 +50,8 @@ class Coordinator(Protocol):
         group_instance_id: str | None = None,
         client_id: str = "",
         reason: str | None = None,
+        require_known_member_id: bool = True,
+        new_member_uuid: str | None = None,
     ) -> JoinGroupResult: ...
 
     def sync_group(

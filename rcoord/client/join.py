@@ -1,8 +1,9 @@
 """One round of the group protocol, for one member: from JoinGroup to a ``Generation``.
 
-1. **JoinGroup**, twice the first time (KIP-394: the coordinator hands out a member id, the
-   member joins again with it). Each configured assignor is offered as a protocol, with a
-   ``ConsumerProtocolSubscription`` of the topics as its metadata.
+1. **JoinGroup**, once: a new member names itself with a UUID it sends with every retry of
+   its first join, instead of KIP-394's MEMBER_ID_REQUIRED round (see ``join_generation``).
+   Each configured assignor is offered as a protocol, with a ``ConsumerProtocolSubscription``
+   of the topics as its metadata.
 2. **Assign** (leader only): see ``leader_assignment``.
 3. **SyncGroup**: the leader sends every member's ``ConsumerProtocolAssignment``; every member
    gets its own back.
@@ -26,6 +27,7 @@ import inspect
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -46,7 +48,7 @@ from ..protocol.consumer import (
     MalformedMetadataError,
     metadata_encoding,
 )
-from ..protocol.join import JoinGroupResult
+from ..protocol.join import JoinGroupResult, new_member_id
 from ..protocol.kafka_consumer import HIGHEST_VERSION
 from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
@@ -118,8 +120,8 @@ def join_generation(
 ) -> Generation | None:
     """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
 
-    ``member_id`` is the id to join with ("" for a new member); every id the coordinator hands
-    out is reported through ``on_member_id`` at once, so the group can leave while a later call
+    ``member_id`` is the id to join with ("" for a new member); a new member's id is reported
+    through ``on_member_id`` before its join is sent, so the group can leave while that join
     is parked. JoinGroup and SyncGroup run inside ``parked()``. Returns the new generation
     (whose ``on_end`` is ``on_end``), or None if ``closing`` was set. Raises ``ProtocolError``
     for an error code that retries did not clear, and ``MalformedMetadataError`` for metadata
@@ -152,36 +154,42 @@ def join_generation(
         rack=cfg.client_rack,
     ).encode(cfg.protocol_encoding)
     protocols = [(a.name, metadata) for a in assignors]
-    while True:
-        if closing.is_set():
-            return None
-        with parked():
-            joined = retry(
-                functools.partial(
-                    coord.join_group,
-                    cfg.group_id,
-                    member_id,
-                    protocol_type=PROTOCOL_TYPE,
-                    protocols=protocols,
-                    session_timeout_ms=cfg.session_timeout_ms,
-                    rebalance_timeout_ms=cfg.rebalance_timeout_ms,
-                    group_instance_id=cfg.group_instance_id,
-                    client_id=cfg.client_id,
-                    reason=reason,
-                ),
-                lambda r: r.error,
-            )
-        if joined.error is Errors.MEMBER_ID_REQUIRED:
-            member_id = joined.member_id
-            on_member_id(member_id)
-            continue
-        if joined.error is not Errors.NONE:
-            message = f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
-            hint = join_error_hint(joined.error, cfg)
-            if hint:
-                raise JoinRefusedError(f"{message} ({hint})", joined.error, hint)
-            raise ProtocolError.of(joined.error, message)
-        break
+    if closing.is_set():
+        return None
+    # A new member names itself: its id is made from a UUID chosen here and sent with every
+    # retry of this join, so a retry after a lost answer rejoins the member the first attempt
+    # may have added, never a second one. That is what KIP-394's MEMBER_ID_REQUIRED round
+    # protects against in Kafka (and KIP-848's client-chosen member ids do the same), so the
+    # round is skipped: one JoinGroup instead of two. The id is known before the join returns,
+    # so close() can leave while it is parked.
+    member_uuid = None
+    if not member_id:
+        member_uuid = str(uuid.uuid4())
+        on_member_id(new_member_id(cfg.client_id, cfg.group_instance_id or "", member_uuid))
+    with parked():
+        joined = retry(
+            functools.partial(
+                coord.join_group,
+                cfg.group_id,
+                member_id,
+                protocol_type=PROTOCOL_TYPE,
+                protocols=protocols,
+                session_timeout_ms=cfg.session_timeout_ms,
+                rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+                group_instance_id=cfg.group_instance_id,
+                client_id=cfg.client_id,
+                reason=reason,
+                require_known_member_id=False,
+                new_member_uuid=member_uuid,
+            ),
+            lambda r: r.error,
+        )
+    if joined.error is not Errors.NONE:
+        message = f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+        hint = join_error_hint(joined.error, cfg)
+        if hint:
+            raise JoinRefusedError(f"{message} ({hint})", joined.error, hint)
+        raise ProtocolError.of(joined.error, message)
     member_id = joined.member_id
     on_member_id(member_id)
     if closing.is_set():

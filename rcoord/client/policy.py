@@ -109,8 +109,8 @@ as ``JoinRefusedError`` with a hint naming the setting (``join.join_error_hint``
 were "anything else", so the member backed off and joined again for ever, and the application
 saw the error only as one of many transient ones. For GROUP_MAX_SIZE_REACHED the coordinator has
 already removed the member and answers with no member id (Kafka's coordinator does the same), so
-the id is forgotten without a LeaveGroup; for the others the member leaves (an id handed out by
-the KIP-394 round is freed at once instead of at its session's end). Of these, rcoord's own
+the id is forgotten without a LeaveGroup; for the others the member leaves (a new member the
+refused join may have added is removed at once instead of at its session's end). Of these, rcoord's own
 coordinator answers the first three (INVALID_GROUP_ID only for an empty group id, which the
 config refuses before); GROUP_AUTHORIZATION_FAILED comes from a ``Coordinator`` that checks
 rights (rcoord's Kafka gateway answers Kafka clients with it), and is fatal in Kafka's client for
@@ -127,7 +127,9 @@ was "anything else": the member left, backed off and joined again every ``join_b
 ever (or, refused a heartbeat, every generation), and the application saw the server's error
 once per round among transient ones.
 
-MEMBER_ID_REQUIRED is not in the table: it is the normal first step of JoinGroup (KIP-394).
+MEMBER_ID_REQUIRED is not in the table: the worker never asks for it (it joins with
+``require_known_member_id=False`` and a UUID of its own, ``rcoord.client.join``); a coordinator
+that answers it anyway is "anything else".
 """
 
 CONNECTION_LOST = _UNREACHABLE

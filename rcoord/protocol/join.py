@@ -19,8 +19,8 @@ from typing import Any
 import msgpack
 
 from ..errors import Errors, InvalidRequestError
-from .consumer import PROTOCOL_TYPE, subscribed_topics
 from ._checks import (
+    MAX_ID_BYTES,
     MAX_MEMBER_METADATA_BYTES,
     MAX_PROTOCOLS,
     check_count,
@@ -33,8 +33,40 @@ from ._checks import (
     require_str,
     text,
 )
+from .consumer import PROTOCOL_TYPE, subscribed_topics
 
-__all__ = ["JoinGroupMember", "JoinGroupResult", "JoinRequest"]
+__all__ = ["JoinGroupMember", "JoinGroupResult", "JoinRequest", "new_member_id"]
+
+
+def new_member_id(client_id: str, group_instance_id: str, member_uuid: str) -> str:
+    """The id a JoinGroup gives the new member it adds: Kafka's ``clientId-UUID``, or
+    ``groupInstanceId-UUID`` for a static member.
+
+    The request carries it (the UUID is the caller's), so that the same JoinGroup sent again
+    names the member the first one may have added instead of adding a second, and so that a
+    client knows its id before its first join returns (it can leave while that join is
+    parked). The client id part is cut, at a character boundary, so that the id stays within
+    ``MAX_ID_BYTES`` and the API accepts it back.
+    """
+    if group_instance_id:
+        return f"{group_instance_id}-{member_uuid}"
+    room = MAX_ID_BYTES - 1 - len(member_uuid)
+    prefix = client_id.encode()[:room].decode(errors="ignore")
+    return f"{prefix}-{member_uuid}"
+
+
+def _member_uuid(value: Any) -> str:
+    """A new member's UUID in its canonical text form (36 characters)."""
+    if value is None:
+        return str(uuid.uuid4())
+    if not isinstance(value, str):
+        raise TypeError(f"new_member_uuid must be a str, got {type(value).__name__}")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidRequestError(
+            f"new_member_uuid {value!r} is not a UUID: pass str(uuid.uuid4()), or None"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,7 @@ class JoinRequest:
     require_known_member_id: bool
     reason: str | None
     subscriptions: bytes
+    new_member_id: str
 
     @classmethod
     def build(
@@ -121,7 +154,11 @@ class JoinRequest:
         client_host: Any,
         require_known_member_id: Any,
         reason: Any,
+        new_member_uuid: Any = None,
     ) -> JoinRequest:
+        """``new_member_uuid``: the UUID the id of a member this request adds is made from
+        (``new_member_id``); None for a fresh one. A client sending its first JoinGroup again
+        passes the one it sent before."""
         group_id = check_id("group_id", group_id)
         member_id = check_id("member_id", member_id)
         protocol_type = check_id("protocol_type", protocol_type)
@@ -153,19 +190,22 @@ class JoinRequest:
             reason = require_str("reason", reason)[:255]
         if not isinstance(require_known_member_id, bool):
             raise TypeError("require_known_member_id must be a bool")
+        instance_id = check_instance_id(group_instance_id)
+        client_id = check_id("client_id", client_id)
         return cls(
             group_id=group_id,
             member_id=member_id,
-            group_instance_id=check_instance_id(group_instance_id),
+            group_instance_id=instance_id,
             protocol_type=protocol_type,
             protocols=msgpack.packb(pairs, use_bin_type=False),
             session_timeout_ms=session_timeout_ms,
             rebalance_timeout_ms=rebalance_timeout_ms,
-            client_id=check_id("client_id", client_id),
+            client_id=client_id,
             client_host=check_id("client_host", client_host),
             require_known_member_id=require_known_member_id,
             reason=reason,
             subscriptions=_subscriptions(protocol_type, pairs),
+            new_member_id=new_member_id(client_id, instance_id, _member_uuid(new_member_uuid)),
         )
 
     def args(self) -> list[Any]:
@@ -180,7 +220,7 @@ class JoinRequest:
             self.client_id,
             self.client_host,
             "1" if self.require_known_member_id else "0",
-            str(uuid.uuid4()),
+            self.new_member_id,
             self.subscriptions,
         ]
 
