@@ -845,15 +845,27 @@ def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
 
 
 def _waits_in(thread: threading.Thread, function: str) -> bool:
-    """Whether ``thread`` is inside ``function`` now (its stack, read without touching it)."""
+    """Whether ``thread`` is inside ``function`` now (its stack, read without touching it).
+
+    With the garbage collector off: on Python 3.11 a collection that starts inside
+    ``sys._current_frames()`` (which allocates while it holds the interpreter's thread-list
+    lock) can deadlock the process (CPython issue 106883, fixed in 3.12 by doing the same);
+    it hung a full run here once."""
+    import gc
     import sys
 
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back
-    return False
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _recording_thread(call: Callable[[], object], ended: list[Any], name: str) -> threading.Thread:
