@@ -334,6 +334,10 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
         # run; the slot will settle, so it is worth a retry.
         raise ConnectionLost(f"{name}: slot unavailable for now ({exc})") from exc
     if isinstance(exc, redis.exceptions.ResponseError):
+        if is_missing_permission(exc):
+            # The same words the worker's policy raises (rcoord.client.policy), from every
+            # call: the admin API, Topics, a manual commit.
+            raise as_missing_permission(exc) from exc
         raise_for_script_error(exc)
         if isinstance(exc, redis.exceptions.OutOfMemoryError):
             raise ServerUnavailable(

@@ -233,10 +233,12 @@ def test_a_namespace_cannot_touch_a_namespace_that_extends_its_name(users: Users
         worker.hgetall(f"{other}:settings")
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.hset(f"{other}:settings", "num_partitions", "1")
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        # Through rcoord: every script declares its keys, and the ACL checks them.
+    # Through rcoord: every script declares its keys, and the ACL checks them. rcoord's calls
+    # raise MissingPermissionError, with the server's words and where the rules are.
+    with pytest.raises(MissingPermissionError, match="docs/security.md") as info:
         GroupCoordinator(worker, CoordinatorConfig(namespace=other)).start()
-    with pytest.raises(redis.exceptions.NoPermissionError):
+    assert isinstance(info.value.__cause__, redis.exceptions.NoPermissionError)
+    with pytest.raises(MissingPermissionError, match="No permissions to access a key"):
         Topics(worker, other).describe("t")
     assert {reason for reason, _ in users.denials(name)} == {"key"}
     worker.close()

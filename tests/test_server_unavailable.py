@@ -22,7 +22,7 @@ from rcoord import (
 )
 from rcoord.asyncio import AsyncGroupCoordinator
 from rcoord.client.policy import CONNECTION_LOST, reaction_for
-from rcoord.errors import reraise_as_rcoord
+from rcoord.errors import MissingPermissionError, reraise_as_rcoord
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, Topics, log_offsets
 
@@ -55,6 +55,23 @@ def test_answers_that_mean_not_now_become_server_unavailable(answer: Exception) 
 def test_other_errors_are_left_alone() -> None:
     reraise_as_rcoord("heartbeat", redis.ResponseError("WRONGTYPE Operation against a key"))
     reraise_as_rcoord("heartbeat", redis.ResponseError("ERR unknown command 'FCALL'"))
+
+
+@pytest.mark.parametrize("answer", [
+    redis.exceptions.NoPermissionError(
+        "User w has no permissions to run the 'xadd' command"),
+    # The same refusal met inside a function: a plain error, without the NOPERM code.
+    redis.ResponseError("ACL failure in script: User w has no permissions to run the 'xadd' "
+                        "command script: topic_append, on @user_function:12."),
+])
+def test_a_missing_permission_becomes_missing_permission_error(answer: Exception) -> None:
+    """Every rcoord call, not only the worker's group loop: before, GroupCoordinator, Topics and
+    a manual commit raised redis-py's error, without the hint."""
+    with pytest.raises(MissingPermissionError, match="docs/security.md") as caught:
+        reraise_as_rcoord("append", answer)
+    assert caught.value.__cause__ is answer
+    assert "no permissions to run the 'xadd' command" in str(caught.value)
+    assert reaction_for(caught.value).then == "fatal"
 
 
 def test_the_worker_retries_it_keeping_its_member_id() -> None:

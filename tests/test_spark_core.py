@@ -20,6 +20,7 @@ from test_client_group import OneMemberGroup, fast_config
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
+from rcoord.client.errors import JoinRefusedError
 from rcoord.errors import MissingPermissionError
 from rcoord.spark.member import StreamMember, member_config
 from rcoord.spark.options import (
@@ -885,6 +886,33 @@ def test_a_batch_replayed_after_a_restart_is_read_exactly_and_committed_by_the_n
     stored = Counter(r.value for p in (0, 1) for r in fetch(
         single_client, namespace, "out", p, 0, max_records=100).records)
     assert stored == Counter(values)
+
+
+def test_a_replay_whose_join_is_refused_for_good_fails_at_once(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    """The restarted query's first call replays a batch, and joining for it meets a refusal no
+    retry can mend (here a session timeout above the namespace's bound). Before, the replay
+    read nothing and logged a warning, and the query failed only at its next plan(); now
+    partitions() raises the refusal, with the setting to change."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    topics.create("ev", 2)
+    old = _stream_reader(redis_server.url, namespace, **GROUP_READ)
+    try:
+        start = old.initialOffset()
+        Producer(single_client, namespace, "round_robin").send_batch("ev", [b"v"] * 8)
+        end = old.latestOffset(start, ReadMaxRows(8))
+    finally:
+        old.stop()
+    too_long = str(coord.config.group_max_session_timeout_ms + 1)
+    new = _stream_reader(redis_server.url, namespace, **{**GROUP_READ, "sessionTimeoutMs": too_long})
+    try:
+        with pytest.raises(JoinRefusedError, match="group_max_session_timeout_ms") as info:
+            new.partitions(start, end)
+        assert info.value.error is Errors.INVALID_SESSION_TIMEOUT
+    finally:
+        new.stop()
 
 
 def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(

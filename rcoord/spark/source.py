@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from ..client import ConsumerGroup, client_from_url
+from ..client.policy import reaction_for
 from ..errors import RcoordError
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
@@ -250,6 +251,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             keep = self._membership().replay(finish, ranges, self._join_wait())
         except (TimeoutError, RcoordError) as exc:  # no generation: read nothing, as before
+            if isinstance(exc, RcoordError) and reaction_for(exc).then == "fatal":
+                # The group closed on it (a missing permission, a JoinGroup refusal): no
+                # generation will come, so the query fails now, with the setting to change.
+                raise
             log.warning("not replaying a batch planned in generation %s by %s: %s; the group "
                         "delivers its records again", finish.generation, finish.member, exc)
             keep = set()
