@@ -10,10 +10,10 @@ Issue 12 asks that no single script call block the shard for more than 5 ms whil
 per member at 1,000 members be at most 1.3 times the figure at 100. This bench forms groups of
 100 and 1,000 members with one client that pipelines every step for all members, each step as
 the worker sends it (one JoinGroup per new member, with a UUID of its own, then SyncGroup; the
-scripts never block, so the server's share is measured without thousands of member threads), then sends
-one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). Then the cases
-where one request used to do a whole group's pending work in one call: 500 of 1,000 sessions
-passing at once (the sweep's ``expire_deadlines`` calls until all are applied), and a late
+scripts never block, so the server's share is measured without thousands of member threads),
+then sends one LeaveGroup naming 100 or 500 of the 1,000 members (a fresh group each). Then the
+cases where one request used to do a whole group's pending work in one call: 500 of 1,000
+sessions passing at once (the sweep's ``expire_deadlines`` calls until all are applied), and a late
 JoinGroup, a LeaveGroup of one member and a DescribeGroups sent through the public API while a
 1,000-member join completion is still being written in chunks. For every phase it
 reports the script calls, their total server time (``INFO commandstats`` deltas of EVALSHA) and

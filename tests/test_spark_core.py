@@ -906,7 +906,8 @@ def test_a_replay_whose_join_is_refused_for_good_fails_at_once(
     finally:
         old.stop()
     too_long = str(coord.config.group_max_session_timeout_ms + 1)
-    new = _stream_reader(redis_server.url, namespace, **{**GROUP_READ, "sessionTimeoutMs": too_long})
+    new = _stream_reader(redis_server.url, namespace,
+                         **{**GROUP_READ, "sessionTimeoutMs": too_long})
     try:
         with pytest.raises(JoinRefusedError, match="group_max_session_timeout_ms") as info:
             new.partitions(start, end)

@@ -13,8 +13,8 @@ The lifecycle is segmentio/kafka-go's ``ConsumerGroup``, made idiomatic in Pytho
 One background thread (``run``) drives the rounds. A round is:
 
 1. **JoinGroup**, once: a new member names itself with a UUID it sends with every retry of
-   its first join (``rcoord.client.join``). Each configured assignor is offered as a protocol, with a
-   ``ConsumerProtocolSubscription`` of the topics as its metadata.
+   its first join (``rcoord.client.join``). Each configured assignor is offered as a protocol,
+   with a ``ConsumerProtocolSubscription`` of the topics as its metadata.
 2. **Assign** (leader only): the leader decodes every member's subscription, reads the partition
    counts of all subscribed topics and runs the assignor the coordinator selected.
 3. **SyncGroup**: the leader sends every member's ``ConsumerProtocolAssignment``; every member

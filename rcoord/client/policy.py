@@ -110,13 +110,13 @@ were "anything else", so the member backed off and joined again for ever, and th
 saw the error only as one of many transient ones. For GROUP_MAX_SIZE_REACHED the coordinator has
 already removed the member and answers with no member id (Kafka's coordinator does the same), so
 the id is forgotten without a LeaveGroup; for the others the member leaves (a new member the
-refused join may have added is removed at once instead of at its session's end). Of these, rcoord's own
-coordinator answers the first three (INVALID_GROUP_ID only for an empty group id, which the
-config refuses before); GROUP_AUTHORIZATION_FAILED comes from a ``Coordinator`` that checks
-rights (rcoord's Kafka gateway answers Kafka clients with it), and is fatal in Kafka's client for
-every call. Anything else (a subscription the leader cannot decode, an unexpected code, ...) is
-reported, and the member leaves and backs off before it joins again (kafka-go's ``run`` loop does
-the same).
+refused join may have added is removed at once instead of at its session's end). Of these,
+rcoord's own coordinator answers the first three (INVALID_GROUP_ID only for an empty group id,
+which the config refuses before); GROUP_AUTHORIZATION_FAILED comes from a ``Coordinator`` that
+checks rights (rcoord's Kafka gateway answers Kafka clients with it), and is fatal in Kafka's
+client for every call. Anything else (a subscription the leader cannot decode, an unexpected
+code, ...) is reported, and the member leaves and backs off before it joins again (kafka-go's
+``run`` loop does the same).
 
 A missing permission is the Redis ACL user's refusal of a command rcoord needs
 (``rcoord.errors.is_missing_permission``: NOPERM, an "ACL failure in script" met inside a
