@@ -52,6 +52,10 @@ GROUP = "bench-group"
 SESSION_TIMEOUT_MS = 60_000
 DELAY_MS = 100
 TARGET_MAX_CALL_MS = 5.0
+# Formations per group size: the 100-member one is about 200 calls and 11-20 ms of server time
+# in all, so one run's per-member figure moves by a third with the machine's load; the row
+# reports the median formation (the longest call: of them all).
+FORMATIONS = {100: 5, 1000: 3}
 
 
 class Phase:
@@ -286,21 +290,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = f"bench-lb-{os.getpid()}-{int(time.time())}"
         for n in (100, 1000):
-            ns = f"{base}-f{n}"
-            try:
-                _, _, fig = form(r, ns, n, Phase(r))
-            finally:
-                cleanup(r, ns)
+            # The formation with the median server time of FORMATIONS[n]; the longest call is
+            # the longest of them all.
+            figs = []
+            for k in range(FORMATIONS[n]):
+                ns = f"{base}-f{n}-{k}"
+                try:
+                    figs.append(form(r, ns, n, Phase(r))[2])
+                finally:
+                    cleanup(r, ns)
+            figs.sort(key=lambda g: g["formation"]["ms"])
+            fig = figs[len(figs) // 2]
+            longest = {part: max(g[part]["max_ms"] for g in figs) for part in fig}
             f = fig["formation"]
             per_member[n] = f["ms"] * 1000 / n
-            rows.append([f"form {n} members", str(f["calls"]), f"{f['ms']:.1f}",
-                         f"{per_member[n]:.0f}", f"{f['max_ms']:.2f}", f"{f['cpu_ms']:.1f}"])
+            rows.append([f"form {n} members (median of {len(figs)})", str(f["calls"]),
+                         f"{f['ms']:.1f}", f"{per_member[n]:.0f}",
+                         f"{longest['formation']:.2f}", f"{f['cpu_ms']:.1f}"])
             c = fig["complete"]
             rows.append([f"  join completion + replies, {n}", str(c["calls"]), f"{c['ms']:.1f}",
-                         "-", f"{c['max_ms']:.2f}", f"{c['cpu_ms']:.1f}"])
+                         "-", f"{longest['complete']:.2f}", f"{c['cpu_ms']:.1f}"])
             ls = fig["leader_sync"]
-            rows.append([f"  leader's SyncGroup + replies, {n}", str(ls["calls"]), f"{ls['ms']:.1f}", "-",
-                         f"{ls['max_ms']:.2f}", f"{ls['cpu_ms']:.1f}"])
+            rows.append([f"  leader's SyncGroup + replies, {n}", str(ls["calls"]),
+                         f"{ls['ms']:.1f}", "-", f"{longest['leader_sync']:.2f}",
+                         f"{ls['cpu_ms']:.1f}"])
         for leaving in (100, 500):
             ns = f"{base}-l{leaving}"
             try:
