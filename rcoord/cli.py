@@ -257,9 +257,10 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     from .errors import (
         ConfigError,
         ConnectionLost,
-        MissingPermissionError,
         RcoordError,
         ServerUnavailable,
+        as_missing_permission,
+        is_missing_permission,
     )
     from .testing.embedded import EmbeddedServerError
 
@@ -284,19 +285,16 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
         return EXIT_FAILURE, (
             f"cannot reach Redis{at}: {text}; check the host and port, and that the server runs"
         )
-    if isinstance(exc, MissingPermissionError):
-        return EXIT_FAILURE, text
+    if is_missing_permission(exc):
+        # rcoord's calls raise MissingPermissionError (rcoord.errors.reraise_as_rcoord); a
+        # plain redis-py call's NOPERM gets the same words here.
+        return EXIT_FAILURE, " ".join(str(as_missing_permission(exc)).split()).rstrip(".")
     if isinstance(cause, redis.exceptions.ReadOnlyError):
         return EXIT_FAILURE, (
             f"Redis{at} is a read-only replica ({text}); give the URL of its master"
         )
     if isinstance(exc, ServerUnavailable):
         return EXIT_FAILURE, f"Redis{at} cannot run this now ({text}); try again"
-    if isinstance(cause, redis.exceptions.NoPermissionError):
-        return EXIT_FAILURE, (
-            f"the Redis user may not do this: {text}; docs/security.md lists the ACL rules "
-            "each role needs"
-        )
     if isinstance(cause, redis.exceptions.RedisClusterException):
         return EXIT_FAILURE, f"Redis Cluster{at}: {text}"
     if isinstance(exc, (EmbeddedServerError, RcoordError, redis.exceptions.RedisError)):

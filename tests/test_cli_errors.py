@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from rcoord.cli import explain
+from rcoord.errors import MissingPermissionError
 from rcoord.testing.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,3 +176,24 @@ def test_a_replica_is_named_with_what_to_do_instead(own_server, refused_port):
     line = one_error_line(res, "topics create")
     assert res.returncode == 1
     assert "read-only replica" in line and "give the URL of its master" in line, line
+
+
+_RULES = "add the missing rule to its ACL rules (docs/security.md lists the rules of each role)"
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (redis.exceptions.NoPermissionError("User w has no permissions to run the 'xadd' command"),
+     "User w has no permissions to run the 'xadd' command"),
+    # The same refusal met inside a function: a plain error, without the NOPERM code.
+    (redis.ResponseError("ACL failure in script: User w has no permissions to run the 'xadd' "
+                         "command script: topic_append, on @user_function:12."),
+     "ACL failure in script: User w has no permissions to run the 'xadd' command script: "
+     "topic_append, on @user_function:12"),
+    (MissingPermissionError("the Redis user may not do what rcoord needs: User w has no "
+                            f"permissions to run the 'xadd' command; {_RULES}"),
+     "User w has no permissions to run the 'xadd' command"),
+], ids=["noperm", "in-function", "rcoord"])
+def test_a_missing_permission_is_one_line_naming_the_rules(error, words):
+    """Whether it comes through rcoord (MissingPermissionError) or from a plain redis-py call,
+    the same words: the server's, and where the rules are."""
+    assert explain(error) == (1, f"the Redis user may not do what rcoord needs: {words}; {_RULES}")
