@@ -187,8 +187,8 @@ _RULES = "add the missing rule to its ACL rules (docs/security.md lists the rule
     # The same refusal met inside a function: a plain error, without the NOPERM code.
     (redis.ResponseError("ACL failure in script: User w has no permissions to run the 'xadd' "
                          "command script: topic_append, on @user_function:12."),
-     "ACL failure in script: User w has no permissions to run the 'xadd' command script: "
-     "topic_append, on @user_function:12"),
+     ("ACL failure in script: User w has no permissions to run the 'xadd' command script: "
+      "topic_append, on @user_function:12")),
     (MissingPermissionError("the Redis user may not do what rcoord needs: User w has no "
                             f"permissions to run the 'xadd' command; {_RULES}"),
      "User w has no permissions to run the 'xadd' command"),
