@@ -97,6 +97,14 @@ def test_a_join_sent_again_while_it_is_parked_parks_the_same_member(make_coordin
 # -- the worker's first JoinGroup: one request, a UUID of its own --------------------------------
 
 
+def new_member_join(coord: Any, **kw: Any) -> Any:
+    """A new member's JoinGroup through the public API, as the worker sends it (no KIP-394
+    round); ``kw`` adds to or overrides the arguments."""
+    return functools.partial(
+        coord.join_group, GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
+        session_timeout_ms=SESSION_MS, require_known_member_id=False, **kw)
+
+
 @pytest.mark.parametrize("static", [None, "instance-1"], ids=["dynamic", "static"])
 def test_a_new_member_that_sends_its_uuid_again_is_one_member(make_coordinator, pool, static):
     """What the worker does (rcoord.client.join): no MEMBER_ID_REQUIRED round, and every retry
@@ -106,10 +114,8 @@ def test_a_new_member_that_sends_its_uuid_again_is_one_member(make_coordinator, 
     g = Group(coord)
     member_uuid = str(uuid.uuid4())
     expected = new_member_id("c", static or "", member_uuid)
-    join = functools.partial(
-        coord.join_group, GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
-        session_timeout_ms=SESSION_MS, group_instance_id=static, client_id="c",
-        require_known_member_id=False, new_member_uuid=member_uuid)
+    join = new_member_join(coord, group_instance_id=static, client_id="c",
+                           new_member_uuid=member_uuid)
     first = pool.submit(join)
     wait_until(lambda: g.r.hexists(g.keys.joining, expected))
     again = pool.submit(join)
@@ -123,9 +129,7 @@ def test_a_new_member_that_sends_its_uuid_again_is_one_member(make_coordinator, 
 
 def test_new_member_uuid_must_be_a_uuid(make_coordinator):
     coord = make_coordinator()
-    join = functools.partial(
-        coord.join_group, GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
-        session_timeout_ms=SESSION_MS, require_known_member_id=False)
+    join = new_member_join(coord)
     with pytest.raises(InvalidRequestError, match="new_member_uuid 'worker-7' is not a UUID"):
         join(new_member_uuid="worker-7")
     with pytest.raises(TypeError, match="new_member_uuid must be a str"):
