@@ -60,7 +60,7 @@ import redis
 
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.testing.embedded import EmbeddedServer
-from rcoord.testing.library import library_copy
+from rcoord.testing.library import RECORDED_FUNCTION, recording_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SCRIPT_COMMANDS, script_stats, stats_of
@@ -70,31 +70,6 @@ JOIN = {"protocol_type": "consumer", "protocols": [("range", b"\x00\x01")],
         "require_known_member_id": False}
 BARE_LIB = "#!lua name=rcoord_bench_bare\nredis.register_function('rcoord_bench_bare', " \
            "function() return 1 end)"
-# Put in front of a copy of the library (after its name line; the library uses only these three
-# of the redis API, and a function library may not use setmetatable while it loads): every
-# redis.call the steps make is noted, arguments as the server receives them (numbers as Redis
-# turns them into strings), and rcoord_bench_recorded returns the notes since its last call.
-RECORDER = """
-local function real_redis() return redis end -- the global, as each call finds it
-local RECORDED = {}
-local redis = {
-  register_function = function(...) return real_redis().register_function(...) end,
-  error_reply = function(...) return real_redis().error_reply(...) end,
-  call = function(...)
-    local cmd = {...}
-    for i = 1, #cmd do
-      if type(cmd[i]) == 'number' then cmd[i] = string.format('%.17g', cmd[i]) end
-    end
-    RECORDED[#RECORDED + 1] = cmd
-    return real_redis().call(...)
-  end,
-}
-redis.register_function('rcoord_bench_recorded', function()
-  local out = RECORDED
-  RECORDED = {}
-  return out
-end)
-"""
 RECORDING_LIB = "rcoord_bench_rec"
 FLOOR_LIB = "rcoord_bench_floor"
 TARGETS = {"fixed overhead": "<= 3", "heartbeat": "<= 6", "commit": "<= 15", "join": "<= 20",
@@ -155,15 +130,15 @@ def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
                       calls: list[tuple[Any, ...]]) -> list[list[list[bytes]]]:
     """The commands each of ``calls`` runs inside the server, in order: the calls run once,
     in order, through a copy of the library whose ``redis.call`` notes its arguments
-    (RECORDER), so they change the groups as the measured calls would."""
+    (rcoord.testing.library.recording_copy), so they change the groups as the measured calls would."""
     scripts = coord._scripts
-    r.function_load(library_copy(scripts.library, scripts._source, RECORDING_LIB,
-                                 before=RECORDER), replace=True)
+    r.function_load(recording_copy(scripts.library, scripts._source, RECORDING_LIB),
+                    replace=True)
     out = []
     for cmd in calls:
         name = cmd[1].decode() if isinstance(cmd[1], bytes) else str(cmd[1])
         r.execute_command(cmd[0], name.replace(scripts.library, RECORDING_LIB, 1), *cmd[2:])
-        out.append(r.fcall("rcoord_bench_recorded", 0))
+        out.append(r.fcall(RECORDED_FUNCTION, 0))
     r.function_delete(RECORDING_LIB)
     return out
 

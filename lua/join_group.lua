@@ -29,15 +29,16 @@ local function parse_join_group(ARGV)
   return req
 end
 
--- Kafka's acceptJoiningMember: parked members always; others while there is room.
+-- Kafka's acceptJoiningMember: parked members always; others while there is room. (A new
+-- member, id '', is nobody's: no read asks.)
 local function accept_joining_member(id)
   local state = G.state
   if state == EMPTY or state == DEAD then return true end
+  local known = id ~= '' and is_member(id)
   if state == PREPARING then
-    return (is_member(id) and awaiting_join(id))
-      or redis.call('HLEN', K_JOINING) < CFG.group_max_size
+    return (known and awaiting_join(id)) or redis.call('HLEN', K_JOINING) < CFG.group_max_size
   end
-  return is_member(id) or nmembers() < CFG.group_max_size
+  return known or nmembers() < CFG.group_max_size
 end
 
 local function add_member_and_rebalance(id)

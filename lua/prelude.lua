@@ -67,7 +67,8 @@ local CFG = {}
 local function read_settings(all)
   local values
   if all then
-    values = redis.call('HMGET', K_CFG, 'num_partitions', unpack(SETTINGS_FIELDS))
+    values = redis.call('HMGET', K_CFG, 'num_partitions', 'join_chunk_members',
+      unpack(SETTINGS_FIELDS))
   else
     values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
       'offsets_retention_ms')
@@ -77,7 +78,8 @@ local function read_settings(all)
       ': the partition count is stale or the settings were lost')
   end
   if all then
-    CFG = fill_settings({num_partitions = tonumber(values[1])}, values, 2)
+    CFG = fill_settings({num_partitions = tonumber(values[1]),
+      join_chunk_members = tonumber(values[2]) or false}, values, 3)
     return nil
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
@@ -294,21 +296,28 @@ local WAKE = false
 local function wake() WAKE = true end
 -- A reply slot per member and kind, so a join reply never overwrites an uncollected sync reply.
 -- reply_field(kind, id): the header's (rcoord/contract.py REPLY_FIELD_SEPARATOR).
--- The reply slots this call cleared to park a call (PARKED_NOW: field -> true), and whether it
--- has since written any reply or removed any member (ANSWERED). A call that parked a member
--- and answered nobody knows, without reading them, that the slot is empty and the member
--- waits (reply_or_wait).
-local PARKED_NOW, ANSWERED = nil, false
+-- The reply slots this call wrote (SLOTS_NOW: field -> the reply) or cleared to park a call
+-- (field -> true), and whether it has since written any reply or removed any member
+-- (ANSWERED). A call that parked a member and answered nobody knows, without reading them,
+-- that the slot is empty and the member waits, and a call that wrote a reply has it without
+-- reading it back (reply_or_wait). Every write of a slot goes through here, call_batched or
+-- slot_written, and a slot removed another way is forgotten.
+local SLOTS_NOW, ANSWERED = nil, false
+local function slot_written(field, blob)
+  if SLOTS_NOW == nil then SLOTS_NOW = {} end
+  SLOTS_NOW[field] = blob
+end
 local function park_slot(id, kind)
   local field = reply_field(kind, id)
   redis.call('HDEL', K_REPLIES, field)
-  if PARKED_NOW == nil then PARKED_NOW = {} end
-  PARKED_NOW[field] = true
+  slot_written(field, true)
 end
 local function reply_put(id, rep)
   ANSWERED = true
   rep.at = NOW
-  redis.call('HSET', K_REPLIES, reply_field(rep.k, id), cmsgpack.pack(rep))
+  local field, blob = reply_field(rep.k, id), cmsgpack.pack(rep)
+  redis.call('HSET', K_REPLIES, field, blob)
+  slot_written(field, blob)
   wake()
 end
 
@@ -326,7 +335,14 @@ local function call_batched(cmd, key, items)
     if cmd == 'ZADD' then note_deadline_pairs(items) end
   end
   if key == K_GROUP then flush_g() end
-  if key == K_REPLIES and cmd == 'HSET' then ANSWERED = true end
+  if key == K_REPLIES then
+    if cmd == 'HSET' then
+      ANSWERED = true
+      for i = 1, #items, 2 do slot_written(items[i], items[i + 1]) end
+    elseif SLOTS_NOW then -- (HDEL)
+      for _, field in ipairs(items) do SLOTS_NOW[field] = nil end
+    end
+  end
   for i = 1, #items, BATCH do
     redis.call(cmd, key, unpack(items, i, math.min(i + BATCH - 1, #items)))
   end
@@ -626,8 +642,12 @@ end
 local JOIN_CHUNK_MEMBERS = 100
 local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
 local function chunk_size()
-  local size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or JOIN_CHUNK_MEMBERS
-  return math.max(1, size)
+  local size = CFG.join_chunk_members -- (read with every setting, or here once; false: unset)
+  if size == nil then
+    size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or false
+    rawset(CFG, 'join_chunk_members', size)
+  end
+  return math.max(1, size or JOIN_CHUNK_MEMBERS)
 end
 
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
@@ -1066,9 +1086,11 @@ local function join_chunk(ids, k, n, at)
   local replies, joined, hbs, recs, old, mem, topics = {}, {}, {}, {}, {}, {}, {}
   local psync = {}
   local unknown = false
+  local leader_parked = nil -- known when the leader is in this chunk
   for i, id in ipairs(ids) do
     if blobs[i] then
       local rec = cmsgpack.unpack(blobs[i])
+      if id == G.leader then leader_parked = parked[i] and true or false end
       -- Every member must sync this generation, unless it already did (a member that learnt
       -- the generation from a repeated JoinGroup before its chunk was written).
       if rec.as ~= 1 then
@@ -1138,14 +1160,17 @@ local function join_chunk(ids, k, n, at)
   table.sort(seqs)
   local entries = {}
   for i, seq in ipairs(seqs) do entries[i] = by_seq[seq] end
-  if redis.call('HEXISTS', K_JOINING, G.leader) == 1 then
+  if leader_parked == nil then leader_parked = redis.call('HEXISTS', K_JOINING, G.leader) == 1 end
+  if leader_parked then
     local rep = join_reply(G.leader, 'NONE', false, false)
     rep.mem, rep.at = nil, NOW
     local lbody = cmsgpack.pack(rep)
     ANSWERED = true
-    redis.call('HSET', K_REPLIES, reply_field('j', G.leader),
-      string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. cmsgpack.pack('mem') ..
-      msgpack_array_header(#entries) .. table.concat(entries))
+    local field = reply_field('j', G.leader)
+    local blob = string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) ..
+      cmsgpack.pack('mem') .. msgpack_array_header(#entries) .. table.concat(entries)
+    redis.call('HSET', K_REPLIES, field, blob)
+    slot_written(field, blob)
     redis.call('HDEL', K_JOINING, G.leader)
     wake()
   end
@@ -1163,7 +1188,8 @@ local function join_chunk(ids, k, n, at)
     cancel('cj')
   end
   -- Every member synced before the last chunk was written: the sync deadline has no purpose.
-  if redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
+  -- (This chunk's pending syncs were just written: none of them synced.)
+  if #psync == 0 and redis.call('HLEN', K_PSYNC) == 0 then cancel('sync') end
 end
 
 -- Writes the next chunk of a pending join completion.
@@ -1326,7 +1352,7 @@ local function delete_group()
   forget_members()
   DL_CHANGED = true
   transition(DEAD)
-  G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil -- the hash goes
+  G_WRITES, G_WRITE_ORDER, NMEMBERS, SLOTS_NOW = nil, nil, nil, nil -- the hash goes
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT, K_ORDER)
   DL_HEAD = nil
@@ -1528,11 +1554,14 @@ end
 -- or told it is unknown. The slot is cleared when the member parks again, and pruned later.
 local WAIT_REPLY = nil
 local function reply_or_wait(id, kind)
-  if PARKED_NOW and not ANSWERED and PARKED_NOW[reply_field(kind, id)] then
+  local field = reply_field(kind, id)
+  local slot = SLOTS_NOW and SLOTS_NOW[field]
+  if slot == true and not ANSWERED then
     WAIT_REPLY = {'W', '0-0', -1, NOW, id}
     return WAIT_REPLY
   end
-  local blob = redis.call('HGET', K_REPLIES, reply_field(kind, id))
+  if slot and slot ~= true then return {'R', slot} end
+  local blob = redis.call('HGET', K_REPLIES, field)
   if blob then return {'R', blob} end
   local waiting
   if kind == 'j' then
@@ -1560,7 +1589,7 @@ local function begin(keys, argv, all_settings, extra, brief)
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil
-  PARKED_NOW, ANSWERED = nil, false
+  SLOTS_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
   local err = read_settings(all_settings)

@@ -1,0 +1,124 @@
+"""What a group step asks the server, command by command: a step does not read what it already
+knows (the reply it just wrote, a member id that cannot exist, a count it just made non-zero, a
+setting its first read could carry). Each command costs about a microsecond inside the server,
+and the steps of a rebalance round run them once per member of a forming group.
+
+The calls go through a recording copy of the library (rcoord.testing.library.recording_copy) on
+the groups the public API formed; each test checks first that the call took the path it is
+about (its reply), so a path that stopped being taken fails instead of passing empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.flow import Script
+from rcoord.testing.library import RECORDED_FUNCTION, recording_copy
+
+JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"\x00\x01")],
+                        "session_timeout_ms": 30_000, "rebalance_timeout_ms": 30_000,
+                        "require_known_member_id": False}
+COPY = "rcoord_recording"
+
+
+@pytest.fixture
+def client(single_client: redis.Redis) -> redis.Redis:
+    return single_client
+
+
+@pytest.fixture
+def record(client: redis.Redis) -> Iterator[Any]:
+    """record(coord, op) -> (reply, commands): ``op`` sent to the recording copy."""
+    loaded: list[str] = []
+
+    def run(coord: GroupCoordinator, op: Script) -> tuple[Any, list[list[bytes]]]:
+        scripts = coord._scripts
+        if not loaded:
+            client.function_load(recording_copy(scripts.library, scripts._source, COPY),
+                                 replace=True)
+            loaded.append(COPY)
+        client.fcall(RECORDED_FUNCTION, 0)  # (drops anything noted before)
+        reply = client.fcall(f"{COPY}_{op.name}", len(op.keys), *op.keys, *op.args)
+        return reply, client.fcall(RECORDED_FUNCTION, 0)
+
+    yield run
+    for lib in loaded:
+        client.function_delete(lib)
+
+
+def coordinator(client: redis.Redis, namespace: str, delay_ms: int) -> GroupCoordinator:
+    return GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, group_initial_rebalance_delay_ms=delay_ms,
+        group_min_session_timeout_ms=100)).start()
+
+
+def first_call(flow: Any) -> Script:
+    op = next(flow)
+    flow.close()
+    assert isinstance(op, Script), op
+    return op
+
+
+def on(key: str, commands: list[list[bytes]], *names: str) -> list[list[bytes]]:
+    """The commands among ``commands`` on ``key`` (of the given names, if any)."""
+    return [c for c in commands if len(c) > 1 and c[1] == key.encode()
+            and (not names or c[0].decode().upper() in names)]
+
+
+def test_a_new_members_join_asks_nothing_about_the_empty_member_id(
+        client: redis.Redis, namespace: str, record: Any) -> None:
+    # The initial rebalance's delay keeps the group in PreparingRebalance: the second member's
+    # join adds it and parks, the common call of a forming group.
+    coord = coordinator(client, namespace, delay_ms=60_000)
+    keys = coord._keys("g")
+    first = first_call(coord._steps.join_group("g", "", new_member_uuid=str(uuid.uuid4()), **JOIN))
+    assert client.fcall(f"{coord._scripts.library}_join_group", len(first.keys), *first.keys,
+                        *first.args)[0] == b"W"
+    second = first_call(coord._steps.join_group("g", "", new_member_uuid=str(uuid.uuid4()),
+                                                **JOIN))
+    reply, commands = record(coord, second)
+    assert reply[0] == b"W"
+    assert len(on(keys.members, commands, "HSET")) == 1  # it added the member
+    assert on(keys.members, commands, "HEXISTS") == [[b"HEXISTS", keys.members.encode(),
+                                                      reply[4]]]  # (its own id, a retry's rejoin)
+    assert client.hlen(keys.members) == 2
+
+
+def test_a_rebalance_round_answers_from_what_it_wrote(
+        client: redis.Redis, namespace: str, record: Any) -> None:
+    """The leader of a one-member Stable group rejoins: its JoinGroup completes the join in the
+    same call, and its SyncGroup then stores the assignment and answers itself."""
+    coord = coordinator(client, namespace, delay_ms=0)
+    keys = coord._keys("g")
+    joined = coord.join_group("g", **JOIN)
+    mid = joined.member_id
+    coord.sync_group("g", joined.generation_id, mid, assignments={mid: b"a"})
+
+    reply, commands = record(coord, first_call(coord._steps.join_group("g", mid, **JOIN)))
+    assert reply[0] == b"R"
+    answer = msgpack.unpackb(reply[1])
+    assert (answer["e"], answer["gen"], answer["ldr"]) == ("NONE", joined.generation_id + 1, mid)
+    # The reply it wrote is the answer, not read back.
+    assert [c[0] for c in on(keys.replies, commands, "HGET")] == []
+    assert len(on(keys.replies, commands, "HSET")) == 1
+    # The chunk size came with the settings (one read of them).
+    assert len(on(keys.partition.cfg, commands)) == 1
+    assert b"join_chunk_members" in on(keys.partition.cfg, commands)[0]
+    # Whether the leader is parked: asked once (the leader election), then known from the
+    # chunk's read; the chunk's pending syncs were just written, so none is counted.
+    assert len(on(keys.joining, commands, "HEXISTS")) == 1
+    assert on(keys.syncing, commands, "HLEN") == []
+
+    sync = first_call(coord._steps.sync_group("g", answer["gen"], mid, assignments={mid: b"b"}))
+    reply, commands = record(coord, sync)
+    assert reply[0] == b"R"
+    assert msgpack.unpackb(reply[1])["asg"] == "b"  # (cmsgpack writes Lua strings as str)
+    assert on(keys.replies, commands, "HGET") == []
+    assert coord.describe_group("g").state == "Stable"
