@@ -1518,7 +1518,10 @@ local function finish()
     if group_exists() and ea ~= G.ea then set_g('ea', ea) end
   end
   if WAKE then
-    local id = redis.call('XADD', K_WAKE, 'MAXLEN', '16', '*', 'g', gen())
+    -- Trimmed a stream node at a time (about 16 to 116 entries with the server's default
+    -- stream-node-max-entries of 100; rcoord/wake.py reads 128 at once): an exact MAXLEN 16
+    -- removes an entry from inside a node on every wake-up, which tripled the XADD's cost.
+    local id = redis.call('XADD', K_WAKE, 'MAXLEN', '~', '16', '*', 'g', gen())
     if group_exists() then
       set_g('wid', id)
     else

@@ -92,7 +92,7 @@ class _Stream:
         if behind:
             # The read in flight starts after this position and would not see entries between
             # the two: look once, without blocking.
-            reply = client.xread({key: _text(position)}, count=16)
+            reply = client.xread({key: _text(position)}, count=WAKE_READ_COUNT)
             with self.cond:
                 self._note(_newest(reply))
                 if self.moved(position):
@@ -119,7 +119,7 @@ class _Stream:
                 raise
         try:
             # The oldest position any waiting thread needs, for as long as this thread waits.
-            newest = _newest(client.xread({key: _text(start)}, count=16,
+            newest = _newest(client.xread({key: _text(start)}, count=WAKE_READ_COUNT,
                                           block=max(1, int(remaining * 1000))))
             stored = self._read_slots(client, newest)
         except BaseException:
@@ -189,6 +189,12 @@ def _entries(reply: Any) -> list[tuple[Any, list[Any]]]:
         return list(reply.items())
     return [(stream, entries) for stream, entries in reply]
 
+
+WAKE_READ_COUNT = 128
+"""Entries one read of a wake stream asks for: more than the stream holds (the group steps trim
+it a stream node at a time, ``XADD MAXLEN ~ 16``: up to about 116 entries with the server's
+default ``stream-node-max-entries`` of 100), so a read from any position still in the stream
+returns its newest entry, and every thread parked anywhere in it learns from that one read."""
 
 MAX_IDLE_STREAMS = 256
 """Streams (and claims) remembered before the idle ones are forgotten (a process that touched

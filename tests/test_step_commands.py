@@ -122,3 +122,6 @@ def test_a_rebalance_round_answers_from_what_it_wrote(
     assert msgpack.unpackb(reply[1])["asg"] == "b"  # (cmsgpack writes Lua strings as str)
     assert on(keys.replies, commands, "HGET") == []
     assert coord.describe_group("g").state == "Stable"
+    # Its wake-up trims the stream a node at a time (an exact cap costs three times as much).
+    assert [c[:5] for c in on(keys.wake, commands)] == [
+        [b"XADD", keys.wake.encode(), b"MAXLEN", b"~", b"16"]]

@@ -101,6 +101,18 @@ def test_a_waiter_behind_the_read_in_flight_sees_the_entries_between(redis_clien
         assert current.result(timeout=LONG_MS / 1000) is True
 
 
+def test_one_read_from_the_streams_oldest_entry_tells_every_position_in_it(redis_client, stream):
+    """The group steps trim the wake stream a node at a time (up to about 116 entries, XADD
+    MAXLEN ~ 16): a read from its oldest entry returns its newest, so a thread parked 100
+    entries later learns that the stream moved from that same read."""
+    ids = [redis_client.xadd(stream, {"g": i}) for i in range(116)]
+    reads = SharedWakeReads()
+    counted = CountingReads(redis_client)
+    assert reads.wait(counted, stream, ids[0], LONG_MS) is True
+    assert reads.wait(counted, stream, ids[100], LONG_MS) is True
+    assert counted.calls == 1
+
+
 def test_the_reader_reads_the_reply_slots_of_the_threads_it_wakes_in_one_read(
         redis_client, stream):
     # Five threads wait with a reply slot each, one without: the stream moves after four
