@@ -160,6 +160,9 @@ def _worker_main(
             errors[err] += 1
 
     def member(i: int) -> None:
+        # The KIP-394 round, as Kafka's clients send it (rcoord's worker joins without it: a
+        # UUID of its own makes its id). The delay-0 scenario depends on it: the ids handed out
+        # are pending, and keep the join phase open until their owners join.
         member_id = ""
         try:
             first = coord.join_group(

@@ -37,10 +37,11 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
     """Form a group by sending each protocol step for all members in one pipeline.
 
     The scripts never block (a parked call returns 'W' and the client waits), so one client can
-    play every member: all second JoinGroups, then (once the join timer has fired) every
-    member's reply (read as a parked caller does: HGET, then await_reply if it is not there), then
-    every SyncGroup (followers first, the leader last), then the followers' replies. Time spent
-    waiting for the join timer is not counted.
+    play every member: every member's JoinGroup (as the worker sends it: no MEMBER_ID_REQUIRED
+    round), then (once the join timer has fired) every member's reply (read as a parked caller
+    does: HGET, then await_reply if it is not there), then every SyncGroup (followers first, the
+    leader last), then the followers' replies. Time spent waiting for the join timer is not
+    counted.
     """
     from rcoord.protocol.join import JoinGroupResult, JoinRequest
     from rcoord.protocol.sync import SyncGroupResult, SyncRequest
@@ -59,12 +60,14 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
             pipe.execute_command(*scripts.command(step, keys, ["", GROUP, *args]))
         return pipe.execute()
 
-    def join_args(mid: str, i: int) -> list[Any]:
+    def join_args(i: int) -> list[Any]:
+        """A new member's JoinGroup as the worker sends it (rcoord.client): a UUID of its own
+        (JoinRequest.build makes one) and no MEMBER_ID_REQUIRED round."""
         return JoinRequest.build(
-            GROUP, mid, protocol_type=PROTOCOL_TYPE, protocols=PROTOCOLS,
+            GROUP, "", protocol_type=PROTOCOL_TYPE, protocols=PROTOCOLS,
             session_timeout_ms=SESSION_TIMEOUT_MS, rebalance_timeout_ms=None,
             group_instance_id=None, client_id=f"m{i}", client_host="",
-            require_known_member_id=True, reason=None,
+            require_known_member_id=False, reason=None,
         ).args()
 
     def collect(got: dict[str, Any], todo: list[str], kind: str) -> int:
@@ -95,21 +98,20 @@ def run_pipelined_formation(r: redis.Redis, nsreg: NamespaceRegistry, *, members
 
     res: dict[str, Any] = {"members": members, "delay_ms": delay_ms, "ok": False, "problems": []}
     try:
-        # Untimed: the MEMBER_ID_REQUIRED round, and the second JoinGroups' arguments.
-        first = run([("join_group", join_args("", i)) for i in range(members)])
-        ids = [JoinGroupResult.decode(bytes(x[1])).member_id for x in first]
-        second = [("join_group", join_args(mid, i)) for i, mid in enumerate(ids)]
+        # Untimed: the JoinGroups' arguments.
+        joins = [("join_group", join_args(i)) for i in range(members)]
         scpu0 = server_cpu_s(r)
         timed = 0.0
         calls = 0
 
         t = now()
-        replies = run(second)
+        replies = run(joins)
         register = now() - t
-        calls += len(second)
+        calls += len(joins)
         parked = sum(1 for x in replies if x[0] == b"W")
         if parked != members:
-            res["problems"].append(f"{members - parked} second JoinGroups were not parked")
+            res["problems"].append(f"{members - parked} JoinGroups were not parked")
+        ids = [x[4].decode() for x in replies if x[0] == b"W"]  # ('W', wake, due, now, member id)
 
         # Wait (untimed) for the join timer; the call that applies it is timed.
         complete = 0.0

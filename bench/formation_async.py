@@ -4,10 +4,12 @@ N members, spread over P processes, each process one asyncio loop with N/P membe
 (``rcoord.asyncio.AsyncGroupCoordinator``): coroutines cost far less CPU than threads, so on a
 2-core machine the members themselves take less of the time being measured. Each member:
 
-1. (untimed) JoinGroup with member id "" -> MEMBER_ID_REQUIRED and its id, and its own Redis
-   connection opened (a live member has one already; connecting is not forming a group); all
-   processes wait at a barrier until every member is ready;
-2. JoinGroup with its id (parked until the generation forms);
+1. (untimed) its own Redis connection opened (a live member has one already; connecting is
+   not forming a group) and a UUID picked; all processes wait at a barrier until every member
+   is ready;
+2. JoinGroup as the worker sends it (rcoord.client): member id "" with its UUID, which makes
+   its member id, so one JoinGroup adds it (no MEMBER_ID_REQUIRED round; parked until the
+   generation forms);
 3. SyncGroup (the leader sends every member's assignment; followers wait for it).
 
 Formation time = from the first timed JoinGroup to the last SyncGroup result (wall clock of one
@@ -42,7 +44,7 @@ from rcoord.connect import driver_info  # noqa: E402
 from rcoord.testing.embedded import EmbeddedServer  # noqa: E402
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"")], session_timeout_ms=60_000,
-            rebalance_timeout_ms=60_000)
+            rebalance_timeout_ms=60_000, require_known_member_id=False)
 
 
 def member_process(url: str, ns: str, group: str, count: int, barrier, out) -> None:  # type: ignore[no-untyped-def]
@@ -50,7 +52,7 @@ def member_process(url: str, ns: str, group: str, count: int, barrier, out) -> N
         client = redis.asyncio.Redis.from_url(url, max_connections=count + 10,
                                               driver_info=driver_info())
         coord = await AsyncGroupCoordinator(client, ns).start()
-        ids = [(await coord.join_group(group, **JOIN)).member_id for _ in range(count)]
+        uuids = [str(uuid.uuid4()) for _ in range(count)]
         # Every member has its own connection before the clock starts, as a live member would.
         await asyncio.gather(*(client.execute_command("PING") for _ in range(count)))
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
@@ -58,17 +60,18 @@ def member_process(url: str, ns: str, group: str, count: int, barrier, out) -> N
 
         sent: list[float] = []
 
-        async def member(mid: str) -> tuple[int, float]:
+        async def member(member_uuid: str) -> tuple[int, float]:
             sent.append(time.time())
-            res = await coord.join_group(group, mid, **JOIN)
+            res = await coord.join_group(group, "", new_member_uuid=member_uuid, **JOIN)
             assert res.error == Errors.NONE, res
+            mid = res.member_id
             assignments = {m.member_id: b"a:" + m.member_id.encode() for m in res.members} \
                 if res.leader_id == mid else None
             sync = await coord.sync_group(group, res.generation_id, mid, assignments=assignments)
             assert sync.error == Errors.NONE and sync.assignment == b"a:" + mid.encode(), sync
             return res.generation_id, time.time()
 
-        done = await asyncio.gather(*(member(m) for m in ids))
+        done = await asyncio.gather(*(member(u) for u in uuids))
         out.put((started, max(t for _, t in done), {g for g, _ in done}, max(sent)))
         await client.aclose()
 

@@ -416,7 +416,8 @@ def test_reaction_for_maps_codes_exceptions_and_unknowns() -> None:
     assert reaction_for(ProtocolError.of(Errors.REBALANCE_IN_PROGRESS)).partitions == "revoked"
     assert reaction_for(ConnectionLost("down")).retry
     assert reaction_for(Errors.UNKNOWN_SERVER_ERROR) is OTHERWISE
-    assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL).then == "fatal"
+    assert reaction_for(Errors.INCONSISTENT_GROUP_PROTOCOL).fatal
+    assert not reaction_for(Errors.REBALANCE_IN_PROGRESS).fatal
     assert reaction_for(ValueError("bug")) is OTHERWISE
 
 

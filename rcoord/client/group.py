@@ -457,7 +457,7 @@ class ConsumerGroup:
             self._leave(self._member_id, f"leaving after {exc}"[:255])
         if reaction.member_id in ("reset", "leave"):
             self._member_id = ""
-        if reaction.then == "fatal":
+        if reaction.fatal:
             log.error("consumer group %r: fatal error, closing: %s", self._config.group_id, exc)
             with self._cond:
                 self._fatal = exc

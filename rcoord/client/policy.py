@@ -45,6 +45,12 @@ class Reaction:
     def lost(self) -> bool:
         return self.partitions == "lost"
 
+    @property
+    def fatal(self) -> bool:
+        """The group closes on the error: no later generation comes (whoever waits for one,
+        a worker's ``next()`` or a Spark query, fails with it)."""
+        return self.then == "fatal"
+
 
 _UNREACHABLE = Reaction(True, "keep", "lost", "backoff")
 _REFUSED = Reaction(False, "leave", "lost", "fatal")

@@ -426,7 +426,7 @@ class StreamMember:
         except GroupClosedError:
             raise
         except RcoordError as exc:
-            if reaction_for(exc).then == "fatal":
+            if reaction_for(exc).fatal:
                 # The group closed on it (a missing permission, a JoinGroup refusal, a fenced
                 # instance id): no generation will come, so the query fails with its message.
                 raise

@@ -251,7 +251,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             keep = self._membership().replay(finish, ranges, self._join_wait())
         except (TimeoutError, RcoordError) as exc:  # no generation: read nothing, as before
-            if isinstance(exc, RcoordError) and reaction_for(exc).then == "fatal":
+            if isinstance(exc, RcoordError) and reaction_for(exc).fatal:
                 # The group closed on it (a missing permission, a JoinGroup refusal): no
                 # generation will come, so the query fails now, with the setting to change.
                 raise
