@@ -130,7 +130,8 @@ def recorded_commands(r: redis.Redis, coord: GroupCoordinator,
                       calls: list[tuple[Any, ...]]) -> list[list[list[bytes]]]:
     """The commands each of ``calls`` runs inside the server, in order: the calls run once,
     in order, through a copy of the library whose ``redis.call`` notes its arguments
-    (rcoord.testing.library.recording_copy), so they change the groups as the measured calls would."""
+    (rcoord.testing.library.recording_copy), so they change the groups as the measured calls
+    would."""
     scripts = coord._scripts
     r.function_load(recording_copy(scripts.library, scripts._source, RECORDING_LIB),
                     replace=True)
