@@ -56,7 +56,7 @@ end
 ROWS = [
     ("a call with a group step's 16 keys, empty body", "parts_empty"),
     ("+ bind the keys, read the clock (TIME)", "parts_clock"),
-    ("+ the partition's settings copy (HMGET, 3 fields)", "parts_settings"),
+    ("+ the partition's settings copy (HMGET, 4 fields)", "parts_settings"),
     ("+ per-call state, the group's brief read (HMGET, 5 fields)", "parts_brief"),
     ("  (the full read instead: HMGET, 13 fields)", "parts_full"),
     ("+ check for passed deadlines (none due)", "parts_due"),

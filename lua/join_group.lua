@@ -14,6 +14,14 @@
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
 
 local REQ -- this call's request (set by parse_join_group)
+local KNOWN -- the record of the member REQ.mid names, once read (false: no such member)
+
+-- The record of the member the request names. Every path that asks whether the id is a member
+-- goes on to use its record, with nothing written in between, so the question is the read.
+local function known_record()
+  if KNOWN == nil then KNOWN = REQ.mid ~= '' and mget(REQ.mid) or false end
+  return KNOWN
+end
 
 local function parse_join_group(ARGV)
   local req = {
@@ -25,16 +33,17 @@ local function parse_join_group(ARGV)
   req.protocols = cmsgpack.unpack(req.pr)
   req.subs = {}
   for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
-  REQ = req
+  REQ, KNOWN = req, nil
   return req
 end
 
--- Kafka's acceptJoiningMember: parked members always; others while there is room. (A new
--- member, id '', is nobody's: no read asks.)
-local function accept_joining_member(id)
+-- Kafka's acceptJoiningMember, for the member the request names: parked members always; others
+-- while there is room. (A new member, id '', is nobody's: no read asks.)
+local function accept_joining_member()
   local state = G.state
   if state == EMPTY or state == DEAD then return true end
-  local known = id ~= '' and is_member(id)
+  local id = REQ.mid
+  local known = known_record() ~= false
   if state == PREPARING then
     return (known and awaiting_join(id)) or redis.call('HLEN', K_JOINING) < CFG.group_max_size
   end
@@ -146,14 +155,17 @@ local function join_existing_member()
   if not supports_protocols(REQ.pt, REQ.protocols) then
     return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', id))
   end
-  if is_pending(id) then
+  -- (A member id is never both a member and pending: add_member takes it out of the pending
+  -- ones. A member found is not asked about.)
+  local known = known_record()
+  if not known and is_pending(id) then
     if REQ.iid ~= '' then
       -- Kafka raises IllegalStateException here: pending members are never static.
       return respond(join_error('UNKNOWN_SERVER_ERROR', id))
     end
     return add_member_and_rebalance(id)
   end
-  local err, rec = validate_member(id, REQ.iid)
+  local err, rec = validate_member(id, REQ.iid, false, known)
   if err then return respond(join_error(err, id)) end
   if G.state == PREPARING then
     return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined during PreparingRebalance')
@@ -190,12 +202,13 @@ local function join_group()
   -- same UUID) names the same member: when that member exists, this is its rejoin, never a
   -- second member (which would count its protocols and rebalance timeout twice). A
   -- MEMBER_ID_REQUIRED round sent again hands out the same id.
-  if REQ.mid == '' and (REQ.iid ~= '' or not REQ.require_known) and is_member(REQ.new_id) then
-    REQ.mid = REQ.new_id
+  if REQ.mid == '' and (REQ.iid ~= '' or not REQ.require_known) then
+    local rec = mget(REQ.new_id)
+    if rec then REQ.mid, KNOWN = REQ.new_id, rec end
   end
 
-  if not accept_joining_member(REQ.mid) then
-    if REQ.mid ~= '' and (is_member(REQ.mid) or is_pending(REQ.mid)) then remove_member(REQ.mid) end
+  if not accept_joining_member() then
+    if REQ.mid ~= '' and (known_record() or is_pending(REQ.mid)) then remove_member(REQ.mid) end
     return respond(join_error('GROUP_MAX_SIZE_REACHED', ''))
   end
   if REQ.mid == '' then return join_new_member() end

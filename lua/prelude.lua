@@ -45,9 +45,10 @@ local GROUP_ID, NOW, MOCK_TIME
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
--- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and
--- every commit offsets_retention_ms, so those come in the first read; the other settings are
--- read, all at once, by the first step that asks for one.
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check), every
+-- commit offsets_retention_ms, and a step that completes a join or propagates a sync
+-- join_chunk_members (a field more in a read costs far less than a read), so those come in the
+-- first read; the other settings are read, all at once, by the first step that asks for one.
 -- Fills ``cfg`` with every setting from ``values``, an HMGET reply whose SETTINGS_FIELDS
 -- start at index ``first``.
 local function fill_settings(cfg, values, first)
@@ -71,7 +72,7 @@ local function read_settings(all)
       unpack(SETTINGS_FIELDS))
   else
     values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
-      'offsets_retention_ms')
+      'offsets_retention_ms', 'join_chunk_members')
   end
   if not values[1] then
     return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
@@ -84,7 +85,8 @@ local function read_settings(all)
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
     group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size,
-    offsets_retention_ms = tonumber(values[3]) or DEFAULTS.offsets_retention_ms}, CFG_META)
+    offsets_retention_ms = tonumber(values[3]) or DEFAULTS.offsets_retention_ms,
+    join_chunk_members = tonumber(values[4]) or false}, CFG_META)
   return nil
 end
 
@@ -434,7 +436,6 @@ local function nmembers()
   if NMEMBERS == nil then NMEMBERS = redis.call('HLEN', K_MEMBERS) end
   return NMEMBERS
 end
-local function is_member(id) return redis.call('HEXISTS', K_MEMBERS, id) == 1 end
 local function is_pending(id) return redis.call('HEXISTS', K_PENDING, id) == 1 end
 local function awaiting_join(id) return redis.call('HEXISTS', K_JOINING, id) == 1 end
 local function all_joined()
@@ -642,12 +643,8 @@ end
 local JOIN_CHUNK_MEMBERS = 100
 local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
 local function chunk_size()
-  local size = CFG.join_chunk_members -- (read with every setting, or here once; false: unset)
-  if size == nil then
-    size = tonumber(redis.call('HGET', K_CFG, 'join_chunk_members')) or false
-    rawset(CFG, 'join_chunk_members', size)
-  end
-  return math.max(1, size or JOIN_CHUNK_MEMBERS)
+  -- (Read with the settings by every step: read_settings; false when unset.)
+  return math.max(1, CFG.join_chunk_members or JOIN_CHUNK_MEMBERS)
 end
 
 -- ClassicGroup.add: the member is added with a parked JoinGroup.
@@ -787,8 +784,9 @@ end
 -- Kafka's validateMember: nil and the member's record, or the error. Every caller goes on to
 -- use the record, so it is read here once (the check is its existence). ``session_only``: the
 -- caller needs only the session timeout (a commit refreshing it), which comes back instead of
--- the record, without decoding the record.
-local function validate_member(id, iid, session_only)
+-- the record, without decoding the record. ``known``: the record when the caller has read it
+-- already (false: read, and there is none).
+local function validate_member(id, iid, session_only, known)
   if iid ~= '' then
     local existing = redis.call('HGET', K_STATIC, iid)
     if not existing then return 'UNKNOWN_MEMBER_ID' end
@@ -799,7 +797,8 @@ local function validate_member(id, iid, session_only)
     if not blob then return 'UNKNOWN_MEMBER_ID' end
     return nil, member_session(blob)
   end
-  local rec = mget(id)
+  local rec = known
+  if rec == nil then rec = mget(id) end
   if not rec then return 'UNKNOWN_MEMBER_ID' end
   return nil, session_only and rec.st or rec
 end
@@ -823,7 +822,10 @@ local function reschedule_heartbeat(id, st) schedule(hb_key(id), NOW + st) end
 -- Member records: asg the assignment, ag the generation it was given in.
 
 -- Writes one chunk: members ``ids`` get assignments ``asgs`` of the propagation at ``at``.
-local function sync_chunk(ids, asgs, err, at)
+-- ``parked``: the id of a member whose SyncGroup this very call parks (the leader's, which
+-- stores the assignment): answered as a parked one without its record or slot being written
+-- first only to be written again here.
+local function sync_chunk(ids, asgs, err, at, parked)
   CHUNK_RAN = true
   local blobs = hmget_batched(K_MEMBERS, ids)
   local g = gen()
@@ -832,7 +834,7 @@ local function sync_chunk(ids, asgs, err, at)
     if blobs[i] then
       local rec = cmsgpack.unpack(blobs[i])
       rec.asg, rec.ag = asgs[i], g
-      if rec.as == 1 then
+      if rec.as == 1 or id == parked then
         local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
         if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
         replies[#replies + 1] = reply_field('s', id)
@@ -875,8 +877,9 @@ end
 
 -- Gives every member its new assignment (``asg_of(id)``) and completes the parked SyncGroups
 -- with it (or with the error ``err``), in chunks (above): the ids come from the hash's keys, so
--- no record is decoded outside the chunk that writes it.
-local function propagate_assignment(err, asg_of, ids)
+-- no record is decoded outside the chunk that writes it. ``parked``: as sync_chunk's, the leader
+-- (always in the first chunk).
+local function propagate_assignment(err, asg_of, ids, parked)
   settle_chunks()
   ids = ids or redis.call('HKEYS', K_MEMBERS)
   for i, id in ipairs(ids) do
@@ -905,12 +908,14 @@ local function propagate_assignment(err, asg_of, ids)
     set_g('cse', err)
     schedule('cs', 0)
   end
-  sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW)
+  sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW, parked)
 end
 
-local function set_and_propagate_assignment(assignments)
+-- ``leader``: the leader's id; its SyncGroup, which brings the assignment, is answered by the
+-- first chunk as a parked one (sync_group.lua).
+local function set_and_propagate_assignment(assignments, leader)
   if G.state ~= COMPLETING then illegal('assignment outside CompletingRebalance') end
-  propagate_assignment('NONE', function(id) return assignments[id] or '' end)
+  propagate_assignment('NONE', function(id) return assignments[id] or '' end, nil, leader)
 end
 
 -- Kafka clears every member's assignment and answers the parked SyncGroups. Here only the

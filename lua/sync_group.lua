@@ -51,12 +51,15 @@ local function sync_group(req)
   if G.state == PREPARING then return respond(sync_error('REBALANCE_IN_PROGRESS')) end
 
   if G.state == COMPLETING then
-    park_sync(rec)
     if G.leader == member_id then
       -- The leader's assignment (only the leader's counts); members it left out get an
-      -- empty one.
-      set_and_propagate_assignment(req.assignments)
+      -- empty one. The leader is answered with the others, by the propagation's first chunk,
+      -- which writes its record and reply slot once (park_sync would write both first).
+      remove_pending_sync(member_id)
+      set_and_propagate_assignment(req.assignments, member_id)
       transition(STABLE)
+    else
+      park_sync(rec)
     end
     return reply_or_wait(member_id, 's')
   end

@@ -10,6 +10,7 @@ about (its reply), so a path that stopped being taken fails instead of passing e
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -86,8 +87,9 @@ def test_a_new_members_join_asks_nothing_about_the_empty_member_id(
     reply, commands = record(coord, second)
     assert reply[0] == b"W"
     assert len(on(keys.members, commands, "HSET")) == 1  # it added the member
-    assert on(keys.members, commands, "HEXISTS") == [[b"HEXISTS", keys.members.encode(),
-                                                      reply[4]]]  # (its own id, a retry's rejoin)
+    # Its own id is asked once (whether this is a resent join), the empty id never.
+    assert on(keys.members, commands, "HGET", "HEXISTS") == [[b"HGET", keys.members.encode(),
+                                                              reply[4]]]
     assert client.hlen(keys.members) == 2
 
 
@@ -125,3 +127,60 @@ def test_a_rebalance_round_answers_from_what_it_wrote(
     # Its wake-up trims the stream a node at a time (an exact cap costs three times as much).
     assert [c[:5] for c in on(keys.wake, commands)] == [
         [b"XADD", keys.wake.encode(), b"MAXLEN", b"~", b"16"]]
+
+
+def formed(coord: GroupCoordinator, n: int) -> tuple[list[str], str, int]:
+    """A Stable group "g" of ``n`` members formed through the public API: (member ids, the
+    leader's, the generation)."""
+    with cf.ThreadPoolExecutor(n) as pool:
+        joins = list(pool.map(lambda _: coord.join_group("g", **JOIN), range(n)))
+        leader, gen = joins[0].leader_id, joins[0].generation_id
+        ids = [j.member_id for j in joins]
+        syncs = list(pool.map(lambda mid: coord.sync_group(
+            "g", gen, mid, assignments={m: b"x" for m in ids} if mid == leader else None), ids))
+    assert {s.error.name for s in syncs} == {"NONE"}
+    return ids, leader, gen
+
+
+def test_a_known_members_rejoin_reads_its_record_once_and_the_leaders_sync_writes_it_once(
+        client: redis.Redis, namespace: str, record: Any) -> None:
+    """The calls each member of a group makes in every rebalance: a member's JoinGroup while
+    the group prepares a rebalance asks about its id once (its record: a member is never also a
+    pending one), and the leader's SyncGroup, which brings the assignment, writes its own
+    record and reply once (its parking would write both first) and reads the chunk size with
+    the settings."""
+    coord = coordinator(client, namespace, delay_ms=300)
+    keys = coord._keys("g")
+    lib = coord._scripts.library
+    ids, leader, gen = formed(coord, 3)
+    followers = [m for m in ids if m != leader]
+
+    def send(op: Script) -> Any:
+        return client.fcall(f"{lib}_{op.name}", len(op.keys), *op.keys, *op.args)
+
+    assert send(first_call(coord._steps.join_group("g", leader, **JOIN)))[0] == b"W"
+    assert client.hget(keys.group, "state") == b"PreparingRebalance"
+    reply, commands = record(coord, first_call(coord._steps.join_group("g", followers[0], **JOIN)))
+    assert reply[0] == b"W" and reply[4] == followers[0].encode()
+    assert on(keys.members, commands, "HGET", "HEXISTS") == [
+        [b"HGET", keys.members.encode(), followers[0].encode()]]
+    assert on(keys.pending, commands) == []
+
+    # The last member's join completes the phase; the leader's SyncGroup then propagates.
+    last = send(first_call(coord._steps.join_group("g", followers[1], **JOIN)))
+    assert last[0] == b"R" and msgpack.unpackb(last[1])["gen"] == gen + 1
+    assert client.hget(keys.group, "state") == b"CompletingRebalance"
+    sync = first_call(coord._steps.sync_group(
+        "g", gen + 1, leader, assignments={m: m.encode() for m in ids}))
+    reply, commands = record(coord, sync)
+    assert reply[0] == b"R"
+    assert msgpack.unpackb(reply[1])["asg"] == leader  # (cmsgpack writes Lua strings as str)
+    assert client.hget(keys.group, "state") == b"Stable"
+    writes = on(keys.members, commands, "HSET")
+    assert len(writes) == 1 and leader.encode() in writes[0][2::2]  # every record, once
+    assert on(keys.replies, commands, "HDEL") == []
+    assert len(on(keys.partition.cfg, commands)) == 1
+    # The leader is answered as a parked member would be: its session counts from now.
+    assert client.zscore(keys.deadlines, f"hb:{leader}") is not None
+    member = coord.describe_group("g")
+    assert {m.member_id: m.assignment for m in member.members} == {m: m.encode() for m in ids}
