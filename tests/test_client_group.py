@@ -25,6 +25,7 @@ from harness import wait_until
 
 from rcoord import (
     ConnectionLost,
+    CoordinatorConfig,
     Errors,
     GroupCoordinator,
     JoinGroupMember,
@@ -1197,3 +1198,39 @@ def test_real_static_member_close_gives_up_its_parked_join(real: Any) -> None:
     assert desc.state == "PreparingRebalance"
     assert {(m.member_id, m.group_instance_id) for m in desc.members} == {
         (hung.member_id, None), (member_id, "static-1")}
+
+
+@pytest.mark.parametrize("how", ["from a routine", "past its timeout"])
+def test_real_a_group_closes_the_client_it_made_from_redis_url_even_when_close_did_not_wait(
+    redis_server: Any, single_client: redis.Redis, namespace: str, how: str
+) -> None:
+    """A group given ``redis_url`` makes its own client, and closing the group closes it, also
+    when close() does not wait for the group's thread (called from one of its routines, which
+    the thread waits for; or its timeout passed): the thread closes it as it exits. (Before,
+    only a close() that saw the thread end did, and the connections stayed open for the life
+    of the process.)"""
+    GroupCoordinator(single_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    Topics(single_client, namespace).create("t", 2)
+    name = f"rcoord-test-{namespace}"
+
+    def connections() -> int:
+        return sum(1 for c in single_client.client_list() if c.get("name") == name)
+
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], namespace=namespace,
+        redis_url=f"{redis_server.url}?client_name={name}", heartbeat_interval_ms=50,
+        session_timeout_ms=1000, rebalance_timeout_ms=3000, retry_backoff_ms=10,
+        retry_backoff_max_ms=100))
+    gen = group.next(timeout=WAIT_S)
+    assert connections() >= 1
+    if how == "from a routine":
+        gen.start(lambda ctx: group.close())
+    else:
+        stop = threading.Event()
+        gen.start(lambda ctx: stop.wait(WAIT_S))  # a routine still running when close() gives up
+        group.close(timeout=0)
+        stop.set()
+    wait_until(lambda: group._exited.is_set())
+    wait_until(lambda: connections() == 0)

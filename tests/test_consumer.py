@@ -27,6 +27,7 @@ from rcoord.client import (
     ConsumerGroupConfig,
     ConsumerRebalanceListener,
     ConsumerRecord,
+    IllegalStateError,
     JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
@@ -1057,12 +1058,27 @@ def test_real_wakeup_interrupts_poll_while_its_auto_commit_waits_for_earlier_asy
         client.close()
 
 
-def _poll_in_a_thread(consumer: Consumer) -> tuple[threading.Thread, list[ConsumerRecord]]:
-    """A poll loop in its own thread, until the consumer is closed (iteration ends then)."""
+def _poll_in_a_thread(
+    consumer: Consumer,
+) -> tuple[threading.Thread, list[ConsumerRecord], list[int]]:
+    """A poll loop in its own thread, until the consumer is closed: the thread, the records it
+    got, and (one item) how many of them it had when its latest poll() began, which is how
+    many a close() from another thread counts as processed (the ones handed out after are
+    not committed)."""
     got: list[ConsumerRecord] = []
-    thread = threading.Thread(target=lambda: got.extend(consumer), daemon=True)
+    done = [0]
+
+    def run() -> None:
+        while True:
+            done[0] = len(got)
+            try:
+                got.extend(consumer.poll(timeout=0.05))
+            except IllegalStateError:
+                return  # closed
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread, got
+    return thread, got, done
 
 
 @pytest.mark.parametrize("timeout", [0.0, WAIT_S])
@@ -1082,8 +1098,8 @@ def test_real_close_from_another_thread_commits_while_redis_answers(
             consumer.commit()
 
     consumer = env.consumer(Committing(), enable_auto_commit=False)
-    loop, got = _poll_in_a_thread(consumer)
-    wait_until(lambda: len(got) == 20)
+    loop, _, done = _poll_in_a_thread(consumer)
+    wait_until(lambda: done[0] == 20)
     consumer.close(timeout=timeout)
     loop.join(WAIT_S)
     assert not loop.is_alive()
@@ -1100,10 +1116,100 @@ def test_real_close_from_another_thread_flushes_async_commits_of_the_revocation(
     in the generation and their callbacks run, before the member leaves."""
     queued = 50
     consumer, completions = _async_committing_consumer(env, 2, 20, queued)
-    loop, got = _poll_in_a_thread(consumer)
-    wait_until(lambda: len(got) == 20)
+    loop, _, done = _poll_in_a_thread(consumer)
+    wait_until(lambda: done[0] == 20)
     consumer.close(timeout=WAIT_S)
     loop.join(WAIT_S)
     assert not loop.is_alive()
     assert completions == [None] * queued
     assert _committed(env, 2) == _log_ends(env, 2)
+
+
+@pytest.mark.parametrize("loop", ["poll", "iterate"])
+def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
+    env: Any, loop: str
+) -> None:
+    """A shutdown thread closes the consumer while the loop is in the middle of its records:
+    auto-commit commits what the loop has finished (a poll()'s records once it polls again;
+    when iterating, each record once the loop asks for the next), never the records it is
+    still on, which the partition's next owner then gets (at-least-once; before, close()
+    committed every record handed out, and a process exiting after it lost them)."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer = env.consumer(max_poll_records=4)
+    busy, release = threading.Event(), threading.Event()
+    finished: list[int] = []
+
+    def work(offset: int) -> None:
+        if offset == 6:  # the second batch (offsets 4-7) is on its third record
+            busy.set()
+            release.wait(WAIT_S)
+        finished.append(offset)
+
+    def run() -> None:
+        try:
+            if loop == "iterate":
+                for record in consumer:
+                    work(record.offset)
+            else:
+                while True:
+                    for record in consumer.poll(timeout=0.05):
+                        work(record.offset)
+        except IllegalStateError:
+            pass  # closed
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert busy.wait(WAIT_S)
+    consumer.close(timeout=WAIT_S)
+    release.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    # Offsets 0-5 were finished; 6 was being processed: the iterator counts 4 and 5 done, a
+    # poll loop only the batch before (0-3).
+    assert _committed(env, 1) == {TP("t", 0): 6 if loop == "iterate" else 4}
+    nxt = env.consumer()
+    got = poll_until(nxt, lambda got: len(got) >= 1)
+    assert got[0].offset == (6 if loop == "iterate" else 4)
+
+
+def test_real_close_from_the_loops_own_thread_commits_everything_handed_out(env: Any) -> None:
+    """The usual shutdown (the loop ends, then close() in its thread) commits every record
+    poll() handed out, as Kafka's close() does: the loop is done with them."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer = env.consumer(max_poll_records=4)
+    got = poll_until(consumer, lambda got: len(got) >= 4)
+    consumer.close(timeout=WAIT_S)
+    assert _committed(env, 1) == {TP("t", 0): got[-1].offset + 1}
+
+
+def test_real_close_from_a_signal_handler_inside_poll_closes_when_poll_returns(
+    env: Any,
+) -> None:
+    """close() from a signal handler that interrupts the loop's own poll() (on its thread,
+    with the consumer's state half-changed under it) is put off until that poll() returns:
+    the poll() returns no records instead of failing inside (a KeyError from the buffers its
+    revocation had emptied, before), the records it had drained are not committed, and the
+    consumer is closed and has left the group. The handler is simulated where a signal can
+    land: inside poll(), in the fetch of the next records, after a batch was drained."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer = env.consumer(max_poll_records=4)
+    first = poll_until(consumer, lambda got: len(got) >= 4, max_records=4)
+    assert [r.offset for r in first] == [0, 1, 2, 3]
+    real_drain = consumer._drain
+
+    def drain_then_signal(limit: int) -> list[ConsumerRecord]:
+        records = real_drain(limit)
+        if records:
+            consumer.close(timeout=WAIT_S)  # what a SIGTERM handler calling close() does
+        return records
+
+    consumer._drain = drain_then_signal  # type: ignore[method-assign]
+    assert consumer.poll(timeout=WAIT_S) == []
+    with pytest.raises(IllegalStateError):
+        consumer.poll(timeout=0)
+    # The first batch was processed (the loop polled again); the drained one was never seen.
+    assert _committed(env, 1) == {TP("t", 0): 4}
+    wait_until(lambda: env.coord.describe_group("g").members == [])

@@ -256,6 +256,18 @@ class Consumer(SubscriptionMixin):
         # run again. _closed is set only once that revocation and its commits are done.
         self._closing = False
         self._closed = False
+        # What poll() handed out and the application may not have processed yet: per partition,
+        # the offset of the first such record (Kafka counts a poll()'s records processed when the
+        # next poll() comes; the iterator counts each record when the loop asks for the next).
+        # A close() from another thread than the loop's, which may be in the middle of them,
+        # commits no further (_close).
+        self._unacked: dict[TopicPartition, int] = {}
+        self._poll_thread: int | None = None  # the thread of the latest poll()
+        # The thread running poll() or commit() now, outside the listener: a close() from that
+        # very thread (a signal handler interrupting it) would change the state under it, so it
+        # is deferred until that call returns (_deferred_close: close()'s arguments).
+        self._inside: int | None = None
+        self._deferred_close: tuple[float | None] | None = None
         self._gen: Generation | None = None
         self._hold: _Hold | None = None
         self._assigned: list[TopicPartition] = []
@@ -489,12 +501,43 @@ class Consumer(SubscriptionMixin):
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._lock:
             self._check_open()
+            self._poll_thread = threading.get_ident()
+            self._unacked = {}  # the application came back: what it was handed is processed
             self._poll_timer.poll_started()
             try:
-                with self._interruptible():
-                    return self._poll(deadline, limit)
+                with self._own_call(), self._interruptible():
+                    records = self._poll(deadline, limit)
             finally:
                 self._poll_timer.poll_finished()
+                self._run_deferred_close()
+            return [] if self._closed else records
+
+    @contextlib.contextmanager
+    def _own_call(self) -> Iterator[None]:
+        """Marks the block as this thread's poll() or commit() (see ``_inside``)."""
+        outer = self._inside
+        self._inside = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._inside = outer
+
+    def _listen(self, method: str, partitions: list[TopicPartition]) -> None:
+        """Calls the listener's ``method``; it may close() this consumer at once (it runs
+        between the steps of the call, not in the middle of one)."""
+        outer, self._inside = self._inside, None
+        try:
+            _call(self._listener, method, partitions)
+        finally:
+            self._inside = outer
+
+    def _run_deferred_close(self) -> None:
+        """Runs the close() a signal handler asked for inside this thread's call: the records
+        that call drained are not committed (they were never handed out, or only now)."""
+        if self._deferred_close is not None and self._inside is None:
+            (timeout,) = self._deferred_close
+            self._deferred_close = None
+            self._do_close(timeout, handed_out_unprocessed=True)
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
@@ -560,9 +603,13 @@ class Consumer(SubscriptionMixin):
                 return []
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
-        """Every record, forever (until ``close()``): ``poll()`` in a loop."""
+        """Every record, forever (until ``close()``): ``poll()`` in a loop. A record counts as
+        processed when the loop asks for the next one (a close() from another thread commits
+        up to the record the loop is on, not past it)."""
         while not self._stop.is_set():
-            yield from self.poll(timeout=1.0)
+            for record in self.poll(timeout=1.0):
+                self._unacked[TopicPartition(record.topic, record.partition)] = record.offset
+                yield record
 
     # -- commits
 
@@ -578,18 +625,27 @@ class Consumer(SubscriptionMixin):
         given = None if offsets is None else commit_offsets_arg(offsets)
         with self._lock:
             self._check_open()
-            with self._interruptible():
-                self._wait_async_commits()
-                target = self._commit_target()
-                if target is None:
-                    if given:
-                        raise _no_generation()
-                    return
-                wanted = given if given is not None else self._positions()
-                target[0](wanted)
-            for tp, off in wanted.items():
-                value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
-                self._committed[TopicPartition(*tp)] = value
+            try:
+                with self._own_call(), self._interruptible():
+                    self._commit(given)
+            finally:
+                self._run_deferred_close()
+
+    def _commit(
+        self, given: Mapping[TopicPartition, int | OffsetAndMetadata] | None
+    ) -> None:
+        """commit()'s body, with the lock held."""
+        self._wait_async_commits()
+        target = self._commit_target()
+        if target is None:
+            if given:
+                raise _no_generation()
+            return
+        wanted = given if given is not None else self._positions()
+        target[0](wanted)
+        for tp, off in wanted.items():
+            value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
+            self._committed[TopicPartition(*tp)] = value
 
     def commit_async(
         self,
@@ -758,7 +814,7 @@ class Consumer(SubscriptionMixin):
             gen.generation_id,
             ", ".join(f"{tp.topic}-{tp.partition}" for tp in self._assigned) or "nothing",
         )
-        _call(self._listener, "on_partitions_assigned", list(self._assigned))
+        self._listen("on_partitions_assigned", list(self._assigned))
 
     def _settle(self, deadline: float | None) -> None:
         """If the generation ended: revoke everything (eager, lost, closing), or, when the
@@ -847,7 +903,7 @@ class Consumer(SubscriptionMixin):
                 # As Kafka's ConsumerCoordinator: the callback runs while they are still
                 # assigned, so it can read their positions and commit them.
                 try:
-                    _call(self._listener, "on_partitions_revoked", list(revoked))
+                    self._listen("on_partitions_revoked", list(revoked))
                 except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
                     failed = exc
         finally:
@@ -866,7 +922,7 @@ class Consumer(SubscriptionMixin):
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way); then its exception, the first one, propagates.
         try:
-            _call(self._listener, "on_partitions_assigned", list(added))
+            self._listen("on_partitions_assigned", list(added))
         except Exception:
             if failed is None:
                 raise
@@ -893,7 +949,7 @@ class Consumer(SubscriptionMixin):
                 gen.end_reason.value if gen.end_reason else "closing",
             )
             method = "on_partitions_lost" if lost else "on_partitions_revoked"
-            _call(self._listener, method, partitions)  # what it raises propagates after finally
+            self._listen(method, partitions)  # what it raises propagates after finally
         finally:
             self._revoking = False
             self._gen = self._hold = None
@@ -936,6 +992,7 @@ class Consumer(SubscriptionMixin):
             if not buf or tp in self._paused:
                 continue
             room = limit - len(out)
+            self._unacked.setdefault(tp, buf[0].offset)
             if len(buf) <= room:
                 out.extend(buf)
                 buf.clear()
@@ -1127,8 +1184,24 @@ class Consumer(SubscriptionMixin):
 
         Safe to call from another thread than ``poll()``'s, and more than once: a ``poll()``
         running there returns at its next step (waits in it end by the same bound), then this
-        close() revokes.
+        close() revokes. With auto-commit it then commits only what that thread is done with:
+        the records its latest ``poll()`` handed out count as processed once it polls again
+        (when iterating, each record once the loop asks for the next), as Kafka's auto-commit
+        counts them; the rest go to the partitions' next owner (at-least-once). Called from
+        inside this thread's own ``poll()`` or ``commit()`` (a signal handler), it runs when
+        that call returns, which then returns no records and commits none it drained; a
+        signal handler that stops the loop while it processes records should call
+        ``wakeup()`` instead, and let the loop close.
         """
+        if self._inside == threading.get_ident():
+            # Interrupting this thread's own call, whose state is mid-change: after it.
+            self._stop.set()
+            self._deferred_close = (timeout,)
+            return
+        self._do_close(timeout, handed_out_unprocessed=threading.get_ident() != self._poll_thread)
+
+    def _do_close(self, timeout: float | None, *, handed_out_unprocessed: bool) -> None:
+        """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed."""
         self._stop.set()
         started = time.monotonic()
         deadline = None if timeout is None else started + max(0.0, timeout)
@@ -1140,7 +1213,7 @@ class Consumer(SubscriptionMixin):
         timer.name = f"rcoord-{self._config.group_id}-close-timer"
         timer.start()
         try:
-            self._close(deadline)
+            self._close(deadline, handed_out_unprocessed)
         finally:
             timer.cancel()
 
@@ -1158,11 +1231,17 @@ class Consumer(SubscriptionMixin):
         self._simple_retries_end.set()
         self._committer.give_up()
 
-    def _close(self, deadline: float | None) -> None:
+    def _close(self, deadline: float | None, handed_out_unprocessed: bool) -> None:
         with self._lock:
             if self._closed or self._closing:
                 return  # closed, or close() called again from the listener it is running
             self._closing = True
+            if handed_out_unprocessed:
+                # The positions go back to the first record not known processed (a
+                # revocation's listener reads and commits these positions too).
+                for tp, first in list(self._unacked.items()):
+                    if tp in self._position:
+                        self._position[tp] = min(self._position[tp], first)
             hold = self._hold
             try:
                 if not self._revoking and self._gen is not None:

@@ -325,12 +325,20 @@ class ConsumerGroup:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 self._finished.set()  # close()'s timeout bounds the final commits' retries
-        if self._owned_client is not None and (thread is None or not thread.is_alive()):
+        if thread is None or not thread.is_alive():
+            self._close_owned_client()
+        # Else the run thread closes it when it exits (_shutdown): close() did not wait for it
+        # (called from a routine, or its timeout passed).
+
+    def _close_owned_client(self) -> None:
+        """Closes the client made from ``redis_url``, once, when nothing will use it again."""
+        with self._cond:
+            client, self._owned_client = self._owned_client, None
+        if client is not None:
             try:
-                self._owned_client.close()
+                client.close()
             except Exception:  # closing a broken client must not hide the close itself
                 log.debug("closing the Redis client failed", exc_info=True)
-            self._owned_client = None
 
     def stop_retrying(self) -> None:
         """Make the generation's commits and heartbeats stop retrying: each call from now on
@@ -487,10 +495,18 @@ class ConsumerGroup:
         member_id = self._member_id
         if member_id and not self._left and self._config.group_instance_id is None:
             self._leave(member_id, "the consumer is closing")
+        closed = self._closing.is_set()  # close() was called, not a fatal error
         with self._cond:
             self._closing.set()
-            self._exited.set()
             self._slot = None
+            self._cond.notify_all()
+        if closed:
+            # close() may not have waited for this thread (below its timeout, or called from a
+            # routine): the client is closed here. After a fatal error the holder may still
+            # commit through it; its close() closes it.
+            self._close_owned_client()
+        with self._cond:
+            self._exited.set()
             self._cond.notify_all()
 
     def _leave(self, member_id: str, reason: str) -> None:
