@@ -141,7 +141,13 @@ local function join_new_member()
     return add_member_and_rebalance(new_id)
   end
   if REQ.require_known then
-    -- KIP-394: hand out the id; the member is pending until it joins with it.
+    -- KIP-394: hand out the id; the member is pending until it joins with it. The id comes
+    -- from the caller's UUID (join_group, below), so it may name a member already (the round
+    -- sent again after its member joined, or a UUID taken from another member's id): it is
+    -- handed out again with nothing written, since a pending entry and a new session deadline
+    -- would replace that member's (whose expiry would then only drop the pending entry, and
+    -- the member would never expire).
+    if mget(new_id) then return respond(join_error('MEMBER_ID_REQUIRED', new_id)) end
     redis.call('HSET', K_PENDING, new_id, 1)
     schedule(hb_key(new_id), NOW + REQ.st)
     return respond(join_error('MEMBER_ID_REQUIRED', new_id))
@@ -156,7 +162,8 @@ local function join_existing_member()
     return respond(join_error('INCONSISTENT_GROUP_PROTOCOL', id))
   end
   -- (A member id is never both a member and pending: add_member takes it out of the pending
-  -- ones. A member found is not asked about.)
+  -- ones, and the KIP-394 round never hands out a member's id as pending. A member found is
+  -- not asked about.)
   local known = known_record()
   if not known and is_pending(id) then
     if REQ.iid ~= '' then

@@ -1188,7 +1188,7 @@ local function join_chunk(ids, k, n, at)
     set_g('subs', cmsgpack.pack(list))
   end
   if n > 1 then
-    g_call('HDEL', unpack(drop))
+    call_batched('HDEL', K_GROUP, drop) -- (two fields per chunk: more than one unpack holds)
     for _, field in ipairs({'cjk', 'cjn', 'cjt'}) do del_g(field) end
     cancel('cj')
   end

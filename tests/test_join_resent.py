@@ -127,6 +127,39 @@ def test_a_new_member_that_sends_its_uuid_again_is_one_member(make_coordinator, 
     assert g.r.hlen(g.keys.pending) == 0  # no KIP-394 round
 
 
+def test_a_member_id_required_round_naming_a_member_changes_nothing(make_coordinator):
+    """A KIP-394 first round whose UUID makes the id of a member already in the group (the
+    round sent again after its member joined, or a UUID taken from another member's id, which
+    a description shows): the id is handed out again and nothing is written. Before, the
+    member was also made pending and its session deadline replaced by a pending one, whose
+    expiry dropped only the pending entry: the member never expired."""
+    g = Group(make_coordinator(group_initial_rebalance_delay_ms=0))
+    member_uuid = str(uuid.uuid4())
+
+    def join_args_of(require_known: bool) -> list[Any]:
+        return JoinRequest.build(
+            GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
+            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=SESSION_MS,
+            group_instance_id=None, client_id="c", client_host="",
+            require_known_member_id=require_known, reason=None,
+            new_member_uuid=member_uuid).args()
+
+    parked = g.call("join_group", T0, *join_args_of(False))
+    member = joined(g.call("await_reply", T0, parked[4].decode(), "j"))
+    assert member.error is Errors.NONE
+    session = g.r.zscore(g.keys.deadlines, f"hb:{member.member_id}")
+    assert session == T0 + SESSION_MS
+
+    again = joined(g.call("join_group", T0 + 1_000, *join_args_of(True)))
+    assert (again.error, again.member_id) == (Errors.MEMBER_ID_REQUIRED, member.member_id)
+    assert g.r.hlen(g.keys.pending) == 0
+    assert g.r.zscore(g.keys.deadlines, f"hb:{member.member_id}") == session
+    g.assert_one_member(member.member_id)
+    # It never heartbeats again: its session ends, and the group with it.
+    assert g.call("expire_deadlines", T0 + SESSION_MS)[0] >= 1
+    assert g.members() == [] and g.field("state") == "Empty"
+
+
 def test_new_member_uuid_must_be_a_uuid(make_coordinator):
     coord = make_coordinator()
     join = new_member_join(coord)

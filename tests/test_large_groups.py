@@ -604,3 +604,47 @@ def test_a_group_an_older_rcoord_made_is_described_in_one_call(raw):
     blob = raw.call("describe_group", T0 + DELAY, 0, 2)
     described = msgpack.unpackb(blob, raw=False)
     assert [m["id"] for m in described["mem"]] == ids and described["n"] == 5
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_completion_of_more_chunks_than_one_unpack_holds_finishes(make_coordinator):
+    """The last chunk of a join completion drops two group fields per chunk: in one HDEL
+    spread with Lua's unpack (about 8,000 values at most), a completion of more than 4,000
+    chunks failed after that chunk's writes, on every call after it, and the group was stuck
+    (reachable with the default chunk of 100 at about 400,000 members; here chunks of one)."""
+    coord = make_coordinator(group_initial_rebalance_delay_ms=DELAY)
+    set_chunk(coord, GROUP, 1)
+    raw = Raw(coord)
+    n = 4_002
+    first = raw.call("join_group", T0, *JoinRequest.build(
+        GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
+        session_timeout_ms=600_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
+        client_id="c", client_host="", require_known_member_id=False, reason=None).args())
+    assert first[0] == b"W"
+    # The other joins in pipelines (the same calls RawGroup makes, sent in bulk).
+    fn, keys = f"{coord._scripts.library}_join_group", raw.keys.all()
+    for start in range(1, n, 500):
+        pipe = raw.r.pipeline(transaction=False)
+        for _ in range(start, min(n, start + 500)):
+            pipe.fcall(fn, len(keys), *keys, str(T0), GROUP, *JoinRequest.build(
+                GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
+                session_timeout_ms=600_000, rebalance_timeout_ms=DELAY,
+                group_instance_id=None, client_id="c", client_host="",
+                require_known_member_id=False, reason=None).args())
+        assert {reply[0] for reply in pipe.execute()} == {b"W"}
+    assert raw.r.hlen(raw.keys.members) == n
+    leader = first[4].decode()
+    # The delay passes; the sweep writes the completion a chunk per call (the first starts it).
+    now = T0 + DELAY
+    for _ in range(n + 1):
+        raw.call_once("expire_deadlines", now)
+        if raw.field("cjk") is None:
+            break
+    reply = raw.await_join(now, leader)
+    assert reply[0] == b"R"
+    res = JoinGroupResult.decode(bytes(reply[1]))
+    assert res.error is Errors.NONE and res.leader_id == leader and len(res.members) == n
+    assert raw.field("cjk") is None and raw.r.zscore(raw.keys.deadlines, "cj") is None
+    assert not [f for f in raw.r.hkeys(raw.keys.group) if f.startswith((b"cj:", b"cjm:"))]
+    assert raw.field("state") == "CompletingRebalance" and raw.r.hlen(raw.keys.joining) == 0
+    assert raw.call("expire_deadlines", T0 + DELAY + 1)[0] == 0  # the group goes on
