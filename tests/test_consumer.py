@@ -270,6 +270,31 @@ def test_close_after_the_hold_gave_up_reports_lost_without_committing() -> None:
     assert state.committed == {}
 
 
+def test_unsubscribe_after_the_hold_gave_up_reports_lost_without_committing() -> None:
+    """As close() after the hold gave up (above): unsubscribe() then reports the partitions lost
+    (before, it reported them revoked, and with auto-commit committed their positions, which
+    the coordinator could take while the generation had not moved on yet)."""
+    state = OneMemberGroup(partitions=1, records=3)
+    listener = Recorder(state.events)
+    listener.lock = state.lock
+    consumer = Consumer(
+        fast_config(rebalance_timeout_ms=200), listener=listener, coordinator=state.fake,  # type: ignore[arg-type]
+        fetch_max_wait_ms=5, auto_commit_interval_ms=100_000,
+    )
+    try:
+        poll_until(consumer, lambda g: len(g) == 3)  # positions 3, nothing committed yet
+        state.park_join.set()  # the rejoin parks, as while waiting for other members
+        mark = len(state.events)
+        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+        wait_until(lambda: "join" in [e[0] for e in state.events[mark:]])
+        consumer.unsubscribe()
+    finally:
+        consumer.close(timeout=WAIT_S)
+    tail = [e[0] for e in state.events[mark:] if e[0] != "heartbeat"]
+    assert "lost" in tail and "revoked" not in tail and "commit" not in tail, tail
+    assert state.committed == {}
+
+
 # -- fetching (fake coordinator) -------------------------------------------------------------
 
 

@@ -820,12 +820,12 @@ class Consumer(SubscriptionMixin):
         """If the generation ended: revoke everything (eager, lost, closing), or, when the
         cooperative protocol carries the partitions through the rejoin, take the next generation
         as soon as it is there and apply only what changed (``_transition``)."""
-        gen, hold = self._gen, self._hold
+        gen = self._gen
         if gen is None or not gen.done.is_set():
             return
         if not gen.wait_decided(0.5):
             return  # the group decides at once; until then the fetcher pauses
-        lost = gen.lost or (hold is not None and hold.gave_up)
+        lost = self._partitions_lost()
         if not gen.carried or lost:
             self._revoke(lost=lost)
             return
@@ -929,6 +929,14 @@ class Consumer(SubscriptionMixin):
             log.exception("on_partitions_assigned raised after on_partitions_revoked did")
         if failed is not None:
             raise failed
+
+    def _partitions_lost(self) -> bool:
+        """Whether the current generation's partitions are lost rather than revoked: the
+        generation says so, or the hold gave up (poll() did not come within the rebalance
+        timeout, so the member rejoined without this consumer and others may own them).
+        Lost partitions are never committed."""
+        gen, hold = self._gen, self._hold
+        return gen is not None and (gen.lost or (hold is not None and hold.gave_up))
 
     def _revoke(self, *, lost: bool) -> None:
         """End this consumer's hold on the current generation (see the module docstring)."""
@@ -1245,11 +1253,8 @@ class Consumer(SubscriptionMixin):
             hold = self._hold
             try:
                 if not self._revoking and self._gen is not None:
-                    # As in _settle: once the hold gave up, the member has rejoined without
-                    # this consumer, so others may own the partitions: lost, never committed.
-                    lost = self._gen.lost or (hold is not None and hold.gave_up)
                     try:
-                        self._revoke(lost=lost)
+                        self._revoke(lost=self._partitions_lost())
                     except Exception:
                         log.exception("the rebalance listener raised during close()")
                 elif self._assigned_manually and self._auto_commit:

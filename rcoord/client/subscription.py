@@ -74,6 +74,7 @@ class SubscriptionMixin:
         def _await_committer(self, wakeup: threading.Event | None = None) -> None: ...
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool) -> None: ...
+        def _partitions_lost(self) -> bool: ...
 
     def subscribe(
         self,
@@ -236,7 +237,7 @@ class SubscriptionMixin:
         self._run_commit_callbacks()
         try:
             if self._gen is not None:
-                self._revoke(lost=self._gen.lost)
+                self._revoke(lost=self._partitions_lost())
         finally:
             group.close()
             self._group = None
