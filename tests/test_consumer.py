@@ -244,10 +244,13 @@ def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:
         consumer.poll(timeout=0)
 
 
-def test_close_after_the_hold_gave_up_reports_lost_without_committing() -> None:
+@pytest.mark.parametrize("end", ["close", "unsubscribe"])
+def test_giving_up_after_the_hold_gave_up_reports_lost_without_committing(end: str) -> None:
     """A generation ended and poll() was not called within the rebalance timeout: the hold
-    gave up and the member rejoined without this consumer. close() then reports the partitions
-    lost and commits nothing, as the next poll() would have (``_settle``)."""
+    gave up and the member rejoined without this consumer. close() or unsubscribe() then
+    reports the partitions lost and commits nothing, as the next poll() would have
+    (``_partitions_lost``; unsubscribe() reported them revoked, and with auto-commit committed
+    their positions)."""
     state = OneMemberGroup(partitions=1, records=3)
     listener = Recorder(state.events)
     listener.lock = state.lock
@@ -262,32 +265,10 @@ def test_close_after_the_hold_gave_up_reports_lost_without_committing() -> None:
         state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
         # No poll(): after the rebalance timeout the hold gives up and the member rejoins.
         wait_until(lambda: "join" in [e[0] for e in state.events[mark:]])
-        consumer.close(timeout=WAIT_S)
-    finally:
-        consumer.close(timeout=WAIT_S)
-    tail = [e[0] for e in state.events[mark:] if e[0] != "heartbeat"]
-    assert "lost" in tail and "revoked" not in tail and "commit" not in tail, tail
-    assert state.committed == {}
-
-
-def test_unsubscribe_after_the_hold_gave_up_reports_lost_without_committing() -> None:
-    """As close() after the hold gave up (above): unsubscribe() then reports the partitions lost
-    (before, it reported them revoked, and with auto-commit committed their positions, which
-    the coordinator could take while the generation had not moved on yet)."""
-    state = OneMemberGroup(partitions=1, records=3)
-    listener = Recorder(state.events)
-    listener.lock = state.lock
-    consumer = Consumer(
-        fast_config(rebalance_timeout_ms=200), listener=listener, coordinator=state.fake,  # type: ignore[arg-type]
-        fetch_max_wait_ms=5, auto_commit_interval_ms=100_000,
-    )
-    try:
-        poll_until(consumer, lambda g: len(g) == 3)  # positions 3, nothing committed yet
-        state.park_join.set()  # the rejoin parks, as while waiting for other members
-        mark = len(state.events)
-        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
-        wait_until(lambda: "join" in [e[0] for e in state.events[mark:]])
-        consumer.unsubscribe()
+        if end == "close":
+            consumer.close(timeout=WAIT_S)
+        else:
+            consumer.unsubscribe()
     finally:
         consumer.close(timeout=WAIT_S)
     tail = [e[0] for e in state.events[mark:] if e[0] != "heartbeat"]
