@@ -24,13 +24,15 @@ T0 = 1_000_000
 SESSION_MS = 10_000
 
 
-def join_args(*, static: str | None = None, member_id: str = "") -> list[Any]:
+def join_args(*, static: str | None = None, member_id: str = "", require_known: bool = False,
+              member_uuid: str | None = None) -> list[Any]:
     """One JoinGroup's arguments, built once: a resend sends these same ones (same UUID)."""
     return JoinRequest.build(
         GROUP, member_id, protocol_type="consumer", protocols=[("range", b"meta")],
         session_timeout_ms=SESSION_MS, rebalance_timeout_ms=SESSION_MS,
         group_instance_id=static, client_id="c", client_host="",
-        require_known_member_id=False, reason=None).args()
+        require_known_member_id=require_known, reason=None,
+        new_member_uuid=member_uuid).args()
 
 
 class Group(RawGroup):
@@ -135,22 +137,14 @@ def test_a_member_id_required_round_naming_a_member_changes_nothing(make_coordin
     expiry dropped only the pending entry: the member never expired."""
     g = Group(make_coordinator(group_initial_rebalance_delay_ms=0))
     member_uuid = str(uuid.uuid4())
-
-    def join_args_of(require_known: bool) -> list[Any]:
-        return JoinRequest.build(
-            GROUP, "", protocol_type="consumer", protocols=[("range", b"meta")],
-            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=SESSION_MS,
-            group_instance_id=None, client_id="c", client_host="",
-            require_known_member_id=require_known, reason=None,
-            new_member_uuid=member_uuid).args()
-
-    parked = g.call("join_group", T0, *join_args_of(False))
+    parked = g.call("join_group", T0, *join_args(member_uuid=member_uuid))
     member = joined(g.call("await_reply", T0, parked[4].decode(), "j"))
     assert member.error is Errors.NONE
     session = g.r.zscore(g.keys.deadlines, f"hb:{member.member_id}")
     assert session == T0 + SESSION_MS
 
-    again = joined(g.call("join_group", T0 + 1_000, *join_args_of(True)))
+    again = joined(g.call("join_group", T0 + 1_000,
+                          *join_args(require_known=True, member_uuid=member_uuid)))
     assert (again.error, again.member_id) == (Errors.MEMBER_ID_REQUIRED, member.member_id)
     assert g.r.hlen(g.keys.pending) == 0
     assert g.r.zscore(g.keys.deadlines, f"hb:{member.member_id}") == session

@@ -616,21 +616,21 @@ def test_a_completion_of_more_chunks_than_one_unpack_holds_finishes(make_coordin
     set_chunk(coord, GROUP, 1)
     raw = Raw(coord)
     n = 4_002
-    first = raw.call("join_group", T0, *JoinRequest.build(
-        GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
-        session_timeout_ms=600_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
-        client_id="c", client_host="", require_known_member_id=False, reason=None).args())
+
+    def new_member() -> list[Any]:
+        return JoinRequest.build(
+            GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
+            session_timeout_ms=600_000, rebalance_timeout_ms=DELAY, group_instance_id=None,
+            client_id="c", client_host="", require_known_member_id=False, reason=None).args()
+
+    first = raw.call("join_group", T0, *new_member())
     assert first[0] == b"W"
     # The other joins in pipelines (the same calls RawGroup makes, sent in bulk).
     fn, keys = f"{coord._scripts.library}_join_group", raw.keys.all()
     for start in range(1, n, 500):
         pipe = raw.r.pipeline(transaction=False)
         for _ in range(start, min(n, start + 500)):
-            pipe.fcall(fn, len(keys), *keys, str(T0), GROUP, *JoinRequest.build(
-                GROUP, "", protocol_type="consumer", protocols=[("range", b"")],
-                session_timeout_ms=600_000, rebalance_timeout_ms=DELAY,
-                group_instance_id=None, client_id="c", client_host="",
-                require_known_member_id=False, reason=None).args())
+            pipe.fcall(fn, len(keys), *keys, str(T0), GROUP, *new_member())
         assert {reply[0] for reply in pipe.execute()} == {b"W"}
     assert raw.r.hlen(raw.keys.members) == n
     leader = first[4].decode()
