@@ -191,3 +191,39 @@ def test_a_worker_closed_during_its_first_join_leaves_at_once(redis_client, name
         assert thread is not None and not thread.is_alive()
     assert [m.member_id for m in coord.describe_group("g").members] == [first.member_id]
     assert redis_client.hlen(keys.joining) == 0
+
+
+@pytest.mark.parametrize("protocols", ["same", "changed"])
+def test_a_static_join_sent_again_in_stable_replaces_as_kafka_does(make_coordinator, protocols):
+    """A static member's first JoinGroup sent again once the group is Stable (its reply was
+    lost, or a replacement's was): Kafka takes it for a new instance of that static member and
+    replaces it without a rebalance while the selected protocol stays the same, telling a leader
+    to skip the assignment (KIP-814). Here both copies name the same member id: the answer is
+    the one that replacement gives, not a known leader's rejoin (which forces a rebalance)."""
+    coord = make_coordinator(group_initial_rebalance_delay_ms=0)
+    g = Group(coord)
+    member_uuid = str(uuid.uuid4())
+    join = new_member_join(coord, group_instance_id="instance-1", client_id="c",
+                           new_member_uuid=member_uuid)
+    first = join()
+    assert first.error is Errors.NONE and first.leader_id == first.member_id
+    synced = coord.sync_group(GROUP, first.generation_id, first.member_id,
+                              assignments={first.member_id: b"a"})
+    assert synced.error is Errors.NONE and g.field("state") == "Stable"
+
+    if protocols == "same":
+        again = join()
+        assert again.error is Errors.NONE
+        assert (again.member_id, again.generation_id, again.leader_id) == (
+            first.member_id, 1, first.member_id)
+        assert again.skip_assignment and [m.member_id for m in again.members] == [first.member_id]
+        assert g.field("state") == "Stable" and g.field("gen") == "1"
+        g.assert_one_member(first.member_id)
+        # The generation is the same one: the member's heartbeats and commits go on.
+        assert coord.heartbeat(GROUP, 1, first.member_id,
+                               group_instance_id="instance-1") is Errors.NONE
+    else:
+        # Another protocol selected: as in Kafka, the replacement rebalances.
+        again = join(protocols=[("roundrobin", b"meta"), ("range", b"meta")])
+        assert again.error is Errors.NONE and again.generation_id == 2
+        assert again.protocol_name == "roundrobin" and not again.skip_assignment
