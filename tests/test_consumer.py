@@ -34,7 +34,8 @@ from rcoord.client import (
     WakeupError,
 )
 from rcoord.client import consumer as consumer_module
-from rcoord.errors import ConfigError, RcoordError
+from rcoord.errors import ConfigError, ConnectionLost, RcoordError
+from rcoord.protocol.join import JoinGroupResult
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, Record, Topics
 
@@ -202,6 +203,38 @@ def test_a_join_refusal_no_retry_can_mend_is_raised_by_every_poll(fake_consumer:
         assert "group_min_session_timeout_ms" in info.value.hint
     assert state.joins == [""]
     assert consumer.generation is None
+
+
+@pytest.mark.parametrize("failure", ["connection", "coordinator"])
+def test_poll_keeps_trying_while_the_coordinator_is_unreachable(
+    fake_consumer: Any, caplog: Any, failure: str
+) -> None:
+    """Kafka's poll() never throws because the coordinator cannot be reached: it returns no
+    records and keeps trying. Before, once the group's retries had failed for a whole session
+    timeout, the next poll() raised that error (every loop needed an except around poll())."""
+    state = OneMemberGroup(partitions=1, records=2)
+    down = threading.Event()
+    down.set()
+    join = state.fake.join_group
+
+    def unreachable_join(*args: Any, **kw: Any) -> Any:
+        if down.is_set():
+            if failure == "connection":
+                raise ConnectionLost("Redis is unreachable")
+            return JoinGroupResult.failed(Errors.COORDINATOR_NOT_AVAILABLE)
+        return join(*args, **kw)
+
+    state.fake.join_group = unreachable_join
+    consumer = fake_consumer(state)
+    caplog.set_level(logging.WARNING, logger="rcoord.client.group")
+    reported = lambda: any("joining again" in r.getMessage() for r in caplog.records)  # noqa: E731
+    wait_until(lambda: consumer.poll(timeout=0.01) == [] and reported())
+    # The group has reported it (once, to whoever asks next): poll() still only returns nothing.
+    assert consumer.poll(timeout=0.05) == []
+    assert consumer.generation is None
+    down.clear()
+    got = poll_until(consumer, lambda g: len(g) == 2)
+    assert [r.offset for r in got] == [0, 1]
 
 
 def test_listener_exception_propagates_after_the_step_completes(fake_consumer: Any) -> None:

@@ -78,6 +78,7 @@ from .errors import (
 )
 from .generation import Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
+from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import interruptible_by
 from .subscription import SubscriptionMixin
@@ -489,7 +490,9 @@ class Consumer(SubscriptionMixin):
         Runs the rebalance callbacks and auto-commit as described in the module docstring.
         Raises what the group's ``next()`` raises (a join error, once; a fatal error such as
         ``JoinRefusedError``, ``FencedInstanceIdError`` or ``MissingPermissionError``, from then
-        on) and what the listener raises (after the rebalance step completed).
+        on) and what the listener raises (after the rebalance step completed), but not that Redis
+        or the coordinator could not be reached: as Kafka's poll(), it keeps trying and returns
+        no records meanwhile (the group logs it).
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
@@ -584,10 +587,8 @@ class Consumer(SubscriptionMixin):
                         "call subscribe() or assign() first"
                     )
             elif self._gen is None:
-                assert self._group is not None
-                try:
-                    gen = self._group.next(timeout=_slice(deadline, 0.1))
-                except TimeoutError:
+                gen = self._next_generation(_slice(deadline, 0.1))
+                if gen is None:
                     if _expired(deadline):
                         return []
                     continue
@@ -831,12 +832,27 @@ class Consumer(SubscriptionMixin):
             return
         # Rebalancing cooperatively: keep consuming; block only when there is nothing to read.
         wait = 0.0 if self._assigned else _slice(deadline, self._fetch_max_wait_ms / 1000)
-        assert self._group is not None
-        try:
-            new = self._group.next(timeout=wait)
-        except TimeoutError:
+        new = self._next_generation(wait)
+        if new is None:
             return
         self._transition(new)
+
+    def _next_generation(self, timeout: float) -> Generation | None:
+        """The group's next generation, or None if there is none within ``timeout`` or the
+        group reported an error it is already retrying (a ``retry`` row of ``ERROR_POLICY``:
+        Redis unreachable, the coordinator unavailable). Kafka's poll() never throws because the
+        coordinator cannot be reached: it keeps trying and returns no records; the group's
+        thread logged the error. Other errors (fatal ones, and "anything else", which Kafka's
+        JoinGroup handler throws from poll() too) are raised."""
+        assert self._group is not None
+        try:
+            return self._group.next(timeout=timeout)
+        except TimeoutError:
+            return None
+        except RcoordError as exc:
+            if reaction_for(exc).retry:
+                return None
+            raise
 
     def _transition(self, new: Generation) -> None:
         """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
