@@ -227,7 +227,7 @@ def test_poll_keeps_trying_while_the_coordinator_is_unreachable(
     state.fake.join_group = unreachable_join
     consumer = fake_consumer(state)
     caplog.set_level(logging.WARNING, logger="rcoord.client.group")
-    reported = lambda: any("joining again" in r.getMessage() for r in caplog.records)  # noqa: E731
+    reported = lambda: any("joining again" in r.getMessage() for r in caplog.records)
     wait_until(lambda: consumer.poll(timeout=0.01) == [] and reported())
     # The group has reported it (once, to whoever asks next): poll() still only returns nothing.
     assert consumer.poll(timeout=0.05) == []
