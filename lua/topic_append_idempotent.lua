@@ -20,6 +20,8 @@
 -- remembered batch (oldest first): first sequence, last sequence, first offset, timestamp. A
 -- batch's offsets are consecutive because one call appends them. Stored sequences never wrap:
 -- a wrapping one is unwrapped on arrival (below). Every check comes before the first write.
+-- Duplicates: rcoord's own producer (no modulus) may resend part of a call, so records are
+-- deduplicated one by one; a Kafka producer's batch (a modulus) only whole (below).
 
 local RECORD_ARGS = 9
 local KEEP_BATCHES = 5  -- Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
@@ -76,7 +78,25 @@ if st then
       'producer %s epoch %d sent sequence %d, expected %d',
       pid, epoch, sent, modulus and (st.last + 1) % modulus or st.last + 1)}
   end
-  dup = math.max(0, math.min(n, st.last - first + 1))
+  if modulus then
+    -- A Kafka producer resends whole batches: a batch is a duplicate only when it is exactly
+    -- one the partition remembers (ProducerStateEntry.findDuplicateBatch); any other must
+    -- follow the last sequence (ProducerAppendInfo.checkSequence). A sequence at or below the
+    -- last one is not proof it was appended (a state may start past it: a batch that failed
+    -- before a later one got in), and a Kafka client takes DUPLICATE_SEQUENCE_NUMBER for
+    -- success, so counting it appended would lose the batch.
+    for _, b in ipairs(st.batches) do
+      if b[1] == first and b[2] == first + n - 1 then dup = n end
+    end
+    if dup == 0 and first <= st.last then
+      return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
+        'producer %s epoch %d sent sequences %d..%d, expected %d: not a batch this partition '
+        .. 'remembers (its last %d), and below the next sequence', pid, epoch, sent,
+        (sent + n - 1) % modulus, (st.last + 1) % modulus, KEEP_BATCHES)}
+    end
+  else
+    dup = math.max(0, math.min(n, st.last - first + 1))
+  end
 else
   -- No state (new, expired, or a re-created topic): any sequence starts it, as in Kafka.
   st = {epoch = epoch, last = -1, active = now, batches = {}}

@@ -315,6 +315,37 @@ def test_kafka_sequences_wrap_after_int_max(
     assert ok(append(redis_client, namespace, "t", 0, "native", 0, 0, [b"n"])) == (-1, 1, [-1])
 
 
+def test_a_kafka_batch_is_a_duplicate_only_when_it_is_one_the_partition_remembers(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A Kafka producer with batches in flight: B1 (sequences 0..2) fails before it is
+    written, B2 (3..5) gets in and starts the producer's state (a new producer may start
+    anywhere), B1 is sent again. Before, B1 counted as appended (its sequences are below the
+    last), was answered duplicate with offset -1 (DUPLICATE_SEQUENCE_NUMBER through the
+    gateway, which Kafka's Sender completes as a success) and never stored: lost. Kafka's
+    broker answers OUT_OF_ORDER_SEQUENCE_NUMBER for any batch that is not exactly one it
+    remembers (ProducerStateEntry.findDuplicateBatch), including one overlapping a stored
+    batch, of which rcoord appended the part past the last sequence."""
+    topics.create("t", 1)
+
+    def send(first: int, vals: list[bytes]) -> list[tuple[int, bool]]:
+        metas = append_idempotent(redis_client, namespace, "t", 0, vals, producer_id="k",
+                                  producer_epoch=0, base_sequence=first, atomic=True,
+                                  wrapping=True)
+        return [(m.offset, m.duplicate) for m in metas]
+
+    assert send(3, [b"b2-3", b"b2-4", b"b2-5"]) == [(0, False), (1, False), (2, False)]
+    for first, vals in ((0, [b"b1-0", b"b1-1", b"b1-2"]), (4, [b"x4", b"x5", b"x6"]),
+                        (3, [b"b2-3", b"b2-4"])):
+        with pytest.raises(TopicError) as err:
+            send(first, vals)
+        assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert f"sent sequences {first}..{first + len(vals) - 1}, expected 6" in str(err.value)
+    assert send(3, [b"b2-3", b"b2-4", b"b2-5"]) == [(0, True), (1, True), (2, True)]  # exact
+    assert send(6, [b"c"]) == [(3, False)]
+    assert values(namespace, redis_client, "t", 0) == [b"b2-3", b"b2-4", b"b2-5", b"c"]
+
+
 def test_wrapping_arguments_are_checked(redis_client: Any, namespace: str) -> None:
     Topics(redis_client, namespace).create("t", 1)
     for kwargs, match in (({"base_sequence": 1 << 31}, "base_sequence must be < 2147483648"),

@@ -31,7 +31,7 @@ from ..topics import offsets_for_times as topic_offsets_for_times
 from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
-from .errors import DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
+from .errors import INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
 from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
 from .registry import api
 from .state import Connection, GatewayState
@@ -78,13 +78,9 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
         if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
             raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
         raise
-    first = metas[0]
-    if first.duplicate and first.offset < 0:
-        # Appended before, but no longer among the batches the partition remembers.
-        raise BatchError(DUPLICATE_SEQUENCE_NUMBER,
-                         f"producer {batch.producer_id} sequence {batch.base_sequence} "
-                         "was appended before")
-    return first
+    # A duplicate is a whole batch the partition remembers, with its offsets (wrapping=True):
+    # never DUPLICATE_SEQUENCE_NUMBER, which a Kafka client counts as success.
+    return metas[0]
 
 
 def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
@@ -92,7 +88,7 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     """Blocking: append one partition's batches, in order; the partition's response.
 
     An idempotent producer's exact resend is answered as Kafka does: success, with the offset
-    and timestamp of the original append (DUPLICATE_SEQUENCE_NUMBER when that is forgotten).
+    and timestamp of the original append; one no longer remembered is out of order, as in Kafka.
     """
     out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
                            "log_append_time": -1, "log_start_offset": -1}

@@ -512,7 +512,8 @@ def append_idempotent(
     ``base_sequence .. base_sequence + n - 1`` of ``(producer_id, producer_epoch)`` go to
     ``partition`` at most once. The result is one ``RecordMetadata`` per record, in order;
     records the partition already had come back with ``duplicate=True`` and their original
-    offset and timestamp (-1 once the batch is no longer among the last 5 remembered). Raises
+    offset and timestamp (-1 once the batch is no longer among the last 5 remembered; never
+    with ``wrapping``). Raises
     TopicError PRODUCER_FENCED (an older epoch than the partition has seen),
     OUT_OF_ORDER_SEQUENCE_NUMBER (a gap) or UNKNOWN_TOPIC_OR_PARTITION; nothing is appended
     then. ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
@@ -525,7 +526,11 @@ def append_idempotent(
     (a batch may span it), and are compared modulo ``KAFKA_SEQUENCE_MODULUS``: a sequence is a
     retry, the next one or a gap by its distance from the next expected, within 2**30 either
     way (the script keeps them unwrapped). ``lost_from`` is not taken then (Kafka producers
-    resend instead).
+    resend instead), and duplicates are Kafka's: only a call that is exactly one of the last 5
+    remembered (same first and last sequence) is a duplicate, and any other at or below the
+    last sequence raises OUT_OF_ORDER_SEQUENCE_NUMBER (a Kafka producer resends batches whole;
+    a sequence below the last is not proof of an append, since a producer's state may start
+    past it).
     """
     _check_client(redis_client)
     _check_namespace(namespace)
