@@ -34,6 +34,10 @@ local lost_from = tonumber(ARGV[5])  -- nil when ''
 local expiration, prune = tonumber(ARGV[6]), tonumber(ARGV[7])
 local modulus = tonumber(ARGV[8])  -- nil when ''
 local n = (#ARGV - RECORD_ARGS + 1) / 4
+-- The append log's lifetime: the state's, but within what the server takes (an expire time
+-- past its range fails the SET after the records are written; 2^46 ms is over 2,000 years),
+-- as an integer (a large number would otherwise be sent in exponent form).
+local log_ttl = string.format('%d', math.min(expiration, 2 ^ 46))
 
 local function load_state(raw)
   local v = cmsgpack.unpack(raw)
@@ -152,10 +156,10 @@ if dup < n then
     -- It lives as long as the state would (expiration after the last append).
     local line = string.format('%d %d %d %d\n', st.epoch, first + dup, seq(first_id) - 1, n - dup)
     if log_starts then
-      redis.call('SET', log_key, line, 'PX', expiration)
+      redis.call('SET', log_key, line, 'PX', log_ttl)
     else
       redis.call('APPEND', log_key, line)
-      redis.call('PEXPIRE', log_key, expiration)
+      redis.call('PEXPIRE', log_key, log_ttl)
     end
   end
 end

@@ -33,7 +33,7 @@ from rcoord.topics import (
     resolve_offset,
 )
 from rcoord.topics import admin as topics_admin
-
+from rcoord.topics._base import producer_log_key
 WAIT_S = 15.0
 
 
@@ -155,6 +155,16 @@ def test_topic_settings_are_bounded_by_what_the_scripts_take(
     assert producer.send("t", b"a", partition=0).offset == 0
     assert producer.send("t", b"b", partition=0).offset == 1
     assert topics.apply_retention("t") == {0: 0}  # nothing is old or many enough to go
+    # A producer that logs its appends (the Spark sink's) gives its log the state's lifetime.
+    # Before, a lifetime past the server's expire range failed the script after its records
+    # were written: a retry could not see them in the log and wrote them again.
+    logged = Producer(redis_client, namespace, producer_id="sink-0", log_appends=True)
+    for offset in (2, 3):
+        assert logged.send("t", b"c", partition=0).offset == offset
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0).records] == [
+        b"a", b"b", b"c", b"c"]
+    log = producer_log_key(namespace, "t", 0, "sink-0")
+    assert redis_client.pttl(log) > 10 * 365 * 86_400_000  # lives, and for ages
 
 
 def test_recreated_topic_starts_at_offset_zero(
