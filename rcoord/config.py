@@ -95,8 +95,9 @@ class CoordinatorConfig:
                 f"({self.group_min_session_timeout_ms}) must not exceed "
                 f"group_max_session_timeout_ms ({self.group_max_session_timeout_ms})"
             )
-        if self.group_max_size > 2**31 - 1:
-            raise ConfigError("group_max_size must fit a Java int (<= 2147483647)")
+        for name, top, why in _UPPER_BOUNDS:
+            if getattr(self, name) > top:
+                raise ConfigError(f"{name} must be <= {top} ({why}), got {getattr(self, name)}")
         if self.num_partitions > 16384:
             raise ConfigError("num_partitions must be <= 16384 (one Redis Cluster slot each)")
         if not valid_namespace(self.namespace):
@@ -122,6 +123,21 @@ class CoordinatorConfig:
 
 _FIELDS = [f.name for f in dataclasses.fields(CoordinatorConfig) if not f.name.startswith("_")]
 _INT_FIELDS = [n for n in _FIELDS if n != "namespace"]
+
+_JAVA_INT = 2**31 - 1
+_UPPER_BOUNDS = tuple(
+    [(name, _JAVA_INT, "Kafka's setting is a Java int") for name in _INT_FIELDS
+     if name not in ("offsets_retention_ms", "offsets_retention_check_interval_ms")]
+    + [
+        ("offsets_retention_ms", _JAVA_INT * 60_000,
+         "Kafka's offsets.retention.minutes is a Java int"),
+        # Kafka's is a long; the scripts add it to their clock, a double exact to 2**53, and a
+        # deadline past the server's expire range failed the step after its first writes.
+        ("offsets_retention_check_interval_ms", 2**52, "about 142,700 years"),
+    ]
+)
+"""The largest value of each setting, with why. A larger one made the scripts' deadlines
+fail (a commit with offsets_retention_ms = 2**63 - 1 raised a server error)."""
 STORED_SETTINGS: tuple[str, ...] = tuple(_INT_FIELDS)
 """Settings stored per namespace in Redis (everything but the namespace itself)."""
 

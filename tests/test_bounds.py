@@ -20,6 +20,7 @@ import redis.asyncio.cluster
 from harness import PROTOCOLS, Ctx
 from rcoord import (
     ConfigError,
+    CoordinatorConfig,
     Errors,
     InvalidRequestError,
     MemberIdentity,
@@ -199,6 +200,29 @@ def test_retention_ms_is_int64_and_a_huge_one_never_expires(ctx):
         T0: Errors.NONE}
     ctx.sleep(100 * 365 * 24 * 3600 * 1000)  # a century
     assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets[T0].offset == 1
+
+
+@pytest.mark.parametrize(("name", "top"), [
+    ("offsets_retention_ms", (2**31 - 1) * 60_000),  # Kafka's minutes are a Java int
+    ("offsets_retention_check_interval_ms", 2**52),
+    ("group_max_session_timeout_ms", 2**31 - 1),
+    ("new_member_join_timeout_ms", 2**31 - 1),
+])
+def test_settings_are_bounded_and_the_largest_work(make_coordinator, name, top):
+    """A commit under offsets_retention_ms = 2**63 - 1 failed with a raw server error (the
+    retention deadline, past the server's expire range); now each setting has a bound, named
+    in the error, and a group works at it."""
+    with pytest.raises(ConfigError, match=f"{name} must be <= {top}"):
+        CoordinatorConfig(**{name: top + 1})
+    coord = make_coordinator(**{name: top})
+    assert coord.commit_offsets("simple", {T0: 7}) == {T0: Errors.NONE}
+    assert coord.fetch_offsets("simple", [T0]).offsets[T0].offset == 7
+    # A member joins and leaves: the group is Empty, its retention check far ahead.
+    joined = coord.join_group("g", "", protocol_type="consumer", protocols=PROTOCOLS,
+                              session_timeout_ms=10_000, require_known_member_id=False)
+    assert joined.error is Errors.NONE
+    assert coord.leave_group("g", [MemberIdentity(joined.member_id)]).error is Errors.NONE
+    assert coord.describe_group("g").state == "Empty"
 
 
 # -- 4. generated member ids ----------------------------------------------------------------------
