@@ -101,7 +101,7 @@ end
 -- returns nil before writing anything, and the step runs in the wrapper (which reads again:
 -- only the rare cases pay twice). A simple commit (generation -1) goes there at once.
 local COMMIT_SETTINGS = {'num_partitions', 'group_max_size', 'offsets_retention_ms',
-  'offset_metadata_max_bytes'}
+  'offset_metadata_max_bytes', 'offsets_retention_check_interval_ms'}
 local COMMIT_GROUP_FIELDS = {'state', 'gen', 'ea', 'ptype', 'subs', 'capchk'}
 local function commit_fast(keys, args, req)
   if req.generation < 0 or req.member_id == '' then return nil end
@@ -129,7 +129,9 @@ local function commit_fast(keys, args, req)
   -- (the retention timer, if it runs in this state, counts from the commit)
   local gc_at = nil
   if stored and expiration_base_of(ptype, state, subs) == 'commit' then
-    gc_at = expiry_of(stored, 'commit', tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms)
+    gc_at = retention_check_at(
+      expiry_of(stored, 'commit', tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms), now,
+      tonumber(cfg[5]) or DEFAULTS.offsets_retention_check_interval_ms)
     if gc_at < published then return nil end
   end
   redis.call('ZADD', K_DL, session_at, hb_key(req.member_id))

@@ -1387,10 +1387,20 @@ local function expiry_of(rec, base, retention)
   return rec.t + retention
 end
 
+-- When the retention timer runs next, for an offset (or a group) that expires ``at``: then, or
+-- after the check interval if that comes first. Each run reads the settings in force, so a
+-- lowered offsets_retention_ms applies to stored offsets within one interval, as Kafka's
+-- periodic clean-up (every offsets.retention.check.interval.ms) applies it; otherwise a timer
+-- set under the old retention (a week by default) stood, and so did the offsets. ``interval``:
+-- when the caller read it without CFG (commit_offsets.lua's fast path).
+local function retention_check_at(at, now, interval)
+  return math.min(at, now + (interval or CFG.offsets_retention_check_interval_ms))
+end
+
 -- After a commit: make sure the retention timer fires no later than this offset's expiry.
 local function schedule_offset_expiry(rec)
   local base = expiration_base()
-  if base then schedule_by('gc', expiry_of(rec, base)) end
+  if base then schedule_by('gc', retention_check_at(expiry_of(rec, base), NOW)) end
 end
 
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
@@ -1421,7 +1431,7 @@ local function expire_offsets()
     end
     if next_at == nil or at < next_at then next_at = at end
   end
-  if next_at then schedule('gc', next_at) end
+  if next_at then schedule('gc', retention_check_at(next_at, NOW)) end
 end
 
 -- Applies every deadline of this group that has passed, in deadline order (lazy expiry).

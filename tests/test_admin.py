@@ -171,7 +171,8 @@ def test_stable_consumer_group_expires_only_unsubscribed_topics(make_coordinator
 
 def test_turning_stable_re_examines_offsets_at_once_only_when_there_are_offsets(
         make_coordinator, clock, pool):
-    c = _retention_ctx(make_coordinator, clock, pool)
+    # (A check interval longer than the retention: the timer is the offsets' own expiry.)
+    c = _retention_ctx(make_coordinator, clock, pool, offsets_retention_check_interval_ms=600_000)
     keys, r = c._keys(), c.coord._redis
     # Without offsets, reaching Stable leaves the retention timer where it was (the Empty
     # group's removal, a check interval after it was made): nothing to publish or apply.
@@ -202,6 +203,27 @@ def test_turning_stable_re_examines_offsets_at_once_only_when_there_are_offsets(
     assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0, AUDIT0}
     c.sleep(1)
     assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0}
+
+
+def test_a_lowered_retention_applies_to_offsets_already_stored(make_coordinator, clock, pool):
+    """Kafka's clean-up runs every offsets.retention.check.interval.ms with the retention then
+    in force, so a lowered offsets.retention.minutes applies to stored offsets at the next
+    check. Before, the retention timer stayed where the old retention had put it (a week),
+    and so did the offsets. Now it runs at least once per check interval."""
+    week, hour = 7 * 86_400_000, 3_600_000
+    c = _retention_ctx(make_coordinator, clock, pool, offsets_retention_ms=week)
+    keys, r = c._keys(), c.coord._redis
+    c.coord.commit_offsets(c.group_id, {ORDERS0: 1})  # a simple group's
+    c.sleep(10_000)  # the new group's first check: its offset expires in a week
+    c.coord.run_timers()
+    assert r.zscore(keys.deadlines, "gc") == clock.milliseconds() + 10_000
+    lowered = make_coordinator(clock=clock, offsets_retention_ms=hour)
+    assert lowered.config.offsets_retention_ms == hour
+    c.sleep(hour - 10_000 - 1)
+    assert set(c.coord.fetch_offsets(c.group_id).offsets) == {ORDERS0}
+    c.sleep(1)
+    assert c.coord.fetch_offsets(c.group_id).offsets == {}
+    assert c.state() == "Dead"
 
 
 def test_per_commit_retention_overrides(make_coordinator, clock, pool):

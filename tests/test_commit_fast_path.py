@@ -186,6 +186,20 @@ def explicit_retention(ctx: Ctx, r: redis.Redis) -> Script:
     return commit_call(ctx, {T0: 9}, member_id=mid, generation_id=gen, retention_ms=3_600_000)
 
 
+def first_timer_after_the_check(ctx: Ctx, r: redis.Redis) -> Script:
+    """The group's retention timer ran (at the check interval after its creation) and found
+    nothing to expire, so none is set: the commit sets it, at the check interval at the latest
+    (a lowered retention then applies at that check), not at the offset's expiry."""
+    assert ctx.clock is not None
+    gen, mid = stable_one(ctx, r)
+    deadlines = ctx._keys().deadlines
+    while r.zscore(deadlines, "gc") is not None:
+        ctx.clock.sleep(2000)
+        assert ctx.heartbeat(mid, gen) is Errors.NONE
+        ctx.coord.run_timers()
+    return commit_call(ctx, {T0: 3}, member_id=mid, generation_id=gen)
+
+
 def many_partitions(ctx: Ctx, r: redis.Redis) -> Script:
     gen, mid = stable_one(ctx, r)
     offsets = {TopicPartition(f"t{i % 3}", i): i for i in range(700)}  # three HSET batches
@@ -283,6 +297,7 @@ SCENARIOS: list[tuple[Setup, bool, str]] = [
     (every_partition_refused, True, "NONE"),
     (explicit_retention, True, "NONE"),
     (many_partitions, True, "NONE"),
+    (first_timer_after_the_check, True, "NONE"),
     (static_member, True, "NONE"),
     (preparing_rebalance, True, "NONE"),
     (fenced_static_member, False, "FENCED_INSTANCE_ID"),
