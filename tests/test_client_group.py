@@ -482,13 +482,15 @@ def test_a_heartbeat_refused_a_permission_closes_the_group(fake_group: Any) -> N
 def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) -> None:
     row = reaction_for(error)
     state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    assert gen.member_id == state.id(1) and gen.generation_id == 1
+    # Only once it is taken: a generation that ends before anyone takes it is withdrawn, and
+    # next() raises its error instead (a heartbeat every 10 ms could win that race).
     if row.retry:
         state.heartbeat_default = error  # keeps failing for the whole session timeout
     else:
         state.heartbeat_answers.append(error)
-    group = fake_group(state)
-    gen = group.next(timeout=WAIT_S)
-    assert gen.member_id == state.id(1) and gen.generation_id == 1
     assert gen.done.wait(WAIT_S)
     state.heartbeat_default = Errors.NONE
     assert gen.lost is row.lost
