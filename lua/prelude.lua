@@ -1403,6 +1403,15 @@ local function schedule_offset_expiry(rec)
   if base then schedule_by('gc', retention_check_at(expiry_of(rec, base), NOW)) end
 end
 
+-- The retention check reads a group's offsets a page at a time (HSCAN), so that no call holds
+-- the shard for long however many offsets a group has (a commit takes up to 10,000 partitions,
+-- a group any number: 300,000 offsets took 1.2 s in one call). A walk not done keeps its place
+-- in the group hash ('gcw': the generation and base it runs under, the cursor, and the earliest
+-- expiry seen so far, if any) and comes back a millisecond later (the service's next call, or
+-- any step's), one page per call. A walk goes on only under the generation and base it began
+-- with (they decide which offsets may expire); otherwise it starts again.
+local GC_PAGE = 1000
+
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
 -- exactly when due instead of on a periodic scan.
 local function expire_offsets()
@@ -1410,7 +1419,14 @@ local function expire_offsets()
   local next_at = nil
   if base then
     local subs = subscribed_set()
-    local flat = redis.call('HGETALL', K_OFFSETS)
+    local walk = (G.gen or '0') .. ' ' .. base
+    local cursor, left = '0', G.gcw
+    if left then
+      local w, b, c, n = string.match(left, '^(%S+) (%S+) (%S+) ?(%S*)$')
+      if w .. ' ' .. b == walk then cursor, next_at = c, tonumber(n) end
+    end
+    local page = redis.call('HSCAN', K_OFFSETS, cursor, 'COUNT', GC_PAGE)
+    local flat = page[2]
     for i = 1, #flat, 2 do
       local topic = string.match(flat[i], '^%d+:(.*)$')
       if not is_subscribed(topic, subs) then
@@ -1422,6 +1438,12 @@ local function expire_offsets()
         end
       end
     end
+    if page[1] ~= '0' then
+      set_g('gcw', walk .. ' ' .. page[1] .. (next_at and string.format(' %d', next_at) or ''))
+      schedule('gc', NOW + 1)
+      return
+    end
+    if left then del_g('gcw') end
   end
   if G.state == EMPTY and redis.call('HLEN', K_OFFSETS) == 0 then
     local at = tonumber(G.ts) + CFG.offsets_retention_check_interval_ms

@@ -93,6 +93,8 @@ KEYS_CACHE_SIZE = 10_000
 """Key layouts remembered; the cache is emptied when full (layouts are cheap to rebuild)."""
 MAX_DUE_RETRIES = 5
 """Heartbeats retried after a deadline sweep that applied nothing, before a retriable answer."""
+FETCH_PAGE = 2000
+"""Offsets a fetch of all a group's offsets reads per script call (about: HSCAN's COUNT)."""
 MAX_BUSY_CALLS = 10_000
 """Most calls of one group step answered BUSY before giving up (each applied up to
 ``due_per_call`` deadlines or wrote one chunk: far more than any group needs)."""
@@ -520,13 +522,23 @@ class GroupSteps:
     ) -> Flow[OffsetFetchResult]:
         """OffsetFetch: committed offsets; a requested partition with no commit maps to -1.
 
-        A long partition list is read in several script calls (see ``fetch_batches``).
+        A long partition list is read in several script calls (see ``fetch_batches``), and so
+        are all of a group's offsets, a page of about ``FETCH_PAGE`` per call: one call
+        reading 300,000 offsets held the shard for 200 ms. Each call reads its share at one
+        instant; a commit that lands between two calls may show in the later one only.
         """
         gid = check_id("group_id", group_id)
         keys = self.keys(gid)
-        batches = [[]] if partitions is None else fetch_batches(partitions)
         offsets = {}
-        for batch in batches:
+        if partitions is None:
+            cursor = "0"
+            while True:
+                page = yield from self.call("fetch_offsets", keys, [f"#{cursor}", FETCH_PAGE])
+                cursor = _text(page[-1])
+                offsets.update(decode_fetch(page[:-2]))
+                if cursor == "0":
+                    return OffsetFetchResult(Errors.NONE, offsets)
+        for batch in fetch_batches(partitions):
             offsets.update(decode_fetch((yield from self.call("fetch_offsets", keys, batch))))
         return OffsetFetchResult(Errors.NONE, offsets)
 

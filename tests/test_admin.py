@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from harness import wait_until
+
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
+from rcoord import steps as steps_module
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
 
 ORDERS0, AUDIT0 = TopicPartition("orders", 0), TopicPartition("audit", 0)
@@ -224,6 +226,50 @@ def test_a_lowered_retention_applies_to_offsets_already_stored(make_coordinator,
     c.sleep(1)
     assert c.coord.fetch_offsets(c.group_id).offsets == {}
     assert c.state() == "Dead"
+
+
+def test_the_retention_check_reads_many_offsets_a_page_per_call(make_coordinator, clock, pool):
+    """One call expiring 300,000 offsets held the shard for 1.2 s. The check now walks them a
+    page per call (lua/prelude.lua, expire_offsets), keeping its place in the group hash and
+    coming back a millisecond later, until the group is done with."""
+    c = _retention_ctx(make_coordinator, clock, pool)
+    keys, r = c._keys(), c.coord._redis
+    tps = [TopicPartition("orders", p) for p in range(2_500)]
+    for i in range(0, len(tps), 1_000):
+        assert set(c.coord.commit_offsets(c.group_id, dict.fromkeys(tps[i:i + 1_000], 1))
+                   .values()) == {Errors.NONE}
+    c.clock.sleep(60_000)  # every offset has expired
+    left = []
+    while r.exists(keys.group) and len(left) < 10:
+        c.coord.run_timers()  # the page due now; the next one is a millisecond later
+        left.append(r.hlen(keys.offsets))
+        if r.exists(keys.group):
+            assert r.hget(keys.group, "gcw") is not None
+        c.clock.sleep(1)
+    assert left[0] >= 1_000 and left[-1] == 0 and len(left) >= 3
+    assert left == sorted(left, reverse=True)
+    assert c.state() == "Dead"  # no offsets left: the simple group is removed
+
+
+def test_a_fetch_of_all_offsets_reads_a_page_per_call(make_coordinator, monkeypatch):
+    """One call reading 300,000 offsets held the shard for 200 ms; a fetch of all offsets now
+    reads about FETCH_PAGE per call, and still answers every one."""
+    monkeypatch.setattr(steps_module, "FETCH_PAGE", 50)
+    coord = make_coordinator()
+    tps = [TopicPartition(f"t{p % 3}", p) for p in range(1_000)]
+    assert set(coord.commit_offsets("many", {tp: tp.partition for tp in tps}).values()) == {
+        Errors.NONE}
+    calls = []
+    call = coord._steps.call
+
+    def counted(step, keys, args):
+        calls.append(step)
+        return (yield from call(step, keys, args))
+
+    monkeypatch.setattr(coord._steps, "call", counted)
+    fetched = coord.fetch_offsets("many")
+    assert {tp: o.offset for tp, o in fetched.offsets.items()} == {tp: tp.partition for tp in tps}
+    assert calls.count("fetch_offsets") >= 10
 
 
 def test_per_commit_retention_overrides(make_coordinator, clock, pool):

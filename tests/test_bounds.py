@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
-
 from harness import PROTOCOLS, Ctx
+
 from rcoord import (
     ConfigError,
     CoordinatorConfig,

@@ -34,6 +34,7 @@ from rcoord.topics import (
 )
 from rcoord.topics import admin as topics_admin
 from rcoord.topics._base import producer_log_key
+
 WAIT_S = 15.0
 
 
