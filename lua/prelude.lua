@@ -1410,7 +1410,7 @@ end
 -- expiry seen so far, if any) and comes back a millisecond later (the service's next call, or
 -- any step's), one page per call. A walk goes on only under the generation and base it began
 -- with (they decide which offsets may expire); otherwise it starts again.
-local GC_PAGE = 1000
+local GC_PAGE = 250
 
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
 -- exactly when due instead of on a periodic scan.

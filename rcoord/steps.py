@@ -93,7 +93,7 @@ KEYS_CACHE_SIZE = 10_000
 """Key layouts remembered; the cache is emptied when full (layouts are cheap to rebuild)."""
 MAX_DUE_RETRIES = 5
 """Heartbeats retried after a deadline sweep that applied nothing, before a retriable answer."""
-FETCH_PAGE = 2000
+FETCH_PAGE = 500
 """Offsets a fetch of all a group's offsets reads per script call (about: HSCAN's COUNT)."""
 MAX_BUSY_CALLS = 10_000
 """Most calls of one group step answered BUSY before giving up (each applied up to
