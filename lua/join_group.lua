@@ -103,31 +103,28 @@ local function replace_static_member(old_id, new_id)
   return rec
 end
 
--- The Stable case of Kafka's updateStaticMemberThenRebalanceOrCompleteJoin, once the member's
--- record holds the request's protocols: while the selected protocol stays the same there is no
--- rebalance, the static member gets the current generation back, and a returning leader is told
--- to skip the assignment (KIP-814); another protocol rebalances.
-local function static_join_in_stable(id)
-  if select_protocol() == G.pname then
-    redis.call('HDEL', K_JOINING, id)
-    local is_leader = G.leader == id
-    return respond(join_reply(id, 'NONE', is_leader, is_leader))
-  end
-  maybe_prepare_rebalance_or_complete_join('static member ' .. id .. ' changed protocol')
-  return reply_or_wait(id, 'j')
-end
-
+-- Kafka's updateStaticMemberThenRebalanceOrCompleteJoin. ``old_id`` == ``new_id``: the
+-- static member's join sent again, whose replacement's id is the member's own (join_group), so
+-- only the rest of the replacement is left to do.
 local function update_static_member_and_rebalance(old_id, new_id)
   -- Checked before any write (a script error must not leave the group half-changed).
   if G.state == EMPTY or G.state == DEAD then
     illegal('Group ' .. GROUP_ID .. ' was not supposed to be in the state ' .. G.state ..
       ' when the unknown static member ' .. REQ.iid .. ' rejoins.')
   end
-  local rec = replace_static_member(old_id, new_id)
+  local rec = old_id == new_id and known_record() or replace_static_member(old_id, new_id)
   reschedule_heartbeat(rec.id, rec.st)
   update_member(rec, REQ, true)
-  if G.state == STABLE then return static_join_in_stable(new_id) end
-  if G.state == COMPLETING then
+  if G.state == STABLE then
+    if select_protocol() == G.pname then
+      -- Same protocol: no rebalance; the static member gets the current generation back, and
+      -- a returning leader is told to skip the assignment (KIP-814).
+      redis.call('HDEL', K_JOINING, new_id)
+      local is_leader = G.leader == new_id
+      return respond(join_reply(new_id, 'NONE', is_leader, is_leader))
+    end
+    maybe_prepare_rebalance_or_complete_join('static member ' .. new_id .. ' changed protocol')
+  elseif G.state == COMPLETING then
     prepare_rebalance('static member ' .. new_id .. ' rejoined during CompletingRebalance')
   else
     maybe_complete_join_phase()
@@ -189,13 +186,8 @@ local function join_existing_member()
     end
     return update_member_and_rebalance(rec, 'member ' .. id .. ' changed metadata')
   elseif G.state == STABLE then
-    if REQ.static_resend then
-      -- Kafka takes it for a new instance of the static member and replaces it; the
-      -- replacement's id is this one, so only the rest of the replacement is left to do.
-      update_member(rec, REQ, true)
-      reschedule_heartbeat(id, rec.st)
-      return static_join_in_stable(id)
-    end
+    -- Kafka takes a static member's join sent again for a new instance, and replaces it.
+    if REQ.static_resend then return update_static_member_and_rebalance(id, id) end
     if G.leader == id or rec.pr ~= REQ.pr then
       -- A leader's rejoin forces a rebalance (it may have seen metadata change).
       return update_member_and_rebalance(rec, 'member ' .. id .. ' rejoined Stable group')

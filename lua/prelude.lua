@@ -1368,15 +1368,14 @@ end
 
 -- Kafka's offsetExpirationCondition: which timestamp an offset's retention counts from, or nil
 -- when no offset may expire in the current state. From the group's protocol type, state and
--- subscribed topics (any value: some); expiration_base reads them from G, and
--- commit_offsets.lua's fast path passes what it read without G.
+-- subscribed topics (any value: some): G's, or what commit_offsets.lua's fast path read
+-- without G.
 local function expiration_base_of(ptype, state, subs)
   if ptype == '' then return 'commit' end
   if state == EMPTY then return 'empty' end
   if ptype == 'consumer' and subs and state == STABLE then return 'commit' end
   return nil
 end
-local function expiration_base() return expiration_base_of(G.ptype, G.state, G.subs) end
 
 -- ``retention``: offsets_retention_ms when the caller read it without CFG (commit_offsets.lua's
 -- fast path, base 'commit'); otherwise CFG's.
@@ -1399,7 +1398,7 @@ end
 
 -- After a commit: make sure the retention timer fires no later than this offset's expiry.
 local function schedule_offset_expiry(rec)
-  local base = expiration_base()
+  local base = expiration_base_of(G.ptype, G.state, G.subs)
   if base then schedule_by('gc', retention_check_at(expiry_of(rec, base), NOW)) end
 end
 
@@ -1409,13 +1408,13 @@ end
 -- in the group hash ('gcw': the generation and base it runs under, the cursor, and the earliest
 -- expiry seen so far, if any) and comes back a millisecond later (the service's next call, or
 -- any step's), one page per call. A walk goes on only under the generation and base it began
--- with (they decide which offsets may expire); otherwise it starts again.
-local GC_PAGE = 250
+-- with (they decide which offsets may expire); otherwise it starts again. A page is 250
+-- offsets (HSCAN's COUNT): at most about 2 ms of server time.
 
 -- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
 -- exactly when due instead of on a periodic scan.
 local function expire_offsets()
-  local base = expiration_base()
+  local base = expiration_base_of(G.ptype, G.state, G.subs)
   local next_at = nil
   if base then
     local subs = subscribed_set()
@@ -1425,7 +1424,7 @@ local function expire_offsets()
       local w, b, c, n = string.match(left, '^(%S+) (%S+) (%S+) ?(%S*)$')
       if w .. ' ' .. b == walk then cursor, next_at = c, tonumber(n) end
     end
-    local page = redis.call('HSCAN', K_OFFSETS, cursor, 'COUNT', GC_PAGE)
+    local page = redis.call('HSCAN', K_OFFSETS, cursor, 'COUNT', 250)
     local flat = page[2]
     for i = 1, #flat, 2 do
       local topic = string.match(flat[i], '^%d+:(.*)$')
