@@ -168,6 +168,23 @@ def test_topic_settings_are_bounded_by_what_the_scripts_take(
     assert redis_client.pttl(log) > 10 * 365 * 86_400_000  # lives, and for ages
 
 
+def test_partitions_per_call_are_bounded_as_kafkas_controller_bounds_them(topics: Topics) -> None:
+    """A create of 100,000,000 partitions registered the topic, then ran for hours making its
+    streams (and every describe walked them all). Kafka's controller refuses an operation of more
+    than 10,000 records; here a create or add_partitions of more than 10,000 is refused first,
+    with nothing written."""
+    top = topics_admin.MAX_PARTITIONS_PER_CALL
+    with pytest.raises(TopicError, match=f"<= {top} in one call") as err:
+        topics.create("big", top + 1)
+    assert err.value.error == Errors.INVALID_PARTITIONS
+    assert topics.list() == []
+    topics.create("t", 2)
+    with pytest.raises(TopicError, match=f"at most {top} more in one call") as err:
+        topics.add_partitions("t", top + 3)
+    assert err.value.error == Errors.INVALID_PARTITIONS
+    assert topics.partition_count("t") == 2
+
+
 def test_recreated_topic_starts_at_offset_zero(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str
 ) -> None:

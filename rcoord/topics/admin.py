@@ -32,6 +32,12 @@ from ._base import (
     producer_state_keys,
 )
 
+MAX_PARTITIONS_PER_CALL = 10_000
+"""Most partitions one create or add_partitions makes: Kafka's controller refuses an operation
+of more than 10,000 records (QuorumController's MAX_RECORDS_PER_USER_OP). Unbounded, a typo of
+100,000,000 registered the topic and then ran for hours making its streams, and every later
+describe or metadata request walked that many partitions."""
+
 MAX_CONFIG = 2**63 - 1
 """The largest count or duration a topic setting takes (Kafka's configs are Java longs)."""
 
@@ -79,6 +85,10 @@ class Topics:
         _check_topic(topic)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {partitions!r}")
+        if partitions > MAX_PARTITIONS_PER_CALL:
+            raise TopicError(Errors.INVALID_PARTITIONS,
+                             f"partitions must be <= {MAX_PARTITIONS_PER_CALL} in one call: "
+                             f"{partitions}")
         # Up to Kafka's long: XTRIM MAXLEN takes no more (a larger count made every
         # apply_retention fail), and the scripts' doubles compare ages that large correctly.
         for name, val, low in (
@@ -123,6 +133,11 @@ class Topics:
         if new_total <= current:
             raise TopicError(Errors.INVALID_PARTITIONS,
                              f"{topic} has {current} partitions; cannot go to {new_total}")
+        if new_total - current > MAX_PARTITIONS_PER_CALL:
+            raise TopicError(Errors.INVALID_PARTITIONS,
+                             f"{topic} has {current} partitions; at most "
+                             f"{MAX_PARTITIONS_PER_CALL} more in one call, not "
+                             f"{new_total - current}")
         _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure"])
                        for p in range(current, new_total)])
         # A token per call, as in ``create``: a resend of this very call is not a request for
