@@ -10,11 +10,11 @@ make itself.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -469,7 +469,7 @@ def test_bad_input_is_one_line(cli, redis_client, namespace, args, code, says):
     assert says in line
 
 
-def test_parse_duration_and_datetime():
+def test_parse_duration_and_datetime(monkeypatch):
     assert parse_duration("P1D") == 86_400_000
     assert parse_duration("PT2H30M") == 9_000_000
     assert parse_duration("pt0.5s") == 500
@@ -480,8 +480,15 @@ def test_parse_duration_and_datetime():
             parse_duration(bad)
     assert parse_datetime("2024-01-01T00:00:00Z") == T0
     assert parse_datetime("2024-01-01T00:00:00.250+00:00") == T0 + 250
-    local = dt.datetime(2024, 1, 1, 12, 0).astimezone()
-    assert parse_datetime("2024-01-01T12:00:00") == int(local.timestamp() * 1000)
+    # Without a zone, UTC, as Kafka's Utils.getDateTime reads it, whatever the machine's zone
+    # (before: the machine's).
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert parse_datetime("2024-01-01T12:00:00") == T0 + 12 * 3_600_000
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_plan_clamps_and_falls_back_to_the_log_end():

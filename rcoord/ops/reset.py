@@ -51,7 +51,8 @@ def parse_duration(text: str) -> int:
 
 def parse_datetime(text: str) -> int:
     """An ISO-8601 date and time in epoch ms, e.g. ``2024-05-01T10:00:00.000`` or with a zone
-    (``Z``, ``+02:00``); without one it is local time, as Kafka's ``--to-datetime`` reads it."""
+    (``Z``, ``+02:00``); without one it is UTC, as Kafka's ``--to-datetime`` reads it
+    (``Utils.getDateTime`` appends ``Z``), whatever the machine's zone."""
     try:
         when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
@@ -60,7 +61,7 @@ def parse_datetime(text: str) -> int:
             "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +02:00)"
         ) from None
     if when.tzinfo is None:
-        when = when.astimezone()  # local time
+        when = when.replace(tzinfo=dt.UTC)
     return int(when.timestamp() * 1000)
 
 
