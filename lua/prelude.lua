@@ -1410,9 +1410,8 @@ end
 -- any step's), one page per call. A walk goes on only under the generation and base it began
 -- with (they decide which offsets may expire); otherwise it starts again. A page is 250
 -- offsets (HSCAN's COUNT): at most about 2 ms of server time.
-
--- Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets left,
--- exactly when due instead of on a periodic scan.
+-- This is Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets
+-- left, exactly when due instead of on a periodic scan.
 local function expire_offsets()
   local base = expiration_base_of(G.ptype, G.state, G.subs)
   local next_at = nil
