@@ -35,6 +35,7 @@ from .cli import (
     report,
     with_tls_files,
 )
+from .topics.admin import MAX_PARTITIONS_PER_CALL
 
 __all__ = ["add_arguments", "run"]
 
@@ -591,6 +592,9 @@ def _run_demo(args: argparse.Namespace) -> int:
         level = log_level(args.log_level)
         if args.partitions < 2 or args.workers < 2 or args.records < 1:
             raise UsageError("needs --partitions >= 2, --workers >= 2, --records >= 1")
+        if args.partitions > MAX_PARTITIONS_PER_CALL:
+            raise UsageError(f"--partitions must be <= {MAX_PARTITIONS_PER_CALL} (one topic "
+                             f"create), got {args.partitions}")
         if args.time_limit <= 0:
             raise UsageError(f"--time-limit must be > 0, got {args.time_limit:g}")
         from .assignors import UnknownAssignorError, get_assignor
