@@ -374,6 +374,25 @@ def test_group_apis_check_the_group(alice: _Session, bob: _Session, topics: Topi
     assert [g.group_id for g in listed.groups] == ["app"]
 
 
+def test_commit_checks_the_topic_before_whether_it_exists(alice: _Session, topics: Topics
+                                                         ) -> None:
+    """As KafkaApis: a topic the principal may not READ is TOPIC_AUTHORIZATION_FAILED whether or
+    not it exists (nothing is told about it); a readable one that does not exist, or a partition
+    past its last, is UNKNOWN_TOPIC_OR_PARTITION; the rest is committed."""
+    wanted = {"orders": [0, 5], "shared.nosuch": [0], "secret": [0], "nosuch": [0]}
+    committed = alice.call(8, 8, {"group_id": "app", "generation_id_or_member_epoch": -1,
+                                  "member_id": "", "topics": [
+        {"name": n, "partitions": [{"partition_index": p, "committed_offset": 1} for p in ps]}
+        for n, ps in wanted.items()]})
+    assert {(t.name, p.partition_index): p.error_code.value
+            for t in committed.topics for p in t.partitions} == {
+        ("orders", 0): 0, ("orders", 5): 3, ("shared.nosuch", 0): 3,
+        ("secret", 0): TOPIC_AUTHORIZATION_FAILED, ("nosuch", 0): TOPIC_AUTHORIZATION_FAILED}
+    fetched = alice.call(9, 8, {"groups": [{"group_id": "app", "topics": None}]})
+    assert [(t.name, [p.partition_index for p in t.partitions])
+            for t in fetched.groups[0].topics] == [("orders", [0])]
+
+
 def test_init_producer_id_needs_idempotent_write_or_a_topic_write(
     alice: _Session, bob: _Session,
 ) -> None:

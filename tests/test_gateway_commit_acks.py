@@ -14,6 +14,7 @@ from harness import wait_until
 from rcoord import GroupCoordinator, TopicPartition
 from rcoord.gateway.state import GatewayConfig
 from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Topics
 
 COORDINATOR_NOT_AVAILABLE = 15
 
@@ -53,6 +54,8 @@ def test_every_commit_waits_for_the_configured_replicas(primary, acks, expected)
     ns = "g" + uuid.uuid4().hex[:10]
     # The one replica acknowledges as soon as it is scheduled: give it time enough for a loaded
     # machine (50 ms was missed once in a full run); the refusal waits out the short timeout.
+    with primary.client() as c:
+        Topics(c, ns).create("t", 1)  # a commit to a topic that does not exist is refused
     gw = GatewayThread(f"redis://127.0.0.1:{primary.port}/0", ns, commit_required_acks=acks,
                        commit_ack_timeout_ms=5000 if expected == 0 else 50).start()
     try:

@@ -1,6 +1,8 @@
-"""Edge answers of Fetch and ListOffsets, as Kafka gives them: a negative fetch offset is out
-of range for its partition only, and ListOffsets' MAX_TIMESTAMP (KIP-734) names the record with
-the largest timestamp and that timestamp, or -1 and -1 for an empty log."""
+"""Edge answers of Fetch, ListOffsets and OffsetCommit, as Kafka gives them: a negative fetch
+offset is out of range for its partition only; ListOffsets' MAX_TIMESTAMP (KIP-734) names the
+record with the largest timestamp and that timestamp, or -1 and -1 for an empty log; an
+OffsetCommit partition of a topic or partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION
+for that partition only, and the others are committed."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once
+from gateway_harness import call_once, connect, request_frame, response
 
+from rcoord import GroupCoordinator, TopicPartition
 from rcoord.errors import Errors
 from rcoord.topics import Producer, ProducerRecord
 
@@ -50,3 +53,55 @@ def test_max_timestamp_names_the_last_record_or_nothing(gateway, redis_server, t
     assert parts[0].error_code.value == 0
     assert (parts[0].offset, parts[0].timestamp) == (metas[1].offset, metas[1].timestamp_ms)
     assert (parts[1].offset, parts[1].timestamp) == (-1, -1)  # empty: no such record
+
+
+@pytest.mark.parametrize("version", [2, 8])
+def test_a_commit_answers_each_missing_topic_or_partition_and_commits_the_rest(
+        gateway, redis_server, topics, version):
+    """KafkaApis.handleOffsetCommitRequest: UNKNOWN_TOPIC_OR_PARTITION for each partition not
+    in the metadata (no such topic, an illegal name, an index past the last or below 0); the
+    valid partitions of the same request are committed. A negative index once failed the whole
+    request (INVALID_REQUEST on every partition), and a missing topic was committed."""
+    topics.create("real", 2)
+    wanted = {"real": [0, 1, 2, -1], "nosuch": [0], "bad{name}": [0], "": [0]}
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(8, version, 1, {
+            "group_id": "grp", "generation_id_or_member_epoch": -1, "member_id": "",
+            "topics": [{"name": name, "partitions": [
+                {"partition_index": p, "committed_offset": 10 + p} for p in parts]}
+                for name, parts in wanted.items()]}))
+        got = response(sock, 8, version, 4 if version < 8 else 5)
+    finally:
+        sock.close()
+    codes = {(t.name, p.partition_index): int(p.error_code.value)
+             for t in got.topics for p in t.partitions}
+    unknown = Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert codes == {("real", 0): 0, ("real", 1): 0, ("real", 2): unknown,
+                     ("real", -1): unknown, ("nosuch", 0): unknown, ("bad{name}", 0): unknown,
+                     ("", 0): unknown}
+    client = redis_server.client()
+    try:
+        fetched = GroupCoordinator(client, gateway.config.namespace).fetch_offsets("grp", None)
+    finally:
+        client.close()
+    assert {tp: om.offset for tp, om in fetched.offsets.items()} == {
+        TopicPartition("real", 0): 10, TopicPartition("real", 1): 11}
+
+
+def test_confluent_kafka_sees_the_missing_partition_and_keeps_the_valid_commit(gateway, topics):
+    ck = pytest.importorskip("confluent_kafka")
+    topics.create("real", 2)
+    consumer = ck.Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": "grp",
+                            "broker.address.family": "v4"})
+    try:
+        with pytest.raises(ck.KafkaException) as failed:
+            consumer.commit(offsets=[ck.TopicPartition("real", 0, 5),
+                                     ck.TopicPartition("real", 7, 5),
+                                     ck.TopicPartition("nosuch", 0, 3)], asynchronous=False)
+        assert failed.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+        committed = consumer.committed([ck.TopicPartition("real", 0),
+                                        ck.TopicPartition("real", 1)], timeout=30)
+        assert [(tp.partition, tp.offset) for tp in committed] == [(0, 5), (1, ck.OFFSET_INVALID)]
+    finally:
+        consumer.close()

@@ -5,7 +5,10 @@ the empty member id with generation -1 is the simple (``assign()``) commit.
 
 ACLs, as Kafka's ``KafkaApis``: OffsetCommit needs READ on the group (else every partition is
 answered GROUP_AUTHORIZATION_FAILED) and READ on each topic (else that topic's partitions get
-TOPIC_AUTHORIZATION_FAILED and are not committed). OffsetFetch needs DESCRIBE on the group and
+TOPIC_AUTHORIZATION_FAILED and are not committed). Then, as ``handleOffsetCommitRequest`` checks
+its metadata cache, a partition of a topic that does not exist, or one outside the topic's
+partitions (a negative index too), is answered UNKNOWN_TOPIC_OR_PARTITION and not committed; the
+other partitions of the request are committed as usual. OffsetFetch needs DESCRIBE on the group and
 DESCRIBE on a topic to see its offsets: a topic asked for by name is answered
 TOPIC_AUTHORIZATION_FAILED, and a fetch of all the group's offsets leaves it out.
 """
@@ -18,6 +21,7 @@ from typing import Any
 from ..errors import Errors
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .acl import Operation, ResourceType
+from .api_meta import partition_counts
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
@@ -48,14 +52,25 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
                 for p in t.partitions]} for t in req.topics]}
     offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
     refused: dict[TopicPartition, int] = {}
+    readable = {t.name for t in req.topics
+                if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
+    # One partition-count read per topic named (not per partition), on the topic threads.
+    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
+              if readable else {})
     for t in req.topics:
-        if not conn.may(Operation.READ, ResourceType.TOPIC, t.name):
+        if t.name not in readable:
             refused.update({TopicPartition(t.name, p.partition_index): TOPIC_AUTHORIZATION_FAILED
                             for p in t.partitions})
             continue
+        count = counts[t.name]
         for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            if isinstance(count, Errors) or not 0 <= p.partition_index < count:
+                # Kafka's answer for a name not in its metadata cache, an illegal name too.
+                refused[tp] = Errors.UNKNOWN_TOPIC_OR_PARTITION
+                continue
             epoch = int(getattr(p, "committed_leader_epoch", -1))
-            offsets[TopicPartition(t.name, p.partition_index)] = OffsetAndMetadata(
+            offsets[tp] = OffsetAndMetadata(
                 p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
     retention = getattr(req, "retention_time", None)
     retention_ms = None if retention is None else millis(retention)
