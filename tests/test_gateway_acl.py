@@ -393,6 +393,34 @@ def test_commit_checks_the_topic_before_whether_it_exists(alice: _Session, topic
             for t in fetched.groups[0].topics] == [("orders", [0])]
 
 
+def test_describe_groups_reports_the_operations_each_principal_may_do(
+    gateway: GatewayThread, alice: _Session, bob: _Session, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Kafka's AuthHelper.authorizedOperations: each of READ (3), DELETE (6) and DESCRIBE (8)
+    the principal may do on the group, as bits; decided without logging the denials."""
+    read, delete, describe = 1 << 3, 1 << 6, 1 << 8
+    admin = _Session(gateway, "admin")
+    try:
+        def ops(s: _Session, groups: list[str]) -> list[tuple[str, int, int]]:
+            r = s.call(15, 5, {"groups": groups, "include_authorized_operations": True})
+            return [(g.group_id, g.error_code.value, g.authorized_operations) for g in r.groups]
+
+        caplog.clear()
+        with caplog.at_level("INFO", logger="rcoord.gateway.authorizer"):
+            assert ops(alice, ["app", "team-a.g", "other"]) == [
+                ("app", 0, read | describe),                 # READ implies DESCRIBE
+                ("team-a.g", 0, read | delete | describe),   # prefixed ALL
+                ("other", GROUP_AUTHORIZATION_FAILED, -(2**31))]
+            assert ops(bob, ["app"]) == [("app", 0, describe)]
+            assert ops(admin, ["app"]) == [("app", 0, read | delete | describe)]  # super user
+        denied = [r.getMessage() for r in caplog.records if "Denied" in r.getMessage()]
+        only_the_check = ("Principal = User:alice is Denied operation = DESCRIBE from host = "
+                          "127.0.0.1 on resource = group:other")
+        assert denied == [only_the_check]  # computing the bits logs no denial
+    finally:
+        admin.close()
+
+
 def test_init_producer_id_needs_idempotent_write_or_a_topic_write(
     alice: _Session, bob: _Session,
 ) -> None:

@@ -30,7 +30,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLUSTER_NAME", "Acl", "Authorizer", "Operation", "ResourceType", "parse_acls"]
+__all__ = [
+    "CLUSTER_NAME",
+    "KAFKA_CODES",
+    "Acl",
+    "Authorizer",
+    "Operation",
+    "ResourceType",
+    "operations_bitfield",
+    "parse_acls",
+    "supported_operations",
+]
 
 log = logging.getLogger("rcoord.gateway.authorizer")
 
@@ -77,6 +87,30 @@ _OPS_FOR = {
         Operation.DESCRIBE}),
 }
 """The operations Kafka defines on each resource type (its ``AclCommand`` refuses others)."""
+
+KAFKA_CODES = {
+    Operation.ALL: 2, Operation.READ: 3, Operation.WRITE: 4, Operation.CREATE: 5,
+    Operation.DELETE: 6, Operation.ALTER: 7, Operation.DESCRIBE: 8, Operation.CLUSTER_ACTION: 9,
+    Operation.DESCRIBE_CONFIGS: 10, Operation.ALTER_CONFIGS: 11, Operation.IDEMPOTENT_WRITE: 12,
+}
+"""Kafka's ``AclOperation`` codes, the bits of an ``authorized_operations`` field."""
+
+
+def supported_operations(resource: ResourceType) -> frozenset[Operation]:
+    """The operations an ``authorized_operations`` field reports on (Kafka's
+    ``AclEntry.supportedOperations``): those defined on the type, without ALL. A group has
+    READ, DESCRIBE and DELETE (Kafka 4.0 adds DESCRIBE_CONFIGS and ALTER_CONFIGS, for group
+    configs, which this gateway does not serve)."""
+    return _OPS_FOR[resource] - {Operation.ALL}
+
+
+def operations_bitfield(ops: Iterable[Operation]) -> int:
+    """Kafka's ``Utils.to32BitField`` of the operations' codes."""
+    out = 0
+    for op in ops:
+        out |= 1 << KAFKA_CODES[op]
+    return out
+
 
 _IMPLIES_DESCRIBE = frozenset({Operation.DESCRIBE, Operation.READ, Operation.WRITE,
                                Operation.DELETE, Operation.ALTER})

@@ -3,7 +3,11 @@ rcoord's Python API (``rcoord.steps``): a group formed by Kafka clients and one 
 rcoord's own members look the same to both front ends.
 
 ACLs, as Kafka's ``KafkaApis``: DescribeGroups needs DESCRIBE on each group (else that group
-is answered GROUP_AUTHORIZATION_FAILED); ListGroups lists every group to a principal with
+is answered GROUP_AUTHORIZATION_FAILED), and from v3 on, when the request sets
+``include_authorized_operations``, each group described without error carries the bitfield of
+those of READ, DESCRIBE and DELETE the principal may do on it (all three when no ACLs are
+configured); not asked for, or for a group answered with an error, the field is Kafka's
+sentinel, -2**31. ListGroups lists every group to a principal with
 DESCRIBE on the cluster, else only the groups it may DESCRIBE; DeleteGroups needs DELETE on each
 group; OffsetDelete DELETE on the group and READ on each topic."""
 
@@ -22,9 +26,16 @@ from .state import Connection
 __all__: list[str] = []
 
 
+_AUTHORIZED_OPERATIONS_SINCE = 3
+"""DescribeGroups v3 (KIP-430) added ``include_authorized_operations``; a group's
+``authorized_operations`` is Kafka's sentinel (-2**31) unless it is asked for."""
+
+
 @api(15, "DescribeGroups", 0, 5, group=True)
 async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
-    groups = []
+    with_operations = version >= _AUTHORIZED_OPERATIONS_SINCE and bool(
+        getattr(req, "include_authorized_operations", False))
+    groups: list[dict[str, Any]] = []
     for gid in req.groups:
         if not conn.may(Operation.DESCRIBE, ResourceType.GROUP, gid):
             groups.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": gid,
@@ -41,6 +52,9 @@ async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str,
                 "member_metadata": m.metadata, "member_assignment": m.assignment,
             } for m in d.members],
         })
+        if with_operations and d.error == Errors.NONE:
+            groups[-1]["authorized_operations"] = conn.authorized_operations(
+                ResourceType.GROUP, d.group_id)
     return {"throttle_time": 0, "groups": groups}
 
 

@@ -20,7 +20,13 @@ import redis
 from ..asyncio import AsyncGroupCoordinator
 from ..steps import block_limit
 from ..topics import Producer, Topics
-from .acl import CLUSTER_NAME, Operation, ResourceType
+from .acl import (
+    CLUSTER_NAME,
+    Operation,
+    ResourceType,
+    operations_bitfield,
+    supported_operations,
+)
 from .errors import AUTHORIZATION_FAILED, RequestError
 
 __all__ = ["Connection", "GatewayConfig", "GatewayState"]
@@ -140,6 +146,15 @@ class Connection:
         return bool(auth.authorizer.authorize(self.principal or "User:ANONYMOUS",
                                               self.client_host, op, resource, name,
                                               log_denied=log_denied))
+
+    def authorized_operations(self, resource: ResourceType, name: str = CLUSTER_NAME) -> int:
+        """The ``authorized_operations`` bitfield of a resource (Kafka's
+        ``AuthHelper.authorizedOperations``): each operation supported on its type that the
+        principal may do, decided without logging denials; every one when no ACLs are
+        configured."""
+        return operations_bitfield(
+            op for op in supported_operations(resource)
+            if self.may(op, resource, name, log_denied=False))
 
     def may_any(self, op: Operation, resource: ResourceType) -> bool:
         """May the principal do ``op`` on some resource of this type (Kafka's
