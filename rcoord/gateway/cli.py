@@ -42,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: the listening address")
     p.add_argument("--redis-url", action=AfterCommand, default=os.environ.get(ENV_REDIS_URL),
                    help=f"Redis to use (default ${ENV_REDIS_URL})")
-    p.add_argument("--namespace", action=AfterCommand, default="rcoord",
-                   help="rcoord namespace (default rcoord)")
+    p.add_argument("--namespace", action=AfterCommand,
+                   default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
+                   help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..asyncio import AsyncGroupCoordinator
+from ..names import NAMESPACE_RULE, valid_namespace
 from ..steps import block_limit
 from ..topics import Producer, Topics
 from .acl import (
@@ -69,6 +70,8 @@ class GatewayConfig:
     for ever. Clients reconnect when they next need the connection, as they do with Kafka."""
 
     def validate(self) -> GatewayConfig:
+        if not valid_namespace(self.namespace):  # CoordinatorConfig's rule and words
+            raise ValueError(f"namespace must be {NAMESPACE_RULE}, got {self.namespace!r}")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listen_port must be 0..65535, got {self.listen_port}")
         if self.advertise_port is not None and not 1 <= self.advertise_port <= 65535:

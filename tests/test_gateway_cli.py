@@ -1,0 +1,121 @@
+"""``rcoord gateway`` on the command line: its namespace comes from ``--namespace``, else
+``$RCOORD_NAMESPACE``, else ``rcoord``, like every other rcoord command's, and a namespace
+rcoord cannot use is a usage error (exit 2, one line) before anything is served. Every case runs
+``python -m rcoord gateway`` against the session's server."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+from gateway_harness import request_frame, response, topics_of
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT_S = 60.0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def _gateway(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rcoord", *args], env=_env(**env),
+                          capture_output=True, text=True, timeout=WAIT_S, check=False)
+
+
+def _one_error_line(res: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("rcoord gateway: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["flag", "flag before the command", "environment"])
+def test_a_namespace_rcoord_cannot_use_is_a_usage_error(redis_server, where):
+    """It was an InvalidRequestError from the coordinator's start, exit 1, once connected."""
+    common = ("--listen", "127.0.0.1:0", "--redis-url", redis_server.url)
+    if where == "flag":
+        res = _gateway("gateway", *common, "--namespace", "a{b}")
+    elif where == "flag before the command":
+        res = _gateway("--namespace", "a{b}", "gateway", *common)
+    else:
+        res = _gateway("gateway", *common, RCOORD_NAMESPACE="a{b}")
+    line = _one_error_line(res)
+    assert res.returncode == 2, res.stderr
+    assert "namespace must be 1-64 characters of [A-Za-z0-9._:-] (no braces), got 'a{b}'" in line
+
+
+def test_the_gateway_config_refuses_it_too():
+    from rcoord.gateway import GatewayConfig
+
+    with pytest.raises(ValueError, match=r"namespace must be .*got 'a\{b\}'"):
+        GatewayConfig(namespace="a{b}").validate()
+
+
+def test_the_namespace_is_checked_before_redis_is_reached(refused_port):
+    res = _gateway("gateway", "--listen", "127.0.0.1:0", "--redis-url",
+                   f"redis://127.0.0.1:{refused_port}", "--namespace", "a{b}")
+    assert res.returncode == 2 and "namespace must be" in _one_error_line(res)
+
+
+def _cluster_id_and_topics(port: int) -> tuple[str, list[str]]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    try:
+        sock.sendall(request_frame(3, 12, 1, {"topics": None,
+                                              "allow_auto_topic_creation": False}))
+        got: Any = response(sock, 3, 12, 5)
+    finally:
+        sock.close()
+    return got.cluster_id, sorted(t.name for t in got.topics)
+
+
+def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
+    with topics_of(redis_server, namespace) as topics:
+        topics.create("only-here", 1)
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
+         "--redis-url", redis_server.url, "--log-level", "INFO"],
+        env=_env(RCOORD_NAMESPACE=namespace), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    ) as proc:
+        def read() -> None:
+            assert proc.stderr is not None
+            for ln in proc.stderr:
+                lines.put(ln)
+            lines.put("")  # the process closed its stderr (exited)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            while True:  # the log line saying where it listens, or its exit
+                line = lines.get(timeout=WAIT_S)
+                seen.append(line)
+                assert line, f"the gateway exited: {''.join(seen)}"
+                if "listening on" in line:
+                    break
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+) .*\(namespace (\S+)\)", line)
+            assert found, line
+            assert found.group(2) == namespace
+            assert _cluster_id_and_topics(int(found.group(1))) == (f"rcoord-{namespace}",
+                                                                   ["only-here"])
+        finally:
+            proc.terminate()
+            proc.wait(WAIT_S)
+            reader.join(WAIT_S)
