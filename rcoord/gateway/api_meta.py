@@ -8,6 +8,7 @@ namespace can serve any group or partition, because all state is in Redis.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import Errors
@@ -41,7 +42,17 @@ def partition_counts(state: GatewayState, names: list[str] | None) -> dict[str, 
     return out
 
 
-@api(3, "Metadata", 0, 12)
+def _partitions(count: int) -> Iterator[dict[str, Any]]:
+    """A topic's partitions, all led by this gateway. An iterator: it runs where the response
+    is built, on the topic threads (``offload``), not on the event loop. A topic an older
+    rcoord created (before the 10,000-partition cap per call) can have millions."""
+    for p in range(count):
+        yield {"error_code": Errors.NONE, "partition_index": p, "leader_id": NODE_ID,
+               "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+               "offline_replicas": []}
+
+
+@api(3, "Metadata", 0, 12, offload=True)
 async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
     wanted: list[str] | None = None
@@ -65,11 +76,7 @@ async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
         topics.append({
             "error_code": Errors.NONE, "name": name, "topic_id": _ZERO_UUID,
             "is_internal": False,
-            "partitions": [{
-                "error_code": Errors.NONE, "partition_index": p, "leader_id": NODE_ID,
-                "leader_epoch": 0, "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
-                "offline_replicas": [],
-            } for p in range(count)],
+            "partitions": _partitions(count),
         })
     host, port = state.advertised
     return {

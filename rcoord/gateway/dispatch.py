@@ -106,7 +106,11 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
         log.exception("%s v%d failed", entry.name, version)
         code = Errors.UNKNOWN_SERVER_ERROR
     else:
-        return None if response is None else encode_response(key, version, corr, response)
+        if response is None:
+            return None
+        if entry.offload:  # possibly seconds of work: not on the event loop
+            return await conn.state.blocking(encode_response, key, version, corr, response)
+        return encode_response(key, version, corr, response)
     if key == 0 and getattr(request, "acks", None) == 0:
         # Kafka closes an acks=0 producer's connection on an error: its only way to tell.
         raise FrameError(f"Produce with acks=0 failed (error code {code})")
