@@ -109,6 +109,27 @@ def test_a_bad_namespace_is_a_usage_error(redis_server):
     assert res.returncode == 2 and "namespace must be" in line and "'a{b}'" in line
 
 
+def test_an_argument_no_call_takes_is_a_usage_error(redis_server, capsys):
+    """The library's InvalidRequestError (a size or a value no call could ever take) means the
+    arguments were wrong: exit 2 and its message, as a bad flag; it was exit 1 with the
+    exception's name. (Every command checks its own flags first; this is the rule behind them.)"""
+    import argparse
+
+    from rcoord.errors import InvalidRequestError
+    from rcoord.ops.common import run
+
+    def body(ctx: object) -> int:
+        raise InvalidRequestError("max_records must be >= 1, got 0")
+
+    args = argparse.Namespace(prog="rcoord topics consume", redis_url=redis_server.url,
+                              namespace="rcoord", output="table", log_level="WARNING",
+                              tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
+                              body=body)
+    assert run(args) == 2
+    assert capsys.readouterr().err == (
+        "rcoord topics consume: error: max_records must be >= 1, got 0\n")
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_bad_log_level_is_a_usage_error(command, redis_server):
     res = rcoord(command, "--redis-url", redis_server.url, "--log-level", "loud")

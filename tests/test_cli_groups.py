@@ -437,6 +437,31 @@ def test_offsets_of_a_deleted_topic_are_left_out_of_a_reset_and_can_be_deleted(
     assert committed(coord, "g") == {("y", 0): 5}
 
 
+def test_offsets_of_a_name_that_is_no_topic_do_not_stop_the_others(
+        cli, make_coordinator, redis_client, namespace):
+    """A group commits offsets of any source's partitions, under names rcoord's topics refuse
+    ('/' is not in Kafka's topic alphabet): describe shows them without a log end, a reset of
+    all topics leaves them out, and delete-offsets removes them."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("y", 1)
+    produce(redis_client, namespace, "y", {0: 5})
+    errors = coord.commit_offsets("g", {TopicPartition("files/2026", 0): 7,
+                                        TopicPartition("y", 0): 1})
+    assert set(errors.values()) == {Errors.NONE}
+
+    res = ok(cli("groups", "describe", "g"))
+    assert rows(res.stdout, "GROUP  TOPIC") == [
+        ["g", "files/2026", "0", "7", "-", "-", "-", "-", "-"],
+        ["g", "y", "0", "1", "5", "4", "-", "-", "-"]]
+    res = ok(cli("groups", "reset-offsets", "g", "--all-topics", "--to-latest", "--execute"))
+    assert [r[:5] for r in rows(res.stdout, "GROUP")] == [["g", "y", "0", "1", "5"]]
+    assert "delete-offsets g --topic files/2026:0" in res.stderr
+    assert committed(coord, "g") == {("files/2026", 0): 7, ("y", 0): 5}
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "files/2026:0"))
+    assert rows(res.stdout, "TOPIC") == [["files/2026", "0", "Successful"]]
+    assert committed(coord, "g") == {("y", 0): 5}
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 

@@ -157,6 +157,9 @@ def test_consume_as_a_group_member(cli, make_coordinator, redis_client, namespac
     (["consume", "nope", "--timeout-ms", "100"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
     (["consume", "t", "--max-messages", "0"], None, 2, "--max-messages must be >= 1"),
     (["describe", "nope"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
+    # A value no call could take is a usage error too, said as the library says it.
+    (["add-partitions", "t", "--partitions", "0"], None, 2, "--partitions must be >= 1, got 0"),
+    (["produce", "t", "--partition", "-1"], "x\n", 2, "partition must be >= 0, got -1"),
 ])
 def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, says):
     Topics(redis_client, namespace).create("t", 1)

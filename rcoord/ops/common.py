@@ -24,7 +24,7 @@ from ..cli import (
     report,
     with_tls_files,
 )
-from ..errors import ConfigError, Errors, ProtocolError
+from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
 
 __all__ = ["Context", "Failure", "Progress", "add_common", "leaf", "run"]
 
@@ -139,13 +139,14 @@ def run(args: argparse.Namespace) -> int:
         return int(args.body(ctx))
     except KeyboardInterrupt:
         return 130
-    except (Failure, ProtocolError) as exc:
+    except (Failure, ProtocolError, InvalidRequestError) as exc:
         if level == "DEBUG":
             import traceback
 
             traceback.print_exception(exc, file=sys.stderr)
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        bad_input = isinstance(exc, ProtocolError) and exc.error in BAD_INPUT
+        bad_input = isinstance(exc, InvalidRequestError) or (
+            isinstance(exc, ProtocolError) and exc.error in BAD_INPUT)
         return EXIT_USAGE if bad_input else EXIT_FAILURE
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
         return report(exc, prog, url=url, debug=level == "DEBUG")

@@ -112,6 +112,12 @@ def _assigned(desc: GroupDescription) -> dict[str, list[TopicPartition]]:
     return out
 
 
+NO_SUCH_TOPIC = frozenset({Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION})
+"""A committed topic name with no topic behind it: deleted, or never one rcoord's topics take
+(a group commits offsets of any source's partitions; Kafka's checks on names are only for
+topics). Its offsets have no log end, and must not stop a command about the group's others."""
+
+
 def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[int, int]]:
     """(log start, log end) of every partition of ``topics``; a missing topic is left out."""
     from ..topics import TopicError
@@ -122,7 +128,7 @@ def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[
         try:
             desc = admin.describe(topic)
         except TopicError as exc:
-            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            if exc.error not in NO_SUCH_TOPIC:
                 raise
             continue
         for p in desc.partitions:
@@ -233,7 +239,7 @@ def _partitions(ctx: Context, specs: Sequence[str],
         try:
             count = admin.partition_count(topic)
         except TopicError as exc:
-            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION or not named_may_be_gone:
+            if exc.error not in NO_SUCH_TOPIC or not named_may_be_gone:
                 raise
             if parts is None:
                 raise Failure(f"topic {topic!r} does not exist; to delete the offsets of a "

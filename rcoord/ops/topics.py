@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli import UsageError
 from ..errors import Errors
 from ..topics import TopicError
 from .common import Context, leaf
@@ -137,6 +138,8 @@ def _delete(ctx: Context) -> int:
 
 
 def _add_partitions(ctx: Context) -> int:
+    if ctx.args.partitions < 1:
+        raise UsageError(f"--partitions must be >= 1, got {ctx.args.partitions}")
     admin = ctx.topics()
     before = admin.partition_count(ctx.args.topic)
     admin.add_partitions(ctx.args.topic, ctx.args.partitions)
