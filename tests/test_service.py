@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -488,9 +489,58 @@ def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry
 
 
-def test_health_reports_a_stuck_timer_loop(own_server, namespace):
+def test_a_server_that_never_answers_fails_the_start_instead_of_hanging(namespace):
+    """A black-holed connection (accepted, never answered; TCP reports it only after hours):
+    the service's calls time out after a lease TTL (at least a second) and fail, as every later
+    call of its loops would, to be retried on a new connection."""
+    import redis
+
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    outcome: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            CoordinatorService(ServiceConfig(
+                redis_url=f"redis://127.0.0.1:{silent.getsockname()[1]}/0", namespace=namespace,
+                lease_ttl_ms=200)).start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    starter = threading.Thread(target=start, daemon=True)
+    try:
+        starter.start()
+        wait_until(lambda: not starter.is_alive(), timeout_s=30)
+        assert accepted and len(outcome) == 1
+        assert isinstance(outcome[0], redis.TimeoutError), repr(outcome[0])
+    finally:
+        silent.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_stuck_timer_loop_is_reported_then_gives_its_leases_up(own_server, namespace):
     """The lease thread keeps renewing while the timer loop is stuck (here: blocked in a call):
-    /healthz must not say ok, since the leased partitions are not swept."""
+    /healthz must not say ok at once, since the leased partitions are not swept; once the loop has
+    been stuck for STALLED_MIN_MS the process releases its leases and leaves the registry, so
+    another process sweeps them; it takes leases again when the loop moves."""
+    from rcoord.service.service import STALLED_MIN_MS
+
+    registry = own_server.client()
+    assert STALLED_MIN_MS > 2 * 200  # the test's lease TTL: reported first, released later
     svc = _in_process(own_server.url, namespace, "stuck-loop")
     blocked, entered, release = threading.Event(), threading.Event(), threading.Event()
     real_next_due = svc.sweeper.next_due
@@ -517,9 +567,18 @@ def test_health_reports_a_stuck_timer_loop(own_server, namespace):
                     and status["last_lease_round_ms_ago"] < 400)
 
         wait_until(stuck_loop_reported, timeout_s=10)
+        assert svc.leases.owned  # still held: a slow turn is not yet a stuck one
+
+        def gave_up() -> bool:
+            return (not svc.leases.owned and svc.health()[1]["leases"] == 0
+                    and registry.zscore(f"{namespace}:coordinators", "stuck-loop") is None)
+
+        wait_until(gave_up, timeout_s=10)
         blocked.clear()
         release.set()
         wait_until(lambda: svc.health()[0], timeout_s=10)  # healthy again once it moves
+        wait_until(lambda: svc.health()[1]["leases"] > 0, timeout_s=10)
+        assert registry.zscore(f"{namespace}:coordinators", "stuck-loop") is not None
     finally:
         blocked.clear()
         release.set()

@@ -44,6 +44,8 @@ RESYNC_MS = 1000
 TAIL_MS = 250
 SAMPLE_MS = 5000
 WAKE_MODES = ("both", "index", "hints")
+STALLED_MIN_MS = 3000
+"""A timer loop without a finished turn for this long (and two lease TTLs) gives its leases up."""
 LOOP_PAUSE_MS = 200
 LOOP_PAUSE_MAX_MS = 5000
 """The timer loop's wait after a failed turn: 200 ms, doubling up to 5 s."""
@@ -100,6 +102,11 @@ class ServiceConfig:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
 
 
+def socket_timeout_s(cfg: ServiceConfig) -> float:
+    """A lease TTL, at least a second: by then the lease a stalled call would renew has lapsed."""
+    return max(1.0, cfg.lease_ttl_ms / 1000)
+
+
 class CoordinatorService:
     def __init__(self, config: ServiceConfig, client: Any = None) -> None:
         self.config = config
@@ -111,6 +118,8 @@ class CoordinatorService:
         self._owned: set[int] = set()
         self._last_lease_ok = 0.0
         self._last_turn_ok = 0.0
+        self._running = False
+        """``run()`` (the timer loop) has started: from then on leases need its turns."""
         """When the timer loop last completed a turn (monotonic): leases renewed by a process
         whose timer loop is stuck would hold partitions nobody sweeps, so health checks both."""
         self._http: StatusServer | None = None
@@ -129,7 +138,10 @@ class CoordinatorService:
         what it opened (listener threads would otherwise reconnect forever)."""
         cfg = self.config
         if self._client is None:
-            self._client = connect(cfg.redis_url)
+            # No call the service makes blocks in the server; one not answered within a lease
+            # TTL (a black-holed connection, which TCP alone reports only after hours) is
+            # abandoned and retried on a new connection, instead of stalling its loop.
+            self._client = connect(cfg.redis_url, socket_timeout=socket_timeout_s(cfg))
             self._made_client = True
         try:
             return self._start()
@@ -251,6 +263,9 @@ class CoordinatorService:
             self._lease_wake.clear()
             if self._stop.is_set():
                 return
+            if self._timer_loop_stalled():
+                published = self._give_up_leases(published)
+                continue
             try:
                 self._check_settings()
                 started = time.monotonic()
@@ -272,6 +287,31 @@ class CoordinatorService:
                 log.info("leases changed", extra={"event": "leases", "id": self.config.coordinator_id,
                                                   "count": len(owned), "partitions": sorted(owned)})
                 self._queue.put(Owned(frozenset(owned)))
+
+    def _timer_loop_stalled(self) -> bool:
+        """The timer loop runs but has not ended a turn for two lease TTLs (health's limit), nor
+        for ``STALLED_MIN_MS``: a loaded machine's slow turn is no reason to move partitions."""
+        if not self._running:
+            return False
+        limit = max(2 * self.config.lease_ttl_ms, STALLED_MIN_MS)
+        return (time.monotonic() - self._last_turn_ok) * 1000 >= limit
+
+    def _give_up_leases(self, published: set[int]) -> set[int]:
+        """A process whose timer loop is stuck must not keep partitions nobody sweeps: release
+        them and leave the registry, so the others take them over at once. Leases are taken
+        again (a normal round) once the loop ends a turn. Returns what is now published."""
+        if not self._owned and published == set():
+            return published
+        log.error("the timer loop has not ended a turn for two lease TTLs; releasing leases",
+                  extra={"event": "timer_loop_stalled", "count": len(self._owned)})
+        try:
+            self.leases.release_all()
+        except Exception as exc:  # noqa: BLE001 - they lapse by themselves after a TTL
+            log.warning("could not release leases", extra={"event": "lease_error", "why": str(exc)})
+        self._owned = set()
+        self.metrics.leases.set(0)
+        self._queue.put(Owned(frozenset()))
+        return set()
 
     def _check_settings(self) -> None:
         """Keep the namespace settings as this process knows them, every lease round.
@@ -333,6 +373,8 @@ class CoordinatorService:
         owned: set[int] = set()
         last_resync = last_tail = 0.0
         pause = LOOP_PAUSE_MS
+        self._last_turn_ok = time.monotonic()
+        self._running = True
         while not self._stop.is_set():
             try:
                 if index and sweeper.next_due() <= sweeper.server_now():
