@@ -16,7 +16,7 @@ from harness import wait_until
 from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
-from rcoord import Errors, OffsetAndMetadata, TopicPartition
+from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
 from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError, WakeupError
 from rcoord.client.errors import IllegalStateError
 
@@ -223,6 +223,45 @@ def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -
     wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
     assert la.kinds()[mark:] == ["lost", "assigned"]
     assert a.member_id != a_member
+
+
+def test_a_poll_between_the_poll_timeout_and_the_leave_still_rejoins() -> None:
+    """The watchdog marks the expiry, then leaves; a poll() that begins in between takes the
+    expiry and resumes the member before the leave stops it. The watchdog then resumes it
+    itself: before, the member stayed out of the group for good (poll() returned nothing,
+    with no error). The group is a stand-in: this is the timer's own interleaving."""
+    import logging
+
+    from rcoord.client.polltimer import PollTimer
+
+    class Group:
+        def __init__(self) -> None:
+            self.may_join, self.left = True, 0
+
+        def leave_until_resumed(self, reason: str) -> None:
+            self.may_join, self.left = False, self.left + 1
+
+        def resume(self) -> None:
+            self.may_join = True
+
+    group, stop = Group(), threading.Event()
+    timer = PollTimer("g", 50, lambda: group, stop)  # type: ignore[arg-type, return-value]
+
+    class PollsJustThen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "leaving the group" in record.getMessage():
+                timer.poll_started()  # the application's poll() begins (and goes on)
+
+    handler = PollsJustThen()
+    logger = logging.getLogger("rcoord.client")
+    logger.addHandler(handler)
+    try:
+        timer.poll_started()
+        timer.poll_finished()  # then nothing for longer than the 50 ms limit
+        wait_until(lambda: group.left == 1 and group.may_join)
+    finally:
+        stop.set()
+        logger.removeHandler(handler)
 
 
 # -- 4. assign, unsubscribe, subscribe as a method ------------------------------------------
@@ -441,3 +480,104 @@ def test_poll_with_a_timeout_that_is_not_a_number_names_it(env: Any) -> None:
     consumer = env.consumer(topics=[])
     with pytest.raises(TypeError, match="timeout must be seconds"):
         consumer.poll(timeout="1")  # type: ignore[arg-type]
+
+
+# -- 5. what the group's threads learn between two polls ----------------------------------------
+
+
+def test_a_poll_that_learns_its_partitions_are_lost_hands_out_none_of_their_records(
+    env: Any,
+) -> None:
+    """The auto-commit inside poll() is refused (UNKNOWN_MEMBER_ID: the member was removed, as
+    a session expiry would): that same poll() hands out none of the buffered records of the lost
+    partition, which its new owner reads from the committed offset too."""
+    _fill(env, 1, 20)
+    la = Recorder()
+    a = env.consumer(la, heartbeat_interval_ms=10_000, session_timeout_ms=30_000,
+                     auto_commit_interval_ms=1, max_poll_records=5)
+    first = poll_until(a, lambda g: len(g) >= 2, max_records=2)
+    assert [r.offset for r in first] == [0, 1]  # and more of t-0 are buffered
+    gen = a.generation
+    assert gen is not None
+    env.coord.leave_group("g", [MemberIdentity(gen.member_id)])
+    b = env.consumer()
+    assert len(_consume_all(b, 20)) == 20  # b owns t-0 now, from the start
+    assert a.poll(timeout=0.2, max_records=2) == []
+    assert gen.lost and la.kinds()[-2:] == ["assigned", "lost"]
+
+
+def _two_cooperative_consumers(env: Any) -> tuple[Consumer, Consumer, threading.Event, Any]:
+    """a reads every record of t (2 partitions) alone, then stops polling while b joins and the
+    group's threads rebalance cooperatively without it: a still holds the generation that
+    ended, the group is Stable in the next one, which a's member is in."""
+    _fill(env, 2, 10)
+    coop: dict[str, Any] = {"assignors": ["cooperative-sticky"],
+                            "auto_commit_interval_ms": 100_000,
+                            "rebalance_timeout_ms": 30_000}
+    a = env.consumer(**coop)
+    assert len(_consume_all(a, 20)) == 20
+    held = a.generation
+    b = env.consumer(**coop)
+    stop = threading.Event()
+
+    def b_polls() -> None:
+        while not stop.is_set():
+            b.poll(timeout=0.05)
+
+    runner = threading.Thread(target=b_polls, daemon=True)
+    runner.start()
+    group = a.group
+    assert held is not None
+    wait_until(lambda: held.done.is_set() and group.peek() is not None)
+    assert a.generation is held
+    return a, b, stop, runner
+
+
+def test_close_between_a_cooperative_rebalance_and_the_next_poll_commits_everything(
+    env: Any,
+) -> None:
+    """close() commits under the generation the member is in now: before, it committed under
+    the ended one, was refused (ILLEGAL_GENERATION, logged) and the next owner read again what
+    this consumer had processed."""
+    a, _b, stop, runner = _two_cooperative_consumers(env)
+    try:
+        a.close()
+        assert {tp: o.offset for tp, o in env.coord.fetch_offsets("g").offsets.items()} == {
+            TP("t", 0): 10, TP("t", 1): 10}
+    finally:
+        stop.set()
+        runner.join()
+
+
+def test_commit_between_a_cooperative_rebalance_and_the_next_poll_succeeds(env: Any) -> None:
+    """commit() of partitions the member still owns succeeds in that window; it raised
+    CommitFailedError (ILLEGAL_GENERATION), as if the partitions were gone."""
+    a, _b, stop, runner = _two_cooperative_consumers(env)
+    try:
+        a.commit()
+        assert {tp: o.offset for tp, o in env.coord.fetch_offsets("g").offsets.items()} == {
+            TP("t", 0): 10, TP("t", 1): 10}
+        wait_until(lambda: len(a.assignment()) == 1, lambda: a.poll(timeout=0.05))
+    finally:
+        stop.set()
+        runner.join()
+
+
+def test_a_static_member_that_stops_polling_lets_its_session_end(env: Any) -> None:
+    """max_poll_interval_ms passes: a static member sends no LeaveGroup, and stops heartbeating
+    (as Kafka's heartbeat thread does once the generation is reset), so its partitions move
+    after its session timeout. Before, it kept beating until the consumer's hold gave up, a
+    rebalance timeout later (here a minute, past the wait)."""
+    _fill(env, 2, 2)
+    a = env.consumer(group_instance_id="static-a", session_timeout_ms=1000,
+                     rebalance_timeout_ms=60_000, max_poll_interval_ms=300)
+    b = env.consumer()
+
+    def both() -> None:
+        a.poll(timeout=0.02)
+        b.poll(timeout=0.02)
+
+    wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
+    # a's application stops polling; b gets both partitions once a's session has ended.
+    wait_until(lambda: len(b.assignment()) == 2, lambda: b.poll(timeout=0.05))
+    assert [m.group_instance_id for m in env.coord.describe_group("g").members] == [None]

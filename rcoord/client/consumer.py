@@ -595,6 +595,13 @@ class Consumer(SubscriptionMixin):
                 self._begin(gen)
                 continue
             self._maybe_auto_commit()
+            if self._must_revoke():
+                # The generation ended while this poll() ran (the auto-commit just learnt that the
+                # member is gone, or the heartbeat did): its partitions go before any record of
+                # them is handed out, since another member may own them already.
+                if _expired(deadline):
+                    return []
+                continue
             records = self._drain(limit)
             if records:
                 return records
@@ -708,7 +715,7 @@ class Consumer(SubscriptionMixin):
         generation's fenced commit, the simple-group commit of ``assign()``, or None (between
         generations)."""
         if self._gen is not None:
-            return self._gen.commit_offsets, self._gen
+            return self._commit_generation().commit_offsets, self._gen
         if self._assigned_manually:
             return self._commit_simple, _SIMPLE
         return None
@@ -946,6 +953,29 @@ class Consumer(SubscriptionMixin):
         if failed is not None:
             raise failed
 
+    def _must_revoke(self) -> bool:
+        """The held generation ended and its partitions are not carried into the next one
+        (eager, lost, or not decided yet): ``_settle`` revokes them."""
+        gen = self._gen
+        return gen is not None and gen.done.is_set() and (
+            not gen.carried or self._partitions_lost())
+
+    def _commit_generation(self) -> Generation:
+        """The generation to commit under: the held one, or, cooperatively, the next one when
+        the group's thread has already joined it (the rejoin runs in the background, so the
+        group may be Stable in the next generation before poll() applies it). The member still
+        owns every partition it holds there (a revoked one moves only after its next rejoin),
+        and the ended generation's commits would be refused (ILLEGAL_GENERATION), silently
+        dropping a close()'s final commit and failing commit()."""
+        gen = self._gen
+        assert gen is not None
+        if (gen.done.is_set() and gen.carried and not self._partitions_lost()
+                and self._group is not None):
+            ahead = self._group.peek()
+            if ahead is not None and ahead.member_id == gen.member_id:
+                return ahead
+        return gen
+
     def _partitions_lost(self) -> bool:
         """Whether the current generation's partitions are lost rather than revoked: the
         generation says so, or the hold gave up (poll() did not come within the rebalance
@@ -963,8 +993,9 @@ class Consumer(SubscriptionMixin):
         self._revoking = True
         try:
             if not lost and self._auto_commit:
-                self._final_commit(gen.commit_offsets, f"generation {gen.generation_id}")
-                lost = gen.lost  # a refused commit can reveal that the partitions are gone
+                under = self._commit_generation()
+                self._final_commit(under.commit_offsets, f"generation {under.generation_id}")
+                lost = gen.lost or under.lost  # a refused commit can reveal they are gone
             log.info(
                 "generation %d: %s %d partitions (%s)",
                 gen.generation_id,

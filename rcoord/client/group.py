@@ -292,6 +292,14 @@ class ConsumerGroup:
                     )
                 self._cond.wait(remaining)
 
+    def peek(self) -> Generation | None:
+        """The generation ``next()`` would return now, without taking it (None if there is
+        none, or it ended before anyone took it). A cooperative consumer commits under it
+        before it has applied it: the member is already in it, and the one it holds ended."""
+        with self._cond:
+            gen = self._slot
+        return gen if gen is not None and not gen.done.is_set() else None
+
     def close(self, timeout: float | None = None) -> None:
         """End the generation, wait for its routines, leave the group (unless static), stop.
 

@@ -53,6 +53,11 @@ def heartbeat_loop(
     coord = coordinator
     interval = cfg.heartbeat_interval_ms / 1000
     while not gen.wait_routines(interval):
+        if gen.lost:
+            # Lost from the client's side too (the poll timer left the group): a static member,
+            # which sends no LeaveGroup, must stop beating so its session ends and the others
+            # get its partitions, as Kafka's heartbeat thread stops once the generation is reset.
+            return
         try:
             error = retry(
                 lambda: coord.heartbeat(

@@ -93,3 +93,9 @@ class PollTimer:
             )
             log.warning("group %r: %s; leaving the group", self._group_id, reason)
             group.leave_until_resumed(reason[:255])
+            with self._state:
+                polled_meanwhile = not self._expired
+            if polled_meanwhile:
+                # poll() began between the expiry and the leave, and its resume() came before
+                # the leave stopped the member: without this one, it would never join again.
+                group.resume()
