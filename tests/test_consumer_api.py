@@ -5,6 +5,7 @@ fixture of test_consumer); every wait is on a condition, bounded by ``wait_until
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -17,7 +18,13 @@ from test_client_group import WAIT_S
 from test_consumer import Recorder, poll_until
 
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
-from rcoord.client import CommitFailedError, Consumer, NoOffsetForPartitionError, WakeupError
+from rcoord.client import (
+    CommitFailedError,
+    ConcurrentModificationError,
+    Consumer,
+    NoOffsetForPartitionError,
+    WakeupError,
+)
 from rcoord.client.errors import IllegalStateError
 
 TP = TopicPartition
@@ -581,3 +588,44 @@ def test_a_static_member_that_stops_polling_lets_its_session_end(env: Any) -> No
     # a's application stops polling; b gets both partitions once a's session has ended.
     wait_until(lambda: len(b.assignment()) == 2, lambda: b.poll(timeout=0.05))
     assert [m.group_instance_id for m in env.coord.describe_group("g").members] == [None]
+
+
+def test_a_second_thread_is_refused_while_one_is_inside_a_call(env: Any) -> None:
+    """Kafka's ConcurrentModificationException: while one thread is inside poll(), another's
+    poll(), commit() or seek() raises at once, instead of waiting its turn (two threads
+    polling were each handed records, and each auto-commit committed past what the other had
+    not processed). wakeup() and close() may come from another thread."""
+    _fill(env, 1, 3)
+    consumer = env.consumer()
+    assert len(_consume_all(consumer, 3)) == 3
+    stop = threading.Event()
+
+    def polls() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(WakeupError):
+                consumer.poll(timeout=5)
+
+    runner = threading.Thread(target=polls, daemon=True)
+    runner.start()
+
+    def refused(call: Any) -> bool:
+        try:
+            call()
+        except ConcurrentModificationError as exc:
+            assert "not safe for multi-threaded access" in str(exc)
+            return True
+        return False
+
+    try:
+        wait_until(lambda: refused(consumer.commit))
+        for call in (lambda: consumer.poll(timeout=0), lambda: consumer.seek(TP("t", 0), 0),
+                     lambda: consumer.pause([TP("t", 0)]), consumer.unsubscribe):
+            assert refused(call)
+        assert isinstance(ConcurrentModificationError("x"), IllegalStateError)
+    finally:
+        stop.set()
+        consumer.wakeup()
+        runner.join(WAIT_S)
+    assert not runner.is_alive()
+    consumer.commit()  # the one thread left is welcome
+    assert consumer.assignment() == [TP("t", 0)]

@@ -11,6 +11,7 @@ from .consumer import Consumer, ConsumerRebalanceListener, ConsumerRecord
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import (
     CommitFailedError,
+    ConcurrentModificationError,
     GenerationEndedError,
     GroupClosedError,
     IllegalStateError,
@@ -29,6 +30,7 @@ __all__ = [
     "ERROR_POLICY",
     "OTHERWISE",
     "CommitFailedError",
+    "ConcurrentModificationError",
     "Consumer",
     "ConsumerGroup",
     "ConsumerGroupConfig",

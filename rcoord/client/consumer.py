@@ -69,6 +69,7 @@ from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import (
     CommitFailedError,
+    ConcurrentModificationError,
     GenerationEndedError,
     IllegalStateError,
     InvalidOffsetError,
@@ -246,6 +247,11 @@ class Consumer(SubscriptionMixin):
         self._max_poll_records = max_poll_records
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._lock = threading.RLock()
+        # The thread inside a call of this consumer, and how deep (a listener's or a callback's
+        # calls nest): Kafka's acquire()/release() (_single_threaded).
+        self._owner: int | None = None
+        self._owner_depth = 0
+        self._owner_guard = threading.Lock()
         self._stop = threading.Event()  # close() was called (possibly from another thread)
         self._wakeup = threading.Event()  # wakeup() was called: poll() raises WakeupError
         # Ends the retries of assign()'s simple-group commits: close()'s bound has passed (as
@@ -385,7 +391,7 @@ class Consumer(SubscriptionMixin):
         """
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"seek offset must be an int >= 0, got {offset!r}")
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             key = self._require_assigned(tp, "seek")
             self._position[key] = self._fetch_pos[key] = offset
@@ -405,7 +411,7 @@ class Consumer(SubscriptionMixin):
         self._seek_to_edge(partitions, 1)
 
     def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             wanted = self._partitions_arg(partitions, "seek")
             for tp, offset in self._log_edge(wanted, edge).items():
@@ -442,13 +448,13 @@ class Consumer(SubscriptionMixin):
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
         the member stays in the group). Pausing is forgotten when a partition is revoked."""
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             self._paused.update(self._partitions_arg(list(partitions), "pause"))
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         """Return records of ``partitions`` again, from where they were paused."""
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             self._paused.difference_update(self._partitions_arg(list(partitions), "resume"))
 
@@ -502,7 +508,7 @@ class Consumer(SubscriptionMixin):
         ):
             raise TypeError(f"timeout must be seconds (a float) or None, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             self._poll_thread = threading.get_ident()
             self._unacked = {}  # the application came back: what it was handed is processed
@@ -514,6 +520,29 @@ class Consumer(SubscriptionMixin):
                 self._poll_timer.poll_finished()
                 self._run_deferred_close()
             return [] if self._closed else records
+
+    @contextlib.contextmanager
+    def _single_threaded(self) -> Iterator[None]:
+        """Enter a call, refusing a second thread while one is inside (Kafka's acquire()); then
+        take the lock, which only close() (from any thread) contends for."""
+        me = threading.get_ident()
+        with self._owner_guard:
+            if self._owner is not None and self._owner != me:
+                raise ConcurrentModificationError(
+                    "Consumer is not safe for multi-threaded access: another thread is inside a "
+                    "call of this consumer (poll(), commit(), seek() ...); use it from one thread "
+                    "(only close() and wakeup() may come from another)"
+                )
+            self._owner = me
+            self._owner_depth += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._owner_guard:
+                self._owner_depth -= 1
+                if self._owner_depth == 0:
+                    self._owner = None
 
     @contextlib.contextmanager
     def _own_call(self) -> Iterator[None]:
@@ -631,7 +660,7 @@ class Consumer(SubscriptionMixin):
         ``ValueError`` and nothing is committed, as Kafka's ``OffsetAndMetadata`` refuses one.
         """
         given = None if offsets is None else commit_offsets_arg(offsets)
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             try:
                 with self._own_call(), self._interruptible():
@@ -670,7 +699,7 @@ class Consumer(SubscriptionMixin):
         A negative offset raises ``ValueError`` here, at the call, as in ``commit()``.
         """
         given = None if offsets is None else commit_offsets_arg(offsets)
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             target = self._commit_target()
             wanted = given if given is not None else self._positions()

@@ -113,3 +113,10 @@ class IllegalStateError(RcoordError):
     """A call that the consumer's current state does not allow (Kafka's
     ``IllegalStateException``): seeking or pausing a partition that is not assigned, or mixing
     ``subscribe`` and ``assign`` on one consumer. The message says which state and what to do."""
+
+
+class ConcurrentModificationError(IllegalStateError):
+    """A second thread called a ``Consumer`` while another was inside one of its calls (Kafka's
+    ``ConcurrentModificationException``). Two threads polling one consumer would each be handed
+    records, and each auto-commit would commit past the records the other has not processed.
+    ``close()`` and ``wakeup()`` may come from another thread; everything else from one."""

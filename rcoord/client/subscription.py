@@ -14,6 +14,7 @@ small), so the attributes and helpers they use are declared below for the type c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -68,6 +69,7 @@ class SubscriptionMixin:
         _poll_timer: PollTimer
 
         def _check_open(self) -> None: ...
+        def _single_threaded(self) -> contextlib.AbstractContextManager[None]: ...
         def _coordinator(self) -> Coordinator: ...
         def _commit_target(self) -> tuple[_CommitFn, object] | None: ...
         def _commit_changed(self, commit: _CommitFn) -> None: ...
@@ -105,7 +107,7 @@ class SubscriptionMixin:
         ):
             raise TypeError(f"pattern must be a compiled str pattern (re.compile), got {pattern!r}")
         names = [] if topics is None else [topics] if isinstance(topics, str) else list(topics)
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             if self._assigned_manually:
                 raise IllegalStateError(
@@ -152,7 +154,7 @@ class SubscriptionMixin:
         a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
         """
         wanted = sorted({TopicPartition(*tp) for tp in partitions})
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             if self._group is not None:
                 raise IllegalStateError(
@@ -208,7 +210,7 @@ class SubscriptionMixin:
     def unsubscribe(self) -> None:
         """Give up every partition: leave the group (revoking, with a final auto-commit), or
         forget the ``assign()``ed partitions (auto-committing their positions)."""
-        with self._lock:
+        with self._single_threaded():
             self._check_open()
             if self._assigned_manually:
                 if self._auto_commit:
