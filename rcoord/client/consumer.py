@@ -43,8 +43,9 @@ ended the generation meanwhile, so its commits still succeed), added ones start 
 committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
 the added partitions (possibly none). Lost partitions are still all lost.
 
-A ``Consumer`` is meant for one thread; ``close()`` and ``wakeup()`` may be called from another
-one.
+A ``Consumer`` is used from one thread: a call from a second thread while one is inside a call
+raises ``ConcurrentModificationError``, as Kafka's consumer does; ``close()`` and ``wakeup()``
+may be called from another one.
 """
 
 from __future__ import annotations
