@@ -253,6 +253,7 @@ class Consumer(SubscriptionMixin):
         self._owner: int | None = None
         self._owner_depth = 0
         self._owner_guard = threading.Lock()
+        self._closer: int | None = None  # the thread running close(), which holds the lock
         self._stop = threading.Event()  # close() was called (possibly from another thread)
         self._wakeup = threading.Event()  # wakeup() was called: poll() raises WakeupError
         # Ends the retries of assign()'s simple-group commits: close()'s bound has passed (as
@@ -527,6 +528,11 @@ class Consumer(SubscriptionMixin):
         """Enter a call, refusing a second thread while one is inside (Kafka's acquire()); then
         take the lock, which only close() (from any thread) contends for."""
         me = threading.get_ident()
+        if self._closer == me:
+            # close() runs here (from any thread), holding the lock: its listener may commit.
+            with self._lock:
+                yield
+            return
         with self._owner_guard:
             if self._owner is not None and self._owner != me:
                 raise ConcurrentModificationError(
@@ -1321,6 +1327,7 @@ class Consumer(SubscriptionMixin):
             if self._closed or self._closing:
                 return  # closed, or close() called again from the listener it is running
             self._closing = True
+            self._closer = threading.get_ident()
             if handed_out_unprocessed:
                 # The positions go back to the first record not known processed (a
                 # revocation's listener reads and commits these positions too).
@@ -1348,6 +1355,7 @@ class Consumer(SubscriptionMixin):
             finally:
                 self._closed = True
                 self._closing = False
+                self._closer = None
                 if hold is not None:
                     # Only now may the group go on (it waits for the hold): the commits made
                     # during the revocation used the generation, which a rejoin would end.
