@@ -289,6 +289,24 @@ def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
     assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
 
 
+def test_a_stream_from_latest_starts_once_however_often_spark_asks(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
+    # Spark asks initialOffset() twice as a query starts: for the start of its first plan, then
+    # for the start of that batch's partitions(). "latest" was resolved again the second time,
+    # so the records appended in between were in no batch at all.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("re", 1)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("re", [b"before"] * 2)
+    reader = _stream_reader(redis_server.url, namespace, startingOffsets="latest")
+    first = reader.initialOffset()
+    producer.send_batch("re", [b"meanwhile"] * 3)
+    batch = reader.latestOffset(first, ReadAllAvailable())
+    assert reader.initialOffset() == first
+    assert _offsets(reader, reader.initialOffset(), batch) == [(0, 2), (0, 3), (0, 4)]
+
+
 @pytest.mark.parametrize("subscription", [
     {"subscribe": "re,keep"}, {"subscribe": "", "assign": '{"re": [0, 1], "keep": [0]}'}])
 def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_created_again(

@@ -187,10 +187,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self._member: StreamMember | None = None
         self._target: dict[TP, int] | None = None  # availableNow: never plan past these
+        # Where this run's query starts (no group): resolved once. Spark asks initialOffset()
+        # twice (the start of the first plan, then of its partitions()); "latest" resolved
+        # again the second time skipped every record appended in between.
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The planner pickles a copy for the executors: no membership, no connection.
-        return {"opts": self.opts, "_member": None, "_target": None}
+        return {"opts": self.opts, "_member": None, "_target": None, "_initial": None}
 
     # -- shared
 
@@ -267,11 +271,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.opts
         if opts.group_id is not None:
             return self._membership().initial(self._join_wait()).to_json()
-        parts = resolve_partitions(self._admin(), opts)
-        bounds, tokens = log_snapshot(self._admin(), parts)
-        start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
-                                opts.fail_on_data_loss)
-        return Position(start, dict(start), tokens=tokens).to_json()
+        if self._initial is None:
+            parts = resolve_partitions(self._admin(), opts)
+            bounds, tokens = log_snapshot(self._admin(), parts)
+            start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
+                                    opts.fail_on_data_loss)
+            self._initial = Position(start, dict(start), tokens=tokens).to_json()
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_offsets_per_trigger
