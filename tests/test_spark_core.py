@@ -432,7 +432,12 @@ def test_a_write_is_checked_when_planned_and_never_overwrites() -> None:
         check_write_plan(["key", "value"], None, overwrite=False)
     with pytest.raises(OptionError, match="^value: a write needs a value column"):
         check_write_plan(["key", "topic"], None, overwrite=False)
-    check_write_plan(["Value", "Topic"], None, overwrite=False)  # columns are case-insensitive
+    # Names are exact, as every task reads its rows: "Value" passed here, then failed in each.
+    with pytest.raises(OptionError, match=r"^value: .*lower case.*\['Topic', 'Value'\]"):
+        check_write_plan(["Value", "Topic"], None, overwrite=False)
+    with pytest.raises(OptionError, match="^topic: set .option"):
+        check_write_plan(["value", "Topic"], None, overwrite=False)
+    check_write_plan(["value", "topic"], None, overwrite=False)
     check_write_plan(["value"], "out", overwrite=False)
 
 

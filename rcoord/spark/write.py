@@ -53,15 +53,17 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
       ``Overwrite`` too. Before, ``mode("overwrite")`` appended silently. (The default
       ``ErrorIfExists`` never reaches a data source: Spark refuses it for Python data sources
       and asks for Append or Overwrite, so the message here says which.)
-    * a ``value`` column, and a topic: the ``topic`` option or a ``topic`` column.
+    * a ``value`` column, and a topic: the ``topic`` option or a ``topic`` column. Names are
+      matched exactly, as each task's rows are read (``row_to_record``) and as Spark's Kafka
+      sink finds its columns: a ``Value`` column passed this check, then failed in every task.
     """
     if overwrite:
         raise OptionError('mode: an rcoord topic is a log that writes only append to; use '
                           '.mode("append") (Spark\'s Kafka sink refuses Overwrite too)')
-    names = {c.lower() for c in columns}
+    names = set(columns)
     if "value" not in names:
-        raise OptionError("value: a write needs a value column (binary or string); the "
-                          f"DataFrame has {sorted(names)}")
+        raise OptionError("value: a write needs a value column (binary or string, named in "
+                          f"lower case); the DataFrame has {sorted(names)}")
     if not topic_option and "topic" not in names:
         raise OptionError("topic: set .option('topic', NAME) or give the DataFrame a topic "
                           f"column; it has {sorted(names)}")
