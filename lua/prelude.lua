@@ -314,10 +314,13 @@ local function park_slot(id, kind)
   redis.call('HDEL', K_REPLIES, field)
   slot_written(field, true)
 end
-local function reply_put(id, rep)
+-- ``blob``: ``rep`` already encoded, when the caller built it from encoded parts (the leader's
+-- join reply, join_chunk).
+local function reply_put(id, rep, blob)
   ANSWERED = true
   rep.at = NOW
-  local field, blob = reply_field(rep.k, id), cmsgpack.pack(rep)
+  local field = reply_field(rep.k, id)
+  blob = blob or cmsgpack.pack(rep)
   redis.call('HSET', K_REPLIES, field, blob)
   slot_written(field, blob)
   wake()
@@ -1170,14 +1173,10 @@ local function join_chunk(ids, k, n, at)
     local rep = join_reply(G.leader, 'NONE', false, false)
     rep.mem, rep.at = nil, NOW
     local lbody = cmsgpack.pack(rep)
-    ANSWERED = true
-    local field = reply_field('j', G.leader)
-    local blob = string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) ..
-      cmsgpack.pack('mem') .. msgpack_array_header(#entries) .. table.concat(entries)
-    redis.call('HSET', K_REPLIES, field, blob)
-    slot_written(field, blob)
+    reply_put(G.leader, rep,
+      string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. cmsgpack.pack('mem') ..
+      msgpack_array_header(#entries) .. table.concat(entries))
     redis.call('HDEL', K_JOINING, G.leader)
-    wake()
   end
   -- Kafka's computeSubscribedTopics: known only for "consumer" and when every member's decodes.
   if consumer and not unknown then
