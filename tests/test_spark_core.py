@@ -739,6 +739,90 @@ def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_clie
         b.close(5)
 
 
+def _rebased(member: StreamMember, start: Position, latest: Any) -> Position:
+    """``member``'s first plan in a generation after ``start``'s (it rejoins from plan())."""
+    got = {"pos": start}
+
+    def moved() -> bool:
+        got["pos"] = member.plan(start, latest, None)
+        return got["pos"].generation != start.generation
+
+    wait_until(moved, timeout_s=10)
+    return got["pos"]
+
+
+def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # Under startingOffsets=latest the first generation starts at the log end. Before, that
+    # start was never committed, so when a member joined before the query's first non-empty
+    # batch, the next generation placed the partitions at the log end again: the records
+    # appended between the two ends were read by nobody.
+    topics.create("ev", 4)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"before"] * 8)  # 2 per partition, before the query: not read
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    a = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    b = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    try:
+        first = a.initial(10)
+        assert first.offsets == {TP("ev", p): 2 for p in range(4)}
+        producer.send_batch("ev", [b"new"] * 20)  # 5 per partition, before any batch
+        joined: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: joined.update(pos=b.initial(10)))
+        t.start()
+        wait_until(lambda: a.generation is not None and a.generation.done.is_set(),
+                   timeout_s=10)
+        nxt = _rebased(a, first, latest)
+        t.join(10)
+        theirs = joined["pos"]
+        assert set(nxt.offsets).isdisjoint(theirs.offsets)
+        assert len(set(nxt.offsets) | set(theirs.offsets)) == 4
+        # both begin where the query began, so together they read all 20 new records
+        assert nxt.starts == {tp: 2 for tp in nxt.offsets}
+        assert nxt.offsets == {tp: 7 for tp in nxt.offsets}
+        assert theirs.offsets == {tp: 2 for tp in theirs.offsets}
+        assert _committed(coord) == {TP("ev", p): 2 for p in range(4)}
+    finally:
+        a.close(5)
+        b.close(5)
+
+
+def test_a_latest_member_reads_a_partition_added_mid_stream_from_its_start(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # startingOffsets=latest places the query's start; a partition that appears later is
+    # read from its log start, as Spark's Kafka source reads one it discovers. Before, the
+    # generation that gained it started it at its log end, past its first records.
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"before"] * 4)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    a = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    try:
+        first = a.initial(10)
+        assert first.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
+        topics.add_partitions("ev", 4)
+        for p in (2, 3):
+            for _ in range(3):
+                producer.send("ev", b"added", partition=p)
+        wait_until(lambda: a.generation is not None and a.generation.done.is_set(),
+                   timeout_s=10)  # the leader's partition watcher rebalances
+        nxt = _rebased(a, first, latest)
+        assert nxt.starts == {TP("ev", 0): 2, TP("ev", 1): 2, TP("ev", 2): 0, TP("ev", 3): 0}
+        assert nxt.offsets == {TP("ev", 0): 2, TP("ev", 1): 2, TP("ev", 2): 3, TP("ev", 3): 3}
+        assert _committed(coord) == {TP("ev", 0): 2, TP("ev", 1): 2, TP("ev", 2): 0,
+                                     TP("ev", 3): 0}
+    finally:
+        a.close(5)
+
+
 def test_a_member_whose_group_closed_on_a_fatal_error_fails_the_query() -> None:
     """The group closes on an error no retry mends (here the Redis user lost a permission the
     rejoin needs): plan() raises it, as initial() would. Before, plan() took it for a join that

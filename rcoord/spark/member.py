@@ -9,7 +9,10 @@ here: the Spark adapter calls ``initial()``, ``plan()``, ``commit()`` and ``clos
 were made under:
 
 * ``initial()`` joins and waits for the first generation; the query starts at the group's
-  committed offsets (the ``start_offset`` policy where none was committed).
+  committed offsets (the ``start_offset`` policy where none was committed). Under ``latest``
+  the start of a partition without one is committed at once, and ``latest`` places only the
+  query's first generation: partitions that appear later start at their log start
+  (``_place``).
 * ``plan(start, latest, limit)`` runs when Spark plans the next micro-batch. Spark plans a
   batch only after the previous one's sink has finished, so ``start`` (the previous batch's
   end) is processed: it is committed first, fenced by the generation it was planned in. Then,
@@ -136,6 +139,12 @@ class StreamMember:
         # Per partition, the create token of the topic the generation's base offset (the
         # group's committed offset, or this process's last commit) belongs to; None unknown.
         self._base_tokens: dict[TP, str | None] = {}
+        # Where the current generation starts the partitions the group has no offset for
+        # (see _place); the others start at the group's committed offset.
+        self._placed: dict[TP, int] = {}
+        # Every such start this process chose, kept across generations (see _place).
+        self._chosen: dict[TP, int] = {}
+        self._adopted = False
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -374,7 +383,7 @@ class StreamMember:
     def _base(self, tp: TP) -> int:
         """Where the current generation stands in ``tp``: committed by us, else its start."""
         assert self._gen is not None
-        return self._committed.get(tp, self._gen.offsets[tp])
+        return self._committed.get(tp, self._placed.get(tp, self._gen.offsets[tp]))
 
     def _base_position(self) -> Position:
         assert self._gen is not None
@@ -403,6 +412,8 @@ class StreamMember:
         self._committed = {}
         self._gone = set()
         self._base_tokens = self._committed_tokens(gen)
+        self._placed = self._place(gen)
+        self._adopted = True
 
         def revoke(ctx: GenerationContext) -> None:
             # Returning lets the group rejoin: only after plan() committed what this
@@ -415,6 +426,49 @@ class StreamMember:
         log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
                  gen.generation_id, gen.member_id,
                  [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
+
+    def _place(self, gen: Generation) -> dict[TP, int]:
+        """Under ``startingOffsets=latest``: where ``gen`` starts the partitions the group has
+        no committed offset for, committed at once under ``gen``.
+
+        ``latest`` places the query's start, as in Spark's Kafka source: it applies in this
+        process's first generation only. A partition without a committed offset in a later
+        generation is one this process placed before (its commit did not land) or one new to
+        the query (partitions added, a topic subscribed by pattern): it starts where this
+        process placed it, else at its log start, as Spark's Kafka source reads a partition it
+        discovers mid-stream. Committing the start (as Kafka's consumer commits a reset
+        position on revocation) is what keeps the next generation from placing the partition
+        at a newer log end: the records appended between the two ends would go to nobody.
+        Under ``earliest`` nothing is placed: the next generation finds the same log start.
+        """
+        if self._group.config.start_offset != "latest":
+            return {}
+        placed: dict[TP, int] = {}
+        for tp, start in sorted(gen.offsets.items()):
+            if tp in gen.committed or start < 0:
+                continue
+            if not self._adopted:
+                placed[tp] = start
+            elif tp in self._chosen:
+                placed[tp] = self._chosen[tp]
+            else:
+                try:
+                    placed[tp] = self._group.coordinator.log_offsets(tp.topic, tp.partition)[0]
+                except RcoordError as exc:
+                    log.warning("group %r: no log start for %s-%d (%s); it starts at its log "
+                                "end", gen.group_id, tp.topic, tp.partition, exc)
+                    placed[tp] = start
+        if not placed:
+            return {}
+        self._chosen.update(placed)
+        try:
+            gen.commit_offsets(placed)
+        except RcoordError as exc:
+            # The generation ended already (or Redis is away): the next one places them the
+            # same way, from _chosen.
+            log.warning("group %r: committing the start of %s failed: %s", gen.group_id,
+                        _names(set(placed)), exc)
+        return placed
 
     def _next_generation(self) -> bool:
         """Release the ended generation and take the next one if it comes soon."""
