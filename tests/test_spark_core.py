@@ -881,12 +881,78 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
         first = old.initial(10)
         batch_n = old.plan(first, latest, 8)  # planned, never processed, never committed
         assert sum(batch_n.offsets.values()) == 8
-        new.plan(batch_n, latest, None)  # (the source skipped N's partitions: not its plan)
+        new.replaying(batch_n)  # the source's replay of N read nothing (not its plan)
+        new.plan(batch_n, latest, None)
         committed = {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()}
         assert all(o <= 0 for o in committed.values()), committed  # N's end not committed
         assert not new.outcomes
     finally:
         old.close(5)
+        new.close(5)
+
+
+def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # A query stops after its last batch finished: Spark's commit log records the batch, but
+    # Spark never called commit() for it, so the member committed only up to its start. The
+    # restarted query's first call is latestOffset(that batch's end). Before, the new member
+    # took the group's committed offsets, and the batch was delivered again under the next
+    # batch id (the rcoord sink stored it twice).
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    old = _member(redis_server.url, namespace, single_client)
+    try:
+        first = old.initial(10)
+        e1 = old.plan(first, latest, 4)  # batch 0: 2 per partition
+        e2 = old.plan(e1, latest, 4)  # commits batch 0; batch 1, processed, then the stop
+    finally:
+        old.close(5)
+    assert _committed(coord) == e1.offsets
+
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        nxt = _rebased(new, e2, latest)
+        assert nxt.starts == e2.offsets  # batch 1 is not read again
+        assert nxt.offsets == {TP("ev", 0): 10, TP("ev", 1): 10}
+        assert _committed(coord) == e2.offsets
+    finally:
+        new.close(5)
+
+
+def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # The restarted query replays the unfinished batch 1 first; its member reads none of it
+    # (the ranges do not begin at the group's committed offsets). Spark then plans from its end,
+    # which must not be taken for a finished batch: the group's committed offsets stay the start.
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    old = _member(redis_server.url, namespace, single_client)
+    try:
+        first = old.initial(10)
+        e1 = old.plan(first, latest, 4)
+        e2 = old.plan(e1, latest, 4)  # commits batch 0 (e1); batch 1 never finishes
+    finally:
+        old.close(5)
+
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
+                   for r in ranges_between(e1, e2)]
+        assert new.replay(e2, shifted, 10) == set()
+        nxt = _rebased(new, e2, latest) if new.generation is None else new.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # the group's committed offsets: batch 1 comes again
+        assert _committed(coord) == e1.offsets
+    finally:
         new.close(5)
 
 

@@ -33,6 +33,11 @@ were made under:
   member's generation, which the next ``plan`` commits and continues from. So each of their
   records is delivered in one batch id, and the sink's producer (named by the batch id)
   stores it once. The rest of the batch reads nothing (at-least-once, as before).
+* A restarted query whose last batch finished (Spark's commit log has it; Spark never called
+  ``commit`` for it) plans first from that batch's end, planned by the old process: the
+  partitions this member holds begin there and it is committed under this generation, unless
+  the group has committed further (``_resume``). Ends of replayed batches (``replaying``) are
+  never taken for finished ones.
 * ``close()`` leaves the group at once, so the others take the partitions over without
   waiting for the session timeout.
 """
@@ -145,6 +150,10 @@ class StreamMember:
         # Every such start this process chose, kept across generations (see _place).
         self._chosen: dict[TP, int] = {}
         self._adopted = False
+        # Ends of batches another process planned that Spark replays here (replaying()): they
+        # may hold records nobody processed. Any other end of another process's plan that
+        # Spark plans from is that of a batch Spark's commit log records as finished (_resume).
+        self._replaying: list[Position] = []
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -190,6 +199,8 @@ class StreamMember:
                 return start
             gen = self._gen
             assert gen is not None
+        if own is start and self._finished_elsewhere(start):
+            self._resume(gen, start)
         assigned = sorted(gen.offsets)
         # Partitions that go on from ``own``; the others (all of them when it was planned by
         # another membership: an old checkpoint, or a generation this query left) go on from
@@ -266,6 +277,7 @@ class StreamMember:
         commits them fenced by this generation, never in the old member's name, and goes on
         from them.
         """
+        self.replaying(end)
         if self._replayed is not None and self._replayed[0] == end:
             return set(self._replayed[1].offsets)
         if self._gen is None:
@@ -283,6 +295,14 @@ class StreamMember:
             self._planned.add(stamp)
             self._replayed = (end, own)
         return keep
+
+    def replaying(self, end: Position) -> None:
+        """Spark replays the batch ending at ``end``, planned by another process: whatever
+        ``replay`` reads of it (perhaps nothing), its end is no finished batch's (``_resume``).
+        The source says so before anything else, so that a replay that fails still counts."""
+        if end not in self._replaying:
+            self._replaying.append(end)
+            del self._replaying[:-16]
 
     # -- commits
 
@@ -426,6 +446,55 @@ class StreamMember:
         log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
                  gen.generation_id, gen.member_id,
                  [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
+
+    def _finished_elsewhere(self, start: Position) -> bool:
+        """Whether ``start`` is the end of a batch another process planned and finished.
+
+        Spark plans from another process's position only after a restart, and then either
+        replays that position's batch (``replaying``), or its commit log records the batch as
+        finished: its sink stored every record, though Spark never called ``commit`` for it
+        (it does not for the last batch before a stop).
+        """
+        return (start.generation is not None and bool(start.offsets)
+                and (start.generation, start.member or "") not in self._planned
+                and start not in self._replaying)
+
+    def _resume(self, gen: Generation, start: Position) -> None:
+        """Begin the partitions of ``start`` (a finished batch's end, ``_finished_elsewhere``)
+        that ``gen`` gives this member where that batch ended, committing it under ``gen``.
+
+        The old process's member committed only up to the batch's start, so the group would
+        deliver the batch again under the next batch id, and the sink would store it twice.
+        A partition the group has committed further (another member went on reading it
+        meanwhile) or whose offset belongs to another topic of that name stays where the
+        group stands; one this member does not hold is its owner's to read from the group's
+        committed offset (at-least-once).
+        """
+        todo: dict[TP, int] = {}
+        for tp, end in sorted(start.offsets.items()):
+            if tp not in gen.offsets:
+                continue
+            token, base = start.tokens.get(tp.topic), self._base_tokens.get(tp)
+            if token and base and token != base:
+                continue
+            have = self._committed.get(tp, gen.committed.get(tp))
+            if have is None or have < end:
+                todo[tp] = end
+        if not todo:
+            return
+        try:
+            gen.commit_offsets(_with_tokens(todo, start.tokens))
+        except RcoordError as exc:
+            # The group goes on from its committed offsets: the batch comes again (at least
+            # once), never skipped.
+            log.warning("group %r: committing where the finished batch of generation %s by "
+                        "%s ended failed: %s", gen.group_id, start.generation, start.member, exc)
+            return
+        log.info("group %r: [%s] go on where the batch planned in generation %s by %s ended "
+                 "(finished before the restart)", gen.group_id, _names(set(todo)),
+                 start.generation, start.member)
+        self._committed.update(todo)
+        self._base_tokens.update({tp: start.tokens.get(tp.topic) for tp in todo})
 
     def _place(self, gen: Generation) -> dict[TP, int]:
         """Under ``startingOffsets=latest``: where ``gen`` starts the partitions the group has

@@ -244,6 +244,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``StreamMember.replay`` takes its partition, else an empty range in its place. The
         order is what lines the replay up with the first attempt: the sink's producer is named
         by the task's index (``spark:<query>:<index>``) and the batch id."""
+        self._membership().replaying(finish)
         try:
             ranges = ranges_between(begin, finish)
         except ValueError:
