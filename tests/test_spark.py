@@ -420,6 +420,49 @@ def test_a_group_query_restarted_mid_batch_replays_it_and_stores_every_row_once(
     assert stored == sorted(f"v{i}".encode() for i in range(20))
 
 
+def test_a_group_query_stopped_after_a_batch_and_restarted_stores_that_batch_once(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    # The query stops right after batch 0 finished (the next trigger is an hour away): Spark's
+    # commit log records batch 0, but no later plan committed its end to the group. The query
+    # restarts on its checkpoint. Before, the new member began at the group's committed offsets
+    # (nothing), batch 0's records came again as batch 1, and dst held them twice.
+    topics = Topics(single_client, namespace)
+    topics.create("src", 2)
+    topics.create("dst", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("src", [f"a{i}".encode() for i in range(10)])
+    cp, url = tmp_path / "cp", redis_server.url
+
+    def start(trigger: dict[str, Any]) -> Any:
+        reader_ = reader(spark, url, namespace, stream=True)
+        for k, v in {"subscribe": "src", "groupId": "g", **GROUP_OPTS}.items():
+            reader_ = reader_.option(k, v)
+        return (reader_.load().select("key", "value", "partition")
+                .writeStream.format("rcoord").option("url", url).option("namespace", namespace)
+                .option("topic", "dst").trigger(**trigger)
+                .option("checkpointLocation", str(cp)).start())
+
+    q1 = start({"processingTime": "1 hour"})
+    try:
+        wait_until(lambda: (cp / "commits" / "0").exists() or q1.exception() is not None,
+                   timeout_s=QUERY_S)
+        assert q1.exception() is None
+    finally:
+        q1.stop()
+    assert sum(log_ends(topics, "dst").values()) == 10
+    assert committed(coord, "g") in ({}, {0: 0, 1: 0})  # batch 0's end never reached the group
+    producer.send_batch("src", [f"b{i}".encode() for i in range(4)])
+    q2 = start({"availableNow": True})
+    assert q2.awaitTermination(QUERY_S), "availableNow query did not end by itself"
+    assert q2.exception() is None
+    assert committed(coord, "g") == {0: 7, 1: 7}
+    stored = sorted(r.value for p in (0, 1) for r in fetch(
+        single_client, namespace, "dst", p, 0, max_records=100).records)
+    assert stored == sorted([f"a{i}".encode() for i in range(10)]
+                            + [f"b{i}".encode() for i in range(4)])
+
+
 # -- how the stream-source runner ends (no JVM: spark_runner.FakeJvm plays it) -----------------
 
 RUNNER_OPTS = {"sessionTimeoutMs": "60000", "heartbeatIntervalMs": "300",
