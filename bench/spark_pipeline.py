@@ -148,8 +148,8 @@ def handover(spark: Any, coord: GroupCoordinator, r: Any, url: str, ns: str, out
                 return False
         (mid,) = after
         gained = set(after[mid]) - set(before.get(mid, []))
-        return any(Path(out, "counts", f"topic={TOPIC}", f"partition={p}",
-                        f"start-{ends[p]}.parquet").exists() for p in gained)
+        return any(any(Path(out, "counts", f"topic={TOPIC}", f"partition={p}").glob(
+            f"start-{ends[p]}.gen-*.parquet")) for p in gained)
 
     wait(survivor_wrote, "survivor never processed a gained partition", 60)
     elapsed = time.monotonic() - t

@@ -294,6 +294,10 @@ def test_group_queries_split_and_take_over_after_a_graceful_stop(
             if q is not None and q.isActive:
                 q.stop()
     assert read_counts(out) == window_counts(events, WINDOW_MS)
+    # every file names the generation its batch was planned in (read from Spark's offset log)
+    gens = {int(p.name.split(".gen-")[1].split(".")[0])
+            for p in Path(out, "counts").rglob("start-*.parquet")}
+    assert len(gens) >= 2 and min(gens) >= 1, gens
     # The stopped queries' members are gone, and the group is Empty: their runners' stop()
     # sent LeaveGroup. That it was LeaveGroup and not session expiry (Spark's second SIGTERM
     # used to cut stop() short) is checked without a JVM, by the runner tests below.

@@ -16,21 +16,28 @@ time the query has seen minus ``--watermark``) is late and not counted, as in Sp
 windowed aggregations.
 
 Output: every micro-batch writes, per topic partition it read, one Parquet file
-``DIR/counts/topic=T/partition=P/start-S.parquet`` with columns ``window_start``,
-``window_end``, ``key``, ``count`` for the records from offset S on. The file name is the
-batch's first offset in that partition, so when a partition's new owner processes again the
-records its old owner had processed but not committed (a crash), it starts at the same
-committed offset and *replaces* that file: the output never counts a record twice. The counts
-of a (window, key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
-``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")``.
+``DIR/counts/topic=T/partition=P/start-S.gen-G.parquet`` with columns ``window_start``,
+``window_end``, ``key``, ``count`` for the records from offset S on, planned in generation G of
+the group. The file name holds the batch's first offset in that partition, so when a
+partition's new owner processes again the records its old owner had processed but not
+committed (a crash), it starts at the same committed offset and *supersedes* that file: of the
+files of one start, the one of the newest generation counts, and its writer deletes the others
+once its own is in place (``_settle``). So a removed member whose batch outlived the rebalance
+timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range: the
+output never counts a record twice or loses one. The counts of a (window, key) are the sum over
+the files; ``read_counts(DIR)`` does that, and so does
+``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
+batch is being written (between a zombie's write and its settling, both files are there).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -63,12 +70,32 @@ def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
     return dict(out)
 
 
+_FILE = re.compile(r"start-(\d+)\.gen-(-?\d+)\.parquet")
+
+
+def _current(folder: Path) -> dict[int, tuple[int, Path]]:
+    """A partition folder's files that count: per start offset, the newest generation's."""
+    best: dict[int, tuple[int, Path]] = {}
+    for path in folder.glob("start-*.gen-*.parquet"):
+        m = _FILE.fullmatch(path.name)
+        if m is None:
+            continue
+        start, gen = int(m[1]), int(m[2])
+        if start not in best or gen > best[start][0]:
+            best[start] = (gen, path)
+    return best
+
+
 def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
-    """The pipeline's output summed per (window start ms, key); reads Parquet with pyarrow."""
+    """The pipeline's output summed per (window start ms, key); reads Parquet with pyarrow.
+
+    Of the files of one start offset, only the newest generation's counts (``_current``)."""
     import pyarrow.parquet as pq
 
     totals: dict[tuple[int, str], int] = defaultdict(int)
-    for path in sorted(Path(out_dir, "counts").glob("topic=*/partition=*/start-*.parquet")):
+    paths = [p for folder in Path(out_dir, "counts").glob("topic=*/partition=*")
+             for _, p in _current(folder).values()]
+    for path in sorted(paths):
         table = pq.read_table(path).to_pydict()
         for start, key, count in zip(table["window_start"], table["key"], table["count"]):
             ms = int(start.timestamp() * 1000) if isinstance(start, dt.datetime) else int(start)
@@ -79,9 +106,10 @@ def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
 class _Sink:
     """The ``foreachBatch`` function: one aggregation, one file per (topic partition, start)."""
 
-    def __init__(self, out_dir: str, window_ms: int) -> None:
+    def __init__(self, out_dir: str, window_ms: int, checkpoint: str) -> None:
         self.out_dir = out_dir
         self.window_ms = window_ms
+        self.checkpoint = checkpoint
         self.query: Any = None  # set once started: the watermark comes from its progress
         self.batches = 0
         self.records = 0
@@ -96,9 +124,27 @@ class _Sink:
         when = dt.datetime.fromisoformat(mark)
         return int(when.timestamp() * 1000)
 
+    def generation(self, batch_id: int) -> int:
+        """The group generation the batch was planned in: Spark writes the batch's planned end
+        (the rcoord source's position, which names it) to the checkpoint's offset log before
+        the batch runs. -1 where it names none (a source other than group mode's)."""
+        try:
+            lines = Path(self.checkpoint, "offsets", str(batch_id)).read_text().splitlines()
+        except OSError:
+            return -1
+        for line in lines[2:]:  # "v1", the batch metadata, then one offset per source
+            try:
+                end = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(end, dict) and isinstance(end.get("generation"), int):
+                return int(end["generation"])
+        return -1
+
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        gen = self.generation(batch_id)
         wm = self.watermark_ms()
         late = F.col("event_ms") < F.lit(wm)
         window_start = F.col("event_ms") - F.pmod(F.col("event_ms"), F.lit(self.window_ms))
@@ -117,10 +163,11 @@ class _Sink:
             self.records += row["all"]
             self.late += row["all"] - row["n"]
         for (topic, partition), group in by_part.items():
-            self._write(topic, partition, min(r["lo"] for r in group), group)
+            self._write(topic, partition, min(r["lo"] for r in group), group, gen)
         self.batches += 1
 
-    def _write(self, topic: str, partition: int, start: int, rows: list[Any]) -> None:
+    def _write(self, topic: str, partition: int, start: int, rows: list[Any],
+               generation: int) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -140,7 +187,19 @@ class _Sink:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         pq.write_table(table, tmp)
-        os.replace(tmp, folder / f"start-{start}.parquet")  # atomic: replaces a retried range
+        # atomic: a retry of the batch (same range, same generation) replaces its first attempt
+        os.replace(tmp, folder / f"start-{start}.gen-{generation}.parquet")
+        _settle(folder, start)
+
+
+def _settle(folder: Path, start: int) -> None:
+    """Delete the files of ``start`` that do not count (``_current``): every generation's but
+    the newest. Each writer settles after its rename, so of two writers of one start, the later
+    to list sees both files: the older generation's is deleted whoever wrote last."""
+    keep = _current(folder).get(start)
+    for path in folder.glob(f"start-{start}.gen-*.parquet"):
+        if keep is not None and path != keep[1] and _FILE.fullmatch(path.name):
+            path.unlink(missing_ok=True)
 
 
 def build_query(
@@ -194,11 +253,11 @@ def build_query(
     )
     events = events.withColumn("event_time", F.timestamp_millis("event_ms")) \
         .withWatermark("event_time", f"{_ms(watermark)} milliseconds")
-    sink = _Sink(out, window_ms)
-    writer = events.writeStream.foreachBatch(sink).trigger(
-        processingTime=f"{_ms(trigger)} milliseconds")
     # Group mode keeps the offsets in the group; a fresh checkpoint per run is enough.
     location = checkpoint or os.path.join(out, "_checkpoints", uuid.uuid4().hex)
+    sink = _Sink(out, window_ms, location)
+    writer = events.writeStream.foreachBatch(sink).trigger(
+        processingTime=f"{_ms(trigger)} milliseconds")
     query = writer.option("checkpointLocation", location).start()
     sink.query = query
     query._rcoord_sink = sink  # for tests and the bench: batches, records, late

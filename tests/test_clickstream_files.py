@@ -1,0 +1,80 @@
+"""The clickstream pipeline's output files, without Spark: which file of a start offset counts
+when two members wrote one (a removed member's slow batch, a zombie, and its successor's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
+
+from workers.clickstream import _settle, _Sink, read_counts
+
+WINDOW_MS = 10_000
+
+
+def _row(key: str, n: int, ws: int = 0) -> dict[str, Any]:
+    return {"ws": ws, "k": key, "n": n}
+
+
+def _files(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "counts").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("zombie_last", [True, False])
+def test_the_newest_generation_of_a_start_counts_whoever_writes_last(
+        tmp_path: Path, zombie_last: bool) -> None:
+    # Generation 5's member read offsets 5-9 of ev-0 but its batch outlived the rebalance
+    # timeout; generation 6's member began at the committed offset 5 and read 5-7, then 8-9.
+    # Before, the files were named by start alone and the last rename won: the zombie's
+    # five-record file replaced its successor's three-record one (whose next file counts 8-9
+    # again), or the other way round.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    zombie = lambda: sink._write("ev", 0, 5, [_row("a", 5)], 5)
+    if not zombie_last:
+        zombie()
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+    sink._write("ev", 0, 8, [_row("a", 2)], 6)
+    if zombie_last:
+        zombie()
+    assert read_counts(tmp_path) == {(0, "a"): 5}
+    assert _files(tmp_path) == ["start-5.gen-6.parquet", "start-8.gen-6.parquet"]
+
+
+def test_two_writers_renaming_before_either_settles_leave_the_newest(tmp_path: Path) -> None:
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    # Both renamed, neither settled yet (generation 6's file is out of the zombie's sight while
+    # it writes, so its own settling keeps its file): the reader already counts generation 6's.
+    (folder / "start-5.gen-6.parquet").rename(folder / "keep")
+    sink._write("ev", 0, 5, [_row("a", 5)], 5)
+    (folder / "keep").rename(folder / "start-5.gen-6.parquet")
+    assert read_counts(tmp_path) == {(0, "a"): 3}
+    _settle(folder, 5)  # the later of the two to settle sees both and deletes generation 5's
+    assert _files(tmp_path) == ["start-5.gen-6.parquet"]
+
+
+def test_a_retry_of_a_batch_replaces_its_first_attempt(tmp_path: Path) -> None:
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 1, 0, [_row("a", 2), _row("b", 1, ws=WINDOW_MS)], 3)
+    sink._write("ev", 1, 0, [_row("a", 2), _row("b", 1, ws=WINDOW_MS)], 3)
+    assert read_counts(tmp_path) == {(0, "a"): 2, (WINDOW_MS, "b"): 1}
+    assert _files(tmp_path) == ["start-0.gen-3.parquet"]
+
+
+def test_the_generation_comes_from_the_batch_planned_end_in_the_offset_log(
+        tmp_path: Path) -> None:
+    cp = tmp_path / "cp"
+    (cp / "offsets").mkdir(parents=True)
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    end = {"offsets": {"ev": {"0": 7}}, "generation": 4, "member": "spark-1"}
+    (cp / "offsets" / "2").write_text(f"v1\n{meta}\n{json.dumps(end)}")
+    (cp / "offsets" / "3").write_text(f"v1\n{meta}\n{json.dumps({'ev': {'0': 7}})}")
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    assert sink.generation(2) == 4
+    assert sink.generation(3) == -1  # another source's offsets: no generation
+    assert sink.generation(9) == -1  # no such batch
