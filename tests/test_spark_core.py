@@ -441,9 +441,36 @@ def test_a_write_is_checked_when_planned_and_never_overwrites() -> None:
     check_write_plan(["value"], "out", overwrite=False)
 
 
+@pytest.mark.parametrize(("types", "message"), [
+    ({"value": "int"}, r"^value: the value column is int; a write takes string or binary "
+                       r"\(cast it, e\.g\. col\('value'\)\.cast\('string'\)\)"),
+    ({"value": "binary", "key": "double"}, "^key: the key column is double"),
+    ({"value": "string", "partition": "string"}, "^partition: the partition column is string"),
+    ({"value": "string", "topic": "binary"}, "^topic: the topic column is binary"),
+    ({"value": "string", "headers": "map<string,binary>"}, "^headers: the headers column is map"),
+])
+def test_a_write_of_a_column_of_the_wrong_type_fails_when_planned(
+        types: dict[str, str], message: str) -> None:
+    # Spark's Kafka sink checks the types when the query is analysed; before, an int value or a
+    # string partition passed the plan and failed in every task.
+    with pytest.raises(OptionError, match=message):
+        check_write_plan(list(types), None if "topic" in types else "out", overwrite=False,
+                         types=types)
+
+
+def test_a_write_takes_the_types_the_kafka_sink_takes() -> None:
+    check_write_plan(["topic", "key", "value", "partition", "headers"], None, overwrite=False,
+                     types={"topic": "string", "key": "binary", "value": "string",
+                            "partition": "bigint",
+                            "headers": "array<struct<key:string,value:binary>>"})
+    # with the topic option the topic column is not read, whatever its type
+    check_write_plan(["topic", "value"], "out", overwrite=False,
+                     types={"topic": "int", "value": "binary"})
+
+
 def test_the_data_source_refuses_a_batch_overwrite_and_accepts_append() -> None:
     pytest.importorskip("pyspark")
-    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
     from rcoord.spark.source import RcoordDataSource
 
@@ -453,6 +480,10 @@ def test_the_data_source_refuses_a_batch_overwrite_and_accepts_append() -> None:
         source.writer(schema, True)
     assert source.writer(schema, False) is not None
     assert source.streamWriter(schema, True) is not None  # Complete output mode: appends
+    wrong = StructType([StructField("value", IntegerType())])
+    for make in (source.writer, source.streamWriter):
+        with pytest.raises(OptionError, match="^value: the value column is int"):
+            make(wrong, False)
 
 
 def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(

@@ -128,15 +128,21 @@ class RcoordDataSource(DataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
         opts = parse_write_options(self.options)
-        check_write_plan([f.name for f in schema.fields], opts.topic, overwrite)
+        check_write_plan([f.name for f in schema.fields], opts.topic, overwrite,
+                         _column_types(schema))
         return BatchWriter(opts)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
         # ``overwrite`` is the Complete output mode here, which Spark's Kafka sink accepts
         # (every result row is appended each trigger), so only the batch writer refuses it.
         opts = parse_write_options(self.options)
-        check_write_plan([f.name for f in schema.fields], opts.topic, False)
+        check_write_plan([f.name for f in schema.fields], opts.topic, False,
+                         _column_types(schema))
         return StreamWriter(opts)
+
+
+def _column_types(schema: Any) -> dict[str, str]:
+    return {f.name: f.dataType.simpleString() for f in schema.fields}
 
 
 # -- batch read --------------------------------------------------------------------------------

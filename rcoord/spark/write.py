@@ -44,7 +44,20 @@ def _bytes(name: str, value: Any) -> bytes | None:
     raise TypeError(f"column {name} must be binary or string, got {type(value).__name__}")
 
 
-def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite: bool) -> None:
+_TYPES = {
+    "topic": ("string",),
+    "key": ("string", "binary"),
+    "value": ("string", "binary"),
+    "partition": ("int", "bigint", "smallint", "tinyint"),
+    "headers": ("array<struct<key:string,value:binary>>", "array<struct<key:string,value:string>>"),
+}
+"""The Spark SQL types (``DataType.simpleString()``) each column a write reads may have: those
+Spark's Kafka sink takes, and the other integer types for ``partition`` and string header
+values, which ``row_to_record`` converts exactly."""
+
+
+def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite: bool,
+                     types: Mapping[str, str] | None = None) -> None:
     """What a write can be told before any task runs (Spark's Kafka sink checks the same when
     the query is analysed), so a bad write fails once, at ``save()``/``start()``, naming what
     to change, not in every task.
@@ -56,6 +69,9 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
     * a ``value`` column, and a topic: the ``topic`` option or a ``topic`` column. Names are
       matched exactly, as each task's rows are read (``row_to_record``) and as Spark's Kafka
       sink finds its columns: a ``Value`` column passed this check, then failed in every task.
+    * with ``types`` (column -> ``DataType.simpleString()``), the type of each column a write
+      reads (``_TYPES``), as Spark's Kafka sink checks them: an int ``value`` or a string
+      ``partition`` failed in every task before.
     """
     if overwrite:
         raise OptionError('mode: an rcoord topic is a log that writes only append to; use '
@@ -67,6 +83,14 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
     if not topic_option and "topic" not in names:
         raise OptionError("topic: set .option('topic', NAME) or give the DataFrame a topic "
                           f"column; it has {sorted(names)}")
+    for name, allowed in _TYPES.items():
+        if name == "topic" and topic_option:
+            continue  # the option wins; the column is not read
+        given = (types or {}).get(name)
+        if given is not None and given.replace(" ", "").lower() not in allowed:
+            raise OptionError(f"{name}: the {name} column is {given}; a write takes "
+                              f"{' or '.join(allowed)} (cast it, e.g. "
+                              f"col('{name}').cast('{allowed[0]}'))")
 
 
 def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[str, ProducerRecord]:
