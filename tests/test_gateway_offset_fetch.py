@@ -1,0 +1,64 @@
+"""OffsetFetch of all a group's offsets: a group can hold the offsets of 100,000 partitions, and
+building and encoding that response took about 1.7 s on the event loop, holding every other
+connection. It is built and encoded on the topic threads (``Api.offload``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+from gateway_harness import call_once, connect, request_frame, response
+
+from rcoord.gateway import wire
+
+WAIT_S = 60.0
+
+
+def _commit(gateway: Any, group: str, topic: str, offsets: dict[int, int]) -> None:
+    got = call_once(gateway, 8, 8, {
+        "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+        "group_instance_id": None, "topics": [{"name": topic, "partitions": [
+            {"partition_index": p, "committed_offset": o, "committed_leader_epoch": -1,
+             "committed_metadata": f"m{p}"} for p, o in offsets.items()]}]})
+    assert [p.error_code.value for t in got.topics for p in t.partitions] == [0] * len(offsets)
+
+
+@pytest.mark.parametrize("version", [7, 8])
+def test_other_connections_are_served_while_an_offset_fetch_response_is_built(
+        gateway: Any, topics: Any, monkeypatch: Any, version: int) -> None:
+    """The response's build is held until another connection has been answered: on the event
+    loop (as it was) nothing else could be answered, and this failed by timeout."""
+    topics.create("t", 3)
+    _commit(gateway, "g", "t", {0: 5, 1: 6, 2: 7})
+    started, release = threading.Event(), threading.Event()
+    real_build = wire.build
+
+    def held_build(cls: Any, data: Any) -> Any:
+        if cls.__name__ == "OffsetFetchResponse":
+            started.set()
+            assert release.wait(WAIT_S)
+        return real_build(cls, data)
+
+    monkeypatch.setattr(wire, "build", held_build)
+    body = ({"groups": [{"group_id": "g", "topics": None}], "require_stable": False}
+            if version >= 8 else {"group_id": "g", "topics": None, "require_stable": False})
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(9, version, 1, body))
+        assert started.wait(WAIT_S)
+        try:
+            found = call_once(gateway, 10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
+        finally:
+            release.set()
+        assert [(c.key, c.error_code.value) for c in found.coordinators] == [("g", 0)]
+        got = response(sock, 9, version, 5)
+    finally:
+        sock.close()
+    topics_ = got.groups[0].topics if version >= 8 else got.topics
+    assert [(t.name, [(p.partition_index, p.committed_offset, p.metadata, p.error_code.value)
+                      for p in t.partitions]) for t in topics_] == [
+        ("t", [(0, 5, "m0", 0), (1, 6, "m1", 0), (2, 7, "m2", 0)])]
