@@ -421,6 +421,43 @@ def test_describe_groups_reports_the_operations_each_principal_may_do(
         admin.close()
 
 
+def test_metadata_reports_the_operations_each_principal_may_do(
+    gateway: GatewayThread, alice: _Session, bob: _Session, topics: Topics,
+) -> None:
+    """Metadata v8+ (KIP-430), as Kafka's handleTopicMetadataRequest: asked for, each topic the
+    principal may describe carries the bits of the topic operations it may do (an unknown one
+    too); a refused topic keeps the sentinel; the cluster's (v8-v10) are 0 for a principal
+    without DESCRIBE on the cluster."""
+    read, write, create, delete, alter, describe, describe_configs, alter_configs = (
+        1 << 3, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 10, 1 << 11)
+    every_topic_op = (read | write | create | delete | alter | describe | describe_configs
+                      | alter_configs)  # 3576
+    every_cluster_op = 8096  # CREATE, ALTER, DESCRIBE, CLUSTER_ACTION, (DESCRIBE|ALTER)_CONFIGS,
+    #                          IDEMPOTENT_WRITE
+    admin = _Session(gateway, "admin")
+    try:
+        def ask(s: _Session, names: list[str]) -> tuple[list[tuple[str, int, int]], int]:
+            r = s.call(3, 10, {"topics": [{"name": n} for n in names],
+                               "allow_auto_topic_creation": False,
+                               "include_cluster_authorized_operations": True,
+                               "include_topic_authorized_operations": True})
+            return ([(t.name, t.error_code.value, t.topic_authorized_operations)
+                     for t in sorted(r.topics, key=lambda t: t.name)],
+                    r.cluster_authorized_operations)
+
+        assert ask(alice, ["orders", "secret", "shared.audit", "team-a.events",
+                           "team-a.nope"]) == ([
+            ("orders", 0, read | write | describe),
+            ("secret", TOPIC_AUTHORIZATION_FAILED, -(2**31)),
+            ("shared.audit", 0, every_topic_op & ~write),  # the deny wins
+            ("team-a.events", 0, every_topic_op),
+            ("team-a.nope", 3, every_topic_op)], 0)
+        assert ask(bob, ["orders"]) == ([("orders", TOPIC_AUTHORIZATION_FAILED, -(2**31))], 0)
+        assert ask(admin, ["orders"]) == ([("orders", 0, every_topic_op)], every_cluster_op)
+    finally:
+        admin.close()
+
+
 def test_init_producer_id_needs_idempotent_write_or_a_topic_write(
     alice: _Session, bob: _Session,
 ) -> None:

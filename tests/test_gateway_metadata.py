@@ -70,3 +70,29 @@ def test_a_topic_of_100000_partitions_is_described_whole(gateway, topics, redis_
     assert [p.partition_index for p in topic.partitions] == list(range(100_000))
     assert {(p.leader_id, p.replica_nodes, p.isr_nodes) for p in topic.partitions} == {
         (0, (0,), (0,))}
+
+
+@pytest.mark.parametrize("version", [8, 10, 11, 12])
+def test_authorized_operations_when_asked_and_the_sentinel_when_not(gateway, topics, version):
+    """Metadata v8+ (KIP-430) with no ACLs: every topic operation (3576) and, up to v10, every
+    cluster operation (8096) when asked; Kafka's sentinel -2**31 when not."""
+    topics.create("t", 1)
+
+    def ask(include: bool) -> Any:
+        body: dict[str, Any] = {"topics": [{"name": "t"}], "allow_auto_topic_creation": False,
+                                "include_topic_authorized_operations": include}
+        if version <= 10:
+            body["include_cluster_authorized_operations"] = include
+        sock = connect(gateway)
+        try:
+            sock.sendall(request_frame(3, version, 1, body))
+            return response(sock, 3, version, 5 if version >= 9 else 4)  # v9+: flexible
+        finally:
+            sock.close()
+
+    asked, not_asked = ask(True), ask(False)
+    assert [t.topic_authorized_operations for t in asked.topics] == [3576]
+    assert [t.topic_authorized_operations for t in not_asked.topics] == [-(2**31)]
+    if version <= 10:
+        assert asked.cluster_authorized_operations == 8096
+        assert not_asked.cluster_authorized_operations == -(2**31)

@@ -52,6 +52,15 @@ def _partitions(count: int) -> Iterator[dict[str, Any]]:
                "offline_replicas": []}
 
 
+_AUTHORIZED_OPERATIONS_SINCE = 8
+_CLUSTER_OPERATIONS_UNTIL = 10
+"""Metadata v8 (KIP-430) added ``include_topic_authorized_operations`` and
+``include_cluster_authorized_operations``; v11 dropped the cluster's (DescribeCluster has it).
+Not asked for, each field is Kafka's sentinel, -2**31; a topic the caller may not describe
+keeps it, and the cluster's is 0 for a caller without DESCRIBE on the cluster, as in Kafka's
+``KafkaApis.handleTopicMetadataRequest``."""
+
+
 @api(3, "Metadata", 0, 12, offload=True)
 async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
@@ -68,24 +77,35 @@ async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if wanted is None:
         counts = {n: c for n, c in counts.items()
                   if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n, log_denied=False)}
+    with_ops = version >= _AUTHORIZED_OPERATIONS_SINCE and bool(
+        getattr(req, "include_topic_authorized_operations", False))
     for name, count in counts.items():
         if isinstance(count, Errors):
             topics.append({"error_code": count, "name": name, "topic_id": _ZERO_UUID,
                            "partitions": []})
-            continue
-        topics.append({
-            "error_code": Errors.NONE, "name": name, "topic_id": _ZERO_UUID,
-            "is_internal": False,
-            "partitions": _partitions(count),
-        })
+        else:
+            topics.append({
+                "error_code": Errors.NONE, "name": name, "topic_id": _ZERO_UUID,
+                "is_internal": False,
+                "partitions": _partitions(count),
+            })
+        if with_ops:  # every topic the caller may describe, an unknown one too (as Kafka)
+            topics[-1]["topic_authorized_operations"] = conn.authorized_operations(
+                ResourceType.TOPIC, name)
     host, port = state.advertised
-    return {
+    out = {
         "throttle_time": 0,
         "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
         "cluster_id": f"rcoord-{state.config.namespace}",
         "controller_id": NODE_ID,
         "topics": topics,
     }
+    if _AUTHORIZED_OPERATIONS_SINCE <= version <= _CLUSTER_OPERATIONS_UNTIL and bool(
+            getattr(req, "include_cluster_authorized_operations", False)):
+        out["cluster_authorized_operations"] = (
+            conn.authorized_operations(ResourceType.CLUSTER)
+            if conn.may(Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False) else 0)
+    return out
 
 
 def _coordinator(conn: Connection, key: str, key_type: int) -> dict[str, Any]:
