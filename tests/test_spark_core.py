@@ -922,9 +922,10 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
         new.close(5)
 
 
+@pytest.mark.parametrize("rewound", [False, True])
 def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, rewound: bool) -> None:
     # A query stops after its last batch finished: Spark's commit log records the batch, but
     # Spark never called commit() for it, so the member committed only up to its start. The
     # restarted query's first call is latestOffset(that batch's end). Before, the new member
@@ -944,13 +945,17 @@ def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
     finally:
         old.close(5)
     assert _committed(coord) == e1.offsets
+    if rewound:  # an operator sets the group back while the query is down (reset-offsets)
+        zero = {TP("ev", 0): 0, TP("ev", 1): 0}
+        assert set(coord.commit_offsets("g", zero).values()) == {Errors.NONE}
 
     new = _member(redis_server.url, namespace, single_client)
     try:
         nxt = _rebased(new, e2, latest)
-        assert nxt.starts == e2.offsets  # batch 1 is not read again
+        want = {TP("ev", 0): 0, TP("ev", 1): 0} if rewound else e2.offsets
+        assert nxt.starts == want  # the operator's offsets win; else batch 1 is not read again
         assert nxt.offsets == {TP("ev", 0): 10, TP("ev", 1): 10}
-        assert _committed(coord) == e2.offsets
+        assert _committed(coord) == want
     finally:
         new.close(5)
 

@@ -77,11 +77,22 @@ topic that does not exist is missing."""
 TOKEN_METADATA = "rcoord-create-token:"
 """Commit metadata prefix: the create token of the topic the committed offset belongs to, so the
 partition's next owner can tell an offset of a deleted topic from one of the topic created again
-under the same name (whose offsets began again at 0)."""
+under the same name (whose offsets began again at 0). ``MEMBER_METADATA`` and the committing
+member's id follow it."""
+
+MEMBER_METADATA = " member:"
+"""Commit metadata, after the token: the member whose plan the offset ends, so a restarted query
+can tell the group's offset its old process left (``StreamMember._resume``) from one an operator
+set meanwhile (``rcoord groups reset-offsets``)."""
 
 
-def _token_of(metadata: str) -> str | None:
-    return metadata[len(TOKEN_METADATA):] or None if metadata.startswith(TOKEN_METADATA) else None
+def _parse_metadata(metadata: str) -> tuple[str | None, str | None]:
+    """(create token, committing member) of a commit's metadata; None where it has none (a
+    plain worker's commit, an operator's reset)."""
+    if not metadata.startswith(TOKEN_METADATA):
+        return None, None
+    token, _, member = metadata[len(TOKEN_METADATA):].partition(MEMBER_METADATA)
+    return token or None, member or None
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,8 @@ class StreamMember:
         # Per partition, the create token of the topic the generation's base offset (the
         # group's committed offset, or this process's last commit) belongs to; None unknown.
         self._base_tokens: dict[TP, str | None] = {}
+        # Per partition, the member whose plan the group's committed offset ends (_resume).
+        self._base_members: dict[TP, str | None] = {}
         # Where the current generation starts the partitions the group has no offset for
         # (see _place); the others start at the group's committed offset.
         self._placed: dict[TP, int] = {}
@@ -340,7 +353,7 @@ class StreamMember:
                 return None
             assert gen is not None
             try:
-                gen.commit_offsets(_with_tokens(todo, pos.tokens))
+                gen.commit_offsets(_with_tokens(todo, pos.tokens, gen.member_id))
             except CommitFailedError as exc:
                 log.warning("group %r: %s", gen.group_id, exc)
                 return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
@@ -356,7 +369,7 @@ class StreamMember:
         try:
             result = self._group.coordinator.commit_offsets(
                 self._group.config.group_id,
-                _with_tokens(pos.offsets, pos.tokens),
+                _with_tokens(pos.offsets, pos.tokens, pos.member or ""),
                 member_id=pos.member or "",
                 generation_id=pos.generation,
             )
@@ -414,7 +427,8 @@ class StreamMember:
         """The create tokens the group's committed offsets of ``gen``'s partitions were
         committed with (``TOKEN_METADATA``; None for a commit without one, e.g. a plain
         worker's, or if the fetch fails: then only a start past the log end shows a
-        re-creation)."""
+        re-creation). Sets ``_base_members``, the members that committed them, likewise."""
+        self._base_members = {}
         if not gen.offsets:
             return {}
         try:
@@ -423,7 +437,9 @@ class StreamMember:
             log.warning("group %r: reading the committed offsets' metadata failed: %s",
                         gen.group_id, exc)
             return {}
-        return {tp: _token_of(om.metadata or "") for tp, om in fetched.offsets.items()}
+        parsed = {tp: _parse_metadata(om.metadata or "") for tp, om in fetched.offsets.items()}
+        self._base_members = {tp: member for tp, (_, member) in parsed.items()}
+        return {tp: token for tp, (token, _) in parsed.items()}
 
     def _adopt(self, gen: Generation) -> None:
         hold = threading.Event()
@@ -465,9 +481,9 @@ class StreamMember:
 
         The old process's member committed only up to the batch's start, so the group would
         deliver the batch again under the next batch id, and the sink would store it twice.
-        A partition the group has committed further (another member went on reading it
-        meanwhile) or whose offset belongs to another topic of that name stays where the
-        group stands; one this member does not hold is its owner's to read from the group's
+        A partition whose committed offset someone else set (another member went on reading
+        it, an operator reset it: the commit's metadata names another member, or none) or
+        whose offset belongs to another topic of that name stays where the group stands; one this member does not hold is its owner's to read from the group's
         committed offset (at-least-once).
         """
         todo: dict[TP, int] = {}
@@ -477,13 +493,13 @@ class StreamMember:
             token, base = start.tokens.get(tp.topic), self._base_tokens.get(tp)
             if token and base and token != base:
                 continue
-            have = self._committed.get(tp, gen.committed.get(tp))
-            if have is None or have < end:
+            have = gen.committed.get(tp)
+            if have is None or (have < end and self._base_members.get(tp) == start.member):
                 todo[tp] = end
         if not todo:
             return
         try:
-            gen.commit_offsets(_with_tokens(todo, start.tokens))
+            gen.commit_offsets(_with_tokens(todo, start.tokens, gen.member_id))
         except RcoordError as exc:
             # The group goes on from its committed offsets: the batch comes again (at least
             # once), never skipped.
@@ -531,7 +547,7 @@ class StreamMember:
             return {}
         self._chosen.update(placed)
         try:
-            gen.commit_offsets(placed)
+            gen.commit_offsets(_with_tokens(placed, {}, gen.member_id))
         except RcoordError as exc:
             # The generation ended already (or Redis is away): the next one places them the
             # same way, from _chosen.
@@ -563,8 +579,9 @@ def _names(tps: set[TP]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
 
 
-def _with_tokens(offsets: Mapping[TP, int],
-                 tokens: Mapping[str, str]) -> dict[TP, OffsetAndMetadata | int]:
-    """Offsets to commit, each with the create token of its topic as metadata when known."""
-    return {tp: OffsetAndMetadata(o, TOKEN_METADATA + tokens[tp.topic])
-            if tokens.get(tp.topic) else o for tp, o in offsets.items()}
+def _with_tokens(offsets: Mapping[TP, int], tokens: Mapping[str, str],
+                 member: str) -> dict[TP, OffsetAndMetadata | int]:
+    """Offsets to commit, each with metadata naming the create token of its topic (when known)
+    and the member whose plan they end."""
+    return {tp: OffsetAndMetadata(o, TOKEN_METADATA + tokens.get(tp.topic, "") + MEMBER_METADATA
+                                  + member) for tp, o in offsets.items()}
