@@ -442,8 +442,8 @@ def test_a_write_is_checked_when_planned_and_never_overwrites() -> None:
 
 
 @pytest.mark.parametrize(("types", "message"), [
-    ({"value": "int"}, r"^value: the value column is int; a write takes string or binary "
-                       r"\(cast it, e\.g\. col\('value'\)\.cast\('string'\)\)"),
+    ({"value": "int"}, (r"^value: the value column is int; a write takes string or binary "
+                        r"\(cast it, e\.g\. col\('value'\)\.cast\('string'\)\)")),
     ({"value": "binary", "key": "double"}, "^key: the key column is double"),
     ({"value": "string", "partition": "string"}, "^partition: the partition column is string"),
     ({"value": "string", "topic": "binary"}, "^topic: the topic column is binary"),
