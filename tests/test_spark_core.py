@@ -854,6 +854,40 @@ def test_a_latest_member_reads_a_partition_added_mid_stream_from_its_start(
         a.close(5)
 
 
+def test_a_latest_query_restarted_on_its_checkpoint_reads_partitions_added_while_down(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # latest places a query's start (initialOffset) only: a restarted query plans from its
+    # checkpoint, and Spark's Kafka source reads the partitions it does not know from their log
+    # start. Before, the restarted member placed (and committed) them at their log end.
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"before"] * 4)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
+    old = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    try:
+        first = old.initial(10)
+        producer.send_batch("ev", [b"x"] * 4)
+        e1 = old.plan(first, latest, None)
+        assert e1.offsets == {TP("ev", 0): 4, TP("ev", 1): 4}
+    finally:
+        old.close(5)
+    topics.add_partitions("ev", 4)  # while the query is down
+    for p in (2, 3):
+        for _ in range(3):
+            producer.send("ev", b"added", partition=p)
+    new = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    try:
+        nxt = _rebased(new, e1, latest)  # restarted on the checkpoint: Spark plans from e1
+        assert nxt.starts == {TP("ev", 0): 4, TP("ev", 1): 4, TP("ev", 2): 0, TP("ev", 3): 0}
+        assert nxt.offsets == {TP("ev", 0): 4, TP("ev", 1): 4, TP("ev", 2): 3, TP("ev", 3): 3}
+    finally:
+        new.close(5)
+
+
 def test_a_member_whose_group_closed_on_a_fatal_error_fails_the_query() -> None:
     """The group closes on an error no retry mends (here the Redis user lost a permission the
     rejoin needs): plan() raises it, as initial() would. Before, plan() took it for a join that

@@ -188,7 +188,7 @@ class StreamMember:
         """
         if self._initial is None:
             gen = self._group.next(timeout=timeout_s)
-            self._adopt(gen)
+            self._adopt(gen, query_start=True)
             self._initial = self._base_position()
             self._planned.add((int(self._initial.generation or 0), self._initial.member or ""))
         return self._initial
@@ -441,14 +441,14 @@ class StreamMember:
         self._base_members = {tp: member for tp, (_, member) in parsed.items()}
         return {tp: token for tp, (token, _) in parsed.items()}
 
-    def _adopt(self, gen: Generation) -> None:
+    def _adopt(self, gen: Generation, *, query_start: bool = False) -> None:
         hold = threading.Event()
         self._hold = hold
         self._gen = gen
         self._committed = {}
         self._gone = set()
         self._base_tokens = self._committed_tokens(gen)
-        self._placed = self._place(gen)
+        self._placed = self._place(gen, query_start and not self._adopted)
         self._adopted = True
 
         def revoke(ctx: GenerationContext) -> None:
@@ -512,16 +512,19 @@ class StreamMember:
         self._committed.update(todo)
         self._base_tokens.update({tp: start.tokens.get(tp.topic) for tp in todo})
 
-    def _place(self, gen: Generation) -> dict[TP, int]:
+    def _place(self, gen: Generation, query_start: bool) -> dict[TP, int]:
         """Under ``startingOffsets=latest``: where ``gen`` starts the partitions the group has
         no committed offset for, committed at once under ``gen``.
 
-        ``latest`` places the query's start, as in Spark's Kafka source: it applies in this
-        process's first generation only. A partition without a committed offset in a later
-        generation is one this process placed before (its commit did not land) or one new to
-        the query (partitions added, a topic subscribed by pattern): it starts where this
-        process placed it, else at its log start, as Spark's Kafka source reads a partition it
-        discovers mid-stream. Committing the start (as Kafka's consumer commits a reset
+        ``latest`` places the query's start, as in Spark's Kafka source: it applies to the
+        first generation of a query that starts (``initial()``, Spark's ``initialOffset``)
+        only. A query restarted on its checkpoint takes its first generation in ``plan`` or
+        ``replay``: Spark's Kafka source reads the partitions its checkpoint does not know from
+        their log start. A partition without a committed offset in any other generation is
+        one this process placed before (its commit did not land) or one new to the query
+        (partitions added, a topic subscribed by pattern, also while the query was down): it
+        starts where this process placed it, else at its log start, as Spark's Kafka source
+        reads a partition it discovers. Committing the start (as Kafka's consumer commits a reset
         position on revocation) is what keeps the next generation from placing the partition
         at a newer log end: the records appended between the two ends would go to nobody.
         Under ``earliest`` nothing is placed: the next generation finds the same log start.
@@ -532,7 +535,7 @@ class StreamMember:
         for tp, start in sorted(gen.offsets.items()):
             if tp in gen.committed or start < 0:
                 continue
-            if not self._adopted:
+            if query_start:
                 placed[tp] = start
             elif tp in self._chosen:
                 placed[tp] = self._chosen[tp]
