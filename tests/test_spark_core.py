@@ -463,6 +463,12 @@ def test_a_write_takes_the_types_the_kafka_sink_takes() -> None:
                      types={"topic": "string", "key": "binary", "value": "string",
                             "partition": "bigint",
                             "headers": "array<struct<key:string,value:binary>>"})
+    # a column of nulls only (lit(None)) is read as None, as before
+    check_write_plan(["key", "value", "partition"], "out", overwrite=False,
+                     types={"key": "void", "value": "binary", "partition": "void"})
+    with pytest.raises(OptionError, match="^topic: the topic column is void"):
+        check_write_plan(["topic", "value"], None, overwrite=False,
+                         types={"topic": "void", "value": "binary"})
     # with the topic option the topic column is not read, whatever its type
     check_write_plan(["topic", "value"], "out", overwrite=False,
                      types={"topic": "int", "value": "binary"})

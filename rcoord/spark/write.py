@@ -87,7 +87,9 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
         if name == "topic" and topic_option:
             continue  # the option wins; the column is not read
         given = (types or {}).get(name)
-        if given is not None and given.replace(" ", "").lower() not in allowed:
+        if given is None or (given == "void" and name != "topic"):  # all null: read as None
+            continue
+        if given.replace(" ", "").lower() not in allowed:
             raise OptionError(f"{name}: the {name} column is {given}; a write takes "
                               f"{' or '.join(allowed)} (cast it, e.g. "
                               f"col('{name}').cast('{allowed[0]}'))")
