@@ -23,8 +23,11 @@ partition's new owner processes again the records its old owner had processed bu
 committed (a crash), it starts at the same committed offset and *supersedes* that file: of the
 files of one start, the one of the newest generation counts, and its writer deletes the others
 once its own is in place (``_settle``). So a removed member whose batch outlived the rebalance
-timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range: the
-output never counts a record twice or loses one. The counts of a (window, key) are the sum over
+timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range. One
+gap remains: a batch replayed after a restart is named by the generation it was first planned
+in, so if a member of a newer generation wrote a file at the same start and stopped before
+committing it, the replay's file loses to that one (the replaying member's generation would be
+the right name; the sink cannot see it). The counts of a (window, key) are the sum over
 the files; ``read_counts(DIR)`` does that, and so does
 ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
 batch is being written (between a zombie's write and its settling, both files are there).
