@@ -699,6 +699,12 @@ def coord(single_client: Any, namespace: str) -> GroupCoordinator:
     return GroupCoordinator(single_client, cfg).start()
 
 
+@pytest.fixture
+def latest(topics: Topics) -> Any:
+    """``StreamMember.plan``'s ``latest``: the log snapshot of the partitions asked for."""
+    return lambda parts: log_snapshot(topics, parts)
+
+
 def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
     o = parse_read_options({"url": url, "namespace": namespace, "subscribe": "ev",
                             "groupId": "g", "sessionTimeoutMs": "1500",
@@ -710,12 +716,9 @@ def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
 
 def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_client: Any,
                                                   namespace: str, topics: Topics,
-                                                  coord: GroupCoordinator) -> None:
+                                                  coord: GroupCoordinator, latest: Any) -> None:
     topics.create("ev", 4)
     Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 40)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     a = _member(redis_server.url, namespace, single_client)
     b = _member(redis_server.url, namespace, single_client)
@@ -790,7 +793,7 @@ def _rebased(member: StreamMember, start: Position, latest: Any) -> Position:
 
 def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # Under startingOffsets=latest the first generation starts at the log end. Before, that
     # start was never committed, so when a member joined before the query's first non-empty
     # batch, the next generation placed the partitions at the log end again: the records
@@ -798,9 +801,6 @@ def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
     topics.create("ev", 4)
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("ev", [b"before"] * 8)  # 2 per partition, before the query: not read
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     a = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     b = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
@@ -830,16 +830,13 @@ def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
 
 def test_a_latest_member_reads_a_partition_added_mid_stream_from_its_start(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # startingOffsets=latest places the query's start; a partition that appears later is
     # read from its log start, as Spark's Kafka source reads one it discovers. Before, the
     # generation that gained it started it at its log end, past its first records.
     topics.create("ev", 2)
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("ev", [b"before"] * 4)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     a = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     try:
@@ -862,16 +859,13 @@ def test_a_latest_member_reads_a_partition_added_mid_stream_from_its_start(
 
 def test_a_latest_query_restarted_on_its_checkpoint_reads_partitions_added_while_down(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # latest places a query's start (initialOffset) only: a restarted query plans from its
     # checkpoint, and Spark's Kafka source reads the partitions it does not know from their log
     # start. Before, the restarted member placed (and committed) them at their log end.
     topics.create("ev", 2)
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("ev", [b"before"] * 4)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     old = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     try:
@@ -931,7 +925,7 @@ def test_a_member_whose_group_closed_on_a_fatal_error_fails_the_query() -> None:
 
 def test_a_restarted_query_never_commits_the_batch_it_skipped(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # The old query's process planned batch N and died before committing it; its member's
     # session still runs. The restarted query (another process) replays N from the checkpoint
     # and skips it (another membership planned it), then plans from N's end: before, that
@@ -940,9 +934,6 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
     # which nobody processed, were skipped for good.
     topics.create("ev", 4)
     Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 40)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     old = _member(redis_server.url, namespace, single_client, sessionTimeoutMs="60000",
                   rebalanceTimeoutMs="60000")
@@ -962,28 +953,30 @@ def test_a_restarted_query_never_commits_the_batch_it_skipped(
         new.close(5)
 
 
+def _two_batches_then_stop(url: str, namespace: str, client: Any, topics: Topics,
+                           latest: Any) -> tuple[Position, Position]:
+    """A query's member plans batch 0 (2 records per partition of a 2-partition topic of 20)
+    and batch 1, committing batch 0 as it plans 1, then its process stops: (end 0, end 1)."""
+    topics.create("ev", 2)
+    Producer(client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
+    old = _member(url, namespace, client)
+    try:
+        e1 = old.plan(old.initial(10), latest, 4)
+        return e1, old.plan(e1, latest, 4)
+    finally:
+        old.close(5)
+
+
 @pytest.mark.parametrize("rewound", [False, True])
 def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator, rewound: bool) -> None:
+        coord: GroupCoordinator, rewound: bool, latest: Any) -> None:
     # A query stops after its last batch finished: Spark's commit log records the batch, but
     # Spark never called commit() for it, so the member committed only up to its start. The
     # restarted query's first call is latestOffset(that batch's end). Before, the new member
     # took the group's committed offsets, and the batch was delivered again under the next
     # batch id (the rcoord sink stored it twice).
-    topics.create("ev", 2)
-    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
-
-    old = _member(redis_server.url, namespace, single_client)
-    try:
-        first = old.initial(10)
-        e1 = old.plan(first, latest, 4)  # batch 0: 2 per partition
-        e2 = old.plan(e1, latest, 4)  # commits batch 0; batch 1, processed, then the stop
-    finally:
-        old.close(5)
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)  # batch 1 processed, then the stop
     assert _committed(coord) == e1.offsets
     if rewound:  # an operator sets the group back while the query is down (reset-offsets)
         zero = {TP("ev", 0): 0, TP("ev", 1): 0}
@@ -1002,30 +995,18 @@ def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
 
 def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # The restarted query replays the unfinished batch 1 first; its member reads none of it
     # (the ranges do not begin at the group's committed offsets). Spark then plans from its end,
     # which must not be taken for a finished batch: the group's committed offsets stay the start.
-    topics.create("ev", 2)
-    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
-
-    old = _member(redis_server.url, namespace, single_client)
-    try:
-        first = old.initial(10)
-        e1 = old.plan(first, latest, 4)
-        e2 = old.plan(e1, latest, 4)  # commits batch 0 (e1); batch 1 never finishes
-    finally:
-        old.close(5)
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)  # batch 1 never finishes
 
     new = _member(redis_server.url, namespace, single_client)
     try:
         shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
                    for r in ranges_between(e1, e2)]
         assert new.replay(e2, shifted, 10) == set()
-        nxt = _rebased(new, e2, latest) if new.generation is None else new.plan(e2, latest, None)
+        nxt = new.plan(e2, latest, None)  # replay() took the generation
         assert nxt.starts == e1.offsets  # the group's committed offsets: batch 1 comes again
         assert _committed(coord) == e1.offsets
     finally:
@@ -1241,7 +1222,7 @@ def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
 
 def test_a_group_member_treats_a_recreated_topic_as_data_loss(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator) -> None:
+        coord: GroupCoordinator, latest: Any) -> None:
     # The topic was deleted and created again under the member, and then holds more records
     # than the group's committed offset (5). Before 2026-11-23 a start past the new log end
     # was the only sign (and before that, the member jumped to the log end whatever
@@ -1250,9 +1231,6 @@ def test_a_group_member_treats_a_recreated_topic_as_data_loss(
     topics.create("ev", 2)
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("ev", [b"x"] * 10)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     strict = _member(redis_server.url, namespace, single_client)
     try:
@@ -1281,7 +1259,7 @@ def test_a_group_member_treats_a_recreated_topic_as_data_loss(
 
 def test_a_group_member_reports_a_deleted_topic_as_data_loss_and_reads_it_anew(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator, caplog: Any) -> None:
+        coord: GroupCoordinator, caplog: Any, latest: Any) -> None:
     # Before, a subscribed topic deleted under a group member was dropped without a word
     # whatever failOnDataLoss said: its partitions read as empty until the leader's partition
     # watcher rebalanced them away, and the rebase forgot them.
@@ -1290,9 +1268,6 @@ def test_a_group_member_reports_a_deleted_topic_as_data_loss_and_reads_it_anew(
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("ev", [b"x"] * 10)
     producer.send_batch("keep", [b"k"] * 3)
-
-    def latest(parts: Any) -> Any:
-        return log_snapshot(topics, parts)
 
     def member(group: str, **kw: str) -> StreamMember:
         o = parse_read_options({"url": redis_server.url, "namespace": namespace,
