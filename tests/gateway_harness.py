@@ -291,3 +291,38 @@ def take(consumer: Any, n: int) -> list[Any]:
     every such read cost that whole bound after its last record.
     """
     return list(itertools.islice(consumer, n))
+
+
+def answered_while_building(gw: GatewayThread, monkeypatch: Any, api_key: int, version: int,
+                            body: dict[str, Any], wait_s: float = 60.0) -> Any:
+    """Send one request and hold its response's build (``wire.build``) until another
+    connection's FindCoordinator has been answered; then read the response (header v1).
+
+    For responses built on the topic threads (``Api.offload``): built on the event loop,
+    nothing else could be answered meanwhile, and this fails by timeout.
+    """
+    from rcoord.gateway import wire
+
+    name = wire.response_class(api_key, version).__name__
+    started, release = threading.Event(), threading.Event()
+    real_build = wire.build
+
+    def held_build(cls: Any, data: Any) -> Any:
+        if cls.__name__ == name:
+            started.set()
+            assert release.wait(wait_s)
+        return real_build(cls, data)
+
+    monkeypatch.setattr(wire, "build", held_build)
+    sock = connect(gw)
+    try:
+        sock.sendall(request_frame(api_key, version, 1, body))
+        assert started.wait(wait_s)
+        try:
+            found = call_once(gw, 10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
+        finally:
+            release.set()
+        assert [(c.key, c.error_code.value) for c in found.coordinators] == [("g", 0)]
+        return response(sock, api_key, version, 5)
+    finally:
+        sock.close()

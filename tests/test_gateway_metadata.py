@@ -5,16 +5,14 @@ on the topic threads (``Api.offload``), so every other connection is served mean
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, connect, request_frame, response
+from gateway_harness import answered_while_building, connect, request_frame, response
 
-from rcoord.gateway import wire
 from rcoord.topics import meta_key
 
 WAIT_S = 60.0
@@ -25,28 +23,7 @@ def test_other_connections_are_served_while_a_metadata_response_is_built(gateway
     """The Metadata response's build is held until another connection has been answered: on
     the event loop (as it was) nothing else could be answered, and this failed by timeout."""
     topics.create("t", 3)
-    started, release = threading.Event(), threading.Event()
-    real_build = wire.build
-
-    def held_build(cls: Any, data: Any) -> Any:
-        if cls.__name__ == "MetadataResponse":
-            started.set()
-            assert release.wait(WAIT_S)
-        return real_build(cls, data)
-
-    monkeypatch.setattr(wire, "build", held_build)
-    sock = connect(gateway)
-    try:
-        sock.sendall(request_frame(3, 12, 1, {"topics": [{"name": "t"}]}))
-        assert started.wait(WAIT_S)
-        try:
-            found = call_once(gateway, 10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
-        finally:
-            release.set()
-        assert [(c.key, c.error_code.value) for c in found.coordinators] == [("g", 0)]
-        got = response(sock, 3, 12, 5)
-    finally:
-        sock.close()
+    got = answered_while_building(gateway, monkeypatch, 3, 12, {"topics": [{"name": "t"}]})
     assert [(t.name, [p.partition_index for p in t.partitions]) for t in got.topics] == [
         ("t", [0, 1, 2])]
 

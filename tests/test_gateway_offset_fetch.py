@@ -4,16 +4,13 @@ connection. It is built and encoded on the topic threads (``Api.offload``)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, connect, request_frame, response
-
-from rcoord.gateway import wire
+from gateway_harness import answered_while_building, call_once
 
 WAIT_S = 60.0
 
@@ -34,30 +31,9 @@ def test_other_connections_are_served_while_an_offset_fetch_response_is_built(
     loop (as it was) nothing else could be answered, and this failed by timeout."""
     topics.create("t", 3)
     _commit(gateway, "g", "t", {0: 5, 1: 6, 2: 7})
-    started, release = threading.Event(), threading.Event()
-    real_build = wire.build
-
-    def held_build(cls: Any, data: Any) -> Any:
-        if cls.__name__ == "OffsetFetchResponse":
-            started.set()
-            assert release.wait(WAIT_S)
-        return real_build(cls, data)
-
-    monkeypatch.setattr(wire, "build", held_build)
     body = ({"groups": [{"group_id": "g", "topics": None}], "require_stable": False}
             if version >= 8 else {"group_id": "g", "topics": None, "require_stable": False})
-    sock = connect(gateway)
-    try:
-        sock.sendall(request_frame(9, version, 1, body))
-        assert started.wait(WAIT_S)
-        try:
-            found = call_once(gateway, 10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
-        finally:
-            release.set()
-        assert [(c.key, c.error_code.value) for c in found.coordinators] == [("g", 0)]
-        got = response(sock, 9, version, 5)
-    finally:
-        sock.close()
+    got = answered_while_building(gateway, monkeypatch, 9, version, body)
     topics_ = got.groups[0].topics if version >= 8 else got.topics
     assert [(t.name, [(p.partition_index, p.committed_offset, p.metadata, p.error_code.value)
                       for p in t.partitions]) for t in topics_] == [
