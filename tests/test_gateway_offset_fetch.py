@@ -12,7 +12,6 @@ pytest.importorskip("kio")
 
 from gateway_harness import answered_while_building, call_once
 
-WAIT_S = 60.0
 
 
 def _commit(gateway: Any, group: str, topic: str, offsets: dict[int, int]) -> None:
