@@ -13,7 +13,6 @@ pytest.importorskip("kio")
 from gateway_harness import answered_while_building, call_once
 
 
-
 def _commit(gateway: Any, group: str, topic: str, offsets: dict[int, int]) -> None:
     got = call_once(gateway, 8, 8, {
         "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
