@@ -423,12 +423,11 @@ class StreamMember:
         base = {tp: self._base(tp) for tp in sorted(self._gen.offsets)}
         return Position(base, dict(base), self._gen.generation_id, self._gen.member_id)
 
-    def _committed_tokens(self, gen: Generation) -> dict[TP, str | None]:
-        """The create tokens the group's committed offsets of ``gen``'s partitions were
-        committed with (``TOKEN_METADATA``; None for a commit without one, e.g. a plain
-        worker's, or if the fetch fails: then only a start past the log end shows a
-        re-creation). Sets ``_base_members``, the members that committed them, likewise."""
-        self._base_members = {}
+    def _committed_metadata(self, gen: Generation) -> dict[TP, tuple[str | None, str | None]]:
+        """(create token, committing member) of the group's committed offsets of ``gen``'s
+        partitions (``_parse_metadata``; None where a commit has none, e.g. a plain worker's,
+        and for every partition if the fetch fails: then only a start past the log end shows a
+        re-creation, and ``_resume`` leaves the group's offsets as they are)."""
         if not gen.offsets:
             return {}
         try:
@@ -437,9 +436,7 @@ class StreamMember:
             log.warning("group %r: reading the committed offsets' metadata failed: %s",
                         gen.group_id, exc)
             return {}
-        parsed = {tp: _parse_metadata(om.metadata or "") for tp, om in fetched.offsets.items()}
-        self._base_members = {tp: member for tp, (_, member) in parsed.items()}
-        return {tp: token for tp, (token, _) in parsed.items()}
+        return {tp: _parse_metadata(om.metadata or "") for tp, om in fetched.offsets.items()}
 
     def _adopt(self, gen: Generation, *, query_start: bool = False) -> None:
         hold = threading.Event()
@@ -447,7 +444,9 @@ class StreamMember:
         self._gen = gen
         self._committed = {}
         self._gone = set()
-        self._base_tokens = self._committed_tokens(gen)
+        metadata = self._committed_metadata(gen)
+        self._base_tokens = {tp: token for tp, (token, _) in metadata.items()}
+        self._base_members = {tp: member for tp, (_, member) in metadata.items()}
         self._placed = self._place(gen, query_start and not self._adopted)
         self._adopted = True
 
