@@ -76,10 +76,11 @@ def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
 _FILE = re.compile(r"start-(\d+)\.gen-(-?\d+)\.parquet")
 
 
-def _current(folder: Path) -> dict[int, tuple[int, Path]]:
-    """A partition folder's files that count: per start offset, the newest generation's."""
+def _current(folder: Path, start: int | None = None) -> dict[int, tuple[int, Path]]:
+    """A partition folder's files that count (of ``start`` only, if given): per start offset,
+    the newest generation's."""
     best: dict[int, tuple[int, Path]] = {}
-    for path in folder.glob("start-*.gen-*.parquet"):
+    for path in folder.glob(f"start-{'*' if start is None else start}.gen-*.parquet"):
         m = _FILE.fullmatch(path.name)
         if m is None:
             continue
@@ -199,7 +200,7 @@ def _settle(folder: Path, start: int) -> None:
     """Delete the files of ``start`` that do not count (``_current``): every generation's but
     the newest. Each writer settles after its rename, so of two writers of one start, the later
     to list sees both files: the older generation's is deleted whoever wrote last."""
-    keep = _current(folder).get(start)
+    keep = _current(folder, start).get(start)  # lists only its own: the folder keeps growing
     for path in folder.glob(f"start-{start}.gen-*.parquet"):
         if keep is not None and path != keep[1] and _FILE.fullmatch(path.name):
             path.unlink(missing_ok=True)
