@@ -31,6 +31,10 @@ The shard channel named like key 3 (``<ns>:{t}:due``) carries a message whenever
 a deadline the partition's earliest, so the lease holder never sleeps past it.
 
 ``<ns>:settings`` (no tag) holds the namespace settings for Python.
+
+``<ns>:replays:<group>`` (no tag, no script touches it) records, for a Spark query restarted on
+its checkpoint, the generation in which it replayed its old process's last batch
+(``rcoord.spark.replays``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from .contract import GROUP_KEYS, HEARTBEAT_KEYS
 from .partitioning import partition_for, partition_tag, tag_in_share
 
-__all__ = ["ANCHORS", "GroupKeys", "PartitionKeys", "anchor_keys", "settings_key"]
+__all__ = ["ANCHORS", "GroupKeys", "PartitionKeys", "anchor_keys", "replays_key", "settings_key"]
 
 ANCHORS = 16
 """Count-independent copies of the namespace settings, one in each sixteenth of the slot range."""
@@ -49,6 +53,11 @@ ANCHORS = 16
 
 def settings_key(namespace: str) -> str:
     return f"{namespace}:settings"
+
+
+def replays_key(namespace: str, group_id: str) -> str:
+    """Read alone, by the Spark sink's helper and the source runner: no hash tag needed."""
+    return f"{namespace}:replays:{group_id}"
 
 
 @functools.lru_cache(maxsize=1)

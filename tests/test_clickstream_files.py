@@ -11,6 +11,9 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
+from rcoord.spark import OptionError, batch_generation
+from rcoord.spark.plan import Position
+from rcoord.spark.replays import REPLAY_TTL_S, record_replay
 from workers.clickstream import _settle, _Sink, read_counts
 
 WINDOW_MS = 10_000
@@ -66,15 +69,44 @@ def test_a_retry_of_a_batch_replaces_its_first_attempt(tmp_path: Path) -> None:
     assert _files(tmp_path) == ["start-0.gen-3.parquet"]
 
 
-def test_the_generation_comes_from_the_batch_planned_end_in_the_offset_log(
-        tmp_path: Path) -> None:
-    cp = tmp_path / "cp"
-    (cp / "offsets").mkdir(parents=True)
+def _offset_log(cp: Path, batch_id: int, *ends: Any) -> None:
+    """Spark's offset log entry of a batch: a version, the batch's metadata, one end per source."""
+    (cp / "offsets").mkdir(parents=True, exist_ok=True)
     meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    (cp / "offsets" / str(batch_id)).write_text(
+        "\n".join(["v1", meta, *(json.dumps(e) for e in ends)]))
+
+
+def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the_batch(
+        tmp_path: Path, redis_server: Any, single_client: Any, namespace: str) -> None:
+    cp = tmp_path / "cp"
     end = {"offsets": {"ev": {"0": 7}}, "generation": 4, "member": "spark-1"}
-    (cp / "offsets" / "2").write_text(f"v1\n{meta}\n{json.dumps(end)}")
-    (cp / "offsets" / "3").write_text(f"v1\n{meta}\n{json.dumps({'ev': {'0': 7}})}")
-    sink = _Sink(str(tmp_path), WINDOW_MS, str(cp))
-    assert sink.generation(2) == 4
+    _offset_log(cp, 2, {"ev": {"0": 7}}, end)  # another source first, then the rcoord stream
+    _offset_log(cp, 3, {"ev": {"0": 7}})
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(cp), group="g", namespace=namespace,
+                 url=redis_server.url)
+    assert sink.generation(2) == 4  # planned in 4, never replayed
     assert sink.generation(3) == -1  # another source's offsets: no generation
     assert sink.generation(9) == -1  # no such batch
+    # A restarted query's member replays batch 2 in generation 6: its file must beat the file
+    # a generation-5 member wrote at the same start and never committed.
+    record_replay(single_client, namespace, "g", Position.from_json(end), 6)
+    assert sink.generation(2) == 6
+    assert 0 < single_client.ttl(f"{namespace}:replays:g") <= REPLAY_TTL_S
+    # the record names the planner: another member's batch of generation 4 was not replayed
+    _offset_log(cp, 5, {**end, "member": "spark-2"})
+    assert sink.generation(5) == 4
+    # a file: URI names the same checkpoint; another file system's cannot be read here
+    uri = _Sink(str(tmp_path), WINDOW_MS, cp.as_uri(), group="g", namespace=namespace,
+                url=redis_server.url)
+    assert uri.generation(2) == 6
+    assert batch_generation("hdfs://nn/cp", 2, group="g", client=single_client) == -1
+
+
+def test_a_sink_without_a_redis_url_says_what_to_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RCOORD_REDIS_URL", raising=False)
+    _offset_log(tmp_path / "cp", 0, {"offsets": {"ev": {"0": 1}}, "generation": 1,
+                                     "member": "m"})
+    with pytest.raises(OptionError, match="RCOORD_REDIS_URL"):
+        batch_generation(str(tmp_path / "cp"), 0, group="g")

@@ -305,6 +305,70 @@ def test_group_queries_split_and_take_over_after_a_graceful_stop(
     assert coord.describe_group("clicks").state == "Empty"
 
 
+def test_a_restarted_pipeline_replays_its_batch_over_a_newer_members_uncommitted_file(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    # The pipeline ran batch 0 but failed before Spark recorded it as finished (its commit log
+    # entry is removed here), so the restarted query replays batch 0. Meanwhile a member of a
+    # newer generation took the partitions, wrote a file for partition 0 from the committed
+    # offset (nothing committed: offset 0) covering part of the range, and stopped before
+    # committing. Before, the replay's file was named by batch 0's planned generation, lost
+    # to that member's file, and partition 0's other records went uncounted.
+    from rcoord.client import ConsumerGroup, ConsumerGroupConfig
+    from rcoord.spark.replays import checkpoint_position
+    from workers.clickstream import _Sink, build_query, read_counts, stop_gracefully, window_counts
+
+    topics = Topics(single_client, namespace)
+    topics.create("events", 6)
+    events: list[tuple[str, int]] = []
+    _produce_events(single_client, namespace, 60, T0, events)
+    out, cp = tmp_path / "out", tmp_path / "cp"
+
+    def start(trigger: str) -> Any:
+        return build_query(spark, topics="events", group="clicks", out=str(out),
+                           url=redis_server.url, namespace=namespace, trigger=trigger,
+                           checkpoint=str(cp), options=GROUP_OPTS)
+
+    q1 = start("60m")  # batch 0 only
+    try:
+        wait_until(lambda: (cp / "commits" / "0").exists() or q1.exception() is not None,
+                   timeout_s=QUERY_S)
+        assert q1.exception() is None
+    finally:
+        q1.stop()
+    planned = checkpoint_position(str(cp), 0)
+    assert planned is not None and planned.generation is not None
+    for name in ("0", ".0.crc"):
+        (cp / "commits" / name).unlink(missing_ok=True)
+    assert committed(coord, "clicks") in ({}, dict.fromkeys(range(6), 0))
+    # the newer member: one generation of its own, one file of part of partition 0's range
+    other = ConsumerGroup(ConsumerGroupConfig(
+        group_id="clicks", topics=["events"], redis_client=single_client, namespace=namespace,
+        session_timeout_ms=3000, heartbeat_interval_ms=300))
+    try:
+        newer = other.next(timeout=QUERY_S).generation_id
+    finally:
+        other.close()
+    assert newer > planned.generation
+    _Sink(str(out), WINDOW_MS, "")._write(
+        "events", 0, 0, [{"ws": T0 - T0 % WINDOW_MS, "k": "u0", "n": 1}], newer)
+
+    q2 = start("300ms")
+    try:
+        wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
+                   or q2.exception() is not None, timeout_s=QUERY_S)
+        assert q2.exception() is None
+        stop_gracefully(q2)
+    finally:
+        if q2.isActive:
+            q2.stop()
+    assert read_counts(out) == window_counts(events, WINDOW_MS)
+    # partition 0's file of start 0 is the replay's, named by the replaying generation
+    files = sorted(p.name for p in (out / "counts" / "topic=events" / "partition=0").iterdir())
+    assert len(files) == 1 and files[0].startswith("start-0.gen-"), files
+    assert int(files[0].split(".gen-")[1].split(".")[0]) > newer, files
+
+
 def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
         spark: Any, redis_server: Any, single_client: Any, namespace: str,
         coord: GroupCoordinator, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from rcoord.spark.options import (
     parse_write_options,
 )
 from rcoord.spark.plan import OffsetRange, Position, limit_end, ranges_between, split_ranges
+from rcoord.spark.replays import replayed_generation
 from rcoord.spark.resolve import (
     DataLossError,
     log_bounds,
@@ -1013,6 +1014,30 @@ def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
         new.close(5)
 
 
+def test_a_replay_whose_generation_cannot_be_recorded_reads_nothing(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The member could replay batch 1 exactly (its ranges begin at the group's committed
+    # offsets), but Redis refuses the record of the replaying generation. A sink naming its
+    # output by generation would then take the planned one: the replay reads nothing, and the
+    # group delivers batch 1's records again in a batch this member plans.
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
+
+    def refused(*_: Any) -> None:
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr("rcoord.spark.member.record_replay", refused)
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        assert new.replay(e2, ranges_between(e1, e2), 10) == set()
+        nxt = new.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # batch 1 comes again
+        assert _committed(coord) == e1.offsets
+    finally:
+        new.close(5)
+    assert replayed_generation(single_client, namespace, "g", e2) is None
+
+
 # -- a batch Spark replays after a restart, in group mode (the runner's calls, without Spark) ---
 
 GROUP_READ = {"subscribe": "ev", "groupId": "g", "sessionTimeoutMs": "1500",
@@ -1106,6 +1131,9 @@ def test_a_batch_replayed_after_a_restart_is_read_exactly_and_committed_by_the_n
                                                                     gen.member_id)
         assert (last.generation, last.member) != (Position.from_json(end).generation,
                                                   Position.from_json(end).member)
+        # and a sink learns that generation, not the planned one (rcoord.spark.replays)
+        assert replayed_generation(single_client, namespace, "g",
+                                   Position.from_json(end)) == gen.generation_id
         reads[replayed + 1] = _run_batch(new, single_client, namespace, replayed + 1, end,
                                          nxt)[1]
         assert new.latestOffset(nxt, ReadMaxRows(100)) == nxt  # nothing new; commits nxt

@@ -17,17 +17,16 @@ windowed aggregations.
 
 Output: every micro-batch writes, per topic partition it read, one Parquet file
 ``DIR/counts/topic=T/partition=P/start-S.gen-G.parquet`` with columns ``window_start``,
-``window_end``, ``key``, ``count`` for the records from offset S on, planned in generation G of
-the group. The file name holds the batch's first offset in that partition, so when a
+``window_end``, ``key``, ``count`` for the records from offset S on, committed under generation G
+of the group (``rcoord.spark.batch_generation``: the generation that planned the batch, or, for
+a batch Spark replays after a restart, the one that replayed it). The file name holds the batch's first offset in that partition, so when a
 partition's new owner processes again the records its old owner had processed but not
 committed (a crash), it starts at the same committed offset and *supersedes* that file: of the
 files of one start, the one of the newest generation counts, and its writer deletes the others
 once its own is in place (``_settle``). So a removed member whose batch outlived the rebalance
-timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range. One
-gap remains: a batch replayed after a restart is named by the generation it was first planned
-in, so if a member of a newer generation wrote a file at the same start and stopped before
-committing it, the replay's file loses to that one (the replaying member's generation would be
-the right name; the sink cannot see it). The counts of a (window, key) are the sum over
+timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range, and a
+restarted query's replay supersedes the file of a member that took the partition meanwhile
+and stopped before committing. The counts of a (window, key) are the sum over
 the files; ``read_counts(DIR)`` does that, and so does
 ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
 batch is being written (between a zombie's write and its settling, both files are there).
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import os
 import re
@@ -110,10 +108,12 @@ def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
 class _Sink:
     """The ``foreachBatch`` function: one aggregation, one file per (topic partition, start)."""
 
-    def __init__(self, out_dir: str, window_ms: int, checkpoint: str) -> None:
+    def __init__(self, out_dir: str, window_ms: int, checkpoint: str, *, group: str = "",
+                 namespace: str = "rcoord", url: str | None = None) -> None:
         self.out_dir = out_dir
         self.window_ms = window_ms
         self.checkpoint = checkpoint
+        self.group, self.namespace, self.url = group, namespace, url
         self.query: Any = None  # set once started: the watermark comes from its progress
         self.batches = 0
         self.records = 0
@@ -129,26 +129,18 @@ class _Sink:
         return int(when.timestamp() * 1000)
 
     def generation(self, batch_id: int) -> int:
-        """The group generation the batch was planned in: Spark writes the batch's planned end
-        (the rcoord source's position, which names it) to the checkpoint's offset log before
-        the batch runs. -1 where it names none (a source other than group mode's)."""
-        try:
-            lines = Path(self.checkpoint, "offsets", str(batch_id)).read_text().splitlines()
-        except OSError:
-            return -1
-        for line in lines[2:]:  # "v1", the batch metadata, then one offset per source
-            try:
-                end = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(end, dict) and isinstance(end.get("generation"), int):
-                return int(end["generation"])
-        return -1
+        """The group generation the batch is committed under (``rcoord.spark.batch_generation``):
+        the one it was planned in, from its planned end in the checkpoint's offset log, or,
+        for a batch replayed after a restart, the replaying member's. -1 where the offset log
+        names none (a source other than group mode's, a checkpoint on another file system)."""
+        from rcoord.spark import batch_generation
+
+        return batch_generation(self.checkpoint, batch_id, group=self.group,
+                                namespace=self.namespace, url=self.url)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        gen = self.generation(batch_id)
         wm = self.watermark_ms()
         late = F.col("event_ms") < F.lit(wm)
         window_start = F.col("event_ms") - F.pmod(F.col("event_ms"), F.lit(self.window_ms))
@@ -161,6 +153,7 @@ class _Sink:
             )
             .collect()
         )
+        gen = self.generation(batch_id)  # after the collect: it planned the batch's reads
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)
@@ -259,7 +252,7 @@ def build_query(
         .withWatermark("event_time", f"{_ms(watermark)} milliseconds")
     # Group mode keeps the offsets in the group; a fresh checkpoint per run is enough.
     location = checkpoint or os.path.join(out, "_checkpoints", uuid.uuid4().hex)
-    sink = _Sink(out, window_ms, location)
+    sink = _Sink(out, window_ms, location, group=group, namespace=namespace, url=url)
     writer = events.writeStream.foreachBatch(sink).trigger(
         processingTime=f"{_ms(trigger)} milliseconds")
     query = writer.option("checkpointLocation", location).start()

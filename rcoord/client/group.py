@@ -217,6 +217,15 @@ class ConsumerGroup:
         return self._coordinator
 
     @property
+    def redis_client(self) -> Any:
+        """The Redis client the group talks through (after ``start()``): the configured one,
+        or the one it made from ``redis_url``. For data that belongs beside the group's, such
+        as the Spark source's replay records."""
+        self.coordinator  # noqa: B018 - raises before start()
+        return self._config.redis_client if self._config.redis_client is not None \
+            else self._owned_client
+
+    @property
     def closed(self) -> bool:
         return self._closing.is_set()
 

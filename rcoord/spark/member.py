@@ -32,7 +32,9 @@ were made under:
   committed offset at the batch's start are read again, and their ends become a plan of this
   member's generation, which the next ``plan`` commits and continues from. So each of their
   records is delivered in one batch id, and the sink's producer (named by the batch id)
-  stores it once. The rest of the batch reads nothing (at-least-once, as before).
+  stores it once. The rest of the batch reads nothing (at-least-once, as before). The
+  replaying generation is recorded in Redis first (``rcoord.spark.replays``), for sinks that
+  name their output by the generation the batch is committed under.
 * A restarted query whose last batch finished (Spark's commit log has it; Spark never called
   ``commit`` for it) plans first from that batch's end, planned by the old process: the
   partitions this member holds begin there and it is committed under this generation, unless
@@ -50,6 +52,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import redis
+
 from ..client import (
     CommitFailedError,
     ConsumerGroup,
@@ -63,6 +67,7 @@ from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
+from .replays import record_replay
 from .resolve import continuity_loss, drop_after_loss, gone_loss, restart_after_loss
 
 __all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
@@ -302,6 +307,15 @@ class StreamMember:
                  "read nothing", gen.group_id, _names(keep), end.generation, end.member,
                  _names({TP(r.topic, r.partition) for r in ranges} - keep))
         if keep:
+            try:
+                # before any task reads: the sink learns the batch's generation from it
+                record_replay(self._group.redis_client, self._group.config.namespace,
+                              gen.group_id, end, gen.generation_id)
+            except redis.RedisError as exc:
+                log.warning("group %r: not replaying a batch planned in generation %s by %s: "
+                            "cannot record the replay (%s); the group delivers its records "
+                            "again", gen.group_id, end.generation, end.member, exc)
+                return set()
             stamp = (gen.generation_id, gen.member_id)
             own = Position({tp: end.offsets[tp] for tp in sorted(keep)}, generation=stamp[0],
                            member=stamp[1], tokens=dict(end.tokens))

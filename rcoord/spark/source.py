@@ -5,7 +5,7 @@ modules beside it. What runs where (measured, see ``docs/architecture.md``):
 
 * ``RcoordDataSource.reader`` / ``streamReader`` / ``writer`` run in Spark's Python planner or
   runner processes; their objects are pickled to the executors, so they hold only options and
-  open Redis connections lazily (``_clients``), never at construction.
+  open Redis connections lazily (``clients.client_for``), never at construction.
 * The stream reader in the *runner* process lives as long as the query: it holds the group
   membership in group mode (``StreamMember``).
 * ``read`` and ``write`` run in executor Python workers, on unpickled copies.
@@ -14,7 +14,6 @@ modules beside it. What runs where (measured, see ``docs/architecture.md``):
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,12 +34,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..client import ConsumerGroup, client_from_url
+from ..client import ConsumerGroup
 from ..client.policy import reaction_for
 from ..errors import RcoordError
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
 from . import shutdown
+from .clients import client_for
 from .member import StreamMember, member_config
 from .options import (
     EARLIEST,
@@ -68,19 +68,6 @@ log = logging.getLogger("rcoord.spark")
 
 TP = TopicPartition
 
-_clients: dict[str, Any] = {}
-_clients_lock = threading.Lock()
-
-
-def _client(url: str) -> Any:
-    """One Redis client per URL per Python process (executor workers are reused)."""
-    with _clients_lock:
-        client = _clients.get(url)
-        if client is None:
-            client = _clients[url] = client_from_url(url)
-        return client
-
-
 @dataclass(frozen=True)
 class RangePartition(InputPartition):
     """One Spark task: a range of one partition, and how to reach it (plain, picklable)."""
@@ -94,7 +81,7 @@ class RangePartition(InputPartition):
 
 
 def _read(part: RangePartition) -> Iterator[Any]:
-    client = _client(part.url)
+    client = client_for(part.url)
     rng = part.range
     for records in read_range(client, part.namespace, rng, part.fetch_size,
                               part.fail_on_data_loss, part.token):
@@ -156,7 +143,7 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        admin = Topics(_client(opts.url), opts.namespace)
+        admin = Topics(client_for(opts.url), opts.namespace)
         parts = resolve_partitions(admin, opts)
         bounds, tokens = log_snapshot(admin, parts)
         start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, EARLIEST,
@@ -205,7 +192,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- shared
 
     def _admin(self) -> Topics:
-        return Topics(_client(self.opts.url), self.opts.namespace)
+        return Topics(client_for(self.opts.url), self.opts.namespace)
 
     def _snapshot(self, parts: Sequence[TP]) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
         """Group mode's ``latest``: clamped log bounds and the topics' create tokens."""
@@ -231,7 +218,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
             opts = self.opts
             topics = subscribed_topics(self._admin(), opts)
-            group = ConsumerGroup(member_config(opts, topics, _client(opts.url)))
+            group = ConsumerGroup(member_config(opts, topics, client_for(opts.url)))
             self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss)
             shutdown.install()  # Spark ends the runner with SIGTERM: run stop() first
         return self._member
@@ -361,7 +348,7 @@ class BatchWriter(DataSourceWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[Any]) -> WriteMessage:
-        producer = make_producer(_client(self.opts.url), self.opts.namespace, None, None)
+        producer = make_producer(client_for(self.opts.url), self.opts.namespace, None, None)
         res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)
 
@@ -383,7 +370,7 @@ class StreamWriter(DataSourceStreamWriter):
             raise RuntimeError("rcoord stream writer: Spark gave the task no query id or batch "
                                "id (sql.streaming.queryId / streaming.sql.batchId)")
         producer_id = f"spark:{query}:{ctx.partitionId()}"
-        producer = make_producer(_client(self.opts.url), self.opts.namespace, producer_id,
+        producer = make_producer(client_for(self.opts.url), self.opts.namespace, producer_id,
                                  int(batch))
         res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)

@@ -1,0 +1,120 @@
+"""Which group generation a micro-batch's records are committed under, for sinks that need it.
+
+A ``foreachBatch`` sink that must tell a newer writer of the same records from an older one
+(``workers/clickstream`` names its files by generation, so a removed member's slow batch never
+overwrites its successor's) needs the generation whose fencing the batch's commit passes. For a
+batch this query planned, that is the generation in the batch's planned end, which Spark writes to
+the checkpoint's offset log before the batch runs. For a batch Spark *replays* after a restart,
+it is not: the end was planned by the old process's member, but the replay is read and committed
+by the restarted query's member, in its own, newer generation (``StreamMember.replay``). Only
+the source runner knows that generation, and it runs in another process than the sink, so the
+member records it in Redis (``record_replay``) before any task of the replay reads, and
+``batch_generation`` looks it up.
+
+The record is a hash per group (``rcoord.keys.replays_key``): field ``<generation>:<member>``
+(the replayed end's planner; a member id names one membership, so the pair names that
+membership's last batch, the only one Spark replays), value the replaying generation. Every
+write renews its expiry, ``REPLAY_TTL_S``: a sink asks while its batch runs, minutes later at
+most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ..keys import replays_key
+from .clients import client_for
+from .options import OptionError
+from .plan import Position
+
+__all__ = ["REPLAY_TTL_S", "batch_generation", "checkpoint_position", "record_replay",
+           "replayed_generation"]
+
+REPLAY_TTL_S = 7 * 24 * 3600
+
+
+def _field(generation: int, member: str) -> str:
+    return f"{generation}:{member}"
+
+
+def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
+                  generation: int) -> None:
+    """Note that the batch ending at ``planned`` is replayed in ``generation``. Raises the Redis
+    client's error if it cannot: a replay whose generation a sink cannot learn must not run."""
+    if planned.generation is None:
+        raise ValueError("a replayed batch's end names the generation that planned it")
+    key = replays_key(namespace, group_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(key, _field(planned.generation, planned.member or ""), generation)
+    pipe.expire(key, REPLAY_TTL_S)
+    pipe.execute()
+
+
+def replayed_generation(client: Any, namespace: str, group_id: str,
+                        planned: Position) -> int | None:
+    """The generation that replayed the batch ending at ``planned``; None if none did."""
+    if planned.generation is None:
+        return None
+    got = client.hget(replays_key(namespace, group_id),
+                      _field(planned.generation, planned.member or ""))
+    return None if got is None else int(got)
+
+
+def _local(checkpoint: str) -> Path | None:
+    """The local folder of a checkpoint location: a path or a ``file:`` URI (None otherwise)."""
+    if "://" not in checkpoint and not checkpoint.startswith("file:"):
+        return Path(checkpoint)
+    url = urlparse(checkpoint)
+    if url.scheme != "file" or url.netloc not in ("", "localhost"):
+        return None
+    return Path(unquote(url.path))
+
+
+def checkpoint_position(checkpoint: str, batch_id: int) -> Position | None:
+    """The rcoord group-mode end Spark logged for ``batch_id`` in the checkpoint's offset log
+    (``offsets/<batch id>``: a version line, the batch's metadata, then one end per source);
+    None if the batch is not logged, the location is not on this machine, or no source of the
+    query is a group-mode rcoord stream."""
+    folder = _local(checkpoint)
+    if folder is None:
+        return None
+    try:
+        lines = (folder / "offsets" / str(batch_id)).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines[2:]:
+        try:
+            end = Position.from_json(json.loads(line))
+        except ValueError:  # another source's offset (or a malformed line): not ours
+            continue
+        if end.generation is not None:
+            return end
+    return None
+
+
+def batch_generation(checkpoint: str, batch_id: int, *, group: str,
+                     namespace: str = "rcoord", url: str | None = None,
+                     client: Any = None) -> int:
+    """The generation whose fencing the commit of micro-batch ``batch_id`` passes: the one that
+    replayed it after a restart, else the one that planned it; -1 if the checkpoint names none
+    (see ``checkpoint_position``).
+
+    Call it from ``foreachBatch`` *after* the first action on the batch's DataFrame: Spark plans
+    the batch's reads (where a replay is recorded) when the DataFrame first runs. Redis is
+    reached through ``client``, else ``url``, else ``RCOORD_REDIS_URL``, and only when the
+    checkpoint names a generation."""
+    end = checkpoint_position(checkpoint, batch_id)
+    if end is None or end.generation is None:
+        return -1
+    if client is None:
+        url = url or os.environ.get("RCOORD_REDIS_URL", "")
+        if not url:
+            raise OptionError("batch_generation: no Redis URL; pass url= or client=, or set "
+                              "RCOORD_REDIS_URL")
+        client = client_for(url)
+    replayed = replayed_generation(client, namespace, group, end)
+    return end.generation if replayed is None else replayed
