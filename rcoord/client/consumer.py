@@ -60,6 +60,7 @@ from dataclasses import dataclass, field, fields
 from types import TracebackType
 from typing import Any, Self
 
+from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Header, PartitionRecords, Record
@@ -922,22 +923,7 @@ class Consumer(SubscriptionMixin):
         stopped = False
         failed: Exception | None = None  # what on_partitions_revoked raised
         try:
-            if revoked and self._auto_commit:
-                valid = self._positions()
-                changed = {
-                    tp: valid[tp]
-                    for tp in revoked
-                    if tp in valid and self._committed.get(tp) != valid[tp]
-                }
-                try:
-                    new.commit_offsets(changed)
-                except RcoordError as exc:
-                    log.warning("commit of revoked partitions failed: %s", exc)
-            for tp in revoked:
-                # Stopped: their buffered records are never handed out and, out of _assigned,
-                # they are not fetched again. Their positions stay until the callback returned.
-                self._buffers.pop(tp, None)
-                self._caught_up.discard(tp)
+            self._stop_revoked(revoked, new.commit_offsets)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
                 if offsets[tp] < 0:
@@ -966,14 +952,7 @@ class Consumer(SubscriptionMixin):
                 except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
                     failed = exc
         finally:
-            self._revoking = False
-            self._pending_revocation = []
-            for tp in revoked:
-                for table in (
-                    self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
-                ):
-                    table.pop(tp, None)
-                self._paused.discard(tp)
+            self._forget_revoked(revoked)
             if stopped:
                 self._await_committer()  # the callback's async commits land first (_revoke)
                 new.request_rejoin()  # after the callback: their new owners wait for it
@@ -988,6 +967,63 @@ class Consumer(SubscriptionMixin):
             log.exception("on_partitions_assigned raised after on_partitions_revoked did")
         if failed is not None:
             raise failed
+
+    def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
+        """The first half of revoking some partitions while keeping the rest (cooperative):
+        auto-commit their positions through ``commit``, and stop them. Their buffered records
+        are never handed out and, out of ``_assigned`` (the caller's), they are not fetched
+        again. Their positions stay until ``on_partitions_revoked`` has returned, so it can
+        commit them; ``_forget_revoked`` is the second half."""
+        if revoked and self._auto_commit:
+            valid = self._positions()
+            changed = {
+                tp: valid[tp]
+                for tp in revoked
+                if tp in valid and self._committed.get(tp) != valid[tp]
+            }
+            try:
+                commit(changed)
+            except RcoordError as exc:
+                log.warning("commit of revoked partitions failed: %s", exc)
+        for tp in revoked:
+            self._buffers.pop(tp, None)
+            self._caught_up.discard(tp)
+
+    def _forget_revoked(self, revoked: list[TopicPartition]) -> None:
+        self._revoking = False
+        self._pending_revocation = []
+        for tp in revoked:
+            for table in (
+                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
+            ):
+                table.pop(tp, None)
+            self._paused.discard(tp)
+
+    def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None:
+        """Before a cooperative rejoin for a new subscription (``subscribe()``): revoke the
+        partitions of topics no longer subscribed, as Kafka's ``onJoinPrepare`` does, so none
+        is consumed here once the rejoin lets another member take it. The others are carried
+        through the rejoin. On eager groups, and when the partitions are lost, ``poll()``
+        revokes everything once the generation ends, as for any rebalance."""
+        gen = self._gen
+        if (gen is None or self._group is None
+                or self._group.protocol is not RebalanceProtocol.COOPERATIVE
+                or self._partitions_lost()):
+            return
+        revoked = [tp for tp in self._assigned if not subscribed(tp.topic)]
+        if not revoked:
+            return
+        self._revoking = True
+        try:
+            self._stop_revoked(revoked, self._commit_generation().commit_offsets)
+            self._assigned = [tp for tp in self._assigned if tp not in set(revoked)]
+            self._pending_revocation = revoked
+            log.info("generation %d: revoking %s (no longer subscribed)", gen.generation_id,
+                     _names(revoked))
+            self._listen("on_partitions_revoked", list(revoked))
+        finally:
+            self._forget_revoked(revoked)
+            self._await_committer()  # the callback's async commits land before the rejoin
 
     def _must_revoke(self) -> bool:
         """The held generation ended and its partitions are not carried into the next one

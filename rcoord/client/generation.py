@@ -82,7 +82,10 @@ class EndReason(enum.Enum):
     MEMBER_LOST = "the coordinator no longer counts this member in the generation"
     COORDINATOR_UNREACHABLE = "the coordinator could not be reached for a session timeout"
     PARTITIONS_CHANGED = "the partition count of a subscribed topic changed"
-    SUBSCRIPTION_CHANGED = "the topics the subscription pattern matches changed"
+    SUBSCRIPTION_CHANGED = (
+        "the subscription changed: subscribe() named other topics, or the topics its pattern "
+        "matches changed"
+    )
     ROUTINE_FAILED = "a routine started with Generation.start() raised"
     PARTITIONS_REVOKED = (
         "the cooperative assignment revoked partitions; rejoining so their new owners get them"

@@ -87,10 +87,12 @@ one module per concept:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
@@ -133,7 +135,8 @@ class ConsumerGroup:
     State transitions, as the user sees them::
 
         created --start()--> joining --(join, sync, fetch)--> generation N handed to next()
-           generation N --(heartbeat error | partitions changed | routine raised | commit fenced)-->
+           generation N --(heartbeat error | partitions changed | resubscribe() | routine raised
+                           | commit fenced)-->
            ended; routines return --> joining (same member id, unless ERROR_POLICY resets it)
         any --close()--> closing: generation ends, routines return, LeaveGroup --> closed
     """
@@ -150,10 +153,7 @@ class ConsumerGroup:
         if acknowledge not in ("on_take", "by_caller"):
             raise ValueError(f"acknowledge must be 'on_take' or 'by_caller', got {acknowledge!r}")
         config.validate()
-        if not config.topics and config.topic_pattern is None:
-            raise ConfigError(
-                "topics must name at least one topic (or topic_pattern be set) to join a group"
-            )
+        _check_subscribes(config)
         if coordinator is None and config.redis_url is None and config.redis_client is None:
             raise ConfigError("redis_url or redis_client must be set (or pass a coordinator)")
         self._config = config
@@ -301,6 +301,34 @@ class ConsumerGroup:
                     )
                 self._cond.wait(remaining)
 
+    def resubscribe(
+        self, topics: Sequence[str] = (), topic_pattern: re.Pattern[str] | None = None
+    ) -> None:
+        """Subscribe to other topics (or another pattern) without leaving the group, as Kafka's
+        ``subscribe()`` on a subscribed consumer does: the member keeps its id and rejoins with
+        the new subscription, so the group rebalances once. The generation in hand ends
+        (``EndReason.SUBSCRIPTION_CHANGED``); under the cooperative protocol its partitions of
+        topics still subscribed are carried through the rejoin, and the rejoin no longer
+        reports the others as owned, so their holder must have stopped consuming them first
+        (``Consumer.subscribe`` revokes them). A join under way with the old subscription is
+        joined again at once. Raises ``ConfigError`` for an empty subscription and
+        ``GroupClosedError`` once the group is closed."""
+        config = dataclasses.replace(self._config, topics=list(topics),
+                                     topic_pattern=topic_pattern)
+        _check_subscribes(config)
+        with self._cond:
+            if self._closing.is_set():
+                raise GroupClosedError(f"group {self._config.group_id!r} is closed")
+            if (config.topics, config.topic_pattern) == (self._config.topics,
+                                                          self._config.topic_pattern):
+                return
+            log.info("group %r: subscription changed to %s; rejoining", config.group_id,
+                     topic_pattern.pattern if topic_pattern is not None else list(topics))
+            self._config = config
+            gen = self._current
+        if gen is not None:
+            gen._end(EndReason.SUBSCRIPTION_CHANGED)
+
     def peek(self) -> Generation | None:
         """The generation ``next()`` would return now, without taking it (None if there is
         none, or it ended before anyone took it). A cooperative consumer commits under it
@@ -412,8 +440,9 @@ class ConsumerGroup:
                     if self._closing.is_set():
                         break
                     reason = "rejoining: the consumer polls again"
+                joined = self._config  # resubscribe() may replace it during the join
                 try:
-                    gen = self._join_generation(reason)
+                    gen = self._join_generation(reason, joined)
                 except Exception as exc:  # noqa: BLE001 - every failure has a row in ERROR_POLICY
                     if self._closing.is_set():
                         break
@@ -438,6 +467,8 @@ class ConsumerGroup:
                 with self._cond:
                     if self._closing.is_set():
                         gen._end(EndReason.CLOSED)
+                    elif self._config is not joined:  # joined with the old subscription
+                        gen._end(EndReason.SUBSCRIPTION_CHANGED)
                     self._current = gen
                 self._start_threads(gen)
                 self._deliver(gen)
@@ -540,12 +571,12 @@ class ConsumerGroup:
 
     # -- one round
 
-    def _join_generation(self, reason: str) -> Generation | None:
+    def _join_generation(self, reason: str, config: ConsumerGroupConfig) -> Generation | None:
         self._left = False
         return join_generation(
             reason,
             self._member_id,
-            config=self._config,
+            config=config,
             assignors=self._assignors,
             coordinator=self.coordinator,
             retry=self._retry,
@@ -624,6 +655,13 @@ class ConsumerGroup:
         ``close()`` until its routines have returned (``_finished``), since a routine's last
         act is usually its final commit, which must not lose to one lost connection."""
         return call_with_retries(call, error_of, config=self._config, closing=self._finished)
+
+
+def _check_subscribes(config: ConsumerGroupConfig) -> None:
+    if not config.topics and config.topic_pattern is None:
+        raise ConfigError(
+            "topics must name at least one topic (or topic_pattern be set) to join a group"
+        )
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

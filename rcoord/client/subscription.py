@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Errors, ProtocolError, RcoordError
@@ -76,6 +76,7 @@ class SubscriptionMixin:
         def _await_committer(self, wakeup: threading.Event | None = None) -> None: ...
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool) -> None: ...
+        def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
         def _partitions_lost(self) -> bool: ...
 
     def subscribe(
@@ -92,8 +93,12 @@ class SubscriptionMixin:
         matches now and rejoins, so the group rebalances, when a topic that matches is created
         or deleted (checked every ``partition_watch_interval_ms``).
 
-        Replaces an earlier subscription of the same kind (its partitions are revoked first,
-        committing with auto-commit). Raises ``IllegalStateError`` after ``assign()``, on a
+        Replaces an earlier subscription of the same kind without leaving the group, as in
+        Kafka: the member keeps its id and rejoins, so the group rebalances once. With the
+        cooperative protocol, the partitions of topics no longer subscribed are revoked here
+        (committing with auto-commit, then ``on_partitions_revoked``) and the rest are kept
+        through the rebalance; with the eager protocol, the next ``poll()`` revokes every
+        partition, as for any rebalance. Raises ``IllegalStateError`` after ``assign()``, on a
         consumer subscribed by topics when given a pattern or the other way round, and when
         given both (Kafka's subscription types are mutually exclusive; call ``unsubscribe()``
         first).
@@ -129,13 +134,23 @@ class SubscriptionMixin:
             config = dataclasses.replace(self._config, topics=names, topic_pattern=pattern)
             if listener is not None:
                 self._listener = listener
-            if (
-                self._group is not None
-                and tuple(config.topics) == tuple(self._config.topics)
-                and config.topic_pattern == self._config.topic_pattern
-            ):
+            if (self._group is not None and tuple(config.topics) == tuple(self._config.topics)
+                    and config.topic_pattern == self._config.topic_pattern):
                 return
-            self._leave_group()
+            if self._group is not None and not self._group.closed:
+                # Kafka's subscribe() on a subscribed consumer: the member stays, with its
+                # id, and rejoins with the new subscription (one rebalance, not a leave and a
+                # join); cooperatively it first gives up only what it no longer subscribes to.
+                wanted = set(names)
+                try:
+                    self._revoke_unsubscribed(
+                        (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
+                        else wanted.__contains__)
+                finally:
+                    self._config = config
+                    self._group.resubscribe(names, pattern)
+                return
+            self._leave_group()  # a group a fatal error closed: join as a new member
             self._config = config
             self._group = ConsumerGroup(
                 config, coordinator=self._coordinator_arg, acknowledge="by_caller"
