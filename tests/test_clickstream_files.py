@@ -11,9 +11,10 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
+from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.spark import OptionError, batch_generation
 from rcoord.spark.plan import Position
-from rcoord.spark.replays import REPLAY_TTL_S, record_replay
+from rcoord.spark.replays import REPLAY_TTL_S, record_replay, replayed_generation
 from workers.clickstream import _settle, _Sink, read_counts
 
 WINDOW_MS = 10_000
@@ -93,6 +94,11 @@ def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the
     record_replay(single_client, namespace, "g", Position.from_json(end), 6)
     assert sink.generation(2) == 6
     assert 0 < single_client.ttl(f"{namespace}:replays:g") <= REPLAY_TTL_S
+    # only a run's first batch can be a replay: a later one takes the planned generation
+    # without asking Redis
+    sink.batches = 1
+    assert sink.generation(2) == 4
+    sink.batches = 0
     # the record names the planner: another member's batch of generation 4 was not replayed
     _offset_log(cp, 5, {**end, "member": "spark-2"})
     assert sink.generation(5) == 4
@@ -101,6 +107,16 @@ def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the
                 url=redis_server.url)
     assert uri.generation(2) == 6
     assert batch_generation("hdfs://nn/cp", 2, group="g", client=single_client) == -1
+
+
+def test_a_replay_record_reads_back_on_one_node_and_on_a_cluster(
+        redis_client: Any, namespace: str) -> None:
+    planned = Position({TP("ev", 0): 3}, generation=2, member="m-1")
+    assert replayed_generation(redis_client, namespace, "g", planned) is None
+    record_replay(redis_client, namespace, "g", planned, 5)
+    record_replay(redis_client, namespace, "g", planned, 7)  # replayed again, later
+    assert replayed_generation(redis_client, namespace, "g", planned) == 7
+    assert replayed_generation(redis_client, namespace, "other", planned) is None
 
 
 def test_a_sink_without_a_redis_url_says_what_to_set(

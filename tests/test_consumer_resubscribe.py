@@ -102,7 +102,13 @@ def test_a_cooperative_member_gives_up_a_dropped_topic_before_another_can_take_i
     member, events_before = a.member_id, len(rec_a.events)
 
     a.subscribe(["t"])
-    # revoked inside subscribe(), with its position committed, before the rejoin
+    assert a.subscription() == ["t"]
+    # nothing happens inside subscribe(): the records the last poll() returned may still be
+    # being processed (Kafka: callbacks run only in poll())
+    assert len(rec_a.events) == events_before and a_u[0] not in _committed(env)
+    assert a.member_id == member
+    got_a.extend(a.poll(timeout=0))
+    # that poll() revoked them, with their position committed, before the rejoin
     assert rec_a.events[events_before:] == [("revoked", a_u)]
     assert _committed(env)[a_u[0]] == 5
     assert a.assignment() == [TP("t", 0), TP("t", 1)]
@@ -135,7 +141,8 @@ def test_a_pattern_subscription_moves_to_another_pattern_without_leaving(env: An
     _poll_into([c], got, lambda g: len(g) == 2)
     member = c.member_id
     c.subscribe(pattern=re.compile(r"refunds-.*"))
-    assert rec.events[-1] == ("revoked", [TP("orders-a", 0)])  # at once: cooperative
+    got.extend(c.poll(timeout=0))
+    assert rec.events[-1] == ("revoked", [TP("orders-a", 0)])  # first thing: cooperative
     _poll_into([c], got, lambda g: len(g) == 4)
     assert {r.topic for r in got[2:]} == {"refunds-a"}
     assert c.member_id == member
@@ -160,6 +167,17 @@ def test_a_subscription_changed_while_joining_is_joined_again(env: Any) -> None:
     _poll_into([x, c], got, lambda g: c.assignment() == [TP("u", 0)] and len(g) >= 1)
     assert [(r.topic, r.value) for r in got] == [("u", b"u0-0")]  # x had read t already
     assert x.assignment() == [TP("t", 0)]
+
+
+def test_the_same_topics_in_another_order_are_the_same_subscription(env: Any) -> None:
+    _fill(env, "t", 1, 1)
+    _fill(env, "u", 1, 1)
+    c = env.consumer(topics=["t", "u"])
+    _poll_into([c], [], lambda g: len(g) == 2)
+    gen = c.generation
+    c.subscribe(["u", "t"])
+    assert c.poll(timeout=0.05) == [] and c.generation is gen  # no rebalance
+    assert gen is not None and not gen.done.is_set()
 
 
 def test_an_empty_resubscription_is_refused_and_changes_nothing(env: Any) -> None:

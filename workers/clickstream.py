@@ -131,12 +131,14 @@ class _Sink:
     def generation(self, batch_id: int) -> int:
         """The group generation the batch is committed under (``rcoord.spark.batch_generation``):
         the one it was planned in, from its planned end in the checkpoint's offset log, or,
-        for a batch replayed after a restart, the replaying member's. -1 where the offset log
-        names none (a source other than group mode's, a checkpoint on another file system)."""
+        for a batch replayed after a restart, the replaying member's (only this run's first
+        batch can be one, so only it asks Redis). -1 where the offset log names none (a source
+        other than group mode's, a checkpoint on another file system)."""
         from rcoord.spark import batch_generation
 
         return batch_generation(self.checkpoint, batch_id, group=self.group,
-                                namespace=self.namespace, url=self.url)
+                                namespace=self.namespace, url=self.url,
+                                first=self.batches == 0)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -153,7 +155,7 @@ class _Sink:
             )
             .collect()
         )
-        gen = self.generation(batch_id)  # after the collect: it planned the batch's reads
+        gen = self.generation(batch_id)
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)
@@ -225,6 +227,9 @@ def build_query(
 
     register(spark)
     window_ms = _ms(window)
+    # the sink asks the group the source reads (options may name its Redis and namespace)
+    url = (options or {}).get("url", url)
+    namespace = (options or {}).get("namespace", namespace)
     if source is None:
         reader = (
             spark.readStream.format("rcoord")

@@ -304,6 +304,9 @@ class Consumer(SubscriptionMixin):
         # Cooperative revoked partitions while on_partitions_revoked runs: no longer fetched
         # or returned (out of _assigned) but still assigned, with their positions (_transition).
         self._pending_revocation: list[TopicPartition] = []
+        # A subscription subscribe() changed, for the next poll() to rejoin with (Kafka: the
+        # rejoin, and the revocation before it, happen in poll(), between batches).
+        self._resubscribe: ConsumerGroupConfig | None = None
 
     # -- information
 
@@ -610,6 +613,7 @@ class Consumer(SubscriptionMixin):
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
         self._run_commit_callbacks()
+        self._apply_subscription()
         while True:
             if self._wakeup.is_set():
                 self._wakeup.clear()
@@ -975,6 +979,7 @@ class Consumer(SubscriptionMixin):
         again. Their positions stay until ``on_partitions_revoked`` has returned, so it can
         commit them; ``_forget_revoked`` is the second half."""
         if revoked and self._auto_commit:
+            self._await_committer()  # an older async commit must not land after this one
             valid = self._positions()
             changed = {
                 tp: valid[tp]
@@ -1000,11 +1005,12 @@ class Consumer(SubscriptionMixin):
             self._paused.discard(tp)
 
     def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None:
-        """Before a cooperative rejoin for a new subscription (``subscribe()``): revoke the
-        partitions of topics no longer subscribed, as Kafka's ``onJoinPrepare`` does, so none
-        is consumed here once the rejoin lets another member take it. The others are carried
-        through the rejoin. On eager groups, and when the partitions are lost, ``poll()``
-        revokes everything once the generation ends, as for any rebalance."""
+        """Before a cooperative rejoin for a new subscription (``poll()`` after
+        ``subscribe()``): revoke the partitions of topics no longer subscribed, as Kafka's
+        ``onJoinPrepare`` does, so none is consumed here once the rejoin lets another member
+        take it. The others are carried through the rejoin. On eager groups, and when the
+        partitions are lost, ``_settle`` revokes everything once the generation ends, as for
+        any rebalance."""
         gen = self._gen
         if (gen is None or self._group is None
                 or self._group.protocol is not RebalanceProtocol.COOPERATIVE

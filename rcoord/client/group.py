@@ -293,7 +293,9 @@ class ConsumerGroup:
                 if self._slot is not None:
                     gen, self._slot = self._slot, None
                     self._cond.notify_all()
-                    return gen
+                    if not gen.done.is_set():  # one that ended meanwhile is withdrawn
+                        return gen
+                    continue
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(
@@ -319,8 +321,8 @@ class ConsumerGroup:
         with self._cond:
             if self._closing.is_set():
                 raise GroupClosedError(f"group {self._config.group_id!r} is closed")
-            if (config.topics, config.topic_pattern) == (self._config.topics,
-                                                          self._config.topic_pattern):
+            if (set(config.topics), config.topic_pattern) == (set(self._config.topics),
+                                                               self._config.topic_pattern):
                 return
             log.info("group %r: subscription changed to %s; rejoining", config.group_id,
                      topic_pattern.pattern if topic_pattern is not None else list(topics))

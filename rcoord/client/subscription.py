@@ -67,6 +67,7 @@ class SubscriptionMixin:
         _stop: threading.Event
         _simple_retries_end: threading.Event
         _poll_timer: PollTimer
+        _resubscribe: ConsumerGroupConfig | None
 
         def _check_open(self) -> None: ...
         def _single_threaded(self) -> contextlib.AbstractContextManager[None]: ...
@@ -94,11 +95,12 @@ class SubscriptionMixin:
         or deleted (checked every ``partition_watch_interval_ms``).
 
         Replaces an earlier subscription of the same kind without leaving the group, as in
-        Kafka: the member keeps its id and rejoins, so the group rebalances once. With the
-        cooperative protocol, the partitions of topics no longer subscribed are revoked here
-        (committing with auto-commit, then ``on_partitions_revoked``) and the rest are kept
-        through the rebalance; with the eager protocol, the next ``poll()`` revokes every
-        partition, as for any rebalance. Raises ``IllegalStateError`` after ``assign()``, on a
+        Kafka: the member keeps its id, and the next ``poll()`` rejoins, so the group rebalances
+        once. With the cooperative protocol, that ``poll()`` first revokes the partitions of
+        topics no longer subscribed (committing with auto-commit, then
+        ``on_partitions_revoked``) and keeps the rest through the rebalance; with the eager
+        protocol, it revokes every partition, as for any rebalance. ``subscription()`` names
+        the new topics at once. Raises ``IllegalStateError`` after ``assign()``, on a
         consumer subscribed by topics when given a pattern or the other way round, and when
         given both (Kafka's subscription types are mutually exclusive; call ``unsubscribe()``
         first).
@@ -134,21 +136,14 @@ class SubscriptionMixin:
             config = dataclasses.replace(self._config, topics=names, topic_pattern=pattern)
             if listener is not None:
                 self._listener = listener
-            if (self._group is not None and tuple(config.topics) == tuple(self._config.topics)
+            if (self._group is not None and set(config.topics) == set(self._config.topics)
                     and config.topic_pattern == self._config.topic_pattern):
                 return
             if self._group is not None and not self._group.closed:
                 # Kafka's subscribe() on a subscribed consumer: the member stays, with its
-                # id, and rejoins with the new subscription (one rebalance, not a leave and a
-                # join); cooperatively it first gives up only what it no longer subscribes to.
-                wanted = set(names)
-                try:
-                    self._revoke_unsubscribed(
-                        (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
-                        else wanted.__contains__)
-                finally:
-                    self._config = config
-                    self._group.resubscribe(names, pattern)
+                # id; the next poll() rejoins with the new subscription (one rebalance, not a
+                # leave and a join), cooperatively after revoking what is no longer subscribed.
+                self._config = self._resubscribe = config
                 return
             self._leave_group()  # a group a fatal error closed: join as a new member
             self._config = config
@@ -156,6 +151,24 @@ class SubscriptionMixin:
                 config, coordinator=self._coordinator_arg, acknowledge="by_caller"
             )
             self._poll_timer.reset(config.group_id)
+
+    def _apply_subscription(self) -> None:
+        """``poll()``'s first step after ``subscribe()`` changed the subscription: revoke the
+        partitions no longer subscribed (cooperative) and rejoin with the new one, between the
+        application's batches: the records the last ``poll()`` returned are processed by now,
+        so their positions are what auto-commit commits."""
+        config, self._resubscribe = self._resubscribe, None
+        group = self._group
+        if config is None or group is None:
+            return
+        pattern, wanted = config.topic_pattern, set(config.topics)
+        try:
+            self._revoke_unsubscribed(
+                (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
+                else wanted.__contains__)
+        finally:
+            if not group.closed:  # else the group's fatal error is what next() raises
+                group.resubscribe(config.topics, pattern)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
@@ -258,6 +271,7 @@ class SubscriptionMixin:
         finally:
             group.close()
             self._group = None
+            self._resubscribe = None
 
     def _commit_simple(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
         commit_as_simple_group(self._coordinator(), self._config, offsets,

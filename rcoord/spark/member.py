@@ -52,8 +52,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import redis
-
 from ..client import (
     CommitFailedError,
     ConsumerGroup,
@@ -67,7 +65,7 @@ from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
-from .replays import record_replay
+from .replays import REDIS_FAILURES, record_replay
 from .resolve import continuity_loss, drop_after_loss, gone_loss, restart_after_loss
 
 __all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
@@ -311,7 +309,7 @@ class StreamMember:
                 # before any task reads: the sink learns the batch's generation from it
                 record_replay(self._group.redis_client, self._group.config.namespace,
                               gen.group_id, end, gen.generation_id)
-            except redis.RedisError as exc:
+            except REDIS_FAILURES as exc:
                 log.warning("group %r: not replaying a batch planned in generation %s by %s: "
                             "cannot record the replay (%s); the group delivers its records "
                             "again", gen.group_id, end.generation, end.member, exc)

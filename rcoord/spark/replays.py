@@ -26,15 +26,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import redis
+
+from ..errors import RcoordError
 from ..keys import replays_key
 from .clients import client_for
 from .options import OptionError
 from .plan import Position
 
-__all__ = ["REPLAY_TTL_S", "batch_generation", "checkpoint_position", "record_replay",
+__all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "batch_generation", "checkpoint_position", "record_replay",
            "replayed_generation"]
 
 REPLAY_TTL_S = 7 * 24 * 3600
+
+REDIS_FAILURES = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
+                  RcoordError)
+"""What recording or reading a replay raises when Redis cannot answer (a cluster client's
+errors are not ``RedisError``)."""
 
 
 def _field(generation: int, member: str) -> str:
@@ -44,14 +52,17 @@ def _field(generation: int, member: str) -> str:
 def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
                   generation: int) -> None:
     """Note that the batch ending at ``planned`` is replayed in ``generation``. Raises the Redis
-    client's error if it cannot: a replay whose generation a sink cannot learn must not run."""
+    client's error (``REDIS_FAILURES``) if it cannot: a replay whose generation a sink cannot
+    learn must not run."""
     if planned.generation is None:
         raise ValueError("a replayed batch's end names the generation that planned it")
+    if client is None:
+        raise RcoordError("no Redis client to record the replay with")
     key = replays_key(namespace, group_id)
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(key, _field(planned.generation, planned.member or ""), generation)
-    pipe.expire(key, REPLAY_TTL_S)
-    pipe.execute()
+    # Not a MULTI: redis-py 5's cluster client refuses transactions, and the two need not be
+    # atomic (an expiry missed is renewed by the next record).
+    client.hset(key, _field(planned.generation, planned.member or ""), generation)
+    client.expire(key, REPLAY_TTL_S)
 
 
 def replayed_generation(client: Any, namespace: str, group_id: str,
@@ -98,18 +109,22 @@ def checkpoint_position(checkpoint: str, batch_id: int) -> Position | None:
 
 def batch_generation(checkpoint: str, batch_id: int, *, group: str,
                      namespace: str = "rcoord", url: str | None = None,
-                     client: Any = None) -> int:
+                     client: Any = None, first: bool = True) -> int:
     """The generation whose fencing the commit of micro-batch ``batch_id`` passes: the one that
     replayed it after a restart, else the one that planned it; -1 if the checkpoint names none
     (see ``checkpoint_position``).
 
-    Call it from ``foreachBatch`` *after* the first action on the batch's DataFrame: Spark plans
-    the batch's reads (where a replay is recorded) when the DataFrame first runs. Redis is
-    reached through ``client``, else ``url``, else ``RCOORD_REDIS_URL``, and only when the
-    checkpoint names a generation."""
+    Call it from ``foreachBatch``: Spark plans the batch's reads (where a replay is recorded)
+    before it calls the function (``ForeachBatchSink`` runs the plan first). Only the first
+    batch a query runs after it starts can be a replay; pass ``first=False`` for the others
+    and Redis is not asked. Redis is reached through ``client``, else ``url``, else
+    ``RCOORD_REDIS_URL``, and only when the checkpoint names a generation. A query with two
+    group-mode rcoord sources is named by the first one's generation."""
     end = checkpoint_position(checkpoint, batch_id)
     if end is None or end.generation is None:
         return -1
+    if not first:
+        return end.generation
     if client is None:
         url = url or os.environ.get("RCOORD_REDIS_URL", "")
         if not url:
