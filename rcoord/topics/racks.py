@@ -30,6 +30,14 @@ def node_racks_key(namespace: str) -> str:
     return f"{namespace}:node-racks"
 
 
+_REPLACE_HASH = """
+-- KEYS[1] the hash   ARGV field, value, field, value ... (none: the hash is deleted)
+redis.call('DEL', KEYS[1])
+for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return #ARGV / 2
+"""
+
+
 def set_node_racks(client: Any, namespace: str, racks: Mapping[str, str]) -> None:
     """Declare the rack of each Redis node (``{"host:port": "rack"}``), replacing the map."""
     for node, rack in racks.items():
@@ -38,12 +46,10 @@ def set_node_racks(client: Any, namespace: str, racks: Mapping[str, str]) -> Non
             raise ValueError(f"node must be 'host:port', got {node!r}")
         if not isinstance(rack, str) or not rack:
             raise ValueError(f"rack of {node!r} must be a non-empty str, got {rack!r}")
-    # One key, so MULTI works on a cluster too: a leader never reads the map half replaced.
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(node_racks_key(namespace))
-    if racks:
-        pipe.hset(node_racks_key(namespace), mapping=dict(racks))
-    pipe.execute()
+    # One script on one key: a leader never reads the map half replaced, on a cluster too
+    # (redis-py 5's cluster client refuses MULTI).
+    flat = [x for node, rack in sorted(racks.items()) for x in (node, rack)]
+    client.eval(_REPLACE_HASH, 1, node_racks_key(namespace), *flat)
 
 
 def node_racks(client: Any, namespace: str) -> dict[str, str]:
