@@ -244,21 +244,45 @@ def _produce_events(single_client: Any, namespace: str, n: int, t0: int,
     producer.send_batch("events", recs)
 
 
-def test_group_queries_split_and_take_over_after_a_graceful_stop(
-        spark: Any, redis_server: Any, single_client: Any, namespace: str,
-        coord: GroupCoordinator, tmp_path: Path) -> None:
-    from workers.clickstream import build_query, read_counts, stop_gracefully, window_counts
+def _run_first_batch_then_stop(query: Any, cp: Path) -> None:
+    """Wait until ``query`` (its next trigger far away) finished batch 0 (Spark's commit log
+    has it), then stop it: batch 0's end was never committed to the group."""
+    try:
+        wait_until(lambda: (cp / "commits" / "0").exists() or query.exception() is not None,
+                   timeout_s=QUERY_S)
+        assert query.exception() is None
+    finally:
+        query.stop()
 
+
+def _click_events(single_client: Any, namespace: str) -> tuple[Topics, list[tuple[str, int]]]:
+    """The clickstream tests' topic, ``events`` (6 partitions), with 60 click events."""
     topics = Topics(single_client, namespace)
     topics.create("events", 6)
     events: list[tuple[str, int]] = []
     _produce_events(single_client, namespace, 60, T0, events)
+    return topics, events
+
+
+def _clicks_query(spark: Any, redis_server: Any, namespace: str, out: Any, **kw: Any) -> Any:
+    """One instance of the clickstream pipeline in group ``clicks`` (``kw``: build_query's)."""
+    from workers.clickstream import build_query
+
+    kw.setdefault("trigger", "300ms")
+    return build_query(spark, topics="events", group="clicks", out=str(out),
+                       url=redis_server.url, namespace=namespace, options=GROUP_OPTS, **kw)
+
+
+def test_group_queries_split_and_take_over_after_a_graceful_stop(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, tmp_path: Path) -> None:
+    from workers.clickstream import read_counts, stop_gracefully, window_counts
+
+    topics, events = _click_events(single_client, namespace)
     out = str(tmp_path / "out")
 
     def start() -> Any:
-        return build_query(spark, topics="events", group="clicks", out=out,
-                           url=redis_server.url, namespace=namespace, trigger="300ms",
-                           options=GROUP_OPTS)
+        return _clicks_query(spark, redis_server, namespace, out)
 
     qa = start()
     qb = None
@@ -316,26 +340,16 @@ def test_a_restarted_pipeline_replays_its_batch_over_a_newer_members_uncommitted
     # to that member's file, and partition 0's other records went uncounted.
     from rcoord.client import ConsumerGroup, ConsumerGroupConfig
     from rcoord.spark.replays import checkpoint_position
-    from workers.clickstream import _Sink, build_query, read_counts, stop_gracefully, window_counts
+    from workers.clickstream import _Sink, read_counts, stop_gracefully, window_counts
 
-    topics = Topics(single_client, namespace)
-    topics.create("events", 6)
-    events: list[tuple[str, int]] = []
-    _produce_events(single_client, namespace, 60, T0, events)
+    topics, events = _click_events(single_client, namespace)
     out, cp = tmp_path / "out", tmp_path / "cp"
 
     def start(trigger: str) -> Any:
-        return build_query(spark, topics="events", group="clicks", out=str(out),
-                           url=redis_server.url, namespace=namespace, trigger=trigger,
-                           checkpoint=str(cp), options=GROUP_OPTS)
+        return _clicks_query(spark, redis_server, namespace, out, trigger=trigger,
+                             checkpoint=str(cp))
 
-    q1 = start("60m")  # batch 0 only
-    try:
-        wait_until(lambda: (cp / "commits" / "0").exists() or q1.exception() is not None,
-                   timeout_s=QUERY_S)
-        assert q1.exception() is None
-    finally:
-        q1.stop()
+    _run_first_batch_then_stop(start("60m"), cp)
     planned = checkpoint_position(str(cp), 0)
     assert planned is not None and planned.generation is not None
     for name in ("0", ".0.crc"):
@@ -372,12 +386,9 @@ def test_a_restarted_pipeline_replays_its_batch_over_a_newer_members_uncommitted
 def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
         spark: Any, redis_server: Any, single_client: Any, namespace: str,
         coord: GroupCoordinator, tmp_path: Path) -> None:
-    from workers.clickstream import build_query, read_counts, stop_gracefully, window_counts
+    from workers.clickstream import read_counts, stop_gracefully, window_counts
 
-    topics = Topics(single_client, namespace)
-    topics.create("events", 6)
-    events: list[tuple[str, int]] = []
-    _produce_events(single_client, namespace, 60, T0, events)
+    topics, events = _click_events(single_client, namespace)
     out = str(tmp_path / "out")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), PYSPARK_SUBMIT_ARGS=(
@@ -394,9 +405,7 @@ def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
         wait_until(lambda: len(assignment(coord, "clicks")) == 1 or proc.poll() is not None,
                    timeout_s=QUERY_S)
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-        qb = build_query(spark, topics="events", group="clicks", out=out,
-                         url=redis_server.url, namespace=namespace, trigger="300ms",
-                         options=GROUP_OPTS)
+        qb = _clicks_query(spark, redis_server, namespace, out)
         wait_until(lambda: len(assignment(coord, "clicks")) == 2, timeout_s=QUERY_S)
         _produce_events(single_client, namespace, 60, T0 + 60_000, events)
         wait_until(lambda: committed(coord, "clicks") == log_ends(topics, "events")
@@ -511,13 +520,7 @@ def test_a_group_query_stopped_after_a_batch_and_restarted_stores_that_batch_onc
                 .option("topic", "dst").trigger(**trigger)
                 .option("checkpointLocation", str(cp)).start())
 
-    q1 = start({"processingTime": "1 hour"})
-    try:
-        wait_until(lambda: (cp / "commits" / "0").exists() or q1.exception() is not None,
-                   timeout_s=QUERY_S)
-        assert q1.exception() is None
-    finally:
-        q1.stop()
+    _run_first_batch_then_stop(start({"processingTime": "1 hour"}), cp)
     assert sum(log_ends(topics, "dst").values()) == 10
     assert committed(coord, "g") in ({}, {0: 0, 1: 0})  # batch 0's end never reached the group
     producer.send_batch("src", [f"b{i}".encode() for i in range(4)])
