@@ -432,6 +432,19 @@ def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
     assert read_counts(out) == window_counts(events, WINDOW_MS)
 
 
+def _copy_src_to_dst(spark: Any, url: str, namespace: str, cp: Path, columns: list[Any],
+                     trigger: dict[str, Any], **options: str) -> Any:
+    """A group-mode query (group ``g``, ``options`` added) that writes ``columns`` of topic
+    ``src`` to topic ``dst`` through the rcoord sink, checkpointed at ``cp``."""
+    reader_ = reader(spark, url, namespace, stream=True)
+    for k, v in {"subscribe": "src", "groupId": "g", **GROUP_OPTS, **options}.items():
+        reader_ = reader_.option(k, v)
+    return (reader_.load().select(*columns)
+            .writeStream.format("rcoord").option("url", url).option("namespace", namespace)
+            .option("topic", "dst").trigger(**trigger)
+            .option("checkpointLocation", str(cp)).start())
+
+
 def test_a_group_query_restarted_mid_batch_replays_it_and_stores_every_row_once(
         spark: Any, redis_server: Any, single_client: Any, namespace: str,
         coord: GroupCoordinator, tmp_path: Path) -> None:
@@ -470,15 +483,9 @@ def test_a_group_query_restarted_mid_batch_replays_it_and_stores_every_row_once(
     udf = F.udf(gate, "binary", useArrow=False)  # (Arrow UDFs need pandas)
 
     def start() -> Any:
-        reader_ = reader(spark, url, namespace, stream=True)
-        for k, v in {"subscribe": "src", "groupId": "g", "maxOffsetsPerTrigger": "10",
-                     **GROUP_OPTS}.items():
-            reader_ = reader_.option(k, v)
-        return (reader_.load().select("key", udf("partition", "offset", "value").alias("value"),
-                                      "partition")
-                .writeStream.format("rcoord").option("url", url).option("namespace", namespace)
-                .option("topic", "dst").trigger(availableNow=True)
-                .option("checkpointLocation", str(cp)).start())
+        value = udf("partition", "offset", "value").alias("value")
+        return _copy_src_to_dst(spark, url, namespace, cp, ["key", value, "partition"],
+                                {"availableNow": True}, maxOffsetsPerTrigger="10")
 
     marker.touch()
     q1 = start()
@@ -512,13 +519,8 @@ def test_a_group_query_stopped_after_a_batch_and_restarted_stores_that_batch_onc
     cp, url = tmp_path / "cp", redis_server.url
 
     def start(trigger: dict[str, Any]) -> Any:
-        reader_ = reader(spark, url, namespace, stream=True)
-        for k, v in {"subscribe": "src", "groupId": "g", **GROUP_OPTS}.items():
-            reader_ = reader_.option(k, v)
-        return (reader_.load().select("key", "value", "partition")
-                .writeStream.format("rcoord").option("url", url).option("namespace", namespace)
-                .option("topic", "dst").trigger(**trigger)
-                .option("checkpointLocation", str(cp)).start())
+        return _copy_src_to_dst(spark, url, namespace, cp, ["key", "value", "partition"],
+                                trigger)
 
     _run_first_batch_then_stop(start({"processingTime": "1 hour"}), cp)
     assert sum(log_ends(topics, "dst").values()) == 10

@@ -829,24 +829,35 @@ def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
         b.close(5)
 
 
+def _records_before_the_query(client: Any, namespace: str, topics: Topics) -> Producer:
+    """Topic ``ev`` (2 partitions) holding 2 records each before a query starts."""
+    topics.create("ev", 2)
+    producer = Producer(client, namespace, "round_robin")
+    producer.send_batch("ev", [b"before"] * 4)
+    return producer
+
+
+def _add_two_partitions_with_records(topics: Topics, producer: Producer) -> None:
+    """``ev`` grows to 4 partitions; each new one gets 3 records."""
+    topics.add_partitions("ev", 4)
+    for p in (2, 3):
+        for _ in range(3):
+            producer.send("ev", b"added", partition=p)
+
+
 def test_a_latest_member_reads_a_partition_added_mid_stream_from_its_start(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator, latest: Any) -> None:
     # startingOffsets=latest places the query's start; a partition that appears later is
     # read from its log start, as Spark's Kafka source reads one it discovers. Before, the
     # generation that gained it started it at its log end, past its first records.
-    topics.create("ev", 2)
-    producer = Producer(single_client, namespace, "round_robin")
-    producer.send_batch("ev", [b"before"] * 4)
+    producer = _records_before_the_query(single_client, namespace, topics)
 
     a = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     try:
         first = a.initial(10)
         assert first.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
-        topics.add_partitions("ev", 4)
-        for p in (2, 3):
-            for _ in range(3):
-                producer.send("ev", b"added", partition=p)
+        _add_two_partitions_with_records(topics, producer)
         wait_until(lambda: a.generation is not None and a.generation.done.is_set(),
                    timeout_s=10)  # the leader's partition watcher rebalances
         nxt = _rebased(a, first, latest)
@@ -864,9 +875,7 @@ def test_a_latest_query_restarted_on_its_checkpoint_reads_partitions_added_while
     # latest places a query's start (initialOffset) only: a restarted query plans from its
     # checkpoint, and Spark's Kafka source reads the partitions it does not know from their log
     # start. Before, the restarted member placed (and committed) them at their log end.
-    topics.create("ev", 2)
-    producer = Producer(single_client, namespace, "round_robin")
-    producer.send_batch("ev", [b"before"] * 4)
+    producer = _records_before_the_query(single_client, namespace, topics)
 
     old = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     try:
@@ -876,10 +885,7 @@ def test_a_latest_query_restarted_on_its_checkpoint_reads_partitions_added_while
         assert e1.offsets == {TP("ev", 0): 4, TP("ev", 1): 4}
     finally:
         old.close(5)
-    topics.add_partitions("ev", 4)  # while the query is down
-    for p in (2, 3):
-        for _ in range(3):
-            producer.send("ev", b"added", partition=p)
+    _add_two_partitions_with_records(topics, producer)  # while the query is down
     new = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
     try:
         nxt = _rebased(new, e1, latest)  # restarted on the checkpoint: Spark plans from e1
