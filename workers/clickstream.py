@@ -17,17 +17,17 @@ windowed aggregations.
 
 Output: every micro-batch writes, per topic partition it read, one Parquet file
 ``DIR/counts/topic=T/partition=P/start-S.gen-G.parquet`` with columns ``window_start``,
-``window_end``, ``key``, ``count`` for the records from offset S on, committed under
-generation G of the group (``rcoord.spark.batch_generation``: the generation that planned the
-batch, or, for a batch Spark replays after a restart, the one that replayed it). The file name
-holds the batch's first offset in that partition, so when a partition's new owner processes again the records its old owner had processed but not
-committed (a crash), it starts at the same committed offset and *supersedes* that file: of the
-files of one start, the one of the newest generation counts, and its writer deletes the others
-once its own is in place (``_settle``). So a removed member whose batch outlived the rebalance
-timeout (a zombie) cannot overwrite its successor's file with a shorter or longer range, and a
-restarted query's replay supersedes the file of a member that took the partition meanwhile
-and stopped before committing. The counts of a (window, key) are the sum over
-the files; ``read_counts(DIR)`` does that, and so does
+``window_end``, ``key``, ``count`` for the records from offset S on, committed under generation
+G of the group (``rcoord.spark.batch_generation``: the generation that planned the batch, or,
+for a batch Spark replays after a restart, the one that replayed it). The file name holds the
+batch's first offset in that partition, so when a partition's new owner processes again the
+records its old owner had processed but not committed (a crash), it starts at the same committed
+offset and *supersedes* that file: of the files of one start, the one of the newest generation
+counts, and its writer deletes the others once its own is in place (``_settle``). So a removed
+member whose batch outlived the rebalance timeout (a zombie) cannot overwrite its successor's
+file with a shorter or longer range, and a restarted query's replay supersedes the file of a
+member that took the partition meanwhile and stopped before committing. The counts of a (window,
+key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
 ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
 batch is being written (between a zombie's write and its settling, both files are there).
 """

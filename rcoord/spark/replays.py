@@ -34,8 +34,8 @@ from .clients import client_for
 from .options import OptionError
 from .plan import Position
 
-__all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "batch_generation", "checkpoint_position", "record_replay",
-           "replayed_generation"]
+__all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "batch_generation", "checkpoint_position",
+           "record_replay", "replayed_generation"]
 
 REPLAY_TTL_S = 7 * 24 * 3600
 
