@@ -7,7 +7,11 @@ calls are futures the test waits on explicitly (with a bounded timeout), never a
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+import contextlib
+import gc
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,3 +185,28 @@ def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
         if step is not None:
             step()
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def socket_warnings() -> Iterator[list[str]]:
+    """Yield a list that fills with every unclosed-socket ResourceWarning, or unraisable naming
+    a socket, raised inside the block (by a finalizer or a collection) instead of raising them."""
+    found: list[str] = []
+    unraisable: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(f"{u.exc_value!r} in {u.object!r}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            yield found
+    finally:
+        sys.unraisablehook = previous
+        found += [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        found += [u for u in unraisable if "socket" in u]
+
+
+def socket_warnings_on_collect() -> list[str]:
+    """Collect garbage; return every unclosed-socket ResourceWarning or unraisable it caused."""
+    with socket_warnings() as found:
+        gc.collect()
+    return found

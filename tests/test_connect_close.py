@@ -10,16 +10,14 @@ is why the server is asked.
 
 from __future__ import annotations
 
-import gc
-import sys
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 
 import pytest
 import redis
 import redis.cluster
+from harness import socket_warnings_on_collect
 
 from rcoord.connect import ClusterClient, connect
 from rcoord.errors import MissingPermissionError
@@ -58,21 +56,6 @@ def _open_after_wait(nodes: list[redis.Redis], field: str, value: str) -> list[s
     return left
 
 
-def _socket_warnings_on_collect() -> list[str]:
-    """Collect garbage; return every unclosed-socket ResourceWarning or unraisable it caused."""
-    unraisable: list[str] = []
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda u: unraisable.append(f"{u.exc_value!r} in {u.object!r}")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ResourceWarning)
-            gc.collect()
-    finally:
-        sys.unraisablehook = previous
-    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] + [
-        u for u in unraisable if "socket" in u]
-
-
 def test_close_leaves_no_connection_open(admin: tuple[str, list[redis.Redis]],
                                          backend: str) -> None:
     """``connect`` then ``close``: the probe and every node connection are shut by ``close``.
@@ -92,7 +75,7 @@ def test_close_leaves_no_connection_open(admin: tuple[str, list[redis.Redis]],
     client.close()
     assert _open_after_wait(nodes, "name", name) == []
     del client
-    assert _socket_warnings_on_collect() == []
+    assert socket_warnings_on_collect() == []
 
 
 @pytest.mark.parametrize("backend", ["cluster"])
@@ -113,7 +96,7 @@ def test_a_refused_cluster_start_leaves_no_connection_open(
             connect(url.replace("redis://", f"redis://{user}:{password}@"))
         assert _open_after_wait(nodes, "user", user) == []
         del err
-        assert _socket_warnings_on_collect() == []
+        assert socket_warnings_on_collect() == []
     finally:
         for node in nodes:
             node.execute_command("ACL", "DELUSER", user)
