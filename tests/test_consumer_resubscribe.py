@@ -189,3 +189,69 @@ def test_an_empty_resubscription_is_refused_and_changes_nothing(env: Any) -> Non
         group.resubscribe([])
     assert group.config.topics == ("t",)
     assert c.assignment() == [TP("t", 0)]
+
+
+class _SubscribesOnFirstRevoke(Recorder):
+    """Calls ``consumer.subscribe(topics)`` from inside its first ``on_partitions_revoked``
+    (a listener that reacts to losing partitions by changing what it reads)."""
+
+    def __init__(self, topics: list[str]) -> None:
+        super().__init__()
+        self.topics = topics
+        self.consumer: Consumer | None = None
+        self.subscribed = False
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        if not self.subscribed and self.consumer is not None:
+            self.subscribed = True
+            self.consumer.subscribe(self.topics)
+
+
+def _each_record_once(got: list[Any], topic: str, partitions: int, per_partition: int) -> None:
+    assert sorted(r.value for r in got if r.topic == topic) == [
+        b"%s%d-%d" % (topic.encode(), p, i) for p in range(partitions)
+        for i in range(per_partition)]
+
+
+def test_subscribe_from_inside_the_revocation_of_a_resubscription(env: Any) -> None:
+    # c drops u; the poll() that revokes u calls back, and the callback subscribes to t and v:
+    # the rejoin under way is for t alone, so c rejoins again, keeps its id, and reads v.
+    for topic in ("t", "u", "v"):
+        _fill(env, topic, 2, 3)
+    rec = _SubscribesOnFirstRevoke(["t", "v"])
+    c = rec.consumer = env.consumer(rec, topics=["t", "u"], **COOP)
+    got: list[Any] = []
+    _poll_into([c], got, lambda g: len(g) == 12)
+    member = c.member_id
+    c.subscribe(["t"])
+    _poll_into([c], got, lambda g: len(g) >= 18
+               and sorted(c.assignment()) == [TP(t, p) for t in ("t", "v") for p in (0, 1)])
+    assert rec.subscribed and c.subscription() == ["t", "v"]
+    assert c.member_id == member
+    assert rec.events[1:] == [("revoked", [TP("u", 0), TP("u", 1)]),
+                              ("assigned", [TP("v", 0), TP("v", 1)])]
+    for topic in ("t", "u", "v"):
+        _each_record_once(got, topic, 2, 3)  # nothing read twice or skipped
+
+
+def test_subscribe_from_inside_a_cooperative_rebalances_revocation(env: Any) -> None:
+    # a reads t and u; b joins, so a's cooperative rebalance revokes what b is to take, and a's
+    # callback subscribes to t and v from inside that revocation. The group settles with a on
+    # t and v and b on t and u, and every record is read once.
+    for topic in ("t", "u", "v"):
+        _fill(env, topic, 2, 3)
+    rec = _SubscribesOnFirstRevoke(["t", "v"])
+    a = rec.consumer = env.consumer(rec, topics=["t", "u"], **COOP)
+    got: list[Any] = []
+    _poll_into([a], got, lambda g: len(g) == 12)
+    b = env.consumer(topics=["t", "u"], **COOP)
+    everything = {TP(t, p) for t in ("t", "u", "v") for p in (0, 1)}
+    _poll_into([a, b], got, lambda g: rec.subscribed and len(g) >= 18
+               and set(a.assignment()) | set(b.assignment()) == everything
+               and not set(a.assignment()) & set(b.assignment()))
+    assert a.subscription() == ["t", "v"]
+    assert {tp.topic for tp in a.assignment()} <= {"t", "v"}
+    assert {tp.topic for tp in b.assignment()} <= {"t", "u"}
+    for topic in ("t", "u", "v"):
+        _each_record_once(got, topic, 2, 3)
