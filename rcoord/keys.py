@@ -34,7 +34,7 @@ a deadline the partition's earliest, so the lease holder never sleeps past it.
 
 ``<ns>:replays:<group>`` (no tag, no script touches it) records, for a Spark query restarted on
 its checkpoint, the generation in which it replayed its old process's last batch
-(``rcoord.spark.replays``).
+(``rcoord.spark.replays``); ``delete_groups`` deletes it after the group.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from .flow import (
     Woken,
     XRead,
 )
-from .keys import GroupKeys, PartitionKeys
+from .keys import GroupKeys, PartitionKeys, replays_key
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
 from .protocol.admin import (
@@ -620,10 +620,14 @@ class GroupSteps:
 
         Each group is deleted by its own script call, so the list needs no bound of its own (see
         ``group_ids_arg``). The empty group id is a group like any other here, as in Kafka.
+        A deleted group's Spark replay record (``replays_key``, in a slot of its own, so not
+        the script's) goes after it: a group that comes back starts with nothing of the old.
         """
         out: dict[str, Errors] = {}
         for gid in group_ids_arg(group_ids):
             out[gid] = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
+            if out[gid] == Errors.NONE:
+                yield Command(("DEL", replays_key(self.namespace, gid)))
         return out
 
     def delete_offsets(

@@ -6,6 +6,7 @@ from harness import wait_until
 
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
 from rcoord import steps as steps_module
+from rcoord.keys import replays_key
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
 
 ORDERS0, AUDIT0 = TopicPartition("orders", 0), TopicPartition("audit", 0)
@@ -88,6 +89,21 @@ def test_delete_groups(ctx):
     # Deleting removed the offsets too.
     assert ctx.coord.fetch_offsets("offsets-only", [ORDERS0]).offsets[ORDERS0].offset == -1
     assert ctx.coord.describe_group("offsets-only").state == "Dead"
+
+
+def test_deleting_a_group_removes_its_spark_replay_record(ctx, redis_client, namespace):
+    # The Spark source's record of replayed batches (rcoord.spark.replays) lives outside the
+    # group's slot; only the deleted group's goes, and only when the group is deleted.
+    for gid in ("offsets-only", "kept", ctx.group_id):
+        redis_client.hset(replays_key(namespace, gid), "1:m", 3)
+    ctx.stable_group(1)
+    ctx.coord.commit_offsets("offsets-only", {ORDERS0: 5})
+    ctx.coord.commit_offsets("kept", {ORDERS0: 5})
+    assert ctx.coord.delete_groups(["offsets-only", ctx.group_id]) == {
+        "offsets-only": Errors.NONE, ctx.group_id: Errors.NON_EMPTY_GROUP}
+    assert not redis_client.exists(replays_key(namespace, "offsets-only"))
+    assert redis_client.hget(replays_key(namespace, "kept"), "1:m") == b"3"
+    assert redis_client.hget(replays_key(namespace, ctx.group_id), "1:m") == b"3"
 
 
 def test_delete_offsets_refused_for_subscribed_topic(ctx):
