@@ -199,12 +199,18 @@ def test_stream_honours_max_offsets_per_trigger_and_available_now(
         Topics(single_client, namespace), "ev").items() for o in range(end))
 
 
-def test_replayed_micro_batch_does_not_append_twice(spark: Any, redis_server: Any,
-                                                    single_client: Any, namespace: str,
-                                                    tmp_path: Path) -> None:
+def _src_and_dst(single_client: Any, namespace: str) -> Topics:
+    """The topics of a copying query: ``src`` and ``dst``, two partitions each."""
     topics = Topics(single_client, namespace)
     topics.create("src", 2)
     topics.create("dst", 2)
+    return topics
+
+
+def test_replayed_micro_batch_does_not_append_twice(spark: Any, redis_server: Any,
+                                                    single_client: Any, namespace: str,
+                                                    tmp_path: Path) -> None:
+    topics = _src_and_dst(single_client, namespace)
     Producer(single_client, namespace, "round_robin").send_batch(
         "src", [ProducerRecord(f"v{i}".encode(), f"k{i}".encode()) for i in range(20)])
     cp = tmp_path / "cp"
@@ -456,9 +462,7 @@ def test_a_group_query_restarted_mid_batch_replays_it_and_stores_every_row_once(
     from pyspark.sql import functions as F
     from pyspark.sql.utils import StreamingQueryException
 
-    topics = Topics(single_client, namespace)
-    topics.create("src", 2)
-    topics.create("dst", 2)
+    topics = _src_and_dst(single_client, namespace)
     Producer(single_client, namespace).send_batch(
         "src", [ProducerRecord(f"v{i}".encode(), partition=i % 2) for i in range(20)])
     cp, marker = tmp_path / "cp", tmp_path / "fail-batch-1"
@@ -511,9 +515,7 @@ def test_a_group_query_stopped_after_a_batch_and_restarted_stores_that_batch_onc
     # commit log records batch 0, but no later plan committed its end to the group. The query
     # restarts on its checkpoint. Before, the new member began at the group's committed offsets
     # (nothing), batch 0's records came again as batch 1, and dst held them twice.
-    topics = Topics(single_client, namespace)
-    topics.create("src", 2)
-    topics.create("dst", 2)
+    topics = _src_and_dst(single_client, namespace)
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("src", [f"a{i}".encode() for i in range(10)])
     cp, url = tmp_path / "cp", redis_server.url
