@@ -82,9 +82,9 @@ def _current(folder: Path, start: int | None = None) -> dict[int, tuple[int, Pat
         m = _FILE.fullmatch(path.name)
         if m is None:
             continue
-        start, gen = int(m[1]), int(m[2])
-        if start not in best or gen > best[start][0]:
-            best[start] = (gen, path)
+        first, gen = int(m[1]), int(m[2])
+        if first not in best or gen > best[first][0]:
+            best[first] = (gen, path)
     return best
 
 

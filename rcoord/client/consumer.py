@@ -1022,7 +1022,7 @@ class Consumer(SubscriptionMixin):
         self._revoking = True
         try:
             self._stop_revoked(revoked, self._commit_generation().commit_offsets)
-            self._assigned = [tp for tp in self._assigned if tp not in set(revoked)]
+            self._assigned = [tp for tp in self._assigned if subscribed(tp.topic)]
             self._pending_revocation = revoked
             log.info("generation %d: revoking %s (no longer subscribed)", gen.generation_id,
                      _names(revoked))

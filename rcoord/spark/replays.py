@@ -45,8 +45,9 @@ REDIS_FAILURES = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExce
 errors are not ``RedisError``)."""
 
 
-def _field(generation: int, member: str) -> str:
-    return f"{generation}:{member}"
+def _field(planned: Position) -> str:
+    """The hash field naming the batch ending at ``planned``: its planner's membership."""
+    return f"{planned.generation}:{planned.member or ''}"
 
 
 def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
@@ -61,7 +62,7 @@ def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
     key = replays_key(namespace, group_id)
     # Not a MULTI: redis-py 5's cluster client refuses transactions, and the two need not be
     # atomic (an expiry missed is renewed by the next record).
-    client.hset(key, _field(planned.generation, planned.member or ""), generation)
+    client.hset(key, _field(planned), generation)
     client.expire(key, REPLAY_TTL_S)
 
 
@@ -70,8 +71,7 @@ def replayed_generation(client: Any, namespace: str, group_id: str,
     """The generation that replayed the batch ending at ``planned``; None if none did."""
     if planned.generation is None:
         return None
-    got = client.hget(replays_key(namespace, group_id),
-                      _field(planned.generation, planned.member or ""))
+    got = client.hget(replays_key(namespace, group_id), _field(planned))
     return None if got is None else int(got)
 
 
