@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import ConnectionLost
 from ..protocol.offsets import TopicPartition
+from .inflight import IDLE_EXIT_S
 
 __all__ = ["AsyncCommitter", "Completion", "OffsetCommitCallback"]
 
@@ -50,7 +51,9 @@ class _Job:
 
 
 class AsyncCommitter:
-    """Runs commit jobs one at a time in submission order; the thread starts on first use."""
+    """Runs commit jobs one at a time in submission order; the thread starts on first use
+    (and ends after ``IDLE_EXIT_S`` with nothing to do: every auto-committing consumer has
+    one, and one dropped without ``close()`` must not keep it)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -72,8 +75,9 @@ class AsyncCommitter:
         offsets: dict[TopicPartition, int],
         callback: OffsetCommitCallback | None,
         token: object = None,
-    ) -> None:
-        """Queue ``run`` (which commits ``offsets`` or raises) behind every earlier job."""
+    ) -> int:
+        """Queue ``run`` (which commits ``offsets`` or raises) behind every earlier job; returns
+        the job's ticket, for ``finished`` and ``wait_idle(upto=...)``."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the committer is closed")
@@ -83,6 +87,7 @@ class AsyncCommitter:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+            return self._submitted
 
     def complete_now(
         self,
@@ -99,22 +104,27 @@ class AsyncCommitter:
 
         self.submit(known, offsets, callback)
 
-    def wait_idle(
-        self, timeout: float | None = None, interrupt: threading.Event | None = None
-    ) -> bool:
-        """Wait until every job submitted so far has finished; False on timeout, or as soon as
-        ``interrupt`` is set (whoever sets it calls ``interrupt_waits()``, which wakes the
-        wait up to see it)."""
+    def finished(self, ticket: int) -> bool:
+        """Whether the job of ``ticket`` (and so every job before it) has finished."""
         with self._cond:
-            target = self._submitted
+            return self._finished >= ticket
+
+    def wait_idle(
+        self, timeout: float | None = None, *interrupts: threading.Event, upto: int | None = None
+    ) -> bool:
+        """Wait until every job submitted so far (or up to the ticket ``upto``) has finished;
+        False on timeout, or as soon as one of ``interrupts`` is set (whoever sets it calls
+        ``interrupt_waits()``, which wakes the wait up to see it)."""
+        with self._cond:
+            target = self._submitted if upto is None else upto
             self._cond.wait_for(
-                lambda: self._finished >= target or (interrupt is not None and interrupt.is_set()),
+                lambda: self._finished >= target or any(e.is_set() for e in interrupts),
                 timeout,
             )
             return self._finished >= target
 
     def interrupt_waits(self) -> None:
-        """Make every ``wait_idle()`` look at its ``interrupt`` event now."""
+        """Make every ``wait_idle()`` look at its ``interrupts`` now."""
         with self._cond:
             self._cond.notify_all()
 
@@ -154,8 +164,9 @@ class AsyncCommitter:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs) or self._closed)
+                self._cond.wait_for(lambda: bool(self._jobs) or self._closed, IDLE_EXIT_S)
                 if not self._jobs:
+                    self._thread = None  # closed, or idle: the next submit() makes a new one
                     return
                 job = self._jobs[0]
                 unsent = self._unreachable

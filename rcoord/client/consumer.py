@@ -81,6 +81,7 @@ from .errors import (
 )
 from .generation import Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
+from .inflight import Finished, InFlight
 from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import interruptible_by
@@ -291,13 +292,18 @@ class Consumer(SubscriptionMixin):
         self._invalid: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
-        # among the others (_fetch_many). Only a hint; a stale entry costs one small fetch.
+        # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
         self._caught_up: set[TopicPartition] = set()
         self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
+        self._fetching: InFlight[list[PartitionRecords[ConsumerRecord]], _FetchAsk] = InFlight(
+            f"rcoord-{config.group_id}-fetcher")
+        self._fetch_retry_at = 0.0  # after a failed fetch, the next waits until then
         self._poll_timer = PollTimer(
             config.group_id, max_poll_interval_ms, lambda: self._group, self._stop
         )
         self._next_auto_commit = 0.0
+        self._auto_committing: int | None = None  # the committer's ticket of the last auto-commit
+        self._close_deadline: float | None = None  # close()'s, while it runs
         self._drain_turn = 0
         self._block_turn = 0
         self._revoking = False
@@ -505,6 +511,11 @@ class Consumer(SubscriptionMixin):
         on) and what the listener raises (after the rebalance step completed), but not that Redis
         or the coordinator could not be reached: as Kafka's poll(), it keeps trying and returns
         no records meanwhile (the group logs it).
+
+        It returns by ``timeout`` even while Redis does not answer: the fetch and the
+        auto-commit run on background threads and stay in flight for a later poll() to collect
+        (``_fetch``, ``_maybe_auto_commit``). Not bounded by it: a revocation (its final commit
+        must land, or fail, before the member rejoins) and the listener.
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
@@ -604,11 +615,12 @@ class Consumer(SubscriptionMixin):
         timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
         retries, in their own thread, go on. A final commit of a revocation that a wakeup cuts
         short counts as failed (logged); the revocation completes, then ``poll()`` raises. It
-        ends the wait for earlier async commits of ``commit()`` and of ``poll()``'s auto-commit
-        too, before they send anything; the async commits stay queued, and the auto-commit's
-        positions are sent by the next auto-commit (or ``close()``)."""
+        ends ``commit()``'s wait for earlier async commits too, before it sends anything, and
+        ``poll()``'s waits for its auto-commit and its fetch, which stay in flight (a later
+        ``poll()`` collects them)."""
         self._wakeup.set()
         self._committer.interrupt_waits()
+        self._fetching.interrupt_waits()
 
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
@@ -635,7 +647,7 @@ class Consumer(SubscriptionMixin):
                     continue
                 self._begin(gen)
                 continue
-            self._maybe_auto_commit()
+            self._maybe_auto_commit(deadline)
             if self._must_revoke():
                 # The generation ended while this poll() ran (the auto-commit just learnt that the
                 # member is gone, or the heartbeat did): its partitions go before any record of
@@ -776,7 +788,8 @@ class Consumer(SubscriptionMixin):
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left.
         limit = 2 * self._config.session_timeout_ms / 1000
-        if not self._committer.pending or self._committer.wait_idle(limit, wakeup):
+        interrupts = () if wakeup is None else (wakeup,)
+        if not self._committer.pending or self._committer.wait_idle(limit, *interrupts):
             return
         if wakeup is not None and wakeup.is_set():
             raise WakeupError(
@@ -806,38 +819,50 @@ class Consumer(SubscriptionMixin):
         if first is not None:
             raise first
 
-    def _commit_changed(self, commit: _CommitFn, wakeup: threading.Event | None = None) -> None:
+    def _changed_positions(self) -> dict[TopicPartition, int]:
+        """The positions that moved since they were last committed."""
+        return {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
+
+    def _commit_changed(self, commit: _CommitFn) -> None:
         """Commit the positions that moved since the last commit, after the async commits
-        queued before (so it never overtakes one). With ``wakeup`` (poll()'s auto-commit),
-        ``wakeup()`` ends that wait too, before anything is sent; the positions stay marked
-        uncommitted, so the next auto-commit (or close()) sends them. Only poll()'s
-        auto-commit passes it: a revocation waits for them in any case, since they must land
-        before the member rejoins (``_revoke``)."""
-        self._await_committer(wakeup, "poll()'s auto-commit")  # older async commits land first
-        changed = {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
+        queued before (so it never overtakes one): a revocation's, which must land before the
+        member rejoins (``_revoke``), so neither wait is cut short by ``wakeup()``."""
+        self._await_committer()  # older async commits land first
+        changed = self._changed_positions()
         if changed:
             commit(changed)
             self._committed.update(changed)
 
-    def _maybe_auto_commit(self) -> None:
+    def _maybe_auto_commit(self, deadline: float | None) -> None:
+        """Every ``auto_commit_interval_ms``, commit the positions that moved, as Kafka's
+        ``maybeAutoCommitOffsetsAsync``: on the committer thread, behind the async commits
+        queued before, and waited for only until ``poll()``'s deadline (or ``wakeup()``).
+
+        Redis answers at once, so the commit is done before ``poll()`` hands anything out: when
+        it is refused because the member is gone, that poll() revokes and hands out none of
+        the lost partitions' records. When Redis does not answer, ``poll()`` still returns by
+        its timeout, where it waited for the commit's retries (a session timeout) before, and
+        the commit stays in flight: the next poll()s wait for it, none queues another, and its
+        outcome (logged if it failed) is applied by a later poll() (``_run_commit_callbacks``).
+        """
         target = self._commit_target()
         if not self._auto_commit or target is None:
             return
-        now = time.monotonic()
-        if now < self._next_auto_commit:
-            return
-        self._next_auto_commit = now + self._auto_commit_s
-        try:
-            self._commit_changed(target[0], self._wakeup)
-        except WakeupError:
-            # poll() raises it: wakeup() interrupted the wait for earlier async commits (nothing
-            # sent) or the commit's retries (sent, and sent again by the next auto-commit, as
-            # _committed was not updated: a commit is one script call, all or nothing).
-            raise
-        except CommitFailedError as exc:
-            log.warning("auto-commit refused: %s", exc)
-        except RcoordError as exc:
-            log.warning("auto-commit failed: %s", exc)
+        ticket = self._auto_committing
+        if ticket is None or self._committer.finished(ticket):
+            now = time.monotonic()
+            if now < self._next_auto_commit:
+                return
+            self._next_auto_commit = now + self._auto_commit_s
+            changed = self._changed_positions()
+            if not changed:
+                return
+            commit, token = target
+            ticket = self._committer.submit(
+                lambda: commit(changed), changed, _logged("auto-commit"), token)
+            self._auto_committing = ticket
+        # close() from another thread ends the wait too (it interrupts the waits).
+        self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop, upto=ticket)
 
     # -- generations
 
@@ -1103,7 +1128,24 @@ class Consumer(SubscriptionMixin):
         close() after assign()), bounded as close() bounds it (``_give_up_waiting``). A commit
         that fails is logged, not raised, so giving the partitions up completes; a wakeup that
         cut it short counts as a failure, and stays set (only poll() and commit() clear it), so
-        the next of those raises it."""
+        the next of those raises it.
+
+        Inside ``close()`` the commit goes through the committer, behind the queued async
+        commits, and close() waits for it only until its deadline: Redis not answering holds
+        that thread, not close() (which waited up to the socket timeout, 10 s, before). Its
+        outcome is logged when close() runs the commit callbacks."""
+        if self._closing:
+            changed = self._changed_positions()
+            if changed:
+                self._committer.submit(lambda: commit(changed), changed,
+                                       _logged(f"final commit of {of}"))
+            if not self._committer.wait_idle(_remaining(self._close_deadline)):
+                log.warning("final commit of %s: close()'s timeout passed before Redis "
+                            "answered (the commit may still land)", of)
+                # Now, not when the timer comes (close() may cancel it first): the commit's
+                # retries must not go on in the background after close() returned.
+                self._give_up_waiting()
+            return
         try:
             self._commit_changed(commit)
         except WakeupError as exc:
@@ -1139,45 +1181,37 @@ class Consumer(SubscriptionMixin):
 
     def _fetch(self, deadline: float | None) -> bool:
         """Fetch every fetchable partition (assigned, not paused, nothing buffered) in one call;
-        if none of them has records, wait on one of them, a different one each time."""
-        gen = self._gen
-        idle = gen.done if gen is not None else self._stop  # what ends an idle wait early
-        if not self._assigned:
-            if not idle.is_set():
-                idle.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
+        if none of them has records, wait on one of them, a different one each time.
+
+        The calls run on the fetch thread (``InFlight``), and ``poll()`` waits for them only
+        until its deadline: one still in flight then (Redis slow or not answering) is collected
+        by a later ``poll()``, as Kafka's fetch requests outlive the poll that sent them. Before,
+        ``poll(0.5)`` against a stopped server took the 10 s socket timeout."""
+        if not self._fetching.busy and not self._send_fetch(deadline):
             return False
-        pending = [
+        for _ in range(2):  # the fetch of every partition, then perhaps the blocking one
+            # Waits end at wakeup() and close() too; a second at most, so that the loop looks
+            # at the generation now and then while a server does not answer.
+            done = self._fetching.wait(_slice(deadline, 1.0), self._wakeup, self._stop)
+            if done is None:
+                return False  # still in flight: a later poll() collects it
+            got = self._apply_fetch(done)
+            ask = done.tag
+            if got or ask.blocking or done.error is not None or not self._send_blocking(
+                    deadline, [tp for tp, _ in ask.asked]):
+                return got
+        return False
+
+    def _fetchable(self) -> list[TopicPartition]:
+        return [
             tp
             for tp in self._assigned
             if not self._buffers.get(tp) and tp not in self._paused and tp not in self._invalid
         ]
-        if not pending:
-            # Everything is paused (or buffered but paused): wait as a fetch would, then return.
-            if not idle.is_set():
-                idle.wait(_slice(deadline, self._fetch_max_wait_ms / 1000))
-            return False
-        if self._must_stop_fetching(gen):
-            return False
-        if self._fetch_many(pending):
-            return True
-        block = _slice(deadline, self._fetch_max_wait_ms / 1000)
-        if block <= 0.001 or self._must_stop_fetching(gen):
-            return False
-        tp = pending[self._block_turn % len(pending)]
-        self._block_turn += 1
-        return self._fetch_one(tp, int(block * 1000))
 
-    def _must_stop_fetching(self, gen: Generation | None) -> bool:
-        """Stop when closing, or when the generation ended and its partitions are not carried
-        through the rejoin (cooperative): they are about to be revoked or lost."""
-        if self._stop.is_set():
-            return True
-        if gen is None:
-            return False  # assign(): no generation to end
-        return gen.done.is_set() and not (gen.carried and not gen.lost)
-
-    def _fetch_many(self, pending: list[TopicPartition]) -> bool:
-        """Fetch every partition of ``pending`` in one call (one round trip per node).
+    def _send_fetch(self, deadline: float | None) -> bool:
+        """Start a fetch of every fetchable partition, in one call (one round trip per node);
+        False if there is none, or none yet (then it waited as a fetch would).
 
         The call asks for about ``_FETCH_POLLS`` polls' worth of records in all, shared among
         the partitions not known to be at their log end, and at most ``max_poll_records`` of
@@ -1190,48 +1224,84 @@ class Consumer(SubscriptionMixin):
         ``bench/read_path.py`` (12 partitions, 500 per poll): one poll's worth (42 a partition)
         and 500 a partition were both slower than about 200 (this rule gives 167).
         """
+        gen = self._gen
+        idle = gen.done if gen is not None else self._stop  # what ends an idle wait early
+        pending = self._fetchable()
+        wait = self._fetch_retry_at - time.monotonic()
+        if not pending or wait > 0:
+            # Nothing to fetch (nothing assigned, or all paused or buffered), or backing off
+            # after a failed fetch: wait as a fetch would, then return.
+            if not idle.is_set():
+                idle.wait(_slice(deadline, wait if wait > 0 else self._fetch_max_wait_ms / 1000))
+            return False
+        if self._must_stop_fetching(gen):
+            return False
         busy = sum(1 for tp in pending if tp not in self._caught_up)
         limit = self._max_poll_records
         share = min(limit, max(-(-_FETCH_POLLS * limit // max(1, busy)), _MIN_FETCH_SHARE))
-        try:
-            results = self._coordinator().fetch_many_as(
-                [(tp.topic, tp.partition, self._fetch_pos[tp]) for tp in pending],
-                share,
-                ConsumerRecord,
-            )
-        except ConnectionLost as exc:
-            log.warning("fetch of %s failed: %s", _names(pending), exc)
-            self._stop.wait(self._config.retry_backoff_ms / 1000)
+        coord = self._coordinator()
+        asked = tuple((tp, self._fetch_pos[tp]) for tp in pending)
+        wanted = [(tp.topic, tp.partition, pos) for tp, pos in asked]
+        self._fetching.start(
+            lambda: coord.fetch_many_as(wanted, share, ConsumerRecord), _FetchAsk(asked, False))
+        return True
+
+    def _send_blocking(self, deadline: float | None, asked: list[TopicPartition]) -> bool:
+        """Start a fetch of one partition of ``asked`` (which had no records) that waits up to
+        ``fetch_max_wait_ms`` for one; False if there is no time left or fetching must stop."""
+        block = _slice(deadline, self._fetch_max_wait_ms / 1000)
+        pending = [tp for tp in self._fetchable() if tp in asked]
+        if block <= 0.001 or not pending or self._must_stop_fetching(self._gen):
             return False
+        tp = pending[self._block_turn % len(pending)]
+        self._block_turn += 1
+        coord, pos, most = self._coordinator(), self._fetch_pos[tp], self._max_poll_records
+
+        def fetch() -> list[PartitionRecords[ConsumerRecord]]:
+            result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000))
+            records = _consumer_records(tp.topic, tp.partition, result.records)
+            return [PartitionRecords(records, result.log_start_offset, result.log_end_offset,
+                                     result.error)]
+
+        self._fetching.start(fetch, _FetchAsk(((tp, pos),), True))
+        return True
+
+    def _apply_fetch(self, done: _FetchDone) -> bool:
+        """Take a finished fetch's answers (True if any records came): only for partitions
+        still assigned at the position asked, since a seek, a revocation or a reset may have
+        come between (Kafka drops such fetch responses too). A fetch that could not reach Redis
+        is logged, and the next one waits ``retry_backoff_ms``; another error is raised."""
+        ask = done.tag
+        if done.error is not None:
+            if not isinstance(done.error, ConnectionLost):
+                raise done.error
+            log.warning("fetch of %s failed: %s", _names([tp for tp, _ in ask.asked]), done.error)
+            self._back_off()
+            return False
+        assert done.value is not None
         got = unknown = False
-        for tp, result in zip(pending, results, strict=True):
+        for (tp, pos), result in zip(ask.asked, done.value, strict=True):
+            if tp not in self._buffers or self._fetch_pos.get(tp) != pos:
+                continue  # revoked, sought or reset since: a stale answer
             got = self._take(tp, result) or got
             unknown = unknown or result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
         if unknown and not got:
             # Deleted under us: the next rebalance drops it (a pattern subscription's watcher
             # notices); until then, ask again only after a backoff (unless others have records).
-            self._stop.wait(self._config.retry_backoff_ms / 1000)
+            self._back_off()
         return got
 
-    def _fetch_one(self, tp: TopicPartition, block_ms: int | None) -> bool:
-        """Fetch one partition, waiting up to ``block_ms`` for a record if it has none."""
-        try:
-            result = self._coordinator().fetch(
-                tp.topic, tp.partition, self._fetch_pos[tp], self._max_poll_records, block_ms
-            )
-        except ConnectionLost as exc:
-            log.warning("fetch of %s-%d failed: %s", tp.topic, tp.partition, exc)
-            self._stop.wait(self._config.retry_backoff_ms / 1000)
-            return False
-        got = self._take(tp, PartitionRecords(
-            _consumer_records(tp.topic, tp.partition, result.records),
-            result.log_start_offset,
-            result.log_end_offset,
-            result.error,
-        ))
-        if result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
-            self._stop.wait(self._config.retry_backoff_ms / 1000)  # as in _fetch_many
-        return got
+    def _back_off(self) -> None:
+        self._fetch_retry_at = time.monotonic() + self._config.retry_backoff_ms / 1000
+
+    def _must_stop_fetching(self, gen: Generation | None) -> bool:
+        """Stop when closing, or when the generation ended and its partitions are not carried
+        through the rejoin (cooperative): they are about to be revoked or lost."""
+        if self._stop.is_set():
+            return True
+        if gen is None:
+            return False  # assign(): no generation to end
+        return gen.done.is_set() and not (gen.carried and not gen.lost)
 
     def _take(self, tp: TopicPartition, result: PartitionRecords[ConsumerRecord]) -> bool:
         """Apply one partition's fetch answer: buffer its records (True if there were any), or
@@ -1312,8 +1382,9 @@ class Consumer(SubscriptionMixin):
         with ``ConnectionLost``), and close() stops waiting for the group's thread (which sends
         LeaveGroup in the background). ``None``: the retries give up one session timeout after
         close() began (the budget one call's retries have anyway), and close() waits for the
-        group's thread. Beyond the bound, close() may still wait for one Redis call in flight
-        (up to the client's socket timeout and its own retries) and for the listener.
+        group's thread. The final auto-commit is waited for only until the bound too (it runs
+        on the committer thread, and may still land after close() returned, or be refused
+        once the member has left). Not bounded: the listener, and the calls it makes.
 
         Safe to call from another thread than ``poll()``'s, and more than once: a ``poll()``
         running there returns at its next step (waits in it end by the same bound), then this
@@ -1329,6 +1400,8 @@ class Consumer(SubscriptionMixin):
         if self._inside == threading.get_ident():
             # Interrupting this thread's own call, whose state is mid-change: after it.
             self._stop.set()
+            self._fetching.interrupt_waits()
+            self._committer.interrupt_waits()
             self._deferred_close = (timeout,)
             return
         self._do_close(timeout, handed_out_unprocessed=threading.get_ident() != self._poll_thread)
@@ -1336,6 +1409,9 @@ class Consumer(SubscriptionMixin):
     def _do_close(self, timeout: float | None, *, handed_out_unprocessed: bool) -> None:
         """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed."""
         self._stop.set()
+        # A poll() in another thread waiting for a fetch or its auto-commit returns now.
+        self._fetching.interrupt_waits()
+        self._committer.interrupt_waits()
         started = time.monotonic()
         deadline = None if timeout is None else started + max(0.0, timeout)
         give_up_after = (
@@ -1354,6 +1430,8 @@ class Consumer(SubscriptionMixin):
         """close()'s bound has passed: stop retrying commits and heartbeats (here and in a
         ``poll()`` running in another thread) and stop sending async commits to a coordinator
         that cannot be reached."""
+        if self._simple_retries_end.is_set():
+            return  # given up already (the timer, or close()'s final commit)
         log.warning(
             "group %r: close() is past its bound; commits and heartbeats stop retrying",
             self._config.group_id,
@@ -1369,6 +1447,7 @@ class Consumer(SubscriptionMixin):
             if self._closed or self._closing:
                 return  # closed, or close() called again from the listener it is running
             self._closing = True
+            self._close_deadline = deadline
             self._closer = threading.get_ident()
             if handed_out_unprocessed:
                 # The positions go back to the first record not known processed (a
@@ -1405,6 +1484,7 @@ class Consumer(SubscriptionMixin):
                     hold.applied.set()
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
+                self._fetching.close()  # a fetch still in flight is dropped, never waited for
                 self._close_own_client()
 
     def __enter__(self) -> Self:
@@ -1420,10 +1500,22 @@ class Consumer(SubscriptionMixin):
 
 
 _FETCH_POLLS = 4
-"""A fetch asks for about this many polls' worth of records in all (``Consumer._fetch_many``)."""
+"""A fetch asks for about this many polls' worth of records in all (``Consumer._send_fetch``)."""
 
 _MIN_FETCH_SHARE = 50
 """Fewest records a fetch asks of one partition (unless max_poll_records is smaller)."""
+
+@dataclass(frozen=True)
+class _FetchAsk:
+    """What a fetch in flight asked: per partition, the position it read from (its answer
+    applies only while that is still the partition's fetch position); ``blocking``: one
+    partition, waiting for a record, after a fetch of every partition found none."""
+
+    asked: tuple[tuple[TopicPartition, int], ...]
+    blocking: bool
+
+
+_FetchDone = Finished[list[PartitionRecords["ConsumerRecord"]], _FetchAsk]
 
 _CommitFn = Callable[[Mapping[TopicPartition, int | OffsetAndMetadata]], None]
 _SIMPLE = object()  # the token of simple-group commits (assign())
@@ -1435,6 +1527,18 @@ def _no_generation() -> CommitFailedError:
         "partitions to commit",
         Errors.REBALANCE_IN_PROGRESS,
     )
+
+
+def _logged(what: str) -> OffsetCommitCallback:
+    """The callback of a commit the consumer makes itself: a failure is logged, not raised."""
+
+    def done(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
+        if isinstance(error, CommitFailedError):
+            log.warning("%s refused: %s", what, error)
+        elif error is not None:
+            log.warning("%s of %s failed: %s", what, _names(sorted(offsets)), error)
+
+    return done
 
 
 def _call(listener: Any, method: str, partitions: list[TopicPartition]) -> None:

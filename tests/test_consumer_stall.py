@@ -1,0 +1,303 @@
+"""A Consumer against a server that stops answering: ``poll(timeout)`` and ``close(timeout)``
+return by their timeouts, as Kafka's do, and nothing is lost or read twice once it answers.
+
+The client here has no socket timeout, so a call to the SIGSTOPped server returns only after
+SIGCONT: a ``poll()`` or ``close()`` that returns while the server is stopped cannot have
+waited for it. Before, ``poll(0.5)`` waited for the fetch (the socket timeout, 10 s) and then
+for the auto-commit's retries (a session timeout: 53 s in all, measured), and ``close(1.0)``
+for its final commit (10 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from harness import wait_until
+
+from rcoord.client import Consumer, ConsumerGroupConfig, ConsumerRecord, WakeupError
+from rcoord.client.committer import AsyncCommitter
+from rcoord.client.inflight import InFlight
+from rcoord.protocol.offsets import TopicPartition as TP
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Producer, Topics
+
+BOUND_S = 15.0
+"""How long a call may take before the test calls it stuck (the server stays stopped until
+the call returned, so a call that waits for it never returns by itself)."""
+
+
+@pytest.fixture
+def stalled(own_server: EmbeddedServer) -> Iterator[Callable[[], None]]:
+    """Stops the server when called (SIGSTOP); it answers again at the end of the test."""
+    pid = own_server.pid
+    assert pid is not None
+    stopped: list[bool] = []
+
+    def stop() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(True)
+
+    try:
+        yield stop
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _resume(server: EmbeddedServer) -> None:
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def client(own_server: EmbeddedServer) -> Iterator[Any]:
+    c = own_server.client(socket_timeout=None)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _topic(client: Any, namespace: str, records: int) -> None:
+    """Topic "t", one partition, holding ``records`` records."""
+    Topics(client, namespace).create("t", 1)
+    if records:
+        Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(records)])
+
+
+def _consumer(client: Any, namespace: str, **kw: Any) -> Consumer:
+    """A member of group "g" reading "t" through ``client``."""
+    config = ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+        heartbeat_interval_ms=100, session_timeout_ms=30_000, rebalance_timeout_ms=30_000,
+        retry_backoff_ms=10, retry_backoff_max_ms=100,
+    )
+    return Consumer(config, fetch_max_wait_ms=20, **kw)
+
+
+def _read(consumer: Consumer, count: int) -> list[ConsumerRecord]:
+    got: list[ConsumerRecord] = []
+    wait_until(lambda: len(got) >= count, lambda: got.extend(consumer.poll(timeout=0.05)))
+    return got
+
+
+def _returns_by_itself(call: Callable[[], Any]) -> Any:
+    """Runs ``call`` in a thread and returns what it returned; fails if it is still running
+    after ``BOUND_S`` (it waits for the stopped server)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive(), "the call waited for the server that does not answer"
+    return out[0]
+
+
+def test_poll_returns_by_its_timeout_while_redis_does_not_answer(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """The fetch and the auto-commit (due at every poll here) stay in flight; poll() returns
+    [] each time. Once the server answers, the auto-commit lands and the records produced
+    meanwhile are read once each, after the ones before."""
+    _topic(client, namespace, 5)
+    consumer = _consumer(client, namespace, auto_commit_interval_ms=1)
+    try:
+        assert [r.offset for r in _read(consumer, 5)] == [0, 1, 2, 3, 4]
+        stalled()
+        for _ in range(3):
+            assert _returns_by_itself(lambda: consumer.poll(timeout=0.2)) == []
+        _resume(own_server)
+        Producer(client, namespace).send_batch("t", [b"5", b"6"])
+        assert [r.offset for r in _read(consumer, 2)] == [5, 6]
+        tp = TP("t", 0)
+        wait_until(lambda: consumer.committed([tp]) == {tp: 7},
+                   lambda: consumer.poll(timeout=0.05))
+        assert consumer.poll(timeout=0.1) == []  # nothing twice
+    finally:
+        consumer.close(timeout=5)
+
+
+def test_a_fetch_answer_for_a_position_sought_meanwhile_is_dropped(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """poll() returned while its fetch from offset 5 was in flight; the application seeks to
+    2. The answer that comes later (records 5-7) is for a position the partition no longer
+    has: it is dropped, and the next fetch reads from 2. Applying it would have handed out 5-7
+    at position 2, skipping 2-4."""
+    _topic(client, namespace, 5)
+    consumer = _consumer(client, namespace, enable_auto_commit=False)
+    tp = TP("t", 0)
+    try:
+        _read(consumer, 5)
+        Producer(client, namespace).send_batch("t", [b"5", b"6", b"7"])
+        stalled()
+        assert _returns_by_itself(lambda: consumer.poll(timeout=0.2)) == []
+        assert consumer._fetching.busy  # the fetch from 5 is in flight
+        consumer.seek(tp, 2)
+        _resume(own_server)
+        assert [r.offset for r in _read(consumer, 6)] == [2, 3, 4, 5, 6, 7]
+        assert consumer.poll(timeout=0.1) == []
+    finally:
+        consumer.close(timeout=5)
+
+
+def test_close_returns_by_its_timeout_while_redis_does_not_answer(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """close(0.5), with a final auto-commit to send and a fetch in flight, returns while the
+    server is stopped. Afterwards a new member reads from the committed offset: the final
+    commit landed (5) or not (nothing committed: 0), and nothing is lost."""
+    _topic(client, namespace, 5)
+    consumer = _consumer(client, namespace, auto_commit_interval_ms=100_000)
+    _read(consumer, 5)
+    stalled()
+    assert _returns_by_itself(lambda: consumer.poll(timeout=0.1)) == []
+    _returns_by_itself(lambda: consumer.close(timeout=0.5))
+    _resume(own_server)
+    Producer(client, namespace).send_batch("t", [b"5"])
+    after = _consumer(client, namespace)
+    try:
+        offsets = [r.offset for r in _read(after, 1)]
+        if offsets[0] == 0:
+            offsets += [r.offset for r in _read(after, 6 - len(offsets))]
+        assert offsets in ([5], [0, 1, 2, 3, 4, 5]), offsets
+    finally:
+        after.close(timeout=5)
+
+
+def test_close_from_another_thread_ends_a_poll_waiting_for_its_auto_commit(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """poll(timeout=None) in a thread waits for its auto-commit, which the stopped server does
+    not answer; close(0.5) from another thread ends that wait (the poll returns []) and
+    returns by itself."""
+    _topic(client, namespace, 5)
+    consumer = _consumer(client, namespace, auto_commit_interval_ms=1)
+    _read(consumer, 5)
+    stalled()
+    out: list[object] = []
+    poller = threading.Thread(target=lambda: out.append(consumer.poll(timeout=None)),
+                              daemon=True)
+    poller.start()
+    wait_until(lambda: consumer._committer.pending > 0)  # the auto-commit is in flight
+    _returns_by_itself(lambda: consumer.close(timeout=0.5))
+    poller.join(BOUND_S)
+    assert not poller.is_alive() and out == [[]], out
+
+
+def test_wakeup_ends_a_poll_waiting_for_a_fetch_in_flight(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """poll(timeout=None) waits for the fetch in flight with no bound of its own: wakeup()
+    from another thread ends the wait (WakeupError)."""
+    _topic(client, namespace, 5)
+    consumer = _consumer(client, namespace, enable_auto_commit=False)
+    try:
+        _read(consumer, 5)
+        stalled()
+        ended: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                consumer.poll(timeout=None)
+                ended.append(None)
+            except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+                ended.append(exc)
+
+        poller = threading.Thread(target=run, daemon=True)
+        poller.start()
+        wait_until(lambda: consumer._fetching.busy)
+        consumer.wakeup()
+        poller.join(BOUND_S)
+        assert not poller.is_alive() and isinstance(ended[0], WakeupError), ended
+    finally:
+        _resume(own_server)
+        consumer.close(timeout=5)
+
+
+# -- InFlight itself
+
+
+def test_inflight_hands_back_the_value_or_the_error_with_its_tag() -> None:
+    calls: InFlight[int, str] = InFlight("t-inflight")
+    try:
+        calls.start(lambda: 7, "a")
+        done = calls.wait(BOUND_S)
+        assert done is not None and (done.tag, done.value, done.error) == ("a", 7, None)
+        assert not calls.busy
+        boom = ValueError("boom")
+
+        def fail() -> int:
+            raise boom
+
+        calls.start(fail, "b")
+        done = calls.wait(BOUND_S)
+        assert done is not None and done.tag == "b" and done.error is boom
+    finally:
+        calls.close()
+
+
+def test_inflight_wait_times_out_or_is_interrupted_and_the_call_stays_in_flight() -> None:
+    calls: InFlight[str, None] = InFlight("t-inflight")
+    release = threading.Event()
+    interrupt = threading.Event()
+    try:
+        calls.start(lambda: "late" if release.wait(BOUND_S) else "never", None)
+        assert calls.wait(0.01) is None and calls.busy
+        with pytest.raises(RuntimeError, match="already in flight"):
+            calls.start(lambda: "x", None)
+        interrupt.set()
+        assert calls.wait(None, interrupt) is None  # set before the wait: returns at once
+        release.set()
+        done = calls.wait(BOUND_S)
+        assert done is not None and done.value == "late" and not calls.busy
+        with pytest.raises(RuntimeError, match="no call in flight"):
+            calls.wait(0)
+    finally:
+        calls.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        calls.start(lambda: "x", None)
+
+
+def test_inflight_thread_ends_when_idle_and_the_next_call_starts_another() -> None:
+    """A consumer dropped without close() must not leave its fetcher thread behind: the
+    thread ends after ``IDLE_EXIT_S`` with nothing to do, and the next call starts one."""
+    calls: InFlight[int, None] = InFlight("t-inflight-idle")
+
+    def alive() -> bool:
+        return any(t.name == "t-inflight-idle" for t in threading.enumerate())
+
+    try:
+        calls.start(lambda: 1, None)
+        assert alive()
+        assert calls.wait(BOUND_S) is not None
+        wait_until(lambda: not alive())
+        calls.start(lambda: 2, None)
+        done = calls.wait(BOUND_S)
+        assert done is not None and done.value == 2
+    finally:
+        calls.close()
+    wait_until(lambda: not alive())
+
+
+def test_committer_thread_ends_when_idle_and_the_next_commit_starts_another() -> None:
+    """The same for the committer, which every auto-committing consumer now starts."""
+    committer = AsyncCommitter("t-committer-idle")
+    ran: list[int] = []
+
+    def alive() -> bool:
+        return any(t.name == "t-committer-idle" for t in threading.enumerate())
+
+    try:
+        for n in (1, 2):
+            ticket = committer.submit(functools.partial(ran.append, n), {}, None)
+            assert committer.wait_idle(BOUND_S, upto=ticket) and committer.finished(ticket)
+            wait_until(lambda: not alive())
+        assert ran == [1, 2]
+    finally:
+        committer.close(BOUND_S)
