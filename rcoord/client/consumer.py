@@ -982,10 +982,21 @@ class Consumer(SubscriptionMixin):
                     failed = exc
         finally:
             self._forget_revoked(revoked)
-            if stopped:
-                self._await_committer()  # the callback's async commits land first (_revoke)
-                new.request_rejoin()  # after the callback: their new owners wait for it
-            hold.applied.set()  # the member may rejoin now (see _Hold)
+            try:
+                if stopped:
+                    self._await_committer()  # the callback's async commits land first (_revoke)
+                    if self._resubscribe is not None:
+                        # The callback subscribed anew: revoke what is no longer subscribed now,
+                        # under this generation, and rejoin with the new subscription (which
+                        # the new owners wait for too). At the next poll(), after this rejoin,
+                        # that revocation's commits met the next generation's join completed
+                        # and were refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare
+                        # revokes before it sends the JoinGroup.
+                        self._apply_subscription()
+                    else:
+                        new.request_rejoin()  # after the callback: their new owners wait for it
+            finally:
+                hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way); then its exception, the first one, propagates.
         try:
