@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from harness import wait_until
+from test_consumer import poll_until
 
-from rcoord.client import Consumer, ConsumerGroupConfig, ConsumerRecord, WakeupError
+from rcoord.client import Consumer, ConsumerGroupConfig, WakeupError
 from rcoord.client.committer import AsyncCommitter
 from rcoord.client.inflight import InFlight
 from rcoord.protocol.offsets import TopicPartition as TP
@@ -81,12 +82,6 @@ def _consumer(client: Any, namespace: str, **kw: Any) -> Consumer:
     return Consumer(config, fetch_max_wait_ms=20, **kw)
 
 
-def _read(consumer: Consumer, count: int) -> list[ConsumerRecord]:
-    got: list[ConsumerRecord] = []
-    wait_until(lambda: len(got) >= count, lambda: got.extend(consumer.poll(timeout=0.05)))
-    return got
-
-
 def _returns_by_itself(call: Callable[[], Any]) -> Any:
     """Runs ``call`` in a thread and returns what it returned; fails if it is still running
     after ``BOUND_S`` (it waits for the stopped server)."""
@@ -107,13 +102,13 @@ def test_poll_returns_by_its_timeout_while_redis_does_not_answer(
     _topic(client, namespace, 5)
     consumer = _consumer(client, namespace, auto_commit_interval_ms=1)
     try:
-        assert [r.offset for r in _read(consumer, 5)] == [0, 1, 2, 3, 4]
+        assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 5)] == [0, 1, 2, 3, 4]
         stalled()
         for _ in range(3):
             assert _returns_by_itself(lambda: consumer.poll(timeout=0.2)) == []
         _resume(own_server)
         Producer(client, namespace).send_batch("t", [b"5", b"6"])
-        assert [r.offset for r in _read(consumer, 2)] == [5, 6]
+        assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 2)] == [5, 6]
         tp = TP("t", 0)
         wait_until(lambda: consumer.committed([tp]) == {tp: 7},
                    lambda: consumer.poll(timeout=0.05))
@@ -133,14 +128,14 @@ def test_a_fetch_answer_for_a_position_sought_meanwhile_is_dropped(
     consumer = _consumer(client, namespace, enable_auto_commit=False)
     tp = TP("t", 0)
     try:
-        _read(consumer, 5)
+        poll_until(consumer, lambda g: len(g) >= 5)
         Producer(client, namespace).send_batch("t", [b"5", b"6", b"7"])
         stalled()
         assert _returns_by_itself(lambda: consumer.poll(timeout=0.2)) == []
         assert consumer._fetching.busy  # the fetch from 5 is in flight
         consumer.seek(tp, 2)
         _resume(own_server)
-        assert [r.offset for r in _read(consumer, 6)] == [2, 3, 4, 5, 6, 7]
+        assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 6)] == [2, 3, 4, 5, 6, 7]
         assert consumer.poll(timeout=0.1) == []
     finally:
         consumer.close(timeout=5)
@@ -154,7 +149,7 @@ def test_close_returns_by_its_timeout_while_redis_does_not_answer(
     commit landed (5) or not (nothing committed: 0), and nothing is lost."""
     _topic(client, namespace, 5)
     consumer = _consumer(client, namespace, auto_commit_interval_ms=100_000)
-    _read(consumer, 5)
+    poll_until(consumer, lambda g: len(g) >= 5)
     stalled()
     assert _returns_by_itself(lambda: consumer.poll(timeout=0.1)) == []
     _returns_by_itself(lambda: consumer.close(timeout=0.5))
@@ -162,9 +157,9 @@ def test_close_returns_by_its_timeout_while_redis_does_not_answer(
     Producer(client, namespace).send_batch("t", [b"5"])
     after = _consumer(client, namespace)
     try:
-        offsets = [r.offset for r in _read(after, 1)]
+        offsets = [r.offset for r in poll_until(after, lambda g: len(g) >= 1)]
         if offsets[0] == 0:
-            offsets += [r.offset for r in _read(after, 6 - len(offsets))]
+            offsets += [r.offset for r in poll_until(after, lambda g: len(g) >= 6 - len(offsets))]
         assert offsets in ([5], [0, 1, 2, 3, 4, 5]), offsets
     finally:
         after.close(timeout=5)
@@ -178,7 +173,7 @@ def test_close_from_another_thread_ends_a_poll_waiting_for_its_auto_commit(
     returns by itself."""
     _topic(client, namespace, 5)
     consumer = _consumer(client, namespace, auto_commit_interval_ms=1)
-    _read(consumer, 5)
+    poll_until(consumer, lambda g: len(g) >= 5)
     stalled()
     out: list[object] = []
     poller = threading.Thread(target=lambda: out.append(consumer.poll(timeout=None)),
@@ -198,7 +193,7 @@ def test_wakeup_ends_a_poll_waiting_for_a_fetch_in_flight(
     _topic(client, namespace, 5)
     consumer = _consumer(client, namespace, enable_auto_commit=False)
     try:
-        _read(consumer, 5)
+        poll_until(consumer, lambda g: len(g) >= 5)
         stalled()
         ended: list[BaseException | None] = []
 

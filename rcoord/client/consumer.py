@@ -619,6 +619,11 @@ class Consumer(SubscriptionMixin):
         ``poll()``'s waits for its auto-commit and its fetch, which stay in flight (a later
         ``poll()`` collects them)."""
         self._wakeup.set()
+        self._wake_waits()
+
+    def _wake_waits(self) -> None:
+        """Make the waits of a call in another thread look at ``_wakeup`` and ``_stop`` now:
+        ``poll()``'s for its fetch and its auto-commit, ``commit()``'s for async commits."""
         self._committer.interrupt_waits()
         self._fetching.interrupt_waits()
 
@@ -782,9 +787,7 @@ class Consumer(SubscriptionMixin):
         self._await_committer(self._wakeup)
         self._run_commit_callbacks()
 
-    def _await_committer(
-        self, wakeup: threading.Event | None = None, waiting: str = "commit()"
-    ) -> None:
+    def _await_committer(self, wakeup: threading.Event | None = None) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left.
         limit = 2 * self._config.session_timeout_ms / 1000
@@ -793,7 +796,7 @@ class Consumer(SubscriptionMixin):
             return
         if wakeup is not None and wakeup.is_set():
             raise WakeupError(
-                f"{waiting} interrupted by wakeup() while {self._committer.pending} earlier "
+                f"commit() interrupted by wakeup() while {self._committer.pending} earlier "
                 "async commits were pending; they stay queued, and their callbacks run from a "
                 "later poll(), commit() or close()"
             )
@@ -1209,7 +1212,7 @@ class Consumer(SubscriptionMixin):
             got = self._apply_fetch(done)
             ask = done.tag
             if got or ask.blocking or done.error is not None or not self._send_blocking(
-                    deadline, [tp for tp, _ in ask.asked]):
+                    deadline, {tp for tp, _ in ask.asked}):
                 return got
         return False
 
@@ -1257,7 +1260,7 @@ class Consumer(SubscriptionMixin):
             lambda: coord.fetch_many_as(wanted, share, ConsumerRecord), _FetchAsk(asked, False))
         return True
 
-    def _send_blocking(self, deadline: float | None, asked: list[TopicPartition]) -> bool:
+    def _send_blocking(self, deadline: float | None, asked: set[TopicPartition]) -> bool:
         """Start a fetch of one partition of ``asked`` (which had no records) that waits up to
         ``fetch_max_wait_ms`` for one; False if there is no time left or fetching must stop."""
         block = _slice(deadline, self._fetch_max_wait_ms / 1000)
@@ -1411,8 +1414,7 @@ class Consumer(SubscriptionMixin):
         if self._inside == threading.get_ident():
             # Interrupting this thread's own call, whose state is mid-change: after it.
             self._stop.set()
-            self._fetching.interrupt_waits()
-            self._committer.interrupt_waits()
+            self._wake_waits()
             self._deferred_close = (timeout,)
             return
         self._do_close(timeout, handed_out_unprocessed=threading.get_ident() != self._poll_thread)
@@ -1420,9 +1422,7 @@ class Consumer(SubscriptionMixin):
     def _do_close(self, timeout: float | None, *, handed_out_unprocessed: bool) -> None:
         """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed."""
         self._stop.set()
-        # A poll() in another thread waiting for a fetch or its auto-commit returns now.
-        self._fetching.interrupt_waits()
-        self._committer.interrupt_waits()
+        self._wake_waits()  # a poll() in another thread returns now
         started = time.monotonic()
         deadline = None if timeout is None else started + max(0.0, timeout)
         give_up_after = (
