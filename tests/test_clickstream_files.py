@@ -102,11 +102,13 @@ def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the
     # the record names the planner: another member's batch of generation 4 was not replayed
     _offset_log(cp, 5, {**end, "member": "spark-2"})
     assert sink.generation(5) == 4
-    # a file: URI names the same checkpoint; another file system's cannot be read here
+    # a file: URI names the same checkpoint; another file system's is read through Spark
+    # (tests/test_spark.py), and without a session it is an error, not "no generation"
     uri = _Sink(str(tmp_path), WINDOW_MS, cp.as_uri(), group="g", namespace=namespace,
                 url=redis_server.url)
     assert uri.generation(2) == 6
-    assert batch_generation("hdfs://nn/cp", 2, group="g", client=single_client) == -1
+    with pytest.raises(OptionError, match="not on this machine: pass spark="):
+        batch_generation("hdfs://nn/cp", 2, group="g", client=single_client)
 
 
 def test_a_replay_record_reads_back_on_one_node_and_on_a_cluster(

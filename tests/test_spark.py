@@ -389,6 +389,46 @@ def test_a_restarted_pipeline_replays_its_batch_over_a_newer_members_uncommitted
     assert int(files[0].split(".gen-")[1].split(".")[0]) > newer, files
 
 
+def test_a_checkpoint_on_another_file_system_is_read_through_spark(
+        spark: Any, single_client: Any, namespace: str, tmp_path: Path) -> None:
+    # A checkpoint on HDFS or S3 is read through the session's Hadoop file system, as Spark
+    # reads it. Here Hadoop's http file system over a loopback HTTP server stands in for a
+    # remote store. Before, such a checkpoint named no generation (-1) and the clickstream's
+    # files of one start all took generation -1: a zombie's file could replace its successor's.
+    import functools
+    import http.server
+    import threading
+
+    from rcoord.spark import batch_generation
+    from rcoord.spark.plan import Position
+    from rcoord.spark.replays import record_replay
+    from workers.clickstream import _Sink
+
+    end = {"offsets": {"ev": {"0": 7}}, "generation": 4, "member": "spark-1"}
+    (tmp_path / "cp" / "offsets").mkdir(parents=True)
+    (tmp_path / "cp" / "offsets" / "2").write_text(
+        "\n".join(["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps({"ev": {"0": 7}}),
+                   json.dumps(end)]))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cp = f"http://127.0.0.1:{server.server_address[1]}/cp"
+        ask = functools.partial(batch_generation, cp, group="g", namespace=namespace,
+                                client=single_client, spark=spark)
+        assert ask(2) == 4
+        assert ask(9) == -1  # not logged (the server answers 404)
+        record_replay(single_client, namespace, "g", Position.from_json(end), 6)
+        assert ask(2) == 6  # replayed by a restarted query's member
+        assert ask(2, first=False) == 4
+        sink = _Sink(str(tmp_path / "out"), WINDOW_MS, cp + "/", group="g", namespace=namespace)
+        sink.batches = 1
+        assert sink.generation(2, spark) == 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
         spark: Any, redis_server: Any, single_client: Any, namespace: str,
         coord: GroupCoordinator, tmp_path: Path) -> None:

@@ -128,17 +128,19 @@ class _Sink:
         when = dt.datetime.fromisoformat(mark)
         return int(when.timestamp() * 1000)
 
-    def generation(self, batch_id: int) -> int:
+    def generation(self, batch_id: int, spark: Any = None) -> int:
         """The group generation the batch is committed under (``rcoord.spark.batch_generation``):
         the one it was planned in, from its planned end in the checkpoint's offset log, or,
         for a batch replayed after a restart, the replaying member's (only this run's first
         batch can be one, so only it asks Redis). -1 where the offset log names none (a source
-        other than group mode's, a checkpoint on another file system)."""
+        other than group mode's). A checkpoint on another file system
+        (``build_query(checkpoint="hdfs://...")``) is read through ``spark``, the batch's
+        session."""
         from rcoord.spark import batch_generation
 
         return batch_generation(self.checkpoint, batch_id, group=self.group,
                                 namespace=self.namespace, url=self.url,
-                                first=self.batches == 0)
+                                first=self.batches == 0, spark=spark)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -155,7 +157,7 @@ class _Sink:
             )
             .collect()
         )
-        gen = self.generation(batch_id)
+        gen = self.generation(batch_id, batch.sparkSession)
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)

@@ -85,19 +85,19 @@ def _local(checkpoint: str) -> Path | None:
     return Path(unquote(url.path))
 
 
-def checkpoint_position(checkpoint: str, batch_id: int) -> Position | None:
+def checkpoint_position(checkpoint: str, batch_id: int, *, spark: Any = None) -> Position | None:
     """The rcoord group-mode end Spark logged for ``batch_id`` in the checkpoint's offset log
     (``offsets/<batch id>``: a version line, the batch's metadata, then one end per source);
-    None if the batch is not logged, the location is not on this machine, or no source of the
-    query is a group-mode rcoord stream."""
-    folder = _local(checkpoint)
-    if folder is None:
+    None if the batch is not logged or no source of the query is a group-mode rcoord stream.
+
+    A local checkpoint (a path or a ``file:`` URI) is read directly; any other location
+    (``hdfs://``, ``s3a://`` ...) through ``spark``'s Hadoop file system, as Spark itself reads
+    it. Without ``spark`` such a location is an ``OptionError``: answering "no generation" for a
+    checkpoint that names one would let an older writer's output pass for a newer one's."""
+    text = _read_log(checkpoint, f"offsets/{batch_id}", spark)
+    if text is None:
         return None
-    try:
-        lines = (folder / "offsets" / str(batch_id)).read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines[2:]:
+    for line in text.splitlines()[2:]:
         try:
             end = Position.from_json(json.loads(line))
         except ValueError:  # another source's offset (or a malformed line): not ours
@@ -109,7 +109,7 @@ def checkpoint_position(checkpoint: str, batch_id: int) -> Position | None:
 
 def batch_generation(checkpoint: str, batch_id: int, *, group: str,
                      namespace: str = "rcoord", url: str | None = None,
-                     client: Any = None, first: bool = True) -> int:
+                     client: Any = None, first: bool = True, spark: Any = None) -> int:
     """The generation whose fencing the commit of micro-batch ``batch_id`` passes: the one that
     replayed it after a restart, else the one that planned it; -1 if the checkpoint names none
     (see ``checkpoint_position``).
@@ -118,9 +118,11 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
     before it calls the function (``ForeachBatchSink`` runs the plan first). Only the first
     batch a query runs after it starts can be a replay; pass ``first=False`` for the others
     and Redis is not asked. Redis is reached through ``client``, else ``url``, else
-    ``RCOORD_REDIS_URL``, and only when the checkpoint names a generation. A query with two
-    group-mode rcoord sources is named by the first one's generation."""
-    end = checkpoint_position(checkpoint, batch_id)
+    ``RCOORD_REDIS_URL``, and only when the checkpoint names a generation. A checkpoint that is
+    not on this machine is read through ``spark`` (pass the batch DataFrame's
+    ``sparkSession``; see ``checkpoint_position``). A query with two group-mode rcoord sources
+    is named by the first one's generation."""
+    end = checkpoint_position(checkpoint, batch_id, spark=spark)
     if end is None or end.generation is None:
         return -1
     if not first:
@@ -133,3 +135,43 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
         client = client_for(url)
     replayed = replayed_generation(client, namespace, group, end)
     return end.generation if replayed is None else replayed
+
+
+def _read_log(checkpoint: str, name: str, spark: Any) -> str | None:
+    """The text of the file ``name`` under ``checkpoint``; None if there is none."""
+    folder = _local(checkpoint)
+    if folder is not None:
+        try:
+            return (folder / name).read_text()
+        except OSError:
+            return None
+    if spark is None:
+        raise OptionError(
+            f"checkpoint {checkpoint!r} is not on this machine: pass spark= (in foreachBatch, "
+            "the batch DataFrame's sparkSession) to read its offset log through Hadoop's file "
+            "system")
+    return _read_hadoop(spark, f"{checkpoint.rstrip('/')}/{name}")
+
+
+def _read_hadoop(spark: Any, location: str) -> str | None:
+    """``location`` read through the Hadoop file system Spark's own checkpoint code uses (the
+    session's Hadoop configuration, ``spark.hadoop.*`` included); None if it does not exist."""
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise OptionError("the Spark session has no JVM to read the checkpoint with (a Spark "
+                          "Connect session?); use a checkpoint on this machine")
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    try:
+        stream = path.getFileSystem(conf).open(path)
+    except Py4JJavaError as exc:
+        if exc.java_exception.getClass().getName() == "java.io.FileNotFoundException":
+            return None
+        raise
+    try:
+        data: bytes = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return data.decode()
