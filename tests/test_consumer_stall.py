@@ -215,6 +215,90 @@ def test_wakeup_ends_a_poll_waiting_for_a_fetch_in_flight(
         consumer.close(timeout=5)
 
 
+class _Revocations:
+    """A listener that notes each revocation with the committed offset it found then."""
+
+    def __init__(self) -> None:
+        self.consumer: Consumer | None = None
+        self.revoked: list[tuple[list[TP], dict[TP, int]]] = []
+        self.assigned: list[list[TP]] = []
+
+    def on_partitions_revoked(self, partitions: list[TP]) -> None:
+        assert self.consumer is not None
+        self.revoked.append((partitions, self.consumer.committed(partitions)))
+
+    def on_partitions_assigned(self, partitions: list[TP]) -> None:
+        self.assigned.append(partitions)
+
+
+def _polling(consumer: Consumer, stop: threading.Event) -> threading.Thread:
+    """A thread polling ``consumer`` until ``stop`` (to keep a second member in the group)."""
+
+    def run() -> None:
+        while not stop.is_set():
+            consumer.poll(timeout=0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_revocations_final_commit_does_not_hold_poll_past_its_timeout(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """A second member joins, ending the first one's generation; then the server stops. The
+    first one's poll(0.3) returns [] while the revocation's final auto-commit is in flight
+    (Kafka's onJoinPrepare waits for it only under the poll timer), and wakeup() ends such a
+    poll; the member does not rejoin and on_partitions_revoked is not called yet. Once the
+    server answers, a later poll() finishes the revocation: the commit landed before the
+    listener ran, and whoever owns the partition next starts after the records read."""
+    _topic(client, namespace, 10)
+    listener = _Revocations()
+    first = _consumer(client, namespace, auto_commit_interval_ms=100_000, listener=listener)
+    listener.consumer = first
+    second = _consumer(own_server.client(), namespace, auto_commit_interval_ms=100_000)
+    stop = threading.Event()
+    tp = TP("t", 0)
+    try:
+        poll_until(first, lambda g: len(g) >= 10)
+        gen = first.generation
+        assert gen is not None and first.committed([tp]) == {tp: -1}  # none
+        joiner = _polling(second, stop)
+        wait_until(lambda: gen.done.is_set() and gen.wait_decided(0))  # rebalancing
+        stalled()
+        for _ in range(2):
+            assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
+        first.wakeup()
+        woken = _returns_by_itself(lambda: _raised(lambda: first.poll(timeout=0.3)))
+        assert isinstance(woken, WakeupError), woken
+        assert listener.revoked == [] and first.generation is gen
+        _resume(own_server)
+        wait_until(lambda: len(listener.assigned) == 2, lambda: first.poll(timeout=0.05))
+        assert listener.revoked == [([tp], {tp: 10})]
+        Producer(client, namespace).send_batch("t", [b"10", b"11"])
+        owner = first if listener.assigned[1] == [tp] else second
+        got = [r.offset for r in poll_until(owner, lambda g: len(g) >= 2)] if owner is first \
+            else None
+        stop.set()
+        joiner.join(BOUND_S)
+        if got is None:
+            got = [r.offset for r in poll_until(second, lambda g: len(g) >= 2)]
+        assert got == [10, 11]
+    finally:
+        stop.set()
+        _resume(own_server)
+        first.close(timeout=5)
+        second.close(timeout=5)
+
+
+def _raised(call: Callable[[], Any]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
+        return exc
+    return None
+
+
 # -- InFlight itself
 
 

@@ -16,7 +16,9 @@ revokes the partitions before the member may rejoin:
    partition this member no longer owns is never handed out (kafka-go #1398, sarama #1543);
 2. if the partitions were **revoked** (the member is still in the group, so the generation's
    commits still succeed): auto-commit commits the positions, then ``on_partitions_revoked``
-   runs, where the application may commit too;
+   runs, where the application may commit too (a final commit Redis does not answer in time
+   holds the revocation, not ``poll()``: the poll returns by its timeout with no records and
+   the next one goes on, as Kafka's ``onJoinPrepare`` does under the poll timer);
 3. if they were **lost** (the member was expired or fenced; someone else may own them already):
    ``on_partitions_lost`` runs and nothing is committed.
 
@@ -303,6 +305,11 @@ class Consumer(SubscriptionMixin):
         )
         self._next_auto_commit = 0.0
         self._auto_committing: int | None = None  # the committer's ticket of the last auto-commit
+        # A revocation poll()'s deadline cut short (``_revoke``): the committer's ticket of its
+        # final auto-commit, still in flight; then the hold released once the listener's async
+        # commits landed (``_release_hold``).
+        self._revocation_commit: int | None = None
+        self._releasing: _Hold | None = None
         self._close_deadline: float | None = None  # close()'s, while it runs
         self._drain_turn = 0
         self._block_turn = 0
@@ -638,6 +645,7 @@ class Consumer(SubscriptionMixin):
             self._settle(deadline)
             if self._stop.is_set():
                 return []
+            self._release_hold(deadline)
             if self._gen is None and self._group is None:
                 if not self._assigned_manually:
                     raise IllegalStateError(
@@ -849,8 +857,8 @@ class Consumer(SubscriptionMixin):
         outcome (logged if it failed) is applied by a later poll() (``_run_commit_callbacks``).
         """
         target = self._commit_target()
-        if not self._auto_commit or target is None:
-            return
+        if not self._auto_commit or target is None or self._revocation_commit is not None:
+            return  # (a revocation's final commit in flight commits the same positions)
         ticket = self._auto_committing
         if ticket is None or self._committer.finished(ticket):
             now = time.monotonic()
@@ -904,7 +912,7 @@ class Consumer(SubscriptionMixin):
             return  # the group decides at once; until then the fetcher pauses
         lost = self._partitions_lost()
         if not gen.carried or lost:
-            self._revoke(lost=lost)
+            self._revoke(lost=lost, poll_deadline=deadline, polling=True)
             return
         # Rebalancing cooperatively: keep consuming; block only when there is nothing to read.
         wait = 0.0 if self._assigned else _slice(deadline, self._fetch_max_wait_ms / 1000)
@@ -1101,18 +1109,33 @@ class Consumer(SubscriptionMixin):
         gen, hold = self._gen, self._hold
         return gen is not None and (gen.lost or (hold is not None and hold.gave_up))
 
-    def _revoke(self, *, lost: bool) -> None:
-        """End this consumer's hold on the current generation (see the module docstring)."""
+    def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
+                polling: bool = False) -> None:
+        """End this consumer's hold on the current generation (see the module docstring).
+
+        In ``poll()`` (``polling``) it is bounded by the poll's deadline, as Kafka's
+        ``onJoinPrepare`` is by the poll timer: the final auto-commit runs on the committer
+        and, while Redis does not answer, is waited for only until ``poll_deadline`` (or
+        ``wakeup()``); poll() then returns no records and a later poll() goes on waiting
+        (``_revocation_commit``). Nothing of the partitions is handed out meanwhile, and the
+        member does not rejoin. If the rebalance timeout passes first, the hold gives up and
+        the partitions are reported lost instead (Kafka's ``joinPrepareTimer``). Elsewhere
+        (``close()``, ``unsubscribe()``) the revocation always completes."""
         gen, hold = self._gen, self._hold
         assert gen is not None
         partitions = list(self._assigned)
         self._buffers = {}  # never hand out a record of a partition we are giving up
+        if not lost and self._auto_commit:
+            under = self._commit_generation()
+            of = f"generation {under.generation_id}"
+            if not polling:
+                self._final_commit(under.commit_offsets, of)
+            elif not self._revocation_committed(under.commit_offsets, of, poll_deadline):
+                return
+            lost = gen.lost or under.lost  # a refused commit can reveal they are gone
+        self._revocation_commit = None
         self._revoking = True
         try:
-            if not lost and self._auto_commit:
-                under = self._commit_generation()
-                self._final_commit(under.commit_offsets, f"generation {under.generation_id}")
-                lost = gen.lost or under.lost  # a refused commit can reveal they are gone
             log.info(
                 "generation %d: %s %d partitions (%s)",
                 gen.generation_id,
@@ -1134,8 +1157,40 @@ class Consumer(SubscriptionMixin):
                 # JoinGroup: the callback's async commits land in this generation before the
                 # member may rejoin (a rejoin completing the next one would fence them).
                 # close() releases the hold itself once they landed.
-                self._await_committer()
-                hold.released.set()
+                if polling:
+                    self._releasing = hold
+                    self._release_hold(poll_deadline)
+                else:
+                    self._await_committer()
+                    hold.released.set()
+
+    def _revocation_committed(self, commit: _CommitFn, of: str, deadline: float | None) -> bool:
+        """Whether the revocation's final auto-commit has finished (landed, or failed and
+        logged), sending it first if it is not in flight yet: behind the async commits queued
+        before, so it never overtakes one. Waits until ``deadline``, ``wakeup()`` or
+        ``close()``; False while it is still in flight."""
+        ticket = self._revocation_commit
+        if ticket is None:
+            changed = self._changed_positions()
+            if not changed:
+                return True
+            ticket = self._committer.submit(lambda: commit(changed), changed,
+                                            _logged(f"final commit of {of}"), self._gen)
+            self._revocation_commit = ticket
+        return self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop,
+                                         upto=ticket)
+
+    def _release_hold(self, deadline: float | None) -> None:
+        """Let the member rejoin after a revocation once every async commit queued before its
+        end has finished (waiting until ``deadline``; a later poll() or close() goes on)."""
+        hold = self._releasing
+        if hold is None:
+            return
+        if self._committer.pending and not self._committer.wait_idle(
+                _remaining(deadline), self._wakeup, self._stop):
+            return
+        self._releasing = None
+        hold.released.set()
 
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
@@ -1488,11 +1543,14 @@ class Consumer(SubscriptionMixin):
                 self._closed = True
                 self._closing = False
                 self._closer = None
-                if hold is not None:
-                    # Only now may the group go on (it waits for the hold): the commits made
-                    # during the revocation used the generation, which a rejoin would end.
-                    hold.released.set()
-                    hold.applied.set()
+                # Only now may the group go on (it waits for the hold): the commits made
+                # during the revocation used the generation, which a rejoin would end. (A
+                # hold still _releasing is that of a revocation poll() finished before.)
+                for held in (hold, self._releasing):
+                    if held is not None:
+                        held.released.set()
+                        held.applied.set()
+                self._releasing = None
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
                 self._fetching.close()  # a fetch still in flight is dropped, never waited for
