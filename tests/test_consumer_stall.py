@@ -275,15 +275,16 @@ def test_a_revocations_final_commit_does_not_hold_poll_past_its_timeout(
         _resume(own_server)
         wait_until(lambda: len(listener.assigned) == 2, lambda: first.poll(timeout=0.05))
         assert listener.revoked == [([tp], {tp: 10})]
-        Producer(client, namespace).send_batch("t", [b"10", b"11"])
-        owner = first if listener.assigned[1] == [tp] else second
-        got = [r.offset for r in poll_until(owner, lambda g: len(g) >= 2)] if owner is first \
-            else None
-        stop.set()
+        new = first.generation
+        assert new is not None
+        wait_until(lambda: second.generation is not None
+                   and second.generation.generation_id == new.generation_id)
+        stop.set()  # the second member now polls here only
         joiner.join(BOUND_S)
-        if got is None:
-            got = [r.offset for r in poll_until(second, lambda g: len(g) >= 2)]
-        assert got == [10, 11]
+        assert not joiner.is_alive()
+        Producer(client, namespace).send_batch("t", [b"10", b"11"])
+        owner = first if first.assignment() == [tp] else second
+        assert [r.offset for r in poll_until(owner, lambda g: len(g) >= 2)] == [10, 11]
     finally:
         stop.set()
         _resume(own_server)
