@@ -72,12 +72,14 @@ def _topic(client: Any, namespace: str, records: int) -> None:
         Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(records)])
 
 
-def _consumer(client: Any, namespace: str, **kw: Any) -> Consumer:
+def _consumer(client: Any, namespace: str, *, assignors: list[str] | None = None,
+              **kw: Any) -> Consumer:
     """A member of group "g" reading "t" through ``client``."""
     config = ConsumerGroupConfig(
         group_id="g", topics=["t"], redis_client=client, namespace=namespace,
         heartbeat_interval_ms=100, session_timeout_ms=30_000, rebalance_timeout_ms=30_000,
         retry_backoff_ms=10, retry_backoff_max_ms=100,
+        **({} if assignors is None else {"assignors": assignors}),
     )
     return Consumer(config, fetch_max_wait_ms=20, **kw)
 
@@ -285,6 +287,71 @@ def test_a_revocations_final_commit_does_not_hold_poll_past_its_timeout(
         Producer(client, namespace).send_batch("t", [b"10", b"11"])
         owner = first if first.assignment() == [tp] else second
         assert [r.offset for r in poll_until(owner, lambda g: len(g) >= 2)] == [10, 11]
+    finally:
+        stop.set()
+        _resume(own_server)
+        first.close(timeout=5)
+        second.close(timeout=5)
+
+
+class _Noted:
+    """A listener that only notes its calls (it must not wait for the stopped server)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[TP]]] = []
+
+    def on_partitions_revoked(self, partitions: list[TP]) -> None:
+        self.calls.append(("revoked", partitions))
+
+    def on_partitions_assigned(self, partitions: list[TP]) -> None:
+        self.calls.append(("assigned", partitions))
+
+
+def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """cooperative-sticky, two partitions: a second member joins; the first one's group takes
+    the next generation (it keeps one partition, gives up the other), then the server stops.
+    The first one's poll(0.3) revokes the partition, runs the callbacks and returns: the
+    revoked partition's commit stays in flight and the rejoin that hands it over waits for
+    it, not poll(). Once the server answers, the second member gets the partition and starts
+    where the first one stopped."""
+    Topics(client, namespace).create("t", 2)
+    Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(10)])
+    noted = _Noted()
+    first = _consumer(client, namespace, auto_commit_interval_ms=100_000, listener=noted,
+                      assignors=["cooperative-sticky"])
+    second = _consumer(own_server.client(), namespace, auto_commit_interval_ms=100_000,
+                       assignors=["cooperative-sticky"])
+    stop = threading.Event()
+    try:
+        poll_until(first, lambda g: len(g) >= 10)
+        gen, group = first.generation, first.group
+        assert gen is not None and len(first.assignment()) == 2
+        read = {tp: first.position(tp) for tp in first.assignment()}
+        joiner = _polling(second, stop)
+
+        def next_taken() -> bool:
+            ahead = group.peek()
+            return ahead is not None and ahead.generation_id > gen.generation_id
+
+        wait_until(next_taken)
+        stalled()
+        assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
+        (kept,) = first.assignment()
+        (gone,) = set(read) - {kept}
+        assert noted.calls[-2:] == [("revoked", [gone]), ("assigned", [])]
+        assert first._rejoin_after is not None  # the rejoin waits for the commit
+        assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
+        _resume(own_server)
+        wait_until(lambda: second.assignment() == [gone], lambda: first.poll(timeout=0.05))
+        stop.set()
+        joiner.join(BOUND_S)
+        assert not joiner.is_alive()
+        assert second.committed([gone]) == {gone: read[gone]}
+        Producer(client, namespace).send("t", b"new", partition=gone.partition)
+        got = poll_until(second, lambda g: len(g) >= 1)
+        assert [(r.partition, r.offset) for r in got] == [(gone.partition, read[gone])]
     finally:
         stop.set()
         _resume(own_server)

@@ -310,6 +310,9 @@ class Consumer(SubscriptionMixin):
         # commits landed (``_release_hold``).
         self._revocation_commit: int | None = None
         self._releasing: _Hold | None = None
+        # A cooperative revocation's rejoin, due once the commits queued during it landed
+        # (``_finish_rejoin``): the generation it revoked in and that generation's hold.
+        self._rejoin_after: tuple[Generation, _Hold] | None = None
         self._close_deadline: float | None = None  # close()'s, while it runs
         self._drain_turn = 0
         self._block_turn = 0
@@ -646,6 +649,7 @@ class Consumer(SubscriptionMixin):
             if self._stop.is_set():
                 return []
             self._release_hold(deadline)
+            self._finish_rejoin(deadline)
             if self._gen is None and self._group is None:
                 if not self._assigned_manually:
                     raise IllegalStateError(
@@ -919,7 +923,7 @@ class Consumer(SubscriptionMixin):
         new = self._next_generation(wait)
         if new is None:
             return
-        self._transition(new)
+        self._transition(new, deadline)
 
     def _next_generation(self, timeout: float) -> Generation | None:
         """The group's next generation, or None if there is none within ``timeout`` or the
@@ -938,7 +942,7 @@ class Consumer(SubscriptionMixin):
                 return None
             raise
 
-    def _transition(self, new: Generation) -> None:
+    def _transition(self, new: Generation, deadline: float | None) -> None:
         """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
 
         Revoked partitions (owned, not assigned) are stopped and committed, then the listener
@@ -948,6 +952,8 @@ class Consumer(SubscriptionMixin):
         consumer's positions (``new`` only knows their committed offsets, which may lag).
         ``on_partitions_assigned`` always runs, with the added partitions only, even when
         ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka).
+        The revoked partitions' commits (auto-commit's and the callback's) are waited for only
+        until ``deadline``: the rejoin waits for them, ``poll()`` does not (``_finish_rejoin``).
         """
         hold = _Hold(self._config.rebalance_timeout_ms / 1000)
         try:
@@ -993,20 +999,10 @@ class Consumer(SubscriptionMixin):
                     failed = exc
         finally:
             self._forget_revoked(revoked)
-            try:
-                if stopped:
-                    self._await_committer()  # the callback's async commits land first (_revoke)
-                    if self._resubscribe is not None:
-                        # The callback subscribed anew: revoke what is no longer subscribed now,
-                        # under this generation, and rejoin with the new subscription (which
-                        # the new owners wait for too). At the next poll(), after this rejoin,
-                        # that revocation's commits met the next generation's join completed
-                        # and were refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare
-                        # revokes before it sends the JoinGroup.
-                        self._apply_subscription()
-                    else:
-                        new.request_rejoin()  # after the callback: their new owners wait for it
-            finally:
+            if stopped:
+                self._rejoin_after = (new, hold)
+                self._finish_rejoin(deadline)
+            else:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way); then its exception, the first one, propagates.
@@ -1024,19 +1020,20 @@ class Consumer(SubscriptionMixin):
         auto-commit their positions through ``commit``, and stop them. Their buffered records
         are never handed out and, out of ``_assigned`` (the caller's), they are not fetched
         again. Their positions stay until ``on_partitions_revoked`` has returned, so it can
-        commit them; ``_forget_revoked`` is the second half."""
+        commit them; ``_forget_revoked`` is the second half. The commit is queued on the
+        committer (behind older async commits, so it never overtakes one; a failure is
+        logged); the rejoin that hands the partitions over waits for it (``_finish_rejoin``),
+        as does a sync ``commit()`` in the callback."""
         if revoked and self._auto_commit:
-            self._await_committer()  # an older async commit must not land after this one
             valid = self._positions()
             changed = {
                 tp: valid[tp]
                 for tp in revoked
                 if tp in valid and self._committed.get(tp) != valid[tp]
             }
-            try:
-                commit(changed)
-            except RcoordError as exc:
-                log.warning("commit of revoked partitions failed: %s", exc)
+            if changed:
+                self._committer.submit(lambda: commit(changed), changed,
+                                       _logged("commit of revoked partitions"))
         for tp in revoked:
             self._buffers.pop(tp, None)
             self._caught_up.discard(tp)
@@ -1179,6 +1176,34 @@ class Consumer(SubscriptionMixin):
             self._revocation_commit = ticket
         return self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop,
                                          upto=ticket)
+
+    def _finish_rejoin(self, deadline: float | None) -> None:
+        """After a cooperative revocation (``_transition``): once the commits queued during it
+        landed (waiting until ``deadline``, ``wakeup()`` or ``close()``; a later poll() goes on),
+        rejoin so the revoked partitions reach their new owners, with the subscription the
+        callback made, if it made one. As Kafka's ``onJoinPrepare``, the revocation comes
+        before the JoinGroup; until then the member goes on consuming what it kept."""
+        pending = self._rejoin_after
+        if pending is None:
+            return
+        if self._committer.pending and not self._committer.wait_idle(
+                _remaining(deadline), self._wakeup, self._stop):
+            return
+        self._rejoin_after = None
+        new, hold = pending
+        try:
+            if self._resubscribe is not None:
+                # The callback subscribed anew: revoke what is no longer subscribed now,
+                # under this generation, and rejoin with the new subscription (which the
+                # new owners wait for too). At the next poll(), after this rejoin, that
+                # revocation's commits met the next generation's join completed and were
+                # refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare revokes before it
+                # sends the JoinGroup.
+                self._apply_subscription()
+            else:
+                new.request_rejoin()  # after the callback: their new owners wait for it
+        finally:
+            hold.applied.set()  # the member may rejoin now (see _Hold)
 
     def _release_hold(self, deadline: float | None) -> None:
         """Let the member rejoin after a revocation once every async commit queued before its
@@ -1546,11 +1571,12 @@ class Consumer(SubscriptionMixin):
                 # Only now may the group go on (it waits for the hold): the commits made
                 # during the revocation used the generation, which a rejoin would end. (A
                 # hold still _releasing is that of a revocation poll() finished before.)
-                for held in (hold, self._releasing):
+                rejoin = self._rejoin_after
+                for held in (hold, self._releasing, rejoin[1] if rejoin else None):
                     if held is not None:
                         held.released.set()
                         held.applied.set()
-                self._releasing = None
+                self._releasing = self._rejoin_after = None
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
                 self._fetching.close()  # a fetch still in flight is dropped, never waited for

@@ -79,6 +79,7 @@ class SubscriptionMixin:
         def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
                     polling: bool = False) -> None: ...
         def _release_hold(self, deadline: float | None) -> None: ...
+        _rejoin_after: tuple[Any, Any] | None
         def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
         def _partitions_lost(self) -> bool: ...
 
@@ -267,6 +268,9 @@ class SubscriptionMixin:
             return
         self._await_committer()
         self._release_hold(None)  # a revocation poll() finished, whose commits just landed
+        rejoin, self._rejoin_after = self._rejoin_after, None
+        if rejoin is not None:
+            rejoin[1].applied.set()  # a cooperative revocation's rejoin: moot, as it leaves
         self._run_commit_callbacks()
         try:
             if self._gen is not None:
