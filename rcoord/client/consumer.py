@@ -1184,10 +1184,7 @@ class Consumer(SubscriptionMixin):
         callback made, if it made one. As Kafka's ``onJoinPrepare``, the revocation comes
         before the JoinGroup; until then the member goes on consuming what it kept."""
         pending = self._rejoin_after
-        if pending is None:
-            return
-        if self._committer.pending and not self._committer.wait_idle(
-                _remaining(deadline), self._wakeup, self._stop):
+        if pending is None or not self._commits_landed(deadline):
             return
         self._rejoin_after = None
         new, hold = pending
@@ -1209,13 +1206,16 @@ class Consumer(SubscriptionMixin):
         """Let the member rejoin after a revocation once every async commit queued before its
         end has finished (waiting until ``deadline``; a later poll() or close() goes on)."""
         hold = self._releasing
-        if hold is None:
-            return
-        if self._committer.pending and not self._committer.wait_idle(
-                _remaining(deadline), self._wakeup, self._stop):
+        if hold is None or not self._commits_landed(deadline):
             return
         self._releasing = None
         hold.released.set()
+
+    def _commits_landed(self, deadline: float | None) -> bool:
+        """Whether every queued commit has finished, waiting until ``deadline``, ``wakeup()``
+        or ``close()``."""
+        return not self._committer.pending or self._committer.wait_idle(
+            _remaining(deadline), self._wakeup, self._stop)
 
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
