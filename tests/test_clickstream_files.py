@@ -109,6 +109,9 @@ def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the
     assert uri.generation(2) == 6
     with pytest.raises(OptionError, match="not on this machine: pass spark="):
         batch_generation("hdfs://nn/cp", 2, group="g", client=single_client)
+    # a session without a JVM (Spark Connect's has no sparkContext) cannot read it either
+    with pytest.raises(OptionError, match="no JVM"):
+        batch_generation("hdfs://nn/cp", 2, group="g", client=single_client, spark=object())
 
 
 def test_a_replay_record_reads_back_on_one_node_and_on_a_cluster(

@@ -158,12 +158,18 @@ def _read_hadoop(spark: Any, location: str) -> str | None:
     session's Hadoop configuration, ``spark.hadoop.*`` included); None if it does not exist."""
     from py4j.protocol import Py4JJavaError
 
-    jvm = spark.sparkContext._jvm
-    if jvm is None:
+    try:
+        jvm, jsession = spark.sparkContext._jvm, spark._jsparkSession
+    except Exception as exc:  # noqa: BLE001 - a Spark Connect session has neither
+        jvm = jsession = None
+        cause: Exception | None = exc
+    else:
+        cause = None
+    if jvm is None or jsession is None:
         raise OptionError("the Spark session has no JVM to read the checkpoint with (a Spark "
-                          "Connect session?); use a checkpoint on this machine")
+                          "Connect session?); use a checkpoint on this machine") from cause
     path = jvm.org.apache.hadoop.fs.Path(location)
-    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    conf = jsession.sessionState().newHadoopConf()
     try:
         stream = path.getFileSystem(conf).open(path)
     except Py4JJavaError as exc:
