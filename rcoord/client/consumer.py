@@ -524,8 +524,9 @@ class Consumer(SubscriptionMixin):
 
         It returns by ``timeout`` even while Redis does not answer: the fetch and the
         auto-commit run on background threads and stay in flight for a later poll() to collect
-        (``_fetch``, ``_maybe_auto_commit``). Not bounded by it: a revocation (its final commit
-        must land, or fail, before the member rejoins) and the listener.
+        (``_fetch``, ``_maybe_auto_commit``), and so do a revocation's commits, which the
+        member's rejoin waits for instead (``_revoke``, ``_finish_rejoin``). Not bounded by it:
+        the listener, and a cooperative revocation made for a changed subscription.
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
@@ -623,11 +624,10 @@ class Consumer(SubscriptionMixin):
         It also cuts short the retries of the call that thread is blocked in (an auto-commit
         or a ``commit()`` retrying against an unreachable coordinator, for up to a session
         timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
-        retries, in their own thread, go on. A final commit of a revocation that a wakeup cuts
-        short counts as failed (logged); the revocation completes, then ``poll()`` raises. It
-        ends ``commit()``'s wait for earlier async commits too, before it sends anything, and
-        ``poll()``'s waits for its auto-commit and its fetch, which stay in flight (a later
-        ``poll()`` collects them)."""
+        retries, in their own thread, go on. It ends ``commit()``'s wait for earlier async
+        commits too, before it sends anything, and ``poll()``'s waits for its auto-commit, its
+        fetch and a revocation's commits, which stay in flight (a later ``poll()`` collects
+        them and goes on with the revocation)."""
         self._wakeup.set()
         self._wake_waits()
 
