@@ -838,6 +838,15 @@ class Consumer(SubscriptionMixin):
         """The positions that moved since they were last committed."""
         return {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
 
+    def _queue_commit(self, commit: _CommitFn, offsets: dict[TopicPartition, int], what: str,
+                      token: object = None) -> int | None:
+        """Queue a commit the consumer makes itself on the committer, behind the async commits
+        queued before (so it never overtakes one); a failure is logged as ``what``. Its
+        ticket; None when ``offsets`` is empty (nothing queued)."""
+        if not offsets:
+            return None
+        return self._committer.submit(lambda: commit(offsets), offsets, _logged(what), token)
+
     def _commit_changed(self, commit: _CommitFn) -> None:
         """Commit the positions that moved since the last commit, after the async commits
         queued before (so it never overtakes one): a revocation's, which must land before the
@@ -869,12 +878,10 @@ class Consumer(SubscriptionMixin):
             if now < self._next_auto_commit:
                 return
             self._next_auto_commit = now + self._auto_commit_s
-            changed = self._changed_positions()
-            if not changed:
+            ticket = self._queue_commit(target[0], self._changed_positions(), "auto-commit",
+                                        target[1])
+            if ticket is None:
                 return
-            commit, token = target
-            ticket = self._committer.submit(
-                lambda: commit(changed), changed, _logged("auto-commit"), token)
             self._auto_committing = ticket
         # close() from another thread ends the wait too (it interrupts the waits).
         self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop, upto=ticket)
@@ -1025,15 +1032,10 @@ class Consumer(SubscriptionMixin):
         logged); the rejoin that hands the partitions over waits for it (``_finish_rejoin``),
         as does a sync ``commit()`` in the callback."""
         if revoked and self._auto_commit:
-            valid = self._positions()
-            changed = {
-                tp: valid[tp]
-                for tp in revoked
-                if tp in valid and self._committed.get(tp) != valid[tp]
-            }
-            if changed:
-                self._committer.submit(lambda: commit(changed), changed,
-                                       _logged("commit of revoked partitions"))
+            gone = set(revoked)
+            self._queue_commit(
+                commit, {tp: o for tp, o in self._changed_positions().items() if tp in gone},
+                "commit of revoked partitions")
         for tp in revoked:
             self._buffers.pop(tp, None)
             self._caught_up.discard(tp)
@@ -1168,11 +1170,10 @@ class Consumer(SubscriptionMixin):
         ``close()``; False while it is still in flight."""
         ticket = self._revocation_commit
         if ticket is None:
-            changed = self._changed_positions()
-            if not changed:
+            ticket = self._queue_commit(commit, self._changed_positions(), f"final commit of {of}",
+                                        self._gen)
+            if ticket is None:
                 return True
-            ticket = self._committer.submit(lambda: commit(changed), changed,
-                                            _logged(f"final commit of {of}"), self._gen)
             self._revocation_commit = ticket
         return self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop,
                                          upto=ticket)
@@ -1211,6 +1212,17 @@ class Consumer(SubscriptionMixin):
         self._releasing = None
         hold.released.set()
 
+    def _drop_holds(self) -> None:
+        """Leaving the group (``close()``, ``unsubscribe()``): let go of a hold a revocation
+        left waiting for its commits (``_release_hold``, ``_finish_rejoin``); the rejoin it
+        waited for is moot."""
+        rejoin = self._rejoin_after
+        for held in (self._releasing, rejoin[1] if rejoin else None):
+            if held is not None:
+                held.released.set()
+                held.applied.set()
+        self._releasing = self._rejoin_after = None
+
     def _commits_landed(self, deadline: float | None) -> bool:
         """Whether every queued commit has finished, waiting until ``deadline``, ``wakeup()``
         or ``close()``."""
@@ -1229,10 +1241,7 @@ class Consumer(SubscriptionMixin):
         that thread, not close() (which waited up to the socket timeout, 10 s, before). Its
         outcome is logged when close() runs the commit callbacks."""
         if self._closing:
-            changed = self._changed_positions()
-            if changed:
-                self._committer.submit(lambda: commit(changed), changed,
-                                       _logged(f"final commit of {of}"))
+            self._queue_commit(commit, self._changed_positions(), f"final commit of {of}")
             if not self._committer.wait_idle(_remaining(self._close_deadline)):
                 log.warning("final commit of %s: close()'s timeout passed before Redis "
                             "answered (the commit may still land)", of)
@@ -1569,14 +1578,11 @@ class Consumer(SubscriptionMixin):
                 self._closing = False
                 self._closer = None
                 # Only now may the group go on (it waits for the hold): the commits made
-                # during the revocation used the generation, which a rejoin would end. (A
-                # hold still _releasing is that of a revocation poll() finished before.)
-                rejoin = self._rejoin_after
-                for held in (hold, self._releasing, rejoin[1] if rejoin else None):
-                    if held is not None:
-                        held.released.set()
-                        held.applied.set()
-                self._releasing = self._rejoin_after = None
+                # during the revocation used the generation, which a rejoin would end.
+                if hold is not None:
+                    hold.released.set()
+                    hold.applied.set()
+                self._drop_holds()
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
                 self._fetching.close()  # a fetch still in flight is dropped, never waited for

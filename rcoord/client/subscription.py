@@ -78,8 +78,7 @@ class SubscriptionMixin:
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
                     polling: bool = False) -> None: ...
-        def _release_hold(self, deadline: float | None) -> None: ...
-        _rejoin_after: tuple[Any, Any] | None
+        def _drop_holds(self) -> None: ...
         def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
         def _partitions_lost(self) -> bool: ...
 
@@ -267,10 +266,7 @@ class SubscriptionMixin:
         if group is None:
             return
         self._await_committer()
-        self._release_hold(None)  # a revocation poll() finished, whose commits just landed
-        rejoin, self._rejoin_after = self._rejoin_after, None
-        if rejoin is not None:
-            rejoin[1].applied.set()  # a cooperative revocation's rejoin: moot, as it leaves
+        self._drop_holds()  # a revocation poll() finished, whose commits just landed
         self._run_commit_callbacks()
         try:
             if self._gen is not None:
