@@ -199,14 +199,9 @@ def test_wakeup_ends_a_poll_waiting_for_a_fetch_in_flight(
         stalled()
         ended: list[BaseException | None] = []
 
-        def run() -> None:
-            try:
-                consumer.poll(timeout=None)
-                ended.append(None)
-            except BaseException as exc:  # noqa: BLE001 - the test looks at how it ended
-                ended.append(exc)
-
-        poller = threading.Thread(target=run, daemon=True)
+        poller = threading.Thread(
+            target=lambda: ended.append(_raised(lambda: consumer.poll(timeout=None))),
+            daemon=True)
         poller.start()
         wait_until(lambda: consumer._fetching.busy)
         consumer.wakeup()
