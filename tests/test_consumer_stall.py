@@ -73,10 +73,10 @@ def _topic(client: Any, namespace: str, records: int) -> None:
 
 
 def _consumer(client: Any, namespace: str, *, assignors: list[str] | None = None,
-              **kw: Any) -> Consumer:
-    """A member of group "g" reading "t" through ``client``."""
+              topics: tuple[str, ...] = ("t",), **kw: Any) -> Consumer:
+    """A member of group "g" reading ``topics`` ("t") through ``client``."""
     config = ConsumerGroupConfig(
-        group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+        group_id="g", topics=list(topics), redis_client=client, namespace=namespace,
         heartbeat_interval_ms=100, session_timeout_ms=30_000, rebalance_timeout_ms=30_000,
         retry_backoff_ms=10, retry_backoff_max_ms=100,
         **({} if assignors is None else {"assignors": assignors}),
@@ -352,6 +352,61 @@ def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
         _resume(own_server)
         first.close(timeout=5)
         second.close(timeout=5)
+
+
+def test_a_new_subscriptions_revocation_commit_does_not_hold_poll_past_its_timeout(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """cooperative-sticky, topics "a" and "b": the member subscribes to "b" only, then the
+    server stops. poll(0.3) revokes a-0 (auto-commit queued, then the callback) and returns
+    while that commit is in flight: the rejoin with the new subscription waits for it, not
+    poll(), and the member goes on consuming b-0. Once the server answers, the commit lands
+    before the rejoin, and a member subscribed to "a" starts where this one stopped."""
+    topics = Topics(client, namespace)
+    topics.create("a", 1)
+    topics.create("b", 1)
+    Producer(client, namespace).send_batch("a", [b"%d" % i for i in range(10)])
+    a0, b0 = TP("a", 0), TP("b", 0)
+    noted = _Noted()
+    first = _consumer(client, namespace, auto_commit_interval_ms=100_000, listener=noted,
+                      assignors=["cooperative-sticky"], topics=("a", "b"))
+    second: Consumer | None = None
+    stop = threading.Event()
+    try:
+        poll_until(first, lambda g: len(g) >= 10)
+        gen = first.generation
+        assert gen is not None and first.assignment() == [a0, b0]
+        assert first.position(a0) == 10 and first.committed([a0]) == {a0: -1}
+        first.subscribe(["b"])
+        stalled()
+        assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
+        assert noted.calls[-1] == ("revoked", [a0])
+        assert first.assignment() == [b0] and first._rejoin_after is not None
+        assert first.generation is gen  # not rejoined: the commit is in flight
+        assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
+        _resume(own_server)
+        Producer(client, namespace).send("b", b"b0")
+        got = poll_until(first, lambda g: len(g) >= 1)
+        assert [(r.topic, r.offset) for r in got] == [("b", 0)]
+        wait_until(lambda: first.generation is not gen and first._rejoin_after is None,
+                   lambda: first.poll(timeout=0.05))
+        assert first.subscription() == ["b"] and first.assignment() == [b0]
+        assert first.committed([a0]) == {a0: 10}
+        second = _consumer(own_server.client(), namespace, topics=("a",),
+                           assignors=["cooperative-sticky"])
+        polling = _polling(first, stop)  # the first member rejoins as the second one joins
+        Producer(client, namespace).send("a", b"10")
+        got = poll_until(second, lambda g: len(g) >= 1)
+        assert [(r.topic, r.offset) for r in got] == [("a", 10)]
+        stop.set()
+        polling.join(BOUND_S)
+        assert not polling.is_alive()
+    finally:
+        stop.set()
+        _resume(own_server)
+        first.close(timeout=5)
+        if second is not None:
+            second.close(timeout=5)
 
 
 def _raised(call: Callable[[], Any]) -> BaseException | None:

@@ -311,8 +311,9 @@ class Consumer(SubscriptionMixin):
         self._revocation_commit: int | None = None
         self._releasing: _Hold | None = None
         # A cooperative revocation's rejoin, due once the commits queued during it landed
-        # (``_finish_rejoin``): the generation it revoked in and that generation's hold.
-        self._rejoin_after: tuple[Generation, _Hold] | None = None
+        # (``_finish_rejoin``): what requests that rejoin (None when it is due anyway: a new
+        # subscription ended the generation) and the hold that keeps the member from it.
+        self._rejoin_after: tuple[Callable[[], None] | None, _Hold] | None = None
         self._close_deadline: float | None = None  # close()'s, while it runs
         self._drain_turn = 0
         self._block_turn = 0
@@ -524,9 +525,9 @@ class Consumer(SubscriptionMixin):
 
         It returns by ``timeout`` even while Redis does not answer: the fetch and the
         auto-commit run on background threads and stay in flight for a later poll() to collect
-        (``_fetch``, ``_maybe_auto_commit``), and so do a revocation's commits, which the
-        member's rejoin waits for instead (``_revoke``, ``_finish_rejoin``). Not bounded by it:
-        the listener, and a cooperative revocation made for a changed subscription.
+        (``_fetch``, ``_maybe_auto_commit``), and so do a revocation's commits (a changed
+        subscription's too), which the member's rejoin waits for instead (``_revoke``,
+        ``_finish_rejoin``). Not bounded by it: the listener.
         """
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or limit < 1:
@@ -1007,7 +1008,7 @@ class Consumer(SubscriptionMixin):
         finally:
             self._forget_revoked(revoked)
             if stopped:
-                self._rejoin_after = (new, hold)
+                self._await_rejoin(new.request_rejoin, hold)
                 self._finish_rejoin(deadline)
             else:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
@@ -1056,15 +1057,23 @@ class Consumer(SubscriptionMixin):
         ``onJoinPrepare`` does, so none is consumed here once the rejoin lets another member
         take it. The others are carried through the rejoin. On eager groups, and when the
         partitions are lost, ``_settle`` revokes everything once the generation ends, as for
-        any rebalance."""
-        gen = self._gen
-        if (gen is None or self._group is None
+        any rebalance.
+
+        Their commits (auto-commit's, and the callback's async ones) are queued, not waited
+        for: the held generation's hold keeps the member from rejoining until they landed
+        (``_finish_rejoin``, waiting until ``poll()``'s deadline, a later ``poll()`` going on),
+        and meanwhile the member consumes what it kept."""
+        gen, hold = self._gen, self._hold
+        if (gen is None or hold is None or self._group is None
                 or self._group.protocol is not RebalanceProtocol.COOPERATIVE
                 or self._partitions_lost()):
             return
         revoked = [tp for tp in self._assigned if not subscribed(tp.topic)]
         if not revoked:
             return
+        # First: a rebalance another member starts meanwhile must not rejoin either (the
+        # member would no longer report them as owned while their commits are in flight).
+        hold.applied.clear()
         self._revoking = True
         try:
             self._stop_revoked(revoked, self._commit_generation().commit_offsets)
@@ -1075,7 +1084,7 @@ class Consumer(SubscriptionMixin):
             self._listen("on_partitions_revoked", list(revoked))
         finally:
             self._forget_revoked(revoked)
-            self._await_committer()  # the callback's async commits land before the rejoin
+            self._await_rejoin(None, hold)
 
     def _must_revoke(self) -> bool:
         """The held generation ended and its partitions are not carried into the next one
@@ -1178,17 +1187,31 @@ class Consumer(SubscriptionMixin):
         return self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop,
                                          upto=ticket)
 
+    def _await_rejoin(self, rejoin: Callable[[], None] | None, hold: _Hold) -> None:
+        """After a cooperative revocation: ``hold`` keeps the member from rejoining until the
+        commits queued during it landed; then ``_finish_rejoin`` calls ``rejoin`` (if any) and
+        lets it. A rejoin waiting already under another hold is superseded (its generation is
+        over); under the same hold, it still requests its rejoin."""
+        pending = self._rejoin_after
+        if pending is not None:
+            if pending[1] is not hold:
+                pending[1].applied.set()
+            elif rejoin is None:
+                rejoin = pending[0]
+        self._rejoin_after = (rejoin, hold)
+
     def _finish_rejoin(self, deadline: float | None) -> None:
-        """After a cooperative revocation (``_transition``): once the commits queued during it
-        landed (waiting until ``deadline``, ``wakeup()`` or ``close()``; a later poll() goes on),
-        rejoin so the revoked partitions reach their new owners, with the subscription the
-        callback made, if it made one. As Kafka's ``onJoinPrepare``, the revocation comes
-        before the JoinGroup; until then the member goes on consuming what it kept."""
+        """After a cooperative revocation (``_transition``, ``_revoke_unsubscribed``): once the
+        commits queued during it landed (waiting until ``deadline``, ``wakeup()`` or
+        ``close()``; a later poll() goes on), rejoin so the revoked partitions reach their new
+        owners, with the subscription the callback made, if it made one. As Kafka's
+        ``onJoinPrepare``, the revocation comes before the JoinGroup; until then the member
+        goes on consuming what it kept."""
         pending = self._rejoin_after
         if pending is None or not self._commits_landed(deadline):
             return
         self._rejoin_after = None
-        new, hold = pending
+        rejoin, hold = pending
         try:
             if self._resubscribe is not None:
                 # The callback subscribed anew: revoke what is no longer subscribed now,
@@ -1196,12 +1219,14 @@ class Consumer(SubscriptionMixin):
                 # new owners wait for too). At the next poll(), after this rejoin, that
                 # revocation's commits met the next generation's join completed and were
                 # refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare revokes before it
-                # sends the JoinGroup.
+                # sends the JoinGroup. If it revokes any, the rejoin waits for their commits
+                # under this same hold.
                 self._apply_subscription()
-            else:
-                new.request_rejoin()  # after the callback: their new owners wait for it
+            elif rejoin is not None:
+                rejoin()  # after the callback: their new owners wait for it
         finally:
-            hold.applied.set()  # the member may rejoin now (see _Hold)
+            if self._rejoin_after is None:
+                hold.applied.set()  # the member may rejoin now (see _Hold)
 
     def _release_hold(self, deadline: float | None) -> None:
         """Let the member rejoin after a revocation once every async commit queued before its
