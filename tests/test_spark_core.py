@@ -22,7 +22,7 @@ from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.client.errors import JoinRefusedError
 from rcoord.errors import MissingPermissionError
-from rcoord.spark.member import StreamMember, member_config
+from rcoord.spark.member import MEMBER_METADATA, TOKEN_METADATA, StreamMember, member_config
 from rcoord.spark.options import (
     READ_OPTIONS,
     UNSUPPORTED,
@@ -827,6 +827,45 @@ def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
     finally:
         a.close(5)
         b.close(5)
+
+
+def test_a_latest_members_placed_start_names_its_topic(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any) -> None:
+    # Under startingOffsets=latest the first generation commits where it starts. Before, that
+    # commit carried no create token: a topic deleted and created again before the first
+    # batch, holding more records than the placed start, was read from the placed offset of
+    # the old topic on, silently skipping the new topic's first records.
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"old"] * 4)  # 2 per partition, before the query
+    token = topics.create_token("ev")
+
+    strict = _member(redis_server.url, namespace, single_client, startingOffsets="latest")
+    try:
+        first = strict.initial(10)
+        assert first.offsets == {TP("ev", 0): 2, TP("ev", 1): 2}
+        committed = coord.fetch_offsets("g").offsets
+        assert {tp: o.offset for tp, o in committed.items()} == first.offsets
+        assert all(o.metadata.startswith(TOKEN_METADATA + token + MEMBER_METADATA)
+                   for o in committed.values())
+        topics.delete("ev")
+        topics.create("ev", 2)
+        producer.send_batch("ev", [b"new"] * 10)  # 5 per partition: past the placed start
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 0: the topic was deleted "
+                                                r"and created again since offset 2 was planned"):
+            strict.plan(first, latest, None)
+    finally:
+        strict.close(5)
+    # a member of a later query sees the token in the commit and reads the new topic anew
+    lenient = _member(redis_server.url, namespace, single_client, startingOffsets="latest",
+                      failOnDataLoss="false")
+    try:
+        nxt = lenient.plan(lenient.initial(10), latest, None)
+        assert nxt.starts == {TP("ev", 0): 0, TP("ev", 1): 0}
+        assert nxt.offsets == {TP("ev", 0): 5, TP("ev", 1): 5}
+    finally:
+        lenient.close(5)
 
 
 def _records_before_the_query(client: Any, namespace: str, topics: Topics) -> Producer:

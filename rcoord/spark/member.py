@@ -63,6 +63,7 @@ from ..client import (
 )
 from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from ..topics import Topics
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
 from .replays import REDIS_FAILURES, record_replay
@@ -164,7 +165,7 @@ class StreamMember:
         # (see _place); the others start at the group's committed offset.
         self._placed: dict[TP, int] = {}
         # Every such start this process chose, kept across generations (see _place).
-        self._chosen: dict[TP, int] = {}
+        self._chosen: dict[TP, tuple[int, str | None]] = {}  # (start, its topic's token)
         self._adopted = False
         # Ends of batches another process planned that Spark replays here (replaying()): they
         # may hold records nobody processed. Any other end of another process's plan that
@@ -549,7 +550,7 @@ class StreamMember:
             if query_start:
                 placed[tp] = start
             elif tp in self._chosen:
-                placed[tp] = self._chosen[tp]
+                placed[tp] = self._chosen[tp][0]
             else:
                 try:
                     placed[tp] = self._group.coordinator.log_offsets(tp.topic, tp.partition)[0]
@@ -559,15 +560,44 @@ class StreamMember:
                     placed[tp] = start
         if not placed:
             return {}
-        self._chosen.update(placed)
+        # The commit names the topic its offsets belong to, as every commit of a plan does:
+        # a topic deleted and created again under it is then data loss, not a read of the new
+        # topic from the old one's offset (which skipped the new topic's first records). A
+        # start chosen before keeps the token it was chosen with.
+        fresh = self._create_tokens({tp.topic for tp in placed if tp not in self._chosen})
+        for tp, offset in placed.items():
+            self._chosen.setdefault(tp, (offset, fresh.get(tp.topic)))
+        tokens = {tp: self._chosen[tp][1] for tp in placed}
+        self._base_tokens.update(tokens)
         try:
-            gen.commit_offsets(_with_tokens(placed, {}, gen.member_id))
+            gen.commit_offsets({tp: _stamped(o, tokens[tp], gen.member_id)
+                                for tp, o in placed.items()})
         except RcoordError as exc:
             # The generation ended already (or Redis is away): the next one places them the
             # same way, from _chosen.
             log.warning("group %r: committing the start of %s failed: %s", gen.group_id,
                         _names(set(placed)), exc)
         return placed
+
+    def _create_tokens(self, topics: set[str]) -> dict[str, str]:
+        """The create token of each of ``topics`` (``Topics.create_token``), read through the
+        group's Redis client; a topic that is gone, or a read that fails, has none (its
+        placement is checked by its offsets only, as before tokens)."""
+        config = self._group.config
+        if config.redis_client is None:
+            return {}
+        admin = Topics(config.redis_client, config.namespace)
+        out: dict[str, str] = {}
+        for topic in sorted(topics):
+            try:
+                token = admin.create_token(topic)
+            except RcoordError as exc:
+                log.warning("group %r: no create token for topic %r (%s)", config.group_id,
+                            topic, exc)
+                continue
+            if token:
+                out[topic] = token
+        return out
 
     def _next_generation(self) -> bool:
         """Release the ended generation and take the next one if it comes soon."""
@@ -597,5 +627,9 @@ def _with_tokens(offsets: Mapping[TP, int], tokens: Mapping[str, str],
                  member: str) -> dict[TP, OffsetAndMetadata | int]:
     """Offsets to commit, each with metadata naming the create token of its topic (when known)
     and the member whose plan they end."""
-    return {tp: OffsetAndMetadata(o, TOKEN_METADATA + tokens.get(tp.topic, "") + MEMBER_METADATA
-                                  + member) for tp, o in offsets.items()}
+    return {tp: _stamped(o, tokens.get(tp.topic), member) for tp, o in offsets.items()}
+
+
+def _stamped(offset: int, token: str | None, member: str) -> OffsetAndMetadata:
+    """``offset`` with the metadata ``_parse_metadata`` reads back."""
+    return OffsetAndMetadata(offset, TOKEN_METADATA + (token or "") + MEMBER_METADATA + member)
