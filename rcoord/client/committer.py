@@ -129,6 +129,13 @@ class AsyncCommitter:
             self._cond.notify_all()
 
     @property
+    def last_ticket(self) -> int:
+        """The ticket of the job submitted last (0 before the first): ``wait_idle(upto=...)``
+        with it waits for the jobs queued so far, not for those queued after."""
+        with self._cond:
+            return self._submitted
+
+    @property
     def pending(self) -> int:
         """Jobs submitted and not yet finished."""
         with self._cond:

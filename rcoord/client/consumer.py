@@ -309,11 +309,12 @@ class Consumer(SubscriptionMixin):
         # final auto-commit, still in flight; then the hold released once the listener's async
         # commits landed (``_release_hold``).
         self._revocation_commit: int | None = None
-        self._releasing: _Hold | None = None
+        self._releasing: tuple[_Hold, int] | None = None  # (the hold, the last commit's ticket)
         # A cooperative revocation's rejoin, due once the commits queued during it landed
         # (``_finish_rejoin``): what requests that rejoin (None when it is due anyway: a new
-        # subscription ended the generation) and the hold that keeps the member from it.
-        self._rejoin_after: tuple[Callable[[], None] | None, _Hold] | None = None
+        # subscription ended the generation), the hold that keeps the member from it, and the
+        # ticket of the last commit it waits for (not for commits queued after it).
+        self._rejoin_after: tuple[Callable[[], None] | None, _Hold, int] | None = None
         self._close_deadline: float | None = None  # close()'s, while it runs
         self._drain_turn = 0
         self._block_turn = 0
@@ -646,6 +647,8 @@ class Consumer(SubscriptionMixin):
             if self._wakeup.is_set():
                 self._wakeup.clear()
                 raise WakeupError("poll() interrupted by wakeup()")
+            if self._stop.is_set():
+                return []  # closed meanwhile (from the listener, or another thread)
             self._settle(deadline)
             if self._stop.is_set():
                 return []
@@ -1009,19 +1012,23 @@ class Consumer(SubscriptionMixin):
             self._forget_revoked(revoked)
             if stopped:
                 self._await_rejoin(new.request_rejoin, hold)
-                self._finish_rejoin(deadline)
             else:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
-        # (they are assigned either way); then its exception, the first one, propagates.
+        # (they are assigned either way), unless it closed the consumer; then its exception,
+        # the first one, propagates.
         try:
-            self._listen("on_partitions_assigned", list(added))
+            if not self._stop.is_set():
+                self._listen("on_partitions_assigned", list(added))
         except Exception:
             if failed is None:
                 raise
             log.exception("on_partitions_assigned raised after on_partitions_revoked did")
         if failed is not None:
             raise failed
+        # Only now: a subscription the revocation callback made may revoke partitions, the
+        # added ones included, which must have been announced first.
+        self._finish_rejoin(deadline)
 
     def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
         """The first half of revoking some partitions while keeping the rest (cooperative):
@@ -1073,7 +1080,11 @@ class Consumer(SubscriptionMixin):
             return
         # First: a rebalance another member starts meanwhile must not rejoin either (the
         # member would no longer report them as owned while their commits are in flight).
+        # The hold keeps the member from rejoining only if its routine has not let it go yet:
+        # the generation is still on, or a revocation's rejoin waits on it already.
+        waiting = not hold.applied.is_set()
         hold.applied.clear()
+        gated = waiting or not gen.done.is_set()
         self._revoking = True
         try:
             self._stop_revoked(revoked, self._commit_generation().commit_offsets)
@@ -1084,7 +1095,15 @@ class Consumer(SubscriptionMixin):
             self._listen("on_partitions_revoked", list(revoked))
         finally:
             self._forget_revoked(revoked)
-            self._await_rejoin(None, hold)
+            if gated:
+                self._await_rejoin(None, hold)
+            else:
+                # The generation ended before this poll() and the member is rejoining (or
+                # has joined the next one, which the commits were made under, ``peek``):
+                # nothing keeps it from rejoining with the new subscription but waiting for
+                # the commits here, as Kafka's onJoinPrepare would before its JoinGroup.
+                hold.applied.set()
+                self._await_committer()
 
     def _must_revoke(self) -> bool:
         """The held generation ended and its partitions are not carried into the next one
@@ -1166,7 +1185,7 @@ class Consumer(SubscriptionMixin):
                 # member may rejoin (a rejoin completing the next one would fence them).
                 # close() releases the hold itself once they landed.
                 if polling:
-                    self._releasing = hold
+                    self._releasing = (hold, self._committer.last_ticket)
                     self._release_hold(poll_deadline)
                 else:
                     self._await_committer()
@@ -1188,17 +1207,19 @@ class Consumer(SubscriptionMixin):
                                          upto=ticket)
 
     def _await_rejoin(self, rejoin: Callable[[], None] | None, hold: _Hold) -> None:
-        """After a cooperative revocation: ``hold`` keeps the member from rejoining until the
-        commits queued during it landed; then ``_finish_rejoin`` calls ``rejoin`` (if any) and
-        lets it. A rejoin waiting already under another hold is superseded (its generation is
-        over); under the same hold, it still requests its rejoin."""
+        """After a cooperative revocation, its listener returned: ``hold`` keeps the member
+        from rejoining until the commits queued so far landed (those queued later, an
+        application's ``commit_async()`` among them, are not waited for); then
+        ``_finish_rejoin`` calls ``rejoin`` (if any) and lets it. A rejoin waiting already
+        under another hold is superseded (its generation is over); under the same hold, it
+        still requests its rejoin."""
         pending = self._rejoin_after
         if pending is not None:
             if pending[1] is not hold:
                 pending[1].applied.set()
             elif rejoin is None:
                 rejoin = pending[0]
-        self._rejoin_after = (rejoin, hold)
+        self._rejoin_after = (rejoin, hold, self._committer.last_ticket)
 
     def _finish_rejoin(self, deadline: float | None) -> None:
         """After a cooperative revocation (``_transition``, ``_revoke_unsubscribed``): once the
@@ -1208,10 +1229,10 @@ class Consumer(SubscriptionMixin):
         ``onJoinPrepare``, the revocation comes before the JoinGroup; until then the member
         goes on consuming what it kept."""
         pending = self._rejoin_after
-        if pending is None or not self._commits_landed(deadline):
+        if pending is None or not self._commits_landed(deadline, pending[2]):
             return
         self._rejoin_after = None
-        rejoin, hold = pending
+        rejoin, hold, _ = pending
         try:
             if self._resubscribe is not None:
                 # The callback subscribed anew: revoke what is no longer subscribed now,
@@ -1220,39 +1241,46 @@ class Consumer(SubscriptionMixin):
                 # revocation's commits met the next generation's join completed and were
                 # refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare revokes before it
                 # sends the JoinGroup. If it revokes any, the rejoin waits for their commits
-                # under this same hold.
+                # under this same hold, and still requests the rejoin this one owed.
                 self._apply_subscription()
-            elif rejoin is not None:
-                rejoin()  # after the callback: their new owners wait for it
+                again = self._rejoin_after
+                if again is not None and again[1] is hold:
+                    self._rejoin_after = (again[0] or rejoin, hold, again[2])
+                    return
+            if rejoin is not None:
+                # After the callback: their new owners wait for it. (A subscription that
+                # came back to the joined one ends no generation: this rejoin still must.)
+                rejoin()
         finally:
             if self._rejoin_after is None:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
 
     def _release_hold(self, deadline: float | None) -> None:
-        """Let the member rejoin after a revocation once every async commit queued before its
-        end has finished (waiting until ``deadline``; a later poll() or close() goes on)."""
-        hold = self._releasing
-        if hold is None or not self._commits_landed(deadline):
+        """Let the member rejoin after a revocation once the async commits queued before its
+        end (the listener's included) have finished (waiting until ``deadline``; a later poll()
+        or close() goes on)."""
+        releasing = self._releasing
+        if releasing is None or not self._commits_landed(deadline, releasing[1]):
             return
         self._releasing = None
-        hold.released.set()
+        releasing[0].released.set()
 
     def _drop_holds(self) -> None:
-        """Leaving the group (``close()``, ``unsubscribe()``): let go of a hold a revocation
-        left waiting for its commits (``_release_hold``, ``_finish_rejoin``); the rejoin it
-        waited for is moot."""
-        rejoin = self._rejoin_after
-        for held in (self._releasing, rejoin[1] if rejoin else None):
+        """Leaving the group (``close()``, ``unsubscribe()``), once its own revocation is done:
+        let go of a hold a revocation left waiting for its commits (``_release_hold``,
+        ``_finish_rejoin``); the rejoin it waited for is moot."""
+        releasing, rejoin = self._releasing, self._rejoin_after
+        for held in (releasing[0] if releasing else None, rejoin[1] if rejoin else None):
             if held is not None:
                 held.released.set()
                 held.applied.set()
         self._releasing = self._rejoin_after = None
 
-    def _commits_landed(self, deadline: float | None) -> bool:
-        """Whether every queued commit has finished, waiting until ``deadline``, ``wakeup()``
-        or ``close()``."""
-        return not self._committer.pending or self._committer.wait_idle(
-            _remaining(deadline), self._wakeup, self._stop)
+    def _commits_landed(self, deadline: float | None, upto: int) -> bool:
+        """Whether the commits queued up to the ticket ``upto`` have finished, waiting until
+        ``deadline``, ``wakeup()`` or ``close()``."""
+        return self._committer.finished(upto) or self._committer.wait_idle(
+            _remaining(deadline), self._wakeup, self._stop, upto=upto)
 
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
@@ -1591,8 +1619,15 @@ class Consumer(SubscriptionMixin):
                     # As Kafka's close(), which with auto-commit commits the consumed positions
                     # after assign() too (a simple-group commit: generation -1, no member id).
                     self._final_commit(self._commit_simple, "the assigned partitions")
-                # Else close() was called from inside a revocation callback: that revocation
-                # is this consumer's last.
+                elif (self._pending_revocation and self._gen is not None and self._auto_commit
+                      and not self._partitions_lost()):
+                    # close() from inside a cooperative revocation's callback: that revocation
+                    # gives up only some partitions, so the positions of those kept are
+                    # committed too (the listener, running now, is not called again).
+                    self._final_commit(self._commit_generation().commit_offsets,
+                                       "the partitions kept")
+                # Else close() was called from inside an eager revocation's callback: that
+                # revocation is this consumer's last.
                 self._committer.close(_remaining(deadline))
                 try:
                     self._run_commit_callbacks()

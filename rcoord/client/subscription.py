@@ -266,12 +266,15 @@ class SubscriptionMixin:
         if group is None:
             return
         self._await_committer()
-        self._drop_holds()  # a revocation poll() finished, whose commits just landed
         self._run_commit_callbacks()
         try:
             if self._gen is not None:
                 self._revoke(lost=self._partitions_lost())
         finally:
+            # Only now (the revocation's final commit landed): a hold a revocation poll()
+            # finished left waiting for its commits, which have landed too. Released before,
+            # it let the member rejoin while that final commit was in flight (refused).
+            self._drop_holds()
             group.close()
             self._group = None
             self._resubscribe = None
