@@ -868,6 +868,106 @@ def test_a_latest_members_placed_start_names_its_topic(
         lenient.close(5)
 
 
+def test_an_available_now_group_member_checks_continuity_against_the_real_log_end(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # availableNow reads up to the log ends of when the run began; records written after it
+    # put a latest member's start past that target. Before, the data-loss check compared the
+    # start with the clamped end: a DataLossError ("past the log end: the topic was deleted
+    # and created again"), or, without failOnDataLoss, a restart at the log start that read
+    # the history again and committed the group's offset backwards.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 5)
+    reader = _stream_reader(redis_server.url, namespace, subscribe="ev", groupId="g",
+                            startingOffsets="latest", sessionTimeoutMs="1500",
+                            heartbeatIntervalMs="200", rebalanceTimeoutMs="5000")
+    try:
+        reader.prepareForTriggerAvailableNow()  # the run reads ev-0 up to 5
+        producer.send_batch("ev", [b"y"] * 3)  # written after the run began
+        start = reader.initialOffset()
+        assert Position.from_json(start).offsets == {TP("ev", 0): 8}
+        end = Position.from_json(reader.latestOffset(start, ReadAllAvailable()))
+        assert end.offsets == {TP("ev", 0): 8}  # nothing to read within the target
+        assert {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()} == {
+            TP("ev", 0): 8}
+    finally:
+        reader.stop()
+
+
+def test_a_restarted_querys_first_plan_waits_for_its_first_generation(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        latest: Any) -> None:
+    # A query restarted on its checkpoint plans (latestOffset) before it ever joined; the
+    # group's initial delay holds that first join. Before, the plan waited only the rejoin
+    # wait and answered "no new data": under availableNow, Spark ends the run on that.
+    GroupCoordinator(single_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=1500)).start()
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 4)
+    old = _member(redis_server.url, namespace, single_client)
+    try:
+        done = old.plan(old.initial(10), latest, None)
+        assert done.offsets == {TP("ev", 0): 4}
+        old.plan(done, latest, None)  # commits the batch
+    finally:
+        old.close(5)
+    producer.send_batch("ev", [b"y"] * 3)  # while the query is down
+    o = parse_read_options({"url": redis_server.url, "namespace": namespace, "subscribe": "ev",
+                            "groupId": "g", "sessionTimeoutMs": "1500",
+                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000"},
+                           ReadKind.STREAM, env={})
+    restarted = StreamMember(ConsumerGroup(member_config(o, ["ev"], single_client)),
+                             rejoin_wait_s=0.2, first_join_wait_s=10)
+    try:
+        nxt = restarted.plan(done, latest, None)
+        assert nxt.offsets == {TP("ev", 0): 7}
+    finally:
+        restarted.close(5)
+
+
+def test_a_generation_that_ends_while_it_is_being_taken_waits_for_the_members_plan(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, monkeypatch: Any) -> None:
+    # Taking a generation reads the group's committed offsets first. Before, its routine
+    # started after those round trips: a generation another member's join ended meanwhile
+    # was collected without it, and initial() (the query's start) failed with
+    # GenerationEndedError. The routine now starts first and holds the generation.
+    topics.create("ev", 2)
+    a = _member(redis_server.url, namespace, single_client)
+    b = _member(redis_server.url, namespace, single_client)
+    joined: list[Position] = []
+    slow_read = a._committed_metadata
+
+    def read_while_b_joins(gen: Any) -> Any:
+        out = slow_read(gen)
+        threading.Thread(target=lambda: joined.append(b.initial(10)), daemon=True).start()
+        wait_until(gen.done.is_set)  # b's join ended the generation being taken
+        return out
+
+    monkeypatch.setattr(a, "_committed_metadata", read_while_b_joins)
+    try:
+        first = a.initial(10)
+        assert first.generation == 1
+        monkeypatch.undo()
+        state = {"pos": first}
+
+        def plan() -> None:
+            state["pos"] = a.plan(state["pos"], latest, None)
+
+        wait_until(lambda: bool(joined), plan)
+        both = set(state["pos"].offsets) | set(joined[0].offsets)
+        assert both == {TP("ev", 0), TP("ev", 1)}
+        assert not set(state["pos"].offsets) & set(joined[0].offsets)
+    finally:
+        a.close(5)
+        b.close(5)
+
+
 def _records_before_the_query(client: Any, namespace: str, topics: Topics) -> Producer:
     """Topic ``ev`` (2 partitions) holding 2 records each before a query starts."""
     topics.create("ev", 2)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -58,6 +59,7 @@ from ..client import (
     ConsumerGroupConfig,
     Generation,
     GenerationContext,
+    GenerationEndedError,
     GroupClosedError,
     reaction_for,
 )
@@ -132,10 +134,16 @@ class StreamMember:
     """One streaming query's membership in a consumer group (see the module docstring)."""
 
     def __init__(self, group: ConsumerGroup, *, fail_on_data_loss: bool = True,
-                 rejoin_wait_s: float = 1.0) -> None:
+                 rejoin_wait_s: float = 1.0, first_join_wait_s: float | None = None) -> None:
         self._group = group
         self._fail = fail_on_data_loss
         self._rejoin_wait_s = rejoin_wait_s
+        # How long a plan() waits for this process's first generation (a query restarted on
+        # its checkpoint plans before it ever joined): a first join waits out the group's
+        # initial delay, and a dead member of the old process; a plan that gives up builds
+        # no batch, and under availableNow Spark ends the run on it.
+        self._first_join_wait_s = rejoin_wait_s if first_join_wait_s is None \
+            else max(rejoin_wait_s, first_join_wait_s)
         self._gen: Generation | None = None
         self._hold = threading.Event()
         self._closing = threading.Event()
@@ -191,8 +199,7 @@ class StreamMember:
         Spark asks twice when a query starts; both answers are the same position.
         """
         if self._initial is None:
-            gen = self._group.next(timeout=timeout_s)
-            self._adopt(gen, query_start=True)
+            self._take(timeout_s, query_start=True)
             self._initial = self._base_position()
             self._planned.add((int(self._initial.generation or 0), self._initial.member or ""))
         return self._initial
@@ -205,8 +212,15 @@ class StreamMember:
 
     # -- planning
 
-    def plan(self, start: Position, latest: LatestFn, limit: int | None) -> Position:
-        """The end of the next batch; ``start`` itself when there is nothing to read."""
+    def plan(self, start: Position, latest: LatestFn, limit: int | None,
+             clamp: Callable[[dict[TP, tuple[int, int]]], dict[TP, tuple[int, int]]] | None
+             = None) -> Position:
+        """The end of the next batch; ``start`` itself when there is nothing to read.
+
+        ``latest`` gives the real log bounds, which the data-loss checks use; ``clamp``
+        (availableNow: no end past the run's target) bounds only how far the batch reads, as
+        ``resolve.next_position`` does: a start past the target (records appended after the
+        run began, read by another run of the group) is not a topic created again."""
         self._group.start()  # a query restarted on a checkpoint plans before initial()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
         self._commit_own(own)
@@ -260,7 +274,8 @@ class StreamMember:
             loss = continuity_loss(tp, begin[tp], (lo, hi), planned, tokens.get(tp.topic))
             if loss is not None:
                 begin[tp] = starts[tp] = restart_after_loss(loss, lo, self._fail)
-        ends = limit_end(begin, {tp: bounds[tp][1] for tp in begin}, limit)
+        readable = bounds if clamp is None else clamp(dict(bounds))
+        ends = limit_end(begin, {tp: max(begin[tp], readable[tp][1]) for tp in begin}, limit)
         read = {tp.topic for tp in begin}
         end = Position(ends, starts, gen.generation_id, gen.member_id,
                        tokens={t: v for t, v in tokens.items() if t in read})
@@ -298,7 +313,7 @@ class StreamMember:
         if self._replayed is not None and self._replayed[0] == end:
             return set(self._replayed[1].offsets)
         if self._gen is None:
-            self._adopt(self._group.next(timeout=timeout_s))
+            self._take(timeout_s)
         gen = self._gen
         assert gen is not None
         keep = {TP(r.topic, r.partition) for r in ranges if self._replays(gen, r, end)}
@@ -451,17 +466,26 @@ class StreamMember:
             return {}
         return {tp: _parse_metadata(om.metadata or "") for tp, om in fetched.offsets.items()}
 
+    def _take(self, timeout_s: float, *, query_start: bool = False) -> None:
+        """Take the group's next generation, waiting at most ``timeout_s`` (``TimeoutError``);
+        one that ended before it could be held is passed over for the one after it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            gen = self._group.next(timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                self._adopt(gen, query_start=query_start)
+            except GenerationEndedError:
+                log.info("group %r: generation %d ended before it was taken; waiting for the "
+                         "next", gen.group_id, gen.generation_id)
+                continue
+            return
+
     def _adopt(self, gen: Generation, *, query_start: bool = False) -> None:
+        """Hold ``gen`` and start planning in it. Its routine starts first, before any round
+        trip: a generation that ends meanwhile then waits for this member's plan to release
+        it, instead of being collected without it (``GenerationEndedError`` only if it was
+        collected before this call)."""
         hold = threading.Event()
-        self._hold = hold
-        self._gen = gen
-        self._committed = {}
-        self._gone = set()
-        metadata = self._committed_metadata(gen)
-        self._base_tokens = {tp: token for tp, (token, _) in metadata.items()}
-        self._base_members = {tp: member for tp, (_, member) in metadata.items()}
-        self._placed = self._place(gen, query_start and not self._adopted)
-        self._adopted = True
 
         def revoke(ctx: GenerationContext) -> None:
             # Returning lets the group rejoin: only after plan() committed what this
@@ -471,6 +495,15 @@ class StreamMember:
                     return
 
         gen.start(revoke)
+        self._hold = hold
+        self._gen = gen
+        self._committed = {}
+        self._gone = set()
+        metadata = self._committed_metadata(gen)
+        self._base_tokens = {tp: token for tp, (token, _) in metadata.items()}
+        self._base_members = {tp: member for tp, (_, member) in metadata.items()}
+        self._placed = self._place(gen, query_start and not self._adopted)
+        self._adopted = True
         log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
                  gen.generation_id, gen.member_id,
                  [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
@@ -543,10 +576,16 @@ class StreamMember:
         """
         if self._group.config.start_offset != "latest":
             return {}
+        todo = {tp: start for tp, start in sorted(gen.offsets.items())
+                if tp not in gen.committed and start >= 0}
+        if not todo:
+            return {}
+        # The create tokens are read before the log starts (a topic created again in between
+        # then shows as data loss, never as the new topic read from the old one's offset). A
+        # start chosen before keeps the token it was chosen with.
+        fresh = self._create_tokens({tp.topic for tp in todo if tp not in self._chosen})
         placed: dict[TP, int] = {}
-        for tp, start in sorted(gen.offsets.items()):
-            if tp in gen.committed or start < 0:
-                continue
+        for tp, start in todo.items():
             if query_start:
                 placed[tp] = start
             elif tp in self._chosen:
@@ -558,13 +597,9 @@ class StreamMember:
                     log.warning("group %r: no log start for %s-%d (%s); it starts at its log "
                                 "end", gen.group_id, tp.topic, tp.partition, exc)
                     placed[tp] = start
-        if not placed:
-            return {}
         # The commit names the topic its offsets belong to, as every commit of a plan does:
         # a topic deleted and created again under it is then data loss, not a read of the new
-        # topic from the old one's offset (which skipped the new topic's first records). A
-        # start chosen before keeps the token it was chosen with.
-        fresh = self._create_tokens({tp.topic for tp in placed if tp not in self._chosen})
+        # topic from the old one's offset (which skipped the new topic's first records).
         for tp, offset in placed.items():
             self._chosen.setdefault(tp, (offset, fresh.get(tp.topic)))
         tokens = {tp: self._chosen[tp][1] for tp in placed}
@@ -584,9 +619,7 @@ class StreamMember:
         group's Redis client; a topic that is gone, or a read that fails, has none (its
         placement is checked by its offsets only, as before tokens)."""
         config = self._group.config
-        if config.redis_client is None:
-            return {}
-        admin = Topics(config.redis_client, config.namespace)
+        admin = Topics(self._group.redis_client, config.namespace)
         out: dict[str, str] = {}
         for topic in sorted(topics):
             try:
@@ -600,10 +633,12 @@ class StreamMember:
         return out
 
     def _next_generation(self) -> bool:
-        """Release the ended generation and take the next one if it comes soon."""
+        """Release the ended generation and take the next one if it comes soon (this
+        process's first one: within ``first_join_wait_s``)."""
         self._hold.set()
+        wait = self._rejoin_wait_s if self._adopted else self._first_join_wait_s
         try:
-            gen = self._group.next(timeout=self._rejoin_wait_s)
+            self._take(wait)
         except TimeoutError:
             return False
         except GroupClosedError:
@@ -615,9 +650,7 @@ class StreamMember:
                 raise
             log.warning("group %r: %s", self._group.config.group_id, exc)  # it backs off
             return False
-        self._adopt(gen)
         return True
-
 
 def _names(tps: set[TP]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))

@@ -195,9 +195,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return Topics(client_for(self.opts.url), self.opts.namespace)
 
     def _snapshot(self, parts: Sequence[TP]) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
-        """Group mode's ``latest``: clamped log bounds and the topics' create tokens."""
-        bounds, tokens = log_snapshot(self._admin(), parts)
-        return self._clamp(bounds), tokens
+        """Group mode's ``latest``: the real log bounds (the member clamps only its ends, with
+        ``_clamp``) and the topics' create tokens."""
+        return log_snapshot(self._admin(), parts)
 
     def _clamp(self, bounds: dict[TP, tuple[int, int]]) -> dict[TP, tuple[int, int]]:
         """availableNow: no log end past the target (the ends when the run began)."""
@@ -219,7 +219,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             opts = self.opts
             topics = subscribed_topics(self._admin(), opts)
             group = ConsumerGroup(member_config(opts, topics, client_for(opts.url)))
-            self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss)
+            self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss,
+                                        first_join_wait_s=self._join_wait())
             shutdown.install()  # Spark ends the runner with SIGTERM: run stop() first
         return self._member
 
@@ -287,7 +288,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pos = Position.from_json(start)
         n = self._limit(limit)
         if self.opts.group_id is not None:
-            return self._membership().plan(pos, self._snapshot, n).to_json()
+            return self._membership().plan(pos, self._snapshot, n, self._clamp).to_json()
         # A topic deleted since the query started is data loss (next_position), not an
         # unknown topic: only initialOffset insists that every named topic exists.
         parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
