@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from harness import wait_until
+from test_consumer import Recorder
 
 from rcoord.client import Consumer, ConsumerGroupConfig, Generation
 from rcoord.client.coordinator import RedisCoordinator
@@ -40,23 +41,15 @@ class _SlowCommits(RedisCoordinator):
         return super().commit_offsets(group_id, offsets, **kw)
 
 
-class _Noted:
-    """Notes the callbacks; ``on_revoked`` runs inside on_partitions_revoked."""
+class _Noted(Recorder):
+    """``Recorder``, and ``on_revoked`` runs inside on_partitions_revoked."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[TP]]] = []
-        self.on_revoked: Any = None
+    on_revoked: Any = None
 
     def on_partitions_revoked(self, partitions: list[TP]) -> None:
-        self.calls.append(("revoked", partitions))
+        super().on_partitions_revoked(partitions)
         if self.on_revoked is not None:
             self.on_revoked(partitions)
-
-    def on_partitions_assigned(self, partitions: list[TP]) -> None:
-        self.calls.append(("assigned", partitions))
-
-    def on_partitions_lost(self, partitions: list[TP]) -> None:
-        self.calls.append(("lost", partitions))
 
 
 @pytest.fixture
@@ -84,8 +77,7 @@ def env(redis_server: EmbeddedServer, single_client: Any, namespace: str) -> Ite
 
         @staticmethod
         def committed(*tps: TP) -> dict[TP, int]:
-            got = GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace))
-            offsets = got.fetch_offsets("g", list(tps)).offsets
+            offsets = slow.fetch_offsets("g", list(tps)).offsets  # (only commits are slow)
             return {tp: o.offset for tp, o in offsets.items()}
 
     try:
@@ -195,7 +187,7 @@ def test_close_inside_a_cooperative_revocation_commits_what_was_kept(env: Any) -
     _read(first, 15)
     first.subscribe(["b"])
     assert first.poll(timeout=0.5) == []
-    assert noted.calls == [("assigned", [A0, B0]), ("revoked", [A0])]
+    assert noted.events == [("assigned", [A0, B0]), ("revoked", [A0])]
     assert env.committed(A0, B0) == {A0: 10, B0: 5}
 
 
@@ -215,7 +207,7 @@ def test_partitions_added_are_announced_before_a_subscription_the_revocation_mad
     first._assigned.remove(A1)
     for table in (first._position, first._fetch_pos, first._buffers, first._committed):
         table.pop(A1, None)
-    noted.calls.clear()
+    noted.events.clear()
     noted.on_revoked = lambda partitions: first.subscribe(["b"]) if B0 in partitions else None
     nxt = Generation(group_id="g", generation_id=held.generation_id + 1,
                      member_id=held.member_id, leader_id=held.leader_id,
@@ -223,7 +215,7 @@ def test_partitions_added_are_announced_before_a_subscription_the_revocation_mad
                      coordinator=first.group.coordinator)
     try:
         first._transition(nxt, time.monotonic() + 5)
-        assert noted.calls == [("revoked", [B0]), ("assigned", [A1]), ("revoked", [A0, A1])]
+        assert noted.events == [("revoked", [B0]), ("assigned", [A1]), ("revoked", [A0, A1])]
         assert first.assignment() == []
     finally:
         # No group thread knows this generation: end it, decide it, and collect its routine

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from harness import wait_until
-from test_consumer import poll_until
+from test_consumer import Recorder, poll_until
 
 from rcoord.client import Consumer, ConsumerGroupConfig, WakeupError
 from rcoord.client.committer import AsyncCommitter
@@ -289,19 +289,6 @@ def test_a_revocations_final_commit_does_not_hold_poll_past_its_timeout(
         second.close(timeout=5)
 
 
-class _Noted:
-    """A listener that only notes its calls (it must not wait for the stopped server)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[TP]]] = []
-
-    def on_partitions_revoked(self, partitions: list[TP]) -> None:
-        self.calls.append(("revoked", partitions))
-
-    def on_partitions_assigned(self, partitions: list[TP]) -> None:
-        self.calls.append(("assigned", partitions))
-
-
 def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
     own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
 ) -> None:
@@ -313,7 +300,7 @@ def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
     where the first one stopped."""
     Topics(client, namespace).create("t", 2)
     Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(10)])
-    noted = _Noted()
+    noted = Recorder()
     first = _consumer(client, namespace, auto_commit_interval_ms=100_000, listener=noted,
                       assignors=["cooperative-sticky"])
     second = _consumer(own_server.client(), namespace, auto_commit_interval_ms=100_000,
@@ -335,7 +322,7 @@ def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
         assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
         (kept,) = first.assignment()
         (gone,) = set(read) - {kept}
-        assert noted.calls[-2:] == [("revoked", [gone]), ("assigned", [])]
+        assert noted.events[-2:] == [("revoked", [gone]), ("assigned", [])]
         assert first._rejoin_after is not None  # the rejoin waits for the commit
         assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
         _resume(own_server)
@@ -367,7 +354,7 @@ def test_a_new_subscriptions_revocation_commit_does_not_hold_poll_past_its_timeo
     topics.create("b", 1)
     Producer(client, namespace).send_batch("a", [b"%d" % i for i in range(10)])
     a0, b0 = TP("a", 0), TP("b", 0)
-    noted = _Noted()
+    noted = Recorder()
     first = _consumer(client, namespace, auto_commit_interval_ms=100_000, listener=noted,
                       assignors=["cooperative-sticky"], topics=("a", "b"))
     second: Consumer | None = None
@@ -380,7 +367,7 @@ def test_a_new_subscriptions_revocation_commit_does_not_hold_poll_past_its_timeo
         first.subscribe(["b"])
         stalled()
         assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
-        assert noted.calls[-1] == ("revoked", [a0])
+        assert noted.events[-1] == ("revoked", [a0])
         assert first.assignment() == [b0] and first._rejoin_after is not None
         assert first.generation is gen  # not rejoined: the commit is in flight
         assert _returns_by_itself(lambda: first.poll(timeout=0.3)) == []
