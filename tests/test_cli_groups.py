@@ -40,7 +40,8 @@ def url(request: pytest.FixtureRequest, backend: str) -> str:
     return str(server.url)
 
 
-def run_in_process(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_in_process(argv: list[str],
+                   stdin: str | bytes | None = None) -> subprocess.CompletedProcess[str]:
     """``rcoord.cli.main(argv)`` in this process, with its own stdin, stdout and stderr; the
     result looks like ``subprocess.run``'s.
 
@@ -56,7 +57,9 @@ def run_in_process(argv: list[str], stdin: str | None = None) -> subprocess.Comp
 
     out, err = io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
-    sys.stdin = io.StringIO(stdin or "")
+    # A text layer over bytes, as a real stdin (``topics produce`` reads its bytes).
+    raw = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+    sys.stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -80,7 +83,7 @@ def cli(url: str, namespace: str, make_coordinator: Any,
     for key in [k for k in os.environ if k.startswith("RCOORD_")]:
         monkeypatch.delenv(key)
 
-    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess[str]:
         return run_in_process([*args, "--redis-url", url, "--namespace", namespace], stdin)
 
     return run
@@ -213,6 +216,31 @@ def test_describe_an_unknown_group(cli):
     res = cli("groups", "describe", "nobody")
     assert res.returncode == 1
     assert "consumer group 'nobody' does not exist" in one_error_line(res, "groups describe")
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_namespace_nothing_used_is_named_and_not_written_to(url, namespace, redis_client,
+                                                             reset_setup):
+    """A mistyped ``--namespace``: the commands that only read say so and write nothing (they
+    used to establish its settings, 67 keys, and answer as for an empty namespace); a reset's
+    dry run too, while ``--execute`` may set a new group's first offsets anywhere."""
+    typo = namespace + "-typo"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_in_process([*args, "--redis-url", url, "--namespace", typo])
+
+    for args in (["groups", "list"], ["groups", "describe", "g"], ["groups", "delete", "g"],
+                 ["groups", "delete-offsets", "g", "--topic", "t:0"],
+                 ["groups", "reset-offsets", "g", "--all-topics", "--to-earliest"]):
+        res = run(*args)
+        assert res.returncode == 1, args
+        assert (f"namespace '{typo}' has no rcoord settings"
+                in one_error_line(res, " ".join(args[:2]))
+                and "is --namespace" in res.stderr), args
+    assert redis_client.keys(f"{typo}:*") == []
+    # The real namespace answers as before.
+    res = run_in_process(["groups", "list", "--redis-url", url, "--namespace", namespace])
+    assert res.returncode == 0 and "g" in res.stdout.split()
 
 
 @pytest.mark.parametrize("backend", ["single"])
@@ -505,6 +533,9 @@ def test_parse_duration_and_datetime(monkeypatch):
             parse_duration(bad)
     assert parse_datetime("2024-01-01T00:00:00Z") == T0
     assert parse_datetime("2024-01-01T00:00:00.250+00:00") == T0 + 250
+    # Exact milliseconds (a float product truncated this one to ...594 before).
+    assert parse_datetime("2038-06-23T00:35:34.595Z") == 2_160_866_134_595
+    assert parse_datetime("1969-12-31T23:59:59.999Z") == -1
     # Without a zone, UTC, as Kafka's Utils.getDateTime reads it, whatever the machine's zone
     # (before: the machine's).
     monkeypatch.setenv("TZ", "America/New_York")

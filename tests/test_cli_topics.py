@@ -6,6 +6,11 @@ producer and consumer (directly and as a group member) end to end."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +23,12 @@ from rcoord.topics import Topics, fetch
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
 cli = test_cli_groups.cli
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def records(client: Any, namespace: str, topic: str, partition: int) -> list[tuple[Any, ...]]:
-    return [(r.key, r.value) for r in fetch(client, namespace, topic, partition, 0).records]
+    return [(r.key, r.value)
+            for r in fetch(client, namespace, topic, partition, 0, max_records=10_000).records]
 
 
 def test_create_list_describe_grow_delete(cli, redis_client, namespace):
@@ -138,6 +145,76 @@ def test_consume_as_a_group_member(cli, make_coordinator, redis_client, namespac
     assert res.stdout == "" and "Processed a total of 0 messages" in res.stderr
     doc = json.loads(ok(cli("groups", "describe", "g", "--output", "json")).stdout)
     assert doc["total_lag"] == 0 and len(doc["partitions"]) == 2
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_produce_stores_each_lines_bytes_and_says_what_a_failed_append_left(
+        cli, redis_client, namespace, monkeypatch):
+    """A line that is not UTF-8 is stored as it is (it used to stop the run half-way with
+    "unexpected UnicodeEncodeError", the lines of the pending batch dropped unsaid); an empty
+    key prints as empty, not as "null" (no key); and an append that fails says which lines are
+    stored, so the input can be sent again from the right one."""
+    from rcoord.errors import ConnectionLost
+    from rcoord.topics import Producer
+
+    Topics(redis_client, namespace).create("t", 1)
+    lines = b"".join(b"k%d:v%d\n" % (i, i) for i in range(700))
+    ok(cli("topics", "produce", "t", "--key-separator", ":",
+           stdin=lines[:3000] + b"k:\xff\xfe raw\n:empty key\n" + lines[3000:]))
+    got = records(redis_client, namespace, "t", 0)
+    assert len(got) == 702 and (b"k", b"\xff\xfe raw") in got and (b"", b"empty key") in got
+    res = ok(cli("topics", "consume", "t", "--from-beginning", "--max-messages", "702",
+                 "--print-key", "--key-separator", "="))
+    assert "=empty key" in res.stdout.splitlines()
+
+    real = Producer.send_batch
+    calls = []
+
+    def second_fails(self: Any, topic: str, batch: Any) -> Any:
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise ConnectionLost("Redis went away")
+        return real(self, topic, batch)
+
+    monkeypatch.setattr(Producer, "send_batch", second_fails)
+    res = cli("topics", "produce", "t", stdin="".join(f"n{i}\n" for i in range(700)))
+    assert res.returncode == 1 and calls == [500, 200]
+    assert ("Redis went away; lines 1-500 were produced (500 records); lines 501-700 may or "
+            "may not have been") in one_error_line(res, "topics produce")
+    assert len(records(redis_client, namespace, "t", 0)) == 702 + 500
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_group_consumer_piped_into_head_commits_exactly_what_it_printed(
+        url, namespace, redis_client, make_coordinator):
+    """``rcoord topics consume --group g | head -n 3``: the consumer stops cleanly (exit 0,
+    no "unexpected BrokenPipeError") and the group's committed offset is the number of records
+    it printed, not the 500 its last poll() took (the group skipped what nobody saw)."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 1)
+    from rcoord.topics import Producer
+
+    # 2,000 lines of 200 bytes: far more than a pipe holds, so a print fails once head left.
+    Producer(redis_client, namespace).send_batch("t", [b"%04d" % i + b"x" * 195
+                                                       for i in range(2000)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "topics", "consume", "t", "--group", "g",
+         "--from-beginning", "--timeout-ms", "30000", "--redis-url", url,
+         "--namespace", namespace], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    head = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    stderr = err.decode()
+    assert [line[:4] for line in head] == [b"0000", b"0001", b"0002"]
+    assert proc.returncode == 0, stderr
+    assert "unexpected" not in stderr and "Traceback" not in stderr
+    printed = int(re.search(r"Processed a total of (\d+) messages", stderr).group(1))
+    assert 3 <= printed < 2000
+    committed = coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets
+    assert committed[TopicPartition("t", 0)].offset == printed
 
 
 @pytest.mark.parametrize("backend", ["single"])

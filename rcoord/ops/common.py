@@ -82,16 +82,34 @@ class Context:
     def json(self) -> bool:
         return bool(self.args.output == "json")
 
-    def coordinator(self) -> Any:
+    def coordinator(self, *, writes: bool = False) -> Any:
         """A ``GroupCoordinator`` on the namespace that names no setting, so it adopts the stored
-        ones and changes none (``rcoord.settings``)."""
+        ones and changes none (``rcoord.settings``).
+
+        Unless the command ``writes`` (a reset may commit a new group's first offsets), a
+        namespace nothing has used yet is an error: starting a coordinator there would
+        establish its settings (dozens of keys), so a mistyped ``--namespace`` would be
+        written to and answered as an empty namespace."""
         if self._coordinator is None:
+            if not writes and not self._namespace_used():
+                raise Failure(
+                    f"namespace {self.namespace!r} has no rcoord settings: no coordinator, "
+                    "consumer or command has used it (is --namespace, or $RCOORD_NAMESPACE, "
+                    "right?); nothing was changed")
             from ..config import CoordinatorConfig
             from ..coordinator import GroupCoordinator
 
             config = CoordinatorConfig(namespace=self.namespace)
             self._coordinator = GroupCoordinator(self.client, config).start()
         return self._coordinator
+
+    def _namespace_used(self) -> bool:
+        """Whether the namespace's settings exist, or a copy of them a coordinator would
+        restore them from (``rcoord.settings``)."""
+        from ..keys import anchor_keys, settings_key
+
+        return any(self.client.exists(key)
+                   for key in (settings_key(self.namespace), *anchor_keys(self.namespace)))
 
     def topics(self) -> Any:
         from ..topics import Topics

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -59,9 +60,12 @@ def add_console_arguments(sub: Any) -> None:
 # -- produce ----------------------------------------------------------------------------------
 
 
-def _lines(ctx: Context) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(sys.stdin, 1):
-        yield number, line.rstrip("\r\n")
+def _lines() -> Iterator[tuple[int, bytes]]:
+    """stdin's lines as bytes, without their line ends: a record holds the line's bytes as
+    they are (Kafka's console producer would replace bytes that are not UTF-8; here a value
+    is never changed, and no line can stop the run half-way)."""
+    for number, line in enumerate(sys.stdin.buffer, 1):
+        yield number, line.rstrip(b"\r\n")
 
 
 def _produce(ctx: Context) -> int:
@@ -76,33 +80,50 @@ def _produce(ctx: Context) -> int:
     if a.partition is not None and a.partition >= count:
         raise Failure(f"topic {a.topic!r} has {count} partitions; there is no partition "
                       f"{a.partition}")
+    # The separator as typed: argv's bytes (os.fsencode undoes Python's decoding of them).
+    separator = None if a.key_separator is None else os.fsencode(a.key_separator)
     producer = Producer(ctx.client, ctx.namespace)
     batch_size = 1 if sys.stdin.isatty() else BATCH
     progress = Progress(ctx)
     sent: dict[int, int] = {}
     batch: list[ProducerRecord] = []
+    first_unsent = 1  # the line of the first record not known to be produced
 
-    def flush() -> None:
+    def flush(upto: int) -> None:
+        nonlocal first_unsent
         for meta in producer.send_batch(a.topic, batch):
             sent[meta.partition] = sent.get(meta.partition, 0) + 1
         batch.clear()
+        first_unsent = upto + 1
         progress(lambda: f"produced {sum(sent.values())} records")
 
-    for number, line in _lines(ctx):
-        key: bytes | None = None
-        value = line
-        if a.key_separator is not None:
-            k, found, v = line.partition(a.key_separator)
-            if not found:
-                flush()
-                raise Failure(f"line {number} has no key separator {a.key_separator!r}; the "
-                              f"{sum(sent.values())} records before it were produced")
-            key, value = k.encode(), v
-        batch.append(ProducerRecord(value.encode(), key=key, partition=a.partition))
-        if len(batch) >= batch_size:
-            flush()
-    if batch:
-        flush()
+    number = 0
+    try:
+        for number, line in _lines():
+            key: bytes | None = None
+            value = line
+            if separator is not None:
+                k, found, v = line.partition(separator)
+                if not found:
+                    flush(number - 1)
+                    raise Failure(f"line {number} has no key separator {a.key_separator!r}; "
+                                  f"the {sum(sent.values())} records before it were produced")
+                key, value = k, v
+            batch.append(ProducerRecord(value, key=key, partition=a.partition))
+            if len(batch) >= batch_size:
+                flush(number)
+        if batch:
+            flush(number)
+    except (Failure, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        # Say exactly what is stored, so the input can be sent again from the right line
+        # (a batch whose append failed may or may not be stored: the error says which lines).
+        done = (f"lines 1-{first_unsent - 1} were produced ({sum(sent.values())} records)"
+                if first_unsent > 1 else "no line was produced")
+        unsure = (f"; lines {first_unsent}-{number} may or may not have been"
+                  if batch else "")
+        raise Failure(f"{exc}; {done}{unsure}") from exc
     total = sum(sent.values())
     if ctx.json:
         print_json_line({"topic": a.topic, "records": total,
@@ -139,20 +160,21 @@ class _Printer:
 
     def __call__(self, topic: str, partition: int, offset: int, key: bytes | None,
                  value: bytes | None, timestamp_ms: int) -> None:
-        self.count += 1
+        """Print one record; it counts once printed (a print that fails counts nothing)."""
         if self.ctx.json:
             print_json_line({
                 "topic": topic, "partition": partition, "offset": offset,
                 "timestamp_ms": timestamp_ms, "key": _text(key), "value": _text(value),
                 "value_base64": base64.b64encode(value).decode() if value is not None else None,
             })
-            return
-        a = self.args
-        parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
-        if a.print_key:
-            parts.append(_text(key) or "null")
-        parts.append("null" if value is None else (_text(value) or ""))
-        print(a.key_separator.join(parts) if a.print_key else "\t".join(parts), flush=True)
+        else:
+            a = self.args
+            parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
+            if a.print_key:
+                parts.append("null" if key is None else (_text(key) or ""))
+            parts.append("null" if value is None else (_text(value) or ""))
+            print(a.key_separator.join(parts) if a.print_key else "\t".join(parts), flush=True)
+        self.count += 1
 
 
 def _consume(ctx: Context) -> int:
@@ -168,6 +190,13 @@ def _consume(ctx: Context) -> int:
             _consume_group(ctx, printer)
         else:
             _consume_direct(ctx, printer)
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``): a normal end, as Kafka's console
+        # consumer stops on a failed write. Later writes to stdout (the interpreter's flush
+        # at exit) go nowhere instead of raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     finally:
         ctx.note(f"Processed a total of {printer.count} messages")
     return 0
@@ -225,7 +254,6 @@ def _left_ms(deadline: float | None) -> int:
 def _consume_group(ctx: Context, printer: _Printer) -> None:
     """A member of the group: the group assigns the partitions; positions are committed as the
     consumer goes (auto-commit) and when it stops (it leaves the group)."""
-    import os
     import socket
 
     from ..client import Consumer, ConsumerGroupConfig
@@ -243,8 +271,7 @@ def _consume_group(ctx: Context, printer: _Printer) -> None:
         while printer.wanted is None or printer.wanted > 0:
             records = consumer.poll(timeout=min(1.0, _left_ms(idle_until) / 1000),
                                     max_records=printer.wanted or 500)
-            for r in records:
-                printer(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms)
+            _print_all(consumer, records, printer)
             if records:
                 idle_until = _idle_deadline(a)
             elif idle_until is not None and time.monotonic() >= idle_until:
@@ -253,3 +280,21 @@ def _consume_group(ctx: Context, printer: _Printer) -> None:
                 progress(lambda: f"waiting to join group {a.group!r}")
     finally:
         consumer.close(timeout=10)
+
+
+def _print_all(consumer: Any, records: list[Any], printer: _Printer) -> None:
+    """Print one poll's records. If a print fails (stdout closed, Ctrl-C), each partition is
+    sought back to its first record not printed, so the positions close() commits are exactly
+    what was printed, never records polled but not shown."""
+    done = 0
+    try:
+        for r in records:
+            printer(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms)
+            done += 1
+    except BaseException:
+        first: dict[tuple[str, int], Any] = {}
+        for r in records[done:]:
+            first.setdefault((r.topic, r.partition), r)
+        for r in first.values():
+            consumer.seek(r.topic_partition, r.offset)
+        raise

@@ -312,7 +312,7 @@ def _reset_offsets(ctx: Context) -> int:
 
     args, group = ctx.args, ctx.args.group
     mode = _mode(args, lambda: _server_ms(ctx))
-    coord = ctx.coordinator()
+    coord = ctx.coordinator(writes=bool(args.execute))  # a group's first offsets may be set
     state = coord.describe_group(group).state
     if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
         raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, but "

@@ -24,6 +24,8 @@ from .common import Failure
 
 __all__ = ["MODES", "Mode", "Row", "parse_datetime", "parse_duration", "parse_topics", "plan"]
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
 MODES = ("to_earliest", "to_latest", "to_offset", "shift_by", "to_datetime", "by_duration")
 
 _DURATION = re.compile(
@@ -62,7 +64,9 @@ def parse_datetime(text: str) -> int:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
-    return int(when.timestamp() * 1000)
+    # Integer arithmetic: ``timestamp() * 1000`` is a float, which truncates some instants to
+    # the millisecond before (2038-06-23T00:35:34.595Z gave ...594).
+    return (when - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
 def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
