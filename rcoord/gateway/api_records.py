@@ -14,9 +14,10 @@ others of the same request are served.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
-from ..errors import Errors
+from ..errors import Errors, InvalidRequestError
 from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
@@ -31,7 +32,7 @@ from ..topics import offsets_for_times as topic_offsets_for_times
 from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
-from .errors import INVALID_PRODUCER_EPOCH, TOPIC_AUTHORIZATION_FAILED
+from .errors import INVALID_PRODUCER_EPOCH, INVALID_REQUIRED_ACKS, TOPIC_AUTHORIZATION_FAILED
 from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
 from .registry import api
 from .state import Connection, GatewayState
@@ -39,11 +40,13 @@ from .wire import millis
 
 __all__: list[str] = []
 
+log = logging.getLogger(__name__)
+
 FETCH_MAX_RECORDS = 500
 """Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
 FETCH_FIRST_READ = 32
 """Records the first read of a partition asks for; later reads are sized by the bytes those
-took (``_read``)."""
+took (``_read_on``)."""
 _RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 
@@ -102,7 +105,7 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         out.update(error_code=exc.code, error_message=str(exc))
         return out
     except TopicError as exc:
-        out.update(error_code=exc.error, error_message=str(exc))
+        out.update(error_code=_as_unknown(exc), error_message=str(exc))
         return out
     out.update(base_offset=metas[0].offset, log_append_time=metas[0].timestamp_ms,
                log_start_offset=start)
@@ -112,6 +115,13 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
 @api(0, "Produce", 3, 9)
 async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | None:
     state = conn.state
+    if req.acks not in (-1, 0, 1):
+        # As Kafka's appendRecords: nothing is appended, every partition answers why.
+        return _answer([(t.name, {"index": p.index, "error_code": INVALID_REQUIRED_ACKS,
+                                  "error_message": f"acks must be -1, 0 or 1, got {req.acks}",
+                                  "base_offset": -1, "log_append_time": -1,
+                                  "log_start_offset": -1})
+                        for t in req.topic_data for p in t.partition_data])
     writable = {t.name for t in req.topic_data
                 if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
 
@@ -125,9 +135,24 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
             for t in req.topic_data for p in t.partition_data]
     results = await asyncio.gather(*(job for _, _, job in jobs))
     if req.acks == 0:
-        return None  # acks=0: Kafka sends no response at all
+        # acks=0: Kafka sends no response at all. A partition that failed closes the
+        # connection instead (KafkaApis' closeConnection): the one sign such a producer gets,
+        # which makes it refresh its metadata rather than go on sending into the void.
+        failed = [f"{topic}-{res['index']}: error {int(res['error_code'])}"
+                  for (topic, _, _), res in zip(jobs, results, strict=True)
+                  if res["error_code"] != Errors.NONE]
+        if failed:
+            log.info("acks=0 produce from %s failed (%s); closing the connection, as Kafka "
+                     "does", conn.client_id, ", ".join(failed))
+            conn.close_after_response = True
+        return None
+    return _answer([(topic, res) for (topic, _, _), res in zip(jobs, results, strict=True)])
+
+
+def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A Produce response of each topic's partition responses, in request order."""
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, _, _), res in zip(jobs, results, strict=True):
+    for topic, res in partitions:
         by_topic.setdefault(topic, []).append(res)
     return {"throttle_time": 0, "responses": [
         {"name": topic, "partition_responses": parts} for topic, parts in by_topic.items()]}
@@ -142,28 +167,49 @@ def _record_bytes(rec: Record) -> int:
             + sum(len(k) + len(v or b"") for k, v in rec.header_list))
 
 
-def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
-          ) -> FetchResult:
-    """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
-    (at least one record, as Kafka sends a record larger than the limit whole).
-
-    Read in steps so that memory follows the byte limit, not the record count: the first read
-    asks for ``FETCH_FIRST_READ`` records, and each later one for as many as the bytes left
-    should hold at the size the records so far had. 500 records of 1 MB each, read at once,
-    held 500 MB in the gateway to send one.
-    """
-    asked = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
+def _first_read(state: GatewayState, topic: str, partition: int, offset: int, count: int
+                ) -> FetchResult:
+    """Blocking: the first ``count`` records of a partition from ``offset`` on (``_read_on``
+    goes on from them)."""
     try:
         if offset < 0:
             # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
             # (with its log offsets, so the client can reset), not the request as invalid.
             start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
             return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
-        res = fetch(state.sync_redis, state.config.namespace, topic, partition, offset, asked)
-    except TopicError as exc:
-        return FetchResult([], -1, -1, exc.error)
+        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset, count)
+    except (TopicError, InvalidRequestError) as exc:
+        return FetchResult([], -1, -1, _as_unknown(exc))
+
+
+def _has_more(res: FetchResult, count: int, max_bytes: int) -> bool:
+    """Whether a read of ``count`` records stopped at its count, not at the log end, with
+    bytes left to fill."""
+    return (res.error == Errors.NONE and len(res.records) == count
+            and sum(_record_bytes(r) for r in res.records) < max_bytes)
+
+
+def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
+          ) -> FetchResult:
+    """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
+    (at least one record, as Kafka sends a record larger than the limit whole)."""
+    count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
+    res = _first_read(state, topic, partition, offset, count)
+    return _read_on(state, topic, partition, res, max_bytes) if _has_more(
+        res, count, max_bytes) else res
+
+
+def _read_on(state: GatewayState, topic: str, partition: int, res: FetchResult, max_bytes: int
+             ) -> FetchResult:
+    """Blocking: ``res`` (a first read that stopped at its count) and the records after it, up
+    to ``FETCH_MAX_RECORDS`` and about ``max_bytes``.
+
+    Read in steps so that memory follows the byte limit, not the record count: each read asks
+    for as many records as the bytes left should hold at the size the records so far had.
+    500 records of 1 MB each, read at once, held 500 MB in the gateway to send one.
+    """
     records, used = list(res.records), sum(_record_bytes(r) for r in res.records)
-    last = res
+    asked, last = len(records), res
     while (last.error == Errors.NONE and len(last.records) == asked and used < max_bytes
            and len(records) < FETCH_MAX_RECORDS):
         asked = min(FETCH_MAX_RECORDS - len(records),
@@ -180,6 +226,15 @@ def _read(state: GatewayState, topic: str, partition: int, offset: int, max_byte
     if last.error != Errors.NONE:
         last = res
     return FetchResult(records, res.log_start_offset, last.log_end_offset, res.error)
+
+
+def _as_unknown(exc: TopicError | InvalidRequestError) -> Errors:
+    """The error a Fetch or ListOffsets answers for one partition: as Kafka, a partition its
+    metadata does not have (a negative index, an illegal topic name) is
+    UNKNOWN_TOPIC_OR_PARTITION for that partition alone, not the request refused whole."""
+    if isinstance(exc, InvalidRequestError) or exc.error == Errors.INVALID_TOPIC_EXCEPTION:
+        return Errors.UNKNOWN_TOPIC_OR_PARTITION
+    return Errors(exc.error)
 
 
 def _within(records: list[Record], max_bytes: int, whole: bool) -> tuple[list[Record], int]:
@@ -253,6 +308,53 @@ async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_m
         await asyncio.gather(*waits, return_exceptions=True)
 
 
+async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
+                   max_bytes: int) -> tuple[list[FetchResult], list[list[Record]], int]:
+    """Read the wanted partitions: what each answers, the records each sends, and their bytes.
+
+    The request's ``max_bytes`` (fetch.max.bytes) bounds the whole response: partitions in
+    request order take what is left of it, as Kafka's ``readFromLog`` does. While some is left a
+    partition gets at least one record, however large (so a record over partition_max_bytes is
+    still delivered), and the first partition with records always does; so a response is at
+    most about max_bytes plus one record. Without this bound a response could grow past the
+    client's own receive limit (100 MB for librdkafka), which dropped the connection and asked
+    again.
+
+    The partitions whose partition_max_bytes all fit max_bytes together (the first ones, in
+    request order; every one with librdkafka's defaults up to 50 partitions) are read at once,
+    each to its own limit. Each partition after them is read one record at once (its log
+    bounds, and whether it has records), and goes on, in request order, only with what the
+    response has left: reading every partition to its own limit first read 40 MB to send 1 MB
+    (40 backlogged partitions, max_bytes 1 MB).
+    """
+    limit = max_bytes if max_bytes > 0 else 1 << 62
+    room, ample = limit, 0
+    for *_, partition_max in wanted:
+        if partition_max > room:
+            break
+        room -= partition_max
+        ample += 1
+    firsts = await asyncio.gather(*(
+        state.blocking(_read, state, t, p, o, pmax) if i < ample
+        else state.blocking(_first_read, state, t, p, o, 1)
+        for i, (t, p, o, pmax) in enumerate(wanted)))
+    left = limit
+    results: list[FetchResult] = []
+    chosen: list[list[Record]] = []
+    total = 0
+    for i, ((topic, partition, _, partition_max), res) in enumerate(zip(wanted, firsts,
+                                                                        strict=True)):
+        budget = min(partition_max, left)
+        if i >= ample and _has_more(res, 1, budget):
+            res = await state.blocking(_read_on, state, topic, partition, res, budget)
+        records, used = _within(res.records, budget, whole=left > 0 or not any(chosen))
+        results.append(res)
+        chosen.append(records)
+        left = max(0, left - used)
+        total += used
+    return results, chosen, total
+
+
 @api(1, "Fetch", 4, 12)
 async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
@@ -260,16 +362,23 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
                                                         t.topic)}
     wanted = [(t.topic, p.partition, int(p.fetch_offset), int(p.partition_max_bytes))
               for t in req.topics for p in t.partitions if t.topic in readable]
-
-    async def read_all() -> list[FetchResult]:
-        return list(await asyncio.gather(*(state.blocking(_read, state, t, p, o, m)
-                                           for t, p, o, m in wanted)))
-
-    results = await read_all()
-    if wanted and not any(r.records or r.error != Errors.NONE for r in results):
-        await _wait_for_records(state, [(t, p, o) for t, p, o, _ in wanted],
-                                millis(req.max_wait))
-        results = await read_all()
+    max_bytes = int(req.max_bytes)
+    results, chosen, total = await _collect(state, wanted, max_bytes)
+    # As Kafka's fetchMessages: answer now if max_wait <= 0, on an error, or once min_bytes are
+    # readable (min_bytes <= 0: at once; a min_bytes over the response's max_bytes counts as
+    # max_bytes, which is all a response can hold); else wait for records, up to max_wait.
+    enough = min(int(req.min_bytes), max_bytes) if max_bytes > 0 else int(req.min_bytes)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + millis(req.max_wait) / 1000
+    while wanted and total < enough and all(r.error == Errors.NONE for r in results):
+        wait_ms = int((deadline - loop.time()) * 1000)
+        if wait_ms <= 0:
+            break
+        # New records: at or after what each partition's read reached (its log end).
+        await _wait_for_records(state, [(t, p, max(o, r.log_end_offset))
+                                        for (t, p, o, _), r in zip(wanted, results,
+                                                                   strict=True)], wait_ms)
+        results, chosen, total = await _collect(state, wanted, max_bytes)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for t in req.topics:
         if t.topic not in readable:
@@ -278,19 +387,6 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
                 "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                 "aborted_transactions": None, "preferred_read_replica": -1, "records": None,
             } for p in t.partitions]
-    # The request's max_bytes (fetch.max.bytes) bounds the whole response: partitions in
-    # request order take what is left of it. While some is left a partition gets at least one
-    # record, however large (so a record over partition_max_bytes is still delivered), and the
-    # first partition with records always does, as in Kafka; so a response is at most about
-    # max_bytes plus one record. Without this bound a response could grow past the client's
-    # own receive limit (100 MB for librdkafka), which dropped the connection and asked again.
-    left = int(req.max_bytes) if int(req.max_bytes) > 0 else 1 << 62
-    chosen: list[list[Record]] = []
-    for (_, _, _, max_bytes), res in zip(wanted, results, strict=True):
-        records, used = _within(res.records, min(max_bytes, left),
-                                whole=left > 0 or not any(chosen))
-        chosen.append(records)
-        left = max(0, left - used)
     encoded = await asyncio.gather(*(state.blocking(_partition_data, partition, res, records)
                                      for (_, partition, _, _), res, records
                                      in zip(wanted, results, chosen, strict=True)))
@@ -328,8 +424,8 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
             hit = found[(topic, partition)]
             if hit is not None:
                 out.update(offset=hit.offset, timestamp=hit.timestamp_ms)
-    except TopicError as exc:
-        out["error_code"] = exc.error
+    except (TopicError, InvalidRequestError) as exc:
+        out["error_code"] = _as_unknown(exc)
     return out
 
 

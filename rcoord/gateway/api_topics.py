@@ -54,10 +54,10 @@ def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, A
         settings[_CONFIGS[cfg.name]] = None if value in (None, -1) else value
     try:
         if validate_only:
+            # Every check the real create makes (name, count, settings), and the name free.
+            state.topics.check_create(topic.name, count, **settings)
             if topic.name in state.topics.list():
                 raise TopicError(Errors.TOPIC_ALREADY_EXISTS, topic.name)
-            if count < 1:
-                raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {count}")
         else:
             state.topics.create(topic.name, count, **settings)
     except TopicError as exc:

@@ -65,23 +65,13 @@ class Topics:
         self._r = redis_client
         self._ns = namespace
 
-    @translate_redis_errors
-    def create(
-        self,
-        topic: str,
-        partitions: int,
-        *,
-        retention_records: int | None = None,
-        retention_ms: int | None = None,
-        producer_id_expiration_ms: int | None = None,
-    ) -> None:
-        """Kafka's CreateTopics: TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_CONFIG.
-
-        ``producer_id_expiration_ms`` (Kafka's ``producer.id.expiration.ms``, a broker setting
-        there): how long an idempotent producer's state in this topic's partitions outlives its
-        last append; ``None`` means Kafka's default, 1 day. It is a topic setting so that every
-        producer of the topic applies the same expiry.
-        """
+    @staticmethod
+    def check_create(topic: str, partitions: int, *, retention_records: int | None = None,
+                     retention_ms: int | None = None,
+                     producer_id_expiration_ms: int | None = None) -> None:
+        """What ``create`` refuses before it writes anything (the name, the count, the
+        settings), without asking Redis: Kafka's CreateTopics with ``validate_only`` answers
+        these as the real create would."""
         _check_topic(topic)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise TopicError(Errors.INVALID_PARTITIONS, f"partitions must be >= 1: {partitions!r}")
@@ -100,6 +90,27 @@ class Topics:
                                     or not low <= val <= MAX_CONFIG):
                 raise TopicError(Errors.INVALID_CONFIG,
                                  f"{name} must be an int from {low} to {MAX_CONFIG}: {val!r}")
+
+    @translate_redis_errors
+    def create(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        retention_records: int | None = None,
+        retention_ms: int | None = None,
+        producer_id_expiration_ms: int | None = None,
+    ) -> None:
+        """Kafka's CreateTopics: TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_CONFIG.
+
+        ``producer_id_expiration_ms`` (Kafka's ``producer.id.expiration.ms``, a broker setting
+        there): how long an idempotent producer's state in this topic's partitions outlives its
+        last append; ``None`` means Kafka's default, 1 day. It is a topic setting so that every
+        producer of the topic applies the same expiry.
+        """
+        self.check_create(topic, partitions, retention_records=retention_records,
+                          retention_ms=retention_ms,
+                          producer_id_expiration_ms=producer_id_expiration_ms)
         # One token per call: redis-py resends a script whose reply was lost (its default
         # Retry), and the resent call must know it is the same create, not a second one.
         token = uuid.uuid4().hex

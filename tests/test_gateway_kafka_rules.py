@@ -1,0 +1,217 @@
+"""Kafka's rules for Produce, Fetch, ListOffsets and CreateTopics that the gateway follows
+(KafkaApis and ReplicaManager): an acks=0 Produce with a failed partition closes the
+connection (the one sign such a producer gets); acks other than -1, 0 and 1 append nothing
+(INVALID_REQUIRED_ACKS); a negative partition or an illegal topic name is
+UNKNOWN_TOPIC_OR_PARTITION for that partition alone; a Fetch answers at once with min_bytes 0
+and waits for min_bytes otherwise; the bytes a Fetch reads follow the response's max_bytes; and
+CreateTopics with validate_only refuses what the create would."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+from gateway_harness import call_once, connect, request_frame, response
+
+from rcoord.errors import Errors
+from rcoord.gateway import api_records
+from rcoord.gateway.records import decode_batches, encode_batch
+from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
+
+INVALID_REQUIRED_ACKS = 21
+
+
+def _produce(topic: str, acks: int, corr: int, index: int = 0) -> bytes:
+    batch = encode_batch([Record(0, None, b"v", {}, 0)])
+    return request_frame(0, 9, corr, {"acks": acks, "timeout": 5000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": index, "records": batch}]}]})
+
+
+def _metadata(corr: int) -> bytes:
+    return request_frame(3, 9, corr, {"topics": [{"name": "t"}],
+                                      "allow_auto_topic_creation": False,
+                                      "include_topic_authorized_operations": False})
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the gateway closed ``sock`` (instead of answering the request sent on it)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_an_acks0_produce_that_fails_closes_the_connection(gateway, redis_server, topics):
+    topics.create("t", 1)
+    # A good acks=0 produce: no answer, and the connection serves the next request.
+    sock = connect(gateway)
+    try:
+        sock.sendall(_produce("t", 0, 1) + _metadata(2))
+        assert response(sock, 3, 9, 5).topics[0].name == "t"
+    finally:
+        sock.close()
+    # A topic that does not exist, a partition past the count: closed, the Metadata after it
+    # unanswered (before, it was answered, and the records were lost without a sign).
+    for topic, index in (("missing", 0), ("t", 5)):
+        sock = connect(gateway)
+        try:
+            sock.sendall(_produce(topic, 0, 1, index) + _metadata(2))
+            assert _closed(sock), (topic, index)
+        finally:
+            sock.close()
+    client = redis_server.client()
+    try:
+        assert log_offsets(client, gateway.config.namespace, "t", 0) == (0, 1)
+    finally:
+        client.close()
+
+
+def test_acks_other_than_minus_one_zero_or_one_append_nothing(gateway, redis_server, topics):
+    topics.create("t", 1)
+    sock = connect(gateway)
+    try:
+        for corr, acks in enumerate((2, -2), 1):
+            sock.sendall(_produce("t", acks, corr))
+            got = response(sock, 0, 9, 5)
+            [[part]] = [t.partition_responses for t in got.responses]
+            assert (part.index, part.error_code.value, part.base_offset) == (
+                0, INVALID_REQUIRED_ACKS, -1)
+    finally:
+        sock.close()
+    client = redis_server.client()
+    try:
+        assert log_offsets(client, gateway.config.namespace, "t", 0) == (0, 0)
+    finally:
+        client.close()
+
+
+def test_a_partition_no_topic_has_fails_only_itself(gateway, topics):
+    topics.create("t", 1)
+    fetched = call_once(gateway, 1, 12, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+        "topics": [{"topic": "t", "partitions": [
+            {"partition": -1, "fetch_offset": 0, "partition_max_bytes": 1 << 20},
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]},
+            {"topic": "bad name!", "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
+    assert fetched.error_code.value == 0
+    codes = {(t.topic, p.partition_index): p.error_code.value
+             for t in fetched.responses for p in t.partitions}
+    assert codes == {("t", -1): Errors.UNKNOWN_TOPIC_OR_PARTITION, ("t", 0): 0,
+                     ("bad name!", 0): Errors.UNKNOWN_TOPIC_OR_PARTITION}
+    listed = call_once(gateway, 2, 7, {
+        "replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "timestamp": -1}, {"partition_index": -1, "timestamp": -1}]}]})
+    codes = {p.partition_index: (p.error_code.value, p.offset)
+             for t in listed.topics for p in t.partitions}
+    assert codes == {0: (0, 0), -1: (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
+
+
+def _fetch_body(topic: str, partitions: list[int], *, max_wait: int, min_bytes: int,
+                max_bytes: int, partition_max_bytes: int) -> dict[str, Any]:
+    return {"replica_id": -1, "max_wait": max_wait, "min_bytes": min_bytes,
+            "max_bytes": max_bytes, "topics": [{"topic": topic, "partitions": [
+                {"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes}
+                for p in partitions]}]}
+
+
+def _records(fetched: Any) -> dict[int, list[bytes | None]]:
+    return {p.partition_index: [r.value for b in decode_batches(bytes(p.records or b""),
+                                                                 p.partition_index)
+                                for r in b.records]
+            for t in fetched.responses for p in t.partitions}
+
+
+def test_fetch_min_bytes(gateway, redis_server, topics):
+    """min_bytes 0 answers at once at the log end (it waited max_wait); a min_bytes larger than
+    the records there waits for more (it answered with the first record)."""
+    topics.create("t", 1)
+    # A minute's max_wait under the harness' 10 s socket timeout: only an answer at once
+    # passes.
+    assert _records(call_once(gateway, 1, 12, _fetch_body(
+        "t", [0], max_wait=60_000, min_bytes=0, max_bytes=1 << 20,
+        partition_max_bytes=1 << 20))) == {0: []}
+
+    client = redis_server.client()
+    producer = Producer(client, gateway.config.namespace, idempotent=False)
+    producer.send("t", b"small", partition=0)
+    sock = connect(gateway)
+    sock.settimeout(60)
+    got: list[Any] = []
+    waiting = threading.Thread(target=lambda: got.append(response(sock, 1, 12, 5)))
+    try:
+        sock.sendall(request_frame(1, 12, 1, _fetch_body(
+            "t", [0], max_wait=60_000, min_bytes=100_000, max_bytes=1 << 20,
+            partition_max_bytes=1 << 20)))
+        waiting.start()
+        for _ in range(3):  # 3 x 40 KB: the answer comes once they are all there
+            producer.send("t", b"x" * 40_000, partition=0)
+        waiting.join(60)
+        assert got, "no answer"
+        values = _records(got[0])[0]
+        assert values[0] == b"small" and len(values) == 4
+        assert sum(len(v or b"") for v in values) >= 100_000
+    finally:
+        sock.close()
+        client.close()
+
+
+def test_the_bytes_a_fetch_reads_follow_its_max_bytes(gateway, redis_server, topics,
+                                                      monkeypatch):
+    """40 backlogged partitions of 20 records of 50 KB, max_bytes 1 MB, partition_max_bytes
+    1 MB each: the gateway read 40 MB (every partition to its own limit) to send 1 MB; now the
+    first partition's megabyte and one record of each other."""
+    topics.create("t", 40)
+    client = redis_server.client()
+    try:
+        producer = Producer(client, gateway.config.namespace, idempotent=False)
+        for p in range(40):
+            producer.send_batch("t", [ProducerRecord(b"x" * 50_000, partition=p)
+                                      for _ in range(20)])
+    finally:
+        client.close()
+    read = [0]
+    real = api_records.fetch
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        res = real(*args, **kwargs)
+        read[0] += sum(len(r.value or b"") for r in res.records)
+        return res
+
+    monkeypatch.setattr(api_records, "fetch", counting)
+    fetched = call_once(gateway, 1, 12, _fetch_body("t", list(range(40)), max_wait=0,
+                                                    min_bytes=1, max_bytes=1 << 20,
+                                                    partition_max_bytes=1 << 20))
+    got = _records(fetched)
+    sent = sum(len(v or b"") for vs in got.values() for v in vs)
+    assert len(got[0]) == 20 and sent < 1.1 * (1 << 20)
+    # The first partition's records (and one more a read asked for), one record of each of
+    # the 39 others: about 3 MB, not 40.
+    assert read[0] <= 21 * 50_000 + 39 * 50_000
+
+
+def test_validate_only_refuses_what_the_create_would(gateway, topics):
+    topics.create("taken", 1)
+    body = {"topics": [
+        {"name": name, "num_partitions": count, "replication_factor": -1, "assignments": [],
+         "configs": configs}
+        for name, count, configs in (
+            ("bad name!", 1, []), ("huge", 200_000, []), ("taken", 1, []), ("fine", 3, []),
+            ("badcfg", 1, [{"name": "retention.ms", "value": "-5"}]))],
+        "timeout": 5000}
+    checked = call_once(gateway, 19, 7, {**body, "validate_only": True})
+    codes = {t.name: (t.error_code.value, t.num_partitions) for t in checked.topics}
+    assert codes == {"bad name!": (Errors.INVALID_TOPIC_EXCEPTION, -1),
+                     "huge": (Errors.INVALID_PARTITIONS, -1),
+                     "taken": (Errors.TOPIC_ALREADY_EXISTS, -1), "fine": (0, 3),
+                     "badcfg": (Errors.INVALID_CONFIG, -1)}
+    assert topics.list() == ["taken"]  # validate_only created nothing
+    created = call_once(gateway, 19, 7, {**body, "validate_only": False})
+    assert {t.name: t.error_code.value for t in created.topics} == {
+        name: code for name, (code, _) in codes.items()}
+    assert topics.list() == ["fine", "taken"]
