@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -582,5 +583,80 @@ def test_a_stuck_timer_loop_is_reported_then_gives_its_leases_up(own_server, nam
     finally:
         blocked.clear()
         release.set()
+        svc.stop()
+        runner.join(10)
+
+
+def test_a_backlog_is_applied_in_turns_that_each_end_soon(own_server, namespace):
+    """1,100 due groups in one partition (a takeover after an outage): one sweep_due with no
+    time left after its first batch applies that batch and leaves the rest due, for the next
+    turns (before, one call applied them all: with 40,000 groups, turns of 6-12 s that looked
+    like a stuck loop, and every lease was given up)."""
+    from rcoord.service.metrics import Metrics
+    from rcoord.service.sweeper import DUE_BATCH, Sweeper
+
+    client = own_server.client()
+    cfg = {"num_partitions": 1, "group_min_session_timeout_ms": 10,
+           "group_initial_rebalance_delay_ms": 0}
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **cfg)).start()
+    n = 1100
+    for i in range(n):
+        coord.join_group(f"g{i}", **{**JOIN, "session_timeout_ms": 50})
+    due_key = coord._keys("g0").partition.due
+
+    def due_now() -> int:
+        return int(client.zcount(due_key, 0, _server_ms(client)))
+
+    wait_until(lambda: due_now() == n)
+    sweeper = Sweeper(client, coord._scripts, namespace, 1, Metrics())
+    sweeper.turn_budget_ms = 0  # no time left after the first batch
+    sweeper.sync_clock()
+    sweeper.resync({0})
+    began = time.monotonic()
+    sweeper.sweep_due("deadline")
+    assert due_now() >= n - DUE_BATCH  # one batch applied; the others wait for the next turn
+    assert sweeper.next_due() <= sweeper.server_now()  # so the next turn starts at once
+    assert sweeper.last_progress >= began  # a sign of life for the stuck-loop check
+    wait_until(lambda: due_now() == 0, step=lambda: sweeper.sweep_due("deadline"),
+               timeout_s=30)
+
+
+def test_a_timer_loop_that_redis_refuses_keeps_its_leases(own_server, namespace, events):
+    """A timer loop whose calls fail (Redis unreachable for it) waits and tries again, at most
+    a second apart: alive, not stuck, so it keeps its leases past STALLED_MIN_MS (before, it
+    gave them all up while its lease rounds succeeded, and its retry wait grew to 5 s, so
+    deadlines came seconds late once Redis answered)."""
+    import redis as redis_lib
+
+    from rcoord.service.service import LOOP_PAUSE_MAX_MS, LOOP_PAUSE_MS, STALLED_MIN_MS
+
+    # The waits of six failed turns add up to more than STALLED_MIN_MS.
+    waits, pause = 0, LOOP_PAUSE_MS
+    for _ in range(5):
+        waits, pause = waits + pause, min(LOOP_PAUSE_MAX_MS, pause * 2)
+    assert waits > STALLED_MIN_MS
+    svc = _in_process(own_server.url, namespace, "refused-loop")
+    failing = threading.Event()
+    real_next_due = svc.sweeper.next_due
+
+    def next_due() -> float:
+        if failing.is_set():
+            raise redis_lib.ConnectionError("Redis went away (test)")
+        return real_next_due()
+
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: svc.health()[0] and svc.leases.owned, timeout_s=10)
+        svc.sweeper.next_due = next_due  # type: ignore[method-assign]
+        failing.set()
+        wait_until(lambda: events.counts["loop_error"] >= 6, timeout_s=20)
+        assert events.counts["timer_loop_stalled"] == 0
+        assert svc.leases.owned and not svc.health()[0]  # unhealthy (failing), leases kept
+        failing.clear()
+        wait_until(lambda: svc.health()[0], timeout_s=10)
+        assert svc.leases.owned
+    finally:
+        failing.clear()
         svc.stop()
         runner.join(10)

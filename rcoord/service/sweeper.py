@@ -40,6 +40,12 @@ DUE_BATCH = 500
 MAX_PASSES = 20
 """Batches ``sweep_partition`` runs in one call; what is left stays due for the next turn, so
 one call never runs unbounded (and the stop event is checked between batches)."""
+TURN_BUDGET_MS = 250
+"""How long one ``sweep_due`` works before it leaves the rest due for the next turn (the
+service makes it at most a quarter of the lease TTL): a backlog (a takeover after an outage,
+40,000 due groups) is applied in turns that each end soon, so the timer loop keeps reading its
+events and reports progress, instead of one turn of seconds that looked like a stuck loop and
+gave every lease up."""
 BACKOFF_FIRST_MS = 100
 BACKOFF_MAX_MS = 30_000
 """A group whose call failed is retried after 100 ms, doubling up to 30 s."""
@@ -60,6 +66,9 @@ class Sweeper:
         self._metrics = metrics
         self.earliest: dict[int, float] = {}
         self._offset_ms = 0.0  # server clock minus local wall clock
+        self.turn_budget_ms = TURN_BUDGET_MS
+        self.last_progress = time.monotonic()
+        """When a batch of calls last came back (monotonic): a long turn is not a stuck one."""
 
     # -- server time -----------------------------------------------------------------------------
 
@@ -112,6 +121,7 @@ class Sweeper:
         due = [p for p, at in self.earliest.items() if at <= now]
         if not due:
             return 0
+        until = time.monotonic() + self.turn_budget_ms / 1000
         pipe = self._client.pipeline(transaction=False)
         for p in due:
             # Backed-off groups come first among the due ones often: ask for as many more.
@@ -129,11 +139,16 @@ class Sweeper:
             work.extend((p, g) for g in ready)
             if len(ready) >= DUE_BATCH:
                 full.append(p)
-        applied = self._expire_many(work, source)
-        for p in full:
-            if self._stop.is_set():
+        applied = 0
+        for start in range(0, len(work), DUE_BATCH):
+            # A batch at least; what the turn's budget leaves stays due for the next turn.
+            if start and (self._stop.is_set() or time.monotonic() >= until):
                 break
-            applied += self.sweep_partition(p, source)
+            applied += self._expire_many(work[start:start + DUE_BATCH], source)
+        for p in full:
+            if self._stop.is_set() or time.monotonic() >= until:
+                break
+            applied += self.sweep_partition(p, source, until)
         self._refresh(due)
         return applied
 
@@ -151,13 +166,14 @@ class Sweeper:
                 at = min(at, float(score) if entry is None else max(float(score), entry[0]))
             self.earliest[p] = at
 
-    def sweep_partition(self, p: int, source: str) -> int:
+    def sweep_partition(self, p: int, source: str, until: float | None = None) -> int:
         """The due groups of one partition, in pipelined batches: at most ``MAX_PASSES``, until
-        a batch applies nothing or the service stops (what is left stays due for later)."""
+        a batch applies nothing, the service stops or the monotonic time ``until`` passes (what
+        is left stays due for later)."""
         pk = self._pk[p]
         applied = 0
         for _ in range(MAX_PASSES):
-            if self._stop.is_set():
+            if self._stop.is_set() or (until is not None and time.monotonic() >= until):
                 break
             limit = DUE_BATCH + self._backed_off_in(p)
             due = self._scripts.due_groups(keys=[pk.due], args=["", limit])
@@ -194,6 +210,12 @@ class Sweeper:
             "failures": failures + 1, "retry_in_ms": int(delay)})
 
     def _expire_many(self, work: list[tuple[int, str]], source: str) -> int:
+        try:
+            return self._expire_each(work, source)
+        finally:
+            self.last_progress = time.monotonic()
+
+    def _expire_each(self, work: list[tuple[int, str]], source: str) -> int:
         if len(work) <= 1:
             return sum(self.expire_group(p, g, source) for p, g in work)
         pipe = self._client.pipeline(transaction=False)
