@@ -162,7 +162,7 @@ class CoordinatorService:
         n = self.group_config.num_partitions
         self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
         self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
-        self.sweeper.turn_budget_ms = min(self.sweeper.turn_budget_ms, cfg.lease_ttl_ms / 4)
+        self.sweeper.turn_budget_ms = min(self.sweeper.turn_budget_ms, cfg.lease_ttl_ms // 4)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
         listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
                             deadlines=cfg.wake != "hints", hints=cfg.wake != "index",
