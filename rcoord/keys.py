@@ -24,6 +24,10 @@ GROUP_KEYS declares the order, by name, for both languages):
  16   ``<ns>:{t}:q:<group>``       zset: member id -> its join sequence number (the oldest leads)
 ====  ==========================  ============================================================
 
+``<ns>:{t}:tail`` (same tag, no script touches it) is the id of the partition's last event the
+coordinator service logged, so the partition's next lease holder logs from there on
+(``rcoord.service.observe``).
+
 ``<ns>:{t}:a:<group>`` (same tag, no script touches it) is the short-lived claim with which one
 parked caller applies a due deadline for the others.
 
@@ -99,6 +103,10 @@ class PartitionKeys:
     @property
     def events(self) -> str:
         return f"{self.prefix}:events"
+
+    @property
+    def tail(self) -> str:
+        return f"{self.prefix}:tail"
 
     @property
     def lease(self) -> str:

@@ -660,3 +660,31 @@ def test_a_timer_loop_that_redis_refuses_keeps_its_leases(own_server, namespace,
         failing.clear()
         svc.stop()
         runner.join(10)
+
+
+def test_a_partitions_next_holder_logs_from_where_the_last_one_stopped(own_server, namespace):
+    """The events a holder had not read when it lost a partition (it died, or handed it over),
+    and those of the new holder's first sweep, are logged and counted by the new holder: it
+    goes on from the partition's stored tail (before, it started at the stream's end, and the
+    expiries of every takeover went unlogged)."""
+    from rcoord.service.metrics import Metrics
+    from rcoord.service.observe import EventTail
+
+    client = own_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, num_partitions=1, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    first = EventTail(client, namespace, 1, Metrics())
+    assert first.poll({0}) == 0  # the partition's first holder starts at the stream's end
+    _lonely_member(coord, "before")
+    logged = first.poll({0})
+    assert logged > 0  # the group's transitions
+    _lonely_member(coord, "after")  # the first holder dies before reading these
+    events = coord._keys("after").partition.events
+    unread = len(client.xrange(events, min=b"(" + first._last[0]))
+    assert unread > 0
+    metrics = Metrics()
+    second = EventTail(client, namespace, 1, metrics)
+    assert second.poll({0}) == 0  # takes the partition: goes on from the stored tail
+    assert second.poll({0}) == unread
+    assert second.poll({0}) == 0

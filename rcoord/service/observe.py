@@ -27,7 +27,14 @@ class EventTail:
         self._last: dict[int, bytes] = {}
 
     def poll(self, owned: set[int]) -> int:
-        """Read what is new in each leased partition's events; a newly leased one starts now."""
+        """Read what is new in each leased partition's events.
+
+        A newly leased partition goes on from the last event its previous holder logged (the
+        partition's ``tail`` key, written after every read that moved it), so what that holder
+        did not read before it died or handed the partition over, and what the new holder's
+        first sweep applies, is logged and counted (before, a new holder started at the
+        stream's end, and every expiry of a takeover went unlogged). Without a stored position
+        (the partition's first holder) it starts at the stream's end."""
         ps = sorted(owned)
         for p in list(self._last):
             if p not in owned:
@@ -39,16 +46,25 @@ class EventTail:
             if p in self._last:
                 pipe.xrange(self._pk[p].events, min=b"(" + self._last[p], max="+", count=1000)
             else:
+                pipe.get(self._pk[p].tail)
                 pipe.xrevrange(self._pk[p].events, count=1)
+        replies = iter(pipe.execute())
         seen = 0
-        for p, entries in zip(ps, pipe.execute(), strict=True):
+        moved: dict[int, bytes] = {}
+        for p in ps:
             if p not in self._last:
-                self._last[p] = entries[0][0] if entries else b"0-0"
+                stored, latest = next(replies), next(replies)
+                self._last[p] = stored or (latest[0][0] if latest else b"0-0")
                 continue
-            for entry_id, fields in entries:
-                self._last[p] = entry_id
+            for entry_id, fields in next(replies):
+                self._last[p] = moved[p] = entry_id
                 self._record(p, {k.decode(): v.decode("utf-8", "surrogateescape") for k, v in fields.items()})
                 seen += 1
+        if moved:
+            pipe = self._client.pipeline(transaction=False)
+            for p, entry_id in moved.items():
+                pipe.set(self._pk[p].tail, entry_id)
+            pipe.execute()
         return seen
 
     def _record(self, partition: int, e: dict[str, str]) -> None:

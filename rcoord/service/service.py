@@ -445,6 +445,9 @@ class CoordinatorService:
         match event:
             case Owned(partitions):
                 owned = set(partitions)
+                # Where each new partition's log goes on, read before the first sweep applies
+                # anything there (observe.EventTail.poll).
+                self.tail.poll(owned)
                 if index:
                     self.sweeper.resync(owned)
             case Deadline(p, at_ms):
