@@ -114,7 +114,7 @@ def _produce(ctx: Context) -> int:
                 flush(number)
         if batch:
             flush(number)
-    except (Failure, KeyboardInterrupt):
+    except Failure:
         raise
     except Exception as exc:
         # Say exactly what is stored, so the input can be sent again from the right line
