@@ -13,7 +13,10 @@
 -- flags, value, key, headers.
 -- Returns {'NONE', first appended id or '', timestamp ms, duplicates d, {offsets of the d
 -- leading records}, {their timestamps}} (-1 where no longer known), or
--- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, {'OUT_OF_ORDER_SEQUENCE_NUMBER', why}.
+-- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, or
+-- {'OUT_OF_ORDER_SEQUENCE_NUMBER', why, the sequence expected next (modulo ARGV[8] if given)}:
+-- the client compares that with what it was told was stored (a failover that lost an
+-- acknowledged append leaves the state behind it; rcoord.topics.producer).
 --
 -- State of one producer (a msgpack array of integers; C-coded, about 5x cheaper than text):
 -- epoch, last sequence appended (-1: none in this epoch), last activity ms, then 4 per
@@ -78,9 +81,10 @@ if st then
   -- The next sequence is last + 1; a gap is only accepted where the producer says it may have
   -- lost records (a call that failed or timed out), which then never appear.
   if first > st.last + 1 and not (lost_from and lost_from <= st.last + 1) then
+    local expected = modulus and (st.last + 1) % modulus or st.last + 1
     return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
-      'producer %s epoch %d sent sequence %d, expected %d',
-      pid, epoch, sent, modulus and (st.last + 1) % modulus or st.last + 1)}
+      'producer %s epoch %d sent sequence %d, expected %d', pid, epoch, sent, expected),
+      expected}
   end
   if modulus then
     -- A Kafka producer resends whole batches: a batch is a duplicate only when it is exactly
@@ -96,7 +100,7 @@ if st then
       return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
         'producer %s epoch %d sent sequences %d..%d, expected %d: not a batch this partition '
         .. 'remembers (its last %d), and below the next sequence', pid, epoch, sent,
-        (sent + n - 1) % modulus, (st.last + 1) % modulus, KEEP_BATCHES)}
+        (sent + n - 1) % modulus, (st.last + 1) % modulus, KEEP_BATCHES), (st.last + 1) % modulus}
     end
   else
     dup = math.max(0, math.min(n, st.last - first + 1))

@@ -409,6 +409,86 @@ def test_allocated_ids_are_unique(redis_client: Any, namespace: str) -> None:
     assert len(ids) == 5 and all(isinstance(i, str) and i for i in ids)
 
 
+
+# -- a failover that loses acknowledged appends -------------------------------------------------
+
+
+def lose_after(client: Any, ns: str, topic: str, partition: int) -> Callable[[], None]:
+    """Snapshot the partition's keys (what an asynchronous replica holds) and return the
+    failover: put the snapshot back, dropping every append acknowledged since."""
+    snapshot = {k: client.dump(k) for k in partition_keys(ns, topic, partition)}
+
+    def failover() -> None:
+        for key, raw in snapshot.items():
+            if raw is None:
+                client.delete(key)
+            else:
+                client.restore(key, 0, raw, replace=True)
+
+    return failover
+
+
+def test_an_allocated_producer_reports_a_lost_append_and_goes_on_at_a_new_epoch(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """KIP-360: the send that finds acknowledged records missing raises and names them; the
+    producer raises its epoch, so its later sends to every partition are appended again."""
+    topics.create("t", 2)
+    # Every call runs twice (a resend after a lost reply), so duplicates stay recognised.
+    client = ReplayingClient(redis_client)
+    producer = Producer(client, namespace)
+    producer.send_batch("t", [ProducerRecord(b"a%d" % i, partition=0) for i in range(3)])
+    producer.send("t", b"x", partition=1)
+    failover = lose_after(redis_client, namespace, "t", 0)
+    metas = producer.send_batch("t", [ProducerRecord(b"b%d" % i, partition=0) for i in range(3)])
+    assert [m.offset for m in metas] == [3, 4, 5]  # acknowledged ...
+    failover()  # ... and lost
+    with pytest.raises(TopicError) as err:
+        producer.send("t", b"c0", partition=0)
+    assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert "sequences 3..5 of epoch 0 are missing" in err.value.detail
+    assert "moved to epoch 1" in err.value.detail
+    assert producer.producer_epoch == 1
+    assert values(namespace, redis_client, "t", 0) == [b"a0", b"a1", b"a2"]
+    # Later sends work again, on both partitions, from sequence 0 of epoch 1; the replayed
+    # call is still taken for a duplicate (appended once, its offset reported).
+    for i, value in enumerate([b"c1", b"c2"]):
+        meta = producer.send("t", value, partition=0)
+        assert (meta.offset, meta.duplicate) == (3 + i, True)
+    assert producer.send("t", b"y", partition=1).offset == 1
+    assert values(namespace, redis_client, "t", 0) == [b"a0", b"a1", b"a2", b"c1", b"c2"]
+    assert values(namespace, redis_client, "t", 1) == [b"x", b"y"]
+    pid = producer.producer_id
+    assert pid is not None
+    # A resend of epoch 1's first call is a duplicate; epoch 0's calls are fenced now.
+    assert ok(append(redis_client, namespace, "t", 0, pid, 1, 0, [b"c1"])) == (-1, 1, [3])
+    assert error(append(redis_client, namespace, "t", 0, pid, 0, 6, [b"b0"])) == (
+        Errors.PRODUCER_FENCED)
+
+
+def test_a_named_producer_is_told_what_a_lost_append_means_and_what_to_do(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A producer_id of the caller's own keeps its epoch: the partition refuses it from then on,
+    and every refusal says which records were lost and to use a higher epoch."""
+    topics.create("t", 1)
+    producer = Producer(redis_client, namespace, producer_id="sink:q:0", producer_epoch=7)
+    producer.send_batch("t", [ProducerRecord(b"a%d" % i, partition=0) for i in range(3)])
+    failover = lose_after(redis_client, namespace, "t", 0)
+    producer.send_batch("t", [ProducerRecord(b"b%d" % i, partition=0) for i in range(3)])
+    failover()
+    for attempt in range(2):
+        with pytest.raises(TopicError) as err:
+            producer.send("t", b"c%d" % attempt, partition=0)
+        assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert "sequences 3..5 of epoch 7 are missing" in err.value.detail
+        assert "higher producer_epoch" in err.value.detail
+    assert producer.producer_epoch == 7
+    assert values(namespace, redis_client, "t", 0) == [b"a0", b"a1", b"a2"]
+    successor = Producer(redis_client, namespace, producer_id="sink:q:0", producer_epoch=8)
+    assert successor.send("t", b"d", partition=0).offset == 3
+
+
 # -- the producer's own bookkeeping -----------------------------------------------------------
 
 

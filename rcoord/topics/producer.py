@@ -64,10 +64,18 @@ class _Sequence:
     missing, so the gap is accepted once and the lost records can never appear later. The lock
     is held from numbering until the reply, so one producer's appends to a partition reach
     the server in sequence order even when several threads share the producer.
+
+    ``acked``: the highest sequence number the server said it holds (appended or duplicate), so
+    an OUT_OF_ORDER_SEQUENCE_NUMBER that expects a number at or below it means the partition
+    lost records it had acknowledged (a failover). ``epoch``: the epoch this numbering is in
+    (``None`` until the first send); an allocated producer raises its epoch after such a loss,
+    and each partition's numbering starts again from 0 at its next send.
     """
 
     next: int = 0
     lost_from: int | None = None
+    acked: int = -1
+    epoch: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -98,9 +106,21 @@ class Producer:
     no longer remembered). A lower epoch than the partition has seen raises TopicError
     PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
     same id and epoch that resends the same records in the same order appends nothing twice
-    either (a replay; the Spark sink also handles another order, see ``log_appends``); one with a higher epoch starts again from 0. The state
-    expires after the topic's ``producer_id_expiration_ms`` without an append. See
-    docs/guarantees.md. ``idempotent=False`` appends every call as it comes.
+    either (a replay; the Spark sink also handles another order, see ``log_appends``); one
+    with a higher epoch starts again from 0. The state expires after the topic's
+    ``producer_id_expiration_ms`` without an append. See docs/guarantees.md.
+    ``idempotent=False`` appends every call as it comes.
+
+    **Acknowledged records lost by a failover.** Redis replicates asynchronously, so a failover
+    can lose an append the producer was told had succeeded, and with it the partition's state
+    of that append: the partition then expects a lower sequence than the producer sends. The
+    send that finds this raises TopicError OUT_OF_ORDER_SEQUENCE_NUMBER naming the lost
+    sequence numbers (those records are gone; this call appended nothing). A producer whose id
+    rcoord allocated then raises its epoch, as Kafka's does since KIP-360, so its later sends
+    number every partition from 0 again and are appended; ``producer_epoch`` shows the new
+    epoch. A producer with a ``producer_id`` of its own keeps its epoch (the caller chose it,
+    e.g. the Spark sink's batch id), so that partition refuses it from then on: make a new
+    ``Producer`` with a higher ``producer_epoch``.
 
     ``log_appends`` (named idempotent producers): each partition also keeps the offset ranges
     this producer appended in its current epoch (one line per script call, an ``APPEND``), so a
@@ -149,6 +169,8 @@ class Producer:
             raise InvalidRequestError(f"producer_epoch must be <= {_MAX_EPOCH}, got {producer_epoch}")
         self._idempotent = idempotent
         self._producer_id = producer_id
+        # An allocated id is this producer's alone, so it may raise its epoch (KIP-360).
+        self._allocated_id = producer_id is None
         self._epoch = producer_epoch
         self._clock = clock
         self._log_appends = log_appends
@@ -249,6 +271,8 @@ class Producer:
                     f"{topic} partition {partition}: this producer has sent records there "
                     f"already (next sequence {seq.next})")
             seq.next = next_sequence
+            # The earlier producer's records below it are stored: a loss of them is reported.
+            seq.acked = next_sequence - 1
 
     def _sequence(self, topic: str, partition: int) -> _Sequence:
         with self._lock:
@@ -393,6 +417,16 @@ class Producer:
         with contextlib.ExitStack() as stack:
             for p in order:
                 stack.enter_context(seqs[p].lock)
+            with self._lock:
+                epoch = self._epoch
+            for p in order:
+                seq = seqs[p]
+                if seq.epoch is None:
+                    seq.epoch = epoch
+                elif seq.epoch != epoch:
+                    # The epoch was raised (a lost append, below): a new epoch numbers from 0,
+                    # and the partition's state starts again when it sees it.
+                    seq.epoch, seq.next, seq.lost_from, seq.acked = epoch, 0, None, -1
             now = self._now_arg()
             calls: list[_Call] = []
             chunks: list[tuple[int, int, list[int]]] = []  # partition, first sequence, records
@@ -404,7 +438,7 @@ class Producer:
                     keys.append(producer_log_key(self._ns, topic, p, pid))
                 for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
                     chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
-                    args = _idempotent_args(now, pid, self._epoch, seq.next + lo, lost,
+                    args = _idempotent_args(now, pid, epoch, seq.next + lo, lost,
                                             expiration, "", [encoded[i] for i in chunk])
                     calls.append((APPEND_IDEMPOTENT, keys, args))
                     chunks.append((p, seq.next + lo, chunk))
@@ -418,13 +452,18 @@ class Producer:
 
             out: list[RecordMetadata | None] = [None] * len(encoded)
             failed: dict[int, tuple[Errors, str, int]] = {}  # partition -> error, why, first seq
+            expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
+            acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
             for (p, first_seq, chunk), res in zip(chunks, results):
                 error = _name(res[0])
                 if error != Errors.NONE:
                     if p not in failed:
                         why = res[1].decode() if len(res) > 1 else ""
                         failed[p] = (error, why, first_seq)
+                        if error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and len(res) > 2:
+                            expected[p] = int(res[2])
                     continue
+                acked[p] = max(acked.get(p, -1), first_seq + len(chunk) - 1)
                 first = _id_offset(res[1]) if res[1] else -1
                 ts, dup = int(res[2]), int(res[3])
                 for j, i in enumerate(chunk):
@@ -433,8 +472,14 @@ class Producer:
                     else:
                         out[i] = RecordMetadata(topic, p, first + j - dup, ts)
             for p in order:
+                seq = seqs[p]
+                seq.acked = max(seq.acked, acked.get(p, -1))
+                if p in expected:
+                    error, why, first_seq = failed[p]
+                    failed[p] = (error, self._out_of_order(epoch, seq, first_seq, expected[p],
+                                                           why), first_seq)
                 lost_at = failed[p][2] if p in failed else None
-                self._spend(seqs[p], len(by_part[p]), lost_at)
+                self._spend(seq, len(by_part[p]), lost_at)
         if failed:
             if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
                 with self._lock:
@@ -444,6 +489,30 @@ class Producer:
                                for p, (e, why, _) in sorted(failed.items()))
             raise TopicError(worst, f"{topic} {detail}")
         return [m for m in out if m is not None]
+
+    def _out_of_order(self, epoch: int, seq: _Sequence, sent: int, expected: int,
+                      why: str) -> str:
+        """The message of an OUT_OF_ORDER_SEQUENCE_NUMBER refusal, and for an allocated id the
+        recovery: the epoch goes up by one, so every partition numbers from 0 again (Kafka's
+        KIP-360 epoch bump). Called with the partition's lock held, after its append."""
+        if expected <= seq.acked:
+            what = (f"the partition lost records this producer was told were stored: sequences "
+                    f"{expected}..{seq.acked} of epoch {epoch} are missing (a failover to a "
+                    f"replica that had not received them, or older data restored). Those "
+                    f"records are gone; this call appended nothing ({why})")
+        else:
+            what = why
+        if self._allocated_id and epoch < _MAX_EPOCH:
+            with self._lock:
+                if self._epoch == epoch:
+                    self._epoch = epoch + 1
+            return (f"{what}. The producer moved to epoch {epoch + 1}: its later sends number "
+                    f"from 0 again and are appended; send the lost records again if they must "
+                    f"be stored")
+        return (f"{what}. Producer id {self._producer_id} cannot append to this partition again "
+                f"at epoch {epoch}: use a new Producer with a higher producer_epoch (or no "
+                f"producer_id, so that one is allocated), and send the lost records again if "
+                f"they must be stored")
 
     @staticmethod
     def _spend(seq: _Sequence, count: int, lost_at: int | None) -> None:
