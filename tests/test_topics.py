@@ -33,7 +33,7 @@ from rcoord.topics import (
     resolve_offset,
 )
 from rcoord.topics import admin as topics_admin
-from rcoord.topics._base import producer_log_key
+from rcoord.topics._base import MAKE, _run, make_keys, producer_log_key
 
 WAIT_S = 15.0
 
@@ -223,6 +223,82 @@ def test_add_partitions(topics: Topics, redis_client: Any, namespace: str) -> No
     assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
     assert topics.partition_count("t") == 5
 
+
+
+def partition_keys_left(client: Any, ns: str, topic: str, partition: int) -> list[str]:
+    return [k for k in make_keys(ns, topic, partition) if client.exists(k)]
+
+
+def test_delete_racing_add_partitions_deletes_the_added_partitions(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another admin adds a partition (and a producer fills it) between delete's count read and
+    its deletions: delete reads the count again and deletes that partition too."""
+    topics.create("t", 1)
+    other = Topics(redis_client, namespace)
+    real_count = topics.partition_count
+
+    def count_then_race(topic: str) -> int:
+        count = real_count(topic)
+        other.add_partitions(topic, 3)
+        Producer(redis_client, namespace).send_batch(
+            topic, [ProducerRecord(b"old", partition=p) for p in (1, 2)])
+        return count
+
+    monkeypatch.setattr(topics, "partition_count", count_then_race)
+    topics.delete("t")
+    assert other.list() == []
+    for p in range(3):
+        assert partition_keys_left(redis_client, namespace, "t", p) == []
+
+
+def test_a_new_topic_does_not_adopt_a_partition_an_older_one_left(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """What a delete that lost the race to an add_partitions leaves (the race's window is
+    between delete's last count read and its metadata deletion): partition 1's stream, with
+    records and producer state. A new topic of the same name grown to 2 partitions replaces it
+    instead of taking its records, offsets and producer state."""
+    topics.create("t", 2)
+    Producer(redis_client, namespace, producer_id="x", producer_epoch=5).send_batch(
+        "t", [ProducerRecord(b"old-%d" % i, partition=1) for i in range(3)])
+    redis_client.delete(f"{namespace}:topicmeta:{{t}}", partition_key(namespace, "t", 0))
+    topics.create("t", 1)
+    topics.add_partitions("t", 2)
+    assert log_offsets(redis_client, namespace, "t", 1) == (0, 0)
+    # No state carried over: a lower epoch is not fenced, sequence 0 is not a duplicate.
+    meta = Producer(redis_client, namespace, producer_id="x", producer_epoch=1).send(
+        "t", b"new", partition=1)
+    assert (meta.offset, meta.duplicate) == (0, False)
+    assert [r.value for r in fetch_all(redis_client, namespace, "t", 1).records] == [b"new"]
+    # A concurrent add_partitions of this same topic keeps what the first one made.
+    topics.add_partitions("t", 3)
+    Producer(redis_client, namespace).send("t", b"kept", partition=2)
+    token = topics.create_token("t")
+    (res,) = _run(redis_client, [(MAKE, make_keys(namespace, "t", 2), ["ensure", token])])
+    assert int(res[0]) == 0
+    assert [r.value for r in fetch_all(redis_client, namespace, "t", 2).records] == [b"kept"]
+
+
+def test_an_add_partitions_that_outlived_its_topic_leaves_a_newer_one_alone(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add_partitions read the count of a topic that is then deleted and created again with
+    more partitions: it must not replace the new topic's partitions, nor grow it."""
+    topics.create("t", 1)
+    stale = topics._count_and_token("t")
+    topics.delete("t")
+    topics.create("t", 3)
+    Producer(redis_client, namespace).send("t", b"new", partition=1)
+    reads = iter([stale])  # the first read is stale; any later one reads the topic again
+    real_read = topics._count_and_token
+    monkeypatch.setattr(topics, "_count_and_token", lambda topic: next(reads, None) or real_read(topic))
+    with pytest.raises(TopicError) as err:
+        topics.add_partitions("t", 4)
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    monkeypatch.undo()
+    assert topics.partition_count("t") == 3
+    assert [r.value for r in fetch_all(redis_client, namespace, "t", 1).records] == [b"new"]
 
 # -- producing --------------------------------------------------------------------------------
 

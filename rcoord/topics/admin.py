@@ -133,14 +133,19 @@ class Topics:
         """Kafka's CreatePartitions: grow to ``new_total``; INVALID_PARTITIONS unless it grows.
 
         The new streams are made before the count is raised, so no producer is ever told about
-        a partition that does not exist yet. They are made only if missing: a concurrent
-        ``add_partitions`` may already have announced them and received records. Raising the
-        count carries a token of this call, so when redis-py resends it after a lost reply, the
-        resend is not taken for a second request and answered INVALID_PARTITIONS.
+        a partition that does not exist yet. Each carries the topic's creation token. One that
+        exists with this topic's token is kept: a concurrent ``add_partitions`` may already
+        have announced it and received records. One with another token (or none) was left by
+        an older topic of the same name (a ``delete`` that raced an ``add_partitions``) and is
+        replaced, records and producer state, once the topic is read again and is still this
+        one (so the stream cannot be a newer topic's). Raising the count carries a token of
+        this call, so when redis-py resends it after a lost reply, the resend is not taken for a
+        second request and answered INVALID_PARTITIONS; it also carries the creation token, so a
+        topic deleted (and perhaps created again) meanwhile is UNKNOWN_TOPIC_OR_PARTITION.
         """
         _check_topic(topic)
         _check_int("new_total", new_total, 1)
-        current = self.partition_count(topic)
+        current, token = self._count_and_token(topic)
         if new_total <= current:
             raise TopicError(Errors.INVALID_PARTITIONS,
                              f"{topic} has {current} partitions; cannot go to {new_total}")
@@ -149,14 +154,40 @@ class Topics:
                              f"{topic} has {current} partitions; at most "
                              f"{MAX_PARTITIONS_PER_CALL} more in one call, not "
                              f"{new_total - current}")
-        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure"])
-                       for p in range(current, new_total)])
+        made = _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", token])
+                              for p in range(current, new_total)])
+        leftovers = {p: _text(res[1]) for p, res in zip(range(current, new_total), made)
+                     if int(res[0]) < 0}
+        if leftovers:
+            # Streams of another topic of this name. The topic read now is still the one read
+            # above, and it was made after whatever made those streams (a newer topic's could
+            # only have been made after this one's metadata went), so they are leftovers:
+            # replace each if it still carries the token seen.
+            if self._count_and_token(topic)[1] != token:
+                raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                                 f"{topic} was deleted during add_partitions")
+            replaced = _run(self._r, [(MAKE, make_keys(self._ns, topic, p),
+                                       ["replace", token, seen])
+                                      for p, seen in leftovers.items()])
+            if any(int(res[0]) < 0 for res in replaced):
+                raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                                 f"{topic}: partitions changed hands during add_partitions")
         # A token per call, as in ``create``: a resend of this very call is not a request for
         # the count the topic already has.
         (res,) = _run(self._r, [(GROW_META, [meta_key(self._ns, topic)],
-                                 [new_total, uuid.uuid4().hex])])
+                                 [new_total, uuid.uuid4().hex, token])])
+        if _name(res[0]) == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                             f"{topic} was deleted during add_partitions")
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), f"{topic} has {res[1]} partitions")
+
+    def _count_and_token(self, topic: str) -> tuple[int, str]:
+        """The partition count and the creation token, read together (one HMGET)."""
+        count, raw = self._r.hmget(meta_key(self._ns, topic), ["partitions", "create_token"])
+        if count is None:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        return int(count), "" if raw is None else _text(raw)
 
     @translate_redis_errors
     def partition_count(self, topic: str) -> int:
@@ -192,36 +223,47 @@ class Topics:
         another one means the topic was deleted and created again. UNKNOWN_TOPIC_OR_PARTITION if
         there is no such topic."""
         _check_topic(topic)
-        count, raw = self._r.hmget(meta_key(self._ns, topic), ["partitions", "create_token"])
-        if count is None:
-            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
-        return "" if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+        return self._count_and_token(topic)[1]
 
     @translate_redis_errors
     def delete(self, topic: str) -> None:
         """Kafka's DeleteTopics; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic.
 
         Idempotent producers' state goes with each partition (and ``create`` clears any that a
-        crashed delete left), so a topic re-created under the same name starts clean.
+        crashed delete left), so a topic re-created under the same name starts clean. The count
+        is read again after the streams are deleted, and the partitions a concurrent
+        ``add_partitions`` added meanwhile are deleted too, until it stays put. One that grows
+        the topic between that last read and the metadata's deletion leaves a stream behind; a
+        later topic of the same name does not adopt it (``add_partitions`` replaces it).
         """
         n = self.partition_count(topic)
+        done = 0
+        while True:
+            self._delete_partitions(topic, range(done, n))
+            done = n
+            raw = self._r.hget(meta_key(self._ns, topic), "partitions")
+            if raw is None or int(raw) <= n:
+                break
+            n = int(raw)
+        self._r.delete(meta_key(self._ns, topic))
+
+    def _delete_partitions(self, topic: str, partitions: range) -> None:
+        """Every key of those partitions: streams, producer states and logs, creation tokens."""
         # The producers' append logs (Spark sink producers) are named by producer id: found in
         # the state hash, which the log never outlives.
         pipe = self._r.pipeline(transaction=False)
-        for p in range(n):
+        for p in partitions:
             pipe.hkeys(producer_state_keys(self._ns, topic, p)[0])
         producers = pipe.execute()
         pipe = self._r.pipeline(transaction=False)
-        for p in range(n):
+        for p, pids in zip(partitions, producers):
             pipe.delete(partition_key(self._ns, topic, p))
-            for pid in producers[p]:
-                name = pid.decode() if isinstance(pid, bytes) else str(pid)
-                pipe.delete(producer_log_key(self._ns, topic, p, name))
+            for pid in pids:
+                pipe.delete(producer_log_key(self._ns, topic, p, _text(pid)))
             for key in producer_state_keys(self._ns, topic, p):
                 pipe.delete(key)
             pipe.delete(creation_token_key(self._ns, topic, p))
         pipe.execute()
-        self._r.delete(meta_key(self._ns, topic))
 
     @translate_redis_errors
     def list(self) -> list[str]:
@@ -266,3 +308,7 @@ class Topics:
                     again.append(p)
             pending, records = again, b""
         return dict(sorted(starts.items()))
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
