@@ -38,6 +38,15 @@ def _metadata(corr: int) -> bytes:
                                       "include_topic_authorized_operations": False})
 
 
+def _log(gateway: Any, redis_server: Any) -> tuple[int, int]:
+    """Topic t's partition 0: (log start, log end)."""
+    client = redis_server.client()
+    try:
+        return log_offsets(client, gateway.config.namespace, "t", 0)
+    finally:
+        client.close()
+
+
 def _closed(sock: socket.socket) -> bool:
     """Whether the gateway closed ``sock`` (instead of answering the request sent on it)."""
     try:
@@ -64,11 +73,7 @@ def test_an_acks0_produce_that_fails_closes_the_connection(gateway, redis_server
             assert _closed(sock), (topic, index)
         finally:
             sock.close()
-    client = redis_server.client()
-    try:
-        assert log_offsets(client, gateway.config.namespace, "t", 0) == (0, 1)
-    finally:
-        client.close()
+    assert _log(gateway, redis_server) == (0, 1)  # the good one only
 
 
 def test_acks_other_than_minus_one_zero_or_one_append_nothing(gateway, redis_server, topics):
@@ -83,11 +88,7 @@ def test_acks_other_than_minus_one_zero_or_one_append_nothing(gateway, redis_ser
                 0, INVALID_REQUIRED_ACKS, -1)
     finally:
         sock.close()
-    client = redis_server.client()
-    try:
-        assert log_offsets(client, gateway.config.namespace, "t", 0) == (0, 0)
-    finally:
-        client.close()
+    assert _log(gateway, redis_server) == (0, 0)
 
 
 def test_a_partition_no_topic_has_fails_only_itself(gateway, topics):
