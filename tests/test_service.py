@@ -21,6 +21,7 @@ import pytest
 from harness import wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.keys import PartitionKeys
 from rcoord.partitioning import partition_for
 from rcoord.service.leases import plan
 
@@ -688,3 +689,35 @@ def test_a_partitions_next_holder_logs_from_where_the_last_one_stopped(own_serve
     assert second.poll({0}) == 0  # takes the partition: goes on from the stored tail
     assert second.poll({0}) == unread
     assert second.poll({0}) == 0
+
+
+def test_turns_that_end_on_their_budget_take_the_due_partitions_in_turn(own_server, namespace,
+                                                                       monkeypatch):
+    """Batches of 5 (DUE_BATCH, patched), no time after the first batch: each turn starts at
+    another due partition, so one partition's backlog does not hold the others back."""
+    from rcoord.service import sweeper as sweeper_mod
+    from rcoord.service.metrics import Metrics
+
+    monkeypatch.setattr(sweeper_mod, "DUE_BATCH", 5)
+    client = own_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, num_partitions=2, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    for i in range(40):
+        coord.join_group(f"g{i}", **{**JOIN, "session_timeout_ms": 50})
+    dues = [PartitionKeys(namespace, p, 2).due for p in range(2)]
+
+    def due_now() -> list[int]:
+        now = _server_ms(client)
+        return [int(client.zcount(key, 0, now)) for key in dues]
+
+    wait_until(lambda: sum(due_now()) == 40)
+    start = due_now()
+    assert min(start) > 5  # both partitions have more than one batch due
+    sweeper = sweeper_mod.Sweeper(client, coord._scripts, namespace, 2, Metrics())
+    sweeper.turn_budget_ms = 0
+    sweeper.sync_clock()
+    sweeper.resync({0, 1})
+    sweeper.sweep_due("deadline")
+    sweeper.sweep_due("deadline")
+    assert [a - b for a, b in zip(start, due_now(), strict=True)] == [5, 5]

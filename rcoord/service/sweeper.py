@@ -67,6 +67,7 @@ class Sweeper:
         self.earliest: dict[int, float] = {}
         self._offset_ms = 0.0  # server clock minus local wall clock
         self.turn_budget_ms = TURN_BUDGET_MS
+        self._rotation = 0
         self.last_progress = time.monotonic()
         """When a batch of calls last came back (monotonic): a long turn is not a stuck one."""
 
@@ -122,6 +123,11 @@ class Sweeper:
         if not due:
             return 0
         until = time.monotonic() + self.turn_budget_ms / 1000
+        # Each turn starts at another partition: a turn that ends on its budget must not hand
+        # the first due partitions every turn while the later ones wait for them to drain.
+        shift = self._rotation % len(due)
+        due = due[shift:] + due[:shift]
+        self._rotation += 1
         pipe = self._client.pipeline(transaction=False)
         for p in due:
             # Backed-off groups come first among the due ones often: ask for as many more.
