@@ -1203,8 +1203,7 @@ class Consumer(SubscriptionMixin):
             if ticket is None:
                 return True
             self._revocation_commit = ticket
-        return self._committer.wait_idle(_remaining(deadline), self._wakeup, self._stop,
-                                         upto=ticket)
+        return self._commits_landed(deadline, ticket)
 
     def _await_rejoin(self, rejoin: Callable[[], None] | None, hold: _Hold) -> None:
         """After a cooperative revocation, its listener returned: ``hold`` keeps the member
