@@ -59,3 +59,29 @@ def test_a_connect_that_succeeds_keeps_its_socket_open(net: Any) -> None:
             assert sock.getpeername() == server.getsockname()
         finally:
             sock.close()
+
+
+def _drop_in_a_cycle(sock: socket.socket) -> None:
+    """Leave ``sock`` unclosed where only a garbage collection finds it, as a client that drops
+    a connection inside a reference cycle does."""
+    holder: dict[str, Any] = {"sock": sock}
+    holder["self"] = holder
+
+
+def test_a_stopping_gateway_reports_the_sockets_a_test_left_except_kafka_clients(
+        redis_server: Any, namespace: str) -> None:
+    """The gateway harness collects garbage as it stops (tests/gateway_harness.py): a dropped
+    socket connected to a running gateway is a Kafka client library's and is let go; any other
+    fails the test that dropped it, instead of whichever test the next collection runs in."""
+    from gateway_harness import GatewayThread
+
+    with socket.create_server(("127.0.0.1", 0)) as elsewhere:
+        gw = GatewayThread(redis_server.url, namespace).start()
+        _drop_in_a_cycle(socket.create_connection(gw.address))
+        gw.stop()  # let go: a client's socket to the gateway
+        gw = GatewayThread(redis_server.url, namespace).start()
+        _drop_in_a_cycle(socket.create_connection(elsewhere.getsockname()))
+        with pytest.raises(AssertionError, match="unclosed sockets left by this test") as caught:
+            gw.stop()
+        assert str(elsewhere.getsockname()[1]) in str(caught.value)
+    assert socket_warnings_on_collect() == []

@@ -8,18 +8,28 @@ the leases the plan gives it, renews them, and hands the others straight to thei
 and announces it, so the new holder starts at once. A lease whose holder is gone from the
 registry (it stopped, or died and its registry entry expired after one TTL) is taken by the
 partition's planned holder at once. Leases never guard state: two holders at once are harmless.
+
+On a cluster a round is run per node (``nodes.each_node``): a master that fails costs the leases
+on it, not the renewal of the others; while the registry's own master fails, every coordinator
+keeps the plan of its last round.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+import redis
+
 from ..keys import PartitionKeys
 from ..scripts import Scripts
+from .nodes import NODE_FAILURES, each_node
 
 __all__ = ["plan", "LeaseKeeper"]
+
+log = logging.getLogger("rcoord.service")
 
 
 def _rank(coordinator_id: str, partition: int) -> int:
@@ -89,60 +99,110 @@ class LeaseKeeper:
         self.live = live
         return live
 
+    def _registered(self) -> list[str]:
+        """``register()``; if the registry's node cannot be reached, the coordinators known
+        from the last round: every coordinator then keeps the plan it had, and the leases on
+        the healthy nodes are renewed while the registry's node fails over (no newcomer or
+        departure is seen meanwhile)."""
+        try:
+            return self.register()
+        except NODE_FAILURES as exc:
+            if not self.live:
+                raise
+            log.warning("the coordinator registry cannot be reached; keeping the last plan",
+                        extra={"event": "node_error", "why": str(exc), "live": self.live})
+            return self.live
+
+    def _lease_key(self, p: int) -> str:
+        return self._lease_keys[p]
+
     def _op(self, p: int, op: str, target: str = "") -> str:
         holder = self._scripts.lease(
             keys=[self._lease_keys[p]], args=[op, self.coordinator_id, self.ttl_ms, target]
         )
         return holder.decode() if isinstance(holder, bytes) else str(holder)
 
-    def _ops(self, ops: list[tuple[int, str, str]]) -> dict[int, str]:
-        """Lease operations in one pipeline (one round trip per node): a lease round must stay
-        far shorter than the TTL even with many partitions or a distant server."""
-        if not ops:
-            return {}
-        pipe = self._client.pipeline(transaction=False)
-        for p, op, target in ops:
-            pipe.execute_command(*self._scripts.command(
-                "lease", [self._lease_keys[p]], [op, self.coordinator_id, self.ttl_ms, target]))
-        out = {}
-        for (p, op, target), reply in zip(ops, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception):  # library missing after a restart: _op loads it
-                out[p] = self._op(p, op, target)
-            else:
-                out[p] = reply.decode() if isinstance(reply, bytes) else str(reply)
+    def _ops(self, ops: list[tuple[int, str, str]], unreachable: set[int]) -> dict[int, str]:
+        """Lease operations in one pipeline per node (one round trip each): a lease round must
+        stay far shorter than the TTL even with many partitions or a distant server. The
+        partitions of a node that fails are added to ``unreachable``."""
+        out: dict[int, str] = {}
+
+        def run(piece: list[tuple[int, str, str]]) -> None:
+            pipe = self._client.pipeline(transaction=False)
+            for p, op, target in piece:
+                pipe.execute_command(*self._scripts.command(
+                    "lease", [self._lease_keys[p]], [op, self.coordinator_id, self.ttl_ms, target]))
+            for (p, op, target), reply in zip(piece, pipe.execute(raise_on_error=False),
+                                              strict=True):
+                if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                    raise reply
+                if isinstance(reply, Exception):  # library missing after a restart: _op loads it
+                    out[p] = self._op(p, op, target)
+                else:
+                    out[p] = reply.decode() if isinstance(reply, bytes) else str(reply)
+
+        for piece, exc in each_node(self._client, ops, lambda op: self._lease_key(op[0]), run):
+            self._node_failed([p for p, _, _ in piece], exc, unreachable)
         return out
+
+    def _holders(self, unreachable: set[int]) -> dict[int, str]:
+        holders: dict[int, str] = {}
+
+        def read(partitions: list[int]) -> None:
+            pipe = self._client.pipeline(transaction=False)
+            for p in partitions:
+                pipe.get(self._lease_keys[p])
+            for p, h in zip(partitions, pipe.execute(), strict=True):
+                holders[p] = h.decode() if h else ""
+
+        for partitions, exc in each_node(self._client, range(self._n), self._lease_key, read):
+            self._node_failed(partitions, exc, unreachable)
+        return holders
+
+    @staticmethod
+    def _node_failed(partitions: list[int], exc: BaseException, unreachable: set[int]) -> None:
+        """Leases on a node that fails are neither renewed nor counted as ours this round (they
+        lapse with it; the sweeper could not reach those partitions either); the next round
+        takes them again once the node answers."""
+        unreachable.update(partitions)
+        log.warning("a node's leases could not be renewed", extra={
+            "event": "node_error", "partitions": partitions, "why": str(exc)})
 
     def step(self) -> set[int]:
         """Register, then take, renew or hand off leases so the plan holds; return what we own.
 
         Also sets ``handed_off``: whether this round gave partitions away (the caller then tells
         the others, so the new holder starts at once instead of at its next round)."""
-        live = self.register()
+        live = self._registered()
         if self.coordinator_id not in live:
             live = sorted([*live, self.coordinator_id])
         wanted = plan(self._n, live)
-        pipe = self._client.pipeline(transaction=False)
-        for key in self._lease_keys:
-            pipe.get(key)
-        holders = [h.decode() if h else "" for h in pipe.execute()]
+        unreachable: set[int] = set()
+        holders = self._holders(unreachable)
         ops: list[tuple[int, str, str]] = []
         for p in range(self._n):
+            if p in unreachable:
+                continue
             if wanted[p] == self.coordinator_id:
                 ops.append((p, "acquire", ""))
             elif holders[p] == self.coordinator_id:
                 ops.append((p, "handoff", wanted[p]))
-        results = self._ops(ops)
+        results = self._ops(ops, unreachable)
         steals = [(p, "steal", h) for p, h in results.items()
-                  if wanted[p] == self.coordinator_id and h not in ("", self.coordinator_id) and h not in live]
-        results.update(self._ops(steals))
-        self.handed_off = any(op == "handoff" for _, op, _ in ops)
-        owned = {p for p in range(self._n) if results.get(p, holders[p]) == self.coordinator_id}
+                  if p not in unreachable and wanted[p] == self.coordinator_id
+                  and h not in ("", self.coordinator_id) and h not in live]
+        results.update(self._ops(steals, unreachable))
+        self.handed_off = any(op == "handoff" for p, op, _ in ops if p not in unreachable)
+        owned = {p for p in range(self._n)
+                 if p not in unreachable and results.get(p, holders[p]) == self.coordinator_id}
         self.owned = owned  # a new set each round: readers in other threads see one or the other
         return owned
 
     def release_all(self) -> None:
-        """Graceful exit: free our leases and leave the registry, so others take over at once."""
-        self._ops([(p, "release", "") for p in sorted(self.owned)])
+        """Graceful exit: free our leases and leave the registry, so others take over at once
+        (a lease on a node that fails lapses by itself)."""
+        self._ops([(p, "release", "") for p in sorted(self.owned)], set())
         self.owned = set()
         self._client.zrem(self.registry_key, self.coordinator_id)
         self._client.publish(self.channel, b"left")

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..keys import PartitionKeys
 from .metrics import Metrics
+from .nodes import each_node
 
 __all__ = ["EventTail", "sample_groups"]
 
@@ -39,8 +40,21 @@ class EventTail:
         for p in list(self._last):
             if p not in owned:
                 del self._last[p]
-        if not ps:
-            return 0
+        seen = [0]
+
+        def read(partitions: list[int]) -> None:
+            seen[0] += self._poll_node(partitions)
+
+        for partitions, exc in each_node(self._client, ps, self._events_key, read):
+            # Read on from where this process stopped once the node answers.
+            log.warning("reading a node's group events failed; read on later", extra={
+                "event": "node_error", "partitions": partitions, "why": str(exc)})
+        return seen[0]
+
+    def _events_key(self, p: int) -> str:
+        return self._pk[p].events
+
+    def _poll_node(self, ps: list[int]) -> int:
         pipe = self._client.pipeline(transaction=False)
         for p in ps:
             if p in self._last:

@@ -32,6 +32,7 @@ from .http import StatusServer
 from .leases import LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
+from .nodes import NODE_FAILURES
 from .observe import EventTail, sample_groups
 from .sweeper import Sweeper
 
@@ -272,6 +273,11 @@ class CoordinatorService:
                 continue
             try:
                 self._check_settings()
+            except NODE_FAILURES as exc:
+                # Their node failing must not stop the renewal of the leases on the others.
+                log.warning("checking the namespace settings failed", extra={
+                    "event": "node_error", "why": str(exc)})
+            try:
                 started = time.monotonic()
                 owned = self.leases.step()
                 took_ms = (time.monotonic() - started) * 1000

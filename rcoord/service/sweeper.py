@@ -33,6 +33,7 @@ from ..errors import (
 from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .metrics import Metrics
+from .nodes import each_node
 
 __all__ = ["Sweeper"]
 
@@ -46,6 +47,10 @@ service makes it at most a quarter of the lease TTL): a backlog (a takeover afte
 40,000 due groups) is applied in turns that each end soon, so the timer loop keeps reading its
 events and reports progress, instead of one turn of seconds that looked like a stuck loop and
 gave every lease up."""
+NODE_RETRY_FIRST_MS = 200
+NODE_RETRY_MAX_MS = 1000
+"""A failed node's partitions are tried again after 200 ms, doubling up to 1 s (the timer
+loop's own retry wait after a failed turn)."""
 BACKOFF_FIRST_MS = 100
 BACKOFF_MAX_MS = 30_000
 """A group whose call failed is retried after 100 ms, doubling up to 30 s."""
@@ -68,6 +73,8 @@ class Sweeper:
         self._offset_ms = 0.0  # server clock minus local wall clock
         self.turn_budget_ms = TURN_BUDGET_MS
         self._rotation = 0
+        self._node_failures: dict[int, int] = {}
+        """partition -> consecutive failures of its node (``_retry_later``)."""
         self.last_progress = time.monotonic()
         """When a batch of calls last came back (monotonic): a long turn is not a stuck one."""
 
@@ -92,7 +99,10 @@ class Sweeper:
         # Forget backoffs long past (a group deleted meanwhile is never retried to clear it).
         self.backed_off = {k: v for k, v in self.backed_off.items()
                            if v[0] > now - self.backoff_max_ms and k[0] in owned}
-        self.earliest = {}
+        # Due now until read: a partition whose read fails is tried again (and so its deadlines
+        # are applied soon after its node answers), not forgotten until the next resync.
+        self.earliest = {p: now for p in owned}
+        self._node_failures = {p: n for p, n in self._node_failures.items() if p in owned}
         self._refresh(sorted(owned))
 
     def note_deadline(self, p: int, at: float) -> None:
@@ -113,10 +123,11 @@ class Sweeper:
     def sweep_due(self, source: str) -> int:
         """Apply the passed deadlines of every leased partition whose earliest one has passed.
 
-        Three pipelined round trips however many partitions are due: the due groups of each,
-        then every group's ``expire_deadlines``, then each partition's new earliest deadline. A
-        burst of expiries spread over many partitions (a rack going down) must not cost a round
-        trip per partition or per group.
+        Three pipelined round trips per node however many partitions are due: the due groups
+        of each, then every group's ``expire_deadlines``, then each partition's new earliest
+        deadline. A burst of expiries spread over many partitions (a rack going down) must not
+        cost a round trip per partition or per group. A node that fails its piece leaves its
+        partitions for a later turn (``_retry_later``); the other nodes' are applied now.
         """
         now = self.server_now()
         due = [p for p, at in self.earliest.items() if at <= now]
@@ -128,6 +139,16 @@ class Sweeper:
         shift = self._rotation % len(due)
         due = due[shift:] + due[:shift]
         self._rotation += 1
+        applied = [0]
+
+        def sweep(partitions: list[int]) -> None:
+            applied[0] += self._sweep_node(partitions, now, until, source)
+
+        self._retry_later(each_node(self._client, due, self._due_key, sweep))
+        return applied[0]
+
+    def _sweep_node(self, due: list[int], now: float, until: float, source: str) -> int:
+        """``sweep_due``'s work for the due partitions of one node."""
         pipe = self._client.pipeline(transaction=False)
         for p in due:
             # Backed-off groups come first among the due ones often: ask for as many more.
@@ -137,7 +158,13 @@ class Sweeper:
         work: list[tuple[int, str]] = []
         full: list[int] = []
         for p, reply in zip(due, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception):  # library missing: the partition's own path loads it
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                raise reply  # the node failed: each_node leaves its partitions for later
+            if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
+                _raise_if_refused(reply)
+            if isinstance(reply, Exception):
+                # The library missing (or a failure of this call alone): the partition's own
+                # path, through the library call, loads it or reports the failure.
                 full.append(p)
                 continue
             groups = [g.decode("utf-8", "surrogateescape") for g in reply[1:]]
@@ -158,10 +185,34 @@ class Sweeper:
         self._refresh(due)
         return applied
 
+    def _due_key(self, p: int) -> str:
+        return self._pk[p].due
+
+    def _retry_later(self, failed: list[tuple[list[int], BaseException]]) -> None:
+        """Partitions whose node failed (while the others' work went on) are due again after a
+        wait that doubles while the node keeps failing (up to ``NODE_RETRY_MAX_MS``): asking it
+        again at once would only repeat the refusal, but its deadlines must be applied soon
+        after it answers (a replica promoted, a master restarted)."""
+        now = self.server_now()
+        for partitions, exc in failed:
+            delay = 0
+            for p in partitions:
+                failures = self._node_failures.get(p, 0)
+                delay = min(NODE_RETRY_MAX_MS, NODE_RETRY_FIRST_MS * 2 ** min(failures, 10))
+                self._node_failures[p] = failures + 1
+                self.earliest[p] = now + delay
+            log.warning("a node failed; its partitions are retried later", extra={
+                "event": "node_error", "partitions": partitions, "why": str(exc),
+                "retry_in_ms": delay})
+
     def _refresh(self, partitions: list[int]) -> None:
-        """Re-read each partition's earliest deadline. A backed-off group counts from its
-        retry time, so the first entries are read up to one that is not backed off (entries
-        after it are no earlier)."""
+        """Re-read each partition's earliest deadline, per node (``_retry_later`` for a node
+        that fails)."""
+        self._retry_later(each_node(self._client, partitions, self._due_key, self._refresh_node))
+
+    def _refresh_node(self, partitions: list[int]) -> None:
+        """A backed-off group counts from its retry time, so the first entries are read up to
+        one that is not backed off (entries after it are no earlier)."""
         pipe = self._client.pipeline(transaction=False)
         for p in partitions:
             pipe.zrange(self._pk[p].due, 0, self._backed_off_in(p), withscores=True)
@@ -171,6 +222,7 @@ class Sweeper:
                 entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
                 at = min(at, float(score) if entry is None else max(float(score), entry[0]))
             self.earliest[p] = at
+            self._node_failures.pop(p, None)
 
     def sweep_partition(self, p: int, source: str, until: float | None = None) -> int:
         """The due groups of one partition, in pipelined batches: at most ``MAX_PASSES``, until
