@@ -93,6 +93,30 @@ def test_delete_checks_every_named_topic_before_deleting_any(cli, redis_client, 
     assert admin.list() == []
 
 
+def test_a_delete_that_fails_half_way_still_says_in_json_what_it_deleted(cli, redis_client,
+                                                                         namespace, monkeypatch):
+    """Redis lost after the first of two deletes: the JSON names the deleted topic, as the
+    text output's "Deleted topic" line does, and the command fails."""
+    from rcoord.errors import ConnectionLost
+
+    admin = Topics(redis_client, namespace)
+    admin.create("first", 1)
+    admin.create("second", 1)
+    real_delete = Topics.delete
+
+    def delete(self: Topics, name: str) -> Any:
+        if name == "second":
+            raise ConnectionLost("Redis went away")
+        return real_delete(self, name)
+
+    monkeypatch.setattr(Topics, "delete", delete)
+    res = cli("topics", "delete", "first", "second", "--output", "json")
+    assert res.returncode != 0
+    assert json.loads(res.stdout) == {"deleted": ["first"]}
+    assert "Redis went away" in res.stderr
+    assert admin.list() == ["second"]
+
+
 def test_produce_and_consume_directly(cli, redis_client, namespace):
     Topics(redis_client, namespace).create("ev", 3)
     lines = "".join(f"user-{i}:event {i}\n" for i in range(12))
@@ -215,6 +239,53 @@ def test_a_group_consumer_piped_into_head_commits_exactly_what_it_printed(
     assert 3 <= printed < 2000
     committed = coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets
     assert committed[TopicPartition("t", 0)].offset == printed
+
+
+def test_a_direct_consumer_reads_partitions_added_while_it_runs(url, namespace, redis_client):
+    """``rcoord topics consume t`` (no group) started on one partition: a record produced to a
+    partition added after it started is printed (it used to read only the partitions it saw
+    at its start)."""
+    import threading
+
+    from rcoord.topics import Producer
+
+    admin = Topics(redis_client, namespace)
+    admin.create("t", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "topics", "consume", "t", "--timeout-ms", "60000",
+         "--output", "json", "--redis-url", url, "--namespace", namespace],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    started = threading.Event()
+
+    def produce_until_started() -> None:
+        # It reads from the log end: a record printed says it runs.
+        producer = Producer(redis_client, namespace)
+        while not started.wait(0.1):
+            producer.send("t", b"before", partition=0)
+
+    feeder = threading.Thread(target=produce_until_started)
+    feeder.start()
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        started.set()
+        feeder.join()
+        assert (first["partition"], first["value"]) == (0, "before")
+        admin.add_partitions("t", 2)
+        Producer(redis_client, namespace).send("t", b"after", partition=1)
+        while True:  # the "before" records it had not printed yet, then the new partition's
+            record = json.loads(proc.stdout.readline())
+            if record["value"] == "after":
+                break
+            assert (record["partition"], record["value"]) == (0, "before")
+        assert record["partition"] == 1
+    finally:
+        started.set()
+        feeder.join()
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.mark.parametrize("backend", ["single"])

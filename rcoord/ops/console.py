@@ -6,7 +6,8 @@ file or a pipe, and line by line when it is a terminal, so what is typed is sent
 
 ``consume`` prints records, one per line. With ``--group`` it is a member of that consumer group
 (its partitions are assigned; its positions are committed); without, it reads every partition
-of the topic directly, from the log end (or the log start with ``--from-beginning``). It stops
+of the topic directly, from the log end (or the log start with ``--from-beginning``), and the
+partitions added while it runs from their start. It stops
 after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on Ctrl-C, and
 then says how many records it printed (stderr), as Kafka's console consumer does.
 """
@@ -31,6 +32,8 @@ BATCH = 500
 """Lines per append when stdin is not a terminal."""
 FETCH_WAIT_MS = 500
 """How long one read of a caught-up consumer waits for a record."""
+PARTITIONS_REFRESH_S = 1.0
+"""How often a caught-up direct consumer looks for partitions added to its topic."""
 
 
 def add_console_arguments(sub: Any) -> None:
@@ -207,15 +210,15 @@ def _idle_deadline(a: argparse.Namespace) -> float | None:
 
 
 def _consume_direct(ctx: Context, printer: _Printer) -> None:
-    """Every partition, read in turn; waits (blocking read) only when all are caught up."""
-    from ..topics import fetch, log_offsets
+    """Every partition, read in turn; waits (blocking read) only when all are caught up, and
+    then looks for partitions added meanwhile (at most every ``PARTITIONS_REFRESH_S``)."""
+    from ..topics import fetch
 
     a = ctx.args
-    count = ctx.topics().partition_count(a.topic)
-    position = {}
-    for p in range(count):
-        start, end = log_offsets(ctx.client, ctx.namespace, a.topic, p)
-        position[p] = start if a.from_beginning else end
+    position: dict[int, int] = {}
+    _add_partitions(ctx, position, at_start=True)
+    count = len(position)
+    looked = time.monotonic()
     idle_until = _idle_deadline(a)
     turn = 0
     while printer.wanted is None or printer.wanted > 0:
@@ -239,10 +242,34 @@ def _consume_direct(ctx: Context, printer: _Printer) -> None:
             continue
         if idle_until is not None and time.monotonic() >= idle_until:
             return
+        if time.monotonic() - looked >= PARTITIONS_REFRESH_S:
+            looked = time.monotonic()
+            if _add_partitions(ctx, position, at_start=False):
+                count = len(position)
+                continue
         # All caught up: wait on partition ``turn`` for a while, then look at all again.
         p = turn % count
         fetch(ctx.client, ctx.namespace, a.topic, p, position[p], max_records=1,
               block_ms=min(FETCH_WAIT_MS, _left_ms(idle_until)) if count == 1 else 50)
+
+
+def _add_partitions(ctx: Context, position: dict[int, int], at_start: bool) -> bool:
+    """Add the topic's partitions not in ``position`` yet; return whether there were any.
+
+    At the start each begins at the log end (the log start with ``--from-beginning``). A
+    partition added while the consumer runs begins at its log start: every record in it came
+    after the consumer started, and a console consumer that missed those (Kafka's, with its
+    default ``auto.offset.reset=latest``, can) would not show what was produced to it."""
+    from ..topics import log_offsets
+
+    a = ctx.args
+    count = ctx.topics().partition_count(a.topic)
+    added = False
+    for p in range(len(position), count):
+        start, end = log_offsets(ctx.client, ctx.namespace, a.topic, p)
+        position[p] = start if a.from_beginning or not at_start else end
+        added = True
+    return added
 
 
 def _left_ms(deadline: float | None) -> int:

@@ -116,21 +116,25 @@ def _delete(ctx: Context) -> int:
                          "--if-exists deletes the topics that exist)")
     deleted: list[str] = []
     gone: list[str] = []  # deleted by someone else between the check and the delete
-    for name in names:
-        if name in missing:
-            continue
-        try:
-            admin.delete(name)
-        except TopicError as exc:
-            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                raise
-            gone.append(name)
-            continue
-        deleted.append(name)
-        if not ctx.json:
-            print(f"Deleted topic {name}.", flush=True)
-    if ctx.json:
-        print_json({"deleted": deleted})
+    try:
+        for name in names:
+            if name in missing:
+                continue
+            try:
+                admin.delete(name)
+            except TopicError as exc:
+                if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise
+                gone.append(name)
+                continue
+            deleted.append(name)
+            if not ctx.json:
+                print(f"Deleted topic {name}.", flush=True)
+    finally:
+        # Also when a delete fails half-way (Redis lost): a program reading the JSON must
+        # learn which topics are gone already, as a person reads it from the lines above.
+        if ctx.json:
+            print_json({"deleted": deleted})
     if gone and not ctx.args.if_exists:
         raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                          f"{', '.join(gone)} (deleted by someone else meanwhile)")
