@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import Errors
+from ..errors import Errors, InvalidRequestError
 from ..topics import TopicError
 from .acl import Operation, ResourceType
-from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
+from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
 
@@ -61,14 +61,41 @@ keeps it, and the cluster's is 0 for a caller without DESCRIBE on the cluster, a
 ``KafkaApis.handleTopicMetadataRequest``."""
 
 
+_TOPIC_IDS_SINCE = 12
+"""Metadata v10 added topic ids to the request, but only v12 may name a topic by its id alone
+(Kafka's ``KafkaApis.handleTopicMetadataRequest``: a v10/v11 topic without a name, or with an
+id, is INVALID_REQUEST)."""
+
+
+def _by_topic_id(req: Any, version: int) -> list[uuid.UUID]:
+    """The topic ids a v10+ request names (none before v10). rcoord's topics have no id (every
+    one is the zero id), so an id named is an unknown topic; as in Kafka, a request that names
+    any id is answered for its ids alone."""
+    if req.topics is None or version < 10:
+        return []
+    ids = [t.topic_id for t in req.topics
+           if getattr(t, "topic_id", None) is not None and t.topic_id != _ZERO_UUID]
+    if version < _TOPIC_IDS_SINCE and (ids or any(t.name is None for t in req.topics)):
+        raise InvalidRequestError(f"Metadata v{version} names topics by name only "
+                                  f"(by topic id since v{_TOPIC_IDS_SINCE})")
+    if not ids and any(t.name is None for t in req.topics):
+        raise InvalidRequestError("a Metadata topic has neither a name nor a topic id")
+    return list(dict.fromkeys(ids))
+
+
 @api(3, "Metadata", 0, 12, offload=True)
 async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
+    by_id = _by_topic_id(req, version)
     wanted: list[str] | None = None
     if req.topics is not None and (req.topics or version > 0):  # v0: empty means all
         wanted = [t.name for t in req.topics if t.name is not None]
     topics: list[dict[str, Any]] = []
-    if wanted is not None:
+    if by_id:
+        wanted = []
+        topics += [{"error_code": UNKNOWN_TOPIC_ID, "name": None, "topic_id": topic_id,
+                    "partitions": []} for topic_id in by_id]
+    if wanted:
         refused = {n for n in wanted if not conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n)}
         topics += [{"error_code": TOPIC_AUTHORIZATION_FAILED, "name": n, "topic_id": _ZERO_UUID,
                     "partitions": []} for n in sorted(refused)]

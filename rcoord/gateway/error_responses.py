@@ -68,8 +68,11 @@ def _list_offsets(req: Any, code: int) -> dict[str, Any] | None:
 def _metadata(req: Any, code: int) -> dict[str, Any] | None:
     if not req.topics:  # all topics (None) or none: nothing names where the error belongs
         return None
-    topics = [{"error_code": code, "name": t.name, "topic_id": getattr(t, "topic_id", None),
-               "partitions": []} for t in req.topics]
+    # A topic named by id alone gets "" for its name, as Kafka's MetadataRequest
+    # getErrorResponse (the name is not nullable before v12).
+    topics: list[dict[str, Any]] = [
+        {"error_code": code, "name": "" if t.name is None else t.name,
+         "topic_id": getattr(t, "topic_id", None), "partitions": []} for t in req.topics]
     return {"throttle_time": 0, "brokers": [], "cluster_id": None, "controller_id": -1,
             "topics": topics}
 
