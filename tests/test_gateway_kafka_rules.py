@@ -4,7 +4,8 @@ connection (the one sign such a producer gets); acks other than -1, 0 and 1 appe
 (INVALID_REQUIRED_ACKS); a negative partition or an illegal topic name is
 UNKNOWN_TOPIC_OR_PARTITION for that partition alone; a Fetch answers at once with min_bytes 0
 and waits for min_bytes otherwise; the bytes a Fetch reads follow the response's max_bytes; and
-CreateTopics with validate_only refuses what the create would."""
+CreateTopics with validate_only refuses what the create would; Metadata by topic id; one batch per
+partition in a Produce."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from rcoord.gateway.records import decode_batches, encode_batch
 from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
 
 INVALID_REQUIRED_ACKS = 21
+INVALID_RECORD = 87
 
 
 def _produce(topic: str, acks: int, corr: int, index: int = 0) -> bytes:
@@ -243,3 +245,24 @@ def test_metadata_by_topic_id(gateway, topics):
             "include_topic_authorized_operations": False})
         assert [(t.error_code.value, t.name) for t in refused.topics] == [
             (Errors.INVALID_REQUEST, body_topic["name"] or "")]
+
+
+def test_two_batches_for_one_partition_append_nothing(gateway, redis_server, topics):
+    """Kafka's LogValidator takes one v2 batch per partition in a Produce (INVALID_RECORD
+    otherwise): a second batch that fails (here a negative producer epoch) must not leave the
+    first appended, and two good ones are refused alike, whole."""
+    topics.create("t", 1)
+    good = encode_batch([Record(0, None, b"a", {}, 0)])
+    bad = encode_batch([Record(0, None, b"b", {}, 0)], producer_id=7, producer_epoch=-1,
+                       base_sequence=0)
+    for records in (good + bad, good + good):
+        answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": records}]}]})
+        (part,) = answer.responses[0].partition_responses
+        assert part.error_code.value == INVALID_RECORD
+        assert "one partition" in part.error_message
+        assert _log(gateway, redis_server) == (0, 0)
+    answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": good}]}]})
+    assert answer.responses[0].partition_responses[0].error_code.value == 0
+    assert _log(gateway, redis_server) == (0, 1)

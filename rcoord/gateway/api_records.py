@@ -32,7 +32,12 @@ from ..topics import offsets_for_times as topic_offsets_for_times
 from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
-from .errors import INVALID_PRODUCER_EPOCH, INVALID_REQUIRED_ACKS, TOPIC_AUTHORIZATION_FAILED
+from .errors import (
+    INVALID_PRODUCER_EPOCH,
+    INVALID_RECORD,
+    INVALID_REQUIRED_ACKS,
+    TOPIC_AUTHORIZATION_FAILED,
+)
 from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
 from .registry import api
 from .state import Connection, GatewayState
@@ -88,7 +93,7 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
 
 def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
             ) -> dict[str, Any]:
-    """Blocking: append one partition's batches, in order; the partition's response.
+    """Blocking: append one partition's batch (Kafka's clients send one); its response.
 
     An idempotent producer's exact resend is answered as Kafka does: success, with the offset
     and timestamp of the original append; one no longer remembered is out of order, as in Kafka.
@@ -99,6 +104,11 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         batches = decode_batches(data or b"", partition)
         if not batches:
             raise BatchError(Errors.INVALID_REQUEST, "no records")
+        if len(batches) > 1:
+            # Kafka's LogValidator takes one v2 batch per partition and request: appending the
+            # first before a later one fails would leave half a request written.
+            raise BatchError(INVALID_RECORD, f"{len(batches)} record batches for one partition "
+                             "in one Produce request; Kafka takes one")
         metas = [_append_batch(state, topic, partition, b) for b in batches]
         start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except BatchError as exc:
