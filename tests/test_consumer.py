@@ -1212,6 +1212,43 @@ def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
     assert got[0].offset == (6 if loop == "iterate" else 4)
 
 
+def test_a_loop_left_mid_batch_goes_on_from_the_record_it_was_on(env: Any) -> None:
+    """Iterating, a ``break`` (or an exception in the loop's body) at a record of a poll's
+    batch: the next loop starts at that record, and close() commits no further. Before, poll()
+    had moved the position past the whole batch, so the next loop skipped the records after
+    it and close() committed them, never handed to the application."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
+    consumer = env.consumer(max_poll_records=4)
+    seen = []
+    for record in consumer:
+        seen.append(record.offset)
+        if record.offset == 1:
+            break
+    for record in consumer:
+        seen.append(record.offset)
+        if record.offset == 6:
+            break
+    assert seen == [0, 1, 1, 2, 3, 4, 5, 6]
+    consumer.close(timeout=WAIT_S)
+    assert _committed(env, 1) == {TP("t", 0): 6}
+
+
+def test_an_exception_in_the_loop_inside_with_commits_up_to_the_record_it_failed_on(
+        env: Any) -> None:
+    """``with consumer: for record in consumer: handle(record)``, ``handle`` raising at offset
+    1: the close() on the way out commits 1, so the failed record and the rest of its batch
+    come again (it committed 4 before: offsets 1-3 lost)."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
+    consumer = env.consumer(max_poll_records=4)
+    with pytest.raises(RuntimeError, match="handler failed"), consumer:
+        for record in consumer:
+            if record.offset == 1:
+                raise RuntimeError("handler failed")
+    assert _committed(env, 1) == {TP("t", 0): 1}
+
+
 def test_real_close_from_the_loops_own_thread_commits_everything_handed_out(env: Any) -> None:
     """The usual shutdown (the loop ends, then close() in its thread) commits every record
     poll() handed out, as Kafka's close() does: the loop is done with them."""

@@ -686,12 +686,39 @@ class Consumer(SubscriptionMixin):
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Every record, forever (until ``close()``): ``poll()`` in a loop. A record counts as
-        processed when the loop asks for the next one (a close() from another thread commits
-        up to the record the loop is on, not past it)."""
+        processed when the loop asks for the next one. A close() from another thread commits
+        up to the record the loop is on, not past it; and a loop left at a record (``break``,
+        an exception in its body, the iterator dropped) leaves each partition's position at
+        the first record of it the loop has not asked past, so a new loop, ``poll()``,
+        ``commit()`` or ``close()`` goes on from there (at least once: the record the loop was
+        on comes again)."""
         while not self._stop.is_set():
-            for record in self.poll(timeout=1.0):
+            batch = self.poll(timeout=1.0)
+            for i, record in enumerate(batch):
                 self._unacked[TopicPartition(record.topic, record.partition)] = record.offset
-                yield record
+                left = True
+                try:
+                    yield record
+                    left = False
+                finally:
+                    if left:
+                        self._hand_back(batch[i:])
+
+    def _hand_back(self, records: list[ConsumerRecord]) -> None:
+        """The iterator was left at ``records[0]``: ``poll()`` had moved the positions past
+        the whole batch, so without this the records after it were skipped by the next loop
+        and committed by ``close()`` though never handed to the application. A partition no
+        longer assigned, or a consumer closed or closing meanwhile (whose close goes back to
+        the record the loop was on by itself), is left alone."""
+        firsts: dict[TopicPartition, int] = {}
+        for r in records:
+            firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
+        for tp, offset in firsts.items():
+            if tp in self._assigned and self._position.get(tp, -1) > offset:
+                try:
+                    self.seek(tp, offset)
+                except (IllegalStateError, ConcurrentModificationError):
+                    return
 
     # -- commits
 
