@@ -489,6 +489,20 @@ def test_poll_with_a_timeout_that_is_not_a_number_names_it(env: Any) -> None:
         consumer.poll(timeout="1")  # type: ignore[arg-type]
 
 
+def test_bad_poll_and_commit_async_arguments_fail_at_the_call(env: Any) -> None:
+    """A negative or NaN timeout (Kafka's poll: "Timeout must not be negative"), a bool as
+    max_records, a callback that cannot be called: refused at the call (they used to return
+    no records at once, or fail later inside another call)."""
+    consumer = env.consumer(topics=[])
+    for timeout in (-1, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be >= 0"):
+            consumer.poll(timeout=timeout)
+    with pytest.raises(ValueError, match="max_records must be an int >= 1"):
+        consumer.poll(timeout=0, max_records=True)
+    with pytest.raises(TypeError, match="callback must be callable"):
+        consumer.commit_async({}, callback="not callable")  # type: ignore[arg-type]
+
+
 # -- 5. what the group's threads learn between two polls ----------------------------------------
 
 

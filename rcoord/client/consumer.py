@@ -531,12 +531,15 @@ class Consumer(SubscriptionMixin):
         ``_finish_rejoin``). Not bounded by it: the listener.
         """
         limit = self._max_poll_records if max_records is None else max_records
-        if not isinstance(limit, int) or limit < 1:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
         if timeout is not None and (
             not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
         ):
             raise TypeError(f"timeout must be seconds (a float) or None, got {timeout!r}")
+        if timeout is not None and not timeout >= 0:  # NaN too
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r} (as Kafka's poll: "
+                             "'Timeout must not be negative')")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._single_threaded():
             self._check_open()
@@ -770,6 +773,8 @@ class Consumer(SubscriptionMixin):
         thread, never from the background thread. ``commit()`` waits for earlier async commits.
         A negative offset raises ``ValueError`` here, at the call, as in ``commit()``.
         """
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable(offsets, exception), got {callback!r}")
         given = None if offsets is None else commit_offsets_arg(offsets)
         with self._single_threaded():
             self._check_open()
