@@ -158,10 +158,7 @@ class Sweeper:
         work: list[tuple[int, str]] = []
         full: list[int] = []
         for p, reply in zip(due, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
-                raise reply  # the node failed: each_node leaves its partitions for later
-            if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
-                _raise_if_refused(reply)
+            _raise_if_node_failed(reply)  # each_node leaves its partitions for later
             if isinstance(reply, Exception):
                 # The library missing (or a failure of this call alone): the partition's own
                 # path, through the library call, loads it or reports the failure.
@@ -282,10 +279,7 @@ class Sweeper:
             pipe.execute_command(*self._scripts.command("expire_deadlines", keys, ["", group_id]))
         applied = 0
         for (p, group_id), reply in zip(work, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
-                raise reply
-            if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
-                _raise_if_refused(reply)  # the rest of the batch was refused too: the loop waits
+            _raise_if_node_failed(reply)  # the rest of the batch failed too: the loop waits
             if isinstance(reply, Exception):
                 # The library missing after a restart or failover, or a function error: one by
                 # one, through the library call, which loads the library and logs a failure.
@@ -302,6 +296,16 @@ class Sweeper:
         if applied:
             self._metrics.deadlines_applied.labels(source).inc(applied)
         return applied
+
+
+def _raise_if_node_failed(reply: Any) -> None:
+    """Raise a pipelined reply that says its node cannot run anything now (the connection
+    lost or timed out, or a refusal: ``_raise_if_refused``); return for a success, the library
+    missing, or a failure of that call alone."""
+    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+        raise reply
+    if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
+        _raise_if_refused(reply)
 
 
 def _raise_if_refused(exc: redis.ResponseError) -> None:
