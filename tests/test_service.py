@@ -491,6 +491,33 @@ def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry
 
 
+def test_a_metrics_port_in_use_fails_the_start_before_any_lease_is_taken(own_server, namespace):
+    """The HTTP port is bound before the lease round: a port already taken is a configuration
+    error, and the other coordinators never see this process join, take partitions and leave."""
+    from rcoord.errors import ConfigError
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    client = own_server.client()
+    watch = client.pubsub()
+    watch.psubscribe(f"{namespace}:*")
+    assert watch.get_message(timeout=5)["type"] == "psubscribe"
+    svc = CoordinatorService(ServiceConfig(redis_url=own_server.url, namespace=namespace,
+                                           coordinator_id="taken", lease_ttl_ms=200,
+                                           metrics_port=port))
+    try:
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port}.*metrics port"):
+            svc.start()
+        assert watch.get_message(timeout=0.5) is None  # no "joined", no "left"
+        assert client.zscore(f"{namespace}:coordinators", "taken") is None
+    finally:
+        watch.close()
+        taken.close()
+
+
 def test_a_server_that_never_answers_fails_the_start_instead_of_hanging(namespace):
     """A black-holed connection (accepted, never answered; TCP reports it only after hours):
     the service's calls time out after a lease TTL (at least a second) and fail, as every later

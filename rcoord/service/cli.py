@@ -29,8 +29,9 @@ single node or any node of a Redis Cluster (detected from the server). The TLS f
 redis-py's URL arguments (``?ssl_ca_certs=...``), which may also be written in the URL itself.
 
 A setting or connection that does not work is one line on stderr (``rcoord coordinator: error:
-...``) and exit status 2 (a bad flag) or 1 (Redis unreachable, refused the login, or a missing
-ACL permission); ``--log-level debug`` adds the traceback.
+...``) and exit status 2 (a bad flag, or a metrics port already in use: found before any lease
+is taken) or 1 (Redis unreachable, refused the login, or a missing ACL permission);
+``--log-level debug`` adds the traceback.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..errors import ConfigError
+
 __all__ = ["REQUEST_TIMEOUT_S", "StatusServer"]
 
 REQUEST_TIMEOUT_S = 10.0
@@ -43,7 +45,12 @@ class StatusServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 return
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} (choose another "
+                "metrics port, or 0 for any free one)") from exc
         self._thread = threading.Thread(target=self._server.serve_forever, name="rcoord-http", daemon=True)
 
     @property
@@ -54,5 +61,8 @@ class StatusServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Also for a server bound but never started (a start that failed after binding):
+        ``shutdown()`` would wait for ever for a serving loop that never ran."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()

@@ -155,6 +155,11 @@ class CoordinatorService:
 
     def _start(self) -> CoordinatorService:
         cfg = self.config
+        if cfg.metrics_port is not None:
+            # Bound first, served last: a port already taken fails the start before this process
+            # has taken a lease (or told the other coordinators it joined).
+            self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry,
+                                      self.health)
         named: dict[str, Any] = dict(cfg.settings)
         coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
         self._coord = coord
@@ -179,8 +184,7 @@ class CoordinatorService:
         self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
                                                daemon=True)
         self._sample_thread.start()
-        if cfg.metrics_port is not None:
-            self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry, self.health)
+        if self._http is not None:
             self._http.start()
         log.info("coordinator started", extra={
             "event": "started", "id": cfg.coordinator_id, "namespace": cfg.namespace,
