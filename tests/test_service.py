@@ -491,6 +491,60 @@ def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     assert client.zscore(f"{namespace}:coordinators", "nopub") is None  # left the registry
 
 
+def _channel_wakeups(svc: Any) -> float:
+    return svc.metrics.registry.get_sample_value("rcoord_wakeups_total", {"source": "channel"}) or 0.0
+
+
+def _publish_deadline(client: Any, svc: Any, namespace: str, p: int = 0) -> None:
+    seconds, micros = client.time()
+    channel = PartitionKeys(namespace, p, svc.group_config.num_partitions).due
+    client.execute_command("SPUBLISH", channel, str(seconds * 1000 + micros // 1000))
+
+
+def test_a_malformed_deadline_message_does_not_silence_the_channel(own_server, namespace):
+    """Anyone allowed to publish can send anything to a deadline channel: a message that is not
+    a deadline is ignored, and the listener goes on hearing the scripts' messages."""
+    client = own_server.client()
+    svc = _in_process(own_server.url, namespace, "garbage")
+    threading.Thread(target=svc.run, daemon=True).start()
+    try:
+        wait_until(lambda: len(svc.leases.owned) == svc.group_config.num_partitions)
+        channel = PartitionKeys(namespace, 0, svc.group_config.num_partitions).due
+        client.execute_command("SPUBLISH", channel, "not a deadline")
+        before = _channel_wakeups(svc)
+        wait_until(lambda: (_publish_deadline(client, svc, namespace), _channel_wakeups(svc))[1] > before,
+                   timeout_s=10)
+    finally:
+        svc.stop()
+
+
+def test_a_listener_refused_its_channels_subscribes_again_once_allowed(own_server, namespace, caplog):
+    """An ACL change that takes the user's channels away (Redis then drops its subscribers) makes
+    every subscribe fail with NOPERM: the listener logs it once and retries, and hears deadlines
+    again when the channels are given back, instead of its thread ending unnoticed."""
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    client = own_server.client()
+    client.execute_command("ACL", "SETUSER", "fickle", "on", ">pw", "~*", "&*", "+@all")
+    url = own_server.url.replace("redis://", "redis://fickle:pw@")
+    svc = CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, coordinator_id="fickle",
+                                           lease_ttl_ms=200, wake="index")).start()
+    threading.Thread(target=svc.run, daemon=True).start()
+    try:
+        wait_until(lambda: len(svc.leases.owned) == svc.group_config.num_partitions)
+        with caplog.at_level(logging.WARNING, logger="rcoord.service"):
+            client.execute_command("ACL", "SETUSER", "fickle", "resetchannels")
+            wait_until(lambda: any(getattr(r, "event", None) == "listener_error" for r in caplog.records),
+                       timeout_s=10)
+        client.execute_command("ACL", "SETUSER", "fickle", "&*")
+        before = _channel_wakeups(svc)
+        wait_until(lambda: (_publish_deadline(client, svc, namespace), _channel_wakeups(svc))[1] > before,
+                   timeout_s=10)
+    finally:
+        svc.stop()
+        client.execute_command("ACL", "DELUSER", "fickle")
+
+
 def test_a_metrics_port_in_use_fails_the_start_before_any_lease_is_taken(own_server, namespace):
     """The HTTP port is bound before the lease round: a port already taken is a configuration
     error, and the other coordinators never see this process join, take partitions and leave."""

@@ -37,6 +37,9 @@ REFRESH_S = 0.5
 """At most one topology refresh per this many seconds while a subscription is failing."""
 REDISCOVER_S = 5.0
 """Look for new masters (resharding, added nodes) this often even when nothing failed."""
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 2.0
+"""A failing subscription is tried again after 0.2 s, doubling to 2 s while it keeps failing."""
 
 
 def enable_keyspace_events(node: redis.Redis) -> str:
@@ -192,6 +195,7 @@ class Listener:
 
     def _listen(self, what: str, subscribe: Any, receive: Any) -> None:
         failing = False
+        pause = RETRY_FIRST_S
         while not self._stop.is_set():
             pubsub = None
             try:
@@ -205,15 +209,22 @@ class Listener:
                     msg = receive(pubsub)
                     if msg is not None:
                         self._dispatch(msg)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if not failing:  # once per outage: the retries below run every 0.2 s
+            except Exception as exc:  # noqa: BLE001 - a listener thread must never end unheard
+                # A lost connection, and also a refusal (CLUSTERDOWN while a cluster heals, an
+                # ACL rule withdrawn): either may pass, so subscribe again, less often the
+                # longer it lasts. Until then the resyncs keep deadlines acting from the index.
+                lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+                if not failing:  # once per outage
                     failing = True
-                    log.warning("listener lost its connection; resyncing and retrying",
-                                extra={"event": "listener_reconnect", "channel": what,
-                                       "why": str(exc)})
+                    pause = RETRY_FIRST_S
+                    log.warning("listener lost its connection; resyncing and retrying" if lost
+                                else "listener refused; resyncing and retrying",
+                                extra={"event": "listener_reconnect" if lost else "listener_error",
+                                       "channel": what, "why": str(exc)})
                 self._events.put(Resync())
                 self._refresh_topology()
-                self._stop.wait(0.2)
+                self._stop.wait(pause)
+                pause = min(RETRY_MAX_S, pause * 2)
             finally:
                 if pubsub is not None:
                     try:
@@ -227,8 +238,16 @@ class Listener:
             self._events.put(Resync())  # (re)subscribed: anything in the gap is lost
         elif kind == "smessage":
             p = self._channels.get(msg["channel"])
+            try:
+                at_ms = int(msg["data"])
+            except ValueError:
+                # Not a script's (anyone with PUBLISH rights can send to the channel): ignored;
+                # the index holds the real deadlines.
+                log.debug("ignored a malformed deadline message", extra={
+                    "event": "malformed_message", "data": repr(msg["data"][:64])})
+                return
             if p is not None:
-                self._events.put(Deadline(p, int(msg["data"])))
+                self._events.put(Deadline(p, at_ms))
         elif kind == "message" and msg["channel"] == self._lease_channel.encode():
             self._events.put(CoordinatorsChanged())
 
@@ -274,7 +293,7 @@ class Listener:
                             extra={"event": "keyspace_events_unavailable",
                                    "why": self.keyspace_status})
                 return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - lost or refused: never end unheard
                 with self._lock:
                     self._subscribed.discard(addr)
                 if not failing:  # once per outage; the master may have failed over
