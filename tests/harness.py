@@ -174,6 +174,16 @@ class RawGroup:
         return raw.decode() if raw is not None else None
 
 
+def without_join_delay(client: Any, namespace: str) -> None:
+    """Store ``namespace``'s group settings with no initial rebalance delay: a group's first
+    join then completes at once instead of after the 3 s default (Kafka's
+    group.initial.rebalance.delay.ms), for tests whose members join one at a time."""
+    from rcoord import CoordinatorConfig, GroupCoordinator
+
+    GroupCoordinator(client, CoordinatorConfig(namespace=namespace,
+                                               group_initial_rebalance_delay_ms=0)).start()
+
+
 def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
     """Poll ``cond`` (running ``step`` between polls) until it holds; fail after ``timeout_s``."""
     import time

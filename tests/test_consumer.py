@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import wait_until, without_join_delay
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 from test_client_group import WAIT_S, OneMemberGroup, fast_config
@@ -742,7 +742,8 @@ def _outage_consumer(client: Any, namespace: str, mode: str = "subscribe",
     """A consumer of topic "t" (one partition, five records) through ``client``, with a 20 s
     session and quick retries, auto-committing only on revocation or close() unless
     ``auto_commit_interval_ms`` says otherwise; subscribed, or with ``mode="assign"`` assigned
-    the partition."""
+    the partition. The namespace's group settings have no initial rebalance delay."""
+    without_join_delay(client, namespace)
     Topics(client, namespace).create("t", 1)
     Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(5)])
     consumer = Consumer(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import wait_until, without_join_delay
 from test_consumer import Recorder, poll_until
 
 from rcoord.client import Consumer, ConsumerGroupConfig, WakeupError
@@ -66,7 +66,9 @@ def client(own_server: EmbeddedServer) -> Iterator[Any]:
 
 
 def _topic(client: Any, namespace: str, records: int) -> None:
-    """Topic "t", one partition, holding ``records`` records."""
+    """Topic "t", one partition, holding ``records`` records; the namespace's group settings
+    without an initial rebalance delay (a first join completes at once, not after 3 s)."""
+    without_join_delay(client, namespace)
     Topics(client, namespace).create("t", 1)
     if records:
         Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(records)])
@@ -298,6 +300,7 @@ def test_a_cooperative_revocations_commit_does_not_hold_poll_past_its_timeout(
     revoked partition's commit stays in flight and the rejoin that hands it over waits for
     it, not poll(). Once the server answers, the second member gets the partition and starts
     where the first one stopped."""
+    without_join_delay(client, namespace)
     Topics(client, namespace).create("t", 2)
     Producer(client, namespace).send_batch("t", [b"%d" % i for i in range(10)])
     noted = Recorder()
@@ -349,6 +352,7 @@ def test_a_new_subscriptions_revocation_commit_does_not_hold_poll_past_its_timeo
     while that commit is in flight: the rejoin with the new subscription waits for it, not
     poll(), and the member goes on consuming b-0. Once the server answers, the commit lands
     before the rejoin, and a member subscribed to "a" starts where this one stopped."""
+    without_join_delay(client, namespace)
     topics = Topics(client, namespace)
     topics.create("a", 1)
     topics.create("b", 1)
@@ -451,7 +455,7 @@ def test_inflight_wait_times_out_or_is_interrupted_and_the_call_stays_in_flight(
 def test_inflight_thread_ends_when_idle_and_the_next_call_starts_another() -> None:
     """A consumer dropped without close() must not leave its fetcher thread behind: the
     thread ends after ``IDLE_EXIT_S`` with nothing to do, and the next call starts one."""
-    calls: InFlight[int, None] = InFlight("t-inflight-idle")
+    calls: InFlight[int, None] = InFlight("t-inflight-idle", idle_exit_s=0.2)
 
     def alive() -> bool:
         return any(t.name == "t-inflight-idle" for t in threading.enumerate())
@@ -471,7 +475,7 @@ def test_inflight_thread_ends_when_idle_and_the_next_call_starts_another() -> No
 
 def test_committer_thread_ends_when_idle_and_the_next_commit_starts_another() -> None:
     """The same for the committer, which every auto-committing consumer now starts."""
-    committer = AsyncCommitter("t-committer-idle")
+    committer = AsyncCommitter("t-committer-idle", idle_exit_s=0.2)
     ran: list[int] = []
 
     def alive() -> bool:

@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import without_join_delay
+
 from rcoord.topics import Producer, Topics
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_word_count_worker_counts_every_record(redis_server, single_client, namespace):
+    without_join_delay(single_client, namespace)
     Topics(single_client, namespace).create("lines", 3)
     producer = Producer(single_client, namespace)
     for i in range(30):

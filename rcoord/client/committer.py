@@ -55,8 +55,9 @@ class AsyncCommitter:
     (and ends after ``IDLE_EXIT_S`` with nothing to do: every auto-committing consumer has
     one, and one dropped without ``close()`` must not keep it)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
         self._name = name
+        self._idle_exit_s = idle_exit_s
         self._cond = threading.Condition()
         self._jobs: deque[_Job] = deque()
         self._done: deque[Completion] = deque()
@@ -171,7 +172,7 @@ class AsyncCommitter:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs) or self._closed, IDLE_EXIT_S)
+                self._cond.wait_for(lambda: bool(self._jobs) or self._closed, self._idle_exit_s)
                 if not self._jobs:
                     self._thread = None  # closed, or idle: the next submit() makes a new one
                     return

@@ -40,8 +40,9 @@ class InFlight(Generic[T, A]):
     """At most one call at a time, on one daemon thread that starts on first use (and ends
     after ``IDLE_EXIT_S`` with nothing to do)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, idle_exit_s: float = IDLE_EXIT_S) -> None:
         self._name = name
+        self._idle_exit_s = idle_exit_s
         self._cond = threading.Condition()
         self._queued: tuple[Callable[[], T], A] | None = None
         self._busy = False  # started and not yet taken
@@ -100,7 +101,7 @@ class InFlight(Generic[T, A]):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queued is not None or self._closed, IDLE_EXIT_S)
+                self._cond.wait_for(lambda: self._queued is not None or self._closed, self._idle_exit_s)
                 if self._queued is None:
                     self._thread = None  # closed, or idle: the next start() makes a new one
                     return
