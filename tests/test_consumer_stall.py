@@ -11,6 +11,7 @@ for its final commit (10 s).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import threading
@@ -19,11 +20,12 @@ from typing import Any
 
 import pytest
 from harness import wait_until, without_join_delay
-from test_consumer import Recorder, poll_until
+from test_consumer import Recorder, _outage_client, _outage_consumer, poll_until
 
 from rcoord.client import Consumer, ConsumerGroupConfig, WakeupError
 from rcoord.client.committer import AsyncCommitter
 from rcoord.client.inflight import InFlight
+from rcoord.errors import ConnectionLost
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, Topics
@@ -489,3 +491,82 @@ def test_committer_thread_ends_when_idle_and_the_next_commit_starts_another() ->
         assert ran == [1, 2]
     finally:
         committer.close(BOUND_S)
+
+
+# -- offset queries retry a lost connection (Kafka's default.api.timeout.ms) --------------------
+
+QUERIES: dict[str, Callable[[Consumer], Any]] = {
+    "committed": lambda c: c.committed([TP("t", 0)]),
+    "beginning_offsets": lambda c: c.beginning_offsets([TP("t", 0)]),
+    "end_offsets": lambda c: c.end_offsets([TP("t", 0)]),
+    "offsets_for_times": lambda c: c.offsets_for_times({TP("t", 0): 0}),
+    "lag": lambda c: c.lag(),
+}
+
+
+def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Runs ``call`` in a thread; the list gets its result or its exception."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES))
+def test_an_offset_query_retries_while_redis_does_not_answer(
+    own_server: EmbeddedServer, namespace: str, stalled: Callable[[], None], query: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The call fails (the client's 0.3 s socket timeout), is retried, and answers once the
+    server does; before, its first ConnectionLost reached the application at once."""
+    client = _outage_client(own_server)
+    consumer = _outage_consumer(client, namespace, "assign")
+    try:
+        expected = QUERIES[query](consumer)
+        with caplog.at_level(logging.INFO, logger="rcoord.client"):
+            stalled()
+            thread, out = _in_thread(lambda: QUERIES[query](consumer))
+            wait_until(lambda: "retrying after" in caplog.text or not thread.is_alive())
+            assert thread.is_alive(), out  # still retrying, not failed
+            _resume(own_server)
+            thread.join(BOUND_S)
+        assert not thread.is_alive() and out == [expected]
+    finally:
+        _resume(own_server)
+        consumer.close(timeout=5)
+        client.close()
+
+
+def test_an_offset_query_gives_up_after_its_timeout_and_a_wakeup_ends_it_sooner(
+    own_server: EmbeddedServer, namespace: str, stalled: Callable[[], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _outage_client(own_server)
+    consumer = _outage_consumer(client, namespace, "assign")
+    tp = TP("t", 0)
+    try:
+        with pytest.raises(ValueError, match="timeout must be >= 0"):
+            consumer.end_offsets([tp], timeout=-1)
+        stalled()
+        thread, out = _in_thread(lambda: consumer.end_offsets([tp], timeout=0.5))
+        thread.join(BOUND_S)
+        assert not thread.is_alive() and len(out) == 1 and isinstance(out[0], ConnectionLost), out
+        # The default (60 s) outlasts the test: wakeup() ends it.
+        with caplog.at_level(logging.INFO, logger="rcoord.client"):
+            caplog.clear()
+            thread, out = _in_thread(lambda: consumer.committed([tp]))
+            wait_until(lambda: "retrying after" in caplog.text or not thread.is_alive())
+        consumer.wakeup()
+        thread.join(BOUND_S)
+        assert not thread.is_alive() and len(out) == 1 and isinstance(out[0], WakeupError), out
+    finally:
+        _resume(own_server)
+        consumer.close(timeout=5)
+        client.close()

@@ -60,7 +60,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
@@ -86,12 +86,14 @@ from .group import ConsumerGroup
 from .inflight import Finished, InFlight
 from .policy import reaction_for
 from .polltimer import PollTimer
-from .retry import interruptible_by
+from .retry import call_with_retries, interruptible_by
 from .subscription import SubscriptionMixin
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
 log = logging.getLogger("rcoord.client")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,16 @@ class _Hold:
             )
 
 
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+    ):
+        raise TypeError(f"timeout must be seconds (a float) or None, got {timeout!r}")
+    if timeout is not None and not timeout >= 0:  # NaN too
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r} (as Kafka's: "
+                         "'Timeout must not be negative')")
+
+
 class Consumer(SubscriptionMixin):
     """Records from the partitions a consumer group assigns to this member.
 
@@ -227,6 +239,7 @@ class Consumer(SubscriptionMixin):
         max_poll_records: int = 500,
         fetch_max_wait_ms: int = 100,
         max_poll_interval_ms: int = 300_000,
+        default_api_timeout_ms: int = 60_000,
         coordinator: Coordinator | None = None,
     ) -> None:
         for name, value in (
@@ -234,6 +247,7 @@ class Consumer(SubscriptionMixin):
             ("max_poll_records", max_poll_records),
             ("fetch_max_wait_ms", fetch_max_wait_ms),
             ("max_poll_interval_ms", max_poll_interval_ms),
+            ("default_api_timeout_ms", default_api_timeout_ms),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -251,6 +265,7 @@ class Consumer(SubscriptionMixin):
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._max_poll_records = max_poll_records
         self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._api_timeout_s = default_api_timeout_ms / 1000
         self._lock = threading.RLock()
         # The thread inside a call of this consumer, and how deep (a listener's or a callback's
         # calls nest): Kafka's acquire()/release() (_single_threaded).
@@ -438,36 +453,58 @@ class Consumer(SubscriptionMixin):
         with self._single_threaded():
             self._check_open()
             wanted = self._partitions_arg(partitions, "seek")
-            for tp, offset in self._log_edge(wanted, edge).items():
+            for tp, offset in self._log_edge(wanted, edge, None).items():
                 self.seek(tp, offset)
 
-    def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    def beginning_offsets(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
         """The first offset still in each partition's log (Kafka's ``beginningOffsets``): any
-        partition of an existing topic, assigned or not."""
-        return self._log_edge(partitions, 0)
+        partition of an existing topic, assigned or not. ``timeout``: see ``_query``."""
+        return self._log_edge(partitions, 0, timeout)
 
-    def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    def end_offsets(
+        self, partitions: list[TopicPartition], timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
         """The offset the next record appended to each partition will get (Kafka's
-        ``endOffsets``): any partition of an existing topic, assigned or not."""
-        return self._log_edge(partitions, 1)
+        ``endOffsets``): any partition of an existing topic, assigned or not. ``timeout``: see
+        ``_query``."""
+        return self._log_edge(partitions, 1, timeout)
 
-    def _log_edge(self, partitions: list[TopicPartition], edge: int) -> dict[TopicPartition, int]:
+    def _log_edge(
+        self, partitions: list[TopicPartition], edge: int, timeout: float | None
+    ) -> dict[TopicPartition, int]:
         self._check_open()
         coord = self._coordinator()
         wanted = [TopicPartition(*tp) for tp in partitions]
-        return {tp: coord.log_offsets(tp.topic, tp.partition)[edge] for tp in wanted}
+        return self._query(
+            lambda: {tp: coord.log_offsets(tp.topic, tp.partition)[edge] for tp in wanted},
+            timeout)
 
     def offsets_for_times(
-        self, timestamps: Mapping[TopicPartition, int]
+        self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, the earliest offset whose record's timestamp (ms) is at or after the
         given one, or None when no record is that recent (Kafka's ``offsetsForTimes``). Any
-        partition of an existing topic, assigned or not."""
+        partition of an existing topic, assigned or not. ``timeout``: see ``_query``."""
         self._check_open()
         asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
-        found = self._coordinator().offsets_for_times(keys)
+        coord = self._coordinator()
+        found = self._query(lambda: coord.offsets_for_times(keys), timeout)
         return {tp: found[tp] for tp in asked}
+
+    def _query(self, call: Callable[[], T], timeout: float | None) -> T:
+        """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
+        ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
+        (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
+        ``ConnectionLost`` is raised. ``wakeup()`` ends the retries (``WakeupError``), and so
+        does ``close()``. A refusal (a bad argument, a missing permission) is not retried."""
+        _check_timeout(timeout)
+        budget = self._api_timeout_s if timeout is None else float(timeout)
+        with self._interruptible():
+            return call_with_retries(call, None, config=self._config, closing=self._stop,
+                                     budget_s=budget)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
@@ -488,27 +525,26 @@ class Consumer(SubscriptionMixin):
         return sorted(self._paused)
 
     def committed(
-        self, partitions: list[TopicPartition] | None = None
+        self, partitions: list[TopicPartition] | None = None, timeout: float | None = None
     ) -> dict[TopicPartition, int]:
-        """Committed offsets from the coordinator (-1: none), of ``partitions`` or the assignment."""
+        """Committed offsets from the coordinator (-1: none), of ``partitions`` or the
+        assignment. ``timeout``: see ``_query``."""
         self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
             return {}
-        result = self._coordinator().fetch_offsets(self._config.group_id, wanted)
+        coord = self._coordinator()
+        result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
         return {tp: result.offsets[tp].offset if tp in result.offsets else -1 for tp in wanted}
 
-    def lag(self) -> dict[TopicPartition, int]:
-        """Records between the position and the log end, per assigned partition."""
+    def lag(self, timeout: float | None = None) -> dict[TopicPartition, int]:
+        """Records between the position and the log end, per assigned partition. ``timeout``:
+        see ``_query``."""
         self._check_open()
-        coord = self._coordinator()
-        out: dict[TopicPartition, int] = {}
-        for tp in self._assigned:
-            if tp in self._invalid:
-                continue  # no position, so no lag (Kafka's currentLag is empty then)
-            _, end = coord.log_offsets(tp.topic, tp.partition)
-            out[tp] = max(0, end - self._position.get(tp, end))
-        return out
+        held = [tp for tp in self._assigned if tp not in self._invalid]
+        # (a partition without a position has no lag: Kafka's currentLag is empty then)
+        ends = self._log_edge(held, 1, timeout)
+        return {tp: max(0, end - self._position.get(tp, end)) for tp, end in ends.items()}
 
     # -- the poll loop
 
@@ -533,13 +569,7 @@ class Consumer(SubscriptionMixin):
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
-        if timeout is not None and (
-            not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-        ):
-            raise TypeError(f"timeout must be seconds (a float) or None, got {timeout!r}")
-        if timeout is not None and not timeout >= 0:  # NaN too
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r} (as Kafka's poll: "
-                             "'Timeout must not be negative')")
+        _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._single_threaded():
             self._check_open()

@@ -73,12 +73,14 @@ def call_with_retries(
     *,
     config: ConsumerGroupConfig,
     closing: threading.Event,
+    budget_s: float | None = None,
 ) -> T:
     """Run ``call``; retry lost connections and the ``retry`` rows of ``ERROR_POLICY``.
 
     Pauses grow exponentially with jitter (``retry_backoff_ms`` .. ``retry_backoff_max_ms``)
-    and wake early when ``closing`` is set. Retries stop one session timeout after the first
-    failure; then the last result is returned (or the last exception raised).
+    and wake early when ``closing`` is set. Retries stop ``budget_s`` (default: one session
+    timeout) after the first failure; then the last result is returned (or the last exception
+    raised).
     """
     cfg = config
     wakeup = _wakeup_of_this_thread()
@@ -129,7 +131,7 @@ def call_with_retries(
             max=cfg.retry_backoff_max_ms / 1000,
         )
         + tenacity.wait_random(0, cfg.retry_backoff_ms / 1000),
-        stop=_StopAfterFailingFor(cfg.session_timeout_ms / 1000)
+        stop=_StopAfterFailingFor(cfg.session_timeout_ms / 1000 if budget_s is None else budget_s)
         | _StopWhenClosing(closing)
         | _StopWhenClosing(wakeup or _NEVER),
         sleep=sleep,
