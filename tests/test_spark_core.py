@@ -1530,3 +1530,81 @@ def test_sigterm_unwinds_once_and_never_inside_the_shield() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n") == ["shielded", "exit 143", "ignored", ""]
+
+
+def _group_reader(url: str, namespace: str, **kw: str) -> Any:
+    """A group-mode stream reader (group ``g``, quick sessions), as a Spark runner makes it."""
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    return source.StreamReader(parse_read_options(
+        {"url": url, "namespace": namespace, "groupId": "g", "startingOffsets": "earliest",
+         "sessionTimeoutMs": "1500", "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "3000",
+         **kw}, ReadKind.STREAM, env={}))
+
+
+def test_a_group_pattern_reads_topics_created_after_the_query_started(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # Before, the pattern became the topics it matched at the start: a topic created later
+    # was never read, and a pattern that matched nothing yet failed the start.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = _group_reader(redis_server.url, namespace, subscribePattern="ev-.*")
+    try:
+        pos = reader.initialOffset()
+        assert reader.latestOffset(pos, ReadAllAvailable())["offsets"] == {}
+        topics.create("ev-a", 1)
+        topics.create("other", 1)
+        producer = Producer(single_client, namespace)
+        producer.send_batch("ev-a", [b"a"] * 3)
+        producer.send_batch("other", [b"o"] * 2)
+        state = {"pos": pos}
+
+        def planned(want: dict[str, Any]) -> bool:
+            state["pos"] = reader.latestOffset(state["pos"], ReadAllAvailable())
+            return bool(state["pos"]["offsets"] == want)
+
+        wait_until(lambda: planned({"ev-a": {"0": 3}}), timeout_s=10)
+        topics.create("ev-b", 1)
+        producer.send_batch("ev-b", [b"b"] * 5)
+        wait_until(lambda: planned({"ev-a": {"0": 3}, "ev-b": {"0": 5}}), timeout_s=10)
+        assert state["pos"]["starts"]["ev-b"] == {"0": 0}  # from its log start
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_group_query_restarted_after_a_subscribed_topic_was_deleted_reports_the_loss(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, fail_on_data_loss: str, caplog: Any) -> None:
+    # Before, the restarted runner refused to join: "subscribe: unknown topic 'b'", whatever
+    # failOnDataLoss said, so the query could not be restarted on its checkpoint.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("a", 1)
+    topics.create("b", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("a", [b"a"] * 3)
+    producer.send_batch("b", [b"b"] * 3)
+    kw = {"subscribe": "a,b", "failOnDataLoss": fail_on_data_loss}
+    first = _group_reader(redis_server.url, namespace, **kw)
+    try:
+        end = first.latestOffset(first.initialOffset(), ReadAllAvailable())
+        assert end["offsets"] == {"a": {"0": 3}, "b": {"0": 3}}
+    finally:
+        first.stop()
+    topics.delete("b")
+    producer.send_batch("a", [b"a"] * 2)
+    restarted = _group_reader(redis_server.url, namespace, **kw)
+    try:
+        if fail_on_data_loss == "true":
+            with pytest.raises(DataLossError, match="topic 'b' partition 0 is gone"):
+                restarted.latestOffset(end, ReadAllAvailable())
+        else:
+            with caplog.at_level("WARNING", logger="rcoord.spark"):
+                assert restarted.latestOffset(end, ReadAllAvailable())["offsets"] == {"a": {"0": 5}}
+            assert "topic 'b' partition 0 is gone" in caplog.text
+    finally:
+        restarted.stop()
+    # a new query still insists that what it names exists
+    with pytest.raises(OptionError, match="subscribe: unknown topic 'b'"):
+        _group_reader(redis_server.url, namespace, **kw).initialOffset()

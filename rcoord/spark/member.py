@@ -47,6 +47,7 @@ were made under:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,11 +114,15 @@ class CommitOutcome:
 
 
 def member_config(opts: ReadOptions, topics: Sequence[str], client: Any) -> ConsumerGroupConfig:
-    """The group settings of a group-mode read."""
+    """The group settings of a group-mode read: ``topics``, or with ``subscribePattern`` the
+    pattern itself, so the member follows topics created and deleted while the query runs (a
+    topic list fixed at the start never read a topic created later)."""
     start = opts.starting if isinstance(opts.starting, str) else "earliest"
+    pattern = None if opts.pattern is None else re.compile(opts.pattern)
     return ConsumerGroupConfig(
         group_id=str(opts.group_id),
-        topics=list(topics),
+        topics=[] if pattern is not None else list(topics),
+        topic_pattern=pattern,
         redis_client=client,
         namespace=opts.namespace,
         session_timeout_ms=opts.session_timeout_ms,

@@ -58,6 +58,7 @@ from .resolve import (
     read_range,
     resolve_offsets,
     resolve_partitions,
+    subscribed_topics,
 )
 from .rows import SCHEMA_DDL, records_to_batch
 from .write import check_write_plan, make_producer, write_rows
@@ -214,11 +215,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _membership(self) -> StreamMember:
         if self._member is None:
-            from .resolve import subscribed_topics
-
             opts = self.opts
-            topics = subscribed_topics(self._admin(), opts)
-            group = ConsumerGroup(member_config(opts, topics, client_for(opts.url)))
+            # Every named topic, existing or not: one deleted while the query was stopped has
+            # no partitions, which the plan reports as data loss (failOnDataLoss); only a new
+            # query insists that they exist (initialOffset).
+            group = ConsumerGroup(member_config(opts, opts.topics, client_for(opts.url)))
             self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss,
                                         first_join_wait_s=self._join_wait())
             shutdown.install()  # Spark ends the runner with SIGTERM: run stop() first
@@ -265,6 +266,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:
         opts = self.opts
         if opts.group_id is not None:
+            if opts.pattern is None:
+                subscribed_topics(self._admin(), opts)  # a typo must not start a query at all
             return self._membership().initial(self._join_wait()).to_json()
         if self._initial is None:
             parts = resolve_partitions(self._admin(), opts)
