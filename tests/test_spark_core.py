@@ -43,7 +43,7 @@ from rcoord.spark.resolve import (
     resolve_partitions,
 )
 from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
-from rcoord.topics import Producer, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch
 
 TP = TopicPartition
 URL = {"url": "redis://127.0.0.1:1/0"}
@@ -238,6 +238,31 @@ def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: To
         resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2)
     assert resolve_offsets("startingOffsets", {"ret": {0: 1}}, [TP("ret", 0)], bounds, -2,
                            fail_on_data_loss=False) == {TP("ret", 0): 15}
+
+
+def test_a_partition_added_after_retention_trimmed_it_is_data_loss(
+        single_client: Any, namespace: str, topics: Topics, caplog: Any) -> None:
+    # Before, a partition new to the read started at its log start without a word, also when
+    # retention had deleted records there before the query saw them (Spark's Kafka source:
+    # "Added partition ... starts from X instead of 0").
+    topics.create("t", 1, retention_records=2)
+    start = Position({TP("t", 0): 0}, {TP("t", 0): 0})
+    topics.add_partitions("t", 3)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=1) for _ in range(10)])
+    producer.send_batch("t", [ProducerRecord(b"y", partition=2)])  # kept whole: starts at 0, no loss
+    topics.apply_retention("t")
+    parts = [TP("t", p) for p in range(3)]
+    bounds, tokens = log_snapshot(topics, parts)
+    assert bounds[TP("t", 1)] == (8, 10)
+    with pytest.raises(DataLossError, match=r"^topic 't' partition 1 is new to the query but its "
+                                            r"log starts at offset 8, not 0: records 0-7"):
+        next_position(start, parts, bounds, tokens, None, True)
+    with caplog.at_level("WARNING", logger="rcoord.spark"):
+        nxt = next_position(start, parts, bounds, tokens, None, False)
+    assert nxt is not None and nxt.starts == {TP("t", 1): 8, TP("t", 2): 0}
+    assert nxt.offsets == {TP("t", 0): 0, TP("t", 1): 10, TP("t", 2): 1}
+    assert caplog.text.count("is new to the query") == 1
 
 
 def _stream_reader(url: str, namespace: str, **kw: str) -> Any:

@@ -215,6 +215,15 @@ def restart_after_loss(loss: str, log_start: int, fail_on_data_loss: bool) -> in
     return log_start
 
 
+def added_loss(tp: TP, log_start: int) -> str:
+    """What a plan reports for a partition new to the read (added, or of a topic created since)
+    whose log no longer starts at 0: records before ``log_start`` were deleted before the query
+    saw them (Spark's Kafka source: "Added partition ... starts from X instead of 0")."""
+    return (f"topic {tp.topic!r} partition {tp.partition} is new to the query but its log starts "
+            f"at offset {log_start}, not 0: records 0-{log_start - 1} were deleted (retention) "
+            "before the query could read them")
+
+
 def gone_loss(tp: TP, planned: int) -> str:
     """What ``drop_after_loss`` reports for a partition a query was reading that no longer
     exists: its topic was deleted (or created again with fewer partitions)."""
@@ -256,7 +265,8 @@ def next_position(
     without, a warning, and the partition starts again at its log start (in ``starts``). The
     check uses the real log ends, not the clamped ones: records appended after availableNow's
     target was taken may have moved ``start`` past it. A partition new to the read starts at
-    its log start, as in Spark's Kafka source.
+    its log start, as in Spark's Kafka source, which is data loss (``added_loss``) if that is
+    not 0.
 
     A partition of ``start`` that ``bounds`` lacks is gone (its topic was deleted; ``bounds``
     covers ``start``'s partitions too, so one the read no longer names but that still exists
@@ -272,6 +282,8 @@ def next_position(
             continue
         lo = bounds[tp][0]
         if tp not in start.offsets:
+            if lo > 0:  # retention deleted records the query never saw
+                restart_after_loss(added_loss(tp, lo), lo, fail_on_data_loss)
             begin[tp] = starts[tp] = lo
             continue
         begin[tp] = start.offsets[tp]
