@@ -83,6 +83,18 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
         (ReadKind.STREAM, {"subscribe": "a", "sessionTimeoutMs": "3000"}, "sessionTimeoutMs"),
         (ReadKind.STREAM, {"subscribe": "a", "groupId": "g", "sessionTimeoutMs": "3000",
                            "heartbeatIntervalMs": "2000"}, "heartbeatIntervalMs"),
+        # before: the option the user did not set was named
+        (ReadKind.STREAM, {"subscribe": "a", "groupId": "g", "sessionTimeoutMs": "1"},
+         "sessionTimeoutMs: 1 is too short"),
+        # before: accepted and never used
+        (ReadKind.BATCH, {"subscribe": "a", "maxOffsetsPerTrigger": "10"},
+         "maxOffsetsPerTrigger: only for streams"),
+        # before: taken as unset (an empty groupId made a stream without a group, from latest)
+        (ReadKind.STREAM, {"subscribe": "a", "groupId": ""}, "groupId: empty value"),
+        (ReadKind.STREAM, {"subscribe": "a", "groupId": "  "}, "groupId: empty value"),
+        (ReadKind.STREAM, {"subscribe": "a", "startingOffsets": ""}, "startingOffsets: empty"),
+        (ReadKind.STREAM, {"subscribe": "a", "failOnDataLoss": ""}, "failOnDataLoss: empty"),
+        (ReadKind.BATCH, {"subscribe": "a", "namespace": ""}, "namespace: empty"),
     ],
 )
 def test_bad_options_name_the_option(kind: ReadKind, given: dict[str, str], names: str) -> None:
@@ -267,9 +279,10 @@ def test_a_partition_added_after_retention_trimmed_it_is_data_loss(
 
 def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
     source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    default = {} if "assign" in kw else {"subscribe": "re"}
     return source.StreamReader(parse_read_options(
-        {"url": url, "namespace": namespace, "subscribe": "re", "startingOffsets": "earliest",
-         **kw}, ReadKind.STREAM, env={}))
+        {"url": url, "namespace": namespace, **default, "startingOffsets": "earliest", **kw},
+        ReadKind.STREAM, env={}))
 
 
 def _offsets(reader: Any, start: Any, end: Any) -> list[tuple[int, int]]:
@@ -334,7 +347,7 @@ def test_a_stream_from_latest_starts_once_however_often_spark_asks(
 
 
 @pytest.mark.parametrize("subscription", [
-    {"subscribe": "re,keep"}, {"subscribe": "", "assign": '{"re": [0, 1], "keep": [0]}'}])
+    {"subscribe": "re,keep"}, {"assign": '{"re": [0, 1], "keep": [0]}'}])
 def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_created_again(
         subscription: dict[str, str], redis_server: Any, single_client: Any, namespace: str,
         topics: Topics, caplog: Any) -> None:

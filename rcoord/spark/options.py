@@ -189,6 +189,16 @@ def _check_names(opts: Mapping[str, str], known: tuple[str, ...], what: str,
         raise OptionError(f"{key}: not an option of an rcoord {what}; {hint}")
 
 
+def _refuse_empty(options: Mapping[str, Any]) -> None:
+    """An option set to "" (or blanks) is refused, not taken as unset: an empty ``groupId``
+    from an unset environment variable would otherwise be a stream without a group that skips
+    the backlog (``latest``), and an empty ``startingOffsets`` a silent default."""
+    for name, value in options.items():
+        if isinstance(value, str) and not value.strip():
+            raise OptionError(f"{name}: empty value {value!r}; leave the option out to get its "
+                              "default")
+
+
 def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
     url = opts.get("url") or env.get("RCOORD_REDIS_URL", "")
     if not url:
@@ -297,6 +307,7 @@ def parse_read_options(
     options: Mapping[str, Any], kind: ReadKind, env: Mapping[str, str] | None = None
 ) -> ReadOptions:
     """Check a read's options; raises ``OptionError`` naming the first bad one."""
+    _refuse_empty(options)
     opts = _lower(options)
     _check_names(opts, READ_OPTIONS, "read", WRITE_OPTIONS)
     env = os.environ if env is None else env
@@ -359,6 +370,9 @@ def parse_read_options(
 
     max_per_trigger = None
     if opts.get("maxoffsetspertrigger"):
+        if kind is ReadKind.BATCH:
+            raise OptionError("maxOffsetsPerTrigger: only for streams (spark.readStream); a "
+                              "batch read reads from startingOffsets to endingOffsets whole")
         max_per_trigger = _positive_int("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
     fail = _bool("failOnDataLoss", opts["failondataloss"]) if opts.get("failondataloss") else True
     per_part = 100_000
@@ -376,6 +390,9 @@ def parse_read_options(
     session = timeouts.get("sessiontimeoutms", 10_000)
     beat = timeouts.get("heartbeatintervalms", min(1_000, max(1, session // 3)))
     if beat * 3 > session:
+        if "heartbeatintervalms" not in timeouts:
+            raise OptionError(f"sessionTimeoutMs: {session} is too short; it must hold three "
+                              "heartbeat intervals of at least 1 ms (at least 3)")
         raise OptionError(f"heartbeatIntervalMs: {beat} must be at most sessionTimeoutMs / 3 "
                           f"({session / 3:g})")
     return ReadOptions(
@@ -401,6 +418,7 @@ def parse_write_options(
     options: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> WriteOptions:
     """A write's settings: where to, and the default ``topic`` for rows without one."""
+    _refuse_empty(options)
     opts = _lower(options)
     env = os.environ if env is None else env
     for name in ("subscribe", "subscribepattern", "assign", "groupid"):
