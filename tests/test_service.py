@@ -512,8 +512,8 @@ def test_a_malformed_deadline_message_does_not_silence_the_channel(own_server, n
         channel = PartitionKeys(namespace, 0, svc.group_config.num_partitions).due
         client.execute_command("SPUBLISH", channel, "not a deadline")
         before = _channel_wakeups(svc)
-        wait_until(lambda: (_publish_deadline(client, svc, namespace), _channel_wakeups(svc))[1] > before,
-                   timeout_s=10)
+        wait_until(lambda: _channel_wakeups(svc) > before,
+                   lambda: _publish_deadline(client, svc, namespace), timeout_s=10)
     finally:
         svc.stop()
 
@@ -522,13 +522,9 @@ def test_a_listener_refused_its_channels_subscribes_again_once_allowed(own_serve
     """An ACL change that takes the user's channels away (Redis then drops its subscribers) makes
     every subscribe fail with NOPERM: the listener logs it once and retries, and hears deadlines
     again when the channels are given back, instead of its thread ending unnoticed."""
-    from rcoord.service.service import CoordinatorService, ServiceConfig
-
     client = own_server.client()
     client.execute_command("ACL", "SETUSER", "fickle", "on", ">pw", "~*", "&*", "+@all")
-    url = own_server.url.replace("redis://", "redis://fickle:pw@")
-    svc = CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, coordinator_id="fickle",
-                                           lease_ttl_ms=200, wake="index")).start()
+    svc = _in_process(own_server.url.replace("redis://", "redis://fickle:pw@"), namespace, "fickle")
     threading.Thread(target=svc.run, daemon=True).start()
     try:
         wait_until(lambda: len(svc.leases.owned) == svc.group_config.num_partitions)
@@ -538,8 +534,8 @@ def test_a_listener_refused_its_channels_subscribes_again_once_allowed(own_serve
                        timeout_s=10)
         client.execute_command("ACL", "SETUSER", "fickle", "&*")
         before = _channel_wakeups(svc)
-        wait_until(lambda: (_publish_deadline(client, svc, namespace), _channel_wakeups(svc))[1] > before,
-                   timeout_s=10)
+        wait_until(lambda: _channel_wakeups(svc) > before,
+                   lambda: _publish_deadline(client, svc, namespace), timeout_s=10)
     finally:
         svc.stop()
         client.execute_command("ACL", "DELUSER", "fickle")

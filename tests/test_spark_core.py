@@ -279,7 +279,7 @@ def test_a_partition_added_after_retention_trimmed_it_is_data_loss(
 
 def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
     source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
-    default = {} if "assign" in kw else {"subscribe": "re"}
+    default = {} if {"assign", "subscribe", "subscribePattern"} & set(kw) else {"subscribe": "re"}
     return source.StreamReader(parse_read_options(
         {"url": url, "namespace": namespace, **default, "startingOffsets": "earliest", **kw},
         ReadKind.STREAM, env={}))
@@ -1572,11 +1572,8 @@ def test_sigterm_unwinds_once_and_never_inside_the_shield() -> None:
 
 def _group_reader(url: str, namespace: str, **kw: str) -> Any:
     """A group-mode stream reader (group ``g``, quick sessions), as a Spark runner makes it."""
-    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
-    return source.StreamReader(parse_read_options(
-        {"url": url, "namespace": namespace, "groupId": "g", "startingOffsets": "earliest",
-         "sessionTimeoutMs": "1500", "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "3000",
-         **kw}, ReadKind.STREAM, env={}))
+    return _stream_reader(url, namespace, groupId="g", sessionTimeoutMs="1500",
+                          heartbeatIntervalMs="200", rebalanceTimeoutMs="3000", **kw)
 
 
 def test_a_group_pattern_reads_topics_created_after_the_query_started(
