@@ -1,9 +1,12 @@
 -- topic_append.lua: appends records to one partition stream; XADD 0-* assigns the offsets.
--- KEYS[1] stream. ARGV: 4 per record: flags (1 value, 2 key, 4 headers), value, key, headers.
+-- KEYS[1] stream, KEYS[2] the partition's last record timestamp (a string, same hash tag).
+-- ARGV: 4 per record: flags (1 value, 2 key, 4 headers), value, key, headers.
 -- Returns {'NONE', first id, timestamp ms} or {'UNKNOWN_TOPIC_OR_PARTITION'}.
+-- The timestamp is the node's TIME, or the last record's if that is later (stamp, in
+-- topic_common.lua, which keeps KEYS[2]): a partition's timestamps never decrease.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
-local ts = string.format('%d', now_ms())
+local ts = string.format('%d', stamp(KEYS[1], KEYS[2], now_ms()))
 local first = nil
 for i = 1, #ARGV, 4 do
   local flags = tonumber(ARGV[i])

@@ -1,9 +1,10 @@
 -- topic_append_idempotent.lua: appends an idempotent producer's records to one partition stream,
 -- dropping the records it already appended (Kafka KIP-98, the broker's ProducerAppendInfo).
 -- KEYS[1] stream, KEYS[2] producer states (hash: producer id -> state), KEYS[3] producer activity
--- (zset: producer id -> last activity ms), KEYS[4] optional: this producer's append log (a
--- string, one line per call that appended: "epoch first-sequence first-offset count\n", only
--- the current epoch's; rcoord.topics.epoch_log reads it). All carry the partition's hash tag.
+-- (zset: producer id -> last activity ms), KEYS[4] the partition's last record timestamp (a
+-- string; stamp in topic_common.lua), KEYS[5] optional: this producer's append log (a string,
+-- one line per call that appended: "epoch first-sequence first-offset count\n", only the
+-- current epoch's; rcoord.topics.epoch_log reads it). All carry the partition's hash tag.
 -- ARGV[1] now ms or '' (Redis TIME), ARGV[2] producer id, ARGV[3] producer epoch,
 -- ARGV[4] sequence number of the first record (the others follow consecutively),
 -- ARGV[5] lowest sequence number the producer may have lost ('' if none),
@@ -11,8 +12,10 @@
 -- ARGV[8] sequence modulus ('' for rcoord's unbounded sequences; 2147483648 for a Kafka
 -- producer's, which wrap from 2^31-1 to 0), ARGV[9 ...] 4 per record as in topic_append.lua:
 -- flags, value, key, headers.
--- Returns {'NONE', first appended id or '', timestamp ms, duplicates d, {offsets of the d
--- leading records}, {their timestamps}} (-1 where no longer known), or
+-- Returns {'NONE', first appended id or '', timestamp ms of the appended records (the clock, or
+-- the partition's last record's timestamp if that is later, as in topic_append.lua),
+-- duplicates d, {offsets of the d leading records}, {their timestamps}} (-1 where no longer
+-- known), or
 -- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, or
 -- {'OUT_OF_ORDER_SEQUENCE_NUMBER', why, the sequence expected next (modulo ARGV[8] if given)}:
 -- the client compares that with what it was told was stored (a failover that lost an
@@ -57,7 +60,7 @@ if raw then
   if now - st.active >= expiration then st = nil end
 end
 local starts = st == nil  -- a producer (re)starts here: the one way the state can grow
-local log_key = KEYS[4]
+local log_key = KEYS[5]
 -- The log holds one epoch: it starts over when the producer (re)starts or its epoch rises.
 local log_starts = starts or epoch > st.epoch
 
@@ -131,7 +134,10 @@ if starts then
   end
 end
 
-local ts = string.format('%d', now)  -- whole ms, never in exponent form
+-- Whole ms, never in exponent form. Records carry max(now, the last record's timestamp), read
+-- only when there is something to append; the state's activity is `now`.
+local t = dup < n and stamp(KEYS[1], KEYS[4], now) or now
+local ts = string.format('%d', t)
 local first_id = ''
 for r = dup + 1, n do
   local i = RECORD_ARGS + (r - 1) * 4
@@ -147,7 +153,7 @@ end
 -- Only an append is activity (Kafka's lastTimestamp): a resent duplicate does not extend the
 -- state's life, so retrying forever cannot keep a dead producer's state.
 if dup < n then
-  st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, now}
+  st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, t}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
   st.last = first + n - 1
   local out = {st.epoch, st.last, now}
@@ -155,7 +161,7 @@ if dup < n then
     out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = b[1], b[2], b[3], b[4]
   end
   redis.call('HSET', KEYS[2], pid, cmsgpack.pack(out))
-  redis.call('ZADD', KEYS[3], ts, pid)
+  redis.call('ZADD', KEYS[3], string.format('%d', now), pid)
   if log_key then
     -- It lives as long as the state would (expiration after the last append).
     local line = string.format('%d %d %d %d\n', st.epoch, first + dup, seq(first_id) - 1, n - dup)
@@ -167,4 +173,4 @@ if dup < n then
     end
   end
 end
-return {'NONE', first_id, now, dup, dup_offsets, dup_ts}
+return {'NONE', first_id, t, dup, dup_offsets, dup_ts}

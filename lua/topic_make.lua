@@ -1,7 +1,7 @@
 -- topic_make.lua: creates an empty partition stream, with no idempotent-producer state.
--- KEYS[1] stream, KEYS[2] producer states, KEYS[3] producer activity, KEYS[4] creation token
--- (a string: the create token of the topic the partition belongs to; all four share the
--- partition's hash tag).
+-- KEYS[1] stream, KEYS[2] producer states, KEYS[3] producer activity, KEYS[4] last record
+-- timestamp, KEYS[5] creation token (a string: the create token of the topic the partition
+-- belongs to). All five share the partition's hash tag.
 -- ARGV[1] 'reset' (Topics.create: a new topic, drop any leftover), 'ensure' (add_partitions:
 -- make it if missing, keep it if it is this topic's) or 'replace' (add_partitions: replace a
 -- leftover of an older topic of the same name, seen by an earlier 'ensure'),
@@ -20,15 +20,15 @@
 -- add_partitions left it, records and all): that one is reported, and replaced only by a
 -- 'replace' naming the token seen, so a stream made meanwhile by a newer topic is never lost.
 
-local token = redis.call('GET', KEYS[4]) or ''
+local token = redis.call('GET', KEYS[5]) or ''
 if ARGV[1] == 'reset' then
   if token == ARGV[2] then return {0, ''} end
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
   if token == ARGV[2] then return {0, ''} end
   if ARGV[1] == 'ensure' or token ~= ARGV[3] then return {-1, token} end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 redis.call('XGROUP', 'CREATE', KEYS[1], 'rcoord-init', '$', 'MKSTREAM')
 redis.call('XGROUP', 'DESTROY', KEYS[1], 'rcoord-init')
-if ARGV[2] ~= '' then redis.call('SET', KEYS[4], ARGV[2]) end
+if ARGV[2] ~= '' then redis.call('SET', KEYS[5], ARGV[2]) end
 return {1, ''}

@@ -6,8 +6,8 @@
 --
 -- Binary search over offsets, probing "the first entry at or after offset m" (XRANGE from
 -- 0-<m+1>, COUNT 1), so entries missing in the middle would not mislead it. It relies on the
--- timestamps of a partition being non-decreasing, which holds while the node's clock does
--- (every append stamps the node's TIME).
+-- timestamps of a partition being non-decreasing: every append stamps max(node TIME, the last
+-- record's timestamp) (stamp, in topic_common.lua), so they are even when the clock steps back.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1} end
 local target = tonumber(ARGV[1])

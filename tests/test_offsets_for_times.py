@@ -21,6 +21,7 @@ from rcoord.topics import (
     fetch,
     offsets_for_times,
 )
+from rcoord.topics._base import last_timestamp_key
 
 
 class Clock:
@@ -124,3 +125,40 @@ def test_unknown_partition_and_negative_timestamp(setup, redis_client, namespace
         offsets_for_times(redis_client, namespace, {("nope", 0): 0})
     with pytest.raises(InvalidRequestError, match="timestamp of t-0 must be >= 0"):
         offsets_for_times(redis_client, namespace, {("t", 0): -1})
+
+
+def test_a_clock_stepped_back_lowers_no_timestamp_and_hides_no_record(
+        setup, redis_client, namespace):
+    """The node's clock steps back (NTP, a failover to a node whose clock is behind): records
+    carry max(clock, previous record's timestamp), so a partition's timestamps never decrease
+    and the binary search finds the first record at or after any target, as Kafka's time index
+    (the largest timestamp so far) does."""
+    topics, producer, clock = setup
+    topics.create("t", 1)
+    stamped = []
+    for ts in (1000, 2000, 500, 600, 3000):  # stepped back after offset 1
+        clock.now = ts
+        stamped.append(producer.send("t", b"at %d" % ts, partition=0).timestamp_ms)
+    assert stamped == [1000, 2000, 2000, 2000, 3000]
+    records = fetch(redis_client, namespace, "t", 0, 0).records
+    assert [r.timestamp_ms for r in records] == [1000, 2000, 2000, 2000, 3000]
+    assert offsets_for_times(redis_client, namespace, {("t", 0): 1500}) == {
+        ("t", 0): OffsetAndTimestamp(1, 2000)}
+    for target in range(0, 3200, 100):
+        want = next((OffsetAndTimestamp(r.offset, r.timestamp_ms) for r in records
+                     if r.timestamp_ms >= target), None)
+        assert offsets_for_times(redis_client, namespace, {("t", 0): target}) == {
+            ("t", 0): want}, target
+    # The plain append script stamps the same way: after a record stamped far ahead of the
+    # node's TIME, a record appended by TIME carries that later timestamp.
+    clock.now = 10**13
+    producer.send("t", b"ahead", partition=0)
+    plain = Producer(redis_client, namespace, idempotent=False)
+    assert plain.send("t", b"plain", partition=0).timestamp_ms == 10**13
+    assert fetch(redis_client, namespace, "t", 0, 6).records[0].timestamp_ms == 10**13
+    # A partition an older rcoord appended to has no recorded last timestamp: the last
+    # record's is read instead.
+    redis_client.delete(last_timestamp_key(namespace, "t", 0))
+    clock.now = 5000
+    assert producer.send("t", b"behind", partition=0).timestamp_ms == 10**13
+    assert int(redis_client.get(last_timestamp_key(namespace, "t", 0))) == 10**13  # kept now

@@ -7,7 +7,10 @@ A topic with N partitions is N streams plus one metadata hash. Partition ``p`` o
   settings (``retention_records``, ``retention_ms``; absent means unlimited), and the token of
   the ``create`` call that made it (``create_token``);
 * ``<ns>:topicmade:{<tag>}:<topic>:<p>``: that token again, beside the stream, so a resent
-  ``create`` does not make the partition a second time.
+  ``create`` does not make the partition a second time (``add_partitions`` writes it too, and
+  does not take over a stream another topic of the same name left);
+* ``<ns>:topicts:{<tag>}:<topic>:<p>``: the partition's latest record timestamp: appends stamp
+  max(clock, it), so a partition's timestamps never decrease.
 
 **Offsets are stream ids.** The record at Kafka offset ``o`` has the stream id ``0-<o+1>``.
 Appends use ``XADD key 0-*`` (Redis >= 7): the server itself gives the next sequence number in

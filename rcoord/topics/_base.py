@@ -207,10 +207,20 @@ def producer_log_key(namespace: str, topic: str, partition: int, producer_id: st
     return f"{namespace}:topicplog:{{{tag}}}:{topic}:{partition}:{producer_id}"
 
 
+def last_timestamp_key(namespace: str, topic: str, partition: int) -> str:
+    """The timestamp of the partition's latest record (ms, a string), in the stream's slot.
+    Appends stamp max(clock, it) and raise it, so a partition's timestamps never decrease
+    (``offsets_for_times`` binary-searches them) without reading the last record, whose value
+    the read would copy (360 us for a 1 MB value)."""
+    return f"{namespace}:topicts:{{{partition_tag(topic, partition)}}}:{topic}:{partition}"
+
+
 def partition_keys(namespace: str, topic: str, partition: int) -> list[str]:
-    """The stream of one partition, then its producer state (idempotent appends' KEYS)."""
+    """The stream of one partition, its producer state, then its last timestamp (idempotent
+    appends' KEYS)."""
     return [partition_key(namespace, topic, partition),
-            *producer_state_keys(namespace, topic, partition)]
+            *producer_state_keys(namespace, topic, partition),
+            last_timestamp_key(namespace, topic, partition)]
 
 
 def creation_token_key(namespace: str, topic: str, partition: int) -> str:

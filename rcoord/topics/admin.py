@@ -24,7 +24,6 @@ from ._base import (
     _name,
     _opt_int,
     _run,
-    creation_token_key,
     make_keys,
     meta_key,
     partition_key,
@@ -248,7 +247,8 @@ class Topics:
         self._r.delete(meta_key(self._ns, topic))
 
     def _delete_partitions(self, topic: str, partitions: range) -> None:
-        """Every key of those partitions: streams, producer states and logs, creation tokens."""
+        """Every key of those partitions: streams, producer states and logs, last timestamps,
+        creation tokens."""
         # The producers' append logs (Spark sink producers) are named by producer id: found in
         # the state hash, which the log never outlives.
         pipe = self._r.pipeline(transaction=False)
@@ -257,12 +257,11 @@ class Topics:
         producers = pipe.execute()
         pipe = self._r.pipeline(transaction=False)
         for p, pids in zip(partitions, producers):
-            pipe.delete(partition_key(self._ns, topic, p))
             for pid in pids:
                 pipe.delete(producer_log_key(self._ns, topic, p, _text(pid)))
-            for key in producer_state_keys(self._ns, topic, p):
+            # The stream, producer states, last timestamp and creation token.
+            for key in make_keys(self._ns, topic, p):
                 pipe.delete(key)
-            pipe.delete(creation_token_key(self._ns, topic, p))
         pipe.execute()
 
     @translate_redis_errors

@@ -34,6 +34,7 @@ from ._base import (
     _id_offset,
     _name,
     _run,
+    last_timestamp_key,
     meta_key,
     partition_key,
     partition_keys,
@@ -381,7 +382,8 @@ class Producer:
             for lo in range(0, len(idxs), step):
                 chunk = idxs[lo : lo + step]
                 args = [a for i in chunk for a in encoded[i]]
-                calls.append((APPEND, [partition_key(self._ns, topic, p)], args))
+                calls.append((APPEND, [partition_key(self._ns, topic, p),
+                                       last_timestamp_key(self._ns, topic, p)], args))
                 chunks.append((p, chunk))
 
         out: list[RecordMetadata | None] = [None] * len(recs)
