@@ -541,6 +541,20 @@ def test_a_listener_refused_its_channels_subscribes_again_once_allowed(own_serve
         client.execute_command("ACL", "DELUSER", "fickle")
 
 
+def test_a_failing_subscription_is_retried_less_often_the_longer_it_fails():
+    """Both kinds of subscription (the channels and each master's expired-key events) pause by
+    ``Backoff``: short after the first failure, doubling to the cap, short again after a
+    success; before, the expired-key one retried (and resynced the index) every 0.2 s for as
+    long as a node stayed down."""
+    from rcoord.service.listener import RETRY_FIRST_S, RETRY_MAX_S, Backoff
+
+    backoff = Backoff()
+    assert [backoff.next() for _ in range(6)] == [RETRY_FIRST_S, 0.4, 0.8, 1.6, RETRY_MAX_S,
+                                                  RETRY_MAX_S]
+    backoff.reset()
+    assert backoff.next() == RETRY_FIRST_S
+
+
 def test_a_metrics_port_in_use_fails_the_start_before_any_lease_is_taken(own_server, namespace):
     """The HTTP port is bound before the lease round: a port already taken is a configuration
     error, and the other coordinators never see this process join, take partitions and leave."""

@@ -42,6 +42,27 @@ RETRY_MAX_S = 2.0
 """A failing subscription is tried again after 0.2 s, doubling to 2 s while it keeps failing."""
 
 
+class Backoff:
+    """The pause before a failing subscription is tried again: short at first, since most
+    outages are a reconnect or a failover, then doubling, so a node that stays down (or an ACL
+    that keeps refusing) is not asked five times a second, each time with a resync of the
+    index behind it."""
+
+    def __init__(self, first_s: float = RETRY_FIRST_S, max_s: float = RETRY_MAX_S) -> None:
+        self._first_s, self._max_s = first_s, max_s
+        self._next_s = first_s
+
+    def next(self) -> float:
+        """The pause to take now; the one after it is twice as long, up to the cap."""
+        pause = self._next_s
+        self._next_s = min(self._max_s, pause * 2)
+        return pause
+
+    def reset(self) -> None:
+        """A subscription succeeded: the next outage starts with the short pause again."""
+        self._next_s = self._first_s
+
+
 def enable_keyspace_events(node: redis.Redis) -> str:
     """Turn on expired-key events on ``node`` if needed; return '' or why it could not.
 
@@ -195,7 +216,7 @@ class Listener:
 
     def _listen(self, what: str, subscribe: Any, receive: Any) -> None:
         failing = False
-        pause = RETRY_FIRST_S
+        backoff = Backoff()
         while not self._stop.is_set():
             pubsub = None
             try:
@@ -216,15 +237,14 @@ class Listener:
                 lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
                 if not failing:  # once per outage
                     failing = True
-                    pause = RETRY_FIRST_S
+                    backoff.reset()
                     log.warning("listener lost its connection; resyncing and retrying" if lost
                                 else "listener refused; resyncing and retrying",
                                 extra={"event": "listener_reconnect" if lost else "listener_error",
                                        "channel": what, "why": str(exc)})
                 self._events.put(Resync())
                 self._refresh_topology()
-                self._stop.wait(pause)
-                pause = min(RETRY_MAX_S, pause * 2)
+                self._stop.wait(backoff.next())
             finally:
                 if pubsub is not None:
                     try:
@@ -255,6 +275,7 @@ class Listener:
         """Hear one master's expired-key events until it stops being a master (``quit_``)."""
         channel = f"__keyevent@{self._db}__:expired"
         failing = False
+        backoff = Backoff()
         while not (self._stop.is_set() or quit_.is_set()):
             pubsub = None
             try:
@@ -298,12 +319,13 @@ class Listener:
                     self._subscribed.discard(addr)
                 if not failing:  # once per outage; the master may have failed over
                     failing = True
+                    backoff.reset()
                     log.warning("lost the expired-key subscription of a master; looking for "
                                 "the current masters", extra={
                                     "event": "keyspace_lost", "node": addr, "why": str(exc)})
                 self._events.put(Resync())
                 self._lost.set()
-                self._stop.wait(0.2)
+                self._stop.wait(backoff.next())
             finally:
                 if pubsub is not None:
                     try:
