@@ -37,7 +37,7 @@ from rcoord.client import consumer as consumer_module
 from rcoord.errors import ConfigError, ConnectionLost, RcoordError
 from rcoord.protocol.join import JoinGroupResult
 from rcoord.testing.embedded import EmbeddedServer
-from rcoord.topics import Producer, Record, Topics
+from rcoord.topics import Producer, ProducerRecord, Record, Topics
 
 TP = TopicPartition
 
@@ -1208,9 +1208,105 @@ def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
     # Offsets 0-5 were finished; 6 was being processed: the iterator counts 4 and 5 done, a
     # poll loop only the batch before (0-3).
     assert _committed(env, 1) == {TP("t", 0): 6 if loop == "iterate" else 4}
+    # The iterator yields nothing after close() (it went on with 7 from the closed consumer,
+    # records its next owner gets too); a poll loop's list is the application's.
+    assert finished == list(range(7 if loop == "iterate" else 8))
     nxt = env.consumer()
     got = poll_until(nxt, lambda got: len(got) >= 1)
     assert got[0].offset == (6 if loop == "iterate" else 4)
+
+
+@pytest.mark.parametrize("then", ["break", "go_on"])
+def test_real_close_inside_the_loop_body_commits_up_to_the_record_it_is_on(
+        env: Any, then: str) -> None:
+    """close() called in the body of ``for record in consumer`` (at offset 2 of a batch of
+    0-3) commits 2, as an exception there does: the record the loop is on and the rest of its
+    batch were not processed. And the loop yields nothing more, ``break`` or not. Before, that
+    close() committed 4, past records the loop never reached (lost to the group), and a loop
+    that went on was handed 3 from the closed consumer."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
+    consumer = env.consumer(max_poll_records=4)
+    seen = []
+    for record in consumer:
+        seen.append(record.offset)
+        if record.offset == 2:
+            consumer.close(timeout=WAIT_S)
+            if then == "break":
+                break
+    assert seen == [0, 1, 2]
+    assert _committed(env, 1) == {TP("t", 0): 2}
+
+
+def test_real_close_from_another_thread_keeps_the_partitions_the_loop_finished(
+        env: Any) -> None:
+    """Iterating one batch that holds two partitions' records, a close() from another thread
+    while the loop is on the second partition's second record commits the first partition past
+    all its records (the loop asked past them) and the second up to the record it is on.
+    Before, the first partition went back to its last record, which its next owner got again."""
+    env.topics.create("t", 2)
+    for p in range(2):
+        env.producer.send_batch("t", [ProducerRecord(b"%d" % i, partition=p) for i in range(3)])
+    consumer = env.consumer(max_poll_records=100)
+    busy, release = threading.Event(), threading.Event()
+    order: list[tuple[int, int]] = []
+
+    def run() -> None:
+        for record in consumer:
+            order.append((record.partition, record.offset))
+            if record.partition != order[0][0] and record.offset == 1:
+                busy.set()
+                release.wait(WAIT_S)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert busy.wait(WAIT_S)
+    consumer.close(timeout=WAIT_S)
+    release.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    first, second = order[0][0], 1 - order[0][0]
+    assert order == [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1)]
+    assert _committed(env, 2) == {TP("t", first): 3, TP("t", second): 1}
+
+
+def test_real_offset_queries_before_the_first_poll_do_not_join(env: Any) -> None:
+    """A subscribed consumer's offset queries need no membership: before its first poll() it
+    stays out of the group, as Kafka's does. Before, the first query joined, and the member
+    held partitions while the application had not polled yet (no max_poll_interval watched
+    it), so nobody read them."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(4)])
+    consumer = env.consumer()
+    tps = [TP("t", 0), TP("t", 1)]
+    assert consumer.end_offsets(tps) == {TP("t", 0): 2, TP("t", 1): 2}
+    assert consumer.beginning_offsets(tps) == {TP("t", 0): 0, TP("t", 1): 0}
+    assert consumer.committed(tps) == {TP("t", 0): -1, TP("t", 1): -1}
+    assert set(consumer.offsets_for_times({tp: 0 for tp in tps})) == set(tps)
+    assert not [t for t in threading.enumerate() if t.name == "rcoord-g-run"]
+    assert env.coord.describe_group("g").members == []
+    got = poll_until(consumer, lambda got: len(got) >= 4)
+    assert sorted((r.partition, r.offset) for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len(env.coord.describe_group("g").members) == 1
+
+
+def test_real_an_endless_timeout_means_no_bound(env: Any) -> None:
+    """``poll(float("inf"))`` (Kafka's ``poll(Long.MAX_VALUE)`` idiom) and ``close(inf)`` wait
+    without a bound; before, the first wait they reached (an auto-commit due, close's final
+    commit) raised OverflowError, and close() left its fetch thread running. A negative or
+    non-number close() timeout is refused, as poll()'s is."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(6)])
+    consumer = env.consumer(max_poll_records=3, auto_commit_interval_ms=1)
+    assert [r.offset for r in consumer.poll(timeout=float("inf"))] == [0, 1, 2]
+    assert [r.offset for r in consumer.poll(timeout=1e10)] == [3, 4, 5]
+    with pytest.raises(ValueError, match="must be >= 0"):
+        consumer.close(timeout=-1)
+    with pytest.raises(TypeError, match="must be seconds"):
+        consumer.close(timeout="5")  # type: ignore[arg-type]
+    consumer.close(timeout=float("inf"))
+    assert _committed(env, 1) == {TP("t", 0): 6}
+    assert not [t for t in threading.enumerate() if t.name.startswith("rcoord-g-")]
 
 
 def test_a_loop_left_mid_batch_goes_on_from_the_record_it_was_on(env: Any) -> None:

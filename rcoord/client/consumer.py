@@ -203,7 +203,14 @@ class _Hold:
             )
 
 
-def _check_timeout(timeout: float | None) -> None:
+_FOREVER_S = threading.TIMEOUT_MAX / 2
+"""A timeout longer than this (``float("inf")``, the spelling of Kafka's ``poll(Long.MAX_VALUE)``
+idiom) is no bound at all: the waits it would reach refuse anything past
+``threading.TIMEOUT_MAX`` (about 292 years) with an ``OverflowError``."""
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` checked: seconds >= 0, or None (also for one too long to wait: no bound)."""
     if timeout is not None and (
         not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
     ):
@@ -211,6 +218,7 @@ def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and not timeout >= 0:  # NaN too
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r} (as Kafka's: "
                          "'Timeout must not be negative')")
+    return None if timeout is None or timeout > _FOREVER_S else float(timeout)
 
 
 class Consumer(SubscriptionMixin):
@@ -290,6 +298,8 @@ class Consumer(SubscriptionMixin):
         # A close() from another thread than the loop's, which may be in the middle of them,
         # commits no further (_close).
         self._unacked: dict[TopicPartition, int] = {}
+        # The thread whose ``for record in consumer`` loop body is running (__iter__), or None.
+        self._iterating: int | None = None
         self._poll_thread: int | None = None  # the thread of the latest poll()
         # The thread running poll() or commit() now, outside the listener: a close() from that
         # very thread (a signal handler interrupting it) would change the state under it, so it
@@ -345,7 +355,9 @@ class Consumer(SubscriptionMixin):
 
     def _coordinator(self) -> Coordinator:
         if self._group is not None:
-            self._group.start()  # connects (idempotent); seeks may come before the first poll
+            # Connects only (idempotent): offset queries and seeks may come before the first
+            # poll(), which is what joins (ConsumerGroup.next()).
+            self._group.connect()
             return self._group.coordinator
         if self._own_coordinator is None:
             coord = self._coordinator_arg
@@ -569,8 +581,8 @@ class Consumer(SubscriptionMixin):
         limit = self._max_poll_records if max_records is None else max_records
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
-        _check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        timeout = _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._single_threaded():
             self._check_open()
             self._poll_thread = threading.get_ident()
@@ -728,12 +740,25 @@ class Consumer(SubscriptionMixin):
         while not self._stop.is_set():
             batch = self.poll(timeout=1.0)
             for i, record in enumerate(batch):
-                self._unacked[TopicPartition(record.topic, record.partition)] = record.offset
+                if self._stop.is_set():
+                    return  # closed (or closing) meanwhile: no record comes after close()
+                tp = TopicPartition(record.topic, record.partition)
+                if i > 0:
+                    before = batch[i - 1]
+                    done = TopicPartition(before.topic, before.partition)
+                    if done != tp:
+                        # A batch holds each partition's records together (_drain): the loop
+                        # asked past the last one of that partition, so a close() now does not
+                        # rewind it to that record.
+                        self._unacked[done] = before.offset + 1
+                self._unacked[tp] = record.offset
                 left = True
+                self._iterating = threading.get_ident()
                 try:
                     yield record
                     left = False
                 finally:
+                    self._iterating = None
                     if left:
                         self._hand_back(batch[i:])
 
@@ -1614,13 +1639,18 @@ class Consumer(SubscriptionMixin):
         signal handler that stops the loop while it processes records should call
         ``wakeup()`` instead, and let the loop close.
         """
+        timeout = _check_timeout(timeout)
         if self._inside == threading.get_ident():
             # Interrupting this thread's own call, whose state is mid-change: after it.
             self._stop.set()
             self._wake_waits()
             self._deferred_close = (timeout,)
             return
-        self._do_close(timeout, handed_out_unprocessed=threading.get_ident() != self._poll_thread)
+        me = threading.get_ident()
+        # From the loop body of ``for record in consumer`` too: the record it is on, and the
+        # rest of its batch, are not processed yet.
+        self._do_close(timeout, handed_out_unprocessed=me != self._poll_thread
+                       or me == self._iterating)
 
     def _do_close(self, timeout: float | None, *, handed_out_unprocessed: bool) -> None:
         """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed."""

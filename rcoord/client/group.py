@@ -231,24 +231,36 @@ class ConsumerGroup:
 
     # -- lifecycle
 
+    def connect(self) -> ConsumerGroup:
+        """Connect without joining: ``coordinator`` is usable, and no member exists yet. For
+        reads that need no membership (a consumer's offset queries before its first poll(),
+        which in Kafka never join: a member that joined then would hold partitions while the
+        application, not polling yet, has no max_poll_interval watching it). Idempotent."""
+        with self._cond:
+            self._connect_locked()
+        return self
+
+    def _connect_locked(self) -> None:
+        if self._closing.is_set():
+            raise GroupClosedError(f"group {self._config.group_id!r} is closed")
+        if self._coordinator is None:
+            client = self._config.redis_client
+            if client is None:
+                client = self._owned_client = client_from_url(str(self._config.redis_url))
+            coord = RedisCoordinator(
+                client, self._config.namespace,
+                commit_required_acks=self._config.commit_required_acks,
+                commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
+            )
+            coord.start()
+            self._coordinator = coord
+
     def start(self) -> ConsumerGroup:
         """Connect and start joining the group in the background. Idempotent."""
         with self._cond:
-            if self._closing.is_set():
-                raise GroupClosedError(f"group {self._config.group_id!r} is closed")
+            self._connect_locked()
             if self._thread is not None:
                 return self
-            if self._coordinator is None:
-                client = self._config.redis_client
-                if client is None:
-                    client = self._owned_client = client_from_url(str(self._config.redis_url))
-                coord = RedisCoordinator(
-                    client, self._config.namespace,
-                    commit_required_acks=self._config.commit_required_acks,
-                    commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
-                )
-                coord.start()
-                self._coordinator = coord
             self._thread = threading.Thread(
                 target=self._run, name=f"rcoord-{self._config.group_id}-run", daemon=True
             )
