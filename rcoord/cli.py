@@ -89,6 +89,8 @@ class Parser(argparse.ArgumentParser):
                 break
             if not arg.startswith("-") or arg == "-" or _NUMBER.fullmatch(arg):
                 continue
+            if " " in arg and not arg.split("=", 1)[0] in flags:
+                continue  # argparse takes it for a value (``--key-separator '-> '``)
             flag = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
             if not any(f == flag or (self.allow_abbrev and flag.startswith("--")
                                      and f.startswith(flag)) for f in flags):
@@ -190,13 +192,39 @@ def check_url(url: str | None, flag: str = "--redis-url") -> str:
     if not url:
         raise UsageError(f"{flag} is required (or set ${ENV_REDIS_URL})")
     try:
-        parse_url(url)
+        options = parse_url(url)
     except ValueError as exc:
         raise UsageError(
             f"{flag} {redact(url)!r} is not a Redis URL ({exc}); "
             "write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... for TLS"
         ) from exc
+    unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
+    if unknown:
+        # redis-py passes a query argument it does not know on to the connection, which then
+        # fails with a TypeError on the first command ("unexpected keyword argument").
+        raise UsageError(
+            f"{flag} {redact(url)!r}: {', '.join(repr(u) for u in unknown)} "
+            f"{'is not a connection option' if len(unknown) == 1 else 'are not connection options'}"
+            " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
+            "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)"
+        )
     return url
+
+
+def _connection_options(connection_class: Any) -> set[str]:
+    """The keyword arguments a redis-py connection of ``connection_class`` (None: a TCP one)
+    takes, its base classes' included, and the URL keys that are not passed to it."""
+    import inspect
+
+    from redis.connection import Connection
+
+    names = {"connection_class"}
+    for cls in (connection_class or Connection).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return names - {"self"}
 
 
 def redact(url: str) -> str:

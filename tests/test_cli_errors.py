@@ -63,6 +63,27 @@ def test_a_url_that_is_not_a_redis_url(command):
     assert "redis://[USER:PASSWORD@]HOST:PORT" in line
 
 
+@pytest.mark.parametrize("command", [*COMMANDS, "groups list", "topics list"])
+def test_a_misspelt_url_query_argument_is_named(command, refused_port):
+    """A query argument redis-py does not know is named with what to check, as a usage error,
+    before any connection; before, it reached the connection and came back as "unexpected
+    TypeError: ... got an unexpected keyword argument 'socket_timout'" (exit 1)."""
+    res = rcoord(*command.split(),
+                 "--redis-url", f"redis://127.0.0.1:{refused_port}/0?socket_timout=5")
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "'socket_timout' is not a connection option (check the spelling" in line
+
+
+def test_known_url_query_arguments_pass_the_check():
+    from rcoord.cli import check_url
+
+    for url in ("redis://h:1/0?socket_timeout=5&client_name=x&health_check_interval=2",
+                "rediss://h:1?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none",
+                "unix:///tmp/r.sock?db=1", "redis://h:1/0?protocol=3"):
+        assert check_url(url) == url
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_refused_port(command, refused_port):
     res = rcoord(command, "--redis-url", f"redis://127.0.0.1:{refused_port}")

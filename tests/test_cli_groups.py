@@ -26,7 +26,7 @@ from rcoord import Errors, TopicPartition
 from rcoord.cli import UsageError
 from rcoord.ops.common import Context, Failure
 from rcoord.ops.groups import _commit
-from rcoord.ops.reset import Mode, Row, parse_datetime, parse_duration, plan
+from rcoord.ops.reset import Mode, Row, parse_datetime, parse_duration, parse_topics, plan
 from rcoord.protocol.consumer import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 from rcoord.topics import Producer, ProducerRecord, Topics
 
@@ -284,6 +284,36 @@ def reset(cli, *args: str) -> tuple[list[list[str]], str]:
     return rows(res.stdout, "GROUP"), res.stderr
 
 
+def test_reset_offsets_to_current(cli, reset_setup):
+    """``--to-current`` (Kafka's): the committed offset where there is one, else the log end,
+    with a note; it was refused as an unrecognized option."""
+    coord = reset_setup
+    ok(cli("groups", "delete-offsets", "g", "--topic", "t:1"))
+    plan_rows, err = reset(cli, "--topic", "t", "--to-current", "--execute")
+    assert plan_rows == [["g", "t", "0", "4", "4"], ["g", "t", "1", "-", "5"]]
+    assert "t-1: no committed offset: the log end" in err
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 5}
+
+
+def test_a_change_larger_than_one_request_is_refused_before_any_write(cli, reset_setup,
+                                                                      monkeypatch):
+    """More partitions than one request may change (10,000; 1 here) is refused up front with
+    what to do, and nothing changes; before, the call failed with the API's "offsets has N
+    items" as if the input were wrong (exit 2). A dry run still shows the plan."""
+    from rcoord.protocol import _checks
+
+    coord = reset_setup
+    monkeypatch.setattr(_checks, "MAX_ITEMS_PER_CALL", 1)
+    reset(cli, "--topic", "t", "--to-earliest")
+    for args in (["reset-offsets", "g", "--topic", "t", "--to-earliest", "--execute"],
+                 ["delete-offsets", "g", "--topic", "t"]):
+        res = cli("groups", *args)
+        assert res.returncode == 1
+        assert ("covers 2 partitions, more than the 1 one request may change; nothing was "
+                "changed. Name fewer with --topic") in one_error_line(res, f"groups {args[0]}")
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+
+
 def test_reset_offsets_every_mode(cli, reset_setup):
     coord = reset_setup
     # The default is a dry run: the plan is shown, nothing changes.
@@ -410,6 +440,20 @@ def test_delete_refuses_a_group_with_members(cli, make_coordinator, redis_client
     assert json.loads(res.stdout) == {"deleted": ["older"], "failed": {"live": "NON_EMPTY_GROUP"}}
     assert "NON_EMPTY_GROUP" in one_error_line(res, "groups delete")
     assert {g.group_id for g in coord.list_groups()} == {"live"}
+
+
+def test_offsets_under_a_name_with_a_colon_can_be_deleted(cli, make_coordinator):
+    """A group may commit for names that are not rcoord topics, colons included: ``--topic``
+    takes the partitions after the last colon, so the command the reset suggests for them
+    works. Before, ``files:2026:0`` was topic ``files`` with partitions ``2026:0``: "partitions
+    must be numbers", and the offset stayed."""
+    coord = make_coordinator()
+    coord.commit_offsets("g", {TopicPartition("files:2026", 0): 7,
+                               TopicPartition("files:2026", 1): 7})
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "files:2026:0"))
+    assert rows(res.stdout, "TOPIC") == [["files:2026", "0", "Successful"]]
+    assert committed(coord, "g") == {("files:2026", 1): 7}
+    assert parse_topics(["t", "t:0,2", "a:b:3"]) == [("t", None), ("t", [0, 2]), ("a:b", [3])]
 
 
 def test_delete_offsets(cli, make_coordinator, redis_client, namespace, pool):

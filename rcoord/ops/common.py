@@ -26,7 +26,8 @@ from ..cli import (
 )
 from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
 
-__all__ = ["Context", "Failure", "Progress", "add_common", "leaf", "run"]
+__all__ = ["Context", "Failure", "Progress", "Terminated", "add_common", "leaf", "run",
+           "stdout_gone", "stop_on_sigterm"]
 
 SOCKET_TIMEOUT_S = 15.0
 """Longer than any blocking read a command makes (``topics consume`` waits 500 ms at most)."""
@@ -38,6 +39,38 @@ BAD_INPUT = frozenset({Errors.INVALID_TOPIC_EXCEPTION, Errors.INVALID_PARTITIONS
 
 class Failure(Exception):
     """A command could not do what it was asked; the message says why and what to do (exit 1)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, systemd) during a command that installed
+    ``stop_on_sigterm``: it unwinds as Ctrl-C does, so the command's ``finally`` blocks run (a
+    console consumer commits what it printed and leaves its group), and exits 143."""
+
+
+def stop_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM end this (main) thread's command as Ctrl-C does (``Terminated``); returns
+    what puts the previous handler back. Kafka's console consumer closes its consumer from a
+    shutdown hook on SIGTERM; without this the process died at once, still a member of its
+    group (for a session timeout) with nothing it printed committed."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (``| head``): later writes (the interpreter's flush at
+    exit too) go nowhere instead of raising ``BrokenPipeError`` again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -155,8 +188,17 @@ def run(args: argparse.Namespace) -> int:
 
         ctx.client = connect(url, socket_timeout=SOCKET_TIMEOUT_S)
         return int(args.body(ctx))
+    except Terminated:
+        return 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The command did its work (a reset committed, a list read) and only its output could
+        # not be written all: as Kafka's tools, no error for that. Before, a reset piped into
+        # a reader that had gone said "unexpected BrokenPipeError" and exited 1 after it had
+        # committed, so a script took it for failed.
+        stdout_gone()
+        return 0
     except (Failure, ProtocolError, InvalidRequestError) as exc:
         if level == "DEBUG":
             import traceback

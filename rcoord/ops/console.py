@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..cli import UsageError
-from .common import Context, Failure, Progress, leaf
+from .common import Context, Failure, Progress, leaf, stdout_gone, stop_on_sigterm
 
 __all__ = ["add_console_arguments"]
 
@@ -188,6 +188,7 @@ def _consume(ctx: Context) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     ctx.topics().partition_count(a.topic)  # a missing topic is an error, not an endless wait
     printer = _Printer(ctx)
+    restore = stop_on_sigterm()
     try:
         if a.group:
             _consume_group(ctx, printer)
@@ -195,12 +196,10 @@ def _consume(ctx: Context) -> int:
             _consume_direct(ctx, printer)
     except BrokenPipeError:
         # The reader of stdout went away (``| head``): a normal end, as Kafka's console
-        # consumer stops on a failed write. Later writes to stdout (the interpreter's flush
-        # at exit) go nowhere instead of raising again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        # consumer stops on a failed write.
+        stdout_gone()
     finally:
+        restore()
         ctx.note(f"Processed a total of {printer.count} messages")
     return 0
 

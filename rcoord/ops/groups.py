@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = q.add_mutually_exclusive_group(required=True)
     mode.add_argument("--to-earliest", action="store_true", help="the log start offset")
     mode.add_argument("--to-latest", action="store_true", help="the log end offset")
+    mode.add_argument("--to-current", action="store_true",
+                      help="the committed offset (the log end where there is none)")
     mode.add_argument("--to-offset", type=int, metavar="N", help="offset N")
     mode.add_argument("--shift-by", type=int, metavar="N",
                       help="the committed offset plus N (N may be negative)")
@@ -256,9 +258,22 @@ def _partitions(ctx: Context, specs: Sequence[str],
     return sorted(set(out))
 
 
+def _one_request(tps: Sequence[TopicPartition], what: str) -> None:
+    """Refuse, before anything is written, a change too large for one request: the
+    coordinator takes at most ``MAX_ITEMS_PER_CALL`` partitions per call, and splitting it
+    into several would let a consumer that joins in between leave it half done."""
+    from ..protocol._checks import MAX_ITEMS_PER_CALL
+
+    if len(tps) > MAX_ITEMS_PER_CALL:
+        raise Failure(f"{what} covers {len(tps):,} partitions, more than the "
+                      f"{MAX_ITEMS_PER_CALL:,} one request may change; nothing was changed. "
+                      "Name fewer with --topic (e.g. one topic per command)")
+
+
 def _delete_offsets(ctx: Context) -> int:
     group = ctx.args.group
     tps = _partitions(ctx, ctx.args.topic, named_may_be_gone=True)
+    _one_request(tps, "the deletion")
     res = ctx.coordinator().delete_offsets(group, tps)
     if res.error != Errors.NONE:
         why = {
@@ -344,6 +359,8 @@ def _reset_offsets(ctx: Context) -> int:
     gone = [tp for tp in tps if tp not in offsets]
     if gone:
         raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
+    if args.execute:
+        _one_request(tps, "the reset")
     by_time: dict[TopicPartition, int | None] = {}
     if mode.name in ("to_datetime", "by_duration"):
         if mode.value < 0:

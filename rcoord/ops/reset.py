@@ -1,7 +1,7 @@
 """The plan of ``rcoord groups reset-offsets``: which offset each partition goes to, and why.
 
 As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` (log end),
-``--to-offset N``, ``--shift-by N`` (from the committed offset), ``--to-datetime`` and
+``--to-current`` (the committed offset, else the log end), ``--to-offset N``, ``--shift-by N`` (from the committed offset), ``--to-datetime`` and
 ``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
 the log end where there is none). Every target is clamped into [log start, log end], as Kafka
 does, and the plan says where it was.
@@ -26,7 +26,8 @@ __all__ = ["MODES", "Mode", "Row", "parse_datetime", "parse_duration", "parse_to
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
-MODES = ("to_earliest", "to_latest", "to_offset", "shift_by", "to_datetime", "by_duration")
+MODES = ("to_earliest", "to_latest", "to_current", "to_offset", "shift_by", "to_datetime",
+         "by_duration")
 
 _DURATION = re.compile(
     r"([-+]?)P(?:([-+]?\d+)D)?(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
@@ -70,10 +71,14 @@ def parse_datetime(text: str) -> int:
 
 
 def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
-    """``--topic T`` (every partition) or ``--topic T:0,2`` (those), repeatable."""
+    """``--topic T`` (every partition) or ``--topic T:0,2`` (those), repeatable. The partitions
+    follow the last colon, so offsets committed under a name with a colon (a group may commit
+    for names that are not rcoord topics) can be named: ``--topic files:2026:0``."""
     out: list[tuple[str, list[int] | None]] = []
     for spec in specs:
-        topic, colon, parts = spec.partition(":")
+        topic, colon, parts = spec.rpartition(":")
+        if not colon:
+            topic = parts
         if not topic:
             raise UsageError(f"--topic {spec!r}: write TOPIC or TOPIC:PARTITION[,PARTITION...]")
         if not colon:
@@ -141,6 +146,13 @@ def plan(
             requested = start
         elif mode.name == "to_latest":
             requested = end
+        elif mode.name == "to_current":
+            # Kafka's --to-current: the committed offset where there is one, else the log end
+            # (what a consumer of the group with auto.offset.reset=latest would start from).
+            if current is None:
+                requested, note = end, "no committed offset: the log end"
+            else:
+                requested = current
         elif mode.name == "to_offset":
             requested = mode.value
         elif mode.name == "shift_by":
