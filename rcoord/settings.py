@@ -161,6 +161,11 @@ def settle_flow(
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
         if changes:
+            # What the hash would hold must be valid as a whole before any of it is written: a
+            # value valid alone may contradict one stored (this process's minimum session above
+            # the stored maximum), and a write that fails its check afterwards left every later
+            # start of the namespace, and every running coordinator's next settle, failing.
+            base.merged_with_stored({**stored, **changes})
             old_np = int(stored["num_partitions"])
             new_np = int(changes.get("num_partitions", old_np))
             if new_np != old_np and (yield from _count_groups(namespace, old_np)):

@@ -555,6 +555,106 @@ def test_a_failing_subscription_is_retried_less_often_the_longer_it_fails():
     assert backoff.next() == RETRY_FIRST_S
 
 
+def test_settings_stored_that_cannot_be_adopted_do_not_stop_the_lease_renewal(
+        own_server, namespace, caplog):
+    """Another party writes settings that contradict each other: the coordinator logs it once
+    and keeps its own, and its leases go on being renewed. Before, the ConfigError ended the
+    lease thread: the leases lapsed while the process went on sweeping as if it held them."""
+    from rcoord.keys import settings_key
+
+    client = own_server.client()
+    svc = _in_process(own_server.url, namespace, "steady")
+    try:
+        wait_until(lambda: len(svc.leases.owned) == svc.group_config.num_partitions)
+        with caplog.at_level(logging.ERROR, logger="rcoord.service"):
+            client.hset(settings_key(namespace), mapping={
+                "group_min_session_timeout_ms": "2000000", "group_max_session_timeout_ms": "1000"})
+            client.hincrby(settings_key(namespace), "version", 1)
+            wait_until(lambda: any(getattr(r, "event", None) == "settings_error"
+                                   for r in caplog.records))
+            _lease_rounds([svc], 3)
+        assert svc._lease_thread.is_alive()
+        assert len(svc.leases.owned) == svc.group_config.num_partitions
+        assert [getattr(r, "event", None) for r in caplog.records].count("settings_error") == 1
+    finally:
+        svc.stop()
+
+
+def test_redis_failing_as_the_timer_loop_starts_is_waited_for(own_server, namespace, caplog):
+    """The timer loop's first call (the clock's sync) failing is retried as any later failure
+    is; before, it was made before the loop's error handling and ended the process."""
+    import redis as redis_py
+
+    svc = _in_process(own_server.url, namespace, "blip")
+    real = svc.sweeper.sync_clock
+    calls: list[int] = []
+
+    def fail_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis_py.exceptions.TimeoutError("Timeout reading from socket")
+        real()
+
+    svc.sweeper.sync_clock = fail_once
+    thread = threading.Thread(target=svc.run, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rcoord.service"):
+            thread.start()
+            wait_until(lambda: len(calls) >= 2 and svc._last_turn_ok > 0)
+            turn = svc._last_turn_ok
+            wait_until(lambda: svc._last_turn_ok > turn)
+        assert thread.is_alive()
+        assert any(getattr(r, "event", None) == "loop_error" for r in caplog.records)
+    finally:
+        svc.stop()
+        thread.join(15)
+
+
+def test_a_coordinator_whose_leases_are_unconfirmed_does_not_tail_their_events(own_server,
+                                                                            namespace):
+    """After a pause (SIGSTOP, a frozen VM) the leases may be another process's, which logged
+    their events meanwhile: the events are tailed only while the leases were confirmed within a
+    TTL. Before, the first turn after the pause logged and counted them a second time."""
+    from rcoord.service.service import TAIL_MS
+
+    svc = _in_process(own_server.url, namespace, "paused")
+    polls: list[set[int]] = []
+    real_poll = svc.tail.poll
+    svc.tail.poll = lambda owned: (polls.append(set(owned)), real_poll(owned))[1]
+    real_step, stalled = svc.leases.step, threading.Event()
+    stalled.set()
+
+    def step() -> Any:
+        stalled.wait()  # a lease round that does not come back (the process paused)
+        return real_step()
+
+    thread = threading.Thread(target=svc.run, daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: len(polls) >= 2)
+        stalled.clear()
+        svc.leases.step = step
+        wait_until(lambda: not svc._leases_confirmed())
+        seen, since = len(polls), time.monotonic()
+        # A turn of the timer loop four tail intervals later (it turns at least once each).
+        wait_until(lambda: svc._last_turn_ok > since + 4 * TAIL_MS / 1000)
+        assert len(polls) <= seen + 1  # (one may have begun as the TTL ran out)
+        stalled.set()
+        wait_until(lambda: len(polls) > seen + 1)
+    finally:
+        stalled.set()
+        svc.stop()
+        thread.join(15)
+
+
+def test_a_lease_ttl_too_long_to_wait_is_a_config_error():
+    from rcoord.errors import ConfigError
+    from rcoord.service.service import ServiceConfig
+
+    with pytest.raises(ConfigError, match=r"lease_ttl_ms must be in 100\.\.86400000"):
+        ServiceConfig(redis_url="redis://127.0.0.1:1", lease_ttl_ms=40_000_000_000_000)
+
+
 def test_a_metrics_port_in_use_fails_the_start_before_any_lease_is_taken(own_server, namespace):
     """The HTTP port is bound before the lease round: a port already taken is a configuration
     error, and the other coordinators never see this process join, take partitions and leave."""

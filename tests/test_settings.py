@@ -56,6 +56,24 @@ def test_workers_with_defaults_then_an_admin_naming_another_count_is_refused(red
     assert _members(fresh, "g") == {member}
 
 
+def test_a_named_value_that_contradicts_a_stored_one_is_refused_before_it_is_written(
+        redis_client, namespace):
+    """Valid alone, contradicting a stored setting once merged (a minimum session above the
+    stored maximum): refused before any write. Before, the value was written and then the
+    check failed, so the stored settings contradicted themselves and every later start of the
+    namespace (and every running coordinator's next settle) failed."""
+    GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, group_max_session_timeout_ms=10_000)).start()
+    before = redis_client.hgetall(settings_key(namespace))
+    with pytest.raises(ConfigError, match=r"group_min_session_timeout_ms \(20000\) must not "
+                       r"exceed group_max_session_timeout_ms \(10000\)"):
+        GroupCoordinator(redis_client, CoordinatorConfig(
+            namespace=namespace, group_min_session_timeout_ms=20_000)).start()
+    assert redis_client.hgetall(settings_key(namespace)) == before
+    assert GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start() \
+        .config.group_max_session_timeout_ms == 10_000
+
+
 def test_a_process_with_a_stale_count_is_refused_and_corrects_itself(redis_client, namespace):
     stale = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
     assert stale.config.num_partitions == 50

@@ -92,8 +92,9 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not self.redis_url:
             raise ConfigError("redis_url is required (--redis-url or RCOORD_REDIS_URL)")
-        if self.lease_ttl_ms < 100:
-            raise ConfigError(f"lease_ttl_ms must be >= 100, got {self.lease_ttl_ms}")
+        if not 100 <= self.lease_ttl_ms <= MAX_LEASE_TTL_MS:
+            raise ConfigError(f"lease_ttl_ms must be in 100..{MAX_LEASE_TTL_MS} (a day), got "
+                              f"{self.lease_ttl_ms}")
         unknown = set(self.settings) - set(STORED_SETTINGS)
         if unknown:
             raise ConfigError(f"unknown group setting(s) {sorted(unknown)}; known: {', '.join(STORED_SETTINGS)}")
@@ -103,6 +104,11 @@ class ServiceConfig:
             raise ConfigError(f"wake must be one of {', '.join(WAKE_MODES)}, got {self.wake!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+
+
+MAX_LEASE_TTL_MS = 86_400_000
+"""A day: a partition whose coordinator died waits a TTL for another, so more is no use, and
+far more overflowed the waits it sets (an OverflowError at the start, not a usage error)."""
 
 
 def socket_timeout_s(cfg: ServiceConfig) -> float:
@@ -176,6 +182,7 @@ class CoordinatorService:
         self.listener = listener
         listener.start()
         self._owned = self.leases.step()
+        self.metrics.leases.set(len(self._owned))
         self._last_lease_ok = self._last_turn_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
@@ -266,6 +273,7 @@ class CoordinatorService:
     def _lease_loop(self) -> None:
         period = self.config.lease_ttl_ms / 4000.0
         published = set(self._owned)
+        settings_problem = ""
         while not self._stop.is_set():
             self._lease_wake.wait(period)
             # Cleared before the round: a wake-up that arrives during it is not lost.
@@ -277,10 +285,21 @@ class CoordinatorService:
                 continue
             try:
                 self._check_settings()
+                settings_problem = ""
             except NODE_FAILURES as exc:
                 # Their node failing must not stop the renewal of the leases on the others.
                 log.warning("checking the namespace settings failed", extra={
                     "event": "node_error", "why": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - the leases must go on being renewed
+                # Settings stored that cannot be settled (another party wrote values that
+                # contradict each other, or a script refused): this process keeps the settings
+                # it has, and says so once per problem; before, the exception ended this thread,
+                # and the leases lapsed under a process that went on as if it held them.
+                if str(exc) != settings_problem:
+                    settings_problem = str(exc)
+                    log.error("the namespace settings stored cannot be adopted; keeping the "
+                              "ones this process has", extra={
+                                  "event": "settings_error", "why": settings_problem})
             try:
                 started = time.monotonic()
                 owned = self.leases.step()
@@ -387,7 +406,7 @@ class CoordinatorService:
         """The timer loop; returns when ``stop()`` is called (from a signal or another thread)."""
         index = self.config.wake != "hints"
         sweeper = self.sweeper
-        sweeper.sync_clock()
+        synced = False
         owned: set[int] = set()
         last_resync = last_tail = 0.0
         pause = LOOP_PAUSE_MS
@@ -396,6 +415,11 @@ class CoordinatorService:
         while not self._stop.is_set():
             self._last_alive = time.monotonic()
             try:
+                if not synced:
+                    # In the loop, so a Redis that does not answer at the start is waited for
+                    # as any later failure is; before, it ended the process with a traceback.
+                    sweeper.sync_clock()
+                    synced = True
                 if index and sweeper.next_due() <= sweeper.server_now():
                     sweeper.sweep_due("deadline")
                     self.metrics.wakeups.labels("deadline").inc()
@@ -425,7 +449,7 @@ class CoordinatorService:
                     sweeper.sync_clock()
                     if index:
                         sweeper.resync(owned)
-                if mono - last_tail >= TAIL_MS:
+                if mono - last_tail >= TAIL_MS and self._leases_confirmed():
                     last_tail = mono
                     self.tail.poll(owned)
                 pause = LOOP_PAUSE_MS
@@ -438,6 +462,13 @@ class CoordinatorService:
                 self._last_alive = time.monotonic()
                 self._stop.wait(pause / 1000)
                 pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
+
+    def _leases_confirmed(self) -> bool:
+        """The leases were renewed within a TTL, so ``owned`` is still this process's. After a
+        pause (SIGSTOP, a frozen VM, a long GC) they may have passed to another process, which
+        has logged their events since: tailing them from this process's old positions logged
+        and counted each a second time. The next lease round says which are still held."""
+        return time.monotonic() - self._last_lease_ok < self.config.lease_ttl_ms / 1000
 
     def _check_hints(self) -> None:
         """An expired hint key says a group had a deadline due: a hit if the index had missed it
