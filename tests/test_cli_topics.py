@@ -31,6 +31,15 @@ def records(client: Any, namespace: str, topic: str, partition: int) -> list[tup
             for r in fetch(client, namespace, topic, partition, 0, max_records=10_000).records]
 
 
+def rcoord_process(url: str, namespace: str, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``python -m rcoord ARGS --redis-url URL --namespace NAMESPACE`` as a process, with no
+    ``RCOORD_*`` variable set; ``popen``: its stdout, stderr ..."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.Popen([sys.executable, "-m", "rcoord", *args, "--redis-url", url,
+                             "--namespace", namespace], env=env, **popen)
+
+
 def test_create_list_describe_grow_delete(cli, redis_client, namespace):
     res = ok(cli("topics", "create", "orders", "--partitions", "3"))
     assert res.stdout.strip() == "Created topic orders."
@@ -221,12 +230,9 @@ def test_a_group_consumer_piped_into_head_commits_exactly_what_it_printed(
     # 2,000 lines of 200 bytes: far more than a pipe holds, so a print fails once head left.
     Producer(redis_client, namespace).send_batch("t", [b"%04d" % i + b"x" * 195
                                                        for i in range(2000)])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rcoord", "topics", "consume", "t", "--group", "g",
-         "--from-beginning", "--timeout-ms", "30000", "--redis-url", url,
-         "--namespace", namespace], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--group", "g",
+                          "--from-beginning", "--timeout-ms", "30000",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     head = [proc.stdout.readline() for _ in range(3)]
     proc.stdout.close()
@@ -255,12 +261,9 @@ def test_a_group_consumer_stopped_by_sigterm_commits_what_it_printed_and_leaves(
     from rcoord.topics import Producer
 
     Producer(redis_client, namespace).send_batch("t", [b"%d" % i for i in range(10)])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rcoord", "topics", "consume", "t", "--group", "g",
-         "--from-beginning", "--timeout-ms", "60000", "--redis-url", url,
-         "--namespace", namespace], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--group", "g",
+                          "--from-beginning", "--timeout-ms", "60000",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         printed = [proc.stdout.readline().strip() for _ in range(10)]
@@ -287,19 +290,17 @@ def test_a_command_whose_stdout_was_closed_still_succeeds(url, namespace, redis_
     from rcoord.topics import Producer
 
     Producer(redis_client, namespace).send_batch("t", [b"x"] * 5)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
-    env["PYTHONPATH"] = str(ROOT)
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write to stdout fails (EPIPE)
     try:
-        res = subprocess.run(
-            [sys.executable, "-m", "rcoord", "groups", "reset-offsets", "g", "--topic", "t",
-             "--to-latest", "--execute", "--redis-url", url, "--namespace", namespace],
-            env=env, stdout=write_end, stderr=subprocess.PIPE, timeout=60, check=False)
+        proc = rcoord_process(url, namespace, "groups", "reset-offsets", "g", "--topic", "t",
+                              "--to-latest", "--execute", stdout=write_end,
+                              stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
     finally:
         os.close(write_end)
-    assert res.returncode == 0, res.stderr.decode()
-    assert res.stderr.decode() == ""
+    assert proc.returncode == 0, err.decode()
+    assert err.decode() == ""
     assert coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets[
         TopicPartition("t", 0)].offset == 5
 
@@ -322,12 +323,8 @@ def test_a_direct_consumer_reads_partitions_added_while_it_runs(url, namespace, 
 
     admin = Topics(redis_client, namespace)
     admin.create("t", 1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rcoord", "topics", "consume", "t", "--timeout-ms", "60000",
-         "--output", "json", "--redis-url", url, "--namespace", namespace],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--timeout-ms", "60000",
+                          "--output", "json", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started = threading.Event()
 
     def produce_until_started() -> None:
