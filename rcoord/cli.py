@@ -89,7 +89,7 @@ class Parser(argparse.ArgumentParser):
                 break
             if not arg.startswith("-") or arg == "-" or _NUMBER.fullmatch(arg):
                 continue
-            if " " in arg and not arg.split("=", 1)[0] in flags:
+            if " " in arg and arg.split("=", 1)[0] not in flags:
                 continue  # argparse takes it for a value (``--key-separator '-> '``)
             flag = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
             if not any(f == flag or (self.allow_abbrev and flag.startswith("--")

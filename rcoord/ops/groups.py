@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cli import UsageError
-from ..errors import Errors
+from ..errors import Errors, InvalidRequestError
 from ..protocol.admin import GroupDescription, MemberDescription
 from ..protocol.offsets import TopicPartition
 from ..state import GroupState
@@ -262,12 +262,14 @@ def _one_request(tps: Sequence[TopicPartition], what: str) -> None:
     """Refuse, before anything is written, a change too large for one request: the
     coordinator takes at most ``MAX_ITEMS_PER_CALL`` partitions per call, and splitting it
     into several would let a consumer that joins in between leave it half done."""
-    from ..protocol._checks import MAX_ITEMS_PER_CALL
+    from ..protocol import _checks
 
-    if len(tps) > MAX_ITEMS_PER_CALL:
+    try:
+        _checks.check_count(what, tps, _checks.MAX_ITEMS_PER_CALL)
+    except InvalidRequestError:
         raise Failure(f"{what} covers {len(tps):,} partitions, more than the "
-                      f"{MAX_ITEMS_PER_CALL:,} one request may change; nothing was changed. "
-                      "Name fewer with --topic (e.g. one topic per command)")
+                      f"{_checks.MAX_ITEMS_PER_CALL:,} one request may change; nothing was "
+                      "changed. Name fewer with --topic (e.g. one topic per command)") from None
 
 
 def _delete_offsets(ctx: Context) -> int:

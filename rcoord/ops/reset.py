@@ -1,7 +1,8 @@
 """The plan of ``rcoord groups reset-offsets``: which offset each partition goes to, and why.
 
 As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` (log end),
-``--to-current`` (the committed offset, else the log end), ``--to-offset N``, ``--shift-by N`` (from the committed offset), ``--to-datetime`` and
+``--to-current`` (the committed offset, else the log end), ``--to-offset N``, ``--shift-by N``
+(from the committed offset), ``--to-datetime`` and
 ``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
 the log end where there is none). Every target is clamped into [log start, log end], as Kafka
 does, and the plan says where it was.

@@ -5,6 +5,7 @@ plus the console producer and consumer as ``produce`` and ``consume`` (``rcoord.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..cli import UsageError
 from ..errors import Errors
@@ -96,20 +97,25 @@ def _describe(ctx: Context) -> int:
     return 0
 
 
+def _known(call: Callable[[str], object], topic: str) -> bool:
+    """``call(topic)``; False if it answered that the topic does not exist (any other error is
+    raised)."""
+    try:
+        call(topic)
+    except TopicError as exc:
+        if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            raise
+        return False
+    return True
+
+
 def _delete(ctx: Context) -> int:
     """Every named topic must exist before any is deleted (as kafka-topics.sh): a typo among
     several names must not leave the others half done and unreported. ``--if-exists`` deletes
     those that exist and skips the rest."""
     admin = ctx.topics()
     names = list(dict.fromkeys(ctx.args.topics))
-    missing = []
-    for name in names:
-        try:
-            admin.partition_count(name)
-        except TopicError as exc:
-            if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                raise
-            missing.append(name)
+    missing = [name for name in names if not _known(admin.partition_count, name)]
     if missing and not ctx.args.if_exists:
         raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                          f"{', '.join(missing)} (no such topic; nothing was deleted; "
@@ -120,11 +126,7 @@ def _delete(ctx: Context) -> int:
         for name in names:
             if name in missing:
                 continue
-            try:
-                admin.delete(name)
-            except TopicError as exc:
-                if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise
+            if not _known(admin.delete, name):
                 gone.append(name)
                 continue
             deleted.append(name)
