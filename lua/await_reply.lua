@@ -9,4 +9,18 @@ local function await_reply(ARGV)
   return reply_or_wait(ARGV[3], ARGV[4])
 end
 
-group_step('await_reply', await_reply, nil, {brief = true})
+-- A reply once stored is final (prelude.lua's reply slots), so a caller whose reply is there
+-- gets it at the cost of one HGET, without the wrapper: the answer is the one the step would
+-- give, and the deadlines it would have applied first are left to the sweep and to the callers
+-- still waiting, as when the park flow's own HGET finds the reply (rcoord/protocol/park.py).
+-- This is the common call while a large join completion or sync propagation is written in
+-- chunks: every caller woken by a chunk that was not in it asks, and by the time it is served
+-- another caller's call has usually written its chunk.
+local function await_reply_fast(keys, args)
+  bind_group_keys(keys)
+  local blob = redis.call('HGET', K_REPLIES, reply_field(args[4], args[3]))
+  if blob then return {'R', blob} end
+  return nil
+end
+
+group_step('await_reply', await_reply, nil, {brief = true, fast = await_reply_fast})
