@@ -69,12 +69,34 @@ class Parser(argparse.ArgumentParser):
         self._has_commands = True
         return super().add_subparsers(**kwargs)
 
+    dash_values: frozenset[str] = frozenset()
+    """Long options of this parser whose value may start with a dash (``--by-duration
+    -PT1H``): argparse takes such a value for an option, so it is joined to its flag first."""
+
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         if args is not None and not self._has_commands:
+            args = self._join_dash_values(list(args))
             unknown = self._unknown_options(args)
             if unknown:
                 self.error(unknown)
         return super().parse_known_args(args, namespace)
+
+    def _join_dash_values(self, args: list[str]) -> list[str]:
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                out.extend(args[i:])
+                break
+            if (arg in self.dash_values and i + 1 < len(args)
+                    and args[i + 1].startswith("-") and args[i + 1] != "--"):
+                out.append(f"{arg}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(arg)
+            i += 1
+        return out
 
     def _unknown_options(self, args: Sequence[str]) -> str | None:
         """What to say about the options in ``args`` this parser does not take (None: none).
@@ -198,6 +220,7 @@ def check_url(url: str | None, flag: str = "--redis-url") -> str:
             f"{flag} {redact(url)!r} is not a Redis URL ({exc}); "
             "write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... for TLS"
         ) from exc
+    _check_database(url, flag)
     unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
     if unknown:
         # redis-py passes a query argument it does not know on to the connection, which then
@@ -209,6 +232,21 @@ def check_url(url: str | None, flag: str = "--redis-url") -> str:
             "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)"
         )
     return url
+
+
+def _check_database(url: str, flag: str) -> None:
+    """redis-py reads a TCP URL's path as the database number after dropping every slash, and
+    one that is not a number as no path at all: ``redis://host/abc`` used database 0 and
+    ``redis://host/1/2`` database 12, without a word."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss") and parts.path not in ("", "/") \
+            and not re.fullmatch(r"/\d+", parts.path):
+        raise UsageError(
+            f"{flag} {redact(url)!r}: the path {parts.path!r} is not a database number; "
+            "write redis://HOST:PORT/DB with DB a number (0 when left out)"
+        )
 
 
 def _connection_options(connection_class: Any) -> set[str]:

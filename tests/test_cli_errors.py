@@ -84,6 +84,17 @@ def test_known_url_query_arguments_pass_the_check():
         assert check_url(url) == url
 
 
+@pytest.mark.parametrize("path", ["/abc", "/1/2", "/-1", "/0x1"])
+def test_a_database_that_is_not_a_number_is_refused(path):
+    """redis-py took ``/abc`` for no database (0) and ``/1/2`` for database 12, silently."""
+    from rcoord.cli import UsageError, check_url
+
+    with pytest.raises(UsageError, match=f"the path '{path}' is not a database number"):
+        check_url(f"redis://h:1{path}")
+    for url in ("redis://h:1", "redis://h:1/", "redis://h:1/15", "unix:///tmp/r.sock"):
+        assert check_url(url) == url
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_refused_port(command, refused_port):
     res = rcoord(command, "--redis-url", f"redis://127.0.0.1:{refused_port}")

@@ -391,6 +391,11 @@ def test_reset_by_duration_uses_the_servers_clock(cli, make_coordinator, redis_c
     res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--by-duration", "PT1M",
                  "--output", "json"))
     assert json.loads(res.stdout)["partitions"][0]["new_offset"] == 5  # none that recent
+    # A negative duration (the future) is a value, written apart or with '=', as Java's
+    # Duration.parse reads it: no record is that recent.
+    for args in (["--by-duration", "-PT1H"], ["--by-duration=-PT1H"]):
+        res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", *args, "--output", "json"))
+        assert json.loads(res.stdout)["partitions"][0]["new_offset"] == 5, args
 
 
 def test_reset_refuses_a_group_with_members(cli, make_coordinator, redis_client, namespace,

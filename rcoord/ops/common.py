@@ -17,6 +17,7 @@ from ..cli import (
     EXIT_FAILURE,
     EXIT_USAGE,
     AfterCommand,
+    Parser,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -88,10 +89,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     add_tls_arguments(p)
 
 
-def leaf(sub: Any, name: str, help_text: str,
-         body: Callable[[Context], int]) -> argparse.ArgumentParser:
+def leaf(sub: Any, name: str, help_text: str, body: Callable[[Context], int]) -> Parser:
     """A subcommand parser with the common options, whose run is ``body``."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    p: Parser = sub.add_parser(name, help=help_text, description=help_text)
     add_common(p)
     p.set_defaults(body=body, prog=p.prog)
     return p

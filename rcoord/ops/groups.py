@@ -67,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the first record at or after YYYY-MM-DDTHH:mm:SS.sss[zone]")
     mode.add_argument("--by-duration", metavar="PnDTnHnMnS",
                       help="the first record at or after that long ago")
+    q.dash_values = frozenset({"--by-duration"})  # (a negative duration: -PT1H)
     run = q.add_mutually_exclusive_group()
     run.add_argument("--dry-run", action="store_true", help="show the plan only (the default)")
     run.add_argument("--execute", action="store_true",
