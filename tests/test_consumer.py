@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 from test_client_group import WAIT_S, OneMemberGroup, fast_config
 
-from rcoord import Errors, GroupCoordinator, MemberIdentity, TopicPartition
+from rcoord import Errors, GroupCoordinator, MemberIdentity, OffsetAndMetadata, TopicPartition
 from rcoord.client import (
     CommitFailedError,
     Consumer,
@@ -1282,12 +1282,33 @@ def test_real_offset_queries_before_the_first_poll_do_not_join(env: Any) -> None
     assert consumer.end_offsets(tps) == {TP("t", 0): 2, TP("t", 1): 2}
     assert consumer.beginning_offsets(tps) == {TP("t", 0): 0, TP("t", 1): 0}
     assert consumer.committed(tps) == {TP("t", 0): -1, TP("t", 1): -1}
+    assert consumer.committed(tps, metadata=True) == {TP("t", 0): None, TP("t", 1): None}
     assert set(consumer.offsets_for_times({tp: 0 for tp in tps})) == set(tps)
     assert not [t for t in threading.enumerate() if t.name == "rcoord-g-run"]
     assert env.coord.describe_group("g").members == []
     got = poll_until(consumer, lambda got: len(got) >= 4)
     assert sorted((r.partition, r.offset) for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert len(env.coord.describe_group("g").members) == 1
+
+
+def test_real_committed_with_metadata_returns_what_was_committed(env: Any) -> None:
+    """``committed(metadata=True)`` answers as Kafka's ``committed()``: the committed
+    ``OffsetAndMetadata`` (metadata string and leader epoch included), None where nothing is
+    committed; before, only the offsets could be read back through the consumer."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(4)])
+    consumer = env.consumer()
+    try:
+        poll_until(consumer, lambda got: len(got) >= 4)
+        consumer.commit({TP("t", 0): OffsetAndMetadata(2, "batch-7", leader_epoch=3)})
+        got = consumer.committed([TP("t", 0), TP("t", 1)], metadata=True)
+        first = got[TP("t", 0)]
+        assert first is not None and got[TP("t", 1)] is None
+        assert (first.offset, first.metadata, first.leader_epoch) == (2, "batch-7", 3)
+        assert first.commit_timestamp_ms is not None and first.commit_timestamp_ms > 0
+        assert consumer.committed([TP("t", 0), TP("t", 1)]) == {TP("t", 0): 2, TP("t", 1): -1}
+    finally:
+        consumer.close()
 
 
 def test_real_an_endless_timeout_means_no_bound(env: Any) -> None:

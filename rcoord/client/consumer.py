@@ -60,7 +60,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, overload
 
 from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
@@ -536,17 +536,36 @@ class Consumer(SubscriptionMixin):
         self._check_open()
         return sorted(self._paused)
 
+    @overload
     def committed(
-        self, partitions: list[TopicPartition] | None = None, timeout: float | None = None
-    ) -> dict[TopicPartition, int]:
+        self, partitions: list[TopicPartition] | None = None, timeout: float | None = None,
+        *, metadata: Literal[False] = False,
+    ) -> dict[TopicPartition, int]: ...
+
+    @overload
+    def committed(
+        self, partitions: list[TopicPartition] | None = None, timeout: float | None = None,
+        *, metadata: Literal[True],
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
+
+    def committed(
+        self, partitions: list[TopicPartition] | None = None, timeout: float | None = None,
+        *, metadata: bool = False,
+    ) -> dict[TopicPartition, int] | dict[TopicPartition, OffsetAndMetadata | None]:
         """Committed offsets from the coordinator (-1: none), of ``partitions`` or the
-        assignment. ``timeout``: see ``_query``."""
+        assignment. ``metadata=True`` (kafka-python's flag): each as the
+        ``OffsetAndMetadata`` that was committed (its metadata string, leader epoch and commit
+        time), None where there is none, as Kafka's ``committed()`` answers. ``timeout``: see
+        ``_query``."""
         self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
             return {}
         coord = self._coordinator()
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
+        if metadata:  # (OffsetFetch answers offset -1 for a partition nothing was committed to)
+            return {tp: got if (got := result.offsets.get(tp)) is not None and got.offset >= 0
+                    else None for tp in wanted}
         return {tp: result.offsets[tp].offset if tp in result.offsets else -1 for tp in wanted}
 
     def lag(self, timeout: float | None = None) -> dict[TopicPartition, int]:
