@@ -464,10 +464,10 @@ def test_unknown_topic_and_partition(
         producer.send("nope", b"x")
     assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
     topics.create("t", 2)
-    for bad in (2, -1):
-        with pytest.raises(TopicError) as err:
-            producer.send("t", b"x", partition=bad)
-        assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    with pytest.raises(TopicError) as err:
+        producer.send("t", b"x", partition=2)
+    assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    # (-1 is no partition of any topic: test_a_negative_partition_..._are_refused)
     assert fetch(redis_client, namespace, "t", 7, 0).error == Errors.UNKNOWN_TOPIC_OR_PARTITION
     with pytest.raises(TopicError):
         log_offsets(redis_client, namespace, "nope", 0)
@@ -496,6 +496,30 @@ def test_records_of_the_wrong_type_are_named_before_a_partition_is_chosen(
         Producer("redis://127.0.0.1:6379/0", namespace)
     with pytest.raises(TypeError, match="redis_client must be a redis.Redis"):
         Topics(None, namespace)
+
+
+def test_a_negative_partition_a_bad_partitioner_and_a_bad_header_name_are_refused(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """A reviewer's repros: ``partition=-1`` raised a retriable UNKNOWN_TOPIC_OR_PARTITION (a
+    caller that retries those looped for ever on a programming mistake; Kafka's ProducerRecord
+    refuses it), a partitioner returning 1.9 wrote to partition 1, a header name with a lone
+    surrogate failed inside msgpack with UnicodeEncodeError, and ``headers=""`` was taken for
+    no headers while ``headers="abc"`` was refused."""
+    topics.create("t", 2)
+    for idempotent in (False, True):
+        p = Producer(redis_client, namespace, idempotent=idempotent)
+        with pytest.raises(InvalidRequestError, match="partition must be >= 0, got -1"):
+            p.send("t", b"x", partition=-1)
+    with pytest.raises(TypeError, match="partitioner must return an int partition, got float"):
+        Producer(redis_client, namespace, partitioner=lambda t, k, n: 1.9).send("t", b"x")
+    with pytest.raises(InvalidRequestError, match="is not valid UTF-8"):
+        producer.send("t", b"x", headers={"\udc80": b"v"})
+    with pytest.raises(TypeError, match="headers must be a mapping or a sequence"):
+        producer.send("t", b"x", headers="")  # type: ignore[arg-type]
+    assert [p.log_end_offset for p in topics.describe("t").partitions] == [0, 0]  # nothing sent
+    producer.send("t", b"x", headers={})  # (an empty mapping is no headers)
+    assert sum(p.log_end_offset for p in topics.describe("t").partitions) == 1
 
 
 def test_scripts_reload_after_script_flush(

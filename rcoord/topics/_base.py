@@ -398,7 +398,7 @@ def _encode_record(rec: ProducerRecord) -> list[Any]:
         flags |= 1
     if rec.key is not None:
         flags |= 2
-    if rec.headers:
+    if rec.headers is not None:  # ("" is refused as "abc" is, not taken for none)
         pairs = _header_pairs(rec.headers)
         if pairs:
             headers = msgpack.packb(pairs, use_bin_type=True)
@@ -421,6 +421,12 @@ def _header_pairs(headers: Any) -> list[list[Any]]:
         name, val = pair
         if not isinstance(name, str):
             raise TypeError(f"a header name must be str, got {type(name).__name__}")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:  # (a lone surrogate: msgpack raised it mid-send)
+            raise InvalidRequestError(
+                f"header name {name!r} is not valid UTF-8 ({exc.reason}); name headers with "
+                "text, and put bytes in the value") from None
         if val is not None and not isinstance(val, (bytes, bytearray)):
             raise TypeError(f"header {name!r}: value must be bytes or None, "
                             f"got {type(val).__name__}")

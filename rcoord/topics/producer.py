@@ -284,7 +284,11 @@ class Producer:
 
     def _choose(self, topic: str, rec: ProducerRecord, n: int) -> int:
         if callable(self._partitioner):
-            return int(self._partitioner(topic, rec.key, n))
+            chosen = self._partitioner(topic, rec.key, n)
+            if not isinstance(chosen, int) or isinstance(chosen, bool):
+                raise TypeError(f"the partitioner must return an int partition, got "
+                                f"{type(chosen).__name__} {chosen!r}")
+            return chosen
         if self._partitioner == "round_robin":
             with self._lock:
                 counter = self._rr.get(topic, 0)
@@ -356,7 +360,7 @@ class Producer:
         parts: list[int] = []
         for rec in recs:
             if rec.partition is not None:
-                p = _check_int("partition", rec.partition, -(1 << 31))
+                p = _check_int("partition", rec.partition, 0)  # (Kafka: non-negative or null)
                 if p >= n:
                     n = self._num_partitions(topic, refresh=True)
             else:
