@@ -1657,7 +1657,9 @@ end
 -- step changes no membership and reads GROUP_READS.brief first (read_group). ``opts.fast(keys,
 -- args, parsed)``: the step's common case decided without the wrapper (a reply), or nil before
 -- any write: it must answer exactly as the wrapper would, so it declines every case where the
--- wrapper would apply, publish or wake anything (commit_offsets.lua).
+-- wrapper would apply, publish or wake anything (commit_offsets.lua). One exception, on
+-- purpose: await_reply.lua answers a stored reply (final) and leaves the due deadlines to the
+-- sweep and to the callers still waiting, as the park flow's own read of the slot does.
 local BUSY = {'B'}
 local function group_step(name, run, parse, opts)
   opts = opts or {}
