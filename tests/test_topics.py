@@ -513,13 +513,19 @@ def test_a_negative_partition_a_bad_partitioner_and_a_bad_header_name_are_refuse
             p.send("t", b"x", partition=-1)
     with pytest.raises(TypeError, match="partitioner must return an int partition, got float"):
         Producer(redis_client, namespace, partitioner=lambda t, k, n: 1.9).send("t", b"x")
+    class IntLike:  # (numpy's integers are not int, and index like this)
+        def __index__(self) -> int:
+            return 1
+
+    meta = Producer(redis_client, namespace, partitioner=lambda t, k, n: IntLike()).send("t", b"i")
+    assert meta.partition == 1
     with pytest.raises(InvalidRequestError, match="is not valid UTF-8"):
         producer.send("t", b"x", headers={"\udc80": b"v"})
     with pytest.raises(TypeError, match="headers must be a mapping or a sequence"):
         producer.send("t", b"x", headers="")  # type: ignore[arg-type]
-    assert [p.log_end_offset for p in topics.describe("t").partitions] == [0, 0]  # nothing sent
+    assert [p.log_end_offset for p in topics.describe("t").partitions] == [0, 1]  # IntLike's
     producer.send("t", b"x", headers={})  # (an empty mapping is no headers)
-    assert sum(p.log_end_offset for p in topics.describe("t").partitions) == 1
+    assert sum(p.log_end_offset for p in topics.describe("t").partitions) == 2
 
 
 def test_scripts_reload_after_script_flush(

@@ -4,6 +4,7 @@ and Kafka's idempotent producer (KIP-98): a retried append is never appended twi
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 import secrets
 import threading
@@ -285,10 +286,13 @@ class Producer:
     def _choose(self, topic: str, rec: ProducerRecord, n: int) -> int:
         if callable(self._partitioner):
             chosen = self._partitioner(topic, rec.key, n)
-            if not isinstance(chosen, int) or isinstance(chosen, bool):
+            try:  # (an int, or an int-like such as numpy's; not 1.9, which int() cut to 1)
+                if isinstance(chosen, bool):
+                    raise TypeError
+                return operator.index(chosen)
+            except TypeError:
                 raise TypeError(f"the partitioner must return an int partition, got "
-                                f"{type(chosen).__name__} {chosen!r}")
-            return chosen
+                                f"{type(chosen).__name__} {chosen!r}") from None
         if self._partitioner == "round_robin":
             with self._lock:
                 counter = self._rr.get(topic, 0)
