@@ -1216,6 +1216,14 @@ def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
     assert got[0].offset == (6 if loop == "iterate" else 4)
 
 
+def _twelve_in_batches_of_four(env: Any) -> Consumer:
+    """The iterator tests' setup: topic t (one partition) holding offsets 0-11, and a consumer
+    whose polls hand out four records at a time."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
+    return env.consumer(max_poll_records=4)
+
+
 @pytest.mark.parametrize("then", ["break", "go_on"])
 def test_real_close_inside_the_loop_body_commits_up_to_the_record_it_is_on(
         env: Any, then: str) -> None:
@@ -1224,9 +1232,7 @@ def test_real_close_inside_the_loop_body_commits_up_to_the_record_it_is_on(
     batch were not processed. And the loop yields nothing more, ``break`` or not. Before, that
     close() committed 4, past records the loop never reached (lost to the group), and a loop
     that went on was handed 3 from the closed consumer."""
-    env.topics.create("t", 1)
-    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
-    consumer = env.consumer(max_poll_records=4)
+    consumer = _twelve_in_batches_of_four(env)
     seen = []
     for record in consumer:
         seen.append(record.offset)
@@ -1335,9 +1341,7 @@ def test_a_loop_left_mid_batch_goes_on_from_the_record_it_was_on(env: Any) -> No
     batch: the next loop starts at that record, and close() commits no further. Before, poll()
     had moved the position past the whole batch, so the next loop skipped the records after
     it and close() committed them, never handed to the application."""
-    env.topics.create("t", 1)
-    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
-    consumer = env.consumer(max_poll_records=4)
+    consumer = _twelve_in_batches_of_four(env)
     seen = []
     for record in consumer:
         seen.append(record.offset)
@@ -1357,9 +1361,7 @@ def test_an_exception_in_the_loop_inside_with_commits_up_to_the_record_it_failed
     """``with consumer: for record in consumer: handle(record)``, ``handle`` raising at offset
     1: the close() on the way out commits 1, so the failed record and the rest of its batch
     come again (it committed 4 before: offsets 1-3 lost)."""
-    env.topics.create("t", 1)
-    env.producer.send_batch("t", [b"%d" % i for i in range(12)])
-    consumer = env.consumer(max_poll_records=4)
+    consumer = _twelve_in_batches_of_four(env)
     with pytest.raises(RuntimeError, match="handler failed"), consumer:
         for record in consumer:
             if record.offset == 1:

@@ -286,13 +286,12 @@ class Producer:
     def _choose(self, topic: str, rec: ProducerRecord, n: int) -> int:
         if callable(self._partitioner):
             chosen = self._partitioner(topic, rec.key, n)
-            try:  # (an int, or an int-like such as numpy's; not 1.9, which int() cut to 1)
-                if isinstance(chosen, bool):
-                    raise TypeError
-                return operator.index(chosen)
-            except TypeError:
+            # An int, or an int-like such as numpy's (operator.index); not 1.9, which int() cut
+            # to 1.
+            if isinstance(chosen, bool) or not hasattr(type(chosen), "__index__"):
                 raise TypeError(f"the partitioner must return an int partition, got "
-                                f"{type(chosen).__name__} {chosen!r}") from None
+                                f"{type(chosen).__name__} {chosen!r}")
+            return operator.index(chosen)
         if self._partitioner == "round_robin":
             with self._lock:
                 counter = self._rr.get(topic, 0)
