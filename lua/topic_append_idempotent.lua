@@ -22,15 +22,22 @@
 -- acknowledged append leaves the state behind it; rcoord.topics.producer).
 --
 -- State of one producer (a msgpack array of integers; C-coded, about 5x cheaper than text):
--- epoch, last sequence appended (-1: none in this epoch), last activity ms, then 4 per
+-- epoch, last sequence appended (-1: none in this epoch), last activity ms, then, only once
+-- the producer declared a gap lost in this epoch, an array of the gaps (below), then 4 per
 -- remembered batch (oldest first): first sequence, last sequence, first offset, timestamp. A
 -- batch's offsets are consecutive because one call appends them. Stored sequences never wrap:
 -- a wrapping one is unwrapped on arrival (below). Every check comes before the first write.
+-- Gaps: {forgot, first1, last1, first2, last2, ...}, the last KEEP_GAPS sequence ranges
+-- skipped as lost, and the highest sequence of a gap no longer kept (-1: none). A sequence in a
+-- gap was never appended and never will be, so a call that sends one again (a late call, or a
+-- replay by a new Producer under the same id and epoch) is refused, not called a duplicate:
+-- that would tell a replay its record is stored when it is not.
 -- Duplicates: rcoord's own producer (no modulus) may resend part of a call, so records are
 -- deduplicated one by one; a Kafka producer's batch (a modulus) only whole (below).
 
 local RECORD_ARGS = 9
 local KEEP_BATCHES = 5  -- Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
+local KEEP_GAPS = 16  -- declared losses remembered exactly per epoch (each is a failed call)
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
 local now = read_clock(ARGV[1])
@@ -47,8 +54,10 @@ local log_ttl = string.format('%d', math.min(expiration, 2 ^ 46))
 
 local function load_state(raw)
   local v = cmsgpack.unpack(raw)
-  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}}
-  for i = 4, #v, 4 do st.batches[#st.batches + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3]} end
+  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}, gaps = nil}
+  local from = 4
+  if type(v[4]) == 'table' then st.gaps, from = v[4], 5 end
+  for i = from, #v, 4 do st.batches[#st.batches + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3]} end
   return st
 end
 
@@ -64,7 +73,31 @@ local log_key = KEYS[5]
 -- The log holds one epoch: it starts over when the producer (re)starts or its epoch rises.
 local log_starts = starts or epoch > st.epoch
 
+-- The first of `first`..`last` that may never have been appended (with why), or nil: in a
+-- gap the producer declared lost, or at or below a gap no longer kept and in no batch kept.
+local function skipped_in(st, first, last)
+  local g = st.gaps
+  for i = 2, #g, 2 do
+    if g[i] <= last and first <= g[i + 1] then
+      return {math.max(first, g[i]), string.format(
+        'which it declared lost when it went on at sequence %d', g[i + 1] + 1)}
+    end
+  end
+  for s = first, math.min(last, g[1]) do
+    local kept = false
+    for _, b in ipairs(st.batches) do
+      if b[1] <= s and s <= b[2] then kept = true end
+    end
+    if not kept then
+      return {s, string.format('at or below sequence %d: more than %d gaps were declared lost '
+        .. 'in this epoch and whether this one was appended is no longer known', g[1], KEEP_GAPS)}
+    end
+  end
+  return nil
+end
+
 local dup = 0  -- leading records whose sequence was already appended
+local gap = nil  -- the sequences this call skips as lost: {first, last}
 if st then
   if epoch < st.epoch then
     return {'PRODUCER_FENCED', string.format(
@@ -89,6 +122,7 @@ if st then
       'producer %s epoch %d sent sequence %d, expected %d', pid, epoch, sent, expected),
       expected}
   end
+  if first > st.last + 1 then gap = {st.last + 1, first - 1} end
   if modulus then
     -- A Kafka producer resends whole batches: a batch is a duplicate only when it is exactly
     -- one the partition remembers (ProducerStateEntry.findDuplicateBatch); any other must
@@ -107,6 +141,13 @@ if st then
     end
   else
     dup = math.max(0, math.min(n, st.last - first + 1))
+    local skipped = dup > 0 and st.gaps and skipped_in(st, first, first + dup - 1)
+    if skipped then
+      return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
+        'producer %s epoch %d sent sequence %d again, %s: that record is not in the partition, '
+        .. 'and cannot be appended in its place now that later ones are', pid, epoch, skipped[1],
+        skipped[2]), st.last + 1}
+    end
   end
 else
   -- No state (new, expired, or a re-created topic): any sequence starts it, as in Kafka.
@@ -155,8 +196,19 @@ end
 if dup < n then
   st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, t}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
+  if gap then
+    local g = st.gaps or {-1}
+    g[#g + 1], g[#g + 2] = gap[1], gap[2]
+    while #g > 1 + 2 * KEEP_GAPS do
+      g[1] = math.max(g[1], g[3])
+      table.remove(g, 2)
+      table.remove(g, 2)
+    end
+    st.gaps = g
+  end
   st.last = first + n - 1
   local out = {st.epoch, st.last, now}
+  if st.gaps then out[4] = st.gaps end
   for _, b in ipairs(st.batches) do
     out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = b[1], b[2], b[3], b[4]
   end

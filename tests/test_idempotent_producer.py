@@ -255,12 +255,83 @@ def test_a_gap_the_producer_declares_lost_is_accepted_and_stays_lost(
     append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a", b"b"])
     # Sequences 2..3 went out in a call whose outcome the producer never learnt.
     assert ok(append(redis_client, namespace, "t", 0, "p", 0, 4, [b"e"], lost=2)) == (2, 0, [])
-    # If that call reaches the server late, it is a duplicate of nothing: never appended.
-    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 2, [b"c", b"d"])) == (-1, 2, [-1, -1])
+    # If that call reaches the server late, it is refused, never appended: not a duplicate
+    # either, which would tell a replay (below) that its records are stored.
+    res = append(redis_client, namespace, "t", 0, "p", 0, 2, [b"c", b"d"])
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert b"sequence 2 again, which it declared lost when it went on at sequence 4" in res[1]
+    assert res[2] == 5
+    # A call overlapping the gap by one record is refused whole; around it, duplicates.
+    assert error(append(redis_client, namespace, "t", 0, "p", 0, 1, [b"b", b"c"])) == \
+        Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a", b"b"])) == (-1, 2, [0, 1])
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 4, [b"e"])) == (-1, 1, [2])
     assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e"]
     # A declared loss does not excuse a gap before it.
     res = append(redis_client, namespace, "t", 0, "p", 0, 9, [b"x"], lost=7)
     assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_replay_is_told_a_record_its_first_run_lost_is_not_stored(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A replay (a new Producer, same id and epoch, same records in the same order) of a run
+    in which one call failed before it was appended: that record is refused, not reported
+    stored. Before, it came back ``duplicate=True`` at offset -1 and was never appended."""
+    topics.create("t", 1)
+    recs = [ProducerRecord(v, partition=0) for v in (b"A", b"B", b"C")]
+    client = FailingClient(redis_client)
+    first = Producer(client, namespace, producer_id="job-1", producer_epoch=3)
+    first.send_batch("t", recs[:1])
+    client.fail = "before"
+    with pytest.raises(ConnectionLost):
+        first.send_batch("t", recs[1:2])
+    assert first.send_batch("t", recs[2:])[0].offset == 1  # the gap is accepted once
+    assert values(namespace, redis_client, "t", 0) == [b"A", b"C"]
+
+    replay = Producer(redis_client, namespace, producer_id="job-1", producer_epoch=3)
+    assert replay.send_batch("t", recs[:1])[0].duplicate
+    with pytest.raises(TopicError) as err:
+        replay.send_batch("t", recs[1:2])
+    assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert "sequence 1 again, which it declared lost" in str(err.value)
+    assert "higher producer_epoch" in str(err.value)
+    # The same replay in one call: refused whole, nothing appended, nothing said stored.
+    again = Producer(redis_client, namespace, producer_id="job-1", producer_epoch=3)
+    with pytest.raises(TopicError):
+        again.send_batch("t", recs)
+    assert values(namespace, redis_client, "t", 0) == [b"A", b"C"]
+    # A higher epoch stores the record.
+    Producer(redis_client, namespace, producer_id="job-1", producer_epoch=4).send_batch(
+        "t", recs[1:2])
+    assert values(namespace, redis_client, "t", 0) == [b"A", b"C", b"B"]
+
+
+def test_gaps_beyond_those_kept_make_older_sequences_unknown_not_duplicates(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """The state keeps the last 16 declared gaps; below an older one, a sequence in no
+    remembered batch may be a gap, so it is refused (not called a duplicate), while the kept
+    batches still answer as duplicates."""
+    topics.create("t", 1)
+    seq = 0
+    for i in range(19):  # a record, then a gap of one and a record, 18 times: gaps 1, 3, ..., 35
+        assert ok(append(redis_client, namespace, "t", 0, "p", 0, seq, [b"%d" % i],
+                         lost=None if i == 0 else seq - 1))[1] == 0
+        seq += 2
+    state, _ = producer_state_keys(namespace, "t", 0)
+    gaps = msgpack.unpackb(redis_client.hget(state, "p"))[3]
+    assert gaps[0] == 3 and gaps[1:3] == [5, 5] and len(gaps) == 1 + 2 * 16
+    # Sequence 0 was appended, but whether it was is no longer known.
+    res = append(redis_client, namespace, "t", 0, "p", 0, 0, [b"0"])
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert b"more than 16 gaps" in res[1]
+    # Sequence 34, the last batch's, is a duplicate; 33, a kept gap, is refused.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 34, [b"17"])) == (-1, 1, [17])
+    assert b"declared lost" in append(redis_client, namespace, "t", 0, "p", 0, 33, [b"x"])[1]
+    # A new epoch starts without gaps.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 1, 0, [b"e1"]))[1] == 0
+    assert len(msgpack.unpackb(redis_client.hget(state, "p"))) == 3 + 4
 
 
 SEQ_MAX = (1 << 31) - 1  # a Kafka producer's top sequence; 0 comes next

@@ -108,8 +108,9 @@ class Producer:
     no longer remembered). A lower epoch than the partition has seen raises TopicError
     PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
     same id and epoch that resends the same records in the same order appends nothing twice
-    either (a replay; the Spark sink also handles another order, see ``log_appends``); one
-    with a higher epoch starts again from 0. The state expires after the topic's
+    either (a replay; the Spark sink also handles another order, see ``log_appends``), and is
+    refused (OUT_OF_ORDER_SEQUENCE_NUMBER) a record whose earlier send failed and was skipped as
+    lost, never told it is stored; one with a higher epoch starts again from 0. The state expires after the topic's
     ``producer_id_expiration_ms`` without an append. See docs/guarantees.md.
     ``idempotent=False`` appends every call as it comes.
 
@@ -509,6 +510,12 @@ class Producer:
                     f"{expected}..{seq.acked} of epoch {epoch} are missing (a failover to a "
                     f"replica that had not received them, or older data restored). Those "
                     f"records are gone; this call appended nothing ({why})")
+        elif sent < expected:
+            # A sequence the partition skipped as lost (a replay of a failed call's records):
+            # later ones are stored, so it can only be stored again under a higher epoch. The
+            # producer's own numbering is unharmed: nothing to recover.
+            return (f"{why}. This call appended nothing; to store that record, send it with a "
+                    f"new Producer with a higher producer_epoch")
         else:
             what = why
         if self._allocated_id and epoch < _MAX_EPOCH:
