@@ -43,7 +43,7 @@ from rcoord.spark.resolve import (
     resolve_partitions,
 )
 from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
-from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch
 
 TP = TopicPartition
 URL = {"url": "redis://127.0.0.1:1/0"}
@@ -431,6 +431,29 @@ def test_rows_become_records(single_client: Any, namespace: str, topics: Topics)
     res = write_rows(Producer(single_client, namespace),
                      [{"value": b"a", "key": b"k1"}, {"value": b"b", "topic": "w"}], "w")
     assert res.appended == 2
+
+
+def test_max_request_size_is_a_write_option_that_bounds_each_row(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """``maxRequestSize`` (Spark's Kafka sink takes ``kafka.max.request.size``): a row larger
+    than it fails with MESSAGE_TOO_LARGE, as Kafka's producer does, and nothing of it is
+    written; the default is Kafka's 1 MiB."""
+    assert parse_write_options(URL, env={}).max_request_size == 1 << 20
+    got = parse_write_options({**URL, "maxrequestsize": "10485760"}, env={})
+    assert got.max_request_size == 10 << 20
+    for bad in ("0", "x", str((1 << 29) + 1)):
+        with pytest.raises(OptionError, match="^maxRequestSize: must be"):
+            parse_write_options({**URL, "maxrequestsize": bad}, env={})
+    with pytest.raises(OptionError, match="^kafka.max.request.size: use maxRequestSize"):
+        parse_write_options({**URL, "kafka.max.request.size": "5"}, env={})
+    topics.create("big", 1)
+    for producer_id in (None, "spark:q:0"):
+        producer = make_producer(single_client, namespace, producer_id, 0, max_request_size=64)
+        with pytest.raises(TopicError) as err:
+            write_rows(producer, [{"value": b"a"}, {"value": b"v" * 65}], "big")
+        assert err.value.error == Errors.MESSAGE_TOO_LARGE
+        assert write_rows(producer, [{"value": b"v" * 64}], "big").appended == 1
+    assert topics.describe("big").partitions[0].log_end_offset == 2
 
 
 def test_rows_keep_repeated_and_null_headers_both_ways(

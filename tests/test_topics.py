@@ -34,6 +34,7 @@ from rcoord.topics import (
 )
 from rcoord.topics import admin as topics_admin
 from rcoord.topics._base import MAKE, _run, make_keys, producer_log_key
+from rcoord.topics.producer import MAX_REQUEST_SIZE_LIMIT
 
 WAIT_S = 15.0
 
@@ -526,6 +527,55 @@ def test_a_negative_partition_a_bad_partitioner_and_a_bad_header_name_are_refuse
     assert [p.log_end_offset for p in topics.describe("t").partitions] == [0, 1]  # IntLike's
     producer.send("t", b"x", headers={})  # (an empty mapping is no headers)
     assert sum(p.log_end_offset for p in topics.describe("t").partitions) == 2
+
+
+class CountingClient:
+    """Counts the script calls (``evalsha``) made through it: one partition's calls are sent
+    one by one (``_run``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def evalsha(self, *args: Any) -> Any:
+        self.calls += 1
+        return self._inner.evalsha(*args)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_a_record_over_max_request_size_is_refused_and_calls_are_split_by_bytes(
+    topics: Topics, redis_client: Any, namespace: str, idempotent: bool
+) -> None:
+    """Kafka's ``max.request.size``: a record larger than it is MESSAGE_TOO_LARGE, before
+    anything of the call is appended; smaller ones go in calls of at most that many bytes.
+    Before, a record of any size was sent, and one over the server's ``proto-max-bulk-len``
+    came back as a raw ResponseError ("invalid bulk length")."""
+    topics.create("t", 1)
+    client = CountingClient(redis_client)
+    p = Producer(client, namespace, idempotent=idempotent, max_request_size=100)
+    with pytest.raises(TopicError) as err:
+        p.send_batch("t", [ProducerRecord(b"ok", partition=0),
+                           ProducerRecord(b"v" * 60, key=b"k" * 30, partition=0,
+                                          headers={"h": b"12345678"})])
+    assert err.value.error == Errors.MESSAGE_TOO_LARGE and not err.value.retriable
+    assert "record 1 is 1" in str(err.value) and "max_request_size 100" in str(err.value)
+    assert topics.describe("t").partitions[0].log_end_offset == 0
+    # A record of exactly the limit is taken (and the script is loaded: NOSCRIPT is a call).
+    assert p.send("t", b"y" * 100, partition=0).offset == 0
+    # Ten records of 40 bytes: calls of two (80 bytes; a third would make 120).
+    vals = [b"%02d" % i + b"x" * 38 for i in range(10)]
+    client.calls = 0
+    metas = p.send_batch("t", [ProducerRecord(v, partition=0) for v in vals])
+    assert client.calls == 5
+    assert [m.offset for m in metas] == list(range(1, 11))
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 1).records] == vals
+    for bad in (0, MAX_REQUEST_SIZE_LIMIT + 1):
+        with pytest.raises(InvalidRequestError, match="max_request_size must be"):
+            Producer(redis_client, namespace, max_request_size=bad)
+    assert Producer(redis_client, namespace)._max_request_size == 1 << 20  # Kafka's default
 
 
 def test_scripts_reload_after_script_flush(

@@ -21,6 +21,7 @@ from ..asyncio import AsyncGroupCoordinator
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..steps import block_limit
 from ..topics import Producer, Topics
+from ..topics.producer import MAX_REQUEST_SIZE_LIMIT
 from .acl import (
     CLUSTER_NAME,
     Operation,
@@ -106,7 +107,11 @@ class GatewayState:
         self.sync_redis = sync_redis
         self.coordinator = AsyncGroupCoordinator(async_redis, config.namespace)
         self.topics = Topics(sync_redis, config.namespace)
-        self.producer = Producer(sync_redis, config.namespace, idempotent=False)
+        # A record is bounded by the frame that brought it (Kafka's clients bound it by their
+        # own max.request.size), not by the Producer's default.
+        self.producer = Producer(sync_redis, config.namespace, idempotent=False,
+                                 max_request_size=min(config.max_frame_bytes,
+                                                      MAX_REQUEST_SIZE_LIMIT))
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=config.topic_threads, thread_name_prefix="rcoord-gateway-topics")
         self.advertised: tuple[str, int] = (config.listen_host, config.listen_port)

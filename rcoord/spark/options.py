@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..names import NAMESPACE_RULE, valid_namespace
+from ..topics.producer import MAX_REQUEST_SIZE, MAX_REQUEST_SIZE_LIMIT
 
 __all__ = [
     "EARLIEST",
@@ -63,7 +64,7 @@ READ_OPTIONS = (
     "rebalanceTimeoutMs",
 )
 """Every option a read takes (spelled as documented; compared without case)."""
-WRITE_OPTIONS = ("url", "namespace", "topic")
+WRITE_OPTIONS = ("url", "namespace", "topic", "maxRequestSize")
 """Every option a write takes."""
 SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName")
 """Keys Spark itself puts into a data source's options (measured on Spark 4.3): ``path`` from
@@ -147,6 +148,9 @@ class WriteOptions:
     url: str
     namespace: str = "rcoord"
     topic: str | None = None
+    max_request_size: int = MAX_REQUEST_SIZE
+    """The largest record (value, key and headers) in bytes, and the bytes of one append
+    (Kafka's ``max.request.size``); a larger row fails the task with MESSAGE_TOO_LARGE."""
 
 
 def _lower(options: Mapping[str, Any]) -> dict[str, str]:
@@ -169,6 +173,8 @@ def _check_names(opts: Mapping[str, str], known: tuple[str, ...], what: str,
         if key == "kafka.bootstrap.servers":
             raise OptionError(f"{key}: rcoord reads and writes Redis, not Kafka brokers; give "
                               "url (redis://host:port/db) instead")
+        if key == "kafka.max.request.size":
+            raise OptionError(f"{key}: use maxRequestSize (the largest record, in bytes)")
         if key == "kafka.group.id":
             raise OptionError(f"{key}: use groupId (group mode: the query is a member of an "
                               "rcoord consumer group)")
@@ -428,4 +434,11 @@ def parse_write_options(
                               "topic option or a topic column")
     _check_names(opts, WRITE_OPTIONS, "write", READ_OPTIONS)
     topic = opts.get("topic") or None
-    return WriteOptions(url=_url(opts, env), namespace=_namespace(opts), topic=topic)
+    size = MAX_REQUEST_SIZE
+    if "maxrequestsize" in opts:
+        size = _positive_int("maxRequestSize", opts["maxrequestsize"])
+        if size > MAX_REQUEST_SIZE_LIMIT:
+            raise OptionError(f"maxRequestSize: must be at most {MAX_REQUEST_SIZE_LIMIT} "
+                              f"(Redis's largest argument by default), got {size}")
+    return WriteOptions(url=_url(opts, env), namespace=_namespace(opts), topic=topic,
+                        max_request_size=size)

@@ -352,7 +352,8 @@ class BatchWriter(DataSourceWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[Any]) -> WriteMessage:
-        producer = make_producer(client_for(self.opts.url), self.opts.namespace, None, None)
+        producer = make_producer(client_for(self.opts.url), self.opts.namespace, None, None,
+                                 self.opts.max_request_size)
         res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)
 
@@ -375,7 +376,7 @@ class StreamWriter(DataSourceStreamWriter):
                                "id (sql.streaming.queryId / streaming.sql.batchId)")
         producer_id = f"spark:{query}:{ctx.partitionId()}"
         producer = make_producer(client_for(self.opts.url), self.opts.namespace, producer_id,
-                                 int(batch))
+                                 int(batch), self.opts.max_request_size)
         res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)
 

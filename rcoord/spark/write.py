@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..topics import Producer, ProducerRecord, RecordMetadata
+from ..topics.producer import MAX_REQUEST_SIZE
 from .options import OptionError
 from .retry import EarlierAttempts, check_duplicates
 
@@ -121,7 +122,7 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
 
 
 def make_producer(client: Any, namespace: str, producer_id: str | None,
-                  epoch: int | None) -> Producer:
+                  epoch: int | None, max_request_size: int = MAX_REQUEST_SIZE) -> Producer:
     """An idempotent producer named ``producer_id`` at ``epoch`` (a streaming write task), or
     one with an id Redis allocates (a batch write task: only its own retried calls dedupe).
 
@@ -132,12 +133,12 @@ def make_producer(client: Any, namespace: str, producer_id: str | None,
     (before the content check, sequence numbers alone decided: unseeded, a retry of 3,000
     keyless rows over 4 partitions stored 68 rows twice and lost 68 others)."""
     if producer_id is None:
-        return Producer(client, namespace)
+        return Producer(client, namespace, max_request_size=max_request_size)
     epoch = int(epoch or 0)
     # log_appends: a later attempt reads back what this one stored (rcoord.spark.retry).
     return Producer(client, namespace, idempotent=True, producer_id=producer_id,
                     producer_epoch=epoch, rng=random.Random(f"{producer_id}:{epoch}"),
-                    log_appends=True)
+                    log_appends=True, max_request_size=max_request_size)
 
 
 class WriteResult:

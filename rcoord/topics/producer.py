@@ -48,6 +48,12 @@ from ._base import (
 PartitionerFn = Callable[[str, "bytes | None", int], int]
 
 _MAX_EPOCH = (1 << 53) - 1  # sequence and epoch arithmetic in Lua is exact up to 2**53
+MAX_REQUEST_SIZE = 1 << 20
+"""Kafka's ``max.request.size`` default: the largest record, and the bytes one script call
+carries (a call holds its shard while it runs, and a larger argument than the server's
+``proto-max-bulk-len`` breaks the connection)."""
+MAX_REQUEST_SIZE_LIMIT = 1 << 29
+"""The largest ``max_request_size``: Redis's default ``proto-max-bulk-len`` (512 MiB)."""
 KAFKA_SEQUENCE_MODULUS = 1 << 31
 """A Kafka producer's sequence numbers are int32s that go from 2**31 - 1 back to 0
 (``DefaultRecordBatch.incrementSequence``); ``append_idempotent(wrapping=True)`` compares them
@@ -131,6 +137,12 @@ class Producer:
     (``rcoord.topics.epoch_log``) and go on from there with ``resume_sequence``: the Spark
     sink's retried tasks, whose rows may come in another order.
 
+    ``max_request_size`` (Kafka's ``max.request.size``, 1 MiB by default, at most 512 MiB):
+    a record whose value, key and headers together are larger is refused with TopicError
+    MESSAGE_TOO_LARGE before anything of the call is appended, and one script call carries at
+    most this many bytes (and ``MAX_APPEND_PER_CALL`` records), so no call holds its shard for
+    long.
+
     ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
     record timestamps and producer state expiry.
     """
@@ -149,6 +161,7 @@ class Producer:
         producer_epoch: int = 0,
         clock: Callable[[], int] | None = None,
         log_appends: bool = False,
+        max_request_size: int = MAX_REQUEST_SIZE,
     ) -> None:
         _check_client(redis_client)
         _check_namespace(namespace)
@@ -184,6 +197,11 @@ class Producer:
         self._ns = namespace
         self._partitioner = partitioner
         self._batch_size = _check_int("batch_size", batch_size, 1)
+        self._max_request_size = _check_int("max_request_size", max_request_size, 1)
+        if max_request_size > MAX_REQUEST_SIZE_LIMIT:
+            raise InvalidRequestError(
+                f"max_request_size must be <= {MAX_REQUEST_SIZE_LIMIT} (Redis's largest "
+                f"argument by default), got {max_request_size}")
         self._max_age_s = _check_int("metadata_max_age_ms", metadata_max_age_ms, 0) / 1000
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
@@ -360,6 +378,13 @@ class Producer:
         # the key and the value's length, so a str key failed there with bytes()'s "string
         # argument without an encoding" and an int value with "has no len()".
         encoded = [_encode_record(rec) for rec in recs]
+        sizes = [len(e[1]) + len(e[2]) + len(e[3]) for e in encoded]
+        for i, size in enumerate(sizes):
+            if size > self._max_request_size:
+                raise TopicError(Errors.MESSAGE_TOO_LARGE, (
+                    f"{topic}: record {i} is {size} bytes (value, key and headers), more than "
+                    f"max_request_size {self._max_request_size}; nothing of this call was "
+                    f"appended"))
         n = self._num_partitions(topic)
         parts: list[int] = []
         for rec in recs:
@@ -382,13 +407,12 @@ class Producer:
                 raise InvalidRequestError(
                     "atomic appends are for producers that number their own batches: use "
                     "append_idempotent(..., atomic=True), or an idempotent=False Producer")
-            return self._send_idempotent(topic, by_part, encoded)
+            return self._send_idempotent(topic, by_part, encoded, sizes)
         calls: list[_Call] = []
         chunks: list[tuple[int, list[int]]] = []
         for p, idxs in by_part.items():
-            step = len(idxs) if atomic else MAX_APPEND_PER_CALL
-            for lo in range(0, len(idxs), step):
-                chunk = idxs[lo : lo + step]
+            split = [(0, idxs)] if atomic else self._calls_of(idxs, sizes)
+            for _, chunk in split:
                 args = [a for i in chunk for a in encoded[i]]
                 calls.append((APPEND, [partition_key(self._ns, topic, p),
                                        last_timestamp_key(self._ns, topic, p)], args))
@@ -410,8 +434,25 @@ class Producer:
                              f"{topic} partitions {sorted(set(failed))} do not exist")
         return [m for m in out if m is not None]
 
+    def _calls_of(self, idxs: list[int], sizes: list[int]) -> list[tuple[int, list[int]]]:
+        """One partition's records split into script calls, as (index of the first, records):
+        at most ``MAX_APPEND_PER_CALL`` records and ``max_request_size`` bytes each (one record
+        over it goes alone; ``_send`` refused larger ones)."""
+        out: list[tuple[int, list[int]]] = []
+        start, total = 0, 0
+        for k, i in enumerate(idxs):
+            if k > start and (k - start >= MAX_APPEND_PER_CALL
+                              or total + sizes[i] > self._max_request_size):
+                out.append((start, idxs[start:k]))
+                start, total = k, 0
+            total += sizes[i]
+        if idxs:
+            out.append((start, idxs[start:]))
+        return out
+
     def _send_idempotent(
-        self, topic: str, by_part: dict[int, list[int]], encoded: list[list[Any]]
+        self, topic: str, by_part: dict[int, list[int]], encoded: list[list[Any]],
+        sizes: list[int],
     ) -> list[RecordMetadata]:
         """Number the records per partition and append them; see the class docstring.
 
@@ -446,8 +487,7 @@ class Producer:
                 keys = partition_keys(self._ns, topic, p)
                 if self._log_appends:
                     keys.append(producer_log_key(self._ns, topic, p, pid))
-                for lo in range(0, len(idxs), MAX_APPEND_PER_CALL):
-                    chunk = idxs[lo : lo + MAX_APPEND_PER_CALL]
+                for lo, chunk in self._calls_of(idxs, sizes):
                     args = _idempotent_args(now, pid, epoch, seq.next + lo, lost,
                                             expiration, "", [encoded[i] for i in chunk])
                     calls.append((APPEND_IDEMPOTENT, keys, args))
