@@ -19,25 +19,30 @@
 -- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, or
 -- {'OUT_OF_ORDER_SEQUENCE_NUMBER', why, the sequence expected next (modulo ARGV[8] if given)}:
 -- the client compares that with what it was told was stored (a failover that lost an
--- acknowledged append leaves the state behind it; rcoord.topics.producer).
+-- acknowledged append leaves the state behind it; rcoord.topics.producer); a fourth element,
+-- 'lost' or 'unknown', when the call resent a sequence skipped as lost (below).
 --
 -- State of one producer (a msgpack array of integers; C-coded, about 5x cheaper than text):
--- epoch, last sequence appended (-1: none in this epoch), last activity ms, then, only once
--- the producer declared a gap lost in this epoch, an array of the gaps (below), then 4 per
--- remembered batch (oldest first): first sequence, last sequence, first offset, timestamp. A
--- batch's offsets are consecutive because one call appends them. Stored sequences never wrap:
--- a wrapping one is unwrapped on arrival (below). Every check comes before the first write.
--- Gaps: {forgot, first1, last1, first2, last2, ...}, the last KEEP_GAPS sequence ranges
--- skipped as lost, and the highest sequence of a gap no longer kept (-1: none). A sequence in a
--- gap was never appended and never will be, so a call that sends one again (a late call, or a
--- replay by a new Producer under the same id and epoch) is refused, not called a duplicate:
--- that would tell a replay its record is stored when it is not.
+-- epoch, last sequence appended (-1: none in this epoch), last activity ms, then 4 per entry:
+-- first the skipped ranges (below), if any, then the remembered batches (oldest first): first
+-- sequence, last sequence, first offset, timestamp. A batch's offsets are consecutive because
+-- one call appends them. Stored sequences never wrap: a wrapping one is unwrapped on arrival
+-- (below). Every check comes before the first write.
+-- Skipped ranges: {first, -2 - last, kind, 0}, kind GAP (the sequences a declared loss skipped:
+-- never appended, and never will be; the last KEEP_GAPS of the epoch) or UNKNOWN (at most one:
+-- sequences whose outcome is no longer known, those of gaps beyond KEEP_GAPS and those a call
+-- declared lost when the state had expired). A call that sends one again (a late call, or a
+-- replay by a new Producer under the same id and epoch) is refused, not called a duplicate,
+-- which would tell a replay that its record is stored. The negative second field makes an
+-- older rcoord's script, which reads every entry as a batch, match no sequence to them (its
+-- appends drop them oldest first, as batches: the gaps are then forgotten, not misread).
 -- Duplicates: rcoord's own producer (no modulus) may resend part of a call, so records are
 -- deduplicated one by one; a Kafka producer's batch (a modulus) only whole (below).
 
 local RECORD_ARGS = 9
 local KEEP_BATCHES = 5  -- Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 local KEEP_GAPS = 16  -- declared losses remembered exactly per epoch (each is a failed call)
+local GAP, UNKNOWN = -1, -2  -- the kinds of skipped ranges
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
 local now = read_clock(ARGV[1])
@@ -54,10 +59,16 @@ local log_ttl = string.format('%d', math.min(expiration, 2 ^ 46))
 
 local function load_state(raw)
   local v = cmsgpack.unpack(raw)
-  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}, gaps = nil}
-  local from = 4
-  if type(v[4]) == 'table' then st.gaps, from = v[4], 5 end
-  for i = from, #v, 4 do st.batches[#st.batches + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3]} end
+  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}, gaps = {}, unknown = nil}
+  for i = 4, #v, 4 do
+    if v[i + 1] >= v[i] then
+      st.batches[#st.batches + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3]}
+    elseif v[i + 2] == GAP then
+      st.gaps[#st.gaps + 1] = {v[i], -2 - v[i + 1]}
+    else
+      st.unknown = {v[i], -2 - v[i + 1]}
+    end
+  end
   return st
 end
 
@@ -73,24 +84,28 @@ local log_key = KEYS[5]
 -- The log holds one epoch: it starts over when the producer (re)starts or its epoch rises.
 local log_starts = starts or epoch > st.epoch
 
--- The first of `first`..`last` that may never have been appended (with why), or nil: in a
--- gap the producer declared lost, or at or below a gap no longer kept and in no batch kept.
+-- The first of `first`..`last` that may never have been appended, and its kind, or nil: one in
+-- a gap, or one of unknown outcome that is in no batch kept.
 local function skipped_in(st, first, last)
-  local g = st.gaps
-  for i = 2, #g, 2 do
-    if g[i] <= last and first <= g[i + 1] then
-      return {math.max(first, g[i]), string.format(
-        'which it declared lost when it went on at sequence %d', g[i + 1] + 1)}
+  for _, g in ipairs(st.gaps) do
+    if g[1] <= last and first <= g[2] then
+      return {math.max(first, g[1]), 'lost', string.format(
+        'which it declared lost when it went on at sequence %d: that record is not in the '
+        .. 'partition, and cannot be appended in its place now that later ones are', g[2] + 1)}
     end
   end
-  for s = first, math.min(last, g[1]) do
+  local u = st.unknown
+  if u == nil then return nil end
+  for s = math.max(first, u[1]), math.min(last, u[2]) do
     local kept = false
     for _, b in ipairs(st.batches) do
       if b[1] <= s and s <= b[2] then kept = true end
     end
     if not kept then
-      return {s, string.format('at or below sequence %d: more than %d gaps were declared lost '
-        .. 'in this epoch and whether this one was appended is no longer known', g[1], KEEP_GAPS)}
+      return {s, 'unknown', string.format(
+        'whose call failed and whose outcome is no longer known (the producer state expired '
+        .. 'before the next call, or more than %d gaps were declared lost in this epoch): that '
+        .. 'record may or may not be in the partition', KEEP_GAPS)}
     end
   end
   return nil
@@ -98,13 +113,16 @@ end
 
 local dup = 0  -- leading records whose sequence was already appended
 local gap = nil  -- the sequences this call skips as lost: {first, last}
+local unknown_from = nil  -- a starting state's first sequence of unknown outcome
 if st then
   if epoch < st.epoch then
     return {'PRODUCER_FENCED', string.format(
       'producer %s epoch %d is older than epoch %d, which appended to this partition',
       pid, epoch, st.epoch)}
   end
-  if epoch > st.epoch then st = {epoch = epoch, last = -1, active = now, batches = {}} end
+  if epoch > st.epoch then
+    st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = nil}
+  end
   local sent = first
   if modulus and st.last >= 0 then
     -- Kafka numbers modulo 2^31 (0 follows 2^31-1, DefaultRecordBatch.incrementSequence):
@@ -141,17 +159,18 @@ if st then
     end
   else
     dup = math.max(0, math.min(n, st.last - first + 1))
-    local skipped = dup > 0 and st.gaps and skipped_in(st, first, first + dup - 1)
+    local skipped = dup > 0 and skipped_in(st, first, first + dup - 1)
     if skipped then
       return {'OUT_OF_ORDER_SEQUENCE_NUMBER', string.format(
-        'producer %s epoch %d sent sequence %d again, %s: that record is not in the partition, '
-        .. 'and cannot be appended in its place now that later ones are', pid, epoch, skipped[1],
-        skipped[2]), st.last + 1}
+        'producer %s epoch %d sent sequence %d again, %s', pid, epoch, skipped[1], skipped[3]),
+        st.last + 1, skipped[2]}
     end
   end
 else
   -- No state (new, expired, or a re-created topic): any sequence starts it, as in Kafka.
-  st = {epoch = epoch, last = -1, active = now, batches = {}}
+  st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = nil}
+  -- A declared loss below it: whether those calls ran went with the expired state.
+  if lost_from and not modulus and lost_from < first then unknown_from = lost_from end
 end
 
 local dup_offsets, dup_ts = {}, {}
@@ -196,22 +215,23 @@ end
 if dup < n then
   st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, t}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
+  if unknown_from then st.unknown = {unknown_from, first - 1} end
   if gap then
-    local g = st.gaps or {-1}
-    g[#g + 1], g[#g + 2] = gap[1], gap[2]
-    while #g > 1 + 2 * KEEP_GAPS do
-      g[1] = math.max(g[1], g[3])
-      table.remove(g, 2)
-      table.remove(g, 2)
+    st.gaps[#st.gaps + 1] = gap
+    if #st.gaps > KEEP_GAPS then
+      -- The oldest gap's sequences join the range of unknown outcome (with those between).
+      local old, u = table.remove(st.gaps, 1), st.unknown
+      st.unknown = u and {math.min(u[1], old[1]), math.max(u[2], old[2])} or old
     end
-    st.gaps = g
   end
   st.last = first + n - 1
   local out = {st.epoch, st.last, now}
-  if st.gaps then out[4] = st.gaps end
-  for _, b in ipairs(st.batches) do
-    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = b[1], b[2], b[3], b[4]
+  local function put(a, b, c, d)
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = a, b, c, d
   end
+  if st.unknown then put(st.unknown[1], -2 - st.unknown[2], UNKNOWN, 0) end
+  for _, g in ipairs(st.gaps) do put(g[1], -2 - g[2], GAP, 0) end
+  for _, b in ipairs(st.batches) do put(b[1], b[2], b[3], b[4]) end
   redis.call('HSET', KEYS[2], pid, cmsgpack.pack(out))
   redis.call('ZADD', KEYS[3], string.format('%d', now), pid)
   if log_key then

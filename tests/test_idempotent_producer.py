@@ -260,7 +260,7 @@ def test_a_gap_the_producer_declares_lost_is_accepted_and_stays_lost(
     res = append(redis_client, namespace, "t", 0, "p", 0, 2, [b"c", b"d"])
     assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert b"sequence 2 again, which it declared lost when it went on at sequence 4" in res[1]
-    assert res[2] == 5
+    assert res[2:] == [5, b"lost"]
     # A call overlapping the gap by one record is refused whole; around it, duplicates.
     assert error(append(redis_client, namespace, "t", 0, "p", 0, 1, [b"b", b"c"])) == \
         Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -307,31 +307,62 @@ def test_a_replay_is_told_a_record_its_first_run_lost_is_not_stored(
     assert values(namespace, redis_client, "t", 0) == [b"A", b"C", b"B"]
 
 
-def test_gaps_beyond_those_kept_make_older_sequences_unknown_not_duplicates(
+def _skipped_ranges(client: Any, namespace: str) -> list[list[int]]:
+    """The skipped-range entries of producer "p"'s state in t-0: (first, -2 - last, kind, 0).
+    Each also reads, to an older rcoord's script, as a batch that holds no sequence."""
+    state, _ = producer_state_keys(namespace, "t", 0)
+    v = msgpack.unpackb(client.hget(state, "p"))
+    entries = [v[i:i + 4] for i in range(3, len(v), 4)]
+    return [e for e in entries if e[1] < e[0] and e[1] < 0]
+
+
+def test_gaps_beyond_those_kept_make_their_sequences_unknown_not_duplicates(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
-    """The state keeps the last 16 declared gaps; below an older one, a sequence in no
-    remembered batch may be a gap, so it is refused (not called a duplicate), while the kept
-    batches still answer as duplicates."""
+    """The state keeps the last 16 declared gaps of an epoch; an older one joins a range of
+    unknown outcome, where a sequence in no remembered batch is refused (it may be a gap), while
+    the kept batches, and sequences below that range, still answer as duplicates."""
     topics.create("t", 1)
     seq = 0
     for i in range(19):  # a record, then a gap of one and a record, 18 times: gaps 1, 3, ..., 35
         assert ok(append(redis_client, namespace, "t", 0, "p", 0, seq, [b"%d" % i],
                          lost=None if i == 0 else seq - 1))[1] == 0
         seq += 2
-    state, _ = producer_state_keys(namespace, "t", 0)
-    gaps = msgpack.unpackb(redis_client.hget(state, "p"))[3]
-    assert gaps[0] == 3 and gaps[1:3] == [5, 5] and len(gaps) == 1 + 2 * 16
-    # Sequence 0 was appended, but whether it was is no longer known.
-    res = append(redis_client, namespace, "t", 0, "p", 0, 0, [b"0"])
-    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
-    assert b"more than 16 gaps" in res[1]
-    # Sequence 34, the last batch's, is a duplicate; 33, a kept gap, is refused.
+    ranges = _skipped_ranges(redis_client, namespace)
+    assert ranges[0] == [1, -2 - 3, -2, 0]  # gaps 1 and 3 (and 2 between them): unknown
+    assert [r[0] for r in ranges[1:]] == list(range(5, 36, 2)) and len(ranges) == 17
+    assert all(r[2] == -1 for r in ranges[1:])
+    # Sequence 0, below them, is a duplicate; 2 was appended but is no longer known to be.
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, [b"0"])) == (-1, 1, [-1])
+    res = append(redis_client, namespace, "t", 0, "p", 0, 2, [b"1"])
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
+    assert b"sequence 2 again, whose call failed and whose outcome is no longer known" in res[1]
+    # Sequence 34, the last batch's, is a duplicate; 33, a kept gap, is refused as lost.
     assert ok(append(redis_client, namespace, "t", 0, "p", 0, 34, [b"17"])) == (-1, 1, [17])
-    assert b"declared lost" in append(redis_client, namespace, "t", 0, "p", 0, 33, [b"x"])[1]
-    # A new epoch starts without gaps.
+    assert append(redis_client, namespace, "t", 0, "p", 0, 33, [b"x"])[3] == b"lost"
+    # A new epoch starts without any.
     assert ok(append(redis_client, namespace, "t", 0, "p", 1, 0, [b"e1"]))[1] == 0
-    assert len(msgpack.unpackb(redis_client.hget(state, "p"))) == 3 + 4
+    assert _skipped_ranges(redis_client, namespace) == []
+
+
+def test_a_loss_declared_after_the_state_expired_is_of_unknown_outcome(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A reviewer's repro: the state expired between the failed call and the next one, so the
+    next call started a new state, and a replay of the lost record was told it was a
+    duplicate. Those sequences are now of unknown outcome; those below them were acknowledged."""
+    topics.create("t", 1)
+    exp = 10_000
+    for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
+                                   (4, [b"e"], 2, 1_000 + exp)):  # 2..3 failed; idle till expiry
+        assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
+                         now=now, expiration=exp))[1] == 0
+    assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 3, -2, 0]]
+    res = append(redis_client, namespace, "t", 0, "p", 0, 3, [b"d"], now=1_000 + exp, expiration=exp)
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 1, [b"b"], now=1_000 + exp,
+                     expiration=exp)) == (-1, 1, [-1])
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e"]
 
 
 SEQ_MAX = (1 << 31) - 1  # a Kafka producer's top sequence; 0 comes next

@@ -21,7 +21,7 @@ from test_client_group import OneMemberGroup, fast_config
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.client.errors import JoinRefusedError
-from rcoord.errors import MissingPermissionError
+from rcoord.errors import ConnectionLost, MissingPermissionError
 from rcoord.spark.member import MEMBER_METADATA, TOKEN_METADATA, StreamMember, member_config
 from rcoord.spark.options import (
     READ_OPTIONS,
@@ -709,7 +709,6 @@ def test_an_attempt_running_beside_another_in_another_order_fails_and_loses_noth
     import random
 
     from rcoord.spark.retry import AttemptConflict
-    from rcoord.topics import TopicError
 
     topics.create("out", 4)
     rows = _shuffled_rows()[:2000]
@@ -724,12 +723,52 @@ def test_an_attempt_running_beside_another_in_another_order_fails_and_loses_noth
                                          other, "out"))
             yield row
 
-    with pytest.raises((AttemptConflict, TopicError)):
+    with pytest.raises(AttemptConflict):
         write_rows(make_producer(single_client, namespace, "spark:q:2", 0), first_attempt(),
                    "out")
     assert second[0].duplicates == 1000 and second[0].appended == 1000
     lost = _expected(rows, 4) - _stored(single_client, namespace, "out", 4)
     assert not lost
+
+
+def test_an_attempt_refused_its_sequence_numbers_fails_as_a_conflict(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """A zombie attempt's call fails (not appended) and its next is accepted with the gap
+    declared lost, while a new attempt of the same id and epoch has read the state and resumes
+    into that gap: the partition refuses it (OUT_OF_ORDER_SEQUENCE_NUMBER), and the attempt
+    fails as the AttemptConflict write_rows names (before: a TopicError whose advice, a higher
+    producer_epoch, a Spark task cannot take). A reviewer's repro."""
+    from rcoord.spark.retry import AttemptConflict
+
+    class FailOnce:
+        def __init__(self, inner: Any) -> None:
+            self._inner, self.fail = inner, False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def evalsha(self, *args: Any) -> Any:
+            if self.fail:
+                self.fail = False
+                raise redis.exceptions.ConnectionError("lost before sending")
+            return self._inner.evalsha(*args)
+
+    topics.create("t", 1)
+    client = FailOnce(single_client)
+    zombie = make_producer(client, namespace, "spark:q:5", 0)  # type: ignore[arg-type]
+    zombie.send_batch("t", [ProducerRecord(b"A", partition=0)])
+
+    def rows() -> Any:
+        yield {"value": b"A", "partition": 0}  # checked off: the attempt has read the state
+        client.fail = True
+        with pytest.raises(ConnectionLost):
+            zombie.send_batch("t", [ProducerRecord(b"Z1", partition=0)])
+        zombie.send_batch("t", [ProducerRecord(b"Z2", partition=0)])  # sequence 1 skipped
+        yield {"value": b"B", "partition": 0}  # sequence 1 again
+
+    with pytest.raises(AttemptConflict, match="refused this attempt's sequence numbers"):
+        write_rows(make_producer(single_client, namespace, "spark:q:5", 0), rows(), "t")
+    assert [r.value for r in fetch(single_client, namespace, "t", 0, 0).records] == [b"A", b"Z2"]
 
 
 def test_a_duplicate_answer_is_checked_against_the_row_sent(

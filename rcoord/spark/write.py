@@ -23,10 +23,11 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..topics import Producer, ProducerRecord, RecordMetadata
+from ..errors import Errors
+from ..topics import Producer, ProducerRecord, RecordMetadata, TopicError
 from ..topics.producer import MAX_REQUEST_SIZE
 from .options import OptionError
-from .retry import EarlierAttempts, check_duplicates
+from .retry import AttemptConflict, EarlierAttempts, check_duplicates
 
 __all__ = ["WriteResult", "check_write_plan", "make_producer", "row_to_record", "write_rows"]
 
@@ -164,7 +165,9 @@ def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
     With a producer that logs its appends (``make_producer`` with an id), rows an earlier
     attempt of the same id and epoch stored are skipped, whatever their order
     (``retry.EarlierAttempts``). Raises ``retry.AttemptConflict`` if a record came back as a
-    duplicate of a different row (another attempt appending at the same time).
+    duplicate of a different row, or the partition refused its sequence numbers
+    (OUT_OF_ORDER_SEQUENCE_NUMBER: another attempt appending at the same time, under the same
+    id and epoch, skipped or used them); the next attempt reads back what was stored.
     """
     result = WriteResult()
     earlier = EarlierAttempts(producer) if producer.logs_appends else None
@@ -173,7 +176,16 @@ def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
 
     def flush() -> None:
         for t, recs in pending.items():
-            metas = producer.send_batch(t, recs)
+            try:
+                metas = producer.send_batch(t, recs)
+            except TopicError as exc:
+                if exc.error != Errors.OUT_OF_ORDER_SEQUENCE_NUMBER:
+                    raise
+                raise AttemptConflict(
+                    f"{t}: producer {producer.producer_id} epoch {producer.producer_epoch}: the "
+                    f"partition refused this attempt's sequence numbers ({exc.detail}); another "
+                    "attempt of this task appends concurrently, or appended since this one "
+                    "started. Failing this attempt so Spark runs it again") from exc
             check_duplicates(producer, t, recs, metas)
             result.add(metas)
 

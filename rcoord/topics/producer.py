@@ -114,9 +114,10 @@ class Producer:
     no longer remembered). A lower epoch than the partition has seen raises TopicError
     PRODUCER_FENCED; a sequence gap raises OUT_OF_ORDER_SEQUENCE_NUMBER. A new Producer with the
     same id and epoch that resends the same records in the same order appends nothing twice
-    either (a replay; the Spark sink also handles another order, see ``log_appends``), and is
-    refused (OUT_OF_ORDER_SEQUENCE_NUMBER) a record whose earlier send failed and was skipped as
-    lost, never told it is stored; one with a higher epoch starts again from 0. The state expires after the topic's
+    either (a replay; the Spark sink also handles another order, see ``log_appends``); a
+    record whose earlier send failed and was skipped as lost is refused with
+    OUT_OF_ORDER_SEQUENCE_NUMBER, never reported stored. One with a higher epoch starts again
+    from 0. The state expires after the topic's
     ``producer_id_expiration_ms`` without an append. See docs/guarantees.md.
     ``idempotent=False`` appends every call as it comes.
 
@@ -503,6 +504,7 @@ class Producer:
             out: list[RecordMetadata | None] = [None] * len(encoded)
             failed: dict[int, tuple[Errors, str, int]] = {}  # partition -> error, why, first seq
             expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
+            skipped: dict[int, str] = {}  # partition -> "lost"/"unknown": a skipped sequence resent
             acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
             for (p, first_seq, chunk), res in zip(chunks, results):
                 error = _name(res[0])
@@ -512,6 +514,8 @@ class Producer:
                         failed[p] = (error, why, first_seq)
                         if error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and len(res) > 2:
                             expected[p] = int(res[2])
+                            if len(res) > 3:
+                                skipped[p] = res[3].decode()
                     continue
                 acked[p] = max(acked.get(p, -1), first_seq + len(chunk) - 1)
                 first = _id_offset(res[1]) if res[1] else -1
@@ -526,8 +530,8 @@ class Producer:
                 seq.acked = max(seq.acked, acked.get(p, -1))
                 if p in expected:
                     error, why, first_seq = failed[p]
-                    failed[p] = (error, self._out_of_order(epoch, seq, first_seq, expected[p],
-                                                           why), first_seq)
+                    failed[p] = (error, self._out_of_order(epoch, seq, expected[p], why,
+                                                           skipped.get(p)), first_seq)
                 lost_at = failed[p][2] if p in failed else None
                 self._spend(seq, len(by_part[p]), lost_at)
         if failed:
@@ -540,22 +544,26 @@ class Producer:
             raise TopicError(worst, f"{topic} {detail}")
         return [m for m in out if m is not None]
 
-    def _out_of_order(self, epoch: int, seq: _Sequence, sent: int, expected: int,
-                      why: str) -> str:
+    def _out_of_order(self, epoch: int, seq: _Sequence, expected: int, why: str,
+                      skipped: str | None) -> str:
         """The message of an OUT_OF_ORDER_SEQUENCE_NUMBER refusal, and for an allocated id the
         recovery: the epoch goes up by one, so every partition numbers from 0 again (Kafka's
-        KIP-360 epoch bump). Called with the partition's lock held, after its append."""
+        KIP-360 epoch bump). Called with the partition's lock held, after its append.
+
+        ``skipped``: the call resent a sequence the partition skipped as lost ("lost": never
+        appended; "unknown": maybe appended), a replay of a failed call's records. The
+        producer's own numbering is unharmed then: nothing to recover."""
+        if skipped == "lost":
+            return (f"{why}. This call appended nothing; to store that record, send it with a "
+                    f"new Producer with a higher producer_epoch")
+        if skipped is not None:
+            return (f"{why}. This call appended nothing; sending that record under a higher "
+                    f"producer_epoch stores it, a second time if it was stored")
         if expected <= seq.acked:
             what = (f"the partition lost records this producer was told were stored: sequences "
                     f"{expected}..{seq.acked} of epoch {epoch} are missing (a failover to a "
                     f"replica that had not received them, or older data restored). Those "
                     f"records are gone; this call appended nothing ({why})")
-        elif sent < expected:
-            # A sequence the partition skipped as lost (a replay of a failed call's records):
-            # later ones are stored, so it can only be stored again under a higher epoch. The
-            # producer's own numbering is unharmed: nothing to recover.
-            return (f"{why}. This call appended nothing; to store that record, send it with a "
-                    f"new Producer with a higher producer_epoch")
         else:
             what = why
         if self._allocated_id and epoch < _MAX_EPOCH:
