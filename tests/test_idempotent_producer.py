@@ -358,7 +358,8 @@ def test_a_loss_declared_after_the_state_expired_is_of_unknown_outcome(
         assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
                          now=now, expiration=exp))[1] == 0
     assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 3, -2, 0]]
-    res = append(redis_client, namespace, "t", 0, "p", 0, 3, [b"d"], now=1_000 + exp, expiration=exp)
+    res = append(redis_client, namespace, "t", 0, "p", 0, 3, [b"d"], now=1_000 + exp,
+                 expiration=exp)
     assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
     assert ok(append(redis_client, namespace, "t", 0, "p", 0, 1, [b"b"], now=1_000 + exp,
                      expiration=exp)) == (-1, 1, [-1])
