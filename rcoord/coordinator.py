@@ -100,6 +100,10 @@ class GroupCoordinator:
     ) -> None:
         self._redis = redis_client
         self._scripts = Scripts(redis_client)
+        if self._scripts.is_async:
+            raise TypeError("GroupCoordinator needs a blocking client (redis.Redis or "
+                            "redis.RedisCluster); with a redis.asyncio client use "
+                            "rcoord.asyncio.AsyncGroupCoordinator")
         given = config if isinstance(config, CoordinatorConfig) else None
         self._steps = GroupSteps(given, config if isinstance(config, str) else "rcoord", clock)
         self._lock = threading.Lock()

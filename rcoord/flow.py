@@ -313,7 +313,18 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
     return out
 
 
-async def _aperform(client: Any, scripts: Any, op: Op) -> Any:
+async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
+    if isinstance(op, XRead) and wake_reads is not None:
+        # Calls of one coordinator share the read (rcoord.asyncio.wake), which takes its own
+        # place under the limit: a waiter holds none.
+        return await wake_reads.wait(client, op.key, op.after, op.block_ms)
+    if wake_reads is None:
+        return await _aperform_one(client, scripts, op)
+    async with wake_reads.limit:
+        return await _aperform_one(client, scripts, op)
+
+
+async def _aperform_one(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, Script):
         return await scripts.acall(op.name, op.keys, op.args)
     if isinstance(op, Command | SharedRead):
@@ -357,8 +368,10 @@ async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
     return int((await pipe.execute())[1]), ""
 
 
-async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:
-    """Run ``flow`` with a ``redis.asyncio`` client: the same operations, awaited."""
+async def adrive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None) -> R:
+    """Run ``flow`` with a ``redis.asyncio`` client: the same operations, awaited;
+    ``wake_reads`` (``rcoord.asyncio.wake.AsyncWakeReads``) shares the parked calls' stream
+    reads and bounds the commands in flight."""
     try:
         op = next(flow)
         while True:
@@ -366,7 +379,7 @@ async def adrive(client: Any, scripts: Any, flow: Flow[R]) -> R:
                 abandoned = _abandoned(op)
                 if abandoned is not None:
                     raise abandoned
-                result = await _aperform(client, scripts, op)
+                result = await _aperform(client, scripts, op, wake_reads)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
                 op = flow.throw(exc)
             else:

@@ -204,6 +204,11 @@ class Scripts:
     def loaded(self) -> bool:
         return self._ready
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the client is a ``redis.asyncio`` one (its commands are coroutines)."""
+        return self._async
+
     def load(self) -> None:
         """Allow calls. No I/O: the library is loaded on the first "Function not found", on
         every master, so a blocking and an asyncio client start alike."""

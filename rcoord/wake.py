@@ -22,8 +22,9 @@ the claim to apply it (``claim``: one thread of the process asks the server, the
 told no while the claim holds). Measured with 250 member threads in one process forming a group:
 about 370 reply reads, 280 due checks and up to 100 claims became 2-5, 90-190 and 2-5.
 
-Only the blocking driver uses this; asyncio members are coroutines on one loop, where a blocked
-read per member costs a socket, not a thread.
+Only the blocking driver uses this; the asyncio coordinator shares its reads with
+``rcoord.asyncio.wake`` (a blocked read per coroutine held a pooled connection each, and
+redis.asyncio's pools refuse a connection past their size).
 """
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ import pytest
 import redis.asyncio
 import redis.asyncio.cluster
 
-from rcoord import CoordinatorConfig, Errors, GroupCoordinator, MemberIdentity, TopicPartition
+from rcoord import (
+    ConfigError,
+    CoordinatorConfig,
+    Errors,
+    GroupCoordinator,
+    MemberIdentity,
+    TopicPartition,
+)
 from rcoord.asyncio import AsyncGroupCoordinator
 
 JOIN = dict(protocol_type="consumer", protocols=[("range", b"m")], session_timeout_ms=5000,
@@ -83,3 +90,74 @@ def test_async_errors_are_typed(request, backend, namespace):
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def _pooled_client(request: pytest.FixtureRequest, backend: str, size: int) -> Any:
+    if backend == "single":
+        server = request.getfixturevalue("redis_server")
+        return redis.asyncio.Redis(host="127.0.0.1", port=server.port, max_connections=size)
+    cluster = request.getfixturevalue("redis_cluster")
+    return redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0],
+                                              max_connections=size)
+
+
+def test_a_group_larger_than_the_client_pool_forms_on_one_loop(request, backend, redis_client,
+                                                               namespace):
+    """A reviewer's repro, scaled down: every parked call held a pooled connection with its own
+    XREAD BLOCK, and redis.asyncio refuses a connection past the pool's size, so more members
+    on one loop than the pool holds (100 by default) failed with ConnectionLost "Too many
+    connections". They now share one read per wake stream, and the other commands wait for a
+    place under half the pool."""
+    from rcoord.keys import GroupKeys
+
+    GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=300)).start()
+    members, pool = 40, 12
+    join = dict(JOIN, session_timeout_ms=30_000, rebalance_timeout_ms=30_000)
+
+    async def scenario() -> None:
+        client = _pooled_client(request, backend, pool)
+        coord = await AsyncGroupCoordinator(client, namespace).start()
+        ids = [(await coord.join_group("big", **join)).member_id for _ in range(members)]
+        joined = await asyncio.gather(*(coord.join_group("big", i, **join) for i in ids))
+        assert {r.error for r in joined} == {Errors.NONE}
+        assert {r.generation_id for r in joined} == {1}
+        leader = joined[0].leader_id
+        followers = [asyncio.create_task(coord.sync_group("big", 1, i)) for i in ids if i != leader]
+        wake = GroupKeys.of(namespace, coord.config.num_partitions, "big").wake
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while coord._wake_reads.waiting(wake) < members - 1:  # every follower parked
+            assert loop.time() < deadline, coord._wake_reads.waiting(wake)
+            await asyncio.sleep(0.01)
+        mine = await coord.sync_group("big", 1, leader, assignments={i: i.encode() for i in ids})
+        assert mine.assignment == leader.encode()
+        synced = await asyncio.gather(*followers)
+        assert {s.error for s in synced} == {Errors.NONE}
+        assert sorted(s.assignment for s in synced) == sorted(
+            i.encode() for i in ids if i != leader)
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_each_coordinator_takes_only_its_own_kind_of_client(request, backend, redis_client,
+                                                             namespace):
+    """A blocking client given to the asyncio coordinator ran its commands on the loop and then
+    failed with "object list can't be used in 'await' expression"; the reverse, with
+    "'coroutine' object is not subscriptable". An empty namespace= fell back to the default
+    namespace on the asyncio coordinator only."""
+    with pytest.raises(TypeError, match="AsyncGroupCoordinator needs a redis.asyncio client"):
+        AsyncGroupCoordinator(redis_client, namespace)
+    client = _async_client(request, backend)
+    with pytest.raises(TypeError, match="GroupCoordinator needs a blocking client"):
+        GroupCoordinator(client, namespace)
+    async def start_empty() -> None:
+        with pytest.raises(ConfigError, match="namespace"):
+            await AsyncGroupCoordinator(client, namespace="").start()
+        await client.aclose()
+
+    asyncio.run(start_empty())
+    with pytest.raises(ConfigError, match="namespace"):
+        GroupCoordinator(redis_client, "").start()

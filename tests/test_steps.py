@@ -84,13 +84,15 @@ def test_a_woken_park_flow_returns_the_stored_reply_without_the_script():
     assert done.value.value == b"the reply"
 
 
-def test_asyncio_still_takes_namespace_as_a_keyword(redis_client):
+def test_asyncio_still_takes_namespace_as_a_keyword():
     import pytest
+    import redis.asyncio
 
-    coord = AsyncGroupCoordinator(redis_client, namespace="kw-ns")
+    client = redis.asyncio.Redis(host="127.0.0.1", port=1)  # (never connects)
+    coord = AsyncGroupCoordinator(client, namespace="kw-ns")
     assert coord._steps.namespace == "kw-ns"
     with pytest.raises(TypeError, match="either"):
-        AsyncGroupCoordinator(redis_client, "a", namespace="b")
+        AsyncGroupCoordinator(client, "a", namespace="b")
 
 
 def test_a_layout_cached_under_another_count_is_rebuilt():

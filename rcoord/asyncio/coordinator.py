@@ -19,6 +19,7 @@ from ..errors import reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import Scripts
 from ..steps import GroupSteps, present_as
+from .wake import AsyncWakeReads, command_limit
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
 
@@ -62,15 +63,21 @@ class AsyncGroupCoordinator:
                  clock: Callable[[], int] | None = None, namespace: str | None = None) -> None:
         self._redis = redis_client
         self._scripts = Scripts(redis_client)
+        if not self._scripts.is_async:
+            raise TypeError("AsyncGroupCoordinator needs a redis.asyncio client (Redis or "
+                            "RedisCluster); with a blocking client use rcoord.GroupCoordinator")
         given = config if isinstance(config, CoordinatorConfig) else None
         if namespace is not None and config is not None:
             raise TypeError("give the namespace either as config or as namespace=, not both")
-        namespace = config if isinstance(config, str) else (namespace or "rcoord")
+        # (An empty name is refused as the blocking coordinator refuses it, not the default.)
+        namespace = config if isinstance(config, str) else (
+            "rcoord" if namespace is None else namespace)
         self._steps = GroupSteps(given, namespace, clock)
         self._lock = asyncio.Lock()
+        self._wake_reads = AsyncWakeReads(asyncio.Semaphore(command_limit(redis_client)))
 
     async def _run(self, flow: Flow[R]) -> R:
-        return await adrive(self._redis, self._scripts, flow)
+        return await adrive(self._redis, self._scripts, flow, self._wake_reads)
 
     async def start(self) -> AsyncGroupCoordinator:
         """Load the scripts and settle the namespace settings. Idempotent."""

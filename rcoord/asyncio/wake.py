@@ -1,0 +1,143 @@
+"""What the parked calls of one asyncio coordinator share: their wake-stream reads, and a bound
+on the commands they have in flight.
+
+A parked JoinGroup or SyncGroup waits on its group's wake stream (``rcoord.protocol.park``). As
+coroutines, each waiting with its own ``XREAD BLOCK`` held one pooled connection for up to a
+second, and ``redis.asyncio`` pools refuse a connection past their ``max_connections`` (100 by
+default) instead of waiting for one: a group of more than about 100 members hosted on one event
+loop failed to form, its members told ``ConnectionLost: Too many connections``. Here the parked
+calls of one ``AsyncGroupCoordinator`` share one read per stream, as the blocking coordinator's
+threads do (``rcoord.wake``): a reader task reads from the oldest position any waiter needs, and
+every waiter whose position the stream has passed is woken by its answer; each waiter still
+returns "not moved" at its own deadline. And every other command waits for a place under a
+bound below the pool's size (``command_limit``): a wake-up sends every woken call's next
+command at once, which a pool of 100 could not serve either.
+
+Nothing is remembered between reads (the blocking version keeps the newest id it saw, and
+must then tell a stream made again under the same key from the one it remembers): a waiter
+that arrives after a read returned starts the next read from its own position, which answers
+at once if the stream has moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..wake import MAX_IDLE_STREAMS, WAKE_READ_COUNT, _newest, _stream_id, _text
+
+__all__ = ["AsyncWakeReads", "command_limit"]
+
+MAX_COMMANDS_IN_FLIGHT = 64
+"""Commands one asyncio coordinator has in flight at most (at most half its pool)."""
+
+
+def command_limit(client: Any) -> int:
+    """How many commands one coordinator may have in flight on ``client``: half the pool's
+    ``max_connections`` (per node on a cluster), leaving the rest to whatever else shares the
+    client, and at most ``MAX_COMMANDS_IN_FLIGHT``."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:  # redis.asyncio.Redis
+        size = getattr(pool, "max_connections", None)
+    else:  # redis.asyncio.RedisCluster: each node's pool is made with these
+        manager = getattr(client, "nodes_manager", None)
+        size = getattr(manager, "connection_kwargs", {}).get("max_connections")
+    if not isinstance(size, int) or size <= 0:
+        return MAX_COMMANDS_IN_FLIGHT
+    return max(1, min(MAX_COMMANDS_IN_FLIGHT, size // 2))
+
+
+class _Stream:
+    """The waiters of one wake stream (position and deadline each), and the read in flight."""
+
+    __slots__ = ("read_from", "reader", "waiters")
+
+    def __init__(self) -> None:
+        self.reader: asyncio.Task[None] | None = None
+        self.read_from = (0, 0)
+        self.waiters: dict[asyncio.Future[bool], tuple[tuple[int, int], float]] = {}
+
+
+class AsyncWakeReads:
+    """The wake-stream reads of one asyncio coordinator (see the module docstring); ``limit``
+    bounds the commands in flight, the reads included."""
+
+    def __init__(self, limit: asyncio.Semaphore) -> None:
+        self.limit = limit
+        self._streams: dict[Any, _Stream] = {}
+
+    async def wait(self, client: Any, key: Any, after: Any, block_ms: int) -> bool:
+        """Wait up to ``block_ms`` until ``key`` has an entry after ``after``: whether it has."""
+        loop = asyncio.get_running_loop()
+        position = _stream_id(after)
+        deadline = loop.time() + block_ms / 1000
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= MAX_IDLE_STREAMS:
+                self._drop_idle()
+            stream = self._streams[key] = _Stream()
+        # A read in flight that starts after this position would not see entries between the
+        # two: look once, without blocking.
+        if (stream.reader is not None and position < stream.read_from
+                and await self._read(client, key, position, None) is not None):
+            return True
+        waiter: asyncio.Future[bool] = loop.create_future()
+        stream.waiters[waiter] = (position, deadline)
+        try:
+            if stream.reader is None:
+                self._start_read(client, key, stream)
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter),
+                                              max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+        finally:
+            stream.waiters.pop(waiter, None)
+            waiter.cancel()  # (no-op once resolved) so the reader never resolves it later
+
+    def waiting(self, key: Any) -> int:
+        """How many calls wait on ``key`` now (for tests and debugging)."""
+        stream = self._streams.get(key)
+        return 0 if stream is None else len(stream.waiters)
+
+    def _start_read(self, client: Any, key: Any, stream: _Stream) -> None:
+        waiting = [pd for w, pd in stream.waiters.items() if not w.done()]
+        start = min(position for position, _ in waiting)
+        until = max(deadline for _, deadline in waiting)
+        stream.read_from = start
+        stream.reader = asyncio.ensure_future(self._read_for(client, key, stream, start, until))
+
+    async def _read_for(self, client: Any, key: Any, stream: _Stream, start: tuple[int, int],
+                        until: float) -> None:
+        """One blocking read from ``start`` for the waiters, until the latest one's deadline;
+        then wake those the stream has passed (or hand them its error), and start the next
+        read for those still waiting."""
+        block_ms = max(1, int((until - asyncio.get_running_loop().time()) * 1000))
+        try:
+            newest = await self._read(client, key, start, block_ms)
+        except Exception as exc:  # noqa: BLE001 - each waiter's flow decides, as with its own read
+            stream.reader = None
+            for waiter in stream.waiters:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        except BaseException:
+            stream.reader = None  # cancelled (the loop is closing): the waiters time out
+            raise
+        stream.reader = None
+        for waiter, (position, _) in stream.waiters.items():
+            if newest is not None and position < newest and not waiter.done():
+                waiter.set_result(True)
+        if any(not w.done() for w in stream.waiters):
+            self._start_read(client, key, stream)
+
+    async def _read(self, client: Any, key: Any, start: tuple[int, int],
+                    block_ms: int | None) -> tuple[int, int] | None:
+        async with self.limit:
+            reply = await client.xread({key: _text(start)}, count=WAKE_READ_COUNT, block=block_ms)
+        return _newest(reply)
+
+    def _drop_idle(self) -> None:
+        for key in [k for k, st in self._streams.items() if st.reader is None and not st.waiters]:
+            del self._streams[key]
+
