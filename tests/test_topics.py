@@ -27,6 +27,7 @@ from rcoord.topics import (
     TopicError,
     Topics,
     fetch,
+    fetch_many,
     log_offsets,
     partition_key,
     partition_tag,
@@ -720,6 +721,25 @@ def test_block_fetch_takes_whole_milliseconds_only(redis_server: Any, namespace:
         assert (res.error, res.records) == (Errors.NONE, [])
     finally:
         client.close()
+
+
+def test_counts_and_waits_past_kafkas_int32_and_bad_log_offsets_arguments_are_refused(
+    redis_client: Any, namespace: str
+) -> None:
+    """``block_ms=2**62`` blocked for ever (the server took it), ``2**64`` and a ``max_records``
+    of ``2**64`` failed with Redis's raw "out of range"; ``log_offsets`` took any client and
+    namespace, and failed with an AttributeError or UNKNOWN_TOPIC_OR_PARTITION."""
+    Topics(redis_client, namespace).create("t", 1)
+    for kwargs in ({"block_ms": 2**62}, {"block_ms": 2**31}, {"max_records": 2**64}):
+        with pytest.raises(InvalidRequestError, match="must be <= 2147483647"):
+            fetch(redis_client, namespace, "t", 0, 0, **kwargs)
+    with pytest.raises(InvalidRequestError, match="max_records must be <= 2147483647"):
+        fetch_many(redis_client, namespace, [("t", 0, 0)], max_records=2**64)
+    assert fetch(redis_client, namespace, "t", 0, 0, max_records=2**31 - 1).records == []
+    with pytest.raises(TypeError, match="redis_client must be"):
+        log_offsets("redis://127.0.0.1:1", namespace, "t", 0)
+    with pytest.raises(InvalidRequestError, match="namespace must be"):
+        log_offsets(redis_client, "", "t", 0)
 
 
 # -- key layout -------------------------------------------------------------------------------

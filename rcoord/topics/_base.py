@@ -372,11 +372,19 @@ def _check_topic(topic: str) -> None:
         raise TopicError(Errors.INVALID_TOPIC_EXCEPTION, f"illegal topic name {topic!r}")
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+INT32_MAX = (1 << 31) - 1
+"""Kafka's bound of a count or a wait in ms (an int32: ``max.poll.records``,
+``fetch.max.wait.ms``); larger values failed in Redis with a raw "out of range" error, or
+blocked for ever."""
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be int, got {type(value).__name__}")
     if value < minimum:
         raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidRequestError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 

@@ -14,6 +14,7 @@ import redis.exceptions
 
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ._base import (
+    INT32_MAX,
     OFFSETS,
     FetchResult,
     Record,
@@ -183,9 +184,9 @@ def fetch(
     _check_topic(topic)
     _check_int("partition", partition, 0)
     _check_int("offset", offset, 0)
-    _check_int("max_records", max_records, 1)
+    _check_int("max_records", max_records, 1, INT32_MAX)
     if block_ms is not None:
-        _check_int("block_ms", block_ms, 0)
+        _check_int("block_ms", block_ms, 0, INT32_MAX)
     key = partition_key(namespace, topic, partition)
     result = _fetch_once(redis_client, key, offset, max_records)
     if result.records or result.error != Errors.NONE or not block_ms:
@@ -239,7 +240,7 @@ def _keyed_reads(
 ) -> list[tuple[str, int, int, _Decode]]:
     _check_client(redis_client)
     _check_namespace(namespace)
-    _check_int("max_records", max_records, 1)
+    _check_int("max_records", max_records, 1, INT32_MAX)
     keyed: list[tuple[str, int, int, _Decode]] = []
     for topic, partition, offset in reads:
         _check_topic(topic)
@@ -257,6 +258,8 @@ def _keyed_reads(
 @translate_redis_errors
 def log_offsets(redis_client: Any, namespace: str, topic: str, partition: int) -> tuple[int, int]:
     """(log start offset, log end offset) of a partition: Kafka's ListOffsets earliest/latest."""
+    _check_client(redis_client)
+    _check_namespace(namespace)
     _check_topic(topic)
     _check_int("partition", partition, 0)
     (res,) = _run(redis_client, [(OFFSETS, [partition_key(namespace, topic, partition)], [])])
