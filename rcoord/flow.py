@@ -315,12 +315,12 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 
 async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
     if isinstance(op, XRead) and wake_reads is not None:
-        # Calls of one coordinator share the read (rcoord.asyncio.wake), which takes its own
-        # place under the limit: a waiter holds none.
+        # Calls of one coordinator share the read (rcoord.asyncio.wake), which has a bound of
+        # its own: a waiter holds no place.
         return await wake_reads.wait(client, op.key, op.after, op.block_ms)
     if wake_reads is None:
         return await _aperform_one(client, scripts, op)
-    async with wake_reads.limit:
+    async with wake_reads.commands():
         return await _aperform_one(client, scripts, op)
 
 

@@ -161,3 +161,51 @@ def test_each_coordinator_takes_only_its_own_kind_of_client(request, backend, re
     asyncio.run(start_empty())
     with pytest.raises(ConfigError, match="namespace"):
         GroupCoordinator(redis_client, "").start()
+
+
+def test_parked_reads_never_take_the_places_of_other_commands(request, backend, redis_client,
+                                                              namespace):
+    """A reviewer's repro: the reads shared the commands' bound, so with parked calls in as
+    many groups as the bound, every place was held by a blocked read for up to a second, and a
+    heartbeat (or the SyncGroup that would wake them) waited for one to end. Reads now have a
+    bound of their own. Also: the bounds belong to the loop using them, so the coordinator works
+    from a second ``asyncio.run`` (an asyncio.Semaphore binds to the loop that first waits)."""
+    from rcoord.keys import GroupKeys
+
+    GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=300)).start()
+    client = _pooled_client(request, backend, 4)  # commands 2, reads 1
+    coord = AsyncGroupCoordinator(client, namespace)
+    join = dict(JOIN, session_timeout_ms=30_000, rebalance_timeout_ms=30_000)
+
+    async def park_and_beat() -> None:
+        await coord.start()
+        groups, leaders, parked = ["r1", "r2"], {}, []
+        for g in groups:
+            ids = [(await coord.join_group(g, **join)).member_id for _ in range(2)]
+            joined = await asyncio.gather(*(coord.join_group(g, i, **join) for i in ids))
+            assert len({r.generation_id for r in joined}) == 1
+            leaders[g] = (joined[0].leader_id, ids, joined[0].generation_id)
+            parked += [asyncio.create_task(coord.sync_group(g, joined[0].generation_id, i))
+                       for i in ids if i != joined[0].leader_id]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        wakes = [GroupKeys.of(namespace, coord.config.num_partitions, g).wake for g in groups]
+        while not all(coord._wake_reads.waiting(w) for w in wakes):
+            assert loop.time() < deadline
+            await asyncio.sleep(0.01)
+        # Both groups parked, one read place: it is taken, and the commands' places are free.
+        assert coord._wake_reads._reads.locked() and not coord._wake_reads.commands().locked()
+        for g, (leader, ids, gen) in leaders.items():
+            await coord.sync_group(g, gen, leader, assignments={i: b"x" for i in ids})
+        assert {s.error for s in await asyncio.gather(*parked)} == {Errors.NONE}
+        await client.aclose()  # (its connections belong to this loop)
+
+    async def burst() -> None:
+        listed = await asyncio.gather(*(coord.list_groups() for _ in range(8)))
+        assert all({"r1", "r2"} <= {g.group_id for g in found} for found in listed)
+        await client.aclose()
+
+    asyncio.run(park_and_beat())
+    asyncio.run(burst())  # a second loop

@@ -74,7 +74,7 @@ class AsyncGroupCoordinator:
             "rcoord" if namespace is None else namespace)
         self._steps = GroupSteps(given, namespace, clock)
         self._lock = asyncio.Lock()
-        self._wake_reads = AsyncWakeReads(asyncio.Semaphore(command_limit(redis_client)))
+        self._wake_reads = AsyncWakeReads(command_limit(redis_client))
 
     async def _run(self, flow: Flow[R]) -> R:
         return await adrive(self._redis, self._scripts, flow, self._wake_reads)

@@ -11,7 +11,13 @@ threads do (``rcoord.wake``): a reader task reads from the oldest position any w
 every waiter whose position the stream has passed is woken by its answer; each waiter still
 returns "not moved" at its own deadline. And every other command waits for a place under a
 bound below the pool's size (``command_limit``): a wake-up sends every woken call's next
-command at once, which a pool of 100 could not serve either.
+command at once, which a pool of 100 could not serve either. The reads have a bound of their
+own (half that one): a read holds its connection for up to a second, and sharing one bound,
+reads of as many parked groups as the bound took every place, so a heartbeat (or the SyncGroup
+that would wake them) waited for a read to end.
+
+Both bounds, and the streams, belong to the event loop that uses them (an ``asyncio.Semaphore``
+binds to its loop): a coordinator used from another loop (``asyncio.run`` twice) starts afresh.
 
 Nothing is remembered between reads (the blocking version keeps the newest id it saw, and
 must then tell a stream made again under the same key from the one it remembers): a waiter
@@ -29,7 +35,7 @@ from ..wake import MAX_IDLE_STREAMS, WAKE_READ_COUNT, _newest, _stream_id, _text
 __all__ = ["AsyncWakeReads", "command_limit"]
 
 MAX_COMMANDS_IN_FLIGHT = 64
-"""Commands one asyncio coordinator has in flight at most (at most half its pool)."""
+"""Commands one asyncio coordinator has in flight at most (besides its wake-stream reads)."""
 
 
 def command_limit(client: Any) -> int:
@@ -59,16 +65,33 @@ class _Stream:
 
 
 class AsyncWakeReads:
-    """The wake-stream reads of one asyncio coordinator (see the module docstring); ``limit``
-    bounds the commands in flight, the reads included."""
+    """The wake-stream reads of one asyncio coordinator (see the module docstring), and the
+    bounds on its commands (``commands``) and its reads in flight (``commands // 2``)."""
 
-    def __init__(self, limit: asyncio.Semaphore) -> None:
-        self.limit = limit
+    def __init__(self, commands: int) -> None:
+        self._sizes = (commands, max(1, commands // 2))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands = self._reads = asyncio.Semaphore(1)  # (made for each loop: _bound)
         self._streams: dict[Any, _Stream] = {}
+
+    def _bound(self) -> asyncio.AbstractEventLoop:
+        """The running loop, with this object's bounds and streams made for it."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._commands = asyncio.Semaphore(self._sizes[0])
+            self._reads = asyncio.Semaphore(self._sizes[1])
+            self._streams = {}
+        return loop
+
+    def commands(self) -> asyncio.Semaphore:
+        """The bound every command but the wake-stream reads waits under."""
+        self._bound()
+        return self._commands
 
     async def wait(self, client: Any, key: Any, after: Any, block_ms: int) -> bool:
         """Wait up to ``block_ms`` until ``key`` has an entry after ``after``: whether it has."""
-        loop = asyncio.get_running_loop()
+        loop = self._bound()
         position = _stream_id(after)
         deadline = loop.time() + block_ms / 1000
         stream = self._streams.get(key)
@@ -112,9 +135,8 @@ class AsyncWakeReads:
         """One blocking read from ``start`` for the waiters, until the latest one's deadline;
         then wake those the stream has passed (or hand them its error), and start the next
         read for those still waiting."""
-        block_ms = max(1, int((until - asyncio.get_running_loop().time()) * 1000))
         try:
-            newest = await self._read(client, key, start, block_ms)
+            newest = await self._read(client, key, start, until)
         except Exception as exc:  # noqa: BLE001 - each waiter's flow decides, as with its own read
             stream.reader = None
             for waiter in stream.waiters:
@@ -132,8 +154,13 @@ class AsyncWakeReads:
             self._start_read(client, key, stream)
 
     async def _read(self, client: Any, key: Any, start: tuple[int, int],
-                    block_ms: int | None) -> tuple[int, int] | None:
-        async with self.limit:
+                    until: float | None) -> tuple[int, int] | None:
+        """The newest entry after ``start``, waiting until ``until`` (loop time; None: not at
+        all: a short command, under the commands' bound), counted once a place is free."""
+        async with self._reads if until is not None else self._commands:
+            block_ms = None
+            if until is not None:
+                block_ms = max(1, int((until - asyncio.get_running_loop().time()) * 1000))
             reply = await client.xread({key: _text(start)}, count=WAKE_READ_COUNT, block=block_ms)
         return _newest(reply)
 
