@@ -1165,6 +1165,19 @@ def test_real_close_from_another_thread_flushes_async_commits_of_the_revocation(
     assert _committed(env, 2) == _log_ends(env, 2)
 
 
+def _close_while_busy(consumer: Any, run: Callable[[], None], busy: threading.Event,
+                      release: threading.Event) -> None:
+    """Run the loop ``run`` on a thread, close the consumer once the loop signals ``busy``
+    (mid-record), then let the loop go on and wait for it to end."""
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert busy.wait(WAIT_S)
+    consumer.close(timeout=WAIT_S)
+    release.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
 @pytest.mark.parametrize("loop", ["poll", "iterate"])
 def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
     env: Any, loop: str
@@ -1198,13 +1211,7 @@ def test_real_close_from_another_thread_commits_only_what_the_loop_is_done_with(
         except IllegalStateError:
             pass  # closed
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert busy.wait(WAIT_S)
-    consumer.close(timeout=WAIT_S)
-    release.set()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+    _close_while_busy(consumer, run, busy, release)
     # Offsets 0-5 were finished; 6 was being processed: the iterator counts 4 and 5 done, a
     # poll loop only the batch before (0-3).
     assert _committed(env, 1) == {TP("t", 0): 6 if loop == "iterate" else 4}
@@ -1264,13 +1271,7 @@ def test_real_close_from_another_thread_keeps_the_partitions_the_loop_finished(
                 busy.set()
                 release.wait(WAIT_S)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert busy.wait(WAIT_S)
-    consumer.close(timeout=WAIT_S)
-    release.set()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+    _close_while_busy(consumer, run, busy, release)
     first, second = order[0][0], 1 - order[0][0]
     assert order == [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1)]
     assert _committed(env, 2) == {TP("t", first): 3, TP("t", second): 1}
