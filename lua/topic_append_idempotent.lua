@@ -84,6 +84,14 @@ local log_key = KEYS[5]
 -- The log holds one epoch: it starts over when the producer (re)starts or its epoch rises.
 local log_starts = starts or epoch > st.epoch
 
+-- The remembered batch that holds sequence `s`, or nil (batches never overlap).
+local function batch_of(st, s)
+  for _, b in ipairs(st.batches) do
+    if b[1] <= s and s <= b[2] then return b end
+  end
+  return nil
+end
+
 -- The first of `first`..`last` that may never have been appended, and its kind, or nil: one in
 -- a gap, or one of unknown outcome that is in no batch kept.
 local function skipped_in(st, first, last)
@@ -97,11 +105,7 @@ local function skipped_in(st, first, last)
   local u = st.unknown
   if u == nil then return nil end
   for s = math.max(first, u[1]), math.min(last, u[2]) do
-    local kept = false
-    for _, b in ipairs(st.batches) do
-      if b[1] <= s and s <= b[2] then kept = true end
-    end
-    if not kept then
+    if batch_of(st, s) == nil then
       return {s, 'unknown', string.format(
         'whose call failed and whose outcome is no longer known (the producer state expired '
         .. 'before the next call, or more than %d gaps were declared lost in this epoch): that '
@@ -176,9 +180,8 @@ end
 local dup_offsets, dup_ts = {}, {}
 for i = 1, dup do
   local s, off, t = first + i - 1, -1, -1
-  for _, b in ipairs(st.batches) do
-    if b[1] <= s and s <= b[2] then off, t = b[3] + s - b[1], b[4] end
-  end
+  local b = batch_of(st, s)
+  if b then off, t = b[3] + s - b[1], b[4] end
   dup_offsets[i], dup_ts[i] = off, t
 end
 
