@@ -346,6 +346,55 @@ def test_a_stream_from_latest_starts_once_however_often_spark_asks(
     assert _offsets(reader, reader.initialOffset(), batch) == [(0, 2), (0, 3), (0, 4)]
 
 
+def test_a_streams_specific_starting_offsets_must_name_every_partition(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
+    # Before, the partitions a stream's JSON left out started at latest: re-1's five records
+    # were skipped without a word. Spark's Kafka source refuses such a start; a batch read
+    # keeps its documented defaults (earliest to latest: nothing is skipped).
+    topics.create("re", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("re", [b"x"] * 10)
+    partial = _stream_reader(redis_server.url, namespace, startingOffsets='{"re": {"0": 0}}')
+    with pytest.raises(OptionError, match=r"^startingOffsets: specific offsets must name every "
+                                          r"partition .*\(-1 for latest, -2 for earliest\); "
+                                          r"missing: re-1$"):
+        partial.initialOffset()
+    whole = _stream_reader(redis_server.url, namespace,
+                           startingOffsets='{"re": {"0": 0, "1": -2}}')
+    assert Position.from_json(whole.initialOffset()).offsets == {TP("re", 0): 0, TP("re", 1): 0}
+
+
+@pytest.mark.parametrize("starting", ["latest", "earliest"])
+def test_batch_0_replayed_after_a_restart_reads_what_it_planned(
+        starting: str, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics) -> None:
+    # Batch 0 failed (no commits/0) and the query restarts on its checkpoint: Spark replays it
+    # from the *new* process's initialOffset(). Before, under latest that was a new log end
+    # past the batch's records (they were in no batch); under earliest, a log start retention
+    # had moved (the trimmed records were lost without failOnDataLoss's error).
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("re", 1, retention_records=4)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("re", [b"before"] * 2)
+    first = _stream_reader(redis_server.url, namespace, startingOffsets=starting)
+    init = first.initialOffset()
+    producer.send_batch("re", [b"batch 0"] * 2)
+    end0 = first.latestOffset(init, ReadAllAvailable())
+    planned = _offsets(first, init, end0)
+    assert planned == [(0, n) for n in (range(2, 4) if starting == "latest" else range(4))]
+
+    producer.send_batch("re", [b"while down"] * 2)  # offsets 4, 5
+    again = _stream_reader(redis_server.url, namespace, startingOffsets=starting)
+    if starting == "latest":
+        assert _offsets(again, again.initialOffset(), end0) == planned
+        after = again.latestOffset(end0, ReadAllAvailable())
+        assert _offsets(again, end0, after) == [(0, 4), (0, 5)]
+    else:
+        topics.apply_retention("re")  # keeps the last 4: offsets 0 and 1 go
+        with pytest.raises(DataLossError, match="offsets 0..1 were removed by retention"):
+            _offsets(again, again.initialOffset(), end0)
+
+
 @pytest.mark.parametrize("subscription", [
     {"subscribe": "re,keep"}, {"assign": '{"re": [0, 1], "keep": [0]}'}])
 def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_created_again(
@@ -890,6 +939,49 @@ def _rebased(member: StreamMember, start: Position, latest: Any) -> Position:
 
     wait_until(moved, timeout_s=10)
     return got["pos"]
+
+
+@pytest.mark.parametrize("starting", ["earliest", "latest"])
+def test_group_mode_reports_a_partition_new_to_the_query_whose_log_was_trimmed(
+        starting: str, redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, caplog: Any) -> None:
+    # The topic grows while the query runs, and retention trims the new partition before the
+    # query is given it. Before, group mode read it from its trimmed start without a word
+    # (outside group mode that is data loss: "is new to the query"); a partition there at the
+    # query's start begins wherever its log begins, as before.
+    topics.create("ev", 1, retention_records=2)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"before"] * 5)
+    topics.apply_retention("ev")  # ev-0 starts at 3 when the query starts: no loss
+    strict = _member(redis_server.url, namespace, single_client, startingOffsets=starting)
+    try:
+        first = strict.initial(10)
+        assert first.offsets == {TP("ev", 0): 3 if starting == "earliest" else 5}
+        topics.add_partitions("ev", 2)
+        producer.send_batch("ev", [ProducerRecord(b"x", partition=1) for _ in range(10)])
+        topics.apply_retention("ev")  # ev-1 holds offsets 8 and 9
+        with pytest.raises(DataLossError, match=r"^topic 'ev' partition 1 is new to the query "
+                                                r"but its log starts at offset 8, not 0: "
+                                                r"records 0-7 were deleted"):
+            _rebased(strict, first, latest)
+    finally:
+        strict.close(5)
+
+    lenient = _member(redis_server.url, namespace, single_client, startingOffsets=starting,
+                      failOnDataLoss="false", groupId="g2")
+    try:
+        first = lenient.initial(10)  # both partitions are the query's start: no loss
+        assert first.offsets == ({TP("ev", 0): 3, TP("ev", 1): 8} if starting == "earliest"
+                                 else {TP("ev", 0): 5, TP("ev", 1): 10})
+        topics.add_partitions("ev", 3)
+        producer.send_batch("ev", [ProducerRecord(b"y", partition=2) for _ in range(3)])
+        topics.apply_retention("ev")  # ev-2 holds offsets 1 and 2
+        with caplog.at_level("WARNING", logger="rcoord.spark"):
+            nxt = _rebased(lenient, first, latest)
+        assert nxt.starts[TP("ev", 2)] == 1 and nxt.offsets[TP("ev", 2)] == 3
+        assert "partition 2 is new to the query but its log starts at offset 1" in caplog.text
+    finally:
+        lenient.close(5)
 
 
 def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(

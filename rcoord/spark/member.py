@@ -70,7 +70,13 @@ from ..topics import Topics
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
 from .replays import REDIS_FAILURES, record_replay
-from .resolve import continuity_loss, drop_after_loss, gone_loss, restart_after_loss
+from .resolve import (
+    added_loss,
+    continuity_loss,
+    drop_after_loss,
+    gone_loss,
+    restart_after_loss,
+)
 
 __all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
 
@@ -179,6 +185,10 @@ class StreamMember:
         self._placed: dict[TP, int] = {}
         # Every such start this process chose, kept across generations (see _place).
         self._chosen: dict[TP, tuple[int, str | None]] = {}  # (start, its topic's token)
+        # Per partition the group had no committed offset for, the start this process took:
+        # the query's own start, or where it went on after reporting a loss (_check_unread).
+        # A partition without one is new to the query.
+        self._seen: dict[TP, int] = {}
         self._adopted = False
         # Ends of batches another process planned that Spark replays here (replaying()): they
         # may hold records nobody processed. Any other end of another process's plan that
@@ -270,6 +280,12 @@ class StreamMember:
                 self._gone.discard(tp)
                 begin[tp] = starts[tp] = lo
                 continue
+            if tp not in carried and tp not in gen.committed and tp not in self._committed:
+                # No offset committed: the query has not read it before (added, or matched by
+                # a pattern, also while the query was down), or only from where it began.
+                start_at = self._check_unread(tp, lo)
+                if start_at > begin[tp]:
+                    begin[tp] = starts[tp] = start_at
             # The topic was deleted and created again (another create token than the one the
             # offset was planned or committed in), the offset is below the log start
             # (retention) or past the log end: data loss, as outside group mode
@@ -507,8 +523,13 @@ class StreamMember:
         metadata = self._committed_metadata(gen)
         self._base_tokens = {tp: token for tp, (token, _) in metadata.items()}
         self._base_members = {tp: member for tp, (_, member) in metadata.items()}
-        self._placed = self._place(gen, query_start and not self._adopted)
+        first = query_start and not self._adopted
+        self._placed = self._place(gen, first)
         self._adopted = True
+        if first:  # the query's start: whatever the log holds now is where it begins
+            for tp, offset in gen.offsets.items():
+                if tp not in gen.committed:
+                    self._seen.setdefault(tp, self._placed.get(tp, max(0, offset)))
         log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
                  gen.generation_id, gen.member_id,
                  [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
@@ -597,7 +618,8 @@ class StreamMember:
                 placed[tp] = self._chosen[tp][0]
             else:
                 try:
-                    placed[tp] = self._group.coordinator.log_offsets(tp.topic, tp.partition)[0]
+                    placed[tp] = self._check_unread(
+                        tp, self._group.coordinator.log_offsets(tp.topic, tp.partition)[0])
                 except RcoordError as exc:
                     log.warning("group %r: no log start for %s-%d (%s); it starts at its log "
                                 "end", gen.group_id, tp.topic, tp.partition, exc)
@@ -618,6 +640,22 @@ class StreamMember:
             log.warning("group %r: committing the start of %s failed: %s", gen.group_id,
                         _names(set(placed)), exc)
         return placed
+
+    def _check_unread(self, tp: TP, log_start: int) -> int:
+        """Where a partition the group has no committed offset for begins, ``log_start`` being
+        its log start now; data loss (``restart_after_loss``) if retention removed records the
+        query never read: the partition is new to the query (``_seen`` has no start for it) and
+        its log no longer starts at 0, as Spark's Kafka source reports an added partition
+        ("starts from X instead of 0"), or it starts past where this process began it."""
+        began = self._seen.get(tp)
+        if log_start > (began or 0):
+            loss = added_loss(tp, log_start) if began is None else (
+                f"topic {tp.topic!r} partition {tp.partition}: offsets {began} to "
+                f"{log_start - 1} were removed by retention before the query read them (the "
+                f"log starts at {log_start})")
+            restart_after_loss(loss, log_start, self._fail)
+        self._seen[tp] = max(began or 0, log_start)
+        return log_start
 
     def _create_tokens(self, topics: set[str]) -> dict[str, str]:
         """The create token of each of ``topics`` (``Topics.create_token``), read through the

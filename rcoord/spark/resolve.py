@@ -158,12 +158,16 @@ def resolve_offsets(
     bounds: Mapping[TP, tuple[int, int]],
     default: int,
     fail_on_data_loss: bool = True,
+    complete: bool = False,
 ) -> dict[TP, int]:
     """Concrete offsets for ``spec`` (the option ``name``) on ``partitions``.
 
     JSON offsets may name only partitions of the read; partitions they leave out take
-    ``default`` (EARLIEST or LATEST). An offset below the log start is data loss (an error, or
-    the log start without ``failOnDataLoss``); one past the log end is an error.
+    ``default`` (EARLIEST or LATEST), unless ``complete`` (a stream's start, whose default is
+    LATEST: a partition left out by mistake would silently skip its records), where they must
+    name every partition, as Spark's Kafka source insists. An offset below the log start is
+    data loss (an error, or the log start without ``failOnDataLoss``); one past the log end is
+    an error.
     """
     wanted = set(partitions)
     explicit: dict[TP, int] = {}
@@ -175,6 +179,11 @@ def resolve_offsets(
                     raise OptionError(f"{name}: {topic}-{p} is not among the partitions this "
                                       "read covers (check the topic name and partition count)")
                 explicit[tp] = off
+        missing = [f"{tp.topic}-{tp.partition}" for tp in partitions if tp not in explicit]
+        if complete and missing:
+            raise OptionError(f"{name}: specific offsets must name every partition the query "
+                              f"reads (-1 for latest, -2 for earliest); missing: "
+                              f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
         sentinel = default
     else:
         sentinel = EARLIEST if spec == "earliest" else LATEST

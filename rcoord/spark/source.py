@@ -273,7 +273,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts = resolve_partitions(self._admin(), opts)
             bounds, tokens = log_snapshot(self._admin(), parts)
             start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, LATEST,
-                                    opts.fail_on_data_loss)
+                                    opts.fail_on_data_loss, complete=True)
             self._initial = Position(start, dict(start), tokens=tokens).to_json()
         return self._initial
 
@@ -300,7 +300,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tokens = {t: v for t, v in tokens.items() if t in read}
         nxt = next_position(pos, parts, bounds, tokens, n, self.opts.fail_on_data_loss,
                             self._clamp)
-        return start if nxt is None else nxt.to_json()
+        if nxt is None:
+            return start
+        if self._initial is not None and pos == Position.from_json(self._initial):
+            # Batch 0: after a restart Spark replays it from the *new* process's initial
+            # position (a new "latest" past its records, or a log start retention moved), so
+            # its end says where every partition began, as group mode's does.
+            nxt = replace(nxt, starts={tp: nxt.starts.get(tp, pos.offsets.get(tp, 0))
+                                       for tp in nxt.offsets})
+        return nxt.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, finish = Position.from_json(start), Position.from_json(end)
