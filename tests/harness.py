@@ -220,3 +220,18 @@ def socket_warnings_on_collect() -> list[str]:
     with socket_warnings() as found:
         gc.collect()
     return found
+
+
+def server_ms(client: Any) -> int:
+    """Redis ``TIME`` in milliseconds (any node of a cluster: the tests' nodes share a clock)."""
+    reply = client.time()
+    if isinstance(reply, dict):  # a RedisCluster answers per node
+        reply = next(iter(reply.values()))
+    sec, usec = reply
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def wait_for_the_next_ms(client: Any, after_ms: int) -> None:
+    """Wait until the server clock is past ``after_ms`` (a commit in the millisecond of a
+    topic's creation counts as one made to an earlier topic of that name)."""
+    wait_until(lambda: server_ms(client) > after_ms)

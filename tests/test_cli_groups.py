@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Ctx
+from harness import Ctx, wait_for_the_next_ms
 from test_cli_errors import one_error_line
 
 from rcoord import Errors, TopicPartition
@@ -210,6 +210,26 @@ def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespa
     assert rows(res.stdout, "GROUP  TOPIC") == [["idle", "orders", "0", "5", "5", "0", "-", "-",
                                                  "-"]]
     assert "consumer group 'idle' has no active members" in res.stderr
+
+
+def test_describe_leaves_out_offsets_committed_to_a_deleted_topic(cli, make_coordinator,
+                                                                   redis_client, namespace):
+    # Kafka deletes a topic's committed offsets with it. Before, the old topic's offset 50
+    # stood against the new topic's log end 10: a lag of -40.
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("orders", 1)
+    coord.commit_offsets("idle", {TopicPartition("orders", 0): 50})
+    topics.delete("orders")
+    topics.create("orders", 1)
+    produce(redis_client, namespace, "orders", {0: 10})
+    res = ok(cli("groups", "describe", "idle"))
+    assert "orders" not in res.stdout, res.stdout
+    wait_for_the_next_ms(redis_client, topics.describe("orders").created_ms)
+    coord.commit_offsets("idle", {TopicPartition("orders", 0): 4})
+    res = ok(cli("groups", "describe", "idle"))
+    assert rows(res.stdout, "GROUP  TOPIC") == [["idle", "orders", "0", "4", "10", "6", "-", "-",
+                                                 "-"]]
 
 
 def test_describe_an_unknown_group(cli):

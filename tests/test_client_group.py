@@ -77,6 +77,7 @@ METHODS = (
     "fetch_offsets",
     "partition_counts",
     "log_offsets",
+    "created_times",
     "fetch",
     "fetch_many_as",
 )
@@ -139,6 +140,7 @@ class OneMemberGroup:
             fetch_offsets=self.fetch_offsets,
             partition_counts=self.partition_counts,
             log_offsets=self.log_offsets,
+            created_times=lambda topics: {},  # (its commits carry no time: none is judged)
             fetch=self.fetch,
             fetch_many_as=self.fetch_many_as,
         )

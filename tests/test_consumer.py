@@ -492,6 +492,40 @@ def test_real_out_of_range_offset_resets_by_policy(env: Any) -> None:
     assert [r.value for r in poll_until(latest, lambda g: len(g) >= 1)] == [b"fresh"]
 
 
+@pytest.mark.parametrize("policy", ["earliest", "none"])
+def test_real_a_topic_created_again_is_not_resumed_at_the_deleted_ones_offset(
+        env: Any, policy: str) -> None:
+    # Kafka deletes a topic's committed offsets with it. Before, a group resumed the new topic
+    # at the old topic's offset 50 (in range, as the new log holds 80): records 0-49 of the new
+    # topic were skipped without a word, under either policy.
+    env.topics.create("t", 1)
+    assert env.coord.commit_offsets("g", {TP("t", 0): 50})[TP("t", 0)] is Errors.NONE
+    env.topics.delete("t")
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"new%d" % i for i in range(80)])
+    consumer = env.consumer(start_offset=policy)
+    if policy == "earliest":
+        got = poll_until(consumer, lambda g: len(g) >= 80)
+        assert [r.offset for r in got] == list(range(80))
+    else:
+        raised: list[NoOffsetForPartitionError] = []
+
+        def poll_once() -> bool:
+            try:
+                consumer.poll(timeout=0.05)
+            except NoOffsetForPartitionError as exc:
+                raised.append(exc)
+            return bool(raised)
+
+        wait_until(poll_once)
+        assert raised[0].partitions == [TP("t", 0)]
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): -1}
+    assert consumer.committed([TP("t", 0)], metadata=True) == {TP("t", 0): None}
+    consumer.seek(TP("t", 0), 7)  # a commit made to the new topic counts again
+    consumer.commit()
+    assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 7}
+
+
 def test_real_start_offset_none_never_guesses_a_position(env: Any) -> None:
     """Kafka's auto.offset.reset=none: a partition with no committed offset has no position;
     poll() raises NoOffsetForPartitionError naming it (before fetching anything) until it is

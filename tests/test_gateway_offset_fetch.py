@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("kio")
 
 from gateway_harness import answered_while_building, call_once
+from harness import wait_for_the_next_ms
 
 
 def _commit(gateway: Any, group: str, topic: str, offsets: dict[int, int]) -> None:
@@ -36,3 +37,26 @@ def test_other_connections_are_served_while_an_offset_fetch_response_is_built(
     assert [(t.name, [(p.partition_index, p.committed_offset, p.metadata, p.error_code.value)
                       for p in t.partitions]) for t in topics_] == [
         ("t", [(0, 5, "m0", 0), (1, 6, "m1", 0), (2, 7, "m2", 0)])]
+
+
+def test_offsets_committed_to_a_deleted_topic_are_not_those_of_one_created_again(
+        gateway: Any, topics: Any, single_client: Any) -> None:
+    """Kafka deletes a topic's committed offsets with it. Before, a Kafka client resumed a
+    topic created again under the same name at the deleted topic's offsets."""
+    topics.create("t", 2)
+    topics.create("kept", 1)
+    _commit(gateway, "g", "t", {0: 5, 1: 6})
+    _commit(gateway, "g", "kept", {0: 3})
+    topics.delete("t")
+    topics.create("t", 2)
+    wait_for_the_next_ms(single_client, topics.describe("t").created_ms)
+    _commit(gateway, "g", "t", {1: 1})  # made to the new topic: it counts
+
+    def fetched(wanted: Any) -> list[tuple[str, list[tuple[int, int]]]]:
+        got = call_once(gateway, 9, 8, {"groups": [{"group_id": "g", "topics": wanted}],
+                                        "require_stable": False})
+        return sorted((t.name, [(p.partition_index, p.committed_offset) for p in t.partitions])
+                      for t in got.groups[0].topics)
+
+    assert fetched([{"name": "t", "partition_indexes": [0, 1]}]) == [("t", [(0, -1), (1, 1)])]
+    assert fetched(None) == [("kept", [(0, 3)]), ("t", [(1, 1)])]

@@ -58,7 +58,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
@@ -67,6 +67,7 @@ from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Header, PartitionRecords, Record
 from ..topics._base import sync_headers
+from ..topics.incarnation import older_than_their_topic
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
@@ -563,6 +564,12 @@ class Consumer(SubscriptionMixin):
             return {}
         coord = self._coordinator()
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
+        judged = sorted({tp.topic for tp, om in result.offsets.items() if om.offset >= 0})
+        if judged:  # a commit to a deleted topic of the same name is none (Kafka deletes it)
+            created = self._query(lambda: coord.created_times(judged), timeout)
+            stale = older_than_their_topic(result.offsets, created)
+            result = replace(result, offsets={tp: OffsetAndMetadata(-1) if tp in stale else om
+                                              for tp, om in result.offsets.items()})
         if metadata:  # (OffsetFetch answers offset -1 for a partition nothing was committed to)
             return {tp: got if (got := result.offsets.get(tp)) is not None and got.offset >= 0
                     else None for tp in wanted}

@@ -19,6 +19,7 @@ from ..protocol.join import JoinGroupResult
 from ..protocol.leave import LeaveGroupResult, MemberIdentity
 from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from ..protocol.sync import SyncGroupResult
+from ..topics import incarnation as _incarnation
 from ..topics import racks as _racks
 from ..topics.times import OffsetAndTimestamp
 from ..topics.times import offsets_for_times as _offsets_for_times
@@ -103,6 +104,11 @@ class Coordinator(Protocol):
         """(log start offset, log end offset) of a partition."""
         ...
 
+    def created_times(self, topics: Sequence[str]) -> dict[str, int]:
+        """Each existing topic's creation time (``rcoord.topics.incarnation``: a commit older
+        than its topic belongs to a deleted topic of the same name)."""
+        ...
+
     def fetch(
         self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None
     ) -> _topics.FetchResult:
@@ -171,6 +177,10 @@ class RedisCoordinator(GroupCoordinator):
 
     def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return _topics.log_offsets(self._redis, self._ns, topic, partition)
+
+    @translate_redis_errors
+    def created_times(self, topics: Sequence[str]) -> dict[str, int]:
+        return _incarnation.created_times(self._redis, self._ns, topics)
 
     def fetch(
         self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None

@@ -52,6 +52,7 @@ from ..protocol.join import JoinGroupResult, new_member_id
 from ..protocol.kafka_consumer import HIGHEST_VERSION
 from ..protocol.offsets import TopicPartition
 from ..protocol.sync import SyncGroupResult
+from ..topics import incarnation as _incarnation
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
 from .errors import JoinRefusedError
@@ -378,7 +379,9 @@ def start_offsets(
 
     Returns (offset to start at, committed offset) for each partition; partitions without a
     committed offset are missing from the second, and start at ``NO_POSITION`` under the
-    policy "none" (the application chooses).
+    policy "none" (the application chooses). A commit older than its topic (made to a deleted
+    topic of the same name: ``rcoord.topics.incarnation``) counts as none, as Kafka deletes it
+    with the topic.
     """
     if not partitions:
         return {}, {}
@@ -387,11 +390,19 @@ def start_offsets(
     fetched = retry(lambda: coord.fetch_offsets(cfg.group_id, partitions), lambda r: r.error)
     if fetched.error is not Errors.NONE:
         raise ProtocolError.of(fetched.error, f"OffsetFetch of {cfg.group_id!r} failed")
+    judged = sorted({tp.topic for tp, om in fetched.offsets.items() if om.offset >= 0})
+    created = retry(lambda: coord.created_times(judged), None) if judged else {}
+    stale = _incarnation.older_than_their_topic(fetched.offsets, created)
+    for tp in sorted(stale):
+        log.warning("group %r: the offset %d committed to %s-%d predates the topic's creation "
+                    "(it was deleted and created again): starting by start_offset=%r",
+                    cfg.group_id, fetched.offsets[tp].offset, tp.topic, tp.partition,
+                    cfg.start_offset)
     offsets: dict[TopicPartition, int] = {}
     committed: dict[TopicPartition, int] = {}
     for tp in partitions:
         found = fetched.offsets.get(tp)
-        if found is not None and found.offset >= 0:
+        if found is not None and found.offset >= 0 and tp not in stale:
             offsets[tp] = committed[tp] = found.offset
             continue
         if cfg.start_offset == "none":

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from ..topics.incarnation import created_times_async, older_than_their_topic
 from .acl import Operation, ResourceType
 from .api_meta import partition_counts
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
@@ -120,12 +121,30 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
     if wanted == [] and refused:
         return {"group_id": group_id, "error_code": Errors.NONE, "topics": refused}
     res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
-    by_topic = _by_topic(dict(res.offsets))
+    by_topic = _by_topic(await _without_stale(conn, dict(res.offsets), listed=wanted is None))
     if wanted is None:  # all the group's offsets: only those of topics the caller may see
         by_topic = {t: parts for t, parts in by_topic.items()
                     if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t, log_denied=False)}
     return {"group_id": group_id, "error_code": res.error, "topics": refused + [
         {"name": topic, "partitions": _fetched(parts)} for topic, parts in by_topic.items()]}
+
+
+async def _without_stale(conn: Connection, offsets: dict[TopicPartition, OffsetAndMetadata],
+                         listed: bool) -> dict[TopicPartition, OffsetAndMetadata]:
+    """``offsets`` without the commits made to a deleted topic of the same name
+    (``rcoord.topics.incarnation``), which Kafka deletes with the topic: a partition asked for
+    answers -1, as with no commit; a listing of all the group's offsets leaves it out."""
+    judged = {tp.topic for tp, om in offsets.items() if om.offset >= 0}
+    if not judged:
+        return offsets
+    state = conn.state
+    created = await created_times_async(state.redis, state.config.namespace, judged)
+    for tp in older_than_their_topic(offsets, created):
+        if listed:
+            del offsets[tp]
+        else:
+            offsets[tp] = OffsetAndMetadata(-1)
+    return offsets
 
 
 def _fetched(parts: list[tuple[int, OffsetAndMetadata]]) -> Iterator[dict[str, Any]]:

@@ -19,8 +19,9 @@ from typing import Any
 from ..cli import UsageError
 from ..errors import Errors, InvalidRequestError
 from ..protocol.admin import GroupDescription, MemberDescription
-from ..protocol.offsets import TopicPartition
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..state import GroupState
+from ..topics.incarnation import stale_commits
 from .common import Context, Failure, leaf
 from .output import print_json, print_table
 from .reset import MODES, Mode, Row, parse_datetime, parse_duration, parse_topics, plan
@@ -140,13 +141,22 @@ def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[
     return out
 
 
+def _committed(ctx: Context, group: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    """The group's committed offsets, without those made to a deleted topic of the same name
+    (``rcoord.topics.incarnation``; Kafka deletes them with the topic): they showed a negative
+    lag against the topic created again."""
+    offsets = ctx.coordinator().fetch_offsets(group).offsets
+    stale = stale_commits(ctx.client, ctx.namespace, offsets)
+    return {tp: om for tp, om in offsets.items() if tp not in stale}
+
+
 def _describe(ctx: Context) -> int:
     group = ctx.args.group
     coord = ctx.coordinator()
     desc = coord.describe_group(group)
     if desc.state == GroupState.DEAD.value:
         raise Failure(f"consumer group {group!r} does not exist")
-    committed = {tp: o.offset for tp, o in coord.fetch_offsets(group).offsets.items()}
+    committed = {tp: o.offset for tp, o in _committed(ctx, group).items()}
     assigned = _assigned(desc)
     owner: dict[TopicPartition, MemberDescription] = {}
     for m in desc.members:
@@ -335,8 +345,7 @@ def _reset_offsets(ctx: Context) -> int:
     if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
         raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, but "
                       f"the current state is {state}.")
-    committed = {tp: o.offset for tp, o in coord.fetch_offsets(group).offsets.items()
-                 if o.offset >= 0}
+    committed = {tp: o.offset for tp, o in _committed(ctx, group).items() if o.offset >= 0}
     if args.all_topics:
         tps = sorted(committed)
         if not tps:
