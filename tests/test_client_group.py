@@ -120,6 +120,11 @@ class OneMemberGroup:
         self.heartbeat_answers: deque[Errors | BaseException] = deque()
         self.heartbeat_default: Errors | BaseException = Errors.NONE
         self.heartbeats = 0
+        # Cleared: a heartbeat hangs until it is set (or WAIT_S), as a call to a Redis that
+        # black-holes its packets waits for the client's socket timeout.
+        self.heartbeats_flow = threading.Event()
+        self.heartbeats_flow.set()
+        self.hanging = 0
         self.commit_answers: deque[Errors] = deque()
         self.committed: dict[TP, int] = {}
         self.counts = {topic: partitions}
@@ -209,6 +214,12 @@ class OneMemberGroup:
     def heartbeat(
         self, group_id: str, generation_id: int, member_id: str, iid: Any = None
     ) -> Errors:
+        if not self.heartbeats_flow.is_set():
+            with self.lock:
+                self.hanging += 1
+            self.heartbeats_flow.wait(WAIT_S)
+            with self.lock:
+                self.hanging -= 1
         with self.lock:
             self.heartbeats += 1
             answer = (
@@ -495,7 +506,9 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
         state.heartbeat_answers.append(error)
     assert gen.done.wait(WAIT_S)
     state.heartbeat_default = Errors.NONE
-    assert gen.lost is row.lost
+    # A retriable error for a whole session timeout: no heartbeat was answered, so the
+    # coordinator may have given the partitions away: lost (heartbeat.watch_session).
+    assert gen.lost is (row.lost or row.retry)
     assert gen.end_reason is EndReason.of(error)
     if row.retry:
         assert state.heartbeats > 3  # it was retried for a session timeout before giving up
@@ -512,9 +525,13 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
             assert state.leaves == [state.id(1)]
         return
     if row.then == "backoff":
-        with pytest.raises(ProtocolError) as info:
+        with pytest.raises((ProtocolError, ConnectionLost)) as info:
             group.next(timeout=WAIT_S)
-        assert info.value.error is error
+        if row.retry:  # the session ran out before the retries did (heartbeat.watch_session)
+            assert isinstance(info.value, ConnectionLost)
+            assert "no heartbeat answered for session_timeout_ms" in str(info.value)
+        else:
+            assert isinstance(info.value, ProtocolError) and info.value.error is error
     nxt = group.next(timeout=WAIT_S)
     assert nxt.generation_id == 2
     expect_id = state.id(2) if row.member_id in ("reset", "leave") else state.id(1)
@@ -522,6 +539,27 @@ def test_heartbeat_error_follows_the_policy_row(fake_group: Any, error: Errors) 
     assert state.leaves == ([state.id(1)] if row.member_id == "leave" else [])
     # The rejoin after the error used the member id the row says.
     assert state.joins[1] == ("" if row.member_id in ("reset", "leave") else state.id(1))
+
+
+def test_a_member_whose_heartbeats_hang_for_a_session_timeout_loses_its_partitions(
+        fake_group: Any) -> None:
+    # Redis black-holed (no reset): each heartbeat call hangs for the client's socket timeout
+    # and is retried, so the generation ended about 30 s later, long after the coordinator gave
+    # the partitions to another member, and poll() went on handing out what it had fetched.
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    beats = state.heartbeats
+    wait_until(lambda: state.heartbeats > beats)  # one answered: the session counts from it
+    state.heartbeats_flow.clear()
+    try:
+        assert gen.done.wait(WAIT_S)
+        with state.lock:
+            assert state.hanging == 1  # the heartbeat is still waiting: the session's watch ended it
+        assert gen.lost and gen.end_reason is EndReason.COORDINATOR_UNREACHABLE
+        assert gen.session_left(fast_config().session_timeout_ms / 1000) <= 0
+    finally:
+        state.heartbeats_flow.set()
 
 
 def test_combine_keeps_what_each_row_calls_for() -> None:
@@ -895,7 +933,7 @@ def test_followers_do_not_watch_partition_counts(fake_group: Any) -> None:
     beats = state.heartbeats
     wait_until(lambda: state.heartbeats >= beats + 5)  # many watch intervals pass
     assert not gen.done.is_set()
-    assert len(gen._helpers) == 1  # the heartbeat only
+    assert len(gen._helpers) == 2  # the heartbeat and the session's watch only
 
 
 def test_static_member_does_not_leave_on_close(fake_group: Any) -> None:

@@ -12,6 +12,7 @@ import enum
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,7 @@ class Generation:
         retry: Callable[[Callable[[], Any], Callable[[Any], Any] | None], Any] | None = None,
         on_end: Callable[[], None] | None = None,
         owned_before: Sequence[TopicPartition] = (),
+        session_from: float | None = None,
     ) -> None:
         self.group_id = group_id
         self.generation_id = generation_id
@@ -200,6 +202,10 @@ class Generation:
         self._retry = retry or (lambda call, error_of: call())
         self._on_end = on_end
         self._lock = threading.Lock()
+        # When (time.monotonic) the coordinator last refreshed this member's session, as far as
+        # the member can tell, never later than it did: the sending of the SyncGroup that made
+        # the generation, then of each heartbeat answered (heartbeat_answered).
+        self._session_from = time.monotonic() if session_from is None else session_from
         self._threads: list[threading.Thread] = []
         self._sealed = False
         self._end_reason: EndReason | None = None
@@ -438,6 +444,31 @@ class Generation:
         with self._lock:
             self._helpers.append(thread)
         thread.start()
+
+    def heartbeat_answered(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` (``time.monotonic``) was answered with the session
+        refreshed (``watch_session`` counts the session from the latest)."""
+        with self._lock:
+            self._session_from = max(self._session_from, sent_at)
+
+    def session_left(self, session_timeout_s: float) -> float:
+        """Seconds until the session, counted from its last refresh this member knows of, ends."""
+        with self._lock:
+            since = self._session_from
+        return since + session_timeout_s - time.monotonic()
+
+    def _session_expired(self, session_timeout_ms: int) -> None:
+        """No heartbeat was answered for a session timeout: the coordinator has removed this
+        member (or is about to), and another member may be given its partitions. They are lost
+        now, so nothing more of them is handed out, as kafka-go ends a generation on a failed
+        heartbeat; waiting for the heartbeat's own retries to give up took their socket
+        timeouts (about 30 s)."""
+        with self._lock:
+            self._lost = True
+        self._end(EndReason.COORDINATOR_UNREACHABLE, ConnectionLost(
+            f"group {self.group_id!r}: no heartbeat answered for session_timeout_ms "
+            f"({session_timeout_ms} ms): the coordinator has removed member {self.member_id}, "
+            "and its partitions may have other owners"))
 
     def wait_routines(self, timeout: float | None = None) -> bool:
         """Wait until ``collect`` has seen every routine return; True if it has (the heartbeat

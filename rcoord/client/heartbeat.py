@@ -16,6 +16,7 @@ a follower's pattern matches is picked up too.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..errors import Errors, RcoordError
 from .config import ConsumerGroupConfig
@@ -25,7 +26,7 @@ from .join import topics_matching
 from .policy import reaction_for
 from .retry import Retry
 
-__all__ = ["heartbeat_loop", "start_helpers", "watch_partitions"]
+__all__ = ["heartbeat_loop", "start_helpers", "watch_partitions", "watch_session"]
 
 log = logging.getLogger("rcoord.client")
 
@@ -36,6 +37,7 @@ def start_helpers(
     """Start the heartbeat (and the partition watcher, on the leader or under a pattern
     subscription) of ``gen`` as its helper threads; ``Generation.collect`` joins them."""
     gen.start_helper(lambda: heartbeat_loop(gen, coordinator, config, retry), "heartbeat")
+    gen.start_helper(lambda: watch_session(gen, config), "session")
     if (config.watch_partition_changes and gen.is_leader) or gen.watched_pattern is not None:
         gen.start_helper(lambda: watch_partitions(gen, coordinator, config), "watcher")
 
@@ -58,20 +60,50 @@ def heartbeat_loop(
             # which sends no LeaveGroup, must stop beating so its session ends and the others
             # get its partitions, as Kafka's heartbeat thread stops once the generation is reset.
             return
+        sent = [0.0]
+
+        def beat() -> Errors:
+            sent[0] = time.monotonic()  # (of this attempt: retries resend)
+            return coord.heartbeat(
+                gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id)
+
         try:
-            error = retry(
-                lambda: coord.heartbeat(
-                    gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id
-                ),
-                lambda e: e,
-            )
+            error = retry(beat, lambda e: e)
         except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
             gen._end(EndReason.of(exc), exc)
             return
+        if error in (Errors.NONE, Errors.REBALANCE_IN_PROGRESS):  # the session was refreshed
+            gen.heartbeat_answered(sent[0])
         if error is Errors.NONE:
             continue
         gen._end(EndReason.of(error), error)
         if reaction_for(error).lost:
+            return
+
+
+def watch_session(gen: Generation, config: ConsumerGroupConfig) -> None:
+    """End ``gen`` with its partitions lost once no heartbeat has been answered for a session
+    timeout (``Generation._session_expired``), whatever the heartbeat thread is waiting for.
+
+    A member cut off from Redis (a black hole, no reset) had its heartbeat stuck in calls that
+    each wait for the client's socket timeout and are retried, so its generation ended about
+    30 s later, while the coordinator gave its partitions to another member after the session
+    timeout, and ``poll()`` went on handing out the records it had fetched: two owners. The
+    session is counted from the sending of the last heartbeat answered (or of the SyncGroup
+    that made the generation), never later than the coordinator counts it. Stops when the
+    generation ends.
+    """
+    session_s = config.session_timeout_ms / 1000
+    while True:
+        left = gen.session_left(session_s)
+        if left <= 0:
+            if not gen.done.is_set():
+                log.warning("group %r: no heartbeat answered for %d ms (the session timeout): "
+                            "the partitions of generation %d are lost", gen.group_id,
+                            config.session_timeout_ms, gen.generation_id)
+                gen._session_expired(config.session_timeout_ms)
+            return
+        if gen.done.wait(left):
             return
 
 

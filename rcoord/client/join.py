@@ -27,6 +27,7 @@ import inspect
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -209,19 +210,22 @@ def join_generation(
         plan, counts = leader_assignment(
             joined, assignors, coord, retry, cfg.group_id, protocol=protocol
         )
-    with parked():
-        synced = retry(
-            lambda: coord.sync_group(
-                cfg.group_id,
-                joined.generation_id,
-                member_id,
-                assignments=plan,
-                group_instance_id=cfg.group_instance_id,
-                protocol_type=PROTOCOL_TYPE,
-                protocol_name=joined.protocol_name,
-            ),
-            lambda r: r.error,
+    synced_at = [0.0]
+
+    def sync() -> SyncGroupResult:
+        synced_at[0] = time.monotonic()  # (of this attempt: the session counts from it)
+        return coord.sync_group(
+            cfg.group_id,
+            joined.generation_id,
+            member_id,
+            assignments=plan,
+            group_instance_id=cfg.group_instance_id,
+            protocol_type=PROTOCOL_TYPE,
+            protocol_name=joined.protocol_name,
         )
+
+    with parked():
+        synced = retry(sync, lambda r: r.error)
     if synced.error is not Errors.NONE:
         raise ProtocolError.of(
             synced.error,
@@ -244,6 +248,7 @@ def join_generation(
         retry=generation_retry or retry,
         on_end=on_end,
         owned_before=owned,
+        session_from=synced_at[0],
     )
     gen._watch_baseline = counts
     gen._watch_topics = topics_to_watch(topics, joined)
