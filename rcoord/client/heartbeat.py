@@ -54,19 +54,19 @@ def heartbeat_loop(
     cfg = config
     coord = coordinator
     interval = cfg.heartbeat_interval_ms / 1000
+    sent = [0.0]
+
+    def beat() -> Errors:
+        sent[0] = time.monotonic()  # (of this attempt: retries resend)
+        return coord.heartbeat(
+            gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id)
+
     while not gen.wait_routines(interval):
         if gen.lost:
             # Lost from the client's side too (the poll timer left the group): a static member,
             # which sends no LeaveGroup, must stop beating so its session ends and the others
             # get its partitions, as Kafka's heartbeat thread stops once the generation is reset.
             return
-        sent = [0.0]
-
-        def beat() -> Errors:
-            sent[0] = time.monotonic()  # (of this attempt: retries resend)
-            return coord.heartbeat(
-                gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id)
-
         try:
             error = retry(beat, lambda e: e)
         except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
