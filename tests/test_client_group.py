@@ -124,6 +124,8 @@ class OneMemberGroup:
         # black-holes its packets waits for the client's socket timeout.
         self.heartbeats_flow = threading.Event()
         self.heartbeats_flow.set()
+        self.leaves_flow = threading.Event()
+        self.leaves_flow.set()
         self.hanging = 0
         self.commit_answers: deque[Errors] = deque()
         self.committed: dict[TP, int] = {}
@@ -234,6 +236,12 @@ class OneMemberGroup:
         return answer
 
     def leave_group(self, group_id: str, members: Any) -> LeaveGroupResult:
+        if not self.leaves_flow.is_set():  # (hangs as heartbeats do: heartbeats_flow)
+            with self.lock:
+                self.hanging += 1
+            self.leaves_flow.wait(WAIT_S)
+            with self.lock:
+                self.hanging -= 1
         self.log("leave", members[0].member_id)
         self.leaves.append(members[0].member_id)
         self.left.set()
@@ -795,6 +803,27 @@ def test_close_unparks_a_parked_join_with_leave_group(fake_group: Any) -> None:
     assert not group._thread.is_alive()  # type: ignore[union-attr]
     with pytest.raises(GroupClosedError):
         group.next(timeout=WAIT_S)
+
+
+def test_close_bounds_the_leave_group_of_a_parked_join_by_its_timeout(fake_group: Any) -> None:
+    # Redis black-holed while the member is parked in JoinGroup: the LeaveGroup close() sends to
+    # unpark it hangs for the socket timeout. Before, close(timeout=2) sent it first and waited
+    # for it: 10 s. Now close() returns while the LeaveGroup still hangs.
+    state = OneMemberGroup()
+    state.park_join.set()
+    state.leaves_flow.clear()
+    group = fake_group(state)
+    with pytest.raises(TimeoutError):
+        group.next(timeout=0.05)
+    wait_until(lambda: state.joins == [""])
+    try:
+        group.close(timeout=0.2)
+        with state.lock:
+            assert state.hanging == 1  # close() returned with its LeaveGroup still under way
+    finally:
+        state.leaves_flow.set()
+    wait_until(lambda: state.leaves == [state.id(1)])  # and the LeaveGroup is still sent
+    wait_until(lambda: not group._thread.is_alive())  # type: ignore[union-attr]
 
 
 # -- the generation lifecycle -----------------------------------------------------------------

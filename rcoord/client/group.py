@@ -357,6 +357,11 @@ class ConsumerGroup:
         ``timeout`` bounds the wait for the background thread (None: wait for it).
         Idempotent; ``next()`` raises ``GroupClosedError`` afterwards.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         with self._cond:
             first = not self._closing.is_set()
             self._closing.set()
@@ -365,23 +370,30 @@ class ConsumerGroup:
             self._cond.notify_all()
         if gen is not None:
             gen._end(EndReason.CLOSED)
-        if first and parked_id:
-            # The run thread may be parked in JoinGroup or SyncGroup for up to the rebalance
-            # timeout; leaving now removes the member, which answers the parked call at once.
-            # A static member does not leave: its run thread gives the call up instead, within
-            # one 1 s wait, having seen _closing (_parked).
-            self._leave(parked_id, "the consumer is closing")
         thread = self._thread
         me = threading.current_thread()
         # From a routine of the generation, waiting would deadlock: the run thread waits for it.
         inside = thread is me or (gen is not None and gen.is_routine_thread(me))
+        if first and parked_id:
+            # The run thread may be parked in JoinGroup or SyncGroup for up to the rebalance
+            # timeout; leaving now removes the member, which answers the parked call at once.
+            # A static member does not leave: its run thread gives the call up instead, within
+            # one 1 s wait, having seen _closing (_parked). The LeaveGroup runs on a thread of
+            # its own, waited for within ``timeout``: against a Redis that black-holes it, it
+            # waits for the socket timeout (and behind the parked call), which overran a
+            # close(timeout=2) to 10 s.
+            leaver = threading.Thread(
+                target=self._leave, args=(parked_id, "the consumer is closing"),
+                name=f"rcoord-{self._config.group_id}-leave", daemon=True)
+            leaver.start()
+            if not inside:
+                leaver.join(left())
         if thread is not None and not inside:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            if gen is not None and gen.wait_routines(timeout):
+            if gen is not None and gen.wait_routines(left()):
                 # The routines returned: stop the heartbeat's retries (if Redis is down, it
                 # would otherwise hold the run thread's collect for up to a session timeout).
                 self._finished.set()
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            thread.join(left())
             if thread.is_alive():
                 self._finished.set()  # close()'s timeout bounds the final commits' retries
         if thread is None or not thread.is_alive():
