@@ -12,6 +12,8 @@ flag                  environment                  default
 ``--metrics-host``    ``RCOORD_METRICS_HOST``      127.0.0.1
 ``--lease-ttl-ms``    ``RCOORD_LEASE_TTL_MS``      5000
 ``--wake``            ``RCOORD_WAKE``              both
+``--retention-check-  ``RCOORD_RETENTION_CHECK_    300000 (0 = off)
+interval-ms``         INTERVAL_MS``
 ``--log-level``       ``RCOORD_LOG_LEVEL``         INFO
 ``--tls-ca-file``     ``RCOORD_TLS_CA_FILE``       the system's CAs
 ``--tls-cert-file``   ``RCOORD_TLS_CERT_FILE``     none (mutual TLS only)
@@ -23,6 +25,10 @@ flag                  environment                  default
 ``--set`` names the namespace's group settings (``CoordinatorConfig`` fields, such as
 ``group_min_session_timeout_ms=100``) as a broker's configuration names Kafka's: they are written
 at start and written again whenever the namespace loses them.
+
+``--retention-check-interval-ms`` is Kafka's ``log.retention.check.interval.ms``: how often the
+process applies the retention (``--retention-ms``, ``--retention-records``) of the topics on its
+leases; 0 turns that off.
 
 URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users), and point at a
 single node or any node of a Redis Cluster (detected from the server). The TLS files become
@@ -46,7 +52,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["coordinator_main", "add_coordinator_arguments", "JsonFormatter"]
+__all__ = ["JsonFormatter", "add_coordinator_arguments", "coordinator_main"]
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -100,6 +106,11 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    default=_env("RCOORD_WAKE", "both"),
                    help="what drives the timers: the deadline index, expired-key hints (for "
                    "measurements only) or both (default)")
+    p.add_argument("--retention-check-interval-ms", type=int,
+                   default=_env("RCOORD_RETENTION_CHECK_INTERVAL_MS", 300_000),
+                   help="how often this process removes the records topic retention no longer "
+                   "keeps, in the topics on its leases (Kafka's log.retention.check.interval.ms; "
+                   "default $RCOORD_RETENTION_CHECK_INTERVAL_MS, else 300000; 0 turns it off)")
     p.add_argument("--log-level", action=AfterCommand, default=_env("RCOORD_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
                    "logs are JSON lines on stdout")
@@ -140,15 +151,16 @@ def coordinator_main(args: argparse.Namespace) -> int:
             getattr(args, "tls_key_file", None),
         )
         CoordinatorConfig(namespace=args.namespace)  # a bad namespace is a usage error
-        kw: dict[str, Any] = dict(
-            redis_url=url,
-            namespace=args.namespace,
-            metrics_port=None if args.metrics_port is None else int(args.metrics_port),
-            metrics_host=args.metrics_host,
-            lease_ttl_ms=int(args.lease_ttl_ms),
-            wake=args.wake,
-            settings=parse_settings(list(getattr(args, "settings", None) or [])),
-        )
+        kw: dict[str, Any] = {
+            "redis_url": url,
+            "namespace": args.namespace,
+            "metrics_port": None if args.metrics_port is None else int(args.metrics_port),
+            "metrics_host": args.metrics_host,
+            "lease_ttl_ms": int(args.lease_ttl_ms),
+            "wake": args.wake,
+            "retention_check_interval_ms": int(args.retention_check_interval_ms),
+            "settings": parse_settings(list(getattr(args, "settings", None) or [])),
+        }
         if args.coordinator_id:
             kw["coordinator_id"] = args.coordinator_id
         config = ServiceConfig(**kw)

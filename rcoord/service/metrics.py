@@ -36,3 +36,14 @@ class Metrics:
                                          "Deadlines applied by this process", ["source"], registry=r)
         self.transitions = Counter("rcoord_group_transitions", "Group state transitions seen",
                                    ["to"], registry=r)
+        self.retention_passes = Counter(
+            "rcoord_retention_passes",
+            "Topic retention passes of this process: 'failed' if the topics could not be listed "
+            "or a topic's retention failed (tried again next pass)", ["result"], registry=r)
+        self.retention_topics = Counter(
+            "rcoord_retention_topics_applied",
+            "Topics (on this process's leases, with a retention setting) whose retention this "
+            "process applied", registry=r)
+        self.retention_errors = Counter(
+            "rcoord_retention_topic_errors",
+            "Topics whose retention this process could not apply in a pass", registry=r)

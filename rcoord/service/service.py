@@ -7,6 +7,8 @@ coordinator processes run the timers. They divide the partitions among themselve
 (``sweeper.py``), woken early by shard-channel messages when a script sets an earlier deadline,
 and optionally by expired-key events (``listener.py``), which are only hints. Events become logs
 and metrics (``observe.py``); ``/metrics`` and ``/healthz`` are served over HTTP (``http.py``).
+Each process also applies the retention of the topics on its leases (``retention.py``), as
+Kafka's broker does every ``log.retention.check.interval.ms``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from .listener import Listener
 from .metrics import Metrics
 from .nodes import NODE_FAILURES
 from .observe import EventTail, sample_groups
+from .retention import MAX_RETENTION_CHECK_INTERVAL_MS, RetentionKeeper
 from .sweeper import Sweeper
 
-__all__ = ["ServiceConfig", "CoordinatorService"]
+__all__ = ["CoordinatorService", "ServiceConfig"]
 
 log = logging.getLogger("rcoord.service")
 
@@ -78,6 +81,11 @@ class ServiceConfig:
     sees the namespace's settings lost (a restart without persistence, a failover to an empty
     replica). Settings changed by someone else are adopted (a warning names the ones overridden),
     so processes naming different values do not rewrite each other's every lease round.
+
+    ``retention_check_interval_ms`` (Kafka's ``log.retention.check.interval.ms``, 5 minutes by
+    default): how often the process applies the retention of the topics on its leases
+    (``retention.py``); 0 turns that off (another process, or a program calling
+    ``Topics.apply_retention``, does it).
     """
 
     redis_url: str
@@ -88,6 +96,7 @@ class ServiceConfig:
     lease_ttl_ms: int = 5000
     wake: str = "both"
     settings: Mapping[str, int] = field(default_factory=dict)
+    retention_check_interval_ms: int = 300_000
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -104,6 +113,12 @@ class ServiceConfig:
             raise ConfigError(f"wake must be one of {', '.join(WAKE_MODES)}, got {self.wake!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        interval = self.retention_check_interval_ms
+        if (not isinstance(interval, int) or isinstance(interval, bool)
+                or not 0 <= interval <= MAX_RETENTION_CHECK_INTERVAL_MS):
+            raise ConfigError(f"retention_check_interval_ms must be an integer in "
+                              f"0..{MAX_RETENTION_CHECK_INTERVAL_MS} (a day; 0 turns the "
+                              f"retention checks off), got {interval!r}")
 
 
 MAX_LEASE_TTL_MS = 86_400_000
@@ -135,6 +150,8 @@ class CoordinatorService:
         self._http: StatusServer | None = None
         self._lease_thread: threading.Thread | None = None
         self._sample_thread: threading.Thread | None = None
+        self._retention_thread: threading.Thread | None = None
+        self.retention: RetentionKeeper | None = None
         self.listener: Listener | None = None
         self._made_client = False
         """``start()`` connected (no client given): ``stop()`` closes that client."""
@@ -191,11 +208,19 @@ class CoordinatorService:
         self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
                                                daemon=True)
         self._sample_thread.start()
+        if cfg.retention_check_interval_ms > 0:
+            self.retention = RetentionKeeper(
+                self._client, cfg.namespace, n, self.metrics, self._confirmed_leases,
+                cfg.retention_check_interval_ms, self._stop, cfg.coordinator_id)
+            self._retention_thread = threading.Thread(target=self.retention.run,
+                                                      name="rcoord-retention", daemon=True)
+            self._retention_thread.start()
         if self._http is not None:
             self._http.start()
         log.info("coordinator started", extra={
             "event": "started", "id": cfg.coordinator_id, "namespace": cfg.namespace,
             "partitions": n, "leases": len(self._owned), "wake": cfg.wake,
+            "retention_check_interval_ms": cfg.retention_check_interval_ms,
             "metrics_port": self._http.port if self._http else None,
             "keyspace_events": listener.keyspace_status})
         return self
@@ -239,6 +264,10 @@ class CoordinatorService:
             self._http.stop()
         if self._sample_thread is not None:
             self._sample_thread.join(timeout=5)
+        if self._retention_thread is not None:
+            # Between two topics it sees the stop at once; within one, after that topic's
+            # apply_retention (bounded calls, each within the socket timeout).
+            self._retention_thread.join(timeout=5)
         if self._made_client and self._client is not None:
             try:
                 self._client.close()
@@ -266,7 +295,13 @@ class CoordinatorService:
             "wake": self.config.wake,
             "keyspace_events": self.listener.keyspace_status if self.listener else None,
             "keyspace_nodes": sorted(self.listener.hint_nodes) if self.listener else [],
+            "last_retention_pass_ms_ago": self._retention_age_ms(now),
         }
+
+    def _retention_age_ms(self, now: float) -> int | None:
+        """How long ago the last retention pass ended; None before the first or when off."""
+        last = self.retention.last_pass if self.retention is not None else None
+        return None if last is None else int((now - last) * 1000)
 
     # -- loops ----------------------------------------------------------------------------------
 
@@ -462,6 +497,12 @@ class CoordinatorService:
                 self._last_alive = time.monotonic()
                 self._stop.wait(pause / 1000)
                 pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
+
+    def _confirmed_leases(self) -> set[int]:
+        """The partitions this process leases, if its leases were renewed within a TTL
+        (``_leases_confirmed``); else none: the retention of their topics waits for the next
+        lease round to say which are still this process's."""
+        return set(self.leases.owned) if self._leases_confirmed() else set()
 
     def _leases_confirmed(self) -> bool:
         """The leases were renewed within a TTL, so ``owned`` is still this process's. After a

@@ -1,0 +1,172 @@
+"""Topic retention, applied by the coordinator service as Kafka's broker applies it (every
+``log.retention.check.interval.ms``, 5 minutes by default).
+
+Each topic belongs to one of the service's lease partitions, found from its name as a group's
+partition is found from the group id (Kafka's ``abs(String.hashCode) % N``,
+``partitioning.partition_for``). So with several processes each topic is trimmed by the one
+holding that partition's lease, and the work moves with the lease. Every ``interval_ms`` (counted
+from the end of the previous pass) a process lists the namespace's topics (``Topics.list``, a
+SCAN), reads the retention settings of those on its leases (one ``HMGET`` each, pipelined per
+node), and calls ``Topics.apply_retention`` for those that have one (``retention_records`` or
+``retention_ms``); a topic without one is not touched.
+
+The passes run on a thread of their own, so a long one never delays a deadline of the timer
+loop. Nothing they meet ends the process: a failed listing, or a topic whose trim fails, is
+logged (``retention_error``, once per pass) and tried again at the next pass. On one node a
+failure that says Redis cannot run anything now (unreachable, out of memory, read-only) ends the
+pass, since every other topic would meet it too (each perhaps after a socket timeout); on a
+cluster the topics of the other nodes go on. The stop event is checked between topics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.cluster
+
+from ..errors import Errors
+from ..partitioning import partition_for
+from ..topics import TopicError, Topics, meta_key
+from .metrics import Metrics
+from .nodes import NODE_FAILURES, each_node
+
+__all__ = ["FIRST_PASS_MAX_MS", "MAX_RETENTION_CHECK_INTERVAL_MS", "RetentionKeeper"]
+
+log = logging.getLogger("rcoord.service")
+
+FIRST_PASS_MAX_MS = 30_000
+"""The first pass comes after the interval, or after 30 s if that is sooner (Kafka's scheduler
+starts its retention task after 30 s too): a process restarted more often than every interval
+still trims."""
+MAX_RETENTION_CHECK_INTERVAL_MS = 86_400_000
+"""A day: longer waits are no use for retention, and far longer ones overflow a thread's wait."""
+SETTINGS_CHUNK = 500
+"""Topics whose settings one pipeline reads."""
+
+
+class RetentionKeeper:
+    """The retention passes of one coordinator process; ``run()`` is its thread's body.
+
+    ``owned`` returns the lease partitions this process holds now (empty while its leases are
+    not confirmed); it is asked at the start of a pass and again before each topic, so a topic
+    whose lease moved during a pass is left to its new holder."""
+
+    def __init__(self, client: Any, namespace: str, num_partitions: int, metrics: Metrics,
+                 owned: Callable[[], set[int]], interval_ms: int, stop: threading.Event,
+                 coordinator_id: str = "") -> None:
+        self._client = client
+        self._ns = namespace
+        self._n = num_partitions
+        self._metrics = metrics
+        self._owned = owned
+        self.interval_ms = interval_ms
+        self._stop = stop
+        self._id = coordinator_id
+        self._topics = Topics(client, namespace)
+        self._single_node = not isinstance(client, redis.cluster.RedisCluster)
+        self.last_pass: float | None = None
+        """When the last pass ended (monotonic), whatever its outcome; None before the first."""
+
+    def run(self) -> None:
+        """Pass after pass until the stop event is set; never raises."""
+        wait_ms = min(self.interval_ms, FIRST_PASS_MAX_MS)
+        while not self._stop.wait(wait_ms / 1000):
+            try:
+                self.run_once()
+            except Exception as exc:  # noqa: BLE001 - retention must never end the process
+                self._metrics.retention_passes.labels("failed").inc()
+                log.error("a retention pass failed", extra={
+                    "event": "retention_error", "id": self._id, "why": repr(exc)})
+            self.last_pass = time.monotonic()
+            wait_ms = self.interval_ms
+
+    def run_once(self) -> int:
+        """One pass: apply the retention of every topic on this process's leases that has one.
+        Returns how many topics had their retention applied."""
+        started = time.monotonic()
+        owned = self._owned()
+        if not owned:
+            self._metrics.retention_passes.labels("ok").inc()
+            return 0
+        try:
+            names = self._topics.list()
+            mine = [t for t in names if partition_for(t, self._n) in owned]
+            settings, failed_read = self._with_retention(mine)
+        except Exception as exc:  # noqa: BLE001 - logged; the next pass tries again
+            self._metrics.retention_passes.labels("failed").inc()
+            log.warning("listing the topics for retention failed; trying again next pass", extra={
+                "event": "retention_error", "id": self._id, "why": str(exc),
+                "retry_in_ms": self.interval_ms})
+            return 0
+        applied = 0
+        failures = len(failed_read)
+        first_error: tuple[str, str] | None = None
+        if failed_read:
+            first_error = (failed_read[0][0], str(failed_read[0][1]))
+        for topic in settings:
+            if self._stop.is_set():
+                break
+            if partition_for(topic, self._n) not in self._owned():
+                continue  # its lease moved during the pass: its new holder trims it
+            try:
+                starts = self._topics.apply_retention(topic)
+            except TopicError as exc:
+                if exc.error == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    continue  # deleted since it was listed
+                failures += 1
+                first_error = first_error or (topic, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - this topic only; logged below
+                failures += 1
+                first_error = first_error or (topic, str(exc))
+                if self._single_node and isinstance(exc, NODE_FAILURES):
+                    break  # Redis cannot run anything now: every other topic would fail too
+                continue
+            applied += 1
+            self._metrics.retention_topics.inc()
+            log.debug("retention applied", extra={
+                "event": "retention_applied", "id": self._id, "topic": topic,
+                "partition": partition_for(topic, self._n), "log_start_offsets": starts})
+        took_ms = int((time.monotonic() - started) * 1000)
+        if failures:
+            self._metrics.retention_errors.inc(failures)
+            self._metrics.retention_passes.labels("failed").inc()
+            assert first_error is not None
+            log.warning("applying retention failed for %d topic(s); trying again next pass",
+                        failures, extra={
+                            "event": "retention_error", "id": self._id, "failed": failures,
+                            "topic": first_error[0], "why": first_error[1],
+                            "retry_in_ms": self.interval_ms})
+        else:
+            self._metrics.retention_passes.labels("ok").inc()
+        log.debug("retention pass", extra={
+            "event": "retention_pass", "id": self._id, "topics": len(names), "on_leases": len(mine),
+            "with_retention": len(settings), "applied": applied, "failed": failures,
+            "took_ms": took_ms})
+        return applied
+
+    def _with_retention(self, topics: Sequence[str]) -> tuple[list[str], list[tuple[str, BaseException]]]:
+        """The topics that have a retention setting (in order), and those whose settings could
+        not be read (their node failed) with the error. Raises when every node failed."""
+        found: set[str] = set()
+        failed: list[tuple[str, BaseException]] = []
+
+        def read(piece: list[str]) -> None:
+            with_setting = []  # kept only if the whole piece is read: a failed one is retried
+            for start in range(0, len(piece), SETTINGS_CHUNK):
+                chunk = piece[start:start + SETTINGS_CHUNK]
+                pipe = self._client.pipeline(transaction=False)
+                for topic in chunk:
+                    pipe.hmget(meta_key(self._ns, topic), ["retention_records", "retention_ms"])
+                for topic, (records, age) in zip(chunk, pipe.execute(), strict=True):
+                    if records not in (None, b"", "") or age not in (None, b"", ""):
+                        with_setting.append(topic)
+            found.update(with_setting)
+
+        for piece, exc in each_node(self._client, topics, lambda t: meta_key(self._ns, t), read):
+            failed.extend((t, exc) for t in piece)
+        return [t for t in topics if t in found], failed
