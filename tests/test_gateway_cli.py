@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -119,3 +120,66 @@ def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
             proc.terminate()
             proc.wait(WAIT_S)
             reader.join(WAIT_S)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig):
+    """SIGTERM (kill, docker stop, systemd) closes the gateway, a parked Fetch's connection
+    included, and exits 0, as Ctrl-C does. Before, the process died of it (status -15) and
+    ``Gateway.close()`` never ran."""
+    with topics_of(redis_server, namespace) as topics:
+        topics.create("idle", 1)
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
+         "--redis-url", redis_server.url, "--namespace", namespace, "--log-level", "INFO"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as proc:
+        def read() -> None:
+            assert proc.stderr is not None
+            for ln in proc.stderr:
+                lines.put(ln)
+            lines.put("")  # the process closed its stderr (exited)
+
+        def next_line() -> str:
+            line = lines.get(timeout=WAIT_S)
+            seen.append(line)
+            return line
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        sock = None
+        try:
+            while "listening on" not in (line := next_line()):
+                assert line, f"the gateway exited: {''.join(seen)}"
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+) ", line)
+            assert found, line
+            sock = socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=WAIT_S)
+            sock.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
+                                                  "client_software_version": "1"}))
+            assert response(sock, 18, 3, 4).error_code.value == 0
+            # A Fetch that would be answered in 10 minutes (parked, or about to be: the close
+            # ends its connection either way), then the signal.
+            sock.sendall(request_frame(1, 12, 2, {
+                "replica_id": -1, "max_wait": 600_000, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "idle", "partitions": [
+                    {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
+            proc.send_signal(sig)
+            assert proc.wait(WAIT_S) == 0, "".join(seen)
+            reader.join(WAIT_S)
+            while line := next_line():
+                pass
+            out = "".join(seen)
+            assert "Traceback" not in out, out
+            assert re.search(r"rcoord gateway on 127\.0\.0\.1:\d+ closed", out), out
+            try:  # closed by the gateway, the Fetch never answered (a reset if it was unread)
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        finally:
+            if sock is not None:
+                sock.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(WAIT_S)

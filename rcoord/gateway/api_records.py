@@ -17,7 +17,9 @@ import asyncio
 import logging
 from typing import Any
 
-from ..errors import Errors, InvalidRequestError
+import redis.exceptions
+
+from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
@@ -271,44 +273,85 @@ def _partition_data(partition: int, res: FetchResult, records: list[Record]) -> 
 
 
 async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, int]],
-                            wait_ms: int) -> None:
-    """Block until a record lands at or after one of the wanted offsets, or ``wait_ms``.
+                            deadline: float) -> None:
+    """Block until a record lands at or after one of the wanted offsets, or until ``deadline``
+    (the event loop's time at which the Fetch's ``max_wait`` ends).
 
     One ``XREAD BLOCK`` over every stream on one node. A Redis Cluster refuses a multi-key
     command across slots, and every partition has a slot of its own, so there each slot gets
     its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
     (redis-py drops a connection whose command was cancelled, so no late reply is misread).
 
-    ``wait_ms`` is the client's ``max_wait`` (any int32), and a blocked command must return
-    before the Redis client's socket timeout or redis-py gives up on it; so the wait is made of
-    blocks of at most ``state.block_limit_ms`` (half that timeout), repeated until a record
-    comes or the client's wait is over.
+    The client's ``max_wait`` is any int32, and a blocked command must return before the Redis
+    client's socket timeout or redis-py gives up on it; so the wait is made of blocks of at most
+    ``state.block_limit_ms`` (half that timeout), repeated until a record comes or the client's
+    wait is over.
+
+    Each block holds a pooled connection, so each first takes one of the gateway's
+    ``fetch_wait_limit`` places (``state.fetch_waits``), and gives it back after: parked
+    Fetches without a bound took every connection of the pool, and heartbeats, joins and other
+    Fetches failed. A Fetch that gets no place before its deadline stops waiting and is
+    answered with what it has, as Kafka's purgatory answers an expired Fetch. A block is timed
+    from when its place is taken, ends by the deadline, and is never ``BLOCK 0`` (for ever).
     """
-    if not wanted or wait_ms <= 0:
+    loop = asyncio.get_running_loop()
+    if not wanted or deadline <= loop.time():
         return
     by_slot: dict[int, dict[str, str]] = {}
     for t, p, o in wanted:
         key = partition_key(state.config.namespace, t, p)
         by_slot.setdefault(keyslot(key) if state.cluster else 0, {})[key] = f"0-{o}"
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_ms / 1000
-    while wait_ms > 0:
-        if await _xread_any(state, list(by_slot.values()), min(wait_ms, state.block_limit_ms)):
-            return
-        wait_ms = int((deadline - loop.time()) * 1000)
+    places = state.fetch_waits()
+    state.fetch_waiting += 1
+    try:
+        while (left_s := deadline - loop.time()) > 0:
+            if places.locked():
+                try:
+                    await asyncio.wait_for(places.acquire(), left_s)
+                except TimeoutError:
+                    return  # no place before max_wait: answer with what there is
+            else:
+                await places.acquire()
+            try:
+                block_ms = min(int((deadline - loop.time()) * 1000), state.block_limit_ms)
+                if block_ms < 1 or await _xread_any(state, list(by_slot.values()), block_ms):
+                    return
+            finally:
+                places.release()
+    finally:
+        state.fetch_waiting -= 1
+
+
+_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+"""What a wait raises as ``ConnectionLost`` (``reraise_as_rcoord``): no connection to be had
+(the pool's wait ran out), Redis unreachable, a slot moving. The dispatcher answers it with the
+Fetch's retriable code (NOT_LEADER_OR_FOLLOWER), not UNKNOWN_SERVER_ERROR at once."""
 
 
 async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int) -> bool:
-    """One ``XREAD BLOCK`` per slot group; True once one returned something (or failed: the
-    read that follows the wait reports the error)."""
-    if len(by_slot) == 1:
-        return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
+    """One ``XREAD BLOCK`` per slot group; True once one returned something (or failed with
+    an error other than ``_UNAVAILABLE``: the read that follows the wait reports it)."""
+    try:
+        if len(by_slot) == 1:
+            return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
+        return await _xread_first(state, by_slot, block_ms)
+    except _UNAVAILABLE as exc:
+        reraise_as_rcoord("fetch wait", exc)
+        raise
+
+
+async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int
+                       ) -> bool:
     waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=block_ms))
              for streams in by_slot]
     try:
         pending: set[asyncio.Future[Any]] = set(waits)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for w in done:
+                if isinstance(exc := w.exception(), _UNAVAILABLE):
+                    raise exc
             if any(w.exception() is not None or w.result() for w in done):
                 return True
         return False
@@ -381,13 +424,12 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
     loop = asyncio.get_running_loop()
     deadline = loop.time() + millis(req.max_wait) / 1000
     while wanted and total < enough and all(r.error == Errors.NONE for r in results):
-        wait_ms = int((deadline - loop.time()) * 1000)
-        if wait_ms <= 0:
+        if int((deadline - loop.time()) * 1000) <= 0:
             break
         # New records: at or after what each partition's read reached (its log end).
         await _wait_for_records(state, [(t, p, max(o, r.log_end_offset))
                                         for (t, p, o, _), r in zip(wanted, results,
-                                                                   strict=True)], wait_ms)
+                                                                   strict=True)], deadline)
         results, chosen, total = await _collect(state, wanted, max_bytes)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for t in req.topics:
@@ -395,7 +437,8 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
             by_topic[t.topic] = [{
                 "partition_index": p.partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
                 "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
-                "aborted_transactions": None, "preferred_read_replica": -1, "records": None,
+                "aborted_transactions": None, "preferred_read_replica": -1,
+                "records": b"",  # as Kafka's MemoryRecords.EMPTY: null reads as size -1
             } for p in t.partitions]
     encoded = await asyncio.gather(*(state.blocking(_partition_data, partition, res, records)
                                      for (_, partition, _, _), res, records

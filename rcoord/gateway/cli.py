@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 
 from ..cli import (
     ENV_REDIS_URL,
@@ -74,7 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_tls_arguments(p)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def gateway_main(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT: then close the gateway and return 0. A usage error or
+    a failure to start is one line on stderr and ``report``'s status (2: usage)."""
     url = None
     try:
         url = with_tls_files(check_url(args.redis_url), args.tls_ca_file, args.tls_cert_file,
@@ -114,10 +122,29 @@ def gateway_main(args: argparse.Namespace) -> int:
                 raise UsageError(f"{flag} {path!r} does not exist")
 
         async def serve() -> None:
+            # SIGTERM (kill, docker stop, systemd) and SIGINT: close the gateway (its
+            # connections and Redis clients), then exit 0. Python's default for SIGTERM ends
+            # the process at once, Gateway.close() never run.
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
             async with Gateway(config, url, auth=auth) as gateway:
-                await gateway.serve_forever()
+                serving = asyncio.create_task(gateway.serve_forever())
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (serving, stopping):
+                    task.cancel()
+                for task in (serving, stopping):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task  # (serve_forever's own error, if any, is raised here)
 
-        asyncio.run(serve())
+        # Until the event loop takes them over: a SIGTERM while starting is a Ctrl-C too.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            asyncio.run(serve())
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         return 0
     except KeyboardInterrupt:
         return 0

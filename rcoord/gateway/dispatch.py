@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis.exceptions
 from kio.index import KioIndexError
 
 from ..errors import ConnectionLost, Errors, InvalidRequestError, ProtocolError
@@ -98,7 +99,10 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except (InvalidRequestError, TypeError, ValueError) as exc:  # rcoord's argument checks
         log.info("%s v%d refused: %s", entry.name, version, exc)
         code = Errors.INVALID_REQUEST
-    except ConnectionLost as exc:  # (ServerUnavailable too: Redis answered "not now")
+    except (ConnectionLost, redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError) as exc:
+        # (ServerUnavailable too: Redis answered "not now"; and a redis-py error no rcoord
+        # boundary translated, such as no free connection in the pool: retriable, not -1)
         log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version, exc)
         code = (Errors.COORDINATOR_NOT_AVAILABLE if entry.group
                 else UNAVAILABLE.get(key, Errors.UNKNOWN_SERVER_ERROR))

@@ -49,10 +49,12 @@ def _produce(req: Any, code: int) -> dict[str, Any] | None:
 
 
 def _fetch(req: Any, code: int) -> dict[str, Any] | None:
+    # Empty records, as Kafka's MemoryRecords.EMPTY: null is a size of -1, which librdkafka
+    # logs as "invalid MessageSetSize -1" and cannot parse.
     topics = [{"topic": t.topic, "partitions": [
         {"partition_index": p.partition, "error_code": code, "high_watermark": -1,
          "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-         "preferred_read_replica": -1, "records": None} for p in t.partitions]}
+         "preferred_read_replica": -1, "records": b""} for p in t.partitions]}
         for t in req.topics]
     return _nonempty(topics, {"throttle_time": 0, "error_code": code,
                                            "session_id": 0, "responses": topics})

@@ -29,8 +29,26 @@ log = logging.getLogger("rcoord.gateway")
 
 SOCKET_TIMEOUT_S = 30.0
 """Redis socket timeout; parked calls block for at most half of it (``rcoord.steps``)."""
+DEFAULT_MAX_CONNECTIONS = 100
+"""The asyncio client's pool on one node, unless the URL or the kwargs say (redis-py's default;
+``BlockingConnectionPool``'s own would be 50)."""
+POOL_TIMEOUT_S = 10.0
+"""How long a command waits for a free connection of that pool before it fails as Redis
+unavailable (answered with the retriable codes of docs/gateway.md, "Bad requests")."""
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 """A client that has not finished its TLS handshake by then is disconnected."""
+
+
+def async_single_node(redis_url: str, **kwargs: Any) -> redis.asyncio.Redis:
+    """The asyncio client of one node: ``redis.asyncio.Redis.from_url``'s, with a pool that
+    makes a command wait for a free connection (up to ``POOL_TIMEOUT_S``) where redis-py's
+    default pool refuses it at once ("Too many connections"). The URL and ``kwargs`` are read
+    as ``from_url`` reads them (TLS, credentials, ``?max_connections=``); the pool keeps
+    redis-py's default size, 100, unless told otherwise."""
+    kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, timeout=POOL_TIMEOUT_S,
+                                                         **kwargs)
+    return redis.asyncio.Redis.from_pool(pool)  # (the client closes the pool)
 
 
 def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
@@ -67,7 +85,7 @@ class Gateway:
         if isinstance(self._sync_redis, redis.cluster.RedisCluster):
             self._async_redis = redis.asyncio.RedisCluster.from_url(redis_url, **kwargs)
         else:
-            self._async_redis = redis.asyncio.Redis.from_url(redis_url, **kwargs)
+            self._async_redis = async_single_node(redis_url, **kwargs)
         self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)
         self._tls = server_tls_context(self.config)
         self._server: asyncio.base_events.Server | None = None
@@ -120,6 +138,8 @@ class Gateway:
         await self._async_redis.aclose()
         self._sync_redis.close()
         self.state.close()
+        if self._server is not None:
+            log.info("rcoord gateway on %s:%d closed", *self.state.advertised)
 
     async def __aenter__(self) -> Self:
         return await self.start()

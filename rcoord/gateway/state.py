@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..asyncio import AsyncGroupCoordinator
+from ..asyncio.wake import command_limit
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..steps import block_limit
 from ..topics import Producer, Topics
@@ -37,6 +38,29 @@ T = TypeVar("T")
 
 NODE_ID = 0
 """The broker id this gateway gives itself; each gateway is the whole cluster to its clients."""
+
+
+FETCH_WAITS_CLUSTER = 64
+"""Fetch waits in flight at most on a Redis Cluster client (its pools are per node)."""
+
+
+def fetch_wait_limit(client: Any) -> int:
+    """How many Fetches may wait for records (each an ``XREAD BLOCK`` holding a connection)
+    at once on the asyncio client ``client``.
+
+    On one node every command shares one pool of ``max_connections``. The group coordinator
+    keeps up to ``command_limit`` commands and half as many wake-stream reads in flight
+    (``rcoord.asyncio.wake``): the Fetch waits get half of what that leaves, so the other half
+    stays free for the rest (at least one wait). With redis-py's default 100: 50 + 25 for the
+    coordinator, 12 Fetch waits. On a cluster client, whose pools are per node,
+    ``FETCH_WAITS_CLUSTER``."""
+    pool = getattr(client, "connection_pool", None)
+    size = getattr(pool, "max_connections", None)
+    if pool is None or not isinstance(size, int) or size <= 0:
+        return FETCH_WAITS_CLUSTER
+    commands = command_limit(client)
+    coordinator = commands + max(1, commands // 2)
+    return max(1, (size - coordinator) // 2)
 
 
 @dataclass(frozen=True)
@@ -117,6 +141,20 @@ class GatewayState:
         self.advertised: tuple[str, int] = (config.listen_host, config.listen_port)
         self.cluster = not isinstance(sync_redis, redis.Redis)
         """A Redis Cluster: multi-key commands must stay within one slot."""
+        self.fetch_wait_limit = fetch_wait_limit(async_redis)
+        """Fetches waiting with an ``XREAD BLOCK`` at once at most (``fetch_waits``)."""
+        self.fetch_waiting = 0
+        """Fetches waiting for records now, with a place or waiting for one (for tests and
+        debugging)."""
+        self._fetch_waits: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def fetch_waits(self) -> asyncio.Semaphore:
+        """The places of the Fetches that wait for records (``fetch_wait_limit`` of them),
+        made on the running loop (an ``asyncio.Semaphore`` belongs to one)."""
+        loop = asyncio.get_running_loop()
+        if self._fetch_waits is None or self._fetch_waits[0] is not loop:
+            self._fetch_waits = (loop, asyncio.Semaphore(self.fetch_wait_limit))
+        return self._fetch_waits[1]
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking topic call on the topic threads."""
