@@ -43,8 +43,13 @@ def older_than_their_topic(offsets: Mapping[TopicPartition, OffsetAndMetadata],
     return out
 
 
-def _created_commands(namespace: str, topics: Iterable[str]) -> list[tuple[str, ...]]:
-    return [("HGET", meta_key(namespace, t), "created_ms") for t in topics]
+def _created_pipeline(redis_client: Any, namespace: str, names: list[str]) -> Any:
+    """One pipeline reading each topic's ``created_ms`` (a cluster's reaches each node);
+    blocking or asyncio, as ``redis_client`` is."""
+    pipe = redis_client.pipeline(transaction=False)
+    for topic in names:
+        pipe.hget(meta_key(namespace, topic), "created_ms")
+    return pipe
 
 
 def _created(topics: list[str], replies: list[Any]) -> dict[str, int]:
@@ -52,14 +57,11 @@ def _created(topics: list[str], replies: list[Any]) -> dict[str, int]:
 
 
 def created_times(redis_client: Any, namespace: str, topics: Iterable[str]) -> dict[str, int]:
-    """Each existing topic's ``created_ms`` (one pipeline; a cluster's reaches each node)."""
+    """Each existing topic's ``created_ms``, in one pipeline."""
     names = sorted(set(topics))
     if not names:
         return {}
-    pipe = redis_client.pipeline(transaction=False)
-    for cmd in _created_commands(namespace, names):
-        pipe.execute_command(*cmd)
-    return _created(names, pipe.execute())
+    return _created(names, _created_pipeline(redis_client, namespace, names).execute())
 
 
 async def created_times_async(redis_client: Any, namespace: str,
@@ -68,10 +70,7 @@ async def created_times_async(redis_client: Any, namespace: str,
     names = sorted(set(topics))
     if not names:
         return {}
-    pipe = redis_client.pipeline(transaction=False)
-    for cmd in _created_commands(namespace, names):
-        pipe.execute_command(*cmd)
-    return _created(names, await pipe.execute())
+    return _created(names, await _created_pipeline(redis_client, namespace, names).execute())
 
 
 def stale_commits(redis_client: Any, namespace: str,
