@@ -67,7 +67,7 @@ from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Header, PartitionRecords, Record
 from ..topics._base import sync_headers
-from ..topics.incarnation import older_than_their_topic
+from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
 from .config import ConsumerGroupConfig
@@ -564,7 +564,7 @@ class Consumer(SubscriptionMixin):
             return {}
         coord = self._coordinator()
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
-        judged = sorted({tp.topic for tp, om in result.offsets.items() if om.offset >= 0})
+        judged = topics_to_judge(result.offsets)
         if judged:  # a commit to a deleted topic of the same name is none (Kafka deletes it)
             created = self._query(lambda: coord.created_times(judged), timeout)
             stale = older_than_their_topic(result.offsets, created)

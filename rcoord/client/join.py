@@ -395,7 +395,7 @@ def start_offsets(
     fetched = retry(lambda: coord.fetch_offsets(cfg.group_id, partitions), lambda r: r.error)
     if fetched.error is not Errors.NONE:
         raise ProtocolError.of(fetched.error, f"OffsetFetch of {cfg.group_id!r} failed")
-    judged = sorted({tp.topic for tp, om in fetched.offsets.items() if om.offset >= 0})
+    judged = _incarnation.topics_to_judge(fetched.offsets)
     created = retry(lambda: coord.created_times(judged), None) if judged else {}
     stale = _incarnation.older_than_their_topic(fetched.offsets, created)
     for tp in sorted(stale):

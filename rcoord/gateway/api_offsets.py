@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
-from ..topics.incarnation import created_times_async, older_than_their_topic
+from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
 from .api_meta import partition_counts
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
@@ -134,7 +134,7 @@ async def _without_stale(conn: Connection, offsets: dict[TopicPartition, OffsetA
     """``offsets`` without the commits made to a deleted topic of the same name
     (``rcoord.topics.incarnation``), which Kafka deletes with the topic: a partition asked for
     answers -1, as with no commit; a listing of all the group's offsets leaves it out."""
-    judged = {tp.topic for tp, om in offsets.items() if om.offset >= 0}
+    judged = topics_to_judge(offsets)
     if not judged:
         return offsets
     state = conn.state

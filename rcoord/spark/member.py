@@ -649,10 +649,9 @@ class StreamMember:
         ("starts from X instead of 0"), or it starts past where this process began it."""
         began = self._seen.get(tp)
         if log_start > (began or 0):
-            loss = added_loss(tp, log_start) if began is None else (
-                f"topic {tp.topic!r} partition {tp.partition}: offsets {began} to "
-                f"{log_start - 1} were removed by retention before the query read them (the "
-                f"log starts at {log_start})")
+            loss = added_loss(tp, log_start) if began is None else continuity_loss(
+                tp, began, (log_start, log_start), None, None)
+            assert loss is not None  # (began < log_start: the retention case)
             restart_after_loss(loss, log_start, self._fail)
         self._seen[tp] = max(began or 0, log_start)
         return log_start

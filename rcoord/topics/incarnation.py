@@ -23,7 +23,14 @@ from typing import Any
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ._base import meta_key
 
-__all__ = ["created_times", "created_times_async", "older_than_their_topic", "stale_commits"]
+__all__ = ["created_times", "created_times_async", "older_than_their_topic", "stale_commits",
+           "topics_to_judge"]
+
+
+def topics_to_judge(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list[str]:
+    """The topics whose creation times ``older_than_their_topic`` needs for ``offsets``: those
+    with a commit (an offset of -1 is none, and is not judged), sorted."""
+    return sorted({tp.topic for tp, om in offsets.items() if om.offset >= 0})
 
 
 def older_than_their_topic(offsets: Mapping[TopicPartition, OffsetAndMetadata],
@@ -77,5 +84,5 @@ def stale_commits(redis_client: Any, namespace: str,
                   offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> set[TopicPartition]:
     """The partitions of ``offsets`` whose commit belongs to a deleted topic of the same name
     (``older_than_their_topic``), reading the topics' creation times."""
-    judged = {tp.topic for tp, om in offsets.items() if om.offset >= 0}
-    return older_than_their_topic(offsets, created_times(redis_client, namespace, judged))
+    created = created_times(redis_client, namespace, topics_to_judge(offsets))
+    return older_than_their_topic(offsets, created)
