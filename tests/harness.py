@@ -9,11 +9,12 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
+import logging
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rcoord import Errors, GroupCoordinator, JoinGroupResult, MockTime, SyncGroupResult
 from rcoord.keys import GroupKeys
@@ -235,3 +236,21 @@ def wait_for_the_next_ms(client: Any, after_ms: int) -> None:
     """Wait until the server clock is past ``after_ms`` (a commit in the millisecond of a
     topic's creation counts as one made to an earlier topic of that name)."""
     wait_until(lambda: server_ms(client) > after_ms)
+
+
+H = TypeVar("H", bound=logging.Handler)
+
+
+@contextlib.contextmanager
+def handling(handler: H, logger: str, level: int) -> Iterator[H]:
+    """``handler`` on the logger named ``logger``, set to ``level``, for the block; both undone
+    after it."""
+    log = logging.getLogger(logger)
+    old = log.level
+    log.addHandler(handler)
+    log.setLevel(level)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)

@@ -85,32 +85,47 @@ def _cluster_id_and_topics(port: int) -> tuple[str, list[str]]:
     return got.cluster_id, sorted(t.name for t in got.topics)
 
 
+class _StderrLines:
+    """The lines a subprocess writes to stderr, read on a thread of their own ("" once it
+    closed stderr, that is exited), and kept in ``seen``."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.seen: list[str] = []
+        self._lines: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for ln in proc.stderr:
+                self._lines.put(ln)
+            self._lines.put("")  # the process closed its stderr (exited)
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def next(self) -> str:
+        line = self._lines.get(timeout=WAIT_S)
+        self.seen.append(line)
+        return line
+
+    def until(self, text: str) -> str:
+        """The first line holding ``text``; fails if the process exits first."""
+        while text not in (line := self.next()):
+            assert line, f"the process exited: {''.join(self.seen)}"
+        return line
+
+
 def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
     with topics_of(redis_server, namespace) as topics:
         topics.create("only-here", 1)
-    lines: queue.Queue[str] = queue.Queue()
-    seen: list[str] = []
     with subprocess.Popen(
         [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
          "--redis-url", redis_server.url, "--log-level", "INFO"],
         env=_env(RCOORD_NAMESPACE=namespace), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     ) as proc:
-        def read() -> None:
-            assert proc.stderr is not None
-            for ln in proc.stderr:
-                lines.put(ln)
-            lines.put("")  # the process closed its stderr (exited)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        lines = _StderrLines(proc)
         try:
-            while True:  # the log line saying where it listens, or its exit
-                line = lines.get(timeout=WAIT_S)
-                seen.append(line)
-                assert line, f"the gateway exited: {''.join(seen)}"
-                if "listening on" in line:
-                    break
+            line = lines.until("listening on")  # where it listens (or it exited: a failure)
             found = re.search(r"listening on 127\.0\.0\.1:(\d+) .*\(namespace (\S+)\)", line)
             assert found, line
             assert found.group(2) == namespace
@@ -119,7 +134,7 @@ def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
         finally:
             proc.terminate()
             proc.wait(WAIT_S)
-            reader.join(WAIT_S)
+            lines.reader.join(WAIT_S)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -129,30 +144,15 @@ def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig)
     ``Gateway.close()`` never ran."""
     with topics_of(redis_server, namespace) as topics:
         topics.create("idle", 1)
-    lines: queue.Queue[str] = queue.Queue()
-    seen: list[str] = []
     with subprocess.Popen(
         [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
          "--redis-url", redis_server.url, "--namespace", namespace, "--log-level", "INFO"],
         env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     ) as proc:
-        def read() -> None:
-            assert proc.stderr is not None
-            for ln in proc.stderr:
-                lines.put(ln)
-            lines.put("")  # the process closed its stderr (exited)
-
-        def next_line() -> str:
-            line = lines.get(timeout=WAIT_S)
-            seen.append(line)
-            return line
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        lines = _StderrLines(proc)
         sock = None
         try:
-            while "listening on" not in (line := next_line()):
-                assert line, f"the gateway exited: {''.join(seen)}"
+            line = lines.until("listening on")
             found = re.search(r"listening on 127\.0\.0\.1:(\d+) ", line)
             assert found, line
             sock = socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=WAIT_S)
@@ -166,11 +166,11 @@ def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig)
                 "topics": [{"topic": "idle", "partitions": [
                     {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
             proc.send_signal(sig)
-            assert proc.wait(WAIT_S) == 0, "".join(seen)
-            reader.join(WAIT_S)
-            while line := next_line():
+            assert proc.wait(WAIT_S) == 0, "".join(lines.seen)
+            lines.reader.join(WAIT_S)
+            while lines.next():
                 pass
-            out = "".join(seen)
+            out = "".join(lines.seen)
             assert "Traceback" not in out, out
             assert re.search(r"rcoord gateway on 127\.0\.0\.1:\d+ closed", out), out
             try:  # closed by the gateway, the Fetch never answered (a reset if it was unread)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import handling, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.keys import PartitionKeys
@@ -355,14 +355,8 @@ class _Events(logging.Handler):
 
 @pytest.fixture
 def events() -> Iterator[_Events]:
-    handler = _Events()
-    logger = logging.getLogger("rcoord")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    with handling(_Events(), "rcoord", logging.INFO) as handler:
+        yield handler
 
 
 def _fcalls(client: Any) -> int:

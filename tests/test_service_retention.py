@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import handling, wait_until
 from test_service import ROOT, Proc
 
 from rcoord.errors import ConfigError, ConnectionLost
@@ -50,14 +50,8 @@ class _Retention(logging.Handler):
 
 @pytest.fixture
 def retention_log() -> Iterator[_Retention]:
-    handler = _Retention()
-    logger = logging.getLogger("rcoord.service")
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+    with handling(_Retention(), "rcoord.service", logging.DEBUG) as handler:
+        yield handler
 
 
 @pytest.fixture
