@@ -430,3 +430,138 @@ def test_namespace_and_url_come_from_the_environment(redis_server, namespace):
     assert res.returncode == 0, res.stderr
     with redis_server.client() as client:
         assert Topics(client, namespace).list() == ["e"]
+
+
+class _SignalledStdout:
+    """A stdout whose ``write`` of a record's line sends this process ``signum`` once that line
+    is written: the stop lands in the window between a record printed and it being counted."""
+
+    def __init__(self, signum: int, on_line: int) -> None:
+        self.signum, self.on_line = signum, on_line
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        import signal
+
+        if text.strip():
+            self.lines.append(text.strip())
+            if len(self.lines) == self.on_line:
+                signal.raise_signal(self.signum)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("signame, raised", [("SIGTERM", "Terminated"),
+                                             ("SIGINT", "KeyboardInterrupt")])
+def test_a_stop_signal_as_a_record_is_printed_leaves_that_record_printed_and_counted(
+        monkeypatch, signame, raised):
+    """A SIGTERM or Ctrl-C that lands just after a record's line is written ends the console
+    consumer after that record is counted: the positions it commits include every line it
+    printed. Before, the stop could land between the write and the count, the printed record
+    was sought back, and the group's commit was one short (CI saw 9 of 10)."""
+    import signal
+    from types import SimpleNamespace
+
+    from rcoord.ops import common, console
+
+    stdout = _SignalledStdout(getattr(signal, signame), on_line=2)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    args = SimpleNamespace(print_offset=False, print_key=False, key_separator="\t",
+                           max_messages=None)
+    ctx = SimpleNamespace(json=False, args=args)
+    polled = [SimpleNamespace(topic="t", partition=0, offset=o, key=None, value=b"%d" % o,
+                              timestamp_ms=0, topic_partition=TopicPartition("t", 0))
+              for o in range(5)]
+    sought: list[tuple[TopicPartition, int]] = []
+    consumer = SimpleNamespace(seek=lambda tp, offset: sought.append((tp, offset)))
+    signals = common.StopSignals().install()
+    try:
+        printer = console._Printer(ctx, signals)
+        with pytest.raises(BaseException) as stopped:
+            console._print_all(consumer, polled, printer)
+    finally:
+        signals.restore()
+    assert type(stopped.value).__name__ == raised
+    assert stdout.lines == ["0", "1"]
+    assert printer.count == 2
+    assert sought == [(TopicPartition("t", 0), 2)]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_stop_signal_while_a_print_is_held_stops_at_once():
+    """A print blocked on a full pipe must still be stoppable: the first signal waits for the
+    print, a second one inside the same print raises there and then."""
+    import signal
+
+    from rcoord.ops import common
+
+    signals = common.StopSignals().install()
+    reached = []
+    try:
+        with pytest.raises(common.Terminated), signals.held():
+            signal.raise_signal(signal.SIGTERM)
+            reached.append("after the first")
+            signal.raise_signal(signal.SIGTERM)
+            reached.append("after the second")
+    finally:
+        signals.restore()
+    assert reached == ["after the first"]
+
+
+def test_a_stop_signal_during_a_group_poll_prints_what_the_poll_handed_out(
+        monkeypatch, redis_client, namespace):
+    """A SIGTERM that lands while ``poll()`` is handing records out wakes the poll, and the
+    console consumer prints every record the poll returned before it stops, so close() commits
+    nothing that was not printed. Before, the stop could end the command between the poll and
+    the printing, and close() committed the unprinted records as read."""
+    import signal
+    from types import SimpleNamespace
+
+    import rcoord.client
+    from rcoord.ops import common, console
+
+    tp = TopicPartition("t", 0)
+    calls: list[str] = []
+
+    class HandsOutThenStopped:
+        def __init__(self, config: Any, **kwargs: Any) -> None:
+            pass
+
+        def poll(self, timeout: float, max_records: int) -> list[Any]:
+            calls.append("poll")
+            signal.raise_signal(signal.SIGTERM)  # lands as the records are handed out
+            return [SimpleNamespace(topic="t", partition=0, offset=o, key=None,
+                                    value=b"%d" % o, timestamp_ms=0, topic_partition=tp)
+                    for o in range(3)]
+
+        def wakeup(self) -> None:
+            calls.append("wakeup")
+
+        def assignment(self) -> set[TopicPartition]:
+            return {tp}
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            calls.append(f"seek {offset}")
+
+        def close(self, timeout: float) -> None:
+            calls.append("close")
+
+    monkeypatch.setattr(rcoord.client, "Consumer", HandsOutThenStopped)
+    stdout = _SignalledStdout(signal.SIGTERM, on_line=0)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    args = SimpleNamespace(print_offset=False, print_key=False, key_separator="\t",
+                           max_messages=None, group="g", topic="t", from_beginning=True,
+                           timeout_ms=None)
+    ctx = SimpleNamespace(json=False, args=args, client=redis_client, namespace=namespace,
+                          note=lambda text: None)
+    signals = common.StopSignals().install()
+    try:
+        with pytest.raises(common.Terminated):
+            console._consume_group(ctx, console._Printer(ctx, signals))
+    finally:
+        signals.restore()
+    assert stdout.lines == ["0", "1", "2"]
+    assert calls == ["poll", "wakeup", "close"]

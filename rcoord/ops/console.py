@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..cli import UsageError
-from .common import Context, Failure, Progress, leaf, stdout_gone, stop_on_sigterm
+from .common import Context, Failure, Progress, StopSignals, leaf, stdout_gone
 
 __all__ = ["add_console_arguments"]
 
@@ -152,8 +152,9 @@ def _text(raw: bytes | None) -> str | None:
 class _Printer:
     """Prints records in the chosen format and counts them against ``--max-messages``."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, signals: StopSignals) -> None:
         self.ctx, self.args = ctx, ctx.args
+        self.signals = signals
         self.count = 0
 
     @property
@@ -163,21 +164,25 @@ class _Printer:
 
     def __call__(self, topic: str, partition: int, offset: int, key: bytes | None,
                  value: bytes | None, timestamp_ms: int) -> None:
-        """Print one record; it counts once printed (a print that fails counts nothing)."""
-        if self.ctx.json:
-            print_json_line({
-                "topic": topic, "partition": partition, "offset": offset,
-                "timestamp_ms": timestamp_ms, "key": _text(key), "value": _text(value),
-                "value_base64": base64.b64encode(value).decode() if value is not None else None,
-            })
-        else:
-            a = self.args
-            parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
-            if a.print_key:
-                parts.append("null" if key is None else (_text(key) or ""))
-            parts.append("null" if value is None else (_text(value) or ""))
-            print(a.key_separator.join(parts) if a.print_key else "\t".join(parts), flush=True)
-        self.count += 1
+        """Print one record; it counts once printed (a print that fails counts nothing). A stop
+        signal while it prints waits until it is printed and counted (``StopSignals.held``)."""
+        with self.signals.held():
+            if self.ctx.json:
+                print_json_line({
+                    "topic": topic, "partition": partition, "offset": offset,
+                    "timestamp_ms": timestamp_ms, "key": _text(key), "value": _text(value),
+                    "value_base64": base64.b64encode(value).decode() if value is not None
+                    else None,
+                })
+            else:
+                a = self.args
+                parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
+                if a.print_key:
+                    parts.append("null" if key is None else (_text(key) or ""))
+                parts.append("null" if value is None else (_text(value) or ""))
+                print(a.key_separator.join(parts) if a.print_key else "\t".join(parts),
+                      flush=True)
+            self.count += 1
 
 
 def _consume(ctx: Context) -> int:
@@ -187,8 +192,8 @@ def _consume(ctx: Context) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     ctx.topics().partition_count(a.topic)  # a missing topic is an error, not an endless wait
-    printer = _Printer(ctx)
-    restore = stop_on_sigterm()
+    signals = StopSignals().install()
+    printer = _Printer(ctx, signals)
     try:
         if a.group:
             _consume_group(ctx, printer)
@@ -199,7 +204,7 @@ def _consume(ctx: Context) -> int:
         # consumer stops on a failed write.
         stdout_gone()
     finally:
-        restore()
+        signals.restore()
         ctx.note(f"Processed a total of {printer.count} messages")
     return 0
 
@@ -291,13 +296,18 @@ def _consume_group(ctx: Context, printer: _Printer) -> None:
         start_offset="earliest" if a.from_beginning else "latest",
     )
     consumer = Consumer(config, fetch_max_wait_ms=FETCH_WAIT_MS)
+    printer.signals.on_stop = consumer.wakeup
     progress = Progress(ctx, every_s=2.0)
     try:
         idle_until = _idle_deadline(a)
         while printer.wanted is None or printer.wanted > 0:
-            records = consumer.poll(timeout=min(1.0, _left_ms(idle_until) / 1000),
-                                    max_records=printer.wanted or 500)
-            _print_all(consumer, records, printer)
+            # A stop signal inside waits for the poll (cut short by wakeup()) and the printing
+            # of what it returned: ended between the two, records handed out but never printed
+            # were committed as read by close().
+            with printer.signals.held():
+                records = consumer.poll(timeout=min(1.0, _left_ms(idle_until) / 1000),
+                                        max_records=printer.wanted or 500)
+                _print_all(consumer, records, printer)
             if records:
                 idle_until = _idle_deadline(a)
             elif idle_until is not None and time.monotonic() >= idle_until:
@@ -311,15 +321,15 @@ def _consume_group(ctx: Context, printer: _Printer) -> None:
 def _print_all(consumer: Any, records: list[Any], printer: _Printer) -> None:
     """Print one poll's records. If a print fails (stdout closed, Ctrl-C), each partition is
     sought back to its first record not printed, so the positions close() commits are exactly
-    what was printed, never records polled but not shown."""
-    done = 0
+    what was printed, never records polled but not shown (the printer counts a record in the
+    same held block that prints it, so ``count`` says exactly how many were)."""
+    before = printer.count
     try:
         for r in records:
             printer(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms)
-            done += 1
     except BaseException:
         first: dict[tuple[str, int], Any] = {}
-        for r in records[done:]:
+        for r in records[printer.count - before:]:
             first.setdefault((r.topic, r.partition), r)
         for r in first.values():
             consumer.seek(r.topic_partition, r.offset)
