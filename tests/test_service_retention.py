@@ -215,12 +215,13 @@ def test_a_retention_pass_that_redis_fails_is_tried_again(redis_server, single_c
                 raise ConnectionLost("list: the connection dropped")
         return real_list(self)
 
-    def flaky_apply(self: Topics, topic: str) -> dict[int, int]:
+    def flaky_apply(self: Topics, topic: str, stop: threading.Event | None = None
+                    ) -> dict[int, int]:
         with lock:
             if topic == "bad" and failures["bad"]:
                 failures["bad"] -= 1
                 raise RuntimeError("bad: a script error")
-        return real_apply(self, topic)
+        return real_apply(self, topic, stop)
 
     monkeypatch.setattr(Topics, "list", flaky_list)
     monkeypatch.setattr(Topics, "apply_retention", flaky_apply)

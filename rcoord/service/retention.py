@@ -15,7 +15,8 @@ loop. Nothing they meet ends the process: a failed listing, or a topic whose tri
 logged (``retention_error``, once per pass) and tried again at the next pass. On one node a
 failure that says Redis cannot run anything now (unreachable, out of memory, read-only) ends the
 pass, since every other topic would meet it too (each perhaps after a socket timeout); on a
-cluster the topics of the other nodes go on. The stop event is checked between topics.
+cluster the topics of the other nodes go on. The stop event is checked between topics, and
+between the scan rounds of a topic's trim.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class RetentionKeeper:
             if partition_for(topic, self._n) not in self._owned():
                 continue  # its lease moved during the pass: its new holder trims it
             try:
-                starts = self._topics.apply_retention(topic)
+                starts = self._topics.apply_retention(topic, self._stop)
             except TopicError as exc:
                 if exc.error == Errors.UNKNOWN_TOPIC_OR_PARTITION:
                     continue  # deleted since it was listed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 from typing import Any
 
@@ -278,13 +279,18 @@ class Topics:
         return sorted(names)
 
     @translate_redis_errors
-    def apply_retention(self, topic: str) -> dict[int, int]:
+    def apply_retention(self, topic: str, stop: threading.Event | None = None) -> dict[int, int]:
         """Trim every partition by the topic's retention; returns partition -> log start offset.
 
         By count: ``XTRIM MAXLEN`` keeps the newest ``retention_records`` (exactly; Kafka works
         per segment and so keeps somewhat more). By age: records older than ``retention_ms`` by
         the node's clock go from the head, up to the first one that is not expired, scanned
         ``RETENTION_SCAN`` entries per call so no call holds the server for long.
+
+        ``stop`` (the coordinator service's) is looked at between those rounds: once it is set
+        the trim ends where it is, every partition trimmed at least one round (a large expired
+        backlog takes many), and the next pass goes on from there. It held a stopping service
+        for the whole backlog before.
         """
         _check_topic(topic)
         desc_meta = self._r.hgetall(meta_key(self._ns, topic))
@@ -306,6 +312,8 @@ class Topics:
                 if int(res[3]):
                     again.append(p)
             pending, records = again, b""
+            if stop is not None and stop.is_set():
+                break
         return dict(sorted(starts.items()))
 
 
