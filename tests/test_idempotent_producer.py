@@ -307,6 +307,42 @@ def test_a_replay_is_told_a_record_its_first_run_lost_is_not_stored(
     assert values(namespace, redis_client, "t", 0) == [b"A", b"C", b"B"]
 
 
+def test_a_replay_split_in_several_script_calls_stops_at_the_refused_one(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A replay whose call spans several script calls of one partition (over
+    ``max_request_size`` here; over 1,000 records by default): the script call that resends
+    the lost sequence is refused, and the calls after it are not sent, so the call appended
+    nothing from that sequence on, as its error says. Before, the later calls were sent and
+    their new records appended while the error said "This call appended nothing": resent
+    under a higher epoch as it advised, they were stored twice."""
+    topics.create("t", 1)
+    recs = [ProducerRecord(b"%04d" % i + b"x" * 396, partition=0) for i in range(8)]
+    client = FailingClient(redis_client)
+    first = Producer(client, namespace, producer_id="job", producer_epoch=0,
+                     max_request_size=1000)  # two records per script call
+    first.send_batch("t", recs[0:2])
+    client.fail = "before"
+    with pytest.raises(ConnectionLost):
+        first.send_batch("t", recs[2:4])
+    first.send_batch("t", recs[4:6])  # the gap (sequences 2 and 3) declared lost
+    stored = [b"0000", b"0001", b"0004", b"0005"]
+    assert [v[:4] for v in values(namespace, redis_client, "t", 0)] == stored
+
+    replay = Producer(redis_client, namespace, producer_id="job", producer_epoch=0,
+                      max_request_size=1000)
+    with pytest.raises(TopicError) as err:
+        replay.send_batch("t", recs)  # script calls [0,1] [2,3] [4,5] [6,7]
+    assert err.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert "This call appended nothing;" in str(err.value)
+    assert [v[:4] for v in values(namespace, redis_client, "t", 0)] == stored
+    # Its advice holds: the records it did not store, sent under a higher epoch, are stored once.
+    Producer(redis_client, namespace, producer_id="job", producer_epoch=1).send_batch(
+        "t", recs[2:4] + recs[6:])
+    assert [v[:4] for v in values(namespace, redis_client, "t", 0)] == stored + [
+        b"0002", b"0003", b"0006", b"0007"]
+
+
 def _skipped_ranges(client: Any, namespace: str) -> list[list[int]]:
     """The skipped-range entries of producer "p"'s state in t-0: (first, -2 - last, kind, 0).
     Each also reads, to an older rcoord's script, as a batch that holds no sequence."""

@@ -292,6 +292,11 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
     or records taken for duplicates and never appended. Different partitions do not depend on
     each other, so resending within a pipeline is safe. Nearly every call has one call per key,
     and one pipeline.
+
+    For the same reason, once a call answers with an error (a reply whose first element is an
+    error name other than NONE), the later calls of its key are not sent, and their results are
+    None: a batch's records after a refused chunk were appended before, and the caller, told
+    the batch failed, could not know that part of it was stored (resent, it was stored twice).
     """
     out: list[Any] = [None] * len(calls)
     rounds: list[list[int]] = []
@@ -302,10 +307,22 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
         if k == len(rounds):
             rounds.append([])
         rounds[k].append(i)
+    refused: set[str] = set()
     for indices in rounds:
+        indices = [i for i in indices if calls[i][1][0] not in refused]
+        if not indices:
+            break
         for i, res in zip(indices, _run_independent(client, [calls[i] for i in indices])):
             out[i] = res
+            if _refused(res):
+                refused.add(calls[i][1][0])
     return out
+
+
+def _refused(res: Any) -> bool:
+    """A script's reply that starts with an error name other than NONE."""
+    return (isinstance(res, list) and bool(res) and isinstance(res[0], (bytes, str))
+            and res[0] not in (b"NONE", "NONE"))
 
 
 def _run_independent(client: Any, calls: Sequence[_Call]) -> list[Any]:

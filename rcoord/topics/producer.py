@@ -422,6 +422,8 @@ class Producer:
         out: list[RecordMetadata | None] = [None] * len(recs)
         failed: list[int] = []
         for (p, chunk), res in zip(chunks, _run(self._r, calls)):
+            if res is None:
+                continue  # not sent: an earlier chunk of its partition failed
             if _name(res[0]) != Errors.NONE:
                 failed.append(p)
                 continue
@@ -507,6 +509,8 @@ class Producer:
             skipped: dict[int, str] = {}  # partition -> "lost"/"unknown": a skipped sequence resent
             acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
             for (p, first_seq, chunk), res in zip(chunks, results):
+                if res is None:
+                    continue  # not sent: an earlier chunk of its partition failed
                 error = _name(res[0])
                 if error != Errors.NONE:
                     if p not in failed:
@@ -552,7 +556,9 @@ class Producer:
 
         ``skipped``: the call resent a sequence the partition skipped as lost ("lost": never
         appended; "unknown": maybe appended), a replay of a failed call's records. The
-        producer's own numbering is unharmed then: nothing to recover."""
+        producer's own numbering is unharmed then: nothing to recover. "This call appended
+        nothing" holds for a call split in several script calls too: they stop at the refused
+        one (``_run``), and those before it resent sequences the partition had."""
         if skipped == "lost":
             return (f"{why}. This call appended nothing; to store that record, send it with a "
                     f"new Producer with a higher producer_epoch")
@@ -714,7 +720,7 @@ def append_idempotent(
         calls.append((APPEND_IDEMPOTENT, keys, args))
     out: list[RecordMetadata] = []
     for lo, res in zip(range(0, len(recs), step), _run(redis_client, calls)):
-        error = _name(res[0])
+        error = _name(res[0])  # (a call after a failed one is not sent: this raises first)
         if error != Errors.NONE:
             why = res[1].decode() if len(res) > 1 else ""
             raise TopicError(error, f"{topic} partition {partition}: {why or error.name}")
