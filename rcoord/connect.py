@@ -23,6 +23,7 @@ every node. redis-py's own ``RedisCluster.close()`` does not when the client was
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -31,7 +32,7 @@ import redis.exceptions
 
 from .errors import MissingPermissionError
 
-__all__ = ["ClusterClient", "connect", "driver_info", "server_mode"]
+__all__ = ["ClusterClient", "connect", "driver_info", "learn_node", "server_mode"]
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -89,6 +90,9 @@ class ClusterClient(redis.cluster.RedisCluster):
     ``CLUSTER SLOTS`` or ``COMMAND``): redis-py raises from ``__init__`` and nobody can close
     what it opened. Only public redis-py attributes are read (``startup_nodes``,
     ``nodes_manager``, ``ClusterNode.redis_connection``); nothing of redis-py is patched.
+
+    Its ``nodes_manager`` follows an ``ASK`` to a master added since the topology was read
+    (``_LearningNodesManager``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -97,12 +101,15 @@ class ClusterClient(redis.cluster.RedisCluster):
         except BaseException:
             self._disconnect_nodes()
             raise
+        # Its pipelines share it, so they follow an ASK to a new master too.
+        self.nodes_manager.__class__ = _LearningNodesManager
 
     def close(self) -> None:
         try:
             super().close()
         finally:
             self._disconnect_nodes()
+
 
     def _disconnect_nodes(self) -> None:
         """Disconnect the pool of every node this client made, whether ``__init__`` finished.
@@ -121,6 +128,43 @@ class ClusterClient(redis.cluster.RedisCluster):
             if node.redis_connection is not None)}
         for pool in pools.values():
             pool.disconnect()
+
+
+def learn_node(manager: Any, node_name: str, make_node: Callable[[str, int], Any]) -> Any:
+    """Add the master ``node_name`` (``host:port``, an ``ASK`` target) to a cluster client's
+    ``nodes_manager`` and return it (``make_node(host, port)`` builds it, with its
+    connections); the client's next topology refresh keeps it or drops it as the cluster
+    says. None for a name that is not ``host:port``."""
+    host, _, port = node_name.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    node = manager.nodes_cache.get(node_name)
+    if node is None:
+        node = make_node(host, int(port))
+        node = manager.nodes_cache.setdefault(node.name, node)  # another thread may have won
+    return node
+
+
+class _LearningNodesManager(redis.cluster.NodesManager):
+    """redis-py's, and a node it does not know yet when asked by name: an ``ASK`` to a master
+    added since the topology was read (``--cluster add-node``, then a reshard to it). redis-py
+    (8.1) follows an ``ASK`` by looking its address up among the nodes it knows and failed with
+    ``AttributeError: 'NoneType' object has no attribute 'redis_connection'`` for a new one,
+    so during such a reshard heartbeats and commits raised that instead of reaching the node,
+    and a member lost its partitions. A refresh would not help: a master owns no slot, and so
+    is in no ``CLUSTER SLOTS`` answer, until its first slot's migration ends."""
+
+    def get_node(self, host: str | None = None, port: int | None = None,
+                 node_name: str | None = None) -> Any:
+        node = super().get_node(host, port, node_name)
+        if node is None and node_name and host is None:
+            node = learn_node(self, node_name, self._new_master)
+        return node
+
+    def _new_master(self, host: str, port: int) -> Any:
+        node = redis.cluster.ClusterNode(host, port, redis.cluster.PRIMARY)
+        self.create_redis_connections([node])  # type: ignore[no-untyped-call]
+        return node
 
 
 def _missing_cluster_permission(client: redis.Redis) -> MissingPermissionError | None:

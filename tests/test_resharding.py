@@ -167,3 +167,106 @@ def test_migrate_slot_moves_every_key(cluster):
         assert [r.get(k) for k in keys] == [k.encode() for k in keys]
     finally:
         r.close()
+
+
+def test_a_reshard_to_a_master_added_since_the_client_started_is_followed(cluster):
+    """An operator adds a master (``--cluster add-node``) and moves a live group's slot to it.
+    While the slot migrates, a call whose keys have moved is answered ``ASK`` with the new
+    master's address, which the clients, started before it joined, do not know. redis-py
+    (8.1) failed such a call with ``AttributeError`` ('NoneType' object has no attribute
+    'redis_connection'), sync and asyncio: the member's heartbeat ended its generation with its
+    partitions lost. Now the clients learn the node from the ``ASK`` and follow it: a key's
+    read is served there, and a group step gets what the migration allows (served, or
+    ``ConnectionLost`` while its keys are split, retriable), never anything else; once the slot
+    is moved the member goes on in its generation."""
+    import asyncio
+    import subprocess
+    import uuid
+
+    from cluster_replicas import find_cli, free_port, node
+
+    from rcoord import CoordinatorConfig, GroupCoordinator, OffsetAndMetadata, TopicPartition
+    from rcoord.asyncio.cluster import AsyncClusterClient
+    from rcoord.connect import connect
+    from rcoord.errors import ConnectionLost, Errors
+    from rcoord.keys import GroupKeys
+
+    ns, group, tp = "ask" + uuid.uuid4().hex[:6], "g", TopicPartition("t", 0)
+    client = connect(cluster.url(), socket_timeout=3)
+    try:
+        coord = GroupCoordinator(client, CoordinatorConfig(
+            namespace=ns, group_initial_rebalance_delay_ms=0)).start()
+        first = coord.join_group(group, protocol_type="consumer", protocols=[("range", b"")],
+                                 session_timeout_ms=60_000)
+        joined = coord.join_group(group, first.member_id, protocol_type="consumer",
+                                  protocols=[("range", b"")], session_timeout_ms=60_000)
+        coord.sync_group(group, joined.generation_id, joined.member_id,
+                         assignments={joined.member_id: b"a"})
+        member = (group, joined.generation_id, joined.member_id)
+        group_key = GroupKeys.of(ns, 50, group).group
+        slot = redis.cluster.key_slot(group_key.encode())
+
+        extra = node(free_port(), cluster.node_timeout_ms).start()
+        cluster.nodes[extra.port] = extra  # stopped with the cluster
+        added = subprocess.run([find_cli(), "--cluster", "add-node", f"127.0.0.1:{extra.port}",
+                                cluster.addrs[0]], capture_output=True, text=True, timeout=60,
+                               check=False)
+        assert added.returncode == 0, added.stdout + added.stderr
+        wait_until(lambda: all(any(n.port == extra.port for n in cluster.topology(via=p))
+                               for p in cluster.nodes), timeout_s=30)
+        cluster.wait_replicated()  # every node, the new one too, says cluster_state:ok
+        src = cluster.master_of_slot(slot)
+        dst = next(n for n in cluster.topology() if n.port == extra.port)
+        assert client.get_node(host="127.0.0.1", port=extra.port) is None  # unknown to it
+
+        s, d = cluster.node_client(src.port), cluster.node_client(dst.port)
+        try:
+            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.id)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.id)
+            while keys := s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *keys)
+
+            # Every key of the slot is on the new master now: the source answers ASK.
+            assert client.exists(group_key) == 1
+
+            async def read_async() -> int:
+                async_client = AsyncClusterClient.from_url(cluster.url())
+                try:
+                    return int(await async_client.exists(group_key))
+                finally:
+                    await async_client.aclose()
+
+            assert asyncio.run(read_async()) == 1
+            for step in (lambda: coord.heartbeat(*member),
+                         lambda: coord.commit_offsets(group, {tp: OffsetAndMetadata(1)},
+                                                      member_id=member[2],
+                                                      generation_id=member[1])[tp]):
+                try:
+                    assert step() == Errors.NONE
+                except ConnectionLost:
+                    pass  # its keys are split between the masters: retriable
+            assert int(d.info("commandstats").get("cmdstat_asking", {}).get("calls", 0)) > 0
+
+            for c in (d, s, *(cluster.node_client(m.port) for m in cluster.masters()
+                              if m.id not in (src.id, dst.id))):
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.id)
+        finally:
+            s.close()
+            d.close()
+        wait_until(lambda: _served(lambda: coord.heartbeat(*member)) == Errors.NONE,
+                   timeout_s=30)
+        assert coord.commit_offsets(group, {tp: OffsetAndMetadata(2)}, member_id=member[2],
+                                    generation_id=member[1])[tp] == Errors.NONE
+        assert [m.member_id for m in coord.describe_group(group).members] == [member[2]]
+    finally:
+        client.close()
+
+
+def _served(call: Any) -> Any:
+    """The call's answer, or None while the cluster is still settling (a retriable error)."""
+    from rcoord.errors import ConnectionLost
+
+    try:
+        return call()
+    except ConnectionLost:
+        return None

@@ -1,0 +1,38 @@
+"""The asyncio Redis Cluster client rcoord builds (the gateway's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio.cluster
+
+from ..connect import learn_node
+
+__all__ = ["AsyncClusterClient"]
+
+
+class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
+    """A ``redis.asyncio.RedisCluster`` that follows an ``ASK`` to a master it does not know
+    yet, as ``rcoord.connect.ClusterClient`` does (``_LearningNodesManager`` there says why):
+    redis-py's asyncio client failed the same way, with ``'NoneType' object has no attribute
+    'execute_command'``, during a reshard to a master added since it started."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Its pipelines share it, so they follow an ASK to a new master too.
+        self.nodes_manager.__class__ = _LearningNodesManager
+
+
+class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
+    __slots__ = ()  # redis-py's has slots: the same layout lets the client's take this class
+
+    def get_node(self, host: str | None = None, port: int | None = None,
+                 node_name: str | None = None) -> Any:
+        node = super().get_node(host, port, node_name)
+        if node is None and node_name and host is None:
+            node = learn_node(self, node_name, self._new_master)
+        return node
+
+    def _new_master(self, host: str, port: int) -> Any:
+        return redis.asyncio.cluster.ClusterNode(
+            host, port, redis.cluster.PRIMARY, **self.connection_kwargs)
