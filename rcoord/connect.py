@@ -32,7 +32,14 @@ import redis.exceptions
 
 from .errors import MissingPermissionError
 
-__all__ = ["ClusterClient", "connect", "driver_info", "learn_node", "server_mode"]
+__all__ = ["MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info", "learn_node", "server_mode"]
+
+MAX_CONNECTIONS = 1000
+"""Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
+redis-py 8 made its pool refuse a command past 100 ("Too many connections"), and every thread
+in a call holds one (a parked JoinGroup or SyncGroup for up to half the socket timeout): a
+process of 200 member threads on one blocking coordinator had 13 of its joins fail. A server
+takes 10,000 clients by default."""
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -188,14 +195,16 @@ def connect(url: str, **kwargs: Any) -> Any:
     socket it opened; a failed ``connect`` leaves none open.
 
     ``kwargs`` go to redis-py (``socket_timeout``, ``ssl_ca_certs``, ...);
-    ``socket_connect_timeout`` defaults to 5 s, and ``decode_responses`` is always False
-    (rcoord reads bytes).
+    ``socket_connect_timeout`` defaults to 5 s, ``max_connections`` (per node) to
+    ``MAX_CONNECTIONS`` (the URL's ``?max_connections=`` wins over both), and
+    ``decode_responses`` is always False (rcoord reads bytes).
 
     Raises redis-py's ``ConnectionError`` (refused, unknown host, TLS failure),
     ``AuthenticationError`` (wrong user or password), ``ValueError`` (a malformed URL) and
     ``MissingPermissionError`` (an ACL user that lacks what connecting needs).
     """
     kwargs.setdefault("socket_connect_timeout", 5.0)
+    kwargs.setdefault("max_connections", MAX_CONNECTIONS)
     kwargs["decode_responses"] = False
     info = driver_info()
     if info is not None and not {"driver_info", "lib_name", "lib_version"} & kwargs.keys():

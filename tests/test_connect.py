@@ -46,3 +46,43 @@ def test_connect_keeps_a_callers_own_driver_info(redis_server: Any) -> None:
         assert _lib(client) == ("my-framework", "1.2.3")
     finally:
         client.close()
+
+
+def test_a_client_serves_more_threads_at_once_than_redis_pys_default_pool(
+        redis_server: Any) -> None:
+    """150 threads each in a blocking call at once on one ``connect`` client (as member
+    threads parked in JoinGroup on one blocking coordinator are): all are served. redis-py 8's
+    default pool refused past 100 ("Too many connections"). The URL's own bound still wins."""
+    import threading
+
+    from rcoord.connect import MAX_CONNECTIONS
+
+    client = connect(redis_server.url)
+    results: list[Any] = []
+    lock = threading.Lock()
+    inside = threading.Barrier(150)
+
+    def call(i: int) -> None:
+        try:
+            inside.wait(timeout=30)
+            outcome: Any = client.blpop([f"rcoord-test-idle-{i}"], timeout=1)
+        except Exception as exc:  # noqa: BLE001 - recorded and asserted below
+            outcome = exc
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(150)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert results == [None] * 150
+        assert client.connection_pool.max_connections == MAX_CONNECTIONS
+    finally:
+        client.close()
+    bounded = connect(redis_server.url + "?max_connections=7")
+    try:
+        assert bounded.connection_pool.max_connections == 7
+    finally:
+        bounded.close()
