@@ -18,7 +18,7 @@ import test_cli_groups
 from test_cli_errors import one_error_line
 from test_cli_groups import ok, rows
 
-from rcoord import TopicPartition
+from rcoord import OffsetAndMetadata, TopicPartition
 from rcoord.topics import Topics, fetch
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
@@ -300,9 +300,48 @@ def test_a_command_whose_stdout_was_closed_still_succeeds(url, namespace, redis_
     finally:
         os.close(write_end)
     assert proc.returncode == 0, err.decode()
-    assert err.decode() == ""
+    # Only its note on stderr (the report to stdout goes nowhere), no error.
+    assert err.decode() == "rcoord groups reset-offsets: committed 1 offsets of group 'g'\n"
     assert coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets[
         TopicPartition("t", 0)].offset == 5
+
+
+def _into_a_closed_pipe(url: str, namespace: str, *args: str) -> tuple[int, str]:
+    """Run ``python -m rcoord ARGS`` with a stdout whose reader has gone (every write fails
+    with EPIPE); its exit status and stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = rcoord_process(url, namespace, *args, stdout=write_end, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(write_end)
+    return proc.returncode, err.decode()
+
+
+def test_a_reader_gone_neither_hides_a_failure_nor_stops_the_work(url, namespace, redis_client,
+                                                                  make_coordinator):
+    """Into a pipe whose reader went away: ``groups delete`` of an empty group and a busy one
+    still exits 1 with the busy one's error (before: exit 0, nothing on stderr, the report of
+    the deleted one having raised BrokenPipeError first), and ``topics delete`` of several
+    topics deletes every one (before: it stopped at its first "Deleted topic" line)."""
+    coord = make_coordinator()
+    coord.commit_offsets("idle", {TopicPartition("t", 0): OffsetAndMetadata(1)})
+    first = coord.join_group("busy", protocol_type="consumer", protocols=[("range", b"")],
+                             session_timeout_ms=60_000)
+    coord.join_group("busy", first.member_id, protocol_type="consumer",
+                     protocols=[("range", b"")], session_timeout_ms=60_000)
+    code, err = _into_a_closed_pipe(url, namespace, "groups", "delete", "idle", "busy")
+    assert code == 1, err
+    assert "group 'busy' could not be deleted: NON_EMPTY_GROUP" in err
+    assert [g.group_id for g in coord.list_groups()] == ["busy"]
+
+    topics = Topics(redis_client, namespace)
+    for name in ("a", "b", "c"):
+        topics.create(name, 1)
+    code, err = _into_a_closed_pipe(url, namespace, "topics", "delete", "a", "b", "c")
+    assert (code, err) == (0, "")
+    assert topics.list() == []
 
 
 def test_an_option_value_with_a_blank_that_starts_with_a_dash(cli, redis_client, namespace):

@@ -27,6 +27,7 @@ from ..cli import (
     with_tls_files,
 )
 from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
+from .output import stdout_gone
 
 __all__ = ["Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common", "leaf",
            "run", "stdout_gone"]
@@ -106,14 +107,6 @@ class StopSignals:
             if not self._held and self._pending is not None:
                 pending, self._pending = self._pending, None
                 raise pending
-
-
-def stdout_gone() -> None:
-    """The reader of stdout went away (``| head``): later writes (the interpreter's flush at
-    exit too) go nowhere instead of raising ``BrokenPipeError`` again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..state import GroupState
 from ..topics.incarnation import stale_commits
 from .common import Context, Failure, leaf
-from .output import print_json, print_table
+from .output import print_json, print_line, print_table
 from .reset import MODES, Mode, Row, parse_datetime, parse_duration, parse_topics, plan
 
 __all__ = ["add_arguments"]
@@ -199,12 +199,12 @@ def _describe(ctx: Context) -> int:
                 [(group, desc.state, desc.protocol_type, desc.protocol_name, len(members),
                   total)])
     if members:
-        print()
+        print_line()
         print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"],
                     [(m["consumer_id"], m["group_instance_id"], m["host"], m["client_id"],
                       len(m["partitions"])) for m in members])
     if rows:
-        print()
+        print_line()
         print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
                      "CONSUMER-ID", "HOST", "CLIENT-ID"],
                     [(group, r["topic"], r["partition"], r["current_offset"],
@@ -229,7 +229,7 @@ def _delete(ctx: Context) -> int:
         print_json({"deleted": deleted, "failed": {g: e.name for g, e in failed.items()}})
     elif deleted:
         names = ", ".join(repr(g) for g in deleted)
-        print(f"Deletion of requested consumer groups ({names}) was successful.", flush=True)
+        print_line(f"Deletion of requested consumer groups ({names}) was successful.")
     if failed:
         raise Failure("; ".join(
             f"group {g!r} could not be deleted: {e.name}"

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["cell", "print_json", "print_table", "table"]
+__all__ = ["cell", "print_json", "print_line", "print_table", "stdout_gone", "table"]
 
 MISSING = "-"
 
@@ -29,10 +30,38 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    print(table(headers, rows), flush=True)
+    _best_effort(lambda: print(table(headers, rows), flush=True))
 
 
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    def write() -> None:
+        json.dump(data, sys.stdout, indent=2, sort_keys=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    _best_effort(write)
+
+
+def print_line(text: str = "") -> None:
+    _best_effort(lambda: print(text, flush=True))
+
+
+def _best_effort(write: Callable[[], None]) -> None:
+    """A command's report is written if someone reads it. A reader that went away (``| head``,
+    ``| true``) must neither stop the work left (``topics delete`` stopped deleting at its
+    first line) nor hide the command's outcome: a failure raised after the report (``groups
+    delete`` of a busy group) exited 0 with no error line. The rest of the report goes nowhere
+    (``stdout_gone``). The console consumer writes its records itself: it stops on a failed
+    write, as Kafka's does."""
+    try:
+        write()
+    except BrokenPipeError:
+        stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (``| head``): later writes (the interpreter's flush at
+    exit too) go nowhere instead of raising ``BrokenPipeError`` again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -12,7 +12,7 @@ from ..errors import Errors
 from ..topics import TopicError
 from .common import Context, leaf
 from .console import add_console_arguments
-from .output import print_json, print_table
+from .output import print_json, print_line, print_table
 
 __all__ = ["add_arguments"]
 
@@ -55,8 +55,7 @@ def _create(ctx: Context) -> int:
     if ctx.json:
         print_json({"topic": a.topic, "created": created})
     else:
-        print(f"Created topic {a.topic}." if created else f"Topic {a.topic} already exists.",
-              flush=True)
+        print_line(f"Created topic {a.topic}." if created else f"Topic {a.topic} already exists.")
     return 0
 
 
@@ -65,8 +64,8 @@ def _list(ctx: Context) -> int:
     if ctx.json:
         print_json(names)
     else:
-        for name in names:
-            print(name)
+        if names:
+            print_line("\n".join(names))
     return 0
 
 
@@ -92,7 +91,7 @@ def _describe(ctx: Context) -> int:
              None if p.error == Errors.NONE else p.error.name)
             for d in descs for p in d.partitions]
     if rows:
-        print()
+        print_line()
         print_table(["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET", "ERROR"], rows)
     return 0
 
@@ -131,7 +130,7 @@ def _delete(ctx: Context) -> int:
                 continue
             deleted.append(name)
             if not ctx.json:
-                print(f"Deleted topic {name}.", flush=True)
+                print_line(f"Deleted topic {name}.")
     finally:
         # Also when a delete fails half-way (Redis lost): a program reading the JSON must
         # learn which topics are gone already, as a person reads it from the lines above.
@@ -153,6 +152,6 @@ def _add_partitions(ctx: Context) -> int:
         print_json({"topic": ctx.args.topic, "partitions_before": before,
                     "partitions": ctx.args.partitions})
     else:
-        print(f"Topic {ctx.args.topic} now has {ctx.args.partitions} partitions "
-              f"(was {before}).", flush=True)
+        print_line(f"Topic {ctx.args.topic} now has {ctx.args.partitions} partitions "
+                   f"(was {before}).")
     return 0
