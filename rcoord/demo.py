@@ -148,18 +148,22 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any,
         max_poll_records=200,
     )
     report.consumer = consumer
-    while not stop.is_set():
-        try:
-            records = consumer.poll(timeout=0.2)
-        except Exception as exc:  # noqa: BLE001 - a join error is reported once; keep polling
-            log.warning("poll: %s", exc)
-            continue
-        if not records:
-            continue
-        time.sleep(DEMO_WORK_MS * len(records) / 1000)  # the "work"
-        pipe = client.pipeline(transaction=False)
-        pipe.rpush(f"{namespace}:demo:done:{name}", *[f"{r.partition}:{r.offset}" for r in records])
-        pipe.execute()
+    try:
+        while not stop.is_set():
+            try:
+                records = consumer.poll(timeout=0.2)
+            except Exception as exc:  # noqa: BLE001 - a join error is reported once; keep polling
+                log.warning("poll: %s", exc)
+                continue
+            if not records:
+                continue
+            time.sleep(DEMO_WORK_MS * len(records) / 1000)  # the "work"
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(f"{namespace}:demo:done:{name}",
+                       *[f"{r.partition}:{r.offset}" for r in records])
+            pipe.execute()
+    except KeyboardInterrupt:
+        return  # Ctrl-C reaches the whole process group: the demo itself stops the workers
     consumer.close(timeout=30)
     client.close()
 
@@ -613,12 +617,22 @@ def _run_demo(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=level, format="%(levelname)s %(name)s %(message)s")
+    from .ops.common import StopSignals, Terminated
+
+    # SIGTERM (kill, timeout, docker stop) cleans up as Ctrl-C does: before, it killed the
+    # demo at once and left its embedded server, its workers and (on a given Redis) its
+    # members and keys behind.
+    signals = StopSignals().install()
     try:
         return _demo_bounded(args, url, started, deadline)
+    except Terminated:
+        return 143
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
         return report(exc, prog, url=url, debug=level == "DEBUG")
+    finally:
+        signals.restore()
 
 
 def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
@@ -627,7 +641,7 @@ def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
 
     server = None
     if not url:
-        server = EmbeddedServer().start()
+        server = EmbeddedServer(own_session=True).start()
         url = server.url
         print(
             f"  0.00s  no Redis configured: started an embedded server at {url} "
@@ -650,7 +664,10 @@ def _demo_bounded(args: argparse.Namespace, url: str | None, started: float,
         runner.start()
         # The run checks the deadline between steps; a step that cannot (a long set-up call)
         # is cut off from here.
-        runner.join(max(0.0, deadline - time.monotonic()))
+        # In short slices: a signal the kernel hands to another thread runs its Python handler
+        # only when this one runs again (a SIGTERM waited out the whole run).
+        while runner.is_alive() and time.monotonic() < deadline:
+            runner.join(min(0.2, max(0.0, deadline - time.monotonic())))
         gave_up = time.monotonic() - started
         if runner.is_alive():
             # Not joined: it may be computing in library code for a while, but from here on

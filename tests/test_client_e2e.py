@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from harness import wait_until
 
 from rcoord import Errors, GroupCoordinator, TopicPartition
@@ -340,3 +341,56 @@ def test_demo_with_an_eager_assignor_reports_the_stop() -> None:
     found = re.search(r"eager rebalancing \(range\): the workers that stayed revoked (\d+)",
                       done.stdout)
     assert found and int(found.group(1)) > 0, done.stdout
+
+
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: int) -> None:
+    """``kill``, ``timeout``, ``docker stop`` (SIGTERM) or Ctrl-C (SIGINT to the process group)
+    in the middle of ``rcoord demo``: it stops its workers and its embedded server, exits 143
+    or 130, and no worker prints a traceback. Before, SIGTERM killed the demo at once and its
+    server, workers and multiprocessing helper went on running."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "demo", "--records", "100000", "--produce-seconds", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+        # As from a terminal: a shell's background job (CI's, perhaps) ignores SIGINT, and a
+        # child inherits that, which Python keeps.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not any("the group is stable" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        found = re.search(r"redis://127\.0\.0\.1:(\d+)", "".join(lines))
+        assert found, "".join(lines)
+        port = int(found.group(1))
+        if signame == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == code, "".join(lines) + out + err
+    assert "Traceback" not in err, err
+
+    def group_empty() -> bool:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(group_empty, timeout_s=20)  # workers, server, resource tracker: all gone
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis(port=port, socket_connect_timeout=1).ping()

@@ -249,6 +249,10 @@ class EmbeddedServer:
     :param data_dir: working directory (logs, dumps).  If given it is *not*
         removed on stop; by default a fresh temporary directory is used and
         removed by :meth:`stop`.
+    :param own_session: run the server in a session (process group) of its own, so a Ctrl-C
+        in the terminal, which signals the whole foreground group, leaves it to its owner to
+        stop after its own clean-up (``rcoord demo``; it shut down first, and the demo's
+        threads failed on a server gone).
     """
 
     host: str = HOST
@@ -260,8 +264,10 @@ class EmbeddedServer:
         port: int | None = None,
         extra_args: Sequence[str] = (),
         data_dir: str | os.PathLike[str] | None = None,
+        own_session: bool = False,
     ) -> None:
         self._binary = binary
+        self._own_session = own_session
         self._requested_port = port
         self._port: int | None = port
         self._extra_args = [str(a) for a in extra_args]
@@ -474,6 +480,7 @@ class EmbeddedServer:
                 stderr=subprocess.STDOUT,
                 cwd=str(self._dir),
                 close_fds=True,
+                start_new_session=self._own_session,
             )
         except OSError as err:
             self._close_log()
