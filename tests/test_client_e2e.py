@@ -355,13 +355,14 @@ def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: i
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    # ``python -m rcoord demo`` with Ctrl-C raising, as from a terminal: a shell's background
+    # job (CI's, perhaps) ignores SIGINT, and a child inherits that, which Python keeps.
+    demo = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv = ['rcoord', 'demo', '--records', '100000', '--produce-seconds', '60']; "
+            "runpy.run_module('rcoord', run_name='__main__')")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rcoord", "demo", "--records", "100000", "--produce-seconds", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,
-        # As from a terminal: a shell's background job (CI's, perhaps) ignores SIGINT, and a
-        # child inherits that, which Python keeps.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        [sys.executable, "-c", demo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, start_new_session=True)
     try:
         assert proc.stdout is not None
         lines: list[str] = []
