@@ -32,23 +32,30 @@ from typing import Any
 
 from ..wake import MAX_IDLE_STREAMS, WAKE_READ_COUNT, _newest, _stream_id, _text
 
-__all__ = ["AsyncWakeReads", "command_limit"]
+__all__ = ["AsyncWakeReads", "command_limit", "pool_size"]
 
 MAX_COMMANDS_IN_FLIGHT = 64
 """Commands one asyncio coordinator has in flight at most (besides its wake-stream reads)."""
 
 
-def command_limit(client: Any) -> int:
-    """How many commands one coordinator may have in flight on ``client``: half the pool's
-    ``max_connections`` (per node on a cluster), leaving the rest to whatever else shares the
-    client, and at most ``MAX_COMMANDS_IN_FLIGHT``."""
+def pool_size(client: Any) -> int | None:
+    """The ``max_connections`` of the asyncio client ``client``'s pool; on a cluster client,
+    of each node's pool (each is made with the same); None when it does not say."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:  # redis.asyncio.Redis
         size = getattr(pool, "max_connections", None)
     else:  # redis.asyncio.RedisCluster: each node's pool is made with these
         manager = getattr(client, "nodes_manager", None)
         size = getattr(manager, "connection_kwargs", {}).get("max_connections")
-    if not isinstance(size, int) or size <= 0:
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def command_limit(client: Any) -> int:
+    """How many commands one coordinator may have in flight on ``client``: half the pool's
+    ``max_connections`` (per node on a cluster), leaving the rest to whatever else shares the
+    client, and at most ``MAX_COMMANDS_IN_FLIGHT``."""
+    size = pool_size(client)
+    if size is None:
         return MAX_COMMANDS_IN_FLIGHT
     return max(1, min(MAX_COMMANDS_IN_FLIGHT, size // 2))
 

@@ -54,6 +54,10 @@ FETCH_MAX_RECORDS = 500
 FETCH_FIRST_READ = 32
 """Records the first read of a partition asks for; later reads are sized by the bytes those
 took (``_read_on``)."""
+MAX_SLOT_WAITS = 8
+"""Slot groups (``XREAD BLOCK``s, one unit each) a Fetch waits on at once on a Redis Cluster."""
+ROTATION_BLOCK_MS = 100
+"""The longest block of a round while the Fetch has slot groups that round does not cover."""
 _RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 
@@ -278,8 +282,8 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     (the event loop's time at which the Fetch's ``max_wait`` ends).
 
     One ``XREAD BLOCK`` over every stream on one node. A Redis Cluster refuses a multi-key
-    command across slots, and every partition has a slot of its own, so there each slot gets
-    its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
+    command across slots, and every partition has a slot of its own, so there each slot group
+    gets its own ``XREAD BLOCK``; the first to return ends the wait and the others are cancelled
     (redis-py drops a connection whose command was cancelled, so no late reply is misread).
 
     The client's ``max_wait`` is any int32, and a blocked command must return before the Redis
@@ -287,12 +291,20 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     ``state.block_limit_ms`` (half that timeout), repeated until a record comes or the client's
     wait is over.
 
-    Each block holds a pooled connection, so each first takes one of the gateway's
-    ``fetch_wait_limit`` places (``state.fetch_waits``), and gives it back after: parked
-    Fetches without a bound took every connection of the pool, and heartbeats, joins and other
-    Fetches failed. A Fetch that gets no place before its deadline stops waiting and is
-    answered with what it has, as Kafka's purgatory answers an expired Fetch. A block is timed
-    from when its place is taken, ends by the deadline, and is never ``BLOCK 0`` (for ever).
+    Each ``XREAD BLOCK`` holds a pooled connection, so a round first takes one of the gateway's
+    ``fetch_wait_limit`` units (``state.fetch_waits``) per block, and gives them back after:
+    parked Fetches without a bound took every connection of the pool, and heartbeats, joins and
+    other Fetches failed. A round blocks on at most ``MAX_SLOT_WAITS`` slot groups (and never
+    more than the units there are); a Fetch with more takes the next ones each round, in turn,
+    in blocks of at most ``ROTATION_BLOCK_MS`` so the turn goes round. An ``XREAD`` from an
+    offset answers at once when the stream already has a record past it, so a record that
+    landed in a slot not blocked on is seen by the round that comes to its slot, or else by the
+    read that follows the wait. Blocking on every slot at once, one idle Fetch over 100
+    partitions held 100 connections, and a few of them overran a cluster node's pool of 100.
+
+    A Fetch that gets no units before its deadline stops waiting and is answered with what it
+    has, as Kafka's purgatory answers an expired Fetch. A block is timed from when its units
+    are taken, ends by the deadline, and is never ``BLOCK 0`` (for ever).
     """
     loop = asyncio.get_running_loop()
     if not wanted or deadline <= loop.time():
@@ -301,23 +313,26 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     for t, p, o in wanted:
         key = partition_key(state.config.namespace, t, p)
         by_slot.setdefault(keyslot(key) if state.cluster else 0, {})[key] = f"0-{o}"
-    places = state.fetch_waits()
+    groups = list(by_slot.values())
+    units = state.fetch_waits()
+    per_round = min(len(groups), MAX_SLOT_WAITS, units.units)
+    rotating = per_round < len(groups)
+    turn = 0
     state.fetch_waiting += 1
     try:
         while (left_s := deadline - loop.time()) > 0:
-            if places.locked():
-                try:
-                    await asyncio.wait_for(places.acquire(), left_s)
-                except TimeoutError:
-                    return  # no place before max_wait: answer with what there is
-            else:
-                await places.acquire()
+            if not await units.take(per_round, left_s):
+                return  # no units before max_wait: answer with what there is
             try:
                 block_ms = min(int((deadline - loop.time()) * 1000), state.block_limit_ms)
-                if block_ms < 1 or await _xread_any(state, list(by_slot.values()), block_ms):
+                if rotating:
+                    block_ms = min(block_ms, ROTATION_BLOCK_MS)
+                these = [groups[(turn + i) % len(groups)] for i in range(per_round)]
+                turn = (turn + per_round) % len(groups)
+                if block_ms < 1 or await _xread_any(state, these, block_ms):
                     return
             finally:
-                places.release()
+                units.give(per_round)
     finally:
         state.fetch_waiting -= 1
 
@@ -330,8 +345,8 @@ Fetch's retriable code (NOT_LEADER_OR_FOLLOWER), not UNKNOWN_SERVER_ERROR at onc
 
 
 async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int) -> bool:
-    """One ``XREAD BLOCK`` per slot group; True once one returned something (or failed with
-    an error other than ``_UNAVAILABLE``: the read that follows the wait reports it)."""
+    """One ``XREAD BLOCK`` per slot group given; True once one returned something (or failed
+    with an error other than ``_UNAVAILABLE``: the read that follows the wait reports it)."""
     try:
         if len(by_slot) == 1:
             return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))

@@ -30,8 +30,8 @@ log = logging.getLogger("rcoord.gateway")
 SOCKET_TIMEOUT_S = 30.0
 """Redis socket timeout; parked calls block for at most half of it (``rcoord.steps``)."""
 DEFAULT_MAX_CONNECTIONS = 100
-"""The asyncio client's pool on one node, unless the URL or the kwargs say (redis-py's default;
-``BlockingConnectionPool``'s own would be 50)."""
+"""The asyncio client's pool (each node's on a cluster), unless the URL or the kwargs say
+(redis-py's default; ``BlockingConnectionPool``'s own would be 50)."""
 POOL_TIMEOUT_S = 10.0
 """How long a command waits for a free connection of that pool before it fails as Redis
 unavailable (answered with the retriable codes of docs/gateway.md, "Bad requests")."""
@@ -49,6 +49,19 @@ def async_single_node(redis_url: str, **kwargs: Any) -> redis.asyncio.Redis:
     pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, timeout=POOL_TIMEOUT_S,
                                                          **kwargs)
     return redis.asyncio.Redis.from_pool(pool)  # (the client closes the pool)
+
+
+def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
+    """The asyncio client of a Redis Cluster: an ``AsyncClusterClient`` (it follows an ``ASK``
+    to a master added since it started), each node's pool of ``DEFAULT_MAX_CONNECTIONS``
+    unless the URL (``?max_connections=``, which ``from_url`` reads over the kwargs) or
+    ``kwargs`` say otherwise. Such a pool refuses a command past its size
+    (``MaxConnectionsError``) instead of waiting: the bounds that ``fetch_wait_limit`` and
+    ``command_limit`` read from it keep the gateway below it."""
+    from ..asyncio.cluster import AsyncClusterClient
+
+    kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
+    return AsyncClusterClient.from_url(redis_url, **kwargs)
 
 
 def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
@@ -83,7 +96,7 @@ class Gateway:
         kwargs["decode_responses"] = False
         self._async_redis: Any
         if isinstance(self._sync_redis, redis.cluster.RedisCluster):
-            self._async_redis = redis.asyncio.RedisCluster.from_url(redis_url, **kwargs)
+            self._async_redis = async_cluster(redis_url, **kwargs)
         else:
             self._async_redis = async_single_node(redis_url, **kwargs)
         self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)

@@ -9,7 +9,9 @@ one never stalls the event loop that serves the other connections.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..asyncio import AsyncGroupCoordinator
-from ..asyncio.wake import command_limit
+from ..asyncio.wake import command_limit, pool_size
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..steps import block_limit
 from ..topics import Producer, Topics
@@ -32,7 +34,7 @@ from .acl import (
 )
 from .errors import AUTHORIZATION_FAILED, RequestError
 
-__all__ = ["Connection", "GatewayConfig", "GatewayState"]
+__all__ = ["Connection", "ConnectionBudget", "GatewayConfig", "GatewayState"]
 
 T = TypeVar("T")
 
@@ -40,27 +42,108 @@ NODE_ID = 0
 """The broker id this gateway gives itself; each gateway is the whole cluster to its clients."""
 
 
-FETCH_WAITS_CLUSTER = 64
-"""Fetch waits in flight at most on a Redis Cluster client (its pools are per node)."""
+FETCH_WAITS_UNSIZED = 12
+"""The Fetch waits' units when the client's pool does not say its size: what redis-py's default
+pool of 100 connections gives them (``fetch_wait_limit``)."""
 
 
 def fetch_wait_limit(client: Any) -> int:
-    """How many Fetches may wait for records (each an ``XREAD BLOCK`` holding a connection)
-    at once on the asyncio client ``client``.
+    """How many ``XREAD BLOCK``s the Fetches waiting for records may have in flight at once on
+    the asyncio client ``client`` (the units of ``GatewayState.fetch_waits``; each holds a
+    pooled connection).
 
-    On one node every command shares one pool of ``max_connections``. The group coordinator
-    keeps up to ``command_limit`` commands and half as many wake-stream reads in flight
-    (``rcoord.asyncio.wake``): the Fetch waits get half of what that leaves, so the other half
-    stays free for the rest (at least one wait). With redis-py's default 100: 50 + 25 for the
-    coordinator, 12 Fetch waits. On a cluster client, whose pools are per node,
-    ``FETCH_WAITS_CLUSTER``."""
-    pool = getattr(client, "connection_pool", None)
-    size = getattr(pool, "max_connections", None)
-    if pool is None or not isinstance(size, int) or size <= 0:
-        return FETCH_WAITS_CLUSTER
+    The group coordinator keeps up to ``command_limit`` commands and half as many wake-stream
+    reads in flight (``rcoord.asyncio.wake``): the Fetch waits get half of what that leaves of
+    the pool, so the other half stays free for the rest (at least one unit). With redis-py's
+    default 100: 50 + 25 for the coordinator, 12 units. On a cluster client the pools are per
+    node and every bound counts commands on all nodes together, so the same formula over one
+    node's pool bounds what each node's pool holds. ``FETCH_WAITS_UNSIZED`` when the pool does
+    not say its size."""
+    size = pool_size(client)
+    if size is None:
+        return FETCH_WAITS_UNSIZED
     commands = command_limit(client)
     coordinator = commands + max(1, commands // 2)
     return max(1, (size - coordinator) // 2)
+
+
+class ConnectionBudget:
+    """A number of units (connections) that tasks take several at a time and give back.
+
+    ``take(n)`` gets all ``n`` or none, in the order the takers came: one that cannot have its
+    ``n`` yet waits at the head of the line, and the smaller requests behind it do not overtake
+    it (they would starve a large one for as long as small ones keep coming). A taker that
+    leaves the line (timed out, cancelled) lets the ones behind it go on; units granted to it
+    just as it left are given back. Bound to the event loop it is used on (its futures are)."""
+
+    def __init__(self, units: int) -> None:
+        if units < 1:
+            raise ValueError(f"a budget needs at least one unit, got {units}")
+        self.units = units
+        self.free = units
+        """Units not taken now."""
+        self._line: collections.deque[tuple[int, asyncio.Future[bool]]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        """Takers in line now (for tests and debugging)."""
+        return len(self._line)
+
+    async def take(self, n: int, timeout: float | None = None) -> bool:
+        """Take ``n`` units, waiting in line for up to ``timeout`` seconds (None: as long as it
+        takes): True once taken, False if the time ran out first (nothing is taken then)."""
+        if not 1 <= n <= self.units:
+            raise ValueError(f"cannot take {n} of {self.units} units")
+        if not self._line and n <= self.free:
+            self.free -= n
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[bool] = loop.create_future()
+        place = (n, granted)
+        self._line.append(place)
+        timer = None if timeout is None else loop.call_later(timeout, self._expire, place)
+        try:
+            return await granted
+        except BaseException:  # cancelled: out of the line, and units granted meanwhile back
+            self._leave(place)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` units taken before; the takers in line get them in turn."""
+        if n < 1 or self.free + n > self.units:
+            raise ValueError(f"cannot give {n} units back ({self.free} of {self.units} free)")
+        self.free += n
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._line:
+            n, future = self._line[0]
+            if not future.done():
+                if n > self.free:
+                    return
+                self.free -= n
+                future.set_result(True)
+            self._line.popleft()
+
+    def _expire(self, place: tuple[int, asyncio.Future[bool]]) -> None:
+        if not place[1].done():
+            place[1].set_result(False)
+            self._leave(place)
+
+    def _leave(self, place: tuple[int, asyncio.Future[bool]]) -> None:
+        n, future = place
+        if future.done() and not future.cancelled() and future.result():
+            self.give(n)  # granted as the taker left
+            return
+        future.cancel()
+        with contextlib.suppress(ValueError):
+            self._line.remove(place)
+        self._grant()  # it may have held back the smaller requests behind it
 
 
 @dataclass(frozen=True)
@@ -142,18 +225,19 @@ class GatewayState:
         self.cluster = not isinstance(sync_redis, redis.Redis)
         """A Redis Cluster: multi-key commands must stay within one slot."""
         self.fetch_wait_limit = fetch_wait_limit(async_redis)
-        """Fetches waiting with an ``XREAD BLOCK`` at once at most (``fetch_waits``)."""
+        """``XREAD BLOCK``s of waiting Fetches in flight at once at most (``fetch_waits``)."""
         self.fetch_waiting = 0
-        """Fetches waiting for records now, with a place or waiting for one (for tests and
+        """Fetches waiting for records now, blocked or in line for units (for tests and
         debugging)."""
-        self._fetch_waits: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._fetch_waits: tuple[asyncio.AbstractEventLoop, ConnectionBudget] | None = None
 
-    def fetch_waits(self) -> asyncio.Semaphore:
-        """The places of the Fetches that wait for records (``fetch_wait_limit`` of them),
-        made on the running loop (an ``asyncio.Semaphore`` belongs to one)."""
+    def fetch_waits(self) -> ConnectionBudget:
+        """The units of the Fetches that wait for records (``fetch_wait_limit`` of them, one per
+        ``XREAD BLOCK`` in flight), made on the running loop (its waiters' futures belong to
+        one)."""
         loop = asyncio.get_running_loop()
         if self._fetch_waits is None or self._fetch_waits[0] is not loop:
-            self._fetch_waits = (loop, asyncio.Semaphore(self.fetch_wait_limit))
+            self._fetch_waits = (loop, ConnectionBudget(self.fetch_wait_limit))
         return self._fetch_waits[1]
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
