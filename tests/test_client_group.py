@@ -297,7 +297,10 @@ def fast_config(**overrides: Any) -> ConsumerGroupConfig:
         "group_id": "g",
         "topics": ["t"],
         "heartbeat_interval_ms": 10,
-        "session_timeout_ms": 90,
+        # 60 heartbeats: long enough that a loaded machine never misses every heartbeat of a
+        # session (heartbeat.watch_session then ended a generation no test meant to end; 90 ms
+        # did once), short enough for the tests that wait one out.
+        "session_timeout_ms": 600,
         "rebalance_timeout_ms": 5000,
         "join_backoff_ms": 20,
         "retry_backoff_ms": 1,

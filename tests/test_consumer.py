@@ -197,7 +197,7 @@ def test_a_join_refusal_no_retry_can_mend_is_raised_by_every_poll(fake_consumer:
     state.join_answers.append(Errors.INVALID_SESSION_TIMEOUT)
     consumer = fake_consumer(state)
     for _ in range(3):
-        with pytest.raises(JoinRefusedError, match="session_timeout_ms=90") as info:
+        with pytest.raises(JoinRefusedError, match="session_timeout_ms=600") as info:
             consumer.poll(timeout=WAIT_S)
         assert info.value.error is Errors.INVALID_SESSION_TIMEOUT
         assert "group_min_session_timeout_ms" in info.value.hint
