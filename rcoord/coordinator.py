@@ -135,6 +135,12 @@ class GroupCoordinator:
         with self._lock:
             return self._run(self._steps.settle(write_named))
 
+    def close(self) -> None:
+        """Nothing to end: the blocking coordinator's wake-stream reads are made by its parked
+        threads themselves (``rcoord.wake``), so none outlives its call. The counterpart of
+        ``AsyncGroupCoordinator.close``, whose reads are tasks of their own; the client stays
+        the caller's to close."""
+
     @property
     def config(self) -> CoordinatorConfig:
         """The settings in force (after ``start()``)."""

@@ -38,7 +38,7 @@ import redis
 from .contract import lua_header
 from .errors import is_missing_function
 
-__all__ = ["GROUP_STEPS", "MAX_RELOADS", "STANDALONE", "Scripts", "build_library",
+__all__ = ["GROUP_STEPS", "MAX_RELOADS", "STANDALONE", "LoopLock", "Scripts", "build_library",
            "is_missing_function", "library_source", "lua_dir", "lua_source", "route_fcall_locally",
            "send_reloading"]
 
@@ -176,6 +176,26 @@ def route_fcall_locally(client: Any) -> None:
                          "first_key_pos": 3, "last_key_pos": 3, "step_count": 1}
 
 
+class LoopLock:
+    """An ``asyncio.Lock`` for the running event loop: ``lock()`` gives the same lock while the
+    loop is the same, and a new one for another loop. An ``asyncio.Lock`` binds to the loop
+    that first waits on it, so one made once and contended under one ``asyncio.run`` failed
+    every contended caller under the next with ``RuntimeError: ... is bound to a different
+    event loop``. (A lock held when its loop ended is of no use to the next loop anyway.)"""
+
+    __slots__ = ("_lock", "_loop")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+
+    def lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or loop is not self._loop:
+            self._loop, self._lock = loop, asyncio.Lock()
+        return self._lock
+
+
 class Scripts:
     """The library's functions as called through one Redis client (blocking or asyncio).
 
@@ -198,7 +218,7 @@ class Scripts:
         # done; a caller loads only if none was done since it sent.
         self._loads = 0
         self._load_lock = threading.Lock()
-        self._aload_lock = asyncio.Lock() if self._async else None
+        self._aload_lock = LoopLock()  # (asyncio: the running loop's lock)
 
     @property
     def loaded(self) -> bool:
@@ -276,9 +296,8 @@ class Scripts:
         except redis.ResponseError as exc:
             if not is_missing_function(exc):
                 raise
-        assert self._aload_lock is not None
         for reload in range(1, MAX_RELOADS + 1):
-            async with self._aload_lock:  # one load per loss, as in call()
+            async with self._aload_lock.lock():  # one load per loss, as in call()
                 if self._loads == seen:
                     await self.aload_library()
                     self._loads += 1

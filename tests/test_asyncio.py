@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
+from harness import WAIT_S, wait_until
 
 from rcoord import (
     ConfigError,
@@ -209,3 +210,175 @@ def test_parked_reads_never_take_the_places_of_other_commands(request, backend, 
 
     asyncio.run(park_and_beat())
     asyncio.run(burst())  # a second loop
+
+
+# -- one coordinator across loops; a failed shared read; readers nobody waits for -------------
+
+FORM = dict(JOIN, session_timeout_ms=30_000, rebalance_timeout_ms=30_000)
+
+
+async def _until(cond: Any, what: str) -> None:
+    """Let the loop run until ``cond()`` holds; fail after harness.WAIT_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not cond():
+        assert loop.time() < deadline, f"not reached in time: {what}"
+        await asyncio.sleep(0.01)
+
+
+def _blocked_xreads(admin: Any) -> list[Any]:
+    return [c for c in admin.client_list() if c.get("cmd") == "xread" and "b" in c.get("flags", "")]
+
+
+async def _formed(coord: AsyncGroupCoordinator, group: str, members: int) -> tuple[str, list[str], int]:
+    """(leader, member ids, generation) of ``group`` formed by ``members`` new members."""
+    ids = [(await coord.join_group(group, **FORM)).member_id for _ in range(members)]
+    joined = await asyncio.gather(*(coord.join_group(group, i, **FORM) for i in ids))
+    assert {r.error for r in joined} == {Errors.NONE}
+    return joined[0].leader_id, ids, joined[0].generation_id
+
+
+def test_one_coordinator_serves_successive_loops_after_a_function_flush(own_server, namespace):
+    """A reviewer's repro: the library's reload lock and the coordinator's settle lock were
+    asyncio.Locks made once; contended under one asyncio.run, they failed every contended
+    caller under the next with "RuntimeError: ... is bound to a different event loop" (after a
+    FUNCTION FLUSH, 15 of 20 concurrent calls). Each loop now gets its own locks."""
+    admin = own_server.client()
+    GroupCoordinator(admin, CoordinatorConfig(namespace=namespace)).start()
+    client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
+    coord = AsyncGroupCoordinator(client, namespace)
+
+    async def burst() -> list[Any]:
+        settled = await asyncio.gather(*(coord.resettle() for _ in range(4)),
+                                       return_exceptions=True)
+        admin.execute_command("FUNCTION", "FLUSH")  # (a restart or failover, in effect)
+        found = await asyncio.gather(*(coord.describe_group(f"g{i}") for i in range(20)),
+                                     return_exceptions=True)
+        await client.aclose()  # (its connections belong to this loop)
+        return [r for r in [*settled, *found] if isinstance(r, BaseException)]
+
+    try:
+        for _ in range(4):
+            assert asyncio.run(burst()) == []
+    finally:
+        admin.close()
+
+
+def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
+    """A reviewer's repro: the error of the read the parked calls share went to every waiter,
+    so one killed connection failed all five parked SyncGroups, where the blocking coordinator
+    fails only the thread whose read it was. Now it fails one (the oldest) and the others read
+    again and get their assignments."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from rcoord import ConnectionLost
+    from rcoord.keys import GroupKeys
+
+    admin = own_server.client()
+    GroupCoordinator(admin, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=300)).start()
+
+    async def scenario() -> None:
+        # No retries, so the one killed read is an error and not quietly sent again.
+        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port,
+                                     retry=Retry(NoBackoff(), 0))
+        coord = await AsyncGroupCoordinator(client, namespace).start()
+        leader, ids, gen = await _formed(coord, "g", 6)
+        followers = [asyncio.create_task(coord.sync_group("g", gen, i))
+                     for i in ids if i != leader]
+        wake = GroupKeys.of(namespace, coord.config.num_partitions, "g").wake
+        loop = asyncio.get_running_loop()
+        await _until(lambda: coord._wake_reads.waiting(wake) == 5, "five followers parked")
+        blocked: list[Any] = []
+
+        def one_blocked_read() -> bool:
+            blocked[:] = _blocked_xreads(admin)
+            return len(blocked) == 1
+
+        await loop.run_in_executor(None, wait_until, one_blocked_read)
+        admin.client_kill_filter(_id=blocked[0]["id"])
+        await _until(lambda: any(t.done() for t in followers), "a follower failed")
+        assert sum(t.done() for t in followers) == 1  # (all five were failed by the one read)
+        # The others read again: parked, not failed (their 30 s rebalance is far off).
+        await _until(lambda: coord._wake_reads.waiting(wake) == 4, "four followers parked")
+        assert sum(t.done() for t in followers) == 1
+        mine = await coord.sync_group("g", gen, leader, assignments={i: i.encode() for i in ids})
+        assert mine.error == Errors.NONE
+        outcomes = await asyncio.gather(*followers, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(failed) == 1 and isinstance(failed[0], ConnectionLost), outcomes
+        synced = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert {s.error for s in synced} == {Errors.NONE}
+        assert all(s.assignment.decode() in ids for s in synced)
+        await coord.close()
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        admin.close()
+
+
+def test_a_read_nobody_waits_for_ends_and_close_ends_them_all(own_server, namespace):
+    """A reviewer's repro: a parked call cancelled left its shared read blocked (and holding a
+    read place) until the gone call's deadline, and after the client was closed the reader
+    reconnected and left a connection behind. A read with no waiter left is cancelled, and
+    ``close()`` cancels every read and waits for them."""
+    from rcoord import ConnectionLost
+    from rcoord.keys import GroupKeys
+
+    admin = own_server.client()
+    GroupCoordinator(admin, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=300)).start()
+    mine = admin.client_id()
+
+    def others() -> list[Any]:
+        return [c for c in admin.client_list() if int(c["id"]) != mine]
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
+        coord = await AsyncGroupCoordinator(client, namespace).start()
+        reads = coord._wake_reads
+        leader, ids, gen = await _formed(coord, "g", 2)
+        follower = next(i for i in ids if i != leader)
+        wake = GroupKeys.of(namespace, coord.config.num_partitions, "g").wake
+        loop = asyncio.get_running_loop()
+
+        async def parked() -> asyncio.Task[Any]:
+            call = asyncio.create_task(coord.sync_group("g", gen, follower))
+            await _until(lambda: reads.waiting(wake) == 1
+                         and reads._streams[wake].reader is not None, "parked, read in flight")
+            await loop.run_in_executor(None, wait_until, lambda: len(_blocked_xreads(admin)) == 1)
+            return call
+
+        # The only parked call cancelled: its read is cancelled with it, not left to block.
+        call = await parked()
+        reader = reads._streams[wake].reader
+        assert reader is not None
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert reader.done() or reader.cancelling(), "the read outlived its last waiter"
+        assert reads.reading() == 0
+        await asyncio.gather(reader, return_exceptions=True)
+        await loop.run_in_executor(None, wait_until, lambda: not _blocked_xreads(admin))
+
+        # close(): no read is left, the call still parked fails, and nothing reconnects.
+        call = await parked()
+        await coord.close()
+        assert reads.reading() == 0
+        with pytest.raises(ConnectionLost):
+            await call
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        await client.aclose()
+        await loop.run_in_executor(None, wait_until, lambda: not others())
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    try:
+        asyncio.run(scenario())
+        assert others() == []
+    finally:
+        admin.close()

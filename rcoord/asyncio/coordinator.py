@@ -8,7 +8,6 @@ the same flows, so the two classes have the same methods with the same signature
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -17,7 +16,7 @@ import redis.exceptions
 from ..config import CoordinatorConfig
 from ..errors import reraise_as_rcoord
 from ..flow import Flow, adrive
-from ..scripts import Scripts
+from ..scripts import LoopLock, Scripts
 from ..steps import GroupSteps, present_as
 from .wake import AsyncWakeReads, command_limit
 
@@ -73,7 +72,7 @@ class AsyncGroupCoordinator:
         namespace = config if isinstance(config, str) else (
             "rcoord" if namespace is None else namespace)
         self._steps = GroupSteps(given, namespace, clock)
-        self._lock = asyncio.Lock()
+        self._lock = LoopLock()  # (an asyncio.Lock binds to a loop: this loop's lock)
         self._wake_reads = AsyncWakeReads(command_limit(redis_client))
 
     async def _run(self, flow: Flow[R]) -> R:
@@ -83,7 +82,7 @@ class AsyncGroupCoordinator:
         """Load the scripts and settle the namespace settings. Idempotent."""
         if self._steps.config is not None:
             return self
-        async with self._lock:
+        async with self._lock.lock():
             if self._steps.config is None:
                 self._steps.prepare(self._redis, "AsyncGroupCoordinator")
                 self._scripts.load()
@@ -95,8 +94,16 @@ class AsyncGroupCoordinator:
         ``write_named=False`` adopts the stored values rather than writing the named ones
         (another process changed them; see ``rcoord.settings``)."""
         await self.start()
-        async with self._lock:
+        async with self._lock.lock():
             return await _translated("resettle", self._run(self._steps.settle(write_named)))
+
+    async def close(self) -> None:
+        """End the coordinator's wake-stream reads: the reader tasks its parked calls share
+        (``rcoord.asyncio.wake``) are cancelled and waited for, so none is left to read (or to
+        reconnect a client closed after this); a call still parked fails with
+        ``ConnectionLost``. Call it before closing the client (or before the loop ends). The
+        client stays the caller's to close; a call made afterwards starts afresh."""
+        await self._wake_reads.close()
 
     @property
     def config(self) -> CoordinatorConfig:

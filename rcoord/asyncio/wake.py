@@ -9,7 +9,10 @@ loop failed to form, its members told ``ConnectionLost: Too many connections``. 
 calls of one ``AsyncGroupCoordinator`` share one read per stream, as the blocking coordinator's
 threads do (``rcoord.wake``): a reader task reads from the oldest position any waiter needs, and
 every waiter whose position the stream has passed is woken by its answer; each waiter still
-returns "not moved" at its own deadline. And every other command waits for a place under a
+returns "not moved" at its own deadline. A failed read fails one waiter (the oldest), as a
+failed read of the blocking coordinator fails the one thread that made it, and the others read
+again; a read nobody waits for any more (its waiters woken, timed out or cancelled) is
+cancelled, and ``close`` ends them all. And every other command waits for a place under a
 bound below the pool's size (``command_limit``): a wake-up sends every woken call's next
 command at once, which a pool of 100 could not serve either. The reads have a bound of their
 own (half that one): a read holds its connection for up to a second, and sharing one bound,
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+import redis.exceptions
 
 from ..wake import MAX_IDLE_STREAMS, WAKE_READ_COUNT, _newest, _stream_id, _text
 
@@ -123,12 +128,43 @@ class AsyncWakeReads:
                 return False
         finally:
             stream.waiters.pop(waiter, None)
+            if waiter.done() and not waiter.cancelled():
+                waiter.exception()  # (retrieved: an error handed to it as it was leaving)
             waiter.cancel()  # (no-op once resolved) so the reader never resolves it later
+            if stream.reader is not None and all(w.done() for w in stream.waiters):
+                # Nobody is left to wait for the read in flight (they were woken, timed out or
+                # were cancelled): end it rather than let it hold its place and its connection
+                # until the deadline of a waiter that is gone.
+                stream.reader.cancel()
+                stream.reader = None
 
     def waiting(self, key: Any) -> int:
         """How many calls wait on ``key`` now (for tests and debugging)."""
         stream = self._streams.get(key)
         return 0 if stream is None else len(stream.waiters)
+
+    def reading(self) -> int:
+        """How many reads are in flight now, on any stream (for tests and debugging)."""
+        return sum(1 for stream in self._streams.values() if stream.reader is not None)
+
+    async def close(self) -> None:
+        """End every read in flight (cancelled, and waited for); a call still waiting on one
+        fails with ``ConnectionError`` (it would otherwise read again once its wait ended). A
+        call made afterwards starts afresh."""
+        if self._loop is not asyncio.get_running_loop():
+            self._streams = {}  # (another loop's reads ended with it)
+            return
+        readers = []
+        for stream in self._streams.values():
+            if stream.reader is not None:
+                readers.append(stream.reader)
+                stream.reader.cancel()
+                stream.reader = None
+            for waiter in stream.waiters:
+                if not waiter.done():
+                    waiter.set_exception(
+                        redis.exceptions.ConnectionError("the coordinator was closed"))
+        await asyncio.gather(*readers, return_exceptions=True)
 
     def _start_read(self, client: Any, key: Any, stream: _Stream) -> None:
         waiting = [pd for w, pd in stream.waiters.items() if not w.done()]
@@ -140,23 +176,31 @@ class AsyncWakeReads:
     async def _read_for(self, client: Any, key: Any, stream: _Stream, start: tuple[int, int],
                         until: float) -> None:
         """One blocking read from ``start`` for the waiters, until the latest one's deadline;
-        then wake those the stream has passed (or hand them its error), and start the next
-        read for those still waiting."""
+        then wake those the stream has passed, and start the next read for those still waiting.
+        A failed read fails one waiter, the oldest (as a failed read of the blocking
+        coordinator fails the one thread that made it), and the others read again: an error
+        that lasts reaches each of them in turn, one per read, each within its own deadline."""
+        me = asyncio.current_task()
         try:
             newest = await self._read(client, key, start, until)
-        except Exception as exc:  # noqa: BLE001 - each waiter's flow decides, as with its own read
+        except Exception as exc:  # noqa: BLE001 - the waiter's flow decides, as with its own read
+            if stream.reader is not me:
+                return  # (ended meanwhile: its waiters left, or close())
             stream.reader = None
-            for waiter in stream.waiters:
-                if not waiter.done():
-                    waiter.set_exception(exc)
-            return
+            oldest = next((w for w in stream.waiters if not w.done()), None)
+            if oldest is not None:
+                oldest.set_exception(exc)
         except BaseException:
-            stream.reader = None  # cancelled (the loop is closing): the waiters time out
+            if stream.reader is me:
+                stream.reader = None  # cancelled (the loop is closing): the waiters time out
             raise
-        stream.reader = None
-        for waiter, (position, _) in stream.waiters.items():
-            if newest is not None and position < newest and not waiter.done():
-                waiter.set_result(True)
+        else:
+            if stream.reader is not me:
+                return
+            stream.reader = None
+            for waiter, (position, _) in stream.waiters.items():
+                if newest is not None and position < newest and not waiter.done():
+                    waiter.set_result(True)
         if any(not w.done() for w in stream.waiters):
             self._start_read(client, key, stream)
 

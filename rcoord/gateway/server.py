@@ -148,6 +148,7 @@ class Gateway:
                 await task
         if self._server is not None:
             await self._server.wait_closed()
+        await self.state.coordinator.close()  # its wake reads, before their client goes
         await self._async_redis.aclose()
         self._sync_redis.close()
         self.state.close()
