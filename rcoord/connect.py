@@ -137,11 +137,16 @@ class ClusterClient(redis.cluster.RedisCluster):
             pool.disconnect()
 
 
-def learn_node(manager: Any, node_name: str, make_node: Callable[[str, int], Any]) -> Any:
-    """Add the master ``node_name`` (``host:port``, an ``ASK`` target) to a cluster client's
-    ``nodes_manager`` and return it (``make_node(host, port)`` builds it, with its
-    connections); the client's next topology refresh keeps it or drops it as the cluster
-    says. None for a name that is not ``host:port``."""
+def learn_node(manager: Any, found: Any, host: str | None, node_name: str | None,
+               make_node: Callable[[str, int], Any]) -> Any:
+    """What a cluster client's ``nodes_manager.get_node(host, port, node_name)`` answers:
+    ``found`` (redis-py's answer) when it found a node or was not asked by name alone; else
+    the master ``node_name`` (``host:port``, an ``ASK`` target), added to the manager's nodes
+    (``make_node(host, port)`` builds it, with its connections); the client's next topology
+    refresh keeps it or drops it as the cluster says. None for a name that is not
+    ``host:port``."""
+    if found is not None or not node_name or host is not None:
+        return found
     host, _, port = node_name.rpartition(":")
     if not host or not port.isdigit():
         return None
@@ -163,10 +168,8 @@ class _LearningNodesManager(redis.cluster.NodesManager):
 
     def get_node(self, host: str | None = None, port: int | None = None,
                  node_name: str | None = None) -> Any:
-        node = super().get_node(host, port, node_name)
-        if node is None and node_name and host is None:
-            node = learn_node(self, node_name, self._new_master)
-        return node
+        found = super().get_node(host, port, node_name)
+        return learn_node(self, found, host, node_name, self._new_master)
 
     def _new_master(self, host: str, port: int) -> Any:
         node = redis.cluster.ClusterNode(host, port, redis.cluster.PRIMARY)

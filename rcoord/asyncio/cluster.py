@@ -28,10 +28,8 @@ class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
 
     def get_node(self, host: str | None = None, port: int | None = None,
                  node_name: str | None = None) -> Any:
-        node = super().get_node(host, port, node_name)
-        if node is None and node_name and host is None:
-            node = learn_node(self, node_name, self._new_master)
-        return node
+        found = super().get_node(host, port, node_name)
+        return learn_node(self, found, host, node_name, self._new_master)
 
     def _new_master(self, host: str, port: int) -> Any:
         return redis.asyncio.cluster.ClusterNode(
