@@ -5,7 +5,8 @@
 ``rcoord demo`` runs the main job end to end (``rcoord.demo``). ``rcoord groups`` and ``rcoord
 topics`` are the operator's commands (``rcoord.ops``).
 
-This module holds what every command shares at its edge: one-line errors, URL and TLS flags.
+This module holds what every command shares at its edge: one-line errors, URL and TLS flags,
+stop signals.
 
 Subcommands are registered in ``COMMANDS`` (name -> (add arguments, run)).
 """
@@ -16,13 +17,14 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import redis
 import redis.exceptions
 
-__all__ = ["COMMANDS", "AfterCommand", "main"]
+__all__ = ["COMMANDS", "AfterCommand", "StopSignals", "Terminated", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,6 +166,71 @@ class AfterCommand(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
         setattr(namespace, _AFTER, getattr(namespace, _AFTER, frozenset()) | {self.dest})
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, systemd) during a command that installed
+    ``StopSignals``: it unwinds as Ctrl-C does, so the command's ``finally`` blocks run (a
+    console consumer commits what it printed and leaves its group), and exits 143 (the demo too)."""
+
+
+class StopSignals:
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, systemd) ends this (main) thread's
+    command as Ctrl-C does (``Terminated``; Kafka's console consumer closes its consumer from a
+    shutdown hook on SIGTERM; without this the process died at once, still a member of its
+    group for a session timeout with nothing it printed committed).
+
+    A SIGTERM or SIGINT that arrives inside ``held()`` is raised when the block ends, so a piece
+    of work and the record of it are never parted: the console consumer had written a line and
+    was stopped before it counted it, so the line was sought back and never committed, although
+    printed. ``on_stop`` (a consumer's ``wakeup``) is called when a signal is held, to end a
+    wait inside the block early. A second signal inside the block raises at once: a write
+    blocked on a full pipe must still be stoppable (that line then counts as not printed)."""
+
+    def __init__(self) -> None:
+        self._held = 0
+        self._pending: BaseException | None = None
+        self._previous: dict[int, Any] = {}
+        self.on_stop: Callable[[], None] | None = None
+
+    def install(self) -> StopSignals:
+        import signal
+
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # Only where Ctrl-C raises already: an ignored SIGINT (nohup, a background job)
+            # stays ignored.
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def restore(self) -> None:
+        import signal
+
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        if self._held and self._pending is None:
+            self._pending = exc
+            if self.on_stop is not None:
+                self.on_stop()
+            return
+        raise exc
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._pending is not None:
+                pending, self._pending = self._pending, None
+                raise pending
 
 
 def add_before_command(p: argparse.ArgumentParser) -> None:

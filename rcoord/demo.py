@@ -28,6 +28,8 @@ import redis.exceptions
 from .cli import (
     ENV_REDIS_URL,
     AfterCommand,
+    StopSignals,
+    Terminated,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -617,8 +619,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=level, format="%(levelname)s %(name)s %(message)s")
-    from .ops.common import StopSignals, Terminated
-
     # SIGTERM (kill, timeout, docker stop) cleans up as Ctrl-C does: before, it killed the
     # demo at once and left its embedded server, its workers and (on a given Redis) its
     # members and keys behind.

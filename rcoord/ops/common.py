@@ -8,8 +8,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,8 @@ from ..cli import (
     EXIT_USAGE,
     AfterCommand,
     Parser,
+    StopSignals,
+    Terminated,
     UsageError,
     add_tls_arguments,
     check_url,
@@ -42,71 +43,6 @@ BAD_INPUT = frozenset({Errors.INVALID_TOPIC_EXCEPTION, Errors.INVALID_PARTITIONS
 
 class Failure(Exception):
     """A command could not do what it was asked; the message says why and what to do (exit 1)."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, ``docker stop``, systemd) during a command that installed
-    ``StopSignals``: it unwinds as Ctrl-C does, so the command's ``finally`` blocks run (a
-    console consumer commits what it printed and leaves its group), and exits 143."""
-
-
-class StopSignals:
-    """SIGTERM (``kill``, ``timeout``, ``docker stop``, systemd) ends this (main) thread's
-    command as Ctrl-C does (``Terminated``; Kafka's console consumer closes its consumer from a
-    shutdown hook on SIGTERM; without this the process died at once, still a member of its
-    group for a session timeout with nothing it printed committed).
-
-    A SIGTERM or SIGINT that arrives inside ``held()`` is raised when the block ends, so a piece
-    of work and the record of it are never parted: the console consumer had written a line and
-    was stopped before it counted it, so the line was sought back and never committed, although
-    printed. ``on_stop`` (a consumer's ``wakeup``) is called when a signal is held, to end a
-    wait inside the block early. A second signal inside the block raises at once: a write
-    blocked on a full pipe must still be stoppable (that line then counts as not printed)."""
-
-    def __init__(self) -> None:
-        self._held = 0
-        self._pending: BaseException | None = None
-        self._previous: dict[int, Any] = {}
-        self.on_stop: Callable[[], None] | None = None
-
-    def install(self) -> StopSignals:
-        import signal
-
-        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            # Only where Ctrl-C raises already: an ignored SIGINT (nohup, a background job)
-            # stays ignored.
-            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def restore(self) -> None:
-        import signal
-
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        import signal
-
-        exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-        if self._held and self._pending is None:
-            self._pending = exc
-            if self.on_stop is not None:
-                self.on_stop()
-            return
-        raise exc
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        self._held += 1
-        try:
-            yield
-        finally:
-            self._held -= 1
-            if not self._held and self._pending is not None:
-                pending, self._pending = self._pending, None
-                raise pending
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
