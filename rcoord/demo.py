@@ -283,14 +283,19 @@ class _Demo:
             out[name] = [(int(p), int(o)) for p, o in (x.decode().split(":") for x in items)]
         return out
 
-    def lag(self) -> int:
-        ends, done = self.log_ends(), self.committed()
-        return sum(end - max(0, done.get(p, -1)) for p, end in ends.items())
-
     def progress(self) -> str:
+        """One consistent reading: what the topic holds, what was processed, and the lag.
+
+        The producer's own count moves only after its batch is stored, so the topic's log ends
+        are what counts as produced; the commits are read before them, so no partition's lag
+        is negative (a commit never passes the log end it was made under).
+        """
+        done = self.committed()
+        ends = self.log_ends()
+        lag = sum(end - max(0, done.get(p, -1)) for p, end in ends.items())
         counts = {n: len(v) for n, v in self.processed().items()}
         per = "  ".join(f"{n}={c}" for n, c in counts.items())
-        return f"produced {self.produced}, processed {per}, lag {self.lag()}"
+        return f"produced {sum(ends.values())}, processed {per}, lag {lag}"
 
     # -- background threads
 

@@ -395,3 +395,27 @@ def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: i
     wait_until(group_empty, timeout_s=20)  # workers, server, resource tracker: all gone
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis(port=port, socket_connect_timeout=1).ping()
+
+
+def test_a_demo_progress_line_is_one_consistent_reading(redis_server) -> None:
+    """The demo's progress line counts what the topic holds as produced: records stored while
+    the producer thread had not yet counted them showed as lag with nothing produced."""
+    import argparse
+    import time
+
+    from rcoord.demo import DEMO_GROUP, DEMO_TOPIC, _Demo
+    from rcoord.protocol.offsets import TopicPartition
+    from rcoord.topics import ProducerRecord
+
+    demo = _Demo(redis_server.url, argparse.Namespace(partitions=2), time.monotonic() + 60)
+    try:
+        demo.topics.create(DEMO_TOPIC, 2)
+        demo.producer.send_batch(
+            DEMO_TOPIC, [ProducerRecord(b"x", partition=p) for p in (0, 1) for _ in range(5)]
+        )
+        assert demo.produced == 0  # the demo's producer thread never ran
+        assert demo.progress() == "produced 10, processed , lag 10"
+        demo.coord.commit_offsets(DEMO_GROUP, {TopicPartition(DEMO_TOPIC, 0): 3})
+        assert demo.progress() == "produced 10, processed , lag 7"
+    finally:
+        demo.cleanup(delete_keys=True, until=time.monotonic() + 10)
