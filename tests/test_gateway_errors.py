@@ -162,3 +162,47 @@ def test_commit_with_a_generation_to_a_group_that_does_not_exist_is_illegal_gene
         assert commit(2, -1, "") == 0
     finally:
         sock.close()
+
+
+def test_a_produce_is_answered_once_every_partition_append_ended(gateway, topics, monkeypatch):
+    """One partition's append failing to reach Redis is that partition's REQUEST_TIMED_OUT; the
+    response waits for the other partitions' appends and carries their own outcome. It was sent
+    at once, REQUEST_TIMED_OUT for all, while another append still ran (a client resending it
+    raced the original)."""
+    import socket
+    import threading
+
+    from rcoord.errors import ConnectionLost
+    from rcoord.gateway import api_records
+
+    topics.create("t", 2)
+    zero_failed, one_started, release = threading.Event(), threading.Event(), threading.Event()
+    real = api_records._append
+
+    def append(state: Any, topic: str, partition: int, data: Any) -> Any:
+        if partition == 0:
+            zero_failed.set()
+            raise ConnectionLost("the connection broke")
+        one_started.set()
+        assert release.wait(30)
+        return real(state, topic, partition, data)
+
+    monkeypatch.setattr(api_records, "_append", append)
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(0, 9, 7, _produce_body(acks=-1)))
+        assert zero_failed.wait(10) and one_started.wait(10)
+        sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            recv_frame(sock)  # partition 1's append has not ended: no answer yet
+        release.set()
+        sock.settimeout(10)
+        got = response(sock, 0, 9, 5)
+    finally:
+        release.set()
+        sock.close()
+    parts = {p.index: p for t in got.responses for p in t.partition_responses}
+    assert int(parts[0].error_code.value) == REQUEST_TIMED_OUT
+    assert "the connection broke" in parts[0].error_message
+    assert (int(parts[1].error_code.value), parts[1].base_offset) == (0, 0)
+    assert topics.describe("t").partitions[1].log_end_offset == 1

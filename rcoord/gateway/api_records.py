@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.exceptions
 
-from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
+from ..errors import ConnectionLost, Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
@@ -58,6 +58,8 @@ MAX_SLOT_WAITS = 8
 """Slot groups (``XREAD BLOCK``s, one unit each) a Fetch waits on at once on a Redis Cluster."""
 ROTATION_BLOCK_MS = 100
 """The longest block of a round while the Fetch has slot groups that round does not cover."""
+_UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+"""What an append raises when Redis could not be reached or was not available (as ``dispatch``)."""
 _RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 
@@ -149,7 +151,11 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
              state.blocking(_append, state, t.name, p.index, p.records) if t.name in writable
              else refused(p.index))
             for t in req.topic_data for p in t.partition_data]
-    results = await asyncio.gather(*(job for _, _, job in jobs))
+    # Every partition's append ends before the response is sent: one answered early while
+    # another still ran let a client resend into an append in flight.
+    outcomes = await asyncio.gather(*(job for _, _, job in jobs), return_exceptions=True)
+    results = [_unreached(index, out) if isinstance(out, BaseException) else out
+               for (_, index, _), out in zip(jobs, outcomes, strict=True)]
     if req.acks == 0:
         # acks=0: Kafka sends no response at all. A partition that failed closes the
         # connection instead (KafkaApis' closeConnection): the one sign such a producer gets,
@@ -163,6 +169,18 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
             conn.close_after_response = True
         return None
     return _answer([(topic, res) for (topic, _, _), res in zip(jobs, results, strict=True)])
+
+
+def _unreached(partition: int, exc: BaseException) -> dict[str, Any]:
+    """The response of a partition whose append could not reach Redis (whether it was stored
+    is not known): REQUEST_TIMED_OUT, retriable, as Kafka answers a write whose outcome it does
+    not know; the partitions that were reached keep their own answers. Anything else is a fault
+    of the request as a whole (``dispatch`` answers it), raised once every append has ended."""
+    if not isinstance(exc, _UNREACHED):
+        raise exc
+    return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
+            "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
+            "log_append_time": -1, "log_start_offset": -1}
 
 
 def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
