@@ -318,6 +318,10 @@ async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -
         # Calls of one coordinator share the read (rcoord.asyncio.wake), which has a bound of
         # its own: a waiter holds no place.
         return await wake_reads.wait(client, op.key, op.after, op.block_ms)
+    if isinstance(op, SharedRead) and wake_reads is not None:
+        return await wake_reads.read(client, op.args)  # (it takes a place only to send)
+    if isinstance(op, Claim) and wake_reads is not None:
+        return await wake_reads.claim(client, op.key, op.px_ms)
     if wake_reads is None:
         return await _aperform_one(client, scripts, op)
     async with wake_reads.commands():

@@ -347,3 +347,126 @@ def test_a_group_made_again_while_its_old_wake_stream_lingers_parks_without_spin
     assert result.error.name == "NONE" and result.generation_id == 1
     assert len(await_replies) <= 3  # woken at the deadline, give or take a re-check
     assert client.pttl(wake_key) == -1  # the new group's stream lives as long as the group
+
+
+# -- the asyncio coordinator's due checks and claims (rcoord.asyncio.wake) ---------------------
+
+
+class AsyncCountingReads:
+    """An asyncio client with its single commands counted, each held until ``gate`` is set."""
+
+    def __init__(self, client: Any) -> None:
+        import asyncio
+
+        self.client = client
+        self.commands: list[tuple[Any, ...]] = []
+        self.sets = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def execute_command(self, *args: Any) -> Any:
+        self.commands.append(args)
+        await self.gate.wait()
+        return await self.client.execute_command(*args)
+
+    async def set(self, *args: Any, **kwargs: Any) -> Any:
+        self.sets += 1
+        return await self.client.set(*args, **kwargs)
+
+
+def _run_async(redis_server: Any, scenario: Any) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    from rcoord.asyncio.wake import AsyncWakeReads
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        try:
+            await scenario(AsyncWakeReads(8), AsyncCountingReads(client), client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+async def _async_read_together(reads: Any, counted: AsyncCountingReads, command: tuple[Any, ...],
+                               n: int) -> list[Any]:
+    """``n`` calls read ``command``; the first is held in flight until the others share it."""
+    import asyncio
+
+    counted.gate.clear()
+    tasks = [asyncio.create_task(reads.read(counted, command)) for _ in range(n)]
+    while len(counted.commands) < 1 or reads.sharing(command) < n - 1:
+        await asyncio.sleep(0.001)
+    return tasks
+
+
+def test_asyncio_calls_asking_the_same_read_in_flight_share_its_reply(redis_server, namespace):
+    """A reviewer's measurement: 200 members parked in one join on the asyncio coordinator sent
+    824 ZSCOREs and 204 claims when its deadline fell due (the blocking one: 244 and 7)."""
+    import asyncio
+
+    key = f"{namespace}:due"
+    command = ("ZSCORE", key, "g")
+
+    async def scenario(reads: Any, counted: AsyncCountingReads, client: Any) -> None:
+        await client.zadd(key, {"g": 1234})
+        tasks = await _async_read_together(reads, counted, command, 6)
+        assert counted.commands == [command]
+        counted.gate.set()
+        assert {float(v) for v in await asyncio.gather(*tasks)} == {1234.0}
+        assert counted.commands == [command]
+        await client.zadd(key, {"g": 99})  # once answered, the next read is sent again
+        assert float(await reads.read(counted, command)) == 99.0
+        assert len(counted.commands) == 2
+        await client.set(key, "not a sorted set")  # an error reaches every call that shared
+        tasks = await _async_read_together(reads, counted, command, 3)
+        counted.gate.set()
+        for got in await asyncio.gather(*tasks, return_exceptions=True):
+            assert isinstance(got, redis.ResponseError) and "WRONGTYPE" in str(got)
+        await client.delete(key)
+
+    _run_async(redis_server, scenario)
+
+
+def test_asyncio_a_cancelled_sender_leaves_the_calls_sharing_its_read_to_read_again(
+        redis_server, namespace):
+    import asyncio
+
+    key = f"{namespace}:due"
+    command = ("ZSCORE", key, "g")
+
+    async def scenario(reads: Any, counted: AsyncCountingReads, client: Any) -> None:
+        await client.zadd(key, {"g": 7})
+        first, *others = await _async_read_together(reads, counted, command, 3)
+        first.cancel()  # its caller's affair: the two sharing it read again (one sends)
+        while len(counted.commands) < 2 or reads.sharing(command) < 1:
+            await asyncio.sleep(0.001)
+        counted.gate.set()
+        assert [float(v) for v in await asyncio.gather(*others)] == [7.0, 7.0]
+        assert first.cancelled() and len(counted.commands) == 2
+        await client.delete(key)
+
+    _run_async(redis_server, scenario)
+
+
+def test_asyncio_a_claim_is_asked_once_per_coordinator_while_it_holds(redis_server, namespace):
+    import asyncio
+
+    from rcoord.asyncio.wake import AsyncWakeReads
+
+    claim = f"{namespace}:claim"
+
+    async def scenario(reads: Any, counted: AsyncCountingReads, client: Any) -> None:
+        got = await asyncio.gather(*(reads.claim(counted, claim, 100) for _ in range(6)))
+        assert sorted(got) == [False] * 5 + [True] and counted.sets == 1
+        while not await reads.claim(counted, claim, 100):  # asks again once it has expired
+            await asyncio.sleep(0.01)
+        assert counted.sets >= 2
+        # Another coordinator's claim (the key set by someone else) is refused by the server.
+        assert await AsyncWakeReads(8).claim(counted, claim, 100) is False
+        await client.delete(claim)
+
+    _run_async(redis_server, scenario)

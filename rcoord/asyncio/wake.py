@@ -17,7 +17,10 @@ bound below the pool's size (``command_limit``): a wake-up sends every woken cal
 command at once, which a pool of 100 could not serve either. The reads have a bound of their
 own (half that one): a read holds its connection for up to a second, and sharing one bound,
 reads of as many parked groups as the bound took every place, so a heartbeat (or the SyncGroup
-that would wake them) waited for a read to end.
+that would wake them) waited for a read to end. When the deadline the parked calls wait for
+falls due, they all ask whether it is due and then claim it: the same question in flight is
+asked once and its answer shared (``read``), and one call per claim's length asks for the claim
+(``claim``), as the blocking coordinator's threads do.
 
 Both bounds, and the streams, belong to the event loop that uses them (an ``asyncio.Semaphore``
 binds to its loop): a coordinator used from another loop (``asyncio.run`` twice) starts afresh.
@@ -85,6 +88,9 @@ class AsyncWakeReads:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands = self._reads = asyncio.Semaphore(1)  # (made for each loop: _bound)
         self._streams: dict[Any, _Stream] = {}
+        self._shared: dict[tuple[Any, ...], asyncio.Future[Any]] = {}  # read in flight
+        self._sharers: dict[tuple[Any, ...], int] = {}  # calls waiting for it
+        self._claims: dict[Any, float] = {}  # claim key -> loop time its gate opens
 
     def _bound(self) -> asyncio.AbstractEventLoop:
         """The running loop, with this object's bounds and streams made for it."""
@@ -93,7 +99,7 @@ class AsyncWakeReads:
             self._loop = loop
             self._commands = asyncio.Semaphore(self._sizes[0])
             self._reads = asyncio.Semaphore(self._sizes[1])
-            self._streams = {}
+            self._streams, self._shared, self._sharers, self._claims = {}, {}, {}, {}
         return loop
 
     def commands(self) -> asyncio.Semaphore:
@@ -137,6 +143,61 @@ class AsyncWakeReads:
                 # until the deadline of a waiter that is gone.
                 stream.reader.cancel()
                 stream.reader = None
+
+    async def read(self, client: Any, command: tuple[Any, ...]) -> Any:
+        """Send ``command`` (a read), unless the same command is in flight for another call:
+        then share that call's reply (or error). When a deadline falls due, every call parked
+        on the group wakes and asks whether it is due; this makes it one question per
+        coordinator, as ``rcoord.wake.SharedWakeReads.read`` does for threads. A caller that
+        shares holds no place under the commands' bound."""
+        loop = self._bound()
+        while (call := self._shared.get(command)) is not None:
+            self._sharers[command] = self._sharers.get(command, 0) + 1
+            try:
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not call.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this caller was cancelled
+                # The sending call was cancelled (its caller's affair): read again, or share.
+            finally:
+                left = self._sharers.pop(command) - 1
+                if left:
+                    self._sharers[command] = left
+        call = self._shared[command] = loop.create_future()
+        try:
+            async with self._commands:
+                value = await client.execute_command(*command)
+        except Exception as exc:
+            call.set_exception(exc)
+            call.exception()  # (retrieved: nobody may have shared it)
+            raise
+        except BaseException:
+            call.cancel()
+            raise
+        else:
+            call.set_result(value)
+            return value
+        finally:
+            if self._shared.get(command) is call:
+                del self._shared[command]
+
+    async def claim(self, client: Any, key: Any, px_ms: int) -> bool:
+        """``SET key NX PX px_ms``: whether this call won the claim. Only one call of the
+        coordinator asks per ``px_ms``: the others are told no at once, which is what the
+        server would answer them while the claim holds (``rcoord.wake``, the same rule)."""
+        now = self._bound().time()
+        if self._claims.get(key, 0.0) > now:
+            return False
+        if len(self._claims) >= MAX_IDLE_STREAMS:
+            self._claims = {k: t for k, t in self._claims.items() if t > now}
+        self._claims[key] = now + px_ms / 1000
+        async with self._commands:
+            return bool(await client.set(key, b"1", nx=True, px=px_ms))
+
+    def sharing(self, command: tuple[Any, ...]) -> int:
+        """How many calls wait for the reply of ``command`` in flight (for tests)."""
+        return self._sharers.get(command, 0)
 
     def waiting(self, key: Any) -> int:
         """How many calls wait on ``key`` now (for tests and debugging)."""
