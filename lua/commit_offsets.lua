@@ -102,14 +102,14 @@ end
 -- only the rare cases pay twice). A simple commit (generation -1) goes there at once.
 local COMMIT_SETTINGS = {'num_partitions', 'group_max_size', 'offsets_retention_ms',
   'offset_metadata_max_bytes', 'offsets_retention_check_interval_ms'}
-local COMMIT_GROUP_FIELDS = {'state', 'gen', 'ea', 'ptype', 'subs', 'capchk'}
+local COMMIT_GROUP_FIELDS = {'state', 'gen', 'ea', 'ptype', 'subs', 'capchk', 'gcw'}
 local function commit_fast(keys, args, req)
   if req.generation < 0 or req.member_id == '' then return nil end
   bind_group_keys(keys)
   local now = read_clock(args[1])
   local cfg = redis.call('HMGET', K_CFG, unpack(COMMIT_SETTINGS))
   if not cfg[1] then return nil end -- (the step answers NOT_COORDINATOR)
-  local state, gen_now, ea, ptype, subs, capchk =
+  local state, gen_now, ea, ptype, subs, capchk, walk =
     unpack(redis.call('HMGET', K_GROUP, unpack(COMMIT_GROUP_FIELDS)))
   if state ~= STABLE and state ~= PREPARING then return nil end
   local published = published_of(ea)
@@ -133,6 +133,7 @@ local function commit_fast(keys, args, req)
       expiry_of(stored, 'commit', tonumber(cfg[3]) or DEFAULTS.offsets_retention_ms), now,
       tonumber(cfg[5]) or DEFAULTS.offsets_retention_check_interval_ms)
     if gc_at < published then return nil end
+    if walk then return nil end -- (a retention walk in progress learns of it: the step)
   end
   redis.call('ZADD', K_DL, session_at, hb_key(req.member_id))
   write_offsets(batches)
@@ -140,7 +141,7 @@ local function commit_fast(keys, args, req)
   return {'NONE', results}
 end
 
--- (brief, and 'subs' in the first read: the retention schedule asks whether it is there.)
-local COMMIT_FIELDS = {'subs'}
+-- (brief, and 'subs' and 'gcw' in the first read: the retention schedule asks for both.)
+local COMMIT_FIELDS = {'subs', 'gcw'}
 group_step('commit_offsets', commit_offsets, parse_commit_offsets,
   {brief = true, fields = function() return COMMIT_FIELDS end, fast = commit_fast})

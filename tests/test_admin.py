@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from harness import wait_until
 
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
@@ -264,6 +267,51 @@ def test_the_retention_check_reads_many_offsets_a_page_per_call(make_coordinator
     assert left[0] >= 500 and left[-1] == 0 and len(left) >= 3
     assert left == sorted(left, reverse=True)
     assert c.state() == "Dead"  # no offsets left: the simple group is removed
+
+
+@pytest.mark.parametrize("group", ["simple", "stable"])
+def test_a_commit_during_a_retention_walk_still_expires(make_coordinator, clock, pool, group):
+    """A reviewer's repro: a commit made while the retention check walked a group's offsets a
+    page per call, whose field landed behind the walk's cursor, was never seen by the walk; the
+    walk's last page then set no timer, and the offset (and its group) stayed for ever. Where a
+    field lands is the hash's affair, so each round commits late in a walk (behind the cursor
+    about three times in four) and checks what must hold wherever it landed. ``stable``: a
+    member's commit of a topic its group does not subscribe to (the commit's fast path)."""
+    c = _retention_ctx(make_coordinator, clock, pool)
+    r = c.coord._redis
+    late = TopicPartition("late", 0)
+    for trial in range(8):
+        c.group_id = f"walked-{trial}"
+        keys = c._keys()
+        member: dict[str, Any] = {}
+        if group == "stable":
+            joined = c.join(require_known_member_id=False, protocols=_sub("orders"))
+            c.sync(joined.member_id, joined.generation_id, {})
+            member = dict(member_id=joined.member_id, generation_id=joined.generation_id)
+        old = dict.fromkeys((TopicPartition("old", p) for p in range(1_000)), 1)
+        assert set(c.coord.commit_offsets(c.group_id, old, **member).values()) == {Errors.NONE}
+        c.clock.sleep(60_000)  # every old offset has expired
+        c.coord.run_timers()  # the walk's first page
+        for _ in range(2):  # two more pages, if the walk is that long
+            if r.hget(keys.group, "gcw") is not None:
+                c.clock.sleep(1)
+                c.coord.run_timers()
+        assert r.hget(keys.group, "gcw") is not None, "the walk ended before the commit"
+        assert c.coord.commit_offsets(c.group_id, {late: 5}, **member) == {late: Errors.NONE}
+        while r.hget(keys.group, "gcw") is not None:
+            c.clock.sleep(1)
+            c.coord.run_timers()
+        assert set(c.coord.fetch_offsets(c.group_id).offsets) == {late}
+        assert r.zscore(keys.deadlines, "gc") is not None  # (was None: nothing would expire)
+        for _ in range(6):  # (the member's session is 600 s)
+            c.sleep(10_000)
+            if member:
+                assert c.heartbeat(member["member_id"], member["generation_id"]) == Errors.NONE
+        assert c.coord.fetch_offsets(c.group_id).offsets == {}
+        if member:
+            c.coord.leave_group(c.group_id, [MemberIdentity(member["member_id"])])
+            c.sleep(10_000)  # the Empty group without offsets goes after the check interval
+        assert c.state() == "Dead"
 
 
 def test_a_fetch_of_all_offsets_reads_a_page_per_call(make_coordinator, monkeypatch):
