@@ -65,6 +65,20 @@ local function update_member_and_rebalance(rec, reason)
   return reply_or_wait(rec.id, 'j')
 end
 
+-- Whether two subscriptions (lists of topics, or nil: not known) name the same topics.
+local function same_topic_set(a, b)
+  if a == nil or b == nil then return a == b end
+  local set, n = {}, 0
+  for _, topic in ipairs(a) do
+    if not set[topic] then set[topic], n = true, n + 1 end
+  end
+  for _, topic in ipairs(b) do
+    if not set[topic] then return false end
+    if set[topic] == true then set[topic], n = 1, n - 1 end
+  end
+  return n == 0
+end
+
 -- ClassicGroup.replaceStaticMember: the new member id takes over the old one's place; a caller
 -- still parked under the old id is fenced at once.
 local function replace_static_member(old_id, new_id)
@@ -114,16 +128,23 @@ local function update_static_member_and_rebalance(old_id, new_id)
   end
   local rec = old_id == new_id and known_record() or replace_static_member(old_id, new_id)
   reschedule_heartbeat(rec.id, rec.st)
+  local subscribed_before = subscribed_topics_of(rec, G.pname)
   update_member(rec, REQ, true)
   if G.state == STABLE then
-    if select_protocol() == G.pname then
+    -- rcoord (as KAFKA-12759 proposes): a static member back with other topics than it
+    -- subscribed to rebalances the group. Kafka looks at the selected protocol only, and hands
+    -- such a member its old assignment with no rebalance: its new topics go unread, and its
+    -- rejoin on seeing the mismatch finds the stored metadata already the new one.
+    local same_topics = same_topic_set(subscribed_before, subscribed_topics_of(rec, G.pname))
+    if select_protocol() == G.pname and (G.ptype ~= 'consumer' or same_topics) then
       -- Same protocol: no rebalance; the static member gets the current generation back, and
       -- a returning leader is told to skip the assignment (KIP-814).
       redis.call('HDEL', K_JOINING, new_id)
       local is_leader = G.leader == new_id
       return respond(join_reply(new_id, 'NONE', is_leader, is_leader))
     end
-    maybe_prepare_rebalance_or_complete_join('static member ' .. new_id .. ' changed protocol')
+    maybe_prepare_rebalance_or_complete_join('static member ' .. new_id ..
+      (same_topics and ' changed protocol' or ' changed its subscription'))
   elseif G.state == COMPLETING then
     prepare_rebalance('static member ' .. new_id .. ' rejoined during CompletingRebalance')
   else

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from harness import WAIT_S, wait_until
-from rcoord import Errors, MemberIdentity
+from rcoord import Errors, MemberIdentity, TopicPartition
+from rcoord.protocol.consumer import ConsumerProtocolSubscription
 
 
-def _static_group(ctx, instances):
+def _static_group(ctx, instances, protocols=None):
     """Form a Stable group of static members; returns (generation, {instance: member id})."""
+    if protocols is not None:
+        join_async = ctx.join_async
+        ctx.join_async = lambda *a, **kw: join_async(*a, **{"protocols": protocols, **kw})
     first = ctx.join(group_instance_id=instances[0])  # static members need no second join
     assert first.error == Errors.NONE and first.member_id.startswith(instances[0] + "-")
     ctx.sync(first.member_id, first.generation_id, {first.member_id: b"a0"}, group_instance_id=instances[0])
@@ -30,6 +34,8 @@ def _static_group(ctx, instances):
     for s in syncs:
         assert s.result(WAIT_S).error == Errors.NONE
     assert ctx.state() == "Stable"
+    if protocols is not None:
+        del ctx.join_async
     return gen, ids
 
 
@@ -66,6 +72,29 @@ def test_static_member_with_changed_protocol_triggers_rebalance(ctx):
     f2 = ctx.join_async(group_instance_id="a", protocols=[("roundrobin", b"")])
     # No protocol in common for a -> rejected; group untouched.
     assert f2.result(WAIT_S).error == Errors.INCONSISTENT_GROUP_PROTOCOL
+
+
+def _subscribing(*topics, owned=(), generation=-1):
+    return [("range", ConsumerProtocolSubscription(
+        topics=list(topics), owned_partitions=list(owned), generation_id=generation).encode())]
+
+
+def test_static_member_back_with_other_topics_rebalances(ctx):
+    """A reviewer's repro: a static member restarted with another subscription was handed its
+    old assignment with no rebalance (Kafka's classic coordinator looks at the selected protocol
+    only; KAFKA-12759 proposes this): it read a topic it no longer subscribes to, and nobody read
+    its new one. The same topics in other bytes (owned partitions) still rebalance nothing."""
+    gen, ids = _static_group(ctx, ["a", "b"], protocols=_subscribing("t"))
+    same = ctx.join(group_instance_id="b", protocols=_subscribing(
+        "t", owned=[TopicPartition("t", 0)], generation=gen))
+    assert same.error == Errors.NONE and same.generation_id == gen
+    assert ctx.state() == "Stable"
+    other = ctx.join_async(group_instance_id="b", protocols=_subscribing("t", "u"))
+    wait_until(lambda: ctx.state() == "PreparingRebalance")
+    back = ctx.join(ids["a"], group_instance_id="a", protocols=_subscribing("t"))
+    joined = other.result(WAIT_S)
+    assert (back.error, joined.error) == (Errors.NONE, Errors.NONE)
+    assert back.generation_id == joined.generation_id == gen + 1
 
 
 def test_fenced_static_member_id_cannot_join_sync_or_leave(ctx):
