@@ -9,7 +9,10 @@ those of READ, DESCRIBE and DELETE the principal may do on it (all three when no
 configured); not asked for, or for a group answered with an error, the field is Kafka's
 sentinel, -2**31. ListGroups lists every group to a principal with
 DESCRIBE on the cluster, else only the groups it may DESCRIBE; DeleteGroups needs DELETE on each
-group; OffsetDelete DELETE on the group and READ on each topic."""
+group; OffsetDelete DELETE on the group and READ on each topic. Then, as Kafka's
+``handleOffsetDeleteRequest`` checks its metadata cache, a partition of a topic that does not
+exist, or one outside the topic's partitions (a negative index too), is answered
+UNKNOWN_TOPIC_OR_PARTITION and not deleted; the request's other partitions are handled as usual."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
 from .acl import Operation, ResourceType
+from .api_meta import partition_counts
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
@@ -87,13 +91,26 @@ async def offset_delete(conn: Connection, req: Any, version: int) -> dict[str, A
     conn.require(Operation.DELETE, ResourceType.GROUP, req.group_id)
     by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
     wanted = []
+    readable = {t.name for t in req.topics
+                if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
+    # One partition-count read per topic named, on the topic threads, as OffsetCommit's.
+    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
+              if readable else {})
     for t in req.topics:
-        if conn.may(Operation.READ, ResourceType.TOPIC, t.name):
-            wanted += [TopicPartition(t.name, p.partition_index) for p in t.partitions]
-        else:
+        if t.name not in readable:
             by_topic[t.name] += [{"partition_index": p.partition_index,
                                   "error_code": TOPIC_AUTHORIZATION_FAILED}
                                  for p in t.partitions]
+            continue
+        count = counts[t.name]
+        for p in t.partitions:
+            if isinstance(count, Errors) or not 0 <= p.partition_index < count:
+                # Kafka's answer for a name not in its metadata cache (an illegal name too)
+                # or a partition it does not have (a negative index too); not deleted.
+                by_topic[t.name].append({"partition_index": p.partition_index,
+                                         "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION})
+            else:
+                wanted.append(TopicPartition(t.name, p.partition_index))
     res = await conn.state.coordinator.delete_offsets(req.group_id, wanted)
     for tp, code in res.partitions.items():
         by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})

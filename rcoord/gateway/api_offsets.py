@@ -10,7 +10,10 @@ its metadata cache, a partition of a topic that does not exist, or one outside t
 partitions (a negative index too), is answered UNKNOWN_TOPIC_OR_PARTITION and not committed; the
 other partitions of the request are committed as usual. OffsetFetch needs DESCRIBE on the group and
 DESCRIBE on a topic to see its offsets: a topic asked for by name is answered
-TOPIC_AUTHORIZATION_FAILED, and a fetch of all the group's offsets leaves it out.
+TOPIC_AUTHORIZATION_FAILED, and a fetch of all the group's offsets leaves it out. It checks no
+name or partition against the topics, as Kafka's ``handleOffsetFetchRequest``: a partition with
+no commit answers -1 with no error, a negative one or one of a name no commit can be stored
+under too (``_may_be_stored``), without being asked for.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import Errors
-from ..protocol.offsets import OffsetAndMetadata, TopicPartition
+from ..errors import Errors, InvalidRequestError
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of
 from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
 from .api_meta import partition_counts
@@ -108,25 +111,51 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
                 for p in t.partition_indexes]} for t in topics or ()]}
     wanted = None
     refused: list[dict[str, Any]] = []
+    named: list[TopicPartition] = []  # of the topics it may describe, in request order
+    unasked = False  # a partition named that no commit can be stored under (``_may_be_stored``)
     if topics is not None:
         wanted = []
         for t in topics:
             if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t.name):
-                wanted += [TopicPartition(t.name, p) for p in t.partition_indexes]
+                parts = [TopicPartition(t.name, p) for p in t.partition_indexes]
+                named += parts
+                storable = _may_be_stored(t.name)
+                wanted += [tp for tp in parts if storable and tp.partition >= 0]
+                unasked = unasked or len(wanted) < len(named)
             else:
                 refused.append({"name": t.name, "partitions": [
                     {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
                      "metadata": "", "error_code": TOPIC_AUTHORIZATION_FAILED}
                     for p in t.partition_indexes]})
-    if wanted == [] and refused:
-        return {"group_id": group_id, "error_code": Errors.NONE, "topics": refused}
-    res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
-    by_topic = _by_topic(await _without_stale(conn, dict(res.offsets), listed=wanted is None))
+    error, offsets = Errors.NONE, dict[TopicPartition, OffsetAndMetadata]()
+    if wanted != [] or not (refused or unasked):
+        res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
+        error = res.error
+        offsets = await _without_stale(conn, dict(res.offsets), listed=wanted is None)
+    if unasked:  # those have no commit: -1, no error, as Kafka answers
+        offsets = {tp: offsets.get(tp, _NO_COMMIT) for tp in named}
+    by_topic = _by_topic(offsets)
     if wanted is None:  # all the group's offsets: only those of topics the caller may see
         by_topic = {t: parts for t, parts in by_topic.items()
                     if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t, log_denied=False)}
-    return {"group_id": group_id, "error_code": res.error, "topics": refused + [
+    return {"group_id": group_id, "error_code": error, "topics": refused + [
         {"name": topic, "partitions": _fetched(parts)} for topic, parts in by_topic.items()]}
+
+
+_NO_COMMIT = OffsetAndMetadata(-1)
+
+
+def _may_be_stored(topic: str) -> bool:
+    """Whether a commit can be stored under ``topic``'s name (``field_of``): not the empty
+    name, nor one too long or not valid text. OffsetFetch does not check names or partitions
+    against the topics (Kafka's ``handleOffsetFetchRequest`` asks its coordinator for any):
+    one no commit can have, or a negative partition, is answered -1 with no error, not asked
+    for, so the request's other partitions and groups get their real answers."""
+    try:
+        field_of(TopicPartition(topic, 0))
+    except InvalidRequestError:
+        return False
+    return True
 
 
 async def _without_stale(conn: Connection, offsets: dict[TopicPartition, OffsetAndMetadata],
