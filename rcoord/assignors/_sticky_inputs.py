@@ -6,15 +6,78 @@ members are visited in member-id order where Kafka walks a hash map.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..protocol.consumer import ConsumerProtocolSubscription
+from ..protocol.kafka_consumer import (
+    decode_cooperative_sticky_user_data,
+    decode_sticky_user_data,
+)
 from ..protocol.offsets import TopicPartition
 from ._base import use_rack_aware
 
 DEFAULT_GENERATION = -1
 """The generation of a member that never had an assignment (Kafka's ``DEFAULT_GENERATION``)."""
+
+MemberData = Callable[[ConsumerProtocolSubscription], ConsumerProtocolSubscription]
+"""How an assignor reads what a member owned (Kafka's ``memberData``): the subscription with
+``owned_partitions`` and ``generation_id`` set to what the assignor takes them to be."""
+
+
+def subscription_member_data(sub: ConsumerProtocolSubscription) -> ConsumerProtocolSubscription:
+    """The subscription's own ``owned_partitions`` and ``generation_id`` (KIP-429, KIP-792)."""
+    return sub
+
+
+def cooperative_sticky_member_data(
+    sub: ConsumerProtocolSubscription,
+) -> ConsumerProtocolSubscription:
+    """Kafka's ``CooperativeStickyAssignor.memberData``: the subscription's generation if it has
+    one, else the generation in its ``user_data``.
+
+    A Subscription below v2 has no ``generation_id`` (it decodes as -1), and neither does a
+    member whose generation was reset; Kafka's cooperative-sticky assignor writes its last
+    generation in ``user_data`` for them. ``user_data`` that does not hold one counts as
+    generation -1 (as does a negative value). Owned partitions always come from the
+    subscription.
+    """
+    if sub.generation_id >= 0 or not sub.user_data:
+        return sub
+    try:
+        generation = decode_cooperative_sticky_user_data(sub.user_data)
+    except ValueError:
+        return sub  # its generation is already DEFAULT_GENERATION
+    return _with_member_data(sub, sub.owned_partitions, generation)
+
+
+def sticky_member_data(sub: ConsumerProtocolSubscription) -> ConsumerProtocolSubscription:
+    """Kafka's ``StickyAssignor.memberData``: the previous assignment and generation in the
+    member's ``user_data``, when it has any.
+
+    An eager Kafka member has revoked everything when it rejoins, so it reports no owned
+    partitions; its ``user_data`` holds what it had (and, from V1 on, the generation).
+    ``user_data`` that does not decode means no previous assignment and generation -1, as in
+    Kafka. Without ``user_data`` the subscription's own fields are used: rcoord's members
+    report what they held there, before revoking.
+    """
+    if not sub.user_data:
+        return sub
+    try:
+        partitions, generation = decode_sticky_user_data(sub.user_data)
+    except ValueError:
+        return _with_member_data(sub, (), DEFAULT_GENERATION)
+    return _with_member_data(
+        sub, partitions, DEFAULT_GENERATION if generation is None else generation)
+
+
+def _with_member_data(
+    sub: ConsumerProtocolSubscription,
+    owned: Iterable[tuple[str, int]],
+    generation: int,
+) -> ConsumerProtocolSubscription:
+    return ConsumerProtocolSubscription(
+        sub.topics, sub.user_data, owned, max(generation, DEFAULT_GENERATION), sub.rack)
 
 
 @dataclass

@@ -10,12 +10,19 @@ They differ in the rebalance protocol:
   current owner to another is left out of this round; the owner revokes it, the group
   rebalances again, and the next round assigns it. Members keep consuming everything else.
 
-What a member owned comes from its subscription's ``owned_partitions`` and ``generation_id``
-(KIP-429's fields). Kafka's StickyAssignor encodes its previous assignment and generation in
-its own ``user_data`` instead, because an eager member has already revoked everything (and so
-reports no owned partitions) when it rejoins; in rcoord the subscription's fields serve both
-assignors, and an eager member reports what it held before revoking. ``user_data`` is left to
-custom assignors.
+What a member owned, and in which generation, each assignor reads as Kafka's does
+(``memberData``):
+
+* ``cooperative-sticky``: the subscription's ``owned_partitions`` and ``generation_id``
+  (KIP-429, KIP-792). A subscription without a generation (below v2, or reset to -1) falls back
+  to the generation Kafka's CooperativeStickyAssignor keeps in ``user_data`` (one int32).
+* ``sticky``: the previous assignment and generation Kafka's StickyAssignor keeps in
+  ``user_data``, because an eager member has already revoked everything (and so reports no
+  owned partitions) when it rejoins. rcoord's own members send no ``user_data`` and report
+  what they held before revoking in the subscription's fields, which are used then.
+
+``user_data`` that does not decode never fails the assignment: the member counts as holding
+no generation (and, for ``sticky``, nothing).
 
 Where Kafka's result depends on hash-map iteration order, members and topics are visited in
 sorted order, so every leader computes the same assignment.
@@ -36,7 +43,14 @@ from ._base import (
 )
 from ._sticky_constrained import ConstrainedAssignment
 from ._sticky_general import GeneralAssignment
-from ._sticky_inputs import RackInfo, resolve_claims
+from ._sticky_inputs import (
+    MemberData,
+    RackInfo,
+    cooperative_sticky_member_data,
+    resolve_claims,
+    sticky_member_data,
+    subscription_member_data,
+)
 from .cooperative import partitions_transferring_ownership
 
 __all__ = ["CooperativeStickyAssignor", "StickyAssignor", "sticky_assignment"]
@@ -47,13 +61,18 @@ def sticky_assignment(
     partitions_per_topic: Mapping[str, int],
     member_order: Sequence[str] | None = None,
     partition_racks: Mapping[TopicPartition, Any] | None = None,
+    *,
+    member_data: MemberData = subscription_member_data,
 ) -> tuple[dict[str, list[TopicPartition]], dict[TopicPartition, str]]:
     """The sticky assignment, and the partitions it moves from one owner to another.
 
     The second value maps each partition the assignment gives to a member other than the one
-    that owns it (per the members' ``owned_partitions``) to its new member.
+    that owns it to its new member. What a member owns, and in which generation, is what
+    ``member_data`` reads from its subscription (by default its ``owned_partitions`` and
+    ``generation_id``; the assignors pass their Kafka counterpart's reading).
     """
     order = check_inputs(members, partitions_per_topic, member_order)
+    members = {mid: member_data(sub) for mid, sub in members.items()}
     racks = check_partition_racks(partition_racks)
     topics = subscribed_known_topics(members, partitions_per_topic)
     counts = {t: partitions_per_topic[t] for t in topics}
@@ -102,7 +121,9 @@ class StickyAssignor:
         member_order: Sequence[str] | None = None,
         partition_racks: Mapping[TopicPartition, Any] | None = None,
     ) -> dict[str, list[TopicPartition]]:
-        result, _ = sticky_assignment(members, partitions_per_topic, member_order, partition_racks)
+        result, _ = sticky_assignment(
+            members, partitions_per_topic, member_order, partition_racks,
+            member_data=sticky_member_data)
         return result
 
 
@@ -134,7 +155,8 @@ class CooperativeStickyAssignor:
         partition_racks: Mapping[TopicPartition, Any] | None = None,
     ) -> dict[str, list[TopicPartition]]:
         result, moving = sticky_assignment(
-            members, partitions_per_topic, member_order, partition_racks)
+            members, partitions_per_topic, member_order, partition_racks,
+            member_data=cooperative_sticky_member_data)
         if moving:
             for mid, parts in result.items():
                 result[mid] = [tp for tp in parts if moving.get(tp) != mid]

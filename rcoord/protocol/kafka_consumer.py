@@ -20,6 +20,19 @@ strings, int32-length arrays and bytes, -1 for null).
 Versions above 3 are read as version 3 and the rest of the bytes is ignored, which is how
 Kafka's own ``ConsumerProtocol`` reads a newer member's metadata; negative versions are refused.
 
+Kafka's sticky assignors also keep state in the Subscription's ``user_data``; the sticky
+assignors (``rcoord.assignors``) read it with the two decoders at the end of this module:
+
+* ``cooperative-sticky`` (``COOPERATIVE_STICKY_ASSIGNOR_USER_DATA_V0``): ``generation int32``,
+  the generation of the member's last assignment. Subscriptions below v2 have no
+  ``generation_id`` field, so this is where such a member's generation is.
+* ``sticky`` (``STICKY_ASSIGNOR_USER_DATA_V1``): ``previous_assignment [topic string,
+  partitions [int32]]``, ``generation int32``; V0 has no generation. An eager member revokes
+  everything before it rejoins, so its ``owned_partitions`` is empty and this is the only record
+  of what it held.
+
+``decode_subscription`` leaves ``user_data`` opaque: what it holds depends on the assignor.
+
 Functions here work on plain values; ``rcoord.protocol.consumer`` builds its dataclasses from
 them. Every decoding failure is a ``ValueError`` whose message says what is wrong and where.
 """
@@ -35,6 +48,8 @@ __all__ = [
     "KafkaAssignment",
     "KafkaSubscription",
     "decode_assignment",
+    "decode_cooperative_sticky_user_data",
+    "decode_sticky_user_data",
     "decode_subscription",
     "encode_assignment",
     "encode_subscription",
@@ -228,3 +243,34 @@ def decode_assignment(data: bytes) -> KafkaAssignment:
     partitions = r.topic_partitions("assigned_partitions")
     user_data = r.nullable_bytes("user_data")
     return KafkaAssignment(version, partitions, user_data)
+
+
+# -- the sticky assignors' user_data ----------------------------------------------------------
+
+
+def decode_cooperative_sticky_user_data(data: bytes) -> int:
+    """The generation in cooperative-sticky's user_data (an int32; any bytes after it ignored).
+
+    Raises ``ValueError`` when fewer than 4 bytes are given.
+    """
+    return _Reader(bytes(data), "cooperative-sticky user_data").i32("generation")
+
+
+def decode_sticky_user_data(data: bytes) -> tuple[list[tuple[str, int]], int | None]:
+    """The previous assignment and generation in the (eager) sticky assignor's user_data.
+
+    Read as V1 (``previous_assignment``, ``generation``); when fewer than 4 bytes follow the
+    assignment it is V0 and the generation is None. Bytes after that are ignored, as Kafka's
+    schema reader does. Entries that cannot name a real partition (an empty topic, a negative
+    partition) are left out. Raises ``ValueError`` when the assignment itself does not decode.
+    """
+    r = _Reader(bytes(data), "sticky user_data")
+    out: list[tuple[str, int]] = []
+    for _ in range(r.count("previous_assignment")):
+        topic = r.string("previous_assignment topic") or ""
+        for _ in range(r.count(f"previous_assignment partitions of {topic!r}")):
+            partition = r.i32("previous_assignment partition")
+            if topic and partition >= 0:
+                out.append((topic, partition))
+    generation = r.i32("generation") if len(r.data) - r.pos >= 4 else None
+    return out, generation
