@@ -188,6 +188,12 @@ class LeaseKeeper:
                 ops.append((p, "acquire", ""))
             elif holders[p] == self.coordinator_id:
                 ops.append((p, "handoff", wanted[p]))
+        # Partitions handed over stop being ours before their new holder can take them: this
+        # process then stops reading their events (observe.EventTail) before that holder goes
+        # on from the position stored, rather than at the end of the round.
+        handing = {p for p, op, _ in ops if op == "handoff"}
+        if handing & self.owned:
+            self.owned = self.owned - handing
         results = self._ops(ops, unreachable)
         steals = [(p, "steal", h) for p, h in results.items()
                   if p not in unreachable and wanted[p] == self.coordinator_id

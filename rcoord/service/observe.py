@@ -20,6 +20,12 @@ log = logging.getLogger("rcoord.groups")
 STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable")
 
 
+def _id_key(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as numbers, to compare ids."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
 class EventTail:
     def __init__(self, client: Any, namespace: str, num_partitions: int, metrics: Metrics) -> None:
         self._client = client
@@ -30,12 +36,26 @@ class EventTail:
     def poll(self, owned: set[int]) -> int:
         """Read what is new in each leased partition's events.
 
-        A newly leased partition goes on from the last event its previous holder logged (the
-        partition's ``tail`` key, written after every read that moved it), so what that holder
-        did not read before it died or handed the partition over, and what the new holder's
-        first sweep applies, is logged and counted (before, a new holder started at the
-        stream's end, and every expiry of a takeover went unlogged). Without a stored position
-        (the partition's first holder) it starts at the stream's end."""
+        Every partition's read position is shared through its ``tail`` key: the id of the last
+        event logged there (written after every read that moved it), so whoever holds the
+        partition next goes on from it, and the events a holder had not read when it died,
+        paused or handed the partition over, and those the new holder's first sweep applies, are
+        logged and counted (before, a new holder started at the stream's end, and every expiry of
+        a takeover went unlogged).
+
+        - A partition's first holder ever (no position stored) starts at the stream's end, and
+          stores that position at once (``SET NX``): before, it stored nothing until it had
+          read an event, so a partition that changed holder before that (a pause, a hand-over,
+          a death within a tail interval) was started at the stream's end again by the next
+          holder, and what happened in between was never logged.
+        - Every read skips what the stored position says someone else logged already (a
+          holder that was paused past its lease TTL, or that reads a partition being handed
+          over, goes on from its own position otherwise, and logged and counted those events
+          a second time).
+
+        So each event is logged once, except by two processes that read the same partition at
+        the same moment (a hand-over, a pause ending), which may both log it: at least once,
+        never lost while the stream still holds it."""
         ps = sorted(owned)
         for p in list(self._last):
             if p not in owned:
@@ -57,27 +77,41 @@ class EventTail:
     def _poll_node(self, ps: list[int]) -> int:
         pipe = self._client.pipeline(transaction=False)
         for p in ps:
+            pipe.get(self._pk[p].tail)
             if p in self._last:
                 pipe.xrange(self._pk[p].events, min=b"(" + self._last[p], max="+", count=1000)
             else:
-                pipe.get(self._pk[p].tail)
                 pipe.xrevrange(self._pk[p].events, count=1)
         replies = iter(pipe.execute())
         seen = 0
         moved: dict[int, bytes] = {}
+        started: dict[int, bytes] = {}
         for p in ps:
+            stored = next(replies)
             if p not in self._last:
-                stored, latest = next(replies), next(replies)
-                self._last[p] = stored or (latest[0][0] if latest else b"0-0")
+                latest = next(replies)
+                if stored:
+                    self._last[p] = stored
+                else:
+                    self._last[p] = started[p] = latest[0][0] if latest else b"0-0"
                 continue
+            # Logged already, by another process (or this one, as stored).
+            floor = max(self._last[p], stored, key=_id_key) if stored else self._last[p]
             for entry_id, fields in next(replies):
+                if _id_key(entry_id) <= _id_key(floor):
+                    continue
                 self._last[p] = moved[p] = entry_id
                 self._record(p, {k.decode(): v.decode("utf-8", "surrogateescape") for k, v in fields.items()})
                 seen += 1
-        if moved:
+            if _id_key(floor) > _id_key(self._last[p]):
+                self._last[p] = floor
+        if moved or started:
             pipe = self._client.pipeline(transaction=False)
             for p, entry_id in moved.items():
                 pipe.set(self._pk[p].tail, entry_id)
+            for p, entry_id in started.items():
+                # Unless another holder stored one meanwhile (the next read skips to it).
+                pipe.set(self._pk[p].tail, entry_id, nx=True)
             pipe.execute()
         return seen
 

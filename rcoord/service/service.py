@@ -50,6 +50,10 @@ SAMPLE_MS = 5000
 WAKE_MODES = ("both", "index", "hints")
 STALLED_MIN_MS = 3000
 """A timer loop without a finished turn for this long (and two lease TTLs) gives its leases up."""
+WATCH_GAP_MS = 1000
+"""A gap this long (and two lease periods) between two of the lease thread's own stall checks
+means the thread itself did not run (the whole process paused: SIGSTOP, a frozen VM, a long GC):
+the timer loop's silence is then measured from the end of the gap, not across it."""
 LOOP_PAUSE_MS = 200
 LOOP_PAUSE_MAX_MS = 1000
 """The timer loop's wait after a failed turn: 200 ms, doubling up to 1 s, so deadlines act
@@ -141,6 +145,11 @@ class CoordinatorService:
         self._lease_wake = threading.Event()
         self._owned: set[int] = set()
         self._last_lease_ok = 0.0
+        self._confirmed_at = 0.0
+        """When the last successful lease round began (monotonic): the leases it renewed hold
+        for a TTL from then at least (``_leases_confirmed``)."""
+        self._watch_since = 0.0
+        """Since when the lease thread has watched the timer loop without a gap of its own."""
         self._last_turn_ok = 0.0
         self._last_alive = 0.0  # the timer loop's last sign of life (a turn begun or failed)
         self._running = False
@@ -198,8 +207,10 @@ class CoordinatorService:
                             db=_db_of(self._client))
         self.listener = listener
         listener.start()
+        began = time.monotonic()
         self._owned = self.leases.step()
-        self.metrics.leases.set(len(self._owned))
+        self.metrics.leases.set_function(self._leases_held)
+        self._confirmed_at = began
         self._last_lease_ok = self._last_turn_ok = time.monotonic()
         self._client.publish(self.leases.channel, b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
@@ -288,7 +299,7 @@ class CoordinatorService:
         return ok, {
             "status": "ok" if ok else "unhealthy",
             "id": self.config.coordinator_id,
-            "leases": len(self._owned),
+            "leases": self._leases_held(),
             "live_coordinators": len(self.leases.live),
             "last_lease_round_ms_ago": int(age_ms),
             "last_timer_turn_ms_ago": int(turn_ms),
@@ -309,12 +320,22 @@ class CoordinatorService:
         period = self.config.lease_ttl_ms / 4000.0
         published = set(self._owned)
         settings_problem = ""
+        gap = max(2 * period, WATCH_GAP_MS / 1000)
+        checked = self._watch_since = time.monotonic()
         while not self._stop.is_set():
             self._lease_wake.wait(period)
             # Cleared before the round: a wake-up that arrives during it is not lost.
             self._lease_wake.clear()
             if self._stop.is_set():
                 return
+            now = time.monotonic()
+            if now - checked > gap:
+                # This thread did not run meanwhile (the process was paused): neither could the
+                # timer loop, which gets its turn before it counts as stalled. Before, a pause
+                # of the whole process for two TTLs (and 3 s) was taken for a stuck loop, and
+                # every lease was given up.
+                self._watch_since = now
+            checked = now
             if self._timer_loop_stalled():
                 published = self._give_up_leases(published)
                 continue
@@ -339,22 +360,26 @@ class CoordinatorService:
                 started = time.monotonic()
                 owned = self.leases.step()
                 took_ms = (time.monotonic() - started) * 1000
-                self._last_lease_ok = time.monotonic()
                 if took_ms > self.config.lease_ttl_ms / 2:
                     log.warning("a lease round took more than half the lease TTL",
                                 extra={"event": "slow_lease_round", "took_ms": int(took_ms)})
                 if self.leases.handed_off:
                     self._client.publish(self.leases.channel, b"handoff")
             except Exception as exc:  # noqa: BLE001 - keep trying; health reports staleness
+                # (and once the last round is a TTL old, the leases lapsed: ``_leases_held``
+                # reports none, where the gauge and /healthz kept the old count before)
                 log.warning("lease round failed", extra={"event": "lease_error", "why": str(exc)})
                 continue
-            self.metrics.leases.set(len(owned))
             self._owned = owned
             if owned != published:
                 published = set(owned)
                 log.info("leases changed", extra={"event": "leases", "id": self.config.coordinator_id,
                                                   "count": len(owned), "partitions": sorted(owned)})
                 self._queue.put(Owned(frozenset(owned)))
+            # Recorded once the round's set is published (``leases.owned``, and the timer loop's
+            # queue): a round is confirmed together with what it says is held.
+            self._confirmed_at = started
+            self._last_lease_ok = time.monotonic()
 
     def _timer_loop_stalled(self) -> bool:
         """The timer loop runs but has shown no sign of life for two lease TTLs (health's
@@ -365,7 +390,7 @@ class CoordinatorService:
         if not self._running:
             return False
         limit = max(2 * self.config.lease_ttl_ms, STALLED_MIN_MS)
-        alive = max(self._last_alive, self.sweeper.last_progress)
+        alive = max(self._last_alive, self.sweeper.last_progress, self._watch_since)
         return (time.monotonic() - alive) * 1000 >= limit
 
     def _give_up_leases(self, published: set[int]) -> set[int]:
@@ -381,7 +406,6 @@ class CoordinatorService:
         except Exception as exc:  # noqa: BLE001 - they lapse by themselves after a TTL
             log.warning("could not release leases", extra={"event": "lease_error", "why": str(exc)})
         self._owned = set()
-        self.metrics.leases.set(0)
         self._queue.put(Owned(frozenset()))
         return set()
 
@@ -486,7 +510,7 @@ class CoordinatorService:
                         sweeper.resync(owned)
                 if mono - last_tail >= TAIL_MS and self._leases_confirmed():
                     last_tail = mono
-                    self.tail.poll(owned)
+                    self.tail.poll(self._tailed(owned))
                 pause = LOOP_PAUSE_MS
                 self._last_turn_ok = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
@@ -505,11 +529,26 @@ class CoordinatorService:
         return set(self.leases.owned) if self._leases_confirmed() else set()
 
     def _leases_confirmed(self) -> bool:
-        """The leases were renewed within a TTL, so ``owned`` is still this process's. After a
-        pause (SIGSTOP, a frozen VM, a long GC) they may have passed to another process, which
-        has logged their events since: tailing them from this process's old positions logged
-        and counted each a second time. The next lease round says which are still held."""
-        return time.monotonic() - self._last_lease_ok < self.config.lease_ttl_ms / 1000
+        """The leases were renewed within a TTL (counted from the start of the round that
+        renewed them), so ``leases.owned`` is still this process's. After a pause (SIGSTOP, a
+        frozen VM, a long GC) they may have passed to another process, which has logged their
+        events since. The next lease round says which are still held."""
+        return time.monotonic() - self._confirmed_at < self.config.lease_ttl_ms / 1000
+
+    def _tailed(self, owned: set[int]) -> set[int]:
+        """The partitions whose events the timer loop reads: those of its set (``owned``) that
+        the latest lease round confirmed. The loop's set may be older: after a pause, the first
+        round that confirmed the leases again (holding fewer, or none) could come before the
+        loop had taken that round's set from its queue, and the loop read the partitions it no
+        longer held from where it had stopped, logging and counting again what their new
+        holder had logged meanwhile. ``leases.owned`` is set before a round is confirmed."""
+        return owned & self.leases.owned if self._leases_confirmed() else set()
+
+    def _leases_held(self) -> int:
+        """How many leases this process holds, as far as it knows: none once its last
+        successful lease round is a TTL old (Redis down, the process paused): they have lapsed.
+        The ``rcoord_leases_held`` gauge and ``/healthz``'s ``leases``."""
+        return len(self._owned) if self._leases_confirmed() else 0
 
     def _check_hints(self) -> None:
         """An expired hint key says a group had a deadline due: a hit if the index had missed it
@@ -528,8 +567,10 @@ class CoordinatorService:
             case Owned(partitions):
                 owned = set(partitions)
                 # Where each new partition's log goes on, read before the first sweep applies
-                # anything there (observe.EventTail.poll).
-                self.tail.poll(owned)
+                # anything there (observe.EventTail.poll). Not if the round that sent it is a
+                # TTL old by now (the process paused): the next confirmed turn reads them.
+                if self._leases_confirmed():
+                    self.tail.poll(self._tailed(owned))
                 if index:
                     self.sweeper.resync(owned)
             case Deadline(p, at_ms):
