@@ -1395,13 +1395,6 @@ local function retention_check_at(at, now, interval)
   return math.min(at, now + (interval or CFG.offsets_retention_check_interval_ms))
 end
 
--- The retention walk in progress ('gcw', below), parsed: generation, base, cursor, and the
--- earliest expiry it has seen (nil: none yet).
-local function parse_walk(walk)
-  local w, b, c, n = string.match(walk, '^(%S+) (%S+) (%S+) ?(%S*)$')
-  return w, b, c, tonumber(n)
-end
-
 -- After a commit: make sure the retention timer fires no later than this offset's expiry. While
 -- a retention walk is in progress its timer is a millisecond away, so that alone says nothing
 -- about this offset, whose field may sit behind the walk's cursor: the walk, which schedules
@@ -1410,8 +1403,9 @@ local function schedule_offset_expiry(rec)
   local base = expiration_base_of(G.ptype, G.state, G.subs)
   if not base then return end
   local at = expiry_of(rec, base)
-  if G.gcw then
-    local w, b, c, n = parse_walk(G.gcw)
+  if G.gcw then -- (generation, base, cursor, earliest expiry seen: expire_offsets, below)
+    local w, b, c, n = string.match(G.gcw, '^(%S+) (%S+) (%S+) ?(%S*)$')
+    n = tonumber(n)
     if n == nil or at < n then set_g('gcw', string.format('%s %s %s %d', w, b, c, at)) end
   end
   schedule_by('gc', retention_check_at(at, NOW))
@@ -1435,8 +1429,8 @@ local function expire_offsets()
     local walk = (G.gen or '0') .. ' ' .. base
     local cursor, left = '0', G.gcw
     if left then
-      local w, b, c, n = parse_walk(left)
-      if w .. ' ' .. b == walk then cursor, next_at = c, n end
+      local w, b, c, n = string.match(left, '^(%S+) (%S+) (%S+) ?(%S*)$')
+      if w .. ' ' .. b == walk then cursor, next_at = c, tonumber(n) end
     end
     local page = redis.call('HSCAN', K_OFFSETS, cursor, 'COUNT', 250)
     local flat = page[2]
