@@ -20,10 +20,9 @@ from collections import defaultdict
 from typing import Any
 
 from ..errors import Errors
-from ..protocol.offsets import TopicPartition
 from .acl import Operation, ResourceType
-from .api_meta import partition_counts
-from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
+from .api_meta import readable_partitions
+from .errors import GROUP_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
 
@@ -90,28 +89,10 @@ async def delete_groups(conn: Connection, req: Any, version: int) -> dict[str, A
 async def offset_delete(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     conn.require(Operation.DELETE, ResourceType.GROUP, req.group_id)
     by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    wanted = []
-    readable = {t.name for t in req.topics
-                if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
-    # One partition-count read per topic named, on the topic threads, as OffsetCommit's.
-    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
-              if readable else {})
-    for t in req.topics:
-        if t.name not in readable:
-            by_topic[t.name] += [{"partition_index": p.partition_index,
-                                  "error_code": TOPIC_AUTHORIZATION_FAILED}
-                                 for p in t.partitions]
-            continue
-        count = counts[t.name]
-        for p in t.partitions:
-            if isinstance(count, Errors) or not 0 <= p.partition_index < count:
-                # Kafka's answer for a name not in its metadata cache (an illegal name too)
-                # or a partition it does not have (a negative index too); not deleted.
-                by_topic[t.name].append({"partition_index": p.partition_index,
-                                         "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION})
-            else:
-                wanted.append(TopicPartition(t.name, p.partition_index))
-    res = await conn.state.coordinator.delete_offsets(req.group_id, wanted)
+    known, refused = await readable_partitions(conn, req.topics)
+    for tp, code in refused.items():  # not deleted
+        by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
+    res = await conn.state.coordinator.delete_offsets(req.group_id, [tp for tp, _ in known])
     for tp, code in res.partitions.items():
         by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
     return {"throttle_time": 0, "error_code": res.error, "topics": [

@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import Errors, InvalidRequestError
+from ..protocol.offsets import TopicPartition
 from ..topics import TopicError
 from .acl import Operation, ResourceType
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
 
-__all__ = ["partition_counts"]
+__all__ = ["partition_counts", "readable_partitions"]
 
 _ZERO_UUID = uuid.UUID(int=0)
 _GROUP_KEY, _TXN_KEY = 0, 1
@@ -40,6 +41,34 @@ def partition_counts(state: GatewayState, names: list[str] | None) -> dict[str, 
         except TopicError as exc:
             out[name] = exc.error
     return out
+
+
+async def readable_partitions(conn: Connection, topics: Any
+                              ) -> tuple[list[tuple[TopicPartition, Any]], dict[TopicPartition, int]]:
+    """The partitions a request's ``topics`` name (each with ``name`` and ``partitions`` of
+    ``partition_index``) that exist in a topic the caller may READ, each with its request
+    entry; and the others with Kafka's answer for them: TOPIC_AUTHORIZATION_FAILED, or
+    UNKNOWN_TOPIC_OR_PARTITION for a name not in its metadata cache (an illegal name too) or a
+    partition the topic does not have (a negative index too). Both in request order; one
+    partition-count read per topic named (not per partition), on the topic threads."""
+    readable = {t.name for t in topics if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
+    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
+              if readable else {})
+    known: list[tuple[TopicPartition, Any]] = []
+    refused: dict[TopicPartition, int] = {}
+    for t in topics:
+        if t.name not in readable:
+            refused.update({TopicPartition(t.name, p.partition_index): TOPIC_AUTHORIZATION_FAILED
+                            for p in t.partitions})
+            continue
+        count = counts[t.name]
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            if isinstance(count, Errors) or not 0 <= p.partition_index < count:
+                refused[tp] = Errors.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                known.append((tp, p))
+    return known, refused
 
 
 def _partitions(count: int) -> Iterator[dict[str, Any]]:

@@ -26,7 +26,7 @@ from ..errors import Errors, InvalidRequestError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of
 from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
-from .api_meta import partition_counts
+from .api_meta import readable_partitions
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import Connection
@@ -56,27 +56,11 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
                 {"partition_index": p.partition_index, "error_code": GROUP_AUTHORIZATION_FAILED}
                 for p in t.partitions]} for t in req.topics]}
     offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
-    refused: dict[TopicPartition, int] = {}
-    readable = {t.name for t in req.topics
-                if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
-    # One partition-count read per topic named (not per partition), on the topic threads.
-    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
-              if readable else {})
-    for t in req.topics:
-        if t.name not in readable:
-            refused.update({TopicPartition(t.name, p.partition_index): TOPIC_AUTHORIZATION_FAILED
-                            for p in t.partitions})
-            continue
-        count = counts[t.name]
-        for p in t.partitions:
-            tp = TopicPartition(t.name, p.partition_index)
-            if isinstance(count, Errors) or not 0 <= p.partition_index < count:
-                # Kafka's answer for a name not in its metadata cache, an illegal name too.
-                refused[tp] = Errors.UNKNOWN_TOPIC_OR_PARTITION
-                continue
-            epoch = int(getattr(p, "committed_leader_epoch", -1))
-            offsets[tp] = OffsetAndMetadata(
-                p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
+    known, refused = await readable_partitions(conn, req.topics)
+    for tp, p in known:
+        epoch = int(getattr(p, "committed_leader_epoch", -1))
+        offsets[tp] = OffsetAndMetadata(
+            p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
     retention = getattr(req, "retention_time", None)
     retention_ms = None if retention is None else millis(retention)
     codes: dict[TopicPartition, Any] = {}
