@@ -541,8 +541,9 @@ class CoordinatorService:
         round that confirmed the leases again (holding fewer, or none) could come before the
         loop had taken that round's set from its queue, and the loop read the partitions it no
         longer held from where it had stopped, logging and counting again what their new
-        holder had logged meanwhile. ``leases.owned`` is set before a round is confirmed."""
-        return owned & self.leases.owned if self._leases_confirmed() else set()
+        holder had logged meanwhile. ``leases.owned`` is set before a round is confirmed; the
+        callers read only while it is (``_leases_confirmed``)."""
+        return owned & self.leases.owned
 
     def _leases_held(self) -> int:
         """How many leases this process holds, as far as it knows: none once its last
