@@ -202,6 +202,20 @@ MAX_IDLE_STREAMS = 256
 many groups)."""
 
 
+def open_claim_gate(claims: dict[Any, float], key: Any, now: float, px_ms: int) -> bool:
+    """Whether a caller may ask the server for claim ``key`` at ``now`` (a monotonic time): not
+    while another caller of the process asked less than ``px_ms`` ago. If it may, the gate is
+    closed for ``px_ms`` from now. ``claims`` (key -> when its gate opens) is the caller's, kept
+    under ``MAX_IDLE_STREAMS`` entries; shared by the blocking and asyncio coordinators."""
+    if claims.get(key, 0.0) > now:
+        return False
+    if len(claims) >= MAX_IDLE_STREAMS:
+        for done in [k for k, t in claims.items() if t <= now]:
+            del claims[done]
+    claims[key] = now + px_ms / 1000
+    return True
+
+
 class _Read:
     """A read in flight, and its outcome once ``done`` is set."""
 
@@ -283,14 +297,10 @@ class SharedWakeReads:
         process asks per ``px_ms``: the others are told no at once, which is what the server
         would answer them while the claim holds (if it ends sooner, they ask again after
         ``px_ms``, as a thread that lost to another process does)."""
-        now = time.monotonic()
         with self._lock:
             self._forked()
-            if self._claims.get(key, 0.0) > now:
+            if not open_claim_gate(self._claims, key, time.monotonic(), px_ms):
                 return False
-            if len(self._claims) >= MAX_IDLE_STREAMS:
-                self._claims = {k: t for k, t in self._claims.items() if t > now}
-            self._claims[key] = now + px_ms / 1000
         return bool(client.set(key, b"1", nx=True, px=px_ms))
 
     def sharing(self, command: tuple[Any, ...]) -> int:

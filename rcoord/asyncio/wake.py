@@ -38,7 +38,14 @@ from typing import Any
 
 import redis.exceptions
 
-from ..wake import MAX_IDLE_STREAMS, WAKE_READ_COUNT, _newest, _stream_id, _text
+from ..wake import (
+    MAX_IDLE_STREAMS,
+    WAKE_READ_COUNT,
+    _newest,
+    _stream_id,
+    _text,
+    open_claim_gate,
+)
 
 __all__ = ["AsyncWakeReads", "command_limit", "pool_size"]
 
@@ -186,12 +193,9 @@ class AsyncWakeReads:
         """``SET key NX PX px_ms``: whether this call won the claim. Only one call of the
         coordinator asks per ``px_ms``: the others are told no at once, which is what the
         server would answer them while the claim holds (``rcoord.wake``, the same rule)."""
-        now = self._bound().time()
-        if self._claims.get(key, 0.0) > now:
+        now = self._bound().time()  # (first: a new loop gets a new set of gates)
+        if not open_claim_gate(self._claims, key, now, px_ms):
             return False
-        if len(self._claims) >= MAX_IDLE_STREAMS:
-            self._claims = {k: t for k, t in self._claims.items() if t > now}
-        self._claims[key] = now + px_ms / 1000
         async with self._commands:
             return bool(await client.set(key, b"1", nx=True, px=px_ms))
 
