@@ -22,7 +22,7 @@ pytest.importorskip("kio")
 
 from gateway_harness import call_once, connect, request_frame, response
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION = 0, 3
+NONE, UNKNOWN_TOPIC_OR_PARTITION, GROUP_ID_NOT_FOUND = 0, 3, 69
 TOO_LONG = "x" * 1025  # past MAX_ID_BYTES: no commit can be stored under it
 
 
@@ -125,3 +125,12 @@ def test_offset_delete_of_a_negative_partition_is_unknown_and_the_rest_are_handl
         NONE, {("t", -1): UNKNOWN_TOPIC_OR_PARTITION, ("t", 1): NONE})
     assert _fetch(gateway, {"g": {"t": [0, 1]}}) == {"g": (NONE, [
         ("t", [(0, 5, NONE), (1, -1, NONE)])])}
+
+
+def test_offset_delete_of_a_group_that_does_not_exist_is_answered_with_the_group_error_alone(
+        gateway: Any, topics: Any) -> None:
+    """Kafka answers a whole-group error with no topics: the per-partition refusals (an
+    unknown topic here) are dropped, not listed beside it."""
+    topics.create("t", 2)
+    assert _offset_delete(gateway, "nosuch-group", {"t": [0, 9], "nosuch": [0]}) == (
+        GROUP_ID_NOT_FOUND, {})

@@ -12,7 +12,9 @@ DESCRIBE on the cluster, else only the groups it may DESCRIBE; DeleteGroups need
 group; OffsetDelete DELETE on the group and READ on each topic. Then, as Kafka's
 ``handleOffsetDeleteRequest`` checks its metadata cache, a partition of a topic that does not
 exist, or one outside the topic's partitions (a negative index too), is answered
-UNKNOWN_TOPIC_OR_PARTITION and not deleted; the request's other partitions are handled as usual."""
+UNKNOWN_TOPIC_OR_PARTITION and not deleted; the request's other partitions are handled as usual.
+A whole-group error (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, ...) is answered alone with no topics,
+as Kafka's ``OffsetDeleteResponse.Builder.merge`` drops the per-partition answers for it."""
 
 from __future__ import annotations
 
@@ -93,6 +95,8 @@ async def offset_delete(conn: Connection, req: Any, version: int) -> dict[str, A
     for tp, code in refused.items():  # not deleted
         by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
     res = await conn.state.coordinator.delete_offsets(req.group_id, [tp for tp, _ in known])
+    if res.error != Errors.NONE:  # the group's error alone, as Kafka's response builder
+        return {"throttle_time": 0, "error_code": res.error, "topics": []}
     for tp, code in res.partitions.items():
         by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
     return {"throttle_time": 0, "error_code": res.error, "topics": [
