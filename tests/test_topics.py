@@ -696,6 +696,60 @@ def test_a_set_stop_ends_a_trim_by_age_after_one_scan_round(
     assert topics.apply_retention("t") == {0: 8, 1: 8}
 
 
+def test_a_trim_by_age_binary_searches_with_a_bounded_copy_per_call(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record's age is a field of it, so reading it copies the whole record into the script;
+    a linear scan read 1,000 records of 1 MB in one call (6.5 s with the server blocked, its
+    memory doubled). Timestamps never decrease, so the trim binary-searches the first record
+    to keep: with a budget smaller than one record, each call copies one record and the 64
+    expired records go in about log2(64) calls, not 64; the fresh record stays."""
+    topics.create("t", 1, retention_ms=1000)
+    old = producer.send_batch("t", [ProducerRecord(b"v" * 1000, partition=0) for _ in range(64)])
+    key = partition_key(namespace, "t", 0)
+    wait_until(lambda: server_ms(redis_client, key) > old[-1].timestamp_ms + 1000)
+    fresh = producer.send("t", b"fresh", partition=0)
+    monkeypatch.setattr(topics_admin, "RETENTION_SCAN_BYTES", 1)
+    rounds = []
+    run = topics_admin._run
+
+    def counted(r: Any, calls: Any) -> Any:
+        rounds.append([argv[4] for _, _, argv in calls])  # the previous call's `kept`
+        return run(r, calls)
+
+    monkeypatch.setattr(topics_admin, "_run", counted)
+    assert topics.apply_retention("t") == {0: 64}
+    assert 6 <= len(rounds) <= 8, rounds
+    assert rounds[0] == [""] and all(isinstance(r[0], int) for r in rounds[1:])
+    assert [r.value for r in fetch_all(redis_client, namespace, "t", 0, 64).records] == [b"fresh"]
+    assert log_offsets(redis_client, namespace, "t", 0) == (fresh.offset, fresh.offset + 1)
+
+
+def test_a_trim_by_age_call_copies_its_budget_and_moves_on(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One round per call (``stop`` set): a partition's first call probes the head (usually
+    nothing is due), then halves the rest while its copy budget lasts; a budget smaller than
+    one record still removes the head, so every call moves on."""
+    import threading
+
+    topics.create("t", 1, retention_ms=1)
+    old = producer.send_batch("t", [ProducerRecord(b"v" * 1000, partition=0) for _ in range(8)])
+    key = partition_key(namespace, "t", 0)
+    wait_until(lambda: server_ms(redis_client, key) > old[-1].timestamp_ms + 1)
+    stop = threading.Event()
+    stop.set()
+    monkeypatch.setattr(topics_admin, "RETENTION_SCAN_BYTES", 1)
+    assert topics.apply_retention("t", stop) == {0: 1}  # the head only
+    # Three records' worth: the head (offset 1), then offsets 4 and 6 of [1, 8).
+    monkeypatch.setattr(topics_admin, "RETENTION_SCAN_BYTES", 2500)
+    assert topics.apply_retention("t", stop) == {0: 7}
+    assert topics.apply_retention("t") == {0: 8}
+    assert log_offsets(redis_client, namespace, "t", 0) == (8, 8)
+
+
 def test_block_fetch_wakes_on_a_new_record(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str,
     pool: concurrent.futures.ThreadPoolExecutor,

@@ -15,6 +15,8 @@ from ._base import (
     OFFSETS,
     RETENTION,
     RETENTION_SCAN,
+    RETENTION_SCAN_BYTES,
+    RETENTION_TRIM_BYTES,
     PartitionInfo,
     TopicDescription,
     TopicError,
@@ -284,8 +286,12 @@ class Topics:
 
         By count: ``XTRIM MAXLEN`` keeps the newest ``retention_records`` (exactly; Kafka works
         per segment and so keeps somewhat more). By age: records older than ``retention_ms`` by
-        the node's clock go from the head, up to the first one that is not expired, scanned
-        ``RETENTION_SCAN`` entries per call so no call holds the server for long.
+        the node's clock go from the head, up to the first one that is not expired. A
+        partition's timestamps never decrease, so each call binary-searches that boundary,
+        copying at most ``RETENTION_SCAN_BYTES`` of records past its first probe and removing
+        at most ``RETENTION_SCAN`` records (and ``RETENTION_TRIM_BYTES``); calls repeat until
+        done, so no call holds the server
+        for long, however large the records or the backlog.
 
         ``stop`` (the coordinator service's) is looked at between those rounds: once it is set
         the trim ends where it is, every partition trimmed at least one round (a large expired
@@ -301,14 +307,17 @@ class Topics:
         age = desc_meta.get(b"retention_ms", b"")
         pending = list(range(n))
         starts: dict[int, int] = {}
+        kept: dict[int, int | str] = dict.fromkeys(pending, "")  # the search's bound, per partition
         while pending:
             results = _run(self._r, [
-                (RETENTION, [partition_key(self._ns, topic, p)], [records, age, RETENTION_SCAN])
+                (RETENTION, [partition_key(self._ns, topic, p)],
+                 [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
+                  RETENTION_TRIM_BYTES])
                 for p in pending
             ])
             again = []
             for p, res in zip(pending, results):
-                starts[p] = int(res[1])
+                starts[p], kept[p] = int(res[1]), int(res[4])
                 if int(res[3]):
                     again.append(p)
             pending, records = again, b""
