@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -230,6 +231,46 @@ def test_consumer_that_stops_polling_leaves_and_rejoins_on_next_poll(env: Any) -
     wait_until(lambda: len(a.assignment()) == 1 and len(b.assignment()) == 1, both)
     assert la.kinds()[mark:] == ["lost", "assigned"]
     assert a.member_id != a_member
+
+
+def test_a_listener_stuck_past_the_poll_interval_makes_the_member_leave(env: Any) -> None:
+    """Kafka resets its poll timer when poll() begins and calls the rebalance listener later in
+    that poll, so a listener blocked past max.poll.interval.ms makes the member leave and its
+    partitions go to the others. Before, time in the listener did not count: the member went on
+    heartbeating and kept its partitions unread for as long as the listener blocked. Once the
+    listener returns, the member rejoins (as at the next poll() after a poll timeout)."""
+    _fill(env, 2, 1)
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(Recorder):
+        def on_partitions_assigned(self, partitions: list[TP]) -> None:
+            super().on_partitions_assigned(partitions)
+            if not entered.is_set():
+                entered.set()
+                release.wait(WAIT_S)  # a listener waiting on a database
+
+    la = Stuck()
+    a = env.consumer(la, max_poll_interval_ms=300, rebalance_timeout_ms=60_000)
+
+    def poll_until_assigned() -> None:
+        end = time.monotonic() + WAIT_S
+        while not entered.is_set() and time.monotonic() < end:
+            a.poll(timeout=0.05)
+
+    poller = threading.Thread(target=poll_until_assigned)
+    poller.start()
+    try:
+        assert entered.wait(WAIT_S)
+        member = a.member_id
+        wait_until(lambda: member not in {m.member_id for m in env.coord.describe_group("g").members})
+        assert not release.is_set() and poller.is_alive()  # left while the listener still ran
+    finally:
+        release.set()
+        poller.join(WAIT_S)
+    assert not poller.is_alive()
+    wait_until(lambda: len(a.assignment()) == 2 and a.member_id not in ("", member),
+               lambda: a.poll(timeout=0.02))
+    assert la.kinds()[0] == "assigned" and "assigned" in la.kinds()[1:]
 
 
 def test_a_poll_between_the_poll_timeout_and_the_leave_still_rejoins() -> None:

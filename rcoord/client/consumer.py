@@ -665,7 +665,8 @@ class Consumer(SubscriptionMixin):
         between the steps of the call, not in the middle of one)."""
         outer, self._inside = self._inside, None
         try:
-            _call(self._listener, method, partitions)
+            with self._poll_timer.listener_running():  # its time counts, as in Kafka
+                _call(self._listener, method, partitions)
         finally:
             self._inside = outer
 

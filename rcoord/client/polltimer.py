@@ -4,15 +4,21 @@ A heartbeat thread keeps a member's session alive even when the application is s
 ``poll()`` calls, so its partitions would never move. ``PollTimer`` watches the time since the
 last ``poll()`` returned; past the limit it makes the group leave (``leave_until_resumed``), so
 the partitions go to the other members, and the next ``poll()`` lets the member join again as a
-new member. Time spent *inside* ``poll()`` does not count: that is the consumer working.
+new member. Time spent *inside* ``poll()`` does not count: that is the consumer working. The
+rebalance listener is the exception: Kafka resets its poll timer when ``poll()`` begins and calls
+the listener later within that call, so a listener stuck past ``max.poll.interval.ms`` makes the
+member leave. Here the clock runs while the listener does (``listener_running``); exempt, a
+listener blocked on a database kept its partitions unread for as long as it blocked, and got
+them back at every rebalance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .group import ConsumerGroup
 
@@ -47,6 +53,30 @@ class PollTimer:
 
     def poll_started(self) -> None:
         """``poll()`` began: stop the clock; if the timer had fired, let the member rejoin."""
+        self._stop_clock()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._watch, name=f"rcoord-{self._group_id}-poll-timer", daemon=True
+            )
+            self._thread.start()
+
+    @contextlib.contextmanager
+    def listener_running(self) -> Iterator[None]:
+        """A rebalance listener runs inside ``poll()``: the clock runs from its start, and once
+        it returns the clock stops again (rejoining if the timer fired meanwhile, as the next
+        ``poll()`` would). Outside ``poll()`` (``close()``'s revocation) nothing changes."""
+        with self._state:
+            counting = self._in_poll
+            if counting:
+                self._in_poll = False
+                self._last_poll = time.monotonic()
+        try:
+            yield
+        finally:
+            if counting:
+                self._stop_clock()
+
+    def _stop_clock(self) -> None:
         with self._state:
             self._in_poll = True
             self._last_poll = time.monotonic()
@@ -56,11 +86,6 @@ class PollTimer:
             group = self._group_of()
             if group is not None:
                 group.resume()
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._watch, name=f"rcoord-{self._group_id}-poll-timer", daemon=True
-            )
-            self._thread.start()
 
     def poll_finished(self) -> None:
         """``poll()`` returned: the clock runs from now."""
