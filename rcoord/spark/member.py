@@ -158,6 +158,8 @@ class StreamMember:
         self._gen: Generation | None = None
         self._hold = threading.Event()
         self._closing = threading.Event()
+        self._planned_at: float | None = None  # when plan() last began (monotonic)
+        self._gap_warned = False
         self._committed: dict[TP, int] = {}
         self._initial: Position | None = None
         # (generation, member) -> offsets already sent: Spark's deferred commit(end) repeats
@@ -237,6 +239,7 @@ class StreamMember:
         ``resolve.next_position`` does: a start past the target (records appended after the
         run began, read by another run of the group) is not a topic created again."""
         self._group.start()  # a query restarted on a checkpoint plans before initial()
+        self._check_plan_gap()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
         self._commit_own(own)
         gen = self._gen
@@ -308,6 +311,35 @@ class StreamMember:
             end = replace(end, starts=dict(begin))
         self._planned.add((gen.generation_id, gen.member_id))
         return end
+
+    def _check_plan_gap(self) -> None:
+        """Warn when Spark planned this batch later than the rebalance timeout after the last.
+
+        The member commits its batch and rejoins only when Spark plans the next one (the
+        generation's routine waits for that), as a Kafka consumer rejoins only in poll(). A
+        trigger interval plus batch longer than ``rebalanceTimeoutMs`` (Kafka's
+        ``max.poll.interval.ms`` plays its part) makes every rebalance drop this query from the
+        group and its batch's commit be refused, so the partitions' next owner reads it again:
+        with two queries and a 6 s trigger over a 3 s timeout, each batch re-read the backlog
+        and the group never settled. Said once, and again each time such a gap ended a
+        generation."""
+        now = time.monotonic()
+        last, self._planned_at = self._planned_at, now
+        limit_ms = self._group.config.rebalance_timeout_ms
+        if last is None or (now - last) * 1000 <= limit_ms:
+            return
+        ended = self._gen is not None and self._gen.done.is_set()
+        if self._gap_warned and not ended:
+            return
+        self._gap_warned = True
+        log.warning(
+            "group %r: %.1f s passed between two micro-batch plans, more than rebalanceTimeoutMs "
+            "(%d ms)%s. This query commits its batch and rejoins only when Spark plans the next "
+            "one, so a rebalance in such a gap drops it from the group and its batch is read "
+            "again by the partitions' next owner. Set rebalanceTimeoutMs above the trigger "
+            "interval plus the longest batch (Kafka's max.poll.interval.ms, 300000 by default, "
+            "plays this part)", self._group.config.group_id, now - last, limit_ms,
+            "; a rebalance began meanwhile" if ended else "")
 
     def replay(self, end: Position, ranges: Sequence[OffsetRange], timeout_s: float) -> set[TP]:
         """The partitions of a replayed batch this member reads again exactly.
