@@ -184,12 +184,21 @@ class StopSignals:
     of work and the record of it are never parted: the console consumer had written a line and
     was stopped before it counted it, so the line was sought back and never committed, although
     printed. ``on_stop`` (a consumer's ``wakeup``) is called when a signal is held, to end a
-    wait inside the block early. A second signal inside the block raises at once: a write
-    blocked on a full pipe must still be stoppable (that line then counts as not printed)."""
+    wait inside the block early.
+
+    Only the first signal stops; the second is ignored, so it cannot cut short the clean stop
+    the first began (a console consumer's final commit and LeaveGroup). GNU ``timeout`` sends
+    its SIGTERM twice (to the command and to its process group), as ``kill PID`` then ``kill
+    -- -PGID`` does; the second used to raise inside ``close()``, and the member stayed in its
+    group for a session timeout with nothing committed. Kafka's console consumer closes from a
+    shutdown hook, which further SIGTERMs do not interrupt. A third signal raises at once,
+    wherever it lands: an operator insisting can still end a write blocked on a full pipe (that
+    line then counts as not printed) or a close that hangs."""
 
     def __init__(self) -> None:
         self._held = 0
         self._pending: BaseException | None = None
+        self._signals = 0  # stop signals received
         self._previous: dict[int, Any] = {}
         self.on_stop: Callable[[], None] | None = None
 
@@ -214,7 +223,10 @@ class StopSignals:
         import signal
 
         exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-        if self._held and self._pending is None:
+        self._signals += 1
+        if self._signals == 2:
+            return  # the stop under way goes on
+        if self._signals == 1 and self._held:
             self._pending = exc
             if self.on_stop is not None:
                 self.on_stop()

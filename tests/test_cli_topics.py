@@ -31,12 +31,16 @@ def records(client: Any, namespace: str, topic: str, partition: int) -> list[tup
             for r in fetch(client, namespace, topic, partition, 0, max_records=10_000).records]
 
 
-def rcoord_process(url: str, namespace: str, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
+def rcoord_process(url: str, namespace: str, *args: str, hook: str = "",
+                   **popen: Any) -> subprocess.Popen[bytes]:
     """``python -m rcoord ARGS --redis-url URL --namespace NAMESPACE`` as a process, with no
-    ``RCOORD_*`` variable set; ``popen``: its stdout, stderr ..."""
+    ``RCOORD_*`` variable set; ``hook``: Python code run in it first (a test's seam);
+    ``popen``: its stdout, stderr ..."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.Popen([sys.executable, "-m", "rcoord", *args, "--redis-url", url,
+    run = ["-m", "rcoord"] if not hook else [
+        "-c", f"{hook}\nimport sys\nfrom rcoord.cli import main\nsys.exit(main())"]
+    return subprocess.Popen([sys.executable, *run, *args, "--redis-url", url,
                              "--namespace", namespace], env=env, **popen)
 
 
@@ -405,6 +409,8 @@ def test_a_direct_consumer_reads_partitions_added_while_it_runs(url, namespace, 
      "unrecognized options: --partitons (did you mean --partitions?), --topic"),
     (["create", "t2", "--partitions=3", "--retension-ms=5"], None, 2,
      "unrecognized option: --retension-ms (did you mean --retention-ms?)"),
+    (["create", "t2", "--partitions", "1", "--retention-ms", "-2"], None, 2,
+     "--retention-ms must be >= 0, or -1 for no limit (as leaving it out), got -2"),
     (["produce", "t", "--key-separator", ":"], "k:v\nno separator\n", 1,
      "line 2 has no key separator ':'; the 1 records before it were produced"),
     (["produce", "nope"], "x\n", 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
@@ -422,6 +428,17 @@ def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, 
     line = one_error_line(res, f"topics {args[0]}")
     assert res.returncode == code, line
     assert says in line
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_create_takes_minus_one_as_no_retention_limit(cli, redis_client, namespace):
+    """-1 is Kafka's "unlimited" (``retention.ms=-1``, ``retention.bytes=-1``): the topic gets
+    no retention setting, as with the flag left out. It was refused (INVALID_CONFIG, "must be
+    an int from 0"), without saying that leaving the flag out is how to get that."""
+    ok(cli("topics", "create", "t", "--partitions", "1", "--retention-ms", "-1",
+           "--retention-records", "-1"))
+    described = Topics(redis_client, namespace).describe("t")
+    assert (described.retention_ms, described.retention_records) == (None, None)
 
 
 @pytest.mark.parametrize("backend", ["single"])
@@ -530,9 +547,10 @@ def test_a_stop_signal_as_a_record_is_printed_leaves_that_record_printed_and_cou
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_stop_signal_while_a_print_is_held_stops_at_once():
+def test_a_third_stop_signal_while_a_print_is_held_stops_at_once():
     """A print blocked on a full pipe must still be stoppable: the first signal waits for the
-    print, a second one inside the same print raises there and then."""
+    print, the second is taken for the same stop (``timeout`` sends two) and ignored, a third
+    inside the same print raises there and then."""
     import signal
 
     from rcoord.ops import common
@@ -541,66 +559,177 @@ def test_a_second_stop_signal_while_a_print_is_held_stops_at_once():
     reached = []
     try:
         with pytest.raises(common.Terminated), signals.held():
-            signal.raise_signal(signal.SIGTERM)
-            reached.append("after the first")
-            signal.raise_signal(signal.SIGTERM)
-            reached.append("after the second")
+            for n in ("first", "second", "third"):
+                signal.raise_signal(signal.SIGTERM)
+                reached.append(f"after the {n}")
     finally:
         signals.restore()
-    assert reached == ["after the first"]
+    assert reached == ["after the first", "after the second"]
 
 
-def test_a_stop_signal_during_a_group_poll_prints_what_the_poll_handed_out(
-        monkeypatch, redis_client, namespace):
-    """A SIGTERM that lands while ``poll()`` is handing records out wakes the poll, and the
-    console consumer prints every record the poll returned before it stops, so close() commits
-    nothing that was not printed. Before, the stop could end the command between the poll and
-    the printing, and close() committed the unprinted records as read."""
+class _StoppedConsumer:
+    """A console consumer's ``Consumer`` that is sent SIGTERM ``in_poll`` times as its poll
+    hands out ``records`` and ``in_close`` times inside ``close()``; ``calls`` says what ran."""
+
+    def __init__(self, records: int, in_poll: int, in_close: int) -> None:
+        self.records, self.in_poll, self.in_close = records, in_poll, in_close
+        self.calls: list[str] = []
+
+    @staticmethod
+    def _signal(times: int) -> None:
+        import signal
+
+        for _ in range(times):
+            signal.raise_signal(signal.SIGTERM)
+
+    def poll(self, timeout: float, max_records: int) -> list[Any]:
+        from types import SimpleNamespace
+
+        self.calls.append("poll")
+        self._signal(self.in_poll)  # lands as the records are handed out
+        return [SimpleNamespace(topic="t", partition=0, offset=o, key=None, value=b"%d" % o,
+                                timestamp_ms=0, topic_partition=TopicPartition("t", 0))
+                for o in range(min(self.records, max_records))]
+
+    def wakeup(self) -> None:
+        self.calls.append("wakeup")
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("t", 0)}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.calls.append(f"seek {offset}")
+
+    def close(self, timeout: float) -> None:
+        self.calls.append("close")
+        self._signal(self.in_close)
+        self.calls.append("closed")
+
+
+def _consume_group_in_process(monkeypatch: Any, consumer: _StoppedConsumer,
+                              max_messages: int | None = None
+                              ) -> tuple[list[str], BaseException | None]:
+    """``console._consume_group`` on ``consumer``, with its stop signals installed: the lines
+    it printed, and what it raised."""
     import signal
     from types import SimpleNamespace
 
     import rcoord.client
     from rcoord.ops import common, console
 
-    tp = TopicPartition("t", 0)
-    calls: list[str] = []
-
-    class HandsOutThenStopped:
-        def __init__(self, config: Any, **kwargs: Any) -> None:
-            pass
-
-        def poll(self, timeout: float, max_records: int) -> list[Any]:
-            calls.append("poll")
-            signal.raise_signal(signal.SIGTERM)  # lands as the records are handed out
-            return [SimpleNamespace(topic="t", partition=0, offset=o, key=None,
-                                    value=b"%d" % o, timestamp_ms=0, topic_partition=tp)
-                    for o in range(3)]
-
-        def wakeup(self) -> None:
-            calls.append("wakeup")
-
-        def assignment(self) -> set[TopicPartition]:
-            return {tp}
-
-        def seek(self, tp: TopicPartition, offset: int) -> None:
-            calls.append(f"seek {offset}")
-
-        def close(self, timeout: float) -> None:
-            calls.append("close")
-
-    monkeypatch.setattr(rcoord.client, "Consumer", HandsOutThenStopped)
+    monkeypatch.setattr(rcoord.client, "Consumer", lambda config, **kwargs: consumer)
     stdout = _SignalledStdout(signal.SIGTERM, on_line=0)
     monkeypatch.setattr(sys, "stdout", stdout)
     args = SimpleNamespace(print_offset=False, print_key=False, key_separator="\t",
-                           max_messages=None, group="g", topic="t", from_beginning=True,
-                           timeout_ms=None)
-    ctx = SimpleNamespace(json=False, args=args, client=redis_client, namespace=namespace,
+                           max_messages=max_messages, group="g", topic="t",
+                           from_beginning=True, timeout_ms=None)
+    ctx = SimpleNamespace(json=False, args=args, client=None, namespace="ns",
                           note=lambda text: None)
     signals = common.StopSignals().install()
+    stopped: BaseException | None = None
     try:
-        with pytest.raises(common.Terminated):
-            console._consume_group(ctx, console._Printer(ctx, signals))
+        console._consume_group(ctx, console._Printer(ctx, signals))
+    except BaseException as exc:  # noqa: BLE001 - the caller checks it
+        stopped = exc
     finally:
         signals.restore()
-    assert stdout.lines == ["0", "1", "2"]
-    assert calls == ["poll", "wakeup", "close"]
+    return stdout.lines, stopped
+
+
+def test_a_stop_signal_during_a_group_poll_prints_what_the_poll_handed_out(monkeypatch):
+    """A SIGTERM that lands while ``poll()`` is handing records out wakes the poll, and the
+    console consumer prints every record the poll returned before it stops, so close() commits
+    nothing that was not printed. Before, the stop could end the command between the poll and
+    the printing, and close() committed the unprinted records as read."""
+    from rcoord.ops import common
+
+    consumer = _StoppedConsumer(records=3, in_poll=1, in_close=0)
+    lines, stopped = _consume_group_in_process(monkeypatch, consumer)
+    assert type(stopped) is common.Terminated
+    assert lines == ["0", "1", "2"]
+    assert consumer.calls == ["poll", "wakeup", "close", "closed"]
+
+
+@pytest.mark.parametrize(("in_poll", "in_close", "max_messages", "printed", "calls"), [
+    # `timeout`: one SIGTERM to the command, one to its process group; the second lands in
+    # close(). It used to raise there: no final commit, no LeaveGroup.
+    (1, 1, None, 3, ["poll", "wakeup", "close", "closed"]),
+    # Both land in the poll: the second used to raise there, and what it handed out was lost.
+    (2, 0, None, 3, ["poll", "wakeup", "close", "closed"]),
+    # --max-messages reached, and a stop comes as it closes: the close ends first.
+    (0, 1, 3, 3, ["poll", "close", "closed"]),
+    # An operator insisting: the third signal ends even a close.
+    (1, 2, None, 3, ["poll", "wakeup", "close"]),
+])
+def test_a_repeated_stop_signal_does_not_cut_a_group_consumers_close_short(
+        monkeypatch, in_poll, in_close, max_messages, printed, calls):
+    """Once a stop is under way, a second SIGTERM is the same stop sent twice (GNU ``timeout``
+    signals the command and its process group): close() still commits what was printed and
+    leaves the group, as Kafka's console consumer closes from a shutdown hook further signals
+    do not interrupt. A stop signal during close() waits for it, then exits 143."""
+    from rcoord.ops import common
+
+    consumer = _StoppedConsumer(records=3, in_poll=in_poll, in_close=in_close)
+    lines, stopped = _consume_group_in_process(monkeypatch, consumer, max_messages)
+    assert type(stopped) is common.Terminated
+    assert lines == [str(o) for o in range(printed)]
+    assert consumer.calls == calls
+
+
+_CLOSE_WAITS_FOR_STDIN = """
+import sys
+import rcoord.client
+
+real_close = rcoord.client.Consumer.close
+
+def close(self, timeout=None):
+    print("closing", file=sys.stderr, flush=True)
+    sys.stdin.readline()  # the test signals again, then lets the close go on
+    real_close(self, timeout)
+
+rcoord.client.Consumer.close = close
+"""
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_group_consumer_sent_sigterm_twice_commits_what_it_printed_and_leaves(
+        url, namespace, redis_client, make_coordinator):
+    """``timeout N rcoord topics consume T --group G``: GNU timeout sends SIGTERM to the command
+    and to its process group, so the consumer gets two. It still commits what it printed and
+    leaves the group (exit 143). Before, the second SIGTERM often raised inside close(): the
+    member stayed for a session timeout and nothing it printed was committed (3 runs in 6).
+    The second is sent once close() has begun (the hook says so and waits for stdin), where
+    it hurt; how far apart timeout's two land varies."""
+    import signal
+
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 1)
+    from rcoord.topics import Producer
+
+    Producer(redis_client, namespace).send_batch("t", [b"%d" % i for i in range(10)])
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--group", "g",
+                          "--from-beginning", "--timeout-ms", "60000",
+                          hook=_CLOSE_WAITS_FOR_STDIN, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
+        printed = [proc.stdout.readline().strip() for _ in range(10)]
+        assert printed == [b"%d" % i for i in range(10)]
+        os.kill(proc.pid, signal.SIGTERM)  # what timeout does: the command,
+        said = [proc.stderr.readline()]
+        while said[-1] not in (b"closing\n", b""):
+            said.append(proc.stderr.readline())
+        assert said[-1] == b"closing\n", said
+        os.killpg(proc.pid, signal.SIGTERM)  # then its process group
+        proc.stdin.write(b"go on\n")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 143, err.decode()
+    assert "Processed a total of 10 messages" in err.decode()
+    group = coord.describe_group("g")
+    assert (group.state, group.members) == ("Empty", [])
+    assert coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets[
+        TopicPartition("t", 0)].offset == 10

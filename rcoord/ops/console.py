@@ -315,7 +315,12 @@ def _consume_group(ctx: Context, printer: _Printer) -> None:
             elif not consumer.assignment():
                 progress(lambda: f"waiting to join group {a.group!r}")
     finally:
-        consumer.close(timeout=10)
+        # The clean stop itself: a stop signal now waits for it (and then exits 143 or 130)
+        # instead of cutting the final commit and the LeaveGroup short, as Kafka's console
+        # consumer closes from its shutdown hook; a repeated one is ignored (StopSignals).
+        printer.signals.on_stop = None  # nothing to wake: close() is bounded by its timeout
+        with printer.signals.held():
+            consumer.close(timeout=10)
 
 
 def _print_all(consumer: Any, records: list[Any], printer: _Printer) -> None:

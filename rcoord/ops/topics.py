@@ -24,9 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--partitions", type=int, required=True, metavar="N",
                    help="how many partitions (1 or more; add-partitions grows them later)")
     q.add_argument("--retention-ms", type=int, metavar="MS",
-                   help="records older than this are removed (default: kept)")
+                   help="records older than this are removed (default, or -1: kept)")
     q.add_argument("--retention-records", type=int, metavar="N",
-                   help="keep only the newest N records per partition (default: all)")
+                   help="keep only the newest N records per partition (default, or -1: all)")
     q.add_argument("--if-not-exists", action="store_true",
                    help="succeed if the topic already exists")
     leaf(sub, "list", "list the topics", _list)
@@ -46,8 +46,9 @@ def _create(ctx: Context) -> int:
     a = ctx.args
     created = True
     try:
-        ctx.topics().create(a.topic, a.partitions, retention_ms=a.retention_ms,
-                            retention_records=a.retention_records)
+        ctx.topics().create(a.topic, a.partitions,
+                            retention_ms=_limit(a.retention_ms, "--retention-ms"),
+                            retention_records=_limit(a.retention_records, "--retention-records"))
     except TopicError as exc:
         if not (a.if_not_exists and exc.error == Errors.TOPIC_ALREADY_EXISTS):
             raise
@@ -57,6 +58,18 @@ def _create(ctx: Context) -> int:
     else:
         print_line(f"Created topic {a.topic}." if created else f"Topic {a.topic} already exists.")
     return 0
+
+
+def _limit(value: int | None, flag: str) -> int | None:
+    """A retention flag's value for ``Topics.create``, where no value means no limit. -1 is
+    Kafka's "unlimited" (``retention.ms=-1``, ``retention.bytes=-1``): it means the flag left
+    out, as an operator used to Kafka expects, rather than being refused."""
+    if value == -1:
+        return None
+    if value is not None and value < 0:
+        raise UsageError(f"{flag} must be >= 0, or -1 for no limit (as leaving it out), "
+                         f"got {value}")
+    return value
 
 
 def _list(ctx: Context) -> int:
