@@ -151,6 +151,28 @@ def test_bad_options_fail_naming_the_option(spark: Any, redis_server: Any, singl
             reader(spark, redis_server.url, namespace).options(**options).load().collect()
 
 
+def test_a_streams_bad_options_fail_at_load_naming_the_option(spark: Any, redis_server: Any,
+                                                              namespace: str) -> None:
+    # Spark's Kafka source checks a stream's options at load() (sourceSchema). Before, these
+    # passed load() and start(), and the query then died with PYTHON_DATA_SOURCE_ERROR whose
+    # last line was pyspark's runner's "UnboundLocalError: ... 'reader'".
+    cases = [
+        ({"subscribe": "ev", "maxOffsetPerTrigger": "5"},
+         ("maxoffsetpertrigger: not an option of an rcoord read; did you mean "
+          "maxOffsetsPerTrigger")),
+        ({"assign": '{"ev": [0]}', "groupId": "g"}, "groupId: a group divides"),
+        ({"subscribe": "ev", "sessionTimeoutMs": "6000"},
+         "sessionTimeoutMs: only meaningful with groupId"),
+        ({"subscribe": "ev", "kafka.bootstrap.servers": "x:9092"},
+         "kafka.bootstrap.servers: rcoord reads and writes Redis"),
+    ]
+    for options, message in cases:
+        with pytest.raises(Exception, match=message) as info:
+            reader(spark, redis_server.url, namespace, stream=True).options(**options).load()
+        assert "UnboundLocalError" not in str(info.value)
+    assert spark.streams.active == []
+
+
 def test_write_then_read_keeps_keys_values_headers_and_partitions(
         spark: Any, redis_server: Any, single_client: Any, namespace: str) -> None:
     Topics(single_client, namespace).create("out", 4)

@@ -277,6 +277,38 @@ def test_a_partition_added_after_retention_trimmed_it_is_data_loss(
     assert caplog.text.count("is new to the query") == 1
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"subscribe": "a", "maxOffsetPerTrigger": "5"},
+         (r"^maxoffsetpertrigger: not an option of an rcoord read; did you mean "
+          r"maxOffsetsPerTrigger\?")),
+        ({"assign": '{"a": [0]}', "groupId": "g"}, "^groupId: a group divides"),
+        ({"subscribe": "a", "sessionTimeoutMs": "6000"},
+         "^sessionTimeoutMs: only meaningful with groupId"),
+        ({"subscribe": "a", "kafka.bootstrap.servers": "x:9092"},
+         "^kafka.bootstrap.servers: rcoord reads and writes Redis"),
+    ],
+)
+def test_the_data_sources_schema_checks_a_reads_options(given: dict[str, str],
+                                                        message: str) -> None:
+    """Spark calls schema() in load(): before, a stream's bad options raised only in
+    streamReader(), after start(), where pyspark's runner hid them behind an UnboundLocalError
+    (Spark's Kafka source checks them in sourceSchema, at load())."""
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    with pytest.raises(OptionError, match=message):
+        source.RcoordDataSource({**URL, **given}).schema()
+
+
+def test_the_data_sources_schema_leaves_the_kind_of_read_to_its_reader() -> None:
+    # schema() does not know a batch read from a stream: options valid for either pass.
+    source = pytest.importorskip("rcoord.spark.source")
+    for given in ({"subscribe": "a", "endingOffsets": "latest"},
+                  {"subscribe": "a", "groupId": "g", "maxOffsetsPerTrigger": "5"},
+                  {"subscribe": "a", "startingOffsets": "latest"}):
+        assert source.RcoordDataSource({**URL, **given}).schema().startswith("key ")
+
+
 def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
     source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
     default = {} if {"assign", "subscribe", "subscribePattern"} & set(kw) else {"subscribe": "re"}
@@ -344,6 +376,33 @@ def test_a_stream_from_latest_starts_once_however_often_spark_asks(
     batch = reader.latestOffset(first, ReadAllAvailable())
     assert reader.initialOffset() == first
     assert _offsets(reader, reader.initialOffset(), batch) == [(0, 2), (0, 3), (0, 4)]
+
+
+def test_a_plain_query_continues_a_checkpoint_written_in_group_mode(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    """The query ran with groupId, then restarts on its checkpoint without it: it goes on from
+    the checkpoint's offsets, as Spark's Kafka source's plain-offset checkpoints survive option
+    changes. Before, every plan from the group-mode position failed (``offset of ev-0 has no
+    start``), so the checkpoint could not be continued at all."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"a"] * 6)
+    group = _stream_reader(redis_server.url, namespace, **GROUP_READ)
+    try:
+        first = group.initialOffset()
+        end = group.latestOffset(first, every)
+    finally:
+        group.stop()
+    assert Position.from_json(end).generation is not None
+    producer.send_batch("ev", [b"b"] * 4)
+    plain = _stream_reader(redis_server.url, namespace, subscribe="ev")
+    nxt = plain.latestOffset(end, every)
+    assert _offsets(plain, end, nxt) == [(0, 3), (0, 4), (1, 3), (1, 4)]  # only the new ones
+    assert plain.latestOffset(nxt, every) == nxt
 
 
 def test_a_streams_specific_starting_offsets_must_name_every_partition(
@@ -1493,9 +1552,9 @@ def test_a_replay_whose_join_is_refused_for_good_fails_at_once(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:
     """The restarted query's first call replays a batch, and joining for it meets a refusal no
-    retry can mend (here a session timeout above the namespace's bound). Before, the replay
-    read nothing and logged a warning, and the query failed only at its next plan(); now
-    partitions() raises the refusal, with the setting to change."""
+    retry can mend (here the group's member shares no assignor with the query). Before, the
+    replay read nothing and logged a warning, and the query failed only at its next plan();
+    now partitions() raises the refusal, with the setting to change."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     topics.create("ev", 2)
@@ -1506,15 +1565,45 @@ def test_a_replay_whose_join_is_refused_for_good_fails_at_once(
         end = old.latestOffset(start, ReadMaxRows(8))
     finally:
         old.stop()
-    too_long = str(coord.config.group_max_session_timeout_ms + 1)
-    new = _stream_reader(redis_server.url, namespace,
-                         **{**GROUP_READ, "sessionTimeoutMs": too_long})
+    other = coord.join_group("g", protocol_type="consumer", protocols=[("other", b"")],
+                             session_timeout_ms=60_000)
+    coord.join_group("g", other.member_id, protocol_type="consumer",
+                     protocols=[("other", b"")], session_timeout_ms=60_000)
+    new = _stream_reader(redis_server.url, namespace, **GROUP_READ)
     try:
-        with pytest.raises(JoinRefusedError, match="group_max_session_timeout_ms") as info:
+        with pytest.raises(JoinRefusedError, match="common assignor") as info:
             new.partitions(start, end)
-        assert info.value.error is Errors.INVALID_SESSION_TIMEOUT
+        assert info.value.error is Errors.INCONSISTENT_GROUP_PROTOCOL
     finally:
         new.stop()
+
+
+def test_a_session_timeout_outside_the_namespace_bounds_names_the_spark_option(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    """The coordinator refuses such a JoinGroup (INVALID_SESSION_TIMEOUT, as Kafka's outside
+    group.min/max.session.timeout.ms), and its refusal named the group client's
+    session_timeout_ms. Now the query fails before it joins, naming sessionTimeoutMs and the
+    namespace's bounds, whichever call comes first (a new query's initialOffset, a restarted
+    one's latestOffset or replay)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("ev", 1)
+    high = coord.config.group_max_session_timeout_ms
+    message = (rf"^sessionTimeoutMs: {high + 1} is outside 10\.\.{high}, the session timeouts "
+               rf"namespace '{namespace}' allows")
+    planned = Position({TP("ev", 0): 0}, {TP("ev", 0): 0}, 1, "gone").to_json()
+    for call in (lambda r: r.initialOffset(),
+                 lambda r: r.latestOffset(planned, ReadAllAvailable()),
+                 lambda r: r.partitions(planned, planned)):
+        reader = _stream_reader(redis_server.url, namespace,
+                                **{**GROUP_READ, "sessionTimeoutMs": str(high + 1)})
+        try:
+            with pytest.raises(OptionError, match=message):
+                call(reader)
+        finally:
+            reader.stop()
+    assert coord.describe_group("g").members == []  # it never joined
 
 
 def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import CoordinatorConfig
 from ..errors import ConfigError
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..topics.producer import MAX_REQUEST_SIZE, MAX_REQUEST_SIZE_LIMIT
@@ -46,6 +47,7 @@ __all__ = [
     "ReadKind",
     "ReadOptions",
     "WriteOptions",
+    "check_session_timeout",
     "parse_read_options",
     "parse_write_options",
 ]
@@ -310,9 +312,14 @@ def _assign(raw: str) -> dict[str, tuple[int, ...]]:
 
 
 def parse_read_options(
-    options: Mapping[str, Any], kind: ReadKind, env: Mapping[str, str] | None = None
+    options: Mapping[str, Any], kind: ReadKind | None, env: Mapping[str, str] | None = None
 ) -> ReadOptions:
-    """Check a read's options; raises ``OptionError`` naming the first bad one."""
+    """Check a read's options; raises ``OptionError`` naming the first bad one.
+
+    ``kind`` None runs only the checks a batch and a stream read share: Spark's
+    ``DataSource.schema()``, where ``load()`` checks the options (as Spark's Kafka source does
+    in ``sourceSchema``), is not told which read it is for. The result is then only a check.
+    """
     _refuse_empty(options)
     opts = _lower(options)
     _check_names(opts, READ_OPTIONS, "read", WRITE_OPTIONS)
@@ -418,6 +425,21 @@ def parse_read_options(
         heartbeat_interval_ms=beat,
         rebalance_timeout_ms=timeouts.get("rebalancetimeoutms", 30_000),
     )
+
+
+def check_session_timeout(opts: ReadOptions, namespace: CoordinatorConfig) -> None:
+    """Group mode: ``sessionTimeoutMs`` must lie within the session timeouts the namespace
+    allows, as Kafka's coordinator refuses a JoinGroup outside ``group.min.session.timeout.ms``
+    .. ``group.max.session.timeout.ms`` (INVALID_SESSION_TIMEOUT). Checked before the query
+    joins because the refusal names the group client's ``session_timeout_ms``, not the Spark
+    option; and here, not in the parser, because the bounds are the namespace's settings in
+    Redis (``CoordinatorConfig``), which a deployment may change."""
+    low, high = namespace.group_min_session_timeout_ms, namespace.group_max_session_timeout_ms
+    if not low <= opts.session_timeout_ms <= high:
+        raise OptionError(
+            f"sessionTimeoutMs: {opts.session_timeout_ms} is outside {low}..{high}, the session "
+            f"timeouts namespace {opts.namespace!r} allows (its group_min_session_timeout_ms "
+            "and group_max_session_timeout_ms, changed with CoordinatorConfig)")
 
 
 def parse_write_options(

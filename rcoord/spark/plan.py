@@ -108,8 +108,14 @@ class Position:
         return self.generation == other.generation and self.member == other.member
 
     def continues(self, previous: Position, tp: TP) -> bool:
-        """True if ``tp`` goes on from ``previous`` rather than from ``starts``."""
-        return self.same_plan(previous) and tp in previous.offsets and tp not in self.starts
+        """True if ``tp`` goes on from ``previous`` rather than from ``starts``.
+
+        A plan outside group mode (no generation) goes on from whatever position it was
+        planned from, also one checkpointed in group mode: a query restarted without
+        ``groupId`` continues from the checkpoint's offsets, as Spark's Kafka source's
+        checkpoints (plain offsets) survive option changes. Before, every such plan failed."""
+        same = self.generation is None or self.same_plan(previous)
+        return same and tp in previous.offsets and tp not in self.starts
 
 
 def ranges_between(start: Position, end: Position) -> list[OffsetRange]:

@@ -36,6 +36,8 @@ from pyspark.sql.streaming.datasource import (
 
 from ..client import ConsumerGroup
 from ..client.policy import reaction_for
+from ..config import CoordinatorConfig
+from ..coordinator import GroupCoordinator
 from ..errors import RcoordError
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
@@ -47,6 +49,7 @@ from .options import (
     LATEST,
     ReadKind,
     ReadOptions,
+    check_session_timeout,
     parse_read_options,
     parse_write_options,
 )
@@ -106,6 +109,11 @@ class RcoordDataSource(DataSource):
         return "rcoord"
 
     def schema(self) -> str:
+        # Spark asks for the schema in load(), so a bad option fails there, as Spark's Kafka
+        # source checks its options in sourceSchema (validateStreamOptions). Raised only in
+        # streamReader(), it surfaced after start(), behind pyspark's runner's
+        # UnboundLocalError. schema() is not told the kind of read: the checks both share.
+        parse_read_options(self.options, None)
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
@@ -216,6 +224,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _membership(self) -> StreamMember:
         if self._member is None:
             opts = self.opts
+            namespace = GroupCoordinator(client_for(opts.url), CoordinatorConfig(
+                namespace=opts.namespace)).config
+            check_session_timeout(opts, namespace)  # before the join refuses it less clearly
             # Every named topic, existing or not: one deleted while the query was stopped has
             # no partitions, which the plan reports as data loss (failOnDataLoss); only a new
             # query insists that they exist (initialOffset).
