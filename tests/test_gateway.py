@@ -110,6 +110,68 @@ def test_bad_frames_close_only_their_connection(gateway: GatewayThread, bad: str
         wait_until(lambda: any("closing connection" in r.getMessage() for r in caplog.records))
 
 
+def test_bytes_after_a_request_body_are_ignored_as_kafka_does(gateway: GatewayThread,
+                                                              topics: Topics) -> None:
+    """librdkafka's Metadata v12 for all topics, byte for byte: a null topic array, then 3
+    bytes more (librdkafka issue #5049). Kafka's broker ignores them; the gateway closed the
+    connection, so librdkafka never had metadata for all topics."""
+    from kio.schema.metadata.v12.response import MetadataResponse
+    from kio.serial import entity_reader
+
+    topics.create("lt", 2)
+    header = bytes.fromhex("0003" "000c" "00000007" "0007") + b"rdkafka" + b"\x00"  # v2
+    # topics null (varint 0), allow_auto_topic_creation, include_topic_authorized_operations,
+    # no tagged fields; then what librdkafka leaves of its int32 -1
+    body = header + bytes.fromhex("00" "00" "00" "00") + bytes.fromhex("010000")
+    with _connect(gateway) as sock:
+        sock.sendall(len(body).to_bytes(4, "big") + body)
+        reply = recv_frame(sock)
+        assert int.from_bytes(reply[:4], "big") == 7
+        resp, _ = entity_reader(MetadataResponse)(reply, 5)
+        assert [(t.name, len(t.partitions)) for t in resp.topics] == [("lt", 2)]
+        sock.sendall(request_frame(18, 3, 8, {"client_software_name": "t",
+                                         "client_software_version": "1"}))
+        assert int.from_bytes(recv_frame(sock)[:4], "big") == 8  # the connection stayed
+
+
+# The turns of the event loop after the client's connect at which close() begins, and what
+# asyncio has done with the connection then: 0, nothing (in the listener's backlog); 1, the
+# listener's callback is due; 2, the transport is due (a Server.close() before it made asyncio
+# drop the connection, socket unclosed: CPython issue #109564); 3, ``connection_made`` is due;
+# 4, the connection's task is made but has not run; 5, it waits for a request.
+@pytest.mark.parametrize("turns", range(6))
+def test_close_ends_a_connection_at_any_step_of_its_accept(redis_server: Any, namespace: str,
+                                                          turns: int) -> None:
+    """Whatever step of its accept a connection reached when close() began, close() ends it
+    and leaves no task. Its task was registered only once it first ran, so one accepted as
+    close() began survived it (served a request with the topic threads shut down, or "Task was
+    destroyed but it is pending")."""
+    import asyncio
+
+    from rcoord.gateway import Gateway, GatewayConfig
+
+    async def scenario() -> tuple[set[asyncio.Task[Any]], bytes]:
+        gw = await Gateway(GatewayConfig(listen_host="127.0.0.1", listen_port=0,
+                                         namespace=namespace), redis_server.url).start()
+        # (a blocking connect: the kernel completes it; the loop accepts it in its turns)
+        with socket.create_connection(gw.address, timeout=10) as sock:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            await gw.close()
+            left = asyncio.all_tasks() - {asyncio.current_task()}
+            if left:
+                return left, b"?"
+            sock.setblocking(False)
+            try:
+                got = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(sock, 1), 10)
+            except ConnectionResetError:
+                got = b""
+        return left, got
+
+    left, got = asyncio.run(scenario())
+    assert (left, got) == (set(), b"")  # no task left, and the connection closed
+
+
 # -- kafka-python -----------------------------------------------------------------------------
 
 
@@ -363,6 +425,25 @@ def test_confluent_kafka_produces_and_consumes(gateway: GatewayThread, topics: T
     assert got == {b"k%d" % i: (b"v%d" % i, [("n", b"%d" % i)]) for i in range(30)}
     ends = {p.partition: p.log_end_offset for p in topics.describe("rd").partitions}
     assert {tp.partition: tp.offset for tp in committed} == ends
+
+
+def test_confluent_kafka_lists_all_topics_and_subscribes_by_pattern(gateway: GatewayThread,
+                                                                    topics: Topics) -> None:
+    """Both send Metadata for all topics, which librdkafka sends with 3 bytes after the body:
+    refused, list_topics() failed and a pattern subscription never got a partition."""
+    ck = pytest.importorskip("confluent_kafka")
+    topics.create("rx-a", 2)
+    conf = {"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"}
+    consumer = ck.Consumer({**conf, "group.id": "rx", "session.timeout.ms": 6000})
+    try:
+        listed = consumer.list_topics(timeout=10)
+        assert {n: len(t.partitions) for n, t in listed.topics.items()} == {"rx-a": 2}
+        consumer.subscribe(["^rx-.*"])
+        wait_until(lambda: len(consumer.assignment()) == 2, lambda: consumer.poll(0.1), 30)
+        assigned = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
+    finally:
+        consumer.close()
+    assert assigned == [("rx-a", 0), ("rx-a", 1)]
 
 
 # -- admin ------------------------------------------------------------------------------------

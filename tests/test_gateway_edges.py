@@ -55,6 +55,27 @@ def test_max_timestamp_names_the_last_record_or_nothing(gateway, redis_server, t
     assert (parts[1].offset, parts[1].timestamp) == (-1, -1)  # empty: no such record
 
 
+@pytest.mark.parametrize("version", [1, 7])
+def test_a_partition_listed_twice_is_answered_once_invalid_request(gateway, topics, version):
+    """Kafka's v1+ ListOffsets (ListOffsetsRequest.duplicatePartitions, ReplicaManager.fetchOffset):
+    a partition named twice, in the same topic entry or in two, gets one answer,
+    INVALID_REQUEST; the others are answered as usual. Each copy was answered, with its own
+    offset, so which one a client took was arbitrary."""
+    topics.create("d", 2)
+    times = [{"partition_index": 0, "timestamp": -2}, {"partition_index": 0, "timestamp": -1},
+             {"partition_index": 1, "timestamp": -1}]
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(2, version, 1, {"replica_id": -1, "topics": [
+            {"name": "d", "partitions": times}, {"name": "d", "partitions": [times[1]]}]}))
+        listed = response(sock, 2, version, 5 if version >= 6 else 4)  # v6+: flexible
+    finally:
+        sock.close()
+    assert [(t.name, p.partition_index, p.error_code.value, p.offset)
+            for t in listed.topics for p in t.partitions] == [
+        ("d", 0, Errors.INVALID_REQUEST, -1), ("d", 1, 0, 0)]
+
+
 @pytest.mark.parametrize("version", [2, 8])
 def test_a_commit_answers_each_missing_topic_or_partition_and_commits_the_rest(
         gateway, redis_server, topics, version):

@@ -13,6 +13,7 @@ kafka = pytest.importorskip("kafka")
 from gateway_harness import (
     GatewayThread,
     LossyProxy,
+    call_once,
     connect,
     request_frame,
     response,
@@ -20,6 +21,7 @@ from gateway_harness import (
     topics_of,
 )
 
+from rcoord.gateway.errors import TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, Topics, producer_state_keys
 
@@ -100,7 +102,7 @@ def test_resent_batch_is_appended_once_and_sequences_are_checked(
         assert fenced.error_code.value == 47  # INVALID_PRODUCER_EPOCH
 
         txn = raw.init_producer_id("a-transaction")
-        assert txn.error_code.value == 42  # transactions are not served
+        assert txn.error_code.value == TRANSACTIONAL_ID_AUTHORIZATION_FAILED  # not served
     finally:
         raw.sock.close()
     values = [r.value for r in _read_all(redis_server, namespace, "idem", 0)]
@@ -160,6 +162,49 @@ def _read_all(redis_server: Any, namespace: str, topic: str, partition: int) -> 
         return fetch(client, namespace, topic, partition, 0, 10_000).records
     finally:
         client.close()
+
+
+def test_a_transactional_id_is_refused_with_the_reason(gateway: GatewayThread,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Transactions are not served. FindCoordinator for a transactional id answered
+    COORDINATOR_NOT_AVAILABLE, which clients retry until their timeout; it answers what Kafka
+    answers a transactional id the caller may not use, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    fatal to clients, with the reason; InitProducerId too (it answered INVALID_REQUEST)."""
+    found = call_once(gateway, 10, 4, {"key_type": 1, "coordinator_keys": ["tx-1"]})
+    (coordinator,) = found.coordinators
+    assert (coordinator.key, coordinator.error_code.value, coordinator.node_id) == (
+        "tx-1", TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+    assert "transactions are not supported" in (coordinator.error_message or "")
+    raw = _Raw(gateway)
+    try:
+        init = raw.init_producer_id("tx-1")
+    finally:
+        raw.sock.close()
+    assert (init.error_code.value, init.producer_id) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([m for m in warned if "'tx-1'" in m and "not supported" in m]) == 2
+
+
+def test_transactional_producers_fail_at_once(gateway: GatewayThread) -> None:
+    """librdkafka and kafka-python: init_transactions() fails with a fatal, non-retriable error
+    at once (it ran out its timeout, retrying, and librdkafka said "retry call to resume")."""
+    ck = pytest.importorskip("confluent_kafka")
+    producer = ck.Producer({"bootstrap.servers": gateway.bootstrap, "transactional.id": "tx-1",
+                            "broker.address.family": "v4"})
+    with pytest.raises(ck.KafkaException) as raised:
+        producer.init_transactions(10)
+    error = raised.value.args[0]
+    assert error.code() == ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert error.fatal() and not error.retriable()
+    assert "transactions are not supported by the rcoord gateway" in error.str()
+    del producer
+    kp = kafka.KafkaProducer(bootstrap_servers=gateway.bootstrap, transactional_id="tx-2",
+                             max_block_ms=10_000)
+    try:
+        with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError):
+            kp.init_transactions()
+    finally:
+        kp.close(timeout=10)
 
 
 # -- real clients -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ namespace can serve any group or partition, because all state is in Redis.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,11 +16,19 @@ from ..errors import Errors, InvalidRequestError
 from ..protocol.offsets import TopicPartition
 from ..topics import TopicError
 from .acl import Operation, ResourceType
-from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID
+from .errors import (
+    GROUP_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    TRANSACTIONS_NOT_SERVED,
+    UNKNOWN_TOPIC_ID,
+)
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
 
 __all__ = ["partition_counts", "readable_partitions"]
+
+log = logging.getLogger("rcoord.gateway")
 
 _ZERO_UUID = uuid.UUID(int=0)
 _GROUP_KEY, _TXN_KEY = 0, 1
@@ -172,9 +181,15 @@ def _coordinator(conn: Connection, key: str, key_type: int) -> dict[str, Any]:
     if key_type == _GROUP_KEY:
         return {"key": key, "node_id": NODE_ID, "host": host, "port": port,
                 "error_code": Errors.NONE, "error_message": None}
-    # Transactions (key type 1) and share groups are not served by this gateway.
-    code = Errors.COORDINATOR_NOT_AVAILABLE if key_type == _TXN_KEY else Errors.INVALID_REQUEST
-    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
+    if key_type == _TXN_KEY:  # (errors.TRANSACTIONS_NOT_SERVED says why this code)
+        log.warning("transactional producer %r (client id %r, from %s) refused: %s", key,
+                    conn.client_id, conn.client_host, TRANSACTIONS_NOT_SERVED)
+        return {"key": key, "node_id": -1, "host": "", "port": -1,
+                "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "error_message": TRANSACTIONS_NOT_SERVED}
+    # Share groups are not served by this gateway.
+    return {"key": key, "node_id": -1, "host": "", "port": -1,
+            "error_code": Errors.INVALID_REQUEST,
             "error_message": f"key type {key_type} is not served by the rcoord gateway"}
 
 

@@ -9,7 +9,9 @@ a name rcoord's own producers (``rcoord-<n>-<hex>``) never take.
 Without a transactional id, Kafka's coordinator answers every InitProducerId with a new id and
 epoch 0, also when the request names the producer's current id and epoch (KIP-360: a Java
 producer bumps its epoch itself after an unknown outcome; librdkafka asks for a new id). The
-gateway does the same. Transactions are not served: a transactional id gets INVALID_REQUEST.
+gateway does the same. Transactions are not served: a transactional id gets
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers one the caller may not use
+(``errors.TRANSACTIONS_NOT_SERVED`` says why that code).
 
 ACLs, as Kafka 3.x: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic, else
 CLUSTER_AUTHORIZATION_FAILED.
@@ -24,7 +26,11 @@ from typing import Any
 from ..errors import Errors
 from ..topics.producer import allocate_producer_number
 from .acl import Operation, ResourceType
-from .errors import CLUSTER_AUTHORIZATION_FAILED
+from .errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    TRANSACTIONS_NOT_SERVED,
+)
 from .registry import api
 from .state import Connection
 
@@ -49,11 +55,12 @@ def new_producer_id(number: int) -> int:
 @api(22, "InitProducerId", 0, 5)
 async def init_producer_id(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
-    if req.transactional_id is not None:
-        log.info("InitProducerId for transactional id %r refused: transactions are not served",
-                 req.transactional_id)
-        return {"throttle_time": 0, "error_code": Errors.INVALID_REQUEST, "producer_id": -1,
-                "producer_epoch": -1}
+    if req.transactional_id is not None:  # (FindCoordinator refuses it first, likewise)
+        log.warning("transactional producer %r (client id %r, from %s) refused: %s",
+                    req.transactional_id, conn.client_id, conn.client_host,
+                    TRANSACTIONS_NOT_SERVED)
+        return {"throttle_time": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
     if not (conn.may(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False)
             or conn.may_any(Operation.WRITE, ResourceType.TOPIC)):
         return {"throttle_time": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED,

@@ -14,6 +14,7 @@ others of the same request are served.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Any
 
@@ -521,14 +522,26 @@ async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, An
     described = {t.name for t in req.topics
                  if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t.name)}
 
-    async def refused(partition: int) -> dict[str, Any]:
-        return {"partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
+    async def refused(partition: int, code: int) -> dict[str, Any]:
+        return {"partition_index": partition, "error_code": code,
                 "timestamp": -1, "offset": -1, "leader_epoch": -1}
 
-    jobs = [(t.name, state.blocking(_list_offset, state, t.name, p.partition_index,
-                                    int(p.timestamp)) if t.name in described
-             else refused(p.partition_index))
-            for t in req.topics for p in t.partitions]
+    # A partition named twice (in a topic the caller may describe) is answered once, with
+    # INVALID_REQUEST, as Kafka's v1+ ListOffsets (ListOffsetsRequest.duplicatePartitions;
+    # ReplicaManager.fetchOffset answers by partition, so one entry for all its copies).
+    named = collections.Counter((t.name, p.partition_index) for t in req.topics
+                                if t.name in described for p in t.partitions)
+    jobs = []
+    for t in req.topics:
+        for p in t.partitions:
+            copies = named.pop((t.name, p.partition_index), 0)  # 0: a later copy, answered
+            if t.name not in described:
+                jobs.append((t.name, refused(p.partition_index, TOPIC_AUTHORIZATION_FAILED)))
+            elif copies > 1:
+                jobs.append((t.name, refused(p.partition_index, Errors.INVALID_REQUEST)))
+            elif copies == 1:
+                jobs.append((t.name, state.blocking(_list_offset, state, t.name,
+                                                    p.partition_index, int(p.timestamp))))
     results = await asyncio.gather(*(job for _, job in jobs))
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, _), res in zip(jobs, results, strict=True):

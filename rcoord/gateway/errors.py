@@ -18,6 +18,8 @@ __all__ = [
     "LEADER_NOT_AVAILABLE",
     "NOT_LEADER_OR_FOLLOWER",
     "TOPIC_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+    "TRANSACTIONS_NOT_SERVED",
     "UNKNOWN_TOPIC_ID",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "RequestError",
@@ -32,6 +34,7 @@ GROUP_AUTHORIZATION_FAILED = 30
 CLUSTER_AUTHORIZATION_FAILED = 31
 INVALID_REPLICATION_FACTOR = 38
 INVALID_PRODUCER_EPOCH = 47
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
 UNKNOWN_TOPIC_ID = 100
@@ -42,6 +45,17 @@ AUTHORIZATION_FAILED = {
     ResourceType.CLUSTER: CLUSTER_AUTHORIZATION_FAILED,
 }
 """The error Kafka answers when an operation on a resource of this type is not allowed."""
+
+TRANSACTIONS_NOT_SERVED = ("transactions are not supported by the rcoord gateway: produce "
+                           "without transactional.id (enable.idempotence works)")
+"""Why a transactional producer is refused, in FindCoordinator's error message (librdkafka puts
+it in the error it raises) and in the gateway's warning. The code is
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, what Kafka answers a transactional id the caller may not
+use (``KafkaApis.getCoordinator``, ``handleInitProducerIdRequest``): librdkafka and
+kafka-python fail ``init_transactions()`` at once with it, a fatal error (measured, librdkafka
+2.16 and kafka-python 3.0.12). COORDINATOR_NOT_AVAILABLE (as before) made both retry until the
+call's timeout, and say only that; INVALID_REQUEST, to FindCoordinator or to InitProducerId,
+made librdkafka do the same."""
 
 
 class RequestError(Exception):

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import functools
 import io
+import logging
 import types
 import typing
 import uuid
@@ -36,6 +37,8 @@ __all__ = [
     "request_class",
     "response_class",
 ]
+
+log = logging.getLogger("rcoord.gateway")
 
 _TIMEDELTAS = (i32Timedelta, i64Timedelta, datetime.timedelta)
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -75,16 +78,27 @@ def response_class(api_key: int, version: int) -> Any:
 def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, Any]:
     """(client id, request entity) of a whole request frame (header and body).
 
-    Raises ValueError (or kio's errors) if the frame does not parse as that request.
+    Raises ValueError (or kio's errors) if the frame does not parse as that request. Bytes
+    after a body that parsed are ignored, as Kafka's broker ignores them
+    (``RequestContext.parseRequest`` checks no remaining bytes): librdkafka's Metadata v9+ for
+    all topics, which its regex subscriptions use too, carries 3 (librdkafka issue #5049), and
+    refusing them closed its connection, so it never got the metadata.
     """
     cls = request_class(api_key, version)
     header_cls = cls.__header_schema__
     view = memoryview(frame)
     header, used = entity_reader(header_cls)(view, 0)
     body, size = entity_reader(cls)(view, used)
-    if used + size != len(frame):
-        raise ValueError(f"{len(frame) - used - size} bytes left over after the request body")
+    left = len(frame) - used - size
+    if left and (api_key, version) not in _TRAILING_SEEN:
+        _TRAILING_SEEN.add((api_key, version))  # once: a client sends them on every request
+        log.debug("API key %d v%d from client id %r: %d bytes after the request body ignored "
+                  "(logged once per API version)", api_key, version, header.client_id, left)
     return header.client_id, body
+
+
+_TRAILING_SEEN: set[tuple[int, int]] = set()
+"""The (API key, version)s whose trailing bytes were logged."""
 
 
 def encode_response(api_key: int, version: int, correlation_id: int, data: Mapping[str, Any]
