@@ -134,44 +134,6 @@ def test_bytes_after_a_request_body_are_ignored_as_kafka_does(gateway: GatewayTh
         assert int.from_bytes(recv_frame(sock)[:4], "big") == 8  # the connection stayed
 
 
-# The turns of the event loop after the client's connect at which close() begins, and what
-# asyncio has done with the connection then: 0, nothing (in the listener's backlog); 1, the
-# listener's callback is due; 2, the transport is due (a Server.close() before it made asyncio
-# drop the connection, socket unclosed: CPython issue #109564); 3, ``connection_made`` is due;
-# 4, the connection's task is made but has not run; 5, it waits for a request.
-@pytest.mark.parametrize("turns", range(6))
-def test_close_ends_a_connection_at_any_step_of_its_accept(redis_server: Any, namespace: str,
-                                                          turns: int) -> None:
-    """Whatever step of its accept a connection reached when close() began, close() ends it
-    and leaves no task. Its task was registered only once it first ran, so one accepted as
-    close() began survived it (served a request with the topic threads shut down, or "Task was
-    destroyed but it is pending")."""
-    import asyncio
-
-    from rcoord.gateway import Gateway, GatewayConfig
-
-    async def scenario() -> tuple[set[asyncio.Task[Any]], bytes]:
-        gw = await Gateway(GatewayConfig(listen_host="127.0.0.1", listen_port=0,
-                                         namespace=namespace), redis_server.url).start()
-        # (a blocking connect: the kernel completes it; the loop accepts it in its turns)
-        with socket.create_connection(gw.address, timeout=10) as sock:
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            await gw.close()
-            left = asyncio.all_tasks() - {asyncio.current_task()}
-            if left:
-                return left, b"?"
-            sock.setblocking(False)
-            try:
-                got = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(sock, 1), 10)
-            except ConnectionResetError:
-                got = b""
-        return left, got
-
-    left, got = asyncio.run(scenario())
-    assert (left, got) == (set(), b"")  # no task left, and the connection closed
-
-
 # -- kafka-python -----------------------------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import ssl
 from typing import Any, Self
@@ -104,7 +103,6 @@ class Gateway:
         self._tls = server_tls_context(self.config)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
         self._conns: dict[asyncio.Task[None], Connection] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -137,22 +135,17 @@ class Gateway:
         await self._server.serve_forever()
 
     async def close(self) -> None:
-        """Stop accepting, then end every connection's task and wait for each. From here on
-        ``_accept`` makes no task (``_closing``), and it registered each one it made as it made
-        it, so this snapshot has every connection's task: one accepted while close() ran had
-        outlived it (served a request after the topic threads were shut down, or was destroyed
-        pending with its event loop)."""
-        self._closing = True
-        if self._server is not None:
-            await self._stop_accepting(self._server)
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(BaseException):
                 await self._sweeper
-        tasks = list(self._tasks)
-        for task in tasks:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
         if self._server is not None:
             await self._server.wait_closed()
         await self.state.coordinator.close()  # its wake reads, before their client goes
@@ -162,44 +155,22 @@ class Gateway:
         if self._server is not None:
             log.info("rcoord gateway on %s:%d closed", *self.state.advertised)
 
-    @staticmethod
-    async def _stop_accepting(server: asyncio.base_events.Server) -> None:
-        """Stop accepting, then close the listener once asyncio has made the transports of the
-        connections it accepted: it makes each one turn of the loop after its accept (in a task
-        of its own) and drops it, its socket left unclosed, if ``Server.close()`` came between
-        (CPython issue #109564). Two turns: a listener callback already due runs in this one."""
-        loop = asyncio.get_running_loop()
-        for sock in server.sockets:
-            loop.remove_reader(sock.fileno())
-        for _ in range(2):
-            await asyncio.sleep(0)
-        server.close()
-
     async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """asyncio's ``connection_made`` calls this for each accepted connection. Its task is
-        made and registered here, at once, so ``close()`` finds every one: a coroutine callback
-        gets a task asyncio makes, which could register itself only once it first ran."""
-        if self._closing:  # accepted before close() stopped the listener (or TLS done since)
-            writer.close()
-            return
-        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._ended, writer))
-
-    def _ended(self, writer: asyncio.StreamWriter, task: asyncio.Task[None]) -> None:
-        """A connection's task is done: close its connection (``_serve`` does, unless the task
-        was cancelled before it first ran) and report a failure, as asyncio's own callback
-        task would."""
-        self._tasks.discard(task)
-        writer.close()
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("connection task failed", exc_info=exc)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # close() ends every connection; nothing to report
+        finally:
+            self._tasks.discard(task)
 
     async def _sweep_idle(self) -> None:
         """Close the connections idle for ``connections_max_idle_ms`` (Kafka's
