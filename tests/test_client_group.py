@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import pickle
 import re
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -1103,6 +1104,22 @@ def test_real_single_member_lifecycle(real: Any) -> None:
     desc = real.coord.describe_group("g")
     assert desc.state == "Empty" and desc.members == []
     assert real.coord.fetch_offsets("g", [TP("t", 2)]).offsets[TP("t", 2)].offset == 0
+
+
+def test_a_member_names_its_host_for_describe(real: Any) -> None:
+    """Kafka's broker records the address each member connects from (the HOST column of
+    ``kafka-consumer-groups --describe``); an rcoord member names its machine instead, since
+    no server sees it connect. A join that names a host keeps it."""
+    real.topics.create("t", 1)
+    group = real.group(client_id="worker")
+    group.next(timeout=WAIT_S)
+    (member,) = real.coord.describe_group("g").members
+    assert (member.client_id, member.client_host) == ("worker", socket.gethostname())
+    coord = RedisCoordinator(real.client, real.namespace).start()
+    coord.join_group("named", protocol_type="consumer", protocols=[("range", b"")],
+                     session_timeout_ms=10_000, client_host="/10.0.0.9",
+                     require_known_member_id=False)
+    assert [m.client_host for m in coord.describe_group("named").members] == ["/10.0.0.9"]
 
 
 def test_real_two_members_split_and_fence_the_old_generation(real: Any) -> None:

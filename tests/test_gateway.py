@@ -438,6 +438,9 @@ def test_kafka_python_admin_topics_and_groups(gateway: GatewayThread, topics: To
             assert described["group_state"] == "Stable"
             assert described["protocol_data"] == "range"
             (m,) = described["members"]
+            # The address the member connects from, written as Kafka's broker writes it
+            # (Java's InetAddress.toString: "/" and the address).
+            assert m["client_host"] == "/127.0.0.1"
             # The client's ConsumerProtocol bytes passed through the coordinator untouched.
             assert m["member_metadata"]["topics"] == ["made"]
             assert m["member_assignment"]["assigned_partitions"] == [

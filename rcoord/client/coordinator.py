@@ -7,6 +7,7 @@ interface), so tests can replace Redis with a fake whose methods are plain funct
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -138,7 +139,10 @@ class RedisCoordinator(GroupCoordinator):
     """The ``Coordinator`` on Redis: ``GroupCoordinator`` plus the topic reads a worker needs.
 
     It uses the settings stored in the namespace (it writes none), so workers enforce the limits
-    the deployment's coordinators configured.
+    the deployment's coordinators configured. Its members join with this machine's host name as
+    their client host: Kafka's broker records the address a member connects from, which
+    ``rcoord groups describe`` shows in its HOST column; behind Redis no server sees the worker,
+    so the worker names its host itself.
     """
 
     def __init__(self, redis_client: Any, namespace: str = "rcoord", *,
@@ -147,6 +151,12 @@ class RedisCoordinator(GroupCoordinator):
         self._ns = namespace
         self._topic_admin = _topics.Topics(redis_client, namespace)
         self._commit_acks = (commit_required_acks, commit_ack_timeout_ms)
+        self._client_host = socket.gethostname()
+
+    def join_group(self, group_id: str, member_id: str = "", **kwargs: Any) -> JoinGroupResult:
+        """JoinGroup naming this machine as the member's host, unless the call names one."""
+        kwargs.setdefault("client_host", self._client_host)
+        return super().join_group(group_id, member_id, **kwargs)
 
     def commit_offsets(
         self,

@@ -44,7 +44,7 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
         rebalance_timeout_ms=session_ms if rebalance is None else millis(rebalance),
         group_instance_id=getattr(req, "group_instance_id", None),
         client_id=conn.client_id,
-        client_host=conn.client_host,
+        client_host=f"/{conn.client_host}",  # Kafka's form: InetAddress.toString
         require_known_member_id=version >= _MEMBER_ID_REQUIRED_FROM,
         reason=getattr(req, "reason", None),
     )
