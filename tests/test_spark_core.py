@@ -164,6 +164,8 @@ def test_options_are_case_insensitive_and_follow_kafka_defaults() -> None:
     assert stream.starting == "latest" and stream.fail_on_data_loss
     group = opts(subscribe="a", groupId="g")
     assert group.starting == "earliest" and group.group_id == "g"
+    # rebalanceTimeoutMs stands for max.poll.interval.ms, whose default is 300000
+    assert (group.session_timeout_ms, group.rebalance_timeout_ms) == (10_000, 300_000)
     spec = opts(ReadKind.BATCH, assign='{"a": [1, 0, 1]}',
                 startingOffsets='{"a": {"0": 23, "1": -2}}', endingOffsets='{"a": {"0": -1}}')
     assert spec.assign == {"a": (0, 1)}

@@ -59,6 +59,12 @@ LATEST = -1
 
 _GROUP_OPTIONS = ("sessiontimeoutms", "heartbeatintervalms", "rebalancetimeoutms")
 
+REBALANCE_TIMEOUT_MS = 300_000
+"""Default ``rebalanceTimeoutMs``: Kafka's ``max.poll.interval.ms``, which it stands for. A
+group-mode query commits and rejoins only when Spark plans its next batch, so this must exceed
+the trigger interval plus the longest batch (a default of 30 s dropped any query whose batches
+took longer from every rebalance, and its partitions' next owner read the batch again)."""
+
 READ_OPTIONS = (
     "url", "namespace", "subscribe", "subscribePattern", "assign", "startingOffsets",
     "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss", "maxRecordsPerPartition",
@@ -134,7 +140,7 @@ class ReadOptions:
     group_id: str | None = None
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
-    rebalance_timeout_ms: int = 30_000
+    rebalance_timeout_ms: int = REBALANCE_TIMEOUT_MS
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -423,7 +429,7 @@ def parse_read_options(
         group_id=group_id,
         session_timeout_ms=session,
         heartbeat_interval_ms=beat,
-        rebalance_timeout_ms=timeouts.get("rebalancetimeoutms", 30_000),
+        rebalance_timeout_ms=timeouts.get("rebalancetimeoutms", REBALANCE_TIMEOUT_MS),
     )
 
 
