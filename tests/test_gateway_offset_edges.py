@@ -134,3 +134,28 @@ def test_offset_delete_of_a_group_that_does_not_exist_is_answered_with_the_group
     topics.create("t", 2)
     assert _offset_delete(gateway, "nosuch-group", {"t": [0, 9], "nosuch": [0]}) == (
         GROUP_ID_NOT_FOUND, {})
+
+
+def test_a_group_id_too_long_to_store_is_answered_as_no_group_and_the_others_are_served(
+        gateway: Any, topics: Any) -> None:
+    """Kafka's broker takes a group id of any length; rcoord stores none past MAX_ID_BYTES.
+    In a request naming several groups such an id is a group that does not exist: before, its
+    INVALID_REQUEST failed every group of the request (offsets hidden, nothing deleted)."""
+    topics.create("t", 1)
+    _commit(gateway, "ok", "t", {0: 7})
+    _commit(gateway, "gone", "t", {0: 3})
+    assert _fetch(gateway, {"ok": {"t": [0]}, TOO_LONG: {"t": [0]}}) == {
+        "ok": (NONE, [("t", [(0, 7, NONE)])]),
+        TOO_LONG: (NONE, [("t", [(0, -1, NONE)])]),
+    }
+    everything = call_once(gateway, 9, 8, {"groups": [{"group_id": TOO_LONG, "topics": None}],
+                                           "require_stable": False})
+    assert [(g.error_code.value, list(g.topics)) for g in everything.groups] == [(NONE, [])]
+    described = call_once(gateway, 15, 5, {"groups": ["ok", TOO_LONG],
+                                           "include_authorized_operations": False})
+    assert [(g.group_id, g.error_code.value, g.group_state) for g in described.groups] == [
+        ("ok", NONE, "Empty"), (TOO_LONG, NONE, "Dead")]
+    deleted = call_once(gateway, 42, 2, {"groups_names": ["gone", TOO_LONG]})
+    assert [(r.group_id, r.error_code.value) for r in deleted.results] == [
+        ("gone", NONE), (TOO_LONG, GROUP_ID_NOT_FOUND)]
+    assert _fetch(gateway, {"gone": {"t": [0]}}) == {"gone": (NONE, [("t", [(0, -1, NONE)])])}

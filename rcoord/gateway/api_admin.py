@@ -21,7 +21,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..errors import Errors
+from ..errors import Errors, InvalidRequestError
+from ..protocol._checks import check_id
+from ..protocol.admin import GroupDescription
+from ..state import GroupState
 from .acl import Operation, ResourceType
 from .api_meta import readable_partitions
 from .errors import GROUP_AUTHORIZATION_FAILED
@@ -36,6 +39,19 @@ _AUTHORIZED_OPERATIONS_SINCE = 3
 ``authorized_operations`` is Kafka's sentinel (-2**31) unless it is asked for."""
 
 
+def may_exist(group_id: str) -> bool:
+    """Whether a group can exist under ``group_id``: rcoord stores no id longer than
+    MAX_ID_BYTES (docs/architecture.md, "Limits"), which Kafka's broker accepts. In a request
+    naming several groups such an id is answered as a group that does not exist, so that the
+    others get their real answers; refused with INVALID_REQUEST, it failed the whole request
+    (every group's offsets hidden, none of a DeleteGroups' groups deleted)."""
+    try:
+        check_id("group_id", group_id)
+    except InvalidRequestError:
+        return False
+    return True
+
+
 @api(15, "DescribeGroups", 0, 5, group=True)
 async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     with_operations = version >= _AUTHORIZED_OPERATIONS_SINCE and bool(
@@ -47,7 +63,8 @@ async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str,
                            "group_state": "", "protocol_type": "", "protocol_data": "",
                            "members": []})
             continue
-        d = await conn.state.coordinator.describe_group(gid)
+        d = await conn.state.coordinator.describe_group(gid) if may_exist(gid) \
+            else GroupDescription(Errors.NONE, gid, GroupState.DEAD.value)
         groups.append({
             "error_code": d.error, "group_id": d.group_id, "group_state": d.state,
             "protocol_type": d.protocol_type, "protocol_data": d.protocol_name,
@@ -81,6 +98,8 @@ async def delete_groups(conn: Connection, req: Any, version: int) -> dict[str, A
     names = list(req.groups_names)
     allowed = [g for g in names if conn.may(Operation.DELETE, ResourceType.GROUP, g)]
     results: dict[str, int] = {g: GROUP_AUTHORIZATION_FAILED for g in names if g not in allowed}
+    results.update((g, Errors.GROUP_ID_NOT_FOUND) for g in allowed if not may_exist(g))
+    allowed = [g for g in allowed if g not in results]
     if allowed:
         results.update(await conn.state.coordinator.delete_groups(allowed))
     return {"throttle_time": 0, "results": [{"group_id": gid, "error_code": results[gid]}

@@ -26,6 +26,7 @@ from ..errors import Errors, InvalidRequestError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of
 from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
+from .api_admin import may_exist
 from .api_meta import readable_partitions
 from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
@@ -112,11 +113,12 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
                      "metadata": "", "error_code": TOPIC_AUTHORIZATION_FAILED}
                     for p in t.partition_indexes]})
     error, offsets = Errors.NONE, dict[TopicPartition, OffsetAndMetadata]()
-    if wanted != [] or not (refused or unasked):
+    exists = may_exist(group_id)  # else no offsets: answered as a group that does not exist
+    if exists and (wanted != [] or not (refused or unasked)):
         res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
         error = res.error
         offsets = await _without_stale(conn, dict(res.offsets), listed=wanted is None)
-    if unasked:  # those have no commit: -1, no error, as Kafka answers
+    if unasked or not exists:  # those have no commit: -1, no error, as Kafka answers
         offsets = {tp: offsets.get(tp, _NO_COMMIT) for tp in named}
     by_topic = _by_topic(offsets)
     if wanted is None:  # all the group's offsets: only those of topics the caller may see
