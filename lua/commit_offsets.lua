@@ -5,7 +5,8 @@
 -- ARGV[1] now ms or ''   ARGV[2] group id   ARGV[3] member id   ARGV[4] generation id
 -- ARGV[5] group instance id ('' = none)
 -- ARGV[6] retention ms ('' = the group's retention; at most 2^52, so NOW + it stays exact)
--- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length}
+-- ARGV[7] cmsgpack array of {field, offset, metadata, leader epoch (-1 = none), metadata length
+--         [, 1: metadata longer than the setting the caller knew, not sent: refused]}
 --         where field = '<partition>:<topic>'; offset and leader epoch are decimal strings,
 --         stored as they came: Lua numbers are doubles and Kafka's offsets are int64
 -- Returns {group-level error name, {per-partition error names in request order}}.
@@ -47,7 +48,7 @@ end
 local function offset_records(entries, now, expire, max_metadata)
   local results, batches, batch, stored = {}, {}, {}, nil
   for i, e in ipairs(entries) do
-    if e[5] > 0 and e[5] > max_metadata() then
+    if e[6] or (e[5] > 0 and e[5] > max_metadata()) then
       results[i] = 'OFFSET_METADATA_TOO_LARGE'
     else
       stored = {o = e[2], m = e[3], le = e[4], t = now, x = expire}

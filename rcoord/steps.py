@@ -489,7 +489,7 @@ class GroupSteps:
         again (the same offsets: harmless). See docs/guarantees.md, "Failover".
         """
         gid = check_id("group_id", group_id)
-        order, packed = encode_commit(offsets)
+        order, packed = encode_commit(offsets, self.settled().offset_metadata_max_bytes)
         args = [
             check_id("member_id", member_id),
             require_int32("generation_id", generation_id),

@@ -73,8 +73,10 @@ def test_commit_of_more_partitions_than_the_limit_is_refused_whole(ctx):
 
 
 def test_commit_bytes_are_bounded(ctx):
-    meta = "m" * MIB
-    too_big = {tp: OffsetAndMetadata(1, meta) for tp in _tps(MAX_REQUEST_BYTES // MIB)}
+    # Metadata of the largest size the namespace stores (offset_metadata_max_bytes): longer
+    # metadata is refused per partition and not sent.
+    meta = "m" * 4096
+    too_big = {tp: OffsetAndMetadata(1, meta) for tp in _tps(MAX_REQUEST_BYTES // 4096)}
     with _limit_error(MAX_REQUEST_BYTES):
         ctx.coord.commit_offsets(ctx.group_id, too_big)
     assert ctx.coord.fetch_offsets(ctx.group_id).offsets == {}

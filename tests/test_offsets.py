@@ -78,6 +78,17 @@ def test_metadata_too_large_fails_only_that_partition(make_coordinator, clock, p
     assert c.coord.fetch_offsets(c.group_id).offsets == {T1: OffsetAndMetadata(2, "1234")}
 
 
+def test_metadata_past_the_request_limit_fails_only_that_partition(ctx):
+    """Kafka refuses such a partition alone (OFFSET_METADATA_TOO_LARGE); counted in the
+    request's size, it failed the whole commit with INVALID_REQUEST."""
+    from rcoord.protocol._checks import MAX_REQUEST_BYTES
+
+    huge = OffsetAndMetadata(1, "m" * (MAX_REQUEST_BYTES + 1))
+    res = ctx.coord.commit_offsets(ctx.group_id, {T0: huge, T1: OffsetAndMetadata(2, "kept")})
+    assert res == {T0: Errors.OFFSET_METADATA_TOO_LARGE, T1: Errors.NONE}
+    assert ctx.coord.fetch_offsets(ctx.group_id).offsets == {T1: OffsetAndMetadata(2, "kept")}
+
+
 def test_fenced_static_instance_cannot_commit(ctx):
     first = ctx.join(group_instance_id="s")
     ctx.sync(first.member_id, first.generation_id, {}, group_instance_id="s")

@@ -87,12 +87,18 @@ def parse_field(raw: bytes) -> TopicPartition:
     return TopicPartition(topic, int(p))
 
 
-def encode_commit(offsets: Mapping[Any, Any]) -> tuple[list[TopicPartition], bytes]:
+def encode_commit(offsets: Mapping[Any, Any],
+                  max_metadata: int | None = None) -> tuple[list[TopicPartition], bytes]:
     """(partitions in request order, ARGV[7] of commit_offsets.lua).
 
     A commit is stored in one script call, so that it is atomic, as Kafka's is: every accepted
     partition or, on a group-level error, none. It is therefore refused, not split, above
     MAX_ITEMS_PER_CALL partitions or MAX_REQUEST_BYTES of topics and metadata.
+
+    Metadata longer than ``max_metadata`` (the namespace's ``offset_metadata_max_bytes``, when
+    known) is not sent: its entry is marked, and the script refuses that partition alone with
+    OFFSET_METADATA_TOO_LARGE, as Kafka does. Counted in the request's size, one partition's
+    17 MB of metadata refused the whole commit with INVALID_REQUEST.
 
     Offsets and leader epochs travel as decimal strings and are stored as such: Lua numbers are
     doubles, exact only up to 2**53, and Kafka's offsets are int64. No script computes with them.
@@ -112,11 +118,13 @@ def encode_commit(offsets: Mapping[Any, Any]) -> tuple[list[TopicPartition], byt
         offset = require_int64("offset", value.offset)
         meta = utf8("metadata", require_str("metadata", value.metadata))
         epoch = -1 if value.leader_epoch is None else require_int32("leader_epoch", value.leader_epoch)
-        total += len(f) + len(meta)
-        check_total("offsets (topics and metadata)", total, MAX_REQUEST_BYTES)
         # Kafka limits String.length(), i.e. UTF-16 code units.
         utf16_len = len(value.metadata.encode("utf-16-le")) // 2
-        entries.append([f, str(offset).encode(), meta, str(epoch).encode(), utf16_len])
+        refused = max_metadata is not None and utf16_len > max_metadata
+        total += len(f) + (0 if refused else len(meta))
+        check_total("offsets (topics and metadata)", total, MAX_REQUEST_BYTES)
+        entry = [f, str(offset).encode(), b"" if refused else meta, str(epoch).encode(), utf16_len]
+        entries.append([*entry, 1] if refused else entry)
         order.append(TopicPartition(tp[0], tp[1]))
     return order, msgpack.packb(entries, use_bin_type=False)
 
