@@ -29,3 +29,61 @@ def test_word_count_worker_counts_every_record(redis_server, single_client, name
     assert res.returncode == 0, res.stdout + res.stderr
     assert "records 30; top words [('alpha', 60), ('beta', 30)]" in res.stdout
     assert "assigned [0, 1, 2]" in res.stdout
+
+
+def test_word_count_worker_commits_and_leaves_on_sigterm(redis_server, single_client, namespace):
+    """``docker stop`` sends SIGTERM (and kills 10 s later): the worker commits, leaves the group
+    at once and prints its summary, as a Kafka consumer closed from a shutdown hook. Before, it
+    died on SIGTERM (or, as a container's PID 1, ignored it) and stayed a member for a session
+    timeout with its last records uncommitted."""
+    import signal
+
+    from harness import wait_until
+
+    from rcoord import GroupCoordinator, TopicPartition
+    from rcoord.topics.fetch import log_offsets
+
+    without_join_delay(single_client, namespace)
+    Topics(single_client, namespace).create("lines", 2)
+    producer = Producer(single_client, namespace)
+    for i in range(10):
+        producer.send("lines", b"alpha beta", key=str(i).encode())
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", redis_server.url,
+         "--topic", "lines", "--namespace", namespace, "--group", "wc"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    coord = GroupCoordinator(single_client, namespace).start()
+    try:
+        parts = [TopicPartition("lines", p) for p in range(2)]
+        ends = {tp: log_offsets(single_client, namespace, tp.topic, tp.partition)[1]
+                for tp in parts}
+        # The auto-commit (every second) shows the worker has read everything.
+        wait_until(lambda: {tp: o.offset for tp, o in
+                            coord.fetch_offsets("wc", parts).offsets.items()} == ends)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    assert "records 10; top words [('alpha', 10), ('beta', 10)]" in out
+    assert "stopped by SIGTERM; committed and left the group" in out
+    assert "Traceback" not in err
+    desc = coord.describe_group("wc")
+    assert (desc.state, desc.members) == ("Empty", [])  # left: no session timeout to wait out
+
+
+def test_clickstream_without_a_redis_url_is_a_usage_error_before_spark_starts():
+    """It started Spark, then failed 12 s later behind a Java traceback naming a Spark option."""
+    env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run(
+        [sys.executable, "-m", "workers.clickstream", "--group", "clicks", "--topic", "events",
+         "--out", "/nonexistent-clickstream-out"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[-1].endswith(
+        "no Redis to read from: give --redis-url URL or set RCOORD_REDIS_URL")
+    assert "Traceback" not in res.stderr

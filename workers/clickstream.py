@@ -301,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-for", type=float, default=None,
                         help="stop gracefully after this many seconds (default: until signalled)")
     args = parser.parse_args(argv)
+    if not args.redis_url:  # said before Spark starts, naming this command's flag
+        parser.error("no Redis to read from: give --redis-url URL or set RCOORD_REDIS_URL")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -2,7 +2,10 @@
 
 Run several copies against the same Redis and they share the topic's partitions; kill one and
 its partitions move to the others after its session timeout; the counts it committed are kept
-(offsets are committed with generation fencing, so a zombie cannot move them back).
+(offsets are committed with generation fencing, so a zombie cannot move them back). Stop one
+with SIGTERM (``docker stop``, ``kill``) or Ctrl-C and it commits, leaves the group at once (its
+partitions move without waiting for its session to pass) and prints its summary, as a Kafka
+consumer closed from a shutdown hook does.
 
     python workers/word_count.py --redis-url redis://127.0.0.1:6379/0 --topic lines --group counters
 
@@ -14,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition  # noqa: E402
+from rcoord.client import WakeupError
 
 
 class Announce(ConsumerRebalanceListener):
@@ -56,12 +61,27 @@ def main(argv: list[str] | None = None) -> int:
     ref: list[Consumer] = []
     consumer = Consumer(config, listener=Announce(ref), auto_commit_interval_ms=1000)
     ref.append(consumer)
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        # The loop's own thread commits and closes: wakeup() makes its poll() raise. As PID 1
+        # in a container a process ignores SIGTERM unless it handles it, and `docker stop`
+        # then kills it 10 s later, still a member of the group for a session timeout.
+        if not stopping:
+            stopping.append(signum)
+            consumer.wakeup()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
     words: collections.Counter[str] = collections.Counter()
     seen = 0
     idle = 0.0
     try:
-        while not args.max_records or seen < args.max_records:
-            records = consumer.poll(timeout=0.5)
+        while not stopping and (not args.max_records or seen < args.max_records):
+            try:
+                records = consumer.poll(timeout=0.5)
+            except WakeupError:
+                break
             if not records:
                 idle += 0.5
                 if args.idle_exit_s and idle >= args.idle_exit_s:
@@ -71,10 +91,16 @@ def main(argv: list[str] | None = None) -> int:
             for r in records:
                 words.update((r.value or b"").decode("utf-8", "replace").split())
                 seen += 1
-        consumer.commit()
+        try:
+            consumer.commit()
+        except WakeupError:  # the signal came during this commit: it ended it; commit again
+            consumer.commit()
     finally:
         consumer.close()
     print(f"records {seen}; top words {words.most_common(3)}", flush=True)
+    if stopping:
+        print(f"stopped by {signal.Signals(stopping[0]).name}; committed and left the group",
+              flush=True)
     return 0
 
 
