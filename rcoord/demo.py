@@ -239,7 +239,17 @@ class _Demo:
             target=_demo_worker, args=(self.url, self.ns, name, stop, self.args.assignor),
             daemon=True
         )
-        proc.start()
+        # The worker starts with SIGINT blocked (a mask survives fork and exec): Ctrl-C reaches
+        # the whole process group, and landing in a worker still importing rcoord it printed a
+        # traceback per worker. The demo stops its workers itself (``stop``, or a kill); a
+        # SIGINT to this process meanwhile waits until the mask is lifted, so none is lost.
+        import signal
+
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.procs[name], self.stops[name] = proc, stop
         self.names.append(name)
         self.say(f"started worker {name} (pid {proc.pid})")
@@ -631,8 +641,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         return _demo_bounded(args, url, started, deadline)
     except Terminated:
+        print(f"{prog}: stopped by SIGTERM; its workers and server are stopped", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
+        print(f"{prog}: interrupted; its workers and server are stopped", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
         return report(exc, prog, url=url, debug=level == "DEBUG")

@@ -343,12 +343,16 @@ def test_demo_with_an_eager_assignor_reports_the_stop() -> None:
     assert found and int(found.group(1)) > 0, done.stdout
 
 
-@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: int) -> None:
+@pytest.mark.parametrize("signame, code, after", [
+    ("SIGTERM", 143, "the group is stable"), ("SIGINT", 130, "the group is stable"),
+    ("SIGINT", 130, "started worker w3")])
+def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: int,
+                                                           after: str) -> None:
     """``kill``, ``timeout``, ``docker stop`` (SIGTERM) or Ctrl-C (SIGINT to the process group)
     in the middle of ``rcoord demo``: it stops its workers and its embedded server, exits 143
-    or 130, and no worker prints a traceback. Before, SIGTERM killed the demo at once and its
-    server, workers and multiprocessing helper went on running."""
+    or 130 saying so, and no worker prints a traceback. Before, SIGTERM killed the demo at once
+    and its server, workers and multiprocessing helper went on running; a Ctrl-C while the
+    workers were starting printed a traceback from each, and a later one said nothing."""
     import re
     import signal
     import subprocess
@@ -366,7 +370,7 @@ def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: i
     try:
         assert proc.stdout is not None
         lines: list[str] = []
-        while not any("the group is stable" in line for line in lines):
+        while not any(after in line for line in lines):
             line = proc.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
@@ -384,6 +388,7 @@ def test_a_demo_stopped_by_a_signal_leaves_nothing_running(signame: str, code: i
             proc.wait(10)
     assert proc.returncode == code, "".join(lines) + out + err
     assert "Traceback" not in err, err
+    assert "its workers and server are stopped" in err.splitlines()[-1], err
 
     def group_empty() -> bool:
         try:
