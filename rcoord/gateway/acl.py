@@ -4,7 +4,8 @@ The model is Kafka's (``StandardAuthorizer``), so a rule written for a Kafka clu
 same here. A rule (an ACL) names a principal (``User:alice``, or ``User:*`` for everyone), a
 resource type (``topic``, ``group``, ``cluster``), a resource name with a pattern type
 (``literal``: that name, or ``*`` for every name; ``prefixed``: every name starting with it),
-operations, a permission (``allow`` or ``deny``) and a client host (``*``: any).
+operations, a permission (``allow`` or ``deny``) and a client host (``*``: any; else one IP
+address, compared as an address: ``0:0:0:0:0:0:0:1``, as Kafka prints ``::1``, is ``::1``).
 
 Deciding one action (``Authorizer.authorize``):
 
@@ -25,8 +26,10 @@ Which request needs which operation is decided in the handlers (``api_*``), foll
 from __future__ import annotations
 
 import enum
+import functools
+import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,31 @@ log = logging.getLogger("rcoord.gateway.authorizer")
 CLUSTER_NAME = "kafka-cluster"
 """The name of the one cluster resource, as in Kafka."""
 WILDCARD = "*"
+EVERY_USER = "User:*"
+
+
+def _address(host: str) -> str | None:
+    """``host`` as an IP address in one spelling (None: it is not an address).
+
+    Kafka compares a rule's host with ``InetAddress.getHostAddress()`` of the client, so the
+    same address must match however it is written: Java prints ``::1`` as
+    ``0:0:0:0:0:0:0:1``, Python as ``::1``. Java also sees a client on an IPv4-mapped IPv6
+    address (``::ffff:1.2.3.4``, a dual-stack socket) as the IPv4 address, so that is what
+    it is compared as here."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return str(addr)
+
+
+@functools.lru_cache(maxsize=4096)
+def canonical_host(host: str) -> str:
+    """A client host as rules are compared with it: ``_address``'s spelling of an IP address,
+    anything else unchanged. Cached: every decision of a connection asks for the same host."""
+    return _address(host) or host
 
 
 class Operation(enum.Enum):
@@ -149,8 +177,40 @@ class Acl:
         return False
 
     def applies_to(self, principal: str, host: str) -> bool:
-        return (self.principal in (principal, "User:*")
-                and self.host in (WILDCARD, host))
+        return (self.principal in (principal, EVERY_USER)
+                and self.host in (WILDCARD, canonical_host(host)))
+
+
+class _Rules:
+    """The rules of one principal on one resource type, filed by how their name matches, so a
+    decision reads only the rules that can match its name: Kafka's ``StandardAuthorizer``
+    likewise finds them in its sorted ``aclsByResource`` instead of scanning every ACL."""
+
+    def __init__(self) -> None:
+        self.every_name: list[Acl] = []
+        self.literal: dict[str, list[Acl]] = {}
+        self.prefixed: dict[str, list[Acl]] = {}
+        self.prefix_lengths: list[int] = []
+        """The lengths of the prefixes in ``prefixed``, ascending: a name looks up its own
+        prefixes of those lengths, one dict lookup each."""
+
+    def add(self, acl: Acl) -> None:
+        if acl.pattern is PatternType.PREFIXED:
+            self.prefixed.setdefault(acl.name, []).append(acl)
+            self.prefix_lengths = sorted({*self.prefix_lengths, len(acl.name)})
+        elif acl.name == WILDCARD:
+            self.every_name.append(acl)
+        else:
+            self.literal.setdefault(acl.name, []).append(acl)
+
+    def matching(self, name: str) -> Iterator[Acl]:
+        """The rules whose resource pattern matches ``name`` (``Acl.matches_resource``)."""
+        yield from self.every_name
+        yield from self.literal.get(name, ())
+        for length in self.prefix_lengths:
+            if length > len(name):
+                break
+            yield from self.prefixed.get(name[:length], ())
 
 
 class Authorizer:
@@ -159,16 +219,26 @@ class Authorizer:
     def __init__(self, acls: Iterable[Acl], super_users: Iterable[str] = ()) -> None:
         self.acls = tuple(acls)
         self.super_users = frozenset(super_users)
+        self._rules: dict[tuple[ResourceType, str], _Rules] = {}
+        for acl in self.acls:
+            self._rules.setdefault((acl.resource, acl.principal), _Rules()).add(acl)
+
+    def _matching(self, principal: str, resource: ResourceType, name: str) -> Iterator[Acl]:
+        """The rules of ``principal`` and of ``User:*`` whose pattern matches the resource."""
+        for who in dict.fromkeys((principal, EVERY_USER)):
+            rules = self._rules.get((resource, who))
+            if rules is not None:
+                yield from rules.matching(name)
 
     def authorize(self, principal: str, host: str, op: Operation, resource: ResourceType,
                   name: str, *, log_denied: bool = True) -> bool:
         """May ``principal`` (from ``host``) do ``op`` on the resource ``name``?"""
         if principal in self.super_users:
             return True
+        client = canonical_host(host)
         allowed = False
-        for acl in self.acls:
-            if not (acl.applies_to(principal, host) and acl.matches_resource(resource, name)
-                    and acl.grants(op)):
+        for acl in self._matching(principal, resource, name):
+            if acl.host not in (WILDCARD, client) or not acl.grants(op):
                 continue
             if not acl.allow:
                 allowed = False
@@ -189,7 +259,7 @@ class Authorizer:
         deny_literal: set[str] = set()
         deny_prefix: set[str] = set()
         allows: list[Acl] = []
-        for acl in self.acls:
+        for acl in self.acls:  # (once per InitProducerId: not worth an index)
             if acl.resource is not resource or not acl.applies_to(principal, host):
                 continue
             if acl.operation is not op and acl.operation is not Operation.ALL:
@@ -264,8 +334,13 @@ def parse_acls(entries: Any, where: str = "acls") -> list[Acl]:
         if permission not in ("allow", "deny"):
             raise ValueError(f"{at}: permission must be 'allow' or 'deny', got {permission!r}")
         host = entry.get("host", WILDCARD)
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"{at}: host must be an IP address or '*'")
+        if host != WILDCARD:
+            # Kafka's AclEntry holds a literal client address or "*": no names, no ranges.
+            address = _address(host) if isinstance(host, str) else None
+            if address is None:
+                raise ValueError(f"{at}: host must be an IP address or '*', got {host!r} "
+                                 "(host names and CIDR ranges never match a client)")
+            host = address
         ops = entry.get("operations")
         if not isinstance(ops, list) or not ops:
             raise ValueError(f"{at}: operations must be a non-empty list, e.g. [\"READ\"]")

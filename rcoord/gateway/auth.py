@@ -1,9 +1,15 @@
 """SASL/PLAIN authentication on the Kafka listener (SaslHandshake v1 + SaslAuthenticate).
 
-With ``--auth-file`` every connection must authenticate before anything but ApiVersions,
-SaslHandshake and SaslAuthenticate; any other request first closes the connection, as Kafka's
-broker does. A failed SaslAuthenticate is answered SASL_AUTHENTICATION_FAILED, then the
-connection is closed. The users come from a JSON file::
+With ``--auth-file`` every connection must authenticate, in the order Kafka's
+``SaslServerAuthenticator`` allows (``dispatch`` enforces it): ApiVersions at most once, and
+only before SaslHandshake; SaslHandshake once; then SaslAuthenticate. Any other request first,
+or ApiVersions again, closes the connection unanswered; ApiVersions or SaslHandshake after the
+handshake is answered ILLEGAL_SASL_STATE, then the connection is closed. A failed
+SaslAuthenticate is answered SASL_AUTHENTICATION_FAILED, then the connection is closed. Every
+such refusal is answered ``failed_authentication_delay_ms`` late (Kafka's
+``connection.failed.authentication.delay.ms``, 100 ms), so one client cannot try passwords as
+fast as the round trips go. A connection that has not authenticated is closed once it is
+``connections_max_idle_ms`` old (``server``). The users come from a JSON file::
 
     {"users": {"alice": "alice-secret", "bob": "bob-secret"}}
 
@@ -18,6 +24,7 @@ that allows it; without one, any authenticated user may do everything.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -30,7 +37,7 @@ from .acl import Authorizer, parse_acls
 from .registry import api
 from .state import Connection
 
-__all__ = ["AuthConfig", "load_auth_file"]
+__all__ = ["AuthConfig", "load_auth_file", "refuse"]
 
 log = logging.getLogger("rcoord.gateway")
 
@@ -47,6 +54,14 @@ class AuthConfig:
 
     users: dict[str, str]
     authorizer: Authorizer | None = None
+    failed_authentication_delay_ms: int = 100
+    """How late a failed authentication is answered (and the connection closed): Kafka's
+    ``connection.failed.authentication.delay.ms``, default 100."""
+
+    def __post_init__(self) -> None:
+        if self.failed_authentication_delay_ms < 0:
+            raise ValueError("failed_authentication_delay_ms must be >= 0, got "
+                             f"{self.failed_authentication_delay_ms}")
 
     def check(self, user: str, password: str) -> bool:
         expected = self.users.get(user)
@@ -87,13 +102,24 @@ def load_auth_file(path: str | Path) -> AuthConfig:
     return AuthConfig(dict(users), authorizer)
 
 
+async def refuse(conn: Connection, response: dict[str, Any]) -> dict[str, Any]:
+    """``response``, a refused authentication, as the connection's last answer, given after
+    the auth config's ``failed_authentication_delay_ms``: Kafka's ``Selector`` holds a failed
+    channel's answer and close that long. Only this connection's task waits."""
+    conn.close_after_response = True
+    auth = conn.state.auth
+    if auth is not None and auth.failed_authentication_delay_ms > 0:
+        await asyncio.sleep(auth.failed_authentication_delay_ms / 1000)
+    return response
+
+
 @api(SASL_HANDSHAKE, "SaslHandshake", 1, 1)
 async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if conn.state.auth is None or conn.principal is not None:
         return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": list(MECHANISMS)}
     if req.mechanism not in MECHANISMS:
-        conn.close_after_response = True
-        return {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": list(MECHANISMS)}
+        return await refuse(conn, {"error_code": UNSUPPORTED_SASL_MECHANISM,
+                                   "mechanisms": list(MECHANISMS)})
     conn.sasl_mechanism = req.mechanism
     return {"error_code": Errors.NONE, "mechanisms": list(MECHANISMS)}
 
@@ -102,9 +128,9 @@ async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, 
 async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     auth = conn.state.auth
     if auth is None or conn.sasl_mechanism is None or conn.principal is not None:
-        conn.close_after_response = True
-        return {"error_code": ILLEGAL_SASL_STATE, "error_message": "no SASL handshake before",
-                "auth_bytes": b"", "session_lifetime": 0}
+        return await refuse(conn, {"error_code": ILLEGAL_SASL_STATE,
+                                   "error_message": "no SASL handshake before",
+                                   "auth_bytes": b"", "session_lifetime": 0})
     # PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
     parts = bytes(req.auth_bytes).split(b"\0")
     user = password = ""
@@ -119,10 +145,10 @@ async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[st
     if not user or not auth.check(user, password):
         log.warning("SASL/PLAIN authentication failed from %s for user %r", conn.client_host,
                     user)
-        conn.close_after_response = True
-        return {"error_code": SASL_AUTHENTICATION_FAILED,
-                "error_message": "Authentication failed: invalid username or password",
-                "auth_bytes": b"", "session_lifetime": 0}
+        return await refuse(conn, {
+            "error_code": SASL_AUTHENTICATION_FAILED,
+            "error_message": "Authentication failed: invalid username or password",
+            "auth_bytes": b"", "session_lifetime": 0})
     conn.principal = f"User:{user}"
     return {"error_code": Errors.NONE, "error_message": None, "auth_bytes": b"",
             "session_lifetime": 0}

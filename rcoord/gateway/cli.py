@@ -92,7 +92,7 @@ def gateway_main(args: argparse.Namespace) -> int:
         logging.basicConfig(level=args.log_level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from .auth import load_auth_file
-        from .server import Gateway
+        from .server import Gateway, TlsFileError, server_tls_context
         from .state import GatewayConfig
 
         try:
@@ -115,11 +115,16 @@ def gateway_main(args: argparse.Namespace) -> int:
             config.validate()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        for flag, path in (("--listen-tls-cert-file", config.tls_cert_file),
-                           ("--listen-tls-key-file", config.tls_key_file),
-                           ("--listen-tls-ca-file", config.tls_ca_file)):
+        flags = {"tls_cert_file": "--listen-tls-cert-file",
+                 "tls_key_file": "--listen-tls-key-file", "tls_ca_file": "--listen-tls-ca-file"}
+        for field, flag in flags.items():
+            path = getattr(config, field)
             if path is not None and not os.path.isfile(path):
                 raise UsageError(f"{flag} {path!r} does not exist")
+        try:  # (loaded here too, so a bad file is a usage error before Redis is reached)
+            server_tls_context(config)
+        except TlsFileError as exc:
+            raise UsageError(f"{flags[exc.field]} {exc.path!r} {exc.problem}") from None
 
         async def serve() -> None:
             # SIGTERM (kill, docker stop, systemd) and SIGINT: close the gateway (its

@@ -13,11 +13,14 @@
   partition, topic, group or resource the request named (``error_responses``), never an empty
   response a client would read as success. Where the request names nothing to carry the error,
   and for a Produce with acks=0 (no response is ever sent), the connection is closed.
+* With an auth file, requests before authentication follow Kafka's SaslServerAuthenticator
+  (``_before_authentication``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions
@@ -42,16 +45,46 @@ from .registry import REGISTRY
 from .state import Connection
 from .wire import decode_body, encode_response, parse_header_prefix
 
-__all__ = ["API_VERSIONS", "handle_frame"]
+__all__ = ["API_VERSIONS", "ClientConnection", "handle_frame"]
 
 log = logging.getLogger("rcoord.gateway")
 
 API_VERSIONS = 18
-_BEFORE_AUTH = frozenset({API_VERSIONS, auth.SASL_HANDSHAKE, auth.SASL_AUTHENTICATE})
-"""What a connection may send before it authenticated (with ``--auth-file``)."""
 
 
-async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
+@dataclass
+class ClientConnection(Connection):
+    """A client's ``Connection``, with the one thing Kafka's SASL order
+    (``_before_authentication``) needs that its mechanism and principal do not tell."""
+
+    api_versions_answered: bool = False
+    """ApiVersions was answered before authentication (Kafka's HANDSHAKE_REQUEST state)."""
+
+
+def _before_authentication(conn: ClientConnection, key: int, served: bool) -> bool:
+    """May request ``key`` (at a version the gateway serves, or not) come now, before the
+    connection has authenticated? Kafka's ``SaslServerAuthenticator``: ApiVersions or
+    SaslHandshake first, ApiVersions only once (one answered UNSUPPORTED_VERSION does not
+    count: the client asks again at a version it can use), then SaslHandshake, then only
+    SaslAuthenticate. True: handle it; False: answer it ILLEGAL_SASL_STATE and close (a request
+    after the handshake other than SaslAuthenticate, as Kafka's ``handleSaslToken``); a
+    FrameError closes the connection unanswered (anything else, as Kafka closes it on the
+    IllegalSaslStateException or IllegalStateException of ``handleKafkaRequest``)."""
+    if conn.sasl_mechanism is not None:
+        if key == auth.SASL_AUTHENTICATE:
+            return True
+        if key in (API_VERSIONS, auth.SASL_HANDSHAKE) and served:
+            return False
+    elif key in (auth.SASL_HANDSHAKE, auth.SASL_AUTHENTICATE):
+        return True  # (SaslAuthenticate answers ILLEGAL_SASL_STATE itself)
+    elif key == API_VERSIONS and not conn.api_versions_answered:
+        conn.api_versions_answered = served
+        return True
+    raise FrameError(f"API key {key} out of the SASL authentication's order (ApiVersions "
+                     "at most once, SaslHandshake, SaslAuthenticate)")
+
+
+async def handle_frame(conn: ClientConnection, frame: bytes) -> bytes | None:
     """The response frame body for the request ``frame`` (None: no response is due).
 
     Raises FrameError when the connection must close.
@@ -61,9 +94,12 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except ValueError as exc:
         raise FrameError(str(exc)) from None
     key, version, corr = head.api_key, head.api_version, head.correlation_id
-    if conn.state.auth is not None and conn.principal is None and key not in _BEFORE_AUTH:
-        raise FrameError(f"API key {key} before SASL authentication")
     entry = REGISTRY.get(key)
+    if conn.state.auth is not None and conn.principal is None and not _before_authentication(
+            conn, key, entry is not None and entry.min_version <= version <= entry.max_version):
+        refused = request_error_response(key, version, None, auth.ILLEGAL_SASL_STATE)
+        assert refused is not None  # (both have a top-level error code)
+        return encode_response(key, version, corr, await auth.refuse(conn, refused))
     if entry is None or not entry.min_version <= version <= entry.max_version:
         if key == API_VERSIONS:
             data = await REGISTRY[API_VERSIONS].handler(conn, None, 0)

@@ -19,11 +19,11 @@ import redis.asyncio
 import redis.cluster
 
 from ..connect import connect
-from .dispatch import handle_frame
+from .dispatch import ClientConnection, handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "TlsFileError"]
 
 log = logging.getLogger("rcoord.gateway")
 
@@ -64,16 +64,66 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
     return AsyncClusterClient.from_url(redis_url, **kwargs)
 
 
+class TlsFileError(ValueError):
+    """A listener TLS file that cannot be used: ``field`` is the ``GatewayConfig`` field that
+    names it (the command line names its flag), ``problem`` says what is wrong."""
+
+    def __init__(self, field: str, path: str, problem: str) -> None:
+        super().__init__(f"{field} {path!r} {problem}")
+        self.field, self.path, self.problem = field, path, problem
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_pass_phrase() -> str:
+    """The pass phrase callback: without one OpenSSL would ask for it at the terminal (and a
+    gateway started by systemd would wait there for ever). Kafka reads ``ssl.key.password``
+    from its configuration; the gateway takes unencrypted keys only."""
+    raise _EncryptedKey
+
+
+def _holds_certificate(path: str) -> bool:
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(path)
+    except (ssl.SSLError, OSError):
+        return False
+    return True
+
+
 def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
     """The listener's TLS context (None: plaintext). With ``tls_ca_file`` every client must
-    present a certificate that CA signed (Kafka's ``ssl.client.auth=required``)."""
+    present a certificate that CA signed (Kafka's ``ssl.client.auth=required``). A file that
+    cannot be used is a TlsFileError naming it and why, as Kafka's ``SslFactory`` refuses a
+    bad keystore at start-up."""
     if config.tls_cert_file is None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    cert = config.tls_cert_file
+    key_field, key = (("tls_key_file", config.tls_key_file) if config.tls_key_file
+                      else ("tls_cert_file", cert))
+    try:
+        ctx.load_cert_chain(cert, config.tls_key_file, password=_no_pass_phrase)
+    except _EncryptedKey:
+        raise TlsFileError(key_field, key, "holds an encrypted private key, and the gateway "
+                           "asks for no pass phrase: give it the key decrypted (openssl pkey "
+                           "-in KEY -out KEY.plain), readable by its user only") from None
+    except (ssl.SSLError, OSError) as exc:
+        if getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH":
+            problem = f"is not the private key of the certificate in {cert!r}"
+        elif not _holds_certificate(cert):
+            key_field, key, problem = "tls_cert_file", cert, f"holds no PEM certificate ({exc})"
+        else:
+            problem = f"holds no PEM private key ({exc})"
+        raise TlsFileError(key_field, key, problem) from None
     if config.tls_ca_file is not None:
-        ctx.load_verify_locations(config.tls_ca_file)
+        try:
+            ctx.load_verify_locations(config.tls_ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsFileError("tls_ca_file", config.tls_ca_file,
+                               f"holds no PEM CA certificate ({exc})") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
@@ -177,7 +227,14 @@ class Gateway:
         ``connections.max.idle.ms``): no request in progress, and none read since the sweep
         that many milliseconds ago. A sweep every half of it, so a connection goes between 1
         and 1.5 times the limit after its last request. It costs the request path one counter
-        and one flag per request, no timer."""
+        and one flag per request, no timer.
+
+        A connection that must authenticate and has not is closed as if its requests did not
+        count: between 1 and 1.5 times the limit after it was accepted, whatever it sends.
+        Kafka has no such bound (its idle timer restarts on any traffic), but its SASL order
+        (``dispatch``) leaves a client that never authenticates few requests to send, while
+        ApiVersions answered UNSUPPORTED_VERSION, which that order lets a client repeat, would
+        keep such a connection (and its 512 KB frame limit) for ever."""
         period_s = self.config.connections_max_idle_ms / 2000
         seen: dict[asyncio.Task[None], tuple[int, int]] = {}  # task -> (requests, idle sweeps)
         while True:
@@ -185,11 +242,14 @@ class Gateway:
             now: dict[asyncio.Task[None], tuple[int, int]] = {}
             for task, conn in list(self._conns.items()):
                 before, sweeps = seen.get(task, (-1, 0))
-                if conn.busy or conn.requests != before:
+                unauthenticated = self.state.auth is not None and conn.principal is None
+                if task not in seen or (not unauthenticated
+                                        and (conn.busy or conn.requests != before)):
                     now[task] = (conn.requests, 0)
                 elif sweeps + 1 >= 2:
-                    log.info("closing connection from %s (client id %r): idle for %d ms",
+                    log.info("closing connection from %s (client id %r): %s %d ms",
                              conn.client_host, conn.client_id,
+                             "not authenticated after" if unauthenticated else "idle for",
                              self.config.connections_max_idle_ms)
                     task.cancel()
                 else:
@@ -205,7 +265,7 @@ class Gateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
-        conn = Connection(self.state, str(peer[0]))
+        conn = ClientConnection(self.state, str(peer[0]))
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = conn
@@ -228,6 +288,11 @@ class Gateway:
                         peer[0], peer[1], conn.client_id, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
+        except (ssl.SSLError, TimeoutError) as exc:
+            # A corrupt TLS record after the handshake, or a socket that timed out (ETIMEDOUT):
+            # the connection is over. One line, as Kafka's Selector logs a failed channel.
+            log.info("closing connection from %s:%s (client id %r): %s: %s", peer[0], peer[1],
+                     conn.client_id, type(exc).__name__, exc)
         finally:
             self._conns.pop(task, None)
             writer.close()
