@@ -12,20 +12,27 @@ from harness import without_join_delay
 from rcoord.topics import Producer, Topics
 
 ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def _word_count(url: str, client, namespace: str, partitions: int, line: bytes, count: int,
+                *flags: str) -> list[str]:
+    """Topic ``lines`` holding ``count`` copies of ``line``, and the word_count command line
+    that reads it (``flags`` added)."""
+    without_join_delay(client, namespace)
+    Topics(client, namespace).create("lines", partitions)
+    producer = Producer(client, namespace)
+    for i in range(count):
+        producer.send("lines", line, key=str(i).encode())
+    return [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", url,
+            "--topic", "lines", "--namespace", namespace, *flags]
 
 
 def test_word_count_worker_counts_every_record(redis_server, single_client, namespace):
-    without_join_delay(single_client, namespace)
-    Topics(single_client, namespace).create("lines", 3)
-    producer = Producer(single_client, namespace)
-    for i in range(30):
-        producer.send("lines", b"alpha beta alpha", key=str(i).encode())
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", redis_server.url,
-         "--topic", "lines", "--namespace", namespace, "--max-records", "30"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )
+    argv = _word_count(redis_server.url, single_client, namespace, 3, b"alpha beta alpha", 30,
+                       "--max-records", "30")
+    res = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60,
+                         check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "records 30; top words [('alpha', 60), ('beta', 30)]" in res.stdout
     assert "assigned [0, 1, 2]" in res.stdout
@@ -43,16 +50,10 @@ def test_word_count_worker_commits_and_leaves_on_sigterm(redis_server, single_cl
     from rcoord import GroupCoordinator, TopicPartition
     from rcoord.topics.fetch import log_offsets
 
-    without_join_delay(single_client, namespace)
-    Topics(single_client, namespace).create("lines", 2)
-    producer = Producer(single_client, namespace)
-    for i in range(10):
-        producer.send("lines", b"alpha beta", key=str(i).encode())
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", redis_server.url,
-         "--topic", "lines", "--namespace", namespace, "--group", "wc"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = _word_count(redis_server.url, single_client, namespace, 2, b"alpha beta", 10,
+                       "--group", "wc")
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     coord = GroupCoordinator(single_client, namespace).start()
     try:
         parts = [TopicPartition("lines", p) for p in range(2)]

@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions
@@ -45,23 +44,14 @@ from .registry import REGISTRY
 from .state import Connection
 from .wire import decode_body, encode_response, parse_header_prefix
 
-__all__ = ["API_VERSIONS", "ClientConnection", "handle_frame"]
+__all__ = ["API_VERSIONS", "handle_frame"]
 
 log = logging.getLogger("rcoord.gateway")
 
 API_VERSIONS = 18
 
 
-@dataclass
-class ClientConnection(Connection):
-    """A client's ``Connection``, with the one thing Kafka's SASL order
-    (``_before_authentication``) needs that its mechanism and principal do not tell."""
-
-    api_versions_answered: bool = False
-    """ApiVersions was answered before authentication (Kafka's HANDSHAKE_REQUEST state)."""
-
-
-def _before_authentication(conn: ClientConnection, key: int, served: bool) -> bool:
+def _before_authentication(conn: Connection, key: int, served: bool) -> bool:
     """May request ``key`` (at a version the gateway serves, or not) come now, before the
     connection has authenticated? Kafka's ``SaslServerAuthenticator``: ApiVersions or
     SaslHandshake first, ApiVersions only once (one answered UNSUPPORTED_VERSION does not
@@ -84,7 +74,7 @@ def _before_authentication(conn: ClientConnection, key: int, served: bool) -> bo
                      "at most once, SaslHandshake, SaslAuthenticate)")
 
 
-async def handle_frame(conn: ClientConnection, frame: bytes) -> bytes | None:
+async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     """The response frame body for the request ``frame`` (None: no response is due).
 
     Raises FrameError when the connection must close.

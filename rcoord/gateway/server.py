@@ -19,7 +19,7 @@ import redis.asyncio
 import redis.cluster
 
 from ..connect import connect
-from .dispatch import ClientConnection, handle_frame
+from .dispatch import handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
 
@@ -265,7 +265,7 @@ class Gateway:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("?", 0)
-        conn = ClientConnection(self.state, str(peer[0]))
+        conn = Connection(self.state, str(peer[0]))
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = conn

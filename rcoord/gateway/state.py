@@ -257,6 +257,9 @@ class Connection:
     client_host: str
     client_id: str = ""
     sasl_mechanism: str | None = None
+    api_versions_answered: bool = False
+    """ApiVersions was answered before authentication (Kafka's HANDSHAKE_REQUEST state): the
+    SASL order (``dispatch``) lets it come once, before SaslHandshake."""
     principal: str | None = None
     """``User:<name>`` once SASL authentication succeeded (None: not yet, or no auth file)."""
     close_after_response: bool = False
