@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -39,6 +40,11 @@ MAX_PARTITIONS_PER_CALL = 10_000
 of more than 10,000 records (QuorumController's MAX_RECORDS_PER_USER_OP). Unbounded, a typo of
 100,000,000 registered the topic and then ran for hours making its streams, and every later
 describe or metadata request walked that many partitions."""
+
+CREATION_MILLISECOND_S = 0.0015
+"""How long ``create`` lets pass after its metadata script answered before it returns: past
+one millisecond, so the server's clock has left the topic's ``created_ms``, with room for the
+two clocks' rates."""
 
 MAX_CONFIG = 2**63 - 1
 """The largest count or duration a topic setting takes (Kafka's configs are Java longs)."""
@@ -125,10 +131,19 @@ class Topics:
         ])])
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), topic)
+        stamped = time.monotonic()
         # The name is ours now; drop whatever a crashed delete of an older topic left behind,
         # but never what this create made (a resent MAKE finds its token and does nothing).
         _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["reset", token])
                        for p in range(partitions)])
+        # A commit stamped in the topic's ``created_ms`` counts as one of a deleted topic of
+        # this name (``rcoord.topics.incarnation``), so return only once that millisecond is
+        # over on the server: the script ran before the reply came, so its clock has moved on
+        # by at least the time waited since. A commit made once create() returned is then the
+        # new topic's (on another master, up to the masters' clock skew).
+        left = CREATION_MILLISECOND_S - (time.monotonic() - stamped)
+        if left > 0:
+            time.sleep(left)
 
     @translate_redis_errors
     def add_partitions(self, topic: str, new_total: int) -> None:

@@ -12,7 +12,9 @@ offset and silently skipped the records below it.
 Both times are Redis ``TIME`` in milliseconds, of (in a cluster) two masters, so the rule holds
 up to their clock skew: a commit made to the new topic within that skew of its creation (or in
 its millisecond) counts as old (the group then starts by its policy again), and one made to the
-old topic within the skew of the new topic's creation may count as new.
+old topic within the skew of the new topic's creation may count as new. ``Topics.create``
+returns only once its millisecond is over, so on one node a commit made after it returned is
+always the new topic's.
 """
 
 from __future__ import annotations
