@@ -11,7 +11,10 @@ partition's planned holder at once. Leases never guard state: two holders at onc
 
 On a cluster a round is run per node (``nodes.each_node``): a master that fails costs the leases
 on it, not the renewal of the others; while the registry's own master fails, every coordinator
-keeps the plan of its last round.
+keeps the plan of its last round. Each node's piece goes through that node's own client, with
+no retry, and a hung master's piece runs beside the others' (``nodes``): a lease round on the
+healthy nodes stays far shorter than the TTL, as Kafka's broker times out its requests to one
+unresponsive node (``request.timeout.ms``) without holding up the others.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import redis
 
 from ..keys import PartitionKeys
 from ..scripts import Scripts
-from .nodes import NODE_FAILURES, each_node
+from .nodes import NODE_FAILURES, each_node, node_client, node_scripts
 
 __all__ = ["plan", "LeaseKeeper"]
 
@@ -85,13 +88,15 @@ class LeaseKeeper:
         """Broadcast channel: a coordinator joined or left; everyone re-plans at once."""
         return f"{self._namespace}:coordinators"
 
-    def _server_ms(self) -> int:
-        sec, usec = self._client.time()
-        return int(sec) * 1000 + int(usec) // 1000
+    def _registry_node(self) -> Any:
+        """The registry's node, through its own client: never the cluster client's retries."""
+        return node_client(self._client, self.registry_key)
 
     def register(self) -> list[str]:
-        now = self._server_ms()
-        pipe = self._client.pipeline(transaction=False)
+        node = self._registry_node()
+        sec, usec = node.time()
+        now = int(sec) * 1000 + int(usec) // 1000
+        pipe = node.pipeline(transaction=False)
         pipe.zadd(self.registry_key, {self.coordinator_id: now + self.ttl_ms})
         pipe.zremrangebyscore(self.registry_key, "-inf", now)
         pipe.zrange(self.registry_key, 0, -1)
@@ -116,8 +121,9 @@ class LeaseKeeper:
     def _lease_key(self, p: int) -> str:
         return self._lease_keys[p]
 
-    def _op(self, p: int, op: str, target: str = "") -> str:
-        holder = self._scripts.lease(
+    def _op(self, node: Any, p: int, op: str, target: str = "") -> str:
+        scripts = self._scripts if node is self._client else node_scripts(self._scripts, node)
+        holder = scripts.lease(
             keys=[self._lease_keys[p]], args=[op, self.coordinator_id, self.ttl_ms, target]
         )
         return holder.decode() if isinstance(holder, bytes) else str(holder)
@@ -128,17 +134,18 @@ class LeaseKeeper:
         partitions of a node that fails are added to ``unreachable``."""
         out: dict[int, str] = {}
 
-        def run(piece: list[tuple[int, str, str]]) -> None:
-            pipe = self._client.pipeline(transaction=False)
+        def run(node: Any, piece: list[tuple[int, str, str]]) -> None:
+            pipe = node.pipeline(transaction=False)
             for p, op, target in piece:
                 pipe.execute_command(*self._scripts.command(
                     "lease", [self._lease_keys[p]], [op, self.coordinator_id, self.ttl_ms, target]))
             for (p, op, target), reply in zip(piece, pipe.execute(raise_on_error=False),
                                               strict=True):
-                if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
-                    raise reply
+                if isinstance(reply, (redis.ConnectionError, redis.TimeoutError,
+                                      redis.exceptions.AskError)):
+                    raise reply  # (a slot moved: each_node runs the piece again, following it)
                 if isinstance(reply, Exception):  # library missing after a restart: _op loads it
-                    out[p] = self._op(p, op, target)
+                    out[p] = self._op(node, p, op, target)
                 else:
                     out[p] = reply.decode() if isinstance(reply, bytes) else str(reply)
 
@@ -149,8 +156,8 @@ class LeaseKeeper:
     def _holders(self, unreachable: set[int]) -> dict[int, str]:
         holders: dict[int, str] = {}
 
-        def read(partitions: list[int]) -> None:
-            pipe = self._client.pipeline(transaction=False)
+        def read(node: Any, partitions: list[int]) -> None:
+            pipe = node.pipeline(transaction=False)
             for p in partitions:
                 pipe.get(self._lease_keys[p])
             for p, h in zip(partitions, pipe.execute(), strict=True):
@@ -210,5 +217,10 @@ class LeaseKeeper:
         (a lease on a node that fails lapses by itself)."""
         self._ops([(p, "release", "") for p in sorted(self.owned)], set())
         self.owned = set()
-        self._client.zrem(self.registry_key, self.coordinator_id)
-        self._client.publish(self.channel, b"left")
+        self._registry_node().zrem(self.registry_key, self.coordinator_id)
+        self.announce(b"left")
+
+    def announce(self, what: bytes) -> None:
+        """Tell the other coordinators (``channel``), through the registry's node: a message
+        published on one node of a cluster reaches every node's subscribers."""
+        self._registry_node().publish(self.channel, what)

@@ -8,6 +8,7 @@ groups by state and of members are sampled from the leased partitions.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from ..keys import PartitionKeys
@@ -60,22 +61,24 @@ class EventTail:
         for p in list(self._last):
             if p not in owned:
                 del self._last[p]
-        seen = [0]
+        seen: list[int] = []
 
-        def read(partitions: list[int]) -> None:
-            seen[0] += self._poll_node(partitions)
+        def read(node: Any, partitions: list[int]) -> None:
+            seen.append(self._poll_node(node, partitions))
 
         for partitions, exc in each_node(self._client, ps, self._events_key, read):
             # Read on from where this process stopped once the node answers.
             log.warning("reading a node's group events failed; read on later", extra={
                 "event": "node_error", "partitions": partitions, "why": str(exc)})
-        return seen[0]
+        return sum(seen)
 
     def _events_key(self, p: int) -> str:
         return self._pk[p].events
 
-    def _poll_node(self, ps: list[int]) -> int:
-        pipe = self._client.pipeline(transaction=False)
+    def _poll_node(self, node: Any, ps: list[int]) -> int:
+        """``poll``'s reads for the partitions of one node, through ``node``: each changes
+        ``_last`` for its own partitions only, as the nodes' pieces run at once."""
+        pipe = node.pipeline(transaction=False)
         for p in ps:
             pipe.get(self._pk[p].tail)
             if p in self._last:
@@ -106,7 +109,7 @@ class EventTail:
             if _id_key(floor) > _id_key(self._last[p]):
                 self._last[p] = floor
         if moved or started:
-            pipe = self._client.pipeline(transaction=False)
+            pipe = node.pipeline(transaction=False)
             for p, entry_id in moved.items():
                 pipe.set(self._pk[p].tail, entry_id)
             for p, entry_id in started.items():
@@ -138,25 +141,36 @@ class EventTail:
 
 def sample_groups(client: Any, namespace: str, num_partitions: int, owned: set[int],
                   metrics: Metrics) -> None:
-    """Refresh the groups-by-state and members gauges from the leased partitions."""
+    """Refresh the groups-by-state and members gauges from the leased partitions, each read
+    through its node's own client (a hung master fails its reads within the socket timeout,
+    without the cluster client's retries, so the sampler's thread stops in time)."""
     counts = dict.fromkeys(STATES, 0)
-    members = 0
-    for p in sorted(owned):
-        pk = PartitionKeys(namespace, p, num_partitions)
-        ids = list(client.smembers(pk.groups))
-        if not ids:
-            continue
-        pipe = client.pipeline(transaction=False)
-        for raw in ids:
-            keys = pk.group(raw.decode("utf-8", "surrogateescape"))
-            pipe.hget(keys.group, "state")
-            pipe.hlen(keys.members)
-        replies = pipe.execute()
-        for i in range(0, len(replies), 2):
-            state = (replies[i] or b"").decode()
-            if state in counts:
-                counts[state] += 1
-            members += int(replies[i + 1])
+    members: list[int] = []
+    lock = threading.Lock()
+
+    def read(node: Any, partitions: list[int]) -> None:
+        for p in partitions:
+            pk = PartitionKeys(namespace, p, num_partitions)
+            ids = list(node.smembers(pk.groups))
+            if not ids:
+                continue
+            pipe = node.pipeline(transaction=False)
+            for raw in ids:
+                keys = pk.group(raw.decode("utf-8", "surrogateescape"))
+                pipe.hget(keys.group, "state")
+                pipe.hlen(keys.members)
+            replies = pipe.execute()
+            with lock:
+                for i in range(0, len(replies), 2):
+                    state = (replies[i] or b"").decode()
+                    if state in counts:
+                        counts[state] += 1
+                    members.append(int(replies[i + 1]))
+
+    failed = each_node(client, sorted(owned),
+                       lambda p: PartitionKeys(namespace, p, num_partitions).groups, read)
+    if failed:
+        raise failed[0][1]  # the gauges stay as they were (the caller logs it)
     for state, n in counts.items():
         metrics.groups.labels(state).set(n)
-    metrics.members.set(members)
+    metrics.members.set(sum(members))

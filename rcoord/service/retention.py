@@ -156,11 +156,11 @@ class RetentionKeeper:
         found: set[str] = set()
         failed: list[tuple[str, BaseException]] = []
 
-        def read(piece: list[str]) -> None:
+        def read(node: Any, piece: list[str]) -> None:
             with_setting = []  # kept only if the whole piece is read: a failed one is retried
             for start in range(0, len(piece), SETTINGS_CHUNK):
                 chunk = piece[start:start + SETTINGS_CHUNK]
-                pipe = self._client.pipeline(transaction=False)
+                pipe = node.pipeline(transaction=False)
                 for topic in chunk:
                     pipe.hmget(meta_key(self._ns, topic), ["retention_records", "retention_ms"])
                 for topic, (records, age) in zip(chunk, pipe.execute(), strict=True):

@@ -34,7 +34,7 @@ from .http import StatusServer
 from .leases import LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
-from .nodes import NODE_FAILURES
+from .nodes import NODE_FAILURES, node_client
 from .observe import EventTail, sample_groups
 from .retention import MAX_RETENTION_CHECK_INTERVAL_MS, RetentionKeeper
 from .sweeper import Sweeper
@@ -212,7 +212,7 @@ class CoordinatorService:
         self.metrics.leases.set_function(self._leases_held)
         self._confirmed_at = began
         self._last_lease_ok = self._last_turn_ok = time.monotonic()
-        self._client.publish(self.leases.channel, b"joined")
+        self.leases.announce(b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
         self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
         self._lease_thread.start()
@@ -364,7 +364,7 @@ class CoordinatorService:
                     log.warning("a lease round took more than half the lease TTL",
                                 extra={"event": "slow_lease_round", "took_ms": int(took_ms)})
                 if self.leases.handed_off:
-                    self._client.publish(self.leases.channel, b"handoff")
+                    self.leases.announce(b"handoff")
             except Exception as exc:  # noqa: BLE001 - keep trying; health reports staleness
                 # (and once the last round is a TTL old, the leases lapsed: ``_leases_held``
                 # reports none, where the gauge and /healthz kept the old count before)
@@ -419,7 +419,10 @@ class CoordinatorService:
         (and every copy) every round. The partition count is fixed while groups exist, but may
         change before: a process that kept the old count would sweep keys nobody uses, so it
         stops and lets its supervisor start it again."""
-        raw = self._client.hmget(settings_key(self.config.namespace), "version", "num_partitions")
+        key = settings_key(self.config.namespace)
+        # Through its node's own client: a hung master there fails this within the socket
+        # timeout (no cluster retries), and the lease round goes on (nodes.py).
+        raw = node_client(self._client, key).hmget(key, "version", "num_partitions")
         version = None if raw[0] is None else int(raw[0])
         if version != self._coord.settings_version:
             was_version = self._coord.settings_version

@@ -33,7 +33,7 @@ from ..errors import (
 from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .metrics import Metrics
-from .nodes import each_node
+from .nodes import MOVED, each_node, node_client, node_scripts, on_any_node
 
 __all__ = ["Sweeper"]
 
@@ -77,15 +77,20 @@ class Sweeper:
         """partition -> consecutive failures of its node (``_retry_later``)."""
         self.last_progress = time.monotonic()
         """When a batch of calls last came back (monotonic): a long turn is not a stuck one."""
+        self._lock = threading.Lock()
+        """Guards ``backed_off``: the nodes' pieces of a round run on threads of their own
+        (``nodes.each_node``); each changes ``earliest`` for its own partitions only."""
 
     # -- server time -----------------------------------------------------------------------------
 
     def sync_clock(self) -> None:
         """Server time = monotonic time + offset, so a step of the local wall clock (NTP) can
         neither make the loop spin nor sleep past a deadline."""
-        before = time.monotonic() * 1000
-        sec, usec = self._client.time()
-        after = time.monotonic() * 1000
+        def read(node: Any) -> tuple[float, Any, float]:
+            return time.monotonic() * 1000, node.time(), time.monotonic() * 1000
+
+        # Any master's: every node keeps the one clock, and a hung one must not stall the loop.
+        before, (sec, usec), after = on_any_node(self._client, read)
         self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2
 
     def server_now(self) -> float:
@@ -118,7 +123,15 @@ class Sweeper:
         return entry is not None and entry[0] > now
 
     def _backed_off_in(self, p: int) -> int:
-        return sum(1 for q, _ in self.backed_off if q == p)
+        with self._lock:
+            return sum(1 for q, _ in self.backed_off if q == p)
+
+    def _succeeded(self, p: int, group_id: str) -> None:
+        with self._lock:
+            self.backed_off.pop((p, group_id), None)
+
+    def _scripts_on(self, node: Any) -> Scripts:
+        return self._scripts if node is self._client else node_scripts(self._scripts, node)
 
     def sweep_due(self, source: str) -> int:
         """Apply the passed deadlines of every leased partition whose earliest one has passed.
@@ -139,17 +152,17 @@ class Sweeper:
         shift = self._rotation % len(due)
         due = due[shift:] + due[:shift]
         self._rotation += 1
-        applied = [0]
+        applied: list[int] = []
 
-        def sweep(partitions: list[int]) -> None:
-            applied[0] += self._sweep_node(partitions, now, until, source)
+        def sweep(node: Any, partitions: list[int]) -> None:
+            applied.append(self._sweep_node(node, partitions, now, until, source))
 
         self._retry_later(each_node(self._client, due, self._due_key, sweep))
-        return applied[0]
+        return sum(applied)
 
-    def _sweep_node(self, due: list[int], now: float, until: float, source: str) -> int:
-        """``sweep_due``'s work for the due partitions of one node."""
-        pipe = self._client.pipeline(transaction=False)
+    def _sweep_node(self, node: Any, due: list[int], now: float, until: float, source: str) -> int:
+        """``sweep_due``'s work for the due partitions of one node, through ``node``."""
+        pipe = node.pipeline(transaction=False)
         for p in due:
             # Backed-off groups come first among the due ones often: ask for as many more.
             limit = DUE_BATCH + self._backed_off_in(p)
@@ -174,12 +187,12 @@ class Sweeper:
             # A batch at least; what the turn's budget leaves stays due for the next turn.
             if start and (self._stop.is_set() or time.monotonic() >= until):
                 break
-            applied += self._expire_many(work[start:start + DUE_BATCH], source)
+            applied += self._expire_many(node, work[start:start + DUE_BATCH], source)
         for p in full:
             if self._stop.is_set() or time.monotonic() >= until:
                 break
-            applied += self.sweep_partition(p, source, until)
-        self._refresh(due)
+            applied += self.sweep_partition(p, source, until, node)
+        self._refresh_node(node, due)
         return applied
 
     def _due_key(self, p: int) -> str:
@@ -207,49 +220,57 @@ class Sweeper:
         that fails)."""
         self._retry_later(each_node(self._client, partitions, self._due_key, self._refresh_node))
 
-    def _refresh_node(self, partitions: list[int]) -> None:
+    def _refresh_node(self, node: Any, partitions: list[int]) -> None:
         """A backed-off group counts from its retry time, so the first entries are read up to
         one that is not backed off (entries after it are no earlier)."""
-        pipe = self._client.pipeline(transaction=False)
+        pipe = node.pipeline(transaction=False)
         for p in partitions:
             pipe.zrange(self._pk[p].due, 0, self._backed_off_in(p), withscores=True)
         for p, firsts in zip(partitions, pipe.execute(), strict=True):
             at = float("inf")
             for raw, score in firsts:
-                entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
-                at = min(at, float(score) if entry is None else max(float(score), entry[0]))
+                with self._lock:
+                    entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
+                    at = min(at, float(score) if entry is None else max(float(score), entry[0]))
             self.earliest[p] = at
             self._node_failures.pop(p, None)
 
-    def sweep_partition(self, p: int, source: str, until: float | None = None) -> int:
+    def sweep_partition(self, p: int, source: str, until: float | None = None,
+                        node: Any = None) -> int:
         """The due groups of one partition, in pipelined batches: at most ``MAX_PASSES``, until
         a batch applies nothing, the service stops or the monotonic time ``until`` passes (what
-        is left stays due for later)."""
+        is left stays due for later); through ``node``, its node's client (found if not given)."""
         pk = self._pk[p]
+        node = node if node is not None else node_client(self._client, pk.due)
         applied = 0
         for _ in range(MAX_PASSES):
             if self._stop.is_set() or (until is not None and time.monotonic() >= until):
                 break
             limit = DUE_BATCH + self._backed_off_in(p)
-            due = self._scripts.due_groups(keys=[pk.due], args=["", limit])
+            due = self._scripts_on(node).due_groups(keys=[pk.due], args=["", limit])
             now = float(due[0])
             groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
             ready = [g for g in groups if not self._waiting(p, g, now)]
-            done = self._expire_many([(p, g) for g in ready], source)
+            done = self._expire_many(node, [(p, g) for g in ready], source)
             applied += done
             if len(ready) < DUE_BATCH or not done:
                 break
-        self._refresh([p])
+        self._refresh_node(node, [p])
         return applied
 
-    def expire_group(self, p: int, group_id: str, source: str) -> int:
+    def expire_group(self, p: int, group_id: str, source: str, node: Any = None) -> int:
+        """Apply one group's passed deadlines, through ``node`` (its node's client, found if
+        not given)."""
         keys = self._pk[p].group(group_id)
+        node = node if node is not None else node_client(self._client, keys.group)
         try:
-            reply = self._scripts.expire_deadlines(keys=keys.all(), args=["", group_id])
+            reply = self._scripts_on(node).expire_deadlines(keys=keys.all(), args=["", group_id])
+        except MOVED:
+            raise  # nodes.each_node runs the piece again through the cluster client
         except redis.ResponseError as exc:
             self._failed(p, group_id, exc)
             return 0
-        self.backed_off.pop((p, group_id), None)
+        self._succeeded(p, group_id)
         return self._record(reply, source)
 
     def _failed(self, p: int, group_id: str, exc: redis.ResponseError) -> None:
@@ -257,23 +278,24 @@ class Sweeper:
         else back this group off, so one broken group (a script error is a bug, logged) stops
         neither the others nor the loop's wait."""
         _raise_if_refused(exc)
-        _, failures = self.backed_off.get((p, group_id), (0.0, 0))
-        delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
-        self.backed_off[(p, group_id)] = (self.server_now() + delay, failures + 1)
+        with self._lock:
+            _, failures = self.backed_off.get((p, group_id), (0.0, 0))
+            delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
+            self.backed_off[(p, group_id)] = (self.server_now() + delay, failures + 1)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
 
-    def _expire_many(self, work: list[tuple[int, str]], source: str) -> int:
+    def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         try:
-            return self._expire_each(work, source)
+            return self._expire_each(node, work, source)
         finally:
             self.last_progress = time.monotonic()
 
-    def _expire_each(self, work: list[tuple[int, str]], source: str) -> int:
+    def _expire_each(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         if len(work) <= 1:
-            return sum(self.expire_group(p, g, source) for p, g in work)
-        pipe = self._client.pipeline(transaction=False)
+            return sum(self.expire_group(p, g, source, node) for p, g in work)
+        pipe = node.pipeline(transaction=False)
         for p, group_id in work:
             keys = self._pk[p].group(group_id).all()
             pipe.execute_command(*self._scripts.command("expire_deadlines", keys, ["", group_id]))
@@ -283,9 +305,9 @@ class Sweeper:
             if isinstance(reply, Exception):
                 # The library missing after a restart or failover, or a function error: one by
                 # one, through the library call, which loads the library and logs a failure.
-                applied += self.expire_group(p, group_id, source)
+                applied += self.expire_group(p, group_id, source, node)
             else:
-                self.backed_off.pop((p, group_id), None)
+                self._succeeded(p, group_id)
                 applied += self._record(reply, source)
         return applied
 
@@ -302,8 +324,8 @@ def _raise_if_node_failed(reply: Any) -> None:
     """Raise a pipelined reply that says its node cannot run anything now (the connection
     lost or timed out, or a refusal: ``_raise_if_refused``); return for a success, the library
     missing, or a failure of that call alone."""
-    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
-        raise reply
+    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError, *MOVED)):
+        raise reply  # (a slot moved: nodes.each_node runs the piece through the cluster client)
     if isinstance(reply, redis.ResponseError) and not _library_missing(reply):
         _raise_if_refused(reply)
 
