@@ -5,13 +5,23 @@ their JoinGroups and SyncGroups within a few ms of each other: when the initial 
 the leader's assignment arrives. Sent one by one, each costs the process a connection checkout,
 a write, a blocking read and the GIL hand-overs around them, several times what the server spends
 on it; on these machines a 250-thread process spent about 2 ms of CPU per member that way. Here a
-thread that finds no batch in flight sends its command at once (alone, it is the plain call);
-threads that come while a batch is in flight queue theirs, and the first of them sends the whole
-queue as one pipeline when the batch in flight returns. Each thread gets its own reply or error:
-a pipeline is not a transaction, and the commands are independent (each is one atomic function
-call). On a cluster, a batch that fails as a whole (a master it addresses is down) is sent
-again call by call, so calls for the other masters do not fail with it. Like ``rcoord.wake``,
-only the blocking driver uses this.
+thread that finds no batch in flight in its call's lane sends its command at once (alone, it is
+the plain call); threads that come while a batch of their lane is in flight queue theirs, and the
+first of them sends the lane's whole queue as one pipeline when that batch returns. Each thread
+gets its own reply or error: a pipeline is not a transaction, and the commands are independent
+(each is one atomic function call). Like ``rcoord.wake``, only the blocking driver uses this.
+
+On a cluster each slot is a lane of its own (the slot of the command's first key: all keys of a
+function call share it, so the calls of one group still go together), with its own queue and
+its own batch in flight; a single node is one lane. Kafka's client likewise keeps its in-flight
+requests per broker (``InFlightRequests``, a queue per node), so a coordinator broker that stops
+answering delays only the requests sent to it: here a call stuck on a stalled master holds up
+only the calls for its slot, and the members of groups on the healthy masters get their answers
+(with one queue for all nodes, every thread's call waited behind the stuck batch, and their
+members were expired). A lane is dropped once no batch of it is in flight, so the lanes kept
+are only those in use. A batch that fails as a whole on a cluster (its master is down, or no
+node serves its slot) is sent again call by call, so each caller gets the outcome of its own
+call, as it would have alone.
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ __all__ = ["SharedCalls"]
 
 
 _UNSET: Any = object()
+
+_SCRIPT_CALLS = frozenset({"FCALL", "FCALL_RO", "EVAL", "EVAL_RO", "EVALSHA", "EVALSHA_RO"})
+"""Commands written ``name numkeys key...``: their first key is the fourth word."""
 
 
 class _Call:
@@ -50,65 +63,71 @@ class SharedCalls:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: list[_Call] = []
-        self._sending = False
+        # A lane is here only while a batch of it is in flight (or its sender is about to send
+        # it), with the calls queued behind that batch.
+        self._lanes: dict[int | None, list[_Call]] = {}
         self._pid = os.getpid()
 
     def execute(self, client: Any, command: tuple[Any, ...]) -> Any:
-        """Send ``command`` (alone, or with the calls queued meanwhile) and return its reply;
-        an error reply or a failed send is raised."""
+        """Send ``command`` (alone, or with the calls of its lane queued meanwhile) and return
+        its reply; an error reply or a failed send is raised."""
         call = _Call(command)
+        lane = _lane(client, command)
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's queue is not ours
-                self._queue, self._sending, self._pid = [], False, os.getpid()
-            self._queue.append(call)
-            if self._sending:
-                call.done = threading.Event()
+            if self._pid != os.getpid():  # a forked child: the parent's queues are not ours
+                self._lanes, self._pid = {}, os.getpid()
+            queue = self._lanes.get(lane)
+            if queue is None:
+                self._lanes[lane] = [call]
+                call.sends = True
             else:
-                self._sending = call.sends = True
+                queue.append(call)
+                call.done = threading.Event()
         if not call.sends:
             try:
                 call.done.wait()  # type: ignore[union-attr]
             except BaseException:
                 # Interrupted while waiting (a KeyboardInterrupt, a signal handler's
                 # SystemExit): the turn to send may be, or become, this call's, and a turn
-                # nobody takes would stall every later call of the coordinator.
-                self._withdraw(call)
+                # nobody takes would stall every later call of the lane.
+                self._withdraw(call, lane)
                 raise
         if call.sends:
-            self._send_queue(client)
+            self._send_queue(client, lane)
         if call.alone:
             return client.execute_command(*command)
         return _outcome(call)
 
-    def _withdraw(self, call: _Call) -> None:
-        """Take a call whose thread stopped waiting out of the queue, unsent, and hand its turn
-        to send (if it had come) to the next queued call. A call already taken into a batch is
-        left to that batch's sender."""
+    def _withdraw(self, call: _Call, lane: int | None) -> None:
+        """Take a call whose thread stopped waiting out of its lane's queue, unsent, and hand
+        its turn to send (if it had come) to the next queued call. A call already taken into a
+        batch is left to that batch's sender."""
         with self._lock:
-            if not any(each is call for each in self._queue):
+            queue = self._lanes.get(lane, [])
+            if not any(each is call for each in queue):
                 return
-            self._queue = [each for each in self._queue if each is not call]
+            self._lanes[lane] = [each for each in queue if each is not call]
             if call.sends:
-                self._pass_turn()
+                self._pass_turn(lane)
 
-    def _pass_turn(self) -> None:
-        """The first queued call sends the next batch; none queued, no batch is in flight (the
-        caller holds the lock)."""
-        if self._queue:
-            self._queue[0].sends = True
-            self._queue[0].done.set()  # type: ignore[union-attr]
+    def _pass_turn(self, lane: int | None) -> None:
+        """The first queued call of ``lane`` sends its next batch; none queued, no batch of it
+        is in flight, and the lane is dropped (the caller holds the lock)."""
+        queue = self._lanes.get(lane)
+        if queue:
+            queue[0].sends = True
+            queue[0].done.set()  # type: ignore[union-attr]
         else:
-            self._sending = False
+            self._lanes.pop(lane, None)
 
     def queued(self) -> int:
-        """How many calls wait for the batch in flight to return (for tests and debugging)."""
+        """How many calls wait for a batch in flight to return (for tests and debugging)."""
         with self._lock:
-            return len(self._queue)
+            return sum(len(queue) for queue in self._lanes.values())
 
-    def _send_queue(self, client: Any) -> None:
+    def _send_queue(self, client: Any, lane: int | None) -> None:
         with self._lock:
-            batch, self._queue = self._queue, []
+            batch, self._lanes[lane] = self._lanes[lane], []
         try:
             if len(batch) == 1:
                 batch[0].reply = client.execute_command(*batch[0].command)
@@ -118,22 +137,36 @@ class SharedCalls:
             for each in batch:
                 each.error = exc
             if len(batch) > 1 and hasattr(client, "get_node_from_key"):
-                # redis-py fails a cluster pipeline as a whole when it cannot reach one of its
-                # nodes (or finds no node for a slot): that says nothing of the calls for the
-                # other masters, which must not fail with it. Each caller sends its own call
-                # again, by itself (a group step is safe to send again, and the caller would
-                # retry it anyway).
+                # redis-py fails a cluster pipeline as a whole when it cannot reach a node it
+                # addresses (or finds no node for a slot). Each caller sends its own call again,
+                # by itself, and gets that call's own outcome, as it would have alone (a group
+                # step is safe to send again, and the caller would retry it anyway).
                 for each in batch:
                     each.alone = True
         finally:
             with self._lock:
-                self._pass_turn()  # the first call queued meanwhile sends the next batch
+                self._pass_turn(lane)  # the first call queued meanwhile sends the next batch
             for each in batch:
                 if each.reply is _UNSET and each.error is None:  # the sender was interrupted
                     each.error = redis.ConnectionError(
                         "the call was not sent: the thread sending its batch was interrupted")
                 if each.done is not None:
                     each.done.set()
+
+
+def _lane(client: Any, command: tuple[Any, ...]) -> int | None:
+    """The lane of ``command``: on a cluster client, the slot of its first key (the first word
+    after the name, or after ``numkeys`` for a function or script call); else, or with no key,
+    the one lane ``None``. The lane only decides which calls wait for which: a first word that
+    is no key (ECHO's) just picks some lane, and redis-py routes every command as before."""
+    keyslot = getattr(client, "keyslot", None)
+    if keyslot is None:
+        return None
+    if str(command[0]).upper() in _SCRIPT_CALLS:
+        key = command[3] if int(command[2]) > 0 else None
+    else:
+        key = command[1] if len(command) > 1 else None
+    return None if key is None else int(keyslot(key))
 
 
 def _send_pipeline(client: Any, batch: list[_Call]) -> None:

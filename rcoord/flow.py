@@ -324,8 +324,24 @@ async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -
         return await wake_reads.claim(client, op.key, op.px_ms)
     if wake_reads is None:
         return await _aperform_one(client, scripts, op)
-    async with wake_reads.commands():
+    # A place on each master it sends to (one bound on a single node): calls stuck on a stalled
+    # master do not hold up those for the others.
+    async with wake_reads.places(client, _routing_keys(op)):
         return await _aperform_one(client, scripts, op)
+
+
+def _routing_keys(op: Op) -> list[Any]:
+    """The keys that route the commands ``op`` sends: a cluster sends each command to its
+    first key's master (a step's keys share one slot)."""
+    if isinstance(op, Script):
+        return list(op.keys[:1])
+    if isinstance(op, ScriptBatch):
+        return [keys[0] for keys, _ in op.calls if keys]
+    if isinstance(op, Command | SharedRead):
+        return list(op.args[1:2])
+    if isinstance(op, Pipeline):
+        return [command[1] for command in op.commands if len(command) > 1]
+    return [op.key]  # Claim, XRead, WaitReplicas, MasterOf
 
 
 async def _aperform_one(client: Any, scripts: Any, op: Op) -> Any:

@@ -226,9 +226,11 @@ class HeldCluster:
 
     def __init__(self, client: Any) -> None:
         self.client, self.gate, self.singles = client, threading.Event(), 0
+        self.counting = threading.Lock()  # calls for several lanes arrive at once
 
     def execute_command(self, *args: Any) -> Any:
-        self.singles += 1
+        with self.counting:
+            self.singles += 1
         assert self.gate.wait(WAIT_S)
         return self.client.execute_command(*args)
 
@@ -237,9 +239,10 @@ class HeldCluster:
 
 
 def test_on_a_cluster_a_down_master_fails_only_the_calls_it_holds():
-    # One master of a cluster is down: redis-py fails a pipeline that addresses it as a whole.
-    # The calls batched with one for that master, addressed to the healthy masters, must still
-    # be answered, as they would be had they been sent alone; only the dead master's call fails.
+    # One master of a cluster is down. The calls for the healthy masters are in lanes of their
+    # own (their slots): they are sent at once, not queued behind the batch for the dead master.
+    # The dead master's calls, batched in its slot's lane, fail as a whole in redis-py's
+    # pipeline and are sent again one by one, so each caller gets its own call's error.
     from rcoord.testing.embedded import EmbeddedCluster
 
     with EmbeddedCluster(masters=3).start() as cluster:
@@ -251,19 +254,26 @@ def test_on_a_cluster_a_down_master_fails_only_the_calls_it_holds():
                 by_port.setdefault(client.get_node_from_key(f"k{n}").port, f"k{n}")
                 n += 1
             dead_port, *live_ports = by_port
+            dead_key = by_port[dead_port]
             next(s for s in cluster.nodes if s.port == dead_port).stop()
             shared, held = SharedCalls(), HeldCluster(client)
-            with cf.ThreadPoolExecutor(4) as pool:
-                first = pool.submit(shared.execute, held, ("INCRBY", by_port[live_ports[0]], 10))
+            with cf.ThreadPoolExecutor(5) as pool:
+                first = pool.submit(shared.execute, held, ("INCR", dead_key))
                 wait_until(lambda: held.singles == 1)
-                dead = pool.submit(shared.execute, held, ("INCR", by_port[dead_port]))
-                wait_until(lambda: shared.queued() == 1)
+                # The same slot (a hash tag): queued behind the first call.
+                dead = [pool.submit(shared.execute, held, ("INCR", f"{{{dead_key}}}:{i}"))
+                        for i in range(2)]
+                wait_until(lambda: shared.queued() == 2)
                 live = [pool.submit(shared.execute, held, ("INCR", by_port[p])) for p in live_ports]
-                wait_until(lambda: shared.queued() == 3)
+                wait_until(lambda: held.singles == 3)  # each sent by itself, none queued
+                assert shared.queued() == 2
                 held.gate.set()
-                assert first.result(WAIT_S) == 10
-                assert [f.result(WAIT_S) for f in live] == [11, 1]
-                with pytest.raises(redis.ConnectionError):
-                    dead.result(WAIT_S)
+                assert [f.result(WAIT_S) for f in live] == [1, 1]
+                for f in [first, *dead]:
+                    with pytest.raises(redis.ConnectionError):
+                        f.result(WAIT_S)
+            assert held.singles == 5  # the failed batch's two calls, sent again alone
+            assert shared.queued() == 0
+            assert not shared._lanes  # an idle lane is dropped: the lanes do not pile up
         finally:
             client.close()

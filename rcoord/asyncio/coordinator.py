@@ -41,7 +41,7 @@ def asyncio_step(
     """A public method of ``AsyncGroupCoordinator`` that runs ``step``'s flow, awaited."""
 
     async def method(self: AsyncGroupCoordinator, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        await self.start()
+        await self._started()
         return await _translated(step.__name__, self._run(step(self._steps, *args, **kwargs)))
 
     present_as(method, step)
@@ -79,7 +79,16 @@ class AsyncGroupCoordinator:
         return await adrive(self._redis, self._scripts, flow, self._wake_reads)
 
     async def start(self) -> AsyncGroupCoordinator:
-        """Load the scripts and settle the namespace settings. Idempotent."""
+        """Load the scripts and settle the namespace settings. Idempotent. After ``close()``,
+        opens the coordinator again, as Kafka's ``GroupCoordinator.startup()`` serves again
+        after ``shutdown()``: calls made from then on are served, while those still running
+        from before ``close()`` go on failing."""
+        if self._wake_reads.closed:
+            self._wake_reads = AsyncWakeReads(command_limit(self._redis))
+        return await self._started()
+
+    async def _started(self) -> AsyncGroupCoordinator:
+        """``start()`` without reopening: what each call does first."""
         if self._steps.config is not None:
             return self
         async with self._lock.lock():
@@ -93,7 +102,7 @@ class AsyncGroupCoordinator:
         """Read (or re-establish) the namespace settings; what a NOT_COORDINATOR triggers.
         ``write_named=False`` adopts the stored values rather than writing the named ones
         (another process changed them; see ``rcoord.settings``)."""
-        await self.start()
+        await self._started()
         async with self._lock.lock():
             return await _translated("resettle", self._run(self._steps.settle(write_named)))
 
@@ -101,8 +110,10 @@ class AsyncGroupCoordinator:
         """End the coordinator's wake-stream reads: the reader tasks its parked calls share
         (``rcoord.asyncio.wake``) are cancelled and waited for, so none is left to read (or to
         reconnect a client closed after this); a call still parked fails with
-        ``ConnectionLost``. Call it before closing the client (or before the loop ends). The
-        client stays the caller's to close; a call made afterwards starts afresh."""
+        ``ConnectionLost``, also one that was between two reads, and so does every call made
+        afterwards, at once, until ``start()`` opens it again (Kafka's coordinator answers
+        COORDINATOR_NOT_AVAILABLE between ``shutdown()`` and ``startup()``). Call it before
+        closing the client (or before the loop ends). The client stays the caller's to close."""
         await self._wake_reads.close()
 
     @property

@@ -14,16 +14,22 @@ failed read of the blocking coordinator fails the one thread that made it, and t
 again; a read nobody waits for any more (its waiters woken, timed out or cancelled) is
 cancelled, and ``close`` ends them all. And every other command waits for a place under a
 bound below the pool's size (``command_limit``): a wake-up sends every woken call's next
-command at once, which a pool of 100 could not serve either. The reads have a bound of their
-own (half that one): a read holds its connection for up to a second, and sharing one bound,
-reads of as many parked groups as the bound took every place, so a heartbeat (or the SyncGroup
-that would wake them) waited for a read to end. When the deadline the parked calls wait for
-falls due, they all ask whether it is due and then claim it: the same question in flight is
-asked once and its answer shared (``read``), and one call per claim's length asks for the claim
+command at once, which a pool of 100 could not serve either. On a cluster the bound is per
+master, as the pools are (``places``): with one bound for all masters, the calls stuck on one
+stalled master took every place, and a heartbeat for a group on a healthy master waited for the
+whole stall, its member expiring. The reads have a bound of their own (half that one, for all
+masters together): a read holds its connection for up to a second, and sharing one bound, reads
+of as many parked groups as the bound took every place, so a heartbeat (or the SyncGroup that
+would wake them) waited for a read to end. When the deadline the parked calls wait for falls
+due, they all ask whether it is due and then claim it: the same question in flight is asked
+once and its answer shared (``read``), and one call per claim's length asks for the claim
 (``claim``), as the blocking coordinator's threads do.
 
-Both bounds, and the streams, belong to the event loop that uses them (an ``asyncio.Semaphore``
+The bounds, and the streams, belong to the event loop that uses them (an ``asyncio.Semaphore``
 binds to its loop): a coordinator used from another loop (``asyncio.run`` twice) starts afresh.
+``close`` is for good: every call of this object afterwards fails at once
+(``AsyncGroupCoordinator.start`` makes a new one), so a call that was between two reads at
+``close`` cannot start a reader, or send a command, on a client closed after it.
 
 Nothing is remembered between reads (the blocking version keeps the newest id it saw, and
 must then tell a stream made again under the same key from the one it remembers): a waiter
@@ -34,10 +40,13 @@ at once if the stream has moved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis.exceptions
 
+from ..flow import UNREACHABLE, _master_name
 from ..wake import (
     MAX_IDLE_STREAMS,
     WAKE_READ_COUNT,
@@ -50,7 +59,8 @@ from ..wake import (
 __all__ = ["AsyncWakeReads", "command_limit", "pool_size"]
 
 MAX_COMMANDS_IN_FLIGHT = 64
-"""Commands one asyncio coordinator has in flight at most (besides its wake-stream reads)."""
+"""Commands one asyncio coordinator has in flight at most on one master (besides its wake-stream
+reads)."""
 
 
 def pool_size(client: Any) -> int | None:
@@ -66,13 +76,41 @@ def pool_size(client: Any) -> int | None:
 
 
 def command_limit(client: Any) -> int:
-    """How many commands one coordinator may have in flight on ``client``: half the pool's
-    ``max_connections`` (per node on a cluster), leaving the rest to whatever else shares the
-    client, and at most ``MAX_COMMANDS_IN_FLIGHT``."""
+    """How many commands one coordinator may have in flight on each master of ``client``: half
+    the pool's ``max_connections`` (each node's pool on a cluster), leaving the rest to whatever
+    else shares the client, and at most ``MAX_COMMANDS_IN_FLIGHT``."""
     size = pool_size(client)
     if size is None:
         return MAX_COMMANDS_IN_FLIGHT
     return max(1, min(MAX_COMMANDS_IN_FLIGHT, size // 2))
+
+
+async def _masters(client: Any, keys: Sequence[Any]) -> list[str]:
+    """The names of the masters ``client`` sends ``keys`` to, sorted, without repeats. "" on a
+    single-node client, and for a key whose master a cluster client does not know now (a slot
+    left uncovered by a failover): their commands share one bound. Keyed by master, not by
+    slot: the bound is on a master's pool, which serves thousands of slots."""
+    if hasattr(client, "get_node_from_key"):
+        with contextlib.suppress(*UNREACHABLE):
+            await client.initialize()  # (at once when it knows the slots; a command would too)
+    names = set()
+    for key in keys:
+        try:
+            names.add(_master_name(client, key))
+        except UNREACHABLE:
+            names.add("")
+    return sorted(names) or [""]
+
+
+class _MasterBound:
+    """One master's bound, and how many calls hold or wait for a place under it: dropped when
+    none does, so a client that met many masters (failovers, reshards) keeps none idle."""
+
+    __slots__ = ("places", "users")
+
+    def __init__(self, size: int) -> None:
+        self.places = asyncio.Semaphore(size)
+        self.users = 0
 
 
 class _Stream:
@@ -88,12 +126,15 @@ class _Stream:
 
 class AsyncWakeReads:
     """The wake-stream reads of one asyncio coordinator (see the module docstring), and the
-    bounds on its commands (``commands``) and its reads in flight (``commands // 2``)."""
+    bounds on its commands (``commands`` per master) and its reads in flight
+    (``commands // 2``)."""
 
     def __init__(self, commands: int) -> None:
         self._sizes = (commands, max(1, commands // 2))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands = self._reads = asyncio.Semaphore(1)  # (made for each loop: _bound)
+        self._by_master: dict[str, _MasterBound] = {}  # a cluster's, by name, while in use
+        self._closed = False
         self._streams: dict[Any, _Stream] = {}
         self._shared: dict[tuple[Any, ...], asyncio.Future[Any]] = {}  # read in flight
         self._sharers: dict[tuple[Any, ...], int] = {}  # calls waiting for it
@@ -106,17 +147,69 @@ class AsyncWakeReads:
             self._loop = loop
             self._commands = asyncio.Semaphore(self._sizes[0])
             self._reads = asyncio.Semaphore(self._sizes[1])
+            self._by_master = {}
             self._streams, self._shared, self._sharers, self._claims = {}, {}, {}, {}
         return loop
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (then every call fails at once)."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        """Fail a call made after ``close``, as a call still parked at ``close`` fails: Kafka's
+        coordinator answers COORDINATOR_NOT_AVAILABLE from ``shutdown()`` until ``startup()``
+        (``GroupCoordinator.scala``, ``isActive``), and a closed one must neither read nor
+        reconnect a client its owner may have closed since."""
+        if self._closed:
+            raise redis.exceptions.ConnectionError("the coordinator was closed")
+
     def commands(self) -> asyncio.Semaphore:
-        """The bound every command but the wake-stream reads waits under."""
+        """The bound of the commands of a single-node client (on a cluster, of those whose
+        master the client does not know now; see ``places``)."""
         self._bound()
         return self._commands
+
+    @contextlib.asynccontextmanager
+    async def places(self, client: Any, keys: Sequence[Any]) -> AsyncIterator[None]:
+        """Hold a place under the bound of each master the commands for ``keys`` go to, while
+        they are sent; one bound on a single-node client. Per master, as its pool is, and as
+        Kafka's clients bound their requests in flight per broker (``InFlightRequests.
+        canSendMore(node)``, ``max.in.flight.requests.per.connection``): calls stuck on a
+        stalled master hold only that master's places, and calls for groups on the others go
+        on. Taken in name order, so two calls that each need several masters (a pipeline over
+        partitions) never wait for each other."""
+        self._bound()
+        self._check_open()
+        async with contextlib.AsyncExitStack() as held:
+            for name in await _masters(client, keys):
+                await held.enter_async_context(self._place(name))
+            self._check_open()  # (closed while this call waited for a place)
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _place(self, name: str) -> AsyncIterator[None]:
+        """A place under master ``name``'s bound ("": ``commands()``)."""
+        if not name:
+            async with self._commands:
+                yield
+            return
+        bound = self._by_master.get(name)
+        if bound is None:
+            bound = self._by_master[name] = _MasterBound(self._sizes[0])
+        bound.users += 1
+        try:
+            async with bound.places:
+                yield
+        finally:
+            bound.users -= 1
+            if not bound.users and self._by_master.get(name) is bound:
+                del self._by_master[name]
 
     async def wait(self, client: Any, key: Any, after: Any, block_ms: int) -> bool:
         """Wait up to ``block_ms`` until ``key`` has an entry after ``after``: whether it has."""
         loop = self._bound()
+        self._check_open()
         position = _stream_id(after)
         deadline = loop.time() + block_ms / 1000
         stream = self._streams.get(key)
@@ -129,6 +222,7 @@ class AsyncWakeReads:
         if (stream.reader is not None and position < stream.read_from
                 and await self._read(client, key, position, None) is not None):
             return True
+        self._check_open()  # (closed during that look: it must not start a read)
         waiter: asyncio.Future[bool] = loop.create_future()
         stream.waiters[waiter] = (position, deadline)
         try:
@@ -158,6 +252,7 @@ class AsyncWakeReads:
         coordinator, as ``rcoord.wake.SharedWakeReads.read`` does for threads. A caller that
         shares holds no place under the commands' bound."""
         loop = self._bound()
+        self._check_open()
         while (call := self._shared.get(command)) is not None:
             self._sharers[command] = self._sharers.get(command, 0) + 1
             try:
@@ -173,7 +268,7 @@ class AsyncWakeReads:
                     self._sharers[command] = left
         call = self._shared[command] = loop.create_future()
         try:
-            async with self._commands:
+            async with self.places(client, command[1:2]):
                 value = await client.execute_command(*command)
         except Exception as exc:
             call.set_exception(exc)
@@ -194,9 +289,10 @@ class AsyncWakeReads:
         coordinator asks per ``px_ms``: the others are told no at once, which is what the
         server would answer them while the claim holds (``rcoord.wake``, the same rule)."""
         now = self._bound().time()  # (first: a new loop gets a new set of gates)
+        self._check_open()
         if not open_claim_gate(self._claims, key, now, px_ms):
             return False
-        async with self._commands:
+        async with self.places(client, [key]):
             return bool(await client.set(key, b"1", nx=True, px=px_ms))
 
     def sharing(self, command: tuple[Any, ...]) -> int:
@@ -214,8 +310,11 @@ class AsyncWakeReads:
 
     async def close(self) -> None:
         """End every read in flight (cancelled, and waited for); a call still waiting on one
-        fails with ``ConnectionError`` (it would otherwise read again once its wait ended). A
-        call made afterwards starts afresh."""
+        fails with ``ConnectionError`` (it would otherwise read again once its wait ended), and
+        so does every later call of this object, at once: a call that was between two reads
+        (in its due check, ``await_reply``, or the look that precedes a read) would otherwise
+        start a reader, and reconnect a client closed after this."""
+        self._closed = True
         if self._loop is not asyncio.get_running_loop():
             self._streams = {}  # (another loop's reads ended with it)
             return
@@ -272,8 +371,8 @@ class AsyncWakeReads:
     async def _read(self, client: Any, key: Any, start: tuple[int, int],
                     until: float | None) -> tuple[int, int] | None:
         """The newest entry after ``start``, waiting until ``until`` (loop time; None: not at
-        all: a short command, under the commands' bound), counted once a place is free."""
-        async with self._reads if until is not None else self._commands:
+        all: a short command, under its master's bound), counted once a place is free."""
+        async with self._reads if until is not None else self.places(client, [key]):
             block_ms = None
             if until is not None:
                 block_ms = max(1, int((until - asyncio.get_running_loop().time()) * 1000))
