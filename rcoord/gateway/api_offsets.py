@@ -14,12 +14,16 @@ TOPIC_AUTHORIZATION_FAILED, and a fetch of all the group's offsets leaves it out
 name or partition against the topics, as Kafka's ``handleOffsetFetchRequest``: a partition with
 no commit answers -1 with no error, a negative one or one of a name no commit can be stored
 under too (``_may_be_stored``), without being asked for.
+
+Both answer every entry of the request, in its order, a partition named twice twice (Kafka's
+``OffsetMetadataManager`` builds its response from the request's entries); an OffsetCommit
+v2-v4 ``retention_time_ms`` is Kafka's (``_retention_ms``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import Errors, InvalidRequestError
@@ -56,14 +60,19 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index, "error_code": GROUP_AUTHORIZATION_FAILED}
                 for p in t.partitions]} for t in req.topics]}
-    offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
     known, refused = await readable_partitions(conn, req.topics)
+    limit = conn.state.coordinator.config.offset_metadata_max_bytes
+    # Per partition, the entry Kafka's records leave stored: the last one whose metadata fits,
+    # else the last (refused). Only that one reaches the script (``_commit_answer``).
+    entries: dict[TopicPartition, Any] = {}
     for tp, p in known:
+        if tp not in entries or _fits(p, limit) or not _fits(entries[tp], limit):
+            entries[tp] = p
+    offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
+    for tp, p in entries.items():
         epoch = int(getattr(p, "committed_leader_epoch", -1))
         offsets[tp] = OffsetAndMetadata(
             p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
-    retention = getattr(req, "retention_time", None)
-    retention_ms = None if retention is None else millis(retention)
     codes: dict[TopicPartition, Any] = {}
     if offsets or not refused:
         codes = dict(await conn.state.coordinator.commit_offsets(
@@ -72,7 +81,7 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
             member_id=req.member_id,
             generation_id=req.generation_id_or_member_epoch,
             group_instance_id=getattr(req, "group_instance_id", None),
-            retention_ms=None if retention_ms is None or retention_ms < 0 else retention_ms,
+            retention_ms=_retention_ms(req),
             required_acks=conn.state.config.commit_required_acks,
             ack_timeout_ms=conn.state.config.commit_ack_timeout_ms,
         ))
@@ -81,10 +90,44 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
                  for tp, code in codes.items()}
     codes.update(refused)
     return {"throttle_time": 0, "topics": [
-        {"name": topic, "partitions": [{"partition_index": p, "error_code": code}
-                                       for p, code in parts]}
-        for topic, parts in _by_topic(codes).items()
-    ]}
+        {"name": t.name, "partitions": [_commit_answer(t.name, p, codes, entries, limit)
+                                        for p in t.partitions]} for t in req.topics]}
+
+
+def _commit_answer(topic: str, p: Any, codes: dict[TopicPartition, Any],
+                   entries: dict[TopicPartition, Any], limit: int) -> dict[str, Any]:
+    """The answer to one entry of an OffsetCommit, as Kafka's ``OffsetMetadataManager
+    .commitOffset`` gives it: every entry of the request is answered, in its order, one that
+    names a partition again too, and their records are written in that order. An entry that
+    did not reach the script shares its partition's answer, except that one whose metadata is
+    too large is refused alone (OFFSET_METADATA_TOO_LARGE) when the commit went through;
+    before, a partition named twice was answered once."""
+    tp = TopicPartition(topic, p.partition_index)
+    code = codes[tp]
+    if code == Errors.NONE and entries[tp] is not p and not _fits(p, limit):
+        code = Errors.OFFSET_METADATA_TOO_LARGE
+    return {"partition_index": p.partition_index, "error_code": code}
+
+
+def _fits(p: Any, limit: int) -> bool:
+    """Whether an entry's metadata is within ``offset.metadata.max.bytes``, counted as Kafka
+    counts it (``String.length()``, UTF-16 code units) and as ``encode_commit`` does."""
+    return len((p.committed_metadata or "").encode("utf-16-le")) // 2 <= limit
+
+
+def _retention_ms(req: Any) -> int | None:
+    """OffsetCommit v2-v4's ``retention_time_ms`` as ``commit_offsets`` takes it (None: the
+    group's retention, Kafka's DEFAULT_RETENTION_TIME -1, and the field v5+ no longer have).
+    Kafka's ``OffsetMetadataManager.expireTimestampMs`` takes any other value as commit time +
+    retention, and ``OffsetExpirationConditionImpl`` expires an offset once the clock reaches
+    that: a retention below -1 puts it in the past, and the offset is expired at the first
+    retention check. 0 does the same here (it expires at the commit's own millisecond; rcoord
+    takes no negative retention); it was taken for the default, a week."""
+    retention = getattr(req, "retention_time", None)
+    retention_ms = None if retention is None else millis(retention)
+    if retention_ms is None or retention_ms == -1:
+        return None
+    return max(retention_ms, 0)
 
 
 async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str, Any]:
@@ -96,17 +139,18 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
                 for p in t.partition_indexes]} for t in topics or ()]}
     wanted = None
     refused: list[dict[str, Any]] = []
-    named: list[TopicPartition] = []  # of the topics it may describe, in request order
+    described: list[Any] = []  # the request's topics it may describe, in request order
+    named = 0  # partitions named in those
     unasked = False  # a partition named that no commit can be stored under (``_may_be_stored``)
     if topics is not None:
         wanted = []
         for t in topics:
             if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t.name):
-                parts = [TopicPartition(t.name, p) for p in t.partition_indexes]
-                named += parts
-                storable = _may_be_stored(t.name)
-                wanted += [tp for tp in parts if storable and tp.partition >= 0]
-                unasked = unasked or len(wanted) < len(named)
+                described.append(t)
+                named += len(t.partition_indexes)
+                if _may_be_stored(t.name):
+                    wanted += [TopicPartition(t.name, p) for p in t.partition_indexes if p >= 0]
+                unasked = unasked or len(wanted) < named
             else:
                 refused.append({"name": t.name, "partitions": [
                     {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
@@ -118,14 +162,24 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str
         res = await conn.state.coordinator.fetch_offsets(group_id, wanted)
         error = res.error
         offsets = await _without_stale(conn, dict(res.offsets), listed=wanted is None)
-    if unasked or not exists:  # those have no commit: -1, no error, as Kafka answers
-        offsets = {tp: offsets.get(tp, _NO_COMMIT) for tp in named}
-    by_topic = _by_topic(offsets)
     if wanted is None:  # all the group's offsets: only those of topics the caller may see
-        by_topic = {t: parts for t, parts in by_topic.items()
-                    if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, t, log_denied=False)}
-    return {"group_id": group_id, "error_code": error, "topics": refused + [
-        {"name": topic, "partitions": _fetched(parts)} for topic, parts in by_topic.items()]}
+        answered = [{"name": topic, "partitions": _fetched(parts)}
+                    for topic, parts in _by_topic(offsets).items()
+                    if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, topic, log_denied=False)]
+    else:  # every entry asked for, in request order (one with no commit: -1, no error)
+        answered = [{"name": t.name, "partitions": _fetched(_asked(t, offsets))}
+                    for t in described]
+    # Kafka's fetchOffsetsForGroup: the coordinator's answers, then the topics refused.
+    return {"group_id": group_id, "error_code": error, "topics": answered + refused}
+
+
+def _asked(topic: Any, offsets: dict[TopicPartition, OffsetAndMetadata]
+           ) -> Iterator[tuple[int, OffsetAndMetadata]]:
+    """Each partition index of an OffsetFetch topic with its offset, twice if it is named
+    twice: Kafka's ``OffsetMetadataManager.fetchOffsets`` answers every index of every topic
+    entry of the request, in its order. Lazy, as ``_fetched``."""
+    for p in topic.partition_indexes:
+        yield p, offsets.get(TopicPartition(topic.name, p), _NO_COMMIT)
 
 
 _NO_COMMIT = OffsetAndMetadata(-1)
@@ -162,7 +216,7 @@ async def _without_stale(conn: Connection, offsets: dict[TopicPartition, OffsetA
     return offsets
 
 
-def _fetched(parts: list[tuple[int, OffsetAndMetadata]]) -> Iterator[dict[str, Any]]:
+def _fetched(parts: Iterable[tuple[int, OffsetAndMetadata]]) -> Iterator[dict[str, Any]]:
     """A topic's committed offsets in the response. An iterator: it runs where the response
     is encoded, on the topic threads (``offload``), not on the event loop; a group can hold
     the offsets of 100,000 partitions."""
