@@ -88,3 +88,19 @@ def test_clickstream_without_a_redis_url_is_a_usage_error_before_spark_starts():
     assert res.stderr.splitlines()[-1].endswith(
         "no Redis to read from: give --redis-url URL or set RCOORD_REDIS_URL")
     assert "Traceback" not in res.stderr
+
+
+def test_fault_worker_refused_for_its_session_exits_naming_the_setting(
+        redis_server, single_client, namespace, tmp_path):
+    # Its docstring's command used a 1.5 s session, below a fresh namespace's minimum (6 s):
+    # the worker then logged the same refusal about ten times a second for ever. A join
+    # refused for good now ends it (status 2), naming what to change.
+    Topics(single_client, namespace).create("t", 1)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "workers" / "fault_worker.py"), "--redis-url",
+         redis_server.url, "--namespace", namespace, "--group", "g", "--topic", "t", "--name",
+         "w1", "--history", str(tmp_path / "w1.jsonl"), "--session-timeout-ms", "1500"],
+        env=ENV, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "INVALID_SESSION_TIMEOUT" in res.stderr and "session_timeout_ms=1500" in res.stderr
+    assert res.stderr.count("refused") == 1, res.stderr

@@ -15,7 +15,12 @@ that succeeded is in the file (Kafka's ``commitSync`` after processing: at-least
 SIGTERM closes the consumer (revoke, leave) and exits; SIGKILL and SIGSTOP are the faults.
 
     python workers/fault_worker.py --redis-url URL --namespace NS --group G --topic T \
-        --name w1 --history w1.jsonl [--session-timeout-ms 1500 --heartbeat-interval-ms 300]
+        --name w1 --history w1.jsonl [--session-timeout-ms 10000 --heartbeat-interval-ms 300]
+
+The fault suite passes a session of 1-2 s and lowers its namespace's
+``group_min_session_timeout_ms`` to match; a fresh namespace takes Kafka's 6 s at least. A join
+refused for good (that session out of range, say) ends the worker with exit status 2 and the
+setting to change, as Kafka's ``poll()`` raises such a refusal as fatal.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def main() -> int:
     p.add_argument("--topic", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--history", required=True, help="file to append the history to")
-    p.add_argument("--session-timeout-ms", type=int, default=1500)
+    p.add_argument("--session-timeout-ms", type=int, default=10000)
     p.add_argument("--heartbeat-interval-ms", type=int, default=300)
     p.add_argument("--rebalance-timeout-ms", type=int, default=4000)
     p.add_argument("--assignor", action="append", default=None,
@@ -45,7 +50,13 @@ def main() -> int:
                         "roundrobin)")
     args = p.parse_args()
 
-    from rcoord.client import CommitFailedError, Consumer, ConsumerGroupConfig, client_from_url
+    from rcoord.client import (
+        CommitFailedError,
+        Consumer,
+        ConsumerGroupConfig,
+        JoinRefusedError,
+        client_from_url,
+    )
     from rcoord.errors import RcoordError
     from rcoord.protocol.offsets import TopicPartition
 
@@ -97,6 +108,12 @@ def main() -> int:
     while not stop.is_set():
         try:
             records = consumer.poll(timeout=0.2)
+        except JoinRefusedError as exc:  # fatal: every later poll raises it again
+            log.error("the group refused this member: %s%s", exc, f" ({exc.hint})" if exc.hint else "")
+            consumer.close(timeout=1)
+            out.close()
+            client.close()
+            return 2
         except Exception as exc:  # noqa: BLE001 - a join error is reported once; keep polling
             log.warning("poll: %s", exc)
             stop.wait(0.1)
