@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import Errors, InvalidRequestError
-from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of
+from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of, metadata_length
 from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
 from .api_admin import may_exist
@@ -111,8 +111,8 @@ def _commit_answer(topic: str, p: Any, codes: dict[TopicPartition, Any],
 
 def _fits(p: Any, limit: int) -> bool:
     """Whether an entry's metadata is within ``offset.metadata.max.bytes``, counted as Kafka
-    counts it (``String.length()``, UTF-16 code units) and as ``encode_commit`` does."""
-    return len((p.committed_metadata or "").encode("utf-16-le")) // 2 <= limit
+    counts it and as ``encode_commit`` does (``metadata_length``)."""
+    return metadata_length(p.committed_metadata or "") <= limit
 
 
 def _retention_ms(req: Any) -> int | None:

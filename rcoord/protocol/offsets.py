@@ -41,6 +41,7 @@ __all__ = [
     "encode_commit",
     "fetch_batches",
     "field_of",
+    "metadata_length",
     "retention_arg",
 ]
 
@@ -87,6 +88,12 @@ def parse_field(raw: bytes) -> TopicPartition:
     return TopicPartition(topic, int(p))
 
 
+def metadata_length(metadata: str) -> int:
+    """Commit metadata's length as ``offset.metadata.max.bytes`` bounds it: Kafka compares
+    ``String.length()``, UTF-16 code units, not bytes."""
+    return len(metadata.encode("utf-16-le")) // 2
+
+
 def encode_commit(offsets: Mapping[Any, Any],
                   max_metadata: int | None = None) -> tuple[list[TopicPartition], bytes]:
     """(partitions in request order, ARGV[7] of commit_offsets.lua).
@@ -118,8 +125,7 @@ def encode_commit(offsets: Mapping[Any, Any],
         offset = require_int64("offset", value.offset)
         meta = utf8("metadata", require_str("metadata", value.metadata))
         epoch = -1 if value.leader_epoch is None else require_int32("leader_epoch", value.leader_epoch)
-        # Kafka limits String.length(), i.e. UTF-16 code units.
-        utf16_len = len(value.metadata.encode("utf-16-le")) // 2
+        utf16_len = metadata_length(value.metadata)
         refused = max_metadata is not None and utf16_len > max_metadata
         total += len(f) + (0 if refused else len(meta))
         check_total("offsets (topics and metadata)", total, MAX_REQUEST_BYTES)
