@@ -225,6 +225,11 @@ class Scripts:
         return self._ready
 
     @property
+    def client(self) -> Any:
+        """The client the functions are called through."""
+        return self._client
+
+    @property
     def is_async(self) -> bool:
         """Whether the client is a ``redis.asyncio`` one (its commands are coroutines)."""
         return self._async

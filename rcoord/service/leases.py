@@ -122,8 +122,7 @@ class LeaseKeeper:
         return self._lease_keys[p]
 
     def _op(self, node: Any, p: int, op: str, target: str = "") -> str:
-        scripts = self._scripts if node is self._client else node_scripts(self._scripts, node)
-        holder = scripts.lease(
+        holder = node_scripts(self._scripts, node).lease(
             keys=[self._lease_keys[p]], args=[op, self.coordinator_id, self.ttl_ms, target]
         )
         return holder.decode() if isinstance(holder, bytes) else str(holder)

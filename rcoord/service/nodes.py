@@ -71,8 +71,12 @@ def node_client(client: Any, key: str) -> Any:
 
 
 def node_scripts(scripts: Scripts, node: Any) -> Scripts:
-    """``scripts`` called through ``node`` (a plain node client): a missing library is loaded on
-    that node alone, never through the cluster client."""
+    """``scripts``'s functions called through ``node``, the client ``each_node`` handed a piece
+    (``scripts`` itself when that is its own client: one node, or a piece sent again through the
+    cluster client): a missing library is loaded on that node alone, never through the cluster
+    client."""
+    if node is scripts.client:
+        return scripts
     with _skips_lock:
         found = _scripts.get(node)
         if found is None:

@@ -130,9 +130,6 @@ class Sweeper:
         with self._lock:
             self.backed_off.pop((p, group_id), None)
 
-    def _scripts_on(self, node: Any) -> Scripts:
-        return self._scripts if node is self._client else node_scripts(self._scripts, node)
-
     def sweep_due(self, source: str) -> int:
         """Apply the passed deadlines of every leased partition whose earliest one has passed.
 
@@ -247,7 +244,7 @@ class Sweeper:
             if self._stop.is_set() or (until is not None and time.monotonic() >= until):
                 break
             limit = DUE_BATCH + self._backed_off_in(p)
-            due = self._scripts_on(node).due_groups(keys=[pk.due], args=["", limit])
+            due = node_scripts(self._scripts, node).due_groups(keys=[pk.due], args=["", limit])
             now = float(due[0])
             groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
             ready = [g for g in groups if not self._waiting(p, g, now)]
@@ -264,7 +261,7 @@ class Sweeper:
         keys = self._pk[p].group(group_id)
         node = node if node is not None else node_client(self._client, keys.group)
         try:
-            reply = self._scripts_on(node).expire_deadlines(keys=keys.all(), args=["", group_id])
+            reply = node_scripts(self._scripts, node).expire_deadlines(keys=keys.all(), args=["", group_id])
         except MOVED:
             raise  # nodes.each_node runs the piece again through the cluster client
         except redis.ResponseError as exc:
