@@ -198,6 +198,18 @@ def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
         time.sleep(0.01)
 
 
+async def await_until(cond: Any, what: str = "condition", timeout_s: float = WAIT_S) -> None:
+    """``wait_until`` on an event loop: let the loop run until ``cond()`` holds; fail after
+    ``timeout_s`` (loop time) with ``what`` in the message."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, f"not reached in time: {what}"
+        await asyncio.sleep(0.01)
+
+
 @contextlib.contextmanager
 def socket_warnings() -> Iterator[list[str]]:
     """Yield a list that fills with every unclosed-socket ResourceWarning, or unraisable naming

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
-from harness import WAIT_S, wait_until
+from harness import WAIT_S, await_until, wait_until
 
 from rcoord import ConnectionLost, CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.asyncio import AsyncGroupCoordinator
@@ -67,7 +67,7 @@ def test_calls_stuck_on_a_stalled_master_leave_the_other_masters_served(redis_cl
         try:
             Counting.sent = 0
             stuck += [asyncio.create_task(coord.heartbeat("stuck", 1, "m")) for _ in range(bound + 1)]
-            await _until(lambda: Counting.sent >= bound)  # the stalled master's places taken
+            await await_until(lambda: Counting.sent >= bound)  # the stalled master's places taken
             answer = await asyncio.wait_for(coord.heartbeat(healthy, 1, "m"), WAIT_S)
             assert answer == Errors.UNKNOWN_MEMBER_ID
             assert not any(task.done() for task in stuck)  # answered during the stall
@@ -94,15 +94,6 @@ async def _formed(coord: AsyncGroupCoordinator) -> tuple[int, str]:
     joined = await asyncio.gather(*(coord.join_group("g", i, **FORM) for i in ids))
     assert {r.error for r in joined} == {Errors.NONE}
     return joined[0].generation_id, next(i for i in ids if i != joined[0].leader_id)
-
-
-async def _until(cond: Any) -> None:
-    """Let the loop run until ``cond()`` holds; fail after harness.WAIT_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def _settled(redis_server: Any, namespace: str) -> None:
@@ -163,7 +154,7 @@ def test_a_closed_coordinator_refuses_calls_until_started_again(redis_server, na
         coord = await AsyncGroupCoordinator(client, namespace).start()
         generation, follower = await _formed(coord)
         call = asyncio.create_task(coord.sync_group("g", generation, follower))
-        await _until(lambda: coord._wake_reads.reading() == 1)  # parked, its read in flight
+        await await_until(lambda: coord._wake_reads.reading() == 1)  # parked, its read in flight
         await coord.close()
         with pytest.raises(ConnectionLost):
             await asyncio.wait_for(call, WAIT_S)

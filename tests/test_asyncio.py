@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
-from harness import WAIT_S, wait_until
+from harness import await_until, wait_until
 
 from rcoord import (
     ConfigError,
@@ -217,15 +217,6 @@ def test_parked_reads_never_take_the_places_of_other_commands(request, backend, 
 FORM = dict(JOIN, session_timeout_ms=30_000, rebalance_timeout_ms=30_000)
 
 
-async def _until(cond: Any, what: str) -> None:
-    """Let the loop run until ``cond()`` holds; fail after harness.WAIT_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not cond():
-        assert loop.time() < deadline, f"not reached in time: {what}"
-        await asyncio.sleep(0.01)
-
-
 def _blocked_xreads(admin: Any) -> list[Any]:
     return [c for c in admin.client_list() if c.get("cmd") == "xread" and "b" in c.get("flags", "")]
 
@@ -290,7 +281,7 @@ def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
                      for i in ids if i != leader]
         wake = GroupKeys.of(namespace, coord.config.num_partitions, "g").wake
         loop = asyncio.get_running_loop()
-        await _until(lambda: coord._wake_reads.waiting(wake) == 5, "five followers parked")
+        await await_until(lambda: coord._wake_reads.waiting(wake) == 5, "five followers parked")
         blocked: list[Any] = []
 
         def one_blocked_read() -> bool:
@@ -299,10 +290,10 @@ def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
 
         await loop.run_in_executor(None, wait_until, one_blocked_read)
         admin.client_kill_filter(_id=blocked[0]["id"])
-        await _until(lambda: any(t.done() for t in followers), "a follower failed")
+        await await_until(lambda: any(t.done() for t in followers), "a follower failed")
         assert sum(t.done() for t in followers) == 1  # (all five were failed by the one read)
         # The others read again: parked, not failed (their 30 s rebalance is far off).
-        await _until(lambda: coord._wake_reads.waiting(wake) == 4, "four followers parked")
+        await await_until(lambda: coord._wake_reads.waiting(wake) == 4, "four followers parked")
         assert sum(t.done() for t in followers) == 1
         mine = await coord.sync_group("g", gen, leader, assignments={i: i.encode() for i in ids})
         assert mine.error == Errors.NONE
@@ -349,7 +340,7 @@ def test_a_read_nobody_waits_for_ends_and_close_ends_them_all(own_server, namesp
 
         async def parked() -> asyncio.Task[Any]:
             call = asyncio.create_task(coord.sync_group("g", gen, follower))
-            await _until(lambda: reads.waiting(wake) == 1
+            await await_until(lambda: reads.waiting(wake) == 1
                          and reads._streams[wake].reader is not None, "parked, read in flight")
             await loop.run_in_executor(None, wait_until, lambda: len(_blocked_xreads(admin)) == 1)
             return call

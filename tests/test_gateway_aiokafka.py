@@ -13,17 +13,11 @@ pytest.importorskip("kio")
 aiokafka = pytest.importorskip("aiokafka")
 
 from gateway_harness import GatewayThread
+from harness import await_until
 
 from rcoord.topics import Topics
 
 WAIT_S = 60.0
-
-
-async def _until(cond: Any) -> None:
-    """Wait for ``cond()`` to hold (polled), failing after WAIT_S."""
-    async with asyncio.timeout(WAIT_S):
-        while not cond():
-            await asyncio.sleep(0.05)
 
 
 def test_aiokafka_produces_and_consumes_keys_and_headers(gateway: GatewayThread,
@@ -103,15 +97,15 @@ def test_aiokafka_group_of_two_forms_rebalances_and_commits(gateway: GatewayThre
             return {tp.partition for tp in c.assignment()}
 
         try:
-            await _until(lambda: parts(a) and parts(b) and parts(a) | parts(b) == {0, 1, 2, 3}
-                         and not parts(a) & parts(b))
-            await _until(lambda: len(seen) == 40)
+            await await_until(lambda: parts(a) and parts(b) and parts(a) | parts(b) == {0, 1, 2, 3}
+                              and not parts(a) & parts(b), timeout_s=WAIT_S)
+            await await_until(lambda: len(seen) == 40, timeout_s=WAIT_S)
             stop.set()
             await asyncio.gather(*tasks)
             await b.stop()  # LeaveGroup: a gets every partition
             stop.clear()
             tasks = [asyncio.create_task(poll(a))]
-            await _until(lambda: parts(a) == {0, 1, 2, 3})
+            await await_until(lambda: parts(a) == {0, 1, 2, 3}, timeout_s=WAIT_S)
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
