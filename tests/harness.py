@@ -185,14 +185,18 @@ def without_join_delay(client: Any, namespace: str) -> None:
                                                group_initial_rebalance_delay_ms=0)).start()
 
 
-def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S) -> None:
-    """Poll ``cond`` (running ``step`` between polls) until it holds; fail after ``timeout_s``."""
+def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S,
+               why: Any = None) -> None:
+    """Poll ``cond`` (running ``step`` between polls) until it holds; fail after ``timeout_s``,
+    with what ``why()`` returns (if given) in the message: what a rare failure needs to be
+    understood (a process's log, its threads' stacks), gathered only then."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
+            raise AssertionError("condition not reached in time"
+                                 + ("" if why is None else f"\n{why()}"))
         if step is not None:
             step()
         time.sleep(0.01)

@@ -240,12 +240,14 @@ def test_sigkill_of_the_groups_master_promotes_its_replica_and_loses_at_most_the
     promoted = time.time()
     # The service's expired-key listener follows the promotion: it hears the promoted replica
     # and no longer the dead master, having said so once (not once per reconnect attempt).
-    wait_until(lambda: promoted_addr in _health(svc)["keyspace_nodes"], timeout_s=20)
+    wait_until(lambda: promoted_addr in _health(svc)["keyspace_nodes"], timeout_s=20,
+               why=svc.diagnose)
     heard = _health(svc)["keyspace_nodes"]
     assert dead not in heard and len(heard) == 3, heard
     lost_logs = [x for x in _logged(svc, "keyspace_lost") if x.get("node") == dead]
     assert len(lost_logs) == 1, lost_logs
-    wait_until(lambda: any("nodes" in x for x in _logged(svc, "listener_recovered")))
+    wait_until(lambda: any("nodes" in x for x in _logged(svc, "listener_recovered")),
+               why=svc.diagnose)
     sc.drain()
     assert _commits_after(sc, promoted) > 0
     assert sc.produced == sc.records

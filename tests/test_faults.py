@@ -171,6 +171,18 @@ class Service:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def diagnose(self, tail: int = 12_000) -> str:
+        """The end of the process's output after it wrote every thread's stack (SIGUSR1): what
+        a wait on the service that failed needs to be understood."""
+        if self.alive:
+            size = self.out.stat().st_size
+            self.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and "Thread 0x" not in \
+                    self.out.read_text(errors="replace")[size:]:
+                time.sleep(0.05)
+        return f"service output (last {tail} chars):\n" + self.out.read_text(errors="replace")[-tail:]
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -211,6 +211,25 @@ def test_sigterm_releases_leases_at_once(redis_server, single_client, namespace,
     wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=10)
 
 
+def test_sigusr1_writes_every_threads_stack_and_changes_nothing(redis_server, single_client,
+                                                                 namespace, procs):
+    # For a process that seems stuck, as a JVM's thread dump is for a Kafka broker: without it,
+    # a service that silently stopped acting (a CI run of test_resharding) left nothing to read.
+    coord = _setup(single_client, namespace)
+    procs.append(Proc(redis_server.url, namespace, "dumped"))
+    wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=15)
+    procs[0].proc.send_signal(signal.SIGUSR1)
+    # It goes on: a member that goes silent afterwards is expired by it, and it is healthy.
+    mid = _lonely_member(coord, "g")
+    wait_until(lambda: not _is_member(coord, "g", mid), timeout_s=10)
+    assert procs[0].proc.poll() is None
+    assert procs[0].health().get("status") == "ok" and procs[0].health().get("leases") == 50
+    out = procs[0].stop(signal.SIGTERM)
+    assert procs[0].proc.returncode == 0, out
+    # Every thread's stack: the timer loop (the main thread) and the lease thread among them.
+    assert "Thread 0x" in out and "_lease_loop" in out and " in run" in out, out[-3000:]
+
+
 def test_cluster_coordinator_hears_expiry_events_from_every_master(redis_cluster, namespace, procs):
     client = redis_cluster.client()
     coord = _setup(client, namespace)

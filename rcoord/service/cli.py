@@ -34,6 +34,10 @@ URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users),
 single node or any node of a Redis Cluster (detected from the server). The TLS files become
 redis-py's URL arguments (``?ssl_ca_certs=...``), which may also be written in the URL itself.
 
+SIGTERM and SIGINT stop the process gracefully (its leases are released). SIGUSR1 writes the
+stack of every thread to stderr and changes nothing: for a process that seems stuck, as a JVM's
+thread dump is for a Kafka broker (``kill -QUIT``, ``jstack``).
+
 A setting or connection that does not work is one line on stderr (``rcoord coordinator: error:
 ...``) and exit status 2 (a bad flag, or a metrics port already in use: found before any lease
 is taken) or 1 (Redis unreachable, refused the login, or a missing ACL permission);
@@ -43,6 +47,7 @@ is taken) or 1 (Redis unreachable, refused the login, or a missing ACL permissio
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -177,6 +182,13 @@ def coordinator_main(args: argparse.Namespace) -> int:
     # graceful stop too, not a kill.
     signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
     signal.signal(signal.SIGINT, lambda *_: service._stop.set())
+    if hasattr(signal, "SIGUSR1"):  # (not on Windows)
+        # Written by the interpreter itself, with no lock taken: it works while every thread
+        # is blocked, which is when it is needed.
+        try:
+            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+        except (AttributeError, ValueError, OSError):  # stderr is no file (called in-process)
+            pass
     try:
         service.start()
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
