@@ -484,8 +484,12 @@ def test_a_heartbeat_refused_a_permission_closes_the_group(fake_group: Any) -> N
     state = OneMemberGroup()
     state.heartbeat_default = redis.exceptions.NoPermissionError(
         "User w has no permissions to run the 'fcall' command")
+    # The first heartbeat waits until the generation is taken: it could otherwise close the
+    # group first, and next() raise at once (a loaded machine running two test processes).
+    state.heartbeats_flow.clear()
     group = fake_group(state)
     gen = group.next(timeout=WAIT_S)
+    state.heartbeats_flow.set()
     with pytest.raises(MissingPermissionError, match="run the 'fcall' command"):
         group.next(timeout=WAIT_S)
     assert gen.done.is_set() and gen.lost and group.closed
