@@ -51,7 +51,10 @@ class StatusServer:
             raise ConfigError(
                 f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} (choose another "
                 "metrics port, or 0 for any free one)") from exc
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rcoord-http", daemon=True)
+        # Polled for a stop every 0.2 s: shutdown() waits for the next poll (0.5 s by default,
+        # a quarter of the stop's whole budget; service.STOP_GRACE_MS).
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
+                                        name="rcoord-http", daemon=True)
 
     @property
     def port(self) -> int:

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 
 from ..keys import PartitionKeys
 from ..scripts import Scripts
-from .nodes import NODE_FAILURES, each_node, node_client, node_scripts
+from .nodes import NODE_FAILURES, each_node, node_scripts, on_node
 
 __all__ = ["plan", "LeaseKeeper"]
 
 log = logging.getLogger("rcoord.service")
+T = TypeVar("T")
 
 
 def _rank(coordinator_id: str, partition: int) -> int:
@@ -88,19 +89,22 @@ class LeaseKeeper:
         """Broadcast channel: a coordinator joined or left; everyone re-plans at once."""
         return f"{self._namespace}:coordinators"
 
-    def _registry_node(self) -> Any:
-        """The registry's node, through its own client: never the cluster client's retries."""
-        return node_client(self._client, self.registry_key)
+    def _on_registry_node(self, call: Callable[[Any], T]) -> T:
+        """``call`` through the registry's node's own client (never the cluster client's
+        retries), with that node's backoff and log (``nodes.on_node``)."""
+        return on_node(self._client, self.registry_key, call)
 
     def register(self) -> list[str]:
-        node = self._registry_node()
-        sec, usec = node.time()
-        now = int(sec) * 1000 + int(usec) // 1000
-        pipe = node.pipeline(transaction=False)
-        pipe.zadd(self.registry_key, {self.coordinator_id: now + self.ttl_ms})
-        pipe.zremrangebyscore(self.registry_key, "-inf", now)
-        pipe.zrange(self.registry_key, 0, -1)
-        live = sorted(x.decode() for x in pipe.execute()[2])
+        def run(node: Any) -> list[Any]:
+            sec, usec = node.time()
+            now = int(sec) * 1000 + int(usec) // 1000
+            pipe = node.pipeline(transaction=False)
+            pipe.zadd(self.registry_key, {self.coordinator_id: now + self.ttl_ms})
+            pipe.zremrangebyscore(self.registry_key, "-inf", now)
+            pipe.zrange(self.registry_key, 0, -1)
+            return list(pipe.execute()[2])
+
+        live = sorted(x.decode() for x in self._on_registry_node(run))
         self.live = live
         return live
 
@@ -114,8 +118,9 @@ class LeaseKeeper:
         except NODE_FAILURES as exc:
             if not self.live:
                 raise
-            log.warning("the coordinator registry cannot be reached; keeping the last plan",
-                        extra={"event": "node_error", "why": str(exc), "live": self.live})
+            # (The node's failure is logged once per outage, by nodes.py.)
+            log.debug("the coordinator registry cannot be reached; keeping the last plan",
+                      extra={"event": "registry_unreachable", "why": str(exc), "live": self.live})
             return self.live
 
     def _lease_key(self, p: int) -> str:
@@ -172,8 +177,9 @@ class LeaseKeeper:
         lapse with it; the sweeper could not reach those partitions either); the next round
         takes them again once the node answers."""
         unreachable.update(partitions)
-        log.warning("a node's leases could not be renewed", extra={
-            "event": "node_error", "partitions": partitions, "why": str(exc)})
+        # (The node's failure is logged once per outage, by nodes.py.)
+        log.debug("a node's leases could not be renewed", extra={
+            "event": "leases_unreachable", "partitions": partitions, "why": str(exc)})
 
     def step(self) -> set[int]:
         """Register, then take, renew or hand off leases so the plan holds; return what we own.
@@ -216,10 +222,10 @@ class LeaseKeeper:
         (a lease on a node that fails lapses by itself)."""
         self._ops([(p, "release", "") for p in sorted(self.owned)], set())
         self.owned = set()
-        self._registry_node().zrem(self.registry_key, self.coordinator_id)
+        self._on_registry_node(lambda node: node.zrem(self.registry_key, self.coordinator_id))
         self.announce(b"left")
 
     def announce(self, what: bytes) -> None:
         """Tell the other coordinators (``channel``), through the registry's node: a message
         published on one node of a cluster reaches every node's subscribers."""
-        self._registry_node().publish(self.channel, what)
+        self._on_registry_node(lambda node: node.publish(self.channel, what))

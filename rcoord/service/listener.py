@@ -133,11 +133,14 @@ class Listener:
         t.start()
         self._threads.append(t)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop the threads, waiting for them ``timeout`` seconds in all (a thread blocked in a
+        call a node does not answer is left behind: daemons, failed by the client's close)."""
         self._stop.set()
         self._lost.set()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout=3)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     # -- topology --------------------------------------------------------------------------------
 

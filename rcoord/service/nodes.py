@@ -19,14 +19,25 @@ client, whose pipeline retries a timed-out node command by command with topology
 pipeline of 16 calls to a SIGSTOPped master had not returned after 90 s). A node that timed out
 is failed at once for a short while (``SKIP_FIRST_MS``, doubling up to ``SKIP_MAX_MS``) instead
 of costing every round a socket timeout.
+
+A node that refuses (killed: connection refused; CLUSTERDOWN; out of memory) is likewise left
+alone for ``RETRY_FIRST_MS``, doubling up to ``RETRY_MAX_MS``, as Kafka's client waits
+``reconnect.backoff.ms`` (doubling up to ``reconnect.backoff.max.ms``, 1 s) before it connects
+to a failed broker again (``ClusterConnectionStates``): every round (lease renewal, event tail,
+index re-read, sweep) used to ask a dead master again, each logging a ``node_error`` line (about
+8 a second for as long as it was down). A node's failure is logged here, once per outage as
+Kafka's ``NetworkClient`` logs a disconnected node once per state change: when it starts, then at
+most every ``LOG_EVERY_S`` with the number of failures left out, and once when it answers again.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -35,8 +46,8 @@ import redis.cluster
 from ..errors import ConnectionLost
 from ..scripts import Scripts
 
-__all__ = ["NODE_FAILURES", "each_node", "node_client", "node_scripts", "on_any_node",
-           "split_by_node"]
+__all__ = ["LOG_EVERY_S", "NODE_FAILURES", "disconnect_all", "each_node", "forget_failures",
+           "node_client", "node_scripts", "on_any_node", "on_node", "split_by_node"]
 
 T = TypeVar("T")
 
@@ -51,9 +62,36 @@ piece is run again through the cluster client, which follows the slot (a reshard
 SKIP_FIRST_MS = 1000
 SKIP_MAX_MS = 5000
 """A node that timed out fails at once for 1 s, doubling up to 5 s while it keeps timing out."""
+RETRY_FIRST_MS = 200
+RETRY_MAX_MS = 1000
+"""A node that refused fails at once for 200 ms, doubling up to 1 s (Kafka's
+``reconnect.backoff.max.ms``): its deadlines still act within about a second of it answering."""
+LOG_EVERY_S = 30.0
+"""While a node keeps failing, one line this often at most (with the count left out)."""
 
-_skips: weakref.WeakKeyDictionary[Any, dict[str, tuple[float, int]]] = weakref.WeakKeyDictionary()
-"""cluster client -> node name -> (monotonic time until which it is skipped, timeouts so far)."""
+log = logging.getLogger("rcoord.service")
+
+
+@dataclass
+class _Failing:
+    """A node that failed and has not answered since."""
+
+    since: float
+    """When it began failing (monotonic)."""
+    logged: float
+    """When its failure was last logged (monotonic)."""
+    until: float = 0.0
+    """Until when it is not asked (monotonic)."""
+    tries: int = 0
+    """Times it was asked and failed (the backoff doubles with each)."""
+    failures: int = 0
+    """Failures in a row: pieces it failed, asked or skipped."""
+    suppressed: int = 0
+    """Failures since the last line."""
+
+
+_failing: weakref.WeakKeyDictionary[Any, dict[str, _Failing]] = weakref.WeakKeyDictionary()
+"""cluster client -> node name -> its failure."""
 _skips_lock = threading.Lock()
 _scripts: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
 """node client -> the library's functions called through it."""
@@ -103,21 +141,58 @@ def _split(client: Any, items: Sequence[T], key_of: Callable[[T], str]) -> list[
     return list(pieces.values())
 
 
-def _skipped(client: Any, name: str) -> bool:
+class _SkippedError(redis.ConnectionError):
+    """A piece not sent: its node failed a moment ago (``_skipped``)."""
+
+
+def _skipped(client: Any, name: str) -> _SkippedError | None:
+    """The error of a piece for a node left alone for now (counted as one more failure), or
+    None if the node may be asked."""
     with _skips_lock:
-        return _skips.get(client, {}).get(name, (0.0, 0))[0] > time.monotonic()
+        failing = _failing.get(client, {}).get(name)
+        if failing is None or failing.until <= time.monotonic():
+            return None
+    exc = _SkippedError(f"{name} failed a moment ago; skipped for now")
+    _note(client, name, exc)
+    return exc
 
 
 def _note(client: Any, name: str, exc: BaseException | None) -> None:
-    """Skip a node that timed out for a while (doubling); forget it once it answers."""
+    """Record a node's outcome: a failure (``NODE_FAILURES``) leaves the node alone for a while
+    (doubling: ``SKIP_*`` after a timeout, ``RETRY_*`` else) and is logged when the outage
+    starts and then at most every ``LOG_EVERY_S``; an answer ends the outage (logged once)."""
+    now = time.monotonic()
     with _skips_lock:
-        skips = _skips.setdefault(client, {})
+        nodes = _failing.setdefault(client, {})
+        failing = nodes.get(name)
         if exc is None:
-            skips.pop(name, None)
-        elif isinstance(exc, redis.TimeoutError):
-            failures = skips.get(name, (0.0, 0))[1]
-            wait_ms = min(SKIP_MAX_MS, SKIP_FIRST_MS * 2 ** min(failures, 10))
-            skips[name] = (time.monotonic() + wait_ms / 1000, failures + 1)
+            if failing is not None:
+                del nodes[name]
+                log.info("a Redis node answers again", extra={
+                    "event": "node_recovered", "node": name, "failures": failing.failures,
+                    "failed_ms": int((now - failing.since) * 1000)})
+            return
+        if not isinstance(exc, NODE_FAILURES):
+            return  # the node answered (a script's error concerns one call)
+        first = failing is None
+        if failing is None:
+            failing = nodes[name] = _Failing(since=now, logged=now)
+        if not isinstance(exc, _SkippedError):
+            first_ms, max_ms = ((SKIP_FIRST_MS, SKIP_MAX_MS) if isinstance(exc, redis.TimeoutError)
+                                else (RETRY_FIRST_MS, RETRY_MAX_MS))
+            failing.until = now + min(max_ms, first_ms * 2 ** min(failing.tries, 10)) / 1000
+            failing.tries += 1
+        failing.failures += 1
+        if first:
+            log.warning("a Redis node fails; its partitions wait until it answers", extra={
+                "event": "node_error", "node": name, "why": str(exc)})
+        elif now - failing.logged >= LOG_EVERY_S:
+            log.warning("a Redis node still fails", extra={
+                "event": "node_error", "node": name, "why": str(exc),
+                "suppressed": failing.suppressed, "failed_ms": int((now - failing.since) * 1000)})
+            failing.logged, failing.suppressed = now, 0
+        else:
+            failing.suppressed += 1
 
 
 def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
@@ -160,11 +235,12 @@ def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
 
 def _run(client: Any, node: Any, via: Any, piece: list[T],
          work: Callable[[Any, list[T]], None]) -> BaseException | None:
-    """One piece; what it raised (None if nothing). A node that timed out a moment ago fails
-    at once; a node that answers that the slot moved has the piece run through the cluster
-    client, which follows it."""
-    if node is not None and _skipped(client, node.name):
-        return redis.TimeoutError(f"{node.name} timed out a moment ago; skipped for now")
+    """One piece; what it raised (None if nothing). A node that failed a moment ago fails at
+    once; a node that answers that the slot moved has the piece run through the cluster client,
+    which follows it."""
+    skipped = _skipped(client, node.name) if node is not None else None
+    if skipped is not None:
+        return skipped
     try:
         try:
             work(via, piece)
@@ -181,21 +257,65 @@ def _run(client: Any, node: Any, via: Any, piece: list[T],
     return None
 
 
-def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
-    """``call(node)`` on the first master that answers (one node: ``client``), skipping one
-    that timed out a moment ago: for what any node can answer (the server's ``TIME``)."""
+def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
+    """``call(node)`` through the plain client of the node serving ``key`` (one node:
+    ``client``), with that node's backoff and log (``each_node``'s, for one call)."""
     if not _cluster(client):
         return call(client)
-    nodes = client.get_primaries()
+    node = client.get_node_from_key(key)
+    skipped = _skipped(client, node.name)
+    if skipped is not None:
+        raise skipped
+    try:
+        result = call(client.get_redis_connection(node))
+    except NODE_FAILURES as exc:
+        _note(client, node.name, exc)
+        raise
+    _note(client, node.name, None)
+    return result
+
+
+def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
+    """``call(node)`` on the first master that answers (one node: ``client``), leaving out
+    those that failed a moment ago: for what any node can answer (the server's ``TIME``). Before,
+    the left-out ones were asked last rather than not at all, so with every master hung one
+    call cost a socket timeout per master (15 s with the default lease TTL)."""
+    if not _cluster(client):
+        return call(client)
     error: BaseException | None = None
-    for node in sorted(nodes, key=lambda n: _skipped(client, n.name)):
+    for node in client.get_primaries():
+        skipped = _skipped(client, node.name)
+        if skipped is not None:
+            error = error or skipped
+            continue
         try:
             result = call(client.get_redis_connection(node))
         except NODE_FAILURES as exc:
             _note(client, node.name, exc)
-            error = error or exc
+            error = exc
             continue
         _note(client, node.name, None)
         return result
     assert error is not None
     raise error
+
+
+def disconnect_all(client: Any) -> None:
+    """Shut every connection of ``client``, those in use included: a call blocked in one (on a
+    node that never answers) fails at once, as Kafka's ``consumer.wakeup()`` aborts a blocking
+    call from another thread. The client connects again on its next call."""
+    if _cluster(client):
+        pools = {id(pool): pool for pool in (
+            node.redis_connection.connection_pool for node in client.get_nodes()
+            if node.redis_connection is not None)}
+    else:
+        pools = {id(client.connection_pool): client.connection_pool}
+    for pool in pools.values():
+        pool.disconnect()
+
+
+def forget_failures(client: Any) -> None:
+    """Ask every node of ``client`` again at its next call, whatever it failed before (the
+    calls ``disconnect_all`` failed say nothing of their nodes)."""
+    with _skips_lock:
+        _failing.pop(client, None)

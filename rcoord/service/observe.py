@@ -67,9 +67,10 @@ class EventTail:
             seen.append(self._poll_node(node, partitions))
 
         for partitions, exc in each_node(self._client, ps, self._events_key, read):
-            # Read on from where this process stopped once the node answers.
-            log.warning("reading a node's group events failed; read on later", extra={
-                "event": "node_error", "partitions": partitions, "why": str(exc)})
+            # Read on from where this process stopped once the node answers. (The node's
+            # failure is logged once per outage, by nodes.py.)
+            log.debug("reading a node's group events failed; read on later", extra={
+                "event": "events_unread", "partitions": partitions, "why": str(exc)})
         return sum(seen)
 
     def _events_key(self, p: int) -> str:

@@ -34,7 +34,7 @@ from .http import StatusServer
 from .leases import LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
-from .nodes import NODE_FAILURES, node_client
+from .nodes import LOG_EVERY_S, NODE_FAILURES, disconnect_all, forget_failures, on_node
 from .observe import EventTail, sample_groups
 from .retention import MAX_RETENTION_CHECK_INTERVAL_MS, RetentionKeeper
 from .sweeper import Sweeper
@@ -54,6 +54,15 @@ WATCH_GAP_MS = 1000
 """A gap this long (and two lease periods) between two of the lease thread's own stall checks
 means the thread itself did not run (the whole process paused: SIGSTOP, a frozen VM, a long GC):
 the timer loop's silence is then measured from the end of the gap, not across it."""
+STOP_GRACE_MS = 800
+"""How long a stop waits for calls in flight (the timer loop's turn; then, in ``stop()``, the
+lease round, the last read of the events and the lease release) before it shuts the client's
+connections under them, as Kafka's ``KafkaConsumer.close(timeout)`` waits for its LeaveGroup
+and commits only until its timer expires (``ConsumerCoordinator.close(Timer)``). On a Redis
+that answers, all of it takes milliseconds and the leases are released; with every master
+hung (or vanished) each call waited a socket timeout (a lease TTL, 5 s by default), and a
+SIGTERM took 7-18 s, past Docker's 10 s grace."""
+INTERRUPT_EVERY_S = 0.1
 LOOP_PAUSE_MS = 200
 LOOP_PAUSE_MAX_MS = 1000
 """The timer loop's wait after a failed turn: 200 ms, doubling up to 1 s, so deadlines act
@@ -65,6 +74,45 @@ def _db_of(client: Any) -> int:
     """The database the client uses (keyspace events are per database)."""
     pool = getattr(client, "connection_pool", None)
     return int(pool.connection_kwargs.get("db", 0)) if pool is not None else 0
+
+
+class _Repeated:
+    """A failure that comes back every round while Redis is down (a lease round fails 4 times
+    per lease TTL): logged when it starts, then at most every ``nodes.LOG_EVERY_S`` with the
+    count left out, and once when it ends, as ``nodes`` logs a node's outage (Kafka's
+    ``NetworkClient`` logs a disconnected node once per state change). Before, every failed
+    lease round was a warning line: 3 a second while the cluster was down."""
+
+    def __init__(self, event: str, message: str) -> None:
+        self._event, self._message = event, message
+        self._since: float | None = None
+        self._logged = 0.0
+        self._suppressed = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = self._logged = now
+            log.warning(self._message, extra={"event": self._event, "why": str(exc)})
+        elif now - self._logged >= LOG_EVERY_S:
+            log.warning(self._message, extra={
+                "event": self._event, "why": str(exc), "suppressed": self._suppressed,
+                "failed_ms": int((now - self._since) * 1000)})
+            self._logged, self._suppressed = now, 0
+        else:
+            self._suppressed += 1
+
+    def succeeded(self) -> None:
+        if self._since is not None:
+            log.info(self._message + ": over", extra={
+                "event": self._event + "_over",
+                "failed_ms": int((time.monotonic() - self._since) * 1000)})
+            self._since, self._suppressed = None, 0
+
+
+def _left(deadline: float) -> float:
+    """Seconds until the monotonic ``deadline`` (0 once it passed)."""
+    return max(0.0, deadline - time.monotonic())
 
 
 def default_id() -> str:
@@ -154,6 +202,10 @@ class CoordinatorService:
         self._last_alive = 0.0  # the timer loop's last sign of life (a turn begun or failed)
         self._running = False
         """``run()`` (the timer loop) has started: from then on leases need its turns."""
+        self._loop_ended = threading.Event()
+        """``run()`` has returned."""
+        self._interrupted = False
+        """A stop shut the connections under calls in flight (``_interrupt_when_stopped``)."""
         """When the timer loop last completed a turn (monotonic): leases renewed by a process
         whose timer loop is stuck would hold partitions nobody sweeps, so health checks both."""
         self._http: StatusServer | None = None
@@ -219,6 +271,9 @@ class CoordinatorService:
         self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
                                                daemon=True)
         self._sample_thread.start()
+        if self._made_client:  # (a client passed in is the caller's, maybe used elsewhere too)
+            threading.Thread(target=self._interrupt_when_stopped, name="rcoord-stop",
+                             daemon=True).start()
         if cfg.retention_check_interval_ms > 0:
             self.retention = RetentionKeeper(
                 self._client, cfg.namespace, n, self.metrics, self._confirmed_leases,
@@ -252,39 +307,71 @@ class CoordinatorService:
         not have been logged yet, so only released)."""
         self._stop.set()
         self._lease_wake.set()
+        deadline = time.monotonic() + STOP_GRACE_MS / 1000
         if self._lease_thread is not None:
-            self._lease_thread.join(timeout=5)
-        leases = getattr(self, "leases", None)
-        if leases is not None:
-            if not release:
-                try:
-                    # Log what happened since the last look, so a stop loses no transition or
-                    # expiry.
-                    self.tail.poll(set(leases.owned))
-                except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                    log.warning("could not read the last events",
-                                extra={"event": "tail_failed", "why": str(exc)})
-            try:
-                leases.release_all()
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                log.warning("could not release leases",
-                            extra={"event": "release_failed", "why": str(exc)})
+            self._lease_thread.join(_left(deadline))
+        if getattr(self, "leases", None) is not None:
+            # On a thread of its own, so that a Redis that does not answer holds the stop for
+            # the grace only; on one that answers, the leases are released as before.
+            last = threading.Thread(target=self._leave, args=(release,), name="rcoord-leave",
+                                    daemon=True)
+            last.start()
+            last.join(_left(deadline))
         if self.listener is not None:
-            self.listener.stop()
+            self.listener.stop(_left(deadline))
         if self._http is not None:
             self._http.stop()
-        if self._sample_thread is not None:
-            self._sample_thread.join(timeout=5)
-        if self._retention_thread is not None:
-            # Between two topics it sees the stop at once; within one, after that topic's
-            # apply_retention (bounded calls, each within the socket timeout).
-            self._retention_thread.join(timeout=5)
+        for thread in (self._sample_thread, self._retention_thread):
+            # The retention thread sees the stop between two topics; within one, after that
+            # topic's apply_retention. Left behind (a daemon) if it is still in a call then.
+            if thread is not None:
+                thread.join(_left(deadline))
         if self._made_client and self._client is not None:
             try:
+                # (Also fails at once what the threads left behind still wait for.)
                 self._client.close()
             except Exception as exc:  # noqa: BLE001 - best effort on the way out
                 log.warning("could not close the Redis client",
                             extra={"event": "close_failed", "why": str(exc)})
+
+    def _leave(self, release: bool) -> None:
+        """Log the events since the last look (so a stop loses no transition or expiry; not on
+        a failed start: the leases may not have been logged yet), then release the leases."""
+        if self._interrupted:
+            # The calls the stop failed on purpose must not leave healthy nodes unasked.
+            forget_failures(self._client)
+        if not release:
+            try:
+                self.tail.poll(set(self.leases.owned))
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not read the last events",
+                            extra={"event": "tail_failed", "why": str(exc)})
+        try:
+            self.leases.release_all()
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.warning("could not release leases",
+                        extra={"event": "release_failed", "why": str(exc)})
+
+    def _interrupt_when_stopped(self) -> None:
+        """Once a stop is asked for, give the timer loop ``STOP_GRACE_MS`` to end its turn, then
+        shut the client's connections, so that a call Redis does not answer (every master hung
+        or gone) fails at once instead of after a socket timeout per call; ``stop()`` can only
+        follow ``run()`` (the CLI runs it on the main thread). Again every ``INTERRUPT_EVERY_S``
+        until the loop ends: a call that failed may go on to another node (the server's time is
+        read from the first master that answers) on a new connection."""
+        self._stop.wait()
+        if not self._running or self._loop_ended.wait(STOP_GRACE_MS / 1000):
+            return
+        self._interrupted = True
+        while True:
+            try:
+                disconnect_all(self._client)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("could not interrupt the calls in flight",
+                            extra={"event": "close_failed", "why": str(exc)})
+                return
+            if self._loop_ended.wait(INTERRUPT_EVERY_S):
+                return
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy while both the lease thread and the timer loop make progress: a turn of the
@@ -320,6 +407,7 @@ class CoordinatorService:
         period = self.config.lease_ttl_ms / 4000.0
         published = set(self._owned)
         settings_problem = ""
+        failing = _Repeated("lease_error", "lease round failed")
         gap = max(2 * period, WATCH_GAP_MS / 1000)
         checked = self._watch_since = time.monotonic()
         while not self._stop.is_set():
@@ -344,8 +432,9 @@ class CoordinatorService:
                 settings_problem = ""
             except NODE_FAILURES as exc:
                 # Their node failing must not stop the renewal of the leases on the others.
-                log.warning("checking the namespace settings failed", extra={
-                    "event": "node_error", "why": str(exc)})
+                # (The node's failure is logged once per outage, by nodes.py.)
+                log.debug("checking the namespace settings failed", extra={
+                    "event": "settings_unreachable", "why": str(exc)})
             except Exception as exc:  # noqa: BLE001 - the leases must go on being renewed
                 # Settings stored that cannot be settled (another party wrote values that
                 # contradict each other, or a script refused): this process keeps the settings
@@ -368,8 +457,9 @@ class CoordinatorService:
             except Exception as exc:  # noqa: BLE001 - keep trying; health reports staleness
                 # (and once the last round is a TTL old, the leases lapsed: ``_leases_held``
                 # reports none, where the gauge and /healthz kept the old count before)
-                log.warning("lease round failed", extra={"event": "lease_error", "why": str(exc)})
+                failing.failed(exc)
                 continue
+            failing.succeeded()
             self._owned = owned
             if owned != published:
                 published = set(owned)
@@ -422,7 +512,7 @@ class CoordinatorService:
         key = settings_key(self.config.namespace)
         # Through its node's own client: a hung master there fails this within the socket
         # timeout (no cluster retries), and the lease round goes on (nodes.py).
-        raw = node_client(self._client, key).hmget(key, "version", "num_partitions")
+        raw = on_node(self._client, key, lambda node: node.hmget(key, "version", "num_partitions"))
         version = None if raw[0] is None else int(raw[0])
         if version != self._coord.settings_version:
             was_version = self._coord.settings_version
@@ -467,13 +557,19 @@ class CoordinatorService:
     def run(self) -> None:
         """The timer loop; returns when ``stop()`` is called (from a signal or another thread)."""
         index = self.config.wake != "hints"
+        self._last_turn_ok = self._last_alive = time.monotonic()
+        self._running = True
+        try:
+            self._timer_loop(index)
+        finally:
+            self._loop_ended.set()
+
+    def _timer_loop(self, index: bool) -> None:
         sweeper = self.sweeper
         synced = False
         owned: set[int] = set()
         last_resync = last_tail = 0.0
         pause = LOOP_PAUSE_MS
-        self._last_turn_ok = self._last_alive = time.monotonic()
-        self._running = True
         while not self._stop.is_set():
             self._last_alive = time.monotonic()
             try:

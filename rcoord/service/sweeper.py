@@ -208,8 +208,9 @@ class Sweeper:
                 delay = min(NODE_RETRY_MAX_MS, NODE_RETRY_FIRST_MS * 2 ** min(failures, 10))
                 self._node_failures[p] = failures + 1
                 self.earliest[p] = now + delay
-            log.warning("a node failed; its partitions are retried later", extra={
-                "event": "node_error", "partitions": partitions, "why": str(exc),
+            # (The node's failure is logged once per outage, by nodes.py.)
+            log.debug("a node failed; its partitions are retried later", extra={
+                "event": "partitions_retried", "partitions": partitions, "why": str(exc),
                 "retry_in_ms": delay})
 
     def _refresh(self, partitions: list[int]) -> None:

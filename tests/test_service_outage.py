@@ -1,0 +1,223 @@
+"""The coordinator service while a cluster master stays down, or the whole cluster does.
+
+A master that stays down: Kafka's client waits ``reconnect.backoff.ms`` (doubling up to
+``reconnect.backoff.max.ms``) before it connects to a failed broker again, and logs a
+disconnected node once per state change. Before, every round (lease renewal, event tail, index
+re-read, sweep) asked the dead master again and logged a ``node_error`` line for it: about 8 a
+second for as long as it was down.
+
+Every master hung: Kafka's ``KafkaConsumer.close(timeout)`` waits for its last requests only
+until its timer expires. Before, each call of the stop (the timer loop's turn, the lease
+thread's round, the last event read, the lease release) waited a socket timeout (a lease TTL,
+5 s by default), and a SIGTERM took 7-18 s, past Docker's 10 s grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import wait_until
+
+from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.keys import PartitionKeys
+from rcoord.service.service import CoordinatorService, ServiceConfig
+from rcoord.testing.embedded import EmbeddedCluster
+
+pytestmark = pytest.mark.slow
+
+JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                        "session_timeout_ms": 60_000, "rebalance_timeout_ms": 2000}
+SETTINGS = {"group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0}
+ROUNDS = 12
+"""Lease rounds watched while the master is down: each logged a node_error line before."""
+STOP_WAIT_S = 4.0
+"""Generous for a loaded machine (it takes under 2 s); before, at least the lease thread's 5 s
+join, and up to 18 s."""
+
+
+@pytest.fixture
+def cluster() -> Iterator[EmbeddedCluster]:
+    # Without full coverage required, the other masters go on serving while one is down.
+    cl = EmbeddedCluster(masters=3, extra_args=["--cluster-require-full-coverage", "no"]).start()
+    try:
+        yield cl
+    finally:
+        for node in cl.nodes:
+            if node.pid is not None:
+                try:
+                    os.kill(node.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        cl.stop()
+
+
+class Running:
+    """One in-process service whose timer loop runs on a thread, as the CLI runs it."""
+
+    def __init__(self, url: str, namespace: str, ttl_ms: int) -> None:
+        self.svc = CoordinatorService(ServiceConfig(
+            redis_url=url, namespace=namespace, lease_ttl_ms=ttl_ms, coordinator_id="c1",
+            retention_check_interval_ms=0, settings=SETTINGS)).start()
+        self.loop = threading.Thread(target=self.svc.run, daemon=True)
+        self.loop.start()
+        self.stopper: threading.Thread | None = None
+
+    def sigterm(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """What the CLI does on SIGTERM (stop flag, then ``stop()`` once ``run()`` returned);
+        whether it all ended within ``wait_s``."""
+        if self.stopper is None:
+            self.stopper = threading.Thread(target=self._stop, daemon=True)
+            self.stopper.start()
+        self.stopper.join(wait_s)
+        return not self.stopper.is_alive()
+
+    def _stop(self) -> None:
+        self.svc._stop.set()  # the CLI's signal handler
+        self.loop.join()
+        self.svc.stop()
+
+
+def _setup(cluster: EmbeddedCluster, namespace: str) -> tuple[Any, GroupCoordinator]:
+    client = cluster.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(namespace=namespace, **SETTINGS)).start()
+    for group in ("g0", "g1", "g2"):
+        mid = coord.join_group(group, **JOIN).member_id
+        res = coord.join_group(group, mid, **JOIN)
+        assert coord.sync_group(group, res.generation_id, mid, assignments={}).error == Errors.NONE
+    return client, coord
+
+
+def _node_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if getattr(r, "event", None) == "node_error" and r.levelno >= logging.WARNING]
+
+
+def _lease_rounds(svc: CoordinatorService, rounds: int) -> None:
+    """Wait until the lease thread has ended ``rounds`` more rounds (each sets the time of
+    its end; a poll may miss some, so at least that many ran)."""
+    seen = {svc._last_lease_ok}
+    wait_until(lambda: seen.add(svc._last_lease_ok) or len(seen) > rounds, timeout_s=15)
+
+
+def test_a_master_that_stays_down_is_logged_when_it_fails_and_when_it_answers_not_every_round(
+        cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    client, coord = _setup(cluster, namespace)
+    running = Running(cluster.url, namespace, ttl_ms=1000)
+    victim = cluster.nodes[2]
+    victim_name = f"127.0.0.1:{victim.port}"
+    try:
+        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGSTOP)  # hung first: every round meets it
+        wait_until(lambda: _node_errors(caplog), timeout_s=10)
+        _lease_rounds(running.svc, ROUNDS)
+        errors = _node_errors(caplog)
+        assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
+        assert {getattr(r, "node", None) for r in errors} == {victim_name}
+        os.kill(victim.pid, signal.SIGCONT)
+        # Once when it answers again.
+        wait_until(lambda: any(getattr(r, "event", None) == "node_recovered"
+                               and getattr(r, "node", None) == victim_name
+                               for r in caplog.records),
+                   timeout_s=15)
+        assert len(_node_errors(caplog)) <= 2
+    finally:
+        if victim.pid is not None:
+            os.kill(victim.pid, signal.SIGCONT)
+        assert running.sigterm()
+        client.close()
+
+
+def test_a_killed_master_is_not_asked_every_round(
+        cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="rcoord.service")
+    client, coord = _setup(cluster, namespace)
+    running = Running(cluster.url, namespace, ttl_ms=1000)
+    victim = cluster.nodes[2]
+    try:
+        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_until(lambda: _node_errors(caplog), timeout_s=10)
+        _lease_rounds(running.svc, ROUNDS)
+        errors = _node_errors(caplog)
+        assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
+        # Refused calls: the node is left alone between tries (Kafka's reconnect backoff),
+        # so most rounds did not ask it at all.
+        skipped = [r for r in caplog.records if "skipped for now" in str(getattr(r, "why", ""))]
+        assert skipped, "the dead master was asked every round"
+    finally:
+        assert running.sigterm()
+        client.close()
+
+
+def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_one(
+        cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    client, coord = _setup(cluster, namespace)
+    running = Running(cluster.url, namespace, ttl_ms=1000)
+    try:
+        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+        for node in cluster.nodes:
+            assert node.pid is not None
+            os.kill(node.pid, signal.SIGKILL)
+
+        def records(event: str) -> list[logging.LogRecord]:
+            return [r for r in caplog.records if getattr(r, "event", None) == event
+                    and r.levelno >= logging.WARNING]
+
+        # The timer loop's retries (200 ms doubling to 1 s) as a clock: about 2.4 s, in which
+        # some 10 lease rounds (one every 250 ms) failed, each one a warning line before.
+        wait_until(lambda: len(records("loop_error")) >= 4, timeout_s=15)
+        assert 1 <= len(records("lease_error")) <= 2, [r.getMessage() for r in caplog.records]
+        assert len(_node_errors(caplog)) <= 3 * 2  # (once per master, and perhaps once more)
+    finally:
+        assert running.sigterm()
+        client.close()
+
+
+def test_the_service_stops_promptly_while_every_master_hangs(
+        cluster: EmbeddedCluster, namespace: str) -> None:
+    client, coord = _setup(cluster, namespace)
+    # The default TTL: the socket timeout, and so each unanswered call, is 5 s.
+    running = Running(cluster.url, namespace, ttl_ms=5000)
+    svc = running.svc
+    try:
+        wait_until(lambda: len(svc.leases.owned) == coord.config.num_partitions)
+        for node in cluster.nodes:
+            assert node.pid is not None
+            os.kill(node.pid, signal.SIGSTOP)
+        # The lease thread is in a round that the hung masters do not answer (a round is due
+        # every 1.25 s and takes milliseconds otherwise).
+        period_s = 5000 / 4000
+        wait_until(lambda: time.monotonic() - svc._last_lease_ok > 2 * period_s, timeout_s=10)
+        assert running.sigterm(), f"the service did not stop within {STOP_WAIT_S} s"
+    finally:
+        for node in cluster.nodes:
+            if node.pid is not None:
+                os.kill(node.pid, signal.SIGCONT)
+        running.sigterm(wait_s=20)
+        client.close()
+
+
+def test_a_stop_on_a_cluster_that_answers_still_releases_every_lease(
+        cluster: EmbeddedCluster, namespace: str) -> None:
+    client, coord = _setup(cluster, namespace)
+    running = Running(cluster.url, namespace, ttl_ms=5000)
+    n = coord.config.num_partitions
+    try:
+        wait_until(lambda: len(running.svc.leases.owned) == n)
+    finally:
+        assert running.sigterm()
+    held = [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)]
+    assert held == [None] * n
+    assert client.zscore(f"{namespace}:coordinators", "c1") is None
+    client.close()
