@@ -270,3 +270,59 @@ def handling(handler: H, logger: str, level: int) -> Iterator[H]:
     finally:
         log.removeHandler(handler)
         log.setLevel(old)
+
+
+class RunningService:
+    """One in-process coordinator service (``CoordinatorService``) whose timer loop runs on a
+    thread, as the CLI runs it; ``sigterm`` does what the CLI does on SIGTERM."""
+
+    def __init__(self, url: str, namespace: str, *, ttl_ms: int, stop_wait_s: float,
+                 settings: dict[str, int]) -> None:
+        import threading
+
+        from rcoord.service.service import CoordinatorService, ServiceConfig
+
+        self.svc = CoordinatorService(ServiceConfig(
+            redis_url=url, namespace=namespace, lease_ttl_ms=ttl_ms, coordinator_id="c1",
+            retention_check_interval_ms=0, settings=settings)).start()
+        self.stop_wait_s = stop_wait_s
+        self.loop = threading.Thread(target=self.svc.run, daemon=True)
+        self.loop.start()
+        self.stopper: threading.Thread | None = None
+
+    def sigterm(self, wait_s: float | None = None) -> bool:
+        """The stop flag (the CLI's signal handler), then ``stop()`` once ``run()`` returned;
+        whether it all ended within ``wait_s`` (``stop_wait_s`` unless given)."""
+        import threading
+
+        if self.stopper is None:
+            self.stopper = threading.Thread(target=self._stop, daemon=True)
+            self.stopper.start()
+        self.stopper.join(self.stop_wait_s if wait_s is None else wait_s)
+        return not self.stopper.is_alive()
+
+    def _stop(self) -> None:
+        self.svc._stop.set()
+        self.loop.join()
+        self.svc.stop()
+
+
+@contextlib.contextmanager
+def partial_coverage_cluster() -> Iterator[Any]:
+    """A 3-master ``EmbeddedCluster`` that needs no full slot coverage, so its other masters go
+    on serving while one is down; a node a test stopped (SIGSTOP) is continued before the
+    cluster stops."""
+    import os
+    import signal
+
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    cl = EmbeddedCluster(masters=3, extra_args=["--cluster-require-full-coverage", "no"]).start()
+    try:
+        yield cl
+    finally:
+        for node in cl.nodes:
+            if node.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.pid, signal.SIGCONT)
+        cl.stop()

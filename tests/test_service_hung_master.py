@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import RunningService, partial_coverage_cluster, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
-from rcoord.service.service import CoordinatorService, ServiceConfig
 from rcoord.testing.embedded import EmbeddedCluster
 
 pytestmark = pytest.mark.slow
@@ -36,40 +34,13 @@ STOP_WAIT_S = 6.0
 
 @pytest.fixture
 def cluster() -> Iterator[EmbeddedCluster]:
-    # Without full coverage required, the healthy masters go on serving while one is stopped.
-    cl = EmbeddedCluster(masters=3, extra_args=["--cluster-require-full-coverage", "no"]).start()
-    try:
+    with partial_coverage_cluster() as cl:
         yield cl
-    finally:
-        cl.stop()
 
 
-class Running:
-    """One in-process service whose timer loop runs on a thread, as the CLI runs it."""
-
-    def __init__(self, url: str, namespace: str) -> None:
-        self.svc = CoordinatorService(ServiceConfig(
-            redis_url=url, namespace=namespace, lease_ttl_ms=TTL_MS, coordinator_id="c1",
-            retention_check_interval_ms=0,
-            settings={"group_min_session_timeout_ms": 10,
-                      "group_initial_rebalance_delay_ms": 0})).start()
-        self.loop = threading.Thread(target=self.svc.run, daemon=True)
-        self.loop.start()
-        self.stopper: threading.Thread | None = None
-
-    def sigterm(self) -> bool:
-        """What the CLI does on SIGTERM (stop flag, then ``stop()`` once ``run()`` returned);
-        whether it all ended within ``STOP_WAIT_S``."""
-        if self.stopper is None:
-            self.stopper = threading.Thread(target=self._stop, daemon=True)
-            self.stopper.start()
-        self.stopper.join(STOP_WAIT_S)
-        return not self.stopper.is_alive()
-
-    def _stop(self) -> None:
-        self.svc._stop.set()  # the CLI's signal handler
-        self.loop.join()
-        self.svc.stop()
+def _running(url: str, namespace: str) -> RunningService:
+    return RunningService(url, namespace, ttl_ms=TTL_MS, stop_wait_s=STOP_WAIT_S, settings={
+        "group_min_session_timeout_ms": 10, "group_initial_rebalance_delay_ms": 0})
 
 
 def _lonely_member(coord: GroupCoordinator, group: str) -> str:
@@ -100,7 +71,7 @@ def test_a_hung_master_does_not_stop_the_healthy_masters_members_expiring(
         node = client.get_node_from_key(coord._keys(group).group)
         if node.name != victim_name:
             healthy.append((group, _lonely_member(coord, group), client.get_redis_connection(node)))
-    running = Running(cluster.url, namespace)
+    running = _running(cluster.url, namespace)
     assert victim.pid is not None
     os.kill(victim.pid, signal.SIGSTOP)
     try:
@@ -116,7 +87,7 @@ def test_the_service_stops_promptly_while_a_master_hangs(
         cluster: EmbeddedCluster, namespace: str) -> None:
     _, coord = _setup(cluster, namespace)
     _lonely_member(coord, "g0")
-    running = Running(cluster.url, namespace)
+    running = _running(cluster.url, namespace)
     wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
     victim = cluster.nodes[2]
     assert victim.pid is not None

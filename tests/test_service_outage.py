@@ -17,17 +17,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import RunningService, partial_coverage_cluster, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.keys import PartitionKeys
-from rcoord.service.service import CoordinatorService, ServiceConfig
+from rcoord.service.service import CoordinatorService
 from rcoord.testing.embedded import EmbeddedCluster
 
 pytestmark = pytest.mark.slow
@@ -44,44 +43,13 @@ join, and up to 18 s."""
 
 @pytest.fixture
 def cluster() -> Iterator[EmbeddedCluster]:
-    # Without full coverage required, the other masters go on serving while one is down.
-    cl = EmbeddedCluster(masters=3, extra_args=["--cluster-require-full-coverage", "no"]).start()
-    try:
+    with partial_coverage_cluster() as cl:
         yield cl
-    finally:
-        for node in cl.nodes:
-            if node.pid is not None:
-                try:
-                    os.kill(node.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        cl.stop()
 
 
-class Running:
-    """One in-process service whose timer loop runs on a thread, as the CLI runs it."""
-
-    def __init__(self, url: str, namespace: str, ttl_ms: int) -> None:
-        self.svc = CoordinatorService(ServiceConfig(
-            redis_url=url, namespace=namespace, lease_ttl_ms=ttl_ms, coordinator_id="c1",
-            retention_check_interval_ms=0, settings=SETTINGS)).start()
-        self.loop = threading.Thread(target=self.svc.run, daemon=True)
-        self.loop.start()
-        self.stopper: threading.Thread | None = None
-
-    def sigterm(self, wait_s: float = STOP_WAIT_S) -> bool:
-        """What the CLI does on SIGTERM (stop flag, then ``stop()`` once ``run()`` returned);
-        whether it all ended within ``wait_s``."""
-        if self.stopper is None:
-            self.stopper = threading.Thread(target=self._stop, daemon=True)
-            self.stopper.start()
-        self.stopper.join(wait_s)
-        return not self.stopper.is_alive()
-
-    def _stop(self) -> None:
-        self.svc._stop.set()  # the CLI's signal handler
-        self.loop.join()
-        self.svc.stop()
+def _running(url: str, namespace: str, ttl_ms: int) -> RunningService:
+    return RunningService(url, namespace, ttl_ms=ttl_ms, stop_wait_s=STOP_WAIT_S,
+                          settings=SETTINGS)
 
 
 def _setup(cluster: EmbeddedCluster, namespace: str) -> tuple[Any, GroupCoordinator]:
@@ -110,7 +78,7 @@ def test_a_master_that_stays_down_is_logged_when_it_fails_and_when_it_answers_no
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rcoord.service")
     client, coord = _setup(cluster, namespace)
-    running = Running(cluster.url, namespace, ttl_ms=1000)
+    running = _running(cluster.url, namespace, 1000)
     victim = cluster.nodes[2]
     victim_name = f"127.0.0.1:{victim.port}"
     try:
@@ -140,7 +108,7 @@ def test_a_killed_master_is_not_asked_every_round(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="rcoord.service")
     client, coord = _setup(cluster, namespace)
-    running = Running(cluster.url, namespace, ttl_ms=1000)
+    running = _running(cluster.url, namespace, 1000)
     victim = cluster.nodes[2]
     try:
         wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
@@ -163,7 +131,7 @@ def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_o
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rcoord.service")
     client, coord = _setup(cluster, namespace)
-    running = Running(cluster.url, namespace, ttl_ms=1000)
+    running = _running(cluster.url, namespace, 1000)
     try:
         wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
         for node in cluster.nodes:
@@ -188,7 +156,7 @@ def test_the_service_stops_promptly_while_every_master_hangs(
         cluster: EmbeddedCluster, namespace: str) -> None:
     client, coord = _setup(cluster, namespace)
     # The default TTL: the socket timeout, and so each unanswered call, is 5 s.
-    running = Running(cluster.url, namespace, ttl_ms=5000)
+    running = _running(cluster.url, namespace, 5000)
     svc = running.svc
     try:
         wait_until(lambda: len(svc.leases.owned) == coord.config.num_partitions)
@@ -211,7 +179,7 @@ def test_the_service_stops_promptly_while_every_master_hangs(
 def test_a_stop_on_a_cluster_that_answers_still_releases_every_lease(
         cluster: EmbeddedCluster, namespace: str) -> None:
     client, coord = _setup(cluster, namespace)
-    running = Running(cluster.url, namespace, ttl_ms=5000)
+    running = _running(cluster.url, namespace, 5000)
     n = coord.config.num_partitions
     try:
         wait_until(lambda: len(running.svc.leases.owned) == n)
