@@ -46,7 +46,7 @@ import redis.cluster
 from ..errors import ConnectionLost
 from ..scripts import Scripts
 
-__all__ = ["LOG_EVERY_S", "NODE_FAILURES", "disconnect_all", "each_node", "forget_failures",
+__all__ = ["LOG_EVERY_S", "NODE_FAILURES", "Outage", "disconnect_all", "each_node", "forget_failures",
            "node_client", "node_scripts", "on_any_node", "on_node", "split_by_node"]
 
 T = TypeVar("T")
@@ -72,22 +72,57 @@ LOG_EVERY_S = 30.0
 log = logging.getLogger("rcoord.service")
 
 
+class Outage:
+    """A failure that comes back every round while it lasts (a node down, a lease round that
+    fails): logged when it starts, then at most every ``LOG_EVERY_S`` with the count left out,
+    and once when it ends, as Kafka's ``NetworkClient`` logs a disconnected node once per state
+    change. Before, each failed round was a warning line: several a second while Redis was
+    down. ``fields`` go on every line."""
+
+    def __init__(self, event: str, message: str, *, again: str, over_event: str,
+                 over_message: str, **fields: Any) -> None:
+        self._event, self._message, self._again = event, message, again
+        self._over_event, self._over_message = over_event, over_message
+        self._fields = fields
+        self.since: float | None = None
+        """When it began (monotonic); None while there is none."""
+        self._logged = 0.0
+        self._suppressed = 0
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        self._failures += 1
+        if self.since is None:
+            self.since = self._logged = now
+            log.warning(self._message, extra={"event": self._event, **self._fields,
+                                              "why": str(exc)})
+        elif now - self._logged >= LOG_EVERY_S:
+            log.warning(self._again, extra={
+                "event": self._event, **self._fields, "why": str(exc),
+                "suppressed": self._suppressed, "failed_ms": int((now - self.since) * 1000)})
+            self._logged, self._suppressed = now, 0
+        else:
+            self._suppressed += 1
+
+    def ended(self) -> None:
+        if self.since is not None:
+            log.info(self._over_message, extra={
+                "event": self._over_event, **self._fields, "failures": self._failures,
+                "failed_ms": int((time.monotonic() - self.since) * 1000)})
+            self.since, self._suppressed, self._failures = None, 0, 0
+
+
 @dataclass
 class _Failing:
     """A node that failed and has not answered since."""
 
-    since: float
-    """When it began failing (monotonic)."""
-    logged: float
-    """When its failure was last logged (monotonic)."""
+    outage: Outage
+    """Its log."""
     until: float = 0.0
     """Until when it is not asked (monotonic)."""
     tries: int = 0
     """Times it was asked and failed (the backoff doubles with each)."""
-    failures: int = 0
-    """Failures in a row: pieces it failed, asked or skipped."""
-    suppressed: int = 0
-    """Failures since the last line."""
 
 
 _failing: weakref.WeakKeyDictionary[Any, dict[str, _Failing]] = weakref.WeakKeyDictionary()
@@ -168,31 +203,21 @@ def _note(client: Any, name: str, exc: BaseException | None) -> None:
         if exc is None:
             if failing is not None:
                 del nodes[name]
-                log.info("a Redis node answers again", extra={
-                    "event": "node_recovered", "node": name, "failures": failing.failures,
-                    "failed_ms": int((now - failing.since) * 1000)})
+                failing.outage.ended()
             return
         if not isinstance(exc, NODE_FAILURES):
             return  # the node answered (a script's error concerns one call)
-        first = failing is None
         if failing is None:
-            failing = nodes[name] = _Failing(since=now, logged=now)
+            failing = nodes[name] = _Failing(Outage(
+                "node_error", "a Redis node fails; its partitions wait until it answers",
+                again="a Redis node still fails", over_event="node_recovered",
+                over_message="a Redis node answers again", node=name))
         if not isinstance(exc, _SkippedError):
             first_ms, max_ms = ((SKIP_FIRST_MS, SKIP_MAX_MS) if isinstance(exc, redis.TimeoutError)
                                 else (RETRY_FIRST_MS, RETRY_MAX_MS))
             failing.until = now + min(max_ms, first_ms * 2 ** min(failing.tries, 10)) / 1000
             failing.tries += 1
-        failing.failures += 1
-        if first:
-            log.warning("a Redis node fails; its partitions wait until it answers", extra={
-                "event": "node_error", "node": name, "why": str(exc)})
-        elif now - failing.logged >= LOG_EVERY_S:
-            log.warning("a Redis node still fails", extra={
-                "event": "node_error", "node": name, "why": str(exc),
-                "suppressed": failing.suppressed, "failed_ms": int((now - failing.since) * 1000)})
-            failing.logged, failing.suppressed = now, 0
-        else:
-            failing.suppressed += 1
+        failing.outage.failed(exc)
 
 
 def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],

@@ -34,7 +34,7 @@ from .http import StatusServer
 from .leases import LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
-from .nodes import LOG_EVERY_S, NODE_FAILURES, disconnect_all, forget_failures, on_node
+from .nodes import NODE_FAILURES, Outage, disconnect_all, forget_failures, on_node
 from .observe import EventTail, sample_groups
 from .retention import MAX_RETENTION_CHECK_INTERVAL_MS, RetentionKeeper
 from .sweeper import Sweeper
@@ -74,40 +74,6 @@ def _db_of(client: Any) -> int:
     """The database the client uses (keyspace events are per database)."""
     pool = getattr(client, "connection_pool", None)
     return int(pool.connection_kwargs.get("db", 0)) if pool is not None else 0
-
-
-class _Repeated:
-    """A failure that comes back every round while Redis is down (a lease round fails 4 times
-    per lease TTL): logged when it starts, then at most every ``nodes.LOG_EVERY_S`` with the
-    count left out, and once when it ends, as ``nodes`` logs a node's outage (Kafka's
-    ``NetworkClient`` logs a disconnected node once per state change). Before, every failed
-    lease round was a warning line: 3 a second while the cluster was down."""
-
-    def __init__(self, event: str, message: str) -> None:
-        self._event, self._message = event, message
-        self._since: float | None = None
-        self._logged = 0.0
-        self._suppressed = 0
-
-    def failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if self._since is None:
-            self._since = self._logged = now
-            log.warning(self._message, extra={"event": self._event, "why": str(exc)})
-        elif now - self._logged >= LOG_EVERY_S:
-            log.warning(self._message, extra={
-                "event": self._event, "why": str(exc), "suppressed": self._suppressed,
-                "failed_ms": int((now - self._since) * 1000)})
-            self._logged, self._suppressed = now, 0
-        else:
-            self._suppressed += 1
-
-    def succeeded(self) -> None:
-        if self._since is not None:
-            log.info(self._message + ": over", extra={
-                "event": self._event + "_over",
-                "failed_ms": int((time.monotonic() - self._since) * 1000)})
-            self._since, self._suppressed = None, 0
 
 
 def _left(deadline: float) -> float:
@@ -407,7 +373,8 @@ class CoordinatorService:
         period = self.config.lease_ttl_ms / 4000.0
         published = set(self._owned)
         settings_problem = ""
-        failing = _Repeated("lease_error", "lease round failed")
+        failing = Outage("lease_error", "lease round failed", again="lease round failed",
+                         over_event="lease_error_over", over_message="lease round failed: over")
         gap = max(2 * period, WATCH_GAP_MS / 1000)
         checked = self._watch_since = time.monotonic()
         while not self._stop.is_set():
@@ -459,7 +426,7 @@ class CoordinatorService:
                 # reports none, where the gauge and /healthz kept the old count before)
                 failing.failed(exc)
                 continue
-            failing.succeeded()
+            failing.ended()
             self._owned = owned
             if owned != published:
                 published = set(owned)
