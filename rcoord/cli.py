@@ -460,6 +460,23 @@ def report(exc: BaseException, prog: str, *, url: str | None = None, debug: bool
     return code
 
 
+def dump_threads_on_sigusr1(*, chain: bool = False) -> None:
+    """SIGUSR1 writes every thread's stack to stderr and changes nothing else, as a JVM thread
+    dump does for a broker: how an operator (or a test that timed out) sees where a process
+    that stopped answering is. Written by the interpreter itself, with no lock taken, so it
+    works while every thread is blocked, which is when it is needed. ``chain``: the handler
+    installed before (an event loop's, which dumps its tasks) runs too."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):  # (not on Windows)
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=chain)
+    except (AttributeError, ValueError, OSError):  # stderr is no file (called in-process)
+        pass
+
+
 
 
 

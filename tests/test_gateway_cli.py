@@ -5,6 +5,7 @@ rcoord cannot use is a usage error (exit 2, one line) before anything is served.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +109,32 @@ class _StderrLines:
         self.seen.append(line)
         return line
 
+    def read_for(self, seconds: float) -> None:
+        """Keep what it writes for ``seconds`` (less if it exits)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(queue.Empty):
+                line = self._lines.get(timeout=left)
+                self.seen.append(line)
+                if not line:
+                    return
+
     def until(self, text: str) -> str:
         """The first line holding ``text``; fails if the process exits first."""
         while text not in (line := self.next()):
             assert line, f"the process exited: {''.join(self.seen)}"
         return line
+
+
+def _exit_status(proc: subprocess.Popen[str], lines: _StderrLines) -> int:
+    """The process's exit status; if it has not exited within ``WAIT_S``, a failure that shows
+    its output and where each of its threads is (``SIGUSR1``: the gateway dumps its stacks)."""
+    try:
+        return proc.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        lines.read_for(3)
+        pytest.fail(f"still running {WAIT_S} s after the signal:\n{''.join(lines.seen)}")
 
 
 def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
@@ -166,7 +189,7 @@ def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig)
                 "topics": [{"topic": "idle", "partitions": [
                     {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
             proc.send_signal(sig)
-            assert proc.wait(WAIT_S) == 0, "".join(lines.seen)
+            assert _exit_status(proc, lines) == 0, "".join(lines.seen)
             lines.reader.join(WAIT_S)
             while lines.next():
                 pass
@@ -177,6 +200,53 @@ def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig)
                 assert sock.recv(1) == b""
             except ConnectionResetError:
                 pass
+        finally:
+            if sock is not None:
+                sock.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(WAIT_S)
+
+
+def test_sigusr1_writes_the_threads_and_the_tasks_and_changes_nothing(redis_server, namespace):
+    """SIGUSR1 (as for ``rcoord coordinator``): every thread's stack, then every asyncio task's
+    chain of awaits, a parked Fetch's included; the gateway goes on serving. Before, the
+    signal's default action ended the process."""
+    with topics_of(redis_server, namespace) as topics:
+        topics.create("idle", 1)
+    with subprocess.Popen(
+        [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
+         "--redis-url", redis_server.url, "--namespace", namespace, "--log-level", "INFO"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as proc:
+        lines = _StderrLines(proc)
+        sock = None
+        try:
+            found = re.search(r"listening on 127\.0\.0\.1:(\d+) ", lines.until("listening on"))
+            assert found
+            sock = socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=WAIT_S)
+            sock.sendall(request_frame(1, 12, 2, {
+                "replica_id": -1, "max_wait": 600_000, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "idle", "partitions": [
+                    {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
+            fetch_seen = False
+            for _ in range(20):  # (until a dump shows the Fetch parked in its wait)
+                if fetch_seen:
+                    break
+                proc.send_signal(signal.SIGUSR1)
+                lines.until("asyncio tasks:")
+                lines.read_for(0.5)
+                fetch_seen = "in _wait_for_records" in "".join(lines.seen)
+            out = "".join(lines.seen)
+            assert "Current thread" in out and "in gateway_main" in out, out  # the threads
+            assert "in fetch_records" in out, out  # the tasks, innermost last
+            assert proc.poll() is None, out
+            with socket.create_connection(sock.getpeername(), timeout=WAIT_S) as other:
+                other.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
+                                                       "client_software_version": "1"}))
+                assert response(other, 18, 3, 4).error_code.value == 0  # still serving
+            proc.send_signal(signal.SIGTERM)  # (the Fetch is answered at close, or not at all)
+            assert _exit_status(proc, lines) == 0, "".join(lines.seen)
         finally:
             if sock is not None:
                 sock.close()

@@ -76,3 +76,43 @@ def test_a_parked_request_is_not_idle(redis_server, namespace, topics):
             "topics": [{"topic": "slow", "partitions": [
                 {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
     assert fetched.error_code.value == Errors.NONE
+
+
+def test_close_ends_a_parked_fetch_whose_first_cancel_was_lost(redis_server, namespace, topics,
+                                                                monkeypatch):
+    # On Python 3.11 one cancel() can be lost: asyncio.wait_for (redis-py awaits each command's
+    # write with it) returns the inner result when the cancel comes as that completes. A Fetch
+    # cancelled at that moment went on into its XREAD BLOCK, and close() (so SIGTERM) waited
+    # for it up to the Fetch's max_wait. Here the wait loses the first cancel every time.
+    import asyncio
+    import threading
+
+    from rcoord.gateway import api_records
+
+    parked = threading.Event()
+
+    async def loses_one_cancel(*_: object) -> None:
+        parked.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # as 3.11's wait_for does when its inner call has just completed
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(api_records, "_wait_for_records", loses_one_cancel)
+    topics.create("idle", 1)
+    with running_gateway(redis_server, namespace) as gw:
+        sock = connect(gw)
+        try:
+            sock.sendall(request_frame(1, 12, 2, {
+                "replica_id": -1, "max_wait": 600_000, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "idle", "partitions": [
+                    {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
+            assert parked.wait(10), "the Fetch never parked"
+            assert gw.gateway is not None
+            closing = asyncio.run_coroutine_threadsafe(gw.gateway.close(), gw.loop)
+            closing.result(10)  # (before: TimeoutError, the Fetch's task still parked)
+            sock.settimeout(10)
+            assert _closed_by_server(sock)
+        finally:
+            sock.close()

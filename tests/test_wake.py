@@ -470,3 +470,29 @@ def test_asyncio_a_claim_is_asked_once_per_coordinator_while_it_holds(redis_serv
         await client.delete(claim)
 
     _run_async(redis_server, scenario)
+
+
+def test_asyncio_a_waiter_cancelled_as_it_is_woken_stays_cancelled(redis_server, namespace):
+    """A wait cancelled in the same turn of the loop as its wake-up ends cancelled. It went
+    through ``asyncio.wait_for``, which on Python 3.11 returns the result instead when both
+    come together (CPython gh-86296): the cancel was lost, and a caller that gave up (its own
+    timeout, a shutdown) went on as if woken."""
+    import asyncio
+
+    key = f"{namespace}:wake"
+
+    async def scenario(reads: Any, counted: AsyncCountingReads, client: Any) -> None:
+        await client.xadd(key, {"w": 1}, id="1-0")
+        task = asyncio.create_task(reads.wait(client, key, "1-0", 60_000))
+        while reads.waiting(key) < 1:
+            await asyncio.sleep(0.001)
+        (waiter,) = reads._streams[key].waiters  # (what its reader resolves on an entry)
+        waiter.set_result(True)
+        task.cancel()  # (the same turn: as the caller's timeout firing as the entry lands)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert reads.waiting(key) == 0
+        await reads.close()
+        await client.delete(key)
+
+    _run_async(redis_server, scenario)

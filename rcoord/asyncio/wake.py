@@ -229,8 +229,10 @@ class AsyncWakeReads:
             if stream.reader is None:
                 self._start_read(client, key, stream)
             try:
-                return await asyncio.wait_for(asyncio.shield(waiter),
-                                              max(0.0, deadline - loop.time()))
+                # (asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that comes
+                # as the waiter is resolved, gh-86296)
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    return await asyncio.shield(waiter)
             except TimeoutError:
                 return False
         finally:

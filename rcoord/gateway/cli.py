@@ -12,6 +12,8 @@ import contextlib
 import logging
 import os
 import signal
+import sys
+from typing import Any
 
 from ..cli import (
     ENV_REDIS_URL,
@@ -20,6 +22,7 @@ from ..cli import (
     UsageError,
     add_tls_arguments,
     check_url,
+    dump_threads_on_sigusr1,
     report,
     with_tls_files,
 )
@@ -80,6 +83,24 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _dump_tasks() -> None:
+    """Each asyncio task's chain of awaits on stderr, innermost last (after SIGUSR1's thread
+    dump, which shows the event loop's thread waiting and nothing of what each task waits
+    for; ``Task.print_stack`` shows only a task's outermost coroutine)."""
+    tasks = asyncio.all_tasks()
+    print(f"{len(tasks)} asyncio tasks:", file=sys.stderr)
+    for task in tasks:
+        print(f"{task!r}", file=sys.stderr)
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}",
+                      file=sys.stderr)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    sys.stderr.flush()
+
+
 def gateway_main(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT: then close the gateway and return 0. A usage error or
     a failure to start is one line on stderr and ``report``'s status (2: usage)."""
@@ -134,6 +155,11 @@ def gateway_main(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+            if hasattr(signal, "SIGUSR1"):
+                # Every thread's stack (the event loop's own included), then every task's: a
+                # connection waits in a task, where a thread dump does not show it.
+                loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+                dump_threads_on_sigusr1(chain=True)
             async with Gateway(config, url, auth=auth) as gateway:
                 serving = asyncio.create_task(gateway.serve_forever())
                 stopping = asyncio.create_task(stop.wait())

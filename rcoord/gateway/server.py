@@ -18,6 +18,7 @@ import redis
 import redis.asyncio
 import redis.cluster
 
+from ..asyncio.cancel import cancel_and_wait
 from ..connect import connect
 from .dispatch import handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
@@ -186,16 +187,10 @@ class Gateway:
 
     async def close(self) -> None:
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._sweeper
+            await cancel_and_wait([self._sweeper])
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(list(self._tasks))
         if self._server is not None:
             await self._server.wait_closed()
         await self.state.coordinator.close()  # its wake reads, before their client goes

@@ -47,7 +47,6 @@ is taken) or 1 (Redis unreachable, refused the login, or a missing ACL permissio
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import logging
 import os
@@ -141,7 +140,14 @@ def parse_settings(items: list[str]) -> dict[str, int]:
 
 def coordinator_main(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the exit status (see the module docstring)."""
-    from ..cli import UsageError, check_url, log_level, report, with_tls_files
+    from ..cli import (
+        UsageError,
+        check_url,
+        dump_threads_on_sigusr1,
+        log_level,
+        report,
+        with_tls_files,
+    )
     from ..config import CoordinatorConfig
     from .service import CoordinatorService, ServiceConfig
 
@@ -182,13 +188,7 @@ def coordinator_main(args: argparse.Namespace) -> int:
     # graceful stop too, not a kill.
     signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
     signal.signal(signal.SIGINT, lambda *_: service._stop.set())
-    if hasattr(signal, "SIGUSR1"):  # (not on Windows)
-        # Written by the interpreter itself, with no lock taken: it works while every thread
-        # is blocked, which is when it is needed.
-        try:
-            faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-        except (AttributeError, ValueError, OSError):  # stderr is no file (called in-process)
-            pass
+    dump_threads_on_sigusr1()
     try:
         service.start()
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
