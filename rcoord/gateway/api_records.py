@@ -20,6 +20,7 @@ from typing import Any
 
 import redis.exceptions
 
+from ..asyncio.cancel import cancel_and_wait
 from ..errors import ConnectionLost, Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
@@ -390,9 +391,7 @@ async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block
                 return True
         return False
     finally:
-        for w in waits:
-            w.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
+        await cancel_and_wait(waits)  # (a cancel() alone can be lost on 3.11)
 
 
 async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
