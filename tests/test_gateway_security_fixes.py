@@ -308,6 +308,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["openssl", "pkey", "-in", "server.key", "-aes256", "-passout",
                     "pass:secret", "-out", "server-enc.key"], cwd=d, check=True,
                    capture_output=True, timeout=WAIT_S)
+    (d / "pass-phrase").write_text("secret\n")
+    (d / "wrong-pass-phrase").write_text("secre\n")
+    (d / "empty-pass-phrase").write_text("\n")
     return d
 
 
@@ -357,7 +360,14 @@ def test_a_corrupt_tls_record_closes_its_connection_with_one_line(
 
 @pytest.mark.parametrize(("flags", "flag", "file", "problem"), [
     ({"cert": "server.pem", "key": "server-enc.key"}, "--listen-tls-key-file",
-     "server-enc.key", "holds an encrypted private key"),
+     "server-enc.key", ("holds an encrypted private key and no pass phrase file was given "
+                        "(--listen-tls-key-password-file")),
+    ({"cert": "server.pem", "key": "server-enc.key", "key-password": "wrong-pass-phrase"},
+     "--listen-tls-key-password-file", "wrong-pass-phrase", "does not hold the pass phrase of"),
+    ({"cert": "server.pem", "key": "server-enc.key", "key-password": "empty-pass-phrase"},
+     "--listen-tls-key-password-file", "empty-pass-phrase", "is empty"),
+    ({"cert": "server.pem", "key": "server-enc.key", "key-password": "no-such-file"},
+     "--listen-tls-key-password-file", "no-such-file", "does not exist"),
     ({"cert": "server.pem", "key": "client.key"}, "--listen-tls-key-file", "client.key",
      "is not the private key of the certificate in"),
     ({"cert": "server.pem", "key": "server.key", "ca": "san.ext"}, "--listen-tls-ca-file",
@@ -374,7 +384,8 @@ def test_listener_tls_files_that_cannot_be_used_are_usage_errors(
     # one waited there); the others were "unexpected SSLError", exit 1. Each is now checked
     # before Redis is reached (none listens on refused_port). No terminal: a new session.
     args = [f"--listen-tls-{k}-file={certs / v}" for k, v in
-            (("cert", flags["cert"]), ("key", flags["key"]), ("ca", flags.get("ca")))
+            (("cert", flags["cert"]), ("key", flags["key"]), ("ca", flags.get("ca")),
+             ("key-password", flags.get("key-password")))
             if v is not None]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
@@ -385,3 +396,18 @@ def test_listener_tls_files_that_cannot_be_used_are_usage_errors(
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"rcoord gateway: error: {flag} '{certs / file}' {problem}"), \
         lines[0]
+
+
+def test_an_encrypted_key_is_served_with_its_pass_phrase_file(
+    redis_server: Any, namespace: str, certs: Path,
+) -> None:
+    # Kafka's ssl.key.password: the key stays encrypted on disk, its pass phrase in a file of
+    # its own. Before, an encrypted key was refused and had to be stored decrypted.
+    with running_gateway(redis_server, namespace, tls_cert_file=str(certs / "server.pem"),
+                         tls_key_file=str(certs / "server-enc.key"),
+                         tls_key_password_file=str(certs / "pass-phrase")) as gw:
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with connect(gw) as raw, ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
+                                                 "client_software_version": "1"}))
+            assert response(tls, 18, 3, 4).error_code.value == 0

@@ -204,3 +204,5 @@ def test_python_ssl_client_sees_the_certificate(sasl_ssl: GatewayThread, certs: 
 def test_tls_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="need tls_cert_file"):
         GatewayConfig(tls_key_file="server.key").validate()
+    with pytest.raises(ValueError, match="need tls_cert_file"):
+        GatewayConfig(tls_key_password_file="pass-phrase").validate()

@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen-tls-key-file", default=None,
                    help="the listener certificate's private key (PEM; default: in the "
                    "certificate file)")
+    p.add_argument("--listen-tls-key-password-file", default=None,
+                   help="a file whose first line is the private key's pass phrase (Kafka's "
+                   "ssl.key.password; default: the key is not encrypted)")
     p.add_argument("--listen-tls-ca-file", default=None,
                    help="require a client certificate signed by this CA (mutual TLS)")
     p.add_argument("--commit-required-acks", type=int, default=0,
@@ -128,6 +131,7 @@ def gateway_main(args: argparse.Namespace) -> int:
             namespace=args.namespace, max_frame_bytes=args.max_frame_bytes,
             tls_cert_file=args.listen_tls_cert_file, tls_key_file=args.listen_tls_key_file,
             tls_ca_file=args.listen_tls_ca_file,
+            tls_key_password_file=args.listen_tls_key_password_file,
             commit_required_acks=args.commit_required_acks,
             commit_ack_timeout_ms=args.commit_ack_timeout_ms,
             connections_max_idle_ms=args.connections_max_idle_ms,
@@ -137,7 +141,8 @@ def gateway_main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         flags = {"tls_cert_file": "--listen-tls-cert-file",
-                 "tls_key_file": "--listen-tls-key-file", "tls_ca_file": "--listen-tls-ca-file"}
+                 "tls_key_file": "--listen-tls-key-file", "tls_ca_file": "--listen-tls-ca-file",
+                 "tls_key_password_file": "--listen-tls-key-password-file"}
         for field, flag in flags.items():
             path = getattr(config, field)
             if path is not None and not os.path.isfile(path):

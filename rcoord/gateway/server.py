@@ -78,11 +78,33 @@ class _EncryptedKey(Exception):
     pass
 
 
-def _no_pass_phrase() -> str:
-    """The pass phrase callback: without one OpenSSL would ask for it at the terminal (and a
-    gateway started by systemd would wait there for ever). Kafka reads ``ssl.key.password``
-    from its configuration; the gateway takes unencrypted keys only."""
-    raise _EncryptedKey
+class _PassPhrase:
+    """The pass phrase callback. Without one OpenSSL would ask at the terminal (and a gateway
+    started by systemd would wait there for ever), so with no file it refuses; ``asked`` tells
+    whether the key was encrypted (a load that then fails had the wrong pass phrase)."""
+
+    def __init__(self, phrase: str | None) -> None:
+        self.phrase, self.asked = phrase, False
+
+    def __call__(self) -> str:
+        self.asked = True
+        if self.phrase is None:
+            raise _EncryptedKey
+        return self.phrase
+
+
+def _read_pass_phrase(path: str) -> str:
+    """The first line of ``path``, without its line end (spaces are part of a pass phrase)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            phrase = f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TlsFileError("tls_key_password_file", path,
+                           f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if not phrase:
+        raise TlsFileError("tls_key_password_file", path,
+                           "is empty: its first line must be the private key's pass phrase")
+    return phrase
 
 
 def _holds_certificate(path: str) -> bool:
@@ -105,13 +127,21 @@ def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
     cert = config.tls_cert_file
     key_field, key = (("tls_key_file", config.tls_key_file) if config.tls_key_file
                       else ("tls_cert_file", cert))
+    phrase_file = config.tls_key_password_file
+    pass_phrase = _PassPhrase(_read_pass_phrase(phrase_file) if phrase_file else None)
     try:
-        ctx.load_cert_chain(cert, config.tls_key_file, password=_no_pass_phrase)
+        ctx.load_cert_chain(cert, config.tls_key_file, password=pass_phrase)
     except _EncryptedKey:
-        raise TlsFileError(key_field, key, "holds an encrypted private key, and the gateway "
-                           "asks for no pass phrase: give it the key decrypted (openssl pkey "
-                           "-in KEY -out KEY.plain), readable by its user only") from None
+        raise TlsFileError(key_field, key, "holds an encrypted private key and no pass phrase "
+                           "file was given (--listen-tls-key-password-file, tls_key_password_file): "
+                           "give one, or the key "
+                           "decrypted (openssl pkey -in KEY -out KEY.plain), readable by its "
+                           "user only") from None
     except (ssl.SSLError, OSError) as exc:
+        if pass_phrase.asked and phrase_file and getattr(exc, "reason", None) is None:
+            # (OpenSSL says only "PEM lib" when the pass phrase does not decrypt the key)
+            raise TlsFileError("tls_key_password_file", phrase_file,
+                               f"does not hold the pass phrase of {key!r}") from None
         if getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH":
             problem = f"is not the private key of the certificate in {cert!r}"
         elif not _holds_certificate(cert):

@@ -163,6 +163,10 @@ class GatewayConfig:
     """Serve TLS on the listener with this certificate chain (PEM); None: plaintext."""
     tls_key_file: str | None = None
     """The certificate's private key (PEM); None: it is in ``tls_cert_file``."""
+    tls_key_password_file: str | None = None
+    """A file whose first line is the private key's pass phrase (Kafka's ``ssl.key.password``,
+    kept out of the command line and the environment, where ``ps`` and ``/proc`` show it);
+    None: the key is not encrypted."""
     tls_ca_file: str | None = None
     """CA(s) that must sign a client certificate: every client must present one (mutual TLS).
     None: clients are not asked for a certificate."""
@@ -194,9 +198,10 @@ class GatewayConfig:
                              f"{self.connections_max_idle_ms}")
         if self.topic_threads < 1:
             raise ValueError(f"topic_threads must be >= 1, got {self.topic_threads}")
-        if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file):
-            raise ValueError("tls_key_file and tls_ca_file need tls_cert_file (the listener's "
-                             "certificate)")
+        if self.tls_cert_file is None and (self.tls_key_file or self.tls_ca_file
+                                           or self.tls_key_password_file):
+            raise ValueError("tls_key_file, tls_key_password_file and tls_ca_file need "
+                             "tls_cert_file (the listener's certificate)")
         return self
 
 
