@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,11 +161,11 @@ def test_the_namespace_defaults_to_rcoord_namespace(redis_server, namespace):
             lines.reader.join(WAIT_S)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig):
-    """SIGTERM (kill, docker stop, systemd) closes the gateway, a parked Fetch's connection
-    included, and exits 0, as Ctrl-C does. Before, the process died of it (status -15) and
-    ``Gateway.close()`` never ran."""
+@contextlib.contextmanager
+def _gateway_with_a_parked_fetch(redis_server: Any, namespace: str) -> Iterator[
+        tuple[subprocess.Popen[str], _StderrLines, socket.socket]]:
+    """A gateway process, its stderr, and a connection whose Fetch would be answered in 10
+    minutes (parked, or about to be); killed at the end if it still runs."""
     with topics_of(redis_server, namespace) as topics:
         topics.create("idle", 1)
     with subprocess.Popen(
@@ -182,74 +183,59 @@ def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig)
             sock.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
                                                   "client_software_version": "1"}))
             assert response(sock, 18, 3, 4).error_code.value == 0
-            # A Fetch that would be answered in 10 minutes (parked, or about to be: the close
-            # ends its connection either way), then the signal.
             sock.sendall(request_frame(1, 12, 2, {
                 "replica_id": -1, "max_wait": 600_000, "min_bytes": 1, "max_bytes": 1 << 20,
                 "topics": [{"topic": "idle", "partitions": [
                     {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
-            proc.send_signal(sig)
-            assert _exit_status(proc, lines) == 0, "".join(lines.seen)
-            lines.reader.join(WAIT_S)
-            while lines.next():
-                pass
-            out = "".join(lines.seen)
-            assert "Traceback" not in out, out
-            assert re.search(r"rcoord gateway on 127\.0\.0\.1:\d+ closed", out), out
-            try:  # closed by the gateway, the Fetch never answered (a reset if it was unread)
-                assert sock.recv(1) == b""
-            except ConnectionResetError:
-                pass
+            yield proc, lines, sock
         finally:
             if sock is not None:
                 sock.close()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(WAIT_S)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_closes_the_gateway_as_ctrl_c_does(redis_server, namespace, sig):
+    """SIGTERM (kill, docker stop, systemd) closes the gateway, a parked Fetch's connection
+    included, and exits 0, as Ctrl-C does. Before, the process died of it (status -15) and
+    ``Gateway.close()`` never ran."""
+    with _gateway_with_a_parked_fetch(redis_server, namespace) as (proc, lines, sock):
+        proc.send_signal(sig)  # (the close ends the Fetch's connection, parked or not yet)
+        assert _exit_status(proc, lines) == 0, "".join(lines.seen)
+        lines.reader.join(WAIT_S)
+        while lines.next():
+            pass
+        out = "".join(lines.seen)
+        assert "Traceback" not in out, out
+        assert re.search(r"rcoord gateway on 127\.0\.0\.1:\d+ closed", out), out
+        try:  # closed by the gateway, the Fetch never answered (a reset if it was unread)
+            assert sock.recv(1) == b""
+        except ConnectionResetError:
+            pass
 
 
 def test_sigusr1_writes_the_threads_and_the_tasks_and_changes_nothing(redis_server, namespace):
     """SIGUSR1 (as for ``rcoord coordinator``): every thread's stack, then every asyncio task's
     chain of awaits, a parked Fetch's included; the gateway goes on serving. Before, the
     signal's default action ended the process."""
-    with topics_of(redis_server, namespace) as topics:
-        topics.create("idle", 1)
-    with subprocess.Popen(
-        [sys.executable, "-m", "rcoord", "gateway", "--listen", "127.0.0.1:0",
-         "--redis-url", redis_server.url, "--namespace", namespace, "--log-level", "INFO"],
-        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    ) as proc:
-        lines = _StderrLines(proc)
-        sock = None
-        try:
-            found = re.search(r"listening on 127\.0\.0\.1:(\d+) ", lines.until("listening on"))
-            assert found
-            sock = socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=WAIT_S)
-            sock.sendall(request_frame(1, 12, 2, {
-                "replica_id": -1, "max_wait": 600_000, "min_bytes": 1, "max_bytes": 1 << 20,
-                "topics": [{"topic": "idle", "partitions": [
-                    {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
-            fetch_seen = False
-            for _ in range(20):  # (until a dump shows the Fetch parked in its wait)
-                if fetch_seen:
-                    break
-                proc.send_signal(signal.SIGUSR1)
-                lines.until("asyncio tasks:")
-                lines.read_for(0.5)
-                fetch_seen = "in _wait_for_records" in "".join(lines.seen)
-            out = "".join(lines.seen)
-            assert "Current thread" in out and "in gateway_main" in out, out  # the threads
-            assert "in fetch_records" in out, out  # the tasks, innermost last
-            assert proc.poll() is None, out
-            with socket.create_connection(sock.getpeername(), timeout=WAIT_S) as other:
-                other.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
-                                                       "client_software_version": "1"}))
-                assert response(other, 18, 3, 4).error_code.value == 0  # still serving
-            proc.send_signal(signal.SIGTERM)  # (the Fetch is answered at close, or not at all)
-            assert _exit_status(proc, lines) == 0, "".join(lines.seen)
-        finally:
-            if sock is not None:
-                sock.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(WAIT_S)
+    with _gateway_with_a_parked_fetch(redis_server, namespace) as (proc, lines, sock):
+        fetch_seen = False
+        for _ in range(20):  # (until a dump shows the Fetch parked in its wait)
+            if fetch_seen:
+                break
+            proc.send_signal(signal.SIGUSR1)
+            lines.until("asyncio tasks:")
+            lines.read_for(0.5)
+            fetch_seen = "in _wait_for_records" in "".join(lines.seen)
+        out = "".join(lines.seen)
+        assert "Current thread" in out and "in gateway_main" in out, out  # the threads
+        assert "in fetch_records" in out, out  # the tasks, innermost last
+        assert proc.poll() is None, out
+        with socket.create_connection(sock.getpeername(), timeout=WAIT_S) as other:
+            other.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
+                                                   "client_software_version": "1"}))
+            assert response(other, 18, 3, 4).error_code.value == 0  # still serving
+        proc.send_signal(signal.SIGTERM)
+        assert _exit_status(proc, lines) == 0, "".join(lines.seen)

@@ -133,10 +133,9 @@ def server_tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
         ctx.load_cert_chain(cert, config.tls_key_file, password=pass_phrase)
     except _EncryptedKey:
         raise TlsFileError(key_field, key, "holds an encrypted private key and no pass phrase "
-                           "file was given (--listen-tls-key-password-file, tls_key_password_file): "
-                           "give one, or the key "
-                           "decrypted (openssl pkey -in KEY -out KEY.plain), readable by its "
-                           "user only") from None
+                           "file was given (--listen-tls-key-password-file, "
+                           "tls_key_password_file): give one, or the key decrypted (openssl "
+                           "pkey -in KEY -out KEY.plain), readable by its user only") from None
     except (ssl.SSLError, OSError) as exc:
         if pass_phrase.asked and phrase_file and getattr(exc, "reason", None) is None:
             # (OpenSSL says only "PEM lib" when the pass phrase does not decrypt the key)
