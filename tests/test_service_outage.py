@@ -14,6 +14,7 @@ thread's round, the last event read, the lease release) waited a socket timeout 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -62,6 +63,20 @@ def _setup(cluster: EmbeddedCluster, namespace: str) -> tuple[Any, GroupCoordina
     return client, coord
 
 
+@contextlib.contextmanager
+def _owning_every_partition(cluster: EmbeddedCluster, namespace: str) -> Iterator[RunningService]:
+    """A service (1 s leases) over three formed groups, once it owns every partition; stopped
+    by SIGTERM at the end, which must succeed."""
+    client, coord = _setup(cluster, namespace)
+    running = _running(cluster.url, namespace, 1000)
+    try:
+        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+        yield running
+    finally:
+        assert running.sigterm()
+        client.close()
+
+
 def _node_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records
             if getattr(r, "event", None) == "node_error" and r.levelno >= logging.WARNING]
@@ -77,41 +92,34 @@ def _lease_rounds(svc: CoordinatorService, rounds: int) -> None:
 def test_a_master_that_stays_down_is_logged_when_it_fails_and_when_it_answers_not_every_round(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rcoord.service")
-    client, coord = _setup(cluster, namespace)
-    running = _running(cluster.url, namespace, 1000)
     victim = cluster.nodes[2]
     victim_name = f"127.0.0.1:{victim.port}"
-    try:
-        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
-        assert victim.pid is not None
-        os.kill(victim.pid, signal.SIGSTOP)  # hung first: every round meets it
-        wait_until(lambda: _node_errors(caplog), timeout_s=10)
-        _lease_rounds(running.svc, ROUNDS)
-        errors = _node_errors(caplog)
-        assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
-        assert {getattr(r, "node", None) for r in errors} == {victim_name}
-        os.kill(victim.pid, signal.SIGCONT)
-        # Once when it answers again.
-        wait_until(lambda: any(getattr(r, "event", None) == "node_recovered"
-                               and getattr(r, "node", None) == victim_name
-                               for r in caplog.records),
-                   timeout_s=15)
-        assert len(_node_errors(caplog)) <= 2
-    finally:
-        if victim.pid is not None:
+    with _owning_every_partition(cluster, namespace) as running:
+        try:
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGSTOP)  # hung first: every round meets it
+            wait_until(lambda: _node_errors(caplog), timeout_s=10)
+            _lease_rounds(running.svc, ROUNDS)
+            errors = _node_errors(caplog)
+            assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
+            assert {getattr(r, "node", None) for r in errors} == {victim_name}
             os.kill(victim.pid, signal.SIGCONT)
-        assert running.sigterm()
-        client.close()
+            # Once when it answers again.
+            wait_until(lambda: any(getattr(r, "event", None) == "node_recovered"
+                                   and getattr(r, "node", None) == victim_name
+                                   for r in caplog.records),
+                       timeout_s=15)
+            assert len(_node_errors(caplog)) <= 2
+        finally:
+            if victim.pid is not None:
+                os.kill(victim.pid, signal.SIGCONT)
 
 
 def test_a_killed_master_is_not_asked_every_round(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="rcoord.service")
-    client, coord = _setup(cluster, namespace)
-    running = _running(cluster.url, namespace, 1000)
     victim = cluster.nodes[2]
-    try:
-        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+    with _owning_every_partition(cluster, namespace) as running:
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
         wait_until(lambda: _node_errors(caplog), timeout_s=10)
@@ -122,18 +130,12 @@ def test_a_killed_master_is_not_asked_every_round(
         # so most rounds did not ask it at all.
         skipped = [r for r in caplog.records if "skipped for now" in str(getattr(r, "why", ""))]
         assert skipped, "the dead master was asked every round"
-    finally:
-        assert running.sigterm()
-        client.close()
 
 
 def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_one(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rcoord.service")
-    client, coord = _setup(cluster, namespace)
-    running = _running(cluster.url, namespace, 1000)
-    try:
-        wait_until(lambda: len(running.svc.leases.owned) == coord.config.num_partitions)
+    with _owning_every_partition(cluster, namespace):
         for node in cluster.nodes:
             assert node.pid is not None
             os.kill(node.pid, signal.SIGKILL)
@@ -147,9 +149,6 @@ def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_o
         wait_until(lambda: len(records("loop_error")) >= 4, timeout_s=15)
         assert 1 <= len(records("lease_error")) <= 2, [r.getMessage() for r in caplog.records]
         assert len(_node_errors(caplog)) <= 3 * 2  # (once per master, and perhaps once more)
-    finally:
-        assert running.sigterm()
-        client.close()
 
 
 def test_the_service_stops_promptly_while_every_master_hangs(
