@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.exceptions
 from harness import WAIT_S, await_until, wait_until
 
 from rcoord import ConnectionLost, CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.asyncio.wake import AsyncWakeReads
 from rcoord.keys import GroupKeys
 
 FORM: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"m")],
@@ -79,6 +81,49 @@ def test_calls_stuck_on_a_stalled_master_leave_the_other_masters_served(redis_cl
         assert coord._wake_reads._by_master == {}  # no idle master's bound is kept
         await coord.close()
         await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        wait_until(lambda: _cluster_ok(redis_cluster), timeout_s=4 * WAIT_S)
+        admin.close()
+
+
+def test_reads_stuck_on_a_stalled_master_leave_the_other_masters_reads_to_go(redis_cluster):
+    """The wake-stream reads had one bound for all masters (half the commands' bound), so the
+    reads stuck on a stalled master held every read place: a parked call on a healthy master
+    was not woken by its stream, only by its own timeout (up to a second late, at every wake).
+    The read bound is now per master too: here (a bound of one read) a read stuck on the stalled
+    master leaves a read on another master to see its stream move."""
+    admin = redis_cluster.client()
+
+    def port(key: str) -> int:
+        return int(admin.get_node_from_key(key).port)
+
+    stuck_key = "wake-stuck"
+    stalled = next(s for s in redis_cluster.nodes if s.port == port(stuck_key))
+    healthy_key = next(f"wake-{i}" for i in range(100) if port(f"wake-{i}") != stalled.port)
+
+    async def scenario() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=port(healthy_key))
+        await client.initialize()
+        reads = AsyncWakeReads(2)  # one read in flight per master
+        os.kill(stalled.pid, signal.SIGSTOP)
+        try:
+            stuck = asyncio.create_task(reads.wait(client, stuck_key, b"0-0", 60_000))
+            await await_until(lambda: reads.reading() == 1)  # its read sent, or waiting to be
+            healthy = asyncio.create_task(reads.wait(client, healthy_key, b"0-0", 4_000))
+            await await_until(lambda: reads.waiting(healthy_key) == 1)
+            admin.xadd(healthy_key, {"w": "1"})
+            assert await asyncio.wait_for(healthy, WAIT_S) is True  # (the old code: False)
+            assert not stuck.done()
+        finally:
+            os.kill(stalled.pid, signal.SIGCONT)
+            await reads.close()
+            outcomes = await asyncio.gather(stuck, return_exceptions=True)
+            await client.aclose()
+        assert all(isinstance(o, (bool, redis.exceptions.ConnectionError)) for o in outcomes)
+        assert reads._by_master == {}  # no idle master's bound is kept
 
     try:
         asyncio.run(scenario())

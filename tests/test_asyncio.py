@@ -169,7 +169,7 @@ def test_parked_reads_never_take_the_places_of_other_commands(request, backend, 
     """A reviewer's repro: the reads shared the commands' bound, so with parked calls in as
     many groups as the bound, every place was held by a blocked read for up to a second, and a
     heartbeat (or the SyncGroup that would wake them) waited for one to end. Reads now have a
-    bound of their own. Also: the bounds belong to the loop using them, so the coordinator works
+    bound of their own (per master, as the commands'). Also: the bounds belong to the loop using them, so the coordinator works
     from a second ``asyncio.run`` (an asyncio.Semaphore binds to the loop that first waits)."""
     from rcoord.keys import GroupKeys
 
@@ -196,8 +196,12 @@ def test_parked_reads_never_take_the_places_of_other_commands(request, backend, 
         while not all(coord._wake_reads.waiting(w) for w in wakes):
             assert loop.time() < deadline
             await asyncio.sleep(0.01)
-        # Both groups parked, one read place: it is taken, and the commands' places are free.
-        assert coord._wake_reads._reads.locked() and not coord._wake_reads.commands().locked()
+        # Both groups parked, one read place (per master): taken, and the commands' are free.
+        reads = coord._wake_reads
+        bounds = [(is_read, b.places) for (_, is_read), b in reads._by_master.items()]
+        bounds += [(False, reads.commands()), (True, reads._reads)]
+        assert any(is_read and places.locked() for is_read, places in bounds)
+        assert not any(places.locked() for is_read, places in bounds if not is_read)
         for g, (leader, ids, gen) in leaders.items():
             await coord.sync_group(g, gen, leader, assignments={i: b"x" for i in ids})
         assert {s.error for s in await asyncio.gather(*parked)} == {Errors.NONE}

@@ -17,10 +17,12 @@ bound below the pool's size (``command_limit``): a wake-up sends every woken cal
 command at once, which a pool of 100 could not serve either. On a cluster the bound is per
 master, as the pools are (``places``): with one bound for all masters, the calls stuck on one
 stalled master took every place, and a heartbeat for a group on a healthy master waited for the
-whole stall, its member expiring. The reads have a bound of their own (half that one, for all
-masters together): a read holds its connection for up to a second, and sharing one bound, reads
-of as many parked groups as the bound took every place, so a heartbeat (or the SyncGroup that
-would wake them) waited for a read to end. When the deadline the parked calls wait for falls
+whole stall, its member expiring. The reads have a bound of their own (half that one, per
+master too): a read holds its connection for up to a second, and sharing one bound, reads of as
+many parked groups as the bound took every place, so a heartbeat (or the SyncGroup that would
+wake them) waited for a read to end; and with one read bound for all masters, the reads stuck on
+a stalled master held every read place, so a parked call on a healthy master was woken only by
+its own timeout, up to a second late, each time. When the deadline the parked calls wait for falls
 due, they all ask whether it is due and then claim it: the same question in flight is asked
 once and its answer shared (``read``), and one call per claim's length asks for the claim
 (``claim``), as the blocking coordinator's threads do.
@@ -104,8 +106,9 @@ async def _masters(client: Any, keys: Sequence[Any]) -> list[str]:
 
 
 class _MasterBound:
-    """One master's bound, and how many calls hold or wait for a place under it: dropped when
-    none does, so a client that met many masters (failovers, reshards) keeps none idle."""
+    """One master's bound (of its commands, or of its reads), and how many calls hold or wait
+    for a place under it: dropped when none does, so a client that met many masters (failovers,
+    reshards) keeps none idle."""
 
     __slots__ = ("places", "users")
 
@@ -127,14 +130,15 @@ class _Stream:
 
 class AsyncWakeReads:
     """The wake-stream reads of one asyncio coordinator (see the module docstring), and the
-    bounds on its commands (``commands`` per master) and its reads in flight
-    (``commands // 2``)."""
+    bounds on its commands (``commands`` per master) and its reads in flight (``commands // 2``
+    per master)."""
 
     def __init__(self, commands: int) -> None:
         self._sizes = (commands, max(1, commands // 2))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands = self._reads = asyncio.Semaphore(1)  # (made for each loop: _bound)
-        self._by_master: dict[str, _MasterBound] = {}  # a cluster's, by name, while in use
+        # a cluster's bounds while in use, by (master name, whether of reads)
+        self._by_master: dict[tuple[str, bool], _MasterBound] = {}
         self._closed = False
         self._streams: dict[Any, _Stream] = {}
         self._shared: dict[tuple[Any, ...], asyncio.Future[Any]] = {}  # read in flight
@@ -189,23 +193,31 @@ class AsyncWakeReads:
             yield
 
     @contextlib.asynccontextmanager
-    async def _place(self, name: str) -> AsyncIterator[None]:
-        """A place under master ``name``'s bound ("": ``commands()``)."""
+    async def _place(self, name: str, reads: bool = False) -> AsyncIterator[None]:
+        """A place under master ``name``'s bound of commands, or of blocking reads (``reads``);
+        "" is a single-node client's (``commands()``, or the reads' own)."""
         if not name:
-            async with self._commands:
+            async with self._reads if reads else self._commands:
                 yield
             return
-        bound = self._by_master.get(name)
+        bound = self._by_master.get((name, reads))
         if bound is None:
-            bound = self._by_master[name] = _MasterBound(self._sizes[0])
+            bound = self._by_master[name, reads] = _MasterBound(self._sizes[reads])
         bound.users += 1
         try:
             async with bound.places:
                 yield
         finally:
             bound.users -= 1
-            if not bound.users and self._by_master.get(name) is bound:
-                del self._by_master[name]
+            if not bound.users and self._by_master.get((name, reads)) is bound:
+                del self._by_master[name, reads]
+
+    @contextlib.asynccontextmanager
+    async def _read_place(self, client: Any, key: Any) -> AsyncIterator[None]:
+        """A place under the read bound of the master that serves ``key``."""
+        (name,) = await _masters(client, [key])
+        async with self._place(name, reads=True):
+            yield
 
     async def wait(self, client: Any, key: Any, after: Any, block_ms: int) -> bool:
         """Wait up to ``block_ms`` until ``key`` has an entry after ``after``: whether it has."""
@@ -373,8 +385,10 @@ class AsyncWakeReads:
     async def _read(self, client: Any, key: Any, start: tuple[int, int],
                     until: float | None) -> tuple[int, int] | None:
         """The newest entry after ``start``, waiting until ``until`` (loop time; None: not at
-        all: a short command, under its master's bound), counted once a place is free."""
-        async with self._reads if until is not None else self.places(client, [key]):
+        all: a short command, under its master's bound; else under its master's read bound),
+        counted once a place is free."""
+        async with (self._read_place(client, key) if until is not None
+                    else self.places(client, [key])):
             block_ms = None
             if until is not None:
                 block_ms = max(1, int((until - asyncio.get_running_loop().time()) * 1000))
