@@ -5,7 +5,8 @@ connection (the one sign such a producer gets); acks other than -1, 0 and 1 appe
 UNKNOWN_TOPIC_OR_PARTITION for that partition alone; a Fetch answers at once with min_bytes 0
 and waits for min_bytes otherwise; the bytes a Fetch reads follow the response's max_bytes; and
 CreateTopics with validate_only refuses what the create would; Metadata by topic id; one batch per
-partition in a Produce."""
+partition in a Produce; a partition named twice in a Produce or Fetch served once (the last
+entry); a SyncGroup v5 needs its protocol type and name."""
 
 from __future__ import annotations
 
@@ -266,3 +267,77 @@ def test_two_batches_for_one_partition_append_nothing(gateway, redis_server, top
         {"name": "t", "partition_data": [{"index": 0, "records": good}]}]})
     assert answer.responses[0].partition_responses[0].error_code.value == 0
     assert _log(gateway, redis_server) == (0, 1)
+
+
+def _produce_to(gateway: Any, partitions: list[tuple[int, bytes]]) -> list[Any]:
+    """Produce v9 to topic t's ``partitions`` (index, batch), in that order: the partition
+    responses."""
+    answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": i, "records": b} for i, b in partitions]}]})
+    return [p for t in answer.responses for p in t.partition_responses]
+
+
+def test_a_negative_partition_in_a_produce_fails_only_itself(gateway, redis_server, topics):
+    """A reviewer's repro: the negative partition's InvalidRequestError failed the request
+    whole (INVALID_REQUEST on every partition) after partition 0 was already appended, so the
+    producer was told its stored record had failed. As Kafka (its metadata cache has no such
+    partition), that partition alone is UNKNOWN_TOPIC_OR_PARTITION."""
+    topics.create("t", 1)
+    batch = encode_batch([Record(0, None, b"v", {}, 0)])
+    answered = _produce_to(gateway, [(0, batch), (-1, batch)])
+    assert [(p.index, p.error_code.value, p.base_offset) for p in answered] == [
+        (0, 0, 0), (-1, Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)]
+    assert _log(gateway, redis_server) == (0, 1)
+
+
+def test_a_partition_named_twice_is_appended_to_and_read_once(gateway, redis_server, topics):
+    """A reviewer's repro: each entry of a partition named twice was appended (both batches,
+    in no fixed order) and answered; a Fetch read it twice. Kafka keys both requests by
+    partition (the last entry wins) and answers the partition once."""
+    topics.create("t", 1)
+    first, last = (encode_batch([Record(0, None, v, {}, 0)]) for v in (b"a", b"b"))
+    answered = _produce_to(gateway, [(0, first), (0, last)])
+    assert [(p.index, p.error_code.value, p.base_offset) for p in answered] == [(0, 0, 0)]
+    assert _log(gateway, redis_server) == (0, 1)
+    _produce_to(gateway, [(0, encode_batch([Record(0, None, b"c", {}, 0)]))])
+    fetched = call_once(gateway, 1, 12, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+        "topics": [{"topic": "t", "partitions": [
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20},
+            {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20}]}]})
+    assert [p.partition_index for t in fetched.responses for p in t.partitions] == [0]
+    assert _records(fetched) == {0: [b"c"]}  # read from the last entry's offset
+
+
+def test_sync_group_v5_needs_its_protocol_type_and_name(gateway):
+    """From v5 a SyncGroup's protocol type and name are mandatory: Kafka answers one without
+    them INCONSISTENT_GROUP_PROTOCOL before it looks at the group. The gateway passed the nulls
+    on as "not given", and the leader got its assignment."""
+    sock = connect(gateway)
+    corr = iter(range(1, 100))
+
+    def call(key: int, version: int, body: dict[str, Any]) -> Any:
+        sock.sendall(request_frame(key, version, next(corr), body))
+        return response(sock, key, version, 5)
+
+    try:
+        join = {"group_id": "g", "session_timeout": 30_000, "rebalance_timeout": 30_000,
+                "member_id": "", "group_instance_id": None, "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b""}], "reason": None}
+        member = call(11, 9, join).member_id
+        joined = call(11, 9, {**join, "member_id": member})
+        assert joined.error_code.value == 0
+        sync = {"group_id": "g", "generation_id": joined.generation_id, "member_id": member,
+                "group_instance_id": None, "protocol_type": "consumer", "protocol_name": "range",
+                "assignments": [{"member_id": member, "assignment": b"a"}]}
+        for missing in ("protocol_type", "protocol_name"):
+            refused = call(14, 5, {**sync, missing: None})
+            assert refused.error_code.value == Errors.INCONSISTENT_GROUP_PROTOCOL
+            assert not refused.assignment
+        synced = call(14, 5, sync)
+        assert (synced.error_code.value, synced.assignment) == (0, b"a")
+        older = call(14, 4, {k: v for k, v in sync.items()
+                             if k not in ("protocol_type", "protocol_name")})
+        assert (older.error_code.value, older.assignment) == (0, b"a")  # (optional before v5)
+    finally:
+        sock.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import Errors
 from ..protocol.leave import MemberIdentity
 from .acl import Operation, ResourceType
 from .errors import GROUP_AUTHORIZATION_FAILED
@@ -64,6 +65,11 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
 
 @api(14, "SyncGroup", 0, 5, group=True)
 async def sync_group(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+        # Mandatory from v5 (Kafka's SyncGroupRequest.areMandatoryProtocolTypeAndNamePresent),
+        # checked before the group is touched, and before the ACL, as KafkaApis does.
+        return {"throttle_time": 0, "error_code": Errors.INCONSISTENT_GROUP_PROTOCOL,
+                "protocol_type": None, "protocol_name": None, "assignment": b""}
     conn.require(Operation.READ, ResourceType.GROUP, req.group_id)
     res = await conn.state.coordinator.sync_group(
         req.group_id,

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import redis.exceptions
 
@@ -50,6 +51,9 @@ from .wire import millis
 __all__: list[str] = []
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 FETCH_MAX_RECORDS = 500
 """Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
@@ -110,6 +114,10 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     """
     out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
                            "log_append_time": -1, "log_start_offset": -1}
+    if partition < 0:  # no topic has one: Kafka's metadata cache does not contain it
+        out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                   error_message=f"partition {partition} of {topic!r} does not exist")
+        return out
     try:
         batches = decode_batches(data or b"", partition)
         if not batches:
@@ -132,16 +140,26 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     return out
 
 
+def _last_of_each(entries: Iterable[tuple[K, V]]) -> list[tuple[K, V]]:
+    """One entry per key, the last given, in the order each key first came: how Kafka reads a
+    Produce or Fetch that names a partition twice (``KafkaApis.handleProduceRequest``'s map of
+    partition to records; ``FetchRequest.fetchData``, a ``LinkedHashMap``), so the partition is
+    appended to or read once, and answered once."""
+    return list(dict(entries).items())
+
+
 @api(0, "Produce", 3, 9)
 async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | None:
     state = conn.state
+    entries = _last_of_each(((t.name, p.index), p.records)
+                           for t in req.topic_data for p in t.partition_data)
     if req.acks not in (-1, 0, 1):
         # As Kafka's appendRecords: nothing is appended, every partition answers why.
-        return _answer([(t.name, {"index": p.index, "error_code": INVALID_REQUIRED_ACKS,
-                                  "error_message": f"acks must be -1, 0 or 1, got {req.acks}",
-                                  "base_offset": -1, "log_append_time": -1,
-                                  "log_start_offset": -1})
-                        for t in req.topic_data for p in t.partition_data])
+        return _answer([(topic, {"index": index, "error_code": INVALID_REQUIRED_ACKS,
+                                 "error_message": f"acks must be -1, 0 or 1, got {req.acks}",
+                                 "base_offset": -1, "log_append_time": -1,
+                                 "log_start_offset": -1})
+                        for (topic, index), _ in entries])
     writable = {t.name for t in req.topic_data
                 if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
 
@@ -149,10 +167,10 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
         return {"index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED, "base_offset": -1,
                 "log_append_time": -1, "log_start_offset": -1}
 
-    jobs = [(t.name, p.index,
-             state.blocking(_append, state, t.name, p.index, p.records) if t.name in writable
-             else refused(p.index))
-            for t in req.topic_data for p in t.partition_data]
+    jobs = [(topic, index,
+             state.blocking(_append, state, topic, index, records) if topic in writable
+             else refused(index))
+            for (topic, index), records in entries]
     # Every partition's append ends before the response is sent: one answered early while
     # another still ran let a client resend into an append in flight.
     outcomes = await asyncio.gather(*(job for _, _, job in jobs), return_exceptions=True)
@@ -446,8 +464,9 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
     state = conn.state
     readable = {t.topic for t in req.topics if conn.may(Operation.READ, ResourceType.TOPIC,
                                                         t.topic)}
-    wanted = [(t.topic, p.partition, int(p.fetch_offset), int(p.partition_max_bytes))
-              for t in req.topics for p in t.partitions if t.topic in readable]
+    wanted = [(topic, partition, *read) for (topic, partition), read in _last_of_each(
+        ((t.topic, p.partition), (int(p.fetch_offset), int(p.partition_max_bytes)))
+        for t in req.topics for p in t.partitions if t.topic in readable)]
     max_bytes = int(req.max_bytes)
     results, chosen, total = await _collect(state, wanted, max_bytes)
     # As Kafka's fetchMessages: answer now if max_wait <= 0, on an error, or once min_bytes are
@@ -465,14 +484,14 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
                                                                    strict=True)], deadline)
         results, chosen, total = await _collect(state, wanted, max_bytes)
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for t in req.topics:
-        if t.topic not in readable:
-            by_topic[t.topic] = [{
-                "partition_index": p.partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
-                "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
-                "aborted_transactions": None, "preferred_read_replica": -1,
-                "records": b"",  # as Kafka's MemoryRecords.EMPTY: null reads as size -1
-            } for p in t.partitions]
+    for (topic, partition), _ in _last_of_each(((t.topic, p.partition), None) for t in req.topics
+                                               for p in t.partitions if t.topic not in readable):
+        by_topic.setdefault(topic, []).append({
+            "partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
+            "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+            "aborted_transactions": None, "preferred_read_replica": -1,
+            "records": b"",  # as Kafka's MemoryRecords.EMPTY: null reads as size -1
+        })
     encoded = await asyncio.gather(*(state.blocking(_partition_data, partition, res, records)
                                      for (_, partition, _, _), res, records
                                      in zip(wanted, results, chosen, strict=True)))
