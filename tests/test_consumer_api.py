@@ -611,6 +611,50 @@ def test_close_between_a_cooperative_rebalance_and_the_next_poll_commits_everyth
         runner.join()
 
 
+def test_close_after_a_next_generation_ended_untaken_commits_under_it(env: Any) -> None:
+    """A reviewer's repro: the member joined generation 2 in the background, and it ended
+    before poll() took it (another member joined: the group prepares generation 3, waiting for
+    a member that has not rejoined). close() committed under generation 1, held, and was
+    refused (ILLEGAL_GENERATION, logged): the next owner read again what had been processed.
+    Kafka's consumer commits under the newest generation it joined, which the group, preparing
+    the next one, still accepts."""
+    from rcoord.protocol.consumer import PROTOCOL_TYPE, ConsumerProtocolSubscription
+
+    _fill(env, 2, 10)
+    a = env.consumer(assignors=["cooperative-sticky"], auto_commit_interval_ms=100_000,
+                     rebalance_timeout_ms=30_000)
+    assert len(_consume_all(a, 20)) == 20
+    held, group = a.generation, a.group
+    assert held is not None
+    meta = ConsumerProtocolSubscription(["t"]).encode()
+    joined: dict[str, Any] = {}
+
+    def raw_join(name: str) -> None:
+        joined[name] = env.coord.join_group(
+            "g", "", protocol_type=PROTOCOL_TYPE, protocols=[("cooperative-sticky", meta)],
+            session_timeout_ms=2_000, rebalance_timeout_ms=2_000, require_known_member_id=False)
+
+    x = threading.Thread(target=raw_join, args=("x",), daemon=True)
+    x.start()  # parks until A's group rejoins in the background
+    x.join(WAIT_S)
+    assert joined["x"].error == Errors.NONE
+    ahead = joined["x"].generation_id
+    assert env.coord.sync_group("g", ahead, joined["x"].member_id).error == Errors.NONE
+    wait_until(lambda: group.peek() is not None)  # generation 2 offered, not taken
+    y = threading.Thread(target=raw_join, args=("y",), daemon=True)
+    y.start()  # the group prepares generation 3 and waits for X, which never rejoins
+    try:
+        wait_until(lambda: group.peek() is None)  # generation 2 ended untaken
+        assert a.generation is held
+        assert env.coord.describe_group("g").state == "PreparingRebalance"
+        a.close()
+        assert {tp: o.offset for tp, o in env.coord.fetch_offsets("g").offsets.items()} == {
+            TP("t", 0): 10, TP("t", 1): 10}
+    finally:
+        y.join(WAIT_S)  # (X's rebalance timeout ends the round)
+    assert joined["y"].error == Errors.NONE
+
+
 def test_commit_between_a_cooperative_rebalance_and_the_next_poll_succeeds(env: Any) -> None:
     """commit() of partitions the member still owns succeeds in that window; it raised
     CommitFailedError (ILLEGAL_GENERATION), as if the partitions were gone."""

@@ -1227,18 +1227,20 @@ class Consumer(SubscriptionMixin):
             not gen.carried or self._partitions_lost())
 
     def _commit_generation(self) -> Generation:
-        """The generation to commit under: the held one, or, cooperatively, the next one when
-        the group's thread has already joined it (the rejoin runs in the background, so the
-        group may be Stable in the next generation before poll() applies it). The member still
-        owns every partition it holds there (a revoked one moves only after its next rejoin),
-        and the ended generation's commits would be refused (ILLEGAL_GENERATION), silently
-        dropping a close()'s final commit and failing commit()."""
+        """The generation to commit under: the held one, or, cooperatively, the newest one
+        the group's thread has joined since (the rejoin runs in the background, so the group
+        may be in the next generation before poll() applies it, and that one may itself have
+        ended, untaken, when yet another member joined: ``ConsumerGroup.newest``). The member
+        still owns every partition it holds there (a revoked one moves only after its next
+        rejoin), and the ended generation's commits would be refused (ILLEGAL_GENERATION),
+        silently dropping a close()'s final commit and failing commit()."""
         gen = self._gen
         assert gen is not None
         if (gen.done.is_set() and gen.carried and not self._partitions_lost()
                 and self._group is not None):
-            ahead = self._group.peek()
-            if ahead is not None and ahead.member_id == gen.member_id:
+            ahead = self._group.newest()
+            if (ahead is not None and ahead.member_id == gen.member_id
+                    and ahead.generation_id > gen.generation_id):
                 return ahead
         return gen
 

@@ -179,6 +179,9 @@ class ConsumerGroup:
         self._error: BaseException | None = None
         self._fatal: BaseException | None = None
         self._current: Generation | None = None
+        # The newest generation the member joined (offered or not, ended or not): the one its
+        # commits go under while no newer one is taken (``newest``).
+        self._newest: Generation | None = None
         self._member_id = ""
         self._in_call = False
         self._left = False
@@ -351,6 +354,19 @@ class ConsumerGroup:
             gen = self._slot
         return gen if gen is not None and not gen.done.is_set() else None
 
+    def newest(self) -> Generation | None:
+        """The newest generation the member joined, whether ``next()`` gave it out or not, and
+        whether it ended or not. A cooperative consumer that holds an older one commits under
+        it: the group's generation is that one (or a newer one the member is not in yet, which
+        refuses either), and it is still in the group. ``peek`` has none once an untaken
+        generation ends: a rebalance that began before ``poll()`` took the generation (another
+        member joined) left such a consumer's commits, a ``close()``'s final one included,
+        under the generation before, refused as ILLEGAL_GENERATION, and their records read
+        again by the next owner, where Kafka's consumer commits under the newest generation it
+        joined."""
+        with self._cond:
+            return self._newest
+
     def close(self, timeout: float | None = None) -> None:
         """End the generation, wait for its routines, leave the group (unless static), stop.
 
@@ -495,7 +511,7 @@ class ConsumerGroup:
                         gen._end(EndReason.CLOSED)
                     elif self._config is not joined:  # joined with the old subscription
                         gen._end(EndReason.SUBSCRIPTION_CHANGED)
-                    self._current = gen
+                    self._current = self._newest = gen
                 self._start_threads(gen)
                 self._deliver(gen)
                 gen.done.wait()
