@@ -26,7 +26,9 @@ from rcoord.client import (
     NoOffsetForPartitionError,
     WakeupError,
 )
+from rcoord.client.coordinator import RedisCoordinator
 from rcoord.client.errors import IllegalStateError
+from rcoord.errors import ConnectionLost
 
 TP = TopicPartition
 env = test_consumer.env  # the fixture: a namespace, its topics, a producer, consumers of "g"
@@ -653,6 +655,72 @@ def test_close_after_a_next_generation_ended_untaken_commits_under_it(env: Any) 
     finally:
         y.join(WAIT_S)  # (X's rebalance timeout ends the round)
     assert joined["y"].error == Errors.NONE
+
+
+class _JoinsAndLeaves(RedisCoordinator):
+    """Records each JoinGroup and LeaveGroup; ``before_join`` runs before each JoinGroup."""
+
+    def __init__(self, *args: Any, before_join: Any) -> None:
+        super().__init__(*args)
+        self.calls: list[str] = []
+        self.before_join = before_join
+        self.left = threading.Event()
+
+    def join_group(self, *args: Any, **kw: Any) -> Any:
+        self.calls.append("join")
+        self.before_join(len(self.calls))
+        return super().join_group(*args, **kw)
+
+    def leave_group(self, *args: Any, **kw: Any) -> Any:
+        self.calls.append("leave")
+        try:
+            return super().leave_group(*args, **kw)
+        finally:
+            self.left.set()  # (answered)
+
+
+def _joined_members(env: Any) -> set[str]:
+    return {m.member_id for m in env.coord.describe_group("g").members}
+
+
+def test_close_during_a_join_retry_pause_sends_no_join_after_its_leave(env: Any) -> None:
+    """A reviewer's repro: close() ended the pause before a JoinGroup's retry, and the retry
+    still went out, after close()'s LeaveGroup: it added the member again, which held
+    partitions in the group, never synced, until its session ended. Now the pause's end is the
+    end of the retries; and a member that joins after close()'s LeaveGroup anyway (the next
+    test) is left again."""
+    def first_fails(n: int) -> None:
+        if n == 1:
+            raise ConnectionLost("connection reset")
+
+    env.topics.create("t", 2)
+    coordinator = _JoinsAndLeaves(env.client, env.namespace, before_join=first_fails).start()
+    a = env.consumer(coordinator=coordinator, retry_backoff_ms=2_000, retry_backoff_max_ms=2_000,
+                     session_timeout_ms=30_000)
+    a.poll(timeout=0)  # starts joining: the first JoinGroup fails, its retry waits 2-4 s
+    wait_until(lambda: coordinator.calls == ["join"])
+    a.close()
+    assert "join" not in coordinator.calls[1:]  # (the old code: join, leave, join)
+    assert _joined_members(env) == set()
+
+
+def test_a_join_that_reaches_the_group_after_close_left_it_is_left_again(env: Any) -> None:
+    """A JoinGroup sent as close() began, and processed after close()'s LeaveGroup, added the
+    member after it had left; the run thread did not leave again (it had left once), so the
+    member stayed in the group until its session ended."""
+    env.topics.create("t", 2)
+    coordinator: _JoinsAndLeaves
+
+    def after_the_leave(n: int) -> None:
+        assert coordinator.left.wait(WAIT_S)
+
+    coordinator = _JoinsAndLeaves(env.client, env.namespace, before_join=after_the_leave).start()
+    a = env.consumer(coordinator=coordinator, session_timeout_ms=30_000)
+    a.poll(timeout=0)  # starts joining; the JoinGroup waits for close()'s LeaveGroup
+    wait_until(lambda: coordinator.calls == ["join"])
+    a.close()
+    assert coordinator.calls[:2] == ["join", "leave"]
+    assert _joined_members(env) == set()  # (the old code: the member stayed)
 
 
 def test_commit_between_a_cooperative_rebalance_and_the_next_poll_succeeds(env: Any) -> None:

@@ -100,6 +100,7 @@ from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import (
     ConfigError,
     Errors,
+    ParkAbandonedError,
     ProtocolError,
     RcoordError,
     as_missing_permission,
@@ -185,6 +186,7 @@ class ConsumerGroup:
         self._member_id = ""
         self._in_call = False
         self._left = False
+        self._leaves_answered = 0  # LeaveGroups sent and answered (or failed): _parked
         self._exited = threading.Event()
         # Cleared while the member stays out of the group on its holder's request
         # (``leave_until_resumed``); the run loop joins only while it is set.
@@ -610,6 +612,9 @@ class ConsumerGroup:
             )
         except Exception as exc:  # noqa: BLE001 - best effort: the session expires anyway
             log.warning("LeaveGroup for %s failed: %s", member_id, exc)
+        finally:
+            with self._cond:
+                self._leaves_answered += 1
 
     # -- one round
 
@@ -641,6 +646,11 @@ class ConsumerGroup:
 
     def _set_member_id(self, member_id: str) -> None:
         self._member_id = member_id
+        if self._closing.is_set():
+            # A JoinGroup answered as close() began may have been taken after close()'s
+            # LeaveGroup, adding the member again: _shutdown leaves once more (an extra
+            # LeaveGroup for a member already gone is answered UNKNOWN_MEMBER_ID, harmless).
+            self._left = False
 
     @contextlib.contextmanager
     def _parked(self) -> Iterator[None]:
@@ -652,9 +662,18 @@ class ConsumerGroup:
         does not run ``rcoord.flow`` flows (a test's fake) is unaffected."""
         with self._cond:
             self._in_call = True
+            answered = self._leaves_answered
         try:
             with abandon_parked_when(self._closing):
                 yield
+        except ParkAbandonedError:
+            with self._cond:
+                if self._leaves_answered > answered:
+                    # close()'s LeaveGroup was answered and the call still waited: the
+                    # coordinator took it after the leave (sent as close() began), so the
+                    # member is in the group again. _shutdown leaves once more.
+                    self._left = False
+            raise
         finally:
             with self._cond:
                 self._in_call = False

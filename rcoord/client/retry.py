@@ -80,38 +80,50 @@ def call_with_retries(
     Pauses grow exponentially with jitter (``retry_backoff_ms`` .. ``retry_backoff_max_ms``)
     and wake early when ``closing`` is set. Retries stop ``budget_s`` (default: one session
     timeout) after the first failure; then the last result is returned (or the last exception
-    raised).
+    raised). A pause that ``closing`` (or the thread's wakeup) ends is the end: no attempt
+    follows it. Tenacity looks at its stop only after an attempt, so the attempt after such a
+    pause went out anyway: a JoinGroup retried after close() had sent LeaveGroup added the
+    member again, and it held partitions in the group until its session ended.
     """
     cfg = config
     wakeup = _wakeup_of_this_thread()
+    # The outcome (and attempt number) before the pause in progress: tenacity clears the
+    # state's outcome before it sleeps.
+    paused: list[tuple[tenacity.Future, int]] = []
 
     def sleep(seconds: float) -> None:
         if wakeup is None:
             closing.wait(seconds)
-            return
-        # Two events end the pause; the wakeup is waited on, closing looked at every 50 ms.
-        end = time.monotonic() + seconds
-        while not closing.is_set():
-            left = end - time.monotonic()
-            if left <= 0 or wakeup.wait(min(left, 0.05)):
-                return
+        else:
+            # Two events end the pause; the wakeup is waited on, closing looked at every 50 ms.
+            end = time.monotonic() + seconds
+            while not closing.is_set():
+                left = end - time.monotonic()
+                if left <= 0 or wakeup.wait(min(left, 0.05)):
+                    break
+        if closing.is_set() or (wakeup is not None and wakeup.is_set()):
+            raise _PauseEnded
 
     def retriable(result: T) -> bool:
         return error_of is not None and reaction_for(error_of(result)).retry
 
     def last_outcome(state: tenacity.RetryCallState) -> T:
         assert state.outcome is not None
+        return outcome_of(state.outcome, state.attempt_number)
+
+    def outcome_of(outcome: tenacity.Future, attempt: int) -> T:
         if wakeup is not None and wakeup.is_set() and not closing.is_set():
             raise WakeupError(
                 f"group {cfg.group_id!r}: retries interrupted by wakeup() after attempt "
-                f"{state.attempt_number} ("
-                + (repr(state.outcome.exception()) if state.outcome.failed else "an error code")
+                f"{attempt} ("
+                + (repr(outcome.exception()) if outcome.failed else "an error code")
                 + ")"
             )
-        return state.outcome.result()  # type: ignore[no-any-return]
+        return outcome.result()  # type: ignore[no-any-return]
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         assert state.outcome is not None
+        paused[:] = [(state.outcome, state.attempt_number)]
         what = (
             state.outcome.exception()
             if state.outcome.failed
@@ -138,7 +150,14 @@ def call_with_retries(
         retry_error_callback=last_outcome,
         before_sleep=before_sleep,
     )
-    return retrying(call)
+    try:
+        return retrying(call)
+    except _PauseEnded:
+        return outcome_of(*paused[0])
+
+
+class _PauseEnded(Exception):
+    """A retry's pause ended by closing or wakeup: no further attempt (``call_with_retries``)."""
 
 
 _NEVER = threading.Event()  # never set: the wakeup of a thread that has none
