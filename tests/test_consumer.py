@@ -254,6 +254,8 @@ def test_listener_exception_propagates_after_the_step_completes(fake_consumer: A
         consumer.poll(timeout=WAIT_S)
     assert consumer.generation is None  # the revocation completed despite the exception
     poll_until(consumer, lambda g: consumer.generation is not None)
+    with pytest.raises(RuntimeError, match="listener failed"):
+        consumer.close()  # the final revocation's, raised once the consumer is closed
 
 
 def test_close_from_inside_on_partitions_revoked(fake_consumer: Any) -> None:

@@ -796,3 +796,82 @@ def test_a_second_thread_is_refused_while_one_is_inside_a_call(env: Any) -> None
     assert not runner.is_alive()
     consumer.commit()  # the one thread left is welcome
     assert consumer.assignment() == [TP("t", 0)]
+
+
+class _FailingRevocation(Recorder):
+    """Records every callback; ``on_partitions_revoked`` then raises ``error``, or, with
+    ``unsubscribe``, unsubscribes the consumer from inside the callback."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.error = error
+        self.unsubscribe: Consumer | None = None
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        if self.unsubscribe is not None:
+            self.unsubscribe.unsubscribe()
+        if self.error is not None:
+            raise self.error
+
+
+def test_close_raises_what_the_listener_raised_once_it_is_closed(env: Any) -> None:
+    """A reviewer's finding: an on_partitions_revoked that raised in close() was only logged,
+    so a failed flush went unnoticed. As Kafka's close() ("User rebalance callback throws an
+    error"), the close completes (the member leaves, the consumer is closed) and then raises
+    it."""
+    _fill(env, 1, 3)
+    listener = _FailingRevocation(RuntimeError("flush failed"))
+    a = env.consumer(listener)
+    assert len(_consume_all(a, 3)) == 3
+    with pytest.raises(RuntimeError, match="flush failed"):
+        a.close()
+    assert listener.events[-1] == ("revoked", [TP("t", 0)])
+    assert env.coord.describe_group("g").members == []
+    with pytest.raises(IllegalStateError):
+        a.poll(timeout=0)
+    a.close()  # (closed already: nothing to raise again)
+
+
+def test_a_with_block_that_raised_keeps_its_error_over_the_listeners(env: Any) -> None:
+    _fill(env, 1, 3)
+    a = env.consumer(_FailingRevocation(RuntimeError("flush failed")))
+    with pytest.raises(KeyError, match="the block's"), a:
+        assert len(_consume_all(a, 3)) == 3
+        raise KeyError("the block's")
+    assert env.coord.describe_group("g").members == []
+
+
+def test_close_with_no_partition_assigned_calls_no_listener(env: Any) -> None:
+    """A reviewer's finding: a member assigned nothing was called on_partitions_revoked([]) by
+    close(); Kafka's onLeavePrepare calls the listener only with partitions to drop."""
+    _fill(env, 1, 1)
+    listeners = [_FailingRevocation(), _FailingRevocation()]
+    consumers = [env.consumer(listener) for listener in listeners]
+
+    def one_idle() -> bool:
+        for c in consumers:
+            c.poll(timeout=0.02)
+        return sorted(len(c.assignment()) for c in consumers) == [0, 1] and all(
+            listener.events and listener.events[-1][0] == "assigned" for listener in listeners)
+
+    wait_until(one_idle)
+    idle = next(i for i, c in enumerate(consumers) if not c.assignment())
+    before = list(listeners[idle].events)
+    consumers[idle].close()
+    assert listeners[idle].events == before  # (the old code: revoked [] added)
+
+
+def test_unsubscribe_from_the_revocation_listener_does_not_revoke_again(env: Any) -> None:
+    """unsubscribe() inside on_partitions_revoked started a second revocation of the same
+    partitions, calling the listener again, nested (without end when the call is
+    unconditional); close() already checked for a revocation in progress."""
+    _fill(env, 1, 1)
+    listener = _FailingRevocation()
+    a = env.consumer(listener)
+    assert len(_consume_all(a, 1)) == 1
+    listener.unsubscribe = a
+    a.unsubscribe()
+    assert [e for e in listener.events if e[0] == "revoked"] == [("revoked", [TP("t", 0)])]
+    assert a.subscription() == []
+    a.close()

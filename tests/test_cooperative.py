@@ -413,6 +413,8 @@ def test_on_partitions_assigned_runs_even_if_on_partitions_revoked_raised(env: A
     # Right after it, in the same generation (not the next round's, nor missing).
     assert listener.generations[at + 1 : at + 2] == [("assigned", revoked_in)]
     assert [str(e) for e in a.errors] == ["the revocation handler failed"]
+    with pytest.raises(RuntimeError, match="the revocation handler failed"):
+        a.close()  # the final revocation's, raised once the consumer is closed
 
 
 class AsyncCommitter(Recorder):

@@ -1287,7 +1287,11 @@ class Consumer(SubscriptionMixin):
                 gen.end_reason.value if gen.end_reason else "closing",
             )
             method = "on_partitions_lost" if lost else "on_partitions_revoked"
-            self._listen(method, partitions)  # what it raises propagates after finally
+            if partitions or polling:
+                # Leaving (close(), unsubscribe()) with nothing assigned calls no listener,
+                # as Kafka's onLeavePrepare; a rebalance in poll() calls it even so, as
+                # Kafka's onJoinPrepare does.
+                self._listen(method, partitions)  # what it raises propagates after finally
         finally:
             self._revoking = False
             self._gen = self._hold = None
@@ -1655,7 +1659,12 @@ class Consumer(SubscriptionMixin):
         close() began (the budget one call's retries have anyway), and close() waits for the
         group's thread. The final auto-commit is waited for only until the bound too (it runs
         on the committer thread, and may still land after close() returned, or be refused
-        once the member has left). Not bounded: the listener, and the calls it makes.
+        once the member has left). Not bounded: the listener, and the calls it makes. An
+        exception the listener raises in the final revocation does not stop the close: it is
+        raised once the consumer is closed, as Kafka's close() throws "User rebalance callback
+        throws an error" (leaving a ``with`` block that raised, it is logged instead, so the
+        block's own error goes on). With no partition assigned, no listener is called, as in
+        Kafka.
 
         Safe to call from another thread than ``poll()``'s, and more than once: a ``poll()``
         running there returns at its next step (waits in it end by the same bound), then this
@@ -1682,7 +1691,8 @@ class Consumer(SubscriptionMixin):
                        or me == self._iterating)
 
     def _do_close(self, timeout: float | None, *, handed_out_unprocessed: bool) -> None:
-        """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed."""
+        """close(); ``handed_out_unprocessed``: what ``_unacked`` names may be unprocessed.
+        Raises what the listener raised in the final revocation, once the close is done."""
         self._stop.set()
         self._wake_waits()  # a poll() in another thread returns now
         started = time.monotonic()
@@ -1695,9 +1705,11 @@ class Consumer(SubscriptionMixin):
         timer.name = f"rcoord-{self._config.group_id}-close-timer"
         timer.start()
         try:
-            self._close(deadline, handed_out_unprocessed)
+            listener_error = self._close(deadline, handed_out_unprocessed)
         finally:
             timer.cancel()
+        if listener_error is not None:
+            raise listener_error
 
     def _give_up_waiting(self) -> None:
         """close()'s bound has passed: stop retrying commits and heartbeats (here and in a
@@ -1715,10 +1727,14 @@ class Consumer(SubscriptionMixin):
         self._simple_retries_end.set()
         self._committer.give_up()
 
-    def _close(self, deadline: float | None, handed_out_unprocessed: bool) -> None:
+    def _close(self, deadline: float | None, handed_out_unprocessed: bool) -> Exception | None:
+        """The close; what the listener raised in the final revocation, if it did (the close
+        goes on: ``close()`` raises it at the end, as Kafka's close() throws "User rebalance
+        callback throws an error" once it is done)."""
+        listener_error: Exception | None = None
         with self._lock:
             if self._closed or self._closing:
-                return  # closed, or close() called again from the listener it is running
+                return None  # closed, or close() called again from the listener it is running
             self._closing = True
             self._close_deadline = deadline
             self._closer = threading.get_ident()
@@ -1733,8 +1749,8 @@ class Consumer(SubscriptionMixin):
                 if not self._revoking and self._gen is not None:
                     try:
                         self._revoke(lost=self._partitions_lost())
-                    except Exception:
-                        log.exception("the rebalance listener raised during close()")
+                    except Exception as exc:  # noqa: BLE001 - raised once the close is done
+                        listener_error = exc
                 elif self._assigned_manually and self._auto_commit:
                     # As Kafka's close(), which with auto-commit commits the consumed positions
                     # after assign() too (a simple-group commit: generation -1, no member id).
@@ -1767,6 +1783,7 @@ class Consumer(SubscriptionMixin):
                     self._group.close(_remaining(deadline))
                 self._fetching.close()  # a fetch still in flight is dropped, never waited for
                 self._close_own_client()
+        return listener_error
 
     def __enter__(self) -> Self:
         return self
@@ -1777,7 +1794,14 @@ class Consumer(SubscriptionMixin):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # the block's own error is the one to raise
+            log.exception("the rebalance listener raised in close(), leaving a block that "
+                          "raised %s", exc_type.__name__ if exc_type else "an error")
 
 
 _FETCH_POLLS = 4

@@ -54,6 +54,7 @@ class SubscriptionMixin:
         _listener: Any
         _lock: threading.RLock
         _auto_commit: bool
+        _revoking: bool
         _auto_commit_s: float
         _next_auto_commit: float
         _assigned: list[TopicPartition]
@@ -268,7 +269,9 @@ class SubscriptionMixin:
         self._await_committer()
         self._run_commit_callbacks()
         try:
-            if self._gen is not None:
+            if self._gen is not None and not self._revoking:
+                # (from the listener of a revocation in progress: that one is the last; a
+                # second would call the listener again, nested, for the same partitions)
                 self._revoke(lost=self._partitions_lost())
         finally:
             # Only now (the revocation's final commit landed): a hold a revocation poll()
