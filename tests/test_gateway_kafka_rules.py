@@ -341,3 +341,17 @@ def test_sync_group_v5_needs_its_protocol_type_and_name(gateway):
         assert (older.error_code.value, older.assignment) == (0, b"a")  # (optional before v5)
     finally:
         sock.close()
+
+
+def test_a_join_group_listing_a_protocol_twice_is_an_invalid_request(gateway):
+    """rcoord refuses a JoinGroup that names one protocol twice (docs/architecture.md,
+    "Errors"); through the gateway that is INVALID_REQUEST, and no member is added."""
+    joined = call_once(gateway, 11, 9, {
+        "group_id": "g", "session_timeout": 30_000, "rebalance_timeout": 30_000,
+        "member_id": "", "group_instance_id": None, "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"a"}, {"name": "range", "metadata": b"b"}],
+        "reason": None})
+    assert joined.error_code.value == Errors.INVALID_REQUEST
+    described = call_once(gateway, 15, 5, {"groups": ["g"],
+                                           "include_authorized_operations": False})
+    assert [g.group_state for g in described.groups] == ["Dead"]

@@ -395,6 +395,18 @@ def test_rebalance_timeout_must_be_positive(ctx):
                              session_timeout_ms=5000, rebalance_timeout_ms=0)
 
 
+def test_a_protocol_listed_twice_is_refused_before_anything_is_written(ctx):
+    """Kafka's broker takes a JoinGroup naming one protocol twice (its metadata, which one?);
+    rcoord refuses it, naming the protocol, and the group is not created."""
+    from rcoord import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="'range' is listed twice"):
+        ctx.coord.join_group("g", protocol_type="consumer",
+                             protocols=[("range", b"a"), ("range", b"b")],
+                             session_timeout_ms=5000, rebalance_timeout_ms=5000)
+    assert ctx.coord.describe_group("g").state == "Dead"
+
+
 def test_a_member_that_joins_twice_while_parked_gets_the_answer_on_both_calls(ctx):
     """After Kafka's testDynamicMembersCanRejoinGroupWithMaxSizeWhileRebalancing: a rejoin while
     parked replaces the parked request; here the earlier caller gets the same answer too."""
