@@ -234,12 +234,12 @@ def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
     ended)."""
     pieces = _split(client, items, key_of)
     if not _cluster(client):
-        outcomes = [_run(client, None, client, piece, work) for _, piece in pieces]
+        outcomes = [_run(client, None, piece, work) for _, piece in pieces]
     else:
         outcomes = [None] * len(pieces)
 
         def run(i: int, node: Any, piece: list[T]) -> None:
-            outcomes[i] = _run(client, node, client.get_redis_connection(node), piece, work)
+            outcomes[i] = _run(client, node, piece, work)
 
         threads = [threading.Thread(target=run, args=(i, node, piece), daemon=True,
                                     name="rcoord-node") for i, (node, piece) in enumerate(pieces)]
@@ -258,36 +258,32 @@ def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
     return failed
 
 
-def _run(client: Any, node: Any, via: Any, piece: list[T],
+def _run(client: Any, node: Any, piece: list[T],
          work: Callable[[Any, list[T]], None]) -> BaseException | None:
-    """One piece; what it raised (None if nothing). A node that failed a moment ago fails at
-    once; a node that answers that the slot moved has the piece run through the cluster client,
-    which follows it."""
-    skipped = _skipped(client, node.name) if node is not None else None
-    if skipped is not None:
-        return skipped
-    try:
+    """One piece, through ``node``'s plain client (``_ask``; None: ``client``, one node); what
+    it raised (None if nothing). A node that answers that the slot moved has the piece run
+    through the cluster client, which follows it."""
+    def attempt(via: Any) -> None:
         try:
             work(via, piece)
         except MOVED:
             if node is None:
                 raise
             work(client, piece)
+
+    try:
+        if node is None:
+            attempt(client)
+        else:
+            _ask(client, node, attempt)
     except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-        if node is not None:
-            _note(client, node.name, exc)
         return exc
-    if node is not None:
-        _note(client, node.name, None)
     return None
 
 
-def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
-    """``call(node)`` through the plain client of the node serving ``key`` (one node:
-    ``client``), with that node's backoff and log (``each_node``'s, for one call)."""
-    if not _cluster(client):
-        return call(client)
-    node = client.get_node_from_key(key)
+def _ask(client: Any, node: Any, call: Callable[[Any], T]) -> T:
+    """``call(plain client of node)``, with that node's backoff and log: one that failed a
+    moment ago fails at once (``_skipped``), and the outcome is recorded (``_note``)."""
     skipped = _skipped(client, node.name)
     if skipped is not None:
         raise skipped
@@ -300,6 +296,14 @@ def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
     return result
 
 
+def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
+    """``call(node)`` through the plain client of the node serving ``key`` (one node:
+    ``client``), with that node's backoff and log (``each_node``'s, for one call)."""
+    if not _cluster(client):
+        return call(client)
+    return _ask(client, client.get_node_from_key(key), call)
+
+
 def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
     """``call(node)`` on the first master that answers (one node: ``client``), leaving out
     those that failed a moment ago: for what any node can answer (the server's ``TIME``). Before,
@@ -309,18 +313,12 @@ def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
         return call(client)
     error: BaseException | None = None
     for node in client.get_primaries():
-        skipped = _skipped(client, node.name)
-        if skipped is not None:
-            error = error or skipped
-            continue
         try:
-            result = call(client.get_redis_connection(node))
+            return _ask(client, node, call)
+        except _SkippedError as exc:
+            error = error or exc
         except NODE_FAILURES as exc:
-            _note(client, node.name, exc)
             error = exc
-            continue
-        _note(client, node.name, None)
-        return result
     assert error is not None
     raise error
 
