@@ -56,8 +56,9 @@ def fetch_wait_limit(client: Any) -> int:
     reads in flight (``rcoord.asyncio.wake``): the Fetch waits get half of what that leaves of
     the pool, so the other half stays free for the rest (at least one unit). With redis-py's
     default 100: 50 + 25 for the coordinator, 12 units. On a cluster client the pools are per
-    node, and so is the coordinator's command bound, while its reads and these units count all
-    nodes together: the same formula over one node's pool bounds what each node's pool holds.
+    node, and so are the coordinator's bounds (its commands' and its reads'), while these units
+    count all nodes together: the same formula over one node's pool bounds what each node's
+    pool holds.
     ``FETCH_WAITS_UNSIZED`` when the pool does not say its size."""
     size = pool_size(client)
     if size is None:
