@@ -27,7 +27,7 @@ from rcoord import (
     OffsetAndMetadata,
     TopicPartition,
 )
-from rcoord.flow import Script
+from rcoord.flow import Script, _perform
 from rcoord.keys import GroupKeys
 from rcoord.protocol.kafka_consumer import encode_subscription
 from rcoord.scripts import library_source
@@ -104,8 +104,12 @@ def restore(r: redis.Redis, namespace: str, dumped: dict[bytes, tuple[bytes, int
 
 
 def commit_call(ctx: Ctx, offsets: dict[TopicPartition, Any], **kw: Any) -> Script:
-    """The function call the coordinator's commit_offsets makes first."""
-    op = next(ctx.coord._steps.commit_offsets(ctx.group_id, offsets, **kw))
+    """The function call the coordinator's commit_offsets makes (after re-reading the settings,
+    which it does first when metadata is past the limit it knows)."""
+    flow = ctx.coord._steps.commit_offsets(ctx.group_id, offsets, **kw)
+    op = next(flow)
+    while not isinstance(op, Script):
+        op = flow.send(_perform(ctx.coord._redis, ctx.coord._scripts, op))
     assert isinstance(op, Script) and op.name == "commit_offsets", op
     return op
 

@@ -78,6 +78,23 @@ def test_metadata_too_large_fails_only_that_partition(make_coordinator, clock, p
     assert c.coord.fetch_offsets(c.group_id).offsets == {T1: OffsetAndMetadata(2, "1234")}
 
 
+def test_metadata_judged_by_the_limit_in_force_not_the_one_read_at_start(make_coordinator, clock):
+    """A process that read the default limit at its start, after another process raised it:
+    its commit was refused OFFSET_METADATA_TOO_LARGE (the metadata was not even sent), though
+    the namespace stores such metadata. Kafka judges it by the limit in force."""
+    early = make_coordinator(clock=clock)
+    assert early.config.offset_metadata_max_bytes == 4096
+    make_coordinator(clock=clock, offset_metadata_max_bytes=10_000)  # raises the limit
+    meta = "m" * 5000
+    assert early.commit_offsets("g", {T0: OffsetAndMetadata(1, meta)}) == {T0: Errors.NONE}
+    assert early.fetch_offsets("g").offsets == {T0: OffsetAndMetadata(1, meta)}
+    assert early.config.offset_metadata_max_bytes == 10_000
+    # Past the limit in force, still refused.
+    res = early.commit_offsets("g", {T0: OffsetAndMetadata(2, "m" * 10_001)})
+    assert res == {T0: Errors.OFFSET_METADATA_TOO_LARGE}
+    assert early.fetch_offsets("g").offsets[T0].offset == 1
+
+
 def test_metadata_past_the_request_limit_fails_only_that_partition(ctx):
     """Kafka refuses such a partition alone (OFFSET_METADATA_TOO_LARGE); counted in the
     request's size, it failed the whole commit with INVALID_REQUEST."""
