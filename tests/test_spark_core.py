@@ -1187,6 +1187,58 @@ def test_a_restarted_querys_first_plan_waits_for_its_first_generation(
         restarted.close(5)
 
 
+def test_an_available_now_plan_waits_out_a_rebalance_instead_of_ending_the_run(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any) -> None:
+    # Spark ends an availableNow run on the first plan that reads nothing. Before, a plan
+    # whose generation had ended waited 1 s (the rejoin wait) for the next one and then
+    # answered "nothing to read": a member slow to rejoin ended the run with records unread
+    # and no error. Now it waits as long as for a first join, and then fails the query.
+    topics.create("ev", 3)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 30)
+    o = parse_read_options({"url": redis_server.url, "namespace": namespace, "subscribe": "ev",
+                            "groupId": "g", "sessionTimeoutMs": "1500",
+                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000"},
+                           ReadKind.STREAM, env={})
+    a = StreamMember(ConsumerGroup(member_config(o, ["ev"], single_client)),
+                     rejoin_wait_s=0.2, first_join_wait_s=10)
+    b = _member(redis_server.url, namespace, single_client)
+    c = _member(redis_server.url, namespace, single_client)
+    d = _member(redis_server.url, namespace, single_client)
+    joined: dict[str, Position] = {}
+
+    def join(name: str, member: StreamMember) -> None:
+        try:
+            joined[name] = member.initial(10)
+        except Exception:  # noqa: BLE001 - d is closed while it waits: nothing to report
+            pass
+
+    try:
+        first = a.initial(10)
+        threading.Thread(target=join, args=("b", b), daemon=True).start()
+        end = _rebased(a, first, latest)  # a and b share generation 2
+        wait_until(lambda: "b" in joined)
+        threading.Thread(target=join, args=("c", c), daemon=True).start()
+        wait_until(lambda: a.generation is not None and a.generation.done.is_set())
+        # b plans (and so rejoins) only a second later; a's plan waits for it.
+        late = threading.Timer(1.0, lambda: b.plan(joined["b"], latest, None))
+        late.start()
+        nxt = a.plan(end, latest, None, until_target=True)
+        late.join(10)
+        assert a.generation is not None and not a.generation.done.is_set()
+        assert nxt.generation == a.generation.generation_id == end.generation + 1
+        wait_until(lambda: "c" in joined)
+        # d joins while b holds the rebalance (it does not plan): c's plan, which waits only
+        # its first-join wait (0.2 s here), fails the run rather than end it as complete.
+        threading.Thread(target=join, args=("d", d), daemon=True).start()
+        wait_until(lambda: c.generation is not None and c.generation.done.is_set())
+        with pytest.raises(TimeoutError, match="cannot read up to its target"):
+            c.plan(joined["c"], latest, None, until_target=True)
+    finally:
+        for member in (a, b, c, d):
+            member.close(5)
+
+
 def test_a_generation_that_ends_while_it_is_being_taken_waits_for_the_members_plan(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator, latest: Any, monkeypatch: Any) -> None:

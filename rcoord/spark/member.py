@@ -231,20 +231,23 @@ class StreamMember:
 
     def plan(self, start: Position, latest: LatestFn, limit: int | None,
              clamp: Callable[[dict[TP, tuple[int, int]]], dict[TP, tuple[int, int]]] | None
-             = None) -> Position:
+             = None, *, until_target: bool = False) -> Position:
         """The end of the next batch; ``start`` itself when there is nothing to read.
 
         ``latest`` gives the real log bounds, which the data-loss checks use; ``clamp``
         (availableNow: no end past the run's target) bounds only how far the batch reads, as
         ``resolve.next_position`` does: a start past the target (records appended after the
-        run began, read by another run of the group) is not a topic created again."""
+        run began, read by another run of the group) is not a topic created again.
+        ``until_target`` (availableNow): Spark ends the run on the first plan that reads
+        nothing, so a rebalance is waited out (``_next_generation``) instead of being taken
+        for the end of the data."""
         self._group.start()  # a query restarted on a checkpoint plans before initial()
         self._check_plan_gap()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
         self._commit_own(own)
         gen = self._gen
         if gen is None or gen.done.is_set():
-            if not self._next_generation():
+            if not self._next_generation(until_target):
                 return start
             gen = self._gen
             assert gen is not None
@@ -706,25 +709,37 @@ class StreamMember:
                 out[topic] = token
         return out
 
-    def _next_generation(self) -> bool:
+    def _next_generation(self, until_target: bool) -> bool:
         """Release the ended generation and take the next one if it comes soon (this
-        process's first one: within ``first_join_wait_s``)."""
+        process's first one: within ``first_join_wait_s``). ``until_target`` (availableNow):
+        a plan that gives up ends the run short of its target, so it waits as long as for a
+        first join, through the group's retried join errors, and then fails the query."""
         self._hold.set()
-        wait = self._rejoin_wait_s if self._adopted else self._first_join_wait_s
-        try:
-            self._take(wait)
-        except TimeoutError:
-            return False
-        except GroupClosedError:
-            raise
-        except RcoordError as exc:
-            if reaction_for(exc).fatal:
-                # The group closed on it (a missing permission, a JoinGroup refusal, a fenced
-                # instance id): no generation will come, so the query fails with its message.
+        wait = self._first_join_wait_s if until_target or not self._adopted \
+            else self._rejoin_wait_s
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._take(max(0.0, deadline - time.monotonic()))
+                return True
+            except TimeoutError:
+                if until_target:
+                    raise TimeoutError(
+                        f"group {self._group.config.group_id!r}: no generation within {wait:g} "
+                        "s after a rebalance, so this availableNow run cannot read up to its "
+                        "target; it stops here rather than end as if it had") from None
+                return False
+            except GroupClosedError:
                 raise
-            log.warning("group %r: %s", self._group.config.group_id, exc)  # it backs off
-            return False
-        return True
+            except RcoordError as exc:
+                if reaction_for(exc).fatal:
+                    # The group closed on it (a missing permission, a JoinGroup refusal, a
+                    # fenced instance id): no generation will come, so the query fails with
+                    # its message.
+                    raise
+                log.warning("group %r: %s", self._group.config.group_id, exc)  # it backs off
+                if not until_target:
+                    return False
 
 def _names(tps: set[TP]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))

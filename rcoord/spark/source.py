@@ -302,7 +302,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pos = Position.from_json(start)
         n = self._limit(limit)
         if self.opts.group_id is not None:
-            return self._membership().plan(pos, self._snapshot, n, self._clamp).to_json()
+            return self._membership().plan(pos, self._snapshot, n, self._clamp,
+                                           until_target=self._target is not None).to_json()
         # A topic deleted since the query started is data loss (next_position), not an
         # unknown topic: only initialOffset insists that every named topic exists.
         parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
