@@ -1045,6 +1045,53 @@ def test_group_mode_reports_a_partition_new_to_the_query_whose_log_was_trimmed(
         lenient.close(5)
 
 
+@pytest.mark.parametrize("trimmed_since", [False, True])
+def test_a_partition_there_at_the_querys_start_taken_over_uncommitted_begins_at_its_log_start(
+        trimmed_since: bool, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, coord: GroupCoordinator, latest: Any) -> None:
+    # Retention trimmed the topic before the pipeline existed. Query b holds a partition and
+    # stops before committing it; query a takes it over. Before, a reported "new to the
+    # query but its log starts at offset 10" (DataLossError, failing the query) though the
+    # partition was there when a started: only records trimmed since then are a loss.
+    topics.create("ev", 2, retention_records=10)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"x"] * 40)
+    topics.apply_retention("ev")  # each partition holds offsets 10-19
+    b = _member(redis_server.url, namespace, single_client)
+    a = _member(redis_server.url, namespace, single_client)
+    joined: dict[str, Position] = {}
+    try:
+        first_b = b.initial(10)
+        assert len(first_b.offsets) == 2
+        t = threading.Thread(target=lambda: joined.update(a=a.initial(10)), daemon=True)
+        t.start()
+        planned = _rebased(b, first_b, latest)  # b plans its partition in generation 2
+        t.join(10)
+        (held,) = planned.offsets
+        assert held not in joined["a"].offsets
+        if trimmed_since:
+            producer.send_batch("ev", [ProducerRecord(b"y", partition=held.partition)] * 5)
+            topics.apply_retention("ev")  # the held partition now starts at 15
+        b.close(5)  # b stops before committing its batch
+        assert held not in coord.fetch_offsets("g").offsets
+        state = {"pos": joined["a"]}
+
+        def a_has_both() -> bool:
+            state["pos"] = a.plan(state["pos"], latest, None)
+            return len(state["pos"].offsets) == 2
+
+        if trimmed_since:
+            lost = f"partition {held.partition}: offsets 10 to 14 were removed by retention"
+            with pytest.raises(DataLossError, match=lost):
+                wait_until(a_has_both, timeout_s=10)
+        else:
+            wait_until(a_has_both, timeout_s=10)
+            assert state["pos"].starts[held] == 10
+    finally:
+        a.close(5)
+        b.close(5)
+
+
 def test_a_latest_member_loses_no_record_to_a_rebalance_before_its_first_batch(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator, latest: Any) -> None:

@@ -64,6 +64,7 @@ from ..client import (
     GroupClosedError,
     reaction_for,
 )
+from ..client.join import topics_matching
 from ..errors import Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
@@ -565,6 +566,8 @@ class StreamMember:
             for tp, offset in gen.offsets.items():
                 if tp not in gen.committed:
                     self._seen.setdefault(tp, self._placed.get(tp, max(0, offset)))
+            for tp, log_start in self._log_starts_now().items():
+                self._seen.setdefault(tp, log_start)
         log.info("group %r: generation %d, member %s, partitions %s", gen.group_id,
                  gen.generation_id, gen.member_id,
                  [f"{tp.topic}-{tp.partition}" for tp in sorted(gen.offsets)])
@@ -690,6 +693,30 @@ class StreamMember:
             restart_after_loss(loss, log_start, self._fail)
         self._seen[tp] = max(began or 0, log_start)
         return log_start
+
+    def _log_starts_now(self) -> dict[TP, int]:
+        """The log start of every partition the query subscribes to now, also those another
+        member holds. A partition there when the query started is not new to it: taken over
+        later without a committed offset (its owner stopped before committing), it begins at
+        its log start, and only records trimmed since the query began are data loss
+        (``_check_unread``); before, any log start past 0 was reported, as for a partition
+        added later. Read once per query; what cannot be read is left to that check."""
+        config, coordinator = self._group.config, self._group.coordinator
+        out: dict[TP, int] = {}
+        try:
+            names = list(config.topics) if config.topic_pattern is None else list(
+                topics_matching(config.topic_pattern, coordinator.list_topics()))
+            counts = coordinator.partition_counts(sorted(names))
+        except RcoordError as exc:
+            counts = {}
+            log.warning("group %r: cannot read its topics' partitions (%s)", config.group_id, exc)
+        for tp in (TP(t, p) for t, n in sorted(counts.items()) for p in range(max(n, 0))):
+            try:
+                out[tp] = coordinator.log_offsets(tp.topic, tp.partition)[0]
+            except RcoordError as exc:  # (deleted meanwhile, or Redis away)
+                log.warning("group %r: no log start for %s-%d (%s)", config.group_id, tp.topic,
+                            tp.partition, exc)
+        return out
 
     def _create_tokens(self, topics: set[str]) -> dict[str, str]:
         """The create token of each of ``topics`` (``Topics.create_token``), read through the
