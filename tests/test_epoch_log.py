@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rcoord import InvalidRequestError
-from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch
 from rcoord.topics._base import producer_log_key
 from rcoord.topics.epoch_log import epoch_appends, epoch_states
 
@@ -85,6 +85,16 @@ def test_resume_sequence_numbers_after_the_stored_records(
         Producer(redis_client, namespace, log_appends=True)
     with pytest.raises(InvalidRequestError, match="for idempotent producers"):
         Producer(redis_client, namespace, idempotent=False).resume_sequence("t", 0, 1)
+    # A partition or topic no send uses was taken: the next sends numbered from 0 again, and
+    # the server dropped their records as duplicates of the stored ones.
+    fresh = _named(redis_client, namespace, 1)
+    with pytest.raises(TypeError, match="partition must be int, got str"):
+        fresh.resume_sequence("t", "0", 3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="partition must be >= 0, got -3"):
+        fresh.resume_sequence("t", -3, 3)
+    with pytest.raises(TopicError, match="INVALID_TOPIC_EXCEPTION: illegal topic name"):
+        fresh.resume_sequence("no such topic!", 0, 3)
+    fresh.resume_sequence("t", 0, 5)  # nothing refused above took its place
     assert again.partition_count("t") == 1
 
 

@@ -585,6 +585,9 @@ def test_rows_keep_repeated_and_null_headers_both_ways(
     batch = records_to_batch("hdr", 0, records)
     assert isinstance(batch, pa.RecordBatch)
     assert batch.column("headers").to_pylist() == [rows_headers]
+    # A null key was stored as a header named 'None'; Spark's Kafka sink fails the task.
+    with pytest.raises(OptionError, match="headers: a header's key is null"):
+        row_to_record({"value": b"v", "headers": [{"key": None, "value": b"x"}]}, "hdr")
 
 
 def test_the_topic_option_wins_over_the_topic_column() -> None:

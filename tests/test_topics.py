@@ -519,6 +519,10 @@ def test_a_negative_partition_a_bad_partitioner_and_a_bad_header_name_are_refuse
         def __index__(self) -> int:
             return 1
 
+    # A partitioner's negative partition was a retriable UNKNOWN_TOPIC_OR_PARTITION (Kafka's
+    # producer refuses it: "The partitioner generated an invalid partition number").
+    with pytest.raises(InvalidRequestError, match="chose partition -1 for topic 't'"):
+        Producer(redis_client, namespace, partitioner=lambda t, k, n: -1).send("t", b"x")
     meta = Producer(redis_client, namespace, partitioner=lambda t, k, n: IntLike()).send("t", b"i")
     assert meta.partition == 1
     with pytest.raises(InvalidRequestError, match="is not valid UTF-8"):

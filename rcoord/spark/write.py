@@ -112,6 +112,9 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
         headers = []
         for h in raw_headers:
             k, v = (h["key"], h["value"]) if isinstance(h, Mapping) else (h[0], h[1])
+            if k is None:  # (str() stored it as a header named 'None')
+                raise OptionError("headers: a header's key is null; every header needs a key "
+                                  "(its value may be null), as in Spark's Kafka sink")
             headers.append((str(k), _bytes("headers.value", v)))  # null stays null
     partition = row.get("partition")
     return str(topic), ProducerRecord(

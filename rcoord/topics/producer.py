@@ -285,6 +285,8 @@ class Producer:
         """
         if not self._idempotent:
             raise InvalidRequestError("resume_sequence is for idempotent producers")
+        _check_topic(topic)
+        _check_int("partition", partition, 0)
         _check_int("next_sequence", next_sequence, 0)
         seq = self._sequence(topic, partition)
         with seq.lock:
@@ -311,7 +313,12 @@ class Producer:
             if isinstance(chosen, bool) or not hasattr(type(chosen), "__index__"):
                 raise TypeError(f"the partitioner must return an int partition, got "
                                 f"{type(chosen).__name__} {chosen!r}")
-            return operator.index(chosen)
+            part = operator.index(chosen)
+            if part < 0:  # (retried as UNKNOWN_TOPIC_OR_PARTITION, it failed for ever)
+                raise InvalidRequestError(
+                    f"the partitioner chose partition {part} for topic {topic!r}; a partition "
+                    "number is never negative (Kafka's producer refuses it too)")
+            return part
         if self._partitioner == "round_robin":
             with self._lock:
                 counter = self._rr.get(topic, 0)
