@@ -362,8 +362,9 @@ class Producer:
     ) -> list[RecordMetadata]:
         """Append many records in one pipeline; metadata comes back in the order given.
 
-        Records of one partition go in one script call (per ``MAX_APPEND_PER_CALL``), so they
-        get consecutive offsets in the order given. If a partition vanished meanwhile the other
+        Records of one partition go in one script call (per ``MAX_APPEND_PER_CALL``; more are
+        several calls, and one that fails leaves those before it appended), so they get
+        consecutive offsets in the order given. If a partition vanished meanwhile the other
         partitions' records are still appended and TopicError is raised. The same holds for a
         call Redis refuses (``ServerUnavailable``: READONLY, BUSY, OOM) or a connection lost
         mid-batch (``ConnectionLost``): the refused call appended nothing, but the calls of other
@@ -661,8 +662,10 @@ def append_idempotent(
     offset and timestamp (-1 once the batch is no longer among the last 5 remembered; never
     with ``wrapping``). Raises
     TopicError PRODUCER_FENCED (an older epoch than the partition has seen),
-    OUT_OF_ORDER_SEQUENCE_NUMBER (a gap) or UNKNOWN_TOPIC_OR_PARTITION; nothing is appended
-    then. ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
+    OUT_OF_ORDER_SEQUENCE_NUMBER (a gap) or UNKNOWN_TOPIC_OR_PARTITION; the script call that
+    raises appended nothing, but without ``atomic`` a batch of more than
+    ``MAX_APPEND_PER_CALL`` records goes in several calls, and those before it stay appended
+    (a resend of the batch finds them as duplicates). ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
     gap is accepted once). ``producer_id_expiration_ms``: the topic's setting, read from Redis
     when None. ``clock``: tests only, as for ``Producer``. The batch's ``partition`` fields are
     ignored: every record goes to ``partition``. ``atomic``: the whole batch in one script
