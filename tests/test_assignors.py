@@ -136,6 +136,20 @@ def test_member_order_must_list_every_member_once(assignor, order):
         assignor.assign(subs(a="t", b="t"), {"t": 1}, member_order=order)
 
 
+@pytest.mark.parametrize("name", sorted(ASSIGNORS))
+def test_member_ids_are_ordered_as_java_orders_them(name):
+    # Kafka sorts member ids with Java's String.compareTo (UTF-16 units): "😀-1" (a surrogate
+    # pair, 0xD83D...) comes before "Ａ-2" (U+FF21), where Python's code-point order puts it
+    # after. Before, range gave "Ａ-2" partitions 0-1 where Kafka gives them to "😀-1".
+    assignor = ASSIGNORS[name]
+    ascii_ids = assignor.assign(subs(a="t", b="t"), {"t": 3})
+    wide_ids = assignor.assign(subs(**{"😀-1": "t", "Ａ-2": "t"}), {"t": 3})
+    assert wide_ids == {"😀-1": ascii_ids["a"], "Ａ-2": ascii_ids["b"]}
+    assert len(ascii_ids["a"]) != len(ascii_ids["b"])  # (the order decides who gets two)
+    assert kafka_member_order([("Ａ-2", None), ("😀-1", None), ("x", "Ａ"), ("y", "😀")]) == [
+        "y", "x", "😀-1", "Ａ-2"]
+
+
 def test_kafka_member_order_puts_static_members_first():
     members = [("a-1", None), ("b-7", "zeta"), ("c-2", "alpha"), ("0-0", None)]
     assert kafka_member_order(members) == ["c-2", "b-7", "0-0", "a-1"]

@@ -40,6 +40,7 @@ __all__ = [
     "check_inputs",
     "check_partition_racks",
     "get_assignor",
+    "java_order",
     "kafka_member_order",
     "rebalance_protocol",
     "register_assignor",
@@ -118,6 +119,15 @@ class UnknownAssignorError(RcoordError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def java_order(text: str) -> bytes:
+    """Sort key: ``text`` as Java's ``String.compareTo`` orders it, by UTF-16 code units.
+
+    Kafka's assignors sort member and instance ids that way. Python compares code points,
+    which differs for ids mixing a character above U+FFFF (a surrogate pair, 0xD800-0xDFFF)
+    with one in U+E000-U+FFFF: "😀-1" sorts after "Ａ-2" in Python and before it in Java."""
+    return text.encode("utf-16-be", "surrogatepass")
+
+
 def kafka_member_order(members: Iterable[tuple[str, str | None]]) -> list[str]:
     """Member ids in Kafka's assignor order: static members by instance id, then dynamic by id.
 
@@ -134,7 +144,8 @@ def kafka_member_order(members: Iterable[tuple[str, str | None]]) -> list[str]:
     ==========  ===========  =====
     """
     pairs = list(members)
-    return [mid for mid, _ in sorted(pairs, key=lambda p: (p[1] is None, p[1] or "", p[0]))]
+    return [mid for mid, _ in sorted(
+        pairs, key=lambda p: (p[1] is None, java_order(p[1] or ""), java_order(p[0])))]
 
 
 def check_inputs(
@@ -161,7 +172,7 @@ def check_inputs(
         if count < 0:
             raise InvalidRequestError(f"partition count of {topic!r} must be >= 0, got {count}")
     if member_order is None:
-        return sorted(members)
+        return sorted(members, key=java_order)
     if isinstance(member_order, str) or not isinstance(member_order, Sequence):
         raise TypeError("member_order must be a sequence of member ids")
     order = list(member_order)

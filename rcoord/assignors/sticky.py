@@ -39,6 +39,7 @@ from ._base import (
     RebalanceProtocol,
     check_inputs,
     check_partition_racks,
+    java_order,
     subscribed_known_topics,
 )
 from ._sticky_constrained import ConstrainedAssignment
@@ -76,9 +77,23 @@ def sticky_assignment(
     racks = check_partition_racks(partition_racks)
     topics = subscribed_known_topics(members, partitions_per_topic)
     counts = {t: partitions_per_topic[t] for t in topics}
-    ids = sorted(members)
-    if not ids:
+    if not members:
         return {}, {}
+    # The algorithm compares member ids (sorted visits, ties between equally loaded members),
+    # and Kafka compares them as Java strings (``java_order``). It runs on stand-in names that
+    # sort the same way in Python, and its result is given back under the real ids.
+    real = dict(enumerate(sorted(members, key=java_order)))
+    alias = {mid: f"{i:010d}" for i, mid in real.items()}
+    built, moving = _assign(sorted(alias.values()),
+                            {alias[mid]: data for mid, data in members.items()},
+                            topics, counts, racks)
+    return ({mid: sorted(built[alias[mid]]) for mid in order},
+            {tp: real[int(a)] for tp, a in moving.items()})
+
+
+def _assign(ids: list[str], members: Mapping[str, Any], topics: list[str],
+            counts: Mapping[str, int], racks: Any
+            ) -> tuple[dict[str, list[TopicPartition]], dict[TopicPartition, str]]:
     claims = resolve_claims(ids, members, counts)
     all_partitions = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
     rack_info = RackInfo(members, all_partitions, racks)
@@ -90,7 +105,7 @@ def sticky_assignment(
         built = GeneralAssignment(ids, members, topics, counts, claims, rack_info).build()
         owned = {mid: members[mid].owned_partitions for mid in ids}
         moving = partitions_transferring_ownership(owned, built)
-    return {mid: sorted(built[mid]) for mid in order}, moving
+    return built, moving
 
 
 class StickyAssignor:
