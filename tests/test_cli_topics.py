@@ -399,6 +399,55 @@ def test_a_direct_consumer_reads_partitions_added_while_it_runs(url, namespace, 
         proc.communicate()
 
 
+def test_a_direct_consumer_reads_a_topic_created_again_from_its_start(url, namespace,
+                                                                      redis_client):
+    """The topic is deleted and created again while ``rcoord topics consume t`` reads it at
+    offset 10. Before, the consumer waited without a word until the new log passed offset 10,
+    and never showed the new records below it (Kafka's consumer resets a position past the
+    log end: OFFSET_OUT_OF_RANGE)."""
+    import threading
+
+    from rcoord.topics import Producer
+
+    admin = Topics(redis_client, namespace)
+    admin.create("t", 1)
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--timeout-ms", "15000",
+                          "--output", "json", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    started = threading.Event()
+
+    def produce_until_started() -> None:
+        producer = Producer(redis_client, namespace)
+        while not started.wait(0.1):
+            producer.send("t", b"before")
+
+    feeder = threading.Thread(target=produce_until_started)
+    feeder.start()
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert json.loads(proc.stdout.readline())["value"] == "before"
+        started.set()
+        feeder.join()
+        Producer(redis_client, namespace).send_batch("t", [b"old"] * 10)
+        while json.loads(proc.stdout.readline())["value"] != "old":
+            pass
+        for _ in range(9):
+            assert json.loads(proc.stdout.readline())["value"] == "old"
+        admin.delete("t")
+        admin.create("t", 1)
+        Producer(redis_client, namespace).send_batch("t", [b"new-0", b"new-1", b"new-2"])
+        printed = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        assert [(r["offset"], r["value"]) for r in printed] == [
+            (0, "new-0"), (1, "new-1"), (2, "new-2")]
+    finally:
+        started.set()
+        feeder.join()
+        proc.kill()
+        _, err = proc.communicate()
+    assert re.search(r"partition 0: offset \d+ is past the log end [0-3] \(the topic was "
+                     r"deleted and created again\?\); reading it from its log start 0", err)
+
+
 @pytest.mark.parametrize("backend", ["single"])
 @pytest.mark.parametrize(("args", "stdin", "code", "says"), [
     (["create", "bad name", "--partitions", "1"], None, 2, "illegal topic name 'bad name'"),

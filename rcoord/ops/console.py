@@ -238,6 +238,15 @@ def _consume_direct(ctx: Context, printer: _Printer) -> None:
                     printer(a.topic, p, r.offset, r.key, r.value, r.timestamp_ms)
                 position[p] = res.records[-1].offset + 1
                 break
+            if position[p] > res.log_end_offset >= 0:
+                # Past the log end: the topic was deleted and created again (a log never
+                # shrinks otherwise). Before, the consumer waited, silent, until the new log
+                # passed the old position, and never showed the records below it.
+                ctx.note(f"partition {p}: offset {position[p]} is past the log end "
+                         f"{res.log_end_offset} (the topic was deleted and created again?); "
+                         f"reading it from its log start {res.log_start_offset}")
+                position[p] = res.log_start_offset
+                continue
             # Retention passed this position: go on from the log start.
             position[p] = max(position[p], res.log_start_offset)
         turn += 1
