@@ -534,6 +534,32 @@ def test_offsets_of_a_deleted_topic_are_left_out_of_a_reset_and_can_be_deleted(
     assert committed(coord, "g") == {("y", 0): 5}
 
 
+def test_offsets_of_partitions_past_the_count_are_left_out_of_a_reset_and_can_be_deleted(
+        cli, make_coordinator, redis_client, namespace):
+    """The group has offsets of partitions 2 and 3 of a topic that now has 2 (created again
+    with fewer, or a simple commit named them). Before, reset-offsets --all-topics failed on
+    them ("no partition 2 (any more)") and delete-offsets refused to name them ("there is no
+    partition 2"), so nothing could remove them; Kafka's broker deletes named partitions'
+    offsets without checking the topic."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("t", 2)
+    produce(redis_client, namespace, "t", {0: 5, 1: 5})
+    coord.commit_offsets("g", {TopicPartition("t", p): 1 for p in range(4)})
+    res = ok(cli("groups", "reset-offsets", "g", "--all-topics", "--to-latest", "--execute"))
+    assert [r[:5] for r in rows(res.stdout, "GROUP")] == [["g", "t", "0", "1", "5"],
+                                                          ["g", "t", "1", "1", "5"]]
+    assert "topic 't' has no partition 2,3 (any more)" in res.stderr
+    assert "delete-offsets g --topic t:2,3" in res.stderr
+    assert committed(coord, "g") == {("t", 0): 5, ("t", 1): 5, ("t", 2): 1, ("t", 3): 1}
+    res = cli("groups", "reset-offsets", "g", "--topic", "t:2", "--to-latest", "--execute")
+    assert res.returncode == 1  # named alone, it is still an error: nothing to reset to
+    assert "topic 't' has 2 partitions; there is no partition 2" in one_error_line(
+        res, "groups reset-offsets")
+    res = ok(cli("groups", "delete-offsets", "g", "--topic", "t:2,3"))
+    assert rows(res.stdout, "TOPIC") == [["t", "2", "Successful"], ["t", "3", "Successful"]]
+    assert committed(coord, "g") == {("t", 0): 5, ("t", 1): 5}
+
+
 def test_offsets_of_a_name_that_is_no_topic_do_not_stop_the_others(
         cli, make_coordinator, redis_client, namespace):
     """A group commits offsets of any source's partitions, under names rcoord's topics refuse

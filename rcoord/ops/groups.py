@@ -242,8 +242,9 @@ def _partitions(ctx: Context, specs: Sequence[str],
                 named_may_be_gone: bool = False) -> list[TopicPartition]:
     """The partitions ``--topic`` names; every one must exist, except, with
     ``named_may_be_gone``, partitions named explicitly (``x:0``) of a topic that does not exist
-    (any more): offsets outlive their topic, and Kafka's broker deletes the offsets of named
-    partitions without checking the topic, so they can be removed."""
+    (any more) or past its partition count: offsets outlive their topic, and Kafka's broker
+    deletes the offsets of named partitions without checking the topic, so they can be
+    removed."""
     from ..topics import TopicError
 
     out: list[TopicPartition] = []
@@ -262,7 +263,7 @@ def _partitions(ctx: Context, specs: Sequence[str],
         if parts is None:
             parts = list(range(count))
         missing = [p for p in parts if p >= count]
-        if missing:
+        if missing and not named_may_be_gone:
             raise Failure(f"topic {topic!r} has {count} partitions; there is no partition "
                           f"{missing[0]}")
         out.extend(TopicPartition(topic, p) for p in parts)
@@ -369,7 +370,16 @@ def _reset_offsets(ctx: Context) -> int:
             raise Failure(f"group {group!r} has committed offsets only for topics that do not "
                           "exist (any more)")
     gone = [tp for tp in tps if tp not in offsets]
-    if gone:
+    if gone and args.all_topics:
+        # Offsets of partitions past the topic's count (it was created again with fewer, or a
+        # simple commit named them): nothing to reset to, and they must not stop the others.
+        for topic in sorted({tp.topic for tp in gone}):
+            parts = ",".join(str(tp.partition) for tp in gone if tp.topic == topic)
+            ctx.note(f"note: topic {topic!r} has no partition {parts} (any more); its committed "
+                     f"offsets are left out (remove them with: groups delete-offsets {group} "
+                     f"--topic {topic}:{parts})")
+        tps = [tp for tp in tps if tp in offsets]
+    elif gone:
         raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
     if args.execute:
         _one_request(tps, "the reset")
