@@ -28,8 +28,32 @@ from rcoord.spark.source import RcoordDataSource, StreamReader
 ROOT = Path(__file__).resolve().parent.parent
 INITIAL_OFFSET_FUNC_ID = 884  # python_streaming_source_runner's function ids
 PYTHON_EXCEPTION_THROWN = -2  # pyspark.serializers.SpecialLengths
-SCHEMA_JSON = '{"type":"struct","fields":[{"name":"value","type":"binary","nullable":true,' \
-              '"metadata":{}}]}'
+
+
+def _kafka_schema_json() -> str:
+    """The reader's schema as Spark sends it to the runner: the Kafka source's (``SCHEMA_DDL``),
+    which the reader checks (before, a one-column stand-in was sent)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    return StructType([
+        StructField("key", BinaryType()), StructField("value", BinaryType()),
+        StructField("topic", StringType()), StructField("partition", IntegerType()),
+        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField("headers", ArrayType(header))]).json()
+
+
+SCHEMA_JSON = _kafka_schema_json()
 
 
 class LateSigtermSource(RcoordDataSource):

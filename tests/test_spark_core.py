@@ -311,6 +311,26 @@ def test_the_data_sources_schema_leaves_the_kind_of_read_to_its_reader() -> None
         assert source.RcoordDataSource({**URL, **given}).schema().startswith("key ")
 
 
+def test_a_read_refuses_a_schema_given_by_the_user() -> None:
+    # A user schema was taken, and every task failed in a Python worker with Spark's
+    # DATA_SOURCE_RETURN_SCHEMA_MISMATCH; Spark's Kafka source refuses it when planned.
+    source = pytest.importorskip("rcoord.spark.source")
+    import json
+
+    from pyspark.sql.types import StringType, StructField, StructType
+    from spark_runner import SCHEMA_JSON
+
+    kafka = StructType.fromJson(json.loads(SCHEMA_JSON))
+    data_source = source.RcoordDataSource({**URL, "subscribe": "a"})
+    assert isinstance(data_source.reader(kafka), source.BatchReader)  # the schema() Spark got
+    assert isinstance(data_source.streamReader(kafka), source.StreamReader)
+    mine = StructType([StructField("value", StringType())])
+    for make in (data_source.reader, data_source.streamReader):
+        with pytest.raises(OptionError, match=r"^schema: an rcoord read has the fixed schema .*"
+                                              r"got struct<value:string>"):
+            make(mine)
+
+
 def _stream_reader(url: str, namespace: str, **kw: str) -> Any:
     source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
     default = {} if {"assign", "subscribe", "subscribePattern"} & set(kw) else {"subscribe": "re"}

@@ -47,6 +47,7 @@ from .member import StreamMember, member_config
 from .options import (
     EARLIEST,
     LATEST,
+    OptionError,
     ReadKind,
     ReadOptions,
     check_session_timeout,
@@ -63,7 +64,7 @@ from .resolve import (
     resolve_partitions,
     subscribed_topics,
 )
-from .rows import SCHEMA_DDL, records_to_batch
+from .rows import SCHEMA_DDL, SCHEMA_STRING, records_to_batch
 from .write import check_write_plan, make_producer, write_rows
 
 __all__ = ["RcoordDataSource"]
@@ -117,9 +118,11 @@ class RcoordDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
+        _check_schema(schema)
         return BatchReader(parse_read_options(self.options, ReadKind.BATCH))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        _check_schema(schema)
         return StreamReader(parse_read_options(self.options, ReadKind.STREAM))
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
@@ -135,6 +138,18 @@ class RcoordDataSource(DataSource):
         check_write_plan([f.name for f in schema.fields], opts.topic, False,
                          _column_types(schema))
         return StreamWriter(opts)
+
+
+def _check_schema(schema: Any) -> None:
+    """A read's rows have the Kafka source's fixed schema. One given with ``.schema(...)`` was
+    taken, and every task then failed inside a Python worker (Spark's
+    DATA_SOURCE_RETURN_SCHEMA_MISMATCH); Spark's Kafka source refuses it when the query is
+    planned ("does not allow user-specified schemas"), and so does this."""
+    given = schema.simpleString() if hasattr(schema, "simpleString") else str(schema)
+    if given != SCHEMA_STRING:
+        raise OptionError(f"schema: an rcoord read has the fixed schema of Spark's Kafka source "
+                          f"({SCHEMA_DDL}) and takes none given with .schema(...); got {given} "
+                          "(select or cast columns after load() instead)")
 
 
 def _column_types(schema: Any) -> dict[str, str]:
@@ -162,8 +177,6 @@ class BatchReader(DataSourceReader):
         ranges = []
         for tp in parts:
             if start[tp] > end[tp]:
-                from .options import OptionError
-
                 raise OptionError(f"startingOffsets: offset {start[tp]} of {tp.topic}-"
                                   f"{tp.partition} is past its endingOffsets {end[tp]}")
             ranges.append(OffsetRange(tp.topic, tp.partition, start[tp], end[tp]))
