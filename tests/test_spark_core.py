@@ -939,13 +939,14 @@ def latest(topics: Topics) -> Any:
     return lambda parts: log_snapshot(topics, parts)
 
 
-def _member(url: str, namespace: str, client: Any, **kw: str) -> StreamMember:
+def _member(url: str, namespace: str, client: Any, first_join_wait_s: float | None = None,
+            **kw: str) -> StreamMember:
     o = parse_read_options({"url": url, "namespace": namespace, "subscribe": "ev",
                             "groupId": "g", "sessionTimeoutMs": "1500",
                             "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000", **kw},
                            ReadKind.STREAM, env={})
     return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.2,
-                        fail_on_data_loss=o.fail_on_data_loss)
+                        fail_on_data_loss=o.fail_on_data_loss, first_join_wait_s=first_join_wait_s)
 
 
 def test_member_rebases_commits_fenced_and_leaves(redis_server: Any, single_client: Any,
@@ -1244,12 +1245,7 @@ def test_a_restarted_querys_first_plan_waits_for_its_first_generation(
     finally:
         old.close(5)
     producer.send_batch("ev", [b"y"] * 3)  # while the query is down
-    o = parse_read_options({"url": redis_server.url, "namespace": namespace, "subscribe": "ev",
-                            "groupId": "g", "sessionTimeoutMs": "1500",
-                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000"},
-                           ReadKind.STREAM, env={})
-    restarted = StreamMember(ConsumerGroup(member_config(o, ["ev"], single_client)),
-                             rejoin_wait_s=0.2, first_join_wait_s=10)
+    restarted = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
     try:
         nxt = restarted.plan(done, latest, None)
         assert nxt.offsets == {TP("ev", 0): 7}
@@ -1266,12 +1262,7 @@ def test_an_available_now_plan_waits_out_a_rebalance_instead_of_ending_the_run(
     # and no error. Now it waits as long as for a first join, and then fails the query.
     topics.create("ev", 3)
     Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 30)
-    o = parse_read_options({"url": redis_server.url, "namespace": namespace, "subscribe": "ev",
-                            "groupId": "g", "sessionTimeoutMs": "1500",
-                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000"},
-                           ReadKind.STREAM, env={})
-    a = StreamMember(ConsumerGroup(member_config(o, ["ev"], single_client)),
-                     rejoin_wait_s=0.2, first_join_wait_s=10)
+    a = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
     b = _member(redis_server.url, namespace, single_client)
     c = _member(redis_server.url, namespace, single_client)
     d = _member(redis_server.url, namespace, single_client)
@@ -1280,7 +1271,7 @@ def test_an_available_now_plan_waits_out_a_rebalance_instead_of_ending_the_run(
     def join(name: str, member: StreamMember) -> None:
         try:
             joined[name] = member.initial(10)
-        except Exception:  # noqa: BLE001 - d is closed while it waits: nothing to report
+        except Exception:  # noqa: BLE001, S110 - d is closed while it waits: nothing to report
             pass
 
     try:

@@ -12,7 +12,8 @@ from typing import Any
 
 from ..topics import Record
 
-__all__ = ["SCHEMA_DDL", "SCHEMA_STRING", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema", "records_to_batch"]
+__all__ = ["SCHEMA_DDL", "SCHEMA_STRING", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema",
+           "records_to_batch"]
 
 SCHEMA_DDL = (
     "key binary, value binary, topic string, partition int, offset long, "
