@@ -77,6 +77,9 @@ def test_list_groups_across_partitions_with_state_filter(ctx):
     assert listed["simple-0"].state == "Empty" and listed["simple-0"].protocol_type == ""
     assert {g.group_id for g in ctx.coord.list_groups(["STABLE"])} == {ctx.group_id}
     assert {g.group_id for g in ctx.coord.list_groups(["empty"])} == {f"simple-{i}" for i in range(5)}
+    # An empty filter is no filter (Kafka's StatesFilter: "if empty, all groups are returned");
+    # it matched no group.
+    assert {g.group_id for g in ctx.coord.list_groups([])} == set(listed)
 
 
 def test_delete_groups(ctx):

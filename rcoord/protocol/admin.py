@@ -123,11 +123,13 @@ def group_ids_arg(group_ids: Iterable[Any]) -> list[str]:
 
 
 def states_filter(states: Iterable[Any] | None) -> set[str] | None:
-    """ListGroups' state filter, lower-cased; at most MAX_ITEMS_PER_CALL names."""
+    """ListGroups' state filter, lower-cased; at most MAX_ITEMS_PER_CALL names. None or an
+    empty sequence: every group, as Kafka's ListGroups ``StatesFilter`` ("if empty, all groups
+    are returned"); an empty set matched none, so ``list_groups([])`` answered no groups."""
     if states is None:
         return None
     if isinstance(states, (str, bytes)):
         raise TypeError("states must be a sequence of state names, not one str")
     names = list(states)
     check_count("states", names)
-    return {require_str("state", s).strip().lower() for s in names}
+    return {require_str("state", s).strip().lower() for s in names} or None
