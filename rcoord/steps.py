@@ -59,7 +59,6 @@ from .protocol.offsets import (
     decode_fetch,
     encode_commit,
     fetch_batches,
-    metadata_length,
     partitions_args,
     retention_arg,
 )
@@ -490,14 +489,12 @@ class GroupSteps:
         again (the same offsets: harmless). See docs/guarantees.md, "Failover".
         """
         gid = check_id("group_id", group_id)
-        known_max = self.settled().offset_metadata_max_bytes
-        order, packed = encode_commit(offsets, known_max)
-        if any(metadata_length(v.metadata) > known_max for v in offsets.values()
-               if isinstance(v, OffsetAndMetadata)):
+        order, packed, refused = encode_commit(offsets, self.settled().offset_metadata_max_bytes)
+        if refused:
             # Refused by the limit this process read at its start: another process may have
             # raised it since (only the service re-reads settings each round), and the script
             # cannot store metadata it was not sent. Judge by the limit in force, as Kafka does.
-            order, packed = encode_commit(
+            order, packed, _ = encode_commit(
                 offsets, (yield from self.settle(write_named=False)).offset_metadata_max_bytes)
         args = [
             check_id("member_id", member_id),

@@ -94,9 +94,10 @@ def metadata_length(metadata: str) -> int:
     return len(metadata.encode("utf-16-le")) // 2
 
 
-def encode_commit(offsets: Mapping[Any, Any],
-                  max_metadata: int | None = None) -> tuple[list[TopicPartition], bytes]:
-    """(partitions in request order, ARGV[7] of commit_offsets.lua).
+def encode_commit(offsets: Mapping[Any, Any], max_metadata: int | None = None
+                  ) -> tuple[list[TopicPartition], bytes, bool]:
+    """(partitions in request order, ARGV[7] of commit_offsets.lua, whether ``max_metadata``
+    refused an entry).
 
     A commit is stored in one script call, so that it is atomic, as Kafka's is: every accepted
     partition or, on a group-level error, none. It is therefore refused, not split, above
@@ -116,6 +117,7 @@ def encode_commit(offsets: Mapping[Any, Any],
     order: list[TopicPartition] = []
     entries = []
     total = 0
+    any_refused = False
     for tp, value in offsets.items():
         f = field_of(tp).encode()
         if isinstance(value, int) and not isinstance(value, bool):
@@ -127,12 +129,13 @@ def encode_commit(offsets: Mapping[Any, Any],
         epoch = -1 if value.leader_epoch is None else require_int32("leader_epoch", value.leader_epoch)
         utf16_len = metadata_length(value.metadata)
         refused = max_metadata is not None and utf16_len > max_metadata
+        any_refused = any_refused or refused
         total += len(f) + (0 if refused else len(meta))
         check_total("offsets (topics and metadata)", total, MAX_REQUEST_BYTES)
         entry = [f, str(offset).encode(), b"" if refused else meta, str(epoch).encode(), utf16_len]
         entries.append([*entry, 1] if refused else entry)
         order.append(TopicPartition(tp[0], tp[1]))
-    return order, msgpack.packb(entries, use_bin_type=False)
+    return order, msgpack.packb(entries, use_bin_type=False), any_refused
 
 
 def retention_arg(retention_ms: Any) -> str:
