@@ -82,8 +82,8 @@ async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str,
 
 @api(16, "ListGroups", 0, 4, group=True)
 async def list_groups(conn: Connection, req: Any, version: int) -> dict[str, Any]:
-    states = list(getattr(req, "states_filter", ()) or ()) or None
-    listings = await conn.state.coordinator.list_groups(states)
+    listings = await conn.state.coordinator.list_groups(
+        list(getattr(req, "states_filter", ()) or ()))
     if not conn.may(Operation.DESCRIBE, ResourceType.CLUSTER, log_denied=False):
         listings = [g for g in listings
                     if conn.may(Operation.DESCRIBE, ResourceType.GROUP, g.group_id,

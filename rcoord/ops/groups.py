@@ -84,7 +84,7 @@ def _list(ctx: Context) -> int:
     if unknown:
         raise UsageError(f"--state {unknown[0]!r} is not a group state; use one of "
                          + ", ".join(STATES.values()))
-    listings = ctx.coordinator().list_groups([STATES[s.lower()] for s in wanted] or None)
+    listings = ctx.coordinator().list_groups([STATES[s.lower()] for s in wanted])
     listings = sorted(listings, key=lambda g: g.group_id)
     if ctx.json:
         print_json([{"group": g.group_id, "state": g.state,
@@ -356,30 +356,23 @@ def _reset_offsets(ctx: Context) -> int:
         tps = _partitions(ctx, args.topic)
     offsets = log_ends(ctx, [tp.topic for tp in tps])
     if args.all_topics:
-        # Offsets outlive their topic; a deleted topic has nothing to reset to, and must not
-        # stop the reset of the others.
+        # Offsets outlive their topic, and its partitions: a deleted topic, or a partition past
+        # its count (created again with fewer, or named by a simple commit), has nothing to
+        # reset to, and must not stop the reset of the others.
         existing = {tp.topic for tp in offsets}
-        deleted = sorted({tp.topic for tp in tps if tp.topic not in existing})
-        for topic in deleted:
-            parts = ",".join(str(tp.partition) for tp in tps if tp.topic == topic)
-            ctx.note(f"note: topic {topic!r} does not exist (any more); its committed offsets are "
-                     f"left out (remove them with: groups delete-offsets {group} "
-                     f"--topic {topic}:{parts})")
-        tps = [tp for tp in tps if tp.topic in existing]
-        if not tps:
+        left_out = [tp for tp in tps if tp not in offsets]
+        for topic in sorted({tp.topic for tp in left_out}):
+            parts = ",".join(str(tp.partition) for tp in left_out if tp.topic == topic)
+            why = ("does not exist (any more)" if topic not in existing
+                   else f"has no partition {parts} (any more)")
+            ctx.note(f"note: topic {topic!r} {why}; its committed offsets are left out (remove "
+                     f"them with: groups delete-offsets {group} --topic {topic}:{parts})")
+        if not any(tp.topic in existing for tp in tps):
             raise Failure(f"group {group!r} has committed offsets only for topics that do not "
                           "exist (any more)")
-    gone = [tp for tp in tps if tp not in offsets]
-    if gone and args.all_topics:
-        # Offsets of partitions past the topic's count (it was created again with fewer, or a
-        # simple commit named them): nothing to reset to, and they must not stop the others.
-        for topic in sorted({tp.topic for tp in gone}):
-            parts = ",".join(str(tp.partition) for tp in gone if tp.topic == topic)
-            ctx.note(f"note: topic {topic!r} has no partition {parts} (any more); its committed "
-                     f"offsets are left out (remove them with: groups delete-offsets {group} "
-                     f"--topic {topic}:{parts})")
         tps = [tp for tp in tps if tp in offsets]
-    elif gone:
+    gone = [tp for tp in tps if tp not in offsets]
+    if gone:
         raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
     if args.execute:
         _one_request(tps, "the reset")
