@@ -12,20 +12,21 @@ from typing import Any
 
 from ..topics import Record
 
-__all__ = ["SCHEMA_DDL", "SCHEMA_STRING", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema",
+__all__ = ["COLUMNS", "SCHEMA_DDL", "SCHEMA_STRING", "TIMESTAMP_TYPE_LOG_APPEND", "arrow_schema",
            "records_to_batch"]
 
-SCHEMA_DDL = (
-    "key binary, value binary, topic string, partition int, offset long, "
-    "timestamp timestamp, timestampType int, headers array<struct<key: string, value: binary>>"
+COLUMNS = (
+    ("key", "binary"), ("value", "binary"), ("topic", "string"), ("partition", "int"),
+    ("offset", "bigint"), ("timestamp", "timestamp"), ("timestampType", "int"),
+    ("headers", "array<struct<key:string,value:binary>>"),
 )
-"""The row schema of Spark's Kafka source, column for column."""
+"""The row schema of Spark's Kafka source, column for column: (name, Spark type name)."""
 
-SCHEMA_STRING = (
-    "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
-    "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
-)
-"""``SCHEMA_DDL`` as Spark's ``StructType.simpleString()`` writes it: what a reader is handed."""
+SCHEMA_DDL = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+"""``COLUMNS`` as DDL: the data source's ``schema()``."""
+
+SCHEMA_STRING = "struct<" + ",".join(f"{name}:{kind}" for name, kind in COLUMNS) + ">"
+"""``COLUMNS`` as Spark's ``StructType.simpleString()`` writes it: what a reader is handed."""
 
 TIMESTAMP_TYPE_LOG_APPEND = 1
 """Kafka's LogAppendTime: the timestamp is the partition node's Redis ``TIME`` at append."""
