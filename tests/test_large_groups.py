@@ -16,6 +16,7 @@ import pytest
 from harness import RawGroup
 
 from rcoord import Errors
+from rcoord.protocol.consumer import ConsumerProtocolSubscription
 from rcoord.protocol.join import JoinGroupResult, JoinRequest
 from rcoord.protocol.sync import SyncGroupResult, SyncRequest
 
@@ -46,9 +47,9 @@ class Raw(RawGroup):
     def __init__(self, coord: Any) -> None:
         super().__init__(coord, GROUP)
 
-    def join(self, now: int, mid: str, rt: int = DELAY, i: int = 0) -> Any:
+    def join(self, now: int, mid: str, rt: int = DELAY, i: int = 0, meta: bytes = b"") -> Any:
         return self.call("join_group", now, *JoinRequest.build(
-            GROUP, mid, protocol_type="consumer", protocols=[("range", b"")],
+            GROUP, mid, protocol_type="consumer", protocols=[("range", meta)],
             session_timeout_ms=60_000, rebalance_timeout_ms=rt, group_instance_id=None,
             client_id=f"c{i}", client_host="", require_known_member_id=True, reason=None,
         ).args())
@@ -60,15 +61,15 @@ class Raw(RawGroup):
         return {k.decode() for k in self.r.hkeys(self.keys.joining)}
 
 
-def form_parked(raw: Raw, n: int, rts: list[int] | None = None) -> list[str]:
+def form_parked(raw: Raw, n: int, rts: list[int] | None = None, meta: bytes = b"") -> list[str]:
     """n members joined and parked in the initial rebalance (its delay timer at T0 + DELAY)."""
     ids = []
     for i in range(n):
-        res = JoinGroupResult.decode(bytes(raw.join(T0, "", i=i)[1]))
+        res = JoinGroupResult.decode(bytes(raw.join(T0, "", i=i, meta=meta)[1]))
         assert res.error is Errors.MEMBER_ID_REQUIRED
         ids.append(res.member_id)
     for i, mid in enumerate(ids):
-        assert raw.join(T0, mid, rt=(rts[i] if rts else DELAY), i=i)[0] == b"W"
+        assert raw.join(T0, mid, rt=(rts[i] if rts else DELAY), i=i, meta=meta)[0] == b"W"
     return ids
 
 
@@ -199,6 +200,23 @@ def test_a_join_and_a_describe_during_a_completion_are_busy_too(raw):
     assert described["st"] == "CompletingRebalance" and len(described["mem"]) == 10
     lead = JoinGroupResult.decode(bytes(raw.call_once("join_group", now, *join)[1]))
     assert lead.error is Errors.NONE and [m.member_id for m in lead.members] == ids
+
+
+def test_an_offset_delete_during_a_completion_waits_for_its_subscriptions(raw):
+    # The subscribed topics are written with the completion's last chunk; until then they are
+    # unknown, and an unknown set counts every topic as subscribed. Kafka knows them from the
+    # start of CompletingRebalance, so a topic nobody subscribes to is deleted there.
+    ids = form_parked(raw, 10, meta=ConsumerProtocolSubscription(topics=["orders"]).encode())
+    now = T0 + DELAY
+    raw.await_join(now, ids[0])
+    assert raw.field("cjk") == "2" and raw.field("subs") is None
+    raw.r.hset(raw.keys.offsets, mapping={"0:audit": b"x", "0:orders": b"x"})
+    assert raw.call_once("delete_offsets", now, "0:audit", "0:orders") == [b"B"]
+    assert raw.field("cjk") == "3" and raw.r.hlen(raw.keys.offsets) == 2  # (nothing deleted)
+    reply = raw.call("delete_offsets", now, "0:audit", "0:orders")
+    assert raw.field("cjk") is None and raw.field("state") == "CompletingRebalance"
+    assert reply == [b"NONE", [b"NONE", b"GROUP_SUBSCRIBED_TO_TOPIC"]]
+    assert raw.r.hkeys(raw.keys.offsets) == [b"0:orders"]
 
 
 def test_leader_sync_during_completion_settles_it_first(raw):
