@@ -27,6 +27,8 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
+from .tags import drop_unknown_tags, is_unknown_tag_error
+
 __all__ = [
     "RequestHeaderInfo",
     "build",
@@ -78,7 +80,8 @@ def response_class(api_key: int, version: int) -> Any:
 def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, Any]:
     """(client id, request entity) of a whole request frame (header and body).
 
-    Raises ValueError (or kio's errors) if the frame does not parse as that request. Bytes
+    Tagged fields the request's schema does not name are ignored (``tags``). Raises
+    ValueError (or kio's errors) if the frame does not parse as that request. Bytes
     after a body that parsed are ignored, as Kafka's broker ignores them
     (``RequestContext.parseRequest`` checks no remaining bytes): librdkafka's Metadata v9+ for
     all topics, which its regex subscriptions use too, carries 3 (librdkafka issue #5049), and
@@ -86,9 +89,18 @@ def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, A
     """
     cls = request_class(api_key, version)
     header_cls = cls.__header_schema__
-    view = memoryview(frame)
-    header, used = entity_reader(header_cls)(view, 0)
-    body, size = entity_reader(cls)(view, used)
+    try:
+        header, body, used, size = _read(header_cls, cls, frame)
+    except KeyError as exc:
+        if not is_unknown_tag_error(exc):
+            raise
+        frame = drop_unknown_tags(frame, header_cls, cls)
+        header, body, used, size = _read(header_cls, cls, frame)
+        if (api_key, version) not in _UNKNOWN_TAGS_SEEN:
+            _UNKNOWN_TAGS_SEEN.add((api_key, version))
+            log.debug("API key %d v%d from client id %r: tagged fields its schema does not "
+                      "name ignored, as Kafka's broker ignores them (logged once per API "
+                      "version)", api_key, version, header.client_id)
     left = len(frame) - used - size
     if left and (api_key, version) not in _TRAILING_SEEN:
         _TRAILING_SEEN.add((api_key, version))  # once: a client sends them on every request
@@ -99,6 +111,15 @@ def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, A
 
 _TRAILING_SEEN: set[tuple[int, int]] = set()
 """The (API key, version)s whose trailing bytes were logged."""
+_UNKNOWN_TAGS_SEEN: set[tuple[int, int]] = set()
+"""The (API key, version)s whose unknown tagged fields were logged."""
+
+
+def _read(header_cls: Any, cls: Any, frame: bytes) -> tuple[Any, Any, int, int]:
+    view = memoryview(frame)
+    header, used = entity_reader(header_cls)(view, 0)
+    body, size = entity_reader(cls)(view, used)
+    return header, body, used, size
 
 
 def encode_response(api_key: int, version: int, correlation_id: int, data: Mapping[str, Any]
