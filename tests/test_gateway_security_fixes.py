@@ -250,6 +250,56 @@ def test_api_versions_is_served_once_and_only_before_the_handshake(
             assert _closed_by_server(again)
 
 
+def test_sasl_authenticate_once_authenticated_is_refused_and_the_connection_stays(
+    redis_server: Any, namespace: str, auth: AuthConfig,
+) -> None:
+    # Kafka's KafkaApis.handleSaslAuthenticateRequest: ILLEGAL_SASL_STATE, connection open
+    # (the gateway closed it, saying "no SASL handshake before"); likewise on a listener
+    # without authentication, where Kafka's request reaches KafkaApis too.
+    token = {"auth_bytes": b"\0alice\0" + PASSWORD.encode()}
+    with running_gateway(redis_server, namespace, auth=auth) as gw, \
+            sasl_connect(gw, "alice", PASSWORD) as sock:
+        sock.sendall(request_frame(36, 2, 7, token))
+        again = response(sock, 36, 2, 5)
+        assert again.error_code.value == ILLEGAL_SASL_STATE
+        assert again.error_message == ("SaslAuthenticate request received after successful "
+                                       "authentication")
+        sock.sendall(_api_versions(8))
+        assert response(sock, 18, 3, 4).error_code.value == 0
+    with running_gateway(redis_server, namespace) as gw, connect(gw) as sock:
+        sock.sendall(request_frame(36, 2, 7, token))
+        plain = response(sock, 36, 2, 5)
+        assert plain.error_code.value == ILLEGAL_SASL_STATE
+        assert "does not authenticate" in plain.error_message
+        sock.sendall(_api_versions(8))
+        assert response(sock, 18, 3, 4).error_code.value == 0
+
+
+@pytest.mark.parametrize(("name", "version"), [("bad name!", "1"), ("t", ""), ("-t", "1"),
+                                               ("t", "1.")])
+def test_api_versions_refuses_a_software_name_kafka_refuses(
+    redis_server: Any, namespace: str, auth: AuthConfig, name: str, version: str,
+) -> None:
+    # Kafka's ApiVersionsRequest.isValid (v3+): letters, digits, '-' and '.', starting and
+    # ending with a letter or digit; INVALID_REQUEST and no API keys. Before a SASL handshake
+    # the refused one does not count as the connection's ApiVersions.
+    bad = request_frame(18, 3, 1, {"client_software_name": name,
+                                   "client_software_version": version})
+    with running_gateway(redis_server, namespace) as gw, connect(gw) as sock:
+        sock.sendall(bad)
+        refused = response(sock, 18, 3, 4)
+        assert refused.error_code.value == 42 and refused.api_keys == ()
+        sock.sendall(request_frame(18, 3, 2, {"client_software_name": "apache-kafka-java",
+                                              "client_software_version": "3.9.0-rc1"}))
+        assert response(sock, 18, 3, 4).error_code.value == 0
+    with running_gateway(redis_server, namespace, auth=auth) as gw, connect(gw) as sock:
+        sock.sendall(bad)
+        assert response(sock, 18, 3, 4).error_code.value == 42
+        sock.sendall(_api_versions(2))
+        assert response(sock, 18, 3, 4).error_code.value == 0
+        assert _handshake(sock, 3) == 0
+
+
 def test_requests_do_not_keep_an_unauthenticated_connection_open(
     redis_server: Any, namespace: str, auth: AuthConfig,
 ) -> None:

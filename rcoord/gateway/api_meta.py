@@ -8,6 +8,7 @@ namespace can serve any group or partition, because all state is in Redis.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -34,8 +35,22 @@ _ZERO_UUID = uuid.UUID(int=0)
 _GROUP_KEY, _TXN_KEY = 0, 1
 
 
+_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+"""What ApiVersions v3+'s client software name and version must match (Kafka's
+``ApiVersionsRequest.isValid``; they become metric tags)."""
+
+
 @api(18, "ApiVersions", 0, 3)
 async def api_versions(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    if version >= 3 and not (_SOFTWARE.fullmatch(req.client_software_name)
+                             and _SOFTWARE.fullmatch(req.client_software_version)):
+        # Kafka answers INVALID_REQUEST with no API keys, and before a SASL handshake the
+        # client may send ApiVersions again (SaslServerAuthenticator stays where it was).
+        log.info("ApiVersions v%d refused: client software name %r or version %r is not "
+                 "letters, digits, '-' and '.' (starting and ending with a letter or digit)",
+                 version, req.client_software_name, req.client_software_version)
+        conn.api_versions_answered = False
+        return {"error_code": Errors.INVALID_REQUEST, "api_keys": [], "throttle_time": 0}
     keys = [{"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
             for a in sorted(REGISTRY.values(), key=lambda a: a.key)]
     return {"error_code": Errors.NONE, "api_keys": keys, "throttle_time": 0}

@@ -127,7 +127,13 @@ async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, 
 @api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2)
 async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     auth = conn.state.auth
-    if auth is None or conn.sasl_mechanism is None or conn.principal is not None:
+    if auth is None or conn.principal is not None:
+        # Kafka's KafkaApis answers it there, the connection staying open.
+        return {"error_code": ILLEGAL_SASL_STATE, "auth_bytes": b"", "session_lifetime": 0,
+                "error_message": "SaslAuthenticate request received after successful "
+                                 "authentication" if auth is not None else
+                                 "this listener does not authenticate (no --auth-file)"}
+    if conn.sasl_mechanism is None:
         return await refuse(conn, {"error_code": ILLEGAL_SASL_STATE,
                                    "error_message": "no SASL handshake before",
                                    "auth_bytes": b"", "session_lifetime": 0})
