@@ -482,6 +482,53 @@ def test_stop_closes_the_connections_start_opened(own_server, namespace):
         wait_until(lambda: len(client.client_list()) == base, timeout_s=10)
 
 
+def test_a_lease_round_in_progress_at_stop_does_not_take_the_leases_back(own_server, namespace):
+    """stop() released the leases while a lease round was still running (a slow registry
+    node); the round then took every lease back and put the process in the registry again,
+    so the others waited for them to lapse. Now the release waits for the round, and no round
+    runs after it."""
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    svc = CoordinatorService(ServiceConfig(redis_url=own_server.url, namespace=namespace,
+                                           coordinator_id="leaver", lease_ttl_ms=5000,
+                                           wake="index")).start()
+    runner = threading.Thread(target=svc.run, daemon=True)
+    runner.start()
+    n = svc.group_config.num_partitions
+    client = own_server.client()
+
+    def held() -> list[int]:
+        return [p for p in range(n)
+                if client.get(PartitionKeys(namespace, p, n).lease) == b"leaver"]
+
+    assert len(held()) == n
+    entered, go_on = threading.Event(), threading.Event()
+    register = svc.leases.register
+
+    def held_up_register() -> list[str]:
+        entered.set()
+        go_on.wait(30)
+        return register()
+
+    svc.leases.register = held_up_register
+    svc._lease_wake.set()
+    assert entered.wait(10)
+    stopper = threading.Thread(target=svc.stop, daemon=True)
+    stopper.start()
+    stopper.join(10)  # (returns after the stop's grace, the round still held up)
+    assert not stopper.is_alive()
+    go_on.set()
+    svc._lease_thread.join(10)
+    for thread in threading.enumerate():
+        if thread.name == "rcoord-leave":
+            thread.join(10)
+    assert not svc._lease_thread.is_alive()
+    assert client.zscore(f"{namespace}:coordinators", "leaver") is None
+    assert held() == []
+    assert svc.leases.step() == set() and held() == []  # (no round after the final release)
+    runner.join(10)
+
+
 def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     """A start that fails after the listener started (here: the user may not PUBLISH) stops the
     listener's threads and closes its connections, instead of leaving them reconnecting."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -78,6 +79,12 @@ class LeaseKeeper:
         self.owned: set[int] = set()
         self.live: list[str] = []
         self.handed_off = False
+        # A round and a release never overlap, and none runs after the final release: a round
+        # still running when the service stopped took back every lease the release had just
+        # freed, and put the process back in the registry (the others then waited for them
+        # to lapse).
+        self._round = threading.Lock()
+        self._released_for_good = False
         self._lease_keys = [PartitionKeys(namespace, p, num_partitions).lease for p in range(num_partitions)]
 
     @property
@@ -185,7 +192,15 @@ class LeaseKeeper:
         """Register, then take, renew or hand off leases so the plan holds; return what we own.
 
         Also sets ``handed_off``: whether this round gave partitions away (the caller then tells
-        the others, so the new holder starts at once instead of at its next round)."""
+        the others, so the new holder starts at once instead of at its next round). After
+        ``release_all(final=True)`` a round does nothing and owns nothing."""
+        with self._round:
+            if self._released_for_good:
+                self.owned, self.handed_off = set(), False
+                return set()
+            return self._step()
+
+    def _step(self) -> set[int]:
         live = self._registered()
         if self.coordinator_id not in live:
             live = sorted([*live, self.coordinator_id])
@@ -217,9 +232,17 @@ class LeaseKeeper:
         self.owned = owned  # a new set each round: readers in other threads see one or the other
         return owned
 
-    def release_all(self) -> None:
+    def release_all(self, final: bool = False) -> None:
         """Graceful exit: free our leases and leave the registry, so others take over at once
-        (a lease on a node that fails lapses by itself)."""
+        (a lease on a node that fails lapses by itself). Waits for a round in progress to end;
+        ``final``: no round takes leases again (the service's stop; a stalled timer loop's
+        release is taken back by the next round once the loop runs again)."""
+        with self._round:
+            if final:
+                self._released_for_good = True
+            self._release()
+
+    def _release(self) -> None:
         self._ops([(p, "release", "") for p in sorted(self.owned)], set())
         self.owned = set()
         self._on_registry_node(lambda node: node.zrem(self.registry_key, self.coordinator_id))

@@ -313,7 +313,7 @@ class CoordinatorService:
                 log.warning("could not read the last events",
                             extra={"event": "tail_failed", "why": str(exc)})
         try:
-            self.leases.release_all()
+            self.leases.release_all(final=True)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             log.warning("could not release leases",
                         extra={"event": "release_failed", "why": str(exc)})
