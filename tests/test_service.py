@@ -529,6 +529,33 @@ def test_a_lease_round_in_progress_at_stop_does_not_take_the_leases_back(own_ser
     runner.join(10)
 
 
+def test_a_hint_for_a_partition_given_up_since_is_not_acted_on(own_server, namespace):
+    """A late expiry hint, then a lease round that gave its partition away, heard in one drain
+    of the timer loop's queue: the hint put the partition back in the sweeper's index after the
+    round's resync took it out, and the process swept a partition another one held."""
+    from rcoord.service.events import Hint, Owned
+
+    client = own_server.client()
+    coord = GroupCoordinator(client, CoordinatorConfig(
+        namespace=namespace, num_partitions=2, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    group = next(f"g{i}" for i in range(100) if partition_for(f"g{i}", 2) == 1)
+    _lonely_member(coord, group)  # (a deadline in partition 1)
+    svc = _in_process(own_server.url, namespace, "hinted", num_partitions=2)
+    try:
+        owned = svc._handle(Owned(frozenset({0, 1})), set(), True)
+        assert 1 in svc.sweeper.earliest
+        owned = svc._handle(Hint(1, group), owned, True)
+        assert svc._hinted == {1}
+        owned = svc._handle(Owned(frozenset({0})), owned, True)
+        assert 1 not in svc.sweeper.earliest
+        if svc._hinted:  # (as the loop does after draining)
+            svc._check_hints()
+        assert 1 not in svc.sweeper.earliest and owned == {0}
+    finally:
+        svc.stop()
+
+
 def test_a_failed_start_closes_what_it_opened(own_server, namespace):
     """A start that fails after the listener started (here: the user may not PUBLISH) stops the
     listener's threads and closes its connections, instead of leaving them reconnecting."""

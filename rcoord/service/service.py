@@ -633,6 +633,9 @@ class CoordinatorService:
         match event:
             case Owned(partitions):
                 owned = set(partitions)
+                # A hint heard before this event, for a partition given up since, is not this
+                # process's to act on (_check_hints would put it back in the sweeper's index).
+                self._hinted &= owned
                 # Where each new partition's log goes on, read before the first sweep applies
                 # anything there (observe.EventTail.poll). Not if the round that sent it is a
                 # TTL old by now (the process paused): the next confirmed turn reads them.
