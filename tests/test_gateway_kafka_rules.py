@@ -355,3 +355,93 @@ def test_a_join_group_listing_a_protocol_twice_is_an_invalid_request(gateway):
     described = call_once(gateway, 15, 5, {"groups": ["g"],
                                            "include_authorized_operations": False})
     assert [g.group_state for g in described.groups] == ["Dead"]
+
+
+def _new_topic(name: str, count: int = 1, rf: int = -1, assignments: Any = ()) -> dict[str, Any]:
+    return {"name": name, "num_partitions": count, "replication_factor": rf,
+            "assignments": [{"partition_index": i, "broker_ids": b} for i, b in assignments],
+            "configs": []}
+
+
+def test_a_topic_named_twice_is_neither_created_nor_deleted(gateway, topics):
+    """Kafka's ControllerApis: a name a CreateTopics or DeleteTopics gives twice is answered
+    once, INVALID_REQUEST "Duplicate topic name.", and nothing is done for it; one entry was
+    created with the other refused (which one's settings won was not fixed), and a delete was
+    answered NONE twice."""
+    created = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False, "topics": [
+        _new_topic("dup"), _new_topic("dup", 3), _new_topic("once", 2)]})
+    assert sorted((t.name, t.error_code.value, t.error_message) for t in created.topics) == [
+        ("dup", Errors.INVALID_REQUEST, "Duplicate topic name."), ("once", 0, None)]
+    assert topics.list() == ["once"]
+    topics.create("dup", 1)
+    deleted = call_once(gateway, 20, 5, {"timeout_ms": 5000,
+                                         "topic_names": ["dup", "once", "dup"]})
+    assert sorted((r.name, r.error_code.value, r.error_message) for r in deleted.responses) == [
+        ("dup", Errors.INVALID_REQUEST, "Duplicate topic name."), ("once", 0, None)]
+    assert topics.list() == ["dup"]
+
+
+@pytest.mark.parametrize(("entry", "code", "says"), [
+    (_new_topic("m", 4, -1, [(0, [0])]), Errors.INVALID_REQUEST, "numPartitions"),
+    (_new_topic("m", -1, 1, [(0, [0])]), Errors.INVALID_REQUEST, "replication factor"),
+    (_new_topic("m", -1, -1, [(0, [7])]), 39, "broker 7"),
+    (_new_topic("m", -1, -1, [(0, [])]), 39, "empty replica list"),
+    (_new_topic("m", -1, -1, [(0, [0, 0])]), 39, "more than once"),
+    (_new_topic("m", -1, -1, [(0, [0]), (0, [0])]), 39, "multiple manual"),
+    (_new_topic("m", -1, -1, [(0, [0]), (5, [0])]), 39, "consecutive"),
+])
+def test_a_manual_assignment_is_checked_as_kafka_checks_it(gateway, topics, entry, code, says):
+    """Kafka's ReplicationControlManager.createTopic: only the number of assignments was read,
+    so an assignment naming a broker that does not exist, or numPartitions 4 with one
+    assignment (the client got 1 partition, silently), created a topic."""
+    for validate_only in (True, False):
+        (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+                                               "topics": [entry]}).topics
+        assert answer.error_code.value == code and says in answer.error_message
+    assert topics.list() == []
+
+
+def test_a_manual_assignment_on_this_broker_creates_its_partitions(gateway, topics):
+    (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False, "topics": [
+        _new_topic("m", -1, -1, [(1, [0]), (0, [0]), (2, [0])])]}).topics
+    assert (answer.error_code.value, answer.num_partitions, answer.replication_factor) == (0, 3, 1)
+    assert topics.partition_count("m") == 3
+
+
+def _with_header_field(batch: bytes, at: int, value: int) -> bytes:
+    """``batch`` with the int32 at ``at`` set to ``value``, its CRC (over what follows the
+    CRC field) made again."""
+    import crc32c
+
+    out = bytearray(batch)
+    out[at:at + 4] = value.to_bytes(4, "big", signed=True)
+    out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("at", "value", "says"), [
+    (23, 5, "offset range has 6 records"),  # lastOffsetDelta 5 for one record
+    (23, -1, "must be positive"),
+    (57, 0, "reports 0 records"),  # (the record count)
+])
+def test_a_batch_whose_offset_range_and_count_disagree_is_refused(gateway, redis_server, topics,
+                                                                  at, value, says):
+    """Kafka's LogValidator.validateBatch: INVALID_RECORD when lastOffsetDelta + 1 and the
+    record count disagree or are not positive; it was appended (an idempotent producer's last
+    sequence is counted from that range)."""
+    topics.create("t", 1)
+    batch = _with_header_field(encode_batch([Record(0, None, b"v", {}, 0)]), at, value)
+    (part,) = _produce_to(gateway, [(0, batch)])
+    assert part.error_code.value == INVALID_RECORD and says in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)
+
+
+def test_a_producer_batch_with_a_negative_sequence_is_an_invalid_record(gateway, redis_server,
+                                                                        topics):
+    """Kafka's LogValidator.validateBatch answers INVALID_RECORD (it was INVALID_REQUEST)."""
+    topics.create("t", 1)
+    batch = encode_batch([Record(0, None, b"v", {}, 0)], producer_id=7, producer_epoch=0,
+                         base_sequence=-1)
+    (part,) = _produce_to(gateway, [(0, batch)])
+    assert part.error_code.value == INVALID_RECORD and "sequence number -1" in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)

@@ -86,10 +86,13 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
         raise BatchError(Errors.INVALID_REQUEST, "a record batch without records")
     if batch.producer_id < 0:
         return state.producer.send_batch(topic, batch.records, atomic=True)[0]
-    if batch.producer_epoch < 0 or batch.base_sequence < 0:
+    if batch.base_sequence < 0:  # (Kafka's LogValidator.validateBatch)
+        raise BatchError(INVALID_RECORD, f"invalid sequence number {batch.base_sequence} in a "
+                         f"record batch with producer id {batch.producer_id}")
+    if batch.producer_epoch < 0:
         raise BatchError(Errors.INVALID_REQUEST,
-                         f"producer id {batch.producer_id} with epoch {batch.producer_epoch} "
-                         f"and base sequence {batch.base_sequence}: both must be >= 0")
+                         f"producer id {batch.producer_id} with epoch {batch.producer_epoch}: "
+                         "the epoch must be >= 0")
     try:
         metas = append_idempotent(
             state.sync_redis, state.config.namespace, topic, partition, batch.records,

@@ -11,14 +11,19 @@ DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATIO
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
 from .acl import Operation, ResourceType
-from .errors import INVALID_REPLICATION_FACTOR, TOPIC_AUTHORIZATION_FAILED
+from .errors import (
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REPLICATION_FACTOR,
+    TOPIC_AUTHORIZATION_FAILED,
+)
 from .registry import api
-from .state import Connection, GatewayState
+from .state import NODE_ID, Connection, GatewayState
 
 __all__: list[str] = []
 
@@ -27,9 +32,47 @@ DEFAULT_PARTITIONS = 1
 _CONFIGS = {"retention.ms": "retention_ms", "retention.records": "retention_records"}
 
 
+def _assignment_error(topic: Any) -> tuple[int, str] | None:
+    """Kafka's checks of a manual partition assignment (``ReplicationControlManager.createTopic``
+    and ``validateManualPartitionAssignment``), with this gateway the only broker."""
+    if int(topic.replication_factor) != -1:
+        return Errors.INVALID_REQUEST, ("A manual partition assignment was specified, but "
+                                        "replication factor was not set to -1.")
+    if int(topic.num_partitions) != -1:
+        return Errors.INVALID_REQUEST, ("A manual partition assignment was specified, but "
+                                        "numPartitions was not set to -1.")
+    seen: set[int] = set()
+    for assignment in topic.assignments:
+        index, brokers = int(assignment.partition_index), [int(b) for b in assignment.broker_ids]
+        if index in seen:
+            return INVALID_REPLICA_ASSIGNMENT, ("Found multiple manual partition assignments "
+                                                f"for partition {index}")
+        seen.add(index)
+        if not brokers:
+            return INVALID_REPLICA_ASSIGNMENT, ("The manual partition assignment includes an "
+                                                "empty replica list.")
+        for broker in brokers:
+            if broker != NODE_ID:
+                return INVALID_REPLICA_ASSIGNMENT, (
+                    f"The manual partition assignment includes broker {broker}, but no such "
+                    f"broker is registered (the rcoord gateway is broker {NODE_ID}).")
+        if len(brokers) > 1:
+            return INVALID_REPLICA_ASSIGNMENT, (f"The manual partition assignment includes the "
+                                                f"broker {NODE_ID} more than once.")
+    if seen != set(range(len(seen))):
+        return INVALID_REPLICA_ASSIGNMENT, ("partitions should be a consecutive 0-based integer "
+                                            "sequence")
+    return None
+
+
 def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"name": topic.name, "error_code": Errors.NONE, "error_message": None,
                            "num_partitions": -1, "replication_factor": -1}
+    if topic.assignments:
+        error = _assignment_error(topic)
+        if error is not None:
+            out.update(error_code=error[0], error_message=error[1])
+            return out
     count = len(topic.assignments) or int(topic.num_partitions)
     count = DEFAULT_PARTITIONS if count == -1 else count
     if int(topic.replication_factor) not in (-1, 1):
@@ -79,8 +122,25 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
                     "replication_factor": -1}
         return await state.blocking(_create, state, topic, bool(req.validate_only))
 
-    results = await asyncio.gather(*(one(t) for t in req.topics))
-    return {"throttle_time": 0, "topics": list(results)}
+    twice = _named_twice(t.name for t in req.topics)
+    results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))
+    return {"throttle_time": 0, "topics": [*results, *(
+        {"name": name, "error_code": Errors.INVALID_REQUEST,
+         "error_message": "Duplicate topic name.", "num_partitions": -1,
+         "replication_factor": -1} for name in twice)]}
+
+
+def _named_twice(names: Iterable[str]) -> list[str]:
+    """The names a request gives more than once, each once: Kafka's ``ControllerApis`` acts on
+    none of their entries and answers each such name INVALID_REQUEST, "Duplicate topic name."
+    (one entry was created or deleted, and the other refused or answered twice)."""
+    seen: set[str] = set()
+    twice: dict[str, None] = {}
+    for name in names:
+        if name in seen:
+            twice[name] = None
+        seen.add(name)
+    return list(twice)
 
 
 def _delete(state: GatewayState, name: str) -> dict[str, Any]:
@@ -101,5 +161,8 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
                     "error_message": "Authorization failed."}
         return await state.blocking(_delete, state, name)
 
-    results = await asyncio.gather(*(one(n) for n in req.topic_names))
-    return {"throttle_time": 0, "responses": list(results)}
+    twice = _named_twice(req.topic_names)
+    results = await asyncio.gather(*(one(n) for n in req.topic_names if n not in twice))
+    return {"throttle_time": 0, "responses": [*results, *(
+        {"name": name, "error_code": Errors.INVALID_REQUEST,
+         "error_message": "Duplicate topic name."} for name in twice)]}

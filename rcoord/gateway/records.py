@@ -21,12 +21,14 @@ from kio.records.schema import RecordHeader
 
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
-from .errors import CORRUPT_MESSAGE, UNSUPPORTED_COMPRESSION_TYPE
+from .errors import CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE
 
 __all__ = ["BatchError", "IncomingBatch", "decode_batches", "encode_batch", "encode_fetched"]
 
 _MAGIC_AT = 16  # base offset (8), batch length (4), partition leader epoch (4)
 _ATTRIBUTES_AT = 21  # ... magic (1), crc (4)
+_LAST_OFFSET_DELTA_AT = 23  # ... attributes (2)
+_COUNT_AT = 57  # ... timestamps (16), producer id (8), epoch (2), base sequence (4)
 _HEADER_BYTES = 61
 _COMPRESSION_MASK = 0x07
 _LOG_APPEND_TIME = 0x08
@@ -70,6 +72,7 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
                              "compressed batches are not accepted; produce uncompressed")
         if attributes & (_TRANSACTIONAL | _CONTROL):
             raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
+        _check_count(view, pos)
         try:
             batch, size = read_batch(view, pos)
         except Exception as exc:  # noqa: BLE001  (CRC mismatch, bad lengths, short buffer)
@@ -82,6 +85,25 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
                                  int(batch.base_sequence), records))
         pos += size
     return out
+
+
+def _check_count(view: memoryview, pos: int) -> None:
+    """Kafka's ``LogValidator.validateBatch`` for a client's v2 batch: its offset range
+    (``lastOffsetDelta`` + 1) and its record count must be positive and agree. An idempotent
+    producer's last sequence is counted from that range, so a batch whose two disagree would
+    leave the producer and the log at different sequences."""
+    def int32(at: int) -> int:
+        return int.from_bytes(view[pos + at:pos + at + 4], "big", signed=True)
+
+    from_offsets, count = int32(_LAST_OFFSET_DELTA_AT) + 1, int32(_COUNT_AT)
+    if from_offsets <= 0:
+        raise BatchError(INVALID_RECORD, f"the batch's offset range has {from_offsets} records "
+                         "(lastOffsetDelta + 1 must be positive)")
+    if count <= 0:
+        raise BatchError(INVALID_RECORD, f"the batch reports {count} records")
+    if from_offsets != count:
+        raise BatchError(INVALID_RECORD, f"the batch's offset range has {from_offsets} records "
+                         f"(lastOffsetDelta + 1) but it reports {count}")
 
 
 def _headers(headers: Sequence[RecordHeader]) -> list[tuple[str, bytes | None]]:
