@@ -1125,7 +1125,13 @@ class Consumer(SubscriptionMixin):
         finally:
             self._forget_revoked(revoked)
             if stopped:
-                self._await_rejoin(new.request_rejoin, hold)
+                # A follow-up rejoin (KIP-429) only for partitions the member reported as owned
+                # in its JoinGroup (``new.revoked``): their new owners get them with the next
+                # generation. Those it no longer reported (a topic deleted, or no longer
+                # subscribed) were free for the assignor already, as in Kafka, whose
+                # onJoinPrepare revokes them before the JoinGroup; a rejoin for them was a
+                # rebalance of the whole group for nothing.
+                self._await_rejoin(new.request_rejoin if new.revoked else None, hold)
             else:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
