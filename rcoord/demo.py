@@ -427,6 +427,7 @@ class _Demo:
         self.wait("every committed offset to reach the log end", drained, every=0.1)
         self.producing = False
         self.say(self.progress())
+        self.say("stopping the workers (each revokes what it holds as it leaves the group)")
         for name in sorted(self.live()):
             self.stops[name].set()
         for name in sorted(self.live()):
@@ -478,7 +479,8 @@ class _Demo:
         all_once = not missing
         print(
             f"produced {total} records; processed {len(seen)} distinct, "
-            f"{duplicates} more than once (at-least-once redelivery after the kill)"
+            f"{duplicates} more than once (at-least-once: records after a member's last "
+            "commit are processed again by the partition's next owner)"
         )
         print(
             f"check: every produced record processed at least once ... "
@@ -496,7 +498,7 @@ class _Demo:
         kept_ok = kept_revoked == 0 or not cooperative
         if cooperative:
             print(
-                f"check: the workers that stayed kept consuming .......... "
+                f"check: the workers that stayed revoked only what moved . "
                 f"{'yes' if kept_ok else f'NO ({kept_revoked} kept partitions were revoked)'}"
             )
         else:
