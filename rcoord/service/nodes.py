@@ -260,30 +260,33 @@ def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
 
 def _run(client: Any, node: Any, piece: list[T],
          work: Callable[[Any, list[T]], None]) -> BaseException | None:
-    """One piece, through ``node``'s plain client (``_ask``; None: ``client``, one node); what
-    it raised (None if nothing). A node that answers that the slot moved has the piece run
-    through the cluster client, which follows it."""
-    def attempt(via: Any) -> None:
-        try:
-            work(via, piece)
-        except MOVED:
-            if node is None:
-                raise
-            work(client, piece)
-
+    """One piece, through ``node``'s plain client (``_following``; None: ``client``, one
+    node); what it raised (None if nothing)."""
     try:
         if node is None:
-            attempt(client)
+            work(client, piece)
         else:
-            _ask(client, node, attempt)
+            _following(client, node, lambda via: work(via, piece))
     except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
         return exc
     return None
 
 
+def _following(client: Any, node: Any, call: Callable[[Any], T]) -> T:
+    """``call`` through ``node``'s plain client (``_ask``); if the node answers that the slot
+    moved, once more through the cluster client, which follows the slot and learns the new
+    map. That second call's failure is not ``node``'s: it answered. (It was taken for the
+    node's, so a healthy master, one whose slot was being moved, was skipped for up to 1 s.)"""
+    try:
+        return _ask(client, node, call)
+    except MOVED:
+        return call(client)
+
+
 def _ask(client: Any, node: Any, call: Callable[[Any], T]) -> T:
     """``call(plain client of node)``, with that node's backoff and log: one that failed a
-    moment ago fails at once (``_skipped``), and the outcome is recorded (``_note``)."""
+    moment ago fails at once (``_skipped``), and the outcome is recorded (``_note``; an answer
+    that the slot moved is an answer)."""
     skipped = _skipped(client, node.name)
     if skipped is not None:
         raise skipped
@@ -292,16 +295,22 @@ def _ask(client: Any, node: Any, call: Callable[[Any], T]) -> T:
     except NODE_FAILURES as exc:
         _note(client, node.name, exc)
         raise
+    except MOVED:
+        _note(client, node.name, None)
+        raise
     _note(client, node.name, None)
     return result
 
 
 def on_node(client: Any, key: str, call: Callable[[Any], T]) -> T:
     """``call(node)`` through the plain client of the node serving ``key`` (one node:
-    ``client``), with that node's backoff and log (``each_node``'s, for one call)."""
+    ``client``), with that node's backoff and log (``each_node``'s, for one call), following
+    the slot as ``each_node`` does. (Without that, once the registry's slot moved every lease
+    round failed on MOVED, for as long as the cluster client's map stayed old: the leases
+    lapsed and nothing was swept.)"""
     if not _cluster(client):
         return call(client)
-    return _ask(client, client.get_node_from_key(key), call)
+    return _following(client, client.get_node_from_key(key), call)
 
 
 def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
