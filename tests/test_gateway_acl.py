@@ -268,10 +268,11 @@ class _Session:
         self.sock: socket.socket = sasl_connect(gw, user, USERS[user])
         self.corr = 10
 
-    def call(self, key: int, version: int, body: dict[str, Any]) -> Any:
+    def call(self, key: int, version: int, body: dict[str, Any], header_bytes: int = 5) -> Any:
+        """(``header_bytes``: 5 for a flexible version's response header, 4 before.)"""
         self.corr += 1
         self.sock.sendall(request_frame(key, version, self.corr, body))
-        return response(self.sock, key, version, 5)  # every version used here is flexible
+        return response(self.sock, key, version, header_bytes)
 
     def close(self) -> None:
         self.sock.close()
@@ -356,6 +357,15 @@ def test_group_apis_check_the_group(alice: _Session, bob: _Session, topics: Topi
                                            {"group_id": "other", "topics": None}]})
     assert _codes(fetched.groups, "group_id") == {"app": 0, "other": GROUP_AUTHORIZATION_FAILED}
     assert [t.name for t in fetched.groups[0].topics] == ["orders"]
+    # The group refused: its partitions are listed only where there is no group-level error
+    # (v1), as Kafka's OffsetFetchRequest.getErrorResponse.
+    named_other = {"group_id": "other", "topics": [{"name": "orders", "partition_indexes": [0]}]}
+    assert alice.call(9, 8, {"groups": [named_other]}).groups[0].topics == ()
+    v7 = alice.call(9, 7, {**named_other, "require_stable": False})  # (flexible from v6)
+    assert (v7.error_code.value, v7.topics) == (GROUP_AUTHORIZATION_FAILED, ())
+    v1 = alice.call(9, 1, named_other, header_bytes=4)
+    assert [p.error_code.value for t in v1.topics for p in t.partitions] == [
+        GROUP_AUTHORIZATION_FAILED]
     seen_by_bob = bob.call(9, 8, {"groups": [{"group_id": "app", "topics": None}]})
     assert seen_by_bob.groups[0].error_code.value == 0 and seen_by_bob.groups[0].topics == ()
     named = bob.call(9, 8, {"groups": [{"group_id": "app", "topics": [

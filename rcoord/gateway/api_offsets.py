@@ -130,13 +130,16 @@ def _retention_ms(req: Any) -> int | None:
     return max(retention_ms, 0)
 
 
-async def _fetch_group(conn: Connection, group_id: str, topics: Any) -> dict[str, Any]:
+async def _fetch_group(conn: Connection, group_id: str, topics: Any, version: int
+                       ) -> dict[str, Any]:
     if not conn.may(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        # Kafka's OffsetFetchRequest.getErrorResponse: the partitions named, each with the
+        # error, only in v0-1, which have no group-level error; from v2, none.
         return {"group_id": group_id, "error_code": GROUP_AUTHORIZATION_FAILED, "topics": [
             {"name": t.name, "partitions": [
                 {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
                  "metadata": "", "error_code": GROUP_AUTHORIZATION_FAILED}
-                for p in t.partition_indexes]} for t in topics or ()]}
+                for p in t.partition_indexes]} for t in topics or ()] if version < 2 else []}
     wanted = None
     refused: list[dict[str, Any]] = []
     described: list[Any] = []  # the request's topics it may describe, in request order
@@ -230,6 +233,6 @@ def _fetched(parts: Iterable[tuple[int, OffsetAndMetadata]]) -> Iterator[dict[st
 async def offset_fetch(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if version >= 8:
         return {"throttle_time": 0, "groups": [
-            await _fetch_group(conn, g.group_id, g.topics) for g in req.groups]}
-    one = await _fetch_group(conn, req.group_id, req.topics)
+            await _fetch_group(conn, g.group_id, g.topics, version) for g in req.groups]}
+    one = await _fetch_group(conn, req.group_id, req.topics, version)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
