@@ -49,7 +49,7 @@ class GatewayThread:
         self.gateway = Gateway(self.config, self.redis_url, auth=self.auth, **self.redis_kwargs)
         asyncio.run_coroutine_threadsafe(self.gateway.start(), self.loop).result(30)
         self._address = self.gateway.address  # kept: a closed server has no sockets to ask
-        _RUNNING.add(self._address)
+        _STARTED.add(self._address)
         return self
 
     @property
@@ -69,14 +69,14 @@ class GatewayThread:
         self._thread.join(30)
         self.loop.close()
         if self._address is not None:
-            try:
-                _collect_unclosed_sockets(_RUNNING | {self._address})
-            finally:
-                _RUNNING.discard(self._address)
+            _collect_unclosed_sockets(_STARTED)
 
 
-_RUNNING: set[tuple[str, int]] = set()
-"""The listen addresses of the gateways started and not yet stopped in this process."""
+_STARTED: set[tuple[str, int]] = set()
+"""The listen addresses of the gateways started in this process, stopped or not: a Kafka
+client's socket may reach the collector only after its gateway stopped (a kafka-python
+consumer's, refused its group, was collected at the next test's gateway stop, and failed that
+test, 1 run in 8 of tests/test_gateway_acl.py)."""
 _PEER = re.compile(r"raddr=\('([^']*)', (\d+)\)")
 
 
