@@ -79,7 +79,7 @@ def _twin_of(entity: Any) -> Any:
     return twin(**values)
 
 
-def _frame(cls: Any, header: Any, body: Any) -> bytes:
+def _frame(header: Any, body: Any) -> bytes:
     buf = io.BytesIO()
     entity_writer(type(header))(buf, header)
     entity_writer(type(body))(buf, body)
@@ -99,8 +99,8 @@ def test_every_served_flexible_request_reads_as_without_the_unknown_tags(api_key
         "request_api_key": api_key, "request_api_version": version, "correlation_id": 7,
         "client_id": "tags"})
     body = build(cls, _sample(cls))
-    plain = _frame(cls, header, body)
-    tagged = _frame(cls, _twin_of(header), _twin_of(body))
+    plain = _frame(header, body)
+    tagged = _frame(_twin_of(header), _twin_of(body))
     assert tagged.count(b"zz") > plain.count(b"zz")  # (the unknown fields are on the wire)
     assert drop_unknown_tags(plain, cls.__header_schema__, cls) == plain  # walked exactly
     assert drop_unknown_tags(tagged, cls.__header_schema__, cls) == plain
@@ -112,7 +112,7 @@ def test_a_frame_cut_inside_a_field_is_still_refused():
     cls = request_class(8, 8)  # OffsetCommit v8
     header = build(cls.__header_schema__, {"request_api_key": 8, "request_api_version": 8,
                                            "correlation_id": 1, "client_id": "c"})
-    tagged = _frame(cls, _twin_of(header), _twin_of(build(cls, _sample(cls))))
+    tagged = _frame(_twin_of(header), _twin_of(build(cls, _sample(cls))))
     with pytest.raises(ValueError, match="ends inside a field"):
         drop_unknown_tags(tagged[:-6], cls.__header_schema__, cls)
     with pytest.raises(ValueError, match="ends inside a field"):

@@ -28,32 +28,27 @@ def cluster() -> Iterator[EmbeddedCluster]:
         c.stop()
 
 
-def _node_of(cluster: EmbeddedCluster, client: Any, key: str) -> tuple[redis.Redis, str]:
-    node = client.get_node_from_key(key)
-    plain = redis.Redis(host="127.0.0.1", port=int(node.port))
-    return plain, plain.execute_command("CLUSTER", "MYID").decode()
-
-
 def _move_slot(cluster: EmbeddedCluster, client: Any, key: str, finish: bool) -> None:
     """Move ``key``'s slot to another master (``redis-cli --cluster reshard``'s steps), or
-    stop half-way (``finish`` False: migrating, its keys moved)."""
-    slot = client.keyslot(key)
-    src, src_id = _node_of(cluster, client, key)
-    others = [redis.Redis(host="127.0.0.1", port=p) for p in cluster.ports
-              if p != int(client.get_node_from_key(key).port)]
-    dst = others[0]
-    dst_id = dst.execute_command("CLUSTER", "MYID").decode()
-    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
-    if keys:
-        src.execute_command("MIGRATE", "127.0.0.1", dst.connection_pool.connection_kwargs["port"],
-                            "", 0, 5000, "KEYS", *keys)
-    if finish:
-        for node in (dst, src, *others[1:]):
-            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-    for node in (src, *others):
-        node.close()
+    stop half-way (``finish`` False: migrating, its keys moved). (tests/test_resharding.py's
+    ``migrate_slot`` moves a slot of its replica cluster whole, a key at a time.)"""
+    slot, src_port = client.keyslot(key), int(client.get_node_from_key(key).port)
+    dst_port = next(p for p in cluster.ports if p != src_port)
+    nodes = {p: redis.Redis(host="127.0.0.1", port=p) for p in cluster.ports}
+    try:
+        src, dst = nodes[src_port], nodes[dst_port]
+        src_id, dst_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (src, dst))
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        if keys:
+            src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", *keys)
+        if finish:  # (the destination first, as migrate_slot)
+            for node in sorted(nodes.values(), key=lambda n: n is not dst):
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    finally:
+        for node in nodes.values():
+            node.close()
 
 
 @pytest.mark.parametrize("finish", [False, True], ids=["migrating", "moved"])
