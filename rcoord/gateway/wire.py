@@ -96,23 +96,27 @@ def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, A
             raise
         frame = drop_unknown_tags(frame, header_cls, cls)
         header, body, used, size = _read(header_cls, cls, frame)
-        if (api_key, version) not in _UNKNOWN_TAGS_SEEN:
-            _UNKNOWN_TAGS_SEEN.add((api_key, version))
-            log.debug("API key %d v%d from client id %r: tagged fields its schema does not "
-                      "name ignored, as Kafka's broker ignores them (logged once per API "
-                      "version)", api_key, version, header.client_id)
+        _debug_once("tags", api_key, version, header.client_id, "tagged fields its schema "
+                    "does not name ignored, as Kafka's broker ignores them")
     left = len(frame) - used - size
-    if left and (api_key, version) not in _TRAILING_SEEN:
-        _TRAILING_SEEN.add((api_key, version))  # once: a client sends them on every request
-        log.debug("API key %d v%d from client id %r: %d bytes after the request body ignored "
-                  "(logged once per API version)", api_key, version, header.client_id, left)
+    if left:
+        _debug_once("trailing", api_key, version, header.client_id,
+                    f"{left} bytes after the request body ignored")
     return header.client_id, body
 
 
-_TRAILING_SEEN: set[tuple[int, int]] = set()
-"""The (API key, version)s whose trailing bytes were logged."""
-_UNKNOWN_TAGS_SEEN: set[tuple[int, int]] = set()
-"""The (API key, version)s whose unknown tagged fields were logged."""
+_LOGGED: set[tuple[str, int, int]] = set()
+"""(what, API key, version)s logged by ``_debug_once``."""
+
+
+def _debug_once(what: str, api_key: int, version: int, client_id: str | None, says: str
+                ) -> None:
+    """Log ``says`` of a request once per API version and kind (a client that sends such a
+    request sends it every time)."""
+    if (what, api_key, version) not in _LOGGED:
+        _LOGGED.add((what, api_key, version))
+        log.debug("API key %d v%d from client id %r: %s (logged once per API version)",
+                  api_key, version, client_id, says)
 
 
 def _read(header_cls: Any, cls: Any, frame: bytes) -> tuple[Any, Any, int, int]:
