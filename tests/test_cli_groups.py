@@ -315,6 +315,20 @@ def test_reset_offsets_to_current(cli, reset_setup):
     assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 5}
 
 
+def test_reset_offsets_to_current_keeps_a_committed_offset_out_of_range(cli, reset_setup):
+    """A committed offset below the log start (retention removed its records) stays as it
+    is: Kafka's ``resetToCurrent`` commits it unchecked, so ``--all-topics --to-current`` gives
+    the uncommitted partitions an offset and changes nothing else. It was clamped to the log
+    start, moving what the group resumes from (and hiding an out-of-range from a consumer with
+    ``auto.offset.reset=none``)."""
+    coord = reset_setup
+    coord.commit_offsets("g", {TopicPartition("t", 0): 1})  # log start is 2
+    plan_rows, err = reset(cli, "--topic", "t", "--to-current", "--execute")
+    assert plan_rows == [["g", "t", "0", "1", "1"], ["g", "t", "1", "3", "3"]]
+    assert "t-0: 1 is outside the log's offsets [2, 10]; kept, as committed" in err
+    assert committed(coord, "g") == {("t", 0): 1, ("t", 1): 3}
+
+
 def test_a_change_larger_than_one_request_is_refused_before_any_write(cli, reset_setup,
                                                                       monkeypatch):
     """More partitions than one request may change (10,000; 1 here) is refused up front with
@@ -651,3 +665,7 @@ def test_plan_clamps_and_falls_back_to_the_log_end():
     assert (row.new, row.note) == (10, "no record at or after that time: the log end")
     with pytest.raises(Failure, match="no committed offset"):
         plan(Mode("shift_by", 1), [tp], {}, offsets, {})
+    # --to-current keeps a committed offset as it is, as Kafka does; only the others clamp.
+    for current in (0, 12):
+        assert plan(Mode("to_current", 0), [tp], {tp: current}, offsets, {})[0].new == current
+    assert plan(Mode("to_current", 0), [tp], {}, offsets, {})[0].new == 10

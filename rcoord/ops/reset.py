@@ -5,7 +5,8 @@ As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` 
 (from the committed offset), ``--to-datetime`` and
 ``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
 the log end where there is none). Every target is clamped into [log start, log end], as Kafka
-does, and the plan says where it was.
+does, and the plan says where it was; but a committed offset ``--to-current`` keeps is kept as it
+is, out of range or not (Kafka's ``resetToCurrent`` does not check it either).
 
 Times are read on Redis' clock (``TIME``), the clock that stamped the records, so
 ``--by-duration PT1H`` means an hour before now as the server counts it.
@@ -171,10 +172,18 @@ def plan(
                 requested = found
         else:  # pragma: no cover - argparse allows only MODES
             raise AssertionError(mode.name)
-        new = min(max(requested, start), end)
-        if requested > end:
-            note = f"{requested} is above the log end offset; clamped to {end}"
-        elif requested < start:
-            note = f"{requested} is below the log start offset; clamped to {start}"
+        if mode.name == "to_current" and current is not None:
+            # Kafka's --to-current keeps the committed offset as it is (no checkOffsetsRange):
+            # it is what the group's consumers resume from, out of the log's range or not.
+            new = requested
+            if not start <= requested <= end:
+                note = (f"{requested} is outside the log's offsets [{start}, {end}]; kept, as "
+                        "committed")
+        else:
+            new = min(max(requested, start), end)
+            if requested > end:
+                note = f"{requested} is above the log end offset; clamped to {end}"
+            elif requested < start:
+                note = f"{requested} is below the log start offset; clamped to {start}"
         rows.append(Row(tp, current, start, end, requested, new, note))
     return rows
