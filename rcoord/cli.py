@@ -91,7 +91,7 @@ class Parser(argparse.ArgumentParser):
             if arg == "--":
                 out.extend(args[i:])
                 break
-            if (arg in self.dash_values and i + 1 < len(args)
+            if (self._takes_dash_value(arg) and i + 1 < len(args)
                     and args[i + 1].startswith("-") and args[i + 1] != "--"):
                 out.append(f"{arg}={args[i + 1]}")
                 i += 2
@@ -99,6 +99,18 @@ class Parser(argparse.ArgumentParser):
             out.append(arg)
             i += 1
         return out
+
+    def _takes_dash_value(self, arg: str) -> bool:
+        """Whether ``arg`` names one of ``dash_values``, also abbreviated as argparse would
+        read it (the unique long option it begins): ``--by-dur -PT1H`` was refused as an
+        unknown ``-P``."""
+        if arg in self.dash_values:
+            return True
+        if not (self.allow_abbrev and arg.startswith("--") and "=" not in arg):
+            return False
+        # _option_string_actions: see _unknown_options.
+        named = [f for f in self._option_string_actions if f.startswith(arg)]
+        return len(named) == 1 and named[0] in self.dash_values
 
     def _unknown_options(self, args: Sequence[str]) -> str | None:
         """What to say about the options in ``args`` this parser does not take (None: none).

@@ -426,8 +426,9 @@ def test_reset_by_duration_uses_the_servers_clock(cli, make_coordinator, redis_c
                  "--output", "json"))
     assert json.loads(res.stdout)["partitions"][0]["new_offset"] == 5  # none that recent
     # A negative duration (the future) is a value, written apart or with '=', as Java's
-    # Duration.parse reads it: no record is that recent.
-    for args in (["--by-duration", "-PT1H"], ["--by-duration=-PT1H"]):
+    # Duration.parse reads it: no record is that recent. Also after the flag abbreviated, as
+    # argparse takes every long option (it was refused as an unknown -P).
+    for args in (["--by-duration", "-PT1H"], ["--by-duration=-PT1H"], ["--by-dur", "-PT1H"]):
         res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", *args, "--output", "json"))
         assert json.loads(res.stdout)["partitions"][0]["new_offset"] == 5, args
 
