@@ -258,6 +258,21 @@ def test_a_namespace_nothing_used_is_named_and_not_written_to(url, namespace, re
                 in one_error_line(res, " ".join(args[:2]))
                 and "is --namespace" in res.stderr), args
     assert redis_client.keys(f"{typo}:*") == []
+    # --execute may set a new group's first offsets there, but one refused (no such topic
+    # there, no offsets to reset) writes nothing either: it established the settings first.
+    for args, why in ((["--topic", "t"], "UNKNOWN_TOPIC_OR_PARTITION"),
+                      (["--all-topics"], "group 'g' has no committed offsets")):
+        res = run("groups", "reset-offsets", "g", *args, "--to-earliest", "--execute")
+        assert res.returncode == 1 and why in one_error_line(res, "groups reset-offsets"), args
+    assert redis_client.keys(f"{typo}:*") == []
+    # A namespace that only holds a topic: the reset sets the group's first offsets.
+    Topics(redis_client, typo).create("t", 1)
+    produce(redis_client, typo, "t", {0: 3})
+    res = run("groups", "reset-offsets", "g", "--topic", "t", "--to-latest", "--execute")
+    assert res.returncode == 0, res.stderr
+    res = run("groups", "describe", "g", "--output", "json")
+    assert res.returncode == 0, res.stderr
+    assert [p["current_offset"] for p in json.loads(res.stdout)["partitions"]] == [3]
     # The real namespace answers as before.
     res = run_in_process(["groups", "list", "--redis-url", url, "--namespace", namespace])
     assert res.returncode == 0 and "g" in res.stdout.split()

@@ -95,7 +95,7 @@ class Context:
         establish its settings (dozens of keys), so a mistyped ``--namespace`` would be
         written to and answered as an empty namespace."""
         if self._coordinator is None:
-            if not writes and not self._namespace_used():
+            if not writes and not self.namespace_used():
                 raise Failure(
                     f"namespace {self.namespace!r} has no rcoord settings: no coordinator, "
                     "consumer or command has used it (is --namespace, or $RCOORD_NAMESPACE, "
@@ -107,7 +107,7 @@ class Context:
             self._coordinator = GroupCoordinator(self.client, config).start()
         return self._coordinator
 
-    def _namespace_used(self) -> bool:
+    def namespace_used(self) -> bool:
         """Whether the namespace's settings exist, or a copy of them a coordinator would
         restore them from (``rcoord.settings``)."""
         from ..keys import anchor_keys, settings_key

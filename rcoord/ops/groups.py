@@ -341,12 +341,17 @@ def _reset_offsets(ctx: Context) -> int:
 
     args, group = ctx.args, ctx.args.group
     mode = _mode(args, lambda: _server_ms(ctx))
-    coord = ctx.coordinator(writes=bool(args.execute))  # a group's first offsets may be set
-    state = coord.describe_group(group).state
-    if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
-        raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, but "
-                      f"the current state is {state}.")
-    committed = {tp: o.offset for tp, o in _committed(ctx, group).items() if o.offset >= 0}
+    committed: dict[TopicPartition, int] = {}
+    if not args.execute or ctx.namespace_used():
+        state = ctx.coordinator().describe_group(group).state
+        if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
+            raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, "
+                          f"but the current state is {state}.")
+        committed = {tp: o.offset for tp, o in _committed(ctx, group).items() if o.offset >= 0}
+    # else: nothing has used the namespace yet (or --namespace is mistyped), so it holds no
+    # group and no offsets. The coordinator, whose start writes the namespace's settings, starts
+    # only to commit (a group's first offsets may be set), once every check below passed: a
+    # reset refused writes nothing.
     if args.all_topics:
         tps = sorted(committed)
         if not tps:
@@ -395,7 +400,7 @@ def _reset_offsets(ctx: Context) -> int:
 def _commit(ctx: Context, group: str, rows: Sequence[Row]) -> None:
     """One simple commit (no member, generation -1): the coordinator refuses it if the group
     has members, in the same script that would write the offsets."""
-    errors = ctx.coordinator().commit_offsets(group, {r.tp: r.new for r in rows})
+    errors = ctx.coordinator(writes=True).commit_offsets(group, {r.tp: r.new for r in rows})
     bad = {e for e in errors.values() if e != Errors.NONE}
     if Errors.UNKNOWN_MEMBER_ID in bad:
         raise Failure(f"the coordinator refused the reset: group {group!r} has members now "
