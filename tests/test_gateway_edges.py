@@ -6,6 +6,8 @@ for that partition only, and the others are committed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("kio")
@@ -38,21 +40,56 @@ def test_a_negative_fetch_offset_is_out_of_range_for_its_partition_only(gateway,
     assert parts[1].error_code.value == 0 and parts[1].records
 
 
-def test_max_timestamp_names_the_last_record_or_nothing(gateway, redis_server, topics):
+def _list_offsets(gw, version: int, topic: str, partitions: list[int], ts: int) -> dict[int, Any]:
+    """ListOffsets of ``partitions`` at timestamp ``ts``: partition -> its answer."""
+    sock = connect(gw)
+    try:
+        sock.sendall(request_frame(2, version, 1, {"replica_id": -1, "isolation_level": 0,
+                                                   "topics": [{"name": topic, "partitions": [
+                                                       {"partition_index": p, "timestamp": ts}
+                                                       for p in partitions]}]}))
+        listed = response(sock, 2, version, 5 if version >= 6 else 4)  # v6+: flexible
+    finally:
+        sock.close()
+    return {p.partition_index: p for p in listed.topics[0].partitions}
+
+
+def test_max_timestamp_names_the_first_record_with_it_or_nothing(gateway, redis_server, topics):
+    """KIP-734 as Kafka answers it (UnifiedLog's MAX_TIMESTAMP, RecordBatch.offsetOfMaxTimestamp):
+    the largest timestamp, with the first record that has it. It named the last record, which
+    shares the timestamp of a whole batch appended in one millisecond."""
     topics.create("mx", 2)
+    now = [1_000]
     client = redis_server.client()
     try:
-        metas = Producer(client, gateway.config.namespace, idempotent=False).send_batch(
-            "mx", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=0)])
+        producer = Producer(client, gateway.config.namespace, clock=lambda: now[0])
+        producer.send_batch("mx", [ProducerRecord(b"a", partition=0)])
+        now[0] = 2_000
+        metas = producer.send_batch("mx", [ProducerRecord(b"b", partition=0),
+                                           ProducerRecord(b"c", partition=0)])
     finally:
         client.close()
-    listed = call_once(gateway, 2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
-        {"name": "mx", "partitions": [{"partition_index": p, "timestamp": -3}
-                                      for p in (0, 1)]}]})
-    parts = {p.partition_index: p for p in listed.topics[0].partitions}
+    assert [m.timestamp_ms for m in metas] == [2_000, 2_000]
+    parts = _list_offsets(gateway, 7, "mx", [0, 1], -3)
     assert parts[0].error_code.value == 0
-    assert (parts[0].offset, parts[0].timestamp) == (metas[1].offset, metas[1].timestamp_ms)
+    assert (parts[0].offset, parts[0].timestamp) == (metas[0].offset, 2_000)
     assert (parts[1].offset, parts[1].timestamp) == (-1, -1)  # empty: no such record
+
+
+@pytest.mark.parametrize(("version", "timestamp"), [(1, -3), (4, -3), (6, -3), (7, -4),
+                                                     (7, -5), (7, -6)])
+def test_a_timestamp_its_version_lacks_is_unsupported_version(gateway, topics, version,
+                                                              timestamp):
+    """Kafka's ReplicaManager.isListOffsetsTimestampUnsupported: MAX_TIMESTAMP (-3) needs v7,
+    tiered storage's -4 and -5 need v8 and v9 (not served), other negative timestamps none:
+    UNSUPPORTED_VERSION for that partition. -3 was answered below v7, the others with
+    INVALID_REQUEST. Earliest and latest are answered at every version."""
+    topics.create("uv", 1)
+    assert _list_offsets(gateway, version, "uv", [0], timestamp)[0].error_code.value == (
+        Errors.UNSUPPORTED_VERSION)
+    for ts in (-1, -2):
+        got = _list_offsets(gateway, version, "uv", [0], ts)[0]
+        assert (got.error_code.value, got.offset) == (0, 0)
 
 
 @pytest.mark.parametrize("version", [1, 7])

@@ -63,6 +63,10 @@ def test_the_request_max_bytes_bounds_the_whole_response(gateway, redis_server, 
     # A budget smaller than one record still delivers the first partition's first record.
     assert _fetch(gateway, parts, max_bytes=1_000, partition_max_bytes=1 << 20) == {
         ("big", 0): 1, ("big", 1): 0, ("big", 2): 0}
+    # No budget (max_bytes 0): as Kafka's readFromLog, the first partition with records still
+    # sends one, the others none. It was read as no limit: every record of every partition.
+    assert _fetch(gateway, parts, max_bytes=0, partition_max_bytes=1 << 20) == {
+        ("big", 0): 1, ("big", 1): 0, ("big", 2): 0}
     # A large budget: the partition limits apply (1 MB each: every record).
     assert _fetch(gateway, parts, max_bytes=50 << 20, partition_max_bytes=1 << 20) == {
         ("big", 0): 10, ("big", 1): 10, ("big", 2): 10}

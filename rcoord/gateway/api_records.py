@@ -68,6 +68,11 @@ _UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions
 """What an append raises when Redis could not be reached or was not available (as ``dispatch``)."""
 _RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
+_SPECIAL_TIMESTAMPS = {_EARLIEST: 1, _LATEST: 1, _MAX_TIMESTAMP: 7}
+"""ListOffsets' negative timestamps served, each with the first version that has it (Kafka's
+``ReplicaManager.timestampMinSupportedVersion``; -4 and -5, tiered storage's, come with v8 and
+v9, which are not served). Another negative timestamp, or one before its version, is answered
+UNSUPPORTED_VERSION for its partition, as Kafka answers it."""
 
 
 # -- Produce ----------------------------------------------------------------------------------
@@ -434,7 +439,7 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
     response has left: reading every partition to its own limit first read 40 MB to send 1 MB
     (40 backlogged partitions, max_bytes 1 MB).
     """
-    limit = max_bytes if max_bytes > 0 else 1 << 62
+    limit = max(0, max_bytes)  # 0: the first partition with records sends one, as in Kafka
     room, ample = limit, 0
     for *_, partition_max in wanted:
         if partition_max > room:
@@ -518,23 +523,26 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
         elif ts == _LATEST:
             out["offset"] = end
         elif ts == _MAX_TIMESTAMP:
-            # KIP-734: the record with the largest timestamp, with that timestamp; timestamps
-            # only grow (one clock), so it is the last record. An empty log has none: -1, -1.
+            # KIP-734: the largest timestamp, with the first record that has it (Kafka's
+            # offsetOfMaxTimestamp; records appended in one millisecond share it). Timestamps
+            # only grow (one clock), so the last record has it. An empty log has none: -1, -1.
             if end > start:
                 last = fetch(state.sync_redis, ns, topic, partition, end - 1, 1)
                 if last.records:
-                    out.update(offset=last.records[0].offset,
-                               timestamp=last.records[0].timestamp_ms)
-        elif ts < 0:
-            out["error_code"] = Errors.INVALID_REQUEST
+                    out.update(_at_or_after(state, topic, partition, last.records[0].timestamp_ms))
         else:
-            found = topic_offsets_for_times(state.sync_redis, ns, {(topic, partition): ts})
-            hit = found[(topic, partition)]
-            if hit is not None:
-                out.update(offset=hit.offset, timestamp=hit.timestamp_ms)
+            out.update(_at_or_after(state, topic, partition, ts))
     except (TopicError, InvalidRequestError) as exc:
         out["error_code"] = _as_unknown(exc)
     return out
+
+
+def _at_or_after(state: GatewayState, topic: str, partition: int, ts: int) -> dict[str, int]:
+    """The first record at or after ``ts``: its offset and timestamp (none: nothing to add)."""
+    found = topic_offsets_for_times(state.sync_redis, state.config.namespace,
+                                    {(topic, partition): ts})
+    hit = found[(topic, partition)]
+    return {} if hit is None else {"offset": hit.offset, "timestamp": hit.timestamp_ms}
 
 
 @api(2, "ListOffsets", 1, 7)
@@ -560,6 +568,8 @@ async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, An
                 jobs.append((t.name, refused(p.partition_index, TOPIC_AUTHORIZATION_FAILED)))
             elif copies > 1:
                 jobs.append((t.name, refused(p.partition_index, Errors.INVALID_REQUEST)))
+            elif p.timestamp < 0 and version < _SPECIAL_TIMESTAMPS.get(p.timestamp, 1 << 15):
+                jobs.append((t.name, refused(p.partition_index, Errors.UNSUPPORTED_VERSION)))
             elif copies == 1:
                 jobs.append((t.name, state.blocking(_list_offset, state, t.name,
                                                     p.partition_index, int(p.timestamp))))

@@ -145,7 +145,8 @@ class Producer:
     long.
 
     ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
-    record timestamps and producer state expiry.
+    an idempotent producer's record timestamps and producer state expiry (a producer with
+    ``idempotent=False`` stamps its records with TIME: its script takes no clock).
     """
 
     def __init__(
