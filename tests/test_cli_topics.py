@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import test_cli_groups
+from harness import wait_until
 from test_cli_errors import one_error_line
 from test_cli_groups import ok, rows
 
@@ -783,3 +784,100 @@ def test_a_group_consumer_sent_sigterm_twice_commits_what_it_printed_and_leaves(
     assert (group.state, group.members) == ("Empty", [])
     assert coord.fetch_offsets("g", [TopicPartition("t", 0)]).offsets[
         TopicPartition("t", 0)].offset == 10
+
+
+# -- the console producer's linger and stop, the consumer's bytes ---------------------------
+
+_ANNOUNCE_LINES = """
+import sys
+import rcoord.ops.console as console
+console.LINGER_S = 600.0  # no linger: the test decides when the lines are sent
+_lines = console._lines
+def _announced(*args):
+    for item in _lines(*args):
+        yield item
+        if item is not None:
+            sys.stderr.write(f"read {item[0]}\\n")
+            sys.stderr.flush()
+console._lines = _announced
+"""
+"""A console producer's seam: each line read is announced on stderr (``read N``), and the
+linger is too long to send a batch by itself."""
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_produce_from_a_slow_pipe_sends_the_lines_without_waiting_for_more(
+        url, namespace, redis_client):
+    """``tail -f app.log | rcoord topics produce t``: lines that wait for a batch are sent
+    after the linger (1 s, as Kafka's console producer's ``--timeout``). They were held until
+    500 lines had come or stdin ended, so a slow pipe's lines could wait for ever."""
+    Topics(redis_client, namespace).create("t", 1)
+    proc = rcoord_process(url, namespace, "topics", "produce", "t", stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"a\nb\nc\npartial")
+        proc.stdin.flush()
+        wait_until(lambda: len(records(redis_client, namespace, "t", 0)) >= 3,
+                   timeout_s=30, why=lambda: proc.poll())
+        assert records(redis_client, namespace, "t", 0) == [(None, b"a"), (None, b"b"),
+                                                            (None, b"c")]
+        # The rest, then the end of input, which sends it at once.
+        out, err = proc.communicate(b" line\nd\n", timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert [v for _, v in records(redis_client, namespace, "t", 0)] == [
+        b"a", b"b", b"c", b"partial line", b"d"]
+    assert b"Produced 5 records to t" in out
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize(("stop", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_produce_stopped_sends_the_lines_it_read(url, namespace, redis_client, stop, code):
+    """Ctrl-C or SIGTERM: the lines read are sent before the command stops (Kafka's console
+    producer closes, so flushes, its producer from a shutdown hook), and it says which lines
+    were produced. They were dropped, silently (SIGTERM killed it at once)."""
+    import signal
+
+    Topics(redis_client, namespace).create("t", 1)
+    proc = rcoord_process(url, namespace, "topics", "produce", "t", hook=_ANNOUNCE_LINES,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b"a\nb\nc\n")
+        proc.stdin.flush()
+        assert [proc.stderr.readline() for _ in range(3)] == [b"read 1\n", b"read 2\n",
+                                                              b"read 3\n"]
+        assert records(redis_client, namespace, "t", 0) == []  # read, not sent yet
+        proc.send_signal(getattr(signal, stop))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err.decode()
+    assert records(redis_client, namespace, "t", 0) == [(None, b"a"), (None, b"b"),
+                                                        (None, b"c")]
+    assert "stopped; lines 1-3 were produced (3 records)" in err.decode()
+    assert "Traceback" not in err.decode()
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_consume_prints_keys_and_values_as_their_bytes(url, namespace, redis_client,
+                                                       monkeypatch, encoding):
+    """A record's key and value are written as their bytes, as Kafka's console consumer
+    writes them, whatever stdout's encoding: bytes that are not UTF-8 were printed as U+FFFD
+    (so produce then consume did not give the input back), and a stdout that could not encode
+    a character failed the run ("unexpected UnicodeEncodeError", exit 1)."""
+    from rcoord.topics import Producer, ProducerRecord
+
+    monkeypatch.setenv("PYTHONIOENCODING", encoding)
+    Topics(redis_client, namespace).create("t", 1)
+    Producer(redis_client, namespace).send_batch("t", [
+        ProducerRecord(b"\xff\xfe raw", key=b"k\xe9"), ProducerRecord("café".encode())])
+    proc = rcoord_process(url, namespace, "topics", "consume", "t", "--from-beginning",
+                          "--max-messages", "2", "--print-key", "--key-separator", "→",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert out == b"k\xe9\xe2\x86\x92\xff\xfe raw\nnull\xe2\x86\x92caf\xc3\xa9\n"

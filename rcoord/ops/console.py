@@ -2,7 +2,10 @@
 
 ``produce`` appends one record per line of stdin (``--key-separator`` splits a key off each
 line), with the idempotent producer and Kafka's partitioner. It sends in batches when stdin is a
-file or a pipe, and line by line when it is a terminal, so what is typed is sent at once.
+file or a pipe, and line by line when it is a terminal, so what is typed is sent at once; a
+batch that waits for more lines is sent after ``LINGER_S`` without one, so a slow pipe (``tail
+-f app.log |``) is not held back (Kafka's console producer lingers 1 s, its ``--timeout``). On
+Ctrl-C or SIGTERM the lines read are sent before it stops, as Kafka's closes its producer.
 
 ``consume`` prints records, one per line. With ``--group`` it is a member of that consumer group
 (its partitions are assigned; its positions are committed); without, it reads every partition
@@ -18,6 +21,7 @@ import argparse
 import base64
 import json
 import os
+import select
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +34,9 @@ __all__ = ["add_console_arguments"]
 
 BATCH = 500
 """Lines per append when stdin is not a terminal."""
+LINGER_S = 1.0
+"""How long read lines wait for more before they are sent (Kafka's console producer's
+``--timeout``, 1000 ms by default)."""
 FETCH_WAIT_MS = 500
 """How long one read of a caught-up consumer waits for a record."""
 PARTITIONS_REFRESH_S = 1.0
@@ -63,12 +70,42 @@ def add_console_arguments(sub: Any) -> None:
 # -- produce ----------------------------------------------------------------------------------
 
 
-def _lines() -> Iterator[tuple[int, bytes]]:
+def _lines(linger_s: float) -> Iterator[tuple[int, bytes] | None]:
     """stdin's lines as bytes, without their line ends: a record holds the line's bytes as
     they are (Kafka's console producer would replace bytes that are not UTF-8; here a value
-    is never changed, and no line can stop the run half-way)."""
-    for number, line in enumerate(sys.stdin.buffer, 1):
-        yield number, line.rstrip(b"\r\n")
+    is never changed, and no line can stop the run half-way).
+
+    None when no further line came for ``linger_s`` (once per pause): the lines read so far
+    are to be sent. stdin is read from its file descriptor as it comes, where it has one
+    that ``select`` takes (else, as an embedding program's in-memory stdin, by lines)."""
+    stream = sys.stdin.buffer
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = -1
+    if fd < 0 or sys.platform == "win32":
+        for number, line in enumerate(stream, 1):
+            yield number, line.rstrip(b"\r\n")
+        return
+    number = 0
+    partial: list[bytes] = []  # the line being read, in the chunks it came in
+    while True:
+        if not select.select([fd], [], [], linger_s)[0]:
+            yield None
+            select.select([fd], [], [])  # wait for more, however long
+        data = os.read(fd, 1 << 16)
+        if not data:  # end of input: a last line without a line end is a line too
+            if partial:
+                yield number + 1, b"".join(partial).rstrip(b"\r\n")
+            return
+        *complete, rest = data.split(b"\n")
+        for piece in complete:
+            partial.append(piece)
+            number += 1
+            yield number, b"".join(partial).rstrip(b"\r\n")
+            partial = []
+        if rest:
+            partial.append(rest)
 
 
 def _produce(ctx: Context) -> int:
@@ -91,18 +128,27 @@ def _produce(ctx: Context) -> int:
     sent: dict[int, int] = {}
     batch: list[ProducerRecord] = []
     first_unsent = 1  # the line of the first record not known to be produced
+    signals = StopSignals().install()
 
     def flush(upto: int) -> None:
+        """Send the batch (lines up to ``upto``): a stop signal waits until it is sent and
+        counted, so what the note after a stop says was produced was."""
         nonlocal first_unsent
-        for meta in producer.send_batch(a.topic, batch):
-            sent[meta.partition] = sent.get(meta.partition, 0) + 1
-        batch.clear()
-        first_unsent = upto + 1
+        with signals.held():
+            for meta in producer.send_batch(a.topic, batch):
+                sent[meta.partition] = sent.get(meta.partition, 0) + 1
+            batch.clear()
+            first_unsent = upto + 1
         progress(lambda: f"produced {sum(sent.values())} records")
 
     number = 0
     try:
-        for number, line in _lines():
+        for item in _lines(LINGER_S):
+            if item is None:
+                if batch:
+                    flush(number)
+                continue
+            number, line = item
             key: bytes | None = None
             value = line
             if separator is not None:
@@ -117,6 +163,15 @@ def _produce(ctx: Context) -> int:
                 flush(number)
         if batch:
             flush(number)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM (Terminated): the lines read are sent first, as Kafka's console
+        # producer's shutdown hook closes (flushes) its producer; then the run stops (130, 143).
+        # The lines of a batch it stopped while sending were (``flush`` holds the signal).
+        if batch:
+            flush(number)
+        ctx.note(f"stopped; lines 1-{first_unsent - 1} were produced ({sum(sent.values())} "
+                 "records)" if first_unsent > 1 else "stopped; no line was produced")
+        raise
     except Failure:
         raise
     except Exception as exc:
@@ -127,6 +182,8 @@ def _produce(ctx: Context) -> int:
         unsure = (f"; lines {first_unsent}-{number} may or may not have been"
                   if batch else "")
         raise Failure(f"{exc}; {done}{unsure}") from exc
+    finally:
+        signals.restore()
     total = sum(sent.values())
     if ctx.json:
         print_json_line({"topic": a.topic, "records": total,
@@ -147,6 +204,25 @@ def print_json_line(data: Any) -> None:
 
 def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return None if raw is None else base64.b64encode(raw).decode()
+
+
+def _write_line(line: bytes) -> None:
+    """Write ``line`` to stdout as its bytes, as Kafka's console consumer writes a record's
+    (a value that is not UTF-8 was printed with U+FFFD in place of its bytes, and a stdout
+    whose encoding lacks a character failed the run). A text-only stdout (an embedding
+    program's) gets the text, bytes that are not UTF-8 replaced."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(line.decode("utf-8", "replace") + "\n")
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()  # after what was printed as text before
+    buffer.write(line + b"\n")
+    buffer.flush()
 
 
 class _Printer:
@@ -171,17 +247,18 @@ class _Printer:
                 print_json_line({
                     "topic": topic, "partition": partition, "offset": offset,
                     "timestamp_ms": timestamp_ms, "key": _text(key), "value": _text(value),
-                    "value_base64": base64.b64encode(value).decode() if value is not None
-                    else None,
+                    "key_base64": _b64(key), "value_base64": _b64(value),
                 })
             else:
                 a = self.args
-                parts = [f"Partition:{partition}", f"Offset:{offset}"] if a.print_offset else []
+                parts = ([f"Partition:{partition}".encode(), f"Offset:{offset}".encode()]
+                         if a.print_offset else [])
                 if a.print_key:
-                    parts.append("null" if key is None else (_text(key) or ""))
-                parts.append("null" if value is None else (_text(value) or ""))
-                print(a.key_separator.join(parts) if a.print_key else "\t".join(parts),
-                      flush=True)
+                    parts.append(b"null" if key is None else key)
+                parts.append(b"null" if value is None else value)
+                # The separator as typed: argv's bytes (os.fsencode undoes their decoding).
+                sep = os.fsencode(a.key_separator) if a.print_key else b"\t"
+                _write_line(sep.join(parts))
             self.count += 1
 
 
