@@ -1509,6 +1509,50 @@ def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
         new.close(5)
 
 
+def test_a_query_restarted_after_its_first_batch_on_a_handed_over_partition_goes_on(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any) -> None:
+    # Query B reads and commits [0, 10) of each partition and stops; query A (same group)
+    # takes them over where B committed, finishes one batch, [10, 15), and stops (Spark does
+    # not call commit() for it). A restarted on its checkpoint must go on at 15: the group's
+    # offsets are where A's batch began them. Before, they named B's member, not A's, so A's
+    # restart read [10, 15) again under a new batch id.
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"x"] * 20)
+    b = _member(redis_server.url, namespace, single_client)
+    try:
+        b1 = b.plan(b.initial(10), latest, None)
+        assert b.plan(b1, latest, None) == b1  # its batch finished: committed at the next plan
+    finally:
+        b.close(5)
+    assert _committed(coord) == b1.offsets == {TP("ev", 0): 10, TP("ev", 1): 10}
+
+    producer.send_batch("ev", [b"y"] * 10)
+    a = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        a1 = a.plan(a.initial(10), latest, None)
+    finally:
+        a.close(5)
+    assert a1.starts == b1.offsets and a1.offsets == {TP("ev", 0): 15, TP("ev", 1): 15}
+    assert _committed(coord) == b1.offsets  # A committed nothing
+
+    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        nxt = again.plan(a1, latest, None)
+        assert {tp: nxt.starts.get(tp, a1.offsets[tp]) for tp in nxt.offsets} == a1.offsets
+        assert _committed(coord) == a1.offsets
+    finally:
+        again.close(5)
+    # An operator's reset to where such a batch began is not taken for one: it wins.
+    assert set(coord.commit_offsets("g", b1.offsets).values()) == {Errors.NONE}
+    last = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        assert last.plan(a1, latest, None).starts == b1.offsets
+    finally:
+        last.close(5)
+
+
 def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator, latest: Any) -> None:

@@ -592,8 +592,13 @@ class StreamMember:
         deliver the batch again under the next batch id, and the sink would store it twice.
         A partition whose committed offset someone else set (another member went on reading
         it, an operator reset it: the commit's metadata names another member, or none) or
-        whose offset belongs to another topic of that name stays where the group stands; one this member does not hold is its owner's to read from the group's
-        committed offset (at-least-once).
+        whose offset belongs to another topic of that name stays where the group stands; one
+        this member does not hold is its owner's to read from the group's committed offset
+        (at-least-once). But where the batch began a partition (``start.starts``: it was
+        handed to the old member in a rebalance, or that member had rejoined under a new id)
+        at exactly the offset a member committed, nothing moved it since: the batch goes on
+        from its end there too. It was delivered again, the commit naming the member that had
+        handed the partition over. An operator's reset (no member named) always wins.
         """
         todo: dict[TP, int] = {}
         for tp, end in sorted(start.offsets.items()):
@@ -602,8 +607,9 @@ class StreamMember:
             token, base = start.tokens.get(tp.topic), self._base_tokens.get(tp)
             if token and base and token != base:
                 continue
-            have = gen.committed.get(tp)
-            if have is None or (have < end and self._base_members.get(tp) == start.member):
+            have, by = gen.committed.get(tp), self._base_members.get(tp)
+            untouched = by is not None and (by == start.member or have == start.starts.get(tp))
+            if have is None or (have < end and untouched):
                 todo[tp] = end
         if not todo:
             return
