@@ -1413,6 +1413,78 @@ def test_a_loop_left_mid_batch_goes_on_from_the_record_it_was_on(env: Any) -> No
     assert _committed(env, 1) == {TP("t", 0): 6}
 
 
+def _ten_at_their_start(env: Any, partitions: int = 1) -> Consumer:
+    """Topic t: offsets 0-9 in each of ``partitions``; a consumer without auto-commit that
+    holds them all, at their log start, the next poll() handing out every record at once."""
+    env.topics.create("t", partitions)
+    for p in range(partitions):
+        env.producer.send_batch("t", [ProducerRecord(b"%d" % i, partition=p)
+                                      for i in range(10)])
+    consumer = env.consumer(enable_auto_commit=False, max_poll_records=100)
+    tps = [TP("t", p) for p in range(partitions)]
+    poll_until(consumer, lambda _: consumer.assignment() == tps)
+    consumer.seek_to_beginning()
+    return consumer
+
+
+def test_a_seek_in_the_loop_body_applies_to_the_rest_of_the_batch(env: Any) -> None:
+    """As kafka-python's iterator: a ``seek()`` in the body of ``for record in consumer`` takes
+    effect at once, and a ``break`` after it keeps it. Before, the rest of the batch came
+    first (offsets 3, 4 where 8, 9 were asked for), and ``seek(offset + 1); break`` (skip a
+    poison record, then leave) was undone by the break, so the poison record came again."""
+    consumer = _ten_at_their_start(env)
+    seen = []
+    for record in consumer:
+        seen.append(record.offset)
+        if record.offset == 2:
+            consumer.seek(TP("t", 0), 8)
+        if len(seen) == 5:
+            break
+    assert seen == [0, 1, 2, 8, 9]
+    consumer.seek(TP("t", 0), 0)
+    for record in consumer:
+        if record.offset == 2:
+            consumer.seek(TP("t", 0), 3)  # skip it
+            break
+    assert consumer.position(TP("t", 0)) == 3
+    assert [r.offset for r in consumer.poll(timeout=WAIT_S)] == list(range(3, 10))
+
+
+def test_a_pause_in_the_loop_body_holds_back_the_rest_of_the_batch(env: Any) -> None:
+    """A ``pause()`` in the loop body stops that partition's records at once (back-pressure);
+    after ``resume()`` they come, none lost. Before, the rest of the batch came anyway."""
+    consumer = _ten_at_their_start(env)
+    seen = []
+    with pytest.raises(WakeupError):
+        for record in consumer:
+            seen.append(record.offset)
+            if record.offset == 2:
+                consumer.pause([TP("t", 0)])
+                consumer.wakeup()  # the loop's next poll() raises: nothing is left to hand out
+    assert seen == [0, 1, 2]
+    assert consumer.position(TP("t", 0)) == 3
+    consumer.resume([TP("t", 0)])
+    assert [r.offset for r in poll_until(consumer, lambda got: len(got) >= 7)] == list(
+        range(3, 10))
+
+
+def test_a_commit_in_the_loop_body_counts_the_records_handed_out(env: Any) -> None:
+    """``for record in consumer: handle(record); consumer.commit()`` commits up to the record
+    the loop is on (kafka-python's iterator moves the position record by record), and
+    ``position()`` says the same; a partition of the batch the loop has not reached yet keeps
+    its start. Before, both read the end of the whole batch (10 at offset 2): a crash then
+    lost the records after it."""
+    consumer = _ten_at_their_start(env, partitions=2)
+    for record in consumer:
+        first = record.partition
+        if record.offset == 2:
+            consumer.commit()
+            assert consumer.position(TP("t", first)) == 3
+            break
+    assert consumer.committed([TP("t", 0), TP("t", 1)]) == {TP("t", first): 3,
+                                                            TP("t", 1 - first): 0}
+
+
 def test_an_exception_in_the_loop_inside_with_commits_up_to_the_record_it_failed_on(
         env: Any) -> None:
     """``with consumer: for record in consumer: handle(record)``, ``handle`` raising at offset

@@ -301,6 +301,8 @@ class Consumer(SubscriptionMixin):
         self._unacked: dict[TopicPartition, int] = {}
         # The thread whose ``for record in consumer`` loop body is running (__iter__), or None.
         self._iterating: int | None = None
+        # seek()s per partition: the iterator tells a position the loop body set from its own.
+        self._seeks: dict[TopicPartition, int] = {}
         self._poll_thread: int | None = None  # the thread of the latest poll()
         # The thread running poll() or commit() now, outside the listener: a close() from that
         # very thread (a signal handler interrupting it) would change the state under it, so it
@@ -447,6 +449,8 @@ class Consumer(SubscriptionMixin):
             self._check_open()
             key = self._require_assigned(tp, "seek")
             self._position[key] = self._fetch_pos[key] = offset
+            self._seeks[key] = self._seeks.get(key, 0) + 1
+            self._unacked.pop(key, None)  # the application says where it stands now
             self._invalid.pop(key, None)
             self._caught_up.discard(key)
             buf = self._buffers.get(key)
@@ -757,15 +761,24 @@ class Consumer(SubscriptionMixin):
                 return []
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
-        """Every record, forever (until ``close()``): ``poll()`` in a loop. A record counts as
-        processed when the loop asks for the next one. A close() from another thread commits
-        up to the record the loop is on, not past it; and a loop left at a record (``break``,
-        an exception in its body, the iterator dropped) leaves each partition's position at
-        the first record of it the loop has not asked past, so a new loop, ``poll()``,
-        ``commit()`` or ``close()`` goes on from there (at least once: the record the loop was
-        on comes again)."""
+        """Every record, forever (until ``close()``): ``poll()`` in a loop, its batches handed
+        out one record at a time.
+
+        As kafka-python's iterator, a partition's position moves past each record as it is
+        handed out (``poll()`` moves it past the whole batch): a ``commit()`` or ``position()``
+        in the loop body counts the records up to the one the loop is on, not the rest of the
+        batch. A ``seek()`` in the body applies at once (the batch's other records of that
+        partition are not handed out), and so does a ``pause()`` (they come again after
+        ``resume()``); before, both waited for the batch's end.
+
+        A close() from another thread commits up to the record the loop is on, not past it;
+        and a loop left at a record (``break``, an exception in its body, the iterator dropped)
+        leaves each partition's position at the first record of it the loop has not asked past,
+        unless the body sought it, so a new loop, ``poll()``, ``commit()`` or ``close()`` goes
+        on from there (at least once: the record the loop was on comes again)."""
         while not self._stop.is_set():
             batch = self.poll(timeout=1.0)
+            seeks = self._batch_start(batch)
             for i, record in enumerate(batch):
                 if self._stop.is_set():
                     return  # closed (or closing) meanwhile: no record comes after close()
@@ -773,12 +786,22 @@ class Consumer(SubscriptionMixin):
                 if i > 0:
                     before = batch[i - 1]
                     done = TopicPartition(before.topic, before.partition)
-                    if done != tp:
+                    if done != tp and self._seeks.get(done, 0) == seeks[done]:
                         # A batch holds each partition's records together (_drain): the loop
                         # asked past the last one of that partition, so a close() now does not
                         # rewind it to that record.
                         self._unacked[done] = before.offset + 1
-                self._unacked[tp] = record.offset
+                if self._seeks.get(tp, 0) != seeks[tp] or tp not in self._position:
+                    continue  # sought (or revoked) in the loop body: these records are stale
+                if tp in self._paused:
+                    # Paused in the loop body: the rest of its records come after resume().
+                    self._rewind(tp, record.offset)
+                    continue
+                with self._lock:  # not between close()'s rewind and its commit
+                    if self._stop.is_set():
+                        return
+                    self._position[tp] = record.offset + 1
+                    self._unacked[tp] = record.offset
                 left = True
                 self._iterating = threading.get_ident()
                 try:
@@ -787,19 +810,39 @@ class Consumer(SubscriptionMixin):
                 finally:
                     self._iterating = None
                     if left:
-                        self._hand_back(batch[i:])
+                        self._hand_back(batch[i:], seeks)
 
-    def _hand_back(self, records: list[ConsumerRecord]) -> None:
-        """The iterator was left at ``records[0]``: ``poll()`` had moved the positions past
-        the whole batch, so without this the records after it were skipped by the next loop
-        and committed by ``close()`` though never handed to the application. A partition no
-        longer assigned, or a consumer closed or closing meanwhile (whose close goes back to
-        the record the loop was on by itself), is left alone."""
+    def _batch_start(self, batch: list[ConsumerRecord]) -> dict[TopicPartition, int]:
+        """Set the position of each partition of ``batch`` back to its first record there,
+        for the iterator to move record by record; the partitions' seek counts now."""
+        seeks: dict[TopicPartition, int] = {}
+        with self._lock:
+            for record in batch:
+                tp = TopicPartition(record.topic, record.partition)
+                if tp not in seeks:
+                    seeks[tp] = self._seeks.get(tp, 0)
+                    if tp in self._position and not self._stop.is_set():
+                        self._position[tp] = record.offset
+        return seeks
+
+    def _rewind(self, tp: TopicPartition, offset: int) -> None:
+        """Go back to ``offset`` of ``tp``, dropping what was fetched after it (the records
+        after the batch), as a seek does; the seek of a consumer closed meanwhile is left."""
+        with contextlib.suppress(IllegalStateError, ConcurrentModificationError):
+            self.seek(tp, offset)
+
+    def _hand_back(self, records: list[ConsumerRecord], seeks: dict[TopicPartition, int]) -> None:
+        """The iterator was left at ``records[0]``: each partition of the records not handed
+        out goes back to its first one (dropping what was fetched after the batch), so the next
+        loop neither skips them nor gets records twice, and ``close()`` does not commit them.
+        A partition the loop body sought (its position is the application's), no longer
+        assigned, or a consumer closed or closing meanwhile (whose close goes back to the
+        record the loop was on by itself), is left alone."""
         firsts: dict[TopicPartition, int] = {}
         for r in records:
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
-            if tp in self._assigned and self._position.get(tp, -1) > offset:
+            if tp in self._position and self._seeks.get(tp, 0) == seeks[tp]:
                 try:
                     self.seek(tp, offset)
                 except (IllegalStateError, ConcurrentModificationError):
