@@ -11,6 +11,7 @@
 --          new_member_id: the client id or group instance id, '-', the request's UUID)
 -- ARGV[13] cmsgpack array of {protocol name, subscribed topics or false}: for protocol type
 --          "consumer", the topics each protocol's metadata subscribes to (false: undecodable)
+-- ARGV[14] '1' if the client reads SkipAssignment (KIP-814; Kafka's JoinGroup v9+), else '0'
 -- Returns {'R', reply} or {'W', wake_id, next_deadline, now, member_id} (see prelude reply_or_wait).
 
 local REQ -- this call's request (set by parse_join_group)
@@ -30,6 +31,7 @@ local function parse_join_group(ARGV)
   }
   req.require_known = ARGV[11] == '1'
   req.new_id = ARGV[12]
+  req.skip_ok = ARGV[14] ~= '0'
   req.protocols = cmsgpack.unpack(req.pr)
   req.subs = {}
   for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
@@ -112,6 +114,7 @@ local function update_static_member_and_rebalance(old_id, new_id)
     illegal('Group ' .. GROUP_ID .. ' was not supposed to be in the state ' .. G.state ..
       ' when the unknown static member ' .. REQ.iid .. ' rejoins.')
   end
+  local leader_before = G.leader
   local rec = old_id == new_id and known_record() or replace_static_member(old_id, new_id)
   reschedule_heartbeat(rec.id, rec.st)
   local subscribed_before = subscribed_topics_of(rec, G.pname)
@@ -139,9 +142,13 @@ local function update_static_member_and_rebalance(old_id, new_id)
     if select_protocol() == G.pname and (G.ptype ~= 'consumer' or same_topics) then
       -- Same protocol: no rebalance; the static member gets the current generation back, and
       -- a returning leader is told to skip the assignment (KIP-814).
+      -- A client that cannot read SkipAssignment (below v9) gets what Kafka answered before
+      -- KIP-814: the leader it replaced and no members, so it follows and does not assign.
       redis.call('HDEL', K_JOINING, new_id)
-      local is_leader = G.leader == new_id
-      return respond(join_reply(new_id, 'NONE', is_leader, is_leader))
+      local is_leader = G.leader == new_id and REQ.skip_ok
+      local rep = join_reply(new_id, 'NONE', is_leader, is_leader)
+      if not REQ.skip_ok then rep.ldr = leader_before end
+      return respond(rep)
     end
     maybe_prepare_rebalance_or_complete_join('static member ' .. new_id ..
       (same_topics and ' changed protocol' or ' changed its subscription'))

@@ -322,6 +322,7 @@ class GroupSteps:
         require_known_member_id: bool = True,
         reason: str | None = None,
         new_member_uuid: str | None = None,
+        supports_skip_assignment: bool = True,
     ) -> Flow[JoinGroupResult]:
         """JoinGroup. Waits while the join is parked; see ``rcoord.protocol.join`` for errors.
 
@@ -329,13 +330,15 @@ class GroupSteps:
         (``rcoord.protocol.join.new_member_id``; None: a fresh one). Sending a new member's
         join again with the same UUID names the same member, so a client that knows its UUID
         can skip the MEMBER_ID_REQUIRED round (``require_known_member_id=False``) without
-        risking a second member when it retries."""
+        risking a second member when it retries. ``supports_skip_assignment=False`` (a Kafka
+        client below JoinGroup v9): a static leader back in a Stable group is answered as
+        before KIP-814, with the leader it replaced and no members, so it does not assign."""
         req = JoinRequest.build(
             group_id, member_id, protocol_type=protocol_type, protocols=protocols,
             session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
             group_instance_id=group_instance_id, client_id=client_id, client_host=client_host,
             require_known_member_id=require_known_member_id, reason=reason,
-            new_member_uuid=new_member_uuid,
+            new_member_uuid=new_member_uuid, supports_skip_assignment=supports_skip_assignment,
         )
         if not req.group_id:
             return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)

@@ -445,3 +445,39 @@ def test_a_producer_batch_with_a_negative_sequence_is_an_invalid_record(gateway,
     (part,) = _produce_to(gateway, [(0, batch)])
     assert part.error_code.value == INVALID_RECORD and "sequence number -1" in part.error_message
     assert _log(gateway, redis_server) == (0, 0)
+
+
+@pytest.mark.parametrize("version", [5, 8, 9])
+def test_a_static_leader_back_in_a_stable_group_assigns_only_if_it_can_skip(gateway, version):
+    """A static leader restarted (a new member id, the same group.instance.id) in a Stable
+    group: from JoinGroup v9 it is told it leads, with every member, and to skip the assignment
+    (KIP-814); below v9, where SkipAssignment does not exist, it gets the leader it replaced
+    and no members, as Kafka answers it (GroupMetadataManager, static member in Stable), so it
+    follows. It was told it leads below v9 too, and ran its assignor for nothing."""
+    flexible = {11: 6, 14: 4}
+
+    def call(key: int, v: int, body: dict[str, Any]) -> Any:
+        sock = connect(gateway)
+        try:
+            sock.sendall(request_frame(key, v, 1, body))
+            return response(sock, key, v, 5 if v >= flexible[key] else 4)
+        finally:
+            sock.close()
+
+    join = {"group_id": "g", "session_timeout": 30_000, "rebalance_timeout": 30_000,
+            "member_id": "", "group_instance_id": "ia", "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"x"}], "reason": None}
+    first = call(11, version, join)
+    assert first.error_code.value == 0 and first.leader == first.member_id
+    sync = {"group_id": "g", "generation_id": first.generation_id, "member_id": first.member_id,
+            "group_instance_id": "ia", "protocol_type": "consumer", "protocol_name": "range",
+            "assignments": [{"member_id": first.member_id, "assignment": b"A"}]}
+    assert call(14, 5 if version >= 9 else 3, sync).assignment == b"A"
+    back = call(11, version, join)
+    assert back.error_code.value == 0 and back.generation_id == first.generation_id
+    assert back.member_id != first.member_id
+    if version >= 9:
+        assert back.skip_assignment and back.leader == back.member_id
+        assert [m.group_instance_id for m in back.members] == ["ia"]
+    else:
+        assert (back.leader, tuple(back.members)) == (first.member_id, ())

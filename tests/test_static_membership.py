@@ -63,6 +63,26 @@ def test_static_leader_rejoin_gets_members_and_skip_assignment(ctx):
     assert ctx.state() == "Stable"
 
 
+def test_static_leader_rejoin_without_skip_assignment_is_told_to_follow(ctx):
+    """A client that cannot read SkipAssignment (Kafka's JoinGroup below v9, as librdkafka's
+    v5) is answered as Kafka answers it (GroupMetadataManager's static member in Stable):
+    the leader it replaced and no members, so it follows and does not run its assignor. It was
+    told it leads, with every member, and assigned for nothing. A follower's rejoin is
+    answered the same either way; the group keeps its generation and the new id leads."""
+    gen, ids = _static_group(ctx, ["a", "b"])
+    old_leader = ctx.group_field("leader")
+    leader_instance = next(i for i, m in ids.items() if m == old_leader)
+    res = ctx.join(group_instance_id=leader_instance, supports_skip_assignment=False)
+    assert (res.error, res.generation_id, res.skip_assignment) == (Errors.NONE, gen, False)
+    assert res.member_id != old_leader and res.leader_id == old_leader
+    assert res.members == []
+    assert ctx.group_field("leader") == res.member_id and ctx.state() == "Stable"
+    follower = next(i for i in ids if i != leader_instance)
+    res = ctx.join(group_instance_id=follower, supports_skip_assignment=False)
+    assert (res.error, res.skip_assignment, res.members) == (Errors.NONE, False, [])
+    assert res.leader_id == ctx.group_field("leader")
+
+
 def test_static_member_with_changed_protocol_triggers_rebalance(ctx):
     gen, ids = _static_group(ctx, ["a", "b"])
     f = ctx.join_async(group_instance_id="b", protocols=[("roundrobin", b""), ("range", b"x")])

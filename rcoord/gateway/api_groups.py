@@ -26,6 +26,8 @@ __all__: list[str] = []
 
 # JoinGroup v4 (KIP-394): a member without an id is first given one (MEMBER_ID_REQUIRED).
 _MEMBER_ID_REQUIRED_FROM = 4
+# JoinGroup v9 (KIP-814): SkipAssignment, for a static leader back in a Stable group.
+_SKIP_ASSIGNMENT_FROM = 9
 
 
 @api(11, "JoinGroup", 0, 9, group=True)
@@ -48,6 +50,7 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
         client_host=f"/{conn.client_host}",  # Kafka's form: InetAddress.toString
         require_known_member_id=version >= _MEMBER_ID_REQUIRED_FROM,
         reason=getattr(req, "reason", None),
+        supports_skip_assignment=version >= _SKIP_ASSIGNMENT_FROM,
     )
     return {
         "throttle_time": 0,

@@ -138,6 +138,7 @@ class JoinRequest:
     reason: str | None
     subscriptions: bytes
     new_member_id: str
+    supports_skip_assignment: bool = True
 
     @classmethod
     def build(
@@ -155,10 +156,13 @@ class JoinRequest:
         require_known_member_id: Any,
         reason: Any,
         new_member_uuid: Any = None,
+        supports_skip_assignment: Any = True,
     ) -> JoinRequest:
         """``new_member_uuid``: the UUID the id of a member this request adds is made from
         (``new_member_id``); None for a fresh one. A client sending its first JoinGroup again
-        passes the one it sent before."""
+        passes the one it sent before. ``supports_skip_assignment``: whether the client reads
+        KIP-814's SkipAssignment (Kafka's JoinGroup v9+); one that does not is not told it
+        leads when, a static leader back in a Stable group, it must not assign."""
         group_id = check_id("group_id", group_id)
         member_id = check_id("member_id", member_id)
         protocol_type = check_id("protocol_type", protocol_type)
@@ -190,6 +194,8 @@ class JoinRequest:
             reason = require_str("reason", reason)[:255]
         if not isinstance(require_known_member_id, bool):
             raise TypeError("require_known_member_id must be a bool")
+        if not isinstance(supports_skip_assignment, bool):
+            raise TypeError("supports_skip_assignment must be a bool")
         instance_id = check_instance_id(group_instance_id)
         client_id = check_id("client_id", client_id)
         return cls(
@@ -206,6 +212,7 @@ class JoinRequest:
             reason=reason,
             subscriptions=_subscriptions(protocol_type, pairs),
             new_member_id=new_member_id(client_id, instance_id, _member_uuid(new_member_uuid)),
+            supports_skip_assignment=supports_skip_assignment,
         )
 
     def args(self) -> list[Any]:
@@ -222,6 +229,7 @@ class JoinRequest:
             "1" if self.require_known_member_id else "0",
             self.new_member_id,
             self.subscriptions,
+            "1" if self.supports_skip_assignment else "0",
         ]
 
 
