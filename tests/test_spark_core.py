@@ -544,7 +544,7 @@ def test_continuity_loss_names_topic_partition_and_offsets(
         next_position(Position({tp: 9}), [tp], bounds, tokens, None, True)
     # availableNow's target (here 6) below a start records moved past it is no loss
     assert next_position(Position({tp: 7}, tokens=tokens), [tp], bounds, tokens, None, True,
-                         lambda b: {t: (lo, 6) for t, (lo, _) in b.items()}) is None
+                         lambda b, _tokens: {t: (lo, 6) for t, (lo, _) in b.items()}) is None
 
 
 # -- rows to records ---------------------------------------------------------------------------
@@ -1223,6 +1223,47 @@ def test_an_available_now_group_member_checks_continuity_against_the_real_log_en
             TP("ev", 0): 8}
     finally:
         reader.stop()
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_an_available_now_run_leaves_a_topic_created_again_meanwhile_for_the_next_run(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, group: bool) -> None:
+    # Trigger.AvailableNow reads what the topics held when the run began. A topic deleted and
+    # created again during the run (failOnDataLoss=false: a warning, then its new log from
+    # the start) held nothing of its new log then: its records wait for the next run, as a
+    # partition added during the run does. Before, the run's target was the old topic's log
+    # end (5), so the new topic's records up to that offset were read (and, in group mode,
+    # committed) though appended after the run began.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"old"] * 5)
+    opts = {**GROUP_READ} if group else {"subscribe": "ev"}
+    reader = _stream_reader(redis_server.url, namespace, failOnDataLoss="false", **opts)
+    try:
+        reader.prepareForTriggerAvailableNow()  # the run reads ev-0 up to 5
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, every)
+        assert Position.from_json(end).offsets == {TP("ev", 0): 5}
+        assert len(_offsets(reader, start, end)) == 5
+        topics.delete("ev")
+        topics.create("ev", 1)
+        producer.send_batch("ev", [b"new, after the run began"] * 4)
+        nxt = reader.latestOffset(end, every)
+        assert _offsets(reader, end, nxt) == []
+    finally:
+        reader.stop()
+    # The next run reads them.
+    again = _stream_reader(redis_server.url, namespace, failOnDataLoss="false", **opts)
+    try:
+        again.prepareForTriggerAvailableNow()
+        later = again.latestOffset(nxt, every)
+        assert _offsets(again, nxt, later) == [(0, o) for o in range(4)]
+    finally:
+        again.stop()
 
 
 def test_a_restarted_querys_first_plan_waits_for_its_first_generation(

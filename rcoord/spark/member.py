@@ -72,6 +72,7 @@ from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
 from .replays import REDIS_FAILURES, record_replay
 from .resolve import (
+    Clamp,
     added_loss,
     continuity_loss,
     drop_after_loss,
@@ -231,8 +232,7 @@ class StreamMember:
     # -- planning
 
     def plan(self, start: Position, latest: LatestFn, limit: int | None,
-             clamp: Callable[[dict[TP, tuple[int, int]]], dict[TP, tuple[int, int]]] | None
-             = None, *, until_target: bool = False) -> Position:
+             clamp: Clamp | None = None, *, until_target: bool = False) -> Position:
         """The end of the next batch; ``start`` itself when there is nothing to read.
 
         ``latest`` gives the real log bounds, which the data-loss checks use; ``clamp``
@@ -302,7 +302,7 @@ class StreamMember:
             loss = continuity_loss(tp, begin[tp], (lo, hi), planned, tokens.get(tp.topic))
             if loss is not None:
                 begin[tp] = starts[tp] = restart_after_loss(loss, lo, self._fail)
-        readable = bounds if clamp is None else clamp(dict(bounds))
+        readable = bounds if clamp is None else clamp(dict(bounds), tokens)
         ends = limit_end(begin, {tp: max(begin[tp], readable[tp][1]) for tp in begin}, limit)
         read = {tp.topic for tp in begin}
         end = Position(ends, starts, gen.generation_id, gen.member_id,

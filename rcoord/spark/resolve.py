@@ -18,6 +18,7 @@ from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
 from .plan import OffsetRange, Position, limit_end
 
 __all__ = [
+    "Clamp",
     "DataLossError",
     "continuity_loss",
     "drop_after_loss",
@@ -254,6 +255,8 @@ def drop_after_loss(loss: str, fail_on_data_loss: bool) -> None:
 
 
 Bounds = dict[TP, tuple[int, int]]
+Clamp = Callable[[Bounds, Mapping[str, str]], Bounds]
+"""availableNow's cap on log ends: given the bounds and the topics' create tokens now."""
 
 
 def next_position(
@@ -263,7 +266,7 @@ def next_position(
     tokens: Mapping[str, str],
     limit: int | None,
     fail_on_data_loss: bool,
-    clamp: Callable[[Bounds], Bounds] | None = None,
+    clamp: Clamp | None = None,
 ) -> Position | None:
     """The end of a stream's next micro-batch (outside group mode), or None if there is nothing
     to read. ``bounds`` and ``tokens`` are ``log_snapshot`` of ``partitions`` now; ``clamp``
@@ -301,7 +304,7 @@ def next_position(
         if loss is not None:
             begin[tp] = starts[tp] = restart_after_loss(loss, lo, fail_on_data_loss)
     if clamp is not None:
-        bounds = clamp(bounds)
+        bounds = clamp(bounds, tokens)
     end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, limit)
     if (not starts and end == {tp: start.offsets[tp] for tp in end}
             and len(end) == len(start.offsets) and start.tokens == dict(tokens)):

@@ -56,7 +56,6 @@ from .options import (
 )
 from .plan import OffsetRange, Position, ranges_between, split_ranges
 from .resolve import (
-    log_bounds,
     log_snapshot,
     next_position,
     read_range,
@@ -202,6 +201,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self._member: StreamMember | None = None
         self._target: dict[TP, int] | None = None  # availableNow: never plan past these
+        self._target_tokens: dict[str, str] = {}  # ... in the topics as they were then
         # Where this run's query starts (no group): resolved once. Spark asks initialOffset()
         # twice (the start of the first plan, then of its partitions()); "latest" resolved
         # again the second time skipped every record appended in between.
@@ -209,7 +209,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         # The planner pickles a copy for the executors: no membership, no connection.
-        return {"opts": self.opts, "_member": None, "_target": None, "_initial": None}
+        return {"opts": self.opts, "_member": None, "_target": None, "_target_tokens": {},
+                "_initial": None}
 
     # -- shared
 
@@ -221,11 +222,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``_clamp``) and the topics' create tokens."""
         return log_snapshot(self._admin(), parts)
 
-    def _clamp(self, bounds: dict[TP, tuple[int, int]]) -> dict[TP, tuple[int, int]]:
-        """availableNow: no log end past the target (the ends when the run began)."""
+    def _clamp(self, bounds: dict[TP, tuple[int, int]],
+               tokens: Mapping[str, str]) -> dict[TP, tuple[int, int]]:
+        """availableNow: no log end past the target (the ends when the run began). A topic
+        deleted and created again since (another create token than ``tokens`` gives now) held
+        nothing of its new log then: its partitions end at their log start, as partitions
+        added since do (its records were read up to the old topic's end, records appended
+        after the run began)."""
         if self._target is None:
             return bounds
-        return {tp: (lo, min(hi, self._target.get(tp, lo))) for tp, (lo, hi) in bounds.items()}
+        target, then = self._target, self._target_tokens
+        return {tp: (lo, min(hi, target.get(tp, lo))
+                     if then.get(tp.topic) == tokens.get(tp.topic) else lo)
+                for tp, (lo, hi) in bounds.items()}
 
     def _limit(self, limit: ReadLimit | None) -> int | None:
         if isinstance(limit, ReadAllAvailable):
@@ -309,7 +318,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark calls this before initialOffset, also when a query restarts on a checkpoint:
         # a topic deleted meanwhile is for latestOffset to report (data loss).
         parts = resolve_partitions(self._admin(), self.opts, must_exist=False)
-        self._target = {tp: hi for tp, (_, hi) in log_bounds(self._admin(), parts).items()}
+        bounds, self._target_tokens = log_snapshot(self._admin(), parts)
+        self._target = {tp: hi for tp, (_, hi) in bounds.items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         pos = Position.from_json(start)
