@@ -843,10 +843,7 @@ class Consumer(SubscriptionMixin):
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
             if tp in self._position and self._seeks.get(tp, 0) == seeks[tp]:
-                try:
-                    self.seek(tp, offset)
-                except (IllegalStateError, ConcurrentModificationError):
-                    return
+                self._rewind(tp, offset)
 
     # -- commits
 

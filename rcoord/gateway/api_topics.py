@@ -11,6 +11,7 @@ DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATIO
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterable
 from typing import Any
 
@@ -134,13 +135,7 @@ def _named_twice(names: Iterable[str]) -> list[str]:
     """The names a request gives more than once, each once: Kafka's ``ControllerApis`` acts on
     none of their entries and answers each such name INVALID_REQUEST, "Duplicate topic name."
     (one entry was created or deleted, and the other refused or answered twice)."""
-    seen: set[str] = set()
-    twice: dict[str, None] = {}
-    for name in names:
-        if name in seen:
-            twice[name] = None
-        seen.add(name)
-    return list(twice)
+    return [name for name, n in collections.Counter(names).items() if n > 1]
 
 
 def _delete(state: GatewayState, name: str) -> dict[str, Any]:

@@ -666,8 +666,9 @@ def append_idempotent(
     OUT_OF_ORDER_SEQUENCE_NUMBER (a gap) or UNKNOWN_TOPIC_OR_PARTITION; the script call that
     raises appended nothing, but without ``atomic`` a batch of more than
     ``MAX_APPEND_PER_CALL`` records goes in several calls, and those before it stay appended
-    (a resend of the batch finds them as duplicates). ``lost_from``: see ``Producer`` (the lowest sequence the caller may have lost, so the
-    gap is accepted once). ``producer_id_expiration_ms``: the topic's setting, read from Redis
+    (a resend of the batch finds them as duplicates). ``lost_from``: see ``Producer`` (the
+    lowest sequence the caller may have lost, so the gap is accepted once).
+    ``producer_id_expiration_ms``: the topic's setting, read from Redis
     when None. ``clock``: tests only, as for ``Producer``. The batch's ``partition`` fields are
     ignored: every record goes to ``partition``. ``atomic``: the whole batch in one script
     call (see ``Producer.send_batch``), so nothing lands between its records and it is
