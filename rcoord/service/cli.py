@@ -101,8 +101,8 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics (Prometheus) and /healthz on this port (default "
                    "$RCOORD_METRICS_PORT; none if unset)")
     p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"),
-                   help="the address /metrics and /healthz listen on (default "
-                   "$RCOORD_METRICS_HOST, else 127.0.0.1: loopback only)")
+                   help="the address /metrics and /healthz listen on, IPv4 or IPv6 (0.0.0.0 or :: for "
+                   "every interface; default $RCOORD_METRICS_HOST, else 127.0.0.1: loopback only)")
     p.add_argument("--lease-ttl-ms", type=int, default=_env("RCOORD_LEASE_TTL_MS", 5000),
                    help="how long this process's lease on a coordinator partition lasts "
                    "unrenewed: a dead process's partitions move after it (default 5000)")

@@ -1,23 +1,97 @@
-"""/metrics (Prometheus text format) and /healthz (JSON) for a coordinator process."""
+"""/metrics (Prometheus text format) and /healthz (JSON) for a coordinator process.
+
+The endpoint may be bound to every interface (the compose files do), so it holds up against
+peers that misbehave: a connection gets ``REQUEST_TIMEOUT_S`` in all to be answered, at most
+``MAX_CONNECTIONS`` are served at once, and a peer that hangs up early is not an error."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import ConfigError
 
-__all__ = ["REQUEST_TIMEOUT_S", "StatusServer"]
+__all__ = ["MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "StatusServer"]
+
+log = logging.getLogger("rcoord.service")
 
 REQUEST_TIMEOUT_S = 10.0
-"""A connection that sends nothing for this long is closed. http.server's handlers otherwise
-wait for a request for ever, one thread each: a peer that opens connections and stays silent
-would pile up threads without bound. Prometheus and health probes send their request at once."""
+"""A connection not answered this long after it opened is closed. http.server's handlers
+otherwise wait for a request for ever, one thread each, and a read timeout alone is reset by
+every byte: a peer that trickles its headers would hold a thread for good. Prometheus and
+health probes send their request at once."""
+
+MAX_CONNECTIONS = 64
+"""Connections served at once; one more is closed unanswered (one thread each)."""
+
+
+class _Server(ThreadingHTTPServer):
+    """Counts and times its connections; the serving loop closes those past their time."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self._open: dict[socket.socket, float] = {}  # connection -> monotonic deadline
+        self._open_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = len(self._open) >= MAX_CONNECTIONS
+            if not full:
+                self._open[request] = time.monotonic() + REQUEST_TIMEOUT_S
+        if full:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Run by serve_forever at every poll: cut the connections past their deadline (the
+        handler's blocked read or write then ends, and its thread with it)."""
+        now = time.monotonic()
+        with self._open_lock:
+            late = [conn for conn, deadline in self._open.items() if deadline <= now]
+        for conn in late:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its handler
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return  # the peer hung up or went quiet: nothing of ours failed
+        log.warning("status request from %s failed", client_address[0], exc_info=exc)
+
+
+def _family(host: str, port: int) -> socket.AddressFamily:
+    try:
+        infos = socket.getaddrinfo(host or None, port, 0, socket.SOCK_STREAM, 0,
+                                   socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot serve /metrics on {host!r}: {exc.strerror} (give an address "
+                          "or a name of this machine, such as 127.0.0.1, 0.0.0.0 or ::)") from exc
+    return infos[0][0]
 
 
 class StatusServer:
@@ -28,10 +102,11 @@ class StatusServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = REQUEST_TIMEOUT_S  # (StreamRequestHandler sets it on the socket)
 
-            def do_GET(self) -> None:  # noqa: N802 - the http.server API
-                if self.path.startswith("/metrics"):
+            def _answer(self, with_body: bool) -> None:
+                path = urlsplit(self.path).path
+                if path == "/metrics":
                     body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
-                elif self.path.startswith("/healthz"):
+                elif path == "/healthz":
                     ok, detail = health_()
                     body, ctype, code = json.dumps(detail).encode(), "application/json", 200 if ok else 503
                 else:
@@ -40,19 +115,40 @@ class StatusServer:
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if with_body:
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._answer(with_body=True)
+
+            def do_HEAD(self) -> None:
+                self._answer(with_body=False)
+
+            def _not_allowed(self) -> None:
+                body = b"method not allowed: GET or HEAD\n"
+                self.send_response(405)
+                self.send_header("Allow", "GET, HEAD")
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = _Server((host, port), Handler, _family(host, port))
         except OSError as exc:
+            hint = ("choose another metrics port, or 0 for any free one"
+                    if exc.errno == errno.EADDRINUSE else
+                    "give an address of this machine, such as 127.0.0.1, 0.0.0.0 or ::")
             raise ConfigError(
-                f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} (choose another "
-                "metrics port, or 0 for any free one)") from exc
+                f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} ({hint})") from exc
         # Polled for a stop every 0.2 s: shutdown() waits for the next poll (0.5 s by default,
-        # a quarter of the stop's whole budget; service.STOP_GRACE_MS).
+        # a quarter of the stop's whole budget; service.STOP_GRACE_MS). The poll also cuts
+        # connections past REQUEST_TIMEOUT_S.
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
                                         name="rcoord-http", daemon=True)
 
