@@ -67,9 +67,14 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
          "startingOffsets: malformed JSON"),
         (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": '{"a": {"x": 1}}'},
          "startingOffsets"),
-        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": "latest"},
+         "startingOffsets: .*cannot start at latest, which is for streams"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": '{"a": {"0": -1}}'},
+         "startingOffsets: .*cannot start at latest"),
         (ReadKind.BATCH, {"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'},
-         "endingOffsets"),
+         "endingOffsets: .*cannot end at earliest"),
+        (ReadKind.BATCH, {"subscribe": "a", "endingOffsets": "earliest"},
+         "endingOffsets: .*cannot end at earliest"),
         (ReadKind.BATCH, {"subscribe": "a", "groupId": "g"},
          "groupId: group mode is for streaming reads"),
         (ReadKind.STREAM, {"assign": '{"a": [0]}', "groupId": "g"}, "groupId"),
@@ -605,6 +610,16 @@ def test_rows_keep_repeated_and_null_headers_both_ways(
     batch = records_to_batch("hdr", 0, records)
     assert isinstance(batch, pa.RecordBatch)
     assert batch.column("headers").to_pylist() == [rows_headers]
+    # A record without headers reads as null, as in Spark's Kafka source (it was []).
+    assert write_rows(Producer(single_client, namespace), [{"value": b"w", "partition": 0}],
+                      "hdr").appended == 1
+    records = fetch(single_client, namespace, "hdr", 0, 0, 10).records
+    assert records_to_batch("hdr", 0, records).column("headers").to_pylist() == [
+        rows_headers, None]
+    # The struct's fields are read by position, as Spark's sink does: their names passed the
+    # type check in any case (it failed every task with KeyError: 'key').
+    assert row_to_record({"value": b"v", "headers": [{"KEY": "h", "VALUE": b"x"}]},
+                         "hdr")[1].headers == [("h", b"x")]
     # A null key was stored as a header named 'None'; Spark's Kafka sink fails the task.
     with pytest.raises(OptionError, match="headers: a header's key is null"):
         row_to_record({"value": b"v", "headers": [{"key": None, "value": b"x"}]}, "hdr")
@@ -615,6 +630,8 @@ def test_the_topic_option_wins_over_the_topic_column() -> None:
     # with option("topic", "out") goes to "out", not back into "in" for ever.
     assert row_to_record({"value": b"x", "topic": "in"}, "out")[0] == "out"
     assert row_to_record({"value": b"x", "topic": "in"}, None)[0] == "in"
+    with pytest.raises(OptionError, match="^topic: a row's topic is null or empty"):
+        row_to_record({"value": b"x", "topic": ""}, None)  # (it said there was no column)
 
 
 def test_a_write_is_checked_when_planned_and_never_overwrites() -> None:

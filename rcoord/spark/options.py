@@ -258,11 +258,11 @@ def _json(name: str, raw: str) -> Any:
             from None
 
 
-def parse_offsets(name: str, raw: str, allowed: tuple[int, ...]) -> OffsetSpec:
+def parse_offsets(name: str, raw: str, allowed: tuple[int, ...], why: str = "") -> OffsetSpec:
     """``earliest`` / ``latest`` / ``{"topic": {"0": 23, "1": -2}}`` (Spark's Kafka format).
 
     ``allowed`` are the sentinels this option accepts: a batch's ``endingOffsets`` cannot be
-    -2 (earliest), as in Spark's Kafka source.
+    -2 (earliest), as in Spark's Kafka source. ``why`` ends the message refusing another one.
     """
     text = raw.strip()
     low = text.lower()
@@ -274,7 +274,7 @@ def parse_offsets(name: str, raw: str, allowed: tuple[int, ...]) -> OffsetSpec:
         words = " or ".join(w for w, s in (("earliest", EARLIEST), ("latest", LATEST))
                             if s in allowed)
         raise OptionError(f"{name}: must be {words} or JSON like {{\"events\": {{\"0\": 23}}}}, "
-                          f"got {raw!r}")
+                          f"got {raw!r}{why}")
     parsed = _json(name, text)
     if not isinstance(parsed, dict) or not parsed:
         raise OptionError(f"{name}: JSON must map topic names to {{partition: offset}}, got {raw!r}")
@@ -296,7 +296,7 @@ def parse_offsets(name: str, raw: str, allowed: tuple[int, ...]) -> OffsetSpec:
                 raise OptionError(f"{name}: offset of {topic}-{p} must be an integer, got {off!r}")
             if off < 0 and off not in allowed:
                 raise OptionError(f"{name}: offset {off} of {topic}-{p} is not allowed here "
-                                  f"(offsets are >= 0, or one of {sorted(allowed)})")
+                                  f"(offsets are >= 0, or one of {sorted(allowed)}){why}")
             out[topic][partition] = off
     return out
 
@@ -375,7 +375,9 @@ def parse_read_options(
     starting: OffsetSpec = default_start
     if opts.get("startingoffsets"):
         allowed = (EARLIEST,) if kind is ReadKind.BATCH else (EARLIEST, LATEST)
-        starting = parse_offsets("startingOffsets", opts["startingoffsets"], allowed)
+        why = ("; a batch read (spark.read) cannot start at latest, which is for streams "
+               "(spark.readStream)") if kind is ReadKind.BATCH else ""
+        starting = parse_offsets("startingOffsets", opts["startingoffsets"], allowed, why)
         if group_id is not None and isinstance(starting, dict):
             raise OptionError("startingOffsets: in group mode the group's committed offsets "
                               "say where to start; give earliest or latest (for partitions "
@@ -385,7 +387,8 @@ def parse_read_options(
         if kind is ReadKind.STREAM:
             raise OptionError("endingOffsets: only for batch reads (spark.read); a stream "
                               "reads on as records arrive")
-        ending = parse_offsets("endingOffsets", opts["endingoffsets"], (LATEST,))
+        ending = parse_offsets("endingOffsets", opts["endingoffsets"], (LATEST,),
+                               "; a batch read cannot end at earliest (it would read nothing)")
 
     max_per_trigger = None
     if opts.get("maxoffsetspertrigger"):

@@ -55,9 +55,10 @@ def records_to_batch(topic: str, partition: int, records: Sequence[Record]) -> A
     schema = arrow_schema()
     n = len(records)
     # header_list: every header in order, repeated names and null values included, as
-    # Spark's Kafka source gives them (``headers`` keeps one value per name).
+    # Spark's Kafka source gives them (``headers`` keeps one value per name); a record without
+    # headers has null, not an empty array, as there.
     headers = [
-        [{"key": k, "value": v} for k, v in r.header_list] if r.header_list else []
+        [{"key": k, "value": v} for k, v in r.header_list] if r.header_list else None
         for r in records
     ]
     return pa.RecordBatch.from_arrays(

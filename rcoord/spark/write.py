@@ -103,15 +103,16 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
         raise OptionError("value: a write needs a value column (binary or string)")
     topic = default_topic or row.get("topic")
     if not topic:
-        raise OptionError("topic: rows have no topic column (or it is null) and no topic "
-                          "option is set")
+        raise OptionError("topic: a row's topic is null or empty (or the DataFrame has no "
+                          "topic column) and no topic option is set")
     headers: list[tuple[str, bytes | None]] | None = None
     raw_headers = row.get("headers")
     if raw_headers:
         # Pairs in order: a row may repeat a header name, and each is kept (as Kafka does).
         headers = []
         for h in raw_headers:
-            k, v = (h["key"], h["value"]) if isinstance(h, Mapping) else (h[0], h[1])
+            # By position, as Spark's sink: the struct's field names passed the check in any case.
+            k, v = tuple(h.values()) if isinstance(h, Mapping) else (h[0], h[1])
             if k is None:  # (str() stored it as a header named 'None')
                 raise OptionError("headers: a header's key is null; every header needs a key "
                                   "(its value may be null), as in Spark's Kafka sink")
