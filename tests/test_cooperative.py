@@ -521,3 +521,36 @@ def test_leader_refuses_an_assignor_that_moves_partitions_directly(
                     leader.next(timeout=WAIT_S)
         finally:
             other.close(timeout=WAIT_S)
+
+
+def test_eager_sticky_members_keep_their_partitions_when_one_leaves(env: Any) -> None:
+    # An eager member revokes everything before it rejoins, so only the user_data Kafka's
+    # StickyAssignor writes (last assignment, generation) tells the leader what it had. rcoord's
+    # members sent none: each rebalance started from scratch ([0,3] [1,4] [2,5] became
+    # [1,3,5] [0,2,4] when the third left).
+    env.topics.create("t", 6)
+    members = [env.consumer(("sticky",)) for _ in range(3)]
+    wait_until(lambda: _stable(members, 6))
+    before = {id(r): _held(r) for r in members}
+    first = members[0].consumer.generation
+    assert first is not None
+    members.pop().close()
+    wait_until(lambda: _stable(members, 6) and all(
+        g is not None and g.generation_id > first.generation_id
+        for g in (r.consumer.generation for r in members)))
+    for r in members:
+        assert before[id(r)] < _held(r), (before[id(r)], _held(r))
+    assert all(r.consumer.group.protocol is RebalanceProtocol.EAGER for r in members)
+
+
+def test_sticky_user_data_is_kafkas_v1_layout() -> None:
+    from rcoord.protocol.kafka_consumer import decode_sticky_user_data, encode_sticky_user_data
+
+    sticky = get_assignor("sticky")
+    assert sticky.subscription_user_data([TP("t", 1)], -1) == b""  # no assignment yet
+    data = sticky.subscription_user_data([TP("u", 0), TP("t", 4), TP("t", 1)], 7)
+    assert data == encode_sticky_user_data([("t", 1), ("t", 4), ("u", 0)], 7)
+    # topics: int32 count; per topic int16-length name, int32 count, int32 partitions; int32 gen
+    assert data == (b"\0\0\0\x02" b"\0\x01t" b"\0\0\0\x02" b"\0\0\0\x01" b"\0\0\0\x04"
+                    b"\0\x01u" b"\0\0\0\x01" b"\0\0\0\0" b"\0\0\0\x07")
+    assert decode_sticky_user_data(data) == ([("t", 1), ("t", 4), ("u", 0)], 7)

@@ -37,6 +37,7 @@ from ._base import (
     rebalance_protocol,
     register_assignor,
     supported_protocols,
+    user_data_for,
 )
 from .cooperative import (
     CooperativeAssignmentError,
@@ -67,6 +68,7 @@ __all__ = [
     "register_assignor",
     "sticky_assignment",
     "supported_protocols",
+    "user_data_for",
     "validate_cooperative_assignment",
 ]
 

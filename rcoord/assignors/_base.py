@@ -47,6 +47,7 @@ __all__ = [
     "subscribed_known_topics",
     "supported_protocols",
     "use_rack_aware",
+    "user_data_for",
 ]
 
 PartitionRacks = Mapping[TopicPartition, frozenset[str]]
@@ -81,9 +82,19 @@ class Assignor(Protocol):
         Built-in assignors also take keyword arguments ``member_order`` (see
         ``kafka_member_order``) and ``partition_racks`` (``{TopicPartition: set of racks}``).
         An assignor may declare ``supported_protocols`` (a tuple of ``RebalanceProtocol``);
-        without it, it supports EAGER only, as in Kafka.
+        without it, it supports EAGER only, as in Kafka. It may also define
+        ``subscription_user_data(assigned, generation) -> bytes`` (see ``user_data_for``).
         """
         ...
+
+
+def user_data_for(assignor: Any, assigned: Sequence[TopicPartition], generation: int) -> bytes:
+    """The ``user_data`` a member sends for this assignor's protocol, given its last
+    assignment and that generation (-1 before its first): Kafka's
+    ``ConsumerPartitionAssignor.subscriptionUserData``, with the state Kafka's assignors keep
+    from ``onAssignment`` passed in, so one assignor object serves every member."""
+    method = getattr(assignor, "subscription_user_data", None)
+    return bytes(method(assigned, generation)) if method is not None else b""
 
 
 def supported_protocols(assignor: Any) -> tuple[RebalanceProtocol, ...]:

@@ -58,8 +58,8 @@ def sticky_member_data(sub: ConsumerProtocolSubscription) -> ConsumerProtocolSub
     An eager Kafka member has revoked everything when it rejoins, so it reports no owned
     partitions; its ``user_data`` holds what it had (and, from V1 on, the generation).
     ``user_data`` that does not decode means no previous assignment and generation -1, as in
-    Kafka. Without ``user_data`` the subscription's own fields are used: rcoord's members
-    report what they held there, before revoking.
+    Kafka. Without ``user_data`` (a member's first join) the subscription's own fields are
+    used.
     """
     if not sub.user_data:
         return sub

@@ -18,8 +18,8 @@ What a member owned, and in which generation, each assignor reads as Kafka's doe
   to the generation Kafka's CooperativeStickyAssignor keeps in ``user_data`` (one int32).
 * ``sticky``: the previous assignment and generation Kafka's StickyAssignor keeps in
   ``user_data``, because an eager member has already revoked everything (and so reports no
-  owned partitions) when it rejoins. rcoord's own members send no ``user_data`` and report
-  what they held before revoking in the subscription's fields, which are used then.
+  owned partitions) when it rejoins. rcoord's own members write it as Kafka's do
+  (``StickyAssignor.subscription_user_data``); without it, the subscription's fields are used.
 
 ``user_data`` that does not decode never fails the assignment: the member counts as holding
 no generation (and, for ``sticky``, nothing).
@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..protocol.consumer import ConsumerProtocolSubscription
+from ..protocol.kafka_consumer import encode_sticky_user_data
 from ..protocol.offsets import TopicPartition
 from ._base import (
     RebalanceProtocol,
@@ -127,6 +128,16 @@ class StickyAssignor:
 
     name = "sticky"
     supported_protocols = (RebalanceProtocol.EAGER,)
+
+    def subscription_user_data(self, assigned: Sequence[TopicPartition],
+                               generation: int) -> bytes:
+        """What a member sends with its subscription: its last assignment and that
+        generation (none before its first), as Kafka's StickyAssignor does. Without it an eager
+        member, which revoked everything before rejoining, would give the leader nothing to
+        stay sticky to."""
+        if generation < 0:
+            return b""
+        return encode_sticky_user_data(((tp.topic, tp.partition) for tp in assigned), generation)
 
     def assign(
         self,

@@ -166,6 +166,10 @@ class ConsumerGroup:
         self._owned: tuple[TopicPartition, ...] = ()
         self._owned_generation = -1
         self._held: Generation | None = None
+        # The last assignment and its generation, kept or not: eager ``sticky`` sends them
+        # as user_data (Kafka's StickyAssignor remembers them from onAssignment).
+        self._assigned: tuple[TopicPartition, ...] = ()
+        self._assigned_generation = -1
         self._coordinator: Coordinator | None = coordinator
         self._owned_client: Any = None
         self._cond = threading.Condition()
@@ -500,6 +504,8 @@ class ConsumerGroup:
                 if gen is None:
                     break
                 failures = 0
+                self._assigned = tuple(gen.partitions)
+                self._assigned_generation = gen.generation_id
                 if self._acknowledge == "on_take":
                     # Every routine of the previous generation has returned: the member holds
                     # exactly what this generation gives it.
@@ -635,6 +641,8 @@ class ConsumerGroup:
             protocol=self.protocol,
             owned=self._owned,
             owned_generation=self._owned_generation,
+            assigned=self._assigned,
+            assigned_generation=self._assigned_generation,
         )
 
     def _drop_owned(self, ended: Generation | None) -> None:

@@ -39,6 +39,7 @@ from ..assignors import (
     CooperativeAssignmentError,
     RebalanceProtocol,
     kafka_member_order,
+    user_data_for,
     validate_cooperative_assignment,
 )
 from ..errors import Errors, ProtocolError
@@ -118,6 +119,8 @@ def join_generation(
     protocol: RebalanceProtocol = RebalanceProtocol.EAGER,
     owned: Sequence[TopicPartition] = (),
     owned_generation: int = -1,
+    assigned: Sequence[TopicPartition] = (),
+    assigned_generation: int = -1,
     generation_retry: Retry | None = None,
 ) -> Generation | None:
     """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
@@ -133,6 +136,9 @@ def join_generation(
     and the generation it got them in (cooperative protocol, KIP-429); they go into the
     subscription so the assignor can leave them in place, and the generation's ``added`` and
     ``revoked`` are computed against them. Under the eager protocol both are empty.
+    ``assigned`` and ``assigned_generation`` are the member's last assignment, kept or not, and
+    its generation (-1 before the first): an assignor that remembers it in ``user_data``
+    (eager ``sticky``, as Kafka's) gets them through ``user_data_for``.
 
     With ``config.topic_pattern`` the subscription sent is the topics the pattern matches now
     (Kafka's ``subscribeFromPattern`` on a metadata refresh); the generation keeps the pattern
@@ -151,11 +157,15 @@ def join_generation(
         log.info("group %r: pattern %r matches %s", cfg.group_id, pattern.pattern, list(topics))
     subscribed = set(topics)
     owned = sorted(tp for tp in owned if tp.topic in subscribed)
-    metadata = ConsumerProtocolSubscription(
-        topics, owned_partitions=owned, generation_id=owned_generation if owned else -1,
-        rack=cfg.client_rack,
-    ).encode(cfg.protocol_encoding)
-    protocols = [(a.name, metadata) for a in assignors]
+
+    def metadata(assignor: Assignor) -> bytes:
+        return ConsumerProtocolSubscription(
+            topics, user_data=user_data_for(assignor, assigned, assigned_generation),
+            owned_partitions=owned, generation_id=owned_generation if owned else -1,
+            rack=cfg.client_rack,
+        ).encode(cfg.protocol_encoding)
+
+    protocols = [(a.name, metadata(a)) for a in assignors]
     if closing.is_set():
         return None
     # A new member names itself: its id is made from a UUID chosen here and sent with every

@@ -52,6 +52,7 @@ __all__ = [
     "decode_sticky_user_data",
     "decode_subscription",
     "encode_assignment",
+    "encode_sticky_user_data",
     "encode_subscription",
 ]
 
@@ -254,6 +255,12 @@ def decode_cooperative_sticky_user_data(data: bytes) -> int:
     Raises ``ValueError`` when fewer than 4 bytes are given.
     """
     return _Reader(bytes(data), "cooperative-sticky user_data").i32("generation")
+
+
+def encode_sticky_user_data(partitions: Iterable[tuple[str, int]], generation: int) -> bytes:
+    """The (eager) sticky assignor's user_data, V1: the member's last assignment and the
+    generation it came in (Kafka's ``StickyAssignor.subscriptionUserData``)."""
+    return _topic_partitions(sorted(partitions)) + _I32.pack(generation)
 
 
 def decode_sticky_user_data(data: bytes) -> tuple[list[tuple[str, int]], int | None]:
