@@ -193,7 +193,7 @@ class _Reader:
 
     def nullable_bytes(self, what: str) -> bytes:
         n = self.i32(what)
-        return b"" if n == -1 else self._take(n, what)
+        return b"" if n < 0 else self._take(n, what)  # any negative length is null, as Kafka reads
 
     def count(self, what: str) -> int:
         n = self.i32(f"{what} count")
@@ -230,9 +230,8 @@ def decode_subscription(data: bytes) -> KafkaSubscription:
     topics = [r.topic("topic") for _ in range(r.count("topics"))]
     user_data = r.nullable_bytes("user_data")
     owned = r.topic_partitions("owned_partitions") if read_as >= 1 else []
-    generation_id = r.i32("generation_id") if read_as >= 2 else -1
-    if generation_id < -1:
-        raise ValueError(f"Kafka subscription generation_id must be >= -1, got {generation_id}")
+    # Any negative generation is none (Kafka's Subscription: ``generationId < 0`` is empty).
+    generation_id = max(r.i32("generation_id"), -1) if read_as >= 2 else -1
     rack = r.string("rack_id", nullable=True) if read_as >= 3 else None
     return KafkaSubscription(version, topics, user_data, owned, generation_id, rack)
 
