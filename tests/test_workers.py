@@ -38,6 +38,24 @@ def test_word_count_worker_counts_every_record(redis_server, single_client, name
     assert "assigned [0, 1, 2]" in res.stdout
 
 
+def test_word_count_idle_exit_counts_only_time_holding_partitions(
+        redis_server, single_client, namespace):
+    # The group's first rebalance waits 3 s (group.initial.rebalance.delay.ms): idle time
+    # counted from the start stopped the worker before it was assigned anything, having read
+    # none of the records waiting ("records 0; top words []").
+    Topics(single_client, namespace).create("lines", 2)
+    producer = Producer(single_client, namespace)
+    for i in range(6):
+        producer.send("lines", b"gamma", key=str(i).encode())
+    argv = [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
+            redis_server.url, "--topic", "lines", "--namespace", namespace,
+            "--idle-exit-s", "1"]
+    res = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "records 6; top words [('gamma', 6)]" in res.stdout
+
+
 def test_word_count_worker_commits_and_leaves_on_sigterm(redis_server, single_client, namespace):
     """``docker stop`` sends SIGTERM (and kills 10 s later): the worker commits, leaves the group
     at once and prints its summary, as a Kafka consumer closed from a shutdown hook. Before, it

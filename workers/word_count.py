@@ -19,6 +19,7 @@ import argparse
 import collections
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", default="word-count")
     ap.add_argument("--namespace", default="rcoord")
     ap.add_argument("--max-records", type=int, default=0, help="stop after this many (0: never)")
-    ap.add_argument("--idle-exit-s", type=float, default=0.0, help="stop after this long with no records")
+    ap.add_argument("--idle-exit-s", type=float, default=0.0,
+                    help="stop after this long holding partitions with no records (the time "
+                    "spent joining the group does not count)")
     args = ap.parse_args(argv)
 
     config = ConsumerGroupConfig(
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, stop)
     words: collections.Counter[str] = collections.Counter()
     seen = 0
-    idle = 0.0
+    idle_since: float | None = None  # when this idle stretch, holding partitions, began
     try:
         while not stopping and (not args.max_records or seen < args.max_records):
             try:
@@ -83,11 +86,17 @@ def main(argv: list[str] | None = None) -> int:
             except WakeupError:
                 break
             if not records:
-                idle += 0.5
-                if args.idle_exit_s and idle >= args.idle_exit_s:
+                if not consumer.assignment():
+                    # Joining (the first rebalance waits 3 s by default) or between
+                    # generations: nothing could have been read, so this is not idleness.
+                    idle_since = None
+                    continue
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                if args.idle_exit_s and now - idle_since >= args.idle_exit_s:
                     break
                 continue
-            idle = 0.0
+            idle_since = None
             for r in records:
                 words.update((r.value or b"").decode("utf-8", "replace").split())
                 seen += 1
