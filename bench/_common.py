@@ -141,6 +141,15 @@ def load_average() -> str:
         return "n/a"
 
 
+def server_label(info: dict[str, Any]) -> str:
+    """``valkey 8.1.8`` or ``redis 7.4.1`` from ``INFO server``: Valkey also reports a
+    ``redis_version`` (the Redis version it is compatible with, 7.2.4), which alone would name
+    the same server two ways in one run's tables."""
+    if info.get("valkey_version"):
+        return f"{info.get('server_name') or 'valkey'} {info['valkey_version']}"
+    return f"redis {info.get('redis_version', '?')}"
+
+
 def machine_line() -> str:
     cpu = ""
     try:

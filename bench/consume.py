@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 import functools
 import operator
 
+from _common import server_label
+
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.client.group import client_from_url
 from rcoord.topics import Producer, ProducerRecord, Topics
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     try:
         probe = client_from_url(url)
-        version = probe.info("server").get("redis_version", "?")
+        version = server_label(probe.info("server"))
         probe.close()
         print(
             f"# rcoord consumer benchmark — {platform.node()}, {os.cpu_count()} CPUs, "

@@ -44,6 +44,7 @@ from _common import (
     machine_line,
     now,
     print_table,
+    server_label,
     start_server,
 )
 from _formation import default_delay, section_formation
@@ -113,13 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     started = now()
     try:
         info = r.info("server")
-        srv_name = "valkey" if "valkey_version" in info else "redis"
-        srv_ver = info.get("valkey_version") or info.get("redis_version")
         hired = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure-python parser"
         print(f"rcoord membership benchmark  {datetime.datetime.now().isoformat(timespec='seconds')}"
               f"  ({'quick' if args.quick else 'full'} run)")
         print(f"machine: {machine_line()}; Python {platform.python_version()}; "
-              f"redis-py {redis.__version__} ({hired}); server {srv_name} {srv_ver} "
+              f"redis-py {redis.__version__} ({hired}); server {server_label(info)} "
               f"{'embedded' if server else 'external'} at {host}:{port}")
         print(f"load average at start: {load_average()}")
         print("config: CoordinatorConfig(group_initial_rebalance_delay_ms=<delay>, "

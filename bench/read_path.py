@@ -41,6 +41,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import consume  # bench/consume.py: the one-worker run
+from _common import server_label
 
 from rcoord.client.group import client_from_url
 from rcoord.topics import Producer, ProducerRecord, Topics, fetch, partition_key
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     client = client_from_url(url)
     ns = f"bench-read-{os.getpid()}-{secrets.token_hex(2)}"
     try:
-        version = client.info("server").get("redis_version", "?")
+        version = server_label(client.info("server"))
         print(
             f"# rcoord read-path benchmark — {platform.node()}, {os.cpu_count()} CPUs, "
             f"Python {platform.python_version()}, server {version} at {url}",

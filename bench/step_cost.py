@@ -63,7 +63,7 @@ from rcoord.testing.embedded import EmbeddedServer
 from rcoord.testing.library import RECORDED_FUNCTION, recording_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SCRIPT_COMMANDS, script_stats, stats_of
+from _common import SCRIPT_COMMANDS, script_stats, server_label, stats_of
 
 JOIN = {"protocol_type": "consumer", "protocols": [("range", b"\x00\x01")],
         "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000,
@@ -301,8 +301,7 @@ def run(r: redis.Redis, n: int, batch: int, rounds: int, against: str | None = N
                 v.results.setdefault(label, []).append(
                     measure(r, v.phases[label], n, batch, v.steps, split=label == ROUND))
     info = r.info("server")
-    print(f"server: {info.get('server_name', 'redis')} "
-          f"{info.get('valkey_version') or info.get('redis_version')}, {n} calls per phase and "
+    print(f"server: {server_label(info)}, {n} calls per phase and "
           f"round, {rounds} rounds, pipelines of {batch}")
     rows = []
     for label in labels:
