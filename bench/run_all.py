@@ -21,6 +21,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -78,6 +79,28 @@ def run_one(name: str, args: tuple[str, ...]) -> tuple[str, str]:
     return head, out.strip()
 
 
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.0f} min"
+
+
+def table_with_durations(text: str) -> str:
+    """README text whose command table's "about" column says how long each bench took in
+    the generated section (a note in parentheses after the time is kept); the
+    ``run_all.py --write`` row gets their sum. A hand-kept column went stale at each run."""
+    took = {m[1]: float(m[2]) for m in re.finditer(
+        r"^### `python bench/(\w+)\.py[^`]*`\n\n(\d+) s, load average", text, re.M)}
+    out = []
+    for line in text.splitlines(keepends=True):
+        row = re.match(r"\| `python bench/(\w+)\.py[^`]*` \|", line)
+        if row and (row[1] in took or row[1] == "run_all") and took:
+            seconds = sum(took.values()) if row[1] == "run_all" else took[row[1]]
+            head, about, _ = line.rstrip("\n").rsplit("|", 2)
+            note = about[about.index("("):].strip() if "(" in about else ""
+            line = f"{head}| {_about(seconds)}{' ' + note if note else ''} |\n"
+        out.append(line)
+    return "".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these benches")
@@ -108,7 +131,8 @@ def main() -> int:
             raise SystemExit(f"{README} lacks the {BEGIN} / {END} markers")
         before, rest = text.split(BEGIN, 1)
         _, after = rest.split(END, 1)
-        README.write_text(before + BEGIN + "\n" + "\n\n".join(parts) + "\n" + END + after)
+        README.write_text(table_with_durations(
+            before + BEGIN + "\n" + "\n\n".join(parts) + "\n" + END + after))
         print(f"wrote {README}", file=sys.stderr)
     return 1 if failed else 0
 
