@@ -88,7 +88,7 @@ def table_with_durations(text: str) -> str:
     the generated section (a note in parentheses after the time is kept); the
     ``run_all.py --write`` row gets their sum. A hand-kept column went stale at each run."""
     took = {m[1]: float(m[2]) for m in re.finditer(
-        r"^### `python bench/(\w+)\.py[^`]*`\n\n(\d+) s, load average", text, re.M)}
+        r"^### `python bench/(\w+)\.py[^`]*`\n\n(\d+) s, load average", text, re.MULTILINE)}
     out = []
     for line in text.splitlines(keepends=True):
         row = re.match(r"\| `python bench/(\w+)\.py[^`]*` \|", line)
