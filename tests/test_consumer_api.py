@@ -28,7 +28,7 @@ from rcoord.client import (
 )
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.client.errors import IllegalStateError
-from rcoord.errors import ConnectionLost
+from rcoord.errors import ConfigError, ConnectionLost
 
 TP = TopicPartition
 env = test_consumer.env  # the fixture: a namespace, its topics, a producer, consumers of "g"
@@ -755,6 +755,39 @@ def test_a_static_member_that_stops_polling_lets_its_session_end(env: Any) -> No
     # a's application stops polling; b gets both partitions once a's session has ended.
     wait_until(lambda: len(b.assignment()) == 2, lambda: b.poll(timeout=0.05))
     assert [m.group_instance_id for m in env.coord.describe_group("g").members] == [None]
+
+
+def test_a_static_member_past_its_poll_interval_cannot_commit(env: Any) -> None:
+    """Kafka fails the commit at once once the poll timeout has reset the generation. A static
+    member sends no LeaveGroup, so the coordinator still knows it until its session ends, and
+    took the commit of partitions the member had given up (the next poll() then reported them
+    lost)."""
+    _fill(env, 1, 1)
+    a = env.consumer(group_instance_id="static-a", session_timeout_ms=6000,
+                     rebalance_timeout_ms=60_000, max_poll_interval_ms=300,
+                     enable_auto_commit=False)
+    wait_until(lambda: len(a.assignment()) == 1, lambda: a.poll(timeout=0.02))
+    gen = a.generation
+    assert gen is not None
+    wait_until(lambda: gen.lost)  # a's application stopped polling
+    assert [m.group_instance_id for m in env.coord.describe_group("g").members] == ["static-a"]
+    with pytest.raises(CommitFailedError, match="this member left the group"):
+        a.commit({TP("t", 0): 1})
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == -1
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ({"enable_auto_commit": "false"}, "enable_auto_commit must be True or False, got 'false'"),
+    ({"listener": print}, "listener must be a ConsumerRebalanceListener"),
+    ({"listener": object()}, "listener must be a ConsumerRebalanceListener"),
+    ({"max_poll_records": 0}, "max_poll_records must be an int >= 1, got 0"),
+])
+def test_bad_consumer_options_are_config_errors(env: Any, option: dict[str, Any],
+                                                message: str) -> None:
+    # bool("false") is True: auto-commit came on, committing what was never processed; a
+    # listener that is a function was never called.
+    with pytest.raises(ConfigError, match=message):
+        env.consumer(**option)
 
 
 def test_a_second_thread_is_refused_while_one_is_inside_a_call(env: Any) -> None:

@@ -170,6 +170,9 @@ class ConsumerRebalanceListener:
         Clean up without committing."""
 
 
+_LISTENER_METHODS = ("on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")
+
+
 class _Hold:
     """The consumer's routine on a generation: it keeps the generation open (so the member
     does not rejoin) until the polling thread has revoked its partitions, or, when they are
@@ -259,7 +262,17 @@ class Consumer(SubscriptionMixin):
             ("default_api_timeout_ms", default_api_timeout_ms),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(enable_auto_commit, bool):
+            # bool("false") is True: a string from an environment or a file turned it on.
+            raise ConfigError(f"enable_auto_commit must be True or False, got "
+                              f"{enable_auto_commit!r}")
+        if listener is not None and not any(
+                callable(getattr(listener, m, None)) for m in _LISTENER_METHODS):
+            # A function, or an object whose methods are misspelt, was never called.
+            raise ConfigError(
+                f"listener must be a ConsumerRebalanceListener (or define one of "
+                f"{', '.join(_LISTENER_METHODS)}), got {listener!r}")
         self._config = config
         self._coordinator_arg = coordinator
         self._own_coordinator: Coordinator | None = None
@@ -270,7 +283,7 @@ class Consumer(SubscriptionMixin):
         if config.topics or config.topic_pattern is not None:
             self._group = ConsumerGroup(config, coordinator=coordinator, acknowledge="by_caller")
         self._listener = listener if listener is not None else ConsumerRebalanceListener()
-        self._auto_commit = bool(enable_auto_commit)
+        self._auto_commit = enable_auto_commit
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._max_poll_records = max_poll_records
         self._fetch_max_wait_ms = fetch_max_wait_ms

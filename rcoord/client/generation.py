@@ -213,6 +213,7 @@ class Generation:
         self._reaction: Reaction | None = None
         self._reaction_error: BaseException | Errors | None = None
         self._lost = False
+        self._left = False  # the member left the group on its own (poll timeout): _mark_lost
         # Set once every routine has returned: the heartbeat and the watcher stop then.
         self._routines_done = threading.Event()
         self._helpers: list[threading.Thread] = []  # the heartbeat and the watcher
@@ -356,6 +357,15 @@ class Generation:
         prepared = commit_offsets_arg(offsets)
         if not prepared:
             return
+        if self._left:
+            # As Kafka's consumer, whose commit fails at once once a poll timeout has reset its
+            # generation: a static member sends no LeaveGroup, so the coordinator, which still
+            # knows it until its session expires, would take the commit of partitions given up.
+            raise CommitFailedError(
+                f"commit of generation {self.generation_id} refused: this member left the "
+                "group (max_poll_interval_ms passed between polls), so its partitions may "
+                "belong to another member now. Poll again to rejoin, then continue from the "
+                "committed offsets.", Errors.UNKNOWN_MEMBER_ID)
 
         def call() -> dict[TopicPartition, Errors]:
             return self._coordinator.commit_offsets(
@@ -551,8 +561,10 @@ class Generation:
                 self._decided.set()
             return self._carried
 
-    def _mark_lost(self) -> None:
-        """The carried partitions turned out lost (the rejoin failed with a lost reaction)."""
+    def _mark_lost(self, left: bool = False) -> None:
+        """The carried partitions turned out lost (the rejoin failed with a lost reaction), or
+        the member ``left`` the group on its own; its commits are refused from then on."""
         with self._lock:
             self._lost = True
+            self._left = self._left or left
         self._end(EndReason.MEMBER_LOST)

@@ -458,7 +458,7 @@ class ConsumerGroup:
             self._cond.notify_all()
         for ending in (gen, held):
             if ending is not None and (ending is gen or ending.carried):
-                ending._mark_lost()
+                ending._mark_lost(left=True)
         if member_id:
             if self._config.group_instance_id is None:
                 self._leave(member_id, reason)
