@@ -606,6 +606,51 @@ def test_real_start_offset_none_raises_when_the_position_falls_out_of_the_log(
     assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 3)] == [7, 8, 9]
 
 
+def test_one_partition_out_of_range_does_not_stall_the_others(env: Any) -> None:
+    """As Kafka's fetch collector, the other partitions' records come first and the error only
+    in a poll that has none; pausing the partition stops the error. Before, every poll raised
+    before fetching anything: the other partitions stalled, paused or not."""
+    env.topics.create("t", 2, retention_records=5)
+    env.producer.send_batch("t", [ProducerRecord(b"x%d" % i, partition=0) for i in range(10)])
+    env.topics.apply_retention("t")  # t-0 starts at 5
+    assert env.coord.commit_offsets("g", {TP("t", 0): 2, TP("t", 1): 0}) == {
+        TP("t", 0): Errors.NONE, TP("t", 1): Errors.NONE}
+    consumer = env.consumer(start_offset="none")
+    got: list[tuple[int, int]] = []
+    raised: list[OffsetOutOfRangeError] = []
+
+    def poll_once() -> None:
+        try:
+            got.extend((r.partition, r.offset) for r in consumer.poll(timeout=0.05))
+        except OffsetOutOfRangeError as exc:
+            raised.append(exc)
+
+    env.producer.send("t", b"y0", partition=1)
+    wait_until(lambda: raised and got == [(1, 0)], poll_once)
+    assert raised[-1].offsets == {TP("t", 0): 2}
+    env.producer.send("t", b"y1", partition=1)
+    wait_until(lambda: got == [(1, 0), (1, 1)], poll_once)
+    consumer.pause([TP("t", 0)])
+    errors = len(raised)
+    env.producer.send("t", b"y2", partition=1)
+    wait_until(lambda: got == [(1, 0), (1, 1), (1, 2)], poll_once)
+    assert consumer.poll(timeout=0.05) == [] and len(raised) == errors  # paused: no error
+
+
+def test_seek_to_an_edge_with_an_empty_list_seeks_every_assigned_partition(env: Any) -> None:
+    # Kafka's seekToBeginning/seekToEnd: an empty collection means every assigned partition.
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"x%d" % i for i in range(4)])
+    consumer = env.consumer()
+    poll_until(consumer, lambda g: len(g) >= 4)
+    consumer.seek_to_beginning([])
+    assert {tp: consumer.position(tp) for tp in consumer.assignment()} == {
+        TP("t", 0): 0, TP("t", 1): 0}
+    consumer.seek_to_end([])
+    assert {tp: consumer.position(tp) for tp in consumer.assignment()} == {
+        TP("t", 0): 2, TP("t", 1): 2}
+
+
 def test_start_offset_none_is_a_valid_policy_and_others_are_refused() -> None:
     cfg = ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://127.0.0.1:1/0",
                               start_offset="none")

@@ -471,18 +471,20 @@ class Consumer(SubscriptionMixin):
                 buf.clear()
 
     def seek_to_beginning(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Seek ``partitions`` (default: every assigned one) to their log start offsets."""
+        """Seek ``partitions`` (default, or an empty list as in Kafka: every assigned one) to
+        their log start offsets."""
         self._seek_to_edge(partitions, 0)
 
     def seek_to_end(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Seek ``partitions`` (default: every assigned one) to their log end offsets: only
-        records produced from now on are returned."""
+        """Seek ``partitions`` (default, or an empty list as in Kafka: every assigned one) to
+        their log end offsets: only records produced from now on are returned."""
         self._seek_to_edge(partitions, 1)
 
     def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
         with self._single_threaded():
             self._check_open()
-            wanted = self._partitions_arg(partitions, "seek")
+            given = None if partitions is None else list(partitions)
+            wanted = self._partitions_arg(given or None, "seek")  # [] means every one
             for tp, offset in self._log_edge(wanted, edge, None).items():
                 self.seek(tp, offset)
 
@@ -768,8 +770,16 @@ class Consumer(SubscriptionMixin):
             records = self._drain(limit)
             if records:
                 return records
-            if self._invalid:
-                raise self._invalid_offsets_error(list(self._invalid))
+            invalid = [tp for tp in self._invalid if tp not in self._paused]
+            if invalid:
+                # As Kafka's fetch collector: the other partitions' records come first, the
+                # error only in a poll that has none. Raising before any fetch stalled every
+                # partition behind one out of range, and pausing it did not help.
+                self._fetch(time.monotonic())  # collects a fetch under way, or starts one
+                records = self._drain(limit)
+                if records:
+                    return records
+                raise self._invalid_offsets_error(invalid)
             if not self._fetch(deadline) and _expired(deadline):
                 return []
 
