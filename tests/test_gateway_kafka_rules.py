@@ -481,3 +481,32 @@ def test_a_static_leader_back_in_a_stable_group_assigns_only_if_it_can_skip(gate
         assert [m.group_instance_id for m in back.members] == ["ia"]
     else:
         assert (back.leader, tuple(back.members)) == (first.member_id, ())
+
+
+def _with_byte(batch: bytes, at: int, value: int, crc: bool) -> bytes:
+    import crc32c
+
+    out = bytearray(batch)
+    out[at] = value
+    if crc:
+        out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("records", "says"), [
+    # magic 1 (before the CRC); a v1 message set shorter than a v2 header; a control batch
+    # (attributes' low byte 0x28: control, LogAppendTime); no batch at all
+    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False), "magic 1"),
+    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False)[:40], "magic 1"),
+    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 22, 0x28, crc=True),
+     "not allowed to write control records"),
+    (b"", "at least one record batch"),
+])
+def test_batches_kafka_calls_invalid_records_are_answered_so(gateway, redis_server, topics,
+                                                             records, says):
+    """ProduceRequest.validateRecords and LogValidator.validateBatch answer INVALID_RECORD;
+    these were UNSUPPORTED_VERSION, CORRUPT_MESSAGE (a short v1 set) and INVALID_REQUEST."""
+    topics.create("t", 1)
+    (part,) = _produce_to(gateway, [(0, records)])
+    assert part.error_code.value == INVALID_RECORD and says in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)

@@ -129,7 +129,8 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     try:
         batches = decode_batches(data or b"", partition)
         if not batches:
-            raise BatchError(Errors.INVALID_REQUEST, "no records")
+            raise BatchError(INVALID_RECORD, "a Produce request must carry at least one record "
+                             "batch per partition")  # Kafka's ProduceRequest.validateRecords
         if len(batches) > 1:
             # Kafka's LogValidator takes one v2 batch per partition and request: appending the
             # first before a later one fails would leave half a request written.

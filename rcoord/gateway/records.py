@@ -60,17 +60,20 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
     out: list[IncomingBatch] = []
     pos = 0
     while pos < len(view):
+        # Kafka's answers: ProduceRequest.validateRecords, then LogValidator.validateBatch
+        # (INVALID_RECORD, per partition).
+        if len(view) - pos > _MAGIC_AT and view[pos + _MAGIC_AT] != 2:
+            raise BatchError(INVALID_RECORD, f"record batch magic {view[pos + _MAGIC_AT]}; "
+                             "Produce takes only v2 batches (magic 2)")
         if len(view) - pos < _HEADER_BYTES:
             raise BatchError(CORRUPT_MESSAGE, "truncated record batch header")
-        magic = view[pos + _MAGIC_AT]
-        if magic != 2:
-            raise BatchError(Errors.UNSUPPORTED_VERSION,
-                             f"record batch magic {magic}; only v2 batches are accepted")
         attributes = int.from_bytes(view[pos + _ATTRIBUTES_AT:pos + _ATTRIBUTES_AT + 2], "big")
         if attributes & _COMPRESSION_MASK:
             raise BatchError(UNSUPPORTED_COMPRESSION_TYPE,
                              "compressed batches are not accepted; produce uncompressed")
-        if attributes & (_TRANSACTIONAL | _CONTROL):
+        if attributes & _CONTROL:
+            raise BatchError(INVALID_RECORD, "clients are not allowed to write control records")
+        if attributes & _TRANSACTIONAL:
             raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
         _check_count(view, pos)
         try:
