@@ -39,8 +39,6 @@ MAX_CONNECTIONS = 64
 class _Server(ThreadingHTTPServer):
     """Counts and times its connections; the serving loop closes those past their time."""
 
-    daemon_threads = True
-
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
                  family: socket.AddressFamily) -> None:
         self.address_family = family
@@ -111,11 +109,17 @@ class StatusServer:
                     body, ctype, code = json.dumps(detail).encode(), "application/json", 200 if ok else 503
                 else:
                     body, ctype, code = b"not found\n", "text/plain", 404
+                self._reply(code, ctype, body if with_body else None, len(body))
+
+            def _reply(self, code: int, ctype: str, body: bytes | None, length: int,
+                       *headers: tuple[str, str]) -> None:
+                """The status, headers and ``body`` (None: headers only, as HEAD asks)."""
                 self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
+                for name, value in (*headers, ("Content-Type", ctype),
+                                    ("Content-Length", str(length))):
+                    self.send_header(name, value)
                 self.end_headers()
-                if with_body:
+                if body is not None:
                     self.wfile.write(body)
 
             def do_GET(self) -> None:
@@ -126,12 +130,7 @@ class StatusServer:
 
             def _not_allowed(self) -> None:
                 body = b"method not allowed: GET or HEAD\n"
-                self.send_response(405)
-                self.send_header("Allow", "GET, HEAD")
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._reply(405, "text/plain", body, len(body), ("Allow", "GET, HEAD"))
 
             do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
