@@ -48,10 +48,12 @@ class _Raw:
         self.sock = connect(gw)
         self.corr = 0
 
-    def init_producer_id(self, transactional_id: str | None = None) -> Any:
+    def init_producer_id(self, transactional_id: str | None = None, producer_id: int = -1,
+                         producer_epoch: int = -1) -> Any:
         self.corr += 1
         self.sock.sendall(request_frame(INIT_PRODUCER_ID, 4, self.corr, {
-            "transactional_id": transactional_id, "transaction_timeout": 60000}))
+            "transactional_id": transactional_id, "transaction_timeout": 60000,
+            "producer_id": producer_id, "producer_epoch": producer_epoch}))
         return response(self.sock, INIT_PRODUCER_ID, 4, 5)
 
     def produce(self, topic: str, batch: bytes) -> Any:
@@ -183,6 +185,23 @@ def test_a_transactional_id_is_refused_with_the_reason(gateway: GatewayThread,
     assert (init.error_code.value, init.producer_id) == (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len([m for m in warned if "'tx-1'" in m and "not supported" in m]) == 2
+
+
+def test_current_id_and_epoch_come_both_or_neither(gateway: GatewayThread) -> None:
+    """InitProducerId v3+ may name the producer's current id and epoch (KIP-360). Kafka answers
+    INVALID_REQUEST when only one is set (KafkaApis.handleInitProducerIdRequest); the gateway
+    handed out a new id."""
+    raw = _Raw(gateway)
+    try:
+        only_id = raw.init_producer_id(producer_id=1234)
+        only_epoch = raw.init_producer_id(producer_epoch=3)
+        both = raw.init_producer_id(producer_id=1234, producer_epoch=3)
+    finally:
+        raw.sock.close()
+    for half in (only_id, only_epoch):
+        assert (half.error_code.value, half.producer_id, half.producer_epoch) == (42, -1, -1)
+    assert (both.error_code.value, both.producer_epoch) == (0, 0)  # a new id, as without
+    assert int(both.producer_id) not in (-1, 1234)
 
 
 def test_transactional_producers_fail_at_once(gateway: GatewayThread) -> None:

@@ -9,7 +9,8 @@ a name rcoord's own producers (``rcoord-<n>-<hex>``) never take.
 Without a transactional id, Kafka's coordinator answers every InitProducerId with a new id and
 epoch 0, also when the request names the producer's current id and epoch (KIP-360: a Java
 producer bumps its epoch itself after an unknown outcome; librdkafka asks for a new id). The
-gateway does the same. Transactions are not served: a transactional id gets
+gateway does the same. A request naming only one of the two (v3 on) is INVALID_REQUEST, as
+Kafka answers it. Transactions are not served: a transactional id gets
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers one the caller may not use
 (``errors.TRANSACTIONS_NOT_SERVED`` says why that code).
 
@@ -64,6 +65,10 @@ async def init_producer_id(conn: Connection, req: Any, version: int) -> dict[str
     if not (conn.may(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, log_denied=False)
             or conn.may_any(Operation.WRITE, ResourceType.TOPIC)):
         return {"throttle_time": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED,
+                "producer_id": -1, "producer_epoch": -1}
+    # v3+ may name the current id and epoch: both or neither (KafkaApis checks after the ACLs).
+    if (getattr(req, "producer_id", -1) == -1) != (getattr(req, "producer_epoch", -1) == -1):
+        return {"throttle_time": 0, "error_code": Errors.INVALID_REQUEST,
                 "producer_id": -1, "producer_epoch": -1}
     number = await state.blocking(allocate_producer_number, state.sync_redis,
                                   state.config.namespace)
