@@ -22,6 +22,7 @@ from gateway_harness import call_once, connect, request_frame, response
 
 from rcoord.errors import Errors
 from rcoord.gateway import api_records
+from rcoord.gateway.errors import CORRUPT_MESSAGE
 from rcoord.gateway.records import decode_batches, encode_batch
 from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
 
@@ -509,4 +510,37 @@ def test_batches_kafka_calls_invalid_records_are_answered_so(gateway, redis_serv
     topics.create("t", 1)
     (part,) = _produce_to(gateway, [(0, records)])
     assert part.error_code.value == INVALID_RECORD and says in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)
+
+
+def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
+        gateway, redis_server, topics):
+    """Kafka looks each partition up before it reads its records or looks at acks
+    (KafkaApis.handleProduceRequest, then ReplicaManager.appendRecords): a corrupt batch or an
+    invalid acks to a topic or partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION,
+    the answer that makes a client refresh its metadata. They were CORRUPT_MESSAGE and
+    INVALID_REQUIRED_ACKS; an existing partition keeps those answers."""
+    topics.create("t", 1)
+    corrupt = _with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 30, 0xFF, crc=False)
+    for topic, index, code in (("missing", 0, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+                               ("t", 3, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+                               ("t", 0, CORRUPT_MESSAGE)):
+        answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": index, "records": corrupt}]}]})
+        [[part]] = [t.partition_responses for t in answer.responses]
+        assert part.error_code.value == code, (topic, index)
+    sock = connect(gateway)
+    try:
+        batch = encode_batch([Record(0, None, b"v", {}, 0)])
+        sock.sendall(request_frame(0, 9, 1, {"acks": 2, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": batch},
+                                             {"index": 7, "records": batch}]},
+            {"name": "missing", "partition_data": [{"index": 0, "records": batch}]}]}))
+        got = response(sock, 0, 9, 5)
+    finally:
+        sock.close()
+    assert [(t.name, p.index, p.error_code.value) for t in got.responses
+            for p in t.partition_responses] == [
+        ("t", 0, INVALID_REQUIRED_ACKS), ("t", 7, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+        ("missing", 0, Errors.UNKNOWN_TOPIC_OR_PARTITION)]
     assert _log(gateway, redis_server) == (0, 0)

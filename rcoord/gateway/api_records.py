@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -122,9 +123,9 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     """
     out: dict[str, Any] = {"index": partition, "error_code": Errors.NONE, "base_offset": -1,
                            "log_append_time": -1, "log_start_offset": -1}
-    if partition < 0:  # no topic has one: Kafka's metadata cache does not contain it
-        out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                   error_message=f"partition {partition} of {topic!r} does not exist")
+    missing = _missing(state, topic, partition) if partition < 0 else None
+    if missing:
+        out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=missing)
         return out
     try:
         batches = decode_batches(data or b"", partition)
@@ -139,7 +140,10 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         metas = [_append_batch(state, topic, partition, b) for b in batches]
         start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except BatchError as exc:
-        out.update(error_code=exc.code, error_message=str(exc))
+        # Kafka looks the partition up before it reads the records (handleProduceRequest).
+        missing = _missing(state, topic, partition)
+        out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION if missing else exc.code,
+                   error_message=missing or str(exc))
         return out
     except TopicError as exc:
         out.update(error_code=_as_unknown(exc), error_message=str(exc))
@@ -147,6 +151,30 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
     out.update(base_offset=metas[0].offset, log_append_time=metas[0].timestamp_ms,
                log_start_offset=start)
     return out
+
+
+def _missing(state: GatewayState, topic: str, partition: int) -> str | None:
+    """Blocking: why the partition does not exist, or None when it does (the append's own
+    check is in its script; this one is for the answers Kafka gives before appending)."""
+    if partition >= 0:
+        try:
+            if partition < state.topics.partition_count(topic):
+                return None
+        except TopicError as exc:
+            if _as_unknown(exc) != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            return f"topic {topic!r} does not exist"
+    return f"partition {partition} of {topic!r} does not exist"
+
+
+def _bad_acks(state: GatewayState, topic: str, partition: int, data: bytes | None, *,
+              acks: int) -> dict[str, Any]:
+    """Blocking: the answer of a writable partition in a request with an invalid ``acks``."""
+    missing = _missing(state, topic, partition)
+    return {"index": partition, "base_offset": -1, "log_append_time": -1,
+            "log_start_offset": -1,
+            "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION if missing else INVALID_REQUIRED_ACKS,
+            "error_message": missing or f"acks must be -1, 0 or 1, got {acks}"}
 
 
 def _last_of_each(entries: Iterable[tuple[K, V]]) -> list[tuple[K, V]]:
@@ -162,13 +190,6 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
     state = conn.state
     entries = _last_of_each(((t.name, p.index), p.records)
                            for t in req.topic_data for p in t.partition_data)
-    if req.acks not in (-1, 0, 1):
-        # As Kafka's appendRecords: nothing is appended, every partition answers why.
-        return _answer([(topic, {"index": index, "error_code": INVALID_REQUIRED_ACKS,
-                                 "error_message": f"acks must be -1, 0 or 1, got {req.acks}",
-                                 "base_offset": -1, "log_append_time": -1,
-                                 "log_start_offset": -1})
-                        for (topic, index), _ in entries])
     writable = {t.name for t in req.topic_data
                 if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
 
@@ -176,8 +197,11 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
         return {"index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED, "base_offset": -1,
                 "log_append_time": -1, "log_start_offset": -1}
 
+    # An invalid acks appends nothing (Kafka's appendRecords); as in Kafka, a partition the
+    # caller may not write or that does not exist still answers that first.
+    append = _append if req.acks in (-1, 0, 1) else functools.partial(_bad_acks, acks=req.acks)
     jobs = [(topic, index,
-             state.blocking(_append, state, topic, index, records) if topic in writable
+             state.blocking(append, state, topic, index, records) if topic in writable
              else refused(index))
             for (topic, index), records in entries]
     # Every partition's append ends before the response is sent: one answered early while
