@@ -140,6 +140,33 @@ def topics_of(redis_server: Any, namespace: str) -> Iterator[Topics]:
 # -- raw frames -------------------------------------------------------------------------------
 
 
+def produced_batch(records: Any, producer_id: int = -1, producer_epoch: int = -1,
+                   base_sequence: int = -1) -> bytes:
+    """A v2 batch as a Kafka producer sends it: the gateway's own encoding (``encode_batch``,
+    made for Fetch) with the timestamp type CreateTime, since a broker refuses a producer's
+    LogAppendTime batch (INVALID_TIMESTAMP)."""
+    import crc32c
+
+    from rcoord.gateway.records import encode_batch
+
+    out = bytearray(encode_batch(records, producer_id, producer_epoch, base_sequence))
+    out[22] &= ~0x08  # attributes' low byte: the timestamp type bit
+    out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+def fetched_records(data: bytes) -> list[Any]:
+    """Every record (kio's) of a Fetch response's ``records`` field, batch after batch."""
+    from kio.records.readers import read_batch
+
+    view, pos, out = memoryview(data), 0, []
+    while pos < len(view):
+        batch, size = read_batch(view, pos)
+        out.extend(batch.records)
+        pos += size
+    return out
+
+
 def request_frame(api_key: int, version: int, corr: int, body: dict[str, Any]) -> bytes:
     """A whole request frame (size prefix, header v1/v2, body) built from plain data."""
     from kio.serial import entity_writer

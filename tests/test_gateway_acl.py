@@ -18,6 +18,7 @@ kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
     GatewayThread,
+    produced_batch,
     request_frame,
     response,
     running_gateway,
@@ -29,7 +30,6 @@ from harness import wait_until
 
 from rcoord.gateway.acl import Authorizer, Operation, ResourceType, parse_acls
 from rcoord.gateway.auth import load_auth_file
-from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, Topics
 
 TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 30, 31
@@ -310,7 +310,7 @@ def test_metadata_hides_or_refuses_what_may_not_be_described(
 
 
 def test_records_apis_check_the_topic(alice: _Session, topics: Topics) -> None:
-    batch = encode_batch([Record(0, None, b"x", {}, 0)])
+    batch = produced_batch([Record(0, None, b"x", {}, 0)])
     produced = alice.call(0, 9, {"acks": -1, "timeout": 10000, "topic_data": [
         {"name": n, "partition_data": [{"index": 0, "records": batch}]}
         for n in ("secret", "orders")]})

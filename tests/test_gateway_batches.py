@@ -12,10 +12,16 @@ import pytest
 
 kafka = pytest.importorskip("kafka")
 
-from gateway_harness import connect, request_frame, response, running_gateway, topics_of
+from gateway_harness import (
+    connect,
+    produced_batch,
+    request_frame,
+    response,
+    running_gateway,
+    topics_of,
+)
 from harness import wait_until
 
-from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, fetch
 from rcoord.topics._base import MAX_APPEND_PER_CALL
 
@@ -28,8 +34,8 @@ def _produce(gw: Any, tag: str, producer_id: int, out: dict[tuple[str, int], int
     try:
         for r in range(ROUNDS):
             recs = [Record(i, None, f"{tag}-{r}-{i}".encode(), {}, 0) for i in range(N)]
-            batch = (encode_batch(recs) if producer_id < 0 else
-                     encode_batch(recs, producer_id, 0, r * N))
+            batch = (produced_batch(recs) if producer_id < 0 else
+                     produced_batch(recs, producer_id, 0, r * N))
             sock.sendall(request_frame(0, 9, r + 1, {"acks": -1, "timeout": 10000, "topic_data": [
                 {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]}))
             part = response(sock, 0, 9, 5).responses[0].partition_responses[0]
@@ -85,8 +91,8 @@ def test_two_producers_big_batches_each_land_whole_at_the_answered_base_offset(o
                 sock = connect(gw)
                 try:
                     before = _script_calls(client)
-                    batch = encode_batch([Record(i, None, f"{tag}{i}".encode(), {}, 0)
-                                          for i in range(count)])
+                    batch = produced_batch([Record(i, None, f"{tag}{i}".encode(), {}, 0)
+                                            for i in range(count)])
                     sock.sendall(request_frame(0, 9, 1, {"acks": -1, "timeout": 10000,
                                                          "topic_data": [{"name": "t",
                         "partition_data": [{"index": 0, "records": batch}]}]}))

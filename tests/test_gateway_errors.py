@@ -9,11 +9,18 @@ import uuid
 from typing import Any
 
 import pytest
-from gateway_harness import connect, recv_frame, request_frame, response, running_gateway, topics_of
+from gateway_harness import (
+    connect,
+    produced_batch,
+    recv_frame,
+    request_frame,
+    response,
+    running_gateway,
+    topics_of,
+)
 
 from rcoord import GroupCoordinator, TopicPartition
 from rcoord.gateway.error_responses import request_error_response
-from rcoord.gateway.records import encode_batch
 from rcoord.gateway.registry import REGISTRY
 from rcoord.gateway.wire import build, encode_response, request_class, response_class
 from rcoord.topics import Record
@@ -32,7 +39,7 @@ def _commit_body(group: str) -> dict[str, Any]:
 
 
 def _produce_body(acks: int) -> dict[str, Any]:
-    batch = encode_batch([Record(0, b"k", b"v", {}, 0)])
+    batch = produced_batch([Record(0, b"k", b"v", {}, 0)])
     return {"acks": acks, "timeout": 1000, "topic_data": [
         {"name": "t", "partition_data": [{"index": 0, "records": batch},
                                          {"index": 1, "records": batch}]}]}

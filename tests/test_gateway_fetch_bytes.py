@@ -11,10 +11,9 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import connect, request_frame, response
+from gateway_harness import connect, fetched_records, request_frame, response
 
 from rcoord.gateway import api_records
-from rcoord.gateway.records import decode_batches
 from rcoord.topics import Producer, ProducerRecord
 
 BIG = 40_000
@@ -40,8 +39,7 @@ def _fetch(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
     for t in fetched.responses:
         for p in t.partitions:
             assert p.error_code.value == 0
-            batches = decode_batches(bytes(p.records or b""), p.partition_index)
-            out[(t.topic, p.partition_index)] = sum(len(b.records) for b in batches)
+            out[(t.topic, p.partition_index)] = len(fetched_records(bytes(p.records or b"")))
     return out
 
 

@@ -28,6 +28,7 @@ import redis.exceptions
 from gateway_harness import (
     GatewayThread,
     connect,
+    produced_batch,
     request_frame,
     response,
     running_gateway,
@@ -38,7 +39,6 @@ from harness import wait_until
 
 from rcoord.gateway.auth import load_auth_file
 from rcoord.gateway.error_responses import request_error_response
-from rcoord.gateway.records import encode_batch
 from rcoord.gateway.state import fetch_wait_limit
 from rcoord.gateway.wire import build, request_class
 from rcoord.topics import Record
@@ -60,7 +60,7 @@ def _fetch_body(topic: str, max_wait: int, offset: int = 0, partitions: int = 1
 def _produce_body(topic: str, value: bytes, partition: int = 0) -> dict[str, Any]:
     return {"acks": -1, "timeout": 10000, "topic_data": [
         {"name": topic, "partition_data": [
-            {"index": partition, "records": encode_batch([Record(0, None, value, {}, 0)])}]}]}
+            {"index": partition, "records": produced_batch([Record(0, None, value, {}, 0)])}]}]}
 
 
 def _answered(socks: list[socket.socket]) -> list[socket.socket]:

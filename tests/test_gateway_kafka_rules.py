@@ -18,12 +18,18 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, connect, request_frame, response
+from gateway_harness import (
+    call_once,
+    connect,
+    fetched_records,
+    produced_batch,
+    request_frame,
+    response,
+)
 
 from rcoord.errors import Errors
 from rcoord.gateway import api_records
 from rcoord.gateway.errors import CORRUPT_MESSAGE
-from rcoord.gateway.records import decode_batches, encode_batch
 from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
 
 INVALID_REQUIRED_ACKS = 21
@@ -31,7 +37,7 @@ INVALID_RECORD = 87
 
 
 def _produce(topic: str, acks: int, corr: int, index: int = 0) -> bytes:
-    batch = encode_batch([Record(0, None, b"v", {}, 0)])
+    batch = produced_batch([Record(0, None, b"v", {}, 0)])
     return request_frame(0, 9, corr, {"acks": acks, "timeout": 5000, "topic_data": [
         {"name": topic, "partition_data": [{"index": index, "records": batch}]}]})
 
@@ -126,9 +132,7 @@ def _fetch_body(topic: str, partitions: list[int], *, max_wait: int, min_bytes: 
 
 
 def _records(fetched: Any) -> dict[int, list[bytes | None]]:
-    return {p.partition_index: [r.value for b in decode_batches(bytes(p.records or b""),
-                                                                 p.partition_index)
-                                for r in b.records]
+    return {p.partition_index: [r.value for r in fetched_records(bytes(p.records or b""))]
             for t in fetched.responses for p in t.partitions}
 
 
@@ -254,8 +258,8 @@ def test_two_batches_for_one_partition_append_nothing(gateway, redis_server, top
     otherwise): a second batch that fails (here a negative producer epoch) must not leave the
     first appended, and two good ones are refused alike, whole."""
     topics.create("t", 1)
-    good = encode_batch([Record(0, None, b"a", {}, 0)])
-    bad = encode_batch([Record(0, None, b"b", {}, 0)], producer_id=7, producer_epoch=-1,
+    good = produced_batch([Record(0, None, b"a", {}, 0)])
+    bad = produced_batch([Record(0, None, b"b", {}, 0)], producer_id=7, producer_epoch=-1,
                        base_sequence=0)
     for records in (good + bad, good + good):
         answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
@@ -284,7 +288,7 @@ def test_a_negative_partition_in_a_produce_fails_only_itself(gateway, redis_serv
     producer was told its stored record had failed. As Kafka (its metadata cache has no such
     partition), that partition alone is UNKNOWN_TOPIC_OR_PARTITION."""
     topics.create("t", 1)
-    batch = encode_batch([Record(0, None, b"v", {}, 0)])
+    batch = produced_batch([Record(0, None, b"v", {}, 0)])
     answered = _produce_to(gateway, [(0, batch), (-1, batch)])
     assert [(p.index, p.error_code.value, p.base_offset) for p in answered] == [
         (0, 0, 0), (-1, Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)]
@@ -296,11 +300,11 @@ def test_a_partition_named_twice_is_appended_to_and_read_once(gateway, redis_ser
     in no fixed order) and answered; a Fetch read it twice. Kafka keys both requests by
     partition (the last entry wins) and answers the partition once."""
     topics.create("t", 1)
-    first, last = (encode_batch([Record(0, None, v, {}, 0)]) for v in (b"a", b"b"))
+    first, last = (produced_batch([Record(0, None, v, {}, 0)]) for v in (b"a", b"b"))
     answered = _produce_to(gateway, [(0, first), (0, last)])
     assert [(p.index, p.error_code.value, p.base_offset) for p in answered] == [(0, 0, 0)]
     assert _log(gateway, redis_server) == (0, 1)
-    _produce_to(gateway, [(0, encode_batch([Record(0, None, b"c", {}, 0)]))])
+    _produce_to(gateway, [(0, produced_batch([Record(0, None, b"c", {}, 0)]))])
     fetched = call_once(gateway, 1, 12, {
         "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
         "topics": [{"topic": "t", "partitions": [
@@ -431,7 +435,7 @@ def test_a_batch_whose_offset_range_and_count_disagree_is_refused(gateway, redis
     record count disagree or are not positive; it was appended (an idempotent producer's last
     sequence is counted from that range)."""
     topics.create("t", 1)
-    batch = _with_header_field(encode_batch([Record(0, None, b"v", {}, 0)]), at, value)
+    batch = _with_header_field(produced_batch([Record(0, None, b"v", {}, 0)]), at, value)
     (part,) = _produce_to(gateway, [(0, batch)])
     assert part.error_code.value == INVALID_RECORD and says in part.error_message
     assert _log(gateway, redis_server) == (0, 0)
@@ -441,7 +445,7 @@ def test_a_producer_batch_with_a_negative_sequence_is_an_invalid_record(gateway,
                                                                         topics):
     """Kafka's LogValidator.validateBatch answers INVALID_RECORD (it was INVALID_REQUEST)."""
     topics.create("t", 1)
-    batch = encode_batch([Record(0, None, b"v", {}, 0)], producer_id=7, producer_epoch=0,
+    batch = produced_batch([Record(0, None, b"v", {}, 0)], producer_id=7, producer_epoch=0,
                          base_sequence=-1)
     (part,) = _produce_to(gateway, [(0, batch)])
     assert part.error_code.value == INVALID_RECORD and "sequence number -1" in part.error_message
@@ -497,9 +501,9 @@ def _with_byte(batch: bytes, at: int, value: int, crc: bool) -> bytes:
 @pytest.mark.parametrize(("records", "says"), [
     # magic 1 (before the CRC); a v1 message set shorter than a v2 header; a control batch
     # (attributes' low byte 0x28: control, LogAppendTime); no batch at all
-    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False), "magic 1"),
-    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False)[:40], "magic 1"),
-    (_with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 22, 0x28, crc=True),
+    (_with_byte(produced_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False), "magic 1"),
+    (_with_byte(produced_batch([Record(0, None, b"v", {}, 0)]), 16, 1, crc=False)[:40], "magic 1"),
+    (_with_byte(produced_batch([Record(0, None, b"v", {}, 0)]), 22, 0x28, crc=True),
      "not allowed to write control records"),
     (b"", "at least one record batch"),
 ])
@@ -521,7 +525,7 @@ def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
     the answer that makes a client refresh its metadata. They were CORRUPT_MESSAGE and
     INVALID_REQUIRED_ACKS; an existing partition keeps those answers."""
     topics.create("t", 1)
-    corrupt = _with_byte(encode_batch([Record(0, None, b"v", {}, 0)]), 30, 0xFF, crc=False)
+    corrupt = _with_byte(produced_batch([Record(0, None, b"v", {}, 0)]), 30, 0xFF, crc=False)
     for topic, index, code in (("missing", 0, Errors.UNKNOWN_TOPIC_OR_PARTITION),
                                ("t", 3, Errors.UNKNOWN_TOPIC_OR_PARTITION),
                                ("t", 0, CORRUPT_MESSAGE)):
@@ -531,7 +535,7 @@ def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
         assert part.error_code.value == code, (topic, index)
     sock = connect(gateway)
     try:
-        batch = encode_batch([Record(0, None, b"v", {}, 0)])
+        batch = produced_batch([Record(0, None, b"v", {}, 0)])
         sock.sendall(request_frame(0, 9, 1, {"acks": 2, "timeout": 5000, "topic_data": [
             {"name": "t", "partition_data": [{"index": 0, "records": batch},
                                              {"index": 7, "records": batch}]},
@@ -544,3 +548,19 @@ def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
         ("t", 0, INVALID_REQUIRED_ACKS), ("t", 7, Errors.UNKNOWN_TOPIC_OR_PARTITION),
         ("missing", 0, Errors.UNKNOWN_TOPIC_OR_PARTITION)]
     assert _log(gateway, redis_server) == (0, 0)
+
+
+def test_a_producer_may_not_stamp_its_batch_log_append_time(gateway, redis_server, topics):
+    """The gateway's topics are LogAppendTime (the Redis clock stamps each record), and Kafka
+    refuses a producer's batch flagged LogAppendTime on such a topic: INVALID_TIMESTAMP
+    (LogValidator.validateTimestamp). It was taken. The gateway's own encoding, made for Fetch,
+    sets that flag."""
+    from rcoord.gateway.records import encode_batch
+
+    topics.create("t", 1)
+    (part,) = _produce_to(gateway, [(0, encode_batch([Record(0, None, b"v", {}, 0)]))])
+    assert part.error_code.value == 32 and "LogAppendTime" in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)
+    (part,) = _produce_to(gateway, [(0, produced_batch([Record(0, None, b"v", {}, 0)]))])
+    assert (part.error_code.value, part.base_offset) == (0, 0)  # CreateTime: taken
+    assert _log(gateway, redis_server) == (0, 1)

@@ -15,6 +15,7 @@ from gateway_harness import (
     LossyProxy,
     call_once,
     connect,
+    produced_batch,
     request_frame,
     response,
     running_gateway,
@@ -22,7 +23,6 @@ from gateway_harness import (
 )
 
 from rcoord.gateway.errors import TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-from rcoord.gateway.records import encode_batch
 from rcoord.topics import Record, Topics, producer_state_keys
 
 INIT_PRODUCER_ID, PRODUCE = 22, 0
@@ -68,7 +68,7 @@ class _Raw:
 
 def _batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
     records = [Record(i, None, v, {}, 0) for i, v in enumerate(values)]
-    return encode_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    return produced_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
 
 def test_resent_batch_is_appended_once_and_sequences_are_checked(

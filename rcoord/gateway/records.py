@@ -21,7 +21,7 @@ from kio.records.schema import RecordHeader
 
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
-from .errors import CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_COMPRESSION_TYPE
+from .errors import CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP, UNSUPPORTED_COMPRESSION_TYPE
 
 __all__ = ["BatchError", "IncomingBatch", "decode_batches", "encode_batch", "encode_fetched"]
 
@@ -80,6 +80,9 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
             batch, size = read_batch(view, pos)
         except Exception as exc:  # noqa: BLE001  (CRC mismatch, bad lengths, short buffer)
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
+        if attributes & _LOG_APPEND_TIME:  # the broker stamps it (LogValidator.validateTimestamp)
+            raise BatchError(INVALID_TIMESTAMP, "a producer may not set the batch's timestamp "
+                             "type to LogAppendTime; send CreateTime batches")
         records = []
         for rec in batch.records:
             records.append(ProducerRecord(rec.value, rec.key, partition,
@@ -167,8 +170,8 @@ def encode_batch(records: Sequence[Record], producer_id: int = -1, producer_epoc
     """One v2 batch holding ``records`` (consecutive or not; offsets are deltas from the first),
     flagged LogAppendTime: rcoord stamps records with the Redis clock on append. Clients read
     every record's timestamp as the batch's newest, so a fetch sends one batch per timestamp
-    (``encode_fetched``). The producer fields are -1 in fetched batches; tests set them to
-    produce as a Kafka producer."""
+    (``encode_fetched``). The producer fields are -1 in fetched batches. A producer's batch is
+    refused with this flag (``decode_batches``); the tests' producer batches clear it."""
     if not records:
         return b""
     base_offset, base_ts = records[0].offset, records[0].timestamp_ms
