@@ -12,8 +12,10 @@ The library's name carries a hash of its source (``rcoord_<hash>``, functions
 ``rcoord_<hash>_<step>``), so two rcoord versions sharing a server never call each other's code
 and loading is idempotent. It is loaded lazily: a call that the server answers "Function not
 found" (never loaded, a restart without persistence, a failover to a replica that never had it,
-``FUNCTION FLUSH``) loads it on every master (``FUNCTION LOAD REPLACE``) and is sent again, up to
-``MAX_RELOADS`` times (another flush or failover may land between the load and the call). The
+``FUNCTION FLUSH``) loads it on the master that answered (``FUNCTION LOAD REPLACE``) and is
+sent again, up to ``MAX_RELOADS`` times (another flush or failover may land between the load
+and the call). Only that master: a master that is down or hung must not fail, or hold up, the
+calls of the others (each master that lost the library loads it at its own first call). The
 callers that meet one loss together share one load (see ``Scripts``).
 
 Topic scripts (``lua/topic_*.lua``) stay scripts called by SHA (``rcoord.topics._base``): they
@@ -215,8 +217,10 @@ class Scripts:
         # One load per loss, not one per caller: the threads (or tasks) that meet "Function not
         # found" together wait for one load, then send again (a load blocks the server for
         # about 2 ms, and a process may run hundreds of members). ``_loads`` counts the loads
-        # done; a caller loads only if none was done since it sent.
+        # done and ``_loaded_at`` holds each master's last one (its count then); a caller loads
+        # its master only if that master was not loaded since the caller sent.
         self._loads = 0
+        self._loaded_at: dict[str, int] = {}
         self._load_lock = threading.Lock()
         self._aload_lock = LoopLock()  # (asyncio: the running loop's lock)
 
@@ -235,8 +239,8 @@ class Scripts:
         return self._async
 
     def load(self) -> None:
-        """Allow calls. No I/O: the library is loaded on the first "Function not found", on
-        every master, so a blocking and an asyncio client start alike."""
+        """Allow calls. No I/O: the library is loaded on a master at its first "Function not
+        found", so a blocking and an asyncio client start alike."""
         self._ready = True
 
     def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -274,20 +278,40 @@ class Scripts:
 
         def load_once() -> None:
             nonlocal seen
+            node = self._master_of(keys)
             with self._load_lock:
-                if self._loads == seen:  # else another caller loaded since this one sent
-                    self.load_library()
-                    self._loads += 1
+                if self._due(node, seen):  # else another caller loaded it since this one sent
+                    self.load_library(node)
+                    self._loaded(node)
                 seen = self._loads
 
         return send_reloading(first, direct, load_once, is_missing_function)
 
-    def load_library(self) -> None:
-        """FUNCTION LOAD REPLACE on every master (one node: the client's)."""
-        if hasattr(self._client, "get_primaries"):
-            for node in self._client.get_primaries():
+    def _master_of(self, keys: Sequence[Any]) -> Any:
+        """The cluster node a call with ``keys`` goes to (its first key's slot, as
+        ``route_fcall_locally`` routes it); None for one node."""
+        if not hasattr(self._client, "get_primaries") or not keys:
+            return None
+        return self._client.get_node_from_key(keys[0])
+
+    def _due(self, node: Any, seen: int) -> bool:
+        """Whether ``node`` was last loaded before the caller that saw ``seen`` loads sent."""
+        return self._loaded_at.get(getattr(node, "name", ""), 0) <= seen
+
+    def _loaded(self, node: Any) -> None:
+        self._loads += 1
+        self._loaded_at[getattr(node, "name", "")] = self._loads
+
+    def load_library(self, node: Any = None) -> None:
+        """FUNCTION LOAD REPLACE on ``node``, a cluster's master (else on every master; one
+        node: the client's)."""
+        if node is not None:
+            self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
+                                         target_nodes=node)
+        elif hasattr(self._client, "get_primaries"):
+            for master in self._client.get_primaries():
                 self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
-                                             target_nodes=node)
+                                             target_nodes=master)
         else:
             self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source)
 
@@ -302,10 +326,11 @@ class Scripts:
             if not is_missing_function(exc):
                 raise
         for reload in range(1, MAX_RELOADS + 1):
+            node = self._master_of(keys)
             async with self._aload_lock.lock():  # one load per loss, as in call()
-                if self._loads == seen:
-                    await self.aload_library()
-                    self._loads += 1
+                if self._due(node, seen):
+                    await self.aload_library(node)
+                    self._loaded(node)
                 seen = self._loads
             try:
                 return await self._client.execute_command(*command)
@@ -314,10 +339,13 @@ class Scripts:
                     raise
         raise AssertionError("not reached")  # (the loop returns or raises)
 
-    async def aload_library(self) -> None:
-        if hasattr(self._client, "get_primaries"):
-            for node in self._client.get_primaries():
+    async def aload_library(self, node: Any = None) -> None:
+        if node is not None:
+            await self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
+                                               target_nodes=node)
+        elif hasattr(self._client, "get_primaries"):
+            for master in self._client.get_primaries():
                 await self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source,
-                                                   target_nodes=node)
+                                                   target_nodes=master)
         else:
             await self._client.execute_command("FUNCTION", "LOAD", "REPLACE", self._source)

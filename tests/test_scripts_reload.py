@@ -30,14 +30,14 @@ class FlushAfterLoad(Scripts):
         super().__init__(client)
         self.flushes, self.loads = flushes, 0
 
-    def load_library(self) -> None:
-        super().load_library()
+    def load_library(self, node: Any = None) -> None:
+        super().load_library(node)
         self.loads += 1
         if self.loads <= self.flushes:
             self._client.function_flush()
 
-    async def aload_library(self) -> None:
-        await super().aload_library()
+    async def aload_library(self, node: Any = None) -> None:
+        await super().aload_library(node)
         self.loads += 1
         if self.loads <= self.flushes:
             await self._client.function_flush()
@@ -160,7 +160,7 @@ class LoadAfterMisses(Scripts):
         super().__init__(client)
         self.n, self.loads = n, 0
 
-    def load_library(self) -> None:
+    def load_library(self, node: Any = None) -> None:
         counting = self._client
         with counting.cond:
             assert counting.cond.wait_for(lambda: counting.misses >= self.n, timeout=30)
@@ -215,7 +215,7 @@ class AsyncLoadAfterMisses(Scripts):
         super().__init__(client)
         self.loads = 0
 
-    async def aload_library(self) -> None:
+    async def aload_library(self, node: Any = None) -> None:
         counting = self._client
         await asyncio.wait_for(counting.missed.wait(), 30)
         await Scripts(counting.client).aload_library()
@@ -241,3 +241,41 @@ def test_asyncio_tasks_that_find_the_library_gone_together_load_it_once(
     replies, loads = asyncio.run(run())
     assert len(replies) == 16 and all(_now_of(r) > 0 for r in replies)
     assert loads == 1
+
+
+def test_a_master_that_lost_the_library_reloads_it_while_another_is_down() -> None:
+    """A reviewer's repro: the reload sent FUNCTION LOAD to every master in turn, so with one
+    master down (before the one that lost the library in ``get_primaries()``) every call to the
+    healthy master failed with the down master's connection error, and the library never came
+    back. Now only the master that answered "Function not found" is loaded; both drivers."""
+    from rcoord.testing.embedded import EmbeddedCluster
+
+    async def run(cluster: EmbeddedCluster) -> None:
+        client = cluster.client(socket_connect_timeout=2, socket_timeout=5)
+        aclient = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port,
+                                             socket_connect_timeout=2, socket_timeout=5)
+        try:
+            await aclient.initialize()  # (while every master is up)
+            order = [node.port for node in client.get_primaries()]
+            dead_port, live_port = order[0], order[-1]
+            key = next(k for k in (f"{{d{n}}}:due" for n in range(10_000))
+                       if client.get_node_from_key(k).port == live_port)
+            scripts, ascripts = Scripts(client), Scripts(aclient)
+            scripts.load()
+            ascripts.load()
+            assert _now_of(scripts.call("due_groups", [key], ["", "10"])) > 0
+            assert _now_of(await ascripts.acall("due_groups", [key], ["", "10"])) > 0
+            next(s for s in cluster.nodes if s.port == dead_port).stop()
+            with redis.Redis(host="127.0.0.1", port=live_port) as live:
+                live.function_flush()
+                assert _now_of(scripts.call("due_groups", [key], ["", "10"])) > 0
+                assert live.function_list()  # loaded again, on the master that lost it
+                live.function_flush()
+                assert _now_of(await ascripts.acall("due_groups", [key], ["", "10"])) > 0
+                assert live.function_list()
+        finally:
+            client.close()
+            await aclient.aclose()
+
+    with EmbeddedCluster(masters=3).start() as cluster:
+        asyncio.run(run(cluster))
