@@ -24,6 +24,9 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from .urls import redact_url as redact
+from .urls import url_problem
+
 __all__ = ["COMMANDS", "AfterCommand", "StopSignals", "Terminated", "main"]
 
 
@@ -299,78 +302,15 @@ def log_level(value: str) -> str:
 
 
 def check_url(url: str | None, flag: str = "--redis-url") -> str:
-    """The URL if redis-py can parse it, else a UsageError that says what a URL looks like."""
-    from redis.connection import parse_url
-
+    """The URL if it is one rcoord takes (``rcoord.urls``), else a UsageError that says what to
+    fix, the URL shown without its password."""
     if not url:
         raise UsageError(f"{flag} is required (or set ${ENV_REDIS_URL})")
-    try:
-        options = parse_url(url)
-    except ValueError as exc:
-        raise UsageError(
-            f"{flag} {redact(url)!r} is not a Redis URL ({exc}); "
-            "write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... for TLS"
-        ) from exc
-    _check_database(url, flag)
-    unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
-    if unknown:
-        # redis-py passes a query argument it does not know on to the connection, which then
-        # fails with a TypeError on the first command ("unexpected keyword argument").
-        raise UsageError(
-            f"{flag} {redact(url)!r}: {', '.join(repr(u) for u in unknown)} "
-            f"{'is not a connection option' if len(unknown) == 1 else 'are not connection options'}"
-            " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
-            "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)"
-        )
+    problem = url_problem(url)
+    if problem:
+        sep = " " if problem.startswith("is not") else ": "
+        raise UsageError(f"{flag} {redact(url)!r}{sep}{problem}")
     return url
-
-
-def _check_database(url: str, flag: str) -> None:
-    """redis-py reads a TCP URL's path as the database number after dropping every slash, and
-    one that is not a number as no path at all: ``redis://host/abc`` used database 0 and
-    ``redis://host/1/2`` database 12, without a word."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme in ("redis", "rediss") and parts.path not in ("", "/") \
-            and not re.fullmatch(r"/\d+", parts.path):
-        raise UsageError(
-            f"{flag} {redact(url)!r}: the path {parts.path!r} is not a database number; "
-            "write redis://HOST:PORT/DB with DB a number (0 when left out)"
-        )
-
-
-def _connection_options(connection_class: Any) -> set[str]:
-    """The keyword arguments a redis-py connection of ``connection_class`` (None: a TCP one)
-    takes, its base classes' included, and the URL keys that are not passed to it."""
-    import inspect
-
-    from redis.connection import Connection
-
-    names = {"connection_class"}
-    for cls in (connection_class or Connection).__mro__:
-        init = cls.__dict__.get("__init__")
-        if init is not None:
-            names.update(p.name for p in inspect.signature(init).parameters.values()
-                         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    return names - {"self"}
-
-
-def redact(url: str) -> str:
-    """``url`` as messages show it: without its password and its query arguments."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            host = parts.hostname or ""
-            host = f"[{host}]" if ":" in host else host
-            port = f":{parts.port}" if parts.port else ""
-            netloc = f"{parts.username or ''}:***@{host}{port}"
-        return urlunsplit(parts._replace(netloc=netloc, query=""))
-    except ValueError:
-        return "<unparsable URL>"
 
 
 def with_tls_files(url: str, ca_file: str | None, cert_file: str | None,

@@ -22,6 +22,7 @@ from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..protocol._checks import check_id
 from ..protocol.consumer import ENCODINGS, Encoding
+from ..urls import redact_url, repr_redacting, url_problem
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
@@ -125,6 +126,9 @@ class ConsumerGroupConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 1000
 
+    def __repr__(self) -> str:
+        return repr_redacting(self, "redis_url")
+
     def __post_init__(self) -> None:
         # Sequences become tuples so the frozen config is hashable and cannot change under us.
         if isinstance(self.topics, Iterable) and not isinstance(self.topics, (str, bytes)):
@@ -215,12 +219,9 @@ class ConsumerGroupConfig:
         _coordinator_id("client_id", self.client_id)
         if self.redis_url is not None and self.redis_client is not None:
             raise ConfigError("give redis_url or redis_client, not both")
-        if self.redis_url is not None and (
-            not isinstance(self.redis_url, str) or "://" not in self.redis_url
-        ):
-            raise ConfigError(
-                f"redis_url must look like redis://host:port/db, got {self.redis_url!r}"
-            )
+        problem = None if self.redis_url is None else url_problem(self.redis_url)
+        if problem:
+            raise ConfigError(f"redis_url {redact_url(self.redis_url)!r} {problem}")
         if not valid_namespace(self.namespace):
             raise ConfigError(f"namespace must be {NAMESPACE_RULE}, got {self.namespace!r}")
 

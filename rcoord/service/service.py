@@ -28,6 +28,7 @@ from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
+from ..urls import redact_url, repr_redacting, url_problem
 from .connect import connect
 from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
 from .http import StatusServer
@@ -116,9 +117,15 @@ class ServiceConfig:
     settings: Mapping[str, int] = field(default_factory=dict)
     retention_check_interval_ms: int = 300_000
 
+    def __repr__(self) -> str:
+        return repr_redacting(self, "redis_url")
+
     def __post_init__(self) -> None:
         if not self.redis_url:
             raise ConfigError("redis_url is required (--redis-url or RCOORD_REDIS_URL)")
+        problem = url_problem(self.redis_url)
+        if problem:
+            raise ConfigError(f"redis_url {redact_url(self.redis_url)!r} {problem}")
         if not 100 <= self.lease_ttl_ms <= MAX_LEASE_TTL_MS:
             raise ConfigError(f"lease_ttl_ms must be in 100..{MAX_LEASE_TTL_MS} (a day), got "
                               f"{self.lease_ttl_ms}")

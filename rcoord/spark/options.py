@@ -34,6 +34,7 @@ from ..config import CoordinatorConfig
 from ..errors import ConfigError
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..topics.producer import MAX_REQUEST_SIZE, MAX_REQUEST_SIZE_LIMIT
+from ..urls import redact_url, repr_redacting, url_problem
 
 __all__ = [
     "EARLIEST",
@@ -143,6 +144,9 @@ class ReadOptions:
     rebalance_timeout_ms: int = REBALANCE_TIMEOUT_MS
     extra: dict[str, str] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return repr_redacting(self, "url")
+
     @property
     def subscription(self) -> str:
         """The option that names the topics, for error messages."""
@@ -159,6 +163,9 @@ class WriteOptions:
     max_request_size: int = MAX_REQUEST_SIZE
     """The largest record (value, key and headers) in bytes, and the bytes of one append
     (Kafka's ``max.request.size``); a larger row fails the task with MESSAGE_TOO_LARGE."""
+
+    def __repr__(self) -> str:
+        return repr_redacting(self, "url")
 
 
 def _lower(options: Mapping[str, Any]) -> dict[str, str]:
@@ -219,8 +226,9 @@ def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
         raise OptionError(
             "url: no Redis URL; set .option('url', 'redis://host:port/db') or RCOORD_REDIS_URL"
         )
-    if "://" not in url:
-        raise OptionError(f"url: must look like redis://host:port/db, got {url!r}")
+    problem = url_problem(url)
+    if problem:
+        raise OptionError(f"url: {redact_url(url)!r} {problem}")
     return url
 
 

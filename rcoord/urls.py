@@ -1,0 +1,103 @@
+"""What a Redis URL given to rcoord may be, and how messages show one.
+
+Every entry point that takes a URL (the CLIs, the worker's ``ConsumerGroupConfig``, the
+coordinator's ``ServiceConfig``, the Spark ``url`` option) checks it here, so a URL one of them
+refuses is refused by all, with the same words. redis-py's ``from_url`` is lenient where a typo
+costs most: ``redis://host/1/2`` is database 12, ``redis://host/prod`` database 0, and a misspelt
+query argument (``socket_timout``) reaches the connection and fails the first command with a
+``TypeError``; a worker with such a URL would wait in an empty database for ever.
+
+A URL carries a password, so messages show it through ``redact_url`` only, and a parse error's
+own text (which may quote part of the password) is not shown when the URL has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["URL_FORM", "redact_url", "repr_redacting", "url_problem"]
+
+URL_FORM = "redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... for TLS"
+"""What a URL looks like, for error messages."""
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def url_problem(url: object) -> str | None:
+    """What is wrong with ``url`` (words to follow the URL in a message), or None."""
+    from redis.connection import parse_url
+
+    if not isinstance(url, str) or not url:
+        return f"is not a Redis URL; write {URL_FORM}"
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in _SCHEMES:
+        return f"is not a Redis URL; write {URL_FORM}"
+    encode = ("a '/', '?', '#' or '@' in the user name or password must be percent-encoded: "
+              "%2F, %3F, %23, %40")
+    try:
+        options = parse_url(url)
+    except ValueError as exc:  # (its text may quote part of a password)
+        return f"is not a Redis URL ({encode if '@' in rest else exc}); write {URL_FORM}"
+    parts = urlsplit(url)
+    if "@" in rest and "@" not in parts.netloc:  # the password's '/' cut the authority short
+        return f"is not a Redis URL ({encode}); write {URL_FORM}"
+    if parts.scheme in ("redis", "rediss") and parts.path not in ("", "/") \
+            and not re.fullmatch(r"/\d+", parts.path):
+        return (f"the path {parts.path!r} is not a database number; write "
+                "redis://HOST:PORT/DB with DB a number (0 when left out)")
+    unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
+    if unknown:
+        return (f"{', '.join(repr(u) for u in unknown)} "
+                f"{'is not a connection option' if len(unknown) == 1 else 'are not connection options'}"
+                " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
+                "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)")
+    return None
+
+
+def _connection_options(connection_class: Any) -> set[str]:
+    """The keyword arguments a redis-py connection of ``connection_class`` (None: a TCP one)
+    takes, its base classes' included, and the URL keys that are not passed to it."""
+    from redis.connection import Connection
+
+    names = {"connection_class"}
+    for cls in (connection_class or Connection).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return names - {"self"}
+
+
+def redact_url(url: object) -> str:
+    """``url`` as messages show it: no password, nothing else of what comes before the host's
+    ``@`` but the user name, and no query arguments, however malformed the URL is.
+
+    The cut is the last ``@``, not a parser's: a raw ``/``, ``?`` or ``#`` in a password ends
+    the authority early for ``urlsplit``, which then finds no password at all (the whole URL
+    was shown). A URL whose ``@`` might belong to either is masked, the safe side."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    masked = ""
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        masked = f"{userinfo.split(':', 1)[0]}:***@" if ":" in userinfo else "***@"
+    return f"{scheme}{sep}{masked}{re.split(r'[?#]', rest, maxsplit=1)[0]}"
+
+
+def repr_redacting(obj: Any, url_field: str) -> str:
+    """A dataclass's repr with its URL field shown through ``redact_url``: a config's repr
+    lands in logs and tracebacks, and the URL holds the password."""
+    shown = []
+    for f in dataclasses.fields(obj):
+        if f.repr:
+            value = getattr(obj, f.name)
+            if f.name == url_field and value is not None:
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+    return f"{type(obj).__qualname__}({', '.join(shown)})"

@@ -1,0 +1,118 @@
+"""A Redis URL is checked the same way by every entry point (``rcoord.urls``), and no message or
+repr shows its password.
+
+From a reviewer's repros: a password holding a raw ``/``, ``#`` or ``?`` (base64 passwords
+often hold ``/``) made ``urlsplit`` find no password, so every CLI printed the whole URL in its
+error, and redis-py's own parse error quoted part of the password; the worker's, the
+coordinator's and Spark's configs showed the URL in their repr and errors; and those three took
+URLs the CLIs refuse (``/1/2`` is database 12 to redis-py, ``/prod`` database 0, a misspelt query
+argument a ``TypeError`` at the first command)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rcoord import ConsumerGroupConfig
+from rcoord.cli import UsageError, check_url
+from rcoord.errors import ConfigError
+from rcoord.service import ServiceConfig
+from rcoord.spark.options import OptionError, parse_read_options, parse_write_options
+from rcoord.urls import redact_url, url_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "Zm9v/YmFy+c2VjcmV0"
+
+LEAKY = [
+    f"redis://admin:{SECRET}@127.0.0.1:6379/0",  # '/' in the password
+    "redis://admin:hunter#2Zm9vYmFy@127.0.0.1:6379/0",  # '#'
+    "redis://:p?Zm9vYmFy@127.0.0.1:6379",  # '?'
+    "redis://:ab/Zm9vYmFy@127.0.0.1:6379",  # parses, with the password's tail as the path
+    "admin:Zm9vYmFy@redis.internal:6379",  # no scheme
+]
+
+
+def _secret_parts(url: str) -> list[str]:
+    """Pieces of the URL's password long enough to matter if shown."""
+    password = url.split("@")[0].split(":")[-1]
+    return [p for p in password.replace("#", "/").replace("?", "/").split("/") if len(p) >= 4]
+
+
+def _entry_point_errors(url: str) -> list[str]:
+    """The error each entry point raises for ``url`` (each must raise)."""
+    errors: list[str] = []
+    attempts: list[Any] = [
+        lambda: check_url(url),
+        lambda: ConsumerGroupConfig(group_id="g", topics=["t"], redis_url=url),
+        lambda: ServiceConfig(redis_url=url),
+        lambda: parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}),
+        lambda: parse_write_options({"url": url, "topic": "t"}, env={}),
+    ]
+    for attempt in attempts:
+        with pytest.raises((UsageError, ConfigError, OptionError)) as raised:
+            attempt()
+        errors.append(str(raised.value))
+    return errors
+
+
+@pytest.mark.parametrize("url", LEAKY)
+def test_no_entry_point_shows_the_password_of_a_url_it_refuses(url: str) -> None:
+    for message in _entry_point_errors(url):
+        assert "is not a Redis URL" in message, message
+        for part in _secret_parts(url):
+            assert part not in message, message
+    assert "***@" in redact_url(url)
+
+
+@pytest.mark.parametrize("url", LEAKY[:1])
+def test_a_cli_refusing_the_url_does_not_print_its_password(url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, "-m", "rcoord", "topics", "list", "--redis-url", url],
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "percent-encoded" in res.stderr
+    for part in _secret_parts(url):
+        assert part not in res.stderr + res.stdout
+
+
+def test_reprs_show_the_url_without_its_password() -> None:
+    url = "redis://admin:Zm9vYmFy@127.0.0.1:6379/0?password=Zm9vYmFy"
+    configs = [
+        ConsumerGroupConfig(group_id="g", topics=["t"], redis_url=url),
+        ServiceConfig(redis_url=url),
+        parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}),
+        parse_write_options({"url": url, "topic": "t"}, env={}),
+    ]
+    for config in configs:
+        shown = repr(config)
+        assert "Zm9vYmFy" not in shown and "'redis://admin:***@127.0.0.1:6379/0'" in shown, shown
+    # The other fields are shown as a dataclass shows them.
+    assert "group_id='g'" in repr(configs[0]) and "namespace='rcoord'" in repr(configs[1])
+
+
+@pytest.mark.parametrize(("suffix", "says"), [
+    ("/1/2", "the path '/1/2' is not a database number"),
+    ("/prod", "the path '/prod' is not a database number"),
+    ("/0?socket_timout=1", "'socket_timout' is not a connection option"),
+])
+def test_every_entry_point_refuses_what_the_cli_refuses(suffix: str, says: str) -> None:
+    """The worker, the coordinator's config and Spark took these (the CLIs refused them): a
+    worker then sat in database 12 or 0, or failed its first command with a TypeError."""
+    for message in _entry_point_errors(f"redis://127.0.0.1:6379{suffix}"):
+        assert says in message, message
+
+
+def test_urls_every_entry_point_takes() -> None:
+    for url in ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379/3",
+                "rediss://u:p%2Fq@h:1/0?ssl_cert_reqs=none", "unix:///tmp/r.sock?db=1",
+                "redis://[::1]:6379/0?socket_timeout=5&client_name=x"):
+        assert url_problem(url) is None, url
+        assert check_url(url) == url
+        assert ConsumerGroupConfig(group_id="g", topics=["t"], redis_url=url).redis_url == url
+        assert ServiceConfig(redis_url=url).redis_url == url
+        assert parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}).url == url
