@@ -35,3 +35,28 @@ def test_the_topics_api_refuses_them_too(redis_client, name):
         fetch(redis_client, name, "t", 0, 0)
     with pytest.raises(InvalidRequestError, match="namespace must be"):
         fetch_many(redis_client, name, [("t", 0, 0)])
+
+
+@pytest.mark.parametrize("instance_id", [".", "..", "abc\n", "", "a b", "x" * 250, 7])
+def test_a_static_member_id_the_coordinator_refuses_is_refused_by_the_config(instance_id):
+    """Kafka checks group.instance.id when the consumer is made (ConsumerConfig, with the topic
+    name rule). The worker's config took "." and "..", which every JoinGroup then failed with,
+    and both checks took "abc\\n" (a regex's $ matches before a final newline)."""
+    from rcoord import ConsumerGroupConfig
+    from rcoord.protocol._checks import check_instance_id
+
+    with pytest.raises(ConfigError, match="group_instance_id"):
+        ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://h:1",
+                            group_instance_id=instance_id)
+    with pytest.raises((InvalidRequestError, TypeError)):
+        check_instance_id(instance_id)
+
+
+@pytest.mark.parametrize("instance_id", ["worker-1", "a.b_c", "x" * 249, "..."])
+def test_static_member_ids_kafka_takes(instance_id):
+    from rcoord import ConsumerGroupConfig
+    from rcoord.protocol._checks import check_instance_id
+
+    config = ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://h:1",
+                                 group_instance_id=instance_id)
+    assert config.group_instance_id == check_instance_id(instance_id) == instance_id

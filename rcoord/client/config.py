@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
-from ..protocol._checks import check_id
+from ..protocol._checks import check_id, check_instance_id
 from ..protocol.consumer import ENCODINGS, Encoding
 from ..urls import redact_url, repr_redacting, url_problem
 
@@ -28,7 +28,6 @@ __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
 StartOffset = Literal["earliest", "latest", "none"]
 
-_INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's group.instance.id charset
 
 
 @dataclass(frozen=True)
@@ -202,14 +201,10 @@ class ConsumerGroupConfig:
             raise ConfigError(
                 f"start_offset must be 'earliest', 'latest' or 'none', got {self.start_offset!r}"
             )
-        if self.group_instance_id is not None and (
-            not isinstance(self.group_instance_id, str)
-            or not _INSTANCE_ID_RE.match(self.group_instance_id)
-        ):
-            raise ConfigError(
-                "group_instance_id must be 1-249 characters of [a-zA-Z0-9._-] or None, "
-                f"got {self.group_instance_id!r}"
-            )
+        try:  # the coordinator's own check (Kafka checks it when the consumer is made)
+            check_instance_id(self.group_instance_id)
+        except (InvalidRequestError, TypeError) as exc:
+            raise ConfigError(f"{exc} (or None for a dynamic member)") from None
         if self.protocol_encoding not in ENCODINGS:
             raise ConfigError(
                 f"protocol_encoding must be one of {ENCODINGS}, got {self.protocol_encoding!r}"

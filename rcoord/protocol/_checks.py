@@ -39,7 +39,7 @@ MAX_REQUEST_BYTES = 16 << 20
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-_INSTANCE_ID_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_INSTANCE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 def utf8(name: str, value: str) -> bytes:
@@ -116,7 +116,7 @@ def check_instance_id(value: Any) -> str:
     if value is None:
         return ""
     text = require_str("group_instance_id", value)
-    if not _INSTANCE_ID_RE.match(text) or text in (".", ".."):
+    if not _INSTANCE_ID_RE.fullmatch(text) or text in (".", ".."):  # ($ let "a\n" by)
         raise InvalidRequestError(
             f"group_instance_id {text!r} is invalid: use 1-249 characters of [a-zA-Z0-9._-], "
             "not '.' or '..'"
