@@ -258,12 +258,14 @@ def test_a_namespace_nothing_used_is_named_and_not_written_to(url, namespace, re
                 in one_error_line(res, " ".join(args[:2]))
                 and "is --namespace" in res.stderr), args
     assert redis_client.keys(f"{typo}:*") == []
-    # --execute may set a new group's first offsets there, but one refused (no such topic
-    # there, no offsets to reset) writes nothing either: it established the settings first.
-    for args, why in ((["--topic", "t"], "UNKNOWN_TOPIC_OR_PARTITION"),
-                      (["--all-topics"], "group 'g' has no committed offsets")):
+    # --execute may set a new group's first offsets there, but in a namespace with nothing in
+    # it any reset fails, and as the dry run does (naming the namespace), writing nothing: it
+    # used to establish the settings first.
+    for args in (["--topic", "t"], ["--all-topics"]):
         res = run("groups", "reset-offsets", "g", *args, "--to-earliest", "--execute")
-        assert res.returncode == 1 and why in one_error_line(res, "groups reset-offsets"), args
+        assert res.returncode == 1, args
+        assert (f"namespace '{typo}' has no rcoord settings and no topics"
+                in one_error_line(res, "groups reset-offsets")), args
     assert redis_client.keys(f"{typo}:*") == []
     # A namespace that only holds a topic: the reset sets the group's first offsets.
     Topics(redis_client, typo).create("t", 1)
@@ -276,6 +278,54 @@ def test_a_namespace_nothing_used_is_named_and_not_written_to(url, namespace, re
     # The real namespace answers as before.
     res = run_in_process(["groups", "list", "--redis-url", url, "--namespace", namespace])
     assert res.returncode == 0 and "g" in res.stdout.split()
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_dry_run_plans_what_execute_commits_where_only_topics_were_made(url, namespace,
+                                                                         redis_client):
+    """A namespace ``topics create`` made and no coordinator used: the dry run refused, saying
+    nothing had used the namespace, while --execute committed. Now it plans the rows
+    --execute commits, writes nothing (not the settings either), and says that --execute
+    fixes the settings; the read-only commands' error says what is there."""
+    fresh = namespace + "-fresh"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_in_process([*args, "--redis-url", url, "--namespace", fresh])
+
+    Topics(redis_client, fresh).create("orders", 2)
+    produce(redis_client, fresh, "orders", {0: 3, 1: 1})
+    before = sorted(redis_client.keys(f"{fresh}:*"))
+    reset_args = ("groups", "reset-offsets", "g", "--topic", "orders", "--to-offset", "2")
+    dry = run(*reset_args, "--output", "json")
+    assert dry.returncode == 0, dry.stderr
+    assert "--execute establishes them at the defaults (num_partitions=50)" in dry.stderr
+    assert "dry run: nothing was changed" in dry.stderr
+    planned = json.loads(dry.stdout)
+    assert planned["executed"] is False
+    assert [(p["partition"], p["current_offset"], p["new_offset"])
+            for p in planned["partitions"]] == [(0, None, 2), (1, None, 1)]
+    assert sorted(redis_client.keys(f"{fresh}:*")) == before  # no settings, no group
+    table = ok(run(*reset_args, "--dry-run")).stdout  # the flag: the same plan
+    assert rows(table, "GROUP") == [["g", "orders", "0", "-", "2"], ["g", "orders", "1", "-", "1"]]
+    res = run("groups", "list")
+    assert res.returncode == 1
+    assert (f"namespace '{fresh}' has topics but no coordinator settings yet"
+            in one_error_line(res, "groups list")), res.stderr
+    assert "is --namespace" not in res.stderr
+    assert sorted(redis_client.keys(f"{fresh}:*")) == before
+
+    done = run(*reset_args, "--execute", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert "this commit establishes them at the defaults" in done.stderr
+    executed = json.loads(done.stdout)
+    assert executed["executed"] is True
+    assert executed["partitions"] == planned["partitions"]
+    # Settled now: a dry run reads the group as before, and says nothing of the settings.
+    again = run(*reset_args, "--output", "json")
+    assert again.returncode == 0, again.stderr
+    assert "establishes" not in again.stderr
+    assert [(p["current_offset"], p["new_offset"])
+            for p in json.loads(again.stdout)["partitions"]] == [(2, 2), (1, 1)]
 
 
 @pytest.mark.parametrize("backend", ["single"])

@@ -91,15 +91,12 @@ class Context:
         ones and changes none (``rcoord.settings``).
 
         Unless the command ``writes`` (a reset may commit a new group's first offsets), a
-        namespace nothing has used yet is an error: starting a coordinator there would
-        establish its settings (dozens of keys), so a mistyped ``--namespace`` would be
-        written to and answered as an empty namespace."""
+        namespace without settings is an error: starting a coordinator there would establish
+        them (dozens of keys), so a mistyped ``--namespace`` would be written to and answered
+        as an empty namespace."""
         if self._coordinator is None:
-            if not writes and not self.namespace_used():
-                raise Failure(
-                    f"namespace {self.namespace!r} has no rcoord settings: no coordinator, "
-                    "consumer or command has used it (is --namespace, or $RCOORD_NAMESPACE, "
-                    "right?); nothing was changed")
+            if not writes and not self.has_settings():
+                raise Failure(self.no_settings())
             from ..config import CoordinatorConfig
             from ..coordinator import GroupCoordinator
 
@@ -107,13 +104,31 @@ class Context:
             self._coordinator = GroupCoordinator(self.client, config).start()
         return self._coordinator
 
-    def namespace_used(self) -> bool:
+    def has_settings(self) -> bool:
         """Whether the namespace's settings exist, or a copy of them a coordinator would
-        restore them from (``rcoord.settings``)."""
+        restore them from (``rcoord.settings``). Without them the namespace holds no group and
+        no committed offset: a group's keys are placed by the stored partition count."""
         from ..keys import anchor_keys, settings_key
 
         return any(self.client.exists(key)
                    for key in (settings_key(self.namespace), *anchor_keys(self.namespace)))
+
+    def has_topics(self) -> bool:
+        """Whether the namespace holds a topic (``rcoord topics create`` stores no settings, so
+        a namespace can hold topics and no settings)."""
+        return bool(self.topics().list())
+
+    def no_settings(self) -> str:
+        """Why a command that needs the namespace's settings found none, told apart by whether
+        anything used the namespace: one holding topics is no typo, only one no consumer group
+        has used yet."""
+        if self.has_topics():
+            return (f"namespace {self.namespace!r} has topics but no coordinator settings yet: "
+                    "no coordinator or consumer group has used it, so it holds no groups; "
+                    "nothing was changed")
+        return (f"namespace {self.namespace!r} has no rcoord settings and no topics: no "
+                "coordinator, consumer or command has used it (is --namespace, or "
+                "$RCOORD_NAMESPACE, right?); nothing was changed")
 
     def topics(self) -> Any:
         from ..topics import Topics

@@ -342,16 +342,23 @@ def _reset_offsets(ctx: Context) -> int:
     args, group = ctx.args, ctx.args.group
     mode = _mode(args, lambda: _server_ms(ctx))
     committed: dict[TopicPartition, int] = {}
-    if not args.execute or ctx.namespace_used():
+    # A dry run takes the path --execute takes and differs only in not committing at the end
+    # (as Kafka's resetOffsets): it must not refuse what --execute would commit, nor plan other
+    # offsets. Neither mode may start the coordinator before the commit, since its start writes
+    # the namespace's settings: a plan, or a reset refused, writes nothing.
+    settled = ctx.has_settings()
+    if settled:
         state = ctx.coordinator().describe_group(group).state
         if state not in (GroupState.EMPTY.value, GroupState.DEAD.value):
             raise Failure(f"Assignments can only be reset if the group {group!r} is inactive, "
                           f"but the current state is {state}.")
         committed = {tp: o.offset for tp, o in _committed(ctx, group).items() if o.offset >= 0}
-    # else: nothing has used the namespace yet (or --namespace is mistyped), so it holds no
-    # group and no offsets. The coordinator, whose start writes the namespace's settings, starts
-    # only to commit (a group's first offsets may be set), once every check below passed: a
-    # reset refused writes nothing.
+    elif not ctx.has_topics():
+        # Nothing has used the namespace (or --namespace is mistyped): no topic to reset to and
+        # no offsets, so any reset fails; say why, in both modes alike.
+        raise Failure(ctx.no_settings())
+    # else: topics but no settings (what ``topics create`` leaves): no group exists there and
+    # none has offsets, so the group is as a Dead one, with nothing committed.
     if args.all_topics:
         tps = sorted(committed)
         if not tps:
@@ -391,6 +398,18 @@ def _reset_offsets(ctx: Context) -> int:
     for row in rows:
         if row.note:
             ctx.note(f"note: {row.tp.topic}-{row.tp.partition}: {row.note}")
+    if not settled:
+        # Unavoidable: a group's offsets live at the coordinator partition its id hashes to,
+        # so the first commit fixes the partition count, as Kafka's first commit creates
+        # __consumer_offsets with the broker's offsets.topic.num.partitions.
+        from ..config import CoordinatorConfig
+
+        ctx.note(f"note: namespace {ctx.namespace!r} has no coordinator settings yet: "
+                 + ("this commit establishes" if args.execute else "--execute establishes")
+                 + " them at the defaults (num_partitions="
+                 f"{CoordinatorConfig().num_partitions}), which a coordinator started later "
+                 "cannot change while the namespace holds groups; to choose them, start a "
+                 "coordinator with them first")
     if args.execute:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
