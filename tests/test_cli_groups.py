@@ -179,8 +179,8 @@ def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespa
         {"group": "idle", "state": "Empty", "protocol_type": None}]
 
     res = ok(cli("groups", "describe", "busy"))
-    assert rows(res.stdout, "GROUP  STATE") == [
-        ["busy", "Stable", "consumer", "range", "2", "3"]]
+    assert rows(res.stdout, "GROUP  STATE") == [  # orders-2's lag is unknown: a lower bound
+        ["busy", "Stable", "consumer", "range", "2", ">=3"]]
     members = rows(res.stdout, "CONSUMER-ID")
     assert sorted(members) == sorted([[ids["alpha"], "-", "/10.0.0.5", "alpha", "2"],
                                       [ids["beta"], "-", "/10.0.0.4", "beta", "1"]])
@@ -194,7 +194,7 @@ def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespa
     doc = json.loads(ok(cli("groups", "describe", "busy", "--output", "json")).stdout)
     assert (doc["group"], doc["state"], doc["protocol_type"], doc["protocol"]) == (
         "busy", "Stable", "consumer", "range")
-    assert doc["total_lag"] == 3
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (None, 3, 1)
     assert {m["client_id"]: (m["consumer_id"], m["host"], m["partitions"])
             for m in doc["members"]} == {
         "alpha": (ids["alpha"], "/10.0.0.5", [["orders", 0], ["orders", 1]]),
@@ -210,6 +210,47 @@ def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespa
     assert rows(res.stdout, "GROUP  TOPIC") == [["idle", "orders", "0", "5", "5", "0", "-", "-",
                                                  "-"]]
     assert "consumer group 'idle' has no active members" in res.stderr
+    doc = json.loads(ok(cli("groups", "describe", "idle", "--output", "json")).stdout)
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_total_lag_is_never_a_guess(cli, make_coordinator, redis_client, namespace, pool):
+    """TOTAL-LAG was 0 for a group with no lag known (nothing committed: every LAG '-'), and
+    the sum of the known ones when only some were, so an alert on it read 0 for a group a
+    whole log behind. Now: '-' / null when none is known; '>=N' in the table and a null
+    total_lag with known_lag N in JSON when some are."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("orders", 2)
+    Topics(redis_client, namespace).create("audit", 2)
+    produce(redis_client, namespace, "orders", {0: 5, 1: 7})
+    produce(redis_client, namespace, "audit", {0: 4, 1: 2})
+    stable_group(coord, pool, "fresh", "orders", {"alpha": [0, 1]})
+    gen, ids = stable_group(coord, pool, "some", "audit", {"beta": [0, 1]})
+    errors = coord.commit_offsets("some", {TopicPartition("audit", 0): 1},
+                                  member_id=ids["beta"], generation_id=gen)
+    assert set(errors.values()) == {Errors.NONE}
+
+    res = ok(cli("groups", "describe", "fresh"))
+    assert rows(res.stdout, "GROUP  STATE") == [["fresh", "Stable", "consumer", "range", "1", "-"]]
+    assert [r[5] for r in rows(res.stdout, "GROUP  TOPIC")] == ["-", "-"]
+    doc = json.loads(ok(cli("groups", "describe", "fresh", "--output", "json")).stdout)
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (None, None, 2)
+
+    res = ok(cli("groups", "describe", "some"))
+    assert rows(res.stdout, "GROUP  STATE") == [["some", "Stable", "consumer", "range", "1",
+                                                 ">=3"]]
+    assert [r[5] for r in rows(res.stdout, "GROUP  TOPIC")] == ["3", "-"]
+    doc = json.loads(ok(cli("groups", "describe", "some", "--output", "json")).stdout)
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (None, 3, 1)
+
+    # Every lag known: the total, as before.
+    errors = coord.commit_offsets("some", {TopicPartition("audit", 1): 0},
+                                  member_id=ids["beta"], generation_id=gen)
+    assert set(errors.values()) == {Errors.NONE}
+    assert rows(ok(cli("groups", "describe", "some")).stdout, "GROUP  STATE")[0][5] == "5"
+    doc = json.loads(ok(cli("groups", "describe", "some", "--output", "json")).stdout)
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (5, 5, 0)
 
 
 def test_describe_leaves_out_offsets_committed_to_a_deleted_topic(cli, make_coordinator,

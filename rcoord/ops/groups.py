@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    + ", ".join(STATES.values()))
     q = leaf(sub, "describe", "a group's state, members, and committed offsets and lag",
              _describe)
+    q.epilog = ("TOTAL-LAG is the sum of the partitions' LAG when every one is known; '-' when "
+                "none is (LAG is '-' where nothing is committed or the log end is unknown), "
+                "'>=N' when only some are, N the sum of those. In JSON total_lag is null "
+                "unless every lag is known; known_lag (the sum of the known ones, null if none) "
+                "and lag_unknown_partitions say the rest.")
     q.add_argument("group")
     q = leaf(sub, "delete", "delete empty groups and their offsets", _delete)
     q.add_argument("groups", nargs="+", metavar="GROUP")
@@ -182,7 +187,16 @@ def _describe(ctx: Context) -> int:
         "host": m.client_host or None, "client_id": m.client_id or None,
         "partitions": [[tp.topic, tp.partition] for tp in assigned[m.member_id]],
     } for m in desc.members]
-    total = sum(r["lag"] for r in rows if r["lag"] is not None)
+    # An unknown lag is not 0 (a group that committed nothing may be a whole log behind), so
+    # the total is given only where every lag is known: a script alerting on it must never
+    # read a partial sum, or 0, as the group's lag. Text marks the known part as a lower bound.
+    known = [r["lag"] for r in rows if r["lag"] is not None]
+    unknown = len(rows) - len(known)
+    known_lag = sum(known) if known or not rows else None
+    total = known_lag if not unknown else None
+    total_text: int | str | None = total
+    if unknown and known_lag is not None:
+        total_text = f">={known_lag}"
     if desc.state == GroupState.EMPTY.value:
         ctx.note(f"consumer group {group!r} has no active members")
     elif desc.state != GroupState.STABLE.value:
@@ -192,12 +206,12 @@ def _describe(ctx: Context) -> int:
         print_json({
             "group": group, "state": desc.state, "protocol_type": desc.protocol_type or None,
             "protocol": desc.protocol_name or None, "members": members, "partitions": rows,
-            "total_lag": total,
+            "total_lag": total, "known_lag": known_lag, "lag_unknown_partitions": unknown,
         })
         return 0
     print_table(["GROUP", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "#MEMBERS", "TOTAL-LAG"],
                 [(group, desc.state, desc.protocol_type, desc.protocol_name, len(members),
-                  total)])
+                  total_text)])
     if members:
         print_line()
         print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"],
