@@ -467,6 +467,12 @@ def test_a_direct_consumer_reads_a_topic_created_again_from_its_start(url, names
     (["produce", "t", "--partition", "4"], "x\n", 1, "there is no partition 4"),
     (["consume", "nope", "--timeout-ms", "100"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
     (["consume", "t", "--max-messages", "0"], None, 2, "--max-messages must be >= 1"),
+    # Kafka's consumer refuses an empty or blank group.id; "" ran without a group (exit 0,
+    # nothing committed) and " " joined a group named " ".
+    (["consume", "t", "--group", "", "--timeout-ms", "100"], None, 2,
+     "--group '': a group id must not be empty or whitespace"),
+    (["consume", "t", "--group", " \t", "--timeout-ms", "100"], None, 2,
+     "--group ' \\t': a group id must not be empty or whitespace"),
     (["describe", "nope"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
     # A value no call could take is a usage error too, said as the library says it.
     (["add-partitions", "t", "--partitions", "0"], None, 2, "--partitions must be >= 1, got 0"),

@@ -53,7 +53,7 @@ def add_console_arguments(sub: Any) -> None:
     q = leaf(sub, "consume", "print a topic's records (as a group member with --group)",
              _consume)
     q.add_argument("topic")
-    q.add_argument("--group", metavar="G", help="consume as a member of consumer group G")
+    q.add_argument("--group", metavar="G", help="consume as a member of consumer group G (not empty or blank)")
     q.add_argument("--from-beginning", action="store_true",
                    help="start at the log start where there is no committed offset (default: "
                    "the log end, only new records)")
@@ -268,11 +268,16 @@ def _consume(ctx: Context) -> int:
         value = getattr(a, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if a.group is not None and not a.group.strip():
+        # Kafka's consumer refuses such a group.id (InvalidGroupIdException). Here "" read as
+        # no group and ran unattached, committing nothing, and " " joined a group named " ".
+        raise UsageError(f"--group {a.group!r}: a group id must not be empty or whitespace; "
+                         "leave --group out to read without a group")
     ctx.topics().partition_count(a.topic)  # a missing topic is an error, not an endless wait
     signals = StopSignals().install()
     printer = _Printer(ctx, signals)
     try:
-        if a.group:
+        if a.group is not None:
             _consume_group(ctx, printer)
         else:
             _consume_direct(ctx, printer)
