@@ -53,7 +53,8 @@ def add_console_arguments(sub: Any) -> None:
     q = leaf(sub, "consume", "print a topic's records (as a group member with --group)",
              _consume)
     q.add_argument("topic")
-    q.add_argument("--group", metavar="G", help="consume as a member of consumer group G (not empty or blank)")
+    q.add_argument("--group", metavar="G",
+                   help="consume as a member of consumer group G (not empty or blank)")
     q.add_argument("--from-beginning", action="store_true",
                    help="start at the log start where there is no committed offset (default: "
                    "the log end, only new records)")
