@@ -4,6 +4,8 @@ Each test names the wire value and what the gateway must do with it, as Kafka's 
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import time
 
@@ -12,8 +14,10 @@ import pytest
 pytest.importorskip("kio")
 
 from gateway_harness import call_once, connect, request_frame, response, running_gateway
+from harness import WAIT_S, wait_until
 
 from rcoord.errors import Errors
+from rcoord.gateway.auth import load_auth_file
 
 
 def test_a_fetch_that_waits_longer_than_the_redis_socket_timeout_is_answered_empty(
@@ -116,3 +120,91 @@ def test_close_ends_a_parked_fetch_whose_first_cancel_was_lost(redis_server, nam
             assert _closed_by_server(sock)
         finally:
             sock.close()
+
+
+def _flood_without_reading(sock: socket.socket, request: bytes) -> None:
+    """Send ``request`` over and over, never reading, until the gateway stops reading them:
+    its answers fill the peer's tiny receive window and its own write buffer."""
+    blob = request * 4096
+    sock.setblocking(False)
+    while select.select([], [sock], [], 0.5)[1]:  # (writable: the gateway still reads)
+        try:
+            sock.send(blob)
+        except BlockingIOError:
+            pass
+        except ConnectionError:  # closed by the gateway already (not authenticated in time)
+            return
+
+
+@pytest.mark.parametrize("auth", [False, True])
+def test_a_peer_that_never_reads_is_closed_all_the_same(redis_server, namespace, tmp_path,
+                                                        auth):
+    # Requests sent, answers never read (a zero receive window): the gateway's answers wait in
+    # its write buffer. Closed as idle (or as not authenticated), the connection waited in
+    # wait_closed() for that buffer to drain, which it never did, out of the idle sweep's
+    # sight: its task and socket stayed until the gateway stopped. ApiVersions v4 is not
+    # served, and so may be repeated before authentication too.
+    config: dict[str, object] = {"connections_max_idle_ms": 300}
+    if auth:
+        path = tmp_path / "auth.json"
+        path.write_text('{"users": {"alice": "secret"}}')
+        config["auth"] = load_auth_file(path)
+    with running_gateway(redis_server, namespace, **config) as gw:
+        assert gw.gateway is not None
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.connect(gw.address)
+            _flood_without_reading(sock, _api_versions_v4())
+            wait_until(lambda: not gw.gateway._tasks and not gw.gateway._conns)
+        finally:
+            sock.close()
+
+
+def _api_versions_v4() -> bytes:
+    """ApiVersions at a version the gateway does not serve: answered at v0 with the table."""
+    body = (18).to_bytes(2, "big") + (4).to_bytes(2, "big") + (1).to_bytes(4, "big") + \
+        b"\xff\xff"
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize("reads", [True, False])
+def test_a_closing_connection_flushes_its_last_answers_within_a_bound(reads):
+    # A connection that ends in order (the client's EOF, a refused authentication's answer)
+    # still sends what is buffered to a peer that reads it; to one that does not, it gives up
+    # after the bound (the gateway's connections_max_idle_ms) instead of waiting for ever.
+    import asyncio
+    import threading
+
+    from rcoord.gateway.server import close_connection
+
+    data = b"x" * (1 << 20 if reads else 64 << 20)  # (64 MB: more than the kernel buffers)
+    received: list[int] = []
+
+    def read_all(peer: socket.socket) -> None:
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := peer.recv(1 << 16):
+                received.append(len(chunk))
+
+    async def main(server_side: socket.socket, peer: socket.socket) -> None:
+        _, writer = await asyncio.open_connection(sock=server_side)
+        writer.write(data)
+        reader = threading.Thread(target=read_all, args=(peer,), daemon=True)
+        if reads:
+            reader.start()
+        async with asyncio.timeout(WAIT_S):  # (before: wait_closed() waited for ever)
+            await close_connection(writer, WAIT_S if reads else 0.2)
+        if not reads:
+            reader.start()  # reads what the kernel held, then the end of the connection
+        await asyncio.to_thread(reader.join, WAIT_S)
+        assert not reader.is_alive()
+
+    with socket.create_server(("127.0.0.1", 0)) as listener, socket.socket() as peer:
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        peer.connect(listener.getsockname())
+        server_side, _ = listener.accept()
+        asyncio.run(main(server_side, peer))
+    if reads:
+        assert sum(received) == len(data)
+    else:
+        assert sum(received) < len(data)

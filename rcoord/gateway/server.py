@@ -9,7 +9,6 @@ connection waits on that task alone, and the event loop keeps serving every othe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from typing import Any, Self
@@ -24,7 +23,7 @@ from .dispatch import handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
 
-__all__ = ["Gateway", "TlsFileError"]
+__all__ = ["Gateway", "TlsFileError", "close_connection"]
 
 log = logging.getLogger("rcoord.gateway")
 
@@ -293,10 +292,12 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = conn
+        flush = False  # (idle, cancelled, broken or refused: unsent responses are dropped)
         try:
             while True:
                 request = await read_frame(reader, self._frame_limit(conn))
                 if request is None:
+                    flush = True
                     break
                 conn.busy = True
                 conn.requests += 1
@@ -306,6 +307,7 @@ class Gateway:
                     writer.write(frame(response))
                     await writer.drain()
                 if conn.close_after_response:
+                    flush = True
                     break
         except FrameError as exc:
             log.warning("closing connection from %s:%s (client id %r): %s",
@@ -319,6 +321,33 @@ class Gateway:
                      conn.client_id, type(exc).__name__, exc)
         finally:
             self._conns.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            await close_connection(writer, self.config.connections_max_idle_ms / 1000
+                                   if flush else None)
+
+
+async def close_connection(writer: asyncio.StreamWriter, flush_s: float | None) -> None:
+    """Close a client's connection, sending what is still buffered for at most ``flush_s``
+    seconds (None: drop it and close at once).
+
+    A plain ``close()`` waits for the buffer to drain, so ``wait_closed()`` on a peer that never
+    reads (a zero receive window) never returned, and nothing else would close the connection:
+    its task, socket and buffers stayed until the gateway stopped. Kafka's ``Selector`` closes
+    a channel at once and drops its unsent responses, which is what the idle sweep, a
+    cancellation and a broken frame get here. A connection that ends in order (the client's
+    EOF, or a last answer such as a refused authentication, which the client should read) gets
+    ``connections_max_idle_ms``: a peer that reads nothing for that long is idle."""
+    transport = writer.transport
+    if flush_s is None:
+        transport.abort()
+        return
+    writer.close()
+    try:
+        async with asyncio.timeout(flush_s):
+            await writer.wait_closed()
+    except TimeoutError:
+        transport.abort()
+    except asyncio.CancelledError:
+        transport.abort()  # (the gateway is closing)
+        raise
+    except Exception as exc:  # noqa: BLE001  (it failed as it closed: it is closed all the same)
+        log.debug("connection failed as it closed: %s: %s", type(exc).__name__, exc)
