@@ -97,18 +97,13 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
             data["error_code"] = Errors.UNSUPPORTED_VERSION
             return encode_response(key, 0, corr, data)
         try:
-            try:
-                unserved = decode_body(key, version, frame)[1]
-            except Exception:  # noqa: BLE001  (then only a top-level code can be answered)
-                unserved = None
-            body = request_error_response(key, version, unserved, Errors.UNSUPPORTED_VERSION)
-        except KioIndexError:
-            raise FrameError(f"no Kafka schema for API key {key} version {version}") from None
-        if body is None:
-            raise FrameError(f"API key {key} v{version} is not served, and its response has "
-                             "no error code to say so")
+            unserved = decode_body(key, version, frame)[1]
+        except Exception:  # noqa: BLE001  (then only a top-level code can be answered)
+            unserved = None
+        answer = _error_answer(key, version, corr, unserved, Errors.UNSUPPORTED_VERSION,
+                               f"API key {key} v{version} is not served")
         log.info("API key %d v%d is not served; answered UNSUPPORTED_VERSION", key, version)
-        return encode_response(key, version, corr, body)
+        return answer
     try:
         client_id, request = decode_body(key, version, frame)
     except Exception as exc:  # noqa: BLE001  (any parse failure: not this request)
@@ -144,8 +139,27 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     if key == 0 and getattr(request, "acks", None) == 0:
         # Kafka closes an acks=0 producer's connection on an error: its only way to tell.
         raise FrameError(f"Produce with acks=0 failed (error code {code})")
-    response = request_error_response(key, version, request, code)
-    if response is None:
-        raise FrameError(f"{entry.name} v{version} failed with error code {code}, and the "
-                         "request names nothing to attach it to")
-    return encode_response(key, version, corr, response)
+    return _error_answer(key, version, corr, request, code,
+                         f"{entry.name} v{version} failed with error code {code}")
+
+
+def _error_answer(key: int, version: int, corr: int, request: Any, code: int, what: str
+                  ) -> bytes:
+    """The response frame body giving ``code`` to all of ``request`` (``error_responses``).
+
+    Raises FrameError, ``what`` saying why there was an error, where that cannot be answered:
+    no schema, nothing in the request to carry the code, or a request this gateway's builders
+    do not know the shape of. The last is a gap in rcoord, but escaping as an exception it
+    left the request unanswered and asyncio logging a traceback per request; closing is what
+    a client can act on (it reconnects, or picks another version)."""
+    try:
+        body = request_error_response(key, version, request, code)
+        if body is not None:
+            return encode_response(key, version, corr, body)
+    except KioIndexError:
+        raise FrameError(f"no Kafka schema for API key {key} version {version}") from None
+    except Exception as exc:  # noqa: BLE001
+        raise FrameError(f"{what}, and its error response cannot be built "
+                         f"({type(exc).__name__}: {exc})") from None
+    raise FrameError(f"{what}, and the request names nothing its response could carry the "
+                     "error on")

@@ -41,8 +41,15 @@ def _nonempty(items: list[Any], data: dict[str, Any]) -> dict[str, Any] | None:
     return data if items else None
 
 
+def _topic(t: Any, name: str = "name") -> dict[str, Any]:
+    """A request topic's key for its response: its name, or from Produce v13, Fetch v13,
+    OffsetCommit v10 and OffsetFetch v10 on, its topic id (as Kafka's getErrorResponse). The
+    gateway serves none of those versions, but answers them UNSUPPORTED_VERSION from here."""
+    return {name: getattr(t, name, ""), "topic_id": getattr(t, "topic_id", None)}
+
+
 def _produce(req: Any, code: int) -> dict[str, Any] | None:
-    topics = [{"name": t.name, "partition_responses": [
+    topics = [{**_topic(t), "partition_responses": [
         {"index": p.index, "error_code": code, "base_offset": -1, "log_append_time": -1,
          "log_start_offset": -1} for p in t.partition_data]} for t in req.topic_data]
     return _nonempty(topics, {"throttle_time": 0, "responses": topics})
@@ -51,7 +58,7 @@ def _produce(req: Any, code: int) -> dict[str, Any] | None:
 def _fetch(req: Any, code: int) -> dict[str, Any] | None:
     # Empty records, as Kafka's MemoryRecords.EMPTY: null is a size of -1, which librdkafka
     # logs as "invalid MessageSetSize -1" and cannot parse.
-    topics = [{"topic": t.topic, "partitions": [
+    topics = [{**_topic(t, "topic"), "partitions": [
         {"partition_index": p.partition, "error_code": code, "high_watermark": -1,
          "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
          "preferred_read_replica": -1, "records": b""} for p in t.partitions]}
@@ -80,7 +87,7 @@ def _metadata(req: Any, code: int) -> dict[str, Any] | None:
 
 
 def _offset_commit(req: Any, code: int) -> dict[str, Any] | None:
-    topics = [{"name": t.name, "partitions": [
+    topics = [{**_topic(t), "partitions": [
         {"partition_index": p.partition_index, "error_code": code} for p in t.partitions]}
         for t in req.topics]
     return _nonempty(topics, {"throttle_time": 0, "topics": topics})
@@ -88,7 +95,7 @@ def _offset_commit(req: Any, code: int) -> dict[str, Any] | None:
 
 def _offset_fetch(req: Any, code: int) -> dict[str, Any] | None:
     def topics(ts: Any) -> list[dict[str, Any]]:
-        return [{"name": t.name, "partitions": [
+        return [{**_topic(t), "partitions": [
             {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
              "metadata": "", "error_code": code} for p in t.partition_indexes]}
             for t in ts or ()]
@@ -153,12 +160,12 @@ def request_error_response(api_key: int, version: int, request: Any, code: int
                            ) -> dict[str, Any] | None:
     """``code`` as the answer to the whole of ``request`` (None: the connection must close).
 
-    A response with a top-level error code gets it there (Fetch v7+ also per partition, as
+    A response with a top-level error code gets it there (Fetch v7-v12 also per partition, as
     Kafka's ``FetchRequest.getErrorResponse``); one without gets it on every item the request
     named. ``request`` may be None (not decoded): then only the top-level code can be used.
     """
     if _has_top_level_error(api_key, version):
-        if api_key == _FETCH and request is not None:
+        if api_key == _FETCH and request is not None and version < 13:
             return _fetch(request, code) or {"error_code": code}
         return {"error_code": code}
     builder = _BUILDERS.get(api_key)

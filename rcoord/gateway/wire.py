@@ -203,8 +203,10 @@ def _zero(tp: Any) -> Any:
         return build(inner, {})
     if inner is uuid.UUID:
         return uuid.UUID(int=0)
+    if isinstance(inner, type) and issubclass(inner, datetime.datetime):
+        return _EPOCH  # (a timestamp no handler gave: the delegation token APIs' error answers)
     if isinstance(inner, type):
-        for base in (bool, int, str, bytes):
+        for base in (bool, int, float, str, bytes):
             if issubclass(inner, base):
                 return base()
     raise TypeError(f"no zero value for {tp!r}")
