@@ -250,6 +250,29 @@ def test_api_versions_is_served_once_and_only_before_the_handshake(
             assert _closed_by_server(again)
 
 
+def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_then_closed(
+    redis_server: Any, namespace: str, auth: AuthConfig,
+) -> None:
+    # Kafka's handleSaslToken: after SaslHandshake any request it can parse but SaslAuthenticate
+    # gets its own error response with ILLEGAL_SASL_STATE, then the connection closes. The
+    # gateway closed it unanswered (as Kafka does only before the handshake, kept here).
+    metadata = request_frame(3, 12, 2, {"topics": [{"name": "t"}]})
+    with running_gateway(redis_server, namespace, auth=auth) as gw:
+        with connect(gw) as after:
+            assert _handshake(after, 1) == 0
+            after.sendall(metadata)
+            (topic,) = response(after, 3, 12, 5).topics
+            assert (topic.name, topic.error_code.value) == ("t", ILLEGAL_SASL_STATE)
+            assert _closed_by_server(after)
+        with connect(gw) as everything:  # all topics: nothing to carry the code, as before
+            assert _handshake(everything, 1) == 0
+            everything.sendall(request_frame(3, 12, 2, {"topics": None}))
+            assert _closed_by_server(everything)
+        with connect(gw) as before:  # before the handshake: closed unanswered, as Kafka
+            before.sendall(metadata)
+            assert _closed_by_server(before)
+
+
 def test_sasl_authenticate_once_authenticated_is_refused_and_the_connection_stays(
     redis_server: Any, namespace: str, auth: AuthConfig,
 ) -> None:

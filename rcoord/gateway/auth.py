@@ -30,7 +30,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import Errors
 from .acl import Authorizer, parse_acls
@@ -102,7 +102,10 @@ def load_auth_file(path: str | Path) -> AuthConfig:
     return AuthConfig(dict(users), authorizer)
 
 
-async def refuse(conn: Connection, response: dict[str, Any]) -> dict[str, Any]:
+_Answer = TypeVar("_Answer")
+
+
+async def refuse(conn: Connection, response: _Answer) -> _Answer:
     """``response``, a refused authentication, as the connection's last answer, given after
     the auth config's ``failed_authentication_delay_ms``: Kafka's ``Selector`` holds a failed
     channel's answer and close that long. Only this connection's task waits."""

@@ -57,13 +57,15 @@ def _before_authentication(conn: Connection, key: int, served: bool) -> bool:
     SaslHandshake first, ApiVersions only once (one answered UNSUPPORTED_VERSION does not
     count: the client asks again at a version it can use), then SaslHandshake, then only
     SaslAuthenticate. True: handle it; False: answer it ILLEGAL_SASL_STATE and close (a request
-    after the handshake other than SaslAuthenticate, as Kafka's ``handleSaslToken``); a
-    FrameError closes the connection unanswered (anything else, as Kafka closes it on the
-    IllegalSaslStateException or IllegalStateException of ``handleKafkaRequest``)."""
+    after the handshake other than SaslAuthenticate, as Kafka's ``handleSaslToken``, which
+    answers any request it can parse with that request's error response); a FrameError closes
+    the connection unanswered (anything before the handshake out of that order, as Kafka closes
+    it on the IllegalSaslStateException or IllegalStateException of ``handleKafkaRequest``;
+    and ApiVersions or SaslHandshake after it at a version not served)."""
     if conn.sasl_mechanism is not None:
         if key == auth.SASL_AUTHENTICATE:
             return True
-        if key in (API_VERSIONS, auth.SASL_HANDSHAKE) and served:
+        if key not in (API_VERSIONS, auth.SASL_HANDSHAKE) or served:
             return False
     elif key in (auth.SASL_HANDSHAKE, auth.SASL_AUTHENTICATE):
         return True  # (SaslAuthenticate answers ILLEGAL_SASL_STATE itself)
@@ -87,9 +89,13 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     entry = REGISTRY.get(key)
     if conn.state.auth is not None and conn.principal is None and not _before_authentication(
             conn, key, entry is not None and entry.min_version <= version <= entry.max_version):
-        refused = request_error_response(key, version, None, auth.ILLEGAL_SASL_STATE)
-        assert refused is not None  # (both have a top-level error code)
-        return encode_response(key, version, corr, await auth.refuse(conn, refused))
+        what = f"API key {key} v{version} during SASL authentication, before SaslAuthenticate"
+        try:
+            refused = decode_body(key, version, frame)[1]
+        except Exception:  # noqa: BLE001  (Kafka's parseRequest fails: closed unanswered)
+            raise FrameError(f"{what}, and it does not parse") from None
+        answer = _error_answer(key, version, corr, refused, auth.ILLEGAL_SASL_STATE, what)
+        return await auth.refuse(conn, answer)
     if entry is None or not entry.min_version <= version <= entry.max_version:
         if key == API_VERSIONS:
             data = await REGISTRY[API_VERSIONS].handler(conn, None, 0)
