@@ -189,8 +189,31 @@ def test_limit_end_shares_the_limit_by_lag_exactly() -> None:
     assert end == {a: 20, b: 10, c: 15}
     assert limit_end(start, latest, None) == latest
     assert limit_end(start, latest, 1000) == latest
-    # one record over three equal lags: deterministic, the lowest partition gets it
-    assert limit_end({a: 0, b: 0, c: 0}, {a: 5, b: 5, c: 5}, 1) == {a: 1, b: 0, c: 0}
+    # ties: deterministic, the lowest partition gets the record left over
+    assert limit_end({a: 0, b: 0, c: 0}, {a: 5, b: 5, c: 5}, 4) == {a: 2, b: 1, c: 1}
+
+
+def test_limit_end_starves_no_partition() -> None:
+    """A reviewer's repro: one record waiting on a partition while another is 5,000 behind,
+    limit 100. Its share (100 / 5,001 of a record) rounded down to none, batch after batch,
+    while the busy partition kept its backlog: the record was never read. As Spark's Kafka
+    source, a partition behind gets at least one record per batch."""
+    hot, cold, idle = TP("t", 0), TP("t", 1), TP("t", 2)
+    start, latest = {hot: 0, cold: 0, idle: 7}, {hot: 5000, cold: 1, idle: 7}
+    end = limit_end(start, latest, 100)
+    assert end == {hot: 99, cold: 1, idle: 7}  # the limit exactly, the cold record in it
+    # A limit below the number of partitions behind: one each, over the limit (Spark too).
+    assert limit_end({hot: 0, cold: 0}, {hot: 5, cold: 5}, 1) == {hot: 1, cold: 1}
+    # No share over a partition's lag, and the total is the limit, across many shapes.
+    for lags in ([1, 1, 998], [3, 0, 2, 995], [1] * 50 + [10_000]):
+        tps = [TP("t", i) for i in range(len(lags))]
+        zero = dict.fromkeys(tps, 0)
+        for limit in (60, 100, 999):
+            got = limit_end(zero, dict(zip(tps, lags, strict=True)), limit)
+            assert all(0 <= got[tp] <= lag for tp, lag in zip(tps, lags, strict=True))
+            assert all(got[tp] >= 1 for tp, lag in zip(tps, lags, strict=True) if lag)
+            if limit < sum(lags):
+                assert sum(got.values()) == max(limit, sum(1 for lag in lags if lag))
 
 
 def test_positions_round_trip_and_rebase_with_starts() -> None:

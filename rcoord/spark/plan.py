@@ -156,22 +156,30 @@ def limit_end(start: Mapping[TP, int], latest: Mapping[TP, int], limit: int | No
     """The end offsets of a batch that reads at most ``limit`` records in total.
 
     Spark's Kafka source shares ``maxOffsetsPerTrigger`` among partitions in proportion to how
-    far behind each is; this does the same with the largest-remainder method, so the total is
-    exactly ``min(limit, total lag)`` and no partition is given more than its lag (Spark's
-    rounding can go over the limit). Ties go to the lower partition, so the plan is
-    deterministic. ``start`` lacks nothing that ``latest`` has.
+    far behind each is, and gives every partition behind at least one record ("don't
+    completely starve small topicpartitions", ``KafkaMicroBatchStream.rateLimit``): a share
+    rounded down to none would leave a partition one record behind unread for as long as a busy
+    one kept the others' shares (a reviewer's repro: 1 record behind 5,000 on another partition,
+    limit 100, never read). Here each partition behind gets one record, and the rest of the
+    limit is shared by what each has beyond it, by the largest-remainder method: the total is
+    exactly ``min(limit, total lag)`` unless the limit is below the number of partitions behind
+    (then one each, as Spark's rounding up), and no partition gets more than its lag. Ties go
+    to the lower partition, so the plan is deterministic. ``start`` lacks nothing that
+    ``latest`` has.
     """
     lags = {tp: max(0, latest[tp] - start[tp]) for tp in latest}
     total = sum(lags.values())
     if limit is None or total <= limit:
         return {tp: start[tp] + lags[tp] for tp in latest}
-    shares: dict[TP, int] = {}
+    behind = [tp for tp in sorted(lags) if lags[tp] > 0]
+    shares = {tp: (1 if lags[tp] > 0 else 0) for tp in lags}
+    rest, beyond = max(0, limit - len(behind)), total - len(behind)
     remainders: list[tuple[int, TP]] = []
-    for tp in sorted(lags):
-        whole, rem = divmod(limit * lags[tp], total)
-        shares[tp] = whole
+    for tp in behind:
+        whole, rem = divmod(rest * (lags[tp] - 1), beyond)
+        shares[tp] += whole
         remainders.append((-rem, tp))
-    left = limit - sum(shares.values())
+    left = rest - sum(shares[tp] - 1 for tp in behind)
     for _, tp in sorted(remainders)[:left]:
         shares[tp] += 1
     return {tp: start[tp] + shares[tp] for tp in latest}
