@@ -2130,3 +2130,42 @@ def test_a_group_query_restarted_after_a_subscribed_topic_was_deleted_reports_th
     # a new query still insists that what it names exists
     with pytest.raises(OptionError, match="subscribe: unknown topic 'b'"):
         _group_reader(redis_server.url, namespace, **kw).initialOffset()
+
+
+def test_a_group_stream_fails_once_redis_is_out_of_reach_past_a_session(
+        own_server: Any, namespace: str) -> None:
+    """A reviewer's repro: with Redis gone, a group-mode plan found no generation and returned
+    its start, which Spark takes for "no new data": the query stayed up reading nothing, for
+    ever, with only warnings (the plain reader fails at once). A blip within the session
+    timeout is ridden out; past it the plan raises ConnectionLost."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    every = ReadAllAvailable()
+    admin = own_server.client()
+    try:
+        GroupCoordinator(admin, CoordinatorConfig(namespace=namespace, num_partitions=1,
+                                                  group_initial_rebalance_delay_ms=0,
+                                                  group_min_session_timeout_ms=10)).start()
+        Topics(admin, namespace).create("ev", 1)
+    finally:
+        admin.close()
+    reader = _group_reader(own_server.url, namespace, subscribe="ev")
+    try:
+        start = reader.initialOffset()
+        planned = reader.latestOffset(start, every)
+        own_server.stop()
+
+        def plan() -> str:
+            try:
+                reader.latestOffset(planned, every)
+            except ConnectionLost as exc:
+                return str(exc)
+            return "no new data"
+
+        # While the generation lives, a plan's own read fails at once (as a plain reader's);
+        # once its heartbeat has ended it, a plan finds no generation: no new data, at first.
+        wait_until(lambda: plan() == "no new data", timeout_s=30)
+        wait_until(lambda: "out of reach for more than the session timeout (1.5 s)" in plan(),
+                   timeout_s=20)
+    finally:
+        reader.stop()

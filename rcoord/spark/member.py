@@ -65,7 +65,7 @@ from ..client import (
     reaction_for,
 )
 from ..client.join import topics_matching
-from ..errors import Errors, RcoordError
+from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
 from .options import ReadOptions
@@ -151,6 +151,7 @@ class StreamMember:
         self._group = group
         self._fail = fail_on_data_loss
         self._rejoin_wait_s = rejoin_wait_s
+        self._unreachable_since: float | None = None  # (``_next_generation``)
         # How long a plan() waits for this process's first generation (a query restarted on
         # its checkpoint plans before it ever joined): a first join waits out the group's
         # initial delay, and a dead member of the old process; a plan that gives up builds
@@ -754,6 +755,7 @@ class StreamMember:
         while True:
             try:
                 self._take(max(0.0, deadline - time.monotonic()))
+                self._unreachable_since = None
                 return True
             except TimeoutError:
                 if until_target:
@@ -771,8 +773,29 @@ class StreamMember:
                     # its message.
                     raise
                 log.warning("group %r: %s", self._group.config.group_id, exc)  # it backs off
+                if isinstance(exc, ConnectionLost):
+                    self._outage(exc)
                 if not until_target:
                     return False
+
+    def _outage(self, exc: ConnectionLost) -> None:
+        """Fail the query once Redis has been out of reach for longer than the session
+        timeout. A plan without a generation builds no batch, which Spark takes for "no new
+        data": on an outage the query stayed up reading nothing, for ever, with only warnings
+        (a reviewer's repro; the plain reader fails at once, and Spark's Kafka source after
+        ``fetchOffset.numRetries``). A blip shorter than a session keeps the query running:
+        the member is still in its group, and its partitions with it; past the session timeout
+        the group has expired it anyway, and Spark's restart of the query is the way back."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            return
+        session_s = self._group.config.session_timeout_ms / 1000
+        if now - self._unreachable_since > session_s:
+            raise ConnectionLost(
+                f"group {self._group.config.group_id!r}: Redis out of reach for more than the "
+                f"session timeout ({session_s:g} s), so the query stops rather than plan empty "
+                f"batches: {exc}") from exc
 
 def _names(tps: set[TP]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
