@@ -44,7 +44,7 @@ from .errors import (
     INVALID_REQUIRED_ACKS,
     TOPIC_AUTHORIZATION_FAILED,
 )
-from .records import BatchError, IncomingBatch, decode_batches, encode_fetched
+from .records import BatchError, IncomingBatch, decode_batches, encode_fetched, fetched_sizes
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -67,7 +67,6 @@ ROTATION_BLOCK_MS = 100
 """The longest block of a round while the Fetch has slot groups that round does not cover."""
 _UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 """What an append raises when Redis could not be reached or was not available (as ``dispatch``)."""
-_RECORD_OVERHEAD = 24  # roughly what a record costs in a batch besides key, value and headers
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 _SPECIAL_TIMESTAMPS = {_EARLIEST: 1, _LATEST: 1, _MAX_TIMESTAMP: 7}
 """ListOffsets' negative timestamps served, each with the first version that has it (Kafka's
@@ -248,12 +247,6 @@ def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 # -- Fetch ------------------------------------------------------------------------------------
 
 
-def _record_bytes(rec: Record) -> int:
-    """About what ``rec`` takes in a Fetch response (its key, value, headers and framing)."""
-    return (len(rec.key or b"") + len(rec.value or b"") + _RECORD_OVERHEAD
-            + sum(len(k) + len(v or b"") for k, v in rec.header_list))
-
-
 def _first_read(state: GatewayState, topic: str, partition: int, offset: int, count: int
                 ) -> FetchResult:
     """Blocking: the first ``count`` records of a partition from ``offset`` on (``_read_on``
@@ -273,7 +266,7 @@ def _has_more(res: FetchResult, count: int, max_bytes: int) -> bool:
     """Whether a read of ``count`` records stopped at its count, not at the log end, with
     bytes left to fill."""
     return (res.error == Errors.NONE and len(res.records) == count
-            and sum(_record_bytes(r) for r in res.records) < max_bytes)
+            and sum(fetched_sizes(res.records)) < max_bytes)
 
 
 def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
@@ -295,7 +288,7 @@ def _read_on(state: GatewayState, topic: str, partition: int, res: FetchResult, 
     for as many records as the bytes left should hold at the size the records so far had.
     500 records of 1 MB each, read at once, held 500 MB in the gateway to send one.
     """
-    records, used = list(res.records), sum(_record_bytes(r) for r in res.records)
+    records, used = list(res.records), sum(fetched_sizes(res.records))
     asked, last = len(records), res
     while (last.error == Errors.NONE and len(last.records) == asked and used < max_bytes
            and len(records) < FETCH_MAX_RECORDS):
@@ -309,7 +302,7 @@ def _read_on(state: GatewayState, topic: str, partition: int, res: FetchResult, 
         if last.error != Errors.NONE:
             break  # (retention trimmed past the next offset meanwhile: send what was read)
         records.extend(last.records)
-        used += sum(_record_bytes(r) for r in last.records)
+        used += sum(fetched_sizes(last.records))
     if last.error != Errors.NONE:
         last = res
     return FetchResult(records, res.log_start_offset, last.log_end_offset, res.error)
@@ -329,8 +322,7 @@ def _within(records: list[Record], max_bytes: int, whole: bool) -> tuple[list[Re
     first, which Kafka sends even when it alone is larger), and the bytes they take."""
     out: list[Record] = []
     used = 0
-    for rec in records:
-        size = _record_bytes(rec)
+    for rec, size in zip(records, fetched_sizes(records), strict=True):
         if used + size > max_bytes and (out or not whole):
             break
         out.append(rec)
@@ -484,7 +476,9 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
         budget = min(partition_max, left)
         if i >= ample and _has_more(res, 1, budget):
             res = await state.blocking(_read_on, state, topic, partition, res, budget)
-        records, used = _within(res.records, budget, whole=left > 0 or not any(chosen))
+        # Only the first partition with records may go over (Kafka's readFromLog turns
+        # minOneMessage off after it): one more record whole would exceed max_bytes.
+        records, used = _within(res.records, budget, whole=not any(chosen))
         results.append(res)
         chosen.append(records)
         left = max(0, left - used)
