@@ -564,3 +564,22 @@ def test_a_producer_may_not_stamp_its_batch_log_append_time(gateway, redis_serve
     (part,) = _produce_to(gateway, [(0, produced_batch([Record(0, None, b"v", {}, 0)]))])
     assert (part.error_code.value, part.base_offset) == (0, 0)  # CreateTime: taken
     assert _log(gateway, redis_server) == (0, 1)
+
+
+def test_an_incremental_fetch_of_a_session_never_opened_is_refused(gateway, topics):
+    """The gateway opens no fetch sessions (KIP-227: it answers session id 0). An incremental
+    fetch (epoch > 0) names one: Kafka's FetchManager answers FETCH_SESSION_ID_NOT_FOUND with
+    no partitions, and the client starts over with a full fetch. It was served as a full
+    fetch, NONE for only the partitions named (a reviewer's repro)."""
+    topics.create("t", 1)
+    for session_id, epoch in ((77, 3), (0, 5)):
+        body = {**_fetch_body("t", [0], max_wait=0, min_bytes=0, max_bytes=1 << 20,
+                              partition_max_bytes=1 << 20),
+                "session_id": session_id, "session_epoch": epoch}
+        got = call_once(gateway, 1, 12, body)
+        assert (got.error_code.value, got.session_id, got.responses) == (70, 0, ())
+    for epoch in (0, -1):  # a full fetch, opening a session (not opened) or without one
+        body = {**_fetch_body("t", [0], max_wait=0, min_bytes=0, max_bytes=1 << 20,
+                              partition_max_bytes=1 << 20), "session_epoch": epoch}
+        got = call_once(gateway, 1, 12, body)
+        assert (got.error_code.value, got.session_id, len(got.responses)) == (0, 0, 1)

@@ -39,6 +39,7 @@ from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
 from .errors import (
+    FETCH_SESSION_ID_NOT_FOUND,
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
@@ -489,6 +490,13 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
 @api(1, "Fetch", 4, 12)
 async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
+    if int(getattr(req, "session_epoch", -1)) > 0:  # (v7+)
+        # An incremental fetch (KIP-227) names a session, and the gateway opens none (it
+        # answers session id 0): Kafka's FetchManager answers a session it does not have so,
+        # and the client starts over with a full fetch. Served as a full fetch, it was told
+        # NONE for only the partitions it named.
+        return {"throttle_time": 0, "error_code": FETCH_SESSION_ID_NOT_FOUND, "session_id": 0,
+                "responses": []}
     readable = {t.topic for t in req.topics if conn.may(Operation.READ, ResourceType.TOPIC,
                                                         t.topic)}
     wanted = [(topic, partition, *read) for (topic, partition), read in _last_of_each(
