@@ -19,9 +19,9 @@ from rcoord.topics import Producer, ProducerRecord
 BIG = 40_000
 
 
-def _fetch(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
-           partition_max_bytes: int) -> dict[tuple[str, int], int]:
-    """One raw Fetch v12 from offset 0; the number of records each partition got."""
+def _fetched(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
+             partition_max_bytes: int) -> dict[tuple[str, int], bytes]:
+    """One raw Fetch v12 from offset 0; each partition's records field."""
     by_topic: dict[str, list[int]] = {}
     for t, p in partitions:
         by_topic.setdefault(t, []).append(p)
@@ -39,8 +39,15 @@ def _fetch(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
     for t in fetched.responses:
         for p in t.partitions:
             assert p.error_code.value == 0
-            out[(t.topic, p.partition_index)] = len(fetched_records(bytes(p.records or b"")))
+            out[(t.topic, p.partition_index)] = bytes(p.records or b"")
     return out
+
+
+def _fetch(gw: Any, partitions: list[tuple[str, int]], max_bytes: int,
+           partition_max_bytes: int) -> dict[tuple[str, int], int]:
+    """One raw Fetch v12 from offset 0; the number of records each partition got."""
+    return {tp: len(fetched_records(data)) for tp, data
+            in _fetched(gw, partitions, max_bytes, partition_max_bytes).items()}
 
 
 def test_the_request_max_bytes_bounds_the_whole_response(gateway, redis_server, topics):
@@ -105,19 +112,9 @@ def _record(partition: int) -> ProducerRecord:
 
 
 def _records_bytes(gw: Any, topic: str, partitions: int, max_bytes: int) -> tuple[int, int]:
-    """One raw Fetch v12 of every partition from offset 0, each partition's limit max_bytes:
+    """One raw Fetch of every partition from offset 0, each partition's limit max_bytes:
     (bytes of the records fields in all, records)."""
-    sock = connect(gw)
-    try:
-        sock.sendall(request_frame(1, 12, 7, {
-            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": max_bytes,
-            "topics": [{"topic": topic, "partitions": [
-                {"partition": p, "fetch_offset": 0, "partition_max_bytes": max_bytes}
-                for p in range(partitions)]}]}))
-        fetched = response(sock, 1, 12, 5)
-    finally:
-        sock.close()
-    data = [bytes(p.records or b"") for t in fetched.responses for p in t.partitions]
+    data = _fetched(gw, [(topic, p) for p in range(partitions)], max_bytes, max_bytes).values()
     return sum(map(len, data)), sum(len(fetched_records(d)) for d in data)
 
 
