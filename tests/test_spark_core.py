@@ -204,8 +204,10 @@ def test_limit_end_starves_no_partition() -> None:
     assert end == {hot: 99, cold: 1, idle: 7}  # the limit exactly, the cold record in it
     # A limit below the number of partitions behind: one each, over the limit (Spark too).
     assert limit_end({hot: 0, cold: 0}, {hot: 5, cold: 5}, 1) == {hot: 1, cold: 1}
+    assert limit_end({hot: 0, cold: 0, idle: 0}, {hot: 1, cold: 1, idle: 1}, 2) == {
+        hot: 1, cold: 1, idle: 1}  # (every lag 1: nothing beyond the first records to share)
     # No share over a partition's lag, and the total is the limit, across many shapes.
-    for lags in ([1, 1, 998], [3, 0, 2, 995], [1] * 50 + [10_000]):
+    for lags in ([1, 1, 998], [3, 0, 2, 995], [1] * 50 + [10_000], [1] * 70):
         tps = [TP("t", i) for i in range(len(lags))]
         zero = dict.fromkeys(tps, 0)
         for limit in (60, 100, 999):

@@ -174,6 +174,8 @@ def limit_end(start: Mapping[TP, int], latest: Mapping[TP, int], limit: int | No
     behind = [tp for tp in sorted(lags) if lags[tp] > 0]
     shares = {tp: (1 if lags[tp] > 0 else 0) for tp in lags}
     rest, beyond = max(0, limit - len(behind)), total - len(behind)
+    if rest == 0:  # (a limit below the partitions behind; beyond may be 0 then, every lag 1)
+        return {tp: start[tp] + shares[tp] for tp in latest}
     remainders: list[tuple[int, TP]] = []
     for tp in behind:
         whole, rem = divmod(rest * (lags[tp] - 1), beyond)
