@@ -145,12 +145,19 @@ def produced_batch(records: Any, producer_id: int = -1, producer_epoch: int = -1
     """A v2 batch as a Kafka producer sends it: the gateway's own encoding (``encode_batch``,
     made for Fetch) with the timestamp type CreateTime, since a broker refuses a producer's
     LogAppendTime batch (INVALID_TIMESTAMP)."""
-    import crc32c
-
     from rcoord.gateway.records import encode_batch
 
     out = bytearray(encode_batch(records, producer_id, producer_epoch, base_sequence))
     out[22] &= ~0x08  # attributes' low byte: the timestamp type bit
+    return with_crc(out)
+
+
+def with_crc(batch: bytes | bytearray) -> bytes:
+    """A v2 batch with its CRC (over what follows the CRC field) made again, after a test
+    changed some of its bytes."""
+    import crc32c
+
+    out = bytearray(batch)
     out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
     return bytes(out)
 

@@ -25,6 +25,7 @@ from gateway_harness import (
     produced_batch,
     request_frame,
     response,
+    with_crc,
 )
 
 from rcoord.errors import Errors
@@ -416,12 +417,9 @@ def test_a_manual_assignment_on_this_broker_creates_its_partitions(gateway, topi
 def _with_header_field(batch: bytes, at: int, value: int) -> bytes:
     """``batch`` with the int32 at ``at`` set to ``value``, its CRC (over what follows the
     CRC field) made again."""
-    import crc32c
-
     out = bytearray(batch)
     out[at:at + 4] = value.to_bytes(4, "big", signed=True)
-    out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
-    return bytes(out)
+    return with_crc(out)
 
 
 @pytest.mark.parametrize(("at", "value", "says"), [
@@ -489,13 +487,9 @@ def test_a_static_leader_back_in_a_stable_group_assigns_only_if_it_can_skip(gate
 
 
 def _with_byte(batch: bytes, at: int, value: int, crc: bool) -> bytes:
-    import crc32c
-
     out = bytearray(batch)
     out[at] = value
-    if crc:
-        out[17:21] = crc32c.crc32c(bytes(out[21:])).to_bytes(4, "big")
-    return bytes(out)
+    return with_crc(out) if crc else bytes(out)
 
 
 @pytest.mark.parametrize(("records", "says"), [
