@@ -14,6 +14,7 @@ own text (which may quote part of the password) is not shown when the URL has on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 from typing import Any
@@ -58,9 +59,11 @@ def url_problem(url: object) -> str | None:
     return None
 
 
-def _connection_options(connection_class: Any) -> set[str]:
+@functools.cache
+def _connection_options(connection_class: Any) -> frozenset[str]:
     """The keyword arguments a redis-py connection of ``connection_class`` (None: a TCP one)
-    takes, its base classes' included, and the URL keys that are not passed to it."""
+    takes, its base classes' included, and the URL keys that are not passed to it. Cached:
+    every config and Spark reader checks its URL, and the signatures do not change."""
     from redis.connection import Connection
 
     names = {"connection_class"}
@@ -69,7 +72,7 @@ def _connection_options(connection_class: Any) -> set[str]:
         if init is not None:
             names.update(p.name for p in inspect.signature(init).parameters.values()
                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-    return names - {"self"}
+    return frozenset(names - {"self"})
 
 
 def redact_url(url: object) -> str:
