@@ -22,6 +22,7 @@ from kio.records.schema import RecordHeader
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
 from .errors import CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP, UNSUPPORTED_COMPRESSION_TYPE
+from .tags import encode_uvarint
 
 __all__ = ["BATCH_HEADER_BYTES", "BatchError", "IncomingBatch", "decode_batches", "encode_batch",
            "encode_fetched", "fetched_sizes"]
@@ -127,13 +128,7 @@ def _headers(headers: Sequence[RecordHeader]) -> list[tuple[str, bytes | None]]:
 
 def _varint(buf: io.BytesIO, value: int) -> None:
     """Kafka's signed varint/varlong: zigzag, then 7 bits a byte, low bits first."""
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    buf.write(out)
+    buf.write(encode_uvarint((value << 1) ^ (value >> 63)))
 
 
 def _bytes_field(buf: io.BytesIO, value: bytes | None) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from kio.serial._introspect import EntityField, EntityTupleField, classify_field, is_optional
 
-__all__ = ["drop_unknown_tags", "is_unknown_tag_error"]
+__all__ = ["drop_unknown_tags", "encode_uvarint", "is_unknown_tag_error"]
 
 _FIXED = {
     "bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "int64": 8, "float64": 8,
@@ -88,7 +88,7 @@ def _entity(cls: Any, buf: memoryview, pos: int, out: bytearray) -> int:
         pos += size
         if tag in known:
             kept.append(buf[begin:pos])
-    out += _encode_uvarint(len(kept))
+    out += encode_uvarint(len(kept))
     for field_bytes in kept:
         out += field_bytes
     return pos
@@ -155,7 +155,9 @@ def _uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("an unsigned varint longer than 5 bytes")
 
 
-def _encode_uvarint(value: int) -> bytes:
+def encode_uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint: 7 bits a byte, low bits first (``records`` zigzags signed
+    values into it)."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
