@@ -52,8 +52,9 @@ def url_problem(url: object) -> str | None:
                 "redis://HOST:PORT/DB with DB a number (0 when left out)")
     unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
     if unknown:
-        return (f"{', '.join(repr(u) for u in unknown)} "
-                f"{'is not a connection option' if len(unknown) == 1 else 'are not connection options'}"
+        verb = "is not a connection option" if len(unknown) == 1 else \
+            "are not connection options"
+        return (f"{', '.join(repr(u) for u in unknown)} {verb}"
                 " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
                 "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)")
     return None
