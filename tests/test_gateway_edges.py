@@ -74,6 +74,30 @@ def test_max_timestamp_names_the_first_record_with_it_or_nothing(gateway, redis_
     assert parts[0].error_code.value == 0
     assert (parts[0].offset, parts[0].timestamp) == (metas[0].offset, 2_000)
     assert (parts[1].offset, parts[1].timestamp) == (-1, -1)  # empty: no such record
+    assert (parts[0].leader_epoch, parts[1].leader_epoch) == (0, -1)
+
+
+def test_a_timestamp_past_every_record_is_answered_with_no_leader_epoch(gateway, redis_server,
+                                                                        topics):
+    """Kafka answers a search that finds nothing with buildErrorResponse(NONE): offset,
+    timestamp and leader epoch all -1 (the epoch was 0, an epoch of no record). A record found,
+    and the earliest and latest offsets, carry the epoch the gateway advertises, 0."""
+    topics.create("past", 1)
+    client = redis_server.client()
+    try:
+        Producer(client, gateway.config.namespace, clock=lambda: 5_000).send_batch(
+            "past", [ProducerRecord(b"a", partition=0)])
+    finally:
+        client.close()
+    for version in (4, 7):
+        missed = _list_offsets(gateway, version, "past", [0], 6_000)[0]
+        assert (missed.error_code.value, missed.offset, missed.timestamp,
+                missed.leader_epoch) == (0, -1, -1, -1)
+        hit = _list_offsets(gateway, version, "past", [0], 4_000)[0]
+        assert (hit.offset, hit.timestamp, hit.leader_epoch) == (0, 5_000, 0)
+        for ts, offset in ((-2, 0), (-1, 1)):
+            edge = _list_offsets(gateway, version, "past", [0], ts)[0]
+            assert (edge.offset, edge.leader_epoch) == (offset, 0)
 
 
 @pytest.mark.parametrize(("version", "timestamp"), [(1, -3), (4, -3), (6, -3), (7, -4),

@@ -540,15 +540,18 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
 
 
 def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> dict[str, Any]:
+    # No record found (a timestamp past the last, an empty log under MAX_TIMESTAMP) is
+    # offset -1, timestamp -1 and leader epoch -1, as Kafka's buildErrorResponse(NONE); what is
+    # found carries the one epoch the gateway advertises, 0.
     out: dict[str, Any] = {"partition_index": partition, "error_code": Errors.NONE,
-                           "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                           "timestamp": -1, "offset": -1, "leader_epoch": -1}
     ns = state.config.namespace
     try:
         start, end = log_offsets(state.sync_redis, ns, topic, partition)
         if ts == _EARLIEST:
-            out["offset"] = start
+            out.update(offset=start, leader_epoch=0)
         elif ts == _LATEST:
-            out["offset"] = end
+            out.update(offset=end, leader_epoch=0)
         elif ts == _MAX_TIMESTAMP:
             # KIP-734: the largest timestamp, with the first record that has it (Kafka's
             # offsetOfMaxTimestamp; records appended in one millisecond share it). Timestamps
@@ -569,7 +572,8 @@ def _at_or_after(state: GatewayState, topic: str, partition: int, ts: int) -> di
     found = topic_offsets_for_times(state.sync_redis, state.config.namespace,
                                     {(topic, partition): ts})
     hit = found[(topic, partition)]
-    return {} if hit is None else {"offset": hit.offset, "timestamp": hit.timestamp_ms}
+    return {} if hit is None else {"offset": hit.offset, "timestamp": hit.timestamp_ms,
+                                   "leader_epoch": 0}
 
 
 @api(2, "ListOffsets", 1, 7)
