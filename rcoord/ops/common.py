@@ -104,6 +104,17 @@ class Context:
             self._coordinator = GroupCoordinator(self.client, config).start()
         return self._coordinator
 
+    def group_coordinator(self) -> Any | None:
+        """The coordinator for a command that only reads or removes groups, or None where no
+        group can exist: a namespace holding topics and no settings (what ``topics create``
+        leaves) is no mistake, only one no group has used yet, so such a command answers as
+        for any group that does not exist (``groups list`` lists none), as Kafka's tool does
+        on a cluster without groups. A namespace holding nothing is still refused
+        (``coordinator``), in case ``--namespace`` is mistyped."""
+        if self._coordinator is None and not self.has_settings() and self.has_topics():
+            return None
+        return self.coordinator()
+
     def has_settings(self) -> bool:
         """Whether the namespace's settings exist, or a copy of them a coordinator would
         restore them from (``rcoord.settings``). Without them the namespace holds no group and

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..cli import UsageError
 from ..errors import Errors, InvalidRequestError
-from ..protocol.admin import GroupDescription, MemberDescription
+from ..protocol.admin import GroupDescription, MemberDescription, OffsetDeleteResult
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..state import GroupState
 from ..topics.incarnation import stale_commits
@@ -89,7 +89,8 @@ def _list(ctx: Context) -> int:
     if unknown:
         raise UsageError(f"--state {unknown[0]!r} is not a group state; use one of "
                          + ", ".join(STATES.values()))
-    listings = ctx.coordinator().list_groups([STATES[s.lower()] for s in wanted])
+    coord = ctx.group_coordinator()
+    listings = [] if coord is None else coord.list_groups([STATES[s.lower()] for s in wanted])
     listings = sorted(listings, key=lambda g: g.group_id)
     if ctx.json:
         print_json([{"group": g.group_id, "state": g.state,
@@ -157,9 +158,9 @@ def _committed(ctx: Context, group: str) -> dict[TopicPartition, OffsetAndMetada
 
 def _describe(ctx: Context) -> int:
     group = ctx.args.group
-    coord = ctx.coordinator()
-    desc = coord.describe_group(group)
-    if desc.state == GroupState.DEAD.value:
+    coord = ctx.group_coordinator()
+    desc = None if coord is None else coord.describe_group(group)
+    if desc is None or desc.state == GroupState.DEAD.value:
         raise Failure(f"consumer group {group!r} does not exist")
     committed = {tp: o.offset for tp, o in _committed(ctx, group).items()}
     assigned = _assigned(desc)
@@ -236,7 +237,9 @@ WHY = {
 
 
 def _delete(ctx: Context) -> int:
-    results = ctx.coordinator().delete_groups(ctx.args.groups)
+    coord = ctx.group_coordinator()
+    results = ({g: Errors.GROUP_ID_NOT_FOUND for g in ctx.args.groups} if coord is None
+               else coord.delete_groups(ctx.args.groups))
     deleted = [g for g, e in results.items() if e == Errors.NONE]
     failed = {g: e for g, e in results.items() if e != Errors.NONE}
     if ctx.json:
@@ -302,7 +305,9 @@ def _delete_offsets(ctx: Context) -> int:
     group = ctx.args.group
     tps = _partitions(ctx, ctx.args.topic, named_may_be_gone=True)
     _one_request(tps, "the deletion")
-    res = ctx.coordinator().delete_offsets(group, tps)
+    coord = ctx.group_coordinator()
+    res = (OffsetDeleteResult(Errors.GROUP_ID_NOT_FOUND, {}) if coord is None
+           else coord.delete_offsets(group, tps))
     if res.error != Errors.NONE:
         why = {
             Errors.GROUP_ID_NOT_FOUND: f"consumer group {group!r} does not exist",
