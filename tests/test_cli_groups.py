@@ -444,12 +444,16 @@ def test_a_change_larger_than_one_request_is_refused_before_any_write(cli, reset
                                                                       monkeypatch):
     """More partitions than one request may change (10,000; 1 here) is refused up front with
     what to do, and nothing changes; before, the call failed with the API's "offsets has N
-    items" as if the input were wrong (exit 2). A dry run still shows the plan."""
+    items" as if the input were wrong (exit 2). A dry run still shows the plan, and says that
+    --execute would refuse it (it said nothing)."""
     from rcoord.protocol import _checks
 
     coord = reset_setup
     monkeypatch.setattr(_checks, "MAX_ITEMS_PER_CALL", 1)
-    reset(cli, "--topic", "t", "--to-earliest")
+    plan_rows, err = reset(cli, "--topic", "t", "--to-earliest")
+    assert plan_rows == [["g", "t", "0", "4", "2"], ["g", "t", "1", "3", "0"]]
+    assert ("note: --execute would refuse this plan: the reset covers 2 partitions, more than "
+            "the 1 one request may change") in err
     for args in (["reset-offsets", "g", "--topic", "t", "--to-earliest", "--execute"],
                  ["delete-offsets", "g", "--topic", "t"]):
         res = cli("groups", *args)

@@ -405,8 +405,13 @@ def _reset_offsets(ctx: Context) -> int:
     gone = [tp for tp in tps if tp not in offsets]
     if gone:
         raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
-    if args.execute:
+    try:
         _one_request(tps, "the reset")
+    except Failure as too_many:
+        if args.execute:
+            raise
+        # A plan is still worth showing, but not as one --execute would commit.
+        ctx.note(f"note: --execute would refuse this plan: {too_many}")
     by_time: dict[TopicPartition, int | None] = {}
     if mode.name in ("to_datetime", "by_duration"):
         if mode.value < 0:
