@@ -163,6 +163,51 @@ def test_produce_and_consume_directly(cli, redis_client, namespace):
     assert res.stdout == "" and "Processed a total of 0 messages" in res.stderr
 
 
+def test_consume_one_partition_from_an_offset(cli, redis_client, namespace):
+    """Kafka's console consumer's ``--partition`` and ``--offset`` (earliest, latest or an
+    offset; an offset out of the log's range starts at its nearer end, with a note), and its
+    rules: an offset needs a partition, a partition excludes a group and --from-beginning."""
+    Topics(redis_client, namespace).create("one", 2)
+    ok(cli("topics", "produce", "one", "--partition", "1", stdin="a\nb\nc\nd\ne\n"))
+    ok(cli("topics", "produce", "one", "--partition", "0", stdin="x\ny\n"))
+
+    def consume(*args: str) -> tuple[list[tuple[int, int, str]], str]:
+        res = ok(cli("topics", "consume", "one", "--timeout-ms", "300", "--output", "json",
+                     *args))
+        docs = [json.loads(line) for line in res.stdout.splitlines()]
+        return [(d["partition"], d["offset"], d["value"]) for d in docs], res.stderr
+
+    got, _ = consume("--partition", "1", "--offset", "2")
+    assert got == [(1, 2, "c"), (1, 3, "d"), (1, 4, "e")]
+    assert consume("--partition", "1", "--offset", "earliest")[0] == [
+        (1, i, v) for i, v in enumerate("abcde")]
+    assert consume("--partition", "0", "--from-beginning")[0] == [(0, 0, "x"), (0, 1, "y")]
+    assert consume("--partition", "0", "--offset", "latest")[0] == []
+    assert consume("--partition", "0")[0] == []  # the log end, as without --partition
+    got, err = consume("--partition", "1", "--offset", "99")
+    assert got == [] and "partition 1: offset 99 is past the log end 5" in err
+    admin = Topics(redis_client, namespace)
+    admin.create("kept", 1, retention_records=2)
+    ok(cli("topics", "produce", "kept", stdin="a\nb\nc\nd\n"))
+    assert admin.apply_retention("kept") == {0: 2}
+    res = ok(cli("topics", "consume", "kept", "--partition", "0", "--offset", "1",
+                 "--timeout-ms", "300"))
+    assert res.stdout.splitlines() == ["c", "d"]
+    assert "partition 0: offset 1 is below the log start 2 (removed by retention)" in res.stderr
+    for args, said in ((["--offset", "1"], "--offset needs --partition"),
+                       (["--partition", "0", "--group", "g"], "--group and --partition"),
+                       (["--partition", "0", "--offset", "1", "--from-beginning"],
+                        "--from-beginning and --offset"),
+                       (["--partition", "0", "--offset", "-1"], "is not 'earliest'"),
+                       (["--partition", "0", "--offset", "first"], "is not 'earliest'")):
+        res = cli("topics", "consume", "one", *args)
+        assert res.returncode == 2 and said in res.stderr, (args, res.stderr)
+    res = cli("topics", "consume", "one", "--partition", "2")
+    assert res.returncode == 1
+    assert "topic 'one' has 2 partitions; there is no partition 2" in one_error_line(
+        res, "topics consume")
+
+
 def test_consume_as_a_group_member(cli, make_coordinator, redis_client, namespace):
     coord = make_coordinator()
     Topics(redis_client, namespace).create("ev", 2)

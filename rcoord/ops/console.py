@@ -9,9 +9,9 @@ Ctrl-C or SIGTERM the lines read are sent before it stops, as Kafka's closes its
 
 ``consume`` prints records, one per line. With ``--group`` it is a member of that consumer group
 (its partitions are assigned; its positions are committed); without, it reads every partition
-of the topic directly, from the log end (or the log start with ``--from-beginning``), and the
-partitions added while it runs from their start. It stops
-after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on Ctrl-C, and
+of the topic directly (or only ``--partition P``, from ``--offset``), from the log end (or the
+log start with ``--from-beginning``), and the partitions added while it runs from their start.
+It stops after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on Ctrl-C, and
 then says how many records it printed (stderr), as Kafka's console consumer does.
 """
 
@@ -58,6 +58,11 @@ def add_console_arguments(sub: Any) -> None:
     q.add_argument("--from-beginning", action="store_true",
                    help="start at the log start where there is no committed offset (default: "
                    "the log end, only new records)")
+    q.add_argument("--partition", type=int, metavar="P",
+                   help="read only partition P (not with --group); from the log end unless "
+                   "--offset or --from-beginning says otherwise")
+    q.add_argument("--offset", metavar="O",
+                   help="with --partition: where to start, 'earliest', 'latest' or an offset")
     q.add_argument("--max-messages", type=int, metavar="N", help="stop after N records")
     q.add_argument("--timeout-ms", type=int, metavar="MS",
                    help="stop after MS without a record (default: run until Ctrl-C)")
@@ -274,7 +279,11 @@ def _consume(ctx: Context) -> int:
         # no group and ran unattached, committing nothing, and " " joined a group named " ".
         raise UsageError(f"--group {a.group!r}: a group id must not be empty or whitespace; "
                          "leave --group out to read without a group")
-    ctx.topics().partition_count(a.topic)  # a missing topic is an error, not an endless wait
+    _check_partition_options(a)
+    count = ctx.topics().partition_count(a.topic)  # a missing topic: an error, not a wait
+    if a.partition is not None and not 0 <= a.partition < count:
+        raise Failure(f"topic {a.topic!r} has {count} partitions; there is no partition "
+                      f"{a.partition}")
     signals = StopSignals().install()
     printer = _Printer(ctx, signals)
     try:
@@ -292,6 +301,46 @@ def _consume(ctx: Context) -> int:
     return 0
 
 
+def _check_partition_options(a: argparse.Namespace) -> None:
+    """Kafka's console consumer's rules for ``--partition`` and ``--offset``
+    (ConsoleConsumerOptions): an offset needs a partition, a partition excludes a group, and a
+    start is given once."""
+    if a.offset is not None:
+        if a.partition is None:
+            raise UsageError("--offset needs --partition (the partition it is an offset of)")
+        if a.from_beginning:
+            raise UsageError("--from-beginning and --offset cannot be given together")
+        word = a.offset.strip().lower()
+        if word not in ("earliest", "latest") and not (word.isdigit() and word.isascii()):
+            raise UsageError(f"--offset {a.offset!r} is not 'earliest', 'latest' or a "
+                             "non-negative offset")
+    if a.partition is not None and a.group is not None:
+        raise UsageError("--group and --partition cannot be given together: a group member "
+                         "reads the partitions the group assigns it")
+
+
+def _start(ctx: Context, p: int, start: int, end: int) -> int:
+    """Where the reading of partition ``p`` begins: ``--offset`` (checked against the log's
+    offsets, as a consumer resets an offset out of range), else the log start with
+    ``--from-beginning``, else the log end."""
+    a = ctx.args
+    word = (a.offset or "").strip().lower()
+    if word == "earliest" or (not word and a.from_beginning):
+        return start
+    if word in ("", "latest"):
+        return end
+    offset = int(word)
+    if offset < start:
+        ctx.note(f"partition {p}: offset {offset} is below the log start {start} (removed by "
+                 "retention); reading from the log start")
+        return start
+    if offset > end:
+        ctx.note(f"partition {p}: offset {offset} is past the log end {end}; reading from the "
+                 "log end")
+        return end
+    return offset
+
+
 def _idle_deadline(a: argparse.Namespace) -> float | None:
     return None if a.timeout_ms is None else time.monotonic() + a.timeout_ms / 1000
 
@@ -304,14 +353,14 @@ def _consume_direct(ctx: Context, printer: _Printer) -> None:
     a = ctx.args
     position: dict[int, int] = {}
     _add_partitions(ctx, position, at_start=True)
-    count = len(position)
+    parts = sorted(position)
     looked = time.monotonic()
     idle_until = _idle_deadline(a)
     turn = 0
     while printer.wanted is None or printer.wanted > 0:
         got = False
-        for i in range(count):
-            p = (turn + i) % count
+        for i in range(len(parts)):
+            p = parts[(turn + i) % len(parts)]
             want = printer.wanted
             res = fetch(ctx.client, ctx.namespace, a.topic, p, position[p],
                         max_records=min(500, want) if want else 500)
@@ -338,32 +387,36 @@ def _consume_direct(ctx: Context, printer: _Printer) -> None:
             continue
         if idle_until is not None and time.monotonic() >= idle_until:
             return
-        if time.monotonic() - looked >= PARTITIONS_REFRESH_S:
+        if a.partition is None and time.monotonic() - looked >= PARTITIONS_REFRESH_S:
             looked = time.monotonic()
             if _add_partitions(ctx, position, at_start=False):
-                count = len(position)
+                parts = sorted(position)
                 continue
         # All caught up: wait on partition ``turn`` for a while, then look at all again.
-        p = turn % count
+        p = parts[turn % len(parts)]
         fetch(ctx.client, ctx.namespace, a.topic, p, position[p], max_records=1,
-              block_ms=min(FETCH_WAIT_MS, _left_ms(idle_until)) if count == 1 else 50)
+              block_ms=min(FETCH_WAIT_MS, _left_ms(idle_until)) if len(parts) == 1 else 50)
 
 
 def _add_partitions(ctx: Context, position: dict[int, int], at_start: bool) -> bool:
     """Add the topic's partitions not in ``position`` yet; return whether there were any.
 
-    At the start each begins at the log end (the log start with ``--from-beginning``). A
+    At the start each begins where ``_start`` says (with ``--partition``, only that one). A
     partition added while the consumer runs begins at its log start: every record in it came
     after the consumer started, and a console consumer that missed those (Kafka's, with its
     default ``auto.offset.reset=latest``, can) would not show what was produced to it."""
     from ..topics import log_offsets
 
     a = ctx.args
+    if a.partition is not None:
+        start, end = log_offsets(ctx.client, ctx.namespace, a.topic, a.partition)
+        position[a.partition] = _start(ctx, a.partition, start, end)
+        return True
     count = ctx.topics().partition_count(a.topic)
     added = False
     for p in range(len(position), count):
         start, end = log_offsets(ctx.client, ctx.namespace, a.topic, p)
-        position[p] = start if a.from_beginning or not at_start else end
+        position[p] = _start(ctx, p, start, end) if at_start else start
         added = True
     return added
 
