@@ -11,8 +11,8 @@ Ctrl-C or SIGTERM the lines read are sent before it stops, as Kafka's closes its
 (its partitions are assigned; its positions are committed); without, it reads every partition
 of the topic directly (or only ``--partition P``, from ``--offset``), from the log end (or the
 log start with ``--from-beginning``), and the partitions added while it runs from their start.
-It stops after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on Ctrl-C, and
-then says how many records it printed (stderr), as Kafka's console consumer does.
+It stops after ``--max-messages`` records, or after ``--timeout-ms`` without a record, or on
+Ctrl-C, and then says how many records it printed (stderr), as Kafka's console consumer does.
 """
 
 from __future__ import annotations
