@@ -54,6 +54,7 @@ ACLS = [
     # alice: every "shared." topic, but never writing "shared.audit" (deny wins)
     _allow("topic", "shared.", ["ALL"], "prefixed"),
     _allow("topic", "shared.audit", ["WRITE"], permission="deny"),
+    _allow("topic", "shared.blind", ["DESCRIBE_CONFIGS"], permission="deny"),
     # bob: may only describe the group "app" (no topic, no idempotent write)
     _allow("group", "app", ["DESCRIBE"], principal="User:bob"),
 ]
@@ -491,6 +492,20 @@ def test_create_and_delete_topics_need_create_and_delete(alice: _Session, bob: _
     assert _codes(deleted.responses, "name") == {"team-a.new": 0,
                                                  "orders": TOPIC_AUTHORIZATION_FAILED}
     assert "orders" in topics.list()
+
+
+def test_create_topics_hides_the_configs_of_a_topic_not_describable(alice: _Session,
+                                                                    topics: Topics) -> None:
+    """Kafka's ControllerApis: a topic created by a principal without DESCRIBE_CONFIGS on it
+    is answered without its configs, topic_config_error_code TOPIC_AUTHORIZATION_FAILED."""
+    r = alice.call(19, 7, {"topics": [{"name": n, "num_partitions": 2, "replication_factor": -1}
+                                      for n in ("shared.blind", "shared.seen")],
+                           "timeout": 10000})
+    answers = {t.name: (t.error_code.value, int(t.topic_config_error_code), t.num_partitions,
+                        len(t.configs or ())) for t in r.topics}
+    assert answers == {"shared.blind": (0, TOPIC_AUTHORIZATION_FAILED, -1, 0),
+                       "shared.seen": (0, 0, 2, 5)}
+    assert topics.partition_count("shared.blind") == 2
 
 
 def test_a_refused_client_does_not_disturb_an_allowed_one(gateway: GatewayThread,

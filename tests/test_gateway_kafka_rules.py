@@ -414,6 +414,31 @@ def test_a_manual_assignment_on_this_broker_creates_its_partitions(gateway, topi
     assert topics.partition_count("m") == 3
 
 
+@pytest.mark.parametrize("version", [5, 7])
+@pytest.mark.parametrize("validate_only", [True, False])
+def test_a_created_topic_is_answered_with_its_configs(gateway, topics, version, validate_only):
+    """CreateTopics v5+ (KIP-525) answers each topic created with its configs, as Kafka's
+    ReplicationControlManager.createTopic: the list was null, and Java's AdminClient reads it
+    for every topic answered without error (``configs.stream()``), so its createTopics failed
+    with a NullPointerException although the topic was created. They are what DescribeConfigs
+    then gives for the topic."""
+    entry = {**_new_topic("c", 2), "configs": [{"name": "retention.ms", "value": "60000"}]}
+    (answer,) = call_once(gateway, 19, version, {"timeout_ms": 5000,
+                                                 "validate_only": validate_only,
+                                                 "topics": [entry]}).topics
+    assert (answer.error_code.value, int(answer.topic_config_error_code),
+            answer.num_partitions, answer.replication_factor) == (0, 0, 2, 1)
+    assert answer.configs is not None
+    got = [(c.name, c.value, c.config_source, c.read_only, c.is_sensitive) for c in answer.configs]
+    if validate_only:
+        topics.create("c", 2, retention_ms=60000)  # what DescribeConfigs would say of it
+    described = call_once(gateway, 32, 4, {"resources": [
+        {"resource_type": 2, "resource_name": "c", "configuration_keys": None}],
+        "include_synonyms": False, "include_documentation": False}).results[0].configs
+    assert got == [(c.name, c.value, c.config_source, True, False) for c in described]
+    assert ("retention.ms", "60000", 1, True, False) in got  # DYNAMIC_TOPIC_CONFIG
+
+
 def _with_header_field(batch: bytes, at: int, value: int) -> bytes:
     """``batch`` with the int32 at ``at`` set to ``value``, its CRC (over what follows the
     CRC field) made again."""

@@ -36,7 +36,7 @@ from .errors import CLUSTER_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
 from .state import NODE_ID, Connection, GatewayState
 
-__all__ = ["BROKER", "TOPIC", "ConfigEntry", "broker_configs", "topic_configs"]
+__all__ = ["BROKER", "TOPIC", "ConfigEntry", "broker_configs", "configs_of", "topic_configs"]
 
 TOPIC, BROKER = 2, 4
 """Kafka's ``ConfigResource.Type`` codes served here."""
@@ -58,6 +58,13 @@ class ConfigEntry:
 def topic_configs(state: GatewayState, name: str) -> list[ConfigEntry]:
     """Blocking: the configs of topic ``name`` (TopicError if it is absent or illegal)."""
     d = state.topics.describe(name)
+    return configs_of(d.retention_ms, d.retention_records, d.producer_id_expiration_ms)
+
+
+def configs_of(retention_ms: int | None, retention_records: int | None,
+               producer_id_expiration_ms: int | None) -> list[ConfigEntry]:
+    """A topic's configs, sorted by name, from the settings given at its creation (None: not
+    given). CreateTopics v5+ answers them for the topic it creates (KIP-525)."""
 
     def setting(key: str, value: int | None, default: int, doc: str) -> ConfigEntry:
         given = value is not None
@@ -69,12 +76,12 @@ def topic_configs(state: GatewayState, name: str) -> list[ConfigEntry]:
                     "rcoord deletes the oldest records by retention; it never compacts."),
         ConfigEntry("message.timestamp.type", "LogAppendTime", DEFAULT_CONFIG, STRING,
                     "Records are stamped with the Redis clock when appended."),
-        setting("producer.id.expiration.ms", d.producer_id_expiration_ms,
+        setting("producer.id.expiration.ms", producer_id_expiration_ms,
                 PRODUCER_ID_EXPIRATION_MS,
                 "How long an idempotent producer's state outlives its last append."),
-        setting("retention.ms", d.retention_ms, -1,
+        setting("retention.ms", retention_ms, -1,
                 "Records older than this are deleted by retention; -1: no limit."),
-        setting("retention.records", d.retention_records, -1,
+        setting("retention.records", retention_records, -1,
                 "rcoord's own: retention keeps this many newest records; -1: no limit."),
     ]
 

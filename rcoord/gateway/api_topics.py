@@ -6,6 +6,13 @@ ignored. With one broker, the replication factor must be -1 (the default) or 1.
 
 ACLs, as Kafka's ``KafkaApis``: CreateTopics needs CREATE on the cluster or on the topic,
 DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
+
+A topic created (or that would be, with ``validate_only``) is answered from v5 on with its
+partition count, replication factor and configs (KIP-525; the configs DescribeConfigs gives
+for it), as Kafka's ``ReplicationControlManager.createTopic``: Java's AdminClient reads them
+for every topic answered without error, and a null list failed its ``createTopics`` with a
+NullPointerException. A caller without DESCRIBE_CONFIGS on the topic gets
+``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED instead (the topic is created).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 from ..errors import Errors
 from ..topics import TopicError
 from .acl import Operation, ResourceType
+from .api_configs import configs_of
 from .errors import (
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REPLICATION_FACTOR,
@@ -66,7 +74,8 @@ def _assignment_error(topic: Any) -> tuple[int, str] | None:
     return None
 
 
-def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, Any]:
+def _create(state: GatewayState, topic: Any, validate_only: bool, describable: bool
+            ) -> dict[str, Any]:
     out: dict[str, Any] = {"name": topic.name, "error_code": Errors.NONE, "error_message": None,
                            "num_partitions": -1, "replication_factor": -1}
     if topic.assignments:
@@ -107,7 +116,13 @@ def _create(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, A
     except TopicError as exc:
         out.update(error_code=exc.error, error_message=str(exc))
         return out
-    out.update(num_partitions=count, replication_factor=1)
+    if not describable:  # created, but its configs are not the caller's to read (as Kafka)
+        out.update(topic_config_error_code=TOPIC_AUTHORIZATION_FAILED)
+        return out
+    configs = configs_of(settings.get("retention_ms"), settings.get("retention_records"), None)
+    out.update(num_partitions=count, replication_factor=1, configs=[
+        {"name": e.name, "value": e.value, "read_only": True, "config_source": e.source,
+         "is_sensitive": False} for e in configs])
     return out
 
 
@@ -121,7 +136,9 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
             return {"name": topic.name, "error_code": TOPIC_AUTHORIZATION_FAILED,
                     "error_message": "Authorization failed.", "num_partitions": -1,
                     "replication_factor": -1}
-        return await state.blocking(_create, state, topic, bool(req.validate_only))
+        describable = conn.may(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, topic.name,
+                               log_denied=False)
+        return await state.blocking(_create, state, topic, bool(req.validate_only), describable)
 
     twice = _named_twice(t.name for t in req.topics)
     results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))
