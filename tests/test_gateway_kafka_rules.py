@@ -414,6 +414,19 @@ def test_a_manual_assignment_on_this_broker_creates_its_partitions(gateway, topi
     assert topics.partition_count("m") == 3
 
 
+@pytest.mark.parametrize("validate_only", [True, False])
+def test_a_config_with_a_null_value_is_refused(gateway, topics, validate_only):
+    """Kafka's CreateTopics refuses a config whose value is null (INVALID_CONFIG, "Null value
+    not supported for topic configs: ..."); the gateway created the topic with the default
+    retention, as if the config had not been given."""
+    entry = {**_new_topic("n"), "configs": [{"name": "retention.ms", "value": None}]}
+    (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+                                           "topics": [entry]}).topics
+    assert (answer.error_code.value, answer.error_message) == (
+        Errors.INVALID_CONFIG, "Null value not supported for topic configs: retention.ms")
+    assert topics.list() == []
+
+
 @pytest.mark.parametrize("version", [5, 7])
 @pytest.mark.parametrize("validate_only", [True, False])
 def test_a_created_topic_is_answered_with_its_configs(gateway, topics, version, validate_only):

@@ -2,7 +2,8 @@
 
 A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's own
 ``retention.records``; any other config is refused with INVALID_CONFIG rather than silently
-ignored. With one broker, the replication factor must be -1 (the default) or 1.
+ignored, and so is a config with a null value, as Kafka refuses it (it created the topic with
+the default before). With one broker, the replication factor must be -1 (the default) or 1.
 
 ACLs, as Kafka's ``KafkaApis``: CreateTopics needs CREATE on the cluster or on the topic,
 DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
@@ -90,6 +91,11 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
                    error_message="the rcoord gateway is a single broker: use 1 or -1")
         return out
     settings: dict[str, int | None] = {}
+    unset = [cfg.name for cfg in topic.configs if cfg.value is None]
+    if unset:  # Kafka's ReplicationControlManager.computeConfigChanges, in its words
+        out.update(error_code=Errors.INVALID_CONFIG, error_message="Null value not supported "
+                   f"for topic configs: {','.join(unset)}")
+        return out
     for cfg in topic.configs:
         if cfg.name not in _CONFIGS:
             out.update(error_code=Errors.INVALID_CONFIG,
@@ -97,14 +103,14 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
                        f"supported: {', '.join(sorted(_CONFIGS))}")
             return out
         try:
-            value = None if cfg.value is None else int(cfg.value)
+            value = int(cfg.value)
         except ValueError:
             value = -2
-        if value is not None and value < -1:
+        if value < -1:
             out.update(error_code=Errors.INVALID_CONFIG,
                        error_message=f"{cfg.name} must be an integer >= -1")
             return out
-        settings[_CONFIGS[cfg.name]] = None if value in (None, -1) else value
+        settings[_CONFIGS[cfg.name]] = None if value == -1 else value
     try:
         if validate_only:
             # Every check the real create makes (name, count, settings), and the name free.
