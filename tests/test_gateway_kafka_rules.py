@@ -227,6 +227,24 @@ def test_validate_only_refuses_what_the_create_would(gateway, topics):
     assert topics.list() == ["fine", "taken"]
 
 
+def test_validate_only_reads_the_topic_not_the_keyspace(gateway, topics, monkeypatch):
+    """CreateTopics with validate_only learned whether a name is taken by listing every topic,
+    a SCAN of the whole Redis keyspace (every namespace's keys) for each topic validated; one
+    read of the topic's metadata answers it."""
+    from rcoord.topics import Topics
+
+    topics.create("taken", 1)
+
+    def no_listing(self):
+        raise AssertionError("validate_only listed every topic")
+
+    monkeypatch.setattr(Topics, "list", no_listing)
+    checked = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": True, "topics": [
+        _new_topic("taken"), _new_topic("free")]})
+    assert {t.name: t.error_code.value for t in checked.topics} == {
+        "taken": Errors.TOPIC_ALREADY_EXISTS, "free": 0}
+
+
 def test_metadata_by_topic_id(gateway, topics):
     """Metadata v12 may name a topic by id alone: rcoord's topics have no id, so each id named
     is UNKNOWN_TOPIC_ID (it used to be dropped from the answer, which a client waits on); an

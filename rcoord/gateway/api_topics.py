@@ -113,9 +113,11 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
         settings[_CONFIGS[cfg.name]] = None if value == -1 else value
     try:
         if validate_only:
-            # Every check the real create makes (name, count, settings), and the name free.
+            # Every check the real create makes (name, count, settings), and the name free:
+            # one read of the topic's metadata (listing the topics SCANs the whole keyspace,
+            # every namespace's keys, once per topic validated).
             state.topics.check_create(topic.name, count, **settings)
-            if topic.name in state.topics.list():
+            if _exists(state, topic.name):
                 raise TopicError(Errors.TOPIC_ALREADY_EXISTS, topic.name)
         else:
             state.topics.create(topic.name, count, **settings)
@@ -130,6 +132,17 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
         {"name": e.name, "value": e.value, "read_only": True, "config_source": e.source,
          "is_sensitive": False} for e in configs])
     return out
+
+
+def _exists(state: GatewayState, name: str) -> bool:
+    """Blocking: whether topic ``name`` (a legal name) exists."""
+    try:
+        state.topics.partition_count(name)
+    except TopicError as exc:
+        if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            raise
+        return False
+    return True
 
 
 @api(19, "CreateTopics", 2, 7)
