@@ -35,7 +35,7 @@ from rcoord.topics import Record, Topics
 TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 29, 30, 31
 WAIT_S = 60.0
 
-USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
+USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw", "ops": "ops-pw"}
 
 
 def _allow(resource: str, name: str, ops: list[str], pattern: str = "literal",
@@ -57,6 +57,8 @@ ACLS = [
     _allow("topic", "shared.blind", ["DESCRIBE_CONFIGS"], permission="deny"),
     # bob: may only describe the group "app" (no topic, no idempotent write)
     _allow("group", "app", ["DESCRIBE"], principal="User:bob"),
+    # ops: everything on the cluster resource, nothing on any topic or group
+    _allow("cluster", "kafka-cluster", ["ALL"], principal="User:ops"),
 ]
 
 
@@ -492,6 +494,23 @@ def test_create_and_delete_topics_need_create_and_delete(alice: _Session, bob: _
     assert _codes(deleted.responses, "name") == {"team-a.new": 0,
                                                  "orders": TOPIC_AUTHORIZATION_FAILED}
     assert "orders" in topics.list()
+
+
+def test_all_on_the_cluster_creates_and_deletes_any_topic(gateway: GatewayThread,
+                                                          topics: Topics) -> None:
+    """Kafka's ControllerApis: CREATE on the cluster creates any topic, DELETE on the cluster
+    (which only an ALL rule on it grants) deletes any topic. The gateway honoured the first
+    but refused the second, TOPIC_AUTHORIZATION_FAILED for every topic."""
+    ops = _Session(gateway, "ops")
+    try:
+        created = ops.call(19, 7, {"topics": [{"name": "made", "num_partitions": 1,
+                                               "replication_factor": -1}], "timeout": 10000})
+        assert _codes(created.topics, "name") == {"made": 0}
+        deleted = ops.call(20, 5, {"topic_names": ["made", "orders", "nope"], "timeout": 10000})
+        assert _codes(deleted.responses, "name") == {"made": 0, "orders": 0, "nope": 3}
+        assert "orders" not in topics.list() and "made" not in topics.list()
+    finally:
+        ops.close()
 
 
 def test_create_topics_hides_the_configs_of_a_topic_not_describable(alice: _Session,

@@ -5,8 +5,9 @@ A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's ow
 ignored, and so is a config with a null value, as Kafka refuses it (it created the topic with
 the default before). With one broker, the replication factor must be -1 (the default) or 1.
 
-ACLs, as Kafka's ``KafkaApis``: CreateTopics needs CREATE on the cluster or on the topic,
-DeleteTopics DELETE on the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
+ACLs, as Kafka's ``ControllerApis``: CreateTopics needs CREATE on the cluster or on the topic,
+DeleteTopics DELETE on the cluster (an ALL rule on it: Kafka defines no DELETE rule there) or on
+the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
 
 A topic created (or that would be, with ``validate_only``) is answered from v5 on with its
 partition count, replication factor and configs (KIP-525; the configs DescribeConfigs gives
@@ -185,9 +186,10 @@ def _delete(state: GatewayState, name: str) -> dict[str, Any]:
 @api(20, "DeleteTopics", 1, 5)
 async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
+    cluster_delete = conn.may(Operation.DELETE, ResourceType.CLUSTER, log_denied=False)
 
     async def one(name: str) -> dict[str, Any]:
-        if not conn.may(Operation.DELETE, ResourceType.TOPIC, name):
+        if not cluster_delete and not conn.may(Operation.DELETE, ResourceType.TOPIC, name):
             return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
                     "error_message": "Authorization failed."}
         return await state.blocking(_delete, state, name)
