@@ -381,6 +381,21 @@ def test_a_join_group_listing_a_protocol_twice_is_an_invalid_request(gateway):
     assert [g.group_state for g in described.groups] == ["Dead"]
 
 
+def test_a_join_group_v0_session_timeout_out_of_bounds_is_invalid_session_timeout(gateway):
+    """JoinGroup v0 has no rebalance timeout: it is the session timeout, as in Kafka. A session
+    timeout of 0 was answered INVALID_REQUEST (the rebalance timeout's own check, which ran
+    first); Kafka's answer is INVALID_SESSION_TIMEOUT, which a client reports as such."""
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(11, 0, 1, {
+            "group_id": "g0", "session_timeout": 0, "member_id": "",
+            "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b"a"}]}))
+        joined = response(sock, 11, 0, 4)
+    finally:
+        sock.close()
+    assert joined.error_code.value == Errors.INVALID_SESSION_TIMEOUT
+
+
 def _new_topic(name: str, count: int = 1, rf: int = -1, assignments: Any = ()) -> dict[str, Any]:
     return {"name": name, "num_partitions": count, "replication_factor": rf,
             "assignments": [{"partition_index": i, "broker_ids": b} for i, b in assignments],

@@ -393,6 +393,12 @@ def test_rebalance_timeout_must_be_positive(ctx):
     with pytest.raises(InvalidRequestError, match="rebalance_timeout_ms"):
         ctx.coord.join_group("g", protocol_type="consumer", protocols=PROTOCOLS,
                              session_timeout_ms=5000, rebalance_timeout_ms=0)
+    # Without one it is the session timeout (JoinGroup v0): a session timeout that makes it
+    # < 1 is answered as out of bounds, as Kafka answers it (it was InvalidRequestError).
+    for session in (0, -1):
+        res = ctx.coord.join_group("g", protocol_type="consumer", protocols=PROTOCOLS,
+                                   session_timeout_ms=session)
+        assert res.error == Errors.INVALID_SESSION_TIMEOUT
 
 
 def test_a_protocol_listed_twice_is_refused_before_anything_is_written(ctx):

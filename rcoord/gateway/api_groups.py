@@ -44,7 +44,7 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
         protocol_type=req.protocol_type,
         protocols=[(p.name, p.metadata) for p in req.protocols],
         session_timeout_ms=session_ms,
-        rebalance_timeout_ms=session_ms if rebalance is None else millis(rebalance),
+        rebalance_timeout_ms=None if rebalance is None else millis(rebalance),  # v0: session
         group_instance_id=getattr(req, "group_instance_id", None),
         client_id=conn.client_id,
         client_host=f"/{conn.client_host}",  # Kafka's form: InetAddress.toString

@@ -168,10 +168,14 @@ class JoinRequest:
         protocol_type = check_id("protocol_type", protocol_type)
         session_timeout_ms = require_int32("session_timeout_ms", session_timeout_ms)
         if rebalance_timeout_ms is None:
+            # JoinGroup v0's rule (Kafka's too). A session timeout that makes it < 1 is outside
+            # the session bounds, which the join answers INVALID_SESSION_TIMEOUT, as Kafka.
             rebalance_timeout_ms = session_timeout_ms
-        rebalance_timeout_ms = require_int32("rebalance_timeout_ms", rebalance_timeout_ms)
-        if rebalance_timeout_ms < 1:
-            raise InvalidRequestError(f"rebalance_timeout_ms must be >= 1, got {rebalance_timeout_ms}")
+        else:
+            rebalance_timeout_ms = require_int32("rebalance_timeout_ms", rebalance_timeout_ms)
+            if rebalance_timeout_ms < 1:
+                raise InvalidRequestError(
+                    f"rebalance_timeout_ms must be >= 1, got {rebalance_timeout_ms}")
         if isinstance(protocols, (str, bytes)) or not isinstance(protocols, Sequence):
             raise TypeError("protocols must be a sequence of (name, metadata bytes) pairs")
         check_count("protocols", protocols, MAX_PROTOCOLS)
