@@ -245,6 +245,24 @@ def test_validate_only_reads_the_topic_not_the_keyspace(gateway, topics, monkeyp
         "taken": Errors.TOPIC_ALREADY_EXISTS, "free": 0}
 
 
+@pytest.mark.parametrize("validate_only", [False, True])
+def test_an_existing_topic_is_already_exists_whatever_else_is_wrong(gateway, topics,
+                                                                    validate_only):
+    """Kafka's createTopics checks the name and whether it is taken before the configs, the
+    replication factor and the partitions: an existing topic asked for with replication
+    factor 3, an unknown config or 0 partitions was answered with that error, not
+    TOPIC_ALREADY_EXISTS, which tools creating a topic "if it does not exist" look for."""
+    topics.create("there", 1)
+    asked = [_new_topic("there", rf=3), _new_topic("there", count=0),
+             {**_new_topic("there"), "configs": [{"name": "cleanup.policy", "value": "x"}]}]
+    for topic in asked:
+        answered = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+                                              "topics": [topic]})
+        assert [(t.name, t.error_code.value) for t in answered.topics] == [
+            ("there", Errors.TOPIC_ALREADY_EXISTS)]
+    assert topics.partition_count("there") == 1
+
+
 def test_metadata_by_topic_id(gateway, topics):
     """Metadata v12 may name a topic by id alone: rcoord's topics have no id, so each id named
     is UNKNOWN_TOPIC_ID (it used to be dropped from the answer, which a client waits on); an

@@ -80,6 +80,16 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
             ) -> dict[str, Any]:
     out: dict[str, Any] = {"name": topic.name, "error_code": Errors.NONE, "error_message": None,
                            "num_partitions": -1, "replication_factor": -1}
+    try:
+        # The name, then whether it is taken, before the rest, as Kafka's createTopics: an
+        # existing topic asked for with, say, replication factor 3 is TOPIC_ALREADY_EXISTS (it
+        # was INVALID_REPLICATION_FACTOR, which a tool creating "if not exists" took as a
+        # failure). The create itself checks again, atomically.
+        if _exists(state, topic.name):
+            raise TopicError(Errors.TOPIC_ALREADY_EXISTS, topic.name)
+    except TopicError as exc:
+        out.update(error_code=exc.error, error_message=str(exc))
+        return out
     if topic.assignments:
         error = _assignment_error(topic)
         if error is not None:
@@ -114,12 +124,10 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
         settings[_CONFIGS[cfg.name]] = None if value == -1 else value
     try:
         if validate_only:
-            # Every check the real create makes (name, count, settings), and the name free:
-            # one read of the topic's metadata (listing the topics SCANs the whole keyspace,
-            # every namespace's keys, once per topic validated).
+            # Every check the real create makes (name, count, settings; the name was found
+            # free above, by one read of its metadata: listing the topics SCANs the whole
+            # keyspace, every namespace's keys).
             state.topics.check_create(topic.name, count, **settings)
-            if _exists(state, topic.name):
-                raise TopicError(Errors.TOPIC_ALREADY_EXISTS, topic.name)
         else:
             state.topics.create(topic.name, count, **settings)
     except TopicError as exc:
