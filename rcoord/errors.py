@@ -153,7 +153,9 @@ class ServerUnavailable(ConnectionLost):
     after ``rcoord.scripts.MAX_RELOADS`` loads, or OOM (used memory above ``maxmemory`` under a
     no-eviction policy; Redis refuses a function at its start and a script at its first write
     that may use memory, unless it wrote already, so a refused call wrote nothing; it lasts until
-    retention, consumers or an operator free memory). Kafka's answer in those moments is
+    retention, consumers or an operator free memory), or NOREPLICAS (the master has fewer
+    replicas within ``min-replicas-max-lag`` than ``min-replicas-to-write``, the setting
+    docs/guarantees.md suggests; nothing of the call ran). Kafka's answer in those moments is
     COORDINATOR_NOT_AVAILABLE, which clients retry keeping their member id; a ``ConnectionLost``
     gets the same reaction everywhere (the worker client backs off and retries; the gateway
     answers a group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown
@@ -167,12 +169,20 @@ def is_missing_function(exc: BaseException) -> bool:
 
 
 def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:
-    """The answers ``ServerUnavailable`` stands for (redis-py has classes for some; BUSY comes
-    as a plain error whose text starts with the code)."""
+    """The answers ``ServerUnavailable`` stands for (redis-py has classes for some; BUSY and
+    NOREPLICAS come as plain errors whose text starts with the code)."""
     if isinstance(exc, (redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
                         redis.exceptions.NoScriptError)):
         return True
-    return str(exc).startswith("BUSY ") or is_missing_function(exc)
+    return str(exc).startswith(_NOT_NOW_CODES) or is_missing_function(exc)
+
+
+_NOT_NOW_CODES = ("BUSY ", "NOREPLICAS ")
+"""Error codes redis-py has no class for that say "not now, and nothing ran": BUSY (another
+script past busy-reply-threshold) and NOREPLICAS (fewer replicas than ``min-replicas-to-write``
+within ``min-replicas-max-lag``: the master refuses every function that may write, before it
+runs). NOREPLICAS is Kafka's NOT_ENOUGH_REPLICAS, which its group coordinator answers as
+COORDINATOR_NOT_AVAILABLE (``GroupMetadataManager``), so clients retry keeping their member id."""
 
 
 class MissingPermissionError(RcoordError):

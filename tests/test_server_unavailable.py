@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from harness import WAIT_S, wait_until
 
 from rcoord import (
     ConnectionLost,
@@ -21,6 +22,8 @@ from rcoord import (
     ServerUnavailable,
 )
 from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.client import ConsumerGroup, ConsumerGroupConfig
+from rcoord.client.coordinator import RedisCoordinator
 from rcoord.client.policy import CONNECTION_LOST, reaction_for
 from rcoord.errors import MissingPermissionError, reraise_as_rcoord
 from rcoord.testing.embedded import EmbeddedServer
@@ -41,6 +44,7 @@ def _demote(r: redis.Redis, absent_port: int) -> None:
     redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
     redis.exceptions.NoScriptError("No matching script. Please use EVAL."),
     redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"),
+    redis.ResponseError("NOREPLICAS Not enough good replicas to write."),
     redis.ResponseError("Function not found"),
     redis.exceptions.OutOfMemoryError(
         "command not allowed when used memory > 'maxmemory'. script: x, on @user_script:42."),
@@ -151,4 +155,110 @@ def test_a_send_refused_for_memory_raises_server_unavailable_and_writes_nothing(
             r.config_set("maxmemory", 0)
         assert producer.send("t", b"c", partition=0).offset == 1
     finally:
+        r.close()
+
+
+def _too_few_replicas(r: redis.Redis) -> None:
+    """``min-replicas-to-write 1`` on a master with no replica: it refuses every function that
+    may write with NOREPLICAS (as when its replica lags past ``min-replicas-max-lag``, the
+    setting docs/guarantees.md suggests), and runs none of it."""
+    r.config_set("min-replicas-to-write", 1)
+
+
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_too_few_replicas_answers_server_unavailable_with_either_driver(
+        own_server: EmbeddedServer, namespace: str, driver: str) -> None:
+    """Kafka's group coordinator answers NOT_ENOUGH_REPLICAS as COORDINATOR_NOT_AVAILABLE
+    (GroupMetadataManager). Before, redis-py's plain ResponseError came out of the public API,
+    and the worker took it for an unknown error: its generation ended with the partitions lost,
+    it left the group, and Consumer.poll() raised it."""
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
+    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
+                            group_min_session_timeout_ms=100)
+
+    async def scenario() -> tuple[Any, Errors]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
+        try:
+            coord = await AsyncGroupCoordinator(client, cfg).start()
+            joined = await coord.join_group("g", **JOIN)
+            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            _too_few_replicas(r)
+            try:
+                await coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused: Any = None
+            except ServerUnavailable as exc:
+                refused = exc
+            finally:
+                r.config_set("min-replicas-to-write", 0)
+            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
+        finally:
+            await client.aclose()
+
+    try:
+        if driver == "asyncio":
+            refused, after = asyncio.run(scenario())
+        else:
+            coord = GroupCoordinator(r, cfg).start()
+            joined = coord.join_group("g", **JOIN)
+            coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            _too_few_replicas(r)
+            try:
+                with pytest.raises(ServerUnavailable, match="NOREPLICAS") as caught:
+                    coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused = caught.value
+            finally:
+                r.config_set("min-replicas-to-write", 0)
+            after = coord.heartbeat("g", joined.generation_id, joined.member_id)
+        assert isinstance(refused, ServerUnavailable) and "NOREPLICAS" in str(refused)
+        assert after is Errors.NONE  # nothing ran while refused: the member is as it was
+    finally:
+        r.config_set("min-replicas-to-write", 0)
+        r.close()
+
+
+def test_a_worker_keeps_its_generation_through_too_few_replicas(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """The worker retries the refused heartbeats keeping its member id and its partitions, as
+    a Kafka consumer retries COORDINATOR_NOT_AVAILABLE; before, the first refusal ended the
+    generation with the partitions lost and the member left the group."""
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
+    GroupCoordinator(r, CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
+                                          group_min_session_timeout_ms=100)).start()
+    Topics(r, namespace).create("t", 1)
+    refused: list[BaseException] = []
+    answered = [0]
+
+    class Counting(RedisCoordinator):
+        def heartbeat(self, *args: Any, **kwargs: Any) -> Errors:
+            try:
+                error = super().heartbeat(*args, **kwargs)
+            except Exception as exc:
+                refused.append(exc)
+                raise
+            answered[0] += 1
+            return error
+
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace,
+        heartbeat_interval_ms=20, session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+        retry_backoff_ms=10, retry_backoff_max_ms=20), coordinator=Counting(r, namespace))
+    try:
+        gen = group.next(timeout=WAIT_S)
+        member = group.member_id
+        _too_few_replicas(r)
+        try:
+            wait_until(lambda: len(refused) >= 3 or gen.done.is_set())
+        finally:
+            r.config_set("min-replicas-to-write", 0)
+        assert not gen.done.is_set(), (gen.end_reason, gen.end_error)
+        assert all(isinstance(e, ServerUnavailable) for e in refused), refused
+        beats = answered[0]
+        wait_until(lambda: answered[0] > beats or gen.done.is_set())
+        assert not gen.done.is_set() and not gen.lost
+        assert group.member_id == member
+        assert [m.member_id for m in GroupCoordinator(r, namespace).describe_group("g").members] \
+            == [member]
+    finally:
+        group.close(timeout=WAIT_S)
+        r.config_set("min-replicas-to-write", 0)
         r.close()
