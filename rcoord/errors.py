@@ -155,8 +155,10 @@ class ServerUnavailable(ConnectionLost):
     that may use memory, unless it wrote already, so a refused call wrote nothing; it lasts until
     retention, consumers or an operator free memory), or NOREPLICAS (the master has fewer
     replicas within ``min-replicas-max-lag`` than ``min-replicas-to-write``, the setting
-    docs/guarantees.md suggests; nothing of the call ran). Kafka's answer in those moments is
-    COORDINATOR_NOT_AVAILABLE, which clients retry keeping their member id; a ``ConnectionLost``
+    docs/guarantees.md suggests; nothing of the call ran), or MISCONF (the last RDB save failed
+    and ``stop-writes-on-bgsave-error`` is on: writes are refused until a save succeeds). Kafka's
+    answer in those moments is COORDINATOR_NOT_AVAILABLE (NOT_COORDINATOR for a log that cannot
+    be written), which clients retry keeping their member id; a ``ConnectionLost``
     gets the same reaction everywhere (the worker client backs off and retries; the gateway
     answers a group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown
     error, which leaves the group."""
@@ -355,6 +357,14 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
                 f"{name}: Redis is out of memory (used memory > maxmemory) and refused to write; "
                 f"free memory (topic retention, deleting data) or raise maxmemory, then try "
                 f"again ({exc})") from exc
+        if str(exc).startswith("MISCONF "):
+            # Redis's last RDB save failed and stop-writes-on-bgsave-error is on: it refuses
+            # every function (and a script at its first write) until a save succeeds. Kafka
+            # answers a group write its log could not store as NOT_COORDINATOR (retriable).
+            raise ServerUnavailable(
+                f"{name}: Redis refuses writes because its last RDB save failed "
+                f"(stop-writes-on-bgsave-error); fix what failed the save (disk space, the "
+                f"permissions of its dir), then try again ({exc})") from exc
         if _cannot_run_now(exc):
             raise ServerUnavailable(f"{name}: Redis cannot run this now; try again ({exc})") from exc
 

@@ -262,3 +262,63 @@ def test_a_worker_keeps_its_generation_through_too_few_replicas(
         group.close(timeout=WAIT_S)
         r.config_set("min-replicas-to-write", 0)
         r.close()
+
+
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_writes_stopped_by_a_failed_save_answer_server_unavailable_with_either_driver(
+        namespace: str, driver: str) -> None:
+    """A server whose last RDB save failed, with save points and the default
+    stop-writes-on-bgsave-error, refuses every function with MISCONF (here its dir is /proc,
+    where no file can be made). Before, redis-py's plain ResponseError came out of the public
+    API and the worker took it for an unknown error (it left its group at every refusal);
+    Kafka answers a group write its log cannot store as NOT_COORDINATOR, which is retried."""
+    server = EmbeddedServer(extra_args=["--dir", "/proc", "--save", "3600 1"]).start()
+    r = server.client()
+    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
+                            group_min_session_timeout_ms=100)
+
+    def fail_a_save() -> None:
+        r.bgsave()
+        wait_until(lambda: r.info("persistence")["rdb_bgsave_in_progress"] == 0)
+        assert r.info("persistence")["rdb_last_bgsave_status"] == "err"
+
+    async def scenario() -> tuple[Any, Errors]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        try:
+            coord = await AsyncGroupCoordinator(client, cfg).start()
+            joined = await coord.join_group("g", **JOIN)
+            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            fail_a_save()
+            try:
+                await coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused: Any = None
+            except ServerUnavailable as exc:
+                refused = exc
+            finally:
+                r.config_set("stop-writes-on-bgsave-error", "no")
+            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
+        finally:
+            await client.aclose()
+
+    try:
+        if driver == "asyncio":
+            refused, after = asyncio.run(scenario())
+        else:
+            coord = GroupCoordinator(r, cfg).start()
+            joined = coord.join_group("g", **JOIN)
+            coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            fail_a_save()
+            try:
+                with pytest.raises(ServerUnavailable) as caught:
+                    coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused = caught.value
+            finally:
+                r.config_set("stop-writes-on-bgsave-error", "no")
+            after = coord.heartbeat("g", joined.generation_id, joined.member_id)
+        assert isinstance(refused, ServerUnavailable)
+        assert "last RDB save failed" in str(refused) and "MISCONF" in str(refused)
+        assert after is Errors.NONE  # nothing ran while refused: the member is as it was
+    finally:
+        r.config_set("save", "")  # (else its shutdown tries to save in /proc, and waits)
+        r.close()
+        server.stop()
