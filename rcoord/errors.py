@@ -147,21 +147,22 @@ class ConnectionLost(RcoordError):
 
 
 class ServerUnavailable(ConnectionLost):
-    """Redis answered that it cannot run the call now, and did not run it: a replica's READONLY
-    (a failover the client's connection has not followed yet), BUSY (another script running past
-    busy-reply-threshold), TRYAGAIN (a slot migrating), a function or script still missing
-    after ``rcoord.scripts.MAX_RELOADS`` loads, or OOM (used memory above ``maxmemory`` under a
-    no-eviction policy; Redis refuses a function at its start and a script at its first write
-    that may use memory, unless it wrote already, so a refused call wrote nothing; it lasts until
-    retention, consumers or an operator free memory), or NOREPLICAS (the master has fewer
-    replicas within ``min-replicas-max-lag`` than ``min-replicas-to-write``, the setting
+    """Redis answered that it cannot run the call now, and did not run it: a replica's READONLY (a
+    failover the client's connection has not followed yet), or the UNBLOCKED that ended a parked
+    JoinGroup's or SyncGroup's wait as a failover demoted its master, BUSY (another script
+    running past busy-reply-threshold), TRYAGAIN (a slot migrating), a function or script still
+    missing after ``rcoord.scripts.MAX_RELOADS`` loads, or OOM (used memory above ``maxmemory``
+    under a no-eviction policy; Redis refuses a function at its start and a script at its first
+    write that may use memory, unless it wrote already, so a refused call wrote nothing; it
+    lasts until retention, consumers or an operator free memory), or NOREPLICAS (the master has
+    fewer replicas within ``min-replicas-max-lag`` than ``min-replicas-to-write``, the setting
     docs/guarantees.md suggests; nothing of the call ran), or MISCONF (the last RDB save failed
-    and ``stop-writes-on-bgsave-error`` is on: writes are refused until a save succeeds). Kafka's
-    answer in those moments is COORDINATOR_NOT_AVAILABLE (NOT_COORDINATOR for a log that cannot
-    be written), which clients retry keeping their member id; a ``ConnectionLost``
-    gets the same reaction everywhere (the worker client backs off and retries; the gateway
-    answers a group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown
-    error, which leaves the group."""
+    and ``stop-writes-on-bgsave-error`` is on: writes are refused until a save succeeds).
+    Kafka's answer in those moments is COORDINATOR_NOT_AVAILABLE (NOT_COORDINATOR for a log that
+    cannot be written), which clients retry keeping their member id; a ``ConnectionLost`` gets
+    the same reaction everywhere (the worker client backs off and retries; the gateway answers a
+    group request with COORDINATOR_NOT_AVAILABLE), instead of the one for an unknown error,
+    which leaves the group."""
 
 
 def is_missing_function(exc: BaseException) -> bool:
@@ -171,20 +172,23 @@ def is_missing_function(exc: BaseException) -> bool:
 
 
 def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:
-    """The answers ``ServerUnavailable`` stands for (redis-py has classes for some; BUSY and
-    NOREPLICAS come as plain errors whose text starts with the code)."""
+    """The answers ``ServerUnavailable`` stands for (redis-py has classes for some; BUSY,
+    NOREPLICAS and UNBLOCKED come as plain errors whose text starts with the code)."""
     if isinstance(exc, (redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
                         redis.exceptions.NoScriptError)):
         return True
     return str(exc).startswith(_NOT_NOW_CODES) or is_missing_function(exc)
 
 
-_NOT_NOW_CODES = ("BUSY ", "NOREPLICAS ")
+_NOT_NOW_CODES = ("BUSY ", "NOREPLICAS ", "UNBLOCKED ")
 """Error codes redis-py has no class for that say "not now, and nothing ran": BUSY (another
-script past busy-reply-threshold) and NOREPLICAS (fewer replicas than ``min-replicas-to-write``
+script past busy-reply-threshold), NOREPLICAS (fewer replicas than ``min-replicas-to-write``
 within ``min-replicas-max-lag``: the master refuses every function that may write, before it
-runs). NOREPLICAS is Kafka's NOT_ENOUGH_REPLICAS, which its group coordinator answers as
-COORDINATOR_NOT_AVAILABLE (``GroupMetadataManager``), so clients retry keeping their member id."""
+runs) and UNBLOCKED (a blocking read ended by the server: a master turned replica by a
+failover ends every blocked XREAD so, which is where parked JoinGroups and SyncGroups wait;
+the parked member is as it was). NOREPLICAS is Kafka's NOT_ENOUGH_REPLICAS, which its group
+coordinator answers as COORDINATOR_NOT_AVAILABLE (``GroupMetadataManager``), so clients retry
+keeping their member id."""
 
 
 class MissingPermissionError(RcoordError):

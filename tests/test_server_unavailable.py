@@ -7,12 +7,13 @@ worker leave its group)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
-from harness import WAIT_S, wait_until
+from harness import WAIT_S, await_until, wait_until
 
 from rcoord import (
     ConnectionLost,
@@ -45,6 +46,8 @@ def _demote(r: redis.Redis, absent_port: int) -> None:
     redis.exceptions.NoScriptError("No matching script. Please use EVAL."),
     redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"),
     redis.ResponseError("NOREPLICAS Not enough good replicas to write."),
+    redis.ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed "
+                        "(master -> replica?)"),
     redis.ResponseError("Function not found"),
     redis.exceptions.OutOfMemoryError(
         "command not allowed when used memory > 'maxmemory'. script: x, on @user_script:42."),
@@ -322,3 +325,52 @@ def test_writes_stopped_by_a_failed_save_answer_server_unavailable_with_either_d
         r.config_set("save", "")  # (else its shutdown tries to save in /proc, and waits)
         r.close()
         server.stop()
+
+
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_a_parked_join_ended_by_a_demotion_answers_server_unavailable(
+        own_server: EmbeddedServer, refused_port: int, namespace: str, driver: str) -> None:
+    """A master turned replica (a failover, Sentinel's REPLICAOF) ends every blocked XREAD with
+    'UNBLOCKED force unblock ...': the wake-stream read a parked JoinGroup or SyncGroup waits
+    on. Before, that plain ResponseError came out of join_group, and the worker took it for an
+    unknown error in the middle of the failover: it left the group, forgot its member id and
+    backed off, instead of retrying the join with its id as for the READONLY that follows."""
+    r = redis.Redis(host="127.0.0.1", port=own_server.port)
+    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=60_000)
+    join = {**JOIN, "rebalance_timeout_ms": 60_000}
+
+    def parked() -> bool:
+        return any(c.get("cmd") == "xread" for c in r.client_list())
+
+    async def scenario() -> Any:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
+        try:
+            coord = await AsyncGroupCoordinator(client, cfg).start()
+            call = asyncio.ensure_future(coord.join_group("g", **join))
+            await await_until(parked, "the join parked")
+            _demote(r, refused_port)
+            try:
+                return await asyncio.wait_for(call, WAIT_S)
+            except ServerUnavailable as exc:
+                return exc
+        finally:
+            await client.aclose()
+
+    try:
+        if driver == "asyncio":
+            outcome = asyncio.run(scenario())
+        else:
+            coord = GroupCoordinator(r, cfg).start()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                call = pool.submit(coord.join_group, "g", **join)
+                wait_until(parked)
+                _demote(r, refused_port)
+                try:
+                    outcome = call.result(WAIT_S)
+                except ServerUnavailable as exc:
+                    outcome = exc
+        assert isinstance(outcome, ServerUnavailable), outcome
+        assert "UNBLOCKED" in str(outcome)
+    finally:
+        r.execute_command("REPLICAOF", "NO", "ONE")
+        r.close()
