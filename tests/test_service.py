@@ -999,3 +999,37 @@ def test_turns_that_end_on_their_budget_take_the_due_partitions_in_turn(own_serv
     sweeper.sweep_due("deadline")
     sweeper.sweep_due("deadline")
     assert [a - b for a, b in zip(start, due_now(), strict=True)] == [5, 5]
+
+
+def test_a_burst_of_resubscriptions_rereads_the_index_once(own_server, namespace):
+    """The deadline listener queues a Resync per channel it subscribes (one per partition), so
+    a reconnect queued as many as there are partitions, and the timer loop re-read every
+    partition's earliest deadline for each one: partitions² calls (seconds with 1,000
+    partitions), with no deadline applied meanwhile. Now a drain of the queue re-reads the
+    index once, however many Resyncs it held."""
+    from rcoord.service.events import Resync
+
+    svc = _in_process(own_server.url, namespace, "burst", num_partitions=8)
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        reads: list[set[int]] = []
+        resync = svc.sweeper.resync
+
+        def counted(owned: set[int]) -> None:
+            reads.append(set(owned))
+            resync(owned)
+
+        svc.sweeper.resync = counted
+        for _ in range(200):  # (a reconnect of a listener hearing 200 partitions)
+            svc._queue.put(Resync())
+        runner.start()
+        wait_until(svc._queue.empty, timeout_s=10)
+        drained = time.monotonic()
+        wait_until(lambda: svc._last_turn_ok > drained, timeout_s=10)  # that turn has ended
+        # The start's Owned, the burst, the first turn's periodic re-read (and another if this
+        # machine is slow enough for a second one): not one per Resync.
+        assert 2 <= len(reads) <= 5, len(reads)
+        assert all(owned == set(range(8)) for owned in reads)
+    finally:
+        svc.stop()
+        runner.join(10)

@@ -191,6 +191,9 @@ class CoordinatorService:
         """``start()`` connected (no client given): ``stop()`` closes that client."""
         self.exit_code = 0
         self._hinted: set[int] = set()
+        self._resync_due = False
+        """A ``Resync`` was heard in this drain of the queue: the index is re-read once, after
+        the drain (``_timer_loop``), however many were heard."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -573,6 +576,10 @@ class CoordinatorService:
                         event = None
                 if self._hinted:
                     self._check_hints()
+                if self._resync_due:
+                    if index:
+                        sweeper.resync(owned)
+                    self._resync_due = False
                 mono = time.monotonic() * 1000
                 if mono - last_resync >= RESYNC_MS:
                     last_resync = mono
@@ -650,6 +657,7 @@ class CoordinatorService:
                     self.tail.poll(self._tailed(owned))
                 if index:
                     self.sweeper.resync(owned)
+                    self._resync_due = False  # (this re-read answers a Resync heard before)
             case Deadline(p, at_ms):
                 if p in owned:
                     self.metrics.wakeups.labels("channel").inc()
@@ -665,8 +673,12 @@ class CoordinatorService:
                         applied = self.sweeper.expire_group(p, group_id, "hint")
                         self.metrics.hints.labels("hit" if applied else "miss").inc()
             case Resync():
-                if index:
-                    self.sweeper.resync(owned)
+                # Once for the whole drain (``_timer_loop``): the deadline listener queues one
+                # per channel it subscribes (one per partition), so a reconnect queued as many
+                # as there are partitions, and each re-read them all. With 1,000 partitions the
+                # loop spent seconds re-reading the index (a million ZRANGEs) after a Redis
+                # restart or a dropped connection, applying no deadline meanwhile.
+                self._resync_due = True
             case CoordinatorsChanged():
                 self._lease_wake.set()
             case _:
