@@ -76,6 +76,7 @@ def _closed_within(conn: socket.socket, seconds: float, trickle: bool = False) -
     ("GET /metrics?name[]=up", b"200"), ("GET /healthz", b"200"),
     ("GET /metricsXYZ", b"404"), ("GET /healthz-anything", b"404"),
     ("GET /metrics/../../etc", b"404"), ("POST /healthz", b"405"), ("DELETE /metrics", b"405"),
+    ("GET http://[/metrics", b"400"), ("HEAD http://[::1/healthz", b"400"),
 ])
 def test_only_the_two_paths_answer_and_only_to_get_and_head(request_line: str,
                                                             status: bytes) -> None:

@@ -101,8 +101,16 @@ class StatusServer:
             timeout = REQUEST_TIMEOUT_S  # (StreamRequestHandler sets it on the socket)
 
             def _answer(self, with_body: bool) -> None:
-                path = urlsplit(self.path).path
-                if path == "/metrics":
+                path: str | None
+                try:
+                    path = urlsplit(self.path).path
+                except ValueError:
+                    # A target urlsplit refuses ("http://[/x": an unclosed IPv6 host): a 400;
+                    # the handler raised, the peer got no answer and the log a traceback.
+                    path = None
+                if path is None:
+                    body, ctype, code = b"bad request target\n", "text/plain", 400
+                elif path == "/metrics":
                     body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
                 elif path == "/healthz":
                     ok, detail = health_()
