@@ -628,6 +628,43 @@ def test_a_listener_refused_its_channels_subscribes_again_once_allowed(own_serve
         client.execute_command("ACL", "DELUSER", "fickle")
 
 
+def test_an_expired_key_whose_tag_is_not_utf8_does_not_drop_the_hints(own_server, namespace,
+                                                                      caplog):
+    """A key under the namespace shaped like a hint key but whose tag is not UTF-8 (anyone who
+    may write there can let one expire): decoding it raised, which dropped the expired-key
+    subscription (a warning, a reconnect) and lost the hints of the gap. It is no tag of ours:
+    ignored, and the next hint is heard on the same subscription."""
+    import queue
+
+    from rcoord.partitioning import partition_tag
+    from rcoord.service.events import Event, Hint
+    from rcoord.service.listener import Listener
+
+    client = own_server.client()
+    heard: queue.Queue[Event] = queue.Queue()
+    listener = Listener(client, namespace, 4, f"{namespace}:coordinators", heard,
+                        deadlines=False, hints=True)
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    listener.start()
+    try:
+        wait_until(lambda: listener.hint_nodes != set(), timeout_s=10)
+        for key in (f"{namespace}:{{".encode() + b"\xff}:h:x",
+                    f"{namespace}:{{{partition_tag(1, 4)}}}:h:grp".encode()):
+            client.set(key, b"1", px=1)
+            wait_until(lambda k=key: not client.exists(k), timeout_s=10)  # (expired: an event)
+        hints: list[Event] = []
+
+        def heard_the_hint() -> bool:
+            while not heard.empty():
+                hints.append(heard.get())
+            return Hint(1, "grp") in hints
+
+        wait_until(heard_the_hint, timeout_s=10)
+        assert not [r for r in caplog.records if getattr(r, "event", None) == "keyspace_lost"]
+    finally:
+        listener.stop()
+
+
 def test_a_failing_subscription_is_retried_less_often_the_longer_it_fails():
     """Both kinds of subscription (the channels and each master's expired-key events) pause by
     ``Backoff``: short after the first failure, doubling to the cap, short again after a

@@ -304,8 +304,12 @@ class Listener:
                                 "event": "keyspace_subscribed", "node": addr})
                     elif msg["type"] == "message":
                         m = self._hint_re.match(msg["data"])
-                        if m and m.group(1).decode() in self._tags:
-                            self._events.put(Hint(self._tags[m.group(1).decode()],
+                        # (Not UTF-8 is no tag of ours: a key someone else let expire, whose
+                        # UnicodeDecodeError dropped the subscription, and the hints of the
+                        # reconnect's gap with it.)
+                        tag = m.group(1).decode("utf-8", "surrogateescape") if m else None
+                        if m and tag in self._tags:
+                            self._events.put(Hint(self._tags[tag],
                                               m.group(2).decode("utf-8", "surrogateescape")))
             except redis.exceptions.NoPermissionError as exc:
                 # The ACL user may not hear this channel: hints are off for good, and the
