@@ -906,6 +906,61 @@ def test_an_attempt_running_beside_another_in_another_order_fails_and_loses_noth
     assert not lost
 
 
+def test_two_attempts_in_the_same_order_interleaved_store_each_keyless_row_once(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # A speculative copy (launched once its original runs slow, so after that one stored some
+    # rows) or a retry beside a zombie, without a shuffle: both see the rows in the same order.
+    # The later attempt skips the rows it finds stored; it placed the rest by a partitioner
+    # that had not seen the skipped ones, so its keyless rows went to other partitions than
+    # the first attempt's, under the sequence numbers the first one uses for them. Interleaved,
+    # each then found the other's rows under its numbers: both attempts failed
+    # (AttemptConflict) and rows were stored twice. The partitioner now places every row,
+    # skipped or not, so both attempts place and number each row alike.
+    topics.create("out", 4)
+    rows = [{"value": f"v{i}".encode() * 20} for i in range(3000)]
+    b_paused, b_go = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def attempt(name: str, source: Any) -> None:
+        try:
+            results[name] = write_rows(make_producer(single_client, namespace, "spark:q:4", 6),
+                                       source, "out")
+        except Exception as exc:  # noqa: BLE001 (reported by the assertions below)
+            results[name] = exc
+
+    def b_rows() -> Any:
+        for i, row in enumerate(rows):
+            if i == 2500:  # it has stored rows 1000..1999 of its own
+                b_paused.set()
+                assert b_go.wait(30)
+            yield row
+
+    b = threading.Thread(target=attempt, args=("b", b_rows()))
+
+    def a_rows() -> Any:
+        for i, row in enumerate(rows):
+            if i == 1500:  # it has stored rows 0..999
+                b.start()
+                assert b_paused.wait(30)
+            yield row
+
+    try:
+        attempt("a", a_rows())
+    finally:
+        b_go.set()
+        b.join(30)
+    a, b_res = results["a"], results["b"]
+    assert not isinstance(a, Exception), a
+    assert not isinstance(b_res, Exception), b_res
+    assert (a.appended, a.duplicates) == (2000, 1000)
+    assert (b_res.appended, b_res.duplicates) == (1000, 2000)
+    stored: Counter[bytes | None] = Counter()
+    for p in range(4):
+        stored.update(r.value for r in fetch(single_client, namespace, "out", p, 0,
+                                             max_records=10_000).records)
+    assert stored == Counter(r["value"] for r in rows)
+
+
 def test_an_attempt_refused_its_sequence_numbers_fails_as_a_conflict(
         single_client: Any, namespace: str, topics: Topics) -> None:
     """A zombie attempt's call fails (not appended) and its next is accepted with the gap

@@ -13,7 +13,10 @@ after a failure appends nothing twice. A first attempt numbers its records per p
 speculative or replayed task) checks its rows off against them by content, in whatever order
 they come, and appends only the others (``retry``): after a shuffle, Spark does not keep a
 task's row order across attempts. Keyless rows go by a sticky partitioner seeded by the
-producer id and epoch, so an attempt that does see the same order places them the same way.
+producer id and epoch, and every row is placed as it comes, those an attempt skips too, so an
+attempt that sees the same order places each row the same way and numbers it alike: one that
+takes over from an attempt still running (a speculative copy, a zombie's retry) finds that
+one's rows under its own numbers, the same rows.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..errors import Errors
@@ -195,10 +199,16 @@ def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
 
     for row in rows:
         topic, rec = row_to_record(row, default_topic)
+        # Every row is placed as it comes, a skipped one too: an attempt that takes over from
+        # one still running in the same order (a speculative copy, a zombie's retry) then puts
+        # each keyless row where that one does, under the same sequence number. Placed only
+        # when sent, it placed them elsewhere, and each attempt found the other's rows under
+        # its numbers: both failed, and rows were stored twice.
+        placed = producer.choose_partition(topic, rec)
         if earlier is not None and earlier.take(topic, rec):
             result.duplicates += 1
             continue
-        pending.setdefault(topic, []).append(rec)
+        pending.setdefault(topic, []).append(replace(rec, partition=placed))
         count += 1
         if count >= _BATCH:
             flush()

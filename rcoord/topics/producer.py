@@ -268,6 +268,23 @@ class Producer:
         return self._num_partitions(topic)
 
     @translate_redis_errors
+    def choose_partition(self, topic: str, record: ProducerRecord) -> int:
+        """The partition a send of ``record`` would append it to, chosen now: its own
+        ``partition``, else the partitioner's choice (which moves a sticky or round-robin
+        partitioner on, as that send would). Sent with that partition, the record goes there
+        without moving the partitioner again.
+
+        For a caller that places records in a fixed order whether or not it sends each: the
+        Spark sink places the rows an earlier attempt stored too, so it places the others where
+        an attempt in the same order does (``rcoord.spark.write``)."""
+        _check_topic(topic)
+        _encode_record(record)  # the checks a send makes first: the partitioner reads the record
+        n = self._num_partitions(topic)
+        if record.partition is not None:
+            return _check_int("partition", record.partition, 0)  # (a send checks the range)
+        return self._choose(topic, record, n)
+
+    @translate_redis_errors
     def _allocate_producer_id(self) -> str:
         """A number from the namespace's counter plus a random part: unique even if the counter
         key is lost, so a new producer can never inherit another's sequence numbers."""
