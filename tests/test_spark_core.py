@@ -961,6 +961,27 @@ def test_two_attempts_in_the_same_order_interleaved_store_each_keyless_row_once(
     assert stored == Counter(r["value"] for r in rows)
 
 
+def test_a_zombie_is_fenced_only_where_its_own_task_of_a_newer_batch_wrote(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # docs/guarantees.md said a zombie of an older batch is fenced "in every partition the
+    # newer batch has written to"; the producer is per task, so only its own task's appends
+    # of a newer batch fence it.
+    topics.create("z", 2)
+    write_rows(make_producer(single_client, namespace, "spark:q:0", 7),
+               [{"value": b"a", "partition": 0}], "z")
+    write_rows(make_producer(single_client, namespace, "spark:q:0", 8),
+               [{"value": b"b", "partition": 0}], "z")
+    write_rows(make_producer(single_client, namespace, "spark:q:1", 8),
+               [{"value": b"c", "partition": 1}], "z")
+    with pytest.raises(TopicError) as err:
+        write_rows(make_producer(single_client, namespace, "spark:q:0", 7),
+                   [{"value": b"z", "partition": 0}], "z")
+    assert err.value.error == Errors.PRODUCER_FENCED
+    zombie = write_rows(make_producer(single_client, namespace, "spark:q:0", 7),
+                        [{"value": b"z", "partition": 1}], "z")
+    assert (zombie.appended, zombie.duplicates) == (1, 0)  # task 1's batch 8 fences nothing
+
+
 def test_an_attempt_refused_its_sequence_numbers_fails_as_a_conflict(
         single_client: Any, namespace: str, topics: Topics) -> None:
     """A zombie attempt's call fails (not appended) and its next is accepted with the gap
