@@ -648,6 +648,10 @@ def test_rows_keep_repeated_and_null_headers_both_ways(
     # A null key was stored as a header named 'None'; Spark's Kafka sink fails the task.
     with pytest.raises(OptionError, match="headers: a header's key is null"):
         row_to_record({"value": b"v", "headers": [{"key": None, "value": b"x"}]}, "hdr")
+    # A null element (F.array(F.when(cond, F.struct(...)))) failed with a TypeError about
+    # 'NoneType' not being subscriptable.
+    with pytest.raises(OptionError, match=r"^headers: a header \(an element .*\) is null"):
+        row_to_record({"value": b"v", "headers": [{"key": "h", "value": b"x"}, None]}, "hdr")
 
 
 def test_the_topic_option_wins_over_the_topic_column() -> None:

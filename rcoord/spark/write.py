@@ -115,6 +115,10 @@ def row_to_record(row: Mapping[str, Any], default_topic: str | None) -> tuple[st
         # Pairs in order: a row may repeat a header name, and each is kept (as Kafka does).
         headers = []
         for h in raw_headers:
+            if h is None:  # (h[0] failed with "'NoneType' object is not subscriptable")
+                raise OptionError("headers: a header (an element of the headers array) is null; "
+                                  "every header needs a key: drop the null ones, e.g. "
+                                  "filter(col('headers'), lambda h: h.isNotNull())")
             # By position, as Spark's sink: the struct's field names passed the check in any case.
             k, v = tuple(h.values()) if isinstance(h, Mapping) else (h[0], h[1])
             if k is None:  # (str() stored it as a header named 'None')
