@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..errors import Errors
@@ -212,7 +211,8 @@ def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
         if earlier is not None and earlier.take(topic, rec):
             result.duplicates += 1
             continue
-        pending.setdefault(topic, []).append(replace(rec, partition=placed))
+        pending.setdefault(topic, []).append(
+            ProducerRecord(rec.value, rec.key, placed, rec.headers))  # (replace() costs 3x)
         count += 1
         if count >= _BATCH:
             flush()
