@@ -513,6 +513,27 @@ def test_all_on_the_cluster_creates_and_deletes_any_topic(gateway: GatewayThread
         ops.close()
 
 
+def test_delete_topics_answers_a_missing_topic_the_caller_may_see_as_unknown(
+        gateway: GatewayThread, alice: _Session, topics: Topics) -> None:
+    """Kafka's ControllerApis.deleteTopics refuses (29) a topic the caller may not delete only
+    if the caller may not see it or it exists: one it may see (DESCRIBE) that does not exist is
+    UNKNOWN_TOPIC_OR_PARTITION, and so is an illegal name (the controller looks names up
+    without judging them). Both were refused, 29, and an illegal name was 17."""
+    def delete(names: list[str]) -> dict[str, int]:
+        return _codes(alice.call(20, 5, {"topic_names": names, "timeout": 10000}).responses,
+                      "name")
+
+    assert delete(["orders"]) == {"orders": TOPIC_AUTHORIZATION_FAILED}  # seen, not deletable
+    admin = _Session(gateway, "admin")
+    try:
+        assert _codes(admin.call(20, 5, {"topic_names": ["orders"], "timeout": 10000}
+                                 ).responses, "name") == {"orders": 0}
+    finally:
+        admin.close()
+    assert delete(["orders", "elsewhere", "team-a.bad name!"]) == {
+        "orders": 3, "elsewhere": TOPIC_AUTHORIZATION_FAILED, "team-a.bad name!": 3}
+
+
 def test_create_topics_hides_the_configs_of_a_topic_not_describable(alice: _Session,
                                                                     topics: Topics) -> None:
     """Kafka's ControllerApis: a topic created by a principal without DESCRIBE_CONFIGS on it

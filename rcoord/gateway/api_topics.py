@@ -187,8 +187,27 @@ def _delete(state: GatewayState, name: str) -> dict[str, Any]:
     try:
         state.topics.delete(name)
     except TopicError as exc:
+        if exc.error == Errors.INVALID_TOPIC_EXCEPTION:
+            # Kafka's controller looks a name up without judging it: an illegal name is a
+            # topic it does not have.
+            return _unknown(name)
         return {"name": name, "error_code": exc.error, "error_message": str(exc)}
     return {"name": name, "error_code": Errors.NONE, "error_message": None}
+
+
+def _unknown(name: str) -> dict[str, Any]:
+    return {"name": name, "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION,
+            "error_message": f"topic {name!r} does not exist"}
+
+
+def _missing(state: GatewayState, name: str) -> bool:
+    """Blocking: whether no topic ``name`` exists (an illegal name names none)."""
+    try:
+        return not _exists(state, name)
+    except TopicError as exc:
+        if exc.error != Errors.INVALID_TOPIC_EXCEPTION:
+            raise
+        return True
 
 
 @api(20, "DeleteTopics", 1, 5)
@@ -197,10 +216,16 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
     cluster_delete = conn.may(Operation.DELETE, ResourceType.CLUSTER, log_denied=False)
 
     async def one(name: str) -> dict[str, Any]:
-        if not cluster_delete and not conn.may(Operation.DELETE, ResourceType.TOPIC, name):
-            return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
-                    "error_message": "Authorization failed."}
-        return await state.blocking(_delete, state, name)
+        if cluster_delete or conn.may(Operation.DELETE, ResourceType.TOPIC, name):
+            return await state.blocking(_delete, state, name)
+        # As Kafka's ControllerApis.deleteTopics: a topic the caller may see but not delete is
+        # refused only if it exists; one it may see that does not exist is unknown (it was
+        # refused, which said it existed and was protected).
+        if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False) and (
+                await state.blocking(_missing, state, name)):
+            return _unknown(name)
+        return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                "error_message": "Authorization failed."}
 
     twice = _named_twice(req.topic_names)
     results = await asyncio.gather(*(one(n) for n in req.topic_names if n not in twice))
