@@ -263,6 +263,38 @@ def test_an_existing_topic_is_already_exists_whatever_else_is_wrong(gateway, top
     assert topics.partition_count("there") == 1
 
 
+def test_a_topic_redis_fails_on_is_answered_alone(gateway, topics, monkeypatch, caplog):
+    """A create or delete that cannot reach Redis is REQUEST_TIMED_OUT for its topic only: the
+    whole request was answered so, also the topics it had created or deleted, and a client's
+    retry then found them TOPIC_ALREADY_EXISTS or unknown."""
+    import redis
+
+    from rcoord.topics import Topics
+
+    create, delete = Topics.create, Topics.delete
+
+    def failing(real):
+        def call(self, topic, *args, **kwargs):
+            if topic == "cut":
+                raise redis.exceptions.ConnectionError("connection reset (test)")
+            return real(self, topic, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Topics, "create", failing(create))
+    monkeypatch.setattr(Topics, "delete", failing(delete))
+    created = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False,
+                                         "topics": [_new_topic("kept"), _new_topic("cut")]})
+    assert {t.name: t.error_code.value for t in created.topics} == {
+        "kept": 0, "cut": Errors.REQUEST_TIMED_OUT}
+    assert topics.list() == ["kept"]
+    create(topics, "cut", 1)  # (the real one)
+    deleted = call_once(gateway, 20, 5, {"timeout_ms": 5000, "topic_names": ["kept", "cut"]})
+    assert {t.name: t.error_code.value for t in deleted.responses} == {
+        "kept": 0, "cut": Errors.REQUEST_TIMED_OUT}
+    assert topics.list() == ["cut"]
+    assert "topic 'cut': Redis unreachable or unavailable" in caplog.text
+
+
 def test_metadata_by_topic_id(gateway, topics):
     """Metadata v12 may name a topic by id alone: rcoord's topics have no id, so each id named
     is UNKNOWN_TOPIC_ID (it used to be dropped from the answer, which a client waits on); an

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..errors import ConnectionLost, Errors, InvalidRequestError, reraise_as_rcoord
+from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
     FetchResult,
@@ -44,6 +44,7 @@ from .errors import (
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
     TOPIC_AUTHORIZATION_FAILED,
+    UNREACHED,
 )
 from .records import BatchError, IncomingBatch, decode_batches, encode_fetched, fetched_sizes
 from .registry import api
@@ -66,8 +67,6 @@ MAX_SLOT_WAITS = 8
 """Slot groups (``XREAD BLOCK``s, one unit each) a Fetch waits on at once on a Redis Cluster."""
 ROTATION_BLOCK_MS = 100
 """The longest block of a round while the Fetch has slot groups that round does not cover."""
-_UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-"""What an append raises when Redis could not be reached or was not available (as ``dispatch``)."""
 _EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
 _SPECIAL_TIMESTAMPS = {_EARLIEST: 1, _LATEST: 1, _MAX_TIMESTAMP: 7}
 """ListOffsets' negative timestamps served, each with the first version that has it (Kafka's
@@ -229,7 +228,7 @@ def _unreached(partition: int, exc: BaseException) -> dict[str, Any]:
     is not known): REQUEST_TIMED_OUT, retriable, as Kafka answers a write whose outcome it does
     not know; the partitions that were reached keep their own answers. Anything else is a fault
     of the request as a whole (``dispatch`` answers it), raised once every append has ended."""
-    if not isinstance(exc, _UNREACHED):
+    if not isinstance(exc, UNREACHED):
         raise exc
     return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,11 +33,14 @@ from .errors import (
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REPLICATION_FACTOR,
     TOPIC_AUTHORIZATION_FAILED,
+    UNREACHED,
 )
 from .registry import api
 from .state import NODE_ID, Connection, GatewayState
 
 __all__: list[str] = []
+
+log = logging.getLogger("rcoord.gateway")
 
 DEFAULT_PARTITIONS = 1
 """Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
@@ -166,7 +170,12 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
                     "replication_factor": -1}
         describable = conn.may(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, topic.name,
                                log_denied=False)
-        return await state.blocking(_create, state, topic, bool(req.validate_only), describable)
+        try:
+            return await state.blocking(_create, state, topic, bool(req.validate_only),
+                                        describable)
+        except UNREACHED as exc:
+            return {**_unreached(topic.name, exc), "num_partitions": -1,
+                    "replication_factor": -1}
 
     twice = _named_twice(t.name for t in req.topics)
     results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))
@@ -174,6 +183,17 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
         {"name": name, "error_code": Errors.INVALID_REQUEST,
          "error_message": "Duplicate topic name.", "num_partitions": -1,
          "replication_factor": -1} for name in twice)]}
+
+
+def _unreached(name: str, exc: BaseException) -> dict[str, Any]:
+    """The answer for a topic whose create or delete could not reach Redis (whether it was
+    done is not known): REQUEST_TIMED_OUT, retriable. The other topics of the request keep
+    their own answers: one unreachable call failed the whole request, so topics created or
+    deleted by it were answered as not, and a retry found them TOPIC_ALREADY_EXISTS or
+    unknown (Kafka applies a request's topics together; rcoord cannot, so it says which)."""
+    log.warning("topic %r: Redis unreachable or unavailable: %s", name, exc)
+    return {"name": name, "error_code": Errors.REQUEST_TIMED_OUT,
+            "error_message": f"Redis unreachable or unavailable: {exc}"}
 
 
 def _named_twice(names: Iterable[str]) -> list[str]:
@@ -216,14 +236,17 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
     cluster_delete = conn.may(Operation.DELETE, ResourceType.CLUSTER, log_denied=False)
 
     async def one(name: str) -> dict[str, Any]:
-        if cluster_delete or conn.may(Operation.DELETE, ResourceType.TOPIC, name):
-            return await state.blocking(_delete, state, name)
-        # As Kafka's ControllerApis.deleteTopics: a topic the caller may see but not delete is
-        # refused only if it exists; one it may see that does not exist is unknown (it was
-        # refused, which said it existed and was protected).
-        if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False) and (
-                await state.blocking(_missing, state, name)):
-            return _unknown(name)
+        try:
+            if cluster_delete or conn.may(Operation.DELETE, ResourceType.TOPIC, name):
+                return await state.blocking(_delete, state, name)
+            # As Kafka's ControllerApis.deleteTopics: a topic the caller may see but not
+            # delete is refused only if it exists; one it may see that does not exist is
+            # unknown (it was refused, which said it existed and was protected).
+            if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, name, log_denied=False) and (
+                    await state.blocking(_missing, state, name)):
+                return _unknown(name)
+        except UNREACHED as exc:
+            return _unreached(name, exc)
         return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
                 "error_message": "Authorization failed."}
 

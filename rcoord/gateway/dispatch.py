@@ -22,10 +22,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis.exceptions
 from kio.index import KioIndexError
 
-from ..errors import ConnectionLost, Errors, InvalidRequestError, ProtocolError
+from ..errors import Errors, InvalidRequestError, ProtocolError
 from . import (  # noqa: F401  (each registers its APIs)
     api_admin,
     api_configs,
@@ -38,7 +37,7 @@ from . import (  # noqa: F401  (each registers its APIs)
     auth,
 )
 from .error_responses import UNAVAILABLE, request_error_response
-from .errors import RequestError
+from .errors import UNREACHED, RequestError
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
@@ -126,8 +125,7 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except (InvalidRequestError, TypeError, ValueError) as exc:  # rcoord's argument checks
         log.info("%s v%d refused: %s", entry.name, version, exc)
         code = Errors.INVALID_REQUEST
-    except (ConnectionLost, redis.exceptions.ConnectionError,
-            redis.exceptions.TimeoutError) as exc:
+    except UNREACHED as exc:
         # (ServerUnavailable too: Redis answered "not now"; and a redis-py error no rcoord
         # boundary translated, such as no free connection in the pool: retriable, not -1)
         log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version, exc)

@@ -4,6 +4,9 @@ ones rcoord's own API uses; these are Kafka's numbers, ``org.apache.kafka.common
 
 from __future__ import annotations
 
+import redis.exceptions
+
+from ..errors import ConnectionLost
 from .acl import ResourceType
 
 __all__ = [
@@ -24,9 +27,15 @@ __all__ = [
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "TRANSACTIONS_NOT_SERVED",
     "UNKNOWN_TOPIC_ID",
+    "UNREACHED",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "RequestError",
 ]
+
+UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+"""What a call raises when Redis could not be reached or answered "not now" (ServerUnavailable
+is a ConnectionLost), and redis-py errors no rcoord boundary translated (no free connection in
+the pool): retriable, whatever the request was."""
 
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5
