@@ -510,6 +510,23 @@ def test_a_config_with_a_null_value_is_refused(gateway, topics, validate_only):
     assert topics.list() == []
 
 
+def test_config_values_are_read_as_kafka_reads_a_long(gateway, topics):
+    """Kafka reads a LONG config with Long.parseLong of the trimmed text: " 5 " and "+7" are
+    numbers; "1_000", other scripts' digits and numbers past a long are INVALID_CONFIG (Python's
+    int() took them, and the first two made a topic)."""
+    def answer(value: str) -> tuple[int, int | None]:
+        entry = {**_new_topic("c"), "configs": [{"name": "retention.ms", "value": value}]}
+        (got,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": True,
+                                            "topics": [entry]}).topics
+        values = {c.name: c.value for c in got.configs or ()}
+        return got.error_code.value, None if not values else int(values["retention.ms"])
+
+    assert answer(" 5 ") == (0, 5) and answer("+7") == (0, 7)
+    for bad in ("1_000", "\u0665", "9223372036854775808", "5ms", ""):
+        assert answer(bad) == (Errors.INVALID_CONFIG, None), bad
+    assert topics.list() == []
+
+
 @pytest.mark.parametrize("version", [5, 7])
 @pytest.mark.parametrize("validate_only", [True, False])
 def test_a_created_topic_is_answered_with_its_configs(gateway, topics, version, validate_only):

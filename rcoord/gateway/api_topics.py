@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,6 +46,7 @@ log = logging.getLogger("rcoord.gateway")
 DEFAULT_PARTITIONS = 1
 """Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
 _CONFIGS = {"retention.ms": "retention_ms", "retention.records": "retention_records"}
+_LONG = re.compile(r"[+-]?[0-9]+")
 
 
 def _assignment_error(topic: Any) -> tuple[int, str] | None:
@@ -117,13 +119,10 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
                        error_message=f"config {cfg.name!r} is not supported; "
                        f"supported: {', '.join(sorted(_CONFIGS))}")
             return out
-        try:
-            value = int(cfg.value)
-        except ValueError:
-            value = -2
-        if value < -1:
+        value = _long(cfg.value)
+        if value is None or value < -1:
             out.update(error_code=Errors.INVALID_CONFIG,
-                       error_message=f"{cfg.name} must be an integer >= -1")
+                       error_message=f"{cfg.name} must be an integer >= -1, got {cfg.value!r}")
             return out
         settings[_CONFIGS[cfg.name]] = None if value == -1 else value
     try:
@@ -145,6 +144,16 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
         {"name": e.name, "value": e.value, "read_only": True, "config_source": e.source,
          "is_sensitive": False} for e in configs])
     return out
+
+
+def _long(text: str) -> int | None:
+    """``text`` as Kafka's ConfigDef reads a LONG (``Long.parseLong`` of it trimmed), or None.
+    Python's ``int`` also took ``1_000``, other scripts' digits and numbers past a long."""
+    text = text.strip()
+    if not _LONG.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
 
 
 def _exists(state: GatewayState, name: str) -> bool:
