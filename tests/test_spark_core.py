@@ -753,6 +753,27 @@ def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(
     assert len({p for p in range(4) if fetch(single_client, namespace, "out", p, 0, 1).records}) > 1
 
 
+def test_a_retried_keyed_row_is_checked_off_only_in_its_keys_partition(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """A keyed row without a partition was checked off against any record with its content:
+    a retry in another order let it take the record of an explicit-partition row with the same
+    key, value and headers, which was then appended again, and no copy reached the key's
+    partition, where its readers look (a reviewer's reproduction)."""
+    from rcoord.murmur2 import partition_for_key
+
+    topics.create("kp", 4)
+    home = partition_for_key(b"K", 4)
+    other = (home + 1) % 4
+    explicit = {"value": b"V", "key": b"K", "partition": other}
+    keyed = {"value": b"V", "key": b"K"}
+    first = write_rows(make_producer(single_client, namespace, "spark:q:0", 0), [explicit], "kp")
+    retry = write_rows(make_producer(single_client, namespace, "spark:q:0", 0),
+                       [keyed, explicit], "kp")
+    assert (first.appended, retry.appended, retry.duplicates) == (1, 1, 1)
+    assert _stored(single_client, namespace, "kp", 4) == Counter({
+        (home, b"K", b"V", ()): 1, (other, b"K", b"V", ()): 1})
+
+
 def _dies_after(rows: list[dict[str, Any]], n: int) -> Any:
     """A task's input that fails after ``n`` rows (an executor lost mid-task)."""
     for i, row in enumerate(rows):

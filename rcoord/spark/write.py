@@ -207,12 +207,18 @@ def write_rows(producer: Producer, rows: Iterable[Mapping[str, Any]],
         # each keyless row where that one does, under the same sequence number. Placed only
         # when sent, it placed them elsewhere, and each attempt found the other's rows under
         # its numbers: both failed, and rows were stored twice.
-        placed = producer.choose_partition(topic, rec)
-        if earlier is not None and earlier.take(topic, rec):
+        placed = ProducerRecord(rec.value, rec.key, producer.choose_partition(topic, rec),
+                                rec.headers)  # (replace() costs 3x)
+        # A keyed row is checked off only in its key's partition: taken from any, it could
+        # take the record of an explicit-partition row with the same content, which was then
+        # appended again, and the keyed row's only copy sat outside its key's partition, where
+        # no reader of that partition finds it. (Partitions added between attempts move a key:
+        # its row is then stored twice, never misplaced.) Keyless rows go where the sticky
+        # partitioner put them, which depends on the order rows come in: any partition.
+        if earlier is not None and earlier.take(topic, rec if rec.key is None else placed):
             result.duplicates += 1
             continue
-        pending.setdefault(topic, []).append(
-            ProducerRecord(rec.value, rec.key, placed, rec.headers))  # (replace() costs 3x)
+        pending.setdefault(topic, []).append(placed)
         count += 1
         if count >= _BATCH:
             flush()
