@@ -23,7 +23,7 @@ from rcoord import GroupCoordinator, MemberIdentity, TopicPartition
 from rcoord.assignors import RebalanceProtocol, get_assignor, rebalance_protocol
 from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig
 from rcoord.client.coordinator import RedisCoordinator
-from rcoord.client.errors import CommitFailedError, CooperativeAssignmentError
+from rcoord.client.errors import CommitFailedError, CooperativeAssignmentError, WakeupError
 from rcoord.client.join import check_cooperative
 from rcoord.topics import Producer, Topics
 
@@ -554,3 +554,86 @@ def test_sticky_user_data_is_kafkas_v1_layout() -> None:
     assert data == (b"\0\0\0\x02" b"\0\x01t" b"\0\0\0\x02" b"\0\0\0\x01" b"\0\0\0\x04"
                     b"\0\x01u" b"\0\0\0\x01" b"\0\0\0\0" b"\0\0\0\x07")
     assert decode_sticky_user_data(data) == ([("t", 1), ("t", 4), ("u", 0)], 7)
+
+
+class WokenRevoker(Recorder):
+    """Its first ``on_partitions_revoked`` raises ``WakeupError`` (as a ``commit()`` in it does
+    when ``wakeup()`` ends its retries); every callback notes how many errors poll() had
+    raised by then (``runner.errors``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner: Runner | None = None
+        self.raised = False
+        self.errors_seen: list[tuple[str, int]] = []
+
+    def _note(self, kind: str) -> None:
+        errors = self.runner.errors if self.runner is not None else []  # set after its start
+        self.errors_seen.append((kind, len(errors)))
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        self._note("revoked")
+        super().on_partitions_revoked(partitions)
+        if not self.raised:
+            self.raised = True
+            raise WakeupError("commit() interrupted by wakeup()")
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        self._note("assigned")
+        super().on_partitions_assigned(partitions)
+
+
+def test_wakeup_in_on_partitions_revoked_is_raised_before_on_partitions_assigned(
+    env: Any,
+) -> None:
+    """As Kafka's ConsumerRebalanceListenerInvoker, which rethrows a WakeupException from the
+    revocation callback at once: that poll() raises it without running the assigned callback,
+    and the next poll() announces the assignment (once), so the application that was woken
+    up to stop is not kept in its assigned callback first."""
+    env.topics.create("t", 4)
+    listener = WokenRevoker()
+    a = env.consumer(listener=listener)
+    listener.runner = a
+    wait_until(lambda: _stable([a], 4))
+    b = env.consumer()
+    wait_until(lambda: _stable([a, b], 4))
+    at = [kind for kind, _ in listener.errors_seen].index("revoked")
+    before = listener.errors_seen[at][1]
+    assert listener.errors_seen[at + 1] == ("assigned", before + 1)  # after the poll raised
+    assert [type(e) for e in a.errors] == [WakeupError]
+    assert [kind for kind, _ in listener.errors_seen].count("revoked") == 1
+
+
+class FailThenWoken(Recorder):
+    """Its first ``on_partitions_revoked`` raises RuntimeError, and the
+    ``on_partitions_assigned`` after it ``WakeupError``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.revoked = 0
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        self.revoked += 1
+        if self.revoked == 1:
+            raise RuntimeError("the revocation handler failed")
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_assigned(partitions)
+        if self.revoked == 1:
+            self.revoked += 1
+            raise WakeupError("commit() interrupted by wakeup()")
+
+
+def test_wakeup_in_on_partitions_assigned_outranks_a_failed_revocation(env: Any) -> None:
+    """As Kafka: a WakeupError of the assigned callback propagates even when the revocation
+    callback before it raised (that error is logged). poll() raised the revocation's error
+    instead, and the wakeup() the application asked for was lost."""
+    env.topics.create("t", 4)
+    listener = FailThenWoken()
+    a = env.consumer(listener=listener)
+    wait_until(lambda: _stable([a], 4))
+    b = env.consumer()
+    wait_until(lambda: _stable([a, b], 4) and listener.revoked == 2)
+    wait_until(lambda: bool(a.errors))
+    assert [type(e) for e in a.errors] == [WakeupError]

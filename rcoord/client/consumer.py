@@ -363,6 +363,10 @@ class Consumer(SubscriptionMixin):
         # Cooperative revoked partitions while on_partitions_revoked runs: no longer fetched
         # or returned (out of _assigned) but still assigned, with their positions (_transition).
         self._pending_revocation: list[TopicPartition] = []
+        # A cooperative assignment whose on_partitions_assigned was not called yet, because
+        # the revocation callback before it raised WakeupError: the generation, and the added
+        # partitions the next poll() announces (``_announce_deferred``).
+        self._unannounced: tuple[Generation, list[TopicPartition]] | None = None
         # A subscription subscribe() changed, for the next poll() to rejoin with (Kafka: the
         # rejoin, and the revocation before it, happen in poll(), between batches).
         self._resubscribe: ConsumerGroupConfig | None = None
@@ -733,6 +737,7 @@ class Consumer(SubscriptionMixin):
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
         self._run_commit_callbacks()
+        self._announce_deferred()
         self._apply_subscription()
         while True:
             if self._wakeup.is_set():
@@ -1139,7 +1144,9 @@ class Consumer(SubscriptionMixin):
         new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
         consumer's positions (``new`` only knows their committed offsets, which may lag).
         ``on_partitions_assigned`` always runs, with the added partitions only, even when
-        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka).
+        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka),
+        unless what it raised is ``WakeupError``: that is raised at once and the next poll()
+        announces them (``_announce_deferred``), as Kafka rethrows a WakeupException at once.
         The revoked partitions' commits (auto-commit's and the callback's) are waited for only
         until ``deadline``: the rejoin waits for them, ``poll()`` does not (``_finish_rejoin``).
         """
@@ -1183,8 +1190,17 @@ class Consumer(SubscriptionMixin):
                 # assigned, so it can read their positions and commit them.
                 try:
                     self._listen("on_partitions_revoked", list(revoked))
+                except WakeupError:
+                    # As Kafka's listener invoker, which rethrows a WakeupException (and an
+                    # InterruptException) at once: this poll() raises it, and the next one
+                    # announces the added partitions.
+                    self._unannounced = (new, added)
+                    raise
                 except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
                     failed = exc
+                except BaseException:  # KeyboardInterrupt: likewise
+                    self._unannounced = (new, added)
+                    raise
         finally:
             self._forget_revoked(revoked)
             if stopped:
@@ -1203,8 +1219,13 @@ class Consumer(SubscriptionMixin):
         try:
             if not self._stop.is_set():
                 self._listen("on_partitions_assigned", list(added))
-        except Exception:
+        except Exception as exc:
             if failed is None:
+                raise
+            if isinstance(exc, WakeupError):
+                # It outranks the earlier failure, as in Kafka: raising that one instead
+                # swallowed the wakeup() the application asked for.
+                log.error("on_partitions_revoked raised before a wakeup()", exc_info=failed)
                 raise
             log.exception("on_partitions_assigned raised after on_partitions_revoked did")
         if failed is not None:
@@ -1212,6 +1233,16 @@ class Consumer(SubscriptionMixin):
         # Only now: a subscription the revocation callback made may revoke partitions, the
         # added ones included, which must have been announced first.
         self._finish_rejoin(deadline)
+
+    def _announce_deferred(self) -> None:
+        """Calls the ``on_partitions_assigned`` a ``WakeupError`` of the revocation callback
+        before it put off (``_transition``), if the consumer still holds that generation: with
+        the added partitions it still holds, before anything else of the poll() happens."""
+        pending, self._unannounced = self._unannounced, None
+        if pending is None or pending[0] is not self._gen or self._stop.is_set():
+            return
+        held = set(self._assigned)
+        self._listen("on_partitions_assigned", [tp for tp in pending[1] if tp in held])
 
     def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
         """The first half of revoking some partitions while keeping the rest (cooperative):
@@ -1335,7 +1366,10 @@ class Consumer(SubscriptionMixin):
         (``close()``, ``unsubscribe()``) the revocation always completes."""
         gen, hold = self._gen, self._hold
         assert gen is not None
-        partitions = list(self._assigned)
+        # (the listener was never told of an assignment a WakeupError put off: nor of its end)
+        unannounced, self._unannounced = self._unannounced, None
+        hidden = set(unannounced[1]) if unannounced is not None else set()
+        partitions = [tp for tp in self._assigned if tp not in hidden]
         self._buffers = {}  # never hand out a record of a partition we are giving up
         if not lost and self._auto_commit:
             under = self._commit_generation()
