@@ -656,6 +656,42 @@ def test_leave_until_resumed_loses_a_carried_generation_during_the_rejoin(
     assert owned[-1] == ()  # it left: it comes back owning nothing
 
 
+def test_leave_until_resumed_while_a_carried_generation_is_collected_owns_nothing(
+    fake_group: Any,
+) -> None:
+    """Cooperative: the member is made to leave after its generation ended carried, while a
+    routine of it still runs (a Consumer's slow revocation callback: the poll timer counts
+    it). The run thread recorded the generation's partitions as owned once the routine
+    returned, lost or not, so the member came back as a new one claiming them in its
+    subscription, as Kafka's does not: a reset generation reports nothing owned."""
+    state = OneMemberGroup()
+    group = fake_group(state, assignors=("cooperative-sticky",))
+    gen = group.next(timeout=WAIT_S)
+    gen.acknowledge()
+    release = threading.Event()
+    gen.start(lambda ctx: release.wait(WAIT_S))
+    join = state.fake.join_group
+    owned: list[tuple[TP, ...]] = []  # what each join's subscription says the member owns
+
+    def spied_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
+        owned.append(ConsumerProtocolSubscription.decode(kw["protocols"][0][1]).owned_partitions)
+        return join(group_id, member_id, **kw)
+
+    state.fake.join_group = spied_join
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    try:
+        assert gen.wait_decided(WAIT_S) and gen.carried  # the routine still runs
+        group.leave_until_resumed("max.poll.interval.ms passed")
+        assert gen.lost and state.leaves == [state.id(1)]
+        group.resume()
+    finally:
+        release.set()
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.member_id == state.id(2)
+    assert owned == [()]  # it left: it comes back owning nothing
+    assert nxt.owned_before == [] and nxt.revoked == []
+
+
 def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -> None:
     state = OneMemberGroup()
     state.heartbeat_default = Errors.REBALANCE_IN_PROGRESS

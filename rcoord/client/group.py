@@ -488,6 +488,12 @@ class ConsumerGroup:
                     if self._closing.is_set():
                         break
                     reason = "rejoining: the consumer polls again"
+                if self._held is not None and self._held.lost:
+                    # The carried partitions were lost since they were recorded as owned (the
+                    # member left the group while a routine of their generation still ran:
+                    # ``leave_until_resumed``): it owns nothing now, as Kafka's member whose
+                    # generation was reset. Claimed, a new member would take them back.
+                    self._drop_owned(None)
                 joined = self._config  # resubscribe() may replace it during the join
                 try:
                     gen = self._join_generation(reason, joined)
