@@ -63,7 +63,10 @@ def partition_counts(state: GatewayState, names: list[str] | None) -> dict[str, 
         try:
             out[name] = state.topics.partition_count(name)
         except TopicError as exc:
-            out[name] = exc.error
+            if names is not None or exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                out[name] = exc.error
+            # else: listed, then deleted before its count was read: not a topic now, and
+            # Kafka's answer for every topic lists only those it has (it was listed, unknown)
     return out
 
 
