@@ -108,31 +108,14 @@ def test_a_demoted_master_answers_server_unavailable_until_it_is_promoted(
 def test_the_asyncio_coordinator_answers_alike(own_server: EmbeddedServer, refused_port: int,
                                                namespace: str) -> None:
     r = redis.Redis(host="127.0.0.1", port=own_server.port)
-
-    async def scenario() -> tuple[Any, Errors]:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
-        try:
-            coord = await AsyncGroupCoordinator(client, CoordinatorConfig(
-                namespace=namespace, group_initial_rebalance_delay_ms=0,
-                group_min_session_timeout_ms=100)).start()
-            joined = await coord.join_group("g", **JOIN)
-            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            _demote(r, refused_port)
-            try:
-                await coord.heartbeat("g", joined.generation_id, joined.member_id)
-                refused: Any = None
-            except ServerUnavailable as exc:
-                refused = exc
-            finally:
-                r.execute_command("REPLICAOF", "NO", "ONE")
-            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
-        finally:
-            await client.aclose()
-
-    refused, after = asyncio.run(scenario())
-    assert isinstance(refused, ServerUnavailable)
-    assert after is Errors.NONE
-    r.close()
+    try:
+        refused, after = _refused_then_served(
+            own_server.port, namespace, "asyncio", lambda: _demote(r, refused_port),
+            lambda: r.execute_command("REPLICAOF", "NO", "ONE"))
+        assert isinstance(refused, ServerUnavailable)
+        assert after is Errors.NONE
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
@@ -168,6 +151,52 @@ def _too_few_replicas(r: redis.Redis) -> None:
     r.config_set("min-replicas-to-write", 1)
 
 
+def _refused_then_served(port: int, namespace: str, driver: str, refuse: Any,
+                         allow: Any) -> tuple[Any, Errors]:
+    """A member's heartbeat while the server refuses (``refuse()``; ``allow()`` ends it), with
+    the ``driver`` given: what the refused heartbeat raised (None: nothing), and the answer to
+    the heartbeat after."""
+    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
+                            group_min_session_timeout_ms=100)
+
+    async def with_asyncio() -> tuple[Any, Errors]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=port)
+        try:
+            coord = await AsyncGroupCoordinator(client, cfg).start()
+            joined = await coord.join_group("g", **JOIN)
+            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+            refuse()
+            try:
+                await coord.heartbeat("g", joined.generation_id, joined.member_id)
+                refused: Any = None
+            except ServerUnavailable as exc:
+                refused = exc
+            finally:
+                allow()
+            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
+        finally:
+            await client.aclose()
+
+    if driver == "asyncio":
+        return asyncio.run(with_asyncio())
+    r = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        coord = GroupCoordinator(r, cfg).start()
+        joined = coord.join_group("g", **JOIN)
+        coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
+        refuse()
+        try:
+            coord.heartbeat("g", joined.generation_id, joined.member_id)
+            refused = None
+        except ServerUnavailable as exc:
+            refused = exc
+        finally:
+            allow()
+        return refused, coord.heartbeat("g", joined.generation_id, joined.member_id)
+    finally:
+        r.close()
+
+
 @pytest.mark.parametrize("driver", ["blocking", "asyncio"])
 def test_too_few_replicas_answers_server_unavailable_with_either_driver(
         own_server: EmbeddedServer, namespace: str, driver: str) -> None:
@@ -176,42 +205,10 @@ def test_too_few_replicas_answers_server_unavailable_with_either_driver(
     and the worker took it for an unknown error: its generation ended with the partitions lost,
     it left the group, and Consumer.poll() raised it."""
     r = redis.Redis(host="127.0.0.1", port=own_server.port)
-    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
-                            group_min_session_timeout_ms=100)
-
-    async def scenario() -> tuple[Any, Errors]:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=own_server.port)
-        try:
-            coord = await AsyncGroupCoordinator(client, cfg).start()
-            joined = await coord.join_group("g", **JOIN)
-            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            _too_few_replicas(r)
-            try:
-                await coord.heartbeat("g", joined.generation_id, joined.member_id)
-                refused: Any = None
-            except ServerUnavailable as exc:
-                refused = exc
-            finally:
-                r.config_set("min-replicas-to-write", 0)
-            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
-        finally:
-            await client.aclose()
-
     try:
-        if driver == "asyncio":
-            refused, after = asyncio.run(scenario())
-        else:
-            coord = GroupCoordinator(r, cfg).start()
-            joined = coord.join_group("g", **JOIN)
-            coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            _too_few_replicas(r)
-            try:
-                with pytest.raises(ServerUnavailable, match="NOREPLICAS") as caught:
-                    coord.heartbeat("g", joined.generation_id, joined.member_id)
-                refused = caught.value
-            finally:
-                r.config_set("min-replicas-to-write", 0)
-            after = coord.heartbeat("g", joined.generation_id, joined.member_id)
+        refused, after = _refused_then_served(
+            own_server.port, namespace, driver, lambda: _too_few_replicas(r),
+            lambda: r.config_set("min-replicas-to-write", 0))
         assert isinstance(refused, ServerUnavailable) and "NOREPLICAS" in str(refused)
         assert after is Errors.NONE  # nothing ran while refused: the member is as it was
     finally:
@@ -277,47 +274,16 @@ def test_writes_stopped_by_a_failed_save_answer_server_unavailable_with_either_d
     Kafka answers a group write its log cannot store as NOT_COORDINATOR, which is retried."""
     server = EmbeddedServer(extra_args=["--dir", "/proc", "--save", "3600 1"]).start()
     r = server.client()
-    cfg = CoordinatorConfig(namespace=namespace, group_initial_rebalance_delay_ms=0,
-                            group_min_session_timeout_ms=100)
 
     def fail_a_save() -> None:
         r.bgsave()
         wait_until(lambda: r.info("persistence")["rdb_bgsave_in_progress"] == 0)
         assert r.info("persistence")["rdb_last_bgsave_status"] == "err"
 
-    async def scenario() -> tuple[Any, Errors]:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
-        try:
-            coord = await AsyncGroupCoordinator(client, cfg).start()
-            joined = await coord.join_group("g", **JOIN)
-            await coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            fail_a_save()
-            try:
-                await coord.heartbeat("g", joined.generation_id, joined.member_id)
-                refused: Any = None
-            except ServerUnavailable as exc:
-                refused = exc
-            finally:
-                r.config_set("stop-writes-on-bgsave-error", "no")
-            return refused, await coord.heartbeat("g", joined.generation_id, joined.member_id)
-        finally:
-            await client.aclose()
-
     try:
-        if driver == "asyncio":
-            refused, after = asyncio.run(scenario())
-        else:
-            coord = GroupCoordinator(r, cfg).start()
-            joined = coord.join_group("g", **JOIN)
-            coord.sync_group("g", joined.generation_id, joined.member_id, assignments={})
-            fail_a_save()
-            try:
-                with pytest.raises(ServerUnavailable) as caught:
-                    coord.heartbeat("g", joined.generation_id, joined.member_id)
-                refused = caught.value
-            finally:
-                r.config_set("stop-writes-on-bgsave-error", "no")
-            after = coord.heartbeat("g", joined.generation_id, joined.member_id)
+        refused, after = _refused_then_served(
+            server.port, namespace, driver, fail_a_save,
+            lambda: r.config_set("stop-writes-on-bgsave-error", "no"))
         assert isinstance(refused, ServerUnavailable)
         assert "last RDB save failed" in str(refused) and "MISCONF" in str(refused)
         assert after is Errors.NONE  # nothing ran while refused: the member is as it was
