@@ -274,7 +274,8 @@ class OneMemberGroup:
         return 0, len(self.logs.get(TP(topic, partition), []))
 
     def fetch(
-        self, topic: str, partition: int, offset: int, max_records: int, block_ms: Any
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: Any,
+        **bounds: Any,
     ) -> FetchResult:
         log = self.logs.get(TP(topic, partition), [])
         records = log[offset : offset + max_records]
@@ -282,7 +283,10 @@ class OneMemberGroup:
             threading.Event().wait(min(block_ms, 20) / 1000)  # the fake's "XREAD BLOCK"
         return FetchResult(records, 0, len(log))
 
-    def fetch_many_as(self, reads: Any, max_records: int, record_type: Any) -> list[Any]:
+    def fetch_many_as(
+        self, reads: Any, max_records: int, record_type: Any, **bounds: Any
+    ) -> list[Any]:
+        """Byte bounds (``bounds``) are not applied: the fake's records are small."""
         out = []
         for topic, partition, offset in reads:
             res = self.fetch(topic, partition, offset, max_records, None)

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -327,9 +328,9 @@ def test_one_fetch_reads_every_fetchable_partition_sharing_max_poll_records(
     calls: list[tuple[list[tuple[str, int, int]], int]] = []
     inner = state.fake.fetch_many_as
 
-    def recording(reads: Any, max_records: int, record_type: Any) -> Any:
+    def recording(reads: Any, max_records: int, record_type: Any, **bounds: Any) -> Any:
         calls.append(([tuple(r) for r in reads], max_records))
-        return inner(reads, max_records, record_type)
+        return inner(reads, max_records, record_type, **bounds)
 
     state.fake.fetch_many_as = recording
     consumer = fake_consumer(state, max_poll_records=80)
@@ -457,6 +458,59 @@ def test_real_consume_everything_and_commit_on_close(env: Any) -> None:
     assert {r.value for r in got} == {b"v%d" % i for i in range(90)}
     consumer.close(timeout=WAIT_S)
     assert _committed(env, 3) == _log_ends(env, 3)
+
+
+KIB = 1024
+
+
+def _buffered(consumer: Consumer) -> dict[int, int]:
+    return {tp.partition: len(buf) for tp, buf in consumer._buffers.items()}
+
+
+def test_real_a_fetch_of_large_records_reads_about_max_partition_fetch_bytes(env: Any) -> None:
+    """Kafka's max.partition.fetch.bytes (1 MiB by default) bounds what a fetch reads of a
+    partition: 200 KiB records are read about five at a time. Before, a fetch read up to
+    max_poll_records (500) of them at once: all 24 here, 4.8 MiB held for a poll of one."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [bytes([i]) * 200 * KIB for i in range(24)])
+    consumer = env.consumer()
+    tracemalloc.start()
+    try:
+        first = poll_until(consumer, bool, max_records=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r.offset for r in first] == [0]
+    assert _buffered(consumer) == {0: 4}  # 5 records, 1 MiB and a little more
+    assert peak < 3 * 1024 * KIB, peak
+    rest = poll_until(consumer, lambda g: len(g) >= 23)
+    assert [(r.offset, r.value) for r in first + rest] == [
+        (i, bytes([i]) * 200 * KIB) for i in range(24)]
+
+
+def test_real_fetch_max_bytes_bounds_a_fetch_of_every_partition(env: Any) -> None:
+    """Kafka's fetch.max.bytes bounds a fetch over all its partitions, which take it in turn;
+    each partition with records still gets one, however large, so all make progress. A
+    partition whose size is known is then read in one step, to its own bound."""
+    env.topics.create("t", 3)
+    for p in range(3):
+        env.producer.send_batch("t", [ProducerRecord(b"%d" % p * 100 * KIB, partition=p)
+                                      for _ in range(8)])
+    consumer = env.consumer(fetch_max_bytes=250 * KIB, max_partition_fetch_bytes=150 * KIB)
+    got = poll_until(consumer, bool, max_records=1)
+    read = {p: n + sum(r.partition == p for r in got) for p, n in _buffered(consumer).items()}
+    assert len(got) == 1 and read == {0: 1, 1: 1, 2: 1}  # one of each
+    got += poll_until(consumer, lambda g: len(g) >= 23)
+    for p in range(3):
+        assert [r.offset for r in got if r.partition == p] == list(range(8))
+        assert consumer._record_bytes[TP("t", p)] > 100 * KIB
+
+
+@pytest.mark.parametrize("option", ["fetch_max_bytes", "max_partition_fetch_bytes"])
+def test_real_byte_limits_must_be_positive_ints(env: Any, option: str) -> None:
+    for bad in (0, 1.5, True):
+        with pytest.raises(ConfigError, match=f"{option} must be an int >= 1, got {bad!r}"):
+            env.consumer(**{option: bad})
 
 
 def test_real_manual_commit_resumes_without_duplicates(env: Any) -> None:

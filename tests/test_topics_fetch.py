@@ -173,6 +173,88 @@ def test_fetch_many_checks_every_read_before_reading(redis_client: Any, namespac
         fetch_module.fetch_many(redis_client, namespace, [("t", 0, 0)], max_records=0)
 
 
+KIB = 1024
+
+
+def _big_records(producer: Producer, partitions: int, count: int, size: int) -> None:
+    for p in range(partitions):
+        producer.send_batch("t", [ProducerRecord(bytes([i]) * size, partition=p)
+                                  for i in range(count)])
+
+
+def test_fetch_many_reads_about_the_byte_limits_and_at_least_one_record_of_each(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """Kafka's max.partition.fetch.bytes and fetch.max.bytes: partitions take their bytes in
+    the order asked, each at least one record, however large. Before, the only bound was the
+    count: 500 records of 1 MiB were one read of 500 MiB."""
+    topics.create("t", 3)
+    _big_records(producer, 3, 12, 100 * KIB)
+    reads = [("t", 0, 0), ("t", 1, 2), ("t", 2, 0)]
+    got = fetch_module.fetch_many(redis_client, namespace, reads,
+                                  partition_max_bytes=350 * KIB)
+    assert [[r.offset for r in res.records] for res in got] == [
+        [0, 1, 2], [2, 3, 4], [0, 1, 2]]  # 3 records of just over 100 KiB fit 350 KiB
+    assert all((res.error, res.log_start_offset, res.log_end_offset) == (Errors.NONE, 0, 12)
+               for res in got)
+    assert [r.value for r in got[1].records] == [bytes([i]) * 100 * KIB for i in (2, 3, 4)]
+    # 450 KiB in all: a record of each (each gets one), and what is left to the first.
+    got = fetch_module.fetch_many(redis_client, namespace, reads, max_bytes=450 * KIB,
+                                  partition_max_bytes=350 * KIB)
+    assert [[r.offset for r in res.records] for res in got] == [[0, 1], [2], [0]]
+    # A limit below one record still reads one of each; max_records still bounds the count.
+    got = fetch_module.fetch_many(redis_client, namespace, reads, max_bytes=1)
+    assert [[r.offset for r in res.records] for res in got] == [[0], [2], [0]]
+    got = fetch_module.fetch_many(redis_client, namespace, reads, 2, max_bytes=10 * 1024 * KIB)
+    assert [[r.offset for r in res.records] for res in got] == [[0, 1], [2, 3], [0, 1]]
+    # fetch: max_bytes is the partition's bound; the log end stops the reads.
+    res = fetch(redis_client, namespace, "t", 0, 10, max_bytes=10 * 1024 * KIB)
+    assert [r.offset for r in res.records] == [10, 11] and res.log_end_offset == 12
+
+
+def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the record size the last answer gave (read_bytes over its records), a bounded
+    read takes one pipeline; without it, one record first and then the rest."""
+    topics.create("t", 1)
+    _big_records(producer, 1, 12, 100 * KIB)
+    pipelines: list[list[int]] = []
+    inner = fetch_module._fetch_many
+
+    def counting(client: Any, reads: Any) -> Any:
+        pipelines.append([count for _, _, count, _ in reads])
+        return inner(client, reads)
+
+    monkeypatch.setattr(fetch_module, "_fetch_many", counting)
+    (first,) = fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 0)], 500,
+                                          ConsumerRecord, partition_max_bytes=350 * KIB)
+    assert pipelines == [[1], [2]] and len(first.records) == 3
+    size = -(-first.read_bytes // len(first.records))
+    assert 100 * KIB < size < 101 * KIB
+    pipelines.clear()
+    (again,) = fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 3)], 500,
+                                          ConsumerRecord, partition_max_bytes=350 * KIB,
+                                          record_bytes=[size])
+    assert pipelines == [[3]] and [r.offset for r in again.records] == [3, 4, 5]
+
+
+@pytest.mark.parametrize(("bounds", "message"), [
+    ({"max_bytes": 0}, "max_bytes must be >= 1, got 0"),
+    ({"partition_max_bytes": -1}, "partition_max_bytes must be >= 1, got -1"),
+    ({"record_bytes": [1, 2]}, "record_bytes must give one size per read: 2 for 1 reads"),
+    ({"record_bytes": [-1]}, "record_bytes must be >= 0, got -1"),
+])
+def test_fetch_byte_limits_are_checked(redis_client: Any, namespace: str, bounds: Any,
+                                       message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 0)], 10, ConsumerRecord,
+                                   **bounds)
+    with pytest.raises(InvalidRequestError, match="max_bytes must be >= 1, got 0"):
+        fetch(redis_client, namespace, "t", 0, 0, max_bytes=0)
+
+
 def test_fetch_many_as_builds_consumer_records_equal_to_constructed_ones(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str
 ) -> None:

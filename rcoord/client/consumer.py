@@ -236,6 +236,13 @@ class Consumer(SubscriptionMixin):
             before it has been returned by ``poll()``, and ``poll()`` is called again only after
             they were processed, so auto-commit gives at-least-once processing.
         max_poll_records: most records one ``poll()`` returns (Kafka's ``max.poll.records``).
+        fetch_max_bytes: about the most bytes of records one fetch reads, over all the
+            partitions it reads (Kafka's ``fetch.max.bytes``, 50 MiB).
+        max_partition_fetch_bytes: about the most bytes of records one fetch reads of one
+            partition (Kafka's ``max.partition.fetch.bytes``, 1 MiB). As in Kafka, neither is
+            absolute: a fetch reads at least one record of each partition that has one, however
+            large, so the consumer makes progress (``rcoord.topics.fetch``'s
+            ``_fetch_bounded``). A record counts as its key, value, headers and timestamp.
         fetch_max_wait_ms: how long one fetch waits for new records when every assigned
             partition is at its end (Kafka's ``fetch.max.wait.ms``).
         coordinator: a ``Coordinator`` to use instead of Redis (tests).
@@ -249,6 +256,8 @@ class Consumer(SubscriptionMixin):
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5000,
         max_poll_records: int = 500,
+        fetch_max_bytes: int = 52_428_800,
+        max_partition_fetch_bytes: int = 1_048_576,
         fetch_max_wait_ms: int = 100,
         max_poll_interval_ms: int = 300_000,
         default_api_timeout_ms: int = 60_000,
@@ -257,6 +266,8 @@ class Consumer(SubscriptionMixin):
         for name, value in (
             ("auto_commit_interval_ms", auto_commit_interval_ms),
             ("max_poll_records", max_poll_records),
+            ("fetch_max_bytes", fetch_max_bytes),
+            ("max_partition_fetch_bytes", max_partition_fetch_bytes),
             ("fetch_max_wait_ms", fetch_max_wait_ms),
             ("max_poll_interval_ms", max_poll_interval_ms),
             ("default_api_timeout_ms", default_api_timeout_ms),
@@ -286,6 +297,8 @@ class Consumer(SubscriptionMixin):
         self._auto_commit = enable_auto_commit
         self._auto_commit_s = auto_commit_interval_ms / 1000
         self._max_poll_records = max_poll_records
+        self._fetch_max_bytes = fetch_max_bytes
+        self._max_partition_fetch_bytes = max_partition_fetch_bytes
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._api_timeout_s = default_api_timeout_ms / 1000
         self._lock = threading.RLock()
@@ -337,6 +350,9 @@ class Consumer(SubscriptionMixin):
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
         self._caught_up: set[TopicPartition] = set()
+        # Bytes per record of each partition's last fetched records: the next fetch asks for
+        # as many as its byte limits hold at that size, in one step (``_send_fetch``).
+        self._record_bytes: dict[TopicPartition, int] = {}
         self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
         self._fetching: InFlight[list[PartitionRecords[ConsumerRecord]], _FetchAsk] = InFlight(
             f"rcoord-{config.group_id}-fetcher")
@@ -1261,6 +1277,7 @@ class Consumer(SubscriptionMixin):
         for tp in revoked:
             self._buffers.pop(tp, None)
             self._caught_up.discard(tp)
+            self._record_bytes.pop(tp, None)
 
     def _forget_revoked(self, revoked: list[TopicPartition]) -> None:
         self._revoking = False
@@ -1401,6 +1418,7 @@ class Consumer(SubscriptionMixin):
             self._assigned = []
             self._paused = set()
             self._caught_up = set()
+            self._record_bytes = {}
             self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
             if hold is not None and not self._closing:
                 # As Kafka, whose commitAsync in onPartitionsRevoked goes out before the
@@ -1593,8 +1611,10 @@ class Consumer(SubscriptionMixin):
 
         The call asks for about ``_FETCH_POLLS`` polls' worth of records in all, shared among
         the partitions not known to be at their log end, and at most ``max_poll_records`` of
-        one partition (Kafka bounds a fetch by ``fetch.max.bytes`` and
-        ``max.partition.fetch.bytes``). Why a bound: records buffered for many polls live long
+        one partition; and about ``fetch_max_bytes`` in all and ``max_partition_fetch_bytes``
+        of one partition (Kafka's bounds), read in one step when the partition's last records
+        tell their size (``_record_bytes``). Before the byte bounds, 500 records of 1 MiB
+        were one read of 500 MiB. Why a count bound: records buffered for many polls live long
         enough for Python's collector to move them to its oldest generation, and its full
         collections walk every live object. Why not one poll's worth: each partition read has
         a fixed cost (two commands, their replies, the log offsets), so small shares repeat it
@@ -1620,8 +1640,12 @@ class Consumer(SubscriptionMixin):
         coord = self._coordinator()
         asked = tuple((tp, self._fetch_pos[tp]) for tp in pending)
         wanted = [(tp.topic, tp.partition, pos) for tp, pos in asked]
+        sizes = [self._record_bytes.get(tp, 0) for tp in pending]
+        most, each = self._fetch_max_bytes, self._max_partition_fetch_bytes
         self._fetching.start(
-            lambda: coord.fetch_many_as(wanted, share, ConsumerRecord), _FetchAsk(asked, False))
+            lambda: coord.fetch_many_as(wanted, share, ConsumerRecord, max_bytes=most,
+                                        partition_max_bytes=each, record_bytes=sizes),
+            _FetchAsk(asked, False))
         return True
 
     def _send_blocking(self, deadline: float | None, asked: set[TopicPartition]) -> bool:
@@ -1634,9 +1658,11 @@ class Consumer(SubscriptionMixin):
         tp = pending[self._block_turn % len(pending)]
         self._block_turn += 1
         coord, pos, most = self._coordinator(), self._fetch_pos[tp], self._max_poll_records
+        each = self._max_partition_fetch_bytes
 
         def fetch() -> list[PartitionRecords[ConsumerRecord]]:
-            result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000))
+            result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000),
+                                 max_bytes=each)
             records = _consumer_records(tp.topic, tp.partition, result.records)
             return [PartitionRecords(records, result.log_start_offset, result.log_end_offset,
                                      result.error)]
@@ -1719,6 +1745,8 @@ class Consumer(SubscriptionMixin):
         if records:
             self._buffers[tp].extend(records)
             self._fetch_pos[tp] = records[-1].offset + 1
+            if result.read_bytes:
+                self._record_bytes[tp] = -(-result.read_bytes // len(records))
         if self._fetch_pos[tp] >= result.log_end_offset:
             self._caught_up.add(tp)
         else:

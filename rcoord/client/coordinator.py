@@ -111,16 +111,19 @@ class Coordinator(Protocol):
         ...
 
     def fetch(
-        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None,
+        *, max_bytes: int | None = None,
     ) -> _topics.FetchResult:
         """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
         ...
 
     def fetch_many_as(
-        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R]
+        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R],
+        *, max_bytes: int | None = None, partition_max_bytes: int | None = None,
+        record_bytes: Sequence[int] | None = None,
     ) -> list[_topics.PartitionRecords[R]]:
         """Records of several ``(topic, partition, offset)`` reads as ``record_type``s, answers
-        in the same order, in one round trip per node; never blocks
+        in the same order, in one round trip per node and byte-bounded step; never blocks
         (``rcoord.topics.fetch_many_as``)."""
         ...
 
@@ -193,16 +196,20 @@ class RedisCoordinator(GroupCoordinator):
         return _incarnation.created_times(self._redis, self._ns, topics)
 
     def fetch(
-        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None
+        self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None,
+        *, max_bytes: int | None = None,
     ) -> _topics.FetchResult:
-        return _topics.fetch(
-            self._redis, self._ns, topic, partition, offset, max_records, block_ms=block_ms
-        )
+        return _topics.fetch(self._redis, self._ns, topic, partition, offset, max_records,
+                             block_ms=block_ms, max_bytes=max_bytes)
 
     def fetch_many_as(
-        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R]
+        self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R],
+        *, max_bytes: int | None = None, partition_max_bytes: int | None = None,
+        record_bytes: Sequence[int] | None = None,
     ) -> list[_topics.PartitionRecords[R]]:
-        return _topics.fetch_many_as(self._redis, self._ns, reads, max_records, record_type)
+        return _topics.fetch_many_as(self._redis, self._ns, reads, max_records, record_type,
+                                     max_bytes=max_bytes, partition_max_bytes=partition_max_bytes,
+                                     record_bytes=record_bytes)
 
     def offsets_for_times(
         self, timestamps: Mapping[tuple[str, int], int]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
@@ -37,12 +39,15 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class PartitionRecords(Generic[R]):
     """A fetch answer whose records are of the caller's type (``fetch_many_as``); the fields
-    mean what ``FetchResult``'s mean."""
+    mean what ``FetchResult``'s mean. ``read_bytes`` is what the records weigh as the byte
+    limits count them (``_entry_bytes``): a caller that passes it back, divided by the
+    records, as ``record_bytes`` lets the next read of the partition be sized in one step."""
 
     records: list[R]
     log_start_offset: int
     log_end_offset: int
     error: Errors = Errors.NONE
+    read_bytes: int = 0
 
 
 _Decode = Callable[[Sequence[Any]], list[Any]]
@@ -86,6 +91,30 @@ def _no_stream(exc: Exception) -> bool:
     return "no such key" in text or text.startswith("WRONGTYPE")
 
 
+_EXACT_ENTRIES = 64
+"""Replies of more entries than this are weighed by a sample of about half as many
+(``_entry_bytes``)."""
+
+
+def _entry_bytes(entries: Sequence[Sequence[Any]]) -> int:
+    """What XRANGE entries weigh against a fetch's byte limits: the lengths of their fields'
+    names and values as stored (timestamp, key, value, headers; about a record's size in a
+    Kafka batch), summed by C iterators. A reply of more than ``_EXACT_ENTRIES`` is weighed by
+    every k-th entry, scaled: counting every field of every entry cost 80 ns a record, 5% of
+    a consumer's time per record with 100-byte values, and a long reply is one of small
+    records (its count was sized by the byte limits), where a sample tells the size well."""
+    n = len(entries)
+    if not n:
+        return 0
+    sample = entries if n <= _EXACT_ENTRIES else entries[::n // (_EXACT_ENTRIES // 2)]
+    fields = map(itemgetter(1), sample)
+    if isinstance(entries[0][1], dict):  # (a cluster pipeline's paired form)
+        total = sum(map(len, chain.from_iterable(chain.from_iterable(map(dict.items, fields)))))
+    else:
+        total = sum(map(len, chain.from_iterable(fields)))
+    return total if sample is entries else total * n // len(sample)
+
+
 def _answer(
     offset: int, entries: Any, info: Any, decode: _Decode = decode_entries
 ) -> PartitionRecords[Any] | None:
@@ -112,7 +141,7 @@ def _answer(
         raise entries
     if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
         return None
-    return PartitionRecords(decode(entries), start, end, Errors.NONE)
+    return PartitionRecords(decode(entries), start, end, Errors.NONE, _entry_bytes(entries))
 
 
 def _fetch_many(
@@ -142,8 +171,90 @@ def _fetch_many(
                      f"{key} was replaced during each of {_STALE_RETRIES} reads")
 
 
-def _fetch_once(client: Any, key: str, offset: int, max_records: int) -> FetchResult:
-    return _result(_fetch_many(client, [(key, offset, max_records, decode_entries)])[0])
+_FIRST_READ = 1
+"""Records a byte-bounded fetch first asks of a partition whose record size it was not given
+(``record_bytes``); the reads after it are sized by the bytes those took."""
+
+_MAX_STEPS = 8
+"""Reads after the first, at most, in one byte-bounded fetch (one pipeline each)."""
+
+_UNBOUNDED = 1 << 62
+"""The byte limit of a fetch given none."""
+
+
+def _fetch_bounded(
+    client: Any,
+    reads: list[tuple[str, int, int, _Decode]],
+    max_bytes: int,
+    partition_max_bytes: int,
+    record_bytes: Sequence[int] | None = None,
+) -> list[PartitionRecords[Any]]:
+    """Fetch answers for ``reads`` (as ``_fetch_many``) of about ``max_bytes`` in all and
+    ``partition_max_bytes`` per partition (Kafka's ``fetch.max.bytes`` and
+    ``max.partition.fetch.bytes``), with at least one record of each partition that has one.
+
+    XRANGE bounds a read by count alone, so the reads go in steps, as the gateway's Fetch
+    does (``gateway.api_records._read_on``): the first asks each partition, in one pipeline,
+    for what its share of the bytes holds at the record size ``record_bytes`` gives it
+    (``_FIRST_READ`` records where it gives none); partitions take their shares in request
+    order, each what its own bound and what the earlier ones left allow. Each later step asks
+    every partition whose last read came back full, with bytes left, for what those should
+    hold at the size its records so far had, again in one pipeline. So what a fetch holds
+    follows the byte limits, not the count: 500 records of 1 MiB read at once held 500 MiB in
+    the client (and as much in Redis's reply buffer). A partition whose records grew past the
+    size given may go over its share by its first read; a step that finds the partition gone
+    or trimmed keeps what was read before.
+    """
+    sizes = [0] * len(reads) if record_bytes is None else record_bytes
+    left = max_bytes
+    first: list[tuple[str, int, int, _Decode]] = []
+    for (key, offset, most, decode), size in zip(reads, sizes, strict=True):
+        share = min(partition_max_bytes, left)
+        left -= share
+        count = max(1, share // size) if size > 0 else _FIRST_READ
+        first.append((key, offset, min(most, count), decode))
+    answers = _fetch_many(client, first)
+    asked = [count for _, _, count, _ in first]
+    got = [len(a.records) for a in answers]
+    for _ in range(_MAX_STEPS):
+        left = max_bytes - sum(a.read_bytes for a in answers)
+        steps: list[tuple[int, int]] = []
+        for i, (a, (_, offset, most, _)) in enumerate(zip(answers, reads, strict=True)):
+            have = len(a.records)
+            if (a.error != Errors.NONE or got[i] < asked[i] or have >= most
+                    or offset + have >= a.log_end_offset):
+                continue  # at its log end, its count, or failed
+            room = min(partition_max_bytes - a.read_bytes, left)
+            count = min(most - have, room * have // max(1, a.read_bytes)) if room > 0 else 0
+            if count > 0:
+                left -= room
+                steps.append((i, count))
+        if not steps:
+            break
+        try:
+            more = _fetch_many(client, [(reads[i][0], reads[i][1] + len(answers[i].records),
+                                         count, reads[i][3]) for i, count in steps])
+        except TopicError:
+            break  # (replaced during each read: answer with what was read)
+        for (i, count), b in zip(steps, more, strict=True):
+            asked[i], got[i] = count, len(b.records)
+            if b.error != Errors.NONE:
+                got[i] = -1  # trimmed past the next offset meanwhile, or gone: keep what was read
+                continue
+            a = answers[i]
+            a.records.extend(b.records)
+            answers[i] = PartitionRecords(a.records, a.log_start_offset, b.log_end_offset,
+                                          a.error, a.read_bytes + b.read_bytes)
+    return answers
+
+
+def _fetch_once(
+    client: Any, key: str, offset: int, max_records: int, max_bytes: int | None
+) -> FetchResult:
+    reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
+    if max_bytes is None:
+        return _result(_fetch_many(client, reads)[0])
+    return _result(_fetch_bounded(client, reads, max_bytes, max_bytes)[0])
 
 
 def _result(answer: PartitionRecords[Record]) -> FetchResult:
@@ -161,8 +272,12 @@ def fetch(
     offset: int,
     max_records: int = 500,
     block_ms: int | None = None,
+    *,
+    max_bytes: int | None = None,
 ) -> FetchResult:
-    """Kafka's Fetch for one partition: up to ``max_records`` records from ``offset`` on.
+    """Kafka's Fetch for one partition: up to ``max_records`` records from ``offset`` on, and
+    with ``max_bytes`` about that many bytes of them (Kafka's ``max.partition.fetch.bytes``;
+    at least one record, however large; ``_fetch_bounded``).
 
     ``offset`` may be anything from the log start to the log end inclusive (the end gives no
     records); anything else answers OFFSET_OUT_OF_RANGE with the current log offsets, so the
@@ -187,13 +302,15 @@ def fetch(
     _check_int("max_records", max_records, 1, INT32_MAX)
     if block_ms is not None:
         _check_int("block_ms", block_ms, 0, INT32_MAX)
+    if max_bytes is not None:
+        _check_int("max_bytes", max_bytes, 1)
     key = partition_key(namespace, topic, partition)
-    result = _fetch_once(redis_client, key, offset, max_records)
+    result = _fetch_once(redis_client, key, offset, max_records, max_bytes)
     if result.records or result.error != Errors.NONE or not block_ms:
         return result
     # Entries with id > 0-<offset> are those at offsets >= offset.
     redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
-    return _fetch_once(redis_client, key, offset, max_records)
+    return _fetch_once(redis_client, key, offset, max_records, max_bytes)
 
 
 @translate_redis_errors
@@ -202,18 +319,27 @@ def fetch_many(
     namespace: str,
     reads: Sequence[tuple[str, int, int]],
     max_records: int = 500,
+    *,
+    max_bytes: int | None = None,
+    partition_max_bytes: int | None = None,
 ) -> list[FetchResult]:
     """Kafka's Fetch for several partitions at once: ``reads`` are ``(topic, partition,
     offset)``, and the answers come in the same order, each as ``fetch`` would give it (up to
     ``max_records`` records, OFFSET_OUT_OF_RANGE with the log offsets, or
     UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist).
 
+    ``max_bytes`` and ``partition_max_bytes`` (Kafka's ``fetch.max.bytes`` and
+    ``max.partition.fetch.bytes``; None: no bound) bound the bytes read, in all and per
+    partition, always with at least one record of each partition that has one
+    (``_fetch_bounded``, which takes a round trip per step).
+
     All reads go in one pipeline, so the call costs one round trip per node holding one of the
     partitions (a cluster client sends each node its part), instead of one per partition. It
     never blocks: a consumer with nothing to read waits with ``fetch(..., block_ms=...)``.
     """
     keyed = _keyed_reads(redis_client, namespace, reads, max_records, None)
-    return [_result(answer) for answer in _fetch_many(redis_client, keyed)] if keyed else []
+    answers = _fetch_bounds(redis_client, keyed, max_bytes, partition_max_bytes, None)
+    return [_result(answer) for answer in answers]
 
 
 @translate_redis_errors
@@ -223,12 +349,47 @@ def fetch_many_as(
     reads: Sequence[tuple[str, int, int]],
     max_records: int,
     record_type: type[R],
+    *,
+    max_bytes: int | None = None,
+    partition_max_bytes: int | None = None,
+    record_bytes: Sequence[int] | None = None,
 ) -> list[PartitionRecords[R]]:
     """``fetch_many`` whose records are ``record_type``s built directly from the entries: a
     frozen dataclass without slots with the fields ``topic``, ``partition`` and then Record's
-    (the consumer's ``ConsumerRecord``; ``_decode.decode_entries_as``)."""
+    (the consumer's ``ConsumerRecord``; ``_decode.decode_entries_as``).
+
+    ``record_bytes`` (one per read, 0: not known) is each partition's expected bytes per
+    record, such as the last answer's ``read_bytes`` over its records: with it, a byte-bounded
+    read of records of that size takes one round trip, not two."""
     keyed = _keyed_reads(redis_client, namespace, reads, max_records, record_type)
-    return _fetch_many(redis_client, keyed) if keyed else []
+    return _fetch_bounds(redis_client, keyed, max_bytes, partition_max_bytes, record_bytes)
+
+
+def _fetch_bounds(
+    redis_client: Any,
+    keyed: list[tuple[str, int, int, _Decode]],
+    max_bytes: int | None,
+    partition_max_bytes: int | None,
+    record_bytes: Sequence[int] | None,
+) -> list[PartitionRecords[Any]]:
+    """``_fetch_many``, or ``_fetch_bounded`` when a byte limit is given (checked here)."""
+    if max_bytes is not None:
+        _check_int("max_bytes", max_bytes, 1)
+    if partition_max_bytes is not None:
+        _check_int("partition_max_bytes", partition_max_bytes, 1)
+    if record_bytes is not None:
+        if len(record_bytes) != len(keyed):
+            raise InvalidRequestError(f"record_bytes must give one size per read: "
+                                      f"{len(record_bytes)} for {len(keyed)} reads")
+        for size in record_bytes:
+            _check_int("record_bytes", size, 0)
+    if not keyed:
+        return []
+    if max_bytes is None and partition_max_bytes is None:
+        return _fetch_many(redis_client, keyed)
+    return _fetch_bounded(redis_client, keyed, _UNBOUNDED if max_bytes is None else max_bytes,
+                          _UNBOUNDED if partition_max_bytes is None else partition_max_bytes,
+                          record_bytes)
 
 
 def _keyed_reads(
