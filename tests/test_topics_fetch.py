@@ -238,6 +238,17 @@ def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
                                           ConsumerRecord, partition_max_bytes=350 * KIB,
                                           record_bytes=[size])
     assert pipelines == [[3]] and [r.offset for r in again.records] == [3, 4, 5]
+    # Partitions reserve what their reads should take, not their whole bound: three reads of
+    # about 301 KiB fit 1000 KiB in one step, though three bounds of 350 KiB do not.
+    topics.create("t3", 3)
+    for p in range(3):
+        producer.send_batch("t3", [ProducerRecord(b"x" * 100 * KIB, partition=p)
+                                   for _ in range(12)])
+    pipelines.clear()
+    got = fetch_module.fetch_many_as(redis_client, namespace, [("t3", p, 0) for p in range(3)],
+                                     500, ConsumerRecord, max_bytes=1000 * KIB,
+                                     partition_max_bytes=350 * KIB, record_bytes=[size] * 3)
+    assert pipelines == [[3, 3, 3]] and [len(a.records) for a in got] == [3, 3, 3]
 
 
 @pytest.mark.parametrize(("bounds", "message"), [

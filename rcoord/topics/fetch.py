@@ -197,7 +197,9 @@ def _fetch_bounded(
     does (``gateway.api_records._read_on``): the first asks each partition, in one pipeline,
     for what its share of the bytes holds at the record size ``record_bytes`` gives it
     (``_FIRST_READ`` records where it gives none); partitions take their shares in request
-    order, each what its own bound and what the earlier ones left allow. Each later step asks
+    order, each what its own bound and what the earlier ones' reads left (a read of 167 small
+    records leaves the rest of its 1 MiB to the others, so a fetch of 100 partitions that
+    fits ``max_bytes`` is still one round trip). Each later step asks
     every partition whose last read came back full, with bytes left, for what those should
     hold at the size its records so far had, again in one pipeline. So what a fetch holds
     follows the byte limits, not the count: 500 records of 1 MiB read at once held 500 MiB in
@@ -210,9 +212,9 @@ def _fetch_bounded(
     first: list[tuple[str, int, int, _Decode]] = []
     for (key, offset, most, decode), size in zip(reads, sizes, strict=True):
         share = min(partition_max_bytes, left)
-        left -= share
-        count = max(1, share // size) if size > 0 else _FIRST_READ
-        first.append((key, offset, min(most, count), decode))
+        count = min(most, max(1, share // size)) if size > 0 else _FIRST_READ
+        left -= min(share, count * size)  # what the read should take, not the whole bound
+        first.append((key, offset, count, decode))
     answers = _fetch_many(client, first)
     asked = [count for _, _, count, _ in first]
     got = [len(a.records) for a in answers]
