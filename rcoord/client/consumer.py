@@ -1206,17 +1206,15 @@ class Consumer(SubscriptionMixin):
                 # assigned, so it can read their positions and commit them.
                 try:
                     self._listen("on_partitions_revoked", list(revoked))
-                except WakeupError:
-                    # As Kafka's listener invoker, which rethrows a WakeupException (and an
-                    # InterruptException) at once: this poll() raises it, and the next one
-                    # announces the added partitions.
-                    self._unannounced = (new, added)
-                    raise
-                except Exception as exc:  # noqa: BLE001 - re-raised after the assigned callback
-                    failed = exc
-                except BaseException:  # KeyboardInterrupt: likewise
-                    self._unannounced = (new, added)
-                    raise
+                except BaseException as exc:
+                    if isinstance(exc, Exception) and not isinstance(exc, WakeupError):
+                        failed = exc  # re-raised after the assigned callback
+                    else:
+                        # As Kafka's listener invoker, which rethrows a WakeupException (and
+                        # an InterruptException; here KeyboardInterrupt) at once: this poll()
+                        # raises it, and the next one announces the added partitions.
+                        self._unannounced = (new, added)
+                        raise
         finally:
             self._forget_revoked(revoked)
             if stopped:
