@@ -144,6 +144,7 @@ class AsyncWakeReads:
         self._shared: dict[tuple[Any, ...], asyncio.Future[Any]] = {}  # read in flight
         self._sharers: dict[tuple[Any, ...], int] = {}  # calls waiting for it
         self._claims: dict[Any, float] = {}  # claim key -> loop time its gate opens
+        self._ending: set[asyncio.Task[None]] = set()  # reads cancelled, not yet ended
 
     def _bound(self) -> asyncio.AbstractEventLoop:
         """The running loop, with this object's bounds and streams made for it."""
@@ -154,6 +155,7 @@ class AsyncWakeReads:
             self._reads = asyncio.Semaphore(self._sizes[1])
             self._by_master = {}
             self._streams, self._shared, self._sharers, self._claims = {}, {}, {}, {}
+            self._ending = set()
         return loop
 
     @property
@@ -256,8 +258,9 @@ class AsyncWakeReads:
             if stream.reader is not None and all(w.done() for w in stream.waiters):
                 # Nobody is left to wait for the read in flight (they were woken, timed out or
                 # were cancelled): end it rather than let it hold its place and its connection
-                # until the deadline of a waiter that is gone.
-                stream.reader.cancel()
+                # until the deadline of a waiter that is gone. Kept until it has ended, for
+                # ``close()``: on 3.11 the cancel can be lost in redis-py (gh-86296).
+                self._end(stream.reader)
                 stream.reader = None
 
     async def read(self, client: Any, command: tuple[Any, ...]) -> Any:
@@ -324,16 +327,17 @@ class AsyncWakeReads:
         return sum(1 for stream in self._streams.values() if stream.reader is not None)
 
     async def close(self) -> None:
-        """End every read in flight (cancelled, and waited for); a call still waiting on one
-        fails with ``ConnectionError`` (it would otherwise read again once its wait ended), and
-        so does every later call of this object, at once: a call that was between two reads
+        """End every read in flight, and every read its waiters left that has not ended yet
+        (cancelled, and waited for); a call still waiting on one fails with ``ConnectionError``
+        (it would otherwise read again once its wait ended), and so does every later call of
+        this object, at once: a call that was between two reads
         (in its due check, ``await_reply``, or the look that precedes a read) would otherwise
         start a reader, and reconnect a client closed after this."""
         self._closed = True
         if self._loop is not asyncio.get_running_loop():
-            self._streams = {}  # (another loop's reads ended with it)
+            self._streams, self._ending = {}, set()  # (another loop's reads ended with it)
             return
-        readers = []
+        readers = list(self._ending)
         for stream in self._streams.values():
             if stream.reader is not None:
                 readers.append(stream.reader)
@@ -343,6 +347,13 @@ class AsyncWakeReads:
                     waiter.set_exception(
                         redis.exceptions.ConnectionError("the coordinator was closed"))
         await cancel_and_wait(readers)  # (a cancel() alone can be lost on 3.11)
+
+    def _end(self, reader: asyncio.Task[None]) -> None:
+        """Cancel ``reader``, and hold it until it has ended, for ``close()`` to wait for."""
+        reader.cancel()
+        if not reader.done():
+            self._ending.add(reader)
+            reader.add_done_callback(self._ending.discard)
 
     def _start_read(self, client: Any, key: Any, stream: _Stream) -> None:
         waiting = [pd for w, pd in stream.waiters.items() if not w.done()]
