@@ -1,4 +1,4 @@
-"""CreateTopics and DeleteTopics over ``rcoord.topics.Topics``.
+"""CreateTopics, DeleteTopics and CreatePartitions over ``rcoord.topics.Topics``.
 
 A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's own
 ``retention.records``; any other config is refused with INVALID_CONFIG rather than silently
@@ -7,7 +7,8 @@ the default before). With one broker, the replication factor must be -1 (the def
 
 ACLs, as Kafka's ``ControllerApis``: CreateTopics needs CREATE on the cluster or on the topic,
 DeleteTopics DELETE on the cluster (an ALL rule on it: Kafka defines no DELETE rule there) or on
-the topic; a topic refused is answered TOPIC_AUTHORIZATION_FAILED.
+the topic, CreatePartitions ALTER on the topic; a topic refused is answered
+TOPIC_AUTHORIZATION_FAILED.
 
 A topic created (or that would be, with ``validate_only``) is answered from v5 on with its
 partition count, replication factor and configs (KIP-525; the configs DescribeConfigs gives
@@ -60,25 +61,36 @@ def _assignment_error(topic: Any) -> tuple[int, str] | None:
                                         "numPartitions was not set to -1.")
     seen: set[int] = set()
     for assignment in topic.assignments:
-        index, brokers = int(assignment.partition_index), [int(b) for b in assignment.broker_ids]
+        index = int(assignment.partition_index)
         if index in seen:
             return INVALID_REPLICA_ASSIGNMENT, ("Found multiple manual partition assignments "
                                                 f"for partition {index}")
         seen.add(index)
-        if not brokers:
-            return INVALID_REPLICA_ASSIGNMENT, ("The manual partition assignment includes an "
-                                                "empty replica list.")
-        for broker in brokers:
-            if broker != NODE_ID:
-                return INVALID_REPLICA_ASSIGNMENT, (
-                    f"The manual partition assignment includes broker {broker}, but no such "
-                    f"broker is registered (the rcoord gateway is broker {NODE_ID}).")
-        if len(brokers) > 1:
-            return INVALID_REPLICA_ASSIGNMENT, (f"The manual partition assignment includes the "
-                                                f"broker {NODE_ID} more than once.")
+        error = _replicas_error(assignment.broker_ids)
+        if error is not None:
+            return error
     if seen != set(range(len(seen))):
         return INVALID_REPLICA_ASSIGNMENT, ("partitions should be a consecutive 0-based integer "
                                             "sequence")
+    return None
+
+
+def _replicas_error(broker_ids: Iterable[Any]) -> tuple[int, str] | None:
+    """Kafka's ``validateManualPartitionAssignment`` of one partition's replicas, with this
+    gateway the only broker: so a valid list is ``[NODE_ID]``, one replica, the replication
+    factor of every partition here."""
+    brokers = sorted(int(b) for b in broker_ids)
+    if not brokers:
+        return INVALID_REPLICA_ASSIGNMENT, ("The manual partition assignment includes an "
+                                            "empty replica list.")
+    for broker in brokers:
+        if broker != NODE_ID:
+            return INVALID_REPLICA_ASSIGNMENT, (
+                f"The manual partition assignment includes broker {broker}, but no such "
+                f"broker is registered (the rcoord gateway is broker {NODE_ID}).")
+    if len(brokers) > 1:
+        return INVALID_REPLICA_ASSIGNMENT, (f"The manual partition assignment includes the "
+                                            f"broker {NODE_ID} more than once.")
     return None
 
 
@@ -262,5 +274,71 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
     twice = _named_twice(req.topic_names)
     results = await asyncio.gather(*(one(n) for n in req.topic_names if n not in twice))
     return {"throttle_time": 0, "responses": [*results, *(
+        {"name": name, "error_code": Errors.INVALID_REQUEST,
+         "error_message": "Duplicate topic name."} for name in twice)]}
+
+
+def _grow(state: GatewayState, topic: Any, validate_only: bool) -> dict[str, Any]:
+    """Blocking: one topic of a CreatePartitions, checked in the order of Kafka's
+    ``ReplicationControlManager.createPartitions``, in its words."""
+    name, count = topic.name, int(topic.count)
+    try:
+        current = state.topics.partition_count(name)
+    except TopicError as exc:
+        if exc.error in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
+            return _unknown(name)  # (an illegal name names no topic, as in DeleteTopics)
+        raise
+    out: dict[str, Any] = {"name": name, "error_code": Errors.NONE, "error_message": None}
+    if count <= current:
+        out.update(error_code=Errors.INVALID_PARTITIONS, error_message=(
+            f"Topic already has {current} partition(s)." if count == current else
+            f"The topic {name} currently has {current} partition(s); {count} would not be an "
+            "increase."))
+        return out
+    if topic.assignments is not None:
+        if len(topic.assignments) != count - current:
+            out.update(error_code=INVALID_REPLICA_ASSIGNMENT, error_message=(
+                f"Attempted to add {count - current} additional partition(s), but only "
+                f"{len(topic.assignments)} assignment(s) were specified."))
+            return out
+        for assignment in topic.assignments:
+            error = _replicas_error(assignment.broker_ids)
+            if error is not None:
+                out.update(error_code=error[0], error_message=error[1])
+                return out
+    try:
+        if validate_only:
+            state.topics.check_growth(name, current, count)
+        else:
+            # Checks again against the count it reads (another request may have grown it
+            # since), and makes the new partitions' streams before raising the count.
+            state.topics.add_partitions(name, count)
+    except TopicError as exc:
+        if exc.error == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            return _unknown(name)  # (deleted meanwhile)
+        out.update(error_code=exc.error, error_message=exc.detail or str(exc))
+    return out
+
+
+@api(37, "CreatePartitions", 0, 3)
+async def create_partitions(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    """Kafka's CreatePartitions (``kafka-topics --alter --partitions``, AdminClient's
+    ``createPartitions``) over ``Topics.add_partitions``; ALTER on the topic, as Kafka's
+    ``ControllerApis``. A consumer subscribed to the topic takes the new partitions at its
+    next metadata refresh, as with Kafka."""
+    state = conn.state
+
+    async def one(topic: Any) -> dict[str, Any]:
+        if not conn.may(Operation.ALTER, ResourceType.TOPIC, topic.name):
+            return {"name": topic.name, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                    "error_message": "Authorization failed."}
+        try:
+            return await state.blocking(_grow, state, topic, bool(req.validate_only))
+        except UNREACHED as exc:
+            return _unreached(topic.name, exc)
+
+    twice = _named_twice(t.name for t in req.topics)
+    results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))
+    return {"throttle_time": 0, "results": [*results, *(
         {"name": name, "error_code": Errors.INVALID_REQUEST,
          "error_message": "Duplicate topic name."} for name in twice)]}

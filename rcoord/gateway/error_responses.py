@@ -30,6 +30,7 @@ UNAVAILABLE: dict[int, int] = {
     19: Errors.REQUEST_TIMED_OUT,  # CreateTopics
     20: Errors.REQUEST_TIMED_OUT,  # DeleteTopics
     32: Errors.REQUEST_TIMED_OUT,  # DescribeConfigs
+    37: Errors.REQUEST_TIMED_OUT,  # CreatePartitions
 }
 """The retriable code a non-group API answers when Redis is unreachable or refuses ("not
 now": OOM, READONLY, BUSY). Group APIs answer COORDINATOR_NOT_AVAILABLE (``Api.group``)."""
@@ -133,6 +134,11 @@ def _delete_topics(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(results, {"throttle_time": 0, "responses": results})
 
 
+def _create_partitions(req: Any, code: int) -> dict[str, Any] | None:
+    results = [{"name": t.name, "error_code": code, "error_message": None} for t in req.topics]
+    return _nonempty(results, {"throttle_time": 0, "results": results})
+
+
 def _describe_configs(req: Any, code: int) -> dict[str, Any] | None:
     results = [{"error_code": code, "error_message": None, "resource_type": r.resource_type,
                 "resource_name": r.resource_name, "configs": []} for r in req.resources]
@@ -148,7 +154,7 @@ _FETCH = 1
 _BUILDERS: dict[int, _Builder] = {
     0: _produce, 1: _fetch, 2: _list_offsets, 3: _metadata, 8: _offset_commit,
     9: _offset_fetch, 10: _find_coordinator, 15: _describe_groups, 19: _create_topics,
-    20: _delete_topics, 32: _describe_configs, 42: _delete_groups,
+    20: _delete_topics, 32: _describe_configs, 37: _create_partitions, 42: _delete_groups,
 }
 
 

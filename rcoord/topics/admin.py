@@ -163,14 +163,7 @@ class Topics:
         _check_topic(topic)
         _check_int("new_total", new_total, 1)
         current, token = self._count_and_token(topic)
-        if new_total <= current:
-            raise TopicError(Errors.INVALID_PARTITIONS,
-                             f"{topic} has {current} partitions; cannot go to {new_total}")
-        if new_total - current > MAX_PARTITIONS_PER_CALL:
-            raise TopicError(Errors.INVALID_PARTITIONS,
-                             f"{topic} has {current} partitions; at most "
-                             f"{MAX_PARTITIONS_PER_CALL} more in one call, not "
-                             f"{new_total - current}")
+        self.check_growth(topic, current, new_total)
         made = _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", token])
                               for p in range(current, new_total)])
         leftovers = {p: _text(res[1]) for p, res in zip(range(current, new_total), made)
@@ -198,6 +191,20 @@ class Topics:
                              f"{topic} was deleted during add_partitions")
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), f"{topic} has {res[1]} partitions")
+
+    @staticmethod
+    def check_growth(topic: str, current: int, new_total: int) -> None:
+        """What ``add_partitions`` refuses of growing ``topic`` from ``current`` partitions to
+        ``new_total`` (INVALID_PARTITIONS), without doing it: for a request that only
+        validates (Kafka's CreatePartitions with ``validate_only``)."""
+        if new_total <= current:
+            raise TopicError(Errors.INVALID_PARTITIONS,
+                             f"{topic} has {current} partitions; cannot go to {new_total}")
+        if new_total - current > MAX_PARTITIONS_PER_CALL:
+            raise TopicError(Errors.INVALID_PARTITIONS,
+                             f"{topic} has {current} partitions; at most "
+                             f"{MAX_PARTITIONS_PER_CALL} more in one call, not "
+                             f"{new_total - current}")
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""
