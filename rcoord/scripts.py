@@ -68,7 +68,7 @@ SHARED = ("clock", "deadline_index", "prelude")
 INCLUDES: dict[str, tuple[str, ...]] = {
     **{f"topic_{n}": ("clock", "topic_common") for n in (
         "append", "append_idempotent", "offsets", "retention", "create_meta",
-        "offset_for_time")},
+        "offset_for_time", "delete_records")},
 }
 """Shared files put in front of a topic script, in order (scripts cannot import)."""
 

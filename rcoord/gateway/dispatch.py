@@ -28,6 +28,7 @@ from ..errors import Errors, InvalidRequestError, ProtocolError
 from . import (  # noqa: F401  (each registers its APIs)
     api_admin,
     api_configs,
+    api_delete_records,
     api_groups,
     api_meta,
     api_offsets,

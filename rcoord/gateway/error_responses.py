@@ -29,6 +29,7 @@ UNAVAILABLE: dict[int, int] = {
     3: LEADER_NOT_AVAILABLE,  # Metadata: retriable per topic
     19: Errors.REQUEST_TIMED_OUT,  # CreateTopics
     20: Errors.REQUEST_TIMED_OUT,  # DeleteTopics
+    21: Errors.REQUEST_TIMED_OUT,  # DeleteRecords
     32: Errors.REQUEST_TIMED_OUT,  # DescribeConfigs
     37: Errors.REQUEST_TIMED_OUT,  # CreatePartitions
 }
@@ -139,6 +140,13 @@ def _create_partitions(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(results, {"throttle_time": 0, "results": results})
 
 
+def _delete_records(req: Any, code: int) -> dict[str, Any] | None:
+    topics = [{"name": t.name, "partitions": [
+        {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
+        for p in t.partitions]} for t in req.topics]
+    return _nonempty(topics, {"throttle_time": 0, "topics": topics})
+
+
 def _describe_configs(req: Any, code: int) -> dict[str, Any] | None:
     results = [{"error_code": code, "error_message": None, "resource_type": r.resource_type,
                 "resource_name": r.resource_name, "configs": []} for r in req.resources]
@@ -154,7 +162,8 @@ _FETCH = 1
 _BUILDERS: dict[int, _Builder] = {
     0: _produce, 1: _fetch, 2: _list_offsets, 3: _metadata, 8: _offset_commit,
     9: _offset_fetch, 10: _find_coordinator, 15: _describe_groups, 19: _create_topics,
-    20: _delete_topics, 32: _describe_configs, 37: _create_partitions, 42: _delete_groups,
+    20: _delete_topics, 21: _delete_records, 32: _describe_configs, 37: _create_partitions,
+    42: _delete_groups,
 }
 
 

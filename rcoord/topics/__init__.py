@@ -41,6 +41,7 @@ UNKNOWN_TOPIC_OR_PARTITION instead of resurrecting it.
 """
 
 from ._base import (
+    DeletedRecords,
     FetchResult,
     Header,
     Headers,
@@ -63,6 +64,7 @@ from .times import OffsetAndTimestamp, offsets_for_times
 
 __all__ = [
     "TopicError",
+    "DeletedRecords",
     "PartitionInfo",
     "TopicDescription",
     "ProducerRecord",

@@ -69,6 +69,16 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True)
+class DeletedRecords:
+    """One partition's answer to ``Topics.delete_records``: its log start offset after it (-1
+    with an error: UNKNOWN_TOPIC_OR_PARTITION, or OFFSET_OUT_OF_RANGE and nothing removed)."""
+
+    partition: int
+    low_watermark: int
+    error: Errors = Errors.NONE
+
+
+@dataclass(frozen=True)
 class TopicDescription:
     name: str
     partitions: list[PartitionInfo]
@@ -359,6 +369,7 @@ PRODUCER_ID = _Lua("topic_producer_id")
 MAKE = _Lua("topic_make")
 OFFSETS = _Lua("topic_offsets")
 RETENTION = _Lua("topic_retention")
+DELETE_RECORDS = _Lua("topic_delete_records")
 CREATE_META = _Lua("topic_create_meta")
 GROW_META = _Lua("topic_grow_meta")
 

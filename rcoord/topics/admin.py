@@ -1,4 +1,5 @@
-"""Topics administration: create, grow, describe, delete, list, apply retention."""
+"""Topics administration: create, grow, describe, delete, list, apply retention, delete
+records."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Errors, translate_redis_errors
 from ._base import (
     CREATE_META,
+    DELETE_RECORDS,
     GROW_META,
     MAKE,
     OFFSETS,
@@ -18,6 +21,7 @@ from ._base import (
     RETENTION_SCAN,
     RETENTION_SCAN_BYTES,
     RETENTION_TRIM_BYTES,
+    DeletedRecords,
     PartitionInfo,
     TopicDescription,
     TopicError,
@@ -301,6 +305,44 @@ class Topics:
             if text.startswith(prefix) and text.endswith("}"):
                 names.add(text[len(prefix):-1])
         return sorted(names)
+
+    @translate_redis_errors
+    def delete_records(self, topic: str, offsets: Mapping[int, int]
+                       ) -> dict[int, DeletedRecords]:
+        """Kafka's DeleteRecords (``kafka-delete-records``, AdminClient's ``deleteRecords``):
+        raise each partition's log start offset to ``offsets[partition]`` (-1: its log end,
+        Kafka's high watermark), removing the records before it; in partition order.
+
+        Per partition, as Kafka's ``UnifiedLog.deleteRecordsOnLeader``: an offset below -1 or
+        past the log end is OFFSET_OUT_OF_RANGE and removes nothing; one at or below the log
+        start removes nothing and answers the log start; a partition the topic does not have
+        is UNKNOWN_TOPIC_OR_PARTITION. A consumer positioned before the new log start is then
+        out of range and resets, as after retention. The removal is split into calls of about
+        ``RETENTION_TRIM_BYTES`` each, so none holds the server for long.
+        """
+        _check_topic(topic)
+        for partition, offset in offsets.items():
+            _check_int("partition", partition, 0)
+            _check_int("offset", offset, -(2**63), 2**63 - 1)
+        count = self.partition_count(topic)
+        out = {p: DeletedRecords(p, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+               for p in offsets if p >= count}
+        pending = {p: offset for p, offset in offsets.items() if p < count}
+        while pending:
+            calls = [(DELETE_RECORDS, [partition_key(self._ns, topic, p)],
+                      [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
+            again: dict[int, int] = {}
+            for (p, target), res in zip(pending.items(), _run(self._r, calls)):
+                error = _name(res[0])
+                if error != Errors.NONE:
+                    out[p] = DeletedRecords(p, -1, error)
+                elif int(res[3]):
+                    # The log end this call resolved -1 to: appends since do not move it.
+                    again[p] = int(res[2]) if target == -1 else target
+                else:
+                    out[p] = DeletedRecords(p, int(res[1]))
+            pending = again
+        return dict(sorted(out.items()))
 
     @translate_redis_errors
     def apply_retention(self, topic: str, stop: threading.Event | None = None) -> dict[int, int]:

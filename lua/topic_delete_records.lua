@@ -1,0 +1,26 @@
+-- topic_delete_records.lua: Kafka's DeleteRecords for one partition: raises its log start
+-- offset to an offset, removing every record before it.
+-- KEYS[1] stream. ARGV[1] the new log start offset (-1: the log end, Kafka's high watermark),
+-- ARGV[2] most bytes of records one call removes (estimated from the partition's first one).
+-- Returns {error name, log start, log end, more to do}: OFFSET_OUT_OF_RANGE (nothing removed)
+-- for an offset below -1 or past the log end, as Kafka's UnifiedLog.deleteRecordsOnLeader;
+-- an offset at or below the log start removes nothing and answers the log start.
+--
+-- Freeing records costs the server time (500 records of 1 MB: 108 ms in one XTRIM), so a call
+-- removes about ARGV[2] bytes at most (one record at least) and says whether more is left: the
+-- caller repeats with the log end it was answered, as topic_retention.lua's caller does.
+
+if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0} end
+local s, e = log_offsets(KEYS[1])
+local target = tonumber(ARGV[1])
+if target == -1 then target = e end
+if target < 0 or target > e then return {'OFFSET_OUT_OF_RANGE', s, e, 0} end
+if target <= s then return {'NONE', s, e, 0} end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+local bytes = 1
+for j = 1, #first[2] do bytes = bytes + #first[2][j] end
+local upto = math.min(target, s + math.max(1, math.floor(tonumber(ARGV[2]) / bytes)))
+redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
+local more = 0
+if upto < target then more = 1 end
+return {'NONE', upto, e, more}

@@ -1,0 +1,67 @@
+"""DeleteRecords (``kafka-delete-records``, AdminClient's ``deleteRecords``) over
+``rcoord.topics.Topics.delete_records``.
+
+As Kafka's ``KafkaApis.handleDeleteRecordsRequest``: DELETE on the topic (else
+TOPIC_AUTHORIZATION_FAILED), a topic or partition that does not exist UNKNOWN_TOPIC_OR_PARTITION
+(an illegal name, a negative index too), then per partition what the log answers
+(OFFSET_OUT_OF_RANGE past the log end; the new log start, the ``low_watermark``, otherwise);
+-1 for the low watermark of every error. A partition named twice is answered once, with the
+last offset given, as Kafka's request map keeps it. A topic whose call cannot reach Redis is
+REQUEST_TIMED_OUT on its partitions alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..errors import Errors
+from ..topics import TopicError
+from .acl import Operation, ResourceType
+from .errors import TOPIC_AUTHORIZATION_FAILED, UNREACHED
+from .registry import api
+from .state import Connection, GatewayState
+
+__all__: list[str] = []
+
+log = logging.getLogger("rcoord.gateway")
+
+
+def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Blocking: partition -> (error code, low watermark) for one topic's partitions."""
+    out = {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets if p < 0}
+    wanted = {p: offset for p, offset in offsets.items() if p >= 0}
+    try:
+        answers = state.topics.delete_records(topic, wanted) if wanted else {}
+    except TopicError as exc:
+        if exc.error not in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
+            raise
+        return {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets}
+    out.update((p, (a.error.value, a.low_watermark)) for p, a in answers.items())
+    return out
+
+
+@api(21, "DeleteRecords", 0, 2)
+async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
+    state = conn.state
+    wanted: dict[str, dict[int, int]] = {}
+    for topic in req.topics:
+        offsets = wanted.setdefault(topic.name, {})
+        offsets.update((int(p.partition_index), int(p.offset)) for p in topic.partitions)
+
+    async def one(name: str, offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
+        if not conn.may(Operation.DELETE, ResourceType.TOPIC, name):
+            return dict.fromkeys(offsets, (TOPIC_AUTHORIZATION_FAILED, -1))
+        try:
+            return await state.blocking(_delete, state, name, offsets)
+        except UNREACHED as exc:
+            log.warning("topic %r: Redis unreachable or unavailable: %s", name, exc)
+            return dict.fromkeys(offsets, (Errors.REQUEST_TIMED_OUT.value, -1))
+
+    answers = await asyncio.gather(*(one(name, offsets) for name, offsets in wanted.items()))
+    return {"throttle_time": 0, "topics": [
+        {"name": name, "partitions": [
+            {"partition_index": p, "low_watermark": low, "error_code": code}
+            for p, (code, low) in answered.items()]}
+        for name, answered in zip(wanted, answers)]}

@@ -1,0 +1,107 @@
+"""``Topics.delete_records``, Kafka's DeleteRecords, on a real server (one node and a cluster):
+the new log start, Kafka's answers at the edges, a removal split into bounded calls, and what a
+reader then sees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rcoord.errors import Errors, InvalidRequestError
+from rcoord.topics import (
+    DeletedRecords,
+    Producer,
+    ProducerRecord,
+    TopicError,
+    Topics,
+    fetch,
+    log_offsets,
+)
+from rcoord.topics import _base as topics_base
+
+
+@pytest.fixture
+def topics(redis_client: Any, namespace: str) -> Topics:
+    return Topics(redis_client, namespace)
+
+
+def _filled(redis_client: Any, namespace: str, topics: Topics, counts: list[int],
+            value: bytes = b"v") -> None:
+    topics.create("t", len(counts))
+    producer = Producer(redis_client, namespace, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(value, partition=partition)
+                              for partition, n in enumerate(counts) for _ in range(n)])
+
+
+def test_the_log_start_moves_to_the_offset_given(redis_client, namespace, topics):
+    _filled(redis_client, namespace, topics, [10, 10, 0])
+    got = topics.delete_records("t", {0: 4, 1: -1, 2: -1})
+    assert got == {0: DeletedRecords(0, 4), 1: DeletedRecords(1, 10), 2: DeletedRecords(2, 0)}
+    assert [log_offsets(redis_client, namespace, "t", p) for p in range(3)] == [
+        (4, 10), (10, 10), (0, 0)]
+    records = fetch(redis_client, namespace, "t", 0, 4).records
+    assert [r.offset for r in records] == list(range(4, 10))
+    below = fetch(redis_client, namespace, "t", 0, 3)  # a reader left behind resets
+    assert (below.error, below.log_start_offset, below.records) == (
+        Errors.OFFSET_OUT_OF_RANGE, 4, [])
+
+
+def test_kafkas_answers_at_the_edges(redis_client, namespace, topics):
+    """As Kafka's UnifiedLog.deleteRecordsOnLeader: past the log end or below -1 is
+    OFFSET_OUT_OF_RANGE and removes nothing; at or below the log start removes nothing."""
+    _filled(redis_client, namespace, topics, [5, 5, 5, 5])
+    topics.delete_records("t", {3: 2})
+    got = topics.delete_records("t", {0: 6, 1: -2, 2: 0, 3: 1, 7: 1})
+    assert got == {
+        0: DeletedRecords(0, -1, Errors.OFFSET_OUT_OF_RANGE),
+        1: DeletedRecords(1, -1, Errors.OFFSET_OUT_OF_RANGE),
+        2: DeletedRecords(2, 0), 3: DeletedRecords(3, 2),
+        7: DeletedRecords(7, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)}
+    assert [log_offsets(redis_client, namespace, "t", p)[0] for p in range(4)] == [0, 0, 0, 2]
+    with pytest.raises(TopicError) as info:
+        topics.delete_records("missing", {0: 1})
+    assert info.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    with pytest.raises(InvalidRequestError, match="partition must be >= 0"):
+        topics.delete_records("t", {-1: 1})
+
+
+def test_a_large_removal_is_split_into_bounded_calls(redis_client, namespace, topics,
+                                                     monkeypatch):
+    """Each call removes about RETENTION_TRIM_BYTES of records (one at least), judged by the
+    partition's first record, and the calls repeat until the offset is reached: one XTRIM of
+    500 records of 1 MB held the server for 108 ms."""
+    _filled(redis_client, namespace, topics, [40], value=b"x" * 1000)
+    monkeypatch.setattr("rcoord.topics.admin.RETENTION_TRIM_BYTES", 5000)
+    calls = []
+
+    class Counted(topics_base._Lua):
+        def __call__(self, client: Any, keys: Any, args: Any) -> Any:
+            calls.append(list(args))  # (one partition: _run calls the script, no pipeline)
+            return super().__call__(client, keys, args)
+
+    monkeypatch.setattr("rcoord.topics.admin.DELETE_RECORDS", Counted("topic_delete_records"))
+    assert topics.delete_records("t", {0: 30}) == {0: DeletedRecords(0, 30)}
+    assert len(calls) == 8  # 30 records of a little over 1 KB: 4 a call (5,000 bytes)
+    assert log_offsets(redis_client, namespace, "t", 0) == (30, 40)
+
+
+def test_minus_one_is_the_log_end_when_the_call_starts(redis_client, namespace, topics,
+                                                      monkeypatch):
+    """-1 is resolved once: records appended while a split removal goes on are kept."""
+    _filled(redis_client, namespace, topics, [12], value=b"x" * 1000)
+    monkeypatch.setattr("rcoord.topics.admin.RETENTION_TRIM_BYTES", 5000)
+    producer = Producer(redis_client, namespace, idempotent=False)
+    appended = []
+
+    class Appending(topics_base._Lua):
+        def __call__(self, client: Any, keys: Any, args: Any) -> Any:
+            reply = super().__call__(client, keys, args)
+            if not appended:  # (after the first call: -1 was the log end, 12)
+                appended.append(producer.send("t", b"late", partition=0).offset)
+            return reply
+
+    monkeypatch.setattr("rcoord.topics.admin.DELETE_RECORDS", Appending("topic_delete_records"))
+    assert topics.delete_records("t", {0: -1}) == {0: DeletedRecords(0, 12)}
+    assert appended == [12]
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 12).records] == [b"late"]

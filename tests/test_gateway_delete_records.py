@@ -1,0 +1,144 @@
+"""DeleteRecords (API 21) through the gateway: raw frames for Kafka's answers (v0-v2), ACLs
+(DELETE on the topic), and confluent-kafka's AdminClient moving a partition's log start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+from gateway_harness import (
+    call_once,
+    connect,
+    request_frame,
+    response,
+    running_gateway,
+    sasl_connect,
+    topics_of,
+)
+
+from rcoord.errors import Errors
+from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
+
+WAIT_S = 60.0
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def _fill(redis_server: Any, namespace: str, topic: str, counts: list[int]) -> None:
+    client = redis_server.client()
+    try:
+        Producer(client, namespace, idempotent=False).send_batch(topic, [
+            ProducerRecord(b"v", partition=p) for p, n in enumerate(counts) for _ in range(n)])
+    finally:
+        client.close()
+
+
+def _body(entries: list[tuple[str, int, int]]) -> dict[str, Any]:
+    return {"timeout_ms": 5000, "topics": [
+        {"name": name, "partitions": [{"partition_index": p, "offset": o}]}
+        for name, p, o in entries]}
+
+
+def _answers(gateway: Any, entries: list[tuple[str, int, int]], version: int = 2
+             ) -> dict[tuple[str, int], tuple[int, int]]:
+    if version >= 2:
+        topics = call_once(gateway, 21, version, _body(entries)).topics
+    else:  # (v0 and v1 are not flexible: response header v0)
+        sock = connect(gateway)
+        try:
+            sock.sendall(request_frame(21, version, 3, _body(entries)))
+            topics = response(sock, 21, version, 4).topics
+        finally:
+            sock.close()
+    return {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
+            for t in topics for p in t.partitions}
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_kafkas_answers(gateway, redis_server, topics, version):
+    topics.create("t", 3)
+    _fill(redis_server, gateway.config.namespace, "t", [10, 10, 10])
+    got = _answers(gateway, [("t", 0, 4), ("t", 1, -1), ("t", 2, 11), ("t", 3, 1), ("t", -1, 1),
+                             ("nope", 0, 1), ("bad/name", 0, 1)], version)
+    assert got == {
+        ("t", 0): (0, 4), ("t", 1): (0, 10), ("t", 2): (Errors.OFFSET_OUT_OF_RANGE, -1),
+        ("t", 3): (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1),
+        ("t", -1): (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1),
+        ("nope", 0): (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1),
+        ("bad/name", 0): (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)}
+    client = redis_server.client()
+    try:
+        assert [log_offsets(client, gateway.config.namespace, "t", p) for p in range(3)] == [
+            (4, 10), (10, 10), (0, 10)]
+    finally:
+        client.close()
+    # Below the log start: nothing removed, the log start answered. Named twice: the last wins.
+    assert _answers(gateway, [("t", 0, 2), ("t", 0, 6)], version) == {("t", 0): (0, 6)}
+    assert _answers(gateway, [("t", 0, 5)], version) == {("t", 0): (0, 6)}
+
+
+def test_a_topic_redis_fails_on_is_answered_alone(gateway, redis_server, topics, monkeypatch,
+                                                  caplog):
+    import redis
+
+    real = Topics.delete_records
+
+    def failing(self: Topics, topic: str, offsets: Any) -> Any:
+        if topic == "cut":
+            raise redis.exceptions.ConnectionError("connection reset (test)")
+        return real(self, topic, offsets)
+
+    monkeypatch.setattr(Topics, "delete_records", failing)
+    for name in ("kept", "cut"):
+        topics.create(name, 1)
+        _fill(redis_server, gateway.config.namespace, name, [3])
+    assert _answers(gateway, [("kept", 0, 2), ("cut", 0, 2)]) == {
+        ("kept", 0): (0, 2), ("cut", 0): (Errors.REQUEST_TIMED_OUT, -1)}
+    assert "topic 'cut': Redis unreachable or unavailable" in caplog.text
+
+
+def test_deleting_records_needs_delete_on_the_topic(redis_server, namespace, tmp_path: Path):
+    from rcoord.gateway.auth import load_auth_file
+
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"users": {"alice": "pw"}, "acls": [
+        {"principal": "User:alice", "resource": "topic", "name": "mine", "operations": ["DELETE"]},
+        {"principal": "User:alice", "resource": "topic", "name": "theirs",
+         "operations": ["READ", "WRITE", "DESCRIBE", "ALTER"]}]}))
+    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw, \
+            topics_of(redis_server, namespace) as topics:
+        for name in ("mine", "theirs"):
+            topics.create(name, 1)
+            _fill(redis_server, namespace, name, [3])
+        sock = sasl_connect(gw, "alice", "pw")
+        try:
+            sock.sendall(request_frame(21, 2, 9, _body([("mine", 0, 2), ("theirs", 0, 2)])))
+            got = {t.name: (t.partitions[0].error_code.value, t.partitions[0].low_watermark)
+                   for t in response(sock, 21, 2, 5).topics}
+        finally:
+            sock.close()
+        assert got == {"mine": (0, 2), "theirs": (TOPIC_AUTHORIZATION_FAILED, -1)}
+        assert topics.describe("theirs").partitions[0].log_start_offset == 0
+
+
+def test_confluent_kafka_deletes_records(gateway, redis_server, topics):
+    ck = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient
+
+    topics.create("d", 2)
+    _fill(redis_server, gateway.config.namespace, "d", [5, 5])
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"})
+    futures = admin.delete_records([ck.TopicPartition("d", 0, 3),
+                                    ck.TopicPartition("d", 1, ck.OFFSET_END)],
+                                   request_timeout=30)
+    done = {tp.partition: f.result(timeout=WAIT_S) for tp, f in futures.items()}
+    assert {p: d.low_watermark for p, d in done.items()} == {0: 3, 1: 5}
+    futures = admin.delete_records([ck.TopicPartition("d", 0, 9)], request_timeout=30)
+    (future,) = futures.values()
+    with pytest.raises(ck.KafkaException) as info:
+        future.result(timeout=WAIT_S)
+    assert info.value.args[0].code() == ck.KafkaError.OFFSET_OUT_OF_RANGE
