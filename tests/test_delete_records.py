@@ -4,9 +4,12 @@ reader then sees."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+import test_cli_groups
+from test_cli_groups import ok, rows
 
 from rcoord.errors import Errors, InvalidRequestError
 from rcoord.topics import (
@@ -105,3 +108,27 @@ def test_minus_one_is_the_log_end_when_the_call_starts(redis_client, namespace, 
     assert topics.delete_records("t", {0: -1}) == {0: DeletedRecords(0, 12)}
     assert appended == [12]
     assert [r.value for r in fetch(redis_client, namespace, "t", 0, 12).records] == [b"late"]
+
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+
+def test_the_command_line(cli, redis_client, namespace, topics):
+    """``rcoord topics delete-records``: every partition or those named; exit 1 with the table
+    when a partition refuses."""
+    _filled(redis_client, namespace, topics, [5, 5])
+    res = ok(cli("topics", "delete-records", "t", "--offset", "3"))
+    assert rows(res.stdout, "TOPIC PARTITION") == [["t", "0", "3", "-"], ["t", "1", "3", "-"]]
+    res = ok(cli("topics", "delete-records", "t", "--offset", "-1", "--partition", "1",
+                 "--output", "json"))
+    assert json.loads(res.stdout) == {"topic": "t", "partitions": [
+        {"partition": 1, "low_watermark": 5, "error": None}]}
+    res = cli("topics", "delete-records", "t", "--offset", "6", "--partition", "0")
+    assert res.returncode == 1
+    assert rows(res.stdout, "TOPIC PARTITION") == [["t", "0", "-1", "OFFSET_OUT_OF_RANGE"]]
+    assert [log_offsets(redis_client, namespace, "t", p)[0] for p in range(2)] == [3, 5]
+    res = cli("topics", "delete-records", "t", "--offset", "-2")
+    assert res.returncode == 2 and "--offset must be >= 0, or -1" in res.stderr
+    res = cli("topics", "delete-records", "missing", "--offset", "1")
+    assert res.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in res.stderr

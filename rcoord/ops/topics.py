@@ -1,5 +1,6 @@
 """``rcoord topics``: Kafka's kafka-topics.sh (create, list, describe, delete, add-partitions),
-plus the console producer and consumer as ``produce`` and ``consume`` (``rcoord.ops.console``).
+kafka-delete-records.sh as ``delete-records``, plus the console producer and consumer as
+``produce`` and ``consume`` (``rcoord.ops.console``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("topic")
     q.add_argument("--partitions", type=int, required=True, metavar="N",
                    help="the new total, more than now")
+    q = leaf(sub, "delete-records", "remove the records before an offset (Kafka's "
+             "kafka-delete-records)", _delete_records)
+    q.add_argument("topic")
+    q.add_argument("--offset", type=int, required=True, metavar="O",
+                   help="the new log start offset; -1: the log end (every record goes)")
+    q.add_argument("--partition", type=int, action="append", metavar="P",
+                   help="a partition (repeat for more; default: every partition)")
     add_console_arguments(sub)
 
 
@@ -168,3 +176,25 @@ def _add_partitions(ctx: Context) -> int:
         print_line(f"Topic {ctx.args.topic} now has {ctx.args.partitions} partitions "
                    f"(was {before}).")
     return 0
+
+
+def _delete_records(ctx: Context) -> int:
+    """Exit 0 if every partition's log start is where it was asked to be (or was already past
+    it), 1 if any partition refused (its error is in the table)."""
+    a = ctx.args
+    if a.offset < -1:
+        raise UsageError(f"--offset must be >= 0, or -1 for the log end, got {a.offset}")
+    admin = ctx.topics()
+    partitions = a.partition or range(admin.partition_count(a.topic))
+    done = admin.delete_records(a.topic, dict.fromkeys(partitions, a.offset))
+    failed = [d for d in done.values() if d.error != Errors.NONE]
+    if ctx.json:
+        print_json({"topic": a.topic, "partitions": [
+            {"partition": d.partition, "low_watermark": d.low_watermark,
+             "error": None if d.error == Errors.NONE else d.error.name}
+            for d in done.values()]})
+    else:
+        print_table(["TOPIC", "PARTITION", "LOW-WATERMARK", "ERROR"], [
+            [a.topic, d.partition, d.low_watermark, "-" if d.error == Errors.NONE else d.error.name]
+            for d in done.values()])
+    return 1 if failed else 0
