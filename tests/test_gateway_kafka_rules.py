@@ -720,6 +720,30 @@ def test_a_producer_may_not_stamp_its_batch_log_append_time(gateway, redis_serve
     assert _log(gateway, redis_server) == (0, 1)
 
 
+@pytest.mark.parametrize(("stamp", "max_stamp"), [
+    (253_402_300_800_000, None),  # 10000-01-01: past what a Python datetime holds
+    ((1 << 63) - 1, None),  # Long.MAX_VALUE, which a Java ProducerRecord takes
+    (1_700_000_000_000, 0),  # a batch max timestamp below its record's (Kafka resets it)
+])
+def test_any_timestamp_a_producer_stamps_is_taken(gateway, redis_server, topics, stamp,
+                                                 max_stamp):
+    """The gateway's topics are LogAppendTime: Kafka's broker stamps the records itself and
+    takes any int64 a producer sent (it sets the batch's max timestamp too). The gateway read
+    batches with kio's reader, which makes every timestamp a datetime and compared the batch's
+    max timestamp (ms) with each record's in seconds: these were refused CORRUPT_MESSAGE, which
+    Kafka clients retry until their delivery timeout."""
+    topics.create("t", 1)
+    batch = produced_batch([Record(0, b"k", b"v", {}, stamp)])
+    if max_stamp is not None:
+        out = bytearray(batch)
+        out[35:43] = max_stamp.to_bytes(8, "big", signed=True)
+        batch = with_crc(out)
+    (part,) = _produce_to(gateway, [(0, batch)])
+    assert (part.error_code.value, part.base_offset) == (0, 0), part.error_message
+    assert part.log_append_time not in (-1, stamp)  # the Redis clock
+    assert _log(gateway, redis_server) == (0, 1)
+
+
 def test_an_incremental_fetch_of_a_session_never_opened_is_refused(gateway, topics):
     """The gateway opens no fetch sessions (KIP-227: it answers session id 0). An incremental
     fetch (epoch > 0) names one: Kafka's FetchManager answers FETCH_SESSION_ID_NOT_FOUND with

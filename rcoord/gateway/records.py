@@ -1,11 +1,12 @@
 """Record batches (Kafka's message format v2) to and from rcoord records.
 
-Decoding uses kio's reader (``kio.records.readers.read_batch``, which checks the CRC32C).
-Encoding is done here (struct and zigzag varints, about 40 lines): kio's batch writer takes
-timestamps as ``datetime`` and converts them back through a float, which can move a
-millisecond, and rcoord timestamps are exact integers. Compressed batches are refused (UNSUPPORTED_COMPRESSION_TYPE):
-kio does not decompress, and the Kafka clients tested here send uncompressed batches unless told
-otherwise. Transactional and control batches are refused too (no transactions here).
+Both directions are done here (struct, kio's varint readers and zigzag varints). kio's batch
+reader and writer take timestamps as ``datetime``: the writer converts them back through a
+float, which can move a millisecond (rcoord timestamps are exact integers), and the reader
+refused a record whose timestamp is past year 9999 (``_records``). Compressed batches are
+refused (UNSUPPORTED_COMPRESSION_TYPE): kio does not decompress, and the Kafka clients tested
+here send uncompressed batches unless told otherwise. Transactional and control batches are
+refused too (no transactions here).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
-from kio.records.readers import read_batch
-from kio.records.schema import RecordHeader
+from kio.serial.readers import read_signed_varint, read_signed_varlong
 
 from ..errors import Errors
 from ..topics import ProducerRecord, Record
@@ -27,11 +27,15 @@ from .tags import encode_uvarint
 __all__ = ["BATCH_HEADER_BYTES", "BatchError", "IncomingBatch", "decode_batches", "encode_batch",
            "encode_fetched", "fetched_sizes"]
 
-_MAGIC_AT = 16  # base offset (8), batch length (4), partition leader epoch (4)
-_ATTRIBUTES_AT = 21  # ... magic (1), crc (4)
+_LENGTH_AT = 8  # base offset (8)
+_MAGIC_AT = 16  # ... batch length (4), partition leader epoch (4)
+_CRC_AT = 17  # ... magic (1)
+_ATTRIBUTES_AT = 21  # ... crc (4): what the CRC covers starts here
 _LAST_OFFSET_DELTA_AT = 23  # ... attributes (2)
-_COUNT_AT = 57  # ... timestamps (16), producer id (8), epoch (2), base sequence (4)
+_PRODUCER_AT = 43  # ... last offset delta (4), timestamps (16)
+_COUNT_AT = 57  # ... producer id (8), epoch (2), base sequence (4)
 _HEADER_BYTES = 61
+_PRODUCER = struct.Struct(">qhi")  # producer id, epoch, base sequence
 _COMPRESSION_MASK = 0x07
 _LOG_APPEND_TIME = 0x08
 _TRANSACTIONAL = 0x10
@@ -78,21 +82,88 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         if attributes & _TRANSACTIONAL:
             raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
         _check_count(view, pos)
-        try:
-            batch, size = read_batch(view, pos)
-        except Exception as exc:  # noqa: BLE001  (CRC mismatch, bad lengths, short buffer)
-            raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
+        end = _batch_end(view, pos)
+        records = _records(view[:end], pos, partition)
         if attributes & _LOG_APPEND_TIME:  # the broker stamps it (LogValidator.validateTimestamp)
             raise BatchError(INVALID_TIMESTAMP, "a producer may not set the batch's timestamp "
                              "type to LogAppendTime; send CreateTime batches")
-        records = []
-        for rec in batch.records:
-            records.append(ProducerRecord(rec.value, rec.key, partition,
-                                          _headers(rec.headers) if rec.headers else None))
-        out.append(IncomingBatch(int(batch.producer_id), int(batch.producer_epoch),
-                                 int(batch.base_sequence), records))
-        pos += size
+        producer_id, epoch, sequence = _PRODUCER.unpack_from(view, pos + _PRODUCER_AT)
+        out.append(IncomingBatch(producer_id, epoch, sequence, records))
+        pos = end
     return out
+
+
+def _batch_end(view: memoryview, pos: int) -> int:
+    """Where the batch at ``pos`` ends, once its length and CRC32C are checked (Kafka's
+    ``DefaultRecordBatch.ensureValid``: CORRUPT_MESSAGE)."""
+    length = int.from_bytes(view[pos + _LENGTH_AT:pos + _LENGTH_AT + 4], "big", signed=True)
+    end = pos + _LENGTH_AT + 4 + length
+    if end < pos + _HEADER_BYTES or end > len(view):
+        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its length {length} does not "
+                         f"fit the {len(view) - pos} bytes sent")
+    stored = int.from_bytes(view[pos + _CRC_AT:pos + _ATTRIBUTES_AT], "big")
+    if crc32c.crc32c(view[pos + _ATTRIBUTES_AT:end]) != stored:
+        raise BatchError(CORRUPT_MESSAGE, "corrupt record batch: CRC32C mismatch")
+    return end
+
+
+def _records(view: memoryview, pos: int, partition: int) -> list[ProducerRecord]:
+    """The records of the batch at ``pos``, which ends where ``view`` does (its length and CRC
+    checked), as Kafka's ``DefaultRecord.readFrom`` reads them: each must fill its declared
+    size, and the batch's declared count must fill the batch.
+
+    A record's timestamp and offset deltas are read past, not kept: the broker sets both
+    (LogAppendTime; offsets on append). kio's ``read_batch``, used before, made each timestamp
+    a ``datetime``, so a record stamped past year 9999 (Kafka takes any int64) was refused
+    CORRUPT_MESSAGE, which Kafka clients retry until their delivery timeout; it also compared
+    the batch's max timestamp (ms) with each record's in seconds."""
+    count = int.from_bytes(view[pos + _COUNT_AT:pos + _HEADER_BYTES], "big", signed=True)
+    at = pos + _HEADER_BYTES
+    out = []
+    try:
+        for _ in range(count):
+            size, n = read_signed_varint(view, at)
+            at += n
+            start = at
+            at += 1  # attributes (unused in v2)
+            at += read_signed_varlong(view, at)[1]  # timestamp delta
+            at += read_signed_varint(view, at)[1]  # offset delta
+            key, at = _nullable_bytes(view, at)
+            value, at = _nullable_bytes(view, at)
+            header_count, n = read_signed_varint(view, at)
+            at += n
+            if header_count < 0:
+                raise ValueError(f"a record with {header_count} headers")
+            headers = []
+            for _ in range(header_count):
+                name, at = _nullable_bytes(view, at)
+                if name is None:  # Kafka's readHeaders: "Invalid negative header key size"
+                    raise BatchError(CORRUPT_MESSAGE, "a record header with a null key")
+                header_value, at = _nullable_bytes(view, at)
+                headers.append((name.decode("utf-8", "replace"), header_value))
+            if at != start + size:
+                raise ValueError(f"a record of {at - start} bytes declares {size}")
+            out.append(ProducerRecord(value, key, partition, headers or None))
+    except BatchError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (kio's BufferUnderflow, a malformed varint)
+        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
+    if at != len(view):
+        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {len(view) - at} bytes "
+                         f"after its {count} records")
+    return out
+
+
+def _nullable_bytes(view: memoryview, at: int) -> tuple[bytes | None, int]:
+    """A record's key, value, header name or header value at ``at``: its bytes (None for a
+    negative length, as Kafka reads it), and where the next field starts."""
+    size, n = read_signed_varint(view, at)
+    at += n
+    if size < 0:
+        return None, at
+    if at + size > len(view):
+        raise ValueError(f"a field of {size} bytes past the end of its batch")
+    return bytes(view[at:at + size]), at + size
 
 
 def _check_count(view: memoryview, pos: int) -> None:
@@ -112,18 +183,6 @@ def _check_count(view: memoryview, pos: int) -> None:
     if from_offsets != count:
         raise BatchError(INVALID_RECORD, f"the batch's offset range has {from_offsets} records "
                          f"(lastOffsetDelta + 1) but it reports {count}")
-
-
-def _headers(headers: Sequence[RecordHeader]) -> list[tuple[str, bytes | None]]:
-    """A record's headers as rcoord pairs: in order, repeated names kept, a null value kept as
-    ``None`` (Kafka allows both). A null name is refused, as Kafka's broker refuses it
-    (``DefaultRecord.readHeaders``: "Invalid negative header key size")."""
-    out = []
-    for h in headers:
-        if h.key is None:
-            raise BatchError(CORRUPT_MESSAGE, "a record header with a null key")
-        out.append((h.key.decode("utf-8", "replace"), h.value))
-    return out
 
 
 def _varint(buf: io.BytesIO, value: int) -> None:
