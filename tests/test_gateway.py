@@ -232,8 +232,9 @@ def test_repeated_and_null_headers_survive_the_gateway(gateway: GatewayThread, t
 
 
 def test_a_null_header_name_is_refused_as_kafka_does() -> None:
-    """Kafka's broker refuses a header whose name is null; so does the gateway's decoder,
-    naming what is wrong (before, the header became one named "")."""
+    """Kafka's broker refuses a header whose name is null (INVALID_RECORD: DefaultRecord's
+    InvalidRecordException); so does the gateway's decoder, naming what is wrong (before, the
+    header became one named "", then it was CORRUPT_MESSAGE, which clients retry)."""
     import datetime as dt
     import io
 
@@ -242,7 +243,7 @@ def test_a_null_header_name_is_refused_as_kafka_does() -> None:
     from kio.records.writers import write_new_batch
     from kio.static.primitive import i8, i16, i32, i64
 
-    from rcoord.gateway.errors import CORRUPT_MESSAGE
+    from rcoord.gateway.errors import INVALID_RECORD
     from rcoord.gateway.records import BatchError, decode_batches
 
     def batch(key: bytes | None) -> bytes:
@@ -258,7 +259,7 @@ def test_a_null_header_name_is_refused_as_kafka_does() -> None:
     assert ok.records[0].headers == [("h", b"x")]
     with pytest.raises(BatchError, match="null key") as err:
         decode_batches(batch(None), 0)
-    assert err.value.code == CORRUPT_MESSAGE
+    assert err.value.code == INVALID_RECORD
 
 
 class _Member(threading.Thread):

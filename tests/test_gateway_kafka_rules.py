@@ -744,6 +744,45 @@ def test_any_timestamp_a_producer_stamps_is_taken(gateway, redis_server, topics,
     assert _log(gateway, redis_server) == (0, 1)
 
 
+def _malformed(change: str) -> bytes:
+    """A one-record batch, its CRC made again after ``change``: its records no longer parse."""
+    out = bytearray(produced_batch([Record(0, None, b"v", {}, 0, header_list=(("h", b"x"),))]))
+    if change == "record size":
+        out[61] += 2  # the record's length (a zigzag varint): one byte more than it has
+    elif change == "null header name":
+        at = out.index(b"\x02h\x02x")
+        out[at] = 1  # the header name's length: -1
+    elif change == "bytes after the records":
+        out[8:12] = (int.from_bytes(out[8:12], "big") + 1).to_bytes(4, "big")
+        out += b"\x00"
+    else:  # "fewer records than counted": the count and the offset range both say 2
+        out[23:27] = (1).to_bytes(4, "big")
+        out[57:61] = (2).to_bytes(4, "big")
+    return with_crc(out)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ("record size", "declares"),
+    ("null header name", "null key"),
+    ("bytes after the records", "1 bytes after its 1 records"),
+    ("fewer records than counted", "invalid record structure"),
+])
+def test_records_that_do_not_parse_in_a_sound_batch_are_invalid_records(
+        gateway, redis_server, topics, change, says):
+    """A batch whose CRC holds but whose records do not parse: Kafka's DefaultRecord and
+    DefaultRecordBatch throw InvalidRecordException, INVALID_RECORD (non-retriable). The gateway
+    answered CORRUPT_MESSAGE, which Kafka clients retry: the same batch was resent until the
+    producer's delivery timeout. A bad CRC stays CORRUPT_MESSAGE."""
+    topics.create("t", 1)
+    (part,) = _produce_to(gateway, [(0, _malformed(change))])
+    assert part.error_code.value == INVALID_RECORD and says in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)
+    crc_broken = bytearray(_malformed(change))
+    crc_broken[20] ^= 1
+    (part,) = _produce_to(gateway, [(0, bytes(crc_broken))])
+    assert part.error_code.value == CORRUPT_MESSAGE and "CRC" in part.error_message
+
+
 def test_an_incremental_fetch_of_a_session_never_opened_is_refused(gateway, topics):
     """The gateway opens no fetch sessions (KIP-227: it answers session id 0). An incremental
     fetch (epoch > 0) names one: Kafka's FetchManager answers FETCH_SESSION_ID_NOT_FOUND with

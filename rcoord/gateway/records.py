@@ -112,6 +112,11 @@ def _records(view: memoryview, pos: int, partition: int) -> list[ProducerRecord]
     checked), as Kafka's ``DefaultRecord.readFrom`` reads them: each must fill its declared
     size, and the batch's declared count must fill the batch.
 
+    A batch whose CRC holds but whose records do not parse is INVALID_RECORD, Kafka's answer
+    (its InvalidRecordException; CORRUPT_MESSAGE is for a bad CRC or batch length). It was
+    CORRUPT_MESSAGE, which clients take for a transmission error and retry: Java's producer
+    resent the same malformed batch until its delivery timeout, sarama up to its retries.
+
     A record's timestamp and offset deltas are read past, not kept: the broker sets both
     (LogAppendTime; offsets on append). kio's ``read_batch``, used before, made each timestamp
     a ``datetime``, so a record stamped past year 9999 (Kafka takes any int64) was refused
@@ -138,7 +143,7 @@ def _records(view: memoryview, pos: int, partition: int) -> list[ProducerRecord]
             for _ in range(header_count):
                 name, at = _nullable_bytes(view, at)
                 if name is None:  # Kafka's readHeaders: "Invalid negative header key size"
-                    raise BatchError(CORRUPT_MESSAGE, "a record header with a null key")
+                    raise BatchError(INVALID_RECORD, "a record header with a null key")
                 header_value, at = _nullable_bytes(view, at)
                 headers.append((name.decode("utf-8", "replace"), header_value))
             if at != start + size:
@@ -147,9 +152,9 @@ def _records(view: memoryview, pos: int, partition: int) -> list[ProducerRecord]
     except BatchError:
         raise
     except Exception as exc:  # noqa: BLE001  (kio's BufferUnderflow, a malformed varint)
-        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {exc}") from None
+        raise BatchError(INVALID_RECORD, f"invalid record structure: {exc}") from None
     if at != len(view):
-        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: {len(view) - at} bytes "
+        raise BatchError(INVALID_RECORD, f"invalid record batch: {len(view) - at} bytes "
                          f"after its {count} records")
     return out
 
