@@ -216,6 +216,38 @@ def test_a_produce_is_answered_once_every_partition_append_ended(gateway, topics
     assert topics.describe("t").partitions[1].log_end_offset == 1
 
 
+@pytest.mark.parametrize("failure", ["unreachable", "topic gone"])
+def test_a_stored_batch_is_answered_stored_when_its_log_start_cannot_be_read(
+        gateway, topics, monkeypatch, failure):
+    """The log start offset a Produce answer carries is read after the append. That read
+    failing (Redis unreachable a moment, the topic deleted meanwhile) answered the partition
+    REQUEST_TIMED_OUT or UNKNOWN_TOPIC_OR_PARTITION though its batch was stored, and a
+    producer that is not idempotent resent it: a duplicate. Now it is answered with its offset
+    and log start -1 (not known), as Kafka's PartitionResponse has it."""
+    from rcoord.errors import ConnectionLost, Errors
+    from rcoord.gateway import api_records
+    from rcoord.topics import TopicError
+
+    topics.create("t", 2)
+
+    def log_offsets(*args: Any) -> Any:
+        if failure == "unreachable":
+            raise ConnectionLost("the connection broke")
+        raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, "t was deleted")
+
+    monkeypatch.setattr(api_records, "log_offsets", log_offsets)
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(0, 9, 7, _produce_body(acks=-1)))
+        got = response(sock, 0, 9, 5)
+    finally:
+        sock.close()
+    assert [(p.index, int(p.error_code.value), p.base_offset, p.log_start_offset)
+            for t in got.responses for p in t.partition_responses] == [(0, 0, 0, -1),
+                                                                      (1, 0, 0, -1)]
+    assert [p.log_end_offset for p in topics.describe("t").partitions] == [1, 1]
+
+
 _TOPIC_ID = uuid.UUID("6f1d8a52-3b7e-4c1a-9d2e-0a4b5c6d7e8f")
 _BY_TOPIC_ID: dict[int, dict[str, Any]] = {
     0: {"acks": 1, "timeout": 1000, "topic_data": [{"topic_id": _TOPIC_ID, "partition_data": [

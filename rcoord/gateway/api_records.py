@@ -137,7 +137,6 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
             raise BatchError(INVALID_RECORD, f"{len(batches)} record batches for one partition "
                              "in one Produce request; Kafka takes one")
         metas = [_append_batch(state, topic, partition, b) for b in batches]
-        start, _ = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except BatchError as exc:
         # Kafka looks the partition up before it reads the records (handleProduceRequest).
         missing = _missing(state, topic, partition)
@@ -148,8 +147,21 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         out.update(error_code=_as_unknown(exc), error_message=str(exc))
         return out
     out.update(base_offset=metas[0].offset, log_append_time=metas[0].timestamp_ms,
-               log_start_offset=start)
+               log_start_offset=_log_start(state, topic, partition))
     return out
+
+
+def _log_start(state: GatewayState, topic: str, partition: int) -> int:
+    """Blocking: the partition's log start offset for a Produce answer, or -1 (Kafka's "not
+    known") when it cannot be read. The batch is stored by then: a failure of this read made
+    the answer REQUEST_TIMED_OUT (or the topic's error), and the client resent a batch already
+    appended, a duplicate unless it was idempotent."""
+    try:
+        return log_offsets(state.sync_redis, state.config.namespace, topic, partition)[0]
+    except (TopicError, *UNREACHED) as exc:
+        log.info("produce to %s-%d: appended, log start offset not read (%s)", topic,
+                 partition, exc)
+        return -1
 
 
 def _missing(state: GatewayState, topic: str, partition: int) -> str | None:
