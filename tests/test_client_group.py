@@ -54,7 +54,12 @@ from rcoord.client import (
 )
 from rcoord.client import policy as policy_module
 from rcoord.client.coordinator import RedisCoordinator
-from rcoord.errors import ConfigError, FencedInstanceIdError, MissingPermissionError
+from rcoord.errors import (
+    ConfigError,
+    FencedInstanceIdError,
+    MissingPermissionError,
+    RebalanceInProgressError,
+)
 from rcoord.protocol.consumer import (
     PROTOCOL_TYPE,
     ConsumerProtocolAssignment,
@@ -944,16 +949,9 @@ def test_a_generation_that_ends_before_next_is_withdrawn(fake_group: Any) -> Non
     assert gen.generation_id >= 2 and not gen.done.is_set()
 
 
-@pytest.mark.parametrize(
-    "answer, lost",
-    [
-        (Errors.ILLEGAL_GENERATION, True),
-        (Errors.UNKNOWN_MEMBER_ID, True),
-        (Errors.REBALANCE_IN_PROGRESS, False),
-    ],
-)
+@pytest.mark.parametrize("answer", [Errors.ILLEGAL_GENERATION, Errors.UNKNOWN_MEMBER_ID])
 def test_fenced_commit_raises_commit_failed_and_ends_the_generation(
-    fake_group: Any, answer: Errors, lost: bool
+    fake_group: Any, answer: Errors
 ) -> None:
     state = OneMemberGroup()
     group = fake_group(state)
@@ -965,8 +963,63 @@ def test_fenced_commit_raises_commit_failed_and_ends_the_generation(
         gen.commit_offsets({("t", 0): 6})
     assert info.value.error is answer and info.value.partitions == {TP("t", 0): answer}
     assert answer.name in str(info.value)
-    assert gen.done.is_set() and gen.lost is lost
+    assert gen.done.is_set() and gen.lost
     assert state.committed == {TP("t", 0): 5}
+
+
+def test_a_commit_refused_as_rebalance_in_progress_raises_rebalance_in_progress(
+    fake_group: Any,
+) -> None:
+    """As Kafka's OffsetCommitResponseHandler: REBALANCE_IN_PROGRESS (the group is between
+    JoinGroup and SyncGroup) raises RebalanceInProgressException and requests a rejoin, the
+    partitions revoked, not lost; CommitFailedError said they were gone."""
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    state.commit_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    with pytest.raises(RebalanceInProgressError, match="not lost") as info:
+        gen.commit_offsets({("t", 0): 6})
+    assert not isinstance(info.value, CommitFailedError)
+    assert info.value.error is Errors.REBALANCE_IN_PROGRESS
+    assert gen.done.is_set() and not gen.lost and gen.end_reason is EndReason.REBALANCE
+    assert state.committed == {}
+
+
+def test_a_commit_of_a_carried_generation_refused_by_the_next_one_is_rebalance_in_progress(
+    fake_group: Any,
+) -> None:
+    """Cooperative: the generation carried through the member's rejoin commits until the next
+    one is taken. Once the coordinator has completed that join (CompletingRebalance), it
+    refuses the old generation (ILLEGAL_GENERATION) although the member, which it knows, keeps
+    the partitions: Kafka raises RebalanceInProgressException then. A refusal saying the
+    member is unknown is still CommitFailedError."""
+    state = OneMemberGroup()
+    group = fake_group(state, assignors=("cooperative-sticky",))
+    gen = group.next(timeout=WAIT_S)
+    entered, release = threading.Event(), threading.Event()
+    join = state.fake.join_group
+
+    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
+        entered.set()
+        release.wait(WAIT_S)
+        return join(group_id, member_id, **kw)
+
+    state.fake.join_group = held_join
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    try:
+        assert entered.wait(WAIT_S)  # the rejoin is under way, the partitions carried
+        assert gen.carried
+        state.commit_answers.append(Errors.ILLEGAL_GENERATION)
+        with pytest.raises(RebalanceInProgressError, match="ILLEGAL_GENERATION") as info:
+            gen.commit_offsets({("t", 0): 6})
+        assert not isinstance(info.value, CommitFailedError)
+        assert info.value.error is Errors.ILLEGAL_GENERATION and not gen.lost
+        state.commit_answers.append(Errors.UNKNOWN_MEMBER_ID)
+        with pytest.raises(CommitFailedError, match="UNKNOWN_MEMBER_ID"):
+            gen.commit_offsets({("t", 0): 6})
+    finally:
+        release.set()
+    assert group.next(timeout=WAIT_S).generation_id == 2
 
 
 def test_commit_offsets_retries_a_lost_connection(fake_group: Any) -> None:

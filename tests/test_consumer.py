@@ -32,6 +32,7 @@ from rcoord.client import (
     JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    RebalanceInProgressError,
     WakeupError,
 )
 from rcoord.client import consumer as consumer_module
@@ -182,13 +183,25 @@ def test_buffered_records_of_revoked_partitions_are_dropped(fake_consumer: Any) 
 
 
 def test_poll_without_generation_times_out_and_commit_is_a_noop(fake_consumer: Any) -> None:
+    """While the member joins, a commit of given offsets raises RebalanceInProgressError, as
+    Kafka's (poll() completes the join, then commit again); it raised CommitFailedError, which
+    says the partitions are gone. Before any poll() the consumer is in no group: that one
+    stays CommitFailedError, as Kafka's ("not part of an active group")."""
     state = OneMemberGroup(partitions=1)
     state.park_join.set()
     consumer = fake_consumer(state)
-    assert consumer.poll(timeout=0.05) == []
-    consumer.commit()  # nothing assigned: nothing to do
     with pytest.raises(CommitFailedError, match="no generation"):
         consumer.commit({TP("t", 0): 1})
+    assert consumer.poll(timeout=0.05) == []
+    consumer.commit()  # nothing assigned: nothing to do
+    with pytest.raises(RebalanceInProgressError, match="no generation") as info:
+        consumer.commit({TP("t", 0): 1})
+    assert not isinstance(info.value, CommitFailedError)
+    assert info.value.error is Errors.REBALANCE_IN_PROGRESS
+    got: list[BaseException | None] = []
+    consumer.commit_async({TP("t", 0): 1}, lambda offsets, error: got.append(error))
+    wait_until(lambda: bool(got), lambda: consumer.poll(timeout=0.01))
+    assert isinstance(got[0], RebalanceInProgressError)
 
 
 def test_a_join_refusal_no_retry_can_mend_is_raised_by_every_poll(fake_consumer: Any) -> None:

@@ -24,6 +24,7 @@ from rcoord.client import (
     ConcurrentModificationError,
     Consumer,
     NoOffsetForPartitionError,
+    RebalanceInProgressError,
     WakeupError,
 )
 from rcoord.client.coordinator import RedisCoordinator
@@ -743,6 +744,79 @@ def test_commit_between_a_cooperative_rebalance_and_the_next_poll_succeeds(env: 
     finally:
         stop.set()
         runner.join()
+
+
+def test_a_commit_while_the_group_completes_a_rebalance_raises_rebalance_in_progress(
+    env: Any,
+) -> None:
+    """Between JoinGroup and SyncGroup Kafka's commitSync raises RebalanceInProgressException
+    (nothing is lost: poll() completes the rebalance, then the commit can be made again), and
+    CommitFailedException only when the partitions are gone. Both windows raised
+    CommitFailedError: a's first join (it holds no generation yet), and a cooperative rejoin
+    (it committed under the generation it carries, which the coordinator, completing the
+    next one, refused: ILLEGAL_GENERATION). A raw member X leads the group and holds it in
+    CompletingRebalance by not syncing."""
+    from rcoord.protocol.consumer import (
+        PROTOCOL_TYPE,
+        ConsumerProtocolAssignment,
+        ConsumerProtocolSubscription,
+    )
+
+    _fill(env, 2, 10)
+    coop = "cooperative-sticky"
+    meta = ConsumerProtocolSubscription(["t"]).encode()
+
+    def x_joins(member_id: str) -> Any:
+        return env.coord.join_group(
+            "g", member_id, protocol_type=PROTOCOL_TYPE, protocols=[(coop, meta)],
+            session_timeout_ms=30_000, rebalance_timeout_ms=30_000,
+            require_known_member_id=False)
+
+    def x_syncs(joined: Any) -> None:
+        everything = ConsumerProtocolAssignment([TP("t", 0), TP("t", 1)]).encode()
+        plan = {m.member_id: everything if m.member_id != x else
+                ConsumerProtocolAssignment([]).encode() for m in joined.members}
+        assert env.coord.sync_group("g", joined.generation_id, x, assignments=plan,
+                                    protocol_type=PROTOCOL_TYPE,
+                                    protocol_name=coop).error == Errors.NONE
+
+    first = x_joins("")
+    x = first.member_id
+    x_syncs(first)
+    a = env.consumer(assignors=[coop], enable_auto_commit=False, rebalance_timeout_ms=30_000)
+
+    def state() -> str:
+        return str(env.coord.describe_group("g").state)
+
+    rejoin: list[Any] = []
+    rejoining = threading.Thread(target=lambda: rejoin.append(x_joins(x)), daemon=True)
+
+    a.poll(timeout=0)  # a's JoinGroup: the group waits for X to rejoin
+    wait_until(lambda: state() == "PreparingRebalance")
+    rejoining.start()
+    rejoining.join(WAIT_S)
+    assert state() == "CompletingRebalance" and a.generation is None
+    with pytest.raises(RebalanceInProgressError, match="Call poll"):
+        a.commit({TP("t", 0): 1})
+    x_syncs(rejoin.pop())
+    assert len(_consume_all(a, 20)) == 20
+    carried = a.generation
+    assert carried is not None
+
+    rejoining = threading.Thread(target=lambda: rejoin.append(x_joins(x)), daemon=True)
+    rejoining.start()  # X (the leader) rejoins: a's generation ends, carried into a's rejoin
+    rejoining.join(WAIT_S)
+    assert state() == "CompletingRebalance"
+    assert a.generation is carried and carried.carried and not carried.lost
+    with pytest.raises(RebalanceInProgressError, match="ILLEGAL_GENERATION") as info:
+        a.commit()
+    assert not isinstance(info.value, CommitFailedError)
+    assert not carried.lost
+    x_syncs(rejoin.pop())
+    wait_until(lambda: a.generation is not carried, lambda: a.poll(timeout=0.02))
+    a.commit()  # the retry Kafka's exception asks for: the partitions were never lost
+    assert {tp: o.offset for tp, o in env.coord.fetch_offsets("g").offsets.items()} == {
+        TP("t", 0): 10, TP("t", 1): 10}
 
 
 def test_a_static_member_that_stops_polling_lets_its_session_end(env: Any) -> None:

@@ -19,6 +19,7 @@ from .errors import (
     JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    RebalanceInProgressError,
     WakeupError,
 )
 from .generation import EndReason, Generation, GenerationContext, PartitionAssignment
@@ -49,6 +50,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "PartitionAssignment",
     "Reaction",
+    "RebalanceInProgressError",
     "RedisCoordinator",
     "StartOffset",
     "WakeupError",

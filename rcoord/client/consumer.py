@@ -80,6 +80,7 @@ from .errors import (
     InvalidOffsetError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    RebalanceInProgressError,
     WakeupError,
 )
 from .generation import Generation, GenerationContext, commit_offsets_arg
@@ -897,8 +898,13 @@ class Consumer(SubscriptionMixin):
         """Commit ``offsets`` (next offset to read, per partition), or every current position.
 
         Fenced by the generation: raises ``CommitFailedError`` if the group rebalanced since
-        (then the partitions are revoked at the next ``poll()``). A negative offset raises
-        ``ValueError`` and nothing is committed, as Kafka's ``OffsetAndMetadata`` refuses one.
+        (then the partitions are revoked at the next ``poll()``), and, as Kafka's
+        ``commitSync``, ``RebalanceInProgressError`` while this member is joining the group
+        (it holds no generation since ``poll()`` began a rebalance, or a cooperative rejoin
+        has not been taken by ``poll()`` yet): nothing was committed and nothing is lost;
+        ``poll()`` completes the rebalance, then the commit of the partitions still assigned
+        can be made again. A negative offset raises ``ValueError`` and nothing is committed,
+        as Kafka's ``OffsetAndMetadata`` refuses one.
         """
         given = None if offsets is None else commit_offsets_arg(offsets)
         with self._single_threaded():
@@ -917,7 +923,7 @@ class Consumer(SubscriptionMixin):
         target = self._commit_target()
         if target is None:
             if given:
-                raise _no_generation()
+                raise _no_generation(self._group)
             return
         wanted = given if given is not None else self._positions()
         target[0](wanted)
@@ -934,9 +940,10 @@ class Consumer(SubscriptionMixin):
 
         As Kafka's ``commitAsync``: commits are sent one at a time in the order of the calls, so
         a later commit is never overtaken by an earlier one's retry, and ``callback(offsets,
-        exception)`` (exception None on success; ``CommitFailedError`` when fenced) runs in
-        that same order, from a later ``poll()``, ``commit()`` or ``close()`` in the caller's
-        thread, never from the background thread. ``commit()`` waits for earlier async commits.
+        exception)`` (exception None on success; ``CommitFailedError`` when fenced, and
+        ``RebalanceInProgressError`` as in ``commit()``) runs in that same order, from a later
+        ``poll()``, ``commit()`` or ``close()`` in the caller's thread, never from the
+        background thread. ``commit()`` waits for earlier async commits.
         A negative offset raises ``ValueError`` here, at the call, as in ``commit()``.
         """
         if callback is not None and not callable(callback):
@@ -951,7 +958,8 @@ class Consumer(SubscriptionMixin):
                 for tp, off in wanted.items()
             }
             if target is None:
-                self._committer.complete_now(plain, _no_generation() if plain else None, callback)
+                refused = _no_generation(self._group) if plain else None
+                self._committer.complete_now(plain, refused, callback)
                 return
             commit, token = target
             self._committer.submit(lambda: commit(wanted), plain, callback, token)
@@ -1544,7 +1552,7 @@ class Consumer(SubscriptionMixin):
             self._commit_changed(commit)
         except WakeupError as exc:
             log.warning("final commit of %s: %s", of, exc)
-        except CommitFailedError as exc:
+        except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("final commit of %s refused: %s", of, exc)
         except RcoordError as exc:
             log.warning("final commit of %s failed: %s", of, exc)
@@ -1955,10 +1963,26 @@ _CommitFn = Callable[[Mapping[TopicPartition, int | OffsetAndMetadata]], None]
 _SIMPLE = object()  # the token of simple-group commits (assign())
 
 
-def _no_generation() -> CommitFailedError:
+def _no_generation(
+    group: ConsumerGroup | None,
+) -> CommitFailedError | RebalanceInProgressError:
+    """What a commit of given offsets raises while the consumer holds no generation, as
+    Kafka's ``sendOffsetCommitRequest``: ``RebalanceInProgressError`` while the member is
+    joining the group (a ``poll()`` started it: its first join, or a rebalance after its
+    partitions were revoked or lost), since ``poll()`` completes the rebalance and the commit
+    may follow; ``CommitFailedError`` when it takes part in no group (not polled yet,
+    unsubscribed, or closed by a fatal error). Both refusals used to be CommitFailedError,
+    which tells the application that its partitions are gone."""
+    if group is not None and group.joining:
+        return RebalanceInProgressError(
+            "this consumer holds no generation: it is joining the group (a rebalance is in "
+            "progress), so it owns no partitions to commit yet. Call poll() to complete the "
+            "rebalance, then commit the partitions it assigns",
+            Errors.REBALANCE_IN_PROGRESS,
+        )
     return CommitFailedError(
-        "this consumer holds no generation (it is between rebalances), so it owns no "
-        "partitions to commit",
+        "this consumer holds no generation: it is not part of an active group (no poll() "
+        "since it subscribed, or it is not subscribed), so it owns no partitions to commit",
         Errors.REBALANCE_IN_PROGRESS,
     )
 
@@ -1967,7 +1991,7 @@ def _logged(what: str) -> OffsetCommitCallback:
     """The callback of a commit the consumer makes itself: a failure is logged, not raised."""
 
     def done(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
-        if isinstance(error, CommitFailedError):
+        if isinstance(error, (CommitFailedError, RebalanceInProgressError)):
             log.warning("%s refused: %s", what, error)
         elif error is not None:
             log.warning("%s of %s failed: %s", what, _names(sorted(offsets)), error)

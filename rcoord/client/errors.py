@@ -6,7 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..assignors import CooperativeAssignmentError  # raised by the leader's check
-from ..errors import Errors, ProtocolError, RcoordError
+from ..errors import (  # RebalanceInProgressError: commits made during a rebalance raise it
+    Errors,
+    ProtocolError,
+    RcoordError,
+    RebalanceInProgressError,
+)
 from ..protocol.offsets import TopicPartition
 
 __all__ = [
@@ -19,6 +24,7 @@ __all__ = [
     "JoinRefusedError",
     "NoOffsetForPartitionError",
     "OffsetOutOfRangeError",
+    "RebalanceInProgressError",
     "WakeupError",
 ]
 
@@ -26,10 +32,16 @@ __all__ = [
 class CommitFailedError(ProtocolError):
     """An offset commit was refused because the group has moved on from this generation.
 
-    ``error`` is the coordinator's code (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
-    REBALANCE_IN_PROGRESS or FENCED_INSTANCE_ID); ``partitions`` maps each refused partition to
-    it. The generation has ended; its partitions may already belong to another member, which will
-    process again the records since the last successful commit.
+    ``error`` is the coordinator's code (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or
+    FENCED_INSTANCE_ID); ``partitions`` maps each refused partition to it. The generation has
+    ended; its partitions may already belong to another member, which will process again the
+    records since the last successful commit.
+
+    A commit refused only because the group is in the middle of a rebalance this member takes
+    part in raises ``RebalanceInProgressError`` instead (``rcoord.errors``; not a subclass of
+    this one), as Kafka's consumer raises ``RebalanceInProgressException`` rather than
+    ``CommitFailedException``: nothing says the partitions are gone, so ``poll()`` (which
+    completes the rebalance) and a commit of the partitions still assigned may follow.
     """
 
     def __init__(

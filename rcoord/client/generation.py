@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConnectionLost, Errors, ProtocolError
+from ..errors import ConnectionLost, Errors, ProtocolError, RebalanceInProgressError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .coordinator import Coordinator
 from .errors import CommitFailedError, GenerationEndedError
@@ -45,7 +45,6 @@ _COMMIT_WHY = {
     "expired, it missed the rebalance timeout, or it left)",
     Errors.ILLEGAL_GENERATION: "generation {gen} is over: the group has moved to a newer generation",
     Errors.FENCED_INSTANCE_ID: "another process took over group instance id {iid}",
-    Errors.REBALANCE_IN_PROGRESS: "the group is completing a rebalance",
 }
 
 
@@ -353,6 +352,15 @@ class Generation:
         Raises ``CommitFailedError`` if the group has rebalanced since this generation started
         (and ends the generation, per ``ERROR_POLICY``), ``ConnectionLost`` if Redis stayed
         unreachable, and ``ProtocolError`` for other codes.
+
+        ``RebalanceInProgressError`` instead when the refusal only says that the group is
+        rebalancing with this member in it: REBALANCE_IN_PROGRESS (the group is between
+        JoinGroup and SyncGroup), or ILLEGAL_GENERATION for a generation ``carried`` through
+        the member's rejoin (the coordinator knows the member, which has joined the next
+        generation and still owns the partitions). As Kafka's ``OffsetCommitResponseHandler``,
+        which raises ``RebalanceInProgressException`` for both (and ``CommitFailedException``
+        only when the member must reset its generation): the partitions are not lost, and the
+        commit can be made again once the rebalance has completed.
         """
         prepared = commit_offsets_arg(offsets)
         if not prepared:
@@ -387,7 +395,18 @@ class Generation:
         codes = set(failed.values())
         fenced = next((c for c in _COMMIT_FENCED if c in codes), None)
         if fenced is not None:
+            rebalancing = fenced is Errors.REBALANCE_IN_PROGRESS or (
+                fenced is Errors.ILLEGAL_GENERATION and self.carried)
             self._end(EndReason.of(fenced), fenced)
+            if rebalancing:
+                raise RebalanceInProgressError(
+                    f"commit of generation {self.generation_id} refused ({fenced.name}): the "
+                    "group is in the middle of a rebalance this member takes part in, so "
+                    "nothing was committed; the partitions are not lost. Complete the "
+                    "rebalance (Consumer.poll(), or take the next generation), then commit "
+                    "again the partitions still assigned.",
+                    fenced,
+                )
             why = _COMMIT_WHY[fenced].format(
                 member=self.member_id, gen=self.generation_id, iid=self._instance_id
             )

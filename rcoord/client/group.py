@@ -238,6 +238,14 @@ class ConsumerGroup:
     def closed(self) -> bool:
         return self._closing.is_set()
 
+    @property
+    def joining(self) -> bool:
+        """Whether the member takes part in the group now: started (``start()``, or the first
+        ``next()``) and not closed. Between its generations it is then rejoining (Kafka's
+        PREPARING_REBALANCE or COMPLETING_REBALANCE), or holds one not taken yet."""
+        with self._cond:
+            return self._thread is not None and not self._closing.is_set()
+
     # -- lifecycle
 
     def connect(self) -> ConsumerGroup:

@@ -62,6 +62,7 @@ from ..client import (
     GenerationContext,
     GenerationEndedError,
     GroupClosedError,
+    RebalanceInProgressError,
     reaction_for,
 )
 from ..client.join import topics_matching
@@ -440,7 +441,7 @@ class StreamMember:
             assert gen is not None
             try:
                 gen.commit_offsets(_with_tokens(todo, pos.tokens, gen.member_id))
-            except CommitFailedError as exc:
+            except (CommitFailedError, RebalanceInProgressError) as exc:
                 log.warning("group %r: %s", gen.group_id, exc)
                 return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
             except RcoordError as exc:  # Redis unreachable for a session: try again next time
