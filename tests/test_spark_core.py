@@ -284,6 +284,33 @@ def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: To
                            fail_on_data_loss=False) == {TP("ret", 0): 15}
 
 
+def test_a_task_reads_about_max_partition_fetch_bytes_at_once(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """``maxPartitionFetchBytes`` (Kafka's ``max.partition.fetch.bytes``, 1 MiB) bounds each
+    read of a task, not only ``fetchSize``: before, 2,000 records of 1 MiB were one 2 GiB read.
+    The range is still read whole and in order, a record larger than the bound alone."""
+    assert opts(ReadKind.BATCH, subscribe="a").max_partition_fetch_bytes == 1 << 20
+    got = opts(ReadKind.BATCH, subscribe="a", maxPartitionFetchBytes="300000")
+    assert got.max_partition_fetch_bytes == 300_000
+    for bad in ("0", "x"):
+        with pytest.raises(OptionError, match="^maxPartitionFetchBytes: must be"):
+            opts(subscribe="a", maxpartitionfetchbytes=bad)
+    for kafka_name in ("kafka.max.partition.fetch.bytes", "kafka.fetch.max.bytes"):
+        with pytest.raises(OptionError, match=f"^{kafka_name}: use maxPartitionFetchBytes"):
+            opts(subscribe="a", **{kafka_name: "5"})
+    topics.create("big", 1)
+    producer = Producer(single_client, namespace)
+    for i in range(10):
+        producer.send("big", bytes([i]) * 100_000)
+    rng = OffsetRange("big", 0, 0, 10)
+    chunks = list(read_range(single_client, namespace, rng, 2000, True, max_bytes=250_000))
+    assert [(r.offset, r.value) for c in chunks for r in c] == [
+        (i, bytes([i]) * 100_000) for i in range(10)]
+    assert max(len(c) for c in chunks) == 2  # (2 * 100 kB fits 250 kB, 3 do not)
+    chunks = list(read_range(single_client, namespace, rng, 2000, True, max_bytes=10))
+    assert [[r.offset for r in c] for c in chunks] == [[i] for i in range(10)]
+
+
 def test_a_partition_added_after_retention_trimmed_it_is_data_loss(
         single_client: Any, namespace: str, topics: Topics, caplog: Any) -> None:
     # Before, a partition new to the read started at its log start without a word, also when

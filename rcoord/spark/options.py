@@ -69,10 +69,13 @@ took longer from every rebalance, and its partitions' next owner read the batch 
 READ_OPTIONS = (
     "url", "namespace", "subscribe", "subscribePattern", "assign", "startingOffsets",
     "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss", "maxRecordsPerPartition",
-    "fetchSize", "includeHeaders", "groupId", "sessionTimeoutMs", "heartbeatIntervalMs",
-    "rebalanceTimeoutMs",
+    "fetchSize", "maxPartitionFetchBytes", "includeHeaders", "groupId", "sessionTimeoutMs",
+    "heartbeatIntervalMs", "rebalanceTimeoutMs",
 )
 """Every option a read takes (spelled as documented; compared without case)."""
+MAX_PARTITION_FETCH_BYTES = 1 << 20
+"""Default ``maxPartitionFetchBytes``: Kafka's ``max.partition.fetch.bytes`` default, which
+bounds each poll of the one partition a task of Spark's Kafka source reads."""
 WRITE_OPTIONS = ("url", "namespace", "topic", "maxRequestSize")
 """Every option a write takes."""
 SPARK_OPTIONS = ("path", "paths", "checkpointLocation", "queryName")
@@ -83,7 +86,8 @@ and ``queryName`` in a ``writeStream``'s options. rcoord uses none of them."""
 _TIMESTAMPS = ("rcoord does not start or end a read at a timestamp; find the offsets with "
                "rcoord.topics.offsets_for_times and give them in startingOffsets/endingOffsets")
 _NO_CONSUMER = ("rcoord reads Redis with no Kafka consumer, so there is no poll or offset "
-                "fetch to tune; remove it (fetchSize sets the records read per call)")
+                "fetch to tune; remove it (fetchSize and maxPartitionFetchBytes bound what one "
+                "call reads)")
 UNSUPPORTED = {
     "startingOffsetsByTimestamp": _TIMESTAMPS,
     "endingOffsetsByTimestamp": _TIMESTAMPS,
@@ -138,6 +142,8 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     max_records_per_partition: int = 100_000
     fetch_size: int = 2000
+    max_partition_fetch_bytes: int = MAX_PARTITION_FETCH_BYTES
+    """About the most bytes of records one read of a task takes (at least one record)."""
     group_id: str | None = None
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
@@ -188,6 +194,9 @@ def _check_names(opts: Mapping[str, str], known: tuple[str, ...], what: str,
         if key == "kafka.bootstrap.servers":
             raise OptionError(f"{key}: rcoord reads and writes Redis, not Kafka brokers; give "
                               "url (redis://host:port/db) instead")
+        if key in ("kafka.max.partition.fetch.bytes", "kafka.fetch.max.bytes"):
+            raise OptionError(f"{key}: use maxPartitionFetchBytes (about the most bytes of "
+                              "records a task reads at once)")
         if key == "kafka.max.request.size":
             raise OptionError(f"{key}: use maxRequestSize (the largest record, in bytes)")
         if key == "kafka.group.id":
@@ -409,6 +418,9 @@ def parse_read_options(
     if opts.get("maxrecordsperpartition"):
         per_part = _positive_int("maxRecordsPerPartition", opts["maxrecordsperpartition"])
     fetch_size = _positive_int("fetchSize", opts["fetchsize"]) if opts.get("fetchsize") else 2000
+    fetch_bytes = MAX_PARTITION_FETCH_BYTES
+    if opts.get("maxpartitionfetchbytes"):
+        fetch_bytes = _positive_int("maxPartitionFetchBytes", opts["maxpartitionfetchbytes"])
 
     timeouts: dict[str, int] = {}
     for key, name in zip(_GROUP_OPTIONS,
@@ -437,6 +449,7 @@ def parse_read_options(
         fail_on_data_loss=fail,
         max_records_per_partition=per_part,
         fetch_size=fetch_size,
+        max_partition_fetch_bytes=fetch_bytes,
         group_id=group_id,
         session_timeout_ms=session,
         heartbeat_interval_ms=beat,

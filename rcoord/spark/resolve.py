@@ -14,7 +14,14 @@ from typing import Any
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
 from ..topics import Record, TopicError, Topics, fetch
-from .options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
+from .options import (
+    EARLIEST,
+    LATEST,
+    MAX_PARTITION_FETCH_BYTES,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+)
 from .plan import OffsetRange, Position, limit_end
 
 __all__ = [
@@ -319,8 +326,14 @@ def read_range(
     fetch_size: int,
     fail_on_data_loss: bool,
     token: str | None = None,
+    max_bytes: int = MAX_PARTITION_FETCH_BYTES,
 ) -> Iterable[list[Record]]:
-    """The records of ``rng``, in chunks of at most ``fetch_size`` (one script call each).
+    """The records of ``rng``, in chunks of at most ``fetch_size`` records and about
+    ``max_bytes`` (``maxPartitionFetchBytes``; at least one record, however large), one
+    ``fetch`` each. Without the byte bound, 2,000 records of 1 MiB were one 2 GiB read, held
+    whole in the executor and in Redis's reply buffer; Spark's Kafka source is bounded by its
+    consumer's ``max.partition.fetch.bytes``. A chunk cut short by the bytes is followed by
+    the next from its last offset on, so the range is still read whole and in order.
 
     Records trimmed by retention since planning are data loss: an error, or skipped without
     ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
@@ -349,7 +362,8 @@ def read_range(
     while offset < rng.end:
         want = min(fetch_size, rng.end - offset)
         try:
-            res = fetch(client, namespace, rng.topic, rng.partition, offset, max_records=want)
+            res = fetch(client, namespace, rng.topic, rng.partition, offset, max_records=want,
+                        max_bytes=max_bytes)
         except TopicError as exc:
             if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and not fail_on_data_loss:
                 return

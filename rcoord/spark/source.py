@@ -47,6 +47,7 @@ from .member import StreamMember, member_config
 from .options import (
     EARLIEST,
     LATEST,
+    MAX_PARTITION_FETCH_BYTES,
     OptionError,
     ReadKind,
     ReadOptions,
@@ -82,13 +83,14 @@ class RangePartition(InputPartition):
     fetch_size: int
     fail_on_data_loss: bool
     token: str = ""  # the create token of the topic the range was planned in ("" unknown)
+    max_bytes: int = MAX_PARTITION_FETCH_BYTES  # about the most one read takes
 
 
 def _read(part: RangePartition) -> Iterator[Any]:
     client = client_for(part.url)
     rng = part.range
     for records in read_range(client, part.namespace, rng, part.fetch_size,
-                              part.fail_on_data_loss, part.token):
+                              part.fail_on_data_loss, part.token, part.max_bytes):
         yield records_to_batch(rng.topic, rng.partition, records)
 
 
@@ -96,7 +98,7 @@ def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange],
            tokens: Mapping[str, str]) -> list[RangePartition]:
     return [
         RangePartition(opts.url, opts.namespace, r, opts.fetch_size, opts.fail_on_data_loss,
-                       tokens.get(r.topic, ""))
+                       tokens.get(r.topic, ""), opts.max_partition_fetch_bytes)
         for r in split_ranges(ranges, opts.max_records_per_partition)
     ]
 
