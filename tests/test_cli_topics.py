@@ -163,6 +163,31 @@ def test_produce_and_consume_directly(cli, redis_client, namespace):
     assert res.stdout == "" and "Processed a total of 0 messages" in res.stderr
 
 
+def test_a_direct_consumer_reads_about_a_mib_at_once(cli, redis_client, namespace, monkeypatch):
+    """Each read of ``topics consume`` (without ``--group``) takes about 1 MiB of records at
+    most (Kafka's ``max.partition.fetch.bytes`` default), not 500 records whatever their size:
+    six records of 400 kB were one read of 2.4 MB; now reads of two. All are printed, in
+    order."""
+    import rcoord.topics
+    from rcoord.topics import Producer
+
+    Topics(redis_client, namespace).create("big", 1)
+    producer = Producer(redis_client, namespace)
+    for i in range(6):
+        producer.send("big", str(i).encode() * 400_000)
+    real, counts = rcoord.topics.fetch, []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        res = real(*args, **kwargs)
+        counts.append(len(res.records))
+        return res
+
+    monkeypatch.setattr(rcoord.topics, "fetch", spy)
+    res = ok(cli("topics", "consume", "big", "--from-beginning", "--max-messages", "6"))
+    assert res.stdout.splitlines() == [str(i) * 400_000 for i in range(6)]
+    assert max(counts) == 2, counts
+
+
 def test_consume_one_partition_from_an_offset(cli, redis_client, namespace):
     """Kafka's console consumer's ``--partition`` and ``--offset`` (earliest, latest or an
     offset; an offset out of the log's range starts at its nearer end, with a note), and its

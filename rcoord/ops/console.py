@@ -41,6 +41,13 @@ FETCH_WAIT_MS = 500
 """How long one read of a caught-up consumer waits for a record."""
 PARTITIONS_REFRESH_S = 1.0
 """How often a caught-up direct consumer looks for partitions added to its topic."""
+FETCH_MAX_RECORDS = 500
+"""The most records one read of a direct consumer takes (Kafka's ``max.poll.records``)."""
+FETCH_MAX_BYTES = 1 << 20
+"""About the most bytes of records one read of a direct consumer takes, at least one record
+(Kafka's ``max.partition.fetch.bytes`` default: its console consumer's fetches are so bounded).
+Bounded by count alone, 500 records of 1 MiB were one 500 MiB read, in the CLI and in Redis's
+reply buffer, to print them."""
 
 
 def add_console_arguments(sub: Any) -> None:
@@ -363,7 +370,8 @@ def _consume_direct(ctx: Context, printer: _Printer) -> None:
             p = parts[(turn + i) % len(parts)]
             want = printer.wanted
             res = fetch(ctx.client, ctx.namespace, a.topic, p, position[p],
-                        max_records=min(500, want) if want else 500)
+                        max_records=min(FETCH_MAX_RECORDS, want) if want else FETCH_MAX_RECORDS,
+                        max_bytes=FETCH_MAX_BYTES)
             if res.records:
                 got = True
                 for r in res.records:
