@@ -503,8 +503,9 @@ def test_real_a_fetch_of_large_records_reads_about_max_partition_fetch_bytes(env
 
 def test_real_fetch_max_bytes_bounds_a_fetch_of_every_partition(env: Any) -> None:
     """Kafka's fetch.max.bytes bounds a fetch over all its partitions, which take it in turn;
-    each partition with records still gets one, however large, so all make progress. A
-    partition whose size is known is then read in one step, to its own bound."""
+    only the first with records may go over, and a partition left out is asked first next
+    time, so all make progress. A partition whose size is known is then read in one step, to
+    its own bound."""
     env.topics.create("t", 3)
     for p in range(3):
         env.producer.send_batch("t", [ProducerRecord(b"%d" % p * 100 * KIB, partition=p)
@@ -512,11 +513,30 @@ def test_real_fetch_max_bytes_bounds_a_fetch_of_every_partition(env: Any) -> Non
     consumer = env.consumer(fetch_max_bytes=250 * KIB, max_partition_fetch_bytes=150 * KIB)
     got = poll_until(consumer, bool, max_records=1)
     read = {p: n + sum(r.partition == p for r in got) for p, n in _buffered(consumer).items()}
-    assert len(got) == 1 and read == {0: 1, 1: 1, 2: 1}  # one of each
+    # Two records of 100 KiB fit 250 KiB, a third does not. Before, each partition got one.
+    assert len(got) == 1 and read == {0: 1, 1: 1, 2: 0}
     got += poll_until(consumer, lambda g: len(g) >= 23)
     for p in range(3):
         assert [r.offset for r in got if r.partition == p] == list(range(8))
         assert consumer._record_bytes[TP("t", p)] > 100 * KIB
+
+
+def test_real_partitions_of_records_over_the_byte_limits_are_read_in_turn(env: Any) -> None:
+    """Only the first partition of a fetch with records may go over the byte limits (Kafka's
+    rule), so records larger than max_partition_fetch_bytes come one a fetch; the partitions
+    take turns, as Kafka's consumer moves one that gave records to the end of its fetches.
+    Asked in a fixed order, partition 1 got nothing until partition 0 was read to its end."""
+    env.topics.create("t", 2)
+    for p in range(2):
+        env.producer.send_batch("t", [ProducerRecord(b"%d" % p * 300 * KIB, partition=p)
+                                      for _ in range(3)])
+    consumer = env.consumer(max_partition_fetch_bytes=200 * KIB)
+    got: list[ConsumerRecord] = []
+    for _ in range(6):
+        got += poll_until(consumer, bool, max_records=1)
+        assert sum(_buffered(consumer).values()) == 0  # one record a fetch
+    assert [(r.partition, r.offset) for r in got] == [
+        (0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
 
 
 @pytest.mark.parametrize("option", ["fetch_max_bytes", "max_partition_fetch_bytes"])

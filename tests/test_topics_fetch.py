@@ -182,12 +182,14 @@ def _big_records(producer: Producer, partitions: int, count: int, size: int) -> 
                                   for i in range(count)])
 
 
-def test_fetch_many_reads_about_the_byte_limits_and_at_least_one_record_of_each(
+def test_fetch_many_reads_about_the_byte_limits_going_over_by_one_record_at_most(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str
 ) -> None:
     """Kafka's max.partition.fetch.bytes and fetch.max.bytes: partitions take their bytes in
-    the order asked, each at least one record, however large. Before, the only bound was the
-    count: 500 records of 1 MiB were one read of 500 MiB."""
+    the order asked, and only the first with records may go over, by its first record
+    (Kafka's readFromLog: minOneMessage until a partition gave records). Before, the only
+    bound was the count: 500 records of 1 MiB were one read of 500 MiB; and then every
+    partition with records got one, however large."""
     topics.create("t", 3)
     _big_records(producer, 3, 12, 100 * KIB)
     reads = [("t", 0, 0), ("t", 1, 2), ("t", 2, 0)]
@@ -202,9 +204,14 @@ def test_fetch_many_reads_about_the_byte_limits_and_at_least_one_record_of_each(
     got = fetch_module.fetch_many(redis_client, namespace, reads, max_bytes=450 * KIB,
                                   partition_max_bytes=350 * KIB)
     assert [[r.offset for r in res.records] for res in got] == [[0, 1], [2], [0]]
-    # A limit below one record still reads one of each; max_records still bounds the count.
+    # A limit below one record still reads one, of the first partition with records alone
+    # (before, one of each); max_records still bounds the count.
     got = fetch_module.fetch_many(redis_client, namespace, reads, max_bytes=1)
-    assert [[r.offset for r in res.records] for res in got] == [[0], [2], [0]]
+    assert [[r.offset for r in res.records] for res in got] == [[0], [], []]
+    assert all((res.error, res.log_end_offset) == (Errors.NONE, 12) for res in got)
+    got = fetch_module.fetch_many(redis_client, namespace, [("t", 0, 12), *reads[1:]],
+                                  partition_max_bytes=1)
+    assert [[r.offset for r in res.records] for res in got] == [[], [2], []]
     got = fetch_module.fetch_many(redis_client, namespace, reads, 2, max_bytes=10 * 1024 * KIB)
     assert [[r.offset for r in res.records] for res in got] == [[0, 1], [2, 3], [0, 1]]
     # fetch: max_bytes is the partition's bound; the log end stops the reads.
@@ -249,6 +256,21 @@ def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
                                      500, ConsumerRecord, max_bytes=1000 * KIB,
                                      partition_max_bytes=350 * KIB, record_bytes=[size] * 3)
     assert pipelines == [[3, 3, 3]] and [len(a.records) for a in got] == [3, 3, 3]
+    # A share too small for one record reads none, but for the first partition's (Kafka's
+    # rule); before, a record of each: 300 KiB read for a bound of 150 KiB. One step still.
+    pipelines.clear()
+    got = fetch_module.fetch_many_as(redis_client, namespace, [("t3", p, 3) for p in range(3)],
+                                     500, ConsumerRecord, max_bytes=150 * KIB,
+                                     record_bytes=[size] * 3)
+    assert pipelines == [[1, 0, 0]] and [len(a.records) for a in got] == [1, 0, 0]
+    assert all((a.error, a.log_end_offset) == (Errors.NONE, 12) for a in got)
+    # The first partition read is at its log end: the next one with records still gets one.
+    pipelines.clear()
+    got = fetch_module.fetch_many_as(redis_client, namespace, [("t3", 0, 12), ("t3", 1, 3)],
+                                     500, ConsumerRecord, max_bytes=50 * KIB,
+                                     record_bytes=[size] * 2)
+    assert pipelines == [[1, 0], [1]] and [[r.offset for r in a.records] for a in got] == [
+        [], [3]]
 
 
 @pytest.mark.parametrize(("bounds", "message"), [
@@ -346,6 +368,11 @@ def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
         assert [r.error for r in got] == [Errors.NONE, Errors.NONE, Errors.OFFSET_OUT_OF_RANGE,
                                           Errors.UNKNOWN_TOPIC_OR_PARTITION]
         assert [r.value for r in got[0].records] == [b"v2", b"v4"]
+        # A read of no records (XRANGE COUNT 0: a null reply) for a share too small for one.
+        bounded = fetch_module.fetch_many_as(resp3, namespace, reads[:2], 500, ConsumerRecord,
+                                             max_bytes=1, record_bytes=[100, 100])
+        assert [(len(a.records), a.error, a.log_end_offset) for a in bounded] == [
+            (1, Errors.NONE, 3), (0, Errors.NONE, 3)]
     finally:
         resp2.close()
         resp3.close()

@@ -241,9 +241,10 @@ class Consumer(SubscriptionMixin):
             partitions it reads (Kafka's ``fetch.max.bytes``, 50 MiB).
         max_partition_fetch_bytes: about the most bytes of records one fetch reads of one
             partition (Kafka's ``max.partition.fetch.bytes``, 1 MiB). As in Kafka, neither is
-            absolute: a fetch reads at least one record of each partition that has one, however
-            large, so the consumer makes progress (``rcoord.topics.fetch``'s
-            ``_fetch_bounded``). A record counts as its key, value, headers and timestamp.
+            absolute: the first partition of a fetch that has records gives at least one,
+            however large, so the consumer makes progress (``rcoord.topics.fetch``'s
+            ``_fetch_bounded``), and a partition left out is asked first in the next fetch. A
+            record counts as its key, value, headers and timestamp.
         fetch_max_wait_ms: how long one fetch waits for new records when every assigned
             partition is at its end (Kafka's ``fetch.max.wait.ms``).
         coordinator: a ``Coordinator`` to use instead of Redis (tests).
@@ -354,6 +355,10 @@ class Consumer(SubscriptionMixin):
         # Bytes per record of each partition's last fetched records: the next fetch asks for
         # as many as its byte limits hold at that size, in one step (``_send_fetch``).
         self._record_bytes: dict[TopicPartition, int] = {}
+        # When each partition last gave records (a count of fetched partitions): a fetch asks
+        # the partitions that gave records longest ago first (``_send_fetch``).
+        self._fetched_turn: dict[TopicPartition, int] = {}
+        self._fetched_turns = 0
         self._committer = AsyncCommitter(f"rcoord-{config.group_id}-committer")
         self._fetching: InFlight[list[PartitionRecords[ConsumerRecord]], _FetchAsk] = InFlight(
             f"rcoord-{config.group_id}-fetcher")
@@ -1284,6 +1289,7 @@ class Consumer(SubscriptionMixin):
             self._buffers.pop(tp, None)
             self._caught_up.discard(tp)
             self._record_bytes.pop(tp, None)
+            self._fetched_turn.pop(tp, None)
 
     def _forget_revoked(self, revoked: list[TopicPartition]) -> None:
         self._revoking = False
@@ -1425,6 +1431,7 @@ class Consumer(SubscriptionMixin):
             self._paused = set()
             self._caught_up = set()
             self._record_bytes = {}
+            self._fetched_turn = {}
             self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
             if hold is not None and not self._closing:
                 # As Kafka, whose commitAsync in onPartitionsRevoked goes out before the
@@ -1627,10 +1634,21 @@ class Consumer(SubscriptionMixin):
         every few records; hence also the floor, ``_MIN_FETCH_SHARE``. Measured with
         ``bench/read_path.py`` (12 partitions, 500 per poll): one poll's worth (42 a partition)
         and 500 a partition were both slower than about 200 (this rule gives 167).
+
+        The partitions go in the order of when they last gave records, longest ago first, and
+        those at their log end last, as Kafka's consumer moves a partition that gave records
+        to the end of its fetches (``SubscriptionState.movePartitionToEnd``): only the first
+        partition with records may go over the byte limits, and the others get what the ones
+        before them left, so in a fixed order a partition behind one with a backlog of large
+        records got nothing until that backlog was read. Those at their log end go last
+        because they likely give nothing: first, each would keep the next one's record over
+        its share for a second read.
         """
         gen = self._gen
         idle = gen.done if gen is not None else self._stop  # what ends an idle wait early
         pending = self._fetchable()
+        turns, caught_up = self._fetched_turn, self._caught_up
+        pending.sort(key=lambda tp: (tp in caught_up, turns.get(tp, 0)))
         wait = self._fetch_retry_at - time.monotonic()
         if not pending or wait > 0:
             # Nothing to fetch (nothing assigned, or all paused or buffered), or backing off
@@ -1753,6 +1771,8 @@ class Consumer(SubscriptionMixin):
             self._fetch_pos[tp] = records[-1].offset + 1
             if result.read_bytes:
                 self._record_bytes[tp] = -(-result.read_bytes // len(records))
+            self._fetched_turns += 1
+            self._fetched_turn[tp] = self._fetched_turns
         if self._fetch_pos[tp] >= result.log_end_offset:
             self._caught_up.add(tp)
         else:

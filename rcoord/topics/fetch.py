@@ -139,6 +139,8 @@ def _answer(
         return PartitionRecords([], start, end, Errors.OFFSET_OUT_OF_RANGE)
     if isinstance(entries, Exception):
         raise entries
+    if entries is None:  # (XRANGE ... COUNT 0: a read of none, for the log offsets alone)
+        entries = []
     if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
         return None
     return PartitionRecords(decode(entries), start, end, Errors.NONE, _entry_bytes(entries))
@@ -191,7 +193,9 @@ def _fetch_bounded(
 ) -> list[PartitionRecords[Any]]:
     """Fetch answers for ``reads`` (as ``_fetch_many``) of about ``max_bytes`` in all and
     ``partition_max_bytes`` per partition (Kafka's ``fetch.max.bytes`` and
-    ``max.partition.fetch.bytes``), with at least one record of each partition that has one.
+    ``max.partition.fetch.bytes``), going over only by the first record of the first partition
+    with records, as Kafka's ``readFromLog`` does (its ``minOneMessage`` holds until a partition
+    has given records), so that a fetch always progresses.
 
     XRANGE bounds a read by count alone, so the reads go in steps, as the gateway's Fetch
     does (``gateway.api_records._read_on``): the first asks each partition, in one pipeline,
@@ -199,27 +203,40 @@ def _fetch_bounded(
     (``_FIRST_READ`` records where it gives none); partitions take their shares in request
     order, each what its own bound and what the earlier ones' reads left (a read of 167 small
     records leaves the rest of its 1 MiB to the others, so a fetch of 100 partitions that
-    fits ``max_bytes`` is still one round trip). Each later step asks
-    every partition whose last read came back full, with bytes left, for what those should
-    hold at the size its records so far had, again in one pipeline. So what a fetch holds
-    follows the byte limits, not the count: 500 records of 1 MiB read at once held 500 MiB in
-    the client (and as much in Redis's reply buffer). A partition whose records grew past the
-    size given may go over its share by its first read; a step that finds the partition gone
-    or trimmed keeps what was read before.
+    fits ``max_bytes`` is still one round trip). A share too small for one record of the known
+    size reads none, unless no partition before it reads any (it may be the first with
+    records). Each later step asks every partition whose last read came back full, or that
+    read none, with bytes left, for what those should hold at the size its records so far had
+    (or were given), again in one pipeline; and one record of the first partition with
+    records if no read found any. So what a fetch holds follows the byte limits, not the
+    count: 500 records of 1 MiB read at once held 500 MiB in the client (and as much in
+    Redis's reply buffer). Records beyond the limits (a partition whose records grew past the
+    size given, one of unknown size whose first record did not fit) are dropped from the
+    answer, at their average size; a step that finds the partition gone or trimmed keeps what
+    was read before. Before, every partition with records got at least one, so a fetch of
+    1,000 partitions of 1 MiB records held 1,000 MiB whatever ``max_bytes``.
     """
     sizes = [0] * len(reads) if record_bytes is None else record_bytes
     left = max_bytes
     first: list[tuple[str, int, int, _Decode]] = []
+    reading = False  # whether a read before this one may give records
     for (key, offset, most, decode), size in zip(reads, sizes, strict=True):
         share = min(partition_max_bytes, left)
-        count = min(most, max(1, share // size)) if size > 0 else _FIRST_READ
+        if size > 0:
+            count = min(most, share // size)
+        else:
+            count = _FIRST_READ if share > 0 else 0
+        if not reading:
+            count = max(count, 1)  # (perhaps the first partition with records)
         left -= min(share, count * size)  # what the read should take, not the whole bound
+        reading = reading or count > 0
         first.append((key, offset, count, decode))
     answers = _fetch_many(client, first)
     asked = [count for _, _, count, _ in first]
     got = [len(a.records) for a in answers]
     for _ in range(_MAX_STEPS):
         left = max_bytes - sum(a.read_bytes for a in answers)
+        progress = any(a.records for a in answers)
         steps: list[tuple[int, int]] = []
         for i, (a, (_, offset, most, _)) in enumerate(zip(answers, reads, strict=True)):
             have = len(a.records)
@@ -227,9 +244,17 @@ def _fetch_bounded(
                     or offset + have >= a.log_end_offset):
                 continue  # at its log end, its count, or failed
             room = min(partition_max_bytes - a.read_bytes, left)
-            count = min(most - have, room * have // max(1, a.read_bytes)) if room > 0 else 0
+            if have:
+                count = min(most - have, room * have // a.read_bytes) if room > 0 else 0
+            elif sizes[i] > 0:  # (read none: its share was too small)
+                count = min(most, max(0, room) // sizes[i])
+            else:
+                count = _FIRST_READ if room > 0 else 0
+            if not progress:
+                count = max(count, 1)  # the first partition with records: one, however large
             if count > 0:
-                left -= room
+                left -= max(0, room)
+                progress = True
                 steps.append((i, count))
         if not steps:
             break
@@ -247,6 +272,28 @@ def _fetch_bounded(
             a.records.extend(b.records)
             answers[i] = PartitionRecords(a.records, a.log_start_offset, b.log_end_offset,
                                           a.error, a.read_bytes + b.read_bytes)
+    return _within_limits(answers, max_bytes, partition_max_bytes)
+
+
+def _within_limits(
+    answers: list[PartitionRecords[Any]], max_bytes: int, partition_max_bytes: int
+) -> list[PartitionRecords[Any]]:
+    """``answers`` cut to Kafka's limits: in order, each partition's records up to its bound
+    and what the earlier ones left of ``max_bytes``, at their average size, with the first
+    record of the first partition with records kept however large (``_fetch_bounded``)."""
+    left, taken = max_bytes, False
+    for i, a in enumerate(answers):
+        n = len(a.records)
+        if not n:
+            continue
+        room = max(0, min(partition_max_bytes, left))
+        if a.read_bytes > room:
+            keep = max(room * n // a.read_bytes, 0 if taken else 1)
+            a = answers[i] = PartitionRecords(a.records[:keep], a.log_start_offset,
+                                              a.log_end_offset, a.error,
+                                              a.read_bytes * keep // n)
+        left -= a.read_bytes
+        taken = taken or bool(a.records)
     return answers
 
 
@@ -332,8 +379,8 @@ def fetch_many(
 
     ``max_bytes`` and ``partition_max_bytes`` (Kafka's ``fetch.max.bytes`` and
     ``max.partition.fetch.bytes``; None: no bound) bound the bytes read, in all and per
-    partition, always with at least one record of each partition that has one
-    (``_fetch_bounded``, which takes a round trip per step).
+    partition, going over only by one record of the first partition that has records, as in
+    Kafka (``_fetch_bounded``, which takes a round trip per step).
 
     All reads go in one pipeline, so the call costs one round trip per node holding one of the
     partitions (a cluster client sends each node its part), instead of one per partition. It
