@@ -454,10 +454,10 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
     """Read the wanted partitions: what each answers, the records each sends, and their bytes.
 
     The request's ``max_bytes`` (fetch.max.bytes) bounds the whole response: partitions in
-    request order take what is left of it, as Kafka's ``readFromLog`` does. While some is left a
-    partition gets at least one record, however large (so a record over partition_max_bytes is
-    still delivered), and the first partition with records always does; so a response is at
-    most about max_bytes plus one record. Without this bound a response could grow past the
+    request order take what is left of it, as Kafka's ``readFromLog`` does: only the first
+    partition with records gets one however large (a record over partition_max_bytes, or over
+    what is left, is sent there alone); every other partition sends only the records that fit
+    (``_within``), so a response is at most about max_bytes plus one record. Without this bound a response could grow past the
     client's own receive limit (100 MB for librdkafka), which dropped the connection and asked
     again.
 
