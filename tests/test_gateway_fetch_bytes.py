@@ -91,8 +91,8 @@ def test_a_partition_of_large_records_is_read_in_steps(gateway, redis_server, to
     read: dict[int, int] = {0: 0, 1: 0}
     fetch = api_records.fetch
 
-    def counting(*args: Any) -> Any:
-        res = fetch(*args)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        res = fetch(*args, **kwargs)
         read[args[3]] += len(res.records)
         return res
 
@@ -105,6 +105,36 @@ def test_a_partition_of_large_records_is_read_in_steps(gateway, redis_server, to
     assert read[0] <= api_records.FETCH_FIRST_READ
     # Small records: all 300 still come, in a second read sized by the first one's bytes.
     assert got[("steps", 1)] == 300 and read[1] == 300
+
+
+def test_the_first_read_of_a_partition_follows_its_byte_limit(gateway, redis_server, topics,
+                                                             monkeypatch):
+    """Records of 1 MB, partition_max_bytes 1 MiB (librdkafka's and Kafka's default): a Fetch
+    reads one or two of them from Redis to send one, the first time (the size not known yet)
+    and after (sized by the last Fetch's records). Before, the first read of every partition
+    took FETCH_FIRST_READ (32) records, whatever their size: 12 MB here to send 1 MB."""
+    topics.create("huge", 1)
+    client = redis_server.client()
+    try:
+        producer = Producer(client, gateway.config.namespace, idempotent=False)
+        for _ in range(12):
+            producer.send_batch("huge", [ProducerRecord(b"v" * 1_000_000, partition=0)])
+    finally:
+        client.close()
+    reads: list[int] = []
+    fetch = api_records.fetch
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        res = fetch(*args, **kwargs)
+        reads.append(len(res.records))
+        return res
+
+    monkeypatch.setattr(api_records, "fetch", counting)
+    for _ in range(2):
+        reads.clear()
+        assert _fetch(gateway, [("huge", 0)], max_bytes=50 << 20,
+                      partition_max_bytes=1 << 20) == {("huge", 0): 1}
+        assert sum(reads) <= 2, reads
 
 
 def _record(partition: int) -> ProducerRecord:

@@ -61,8 +61,10 @@ V = TypeVar("V")
 FETCH_MAX_RECORDS = 500
 """Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
 FETCH_FIRST_READ = 32
-"""Records the first read of a partition asks for; later reads are sized by the bytes those
-took (``_read_on``)."""
+"""Records the first read of a partition asks for at most; later reads are sized by the bytes
+those took (``_read_on``)."""
+RECORD_SIZES_KEPT = 1 << 16
+"""Partitions whose record size the gateway keeps at most (``GatewayState.record_bytes``)."""
 MAX_SLOT_WAITS = 8
 """Slot groups (``XREAD BLOCK``s, one unit each) a Fetch waits on at once on a Redis Cluster."""
 ROTATION_BLOCK_MS = 100
@@ -259,17 +261,22 @@ def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 # -- Fetch ------------------------------------------------------------------------------------
 
 
-def _first_read(state: GatewayState, topic: str, partition: int, offset: int, count: int
-                ) -> FetchResult:
-    """Blocking: the first ``count`` records of a partition from ``offset`` on (``_read_on``
-    goes on from them)."""
+def _first_read(state: GatewayState, topic: str, partition: int, offset: int, count: int,
+                max_bytes: int | None = None) -> FetchResult:
+    """Blocking: the first ``count`` records of a partition from ``offset`` on, and with
+    ``max_bytes`` about that many bytes of them, at least one (``_read_on`` goes on from
+    them)."""
     try:
         if offset < 0:
             # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
             # (with its log offsets, so the client can reset), not the request as invalid.
             start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
             return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
-        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset, count)
+        if max_bytes is None:
+            return fetch(state.sync_redis, state.config.namespace, topic, partition, offset,
+                         count)
+        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset, count,
+                     max_bytes=max(1, max_bytes))
     except (TopicError, InvalidRequestError) as exc:
         return FetchResult([], -1, -1, _as_unknown(exc))
 
@@ -284,9 +291,26 @@ def _has_more(res: FetchResult, count: int, max_bytes: int) -> bool:
 def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
           ) -> FetchResult:
     """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
-    (at least one record, as Kafka sends a record larger than the limit whole)."""
-    count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
-    res = _first_read(state, topic, partition, offset, count)
+    (at least one record, as Kafka sends a record larger than the limit whole).
+
+    The first read asks for what ``max_bytes`` holds at the size the partition's records had
+    in its last Fetch (``state.record_bytes``), at most ``FETCH_FIRST_READ``; a partition of
+    no known size is read with ``fetch``'s byte bound (one record, then what the rest of
+    ``max_bytes`` holds at its size). Before, the first read took ``FETCH_FIRST_READ`` records
+    whatever their size: 32 MB read from Redis to send one record of 1 MB, in each of up to
+    50 partitions of a Fetch with librdkafka's defaults."""
+    key = (topic, partition)
+    size = state.record_bytes.get(key, 0)
+    if size:
+        count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS, max(1, max_bytes // size))
+        res = _first_read(state, topic, partition, offset, count)
+    else:
+        count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
+        res = _first_read(state, topic, partition, offset, count, max_bytes)
+    if res.records:
+        if len(state.record_bytes) >= RECORD_SIZES_KEPT and key not in state.record_bytes:
+            state.record_bytes.clear()  # (partitions of deleted topics, say)
+        state.record_bytes[key] = -(-sum(fetched_sizes(res.records)) // len(res.records))
     return _read_on(state, topic, partition, res, max_bytes) if _has_more(
         res, count, max_bytes) else res
 
