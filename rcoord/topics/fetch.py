@@ -380,7 +380,10 @@ def fetch_many(
     ``max_bytes`` and ``partition_max_bytes`` (Kafka's ``fetch.max.bytes`` and
     ``max.partition.fetch.bytes``; None: no bound) bound the bytes read, in all and per
     partition, going over only by one record of the first partition that has records, as in
-    Kafka (``_fetch_bounded``, which takes a round trip per step).
+    Kafka (``_fetch_bounded``, which takes a round trip per step). So the order of ``reads``
+    matters: a caller that always asks in the same order may get nothing of a partition
+    behind one with a backlog of records over the limits; Kafka's consumer, and rcoord's
+    (``Consumer._send_fetch``), ask the partitions that gave records last.
 
     All reads go in one pipeline, so the call costs one round trip per node holding one of the
     partitions (a cluster client sends each node its part), instead of one per partition. It
