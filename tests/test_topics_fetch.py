@@ -273,6 +273,33 @@ def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
         [], [3]]
 
 
+def test_a_step_asks_for_a_bounded_multiple_of_the_records_read(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step is sized by the records read so far, which may be far smaller than those after
+    them: it asks for at most _STEP_GROWTH times as many. Before, a first record of 1 byte
+    sized the next read at 499 records, here all 20 of 100 KiB (2 MiB) for a 150 KiB bound,
+    and all were returned."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"s", partition=0)])
+    _big_records(producer, 1, 20, 100 * KIB)
+    read: list[int] = []
+    inner = fetch_module._fetch_many
+
+    def counting(client: Any, reads: Any) -> Any:
+        answers = inner(client, reads)
+        read.extend(len(a.records) for a in answers)
+        return answers
+
+    monkeypatch.setattr(fetch_module, "_fetch_many", counting)
+    res = fetch(redis_client, namespace, "t", 0, 0, max_bytes=150 * KIB)
+    assert sum(read) <= 1 + fetch_module._STEP_GROWTH, read
+    assert 1 <= len(res.records) <= 2 and sum(len(r.value or b"") for r in res.records) <= (
+        150 * KIB)
+    assert [r.offset for r in res.records] == list(range(len(res.records)))
+
+
 @pytest.mark.parametrize(("bounds", "message"), [
     ({"max_bytes": 0}, "max_bytes must be >= 1, got 0"),
     ({"partition_max_bytes": -1}, "partition_max_bytes must be >= 1, got -1"),

@@ -180,6 +180,11 @@ _FIRST_READ = 1
 _MAX_STEPS = 8
 """Reads after the first, at most, in one byte-bounded fetch (one pipeline each)."""
 
+_STEP_GROWTH = 8
+"""A step asks a partition for at most this many times the records it gave so far: the size
+it is sized by is their average, and the records after them may be far larger (a first
+record of 10 bytes before records of 1 MiB sized a step of 499 MiB for a 1 MiB bound)."""
+
 _UNBOUNDED = 1 << 62
 """The byte limit of a fetch given none."""
 
@@ -207,14 +212,15 @@ def _fetch_bounded(
     size reads none, unless no partition before it reads any (it may be the first with
     records). Each later step asks every partition whose last read came back full, or that
     read none, with bytes left, for what those should hold at the size its records so far had
-    (or were given), again in one pipeline; and one record of the first partition with
-    records if no read found any. So what a fetch holds follows the byte limits, not the
-    count: 500 records of 1 MiB read at once held 500 MiB in the client (and as much in
-    Redis's reply buffer). Records beyond the limits (a partition whose records grew past the
-    size given, one of unknown size whose first record did not fit) are dropped from the
-    answer, at their average size; a step that finds the partition gone or trimmed keeps what
-    was read before. Before, every partition with records got at least one, so a fetch of
-    1,000 partitions of 1 MiB records held 1,000 MiB whatever ``max_bytes``.
+    (or were given; at most ``_STEP_GROWTH`` times the records it gave), again in one
+    pipeline; and one record of the first partition with records if no read found any. So
+    what a fetch holds follows the byte limits, not the count: 500 records of 1 MiB read at
+    once held 500 MiB in the client (and as much in Redis's reply buffer). Records beyond the
+    limits (a partition whose records grew past the size given, one of unknown size whose
+    first record did not fit) are dropped from the answer, at their average size; a step that
+    finds the partition gone or trimmed keeps what was read before. Before, every partition
+    with records got at least one, so a fetch of 1,000 partitions of 1 MiB records held
+    1,000 MiB whatever ``max_bytes``.
     """
     sizes = [0] * len(reads) if record_bytes is None else record_bytes
     left = max_bytes
@@ -245,7 +251,8 @@ def _fetch_bounded(
                 continue  # at its log end, its count, or failed
             room = min(partition_max_bytes - a.read_bytes, left)
             if have:
-                count = min(most - have, room * have // a.read_bytes) if room > 0 else 0
+                count = (min(most - have, room * have // a.read_bytes, have * _STEP_GROWTH)
+                         if room > 0 else 0)
             elif sizes[i] > 0:  # (read none: its share was too small)
                 count = min(most, max(0, room) // sizes[i])
             else:
