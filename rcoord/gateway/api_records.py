@@ -481,9 +481,9 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
     request order take what is left of it, as Kafka's ``readFromLog`` does: only the first
     partition with records gets one however large (a record over partition_max_bytes, or over
     what is left, is sent there alone); every other partition sends only the records that fit
-    (``_within``), so a response is at most about max_bytes plus one record. Without this bound a response could grow past the
-    client's own receive limit (100 MB for librdkafka), which dropped the connection and asked
-    again.
+    (``_within``), so a response is at most about max_bytes plus one record. Without this
+    bound a response could grow past the client's own receive limit (100 MB for librdkafka),
+    which dropped the connection and asked again.
 
     The partitions whose partition_max_bytes all fit max_bytes together (the first ones, in
     request order; every one with librdkafka's defaults up to 50 partitions) are read at once,
