@@ -36,6 +36,11 @@ a deadline the partition's earliest, so the lease holder never sleeps past it.
 
 ``<ns>:settings`` (no tag) holds the namespace settings for Python.
 
+``<ns>:coordinators`` (no tag) is the registry of live coordinator processes, and
+``<ns>:coordinator:{<ns>:coordinators}:<id>`` (tagged with the registry's name, so in its slot)
+the claim of coordinator id ``<id>``: the incarnation of the one process that uses it
+(``rcoord.service.leases``).
+
 ``<ns>:replays:<group>`` (no tag, no script touches it) records, for a Spark query restarted on
 its checkpoint, the generation in which it replayed its old process's last batch
 (``rcoord.spark.replays``); ``delete_groups`` deletes it after the group.

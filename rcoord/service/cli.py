@@ -39,9 +39,10 @@ stack of every thread to stderr and changes nothing: for a process that seems st
 thread dump is for a Kafka broker (``kill -QUIT``, ``jstack``).
 
 A setting or connection that does not work is one line on stderr (``rcoord coordinator: error:
-...``) and exit status 2 (a bad flag, or a metrics port already in use: found before any lease
-is taken) or 1 (Redis unreachable, refused the login, or a missing ACL permission);
-``--log-level debug`` adds the traceback.
+...``) and exit status 2 (a bad flag, a metrics port already in use, or an ``--id`` another
+running process uses: found before any lease is taken) or 1 (Redis unreachable, refused the
+login, or a missing ACL permission); ``--log-level debug`` adds the traceback. A process whose
+id another process took while it was paused (for a lease TTL) stops with status 2 too.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    help="the Redis (or Redis Cluster node) holding the groups: redis:// or "
                    "rediss:// (default $RCOORD_REDIS_URL)")
     p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"),
-                   help="this process's name in leases, logs and metrics (default "
-                   "$RCOORD_COORDINATOR_ID; else host-pid-random)")
+                   help="this process's name in leases, logs and metrics, one process's at a "
+                   "time (default $RCOORD_COORDINATOR_ID; else host-pid-random)")
     p.add_argument("--namespace", action=AfterCommand,
                    default=_env("RCOORD_NAMESPACE", "rcoord"),
                    help="the key prefix of the groups this process serves (default "

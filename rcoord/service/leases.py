@@ -9,6 +9,18 @@ and announces it, so the new holder starts at once. A lease whose holder is gone
 registry (it stopped, or died and its registry entry expired after one TTL) is taken by the
 partition's planned holder at once. Leases never guard state: two holders at once are harmless.
 
+A coordinator id is one process's (``LeaseKeeper.claim_key``), as a broker id is one broker's:
+each process draws an incarnation (host, pid and a random part), and the id's claim holds it for
+a lease TTL, renewed by every round. Only the claim's holder registers the id, takes, renews or
+releases its leases. A process started with the id of one that runs is refused once it sees the
+claim renewed (``CoordinatorIdInUse``, as Kafka's controller refuses a broker whose id is
+registered under another incarnation with a live session, DUPLICATE_BROKER_REGISTRATION); one
+started after the last holder died waits for the claim to lapse (at most the dead one's TTL),
+then takes the leases still under the id at once. A holder that finds its claim taken (it was paused for a
+TTL, and another process took the id meanwhile) stops, and releases nothing: before, two
+processes with one id shared every lease silently (each swept and logged the same partitions),
+and stopping either one released the other's leases and registry entry.
+
 On a cluster a round is run per node (``nodes.each_node``): a master that fails costs the leases
 on it, not the renewal of the others; while the registry's own master fails, every coordinator
 keeps the plan of its last round. Each node's piece goes through that node's own client, with
@@ -21,20 +33,40 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import socket
 import threading
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
 
+from ..errors import ConfigError, is_missing_function
 from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .nodes import NODE_FAILURES, each_node, node_scripts, on_node
 
-__all__ = ["plan", "LeaseKeeper"]
+__all__ = ["CoordinatorIdInUse", "LeaseKeeper", "new_incarnation", "plan"]
 
 log = logging.getLogger("rcoord.service")
 T = TypeVar("T")
+
+
+class CoordinatorIdInUse(ConfigError):
+    """Another process holds this coordinator id's claim: two processes were given one id."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+        """The incarnation that holds the claim (host-pid-random)."""
+
+
+def new_incarnation() -> str:
+    """This process's incarnation: which process holds a claim (host and pid, for the operator
+    to find it), unique per start (the random part)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def _rank(coordinator_id: str, partition: int) -> int:
@@ -69,6 +101,7 @@ class LeaseKeeper:
         num_partitions: int,
         coordinator_id: str,
         ttl_ms: int,
+        incarnation: str | None = None,
     ) -> None:
         self._client = client
         self._scripts = scripts
@@ -76,6 +109,9 @@ class LeaseKeeper:
         self._n = num_partitions
         self.coordinator_id = coordinator_id
         self.ttl_ms = ttl_ms
+        self.incarnation = incarnation or new_incarnation()
+        self._claimed = False
+        """This process holds the id's claim (it took it, and has not found it taken since)."""
         self.owned: set[int] = set()
         self.live: list[str] = []
         self.handed_off = False
@@ -92,6 +128,13 @@ class LeaseKeeper:
         return f"{self._namespace}:coordinators"
 
     @property
+    def claim_key(self) -> str:
+        """The id's claim: the incarnation of the one process that uses the id (a string that
+        lapses a TTL after its holder's last round). Its hash tag is the registry's name, so it
+        lives in the registry's slot: a round renews both in one round trip, on one node."""
+        return f"{self._namespace}:coordinator:{{{self.registry_key}}}:{self.coordinator_id}"
+
+    @property
     def channel(self) -> str:
         """Broadcast channel: a coordinator joined or left; everyone re-plans at once."""
         return f"{self._namespace}:coordinators"
@@ -101,17 +144,102 @@ class LeaseKeeper:
         retries), with that node's backoff and log (``nodes.on_node``)."""
         return on_node(self._client, self.registry_key, call)
 
+    def _claim(self, op: str) -> str:
+        """``lease.lua``'s ``op`` on the id's claim, for this incarnation ('acquire': take it if
+        free, renew it if ours; 'release'): the holder after it ('' when free)."""
+        def run(node: Any) -> str:
+            holder = node_scripts(self._scripts, node).lease(
+                keys=[self.claim_key], args=[op, self.incarnation, self.ttl_ms, ""])
+            return holder.decode() if isinstance(holder, bytes) else str(holder)
+
+        return on_node(self._client, self.claim_key, run)
+
+    def claim_id(self, stop: threading.Event) -> None:
+        """Take the id's claim before the first round. A claim held by another incarnation may
+        be a dead process's, and is waited for: its holder's registry entry, renewed with the
+        claim, says when it lapses (the holder's TTL, which may not be this process's), and a
+        renewal of that entry meanwhile says the holder runs: ``CoordinatorIdInUse`` then, or
+        when the claim is still held past that time (and a round's period), or if ``stop``
+        is set while waiting."""
+        period_s = self.ttl_ms / 4000
+        deadline = first = None
+        while True:
+            holder = self._claim("acquire")
+            if holder == self.incarnation:
+                self._claimed = True
+                return
+            lasts_ms, expiry = self._registry_entry()
+            if deadline is None or first is None:
+                first = expiry
+                deadline = time.monotonic() + max(self.ttl_ms, lasts_ms) / 1000 + period_s
+                log.warning("this coordinator id is held by another process; waiting for it to "
+                            "lapse (a process that died) or be renewed (one that runs)", extra={
+                                "event": "coordinator_id_held", "id": self.coordinator_id,
+                                "by": holder, "wait_ms": max(self.ttl_ms, lasts_ms)})
+            renewed = expiry > first
+            left = deadline - time.monotonic()
+            if renewed or left <= 0 or stop.wait(min(period_s, left)):
+                what = ("is in use by another running process (incarnation {}), which renews it"
+                        if renewed or left <= 0 else "is held by another process (incarnation "
+                        "{}); this one was stopped before the claim lapsed")
+                raise CoordinatorIdInUse(
+                    f"coordinator id {self.coordinator_id!r} of namespace {self._namespace!r} "
+                    f"{what.format(holder)}. Give each coordinator process its own id (--id, "
+                    f"$RCOORD_COORDINATOR_ID), or leave it out for a unique one", holder)
+
+    def _registry_entry(self) -> tuple[int, int]:
+        """(ms the id's registry entry still lasts, its expiry) on the server's clock; (0, 0)
+        without one."""
+        def run(node: Any) -> tuple[int, int]:
+            sec, usec = node.time()
+            expiry = node.zscore(self.registry_key, self.coordinator_id)
+            if expiry is None:
+                return 0, 0
+            return max(0, int(expiry) - (int(sec) * 1000 + int(usec) // 1000)), int(expiry)
+
+        return self._on_registry_node(run)
+
+    def _claimed_by(self, holder: str) -> None:
+        """The claim's holder, as a round found it: this process (it holds the id for a TTL
+        from then), or another: ``CoordinatorIdInUse``, and this process owns nothing."""
+        if holder == self.incarnation:
+            self._claimed = True
+            return
+        self._claimed = False
+        self.owned, self.handed_off = set(), False
+        raise CoordinatorIdInUse(
+            f"coordinator id {self.coordinator_id!r} of namespace {self._namespace!r} was taken "
+            f"by another process (incarnation {holder}) while this one did not renew it (paused "
+            f"for a lease TTL?); this process stops and releases nothing. Give each "
+            f"coordinator process its own id (--id, $RCOORD_COORDINATOR_ID), or leave it out "
+            f"for a unique one", holder)
+
     def register(self) -> list[str]:
-        def run(node: Any) -> list[Any]:
+        """Renew the id's claim (``_claimed_by``: raises if another process holds it) and the
+        registry entry, and read the live set: one round trip, on the registry's node."""
+        def run(node: Any) -> tuple[str, list[Any]]:
             sec, usec = node.time()
             now = int(sec) * 1000 + int(usec) // 1000
             pipe = node.pipeline(transaction=False)
+            pipe.execute_command(*self._scripts.command(
+                "lease", [self.claim_key], ["acquire", self.incarnation, self.ttl_ms, ""]))
             pipe.zadd(self.registry_key, {self.coordinator_id: now + self.ttl_ms})
             pipe.zremrangebyscore(self.registry_key, "-inf", now)
             pipe.zrange(self.registry_key, 0, -1)
-            return list(pipe.execute()[2])
+            claim, *rest = pipe.execute(raise_on_error=False)
+            for reply in rest:
+                if isinstance(reply, Exception):
+                    raise reply
+            if is_missing_function(claim):  # (library missing after a restart: loaded here)
+                claim = node_scripts(self._scripts, node).lease(
+                    keys=[self.claim_key], args=["acquire", self.incarnation, self.ttl_ms, ""])
+            elif isinstance(claim, Exception):
+                raise claim
+            return claim.decode() if isinstance(claim, bytes) else str(claim), list(rest[2])
 
-        live = sorted(x.decode() for x in self._on_registry_node(run))
+        holder, members = self._on_registry_node(run)
+        self._claimed_by(holder)
+        live = sorted(x.decode() for x in members)
         self.live = live
         return live
 
@@ -119,11 +247,11 @@ class LeaseKeeper:
         """``register()``; if the registry's node cannot be reached, the coordinators known
         from the last round: every coordinator then keeps the plan it had, and the leases on
         the healthy nodes are renewed while the registry's node fails over (no newcomer or
-        departure is seen meanwhile)."""
+        departure is seen meanwhile; nor can the id's claim, on that node too, be taken)."""
         try:
             return self.register()
         except NODE_FAILURES as exc:
-            if not self.live:
+            if not self.live or not self._claimed:
                 raise
             # (The node's failure is logged once per outage, by nodes.py.)
             log.debug("the coordinator registry cannot be reached; keeping the last plan",
@@ -235,17 +363,41 @@ class LeaseKeeper:
     def release_all(self, final: bool = False) -> None:
         """Graceful exit: free our leases and leave the registry, so others take over at once
         (a lease on a node that fails lapses by itself). Waits for a round in progress to end;
-        ``final``: no round takes leases again (the service's stop; a stalled timer loop's
-        release is taken back by the next round once the loop runs again)."""
+        ``final``: no round takes leases again, and the id's claim is freed too (the service's
+        stop: a process started under the id next starts at once; a stalled timer loop's
+        release is taken back by the next round once the loop runs again).
+
+        Only while the id's claim is this process's: the leases under the id, its registry
+        entry and its claim are otherwise another process's (one refused at its start, or
+        one whose claim was taken)."""
         with self._round:
             if final:
                 self._released_for_good = True
-            self._release()
+            self._release(final)
 
-    def _release(self) -> None:
+    def _release(self, final: bool) -> None:
+        if not self._claimed:
+            self.owned = set()
+            return
+        try:
+            # (Renewed: it stays ours for a TTL, while this releases. Its node failing, the
+            # leases are released as before: nobody could take the claim there either.)
+            try:
+                holder = self._claim("acquire")
+            except NODE_FAILURES:
+                holder = self.incarnation
+            self._claimed_by(holder)
+        except CoordinatorIdInUse as exc:
+            log.error("not releasing the leases: this coordinator id is another process's now",
+                      extra={"event": "coordinator_id_taken", "id": self.coordinator_id,
+                             "by": exc.holder})
+            return
         self._ops([(p, "release", "") for p in sorted(self.owned)], set())
         self.owned = set()
         self._on_registry_node(lambda node: node.zrem(self.registry_key, self.coordinator_id))
+        if final:
+            self._claim("release")
+            self._claimed = False
         self.announce(b"left")
 
     def announce(self, what: bytes) -> None:

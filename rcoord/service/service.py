@@ -32,7 +32,7 @@ from ..urls import redact_url, repr_redacting, url_problem
 from .connect import connect
 from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
 from .http import StatusServer
-from .leases import LeaseKeeper
+from .leases import CoordinatorIdInUse, LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
 from .nodes import NODE_FAILURES, Outage, disconnect_all, forget_failures, on_node
@@ -227,6 +227,9 @@ class CoordinatorService:
         scripts = coord._scripts
         n = self.group_config.num_partitions
         self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
+        # Before anything else is started: a process given the id of one that runs is refused
+        # (exit status 2) having swept nothing, logged nothing and released nothing.
+        self.leases.claim_id(self._stop)
         self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
         self.sweeper.turn_budget_ms = min(self.sweeper.turn_budget_ms, cfg.lease_ttl_ms // 4)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
@@ -424,7 +427,11 @@ class CoordinatorService:
                                   "event": "settings_error", "why": settings_problem})
             try:
                 started = time.monotonic()
-                owned = self.leases.step()
+                try:
+                    owned = self.leases.step()
+                except CoordinatorIdInUse as exc:
+                    self._id_taken(exc)
+                    return
                 took_ms = (time.monotonic() - started) * 1000
                 if took_ms > self.config.lease_ttl_ms / 2:
                     log.warning("a lease round took more than half the lease TTL",
@@ -447,6 +454,16 @@ class CoordinatorService:
             # queue): a round is confirmed together with what it says is held.
             self._confirmed_at = started
             self._last_lease_ok = time.monotonic()
+
+    def _id_taken(self, exc: CoordinatorIdInUse) -> None:
+        """Another process holds this process's coordinator id now: stop, with exit status 2
+        (the two were given one id), owning nothing and releasing nothing (``leases``)."""
+        log.error(str(exc), extra={"event": "coordinator_id_taken",
+                                   "id": self.config.coordinator_id, "by": exc.holder})
+        self._owned = set()
+        self._queue.put(Owned(frozenset()))
+        self.exit_code = 2
+        self._stop.set()
 
     def _timer_loop_stalled(self) -> bool:
         """The timer loop runs but has shown no sign of life for two lease TTLs (health's
