@@ -219,12 +219,14 @@ def connect(gw: GatewayThread) -> socket.socket:
     return socket.create_connection(gw.address, timeout=10)
 
 
-def call_once(gw: GatewayThread, api_key: int, version: int, body: dict[str, Any]) -> Any:
-    """One request on a connection of its own (a flexible version: response header v1)."""
+def call_once(gw: GatewayThread, api_key: int, version: int, body: dict[str, Any],
+              header_bytes: int = 5) -> Any:
+    """One request on a connection of its own (a flexible version: response header v1, 5
+    bytes; ``header_bytes=4`` for the response header v0 of a version that is not)."""
     sock = connect(gw)
     try:
         sock.sendall(request_frame(api_key, version, 3, body))
-        return response(sock, api_key, version, 5)
+        return response(sock, api_key, version, header_bytes)
     finally:
         sock.close()
 

@@ -14,7 +14,6 @@ pytest.importorskip("kio")
 
 from gateway_harness import (
     call_once,
-    connect,
     request_frame,
     response,
     running_gateway,
@@ -37,15 +36,8 @@ def _grow(name: str, count: int, assignments: list[list[int]] | None = None) -> 
 def _answers(gateway: Any, entries: list[dict[str, Any]], validate_only: bool = False,
              version: int = 3) -> dict[str, tuple[int, str | None]]:
     body = {"topics": entries, "timeout_ms": 5000, "validate_only": validate_only}
-    if version >= 2:
-        results = call_once(gateway, 37, version, body).results
-    else:  # (v0 and v1 are not flexible: response header v0)
-        sock = connect(gateway)
-        try:
-            sock.sendall(request_frame(37, version, 3, body))
-            results = response(sock, 37, version, 4).results
-        finally:
-            sock.close()
+    # (v0 and v1 are not flexible: response header v0)
+    results = call_once(gateway, 37, version, body, 5 if version >= 2 else 4).results
     return {r.name: (r.error_code.value, r.error_message) for r in results}
 
 

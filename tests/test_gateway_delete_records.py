@@ -13,7 +13,6 @@ pytest.importorskip("kio")
 
 from gateway_harness import (
     call_once,
-    connect,
     request_frame,
     response,
     running_gateway,
@@ -45,15 +44,8 @@ def _body(entries: list[tuple[str, int, int]]) -> dict[str, Any]:
 
 def _answers(gateway: Any, entries: list[tuple[str, int, int]], version: int = 2
              ) -> dict[tuple[str, int], tuple[int, int]]:
-    if version >= 2:
-        topics = call_once(gateway, 21, version, _body(entries)).topics
-    else:  # (v0 and v1 are not flexible: response header v0)
-        sock = connect(gateway)
-        try:
-            sock.sendall(request_frame(21, version, 3, _body(entries)))
-            topics = response(sock, 21, version, 4).topics
-        finally:
-            sock.close()
+    # (v0 and v1 are not flexible: response header v0)
+    topics = call_once(gateway, 21, version, _body(entries), 5 if version >= 2 else 4).topics
     return {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
             for t in topics for p in t.partitions}
 
