@@ -26,12 +26,13 @@ LIVE_TTL_MS = 2000
 """Where a claim must not lapse under a process that runs (a loaded machine's late round)."""
 
 
-def _service(url: str, namespace: str, cid: str, ttl_ms: int = TTL_MS) -> Any:
+def _service(url: str, namespace: str, cid: str, ttl_ms: int = TTL_MS,
+             **settings: int) -> Any:
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     return CoordinatorService(ServiceConfig(
         redis_url=url, namespace=namespace, coordinator_id=cid, lease_ttl_ms=ttl_ms,
-        wake="index", settings={"num_partitions": 4}, retention_check_interval_ms=0))
+        wake="index", settings={"num_partitions": 4, **settings}, retention_check_interval_ms=0))
 
 
 @pytest.fixture
@@ -81,6 +82,23 @@ def test_a_second_process_given_a_running_ones_id_is_refused_and_changes_nothing
     rounds = a._last_lease_ok
     wait_until(lambda: a._last_lease_ok > rounds)
     assert a.leases.owned == {0, 1, 2, 3} and a.health()[0]
+
+
+def test_a_process_refused_its_id_writes_none_of_the_settings_it_names(own_server, namespace,
+                                                                       services):
+    """Before: the refused process had settled the namespace settings first, writing the ones
+    it named over the running process's (which then adopted them)."""
+    client = own_server.client()
+    key = f"{namespace}:settings"
+    a = _run(services, _service(own_server.url, namespace, "twin", LIVE_TTL_MS,
+                                group_min_session_timeout_ms=100).start())
+    wait_until(lambda: a.leases.owned == {0, 1, 2, 3})
+    stored = client.hgetall(key)
+    with pytest.raises(CoordinatorIdInUse):
+        _service(own_server.url, namespace, "twin", LIVE_TTL_MS,
+                 group_min_session_timeout_ms=200).start()
+    assert client.hgetall(key) == stored
+    assert client.hget(key, "group_min_session_timeout_ms") == b"100"
 
 
 def test_a_process_whose_id_was_taken_while_it_was_paused_stops_and_releases_nothing(

@@ -121,7 +121,16 @@ class LeaseKeeper:
         # to lapse).
         self._round = threading.Lock()
         self._released_for_good = False
-        self._lease_keys = [PartitionKeys(namespace, p, num_partitions).lease for p in range(num_partitions)]
+        self.size(num_partitions)
+
+    def size(self, num_partitions: int) -> None:
+        """The partition count, when it was not known at construction: the service takes the
+        id's claim (``claim_id``) before it settles the namespace settings, so a process
+        refused its id changes none of them (before, it wrote the settings it named, which the
+        process running under the id then adopted). Before the first round."""
+        self._n = num_partitions
+        self._lease_keys = [PartitionKeys(self._namespace, p, num_partitions).lease
+                            for p in range(num_partitions)]
 
     @property
     def registry_key(self) -> str:

@@ -221,15 +221,19 @@ class CoordinatorService:
             self._http = StatusServer(cfg.metrics_host, cfg.metrics_port, self.metrics.registry,
                                       self.health)
         named: dict[str, Any] = dict(cfg.settings)
-        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named)).start()
+        coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace, **named))
+        scripts = coord._scripts
+        scripts.load()  # (no I/O: allows the claim's call before the settings are settled)
+        self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, 0, cfg.coordinator_id,
+                                  cfg.lease_ttl_ms)
+        # Before anything else: a process given the id of one that runs is refused (exit status
+        # 2) having written no namespace setting it names, swept, logged or released nothing.
+        self.leases.claim_id(self._stop)
+        coord.start()
         self._coord = coord
         self.group_config = coord.config
-        scripts = coord._scripts
         n = self.group_config.num_partitions
-        self.leases = LeaseKeeper(self._client, scripts, cfg.namespace, n, cfg.coordinator_id, cfg.lease_ttl_ms)
-        # Before anything else is started: a process given the id of one that runs is refused
-        # (exit status 2) having swept nothing, logged nothing and released nothing.
-        self.leases.claim_id(self._stop)
+        self.leases.size(n)
         self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
         self.sweeper.turn_budget_ms = min(self.sweeper.turn_budget_ms, cfg.lease_ttl_ms // 4)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
