@@ -220,10 +220,11 @@ def connect(gw: GatewayThread) -> socket.socket:
 
 
 def call_once(gw: GatewayThread, api_key: int, version: int, body: dict[str, Any],
-              header_bytes: int = 5) -> Any:
+              header_bytes: int = 5, login: tuple[str, str] | None = None) -> Any:
     """One request on a connection of its own (a flexible version: response header v1, 5
-    bytes; ``header_bytes=4`` for the response header v0 of a version that is not)."""
-    sock = connect(gw)
+    bytes; ``header_bytes=4`` for the response header v0 of a version that is not), made as
+    ``login`` (user, password; SASL/PLAIN) if given."""
+    sock = connect(gw) if login is None else sasl_connect(gw, *login)
     try:
         sock.sendall(request_frame(api_key, version, 3, body))
         return response(sock, api_key, version, header_bytes)

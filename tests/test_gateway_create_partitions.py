@@ -12,14 +12,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import (
-    call_once,
-    request_frame,
-    response,
-    running_gateway,
-    sasl_connect,
-    topics_of,
-)
+from gateway_harness import call_once, running_gateway, topics_of
 
 from rcoord.errors import Errors
 from rcoord.topics import Topics
@@ -129,13 +122,9 @@ def test_growing_a_topic_needs_alter_on_it(redis_server, namespace, tmp_path: Pa
             topics_of(redis_server, namespace) as topics:
         topics.create("mine", 1)
         topics.create("theirs", 1)
-        sock = sasl_connect(gw, "alice", "pw")
-        try:
-            sock.sendall(request_frame(37, 3, 9, {"topics": [_grow("mine", 2), _grow("theirs", 2)],
-                                                  "timeout_ms": 5000, "validate_only": False}))
-            results = response(sock, 37, 3, 5).results
-        finally:
-            sock.close()
+        results = call_once(gw, 37, 3, {"topics": [_grow("mine", 2), _grow("theirs", 2)],
+                                        "timeout_ms": 5000, "validate_only": False},
+                            login=("alice", "pw")).results
         assert {r.name: r.error_code.value for r in results} == {
             "mine": 0, "theirs": TOPIC_AUTHORIZATION_FAILED}
         assert (topics.partition_count("mine"), topics.partition_count("theirs")) == (2, 1)

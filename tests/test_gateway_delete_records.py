@@ -11,14 +11,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import (
-    call_once,
-    request_frame,
-    response,
-    running_gateway,
-    sasl_connect,
-    topics_of,
-)
+from gateway_harness import call_once, running_gateway, topics_of
 
 from rcoord.errors import Errors
 from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
@@ -106,13 +99,10 @@ def test_deleting_records_needs_delete_on_the_topic(redis_server, namespace, tmp
         for name in ("mine", "theirs"):
             topics.create(name, 1)
             _fill(redis_server, namespace, name, [3])
-        sock = sasl_connect(gw, "alice", "pw")
-        try:
-            sock.sendall(request_frame(21, 2, 9, _body([("mine", 0, 2), ("theirs", 0, 2)])))
-            got = {t.name: (t.partitions[0].error_code.value, t.partitions[0].low_watermark)
-                   for t in response(sock, 21, 2, 5).topics}
-        finally:
-            sock.close()
+        answered = call_once(gw, 21, 2, _body([("mine", 0, 2), ("theirs", 0, 2)]),
+                             login=("alice", "pw")).topics
+        got = {t.name: (t.partitions[0].error_code.value, t.partitions[0].low_watermark)
+               for t in answered}
         assert got == {"mine": (0, 2), "theirs": (TOPIC_AUTHORIZATION_FAILED, -1)}
         assert topics.describe("theirs").partitions[0].log_start_offset == 0
 
