@@ -272,6 +272,21 @@ def handling(handler: H, logger: str, level: int) -> Iterator[H]:
         log.setLevel(old)
 
 
+class EventLog(logging.Handler):
+    """The ``event`` field of every log record it is given, in order (rcoord's logs name what
+    happened there: ``loop_error``, ``coordinator_id_taken`` ...); use with ``handling``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(str(getattr(record, "event", "")))
+
+    def count(self, event: str) -> int:
+        return self.seen.count(event)
+
+
 class RunningService:
     """One in-process coordinator service (``CoordinatorService``) whose timer loop runs on a
     thread, as the CLI runs it; ``sigterm`` does what the CLI does on SIGTERM."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import handling, wait_until
+from harness import EventLog, handling, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.keys import PartitionKeys
@@ -361,20 +360,9 @@ def test_services_naming_different_settings_do_not_rewrite_each_other(redis_serv
             s.stop()
 
 
-class _Events(logging.Handler):
-    """Counts log records by their ``event`` field."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.counts[str(getattr(record, "event", ""))] += 1
-
-
 @pytest.fixture
-def events() -> Iterator[_Events]:
-    with handling(_Events(), "rcoord", logging.INFO) as handler:
+def events() -> Iterator[EventLog]:
+    with handling(EventLog(), "rcoord", logging.INFO) as handler:
         yield handler
 
 
@@ -400,10 +388,10 @@ def test_timer_loop_waits_while_redis_refuses_writes(own_server, namespace, even
     try:
         _over_maxmemory(client)
         runner.start()
-        wait_until(lambda: events.counts["loop_error"] >= 2, timeout_s=10)
-        assert events.counts["expire_error"] == 0  # not blamed on the groups
+        wait_until(lambda: events.count("loop_error") >= 2, timeout_s=10)
+        assert events.count("expire_error") == 0  # not blamed on the groups
         calls = _fcalls(client)
-        wait_until(lambda: events.counts["loop_error"] >= 4, timeout_s=10)
+        wait_until(lambda: events.count("loop_error") >= 4, timeout_s=10)
         # One turn between two loop errors: a bounded number of calls, not a spin.
         assert _fcalls(client) - calls < 500  # lease rounds included; the spin made thousands
         client.config_set("maxmemory", "0")
@@ -465,7 +453,7 @@ def test_a_group_whose_call_fails_is_backed_off_and_the_others_expire(own_server
     assert sweeper.sweep_due("deadline") == 0
     sweeper.resync({0})
     assert sweeper.next_due() > sweeper.server_now() and _fcalls(client) == calls
-    assert events.counts["expire_error"] == 1
+    assert events.count("expire_error") == 1
 
 
 def test_stop_closes_the_connections_start_opened(own_server, namespace):
@@ -966,8 +954,8 @@ def test_a_timer_loop_that_redis_refuses_keeps_its_leases(own_server, namespace,
         wait_until(lambda: svc.health()[0] and svc.leases.owned, timeout_s=10)
         svc.sweeper.next_due = next_due  # type: ignore[method-assign]
         failing.set()
-        wait_until(lambda: events.counts["loop_error"] >= 6, timeout_s=20)
-        assert events.counts["timer_loop_stalled"] == 0
+        wait_until(lambda: events.count("loop_error") >= 6, timeout_s=20)
+        assert events.count("timer_loop_stalled") == 0
         assert svc.leases.owned and not svc.health()[0]  # unhealthy (failing), leases kept
         failing.clear()
         wait_until(lambda: svc.health()[0], timeout_s=10)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from harness import handling, wait_until
+from harness import EventLog, handling, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.service.leases import plan
@@ -253,15 +253,6 @@ def test_events_of_a_partition_handed_over_before_its_first_holder_read_them_are
     assert _logged(b.metrics) == events == client.xlen(coord._keys("g").partition.events)
 
 
-class _Events(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen.append(str(getattr(record, "event", "")))
-
-
 def test_a_pause_of_the_whole_process_is_not_taken_for_a_stalled_timer_loop(
         own_server, namespace, services, monkeypatch):
     """The process pauses (here: during a lease round, with the timer loop held too) for longer
@@ -273,7 +264,7 @@ def test_a_pause_of_the_whole_process_is_not_taken_for_a_stalled_timer_loop(
     monkeypatch.setattr(service_mod, "STALLED_MIN_MS", 1000)
     monkeypatch.setattr(service_mod, "WATCH_GAP_MS", 200, raising=False)
     limit_s = max(2 * TTL_MS, 1000) / 1000
-    with handling(_Events(), "rcoord", logging.INFO) as log:
+    with handling(EventLog(), "rcoord", logging.INFO) as log:
         a = _run(services, _service(own_server.url, namespace, "A"))
         wait_until(lambda: a.leases.owned == {0} and a.health()[0])
         loop = services[0][1]

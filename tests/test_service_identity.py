@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import handling, wait_until
+from harness import EventLog, handling, wait_until
 from test_service import ROOT, Proc
 
 from rcoord.errors import ConfigError
@@ -53,15 +53,6 @@ def _run(services: list[tuple[Any, threading.Thread]], svc: Any) -> Any:
 
 def _holders(client: Any, namespace: str) -> list[bytes | None]:
     return [client.get(PartitionKeys(namespace, p, 4).lease) for p in range(4)]
-
-
-class _Events(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen.append(str(getattr(record, "event", "")))
 
 
 def test_a_second_process_given_a_running_ones_id_is_refused_and_changes_nothing(
@@ -120,7 +111,7 @@ def test_a_process_whose_id_was_taken_while_it_was_paused_stops_and_releases_not
     a.leases.step = paused_step
     assert entered.wait(10)
     wait_until(lambda: _holders(client, namespace) == [None] * 4)  # A's leases lapsed
-    with handling(_Events(), "rcoord", logging.INFO) as log:
+    with handling(EventLog(), "rcoord", logging.INFO) as log:
         b = _run(services, _service(own_server.url, namespace, "twin", 1000).start())
         wait_until(lambda: b.leases.owned == {0, 1, 2, 3})
         go_on.set()
@@ -152,13 +143,13 @@ def test_a_process_restarted_under_the_id_of_one_that_died_takes_its_leases(
     died = LeaseKeeper(client, scripts, namespace, 4, "phoenix", LIVE_TTL_MS)
     died.claim_id(threading.Event())
     assert died.step() == {0, 1, 2, 3}
-    with handling(_Events(), "rcoord", logging.INFO) as log:
+    with handling(EventLog(), "rcoord", logging.INFO) as log:
         b = _run(services, _service(own_server.url, namespace, "phoenix").start())
     assert "coordinator_id_held" in log.seen  # (it waited for the claim to lapse)
     assert b.leases.owned == {0, 1, 2, 3}
     assert _holders(client, namespace) == [b"phoenix"] * 4
     services.pop()[0].stop()
-    with handling(_Events(), "rcoord", logging.INFO) as log:
+    with handling(EventLog(), "rcoord", logging.INFO) as log:
         c = _run(services, _service(own_server.url, namespace, "phoenix").start())
     assert "coordinator_id_held" not in log.seen
     assert c.leases.owned == {0, 1, 2, 3}
