@@ -308,9 +308,7 @@ def _fetch_once(
     client: Any, key: str, offset: int, max_records: int, max_bytes: int | None
 ) -> FetchResult:
     reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
-    if max_bytes is None:
-        return _result(_fetch_many(client, reads)[0])
-    return _result(_fetch_bounded(client, reads, max_bytes, max_bytes)[0])
+    return _result(_fetch_bounds(client, reads, max_bytes, max_bytes, None)[0])
 
 
 def _result(answer: PartitionRecords[Record]) -> FetchResult:
@@ -358,8 +356,6 @@ def fetch(
     _check_int("max_records", max_records, 1, INT32_MAX)
     if block_ms is not None:
         _check_int("block_ms", block_ms, 0, INT32_MAX)
-    if max_bytes is not None:
-        _check_int("max_bytes", max_bytes, 1)
     key = partition_key(namespace, topic, partition)
     result = _fetch_once(redis_client, key, offset, max_records, max_bytes)
     if result.records or result.error != Errors.NONE or not block_ms:
