@@ -175,11 +175,11 @@ def test_describe_configs_topic_raw_frames(gateway: GatewayThread, topics: Topic
     assert _configs(kept) == {
         "cleanup.policy": ("delete", DEFAULT, True),
         "message.timestamp.type": ("LogAppendTime", DEFAULT, True),
-        "producer.id.expiration.ms": ("86400000", DEFAULT, True),
-        "retention.ms": ("60000", TOPIC_CONFIG, True),
-        "retention.records": ("-1", DEFAULT, True),
-    }
-    assert _configs(plain)["retention.ms"] == ("-1", DEFAULT, True)
+        "producer.id.expiration.ms": ("86400000", DEFAULT, False),
+        "retention.ms": ("60000", TOPIC_CONFIG, False),
+        "retention.records": ("-1", DEFAULT, False),
+    }  # (the settings are altered by AlterConfigs; the two facts are not)
+    assert _configs(plain)["retention.ms"] == ("-1", DEFAULT, False)
     assert (missing.error_code.value, missing.configs) == (UNKNOWN_TOPIC, ())
     assert (illegal.error_code.value, illegal.configs) == (INVALID_TOPIC, ())
 
@@ -187,7 +187,7 @@ def test_describe_configs_topic_raw_frames(gateway: GatewayThread, topics: Topic
     for version in (1, 4):
         (only,) = raw.describe_configs([(TOPIC, "kept", ["retention.ms", "segment.bytes"])],
                                        version)
-        assert _configs(only) == {"retention.ms": ("60000", TOPIC_CONFIG, True)}
+        assert _configs(only) == {"retention.ms": ("60000", TOPIC_CONFIG, False)}
 
     (full,) = raw.describe_configs([(TOPIC, "kept", ["retention.ms"])], 4,
                                    include_synonyms=True, include_documentation=True)
@@ -253,8 +253,8 @@ def test_describe_configs_confluent(gateway: GatewayThread, topics: Topics) -> N
     entries = futures[kept].result(timeout=WAIT_S)
     assert entries["retention.ms"].value == "60000"
     assert entries["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-    assert entries["retention.ms"].is_read_only
-    assert entries["cleanup.policy"].value == "delete"
+    assert not entries["retention.ms"].is_read_only
+    assert entries["cleanup.policy"].value == "delete" and entries["cleanup.policy"].is_read_only
     assert entries["retention.records"].source == ConfigSource.DEFAULT_CONFIG.value
     with pytest.raises(ck.KafkaException) as info:
         futures[missing].result(timeout=WAIT_S)

@@ -570,8 +570,8 @@ def test_a_created_topic_is_answered_with_its_configs(gateway, topics, version, 
     described = call_once(gateway, 32, 4, {"resources": [
         {"resource_type": 2, "resource_name": "c", "configuration_keys": None}],
         "include_synonyms": False, "include_documentation": False}).results[0].configs
-    assert got == [(c.name, c.value, c.config_source, True, False) for c in described]
-    assert ("retention.ms", "60000", 1, True, False) in got  # DYNAMIC_TOPIC_CONFIG
+    assert got == [(c.name, c.value, c.config_source, c.read_only, False) for c in described]
+    assert ("retention.ms", "60000", 1, False, False) in got  # DYNAMIC_TOPIC_CONFIG, alterable
 
 
 def _with_header_field(batch: bytes, at: int, value: int) -> bytes:

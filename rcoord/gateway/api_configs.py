@@ -6,8 +6,9 @@ setting in Kafka, a topic setting here), and rcoord's own ``retention.records``;
 facts that hold for every rcoord topic: ``cleanup.policy=delete`` (retention deletes the oldest
 records; nothing is ever compacted) and ``message.timestamp.type=LogAppendTime`` (records are
 stamped with the Redis clock on append). A value given at creation has source
-DYNAMIC_TOPIC_CONFIG, any other DEFAULT_CONFIG. Every config is read-only: AlterConfigs is not
-served. A config name asked for that rcoord does not have is left out, as Kafka does.
+DYNAMIC_TOPIC_CONFIG (at creation or by AlterConfigs and IncrementalAlterConfigs,
+``api_alter_configs``), any other DEFAULT_CONFIG. The two facts and the broker's configs are
+read-only. A config name asked for that rcoord does not have is left out, as Kafka does.
 
 The broker (resource name: this gateway's node id) has the gateway settings Kafka names:
 ``offsets.commit.required.acks`` and ``offsets.commit.timeout.ms``, with source
@@ -26,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import Errors
 from ..topics import TopicError
-from ..topics._base import PRODUCER_ID_EXPIRATION_MS
+from ..topics import configs as topic_settings
 from .acl import Operation, ResourceType
 from .errors import CLUSTER_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 from .registry import api
@@ -53,6 +54,7 @@ class ConfigEntry:
     source: int
     config_type: int
     documentation: str
+    read_only: bool = True
 
 
 def topic_configs(state: GatewayState, name: str) -> list[ConfigEntry]:
@@ -63,27 +65,17 @@ def topic_configs(state: GatewayState, name: str) -> list[ConfigEntry]:
 
 def configs_of(retention_ms: int | None, retention_records: int | None,
                producer_id_expiration_ms: int | None) -> list[ConfigEntry]:
-    """A topic's configs, sorted by name, from the settings given at its creation (None: not
-    given). CreateTopics v5+ answers them for the topic it creates (KIP-525)."""
+    """A topic's configs, sorted by name, from its settings (None: not given). CreateTopics v5+
+    answers them for the topic it creates (KIP-525)."""
+    def fixed(c: object) -> TypeGuard[topic_settings.FixedConfig]:
+        return isinstance(c, topic_settings.FixedConfig)
 
-    def setting(key: str, value: int | None, default: int, doc: str) -> ConfigEntry:
-        given = value is not None
-        return ConfigEntry(key, str(value if given else default),
-                           DYNAMIC_TOPIC_CONFIG if given else DEFAULT_CONFIG, LONG, doc)
-
-    return [
-        ConfigEntry("cleanup.policy", "delete", DEFAULT_CONFIG, LIST,
-                    "rcoord deletes the oldest records by retention; it never compacts."),
-        ConfigEntry("message.timestamp.type", "LogAppendTime", DEFAULT_CONFIG, STRING,
-                    "Records are stamped with the Redis clock when appended."),
-        setting("producer.id.expiration.ms", producer_id_expiration_ms,
-                PRODUCER_ID_EXPIRATION_MS,
-                "How long an idempotent producer's state outlives its last append."),
-        setting("retention.ms", retention_ms, -1,
-                "Records older than this are deleted by retention; -1: no limit."),
-        setting("retention.records", retention_records, -1,
-                "rcoord's own: retention keeps this many newest records; -1: no limit."),
-    ]
+    given = {"retention_ms": retention_ms, "retention_records": retention_records,
+             "producer_id_expiration_ms": producer_id_expiration_ms}
+    return [ConfigEntry(c.kafka_name, value, DYNAMIC_TOPIC_CONFIG if set_ else DEFAULT_CONFIG,
+                        (LIST if c.is_list else STRING) if fixed(c) else LONG,
+                        c.documentation, read_only=fixed(c))
+            for c, value, set_ in topic_settings.topic_configs(given)]
 
 
 def broker_configs(state: GatewayState) -> list[ConfigEntry]:
@@ -100,7 +92,7 @@ def broker_configs(state: GatewayState) -> list[ConfigEntry]:
 
 def _config(e: ConfigEntry, synonyms: bool, documentation: bool) -> dict[str, Any]:
     return {
-        "name": e.name, "value": e.value, "read_only": True, "config_source": e.source,
+        "name": e.name, "value": e.value, "read_only": e.read_only, "config_source": e.source,
         "is_sensitive": False, "config_type": e.config_type,
         "synonyms": [{"name": e.name, "value": e.value, "source": e.source}] if synonyms else [],
         "documentation": e.documentation if documentation else None,

@@ -1,8 +1,9 @@
 """CreateTopics, DeleteTopics and CreatePartitions over ``rcoord.topics.Topics``.
 
-A topic's only configs here are ``retention.ms`` (-1: unlimited) and rcoord's own
-``retention.records``; any other config is refused with INVALID_CONFIG rather than silently
-ignored, and so is a config with a null value, as Kafka refuses it (it created the topic with
+A topic's configs are those of ``rcoord.topics.configs`` (``retention.ms``, -1: unlimited;
+rcoord's own ``retention.records``; ``producer.id.expiration.ms``; and ``cleanup.policy`` and
+``message.timestamp.type`` at the one value they have); any other config or value is refused
+with INVALID_CONFIG rather than silently ignored, and so is a config with a null value, as Kafka refuses it (it created the topic with
 the default before). With one broker, the replication factor must be -1 (the default) or 1.
 
 ACLs, as Kafka's ``ControllerApis``: CreateTopics needs CREATE on the cluster or on the topic,
@@ -23,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
+from ..topics.configs import FixedConfig, check_fixed, parse_setting, setting_named
 from .acl import Operation, ResourceType
 from .api_configs import configs_of
 from .errors import (
@@ -46,8 +47,6 @@ log = logging.getLogger("rcoord.gateway")
 
 DEFAULT_PARTITIONS = 1
 """Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
-_CONFIGS = {"retention.ms": "retention_ms", "retention.records": "retention_records"}
-_LONG = re.compile(r"[+-]?[0-9]+")
 
 
 def _assignment_error(topic: Any) -> tuple[int, str] | None:
@@ -125,18 +124,16 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
         out.update(error_code=Errors.INVALID_CONFIG, error_message="Null value not supported "
                    f"for topic configs: {','.join(unset)}")
         return out
-    for cfg in topic.configs:
-        if cfg.name not in _CONFIGS:
-            out.update(error_code=Errors.INVALID_CONFIG,
-                       error_message=f"config {cfg.name!r} is not supported; "
-                       f"supported: {', '.join(sorted(_CONFIGS))}")
-            return out
-        value = _long(cfg.value)
-        if value is None or value < -1:
-            out.update(error_code=Errors.INVALID_CONFIG,
-                       error_message=f"{cfg.name} must be an integer >= -1, got {cfg.value!r}")
-            return out
-        settings[_CONFIGS[cfg.name]] = None if value == -1 else value
+    try:
+        for cfg in topic.configs:
+            found = setting_named(cfg.name)
+            if isinstance(found, FixedConfig):
+                check_fixed(found, cfg.value)
+            else:
+                settings[found.field] = parse_setting(found, cfg.value)
+    except TopicError as exc:
+        out.update(error_code=exc.error, error_message=exc.detail)
+        return out
     try:
         if validate_only:
             # Every check the real create makes (name, count, settings; the name was found
@@ -151,21 +148,12 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
     if not describable:  # created, but its configs are not the caller's to read (as Kafka)
         out.update(topic_config_error_code=TOPIC_AUTHORIZATION_FAILED)
         return out
-    configs = configs_of(settings.get("retention_ms"), settings.get("retention_records"), None)
+    configs = configs_of(settings.get("retention_ms"), settings.get("retention_records"),
+                         settings.get("producer_id_expiration_ms"))
     out.update(num_partitions=count, replication_factor=1, configs=[
-        {"name": e.name, "value": e.value, "read_only": True, "config_source": e.source,
+        {"name": e.name, "value": e.value, "read_only": e.read_only, "config_source": e.source,
          "is_sensitive": False} for e in configs])
     return out
-
-
-def _long(text: str) -> int | None:
-    """``text`` as Kafka's ConfigDef reads a LONG (``Long.parseLong`` of it trimmed), or None.
-    Python's ``int`` also took ``1_000``, other scripts' digits and numbers past a long."""
-    text = text.strip()
-    if not _LONG.fullmatch(text):
-        return None
-    value = int(text)
-    return value if -(2**63) <= value < 2**63 else None
 
 
 def _exists(state: GatewayState, name: str) -> bool:

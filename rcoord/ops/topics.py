@@ -1,5 +1,6 @@
 """``rcoord topics``: Kafka's kafka-topics.sh (create, list, describe, delete, add-partitions),
-kafka-delete-records.sh as ``delete-records``, plus the console producer and consumer as
+kafka-delete-records.sh as ``delete-records``, kafka-configs.sh ``--alter`` of a topic as
+``alter-configs``, plus the console producer and consumer as
 ``produce`` and ``consume`` (``rcoord.ops.console``).
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from ..cli import UsageError
 from ..errors import Errors
 from ..topics import TopicError
+from ..topics.configs import DELETE, SET, SETTINGS, settings_change, topic_configs
 from .common import Context, leaf
 from .console import add_console_arguments
 from .output import print_json, print_line, print_table
@@ -47,6 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the new log start offset; -1: the log end (every record goes)")
     q.add_argument("--partition", type=int, action="append", metavar="P",
                    help="a partition (repeat for more; default: every partition)")
+    q = leaf(sub, "alter-configs", "change a topic's configs (Kafka's kafka-configs --alter)",
+             _alter_configs)
+    q.add_argument("topic")
+    q.add_argument("--add-config", action="append", default=[], metavar="NAME=VALUE[,...]",
+                   help="set configs: " + ", ".join(s.kafka_name for s in SETTINGS)
+                   + " (-1 for retention: no limit); repeat or separate by commas")
+    q.add_argument("--delete-config", action="append", default=[], metavar="NAME[,...]",
+                   help="configs back to their defaults; repeat or separate by commas")
+    q.add_argument("--validate-only", action="store_true",
+                   help="check the change and the topic, change nothing")
     add_console_arguments(sub)
 
 
@@ -198,3 +210,57 @@ def _delete_records(ctx: Context) -> int:
             [a.topic, d.partition, d.low_watermark, "-" if d.error == Errors.NONE else d.error.name]
             for d in done.values()])
     return 1 if failed else 0
+
+
+def _split_configs(text: str) -> list[str]:
+    """``a=1,b=[x,y]`` as ``["a=1", "b=x,y"]``: commas inside brackets belong to a list value,
+    as kafka-configs.sh reads ``--add-config``."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(text[start:i].replace("[", "").replace("]", ""))
+            start = i + 1
+    return [item for item in items if item.strip()]
+
+
+def _config_ops(adds: list[str], deletes: list[str]) -> list[tuple[str, int, str]]:
+    ops: list[tuple[str, int, str]] = []
+    for item in (i for text in adds for i in _split_configs(text)):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise UsageError(f"--add-config takes NAME=VALUE, got {item!r}")
+        ops.append((name.strip(), SET, value.strip()))
+    ops += [(name.strip(), DELETE, "") for text in deletes for name in text.split(",")
+            if name.strip()]
+    if not ops:
+        raise UsageError("give --add-config NAME=VALUE or --delete-config NAME (or both)")
+    names = [name for name, _, _ in ops]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UsageError(f"config {', '.join(twice)} given more than once; nothing was changed")
+    return ops
+
+
+def _alter_configs(ctx: Context) -> int:
+    """Every change is checked (names, values, the topic) before any is written, and all are
+    written at once: an error leaves the topic's configs as they were."""
+    a = ctx.args
+    changes = settings_change(_config_ops(a.add_config, a.delete_config))
+    admin = ctx.topics()
+    admin.alter_configs(a.topic, changes, validate_only=a.validate_only)
+    d = admin.describe(a.topic)
+    current = {s.field: getattr(d, s.field) for s in SETTINGS}
+    # (with --validate-only, what they would be)
+    now = topic_configs({**current, **changes} if a.validate_only else current)
+    if ctx.json:
+        print_json({"topic": a.topic, "validate_only": a.validate_only, "configs": [
+            {"name": c.kafka_name, "value": value, "default": not given}
+            for c, value, given in now]})
+    else:
+        if not a.validate_only:
+            print_line(f"Changed the configs of topic {a.topic}.")
+        print_table(["TOPIC", "CONFIG", "VALUE", "SOURCE"],
+                    [(a.topic, c.kafka_name, value, "topic" if given else "default")
+                     for c, value, given in now])
+    return 0

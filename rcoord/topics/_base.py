@@ -372,6 +372,7 @@ RETENTION = _Lua("topic_retention")
 DELETE_RECORDS = _Lua("topic_delete_records")
 CREATE_META = _Lua("topic_create_meta")
 GROW_META = _Lua("topic_grow_meta")
+ALTER_META = _Lua("topic_alter_meta")
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Topics administration: create, grow, describe, delete, list, apply retention, delete
-records."""
+"""Topics administration: create, grow, describe, delete, list, change settings, apply
+retention, delete records."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import Errors, translate_redis_errors
 from ._base import (
+    ALTER_META,
     CREATE_META,
     DELETE_RECORDS,
     GROW_META,
@@ -38,6 +39,7 @@ from ._base import (
     producer_log_key,
     producer_state_keys,
 )
+from .configs import SETTINGS, check_settings
 
 MAX_PARTITIONS_PER_CALL = 10_000
 """Most partitions one create or add_partitions makes: Kafka's controller refuses an operation
@@ -50,14 +52,12 @@ CREATION_MILLISECOND_S = 0.0015
 one millisecond, so the server's clock has left the topic's ``created_ms``, with room for the
 two clocks' rates."""
 
-MAX_CONFIG = 2**63 - 1
-"""The largest count or duration a topic setting takes (Kafka's configs are Java longs)."""
-
 # -- topics -----------------------------------------------------------------------------------
 
 
 class Topics:
-    """Create, grow, describe, list and delete topics, and apply their retention.
+    """Create, grow, describe, list and delete topics, change their settings, and apply their
+    retention.
 
     Topic-level steps touch several slots (the metadata hash and every partition stream), so
     they are ordered so that a crash leaves nothing a retry cannot mend: ``create`` claims the
@@ -91,17 +91,8 @@ class Topics:
             raise TopicError(Errors.INVALID_PARTITIONS,
                              f"partitions must be <= {MAX_PARTITIONS_PER_CALL} in one call: "
                              f"{partitions}")
-        # Up to Kafka's long: XTRIM MAXLEN takes no more (a larger count made every
-        # apply_retention fail), and the scripts' doubles compare ages that large correctly.
-        for name, val, low in (
-            ("retention_records", retention_records, 0),
-            ("retention_ms", retention_ms, 0),
-            ("producer_id_expiration_ms", producer_id_expiration_ms, 1),
-        ):
-            if val is not None and (not isinstance(val, int) or isinstance(val, bool)
-                                    or not low <= val <= MAX_CONFIG):
-                raise TopicError(Errors.INVALID_CONFIG,
-                                 f"{name} must be an int from {low} to {MAX_CONFIG}: {val!r}")
+        check_settings({"retention_records": retention_records, "retention_ms": retention_ms,
+                        "producer_id_expiration_ms": producer_id_expiration_ms})
 
     @translate_redis_errors
     def create(
@@ -209,6 +200,39 @@ class Topics:
                              f"{topic} has {current} partitions; at most "
                              f"{MAX_PARTITIONS_PER_CALL} more in one call, not "
                              f"{new_total - current}")
+
+    @translate_redis_errors
+    def alter_configs(self, topic: str, settings: Mapping[str, int | None], *,
+                      replace: bool = False, validate_only: bool = False) -> None:
+        """Change a topic's settings (Kafka's IncrementalAlterConfigs; with ``replace``, its
+        legacy AlterConfigs): ``settings`` maps a setting's name (a keyword of ``create``) to
+        its new value, or to None for its default again; with ``replace=True`` every setting
+        not named goes back to its default too.
+
+        Every name and value is checked before anything is written (INVALID_CONFIG), and the
+        change is one script on the metadata hash: all of it lands or none. A topic that does
+        not exist is UNKNOWN_TOPIC_OR_PARTITION. ``validate_only`` checks (the topic's
+        existence too) and writes nothing.
+
+        Who reads a setting sees a change at its next read: retention at the service's next
+        pass, a ``Producer`` when its metadata is older than ``metadata_max_age_ms``.
+        """
+        _check_topic(topic)
+        if not isinstance(settings, Mapping):
+            raise TypeError(f"settings must be a mapping, got {type(settings).__name__}")
+        check_settings(settings)
+        changes = dict.fromkeys((s.field for s in SETTINGS), None) if replace else {}
+        changes.update(settings)
+        key = meta_key(self._ns, topic)
+        if validate_only:
+            if not self._r.hexists(key, "partitions"):
+                raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+            return
+        args = [part for field, value in changes.items()
+                for part in (field, "" if value is None else value)]
+        (res,) = _run(self._r, [(ALTER_META, [key], args)])
+        if _name(res[0]) != Errors.NONE:
+            raise TopicError(_name(res[0]), topic)
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""

@@ -1,0 +1,162 @@
+"""A topic's configs after creation: ``Topics.alter_configs`` on a real server (one node and a
+cluster), the Kafka operations it stands for (``rcoord.topics.configs.settings_change``), who
+sees a change, and ``rcoord topics alter-configs``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import test_cli_groups
+from test_cli_groups import ok, rows
+
+from rcoord.errors import Errors
+from rcoord.topics import Producer, TopicError, Topics, meta_key
+from rcoord.topics.configs import APPEND, DELETE, SET, SUBTRACT, settings_change
+
+
+@pytest.fixture
+def topics(redis_client: Any, namespace: str) -> Topics:
+    return Topics(redis_client, namespace)
+
+
+def _settings(topics: Topics, topic: str) -> tuple[int | None, int | None, int | None]:
+    d = topics.describe(topic)
+    return d.retention_ms, d.retention_records, d.producer_id_expiration_ms
+
+
+def test_settings_change_and_go_back_to_their_defaults(topics):
+    topics.create("t", 2, retention_ms=60_000)
+    topics.alter_configs("t", {"retention_records": 5, "producer_id_expiration_ms": 1000})
+    assert _settings(topics, "t") == (60_000, 5, 1000)  # the one not named is kept
+    topics.alter_configs("t", {"retention_ms": None})
+    assert _settings(topics, "t") == (None, 5, 1000)
+    topics.alter_configs("t", {"retention_ms": 10}, replace=True)  # legacy AlterConfigs
+    assert _settings(topics, "t") == (10, None, None)
+    assert topics.partition_count("t") == 2 and topics.describe("t").create_token
+
+
+def test_every_value_is_checked_before_anything_is_written(topics):
+    topics.create("t", 1, retention_records=7)
+    for bad, says in (({"retention_ms": 5, "retention_records": -1}, "retention_records must"),
+                      ({"retention_ms": 5, "producer_id_expiration_ms": 0},
+                       "producer_id_expiration_ms must be an int from 1"),
+                      ({"retention_ms": 5, "retention_records": True}, "retention_records must"),
+                      ({"retention_ms": 5, "retention_records": 2**63}, "to 9223372036854775807"),
+                      ({"retention_ms": 5, "segment_bytes": 1}, "unknown topic setting")):
+        with pytest.raises(TopicError) as info:
+            topics.alter_configs("t", bad)
+        assert info.value.error == Errors.INVALID_CONFIG and says in str(info.value), bad
+    assert _settings(topics, "t") == (None, 7, None)
+    with pytest.raises(TypeError, match="must be a mapping"):
+        topics.alter_configs("t", [("retention_ms", 5)])  # type: ignore[arg-type]
+
+
+def test_a_missing_topic_is_refused_and_not_made(topics, redis_client, namespace):
+    """The script checks the topic first: a change of a deleted topic must not leave a hash of
+    settings alone, which ``list`` would then show as a topic."""
+    for validate_only in (False, True):
+        with pytest.raises(TopicError) as info:
+            topics.alter_configs("gone", {"retention_ms": 5}, validate_only=validate_only)
+        assert info.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert redis_client.exists(meta_key(namespace, "gone")) == 0
+    assert topics.list() == []
+    with pytest.raises(TopicError) as info:
+        topics.alter_configs("bad/name", {"retention_ms": 5})
+    assert info.value.error == Errors.INVALID_TOPIC_EXCEPTION
+
+
+def test_validate_only_writes_nothing(topics):
+    topics.create("t", 1)
+    topics.alter_configs("t", {"retention_ms": 5}, validate_only=True)
+    assert _settings(topics, "t") == (None, None, None)
+
+
+def test_retention_follows_a_changed_setting(topics, redis_client, namespace):
+    topics.create("t", 1)
+    producer = Producer(redis_client, namespace, idempotent=False)
+    for i in range(6):
+        producer.send("t", b"%d" % i, partition=0)
+    assert topics.apply_retention("t") == {0: 0}  # no retention setting: all kept
+    topics.alter_configs("t", {"retention_records": 2})
+    assert topics.apply_retention("t") == {0: 4}
+    topics.alter_configs("t", {"retention_records": None})
+    for i in range(6, 9):
+        producer.send("t", b"%d" % i, partition=0)
+    assert topics.apply_retention("t") == {0: 4}
+
+
+def test_kafka_operations_as_a_settings_change():
+    assert settings_change([("retention.ms", SET, "-1"), ("retention.records", SET, " 9 "),
+                            ("producer.id.expiration.ms", DELETE, "")]) == {
+        "retention_ms": None, "retention_records": 9, "producer_id_expiration_ms": None}
+    # The two facts every topic has: their own value, or a list that comes back to it.
+    assert settings_change([("cleanup.policy", SET, "delete"),
+                            ("message.timestamp.type", SET, "LogAppendTime")]) == {}
+    assert settings_change([("cleanup.policy", APPEND, "delete")]) == {}
+    assert settings_change([("cleanup.policy", DELETE, "")]) == {}
+    for ops, says in (
+        ([("cleanup.policy", SET, "compact")], "never compacted"),
+        ([("cleanup.policy", APPEND, "compact")], "never compacted"),
+        ([("cleanup.policy", SUBTRACT, "delete")], "never compacted"),
+        ([("message.timestamp.type", SET, "CreateTime")], "always LogAppendTime"),
+        ([("retention.ms", APPEND, "5")], "Can't APPEND to key retention.ms because its type "
+                                          "is not LIST."),
+        ([("message.timestamp.type", SUBTRACT, "x")], "Can't SUBTRACT to key"),
+        ([("retention.ms", SET, "-2")], "Invalid value -2 for configuration retention.ms"),
+        ([("producer.id.expiration.ms", SET, "-1")], "from 1 to"),
+        ([("retention.ms", SET, "5ms")], "Invalid value 5ms"),
+        ([("retention.ms", SET, "1_000")], "Invalid value 1_000"),
+        ([("segment.bytes", SET, "1")], "Unknown topic config name: segment.bytes"),
+    ):
+        with pytest.raises(TopicError) as info:
+            settings_change(ops)
+        assert info.value.error == Errors.INVALID_CONFIG and says in info.value.detail, ops
+    with pytest.raises(TopicError) as info:
+        settings_change([("retention.ms", 9, "5")])
+    assert info.value.error == Errors.INVALID_REQUEST
+
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+
+def test_the_command_line(cli, topics):
+    topics.create("t", 1, retention_records=7)
+    res = ok(cli("topics", "alter-configs", "t", "--add-config",
+                 "retention.ms=60000,cleanup.policy=[delete]", "--delete-config",
+                 "retention.records"))
+    assert "Changed the configs of topic t." in res.stdout
+    assert rows(res.stdout, "TOPIC CONFIG") == [
+        ["t", "cleanup.policy", "delete", "default"],
+        ["t", "message.timestamp.type", "LogAppendTime", "default"],
+        ["t", "producer.id.expiration.ms", "86400000", "default"],
+        ["t", "retention.ms", "60000", "topic"],
+        ["t", "retention.records", "-1", "default"]]
+    assert _settings(topics, "t") == (60_000, None, None)
+
+    res = ok(cli("topics", "alter-configs", "t", "--add-config", "retention.records=3",
+                 "--validate-only", "--output", "json"))
+    doc = json.loads(res.stdout)
+    assert {c["name"]: (c["value"], c["default"]) for c in doc["configs"]}[
+        "retention.records"] == ("3", False)
+    assert doc["validate_only"] is True and _settings(topics, "t") == (60_000, None, None)
+
+    # Refusals change nothing, and say what to fix.
+    res = cli("topics", "alter-configs", "t", "--add-config", "retention.ms=5",
+              "--add-config", "retention.records=-3")
+    assert res.returncode == 2 and "Invalid value -3 for configuration retention.records" \
+        in res.stderr
+    res = cli("topics", "alter-configs", "t", "--add-config", "segment.bytes=1")
+    assert res.returncode == 2 and "Unknown topic config name: segment.bytes" in res.stderr
+    res = cli("topics", "alter-configs", "t")
+    assert res.returncode == 2 and "--add-config NAME=VALUE or --delete-config" in res.stderr
+    res = cli("topics", "alter-configs", "t", "--add-config", "retention.ms=5",
+              "--delete-config", "retention.ms")
+    assert res.returncode == 2 and "retention.ms given more than once" in res.stderr
+    res = cli("topics", "alter-configs", "t", "--add-config", "retention.ms")
+    assert res.returncode == 2 and "NAME=VALUE" in res.stderr
+    assert _settings(topics, "t") == (60_000, None, None)
+    res = cli("topics", "alter-configs", "missing", "--add-config", "retention.ms=5")
+    assert res.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in res.stderr
