@@ -27,6 +27,7 @@ from kio.index import KioIndexError
 from ..errors import Errors, InvalidRequestError, ProtocolError
 from . import (  # noqa: F401  (each registers its APIs)
     api_admin,
+    api_alter_configs,
     api_configs,
     api_delete_records,
     api_groups,

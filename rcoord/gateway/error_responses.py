@@ -31,7 +31,9 @@ UNAVAILABLE: dict[int, int] = {
     20: Errors.REQUEST_TIMED_OUT,  # DeleteTopics
     21: Errors.REQUEST_TIMED_OUT,  # DeleteRecords
     32: Errors.REQUEST_TIMED_OUT,  # DescribeConfigs
+    33: Errors.REQUEST_TIMED_OUT,  # AlterConfigs
     37: Errors.REQUEST_TIMED_OUT,  # CreatePartitions
+    44: Errors.REQUEST_TIMED_OUT,  # IncrementalAlterConfigs
 }
 """The retriable code a non-group API answers when Redis is unreachable or refuses ("not
 now": OOM, READONLY, BUSY). Group APIs answer COORDINATOR_NOT_AVAILABLE (``Api.group``)."""
@@ -153,6 +155,12 @@ def _describe_configs(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(results, {"throttle_time": 0, "results": results})
 
 
+def _alter_configs(req: Any, code: int) -> dict[str, Any] | None:
+    results = [{"error_code": code, "error_message": None, "resource_type": r.resource_type,
+                "resource_name": r.resource_name} for r in req.resources]
+    return _nonempty(results, {"throttle_time": 0, "responses": results})
+
+
 def _delete_groups(req: Any, code: int) -> dict[str, Any] | None:
     results = [{"group_id": g, "error_code": code} for g in dict.fromkeys(req.groups_names)]
     return _nonempty(results, {"throttle_time": 0, "results": results})
@@ -162,8 +170,8 @@ _FETCH = 1
 _BUILDERS: dict[int, _Builder] = {
     0: _produce, 1: _fetch, 2: _list_offsets, 3: _metadata, 8: _offset_commit,
     9: _offset_fetch, 10: _find_coordinator, 15: _describe_groups, 19: _create_topics,
-    20: _delete_topics, 21: _delete_records, 32: _describe_configs, 37: _create_partitions,
-    42: _delete_groups,
+    20: _delete_topics, 21: _delete_records, 32: _describe_configs, 33: _alter_configs,
+    37: _create_partitions, 42: _delete_groups, 44: _alter_configs,
 }
 
 
