@@ -767,6 +767,18 @@ def test_a_lease_ttl_too_long_to_wait_is_a_config_error():
         ServiceConfig(redis_url="redis://127.0.0.1:1", lease_ttl_ms=40_000_000_000_000)
 
 
+@pytest.mark.parametrize("bad", [5, "", "a\nb", "x" * 256, None])
+def test_a_coordinator_id_that_is_not_a_printable_str_is_a_config_error(bad):
+    """``ServiceConfig(coordinator_id=5)`` failed the start with a TypeError in the lease
+    round's sort of the live ids; a line break would split every log line naming it."""
+    from rcoord.errors import ConfigError
+    from rcoord.service.service import ServiceConfig
+
+    with pytest.raises(ConfigError, match="coordinator_id must be a str of 1 to 255 printable"):
+        ServiceConfig(redis_url="redis://127.0.0.1:1", coordinator_id=bad)
+    assert ServiceConfig(redis_url="redis://127.0.0.1:1", coordinator_id="c-1 ü").coordinator_id
+
+
 def test_a_metrics_port_in_use_fails_the_start_before_any_lease_is_taken(own_server, namespace):
     """The HTTP port is bound before the lease round: a port already taken is a configuration
     error, and the other coordinators never see this process join, take partitions and leave."""

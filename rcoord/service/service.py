@@ -123,6 +123,13 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not self.redis_url:
             raise ConfigError("redis_url is required (--redis-url or RCOORD_REDIS_URL)")
+        cid = self.coordinator_id
+        # (An int here failed the start with a TypeError deep in the lease round, sorting it
+        # among the live ids; an id also names a Redis key and a log and metrics label.)
+        if (not isinstance(cid, str) or not 1 <= len(cid) <= MAX_COORDINATOR_ID
+                or not cid.isprintable()):
+            raise ConfigError(f"coordinator_id must be a str of 1 to {MAX_COORDINATOR_ID} "
+                              f"printable characters, got {cid!r}")
         problem = url_problem(self.redis_url)
         if problem:
             raise ConfigError(f"redis_url {redact_url(self.redis_url)!r} {problem}")
@@ -145,6 +152,9 @@ class ServiceConfig:
                               f"0..{MAX_RETENTION_CHECK_INTERVAL_MS} (a day; 0 turns the "
                               f"retention checks off), got {interval!r}")
 
+
+MAX_COORDINATOR_ID = 255
+"""The longest coordinator id taken (it is part of a Redis key name and of every log line)."""
 
 MAX_LEASE_TTL_MS = 86_400_000
 """A day: a partition whose coordinator died waits a TTL for another, so more is no use, and
