@@ -463,6 +463,49 @@ def test_a_change_larger_than_one_request_is_refused_before_any_write(cli, reset
     assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
 
 
+def test_reset_offsets_export_and_from_file(cli, reset_setup, tmp_path):
+    """Kafka's ``--export`` prints the plan as ``topic,partition,offset`` lines, and
+    ``--from-file`` resets to a file of them (or of ``group,topic,partition,offset`` lines, the
+    other groups' skipped), clamped into the log as every mode; a file that does not parse, or
+    that has nothing for the group, changes nothing."""
+    coord = reset_setup
+    res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--to-earliest", "--export"))
+    assert res.stdout == "t,0,2\nt,1,0\n"
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+    plan_file = tmp_path / "plan.csv"
+    plan_file.write_text(res.stdout)
+    _, err = reset(cli, "--from-file", str(plan_file), "--execute")
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 0}
+
+    plan_file.write_text("other,t,0,9\ng,t,1,99\n\ng,t,0,1\n")
+    plan_rows, err = reset(cli, "--from-file", str(plan_file), "--execute")
+    assert plan_rows == [["g", "t", "0", "2", "2"], ["g", "t", "1", "0", "5"]]
+    assert "t-1: 99 is above the log end offset; clamped to 5" in err
+    assert "t-0: 1 is below the log start offset; clamped to 2" in err
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 5}
+
+    for text, code, says in (
+        ("t,0,1\nt,x,1\n", 2, "line 2: the partition and offset must be integers"),
+        ("t,0,1\nt,0,2\n", 2, "line 2: t-0 was given on line 1 already"),
+        ("t,0\n", 2, "line 1: expected topic,partition,offset"),
+        ("t,0,-1\n", 2, "must be >= 0"),
+        ("other,t,0,1\n", 1, "has no offsets for group 'g'; nothing was changed"),
+        ("t,7,1\n", 1, "topic 't' has no partition 7"),
+        ("nope,0,1\n", 1, "topic 'nope' has no partition 0"),
+    ):
+        plan_file.write_text(text)
+        res = cli("groups", "reset-offsets", "g", "--from-file", str(plan_file), "--execute")
+        assert res.returncode == code and says in one_error_line(
+            res, "groups reset-offsets"), (text, res.stderr)
+    res = cli("groups", "reset-offsets", "g", "--from-file", str(tmp_path / "missing.csv"))
+    assert res.returncode == 1 and "cannot read --from-file" in res.stderr
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--from-file", str(plan_file))
+    assert res.returncode == 2 and "leave out --topic and --all-topics" in res.stderr
+    res = cli("groups", "reset-offsets", "g", "--to-earliest")
+    assert res.returncode == 2 and "--topic --all-topics is required" in res.stderr
+    assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 5}
+
+
 def test_reset_offsets_every_mode(cli, reset_setup):
     coord = reset_setup
     # The default is a dry run: the plan is shown, nothing changes.

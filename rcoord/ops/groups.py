@@ -24,7 +24,17 @@ from ..state import GroupState
 from ..topics.incarnation import stale_commits
 from .common import Context, Failure, leaf
 from .output import print_json, print_line, print_table
-from .reset import MODES, Mode, Row, parse_datetime, parse_duration, parse_topics, plan
+from .reset import (
+    MODES,
+    Mode,
+    Row,
+    export_csv,
+    parse_datetime,
+    parse_duration,
+    parse_reset_file,
+    parse_topics,
+    plan,
+)
 
 __all__ = ["add_arguments"]
 
@@ -56,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              "move a group's committed offsets (dry run by default; --execute to commit)",
              _reset_offsets)
     q.add_argument("group")
-    which = q.add_mutually_exclusive_group(required=True)
+    which = q.add_mutually_exclusive_group()  # (one is needed but with --from-file)
     which.add_argument("--topic", action="append", metavar="TOPIC[:P,...]",
                        help="a topic, or some of its partitions (repeatable)")
     which.add_argument("--all-topics", action="store_true",
@@ -73,11 +83,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the first record at or after YYYY-MM-DDTHH:mm:SS.sss[zone]")
     mode.add_argument("--by-duration", metavar="PnDTnHnMnS",
                       help="the first record at or after that long ago")
+    mode.add_argument("--from-file", metavar="FILE",
+                      help="the offsets of a CSV file of topic,partition,offset lines (as "
+                      "--export writes them; or group,topic,partition,offset), its partitions "
+                      "only")
     q.dash_values = frozenset({"--by-duration"})  # (a negative duration: -PT1H)
     run = q.add_mutually_exclusive_group()
     run.add_argument("--dry-run", action="store_true", help="show the plan only (the default)")
     run.add_argument("--execute", action="store_true",
                      help="commit the plan; only while the group has no members")
+    q.add_argument("--export", action="store_true",
+                   help="print the plan as topic,partition,offset lines, which --from-file "
+                   "reads (instead of the table)")
 
 
 # -- list -------------------------------------------------------------------------------------
@@ -343,6 +360,8 @@ def _mode(args: argparse.Namespace, server_ms: Any) -> Mode:
             return Mode(name, parse_datetime(value))
         if name == "by_duration":
             return Mode(name, server_ms() - parse_duration(value))
+        if name == "from_file":
+            return Mode(name)
         if name == "to_offset" and value < 0:
             raise UsageError(f"--to-offset must be >= 0, got {value}")
         return Mode(name, 0 if value is True else int(value))
@@ -360,6 +379,10 @@ def _reset_offsets(ctx: Context) -> int:
 
     args, group = ctx.args, ctx.args.group
     mode = _mode(args, lambda: _server_ms(ctx))
+    from_file = _reset_file(args) if mode.name == "from_file" else None
+    if from_file is None and not (args.topic or args.all_topics):
+        raise UsageError("one of the arguments --topic --all-topics is required (or "
+                         "--from-file)")
     committed: dict[TopicPartition, int] = {}
     # A dry run takes the path --execute takes and differs only in not committing at the end
     # (as Kafka's resetOffsets): it must not refuse what --execute would commit, nor plan other
@@ -378,7 +401,9 @@ def _reset_offsets(ctx: Context) -> int:
         raise Failure(ctx.no_settings())
     # else: topics but no settings (what ``topics create`` leaves): no group exists there and
     # none has offsets, so the group is as a Dead one, with nothing committed.
-    if args.all_topics:
+    if from_file is not None:
+        tps = sorted(from_file)
+    elif args.all_topics:
         tps = sorted(committed)
         if not tps:
             raise Failure(f"group {group!r} has no committed offsets; name the topics with "
@@ -418,7 +443,7 @@ def _reset_offsets(ctx: Context) -> int:
             raise UsageError(f"--{mode.describe()} points before 1970")
         found = offsets_for_times(ctx.client, ctx.namespace, {tp: mode.value for tp in tps})
         by_time = {TopicPartition(*tp): (f.offset if f else None) for tp, f in found.items()}
-    rows = plan(mode, tps, committed, offsets, by_time)
+    rows = plan(mode, tps, committed, offsets, by_time, from_file)
     for row in rows:
         if row.note:
             ctx.note(f"note: {row.tp.topic}-{row.tp.partition}: {row.note}")
@@ -438,6 +463,20 @@ def _reset_offsets(ctx: Context) -> int:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
     return 0
+
+
+def _reset_file(args: argparse.Namespace) -> dict[TopicPartition, int]:
+    """The offsets ``--from-file`` names for the group, read and checked before anything else
+    (the partitions are the file's: ``--topic`` and ``--all-topics`` do not go with it)."""
+    if args.topic or args.all_topics:
+        raise UsageError("--from-file resets the partitions the file names: leave out "
+                         "--topic and --all-topics")
+    try:
+        with open(args.from_file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Failure(f"cannot read --from-file {args.from_file!r}: {exc}") from None
+    return parse_reset_file(text, args.group, args.from_file)
 
 
 def _commit(ctx: Context, group: str, rows: Sequence[Row]) -> None:
@@ -460,7 +499,9 @@ def _commit(ctx: Context, group: str, rows: Sequence[Row]) -> None:
 
 
 def _show_plan(ctx: Context, group: str, rows: Sequence[Row], *, executed: bool) -> None:
-    if ctx.json:
+    if ctx.args.export:
+        print_line(export_csv(rows).rstrip("\n"))
+    elif ctx.json:
         print_json({"group": group, "executed": executed,
                     "partitions": [r.as_json(group) for r in rows]})
     else:

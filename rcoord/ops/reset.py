@@ -4,7 +4,8 @@ As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` 
 ``--to-current`` (the committed offset, else the log end), ``--to-offset N``, ``--shift-by N``
 (from the committed offset), ``--to-datetime`` and
 ``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
-the log end where there is none). Every target is clamped into [log start, log end], as Kafka
+the log end where there is none), ``--from-file`` (the offsets of a CSV file, as ``--export``
+writes it: ``topic,partition,offset`` lines, or ``group,topic,partition,offset``). Every target is clamped into [log start, log end], as Kafka
 does, and the plan says where it was; but a committed offset ``--to-current`` keeps is kept as it
 is, out of range or not (Kafka's ``resetToCurrent`` does not check it either).
 
@@ -24,12 +25,13 @@ from ..cli import UsageError
 from ..protocol.offsets import TopicPartition
 from .common import Failure
 
-__all__ = ["MODES", "Mode", "Row", "parse_datetime", "parse_duration", "parse_topics", "plan"]
+__all__ = ["MODES", "Mode", "Row", "export_csv", "parse_datetime", "parse_duration",
+           "parse_reset_file", "parse_topics", "plan"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 MODES = ("to_earliest", "to_latest", "to_current", "to_offset", "shift_by", "to_datetime",
-         "by_duration")
+         "by_duration", "from_file")
 
 _DURATION = re.compile(
     r"([-+]?)P(?:([-+]?\d+)D)?(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
@@ -98,6 +100,50 @@ def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
     return out
 
 
+def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition, int]:
+    """The offsets a ``--from-file`` CSV gives ``group``: lines ``topic,partition,offset`` (one
+    group's plan, what ``--export`` writes) or ``group,topic,partition,offset`` (Kafka's plan of
+    several groups: the lines of other groups are skipped). Blank lines are skipped; a line
+    that does not parse, or a partition given twice, is a usage error naming its line, and a
+    file with nothing for ``group`` a failure: nothing is reset from a plan read in part."""
+    out: dict[TopicPartition, int] = {}
+    lines: dict[TopicPartition, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = [f.strip() for f in line.split(",")]
+        if fields == [""]:
+            continue
+        where = f"{source}, line {number}"
+        if len(fields) == 4:
+            if fields[0] != group:
+                continue
+            fields = fields[1:]
+        if len(fields) != 3 or not fields[0]:
+            raise UsageError(f"{where}: expected topic,partition,offset (or "
+                             f"group,topic,partition,offset), got {line!r}")
+        try:
+            partition, offset = int(fields[1]), int(fields[2])
+        except ValueError:
+            raise UsageError(f"{where}: the partition and offset must be integers, got "
+                             f"{line!r}") from None
+        if partition < 0 or offset < 0:
+            raise UsageError(f"{where}: the partition and offset must be >= 0, got {line!r}")
+        tp = TopicPartition(fields[0], partition)
+        if tp in lines:
+            raise UsageError(f"{where}: {tp.topic}-{tp.partition} was given on line "
+                             f"{lines[tp]} already")
+        lines[tp] = number
+        out[tp] = offset
+    if not out:
+        raise Failure(f"{source} has no offsets for group {group!r}; nothing was changed")
+    return out
+
+
+def export_csv(rows: Sequence[Row]) -> str:
+    """The plan as ``--from-file`` reads it (Kafka's ``--export``): ``topic,partition,offset``
+    lines of the new offsets."""
+    return "".join(f"{r.tp.topic},{r.tp.partition},{r.new}\n" for r in rows)
+
+
 @dataclass(frozen=True)
 class Mode:
     """The chosen reset and its argument (an offset, a shift, or a timestamp in ms)."""
@@ -136,9 +182,11 @@ def plan(
     committed: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, tuple[int, int]],
     by_time: Mapping[TopicPartition, int | None],
+    from_file: Mapping[TopicPartition, int] | None = None,
 ) -> list[Row]:
     """The new offset of every partition. ``offsets`` maps each to (log start, log end);
-    ``by_time`` holds the offsets found for a time-based mode (None: no record that recent)."""
+    ``by_time`` holds the offsets found for a time-based mode (None: no record that recent),
+    ``from_file`` those of ``--from-file``."""
     rows = []
     for tp in partitions:
         start, end = offsets[tp]
@@ -170,6 +218,9 @@ def plan(
                 requested, note = end, "no record at or after that time: the log end"
             else:
                 requested = found
+        elif mode.name == "from_file":
+            assert from_file is not None
+            requested = from_file[tp]
         else:  # pragma: no cover - argparse allows only MODES
             raise AssertionError(mode.name)
         if mode.name == "to_current" and current is not None:
