@@ -170,3 +170,41 @@ def test_the_cli_refuses_an_id_a_running_process_uses(redis_server, namespace):
         assert first.health().get("leases") == 50
     finally:
         first.stop()
+
+
+def test_a_sigterm_while_waiting_for_a_dead_processs_claim_is_a_graceful_stop(
+        redis_server, namespace):
+    """A process restarted under the id of one that died waits for the claim to lapse; a
+    SIGTERM meanwhile stops it as a SIGTERM stops a running one: exit 0, nothing taken. It
+    exited 2 with "error: coordinator id ... is held by another process", which a supervisor
+    stopping the service counts as a failure."""
+    import json
+    import signal
+
+    client = redis_server.client()
+    scripts = Scripts(client)
+    scripts.load()
+    died = LeaseKeeper(client, scripts, namespace, 50, "phoenix", 60_000)
+    died.claim_id(threading.Event())
+    died.register()  # (its registry entry lasts a minute: the new process waits that long)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcoord.service", "--redis-url", redis_server.url,
+         "--namespace", namespace, "--id", "phoenix", "--lease-ttl-ms", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = proc.stdout.readline()  # (the process logs JSON lines on stdout)
+        held = json.loads(line)
+        assert held["event"] == "coordinator_id_held" and held["wait_ms"] > 50_000, line
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, line + out + err
+    assert "error" not in err
+    assert json.loads(out.splitlines()[-1])["event"] == "stopped"
+    # It took nothing: the dead process's claim is still there, and no lease.
+    assert client.get(died.claim_key) == died.incarnation.encode()
+    assert client.keys(f"{namespace}:*lease*") == []
+    client.close()

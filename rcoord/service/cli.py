@@ -34,7 +34,9 @@ URLs may be ``redis://`` or ``rediss://``, carry ``user:password@`` (ACL users),
 single node or any node of a Redis Cluster (detected from the server). The TLS files become
 redis-py's URL arguments (``?ssl_ca_certs=...``), which may also be written in the URL itself.
 
-SIGTERM and SIGINT stop the process gracefully (its leases are released). SIGUSR1 writes the
+SIGTERM and SIGINT stop the process gracefully (its leases are released), also while it waits
+at start for the claim of its id, left by a process of that id that died, to lapse (exit 0,
+nothing taken). SIGUSR1 writes the
 stack of every thread to stderr and changes nothing: for a process that seems stuck, as a JVM's
 thread dump is for a Kafka broker (``kill -QUIT``, ``jstack``).
 
@@ -150,6 +152,7 @@ def coordinator_main(args: argparse.Namespace) -> int:
         with_tls_files,
     )
     from ..config import CoordinatorConfig
+    from .leases import StoppedBeforeClaim
     from .service import CoordinatorService, ServiceConfig
 
     prog = "rcoord coordinator"
@@ -192,6 +195,9 @@ def coordinator_main(args: argparse.Namespace) -> int:
     dump_threads_on_sigusr1()
     try:
         service.start()
+    except StoppedBeforeClaim as exc:  # (SIGTERM while waiting for the id: a graceful stop)
+        logging.getLogger("rcoord.service").info(str(exc), extra={"event": "stopped"})
+        return 0
     except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
         return report(exc, prog, url=url, debug=level == "DEBUG")
     try:

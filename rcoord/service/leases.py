@@ -48,10 +48,16 @@ from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .nodes import NODE_FAILURES, each_node, node_scripts, on_node
 
-__all__ = ["CoordinatorIdInUse", "LeaseKeeper", "new_incarnation", "plan"]
+__all__ = ["CoordinatorIdInUse", "LeaseKeeper", "StoppedBeforeClaim", "new_incarnation", "plan"]
 
 log = logging.getLogger("rcoord.service")
 T = TypeVar("T")
+
+
+class StoppedBeforeClaim(Exception):
+    """The process was asked to stop (SIGTERM) while it waited for its id's claim to lapse: a
+    graceful stop of a process that had not started, not an error (it took, wrote and released
+    nothing)."""
 
 
 class CoordinatorIdInUse(ConfigError):
@@ -168,8 +174,8 @@ class LeaseKeeper:
         be a dead process's, and is waited for: its holder's registry entry, renewed with the
         claim, says when it lapses (the holder's TTL, which may not be this process's), and a
         renewal of that entry meanwhile says the holder runs: ``CoordinatorIdInUse`` then, or
-        when the claim is still held past that time (and a round's period), or if ``stop``
-        is set while waiting."""
+        when the claim is still held past that time (and a round's period);
+        ``StoppedBeforeClaim`` if ``stop`` is set while waiting."""
         period_s = self.ttl_ms / 4000
         deadline = first = None
         while True:
@@ -187,14 +193,17 @@ class LeaseKeeper:
                                 "by": holder, "wait_ms": max(self.ttl_ms, lasts_ms)})
             renewed = expiry > first
             left = deadline - time.monotonic()
-            if renewed or left <= 0 or stop.wait(min(period_s, left)):
-                what = ("is in use by another running process (incarnation {}), which renews it"
-                        if renewed or left <= 0 else "is held by another process (incarnation "
-                        "{}); this one was stopped before the claim lapsed")
+            if renewed or left <= 0:
                 raise CoordinatorIdInUse(
                     f"coordinator id {self.coordinator_id!r} of namespace {self._namespace!r} "
-                    f"{what.format(holder)}. Give each coordinator process its own id (--id, "
-                    f"$RCOORD_COORDINATOR_ID), or leave it out for a unique one", holder)
+                    f"is in use by another running process (incarnation {holder}), which renews "
+                    "it. Give each coordinator process its own id (--id, "
+                    "$RCOORD_COORDINATOR_ID), or leave it out for a unique one", holder)
+            if stop.wait(min(period_s, left)):
+                raise StoppedBeforeClaim(
+                    f"stopped while waiting for coordinator id {self.coordinator_id!r} of "
+                    f"namespace {self._namespace!r} to be released by incarnation {holder}; "
+                    "nothing was taken")
 
     def _registry_entry(self) -> tuple[int, int]:
         """(ms the id's registry entry still lasts, its expiry) on the server's clock; (0, 0)
