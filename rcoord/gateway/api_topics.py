@@ -3,8 +3,9 @@
 A topic's configs are those of ``rcoord.topics.configs`` (``retention.ms``, -1: unlimited;
 rcoord's own ``retention.records``; ``producer.id.expiration.ms``; and ``cleanup.policy`` and
 ``message.timestamp.type`` at the one value they have); any other config or value is refused
-with INVALID_CONFIG rather than silently ignored, and so is a config with a null value, as Kafka refuses it (it created the topic with
-the default before). With one broker, the replication factor must be -1 (the default) or 1.
+with INVALID_CONFIG rather than silently ignored, and so is a config with a null value, as
+Kafka refuses it (it created the topic with the default before). With one broker, the
+replication factor must be -1 (the default) or 1.
 
 ACLs, as Kafka's ``ControllerApis``: CreateTopics needs CREATE on the cluster or on the topic,
 DeleteTopics DELETE on the cluster (an ALL rule on it: Kafka defines no DELETE rule there) or on

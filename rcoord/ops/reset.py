@@ -5,9 +5,10 @@ As Kafka's ConsumerGroupCommand: ``--to-earliest`` (log start), ``--to-latest`` 
 (from the committed offset), ``--to-datetime`` and
 ``--by-duration`` (the first record at or after that time, ``rcoord.topics.offsets_for_times``;
 the log end where there is none), ``--from-file`` (the offsets of a CSV file, as ``--export``
-writes it: ``topic,partition,offset`` lines, or ``group,topic,partition,offset``). Every target is clamped into [log start, log end], as Kafka
-does, and the plan says where it was; but a committed offset ``--to-current`` keeps is kept as it
-is, out of range or not (Kafka's ``resetToCurrent`` does not check it either).
+writes it: ``topic,partition,offset`` lines, or ``group,topic,partition,offset``). Every
+target is clamped into [log start, log end], as Kafka does, and the plan says where it was; but
+a committed offset ``--to-current`` keeps is kept as it is, out of range or not (Kafka's
+``resetToCurrent`` does not check it either).
 
 Times are read on Redis' clock (``TIME``), the clock that stamped the records, so
 ``--by-duration PT1H`` means an hour before now as the server counts it.
