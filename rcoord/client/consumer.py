@@ -385,10 +385,10 @@ class Consumer(SubscriptionMixin):
         # Cooperative revoked partitions while on_partitions_revoked runs: no longer fetched
         # or returned (out of _assigned) but still assigned, with their positions (_transition).
         self._pending_revocation: list[TopicPartition] = []
-        # A cooperative assignment whose on_partitions_assigned was not called yet, because
-        # the revocation callback before it raised WakeupError: the generation, and the added
-        # partitions the next poll() announces (``_announce_deferred``).
-        self._unannounced: tuple[Generation, list[TopicPartition]] | None = None
+        # A cooperative generation not applied yet because the revocation callback raised
+        # WakeupError while applying it: the consumer still holds the previous one's partitions
+        # (``_hold`` is this one's) and the next poll() applies it again (``_transition``).
+        self._interrupted: Generation | None = None
         # A subscription subscribe() changed, for the next poll() to rejoin with (Kafka: the
         # rejoin, and the revocation before it, happen in poll(), between batches).
         self._resubscribe: ConsumerGroupConfig | None = None
@@ -759,7 +759,6 @@ class Consumer(SubscriptionMixin):
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
         self._run_commit_callbacks()
-        self._announce_deferred()
         self._apply_subscription()
         while True:
             if self._wakeup.is_set():
@@ -1140,6 +1139,13 @@ class Consumer(SubscriptionMixin):
         if not gen.carried or lost:
             self._revoke(lost=lost, poll_deadline=deadline, polling=True)
             return
+        interrupted, self._interrupted = self._interrupted, None
+        if interrupted is not None and self._hold is not None and not interrupted.wait_routines(0):
+            # Taken already, its revocation cut short by a WakeupError: apply it again. (Once
+            # its routines have returned, its hold gave up waiting: the member rejoined reporting
+            # the partitions held here, and the generation after it applies from them.)
+            self._transition(interrupted, deadline, self._hold)
+            return
         # Rebalancing cooperatively: keep consuming; block only when there is nothing to read.
         wait = 0.0 if self._assigned else _slice(deadline, self._fetch_max_wait_ms / 1000)
         new = self._next_generation(wait)
@@ -1164,7 +1170,8 @@ class Consumer(SubscriptionMixin):
                 return None
             raise
 
-    def _transition(self, new: Generation, deadline: float | None) -> None:
+    def _transition(self, new: Generation, deadline: float | None,
+                    hold: _Hold | None = None) -> None:
         """Cooperative (KIP-429): move from the held generation to ``new`` keeping what stays.
 
         Revoked partitions (owned, not assigned) are stopped and committed, then the listener
@@ -1173,43 +1180,46 @@ class Consumer(SubscriptionMixin):
         new owners get them; added ones start at ``new``'s offsets; kept ones go on from this
         consumer's positions (``new`` only knows their committed offsets, which may lag).
         ``on_partitions_assigned`` always runs, with the added partitions only, even when
-        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka),
-        unless what it raised is ``WakeupError``: that is raised at once and the next poll()
-        announces them (``_announce_deferred``), as Kafka rethrows a WakeupException at once.
+        ``on_partitions_revoked`` raised (whose exception is raised afterwards, as in Kafka).
+
+        As Kafka's ``onJoinComplete``, the assignment changes only after the revocation
+        callback: while it runs, ``assignment()`` is what was held before (the revoked
+        partitions included, the added ones not yet). If it raises ``WakeupError`` (or
+        ``KeyboardInterrupt``), that is raised at once, as Kafka rethrows a WakeupException,
+        and nothing is applied: the consumer keeps what it held, and the next poll() applies
+        ``new`` again from the start, revocation callback included (``_interrupted``; ``hold``
+        is then ``new``'s hold, already running), as Kafka's next poll() runs
+        ``onJoinComplete`` again. Before, the added partitions were assigned (``assignment()``,
+        ``position()``) with no ``on_partitions_assigned`` yet, and the revoked ones were
+        dropped with their callback cut short, its commits never made.
+
         The revoked partitions' commits (auto-commit's and the callback's) are waited for only
         until ``deadline``: the rejoin waits for them, ``poll()`` does not (``_finish_rejoin``).
         """
-        hold = _Hold(self._config.rebalance_timeout_ms / 1000)
-        try:
-            new.start(hold)
-        except GenerationEndedError:
-            return  # ended and collected before we held it: the member still reports our set
+        if hold is None:
+            hold = _Hold(self._config.rebalance_timeout_ms / 1000)
+            try:
+                new.start(hold)
+            except GenerationEndedError:
+                return  # ended and collected before we held it: the member still reports our set
         old = self._gen
         before = set(self._assigned)
         offsets = new.offsets
         revoked = sorted(before - offsets.keys())
         added = sorted(offsets.keys() - before)
         self._revoking = True
-        stopped = False
+        stopped = woken = False
         failed: Exception | None = None  # what on_partitions_revoked raised
         try:
             self._stop_revoked(revoked, new.commit_offsets)
-            for tp in added:
-                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
-                if offsets[tp] < 0:
-                    self._invalid[tp] = offsets[tp]
-                self._buffers[tp] = deque()
-                if tp in new.committed:
-                    self._committed[tp] = new.committed[tp]
-            self._assigned = sorted((before - set(revoked)) | set(added))
+            self._assigned = sorted(before - set(revoked))
             self._pending_revocation = revoked
             self._gen, self._hold = new, hold
-            new.acknowledge()
             log.info(
                 "generation %d -> %d (cooperative): kept %d, revoked %s, added %s",
                 old.generation_id if old is not None else -1,
                 new.generation_id,
-                len(self._assigned) - len(added),
+                len(self._assigned),
                 _names(revoked) or "nothing",
                 _names(added) or "nothing",
             )
@@ -1223,23 +1233,32 @@ class Consumer(SubscriptionMixin):
                     if isinstance(exc, Exception) and not isinstance(exc, WakeupError):
                         failed = exc  # re-raised after the assigned callback
                     else:
-                        # As Kafka's listener invoker, which rethrows a WakeupException (and
-                        # an InterruptException; here KeyboardInterrupt) at once: this poll()
-                        # raises it, and the next one announces the added partitions.
-                        self._unannounced = (new, added)
+                        woken = True  # raised at once, as Kafka's listener invoker does
                         raise
         finally:
-            self._forget_revoked(revoked)
-            if stopped:
-                # A follow-up rejoin (KIP-429) only for partitions the member reported as owned
-                # in its JoinGroup (``new.revoked``): their new owners get them with the next
-                # generation. Those it no longer reported (a topic deleted, or no longer
-                # subscribed) were free for the assignor already, as in Kafka, whose
-                # onJoinPrepare revokes them before the JoinGroup; a rejoin for them was a
-                # rebalance of the whole group for nothing.
-                self._await_rejoin(new.request_rejoin if new.revoked else None, hold)
+            if woken:
+                self._undo_transition(old, new, hold, revoked)
             else:
-                hold.applied.set()  # the member may rejoin now (see _Hold)
+                self._forget_revoked(revoked)
+                for tp in added:
+                    self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                    if offsets[tp] < 0:
+                        self._invalid[tp] = offsets[tp]
+                    self._buffers[tp] = deque()
+                    if tp in new.committed:
+                        self._committed[tp] = new.committed[tp]
+                self._assigned = sorted(set(self._assigned) | set(added))
+                new.acknowledge()
+                if stopped:
+                    # A follow-up rejoin (KIP-429) only for partitions the member reported as
+                    # owned in its JoinGroup (``new.revoked``): their new owners get them with
+                    # the next generation. Those it no longer reported (a topic deleted, or no
+                    # longer subscribed) were free for the assignor already, as in Kafka, whose
+                    # onJoinPrepare revokes them before the JoinGroup; a rejoin for them was a
+                    # rebalance of the whole group for nothing.
+                    self._await_rejoin(new.request_rejoin if new.revoked else None, hold)
+                else:
+                    hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way), unless it closed the consumer; then its exception,
         # the first one, propagates.
@@ -1261,15 +1280,23 @@ class Consumer(SubscriptionMixin):
         # added ones included, which must have been announced first.
         self._finish_rejoin(deadline)
 
-    def _announce_deferred(self) -> None:
-        """Calls the ``on_partitions_assigned`` a ``WakeupError`` of the revocation callback
-        before it put off (``_transition``), if the consumer still holds that generation: with
-        the added partitions it still holds, before anything else of the poll() happens."""
-        pending, self._unannounced = self._unannounced, None
-        if pending is None or pending[0] is not self._gen or self._stop.is_set():
-            return
-        held = set(self._assigned)
-        self._listen("on_partitions_assigned", [tp for tp in pending[1] if tp in held])
+    def _undo_transition(self, old: Generation | None, new: Generation, hold: _Hold,
+                         revoked: list[TopicPartition]) -> None:
+        """The revocation callback of the move to ``new`` raised ``WakeupError``: hold
+        ``old``'s partitions again, the revoked ones fetched again from their positions (their
+        buffered records were dropped), and leave ``new`` for the next poll() to apply
+        (``_interrupted``). ``hold`` stays, unreleased, as the consumer's hold: the member is
+        in ``new``, and must not rejoin before it is applied (Kafka's poll thread does not);
+        ``new`` is not acknowledged, so if that hold gives up, the member reports these."""
+        self._revoking = False
+        self._pending_revocation = []
+        for tp in revoked:
+            self._buffers[tp] = deque()
+            self._fetch_pos[tp] = self._position[tp]
+        self._assigned = sorted(set(self._assigned) | set(revoked))
+        self._gen, self._hold = old, hold
+        if not self._closed:
+            self._interrupted = new
 
     def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
         """The first half of revoking some partitions while keeping the rest (cooperative):
@@ -1395,10 +1422,8 @@ class Consumer(SubscriptionMixin):
         (``close()``, ``unsubscribe()``) the revocation always completes."""
         gen, hold = self._gen, self._hold
         assert gen is not None
-        # (the listener was never told of an assignment a WakeupError put off: nor of its end)
-        unannounced, self._unannounced = self._unannounced, None
-        hidden = set(unannounced[1]) if unannounced is not None else set()
-        partitions = [tp for tp in self._assigned if tp not in hidden]
+        self._interrupted = None  # (its hold is ``hold``: released below, or by close())
+        partitions = list(self._assigned)
         self._buffers = {}  # never hand out a record of a partition we are giving up
         if not lost and self._auto_commit:
             under = self._commit_generation()

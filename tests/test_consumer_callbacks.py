@@ -1,0 +1,162 @@
+"""The rebalance listener's callbacks when they raise, against Kafka's ConsumerCoordinator.
+
+On the function-field fake coordinator of test_client_group (deterministic): the member leads
+its one-member group and runs a scripted cooperative assignor, so each generation's revoked
+and added partitions are chosen by the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import wait_until
+from test_client_group import WAIT_S, OneMemberGroup, fast_config
+from test_consumer import Recorder
+
+from rcoord import Errors, TopicPartition
+from rcoord.assignors import RebalanceProtocol
+from rcoord.client import Consumer, IllegalStateError, WakeupError
+
+TP = TopicPartition
+
+
+class Scripted:
+    """A cooperative assignor that gives the one member the next plan of ``plans`` each
+    rebalance (the last one from then on)."""
+
+    name = "scripted"
+    supported_protocols = (RebalanceProtocol.COOPERATIVE,)
+
+    def __init__(self, *plans: list[int]) -> None:
+        self.plans = list(plans)
+        self.calls = 0
+
+    def assign(self, members: Any, partitions_per_topic: Any, **kw: Any) -> Any:
+        plan = self.plans[min(self.calls, len(self.plans) - 1)]
+        self.calls += 1
+        return {m: [TP("t", p) for p in plan] for m in members}
+
+
+@pytest.fixture
+def make() -> Iterator[Any]:
+    made: list[Consumer] = []
+
+    def consumer(state: OneMemberGroup, listener: Any, *plans: list[int],
+                 **kw: Any) -> Consumer:
+        settings: dict[str, Any] = {"fetch_max_wait_ms": 5, "auto_commit_interval_ms": 100_000}
+        settings.update(kw)
+        cfg = fast_config(assignors=[Scripted(*plans)],
+                          rebalance_timeout_ms=settings.pop("rebalance_timeout_ms", 5000))
+        c = Consumer(cfg, listener=listener, coordinator=state.fake, **settings)
+        made.append(c)
+        return c
+
+    yield consumer
+    for c in made:
+        c.close(timeout=WAIT_S)
+
+
+def _rebalance(state: OneMemberGroup, consumer: Consumer) -> None:
+    """End the current generation (the heartbeat hears REBALANCE_IN_PROGRESS)."""
+    gen = consumer.generation
+    assert gen is not None
+    state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+    assert gen.done.wait(WAIT_S)
+
+
+class WokenOnce(Recorder):
+    """Its first ``on_partitions_revoked`` raises ``WakeupError`` (as a ``commit()`` in it
+    does when ``wakeup()`` ends its wait); ``seen`` notes ``assignment()`` in each callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consumer_ref: Consumer | None = None
+        self.woken = False
+        self.seen: list[tuple[str, list[int]]] = []
+
+    def _see(self, kind: str) -> None:
+        assert self.consumer_ref is not None
+        self.seen.append((kind, [tp.partition for tp in self.consumer_ref.assignment()]))
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        self._see("revoked")
+        if not self.woken:
+            self.woken = True
+            raise WakeupError("commit() interrupted by wakeup()")
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_assigned(partitions)
+        self._see("assigned")
+
+
+def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
+    make: Any,
+) -> None:
+    """Kafka's onJoinComplete changes the assignment only after the revocation callback, and a
+    WakeupException from it leaves the join future in place, so the next poll() runs the
+    revocation again and then announces the added partitions. Before, the added partition was
+    already assigned (assignment(), position(), seek()) with no on_partitions_assigned, and
+    the revoked one was forgotten with its callback cut short (its commit never made)."""
+    state = OneMemberGroup(partitions=3, records=2)
+    listener = WokenOnce()
+    consumer = make(state, listener, [0, 1], [1, 2])
+    listener.consumer_ref = consumer
+    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    _rebalance(state, consumer)
+    with pytest.raises(WakeupError):
+        while True:
+            consumer.poll(timeout=0.05)
+    # Still what the application was told: t-0 and t-1, not t-2.
+    assert listener.seen == [("assigned", [0, 1]), ("revoked", [0, 1])]
+    assert consumer.assignment() == [TP("t", 0), TP("t", 1)]
+    with pytest.raises(IllegalStateError):
+        consumer.position(TP("t", 2))
+    assert consumer.position(TP("t", 0)) >= 0
+    consumer.commit({TP("t", 0): 1})  # still assigned: committed under the new generation
+    assert state.committed[TP("t", 0)] == 1
+    # The next poll() runs the revocation again, then the assignment.
+    wait_until(lambda: listener.kinds()[-1:] == ["assigned"] and len(listener.kinds()) > 2,
+               lambda: consumer.poll(timeout=0.01))
+    assert listener.events[1:] == [
+        ("revoked", [TP("t", 0)]), ("revoked", [TP("t", 0)]), ("assigned", [TP("t", 2)])]
+    assert listener.seen[2:] == [("revoked", [0, 1]), ("assigned", [1, 2])]
+    assert consumer.assignment() == [TP("t", 1), TP("t", 2)]
+    assert consumer.generation is not None and consumer.generation.acknowledged
+
+
+def _woken_mid_transition(make: Any, state: OneMemberGroup, **kw: Any) -> tuple[Consumer,
+                                                                                WokenOnce]:
+    """A consumer holding t-0 and t-1 whose move to [t-1, t-2] a WakeupError of its
+    revocation callback cut short."""
+    listener = WokenOnce()
+    consumer = make(state, listener, [0, 1], [1, 2], **kw)
+    listener.consumer_ref = consumer
+    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    _rebalance(state, consumer)
+    with pytest.raises(WakeupError):
+        while True:
+            consumer.poll(timeout=0.05)
+    return consumer, listener
+
+
+def test_close_after_a_wakeup_in_the_revocation_revokes_what_the_listener_was_told(
+    make: Any,
+) -> None:
+    """close() between the WakeupError and the next poll(): the listener hears the revocation
+    of what it holds (t-0 and t-1; never t-2, it was not told of it), the final commit goes
+    under the generation the member is in, and the hold on that generation is let go, so the
+    group leaves at once (not after the rebalance timeout, here longer than WAIT_S)."""
+    state = OneMemberGroup(partitions=3, records=2)
+    consumer, listener = _woken_mid_transition(make, state, rebalance_timeout_ms=600_000)
+    group = consumer.group
+    joined = group.newest()
+    assert joined is not None and joined.generation_id == 2
+    consumer.close(timeout=WAIT_S)
+    assert listener.events[1:] == [("revoked", [TP("t", 0)]),
+                                   ("revoked", [TP("t", 0), TP("t", 1)])]
+    assert joined.wait_routines(WAIT_S)
+    wait_until(lambda: bool(state.leaves))
+    assert state.committed == {TP("t", 0): 2, TP("t", 1): 2}
