@@ -7,13 +7,14 @@ and added partitions are chosen by the test.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from harness import wait_until
 from test_client_group import WAIT_S, OneMemberGroup, fast_config
-from test_consumer import Recorder
+from test_consumer import Recorder, poll_until
 
 from rcoord import Errors, TopicPartition
 from rcoord.assignors import RebalanceProtocol
@@ -27,11 +28,13 @@ class Scripted:
     rebalance (the last one from then on)."""
 
     name = "scripted"
-    supported_protocols = (RebalanceProtocol.COOPERATIVE,)
+    supported_protocols: tuple[RebalanceProtocol, ...] = (RebalanceProtocol.COOPERATIVE,)
 
-    def __init__(self, *plans: list[int]) -> None:
+    def __init__(self, *plans: list[int], eager: bool = False) -> None:
         self.plans = list(plans)
         self.calls = 0
+        if eager:
+            self.supported_protocols = (RebalanceProtocol.EAGER,)
 
     def assign(self, members: Any, partitions_per_topic: Any, **kw: Any) -> Any:
         plan = self.plans[min(self.calls, len(self.plans) - 1)]
@@ -47,7 +50,7 @@ def make() -> Iterator[Any]:
                  **kw: Any) -> Consumer:
         settings: dict[str, Any] = {"fetch_max_wait_ms": 5, "auto_commit_interval_ms": 100_000}
         settings.update(kw)
-        cfg = fast_config(assignors=[Scripted(*plans)],
+        cfg = fast_config(assignors=[Scripted(*plans, eager=settings.pop("eager", False))],
                           rebalance_timeout_ms=settings.pop("rebalance_timeout_ms", 5000))
         c = Consumer(cfg, listener=listener, coordinator=state.fake, **settings)
         made.append(c)
@@ -160,3 +163,43 @@ def test_close_after_a_wakeup_in_the_revocation_revokes_what_the_listener_was_to
     assert joined.wait_routines(WAIT_S)
     wait_until(lambda: bool(state.leaves))
     assert state.committed == {TP("t", 0): 2, TP("t", 1): 2}
+
+
+class Unsubscribing(Recorder):
+    """Its ``on_partitions_revoked`` unsubscribes the consumer (``consumer_ref``)."""
+
+    consumer_ref: Consumer | None = None
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        assert self.consumer_ref is not None
+        self.consumer_ref.unsubscribe()
+
+
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
+def test_unsubscribe_inside_on_partitions_revoked_leaves_at_once(
+    make: Any, caplog: Any, protocol: str
+) -> None:
+    """unsubscribe() from inside the revocation callback of a rebalance: as close() from there,
+    the member leaves at once and the partitions the running revocation does not give up (the
+    cooperative kept ones) are committed. Before, the consumer's hold on the generation was
+    never let go, so unsubscribe() waited for it to give up (rebalance_timeout_ms, a minute by
+    default, logged); cooperatively the consumer then announced the added partitions to the
+    unsubscribed listener and reported the kept ones lost, uncommitted."""
+    caplog.set_level(logging.WARNING, logger="rcoord.client")
+    state = OneMemberGroup(partitions=3, records=2)
+    listener = Unsubscribing()
+    consumer = make(state, listener, [0, 1], [1, 2], eager=protocol == "eager",
+                    rebalance_timeout_ms=3000)
+    listener.consumer_ref = consumer
+    poll_until(consumer, lambda got: len(got) == 4)
+    _rebalance(state, consumer)
+    with pytest.raises(IllegalStateError, match="neither subscribed nor assigned"):
+        while True:
+            consumer.poll(timeout=0.05)
+    revoked = [TP("t", 0), TP("t", 1)] if protocol == "eager" else [TP("t", 0)]
+    assert listener.events[1:] == [("revoked", revoked)]
+    assert consumer.assignment() == [] and consumer.generation is None
+    assert state.committed == {TP("t", 0): 2, TP("t", 1): 2}
+    assert state.leaves
+    assert not [r for r in caplog.records if "rebalance timeout" in r.getMessage()]

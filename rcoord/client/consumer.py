@@ -1236,7 +1236,10 @@ class Consumer(SubscriptionMixin):
                         woken = True  # raised at once, as Kafka's listener invoker does
                         raise
         finally:
-            if woken:
+            if self._gen is not new:
+                # The callback unsubscribed (``_leave_inside_revocation``): nothing is held.
+                self._forget_revoked(revoked)
+            elif woken:
                 self._undo_transition(old, new, hold, revoked)
             else:
                 self._forget_revoked(revoked)
@@ -1263,7 +1266,7 @@ class Consumer(SubscriptionMixin):
         # (they are assigned either way), unless it closed the consumer; then its exception,
         # the first one, propagates.
         try:
-            if not self._stop.is_set():
+            if not self._stop.is_set() and self._gen is new:
                 self._listen("on_partitions_assigned", list(added))
         except Exception as exc:
             if failed is None:
@@ -1365,7 +1368,9 @@ class Consumer(SubscriptionMixin):
             self._listen("on_partitions_revoked", list(revoked))
         finally:
             self._forget_revoked(revoked)
-            if gated:
+            if self._gen is not gen:
+                pass  # the callback unsubscribed (``_leave_inside_revocation``)
+            elif gated:
                 self._await_rejoin(None, hold)
             else:
                 # The generation ended before this poll() and the member is rejoining (or
@@ -1451,13 +1456,7 @@ class Consumer(SubscriptionMixin):
                 self._listen(method, partitions)  # what it raises propagates after finally
         finally:
             self._revoking = False
-            self._gen = self._hold = None
-            self._assigned = []
-            self._paused = set()
-            self._caught_up = set()
-            self._record_bytes = {}
-            self._fetched_turn = {}
-            self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
+            self._drop_assignment()
             if hold is not None and not self._closing:
                 # As Kafka, whose commitAsync in onPartitionsRevoked goes out before the
                 # JoinGroup: the callback's async commits land in this generation before the
@@ -1469,6 +1468,37 @@ class Consumer(SubscriptionMixin):
                 else:
                     self._await_committer()
                     hold.released.set()
+
+    def _drop_assignment(self) -> None:
+        """The consumer holds no generation and no partition any more."""
+        self._gen = self._hold = None
+        self._interrupted = None
+        self._assigned, self._pending_revocation = [], []
+        self._paused = set()
+        self._caught_up = set()
+        self._record_bytes = {}
+        self._fetched_turn = {}
+        self._buffers = {}
+        self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
+
+    def _leave_inside_revocation(self) -> None:
+        """``unsubscribe()`` from inside a revocation's callback: that revocation is the
+        consumer's last, as for ``close()`` from there (the listener, running now, is not
+        called again). With auto-commit the partitions it does not give up (a cooperative
+        one's kept partitions) are committed, as ``close()`` commits them; then the consumer
+        drops its assignment, so the revocation that called the listener goes no further (no
+        partitions added, no ``on_partitions_assigned``), and lets go of its hold on the
+        generation, which the group's close waits for. Before, that wait lasted until the
+        hold gave up (``rebalance_timeout_ms``), and a cooperative revocation went on to
+        announce the added partitions and report the kept ones lost, uncommitted."""
+        hold = self._hold
+        if (self._pending_revocation and self._gen is not None and self._auto_commit
+                and not self._partitions_lost()):
+            self._final_commit(self._commit_generation().commit_offsets, "the partitions kept")
+        self._drop_assignment()
+        if hold is not None:
+            hold.released.set()
+            hold.applied.set()
 
     def _revocation_committed(self, commit: _CommitFn, of: str, deadline: float | None) -> bool:
         """Whether the revocation's final auto-commit has finished (landed, or failed and

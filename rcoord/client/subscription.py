@@ -80,6 +80,7 @@ class SubscriptionMixin:
         def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
                     polling: bool = False) -> None: ...
         def _drop_holds(self) -> None: ...
+        def _leave_inside_revocation(self) -> None: ...
         def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
         def _partitions_lost(self) -> bool: ...
 
@@ -270,9 +271,11 @@ class SubscriptionMixin:
         self._run_commit_callbacks()
         try:
             if self._gen is not None and not self._revoking:
-                # (from the listener of a revocation in progress: that one is the last; a
-                # second would call the listener again, nested, for the same partitions)
                 self._revoke(lost=self._partitions_lost())
+            elif self._gen is not None:
+                # From the listener of a revocation in progress: that one is the last; a
+                # second would call the listener again, nested, for the same partitions.
+                self._leave_inside_revocation()
         finally:
             # Only now (the revocation's final commit landed): a hold a revocation poll()
             # finished left waiting for its commits, which have landed too. Released before,
