@@ -8,13 +8,14 @@ and added partitions are chosen by the test.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from harness import wait_until
 from test_client_group import WAIT_S, OneMemberGroup, fast_config
-from test_consumer import Recorder, poll_until
+from test_consumer import Recorder, _waits_in, poll_until
 
 from rcoord import Errors, TopicPartition
 from rcoord.assignors import RebalanceProtocol
@@ -203,3 +204,43 @@ def test_unsubscribe_inside_on_partitions_revoked_leaves_at_once(
     assert state.committed == {TP("t", 0): 2, TP("t", 1): 2}
     assert state.leaves
     assert not [r for r in caplog.records if "rebalance timeout" in r.getMessage()]
+
+
+class ClosedFromElsewhere(Recorder):
+    """Its ``on_partitions_revoked`` starts ``close()`` in another thread and returns once
+    that close() waits for this poll() to finish."""
+
+    consumer_ref: Consumer | None = None
+    closer: threading.Thread | None = None
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        consumer = self.consumer_ref
+        assert consumer is not None
+        if self.closer is None:
+            self.closer = threading.Thread(target=consumer.close, args=(WAIT_S,), daemon=True)
+            self.closer.start()
+            closer = self.closer
+            wait_until(lambda: _waits_in(closer, "_close"))
+
+
+def test_close_from_another_thread_during_a_cooperative_revocation_revokes_what_was_announced(
+    make: Any,
+) -> None:
+    """close() from another thread while a cooperative on_partitions_revoked runs: the
+    listener hears of the added partitions (on_partitions_assigned) before close() revokes
+    them, as every revocation follows the assignment it ends. Before, the revocation skipped
+    on_partitions_assigned once close() had begun, and close() then revoked the added
+    partition the listener was never told of."""
+    state = OneMemberGroup(partitions=3, records=2)
+    listener = ClosedFromElsewhere()
+    consumer = make(state, listener, [0, 1], [1, 2])
+    listener.consumer_ref = consumer
+    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    _rebalance(state, consumer)
+    wait_until(lambda: listener.closer is not None, lambda: consumer.poll(timeout=0.01))
+    assert listener.closer is not None
+    listener.closer.join(WAIT_S)
+    assert not listener.closer.is_alive()
+    assert listener.events[1:] == [("revoked", [TP("t", 0)]), ("assigned", [TP("t", 2)]),
+                                   ("revoked", [TP("t", 1), TP("t", 2)])]

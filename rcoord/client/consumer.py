@@ -1264,9 +1264,11 @@ class Consumer(SubscriptionMixin):
                     hold.applied.set()  # the member may rejoin now (see _Hold)
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way), unless it closed the consumer; then its exception,
-        # the first one, propagates.
+        # the first one, propagates. A close() from another thread, which began meanwhile
+        # and revokes them once this poll() returns, does not keep them from the listener:
+        # it would hear of their revocation without having heard of their assignment.
         try:
-            if not self._stop.is_set() and self._gen is new:
+            if not self._closed and self._gen is new:
                 self._listen("on_partitions_assigned", list(added))
         except Exception as exc:
             if failed is None:
