@@ -244,3 +244,33 @@ def test_close_from_another_thread_during_a_cooperative_revocation_revokes_what_
     assert not listener.closer.is_alive()
     assert listener.events[1:] == [("revoked", [TP("t", 0)]), ("assigned", [TP("t", 2)]),
                                    ("revoked", [TP("t", 1), TP("t", 2)])]
+
+
+def test_wakeup_in_the_revocation_of_a_new_subscription_revokes_again_before_the_rejoin(
+    make: Any,
+) -> None:
+    """subscribe() to other topics, then poll(): a cooperative consumer revokes the partitions
+    of topics no longer subscribed, then rejoins. When on_partitions_revoked raises
+    WakeupError there, they stay assigned and the member keeps the old subscription until the
+    next poll() has revoked them again (as Kafka, which revokes them again in onJoinComplete
+    before anyone else may have them). Before, they were dropped with their callback cut
+    short (its commit never made) and the rejoin no longer reported them, so another member
+    could take them at once."""
+    state = OneMemberGroup(partitions=3, records=2)
+    state.counts["u"] = 1
+    listener = WokenOnce()
+    consumer = make(state, listener, [0, 1], [], enable_auto_commit=False)
+    listener.consumer_ref = consumer
+    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    gen = consumer.generation
+    assert gen is not None
+    consumer.subscribe(["u"])
+    with pytest.raises(WakeupError):
+        consumer.poll(timeout=0.05)
+    assert consumer.assignment() == [TP("t", 0), TP("t", 1)]
+    assert not gen.done.is_set()  # no rejoin with the new subscription yet
+    consumer.commit({TP("t", 0): 1, TP("t", 1): 1})  # still theirs: accepted
+    assert state.committed == {TP("t", 0): 1, TP("t", 1): 1}
+    wait_until(lambda: gen.done.is_set(), lambda: consumer.poll(timeout=0.01))
+    assert listener.events[1:3] == [("revoked", [TP("t", 0), TP("t", 1)])] * 2
+    assert [tp for tp in consumer.assignment() if tp.topic == "t"] == []

@@ -1293,15 +1293,21 @@ class Consumer(SubscriptionMixin):
         (``_interrupted``). ``hold`` stays, unreleased, as the consumer's hold: the member is
         in ``new``, and must not rejoin before it is applied (Kafka's poll thread does not);
         ``new`` is not acknowledged, so if that hold gives up, the member reports these."""
+        self._restore_revoked(revoked)
+        self._gen, self._hold = old, hold
+        if not self._closed:
+            self._interrupted = new
+
+    def _restore_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Undo ``_stop_revoked`` after a revocation callback raised ``WakeupError``: the
+        partitions stay assigned, fetched again from their positions (their buffered records
+        were dropped), for the next poll() to revoke again."""
         self._revoking = False
         self._pending_revocation = []
         for tp in revoked:
             self._buffers[tp] = deque()
             self._fetch_pos[tp] = self._position[tp]
         self._assigned = sorted(set(self._assigned) | set(revoked))
-        self._gen, self._hold = old, hold
-        if not self._closed:
-            self._interrupted = new
 
     def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
         """The first half of revoking some partitions while keeping the rest (cooperative):
@@ -1361,24 +1367,36 @@ class Consumer(SubscriptionMixin):
         hold.applied.clear()
         gated = waiting or not gen.done.is_set()
         self._revoking = True
+        woken = False
         try:
             self._stop_revoked(revoked, self._commit_generation().commit_offsets)
             self._assigned = [tp for tp in self._assigned if subscribed(tp.topic)]
             self._pending_revocation = revoked
             log.info("generation %d: revoking %s (no longer subscribed)", gen.generation_id,
                      _names(revoked))
-            self._listen("on_partitions_revoked", list(revoked))
+            try:
+                self._listen("on_partitions_revoked", list(revoked))
+            except BaseException as exc:
+                woken = not isinstance(exc, Exception) or isinstance(exc, WakeupError)
+                raise
         finally:
-            self._forget_revoked(revoked)
             if self._gen is not gen:
-                pass  # the callback unsubscribed (``_leave_inside_revocation``)
+                self._forget_revoked(revoked)  # the callback unsubscribed
+            elif woken:
+                # Cut short by wakeup(): they stay assigned and the member does not rejoin
+                # without them yet (``_apply_subscription`` tries again at the next poll()).
+                self._restore_revoked(revoked)
+                if not waiting:
+                    hold.applied.set()
             elif gated:
+                self._forget_revoked(revoked)
                 self._await_rejoin(None, hold)
             else:
                 # The generation ended before this poll() and the member is rejoining (or
                 # has joined the next one, which the commits were made under, ``peek``):
                 # nothing keeps it from rejoining with the new subscription but waiting for
                 # the commits here, as Kafka's onJoinPrepare would before its JoinGroup.
+                self._forget_revoked(revoked)
                 hold.applied.set()
                 self._await_committer()
 
@@ -1552,7 +1570,14 @@ class Consumer(SubscriptionMixin):
                 # refused (ILLEGAL_GENERATION), as Kafka's onJoinPrepare revokes before it
                 # sends the JoinGroup. If it revokes any, the rejoin waits for their commits
                 # under this same hold, and still requests the rejoin this one owed.
-                self._apply_subscription()
+                try:
+                    self._apply_subscription()
+                except (WakeupError, KeyboardInterrupt):
+                    if self._resubscribe is not None and self._rejoin_after is None:
+                        # That revocation was cut short and is made again at the next
+                        # poll(), before the new subscription: so is this rejoin, after it.
+                        self._rejoin_after = pending
+                    raise
                 again = self._rejoin_after
                 if again is not None and again[1] is hold:
                     self._rejoin_after = (again[0] or rejoin, hold, again[2])

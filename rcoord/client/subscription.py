@@ -28,7 +28,7 @@ from ..errors import Errors, ProtocolError, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import CommitFailedError, IllegalStateError
+from .errors import CommitFailedError, IllegalStateError, WakeupError
 from .group import ConsumerGroup
 from .join import start_offsets
 from .polltimer import PollTimer
@@ -166,12 +166,23 @@ class SubscriptionMixin:
         if config is None or group is None:
             return
         pattern, wanted = config.topic_pattern, set(config.topics)
+        again = False
         try:
             self._revoke_unsubscribed(
                 (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
                 else wanted.__contains__)
+        except (WakeupError, KeyboardInterrupt):
+            # The revocation callback was cut short, its partitions kept: as Kafka, which
+            # revokes them again (in onJoinComplete) before anyone else may have them, the
+            # next poll() revokes them again, and only then rejoins with this subscription
+            # (the rejoin no longer reports them as owned). Unless the callback subscribed
+            # anew, unsubscribed or closed: then that is what the next poll() applies.
+            again = self._resubscribe is None and self._group is group and not group.closed
+            raise
         finally:
-            if not group.closed:  # else the group's fatal error is what next() raises
+            if again:
+                self._resubscribe = config
+            elif not group.closed:  # else the group's fatal error is what next() raises
                 group.resubscribe(config.topics, pattern)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
