@@ -10,6 +10,7 @@ entry); a SyncGroup v5 needs its protocol type and name."""
 
 from __future__ import annotations
 
+import importlib
 import socket
 import threading
 from typing import Any
@@ -29,7 +30,6 @@ from gateway_harness import (
 )
 
 from rcoord.errors import Errors
-from rcoord.gateway import api_records
 from rcoord.gateway.errors import CORRUPT_MESSAGE
 from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
 
@@ -186,14 +186,15 @@ def test_the_bytes_a_fetch_reads_follow_its_max_bytes(gateway, redis_server, top
     finally:
         client.close()
     read = [0]
-    real = api_records.fetch
+    fetch_module = importlib.import_module("rcoord.topics.fetch")  # (every read goes through)
+    real = fetch_module._fetch_many
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        res = real(*args, **kwargs)
-        read[0] += sum(len(r.value or b"") for r in res.records)
-        return res
+    def counting(client: Any, reads: Any) -> Any:
+        answers = real(client, reads)
+        read[0] += sum(len(r.value or b"") for a in answers for r in a.records)
+        return answers
 
-    monkeypatch.setattr(api_records, "fetch", counting)
+    monkeypatch.setattr(fetch_module, "_fetch_many", counting)
     fetched = call_once(gateway, 1, 12, _fetch_body("t", list(range(40)), max_wait=0,
                                                     min_bytes=1, max_bytes=1 << 20,
                                                     partition_max_bytes=1 << 20))

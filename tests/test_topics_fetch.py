@@ -300,6 +300,70 @@ def test_a_step_asks_for_a_bounded_multiple_of_the_records_read(
     assert [r.offset for r in res.records] == list(range(len(res.records)))
 
 
+def _flat(fields: Any) -> list[Any]:
+    """An entry's fields as ``[name, value, ...]`` (a cluster pipeline pairs them in a dict)."""
+    return [x for kv in fields.items() for x in kv] if isinstance(fields, dict) else fields
+
+
+def _bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The stored size of every record read from Redis, as read (each XRANGE reply goes
+    through ``_answer``)."""
+    sizes: list[int] = []
+    inner = fetch_module._answer
+
+    def counting(offset: int, entries: Any, *rest: Any) -> Any:
+        if isinstance(entries, list):
+            sizes.extend(sum(map(len, _flat(fields))) for _, fields in entries)
+        return inner(offset, entries, *rest)
+
+    monkeypatch.setattr(fetch_module, "_answer", counting)
+    return sizes
+
+
+@pytest.mark.parametrize(("small", "large", "size", "limit"), [
+    (1, 20, 100 * KIB, 150 * KIB),
+    (40, 500, 20_000, 1024 * KIB),
+    (10, 100, 60 * KIB, 1024 * KIB),
+])
+def test_what_a_bounded_fetch_reads_stays_near_its_limit_when_record_sizes_jump(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch, small: int, large: int, size: int, limit: int,
+) -> None:
+    """Records of one byte, then large ones: what a byte-bounded fetch reads from Redis stays
+    within twice its limit plus one record. A step is sized by the records before it, so it
+    may ask for many large records; growth by 8 read 800 KiB for a limit of 150 KiB, and
+    2.6 MiB for 1 MiB after ten small records."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"s", partition=0) for _ in range(small)])
+    producer.send_batch("t", [ProducerRecord(b"b" * size, partition=0) for _ in range(large)])
+    read = _bytes_read(monkeypatch)
+    res = fetch(redis_client, namespace, "t", 0, 0, max_bytes=limit)
+    assert sum(read) <= 2 * limit + size + 100, (len(read), sum(read))
+    assert [r.offset for r in res.records] == list(range(len(res.records)))
+    assert small + limit // 2 // size <= len(res.records), len(res.records)  # (cut at the
+    # records' average size: the small ones make it low)
+    assert sum(len(r.value or b"") for r in res.records) <= limit
+
+
+def test_fetch_bounded_goes_on_from_an_answer_already_read(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """The gateway's Fetch reads one record of a partition before it knows what the partition
+    may take, then goes on from it (``done``): its records count against the bytes."""
+    topics.create("t", 1)
+    _big_records(producer, 1, 12, 100 * KIB)
+    first = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 1, None)
+    assert [r.offset for r in first.records] == [0] and first.read_bytes > 100 * KIB
+    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 350 * KIB,
+                                     done=first)
+    assert [r.offset for r in res.records] == [0, 1, 2] and res.log_end_offset == 12
+    assert [r.offset for r in first.records] == [0]  # (left as it was)
+    with pytest.raises(InvalidRequestError, match="done must be read from offset 1, not 0"):
+        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 1, 500, 1, done=first)
+    with pytest.raises(InvalidRequestError, match="going on from done needs max_bytes"):
+        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, None, done=first)
+
+
 @pytest.mark.parametrize(("bounds", "message"), [
     ({"max_bytes": 0}, "max_bytes must be >= 1, got 0"),
     ({"partition_max_bytes": -1}, "partition_max_bytes must be >= 1, got -1"),

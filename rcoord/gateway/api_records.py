@@ -26,7 +26,7 @@ from ..asyncio.cancel import cancel_and_wait
 from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
-    FetchResult,
+    PartitionRecords,
     Record,
     RecordMetadata,
     TopicError,
@@ -35,6 +35,7 @@ from ..topics import (
     partition_key,
 )
 from ..topics import offsets_for_times as topic_offsets_for_times
+from ..topics.fetch import fetch_bounded
 from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
 from .api_producers import kafka_producer_name
@@ -61,8 +62,8 @@ V = TypeVar("V")
 FETCH_MAX_RECORDS = 500
 """Records read from one partition per Fetch (fewer if ``partition_max_bytes`` is reached)."""
 FETCH_FIRST_READ = 32
-"""Records the first read of a partition asks for at most; later reads are sized by the bytes
-those took (``_read_on``)."""
+"""Records the first read of a partition sized by its last Fetch's records asks for at most
+(they may have grown since); later reads are sized by the bytes those took (``_read``)."""
 RECORD_SIZES_KEPT = 1 << 16
 """Partitions whose record size the gateway keeps at most (``GatewayState.record_bytes``)."""
 MAX_SLOT_WAITS = 8
@@ -261,87 +262,59 @@ def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 # -- Fetch ------------------------------------------------------------------------------------
 
 
-def _first_read(state: GatewayState, topic: str, partition: int, offset: int, count: int,
-                max_bytes: int | None = None) -> FetchResult:
-    """Blocking: the first ``count`` records of a partition from ``offset`` on, and with
-    ``max_bytes`` about that many bytes of them, at least one (``_read_on`` goes on from
-    them)."""
+def _first_read(state: GatewayState, topic: str, partition: int, offset: int
+                ) -> PartitionRecords[Record]:
+    """Blocking: the first record of a partition from ``offset`` on, however large (``_read``
+    goes on from it once the bytes the partition may take are known)."""
+    return _bounded(state, topic, partition, offset, 1, None)
+
+
+def _bounded(state: GatewayState, topic: str, partition: int, offset: int, count: int,
+             max_bytes: int | None, done: PartitionRecords[Record] | None = None
+             ) -> PartitionRecords[Record]:
+    """Blocking: ``fetch_bounded`` of ``count`` records and ``max_bytes`` (at least one), with
+    the size the partition's records had in its last Fetch (``state.record_bytes``); the first
+    read asks at most ``FETCH_FIRST_READ`` records, as the records may have grown since."""
     try:
         if offset < 0:
             # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
             # (with its log offsets, so the client can reset), not the request as invalid.
             start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
-            return FetchResult([], start, end, Errors.OFFSET_OUT_OF_RANGE)
-        if max_bytes is None:
-            return fetch(state.sync_redis, state.config.namespace, topic, partition, offset,
-                         count)
-        return fetch(state.sync_redis, state.config.namespace, topic, partition, offset, count,
-                     max_bytes=max(1, max_bytes))
+            return PartitionRecords([], start, end, Errors.OFFSET_OUT_OF_RANGE)
+        return fetch_bounded(state.sync_redis, state.config.namespace, topic, partition, offset,
+                             count, None if max_bytes is None else max(1, max_bytes),
+                             record_bytes=state.record_bytes.get((topic, partition), 0),
+                             first_read=FETCH_FIRST_READ, done=done)
     except (TopicError, InvalidRequestError) as exc:
-        return FetchResult([], -1, -1, _as_unknown(exc))
+        return PartitionRecords([], -1, -1, _as_unknown(exc))
 
 
-def _has_more(res: FetchResult, count: int, max_bytes: int) -> bool:
+def _has_more(res: PartitionRecords[Record], count: int, max_bytes: int) -> bool:
     """Whether a read of ``count`` records stopped at its count, not at the log end, with
     bytes left to fill."""
     return (res.error == Errors.NONE and len(res.records) == count
             and sum(fetched_sizes(res.records)) < max_bytes)
 
 
-def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
-          ) -> FetchResult:
-    """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
-    (at least one record, as Kafka sends a record larger than the limit whole).
+def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int,
+          done: PartitionRecords[Record] | None = None) -> PartitionRecords[Record]:
+    """Blocking: records from ``offset`` on (after ``done``'s, a read from there), up to
+    ``FETCH_MAX_RECORDS`` and about ``max_bytes`` (at least one record, as Kafka sends a
+    record larger than the limit whole).
 
-    The first read asks for what ``max_bytes`` holds at the size the partition's records had
-    in its last Fetch (``state.record_bytes``), at most ``FETCH_FIRST_READ``; a partition of
-    no known size is read with ``fetch``'s byte bound (one record, then what the rest of
-    ``max_bytes`` holds at its size). Before, the first read took ``FETCH_FIRST_READ`` records
-    whatever their size: 32 MB read from Redis to send one record of 1 MB, in each of up to
-    50 partitions of a Fetch with librdkafka's defaults."""
-    key = (topic, partition)
-    size = state.record_bytes.get(key, 0)
-    if size:
-        count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS, max(1, max_bytes // size))
-        res = _first_read(state, topic, partition, offset, count)
-    else:
-        count = min(FETCH_FIRST_READ, FETCH_MAX_RECORDS)
-        res = _first_read(state, topic, partition, offset, count, max_bytes)
+    ``rcoord.topics``' byte-bounded reader (``fetch_bounded``) reads in steps sized by the
+    records' bytes, each at most a few times the records before it, so what is read from Redis
+    stays near ``max_bytes`` even when the records grow. Before, the gateway stepped on its own
+    with no cap on a step's growth: 40 records of a byte, then records of 20 kB, read 9.2 MB
+    for a limit of 1 MiB; and at first ``FETCH_FIRST_READ`` records whatever their size (32 MB
+    read to send one record of 1 MB). The size the records had is kept for the next Fetch."""
+    res = _bounded(state, topic, partition, offset, FETCH_MAX_RECORDS, max_bytes, done)
     if res.records:
+        key = (topic, partition)
         if len(state.record_bytes) >= RECORD_SIZES_KEPT and key not in state.record_bytes:
             state.record_bytes.clear()  # (partitions of deleted topics, say)
-        state.record_bytes[key] = -(-sum(fetched_sizes(res.records)) // len(res.records))
-    return _read_on(state, topic, partition, res, max_bytes) if _has_more(
-        res, count, max_bytes) else res
-
-
-def _read_on(state: GatewayState, topic: str, partition: int, res: FetchResult, max_bytes: int
-             ) -> FetchResult:
-    """Blocking: ``res`` (a first read that stopped at its count) and the records after it, up
-    to ``FETCH_MAX_RECORDS`` and about ``max_bytes``.
-
-    Read in steps so that memory follows the byte limit, not the record count: each read asks
-    for as many records as the bytes left should hold at the size the records so far had.
-    500 records of 1 MB each, read at once, held 500 MB in the gateway to send one.
-    """
-    records, used = list(res.records), sum(fetched_sizes(res.records))
-    asked, last = len(records), res
-    while (last.error == Errors.NONE and len(last.records) == asked and used < max_bytes
-           and len(records) < FETCH_MAX_RECORDS):
-        asked = min(FETCH_MAX_RECORDS - len(records),
-                    int((max_bytes - used) * len(records) / used) + 1)
-        try:
-            last = fetch(state.sync_redis, state.config.namespace, topic, partition,
-                         records[-1].offset + 1, asked)
-        except TopicError:
-            break
-        if last.error != Errors.NONE:
-            break  # (retention trimmed past the next offset meanwhile: send what was read)
-        records.extend(last.records)
-        used += sum(fetched_sizes(last.records))
-    if last.error != Errors.NONE:
-        last = res
-    return FetchResult(records, res.log_start_offset, last.log_end_offset, res.error)
+        state.record_bytes[key] = -(-res.read_bytes // len(res.records))
+    return res
 
 
 def _as_unknown(exc: TopicError | InvalidRequestError) -> Errors:
@@ -366,7 +339,8 @@ def _within(records: list[Record], max_bytes: int, whole: bool) -> tuple[list[Re
     return out, used
 
 
-def _partition_data(partition: int, res: FetchResult, records: list[Record]) -> dict[str, Any]:
+def _partition_data(partition: int, res: PartitionRecords[Record], records: list[Record]
+                    ) -> dict[str, Any]:
     return {
         "partition_index": partition, "error_code": res.error,
         "high_watermark": res.log_end_offset, "last_stable_offset": res.log_end_offset,
@@ -474,7 +448,8 @@ async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block
 
 
 async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
-                   max_bytes: int) -> tuple[list[FetchResult], list[list[Record]], int]:
+                   max_bytes: int
+                   ) -> tuple[list[PartitionRecords[Record]], list[list[Record]], int]:
     """Read the wanted partitions: what each answers, the records each sends, and their bytes.
 
     The request's ``max_bytes`` (fetch.max.bytes) bounds the whole response: partitions in
@@ -501,17 +476,17 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
         ample += 1
     firsts = await asyncio.gather(*(
         state.blocking(_read, state, t, p, o, pmax) if i < ample
-        else state.blocking(_first_read, state, t, p, o, 1)
+        else state.blocking(_first_read, state, t, p, o)
         for i, (t, p, o, pmax) in enumerate(wanted)))
     left = limit
-    results: list[FetchResult] = []
+    results: list[PartitionRecords[Record]] = []
     chosen: list[list[Record]] = []
     total = 0
-    for i, ((topic, partition, _, partition_max), res) in enumerate(zip(wanted, firsts,
-                                                                        strict=True)):
+    for i, ((topic, partition, offset, partition_max), res) in enumerate(zip(wanted, firsts,
+                                                                             strict=True)):
         budget = min(partition_max, left)
         if i >= ample and _has_more(res, 1, budget):
-            res = await state.blocking(_read_on, state, topic, partition, res, budget)
+            res = await state.blocking(_read, state, topic, partition, offset, budget, res)
         # Only the first partition with records may go over (Kafka's readFromLog turns
         # minOneMessage off after it): one more record whole would exceed max_bytes.
         records, used = _within(res.records, budget, whole=not any(chosen))

@@ -236,9 +236,10 @@ class GatewayState:
         """Fetches waiting for records now, blocked or in line for units (for tests and
         debugging)."""
         self.record_bytes: dict[tuple[str, int], int] = {}
-        """Bytes per record of each partition's last first read in a Fetch, (topic,
-        partition) -> bytes: the next first read asks for what its limit holds at that size
-        (``api_records._read``). Cleared when it names ``RECORD_SIZES_KEPT`` partitions."""
+        """Bytes per record of each partition's last read in a Fetch, as ``rcoord.topics``'
+        byte limits weigh them (``read_bytes``), (topic, partition) -> bytes: the next first
+        read asks for what its limit holds at that size (``api_records._read``). Cleared when
+        it names ``RECORD_SIZES_KEPT`` partitions."""
         self._fetch_waits: tuple[asyncio.AbstractEventLoop, ConnectionBudget] | None = None
 
     def fetch_waits(self) -> ConnectionBudget:

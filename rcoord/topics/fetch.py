@@ -180,10 +180,14 @@ _FIRST_READ = 1
 _MAX_STEPS = 8
 """Reads after the first, at most, in one byte-bounded fetch (one pipeline each)."""
 
-_STEP_GROWTH = 8
-"""A step asks a partition for at most this many times the records it gave so far: the size
-it is sized by is their average, and the records after them may be far larger (a first
-record of 10 bytes before records of 1 MiB sized a step of 499 MiB for a 1 MiB bound)."""
+_STEP_GROWTH = 2
+"""A step asks a partition for at most this many times the records it gave so far (so its
+records at most triple a step): the records after those may be far larger than the size the
+step is sized by. A read cannot be bounded by bytes (XRANGE counts records), so this bounds
+what one step can read past the limits when sizes jump: 40 records of 1 byte before records of
+20 kB read about 1.1 MB for a 1 MiB bound. Growth by 8 read up to 8 records of 100 KiB after a
+first one of a byte for a bound of 150 KiB (800 KiB); the gateway's Fetch, with no cap, read
+9.2 MB in the case above, [32, 468] records, to send 92."""
 
 _UNBOUNDED = 1 << 62
 """The byte limit of a fetch given none."""
@@ -195,6 +199,8 @@ def _fetch_bounded(
     max_bytes: int,
     partition_max_bytes: int,
     record_bytes: Sequence[int] | None = None,
+    first_read: int | None = None,
+    done: Sequence[PartitionRecords[Any]] | None = None,
 ) -> list[PartitionRecords[Any]]:
     """Fetch answers for ``reads`` (as ``_fetch_many``) of about ``max_bytes`` in all and
     ``partition_max_bytes`` per partition (Kafka's ``fetch.max.bytes`` and
@@ -202,8 +208,8 @@ def _fetch_bounded(
     with records, as Kafka's ``readFromLog`` does (its ``minOneMessage`` holds until a partition
     has given records), so that a fetch always progresses.
 
-    XRANGE bounds a read by count alone, so the reads go in steps, as the gateway's Fetch
-    does (``gateway.api_records._read_on``): the first asks each partition, in one pipeline,
+    XRANGE bounds a read by count alone, so the reads go in steps (the gateway's Fetch reads
+    with this too, ``fetch_bounded``): the first asks each partition, in one pipeline,
     for what its share of the bytes holds at the record size ``record_bytes`` gives it
     (``_FIRST_READ`` records where it gives none); partitions take their shares in request
     order, each what its own bound and what the earlier ones' reads left (a read of 167 small
@@ -212,8 +218,13 @@ def _fetch_bounded(
     size reads none, unless no partition before it reads any (it may be the first with
     records). Each later step asks every partition whose last read came back full, or that
     read none, with bytes left, for what those should hold at the size its records so far had
-    (or were given; at most ``_STEP_GROWTH`` times the records it gave), again in one
-    pipeline; and one record of the first partition with records if no read found any. So
+    (the larger of their average and its last read's, or the size given; at most
+    ``_STEP_GROWTH`` times the records it gave), again in one pipeline; and one record of the
+    first partition with records if no read found any. ``first_read`` caps what a first read
+    sized by ``record_bytes`` asks (a size from an earlier fetch may be that of smaller
+    records). ``done`` (one per read) are answers already read from the reads' offsets, which
+    the steps go on from instead of a first read (the gateway's Fetch reads one record of a
+    partition before it knows the bytes the partition may take). So
     what a fetch holds follows the byte limits, not the count: 500 records of 1 MiB read at
     once held 500 MiB in the client (and as much in Redis's reply buffer). Records beyond the
     limits (a partition whose records grew past the size given, one of unknown size whose
@@ -223,23 +234,16 @@ def _fetch_bounded(
     1,000 MiB whatever ``max_bytes``.
     """
     sizes = [0] * len(reads) if record_bytes is None else record_bytes
-    left = max_bytes
-    first: list[tuple[str, int, int, _Decode]] = []
-    reading = False  # whether a read before this one may give records
-    for (key, offset, most, decode), size in zip(reads, sizes, strict=True):
-        share = min(partition_max_bytes, left)
-        if size > 0:
-            count = min(most, share // size)
-        else:
-            count = _FIRST_READ if share > 0 else 0
-        if not reading:
-            count = max(count, 1)  # (perhaps the first partition with records)
-        left -= min(share, count * size)  # what the read should take, not the whole bound
-        reading = reading or count > 0
-        first.append((key, offset, count, decode))
-    answers = _fetch_many(client, first)
-    asked = [count for _, _, count, _ in first]
-    got = [len(a.records) for a in answers]
+    if done is not None:
+        answers = [PartitionRecords(list(a.records), a.log_start_offset, a.log_end_offset,
+                                    a.error, a.read_bytes) for a in done]
+        asked = [len(a.records) for a in answers]  # (read as asked: the steps go on from them)
+        got = list(asked)
+    else:
+        answers, asked = _first_reads(client, reads, max_bytes, partition_max_bytes, sizes,
+                                      first_read)
+        got = [len(a.records) for a in answers]
+    last = [-(-a.read_bytes // max(1, len(a.records))) for a in answers]  # last read's size
     for _ in range(_MAX_STEPS):
         left = max_bytes - sum(a.read_bytes for a in answers)
         progress = any(a.records for a in answers)
@@ -251,8 +255,8 @@ def _fetch_bounded(
                 continue  # at its log end, its count, or failed
             room = min(partition_max_bytes - a.read_bytes, left)
             if have:
-                count = (min(most - have, room * have // a.read_bytes, have * _STEP_GROWTH)
-                         if room > 0 else 0)
+                size = max(-(-a.read_bytes // have), last[i], 1)
+                count = min(most - have, room // size, have * _STEP_GROWTH) if room > 0 else 0
             elif sizes[i] > 0:  # (read none: its share was too small)
                 count = min(most, max(0, room) // sizes[i])
             else:
@@ -276,10 +280,39 @@ def _fetch_bounded(
                 got[i] = -1  # trimmed past the next offset meanwhile, or gone: keep what was read
                 continue
             a = answers[i]
+            if b.records:
+                last[i] = -(-b.read_bytes // len(b.records))
             a.records.extend(b.records)
             answers[i] = PartitionRecords(a.records, a.log_start_offset, b.log_end_offset,
                                           a.error, a.read_bytes + b.read_bytes)
     return _within_limits(answers, max_bytes, partition_max_bytes)
+
+
+def _first_reads(
+    client: Any,
+    reads: list[tuple[str, int, int, _Decode]],
+    max_bytes: int,
+    partition_max_bytes: int,
+    sizes: Sequence[int],
+    first_read: int | None,
+) -> tuple[list[PartitionRecords[Any]], list[int]]:
+    """The first reads of ``_fetch_bounded``, in one pipeline: the answers, and the records
+    each read asked for."""
+    left = max_bytes
+    first: list[tuple[str, int, int, _Decode]] = []
+    reading = False  # whether a read before this one may give records
+    for (key, offset, most, decode), size in zip(reads, sizes, strict=True):
+        share = min(partition_max_bytes, left)
+        if size > 0:
+            count = min(most, share // size, most if first_read is None else first_read)
+        else:
+            count = _FIRST_READ if share > 0 else 0
+        if not reading:
+            count = max(count, 1)  # (perhaps the first partition with records)
+        left -= min(share, count * size)  # what the read should take, not the whole bound
+        reading = reading or count > 0
+        first.append((key, offset, count, decode))
+    return _fetch_many(client, first), [count for _, _, count, _ in first]
 
 
 def _within_limits(
@@ -363,6 +396,53 @@ def fetch(
     # Entries with id > 0-<offset> are those at offsets >= offset.
     redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
     return _fetch_once(redis_client, key, offset, max_records, max_bytes)
+
+
+@translate_redis_errors
+def fetch_bounded(
+    redis_client: Any,
+    namespace: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    max_records: int,
+    max_bytes: int | None,
+    *,
+    record_bytes: int = 0,
+    first_read: int | None = None,
+    done: PartitionRecords[Record] | None = None,
+) -> PartitionRecords[Record]:
+    """``fetch`` without the wait, answered with what its records weigh (``read_bytes``): the
+    byte-bounded read the gateway's Fetch makes of a partition (``_fetch_bounded``; one reader,
+    so both bound what they read from Redis alike).
+
+    ``record_bytes`` (0: not known) is the partition's expected bytes per record, which sizes
+    the first read, and ``first_read`` caps what that read asks. ``done`` is an answer already
+    read of this partition from ``offset`` (of ``fetch_bounded`` too, so with its
+    ``read_bytes``): the fetch goes on after its records, which count against ``max_bytes``
+    and begin the answer. Without ``max_bytes``, up to ``max_records`` records in one read.
+    """
+    _check_client(redis_client)
+    _check_namespace(namespace)
+    _check_topic(topic)
+    _check_int("partition", partition, 0)
+    _check_int("offset", offset, 0)
+    _check_int("max_records", max_records, 1, INT32_MAX)
+    _check_int("record_bytes", record_bytes, 0)
+    if first_read is not None:
+        _check_int("first_read", first_read, 1)
+    if done is not None and max_bytes is None:
+        raise InvalidRequestError("going on from done needs max_bytes")
+    if done is not None and done.records and done.records[0].offset != offset:
+        raise InvalidRequestError(f"done must be read from offset {offset}, not "
+                                  f"{done.records[0].offset}")
+    key = partition_key(namespace, topic, partition)
+    reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
+    if max_bytes is None:
+        return _fetch_many(redis_client, reads)[0]
+    _check_int("max_bytes", max_bytes, 1)
+    return _fetch_bounded(redis_client, reads, max_bytes, max_bytes, [record_bytes], first_read,
+                          None if done is None else [done])[0]
 
 
 @translate_redis_errors
