@@ -228,3 +228,49 @@ def test_what_a_fetch_reads_follows_its_byte_limit_when_record_sizes_jump(
         got = _fetch(gateway, [("jump", 0)], max_bytes=50 << 20, partition_max_bytes=1 << 20)
     assert 40 + 45 <= got[("jump", 0)] <= 40 + 53, got
     assert sum(sizes) <= 2 * (1 << 20) + 20_100, (len(sizes), sum(sizes))
+
+
+def _record_bytes_read(monkeypatch: Any) -> list[int]:
+    """Bytes of records read from Redis by the gateway: XRANGE's entries, and the first and
+    last entries every XINFO STREAM beside it carries (counted in ``_answer``)."""
+    read = [0]
+    inner = fetch_module._answer
+
+    def counting(offset: int, entries: Any, info: Any, *rest: Any) -> Any:
+        if isinstance(entries, list):
+            read[0] += sum(sum(map(len, _flat(fields))) for _, fields in entries)
+        if not isinstance(info, Exception):
+            pairs = info.items() if isinstance(info, dict) else zip(info[::2], info[1::2])
+            for name, value in pairs:
+                if name in (b"first-entry", b"last-entry") and value:
+                    read[0] += sum(map(len, _flat(value[1])))
+        return inner(offset, entries, info, *rest)
+
+    monkeypatch.setattr(fetch_module, "_answer", counting)
+    return read
+
+
+def test_partitions_the_response_has_no_room_for_are_not_read(gateway, redis_server, topics,
+                                                            monkeypatch):
+    """40 backlogged partitions of 50 kB records, max_bytes and partition_max_bytes 1 MiB: the
+    first partition fills the response, and the 39 others have their log offsets read, not
+    their records. Before, each of them was read one record, which the response had no room
+    for, and the XINFO STREAM beside that read carried two more (the partition's first and
+    last records): 7 MB read from Redis in every Fetch to send 1 MB; now 1.1 MB. Once, the
+    first Fetch reads a record of each to learn their size."""
+    topics.create("many", 40)
+    client = redis_server.client()
+    try:
+        producer = Producer(client, gateway.config.namespace, idempotent=False)
+        for p in range(40):
+            producer.send_batch("many", [ProducerRecord(b"x" * 50_000, partition=p)
+                                         for _ in range(20)])
+    finally:
+        client.close()
+    read = _record_bytes_read(monkeypatch)
+    parts = [("many", p) for p in range(40)]
+    for _ in range(3):
+        read[0] = 0
+        got = _fetch(gateway, parts, max_bytes=1 << 20, partition_max_bytes=1 << 20)
+        assert got[("many", 0)] == 20 and sum(got.values()) == 20
+    assert read[0] <= 1_200_000, read

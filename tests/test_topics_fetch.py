@@ -345,23 +345,37 @@ def test_what_a_bounded_fetch_reads_stays_near_its_limit_when_record_sizes_jump(
     assert sum(len(r.value or b"") for r in res.records) <= limit
 
 
-def test_fetch_bounded_goes_on_from_an_answer_already_read(
-    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+def test_fetch_bounded_sizes_its_first_read_by_the_size_given_up_to_first_read(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The gateway's Fetch reads one record of a partition before it knows what the partition
-    may take, then goes on from it (``done``): its records count against the bytes."""
+    """The gateway's read of a partition: with no size, one record and then steps; with the
+    size its records had, the first read asks for what fits, at most ``first_read``."""
     topics.create("t", 1)
     _big_records(producer, 1, 12, 100 * KIB)
-    first = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 1, None)
-    assert [r.offset for r in first.records] == [0] and first.read_bytes > 100 * KIB
-    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 350 * KIB,
-                                     done=first)
-    assert [r.offset for r in res.records] == [0, 1, 2] and res.log_end_offset == 12
-    assert [r.offset for r in first.records] == [0]  # (left as it was)
-    with pytest.raises(InvalidRequestError, match="done must be read from offset 1, not 0"):
-        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 1, 500, 1, done=first)
-    with pytest.raises(InvalidRequestError, match="going on from done needs max_bytes"):
-        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, None, done=first)
+    pipelines: list[list[int]] = []
+    inner = fetch_module._fetch_many
+
+    def counting(client: Any, reads: Any) -> Any:
+        pipelines.append([count for _, _, count, _ in reads])
+        return inner(client, reads)
+
+    monkeypatch.setattr(fetch_module, "_fetch_many", counting)
+    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 350 * KIB)
+    assert pipelines == [[1], [2]] and [r.offset for r in res.records] == [0, 1, 2]
+    size = -(-res.read_bytes // len(res.records))
+    pipelines.clear()
+    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 3, 500, 350 * KIB,
+                                     record_bytes=size)
+    assert pipelines == [[3]] and [r.offset for r in res.records] == [3, 4, 5]
+    pipelines.clear()
+    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 3, 500, 350 * KIB,
+                                     record_bytes=size, first_read=2)
+    assert pipelines == [[2], [1]] and [r.offset for r in res.records] == [3, 4, 5]
+    with pytest.raises(InvalidRequestError, match="first_read must be >= 1, got 0"):
+        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 1, first_read=0)
+    with pytest.raises(InvalidRequestError, match="max_bytes must be >= 1, got 0"):
+        fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 0)
 
 
 @pytest.mark.parametrize(("bounds", "message"), [

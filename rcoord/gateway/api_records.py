@@ -262,59 +262,60 @@ def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 # -- Fetch ------------------------------------------------------------------------------------
 
 
-def _first_read(state: GatewayState, topic: str, partition: int, offset: int
-                ) -> PartitionRecords[Record]:
-    """Blocking: the first record of a partition from ``offset`` on, however large (``_read``
-    goes on from it once the bytes the partition may take are known)."""
-    return _bounded(state, topic, partition, offset, 1, None)
-
-
-def _bounded(state: GatewayState, topic: str, partition: int, offset: int, count: int,
-             max_bytes: int | None, done: PartitionRecords[Record] | None = None
-             ) -> PartitionRecords[Record]:
-    """Blocking: ``fetch_bounded`` of ``count`` records and ``max_bytes`` (at least one), with
-    the size the partition's records had in its last Fetch (``state.record_bytes``); the first
-    read asks at most ``FETCH_FIRST_READ`` records, as the records may have grown since."""
+def _bounds(state: GatewayState, topic: str, partition: int, offset: int
+            ) -> PartitionRecords[Record]:
+    """Blocking: a partition's answer without records: its log offsets, and whether ``offset``
+    is in them (``_read`` reads its records once the bytes it may take are known)."""
     try:
-        if offset < 0:
-            # Kafka answers a negative fetch offset OFFSET_OUT_OF_RANGE for that partition
-            # (with its log offsets, so the client can reset), not the request as invalid.
-            start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
-            return PartitionRecords([], start, end, Errors.OFFSET_OUT_OF_RANGE)
-        return fetch_bounded(state.sync_redis, state.config.namespace, topic, partition, offset,
-                             count, None if max_bytes is None else max(1, max_bytes),
-                             record_bytes=state.record_bytes.get((topic, partition), 0),
-                             first_read=FETCH_FIRST_READ, done=done)
+        start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except (TopicError, InvalidRequestError) as exc:
         return PartitionRecords([], -1, -1, _as_unknown(exc))
+    # Kafka answers a fetch offset outside the log (a negative one too) OFFSET_OUT_OF_RANGE
+    # for that partition, with its log offsets so the client can reset.
+    error = Errors.NONE if start <= offset <= end else Errors.OFFSET_OUT_OF_RANGE
+    return PartitionRecords([], start, end, error)
 
 
-def _has_more(res: PartitionRecords[Record], count: int, max_bytes: int) -> bool:
-    """Whether a read of ``count`` records stopped at its count, not at the log end, with
-    bytes left to fill."""
-    return (res.error == Errors.NONE and len(res.records) == count
-            and sum(fetched_sizes(res.records)) < max_bytes)
-
-
-def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int,
-          done: PartitionRecords[Record] | None = None) -> PartitionRecords[Record]:
-    """Blocking: records from ``offset`` on (after ``done``'s, a read from there), up to
-    ``FETCH_MAX_RECORDS`` and about ``max_bytes`` (at least one record, as Kafka sends a
-    record larger than the limit whole).
+def _read(state: GatewayState, topic: str, partition: int, offset: int, max_bytes: int
+          ) -> PartitionRecords[Record]:
+    """Blocking: records from ``offset`` on, up to ``FETCH_MAX_RECORDS`` and about ``max_bytes``
+    (at least one record, as Kafka sends a record larger than the limit whole).
 
     ``rcoord.topics``' byte-bounded reader (``fetch_bounded``) reads in steps sized by the
     records' bytes, each at most a few times the records before it, so what is read from Redis
-    stays near ``max_bytes`` even when the records grow. Before, the gateway stepped on its own
-    with no cap on a step's growth: 40 records of a byte, then records of 20 kB, read 9.2 MB
-    for a limit of 1 MiB; and at first ``FETCH_FIRST_READ`` records whatever their size (32 MB
-    read to send one record of 1 MB). The size the records had is kept for the next Fetch."""
-    res = _bounded(state, topic, partition, offset, FETCH_MAX_RECORDS, max_bytes, done)
+    stays near ``max_bytes`` even when the records grow. The first read asks for what
+    ``max_bytes`` holds at the size the partition's records had in its last Fetch
+    (``state.record_bytes``, kept here), at most ``FETCH_FIRST_READ`` as they may have grown
+    since. Before, the gateway stepped on its own with no cap on a step's growth: 40 records of
+    a byte, then records of 20 kB, read 9.2 MB for a limit of 1 MiB; and at first
+    ``FETCH_FIRST_READ`` records whatever their size (32 MB read to send one record of 1 MB)."""
+    if offset < 0:
+        return _bounds(state, topic, partition, offset)
+    key = (topic, partition)
+    try:
+        res = fetch_bounded(state.sync_redis, state.config.namespace, topic, partition, offset,
+                            FETCH_MAX_RECORDS, max(1, max_bytes),
+                            record_bytes=state.record_bytes.get(key, 0),
+                            first_read=FETCH_FIRST_READ)
+    except (TopicError, InvalidRequestError) as exc:
+        return PartitionRecords([], -1, -1, _as_unknown(exc))
     if res.records:
-        key = (topic, partition)
         if len(state.record_bytes) >= RECORD_SIZES_KEPT and key not in state.record_bytes:
             state.record_bytes.clear()  # (partitions of deleted topics, say)
         state.record_bytes[key] = -(-res.read_bytes // len(res.records))
     return res
+
+
+def _worth_reading(state: GatewayState, topic: str, partition: int, offset: int,
+                   res: PartitionRecords[Record], budget: int, first: bool) -> bool:
+    """Whether a partition answered by ``_bounds`` is read, with ``budget`` of the response
+    left: it has records at ``offset``, and either it is the first partition with records
+    (which sends one however large) or ``budget`` holds a record of the size its records had
+    in its last Fetch (a partition of no known size is read, to learn it: one record, dropped
+    if it does not fit, ``_within``)."""
+    if res.error != Errors.NONE or offset >= res.log_end_offset:
+        return False
+    return first or budget >= max(1, state.record_bytes.get((topic, partition), 0))
 
 
 def _as_unknown(exc: TopicError | InvalidRequestError) -> Errors:
@@ -462,10 +463,12 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
 
     The partitions whose partition_max_bytes all fit max_bytes together (the first ones, in
     request order; every one with librdkafka's defaults up to 50 partitions) are read at once,
-    each to its own limit. Each partition after them is read one record at once (its log
-    bounds, and whether it has records), and goes on, in request order, only with what the
-    response has left: reading every partition to its own limit first read 40 MB to send 1 MB
-    (40 backlogged partitions, max_bytes 1 MB).
+    each to its own limit. Each partition after them has its log offsets read at once (no
+    records, ``_bounds``), and is read, in request order, only with what the response has left,
+    and only if that holds one of its records at the size they had (``_worth_reading``):
+    reading every partition to its own limit first read 40 MB to send 1 MB (40 backlogged
+    partitions, max_bytes 1 MB); reading one record of each of them, 7 MB in every Fetch, as
+    a read also carries the partition's first and last records (``XINFO STREAM``).
     """
     limit = max(0, max_bytes)  # 0: the first partition with records sends one, as in Kafka
     room, ample = limit, 0
@@ -476,7 +479,7 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
         ample += 1
     firsts = await asyncio.gather(*(
         state.blocking(_read, state, t, p, o, pmax) if i < ample
-        else state.blocking(_first_read, state, t, p, o)
+        else state.blocking(_bounds, state, t, p, o)
         for i, (t, p, o, pmax) in enumerate(wanted)))
     left = limit
     results: list[PartitionRecords[Record]] = []
@@ -485,8 +488,9 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
     for i, ((topic, partition, offset, partition_max), res) in enumerate(zip(wanted, firsts,
                                                                              strict=True)):
         budget = min(partition_max, left)
-        if i >= ample and _has_more(res, 1, budget):
-            res = await state.blocking(_read, state, topic, partition, offset, budget, res)
+        if i >= ample and _worth_reading(state, topic, partition, offset, res, budget,
+                                         not any(chosen)):
+            res = await state.blocking(_read, state, topic, partition, offset, budget)
         # Only the first partition with records may go over (Kafka's readFromLog turns
         # minOneMessage off after it): one more record whole would exceed max_bytes.
         records, used = _within(res.records, budget, whole=not any(chosen))

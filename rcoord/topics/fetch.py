@@ -200,7 +200,6 @@ def _fetch_bounded(
     partition_max_bytes: int,
     record_bytes: Sequence[int] | None = None,
     first_read: int | None = None,
-    done: Sequence[PartitionRecords[Any]] | None = None,
 ) -> list[PartitionRecords[Any]]:
     """Fetch answers for ``reads`` (as ``_fetch_many``) of about ``max_bytes`` in all and
     ``partition_max_bytes`` per partition (Kafka's ``fetch.max.bytes`` and
@@ -222,9 +221,7 @@ def _fetch_bounded(
     ``_STEP_GROWTH`` times the records it gave), again in one pipeline; and one record of the
     first partition with records if no read found any. ``first_read`` caps what a first read
     sized by ``record_bytes`` asks (a size from an earlier fetch may be that of smaller
-    records). ``done`` (one per read) are answers already read from the reads' offsets, which
-    the steps go on from instead of a first read (the gateway's Fetch reads one record of a
-    partition before it knows the bytes the partition may take). So
+    records). So
     what a fetch holds follows the byte limits, not the count: 500 records of 1 MiB read at
     once held 500 MiB in the client (and as much in Redis's reply buffer). Records beyond the
     limits (a partition whose records grew past the size given, one of unknown size whose
@@ -234,15 +231,9 @@ def _fetch_bounded(
     1,000 MiB whatever ``max_bytes``.
     """
     sizes = [0] * len(reads) if record_bytes is None else record_bytes
-    if done is not None:
-        answers = [PartitionRecords(list(a.records), a.log_start_offset, a.log_end_offset,
-                                    a.error, a.read_bytes) for a in done]
-        asked = [len(a.records) for a in answers]  # (read as asked: the steps go on from them)
-        got = list(asked)
-    else:
-        answers, asked = _first_reads(client, reads, max_bytes, partition_max_bytes, sizes,
-                                      first_read)
-        got = [len(a.records) for a in answers]
+    answers, asked = _first_reads(client, reads, max_bytes, partition_max_bytes, sizes,
+                                  first_read)
+    got = [len(a.records) for a in answers]
     last = [-(-a.read_bytes // max(1, len(a.records))) for a in answers]  # last read's size
     for _ in range(_MAX_STEPS):
         left = max_bytes - sum(a.read_bytes for a in answers)
@@ -406,21 +397,17 @@ def fetch_bounded(
     partition: int,
     offset: int,
     max_records: int,
-    max_bytes: int | None,
+    max_bytes: int,
     *,
     record_bytes: int = 0,
     first_read: int | None = None,
-    done: PartitionRecords[Record] | None = None,
 ) -> PartitionRecords[Record]:
     """``fetch`` without the wait, answered with what its records weigh (``read_bytes``): the
     byte-bounded read the gateway's Fetch makes of a partition (``_fetch_bounded``; one reader,
     so both bound what they read from Redis alike).
 
     ``record_bytes`` (0: not known) is the partition's expected bytes per record, which sizes
-    the first read, and ``first_read`` caps what that read asks. ``done`` is an answer already
-    read of this partition from ``offset`` (of ``fetch_bounded`` too, so with its
-    ``read_bytes``): the fetch goes on after its records, which count against ``max_bytes``
-    and begin the answer. Without ``max_bytes``, up to ``max_records`` records in one read.
+    the first read, and ``first_read`` caps what that read asks.
     """
     _check_client(redis_client)
     _check_namespace(namespace)
@@ -431,18 +418,11 @@ def fetch_bounded(
     _check_int("record_bytes", record_bytes, 0)
     if first_read is not None:
         _check_int("first_read", first_read, 1)
-    if done is not None and max_bytes is None:
-        raise InvalidRequestError("going on from done needs max_bytes")
-    if done is not None and done.records and done.records[0].offset != offset:
-        raise InvalidRequestError(f"done must be read from offset {offset}, not "
-                                  f"{done.records[0].offset}")
+    _check_int("max_bytes", max_bytes, 1)
     key = partition_key(namespace, topic, partition)
     reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
-    if max_bytes is None:
-        return _fetch_many(redis_client, reads)[0]
-    _check_int("max_bytes", max_bytes, 1)
-    return _fetch_bounded(redis_client, reads, max_bytes, max_bytes, [record_bytes], first_read,
-                          None if done is None else [done])[0]
+    return _fetch_bounded(redis_client, reads, max_bytes, max_bytes, [record_bytes],
+                          first_read)[0]
 
 
 @translate_redis_errors
