@@ -378,6 +378,29 @@ def test_fetch_bounded_sizes_its_first_read_by_the_size_given_up_to_first_read(
         fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 0)
 
 
+def test_a_read_cut_to_the_limits_is_cut_at_its_records_own_sizes(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """A read sized by a small record size finds five records of 400 kB before small ones:
+    what is kept fits the partition's bound, and ``read_bytes`` says what it weighs. Cut at
+    the records' average size, 88 records were kept, 2 MB of values for a bound of 1 MiB,
+    answered as 1 MB (the next read sized by 12 kB a record, the partitions after it given
+    what that left): here, a fetch of max_bytes 1.5 MiB kept 4 MB of two partitions."""
+    topics.create("t", 2)
+    for p in range(2):
+        producer.send_batch("t", [ProducerRecord(b"b" * 400_000, partition=p)
+                                  for _ in range(5)])
+        producer.send_batch("t", [ProducerRecord(b"s" * 100, partition=p) for _ in range(300)])
+    reads = [("t", 0, 0), ("t", 1, 0)]
+    got = fetch_module.fetch_many_as(redis_client, namespace, reads, 500, ConsumerRecord,
+                                     max_bytes=1536 * KIB, partition_max_bytes=1024 * KIB,
+                                     record_bytes=[120, 120])
+    values = [sum(len(r.value or b"") for r in a.records) for a in got]
+    assert values == [800_000, 400_000], values
+    assert all(a.read_bytes >= v for a, v in zip(got, values, strict=True))
+    assert [[r.offset for r in a.records] for a in got] == [[0, 1], [0]]
+
+
 @pytest.mark.parametrize(("bounds", "message"), [
     ({"max_bytes": 0}, "max_bytes must be >= 1, got 0"),
     ({"partition_max_bytes": -1}, "partition_max_bytes must be >= 1, got -1"),

@@ -40,8 +40,9 @@ R = TypeVar("R")
 class PartitionRecords(Generic[R]):
     """A fetch answer whose records are of the caller's type (``fetch_many_as``); the fields
     mean what ``FetchResult``'s mean. ``read_bytes`` is what the records weigh as the byte
-    limits count them (``_entry_bytes``): a caller that passes it back, divided by the
-    records, as ``record_bytes`` lets the next read of the partition be sized in one step."""
+    limits count them (``_entry_bytes``; ``_record_weight`` once cut to the limits): a caller
+    that passes it back, divided by the records, as ``record_bytes`` lets the next read of the
+    partition be sized in one step."""
 
     records: list[R]
     log_start_offset: int
@@ -225,7 +226,7 @@ def _fetch_bounded(
     what a fetch holds follows the byte limits, not the count: 500 records of 1 MiB read at
     once held 500 MiB in the client (and as much in Redis's reply buffer). Records beyond the
     limits (a partition whose records grew past the size given, one of unknown size whose
-    first record did not fit) are dropped from the answer, at their average size; a step that
+    first record did not fit) are dropped from the answer, each at its own size; a step that
     finds the partition gone or trimmed keeps what was read before. Before, every partition
     with records got at least one, so a fetch of 1,000 partitions of 1 MiB records held
     1,000 MiB whatever ``max_bytes``.
@@ -310,22 +311,43 @@ def _within_limits(
     answers: list[PartitionRecords[Any]], max_bytes: int, partition_max_bytes: int
 ) -> list[PartitionRecords[Any]]:
     """``answers`` cut to Kafka's limits: in order, each partition's records up to its bound
-    and what the earlier ones left of ``max_bytes``, at their average size, with the first
-    record of the first partition with records kept however large (``_fetch_bounded``)."""
+    and what the earlier ones left of ``max_bytes``, at each record's own size
+    (``_record_weight``), with the first record of the first partition with records kept
+    however large (``_fetch_bounded``).
+
+    Cut at the records' average size, a read of large records then small ones kept far more
+    than its bound (five of 400 kB before small ones: 2 MB kept for a bound of 1 MiB), and
+    answered ``read_bytes`` of 1 MB for them, which misled the partitions after it and the
+    next read's size."""
     left, taken = max_bytes, False
     for i, a in enumerate(answers):
-        n = len(a.records)
-        if not n:
+        if not a.records:
             continue
         room = max(0, min(partition_max_bytes, left))
         if a.read_bytes > room:
-            keep = max(room * n // a.read_bytes, 0 if taken else 1)
+            keep, used = 0, 0
+            for record in a.records:
+                size = _record_weight(record)
+                if used + size > room and (keep or taken):
+                    break
+                keep, used = keep + 1, used + size
             a = answers[i] = PartitionRecords(a.records[:keep], a.log_start_offset,
-                                              a.log_end_offset, a.error,
-                                              a.read_bytes * keep // n)
+                                              a.log_end_offset, a.error, used)
         left -= a.read_bytes
         taken = taken or bool(a.records)
     return answers
+
+
+_ENTRY_FIELDS = 16
+"""What a stream entry holds beside a record's key, value and headers, about: the field names
+and the timestamp's digits (``_entry_bytes`` counts them)."""
+
+
+def _record_weight(record: Any) -> int:
+    """A decoded record's weight against the byte limits, as ``_entry_bytes`` weighs its
+    entry (about: the headers' packing is not counted)."""
+    return (_ENTRY_FIELDS + len(record.key or b"") + len(record.value or b"")
+            + sum(len(name) + len(value or b"") for name, value in record.header_list))
 
 
 def _fetch_once(
