@@ -986,9 +986,10 @@ local function is_subscribed(topic, subs)
   return subs[topic] == true
 end
 
-local function init_next_generation()
+-- ``psync_empty``: the caller emptied the syncing hash in this call, and nothing wrote it since.
+local function init_next_generation(psync_empty)
   set_g('gen', gen() + 1)
-  redis.call('DEL', K_PSYNC)
+  if not psync_empty then redis.call('DEL', K_PSYNC) end
   if nmembers() > 0 then
     set_g('pname', select_protocol())
     -- The subscribed topics are computed by the completion's chunks (complete_join).
@@ -1211,13 +1212,17 @@ settle_chunks = function()
   return true
 end
 
-local function complete_join()
+-- ``all_parked``: the caller has just found every member parked in a join (all_joined), so
+-- nobody is absent and the count of parked joins is not read again. ``psync_empty``: the
+-- caller emptied the syncing hash in this call (prepare_rebalance; removing members only
+-- deletes from it), so the next generation need not.
+local function complete_join(all_parked, psync_empty)
   cancel('join')
   -- Members that neither rejoined nor are static (static members keep their place) are removed;
   -- found from the keys alone (a static member is its instance id's owner), no record decoded.
   -- When every member rejoined (the common case), nobody is absent and no set is built.
   local ids, absent = redis.call('HKEYS', K_MEMBERS), {}
-  if redis.call('HLEN', K_JOINING) < #ids then
+  if not all_parked and redis.call('HLEN', K_JOINING) < #ids then
     local joining, static = {}, {}
     for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
     for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
@@ -1235,7 +1240,7 @@ local function complete_join()
     schedule('join', NOW + rebalance_timeout())
     return
   end
-  init_next_generation()
+  init_next_generation(psync_empty)
   if G.state == EMPTY then return end
   -- Replies left by members no longer in the group (members' own: with their chunk).
   local member, others = {}, {}
@@ -1267,7 +1272,7 @@ local function maybe_complete_join_phase()
   if G.state ~= PREPARING then return end
   if G.prev == EMPTY then return end -- the initial rebalance completes only by its delay timer
   if not all_joined() then return end
-  complete_join()
+  complete_join(true)
 end
 
 local function prepare_rebalance(reason)
@@ -1290,7 +1295,7 @@ local function prepare_rebalance(reason)
   transition(PREPARING)
   if not initial then
     if all_joined() then
-      complete_join()
+      complete_join(true, true)
     else
       set_g('jk', 'n')
       schedule('join', NOW + rebalance_timeout())
@@ -1308,7 +1313,7 @@ local function expire_heartbeat(id, deadline)
   if G.state == DEAD then return end
   if is_pending(id) then
     redis.call('HDEL', K_PENDING, id)
-    if G.state == PREPARING and all_joined() then complete_join() end
+    if G.state == PREPARING and all_joined() then complete_join(true) end
     return
   end
   local rec = mget(id)
@@ -1321,7 +1326,7 @@ local function expire_heartbeat(id, deadline)
   if G.state == STABLE or G.state == COMPLETING then
     maybe_prepare_rebalance_or_complete_join('removing member ' .. id .. ' on heartbeat expiration')
   elseif G.state == PREPARING and all_joined() then
-    complete_join()
+    complete_join(true)
   end
 end
 
