@@ -768,14 +768,21 @@ local function update_member(rec, req, parked)
     local now_rec = mget(rec.id) or rec
     rec.new, rec.as, rec.asg, rec.ag = now_rec.new, now_rec.as, now_rec.asg, now_rec.ag
   end
-  local rtc = rt_counts()
-  count_protocols(rec, -1)
-  local rt_deltas = {[rec.rt] = -1}
+  -- A member that rejoins with the protocols and rebalance timeout it had (the usual rejoin)
+  -- leaves the protocol counts and the timeout counts as they are: taking it out of them and
+  -- putting it back would decode and rewrite both for nothing. (Counts not stored yet, from
+  -- an older rcoord, are made here all the same.)
+  local same_pr, same_rt = rec.pr == req.pr, rec.rt == req.rt and G.rtc ~= nil
+  local rtc, old_rt = not same_rt and rt_counts(), rec.rt
+  if not same_pr then count_protocols(rec, -1) end
   rec.pr, rec.rt, rec.st, rec.subs = req.pr, req.rt, req.st, req.subs
-  rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) + 1
   mput(rec)
-  count_protocols(rec, 1)
-  rt_update(rtc, rt_deltas)
+  if not same_pr then count_protocols(rec, 1) end
+  if rtc then
+    local rt_deltas = {[old_rt] = -1}
+    rt_deltas[rec.rt] = (rt_deltas[rec.rt] or 0) + 1
+    rt_update(rtc, rt_deltas)
+  end
   if parked then
     redis.call('HSET', K_JOINING, rec.id, 1)
     park_slot(rec.id, 'j')
