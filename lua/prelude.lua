@@ -834,15 +834,19 @@ local function reschedule_heartbeat(id, st) schedule(hb_key(id), NOW + st) end
 -- Writes one chunk: members ``ids`` get assignments ``asgs`` of the propagation at ``at``.
 -- ``parked``: the id of a member whose SyncGroup this very call parks (the leader's, which
 -- stores the assignment): answered as a parked one without its record or slot being written
--- first only to be written again here.
-local function sync_chunk(ids, asgs, err, at, parked)
+-- first only to be written again here. ``parked_rec``: its record as the caller read it in
+-- this call, with nothing written since (it is then not read again; ids[1] must be parked).
+local function sync_chunk(ids, asgs, err, at, parked, parked_rec)
   CHUNK_RAN = true
-  local blobs = hmget_batched(K_MEMBERS, ids)
+  local skip = parked_rec and ids[1] == parked and 1 or 0
+  local blobs = #ids > skip and hmget_batched(K_MEMBERS, skip == 0 and ids or
+    slice(ids, 2, #ids)) or {}
   local g = gen()
   local recs, replies, hbs = {}, {}, {}
   for i, id in ipairs(ids) do
-    if blobs[i] then
-      local rec = cmsgpack.unpack(blobs[i])
+    local rec = i <= skip and parked_rec
+    if not rec and blobs[i - skip] then rec = cmsgpack.unpack(blobs[i - skip]) end
+    if rec then
       rec.asg, rec.ag = asgs[i], g
       if rec.as == 1 or id == parked then
         local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
@@ -888,9 +892,9 @@ end
 -- Gives every member its new assignment (``asg_of(id)``) and completes the parked SyncGroups
 -- with it (or with the error ``err``), in chunks (above): the ids come from the hash's keys, so
 -- no record is decoded outside the chunk that writes it. ``parked``: as sync_chunk's, the leader
--- (always in the first chunk).
-local function propagate_assignment(err, asg_of, ids, parked)
-  settle_chunks()
+-- (always in the first chunk), and ``parked_rec`` its record as sync_chunk's.
+local function propagate_assignment(err, asg_of, ids, parked, parked_rec)
+  if settle_chunks() then parked_rec = nil end -- (the chunks may have rewritten it)
   ids = ids or redis.call('HKEYS', K_MEMBERS)
   for i, id in ipairs(ids) do
     if id == G.leader and i > 1 then
@@ -918,14 +922,16 @@ local function propagate_assignment(err, asg_of, ids, parked)
     set_g('cse', err)
     schedule('cs', 0)
   end
-  sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW, parked)
+  sync_chunk(slice(ids, 1, size), slice(asgs, 1, size), err, NOW, parked, parked_rec)
 end
 
 -- ``leader``: the leader's id; its SyncGroup, which brings the assignment, is answered by the
--- first chunk as a parked one (sync_group.lua).
-local function set_and_propagate_assignment(assignments, leader)
+-- first chunk as a parked one (sync_group.lua), from ``leader_rec``, its record as that step
+-- read it (nothing written to it since), which is not read again.
+local function set_and_propagate_assignment(assignments, leader, leader_rec)
   if G.state ~= COMPLETING then illegal('assignment outside CompletingRebalance') end
-  propagate_assignment('NONE', function(id) return assignments[id] or '' end, nil, leader)
+  propagate_assignment('NONE', function(id) return assignments[id] or '' end, nil, leader,
+    leader_rec)
 end
 
 -- Kafka clears every member's assignment and answers the parked SyncGroups. Here only the

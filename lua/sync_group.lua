@@ -56,7 +56,7 @@ local function sync_group(req)
       -- empty one. The leader is answered with the others, by the propagation's first chunk,
       -- which writes its record and reply slot once (park_sync would write both first).
       remove_pending_sync(member_id)
-      set_and_propagate_assignment(req.assignments, member_id)
+      set_and_propagate_assignment(req.assignments, member_id, rec)
       transition(STABLE)
     else
       park_sync(rec)
