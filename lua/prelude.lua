@@ -1024,9 +1024,10 @@ local function order_holds_all(n)
 end
 
 -- Kafka's maybeElectNewJoinedLeader: keep a leader that rejoined, else the oldest rejoined member.
-local function maybe_elect_new_joined_leader()
+-- ``all_parked``: every member is parked in a join (complete_join's), the leader too.
+local function maybe_elect_new_joined_leader(all_parked)
   if G.leader == '' then return false end
-  if awaiting_join(G.leader) then return true end
+  if all_parked or awaiting_join(G.leader) then return true end
   if G.oq then
     local id = oldest_member(awaiting_join)
     if id then
@@ -1091,11 +1092,12 @@ end
 -- Chunk size: chunk_size() above.
 
 -- Writes chunk ``k`` of ``n`` (member ``ids``) of the completion that started at ``at``;
--- ``inline``: the member entries and topics of every chunk are in this call (n == 1).
-local function join_chunk(ids, k, n, at)
+-- ``all_parked``: every member of the chunk is known to be parked in a join (complete_join's),
+-- so which of them are is not read.
+local function join_chunk(ids, k, n, at, all_parked)
   CHUNK_RAN = true
   local blobs = hmget_batched(K_MEMBERS, ids)
-  local parked = hmget_batched(K_JOINING, ids)
+  local parked = not all_parked and hmget_batched(K_JOINING, ids)
   -- A follower's reply differs from the others only in its member id: encode the rest once and
   -- append the id (a msgpack map is its size, then its key/value pairs).
   local common = join_reply('', 'NONE', false, false)
@@ -1112,7 +1114,8 @@ local function join_chunk(ids, k, n, at)
   for i, id in ipairs(ids) do
     if blobs[i] then
       local rec = cmsgpack.unpack(blobs[i])
-      if id == G.leader then leader_parked = parked[i] and true or false end
+      local is_parked = all_parked or parked[i]
+      if id == G.leader then leader_parked = is_parked and true or false end
       -- Every member must sync this generation, unless it already did (a member that learnt
       -- the generation from a repeated JoinGroup before its chunk was written).
       if rec.as ~= 1 then
@@ -1120,7 +1123,7 @@ local function join_chunk(ids, k, n, at)
         psync[#psync + 1] = 1
       end
       old[#old + 1] = reply_field('s', id)
-      if parked[i] then
+      if is_parked then
         if id ~= G.leader then
           replies[#replies + 1] = reply_field('j', id)
           replies[#replies + 1] = template and template .. cmsgpack.pack(id) or
@@ -1247,7 +1250,7 @@ local function complete_join(all_parked, psync_empty)
   end
   remove_members(absent)
   if G.state == DEAD then return end
-  if not maybe_elect_new_joined_leader() and nmembers() > 0 then
+  if not maybe_elect_new_joined_leader(all_parked) and nmembers() > 0 then
     -- Nobody rejoined (only absent static members remain): try again after a rebalance timeout.
     set_g('jk', 'n')
     schedule('join', NOW + rebalance_timeout())
@@ -1278,7 +1281,7 @@ local function complete_join(all_parked, psync_empty)
     set_g('cjt', NOW)
     schedule('cj', 0)
   end
-  join_chunk(slice(ids, 1, size), 1, n, NOW)
+  join_chunk(slice(ids, 1, size), 1, n, NOW, all_parked)
 end
 
 local function maybe_complete_join_phase()
