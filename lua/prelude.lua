@@ -1098,14 +1098,17 @@ local function join_chunk(ids, k, n, at, all_parked)
   CHUNK_RAN = true
   local blobs = hmget_batched(K_MEMBERS, ids)
   local parked = not all_parked and hmget_batched(K_JOINING, ids)
-  -- A follower's reply differs from the others only in its member id: encode the rest once and
-  -- append the id (a msgpack map is its size, then its key/value pairs).
+  -- The replies of a completion differ only in the member id, and in the leader's member list:
+  -- encode the rest once ('head': a map two entries larger than it, and its pairs) and append
+  -- those (a msgpack map is its size, then its key/value pairs). The leader's reply (last
+  -- chunk) is made from the same head.
   local common = join_reply('', 'NONE', false, false)
-  common.mid, common.at = nil, NOW
+  common.mid, common.mem, common.at = nil, nil, NOW
   local body = cmsgpack.pack(common)
   local n_common = string.byte(body, 1) - 0x80
-  local template = n_common >= 1 and n_common < 15 and string.char(0x81 + n_common) ..
-    string.sub(body, 2) .. cmsgpack.pack('mid')
+  local head = n_common >= 1 and n_common < 14 and string.char(0x82 + n_common) ..
+    string.sub(body, 2)
+  local template = head and head .. cmsgpack.pack('mem') .. '\144' .. cmsgpack.pack('mid')
   local consumer = G.ptype == 'consumer'
   local replies, joined, hbs, recs, old, mem, topics = {}, {}, {}, {}, {}, {}, {}
   local psync = {}
@@ -1187,12 +1190,18 @@ local function join_chunk(ids, k, n, at, all_parked)
   for i, seq in ipairs(seqs) do entries[i] = by_seq[seq] end
   if leader_parked == nil then leader_parked = redis.call('HEXISTS', K_JOINING, G.leader) == 1 end
   if leader_parked then
-    local rep = join_reply(G.leader, 'NONE', false, false)
-    rep.mem, rep.at = nil, NOW
-    local lbody = cmsgpack.pack(rep)
-    reply_put(G.leader, rep,
-      string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. cmsgpack.pack('mem') ..
-      msgpack_array_header(#entries) .. table.concat(entries))
+    local members = cmsgpack.pack('mem') .. msgpack_array_header(#entries) ..
+      table.concat(entries)
+    if head then
+      reply_put(G.leader, {k = 'j'}, head .. cmsgpack.pack('mid') .. cmsgpack.pack(G.leader) ..
+        members)
+    else
+      local rep = join_reply(G.leader, 'NONE', false, false)
+      rep.mem, rep.at = nil, NOW
+      local lbody = cmsgpack.pack(rep)
+      reply_put(G.leader, rep, string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) ..
+        members)
+    end
     redis.call('HDEL', K_JOINING, G.leader)
   end
   -- Kafka's computeSubscribedTopics: known only for "consumer" and when every member's decodes.
