@@ -524,8 +524,8 @@ COMMANDS: dict[
     "topics": (
         _topics_arguments,
         _run_ops,
-        "topics: create, list, describe, delete, add-partitions, delete-records, alter-configs, "
-        "produce, consume",
+        ("topics: create, list, describe, delete, add-partitions, delete-records, "
+         "alter-configs, produce, consume"),
     ),
 }
 

@@ -80,7 +80,7 @@ def test_kafkas_checks_in_kafkas_words(gateway, topics):
     topics.create("t", 1, retention_ms=5)
     topics.create("u", 1)
     for validate_only in (False, True):
-        got = dict((n, (c, m)) for n, c, m in _incremental(gateway, [
+        got = {n: (c, m) for n, c, m in _incremental(gateway, [
             (TOPIC, "t", [("retention.ms", SET, "6"), ("retention.ms", DELETE, None)]),
             (TOPIC, "", [("retention.ms", SET, "6")]),
             (TOPIC, "bad/name", [("retention.ms", SET, "6")]),
@@ -89,7 +89,7 @@ def test_kafkas_checks_in_kafkas_words(gateway, topics):
             (BROKER, "x", []),
             (BROKER, "0", [("offsets.commit.timeout.ms", SET, "1")]),
             (GROUP, "g", [("retention.ms", SET, "6")]),
-        ], validate_only))
+        ], validate_only)}
         assert got["t"] == (Errors.INVALID_REQUEST, "Error due to duplicate config keys")
         assert got[""] == (Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
         assert got["bad/name"][0] == Errors.INVALID_TOPIC_EXCEPTION

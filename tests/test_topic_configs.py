@@ -101,8 +101,8 @@ def test_kafka_operations_as_a_settings_change():
         ([("cleanup.policy", APPEND, "compact")], "never compacted"),
         ([("cleanup.policy", SUBTRACT, "delete")], "never compacted"),
         ([("message.timestamp.type", SET, "CreateTime")], "always LogAppendTime"),
-        ([("retention.ms", APPEND, "5")], "Can't APPEND to key retention.ms because its type "
-                                          "is not LIST."),
+        ([("retention.ms", APPEND, "5")],
+         "Can't APPEND to key retention.ms because its type is not LIST."),
         ([("message.timestamp.type", SUBTRACT, "x")], "Can't SUBTRACT to key"),
         ([("retention.ms", SET, "-2")], "Invalid value -2 for configuration retention.ms"),
         ([("producer.id.expiration.ms", SET, "-1")], "from 1 to"),
