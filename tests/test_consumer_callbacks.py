@@ -96,6 +96,29 @@ class WokenOnce(Recorder):
         self._see("assigned")
 
 
+def _assigned_once(make: Any, state: OneMemberGroup, listener: Any, first: list[int],
+                   then: list[int], **kw: Any) -> Consumer:
+    """A consumer made by ``make`` whose ``listener`` (which may call it) has heard of its
+    first assignment."""
+    consumer = make(state, listener, first, then, **kw)
+    listener.consumer_ref = consumer
+    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    return consumer
+
+
+def _woken_mid_transition(make: Any, state: OneMemberGroup, **kw: Any) -> tuple[Consumer,
+                                                                                WokenOnce]:
+    """A consumer holding t-0 and t-1 whose move to [t-1, t-2] a WakeupError of its
+    revocation callback cut short."""
+    listener = WokenOnce()
+    consumer = _assigned_once(make, state, listener, [0, 1], [1, 2], **kw)
+    _rebalance(state, consumer)
+    with pytest.raises(WakeupError):
+        while True:
+            consumer.poll(timeout=0.05)
+    return consumer, listener
+
+
 def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     make: Any,
 ) -> None:
@@ -105,14 +128,7 @@ def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     already assigned (assignment(), position(), seek()) with no on_partitions_assigned, and
     the revoked one was forgotten with its callback cut short (its commit never made)."""
     state = OneMemberGroup(partitions=3, records=2)
-    listener = WokenOnce()
-    consumer = make(state, listener, [0, 1], [1, 2])
-    listener.consumer_ref = consumer
-    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
-    _rebalance(state, consumer)
-    with pytest.raises(WakeupError):
-        while True:
-            consumer.poll(timeout=0.05)
+    consumer, listener = _woken_mid_transition(make, state)
     # Still what the application was told: t-0 and t-1, not t-2.
     assert listener.seen == [("assigned", [0, 1]), ("revoked", [0, 1])]
     assert consumer.assignment() == [TP("t", 0), TP("t", 1)]
@@ -129,21 +145,6 @@ def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     assert listener.seen[2:] == [("revoked", [0, 1]), ("assigned", [1, 2])]
     assert consumer.assignment() == [TP("t", 1), TP("t", 2)]
     assert consumer.generation is not None and consumer.generation.acknowledged
-
-
-def _woken_mid_transition(make: Any, state: OneMemberGroup, **kw: Any) -> tuple[Consumer,
-                                                                                WokenOnce]:
-    """A consumer holding t-0 and t-1 whose move to [t-1, t-2] a WakeupError of its
-    revocation callback cut short."""
-    listener = WokenOnce()
-    consumer = make(state, listener, [0, 1], [1, 2], **kw)
-    listener.consumer_ref = consumer
-    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
-    _rebalance(state, consumer)
-    with pytest.raises(WakeupError):
-        while True:
-            consumer.poll(timeout=0.05)
-    return consumer, listener
 
 
 def test_close_after_a_wakeup_in_the_revocation_revokes_what_the_listener_was_told(
@@ -234,9 +235,7 @@ def test_close_from_another_thread_during_a_cooperative_revocation_revokes_what_
     partition the listener was never told of."""
     state = OneMemberGroup(partitions=3, records=2)
     listener = ClosedFromElsewhere()
-    consumer = make(state, listener, [0, 1], [1, 2])
-    listener.consumer_ref = consumer
-    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    consumer = _assigned_once(make, state, listener, [0, 1], [1, 2])
     _rebalance(state, consumer)
     wait_until(lambda: listener.closer is not None, lambda: consumer.poll(timeout=0.01))
     assert listener.closer is not None
@@ -259,9 +258,7 @@ def test_wakeup_in_the_revocation_of_a_new_subscription_revokes_again_before_the
     state = OneMemberGroup(partitions=3, records=2)
     state.counts["u"] = 1
     listener = WokenOnce()
-    consumer = make(state, listener, [0, 1], [], enable_auto_commit=False)
-    listener.consumer_ref = consumer
-    wait_until(lambda: listener.kinds() == ["assigned"], lambda: consumer.poll(timeout=0.01))
+    consumer = _assigned_once(make, state, listener, [0, 1], [], enable_auto_commit=False)
     gen = consumer.generation
     assert gen is not None
     consumer.subscribe(["u"])

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("kio")
 
 from gateway_harness import connect, fetched_records, request_frame, response
+from test_topics_fetch import _bytes_read, _flat
 
 from rcoord.topics import Producer, ProducerRecord, partition_key
 
@@ -180,26 +181,6 @@ def test_max_bytes_counts_the_batches_a_response_is_made_of(gateway, redis_serve
     assert (count, sent <= 1_000) == (3, True), sent  # the 900-byte record waits its turn
 
 
-def _flat(fields: Any) -> list[Any]:
-    """An entry's fields as ``[name, value, ...]`` (a cluster pipeline pairs them in a dict)."""
-    return [x for kv in fields.items() for x in kv] if isinstance(fields, dict) else fields
-
-
-def _entry_sizes_read(monkeypatch: Any) -> list[int]:
-    """The stored size of every record the gateway reads from Redis, as read (a wrapper around
-    ``rcoord.topics.fetch._answer``, which every XRANGE reply goes through)."""
-    sizes: list[int] = []
-    inner = fetch_module._answer
-
-    def counting(offset: int, entries: Any, *rest: Any) -> Any:
-        if isinstance(entries, list):
-            sizes.extend(sum(map(len, _flat(fields))) for _, fields in entries)
-        return inner(offset, entries, *rest)
-
-    monkeypatch.setattr(fetch_module, "_answer", counting)
-    return sizes
-
-
 @pytest.mark.parametrize(("warm", "behind"), [(False, False), (True, False), (False, True)])
 def test_what_a_fetch_reads_follows_its_byte_limit_when_record_sizes_jump(
         gateway, redis_server, topics, monkeypatch, warm, behind):
@@ -220,7 +201,7 @@ def test_what_a_fetch_reads_follows_its_byte_limit_when_record_sizes_jump(
                                      for _ in range(500)])
     finally:
         client.close()
-    sizes = _entry_sizes_read(monkeypatch)
+    sizes = _bytes_read(monkeypatch)
     if behind:  # (an empty partition first, and max_bytes leaves the other one no whole bound)
         got = _fetch(gateway, [("jump", 1), ("jump", 0)], max_bytes=(1 << 20) + 1000,
                      partition_max_bytes=1 << 20)

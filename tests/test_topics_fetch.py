@@ -219,14 +219,9 @@ def test_fetch_many_reads_about_the_byte_limits_going_over_by_one_record_at_most
     assert [r.offset for r in res.records] == [10, 11] and res.log_end_offset == 12
 
 
-def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
-    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """With the record size the last answer gave (read_bytes over its records), a bounded
-    read takes one pipeline; without it, one record first and then the rest."""
-    topics.create("t", 1)
-    _big_records(producer, 1, 12, 100 * KIB)
+def _counts_asked(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The record counts each pipeline of reads asks, one list per pipeline (counted in
+    ``_fetch_many``, which every read goes through)."""
     pipelines: list[list[int]] = []
     inner = fetch_module._fetch_many
 
@@ -235,6 +230,18 @@ def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
         return inner(client, reads)
 
     monkeypatch.setattr(fetch_module, "_fetch_many", counting)
+    return pipelines
+
+
+def test_fetch_many_as_reads_a_partition_of_a_known_record_size_in_one_step(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the record size the last answer gave (read_bytes over its records), a bounded
+    read takes one pipeline; without it, one record first and then the rest."""
+    topics.create("t", 1)
+    _big_records(producer, 1, 12, 100 * KIB)
+    pipelines = _counts_asked(monkeypatch)
     (first,) = fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 0)], 500,
                                           ConsumerRecord, partition_max_bytes=350 * KIB)
     assert pipelines == [[1], [2]] and len(first.records) == 3
@@ -353,14 +360,7 @@ def test_fetch_bounded_sizes_its_first_read_by_the_size_given_up_to_first_read(
     size its records had, the first read asks for what fits, at most ``first_read``."""
     topics.create("t", 1)
     _big_records(producer, 1, 12, 100 * KIB)
-    pipelines: list[list[int]] = []
-    inner = fetch_module._fetch_many
-
-    def counting(client: Any, reads: Any) -> Any:
-        pipelines.append([count for _, _, count, _ in reads])
-        return inner(client, reads)
-
-    monkeypatch.setattr(fetch_module, "_fetch_many", counting)
+    pipelines = _counts_asked(monkeypatch)
     res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 350 * KIB)
     assert pipelines == [[1], [2]] and [r.offset for r in res.records] == [0, 1, 2]
     size = -(-res.read_bytes // len(res.records))
