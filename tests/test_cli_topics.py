@@ -61,8 +61,8 @@ def test_create_list_describe_grow_delete(cli, redis_client, namespace):
 
     ok(cli("topics", "produce", "orders", "--partition", "1", stdin="a\nb\n"))
     res = ok(cli("topics", "describe"))
-    assert rows(res.stdout, "TOPIC  PARTITIONS") == [["audit", "1", "60000", "100", "0"],
-                                                     ["orders", "3", "-", "-", "2"]]
+    assert rows(res.stdout, "TOPIC  PARTITIONS") == [["audit", "1", "-", "60000", "100", "0"],
+                                                     ["orders", "3", "-", "-", "-", "2"]]
     assert rows(res.stdout, "TOPIC PARTITION") == [
         ["audit", "0", "0", "0", "-"], ["orders", "0", "0", "0", "-"],
         ["orders", "1", "0", "2", "-"], ["orders", "2", "0", "0", "-"]]

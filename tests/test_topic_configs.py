@@ -160,3 +160,35 @@ def test_the_command_line(cli, topics):
     assert _settings(topics, "t") == (60_000, None, None)
     res = cli("topics", "alter-configs", "missing", "--add-config", "retention.ms=5")
     assert res.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in res.stderr
+
+
+def test_create_takes_configs_as_kafka_topics_does_and_describe_shows_them(cli, topics):
+    """``topics create --config`` (kafka-topics' flag) made no topic: the option did not exist,
+    so ``producer.id.expiration.ms`` could be given at creation only from Python, and
+    ``topics describe`` showed no column or JSON field for it."""
+    ok(cli("topics", "create", "t", "--partitions", "1", "--retention-records", "9", "--config",
+           "producer.id.expiration.ms=5000,retention.ms=-1", "--config", "cleanup.policy=delete"))
+    assert _settings(topics, "t") == (None, 9, 5000)
+    assert topics.settings("t") == {"producer_id_expiration_ms": 5000, "retention_ms": None,
+                                    "retention_records": 9}
+    with pytest.raises(TopicError) as info:
+        topics.settings("missing")
+    assert info.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    res = ok(cli("topics", "describe", "t"))
+    assert rows(res.stdout, "TOPIC  PARTITIONS") == [["t", "1", "5000", "-", "9", "0"]]
+    doc = json.loads(ok(cli("topics", "describe", "t", "--output", "json")).stdout)
+    assert [(d["producer_id_expiration_ms"], d["retention_ms"], d["retention_records"])
+            for d in doc] == [(5000, None, 9)]
+
+    # Refusals create nothing, and say what to fix.
+    for args, says in [
+            (["--config", "segment.bytes=1"], "Unknown topic config name: segment.bytes"),
+            (["--config", "retention.ms=-2"], "Invalid value -2 for configuration retention.ms"),
+            (["--config", "retention.ms"], "--config takes NAME=VALUE"),
+            (["--config", "cleanup.policy=compact"], "never compacted"),
+            (["--config", "retention.ms=1,retention.ms=2"], "retention.ms given more than once"),
+            (["--config", "retention.ms=1", "--retention-ms", "2"],
+             "--retention-ms and --config retention.ms both given")]:
+        res = cli("topics", "create", "u", "--partitions", "1", *args)
+        assert res.returncode == 2 and says in res.stderr, (args, res.stderr)
+    assert topics.list() == ["t"]

@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="records older than this are removed (default, or -1: kept)")
     q.add_argument("--retention-records", type=int, metavar="N",
                    help="keep only the newest N records per partition (default, or -1: all)")
+    q.add_argument("--config", action="append", default=[], metavar="NAME=VALUE[,...]",
+                   help="a topic config, as kafka-topics --config: "
+                   + ", ".join(s.kafka_name for s in SETTINGS)
+                   + "; repeat or separate by commas")
     q.add_argument("--if-not-exists", action="store_true",
                    help="succeed if the topic already exists")
     leaf(sub, "list", "list the topics", _list)
@@ -66,9 +70,7 @@ def _create(ctx: Context) -> int:
     a = ctx.args
     created = True
     try:
-        ctx.topics().create(a.topic, a.partitions,
-                            retention_ms=_limit(a.retention_ms, "--retention-ms"),
-                            retention_records=_limit(a.retention_records, "--retention-records"))
+        ctx.topics().create(a.topic, a.partitions, **_create_settings(a))
     except TopicError as exc:
         if not (a.if_not_exists and exc.error == Errors.TOPIC_ALREADY_EXISTS):
             raise
@@ -78,6 +80,23 @@ def _create(ctx: Context) -> int:
     else:
         print_line(f"Created topic {a.topic}." if created else f"Topic {a.topic} already exists.")
     return 0
+
+
+def _create_settings(a: argparse.Namespace) -> dict[str, int | None]:
+    """The settings of ``create``: its ``--config`` items (each checked, INVALID_CONFIG for an
+    unknown name or a bad value, before anything is created) and the retention flags; one
+    setting given both ways is a usage error, not a silent choice."""
+    settings = settings_change(_config_ops(a.config, [], "--config")) if a.config else {}
+    flags = {"retention_ms": (a.retention_ms, "--retention-ms"),
+             "retention_records": (a.retention_records, "--retention-records")}
+    for field, (value, flag) in flags.items():
+        if value is None:
+            continue
+        if field in settings:
+            raise UsageError(f"{flag} and --config {field.replace('_', '.')} both given; "
+                             "give one")
+        settings[field] = _limit(value, flag)
+    return settings
 
 
 def _limit(value: int | None, flag: str) -> int | None:
@@ -109,15 +128,17 @@ def _describe(ctx: Context) -> int:
     if ctx.json:
         print_json([{
             "topic": d.name, "partition_count": len(d.partitions), "created_ms": d.created_ms,
-            "retention_ms": d.retention_ms, "retention_records": d.retention_records,
+            **{c.field: getattr(d, c.field) for c in SETTINGS},
             "partitions": [{"partition": p.partition, "log_start_offset": p.log_start_offset,
                             "log_end_offset": p.log_end_offset,
                             "error": None if p.error == Errors.NONE else p.error.name}
                            for p in d.partitions],
         } for d in descs])
         return 0
-    print_table(["TOPIC", "PARTITIONS", "RETENTION-MS", "RETENTION-RECORDS", "RECORDS"],
-                [(d.name, len(d.partitions), d.retention_ms, d.retention_records,
+    # A setting's column shows its value on the topic, "-" when the default applies.
+    print_table(["TOPIC", "PARTITIONS", *(c.field.upper().replace("_", "-") for c in SETTINGS),
+                 "RECORDS"],
+                [(d.name, len(d.partitions), *(getattr(d, c.field) for c in SETTINGS),
                   sum(p.log_end_offset - p.log_start_offset for p in d.partitions
                       if p.error == Errors.NONE)) for d in descs])
     rows = [(d.name, p.partition, p.log_start_offset, p.log_end_offset,
@@ -224,21 +245,23 @@ def _split_configs(text: str) -> list[str]:
     return [item for item in items if item.strip()]
 
 
-def _config_ops(adds: list[str], deletes: list[str]) -> list[tuple[str, int, str]]:
+def _config_ops(adds: list[str], deletes: list[str],
+                add_flag: str = "--add-config") -> list[tuple[str, int, str]]:
     ops: list[tuple[str, int, str]] = []
     for item in (i for text in adds for i in _split_configs(text)):
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
-            raise UsageError(f"--add-config takes NAME=VALUE, got {item!r}")
+            raise UsageError(f"{add_flag} takes NAME=VALUE, got {item!r}")
         ops.append((name.strip(), SET, value.strip()))
     ops += [(name.strip(), DELETE, "") for text in deletes for name in text.split(",")
             if name.strip()]
     if not ops:
-        raise UsageError("give --add-config NAME=VALUE or --delete-config NAME (or both)")
+        also = " or --delete-config NAME (or both)" if add_flag == "--add-config" else ""
+        raise UsageError(f"give {add_flag} NAME=VALUE{also}")
     names = [name for name, _, _ in ops]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise UsageError(f"config {', '.join(twice)} given more than once; nothing was changed")
+        raise UsageError(f"config {', '.join(twice)} given more than once; give it once")
     return ops
 
 
@@ -249,8 +272,7 @@ def _alter_configs(ctx: Context) -> int:
     changes = settings_change(_config_ops(a.add_config, a.delete_config))
     admin = ctx.topics()
     admin.alter_configs(a.topic, changes, validate_only=a.validate_only)
-    d = admin.describe(a.topic)
-    current = {s.field: getattr(d, s.field) for s in SETTINGS}
+    current = admin.settings(a.topic)
     # (with --validate-only, what they would be)
     now = topic_configs({**current, **changes} if a.validate_only else current)
     if ctx.json:

@@ -270,6 +270,18 @@ class Topics:
         )
 
     @translate_redis_errors
+    def settings(self, topic: str) -> dict[str, int | None]:
+        """The topic's settings (a keyword of ``create`` -> its value, None where the default
+        applies) in one read of its metadata, without ``describe``'s read of every partition;
+        UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        _check_topic(topic)
+        fields = [s.field for s in SETTINGS]
+        count, *values = self._r.hmget(meta_key(self._ns, topic), ["partitions", *fields])
+        if count is None:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        return {field: _opt_int(value) for field, value in zip(fields, values, strict=True)}
+
+    @translate_redis_errors
     def create_token(self, topic: str) -> str:
         """The token of the ``create`` call that made ``topic`` (``TopicDescription.create_token``):
         another one means the topic was deleted and created again. UNKNOWN_TOPIC_OR_PARTITION if
