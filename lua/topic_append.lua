@@ -3,18 +3,21 @@
 -- ARGV: 4 per record: flags (1 value, 2 key, 4 headers), value, key, headers.
 -- Returns {'NONE', first id, timestamp ms} or {'UNKNOWN_TOPIC_OR_PARTITION'}.
 -- The timestamp is the node's TIME, or the last record's if that is later (stamp, in
--- topic_common.lua, which keeps KEYS[2]): a partition's timestamps never decrease.
+-- topic_common.lua): a partition's timestamps never decrease. KEYS[2] then holds their
+-- timestamp and the log end (appended, in topic_common.lua).
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION'} end
-local ts = string.format('%d', stamp(KEYS[1], KEYS[2], now_ms()))
-local first = nil
+local t = stamp(KEYS[1], KEYS[2], now_ms())
+local ts = string.format('%d', t)
+local first, id = nil, nil
 for i = 1, #ARGV, 4 do
   local flags = tonumber(ARGV[i])
   local f = {'t', ts}
   if flags % 2 == 1 then f[#f + 1] = 'v'; f[#f + 1] = ARGV[i + 1] end
   if math.floor(flags / 2) % 2 == 1 then f[#f + 1] = 'k'; f[#f + 1] = ARGV[i + 2] end
   if math.floor(flags / 4) % 2 == 1 then f[#f + 1] = 'h'; f[#f + 1] = ARGV[i + 3] end
-  local id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
+  id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
   first = first or id
 end
-return {'NONE', first, tonumber(ts)}
+if id then appended(KEYS[2], t, id) end
+return {'NONE', first, t}

@@ -1,10 +1,11 @@
 -- topic_append_idempotent.lua: appends an idempotent producer's records to one partition stream,
 -- dropping the records it already appended (Kafka KIP-98, the broker's ProducerAppendInfo).
 -- KEYS[1] stream, KEYS[2] producer states (hash: producer id -> state), KEYS[3] producer activity
--- (zset: producer id -> last activity ms), KEYS[4] the partition's last record timestamp (a
--- string; stamp in topic_common.lua), KEYS[5] optional: this producer's append log (a string,
--- one line per call that appended: "epoch first-sequence first-offset count\n", only the
--- current epoch's; rcoord.topics.epoch_log reads it). All carry the partition's hash tag.
+-- (zset: producer id -> last activity ms), KEYS[4] the partition's last record timestamp and
+-- log end (a string; stamp and appended in topic_common.lua), KEYS[5] optional: this
+-- producer's append log (a string, one line per call that appended: "epoch first-sequence
+-- first-offset count\n", only the current epoch's; rcoord.topics.epoch_log reads it). All
+-- carry the partition's hash tag.
 -- ARGV[1] now ms or '' (Redis TIME), ARGV[2] producer id, ARGV[3] producer epoch,
 -- ARGV[4] sequence number of the first record (the others follow consecutively),
 -- ARGV[5] lowest sequence number the producer may have lost ('' if none),
@@ -201,7 +202,7 @@ end
 -- only when there is something to append; the state's activity is `now`.
 local t = dup < n and stamp(KEYS[1], KEYS[4], now) or now
 local ts = string.format('%d', t)
-local first_id = ''
+local first_id, last_id = '', nil
 for r = dup + 1, n do
   local i = RECORD_ARGS + (r - 1) * 4
   local flags = tonumber(ARGV[i])
@@ -209,9 +210,10 @@ for r = dup + 1, n do
   if flags % 2 == 1 then f[#f + 1] = 'v'; f[#f + 1] = ARGV[i + 1] end
   if math.floor(flags / 2) % 2 == 1 then f[#f + 1] = 'k'; f[#f + 1] = ARGV[i + 2] end
   if math.floor(flags / 4) % 2 == 1 then f[#f + 1] = 'h'; f[#f + 1] = ARGV[i + 3] end
-  local id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
-  if first_id == '' then first_id = id end
+  last_id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
+  if first_id == '' then first_id = last_id end
 end
+if last_id then appended(KEYS[4], t, last_id) end
 
 -- Only an append is activity (Kafka's lastTimestamp): a resent duplicate does not extend the
 -- state's life, so retrying forever cannot keep a dead producer's state.

@@ -8,21 +8,24 @@ local function now_ms() return (read_clock('')) end
 -- record's if that is later (a clock stepped back, a failover to a node whose clock is behind),
 -- so a partition's timestamps never decrease and topic_offset_for_time.lua can binary-search
 -- them (Kafka's time index keeps the largest timestamp so far for the same reason). The last
--- timestamp is kept in `ts_key` (a string in the stream's slot; set here when it rises): reading
--- the stream's last entry instead would copy its value (about 360 us for 1 MB). Without it (a
--- stream an older rcoord appended to) the last entry is read once; 't' is the first field of
--- every record the append scripts write. Call it only when records are appended next.
-local function stamp(key, ts_key, now)
-  local last = tonumber(redis.call('GET', ts_key) or '')
-  local known = last ~= nil
-  if not known then
+-- timestamp is kept in `mark_key` (a string in the stream's slot, "<timestamp> <log end>",
+-- written by `appended`): reading the stream's last entry instead would copy its value (about
+-- 360 us for 1 MB). Without it (a stream an older rcoord appended to, which wrote the timestamp
+-- alone) the last entry is read once; 't' is the first field of every record the append
+-- scripts write. Call it only when records are appended next, then `appended`.
+local function stamp(key, mark_key, now)
+  local last = tonumber(string.match(redis.call('GET', mark_key) or '', '^(%d+)'))
+  if last == nil then
     local entry = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
     if entry and entry[2][1] == 't' then last = tonumber(entry[2][2]) end
   end
-  local t = now
-  if last ~= nil and last >= now then t = last end
-  if t ~= last or not known then redis.call('SET', ts_key, string.format('%d', t)) end
-  return t
+  if last ~= nil and last >= now then return last end
+  return now
+end
+-- After records stamped `t` were appended, the last with id `last_id`: the mark holds their
+-- timestamp and the log end, which log_offsets_marked reads instead of XINFO STREAM.
+local function appended(mark_key, t, last_id)
+  redis.call('SET', mark_key, string.format('%d %d', t, seq(last_id)))
 end
 -- Log start and end offsets: end = sequence of the last id ever generated (kept by trimming),
 -- start = first entry's offset, or end when retention emptied the stream.
@@ -36,4 +39,19 @@ local function log_offsets(key)
   local e = seq(last)
   if first then return seq(first[1]) - 1, e end
   return e, e
+end
+-- log_offsets from the mark `appended` keeps (the log end) and XLEN: rcoord appends with
+-- consecutive ids (XADD 0-*) and removes only a prefix (XTRIM), so the log start is the end
+-- less the length. XINFO STREAM, which log_offsets reads, copies the first and last records
+-- (1 ms for records of 1 MB); this reads two numbers. A stream with no mark (made empty by
+-- topic_make.lua, which deletes it, or appended to by an older rcoord) or one whose mark does
+-- not fit its length is read by log_offsets; so is every stream for a Redis user whose ACL
+-- rules, written before this read, lack XLEN (docs/security.md lists it now).
+local function log_offsets_marked(key, mark_key)
+  local e = tonumber(string.match(redis.call('GET', mark_key) or '', ' (%d+)$'))
+  if e then
+    local n = redis.pcall('XLEN', key)
+    if type(n) == 'number' and n <= e then return e - n, e end
+  end
+  return log_offsets(key)
 end

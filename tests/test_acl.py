@@ -30,7 +30,7 @@ from rcoord import (
 )
 from rcoord.connect import connect
 from rcoord.errors import MissingPermissionError
-from rcoord.topics import Producer, ProducerRecord, Topics
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 PASSWORD = "acl-test-pw"
@@ -346,3 +346,17 @@ def test_worker_runs_a_named_producer_that_logs_its_appends(users: Users,
     assert users.denials(name) == [] and users.denials(admin_name) == []
     worker.close()
     admin.close()
+
+
+def test_a_worker_whose_rules_predate_xlen_still_reads(users: Users, namespace: str) -> None:
+    """A fetch reads the log offsets with XLEN (``topic_common.lua``'s log_offsets_marked),
+    which the worker rules gained with it; a user made from the rules before still reads,
+    with XINFO STREAM as before, instead of every fetch failing with NOPERM."""
+    admin_setup(users, namespace, partitions=1)
+    name, client = make(users, namespace, "worker")
+    for node in users.nodes:
+        node.execute_command("ACL", "SETUSER", name, "-xlen")
+    Producer(client, namespace).send_batch("t", [ProducerRecord(b"x", partition=0)] * 3)
+    got = fetch(client, namespace, "t", 0, 1)
+    assert got.error == Errors.NONE and [r.value for r in got.records] == [b"x", b"x"]
+    assert (got.log_start_offset, got.log_end_offset) == (0, 3)

@@ -225,11 +225,21 @@ def producer_log_key(namespace: str, topic: str, partition: int, producer_id: st
 
 
 def last_timestamp_key(namespace: str, topic: str, partition: int) -> str:
-    """The timestamp of the partition's latest record (ms, a string), in the stream's slot.
-    Appends stamp max(clock, it) and raise it, so a partition's timestamps never decrease
+    """The timestamp of the partition's latest record and the log end after it ("<ms> <end>",
+    a string; an older rcoord wrote the timestamp alone), in the stream's slot. Appends stamp
+    max(clock, it) and raise it, so a partition's timestamps never decrease
     (``offsets_for_times`` binary-searches them) without reading the last record, whose value
-    the read would copy (360 us for a 1 MB value)."""
+    the read would copy (360 us for a 1 MB value); and reads take the log offsets from it
+    (``topic_offsets.lua``) instead of from XINFO STREAM, which copies the first and last
+    records."""
     return f"{namespace}:topicts:{{{partition_tag(topic, partition)}}}:{topic}:{partition}"
+
+
+def last_timestamp_key_of(stream_key: str) -> str:
+    """``last_timestamp_key`` of the partition whose stream is ``stream_key`` (a
+    ``partition_key``: a namespace has no braces, so the first one opens the hash tag)."""
+    tag = stream_key.index("{")
+    return stream_key[:tag - len("topic:")] + "topicts:" + stream_key[tag:]
 
 
 def partition_keys(namespace: str, topic: str, partition: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Stream entries to Records and XINFO STREAM to log offsets: the read path's hot loop.
+"""Stream entries to Records: the read path's hot loop.
 
 A fetch of 500 records spends most of its client time here, so the loop is written for speed.
 Entries arrive as ``(id, [name, value, ...])``, the flat form the server sends, because
@@ -162,23 +162,3 @@ def _fields(
     }
     return own if head is None else {"topic": head[0], "partition": head[1], **own}
 
-
-def _seq(entry_id: bytes | str) -> int:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[2])
-
-
-def log_offsets_of(info: Mapping[Any, Any] | Sequence[Any]) -> tuple[int, int]:
-    """(log start, log end) from an ``XINFO STREAM`` reply (as ``topic_common.lua``).
-
-    The end is the sequence of ``last-generated-id``, which trimming keeps; the start is the
-    first entry's offset, or the end when retention emptied the stream. The reply is a flat
-    list or a dict, with str or bytes names, depending on which redis-py callback ran.
-    """
-    pairs = info.items() if isinstance(info, Mapping) else zip(info[::2], info[1::2])
-    fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in pairs}
-    end = _seq(fields["last-generated-id"])
-    first = fields.get("first-entry")
-    if not first or first[0] is None:
-        return end, end
-    return _seq(first[0]) - 1, end

@@ -33,6 +33,7 @@ from ._base import (
     _name,
     _opt_int,
     _run,
+    last_timestamp_key_of,
     make_keys,
     meta_key,
     partition_key,
@@ -256,8 +257,8 @@ class Topics:
         if not meta:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         n = int(meta[b"partitions"])
-        results = _run(self._r, [(OFFSETS, [partition_key(self._ns, topic, p)], [])
-                                 for p in range(n)])
+        keys = [partition_key(self._ns, topic, p) for p in range(n)]
+        results = _run(self._r, [(OFFSETS, [key, last_timestamp_key_of(key)], []) for key in keys])
         infos = [PartitionInfo(p, int(r[1]), int(r[2]), _name(r[0])) for p, r in enumerate(results)]
         return TopicDescription(
             name=topic,

@@ -29,9 +29,10 @@ from ._base import (
     _name,
     _offset_id,
     _run,
+    last_timestamp_key_of,
     partition_key,
 )
-from ._decode import decode_entries, decode_entries_as, log_offsets_of
+from ._decode import decode_entries, decode_entries_as
 
 R = TypeVar("R")
 
@@ -63,12 +64,21 @@ _STALE_RETRIES = 3
 
 def _read(pipe: Any, key: str, offset: int, max_records: int) -> None:
     pipe.execute_command("XRANGE", key, _offset_id(offset), "+", "COUNT", max_records)
-    pipe.execute_command("XINFO", "STREAM", key)
+    pipe.execute_command("EVALSHA", OFFSETS.sha, 2, key, last_timestamp_key_of(key))
+
+
+def _log_offsets_after(client: Any, key: str, reply: Any) -> Any:
+    """The log offsets read after an XRANGE (``_read``): ``reply``, or, where the script was not
+    loaded (NOSCRIPT: a restart, ``SCRIPT FLUSH``; it did not run), the script called again,
+    which loads it; still after the XRANGE, which is all ``_answer`` needs."""
+    if isinstance(reply, redis.exceptions.NoScriptError):
+        return OFFSETS(client, [key, last_timestamp_key_of(key)], [])
+    return reply
 
 
 _RAW_REPLIES: Mapping[str, Any] = MappingProxyType({})
-"""No reply callbacks: XRANGE and XINFO STREAM answers as the server sent them (read-only, as
-every pipeline made here shares it)."""
+"""No reply callbacks: XRANGE answers as the server sent them (read-only, as every pipeline
+made here shares it)."""
 
 
 def _pipeline(client: Any) -> Any:
@@ -84,12 +94,6 @@ def _pipeline(client: Any) -> Any:
     if isinstance(client, redis.Redis):
         return redis.client.Pipeline(client.connection_pool, _RAW_REPLIES, False, None)
     return client.pipeline(transaction=False)
-
-
-def _no_stream(exc: Exception) -> bool:
-    """XINFO STREAM's answer for a missing key, or for a key that is not a stream."""
-    text = str(exc)
-    return "no such key" in text or text.startswith("WRONGTYPE")
 
 
 _EXACT_ENTRIES = 64
@@ -117,25 +121,26 @@ def _entry_bytes(entries: Sequence[Sequence[Any]]) -> int:
 
 
 def _answer(
-    offset: int, entries: Any, info: Any, decode: _Decode = decode_entries
+    offset: int, entries: Any, offsets: Any, decode: _Decode = decode_entries
 ) -> PartitionRecords[Any] | None:
-    """The fetch answer from an XRANGE and the XINFO STREAM that followed it on the same
-    connection; None when the two reads saw different streams (deleted and re-created).
+    """The fetch answer from an XRANGE and the log offsets read after it on the same
+    connection (``topic_offsets.lua``'s reply); None when the two reads saw different streams
+    (deleted and re-created).
 
     Why the two reads need no transaction: within one stream, the log start and end only grow
     and the record at an offset never changes, so the entries read first are still the records
-    at those offsets when XINFO runs (start <= offset), and all of them lie below the end XINFO
-    reports. The answer is therefore the state at the XINFO instant, with possibly fewer
+    at those offsets when the offsets are read (start <= offset), and all of them lie below the
+    end read. The answer is therefore the state at that second instant, with possibly fewer
     records than that instant held, which a fetch may return anyway. An offset below the start
-    or above the end is OFFSET_OUT_OF_RANGE with those offsets, as the script answered. If the
-    stream was replaced in between, the entries do not start at ``offset`` or reach past the
-    end; the caller reads again.
+    or above the end is OFFSET_OUT_OF_RANGE with those offsets. If the stream was replaced in
+    between, the entries do not start at ``offset`` or reach past the end; the caller reads
+    again.
     """
-    if isinstance(info, Exception):
-        if isinstance(info, redis.exceptions.ResponseError) and _no_stream(info):
-            return PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
-        raise info
-    start, end = log_offsets_of(info)
+    if isinstance(offsets, Exception):
+        raise offsets
+    if _name(offsets[0]) != Errors.NONE:
+        return PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+    start, end = int(offsets[1]), int(offsets[2])
     if offset < start or offset > end:
         return PartitionRecords([], start, end, Errors.OFFSET_OUT_OF_RANGE)
     if isinstance(entries, Exception):
@@ -152,9 +157,10 @@ def _fetch_many(
 ) -> list[PartitionRecords[Any]]:
     """Fetch answers for ``(stream key, offset, max records, decode)`` reads, in one pipeline.
 
-    Every read is an XRANGE then an XINFO STREAM on its own key (see ``_answer``), so in a
-    cluster each pair goes to its partition's node and the pipeline costs one round trip per
-    node. No script runs: the server does two plain reads per partition.
+    Every read is an XRANGE then the log offsets (``topic_offsets.lua`` with the partition's
+    mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
+    for records of 1 MB) on its own keys (see ``_answer``), so in a cluster each pair goes to
+    its partition's node and the pipeline costs one round trip per node.
     """
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
@@ -164,7 +170,8 @@ def _fetch_many(
             _read(pipe, *reads[i][:3])
         replies = pipe.execute(raise_on_error=False)
         for n, i in enumerate(todo):
-            results[i] = _answer(reads[i][1], replies[2 * n], replies[2 * n + 1], reads[i][3])
+            offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
+            results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
@@ -560,7 +567,8 @@ def log_offsets(redis_client: Any, namespace: str, topic: str, partition: int) -
     _check_namespace(namespace)
     _check_topic(topic)
     _check_int("partition", partition, 0)
-    (res,) = _run(redis_client, [(OFFSETS, [partition_key(namespace, topic, partition)], [])])
+    key = partition_key(namespace, topic, partition)
+    (res,) = _run(redis_client, [(OFFSETS, [key, last_timestamp_key_of(key)], [])])
     if _name(res[0]) != Errors.NONE:
         raise TopicError(_name(res[0]), f"{topic}-{partition}")
     return int(res[1]), int(res[2])
