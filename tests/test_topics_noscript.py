@@ -18,7 +18,7 @@ import redis
 import redis.connection
 
 from rcoord.testing.embedded import EmbeddedServer
-from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch, fetch_many
 from rcoord.topics._base import APPEND, APPEND_IDEMPOTENT, MAX_APPEND_PER_CALL, _Lua
 
 WAIT_S = 15.0
@@ -91,3 +91,25 @@ def test_a_batch_split_into_calls_keeps_its_order_when_the_script_cache_was_flus
     assert [r.value for r in log] == values
     # Two calls of one partition never share a request (the old _run sent both in one).
     assert splits == []
+
+
+def test_a_fetch_after_the_script_cache_was_flushed_reloads_the_offsets_script(
+    own_server: EmbeddedServer, helper: redis.Redis
+) -> None:
+    """A fetch reads the log offsets with a script in its pipeline; after a restart or a
+    ``SCRIPT FLUSH`` that call answers NOSCRIPT and did not run, and the fetch calls it
+    again (which loads it) instead of failing, for one partition and for several."""
+    topics = Topics(helper, "ns")
+    topics.create("t", 2)
+    Producer(helper, "ns").send_batch("t", [ProducerRecord(b"%d" % i, partition=i % 2)
+                                            for i in range(6)])
+    for attempt in range(2):
+        helper.script_flush()
+        before = noscript_replies(helper)
+        if attempt == 0:
+            got = [fetch(helper, "ns", "t", 0, 1)]
+        else:
+            got = fetch_many(helper, "ns", [("t", 0, 1), ("t", 1, 0)])
+        assert noscript_replies(helper) > before  # (the flush was seen)
+        assert [([r.value for r in g.records], g.log_start_offset, g.log_end_offset)
+                for g in got] == [([b"2", b"4"], 0, 3), ([b"1", b"3", b"5"], 0, 3)][:len(got)]
