@@ -5,8 +5,9 @@ connection (the one sign such a producer gets); acks other than -1, 0 and 1 appe
 UNKNOWN_TOPIC_OR_PARTITION for that partition alone; a Fetch answers at once with min_bytes 0
 and waits for min_bytes otherwise; the bytes a Fetch reads follow the response's max_bytes; and
 CreateTopics with validate_only refuses what the create would; Metadata by topic id; one batch per
-partition in a Produce; a partition named twice in a Produce or Fetch served once (the last
-entry); a SyncGroup v5 needs its protocol type and name."""
+partition in a Produce, bytes after the last whole one dropped; a partition named twice in a
+Produce or Fetch served once (the last entry); a SyncGroup v5 needs its protocol type and
+name."""
 
 from __future__ import annotations
 
@@ -669,6 +670,53 @@ def test_batches_kafka_calls_invalid_records_are_answered_so(gateway, redis_serv
     topics.create("t", 1)
     (part,) = _produce_to(gateway, [(0, records)])
     assert part.error_code.value == INVALID_RECORD and says in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)
+
+
+def _batch_head(length: int, magic: int = 2) -> bytes:
+    """The first 17 bytes of a batch (base offset, length, leader epoch, magic): as much of a
+    batch as Kafka reads to know its size (ByteBufferLogInputStream.nextBatchSize)."""
+    return bytes(8) + length.to_bytes(4, "big", signed=True) + bytes(4) + bytes([magic])
+
+
+@pytest.mark.parametrize("tail", [
+    b"\x00" * 11,  # less than a batch's offset and length (12 bytes)
+    _batch_head(200)[:14],  # a length, but the magic not yet
+    _batch_head(200),  # a length (200) the 17 bytes sent do not hold
+    produced_batch([Record(0, None, b"w", {}, 0)])[:-1],  # a whole batch but for its last byte
+], ids=["11 bytes", "no magic", "a header", "all but a byte"])
+def test_a_partial_batch_after_the_whole_one_is_trimmed_as_kafka_does(
+        gateway, redis_server, topics, tail):
+    """Kafka reads a partition's records batch by batch (ByteBufferLogInputStream) and stops at
+    bytes that do not hold a whole batch; UnifiedLog.trimInvalidBytes drops them and the whole
+    batch before them is appended. The gateway answered such a request CORRUPT_MESSAGE, which
+    producers retry: the same request was resent until the delivery timeout."""
+    topics.create("t", 1)
+    good = produced_batch([Record(0, None, b"v", {}, 0)])
+    (part,) = _produce_to(gateway, [(0, good + tail)])
+    assert (part.error_code.value, part.base_offset) == (0, 0), part.error_message
+    assert _log(gateway, redis_server) == (0, 1)
+
+
+@pytest.mark.parametrize(("records", "code", "says"), [
+    # No whole batch: Kafka's ProduceRequest.validateRecords finds none (INVALID_RECORD).
+    (produced_batch([Record(0, None, b"v", {}, 0)])[:40], INVALID_RECORD, "whole record batch"),
+    (_batch_head(200), INVALID_RECORD, "whole record batch"),
+    (b"\x00" * 5, INVALID_RECORD, "whole record batch"),
+    # What nextBatchSize refuses before it looks for the batch's end: CORRUPT_MESSAGE.
+    (_batch_head(13), CORRUPT_MESSAGE, "length 13"),
+    (_batch_head(200, magic=3), CORRUPT_MESSAGE, "magic 3"),
+    (produced_batch([Record(0, None, b"v", {}, 0)]) + _batch_head(5)[:12], CORRUPT_MESSAGE,
+     "length 5"),
+], ids=["40 bytes", "a header", "5 bytes", "length 13", "magic 3", "then length 5"])
+def test_records_without_a_whole_batch_are_answered_as_kafka_does(
+        gateway, redis_server, topics, records, code, says):
+    """A record set that holds no whole batch is INVALID_RECORD (Kafka: "must have at least one
+    record batch"), not CORRUPT_MESSAGE, which producers retry; a batch length below the least
+    Kafka takes, or a magic past 2, stays CORRUPT_MESSAGE, where Kafka reads it."""
+    topics.create("t", 1)
+    (part,) = _produce_to(gateway, [(0, records)])
+    assert part.error_code.value == code and says in part.error_message, part.error_message
     assert _log(gateway, redis_server) == (0, 0)
 
 

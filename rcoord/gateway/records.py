@@ -61,18 +61,25 @@ class IncomingBatch:
 
 
 def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
-    """The batches of one partition's ``records`` field of a ProduceRequest."""
+    """The whole batches of one partition's ``records`` field of a ProduceRequest.
+
+    Bytes after the last whole batch are dropped, as Kafka does: its reader stops at a batch
+    whose bytes are not all there (``ByteBufferLogInputStream.nextBatch``) and the append trims
+    what it did not read (``UnifiedLog.trimInvalidBytes``). Records with no whole batch are
+    INVALID_RECORD (``ProduceRequest.validateRecords``). Both were CORRUPT_MESSAGE, which
+    producers take for a transmission error and resend until their delivery timeout."""
     view = memoryview(data)
     out: list[IncomingBatch] = []
     pos = 0
-    while pos < len(view):
+    while (end := _whole_batch_end(view, pos)) is not None:
         # Kafka's answers: ProduceRequest.validateRecords, then LogValidator.validateBatch
         # (INVALID_RECORD, per partition).
-        if len(view) - pos > _MAGIC_AT and view[pos + _MAGIC_AT] != 2:
+        if view[pos + _MAGIC_AT] != 2:
             raise BatchError(INVALID_RECORD, f"record batch magic {view[pos + _MAGIC_AT]}; "
                              "Produce takes only v2 batches (magic 2)")
-        if len(view) - pos < _HEADER_BYTES:
-            raise BatchError(CORRUPT_MESSAGE, "truncated record batch header")
+        if end - pos < _HEADER_BYTES:  # (DefaultRecordBatch.ensureValid)
+            raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its {end - pos} bytes "
+                             f"are fewer than a v2 batch header's {_HEADER_BYTES}")
         attributes = int.from_bytes(view[pos + _ATTRIBUTES_AT:pos + _ATTRIBUTES_AT + 2], "big")
         if attributes & _COMPRESSION_MASK:
             raise BatchError(UNSUPPORTED_COMPRESSION_TYPE,
@@ -82,7 +89,7 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         if attributes & _TRANSACTIONAL:
             raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
         _check_count(view, pos)
-        end = _batch_end(view, pos)
+        _check_crc(view, pos, end)
         records = _records(view[:end], pos, partition)
         if attributes & _LOG_APPEND_TIME:  # the broker stamps it (LogValidator.validateTimestamp)
             raise BatchError(INVALID_TIMESTAMP, "a producer may not set the batch's timestamp "
@@ -90,21 +97,51 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         producer_id, epoch, sequence = _PRODUCER.unpack_from(view, pos + _PRODUCER_AT)
         out.append(IncomingBatch(producer_id, epoch, sequence, records))
         pos = end
+    if not out and len(view):
+        first = (f" (the first declares {_batch_length(view, 0) + _BATCH_LENGTH_FROM} bytes, "
+                 f"magic {view[_MAGIC_AT]})" if len(view) > _MAGIC_AT else "")
+        raise BatchError(INVALID_RECORD, "a Produce request must carry at least one whole "
+                         f"record batch per partition: the {len(view)} bytes sent hold "
+                         f"none{first}")
     return out
 
 
-def _batch_end(view: memoryview, pos: int) -> int:
-    """Where the batch at ``pos`` ends, once its length and CRC32C are checked (Kafka's
-    ``DefaultRecordBatch.ensureValid``: CORRUPT_MESSAGE)."""
-    length = int.from_bytes(view[pos + _LENGTH_AT:pos + _LENGTH_AT + 4], "big", signed=True)
-    end = pos + _LENGTH_AT + 4 + length
-    if end < pos + _HEADER_BYTES or end > len(view):
-        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its length {length} does not "
-                         f"fit the {len(view) - pos} bytes sent")
+_BATCH_LENGTH_FROM = _LENGTH_AT + 4
+"""Where a batch's length counts from: its base offset and length fields are not counted."""
+_LEAST_BATCH_LENGTH = 14
+"""The least batch length Kafka reads on (``LegacyRecord.RECORD_OVERHEAD_V0``)."""
+
+
+def _batch_length(view: memoryview, pos: int) -> int:
+    return int.from_bytes(view[pos + _LENGTH_AT:pos + _BATCH_LENGTH_FROM], "big", signed=True)
+
+
+def _whole_batch_end(view: memoryview, pos: int) -> int | None:
+    """Where the batch at ``pos`` ends, or None when ``view`` does not hold all of it (nor a
+    batch at all), as Kafka's ``ByteBufferLogInputStream.nextBatchSize`` reads it: a length
+    below 14 or a magic other than 0, 1 or 2 is CORRUPT_MESSAGE, once enough bytes came to
+    read it."""
+    if len(view) - pos < _BATCH_LENGTH_FROM:
+        return None
+    length = _batch_length(view, pos)
+    if length < _LEAST_BATCH_LENGTH:
+        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its length {length} is "
+                         f"below the least a batch has ({_LEAST_BATCH_LENGTH})")
+    if len(view) - pos <= _MAGIC_AT:
+        return None
+    magic = int.from_bytes(view[pos + _MAGIC_AT:pos + _MAGIC_AT + 1], "big", signed=True)
+    if not 0 <= magic <= 2:
+        raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: magic {magic}")
+    end = pos + _BATCH_LENGTH_FROM + length
+    return end if end <= len(view) else None
+
+
+def _check_crc(view: memoryview, pos: int, end: int) -> None:
+    """Kafka's ``DefaultRecordBatch.ensureValid`` for the whole batch at ``pos``: its CRC32C
+    (CORRUPT_MESSAGE)."""
     stored = int.from_bytes(view[pos + _CRC_AT:pos + _ATTRIBUTES_AT], "big")
     if crc32c.crc32c(view[pos + _ATTRIBUTES_AT:end]) != stored:
         raise BatchError(CORRUPT_MESSAGE, "corrupt record batch: CRC32C mismatch")
-    return end
 
 
 def _records(view: memoryview, pos: int, partition: int) -> list[ProducerRecord]:
