@@ -720,6 +720,50 @@ def test_records_without_a_whole_batch_are_answered_as_kafka_does(
     assert _log(gateway, redis_server) == (0, 0)
 
 
+def _transactional(value: bytes) -> bytes:
+    """A one-record batch of a transactional producer (attributes 0x10, producer id 7)."""
+    out = bytearray(produced_batch([Record(0, None, value, {}, 0)], producer_id=7,
+                                   producer_epoch=0, base_sequence=0))
+    out[22] |= 0x10
+    return with_crc(out)
+
+
+def test_a_transactional_batch_fails_the_whole_produce_as_kafka_does(gateway, redis_server,
+                                                                      topics):
+    """The gateway serves no transactions: a transactional id is answered
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers one the caller may not use. Kafka
+    checks a Produce with transactional records before anything else and answers it so whole,
+    on every partition, appending none (KafkaApis.handleProduceRequest); an acks=0 one closes
+    the connection. The gateway answered the transactional partition INVALID_REQUEST and
+    appended the others of the same request."""
+    topics.create("t", 2)
+    plain = produced_batch([Record(0, None, b"p", {}, 0)])
+    for txn_id in (None, "tx"):
+        answer = call_once(gateway, 0, 9, {
+            "transactional_id": txn_id, "acks": -1, "timeout": 5000, "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": plain},
+                                                 {"index": 1, "records": _transactional(b"x")}]},
+                {"name": "missing", "partition_data": [{"index": 0, "records": plain}]}]})
+        got = [(t.name, p.index, p.error_code.value, p.base_offset) for t in answer.responses
+               for p in t.partition_responses]
+        assert got == [("t", 0, 53, -1), ("t", 1, 53, -1), ("missing", 0, 53, -1)]
+        assert "transactions are not supported" in answer.responses[0].partition_responses[
+            0].error_message
+        assert _log(gateway, redis_server) == (0, 0)
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(0, 9, 1, {"acks": 0, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": plain},
+                                             {"index": 1, "records": _transactional(b"x")}]}]}))
+        assert _closed(sock)
+    finally:
+        sock.close()
+    assert _log(gateway, redis_server) == (0, 0)
+    # A transactional batch after a whole one is not looked at: two batches, INVALID_RECORD.
+    (part,) = _produce_to(gateway, [(0, plain + _transactional(b"y"))])
+    assert part.error_code.value == INVALID_RECORD and "one partition" in part.error_message
+
+
 def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
         gateway, redis_server, topics):
     """Kafka looks each partition up before it reads its records or looks at acks

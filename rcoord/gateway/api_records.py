@@ -45,9 +45,18 @@ from .errors import (
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
     TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    TRANSACTIONS_NOT_SERVED,
     UNREACHED,
 )
-from .records import BatchError, IncomingBatch, decode_batches, encode_fetched, fetched_sizes
+from .records import (
+    BatchError,
+    IncomingBatch,
+    decode_batches,
+    encode_fetched,
+    fetched_sizes,
+    first_batch_transactional,
+)
 from .registry import api
 from .state import Connection, GatewayState
 from .wire import millis
@@ -204,6 +213,8 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
     state = conn.state
     entries = _last_of_each(((t.name, p.index), p.records)
                            for t in req.topic_data for p in t.partition_data)
+    if any(first_batch_transactional(p.records) for t in req.topic_data for p in t.partition_data):
+        return _no_transactions(conn, [key for key, _ in entries], acks=req.acks)
     writable = {t.name for t in req.topic_data
                 if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
 
@@ -236,6 +247,26 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
             conn.close_after_response = True
         return None
     return _answer([(topic, res) for (topic, _, _), res in zip(jobs, results, strict=True)])
+
+
+def _no_transactions(conn: Connection, partitions: list[tuple[str, int]], *, acks: int
+                     ) -> dict[str, Any] | None:
+    """The answer to a Produce with a transactional batch: every partition
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, nothing appended, as Kafka answers one whose
+    transactional id the caller may not use (``KafkaApis.handleProduceRequest``, before the
+    topics' ACLs and existence; acks=0 closes the connection). The gateway serves no
+    transactions, and answers a transactional id so everywhere (``errors.TRANSACTIONS_NOT_SERVED``
+    says why). The partition's INVALID_REQUEST, before, let the other partitions of the request
+    be appended."""
+    log.warning("transactional produce from client id %r (%s) refused: %s", conn.client_id,
+                conn.client_host, TRANSACTIONS_NOT_SERVED)
+    if acks == 0:
+        conn.close_after_response = True
+        return None
+    return _answer([(topic, {"index": index, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                             "error_message": TRANSACTIONS_NOT_SERVED, "base_offset": -1,
+                             "log_append_time": -1, "log_start_offset": -1})
+                    for topic, index in partitions])
 
 
 def _unreached(partition: int, exc: BaseException) -> dict[str, Any]:

@@ -5,8 +5,9 @@ reader and writer take timestamps as ``datetime``: the writer converts them back
 float, which can move a millisecond (rcoord timestamps are exact integers), and the reader
 refused a record whose timestamp is past year 9999 (``_records``). Compressed batches are
 refused (UNSUPPORTED_COMPRESSION_TYPE): kio does not decompress, and the Kafka clients tested
-here send uncompressed batches unless told otherwise. Transactional and control batches are
-refused too (no transactions here).
+here send uncompressed batches unless told otherwise. Control batches are refused too, and a
+Produce with a transactional batch is refused whole (no transactions here;
+``first_batch_transactional``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from dataclasses import dataclass
 import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
-from ..errors import Errors
 from ..topics import ProducerRecord, Record
 from .errors import CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP, UNSUPPORTED_COMPRESSION_TYPE
 from .tags import encode_uvarint
 
 __all__ = ["BATCH_HEADER_BYTES", "BatchError", "IncomingBatch", "decode_batches", "encode_batch",
-           "encode_fetched", "fetched_sizes"]
+           "encode_fetched", "fetched_sizes", "first_batch_transactional"]
 
 _LENGTH_AT = 8  # base offset (8)
 _MAGIC_AT = 16  # ... batch length (4), partition leader epoch (4)
@@ -86,8 +86,6 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
                              "compressed batches are not accepted; produce uncompressed")
         if attributes & _CONTROL:
             raise BatchError(INVALID_RECORD, "clients are not allowed to write control records")
-        if attributes & _TRANSACTIONAL:
-            raise BatchError(Errors.INVALID_REQUEST, "transactions are not supported")
         _check_count(view, pos)
         _check_crc(view, pos, end)
         records = _records(view[:end], pos, partition)
@@ -104,6 +102,20 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
                          f"record batch per partition: the {len(view)} bytes sent hold "
                          f"none{first}")
     return out
+
+
+def first_batch_transactional(data: bytes | None) -> bool:
+    """Whether a partition's records start with a whole transactional v2 batch: what Kafka's
+    ``RequestUtils.hasTransactionalRecords`` looks at (the first batch of each partition) before
+    it reads anything else of a Produce. A later batch is not looked at: a partition takes one
+    (``api_records._append``)."""
+    view = memoryview(data or b"")
+    try:
+        end = _whole_batch_end(view, 0)
+    except BatchError:
+        return False  # (answered for its partition by decode_batches)
+    return (end is not None and view[_MAGIC_AT] == 2
+            and bool(view[_ATTRIBUTES_AT + 1] & _TRANSACTIONAL))
 
 
 _BATCH_LENGTH_FROM = _LENGTH_AT + 4
