@@ -470,6 +470,31 @@ def test_a_join_group_v0_session_timeout_out_of_bounds_is_invalid_session_timeou
     assert joined.error_code.value == Errors.INVALID_SESSION_TIMEOUT
 
 
+@pytest.mark.parametrize("rebalance_ms", [0, -1, -(1 << 31)])
+def test_a_join_group_rebalance_timeout_below_one_is_taken_as_kafka_takes_it(gateway,
+                                                                            rebalance_ms):
+    """Kafka's group coordinator takes any rebalance timeout a JoinGroup v1+ sends (it only
+    bounds the session timeout: GroupCoordinator.handleJoinGroup, GroupCoordinatorService
+    .joinGroup); one below 1 ms ends the join and sync phases at once. The gateway passed it to
+    rcoord, which refuses a rebalance timeout below 1 ms, and answered INVALID_REQUEST, also
+    ahead of a session timeout out of bounds (Kafka: INVALID_SESSION_TIMEOUT)."""
+    def join(group: str, session_ms: int) -> Any:
+        sock = connect(gateway)
+        try:
+            sock.sendall(request_frame(11, 1, 1, {
+                "group_id": group, "session_timeout": session_ms,
+                "rebalance_timeout": rebalance_ms, "member_id": "", "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b"a"}]}))
+            return response(sock, 11, 1, 4)
+        finally:
+            sock.close()
+
+    joined = join("g", 30_000)
+    assert (joined.error_code.value, joined.generation_id) == (0, 1)
+    assert joined.leader == joined.member_id
+    assert join("g0", 0).error_code.value == Errors.INVALID_SESSION_TIMEOUT
+
+
 def _new_topic(name: str, count: int = 1, rf: int = -1, assignments: Any = ()) -> dict[str, Any]:
     return {"name": name, "num_partitions": count, "replication_factor": rf,
             "assignments": [{"partition_index": i, "broker_ids": b} for i, b in assignments],

@@ -38,13 +38,18 @@ async def join_group(conn: Connection, req: Any, version: int) -> dict[str, Any]
                 "members": []}
     session_ms = millis(req.session_timeout)
     rebalance = getattr(req, "rebalance_timeout", None)
+    if rebalance is not None:
+        # Kafka takes any rebalance timeout (it bounds only the session timeout): one below
+        # 1 ms waits for no member. rcoord refuses it, and was answered INVALID_REQUEST; 1 ms is
+        # the least it takes, the same wait to a millisecond.
+        rebalance = max(1, millis(rebalance))
     res = await conn.state.coordinator.join_group(
         req.group_id,
         req.member_id,
         protocol_type=req.protocol_type,
         protocols=[(p.name, p.metadata) for p in req.protocols],
         session_timeout_ms=session_ms,
-        rebalance_timeout_ms=None if rebalance is None else millis(rebalance),  # v0: session
+        rebalance_timeout_ms=rebalance,  # v0: None, the session timeout
         group_instance_id=getattr(req, "group_instance_id", None),
         client_id=conn.client_id,
         client_host=f"/{conn.client_host}",  # Kafka's form: InetAddress.toString
