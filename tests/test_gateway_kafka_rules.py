@@ -789,6 +789,28 @@ def test_a_transactional_batch_fails_the_whole_produce_as_kafka_does(gateway, re
     assert part.error_code.value == INVALID_RECORD and "one partition" in part.error_message
 
 
+@pytest.mark.parametrize("epoch", [-1, -2, -(1 << 15)])
+def test_an_idempotent_batch_with_a_negative_epoch_is_invalid_producer_epoch(
+        gateway, redis_server, topics, epoch):
+    """Kafka answers a producer's batch whose epoch is below the one the partition has for it
+    (-1, "none", for a new producer) INVALID_PRODUCER_EPOCH (ProducerAppendInfo
+    .checkProducerEpoch): epoch -1 once the producer wrote at epoch 0, or any epoch below -1.
+    The gateway answered INVALID_REQUEST, an answer Kafka never gives here. (Epoch -1 from a
+    producer the partition never saw, which Kafka appends, is refused too: not tested here.)"""
+    topics.create("t", 1)
+    (first,) = _produce_to(gateway, [(0, produced_batch([Record(0, None, b"a", {}, 0)],
+                                                       producer_id=7, producer_epoch=0,
+                                                       base_sequence=0))])
+    assert first.error_code.value == 0
+    # The producer that wrote at epoch 0, and one the partition never saw (below -1 only).
+    for pid in (7, 8) if epoch < -1 else (7,):
+        (part,) = _produce_to(gateway, [(0, produced_batch([Record(0, None, b"b", {}, 0)],
+                                                          producer_id=pid, producer_epoch=epoch,
+                                                          base_sequence=1))])
+        assert part.error_code.value == 47 and "epoch" in part.error_message
+    assert _log(gateway, redis_server) == (0, 1)
+
+
 def test_a_partition_that_does_not_exist_says_so_before_its_records_are_read(
         gateway, redis_server, topics):
     """Kafka looks each partition up before it reads its records or looks at acks

@@ -107,9 +107,14 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
         raise BatchError(INVALID_RECORD, f"invalid sequence number {batch.base_sequence} in a "
                          f"record batch with producer id {batch.producer_id}")
     if batch.producer_epoch < 0:
-        raise BatchError(Errors.INVALID_REQUEST,
+        # Kafka's ProducerAppendInfo.checkProducerEpoch: an epoch below the partition's for the
+        # producer (-1 when it has none) is INVALID_PRODUCER_EPOCH. Kafka takes epoch -1 from a
+        # producer the partition has no epoch for (with no sequence check); rcoord keeps no
+        # such producer state, so that one is refused too. INVALID_REQUEST was no answer
+        # Kafka gives here.
+        raise BatchError(INVALID_PRODUCER_EPOCH,
                          f"producer id {batch.producer_id} with epoch {batch.producer_epoch}: "
-                         "the epoch must be >= 0")
+                         "the epoch must be >= 0 (InitProducerId gives epoch 0)")
     try:
         metas = append_idempotent(
             state.sync_redis, state.config.namespace, topic, partition, batch.records,
