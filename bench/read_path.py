@@ -22,6 +22,11 @@ c. **one Consumer worker**: ``bench/consume.py``'s one-worker throughput run (a 
 
 (a), (b) and (c) are repeated ``--rounds`` times in alternation; the table gives the best round
 of each (on a loaded machine a single run of (c), about a second long, swings by half).
+
+A second table reads large records (100 of 1 MB, 1,000 of 50 kB, one partition each) in the
+same two ways, (a) asking as many entries as 1 MiB holds and (b) with ``max_bytes`` 1 MiB: what
+a fetch adds when the records, not the calls, are the cost (its log offsets read used to copy
+the partition's first and last records, 2 MB a call for records of 1 MB).
 """
 
 from __future__ import annotations
@@ -89,6 +94,47 @@ def rcoord_fetch(client: Any, ns: str) -> int:
     return count
 
 
+LARGE = ((1_000_000, 100), (50_000, 1_000))
+"""(value bytes, records) of the large-record table."""
+MIB = 1 << 20
+
+
+def _plain_large(client: Any, ns: str, topic: str, count: int) -> int:
+    offset = 0
+    while entries := client.xrange(partition_key(ns, topic, 0), f"0-{offset + 1}", "+",
+                                   count=count):
+        offset += len(entries)
+    return offset
+
+
+def _fetch_large(client: Any, ns: str, topic: str, _count: int) -> int:
+    offset = 0
+    while got := fetch(client, ns, topic, 0, offset, BATCH, max_bytes=MIB).records:
+        offset = got[-1].offset + 1
+    return offset
+
+
+def large_records(client: Any, ns: str, rounds: int) -> list[tuple[int, float, float]]:
+    """(value bytes, plain XRANGE MB/s, rcoord fetch MB/s), best of ``rounds`` each."""
+    out = []
+    for size, n in LARGE:
+        topic = f"{TOPIC}-{size}"
+        Topics(client, ns).create(topic, 1)
+        producer = Producer(client, ns, idempotent=False)
+        for lo in range(0, n, 10):
+            producer.send_batch(topic, [ProducerRecord(b"x" * size, partition=0)] * 10)
+        best = [0.0, 0.0]
+        for _ in range(rounds):
+            for i, fn in enumerate((_plain_large, _fetch_large)):
+                t0 = time.perf_counter()
+                if fn(client, ns, topic, max(1, MIB // size)) != n:
+                    raise AssertionError(f"{fn.__name__} did not read {n} records")
+                best[i] = max(best[i], n * size / 1e6 / (time.perf_counter() - t0))
+        Topics(client, ns).delete(topic)
+        out.append((size, best[0], best[1]))
+    return out
+
+
 def timed(fn: Any, client: Any, ns: str, records: int) -> float:
     t0 = time.perf_counter()
     got = fn(client, ns)
@@ -145,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
             ("(c) one Consumer worker", worker),
         ):
             print(f"| {label} | {rate:,.0f} | {rate / ceiling:.0%} |", flush=True)
+        print(flush=True)
+        print("| values | (a) plain XRANGE MB/s | (b) rcoord fetch, max_bytes 1 MiB, MB/s "
+              "| of plain XRANGE |")
+        print("|---|---:|---:|---:|")
+        for size, plain, fetched in large_records(client, ns, rounds):
+            print(f"| {size:,} bytes | {plain:,.0f} | {fetched:,.0f} | {fetched / plain:.0%} |",
+                  flush=True)
         return 0
     finally:
         for key in list(client.scan_iter(match=f"{ns}:*", count=1000)):
