@@ -74,6 +74,77 @@ def test_seek_seek_to_beginning_and_end_and_position(env: Any) -> None:
     assert [(r.partition, r.offset) for r in _consume_all(consumer, 1)] == [(1, 5)]
 
 
+def test_seek_to_end_is_evaluated_at_the_next_poll_not_at_the_call(env: Any) -> None:
+    """Kafka's seekToEnd is lazy (requestOffsetReset): records appended between the call and
+    the next poll() are past the end it seeks to. Before, the end was read at the call, and
+    that poll() returned them."""
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 3)) == 3
+    consumer.seek_to_end()
+    env.producer.send("t", b"before the poll", partition=0)  # offset 3
+    assert consumer.poll(timeout=0.1) == []
+    assert consumer.position(TP("t", 0)) == 4
+    env.producer.send("t", b"after", partition=0)
+    assert [r.offset for r in _consume_all(consumer, 1)] == [4]
+
+
+def test_position_evaluates_a_pending_seek_to_end_and_commit_skips_it(env: Any) -> None:
+    """Until a seek_to_* is evaluated the partition has no position, so commit() leaves its
+    committed offset alone (Kafka commits only valid positions: allConsumed). Before, the
+    edge read at the call was committed, records the application never read included;
+    position() evaluates it, as Kafka's does."""
+    _fill(env, 2, 2)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 4)) == 4
+    consumer.commit()
+    consumer.seek_to_beginning([TP("t", 0)])
+    consumer.commit()
+    committed = env.coord.fetch_offsets("g", [TP("t", 0), TP("t", 1)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == {TP("t", 0): 2, TP("t", 1): 2}
+    assert consumer.lag() == {TP("t", 1): 0}  # (no position, no lag)
+    env.producer.send("t", b"x", partition=1)
+    consumer.seek_to_end([TP("t", 1)])
+    env.producer.send("t", b"y", partition=1)
+    assert consumer.position(TP("t", 1)) == 4 and consumer.position(TP("t", 0)) == 0
+    assert sorted((r.partition, r.offset) for r in _consume_all(consumer, 2)) == [(0, 0), (0, 1)]
+    consumer.commit()
+    committed = env.coord.fetch_offsets("g", [TP("t", 0), TP("t", 1)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == {TP("t", 0): 2, TP("t", 1): 4}
+
+
+def test_a_seek_to_end_not_evaluated_before_the_revocation_is_not_committed(env: Any) -> None:
+    """close() revokes with a final auto-commit: a seek_to_end() no poll() evaluated leaves the
+    partition's committed offset where it was, so its next owner reads the records this one
+    skipped without reading (Kafka's reset is dropped with the partition). Before, the end
+    read at the call was committed and those records were never processed by anyone."""
+    _fill(env, 1, 3)
+    consumer = env.consumer()
+    assert len(_consume_all(consumer, 3)) == 3
+    consumer.commit()
+    env.producer.send_batch("t", [b"unread%d" % i for i in range(2)])
+    consumer.seek_to_end()
+    consumer.close()
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == 3
+
+
+def test_seek_to_end_of_a_topic_not_created_yet_waits_for_it(env: Any) -> None:
+    """As Kafka's pending offset reset, which is retried until the partition exists: the
+    seek_to_end() of an assign()ed partition of a topic not created yet resolves to the end
+    the topic has when a poll() first finds it. Before, the call raised
+    UNKNOWN_TOPIC_OR_PARTITION."""
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0)])
+    consumer.seek_to_end()
+    assert consumer.poll(timeout=0.05) == []
+    _fill(env, 1, 2)
+    # (lag() has no entry for a partition without a position: the seek is pending)
+    wait_until(lambda: consumer.lag() == {TP("t", 0): 0}, lambda: consumer.poll(timeout=0.05))
+    assert consumer.position(TP("t", 0)) == 2
+    env.producer.send("t", b"new", partition=0)
+    assert [r.offset for r in _consume_all(consumer, 1)] == [2]
+
+
 def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
     _fill(env, 1, 1)
     consumer = env.consumer()

@@ -65,7 +65,7 @@ from typing import Any, Literal, Self, TypeVar, overload
 from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
-from ..topics import Header, PartitionRecords, Record
+from ..topics import Header, PartitionRecords, Record, TopicError
 from ..topics._base import sync_headers
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
@@ -348,6 +348,13 @@ class Consumer(SubscriptionMixin):
         # nothing was committed, else the position that fell out of the log. Not fetched or
         # committed; poll() raises until the application seeks them.
         self._invalid: dict[TopicPartition, int] = {}
+        # seek_to_beginning()/seek_to_end() not evaluated yet (Kafka's requestOffsetReset):
+        # partition -> 0 (log start) or 1 (log end). Such a partition's _fetch_pos is a
+        # negative marker (from _reset_markers) its fetch answer is matched against; it has no
+        # position (not committed, no lag) until a fetch reads the edge (a paused one's: after
+        # resume()) or position() does (_resolved).
+        self._resets: dict[TopicPartition, int] = {}
+        self._reset_markers = 1
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
@@ -443,9 +450,11 @@ class Consumer(SubscriptionMixin):
             return sorted(self._assigned + self._pending_revocation)
         return list(self._assigned)
 
-    def position(self, tp: TopicPartition) -> int:
+    def position(self, tp: TopicPartition, timeout: float | None = None) -> int:
         """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
 
+        After ``seek_to_beginning()``/``seek_to_end()`` not yet evaluated by a ``poll()``, it
+        reads the log's edge now, as Kafka's ``position()`` does (``timeout``: see ``_query``).
         Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException),
         and ``InvalidOffsetError`` if it has no position (``start_offset="none"``).
         """
@@ -453,6 +462,18 @@ class Consumer(SubscriptionMixin):
         key = self._require_assigned(tp, "read the position of")
         if key in self._invalid:
             raise self._invalid_offsets_error([key])
+        edge, marker = self._resets.get(key), self._fetch_pos.get(key)
+        if edge is not None:
+            # Read without the lock, as the other offset queries: a close() from another
+            # thread does not wait for it.
+            found = self._log_edge([key], edge, timeout)[key]
+            with self._single_threaded():
+                self._check_open()
+                if self._fetch_pos.get(key) == marker:  # (not sought or revoked meanwhile)
+                    self._resolved(key, found)
+                else:
+                    self._require_assigned(key, "read the position of")
+                    return self.position(key, timeout)
         return self._position[key]
 
     # -- positions and flow control (Kafka's seek*, pause, resume)
@@ -487,32 +508,52 @@ class Consumer(SubscriptionMixin):
         with self._single_threaded():
             self._check_open()
             key = self._require_assigned(tp, "seek")
-            self._position[key] = self._fetch_pos[key] = offset
-            self._seeks[key] = self._seeks.get(key, 0) + 1
-            self._unacked.pop(key, None)  # the application says where it stands now
-            self._invalid.pop(key, None)
-            self._caught_up.discard(key)
-            buf = self._buffers.get(key)
-            if buf is not None:
-                buf.clear()
+            self._reposition(key, offset)
+
+    def _reposition(self, key: TopicPartition, offset: int) -> None:
+        """Set the position of ``key`` (a seek), dropping what was fetched from the old one."""
+        self._position[key] = self._fetch_pos[key] = offset
+        self._seeks[key] = self._seeks.get(key, 0) + 1
+        self._unacked.pop(key, None)  # the application says where it stands now
+        self._invalid.pop(key, None)
+        self._resets.pop(key, None)
+        self._caught_up.discard(key)
+        buf = self._buffers.get(key)
+        if buf is not None:
+            buf.clear()
 
     def seek_to_beginning(self, partitions: list[TopicPartition] | None = None) -> None:
         """Seek ``partitions`` (default, or an empty list as in Kafka: every assigned one) to
-        their log start offsets."""
+        their log start offsets, evaluated lazily (see ``_seek_to_edge``)."""
         self._seek_to_edge(partitions, 0)
 
     def seek_to_end(self, partitions: list[TopicPartition] | None = None) -> None:
         """Seek ``partitions`` (default, or an empty list as in Kafka: every assigned one) to
-        their log end offsets: only records produced from now on are returned."""
+        their log end offsets, evaluated lazily (see ``_seek_to_edge``)."""
         self._seek_to_edge(partitions, 1)
 
     def _seek_to_edge(self, partitions: list[TopicPartition] | None, edge: int) -> None:
+        """As Kafka's ``seekToBeginning``/``seekToEnd`` (``requestOffsetReset``), the edge is
+        read at the next fetch (in ``poll()``) or ``position()``, not here: records appended
+        before that ``poll()`` are past a ``seek_to_end()``, and until then the partition has
+        no position, so a commit or a revocation's auto-commit leaves its committed offset as
+        it was (before, the edge read here was committed, and the next owner skipped what the
+        application had not read). The call itself reads nothing, so it does not block on
+        Redis. A ``seek()`` or a later ``seek_to_*`` replaces it."""
         with self._single_threaded():
             self._check_open()
             given = None if partitions is None else list(partitions)
             wanted = self._partitions_arg(given or None, "seek")  # [] means every one
-            for tp, offset in self._log_edge(wanted, edge, None).items():
-                self.seek(tp, offset)
+            for tp in wanted:
+                self._reset_markers += 1
+                self._reposition(tp, 0)
+                self._fetch_pos[tp] = -self._reset_markers  # (< -1: not NO_POSITION)
+                self._resets[tp] = edge
+
+    def _resolved(self, tp: TopicPartition, offset: int) -> None:
+        """A pending ``seek_to_*`` of ``tp`` read its edge: ``offset`` is the position."""
+        self._resets.pop(tp, None)
+        self._position[tp] = self._fetch_pos[tp] = offset
 
     def beginning_offsets(
         self, partitions: list[TopicPartition], timeout: float | None = None
@@ -624,7 +665,7 @@ class Consumer(SubscriptionMixin):
         """Records between the position and the log end, per assigned partition. ``timeout``:
         see ``_query``."""
         self._check_open()
-        held = [tp for tp in self._assigned if tp not in self._invalid]
+        held = [tp for tp in self._assigned if tp not in self._invalid and tp not in self._resets]
         # (a partition without a position has no lag: Kafka's currentLag is empty then)
         ends = self._log_edge(held, 1, timeout)
         return {tp: max(0, end - self._position.get(tp, end)) for tp, end in ends.items()}
@@ -969,10 +1010,12 @@ class Consumer(SubscriptionMixin):
             self._committer.submit(lambda: commit(wanted), plain, callback, token)
 
     def _positions(self) -> dict[TopicPartition, int]:
-        """The positions of the assigned partitions that have one (what a commit sends)."""
-        if not self._invalid:
+        """The positions of the assigned partitions that have one (what a commit sends): not
+        those without one (``_invalid``) or waiting for a ``seek_to_*`` (``_resets``)."""
+        if not self._invalid and not self._resets:
             return dict(self._position)
-        return {tp: p for tp, p in self._position.items() if tp not in self._invalid}
+        return {tp: p for tp, p in self._position.items()
+                if tp not in self._invalid and tp not in self._resets}
 
     def _invalid_offsets_error(self, partitions: list[TopicPartition]) -> InvalidOffsetError:
         """What ``poll()`` and ``position()`` raise for partitions without a position: no
@@ -1114,6 +1157,7 @@ class Consumer(SubscriptionMixin):
         self._position = dict(offsets)
         self._fetch_pos = dict(offsets)
         self._invalid = {tp: o for tp, o in offsets.items() if o < 0}
+        self._resets = {}
         self._buffers = {tp: deque() for tp in self._assigned}
         self._committed = dict(gen.committed)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
@@ -1306,7 +1350,8 @@ class Consumer(SubscriptionMixin):
         self._pending_revocation = []
         for tp in revoked:
             self._buffers[tp] = deque()
-            self._fetch_pos[tp] = self._position[tp]
+            if tp not in self._resets:  # (else its fetch position is the seek_to_*'s marker)
+                self._fetch_pos[tp] = self._position[tp]
         self._assigned = sorted(set(self._assigned) | set(revoked))
 
     def _stop_revoked(self, revoked: list[TopicPartition], commit: _CommitFn) -> None:
@@ -1334,7 +1379,8 @@ class Consumer(SubscriptionMixin):
         self._pending_revocation = []
         for tp in revoked:
             for table in (
-                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
+                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid,
+                self._resets,
             ):
                 table.pop(tp, None)
             self._paused.discard(tp)
@@ -1500,6 +1546,7 @@ class Consumer(SubscriptionMixin):
         self._fetched_turn = {}
         self._buffers = {}
         self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
+        self._resets = {}
 
     def _leave_inside_revocation(self) -> None:
         """``unsubscribe()`` from inside a revocation's callback: that revocation is the
@@ -1745,20 +1792,38 @@ class Consumer(SubscriptionMixin):
         share = min(limit, max(-(-_FETCH_POLLS * limit // max(1, busy)), _MIN_FETCH_SHARE))
         coord = self._coordinator()
         asked = tuple((tp, self._fetch_pos[tp]) for tp in pending)
-        wanted = [(tp.topic, tp.partition, pos) for tp, pos in asked]
+        ask = _FetchAsk(asked, False)
+        resets = {tp: self._resets[tp] for tp in pending if tp in self._resets}
         sizes = [self._record_bytes.get(tp, 0) for tp in pending]
         most, each = self._fetch_max_bytes, self._max_partition_fetch_bytes
-        self._fetching.start(
-            lambda: coord.fetch_many_as(wanted, share, ConsumerRecord, max_bytes=most,
-                                        partition_max_bytes=each, record_bytes=sizes),
-            _FetchAsk(asked, False))
+
+        def fetch() -> list[PartitionRecords[ConsumerRecord]]:
+            # A pending seek_to_* reads its edge first, here on the fetch thread (poll() waits
+            # for it no longer than for the fetch); the read starts there (``ask.resolved``).
+            reads: list[tuple[str, int, int]] = []
+            for tp, pos in asked:
+                if tp in resets:
+                    try:
+                        pos = ask.resolved[tp] = coord.log_offsets(tp.topic, tp.partition)[
+                            resets[tp]]
+                    except TopicError:
+                        continue  # no such partition (yet): it stays pending
+                reads.append((tp.topic, tp.partition, pos))
+            read_sizes = [n for (tp, _), n in zip(asked, sizes, strict=True)
+                          if tp not in resets or tp in ask.resolved]
+            got = iter(coord.fetch_many_as(reads, share, ConsumerRecord, max_bytes=most,
+                                           partition_max_bytes=each, record_bytes=read_sizes))
+            return [_UNKNOWN if tp in resets and tp not in ask.resolved else next(got)
+                    for tp, _ in asked]
+
+        self._fetching.start(fetch, ask)
         return True
 
     def _send_blocking(self, deadline: float | None, asked: set[TopicPartition]) -> bool:
         """Start a fetch of one partition of ``asked`` (which had no records) that waits up to
         ``fetch_max_wait_ms`` for one; False if there is no time left or fetching must stop."""
         block = _slice(deadline, self._fetch_max_wait_ms / 1000)
-        pending = [tp for tp in self._fetchable() if tp in asked]
+        pending = [tp for tp in self._fetchable() if tp in asked and tp not in self._resets]
         if block <= 0.001 or not pending or self._must_stop_fetching(self._gen):
             return False
         tp = pending[self._block_turn % len(pending)]
@@ -1793,6 +1858,8 @@ class Consumer(SubscriptionMixin):
         for (tp, pos), result in zip(ask.asked, done.value, strict=True):
             if tp not in self._buffers or self._fetch_pos.get(tp) != pos:
                 continue  # revoked, sought or reset since: a stale answer
+            if tp in ask.resolved:
+                self._resolved(tp, ask.resolved[tp])  # the seek_to_* read its edge
             got = self._take(tp, result) or got
             unknown = unknown or result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
         if unknown and not got:
@@ -2052,11 +2119,18 @@ _MIN_FETCH_SHARE = 50
 @dataclass(frozen=True)
 class _FetchAsk:
     """What a fetch in flight asked: per partition, the position it read from (its answer
-    applies only while that is still the partition's fetch position); ``blocking``: one
-    partition, waiting for a record, after a fetch of every partition found none."""
+    applies only while that is still the partition's fetch position; for a pending
+    ``seek_to_*``, its marker); ``blocking``: one partition, waiting for a record, after a
+    fetch of every partition found none; ``resolved``: the offsets the fetch thread read for
+    the pending ``seek_to_*`` (the positions their reads started at)."""
 
     asked: tuple[tuple[TopicPartition, int], ...]
     blocking: bool
+    resolved: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+_UNKNOWN: PartitionRecords[Any] = PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+"""The answer for a pending ``seek_to_*`` whose partition does not exist (yet)."""
 
 
 _FetchDone = Finished[list[PartitionRecords["ConsumerRecord"]], _FetchAsk]

@@ -62,6 +62,7 @@ class SubscriptionMixin:
         _position: dict[TopicPartition, int]
         _fetch_pos: dict[TopicPartition, int]
         _invalid: dict[TopicPartition, int]
+        _resets: dict[TopicPartition, int]
         _committed: dict[TopicPartition, int]
         _buffers: dict[TopicPartition, deque[ConsumerRecord]]
         _gen: Any
@@ -223,7 +224,8 @@ class SubscriptionMixin:
             )
             for tp in removed:
                 for table in (
-                    self._buffers, self._position, self._fetch_pos, self._committed, self._invalid
+                    self._buffers, self._position, self._fetch_pos, self._committed,
+                    self._invalid, self._resets,
                 ):
                     table.pop(tp, None)
                 self._paused.discard(tp)
@@ -261,7 +263,7 @@ class SubscriptionMixin:
                 self._assigned_manually = False
                 self._assigned, self._paused = [], set()
                 self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
-                self._invalid = {}
+                self._invalid, self._resets = {}, {}
             self._leave_group()
 
     def _auto_commit_now(self) -> None:
