@@ -181,6 +181,18 @@ def test_describe_configs_topic_raw_frames(gateway: GatewayThread, topics: Topic
     }  # (the settings are altered by AlterConfigs; the two facts are not)
     assert _configs(plain)["retention.ms"] == ("-1", DEFAULT, False)
     assert (missing.error_code.value, missing.configs) == (UNKNOWN_TOPIC, ())
+    # A topic's configs are one read of its settings: its partitions' offsets are not read
+    # (they were, one script call per partition, through Topics.describe).
+    topics.create("wide", 200, retention_records=5)
+
+    def scripts_run() -> int:
+        stats = topics._r.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_eval"))
+
+    before = scripts_run()
+    (wide,) = raw.describe_configs([(TOPIC, "wide", None)])
+    assert scripts_run() == before
+    assert _configs(wide)["retention.records"] == ("5", TOPIC_CONFIG, False)
     assert (illegal.error_code.value, illegal.configs) == (INVALID_TOPIC, ())
 
     # Named keys: only those rcoord has, in v1 (no documentation field) as in v4.

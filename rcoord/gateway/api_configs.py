@@ -25,7 +25,7 @@ topic UNKNOWN_TOPIC_OR_PARTITION; the broker needs DESCRIBE_CONFIGS on the clust
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -58,20 +58,17 @@ class ConfigEntry:
 
 
 def topic_configs(state: GatewayState, name: str) -> list[ConfigEntry]:
-    """Blocking: the configs of topic ``name`` (TopicError if it is absent or illegal)."""
-    d = state.topics.describe(name)
-    return configs_of(d.retention_ms, d.retention_records, d.producer_id_expiration_ms)
+    """Blocking: the configs of topic ``name`` (TopicError if it is absent or illegal), from
+    one read of its settings (``Topics.describe`` also read every partition's offsets)."""
+    return configs_of(state.topics.settings(name))
 
 
-def configs_of(retention_ms: int | None, retention_records: int | None,
-               producer_id_expiration_ms: int | None) -> list[ConfigEntry]:
-    """A topic's configs, sorted by name, from its settings (None: not given). CreateTopics v5+
-    answers them for the topic it creates (KIP-525)."""
+def configs_of(given: Mapping[str, int | None]) -> list[ConfigEntry]:
+    """A topic's configs, sorted by name, from its settings (a setting -> its value; None or
+    absent: not given). CreateTopics v5+ answers them for the topic it creates (KIP-525)."""
     def fixed(c: object) -> TypeGuard[topic_settings.FixedConfig]:
         return isinstance(c, topic_settings.FixedConfig)
 
-    given = {"retention_ms": retention_ms, "retention_records": retention_records,
-             "producer_id_expiration_ms": producer_id_expiration_ms}
     return [ConfigEntry(c.kafka_name, value, DYNAMIC_TOPIC_CONFIG if set_ else DEFAULT_CONFIG,
                         (LIST if c.is_list else STRING) if fixed(c) else LONG,
                         c.documentation, read_only=fixed(c))

@@ -149,8 +149,7 @@ def _create(state: GatewayState, topic: Any, validate_only: bool, describable: b
     if not describable:  # created, but its configs are not the caller's to read (as Kafka)
         out.update(topic_config_error_code=TOPIC_AUTHORIZATION_FAILED)
         return out
-    configs = configs_of(settings.get("retention_ms"), settings.get("retention_records"),
-                         settings.get("producer_id_expiration_ms"))
+    configs = configs_of(settings)
     out.update(num_partitions=count, replication_factor=1, configs=[
         {"name": e.name, "value": e.value, "read_only": e.read_only, "config_source": e.source,
          "is_sensitive": False} for e in configs])
