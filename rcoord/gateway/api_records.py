@@ -504,7 +504,8 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
     and only if that holds one of its records at the size they had (``_worth_reading``):
     reading every partition to its own limit first read 40 MB to send 1 MB (40 backlogged
     partitions, max_bytes 1 MB); reading one record of each of them, 7 MB in every Fetch, as
-    a read also carries the partition's first and last records (``XINFO STREAM``).
+    a read then also carried the partition's first and last records (``XINFO STREAM``, no
+    longer read: ``rcoord.topics.fetch._read``).
     """
     limit = max(0, max_bytes)  # 0: the first partition with records sends one, as in Kafka
     room, ample = limit, 0
