@@ -145,6 +145,29 @@ def test_seek_to_end_of_a_topic_not_created_yet_waits_for_it(env: Any) -> None:
     assert [r.offset for r in _consume_all(consumer, 1)] == [2]
 
 
+def test_a_paused_partitions_seek_to_end_is_evaluated_at_the_next_poll(env: Any) -> None:
+    """Kafka's poll() resets every partition awaiting a reset, paused ones included
+    (SubscriptionState.partitionsNeedingReset does not look at pausing): after seek_to_end(),
+    pause() and a poll(), the position is the end at that poll, a commit sends it, and the
+    records appended while paused come after resume(). Before, a paused partition's reset
+    waited for resume(): those records were skipped, and nothing was committed meanwhile."""
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 3)) == 3
+    consumer.commit()
+    consumer.pause([TP("t", 0)])
+    consumer.seek(TP("t", 0), 1)
+    consumer.seek_to_end()
+    env.producer.send("t", b"before the poll", partition=0)  # offset 3
+    wait_until(lambda: TP("t", 0) in consumer.lag(), lambda: consumer.poll(timeout=0.05))
+    env.producer.send("t", b"while paused", partition=0)  # offset 4: after the reset
+    consumer.commit()
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == 4
+    assert consumer.lag() == {TP("t", 0): 1}
+    consumer.resume([TP("t", 0)])
+    assert [r.offset for r in _consume_all(consumer, 1)] == [4]
+
+
 def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
     _fill(env, 1, 1)
     consumer = env.consumer()

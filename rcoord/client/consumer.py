@@ -351,8 +351,8 @@ class Consumer(SubscriptionMixin):
         # seek_to_beginning()/seek_to_end() not evaluated yet (Kafka's requestOffsetReset):
         # partition -> 0 (log start) or 1 (log end). Such a partition's _fetch_pos is a
         # negative marker (from _reset_markers) its fetch answer is matched against; it has no
-        # position (not committed, no lag) until a fetch reads the edge (a paused one's: after
-        # resume()) or position() does (_resolved).
+        # position (not committed, no lag) until a fetch reads the edge (a paused one's too,
+        # without its records: _send_fetch) or position() does (_resolved).
         self._resets: dict[TopicPartition, int] = {}
         self._reset_markers = 1
         self._paused: set[TopicPartition] = set()
@@ -1778,6 +1778,11 @@ class Consumer(SubscriptionMixin):
         pending = self._fetchable()
         turns, caught_up = self._fetched_turn, self._caught_up
         pending.sort(key=lambda tp: (tp in caught_up, turns.get(tp, 0)))
+        # Paused partitions with a pending seek_to_* read their edge too, without records, as
+        # Kafka's poll() resets every partition awaiting a reset, paused or not.
+        edge_only = {tp for tp in self._assigned if tp in self._paused and tp in self._resets}
+        busy = sum(1 for tp in pending if tp not in self._caught_up)
+        pending += sorted(edge_only)
         wait = self._fetch_retry_at - time.monotonic()
         if not pending or wait > 0:
             # Nothing to fetch (nothing assigned, or all paused or buffered), or backing off
@@ -1787,7 +1792,6 @@ class Consumer(SubscriptionMixin):
             return False
         if self._must_stop_fetching(gen):
             return False
-        busy = sum(1 for tp in pending if tp not in self._caught_up)
         limit = self._max_poll_records
         share = min(limit, max(-(-_FETCH_POLLS * limit // max(1, busy)), _MIN_FETCH_SHARE))
         coord = self._coordinator()
@@ -1801,20 +1805,23 @@ class Consumer(SubscriptionMixin):
             # A pending seek_to_* reads its edge first, here on the fetch thread (poll() waits
             # for it no longer than for the fetch); the read starts there (``ask.resolved``).
             reads: list[tuple[str, int, int]] = []
+            edges: dict[TopicPartition, PartitionRecords[ConsumerRecord]] = {}
             for tp, pos in asked:
                 if tp in resets:
                     try:
-                        pos = ask.resolved[tp] = coord.log_offsets(tp.topic, tp.partition)[
-                            resets[tp]]
+                        start, end = coord.log_offsets(tp.topic, tp.partition)
                     except TopicError:
-                        continue  # no such partition (yet): it stays pending
+                        edges[tp] = _UNKNOWN  # no such partition (yet): it stays pending
+                        continue
+                    pos = ask.resolved[tp] = (start, end)[resets[tp]]
+                    if tp in edge_only:  # (paused: its records come after resume())
+                        edges[tp] = PartitionRecords([], start, end)
+                        continue
                 reads.append((tp.topic, tp.partition, pos))
-            read_sizes = [n for (tp, _), n in zip(asked, sizes, strict=True)
-                          if tp not in resets or tp in ask.resolved]
+            read_sizes = [n for (tp, _), n in zip(asked, sizes, strict=True) if tp not in edges]
             got = iter(coord.fetch_many_as(reads, share, ConsumerRecord, max_bytes=most,
                                            partition_max_bytes=each, record_bytes=read_sizes))
-            return [_UNKNOWN if tp in resets and tp not in ask.resolved else next(got)
-                    for tp, _ in asked]
+            return [edges[tp] if tp in edges else next(got) for tp, _ in asked]
 
         self._fetching.start(fetch, ask)
         return True
