@@ -1,4 +1,4 @@
-"""The fetch read path (XRANGE then XINFO STREAM, pipelined; rcoord.topics._decode): what the
+"""The fetch read path (XRANGE then topic_offsets.lua, pipelined; rcoord.topics._decode): what the
 fetch script used to guarantee, and the several-partition fetch (fetch_many, fetch_many_as),
 checked on one node and on the cluster."""
 

@@ -9,8 +9,11 @@ A topic with N partitions is N streams plus one metadata hash. Partition ``p`` o
 * ``<ns>:topicmade:{<tag>}:<topic>:<p>``: that token again, beside the stream, so a resent
   ``create`` does not make the partition a second time (``add_partitions`` writes it too, and
   does not take over a stream another topic of the same name left);
-* ``<ns>:topicts:{<tag>}:<topic>:<p>``: the partition's latest record timestamp: appends stamp
-  max(clock, it), so a partition's timestamps never decrease.
+* ``<ns>:topicts:{<tag>}:<topic>:<p>``: the partition's latest record timestamp and the log end
+  after it (``"<ms> <end>"``): appends stamp max(clock, it), so a partition's timestamps never
+  decrease, and reads take the log offsets from it (the end, and the end less ``XLEN`` for the
+  start; ``topic_offsets.lua``). Delete it rather than edit it: without it they come from
+  ``XINFO STREAM``, and a wrong end gives wrong log offsets.
 
 **Offsets are stream ids.** The record at Kafka offset ``o`` has the stream id ``0-<o+1>``.
 Appends use ``XADD key 0-*`` (Redis >= 7): the server itself gives the next sequence number in
