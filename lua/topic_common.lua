@@ -43,15 +43,21 @@ end
 -- log_offsets from the mark `appended` keeps (the log end) and XLEN: rcoord appends with
 -- consecutive ids (XADD 0-*) and removes only a prefix (XTRIM), so the log start is the end
 -- less the length. XINFO STREAM, which log_offsets reads, copies the first and last records
--- (1 ms for records of 1 MB); this reads two numbers. A stream with no mark (made empty by
--- topic_make.lua, which deletes it, or appended to by an older rcoord) or one whose mark does
--- not fit its length is read by log_offsets; so is every stream for a Redis user whose ACL
--- rules, written before this read, lack XLEN (docs/security.md lists it now).
+-- (1 ms for records of 1 MB); this reads two numbers, and asks for an entry past the end (none,
+-- so nothing is copied) to catch a mark left behind by appends that did not keep it (an older
+-- rcoord's, or an XADD by hand). A stream with no mark (made empty by topic_make.lua, which
+-- deletes it, or appended to by an older rcoord), one whose mark does not fit its length or
+-- has entries past it, and an empty stream (whose XINFO copies no record; an older rcoord's
+-- re-create kept the old topic's mark) are read by log_offsets; so is every stream for a
+-- Redis user whose ACL rules, written before this read, lack XLEN (docs/security.md lists it).
 local function log_offsets_marked(key, mark_key)
   local e = tonumber(string.match(redis.call('GET', mark_key) or '', ' (%d+)$'))
   if e then
     local n = redis.pcall('XLEN', key)
-    if type(n) == 'number' and n <= e then return e - n, e end
+    if type(n) == 'number' and n > 0 and n <= e
+        and #redis.call('XRANGE', key, '(0-' .. string.format('%d', e), '+', 'COUNT', 1) == 0 then
+      return e - n, e
+    end
   end
   return log_offsets(key)
 end

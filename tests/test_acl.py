@@ -352,11 +352,14 @@ def test_a_worker_whose_rules_predate_xlen_still_reads(users: Users, namespace: 
     """A fetch reads the log offsets with XLEN (``topic_common.lua``'s log_offsets_marked),
     which the worker rules gained with it; a user made from the rules before still reads,
     with XINFO STREAM as before, instead of every fetch failing with NOPERM."""
-    admin_setup(users, namespace, partitions=1)
+    admin_setup(users, namespace, partitions=1)[1].close()
     name, client = make(users, namespace, "worker")
     for node in users.nodes:
         node.execute_command("ACL", "SETUSER", name, "-xlen")
-    Producer(client, namespace).send_batch("t", [ProducerRecord(b"x", partition=0)] * 3)
-    got = fetch(client, namespace, "t", 0, 1)
+    try:
+        Producer(client, namespace).send_batch("t", [ProducerRecord(b"x", partition=0)] * 3)
+        got = fetch(client, namespace, "t", 0, 1)
+    finally:
+        client.close()
     assert got.error == Errors.NONE and [r.value for r in got.records] == [b"x", b"x"]
     assert (got.log_start_offset, got.log_end_offset) == (0, 3)

@@ -210,8 +210,14 @@ def test_the_log_offsets_follow_appends_trims_and_a_topic_made_again(
         assert offsets() == (7, 8)
     producer.send_batch("t", [ProducerRecord(b"z", partition=0)])
     assert redis_client.get(mark).split()[1] == b"9" and offsets() == (7, 9)
+    # An append that keeps no mark (an older rcoord's, or by hand): the entry past the mark's
+    # end is seen, and the offsets read as before (the mark said 9; the start would be 8).
+    redis_client.execute_command("XADD", key, "0-*", "t", ts, "v", b"raw")
+    assert offsets() == (7, 10)
     topics.delete("t")
     topics.create("t", 1)
+    assert offsets() == (0, 0)
+    redis_client.set(mark, ts + b" 50")  # (an older rcoord's re-create kept the old mark)
     assert offsets() == (0, 0)
 
 
