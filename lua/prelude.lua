@@ -334,7 +334,14 @@ local BATCH = 1000
 local function note_deadline_pairs(items)
   for i = 1, #items, 2 do note_deadline_write(tonumber(items[i])) end
 end
+-- The member records this call has read (mget) or written (mput), decoded, by id: a step
+-- that reads a record again (the leader's, to select the protocol and again to complete the
+-- join) has it without reading and decoding it again. Every write of the members hash goes
+-- through mput (which keeps the entry true), call_batched or forget_members (which drop them
+-- all); a record changed in place is written (mput) before anything reads it again.
+local RECS = nil
 local function call_batched(cmd, key, items)
+  if key == K_MEMBERS and #items > 0 then RECS = nil end
   if key == K_DL then
     DL_HEAD = nil
     if cmd == 'ZADD' then note_deadline_pairs(items) end
@@ -353,6 +360,16 @@ local function call_batched(cmd, key, items)
   end
 end
 
+-- HMGET of any number of fields, in batches.
+local function hmget_batched(key, fields)
+  local out = {}
+  for i = 1, #fields, BATCH do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + BATCH - 1, #fields)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+
 -- Member records. A join or sync of a large group walks every member several times, so the
 -- decoded records are cached for the rest of this call; writes go through mput (which keeps the
 -- cache true) and removals drop the record from MEMBERS_BY_ID, the list is compacted lazily.
@@ -361,7 +378,7 @@ local MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
 -- The member count (nmembers), read once per call and kept by the writes that change it (mput
 -- adds, removals forget it).
 local NMEMBERS = nil
-local function forget_members() MEMBERS_CACHE, MEMBERS_BY_ID = nil, nil end
+local function forget_members() MEMBERS_CACHE, MEMBERS_BY_ID, RECS = nil, nil, nil end
 -- A member record is one cmsgpack map whose first entry is the session timeout ('st'), so the
 -- steps that need only that (a heartbeat, a commit's session refresh) decode one number instead
 -- of the record (member_session). Whoever decodes the whole map (every other step; an older
@@ -392,14 +409,21 @@ local function member_session(blob)
 end
 local function mget(id)
   if MEMBERS_BY_ID then return MEMBERS_BY_ID[id] end
+  local rec = RECS and RECS[id]
+  if rec then return rec end
   local blob = redis.call('HGET', K_MEMBERS, id)
   if not blob then return nil end
-  return cmsgpack.unpack(blob)
+  rec = cmsgpack.unpack(blob)
+  if RECS == nil then RECS = {} end
+  RECS[id] = rec
+  return rec
 end
 local function mput(rec)
   local added = redis.call('HSET', K_MEMBERS, rec.id, member_blob(rec))
   if NMEMBERS ~= nil then NMEMBERS = NMEMBERS + added end
   if MEMBERS_BY_ID and MEMBERS_BY_ID[rec.id] ~= rec then forget_members() end
+  if RECS == nil then RECS = {} end
+  RECS[rec.id] = rec
 end
 local function all_members()
   if MEMBERS_CACHE then
@@ -577,20 +601,20 @@ local function sync_error(err) return {k = 's', e = err, asg = ''} end
 -- fields 'o:<seq>') decode every member instead; remove_members still drops those fields.
 local ORDER_SCAN = 100
 local function order_field(seq) return 'o:' .. string.format('%d', seq) end
--- The id of the oldest member in the order key for which accept(id) is true, or nil.
+-- The id of the oldest member in the order key for which accept(id) is true (any member when
+-- ``accept`` is nil), or nil.
 local function oldest_member(accept)
   local start, batch = 0, 16 -- the member sought is usually near the head: a small first read
   while true do
     local ids = redis.call('ZRANGE', K_ORDER, start, start + batch - 1)
     for _, id in ipairs(ids) do
-      if accept(id) then return id end
+      if accept == nil or accept(id) then return id end
     end
     if #ids < batch then return nil end
     start = start + batch
     batch = ORDER_SCAN
   end
 end
-local function any_member() return true end
 
 -- The oldest member leads: the order key's head. Without the key (or without any member in
 -- it) the records decide; removed members stay in their cached list until it is compacted, so
@@ -600,7 +624,7 @@ local function elect_leader()
   if G.oq then
     -- (Members an older rcoord added meanwhile are not in the order key: with none found
     -- there, the records decide.)
-    local id = oldest_member(any_member)
+    local id = oldest_member()
     if id or nmembers() == 0 then
       set_g('leader', id or '')
       return
@@ -628,16 +652,6 @@ local settle_chunks
 local function slice(list, i, j)
   local out = {}
   for x = i, math.min(j, #list) do out[#out + 1] = list[x] end
-  return out
-end
-
--- HMGET of any number of fields, in batches.
-local function hmget_batched(key, fields)
-  local out = {}
-  for i = 1, #fields, BATCH do
-    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + BATCH - 1, #fields)))
-    for j = 1, #part do out[#out + 1] = part[j] end
-  end
   return out
 end
 
@@ -1096,7 +1110,23 @@ end
 -- so which of them are is not read.
 local function join_chunk(ids, k, n, at, all_parked)
   CHUNK_RAN = true
-  local blobs = hmget_batched(K_MEMBERS, ids)
+  -- The members' records (false: no such member): those this call has decoded already
+  -- (mget's, or every member's: all_members) are not read again, the others in one read.
+  local recs_of, unread, pos = {}, {}, {}
+  for i, id in ipairs(ids) do
+    local rec
+    if MEMBERS_BY_ID then rec = MEMBERS_BY_ID[id] or false else rec = RECS and RECS[id] end
+    if rec == nil then
+      unread[#unread + 1] = id
+      pos[#unread] = i
+    else
+      recs_of[i] = rec
+    end
+  end
+  if #unread > 0 then
+    local blobs = hmget_batched(K_MEMBERS, unread)
+    for j, i in ipairs(pos) do recs_of[i] = blobs[j] and cmsgpack.unpack(blobs[j]) or false end
+  end
   local parked = not all_parked and hmget_batched(K_JOINING, ids)
   -- The replies of a completion differ only in the member id, and in the leader's member list:
   -- encode the rest once ('head': a map two entries larger than it, and its pairs) and append
@@ -1115,8 +1145,8 @@ local function join_chunk(ids, k, n, at, all_parked)
   local unknown = false
   local leader_parked = nil -- known when the leader is in this chunk
   for i, id in ipairs(ids) do
-    if blobs[i] then
-      local rec = cmsgpack.unpack(blobs[i])
+    local rec = recs_of[i]
+    if rec then
       local is_parked = all_parked or parked[i]
       if id == G.leader then leader_parked = is_parked and true or false end
       -- Every member must sync this generation, unless it already did (a member that learnt
@@ -1667,7 +1697,7 @@ local function begin(keys, argv, all_settings, extra, brief)
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
   G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil
   SLOTS_NOW, ANSWERED = nil, false
-  MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS = nil, nil, false, 1
+  MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS, RECS = nil, nil, false, 1, nil
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
   local err = read_settings(all_settings)
   if err then return err end

@@ -119,6 +119,10 @@ def test_a_rebalance_round_answers_from_what_it_wrote(
     assert on(keys.joining, commands, "HEXISTS") == []
     assert on(keys.joining, commands, "HMGET") == []
     assert on(keys.syncing, commands, "HLEN") == []
+    # Its record is read once: selecting the protocol and completing the join reuse the record
+    # the join read and rewrote.
+    assert on(keys.members, commands, "HGET", "HMGET") == [
+        [b"HGET", keys.members.encode(), mid.encode()]]
 
     sync = first_call(coord._steps.sync_group("g", answer["gen"], mid, assignments={mid: b"b"}))
     reply, commands = record(coord, sync)
