@@ -47,7 +47,9 @@ local function accept_joining_member()
   local id = REQ.mid
   local known = known_record() ~= false
   if state == PREPARING then
-    return (known and awaiting_join(id)) or redis.call('HLEN', K_JOINING) < CFG.group_max_size
+    if known and awaiting_join(id) then return true end
+    NJOINING = NJOINING or redis.call('HLEN', K_JOINING)
+    return NJOINING < CFG.group_max_size
   end
   return known or nmembers() < CFG.group_max_size
 end
@@ -80,6 +82,7 @@ local function replace_static_member(old_id, new_id)
   redis.call('HDEL', K_MEMBERS, old_id)
   NMEMBERS = nil
   redis.call('HDEL', K_JOINING, old_id)
+  NJOINING = nil
   redis.call('HDEL', K_PSYNC, old_id)
   cancel(hb_key(old_id))
   if was_joining then
@@ -145,6 +148,7 @@ local function update_static_member_and_rebalance(old_id, new_id)
       -- A client that cannot read SkipAssignment (below v9) gets what Kafka answered before
       -- KIP-814: the leader it replaced and no members, so it follows and does not assign.
       redis.call('HDEL', K_JOINING, new_id)
+      NJOINING = nil
       local is_leader = G.leader == new_id and REQ.skip_ok
       local rep = join_reply(new_id, 'NONE', is_leader, is_leader)
       if not REQ.skip_ok then rep.ldr = leader_before end

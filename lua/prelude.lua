@@ -289,7 +289,6 @@ local function transition(to)
   end
 end
 
-local function can_rebalance() return VALID_PREVIOUS[PREPARING][G.state] == true end
 
 local function hb_key(id) return 'hb:' .. id end
 
@@ -340,8 +339,14 @@ end
 -- through mput (which keeps the entry true), call_batched or forget_members (which drop them
 -- all); a record changed in place is written (mput) before anything reads it again.
 local RECS = nil
+-- The number of parked joins (the joining hash's length), read once per call and kept by the
+-- HSET that parks a member (add_member, update_member: its reply counts the field added); any
+-- other write of the hash forgets it (nil: not known). A member's join that asks whether the
+-- group has room and then whether every member has joined reads it once.
+local NJOINING = nil
 local function call_batched(cmd, key, items)
   if key == K_MEMBERS and #items > 0 then RECS = nil end
+  if key == K_JOINING then NJOINING = nil end
   if key == K_DL then
     DL_HEAD = nil
     if cmd == 'ZADD' then note_deadline_pairs(items) end
@@ -466,7 +471,8 @@ end
 local function is_pending(id) return redis.call('HEXISTS', K_PENDING, id) == 1 end
 local function awaiting_join(id) return redis.call('HEXISTS', K_JOINING, id) == 1 end
 local function all_joined()
-  return nmembers() == redis.call('HLEN', K_JOINING) and redis.call('HLEN', K_PENDING) == 0
+  NJOINING = NJOINING or redis.call('HLEN', K_JOINING)
+  return nmembers() == NJOINING and redis.call('HLEN', K_PENDING) == 0
 end
 -- Decoded protocol lists by their encoding (members of a group mostly send the same one), so a
 -- pass over every member decodes each distinct list once. Callers never modify them.
@@ -688,7 +694,8 @@ local function add_member(id, req)
   if G.oq then redis.call('ZADD', K_ORDER, rec.seq, id) end
   count_protocols(rec, 1)
   rt_update(rtc, {[rec.rt] = 1})
-  redis.call('HSET', K_JOINING, id, 1)
+  local parked = redis.call('HSET', K_JOINING, id, 1)
+  if NJOINING then NJOINING = NJOINING + parked end
   redis.call('HDEL', K_PENDING, id)
   park_slot(id, 'j')
   return rec
@@ -798,10 +805,12 @@ local function update_member(rec, req, parked)
     rt_update(rtc, rt_deltas)
   end
   if parked then
-    redis.call('HSET', K_JOINING, rec.id, 1)
+    local added = redis.call('HSET', K_JOINING, rec.id, 1)
+    if NJOINING then NJOINING = NJOINING + added end
     park_slot(rec.id, 'j')
   else
     redis.call('HDEL', K_JOINING, rec.id)
+    NJOINING = nil
   end
 end
 
@@ -1233,6 +1242,7 @@ local function join_chunk(ids, k, n, at, all_parked)
         members)
     end
     redis.call('HDEL', K_JOINING, G.leader)
+    NJOINING = nil
   end
   -- Kafka's computeSubscribedTopics: known only for "consumer" and when every member's decodes.
   if consumer and not unknown then
@@ -1277,7 +1287,7 @@ local function complete_join(all_parked, psync_empty)
   -- found from the keys alone (a static member is its instance id's owner), no record decoded.
   -- When every member rejoined (the common case), nobody is absent and no set is built.
   local ids, absent = redis.call('HKEYS', K_MEMBERS), {}
-  if not all_parked and redis.call('HLEN', K_JOINING) < #ids then
+  if not all_parked and (NJOINING or redis.call('HLEN', K_JOINING)) < #ids then
     local joining, static = {}, {}
     for _, id in ipairs(redis.call('HKEYS', K_JOINING)) do joining[id] = true end
     for _, id in ipairs(redis.call('HVALS', K_STATIC)) do static[id] = true end
@@ -1359,7 +1369,11 @@ local function prepare_rebalance(reason)
 end
 
 local function maybe_prepare_rebalance_or_complete_join(reason)
-  if can_rebalance() then prepare_rebalance(reason) else maybe_complete_join_phase() end
+  if VALID_PREVIOUS[PREPARING][G.state] then -- (Kafka's canRebalance)
+    prepare_rebalance(reason)
+  else
+    maybe_complete_join_phase()
+  end
 end
 
 -- Timer actions -----------------------------------------------------------------------------
@@ -1417,6 +1431,7 @@ local function delete_group()
   DL_CHANGED = true
   transition(DEAD)
   G_WRITES, G_WRITE_ORDER, NMEMBERS, SLOTS_NOW = nil, nil, nil, nil -- the hash goes
+  NJOINING = nil
   redis.call('DEL', K_GROUP, K_MEMBERS, K_STATIC, K_PENDING, K_JOINING, K_PSYNC, K_REPLIES,
     K_WAKE, K_DL, K_OFFSETS, K_HINT, K_ORDER)
   DL_HEAD = nil
@@ -1695,7 +1710,7 @@ local function begin(keys, argv, all_settings, extra, brief)
   GROUP_ID = argv[2]
   NOW, MOCK_TIME = read_clock(argv[1])
   WAKE, DL_CHANGED, FORCE_PUBLISH, WAIT_REPLY, APPLIED = false, false, false, nil, 0
-  G_WRITES, G_WRITE_ORDER, NMEMBERS = nil, nil, nil
+  G_WRITES, G_WRITE_ORDER, NMEMBERS, NJOINING = nil, nil, nil, nil
   SLOTS_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS, RECS = nil, nil, false, 1, nil
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
