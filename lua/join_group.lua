@@ -47,9 +47,10 @@ local function accept_joining_member()
   local id = REQ.mid
   local known = known_record() ~= false
   if state == PREPARING then
-    if known and awaiting_join(id) then return true end
+    -- The count first: the join asks it again (all_joined, which keeps it), and while there is
+    -- room, whether this member is parked need not be asked at all.
     NJOINING = NJOINING or redis.call('HLEN', K_JOINING)
-    return NJOINING < CFG.group_max_size
+    return NJOINING < CFG.group_max_size or (known and awaiting_join(id))
   end
   return known or nmembers() < CFG.group_max_size
 end

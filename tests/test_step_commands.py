@@ -174,6 +174,8 @@ def test_a_known_members_rejoin_reads_its_record_once_and_the_leaders_sync_write
     # The parked joins are counted once: whether the group has room, then (the count kept by
     # the join's own write) whether every member has joined.
     assert on(keys.joining, commands, "HLEN") == [[b"HLEN", keys.joining.encode()]]
+    # With room in the group, whether the member is parked already does not matter: not asked.
+    assert on(keys.joining, commands, "HEXISTS") == []
 
     # The last member's join completes the phase; the leader's SyncGroup then propagates.
     last = send(first_call(coord._steps.join_group("g", followers[1], **JOIN)))
