@@ -784,10 +784,33 @@ local function remove_member(id) remove_members({id}) end
 
 -- ClassicGroup.updateMember: new protocols and timeouts; parked again when rejoining.
 local function update_member(rec, req, parked)
-  if settle_chunks() then
+  local settled = settle_chunks()
+  if settled then
     -- The chunks rewrote the record the caller read: keep what they wrote.
     local now_rec = mget(rec.id) or rec
     rec.new, rec.as, rec.asg, rec.ag = now_rec.new, now_rec.as, now_rec.asg, now_rec.ag
+  end
+  -- A rejoin that changes nothing in the record (the usual one: the metadata, timeouts and
+  -- subscriptions it had) does not write it again. (Its encoding would differ only in the
+  -- order of the map's entries, which every decoding of the record ignores.)
+  local same = not settled and rec.pr == req.pr and rec.rt == req.rt and rec.st == req.st
+    and type(rec.subs) == 'table'
+  if same then
+    for name, topics in pairs(req.subs) do
+      local had = rec.subs[name]
+      same = type(had) == type(topics) and (not topics or #had == #topics)
+      if same and topics then
+        for i = 1, #topics do
+          if had[i] ~= topics[i] then same = false break end
+        end
+      end
+      if not same then break end
+    end
+    if same then
+      for name, _ in pairs(rec.subs) do
+        if req.subs[name] == nil then same = false break end
+      end
+    end
   end
   -- A member that rejoins with the protocols and rebalance timeout it had (the usual rejoin)
   -- leaves the protocol counts and the timeout counts as they are: taking it out of them and
@@ -796,8 +819,10 @@ local function update_member(rec, req, parked)
   local same_pr, same_rt = rec.pr == req.pr, rec.rt == req.rt and G.rtc ~= nil
   local rtc, old_rt = not same_rt and rt_counts(), rec.rt
   if not same_pr then count_protocols(rec, -1) end
-  rec.pr, rec.rt, rec.st, rec.subs = req.pr, req.rt, req.st, req.subs
-  mput(rec)
+  if not same then
+    rec.pr, rec.rt, rec.st, rec.subs = req.pr, req.rt, req.st, req.subs
+    mput(rec)
+  end
   if not same_pr then count_protocols(rec, 1) end
   if rtc then
     local rt_deltas = {[old_rt] = -1}

@@ -123,6 +123,8 @@ def test_a_rebalance_round_answers_from_what_it_wrote(
     # the join read and rewrote.
     assert on(keys.members, commands, "HGET", "HMGET") == [
         [b"HGET", keys.members.encode(), mid.encode()]]
+    # It rejoined with what it had: its record is not written again.
+    assert on(keys.members, commands, "HSET") == []
 
     sync = first_call(coord._steps.sync_group("g", answer["gen"], mid, assignments={mid: b"b"}))
     reply, commands = record(coord, sync)
@@ -195,3 +197,23 @@ def test_a_known_members_rejoin_reads_its_record_once_and_the_leaders_sync_write
     assert client.zscore(keys.deadlines, f"hb:{leader}") is not None
     member = coord.describe_group("g")
     assert {m.member_id: m.assignment for m in member.members} == {m: m.encode() for m in ids}
+
+
+def test_a_rejoin_that_changes_the_session_timeout_rewrites_the_record(
+        client: redis.Redis, namespace: str, record: Any) -> None:
+    """Only a rejoin that changes nothing in the record leaves it unwritten: another session
+    timeout (same metadata, same rebalance timeout) is stored."""
+    coord = coordinator(client, namespace, delay_ms=0)
+    keys = coord._keys("g")
+    joined = coord.join_group("g", **JOIN)
+    mid = joined.member_id
+    coord.sync_group("g", joined.generation_id, mid, assignments={mid: b"a"})
+    before = msgpack.unpackb(client.hget(keys.members, mid), raw=True)
+    reply, commands = record(coord, first_call(coord._steps.join_group(
+        "g", mid, **{**JOIN, "session_timeout_ms": 20_000})))
+    assert reply[0] == b"R"
+    assert len(on(keys.members, commands, "HSET")) == 1
+    after = msgpack.unpackb(client.hget(keys.members, mid), raw=True)
+    assert (before[b"st"], after[b"st"]) == (30_000, 20_000)
+    assert {k: v for k, v in after.items() if k != b"st"} == {
+        k: v for k, v in before.items() if k != b"st"}
