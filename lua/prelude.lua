@@ -1219,6 +1219,50 @@ local function join_chunk(ids, k, n, at, all_parked)
       end
     end
   end
+  -- The last chunk: the entries of every chunk, in the members' order (oldest first), make the
+  -- leader's reply, written and unparked with this chunk's members (one HSET, one HDEL).
+  local drop = {}
+  if k == n then
+    for j = 1, n - 1 do
+      local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cjm:' .. j))
+      for _, x in ipairs(part[1]) do mem[#mem + 1] = x end
+      if part[2] == true then
+        unknown = true
+      elseif not unknown then
+        for _, t in ipairs(part[2]) do topics[#topics + 1] = t end
+      end
+      drop[#drop + 1] = 'cjm:' .. j
+      drop[#drop + 1] = 'cj:' .. (j + 1)
+    end
+    local by_seq, seqs = {}, {}
+    for i = 1, #mem, 2 do
+      by_seq[mem[i]] = mem[i + 1]
+      seqs[#seqs + 1] = mem[i]
+    end
+    table.sort(seqs)
+    local entries = {}
+    for i, seq in ipairs(seqs) do entries[i] = by_seq[seq] end
+    -- (Not in this chunk: not among the members it unparks, so asked before or after them.)
+    if leader_parked == nil then
+      leader_parked = redis.call('HEXISTS', K_JOINING, G.leader) == 1
+    end
+    if leader_parked then
+      local members = cmsgpack.pack('mem') .. msgpack_array_header(#entries) ..
+        table.concat(entries)
+      local blob
+      if head then
+        blob = head .. cmsgpack.pack('mid') .. cmsgpack.pack(G.leader) .. members
+      else
+        local rep = join_reply(G.leader, 'NONE', false, false)
+        rep.mem, rep.at = nil, NOW
+        local lbody = cmsgpack.pack(rep)
+        blob = string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) .. members
+      end
+      replies[#replies + 1] = reply_field('j', G.leader)
+      replies[#replies + 1] = blob
+      joined[#joined + 1] = G.leader
+    end
+  end
   prune_reply_fields(old)
   call_batched('HSET', K_PSYNC, psync)
   call_batched('HSET', K_REPLIES, replies)
@@ -1230,44 +1274,6 @@ local function join_chunk(ids, k, n, at, all_parked)
     g_call('HSET', 'cjm:' .. k, cmsgpack.pack({mem, unknown or topics}))
     set_g('cjk', k + 1)
     return
-  end
-  -- The last chunk: the entries of every chunk, in the members' order (oldest first).
-  local drop = {}
-  for j = 1, n - 1 do
-    local part = cmsgpack.unpack(redis.call('HGET', K_GROUP, 'cjm:' .. j))
-    for _, x in ipairs(part[1]) do mem[#mem + 1] = x end
-    if part[2] == true then
-      unknown = true
-    elseif not unknown then
-      for _, t in ipairs(part[2]) do topics[#topics + 1] = t end
-    end
-    drop[#drop + 1] = 'cjm:' .. j
-    drop[#drop + 1] = 'cj:' .. (j + 1)
-  end
-  local by_seq, seqs = {}, {}
-  for i = 1, #mem, 2 do
-    by_seq[mem[i]] = mem[i + 1]
-    seqs[#seqs + 1] = mem[i]
-  end
-  table.sort(seqs)
-  local entries = {}
-  for i, seq in ipairs(seqs) do entries[i] = by_seq[seq] end
-  if leader_parked == nil then leader_parked = redis.call('HEXISTS', K_JOINING, G.leader) == 1 end
-  if leader_parked then
-    local members = cmsgpack.pack('mem') .. msgpack_array_header(#entries) ..
-      table.concat(entries)
-    if head then
-      reply_put(G.leader, {k = 'j'}, head .. cmsgpack.pack('mid') .. cmsgpack.pack(G.leader) ..
-        members)
-    else
-      local rep = join_reply(G.leader, 'NONE', false, false)
-      rep.mem, rep.at = nil, NOW
-      local lbody = cmsgpack.pack(rep)
-      reply_put(G.leader, rep, string.char(string.byte(lbody, 1) + 1) .. string.sub(lbody, 2) ..
-        members)
-    end
-    redis.call('HDEL', K_JOINING, G.leader)
-    NJOINING = nil
   end
   -- Kafka's computeSubscribedTopics: known only for "consumer" and when every member's decodes.
   if consumer and not unknown then

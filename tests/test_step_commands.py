@@ -180,8 +180,15 @@ def test_a_known_members_rejoin_reads_its_record_once_and_the_leaders_sync_write
     assert on(keys.joining, commands, "HEXISTS") == []
 
     # The last member's join completes the phase; the leader's SyncGroup then propagates.
-    last = send(first_call(coord._steps.join_group("g", followers[1], **JOIN)))
+    last, commands = record(coord, first_call(coord._steps.join_group("g", followers[1], **JOIN)))
     assert last[0] == b"R" and msgpack.unpackb(last[1])["gen"] == gen + 1
+    # Every parked member's reply, the leader's (with the member list) too, is written in one
+    # HSET, and all of them are unparked in one HDEL.
+    [replies] = on(keys.replies, commands, "HSET")
+    assert sorted(replies[2::2]) == sorted(f"j:{m}".encode() for m in ids)
+    [unparked] = on(keys.joining, commands, "HDEL")
+    assert sorted(unparked[2:]) == sorted(m.encode() for m in ids)
+    assert len(msgpack.unpackb(client.hget(keys.replies, f"j:{leader}"))["mem"]) == 3
     assert client.hget(keys.group, "state") == b"CompletingRebalance"
     sync = first_call(coord._steps.sync_group(
         "g", gen + 1, leader, assignments={m: m.encode() for m in ids}))
