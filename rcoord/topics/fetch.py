@@ -370,6 +370,19 @@ def _result(answer: PartitionRecords[Record]) -> FetchResult:
     )
 
 
+def _checked_read(redis_client: Any, namespace: str, topic: str, partition: int, offset: int,
+                  max_records: int) -> str:
+    """The stream key of a one-partition read (``fetch``, ``fetch_bounded``), once its
+    arguments are checked (InvalidRequestError or TypeError naming the one to fix)."""
+    _check_client(redis_client)
+    _check_namespace(namespace)
+    _check_topic(topic)
+    _check_int("partition", partition, 0)
+    _check_int("offset", offset, 0)
+    _check_int("max_records", max_records, 1, INT32_MAX)
+    return partition_key(namespace, topic, partition)
+
+
 @translate_redis_errors
 def fetch(
     redis_client: Any,
@@ -401,15 +414,9 @@ def fetch(
     raises, because ``XREAD BLOCK 0`` waits forever, so a fraction truncated to 0 would turn a
     short wait into an endless one.
     """
-    _check_client(redis_client)
-    _check_namespace(namespace)
-    _check_topic(topic)
-    _check_int("partition", partition, 0)
-    _check_int("offset", offset, 0)
-    _check_int("max_records", max_records, 1, INT32_MAX)
+    key = _checked_read(redis_client, namespace, topic, partition, offset, max_records)
     if block_ms is not None:
         _check_int("block_ms", block_ms, 0, INT32_MAX)
-    key = partition_key(namespace, topic, partition)
     result = _fetch_once(redis_client, key, offset, max_records, max_bytes)
     if result.records or result.error != Errors.NONE or not block_ms:
         return result
@@ -438,17 +445,11 @@ def fetch_bounded(
     ``record_bytes`` (0: not known) is the partition's expected bytes per record, which sizes
     the first read, and ``first_read`` caps what that read asks.
     """
-    _check_client(redis_client)
-    _check_namespace(namespace)
-    _check_topic(topic)
-    _check_int("partition", partition, 0)
-    _check_int("offset", offset, 0)
-    _check_int("max_records", max_records, 1, INT32_MAX)
+    key = _checked_read(redis_client, namespace, topic, partition, offset, max_records)
     _check_int("record_bytes", record_bytes, 0)
     if first_read is not None:
         _check_int("first_read", first_read, 1)
     _check_int("max_bytes", max_bytes, 1)
-    key = partition_key(namespace, topic, partition)
     reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
     return _fetch_bounded(redis_client, reads, max_bytes, max_bytes, [record_bytes],
                           first_read)[0]
