@@ -9,6 +9,7 @@ import collections
 import contextlib
 import io
 import itertools
+import json
 import re
 import socket
 import threading
@@ -135,6 +136,25 @@ def topics_of(redis_server: Any, namespace: str) -> Iterator[Topics]:
         yield Topics(client, namespace)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def gateway_for_alice(redis_server: Any, namespace: str, tmp_path: Any, mine: list[str],
+                      theirs: list[str]) -> Iterator[tuple[GatewayThread, Topics]]:
+    """A gateway whose auth file lets user ``alice`` (password ``pw``) do the ``mine``
+    operations on topic "mine" and the ``theirs`` ones on topic "theirs", both topics made
+    with one partition: for the tests of an API's ACL check (the one operation it needs)."""
+    from rcoord.gateway.auth import load_auth_file
+
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"users": {"alice": "pw"}, "acls": [
+        {"principal": "User:alice", "resource": "topic", "name": name, "operations": ops}
+        for name, ops in (("mine", mine), ("theirs", theirs))]}))
+    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw, \
+            topics_of(redis_server, namespace) as topics:
+        topics.create("mine", 1)
+        topics.create("theirs", 1)
+        yield gw, topics
 
 
 # -- raw frames -------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ Redis cannot be reached for, and confluent-kafka's AdminClient changing a topic'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, running_gateway, topics_of
+from gateway_harness import call_once, gateway_for_alice
 
 from rcoord.errors import Errors
 from rcoord.topics import Topics
@@ -164,18 +163,8 @@ def test_a_topic_redis_fails_on_is_answered_alone(gateway, topics, monkeypatch, 
 
 
 def test_altering_configs_needs_alter_configs(redis_server, namespace, tmp_path: Path):
-    from rcoord.gateway.auth import load_auth_file
-
-    path = tmp_path / "auth.json"
-    path.write_text(json.dumps({"users": {"alice": "pw"}, "acls": [
-        {"principal": "User:alice", "resource": "topic", "name": "mine",
-         "operations": ["ALTER_CONFIGS"]},
-        {"principal": "User:alice", "resource": "topic", "name": "theirs",
-         "operations": ["READ", "WRITE", "ALTER", "DESCRIBE_CONFIGS"]}]}))
-    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw, \
-            topics_of(redis_server, namespace) as topics:
-        topics.create("mine", 1)
-        topics.create("theirs", 1)
+    with gateway_for_alice(redis_server, namespace, tmp_path, ["ALTER_CONFIGS"],
+                           ["READ", "WRITE", "ALTER", "DESCRIBE_CONFIGS"]) as (gw, topics):
         ops = [("retention.ms", SET, "9")]
         got = _incremental(gw, [(TOPIC, "mine", ops), (TOPIC, "theirs", ops),
                                 (TOPIC, "ghost", ops), (BROKER, "0", [])],

@@ -4,7 +4,6 @@ a topic Redis cannot be reached for, and confluent-kafka's AdminClient growing a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, running_gateway, topics_of
+from gateway_harness import call_once, gateway_for_alice
 
 from rcoord.errors import Errors
 from rcoord.topics import Topics
@@ -111,17 +110,8 @@ def test_a_topic_redis_fails_on_is_answered_alone(gateway, topics, monkeypatch, 
 
 
 def test_growing_a_topic_needs_alter_on_it(redis_server, namespace, tmp_path: Path):
-    from rcoord.gateway.auth import load_auth_file
-
-    path = tmp_path / "auth.json"
-    path.write_text(json.dumps({"users": {"alice": "pw"}, "acls": [
-        {"principal": "User:alice", "resource": "topic", "name": "mine", "operations": ["ALTER"]},
-        {"principal": "User:alice", "resource": "topic", "name": "theirs",
-         "operations": ["READ", "WRITE", "DESCRIBE", "CREATE"]}]}))
-    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw, \
-            topics_of(redis_server, namespace) as topics:
-        topics.create("mine", 1)
-        topics.create("theirs", 1)
+    with gateway_for_alice(redis_server, namespace, tmp_path, ["ALTER"],
+                           ["READ", "WRITE", "DESCRIBE", "CREATE"]) as (gw, topics):
         results = call_once(gw, 37, 3, {"topics": [_grow("mine", 2), _grow("theirs", 2)],
                                         "timeout_ms": 5000, "validate_only": False},
                             login=("alice", "pw")).results

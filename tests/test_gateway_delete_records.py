@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, running_gateway, topics_of
+from gateway_harness import call_once, gateway_for_alice
 
 from rcoord.errors import Errors
 from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
@@ -87,17 +86,9 @@ def test_a_topic_redis_fails_on_is_answered_alone(gateway, redis_server, topics,
 
 
 def test_deleting_records_needs_delete_on_the_topic(redis_server, namespace, tmp_path: Path):
-    from rcoord.gateway.auth import load_auth_file
-
-    path = tmp_path / "auth.json"
-    path.write_text(json.dumps({"users": {"alice": "pw"}, "acls": [
-        {"principal": "User:alice", "resource": "topic", "name": "mine", "operations": ["DELETE"]},
-        {"principal": "User:alice", "resource": "topic", "name": "theirs",
-         "operations": ["READ", "WRITE", "DESCRIBE", "ALTER"]}]}))
-    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw, \
-            topics_of(redis_server, namespace) as topics:
+    with gateway_for_alice(redis_server, namespace, tmp_path, ["DELETE"],
+                           ["READ", "WRITE", "DESCRIBE", "ALTER"]) as (gw, topics):
         for name in ("mine", "theirs"):
-            topics.create(name, 1)
             _fill(redis_server, namespace, name, [3])
         answered = call_once(gw, 21, 2, _body([("mine", 0, 2), ("theirs", 0, 2)]),
                              login=("alice", "pw")).topics
