@@ -21,7 +21,7 @@ from harness import socket_warnings_on_collect
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.gateway import Gateway, GatewayConfig
 from rcoord.gateway.wire import build, request_class
-from rcoord.topics import Topics
+from rcoord.topics import Producer, ProducerRecord, Topics
 
 FAST_GROUPS = {
     "group_min_session_timeout_ms": 10,
@@ -134,6 +134,20 @@ def topics_of(redis_server: Any, namespace: str) -> Iterator[Topics]:
     client = redis_server.client()
     try:
         yield Topics(client, namespace)
+    finally:
+        client.close()
+
+
+def fill_backlog(redis_server: Any, namespace: str, topic: str, partitions: int = 40,
+                 records: int = 20, size: int = 50_000) -> None:
+    """``records`` records of ``size`` bytes in each of ``partitions`` partitions of ``topic``
+    (made by the caller): the backlog of the gateway's Fetch byte-bound tests."""
+    client = redis_server.client()
+    try:
+        producer = Producer(client, namespace, idempotent=False)
+        for p in range(partitions):
+            producer.send_batch(topic, [ProducerRecord(b"x" * size, partition=p)
+                                        for _ in range(records)])
     finally:
         client.close()
 

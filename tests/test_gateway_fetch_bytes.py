@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import connect, fetched_records, request_frame, response
+from gateway_harness import connect, fetched_records, fill_backlog, request_frame, response
 from test_topics_fetch import _bytes_read, _flat
 
 from rcoord.topics import Producer, ProducerRecord, partition_key
@@ -236,14 +236,7 @@ def test_partitions_the_response_has_no_room_for_are_not_read(gateway, redis_ser
     last records): 7 MB read from Redis in every Fetch to send 1 MB; now 1.1 MB. Once, the
     first Fetch reads a record of each to learn their size."""
     topics.create("many", 40)
-    client = redis_server.client()
-    try:
-        producer = Producer(client, gateway.config.namespace, idempotent=False)
-        for p in range(40):
-            producer.send_batch("many", [ProducerRecord(b"x" * 50_000, partition=p)
-                                         for _ in range(20)])
-    finally:
-        client.close()
+    fill_backlog(redis_server, gateway.config.namespace, "many")
     read = _record_bytes_read(monkeypatch)
     parts = [("many", p) for p in range(40)]
     for _ in range(3):

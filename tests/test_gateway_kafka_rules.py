@@ -24,6 +24,7 @@ from gateway_harness import (
     call_once,
     connect,
     fetched_records,
+    fill_backlog,
     produced_batch,
     request_frame,
     response,
@@ -32,7 +33,7 @@ from gateway_harness import (
 
 from rcoord.errors import Errors
 from rcoord.gateway.errors import CORRUPT_MESSAGE
-from rcoord.topics import Producer, ProducerRecord, Record, log_offsets
+from rcoord.topics import Producer, Record, log_offsets
 
 INVALID_REQUIRED_ACKS = 21
 INVALID_RECORD = 87
@@ -178,14 +179,7 @@ def test_the_bytes_a_fetch_reads_follow_its_max_bytes(gateway, redis_server, top
     1 MB each: the gateway read 40 MB (every partition to its own limit) to send 1 MB; now the
     first partition's megabyte and one record of each other."""
     topics.create("t", 40)
-    client = redis_server.client()
-    try:
-        producer = Producer(client, gateway.config.namespace, idempotent=False)
-        for p in range(40):
-            producer.send_batch("t", [ProducerRecord(b"x" * 50_000, partition=p)
-                                      for _ in range(20)])
-    finally:
-        client.close()
+    fill_backlog(redis_server, gateway.config.namespace, "t")
     read = [0]
     fetch_module = importlib.import_module("rcoord.topics.fetch")  # (every read goes through)
     real = fetch_module._fetch_many
