@@ -264,9 +264,7 @@ class Topics:
             name=topic,
             partitions=infos,
             created_ms=int(meta.get(b"created_ms", 0)),
-            retention_records=_opt_int(meta.get(b"retention_records")),
-            retention_ms=_opt_int(meta.get(b"retention_ms")),
-            producer_id_expiration_ms=_opt_int(meta.get(b"producer_id_expiration_ms")),
+            **{c.field: _opt_int(meta.get(c.field.encode())) for c in SETTINGS},
             create_token=meta.get(b"create_token", b"").decode(),
         )
 
