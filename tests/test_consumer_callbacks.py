@@ -128,7 +128,11 @@ def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     already assigned (assignment(), position(), seek()) with no on_partitions_assigned, and
     the revoked one was forgotten with its callback cut short (its commit never made)."""
     state = OneMemberGroup(partitions=3, records=2)
-    consumer, listener = _woken_mid_transition(make, state)
+    # (A rebalance timeout no loaded machine reaches: the hold on the new generation must not
+    # give up between the WakeupError and the next poll(), which would rejoin once more. A
+    # full CI run once saw an extra ("assigned", []) of a third generation here; the 5 s hold
+    # is the likely cause, not a proven one.)
+    consumer, listener = _woken_mid_transition(make, state, rebalance_timeout_ms=600_000)
     # Still what the application was told: t-0 and t-1, not t-2.
     assert listener.seen == [("assigned", [0, 1]), ("revoked", [0, 1])]
     assert consumer.assignment() == [TP("t", 0), TP("t", 1)]
