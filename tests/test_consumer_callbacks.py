@@ -128,11 +128,7 @@ def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     already assigned (assignment(), position(), seek()) with no on_partitions_assigned, and
     the revoked one was forgotten with its callback cut short (its commit never made)."""
     state = OneMemberGroup(partitions=3, records=2)
-    # (A rebalance timeout no loaded machine reaches: the hold on the new generation must not
-    # give up between the WakeupError and the next poll(), which would rejoin once more. A
-    # full CI run once saw an extra ("assigned", []) of a third generation here; the 5 s hold
-    # is the likely cause, not a proven one.)
-    consumer, listener = _woken_mid_transition(make, state, rebalance_timeout_ms=600_000)
+    consumer, listener = _woken_mid_transition(make, state)
     # Still what the application was told: t-0 and t-1, not t-2.
     assert listener.seen == [("assigned", [0, 1]), ("revoked", [0, 1])]
     assert consumer.assignment() == [TP("t", 0), TP("t", 1)]
@@ -141,12 +137,16 @@ def test_wakeup_in_cooperative_on_partitions_revoked_keeps_the_old_assignment(
     assert consumer.position(TP("t", 0)) >= 0
     consumer.commit({TP("t", 0): 1})  # still assigned: committed under the new generation
     assert state.committed[TP("t", 0)] == 1
-    # The next poll() runs the revocation again, then the assignment.
-    wait_until(lambda: listener.kinds()[-1:] == ["assigned"] and len(listener.kinds()) > 2,
-               lambda: consumer.poll(timeout=0.01))
-    assert listener.events[1:] == [
-        ("revoked", [TP("t", 0)]), ("revoked", [TP("t", 0)]), ("assigned", [TP("t", 2)])]
-    assert listener.seen[2:] == [("revoked", [0, 1]), ("assigned", [1, 2])]
+    # The next poll() runs the revocation again, then the assignment; having given up t-0,
+    # the member joins once more (Kafka's cooperative follow-up round), which adds nothing
+    # but is announced all the same (onPartitionsAssigned is called with an empty set). The
+    # wait is for that last one: the poll that announced t-2 could already have run it, as
+    # it did under load (15 of 300 runs failed a wait that stopped at t-2).
+    wait_until(lambda: len(listener.kinds()) >= 5, lambda: consumer.poll(timeout=0.01))
+    assert listener.events[1:] == [("revoked", [TP("t", 0)]), ("revoked", [TP("t", 0)]),
+                                   ("assigned", [TP("t", 2)]), ("assigned", [])]
+    assert listener.seen[2:] == [("revoked", [0, 1]), ("assigned", [1, 2]),
+                                 ("assigned", [1, 2])]
     assert consumer.assignment() == [TP("t", 1), TP("t", 2)]
     assert consumer.generation is not None and consumer.generation.acknowledged
 
