@@ -934,3 +934,46 @@ def test_an_incremental_fetch_of_a_session_never_opened_is_refused(gateway, topi
                               partition_max_bytes=1 << 20), "session_epoch": epoch}
         got = call_once(gateway, 1, 12, body)
         assert (got.error_code.value, got.session_id, len(got.responses)) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("corrupt", [_batch_head(13), _batch_head(200, magic=3)],
+                         ids=["length 13", "magic 3"])
+def test_a_corrupt_first_batch_fails_the_whole_produce_as_kafka_does(
+        gateway, redis_server, topics, corrupt):
+    """Kafka reads the first batch of every partition before anything else of a Produce
+    (RequestUtils.hasTransactionalRecords); a length below 14 or a magic outside 0-2 there
+    raises CorruptRecordException, and the request is answered whole: CORRUPT_MESSAGE on every
+    partition, even one that does not exist, nothing appended (acks=0: the connection closed).
+    The gateway failed that partition alone and appended the others of the request."""
+    topics.create("t", 2)
+    plain = produced_batch([Record(0, None, b"p", {}, 0)])
+    answer = call_once(gateway, 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": plain},
+                                         {"index": 1, "records": corrupt}]},
+        {"name": "missing", "partition_data": [{"index": 0, "records": plain}]}]})
+    got = [(t.name, p.index, p.error_code.value, p.base_offset) for t in answer.responses
+           for p in t.partition_responses]
+    assert got == [("t", 0, CORRUPT_MESSAGE, -1), ("t", 1, CORRUPT_MESSAGE, -1),
+                   ("missing", 0, CORRUPT_MESSAGE, -1)]
+    assert "corrupt record batch" in answer.responses[0].partition_responses[0].error_message
+    # Read in request order, as Kafka: a transactional batch before it is answered first.
+    (_, txn), (_, bad) = [(t.name, p.error_code.value) for t in call_once(gateway, 0, 9, {
+        "acks": -1, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": _transactional(b"x")},
+                                             {"index": 1, "records": corrupt}]}]}).responses
+        for p in t.partition_responses]
+    assert (txn, bad) == (53, 53)
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(0, 9, 1, {"acks": 0, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": plain},
+                                             {"index": 1, "records": corrupt}]}]}))
+        assert _closed(sock)
+    finally:
+        sock.close()
+    client = redis_server.client()
+    try:
+        assert [log_offsets(client, gateway.config.namespace, "t", p) for p in (0, 1)] == [
+            (0, 0), (0, 0)]
+    finally:
+        client.close()

@@ -218,8 +218,12 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
     state = conn.state
     entries = _last_of_each(((t.name, p.index), p.records)
                            for t in req.topic_data for p in t.partition_data)
-    if any(first_batch_transactional(p.records) for t in req.topic_data for p in t.partition_data):
-        return _no_transactions(conn, [key for key, _ in entries], acks=req.acks)
+    try:
+        if any(first_batch_transactional(p.records)
+               for t in req.topic_data for p in t.partition_data):
+            return _no_transactions(conn, [key for key, _ in entries], acks=req.acks)
+    except BatchError as exc:  # a corrupt first batch, read before all else as in Kafka
+        return _corrupt(conn, [key for key, _ in entries], exc, acks=req.acks)
     writable = {t.name for t in req.topic_data
                 if conn.may(Operation.WRITE, ResourceType.TOPIC, t.name)}
 
@@ -271,6 +275,23 @@ def _no_transactions(conn: Connection, partitions: list[tuple[str, int]], *, ack
     return _answer([(topic, {"index": index, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                              "error_message": TRANSACTIONS_NOT_SERVED, "base_offset": -1,
                              "log_append_time": -1, "log_start_offset": -1})
+                    for topic, index in partitions])
+
+
+def _corrupt(conn: Connection, partitions: list[tuple[str, int]], exc: BatchError, *,
+             acks: int) -> dict[str, Any] | None:
+    """The answer to a Produce whose first batch of a partition has a corrupt length or magic
+    (``first_batch_transactional``): the error on every partition, nothing appended, as Kafka
+    answers the CorruptRecordException ``hasTransactionalRecords`` raises (before the ACLs and
+    the topics' existence; ``ProduceRequest.getErrorResponse``); acks=0 closes the connection
+    (``RequestHandlerHelper.sendErrorOrCloseConnection``)."""
+    log.info("produce from client id %r (%s) refused whole: %s", conn.client_id,
+             conn.client_host, exc)
+    if acks == 0:
+        conn.close_after_response = True
+        return None
+    return _answer([(topic, {"index": index, "error_code": exc.code, "error_message": str(exc),
+                             "base_offset": -1, "log_append_time": -1, "log_start_offset": -1})
                     for topic, index in partitions])
 
 

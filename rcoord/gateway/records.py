@@ -108,12 +108,15 @@ def first_batch_transactional(data: bytes | None) -> bool:
     """Whether a partition's records start with a whole transactional v2 batch: what Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at (the first batch of each partition) before
     it reads anything else of a Produce. A later batch is not looked at: a partition takes one
-    (``api_records._append``)."""
+    (``api_records._append``).
+
+    Raises BatchError (CORRUPT_MESSAGE) when the first batch's length or magic is corrupt: Kafka
+    reads it there with ``ByteBufferLogInputStream.nextBatchSize``, whose CorruptRecordException
+    fails the whole Produce, every partition CORRUPT_MESSAGE and nothing appended
+    (``ProduceRequest.getErrorResponse``). It was taken for "not transactional", and only that
+    partition failed while the others of the request were appended."""
     view = memoryview(data or b"")
-    try:
-        end = _whole_batch_end(view, 0)
-    except BatchError:
-        return False  # (answered for its partition by decode_batches)
+    end = _whole_batch_end(view, 0)
     return (end is not None and view[_MAGIC_AT] == 2
             and bool(view[_ATTRIBUTES_AT + 1] & _TRANSACTIONAL))
 
