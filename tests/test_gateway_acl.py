@@ -578,3 +578,16 @@ def test_a_refused_client_does_not_disturb_an_allowed_one(gateway: GatewayThread
     finally:
         stop.set()
         t.join(30)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_find_coordinator_below_v4_carries_kafkas_message(alice: _Session, version: int
+                                                          ) -> None:
+    """Below v4 Kafka puts its error's message in FindCoordinator's ``error_message``
+    (``Errors.message()``: "NONE" on success, "Group authorization failed." for a group the
+    caller may not describe); the gateway sent null, which Kafka never does there."""
+    for group, code, text in (("app", 0, "NONE"),
+                              ("other", GROUP_AUTHORIZATION_FAILED, "Group authorization failed.")):
+        found = alice.call(10, version, {"key_type": 0, "key": group},
+                           header_bytes=5 if version >= 3 else 4)
+        assert (found.error_code.value, found.error_message) == (code, text)

@@ -33,6 +33,12 @@ log = logging.getLogger("rcoord.gateway")
 
 _ZERO_UUID = uuid.UUID(int=0)
 _GROUP_KEY, _TXN_KEY = 0, 1
+_KAFKA_MESSAGE = {Errors.NONE: "NONE", GROUP_AUTHORIZATION_FAILED: "Group authorization failed."}
+"""Kafka's ``Errors.message()`` of the codes FindCoordinator answers without a message of its
+own: what a v0-3 response carries in ``error_message`` (``handleFindCoordinatorRequestLessThanV4``
+sets it on success, "NONE", the enum's name; ``FindCoordinatorResponse.prepareOldResponse`` on an
+error). v4+ coordinators carry none (null), as here. rcoord's own messages (a transactional id,
+a key type not served) are kept: they say what to change."""
 
 
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
@@ -220,4 +226,6 @@ async def find_coordinator(conn: Connection, req: Any, version: int) -> dict[str
                                  for k in req.coordinator_keys]}
     one = _coordinator(conn, req.key, key_type)
     del one["key"]
+    if one["error_message"] is None:  # (null before, which Kafka never sends below v4)
+        one["error_message"] = _KAFKA_MESSAGE.get(one["error_code"])
     return {"throttle_time": 0, **one}
