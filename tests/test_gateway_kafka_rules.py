@@ -977,3 +977,18 @@ def test_a_corrupt_first_batch_fails_the_whole_produce_as_kafka_does(
             (0, 0), (0, 0)]
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("first", [
+    _with_byte(produced_batch([Record(0, None, b"a", {}, 0)]), 30, 0xFF, crc=False),
+    _with_byte(produced_batch([Record(0, None, b"a", {}, 0)]), 22, 0x01, crc=True),
+], ids=["bad CRC", "compressed"])
+def test_two_batches_are_counted_before_the_first_is_read(gateway, redis_server, topics, first):
+    """Kafka's ProduceRequest.validateRecords refuses a second batch for a partition
+    (INVALID_RECORD) before the first's CRC or compression is looked at. The gateway read the
+    first batch whole first: CORRUPT_MESSAGE, which producers retry, or
+    UNSUPPORTED_COMPRESSION_TYPE."""
+    topics.create("t", 1)
+    (part,) = _produce_to(gateway, [(0, first + produced_batch([Record(0, None, b"b", {}, 0)]))])
+    assert part.error_code.value == INVALID_RECORD and "one partition" in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)

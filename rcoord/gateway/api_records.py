@@ -148,11 +148,8 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         if not batches:
             raise BatchError(INVALID_RECORD, "a Produce request must carry at least one record "
                              "batch per partition")  # Kafka's ProduceRequest.validateRecords
-        if len(batches) > 1:
-            # Kafka's LogValidator takes one v2 batch per partition and request: appending the
-            # first before a later one fails would leave half a request written.
-            raise BatchError(INVALID_RECORD, f"{len(batches)} record batches for one partition "
-                             "in one Produce request; Kafka takes one")
+        # (one at most, as Kafka's ProduceRequest.validateRecords: appending the first before
+        # a later one failed would leave half a request written)
         metas = [_append_batch(state, topic, partition, b) for b in batches]
     except BatchError as exc:
         # Kafka looks the partition up before it reads the records (handleProduceRequest).

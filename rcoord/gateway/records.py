@@ -61,7 +61,8 @@ class IncomingBatch:
 
 
 def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
-    """The whole batches of one partition's ``records`` field of a ProduceRequest.
+    """The whole batch of one partition's ``records`` field of a ProduceRequest (a second one
+    is INVALID_RECORD).
 
     Bytes after the last whole batch are dropped, as Kafka does: its reader stops at a batch
     whose bytes are not all there (``ByteBufferLogInputStream.nextBatch``) and the append trims
@@ -77,6 +78,13 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         if view[pos + _MAGIC_AT] != 2:
             raise BatchError(INVALID_RECORD, f"record batch magic {view[pos + _MAGIC_AT]}; "
                              "Produce takes only v2 batches (magic 2)")
+        if _whole_batch_end(view, end) is not None:
+            # Kafka's validateRecords takes one v2 batch per partition and request, and counts
+            # them before it reads a batch further. Counted after, a first batch with a bad CRC
+            # or compressed was answered CORRUPT_MESSAGE (which producers retry) or
+            # UNSUPPORTED_COMPRESSION_TYPE instead.
+            raise BatchError(INVALID_RECORD, "more than one record batch for one partition in "
+                             "one Produce request; Kafka takes one")
         if end - pos < _HEADER_BYTES:  # (DefaultRecordBatch.ensureValid)
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its {end - pos} bytes "
                              f"are fewer than a v2 batch header's {_HEADER_BYTES}")
