@@ -992,3 +992,14 @@ def test_two_batches_are_counted_before_the_first_is_read(gateway, redis_server,
     (part,) = _produce_to(gateway, [(0, first + produced_batch([Record(0, None, b"b", {}, 0)]))])
     assert part.error_code.value == INVALID_RECORD and "one partition" in part.error_message
     assert _log(gateway, redis_server) == (0, 0)
+
+
+def test_a_producer_batch_with_a_base_offset_is_an_invalid_record(gateway, redis_server, topics):
+    """Kafka refuses a client's v2 batch whose base offset is not 0, INVALID_RECORD, before its
+    CRC is checked (UnifiedLog.analyzeAndValidateRecords); the gateway appended it."""
+    topics.create("t", 1)
+    batch = bytearray(produced_batch([Record(0, None, b"v", {}, 0)]))
+    batch[0:8] = (5).to_bytes(8, "big")  # the base offset is not under the CRC
+    (part,) = _produce_to(gateway, [(0, bytes(batch))])
+    assert part.error_code.value == INVALID_RECORD and "base offset is 5" in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)

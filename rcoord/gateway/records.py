@@ -85,6 +85,12 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
             # UNSUPPORTED_COMPRESSION_TYPE instead.
             raise BatchError(INVALID_RECORD, "more than one record batch for one partition in "
                              "one Produce request; Kafka takes one")
+        base_offset = int.from_bytes(view[pos:pos + _LENGTH_AT], "big", signed=True)
+        if base_offset != 0:
+            # Kafka's UnifiedLog.analyzeAndValidateRecords, for a client's v2 batch, before its
+            # size and CRC: offsets are the broker's to give. Such a batch was appended.
+            raise BatchError(INVALID_RECORD, f"the record batch's base offset is {base_offset}; "
+                             "a producer's batch must have base offset 0")
         if end - pos < _HEADER_BYTES:  # (DefaultRecordBatch.ensureValid)
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its {end - pos} bytes "
                              f"are fewer than a v2 batch header's {_HEADER_BYTES}")
