@@ -1003,3 +1003,18 @@ def test_a_producer_batch_with_a_base_offset_is_an_invalid_record(gateway, redis
     (part,) = _produce_to(gateway, [(0, bytes(batch))])
     assert part.error_code.value == INVALID_RECORD and "base offset is 5" in part.error_message
     assert _log(gateway, redis_server) == (0, 0)
+
+
+@pytest.mark.parametrize(("at", "value"), [(22, 0x01), (22, 0x20), (60, 2)],
+                         ids=["compressed", "control", "count"])
+def test_a_bad_crc_is_found_before_the_fields_it_covers_are_read(gateway, redis_server, topics,
+                                                                 at, value):
+    """Kafka checks a batch's CRC (UnifiedLog.analyzeAndValidateRecords) before it reads its
+    attributes or record count (LogValidator): a batch damaged there is CORRUPT_MESSAGE, which
+    producers resend. The gateway read those fields first and answered
+    UNSUPPORTED_COMPRESSION_TYPE or INVALID_RECORD, which fail the send for good."""
+    topics.create("t", 1)
+    damaged = _with_byte(produced_batch([Record(0, None, b"v", {}, 0)]), at, value, crc=False)
+    (part,) = _produce_to(gateway, [(0, damaged)])
+    assert part.error_code.value == CORRUPT_MESSAGE and "CRC" in part.error_message
+    assert _log(gateway, redis_server) == (0, 0)

@@ -94,6 +94,11 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         if end - pos < _HEADER_BYTES:  # (DefaultRecordBatch.ensureValid)
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its {end - pos} bytes "
                              f"are fewer than a v2 batch header's {_HEADER_BYTES}")
+        # The CRC before any field it covers is believed, as Kafka (analyzeAndValidateRecords,
+        # then LogValidator): bytes damaged in flight are CORRUPT_MESSAGE, which producers
+        # resend. Checked after the attributes and count, damage there was answered
+        # INVALID_RECORD or UNSUPPORTED_COMPRESSION_TYPE, which fail the send for good.
+        _check_crc(view, pos, end)
         attributes = int.from_bytes(view[pos + _ATTRIBUTES_AT:pos + _ATTRIBUTES_AT + 2], "big")
         if attributes & _COMPRESSION_MASK:
             raise BatchError(UNSUPPORTED_COMPRESSION_TYPE,
@@ -101,7 +106,6 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         if attributes & _CONTROL:
             raise BatchError(INVALID_RECORD, "clients are not allowed to write control records")
         _check_count(view, pos)
-        _check_crc(view, pos, end)
         records = _records(view[:end], pos, partition)
         if attributes & _LOG_APPEND_TIME:  # the broker stamps it (LogValidator.validateTimestamp)
             raise BatchError(INVALID_TIMESTAMP, "a producer may not set the batch's timestamp "
