@@ -61,3 +61,11 @@ local function log_offsets_marked(key, mark_key)
   end
   return log_offsets(key)
 end
+-- The log offsets of the scripts that take the partition's mark as an optional KEYS[2]
+-- (topic_offsets, topic_retention, topic_delete_records, topic_offset_for_time): from the
+-- mark when the caller passed it, else from XINFO STREAM (a caller that passes the stream
+-- alone still works, copying the first and last records).
+local function partition_offsets(key, mark_key)
+  if mark_key then return log_offsets_marked(key, mark_key) end
+  return log_offsets(key)
+end

@@ -1,6 +1,8 @@
 -- topic_delete_records.lua: Kafka's DeleteRecords for one partition: raises its log start
 -- offset to an offset, removing every record before it.
--- KEYS[1] stream. ARGV[1] the new log start offset (-1: the log end, Kafka's high watermark),
+-- KEYS[1] stream, KEYS[2] optional: the partition's last-record mark (same hash tag), which
+-- gives the log offsets without XINFO STREAM's copy of the first and last records (as in
+-- topic_offsets.lua). ARGV[1] the new log start offset (-1: the log end, Kafka's high watermark),
 -- ARGV[2] most bytes of records one call removes (estimated from the partition's first one).
 -- Returns {error name, log start, log end, more to do}: OFFSET_OUT_OF_RANGE (nothing removed)
 -- for an offset below -1 or past the log end, as Kafka's UnifiedLog.deleteRecordsOnLeader;
@@ -11,7 +13,7 @@
 -- caller repeats with the log end it was answered, as topic_retention.lua's caller does.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0} end
-local s, e = log_offsets(KEYS[1])
+local s, e = partition_offsets(KEYS[1], KEYS[2])
 local target = tonumber(ARGV[1])
 if target == -1 then target = e end
 if target < 0 or target > e then return {'OFFSET_OUT_OF_RANGE', s, e, 0} end

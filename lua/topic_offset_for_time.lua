@@ -1,6 +1,8 @@
 -- topic_offset_for_time.lua: the first offset of one partition whose record timestamp is at or
 -- after a target time (Kafka's ListOffsets by timestamp); read-only.
--- KEYS[1] stream. ARGV[1] target timestamp ms (>= 0).
+-- KEYS[1] stream, KEYS[2] optional: the partition's last-record mark (same hash tag), which
+-- gives the log offsets without XINFO STREAM's copy of the first and last records (as in
+-- topic_offsets.lua). ARGV[1] target timestamp ms (>= 0).
 -- Returns {error name, offset, timestamp}: offset and timestamp are -1 when no record is that
 -- recent (or the partition is missing, with UNKNOWN_TOPIC_OR_PARTITION).
 --
@@ -11,7 +13,7 @@
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1} end
 local target = tonumber(ARGV[1])
-local lo, hi = log_offsets(KEYS[1])
+local lo, hi = partition_offsets(KEYS[1], KEYS[2])
 
 local function first_from(o)
   local got = redis.call('XRANGE', KEYS[1], '0-' .. string.format('%d', o + 1), '+', 'COUNT', 1)

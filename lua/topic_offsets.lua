@@ -4,6 +4,5 @@
 -- Returns {error name, log start, log end}.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1} end
-local s, e
-if KEYS[2] then s, e = log_offsets_marked(KEYS[1], KEYS[2]) else s, e = log_offsets(KEYS[1]) end
+local s, e = partition_offsets(KEYS[1], KEYS[2])
 return {'NONE', s, e}

@@ -1,5 +1,7 @@
 -- topic_retention.lua: applies retention (by record count and by age) to one partition.
--- KEYS[1] stream. ARGV[1] retention records or '', ARGV[2] retention ms or '', ARGV[3] most
+-- KEYS[1] stream, KEYS[2] optional: the partition's last-record mark (same hash tag), which
+-- gives the log offsets without XINFO STREAM's copy of the first and last records (as in
+-- topic_offsets.lua). ARGV[1] retention records or '', ARGV[2] retention ms or '', ARGV[3] most
 -- entries one call removes by age, ARGV[4] scan budget (bytes of field values copied), ARGV[5]
 -- '' on a partition's first call, else the previous call's `kept`, ARGV[6] most bytes of
 -- records one call removes (estimated from the records it read).
@@ -19,7 +21,7 @@
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0, -1} end
 if ARGV[1] ~= '' then redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1]) end
-local s, e = log_offsets(KEYS[1])
+local s, e = partition_offsets(KEYS[1], KEYS[2])
 if ARGV[2] == '' then return {'NONE', s, e, 0, e} end
 local cutoff = now_ms() - tonumber(ARGV[2])
 local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -30,7 +30,7 @@ from rcoord import (
 )
 from rcoord.connect import connect
 from rcoord.errors import MissingPermissionError
-from rcoord.topics import Producer, ProducerRecord, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, Topics, fetch, offsets_for_times
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 PASSWORD = "acl-test-pw"
@@ -363,3 +363,28 @@ def test_a_worker_whose_rules_predate_xlen_still_reads(users: Users, namespace: 
         client.close()
     assert got.error == Errors.NONE and [r.value for r in got.records] == [b"x", b"x"]
     assert (got.log_start_offset, got.log_end_offset) == (0, 3)
+
+
+def test_retention_delete_records_and_offsets_by_time_run_without_xinfo(
+        users: Users, namespace: str) -> None:
+    """Retention, DeleteRecords and offsets_for_times read a non-empty partition's log offsets
+    from its mark and XLEN (``topic_common.lua``'s log_offsets_marked), as fetches do, not
+    with XINFO STREAM, whose reply copies the first and last records whole (about 2 MB a call
+    with records of 1 MB): a user refused XINFO does all three. They read it before, and such
+    a user was refused each of them."""
+    name, client = make(users, namespace, "admin")
+    for node in users.nodes:
+        node.execute_command("ACL", "SETUSER", name, "-xinfo|stream")
+    try:
+        topics = Topics(client, namespace)
+        topics.create("r", 2, retention_records=6, retention_ms=3_600_000)
+        Producer(client, namespace).send_batch(
+            "r", [ProducerRecord(b"x", partition=p) for p in (0, 1) for _ in range(10)])
+        assert topics.apply_retention("r") == {0: 4, 1: 4}
+        deleted = topics.delete_records("r", {0: 7, 1: 11})
+        assert (deleted[0].low_watermark, deleted[1].error) == (7, Errors.OFFSET_OUT_OF_RANGE)
+        found = offsets_for_times(client, namespace, {("r", 0): 0, ("r", 1): 0})
+        assert [found[("r", p)].offset for p in (0, 1)] == [7, 4]  # type: ignore[union-attr]
+        assert _denied(users, name) == 0
+    finally:
+        client.close()

@@ -34,8 +34,17 @@ from rcoord.topics import (
     resolve_offset,
 )
 from rcoord.topics import admin as topics_admin
-from rcoord.topics._base import MAKE, _run, make_keys, producer_log_key
+from rcoord.topics._base import (
+    DELETE_RECORDS,
+    MAKE,
+    RETENTION,
+    _run,
+    last_timestamp_key_of,
+    make_keys,
+    producer_log_key,
+)
 from rcoord.topics.producer import MAX_REQUEST_SIZE_LIMIT
+from rcoord.topics.times import OFFSET_FOR_TIME
 
 WAIT_S = 15.0
 
@@ -752,6 +761,59 @@ def test_a_trim_by_age_call_copies_its_budget_and_moves_on(
     assert topics.apply_retention("t", stop) == {0: 7}
     assert topics.apply_retention("t") == {0: 8}
     assert log_offsets(redis_client, namespace, "t", 0) == (8, 8)
+
+
+def test_retention_delete_records_and_offsets_by_time_read_the_log_offsets_from_the_mark(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str
+) -> None:
+    """topic_retention, topic_delete_records and topic_offset_for_time take the log offsets
+    from the partition's mark (KEYS[2]) as topic_offsets.lua does, not from XINFO STREAM (which
+    copies the first and last records): in every state a partition goes through, each answers
+    with the mark what it answers without it (the XINFO STREAM read), and what a fetch says.
+    The calls here write nothing: no retention setting, a DeleteRecords offset at the log start
+    or past the end."""
+    topics.create("t", 1)
+    key = partition_key(namespace, "t", 0)
+    mark = last_timestamp_key_of(key)
+
+    def offsets() -> tuple[int, int]:
+        s, e = log_offsets(redis_client, namespace, "t", 0)
+        for keys in ([key, mark], [key]):
+            calls = [(RETENTION, keys, ["", "", 10, 1 << 20, "", 1 << 20]),
+                     (DELETE_RECORDS, keys, [0, 1 << 20]),
+                     (DELETE_RECORDS, keys, [e + 1, 1 << 20]),
+                     (OFFSET_FOR_TIME, keys, [0])]
+            # (One _run a call: _run sends no later call of a key after a refused one.)
+            retention, at_start, past_end, by_time = (_run(redis_client, [c])[0] for c in calls)
+            assert [int(x) for x in retention[1:]] == [s, e, 0, e]
+            assert [int(x) for x in at_start[1:]] == [s, e, 0]
+            assert past_end[0] == b"OFFSET_OUT_OF_RANGE"
+            assert [int(x) for x in past_end[1:]] == [s, e, 0]
+            assert int(by_time[1]) == (s if s < e else -1)
+        return s, e
+
+    assert offsets() == (0, 0)  # (made empty: no mark)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=0) for _ in range(7)])
+    assert offsets() == (0, 7)
+    topics.delete_records("t", {0: 3})
+    assert offsets() == (3, 7)
+    redis_client.xtrim(key, maxlen=0)  # (retention emptied it: the end stays)
+    assert offsets() == (7, 7)
+    producer.send("t", b"y", partition=0)
+    assert offsets() == (7, 8)
+    ts = redis_client.get(mark).split()[0]
+    for written in (ts, ts + b" 0"):  # an older rcoord's mark; one that does not fit
+        redis_client.set(mark, written)
+        assert offsets() == (7, 8)
+    producer.send("t", b"z", partition=0)
+    # An append that keeps no mark (an older rcoord's, or by hand): the entry past the mark's
+    # end is seen, and the offsets are read with XINFO STREAM (the mark said 9: start 8).
+    redis_client.execute_command("XADD", key, "0-*", "t", ts, "v", b"raw")
+    assert offsets() == (7, 10)
+    topics.delete("t")
+    topics.create("t", 1)
+    redis_client.set(mark, ts + b" 50")  # (an older rcoord's re-create kept the old mark)
+    assert offsets() == (0, 0)
 
 
 def test_block_fetch_wakes_on_a_new_record(

@@ -229,8 +229,9 @@ def last_timestamp_key(namespace: str, topic: str, partition: int) -> str:
     a string; an older rcoord wrote the timestamp alone), in the stream's slot. Appends stamp
     max(clock, it) and raise it, so a partition's timestamps never decrease
     (``offsets_for_times`` binary-searches them) without reading the last record, whose value
-    the read would copy (360 us for a 1 MB value); and reads take the log offsets from it
-    (``topic_offsets.lua``) instead of from XINFO STREAM, which copies the first and last
+    the read would copy (360 us for a 1 MB value); and reads, retention, DeleteRecords and
+    ``offsets_for_times`` take the log offsets from it (``topic_common.lua``'s
+    log_offsets_marked) instead of from XINFO STREAM, which copies the first and last
     records."""
     return f"{namespace}:topicts:{{{partition_tag(topic, partition)}}}:{topic}:{partition}"
 

@@ -364,7 +364,7 @@ class Topics:
                for p in offsets if p >= count}
         pending = {p: offset for p, offset in offsets.items() if p < count}
         while pending:
-            calls = [(DELETE_RECORDS, [partition_key(self._ns, topic, p)],
+            calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
             again: dict[int, int] = {}
             for (p, target), res in zip(pending.items(), _run(self._r, calls)):
@@ -409,7 +409,7 @@ class Topics:
         kept: dict[int, int | str] = dict.fromkeys(pending, "")  # the search's bound, per partition
         while pending:
             results = _run(self._r, [
-                (RETENTION, [partition_key(self._ns, topic, p)],
+                (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
                  [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
                   RETENTION_TRIM_BYTES])
                 for p in pending
@@ -423,6 +423,14 @@ class Topics:
             if stop is not None and stop.is_set():
                 break
         return dict(sorted(starts.items()))
+
+
+def _keys_with_mark(key: str) -> list[str]:
+    """KEYS of a script that reads a partition's log offsets: its stream ``key`` and its mark
+    (``last_timestamp_key_of``, same hash tag), from which ``topic_common.lua`` reads them
+    without XINFO STREAM, whose reply copies the first and last records (about 2 MB with
+    records of 1 MB, on every retention and DeleteRecords call)."""
+    return [key, last_timestamp_key_of(key)]
 
 
 def _text(raw: Any) -> str:

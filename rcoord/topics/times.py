@@ -27,6 +27,7 @@ from ._base import (
     _Lua,
     _name,
     _run,
+    last_timestamp_key_of,
     partition_key,
 )
 
@@ -68,7 +69,10 @@ def offsets_for_times(
         _check_int("partition", partition, 0)
         _check_int(f"timestamp of {topic}-{partition}", ts, 0)
         order.append((topic, partition))
-        calls.append((OFFSET_FOR_TIME, [partition_key(namespace, topic, partition)], [ts]))
+        # With the partition's mark, which gives the log offsets without XINFO STREAM's copy
+        # of the first and last records (topic_offsets.lua reads them the same way).
+        key = partition_key(namespace, topic, partition)
+        calls.append((OFFSET_FOR_TIME, [key, last_timestamp_key_of(key)], [ts]))
     if not calls:
         return {}
     out: dict[tuple[str, int], OffsetAndTimestamp | None] = {}
