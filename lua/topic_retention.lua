@@ -6,7 +6,14 @@
 -- '' on a partition's first call, else the previous call's `kept`, ARGV[6] most bytes of
 -- records one call removes (estimated from the records it read).
 -- Returns {error name, start, end, more to do, kept}: `kept` is an offset at or after which
--- every record is known to be kept (at least the log end).
+-- every record is known to be kept (at least the log end), -1 when the search by age has not
+-- run yet (the count's removal is not done: the next call is a partition's first again).
+--
+-- By count, the newest ARGV[1] records are kept: offsets are consecutive, so those from the
+-- log end less ARGV[1]. The removal is bounded as DeleteRecords' is (about ARGV[6] bytes a
+-- call, judged by the first record; topic_delete_records.lua): one XTRIM MAXLEN removed a
+-- whole backlog at once (a setting lowered on a large partition, a long pass interval), and
+-- freeing 500 records of 1 MB held the server for 108 ms.
 --
 -- Kafka deletes from the head while the oldest data is expired and stops at the first record
 -- that is not. A partition's timestamps never decrease (topic_common.lua), so the expired
@@ -20,8 +27,17 @@
 -- only make a call remove less, never more: what is removed was read as expired by this call.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0, -1} end
-if ARGV[1] ~= '' then redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1]) end
 local s, e = partition_offsets(KEYS[1], KEYS[2])
+local by_count = (ARGV[1] ~= '') and e - tonumber(ARGV[1]) or s
+if by_count > s then
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+  local bytes = 1
+  for j = 1, #first[2] do bytes = bytes + #first[2][j] end
+  local upto = math.min(by_count, s + math.max(1, math.floor(tonumber(ARGV[6]) / bytes)))
+  redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
+  s = upto
+  if upto < by_count then return {'NONE', s, e, 1, -1} end
+end
 if ARGV[2] == '' then return {'NONE', s, e, 0, e} end
 local cutoff = now_ms() - tonumber(ARGV[2])
 local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])

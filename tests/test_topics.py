@@ -671,6 +671,36 @@ def test_retention_can_empty_a_partition_without_losing_the_log_end(
     assert [r.offset for r in fetch(redis_client, namespace, "t", 0, 5).records] == [5]
 
 
+def test_a_large_trim_by_count_is_split_into_bounded_calls(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retention by count removes about RETENTION_TRIM_BYTES a call (one record at least),
+    judged by the partition's first record, as DeleteRecords and retention by age do: one
+    XTRIM MAXLEN removed the whole backlog at once (500 records of 1 MB held the server for
+    108 ms). The count still keeps exactly the newest records, and the search by age, also
+    set, begins once the count's removal is done, probing the head first."""
+    topics.create("t", 2, retention_records=10, retention_ms=3_600_000)
+    producer.send_batch("t", [ProducerRecord(b"x" * 1000, partition=p)
+                              for p in (0, 1) for _ in range(40)])
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
+    rounds = []
+    run = topics_admin._run
+
+    def counted(r: Any, calls: Any) -> Any:
+        rounds.append([argv[4] for _, _, argv in calls])  # the previous call's `kept`
+        return run(r, calls)
+
+    monkeypatch.setattr(topics_admin, "_run", counted)
+    assert topics.apply_retention("t") == {0: 30, 1: 30}
+    # 30 records of a little over 1 KB, 4 a call: 8 calls; the last one searches by age too.
+    assert rounds == [["", ""]] * 8, rounds
+    assert log_offsets(redis_client, namespace, "t", 0) == (30, 40)
+    assert [r.offset for r in fetch_all(redis_client, namespace, "t", 1, 30).records] == list(
+        range(30, 40))
+    assert topics.apply_retention("t") == {0: 30, 1: 30}  # nothing more to remove
+
+
 def test_retention_by_age_uses_server_time(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str,
     monkeypatch: pytest.MonkeyPatch,

@@ -383,14 +383,15 @@ class Topics:
     def apply_retention(self, topic: str, stop: threading.Event | None = None) -> dict[int, int]:
         """Trim every partition by the topic's retention; returns partition -> log start offset.
 
-        By count: ``XTRIM MAXLEN`` keeps the newest ``retention_records`` (exactly; Kafka works
-        per segment and so keeps somewhat more). By age: records older than ``retention_ms`` by
-        the node's clock go from the head, up to the first one that is not expired. A
-        partition's timestamps never decrease, so each call binary-searches that boundary,
-        copying at most ``RETENTION_SCAN_BYTES`` of records past its first probe and removing
-        at most ``RETENTION_SCAN`` records (and ``RETENTION_TRIM_BYTES``); calls repeat until
-        done, so no call holds the server
-        for long, however large the records or the backlog.
+        By count: the newest ``retention_records`` are kept (exactly; Kafka works per segment
+        and so keeps somewhat more); the others go about ``RETENTION_TRIM_BYTES`` a call
+        (judged by the partition's first record), as in ``delete_records``. By age: records
+        older than ``retention_ms`` by the node's clock go from the head, up to the first one
+        that is not expired. A partition's timestamps never decrease, so each call
+        binary-searches that boundary, copying at most ``RETENTION_SCAN_BYTES`` of records past
+        its first probe and removing at most ``RETENTION_SCAN`` records (and
+        ``RETENTION_TRIM_BYTES``); calls repeat until done, so no call holds the server for
+        long, however large the records or the backlog.
 
         ``stop`` (the coordinator service's) is looked at between those rounds: once it is set
         the trim ends where it is, every partition trimmed at least one round (a large expired
@@ -416,10 +417,11 @@ class Topics:
             ])
             again = []
             for p, res in zip(pending, results):
-                starts[p], kept[p] = int(res[1]), int(res[4])
+                # (kept -1: the count's removal goes on, the search by age has not begun.)
+                starts[p], kept[p] = int(res[1]), int(res[4]) if int(res[4]) >= 0 else ""
                 if int(res[3]):
                     again.append(p)
-            pending, records = again, b""
+            pending = again
             if stop is not None and stop.is_set():
                 break
         return dict(sorted(starts.items()))

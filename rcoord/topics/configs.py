@@ -44,8 +44,9 @@ __all__ = [
 
 MAX_CONFIG = 2**63 - 1
 """The largest count or duration a topic setting takes (Kafka's configs are Java longs).
-Up to it ``XTRIM MAXLEN`` takes the count (a larger one made every ``apply_retention`` fail),
-and the scripts' doubles compare ages that large correctly."""
+Up to it the retention script takes the count (once given to ``XTRIM MAXLEN``, which refused a
+larger one and so failed every ``apply_retention``), and the scripts' doubles compare ages and
+counts that large correctly."""
 
 UNLIMITED = -1
 """Kafka's "no limit" (``retention.ms=-1``): taken as the setting left out, which means no
