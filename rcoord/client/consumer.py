@@ -454,27 +454,76 @@ class Consumer(SubscriptionMixin):
         """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
 
         After ``seek_to_beginning()``/``seek_to_end()`` not yet evaluated by a ``poll()``, it
-        reads the log's edge now, as Kafka's ``position()`` does (``timeout``: see ``_query``).
-        Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's IllegalStateException),
-        and ``InvalidOffsetError`` if it has no position (``start_offset="none"``).
+        reads the log's edge now, as Kafka's ``position()`` does. A partition whose topic does
+        not exist (yet) is asked again every ``retry_backoff_ms`` until
+        ``timeout`` seconds have passed (default ``default_api_timeout_ms``, as Kafka's), then
+        ``TimeoutError`` is raised (Kafka's TimeoutException); a lost connection is retried as
+        long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's
+        IllegalStateException), and ``InvalidOffsetError`` if it has no position
+        (``start_offset="none"``).
         """
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
-        if key in self._invalid:
-            raise self._invalid_offsets_error([key])
-        edge, marker = self._resets.get(key), self._fetch_pos.get(key)
-        if edge is not None:
+        _check_timeout(timeout)
+        budget = self._api_timeout_s if timeout is None else float(timeout)
+        deadline = time.monotonic() + budget
+        while True:
+            self._check_open()
+            if key in self._invalid:
+                raise self._invalid_offsets_error([key])
+            if key not in self._resets:
+                return self._position[key]
             # Read without the lock, as the other offset queries: a close() from another
-            # thread does not wait for it.
-            found = self._log_edge([key], edge, timeout)[key]
+            # thread does not wait for it (nor for the pause before the next try).
+            pending = {key: (self._resets[key], self._fetch_pos[key])}
+            left = max(0.0, deadline - time.monotonic())
+            found = self._reset_edges(pending, left)
             with self._single_threaded():
                 self._check_open()
-                if self._fetch_pos.get(key) == marker:  # (not sought or revoked meanwhile)
-                    self._resolved(key, found)
-                else:
-                    self._require_assigned(key, "read the position of")
-                    return self.position(key, timeout)
-        return self._position[key]
+                for p, offset in found.items():
+                    if self._fetch_pos.get(p) == pending[p][1]:  # (not sought or revoked)
+                        self._resolved(p, offset)
+                self._require_assigned(key, "read the position of")
+            if key in found or key not in self._resets:
+                continue  # resolved, or sought meanwhile: look again
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(
+                    f"the position of {key.topic}-{key.partition} could not be determined "
+                    f"within {budget:g} s: topic {key.topic!r} has no partition "
+                    f"{key.partition} (UNKNOWN_TOPIC_OR_PARTITION); create it, or pass a "
+                    f"longer timeout")
+            with self._interruptible():
+                self._pause(min(deadline - now, self._config.retry_backoff_ms / 1000))
+
+    def _reset_edges(
+        self, pending: Mapping[TopicPartition, tuple[int, int]], timeout: float
+    ) -> dict[TopicPartition, int]:
+        """The edges (0: log start, 1: log end) of the pending ``seek_to_*``s, read for
+        ``position()``; a partition that does not exist is left out (it stays pending)."""
+        coord = self._coordinator()
+
+        def read() -> dict[TopicPartition, int]:
+            out: dict[TopicPartition, int] = {}
+            for tp, (edge, _) in pending.items():
+                try:
+                    out[tp] = coord.log_offsets(tp.topic, tp.partition)[edge]
+                except TopicError as exc:
+                    if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                        raise
+            return out
+
+        return self._query(read, timeout)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, less if ``close()`` or ``wakeup()`` comes (``WakeupError``)."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if self._wakeup.wait(min(left, 0.05)):
+                raise WakeupError("position() interrupted by wakeup()")
 
     # -- positions and flow control (Kafka's seek*, pause, resume)
 
