@@ -92,3 +92,24 @@ def test_wakeup_ends_positions_wait_for_a_missing_topic(env: Any) -> None:
     asking.join(WAIT_S)
     assert not asking.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], WakeupError)
+
+
+def test_position_evaluates_every_pending_reset(env: Any) -> None:
+    """Kafka's position() runs updateFetchPositions, which resets every partition awaiting a
+    reset, not only the one asked about: after seek_to_end() of two partitions, position() of
+    one fixes the other's at the end it has then, and records appended after that are read.
+    Before, the other's edge was read only at the next poll(), past those records. A
+    partition of a topic that does not exist yet stays pending and does not hold up the
+    answer."""
+    env.topics.create("t", 2)
+    for p in (0, 1):
+        env.producer.send("t", b"old", partition=p)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0), TP("t", 1), TP("u", 0)])
+    consumer.seek_to_end()
+    assert consumer.position(TP("t", 0), timeout=WAIT_S) == 1
+    env.producer.send("t", b"new", partition=1)
+    assert consumer.lag() == {TP("t", 0): 0, TP("t", 1): 1}  # (u-0: still no position)
+    assert consumer.position(TP("t", 1), timeout=0) == 1
+    with pytest.raises(TimeoutError):
+        consumer.position(TP("u", 0), timeout=0)

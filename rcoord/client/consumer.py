@@ -454,8 +454,10 @@ class Consumer(SubscriptionMixin):
         """The offset of the next record ``poll()`` returns for ``tp`` (an assigned partition).
 
         After ``seek_to_beginning()``/``seek_to_end()`` not yet evaluated by a ``poll()``, it
-        reads the log's edge now, as Kafka's ``position()`` does. A partition whose topic does
-        not exist (yet) is asked again every ``retry_backoff_ms`` until
+        reads the log's edge now, as Kafka's ``position()`` does, and that of every other
+        partition awaiting one too, as Kafka's ``updateFetchPositions``: all are evaluated
+        then, not the others at a later ``poll()``. A partition whose topic does not exist
+        (yet) is asked again every ``retry_backoff_ms`` until
         ``timeout`` seconds have passed (default ``default_api_timeout_ms``, as Kafka's), then
         ``TimeoutError`` is raised (Kafka's TimeoutException); a lost connection is retried as
         long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's
@@ -475,7 +477,8 @@ class Consumer(SubscriptionMixin):
                 return self._position[key]
             # Read without the lock, as the other offset queries: a close() from another
             # thread does not wait for it (nor for the pause before the next try).
-            pending = {key: (self._resets[key], self._fetch_pos[key])}
+            # Every pending reset, as Kafka's updateFetchPositions resets them all at once.
+            pending = {p: (edge, self._fetch_pos[p]) for p, edge in self._resets.items()}
             left = max(0.0, deadline - time.monotonic())
             found = self._reset_edges(pending, left)
             with self._single_threaded():
