@@ -83,6 +83,7 @@ METHODS = (
     "fetch_offsets",
     "partition_counts",
     "log_offsets",
+    "log_offsets_many",
     "created_times",
     "fetch",
     "fetch_many_as",
@@ -153,6 +154,7 @@ class OneMemberGroup:
             fetch_offsets=self.fetch_offsets,
             partition_counts=self.partition_counts,
             log_offsets=self.log_offsets,
+            log_offsets_many=lambda tps: [self.log_offsets(*tp) for tp in tps],
             created_times=lambda topics: {},  # (its commits carry no time: none is judged)
             fetch=self.fetch,
             fetch_many_as=self.fetch_many_as,

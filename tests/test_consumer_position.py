@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import test_consumer
+from harness import wait_until
 from test_client_group import WAIT_S
 
 from rcoord import TopicPartition
@@ -20,8 +21,8 @@ env = test_consumer.env
 
 
 class _CreatesOnFirstMiss(RedisCoordinator):
-    """Once ``armed``, creates the topic ``t`` (and appends ``records`` to t-0) when a
-    log-offsets read has found it missing: the position() asking next must find it."""
+    """Once ``armed``, creates the topic ``t`` (and appends ``records`` to t-0) when a read
+    of log offsets has found it missing: the position() asking next must find it."""
 
     def __init__(self, env: Any, records: int) -> None:
         super().__init__(env.client, env.namespace)
@@ -29,18 +30,15 @@ class _CreatesOnFirstMiss(RedisCoordinator):
         self.armed = False
         self.misses = 0
 
-    def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        try:
-            return super().log_offsets(topic, partition)
-        except Exception:
-            if not self.armed:
-                raise  # (assign()'s start_offset policy reads it too)
+    def log_offsets_many(self, partitions: Any) -> Any:
+        found = super().log_offsets_many(partitions)
+        if self.armed and any(not isinstance(got, tuple) for got in found):
             self.misses += 1
             if self.misses == 1:
                 self._env.topics.create("t", 1)
                 for i in range(self._records):
                     self._env.producer.send("t", b"r%d" % i, partition=0)
-            raise
+        return found
 
 
 def test_position_waits_for_a_topic_created_after_the_first_try(env: Any) -> None:
@@ -113,3 +111,47 @@ def test_position_evaluates_every_pending_reset(env: Any) -> None:
     assert consumer.position(TP("t", 1), timeout=0) == 1
     with pytest.raises(TimeoutError):
         consumer.position(TP("u", 0), timeout=0)
+
+
+class _CountsLogOffsetReads(RedisCoordinator):
+    """Counts the reads of log offsets: one per partition, or one per batch."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env.client, env.namespace)
+        self.single = 0
+        self.batches: list[int] = []
+
+    def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        self.single += 1
+        return super().log_offsets(topic, partition)
+
+    def log_offsets_many(self, partitions: Any) -> Any:
+        self.batches.append(len(partitions))
+        return super().log_offsets_many(partitions)
+
+
+@pytest.mark.parametrize("by", ["position", "poll"])
+def test_pending_resets_are_read_in_one_round_trip(env: Any, by: str) -> None:
+    """Kafka's resetPositionsIfNeeded sends one ListOffsets per leader for every partition
+    awaiting a reset. Before, position() and a poll()'s fetch read each partition's log
+    offsets in a round trip of its own. The answers keep their partitions apart: the missing
+    topic's partition stays pending, the others get their own edges."""
+    env.topics.create("t", 3)
+    for p in range(3):
+        for _ in range(p + 1):
+            env.producer.send("t", b"x", partition=p)
+    coord = _CountsLogOffsetReads(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord)
+    consumer.assign([TP("t", 0), TP("t", 1), TP("t", 2), TP("u", 0)])
+    consumer.seek_to_end()
+    coord.single, coord.batches = 0, []
+    if by == "position":
+        assert consumer.position(TP("t", 2), timeout=WAIT_S) == 3
+        assert coord.batches == [4]
+    else:  # (the fetch runs on the fetch thread: poll until a poll() collected it)
+        ends = {TP("t", 0): 0, TP("t", 1): 0, TP("t", 2): 0}
+        wait_until(lambda: consumer.lag() == ends, lambda: consumer.poll(timeout=0.05))
+        assert coord.batches[:1] == [4]
+    assert coord.single == 0
+    assert consumer.lag() == {TP("t", 0): 0, TP("t", 1): 0, TP("t", 2): 0}
+    assert [consumer.position(TP("t", p), timeout=0) for p in range(3)] == [1, 2, 3]

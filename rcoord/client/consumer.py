@@ -507,13 +507,13 @@ class Consumer(SubscriptionMixin):
         coord = self._coordinator()
 
         def read() -> dict[TopicPartition, int]:
+            wanted = list(pending)
             out: dict[TopicPartition, int] = {}
-            for tp, (edge, _) in pending.items():
-                try:
-                    out[tp] = coord.log_offsets(tp.topic, tp.partition)[edge]
-                except TopicError as exc:
-                    if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                        raise
+            for tp, got in zip(wanted, coord.log_offsets_many(wanted), strict=True):
+                if isinstance(got, tuple):
+                    out[tp] = got[pending[tp][0]]
+                elif got is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise TopicError(got, f"{tp.topic}-{tp.partition}")
             return out
 
         return self._query(read, timeout)
@@ -628,9 +628,18 @@ class Consumer(SubscriptionMixin):
         self._check_open()
         coord = self._coordinator()
         wanted = [TopicPartition(*tp) for tp in partitions]
-        return self._query(
-            lambda: {tp: coord.log_offsets(tp.topic, tp.partition)[edge] for tp in wanted},
-            timeout)
+
+        def read() -> dict[TopicPartition, int]:
+            if not wanted:
+                return {}
+            out: dict[TopicPartition, int] = {}
+            for tp, got in zip(wanted, coord.log_offsets_many(wanted), strict=True):
+                if not isinstance(got, tuple):
+                    raise TopicError(got, f"{tp.topic}-{tp.partition}")
+                out[tp] = got[edge]
+            return out
+
+        return self._query(read, timeout)
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
@@ -1858,13 +1867,16 @@ class Consumer(SubscriptionMixin):
             # for it no longer than for the fetch); the read starts there (``ask.resolved``).
             reads: list[tuple[str, int, int]] = []
             edges: dict[TopicPartition, PartitionRecords[ConsumerRecord]] = {}
+            # (all of them in one round trip; before, one each)
+            found = dict(zip(resets, coord.log_offsets_many(list(resets)) if resets else [],
+                             strict=True))
             for tp, pos in asked:
                 if tp in resets:
-                    try:
-                        start, end = coord.log_offsets(tp.topic, tp.partition)
-                    except TopicError:
+                    offsets = found[tp]
+                    if not isinstance(offsets, tuple):
                         edges[tp] = _UNKNOWN  # no such partition (yet): it stays pending
                         continue
+                    start, end = offsets
                     pos = ask.resolved[tp] = (start, end)[resets[tp]]
                     if tp in edge_only:  # (paused: its records come after resume())
                         edges[tp] = PartitionRecords([], start, end)

@@ -22,6 +22,7 @@ from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartit
 from ..protocol.sync import SyncGroupResult
 from ..topics import incarnation as _incarnation
 from ..topics import racks as _racks
+from ..topics.fetch import log_offsets_many as _log_offsets_many
 from ..topics.times import OffsetAndTimestamp
 from ..topics.times import offsets_for_times as _offsets_for_times
 
@@ -103,6 +104,13 @@ class Coordinator(Protocol):
 
     def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, log end offset) of a partition."""
+        ...
+
+    def log_offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> list[tuple[int, int] | Errors]:
+        """``log_offsets`` of several partitions in one round trip, in the same order; the
+        error code (UNKNOWN_TOPIC_OR_PARTITION) for one that does not exist."""
         ...
 
     def created_times(self, topics: Sequence[str]) -> dict[str, int]:
@@ -190,6 +198,12 @@ class RedisCoordinator(GroupCoordinator):
 
     def log_offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return _topics.log_offsets(self._redis, self._ns, topic, partition)
+
+    def log_offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> list[tuple[int, int] | Errors]:
+        return _log_offsets_many(
+            self._redis, self._ns, [(tp.topic, tp.partition) for tp in partitions])
 
     @translate_redis_errors
     def created_times(self, topics: Sequence[str]) -> dict[str, int]:

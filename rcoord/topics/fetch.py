@@ -21,6 +21,7 @@ from ._base import (
     FetchResult,
     Record,
     TopicError,
+    _Call,
     _check_client,
     _check_int,
     _check_namespace,
@@ -573,6 +574,28 @@ def log_offsets(redis_client: Any, namespace: str, topic: str, partition: int) -
     if _name(res[0]) != Errors.NONE:
         raise TopicError(_name(res[0]), f"{topic}-{partition}")
     return int(res[1]), int(res[2])
+
+
+@translate_redis_errors
+def log_offsets_many(
+    redis_client: Any, namespace: str, partitions: Sequence[tuple[str, int]]
+) -> list[tuple[int, int] | Errors]:
+    """``log_offsets`` of several partitions in one round trip (per node), answers in the same
+    order: (log start offset, log end offset), or the error code (UNKNOWN_TOPIC_OR_PARTITION
+    for a partition that does not exist), as Kafka's ListOffsets answers per partition."""
+    _check_client(redis_client)
+    _check_namespace(namespace)
+    keys: list[_Call] = []
+    for topic, partition in partitions:
+        _check_topic(topic)
+        _check_int("partition", partition, 0)
+        key = partition_key(namespace, topic, partition)
+        keys.append((OFFSETS, [key, last_timestamp_key_of(key)], []))
+    out: list[tuple[int, int] | Errors] = []
+    for res in _run(redis_client, keys) if keys else []:
+        error = _name(res[0])
+        out.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
+    return out
 
 
 def resolve_offset(
