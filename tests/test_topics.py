@@ -684,14 +684,7 @@ def test_a_large_trim_by_count_is_split_into_bounded_calls(
     producer.send_batch("t", [ProducerRecord(b"x" * 1000, partition=p)
                               for p in (0, 1) for _ in range(40)])
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    rounds = []
-    run = topics_admin._run
-
-    def counted(r: Any, calls: Any) -> Any:
-        rounds.append([argv[4] for _, _, argv in calls])  # the previous call's `kept`
-        return run(r, calls)
-
-    monkeypatch.setattr(topics_admin, "_run", counted)
+    rounds = _retention_rounds(monkeypatch)
     assert topics.apply_retention("t") == {0: 30, 1: 30}
     # 30 records of a little over 1 KB, 4 a call: 8 calls; the last one searches by age too.
     assert rounds == [["", ""]] * 8, rounds
@@ -754,14 +747,7 @@ def test_a_trim_by_age_binary_searches_with_a_bounded_copy_per_call(
     wait_until(lambda: server_ms(redis_client, key) > old[-1].timestamp_ms + 1000)
     fresh = producer.send("t", b"fresh", partition=0)
     monkeypatch.setattr(topics_admin, "RETENTION_SCAN_BYTES", 1)
-    rounds = []
-    run = topics_admin._run
-
-    def counted(r: Any, calls: Any) -> Any:
-        rounds.append([argv[4] for _, _, argv in calls])  # the previous call's `kept`
-        return run(r, calls)
-
-    monkeypatch.setattr(topics_admin, "_run", counted)
+    rounds = _retention_rounds(monkeypatch)
     assert topics.apply_retention("t") == {0: 64}
     assert 6 <= len(rounds) <= 8, rounds
     assert rounds[0] == [""] and all(isinstance(r[0], int) for r in rounds[1:])
@@ -928,3 +914,17 @@ def test_each_partition_is_its_own_key_and_tags_do_not_depend_on_the_count() -> 
             if p + 1 >= 6:
                 assert min(counts) >= 1
                 assert max(counts) - min(counts) <= 4
+
+
+def _retention_rounds(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """The rounds of script calls ``apply_retention`` makes from now on, each as the list of
+    what its calls were told of the previous call's ``kept``."""
+    rounds: list[list[Any]] = []
+    run = topics_admin._run
+
+    def counted(r: Any, calls: Any) -> Any:
+        rounds.append([argv[4] for _, _, argv in calls])
+        return run(r, calls)
+
+    monkeypatch.setattr(topics_admin, "_run", counted)
+    return rounds
