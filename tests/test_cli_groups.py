@@ -506,6 +506,36 @@ def test_reset_offsets_export_and_from_file(cli, reset_setup, tmp_path):
     assert committed(coord, "g") == {("t", 0): 2, ("t", 1): 5}
 
 
+def test_reset_offsets_from_file_reads_every_line_in_the_first_lines_format(cli, reset_setup,
+                                                                              tmp_path):
+    """A ``--from-file`` plan is read in its first line's format, every line of it, as
+    Kafka's reader does: a line with a field too many in a ``topic,partition,offset`` file
+    (``t,1,1,9``) was taken for another group's line and skipped, so ``--execute`` reset t-0,
+    left t-1 where it was and exited 0; it is a usage error naming the line, and nothing
+    changes. A trailing comma is no field, as Kafka's CSV reader takes it (such a file was
+    all "other groups'" lines: "no offsets for group"). A dry run of a file writes nothing."""
+    coord = reset_setup
+    plan_file = tmp_path / "plan.csv"
+    for text, says in (
+        ("t,0,3\nt,1,1,9\n", ("line 2: expected topic,partition,offset, the format of the "
+                               "file's first line, got 't,1,1,9'")),
+        ("g,t,0,3\nt,1,1\n", ("line 2: expected group,topic,partition,offset, the format of "
+                              "the file's first line")),
+    ):
+        plan_file.write_text(text)
+        res = cli("groups", "reset-offsets", "g", "--from-file", str(plan_file), "--execute")
+        assert res.returncode == 2 and says in one_error_line(
+            res, "groups reset-offsets"), (text, res.stderr)
+        assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+    plan_file.write_text("t,0,3,\nt,1,1,\n")
+    plan_rows, err = reset(cli, "--from-file", str(plan_file))
+    assert plan_rows == [["g", "t", "0", "4", "3"], ["g", "t", "1", "3", "1"]]
+    assert "dry run: nothing was changed" in err
+    assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
+    reset(cli, "--from-file", str(plan_file), "--execute")
+    assert committed(coord, "g") == {("t", 0): 3, ("t", 1): 1}
+
+
 def test_reset_offsets_every_mode(cli, reset_setup):
     coord = reset_setup
     # The default is a dry run: the plan is shown, nothing changes.

@@ -101,26 +101,40 @@ def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
     return out
 
 
+_FORMATS = {3: "topic,partition,offset", 4: "group,topic,partition,offset"}
+
+
 def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition, int]:
     """The offsets a ``--from-file`` CSV gives ``group``: lines ``topic,partition,offset`` (one
     group's plan, what ``--export`` writes) or ``group,topic,partition,offset`` (Kafka's plan of
-    several groups: the lines of other groups are skipped). Blank lines are skipped; a line
-    that does not parse, or a partition given twice, is a usage error naming its line, and a
-    file with nothing for ``group`` a failure: nothing is reset from a plan read in part."""
+    several groups: the lines of other groups are skipped). The first line sets which, and
+    every line must have its fields, as Kafka's reader reads the file in the first line's
+    format: a line with a field too many in a ``topic,partition,offset`` file (``t,1,7,9``)
+    was read as another group's and skipped, so its partition kept its offset without a word.
+    An empty last field (``t,1,7,``: a trailing comma) is none, as Kafka's CSV reader takes it.
+    Blank lines are skipped; a line that does not parse, or a partition given twice, is a usage
+    error naming its line, and a file with nothing for ``group`` a failure: nothing is reset
+    from a plan read in part."""
     out: dict[TopicPartition, int] = {}
     lines: dict[TopicPartition, int] = {}
+    width = 0  # the fields of the file's lines, set by its first
     for number, line in enumerate(text.splitlines(), 1):
         fields = [f.strip() for f in line.split(",")]
         if fields == [""]:
             continue
+        if len(fields) > 1 and not fields[-1]:
+            fields.pop()
         where = f"{source}, line {number}"
-        if len(fields) == 4:
+        if not width and len(fields) in (3, 4):
+            width = len(fields)
+        if len(fields) != width or not fields[-3]:
+            raise UsageError(f"{where}: expected " + (
+                "topic,partition,offset (or group,topic,partition,offset)" if not width else
+                f"{_FORMATS[width]}, the format of the file's first line") + f", got {line!r}")
+        if width == 4:
             if fields[0] != group:
                 continue
             fields = fields[1:]
-        if len(fields) != 3 or not fields[0]:
-            raise UsageError(f"{where}: expected topic,partition,offset (or "
-                             f"group,topic,partition,offset), got {line!r}")
         try:
             partition, offset = int(fields[1]), int(fields[2])
         except ValueError:
