@@ -467,7 +467,8 @@ def test_reset_offsets_export_and_from_file(cli, reset_setup, tmp_path):
     """Kafka's ``--export`` prints the plan as ``topic,partition,offset`` lines, and
     ``--from-file`` resets to a file of them (or of ``group,topic,partition,offset`` lines, the
     other groups' skipped), clamped into the log as every mode; a file that does not parse, or
-    that has nothing for the group, changes nothing."""
+    that has nothing for the group, changes nothing. A file naming a topic that does not exist
+    says so, naming the file (it said "has no partition 0 (any more)" of a misspelt topic)."""
     coord = reset_setup
     res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--to-earliest", "--export"))
     assert res.stdout == "t,0,2\nt,1,0\n"
@@ -490,8 +491,9 @@ def test_reset_offsets_export_and_from_file(cli, reset_setup, tmp_path):
         ("t,0\n", 2, "line 1: expected topic,partition,offset"),
         ("t,0,-1\n", 2, "must be >= 0"),
         ("other,t,0,1\n", 1, "has no offsets for group 'g'; nothing was changed"),
-        ("t,7,1\n", 1, "topic 't' has no partition 7"),
-        ("nope,0,1\n", 1, "topic 'nope' has no partition 0"),
+        ("t,7,1\n", 1, "has no partition 7 (any more); nothing was changed"),
+        ("nope,0,1\n", 1, "topic 'nope' named in --from-file "),
+        ("nope,0,1\n", 1, "does not exist (any more); nothing was changed"),
     ):
         plan_file.write_text(text)
         res = cli("groups", "reset-offsets", "g", "--from-file", str(plan_file), "--execute")

@@ -429,7 +429,13 @@ def _reset_offsets(ctx: Context) -> int:
         tps = [tp for tp in tps if tp in offsets]
     gone = [tp for tp in tps if tp not in offsets]
     if gone:
-        raise Failure(f"topic {gone[0].topic!r} has no partition {gone[0].partition} (any more)")
+        # (a --from-file partition, or a topic deleted since --topic was read) A misspelt
+        # topic was said to have "no partition 0 (any more)", as if it had been one.
+        tp, existing = gone[0], {tp.topic for tp in offsets}
+        why = (f"has no partition {tp.partition} (any more)" if tp.topic in existing
+               else "does not exist (any more)")
+        named = f" named in --from-file {args.from_file!r}" if from_file is not None else ""
+        raise Failure(f"topic {tp.topic!r}{named} {why}; nothing was changed")
     try:
         _one_request(tps, "the reset")
     except Failure as too_many:
