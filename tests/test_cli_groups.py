@@ -538,6 +538,27 @@ def test_reset_offsets_from_file_reads_every_line_in_the_first_lines_format(cli,
     assert committed(coord, "g") == {("t", 0): 3, ("t", 1): 1}
 
 
+def test_reset_offsets_from_file_reads_quoted_csv_fields(cli, reset_setup, tmp_path):
+    """``--from-file`` reads CSV as Kafka's reader does, quotes included: Kafka's writer
+    quotes a group id with a comma in it (``"eu,orders",t,0,3``), and such a plan was refused
+    as a line of five fields. An unclosed quote is a usage error naming its line."""
+    coord = reset_setup
+    coord.commit_offsets("eu,orders", {TopicPartition("t", 0): 4})
+    plan_file = tmp_path / "plan.csv"
+    plan_file.write_text('"eu,orders",t,0,3\ng,t,0,1\n"eu,orders","t",1,2\n')
+    res = ok(cli("groups", "reset-offsets", "eu,orders", "--from-file", str(plan_file),
+                 "--execute"))
+    assert rows(res.stdout, "GROUP") == [["eu,orders", "t", "0", "4", "3"],
+                                         ["eu,orders", "t", "1", "-", "2"]]
+    assert committed(coord, "eu,orders") == {("t", 0): 3, ("t", 1): 2}
+    plan_file.write_text('"eu,orders,t,0,3\n')
+    res = cli("groups", "reset-offsets", "eu,orders", "--from-file", str(plan_file),
+              "--execute")
+    assert res.returncode == 2 and "line 1: not a CSV line" in one_error_line(
+        res, "groups reset-offsets")
+    assert committed(coord, "eu,orders") == {("t", 0): 3, ("t", 1): 2}
+
+
 def test_reset_offsets_every_mode(cli, reset_setup):
     coord = reset_setup
     # The default is a dry run: the plan is shown, nothing changes.

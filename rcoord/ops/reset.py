@@ -16,6 +16,7 @@ Times are read on Redis' clock (``TIME``), the clock that stamped the records, s
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
@@ -119,12 +120,17 @@ def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition,
     lines: dict[TopicPartition, int] = {}
     width = 0  # the fields of the file's lines, set by its first
     for number, line in enumerate(text.splitlines(), 1):
-        fields = [f.strip() for f in line.split(",")]
-        if fields == [""]:
+        where = f"{source}, line {number}"
+        try:
+            # CSV, not split(","): Kafka's writer quotes a group id with a comma or a quote in
+            # it ("eu,orders",t,0,5), which was read as five fields and refused.
+            fields = [f.strip() for f in next(csv.reader([line], strict=True), [])]
+        except csv.Error as exc:
+            raise UsageError(f"{where}: not a CSV line ({exc}), got {line!r}") from None
+        if fields in ([], [""]):
             continue
         if len(fields) > 1 and not fields[-1]:
             fields.pop()
-        where = f"{source}, line {number}"
         if not width and len(fields) in (3, 4):
             width = len(fields)
         if len(fields) != width or not fields[-3]:
