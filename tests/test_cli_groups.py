@@ -26,7 +26,15 @@ from rcoord import Errors, TopicPartition
 from rcoord.cli import UsageError
 from rcoord.ops.common import Context, Failure
 from rcoord.ops.groups import _commit
-from rcoord.ops.reset import Mode, Row, parse_datetime, parse_duration, parse_topics, plan
+from rcoord.ops.reset import (
+    Mode,
+    Row,
+    parse_datetime,
+    parse_duration,
+    parse_reset_file,
+    parse_topics,
+    plan,
+)
 from rcoord.protocol.consumer import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 from rcoord.topics import Producer, ProducerRecord, Topics
 
@@ -536,6 +544,20 @@ def test_reset_offsets_from_file_reads_every_line_in_the_first_lines_format(cli,
     assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 3}
     reset(cli, "--from-file", str(plan_file), "--execute")
     assert committed(coord, "g") == {("t", 0): 3, ("t", 1): 1}
+
+
+@pytest.mark.parametrize("number", ["1_0", "+3", "\u0663", "0x1", "1.0"])
+def test_reset_offsets_from_file_takes_only_ascii_digits(number):
+    """A plan's partition and offset are plain digits: ``int()`` took ``1_0`` as 10, ``+3``
+    and Arabic-Indic digits (``\u0663`` as 3), which Kafka's reader refuses; a plan typed
+    with a slip reset a partition to an offset nobody wrote. Each is a usage error naming
+    the line, for the partition as for the offset."""
+    for line in (f"t,0,{number}\n", f"t,{number},5\n"):
+        with pytest.raises(UsageError, match=r"plan\.csv, line 1: the partition and offset "
+                                             r"must be integers"):
+            parse_reset_file(line, "g", "plan.csv")
+    assert parse_reset_file("t,0,10\nt,1, 7 \n", "g", "plan.csv") == {
+        TopicPartition("t", 0): 10, TopicPartition("t", 1): 7}
 
 
 def test_reset_offsets_from_file_reads_quoted_csv_fields(cli, reset_setup, tmp_path):

@@ -102,6 +102,8 @@ def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
     return out
 
 
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+
 _FORMATS = {3: "topic,partition,offset", 4: "group,topic,partition,offset"}
 
 
@@ -141,11 +143,12 @@ def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition,
             if fields[0] != group:
                 continue
             fields = fields[1:]
-        try:
-            partition, offset = int(fields[1]), int(fields[2])
-        except ValueError:
+        # Digits only (a minus sign is refused below): int() also took "1_0" as 10, "+3", and
+        # other scripts' digits ("\u0663" as 3), none of which Kafka's reader takes.
+        if not all(_INTEGER.fullmatch(f) for f in fields[1:3]):
             raise UsageError(f"{where}: the partition and offset must be integers, got "
-                             f"{line!r}") from None
+                             f"{line!r}")
+        partition, offset = int(fields[1]), int(fields[2])
         if partition < 0 or offset < 0:
             raise UsageError(f"{where}: the partition and offset must be >= 0, got {line!r}")
         tp = TopicPartition(fields[0], partition)
