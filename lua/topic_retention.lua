@@ -36,7 +36,9 @@ if by_count > s then
   local upto = math.min(by_count, s + math.max(1, math.floor(tonumber(ARGV[6]) / bytes)))
   redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
   s = upto
-  if upto < by_count then return {'NONE', s, e, 1, -1} end
+  -- (A call that removed by count leaves the search by age to the next, so that no call
+  -- removes about ARGV[6] bytes twice over.)
+  if upto < by_count or ARGV[2] ~= '' then return {'NONE', s, e, 1, -1} end
 end
 if ARGV[2] == '' then return {'NONE', s, e, 0, e} end
 local cutoff = now_ms() - tonumber(ARGV[2])

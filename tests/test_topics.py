@@ -686,12 +686,40 @@ def test_a_large_trim_by_count_is_split_into_bounded_calls(
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
     rounds = _retention_rounds(monkeypatch)
     assert topics.apply_retention("t") == {0: 30, 1: 30}
-    # 30 records of a little over 1 KB, 4 a call: 8 calls; the last one searches by age too.
-    assert rounds == [["", ""]] * 8, rounds
+    # 30 records of a little over 1 KB, 4 a call: 8 calls; then one that searches by age.
+    assert rounds == [["", ""]] * 9, rounds
     assert log_offsets(redis_client, namespace, "t", 0) == (30, 40)
     assert [r.offset for r in fetch_all(redis_client, namespace, "t", 1, 30).records] == list(
         range(30, 40))
     assert topics.apply_retention("t") == {0: 30, 1: 30}  # nothing more to remove
+
+
+def test_no_retention_call_removes_by_count_and_by_age_at_once(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of the two removals is bounded by about RETENTION_TRIM_BYTES a call; the call that
+    finished the count's removal went on to remove by age as much again (a reviewer's repro:
+    log starts 4, 8, ..., 28, 34: six records of 1 KB in one call of a 5,000-byte bound). The
+    age's search now begins with the next call."""
+    topics.create("t", 1, retention_records=10, retention_ms=1)
+    sent = producer.send_batch("t", [ProducerRecord(b"x" * 1000, partition=0)
+                                     for _ in range(40)])
+    key = partition_key(namespace, "t", 0)
+    wait_until(lambda: server_ms(redis_client, key) > sent[-1].timestamp_ms + 1)
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
+    starts: list[int] = []
+    run = topics_admin._run
+
+    def noted(r: Any, calls: Any) -> Any:
+        results = run(r, calls)
+        starts.extend(int(res[1]) for res in results)
+        return results
+
+    monkeypatch.setattr(topics_admin, "_run", noted)
+    assert topics.apply_retention("t") == {0: 40}  # every record expired
+    removed = [b - a for a, b in zip([0, *starts], starts, strict=False)]
+    assert starts[-1] == 40 and max(removed) == 4, starts
 
 
 def test_retention_by_age_uses_server_time(
