@@ -12,9 +12,10 @@ import test_consumer
 from harness import wait_until
 from test_client_group import WAIT_S
 
-from rcoord import TopicPartition
+from rcoord import Errors, TopicPartition
 from rcoord.client import WakeupError
 from rcoord.client.coordinator import RedisCoordinator
+from rcoord.topics import TopicError
 
 TP = TopicPartition
 env = test_consumer.env
@@ -155,3 +156,20 @@ def test_pending_resets_are_read_in_one_round_trip(env: Any, by: str) -> None:
     assert coord.single == 0
     assert consumer.lag() == {TP("t", 0): 0, TP("t", 1): 0, TP("t", 2): 0}
     assert [consumer.position(TP("t", p), timeout=0) for p in range(3)] == [1, 2, 3]
+
+
+def test_end_offsets_of_a_partition_named_twice(env: Any) -> None:
+    """end_offsets()/beginning_offsets() read every partition in one round trip; one named
+    twice is read once and answered once (Kafka's endOffsets takes a collection, answers a
+    map). Before, the second read of a missing partition was never sent (``_run`` sends no
+    call of a key after its error reply), and its None answer crashed with a TypeError
+    instead of the UNKNOWN_TOPIC_OR_PARTITION TopicError."""
+    env.topics.create("t", 1)
+    env.producer.send("t", b"x", partition=0)
+    coord = _CountsLogOffsetReads(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord)
+    assert consumer.end_offsets([TP("t", 0), TP("t", 0)], timeout=WAIT_S) == {TP("t", 0): 1}
+    with pytest.raises(TopicError) as raised:
+        consumer.beginning_offsets([TP("u", 0), TP("t", 0), TP("u", 0)], timeout=WAIT_S)
+    assert raised.value.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert coord.batches == [2, 3]

@@ -582,20 +582,28 @@ def log_offsets_many(
 ) -> list[tuple[int, int] | Errors]:
     """``log_offsets`` of several partitions in one round trip (per node), answers in the same
     order: (log start offset, log end offset), or the error code (UNKNOWN_TOPIC_OR_PARTITION
-    for a partition that does not exist), as Kafka's ListOffsets answers per partition."""
+    for a partition that does not exist), as Kafka's ListOffsets answers per partition.
+
+    A partition named twice is read once and answered twice: ``_run`` sends a key's second
+    call in a later round trip, and none after an error reply (its answer is None), so a
+    missing partition named twice crashed here with a TypeError."""
     _check_client(redis_client)
     _check_namespace(namespace)
+    index: dict[tuple[str, int], int] = {}
     keys: list[_Call] = []
     for topic, partition in partitions:
         _check_topic(topic)
         _check_int("partition", partition, 0)
+        if (topic, partition) in index:
+            continue
+        index[topic, partition] = len(keys)
         key = partition_key(namespace, topic, partition)
         keys.append((OFFSETS, [key, last_timestamp_key_of(key)], []))
-    out: list[tuple[int, int] | Errors] = []
+    answers: list[tuple[int, int] | Errors] = []
     for res in _run(redis_client, keys) if keys else []:
         error = _name(res[0])
-        out.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
-    return out
+        answers.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
+    return [answers[index[topic, partition]] for topic, partition in partitions]
 
 
 def resolve_offset(
