@@ -13,7 +13,7 @@ from harness import wait_until
 from test_client_group import WAIT_S
 
 from rcoord import Errors, TopicPartition
-from rcoord.client import WakeupError
+from rcoord.client import IllegalStateError, WakeupError
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.topics import TopicError
 
@@ -173,3 +173,64 @@ def test_end_offsets_of_a_partition_named_twice(env: Any) -> None:
         consumer.beginning_offsets([TP("u", 0), TP("t", 0), TP("u", 0)], timeout=WAIT_S)
     assert raised.value.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
     assert coord.batches == [2, 3]
+
+
+class _TopicGone(RedisCoordinator):
+    """Once ``armed``, answers every read of log offsets as if the topic had been deleted."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env.client, env.namespace)
+        self.armed = False
+        self.misses = 0
+
+    def log_offsets_many(self, partitions: Any) -> Any:
+        if not self.armed:
+            return super().log_offsets_many(partitions)
+        self.misses += 1
+        return [Errors.UNKNOWN_TOPIC_OR_PARTITION for _ in partitions]
+
+
+def test_close_from_another_thread_ends_positions_wait(env: Any) -> None:
+    """close() from another thread ends position()'s wait for a missing partition; the
+    position() then raises IllegalStateError (closed). Before, it woke while close() had
+    dropped the assignment but not yet marked the consumer closed, found no pending reset,
+    and read the dropped position: a KeyError."""
+    env.topics.create("t", 1)
+    coord = _TopicGone(env)
+    consumer = env.consumer(enable_auto_commit=False, coordinator=coord,
+                            retry_backoff_ms=60_000, retry_backoff_max_ms=60_000)
+    wait_until(lambda: consumer.assignment() == [TP("t", 0)],
+               lambda: consumer.poll(timeout=0.05))
+    consumer.seek_to_end()
+    coord.armed = True
+    dropped, done = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+    pause, drop = consumer._pause, consumer._drop_assignment
+
+    def pause_then_wait_for_the_drop(seconds: float) -> None:
+        pause(seconds)  # (ended by close())
+        assert dropped.wait(WAIT_S)
+
+    def ask() -> None:
+        try:
+            consumer.position(TP("t", 0), timeout=WAIT_S)
+        except BaseException as exc:  # noqa: BLE001 (the test looks at what it was)
+            failed.append(exc)
+        finally:
+            done.set()
+
+    asking = threading.Thread(target=ask)
+
+    def drop_then_wait_for_position() -> None:
+        drop()
+        dropped.set()  # (close() goes on once position() answered or waits for the lock)
+        wait_until(lambda: done.is_set() or consumer._owner == asking.ident)
+
+    consumer._pause = pause_then_wait_for_the_drop  # type: ignore[method-assign]
+    consumer._drop_assignment = drop_then_wait_for_position  # type: ignore[method-assign]
+    asking.start()
+    wait_until(lambda: coord.misses >= 1)
+    consumer.close(timeout=WAIT_S)
+    asking.join(WAIT_S)
+    assert not asking.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], IllegalStateError), failed

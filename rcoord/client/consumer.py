@@ -467,18 +467,27 @@ class Consumer(SubscriptionMixin):
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
         _check_timeout(timeout)
+        if key in self._invalid:
+            raise self._invalid_offsets_error([key])
+        if key not in self._resets:
+            return self._position[key]
         budget = self._api_timeout_s if timeout is None else float(timeout)
         deadline = time.monotonic() + budget
         while True:
-            self._check_open()
-            if key in self._invalid:
-                raise self._invalid_offsets_error([key])
-            if key not in self._resets:
-                return self._position[key]
+            # Looked at under the lock: a close() from another thread ends the pause below
+            # and, until it is done, has dropped the assignment though the consumer is not
+            # closed yet (read unlocked, the position was a KeyError); this waits for it.
+            with self._single_threaded():
+                self._check_open()
+                self._require_assigned(key, "read the position of")
+                if key in self._invalid:
+                    raise self._invalid_offsets_error([key])
+                if key not in self._resets:
+                    return self._position[key]
+                # Every pending reset, as Kafka's updateFetchPositions resets them all.
+                pending = {p: (edge, self._fetch_pos[p]) for p, edge in self._resets.items()}
             # Read without the lock, as the other offset queries: a close() from another
             # thread does not wait for it (nor for the pause before the next try).
-            # Every pending reset, as Kafka's updateFetchPositions resets them all at once.
-            pending = {p: (edge, self._fetch_pos[p]) for p, edge in self._resets.items()}
             left = max(0.0, deadline - time.monotonic())
             found = self._reset_edges(pending, left)
             with self._single_threaded():
