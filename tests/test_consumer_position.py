@@ -234,3 +234,36 @@ def test_close_from_another_thread_ends_positions_wait(env: Any) -> None:
     asking.join(WAIT_S)
     assert not asking.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], IllegalStateError), failed
+
+
+def test_close_ends_a_listeners_wait_for_a_missing_partition(env: Any) -> None:
+    """position() in on_partitions_assigned (poll() holds the consumer there) waiting for a
+    missing partition, and close() from another thread: the wait ends with one more read and
+    IllegalStateError (closing), and the close goes on. Before, the pause returned at once
+    once close() had begun, so position() read Redis in a busy loop until its timeout, and
+    close() waited as long."""
+    env.topics.create("t", 1)
+    coord = _TopicGone(env)
+    outcome: list[BaseException | int] = []
+
+    class SeeksToEnd:
+        def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+            consumer.seek_to_end(partitions)
+            coord.armed = True
+            try:
+                outcome.append(consumer.position(TP("t", 0), timeout=WAIT_S))
+            except BaseException as exc:  # noqa: BLE001 (the test looks at what it was)
+                outcome.append(exc)
+
+    consumer = env.consumer(SeeksToEnd(), enable_auto_commit=False, coordinator=coord,
+                            retry_backoff_ms=60_000, retry_backoff_max_ms=60_000)
+    polling = threading.Thread(target=lambda: wait_until(
+        lambda: bool(outcome), lambda: consumer.poll(timeout=0.05)))
+    polling.start()
+    wait_until(lambda: coord.misses >= 1)
+    consumer.close(timeout=WAIT_S)
+    polling.join(WAIT_S)
+    assert not polling.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], IllegalStateError), outcome
+    assert "closing" in str(outcome[0])
+    assert coord.misses == 2

@@ -459,10 +459,11 @@ class Consumer(SubscriptionMixin):
         then, not the others at a later ``poll()``. A partition whose topic does not exist
         (yet) is asked again every ``retry_backoff_ms`` until
         ``timeout`` seconds have passed (default ``default_api_timeout_ms``, as Kafka's), then
-        ``TimeoutError`` is raised (Kafka's TimeoutException); a lost connection is retried as
-        long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not assigned (Kafka's
-        IllegalStateException), and ``InvalidOffsetError`` if it has no position
-        (``start_offset="none"``).
+        ``TimeoutError`` is raised (Kafka's TimeoutException); ``wakeup()`` ends the wait
+        (``WakeupError``), and so does ``close()`` (``IllegalStateError``); a lost connection is
+        retried as long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not
+        assigned (Kafka's IllegalStateException), and ``InvalidOffsetError`` if it has no
+        position (``start_offset="none"``).
         """
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
@@ -498,6 +499,14 @@ class Consumer(SubscriptionMixin):
                 self._require_assigned(key, "read the position of")
             if key in found or key not in self._resets:
                 continue  # resolved, or sought meanwhile: look again
+            if self._stop.is_set():
+                # close() was called (from another thread, a signal handler, or the listener
+                # close() runs): the pause would return at once, and read again in a busy loop
+                # until the timeout, the close waiting as long when this runs in a listener.
+                raise IllegalStateError(
+                    f"cannot read the position of {key.topic}-{key.partition}: the consumer "
+                    f"is closing, and topic {key.topic!r} has no partition {key.partition} "
+                    f"(UNKNOWN_TOPIC_OR_PARTITION)")
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(
