@@ -57,7 +57,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
@@ -520,17 +520,27 @@ class Consumer(SubscriptionMixin):
     def _reset_edges(
         self, pending: Mapping[TopicPartition, tuple[int, int]], timeout: float
     ) -> dict[TopicPartition, int]:
-        """The edges (0: log start, 1: log end) of the pending ``seek_to_*``s, read for
-        ``position()``; a partition that does not exist is left out (it stays pending)."""
+        """The edges of the pending ``seek_to_*``s, read for ``position()``; a partition that
+        does not exist is left out (it stays pending)."""
+        return self._edges([(tp, edge) for tp, (edge, _) in pending.items()], timeout,
+                           missing_ok=True)
+
+    def _edges(self, edges: Sequence[tuple[TopicPartition, int]], timeout: float | None, *,
+               missing_ok: bool) -> dict[TopicPartition, int]:
+        """Each partition's log edge (0: log start, 1: log end), all in one round trip
+        (``_query``'s retries and ``timeout``). A partition that does not exist raises its
+        ``TopicError``, or is left out with ``missing_ok``."""
         coord = self._coordinator()
 
         def read() -> dict[TopicPartition, int]:
-            wanted = list(pending)
+            if not edges:
+                return {}
             out: dict[TopicPartition, int] = {}
-            for tp, got in zip(wanted, coord.log_offsets_many(wanted), strict=True):
+            partitions = [tp for tp, _ in edges]
+            for (tp, edge), got in zip(edges, coord.log_offsets_many(partitions), strict=True):
                 if isinstance(got, tuple):
-                    out[tp] = got[pending[tp][0]]
-                elif got is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    out[tp] = got[edge]
+                elif not (missing_ok and got is Errors.UNKNOWN_TOPIC_OR_PARTITION):
                     raise TopicError(got, f"{tp.topic}-{tp.partition}")
             return out
 
@@ -644,20 +654,8 @@ class Consumer(SubscriptionMixin):
         self, partitions: list[TopicPartition], edge: int, timeout: float | None
     ) -> dict[TopicPartition, int]:
         self._check_open()
-        coord = self._coordinator()
-        wanted = [TopicPartition(*tp) for tp in partitions]
-
-        def read() -> dict[TopicPartition, int]:
-            if not wanted:
-                return {}
-            out: dict[TopicPartition, int] = {}
-            for tp, got in zip(wanted, coord.log_offsets_many(wanted), strict=True):
-                if not isinstance(got, tuple):
-                    raise TopicError(got, f"{tp.topic}-{tp.partition}")
-                out[tp] = got[edge]
-            return out
-
-        return self._query(read, timeout)
+        return self._edges([(TopicPartition(*tp), edge) for tp in partitions], timeout,
+                           missing_ok=False)
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None

@@ -565,15 +565,10 @@ def _keyed_reads(
 @translate_redis_errors
 def log_offsets(redis_client: Any, namespace: str, topic: str, partition: int) -> tuple[int, int]:
     """(log start offset, log end offset) of a partition: Kafka's ListOffsets earliest/latest."""
-    _check_client(redis_client)
-    _check_namespace(namespace)
-    _check_topic(topic)
-    _check_int("partition", partition, 0)
-    key = partition_key(namespace, topic, partition)
-    (res,) = _run(redis_client, [(OFFSETS, [key, last_timestamp_key_of(key)], [])])
-    if _name(res[0]) != Errors.NONE:
-        raise TopicError(_name(res[0]), f"{topic}-{partition}")
-    return int(res[1]), int(res[2])
+    (got,) = log_offsets_many(redis_client, namespace, [(topic, partition)])
+    if isinstance(got, Errors):
+        raise TopicError(got, f"{topic}-{partition}")
+    return got
 
 
 @translate_redis_errors
