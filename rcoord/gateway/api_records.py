@@ -266,13 +266,8 @@ def _no_transactions(conn: Connection, partitions: list[tuple[str, int]], *, ack
     be appended."""
     log.warning("transactional produce from client id %r (%s) refused: %s", conn.client_id,
                 conn.client_host, TRANSACTIONS_NOT_SERVED)
-    if acks == 0:
-        conn.close_after_response = True
-        return None
-    return _answer([(topic, {"index": index, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                             "error_message": TRANSACTIONS_NOT_SERVED, "base_offset": -1,
-                             "log_append_time": -1, "log_start_offset": -1})
-                    for topic, index in partitions])
+    return _refused_whole(conn, partitions, TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                          TRANSACTIONS_NOT_SERVED, acks=acks)
 
 
 def _corrupt(conn: Connection, partitions: list[tuple[str, int]], exc: BatchError, *,
@@ -284,10 +279,18 @@ def _corrupt(conn: Connection, partitions: list[tuple[str, int]], exc: BatchErro
     (``RequestHandlerHelper.sendErrorOrCloseConnection``)."""
     log.info("produce from client id %r (%s) refused whole: %s", conn.client_id,
              conn.client_host, exc)
+    return _refused_whole(conn, partitions, exc.code, str(exc), acks=acks)
+
+
+def _refused_whole(conn: Connection, partitions: list[tuple[str, int]], code: int, message: str,
+                   *, acks: int) -> dict[str, Any] | None:
+    """``code`` and ``message`` on every partition of a Produce of which nothing was appended;
+    with acks=0, which has no response, the connection is closed instead, as Kafka's
+    ``RequestHandlerHelper.sendErrorOrCloseConnection`` does."""
     if acks == 0:
         conn.close_after_response = True
         return None
-    return _answer([(topic, {"index": index, "error_code": exc.code, "error_message": str(exc),
+    return _answer([(topic, {"index": index, "error_code": code, "error_message": message,
                              "base_offset": -1, "log_append_time": -1, "log_start_offset": -1})
                     for topic, index in partitions])
 
