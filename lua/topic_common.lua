@@ -69,3 +69,15 @@ local function partition_offsets(key, mark_key)
   if mark_key then return log_offsets_marked(key, mark_key) end
   return log_offsets(key)
 end
+-- Removes records from the log start ``s`` toward offset ``target`` (exclusive), about
+-- ``max_bytes`` of them in one call, judged by the first record's size (one record at least),
+-- so that no call holds the server long (DeleteRecords, retention by count). Returns the new
+-- log start; below ``target`` when more is left for another call.
+local function trim_head_toward(key, s, target, max_bytes)
+  local first = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  local bytes = 1
+  for j = 1, #first[2] do bytes = bytes + #first[2][j] end
+  local upto = math.min(target, s + math.max(1, math.floor(max_bytes / bytes)))
+  redis.call('XTRIM', key, 'MINID', string.format('0-%d', upto + 1))
+  return upto
+end

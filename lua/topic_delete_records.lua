@@ -18,11 +18,7 @@ local target = tonumber(ARGV[1])
 if target == -1 then target = e end
 if target < 0 or target > e then return {'OFFSET_OUT_OF_RANGE', s, e, 0} end
 if target <= s then return {'NONE', s, e, 0} end
-local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
-local bytes = 1
-for j = 1, #first[2] do bytes = bytes + #first[2][j] end
-local upto = math.min(target, s + math.max(1, math.floor(tonumber(ARGV[2]) / bytes)))
-redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
+local upto = trim_head_toward(KEYS[1], s, target, tonumber(ARGV[2]))
 local more = 0
 if upto < target then more = 1 end
 return {'NONE', upto, e, more}

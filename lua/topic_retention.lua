@@ -30,11 +30,7 @@ if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 
 local s, e = partition_offsets(KEYS[1], KEYS[2])
 local by_count = (ARGV[1] ~= '') and e - tonumber(ARGV[1]) or s
 if by_count > s then
-  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
-  local bytes = 1
-  for j = 1, #first[2] do bytes = bytes + #first[2][j] end
-  local upto = math.min(by_count, s + math.max(1, math.floor(tonumber(ARGV[6]) / bytes)))
-  redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
+  local upto = trim_head_toward(KEYS[1], s, by_count, tonumber(ARGV[6]))
   s = upto
   -- (A call that removed by count leaves the search by age to the next, so that no call
   -- removes about ARGV[6] bytes twice over.)
