@@ -734,6 +734,10 @@ def test_a_write_takes_the_types_the_kafka_sink_takes() -> None:
     # a column of nulls only (lit(None)) is read as None, as before
     check_write_plan(["key", "value", "partition"], "out", overwrite=False,
                      types={"key": "void", "value": "binary", "partition": "void"})
+    # ... but not value: Spark's Kafka sink refuses a void value (a lit(None) by mistake wrote a
+    # tombstone in every record); a null value of a typed column is still written
+    with pytest.raises(OptionError, match=r"^value: the value column is void .*cast\('binary'\)"):
+        check_write_plan(["value"], "out", overwrite=False, types={"value": "void"})
     with pytest.raises(OptionError, match="^topic: the topic column is void"):
         check_write_plan(["topic", "value"], None, overwrite=False,
                          types={"topic": "void", "value": "binary"})
@@ -744,7 +748,7 @@ def test_a_write_takes_the_types_the_kafka_sink_takes() -> None:
 
 def test_the_data_source_refuses_a_batch_overwrite_and_accepts_append() -> None:
     pytest.importorskip("pyspark")
-    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+    from pyspark.sql.types import BinaryType, IntegerType, NullType, StructField, StructType
 
     from rcoord.spark.source import RcoordDataSource
 
@@ -755,9 +759,12 @@ def test_the_data_source_refuses_a_batch_overwrite_and_accepts_append() -> None:
     assert source.writer(schema, False) is not None
     assert source.streamWriter(schema, True) is not None  # Complete output mode: appends
     wrong = StructType([StructField("value", IntegerType())])
+    void = StructType([StructField("value", NullType())])  # lit(None).alias("value")
     for make in (source.writer, source.streamWriter):
         with pytest.raises(OptionError, match="^value: the value column is int"):
             make(wrong, False)
+        with pytest.raises(OptionError, match="^value: the value column is void"):
+            make(void, False)
 
 
 def test_a_retried_write_task_of_keyless_rows_appends_each_row_once(

@@ -76,7 +76,10 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
       sink finds its columns: a ``Value`` column passed this check, then failed in every task.
     * with ``types`` (column -> ``DataType.simpleString()``), the type of each column a write
       reads (``_TYPES``), as Spark's Kafka sink checks them: an int ``value`` or a string
-      ``partition`` failed in every task before.
+      ``partition`` failed in every task before. A ``void`` column (all null: ``lit(None)``)
+      is read as None, except ``topic`` and ``value``, which Spark's sink refuses as void:
+      a void ``value`` wrote a null value in every record, almost surely by mistake (a string
+      or binary column's nulls are still written, as in Spark).
     """
     if overwrite:
         raise OptionError('mode: an rcoord topic is a log that writes only append to; use '
@@ -92,6 +95,11 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
         if name == "topic" and topic_option:
             continue  # the option wins; the column is not read
         given = (types or {}).get(name)
+        if given == "void" and name == "value":
+            raise OptionError("value: the value column is void (a null literal, e.g. lit(None)), "
+                              "so every record would have a null value; Spark's Kafka sink "
+                              "refuses it too. To write null values on purpose, cast it: "
+                              "col('value').cast('binary')")
         if given is None or (given == "void" and name != "topic"):  # all null: read as None
             continue
         if given.replace(" ", "").lower() not in allowed:
