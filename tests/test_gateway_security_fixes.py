@@ -273,6 +273,23 @@ def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_then
             assert _closed_by_server(before)
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_find_coordinator_below_v4_after_the_handshake_names_no_node(
+    redis_server: Any, namespace: str, auth: AuthConfig, version: int,
+) -> None:
+    # Kafka's FindCoordinatorRequest.getErrorResponse below v4: prepareOldResponse with
+    # Node.noNode() (-1, "", -1) and the error's message. The gateway sent node 0, port 0 and
+    # a null message: a coordinator address that looks real.
+    with running_gateway(redis_server, namespace, auth=auth) as gw, connect(gw) as sock:
+        assert _handshake(sock, 1) == 0
+        sock.sendall(request_frame(10, version, 2, {"key": "g", "key_type": 0}))
+        found = response(sock, 10, version, 5 if version >= 3 else 4)
+        assert (found.error_code.value, found.node_id, found.host, found.port) == (
+            ILLEGAL_SASL_STATE, -1, "", -1)
+        assert found.error_message == "Request is not valid given the current SASL state."
+        assert _closed_by_server(sock)
+
+
 def test_sasl_authenticate_once_authenticated_is_refused_and_the_connection_stays(
     redis_server: Any, namespace: str, auth: AuthConfig,
 ) -> None:

@@ -118,6 +118,28 @@ def _find_coordinator(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(keys, {"throttle_time": 0, "coordinators": keys})
 
 
+_KAFKA_MESSAGES: dict[int, str] = {
+    Errors.UNKNOWN_SERVER_ERROR: "The server experienced an unexpected error when processing "
+                                 "the request.",
+    Errors.COORDINATOR_NOT_AVAILABLE: "The coordinator is not available.",
+    34: "Request is not valid given the current SASL state.",  # ILLEGAL_SASL_STATE
+    Errors.INVALID_REQUEST: "This most likely occurs because of a request being malformed by "
+                            "the client library or the message was sent to an incompatible "
+                            "broker. See the broker logs for more details.",
+}
+"""Kafka's ``Errors.message()`` of the codes a FindCoordinator v0-3 can fail with as a whole:
+what its ``error_message`` carries then (``_find_coordinator_old``)."""
+
+
+def _find_coordinator_old(code: int) -> dict[str, Any]:
+    """FindCoordinator v0-3 failed as a whole, as Kafka's ``FindCoordinatorRequest
+    .getErrorResponse`` (``prepareOldResponse`` with ``Node.noNode()``): node -1, host "",
+    port -1 and the error's message. Only the top-level code, as for any other response with
+    one, left node 0 and port 0, a coordinator address that looks real, and no message."""
+    return {"throttle_time": 0, "error_code": code, "node_id": -1, "host": "", "port": -1,
+            "error_message": _KAFKA_MESSAGES.get(code)}
+
+
 def _describe_groups(req: Any, code: int) -> dict[str, Any] | None:
     groups = [{"error_code": code, "group_id": g, "group_state": "", "protocol_type": "",
                "protocol_data": "", "members": []} for g in req.groups]
@@ -166,7 +188,7 @@ def _delete_groups(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(results, {"throttle_time": 0, "results": results})
 
 
-_FETCH = 1
+_FETCH, _FIND_COORDINATOR, _FIND_COORDINATOR_BATCHED = 1, 10, 4
 _BUILDERS: dict[int, _Builder] = {
     0: _produce, 1: _fetch, 2: _list_offsets, 3: _metadata, 8: _offset_commit,
     9: _offset_fetch, 10: _find_coordinator, 15: _describe_groups, 19: _create_topics,
@@ -184,12 +206,15 @@ def request_error_response(api_key: int, version: int, request: Any, code: int
     """``code`` as the answer to the whole of ``request`` (None: the connection must close).
 
     A response with a top-level error code gets it there (Fetch v7-v12 also per partition, as
-    Kafka's ``FetchRequest.getErrorResponse``); one without gets it on every item the request
+    Kafka's ``FetchRequest.getErrorResponse``; FindCoordinator v0-3 with no coordinator, as
+    ``_find_coordinator_old``); one without gets it on every item the request
     named. ``request`` may be None (not decoded): then only the top-level code can be used.
     """
     if _has_top_level_error(api_key, version):
         if api_key == _FETCH and request is not None and version < 13:
             return _fetch(request, code) or {"error_code": code}
+        if api_key == _FIND_COORDINATOR and version < _FIND_COORDINATOR_BATCHED:
+            return _find_coordinator_old(code)
         return {"error_code": code}
     builder = _BUILDERS.get(api_key)
     if builder is None or request is None:
