@@ -255,10 +255,10 @@ def test_a_null_header_name_is_refused_as_kafka_does() -> None:
                                             attributes=i16(0)))
         return buf.getvalue()
 
-    (ok,) = decode_batches(batch(b"h"), 0)
+    (ok,) = decode_batches(batch(b"h"), 0, 9)
     assert ok.records[0].headers == [("h", b"x")]
     with pytest.raises(BatchError, match="null key") as err:
-        decode_batches(batch(None), 0)
+        decode_batches(batch(None), 0, 9)
     assert err.value.code == INVALID_RECORD
 
 

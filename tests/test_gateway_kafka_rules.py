@@ -994,6 +994,29 @@ def test_two_batches_are_counted_before_the_first_is_read(gateway, redis_server,
     assert _log(gateway, redis_server) == (0, 0)
 
 
+@pytest.mark.parametrize("fault", ["second batch", "bad CRC", "base offset"])
+def test_a_zstd_batch_before_produce_v7_is_refused_before_its_other_faults(
+        gateway, redis_server, topics, fault):
+    """Kafka's ProduceRequest.validateRecords refuses a zstd batch on Produce v3-6
+    (UNSUPPORTED_COMPRESSION_TYPE) while it parses the request: before it counts the batches,
+    and before the base offset and CRC are looked at on append. The gateway answered the other
+    fault (INVALID_RECORD, or CORRUPT_MESSAGE, which producers resend)."""
+    topics.create("t", 1)
+    batch = bytearray(_with_byte(produced_batch([Record(0, None, b"a", {}, 0)]), 22, 0x04,
+                                 crc=fault != "bad CRC"))
+    if fault == "base offset":
+        batch[0:8] = (5).to_bytes(8, "big")
+    records = bytes(batch) + (produced_batch([Record(0, None, b"b", {}, 0)])
+                              if fault == "second batch" else b"")
+    for version, code in [(6, 76), (7, INVALID_RECORD if fault != "bad CRC" else CORRUPT_MESSAGE)]:
+        answer = call_once(gateway, 0, version, {"acks": -1, "timeout": 5000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": records}]}]},
+            header_bytes=4)
+        (part,) = answer.responses[0].partition_responses
+        assert part.error_code.value == code, version
+    assert _log(gateway, redis_server) == (0, 0)
+
+
 def test_a_producer_batch_with_a_base_offset_is_an_invalid_record(gateway, redis_server, topics):
     """Kafka refuses a client's v2 batch whose base offset is not 0, INVALID_RECORD, before its
     CRC is checked (UnifiedLog.analyzeAndValidateRecords); the gateway appended it."""

@@ -130,8 +130,8 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
     return metas[0]
 
 
-def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
-            ) -> dict[str, Any]:
+def _append(state: GatewayState, topic: str, partition: int, data: bytes | None, *,
+            version: int) -> dict[str, Any]:
     """Blocking: append one partition's batch (Kafka's clients send one); its response.
 
     An idempotent producer's exact resend is answered as Kafka does: success, with the offset
@@ -144,10 +144,7 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None
         out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=missing)
         return out
     try:
-        batches = decode_batches(data or b"", partition)
-        if not batches:
-            raise BatchError(INVALID_RECORD, "a Produce request must carry at least one record "
-                             "batch per partition")  # Kafka's ProduceRequest.validateRecords
+        batches = decode_batches(data or b"", partition, version)
         # (one at most, as Kafka's ProduceRequest.validateRecords: appending the first before
         # a later one failed would leave half a request written)
         metas = [_append_batch(state, topic, partition, b) for b in batches]
@@ -230,7 +227,8 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
 
     # An invalid acks appends nothing (Kafka's appendRecords); as in Kafka, a partition the
     # caller may not write or that does not exist still answers that first.
-    append = _append if req.acks in (-1, 0, 1) else functools.partial(_bad_acks, acks=req.acks)
+    append = (functools.partial(_append, version=version) if req.acks in (-1, 0, 1)
+              else functools.partial(_bad_acks, acks=req.acks))
     jobs = [(topic, index,
              state.blocking(append, state, topic, index, records) if topic in writable
              else refused(index))

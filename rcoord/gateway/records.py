@@ -24,8 +24,9 @@ from ..topics import ProducerRecord, Record
 from .errors import CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP, UNSUPPORTED_COMPRESSION_TYPE
 from .tags import encode_uvarint
 
-__all__ = ["BATCH_HEADER_BYTES", "BatchError", "IncomingBatch", "decode_batches", "encode_batch",
-           "encode_fetched", "fetched_sizes", "first_batch_transactional"]
+__all__ = ["BATCH_HEADER_BYTES", "BatchError", "IncomingBatch", "check_request_records",
+           "decode_batches", "encode_batch", "encode_fetched", "fetched_sizes",
+           "first_batch_transactional"]
 
 _LENGTH_AT = 8  # base offset (8)
 _MAGIC_AT = 16  # ... batch length (4), partition leader epoch (4)
@@ -60,7 +61,47 @@ class IncomingBatch:
     records: list[ProducerRecord]
 
 
-def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
+_ZSTD = 4
+_ZSTD_SINCE = 7
+"""Produce v7 (KIP-110) is the first that may carry a zstd batch."""
+
+
+def check_request_records(data: bytes, version: int) -> None:
+    """Kafka's ``ProduceRequest.validateRecords``, the checks of one partition's ``records``
+    that Kafka makes while it reads the request, before it appends (and so before the ``acks``
+    check, the CRC, the base offset and the rest of the batch): at least one whole batch, magic
+    2, no zstd before Produce v7 (UNSUPPORTED_COMPRESSION_TYPE), and one batch only; the others
+    are INVALID_RECORD. Raises BatchError."""
+    view = memoryview(data)
+    end = _whole_batch_end(view, 0)
+    if end is None and not len(view):
+        raise BatchError(INVALID_RECORD, "a Produce request must carry at least one record "
+                         "batch per partition")
+    if end is None:
+        first = (f" (the first declares {_batch_length(view, 0) + _BATCH_LENGTH_FROM} bytes, "
+                 f"magic {view[_MAGIC_AT]})" if len(view) > _MAGIC_AT else "")
+        raise BatchError(INVALID_RECORD, "a Produce request must carry at least one whole "
+                         f"record batch per partition: the {len(view)} bytes sent hold "
+                         f"none{first}")
+    if view[_MAGIC_AT] != 2:
+        raise BatchError(INVALID_RECORD, f"record batch magic {view[_MAGIC_AT]}; "
+                         "Produce takes only v2 batches (magic 2)")
+    if version < _ZSTD_SINCE and view[_ATTRIBUTES_AT + 1] & _COMPRESSION_MASK == _ZSTD:
+        # Read from the attributes before the CRC is, as Kafka: its answer to a zstd batch on
+        # v3-6 with a second fault (two batches, a base offset, a bad CRC) is this one.
+        raise BatchError(UNSUPPORTED_COMPRESSION_TYPE, f"a zstd batch in Produce v{version} "
+                         f"(Kafka takes zstd from v{_ZSTD_SINCE}); this gateway takes no "
+                         "compression: produce uncompressed")
+    if _whole_batch_end(view, end) is not None:
+        # Kafka's validateRecords takes one v2 batch per partition and request, and counts
+        # them before it reads a batch further. Counted after, a first batch with a bad CRC
+        # or compressed was answered CORRUPT_MESSAGE (which producers retry) or
+        # UNSUPPORTED_COMPRESSION_TYPE instead.
+        raise BatchError(INVALID_RECORD, "more than one record batch for one partition in "
+                         "one Produce request; Kafka takes one")
+
+
+def decode_batches(data: bytes, partition: int, version: int) -> list[IncomingBatch]:
     """The whole batch of one partition's ``records`` field of a ProduceRequest (a second one
     is INVALID_RECORD).
 
@@ -69,22 +110,13 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
     what it did not read (``UnifiedLog.trimInvalidBytes``). Records with no whole batch are
     INVALID_RECORD (``ProduceRequest.validateRecords``). Both were CORRUPT_MESSAGE, which
     producers take for a transmission error and resend until their delivery timeout."""
+    # Kafka's answers: ProduceRequest.validateRecords (``check_request_records``: one whole
+    # v2 batch), then LogValidator.validateBatch (INVALID_RECORD, per partition).
+    check_request_records(data, version)
     view = memoryview(data)
     out: list[IncomingBatch] = []
     pos = 0
     while (end := _whole_batch_end(view, pos)) is not None:
-        # Kafka's answers: ProduceRequest.validateRecords, then LogValidator.validateBatch
-        # (INVALID_RECORD, per partition).
-        if view[pos + _MAGIC_AT] != 2:
-            raise BatchError(INVALID_RECORD, f"record batch magic {view[pos + _MAGIC_AT]}; "
-                             "Produce takes only v2 batches (magic 2)")
-        if _whole_batch_end(view, end) is not None:
-            # Kafka's validateRecords takes one v2 batch per partition and request, and counts
-            # them before it reads a batch further. Counted after, a first batch with a bad CRC
-            # or compressed was answered CORRUPT_MESSAGE (which producers retry) or
-            # UNSUPPORTED_COMPRESSION_TYPE instead.
-            raise BatchError(INVALID_RECORD, "more than one record batch for one partition in "
-                             "one Produce request; Kafka takes one")
         base_offset = int.from_bytes(view[pos:pos + _LENGTH_AT], "big", signed=True)
         if base_offset != 0:
             # Kafka's UnifiedLog.analyzeAndValidateRecords, for a client's v2 batch, before its
@@ -113,12 +145,6 @@ def decode_batches(data: bytes, partition: int) -> list[IncomingBatch]:
         producer_id, epoch, sequence = _PRODUCER.unpack_from(view, pos + _PRODUCER_AT)
         out.append(IncomingBatch(producer_id, epoch, sequence, records))
         pos = end
-    if not out and len(view):
-        first = (f" (the first declares {_batch_length(view, 0) + _BATCH_LENGTH_FROM} bytes, "
-                 f"magic {view[_MAGIC_AT]})" if len(view) > _MAGIC_AT else "")
-        raise BatchError(INVALID_RECORD, "a Produce request must carry at least one whole "
-                         f"record batch per partition: the {len(view)} bytes sent hold "
-                         f"none{first}")
     return out
 
 
