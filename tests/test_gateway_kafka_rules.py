@@ -104,6 +104,31 @@ def test_acks_other_than_minus_one_zero_or_one_append_nothing(gateway, redis_ser
     assert _log(gateway, redis_server) == (0, 0)
 
 
+def test_invalid_acks_comes_after_the_checks_kafka_makes_on_parsing(gateway, redis_server,
+                                                                    topics):
+    """Kafka's handleProduceRequest runs ProduceRequest.validateRecords on each partition
+    before ReplicaManager.appendRecords looks at acks: with acks=2, a partition with a magic 1
+    batch or two batches is INVALID_RECORD; one whose fault is found on append (a bad CRC)
+    is INVALID_REQUIRED_ACKS. The gateway answered INVALID_REQUIRED_ACKS for all of them."""
+    topics.create("t", 3)
+    one = produced_batch([Record(0, None, b"v", {}, 0)])
+    magic1 = _with_byte(one, 16, 1, crc=False)
+    bad_crc = _with_byte(one, 30, 0xFF, crc=False)
+    answer = call_once(gateway, 0, 9, {"acks": 2, "timeout": 5000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": magic1},
+                                         {"index": 1, "records": one + one},
+                                         {"index": 2, "records": bad_crc}]}]})
+    assert [(p.index, p.error_code.value) for t in answer.responses
+            for p in t.partition_responses] == [
+        (0, INVALID_RECORD), (1, INVALID_RECORD), (2, INVALID_REQUIRED_ACKS)]
+    client = redis_server.client()
+    try:
+        assert [log_offsets(client, gateway.config.namespace, "t", p) for p in range(3)] == [
+            (0, 0)] * 3
+    finally:
+        client.close()
+
+
 def test_a_partition_no_topic_has_fails_only_itself(gateway, topics):
     topics.create("t", 1)
     fetched = call_once(gateway, 1, 12, {

@@ -52,6 +52,7 @@ from .errors import (
 from .records import (
     BatchError,
     IncomingBatch,
+    check_request_records,
     decode_batches,
     encode_fetched,
     fetched_sizes,
@@ -190,13 +191,25 @@ def _missing(state: GatewayState, topic: str, partition: int) -> str | None:
 
 
 def _bad_acks(state: GatewayState, topic: str, partition: int, data: bytes | None, *,
-              acks: int) -> dict[str, Any]:
-    """Blocking: the answer of a writable partition in a request with an invalid ``acks``."""
+              acks: int, version: int) -> dict[str, Any]:
+    """Blocking: the answer of a writable partition in a request with an invalid ``acks``.
+
+    As Kafka's ``handleProduceRequest``: the partition's existence, then the record checks
+    it makes while it parses the request (``check_request_records``: no batch, magic, zstd
+    before v7, two batches), and only then ``ReplicaManager.appendRecords``' acks check. The
+    acks answer came before the record checks, so such a partition was INVALID_REQUIRED_ACKS
+    where Kafka says what is wrong with its records."""
+    out: dict[str, Any] = {"index": partition, "base_offset": -1, "log_append_time": -1,
+                           "log_start_offset": -1}
     missing = _missing(state, topic, partition)
-    return {"index": partition, "base_offset": -1, "log_append_time": -1,
-            "log_start_offset": -1,
-            "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION if missing else INVALID_REQUIRED_ACKS,
-            "error_message": missing or f"acks must be -1, 0 or 1, got {acks}"}
+    if missing:
+        return {**out, "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION, "error_message": missing}
+    try:
+        check_request_records(data or b"", version)
+    except BatchError as exc:
+        return {**out, "error_code": exc.code, "error_message": str(exc)}
+    return {**out, "error_code": INVALID_REQUIRED_ACKS,
+            "error_message": f"acks must be -1, 0 or 1, got {acks}"}
 
 
 def _last_of_each(entries: Iterable[tuple[K, V]]) -> list[tuple[K, V]]:
@@ -226,9 +239,10 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
                 "log_append_time": -1, "log_start_offset": -1}
 
     # An invalid acks appends nothing (Kafka's appendRecords); as in Kafka, a partition the
-    # caller may not write or that does not exist still answers that first.
+    # caller may not write, that does not exist, or whose records fail the checks Kafka makes
+    # on parsing (``_bad_acks``) still answers that first.
     append = (functools.partial(_append, version=version) if req.acks in (-1, 0, 1)
-              else functools.partial(_bad_acks, acks=req.acks))
+              else functools.partial(_bad_acks, acks=req.acks, version=version))
     jobs = [(topic, index,
              state.blocking(append, state, topic, index, records) if topic in writable
              else refused(index))
