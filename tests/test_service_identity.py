@@ -18,7 +18,13 @@ from test_service import ROOT, Proc
 from rcoord.errors import ConfigError
 from rcoord.keys import PartitionKeys
 from rcoord.scripts import Scripts
-from rcoord.service.leases import CoordinatorIdInUse, LeaseKeeper
+from rcoord.service.leases import (
+    CoordinatorIdInUse,
+    LeaseKeeper,
+    StoppedBeforeClaim,
+    died_here,
+    this_machine,
+)
 
 TTL_MS = 400
 """Where a test waits for a claim to lapse."""
@@ -208,3 +214,66 @@ def test_a_sigterm_while_waiting_for_a_dead_processs_claim_is_a_graceful_stop(
     assert client.get(died.claim_key) == died.incarnation.encode()
     assert client.keys(f"{namespace}:*lease*") == []
     client.close()
+
+
+def _ended_pid() -> int:
+    """The pid of a process of this machine that has ended (and been reaped)."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+def _scripts(client: Any) -> Scripts:
+    scripts = Scripts(client)
+    scripts.load()
+    return scripts
+
+
+def _claim_as(client: Any, namespace: str, incarnation: str, ttl_ms: int) -> LeaseKeeper:
+    """A claim on id 'phoenix' and its leases left by ``incarnation``, renewed no more."""
+    died = LeaseKeeper(client, _scripts(client), namespace, 4, "phoenix", ttl_ms, incarnation)
+    died.claim_id(threading.Event())
+    died.register()
+    return died
+
+
+@pytest.mark.skipif(this_machine() is None, reason="no /proc to tell a process ended")
+def test_a_claim_left_by_a_process_of_this_machine_that_ended_is_taken_at_once(
+        own_server, namespace):
+    """A process restarted under the id of one of this machine that was SIGKILLed (systemd's
+    Restart=) waited the dead one's whole TTL, though its pid showed it gone. Now the claim is
+    taken at once (a stop asked before any wait: it was StoppedBeforeClaim), only from that
+    incarnation, and the leases under the id follow."""
+    client = own_server.client()
+    dead = f"host-{_ended_pid()}-0123456789ab/{this_machine()}"
+    assert died_here(dead)
+    _claim_as(client, namespace, dead, 60_000)
+    stopped = threading.Event()
+    stopped.set()  # (any wait for the claim to lapse ends at once, unclaimed)
+    with handling(EventLog(), "rcoord", logging.INFO) as log:
+        new = LeaseKeeper(client, _scripts(client), namespace, 4, "phoenix", TTL_MS)
+        new.claim_id(stopped)
+    assert "coordinator_id_taken_over" in log.seen and "coordinator_id_held" not in log.seen
+    assert client.get(new.claim_key) == new.incarnation.encode()
+    assert new.step() == {0, 1, 2, 3}
+
+
+@pytest.mark.skipif(this_machine() is None, reason="no /proc to tell a process ended")
+def test_a_claim_whose_holder_may_run_is_still_waited_for(own_server, namespace):
+    """Only a holder proven ended is taken over: one whose pid runs (this process's), or one
+    of another machine or pid namespace (its pid means nothing here), is waited for."""
+    client = own_server.client()
+    here = this_machine()
+    pid = _ended_pid()
+    for holder in (f"host-{os.getpid()}-0123456789ab/{here}",  # a pid that runs
+                   f"host-{pid}-0123456789ab/other-boot:0:1",  # another machine
+                   f"host-{pid}-0123456789ab"):  # no machine named
+        assert not died_here(holder)
+        _claim_as(client, namespace, holder, 60_000)
+        stopped = threading.Event()
+        stopped.set()
+        new = LeaseKeeper(client, _scripts(client), namespace, 4, "phoenix", TTL_MS)
+        with pytest.raises(StoppedBeforeClaim):
+            new.claim_id(stopped)
+        assert client.get(new.claim_key) == holder.encode()
+        client.delete(new.claim_key)

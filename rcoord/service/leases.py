@@ -15,8 +15,10 @@ a lease TTL, renewed by every round. Only the claim's holder registers the id, t
 releases its leases. A process started with the id of one that runs is refused once it sees the
 claim renewed (``CoordinatorIdInUse``, as Kafka's controller refuses a broker whose id is
 registered under another incarnation with a live session, DUPLICATE_BROKER_REGISTRATION); one
-started after the last holder died waits for the claim to lapse (at most the dead one's TTL),
-then takes the leases still under the id at once. A holder that finds its claim taken (it was paused for a
+started after the last holder died takes the claim at once if that holder ran on this machine,
+in this pid namespace, and its pid is free (``died_here``: a SIGKILL, a crash, systemd's
+restart), else waits for the claim to lapse (at most the dead one's TTL); then it takes the
+leases still under the id at once. A holder that finds its claim taken (it was paused for a
 TTL, and another process took the id meanwhile) stops, and releases nothing: before, two
 processes with one id shared every lease silently (each swept and logged the same partitions),
 and stopping either one released the other's leases and registry entry.
@@ -48,7 +50,8 @@ from ..keys import PartitionKeys
 from ..scripts import Scripts
 from .nodes import NODE_FAILURES, each_node, node_scripts, on_node
 
-__all__ = ["CoordinatorIdInUse", "LeaseKeeper", "StoppedBeforeClaim", "new_incarnation", "plan"]
+__all__ = ["CoordinatorIdInUse", "LeaseKeeper", "StoppedBeforeClaim", "died_here",
+           "new_incarnation", "plan", "this_machine"]
 
 log = logging.getLogger("rcoord.service")
 T = TypeVar("T")
@@ -66,13 +69,58 @@ class CoordinatorIdInUse(ConfigError):
     def __init__(self, message: str, holder: str) -> None:
         super().__init__(message)
         self.holder = holder
-        """The incarnation that holds the claim (host-pid-random)."""
+        """The incarnation that holds the claim (host-pid-random, ``new_incarnation``)."""
 
 
 def new_incarnation() -> str:
     """This process's incarnation: which process holds a claim (host and pid, for the operator
-    to find it), unique per start (the random part)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    to find it), unique per start (the random part), and, where it can be read, after a ``/``
+    the kernel boot and pid namespace its pid is counted in (``this_machine``), which lets a
+    process restarted on the same machine see that the holder died (``died_here``)."""
+    here = this_machine()
+    return (f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            + (f"/{here}" if here else ""))
+
+
+def this_machine() -> str | None:
+    """The running kernel's boot id and this process's pid namespace (its inode and device):
+    two processes that give the same one count pids alike, so one can tell by the pid whether
+    the other still runs. None where they cannot be read, or where ``/proc`` is not this pid
+    namespace's (``/proc/self`` is not ``os.getpid()``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        if int(os.readlink("/proc/self")) != os.getpid():
+            return None
+        ns = os.stat("/proc/self/ns/pid")
+    except (OSError, ValueError):
+        return None
+    return f"{boot}:{ns.st_dev}:{ns.st_ino}" if boot else None
+
+
+def died_here(incarnation: str) -> bool:
+    """Whether the process of ``incarnation`` is known to have ended: it ran on this machine,
+    in this pid namespace (``this_machine``), and no process has its pid now. False whenever
+    that cannot be told (another machine or container, a pid in use, which may be a new
+    process's: the claim is then waited for, as before). A zombie (ended, not yet reaped)
+    counts as running."""
+    named, slash, where = incarnation.rpartition("/")
+    here = this_machine()
+    if not slash or not here or where != here:
+        return False
+    try:
+        pid = int(named.rsplit("-", 2)[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (PermissionError: it runs, as another user)
+        return False
+    return False
 
 
 def _rank(coordinator_id: str, partition: int) -> int:
@@ -183,6 +231,20 @@ class LeaseKeeper:
             if holder == self.incarnation:
                 self._claimed = True
                 return
+            if died_here(holder):
+                # A process of this machine that ended (SIGKILL, a crash: systemd restarting
+                # the service) renews the claim no more: taken at once, only if it is still
+                # that process's (``lease.lua``'s steal compares), instead of after its TTL.
+                # A holder that cannot be told dead (another machine or container) is waited
+                # for, so two running processes never hold the claim together.
+                if self._steal_claim(holder) == self.incarnation:
+                    log.warning("took over this coordinator id from a process of this machine "
+                                "that ended without releasing it", extra={
+                                    "event": "coordinator_id_taken_over",
+                                    "id": self.coordinator_id, "from": holder})
+                    self._claimed = True
+                    return
+                continue  # (it changed hands meanwhile: look again)
             lasts_ms, expiry = self._registry_entry()
             if deadline is None or first is None:
                 first = expiry
@@ -204,6 +266,16 @@ class LeaseKeeper:
                     f"stopped while waiting for coordinator id {self.coordinator_id!r} of "
                     f"namespace {self._namespace!r} to be released by incarnation {holder}; "
                     "nothing was taken")
+
+    def _steal_claim(self, holder: str) -> str:
+        """``lease.lua``'s steal on the id's claim: this incarnation's if ``holder`` still
+        holds it; the holder after it."""
+        def run(node: Any) -> str:
+            now = node_scripts(self._scripts, node).lease(
+                keys=[self.claim_key], args=["steal", self.incarnation, self.ttl_ms, holder])
+            return now.decode() if isinstance(now, bytes) else str(now)
+
+        return on_node(self._client, self.claim_key, run)
 
     def _registry_entry(self) -> tuple[int, int]:
         """(ms the id's registry entry still lasts, its expiry) on the server's clock; (0, 0)
