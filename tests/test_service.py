@@ -270,6 +270,27 @@ def test_cli_flags_override_environment(monkeypatch):
     assert p.parse_args([]).lease_ttl_ms == 1234
 
 
+def test_a_bad_number_in_the_environment_names_the_variable(monkeypatch, capsys):
+    """A default from the environment that is no number is refused naming the variable (the
+    error named only the flag, which the operator never typed); a bad flag is named as before."""
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments
+
+    monkeypatch.setenv("RCOORD_LEASE_TTL_MS", "abc")
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    with pytest.raises(SystemExit):
+        p.parse_args([])
+    assert "--lease-ttl-ms: invalid int value: 'abc' (from $RCOORD_LEASE_TTL_MS)" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--lease-ttl-ms", "xyz"])
+    err = capsys.readouterr().err
+    assert "--lease-ttl-ms: invalid int value: 'xyz'" in err and "RCOORD_" not in err
+    assert p.parse_args(["--lease-ttl-ms", "9"]).lease_ttl_ms == 9
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

@@ -44,7 +44,9 @@ A setting or connection that does not work is one line on stderr (``rcoord coord
 ...``) and exit status 2 (a bad flag, a metrics port already in use, or an ``--id`` another
 running process uses: found before any lease is taken) or 1 (Redis unreachable, refused the
 login, or a missing ACL permission); ``--log-level debug`` adds the traceback. A process whose
-id another process took while it was paused (for a lease TTL) stops with status 2 too.
+id another process took while it was paused (for a lease TTL) stops with status 2 too, and one
+that finds the namespace's ``num_partitions`` changed under it stops with status 3, for its
+supervisor to start it again under the new count.
 """
 
 from __future__ import annotations
@@ -82,9 +84,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _FromEnv(str):
+    """A flag's default read from the environment variable ``variable``: a bad value's error
+    names the variable, not only the flag the operator did not give."""
+
+    variable = ""
+
+
 def _env(name: str, default: Any = None) -> Any:
     value = os.environ.get(name)
-    return default if value in (None, "") else value
+    if value is None or value == "":
+        return default
+    out = _FromEnv(value)
+    out.variable = name
+    return out
+
+
+def _int(text: str) -> int:
+    """argparse's ``type=int``, whose error names the environment variable a default came
+    from (it read "argument --lease-ttl-ms: invalid int value: 'abc'" for
+    ``RCOORD_LEASE_TTL_MS=abc``, a flag nobody typed)."""
+    try:
+        return int(text)
+    except ValueError:
+        where = f" (from ${text.variable})" if isinstance(text, _FromEnv) else ""
+        raise argparse.ArgumentTypeError(f"invalid int value: {str(text)!r}{where}") from None
 
 
 def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,20 +124,20 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    default=_env("RCOORD_NAMESPACE", "rcoord"),
                    help="the key prefix of the groups this process serves (default "
                    "$RCOORD_NAMESPACE, else rcoord)")
-    p.add_argument("--metrics-port", type=int, default=_env("RCOORD_METRICS_PORT"),
+    p.add_argument("--metrics-port", type=_int, default=_env("RCOORD_METRICS_PORT"),
                    help="serve /metrics (Prometheus) and /healthz on this port (default "
                    "$RCOORD_METRICS_PORT; none if unset)")
     p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"),
                    help="the address /metrics and /healthz listen on, IPv4 or IPv6 (0.0.0.0 or :: for "
                    "every interface; default $RCOORD_METRICS_HOST, else 127.0.0.1: loopback only)")
-    p.add_argument("--lease-ttl-ms", type=int, default=_env("RCOORD_LEASE_TTL_MS", 5000),
+    p.add_argument("--lease-ttl-ms", type=_int, default=_env("RCOORD_LEASE_TTL_MS", 5000),
                    help="how long this process's lease on a coordinator partition lasts "
                    "unrenewed: a dead process's partitions move after it (default 5000)")
     p.add_argument("--wake", choices=("both", "index", "hints"),
                    default=_env("RCOORD_WAKE", "both"),
                    help="what drives the timers: the deadline index, expired-key hints (for "
                    "measurements only) or both (default)")
-    p.add_argument("--retention-check-interval-ms", type=int,
+    p.add_argument("--retention-check-interval-ms", type=_int,
                    default=_env("RCOORD_RETENTION_CHECK_INTERVAL_MS", 300_000),
                    help="how often this process removes the records topic retention no longer "
                    "keeps, in the topics on its leases (Kafka's log.retention.check.interval.ms; "
