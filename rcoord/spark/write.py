@@ -64,8 +64,10 @@ values, which ``row_to_record`` converts exactly."""
 def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite: bool,
                      types: Mapping[str, str] | None = None) -> None:
     """What a write can be told before any task runs (Spark's Kafka sink checks the same when
-    the query is analysed), so a bad write fails once, at ``save()``/``start()``, naming what
-    to change, not in every task.
+    the query is analysed), so a bad write fails once, naming what to change, not in every
+    task: at ``save()``, and for a stream at its first micro-batch (Spark makes a Python
+    stream writer only when it plans that batch, so ``start()`` returns and the query stops
+    with this error before any task runs).
 
     * ``overwrite``: a topic is a log, so a batch write only appends; Spark's Kafka sink refuses
       ``Overwrite`` too. Before, ``mode("overwrite")`` appended silently. (The default
