@@ -3,7 +3,8 @@
 -- KEYS[1] stream, KEYS[2] optional: the partition's last-record mark (same hash tag), which
 -- gives the log offsets without XINFO STREAM's copy of the first and last records (as in
 -- topic_offsets.lua). ARGV[1] the new log start offset (-1: the log end, Kafka's high watermark),
--- ARGV[2] most bytes of records one call removes (estimated from the partition's first one).
+-- ARGV[2] most bytes of records one call removes (estimated from records read
+-- as it goes: topic_common.lua's trim_head_toward).
 -- Returns {error name, log start, log end, more to do}: OFFSET_OUT_OF_RANGE (nothing removed)
 -- for an offset below -1 or past the log end, as Kafka's UnifiedLog.deleteRecordsOnLeader;
 -- an offset at or below the log start removes nothing and answers the log start.

@@ -11,7 +11,7 @@
 --
 -- By count, the newest ARGV[1] records are kept: offsets are consecutive, so those from the
 -- log end less ARGV[1]. The removal is bounded as DeleteRecords' is (about ARGV[6] bytes a
--- call, judged by the first record; topic_delete_records.lua): one XTRIM MAXLEN removed a
+-- call, judged in rounds by sizes read; topic_common.lua): one XTRIM MAXLEN removed a
 -- whole backlog at once (a setting lowered on a large partition, a long pass interval), and
 -- freeing 500 records of 1 MB held the server for 108 ms.
 --

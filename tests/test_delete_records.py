@@ -4,6 +4,7 @@ reader then sees."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -87,6 +88,32 @@ def test_a_large_removal_is_split_into_bounded_calls(redis_client, namespace, to
     assert topics.delete_records("t", {0: 30}) == {0: DeletedRecords(0, 30)}
     assert len(calls) == 8  # 30 records of a little over 1 KB: 4 a call (5,000 bytes)
     assert log_offsets(redis_client, namespace, "t", 0) == (30, 40)
+
+
+def test_a_small_first_record_does_not_unbound_a_call(redis_client, namespace, topics,
+                                                     monkeypatch):
+    """A call judged its removal by the partition's first record alone: a record of 1 byte
+    followed by 60 records of 1,000 let one call remove all 61 (60 KB for a bound of 5,000).
+    Sizes are now read as the call goes, each round taking no more records than those before
+    it, so every call stays within twice the bound; the end state is the same."""
+    topics.create("t", 1)
+    producer = Producer(redis_client, namespace, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(b"s", partition=0)]
+                        + [ProducerRecord(b"x" * 1000, partition=0) for _ in range(60)])
+    monkeypatch.setattr("rcoord.topics.admin.RETENTION_TRIM_BYTES", 5000)
+    starts = [0]
+
+    class Noted(topics_base._Lua):
+        def __call__(self, client: Any, keys: Any, args: Any) -> Any:
+            reply = super().__call__(client, keys, args)
+            starts.append(int(reply[1]))
+            return reply
+
+    monkeypatch.setattr("rcoord.topics.admin.DELETE_RECORDS", Noted("topic_delete_records"))
+    assert topics.delete_records("t", {0: 61}) == {0: DeletedRecords(0, 61)}
+    removed = [(b - a) * 1000 for a, b in itertools.pairwise(starts)]
+    assert starts[-1] == 61 and max(removed) <= 2 * 5000, starts
+    assert log_offsets(redis_client, namespace, "t", 0) == (61, 61)
 
 
 def test_minus_one_is_the_log_end_when_the_call_starts(redis_client, namespace, topics,

@@ -6,6 +6,7 @@ Every test that takes ``redis_client`` runs on one node and on a 3-master cluste
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -692,6 +693,32 @@ def test_a_large_trim_by_count_is_split_into_bounded_calls(
     assert [r.offset for r in fetch_all(redis_client, namespace, "t", 1, 30).records] == list(
         range(30, 40))
     assert topics.apply_retention("t") == {0: 30, 1: 30}  # nothing more to remove
+
+
+def test_a_trim_by_count_behind_a_small_first_record_stays_bounded(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retention by count judged a call's removal by the first record alone: one record of 1
+    byte, then 60 of 1,000, with a bound of 5,000 bytes, removed 51 records (50 KB) in one call.
+    Each call now stays within twice the bound, and the newest records are kept exactly."""
+    topics.create("t", 1, retention_records=10)
+    producer.send_batch("t", [ProducerRecord(b"s", partition=0)]
+                        + [ProducerRecord(b"x" * 1000, partition=0) for _ in range(60)])
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
+    starts = [0]
+    run = topics_admin._run
+
+    def noted(r: Any, calls: Any) -> Any:
+        results = run(r, calls)
+        starts.extend(int(res[1]) for res in results)
+        return results
+
+    monkeypatch.setattr(topics_admin, "_run", noted)
+    assert topics.apply_retention("t") == {0: 51}
+    removed = [(b - a) * 1000 for a, b in itertools.pairwise(starts)]
+    assert starts[-1] == 51 and max(removed) <= 2 * 5000, starts
+    assert log_offsets(redis_client, namespace, "t", 0) == (51, 61)
 
 
 def test_no_retention_call_removes_by_count_and_by_age_at_once(

@@ -385,7 +385,7 @@ class Topics:
 
         By count: the newest ``retention_records`` are kept (exactly; Kafka works per segment
         and so keeps somewhat more); the others go about ``RETENTION_TRIM_BYTES`` a call
-        (judged by the partition's first record), as in ``delete_records``. By age: records
+        (judged by sizes read as it goes), as in ``delete_records``. By age: records
         older than ``retention_ms`` by the node's clock go from the head, up to the first one
         that is not expired. A partition's timestamps never decrease, so each call
         binary-searches that boundary, copying at most ``RETENTION_SCAN_BYTES`` of records past
