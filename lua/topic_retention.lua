@@ -4,7 +4,7 @@
 -- topic_offsets.lua). ARGV[1] retention records or '', ARGV[2] retention ms or '', ARGV[3] most
 -- entries one call removes by age, ARGV[4] scan budget (bytes of field values copied), ARGV[5]
 -- '' on a partition's first call, else the previous call's `kept`, ARGV[6] most bytes of
--- records one call removes (estimated from the records it read).
+-- records one call removes (estimated from records read: topic_common.lua's trim_head_toward).
 -- Returns {error name, start, end, more to do, kept}: `kept` is an offset at or after which
 -- every record is known to be kept (at least the log end), -1 when the search by age has not
 -- run yet (the count's removal is not done: the next call is a partition's first again).
@@ -43,14 +43,13 @@ local limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
 local gone, kept = s - 1, e
 if ARGV[5] ~= '' then kept = math.max(s, math.min(kept, tonumber(ARGV[5]))) end
 local at = (ARGV[5] == '') and s or nil
-local copied, read = 0, 0
+local copied = 0
 while gone + 1 < kept and (copied == 0 or copied < budget) do
   at = at or math.floor((gone + kept) / 2)
   local ent = redis.call('XRANGE', KEYS[1], string.format('0-%d', at + 1), '+', 'COUNT', 1)[1]
   local off = ent and seq(ent[1]) - 1
   local expired = false
   if ent and off < kept then
-    read = read + 1
     for j = 1, #ent[2], 2 do
       copied = copied + #ent[2][j + 1]
       if ent[2][j] == 't' then expired = tonumber(ent[2][j + 1]) < cutoff end
@@ -59,11 +58,13 @@ while gone + 1 < kept and (copied == 0 or copied < budget) do
   if expired then gone = off else kept = at end  -- nothing in [at, off), and off is kept
   at = nil
 end
--- Freeing records costs the server time too (500 records of 1 MB: 108 ms in one XTRIM).
-if read > 0 then limit = math.min(limit, math.max(1, math.floor(tonumber(ARGV[6]) * read / copied))) end
-local upto = math.min(gone + 1, s + limit)  -- the first offset this call keeps
+-- Freeing records costs the server time too (500 records of 1 MB: 108 ms in one XTRIM), so the
+-- removal is bounded by ARGV[6] bytes as the count's is (trim_head_toward). It was estimated
+-- from the search's probes, which may all miss the large records: a record of 1 byte, 19 of
+-- 100 KB, then 21 of 1 byte went at once (1.9 MB for a bound of 5,000).
+local upto = math.min(gone + 1, s + limit)  -- the first offset this call keeps, at most
 if upto > s then
-  redis.call('XTRIM', KEYS[1], 'MINID', string.format('0-%d', upto + 1))
+  upto = trim_head_toward(KEYS[1], s, upto, tonumber(ARGV[6]))
   s = upto
 end
 local more = 0

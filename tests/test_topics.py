@@ -749,6 +749,34 @@ def test_no_retention_call_removes_by_count_and_by_age_at_once(
     assert starts[-1] == 40 and max(removed) == 4, starts
 
 
+def test_a_trim_by_age_stays_bounded_when_its_probes_miss_the_large_records(
+    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retention by age judged its removal by the records its binary search read, which may
+    all be small: a record of 1 byte, 19 of 20 KB, then 21 of 1 byte, all expired, were all
+    removed by one call (380 KB for a bound of 5,000; the probes at 0, 20, 30, ... read none of
+    the large ones). The removal is now judged as the count's is, by the records it removes."""
+    topics.create("t", 1, retention_ms=1)
+    values = [b"s"] + [b"b" * 20_000] * 19 + [b"s"] * 21
+    sent = producer.send_batch("t", [ProducerRecord(v, partition=0) for v in values])
+    key = partition_key(namespace, "t", 0)
+    wait_until(lambda: server_ms(redis_client, key) > sent[-1].timestamp_ms + 1)
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
+    starts = [0]
+    run = topics_admin._run
+
+    def noted(r: Any, calls: Any) -> Any:
+        results = run(r, calls)
+        starts.extend(int(res[1]) for res in results)
+        return results
+
+    monkeypatch.setattr(topics_admin, "_run", noted)
+    assert topics.apply_retention("t") == {0: 41}  # every record expired
+    removed = [sum(map(len, values[a:b])) for a, b in itertools.pairwise(starts)]
+    assert starts[-1] == 41 and max(removed) <= 20_001, starts
+
+
 def test_retention_by_age_uses_server_time(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str,
     monkeypatch: pytest.MonkeyPatch,
