@@ -168,6 +168,19 @@ def test_a_paused_partitions_seek_to_end_is_evaluated_at_the_next_poll(env: Any)
     assert [r.offset for r in _consume_all(consumer, 1)] == [4]
 
 
+def test_lag_leaves_out_a_partition_that_does_not_exist(env: Any) -> None:
+    """lag() of an assignment with a partition that does not exist (not created yet) gives
+    the others' lag and leaves that one out; before, the whole call raised TopicError
+    (UNKNOWN_TOPIC_OR_PARTITION), so one missing partition hid every other's lag."""
+    _fill(env, 1, 3)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0), TP("u", 0)])
+    assert consumer.lag() == {TP("t", 0): 3}
+    env.topics.create("u", 1)
+    env.producer.send("u", b"x", partition=0)
+    assert consumer.lag() == {TP("t", 0): 3, TP("u", 0): 1}
+
+
 def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
     _fill(env, 1, 1)
     consumer = env.consumer()

@@ -739,12 +739,16 @@ class Consumer(SubscriptionMixin):
         return {tp: result.offsets[tp].offset if tp in result.offsets else -1 for tp in wanted}
 
     def lag(self, timeout: float | None = None) -> dict[TopicPartition, int]:
-        """Records between the position and the log end, per assigned partition. ``timeout``:
-        see ``_query``."""
+        """Records between the position and the log end, per assigned partition. A partition
+        that does not exist (an ``assign()``ed one not created yet, or of a topic deleted
+        until the next rebalance drops it) is left out, as one without a position is: it has
+        no log end (Kafka's ``currentLag`` is empty then); before, the whole call raised
+        ``TopicError`` for it, so one missing partition hid the lag of all the others.
+        ``timeout``: see ``_query``."""
         self._check_open()
         held = [tp for tp in self._assigned if tp not in self._invalid and tp not in self._resets]
         # (a partition without a position has no lag: Kafka's currentLag is empty then)
-        ends = self._log_edge(held, 1, timeout)
+        ends = self._edges([(tp, 1) for tp in held], timeout, missing_ok=True)
         return {tp: max(0, end - self._position.get(tp, end)) for tp, end in ends.items()}
 
     # -- the poll loop
