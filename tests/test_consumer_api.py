@@ -181,6 +181,22 @@ def test_lag_leaves_out_a_partition_that_does_not_exist(env: Any) -> None:
     assert consumer.lag() == {TP("t", 0): 3, TP("u", 0): 1}
 
 
+def test_seek_past_int64_is_refused_and_the_final_commit_keeps_the_others(env: Any) -> None:
+    """A seek past int64 (which Kafka's long cannot hold) raises ValueError at the call.
+    Before, it was taken, and close()'s final auto-commit, which carried that position, was
+    refused whole: t-1's consumed position was never committed either."""
+    _fill(env, 2, 3)
+    consumer = env.consumer()
+    assert len(_consume_all(consumer, 6)) == 6
+    with pytest.raises(ValueError, match="int64"):
+        consumer.seek(TP("t", 0), 2**63)
+    consumer.seek(TP("t", 0), 2**63 - 1)  # the largest a Kafka offset can be
+    consumer.seek(TP("t", 0), 1)
+    consumer.close()
+    committed = env.coord.fetch_offsets("g", [TP("t", 0), TP("t", 1)]).offsets
+    assert {tp: o.offset for tp, o in committed.items()} == {TP("t", 0): 1, TP("t", 1): 3}
+
+
 def test_seek_and_pause_of_unassigned_partitions_raise_illegal_state(env: Any) -> None:
     _fill(env, 1, 1)
     consumer = env.consumer()

@@ -64,6 +64,7 @@ from typing import Any, Literal, Self, TypeVar, overload
 
 from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
+from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Header, PartitionRecords, Record, TopicError
 from ..topics._base import sync_headers
@@ -581,10 +582,15 @@ class Consumer(SubscriptionMixin):
         """The next ``poll()`` returns records of ``tp`` from ``offset`` on (Kafka's ``seek``).
 
         Records already fetched for ``tp`` are dropped. An offset outside the log is handled at
-        the next fetch by the ``start_offset`` policy, as Kafka's ``auto.offset.reset``.
+        the next fetch by the ``start_offset`` policy, as Kafka's ``auto.offset.reset``. One
+        past int64 (which Kafka's ``long`` cannot hold) raises ``ValueError``: taken, it was a
+        position no commit could carry, and the coordinator refused every commit holding it,
+        the other partitions' positions with it (a ``close()``'s final auto-commit included).
         """
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ValueError(f"seek offset must be an int >= 0, got {offset!r}")
+        if (not isinstance(offset, int) or isinstance(offset, bool)
+                or not 0 <= offset <= INT64_MAX):
+            raise ValueError(f"seek offset must be an int >= 0 and <= {INT64_MAX} (int64), "
+                             f"got {offset!r}")
         with self._single_threaded():
             self._check_open()
             key = self._require_assigned(tp, "seek")
