@@ -995,6 +995,20 @@ def test_bad_consumer_options_are_config_errors(env: Any, option: dict[str, Any]
         env.consumer(**option)
 
 
+def test_subscribe_refuses_a_listener_that_would_never_be_called(env: Any) -> None:
+    """subscribe()'s listener is checked as the constructor's is: a function (or an object
+    without a listener method) raises ConfigError and the consumer keeps its listener and
+    subscription. Before, it was taken, and its revocations, commits included, never ran."""
+    listener = Recorder()
+    consumer = env.consumer(listener, topics=[])
+    with pytest.raises(ConfigError, match="listener must be a ConsumerRebalanceListener"):
+        consumer.subscribe(["t"], listener=lambda partitions: None)
+    assert consumer.subscription() == []
+    _fill(env, 1, 1)
+    consumer.subscribe(["t"])
+    wait_until(lambda: listener.kinds()[-1:] == ["assigned"], lambda: consumer.poll(0.02))
+
+
 def test_a_second_thread_is_refused_while_one_is_inside_a_call(env: Any) -> None:
     """Kafka's ConcurrentModificationException: while one thread is inside poll(), another's
     poll(), commit() or seek() raises at once, instead of waiting its turn (two threads

@@ -90,7 +90,7 @@ from .inflight import Finished, InFlight
 from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import call_with_retries, interruptible_by
-from .subscription import SubscriptionMixin
+from .subscription import SubscriptionMixin, check_listener
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
@@ -170,9 +170,6 @@ class ConsumerRebalanceListener:
     def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
         """The member was expired or fenced: another member may own ``partitions`` already.
         Clean up without committing."""
-
-
-_LISTENER_METHODS = ("on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")
 
 
 class _Hold:
@@ -281,12 +278,7 @@ class Consumer(SubscriptionMixin):
             # bool("false") is True: a string from an environment or a file turned it on.
             raise ConfigError(f"enable_auto_commit must be True or False, got "
                               f"{enable_auto_commit!r}")
-        if listener is not None and not any(
-                callable(getattr(listener, m, None)) for m in _LISTENER_METHODS):
-            # A function, or an object whose methods are misspelt, was never called.
-            raise ConfigError(
-                f"listener must be a ConsumerRebalanceListener (or define one of "
-                f"{', '.join(_LISTENER_METHODS)}), got {listener!r}")
+        check_listener(listener)
         self._config = config
         self._coordinator_arg = coordinator
         self._own_coordinator: Coordinator | None = None

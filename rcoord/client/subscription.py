@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Errors, ProtocolError, RcoordError
+from ..errors import ConfigError, Errors, ProtocolError, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
@@ -37,9 +37,22 @@ from .retry import call_with_retries
 if TYPE_CHECKING:
     from .consumer import ConsumerRecord, _CommitFn
 
-__all__ = ["SubscriptionMixin", "commit_as_simple_group"]
+__all__ = ["SubscriptionMixin", "check_listener", "commit_as_simple_group"]
 
 log = logging.getLogger("rcoord.client")
+
+LISTENER_METHODS = ("on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")
+
+
+def check_listener(listener: Any) -> None:
+    """Refuse a rebalance listener none of whose methods would ever be called (a function, or
+    an object whose methods are misspelt): the consumer calls them by name and skips a
+    missing one, so such a listener was silently never called. None (no listener) passes."""
+    if listener is not None and not any(
+            callable(getattr(listener, m, None)) for m in LISTENER_METHODS):
+        raise ConfigError(
+            f"listener must be a ConsumerRebalanceListener (or define one of "
+            f"{', '.join(LISTENER_METHODS)}), got {listener!r}")
 
 
 class SubscriptionMixin:
@@ -118,6 +131,7 @@ class SubscriptionMixin:
             not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str)
         ):
             raise TypeError(f"pattern must be a compiled str pattern (re.compile), got {pattern!r}")
+        check_listener(listener)  # (as the constructor checks its own)
         names = [] if topics is None else [topics] if isinstance(topics, str) else list(topics)
         with self._single_threaded():
             self._check_open()
