@@ -131,8 +131,8 @@ def _records_read(monkeypatch: Any, gw: Any, topic: str, partitions: int) -> dic
     read = dict.fromkeys(range(partitions), 0)
     inner = fetch_module._fetch_many
 
-    def counting(client: Any, reads: Any, *rest: Any) -> Any:
-        answers = inner(client, reads, *rest)
+    def counting(client: Any, reads: Any) -> Any:
+        answers = inner(client, reads)
         for (key, *_), answer in zip(reads, answers, strict=True):
             if key in keys:
                 read[keys[key]] += len(answer.records)

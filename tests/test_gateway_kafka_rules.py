@@ -209,8 +209,8 @@ def test_the_bytes_a_fetch_reads_follow_its_max_bytes(gateway, redis_server, top
     fetch_module = importlib.import_module("rcoord.topics.fetch")  # (every read goes through)
     real = fetch_module._fetch_many
 
-    def counting(client: Any, reads: Any, *rest: Any) -> Any:
-        answers = real(client, reads, *rest)
+    def counting(client: Any, reads: Any) -> Any:
+        answers = real(client, reads)
         read[0] += sum(len(r.value or b"") for a in answers for r in a.records)
         return answers
 

@@ -325,9 +325,9 @@ def _counts_asked(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     pipelines: list[list[int]] = []
     inner = fetch_module._fetch_many
 
-    def counting(client: Any, reads: Any, *rest: Any) -> Any:
+    def counting(client: Any, reads: Any) -> Any:
         pipelines.append([count for _, _, count, _ in reads])
-        return inner(client, reads, *rest)
+        return inner(client, reads)
 
     monkeypatch.setattr(fetch_module, "_fetch_many", counting)
     return pipelines
@@ -394,8 +394,8 @@ def test_a_step_asks_for_a_bounded_multiple_of_the_records_read(
     read: list[int] = []
     inner = fetch_module._fetch_many
 
-    def counting(client: Any, reads: Any, *rest: Any) -> Any:
-        answers = inner(client, reads, *rest)
+    def counting(client: Any, reads: Any) -> Any:
+        answers = inner(client, reads)
         read.extend(len(a.records) for a in answers)
         return answers
 
@@ -450,56 +450,6 @@ def test_what_a_bounded_fetch_reads_stays_near_its_limit_when_record_sizes_jump(
     assert small + limit // 2 // size <= len(res.records), len(res.records)  # (cut at the
     # records' average size: the small ones make it low)
     assert sum(len(r.value or b"") for r in res.records) <= limit
-
-
-def test_a_step_reads_about_its_bytes_however_large_the_records_after_small_ones(
-    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A step asked XRANGE for a count sized by the records before it, and XRANGE counts
-    records only: after 100 records of 1 byte, the step of 162 read every record of 64 KiB
-    there was (40: 2.5 MiB for a fetch of 64 KiB; with records of 1 MiB, 143 MiB for 1 MiB).
-    Steps now read through topic_read.lua, which stops after the record that reaches the
-    step's bytes: what one fetch reads stays within its limit and one record."""
-    topics.create("t", 1)
-    producer.send_batch("t", [ProducerRecord(b"s", partition=0) for _ in range(100)])
-    producer.send_batch("t", [ProducerRecord(b"b" * 64 * KIB, partition=0) for _ in range(40)])
-    read = _bytes_read(monkeypatch)
-    redis_client.script_flush()  # (a step's script, not loaded, is loaded and read again)
-    res = fetch(redis_client, namespace, "t", 0, 0, max_bytes=64 * KIB)
-    assert sum(read) <= 64 * KIB + (64 * KIB + 100) + 100 * 20, (len(read), sum(read))
-    assert [r.offset for r in res.records] == list(range(100))  # (the large one does not fit)
-    res = fetch(redis_client, namespace, "t", 0, 100, max_bytes=64 * KIB)
-    assert [r.offset for r in res.records] == [100]  # (the first record, however large)
-
-
-def test_uniform_records_take_the_same_round_trips_and_no_more_xranges(
-    topics: Topics, producer: Producer, redis_client: Any, namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Bounding a step's bytes costs the common case nothing: records of one size take the
-    pipelines they took when every read was an XRANGE, and no more XRANGEs from the client
-    (the first read is one; the steps are topic_read.lua's)."""
-    topics.create("t", 1)
-    _big_records(producer, 1, 60, KIB)
-    pipelines = _counts_asked(monkeypatch)
-    xranges: list[Any] = []
-    real = fetch_module._read
-
-    def counted(pipe: Any, *args: Any) -> Any:
-        if len(args) == 3 or args[3] is None:
-            xranges.append(args)
-        return real(pipe, *args)
-
-    monkeypatch.setattr(fetch_module, "_read", counted)
-    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 0, 500, 32 * KIB)
-    assert pipelines == [[1], [2], [6], [18], [4]], pipelines  # (31 records of 1 KiB and more)
-    assert len(xranges) <= len(pipelines) and len(res.records) == 31
-    pipelines.clear()
-    xranges.clear()
-    res = fetch_module.fetch_bounded(redis_client, namespace, "t", 0, 31, 500, 32 * KIB,
-                                     record_bytes=-(-res.read_bytes // 31))
-    assert pipelines == [[31]] and len(xranges) == 1 and len(res.records) == 29  # (the end)
 
 
 def test_fetch_bounded_sizes_its_first_read_by_the_size_given_up_to_first_read(

@@ -18,7 +18,6 @@ from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ._base import (
     INT32_MAX,
     OFFSETS,
-    READ,
     FetchResult,
     Record,
     TopicError,
@@ -64,13 +63,8 @@ _STALE_RETRIES = 3
 """Re-reads of a partition whose stream was replaced between the two reads of one fetch."""
 
 
-def _read(pipe: Any, key: str, offset: int, max_records: int, max_bytes: int | None) -> None:
-    """Queue a read: XRANGE, or with ``max_bytes`` one bounded by bytes too (``topic_read.lua``,
-    for the reads after a fetch's first), then the log offsets."""
-    if max_bytes is None:
-        pipe.execute_command("XRANGE", key, _offset_id(offset), "+", "COUNT", max_records)
-    else:
-        pipe.execute_command("EVALSHA", READ.sha, 1, key, offset, max_records, max_bytes)
+def _read(pipe: Any, key: str, offset: int, max_records: int) -> None:
+    pipe.execute_command("XRANGE", key, _offset_id(offset), "+", "COUNT", max_records)
     pipe.execute_command("EVALSHA", OFFSETS.sha, 2, key, last_timestamp_key_of(key))
 
 
@@ -160,12 +154,9 @@ def _answer(
 
 
 def _fetch_many(
-    client: Any, reads: list[tuple[str, int, int, _Decode]],
-    max_bytes: Sequence[int] | None = None,
+    client: Any, reads: list[tuple[str, int, int, _Decode]]
 ) -> list[PartitionRecords[Any]]:
-    """Fetch answers for ``(stream key, offset, max records, decode)`` reads, in one pipeline;
-    with ``max_bytes``, each read also stops after the record that reaches its bytes
-    (``topic_read.lua``; a read whose script was not loaded loads it and is sent again).
+    """Fetch answers for ``(stream key, offset, max records, decode)`` reads, in one pipeline.
 
     Every read is an XRANGE then the log offsets (``topic_offsets.lua`` with the partition's
     mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
@@ -177,14 +168,9 @@ def _fetch_many(
     for _ in range(_STALE_RETRIES):
         pipe = _pipeline(client)
         for i in todo:
-            _read(pipe, *reads[i][:3], None if max_bytes is None else max_bytes[i])
+            _read(pipe, *reads[i][:3])
         replies = pipe.execute(raise_on_error=False)
-        if any(isinstance(replies[2 * n], redis.exceptions.NoScriptError)
-               for n in range(len(todo))):
-            client.script_load(READ.source)  # (those reads did not run: read again below)
         for n, i in enumerate(todo):
-            if isinstance(replies[2 * n], redis.exceptions.NoScriptError):
-                continue
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
             results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
@@ -210,9 +196,7 @@ step is sized by. A read cannot be bounded by bytes (XRANGE counts records), so 
 what one step can read past the limits when sizes jump: 40 records of 1 byte before records of
 20 kB read about 1.1 MB for a 1 MiB bound. Growth by 8 read up to 8 records of 100 KiB after a
 first one of a byte for a bound of 150 KiB (800 KiB); the gateway's Fetch, with no cap, read
-9.2 MB in the case above, [32, 468] records, to send 92. Steps also read through
-``topic_read.lua``, which stops after the record that reaches the step's bytes: counting
-records, 100 records of 1 byte before ones of 1 MiB read 143 MiB for a bound of 1 MiB."""
+9.2 MB in the case above, [32, 468] records, to send 92."""
 
 _UNBOUNDED = 1 << 62
 """The byte limit of a fetch given none."""
@@ -243,8 +227,7 @@ def _fetch_bounded(
     records). Each later step asks every partition whose last read came back full, or that
     read none, with bytes left, for what those should hold at the size its records so far had
     (the larger of their average and its last read's, or the size given; at most
-    ``_STEP_GROWTH`` times the records it gave, and no more than its bytes: ``topic_read.lua``
-    stops after the record that reaches them), again in one pipeline; and one record of the
+    ``_STEP_GROWTH`` times the records it gave), again in one pipeline; and one record of the
     first partition with records if no read found any. ``first_read`` caps what a first read
     sized by ``record_bytes`` asks (a size from an earlier fetch may be that of smaller
     records). So
@@ -264,7 +247,7 @@ def _fetch_bounded(
     for _ in range(_MAX_STEPS):
         left = max_bytes - sum(a.read_bytes for a in answers)
         progress = any(a.records for a in answers)
-        steps: list[tuple[int, int, int]] = []
+        steps: list[tuple[int, int]] = []
         for i, (a, (_, offset, most, _)) in enumerate(zip(answers, reads, strict=True)):
             have = len(a.records)
             if (a.error != Errors.NONE or got[i] < asked[i] or have >= most
@@ -283,16 +266,15 @@ def _fetch_bounded(
             if count > 0:
                 left -= max(0, room)
                 progress = True
-                steps.append((i, count, max(1, room)))
+                steps.append((i, count))
         if not steps:
             break
         try:
             more = _fetch_many(client, [(reads[i][0], reads[i][1] + len(answers[i].records),
-                                         count, reads[i][3]) for i, count, _ in steps],
-                               [room for _, _, room in steps])
+                                         count, reads[i][3]) for i, count in steps])
         except TopicError:
             break  # (replaced during each read: answer with what was read)
-        for (i, count, _), b in zip(steps, more, strict=True):
+        for (i, count), b in zip(steps, more, strict=True):
             asked[i], got[i] = count, len(b.records)
             if b.error != Errors.NONE:
                 got[i] = -1  # trimmed past the next offset meanwhile, or gone: keep what was read
