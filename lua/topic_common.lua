@@ -75,9 +75,10 @@ end
 -- left for another call. Sizes are judged in rounds: each reads the record it starts at (one
 -- copy) and takes as many records of that size as the bytes left allow, but no more than the
 -- rounds before it took (one at first), so a jump in sizes is seen after at most as many records
--- as were already taken. Judging the whole call by the first record alone removed a whole
--- backlog of large records behind a small first one (one record of 10 bytes: 500 records of
--- 1,000 for a bound of 5,000). Uniform sizes take about log2(records) reads and end where one
+-- as were already taken (a sample, not a bound: sizes that alternate so that the records read
+-- are small and the rest large still pass it). Judging the whole call by the first record alone
+-- removed a whole backlog of large records behind a small first one (one record of 10 bytes:
+-- 500 records of 1,000 for a bound of 5,000). Uniform sizes take about log2(records) reads and end where one
 -- read did; the records are removed by one XTRIM.
 local function trim_head_toward(key, s, target, max_bytes)
   local upto, left = s, max_bytes

@@ -95,7 +95,8 @@ def test_a_small_first_record_does_not_unbound_a_call(redis_client, namespace, t
     """A call judged its removal by the partition's first record alone: a record of 1 byte
     followed by 60 records of 1,000 let one call remove all 61 (60 KB for a bound of 5,000).
     Sizes are now read as the call goes, each round taking no more records than those before
-    it, so every call stays within twice the bound; the end state is the same."""
+    it, so here every call stays within twice the bound (sizes that alternate so that the
+    records read are small and the others large can still pass it); the end state is the same."""
     topics.create("t", 1)
     producer = Producer(redis_client, namespace, idempotent=False)
     producer.send_batch("t", [ProducerRecord(b"s", partition=0)]

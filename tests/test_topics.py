@@ -701,7 +701,8 @@ def test_a_trim_by_count_behind_a_small_first_record_stays_bounded(
 ) -> None:
     """Retention by count judged a call's removal by the first record alone: one record of 1
     byte, then 60 of 1,000, with a bound of 5,000 bytes, removed 51 records (50 KB) in one call.
-    Each call now stays within twice the bound, and the newest records are kept exactly."""
+    Each call here stays within twice the bound (a call reads one record a round, so sizes
+    that alternate can still pass it), and the newest records are kept exactly."""
     topics.create("t", 1, retention_records=10)
     producer.send_batch("t", [ProducerRecord(b"s", partition=0)]
                         + [ProducerRecord(b"x" * 1000, partition=0) for _ in range(60)])
