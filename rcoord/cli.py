@@ -292,11 +292,16 @@ def apply_before_command(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def log_level(value: str) -> str:
-    """A ``--log-level`` value, upper-cased, or a UsageError naming the allowed ones."""
+    """A ``--log-level`` value, upper-cased, or a UsageError naming the allowed ones, and the
+    environment variable a default came from (``rcoord coordinator``'s ``$RCOORD_LOG_LEVEL``
+    carries its name as ``variable``: the error named only the flag, which nobody typed)."""
     level = str(value).strip().upper()
     if level not in LOG_LEVELS:
+        variable = getattr(value, "variable", "")
+        where = f" (from ${variable})" if variable else ""
         raise UsageError(
-            f"--log-level {value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}"
+            f"--log-level {str(value)!r}{where} is not a log level; use one of "
+            f"{', '.join(LOG_LEVELS)}"
         )
     return level
 

@@ -291,6 +291,34 @@ def test_a_bad_number_in_the_environment_names_the_variable(monkeypatch, capsys)
     assert p.parse_args(["--lease-ttl-ms", "9"]).lease_ttl_ms == 9
 
 
+@pytest.mark.parametrize("variable, value, error", [
+    ("RCOORD_LOG_LEVEL", "loud", "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level"),
+    ("RCOORD_SETTINGS", "session_timeout_ms=1,num_partitions=x",
+     "--set expects NAME=INTEGER, got 'num_partitions=x' (from $RCOORD_SETTINGS)"),
+])
+def test_a_bad_log_level_or_setting_in_the_environment_names_the_variable(
+        monkeypatch, capsys, variable, value, error):
+    """As a bad number does: the error named only a flag the operator never typed. The flag
+    given on the command line is still named alone."""
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments, coordinator_main
+
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv(variable, value)
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert coordinator_main(p.parse_args([])) == 2
+    assert error in capsys.readouterr().err
+    monkeypatch.delenv(variable)
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    flag = ["--log-level", "loud"] if variable == "RCOORD_LOG_LEVEL" else ["--set", "x=y"]
+    assert coordinator_main(p.parse_args(flag)) == 2
+    err = capsys.readouterr().err
+    assert flag[0] in err and "$RCOORD_" not in err
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

@@ -95,6 +95,10 @@ def _env(name: str, default: Any = None) -> Any:
     value = os.environ.get(name)
     if value is None or value == "":
         return default
+    return _from_env(value, name)
+
+
+def _from_env(value: str, name: str) -> _FromEnv:
     out = _FromEnv(value)
     out.variable = name
     return out
@@ -107,8 +111,13 @@ def _int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        where = f" (from ${text.variable})" if isinstance(text, _FromEnv) else ""
-        raise argparse.ArgumentTypeError(f"invalid int value: {str(text)!r}{where}") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {str(text)!r}{_where(text)}") from None
+
+
+def _where(text: str) -> str:
+    """' (from $VARIABLE)' for a value read from the environment (``_env``), else ''."""
+    return f" (from ${text.variable})" if isinstance(text, _FromEnv) else ""
 
 
 def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,7 +155,10 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
                    "logs are JSON lines on stdout")
     add_tls_arguments(p)
-    env_settings = [x for x in str(_env("RCOORD_SETTINGS", "")).split(",") if x]
+    # (Each item names the variable, for parse_settings's error: "--set expects ..." named a
+    # flag nobody typed.)
+    env_settings = [_from_env(x, "RCOORD_SETTINGS")
+                    for x in os.environ.get("RCOORD_SETTINGS", "").split(",") if x]
     p.add_argument("--set", dest="settings", action="append", default=env_settings,
                    metavar="NAME=VALUE", help="a group setting this process names (repeatable)")
 
@@ -161,7 +173,8 @@ def parse_settings(items: list[str]) -> dict[str, int]:
                 raise ValueError
             out[name.strip()] = int(value)
         except ValueError:
-            raise ConfigError(f"--set expects NAME=INTEGER, got {item!r}") from None
+            raise ConfigError(
+                f"--set expects NAME=INTEGER, got {str(item)!r}{_where(item)}") from None
     return out
 
 
