@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -245,7 +246,7 @@ def test_a_claim_left_by_a_process_of_this_machine_that_ended_is_taken_at_once(
     taken at once (a stop asked before any wait: it was StoppedBeforeClaim), only from that
     incarnation, and the leases under the id follow."""
     client = own_server.client()
-    dead = f"host-{_ended_pid()}-0123456789ab/{this_machine()}"
+    dead = f"{socket.gethostname()}-{_ended_pid()}-0123456789ab/{this_machine()}"
     assert died_here(dead)
     _claim_as(client, namespace, dead, 60_000)
     stopped = threading.Event()
@@ -265,9 +266,12 @@ def test_a_claim_whose_holder_may_run_is_still_waited_for(own_server, namespace)
     client = own_server.client()
     here = this_machine()
     pid = _ended_pid()
-    for holder in (f"host-{os.getpid()}-0123456789ab/{here}",  # a pid that runs
-                   f"host-{pid}-0123456789ab/other-boot:0:1",  # another machine
-                   f"host-{pid}-0123456789ab"):  # no machine named
+    host = socket.gethostname()
+    for holder in (f"{host}-{os.getpid()}-0123456789ab/{here}",  # a pid that runs
+                   f"{host}-{pid}-0123456789ab/other-boot:0:1",  # another machine
+                   # a clone of this VM (same boot id and first pid namespace), other name
+                   f"other-{host}-{pid}-0123456789ab/{here}",
+                   f"{host}-{pid}-0123456789ab"):  # no machine named
         assert not died_here(holder)
         _claim_as(client, namespace, holder, 60_000)
         stopped = threading.Event()

@@ -100,17 +100,22 @@ def this_machine() -> str | None:
 
 def died_here(incarnation: str) -> bool:
     """Whether the process of ``incarnation`` is known to have ended: it ran on this machine,
-    in this pid namespace (``this_machine``), and no process has its pid now. False whenever
-    that cannot be told (another machine or container, a pid in use, which may be a new
-    process's: the claim is then waited for, as before). A zombie (ended, not yet reaped)
-    counts as running."""
+    in this pid namespace (``this_machine``) and under this host name, and no process has its
+    pid now. False whenever that cannot be told (another machine or container, a pid in use,
+    which may be a new process's: the claim is then waited for, as before). A zombie (ended,
+    not yet reaped) counts as running. The host name must match too because VMs cloned from
+    one running snapshot share the boot id, and the first pid namespace has the same inode on
+    every kernel: a clone's holder, alive, looked ended here."""
     named, slash, where = incarnation.rpartition("/")
     here = this_machine()
     if not slash or not here or where != here:
         return False
     try:
-        pid = int(named.rsplit("-", 2)[-2])
-    except (IndexError, ValueError):
+        host, pid_text, _ = named.rsplit("-", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
         return False
     if pid <= 0 or pid == os.getpid():
         return False
@@ -219,7 +224,8 @@ class LeaseKeeper:
 
     def claim_id(self, stop: threading.Event) -> None:
         """Take the id's claim before the first round. A claim held by another incarnation may
-        be a dead process's, and is waited for: its holder's registry entry, renewed with the
+        be a dead process's: taken at once when its holder is shown ended (``died_here``), else
+        waited for: its holder's registry entry, renewed with the
         claim, says when it lapses (the holder's TTL, which may not be this process's), and a
         renewal of that entry meanwhile says the holder runs: ``CoordinatorIdInUse`` then, or
         when the claim is still held past that time (and a round's period);
