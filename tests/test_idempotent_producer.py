@@ -884,3 +884,52 @@ def test_no_duplicates_when_the_server_stalls_and_redis_py_retries(
         assert set(seen) == {f"v{i}".encode() for i in range(sent)}  # each value exactly once
     finally:
         reader.close()
+
+
+def _in_forked_child(send: Callable[[], Any]) -> str:
+    """Run ``send`` in a forked child; what it returned or raised, as text."""
+    import warnings
+
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():  # (Python 3.12 warns of a fork in a threaded process)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child == 0:
+        try:
+            try:
+                out = repr(send())
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                out = f"{type(exc).__name__}: {exc}"
+            os.write(write_end, out.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(child, 0)
+    return text
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_never_has_its_records_or_the_parents_taken_for_duplicates(
+    single_client: redis.Redis, namespace: str
+) -> None:
+    """A producer used before a fork and then in both processes: the child's copy numbered
+    records under the parent's id from the same sequence, so whichever sent second had its
+    record dropped as a duplicate and was told it was stored (at the other's offset). The
+    child's copy now takes an id of its own; a named producer refuses to send in the child."""
+    Topics(single_client, namespace).create("t", 1)
+    producer = Producer(single_client, namespace)
+    producer.send("t", b"parent before")
+    assert "duplicate=False" in _in_forked_child(lambda: producer.send("t", b"child"))
+    after = producer.send("t", b"parent after")
+    assert not after.duplicate and after.offset == 2
+    assert values(namespace, single_client, "t", 0) == [b"parent before", b"child",
+                                                        b"parent after"]
+
+    named = Producer(single_client, namespace, producer_id="app-1")
+    named.send("t", b"named")
+    refused = _in_forked_child(lambda: named.send("t", b"named child"))
+    assert refused.startswith("InvalidRequestError") and "before the process forked" in refused
+    assert not named.send("t", b"named again").duplicate
+    assert values(namespace, single_client, "t", 0)[3:] == [b"named", b"named again"]

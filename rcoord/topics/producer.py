@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import random
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -132,6 +134,13 @@ class Producer:
     e.g. the Spark sink's batch id), so that partition refuses it from then on: make a new
     ``Producer`` with a higher ``producer_epoch``.
 
+    **After ``os.fork``** (multiprocessing's fork, a pre-forking server) the child's copy starts
+    afresh: new locks (one a parent's thread held would never be released), and an allocated
+    id is replaced by one of the child's own. Parent and child numbering one id alike would
+    each have their records taken for the other's duplicates: dropped, and reported stored
+    at the other's offsets. A producer with a ``producer_id`` of its own cannot be renamed, so
+    it refuses to send in the child: make it in the process that sends.
+
     ``log_appends`` (named idempotent producers): each partition also keeps the offset ranges
     this producer appended in its current epoch (one line per script call, an ``APPEND``), so a
     later producer under the same id and epoch can read back what was stored
@@ -210,6 +219,25 @@ class Producer:
         self._counts: dict[str, tuple[int, float]] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (partition, bytes sent to it)
         self._rr: dict[str, int] = {}
+        self._forked: str | None = None  # why a named producer refuses to send (a fork)
+        _PRODUCERS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Start this copy afresh in a forked child (the class docstring says why)."""
+        self._lock = threading.Lock()
+        self._id_lock = threading.Lock()
+        self._seqs = {}
+        if not self._idempotent:
+            return
+        if self._allocated_id:
+            self._producer_id = None  # the child's first send allocates its own
+        elif self._forked is None:
+            self._forked = (
+                f"this Producer (producer_id {self._producer_id!r}) was made before the process "
+                f"forked, and the parent may send under that id and epoch too: each process's "
+                f"records would be taken for the other's duplicates and dropped. Make the "
+                f"Producer in the process that sends it (or leave producer_id unset: a forked "
+                f"child then gets an id of its own)")
 
     # -- metadata
 
@@ -303,6 +331,8 @@ class Producer:
         """
         if not self._idempotent:
             raise InvalidRequestError("resume_sequence is for idempotent producers")
+        if self._forked is not None:
+            raise InvalidRequestError(self._forked)
         _check_topic(topic)
         _check_int("partition", partition, 0)
         _check_int("next_sequence", next_sequence, 0)
@@ -488,6 +518,8 @@ class Producer:
         The partitions' locks are taken in partition order (one topic per call), so two threads
         sending to overlapping partitions cannot deadlock.
         """
+        if self._forked is not None:
+            raise InvalidRequestError(self._forked)
         pid = self.producer_id
         assert pid is not None
         with self._lock:
@@ -619,6 +651,19 @@ class Producer:
             seq.lost_from = None
         elif seq.lost_from is None:
             seq.lost_from = lost_at
+
+
+_PRODUCERS: weakref.WeakSet[Producer] = weakref.WeakSet()
+"""Every live Producer, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    for producer in list(_PRODUCERS):
+        producer._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _idempotent_args(now: str, producer_id: str, epoch: int, first_sequence: int,
