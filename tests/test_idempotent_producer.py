@@ -933,3 +933,28 @@ def test_a_forked_child_never_has_its_records_or_the_parents_taken_for_duplicate
     assert refused.startswith("InvalidRequestError") and "before the process forked" in refused
     assert not named.send("t", b"named again").duplicate
     assert values(namespace, single_client, "t", 0)[3:] == [b"named", b"named again"]
+
+
+def test_an_exception_after_the_append_ran_still_spends_its_sequence_numbers(
+    redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception that came after the script call appended, while its reply was read (a
+    signal handler's, Ctrl-C's KeyboardInterrupt), left the call's sequence numbers unspent:
+    the next send reused them, and the partition dropped its records as duplicates of the
+    interrupted call's and reported them stored at that call's offsets."""
+    import rcoord.topics.producer as producer_module
+
+    Topics(redis_client, namespace).create("t", 1)
+    producer = Producer(redis_client, namespace)
+    real = producer_module._id_offset
+
+    def interrupted(entry_id: bytes | str) -> int:
+        monkeypatch.setattr(producer_module, "_id_offset", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(producer_module, "_id_offset", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        producer.send("t", b"interrupted", partition=0)
+    after = producer.send("t", b"next", partition=0)
+    assert not after.duplicate and after.offset == 1
+    assert values(namespace, redis_client, "t", 0) == [b"interrupted", b"next"]

@@ -553,49 +553,56 @@ class Producer:
                                             expiration, "", [encoded[i] for i in chunk])
                     calls.append((APPEND_IDEMPOTENT, keys, args))
                     chunks.append((p, seq.next + lo, chunk))
+            spent: set[int] = set()  # partitions whose numbers are advanced
             try:
                 results = _run(self._r, calls)
-            except BaseException:
-                # Unknown outcome: the numbers are spent either way, and may be missing.
+                out: list[RecordMetadata | None] = [None] * len(encoded)
+                # partition -> error, why, first seq
+                failed: dict[int, tuple[Errors, str, int]] = {}
+                expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
+                # partition -> "lost"/"unknown": a skipped sequence resent
+                skipped: dict[int, str] = {}
+                acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
+                for (p, first_seq, chunk), res in zip(chunks, results):
+                    if res is None:
+                        continue  # not sent: an earlier chunk of its partition failed
+                    error = _name(res[0])
+                    if error != Errors.NONE:
+                        if p not in failed:
+                            why = res[1].decode() if len(res) > 1 else ""
+                            failed[p] = (error, why, first_seq)
+                            if error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and len(res) > 2:
+                                expected[p] = int(res[2])
+                                if len(res) > 3:
+                                    skipped[p] = res[3].decode()
+                        continue
+                    acked[p] = max(acked.get(p, -1), first_seq + len(chunk) - 1)
+                    first = _id_offset(res[1]) if res[1] else -1
+                    ts, dup = int(res[2]), int(res[3])
+                    for j, i in enumerate(chunk):
+                        if j < dup:
+                            out[i] = RecordMetadata(topic, p, int(res[4][j]), int(res[5][j]), True)
+                        else:
+                            out[i] = RecordMetadata(topic, p, first + j - dup, ts)
                 for p in order:
-                    self._spend(seqs[p], len(by_part[p]), seqs[p].next)
+                    seq = seqs[p]
+                    seq.acked = max(seq.acked, acked.get(p, -1))
+                    if p in expected:
+                        error, why, first_seq = failed[p]
+                        failed[p] = (error, self._out_of_order(epoch, seq, expected[p], why,
+                                                               skipped.get(p)), first_seq)
+                    lost_at = failed[p][2] if p in failed else None
+                    self._spend(seq, len(by_part[p]), lost_at)
+                    spent.add(p)
+            except BaseException:
+                # Unknown outcome (the connection failed, or an exception such as a signal
+                # handler's came after the calls ran, before their numbers were advanced):
+                # the numbers are spent either way, and may be missing. Left unspent, the
+                # next send reused them and its records were dropped as duplicates.
+                for p in order:
+                    if p not in spent:
+                        self._spend(seqs[p], len(by_part[p]), seqs[p].next)
                 raise
-
-            out: list[RecordMetadata | None] = [None] * len(encoded)
-            failed: dict[int, tuple[Errors, str, int]] = {}  # partition -> error, why, first seq
-            expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
-            skipped: dict[int, str] = {}  # partition -> "lost"/"unknown": a skipped sequence resent
-            acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
-            for (p, first_seq, chunk), res in zip(chunks, results):
-                if res is None:
-                    continue  # not sent: an earlier chunk of its partition failed
-                error = _name(res[0])
-                if error != Errors.NONE:
-                    if p not in failed:
-                        why = res[1].decode() if len(res) > 1 else ""
-                        failed[p] = (error, why, first_seq)
-                        if error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and len(res) > 2:
-                            expected[p] = int(res[2])
-                            if len(res) > 3:
-                                skipped[p] = res[3].decode()
-                    continue
-                acked[p] = max(acked.get(p, -1), first_seq + len(chunk) - 1)
-                first = _id_offset(res[1]) if res[1] else -1
-                ts, dup = int(res[2]), int(res[3])
-                for j, i in enumerate(chunk):
-                    if j < dup:
-                        out[i] = RecordMetadata(topic, p, int(res[4][j]), int(res[5][j]), True)
-                    else:
-                        out[i] = RecordMetadata(topic, p, first + j - dup, ts)
-            for p in order:
-                seq = seqs[p]
-                seq.acked = max(seq.acked, acked.get(p, -1))
-                if p in expected:
-                    error, why, first_seq = failed[p]
-                    failed[p] = (error, self._out_of_order(epoch, seq, expected[p], why,
-                                                           skipped.get(p)), first_seq)
-                lost_at = failed[p][2] if p in failed else None
-                self._spend(seq, len(by_part[p]), lost_at)
         if failed:
             if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
                 with self._lock:
