@@ -557,6 +557,24 @@ def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, 
 
 
 @pytest.mark.parametrize("backend", ["single"])
+def test_a_line_over_max_request_size_is_named_and_the_lines_before_it_are_produced(
+        cli, redis_client, namespace):
+    """A line larger than the producer takes: it said "record 2 is ... bytes" (its place in
+    the batch, not its line) and then that lines 1-4 "may or may not have been" produced,
+    though the refused batch appended none of them; the lines before it were not produced."""
+    from rcoord.topics.producer import MAX_REQUEST_SIZE
+
+    Topics(redis_client, namespace).create("t", 1)
+    res = cli("topics", "produce", "t", "--key-separator", ":",
+              stdin="a:1\nb:2\nk:" + "x" * MAX_REQUEST_SIZE + "\nc:3\n")
+    assert res.returncode == 1
+    assert (f"line 3 is {MAX_REQUEST_SIZE + 1} bytes (key and value), more than the "
+            f"producer's max_request_size {MAX_REQUEST_SIZE}; the 2 records before it were "
+            "produced") in one_error_line(res, "topics produce")
+    assert records(redis_client, namespace, "t", 0) == [(b"a", b"1"), (b"b", b"2")]
+
+
+@pytest.mark.parametrize("backend", ["single"])
 def test_create_takes_minus_one_as_no_retention_limit(cli, redis_client, namespace):
     """-1 is Kafka's "unlimited" (``retention.ms=-1``, ``retention.bytes=-1``): the topic gets
     no retention setting, as with the flag left out. It was refused (INVALID_CONFIG, "must be

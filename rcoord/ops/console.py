@@ -123,6 +123,7 @@ def _lines(linger_s: float) -> Iterator[tuple[int, bytes] | None]:
 
 def _produce(ctx: Context) -> int:
     from ..topics import Producer, ProducerRecord
+    from ..topics.producer import MAX_REQUEST_SIZE
 
     a = ctx.args
     if a.key_separator == "":
@@ -171,6 +172,15 @@ def _produce(ctx: Context) -> int:
                     raise Failure(f"line {number} has no key separator {a.key_separator!r}; "
                                   f"the {sum(sent.values())} records before it were produced")
                 key, value = k, v
+            size = len(value) + len(key or b"")
+            if size > MAX_REQUEST_SIZE:
+                # Checked here, not by the append: its refusal named the record's place in the
+                # batch, not its line, and the batch's lines came out as "may or may not have
+                # been" produced though none was.
+                flush(number - 1)
+                raise Failure(f"line {number} is {size} bytes (key and value), more than the "
+                              f"producer's max_request_size {MAX_REQUEST_SIZE}; the "
+                              f"{sum(sent.values())} records before it were produced")
             batch.append(ProducerRecord(value, key=key, partition=a.partition))
             if len(batch) >= batch_size:
                 flush(number)
