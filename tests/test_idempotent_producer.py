@@ -958,3 +958,18 @@ def test_an_exception_after_the_append_ran_still_spends_its_sequence_numbers(
     after = producer.send("t", b"next", partition=0)
     assert not after.duplicate and after.offset == 1
     assert values(namespace, redis_client, "t", 0) == [b"interrupted", b"next"]
+
+
+def test_a_producer_id_is_measured_in_utf8_bytes_and_must_be_utf8(redis_client: Any,
+                                                                 namespace: str) -> None:
+    """The limit is on bytes, and the error said the length in characters ("1..1024 bytes,
+    got 600" for an id of 1,200 bytes); a lone surrogate raised the codec's
+    UnicodeEncodeError."""
+    with pytest.raises(InvalidRequestError, match=r"1\.\.1024 bytes of UTF-8, got 1200"):
+        Producer(redis_client, namespace, producer_id="é" * 600)
+    with pytest.raises(InvalidRequestError, match="is not valid UTF-8"):
+        Producer(redis_client, namespace, producer_id="id-\udc80")
+    with pytest.raises(InvalidRequestError, match=r"got 1200"):
+        append_idempotent(redis_client, namespace, "t", 0, [b"v"], producer_id="é" * 600,
+                          producer_epoch=0, base_sequence=0)
+    assert Producer(redis_client, namespace, producer_id="é" * 512).producer_id == "é" * 512

@@ -183,9 +183,7 @@ class Producer:
         if producer_id is not None:
             if not isinstance(producer_id, str):
                 raise TypeError(f"producer_id must be str or None, got {type(producer_id).__name__}")
-            if not 0 < len(producer_id.encode()) <= _MAX_PRODUCER_ID_LEN:
-                raise InvalidRequestError(
-                    f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
+            _check_producer_id(producer_id)
             if not idempotent:
                 raise InvalidRequestError("producer_id only applies with idempotent=True")
         if log_appends and producer_id is None:
@@ -683,6 +681,20 @@ def _idempotent_args(now: str, producer_id: str, epoch: int, first_sequence: int
             PRODUCER_PRUNE_PER_CALL, modulus, *(a for rec in records for a in rec)]
 
 
+def _check_producer_id(producer_id: str) -> None:
+    """The id's size is its UTF-8 bytes (its length in characters was reported, so a
+    1,000-character id of accented letters was "1..1024 bytes, got 1000"); one that is not
+    UTF-8 (a lone surrogate) is refused by name, not with the codec's traceback."""
+    try:
+        size = len(producer_id.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"producer_id {producer_id!r} is not valid UTF-8 ({exc.reason})") from None
+    if not 0 < size <= _MAX_PRODUCER_ID_LEN:
+        raise InvalidRequestError(
+            f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes of UTF-8, got {size}")
+
+
 def _rank(error: Errors) -> int:
     return _SEVERITY.index(error) if error in _SEVERITY else len(_SEVERITY)
 
@@ -758,9 +770,7 @@ def append_idempotent(
     _check_int("partition", partition, 0)
     if not isinstance(producer_id, str):
         raise TypeError(f"producer_id must be str, got {type(producer_id).__name__}")
-    if not 0 < len(producer_id.encode()) <= _MAX_PRODUCER_ID_LEN:
-        raise InvalidRequestError(
-            f"producer_id must be 1..{_MAX_PRODUCER_ID_LEN} bytes, got {len(producer_id)}")
+    _check_producer_id(producer_id)
     _check_int("producer_epoch", producer_epoch, 0)
     _check_int("base_sequence", base_sequence, 0)
     if not isinstance(wrapping, bool):
