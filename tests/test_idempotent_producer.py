@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import random
 import signal
 import threading
 import time
@@ -973,3 +974,24 @@ def test_a_producer_id_is_measured_in_utf8_bytes_and_must_be_utf8(redis_client: 
         append_idempotent(redis_client, namespace, "t", 0, [b"v"], producer_id="é" * 600,
                           producer_epoch=0, base_sequence=0)
     assert Producer(redis_client, namespace, producer_id="é" * 512).producer_id == "é" * 512
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_forked_children_choose_keyless_partitions_of_their_own(
+    single_client: redis.Redis, namespace: str
+) -> None:
+    """The child's copy of the sticky partitioner's generator was the parent's: every forked
+    worker picked the same keyless partitions in the same order (a pre-forking server's
+    workers all writing to one partition at a time). A given ``rng`` is kept: it is seeded
+    for placements that must repeat."""
+    Topics(single_client, namespace).create("t", 64)
+    big = ProducerRecord(b"x" * 20_000)  # over batch_size: each choice moves on
+
+    def choices(producer: Producer) -> list[int]:
+        return [producer.choose_partition("t", big) for _ in range(8)]
+
+    for producer, alike in ((Producer(single_client, namespace), False),
+                            (Producer(single_client, namespace, rng=random.Random(7)), True)):
+        producer.choose_partition("t", big)
+        in_child = _in_forked_child(lambda: choices(producer))  # noqa: B023 - run at once
+        assert (in_child == repr(choices(producer))) is alike

@@ -135,11 +135,12 @@ class Producer:
     ``Producer`` with a higher ``producer_epoch``.
 
     **After ``os.fork``** (multiprocessing's fork, a pre-forking server) the child's copy starts
-    afresh: new locks (one a parent's thread held would never be released), and an allocated
-    id is replaced by one of the child's own. Parent and child numbering one id alike would
-    each have their records taken for the other's duplicates: dropped, and reported stored
-    at the other's offsets. A producer with a ``producer_id`` of its own cannot be renamed, so
-    it refuses to send in the child: make it in the process that sends.
+    afresh: new locks (one a parent's thread held would never be released), a keyless sticky
+    partition chosen anew (with a generator of its own unless ``rng`` was given), and an
+    allocated id is replaced by one of the child's own. Parent and child numbering one id
+    alike would each have their records taken for the other's duplicates: dropped, and
+    reported stored at the other's offsets. A producer with a ``producer_id`` of its own
+    cannot be renamed, so it refuses to send in the child: make it in the process that sends.
 
     ``log_appends`` (named idempotent producers): each partition also keeps the offset ranges
     this producer appended in its current epoch (one line per script call, an ``APPEND``), so a
@@ -213,6 +214,7 @@ class Producer:
                 f"argument by default), got {max_request_size}")
         self._max_age_s = _check_int("metadata_max_age_ms", metadata_max_age_ms, 0) / 1000
         self._rng = rng or random.Random()
+        self._own_rng = rng is None
         self._lock = threading.Lock()
         self._counts: dict[str, tuple[int, float]] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (partition, bytes sent to it)
@@ -225,6 +227,12 @@ class Producer:
         self._lock = threading.Lock()
         self._id_lock = threading.Lock()
         self._seqs = {}
+        if self._own_rng:
+            # The parent's generator, copied, made every child pick the parent's keyless
+            # partitions in the same order: all of them writing to one partition at a time.
+            # (A caller's rng is kept: it is seeded for placements that must repeat.)
+            self._rng = random.Random()
+            self._sticky = {}
         if not self._idempotent:
             return
         if self._allocated_id:
