@@ -462,6 +462,13 @@ def test_sticky_and_round_robin_partitioners(
     eager = Producer(redis_client, namespace, batch_size=10)
     parts = [eager.send("t", b"0123456789").partition for _ in range(20)]
     assert all(a != b for a, b in zip(parts, parts[1:]))
+    # Records without a value (tombstones, data in headers) finish a batch too: counted as
+    # 0 bytes, they all went to one partition for good.
+    empty = Producer(redis_client, namespace, batch_size=2)
+    parts = [m.partition for m in empty.send_batch(
+        "t", [ProducerRecord(v, headers=[("h", b"x")]) for v in (b"", None) * 5])]
+    assert all(a == b for a, b in zip(parts[::2], parts[1::2]))
+    assert all(a != b for a, b in zip(parts[::2], parts[2::2]))
     rr = Producer(redis_client, namespace, partitioner="round_robin")
     metas = rr.send_batch("t", [ProducerRecord(b"x", key=b"same")] * 8)
     assert [m.partition for m in metas] == [0, 1, 2, 3, 0, 1, 2, 3]

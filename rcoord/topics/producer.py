@@ -97,7 +97,8 @@ class Producer:
     * ``"default"``: Kafka's BuiltInPartitioner. A keyed record goes to
       ``toPositive(murmur2(key)) % partitions``, so every Kafka client agrees on it. Keyless
       records stick to one partition until ``batch_size`` bytes of values went there (Kafka's
-      ``batch.size``, the "batch is done" point), then move to another partition at random.
+      ``batch.size``, the "batch is done" point; an empty value counts one byte), then move to
+      another partition at random.
     * ``"round_robin"``: Kafka's RoundRobinPartitioner: every record, keyed or not, to the next
       partition in turn.
     * a callable ``(topic, key, num_partitions) -> partition``.
@@ -390,7 +391,10 @@ class Producer:
                     other = self._rng.randrange(n - 1)
                     part = other if other < part else other + 1
                 used = 0
-            self._sticky[topic] = (part, used + len(rec.value or b""))
+            # An empty value (a tombstone, a record whose data is in its headers) counts one
+            # byte: counted as none, such records never finished a batch and all went to one
+            # partition for good (Kafka counts each record's size, never 0).
+            self._sticky[topic] = (part, used + max(1, len(rec.value or b"")))
         return part
 
     # -- sending
