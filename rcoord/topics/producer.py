@@ -137,7 +137,8 @@ class Producer:
 
     **After ``os.fork``** (multiprocessing's fork, a pre-forking server) the child's copy starts
     afresh: new locks (one a parent's thread held would never be released), a keyless sticky
-    partition chosen anew (with a generator of its own unless ``rng`` was given), and an
+    partition chosen anew with a generator of its own (a given ``rng`` and the sticky partition
+    it chose are kept instead: it is seeded for placements that must repeat), and an
     allocated id is replaced by one of the child's own. Parent and child numbering one id
     alike would each have their records taken for the other's duplicates: dropped, and
     reported stored at the other's offsets. A producer with a ``producer_id`` of its own
