@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any
 
 import redis
@@ -67,6 +68,14 @@ class SharedCalls:
         # it), with the calls queued behind that batch.
         self._lanes: dict[int | None, list[_Call]] = {}
         self._pid = os.getpid()
+        _ALL.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child starts with no queues and a new lock: the parent's queues are not
+        its calls, and a lock a parent thread held at the fork (for a queue update) is never
+        released in the child, whose first call waited for it for ever."""
+        self._lock = threading.Lock()
+        self._lanes, self._pid = {}, os.getpid()
 
     def execute(self, client: Any, command: tuple[Any, ...]) -> Any:
         """Send ``command`` (alone, or with the calls of its lane queued meanwhile) and return
@@ -74,7 +83,7 @@ class SharedCalls:
         call = _Call(command)
         lane = _lane(client, command)
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's queues are not ours
+            if self._pid != os.getpid():  # a forked child (where no at-fork hook ran)
                 self._lanes, self._pid = {}, os.getpid()
             queue = self._lanes.get(lane)
             if queue is None:
@@ -152,6 +161,19 @@ class SharedCalls:
                         "the call was not sent: the thread sending its batch was interrupted")
                 if each.done is not None:
                     each.done.set()
+
+
+_ALL: weakref.WeakSet[SharedCalls] = weakref.WeakSet()
+"""Every live SharedCalls, for the at-fork hook below."""
+
+
+def _after_fork_in_child() -> None:
+    for shared in list(_ALL):
+        shared._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _lane(client: Any, command: tuple[Any, ...]) -> int | None:

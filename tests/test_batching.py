@@ -277,3 +277,31 @@ def test_on_a_cluster_a_down_master_fails_only_the_calls_it_holds():
             assert not shared._lanes  # an idle lane is dropped: the lanes do not pile up
         finally:
             client.close()
+
+
+def test_a_forked_child_calls_though_a_parent_thread_held_the_lock_at_the_fork(
+        redis_client: Any, key: str) -> None:
+    """A parent thread inside one of its short queue updates when the process forked left the
+    child a lock nobody would release: the child's first call waited for it for ever. The child
+    now starts with a lock and queues of its own (an at-fork hook)."""
+    import os
+
+    shared = SharedCalls()
+    with shared._lock:  # (as a parent thread holds it during a queue update)
+        pid = os.fork()
+        if pid == 0:  # the child: one call, then out, whatever happens
+            code = 1
+            try:
+                done = threading.Event()
+
+                def call() -> None:
+                    if shared.execute(redis_client, ("INCRBY", key, 3)) == 3:
+                        done.set()
+
+                threading.Thread(target=call, daemon=True).start()
+                code = 0 if done.wait(WAIT_S) else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # 2: the child's call never got the lock
+    assert shared.execute(redis_client, ("INCRBY", key, 1)) == 4
