@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import Any
 
 import redis
+
+from .forking import renew_after_fork
 
 __all__ = ["SharedCalls"]
 
@@ -68,7 +69,7 @@ class SharedCalls:
         # it), with the calls queued behind that batch.
         self._lanes: dict[int | None, list[_Call]] = {}
         self._pid = os.getpid()
-        _ALL.add(self)
+        renew_after_fork(self)
 
     def _after_fork_in_child(self) -> None:
         """A forked child starts with no queues and a new lock: the parent's queues are not
@@ -163,17 +164,6 @@ class SharedCalls:
                     each.done.set()
 
 
-_ALL: weakref.WeakSet[SharedCalls] = weakref.WeakSet()
-"""Every live SharedCalls, for the at-fork hook below."""
-
-
-def _after_fork_in_child() -> None:
-    for shared in list(_ALL):
-        shared._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _lane(client: Any, command: tuple[Any, ...]) -> int | None:

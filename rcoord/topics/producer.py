@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import random
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
+from ..forking import renew_after_fork
 from ..murmur2 import partition_for_key, to_positive
 from ._base import (
     APPEND,
@@ -222,7 +221,7 @@ class Producer:
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (partition, bytes sent to it)
         self._rr: dict[str, int] = {}
         self._forked: str | None = None  # why a named producer refuses to send (a fork)
-        _PRODUCERS.add(self)
+        renew_after_fork(self)
 
     def _after_fork_in_child(self) -> None:
         """Start this copy afresh in a forked child (the class docstring says why)."""
@@ -671,17 +670,6 @@ class Producer:
             seq.lost_from = lost_at
 
 
-_PRODUCERS: weakref.WeakSet[Producer] = weakref.WeakSet()
-"""Every live Producer, for ``_after_fork_in_child``."""
-
-
-def _after_fork_in_child() -> None:
-    for producer in list(_PRODUCERS):
-        producer._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _idempotent_args(now: str, producer_id: str, epoch: int, first_sequence: int,
