@@ -187,13 +187,13 @@ def test_a_produce_is_answered_once_every_partition_append_ended(gateway, topics
     zero_failed, one_started, release = threading.Event(), threading.Event(), threading.Event()
     real = api_records._append
 
-    def append(state: Any, topic: str, partition: int, data: Any) -> Any:
+    def append(state: Any, topic: str, partition: int, data: Any, **kw: Any) -> Any:
         if partition == 0:
             zero_failed.set()
             raise ConnectionLost("the connection broke")
         one_started.set()
         assert release.wait(30)
-        return real(state, topic, partition, data)
+        return real(state, topic, partition, data, **kw)
 
     monkeypatch.setattr(api_records, "_append", append)
     sock = connect(gateway)
