@@ -78,8 +78,8 @@ end
 -- as were already taken (a sample, not a bound: sizes that alternate so that the records read
 -- are small and the rest large still pass it). Judging the whole call by the first record alone
 -- removed a whole backlog of large records behind a small first one (one record of 10 bytes:
--- 500 records of 1,000 for a bound of 5,000). Uniform sizes take about log2(records) reads and end where one
--- read did; the records are removed by one XTRIM.
+-- 500 records of 1,000 for a bound of 5,000). Uniform sizes take about log2(records) reads and
+-- end where one read did; the records are removed by one XTRIM.
 local function trim_head_toward(key, s, target, max_bytes)
   local upto, left = s, max_bytes
   while upto < target do

@@ -702,6 +702,19 @@ def test_a_large_trim_by_count_is_split_into_bounded_calls(
     assert topics.apply_retention("t") == {0: 30, 1: 30}  # nothing more to remove
 
 
+def _log_starts(monkeypatch: pytest.MonkeyPatch, starts: list[int]) -> list[int]:
+    """``starts``, to which every retention call appends the log start it answers."""
+    run = topics_admin._run
+
+    def noted(r: Any, calls: Any) -> Any:
+        results = run(r, calls)
+        starts.extend(int(res[1]) for res in results)
+        return results
+
+    monkeypatch.setattr(topics_admin, "_run", noted)
+    return starts
+
+
 def test_a_trim_by_count_behind_a_small_first_record_stays_bounded(
     topics: Topics, producer: Producer, redis_client: Any, namespace: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -714,15 +727,7 @@ def test_a_trim_by_count_behind_a_small_first_record_stays_bounded(
     producer.send_batch("t", [ProducerRecord(b"s", partition=0)]
                         + [ProducerRecord(b"x" * 1000, partition=0) for _ in range(60)])
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    starts = [0]
-    run = topics_admin._run
-
-    def noted(r: Any, calls: Any) -> Any:
-        results = run(r, calls)
-        starts.extend(int(res[1]) for res in results)
-        return results
-
-    monkeypatch.setattr(topics_admin, "_run", noted)
+    starts = _log_starts(monkeypatch, [0])
     assert topics.apply_retention("t") == {0: 51}
     removed = [(b - a) * 1000 for a, b in itertools.pairwise(starts)]
     assert starts[-1] == 51 and max(removed) <= 2 * 5000, starts
@@ -743,15 +748,7 @@ def test_no_retention_call_removes_by_count_and_by_age_at_once(
     key = partition_key(namespace, "t", 0)
     wait_until(lambda: server_ms(redis_client, key) > sent[-1].timestamp_ms + 1)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    starts: list[int] = []
-    run = topics_admin._run
-
-    def noted(r: Any, calls: Any) -> Any:
-        results = run(r, calls)
-        starts.extend(int(res[1]) for res in results)
-        return results
-
-    monkeypatch.setattr(topics_admin, "_run", noted)
+    starts = _log_starts(monkeypatch, [])
     assert topics.apply_retention("t") == {0: 40}  # every record expired
     removed = [b - a for a, b in zip([0, *starts], starts, strict=False)]
     assert starts[-1] == 40 and max(removed) == 4, starts
@@ -771,15 +768,7 @@ def test_a_trim_by_age_stays_bounded_when_its_probes_miss_the_large_records(
     key = partition_key(namespace, "t", 0)
     wait_until(lambda: server_ms(redis_client, key) > sent[-1].timestamp_ms + 1)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    starts = [0]
-    run = topics_admin._run
-
-    def noted(r: Any, calls: Any) -> Any:
-        results = run(r, calls)
-        starts.extend(int(res[1]) for res in results)
-        return results
-
-    monkeypatch.setattr(topics_admin, "_run", noted)
+    starts = _log_starts(monkeypatch, [0])
     assert topics.apply_retention("t") == {0: 41}  # every record expired
     removed = [sum(map(len, values[a:b])) for a, b in itertools.pairwise(starts)]
     assert starts[-1] == 41 and max(removed) <= 20_001, starts
