@@ -80,6 +80,14 @@ def own_server() -> Iterator[EmbeddedServer]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[EmbeddedCluster]:
+    """A 3-master cluster of the module's own, for tests that move slots (the session's
+    ``redis_cluster`` is shared by every other test)."""
+    with EmbeddedCluster(masters=3) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def refused_port() -> int:
     """A port nothing listens on: bound, then closed."""

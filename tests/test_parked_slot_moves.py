@@ -13,7 +13,6 @@ move right after its last key."""
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,16 +29,6 @@ JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"m
 SOCKET_TIMEOUT_S = 0.4
 """The parked calls' clients': a parked read blocks for half of it (``steps.block_limit``), so
 the parked call reads again, and meets the migration, several times a second."""
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedCluster]:
-    # (this module's own: its tests move slots)
-    c = EmbeddedCluster(masters=3).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def _errors(port: int, kind: str) -> int:
@@ -79,22 +68,22 @@ class _Move:
 
 @pytest.mark.parametrize("kind", ["join", "sync"])
 @pytest.mark.parametrize("driver", ["blocking", "asyncio"])
-def test_a_parked_call_waits_through_its_slots_move(cluster, namespace, driver, kind):
+def test_a_parked_call_waits_through_its_slots_move(own_cluster, namespace, driver, kind):
     from async_driver import AsyncBacked
 
     cfg = CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
                             group_initial_rebalance_delay_ms=0)
-    other = GroupCoordinator(cluster.client(), cfg).start()  # member a's, the waker's
-    client = cluster.client(socket_timeout=SOCKET_TIMEOUT_S)
+    other = GroupCoordinator(own_cluster.client(), cfg).start()  # member a's, the waker's
+    client = own_cluster.client(socket_timeout=SOCKET_TIMEOUT_S)
     coord: Any
     if driver == "blocking":
         coord = GroupCoordinator(client, cfg).start()
     else:
-        port = cluster.ports[0]
+        port = own_cluster.ports[0]
         coord = AsyncBacked(client, lambda: redis.asyncio.cluster.RedisCluster(
             host="127.0.0.1", port=port, socket_timeout=SOCKET_TIMEOUT_S), cfg).start()
     pool = concurrent.futures.ThreadPoolExecutor(2)
-    move = _Move(cluster, client, GroupKeys.of(namespace, cfg.num_partitions, "g").wake)
+    move = _Move(own_cluster, client, GroupKeys.of(namespace, cfg.num_partitions, "g").wake)
     try:
         a = other.join_group("g", **JOIN).member_id
         first = other.join_group("g", a, **JOIN)  # a alone, then b joins: a rejoins and leads

@@ -6,7 +6,6 @@ the failure of the node that had answered, which was then skipped for up to a se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,16 +15,6 @@ from rcoord.scripts import Scripts
 from rcoord.service import nodes
 from rcoord.service.leases import LeaseKeeper
 from rcoord.testing.embedded import EmbeddedCluster
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedCluster]:
-    # (this module's own: its tests move slots, of keys only they use)
-    c = EmbeddedCluster(masters=3).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def _move_slot(cluster: EmbeddedCluster, client: Any, key: str, finish: bool) -> None:
@@ -52,14 +41,14 @@ def _move_slot(cluster: EmbeddedCluster, client: Any, key: str, finish: bool) ->
 
 
 @pytest.mark.parametrize("finish", [False, True], ids=["migrating", "moved"])
-def test_a_lease_round_follows_the_registrys_slot(cluster, namespace, finish):
-    client = cluster.client()
+def test_a_lease_round_follows_the_registrys_slot(own_cluster, namespace, finish):
+    client = own_cluster.client()
     scripts = Scripts(client)
     scripts.load()
     keeper = LeaseKeeper(client, scripts, namespace, 4, "me", 30_000)
     try:
         assert keeper.step() == {0, 1, 2, 3}
-        _move_slot(cluster, client, keeper.registry_key, finish)
+        _move_slot(own_cluster, client, keeper.registry_key, finish)
         for _ in range(3):  # (every round, not only the first after the move)
             assert keeper.step() == {0, 1, 2, 3}
         assert client.zscore(keeper.registry_key, "me") is not None
@@ -70,10 +59,10 @@ def test_a_lease_round_follows_the_registrys_slot(cluster, namespace, finish):
         client.close()
 
 
-def test_a_follow_up_that_fails_is_not_the_answering_nodes_failure(cluster):
+def test_a_follow_up_that_fails_is_not_the_answering_nodes_failure(own_cluster):
     """The node answered that the slot moved; the cluster client's call after it failed
     (here: made to fail). That node is healthy: nothing of it may be skipped after."""
-    client = cluster.client()
+    client = own_cluster.client()
     try:
         items = ["{a}", "{b}", "{c}"]
         names = {i: client.get_node_from_key(i).name for i in items}
