@@ -291,16 +291,42 @@ def apply_before_command(parser: argparse.ArgumentParser, args: argparse.Namespa
             setattr(args, dest, value)
 
 
+class FromEnv(str):
+    """A flag's default read from the environment variable ``variable``: a bad value's error
+    names the variable (``env_note``), not only the flag the operator did not type."""
+
+    variable = ""
+
+
+def from_env(value: str, name: str) -> FromEnv:
+    """``value`` marked as read from the environment variable ``name``."""
+    out = FromEnv(value)
+    out.variable = name
+    return out
+
+
+def env_default(name: str, default: Any = None) -> Any:
+    """A flag's default: the variable ``name`` (marked, ``from_env``) when set and not empty,
+    else ``default``."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return from_env(value, name)
+
+
+def env_note(value: object) -> str:
+    """' (from $VARIABLE)' for a value read from the environment (``env_default``), else ''."""
+    return f" (from ${value.variable})" if isinstance(value, FromEnv) else ""
+
+
 def log_level(value: str) -> str:
     """A ``--log-level`` value, upper-cased, or a UsageError naming the allowed ones, and the
-    environment variable a default came from (``rcoord coordinator``'s ``$RCOORD_LOG_LEVEL``
-    carries its name as ``variable``: the error named only the flag, which nobody typed)."""
+    environment variable a default came from (``env_default``: the error named only the flag,
+    which nobody typed)."""
     level = str(value).strip().upper()
     if level not in LOG_LEVELS:
-        variable = getattr(value, "variable", "")
-        where = f" (from ${variable})" if variable else ""
         raise UsageError(
-            f"--log-level {str(value)!r}{where} is not a log level; use one of "
+            f"--log-level {str(value)!r}{env_note(value)} is not a log level; use one of "
             f"{', '.join(LOG_LEVELS)}"
         )
     return level
@@ -308,13 +334,13 @@ def log_level(value: str) -> str:
 
 def check_url(url: str | None, flag: str = "--redis-url") -> str:
     """The URL if it is one rcoord takes (``rcoord.urls``), else a UsageError that says what to
-    fix, the URL shown without its password."""
+    fix, the URL shown without its password (and the variable it came from, ``env_note``)."""
     if not url:
         raise UsageError(f"{flag} is required (or set ${ENV_REDIS_URL})")
     problem = url_problem(url)
     if problem:
         sep = " " if problem.startswith("is not") else ": "
-        raise UsageError(f"{flag} {redact(url)!r}{sep}{problem}")
+        raise UsageError(f"{flag} {redact(url)!r}{env_note(url)}{sep}{problem}")
     return url
 
 

@@ -33,6 +33,7 @@ from .cli import (
     UsageError,
     add_tls_arguments,
     check_url,
+    env_default,
     log_level,
     report,
     with_tls_files,
@@ -60,7 +61,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redis-url",
         action=AfterCommand,
-        default=os.environ.get(ENV_REDIS_URL),
+        default=env_default(ENV_REDIS_URL),
         help=f"Redis or Redis Cluster to use (default ${ENV_REDIS_URL}); without one, "
         "an embedded server is started on 127.0.0.1",
     )
@@ -86,7 +87,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         "that stay keep consuming; range or roundrobin: eager, every worker stops)",
     )
     p.add_argument("--log-level", action=AfterCommand,
-                   default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+                   default=env_default("RCOORD_LOG_LEVEL", "WARNING"),
                    help="of this process; DEBUG also prints the traceback of an error (WARNING)")
     add_tls_arguments(p)
 

@@ -22,10 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret-pw"
 
 
-def rcoord(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "rcoord", *args], env=env, capture_output=True,
+def rcoord(*args: str, timeout: float = 60,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m rcoord ARGS`` without the caller's ``RCOORD_*`` variables, with ``env``'s."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    full.update(env or {})
+    full["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "rcoord", *args], env=full, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
@@ -168,6 +171,22 @@ def test_a_bad_log_level_is_a_usage_error(command, redis_server):
     line = one_error_line(res, command)
     assert res.returncode == 2
     assert "--log-level 'loud' is not a log level" in line and "DEBUG" in line
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "groups list", "topics list", "gateway"])
+def test_a_bad_value_in_the_environment_names_its_variable(command, redis_server):
+    """A bad ``$RCOORD_LOG_LEVEL`` or ``$RCOORD_REDIS_URL`` is named as the variable it came
+    from, as ``rcoord coordinator`` names its own (the error named only a flag nobody typed)."""
+    words = command.split()
+    if command != "gateway":  # (its --log-level has no variable)
+        res = rcoord(*words, "--redis-url", redis_server.url, env={"RCOORD_LOG_LEVEL": "loud"})
+        line = one_error_line(res, command)
+        assert res.returncode == 2
+        assert "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level" in line
+    res = rcoord(*words, env={"RCOORD_REDIS_URL": "http://127.0.0.1:1"})
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "--redis-url 'http://127.0.0.1:1' (from $RCOORD_REDIS_URL) is not a Redis URL" in line
 
 
 def test_a_bad_flag_value_is_one_line(redis_server):

@@ -291,6 +291,32 @@ def test_a_bad_number_in_the_environment_names_the_variable(monkeypatch, capsys)
     assert p.parse_args(["--lease-ttl-ms", "9"]).lease_ttl_ms == 9
 
 
+def test_a_bad_wake_mode_in_the_environment_names_the_variable(monkeypatch, capsys):
+    """argparse checks ``choices`` only on a flag typed on the command line, so a bad
+    ``$RCOORD_WAKE`` reached the service, whose error named neither the flag nor the variable;
+    it is now refused with the flag's usage error naming the variable."""
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments
+
+    monkeypatch.setenv("RCOORD_WAKE", "sometimes")
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    with pytest.raises(SystemExit):
+        p.parse_args([])
+    assert ("--wake: invalid choice: 'sometimes' (from $RCOORD_WAKE) (choose from both, "
+            "index, hints)") in capsys.readouterr().err
+    assert p.parse_args(["--wake", "index"]).wake == "index"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--wake", "never"])
+    err = capsys.readouterr().err
+    assert "--wake: invalid choice: 'never'" in err and "RCOORD_" not in err
+    monkeypatch.setenv("RCOORD_WAKE", "hints")
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert p.parse_args([]).wake == "hints"
+
+
 @pytest.mark.parametrize("variable, value, error", [
     ("RCOORD_LOG_LEVEL", "loud", "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level"),
     ("RCOORD_SETTINGS", "session_timeout_ms=1,num_partitions=x",

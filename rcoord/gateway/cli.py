@@ -23,6 +23,7 @@ from ..cli import (
     add_tls_arguments,
     check_url,
     dump_threads_on_sigusr1,
+    env_default,
     report,
     with_tls_files,
 )
@@ -45,10 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", default=None,
                    help="HOST:PORT clients are told to connect to (Metadata, FindCoordinator); "
                    "default: the listening address")
-    p.add_argument("--redis-url", action=AfterCommand, default=os.environ.get(ENV_REDIS_URL),
+    p.add_argument("--redis-url", action=AfterCommand, default=env_default(ENV_REDIS_URL),
                    help=f"Redis to use (default ${ENV_REDIS_URL})")
     p.add_argument("--namespace", action=AfterCommand,
-                   default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
+                   default=env_default("RCOORD_NAMESPACE", "rcoord"),
                    help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "

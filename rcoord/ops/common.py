@@ -5,7 +5,6 @@ the rest of ``rcoord.cli``)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from ..cli import (
     UsageError,
     add_tls_arguments,
     check_url,
+    env_default,
     log_level,
     report,
     with_tls_files,
@@ -47,15 +47,15 @@ class Failure(Exception):
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--namespace``, ``--output``, ``--log-level`` and the TLS files."""
-    p.add_argument("--redis-url", action=AfterCommand, default=os.environ.get(ENV_REDIS_URL),
+    p.add_argument("--redis-url", action=AfterCommand, default=env_default(ENV_REDIS_URL),
                    help=f"Redis or Redis Cluster (default ${ENV_REDIS_URL})")
     p.add_argument("--namespace", action=AfterCommand,
-                   default=os.environ.get("RCOORD_NAMESPACE", "rcoord"),
+                   default=env_default("RCOORD_NAMESPACE", "rcoord"),
                    help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     p.add_argument("--output", action=AfterCommand, choices=("table", "json"), default="table",
                    help="table for people (default), json for programs")
     p.add_argument("--log-level", action=AfterCommand,
-                   default=os.environ.get("RCOORD_LOG_LEVEL", "WARNING"),
+                   default=env_default("RCOORD_LOG_LEVEL", "WARNING"),
                    help="DEBUG also prints the traceback of an error (WARNING)")
     add_tls_arguments(p)
 

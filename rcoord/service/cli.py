@@ -59,6 +59,7 @@ import signal
 import sys
 from typing import Any
 
+from ..cli import env_default, env_note, from_env
 from ..errors import ConfigError
 
 __all__ = ["JsonFormatter", "add_coordinator_arguments", "coordinator_main"]
@@ -84,26 +85,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-class _FromEnv(str):
-    """A flag's default read from the environment variable ``variable``: a bad value's error
-    names the variable, not only the flag the operator did not give."""
-
-    variable = ""
-
-
-def _env(name: str, default: Any = None) -> Any:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return _from_env(value, name)
-
-
-def _from_env(value: str, name: str) -> _FromEnv:
-    out = _FromEnv(value)
-    out.variable = name
-    return out
-
-
 def _int(text: str) -> int:
     """argparse's ``type=int``, whose error names the environment variable a default came
     from (it read "argument --lease-ttl-ms: invalid int value: 'abc'" for
@@ -112,52 +93,61 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"invalid int value: {str(text)!r}{_where(text)}") from None
+            f"invalid int value: {str(text)!r}{env_note(text)}") from None
 
 
-def _where(text: str) -> str:
-    """' (from $VARIABLE)' for a value read from the environment (``_env``), else ''."""
-    return f" (from ${text.variable})" if isinstance(text, _FromEnv) else ""
+def _wake(text: str) -> str:
+    """A ``--wake`` value; argparse checks ``choices`` only on a typed flag, so a bad
+    ``$RCOORD_WAKE`` reached the service, whose error named neither."""
+    from .service import WAKE_MODES
+
+    if text not in WAKE_MODES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {str(text)!r}{env_note(text)} (choose from "
+            f"{', '.join(WAKE_MODES)})")
+    return str(text)
 
 
 def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
     from ..cli import AfterCommand, add_tls_arguments
+    from .service import WAKE_MODES
 
-    p.add_argument("--redis-url", action=AfterCommand, default=_env("RCOORD_REDIS_URL"),
+    p.add_argument("--redis-url", action=AfterCommand, default=env_default("RCOORD_REDIS_URL"),
                    help="the Redis (or Redis Cluster node) holding the groups: redis:// or "
                    "rediss:// (default $RCOORD_REDIS_URL)")
-    p.add_argument("--id", dest="coordinator_id", default=_env("RCOORD_COORDINATOR_ID"),
+    p.add_argument("--id", dest="coordinator_id", default=env_default("RCOORD_COORDINATOR_ID"),
                    help="this process's name in leases, logs and metrics, one process's at a "
                    "time (default $RCOORD_COORDINATOR_ID; else host-pid-random)")
     p.add_argument("--namespace", action=AfterCommand,
-                   default=_env("RCOORD_NAMESPACE", "rcoord"),
+                   default=env_default("RCOORD_NAMESPACE", "rcoord"),
                    help="the key prefix of the groups this process serves (default "
                    "$RCOORD_NAMESPACE, else rcoord)")
-    p.add_argument("--metrics-port", type=_int, default=_env("RCOORD_METRICS_PORT"),
+    p.add_argument("--metrics-port", type=_int, default=env_default("RCOORD_METRICS_PORT"),
                    help="serve /metrics (Prometheus) and /healthz on this port (default "
                    "$RCOORD_METRICS_PORT; none if unset)")
-    p.add_argument("--metrics-host", default=_env("RCOORD_METRICS_HOST", "127.0.0.1"),
+    p.add_argument("--metrics-host", default=env_default("RCOORD_METRICS_HOST", "127.0.0.1"),
                    help="the address /metrics and /healthz listen on, IPv4 or IPv6 (0.0.0.0 or :: for "
                    "every interface; default $RCOORD_METRICS_HOST, else 127.0.0.1: loopback only)")
-    p.add_argument("--lease-ttl-ms", type=_int, default=_env("RCOORD_LEASE_TTL_MS", 5000),
+    p.add_argument("--lease-ttl-ms", type=_int, default=env_default("RCOORD_LEASE_TTL_MS", 5000),
                    help="how long this process's lease on a coordinator partition lasts "
                    "unrenewed: a dead process's partitions move after it (default 5000)")
-    p.add_argument("--wake", choices=("both", "index", "hints"),
-                   default=_env("RCOORD_WAKE", "both"),
+    p.add_argument("--wake", type=_wake, choices=WAKE_MODES,
+                   default=env_default("RCOORD_WAKE", "both"),
                    help="what drives the timers: the deadline index, expired-key hints (for "
                    "measurements only) or both (default)")
     p.add_argument("--retention-check-interval-ms", type=_int,
-                   default=_env("RCOORD_RETENTION_CHECK_INTERVAL_MS", 300_000),
+                   default=env_default("RCOORD_RETENTION_CHECK_INTERVAL_MS", 300_000),
                    help="how often this process removes the records topic retention no longer "
                    "keeps, in the topics on its leases (Kafka's log.retention.check.interval.ms; "
                    "default $RCOORD_RETENTION_CHECK_INTERVAL_MS, else 300000; 0 turns it off)")
-    p.add_argument("--log-level", action=AfterCommand, default=_env("RCOORD_LOG_LEVEL", "INFO"),
+    p.add_argument("--log-level", action=AfterCommand,
+                   default=env_default("RCOORD_LOG_LEVEL", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
                    "logs are JSON lines on stdout")
     add_tls_arguments(p)
     # (Each item names the variable, for parse_settings's error: "--set expects ..." named a
     # flag nobody typed.)
-    env_settings = [_from_env(x, "RCOORD_SETTINGS")
+    env_settings = [from_env(x, "RCOORD_SETTINGS")
                     for x in os.environ.get("RCOORD_SETTINGS", "").split(",") if x]
     p.add_argument("--set", dest="settings", action="append", default=env_settings,
                    metavar="NAME=VALUE", help="a group setting this process names (repeatable)")
@@ -174,7 +164,7 @@ def parse_settings(items: list[str]) -> dict[str, int]:
             out[name.strip()] = int(value)
         except ValueError:
             raise ConfigError(
-                f"--set expects NAME=INTEGER, got {str(item)!r}{_where(item)}") from None
+                f"--set expects NAME=INTEGER, got {str(item)!r}{env_note(item)}") from None
     return out
 
 
