@@ -41,11 +41,20 @@ end
 
 -- Kafka's acceptJoiningMember, for the member the request names: parked members always; others
 -- while there is room. (A new member, id '', is nobody's: no read asks.)
+-- rcoord: a static member back with no member id is judged as the member whose instance id it
+-- holds, which it replaces (update_static_member_and_rebalance): it takes that member's place
+-- and adds nobody. Kafka's classic check counts it as a new member, so a static member that
+-- restarted in a group at group.max.size got GROUP_MAX_SIZE_REACHED, fatal to its client, where
+-- a restart should rebalance nothing (KAFKA-20601 fixed this for consumer groups).
 local function accept_joining_member()
   local state = G.state
   if state == EMPTY or state == DEAD then return true end
   local id = REQ.mid
   local known = known_record() ~= false
+  if id == '' and REQ.iid ~= '' then
+    local owner = redis.call('HGET', K_STATIC, REQ.iid)
+    if owner then id, known = owner, true end
+  end
   if state == PREPARING then
     -- The count first: the join asks it again (all_joined, which keeps it), and while there is
     -- room, whether this member is parked need not be asked at all.

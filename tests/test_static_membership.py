@@ -231,3 +231,35 @@ def test_parked_sync_of_replaced_static_member_is_fenced(ctx):
     ctx.join_async(group_instance_id=follower_inst)
     assert parked.result(WAIT_S).error == Errors.FENCED_INSTANCE_ID
     wait_until(lambda: ctx.state() == "PreparingRebalance")
+
+
+def test_a_static_member_restarting_in_a_full_group_takes_its_place(make_coordinator, clock, pool):
+    """A reviewer's repro: a static member that restarted (no member id) in a group at
+    group_max_size was counted as a new member and got GROUP_MAX_SIZE_REACHED, fatal to its
+    client, though it only replaces its own member. A new instance is still turned away."""
+    from harness import Ctx
+
+    c = Ctx(make_coordinator(clock=clock, group_max_size=2), clock, pool)
+    gen, ids = _static_group(c, ["a", "b"])
+    res = c.join(group_instance_id="b")
+    assert res.error == Errors.NONE and res.generation_id == gen
+    assert c.state() == "Stable" and c.member_ids() == {ids["a"], res.member_id}
+    assert c.join(group_instance_id="c").error == Errors.GROUP_MAX_SIZE_REACHED
+
+
+def test_a_static_member_restarting_while_its_old_join_is_parked_in_a_full_group(
+        make_coordinator, clock, pool):
+    """The same during a rebalance whose parked joins fill the group: the replaced member was
+    parked, so the replacement is accepted (its old join is fenced) and the group forms."""
+    from harness import Ctx
+
+    c = Ctx(make_coordinator(clock=clock, group_max_size=2, group_initial_rebalance_delay_ms=1000),
+            clock, pool)
+    fa, fb = c.join_async(group_instance_id="a"), c.join_async(group_instance_id="b")
+    wait_until(lambda: c.parked() == 2)
+    again = c.join_async(group_instance_id="b")
+    assert fb.result(WAIT_S).error == Errors.FENCED_INSTANCE_ID
+    ra, rb = c.settle([fa, again])
+    assert (ra.error, rb.error) == (Errors.NONE, Errors.NONE)
+    assert ra.generation_id == rb.generation_id == 1
+    assert c.member_ids() == {ra.member_id, rb.member_id}
