@@ -18,15 +18,19 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from harness import RunningService, partial_coverage_cluster, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.keys import PartitionKeys
+from rcoord.service.connect import connect
+from rcoord.service.nodes import disconnect_all
 from rcoord.service.service import CoordinatorService
 from rcoord.testing.embedded import EmbeddedCluster
 
@@ -188,3 +192,46 @@ def test_a_stop_on_a_cluster_that_answers_still_releases_every_lease(
     assert held == [None] * n
     assert client.zscore(f"{namespace}:coordinators", "c1") is None
     client.close()
+
+
+def test_an_interrupt_shuts_the_socket_under_a_call_and_leaves_closing_it_to_the_call(
+        cluster: EmbeddedCluster) -> None:
+    """The stop's ``disconnect_all`` wakes a call blocked on a hung master, and does not close
+    its socket: closing it from another thread raced with the call's ``poll`` (a thread that
+    had read the descriptor polled the next socket given that number, for a socket timeout),
+    so on a loaded machine a SIGTERM took over 5 s about one time in ten."""
+    client = connect(cluster.url, socket_timeout=60)
+    hung = client.get_primaries()[0]
+    plain = client.get_redis_connection(hung)
+    plain.ping()  # a connection, idle in its pool
+    pool = plain.connection_pool
+    idle = pool._available_connections[0]
+    sock = idle._sock
+    outcome: list[BaseException | None] = []
+    server = next(n for n in cluster.nodes if n.port == hung.port)
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        disconnect_all(client)
+        # Shut, but still open: its descriptor cannot be given to another socket meanwhile.
+        assert sock.fileno() != -1, "disconnect_all closed a socket another thread may be using"
+
+        def call() -> None:
+            try:
+                plain.time()
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        wait_until(lambda: any(c._sock is not None and c._sock is not sock
+                               for c in pool._in_use_connections) or outcome)
+        disconnect_all(client)  # the call in flight, on a new connection the master never answers
+        caller.join(30)  # (its socket timeout is 60 s)
+        assert not caller.is_alive(), "the call was not woken"
+        assert isinstance(outcome[0], redis.ConnectionError), outcome
+        assert sock.fileno() == -1  # closed by redis-py when that connection was next taken
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        client.close()

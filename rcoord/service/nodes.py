@@ -32,7 +32,9 @@ most every ``LOG_EVERY_S`` with the number of failures left out, and once when i
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 import weakref
@@ -333,9 +335,17 @@ def on_any_node(client: Any, call: Callable[[Any], T]) -> T:
 
 
 def disconnect_all(client: Any) -> None:
-    """Shut every connection of ``client``, those in use included: a call blocked in one (on a
+    """Shut every socket of ``client``, those in use included: a call blocked in one (on a
     node that never answers) fails at once, as Kafka's ``consumer.wakeup()`` aborts a blocking
-    call from another thread. The client connects again on its next call."""
+    call from another thread. The client connects again on its next call.
+
+    Shut (``shutdown``), not closed: the thread that uses a socket closes it (redis-py
+    disconnects a connection whose call failed; an idle one is found dead and replaced when it
+    is next taken). ``ConnectionPool.disconnect`` closes them too, and that raced with a call in
+    flight: a thread that had read the socket's descriptor but not yet entered its ``poll`` (a
+    loaded machine) polled whatever the number was given to next (the lowest free one: the
+    next connection any thread opened, to a hung master), and waited its whole socket timeout
+    (5 s by default) however often the socket was shut. A SIGTERM then took 5 s and more."""
     if _cluster(client):
         pools = {id(pool): pool for pool in (
             node.redis_connection.connection_pool for node in client.get_nodes()
@@ -343,7 +353,17 @@ def disconnect_all(client: Any) -> None:
     else:
         pools = {id(client.connection_pool): client.connection_pool}
     for pool in pools.values():
-        pool.disconnect()
+        try:  # (redis-py's ConnectionPool; another pool class is disconnected its own way)
+            with pool._lock:
+                connections = [*pool._available_connections, *pool._in_use_connections]
+        except AttributeError:
+            pool.disconnect()
+            continue
+        for connection in connections:
+            sock = getattr(connection, "_sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 def forget_failures(client: Any) -> None:
