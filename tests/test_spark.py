@@ -135,6 +135,24 @@ def test_batch_read_returns_exactly_a_range_with_every_column(spark: Any, redis_
     assert got == sorted(want) and len(got) == 3 + 5 + 2
 
 
+def test_a_session_whose_default_timestamp_is_ntz_reads_the_kafka_schema(
+        spark: Any, redis_server: Any, single_client: Any, namespace: str) -> None:
+    # schema()'s DDL said "timestamp", which Spark parses as the session's
+    # spark.sql.timestampType: under TIMESTAMP_NTZ the reader was handed timestamp_ntz and
+    # refused it as a schema given with .schema(...), so no read worked at all.
+    Topics(single_client, namespace).create("ev", 1)
+    Producer(single_client, namespace).send("ev", b"v", key=b"k")
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    try:
+        df = reader(spark, redis_server.url, namespace).option("subscribe", "ev").load()
+        rows = df.collect()
+    finally:
+        spark.conf.unset("spark.sql.timestampType")
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert types["timestamp"] == "timestamp"
+    assert [(r.key, r.value, r.offset) for r in rows] == [(b"k", b"v", 0)]
+
+
 def test_bad_options_fail_naming_the_option(spark: Any, redis_server: Any, single_client: Any,
                                             namespace: str) -> None:
     Topics(single_client, namespace).create("ev", 1)

@@ -22,7 +22,14 @@ COLUMNS = (
 )
 """The row schema of Spark's Kafka source, column for column: (name, Spark type name)."""
 
-SCHEMA_DDL = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+_DDL_TYPES = {"timestamp": "timestamp_ltz"}
+"""DDL spellings where a type's ``simpleString`` is not what DDL means by it: DDL's bare
+``timestamp`` is the session's ``spark.sql.timestampType``, so a session set to TIMESTAMP_NTZ
+made the column ``timestamp_ntz``, and the reader refused its own schema as one given with
+``.schema(...)``. Spark's Kafka source's timestamp is always ``TimestampType``, as the Arrow
+rows' (UTC) is."""
+
+SCHEMA_DDL = ", ".join(f"{name} {_DDL_TYPES.get(kind, kind)}" for name, kind in COLUMNS)
 """``COLUMNS`` as DDL: the data source's ``schema()``."""
 
 SCHEMA_STRING = "struct<" + ",".join(f"{name}:{kind}" for name, kind in COLUMNS) + ">"
