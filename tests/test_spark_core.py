@@ -284,6 +284,22 @@ def test_data_loss_fails_or_skips(single_client: Any, namespace: str, topics: To
                            fail_on_data_loss=False) == {TP("ret", 0): 15}
 
 
+def test_a_range_planned_past_the_log_end_is_data_loss(single_client: Any, namespace: str,
+                                                       topics: Topics) -> None:
+    # A range planned before the log lost its last records (a failover to a replica that did
+    # not have them) starts past the log end. That fetch answers OFFSET_OUT_OF_RANGE, which
+    # read_range raised as a TopicError: the query failed even with failOnDataLoss=false, and
+    # with true not as data loss. A range that began at or below the end already was.
+    topics.create("lost", 1)
+    Producer(single_client, namespace).send_batch("lost", [b"a", b"b", b"c"])
+    token = topics.create_token("lost")
+    rng = OffsetRange("lost", 0, 5, 8)
+    with pytest.raises(DataLossError, match=r"lost-0: offsets 5\.\.7 were planned but the log "
+                                            r"now ends at offset 3.*failOnDataLoss=false"):
+        list(read_range(single_client, namespace, rng, 10, True, token))
+    assert list(read_range(single_client, namespace, rng, 10, False, token)) == []
+
+
 def test_a_task_reads_about_max_partition_fetch_bytes_at_once(
         single_client: Any, namespace: str, topics: Topics) -> None:
     """``maxPartitionFetchBytes`` (Kafka's ``max.partition.fetch.bytes``, 1 MiB) bounds each

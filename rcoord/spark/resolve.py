@@ -335,8 +335,8 @@ def read_range(
     consumer's ``max.partition.fetch.bytes``. A chunk cut short by the bytes is followed by
     the next from its last offset on, so the range is still read whole and in order.
 
-    Records trimmed by retention since planning are data loss: an error, or skipped without
-    ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
+    Records trimmed by retention since planning, or no longer in the log (it ends before
+    them), are data loss: an error, or skipped without ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
     ``rng.end``. ``token`` is the create token of the topic the range was planned in: if the
     topic was created again since (a batch Spark replays after a restart was planned, perhaps
     long before), the offsets name other records, so it is data loss too (without
@@ -377,6 +377,19 @@ def read_range(
                 )
             offset = res.log_start_offset
             continue
+        if res.error is Errors.OFFSET_OUT_OF_RANGE and offset > res.log_end_offset:
+            # The log ends before the planned range: records the plan saw are gone (a failover
+            # to a replica that had not received them). Data loss, as where the range runs
+            # past the end further on (below) and as the next plan reports it
+            # (continuity_loss); this was a TopicError that failed the query whatever
+            # failOnDataLoss said.
+            msg = (f"{rng.topic}-{rng.partition}: offsets {offset}..{rng.end - 1} were planned "
+                   f"but the log now ends at offset {res.log_end_offset} (records lost since, "
+                   "e.g. by a failover to a replica that did not have them)")
+            if fail_on_data_loss:
+                raise DataLossError(f"{msg}; set failOnDataLoss=false to skip them")
+            log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+            return
         if res.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
             if fail_on_data_loss:
                 raise DataLossError(f"{rng.topic}-{rng.partition} no longer exists")
