@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -453,6 +454,32 @@ def test_a_stream_fails_on_a_recreated_topic_or_starts_it_over(
     nxt = lenient.latestOffset(batch, every)
     assert _offsets(lenient, batch, nxt) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # all of the new
     assert lenient.latestOffset(nxt, every) == nxt  # and it goes on from there
+
+
+def test_a_stream_whose_log_lost_its_last_records_goes_on_at_the_log_end(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    # The query's next offset (5) is past the log end (3) of the same topic (same create
+    # token): the log lost its last records, as a failover to a replica that did not have them
+    # does. Without failOnDataLoss the partition started again at its log start, so records
+    # 0-2, read before, were read a second time; Spark's Kafka source goes on from the offset
+    # the partition "was changed" to. The message blamed a re-creation the tokens rule out.
+    topics.create("tail", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("tail", [b"a", b"b", b"c"])
+    tp = TP("tail", 0)
+    bounds, tokens = log_snapshot(topics, [tp])
+    start = Position({tp: 5}, tokens=dict(tokens))
+    with pytest.raises(DataLossError, match=r"^topic 'tail' partition 0: the planned start "
+                                            r"offset 5 is past the log end offset 3 of the same "
+                                            r"topic: the log lost records from its end .*go on "
+                                            r"from the log end offset \(3\)$"):
+        next_position(start, [tp], bounds, tokens, None, True)
+    nxt = next_position(start, [tp], bounds, tokens, None, False)
+    assert nxt == Position({tp: 3}, {tp: 3}, tokens=dict(tokens))
+    producer.send_batch("tail", [b"d"])  # offset 3 again: a new record, read next
+    bounds, tokens = log_snapshot(topics, [tp])
+    after = next_position(nxt, [tp], bounds, tokens, None, False)
+    assert after is not None and ranges_between(nxt, after) == [OffsetRange("tail", 0, 3, 4)]
 
 
 def test_a_stream_from_latest_starts_once_however_often_spark_asks(
@@ -2106,6 +2133,29 @@ def test_a_group_member_treats_a_recreated_topic_as_data_loss(
         assert nxt.offsets == {TP("ev", 0): 7, TP("ev", 1): 7}
     finally:
         lenient.close(5)
+
+
+def test_a_group_member_whose_log_lost_its_last_records_goes_on_at_the_log_end(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any) -> None:
+    # As outside group mode: an offset this member planned past the log end of the same topic
+    # (the log lost its last records) started again at the log start without failOnDataLoss,
+    # and the records read before were read again.
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 3)
+    member = _member(redis_server.url, namespace, single_client, failOnDataLoss="false")
+    try:
+        batch = member.plan(member.initial(10), latest, None)
+        assert batch.offsets == {TP("ev", 0): 3}
+        ahead = replace(batch, offsets={TP("ev", 0): 5})  # planned before records 3, 4 went
+        nxt = member.plan(ahead, latest, None)
+        assert (nxt.starts, nxt.offsets) == ({TP("ev", 0): 3}, {TP("ev", 0): 3})
+        producer.send_batch("ev", [b"y"])
+        after = member.plan(nxt, latest, None)
+        assert ranges_between(nxt, after) == [OffsetRange("ev", 0, 3, 4)]
+    finally:
+        member.close(5)
 
 
 def test_a_group_member_reports_a_deleted_topic_as_data_loss_and_reads_it_anew(

@@ -76,6 +76,7 @@ from .resolve import (
     Clamp,
     added_loss,
     continuity_loss,
+    continuity_restart,
     drop_after_loss,
     gone_loss,
     restart_after_loss,
@@ -301,9 +302,11 @@ class StreamMember:
             # (resolve.next_position).
             planned = (own.tokens.get(tp.topic) if tp in carried else None) \
                 or self._base_tokens.get(tp)
-            loss = continuity_loss(tp, begin[tp], (lo, hi), planned, tokens.get(tp.topic))
+            now = tokens.get(tp.topic)
+            loss = continuity_loss(tp, begin[tp], (lo, hi), planned, now)
             if loss is not None:
-                begin[tp] = starts[tp] = restart_after_loss(loss, lo, self._fail)
+                at, what = continuity_restart(begin[tp], (lo, hi), planned, now)
+                begin[tp] = starts[tp] = restart_after_loss(loss, at, self._fail, what)
         readable = bounds if clamp is None else clamp(dict(bounds), tokens)
         ends = limit_end(begin, {tp: max(begin[tp], readable[tp][1]) for tp in begin}, limit)
         read = {tp.topic for tp in begin}

@@ -28,6 +28,7 @@ __all__ = [
     "Clamp",
     "DataLossError",
     "continuity_loss",
+    "continuity_restart",
     "drop_after_loss",
     "gone_loss",
     "log_bounds",
@@ -150,6 +151,10 @@ def continuity_loss(
     if planned_token and token and planned_token != token:
         return (f"{where}: the topic was deleted and created again since offset {planned} was "
                 f"planned (the new topic holds offsets {lo} to {hi}, other records)")
+    if planned > hi and planned_token and token:  # the same topic (checked above)
+        return (f"{where}: the planned start offset {planned} is past the log end offset {hi} "
+                "of the same topic: the log lost records from its end (e.g. by a failover to a "
+                "replica that did not have them)")
     if planned > hi:
         return (f"{where}: the planned start offset {planned} is past the log end offset {hi} "
                 "(the topic was deleted and created again, so its offsets began again at 0)")
@@ -219,16 +224,34 @@ def resolve_offsets(
     return out
 
 
-def restart_after_loss(loss: str, log_start: int, fail_on_data_loss: bool) -> int:
+def continuity_restart(
+    planned: int, bounds: tuple[int, int], planned_token: str | None, token: str | None
+) -> tuple[int, str]:
+    """Where a partition goes on (without ``failOnDataLoss``) after ``continuity_loss`` found a
+    gap at ``planned``, and what that offset is, for the messages: its log start, unless the
+    log now ends before ``planned`` in the same topic (both create tokens known and equal).
+    Then the log lost records from its end (a failover to a replica that did not have them);
+    the records below them the query had read already, and it goes on at the log end, as
+    Spark's Kafka source goes on from the offset a partition "was changed" to. From the log
+    start it read every earlier record of the partition a second time. (Records appended
+    between the loss and this plan, below the log end, are not told from those and are
+    skipped with them, as in Spark; the warning reports the loss.)"""
+    lo, hi = bounds
+    if planned > hi and planned_token and token and planned_token == token:
+        return hi, "the log end offset"
+    return lo, "the earliest available offset"
+
+
+def restart_after_loss(loss: str, log_start: int, fail_on_data_loss: bool,
+                       what: str = "the earliest available offset") -> int:
     """What a plan does with a partition ``continuity_loss`` found a gap in: a
     ``DataLossError`` with ``failOnDataLoss``, else a warning, and the partition starts again
-    at ``log_start`` (returned). One rule for both modes (``next_position``, group mode's
-    ``StreamMember``)."""
+    at ``log_start`` (returned; ``what`` names it, see ``continuity_restart``). One rule for
+    both modes (``next_position``, group mode's ``StreamMember``)."""
     if fail_on_data_loss:
-        raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from the earliest "
-                            f"available offset ({log_start})")
-    log.warning("%s; going on from the earliest available offset %d (failOnDataLoss=false)",
-                loss, log_start)
+        raise DataLossError(f"{loss}; set failOnDataLoss=false to go on from {what} "
+                            f"({log_start})")
+    log.warning("%s; going on from %s %d (failOnDataLoss=false)", loss, what, log_start)
     return log_start
 
 
@@ -306,10 +329,11 @@ def next_position(
             begin[tp] = starts[tp] = lo
             continue
         begin[tp] = start.offsets[tp]
-        loss = continuity_loss(tp, begin[tp], bounds[tp], start.tokens.get(tp.topic),
-                               tokens.get(tp.topic))
+        was, now = start.tokens.get(tp.topic), tokens.get(tp.topic)
+        loss = continuity_loss(tp, begin[tp], bounds[tp], was, now)
         if loss is not None:
-            begin[tp] = starts[tp] = restart_after_loss(loss, lo, fail_on_data_loss)
+            at, what = continuity_restart(begin[tp], bounds[tp], was, now)
+            begin[tp] = starts[tp] = restart_after_loss(loss, at, fail_on_data_loss, what)
     if clamp is not None:
         bounds = clamp(bounds, tokens)
     end = limit_end(begin, {tp: max(begin[tp], bounds[tp][1]) for tp in begin}, limit)
