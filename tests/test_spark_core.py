@@ -243,6 +243,17 @@ def topics(single_client: Any, namespace: str) -> Topics:
     return Topics(single_client, namespace)
 
 
+def test_a_subscribe_pattern_is_trimmed_as_in_sparks_kafka_source(
+        redis_server: Any, namespace: str, topics: Topics) -> None:
+    # A pattern with a stray blank or newline (read from a file) matched no topic, so the
+    # query silently read nothing; Spark's Kafka source trims it (SubscribePatternStrategy).
+    topics.create("ev", 2)
+    o = parse_read_options({"url": redis_server.url, "namespace": namespace,
+                            "subscribePattern": " ev.*\n"}, ReadKind.BATCH, env={})
+    assert o.pattern == "ev.*"
+    assert resolve_partitions(topics, o) == [TP("ev", 0), TP("ev", 1)]
+
+
 def test_resolve_partitions_and_offsets(redis_server: Any, single_client: Any, namespace: str,
                                         topics: Topics) -> None:
     topics.create("ev", 3)

@@ -368,7 +368,9 @@ def parse_read_options(
         if not topics:
             raise OptionError(f"subscribe: no topic names in {opts['subscribe']!r}")
     elif given[0] == "subscribePattern":
-        pattern = opts["subscribepattern"]
+        # Trimmed, as Spark's Kafka source trims it: a stray blank or newline (a value read
+        # from a file) matched no topic, and the query read nothing, silently.
+        pattern = opts["subscribepattern"].strip()
         try:
             re.compile(pattern)
         except re.error as exc:
