@@ -359,12 +359,13 @@ def read_range(
     consumer's ``max.partition.fetch.bytes``. A chunk cut short by the bytes is followed by
     the next from its last offset on, so the range is still read whole and in order.
 
-    Records trimmed by retention since planning, or no longer in the log (it ends before
-    them), are data loss: an error, or skipped without ``failOnDataLoss``. Offsets are dense in a partition, so the range ends exactly at
-    ``rng.end``. ``token`` is the create token of the topic the range was planned in: if the
-    topic was created again since (a batch Spark replays after a restart was planned, perhaps
-    long before), the offsets name other records, so it is data loss too (without
-    ``failOnDataLoss`` the range reads nothing and the next plan starts over in the new topic).
+    Records trimmed by retention since planning, or no longer in the log (it ends before them),
+    are data loss: an error, or skipped without ``failOnDataLoss``. Offsets are dense in a
+    partition, so the range ends exactly at ``rng.end``. ``token`` is the create token of the
+    topic the range was planned in: if the topic was created again since (a batch Spark replays
+    after a restart was planned, perhaps long before), the offsets name other records, so it is
+    data loss too (without ``failOnDataLoss`` the range reads nothing and the next plan starts
+    over in the new topic).
     """
     if token:
         try:
