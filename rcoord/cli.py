@@ -350,33 +350,40 @@ def with_tls_files(url: str, ca_file: str | None, cert_file: str | None,
     ``ssl_keyfile``), so every process the URL is given to verifies the server the same way."""
     from urllib.parse import urlencode
 
-    extra = {
-        name: value
-        for name, value in (
-            ("ssl_ca_certs", ca_file), ("ssl_certfile", cert_file), ("ssl_keyfile", key_file)
+    given = [
+        (flag, name, value)
+        for flag, name, value in (
+            ("--tls-ca-file", "ssl_ca_certs", ca_file),
+            ("--tls-cert-file", "ssl_certfile", cert_file),
+            ("--tls-key-file", "ssl_keyfile", key_file),
         )
         if value
-    }
-    if not extra:
+    ]
+    if not given:
         return url
+    # Each named as its flag and the variable it came from (env_note): a $RCOORD_TLS_* set for
+    # another command was refused as "--tls-ca-file/--tls-cert-file/--tls-key-file", flags
+    # nobody typed, and a missing file as "ssl_ca_certs file ...", neither flag nor variable.
     if not url.startswith("rediss://"):
-        raise UsageError("--tls-ca-file/--tls-cert-file/--tls-key-file need a rediss:// URL")
-    for name, value in extra.items():
+        names = ", ".join(f"{flag}{env_note(value)}" for flag, _, value in given)
+        raise UsageError(f"{names}: TLS files need a rediss:// URL")
+    for flag, _, value in given:
         if not os.path.isfile(value):
-            raise UsageError(f"{name} file {value!r} does not exist")
-    return url + ("&" if "?" in url else "?") + urlencode(extra)
+            raise UsageError(f"{flag} file {str(value)!r}{env_note(value)} does not exist")
+    return url + ("&" if "?" in url else "?") + urlencode(
+        {name: str(value) for _, name, value in given})
 
 
 def add_tls_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca-file", action=AfterCommand,
-                   default=os.environ.get("RCOORD_TLS_CA_FILE"),
+                   default=env_default("RCOORD_TLS_CA_FILE"),
                    help="CA certificate(s) that sign the server's certificate, for rediss:// "
                    "(default $RCOORD_TLS_CA_FILE; else the system's CAs)")
     p.add_argument("--tls-cert-file", action=AfterCommand,
-                   default=os.environ.get("RCOORD_TLS_CERT_FILE"),
+                   default=env_default("RCOORD_TLS_CERT_FILE"),
                    help="client certificate, if the server asks for one (mutual TLS)")
     p.add_argument("--tls-key-file", action=AfterCommand,
-                   default=os.environ.get("RCOORD_TLS_KEY_FILE"),
+                   default=env_default("RCOORD_TLS_KEY_FILE"),
                    help="the client certificate's private key")
 
 

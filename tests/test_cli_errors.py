@@ -210,6 +210,28 @@ def test_tls_files_need_a_rediss_url(redis_server, tmp_path):
     assert res.returncode == 2 and "need a rediss:// URL" in line
 
 
+@pytest.mark.parametrize("command", [*COMMANDS, "topics list", "gateway"])
+def test_a_tls_file_from_the_environment_is_named_as_its_flag_and_variable(
+        command, redis_server, tmp_path):
+    """A ``$RCOORD_TLS_*`` file is named as its flag and variable: one set for another command
+    was refused as "--tls-ca-file/--tls-cert-file/--tls-key-file need a rediss:// URL", flags
+    nobody typed, and a missing one as "ssl_ca_certs file ... does not exist"."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not used")
+    res = rcoord(*command.split(), "--redis-url", redis_server.url,
+                 env={"RCOORD_TLS_CA_FILE": str(ca)})
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "--tls-ca-file (from $RCOORD_TLS_CA_FILE): TLS files need a rediss:// URL" in line
+    missing = tmp_path / "missing.pem"
+    res = rcoord(*command.split(), "--redis-url", "rediss://127.0.0.1:1",
+                 env={"RCOORD_TLS_KEY_FILE": str(missing)})
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert (f"--tls-key-file file '{missing}' (from $RCOORD_TLS_KEY_FILE) does not exist"
+            in line)
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_debug_keeps_the_traceback(command, refused_port):
     res = rcoord(command, "--redis-url", f"redis://127.0.0.1:{refused_port}", "--log-level",
