@@ -22,6 +22,7 @@ a coordinator that does not run flows (a test's fake) simply never looks at it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import threading
@@ -388,10 +389,27 @@ async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
     return int((await pipe.execute())[1]), ""
 
 
+def _raise_swallowed_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
+    """Raise the cancellation of ``task`` requested since it had ``cancels`` pending, if an
+    operation swallowed it (``adrive``)."""
+    if task is not None and task.cancelling() > cancels:
+        raise asyncio.CancelledError
+
+
 async def adrive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = None) -> R:
     """Run ``flow`` with a ``redis.asyncio`` client: the same operations, awaited;
     ``wake_reads`` (``rcoord.asyncio.wake.AsyncWakeReads``) shares the parked calls' stream
-    reads and bounds the commands in flight."""
+    reads and bounds the commands in flight.
+
+    A cancellation of the caller's task that an operation swallowed is raised once the
+    operation returns: on Python 3.11 redis-py awaits each command's write with
+    ``asyncio.wait_for``, which loses a cancellation that comes as the write completes
+    (CPython gh-86296; ``rcoord.asyncio.cancel``). A caller's ``asyncio.timeout`` (or
+    ``task.cancel()``) that came then was ignored, and a parked JoinGroup went on waiting for the
+    whole rebalance, past the caller's deadline. The task's pending cancellations
+    (``Task.cancelling()``) still count it, so the check needs no timing."""
+    task = asyncio.current_task()
+    cancels = task.cancelling() if task is not None else 0
     try:
         op = next(flow)
         while True:
@@ -401,8 +419,10 @@ async def adrive(client: Any, scripts: Any, flow: Flow[R], wake_reads: Any = Non
                     raise abandoned
                 result = await _aperform(client, scripts, op, wake_reads)
             except Exception as exc:  # noqa: BLE001 - the flow decides what an error means
+                _raise_swallowed_cancel(task, cancels)
                 op = flow.throw(exc)
             else:
+                _raise_swallowed_cancel(task, cancels)
                 op = flow.send(result)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
