@@ -46,6 +46,7 @@ from .steps import (
     MAX_DUE_RETRIES,
     NOT_COORDINATOR_RETRIES,
     GroupSteps,
+    config_arg,
     present_as,
 )
 from .batching import SharedCalls
@@ -104,7 +105,7 @@ class GroupCoordinator:
             raise TypeError("GroupCoordinator needs a blocking client (redis.Redis or "
                             "redis.RedisCluster); with a redis.asyncio client use "
                             "rcoord.asyncio.AsyncGroupCoordinator")
-        given = config if isinstance(config, CoordinatorConfig) else None
+        given = config_arg(config)
         self._steps = GroupSteps(given, config if isinstance(config, str) else "rcoord", clock)
         self._lock = threading.Lock()
         self._wake_reads = SharedWakeReads()

@@ -83,6 +83,7 @@ __all__ = [
     "PUBLIC_STEPS",
     "GroupSteps",
     "block_limit",
+    "config_arg",
     "present_as",
     "socket_timeout_ms",
 ]
@@ -144,6 +145,19 @@ def block_limit(client: Any) -> int:
 def _busy(reply: Any) -> bool:
     """Whether a group step's reply is BUSY (``{'B'}``: call again)."""
     return isinstance(reply, list) and len(reply) == 1 and reply[0] == b"B"
+
+
+def config_arg(config: object) -> CoordinatorConfig | None:
+    """A coordinator's ``config`` argument as the config it names (None: a namespace name, or
+    nothing). Any other type is refused: a namespace given as bytes (or a dict of settings)
+    used to be taken as no namespace at all, so the coordinator served the default "rcoord"
+    namespace, another deployment's groups, without a word."""
+    if config is None or isinstance(config, str):
+        return None
+    if isinstance(config, CoordinatorConfig):
+        return config
+    raise TypeError("config must be a CoordinatorConfig or a namespace name (str), "
+                    f"got {type(config).__name__} {config!r:.60}")
 
 
 def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:

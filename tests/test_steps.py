@@ -95,6 +95,26 @@ def test_asyncio_still_takes_namespace_as_a_keyword():
         AsyncGroupCoordinator(client, "a", namespace="b")
 
 
+def test_a_config_of_another_type_is_refused_not_taken_for_the_default_namespace():
+    """A reviewer's repro: ``GroupCoordinator(client, b"orders")`` (a namespace read as bytes)
+    or a dict of settings was taken as no namespace, so both coordinators served the default
+    "rcoord" namespace (another deployment's groups) without a word. Both now refuse it."""
+    import pytest
+    import redis
+    import redis.asyncio
+
+    blocking = redis.Redis(host="127.0.0.1", port=1)  # (never connects)
+    asyncio_client = redis.asyncio.Redis(host="127.0.0.1", port=1)
+    for config in (b"orders", {"namespace": "orders"}, 5):
+        with pytest.raises(TypeError, match="CoordinatorConfig or a namespace name"):
+            GroupCoordinator(blocking, config)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="CoordinatorConfig or a namespace name"):
+            AsyncGroupCoordinator(asyncio_client, config)  # type: ignore[arg-type]
+    assert GroupCoordinator(blocking, "orders")._steps.namespace == "orders"
+    assert AsyncGroupCoordinator(asyncio_client)._steps.namespace == "rcoord"
+    blocking.close()
+
+
 def test_a_layout_cached_under_another_count_is_rebuilt():
     from rcoord import CoordinatorConfig
     from rcoord.keys import GroupKeys

@@ -17,7 +17,7 @@ from ..config import CoordinatorConfig
 from ..errors import reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import LoopLock, Scripts
-from ..steps import GroupSteps, present_as
+from ..steps import GroupSteps, config_arg, present_as
 from .wake import AsyncWakeReads, command_limit
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
@@ -65,7 +65,7 @@ class AsyncGroupCoordinator:
         if not self._scripts.is_async:
             raise TypeError("AsyncGroupCoordinator needs a redis.asyncio client (Redis or "
                             "RedisCluster); with a blocking client use rcoord.GroupCoordinator")
-        given = config if isinstance(config, CoordinatorConfig) else None
+        given = config_arg(config)
         if namespace is not None and config is not None:
             raise TypeError("give the namespace either as config or as namespace=, not both")
         # (An empty name is refused as the blocking coordinator refuses it, not the default.)
