@@ -13,6 +13,7 @@ from harness import await_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.asyncio import AsyncGroupCoordinator
+from rcoord.asyncio.wake import AsyncWakeReads
 
 FORM: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"m")],
                         "session_timeout_ms": 30_000, "rebalance_timeout_ms": 3_000}
@@ -58,6 +59,55 @@ def test_a_cancel_that_comes_as_a_command_is_written_ends_the_call(redis_server,
         assert {(r.error, r.generation_id) for r in again} == {(Errors.NONE, 2)}
         assert asyncio.all_tasks() == {asyncio.current_task()}
         await coord.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_sharer_with_an_old_cancel_count_reads_again_when_its_sender_is_cancelled(
+        redis_server):
+    """A reviewer's repro: a parked call that shares a due check (``AsyncWakeReads.read``) sends
+    it again when the call that sent it is cancelled, unless it was cancelled itself, which it
+    judged by ``Task.cancelling()`` being above 0. A task that once caught a cancellation
+    without ``uncancel()`` (a common pattern) keeps a count of 1, so its parked call failed
+    with CancelledError when another member's call was cancelled. Now only cancellations since
+    the call began count."""
+    key = "rev-f-due"
+    command = ("ZSCORE", key, "g")
+
+    class Gated(redis.asyncio.Redis):
+        """Holds the ZSCORE of the first call until ``gate`` opens."""
+
+        gate = asyncio.Event()
+        sending = asyncio.Event()
+
+        async def execute_command(self, *args: Any, **options: Any) -> Any:
+            if args[0] == "ZSCORE" and not self.gate.is_set():
+                self.sending.set()
+                await self.gate.wait()
+            return await super().execute_command(*args, **options)
+
+    async def sharer(reads: AsyncWakeReads, client: Any) -> Any:
+        me = asyncio.current_task()
+        assert me is not None
+        me.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)  # (caught, not uncancelled: the count stays 1)
+        assert me.cancelling() == 1
+        return await reads.read(client, command)
+
+    async def scenario() -> None:
+        client = Gated(host="127.0.0.1", port=redis_server.port)
+        reads = AsyncWakeReads(8)
+        sender = asyncio.create_task(reads.read(client, command))
+        await client.sending.wait()
+        shared = asyncio.create_task(sharer(reads, client))
+        await await_until(lambda: reads.sharing(command) == 1, "the second call shares")
+        sender.cancel()
+        client.gate.set()
+        assert await shared is None  # (the old code: CancelledError)
+        assert sender.cancelled()
+        await reads.close()
         await client.aclose()
 
     asyncio.run(scenario())

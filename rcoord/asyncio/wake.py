@@ -271,13 +271,17 @@ class AsyncWakeReads:
         shares holds no place under the commands' bound."""
         loop = self._bound()
         self._check_open()
+        task = asyncio.current_task()
+        # (Counted from here: a task that once caught a cancellation without ``uncancel()``
+        # keeps a count above 0, and its call failed with CancelledError when a sender it
+        # shared with was cancelled.)
+        cancels = task.cancelling() if task is not None else 0
         while (call := self._shared.get(command)) is not None:
             self._sharers[command] = self._sharers.get(command, 0) + 1
             try:
                 return await asyncio.shield(call)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if not call.cancelled() or (task is not None and task.cancelling()):
+                if not call.cancelled() or (task is not None and task.cancelling() > cancels):
                     raise  # this caller was cancelled
                 # The sending call was cancelled (its caller's affair): read again, or share.
             finally:
