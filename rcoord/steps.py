@@ -427,6 +427,10 @@ class GroupSteps:
         out: list[Errors | None] = [None] * len(heartbeats)
         by_group: dict[str, list[tuple[int, list[Any]]]] = {}
         for i, hb in enumerate(heartbeats):
+            if not isinstance(hb, tuple | list) or not 3 <= len(hb) <= 4:
+                # (A short one failed with IndexError, a longer one lost its extra items.)
+                raise TypeError("each heartbeat must be (group_id, generation_id, member_id"
+                                f"[, group_instance_id]), got {hb!r:.80} at index {i}")
             gid, args = heartbeat_args(hb[0], hb[1], hb[2], hb[3] if len(hb) > 3 else None)
             if not gid:
                 out[i] = Errors.INVALID_GROUP_ID

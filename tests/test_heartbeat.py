@@ -127,6 +127,17 @@ def test_heartbeat_many_as_the_first_call(redis_client, namespace):
     assert coord.heartbeat_many([("g", 1, "m")]) == [Errors.UNKNOWN_MEMBER_ID]
 
 
+def test_heartbeat_many_refuses_a_heartbeat_of_the_wrong_shape(ctx):
+    """A reviewer's repro: a heartbeat with two items failed with ``IndexError: tuple index out
+    of range`` (naming neither the heartbeat nor its shape), and one with a fifth item lost it
+    without a word; on both coordinators. Now a TypeError names the shape and the index."""
+    import pytest
+
+    for bad in [(ctx.group_id, 1), (ctx.group_id, 1, "m", None, "extra"), "g1m"]:
+        with pytest.raises(TypeError, match=r"\(group_id, generation_id, member_id.* index 1"):
+            ctx.coord.heartbeat_many([(ctx.group_id, 1, "m"), bad])
+
+
 def test_pending_member_that_never_rejoins_times_out_and_the_group_stays_stable(ctx):
     """Kafka's testSecondMemberPartiallyJoinAndTimeout."""
     ctx.session_timeout_ms = 5000
