@@ -6,6 +6,7 @@ single-node server fixture.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -310,6 +311,41 @@ def test_a_range_planned_past_the_log_end_is_data_loss(single_client: Any, names
                                             r"now ends at offset 3.*failOnDataLoss=false"):
         list(read_range(single_client, namespace, rng, 10, True, token))
     assert list(read_range(single_client, namespace, rng, 10, False, token)) == []
+
+
+def test_every_record_a_task_skips_without_fail_on_data_loss_is_reported(
+        single_client: Any, namespace: str, topics: Topics, caplog: Any) -> None:
+    # With failOnDataLoss=false, a range running past the log end, one starting at it, one
+    # of a deleted topic and records retention removed were skipped without a word: a batch
+    # came out short with nothing in the logs. Spark's Kafka source warns on every skip.
+    caplog.set_level(logging.WARNING, "rcoord.spark")
+    topics.create("lost", 1)
+    Producer(single_client, namespace).send_batch("lost", [b"a", b"b", b"c"])
+    token = topics.create_token("lost")
+
+    def skipped(rng: OffsetRange, tok: str | None = token) -> tuple[list[int], list[str]]:
+        caplog.clear()
+        with pytest.raises(DataLossError, match="failOnDataLoss=false"):
+            list(read_range(single_client, namespace, rng, 10, True, tok))
+        chunks = list(read_range(single_client, namespace, rng, 10, False, tok))
+        return [r.offset for c in chunks for r in c], [r.getMessage() for r in caplog.records]
+
+    got, warned = skipped(OffsetRange("lost", 0, 0, 8))
+    assert got == [0, 1, 2]
+    assert len(warned) == 1 and "lost-0: offsets 3..7 were planned" in warned[0]
+    assert "skipping them (failOnDataLoss=false)" in warned[0]
+    got, warned = skipped(OffsetRange("lost", 0, 3, 5))
+    assert got == [] and len(warned) == 1 and "lost-0: offsets 3..4 were planned" in warned[0]
+    topics.create("ret", 1, retention_records=5)
+    Producer(single_client, namespace).send_batch("ret", [str(i).encode() for i in range(20)])
+    topics.apply_retention("ret")
+    got, warned = skipped(OffsetRange("ret", 0, 0, 20), None)
+    assert got == list(range(15, 20))
+    assert len(warned) == 1 and "ret-0: offsets 0..14 were removed by retention" in warned[0]
+    topics.delete("lost")  # a range whose topic's create token was not known when planned
+    got, warned = skipped(OffsetRange("lost", 0, 1, 3), "")
+    assert got == [] and len(warned) == 1
+    assert "lost-0: offsets 1..2 were planned but the partition no longer exists" in warned[0]
 
 
 def test_a_task_reads_about_max_partition_fetch_bytes_at_once(

@@ -366,7 +366,23 @@ def read_range(
     after a restart was planned, perhaps long before), the offsets name other records, so it is
     data loss too (without ``failOnDataLoss`` the range reads nothing and the next plan starts
     over in the new topic).
+
+    Every skip (``failOnDataLoss`` false) logs a warning naming the topic-partition and the
+    offsets skipped, as Spark's Kafka source reports each one (``reportDataLoss``): a silent
+    skip left a batch short with nothing in the logs to say so.
     """
+    where = f"{rng.topic}-{rng.partition}"
+
+    def lost(msg: str) -> None:
+        """Data loss at a point of the range: an error, or a warning (the caller skips)."""
+        if fail_on_data_loss:
+            raise DataLossError(f"{msg}; set failOnDataLoss=false to skip them")
+        log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+
+    def gone(at: int) -> str:
+        return (f"{where}: offsets {at}..{rng.end - 1} were planned but the partition no "
+                "longer exists (its topic was deleted)")
+
     if token:
         try:
             now = Topics(client, namespace).create_token(rng.topic)
@@ -390,16 +406,13 @@ def read_range(
             res = fetch(client, namespace, rng.topic, rng.partition, offset, max_records=want,
                         max_bytes=max_bytes)
         except TopicError as exc:
-            if exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION and not fail_on_data_loss:
-                return
-            raise DataLossError(f"{rng.topic}-{rng.partition}: {exc}") from exc
+            if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise DataLossError(f"{where}: {exc}") from exc
+            lost(gone(offset))
+            return
         if res.error is Errors.OFFSET_OUT_OF_RANGE and res.log_start_offset > offset:
-            if fail_on_data_loss:
-                raise DataLossError(
-                    f"{rng.topic}-{rng.partition}: offsets {offset}..{res.log_start_offset - 1} "
-                    "were removed by retention before this batch read them; set "
-                    "failOnDataLoss=false to skip them"
-                )
+            lost(f"{where}: offsets {offset}..{res.log_start_offset - 1} were removed by "
+                 "retention before this batch read them")
             offset = res.log_start_offset
             continue
         if res.error is Errors.OFFSET_OUT_OF_RANGE and offset > res.log_end_offset:
@@ -408,24 +421,21 @@ def read_range(
             # past the end further on (below) and as the next plan reports it
             # (continuity_loss); this was a TopicError that failed the query whatever
             # failOnDataLoss said.
-            msg = (f"{rng.topic}-{rng.partition}: offsets {offset}..{rng.end - 1} were planned "
-                   f"but the log now ends at offset {res.log_end_offset} (records lost since, "
-                   "e.g. by a failover to a replica that did not have them)")
-            if fail_on_data_loss:
-                raise DataLossError(f"{msg}; set failOnDataLoss=false to skip them")
-            log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+            lost(f"{where}: offsets {offset}..{rng.end - 1} were planned but the log now ends "
+                 f"at offset {res.log_end_offset} (records lost since, e.g. by a failover to a "
+                 "replica that did not have them)")
             return
         if res.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
-            if fail_on_data_loss:
-                raise DataLossError(f"{rng.topic}-{rng.partition} no longer exists")
+            lost(gone(offset))
             return
         if res.error is not Errors.NONE:
-            raise TopicError(res.error, f"{rng.topic}-{rng.partition} at offset {offset}")
+            raise TopicError(res.error, f"{where} at offset {offset}")
         records = [r for r in res.records if r.offset < rng.end]
         if not records:
-            if fail_on_data_loss:
-                raise DataLossError(f"{rng.topic}-{rng.partition}: no record at offset {offset} "
-                                    f"(log end {res.log_end_offset})")
+            # Offsets are dense: no record here means the log ends at or before ``offset``.
+            lost(f"{where}: offsets {offset}..{rng.end - 1} were planned but there is no "
+                 f"record at offset {offset} (the log now ends at offset {res.log_end_offset}; "
+                 "records lost since, e.g. by a failover to a replica that did not have them)")
             return
         yield records
         offset = records[-1].offset + 1
