@@ -670,6 +670,42 @@ def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_crea
     assert _offsets(lenient, nxt, again) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+def test_a_batch_read_reports_a_topic_deleted_while_it_was_planned_as_data_loss(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        monkeypatch: Any, caplog: Any) -> None:
+    # The topic goes between listing the partitions and reading their bounds. Before, its
+    # partitions took the bounds (0, 0): empty ranges, an empty read without a word, also
+    # with failOnDataLoss=true.
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    topics.create("gone", 2)
+    topics.create("keep", 1)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("gone", [b"g"] * 4)
+    producer.send_batch("keep", [b"k"] * 3)
+    snapshot = source.log_snapshot
+
+    def deleted_first(admin: Topics, parts: Any) -> Any:
+        if "gone" in admin.list():
+            admin.delete("gone")
+        return snapshot(admin, parts)
+
+    monkeypatch.setattr(source, "log_snapshot", deleted_first)
+
+    def reader(**kw: str) -> Any:
+        return source.BatchReader(parse_read_options(
+            {"url": redis_server.url, "namespace": namespace, "subscribe": "gone,keep", **kw},
+            ReadKind.BATCH, env={}))
+
+    with pytest.raises(DataLossError, match=r"^topic 'gone' partition 0 was deleted while the "
+                                            r"batch read was planned.*failOnDataLoss=false"):
+        reader().partitions()
+    topics.create("gone", 2)
+    with caplog.at_level("WARNING", logger="rcoord.spark"):
+        tasks = reader(failOnDataLoss="false").partitions()
+    assert [t.range for t in tasks] == [OffsetRange("keep", 0, 0, 3)]
+    assert "topic 'gone' partition 1 was deleted while the batch read" in caplog.text
+
+
 def test_continuity_loss_names_topic_partition_and_offsets(
         single_client: Any, namespace: str, topics: Topics) -> None:
     tp = TP("gap", 0)

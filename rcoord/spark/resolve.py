@@ -38,6 +38,7 @@ __all__ = [
     "resolve_offsets",
     "resolve_partitions",
     "restart_after_loss",
+    "still_present",
     "subscribed_topics",
 ]
 
@@ -282,6 +283,30 @@ def drop_after_loss(loss: str, fail_on_data_loss: bool) -> None:
         raise DataLossError(f"{loss}; set failOnDataLoss=false to go on without it")
     log.warning("%s; going on without it (failOnDataLoss=false); if the topic is created "
                 "again, the query reads it from its log start", loss)
+
+
+def still_present(partitions: Sequence[TP], bounds: Mapping[TP, tuple[int, int]],
+                  fail_on_data_loss: bool) -> list[TP]:
+    """The ``partitions`` a batch read plans, less those ``bounds`` (their ``log_snapshot``,
+    taken after they were listed) lacks: their topic was deleted in between. That is data
+    loss, as ``drop_after_loss`` reports a stream's: an error with ``failOnDataLoss``, else a
+    warning and a read without them. Before, such a partition took the bounds (0, 0), an
+    empty range: the read came out empty without a word, also with ``failOnDataLoss`` (and
+    an offset given for it was "past its log end offset 0"). Spark's Kafka source fails a
+    batch read whose partitions change between resolving its start and its end ("different
+    topic partitions for starting offsets ..."); here ``failOnDataLoss`` decides, as for
+    every other partition a read finds gone."""
+    out = []
+    for tp in partitions:
+        if tp in bounds:
+            out.append(tp)
+            continue
+        loss = (f"topic {tp.topic!r} partition {tp.partition} was deleted while the batch "
+                "read was planned: its records were not read")
+        if fail_on_data_loss:
+            raise DataLossError(f"{loss}; set failOnDataLoss=false to read without it")
+        log.warning("%s; reading without it (failOnDataLoss=false)", loss)
+    return out
 
 
 Bounds = dict[TP, tuple[int, int]]

@@ -62,6 +62,7 @@ from .resolve import (
     read_range,
     resolve_offsets,
     resolve_partitions,
+    still_present,
     subscribed_topics,
 )
 from .rows import SCHEMA_DDL, SCHEMA_STRING, records_to_batch
@@ -171,6 +172,7 @@ class BatchReader(DataSourceReader):
         admin = Topics(client_for(opts.url), opts.namespace)
         parts = resolve_partitions(admin, opts)
         bounds, tokens = log_snapshot(admin, parts)
+        parts = still_present(parts, bounds, opts.fail_on_data_loss)
         start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, EARLIEST,
                                 opts.fail_on_data_loss)
         end = resolve_offsets("endingOffsets", opts.ending, parts, bounds, LATEST,
