@@ -574,6 +574,27 @@ def test_a_plain_query_continues_a_checkpoint_written_in_group_mode(
     assert plain.latestOffset(nxt, every) == nxt
 
 
+def test_a_plain_query_refuses_a_group_checkpoint_of_some_of_the_partitions(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
+    """A group-mode checkpoint holds only its member's partitions; the others' offsets are the
+    group's. Before, a restart without groupId read those from their log start: rows the
+    group's other members had read came again (here ev-1's 3 records)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"a"] * 6)
+    held = Position({TP("ev", 0): 3}, generation=4, member="m-1",
+                    tokens={"ev": topics.create_token("ev")})
+    plain = _stream_reader(redis_server.url, namespace, subscribe="ev", failOnDataLoss="false")
+    with pytest.raises(OptionError, match=r"^groupId: the checkpoint was written in group mode "
+                                          r"\(member 'm-1', generation 4\).* would read ev-1 "
+                                          r"from their log start.*Restart with the groupId"):
+        plain.latestOffset(held.to_json(), ReadAllAvailable())
+    every = Position({TP("ev", 0): 3, TP("ev", 1): 3}, generation=4, member="m-1",
+                     tokens=held.tokens)
+    assert plain.latestOffset(every.to_json(), ReadAllAvailable()) == every.to_json()
+
+
 def test_a_streams_specific_starting_offsets_must_name_every_partition(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics) -> None:
     # Before, the partitions a stream's JSON left out started at latest: re-1's five records

@@ -31,6 +31,7 @@ __all__ = [
     "continuity_restart",
     "drop_after_loss",
     "gone_loss",
+    "group_checkpoint_error",
     "log_bounds",
     "log_snapshot",
     "next_position",
@@ -338,7 +339,18 @@ def next_position(
     A partition of ``start`` that ``bounds`` lacks is gone (its topic was deleted; ``bounds``
     covers ``start``'s partitions too, so one the read no longer names but that still exists
     is simply dropped): ``drop_after_loss``, an error or a warning and a plan without it.
+
+    A ``start`` planned in group mode (a checkpoint of a query that ran with ``groupId``) holds
+    the offsets of only the partitions its member held; the others' are the group's committed
+    offsets, which a query without ``groupId`` cannot know. Taken as new, they were read from
+    their log start: every record the group's other members had read came again (or, trimmed
+    by retention, failed as an added partition). So a plain plan continues such a checkpoint
+    only if it holds every partition the query reads, else an ``OptionError`` says what to do.
     """
+    if start.generation is not None:
+        foreign = [tp for tp in partitions if tp not in start.offsets]
+        if foreign:
+            raise OptionError(group_checkpoint_error(start, foreign))
     for tp in sorted(start.offsets):
         if tp not in bounds:
             drop_after_loss(gone_loss(tp, start.offsets[tp]), fail_on_data_loss)
@@ -366,6 +378,20 @@ def next_position(
             and len(end) == len(start.offsets) and start.tokens == dict(tokens)):
         return None
     return Position(end, starts, tokens=dict(tokens))
+
+
+def group_checkpoint_error(start: Position, foreign: Sequence[TP]) -> str:
+    """Why a query without ``groupId`` cannot continue the group-mode checkpoint ``start``
+    (``next_position``), and what to do instead."""
+    names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in foreign[:20])
+    return (f"groupId: the checkpoint was written in group mode (member {start.member!r}, "
+            f"generation {start.generation}) and holds offsets only for the partitions that "
+            f"member held; without groupId the query would read {names}"
+            f"{' ...' if len(foreign) > 20 else ''} from their log start, records the group's "
+            "other members read already (a partition added since cannot be told from those). "
+            "Restart with the groupId the query ran with, or on a new checkpoint with "
+            "startingOffsets naming every partition (the group's committed offsets: rcoord "
+            "groups describe)")
 
 
 def read_range(
