@@ -66,7 +66,7 @@ from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
-from ..topics import Header, PartitionRecords, Record, TopicError
+from ..topics import FetchWaker, Header, PartitionRecords, Record, TopicError
 from ..topics._base import sync_headers
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
@@ -363,6 +363,7 @@ class Consumer(SubscriptionMixin):
         self._fetching: InFlight[list[PartitionRecords[ConsumerRecord]], _FetchAsk] = InFlight(
             f"rcoord-{config.group_id}-fetcher")
         self._fetch_retry_at = 0.0  # after a failed fetch, the next waits until then
+        self._fetch_waker = FetchWaker()  # ends a parked fetch at close() (_end_calls)
         self._poll_timer = PollTimer(
             config.group_id, max_poll_interval_ms, lambda: self._group, self._stop
         )
@@ -1922,7 +1923,7 @@ class Consumer(SubscriptionMixin):
 
         def fetch() -> list[PartitionRecords[ConsumerRecord]]:
             result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000),
-                                 max_bytes=each)
+                                 max_bytes=each, waker=self._fetch_waker)
             records = _consumer_records(tp.topic, tp.partition, result.records)
             return [PartitionRecords(records, result.log_start_offset, result.log_end_offset,
                                      result.error)]
@@ -2174,11 +2175,52 @@ class Consumer(SubscriptionMixin):
                     hold.released.set()
                     hold.applied.set()
                 self._drop_holds()
+                ender = self._end_calls(deadline)
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
-                self._fetching.close()  # a fetch still in flight is dropped, never waited for
-                self._close_own_client()
+                self._fetching.close()  # a fetch still in flight is dropped
+                if ender is None:
+                    self._close_own_client()  # (else the ender does, once the calls returned)
         return listener_error
+
+    def _end_calls(self, deadline: float | None) -> threading.Thread | None:
+        """Wake a fetch parked in ``XREAD BLOCK`` (``FetchWaker``) and wait, within close()'s
+        bound (with none, a session timeout), for it and for the commits still running; the
+        thread that does it, which closes the consumer's own client once they returned, or
+        None if nothing was running.
+
+        Before, close() left the fetch parked for up to ``fetch_max_wait_ms`` and closed the
+        client under it (its own or the group's, made from ``redis_url``), or the caller did
+        after close(); so with close(0) and a final commit still running. A cluster client
+        whose read fails reads the topology again on a new socket that nobody closes (a
+        ResourceWarning at some later collection), and a standalone one's retry reconnects.
+        The wake and the wait run on a thread of their own, so that a server that does not
+        answer holds close() no longer than its bound; the clients made from ``redis_url``
+        are closed by that thread once the calls returned (the group's is held open until
+        then). A client the caller gave is the caller's to close after close() returned.
+        """
+        if not self._fetching.busy and not self._committer.pending:
+            self._fetch_waker.wake()  # (no round trip: nothing is parked)
+            return None
+        release = self._group.hold_client() if self._group is not None else None
+
+        def end() -> None:
+            try:
+                self._fetch_waker.wake()
+                # (the socket timeout bounds the calls; the commits no longer retry)
+                self._fetching.wait_finished(None)
+                self._committer.wait_idle(None)
+            finally:
+                if release is not None:
+                    release()
+                self._close_own_client()
+
+        ender = threading.Thread(target=end, daemon=True,
+                                 name=f"rcoord-{self._config.group_id}-close-calls")
+        ender.start()
+        left = _remaining(deadline)
+        ender.join(self._config.session_timeout_ms / 1000 if left is None else left)
+        return ender
 
     def __enter__(self) -> Self:
         return self

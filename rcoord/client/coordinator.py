@@ -120,9 +120,10 @@ class Coordinator(Protocol):
 
     def fetch(
         self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None,
-        *, max_bytes: int | None = None,
+        *, max_bytes: int | None = None, waker: _topics.FetchWaker | None = None,
     ) -> _topics.FetchResult:
-        """Records of one partition from ``offset`` (``rcoord.topics.fetch``)."""
+        """Records of one partition from ``offset`` (``rcoord.topics.fetch``); ``waker`` ends
+        its ``block_ms`` wait early."""
         ...
 
     def fetch_many_as(
@@ -211,10 +212,10 @@ class RedisCoordinator(GroupCoordinator):
 
     def fetch(
         self, topic: str, partition: int, offset: int, max_records: int, block_ms: int | None,
-        *, max_bytes: int | None = None,
+        *, max_bytes: int | None = None, waker: _topics.FetchWaker | None = None,
     ) -> _topics.FetchResult:
         return _topics.fetch(self._redis, self._ns, topic, partition, offset, max_records,
-                             block_ms=block_ms, max_bytes=max_bytes)
+                             block_ms=block_ms, max_bytes=max_bytes, waker=waker)
 
     def fetch_many_as(
         self, reads: Sequence[tuple[str, int, int]], max_records: int, record_type: type[R],

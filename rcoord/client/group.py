@@ -172,6 +172,10 @@ class ConsumerGroup:
         self._assigned_generation = -1
         self._coordinator: Coordinator | None = coordinator
         self._owned_client: Any = None
+        # Holders of the client made from redis_url (hold_client), and whether its close
+        # waits for them.
+        self._client_holds = 0
+        self._client_close_due = False
         self._cond = threading.Condition()
         self._closing = threading.Event()
         # Set once close() no longer waits for the routines (their generation was collected,
@@ -431,9 +435,33 @@ class ConsumerGroup:
         # Else the run thread closes it when it exits (_shutdown): close() did not wait for it
         # (called from a routine, or its timeout passed).
 
-    def _close_owned_client(self) -> None:
-        """Closes the client made from ``redis_url``, once, when nothing will use it again."""
+    def hold_client(self) -> Callable[[], None]:
+        """Keep the client made from ``redis_url`` open until the returned call (idempotent)
+        is made, whenever the group closes: for a call of the holder's still running on it
+        (the consumer's fetch at close(), which close()'s timeout did not wait for)."""
         with self._cond:
+            self._client_holds += 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._cond:
+                if released.is_set():
+                    return
+                released.set()
+                self._client_holds -= 1
+                due = self._client_close_due and not self._client_holds
+            if due:
+                self._close_owned_client()
+
+        return release
+
+    def _close_owned_client(self) -> None:
+        """Closes the client made from ``redis_url``, once, when nothing will use it again
+        (once every ``hold_client()`` is released)."""
+        with self._cond:
+            if self._client_holds:
+                self._client_close_due = True
+                return
             client, self._owned_client = self._owned_client, None
         if client is not None:
             try:

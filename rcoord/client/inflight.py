@@ -86,6 +86,13 @@ class InFlight(Generic[T, A]):
                 self._busy = False
             return done
 
+    def wait_finished(self, timeout: float | None) -> bool:
+        """Whether no call is running (none in flight, or it finished), waiting up to
+        ``timeout`` for the one running; the outcome stays for ``wait()`` to take."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy or self._finished is not None,
+                                       timeout)
+
     def interrupt_waits(self) -> None:
         """Make every ``wait()`` look at its ``interrupts`` now."""
         with self._cond:

@@ -61,7 +61,15 @@ from ._base import (
     producer_state_keys,
 )
 from .admin import Topics
-from .fetch import PartitionRecords, fetch, fetch_many, fetch_many_as, log_offsets, resolve_offset
+from .fetch import (
+    FetchWaker,
+    PartitionRecords,
+    fetch,
+    fetch_many,
+    fetch_many_as,
+    log_offsets,
+    resolve_offset,
+)
 from .producer import Producer
 from .racks import node_racks, partition_racks, set_node_racks
 from .times import OffsetAndTimestamp, offsets_for_times
@@ -80,6 +88,7 @@ __all__ = [
     "Topics",
     "Producer",
     "fetch",
+    "FetchWaker",
     "fetch_many",
     "fetch_many_as",
     "PartitionRecords",

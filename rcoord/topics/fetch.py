@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -36,6 +38,8 @@ from ._base import (
 from ._decode import decode_entries, decode_entries_as
 
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -395,6 +399,7 @@ def fetch(
     block_ms: int | None = None,
     *,
     max_bytes: int | None = None,
+    waker: FetchWaker | None = None,
 ) -> FetchResult:
     """Kafka's Fetch for one partition: up to ``max_records`` records from ``offset`` on, and
     with ``max_bytes`` about that many bytes of them (Kafka's ``max.partition.fetch.bytes``;
@@ -409,7 +414,8 @@ def fetch(
     With ``block_ms`` > 0 and no records at ``offset``, waits up to ``block_ms`` for one
     (Kafka's ``fetch.max.wait.ms``) with ``XREAD BLOCK`` from the id just before ``offset``:
     a record appended between the first read and the XREAD is still seen, so no wake-up is
-    lost. The client's ``socket_timeout`` must exceed ``block_ms``.
+    lost. The client's ``socket_timeout`` must exceed ``block_ms``. ``waker``: ends that
+    wait from another thread (``FetchWaker.wake()``).
 
     ``block_ms`` is a whole number of milliseconds (``None`` or 0: do not wait); anything else
     raises, because ``XREAD BLOCK 0`` waits forever, so a fraction truncated to 0 would turn a
@@ -422,8 +428,113 @@ def fetch(
     if result.records or result.error != Errors.NONE or not block_ms:
         return result
     # Entries with id > 0-<offset> are those at offsets >= offset.
-    redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
+    node = _node_client(redis_client, key) if waker is not None else None
+    if waker is None or node is None:
+        redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
+    else:
+        waker._park(node, key, f"0-{offset}", block_ms)
+        if waker.woken:
+            return result  # (its caller is closing: no read on a client about to close)
     return _fetch_once(redis_client, key, offset, max_records, max_bytes)
+
+
+def _node_client(redis_client: Any, key: str) -> redis.Redis | None:
+    """The ``redis.Redis`` of the node holding ``key`` (the client itself, standalone); None
+    for another kind of client, which parks with its own ``xread`` and cannot be woken."""
+    if isinstance(redis_client, redis.cluster.RedisCluster):
+        node = redis_client.get_redis_connection(redis_client.get_node_from_key(key))
+        return node if isinstance(node, redis.Redis) else None
+    return redis_client if isinstance(redis_client, redis.Redis) else None
+
+
+class FetchWaker:
+    """Lets another thread end a ``fetch(..., block_ms=...)`` parked in ``XREAD BLOCK`` at
+    once (``wake()``), as Kafka's ``wakeup()`` ends a consumer's wait: the fetch then reads
+    again and returns what it finds, as if its wait had run out.
+
+    Why: a consumer's close() used to leave the read parked for up to ``fetch_max_wait_ms``,
+    and the client was closed under it (by the caller, or by the group for a client made from
+    ``redis_url``); a cluster client whose read fails reads the topology again on a new socket
+    that nobody closed (a ResourceWarning at some later collection). A waker may serve one
+    fetch after another, one at a time; once woken, it wakes every later fetch at once.
+
+    The parked read runs on a connection taken from the node's pool, after ``CLIENT ID`` in
+    the same round trip: ``wake()`` sends ``CLIENT UNBLOCK <id>`` on another connection. A
+    server that refuses ``CLIENT ID`` (an ACL without it) leaves the read unwakeable, as
+    before; so does a client that is neither a ``redis.Redis`` nor a ``RedisCluster``.
+    """
+
+    _UNBLOCK_RETRY_S = 0.005
+    """Between ``CLIENT UNBLOCK``s while the read, sent before its id was known, has not
+    reached the server yet (the unblock answers 0 then)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._woken = False
+        self._parked: tuple[redis.Redis, int] | None = None  # (node, connection id)
+
+    @property
+    def woken(self) -> bool:
+        with self._cond:
+            return self._woken
+
+    def wake(self) -> None:
+        """End the parked read, if any, and any later one at once. Blocks for the unblock's
+        round trip (run it on a thread of its own where the server may not answer)."""
+        with self._cond:
+            self._woken = True
+            parked = self._parked
+            self._cond.notify_all()
+        if parked is not None:
+            self._unblock(*parked, lambda: self._parked != parked)
+
+    def _unblock(self, node: redis.Redis, conn_id: int, done: Callable[[], bool]) -> None:
+        """``CLIENT UNBLOCK conn_id`` until it unblocks or the read is ``done``: it answers 0
+        while the XREAD, sent before the id was known, has not reached the server yet."""
+        try:
+            while not done() and not node.client_unblock(conn_id):
+                with self._cond:
+                    self._cond.wait(self._UNBLOCK_RETRY_S)
+        except redis.exceptions.RedisError:
+            log.debug("CLIENT UNBLOCK failed; the fetch ends by its own wait", exc_info=True)
+
+    def _park(self, node: redis.Redis, key: str, after_id: str, block_ms: int) -> None:
+        """``XREAD COUNT 1 BLOCK block_ms STREAMS key after_id`` on a connection of
+        ``node``'s pool whose id ``wake()`` can unblock; the reply is not needed (the fetch
+        reads again)."""
+        if self.woken:
+            return
+        pool = node.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands([
+                ("CLIENT", "ID"),
+                ("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", key, after_id),
+            ]))
+            try:
+                conn_id: int | None = int(conn.read_response())
+            except redis.exceptions.ResponseError:
+                conn_id = None  # (not allowed): the read cannot be woken
+            with self._cond:
+                if conn_id is not None:
+                    self._parked = (node, conn_id)
+                woken = self._woken
+            try:
+                if woken and conn_id is not None:  # woken between the check and the send
+                    self._unblock(node, conn_id, lambda: bool(conn.can_read(timeout=0)))
+                try:
+                    conn.read_response()
+                except redis.exceptions.ResponseError:
+                    pass  # (a cluster's MOVED): the read that follows finds the new owner
+            finally:
+                with self._cond:
+                    self._parked = None
+                    self._cond.notify_all()
+        except BaseException:
+            conn.disconnect()  # its reply may still come: never reuse it
+            raise
+        finally:
+            pool.release(conn)
 
 
 @translate_redis_errors

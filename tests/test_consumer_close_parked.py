@@ -1,0 +1,129 @@
+"""close() while the consumer's fetch is parked in ``XREAD BLOCK`` (``fetch_max_wait_ms``)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+import threading
+import tracemalloc
+from typing import Any
+
+import pytest
+from harness import wait_until, without_join_delay
+
+from rcoord.client import Consumer, ConsumerGroupConfig
+from rcoord.testing.embedded import EmbeddedCluster, EmbeddedServer
+from rcoord.topics import Topics
+
+
+def _parked_reads(nodes: list[Any]) -> int:
+    """How many connections of the servers of ``nodes`` are blocked in an XREAD now."""
+    return sum(1 for node in nodes for c in node.client_list()
+               if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+
+def _open_sockets() -> list[socket.socket]:
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1]
+
+
+@pytest.mark.parametrize(("own_client", "timeout"), [(True, None), (False, None), (False, 5.0)])
+def test_close_ends_a_parked_fetch_and_leaks_no_socket(
+    request: pytest.FixtureRequest, backend: str, namespace: str, own_client: bool,
+    timeout: float | None,
+) -> None:
+    """A fetch parked for a minute: close() wakes it, and once every client is closed (the
+    caller's by the caller after close(); one made from ``redis_url`` by the consumer) no
+    socket is left open. Before, on a cluster, the parked read failed under the closed client
+    and redis-py read the topology again on a socket nobody closed."""
+    before = {id(s) for s in _open_sockets()}
+    if backend == "single":
+        server: EmbeddedServer = request.getfixturevalue("redis_server")
+        url, nodes, client = server.url, [server.client()], server.client()
+    else:
+        cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
+        url, nodes, client = cluster.url, cluster.node_clients(), cluster.client()
+    try:
+        without_join_delay(client, namespace)
+        Topics(client, namespace).create("t", 1)
+        config = ConsumerGroupConfig(
+            group_id="g", topics=["t"], namespace=namespace, heartbeat_interval_ms=100,
+            **({"redis_url": url} if own_client else {"redis_client": client}))
+        consumer = Consumer(config, fetch_max_wait_ms=60_000)
+        closing = threading.Event()
+
+        def poll_loop() -> None:  # a poll loop, which another thread closes
+            while not closing.is_set():
+                consumer.poll(timeout=60)
+
+        poller = threading.Thread(target=poll_loop, daemon=True)
+        poller.start()
+        # Assigned (no JoinGroup parked on its wake stream then): the XREAD is the fetch's.
+        wait_until(lambda: consumer.assignment() and _parked_reads(nodes) == 1)
+        closing.set()
+        consumer.close(timeout=timeout)
+        poller.join()
+        assert _parked_reads(nodes) == 0  # woken, not left parked for its minute
+        if not own_client:
+            client.close()
+        # The consumer's threads end (the group's closes its client as it exits, after a
+        # close(0) returned).
+        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
+                                   for t in threading.enumerate()))
+        wait_until(lambda: _parked_reads(nodes) == 0)
+    finally:
+        client.close()
+        for node in nodes:
+            node.close()
+    left = [s for s in _open_sockets() if id(s) not in before]
+    assert not left, "\n".join(f"{s} made at:\n{_made_at(s)}" for s in left)
+
+
+def _made_at(obj: object) -> str:
+    """Where ``obj`` was allocated (with PYTHONTRACEMALLOC set), for a failure's message."""
+    tb = tracemalloc.get_object_traceback(obj)
+    return "(set PYTHONTRACEMALLOC=30 to see)" if tb is None else "\n".join(tb.format())
+
+
+def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
+    own_server: EmbeddedServer, namespace: str
+) -> None:
+    """The server stops (SIGSTOP) under a parked fetch: the unblock gets no answer either,
+    and close(0.5) still returns (the client has no socket timeout: a close that waited for
+    the server would return only after SIGCONT, at the end of the test)."""
+    client = own_server.client(socket_timeout=None)
+    node = own_server.client()
+    pid = own_server.pid
+    assert pid is not None
+    try:
+        without_join_delay(client, namespace)
+        Topics(client, namespace).create("t", 1)
+        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+                                     heartbeat_interval_ms=100, redis_client=client)
+        consumer = Consumer(config, fetch_max_wait_ms=60_000)
+        closing = threading.Event()
+
+        def poll_loop() -> None:
+            while not closing.is_set():
+                consumer.poll(timeout=60)
+
+        poller = threading.Thread(target=poll_loop, daemon=True)
+        poller.start()
+        wait_until(lambda: consumer.assignment() and _parked_reads([node]) == 1)
+        closing.set()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            closer = threading.Thread(target=consumer.close, args=(0.5,), daemon=True)
+            closer.start()
+            closer.join(15.0)
+            assert not closer.is_alive(), "close() waited for the server that does not answer"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        poller.join()
+        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
+                                   for t in threading.enumerate()))
+    finally:
+        client.close()
+        node.close()
