@@ -727,6 +727,33 @@ def test_a_batch_read_reports_a_topic_deleted_while_it_was_planned_as_data_loss(
     assert "topic 'gone' partition 1 was deleted while the batch read" in caplog.text
 
 
+def test_a_batch_read_with_json_offsets_reads_on_without_a_topic_deleted_while_planned(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        monkeypatch: Any) -> None:
+    # failOnDataLoss=false reads on without a topic deleted between listing its partitions
+    # and reading their bounds; its entries in startingOffsets/endingOffsets (JSON naming
+    # every partition, as a batch read often does) then failed the read with "gone-0 is not
+    # among the partitions this read covers (check the topic name and partition count)".
+    source = pytest.importorskip("rcoord.spark.source")  # pyspark, but no JVM
+    topics.create("gone", 1)
+    topics.create("keep", 1)
+    Producer(single_client, namespace).send_batch("keep", [b"k"] * 3)
+    snapshot = source.log_snapshot
+
+    def deleted_first(admin: Topics, parts: Any) -> Any:
+        if "gone" in admin.list():
+            admin.delete("gone")
+        return snapshot(admin, parts)
+
+    monkeypatch.setattr(source, "log_snapshot", deleted_first)
+    tasks = source.BatchReader(parse_read_options(
+        {"url": redis_server.url, "namespace": namespace, "subscribe": "gone,keep",
+         "failOnDataLoss": "false", "startingOffsets": '{"gone": {"0": 0}, "keep": {"0": 1}}',
+         "endingOffsets": '{"gone": {"0": -1}, "keep": {"0": 3}}'},
+        ReadKind.BATCH, env={})).partitions()
+    assert [t.range for t in tasks] == [OffsetRange("keep", 0, 1, 3)]
+
+
 def test_continuity_loss_names_topic_partition_and_offsets(
         single_client: Any, namespace: str, topics: Topics) -> None:
     tp = TP("gap", 0)

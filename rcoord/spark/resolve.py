@@ -41,6 +41,7 @@ __all__ = [
     "restart_after_loss",
     "still_present",
     "subscribed_topics",
+    "without_gone",
 ]
 
 TP = TopicPartition
@@ -308,6 +309,19 @@ def still_present(partitions: Sequence[TP], bounds: Mapping[TP, tuple[int, int]]
             raise DataLossError(f"{loss}; set failOnDataLoss=false to read without it")
         log.warning("%s; reading without it (failOnDataLoss=false)", loss)
     return out
+
+
+def without_gone(spec: OffsetSpec, gone: Iterable[TP]) -> OffsetSpec:
+    """``spec`` (a batch read's ``startingOffsets`` or ``endingOffsets``) less the entries of
+    the partitions ``still_present`` dropped (``gone``). JSON offsets that named them failed
+    the read that ``failOnDataLoss=false`` was to go on with, as naming partitions the read
+    does not cover ("check the topic name and partition count"); other entries are still
+    checked."""
+    dropped = set(gone)
+    if not isinstance(spec, dict) or not dropped:
+        return spec
+    return {topic: {p: off for p, off in parts.items() if TP(topic, p) not in dropped}
+            for topic, parts in spec.items()}
 
 
 Bounds = dict[TP, tuple[int, int]]

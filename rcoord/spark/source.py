@@ -64,6 +64,7 @@ from .resolve import (
     resolve_partitions,
     still_present,
     subscribed_topics,
+    without_gone,
 )
 from .rows import SCHEMA_DDL, SCHEMA_STRING, records_to_batch
 from .write import check_write_plan, make_producer, write_rows
@@ -170,13 +171,14 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         admin = Topics(client_for(opts.url), opts.namespace)
-        parts = resolve_partitions(admin, opts)
-        bounds, tokens = log_snapshot(admin, parts)
-        parts = still_present(parts, bounds, opts.fail_on_data_loss)
-        start = resolve_offsets("startingOffsets", opts.starting, parts, bounds, EARLIEST,
-                                opts.fail_on_data_loss)
-        end = resolve_offsets("endingOffsets", opts.ending, parts, bounds, LATEST,
-                              opts.fail_on_data_loss)
+        listed = resolve_partitions(admin, opts)
+        bounds, tokens = log_snapshot(admin, listed)
+        parts = still_present(listed, bounds, opts.fail_on_data_loss)
+        gone = set(listed) - set(parts)
+        start = resolve_offsets("startingOffsets", without_gone(opts.starting, gone), parts,
+                                bounds, EARLIEST, opts.fail_on_data_loss)
+        end = resolve_offsets("endingOffsets", without_gone(opts.ending, gone), parts, bounds,
+                              LATEST, opts.fail_on_data_loss)
         ranges = []
         for tp in parts:
             if start[tp] > end[tp]:
