@@ -514,8 +514,14 @@ class _Demo:
 
         The pool hands out no more connections, and the calls in flight lose theirs; redis-py
         would retry those (reconnect and send again), so each connection's retries are spent
-        first. On a cluster the client is closed (best effort: it may reconnect).
+        first. Their sockets are shut, not closed (``disconnect_all``, as the coordinator
+        service's stop does): closing one under a call raced with the call's ``poll``, which
+        could then watch whatever socket got that descriptor next for a whole socket timeout.
+        ``cleanup()`` closes the client. On a cluster the client is closed (best effort: it
+        may reconnect).
         """
+        from .service.nodes import disconnect_all
+
         self.stop_threads.set()
         pool = getattr(self.r, "connection_pool", None)
         if not isinstance(pool, _GatedPool):
@@ -526,7 +532,7 @@ class _Demo:
             retry = getattr(conn, "retry", None)
             if retry is not None:
                 retry.update_retries(0)
-        pool.disconnect()  # shuts the sockets of calls in flight, too
+        disconnect_all(self.r)  # shuts the sockets of calls in flight, too
 
     def cleanup(self, *, delete_keys: bool, until: float) -> None:
         """Stop the coordinator and workers; delete the run's keys (batched) unless the server is
@@ -590,7 +596,9 @@ def _demo_client(url: str) -> Any:
     if not isinstance(client, redis.Redis):
         return client
     client.close()
-    return redis.Redis(connection_pool=_GatedPool.from_url(
+    # (from_pool: the client's close() disconnects the pool, closing the sockets abandon()
+    # only shut; a client given a pool by connection_pool= leaves it open.)
+    return redis.Redis.from_pool(_GatedPool.from_url(
         url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0
     ))
 

@@ -1,0 +1,58 @@
+"""The demo's ``abandon()`` (its --time-limit and Ctrl-C path) wakes the calls in flight by
+shutting their sockets, and leaves closing them to the threads that use them and to
+``cleanup()``, as the coordinator service's stop does (``rcoord.service.nodes.disconnect_all``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import SimpleNamespace
+
+import redis
+from harness import wait_until
+
+from rcoord.demo import _Demo, _demo_client
+from rcoord.testing.embedded import EmbeddedServer
+
+
+def test_abandon_wakes_a_call_in_flight_and_closes_no_socket_under_it(
+        own_server: EmbeddedServer) -> None:
+    """A socket closed from another thread raced with a call's ``poll`` (the call could then
+    watch the next socket given that descriptor for a whole socket timeout): ``abandon()``
+    used ``ConnectionPool.disconnect``, which closes them."""
+    client = _demo_client(own_server.url)
+    pool = client.connection_pool
+    held = pool.get_connection()  # in use by this test: abandon() must not close its socket
+    held.connect()
+    held_sock = held._sock
+    outcome: list[BaseException | None] = []
+    assert own_server.pid is not None
+    os.kill(own_server.pid, signal.SIGSTOP)
+    try:
+        def call() -> None:
+            try:
+                client.time()
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        wait_until(lambda: any(c is not held and c._sock is not None
+                               for c in pool._in_use_connections) or outcome)
+        _Demo.abandon(SimpleNamespace(stop_threads=threading.Event(), r=client))
+        assert held_sock.fileno() != -1, "abandon() closed a socket another thread may use"
+        caller.join(30)
+        assert not caller.is_alive(), "the call in flight was not woken"
+        assert isinstance(outcome[0], redis.ConnectionError), outcome
+        try:
+            client.ping()
+            raise AssertionError("the abandoned client answered")
+        except redis.ConnectionError as exc:
+            assert "gave up" in str(exc)
+    finally:
+        os.kill(own_server.pid, signal.SIGCONT)
+        pool.release(held)
+        client.close()
+    assert held_sock.fileno() == -1  # closed by close(), as cleanup() does
