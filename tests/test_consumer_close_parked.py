@@ -130,3 +130,41 @@ def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
     finally:
         client.close()
         node.close()
+
+
+def test_close_leaves_the_group_within_its_timeout_when_the_fetch_cannot_be_woken(
+    own_server: EmbeddedServer, namespace: str
+) -> None:
+    """A user whose ACL allows ``CLIENT ID`` but not ``CLIENT UNBLOCK`` (``-@dangerous``): the
+    parked fetch cannot be woken, and close(2) still leaves the group before it returns.
+    Before, close() waited for the fetch first, for all of its timeout, and then gave the
+    group's close (the LeaveGroup) none: the member was still in the group."""
+    admin = own_server.client()
+    admin.acl_setuser("worker", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-client|unblock"])
+    client = own_server.client(username="worker")
+    try:
+        without_join_delay(admin, namespace)
+        Topics(client, namespace).create("t", 1)
+        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+                                     heartbeat_interval_ms=100, redis_client=client)
+        consumer = Consumer(config, fetch_max_wait_ms=60_000)
+        closing = threading.Event()
+
+        def poll_loop() -> None:
+            while not closing.is_set():
+                consumer.poll(timeout=60)
+
+        poller = threading.Thread(target=poll_loop, daemon=True)
+        poller.start()
+        wait_until(lambda: consumer.assignment() and _parked_reads([admin]) == 1)
+        closing.set()
+        consumer.close(timeout=2.0)
+        assert consumer.group.coordinator.describe_group("g").state == "Empty"
+        admin.client_kill_filter(user="worker")  # ends the read parked for its minute
+        poller.join()
+        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
+                                   for t in threading.enumerate()))
+    finally:
+        client.close()
+        admin.close()

@@ -2175,19 +2175,24 @@ class Consumer(SubscriptionMixin):
                     hold.released.set()
                     hold.applied.set()
                 self._drop_holds()
-                ender = self._end_calls(deadline)
+                ender = self._end_calls()
                 if self._group is not None:
                     self._group.close(_remaining(deadline))
+                if ender is not None:
+                    # (after the group's close, which leaves the group: a fetch that cannot
+                    # be woken must not take its time)
+                    left = _remaining(deadline)
+                    ender.join(self._config.session_timeout_ms / 1000 if left is None else left)
                 self._fetching.close()  # a fetch still in flight is dropped
                 if ender is None:
                     self._close_own_client()  # (else the ender does, once the calls returned)
         return listener_error
 
-    def _end_calls(self, deadline: float | None) -> threading.Thread | None:
-        """Wake a fetch parked in ``XREAD BLOCK`` (``FetchWaker``) and wait, within close()'s
-        bound (with none, a session timeout), for it and for the commits still running; the
-        thread that does it, which closes the consumer's own client once they returned, or
-        None if nothing was running.
+    def _end_calls(self) -> threading.Thread | None:
+        """Wake a fetch parked in ``XREAD BLOCK`` (``FetchWaker``) and wait for it and for the
+        commits still running; the thread that does it (started: close() joins it within its
+        bound, with none a session timeout, once the group is closed), which closes the
+        consumer's own client once they returned, or None if nothing was running.
 
         Before, close() left the fetch parked for up to ``fetch_max_wait_ms`` and closed the
         client under it (its own or the group's, made from ``redis_url``), or the caller did
@@ -2198,6 +2203,9 @@ class Consumer(SubscriptionMixin):
         answer holds close() no longer than its bound; the clients made from ``redis_url``
         are closed by that thread once the calls returned (the group's is held open until
         then). A client the caller gave is the caller's to close after close() returned.
+        The join comes after the group's close: before, it came first, so a fetch that
+        ``CLIENT UNBLOCK`` cannot end (an ACL without ``@dangerous``, which has ``CLIENT ID``)
+        took all of a close(timeout) shorter than its wait, and the LeaveGroup got none of it.
         """
         if not self._fetching.busy and not self._committer.pending:
             self._fetch_waker.wake()  # (no round trip: nothing is parked)
@@ -2218,8 +2226,6 @@ class Consumer(SubscriptionMixin):
         ender = threading.Thread(target=end, daemon=True,
                                  name=f"rcoord-{self._config.group_id}-close-calls")
         ender.start()
-        left = _remaining(deadline)
-        ender.join(self._config.session_timeout_ms / 1000 if left is None else left)
         return ender
 
     def __enter__(self) -> Self:
