@@ -449,8 +449,9 @@ def _node_client(redis_client: Any, key: str) -> redis.Redis | None:
 
 class FetchWaker:
     """Lets another thread end a ``fetch(..., block_ms=...)`` parked in ``XREAD BLOCK`` at
-    once (``wake()``), as Kafka's ``wakeup()`` ends a consumer's wait: the fetch then reads
-    again and returns what it finds, as if its wait had run out.
+    once (``wake()``), as Kafka's ``wakeup()`` ends a consumer's wait: the fetch then returns
+    what its first read found (no records) without reading again, for its caller is closing
+    the client (a record that came during the wait is read by a later fetch, not this one).
 
     Why: a consumer's close() used to leave the read parked for up to ``fetch_max_wait_ms``,
     and the client was closed under it (by the caller, or by the group for a client made from
