@@ -15,7 +15,7 @@ from harness import wait_until, without_join_delay
 
 from rcoord.client import Consumer, ConsumerGroupConfig
 from rcoord.testing.embedded import EmbeddedCluster, EmbeddedServer
-from rcoord.topics import Topics
+from rcoord.topics import Producer, Topics
 
 
 def _parked_reads(nodes: list[Any]) -> int:
@@ -165,6 +165,37 @@ def test_close_leaves_the_group_within_its_timeout_when_the_fetch_cannot_be_woke
         poller.join()
         wait_until(lambda: not any(t.name.startswith("rcoord-g-")
                                    for t in threading.enumerate()))
+    finally:
+        client.close()
+        admin.close()
+
+
+def test_a_parked_fetch_whose_connection_is_killed_reads_again_without_failing(
+    redis_server: EmbeddedServer, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parked read's connection is killed (CLIENT KILL, a proxy's idle timeout, a
+    restart): the fetch reads again through the client, which reconnects, and the next record
+    comes with no failed fetch. Before, the hand-rolled read raised ConnectionLost: a warning
+    "fetch of t-0 failed" and a retry backoff, where the client's own xread retried."""
+    admin, client = redis_server.client(), redis_server.client()
+    try:
+        without_join_delay(client, namespace)
+        Topics(client, namespace).create("t", 1)
+        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+                                     heartbeat_interval_ms=100, redis_client=client)
+        with Consumer(config, fetch_max_wait_ms=60_000) as consumer:
+            got: list[Any] = []
+            poller = threading.Thread(target=lambda: got.extend(consumer.poll(timeout=60)),
+                                      daemon=True)
+            poller.start()
+            wait_until(lambda: consumer.assignment() and _parked_reads([admin]) == 1)
+            parked = [c for c in admin.client_list() if c.get("cmd") == "xread"]
+            admin.client_kill_filter(_id=parked[0]["id"])
+            wait_until(lambda: _parked_reads([admin]) == 1)  # parked again, on a new one
+            Producer(client, namespace).send("t", b"v", partition=0)
+            poller.join()
+            assert [r.value for r in got] == [b"v"]
+        assert "failed" not in caplog.text
     finally:
         client.close()
         admin.close()

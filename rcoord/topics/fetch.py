@@ -531,6 +531,12 @@ class FetchWaker:
                 with self._cond:
                     self._parked = None
                     self._cond.notify_all()
+        except redis.exceptions.ConnectionError:
+            # The connection was lost under the wait (killed, a restart, a failover): the wait
+            # ended as if it ran out, and the read that follows goes through the client's own
+            # command path, which retries (as the client's xread, used before, did here).
+            conn.disconnect()
+            log.debug("the connection of a parked fetch was lost; reading again", exc_info=True)
         except BaseException:
             conn.disconnect()  # its reply may still come: never reuse it
             raise
