@@ -29,7 +29,8 @@ def _open_sockets() -> list[socket.socket]:
     return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1]
 
 
-@pytest.mark.parametrize(("own_client", "timeout"), [(True, None), (True, 0.0), (False, None), (False, 5.0)])
+@pytest.mark.parametrize(("own_client", "timeout"),
+                         [(True, None), (True, 0.0), (False, None), (False, 5.0)])
 def test_close_ends_a_parked_fetch_and_leaks_no_socket(
     request: pytest.FixtureRequest, backend: str, namespace: str, own_client: bool,
     timeout: float | None,
