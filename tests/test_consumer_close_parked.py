@@ -29,6 +29,24 @@ def _open_sockets() -> list[socket.socket]:
     return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1]
 
 
+def _park_a_consumer(config: ConsumerGroupConfig, nodes: list[Any]) -> tuple[
+        Consumer, threading.Event, threading.Thread]:
+    """A consumer of ``config`` (fetch_max_wait_ms a minute) polling on a thread of its own
+    until the returned event is set, once assigned and its fetch parked in XREAD on ``nodes``
+    (no JoinGroup parked on its wake stream then: the XREAD is the fetch's)."""
+    consumer = Consumer(config, fetch_max_wait_ms=60_000)
+    closing = threading.Event()
+
+    def poll_loop() -> None:  # a poll loop, which another thread closes
+        while not closing.is_set():
+            consumer.poll(timeout=60)
+
+    poller = threading.Thread(target=poll_loop, daemon=True)
+    poller.start()
+    wait_until(lambda: consumer.assignment() and _parked_reads(nodes) == 1)
+    return consumer, closing, poller
+
+
 @pytest.mark.parametrize(("own_client", "timeout"),
                          [(True, None), (True, 0.0), (False, None), (False, 5.0)])
 def test_close_ends_a_parked_fetch_and_leaks_no_socket(
@@ -52,17 +70,7 @@ def test_close_ends_a_parked_fetch_and_leaks_no_socket(
         config = ConsumerGroupConfig(
             group_id="g", topics=["t"], namespace=namespace, heartbeat_interval_ms=100,
             **({"redis_url": url} if own_client else {"redis_client": client}))
-        consumer = Consumer(config, fetch_max_wait_ms=60_000)
-        closing = threading.Event()
-
-        def poll_loop() -> None:  # a poll loop, which another thread closes
-            while not closing.is_set():
-                consumer.poll(timeout=60)
-
-        poller = threading.Thread(target=poll_loop, daemon=True)
-        poller.start()
-        # Assigned (no JoinGroup parked on its wake stream then): the XREAD is the fetch's.
-        wait_until(lambda: consumer.assignment() and _parked_reads(nodes) == 1)
+        consumer, closing, poller = _park_a_consumer(config, nodes)
         closing.set()
         consumer.close(timeout=timeout)
         poller.join()
@@ -106,16 +114,7 @@ def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
         Topics(client, namespace).create("t", 1)
         config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
                                      heartbeat_interval_ms=100, redis_client=client)
-        consumer = Consumer(config, fetch_max_wait_ms=60_000)
-        closing = threading.Event()
-
-        def poll_loop() -> None:
-            while not closing.is_set():
-                consumer.poll(timeout=60)
-
-        poller = threading.Thread(target=poll_loop, daemon=True)
-        poller.start()
-        wait_until(lambda: consumer.assignment() and _parked_reads([node]) == 1)
+        consumer, closing, poller = _park_a_consumer(config, [node])
         closing.set()
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -149,16 +148,7 @@ def test_close_leaves_the_group_within_its_timeout_when_the_fetch_cannot_be_woke
         Topics(client, namespace).create("t", 1)
         config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
                                      heartbeat_interval_ms=100, redis_client=client)
-        consumer = Consumer(config, fetch_max_wait_ms=60_000)
-        closing = threading.Event()
-
-        def poll_loop() -> None:
-            while not closing.is_set():
-                consumer.poll(timeout=60)
-
-        poller = threading.Thread(target=poll_loop, daemon=True)
-        poller.start()
-        wait_until(lambda: consumer.assignment() and _parked_reads([admin]) == 1)
+        consumer, closing, poller = _park_a_consumer(config, [admin])
         closing.set()
         consumer.close(timeout=2.0)
         assert consumer.group.coordinator.describe_group("g").state == "Empty"
