@@ -494,6 +494,58 @@ def test_wakeup_interrupts_a_blocked_poll_once(env: Any) -> None:
     assert consumer.poll(timeout=0.05) == []  # once per wakeup()
 
 
+_WAKEUP_CALLS: dict[str, Any] = {
+    "commit": lambda c: c.commit({TP("t", 0): 2}),
+    "committed": lambda c: c.committed(),
+    "position": lambda c: c.position(TP("t", 0)),
+    "beginning_offsets": lambda c: c.beginning_offsets([TP("t", 0)]),
+    "end_offsets": lambda c: c.end_offsets([TP("t", 0)]),
+    "offsets_for_times": lambda c: c.offsets_for_times({TP("t", 0): 0}),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_WAKEUP_CALLS))
+def test_a_pending_wakeup_is_raised_by_the_next_blocking_call_not_only_poll(
+    env: Any, call: str
+) -> None:
+    """Kafka's wakeup(): with no call blocked, the next call to a method that can throw
+    WakeupException throws it (commitSync, committed, position, beginningOffsets, endOffsets,
+    offsetsForTimes, not only poll), once. Before, only poll() raised it: a loop stopped by a
+    signal while inside commit() or an offset query went on to its next poll(). A pending
+    commit() raises before sending anything."""
+    _fill(env, 1, 2)
+    consumer = env.consumer(enable_auto_commit=False)
+    assert len(_consume_all(consumer, 2)) == 2
+    consumer.seek_to_end([TP("t", 0)])  # position() must read the log's edge, so it blocks
+    consumer.wakeup()
+    with pytest.raises(WakeupError, match=f"{call}\\(\\) interrupted by wakeup"):
+        _WAKEUP_CALLS[call](consumer)
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == -1
+    _WAKEUP_CALLS[call](consumer)  # used up: the same call now works
+    assert consumer.poll(timeout=0.05) == []  # and poll() does not raise it again
+
+
+def test_a_pending_wakeup_is_not_raised_by_a_call_that_does_not_block(env: Any) -> None:
+    """Kafka's position() of a partition with a valid position, and committed() of no
+    partitions, never poll the network, so a pending wakeup stays for the next call that
+    does; close() ignores it (Kafka's close disables wakeups), its listener's commit works."""
+    _fill(env, 1, 2)
+    committed_in_close: list[dict[Any, int]] = []
+
+    class Listener(Recorder):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            consumer.commit()
+            committed_in_close.append(consumer.committed())
+
+    consumer = env.consumer(Listener(), enable_auto_commit=False)
+    assert len(_consume_all(consumer, 2)) == 2
+    consumer.wakeup()
+    assert consumer.position(TP("t", 0)) == 2
+    assert consumer.committed([]) == {}
+    consumer.close(timeout=WAIT_S)
+    assert committed_in_close == [{TP("t", 0): 2}]
+
+
 def test_subscription_names_the_subscribed_topics(env: Any) -> None:
     env.topics.create("t", 1)
     env.topics.create("u", 1)

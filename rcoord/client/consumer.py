@@ -454,7 +454,8 @@ class Consumer(SubscriptionMixin):
         (yet) is asked again every ``retry_backoff_ms`` until
         ``timeout`` seconds have passed (default ``default_api_timeout_ms``, as Kafka's), then
         ``TimeoutError`` is raised (Kafka's TimeoutException); ``wakeup()`` ends the wait
-        (``WakeupError``), and so does ``close()`` (``IllegalStateError``); a lost connection is
+        (``WakeupError``; one pending when it would read raises at once, as Kafka's), and so
+        does ``close()`` (``IllegalStateError``); a lost connection is
         retried as long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not
         assigned (Kafka's IllegalStateException), and ``InvalidOffsetError`` if it has no
         position (``start_offset="none"``).
@@ -466,6 +467,7 @@ class Consumer(SubscriptionMixin):
             raise self._invalid_offsets_error([key])
         if key not in self._resets:
             return self._position[key]
+        self._take_wakeup("position()")  # it reads the log's edge: Kafka polls the network
         budget = self._api_timeout_s if timeout is None else float(timeout)
         deadline = time.monotonic() + budget
         while True:
@@ -653,6 +655,7 @@ class Consumer(SubscriptionMixin):
         self, partitions: list[TopicPartition], edge: int, timeout: float | None
     ) -> dict[TopicPartition, int]:
         self._check_open()
+        self._take_wakeup("beginning_offsets()" if edge == 0 else "end_offsets()")
         return self._edges([(TopicPartition(*tp), edge) for tp in partitions], timeout,
                            missing_ok=False)
 
@@ -663,6 +666,7 @@ class Consumer(SubscriptionMixin):
         given one, or None when no record is that recent (Kafka's ``offsetsForTimes``). Any
         partition of an existing topic, assigned or not. ``timeout``: see ``_query``."""
         self._check_open()
+        self._take_wakeup("offsets_for_times()")
         asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
         coord = self._coordinator()
@@ -674,7 +678,11 @@ class Consumer(SubscriptionMixin):
         ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
         (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
         ``ConnectionLost`` is raised. ``wakeup()`` ends the retries (``WakeupError``), and so
-        does ``close()``. A refusal (a bad argument, a missing permission) is not retried."""
+        does ``close()``. A refusal (a bad argument, a missing permission) is not retried.
+        A ``wakeup()`` pending before the call is raised by the public methods (Kafka's
+        ``committed``, ``beginningOffsets``, ``endOffsets``, ``offsetsForTimes`` raise it),
+        through ``_take_wakeup``; one that comes during a single round trip (no retry to cut
+        short) stays pending for the next call."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         with self._interruptible():
@@ -719,11 +727,12 @@ class Consumer(SubscriptionMixin):
         assignment. ``metadata=True`` (kafka-python's flag): each as the
         ``OffsetAndMetadata`` that was committed (its metadata string, leader epoch and commit
         time), None where there is none, as Kafka's ``committed()`` answers. ``timeout``: see
-        ``_query``."""
+        ``_query``; a pending ``wakeup()`` raises ``WakeupError`` before anything is read."""
         self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
             return {}
+        self._take_wakeup("committed()")
         coord = self._coordinator()
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
         judged = topics_to_judge(result.offsets)
@@ -855,11 +864,28 @@ class Consumer(SubscriptionMixin):
             self._wakeup.clear()
             raise
 
+    def _take_wakeup(self, call: str) -> None:
+        """Raise the pending ``wakeup()``, once, at the start of a call that would block on
+        Redis: Kafka raises a pending WakeupException from the next ``poll``, ``commitSync``,
+        ``committed``, ``position``, ``beginningOffsets``, ``endOffsets`` or
+        ``offsetsForTimes``, not only the next ``poll``. Before, only ``poll()`` raised it, so
+        a loop stopped by ``wakeup()`` while the application was inside ``commit()`` or an
+        offset query ran on until it polled again. Not inside ``close()`` (its listener's
+        commits): Kafka's close disables wakeups, so a final commit is not refused by one."""
+        if self._closer == threading.get_ident():
+            return
+        if self._wakeup.is_set():
+            self._wakeup.clear()
+            raise WakeupError(f"{call} interrupted by wakeup()")
+
     def wakeup(self) -> None:
         """Make the ``poll()`` or ``commit()`` blocked now in another thread, or else the next
-        ``poll()``, raise ``WakeupError`` (Kafka's ``wakeup()``), within about
+        call that would block on Redis (``poll()``, ``commit()``, ``committed()``,
+        ``position()`` when it must read the log, ``beginning_offsets()``, ``end_offsets()``,
+        ``offsets_for_times()``), raise ``WakeupError`` (Kafka's ``wakeup()``), within about
         ``fetch_max_wait_ms``: the way to stop a poll loop from a signal handler or another
-        thread and still commit and close from the loop's own thread. Raised once per call.
+        thread and still commit and close from the loop's own thread. Raised once: the
+        wakeup is used up by the call that raises it. ``close()`` ignores it, as Kafka's.
 
         It also cuts short the retries of the call that thread is blocked in (an auto-commit
         or a ``commit()`` retrying against an unreachable coordinator, for up to a session
@@ -882,9 +908,7 @@ class Consumer(SubscriptionMixin):
         self._run_commit_callbacks()
         self._apply_subscription()
         while True:
-            if self._wakeup.is_set():
-                self._wakeup.clear()
-                raise WakeupError("poll() interrupted by wakeup()")
+            self._take_wakeup("poll()")
             if self._stop.is_set():
                 return []  # closed meanwhile (from the listener, or another thread)
             self._settle(deadline)
@@ -1030,10 +1054,17 @@ class Consumer(SubscriptionMixin):
         ``poll()`` completes the rebalance, then the commit of the partitions still assigned
         can be made again. A negative offset raises ``ValueError`` and nothing is committed,
         as Kafka's ``OffsetAndMetadata`` refuses one.
+
+        ``wakeup()`` (Kafka's ``commitSync``): one pending at the call raises ``WakeupError``
+        before anything is sent; one that comes while earlier async commits are awaited, or
+        while this commit retries, raises it then. A commit already sent may still have been
+        applied (as in Kafka): commit again, or read ``committed()``, to know. One that comes
+        during the commit's single round trip stays pending for the next call.
         """
         given = None if offsets is None else commit_offsets_arg(offsets)
         with self._single_threaded():
             self._check_open()
+            self._take_wakeup("commit()")
             try:
                 with self._own_call(), self._interruptible():
                     self._commit(given)

@@ -116,9 +116,11 @@ class OffsetOutOfRangeError(InvalidOffsetError):
 
 
 class WakeupError(RcoordError):
-    """``Consumer.wakeup()`` was called: the ``poll()`` it interrupted (or the next one)
-    raises this once (Kafka's ``WakeupException``). The consumer is unchanged; the poll
-    loop usually commits and closes next."""
+    """``Consumer.wakeup()`` was called: the ``poll()`` or ``commit()`` it interrupted, or
+    else the next call that would block on Redis (``poll()``, ``commit()``, ``committed()``,
+    ``position()``, ``beginning_offsets()``, ``end_offsets()``, ``offsets_for_times()``),
+    raises this once (Kafka's ``WakeupException``). The consumer is unchanged; the poll loop
+    usually commits and closes next."""
 
 
 class IllegalStateError(RcoordError):
