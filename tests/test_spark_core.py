@@ -691,6 +691,20 @@ def test_a_stream_reports_a_deleted_topic_as_data_loss_and_reads_it_anew_if_crea
     assert _offsets(lenient, nxt, again) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+def _delete_before_the_snapshot(source: Any, monkeypatch: Any, topic: str) -> None:
+    """``topic``, whenever it exists then, is deleted between a batch read's listing of its
+    partitions and the reading of their bounds (``log_snapshot``): the race a batch read must
+    report."""
+    snapshot = source.log_snapshot
+
+    def deleted_first(admin: Topics, parts: Any) -> Any:
+        if topic in admin.list():
+            admin.delete(topic)
+        return snapshot(admin, parts)
+
+    monkeypatch.setattr(source, "log_snapshot", deleted_first)
+
+
 def test_a_batch_read_reports_a_topic_deleted_while_it_was_planned_as_data_loss(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         monkeypatch: Any, caplog: Any) -> None:
@@ -703,14 +717,7 @@ def test_a_batch_read_reports_a_topic_deleted_while_it_was_planned_as_data_loss(
     producer = Producer(single_client, namespace, "round_robin")
     producer.send_batch("gone", [b"g"] * 4)
     producer.send_batch("keep", [b"k"] * 3)
-    snapshot = source.log_snapshot
-
-    def deleted_first(admin: Topics, parts: Any) -> Any:
-        if "gone" in admin.list():
-            admin.delete("gone")
-        return snapshot(admin, parts)
-
-    monkeypatch.setattr(source, "log_snapshot", deleted_first)
+    _delete_before_the_snapshot(source, monkeypatch, "gone")
 
     def reader(**kw: str) -> Any:
         return source.BatchReader(parse_read_options(
@@ -738,14 +745,7 @@ def test_a_batch_read_with_json_offsets_reads_on_without_a_topic_deleted_while_p
     topics.create("gone", 1)
     topics.create("keep", 1)
     Producer(single_client, namespace).send_batch("keep", [b"k"] * 3)
-    snapshot = source.log_snapshot
-
-    def deleted_first(admin: Topics, parts: Any) -> Any:
-        if "gone" in admin.list():
-            admin.delete("gone")
-        return snapshot(admin, parts)
-
-    monkeypatch.setattr(source, "log_snapshot", deleted_first)
+    _delete_before_the_snapshot(source, monkeypatch, "gone")
     tasks = source.BatchReader(parse_read_options(
         {"url": redis_server.url, "namespace": namespace, "subscribe": "gone,keep",
          "failOnDataLoss": "false", "startingOffsets": '{"gone": {"0": 0}, "keep": {"0": 1}}',
