@@ -202,6 +202,25 @@ def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S,
         time.sleep(0.01)
 
 
+class InThread:
+    """``call`` run on a daemon thread of its own, started at once; ``outcome`` holds what it
+    returned or raised once it ended, for the test to look at (a call blocked on a server the
+    test stopped, which another thread must wake)."""
+
+    def __init__(self, call: Any) -> None:
+        import threading
+
+        self.outcome: list[Any] = []
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+
+    def _run(self, call: Any) -> None:
+        try:
+            self.outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            self.outcome.append(exc)
+
+
 async def await_until(cond: Any, what: str = "condition", timeout_s: float = WAIT_S) -> None:
     """``wait_until`` on an event loop: let the loop run until ``cond()`` holds; fail after
     ``timeout_s`` (loop time) with ``what`` in the message."""

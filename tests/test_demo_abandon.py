@@ -10,7 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import redis
-from harness import wait_until
+from harness import InThread, wait_until
 
 from rcoord.demo import _Demo, _demo_client
 from rcoord.testing.embedded import EmbeddedServer
@@ -26,26 +26,17 @@ def test_abandon_wakes_a_call_in_flight_and_closes_no_socket_under_it(
     held = pool.get_connection()  # in use by this test: abandon() must not close its socket
     held.connect()
     held_sock = held._sock
-    outcome: list[BaseException | None] = []
     assert own_server.pid is not None
     os.kill(own_server.pid, signal.SIGSTOP)
     try:
-        def call() -> None:
-            try:
-                client.time()
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - looked at below
-                outcome.append(exc)
-
-        caller = threading.Thread(target=call, daemon=True)
-        caller.start()
+        caller = InThread(client.time)
         wait_until(lambda: any(c is not held and c._sock is not None
-                               for c in pool._in_use_connections) or outcome)
+                               for c in pool._in_use_connections) or caller.outcome)
         _Demo.abandon(SimpleNamespace(stop_threads=threading.Event(), r=client))
         assert held_sock.fileno() != -1, "abandon() closed a socket another thread may use"
-        caller.join(30)
-        assert not caller.is_alive(), "the call in flight was not woken"
-        assert isinstance(outcome[0], redis.ConnectionError), outcome
+        caller.thread.join(30)
+        assert not caller.thread.is_alive(), "the call in flight was not woken"
+        assert isinstance(caller.outcome[0], redis.ConnectionError), caller.outcome
         try:
             client.ping()
             raise AssertionError("the abandoned client answered")

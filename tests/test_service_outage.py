@@ -18,14 +18,13 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from harness import RunningService, partial_coverage_cluster, wait_until
+from harness import InThread, RunningService, partial_coverage_cluster, wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
 from rcoord.keys import PartitionKeys
@@ -207,7 +206,6 @@ def test_an_interrupt_shuts_the_socket_under_a_call_and_leaves_closing_it_to_the
     pool = plain.connection_pool
     idle = pool._available_connections[0]
     sock = idle._sock
-    outcome: list[BaseException | None] = []
     server = next(n for n in cluster.nodes if n.port == hung.port)
     assert server.pid is not None
     os.kill(server.pid, signal.SIGSTOP)
@@ -216,21 +214,13 @@ def test_an_interrupt_shuts_the_socket_under_a_call_and_leaves_closing_it_to_the
         # Shut, but still open: its descriptor cannot be given to another socket meanwhile.
         assert sock.fileno() != -1, "disconnect_all closed a socket another thread may be using"
 
-        def call() -> None:
-            try:
-                plain.time()
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - looked at below
-                outcome.append(exc)
-
-        caller = threading.Thread(target=call, daemon=True)
-        caller.start()
+        caller = InThread(plain.time)
         wait_until(lambda: any(c._sock is not None and c._sock is not sock
-                               for c in pool._in_use_connections) or outcome)
+                               for c in pool._in_use_connections) or caller.outcome)
         disconnect_all(client)  # the call in flight, on a new connection the master never answers
-        caller.join(30)  # (its socket timeout is 60 s)
-        assert not caller.is_alive(), "the call was not woken"
-        assert isinstance(outcome[0], redis.ConnectionError), outcome
+        caller.thread.join(30)  # (its socket timeout is 60 s)
+        assert not caller.thread.is_alive(), "the call was not woken"
+        assert isinstance(caller.outcome[0], redis.ConnectionError), caller.outcome
         assert sock.fileno() == -1  # closed by redis-py when that connection was next taken
     finally:
         os.kill(server.pid, signal.SIGCONT)
