@@ -29,6 +29,11 @@ def _open_sockets() -> list[socket.socket]:
     return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1]
 
 
+def _wait_for_the_consumer_threads_to_end() -> None:
+    """Until every thread of group "g"'s consumer (named rcoord-g-...) has ended."""
+    wait_until(lambda: not any(t.name.startswith("rcoord-g-") for t in threading.enumerate()))
+
+
 def _park_a_consumer(config: ConsumerGroupConfig, nodes: list[Any]) -> tuple[
         Consumer, threading.Event, threading.Thread]:
     """A consumer of ``config`` (fetch_max_wait_ms a minute) polling on a thread of its own
@@ -82,8 +87,7 @@ def test_close_ends_a_parked_fetch_and_leaks_no_socket(
             client.close()
         # The consumer's threads end (the group's closes its client as it exits, after a
         # close(0) returned).
-        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
-                                   for t in threading.enumerate()))
+        _wait_for_the_consumer_threads_to_end()
         wait_until(lambda: _parked_reads(nodes) == 0)
     finally:
         client.close()
@@ -125,8 +129,7 @@ def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
         finally:
             os.kill(pid, signal.SIGCONT)
         poller.join()
-        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
-                                   for t in threading.enumerate()))
+        _wait_for_the_consumer_threads_to_end()
     finally:
         client.close()
         node.close()
@@ -154,8 +157,7 @@ def test_close_leaves_the_group_within_its_timeout_when_the_fetch_cannot_be_woke
         assert consumer.group.coordinator.describe_group("g").state == "Empty"
         admin.client_kill_filter(user="worker")  # ends the read parked for its minute
         poller.join()
-        wait_until(lambda: not any(t.name.startswith("rcoord-g-")
-                                   for t in threading.enumerate()))
+        _wait_for_the_consumer_threads_to_end()
     finally:
         client.close()
         admin.close()
