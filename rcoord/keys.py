@@ -17,9 +17,10 @@ GROUP_KEYS declares the order, by name, for both languages):
  9    ``<ns>:{t}:y:<group>``       hash: member ids expected to send SyncGroup this generation
  10   ``<ns>:{t}:r:<group>``       hash: member id -> reply to its parked Join/SyncGroup
  11   ``<ns>:{t}:w:<group>``       stream: wake-ups for parked callers (XREAD BLOCK)
- 12   ``<ns>:{t}:d:<group>``       zset: this group's deadlines (``hb:<member>``, ``join``, ``sync``)
+ 12   ``<ns>:{t}:d:<group>``       zset: the group's timers (``hb:<member>``, ``join``, ``sync``,
+                                  ``gc``; ``cj``, ``cs``: chunked work still to write, due at 0)
  13   ``<ns>:{t}:o:<group>``       hash: committed offsets (msgpack per partition)
- 14   ``<ns>:{t}:h:<group>``       string: expires when the group's earliest deadline is due
+ 14   ``<ns>:{t}:h:<group>``       string: expires at the time the due index holds for the group
  15   ``<ns>:{t}:events``          stream: the partition's transitions and expiries (capped)
  16   ``<ns>:{t}:q:<group>``       zset: member id -> its join sequence number (the oldest leads)
 ====  ==========================  ============================================================
