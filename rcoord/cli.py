@@ -381,10 +381,11 @@ def add_tls_arguments(p: argparse.ArgumentParser) -> None:
                    "(default $RCOORD_TLS_CA_FILE; else the system's CAs)")
     p.add_argument("--tls-cert-file", action=AfterCommand,
                    default=env_default("RCOORD_TLS_CERT_FILE"),
-                   help="client certificate, if the server asks for one (mutual TLS)")
+                   help="client certificate, if the server asks for one (mutual TLS; "
+                   "default $RCOORD_TLS_CERT_FILE)")
     p.add_argument("--tls-key-file", action=AfterCommand,
                    default=env_default("RCOORD_TLS_KEY_FILE"),
-                   help="the client certificate's private key")
+                   help="the client certificate's private key (default $RCOORD_TLS_KEY_FILE)")
 
 
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
