@@ -178,11 +178,10 @@ def test_a_bad_value_in_the_environment_names_its_variable(command, redis_server
     """A bad ``$RCOORD_LOG_LEVEL`` or ``$RCOORD_REDIS_URL`` is named as the variable it came
     from, as ``rcoord coordinator`` names its own (the error named only a flag nobody typed)."""
     words = command.split()
-    if command != "gateway":  # (its --log-level has no variable)
-        res = rcoord(*words, "--redis-url", redis_server.url, env={"RCOORD_LOG_LEVEL": "loud"})
-        line = one_error_line(res, command)
-        assert res.returncode == 2
-        assert "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level" in line
+    res = rcoord(*words, "--redis-url", redis_server.url, env={"RCOORD_LOG_LEVEL": "loud"})
+    line = one_error_line(res, command)
+    assert res.returncode == 2
+    assert "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level" in line
     res = rcoord(*words, env={"RCOORD_REDIS_URL": "http://127.0.0.1:1"})
     line = one_error_line(res, command)
     assert res.returncode == 2
@@ -293,3 +292,23 @@ def test_a_missing_permission_is_one_line_naming_the_rules(error, words):
     """Whether it comes through rcoord (MissingPermissionError) or from a plain redis-py call,
     the same words: the server's, and where the rules are."""
     assert explain(error) == (1, f"the Redis user may not do what rcoord needs: {words}; {_RULES}")
+
+
+def test_the_gateway_takes_its_log_level_from_the_environment_as_every_command(monkeypatch):
+    """``$RCOORD_LOG_LEVEL`` set the level of every command but the gateway's, which stayed at
+    INFO (so ``RCOORD_LOG_LEVEL=DEBUG rcoord gateway`` logged no DEBUG line); without the
+    variable its default is still INFO."""
+    import argparse
+
+    from rcoord.cli import log_level
+    from rcoord.gateway.cli import add_arguments
+
+    def level() -> str:
+        p = argparse.ArgumentParser()
+        add_arguments(p)  # (defaults are read from the environment here, as main() does)
+        return log_level(p.parse_args([]).log_level)
+
+    monkeypatch.setenv("RCOORD_LOG_LEVEL", "debug")
+    assert level() == "DEBUG"
+    monkeypatch.delenv("RCOORD_LOG_LEVEL")
+    assert level() == "INFO"

@@ -17,13 +17,13 @@ from typing import Any
 
 from ..cli import (
     ENV_REDIS_URL,
-    LOG_LEVELS,
     AfterCommand,
     UsageError,
     add_tls_arguments,
     check_url,
     dump_threads_on_sigusr1,
     env_default,
+    log_level,
     report,
     with_tls_files,
 )
@@ -78,8 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "offsets.commit.required.acks; default 0: the master's answer)")
     p.add_argument("--commit-ack-timeout-ms", type=int, default=5000,
                    help="how long a commit waits for them (offsets.commit.timeout.ms; 5000)")
-    p.add_argument("--log-level", action=AfterCommand, default="INFO", type=str.upper,
-                   choices=LOG_LEVELS)
+    p.add_argument("--log-level", action=AfterCommand,
+                   default=env_default("RCOORD_LOG_LEVEL", "INFO"),
+                   help="DEBUG also prints the traceback of an error (default "
+                   "$RCOORD_LOG_LEVEL, as for every command, else INFO)")
     add_tls_arguments(p)
 
 
@@ -114,7 +116,7 @@ def gateway_main(args: argparse.Namespace) -> int:
                              args.tls_key_file)
         listen = host_port(args.listen, "--listen")
         advertise = host_port(args.advertise, "--advertise") if args.advertise else None
-        logging.basicConfig(level=args.log_level,
+        logging.basicConfig(level=log_level(args.log_level),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from .auth import load_auth_file
         from .server import Gateway, TlsFileError, server_tls_context
@@ -186,4 +188,4 @@ def gateway_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
-        return report(exc, "rcoord gateway", url=url, debug=args.log_level == "DEBUG")
+        return report(exc, "rcoord gateway", url=url, debug=str(args.log_level).strip().upper() == "DEBUG")
