@@ -19,6 +19,7 @@ import redis.asyncio
 from harness import wait_until
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, InvalidRequestError, TopicPartition
+from rcoord.errors import MissingPermissionError
 from rcoord.keys import GroupKeys
 from rcoord.testing.embedded import EmbeddedServer
 
@@ -100,6 +101,38 @@ def test_negative_acks_or_a_timeout_below_one_ms_are_invalid(request, redis_serv
     with pytest.raises(InvalidRequestError, match="required_acks must be >= 0"):
         coord.commit_offsets("g", {TP: 1}, **bad)
     assert coord.fetch_offsets("g", [TP]).offsets[TP].offset == -1  # nothing written
+
+
+
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_a_server_that_refuses_wait_raises_instead_of_answering_not_available(
+        request, redis_server, driver):
+    # docs/guarantees.md: a misconfiguration (an ACL without +wait) must not pass for a replica
+    # that is only late, which the caller would retry for ever.
+    with redis_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all",
+                              "-wait")
+
+    def drop_user() -> None:
+        with redis_server.client() as admin:
+            admin.execute_command("ACL", "DELUSER", "nowait")
+
+    request.addfinalizer(drop_user)
+    login = {"host": "127.0.0.1", "port": redis_server.port, "username": "nowait",
+             "password": "pw"}
+    cfg = CoordinatorConfig(namespace="a" + uuid.uuid4().hex[:10], num_partitions=4)
+    client = redis.Redis(**login)
+    request.addfinalizer(client.close)
+    if driver == "blocking":
+        coord: Any = GroupCoordinator(client, cfg).start()
+    else:
+        from async_driver import AsyncBacked
+
+        coord = AsyncBacked(client, lambda: redis.asyncio.Redis(**login), cfg).start()
+        request.addfinalizer(coord.close)
+    with pytest.raises(MissingPermissionError, match="wait"):
+        coord.commit_offsets("g", {TP: 3}, required_acks=1, ack_timeout_ms=20)
+    assert coord.commit_offsets("g", {TP: 4}) == {TP: Errors.NONE}  # without a wait: served
 
 
 @pytest.fixture(scope="module")
