@@ -721,6 +721,28 @@ def test_state_expires_after_the_topic_setting(
     assert values(namespace, redis_client, "t", 0) == [b"a", b"a"]
 
 
+def test_after_expiry_a_lower_epoch_is_no_longer_fenced(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """docs/guarantees.md, "State expires": fencing lives in the state, so it expires with it."""
+    clock = MockTime()
+    topics.create("t", 1, producer_id_expiration_ms=1000)
+
+    def send(epoch: int, value: bytes) -> RecordMetadata:
+        return Producer(redis_client, namespace, producer_id="x", producer_epoch=epoch,
+                        clock=clock).send("t", value, partition=0)
+
+    send(5, b"new")
+    clock.sleep(999)
+    with pytest.raises(TopicError) as err:
+        send(4, b"zombie")
+    assert err.value.error == Errors.PRODUCER_FENCED
+    clock.sleep(1)  # 1000 ms since epoch 5's append (the refusal was no activity)
+    meta = send(4, b"late")
+    assert (meta.offset, meta.duplicate) == (1, False)
+    assert values(namespace, redis_client, "t", 0) == [b"new", b"late"]
+
+
 def test_state_expires_on_the_server_clock(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
