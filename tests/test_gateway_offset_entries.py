@@ -34,6 +34,7 @@ from gateway_harness import (
     sasl_connect,
     topics_of,
 )
+from harness import wait_until
 
 from rcoord.gateway.auth import load_auth_file
 
@@ -105,6 +106,18 @@ def test_a_retention_below_minus_one_is_answered_none_and_the_offset_expires_at_
     assert _fetch(gateway, [("t", [0, 1, 2, 3])]) == [
         ("t", [(0, 5, "", NONE), (1, 6, "", NONE), (2, -1, "", NONE), (3, -1, "", NONE)])]
     assert _fetch(gateway, None) == [("t", [(0, 5, "", NONE), (1, 6, "", NONE)])]
+
+
+def test_a_positive_retention_expires_the_offset_once_its_time_has_passed(
+        gateway: Any, topics: Any) -> None:
+    """docs/gateway.md: ``retention_time_ms`` other than -1 expires the offset at commit time +
+    it (Kafka's ``expireTimestampMs``), in a group that lets offsets expire (a simple commit's);
+    the one committed beside it with -1 stays."""
+    topics.create("t", 2)
+    assert _commit(gateway, [("t", [(0, 5, "")])], 2, retention_ms=200) == [("t", [(0, NONE)])]
+    assert _commit(gateway, [("t", [(1, 6, "")])], 2, retention_ms=-1) == [("t", [(1, NONE)])]
+    wait_until(lambda: _fetch(gateway, [("t", [0])]) == [("t", [(0, -1, "", NONE)])])
+    assert _fetch(gateway, None) == [("t", [(1, 6, "", NONE)])]
 
 
 # -- 2. a partition named twice -----------------------------------------------------------------
