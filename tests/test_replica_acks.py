@@ -103,7 +103,6 @@ def test_negative_acks_or_a_timeout_below_one_ms_are_invalid(request, redis_serv
     assert coord.fetch_offsets("g", [TP]).offsets[TP].offset == -1  # nothing written
 
 
-
 @pytest.mark.parametrize("driver", ["blocking", "asyncio"])
 def test_a_server_that_refuses_wait_raises_instead_of_answering_not_available(
         request, redis_server, driver):
