@@ -385,8 +385,9 @@ class GroupSteps:
             return SyncGroupResult(Errors.INVALID_GROUP_ID)
         reply = yield from self.call("sync_group", self.keys(req.group_id), req.args())
         if reply[0] == b"W":
-            return SyncGroupResult.decode((yield from self._park(req.group_id, req.member_id, "s",
-                                                                  reply)))
+            parked_at = int(reply[3])  # (the server time it parked at: the member's session)
+            return SyncGroupResult.decode(
+                (yield from self._park(req.group_id, req.member_id, "s", reply)), parked_at)
         return SyncGroupResult.decode(bytes(reply[1]))
 
     def heartbeat(

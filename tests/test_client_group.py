@@ -15,6 +15,7 @@ import pickle
 import re
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +66,7 @@ from rcoord.protocol.consumer import (
     ConsumerProtocolAssignment,
     ConsumerProtocolSubscription,
     MalformedMetadataError,
+    metadata_encoding,
 )
 from rcoord.protocol.join import new_member_id
 from rcoord.topics import FetchResult, PartitionRecords, Producer, ProducerRecord, Record, Topics
@@ -1424,3 +1426,72 @@ def test_real_a_group_closes_the_client_it_made_from_redis_url_even_when_close_d
         stop.set()
     wait_until(lambda: group._exited.is_set())
     wait_until(lambda: connections() == 0)
+
+
+class SyncWatch(RedisCoordinator):
+    """The Redis coordinator; notes when this member's SyncGroup is sent, and counts the
+    heartbeats answered."""
+
+    def __init__(self, redis_client: Any, namespace: str) -> None:
+        super().__init__(redis_client, namespace)
+        self.sync_sent = threading.Event()
+        self.sent_at = 0.0
+        self.beats = 0
+
+    def sync_group(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent_at = time.monotonic()
+        self.sync_sent.set()
+        return super().sync_group(*args, **kwargs)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        error = super().heartbeat(*args, **kwargs)
+        if error is Errors.NONE:
+            self.beats += 1
+        return error
+
+
+def test_real_a_follower_counts_its_session_from_the_leaders_sync_not_its_own(real: Any) -> None:
+    """The coordinator refreshes a follower's session when the leader's SyncGroup arrives (its
+    parked SyncGroup kept it alive until then, as Kafka's awaiting-sync member). The client
+    counted its session from the sending of its own SyncGroup, so a leader that synced more than
+    a session timeout later (one heartbeating while it computes, as Kafka clients do) had the
+    follower end its new generation as lost at once, although the coordinator held it."""
+    real.topics.create("t", 2)
+    coord = real.coord
+    sub = ConsumerProtocolSubscription(["t"]).encode()
+    join: dict[str, Any] = {"protocol_type": PROTOCOL_TYPE, "protocols": [("range", sub)],
+                            "session_timeout_ms": 10_000, "rebalance_timeout_ms": 10_000}
+    first = coord.join_group("g", require_known_member_id=False, **join)
+    lead = first.member_id
+    assert coord.sync_group("g", first.generation_id, lead, assignments={
+        lead: ConsumerProtocolAssignment([TP("t", 0), TP("t", 1)]).encode()}).error is Errors.NONE
+    watch = SyncWatch(real.client, real.namespace)
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], heartbeat_interval_ms=50, session_timeout_ms=1000,
+        rebalance_timeout_ms=10_000, retry_backoff_ms=10, retry_backoff_max_ms=100),
+        coordinator=watch)
+    try:
+        group.start()
+        wait_until(lambda: coord.heartbeat("g", first.generation_id, lead)
+                   is Errors.REBALANCE_IN_PROGRESS)
+        second = coord.join_group("g", lead, **join)
+        assert second.leader_id == lead and len(second.members) == 2
+        assert watch.sync_sent.wait(WAIT_S)
+        # The leader computes for longer than the follower's session, heartbeating meanwhile.
+        wait_until(lambda: time.monotonic() - watch.sent_at > 1.3,
+                   step=lambda: coord.heartbeat("g", second.generation_id, lead))
+        (follower,) = (m for m in second.members if m.member_id != lead)
+        kind, version = metadata_encoding(follower.metadata)
+        assert coord.sync_group("g", second.generation_id, lead, assignments={
+            lead: ConsumerProtocolAssignment([TP("t", 0)]).encode(),
+            follower.member_id: ConsumerProtocolAssignment([TP("t", 1)]).encode(
+                kind, min(version, 3)),
+        }).error is Errors.NONE
+        gen = group.next(timeout=WAIT_S)
+        assert gen.generation_id == second.generation_id and gen.partitions == [TP("t", 1)]
+        beats = watch.beats
+        wait_until(lambda: watch.beats >= beats + 2 or gen.done.is_set())
+        assert not gen.done.is_set() and not gen.lost
+        assert real.coord.describe_group("g").state == "Stable"
+    finally:
+        group.close(timeout=WAIT_S)

@@ -203,7 +203,8 @@ class Generation:
         self._lock = threading.Lock()
         # When (time.monotonic) the coordinator last refreshed this member's session, as far as
         # the member can tell, never later than it did: the sending of the SyncGroup that made
-        # the generation, then of each heartbeat answered (heartbeat_answered).
+        # the generation (plus the server's time it was parked, join_generation), then of each
+        # heartbeat answered (heartbeat_answered).
         self._session_from = time.monotonic() if session_from is None else session_from
         self._threads: list[threading.Thread] = []
         self._sealed = False

@@ -90,8 +90,8 @@ def watch_session(gen: Generation, config: ConsumerGroupConfig) -> None:
     30 s later, while the coordinator gave its partitions to another member after the session
     timeout, and ``poll()`` went on handing out the records it had fetched: two owners. The
     session is counted from the sending of the last heartbeat answered (or of the SyncGroup
-    that made the generation), never later than the coordinator counts it. Stops when the
-    generation ends.
+    that made the generation, plus the server's time it was parked waiting for the leader's),
+    never later than the coordinator counts it. Stops when the generation ends.
     """
     session_s = config.session_timeout_ms / 1000
     while True:

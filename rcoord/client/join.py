@@ -236,6 +236,14 @@ def join_generation(
 
     with parked():
         synced = retry(sync, lambda r: r.error)
+    session_from = synced_at[0]
+    if synced.parked_ms is not None:
+        # A parked SyncGroup kept the session alive until the leader's assignment was stored,
+        # which refreshed it (sync_group.lua): count from then, the sending plus the server's
+        # time parked, which is never later than the coordinator counts (the call arrived after
+        # it was sent). Counting from the sending alone ended the generation as lost at once
+        # when the leader synced more than a session timeout after this member.
+        session_from = min(session_from + synced.parked_ms / 1000, time.monotonic())
     if synced.error is not Errors.NONE:
         raise ProtocolError.of(
             synced.error,
@@ -258,7 +266,7 @@ def join_generation(
         retry=generation_retry or retry,
         on_end=on_end,
         owned_before=owned,
-        session_from=synced_at[0],
+        session_from=session_from,
     )
     gen._watch_baseline = counts
     gen._watch_topics = topics_to_watch(topics, joined)

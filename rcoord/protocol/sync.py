@@ -9,7 +9,7 @@ rebalancing, or the rebalance this sync waited on was aborted), COORDINATOR_NOT_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -37,16 +37,27 @@ class SyncGroupResult:
     protocol_type: str | None = None
     protocol_name: str | None = None
     assignment: bytes = b""
+    parked_ms: int | None = field(default=None, compare=False)
+    """For a call that parked (a follower's, until the leader's assignment is stored): the
+    coordinator's time from the call's arrival to the answer, which refreshed the member's
+    session (sync_group.lua). None for a call answered at once, whose arrival refreshed it.
+    A member counts its session from the sending of its SyncGroup plus this (rcoord.client's
+    ``join_generation``): only a difference of server times, so no clock offset enters."""
 
     @classmethod
-    def decode(cls, blob: bytes) -> SyncGroupResult:
+    def decode(cls, blob: bytes, parked_at_ms: int | None = None) -> SyncGroupResult:
+        """``parked_at_ms``: the server time at which the call parked, if it did."""
         rep = msgpack.unpackb(blob, raw=True)
         asg = rep.get(b"asg") or b""
+        answered_at = rep.get(b"at")
         return cls(
             error=Errors.from_name(rep[b"e"]),
             protocol_type=optional_text(rep.get(b"pt")),
             protocol_name=optional_text(rep.get(b"pn")),
             assignment=bytes(asg),
+            parked_ms=(int(answered_at) - parked_at_ms
+                       if parked_at_ms is not None and isinstance(answered_at, int | float)
+                       and not isinstance(answered_at, bool) else None),
         )
 
 
