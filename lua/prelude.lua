@@ -897,7 +897,9 @@ local function sync_chunk(ids, asgs, err, at, parked, parked_rec)
     if rec then
       rec.asg, rec.ag = asgs[i], g
       if rec.as == 1 or id == parked then
-        local rep = {k = 's', e = err, asg = rec.asg, at = NOW}
+        -- ``at``: when the session was refreshed (the propagation's time, not this chunk's):
+        -- the member counts its session from it (SyncGroupResult.parked_ms).
+        local rep = {k = 's', e = err, asg = rec.asg, at = at}
         if err == 'NONE' then rep.pt, rep.pn = G.ptype, G.pname end
         replies[#replies + 1] = reply_field('s', id)
         replies[#replies + 1] = cmsgpack.pack(rep)

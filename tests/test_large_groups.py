@@ -699,3 +699,26 @@ def test_a_completion_of_more_chunks_than_one_unpack_holds_finishes(make_coordin
     assert not [f for f in raw.r.hkeys(raw.keys.group) if f.startswith((b"cj:", b"cjm:"))]
     assert raw.field("state") == "CompletingRebalance" and raw.r.hlen(raw.keys.joining) == 0
     assert raw.call("expire_deadlines", T0 + DELAY + 1)[0] == 0  # the group goes on
+
+
+def test_a_sync_reply_written_by_a_later_chunk_carries_the_time_of_the_session_refresh(raw):
+    """A parked follower counts its session from the sending of its SyncGroup plus the server
+    time it was parked (``SyncGroupResult.parked_ms``: the reply's ``at`` less the time it
+    parked; rcoord.client's join_generation). A later chunk refreshes the sessions from the
+    propagation, not from the call that writes it, so its replies must say that time: stamped
+    with the writing call's, the member counted its session later than the coordinator did, by
+    the time between the chunks."""
+    ids = form_parked(raw, 7)
+    now = T0 + DELAY
+    complete(raw, ids, now)
+    for mid in ids[1:]:
+        assert sync(raw, now, mid)[0] == b"W"
+    sync(raw, now + 1, ids[0], asg={m: m.encode() for m in ids})
+    assert raw.field("csk") == "2"
+    while raw.field("csk") is not None:
+        assert raw.call("expire_deadlines", now + 5000)[0] >= 1
+    for mid in ids[1:]:
+        res = SyncGroupResult.decode(bytes(raw.call("await_reply", now + 5000, mid, "s")[1]), now)
+        assert res.error is Errors.NONE and res.assignment == mid.encode()
+        assert raw.r.zscore(raw.keys.deadlines, f"hb:{mid}") == now + 1 + 60_000
+        assert res.parked_ms == 1, mid  # parked at now, refreshed at now + 1
