@@ -188,4 +188,5 @@ def gateway_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
-        return report(exc, "rcoord gateway", url=url, debug=str(args.log_level).strip().upper() == "DEBUG")
+        debug = str(args.log_level).strip().upper() == "DEBUG"
+        return report(exc, "rcoord gateway", url=url, debug=debug)
