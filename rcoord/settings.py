@@ -175,8 +175,11 @@ def settle_flow(
                 )
             stored = yield from _write(key, "update", changes)
             if new_np != old_np:
-                yield Pipeline([("DEL", PartitionKeys(namespace, p, old_np).cfg)
-                                for p in range(old_np)])
+                # The old layout's partitions are gone with their copies: so are their events
+                # streams and the service's read positions in them (and replica-ack counters),
+                # which nothing reads again; they were left behind by every change of count.
+                yield Pipeline([("DEL", key) for p in range(old_np)
+                                for key in _partition_leftovers(namespace, p, old_np)])
                 late = yield from _count_groups(namespace, old_np)
                 if late:
                     log.warning("%d group(s) were created under the old partition count %d while "
@@ -248,6 +251,14 @@ def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
     replies = yield Pipeline([("SCARD", PartitionKeys(namespace, p, num_partitions).groups)
                               for p in range(num_partitions)])
     return sum(int(n) for n in replies)
+
+
+def _partition_leftovers(namespace: str, partition: int, num_partitions: int) -> list[str]:
+    """The keys of a partition of a layout no longer in use that hold no group: its settings
+    copy, events stream, events read position (``rcoord.service.observe``) and replica-ack
+    counter."""
+    pk = PartitionKeys(namespace, partition, num_partitions)
+    return [pk.cfg, pk.events, pk.tail, pk.acks]
 
 
 def _partition_copies(namespace: str, num_partitions: int) -> list[str]:

@@ -15,9 +15,9 @@ import pytest
 import redis.asyncio
 from harness import PROTOCOLS
 
-from rcoord import ConfigError, CoordinatorConfig, Errors, GroupCoordinator
+from rcoord import ConfigError, CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.asyncio import AsyncGroupCoordinator
-from rcoord.keys import GroupKeys, settings_key
+from rcoord.keys import GroupKeys, PartitionKeys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import settle
 
@@ -96,6 +96,25 @@ def test_the_old_layout_copies_are_gone_after_a_change(redis_client, namespace):
     copies = set(redis_client.scan_iter(match=f"{namespace}:{{*}}:cfg", count=1000))
     assert len(copies) == 7
     assert all(k.decode().startswith(f"{namespace}:{{7.") for k in copies)
+
+
+def test_no_key_of_the_old_layout_is_left_after_a_change(redis_client, namespace):
+    """A count change in an empty namespace left each old partition's events stream and the
+    service's read position in it behind, for good: nothing addresses that layout again."""
+    old = GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, num_partitions=8, **FAST)).start()
+    for i in range(8):  # events in the old partitions: groups created, then deleted
+        old.commit_offsets(f"g{i}", {TopicPartition("t", 0): 1})
+        assert old.delete_groups([f"g{i}"]) == {f"g{i}": Errors.NONE}
+    for p in range(8):  # as the coordinator service leaves them (rcoord.service.observe)
+        redis_client.set(PartitionKeys(namespace, p, 8).tail, "1-0")
+    prefix = f"{namespace}:{{8."
+    assert any(k.decode().startswith(prefix) and k.decode().endswith(":events")
+               for k in redis_client.scan_iter(match=f"{namespace}:*", count=1000))
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    left = [k for k in redis_client.scan_iter(match=f"{namespace}:*", count=1000)
+            if k.decode().startswith(prefix)]
+    assert left == []
 
 
 @pytest.mark.parametrize("first", ["started-before", "started-after"])
