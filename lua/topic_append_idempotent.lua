@@ -1,8 +1,10 @@
 -- topic_append_idempotent.lua: appends an idempotent producer's records to one partition stream,
 -- dropping the records it already appended (Kafka KIP-98, the broker's ProducerAppendInfo).
 -- KEYS[1] stream, KEYS[2] producer states (hash: producer id -> state), KEYS[3] producer activity
--- (zset: producer id -> last activity ms), KEYS[4] the partition's last record timestamp and
--- log end (a string; stamp and appended in topic_common.lua), KEYS[5] optional: this
+-- (zset: producer id -> last activity ms; on the server's clock both expire
+-- producer.id.expiration.ms after the partition's last idempotent append), KEYS[4] the
+-- partition's last record timestamp and log end (a string; stamp and appended in
+-- topic_common.lua), KEYS[5] optional: this
 -- producer's append log (a string, one line per call that appended: "epoch first-sequence
 -- first-offset count\n", only the current epoch's; rcoord.topics.epoch_log reads it). All
 -- carry the partition's hash tag.
@@ -53,9 +55,10 @@ local lost_from = tonumber(ARGV[5])  -- nil when ''
 local expiration, prune = tonumber(ARGV[6]), tonumber(ARGV[7])
 local modulus = tonumber(ARGV[8])  -- nil when ''
 local n = (#ARGV - RECORD_ARGS + 1) / 4
--- The append log's lifetime: the state's, but within what the server takes (an expire time
--- past its range fails the SET after the records are written; 2^46 ms is over 2,000 years),
--- as an integer (a large number would otherwise be sent in exponent form).
+-- The append log's lifetime, and the producer states' keys' (below): the state's, but within
+-- what the server takes (an expire time past its range fails the SET after the records are
+-- written; 2^46 ms is over 2,000 years), as an integer (a large number would otherwise be sent
+-- in exponent form).
 local log_ttl = string.format('%d', math.min(expiration, 2 ^ 46))
 
 local function load_state(raw)
@@ -239,6 +242,15 @@ if dup < n then
   for _, b in ipairs(st.batches) do put(b[1], b[2], b[3], b[4]) end
   redis.call('HSET', KEYS[2], pid, cmsgpack.pack(out))
   redis.call('ZADD', KEYS[3], string.format('%d', now), pid)
+  -- Every state of the partition is expired once no producer appended for the expiration (the
+  -- latest state's activity is this append's), so the two keys go then. Only a starting
+  -- producer prunes the others (above): a partition whose producers all stopped, or that only
+  -- plain producers write to now, kept every state for good, where Kafka expires them. (Not
+  -- under a caller's clock, a test's: that clock alone says when a state expires.)
+  if ARGV[1] == '' then
+    redis.call('PEXPIRE', KEYS[2], log_ttl)
+    redis.call('PEXPIRE', KEYS[3], log_ttl)
+  end
   if log_key then
     -- It lives as long as the state would (expiration after the last append).
     local line = string.format('%d %d %d %d\n', st.epoch, first + dup, seq(first_id) - 1, n - dup)

@@ -764,6 +764,30 @@ def test_state_expires_on_the_server_clock(
     assert values(namespace, redis_client, "t", 0) == [b"a", b"a"]
 
 
+def test_states_of_a_quiet_partition_expire(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """Only a starting producer pruned expired states: once a partition's idempotent producers
+    stopped (or only plain producers wrote to it), every state stayed for good, one per past
+    producer id, where Kafka expires them after producer.id.expiration.ms. Now the state keys
+    expire that long after the partition's last idempotent append (on the server's clock)."""
+    topics.create("t", 1, producer_id_expiration_ms=100)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    for _ in range(20):  # short-lived producers, one record each
+        Producer(redis_client, namespace).send("t", b"x", partition=0)
+    assert redis_client.hlen(state) >= 1 and redis_client.zcard(activity) >= 1
+    plain = Producer(redis_client, namespace, idempotent=False)
+    deadline = time.monotonic() + WAIT_S
+    while redis_client.exists(state, activity):
+        assert time.monotonic() < deadline, "expired producer states were never removed"
+        plain.send("t", b"y", partition=0)  # plain appends go on meanwhile
+        time.sleep(0.02)
+    # A producer that starts later finds nothing of them and starts afresh.
+    meta = Producer(redis_client, namespace, producer_id="late").send("t", b"z", partition=0)
+    assert not meta.duplicate
+    assert redis_client.hkeys(state) == [b"late"]
+
+
 def test_pruning_is_bounded_per_call(topics: Topics, redis_client: Any, namespace: str) -> None:
     clock = MockTime()
     topics.create("t", 1, producer_id_expiration_ms=1000)
