@@ -323,6 +323,8 @@ class Consumer(SubscriptionMixin):
         # The thread whose ``for record in consumer`` loop body is running (__iter__), or None.
         self._iterating: int | None = None
         # seek()s per partition: the iterator tells a position the loop body set from its own.
+        # Like every per-partition table, forgotten with the partition (``_forget_partitions``):
+        # a pattern subscription over short-lived topics kept one entry per past partition.
         self._seeks: dict[TopicPartition, int] = {}
         self._poll_thread: int | None = None  # the thread of the latest poll()
         # The thread running poll() or commit() now, outside the listener: a close() from that
@@ -1488,13 +1490,7 @@ class Consumer(SubscriptionMixin):
     def _forget_revoked(self, revoked: list[TopicPartition]) -> None:
         self._revoking = False
         self._pending_revocation = []
-        for tp in revoked:
-            for table in (
-                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid,
-                self._resets,
-            ):
-                table.pop(tp, None)
-            self._paused.discard(tp)
+        self._forget_partitions(revoked)
 
     def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None:
         """Before a cooperative rejoin for a new subscription (``poll()`` after
@@ -1657,7 +1653,7 @@ class Consumer(SubscriptionMixin):
         self._fetched_turn = {}
         self._buffers = {}
         self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
-        self._resets = {}
+        self._resets, self._seeks = {}, {}
 
     def _leave_inside_revocation(self) -> None:
         """``unsubscribe()`` from inside a revocation's callback: that revocation is the

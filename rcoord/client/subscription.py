@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, Errors, ProtocolError, RcoordError
@@ -72,6 +72,10 @@ class SubscriptionMixin:
         _next_auto_commit: float
         _assigned: list[TopicPartition]
         _paused: set[TopicPartition]
+        _caught_up: set[TopicPartition]
+        _seeks: dict[TopicPartition, int]
+        _record_bytes: dict[TopicPartition, int]
+        _fetched_turn: dict[TopicPartition, int]
         _position: dict[TopicPartition, int]
         _fetch_pos: dict[TopicPartition, int]
         _invalid: dict[TopicPartition, int]
@@ -236,13 +240,7 @@ class SubscriptionMixin:
                     call, error_of, config=self._config, closing=self._stop
                 ),
             )
-            for tp in removed:
-                for table in (
-                    self._buffers, self._position, self._fetch_pos, self._committed,
-                    self._invalid, self._resets,
-                ):
-                    table.pop(tp, None)
-                self._paused.discard(tp)
+            self._forget_partitions(removed)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
                 if offsets[tp] < 0:  # start_offset="none" and nothing committed
@@ -253,6 +251,20 @@ class SubscriptionMixin:
             self._assigned = wanted
             self._assigned_manually = True
             self._next_auto_commit = time.monotonic() + self._auto_commit_s
+
+    def _forget_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop what every per-partition table holds of ``partitions`` (given up): a
+        long-running consumer moved over many topics (``assign()``, a pattern subscription
+        over short-lived topics) kept an entry per partition it ever held in the tables this
+        once left out (seek counts, fetch sizes and turns)."""
+        for tp in partitions:
+            for table in (
+                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid,
+                self._resets, self._seeks, self._record_bytes, self._fetched_turn,
+            ):
+                table.pop(tp, None)
+            self._paused.discard(tp)
+            self._caught_up.discard(tp)
 
     def subscription(self) -> list[str]:
         """The topics this consumer is subscribed to, sorted (Kafka's ``subscription()``): the
@@ -275,9 +287,8 @@ class SubscriptionMixin:
                 if self._auto_commit:
                     self._auto_commit_now()
                 self._assigned_manually = False
-                self._assigned, self._paused = [], set()
-                self._position, self._fetch_pos, self._committed, self._buffers = {}, {}, {}, {}
-                self._invalid, self._resets = {}, {}
+                self._forget_partitions(self._assigned)
+                self._assigned = []
             self._leave_group()
 
     def _auto_commit_now(self) -> None:
