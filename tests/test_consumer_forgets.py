@@ -75,3 +75,24 @@ def test_assigned_consumer_forgets_the_partitions_it_was_moved_off(env: Any) -> 
         assert _stale(consumer) == {}, f"after topic {i}"
     consumer.unsubscribe()
     assert _stale(consumer) == {}
+
+
+def test_async_commits_that_land_after_a_move_leave_no_entry(env: Any) -> None:
+    """An async commit of partitions the consumer was moved off before its callback ran, and a
+    commit of offsets of partitions it does not hold, leave nothing behind either."""
+    consumer = env.consumer(topics=[], enable_auto_commit=False)
+    env.topics.create("other", 1)
+    for i in range(TOPICS):
+        topic = f"hopping-{i}"
+        env.topics.create(topic, 2)
+        env.producer.send_batch(topic, [b"a", b"b"])
+        consumer.assign([TP(topic, 0), TP(topic, 1)])
+        got: list[Any] = []
+        wait_until(lambda: len(got) >= 2,  # noqa: B023
+                   lambda: got.extend(consumer.poll(timeout=0.02)))  # noqa: B023
+        consumer.commit({TP("other", 0): i})
+        consumer.commit_async()
+        assert _stale(consumer) == {}, f"after topic {i}"
+    consumer.assign([TP("other", 0)])
+    consumer.poll(timeout=0)  # runs the callbacks of the commits still pending
+    assert _stale(consumer) == {}

@@ -1085,9 +1085,9 @@ class Consumer(SubscriptionMixin):
             return
         wanted = given if given is not None else self._positions()
         target[0](wanted)
-        for tp, off in wanted.items():
-            value = off.offset if isinstance(off, OffsetAndMetadata) else int(off)
-            self._committed[TopicPartition(*tp)] = value
+        self._note_committed({
+            TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
+            for tp, off in wanted.items()})
 
     def commit_async(
         self,
@@ -1192,7 +1192,7 @@ class Consumer(SubscriptionMixin):
             error = done.error
             current = self._commit_target()
             if error is None and current is not None and done.token is current[1]:
-                self._committed.update(done.offsets)
+                self._note_committed(done.offsets)
             if done.callback is None:
                 if error is not None:
                     log.warning("async commit of %s failed: %s", done.offsets, error)
@@ -1203,6 +1203,14 @@ class Consumer(SubscriptionMixin):
                 first = first or exc
         if first is not None:
             raise first
+
+    def _note_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Remember the committed offsets of the partitions held now (``_changed_positions``
+        compares with them). Not of others: a commit of offsets of partitions the consumer does
+        not hold, or an async commit whose callback ran after ``assign()`` moved off its
+        partitions, left an entry that nothing removed, one per such partition for good."""
+        self._committed.update(
+            (tp, offset) for tp, offset in offsets.items() if tp in self._position)
 
     def _changed_positions(self) -> dict[TopicPartition, int]:
         """The positions that moved since they were last committed."""
