@@ -225,8 +225,9 @@ def test_sigusr1_writes_every_threads_stack_and_changes_nothing(redis_server, si
     assert procs[0].health().get("status") == "ok" and procs[0].health().get("leases") == 50
     out = procs[0].stop(signal.SIGTERM)
     assert procs[0].proc.returncode == 0, out
-    # Every thread's stack: the timer loop (the main thread) and the lease thread among them.
-    assert "Thread 0x" in out and "_lease_loop" in out and " in run" in out, out[-3000:]
+    # Every thread's stack: run() (the main thread), the timer loop and the lease thread.
+    assert ("Thread 0x" in out and "_lease_loop" in out and " in run" in out
+            and " in _timer_loop" in out), out[-3000:]
 
 
 def test_cluster_coordinator_hears_expiry_events_from_every_master(redis_cluster, namespace, procs):

@@ -202,9 +202,8 @@ def test_a_coordinator_resumed_after_its_leases_lapsed_does_not_log_their_events
     wait_until(lambda: _tail_stored(client, coord) == _latest(client, coord))  # A logged them
     logged_a = _logged(a.metrics)
     assert logged_a > 0
-    loop = services[0][1]
     step = _gate(a, a.leases, "step")
-    confirmed = _gate(a, a, "_leases_confirmed", lambda: loop)
+    confirmed = _gate(a, a, "_leases_confirmed", lambda: a._timer_thread)
     step.close()
     confirmed.close()
     wait_until(lambda: step.entered.is_set() and confirmed.entered.is_set())  # A is paused
@@ -236,8 +235,7 @@ def test_events_of_a_partition_handed_over_before_its_first_holder_read_them_are
     first_id, second_id = _ids_ranked(first_wanted=False)
     a = _run(services, _service(own_server.url, namespace, first_id))
     wait_until(lambda: a.leases.owned == {0} and 0 in a.tail._last)
-    loop = services[0][1]
-    reads = _gate(a, a.tail, "poll", lambda: loop)
+    reads = _gate(a, a.tail, "poll", lambda: a._timer_thread)
     reads.close()  # A reads nothing more (as if it had no turn before the hand-over)
     _lonely_member(coord, "g")
     events = client.xlen(coord._keys("g").partition.events)
@@ -267,9 +265,8 @@ def test_a_pause_of_the_whole_process_is_not_taken_for_a_stalled_timer_loop(
     with handling(EventLog(), "rcoord", logging.INFO) as log:
         a = _run(services, _service(own_server.url, namespace, "A"))
         wait_until(lambda: a.leases.owned == {0} and a.health()[0])
-        loop = services[0][1]
         step = _gate(a, a.leases, "step")
-        turns = _gate(a, a.sweeper, "next_due", lambda: loop)
+        turns = _gate(a, a.sweeper, "next_due", lambda: a._timer_thread)
         step.close()
         turns.close()
         wait_until(lambda: step.entered.is_set() and turns.entered.is_set())

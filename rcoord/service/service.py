@@ -64,6 +64,13 @@ that answers, all of it takes milliseconds and the leases are released; with eve
 hung (or vanished) each call waited a socket timeout (a lease TTL, 5 s by default), and a
 SIGTERM took 7-18 s, past Docker's 10 s grace."""
 INTERRUPT_EVERY_S = 0.1
+LOOP_LEFT_MS = 2 * STOP_GRACE_MS
+"""How long ``run()`` waits, once a stop is asked for, for the timer loop to end: its grace,
+then as long again for the calls the interrupt failed (``_interrupt_when_stopped``). A call
+still in ``connect()`` has no socket the interrupt can shut (a node whose host drops SYNs, or
+whose listener's accept queue is full): ``run()`` returns without it, as Kafka's
+``KafkaConsumer.close(timeout)`` returns when its timer expires. Before, it waited for the
+connect timeout (5 s by default, more if the URL sets ``socket_connect_timeout``)."""
 LOOP_PAUSE_MS = 200
 LOOP_PAUSE_MAX_MS = 1000
 """The timer loop's wait after a failed turn: 200 ms, doubling up to 1 s, so deadlines act
@@ -186,7 +193,14 @@ class CoordinatorService:
         self._running = False
         """``run()`` (the timer loop) has started: from then on leases need its turns."""
         self._loop_ended = threading.Event()
-        """``run()`` has returned."""
+        """The timer loop has ended."""
+        self._loop_left = threading.Event()
+        """``run()`` returned while the timer loop was still in a call (``LOOP_LEFT_MS``): what
+        that call comes back to acts on no partition (``_leases_confirmed``, the sweeper's
+        ``left``)."""
+        self._loop_error: BaseException | None = None
+        self._timer_thread: threading.Thread | None = None
+        """The thread ``run()`` runs the timer loop on."""
         self._interrupted = False
         """A stop shut the connections under calls in flight (``_interrupt_when_stopped``)."""
         """When the timer loop last completed a turn (monotonic): leases renewed by a process
@@ -244,7 +258,8 @@ class CoordinatorService:
         self.group_config = coord.config
         n = self.group_config.num_partitions
         self.leases.size(n)
-        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics, stop=self._stop)
+        self.sweeper = Sweeper(self._client, scripts, cfg.namespace, n, self.metrics,
+                               stop=self._stop, left=self._loop_left)
         self.sweeper.turn_budget_ms = min(self.sweeper.turn_budget_ms, cfg.lease_ttl_ms // 4)
         self.tail = EventTail(self._client, cfg.namespace, n, self.metrics)
         listener = Listener(self._client, cfg.namespace, n, self.leases.channel, self._queue,
@@ -563,12 +578,43 @@ class CoordinatorService:
                 log.warning("sampling groups failed", extra={"event": "sample_error", "why": str(exc)})
 
     def run(self) -> None:
-        """The timer loop; returns when ``stop()`` is called (from a signal or another thread)."""
+        """The timer loop; returns when ``stop()`` is called (from a signal or another thread),
+        within ``LOOP_LEFT_MS`` of it. The loop runs on a daemon thread of its own, so that a
+        call that cannot be interrupted (stuck in ``connect()``) is left behind, not waited
+        for; it then acts on no partition when it comes back. What ends the loop otherwise (a
+        bug) is raised here."""
         index = self.config.wake != "hints"
         self._last_turn_ok = self._last_alive = time.monotonic()
         self._running = True
+        self._timer_thread = threading.Thread(target=self._run_timer_loop, args=(index,),
+                                              name="rcoord-timer", daemon=True)
+        self._timer_thread.start()
+        try:
+            # The stop flag is polled, never waited on: the CLI's signal handler sets it, on
+            # this thread, and would wait for ever for the flag's lock if the handler ran
+            # while this thread held it (inside ``Event.wait``).
+            while not self._loop_ended.wait(INTERRUPT_EVERY_S) and not self._stop.is_set():
+                pass
+        finally:
+            # Also on a KeyboardInterrupt here: the loop stops, as it did when it ran here.
+            # (Only if not set: ``set()`` holds the lock a second signal's handler would want.)
+            if not self._stop.is_set():
+                self._stop.set()
+            if not self._loop_ended.wait(LOOP_LEFT_MS / 1000):
+                self._loop_left.set()
+                log.warning("the timer loop is still in a call the stop could not interrupt "
+                            "(a connect to a node that does not answer, or a client passed in, "
+                            "whose connections a stop leaves alone); left behind",
+                            extra={"event": "timer_loop_left",
+                                   "id": self.config.coordinator_id})
+        if self._loop_error is not None:
+            raise self._loop_error
+
+    def _run_timer_loop(self, index: bool) -> None:
         try:
             self._timer_loop(index)
+        except BaseException as exc:  # noqa: BLE001 - raised by run(), on its caller's thread
+            self._loop_error = exc
         finally:
             self._loop_ended.set()
 
@@ -643,8 +689,10 @@ class CoordinatorService:
         """The leases were renewed within a TTL (counted from the start of the round that
         renewed them), so ``leases.owned`` is still this process's. After a pause (SIGSTOP, a
         frozen VM, a long GC) they may have passed to another process, which has logged their
-        events since. The next lease round says which are still held."""
-        return time.monotonic() - self._confirmed_at < self.config.lease_ttl_ms / 1000
+        events since. The next lease round says which are still held. Never once ``run()``
+        left the timer loop behind: the stop releases them."""
+        return (not self._loop_left.is_set()
+                and time.monotonic() - self._confirmed_at < self.config.lease_ttl_ms / 1000)
 
     def _tailed(self, owned: set[int]) -> set[int]:
         """The partitions whose events the timer loop reads: those of its set (``owned``) that

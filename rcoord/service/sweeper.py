@@ -59,9 +59,13 @@ log = logging.getLogger("rcoord.service")
 
 class Sweeper:
     def __init__(self, client: Any, scripts: Scripts, namespace: str, num_partitions: int,
-                 metrics: Metrics, stop: threading.Event | None = None) -> None:
+                 metrics: Metrics, stop: threading.Event | None = None,
+                 left: threading.Event | None = None) -> None:
         self._client = client
         self._stop = stop if stop is not None else threading.Event()
+        self._left = left if left is not None else threading.Event()
+        """Set once the service's ``run()`` returned without the timer loop: no group is
+        expired any more (the stop releases the leases to other processes)."""
         self.backoff_first_ms = BACKOFF_FIRST_MS
         self.backoff_max_ms = BACKOFF_MAX_MS
         self.backed_off: dict[tuple[int, str], tuple[float, int]] = {}
@@ -259,6 +263,8 @@ class Sweeper:
     def expire_group(self, p: int, group_id: str, source: str, node: Any = None) -> int:
         """Apply one group's passed deadlines, through ``node`` (its node's client, found if
         not given)."""
+        if self._left.is_set():
+            return 0
         keys = self._pk[p].group(group_id)
         node = node if node is not None else node_client(self._client, keys.group)
         try:
@@ -285,6 +291,8 @@ class Sweeper:
             "failures": failures + 1, "retry_in_ms": int(delay)})
 
     def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
+        if self._left.is_set():
+            return 0
         try:
             return self._expire_each(node, work, source)
         finally:
