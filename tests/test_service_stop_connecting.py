@@ -177,3 +177,26 @@ def test_a_sweeper_left_behind_by_run_expires_nothing(
         assert due_now() == 0
     finally:
         client.close()
+
+
+def test_a_connect_is_given_a_lease_ttl_at_most(own_server: EmbeddedServer,
+                                                namespace: str) -> None:
+    """A connect a node's host never answers (SYNs dropped) is abandoned as soon as a call it
+    does not answer: within a lease TTL (at least a second), and never after more than
+    ``connect``'s 5 s. Before, 5 s whatever the TTL: with a 1 s TTL every round that met such
+    a master took five TTLs. The URL's own ``socket_connect_timeout`` still wins."""
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    def connect_timeout(ttl_ms: int, query: str = "") -> float:
+        svc = CoordinatorService(ServiceConfig(
+            redis_url=own_server.url + query, namespace=namespace, lease_ttl_ms=ttl_ms,
+            retention_check_interval_ms=0)).start()
+        try:
+            return float(svc._client.connection_pool.connection_kwargs["socket_connect_timeout"])
+        finally:
+            svc.stop()
+
+    assert connect_timeout(1000) == 1.0
+    assert connect_timeout(200) == 1.0  # (the socket timeout's floor)
+    assert connect_timeout(30_000) == 5.0
+    assert connect_timeout(1000, "?socket_connect_timeout=7") == 7.0
