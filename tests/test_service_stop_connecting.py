@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from harness import RunningService, wait_until
+from harness import InThread, RunningService, wait_until
 
 from rcoord.testing.embedded import EmbeddedServer
 
@@ -200,3 +200,46 @@ def test_a_connect_is_given_a_lease_ttl_at_most(own_server: EmbeddedServer,
     assert connect_timeout(200) == 1.0  # (the socket timeout's floor)
     assert connect_timeout(30_000) == 5.0
     assert connect_timeout(1000, "?socket_connect_timeout=7") == 7.0
+
+
+def test_the_stop_interrupts_no_more_once_run_left_the_loop_behind(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """The stop's watchdog shuts the client's sockets every 100 ms while the timer loop has not
+    ended; once ``run()`` has left the loop behind, ``stop()`` releases the leases through that
+    client, so the watchdog must stop shutting its sockets (a release call in flight would fail,
+    and its leases wait a TTL to lapse). Here the loop is held in a call no socket shut wakes."""
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="held", lease_ttl_ms=1000,
+        retention_check_interval_ms=0)).start()
+    hold, entered, held = threading.Event(), threading.Event(), threading.Event()
+    real_next_due = svc.sweeper.next_due
+
+    def next_due() -> float:
+        if hold.is_set():
+            entered.set()
+            held.wait(30)
+        return real_next_due()
+
+    svc.sweeper.next_due = next_due  # type: ignore[method-assign]
+    runner = InThread(svc.run)
+    client = own_server.client()
+    try:
+        wait_until(lambda: bool(svc.leases.owned))
+        hold.set()
+        wait_until(entered.is_set)
+        svc._stop.set()
+        runner.thread.join(STOP_WAIT_S)
+        assert not runner.thread.is_alive(), "run() waited for a loop held in a call"
+        wait_until(lambda: not any(t.name == "rcoord-stop" and t.is_alive()
+                                   for t in threading.enumerate()), timeout_s=STOP_WAIT_S)
+        svc.stop()
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        hold.clear()
+        held.set()
+        svc.stop()
+        client.close()

@@ -212,6 +212,10 @@ class CoordinatorService:
         that call comes back to acts on no partition (``_leases_confirmed``, the sweeper's
         ``left``)."""
         self._loop_error: BaseException | None = None
+        self._interrupting = threading.Lock()
+        """Held by the stop's watchdog while it shuts the sockets, and by ``run()`` while it
+        leaves the loop behind: no socket is shut after that (``stop()`` releases the leases
+        through them)."""
         self._timer_thread: threading.Thread | None = None
         """The thread ``run()`` runs the timer loop on."""
         self._interrupted = False
@@ -387,12 +391,18 @@ class CoordinatorService:
             return
         self._interrupted = True
         while True:
-            try:
-                disconnect_all(self._client)
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                log.warning("could not interrupt the calls in flight",
-                            extra={"event": "close_failed", "why": str(exc)})
-                return
+            with self._interrupting:
+                if self._loop_left.is_set():
+                    # ``run()`` returned without the loop: ``stop()``'s lease release goes
+                    # through these connections now. (Before, the watchdog went on shutting
+                    # them under it, every 100 ms, for as long as the loop's call lasted.)
+                    return
+                try:
+                    disconnect_all(self._client)
+                except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                    log.warning("could not interrupt the calls in flight",
+                                extra={"event": "close_failed", "why": str(exc)})
+                    return
             if self._loop_ended.wait(INTERRUPT_EVERY_S):
                 return
 
@@ -616,7 +626,8 @@ class CoordinatorService:
             if not self._stop.is_set():
                 self._stop.set()
             if not self._loop_ended.wait(LOOP_LEFT_MS / 1000):
-                self._loop_left.set()
+                with self._interrupting:
+                    self._loop_left.set()
                 log.warning("the timer loop is still in a call the stop could not interrupt "
                             "(a connect to a node that does not answer, or a client passed in, "
                             "whose connections a stop leaves alone); left behind",
