@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -234,6 +235,60 @@ def test_add_partitions(topics: Topics, redis_client: Any, namespace: str) -> No
         topics.add_partitions("missing", 3)
     assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
     assert topics.partition_count("t") == 5
+
+
+def cached_topics(producer: Producer) -> dict[str, set[str]]:
+    """The topics each of the producer's per-topic metadata caches holds."""
+    return {name: set(getattr(producer, name))
+            for name in ("_counts", "_expiration", "_sticky", "_used")}
+
+
+def test_producer_forgets_deleted_topics(topics: Topics, redis_client: Any,
+                                         namespace: str) -> None:
+    """A producer that sends to ever new topics (the gateway's one Producer) kept every deleted
+    topic's cached count, expiration setting and sticky partition for good; a read that finds
+    the topic gone drops them (Kafka's producer drops a topic's metadata once it is gone)."""
+    producer = Producer(redis_client, namespace, idempotent=False)
+    for i in range(20):
+        topics.create(f"t{i}", 2)
+        producer.send(f"t{i}", b"v")
+        topics.delete(f"t{i}")
+        with pytest.raises(TopicError) as err:
+            producer.send(f"t{i}", b"v")
+        assert err.value.error == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert cached_topics(producer) == {name: set() for name in cached_topics(producer)}
+
+
+def test_producer_forgets_idle_topics(topics: Topics, redis_client: Any, namespace: str) -> None:
+    """Kafka's ``metadata.max.idle.ms``: a topic not sent to for that long loses its cached
+    metadata, so a long-lived producer's caches hold the topics in use, not every one ever sent
+    to. A caller's ``rng`` keeps its sticky partitions (placements that must repeat)."""
+    now = [0.0]
+    producer = Producer(redis_client, namespace, metadata_max_idle_ms=5000)
+    producer._monotonic = lambda: now[0]
+    seeded = Producer(redis_client, namespace, metadata_max_idle_ms=5000, rng=random.Random(1))
+    seeded._monotonic = lambda: now[0]
+    for i in range(10):
+        topics.create(f"t{i}", 2)
+        producer.send(f"t{i}", b"v")
+        seeded.send(f"t{i}", b"v")
+    assert cached_topics(producer)["_counts"] == {f"t{i}" for i in range(10)}
+    now[0] += 4.9  # not idle yet: kept
+    producer.send("t0", b"v")
+    assert cached_topics(producer)["_counts"] == {f"t{i}" for i in range(10)}
+    now[0] += 5.0  # t1..t9 idle for 9.9 s, t0 for 5 s: all past metadata_max_idle_ms
+    topics.create("new", 2)
+    for p in (producer, seeded):
+        p.send("new", b"v")
+    assert cached_topics(producer) == {name: {"new"} for name in cached_topics(producer)}
+    assert set(seeded._sticky) == {"new"} | {f"t{i}" for i in range(10)}
+    assert set(seeded._counts) == {"new"}
+    # A forgotten topic is read again at its next send, and its expiration setting with it.
+    topics.alter_configs("t3", {"producer_id_expiration_ms": 1234})
+    producer.send("t3", b"v")
+    assert producer._expiration["t3"] == 1234
+    with pytest.raises(InvalidRequestError, match="metadata_max_idle_ms"):
+        Producer(redis_client, namespace, metadata_max_idle_ms=4999)
 
 
 

@@ -4,6 +4,7 @@ and Kafka's idempotent producer (KIP-98): a retried append is never appended twi
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import random
 import secrets
@@ -104,7 +105,13 @@ class Producer:
 
     An explicit ``partition`` always wins. Partition counts are cached for
     ``metadata_max_age_ms`` (client monotonic time, only used for this cache) and re-read at
-    once when a partition looks out of range or a topic unknown. The producer is thread-safe.
+    once when a partition looks out of range or a topic unknown. A topic not sent to for
+    ``metadata_max_idle_ms`` (Kafka's ``metadata.max.idle.ms``, 5 minutes by default, at least
+    5 seconds), or that a read finds gone, loses its cached count, expiration setting and
+    keyless sticky partition (one a given ``rng`` chose is kept, as after a fork): a long-lived
+    producer that sends to ever new topics (the gateway's) kept them all for good. The
+    idempotent numbering is kept (the partition's state may still expect it). The producer is
+    thread-safe.
 
     **Idempotence** (``idempotent=True``, the default, as in Kafka >= 3.0). The producer has an
     id (``producer_id``; ``None`` allocates a unique one from Redis on first use) and an epoch
@@ -168,6 +175,7 @@ class Producer:
         *,
         batch_size: int = 16384,
         metadata_max_age_ms: int = 5000,
+        metadata_max_idle_ms: int = 300_000,
         rng: random.Random | None = None,
         idempotent: bool = True,
         producer_id: str | None = None,
@@ -214,12 +222,16 @@ class Producer:
                 f"max_request_size must be <= {MAX_REQUEST_SIZE_LIMIT} (Redis's largest "
                 f"argument by default), got {max_request_size}")
         self._max_age_s = _check_int("metadata_max_age_ms", metadata_max_age_ms, 0) / 1000
+        self._max_idle_s = _check_int("metadata_max_idle_ms", metadata_max_idle_ms, 5000) / 1000
+        self._monotonic: Callable[[], float] = time.monotonic  # (tests replace it)
         self._rng = rng or random.Random()
         self._own_rng = rng is None
         self._lock = threading.Lock()
         self._counts: dict[str, tuple[int, float]] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (partition, bytes sent to it)
         self._rr: dict[str, int] = {}
+        self._used: dict[str, float] = {}  # topic -> when a send last read its metadata
+        self._next_sweep = -math.inf  # the first send starts the period
         self._forked: str | None = None  # why a named producer refuses to send (a fork)
         renew_after_fork(self)
 
@@ -249,22 +261,41 @@ class Producer:
     # -- metadata
 
     def _num_partitions(self, topic: str, refresh: bool = False) -> int:
-        now = time.monotonic()
+        now = self._monotonic()
         with self._lock:
             cached = self._counts.get(topic)
+            self._used[topic] = now
+            if now >= self._next_sweep:
+                self._next_sweep = now + self._max_idle_s
+                for idle in [t for t, used in self._used.items()
+                             if now - used >= self._max_idle_s]:
+                    self._forget_topic(idle)
         if cached is not None and not refresh and now - cached[1] < self._max_age_s:
             return cached[0]
         raw, expiration = self._r.hmget(
             meta_key(self._ns, topic), ["partitions", "producer_id_expiration_ms"])
         if raw is None:
             with self._lock:
-                self._counts.pop(topic, None)
+                self._forget_topic(topic)
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         with self._lock:
             self._counts[topic] = (int(raw), now)
             self._expiration[topic] = (
                 PRODUCER_ID_EXPIRATION_MS if expiration is None else int(expiration))
         return int(raw)
+
+    def _forget_topic(self, topic: str) -> None:
+        """Drop a topic's metadata (idle for ``metadata_max_idle_ms``, or gone; Kafka's
+        ``ProducerMetadata.retainTopic``), with ``self._lock`` held: its next send reads it
+        again. The sticky partition a caller's ``rng`` chose stays (it is seeded for placements
+        that must repeat), and so do the round-robin counter and the idempotent numbering
+        (``_seqs``: the partition's producer state may still expect the next sequence, and a
+        fresh start at 0 would have records taken for duplicates of stored ones)."""
+        self._counts.pop(topic, None)
+        self._expiration.pop(topic, None)
+        self._used.pop(topic, None)
+        if self._own_rng:
+            self._sticky.pop(topic, None)
 
     # -- idempotence
 
@@ -498,7 +529,7 @@ class Producer:
                 out[i] = RecordMetadata(topic, p, first + j, ts)
         if failed:
             with self._lock:
-                self._counts.pop(topic, None)
+                self._forget_topic(topic)
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                              f"{topic} partitions {sorted(set(failed))} do not exist")
         return [m for m in out if m is not None]
@@ -532,6 +563,10 @@ class Producer:
             raise InvalidRequestError(self._forked)
         pid = self.producer_id
         assert pid is not None
+        with self._lock:
+            cached = self._expiration.get(topic)
+        if cached is None:  # forgotten since this send read the count (``_forget_topic``)
+            self._num_partitions(topic, refresh=True)
         with self._lock:
             expiration = self._expiration.get(topic, PRODUCER_ID_EXPIRATION_MS)
         order = sorted(by_part)
@@ -616,7 +651,7 @@ class Producer:
         if failed:
             if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
                 with self._lock:
-                    self._counts.pop(topic, None)
+                    self._forget_topic(topic)
             worst = min(failed.values(), key=lambda f: _rank(f[0]))[0]
             detail = "; ".join(f"partition {p}: {why or e.name}"
                                for p, (e, why, _) in sorted(failed.items()))
