@@ -305,6 +305,14 @@ def from_env(value: str, name: str) -> FromEnv:
     return out
 
 
+class FromEnvInt(int):
+    """A number a ``FromEnv`` value was read as (argparse's ``type`` turns a default string
+    into a plain int, and with it forgot the variable): a range check made after parsing can
+    still name the variable (``env_note``)."""
+
+    variable = ""
+
+
 def env_default(name: str, default: Any = None) -> Any:
     """A flag's default: the variable ``name`` (marked, ``from_env``) when set and not empty,
     else ``default``."""
@@ -316,7 +324,7 @@ def env_default(name: str, default: Any = None) -> Any:
 
 def env_note(value: object) -> str:
     """' (from $VARIABLE)' for a value read from the environment (``env_default``), else ''."""
-    return f" (from ${value.variable})" if isinstance(value, FromEnv) else ""
+    return f" (from ${value.variable})" if isinstance(value, (FromEnv, FromEnvInt)) else ""
 
 
 def log_level(value: str) -> str:

@@ -346,6 +346,55 @@ def test_a_bad_log_level_or_setting_in_the_environment_names_the_variable(
     assert flag[0] in err and "$RCOORD_" not in err
 
 
+@pytest.mark.parametrize("variable, flag, value", [
+    ("RCOORD_LEASE_TTL_MS", "--lease-ttl-ms", "10"),
+    ("RCOORD_RETENTION_CHECK_INTERVAL_MS", "--retention-check-interval-ms", "-1"),
+    ("RCOORD_METRICS_PORT", "--metrics-port", "70000"),
+    ("RCOORD_COORDINATOR_ID", "--id", "a\tb"),
+    ("RCOORD_NAMESPACE", "--namespace", "a{b"),
+    ("RCOORD_SETTINGS", "--set", "bogus=1"),
+    ("RCOORD_SETTINGS", "--set", "group_min_session_timeout_ms=-5"),
+])
+def test_a_value_out_of_range_names_its_flag_and_variable(monkeypatch, capsys, variable, flag,
+                                                          value):
+    """A value of the right type the service refuses (a range, a key name) is named as its flag
+    and the variable it came from: the error named only ServiceConfig's field ("lease_ttl_ms
+    must be in 100..86400000" for RCOORD_LEASE_TTL_MS=10). Typed, the flag alone is named."""
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments, coordinator_main
+
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    shown = value if flag in ("--lease-ttl-ms", "--retention-check-interval-ms",
+                              "--metrics-port") else repr(value)
+    monkeypatch.setenv(variable, value)
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert coordinator_main(p.parse_args([])) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f"error: {flag} {shown} (from ${variable}): " in lines[0]
+    monkeypatch.delenv(variable)
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert coordinator_main(p.parse_args([flag, value])) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f"error: {flag} {shown}: " in lines[0] and "$RCOORD_" not in lines[0]
+
+
+def test_settings_are_checked_together(monkeypatch, capsys):
+    """A maximum below the default minimum is taken with a minimum below it (each ``--set``
+    item is not checked alone against the others' defaults); a pair that does not fit names
+    the item without which the rest fit."""
+    from rcoord.cli import UsageError
+    from rcoord.service.cli import check_settings
+
+    url = "redis://127.0.0.1:1/0"
+    check_settings(["group_max_session_timeout_ms=100", "group_min_session_timeout_ms=50"], url)
+    with pytest.raises(UsageError, match=r"^--set 'group_max_session_timeout_ms=100': "):
+        check_settings(["group_max_session_timeout_ms=100", "group_min_session_timeout_ms=500"],
+                       url)
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

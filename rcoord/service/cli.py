@@ -59,7 +59,7 @@ import signal
 import sys
 from typing import Any
 
-from ..cli import env_default, env_note, from_env
+from ..cli import FromEnv, FromEnvInt, env_default, env_note, from_env
 from ..errors import ConfigError
 
 __all__ = ["JsonFormatter", "add_coordinator_arguments", "coordinator_main"]
@@ -90,10 +90,15 @@ def _int(text: str) -> int:
     from (it read "argument --lease-ttl-ms: invalid int value: 'abc'" for
     ``RCOORD_LEASE_TTL_MS=abc``, a flag nobody typed)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"invalid int value: {str(text)!r}{env_note(text)}") from None
+    if isinstance(text, FromEnv):  # (kept for the range check in coordinator_main)
+        out = FromEnvInt(value)
+        out.variable = text.variable
+        return out
+    return value
 
 
 def _wake(text: str) -> str:
@@ -168,6 +173,41 @@ def parse_settings(items: list[str]) -> dict[str, int]:
     return out
 
 
+def check_flag(flag: str, value: Any, url: str, **field: Any) -> None:
+    """A UsageError naming ``flag``, its ``value`` and the variable it came from
+    (``env_note``) if ServiceConfig refuses the setting ``field`` (one field, the rest
+    defaults); the range stays ServiceConfig's own."""
+    from ..cli import UsageError
+    from .service import ServiceConfig
+
+    try:
+        ServiceConfig(redis_url=url, **field)
+    except ConfigError as exc:
+        raise UsageError(f"{flag} {value!r}{env_note(value)}: {exc}") from None
+
+
+def check_settings(items: list[str], url: str) -> None:
+    """``check_flag`` for the ``--set`` items, checked together (one alone may not fit the
+    defaults of the others set with it: a maximum below the default minimum). The error names
+    the item without which the rest are taken, else every item."""
+    from ..cli import UsageError
+    from .service import ServiceConfig
+
+    def refused(subset: list[str]) -> ConfigError | None:
+        try:
+            ServiceConfig(redis_url=url, settings=parse_settings(subset))
+        except ConfigError as exc:
+            return exc
+        return None
+
+    exc = refused(items)
+    if exc is None:
+        return
+    culprits = [item for i, item in enumerate(items) if refused(items[:i] + items[i + 1:]) is None]
+    named = ", ".join(f"{item!r}{env_note(item)}" for item in (culprits[:1] or items))
+    raise UsageError(f"--set {named}: {exc}") from None
+
+
 def coordinator_main(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the exit status (see the module docstring)."""
     from ..cli import (
@@ -178,7 +218,6 @@ def coordinator_main(args: argparse.Namespace) -> int:
         report,
         with_tls_files,
     )
-    from ..config import CoordinatorConfig
     from .leases import StoppedBeforeClaim
     from .service import CoordinatorService, ServiceConfig
 
@@ -192,19 +231,34 @@ def coordinator_main(args: argparse.Namespace) -> int:
             getattr(args, "tls_cert_file", None),
             getattr(args, "tls_key_file", None),
         )
-        CoordinatorConfig(namespace=args.namespace)  # a bad namespace is a usage error
+        items = list(getattr(args, "settings", None) or [])
+        # Each value checked alone first, so that a bad one is named as its flag and the
+        # variable it came from (ServiceConfig's error named only its field:
+        # "lease_ttl_ms must be in ..." for RCOORD_LEASE_TTL_MS=10).
+        given: list[tuple[str, str, Any, Any]] = [
+            ("--namespace", "namespace", args.namespace, args.namespace),
+            ("--id", "coordinator_id", args.coordinator_id, args.coordinator_id or None),
+            ("--metrics-port", "metrics_port", args.metrics_port, args.metrics_port),
+            ("--lease-ttl-ms", "lease_ttl_ms", args.lease_ttl_ms, args.lease_ttl_ms),
+            ("--retention-check-interval-ms", "retention_check_interval_ms",
+             args.retention_check_interval_ms, args.retention_check_interval_ms),
+        ]
+        for flag, field, shown, value in given:
+            if value is not None:
+                check_flag(flag, shown, url, **{field: value})
+        check_settings(items, url)
         kw: dict[str, Any] = {
             "redis_url": url,
-            "namespace": args.namespace,
+            "namespace": str(args.namespace),
             "metrics_port": None if args.metrics_port is None else int(args.metrics_port),
             "metrics_host": args.metrics_host,
             "lease_ttl_ms": int(args.lease_ttl_ms),
             "wake": args.wake,
             "retention_check_interval_ms": int(args.retention_check_interval_ms),
-            "settings": parse_settings(list(getattr(args, "settings", None) or [])),
+            "settings": parse_settings(items),
         }
         if args.coordinator_id:
-            kw["coordinator_id"] = args.coordinator_id
+            kw["coordinator_id"] = str(args.coordinator_id)
         config = ServiceConfig(**kw)
     except (UsageError, ValueError) as exc:  # ConfigError is a ValueError
         return report(exc if isinstance(exc, (UsageError, ConfigError)) else UsageError(str(exc)),
