@@ -395,6 +395,53 @@ def test_settings_are_checked_together(monkeypatch, capsys):
                        url)
 
 
+def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(monkeypatch):
+    """The signal handler runs on the main thread; it called ``stop.set()``, which takes the
+    event's lock: a SIGTERM arriving while that thread held it (inside ``stop.wait()``, as
+    ``start()`` waits for a claimed id) waited for ever for a lock its own thread held. Here
+    the handler is called while the lock is held, as the signal would be; the start then sees
+    the stop (StoppedBeforeClaim: exit 0)."""
+    import argparse
+
+    import rcoord.cli
+    from rcoord.service import cli, service
+    from rcoord.service.leases import StoppedBeforeClaim
+
+    handlers: dict[int, Any] = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, h: handlers.__setitem__(signum, h))
+
+    class Service:
+        exit_code = 0
+
+        def __init__(self, config: Any) -> None:
+            self._stop = threading.Event()
+
+        def start(self) -> None:
+            with self._stop._cond:  # (as inside Event.wait, or Event.set)
+                handlers[signal.SIGTERM](signal.SIGTERM, None)
+            if self._stop.wait(30):
+                raise StoppedBeforeClaim("stopped")
+
+    monkeypatch.setattr(service, "CoordinatorService", Service)
+    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: None)
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    p = argparse.ArgumentParser()
+    cli.add_coordinator_arguments(p)
+    args = p.parse_args(["--log-level", "ERROR"])
+    root = logging.getLogger()
+    handlers_before, level_before = root.handlers[:], root.level
+    out: list[int] = []
+    runner = threading.Thread(target=lambda: out.append(cli.coordinator_main(args)), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)
+    finally:
+        root.handlers[:], root.level = handlers_before, level_before
+    assert not runner.is_alive(), "the signal handler hung on the stop flag's lock"
+    assert out == [0]
+    assert handlers[signal.SIGTERM] == signal.SIG_IGN  # (ended: a late signal changes nothing)
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

@@ -57,6 +57,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from ..cli import FromEnv, FromEnvInt, env_default, env_note, from_env
@@ -271,18 +272,63 @@ def coordinator_main(args: argparse.Namespace) -> int:
     service = CoordinatorService(config)
     # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is a
     # graceful stop too, not a kill.
-    signal.signal(signal.SIGTERM, lambda *_: service._stop.set())
-    signal.signal(signal.SIGINT, lambda *_: service._stop.set())
+    signals = SignalStop(service._stop)
     dump_threads_on_sigusr1()
     try:
-        service.start()
-    except StoppedBeforeClaim as exc:  # (SIGTERM while waiting for the id: a graceful stop)
-        logging.getLogger("rcoord.service").info(str(exc), extra={"event": "stopped"})
-        return 0
-    except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback only on DEBUG
-        return report(exc, prog, url=url, debug=level == "DEBUG")
-    try:
-        service.run()
+        try:
+            service.start()
+        except StoppedBeforeClaim as exc:  # (SIGTERM while waiting for the id: a clean stop)
+            logging.getLogger("rcoord.service").info(str(exc), extra={"event": "stopped"})
+            return 0
+        except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback on DEBUG
+            return report(exc, prog, url=url, debug=level == "DEBUG")
+        try:
+            service.run()
+        finally:
+            service.stop()
+        return service.exit_code
     finally:
-        service.stop()
-    return service.exit_code
+        signals.close()
+
+
+class SignalStop:
+    """SIGTERM and SIGINT set ``stop`` (a graceful stop), from a thread of its own.
+
+    The handler runs on the main thread, between two of its bytecodes, and must take no lock:
+    ``Event.set()`` takes the event's lock, which is not reentrant, so a signal that arrived
+    while the main thread held it (inside ``stop.wait()``: ``start()`` waiting for a claimed
+    id; or ``stop.set()``: a second signal during the stop) hung the process until SIGKILL.
+    The handler only writes a byte to a pipe; the thread reading it sets ``stop``."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        threading.Thread(target=self._watch, name="rcoord-signals", daemon=True).start()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        """The signal handler: no lock taken, nothing waited for."""
+        try:
+            os.write(self._write, b"s")
+        except BlockingIOError:  # (the pipe is full: a stop is pending already)
+            pass
+
+    def _watch(self) -> None:
+        try:
+            while os.read(self._read, 1) == b"s":
+                self._stop.set()
+        finally:
+            os.close(self._read)
+
+    def close(self) -> None:
+        """The command has ended: a signal now changes nothing (as one did once the stop was
+        under way), and the thread ends. Called on the main thread."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            os.write(self._write, b"q")
+        except BlockingIOError:  # (a full pipe: the thread, a daemon, is left reading it)
+            pass
+        os.close(self._write)

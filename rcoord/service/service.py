@@ -615,9 +615,10 @@ class CoordinatorService:
                                               name="rcoord-timer", daemon=True)
         self._timer_thread.start()
         try:
-            # The stop flag is polled, never waited on: the CLI's signal handler sets it, on
-            # this thread, and would wait for ever for the flag's lock if the handler ran
-            # while this thread held it (inside ``Event.wait``).
+            # The stop flag is polled, never waited on: a signal handler that sets it runs on
+            # this thread, and would wait for ever for the flag's lock if it ran while this
+            # thread held it (inside ``Event.wait``). (The CLI's sets it from a thread of its
+            # own: ``SignalStop``; a program's own handler may not.)
             while not self._loop_ended.wait(INTERRUPT_EVERY_S) and not self._stop.is_set():
                 pass
         finally:
