@@ -442,6 +442,41 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
     assert handlers[signal.SIGTERM] == signal.SIG_IGN  # (ended: a late signal changes nothing)
 
 
+def test_the_listener_forgets_the_subscribers_of_masters_gone(monkeypatch):
+    """``_run_hints`` starts an expired-key subscriber thread per master that appears (a
+    failover, a reshard); the listener kept every one it ever started, ended or not. Here
+    each round finds a new master (the old one's subscriber has ended): one thread is kept."""
+    from types import SimpleNamespace
+
+    from rcoord.service import listener as listener_module
+    from rcoord.service.events import EventQueue
+    from rcoord.service.listener import Listener
+
+    lis = Listener(SimpleNamespace(), "ns", 4, "chan", EventQueue(), deadlines=False, hints=True)
+    changes = 20
+    found: list[int] = []
+
+    def node(port: int) -> Any:
+        return SimpleNamespace(connection_pool=SimpleNamespace(
+            connection_kwargs={"host": "10.0.0.1", "port": port}))
+
+    def primaries(client: Any) -> list[Any]:
+        for t in list(lis._threads):  # (each subscriber ends at once: see _run_keyspace)
+            t.join()
+        found.append(len(found))
+        if len(found) == changes:
+            lis._stop.set()
+        return [node(7000 + len(found))]  # a new master each time
+
+    monkeypatch.setattr(listener_module, "primaries", primaries)
+    monkeypatch.setattr(listener_module, "REFRESH_S", 0.0)
+    # (A subscriber that loses its master at once: the loop looks for the masters again.)
+    monkeypatch.setattr(lis, "_run_keyspace", lambda n, a, q: lis._lost.set())
+    lis._run_hints([node(7000)])
+    assert len(found) == changes
+    assert len(lis._threads) == 1
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

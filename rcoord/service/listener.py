@@ -129,9 +129,13 @@ class Listener:
             return set(self._subscribed)
 
     def _spawn(self, fn: Any, name: str) -> None:
+        """Start a thread, and forget the ones that ended: ``_run_hints`` starts one per master
+        that appears (each failover, each reshard), and a long-lived process kept every one it
+        ever started. (A new list: ``stop()`` may be going through the old one.)"""
         t = threading.Thread(target=fn, name=name, daemon=True)
         t.start()
-        self._threads.append(t)
+        with self._lock:
+            self._threads = [*(x for x in self._threads if x.is_alive()), t]
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop the threads, waiting for them ``timeout`` seconds in all (a thread blocked in a
@@ -139,7 +143,9 @@ class Listener:
         self._stop.set()
         self._lost.set()
         deadline = time.monotonic() + timeout
-        for t in self._threads:
+        with self._lock:
+            threads = self._threads
+        for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
     # -- topology --------------------------------------------------------------------------------
