@@ -1041,3 +1041,33 @@ def test_forked_children_choose_keyless_partitions_of_their_own(
         producer.choose_partition("t", big)
         in_child = _in_forked_child(lambda: choices(producer))  # noqa: B023 - run at once
         assert (in_child == repr(choices(producer))) is alike
+
+
+def test_a_raised_expiration_keeps_the_state_keys_of_past_appends(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """The state keys expire producer_id_expiration_ms after the partition's last idempotent
+    append, set at that append. A later raise of the setting (alter_configs) left them to expire
+    at the old, shorter time, though the producer's state is not expired by the new one (the
+    script's rule, as Kafka's expiry check uses the current setting): a batch resent then was
+    taken for a new producer's and appended twice. The raise now extends them."""
+    topics.create("t", 1, producer_id_expiration_ms=300)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    first = append_idempotent(redis_client, namespace, "t", 0, [b"a"], producer_id="k",
+                              producer_epoch=0, base_sequence=0)
+    appended_at = _server_ms(redis_client)  # at or after the append
+    topics.alter_configs("t", {"producer_id_expiration_ms": 86_400_000})
+    deadline = time.monotonic() + WAIT_S
+    while _server_ms(redis_client) <= appended_at + 300:  # the old expiry is over
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    again = append_idempotent(redis_client, namespace, "t", 0, [b"a"], producer_id="k",
+                              producer_epoch=0, base_sequence=0)
+    assert again[0].duplicate and again[0].offset == first[0].offset
+    assert values(namespace, redis_client, "t", 0) == [b"a"]
+    assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+
+
+def _server_ms(redis_client: Any) -> int:
+    sec, usec = redis_client.time()
+    return int(sec) * 1000 + int(usec) // 1000

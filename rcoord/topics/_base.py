@@ -384,6 +384,7 @@ DELETE_RECORDS = _Lua("topic_delete_records")
 CREATE_META = _Lua("topic_create_meta")
 GROW_META = _Lua("topic_grow_meta")
 ALTER_META = _Lua("topic_alter_meta")
+PRODUCER_TTL = _Lua("topic_producer_ttl")
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from ._base import (
     GROW_META,
     MAKE,
     OFFSETS,
+    PRODUCER_ID_EXPIRATION_MS,
+    PRODUCER_TTL,
     RETENTION,
     RETENTION_SCAN,
     RETENTION_SCAN_BYTES,
@@ -234,6 +236,17 @@ class Topics:
         (res,) = _run(self._r, [(ALTER_META, [key], args)])
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), topic)
+        if "producer_id_expiration_ms" in changes:
+            # The partitions' producer state keys expire the old setting's time after their
+            # last idempotent append (topic_append_idempotent.lua): a raise extends them, or a
+            # resent batch would find its producer's state gone before the new setting expires
+            # it, and be appended twice (topic_producer_ttl.lua).
+            expiration = changes["producer_id_expiration_ms"]
+            count = self._r.hget(key, "partitions")
+            if count is not None:
+                new = PRODUCER_ID_EXPIRATION_MS if expiration is None else expiration
+                _run(self._r, [(PRODUCER_TTL, producer_state_keys(self._ns, topic, p), [new])
+                               for p in range(int(count))])
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""
