@@ -442,6 +442,38 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
     assert handlers[signal.SIGTERM] == signal.SIG_IGN  # (ended: a late signal changes nothing)
 
 
+def test_signal_stop_off_the_main_thread_leaves_no_pipe_behind(monkeypatch):
+    """``signal.signal`` refuses a thread other than the main one (ValueError); SignalStop
+    had opened its pipe and started the thread reading it by then, and left both behind."""
+    from rcoord.service.cli import SignalStop
+
+    opened: list[int] = []
+    real_pipe = os.pipe
+
+    def pipe() -> tuple[int, int]:
+        fds = real_pipe()
+        opened.extend(fds)
+        return fds
+
+    monkeypatch.setattr(os, "pipe", pipe)
+    raised: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            SignalStop(threading.Event())
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join(30)
+    assert len(raised) == 1 and isinstance(raised[0], ValueError)
+    assert len(opened) == 2
+    for fd in opened:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
 def test_the_listener_forgets_the_subscribers_of_masters_gone(monkeypatch):
     """``_run_hints`` starts an expired-key subscriber thread per master that appears (a
     failover, a reshard); the listener kept every one it ever started, ended or not. Here

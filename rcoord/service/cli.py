@@ -304,9 +304,17 @@ class SignalStop:
         self._stop = stop
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
+        try:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self.handle)
+        except BaseException:
+            # (Off the main thread: ValueError. Before, the pipe's two ends and a thread
+            # blocked reading it were left behind with it.)
+            os.close(self._read)
+            os.close(self._write)
+            raise
+        # Started once the handlers are in: a signal before then waits in the pipe.
         threading.Thread(target=self._watch, name="rcoord-signals", daemon=True).start()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.handle)
 
     def handle(self, signum: int, frame: Any) -> None:
         """The signal handler: no lock taken, nothing waited for."""
