@@ -243,3 +243,41 @@ def test_the_stop_interrupts_no_more_once_run_left_the_loop_behind(
         held.set()
         svc.stop()
         client.close()
+
+
+def test_a_second_interrupt_while_run_waits_for_the_loop_still_marks_it_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt (a second Ctrl-C) that ends ``run()``'s wait for the loop left the
+    loop behind unmarked: it went on acting on the partitions ``stop()`` then released, and the
+    stop's watchdog went on shutting the sockets under that release. No Redis needed: the loop
+    is held in a call, the stop flag set, and the wait interrupted."""
+    from rcoord.service import service as service_module
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    svc = CoordinatorService(ServiceConfig(redis_url="redis://127.0.0.1:1/0"))
+    held, release = threading.Event(), threading.Event()
+
+    def timer_loop(index: bool) -> None:
+        held.set()
+        release.wait(30)
+
+    monkeypatch.setattr(svc, "_timer_loop", timer_loop)
+
+    class Interrupted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            if timeout == service_module.LOOP_LEFT_MS / 1000:
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    svc._loop_ended = Interrupted()
+    svc._stop.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            svc.run()
+        assert held.wait(30)
+        assert svc._loop_left.is_set()
+        assert not svc._leases_confirmed()
+    finally:
+        release.set()
+        assert svc._timer_thread is not None
+        svc._timer_thread.join(30)

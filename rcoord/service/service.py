@@ -626,9 +626,17 @@ class CoordinatorService:
             # (Only if not set: ``set()`` holds the lock a second signal's handler would want.)
             if not self._stop.is_set():
                 self._stop.set()
-            if not self._loop_ended.wait(LOOP_LEFT_MS / 1000):
-                with self._interrupting:
-                    self._loop_left.set()
+            left = True
+            try:
+                left = not self._loop_ended.wait(LOOP_LEFT_MS / 1000)
+            finally:
+                # Also when a second KeyboardInterrupt ends this wait (a user pressing Ctrl-C
+                # again): before, the loop was left behind unmarked, acting on the partitions
+                # the caller's stop() then released, its sockets shut under that release.
+                if left:
+                    with self._interrupting:
+                        self._loop_left.set()
+            if left:
                 log.warning("the timer loop is still in a call the stop could not interrupt "
                             "(a connect to a node that does not answer, or a client passed in, "
                             "whose connections a stop leaves alone); left behind",
