@@ -246,10 +246,16 @@ if dup < n then
   -- latest state's activity is this append's), so the two keys go then. Only a starting
   -- producer prunes the others (above): a partition whose producers all stopped, or that only
   -- plain producers write to now, kept every state for good, where Kafka expires them. (Not
-  -- under a caller's clock, a test's: that clock alone says when a state expires.)
+  -- under a caller's clock, a test's: that clock alone says when a state expires.) Only ever
+  -- later (GT; NX when they have none yet): a caller whose setting is older than a raise (a
+  -- Producer's cache, up to metadata_max_age_ms) would otherwise cut back what the raise
+  -- extended (topic_producer_ttl.lua), and a state the current setting keeps could go.
   if ARGV[1] == '' then
-    redis.call('PEXPIRE', KEYS[2], log_ttl)
-    redis.call('PEXPIRE', KEYS[3], log_ttl)
+    for k = 2, 3 do
+      if redis.call('PEXPIRE', KEYS[k], log_ttl, 'GT') == 0 then
+        redis.call('PEXPIRE', KEYS[k], log_ttl, 'NX')
+      end
+    end
   end
   if log_key then
     -- It lives as long as the state would (expiration after the last append).

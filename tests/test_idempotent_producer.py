@@ -1068,6 +1068,22 @@ def test_a_raised_expiration_keeps_the_state_keys_of_past_appends(
     assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
 
 
+def test_an_append_with_the_setting_before_a_raise_does_not_cut_the_keys_back(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A caller that still has the setting from before a raise (a Producer's cached metadata,
+    up to metadata_max_age_ms) set the state keys to expire the old, shorter time after its
+    append, undoing the raise's extension: the keys only ever expire later now."""
+    topics.create("t", 1, producer_id_expiration_ms=300)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    stale = Producer(redis_client, namespace, producer_id="s", metadata_max_age_ms=600_000)
+    stale.send("t", b"a", partition=0)  # (reads and keeps the setting: 300 ms)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 86_400_000})
+    assert redis_client.pttl(state) > 60_000  # (the raise extended them)
+    stale.send("t", b"b", partition=0)  # with its cached 300 ms
+    assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+
+
 def _server_ms(redis_client: Any) -> int:
     sec, usec = redis_client.time()
     return int(sec) * 1000 + int(usec) // 1000
