@@ -217,6 +217,11 @@ def test_sigusr1_writes_every_threads_stack_and_changes_nothing(redis_server, si
     coord = _setup(single_client, namespace)
     procs.append(Proc(redis_server.url, namespace, "dumped"))
     wait_until(lambda: procs[0].health().get("leases") == 50, timeout_s=15)
+    # The timer loop turns (it expires a silent member) before the dump is asked for: the
+    # leases are taken before run() starts the loop's thread, and a dump in that instant
+    # showed the main thread inside Thread.start() and no loop.
+    first = _lonely_member(coord, "before")
+    wait_until(lambda: not _is_member(coord, "before", first), timeout_s=10)
     procs[0].proc.send_signal(signal.SIGUSR1)
     # It goes on: a member that goes silent afterwards is expired by it, and it is healthy.
     mid = _lonely_member(coord, "g")
