@@ -90,7 +90,7 @@ from .inflight import Finished, InFlight
 from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import call_with_retries, interruptible_by
-from .subscription import SubscriptionMixin, check_listener
+from .subscription import PARTITION_MARKS, PARTITION_TABLES, SubscriptionMixin, check_listener
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
@@ -1655,13 +1655,10 @@ class Consumer(SubscriptionMixin):
         self._gen = self._hold = None
         self._interrupted = None
         self._assigned, self._pending_revocation = [], []
-        self._paused = set()
-        self._caught_up = set()
-        self._record_bytes = {}
-        self._fetched_turn = {}
-        self._buffers = {}
-        self._position, self._fetch_pos, self._committed, self._invalid = {}, {}, {}, {}
-        self._resets, self._seeks = {}, {}
+        for name in PARTITION_TABLES:  # (new objects: a thread may still hold the old ones)
+            setattr(self, name, {})
+        for name in PARTITION_MARKS:
+            setattr(self, name, set())
 
     def _leave_inside_revocation(self) -> None:
         """``unsubscribe()`` from inside a revocation's callback: that revocation is the

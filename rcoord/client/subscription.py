@@ -37,7 +37,8 @@ from .retry import call_with_retries
 if TYPE_CHECKING:
     from .consumer import ConsumerRecord, _CommitFn
 
-__all__ = ["SubscriptionMixin", "check_listener", "commit_as_simple_group"]
+__all__ = ["PARTITION_MARKS", "PARTITION_TABLES", "SubscriptionMixin", "check_listener",
+           "commit_as_simple_group"]
 
 log = logging.getLogger("rcoord.client")
 
@@ -53,6 +54,15 @@ def check_listener(listener: Any) -> None:
         raise ConfigError(
             f"listener must be a ConsumerRebalanceListener (or define one of "
             f"{', '.join(LISTENER_METHODS)}), got {listener!r}")
+
+
+PARTITION_TABLES = ("_buffers", "_position", "_fetch_pos", "_committed", "_invalid", "_resets",
+                    "_seeks", "_record_bytes", "_fetched_turn")
+"""The Consumer's dicts keyed by partition, and its sets of partitions (below), named once:
+a partition given up leaves every one (``_forget_partitions``), and dropping the assignment
+empties them all (``Consumer._drop_assignment``). A table listed in one place and not the
+other kept one entry per partition ever held."""
+PARTITION_MARKS = ("_paused", "_caught_up")
 
 
 class SubscriptionMixin:
@@ -257,14 +267,13 @@ class SubscriptionMixin:
         long-running consumer moved over many topics (``assign()``, a pattern subscription
         over short-lived topics) kept an entry per partition it ever held in the tables this
         once left out (seek counts, fetch sizes and turns)."""
+        tables = [getattr(self, name) for name in PARTITION_TABLES]
+        marks = [getattr(self, name) for name in PARTITION_MARKS]
         for tp in partitions:
-            for table in (
-                self._buffers, self._position, self._fetch_pos, self._committed, self._invalid,
-                self._resets, self._seeks, self._record_bytes, self._fetched_turn,
-            ):
+            for table in tables:
                 table.pop(tp, None)
-            self._paused.discard(tp)
-            self._caught_up.discard(tp)
+            for mark in marks:
+                mark.discard(tp)
 
     def subscription(self) -> list[str]:
         """The topics this consumer is subscribed to, sorted (Kafka's ``subscription()``): the
