@@ -236,17 +236,17 @@ def coordinator_main(args: argparse.Namespace) -> int:
         # Each value checked alone first, so that a bad one is named as its flag and the
         # variable it came from (ServiceConfig's error named only its field:
         # "lease_ttl_ms must be in ..." for RCOORD_LEASE_TTL_MS=10).
-        given: list[tuple[str, str, Any, Any]] = [
-            ("--namespace", "namespace", args.namespace, args.namespace),
-            ("--id", "coordinator_id", args.coordinator_id, args.coordinator_id or None),
-            ("--metrics-port", "metrics_port", args.metrics_port, args.metrics_port),
-            ("--lease-ttl-ms", "lease_ttl_ms", args.lease_ttl_ms, args.lease_ttl_ms),
+        given: list[tuple[str, str, Any]] = [
+            ("--namespace", "namespace", args.namespace),
+            ("--id", "coordinator_id", args.coordinator_id or None),  # (empty: a random id)
+            ("--metrics-port", "metrics_port", args.metrics_port),
+            ("--lease-ttl-ms", "lease_ttl_ms", args.lease_ttl_ms),
             ("--retention-check-interval-ms", "retention_check_interval_ms",
-             args.retention_check_interval_ms, args.retention_check_interval_ms),
+             args.retention_check_interval_ms),
         ]
-        for flag, field, shown, value in given:
+        for flag, field, value in given:
             if value is not None:
-                check_flag(flag, shown, url, **{field: value})
+                check_flag(flag, value, url, **{field: value})
         check_settings(items, url)
         kw: dict[str, Any] = {
             "redis_url": url,
