@@ -13,8 +13,7 @@
 local left = redis.call('PTTL', KEYS[2])
 if left < 0 then return 0 end  -- -2: no state; -1: no expiry (a caller's clock)
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = read_clock('')  -- (clock.lua, in front of this script)
 local ttl = tonumber(last[2]) + math.min(tonumber(ARGV[1]), 2 ^ 46) - now
 if ttl <= left then return 0 end
 ttl = string.format('%d', ttl)  -- never in exponent form

@@ -69,6 +69,7 @@ INCLUDES: dict[str, tuple[str, ...]] = {
     **{f"topic_{n}": ("clock", "topic_common") for n in (
         "append", "append_idempotent", "offsets", "retention", "create_meta",
         "offset_for_time", "delete_records")},
+    "topic_producer_ttl": ("clock",),
 }
 """Shared files put in front of a topic script, in order (scripts cannot import)."""
 
