@@ -564,11 +564,11 @@ class Producer:
         pid = self.producer_id
         assert pid is not None
         with self._lock:
-            cached = self._expiration.get(topic)
-        if cached is None:  # forgotten since this send read the count (``_forget_topic``)
+            expiration = self._expiration.get(topic)
+        if expiration is None:  # forgotten since this send read the count (``_forget_topic``)
             self._num_partitions(topic, refresh=True)
-        with self._lock:
-            expiration = self._expiration.get(topic, PRODUCER_ID_EXPIRATION_MS)
+            with self._lock:
+                expiration = self._expiration.get(topic, PRODUCER_ID_EXPIRATION_MS)
         order = sorted(by_part)
         seqs = {p: self._sequence(topic, p) for p in order}
         with contextlib.ExitStack() as stack:
