@@ -110,13 +110,14 @@ def _dump_tasks() -> None:
 def gateway_main(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT: then close the gateway and return 0. A usage error or
     a failure to start is one line on stderr and ``report``'s status (2: usage)."""
-    url = None
+    url = level = None
     try:
+        level = log_level(args.log_level)
         url = with_tls_files(check_url(args.redis_url), args.tls_ca_file, args.tls_cert_file,
                              args.tls_key_file)
         listen = host_port(args.listen, "--listen")
         advertise = host_port(args.advertise, "--advertise") if args.advertise else None
-        logging.basicConfig(level=log_level(args.log_level),
+        logging.basicConfig(level=level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from .auth import load_auth_file
         from .server import Gateway, TlsFileError, server_tls_context
@@ -188,5 +189,4 @@ def gateway_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
-        debug = str(args.log_level).strip().upper() == "DEBUG"
-        return report(exc, "rcoord gateway", url=url, debug=debug)
+        return report(exc, "rcoord gateway", url=url, debug=level == "DEBUG")
