@@ -42,7 +42,7 @@ a deadline the partition's earliest, so the lease holder never sleeps past it.
 the claim of coordinator id ``<id>``: the incarnation of the one process that uses it
 (``rcoord.service.leases``).
 
-``<ns>:replays:<group>`` (no tag, no script touches it) records, for a Spark query restarted on
+``<ns>:replays:<group>`` (no tag: read and written alone) records, for a Spark query restarted on
 its checkpoint, the generation in which it replayed its old process's last batch
 (``rcoord.spark.replays``); ``delete_groups`` deletes it after the group.
 """

@@ -13,9 +13,15 @@ member records it in Redis (``record_replay``) before any task of the replay rea
 
 The record is a hash per group (``rcoord.keys.replays_key``): field ``<generation>:<member>``
 (the replayed end's planner; a member id names one membership, so the pair names that
-membership's last batch, the only one Spark replays), value the replaying generation. Every
-write renews its expiry, ``REPLAY_TTL_S``: a sink asks while its batch runs, minutes later at
-most.
+membership's last batch, the only one Spark replays), value the replaying generation, and field
+``@<generation>:<member>`` the time it was written, in ms of the Redis server's clock. A record
+counts for ``REPLAY_TTL_S`` (a sink asks while its batch runs, minutes later at most): a read
+ignores an older one, and a write drops every older one and renews the hash's expiry. The hash
+alone would not do: every restart whose first batch is a replay adds a field, and a query
+restarted more often than the expiry would keep them all for good. A write cannot just drop the
+other fields either: members of one group replay their own batches at the same time. A field
+written before the times were kept (no ``@`` field; also what an older rcoord still writes) is
+read as before, and a write gives it its own time, so it is dropped one retention later.
 """
 
 from __future__ import annotations
@@ -50,28 +56,75 @@ def _field(planned: Position) -> str:
     return f"{planned.generation}:{planned.member or ''}"
 
 
+_RECORD = """
+-- KEYS[1] the group's replay record
+-- ARGV[1] the field of the replayed batch   ARGV[2] the replaying generation
+-- ARGV[3] how long a record counts, ms      ARGV[4] now in ms ('': the server's TIME)
+-- One script: a record another member writes meanwhile is never taken for an old one.
+local now = tonumber(ARGV[4])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local all = redis.call('HGETALL', KEYS[1])
+local records, written = {}, {}
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 1) == '@' then written[string.sub(all[i], 2)] = tonumber(all[i + 1])
+  else records[all[i]] = true end
+end
+for f in pairs(records) do
+  local at = written[f]
+  if at == nil then redis.call('HSET', KEYS[1], '@' .. f, now)  -- written without a time
+  elseif now - at >= tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], f, '@' .. f) end
+end
+for f in pairs(written) do
+  if not records[f] then redis.call('HDEL', KEYS[1], '@' .. f) end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], '@' .. ARGV[1], now)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return now
+"""
+
+_READ = """
+-- KEYS[1] the group's replay record
+-- ARGV[1] the field of the replayed batch   ARGV[2] how long a record counts, ms
+-- ARGV[3] now in ms ('': the server's TIME)
+local got = redis.call('HGET', KEYS[1], ARGV[1])
+local at = tonumber(redis.call('HGET', KEYS[1], '@' .. ARGV[1]))
+if got == false or at == nil then return got end  -- none, or written without a time
+local now = tonumber(ARGV[3])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if now - at >= tonumber(ARGV[2]) then return false end
+return got
+"""
+
+
 def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
-                  generation: int) -> None:
-    """Note that the batch ending at ``planned`` is replayed in ``generation``. Raises the Redis
-    client's error (``REDIS_FAILURES``) if it cannot: a replay whose generation a sink cannot
-    learn must not run."""
+                  generation: int, *, now_ms: int | None = None) -> None:
+    """Note that the batch ending at ``planned`` is replayed in ``generation``, and drop the
+    records older than ``REPLAY_TTL_S``. Raises the Redis client's error (``REDIS_FAILURES``)
+    if it cannot: a replay whose generation a sink cannot learn must not run. ``now_ms``
+    stands for the Redis server's clock (tests only)."""
     if planned.generation is None:
         raise ValueError("a replayed batch's end names the generation that planned it")
     if client is None:
         raise RcoordError("no Redis client to record the replay with")
-    key = replays_key(namespace, group_id)
-    # Not a MULTI: redis-py 5's cluster client refuses transactions, and the two need not be
-    # atomic (an expiry missed is renewed by the next record).
-    client.hset(key, _field(planned), generation)
-    client.expire(key, REPLAY_TTL_S)
+    # A script on one key, not a MULTI: redis-py 5's cluster client refuses transactions.
+    client.eval(_RECORD, 1, replays_key(namespace, group_id), _field(planned), generation,
+                REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms)
 
 
-def replayed_generation(client: Any, namespace: str, group_id: str,
-                        planned: Position) -> int | None:
-    """The generation that replayed the batch ending at ``planned``; None if none did."""
+def replayed_generation(client: Any, namespace: str, group_id: str, planned: Position, *,
+                        now_ms: int | None = None) -> int | None:
+    """The generation that replayed the batch ending at ``planned``; None if none did within
+    ``REPLAY_TTL_S``. ``now_ms`` stands for the Redis server's clock (tests only)."""
     if planned.generation is None:
         return None
-    got = client.hget(replays_key(namespace, group_id), _field(planned))
+    got = client.eval(_READ, 1, replays_key(namespace, group_id), _field(planned),
+                      REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms)
     return None if got is None else int(got)
 
 
