@@ -179,9 +179,11 @@ def resolve_offsets(
     """Concrete offsets for ``spec`` (the option ``name``) on ``partitions``.
 
     JSON offsets may name only partitions of the read; partitions they leave out take
-    ``default`` (EARLIEST or LATEST), unless ``complete`` (a stream's start, whose default is
-    LATEST: a partition left out by mistake would silently skip its records), where they must
-    name every partition, as Spark's Kafka source insists. An offset below the log start is
+    ``default`` (EARLIEST or LATEST), unless ``complete``, where they must name every
+    partition, as Spark's Kafka source insists: a stream's start, whose default is LATEST (a
+    partition left out by mistake would silently skip its records), and a batch read's end
+    (one left out read on to its log end, past the end the read pins, a different range on
+    every run). An offset below the log start is
     data loss (an error, or the log start without ``failOnDataLoss``); one past the log end is
     an error.
     """
@@ -197,8 +199,10 @@ def resolve_offsets(
                 explicit[tp] = off
         missing = [f"{tp.topic}-{tp.partition}" for tp in partitions if tp not in explicit]
         if complete and missing:
+            sentinels = ("-1 for latest" if name == "endingOffsets"  # it cannot end at earliest
+                         else "-1 for latest, -2 for earliest")
             raise OptionError(f"{name}: specific offsets must name every partition the query "
-                              f"reads (-1 for latest, -2 for earliest); missing: "
+                              f"reads ({sentinels}); missing: "
                               f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
         sentinel = default
     else:

@@ -178,7 +178,7 @@ class BatchReader(DataSourceReader):
         start = resolve_offsets("startingOffsets", without_gone(opts.starting, gone), parts,
                                 bounds, EARLIEST, opts.fail_on_data_loss)
         end = resolve_offsets("endingOffsets", without_gone(opts.ending, gone), parts, bounds,
-                              LATEST, opts.fail_on_data_loss)
+                              LATEST, opts.fail_on_data_loss, complete=True)
         ranges = []
         for tp in parts:
             if start[tp] > end[tp]:
