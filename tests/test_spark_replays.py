@@ -71,3 +71,27 @@ def test_a_record_written_without_a_time_is_read_and_dropped_a_retention_after_a
                                now_ms=t0 + KEEP_MS - 1) == 2
     record_replay(redis_client, namespace, "g", _end(5), 6, now_ms=t0 + KEEP_MS)
     assert _fields(redis_client, namespace) == {"5:m-1", "@5:m-1"}
+
+
+def test_the_worker_role_of_docs_security_md_records_and_reads_a_replay(
+        redis_server: Any, namespace: str) -> None:
+    # The source runner records a replay as a worker. Before, the record's EXPIRE was not
+    # among the worker's commands (+pexpire is): the replay was refused with NOPERM, and the
+    # group delivered the batch's records again under a new batch id.
+    from test_acl import PASSWORD, RULES
+
+    from rcoord.connect import connect
+
+    admin = redis_server.client()
+    name = f"u-spark-{namespace}"
+    tokens = [t.replace("<password>", PASSWORD).replace("<namespace>", namespace)
+              for t in RULES["worker"]]
+    admin.execute_command("ACL", "SETUSER", name, *tokens)
+    worker = connect(redis_server.url.replace("redis://", f"redis://{name}:{PASSWORD}@"))
+    try:
+        record_replay(worker, namespace, "g", _end(1), 2)
+        assert replayed_generation(worker, namespace, "g", _end(1)) == 2
+    finally:
+        worker.close()
+        admin.execute_command("ACL", "DELUSER", name)
+        admin.close()
