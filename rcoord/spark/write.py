@@ -79,9 +79,10 @@ def check_write_plan(columns: Iterable[str], topic_option: str | None, overwrite
     * with ``types`` (column -> ``DataType.simpleString()``), the type of each column a write
       reads (``_TYPES``), as Spark's Kafka sink checks them: an int ``value`` or a string
       ``partition`` failed in every task before. A ``void`` column (all null: ``lit(None)``)
-      is read as None, except ``topic`` and ``value``, which Spark's sink refuses as void:
-      a void ``value`` wrote a null value in every record, almost surely by mistake (a string
-      or binary column's nulls are still written, as in Spark).
+      is read as None, except ``topic`` and ``value``: a void ``value`` wrote a null value in
+      every record, almost surely by mistake (a string or binary column's nulls are still
+      written, as in Spark). Spark's sink refuses every void column; a void ``key``,
+      ``partition`` or ``headers`` means what leaving the column out means, so it is taken.
     """
     if overwrite:
         raise OptionError('mode: an rcoord topic is a log that writes only append to; use '
