@@ -70,8 +70,10 @@ INCLUDES: dict[str, tuple[str, ...]] = {
         "append", "append_idempotent", "offsets", "retention", "create_meta",
         "offset_for_time", "delete_records")},
     "topic_producer_ttl": ("clock",),
+    "spark_replay_record": ("clock",),
+    "spark_replay_read": ("clock",),
 }
-"""Shared files put in front of a topic script, in order (scripts cannot import)."""
+"""Shared files put in front of a topic (or Spark) script, in order (scripts cannot import)."""
 
 
 def lua_dir() -> Path:

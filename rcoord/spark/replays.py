@@ -36,6 +36,7 @@ import redis
 
 from ..errors import RcoordError
 from ..keys import replays_key
+from ..topics._base import _Lua
 from .clients import client_for
 from .options import OptionError
 from .plan import Position
@@ -56,50 +57,8 @@ def _field(planned: Position) -> str:
     return f"{planned.generation}:{planned.member or ''}"
 
 
-_RECORD = """
--- KEYS[1] the group's replay record
--- ARGV[1] the field of the replayed batch   ARGV[2] the replaying generation
--- ARGV[3] how long a record counts, ms      ARGV[4] now in ms ('': the server's TIME)
--- One script: a record another member writes meanwhile is never taken for an old one.
-local now = tonumber(ARGV[4])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local all = redis.call('HGETALL', KEYS[1])
-local records, written = {}, {}
-for i = 1, #all, 2 do
-  if string.sub(all[i], 1, 1) == '@' then written[string.sub(all[i], 2)] = tonumber(all[i + 1])
-  else records[all[i]] = true end
-end
-for f in pairs(records) do
-  local at = written[f]
-  if at == nil then redis.call('HSET', KEYS[1], '@' .. f, now)  -- written without a time
-  elseif now - at >= tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], f, '@' .. f) end
-end
-for f in pairs(written) do
-  if not records[f] then redis.call('HDEL', KEYS[1], '@' .. f) end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], '@' .. ARGV[1], now)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return now
-"""
-
-_READ = """
--- KEYS[1] the group's replay record
--- ARGV[1] the field of the replayed batch   ARGV[2] how long a record counts, ms
--- ARGV[3] now in ms ('': the server's TIME)
-local got = redis.call('HGET', KEYS[1], ARGV[1])
-local at = tonumber(redis.call('HGET', KEYS[1], '@' .. ARGV[1]))
-if got == false or at == nil then return got end  -- none, or written without a time
-local now = tonumber(ARGV[3])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-if now - at >= tonumber(ARGV[2]) then return false end
-return got
-"""
+_RECORD = _Lua("spark_replay_record")
+_READ = _Lua("spark_replay_read")
 
 
 def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
@@ -113,8 +72,8 @@ def record_replay(client: Any, namespace: str, group_id: str, planned: Position,
     if client is None:
         raise RcoordError("no Redis client to record the replay with")
     # A script on one key, not a MULTI: redis-py 5's cluster client refuses transactions.
-    client.eval(_RECORD, 1, replays_key(namespace, group_id), _field(planned), generation,
-                REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms)
+    _RECORD(client, [replays_key(namespace, group_id)],
+            [_field(planned), generation, REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms])
 
 
 def replayed_generation(client: Any, namespace: str, group_id: str, planned: Position, *,
@@ -123,8 +82,8 @@ def replayed_generation(client: Any, namespace: str, group_id: str, planned: Pos
     ``REPLAY_TTL_S``. ``now_ms`` stands for the Redis server's clock (tests only)."""
     if planned.generation is None:
         return None
-    got = client.eval(_READ, 1, replays_key(namespace, group_id), _field(planned),
-                      REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms)
+    got = _READ(client, [replays_key(namespace, group_id)],
+                [_field(planned), REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms])
     return None if got is None else int(got)
 
 
