@@ -19,28 +19,32 @@ How the instrumentation distorts, and what is subtracted:
   server, so keep the machine quiet), with microsecond resolution: one call's figure is noise,
   the average over thousands is not. Each wrapped call costs two ``os.clock()`` calls and the
   bookkeeping, about a microsecond, which is as much as a small helper's own work.
-- The cost of a wrapper is measured on the server (``calibrate``: an empty function called
-  through the same wrapper and directly, many times, timed around the loop): ``E``, what a
-  wrapped call adds to its caller's time, and ``I``, the part of it that falls between its own
-  two clock readings (what an empty function's inclusive time reads). A function's figure is
-  its raw inclusive time minus ``E`` for every wrapped call made under it (counted exactly)
-  and ``I`` for each of its own calls; a step's total, minus ``E`` for every wrapped call in it;
-  a self time, minus ``E - I`` for each wrapped call it made and its own ``I``.
-- What remains is still high: E, measured in a tight loop, is less than a wrapper costs among
-  a step's real work (cache and allocator effects), so with about 90 wrapped calls per join
-  the corrected totals read about a third above step_cost.py's (2026-11-30: join 84 µs against
-  64, sync 46 against 35), the excess spread thinly over the calls, most on the smallest and
-  most called helpers (set_g, note_g). Read the shares and the big numbers, not the decimals,
-  and measure a change with ``step_cost.py --against``.
+- The cost of a wrapper is measured twice. In a tight loop on the server (``calibrate``: an
+  empty function called through the same wrapper and directly): ``E``, what a wrapped call
+  adds to its caller's time, and ``I``, the part of it between its own two clock readings
+  (what an empty function's inclusive time reads). That E is too low among a step's real work
+  (cache and allocator effects; 2026-11-30: 1.2 µs, against 1.46 in place), so E is taken in
+  place: the rounds run in batches, each beside as many through the library itself (its own
+  groups, the same server), and E is the median difference of their server time per round
+  (``INFO commandstats``) over the wrapped calls a round makes (counted exactly); I is scaled
+  with it. A function's figure is its raw inclusive time minus E for every wrapped call under
+  it and I for each of its own calls; a step's total, minus E for every wrapped call in it (so
+  the totals add up to the library's own time less the calls themselves); a self time, minus
+  E - I for each wrapped call it made and its own I.
+- E is one figure for every wrapper; a real wrapper costs more or less by where it runs, so
+  the self time of a function that makes many wrapped calls (transition, finish, complete_join)
+  is over-corrected and may read 0, and the smallest, most called helpers (set_g) keep some
+  of their wrappers' cost. Read the inclusive figures and shares, not the decimals, and
+  measure a change with ``step_cost.py --against``.
 - A recursive call is counted but not timed twice (only the outermost call of a function
   times). A call that raises (an illegal-state error) leaves no figure (each step's call
   starts afresh); the round never raises.
 - The copy's step totals are the Lua inside the function body: ``INFO commandstats`` (bench/
   step_cost.py) adds the call itself (about a microsecond with 16 keys).
 
-Run: ``python bench/lua_profile.py`` (``-n`` rounds, default 5000; ``--least``: leave out
-functions under that many µs per step, default 0.05; ``--redis-url`` for an existing server).
-Prints a table per step.
+Run: ``python bench/lua_profile.py`` (``-n`` rounds, default 5000, in ``--rounds`` batches,
+default 5; ``--least``: leave out functions under that many µs per step, default 0.05;
+``--redis-url`` for an existing server). Prints a table per step.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from rcoord.scripts import library_source, lua_dir
 from rcoord.testing.library import library_copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, server_label, start_server
+from _common import print_table, script_stats, server_label, start_server
 from step_cost import ROUND, prepare
 
 PROFILED_LIB = "rcoord_bench_prof"
@@ -252,9 +256,21 @@ def table(stats: dict[str, Stat], e: float, i: float, least_us: float) -> list[l
     return rows
 
 
+def round_us(r: redis.Redis, make: Any, n: int) -> float:
+    """Server µs per rebalance round (both calls) over ``n`` rounds, from ``INFO
+    commandstats``."""
+    c0, u0 = script_stats(r)
+    run_rounds(r, make, n)
+    c1, u1 = script_stats(r)
+    assert c1 - c0 == 2 * n, (c0, c1)
+    return (u1 - u0) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=5000, help="rebalance rounds profiled")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="batches of -n/rounds rounds, the copies interleaved (wrapper cost)")
     ap.add_argument("--least", type=float, default=0.05,
                     help="leave out functions under this many µs per step")
     ap.add_argument("--redis-url")
@@ -264,17 +280,30 @@ def main() -> None:
         r = redis.Redis.from_url(url)
         name, source = library_source()
         copy = profiled_copy(name, source)
-        variant = prepare(r, "profiled", (PROFILED_LIB, copy))
-        make = variant.phases[ROUND]
-        run_rounds(r, make, min(opts.n, 500))  # warm up: caches, the allocator
+        make = prepare(r, "profiled", (PROFILED_LIB, copy)).phases[ROUND]
+        plain = prepare(r, "plain", None).phases[ROUND]
+        for m in (make, plain):
+            run_rounds(r, m, min(opts.n, 500))  # warm up: caches, the allocator
         dump(r)
-        e, i = calibrate(r)
-        run_rounds(r, make, opts.n)
+        e_loop, i_loop = calibrate(r)
+        extra, plain_us = [], []
+        batch = max(opts.n // opts.rounds, 1)
+        for _ in range(opts.rounds):
+            profiled = round_us(r, make, batch)
+            plain_us.append(round_us(r, plain, batch))
+            extra.append(profiled - plain_us[-1])
         stats = dump(r)
-        print(f"server: {server_label(r.info('server'))}, {opts.n} rebalance rounds of the "
-              f"one-member group through the profiled copy; wrapper cost subtracted: "
-              f"E = {e * 1e6:.3f} µs per wrapped call under a function, I = {i * 1e6:.3f} µs "
-              f"per call of the function itself")
+        # Every wrapped call of a round: those under each step's total, and the total itself.
+        wrapped = sum(st[TOTAL][2] / st[TOTAL][0] + 1 for st in stats.values())
+        e = statistics.median(extra) * 1e-6 / wrapped
+        i = i_loop * e / e_loop
+        print(f"server: {server_label(r.info('server'))}, {batch * opts.rounds} rebalance "
+              f"rounds of the one-member group through the profiled copy, in {opts.rounds} "
+              f"batches, each beside the same through the library itself")
+        print(f"the library itself: {statistics.median(plain_us):.1f} µs per round (join + "
+              f"sync, INFO commandstats); the copy: {wrapped:.0f} wrapped calls per round, "
+              f"{e * 1e6:.3f} µs each (E; a tight loop reads {e_loop * 1e6:.3f}), "
+              f"I = {i * 1e6:.3f} µs, subtracted")
         for step in ("join_group", "sync_group"):
             print(f"\n{step}")
             print_table(["function", "calls/step", "inclusive µs/step", "share", "self µs/step"],
