@@ -34,3 +34,4 @@ def test_profiled_round_accounts_each_step(redis_server: EmbeddedServer) -> None
         assert lua_profile.dump(r) == {}  # a dump clears the figures
     finally:
         r.function_delete(lua_profile.PROFILED_LIB)
+        r.close()
