@@ -33,7 +33,8 @@ BENCH = Path(__file__).resolve().parent
 README = BENCH / "README.md"
 BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 
-# (script, arguments): the README command table's commands, in a cheap-to-dear order.
+# (script, arguments): the README command table's commands, in a cheap-to-dear order (all but
+# lua_profile, a diagnostic whose per-function table would swamp the section).
 BENCHES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("step_cost", ()),
     ("step_parts", ()),
