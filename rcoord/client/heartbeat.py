@@ -11,14 +11,20 @@ that subscribes by pattern (the topics its pattern matches against the set it jo
 Kafka's consumer rejoins when its pattern subscription changed since the last join). A
 follower's changed subscription makes the coordinator rebalance the group, so a topic that only
 a follower's pattern matches is picked up too.
+
+Before the generation exists, from the JoinGroup answer until its helpers start, ``JoinBeats``
+beats instead (``join_generation``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from types import TracebackType
+from typing import Self
 
-from ..errors import Errors, RcoordError
+from ..errors import Errors, ProtocolError, RcoordError
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
 from .generation import EndReason, Generation
@@ -26,9 +32,15 @@ from .join import topics_matching
 from .policy import reaction_for
 from .retry import Retry
 
-__all__ = ["heartbeat_loop", "start_helpers", "watch_partitions", "watch_session"]
+__all__ = ["JoinBeats", "heartbeat_loop", "start_helpers", "watch_partitions", "watch_session"]
 
 log = logging.getLogger("rcoord.client")
+
+REFRESHED = (Errors.NONE, Errors.REBALANCE_IN_PROGRESS)
+"""Heartbeat answers that refreshed the member's session (heartbeat.lua)."""
+
+_OUT_OF_GENERATION = (
+    Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION, Errors.FENCED_INSTANCE_ID)
 
 
 def start_helpers(
@@ -72,13 +84,105 @@ def heartbeat_loop(
         except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
             gen._end(EndReason.of(exc), exc)
             return
-        if error in (Errors.NONE, Errors.REBALANCE_IN_PROGRESS):  # the session was refreshed
+        if error in REFRESHED:
             gen.heartbeat_answered(sent[0])
         if error is Errors.NONE:
             continue
         gen._end(EndReason.of(error), error)
         if reaction_for(error).lost:
             return
+
+
+class JoinBeats:
+    """The member's heartbeats from its JoinGroup answer until its generation's own start.
+
+    The coordinator counts the session from the join's completion (and from the SyncGroup's
+    arrival), but the generation, whose heartbeat thread keeps the session alive, exists only
+    once the leader has read the partition counts and racks and run its assignor, SyncGroup has
+    answered, and the start offsets are read (OffsetFetch, log offsets): steps that each may
+    take a while. A member slower than the session timeout there was removed, so the leader's
+    SyncGroup answered UNKNOWN_MEMBER_ID (and the next round was as slow), or the new generation
+    was lost at once. Kafka's heartbeat thread is enabled from COMPLETING_REBALANCE on
+    (``AbstractCoordinator``), and its coordinator answers NONE and refreshes the session in
+    CompletingRebalance and Stable (heartbeat.lua too), so its member heartbeats while it fetches
+    its committed offsets; its leader assigns from the metadata it already holds, while rcoord's
+    reads it from Redis here.
+
+    Beats every ``heartbeat_interval_ms`` on a thread of its own, one attempt each (a lost
+    connection or a retriable code waits for the next beat; the calls around it have their own
+    retries). ``check`` (before SyncGroup) raises the error of a heartbeat that said the member
+    is out of this generation (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID), so
+    the round ends without a SyncGroup, as Kafka's member resets its generation on such an
+    answer; other codes are left to the SyncGroup (Kafka's member ignores REBALANCE_IN_PROGRESS
+    in COMPLETING_REBALANCE). ``hand_over`` gives the generation the latest refresh
+    (``Generation.heartbeat_answered``) and ends it by the first error seen, REBALANCE_IN_PROGRESS
+    included, as its heartbeat thread would have, and stops. Leaving the ``with`` block stops the
+    beats too; a beat in flight is not waited for.
+    """
+
+    def __init__(self, coordinator: Coordinator, config: ConsumerGroupConfig,
+                 generation_id: int, member_id: str) -> None:
+        self._coordinator = coordinator
+        self._config = config
+        self._generation_id = generation_id
+        self._member_id = member_id
+        self._lock = threading.Lock()
+        self._answered: float | None = None  # the sending of the latest beat that refreshed
+        self._error: Errors | None = None  # the first answer but NONE and retriable codes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, daemon=True,
+            name=f"rcoord-{config.group_id}-gen{generation_id}-joinbeat")
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        cfg = self._config
+        while not self._stop.wait(cfg.heartbeat_interval_ms / 1000):
+            sent = time.monotonic()
+            try:
+                error = self._coordinator.heartbeat(
+                    cfg.group_id, self._generation_id, self._member_id, cfg.group_instance_id)
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.debug("group %r: heartbeat during the rebalance failed: %s", cfg.group_id,
+                          exc)
+                continue
+            if error not in REFRESHED and reaction_for(error).retry:
+                continue
+            with self._lock:
+                if error in REFRESHED:
+                    self._answered = sent
+                if error is not Errors.NONE and self._error is None:
+                    self._error = error
+            if error not in REFRESHED:
+                return  # the member is out of the generation: beating is pointless
+
+    def check(self) -> None:
+        """Raise ``ProtocolError`` if a heartbeat said the member is out of this generation."""
+        with self._lock:
+            error = self._error
+        if error is None:
+            return
+        if error in _OUT_OF_GENERATION:
+            raise ProtocolError.of(
+                error, f"heartbeat of {self._config.group_id!r} generation "
+                f"{self._generation_id} during the rebalance: {error.name}")
+
+    def hand_over(self, gen: Generation) -> None:
+        """Stop; the generation takes the latest session refresh and the first error seen."""
+        self._stop.set()
+        with self._lock:
+            answered, error = self._answered, self._error
+        if answered is not None:
+            gen.heartbeat_answered(answered)
+        if error is not None:
+            gen._end(EndReason.of(error), error)
 
 
 def watch_session(gen: Generation, config: ConsumerGroupConfig) -> None:

@@ -146,6 +146,9 @@ def join_generation(
 
     ``generation_retry`` (default ``retry``) is what the generation's commits use: the group's
     goes on after ``closing`` until the routines have returned, so their final commits retry.
+
+    From the JoinGroup answer until the generation is made, ``heartbeat.JoinBeats`` beats, so a
+    slow assignment or slow start-offset reads do not outlast the session.
     """
     cfg = config
     coord = coordinator
@@ -214,60 +217,67 @@ def join_generation(
         " (leader)" if joined.leader_id == member_id else "",
         joined.protocol_name,
     )
-    plan: dict[str, bytes] | None = None
-    counts: dict[str, int] | None = None
-    if joined.leader_id == member_id and not joined.skip_assignment:
-        plan, counts = leader_assignment(
-            joined, assignors, coord, retry, cfg.group_id, protocol=protocol
-        )
-    synced_at = [0.0]
+    # (Imported here: heartbeat imports this module.)
+    from .heartbeat import JoinBeats
 
-    def sync() -> SyncGroupResult:
-        synced_at[0] = time.monotonic()  # (of this attempt: the session counts from it)
-        return coord.sync_group(
-            cfg.group_id,
-            joined.generation_id,
-            member_id,
-            assignments=plan,
-            group_instance_id=cfg.group_instance_id,
-            protocol_type=PROTOCOL_TYPE,
+    with JoinBeats(coord, cfg, joined.generation_id, member_id) as beats:
+        plan: dict[str, bytes] | None = None
+        counts: dict[str, int] | None = None
+        if joined.leader_id == member_id and not joined.skip_assignment:
+            plan, counts = leader_assignment(
+                joined, assignors, coord, retry, cfg.group_id, protocol=protocol
+            )
+            beats.check()
+        synced_at = [0.0]
+
+        def sync() -> SyncGroupResult:
+            synced_at[0] = time.monotonic()  # (of this attempt: the session counts from it)
+            return coord.sync_group(
+                cfg.group_id,
+                joined.generation_id,
+                member_id,
+                assignments=plan,
+                group_instance_id=cfg.group_instance_id,
+                protocol_type=PROTOCOL_TYPE,
+                protocol_name=joined.protocol_name,
+            )
+
+        with parked():
+            synced = retry(sync, lambda r: r.error)
+        session_from = synced_at[0]
+        if synced.parked_ms is not None:
+            # A parked SyncGroup kept the session alive until the leader's assignment was
+            # stored, which refreshed it (sync_group.lua): count from then, the sending plus the
+            # server's time parked, which is never later than the coordinator counts (the call
+            # arrived after it was sent). Counting from the sending alone ended the generation
+            # as lost at once when the leader synced more than a session timeout after this
+            # member.
+            session_from = min(session_from + synced.parked_ms / 1000, time.monotonic())
+        if synced.error is not Errors.NONE:
+            raise ProtocolError.of(
+                synced.error,
+                f"SyncGroup of {cfg.group_id!r} generation {joined.generation_id} failed: "
+                f"{synced.error.name}",
+            )
+        partitions = member_assignment(synced, cfg.group_id)
+        offsets, committed = start_offsets(partitions, coord, cfg, retry)
+        gen = Generation(
+            group_id=cfg.group_id,
+            generation_id=joined.generation_id,
+            member_id=member_id,
+            leader_id=joined.leader_id,
             protocol_name=joined.protocol_name,
+            assignments=offsets,
+            committed=committed,
+            coordinator=coord,
+            group_instance_id=cfg.group_instance_id,
+            retention_ms=cfg.retention_ms,
+            retry=generation_retry or retry,
+            on_end=on_end,
+            owned_before=owned,
+            session_from=session_from,
         )
-
-    with parked():
-        synced = retry(sync, lambda r: r.error)
-    session_from = synced_at[0]
-    if synced.parked_ms is not None:
-        # A parked SyncGroup kept the session alive until the leader's assignment was stored,
-        # which refreshed it (sync_group.lua): count from then, the sending plus the server's
-        # time parked, which is never later than the coordinator counts (the call arrived after
-        # it was sent). Counting from the sending alone ended the generation as lost at once
-        # when the leader synced more than a session timeout after this member.
-        session_from = min(session_from + synced.parked_ms / 1000, time.monotonic())
-    if synced.error is not Errors.NONE:
-        raise ProtocolError.of(
-            synced.error,
-            f"SyncGroup of {cfg.group_id!r} generation {joined.generation_id} failed: "
-            f"{synced.error.name}",
-        )
-    partitions = member_assignment(synced, cfg.group_id)
-    offsets, committed = start_offsets(partitions, coord, cfg, retry)
-    gen = Generation(
-        group_id=cfg.group_id,
-        generation_id=joined.generation_id,
-        member_id=member_id,
-        leader_id=joined.leader_id,
-        protocol_name=joined.protocol_name,
-        assignments=offsets,
-        committed=committed,
-        coordinator=coord,
-        group_instance_id=cfg.group_instance_id,
-        retention_ms=cfg.retention_ms,
-        retry=generation_retry or retry,
-        on_end=on_end,
-        owned_before=owned,
-        session_from=session_from,
-    )
+        beats.hand_over(gen)
     gen._watch_baseline = counts
     gen._watch_topics = topics_to_watch(topics, joined)
     gen._watch_pattern = pattern
