@@ -1454,7 +1454,7 @@ def test_real_a_follower_counts_its_session_from_the_leaders_sync_not_its_own(re
     """The coordinator refreshes a follower's session when the leader's SyncGroup arrives (its
     parked SyncGroup kept it alive until then, as Kafka's awaiting-sync member). The client
     counted its session from the sending of its own SyncGroup, so a leader that synced more than
-    a session timeout later (one heartbeating while it computes, as Kafka clients do) had the
+    a session timeout later (one heartbeating while it computes: heartbeat.JoinBeats) had the
     follower end its new generation as lost at once, although the coordinator held it."""
     real.topics.create("t", 2)
     coord = real.coord
