@@ -13,11 +13,14 @@ from rcoord import assignors
 from rcoord.assignors import (
     ASSIGNORS,
     RangeAssignor,
+    RebalanceProtocol,
     RoundRobinAssignor,
     UnknownAssignorError,
     get_assignor,
     kafka_member_order,
+    rebalance_protocol,
     register_assignor,
+    supported_protocols,
 )
 from rcoord.errors import InvalidRequestError, RcoordError
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
@@ -252,6 +255,34 @@ def test_register_rejects_non_assignors():
     with pytest.raises(ValueError):
         register_assignor(RangeAssignor())  # "range" is taken by another instance
     assert "no-assign" not in ASSIGNORS
+
+
+def test_protocols_declared_by_value_are_the_enum_members():
+    """A custom assignor declaring protocols by value ("cooperative") gets COOPERATIVE itself:
+    the client tests ``protocol is RebalanceProtocol.COOPERATIVE``, so the plain str it got
+    before made such a member behave eagerly while reporting "cooperative"."""
+
+    class ByValue(EverythingToFirst):
+        supported_protocols = ("cooperative", "eager")
+
+    assert supported_protocols(ByValue()) == (RebalanceProtocol.COOPERATIVE,
+                                              RebalanceProtocol.EAGER)
+    assert rebalance_protocol([ByValue()]) is RebalanceProtocol.COOPERATIVE
+    assert rebalance_protocol([ByValue(), RangeAssignor()]) is RebalanceProtocol.EAGER
+
+
+@pytest.mark.parametrize("declared", [("COOPERATIVE",), "cooperative", 1,
+                                      lambda self: (RebalanceProtocol.COOPERATIVE,)])
+def test_bad_protocol_declarations_name_the_assignor(declared):
+    """Kafka's ``supportedProtocols()`` is a method; here it is a tuple. A declaration that is
+    not one fails with a TypeError naming the assignor and the valid values."""
+
+    class Bad(EverythingToFirst):
+        pass
+
+    Bad.supported_protocols = declared  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="assignor 'test-everything-to-first'.*'cooperative'"):
+        rebalance_protocol([Bad()])
 
 
 # -- properties --------------------------------------------------------------------------------

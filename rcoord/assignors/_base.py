@@ -98,9 +98,31 @@ def user_data_for(assignor: Any, assigned: Sequence[TopicPartition], generation:
 
 
 def supported_protocols(assignor: Any) -> tuple[RebalanceProtocol, ...]:
-    """The rebalance protocols an assignor declares (EAGER when it declares none)."""
+    """The rebalance protocols an assignor declares (EAGER when it declares none).
+
+    Each entry may be a ``RebalanceProtocol`` or its value ("eager", "cooperative"), and comes
+    back as the enum member: the client tests ``protocol is RebalanceProtocol.COOPERATIVE``,
+    which a plain "cooperative" str fails, so such a member would silently behave eagerly (and
+    its leader skip the KIP-429 check) while reporting "cooperative". Anything else (a method,
+    as Kafka's ``supportedProtocols()``, or an unknown name) raises ``TypeError`` naming the
+    assignor, instead of failing later with a message that does not say which.
+    """
     declared = getattr(assignor, "supported_protocols", None)
-    return tuple(declared) if declared else (RebalanceProtocol.EAGER,)
+    if not declared:
+        return (RebalanceProtocol.EAGER,)
+    name = getattr(assignor, "name", repr(assignor))
+    valid = ", ".join(repr(p.value) for p in RebalanceProtocol)
+    if isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable):
+        raise TypeError(f"assignor {name!r}: supported_protocols must be a tuple of "
+                        f"RebalanceProtocol ({valid}), got {declared!r}")
+    out = []
+    for entry in declared:
+        try:
+            out.append(RebalanceProtocol(entry))
+        except ValueError:
+            raise TypeError(f"assignor {name!r}: supported_protocols holds {entry!r}, which is "
+                            f"not a RebalanceProtocol ({valid})") from None
+    return tuple(out)
 
 
 def rebalance_protocol(assignors: Iterable[Any]) -> RebalanceProtocol:
