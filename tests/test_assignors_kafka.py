@@ -24,6 +24,7 @@ from rcoord.assignors import (
     validate_cooperative_assignment,
 )
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
+from rcoord.protocol.kafka_consumer import encode_subscription
 from rcoord.protocol.offsets import TopicPartition
 
 ALL_RACKS = ["a", "b", "c", "d", "e", "f"]
@@ -531,6 +532,20 @@ def test_rack_affinity_multi_topic():
                                                partition_racks=racks)
     assert got == {"z1": tps("topic1-0 topic2-0"), "z2": tps("topic2-1 topic3-1"),
                    "z3": tps("topic1-1 topic3-0")}
+
+
+def test_rack_affinity_reads_a_kafka_go_members_zone_from_user_data():
+    """kafka-go's balancer sends its rack as the bare user_data of a v0 subscription, which has
+    no rack field, and reads every member's zone from there: a kafka-go member in a group an
+    rcoord member leads gets its own zone's partitions (it was zone "" and got the others')."""
+    kafka_go = ConsumerProtocolSubscription.decode(
+        encode_subscription(["t"], user_data=b"z1", version=0))
+    assert kafka_go.rack is None
+    members = {"go": kafka_go, "py": sub("t", rack="z2"),
+               "bad": ConsumerProtocolSubscription(["t"], user_data=b"\xff")}
+    racks = {TopicPartition("t", p): {z} for p, z in enumerate(["z2", "z2", "z1", "z1", "", ""])}
+    got = get_assignor("rack-affinity").assign(members, {"t": 6}, partition_racks=racks)
+    assert got == {"go": tps("t-2 t-3"), "py": tps("t-0 t-1"), "bad": tps("t-4 t-5")}
 
 
 def test_rack_affinity_without_racks_balances():

@@ -19,7 +19,9 @@ class RackAffinityAssignor:
     as kafka-go's ``RackAffinityGroupBalancer`` does: first each zone's members take partitions
     of their own zone, up to that target (and the extra ones where the zone has leftovers), then
     the remaining partitions fill up whoever is short, regardless of zone. A member's zone is
-    its subscription's ``rack`` ("" when unset); a partition's zone is its leader's rack in
+    its subscription's ``rack``, or else its ``user_data`` as text, which is where a kafka-go
+    member (whose subscription has no rack field) puts it ("" when neither says, or the
+    ``user_data`` is not UTF-8); a partition's zone is its leader's rack in
     kafka-go. rcoord has no leaders, so it is the partition's rack in ``partition_racks`` when
     it has one, the smallest rack name when it has several (a stable stand-in), and "" when it
     has none, so members and partitions without a rack still pair up, as in kafka-go.
@@ -71,7 +73,7 @@ def _assign_topic(
     """kafka-go's ``assignTopic`` with zones in sorted order."""
     zoned_consumers: dict[str, list[str]] = {}
     for mid in consumers:
-        zoned_consumers.setdefault(members[mid].rack or "", []).append(mid)
+        zoned_consumers.setdefault(_zone(members[mid]), []).append(mid)
     total = sum(len(parts) for parts in zoned_partitions.values())
     target, remainder = divmod(total, len(consumers))
     assignments: dict[str, list[int]] = {mid: [] for mid in consumers}
@@ -109,3 +111,14 @@ def _assign_topic(
             assignments[mid].extend(remaining[start:start + delta])
             start += delta
     return assignments
+
+
+def _zone(sub: ConsumerProtocolSubscription) -> str:
+    """The member's zone: its ``rack``, else its ``user_data`` read as kafka-go writes it
+    (``RackAffinityGroupBalancer.UserData`` is the bare rack name), else ""."""
+    if sub.rack:
+        return sub.rack
+    try:
+        return sub.user_data.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
