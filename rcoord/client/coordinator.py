@@ -184,14 +184,10 @@ class RedisCoordinator(GroupCoordinator):
 
     @translate_redis_errors
     def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for topic in topics:
-            try:
-                out[topic] = self._topic_admin.partition_count(topic)
-            except _topics.TopicError as exc:
-                if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise
-        return out
+        """``Topics.partition_counts``: one round trip per node. The leader reads the counts
+        on every rebalance, and its partition watcher every ``metadata_max_age_ms``; one read
+        per topic cost a round trip each."""
+        return self._topic_admin.partition_counts(topics)
 
     @translate_redis_errors
     def partition_racks(self, counts: Mapping[str, int]) -> dict[TopicPartition, set[str]]:

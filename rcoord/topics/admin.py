@@ -7,7 +7,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import Errors, translate_redis_errors
@@ -262,6 +262,22 @@ class Topics:
         if raw is None:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         return int(raw)
+
+    @translate_redis_errors
+    def partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        """``partition_count`` of several topics in one pipeline (a round trip per node);
+        topics that do not exist are left out. An illegal name raises ``TopicError``
+        (INVALID_TOPIC_EXCEPTION) before anything is read."""
+        names = list(dict.fromkeys(topics))
+        for topic in names:
+            _check_topic(topic)
+        if not names:
+            return {}
+        pipe = self._r.pipeline(transaction=False)
+        for topic in names:
+            pipe.hget(meta_key(self._ns, topic), "partitions")
+        replies = pipe.execute()
+        return {t: int(raw) for t, raw in zip(names, replies, strict=True) if raw is not None}
 
     @translate_redis_errors
     def describe(self, topic: str) -> TopicDescription:
