@@ -1314,3 +1314,31 @@ def test_a_burst_of_resubscriptions_rereads_the_index_once(own_server, namespace
     finally:
         svc.stop()
         runner.join(10)
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "192.0.2.1"])  # (192.0.2.1: TEST-NET)
+def test_a_metrics_host_that_cannot_be_served_names_its_flag_and_variable(monkeypatch, capsys,
+                                                                          host):
+    """A name that does not resolve, or an address not of this machine, is refused before the
+    service connects, named as ``--metrics-host`` and the variable it came from: it was found
+    only when the service started ("cannot serve /metrics on ..."), naming neither."""
+    import argparse
+
+    from rcoord.service.cli import add_coordinator_arguments, coordinator_main
+
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")  # (never reached)
+    monkeypatch.setenv("RCOORD_METRICS_PORT", "0")
+    monkeypatch.setenv("RCOORD_METRICS_HOST", host)
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert coordinator_main(p.parse_args([])) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert f"error: --metrics-host {host!r} (from $RCOORD_METRICS_HOST): cannot serve" in lines[0]
+    monkeypatch.delenv("RCOORD_METRICS_HOST")
+    p = argparse.ArgumentParser()
+    add_coordinator_arguments(p)
+    assert coordinator_main(p.parse_args(["--metrics-host", host])) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f"error: --metrics-host {host!r}: cannot serve" in lines[0]
+    assert "$RCOORD_" not in lines[0]

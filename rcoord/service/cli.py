@@ -187,6 +187,18 @@ def check_flag(flag: str, value: Any, url: str, **field: Any) -> None:
         raise UsageError(f"{flag} {value!r}{env_note(value)}: {exc}") from None
 
 
+def check_metrics_host(host: str) -> None:
+    """A UsageError naming ``--metrics-host`` and the variable it came from if /metrics cannot
+    be served there (``http.check_address``)."""
+    from ..cli import UsageError
+    from .http import check_address
+
+    try:
+        check_address(str(host))
+    except ConfigError as exc:
+        raise UsageError(f"--metrics-host {str(host)!r}{env_note(host)}: {exc}") from None
+
+
 def check_settings(items: list[str], url: str) -> None:
     """``check_flag`` for the ``--set`` items, checked together (one alone may not fit the
     defaults of the others set with it: a maximum below the default minimum). The error names
@@ -247,6 +259,8 @@ def coordinator_main(args: argparse.Namespace) -> int:
         for flag, field, value in given:
             if value is not None:
                 check_flag(flag, value, url, **{field: value})
+        if args.metrics_port is not None:
+            check_metrics_host(args.metrics_host)
         check_settings(items, url)
         kw: dict[str, Any] = {
             "redis_url": url,

@@ -92,6 +92,21 @@ def _family(host: str, port: int) -> socket.AddressFamily:
     return infos[0][0]
 
 
+def check_address(host: str) -> None:
+    """A ``ConfigError`` if ``host`` cannot be served on: a name that does not resolve, or an
+    address not of this machine (a bind to a free port there fails). The command line checks
+    it before it connects, so the error names the flag (``rcoord coordinator``); it was
+    found only when the service started, and named neither the flag nor its variable."""
+    family = _family(host, 0)
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as exc:
+            raise ConfigError(f"cannot serve /metrics on {host!r}: {exc.strerror or exc} (give "
+                              "an address of this machine, such as 127.0.0.1, 0.0.0.0 or ::)"
+                              ) from exc
+
+
 class StatusServer:
     def __init__(self, host: str, port: int, registry: Any, health: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
         registry_ = registry
