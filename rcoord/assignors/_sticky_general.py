@@ -2,8 +2,10 @@
 
 Kafka's ``AbstractStickyAssignor.GeneralAssignmentBuilder``:
 
-1. keep every owned partition whose topic the member still subscribes to (and, with rack
-   awareness, whose replicas are on its rack);
+1. keep every owned partition whose topic the member still subscribes to (Kafka, with rack
+   awareness, keeps only those whose replicas are on the member's rack; here one off its rack
+   moves in step 2 only to a member on its rack no heavier than its owner, else stays: see
+   ``sticky``);
 2. give each unassigned partition to the least-loaded member subscribed to its topic (first a
    member on a matching rack, then anyone), ties broken by member id;
 3. move partitions from heavier to lighter subscribers until no partition can move to make the
@@ -77,7 +79,11 @@ class _Movements:
 
 
 class GeneralAssignment:
-    """One run of the general path; ``build()`` returns the assignment."""
+    """One run of the general path; ``build()`` returns the assignment.
+
+    ``relocate=False`` leaves every owned partition off its rack with its owner (the baseline
+    a run that moved some is compared with); ``relocated`` says whether a run moved any.
+    """
 
     def __init__(
         self,
@@ -87,8 +93,10 @@ class GeneralAssignment:
         counts: Mapping[str, int],
         claims: Claims,
         racks: RackInfo,
+        relocate: bool = True,
     ) -> None:
         self.ids = ids
+        self.relocate = relocate
         self.counts = counts
         self.racks = racks
         self.subs: dict[str, list[str]] = {
@@ -111,6 +119,9 @@ class GeneralAssignment:
         self.owner: dict[TopicPartition, str] = {}
         self.sizes: dict[str, int] = {}
         self.revocation_required = False
+        self.misplaced: dict[TopicPartition, str] = {}  # owned off its rack -> owner
+        self.misplaced_moved = False  # by the last _assign_least_loaded
+        self.relocated = False  # any misplaced partition moved
 
     # -- steps 1 and 2 -----------------------------------------------------------------------
 
@@ -127,24 +138,41 @@ class GeneralAssignment:
         return prev
 
     def _keep_owned(self) -> set[TopicPartition]:
+        """Keep what members own and still subscribe to; note what sits off its rack.
+
+        Kafka revokes an owned partition whose replicas are not on its owner's rack. Here it
+        stays, listed in ``misplaced``, and the rack-aware pass moves it only to a member on its
+        rack no heavier than its owner (see ``_assign_least_loaded``).
+        """
         kept: set[TopicPartition] = set()
         for mid in self.ids:
             mine = self.assignment[mid]
             subscribed = set(self.subs[mid])
             for tp in list(mine):
-                if tp.topic not in subscribed or self.racks.mismatch(mid, tp):
+                if tp.topic not in subscribed:
                     del mine[tp]
                     self.revocation_required = True
-                else:
-                    kept.add(tp)
-                    self.owner[tp] = mid
+                    continue
+                if self.racks.mismatch(mid, tp):
+                    self.misplaced[tp] = mid
+                kept.add(tp)
+                self.owner[tp] = mid
         return kept
 
     def _assign_least_loaded(self, partitions: list[TopicPartition], match_racks: bool
                              ) -> list[TopicPartition]:
         """Each partition to the lightest eligible subscriber; returns those nobody could take.
 
-        Counts only grow here, so a heap entry whose count is out of date is just refreshed.
+        A ``misplaced`` partition (owned off its rack) in ``partitions`` moves only to a member
+        on one of its racks holding no more partitions than its owner; otherwise it stays. Kafka
+        takes every such partition away and gives it to the lightest member on its rack, however
+        loaded, and balancing then puts partitions back off their racks: with unequal
+        subscriptions the group can cycle between two assignments for ever (each cooperative
+        round revoking what the next re-assigns). A move onto a member already heavier than the
+        owner, or off the partition's rack, gains nothing lasting.
+
+        A heap entry whose count is out of date is refreshed (counts grow, except an owner's
+        when a misplaced partition leaves it, which pushes a fresh entry).
         """
         heaps: dict[tuple[str, str | None], list[tuple[int, str]]] = {}
         for mid in self.ids:
@@ -154,11 +182,14 @@ class GeneralAssignment:
         for heap in heaps.values():
             heapq.heapify(heap)
         left = []
+        self.misplaced_moved = False
         for tp in partitions:
+            holder = self.misplaced.get(tp) if match_racks else None
             keys: Iterable[tuple[str, str | None]] = [(tp.topic, None)]
             if match_racks:
-                keys = [(tp.topic, None)] + [(tp.topic, r) for r in
-                                             sorted(self.racks.partition_racks.get(tp, ()))]
+                keys = [(tp.topic, r) for r in sorted(self.racks.partition_racks.get(tp, ()))]
+                if holder is None:
+                    keys = [(tp.topic, None), *keys]
             best: tuple[int, str] | None = None
             best_heap: list[tuple[int, str]] | None = None
             for key in keys:
@@ -170,9 +201,21 @@ class GeneralAssignment:
                     heapq.heappush(candidates, (self.sizes[stale], stale))
                 if best is None or candidates[0] < best:
                     best, best_heap = candidates[0], candidates
-            if best is None or best_heap is None:
+            if holder is not None:
+                if best is None or best_heap is None or best[0] > self.sizes[holder]:
+                    continue  # it stays with its owner
+                del self.assignment[holder][tp]
+                del self.misplaced[tp]
+                self.sizes[holder] -= 1
+                self.revocation_required = self.misplaced_moved = self.relocated = True
+                rack = self.racks.consumer_racks.get(holder)
+                for t in self.subs[holder]:
+                    if (t, rack) in heaps:
+                        heapq.heappush(heaps[(t, rack)], (self.sizes[holder], holder))
+            elif best is None or best_heap is None:
                 left.append(tp)
                 continue
+            assert best is not None and best_heap is not None
             mid = best[1]
             self.assignment[mid][tp] = None
             self.owner[tp] = mid
@@ -189,7 +232,16 @@ class GeneralAssignment:
         self.sizes = {mid: len(self.assignment[mid]) for mid in self.ids}
         initializing = max(self.sizes.values(), default=0) == 0
         if self.racks.enabled:
-            self._assign_least_loaded(self._assign_least_loaded(unassigned, True), False)
+            ordered = [tp for tp in self.all_partitions
+                       if tp not in kept or (self.relocate and tp in self.misplaced)]
+            left = self._assign_least_loaded(ordered, True)
+            # A move makes its new owner the heavier one, which may let a partition it holds
+            # off its rack move on: sweep until none does (each move is one fewer off its
+            # rack), so that the next rebalance does not find the next move of the chain.
+            while self.misplaced_moved:
+                self._assign_least_loaded(
+                    [tp for tp in self.all_partitions if tp in self.misplaced], True)
+            self._assign_least_loaded(left, False)
         else:
             self._assign_least_loaded(unassigned, False)
 
@@ -207,8 +259,8 @@ class GeneralAssignment:
             self._reassign(newly_assigned, prev)
         moved = self._reassign(movable, prev)
         if not initializing and moved and (
-                self._balance_score(self.sizes[m] for m in self.active)
-                >= self._balance_score(before_sizes[m] for m in self.active)):
+                self.balance_score(self.sizes[m] for m in self.active)
+                >= self.balance_score(before_sizes[m] for m in self.active)):
             for mid in self.active:
                 self.assignment[mid] = before[mid]
             self.owner = before_owner
@@ -223,7 +275,7 @@ class GeneralAssignment:
         return any(tp.topic in movable_topics for tp in self.assignment[mid])
 
     @staticmethod
-    def _balance_score(sizes: Iterable[int]) -> int:
+    def balance_score(sizes: Iterable[int]) -> int:
         """Kafka's score: the sum of |a - b| over all pairs of members (0 = perfectly even)."""
         ordered = sorted(sizes)
         n = len(ordered)

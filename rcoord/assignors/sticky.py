@@ -26,6 +26,27 @@ no generation (and, for ``sticky``, nothing).
 
 Where Kafka's result depends on hash-map iteration order, members and topics are visited in
 sorted order, so every leader computes the same assignment.
+
+Departure from Kafka, with racks and unequal subscriptions (the general path only; with no
+member rack, or no partition rack, results are Kafka's). Kafka's ``AbstractStickyAssignor``
+revokes every owned partition that has no replica on its owner's rack and gives it to the
+lightest member on its rack; balancing, which ranks above racks (KIP-881), then puts
+partitions back off their racks, and the next rebalance does it again. Some groups never
+settle: a member on rack r0 that reads only a topic with no partition on r0 loses its
+partition every other generation, the cooperative protocol leaves it unread in between, and
+the group rebalances for ever (Kafka's own assignor cycles on the same input). rcoord's rule:
+
+* an owned partition off its rack stays with its owner unless a member on one of its racks
+  holding no more partitions than the owner takes it (a move to another wrong rack, or onto a
+  member already heavier, gains nothing but churn);
+* those moves are kept only if, after balancing, fewer partitions are off their racks than
+  when nothing moves, and balance is no worse;
+* the leader plays the following rounds itself (feeding its result back as what members own,
+  up to ``_SETTLE_ROUNDS`` times) until the result repeats, so that the group's next rebalance
+  has nothing more to move: eager settles in one rebalance, cooperative in the usual
+  revoke-then-assign pair (rarely one more, as Kafka without racks).
+
+Balance is Kafka's either way; only which partition sits where changes.
 """
 
 from __future__ import annotations
@@ -46,6 +67,7 @@ from ._base import (
 from ._sticky_constrained import ConstrainedAssignment
 from ._sticky_general import GeneralAssignment
 from ._sticky_inputs import (
+    Claims,
     MemberData,
     RackInfo,
     cooperative_sticky_member_data,
@@ -103,10 +125,58 @@ def _assign(ids: list[str], members: Mapping[str, Any], topics: list[str],
         built = builder.build()
         moving = builder.transferring
     else:
-        built = GeneralAssignment(ids, members, topics, counts, claims, rack_info).build()
+        built = _general(ids, members, topics, counts, claims, rack_info)
+        settled = {mid: sorted(claims.owned[mid]) for mid in ids}
+        generation = claims.max_generation + 1
+        for _ in range(_SETTLE_ROUNDS if rack_info.enabled else 0):
+            if built == settled:
+                break
+            # With racks, what moved changes what the next round does (partitions moved onto
+            # their racks, balancing putting others off theirs): play the next rounds here, so
+            # that the group's next rebalance finds nothing more to move.
+            settled = built
+            fed = {mid: ConsumerProtocolSubscription(members[mid].topics, b"", built[mid],
+                                                     generation, members[mid].rack)
+                   for mid in ids}
+            built = _general(ids, fed, topics, counts, resolve_claims(ids, fed, counts),
+                             rack_info)
         owned = {mid: members[mid].owned_partitions for mid in ids}
         moving = partitions_transferring_ownership(owned, built)
     return built, moving
+
+
+_SETTLE_ROUNDS = 4
+"""How many following rounds the general path plays itself, with racks, until its result
+repeats (see the module docstring); the random corpus in tests settles within two."""
+
+
+def _general(ids: list[str], members: Mapping[str, Any], topics: list[str],
+             counts: Mapping[str, int], claims: Claims, rack_info: RackInfo
+             ) -> dict[str, list[TopicPartition]]:
+    """The general path's assignment.
+
+    Moving owned partitions onto their racks only counts if balancing did not put as many
+    others off theirs, and did not cost balance: else every owned partition stays where it is
+    (the assignment of ``relocate=False``; see the module docstring).
+    """
+    general = GeneralAssignment(ids, members, topics, counts, claims, rack_info)
+    built = general.build()
+    if not general.relocated:
+        return built
+    staying = GeneralAssignment(ids, members, topics, counts, claims, rack_info,
+                                relocate=False).build()
+    if (_off_rack(staying, rack_info) <= _off_rack(built, rack_info)
+            or _spread(built) > _spread(staying)):
+        return staying
+    return built
+
+
+def _off_rack(assignment: Mapping[str, list[TopicPartition]], racks: RackInfo) -> int:
+    return sum(racks.mismatch(mid, tp) for mid, parts in assignment.items() for tp in parts)
+
+
+def _spread(assignment: Mapping[str, list[TopicPartition]]) -> int:
+    return GeneralAssignment.balance_score(len(parts) for parts in assignment.values())
 
 
 class StickyAssignor:
