@@ -66,6 +66,7 @@ __all__ = [
     "check_cooperative",
     "join_generation",
     "leader_assignment",
+    "log_offsets_of",
     "member_assignment",
     "start_offsets",
     "topics_matching",
@@ -442,7 +443,7 @@ def start_offsets(
             offsets[tp] = NO_POSITION
         else:
             by_policy.append(tp)
-    edges = _log_offsets(by_policy, coord, retry)
+    edges = log_offsets_of(by_policy, coord, retry)
     for tp in partitions:
         if tp not in offsets:
             got = edges[tp]
@@ -454,12 +455,13 @@ def start_offsets(
     return {tp: offsets[tp] for tp in partitions}, committed
 
 
-def _log_offsets(
-    partitions: list[TopicPartition], coordinator: Coordinator, retry: Retry
+def log_offsets_of(
+    partitions: Sequence[TopicPartition], coordinator: Coordinator, retry: Retry
 ) -> dict[TopicPartition, tuple[int, int] | _topics.TopicError]:
-    """The log start and end offsets of ``partitions`` for ``start_offsets``, in one
-    ``log_offsets_many`` (a round trip per node), or the ``TopicError`` of one that has none
-    (a deleted topic, a partition out of range).
+    """The log start and end offsets of ``partitions`` (for ``start_offsets``, and the Spark
+    member's placements), in one ``log_offsets_many`` (a round trip per node), or the
+    ``TopicError`` of one that has none (a deleted topic, a partition out of range). Other
+    errors (Redis away) raise, after ``retry``.
 
     One read each cost a round trip per partition on every rebalance: with 2000 partitions
     and a 1 ms network round trip, two seconds. A name the batched read refuses before it

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..client import (
     CommitFailedError,
@@ -65,7 +65,7 @@ from ..client import (
     RebalanceInProgressError,
     reaction_for,
 )
-from ..client.join import topics_matching
+from ..client.join import log_offsets_of, topics_matching
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
@@ -87,6 +87,7 @@ __all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
 log = logging.getLogger("rcoord.spark")
 
 TP = TopicPartition
+T = TypeVar("T")
 LatestFn = Callable[[Sequence[TP]], tuple[Mapping[TP, tuple[int, int]], Mapping[str, str]]]
 """(partitions) -> (partition -> (log start, log end), topic -> create token); a partition or
 topic that does not exist is missing."""
@@ -659,6 +660,8 @@ class StreamMember:
         # then shows as data loss, never as the new topic read from the old one's offset). A
         # start chosen before keeps the token it was chosen with.
         fresh = self._create_tokens({tp.topic for tp in todo if tp not in self._chosen})
+        log_starts = {} if query_start else self._log_starts(
+            [tp for tp in todo if tp not in self._chosen])
         placed: dict[TP, int] = {}
         for tp, start in todo.items():
             if query_start:
@@ -666,13 +669,13 @@ class StreamMember:
             elif tp in self._chosen:
                 placed[tp] = self._chosen[tp][0]
             else:
-                try:
-                    placed[tp] = self._check_unread(
-                        tp, self._group.coordinator.log_offsets(tp.topic, tp.partition)[0])
-                except RcoordError as exc:
+                got = log_starts[tp]
+                if isinstance(got, RcoordError):
                     log.warning("group %r: no log start for %s-%d (%s); it starts at its log "
-                                "end", gen.group_id, tp.topic, tp.partition, exc)
+                                "end", gen.group_id, tp.topic, tp.partition, got)
                     placed[tp] = start
+                else:
+                    placed[tp] = self._check_unread(tp, got)
         # The commit names the topic its offsets belong to, as every commit of a plan does:
         # a topic deleted and created again under it is then data loss, not a read of the new
         # topic from the old one's offset (which skipped the new topic's first records).
@@ -721,13 +724,28 @@ class StreamMember:
         except RcoordError as exc:
             counts = {}
             log.warning("group %r: cannot read its topics' partitions (%s)", config.group_id, exc)
-        for tp in (TP(t, p) for t, n in sorted(counts.items()) for p in range(max(n, 0))):
-            try:
-                out[tp] = coordinator.log_offsets(tp.topic, tp.partition)[0]
-            except RcoordError as exc:  # (deleted meanwhile, or Redis away)
+        tps = [TP(t, p) for t, n in sorted(counts.items()) for p in range(max(n, 0))]
+        for tp, got in self._log_starts(tps).items():
+            if isinstance(got, RcoordError):  # (deleted meanwhile, or Redis away)
                 log.warning("group %r: no log start for %s-%d (%s)", config.group_id, tp.topic,
-                            tp.partition, exc)
+                            tp.partition, got)
+            else:
+                out[tp] = got
         return out
+
+    def _log_starts(self, tps: Sequence[TP]) -> dict[TP, int | RcoordError]:
+        """The log start of each of ``tps`` in one read (``join.log_offsets_of``: a round trip
+        per node), in their order, or the error that left it unknown: its own (a deleted
+        topic, a partition out of range), or the read's (Redis away) for all of them.
+
+        One ``log_offsets`` per partition cost a round trip each: ``_log_starts_now`` reads
+        every partition of every subscribed topic when a query starts."""
+        try:
+            edges = log_offsets_of(tps, self._group.coordinator, _once)
+        except RcoordError as exc:
+            return {tp: exc for tp in tps}
+        return {tp: got if isinstance(got, RcoordError) else got[0]
+                for tp, got in ((tp, edges[tp]) for tp in tps)}
 
     def _create_tokens(self, topics: set[str]) -> dict[str, str]:
         """The create token of each of ``topics`` (``Topics.create_token``), read through the
@@ -800,6 +818,12 @@ class StreamMember:
                 f"group {self._group.config.group_id!r}: Redis out of reach for more than the "
                 f"session timeout ({session_s:g} s), so the query stops rather than plan empty "
                 f"batches: {exc}") from exc
+
+def _once(call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
+    """A ``Retry`` that makes one attempt: the member's own reads are not retried (a failed
+    one is warned about and left to the next plan)."""
+    return call()
+
 
 def _names(tps: set[TP]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(tps))
