@@ -37,6 +37,7 @@ from .. import topics as _topics
 from ..assignors import (
     Assignor,
     CooperativeAssignmentError,
+    RackAffinityAssignor,
     RebalanceProtocol,
     kafka_member_order,
     user_data_for,
@@ -163,8 +164,11 @@ def join_generation(
     owned = sorted(tp for tp in owned if tp.topic in subscribed)
 
     def metadata(assignor: Assignor) -> bytes:
+        user_data = user_data_for(assignor, assigned, assigned_generation)
+        if not user_data and assignor.name == RACK_AFFINITY and cfg.client_rack:
+            user_data = _zone_user_data(cfg.client_rack)
         return ConsumerProtocolSubscription(
-            topics, user_data=user_data_for(assignor, assigned, assigned_generation),
+            topics, user_data=user_data,
             owned_partitions=owned, generation_id=owned_generation if owned else -1,
             rack=cfg.client_rack,
         ).encode(cfg.protocol_encoding)
@@ -331,7 +335,7 @@ def leader_assignment(
         extra["member_order"] = order
     racks_of = getattr(coordinator, "partition_racks", None)
     if (_takes(assignor, "partition_racks") and racks_of is not None
-            and any(sub.rack for sub in subscriptions.values())):
+            and any(_has_zone(name, sub) for sub in subscriptions.values())):
         # Only when some member says where it runs: the racks cost a read per rebalance.
         extra["partition_racks"] = retry(lambda: racks_of(counts), None)
     plan = assignor.assign(subscriptions, counts, **extra)
@@ -484,6 +488,27 @@ def log_offsets_of(
         out[tp] = (got if isinstance(got, tuple)
                    else _topics.TopicError(got, f"{tp.topic}-{tp.partition}"))
     return out
+
+
+RACK_AFFINITY = RackAffinityAssignor.name
+"""kafka-go's ``RackAffinityGroupBalancer`` protocol, whose members say their zone in
+``user_data`` (the bare rack name), not in the subscription's ``rack`` field."""
+
+
+def _zone_user_data(rack: str) -> bytes:
+    """A member's ``user_data`` for the rack-affinity protocol: its rack, as kafka-go's
+    ``RackAffinityGroupBalancer.UserData`` sends it. A kafka-go leader reads every member's
+    zone from there only; without it, it took an rcoord member for zone "" and gave it
+    partitions of other zones."""
+    return rack.encode("utf-8")
+
+
+def _has_zone(protocol: str, sub: ConsumerProtocolSubscription) -> bool:
+    """Whether a member says where it runs: a ``rack``, or under rack-affinity a zone in
+    ``user_data`` (how kafka-go members, which send no rack field, say it). The leader reads the
+    partition racks only then; under rack-affinity, a group of kafka-go members never got them,
+    so their assignor saw no zones."""
+    return bool(sub.rack) or (protocol == RACK_AFFINITY and bool(sub.user_data))
 
 
 def _takes(assignor: Assignor, keyword: str) -> bool:
