@@ -392,6 +392,20 @@ def test_config_validate_names_the_bad_field(field: str, value: Any) -> None:
         ConsumerGroupConfig(**settings)
 
 
+@pytest.mark.parametrize("topic", ["my topic", "a/b", "t:1", "x" * 250, ".", ".."])
+def test_config_refuses_a_topic_name_rcoord_topics_refuse(topic: str) -> None:
+    """Every subscribed topic is read through rcoord.topics, which refuses such a name. Before,
+    the config took it, and the leader's partition counts failed (INVALID_TOPIC_EXCEPTION) in
+    every round: the member backed off and rejoined for ever, consuming nothing."""
+    with pytest.raises(ConfigError, match=r"^topics: illegal topic name .*a-z A-Z 0-9 \. _ -"):
+        ConsumerGroupConfig(group_id="g", topics=["t", topic], redis_url="redis://127.0.0.1:1")
+    good = ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="illegal topic name"):  # (Consumer.subscribe's way)
+        dataclasses.replace(good, topics=[topic])
+    assert ConsumerGroupConfig(group_id="g", topics=["a.B-c_9", "x" * 249],
+                               redis_url="redis://127.0.0.1:1").topics == ("a.B-c_9", "x" * 249)
+
+
 def test_empty_topics_are_for_a_consumer_only() -> None:
     # A Consumer subscribes or assigns later; a ConsumerGroup needs a topic to join with.
     cfg = ConsumerGroupConfig(group_id="g", topics=[], redis_url="redis://127.0.0.1:1/0")

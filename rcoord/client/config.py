@@ -22,6 +22,7 @@ from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..protocol._checks import check_id, check_instance_id
 from ..protocol.consumer import ENCODINGS, Encoding
+from ..topics._base import _MAX_TOPIC_LEN, TopicError, _check_topic
 from ..urls import redact_url, repr_redacting, url_problem
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
@@ -149,6 +150,7 @@ class ConsumerGroupConfig:
             if not isinstance(topic, str) or not topic:
                 raise ConfigError(f"topics must hold non-empty str names, got {topic!r}")
             _coordinator_id("topic", topic)
+            _topic_name(topic)
         if self.topic_pattern is not None:
             if not isinstance(self.topic_pattern, re.Pattern) or not isinstance(
                 self.topic_pattern.pattern, str
@@ -250,6 +252,19 @@ def _coordinator_id(name: str, value: str) -> None:
         check_id(name, value)
     except InvalidRequestError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _topic_name(topic: str) -> None:
+    """rcoord.topics' own name check (Kafka's rule), at construction: every subscribed topic is
+    read through ``rcoord.topics``, which refuses the name, so the leader's partition counts
+    failed with INVALID_TOPIC_EXCEPTION in every round and the member backed off and rejoined
+    for ever (Kafka's consumer raises InvalidTopicException from poll instead)."""
+    try:
+        _check_topic(topic)
+    except TopicError as exc:
+        raise ConfigError(
+            f"topics: {exc.detail}: a topic name is 1 to {_MAX_TOPIC_LEN} of the characters "
+            "a-z A-Z 0-9 . _ - (not '.' or '..'), as in Kafka") from exc
 
 
 def _int(name: str, value: Any) -> int:
