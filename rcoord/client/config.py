@@ -22,7 +22,7 @@ from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..protocol._checks import check_id, check_instance_id
 from ..protocol.consumer import ENCODINGS, Encoding
-from ..topics._base import _MAX_TOPIC_LEN, TopicError, _check_topic
+from ..topics._base import TOPIC_RULE, TopicError, _check_topic
 from ..urls import redact_url, repr_redacting, url_problem
 
 __all__ = ["ConsumerGroupConfig", "StartOffset"]
@@ -262,9 +262,7 @@ def _topic_name(topic: str) -> None:
     try:
         _check_topic(topic)
     except TopicError as exc:
-        raise ConfigError(
-            f"topics: {exc.detail}: a topic name is 1 to {_MAX_TOPIC_LEN} of the characters "
-            "a-z A-Z 0-9 . _ - (not '.' or '..'), as in Kafka") from exc
+        raise ConfigError(f"topics: {exc.detail}: a topic name is {TOPIC_RULE}") from exc
 
 
 def _int(name: str, value: Any) -> int:

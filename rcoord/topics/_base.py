@@ -37,6 +37,9 @@ _TAG_SHARES = 64
 _GOLDEN32 = 0x9E3779B9  # 2**32 / golden ratio
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _MAX_TOPIC_LEN = 249
+TOPIC_RULE = (f"1 to {_MAX_TOPIC_LEN} of the characters a-z A-Z 0-9 . _ - (not '.' or '..'), "
+              "as in Kafka")
+"""``_LEGAL_TOPIC`` and ``_MAX_TOPIC_LEN`` in words, for errors that say what to fix."""
 
 
 class TopicError(ProtocolError):
