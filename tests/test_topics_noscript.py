@@ -20,12 +20,18 @@ import redis.connection
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Producer, ProducerRecord, Topics, fetch, fetch_many
 from rcoord.topics._base import APPEND, APPEND_IDEMPOTENT, MAX_APPEND_PER_CALL, _Lua
+from rcoord.topics.fetch import log_offsets_many
 
 WAIT_S = 15.0
 
 
-def noscript_replies(client: redis.Redis) -> int:
-    return int(client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0))
+def noscript_replies(client: Any) -> int:
+    """NOSCRIPT replies the server (every master of a cluster) has sent."""
+    if isinstance(client, redis.RedisCluster):
+        per_node = client.info("errorstats", target_nodes=client.PRIMARIES).values()
+    else:
+        per_node = [client.info("errorstats")]
+    return sum(int(n.get("errorstat_NOSCRIPT", {}).get("count", 0)) for n in per_node)
 
 
 def splitting_client(server: EmbeddedServer, script: _Lua, helper: redis.Redis,
@@ -113,3 +119,35 @@ def test_a_fetch_after_the_script_cache_was_flushed_reloads_the_offsets_script(
         assert noscript_replies(helper) > before  # (the flush was seen)
         assert [([r.value for r in g.records], g.log_start_offset, g.log_end_offset)
                 for g in got] == [([b"2", b"4"], 0, 3), ([b"1", b"3", b"5"], 0, 3)][:len(got)]
+
+
+@pytest.mark.parametrize("backend", ["single", "cluster"])
+def test_a_batch_over_many_partitions_reloads_once_after_the_script_cache_was_flushed(
+    request: pytest.FixtureRequest, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart or ``SCRIPT FLUSH`` every call of a batched read answers NOSCRIPT; the
+    calls go again in one pipeline (per node) once the script is loaded, not one round trip
+    each (the first rebalance after a restart read 40 partitions' log offsets in 40 more round
+    trips)."""
+    server = request.getfixturevalue("own_server" if backend == "single" else "own_cluster")
+    helper = server.client()
+    request.addfinalizer(helper.close)
+    topics = Topics(helper, "ns")
+    topics.create("t", 40)
+    Producer(helper, "ns").send_batch("t", [ProducerRecord(b"%d" % i, partition=i)
+                                            for i in range(40)])
+    helper.script_flush()
+    before = noscript_replies(helper)
+    singles: list[Any] = []  # commands sent alone (a pipeline does not go through here)
+    single = helper.execute_command
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        singles.append(args[0])
+        return single(*args, **kwargs)
+
+    monkeypatch.setattr(helper, "execute_command", counted)
+    got = log_offsets_many(helper, "ns", [("t", p) for p in range(40)])
+    monkeypatch.undo()
+    assert noscript_replies(helper) - before >= 40  # (the flush was seen by every call)
+    assert got == [(0, 1)] * 40
+    assert singles == ["SCRIPT LOAD"]  # one load, then the 40 calls in one pipeline

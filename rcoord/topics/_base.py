@@ -367,9 +367,23 @@ def _run_independent(client: Any, calls: Sequence[_Call]) -> list[Any]:
         # and routes it by its first key like any other keyed command.
         pipe.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)
     results = pipe.execute(raise_on_error=False)
+    missing = [n for n, res in enumerate(results)
+               if isinstance(res, redis.exceptions.NoScriptError)]
+    if len(missing) > 1:
+        # After a restart or SCRIPT FLUSH every call of the pipeline answers NOSCRIPT: load
+        # each script once and send those calls again in one pipeline (their first keys are
+        # distinct, so their order does not matter), not one round trip each.
+        for lua in {calls[n][0].sha: calls[n][0] for n in missing}.values():
+            client.script_load(lua.source)
+        again = client.pipeline(transaction=False)
+        for n in missing:
+            lua, keys, args = calls[n]
+            again.execute_command("EVALSHA", lua.sha, len(keys), *keys, *args)
+        for n, res in zip(missing, again.execute(raise_on_error=False), strict=True):
+            results[n] = res
     out = []
     for (lua, keys, args), res in zip(calls, results):
-        if isinstance(res, redis.exceptions.NoScriptError):
+        if isinstance(res, redis.exceptions.NoScriptError):  # (flushed again: one by one)
             res = lua(client, keys, args)
         elif isinstance(res, Exception):
             raise res
