@@ -44,7 +44,8 @@ the group rebalances for ever (Kafka's own assignor cycles on the same input). r
 * the leader plays the following rounds itself (feeding its result back as what members own,
   up to ``_SETTLE_ROUNDS`` times) until the result repeats, so that the group's next rebalance
   has nothing more to move: eager settles in one rebalance, cooperative in the usual
-  revoke-then-assign pair (rarely one more, as Kafka without racks).
+  revoke-then-assign pair (after a leave or a join, about 2 % of random groups take one
+  to three rounds more; Kafka without racks needs one more too, more rarely).
 
 Balance is Kafka's either way; only which partition sits where changes.
 """
