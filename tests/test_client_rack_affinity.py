@@ -82,25 +82,22 @@ def assigned(encoded: dict[str, bytes]) -> dict[str, list[TP]]:
             for mid, raw in encoded.items()}
 
 
-def test_a_leader_reads_partition_racks_for_kafka_go_members_zones_in_user_data() -> None:
-    from rcoord.assignors import RackAffinityAssignor
-
-    coordinator = RackedCoordinator()
-    plan, _ = leader_assignment(
-        joined("rack-affinity", {"m1": b"b", "m2": b"a"}), [RackAffinityAssignor()],
-        coordinator, no_retry, "g")  # type: ignore[arg-type]
-    assert coordinator.racks_read == 1
+@pytest.mark.parametrize("zones, racks_read, expected", [
     # Each member takes its own zone's partitions; before, the leader read no racks, every
     # partition was of zone "", and m1 got 0 and 1.
-    assert assigned(plan) == {"m1": [TP("t", 1), TP("t", 3)], "m2": [TP("t", 0), TP("t", 2)]}
-
-
-def test_a_leader_reads_no_partition_racks_when_no_member_names_a_zone() -> None:
+    ({"m1": b"b", "m2": b"a"}, 1,
+     {"m1": [TP("t", 1), TP("t", 3)], "m2": [TP("t", 0), TP("t", 2)]}),
+    # No member names a zone: no read (the racks cost one per rebalance).
+    ({"m1": b"", "m2": b""}, 0,
+     {"m1": [TP("t", 0), TP("t", 1)], "m2": [TP("t", 2), TP("t", 3)]}),
+], ids=["zones-in-user-data", "no-zone"])
+def test_a_leader_reads_partition_racks_for_kafka_go_members_zones_in_user_data(
+        zones: dict[str, bytes], racks_read: int, expected: dict[str, list[TP]]) -> None:
     from rcoord.assignors import RackAffinityAssignor
 
     coordinator = RackedCoordinator()
     plan, _ = leader_assignment(
-        joined("rack-affinity", {"m1": b"", "m2": b""}), [RackAffinityAssignor()],
+        joined("rack-affinity", zones), [RackAffinityAssignor()],
         coordinator, no_retry, "g")  # type: ignore[arg-type]
-    assert coordinator.racks_read == 0
-    assert assigned(plan) == {"m1": [TP("t", 0), TP("t", 1)], "m2": [TP("t", 2), TP("t", 3)]}
+    assert coordinator.racks_read == racks_read
+    assert assigned(plan) == expected
