@@ -21,7 +21,15 @@ import redis.exceptions
 
 from .config import CoordinatorConfig
 from .contract import reply_field
-from .errors import ConfigError, CoordinatorNotAvailableError, Errors, InvalidRequestError
+from .errors import (
+    ConfigError,
+    ConnectionLost,
+    CoordinatorNotAvailableError,
+    Errors,
+    InvalidRequestError,
+    RcoordError,
+    reraise_as_rcoord,
+)
 from .flow import (
     UNREACHABLE,
     Claim,
@@ -169,6 +177,19 @@ def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:
     if isinstance(ret, str) and ret.startswith("Flow[") and ret.endswith("]"):
         ret = ret[len("Flow["):-1]
     method.__signature__ = sig.replace(return_annotation=ret)  # type: ignore[attr-defined]
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether the public API raises ``exc`` as a ``ConnectionLost`` (a ``ServerUnavailable``
+    among them): the call's master is unreachable or refuses it for now, and a retry may pass
+    (``rcoord.errors.reraise_as_rcoord``, the one mapping)."""
+    try:
+        reraise_as_rcoord("", exc)
+    except ConnectionLost:
+        return True
+    except RcoordError:
+        return False
+    return False
 
 
 def _text(raw: bytes) -> str:
@@ -423,7 +444,10 @@ class GroupSteps:
     ) -> Flow[list[Errors]]:
         """Heartbeats of many members (group id, generation, member id[, instance id]), for a
         process that hosts many members: one script call per group (up to HEARTBEAT_BATCH
-        members each), all in one round trip. Same answers as ``heartbeat``, in order.
+        members each), all in one round trip. Same answers as ``heartbeat``, in order, except
+        that a group whose master cannot be reached or refuses the call for now (where
+        ``heartbeat`` raises ``ConnectionLost``) answers COORDINATOR_NOT_AVAILABLE for its
+        members, so the other groups' answers are not lost with it.
         """
         out: list[Errors | None] = [None] * len(heartbeats)
         by_group: dict[str, list[tuple[int, list[Any]]]] = {}
@@ -459,8 +483,21 @@ class GroupSteps:
                 # A passed deadline (apply it first, as every step does), or a call that failed
                 # even after the driver's reload: send this group's chunk again once, addressed
                 # as the group is now (applying the deadline may have settled a new layout).
-                yield from self.call("expire_deadlines", self.keys(gid), [])
-                reply = yield Script("heartbeat", self.keys(gid).heartbeat_keys(), args)
+                # A master that refuses it for now (out of memory, a failed save, too few
+                # replicas, a slot migrating: what the API raises as ServerUnavailable) is
+                # answered for this group alone, as an unreachable one is above; raising here
+                # lost the answers of every group on the healthy masters for as long as it
+                # refused.
+                try:
+                    yield from self.call("expire_deadlines", self.keys(gid), [])
+                    reply = yield Script("heartbeat", self.keys(gid).heartbeat_keys(), args)
+                except (redis.exceptions.RedisError,
+                        redis.exceptions.RedisClusterException) as exc:
+                    if not _unavailable(exc):
+                        raise
+                    for i, _ in chunk:
+                        out[i] = Errors.COORDINATOR_NOT_AVAILABLE
+                    continue
             if reply == b"DUE":
                 for i, hb_args in chunk:  # deadlines keep falling due: one by one
                     out[i] = yield from self.heartbeat(gid, hb_args[1], hb_args[0],
