@@ -80,4 +80,12 @@ register('heartbeat', function(KEYS, ARGV)
       mock_time)
   end
   return results
-end)
+end, {'allow-oom'})
+-- allow-oom: under used memory above maxmemory (noeviction) Redis refuses every function at
+-- its start unless it is flagged so. A heartbeat writes a few fixed-size entries of a group
+-- that exists (a known member's session deadline; the group's published earliest deadline,
+-- its 'ea' field and hint key), never more per call, and answers 'DUE' without writing when a
+-- deadline must act first (expire_deadlines is still refused), so it keeps members' sessions
+-- alive, as Kafka's coordinator answers heartbeats from memory while its log cannot be
+-- written. Refused, every worker counted its partitions lost after a session of full memory,
+-- and the first step once memory was freed expired every member.
