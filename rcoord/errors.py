@@ -154,7 +154,8 @@ class ServerUnavailable(ConnectionLost):
     missing after ``rcoord.scripts.MAX_RELOADS`` loads, or OOM (used memory above ``maxmemory``
     under a no-eviction policy; Redis refuses a function at its start and a script at its first
     write that may use memory, unless it wrote already, so a refused call wrote nothing; it
-    lasts until retention, consumers or an operator free memory), or NOREPLICAS (the master has
+    lasts until retention, consumers or an operator free memory; the heartbeat is flagged
+    ``allow-oom`` and answers then), or NOREPLICAS (the master has
     fewer replicas within ``min-replicas-max-lag`` than ``min-replicas-to-write``, the setting
     docs/guarantees.md suggests; nothing of the call ran), or MISCONF (the last RDB save failed
     and ``stop-writes-on-bgsave-error`` is on: writes are refused until a save succeeds).
