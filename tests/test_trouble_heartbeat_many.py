@@ -1,5 +1,5 @@
-"""heartbeat_many when one master of a cluster answers but refuses the call (out of memory,
-a failed save, too few replicas, a slot migrating): the members of the groups on the other
+"""heartbeat_many when one master of a cluster answers but refuses the call (a failed save,
+too few replicas, a slot migrating): the members of the groups on the other
 masters still get their answers, as when that master is down
 (tests/test_heartbeat.py ``..._with_a_master_down_answers_the_others``)."""
 
@@ -28,22 +28,26 @@ def _one_group_per_master(port_of: Any) -> dict[int, str]:
     return by_port
 
 
-def _out_of_memory(cluster: EmbeddedCluster, port: int) -> redis.Redis:
+def _refusing(cluster: EmbeddedCluster, port: int) -> redis.Redis:
     """A client of the master on ``port``, which now refuses every function that may write
-    with OOM (used memory above maxmemory, noeviction); ``CONFIG SET maxmemory 0`` ends it."""
+    with NOREPLICAS (it asks for more replicas than it has); ``_serving`` ends it. (Not OOM:
+    the heartbeat is flagged ``allow-oom`` and answers then.)"""
     node = next(n for n in cluster.nodes if n.port == port).client()
-    node.config_set("maxmemory-policy", "noeviction")
-    node.config_set("maxmemory", 1)
+    node.config_set("min-replicas-to-write", 100)
     return node
 
 
-def test_heartbeat_many_with_a_master_out_of_memory_answers_the_others(
+def _serving(node: redis.Redis) -> None:
+    node.config_set("min-replicas-to-write", 0)
+
+
+def test_heartbeat_many_with_a_master_refusing_writes_answers_the_others(
     own_cluster: EmbeddedCluster,
 ) -> None:
     """It used to raise ``ServerUnavailable`` for every member: the refused group's retry
     (expire_deadlines, then the heartbeat alone) raised out of the flow, and the answers of
     the groups on the healthy masters (REBALANCE_IN_PROGRESS among them) were lost for as
-    long as the one master stayed full."""
+    long as the one master refused."""
     client = own_cluster.client(socket_connect_timeout=2, socket_timeout=5)
     node = None
     try:
@@ -58,21 +62,21 @@ def test_heartbeat_many_with_a_master_out_of_memory_answers_the_others(
             coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
             members[gid] = (joined.generation_id, mid)
         full_port = next(iter(by_port))
-        node = _out_of_memory(own_cluster, full_port)
+        node = _refusing(own_cluster, full_port)
         asked = [(gid, *members[gid]) for gid in by_port.values()]
         answers = dict(zip(by_port, coord.heartbeat_many(asked), strict=True))
         assert answers.pop(full_port) == Errors.COORDINATOR_NOT_AVAILABLE
         assert list(answers.values()) == [Errors.NONE, Errors.NONE]
-        node.config_set("maxmemory", 0)
+        _serving(node)
         assert coord.heartbeat_many(asked) == [Errors.NONE] * 3
     finally:
         if node is not None:
-            node.config_set("maxmemory", 0)
+            _serving(node)
             node.close()
         client.close()
 
 
-def test_asyncio_heartbeat_many_with_a_master_out_of_memory_answers_the_others(
+def test_asyncio_heartbeat_many_with_a_master_refusing_writes_answers_the_others(
     own_cluster: EmbeddedCluster,
 ) -> None:
     """The asyncio driver runs the same flow."""
@@ -96,7 +100,7 @@ def test_asyncio_heartbeat_many_with_a_master_out_of_memory_answers_the_others(
                 await coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
                 members[gid] = (joined.generation_id, mid)
             full_port = next(iter(by_port))
-            node = _out_of_memory(own_cluster, full_port)
+            node = _refusing(own_cluster, full_port)
             asked = [(gid, *members[gid]) for gid in by_port.values()]
             answers = dict(zip(by_port, await coord.heartbeat_many(asked), strict=True))
             assert answers.pop(full_port) == Errors.COORDINATOR_NOT_AVAILABLE
@@ -108,5 +112,5 @@ def test_asyncio_heartbeat_many_with_a_master_out_of_memory_answers_the_others(
         asyncio.run(run())
     finally:
         if node is not None:
-            node.config_set("maxmemory", 0)
+            _serving(node)
             node.close()
