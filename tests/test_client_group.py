@@ -719,6 +719,49 @@ def test_leave_until_resumed_while_a_carried_generation_is_collected_owns_nothin
     assert nxt.owned_before == [] and nxt.revoked == []
 
 
+@pytest.mark.parametrize("instance_id", [None, "worker-1"], ids=["dynamic", "static"])
+def test_leave_until_resumed_during_a_join_loses_the_generation_it_makes(
+    fake_group: Any, instance_id: str | None,
+) -> None:
+    """The poll timer makes the member leave while its rejoin is under way (no generation in
+    hand): the generation that join then makes must not be handed out as live. A static
+    member sends no LeaveGroup, so the coordinator completed the join, and the member went on
+    heartbeating a generation whose partitions its stuck application never read: they never
+    moved to another member, which is what max_poll_interval_ms is for."""
+    state = OneMemberGroup()
+    group = fake_group(state, group_instance_id=instance_id)
+    first = group.next(timeout=WAIT_S)
+    entered, release = threading.Event(), threading.Event()
+    join = state.fake.join_group
+
+    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
+        entered.set()
+        release.wait(WAIT_S)
+        return join(group_id, member_id, **kw)
+
+    state.fake.join_group = held_join
+    first._end(EndReason.REBALANCE, Errors.REBALANCE_IN_PROGRESS)
+    try:
+        assert entered.wait(WAIT_S)  # rejoining: no generation in hand
+        group.leave_until_resumed("max.poll.interval.ms passed")
+    finally:
+        release.set()
+    wait_until(lambda: group.newest() is not first)
+    made = group.newest()
+    assert made.done.wait(WAIT_S)  # ended at once, not heartbeating as a live generation
+    assert made.lost and made.end_reason is EndReason.MEMBER_LOST
+    with pytest.raises(CommitFailedError):
+        made.commit_offsets({TP("t", 0): 1})
+    assert group.peek() is None
+    group.resume()
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.generation_id > made.generation_id and not nxt.done.is_set()
+    if instance_id is None:  # left for good, and back as a new member
+        assert state.leaves[-1] == made.member_id and nxt.member_id != made.member_id
+    else:  # a static member never leaves
+        assert state.leaves == []
+
+
 def test_revoking_member_keeps_heartbeating_lost_member_stops(fake_group: Any) -> None:
     state = OneMemberGroup()
     state.heartbeat_default = Errors.REBALANCE_IN_PROGRESS

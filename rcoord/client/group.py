@@ -561,7 +561,20 @@ class ConsumerGroup:
                         gen._end(EndReason.CLOSED)
                     elif self._config is not joined:  # joined with the old subscription
                         gen._end(EndReason.SUBSCRIPTION_CHANGED)
+                    left_meanwhile = not self._may_join.is_set()
+                    if left_meanwhile:
+                        # leave_until_resumed came during this join, with no generation in
+                        # hand to end: this one is lost as that one would have been. A static
+                        # member sent no LeaveGroup, so the join completed, and it went on
+                        # heartbeating partitions its stuck application never read.
+                        gen._mark_lost(left=True)
                     self._current = self._newest = gen
+                if left_meanwhile and self._config.group_instance_id is None:
+                    # A dynamic member's LeaveGroup may have gone before this join added it
+                    # (or with no member id yet, so none went), and the join's answer set the
+                    # id it forgot again: leave once more, and rejoin as a new member.
+                    self._leave(gen.member_id, "the consumer left the group: poll timeout")
+                    self._member_id = ""
                 self._start_threads(gen)
                 self._deliver(gen)
                 gen.done.wait()
