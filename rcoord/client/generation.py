@@ -312,7 +312,9 @@ class Generation:
         The group starts the next generation only after every such thread has returned, so
         ``fn`` must return soon after ``ctx.done`` is set. If ``fn`` raises, the exception is
         logged and kept in ``exceptions``, and the generation ends (the member rejoins).
-        Raises ``GenerationEndedError`` if the generation's routines were already collected.
+        Raises ``GenerationEndedError`` if the generation's routines were already collected,
+        and ``RuntimeError`` if the thread cannot be started (the process's thread limit); a
+        routine that never started is not waited for.
         """
         if not callable(fn):
             raise TypeError("start() needs a callable taking a GenerationContext")
@@ -329,8 +331,10 @@ class Generation:
                 name=f"rcoord-{self.group_id}-gen{self.generation_id}-routine{len(self._threads)}",
                 daemon=True,
             )
-            self._threads.append(thread)
+            # Started before it is recorded: one that cannot start (RuntimeError) would make
+            # ``collect`` join a thread never started, which raises on the group's run thread.
             thread.start()
+            self._threads.append(thread)
 
     def _run_routine(self, fn: Callable[[GenerationContext], Any], ctx: GenerationContext) -> None:
         try:
@@ -465,15 +469,26 @@ class Generation:
 
     def start_helper(self, target: Callable[[], None], kind: str) -> None:
         """Run ``target`` in a background thread of this generation (the heartbeat, the
-        watcher); ``collect`` joins it after the routines have returned."""
+        watcher); ``collect`` joins it after the routines have returned.
+
+        A thread that cannot be started (the process's thread limit) ends the generation with
+        that error (``ERROR_POLICY``'s "anything else": without its heartbeat the member cannot
+        keep its session, so it leaves and joins again after ``join_backoff_ms``, and
+        ``next()`` reports the error); it is not recorded, so ``collect`` does not join it."""
         thread = threading.Thread(
             target=target,
             name=f"rcoord-{self.group_id}-gen{self.generation_id}-{kind}",
             daemon=True,
         )
+        try:
+            thread.start()
+        except RuntimeError as exc:
+            log.error("group %r: cannot start the %s thread of generation %d: %s",
+                      self.group_id, kind, self.generation_id, exc)
+            self._end(EndReason.ERROR, exc)
+            return
         with self._lock:
             self._helpers.append(thread)
-        thread.start()
 
     def heartbeat_answered(self, sent_at: float) -> None:
         """A heartbeat sent at ``sent_at`` (``time.monotonic``) was answered with the session

@@ -1,0 +1,70 @@
+"""A routine or helper thread that cannot be started (the process is at its thread limit:
+a container's pids.max, ulimit -u) must not kill the group's run thread.
+
+``Generation.start`` recorded the thread before starting it, so when ``Thread.start`` raised
+"can't start new thread" the generation kept a thread that never ran, and collecting the
+generation's routines at its end joined it: ``RuntimeError: cannot join thread before it is
+started`` on the run thread, which then stopped, and ``next()`` said only that the group was
+closed. The same held for a helper (the heartbeat, the watchers).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from test_client_group import WAIT_S, OneMemberGroup, fake_group  # noqa: F401 - the fixture
+
+from rcoord.client import EndReason
+
+
+def _refusing_start(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
+    """Make ``Thread.start`` raise as at the process's thread limit for threads ``refuse``
+    picks by name."""
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if refuse(self.name):
+            raise RuntimeError("can't start new thread")
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_a_routine_that_cannot_start_leaves_the_group_running(
+    fake_group: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 - the fixture
+) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    gen = group.next(timeout=WAIT_S)
+    _refusing_start(monkeypatch, lambda name: "routine" in name)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        gen.start(lambda ctx: None)  # the caller hears of it
+    monkeypatch.undo()
+    gen._end(EndReason.REBALANCE)
+    nxt = group.next(timeout=WAIT_S)  # the run thread collected the generation and rejoined
+    assert nxt.generation_id == gen.generation_id + 1
+
+
+def test_a_helper_that_cannot_start_ends_its_generation_and_the_group_rejoins(
+    fake_group: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 - the fixture
+) -> None:
+    state = OneMemberGroup()
+    group = fake_group(state)
+    refused = threading.Event()
+
+    def refuse(name: str) -> bool:
+        if name.endswith("-heartbeat") and not refused.is_set():
+            refused.set()
+            return True
+        return False
+
+    _refusing_start(monkeypatch, refuse)
+    # Without its heartbeat the generation cannot keep its session: it ends before it is
+    # handed out, the error is reported once, and the member leaves and joins again.
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        group.next(timeout=WAIT_S)
+    assert refused.is_set() and state.leaves == [state.id(1)]
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.generation_id == 2 and not nxt.done.is_set()
