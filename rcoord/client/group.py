@@ -92,6 +92,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
@@ -192,6 +193,9 @@ class ConsumerGroup:
         # commits go under while no newer one is taken (``newest``).
         self._newest: Generation | None = None
         self._member_id = ""
+        # The UUID a new member's join named it with while that join is unanswered (failed):
+        # the next join as a new member sends it again (join_generation's new_member_uuid).
+        self._member_uuid: str | None = None
         self._in_call = False
         self._left = False
         self._leaves_answered = 0  # LeaveGroups sent and answered (or failed): _parked
@@ -681,6 +685,15 @@ class ConsumerGroup:
 
     def _join_generation(self, reason: str, config: ConsumerGroupConfig) -> Generation | None:
         self._left = False
+        if not self._member_id and self._member_uuid is None:
+            self._member_uuid = str(uuid.uuid4())
+        try:
+            return self._join_round(reason, config)
+        finally:
+            if self._member_id:  # the coordinator answered with the member's id
+                self._member_uuid = None
+
+    def _join_round(self, reason: str, config: ConsumerGroupConfig) -> Generation | None:
         return join_generation(
             reason,
             self._member_id,
@@ -698,6 +711,7 @@ class ConsumerGroup:
             owned_generation=self._owned_generation,
             assigned=self._assigned,
             assigned_generation=self._assigned_generation,
+            new_member_uuid=self._member_uuid,
         )
 
     def _drop_owned(self, ended: Generation | None) -> None:

@@ -60,6 +60,7 @@ from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
 from .errors import JoinRefusedError
 from .generation import Generation
+from .policy import reaction_for
 from .retry import Retry
 
 __all__ = [
@@ -124,6 +125,7 @@ def join_generation(
     assigned: Sequence[TopicPartition] = (),
     assigned_generation: int = -1,
     generation_retry: Retry | None = None,
+    new_member_uuid: str | None = None,
 ) -> Generation | None:
     """One round: JoinGroup, the leader's assignment, SyncGroup, OffsetFetch.
 
@@ -148,6 +150,16 @@ def join_generation(
 
     ``generation_retry`` (default ``retry``) is what the generation's commits use: the group's
     goes on after ``closing`` until the routines have returned, so their final commits retry.
+
+    A new member's id is only its own until the coordinator answers the JoinGroup: if the join
+    fails with an error whose ``ERROR_POLICY`` row keeps the member id (a lost connection, the
+    coordinator unavailable), ``on_member_id("")`` forgets it, so the next round joins as a
+    new member again, named by ``new_member_uuid`` (the caller keeps the UUID of an unanswered
+    join and passes it back: if that join did add the member, the coordinator takes the next
+    one as its rejoin). Kept, the next join went out as a known member with an id the
+    coordinator never gave, which a static member whose instance id the group still maps to
+    its previous process has refused as FENCED_INSTANCE_ID, fatal. While ``closing`` the id is
+    kept, so the group's LeaveGroup can remove a join that landed.
 
     From the JoinGroup answer until the generation is made, ``heartbeat.JoinBeats`` beats, so a
     slow assignment or slow start-offset reads do not outlast the session.
@@ -184,27 +196,41 @@ def join_generation(
     # so close() can leave while it is parked.
     member_uuid = None
     if not member_id:
-        member_uuid = str(uuid.uuid4())
+        member_uuid = new_member_uuid or str(uuid.uuid4())
         on_member_id(new_member_id(cfg.client_id, cfg.group_instance_id or "", member_uuid))
-    with parked():
-        joined = retry(
-            functools.partial(
-                coord.join_group,
-                cfg.group_id,
-                member_id,
-                protocol_type=PROTOCOL_TYPE,
-                protocols=protocols,
-                session_timeout_ms=cfg.session_timeout_ms,
-                rebalance_timeout_ms=cfg.rebalance_timeout_ms,
-                group_instance_id=cfg.group_instance_id,
-                client_id=cfg.client_id,
-                reason=reason,
-                require_known_member_id=False,
-                new_member_uuid=member_uuid,
-            ),
-            lambda r: r.error,
-        )
+
+    def unanswered(error: BaseException | Errors) -> None:
+        """The new member's join failed with ``error``: where its ``ERROR_POLICY`` row keeps
+        the member id, there is none to keep (see the docstring). (Rows that leave send
+        LeaveGroup for the id first: a join refused after it added the member is undone.)"""
+        if (member_uuid is not None and not closing.is_set()
+                and reaction_for(error).member_id == "keep"):
+            on_member_id("")
+
+    try:
+        with parked():
+            joined = retry(
+                functools.partial(
+                    coord.join_group,
+                    cfg.group_id,
+                    member_id,
+                    protocol_type=PROTOCOL_TYPE,
+                    protocols=protocols,
+                    session_timeout_ms=cfg.session_timeout_ms,
+                    rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+                    group_instance_id=cfg.group_instance_id,
+                    client_id=cfg.client_id,
+                    reason=reason,
+                    require_known_member_id=False,
+                    new_member_uuid=member_uuid,
+                ),
+                lambda r: r.error,
+            )
+    except Exception as exc:
+        unanswered(exc)
+        raise
     if joined.error is not Errors.NONE:
+        unanswered(joined.error)
         message = f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
         hint = join_error_hint(joined.error, cfg)
         if hint:
