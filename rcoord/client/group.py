@@ -599,8 +599,22 @@ class ConsumerGroup:
                 pending = gen.pending_reaction
                 if pending is not None and not self._react(pending[1], 1, pending[0], gen):
                     break
-        except BaseException:  # the thread's root: never die silently
+        except BaseException as exc:  # the thread's root: never die silently
             log.exception("consumer group %r stopped on an unexpected error", self._config.group_id)
+            # next() says why (it said only "closed"), and the generation in hand is lost: its
+            # heartbeat, which beats until the routines are collected (they never will be now),
+            # stops at once, so its session ends and its partitions move to other members.
+            # close() no longer waits for those routines either (without a timeout, it waited
+            # for ever).
+            stopped = GroupClosedError(
+                f"group {self._config.group_id!r} stopped on an unexpected error: {exc!r}")
+            stopped.__cause__ = exc
+            with self._cond:
+                if self._fatal is None:
+                    self._fatal = stopped
+                gen, self._current = self._current, None
+            if gen is not None:
+                gen._mark_lost()
         finally:
             self._shutdown()
 
