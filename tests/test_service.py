@@ -61,6 +61,16 @@ class Proc:
                     return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def why(self) -> str:
+        """For a wait that timed out: whether the process still runs, its health, and all it
+        wrote, with every thread's stack (SIGUSR1) if it runs; it is stopped to read that."""
+        alive = self.proc.poll() is None
+        health = self.health() if alive else {}
+        if alive:
+            self.proc.send_signal(signal.SIGUSR1)
+        out = self.stop(signal.SIGTERM)
+        return f"running: {alive}, exit code {self.proc.returncode}, health {health}\n{out}"
+
     def stop(self, sig: int = signal.SIGTERM) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -221,11 +231,12 @@ def test_sigusr1_writes_every_threads_stack_and_changes_nothing(redis_server, si
     # leases are taken before run() starts the loop's thread, and a dump in that instant
     # showed the main thread inside Thread.start() and no loop.
     first = _lonely_member(coord, "before")
-    wait_until(lambda: not _is_member(coord, "before", first), timeout_s=10)
+    wait_until(lambda: not _is_member(coord, "before", first), timeout_s=10, why=procs[0].why)
     procs[0].proc.send_signal(signal.SIGUSR1)
     # It goes on: a member that goes silent afterwards is expired by it, and it is healthy.
     mid = _lonely_member(coord, "g")
-    wait_until(lambda: not _is_member(coord, "g", mid), timeout_s=10)
+    # (A CI run once timed out here, nothing said why: the process's log and stacks do now.)
+    wait_until(lambda: not _is_member(coord, "g", mid), timeout_s=10, why=procs[0].why)
     assert procs[0].proc.poll() is None
     assert procs[0].health().get("status") == "ok" and procs[0].health().get("leases") == 50
     out = procs[0].stop(signal.SIGTERM)
