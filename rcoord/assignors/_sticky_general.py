@@ -19,8 +19,11 @@ same choices come from per-topic heaps keyed by (count, member id), and "balance
 to date incrementally: a topic is unbalanced when its lightest subscriber has two fewer
 partitions than the heaviest member holding one of its partitions (that lightest member could
 take one; see ``_topic_unbalanced``), and a move can only change that for the topics its two
-members subscribe to. So a move costs O(topics of the two members x log members), not
-O(partitions).
+members subscribe to. Those topics are only marked as worth checking again; "balanced" checks
+marked topics until it finds one unbalanced (which stays marked) or none is left. So a move
+costs O(topics of the two members x log members), not O(partitions), and the topic checks are
+paid for when asked, one per answer "unbalanced", not for every topic after every move (a
+member reading 100 topics made each of its moves check all 100).
 """
 
 from __future__ import annotations
@@ -298,23 +301,50 @@ class GeneralAssignment:
         for t, held in self.holding.items():
             self.heavy[t] = [(-self.sizes[m], m) for m in held]
             heapq.heapify(self.heavy[t])
+        self.movable_of = {mid: [t for t in self.subs[mid] if t in movable_topics]
+                           for mid in self.ids}
         self.size_counts: dict[int, int] = {}
         for mid in self.active:
             self.size_counts[self.sizes[mid]] = self.size_counts.get(self.sizes[mid], 0) + 1
-        self.unbalanced = {t for t in movable_topics if self._topic_unbalanced(t)}
+        # Topics that may be unbalanced: every topic that is, and some that no longer are.
+        self.unbalanced = set(movable_topics)
 
     def _lightest(self, topic: str) -> str:
+        """The topic's lightest subscriber (then smallest id).
+
+        Every subscriber has an entry no larger than its count (``_resize`` pushes one when a
+        count falls; a rise leaves the old, smaller entry, refreshed here when it comes up), so
+        a top entry matching its member's count is the true minimum.
+        """
         heap = self.light[topic]
-        while heap[0][0] != self.sizes[heap[0][1]]:
-            heapq.heappop(heap)
-        return heap[0][1]
+        while True:
+            size, mid = heap[0]
+            actual = self.sizes[mid]
+            if size == actual:
+                return mid
+            if size > actual:
+                heapq.heappop(heap)  # a smaller entry of that member is further down
+            else:
+                heapq.heapreplace(heap, (actual, mid))
 
     def _heaviest_size(self, topic: str) -> int:
+        """The count of the heaviest member holding a partition of ``topic`` (0 if none).
+
+        The mirror of ``_lightest``: every holder has an entry no smaller than its count
+        (pushed when a count rises or a member starts holding the topic).
+        """
         heap = self.heavy[topic]
         held = self.holding[topic]
-        while heap and (held.get(heap[0][1], 0) == 0 or -heap[0][0] != self.sizes[heap[0][1]]):
-            heapq.heappop(heap)
-        return -heap[0][0] if heap else 0
+        while heap:
+            size, mid = heap[0]
+            actual = self.sizes[mid]
+            if -size == actual and held.get(mid, 0):
+                return actual
+            if -size > actual and held.get(mid, 0):
+                heapq.heapreplace(heap, (-actual, mid))
+            else:
+                heapq.heappop(heap)
+        return 0
 
     def _topic_unbalanced(self, topic: str) -> bool:
         """Some subscriber could take a partition of ``topic`` from a member 2+ heavier.
@@ -330,7 +360,14 @@ class GeneralAssignment:
             return True
         if max(self.size_counts) - min(self.size_counts) <= 1:
             return True
-        return not self.unbalanced
+        # Drop marked topics found balanced; stop at the first unbalanced one, leaving it
+        # marked. Which one is checked first changes the cost, never the answer.
+        while self.unbalanced:
+            topic = self.unbalanced.pop()
+            if self._topic_unbalanced(topic):
+                self.unbalanced.add(topic)
+                return False
+        return True
 
     def _resize(self, mid: str, delta: int) -> None:
         old = self.sizes[mid]
@@ -339,9 +376,13 @@ class GeneralAssignment:
             del self.size_counts[old]
         self.sizes[mid] = old + delta
         self.size_counts[old + delta] = self.size_counts.get(old + delta, 0) + 1
-        for t in self.subs[mid]:
-            if t in self.light:
+        # Only the entries a stale one could hide are pushed (see ``_lightest``): lighter
+        # in the topics it reads, heavier in those it holds.
+        if delta < 0:
+            for t in self.movable_of[mid]:
                 heapq.heappush(self.light[t], (old + delta, mid))
+        else:
+            for t in self.movable_of[mid]:
                 if self.holding[t].get(mid, 0):
                     heapq.heappush(self.heavy[t], (-(old + delta), mid))
 
@@ -385,9 +426,5 @@ class GeneralAssignment:
             heapq.heappush(self.heavy[actual.topic], (-self.sizes[new], new))
         self._resize(old, -1)
         self._resize(new, +1)
-        for t in set(self.subs[old]) | set(self.subs[new]):
-            if t in self.light:
-                if self._topic_unbalanced(t):
-                    self.unbalanced.add(t)
-                else:
-                    self.unbalanced.discard(t)
+        self.unbalanced.update(self.movable_of[old])
+        self.unbalanced.update(self.movable_of[new])
