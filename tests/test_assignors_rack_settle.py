@@ -83,10 +83,16 @@ def test_off_rack_only_member_settles(name):
 @pytest.mark.parametrize("name", STICKY)
 def test_random_rack_groups_settle(name):
     """Random groups with racks and unequal subscriptions settle from scratch, after a member
-    leaves, and after one joins (Kafka's algorithm cycles on some of these)."""
+    leaves, and after one joins (Kafka's algorithm cycles on some of these).
+
+    Cooperative groups settle in the revoke-then-assign pair: the leader plays the round
+    after the one that holds partitions back, and aims at where that round puts them. Before,
+    9 of these 400 leave and join histories took a third round (the held-back partitions
+    were placed afresh, and that moved partitions kept in the first round)."""
     rng = random.Random(11)
     topics = ["a", "b", "c", "d"]
     checked = 0
+    longer = []
     for _ in range(200):
         counts = {t: rng.randint(1, 12) for t in topics}
         racks = {TP(t, p): {f"r{rng.randint(0, 2)}"} for t in topics for p in range(counts[t])}
@@ -105,15 +111,20 @@ def test_random_rack_groups_settle(name):
         seen, after = rounds(name, stay, member_racks, counts, racks,
                              {m: p for m, p in final.items() if m != gone}, generation)
         assert len(seen) <= MAX_ROUNDS[name]
+        if len(seen) > 2:
+            longer.append(("leave", checked))
         check_settled(stay, counts, after)
 
         joined = {**subs, "mz": sorted(rng.sample(topics, rng.randint(1, 4)))}
         seen, after = rounds(name, joined, {**member_racks, "mz": f"r{rng.randint(0, 2)}"},
                              counts, racks, final, generation)
         assert len(seen) <= MAX_ROUNDS[name]
+        if len(seen) > 2:
+            longer.append(("join", checked))
         check_settled(joined, counts, after)
         checked += 1
     assert checked > 150
+    assert longer == []
 
 
 def test_larger_eager_group_settles_in_one_rebalance():
