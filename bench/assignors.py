@@ -25,7 +25,11 @@ A second table times the paths the first does not reach, at the same size (1,000
   ``--repeat`` (the sticky pair take seconds here); for cooperative-sticky this is the first
   round of the incremental rebalance;
 * *with racks: fresh* -- 3 racks; member ``i`` in rack ``i mod 3``; each partition held in one
-  rack: KIP-881 for range and the sticky pair, zones for rack-affinity.
+  rack: KIP-881 for range and the sticky pair, zones for rack-affinity;
+* *different subscriptions with racks* -- the two "different subscriptions" cases with those
+  racks: the sticky pair's general path with racks, where the leader replays the following
+  rounds (and cooperative-sticky the assign round after one that holds partitions back) until
+  the result repeats. One run each.
 
 Pure Python, no Redis. Run: ``python bench/assignors.py`` (``--repeat N``). Prints two tables
 and a note.
@@ -126,9 +130,12 @@ def main() -> None:
     racked = {f"member-{i:04d}": ConsumerProtocolSubscription(topics, rack=f"r{i % 3}")
               for i in range(1000)}
     racks = {TopicPartition(t, p): {f"r{(hash_of(t) + p) % 3}"} for t in topics for p in range(100)}
+    mixed_racked = {m: ConsumerProtocolSubscription(sub.topics, rack=f"r{i % 3}")
+                    for i, (m, sub) in enumerate(mixed.items())}
     print("| assignor | different subscriptions: fresh "
-          "| different subscriptions: 999 join 1 owner of all (1 run) | with racks: fresh |")
-    print("|---|---|---|---|")
+          "| different subscriptions: 999 join 1 owner of all (1 run) | with racks: fresh "
+          "| different subscriptions with racks: fresh (1 run) | ... 999 join 1 owner (1 run) |")
+    print("|---|---|---|---|---|---|")
     for name in sorted(ASSIGNORS):
         assignor = get_assignor(name)
         mixed_s, mixed_out = timed(name, mixed, counts, args.repeat)
@@ -146,8 +153,22 @@ def main() -> None:
             racked_out = assignor.assign(racked, counts, partition_racks=racks)  # type: ignore[call-arg]
             best = min(best, time.perf_counter() - start)
         check_valid(racked, counts, racked_out)
+        start = time.perf_counter()
+        out = assignor.assign(mixed_racked, counts, partition_racks=racks)  # type: ignore[call-arg]
+        mixed_racked_s = time.perf_counter() - start
+        check_valid(mixed_racked, counts, out)
+        alone = {"member-0000": ConsumerProtocolSubscription(topics, rack="r0")}
+        out = assignor.assign(alone, counts, partition_racks=racks)  # type: ignore[call-arg]
+        owned = out["member-0000"]
+        joining = dict(mixed_racked, **{"member-0000": ConsumerProtocolSubscription(
+            topics, owned_partitions=owned, generation_id=2, rack="r0")})
+        start = time.perf_counter()
+        out = assignor.assign(joining, counts, partition_racks=racks)  # type: ignore[call-arg]
+        join_racked_s = time.perf_counter() - start
+        check_valid(joining, counts, out, complete=name != "cooperative-sticky")
         print(f"| {name} | {mixed_s * 1000:.0f} ms | {join_s * 1000:.0f} ms "
-              f"| {best * 1000:.0f} ms |")
+              f"| {best * 1000:.0f} ms | {mixed_racked_s * 1000:.0f} ms "
+              f"| {join_racked_s * 1000:.0f} ms |")
     print()
     print("Fresh columns: best of --repeat runs. 999 join 1 owner of all: one run; member-0000 "
           "owns all 10,000 partitions (all 100 topics), members 1-999 join with 50 topics each, "
