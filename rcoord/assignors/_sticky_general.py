@@ -175,18 +175,24 @@ class GeneralAssignment:
         owner, or off the partition's rack, gains nothing lasting.
 
         A heap entry whose count is out of date is refreshed (counts grow, except an owner's
-        when a misplaced partition leaves it, which pushes a fresh entry).
+        when a misplaced partition leaves it, which pushes a fresh entry). A topic's heaps are
+        built when one of its partitions first needs them: the sweeps after a move pass a
+        handful of partitions, and building every topic's heaps for them cost O(members x
+        topics) each time.
         """
         heaps: dict[tuple[str, str | None], list[tuple[int, str]]] = {}
-        for mid in self.ids:
-            rack = self.racks.consumer_racks.get(mid) if match_racks else None
-            for t in self.subs[mid]:
-                heaps.setdefault((t, rack), []).append((self.sizes[mid], mid))
-        for heap in heaps.values():
-            heapq.heapify(heap)
+        built: set[str] = set()
+        rack_of = self.racks.consumer_racks if match_racks else {}
         left = []
         self.misplaced_moved = False
         for tp in partitions:
+            if tp.topic not in built:
+                built.add(tp.topic)
+                for mid in self.subscribers[tp.topic]:
+                    heaps.setdefault((tp.topic, rack_of.get(mid)), []).append(
+                        (self.sizes[mid], mid))
+                for r in {rack_of.get(mid) for mid in self.subscribers[tp.topic]}:
+                    heapq.heapify(heaps[(tp.topic, r)])
             holder = self.misplaced.get(tp) if match_racks else None
             keys: Iterable[tuple[str, str | None]] = [(tp.topic, None)]
             if match_racks:
@@ -285,22 +291,22 @@ class GeneralAssignment:
         return sum(size * (2 * i - n + 1) for i, size in enumerate(ordered))
 
     def _start_balancing(self, movable_topics: set[str]) -> None:
-        """Build the heaps and the set of unbalanced topics that make each step cheap."""
+        """Set up what makes each step cheap: who holds what, and the unbalanced topics.
+
+        A topic's heaps are built when a step first asks about it (``_light_heap``,
+        ``_heavy_heap``), from the counts at that time: a group that is already balanced, as
+        in the leader's replayed rounds, asks about none.
+        """
         self.light: dict[str, list[tuple[int, str]]] = {}  # topic -> (count, member) min-heap
         self.heavy: dict[str, list[tuple[int, str]]] = {}  # topic -> (-count, member) max-heap
         self.holding: dict[str, dict[str, int]] = {}  # topic -> member -> partitions of it held
         for t in movable_topics:
-            self.light[t] = [(self.sizes[m], m) for m in self.subscribers[t]]
-            heapq.heapify(self.light[t])
             self.holding[t] = {}
         for mid in self.active:
             for tp in self.assignment[mid]:
                 if tp.topic in self.holding:
                     held = self.holding[tp.topic]
                     held[mid] = held.get(mid, 0) + 1
-        for t, held in self.holding.items():
-            self.heavy[t] = [(-self.sizes[m], m) for m in held]
-            heapq.heapify(self.heavy[t])
         self.movable_of = {mid: [t for t in self.subs[mid] if t in movable_topics]
                            for mid in self.ids}
         self.size_counts: dict[int, int] = {}
@@ -309,6 +315,21 @@ class GeneralAssignment:
         # Topics that may be unbalanced: every topic that is, and some that no longer are.
         self.unbalanced = set(movable_topics)
 
+    def _light_heap(self, topic: str) -> list[tuple[int, str]]:
+        heap = self.light.get(topic)
+        if heap is None:
+            heap = self.light[topic] = [(self.sizes[m], m) for m in self.subscribers[topic]]
+            heapq.heapify(heap)
+        return heap
+
+    def _heavy_heap(self, topic: str) -> list[tuple[int, str]]:
+        heap = self.heavy.get(topic)
+        if heap is None:
+            heap = self.heavy[topic] = [(-self.sizes[m], m)
+                                        for m, n in self.holding[topic].items() if n]
+            heapq.heapify(heap)
+        return heap
+
     def _lightest(self, topic: str) -> str:
         """The topic's lightest subscriber (then smallest id).
 
@@ -316,7 +337,7 @@ class GeneralAssignment:
         count falls; a rise leaves the old, smaller entry, refreshed here when it comes up), so
         a top entry matching its member's count is the true minimum.
         """
-        heap = self.light[topic]
+        heap = self._light_heap(topic)
         while True:
             size, mid = heap[0]
             actual = self.sizes[mid]
@@ -333,7 +354,7 @@ class GeneralAssignment:
         The mirror of ``_lightest``: every holder has an entry no smaller than its count
         (pushed when a count rises or a member starts holding the topic).
         """
-        heap = self.heavy[topic]
+        heap = self._heavy_heap(topic)
         held = self.holding[topic]
         while heap:
             size, mid = heap[0]
@@ -378,12 +399,14 @@ class GeneralAssignment:
         self.size_counts[old + delta] = self.size_counts.get(old + delta, 0) + 1
         # Only the entries a stale one could hide are pushed (see ``_lightest``): lighter
         # in the topics it reads, heavier in those it holds.
+        # Heaps not built yet will be built from the counts of their time.
         if delta < 0:
             for t in self.movable_of[mid]:
-                heapq.heappush(self.light[t], (old + delta, mid))
+                if t in self.light:
+                    heapq.heappush(self.light[t], (old + delta, mid))
         else:
             for t in self.movable_of[mid]:
-                if self.holding[t].get(mid, 0):
+                if t in self.heavy and self.holding[t].get(mid, 0):
                     heapq.heappush(self.heavy[t], (-(old + delta), mid))
 
     def _reassign(self, partitions: list[TopicPartition],
@@ -422,7 +445,7 @@ class GeneralAssignment:
         held = self.holding[actual.topic]
         held[old] -= 1
         held[new] = held.get(new, 0) + 1
-        if held[new] == 1:
+        if held[new] == 1 and actual.topic in self.heavy:
             heapq.heappush(self.heavy[actual.topic], (-self.sizes[new], new))
         self._resize(old, -1)
         self._resize(new, +1)
