@@ -199,6 +199,7 @@ kept partition from its member (see ``_assign``). Each time costs one settle. Of
 and join histories of 10-30 members reading 1-6 of 10 topics on 3 racks, 42 % took a third
 round or more before; 14 % with one play, 8 % with two, 4 % with three."""
 
+
 def _general(ids: list[str], members: Mapping[str, Any], topics: list[str],
              counts: Mapping[str, int], claims: Claims, rack_info: RackInfo
              ) -> dict[str, list[TopicPartition]]:
