@@ -459,20 +459,35 @@ def report(exc: BaseException, prog: str, *, url: str | None = None, debug: bool
     return code
 
 
-def dump_threads_on_sigusr1(*, chain: bool = False) -> None:
+def dump_threads_on_sigusr1() -> None:
     """SIGUSR1 writes every thread's stack to stderr and changes nothing else, as a JVM thread
     dump does for a broker: how an operator (or a test that timed out) sees where a process
-    that stopped answering is. Written by the interpreter itself, with no lock taken, so it
-    works while every thread is blocked, which is when it is needed. ``chain``: the handler
-    installed before (an event loop's, which dumps its tasks) runs too."""
+    that stopped answering is.
+
+    A Python handler, so it runs on the main thread holding the GIL: no other thread changes
+    its frames while they are read. ``faulthandler.register`` wrote from the signal itself,
+    reading the stacks of threads that kept running, and now and then crashed the process it
+    was asked to describe (SIGSEGV after 2 to 25 dumps of a service expiring members; once in
+    a CI run). rcoord's main threads wait in calls a signal interrupts (``Event.wait``, a
+    socket read), so the dump comes at once. It writes to stderr's descriptor, through no
+    buffer: the main thread may have been stopped inside a write to ``sys.stderr``, holding
+    its lock."""
     import faulthandler
     import signal
 
     if not hasattr(signal, "SIGUSR1"):  # (not on Windows)
         return
     try:
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=chain)
+        fd = sys.stderr.fileno()
     except (AttributeError, ValueError, OSError):  # stderr is no file (called in-process)
+        return
+
+    def dump(signum: int, frame: object) -> None:
+        faulthandler.dump_traceback(fd, all_threads=True)
+
+    try:
+        signal.signal(signal.SIGUSR1, dump)
+    except ValueError:  # (not the main thread: called in-process)
         pass
 
 

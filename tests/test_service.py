@@ -246,6 +246,44 @@ def test_sigusr1_writes_every_threads_stack_and_changes_nothing(redis_server, si
             and " in _timer_loop" in out), out[-3000:]
 
 
+def test_a_service_survives_many_thread_dumps_while_it_works(redis_server, single_client,
+                                                            namespace, tmp_path):
+    # The dump was written from the signal itself (faulthandler.register), reading the stacks
+    # of threads that kept running: the process died of SIGSEGV after 2 to 25 dumps while it
+    # expired members (a CI run of the test above lost its process so, once).
+    coord = _setup(single_client, namespace)
+    out_path = tmp_path / "service.log"
+    with open(out_path, "w") as out:  # (a file: a pipe nobody reads fills up with dumps)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rcoord.service", "--redis-url", redis_server.url,
+             "--namespace", namespace, "--id", "dumped-often", "--metrics-port", "0",
+             "--lease-ttl-ms", str(TTL_MS)],
+            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        wait_until(lambda: out_path.read_text().startswith("{"), timeout_s=15)
+        quick = dict(JOIN, session_timeout_ms=20)
+        for i in range(100):
+            # Members join and go silent meanwhile, so its threads run while it dumps them;
+            # the signals come as fast as the joins (an operator's second kill -USR1 may come
+            # during a dump too).
+            mid = coord.join_group(f"d{i}", **quick).member_id
+            coord.join_group(f"d{i}", mid, **quick)
+            proc.send_signal(signal.SIGUSR1)
+            assert proc.poll() is None, out_path.read_text()[-3000:]
+        # It goes on: every member expires, and it still answers a dump.
+        wait_until(lambda: proc.poll() is not None
+                   or not any(coord._redis.hlen(coord._keys(f"d{i}").members)
+                              for i in range(100)), timeout_s=15)
+        dumps = out_path.read_text().count("Current thread")
+        proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: proc.poll() is not None
+                   or out_path.read_text().count("Current thread") > dumps, timeout_s=10)
+        assert proc.poll() is None, out_path.read_text()[-3000:]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_cluster_coordinator_hears_expiry_events_from_every_master(redis_cluster, namespace, procs):
     client = redis_cluster.client()
     coord = _setup(client, namespace)

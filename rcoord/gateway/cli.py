@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -21,7 +22,6 @@ from ..cli import (
     UsageError,
     add_tls_arguments,
     check_url,
-    dump_threads_on_sigusr1,
     env_default,
     log_level,
     report,
@@ -90,9 +90,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _dump_tasks() -> None:
-    """Each asyncio task's chain of awaits on stderr, innermost last (after SIGUSR1's thread
-    dump, which shows the event loop's thread waiting and nothing of what each task waits
-    for; ``Task.print_stack`` shows only a task's outermost coroutine)."""
+    """Every thread's stack, then each asyncio task's chain of awaits on stderr, innermost
+    last (the thread dump shows the event loop's thread waiting and nothing of what each task
+    waits for; ``Task.print_stack`` shows only a task's outermost coroutine). A callback of
+    the loop's, holding the GIL: no thread changes its stack while it is read."""
+    sys.stderr.flush()
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
     tasks = asyncio.all_tasks()
     print(f"{len(tasks)} asyncio tasks:", file=sys.stderr)
     for task in tasks:
@@ -168,7 +171,6 @@ def gateway_main(args: argparse.Namespace) -> int:
                 # Every thread's stack (the event loop's own included), then every task's: a
                 # connection waits in a task, where a thread dump does not show it.
                 loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-                dump_threads_on_sigusr1(chain=True)
             async with Gateway(config, url, auth=auth) as gateway:
                 serving = asyncio.create_task(gateway.serve_forever())
                 stopping = asyncio.create_task(stop.wait())
