@@ -325,6 +325,21 @@ def fast_config(**overrides: Any) -> ConsumerGroupConfig:
     return ConsumerGroupConfig(**settings)
 
 
+def hold_joins(state: OneMemberGroup) -> tuple[threading.Event, threading.Event]:
+    """The fake coordinator's JoinGroups wait: ``entered`` is set when one is sent, and it is
+    answered once ``release`` is set (what a test does while a join is under way)."""
+    entered, release = threading.Event(), threading.Event()
+    join = state.fake.join_group
+
+    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
+        entered.set()
+        release.wait(WAIT_S)
+        return join(group_id, member_id, **kw)
+
+    state.fake.join_group = held_join
+    return entered, release
+
+
 @pytest.fixture
 def fake_group() -> Any:
     made: list[ConsumerGroup] = []
@@ -731,15 +746,7 @@ def test_leave_until_resumed_during_a_join_loses_the_generation_it_makes(
     state = OneMemberGroup()
     group = fake_group(state, group_instance_id=instance_id)
     first = group.next(timeout=WAIT_S)
-    entered, release = threading.Event(), threading.Event()
-    join = state.fake.join_group
-
-    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
-        entered.set()
-        release.wait(WAIT_S)
-        return join(group_id, member_id, **kw)
-
-    state.fake.join_group = held_join
+    entered, release = hold_joins(state)
     first._end(EndReason.REBALANCE, Errors.REBALANCE_IN_PROGRESS)
     try:
         assert entered.wait(WAIT_S)  # rejoining: no generation in hand
@@ -1057,15 +1064,7 @@ def test_a_commit_of_a_carried_generation_refused_by_the_next_one_is_rebalance_i
     state = OneMemberGroup()
     group = fake_group(state, assignors=("cooperative-sticky",))
     gen = group.next(timeout=WAIT_S)
-    entered, release = threading.Event(), threading.Event()
-    join = state.fake.join_group
-
-    def held_join(group_id: str, member_id: str = "", **kw: Any) -> Any:
-        entered.set()
-        release.wait(WAIT_S)
-        return join(group_id, member_id, **kw)
-
-    state.fake.join_group = held_join
+    entered, release = hold_joins(state)
     state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
     try:
         assert entered.wait(WAIT_S)  # the rejoin is under way, the partitions carried
