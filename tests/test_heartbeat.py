@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 from harness import WAIT_S, wait_until
 
 from rcoord import Errors
@@ -131,8 +135,6 @@ def test_heartbeat_many_refuses_a_heartbeat_of_the_wrong_shape(ctx):
     """A reviewer's repro: a heartbeat with two items failed with ``IndexError: tuple index out
     of range`` (naming neither the heartbeat nor its shape), and one with a fifth item lost it
     without a word; on both coordinators. Now a TypeError names the shape and the index."""
-    import pytest
-
     for bad in [(ctx.group_id, 1), (ctx.group_id, 1, "m", None, "extra"), "g1m"]:
         with pytest.raises(TypeError, match=r"\(group_id, generation_id, member_id.* index 1"):
             ctx.coord.heartbeat_many([(ctx.group_id, 1, "m"), bad])
@@ -154,11 +156,48 @@ def test_pending_member_that_never_rejoins_times_out_and_the_group_stays_stable(
     assert ctx.join(pending).error == Errors.UNKNOWN_MEMBER_ID
 
 
-def test_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_others():
-    """One master of a cluster is down. redis-py fails a pipeline that addresses it as a
-    whole; heartbeat_many used to raise for every member. Now the members of the groups on
-    the healthy masters get their answers and those on the down one COORDINATOR_NOT_AVAILABLE
-    (Kafka's answer when a coordinator is unavailable, which clients retry)."""
+HBM_JOIN = {"protocol_type": "consumer", "protocols": [("range", b"")],
+            "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000}
+
+
+def _one_group_per_master(port_of: Any) -> dict[int, str]:
+    """A group id on each master of a 3-master cluster: {master's port: group id}."""
+    by_port: dict[int, str] = {}
+    n = 0
+    while len(by_port) < 3:
+        by_port.setdefault(port_of(f"g{n}"), f"g{n}")
+        n += 1
+    return by_port
+
+
+def _fail_master(cluster: Any, port: int, how: str) -> Callable[[], None]:
+    """Make the master on ``port`` fail: ``down`` stops it; ``refusing`` makes it refuse every
+    function that may write with NOREPLICAS (it asks for more replicas than it has; not OOM:
+    the heartbeat is flagged ``allow-oom`` and answers then). Returns what ends a refusal."""
+    server = next(s for s in cluster.nodes if s.port == port)
+    if how == "down":
+        server.stop()
+        return lambda: None
+    node = server.client()
+    node.config_set("min-replicas-to-write", 100)
+
+    def serve() -> None:
+        node.config_set("min-replicas-to-write", 0)
+        node.close()
+
+    return serve
+
+
+@pytest.mark.parametrize("how", ["down", "refusing"])
+def test_heartbeat_many_on_a_cluster_with_a_master_failing_answers_the_others(how):
+    """One master of a cluster is down, or answers but refuses the call for now (too few
+    replicas, a failed save, a slot migrating). redis-py fails a pipeline that addresses a
+    down master as a whole, and a refused group's retry (expire_deadlines, then the heartbeat
+    alone) raised out of the flow: heartbeat_many used to raise for every member, losing the
+    answers of the groups on the healthy masters (REBALANCE_IN_PROGRESS among them) for as
+    long as it lasted. Now those members get their answers and the failing master's
+    COORDINATOR_NOT_AVAILABLE (Kafka's answer when a coordinator is unavailable, which
+    clients retry)."""
     from rcoord import CoordinatorConfig, GroupCoordinator
     from rcoord.testing.embedded import EmbeddedCluster
 
@@ -168,31 +207,29 @@ def test_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_others():
             coord = GroupCoordinator(client, CoordinatorConfig(
                 namespace="hbmany", group_min_session_timeout_ms=10,
                 group_initial_rebalance_delay_ms=0)).start()
-            by_port: dict[int, str] = {}  # one group per master
-            n = 0
-            while len(by_port) < 3:
-                gid = f"g{n}"
-                by_port.setdefault(client.get_node_from_key(coord._keys(gid).group).port, gid)
-                n += 1
-            join = {"protocol_type": "consumer", "protocols": [("range", b"")],
-                    "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000}
+            by_port = _one_group_per_master(
+                lambda gid: client.get_node_from_key(coord._keys(gid).group).port)
             members: dict[str, tuple[int, str]] = {}
             for gid in by_port.values():
-                mid = coord.join_group(gid, **join).member_id
-                joined = coord.join_group(gid, mid, **join)
+                mid = coord.join_group(gid, **HBM_JOIN).member_id
+                joined = coord.join_group(gid, mid, **HBM_JOIN)
                 coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
                 members[gid] = (joined.generation_id, mid)
-            dead_port = next(iter(by_port))
-            next(s for s in cluster.nodes if s.port == dead_port).stop()
+            failing_port = next(iter(by_port))
+            serve = _fail_master(cluster, failing_port, how)
             asked = [(gid, *members[gid]) for gid in by_port.values()]
             answers = dict(zip(by_port, coord.heartbeat_many(asked), strict=True))
-            assert answers.pop(dead_port) == Errors.COORDINATOR_NOT_AVAILABLE
+            assert answers.pop(failing_port) == Errors.COORDINATOR_NOT_AVAILABLE
             assert list(answers.values()) == [Errors.NONE, Errors.NONE]
+            if how == "refusing":
+                serve()
+                assert coord.heartbeat_many(asked) == [Errors.NONE] * 3
         finally:
             client.close()
 
 
-def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_others():
+@pytest.mark.parametrize("how", ["down", "refusing"])
+def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_failing_answers_the_others(how):
     """The asyncio driver shares the flow and the per-call fallback."""
     import asyncio
     import gc
@@ -214,28 +251,24 @@ def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_down_answers_the_othe
                     namespace="ahbmany", group_min_session_timeout_ms=10,
                     group_initial_rebalance_delay_ms=0)).start()
                 await client.initialize()
-                by_port: dict[int, str] = {}
-                n = 0
-                while len(by_port) < 3:
-                    gid = f"g{n}"
-                    node = client.get_node_from_key(coord._steps.keys(gid).group)
-                    by_port.setdefault(node.port, gid)
-                    n += 1
-                join = {"protocol_type": "consumer", "protocols": [("range", b"")],
-                        "session_timeout_ms": 60_000, "rebalance_timeout_ms": 60_000}
+                by_port = _one_group_per_master(
+                    lambda gid: client.get_node_from_key(coord._steps.keys(gid).group).port)
                 members: dict[str, tuple[int, str]] = {}
                 for gid in by_port.values():
-                    mid = (await coord.join_group(gid, **join)).member_id
-                    joined = await coord.join_group(gid, mid, **join)
+                    mid = (await coord.join_group(gid, **HBM_JOIN)).member_id
+                    joined = await coord.join_group(gid, mid, **HBM_JOIN)
                     await coord.sync_group(gid, joined.generation_id, mid, assignments={mid: b""})
                     members[gid] = (joined.generation_id, mid)
-                dead_port = next(iter(by_port))
-                next(s for s in cluster.nodes if s.port == dead_port).stop()
-                asked = [(gid, *members[gid]) for gid in by_port.values()]
-                got = await coord.heartbeat_many(asked)
-                answers = dict(zip(by_port, got, strict=True))
-                assert answers.pop(dead_port) == Errors.COORDINATOR_NOT_AVAILABLE
-                assert list(answers.values()) == [Errors.NONE, Errors.NONE]
+                failing_port = next(iter(by_port))
+                serve = _fail_master(cluster, failing_port, how)
+                try:
+                    asked = [(gid, *members[gid]) for gid in by_port.values()]
+                    got = await coord.heartbeat_many(asked)
+                    answers = dict(zip(by_port, got, strict=True))
+                    assert answers.pop(failing_port) == Errors.COORDINATOR_NOT_AVAILABLE
+                    assert list(answers.values()) == [Errors.NONE, Errors.NONE]
+                finally:
+                    serve()
             finally:
                 await client.aclose()
 
