@@ -19,18 +19,22 @@ COUNTS = dict.fromkeys(TOPICS, 10)
 
 
 class _CountingHeapq:
-    """``heapq`` with its pushes counted."""
+    """``heapq`` with its pushes and the entries it heapifies counted."""
 
-    heapify = staticmethod(heapq.heapify)
     heappop = staticmethod(heapq.heappop)
     heapreplace = staticmethod(heapq.heapreplace)
 
     def __init__(self) -> None:
         self.pushes = 0
+        self.entries = 0
 
     def heappush(self, heap: list, item: object) -> None:
         self.pushes += 1
         heapq.heappush(heap, item)
+
+    def heapify(self, heap: list) -> None:
+        self.entries += len(heap)
+        heapq.heapify(heap)
 
 
 @pytest.mark.parametrize("name", ["sticky", "cooperative-sticky"])
@@ -73,21 +77,6 @@ def test_moves_off_a_member_of_many_topics_do_not_recheck_all_of_them(name, monk
     assert heaps.pushes <= 50 * moves
 
 
-class _CountingHeapify:
-    """``heapq`` with the entries it heapifies counted."""
-
-    heappop = staticmethod(heapq.heappop)
-    heappush = staticmethod(heapq.heappush)
-    heapreplace = staticmethod(heapq.heapreplace)
-
-    def __init__(self) -> None:
-        self.entries = 0
-
-    def heapify(self, heap: list) -> None:
-        self.entries += len(heap)
-        heapq.heapify(heap)
-
-
 def test_a_settled_racked_group_does_not_rebuild_every_topics_heaps(monkeypatch):
     """200 members on 3 racks, each reading 50 of 100 topics, rejoin with the assignment the
     assignor gave them: nothing moves. Each run of the general path (two per replayed round)
@@ -107,7 +96,7 @@ def test_a_settled_racked_group_does_not_rebuild_every_topics_heaps(monkeypatch)
     members = {m: ConsumerProtocolSubscription(t, owned_partitions=first[m], generation_id=1,
                                                rack=f"r{i % 3}")
                for i, (m, t) in enumerate(subs.items())}
-    heaps = _CountingHeapify()
+    heaps = _CountingHeapq()
     monkeypatch.setattr(_sticky_general, "heapq", heaps)
     assert assignor.assign(members, counts, partition_racks=racks) == first
     assert heaps.entries <= 2 * sum(len(t) for t in subs.values())
