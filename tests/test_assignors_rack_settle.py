@@ -71,6 +71,22 @@ CYCLE_SUBS = {"m0": ["b"], "m1": ["a", "b", "c"], "m2": ["a"], "m3": ["a", "b", 
 CYCLE_MEMBER_RACKS = {"m0": "r0", "m1": "r2", "m2": "r0", "m3": "r1", "m4": "r1"}
 
 
+def leave_then_join(name, subs, member_racks, counts, racks, final, generation, gone, joiner,
+                    limit=12):
+    """From the settled ``final`` (after ``generation``), two histories: ``gone`` leaves; a
+    member "mz" reading ``joiner[0]`` on rack ``joiner[1]`` joins. Each ends checked settled;
+    returns how many assignments each saw: {"leave": n, "join": n}."""
+    stay = {m: t for m, t in subs.items() if m != gone}
+    left, after = rounds(name, stay, member_racks, counts, racks,
+                         {m: p for m, p in final.items() if m != gone}, generation, limit)
+    check_settled(stay, counts, after)
+    joined = {**subs, "mz": joiner[0]}
+    came, after = rounds(name, joined, {**member_racks, "mz": joiner[1]}, counts, racks, final,
+                         generation, limit)
+    check_settled(joined, counts, after)
+    return {"leave": len(left), "join": len(came)}
+
+
 @pytest.mark.parametrize("name", STICKY)
 def test_off_rack_only_member_settles(name):
     seen, final = rounds(name, CYCLE_SUBS, CYCLE_MEMBER_RACKS, CYCLE_COUNTS, CYCLE_RACKS)
@@ -107,21 +123,12 @@ def test_random_rack_groups_settle(name):
         generation = len(seen) + 1
 
         gone = rng.choice(sorted(subs))
-        stay = {m: t for m, t in subs.items() if m != gone}
-        seen, after = rounds(name, stay, member_racks, counts, racks,
-                             {m: p for m, p in final.items() if m != gone}, generation)
-        assert len(seen) <= MAX_ROUNDS[name]
-        if len(seen) > 2:
-            longer.append(("leave", checked))
-        check_settled(stay, counts, after)
-
-        joined = {**subs, "mz": sorted(rng.sample(topics, rng.randint(1, 4)))}
-        seen, after = rounds(name, joined, {**member_racks, "mz": f"r{rng.randint(0, 2)}"},
-                             counts, racks, final, generation)
-        assert len(seen) <= MAX_ROUNDS[name]
-        if len(seen) > 2:
-            longer.append(("join", checked))
-        check_settled(joined, counts, after)
+        joiner = (sorted(rng.sample(topics, rng.randint(1, 4))), f"r{rng.randint(0, 2)}")
+        for history, n in leave_then_join(name, subs, member_racks, counts, racks, final,
+                                          generation, gone, joiner).items():
+            assert n <= MAX_ROUNDS[name]
+            if n > 2:
+                longer.append((history, checked))
         checked += 1
     assert checked > 150
     assert longer == []
@@ -160,16 +167,10 @@ def test_medium_cooperative_groups_settle_in_the_revoke_then_assign_pair():
         seen, final = rounds("cooperative-sticky", subs, member_racks, counts, racks, limit=20)
         generation = len(seen) + 1
         gone = rng.choice(sorted(subs))
-        stay = {m: t for m, t in subs.items() if m != gone}
-        seen, after = rounds("cooperative-sticky", stay, member_racks, counts, racks,
-                             {m: p for m, p in final.items() if m != gone}, generation, limit=20)
-        check_settled(stay, counts, after)
-        if len(seen) > 2:
-            longer.append(("leave", case, len(seen)))
-        joined = {**subs, "mz": sorted(rng.sample(topics, 3))}
-        seen, after = rounds("cooperative-sticky", joined, {**member_racks, "mz": "r1"}, counts,
-                             racks, final, generation, limit=20)
-        check_settled(joined, counts, after)
-        if len(seen) > 2:
-            longer.append(("join", case, len(seen)))
+        joiner = (sorted(rng.sample(topics, 3)), "r1")
+        for history, n in leave_then_join("cooperative-sticky", subs, member_racks, counts,
+                                          racks, final, generation, gone, joiner,
+                                          limit=20).items():
+            if n > 2:
+                longer.append((history, case, n))
     assert len(longer) <= 2, longer
