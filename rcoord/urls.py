@@ -63,11 +63,13 @@ def url_problem(url: object) -> str | None:
 @functools.cache
 def _connection_options(connection_class: Any) -> frozenset[str]:
     """The keyword arguments a redis-py connection of ``connection_class`` (None: a TCP one)
-    takes, its base classes' included, and the URL keys that are not passed to it. Cached:
-    every config and Spark reader checks its URL, and the signatures do not change."""
+    takes, its base classes' included, and the URL keys that are not passed to it: the pool
+    reads ``connection_class`` and ``max_connections`` (docs/gateway.md tells operators to size
+    the pool with ``?max_connections=N``, which every URL check refused as a misspelling).
+    Cached: every config and Spark reader checks its URL, and the signatures do not change."""
     from redis.connection import Connection
 
-    names = {"connection_class"}
+    names = {"connection_class", "max_connections"}
     for cls in (connection_class or Connection).__mro__:
         init = cls.__dict__.get("__init__")
         if init is not None:

@@ -110,9 +110,25 @@ def test_every_entry_point_refuses_what_the_cli_refuses(suffix: str, says: str) 
 def test_urls_every_entry_point_takes() -> None:
     for url in ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379/3",
                 "rediss://u:p%2Fq@h:1/0?ssl_cert_reqs=none", "unix:///tmp/r.sock?db=1",
-                "redis://[::1]:6379/0?socket_timeout=5&client_name=x"):
+                "redis://[::1]:6379/0?socket_timeout=5&client_name=x",
+                "redis://127.0.0.1:6379/0?max_connections=20"):
         assert url_problem(url) is None, url
         assert check_url(url) == url
         assert ConsumerGroupConfig(group_id="g", topics=["t"], redis_url=url).redis_url == url
         assert ServiceConfig(redis_url=url).redis_url == url
         assert parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}).url == url
+
+
+def test_the_pool_size_docs_gateway_md_tells_operators_to_set_is_taken(redis_server: Any) -> None:
+    """docs/gateway.md: "set another with ``?max_connections=N`` in ``--redis-url``". Every
+    URL check refused it as a misspelt connection option, so no process could be given it."""
+    from rcoord.connect import connect
+    from rcoord.gateway.server import async_single_node
+
+    url = check_url(f"{redis_server.url}?max_connections=7")
+    client = connect(url)
+    try:
+        assert client.connection_pool.max_connections == 7
+    finally:
+        client.close()
+    assert async_single_node(url).connection_pool.max_connections == 7
