@@ -51,6 +51,12 @@ def url_problem(url: object) -> str | None:
         return (f"the path {parts.path!r} is not a database number; write "
                 "redis://HOST:PORT/DB with DB a number (0 when left out)")
     unknown = sorted(set(options) - _connection_options(options.get("connection_class")))
+    tls = [u for u in unknown if u in _connection_options(_ssl_connection())]
+    if tls and parts.scheme != "rediss":
+        # (said as a misspelling, with the very name given as an example of a right one)
+        verb, pronoun = ("is a TLS option", "it") if len(tls) == 1 else ("are TLS options", "them")
+        return (f"{', '.join(repr(u) for u in tls)} {verb}, for a rediss:// URL only; "
+                f"write rediss://... to connect with TLS, or drop {pronoun}")
     if unknown:
         verb = "is not a connection option" if len(unknown) == 1 else \
             "are not connection options"
@@ -58,6 +64,13 @@ def url_problem(url: object) -> str | None:
                 " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
                 "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)")
     return None
+
+
+def _ssl_connection() -> Any:
+    """redis-py's TLS connection class (what ``rediss://`` makes)."""
+    from redis.connection import SSLConnection
+
+    return SSLConnection
 
 
 @functools.cache

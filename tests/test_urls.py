@@ -132,3 +132,14 @@ def test_the_pool_size_docs_gateway_md_tells_operators_to_set_is_taken(redis_ser
     finally:
         client.close()
     assert async_single_node(url).connection_pool.max_connections == 7
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/ca.pem",
+                                 "unix:///tmp/r.sock?ssl_cert_reqs=required"])
+def test_a_tls_option_on_a_plain_url_says_it_needs_rediss(url: str) -> None:
+    """It was refused as a misspelling, "'ssl_ca_certs' is not a connection option (check the
+    spelling; e.g. ..., ssl_ca_certs)", naming the very option given as a right spelling."""
+    for message in _entry_point_errors(url):
+        assert "is a TLS option, for a rediss:// URL only" in message, message
+        assert "check the spelling" not in message, message
+    assert url_problem("rediss://127.0.0.1:6379/0?ssl_ca_certs=/etc/ca.pem") is None
