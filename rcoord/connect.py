@@ -30,7 +30,8 @@ import redis
 import redis.cluster
 import redis.exceptions
 
-from .errors import MissingPermissionError
+from .errors import ConfigError, MissingPermissionError
+from .urls import redact_url
 
 __all__ = ["MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info", "learn_node", "server_mode"]
 
@@ -192,6 +193,15 @@ def _missing_cluster_permission(client: redis.Redis) -> MissingPermissionError |
     return None
 
 
+def _cluster_database(url: str, db: object) -> ConfigError:
+    """The error for a URL naming a database other than 0 of a Redis Cluster. Said by the
+    server as "SELECT is not allowed in cluster mode" (or by redis-py as a ``db``
+    querystring option), naming neither the URL nor its ``/DB``."""
+    return ConfigError(
+        f"the URL {redact_url(url)!r} names database {db}, but the server is a Redis Cluster, "
+        f"whose clients use database 0 only: drop /{db} (or ?db={db}) from the URL")
+
+
 def connect(url: str, **kwargs: Any) -> Any:
     """A client for ``url`` (redis://, rediss://, with user:password): a ``ClusterClient`` (a
     RedisCluster) when the server reports cluster mode, else a Redis. ``close()`` shuts every
@@ -203,8 +213,9 @@ def connect(url: str, **kwargs: Any) -> Any:
     ``decode_responses`` is always False (rcoord reads bytes).
 
     Raises redis-py's ``ConnectionError`` (refused, unknown host, TLS failure),
-    ``AuthenticationError`` (wrong user or password), ``ValueError`` (a malformed URL) and
-    ``MissingPermissionError`` (an ACL user that lacks what connecting needs).
+    ``AuthenticationError`` (wrong user or password), ``ValueError`` (a malformed URL;
+    ``ConfigError`` for a database other than 0 on a cluster) and ``MissingPermissionError``
+    (an ACL user that lacks what connecting needs).
     """
     kwargs.setdefault("socket_connect_timeout", 5.0)
     kwargs.setdefault("max_connections", MAX_CONNECTIONS)
@@ -213,13 +224,22 @@ def connect(url: str, **kwargs: Any) -> Any:
     if info is not None and not {"driver_info", "lib_name", "lib_version"} & kwargs.keys():
         kwargs["driver_info"] = info
     probe = redis.Redis.from_url(url, **kwargs)
+    db = probe.connection_pool.connection_kwargs.get("db") or 0
     try:
         cluster = server_mode(probe) == "cluster"
+    except redis.exceptions.ResponseError as exc:
+        probe.close()
+        if db and "SELECT" in str(exc):
+            raise _cluster_database(url, db) from exc
+        raise
     except BaseException:
         probe.close()
         raise
     if not cluster:
         return probe
+    if db:  # a Valkey cluster may take SELECT (cluster-databases); redis-py's client may not
+        probe.close()
+        raise _cluster_database(url, db)
     try:
         return ClusterClient.from_url(url, **kwargs)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:

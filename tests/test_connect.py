@@ -86,3 +86,19 @@ def test_a_client_serves_more_threads_at_once_than_redis_pys_default_pool(
         assert bounded.connection_pool.max_connections == 7
     finally:
         bounded.close()
+
+
+def test_a_database_on_a_cluster_is_named_with_what_to_fix(redis_cluster: Any) -> None:
+    """redis://cluster-node:port/1 failed with the server's "SELECT is not allowed in cluster
+    mode", a ResponseError naming neither the URL nor its /1: the CLIs printed
+    "ResponseError: SELECT is not allowed in cluster mode" and a worker raised it from start."""
+    from rcoord.cli import EXIT_USAGE, explain
+    from rcoord.errors import ConfigError
+
+    url = redis_cluster.url + "/1"
+    with pytest.raises(ConfigError) as raised:
+        connect(url)
+    message = str(raised.value)
+    assert "names database 1, but the server is a Redis Cluster" in message, message
+    assert f"{redis_cluster.url}/1" in message and "drop /1" in message, message
+    assert explain(raised.value, url)[0] == EXIT_USAGE
