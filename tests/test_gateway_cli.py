@@ -239,3 +239,31 @@ def test_sigusr1_writes_the_threads_and_the_tasks_and_changes_nothing(redis_serv
             assert response(other, 18, 3, 4).error_code.value == 0  # still serving
         proc.send_signal(signal.SIGTERM)
         assert _exit_status(proc, lines) == 0, "".join(lines.seen)
+
+
+def _clients_of(cluster: Any) -> int:
+    """Connections the cluster's nodes hold, the ones asking included (one each)."""
+    total = 0
+    for node in cluster.node_clients():
+        with node:
+            total += len(node.client_list())
+    return total
+
+
+def test_a_url_argument_the_asyncio_cluster_client_lacks_is_named(redis_cluster):
+    """``?retry_on_timeout=true`` (which every other process takes) failed the gateway's start
+    on a cluster as "unexpected TypeError: RedisCluster.__init__() got an unexpected keyword
+    argument 'retry_on_timeout'", exit 1. The blocking client it had connected is closed."""
+    from rcoord.errors import ConfigError
+    from rcoord.gateway import Gateway, GatewayConfig
+
+    url = f"{redis_cluster.url}/0?retry_on_timeout=true"
+    res = _gateway("gateway", "--listen", "127.0.0.1:0", "--redis-url", url)
+    line = _one_error_line(res)
+    assert res.returncode == 2, res.stderr
+    assert "has ?retry_on_timeout=, which redis-py's asyncio Redis Cluster client" in line, line
+
+    before = _clients_of(redis_cluster)
+    with pytest.raises(ConfigError, match="retry_on_timeout"):
+        Gateway(GatewayConfig(listen_port=0), url)
+    assert _clients_of(redis_cluster) == before

@@ -19,6 +19,8 @@ import redis.cluster
 
 from ..asyncio.cancel import cancel_and_wait
 from ..connect import connect
+from ..errors import ConfigError
+from ..urls import redact_url
 from .dispatch import handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
 from .state import Connection, GatewayConfig, GatewayState
@@ -60,8 +62,30 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
     ``command_limit`` read from it keep the gateway below it."""
     from ..asyncio.cluster import AsyncClusterClient
 
+    refused = async_cluster_refuses(redis_url)
+    if refused:
+        names = ", ".join(f"?{name}=" for name in refused)
+        raise ConfigError(
+            f"the URL {redact_url(redis_url)!r} has {names}, which redis-py's asyncio Redis "
+            "Cluster client (the gateway's, on a cluster) does not take: remove "
+            f"{'it' if len(refused) == 1 else 'them'} from the gateway's --redis-url")
     kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
     return AsyncClusterClient.from_url(redis_url, **kwargs)
+
+
+def async_cluster_refuses(redis_url: str) -> list[str]:
+    """The URL's query arguments that redis-py's asyncio ``RedisCluster`` has no parameter for.
+    The URL check (``rcoord.urls``) takes what a connection takes, and the blocking clients
+    pass all of it on; this client's ``__init__`` names its parameters one by one (8.1 has no
+    ``retry_on_timeout``, ``ssl_password``, ``ssl_ca_path``, ...), so such a URL failed the
+    gateway's start on a cluster as "unexpected TypeError: RedisCluster.__init__() got an
+    unexpected keyword argument", after the blocking client had connected."""
+    import inspect
+
+    from redis.asyncio.connection import parse_url
+
+    taken = inspect.signature(redis.asyncio.RedisCluster.__init__).parameters
+    return sorted(set(parse_url(redis_url)) - set(taken) - {"connection_class"})
 
 
 class TlsFileError(ValueError):
@@ -169,17 +193,21 @@ class Gateway:
                  **redis_kwargs: Any) -> None:
         self.config = config.validate()
         kwargs = {"socket_timeout": SOCKET_TIMEOUT_S, **redis_kwargs}
+        self._tls = server_tls_context(self.config)  # (a bad file: before Redis is reached)
         # One node or a Redis Cluster, as the server says (rcoord.connect); the asyncio client
         # (groups, Fetch waits) is of the same kind.
         self._sync_redis = connect(redis_url, **kwargs)
-        kwargs["decode_responses"] = False
-        self._async_redis: Any
-        if isinstance(self._sync_redis, redis.cluster.RedisCluster):
-            self._async_redis = async_cluster(redis_url, **kwargs)
-        else:
-            self._async_redis = async_single_node(redis_url, **kwargs)
-        self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)
-        self._tls = server_tls_context(self.config)
+        try:  # (a failure from here on: the blocking client is closed now, not at its GC)
+            kwargs["decode_responses"] = False
+            self._async_redis: Any
+            if isinstance(self._sync_redis, redis.cluster.RedisCluster):
+                self._async_redis = async_cluster(redis_url, **kwargs)
+            else:
+                self._async_redis = async_single_node(redis_url, **kwargs)
+            self.state = GatewayState(config, self._async_redis, self._sync_redis, auth)
+        except BaseException:
+            self._sync_redis.close()
+            raise
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._conns: dict[asyncio.Task[None], Connection] = {}
