@@ -46,6 +46,13 @@ def url_problem(url: object) -> str | None:
     parts = urlsplit(url)
     if "@" in rest and "@" not in parts.netloc:  # the password's '/' cut the authority short
         return f"is not a Redis URL ({encode}); write {URL_FORM}"
+    if parts.scheme in ("redis", "rediss") and not parts.hostname:
+        # (redis-py connects to localhost: redis://${REDIS_HOST}:6379 with the variable unset
+        # reached whatever Redis ran on the worker's own machine)
+        return ("the host is missing (redis-py would connect to localhost); write "
+                "redis://HOST:PORT[/DB]")
+    if parts.scheme == "unix" and parts.path in ("", "/"):
+        return "the socket path is missing; write unix:///PATH/TO/redis.sock[?db=DB]"
     if parts.scheme in ("redis", "rediss") and parts.path not in ("", "/") \
             and not re.fullmatch(r"/\d+", parts.path):
         return (f"the path {parts.path!r} is not a database number; write "

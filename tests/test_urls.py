@@ -143,3 +143,15 @@ def test_a_tls_option_on_a_plain_url_says_it_needs_rediss(url: str) -> None:
         assert "is a TLS option, for a rediss:// URL only" in message, message
         assert "check the spelling" not in message, message
     assert url_problem("rediss://127.0.0.1:6379/0?ssl_ca_certs=/etc/ca.pem") is None
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis://:6379/0", "the host is missing (redis-py would connect to localhost)"),
+    ("redis://admin:Zm9vYmFy@:6379/0", "the host is missing"),
+    ("unix://", "the socket path is missing"),
+])
+def test_a_url_without_a_host_is_refused(url: str, says: str) -> None:
+    """redis://${REDIS_HOST}:6379 with the variable unset: every entry point took it, and
+    redis-py connected to localhost, whatever Redis (or none) ran there."""
+    for message in _entry_point_errors(url):
+        assert says in message and "Zm9vYmFy" not in message, message
