@@ -396,6 +396,19 @@ def add_tls_arguments(p: argparse.ArgumentParser) -> None:
                    help="the client certificate's private key (default $RCOORD_TLS_KEY_FILE)")
 
 
+def _client_certificate_wanted(url: str | None, text: str) -> bool:
+    """Whether a connection error is a TLS server's refusal of a client without a certificate.
+    Redis's ``tls-auth-clients`` is on by default, so a rediss:// URL without one meets it at
+    once: TLS 1.3 ends the handshake before the server checks, so the refusal comes as the
+    alert "certificate required" or as the connection closed at the first read, which was
+    printed as "cannot reach Redis ...; check the host and port, and that the server runs"."""
+    if not url or not url.lower().startswith("rediss://"):
+        return False
+    if "certificate required" in text.lower():
+        return True
+    return "closed by server" in text.lower() and "ssl_certfile=" not in url
+
+
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
     from .errors import (
@@ -425,6 +438,12 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
             return EXIT_FAILURE, (
                 f"the TLS certificate of Redis{at} is not trusted ({text}); give the CA that "
                 "signed it with --tls-ca-file (or ?ssl_ca_certs= in the URL)"
+            )
+        if _client_certificate_wanted(url, text):
+            return EXIT_FAILURE, (
+                f"Redis{at} ended the TLS connection ({text}): a Redis server asks for a client "
+                "certificate unless tls-auth-clients is off; give one with --tls-cert-file and "
+                "--tls-key-file (or ?ssl_certfile=&ssl_keyfile= in the URL)"
             )
         return EXIT_FAILURE, (
             f"cannot reach Redis{at}: {text}; check the host and port, and that the server runs"

@@ -190,3 +190,46 @@ def test_cli_tls_ca_file(tls_url: str, certs: Path, namespace: str) -> None:
     assert lines[0].startswith(
         f"rcoord coordinator: error: the TLS certificate of Redis at {tls_url} is not trusted")
     assert "certificate verify failed" in lines[0] and "--tls-ca-file" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def mutual_tls_url(redis_server: Any, certs: Path) -> Iterator[str]:
+    """A TLS endpoint that wants a client certificate ca.pem signed (Redis's default,
+    ``tls-auth-clients yes``); client.pem and client.key are one."""
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=rcoord", cwd=certs)
+    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "client.pem", "-days", "1", cwd=certs)
+    proxy = TlsProxy(redis_server.port, certs / "server.pem", certs / "server.key")
+    proxy._ctx.verify_mode = ssl.CERT_REQUIRED
+    proxy._ctx.load_verify_locations(str(certs / "ca.pem"))
+    proxy.start()
+    try:
+        yield f"rediss://127.0.0.1:{proxy.port}/0"
+    finally:
+        proxy.stop()
+
+
+def _topics_list(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "rcoord", "topics", "list", *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_missing_client_certificate_is_named(mutual_tls_url: str, certs: Path,
+                                               namespace: str) -> None:
+    """Without --tls-cert-file the server ends the connection; that was printed as "cannot
+    reach Redis ...: Connection closed by server; check the host and port, and that the
+    server runs", though both were right and it ran."""
+    common = ("--redis-url", mutual_tls_url, "--tls-ca-file", str(certs / "ca.pem"),
+              "--namespace", namespace)
+    res = _topics_list(*common)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "check the host and port" not in res.stderr, res.stderr
+    assert "asks for a client certificate" in res.stderr, res.stderr
+    assert "--tls-cert-file and --tls-key-file" in res.stderr, res.stderr
+
+    ok = _topics_list(*common, "--tls-cert-file", str(certs / "client.pem"),
+                      "--tls-key-file", str(certs / "client.key"))
+    assert ok.returncode == 0, ok.stderr
