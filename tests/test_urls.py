@@ -23,6 +23,8 @@ from rcoord.cli import UsageError, check_url
 from rcoord.errors import ConfigError
 from rcoord.service import ServiceConfig
 from rcoord.spark.options import OptionError, parse_read_options, parse_write_options
+from rcoord.spark.plan import OffsetRange
+from rcoord.spark.source import RangePartition
 from rcoord.urls import redact_url, url_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +89,8 @@ def test_reprs_show_the_url_without_its_password() -> None:
         ServiceConfig(redis_url=url),
         parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}),
         parse_write_options({"url": url, "topic": "t"}, env={}),
+        # (a Spark task: Spark logs a failed task's partition)
+        RangePartition(url, "rcoord", OffsetRange("t", 0, 0, 10), 500, True),
     ]
     for config in configs:
         shown = repr(config)

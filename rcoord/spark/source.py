@@ -41,6 +41,7 @@ from ..coordinator import GroupCoordinator
 from ..errors import RcoordError
 from ..protocol.offsets import TopicPartition
 from ..topics import Topics
+from ..urls import repr_redacting
 from . import shutdown
 from .clients import client_for
 from .member import StreamMember, member_config
@@ -86,6 +87,10 @@ class RangePartition(InputPartition):
     fail_on_data_loss: bool
     token: str = ""  # the create token of the topic the range was planned in ("" unknown)
     max_bytes: int = MAX_PARTITION_FETCH_BYTES  # about the most one read takes
+
+    def __repr__(self) -> str:
+        # Spark prints a failed task's partition in its logs and UI; the URL holds the password.
+        return repr_redacting(self, "url")
 
 
 def _read(part: RangePartition) -> Iterator[Any]:
