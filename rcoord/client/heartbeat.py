@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from ..errors import Errors, ProtocolError, RcoordError
 from .config import ConsumerGroupConfig
@@ -35,6 +36,8 @@ from .retry import Retry
 __all__ = ["JoinBeats", "heartbeat_loop", "start_helpers", "watch_partitions", "watch_session"]
 
 log = logging.getLogger("rcoord.client")
+
+T = TypeVar("T")
 
 REFRESHED = (Errors.NONE, Errors.REBALANCE_IN_PROGRESS)
 """Heartbeat answers that refreshed the member's session (heartbeat.lua)."""
@@ -228,18 +231,16 @@ def watch_partitions(
                 return
         return
     if baseline is None:
-        try:
-            baseline = _counts(coord, topics)
-        except RcoordError as exc:
-            log.warning("partition watcher: reading partition counts failed: %s", exc)
-            baseline = None
+        baseline = _read(gen, "partition watcher: reading partition counts",
+                         lambda: _counts(coord, topics))
     while not gen.done.wait(interval):
         if _pattern_changed(gen, coord, cfg):
             return
-        try:
-            counts = _counts(coord, topics)
-        except RcoordError as exc:
-            log.warning("partition watcher: reading partition counts failed: %s", exc)
+        counts = _read(gen, "partition watcher: reading partition counts",
+                       lambda: _counts(coord, topics))
+        if counts is None:
+            if gen.done.is_set():  # a fatal error ended it (_read)
+                return
             continue
         if baseline is None:
             baseline = counts
@@ -260,11 +261,10 @@ def _pattern_changed(gen: Generation, coord: Coordinator, cfg: ConsumerGroupConf
     pattern = gen.watched_pattern
     if pattern is None:
         return False
-    try:
-        matched = topics_matching(pattern, coord.list_topics())
-    except RcoordError as exc:
-        log.warning("pattern watcher: listing the topics failed: %s", exc)
-        return False
+    matched = _read(gen, "pattern watcher: listing the topics",
+                    lambda: topics_matching(pattern, coord.list_topics()))
+    if matched is None:
+        return gen.done.is_set()  # a fatal error ended it (_read)
     if matched == gen.watched_matched:
         return False
     log.info(
@@ -276,6 +276,29 @@ def _pattern_changed(gen: Generation, coord: Coordinator, cfg: ConsumerGroupConf
     )
     gen._end(EndReason.SUBSCRIPTION_CHANGED)
     return True
+
+
+def _read(gen: Generation, what: str, read: Callable[[], T]) -> T | None:
+    """One read of a watcher: its result, or None if it failed; the watcher tries again at
+    its next interval, as Kafka's consumer keeps its last metadata when a refresh fails.
+
+    Any exception counts, not only ``RcoordError``: an unexpected one (a non-numeric partition
+    count in a topic's metadata, a ``Coordinator`` that raises its own errors) ended the
+    watcher's thread, and the generation went on with no one noticing new partitions or newly
+    matching topics until it ended for another reason. Such an error is logged with its
+    traceback. One whose ``ERROR_POLICY`` row is fatal (a permission the Redis user lacks)
+    ends the generation with it instead, as it would have ended any call of the member's."""
+    try:
+        return read()
+    except Exception as exc:  # retried at the next interval, or fatal
+        if reaction_for(exc).fatal:
+            gen._end(EndReason.of(exc), exc)
+        elif isinstance(exc, RcoordError):
+            log.warning("group %r: %s failed: %s", gen.group_id, what, exc)
+        else:
+            log.warning("group %r: %s failed; trying again in the next interval", gen.group_id,
+                        what, exc_info=True)
+        return None
 
 
 def _counts(coord: Coordinator, topics: list[str]) -> dict[str, int]:
