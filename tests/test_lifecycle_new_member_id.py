@@ -14,10 +14,17 @@ have joined again as a new member and replaced the old one.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from test_client_group import WAIT_S, real  # noqa: F401 - the fixture
+from harness import wait_until
+from test_client_group import (  # noqa: F401 - the fixtures
+    WAIT_S,
+    OneMemberGroup,
+    fake_group,
+    real,
+)
 
 from rcoord import ConnectionLost, TopicPartition
 from rcoord.client import ConsumerGroup, ConsumerGroupConfig
@@ -71,3 +78,35 @@ def test_a_restarted_static_member_whose_first_join_failed_replaces_its_old_self
         assert len(set(coord.uuids)) == 1  # named as its unanswered join was
     finally:
         group.close(timeout=WAIT_S)
+
+
+def test_a_new_member_that_leaves_during_its_first_round_rejoins_with_a_new_id(
+    fake_group: Any,  # noqa: F811 - the fixture
+) -> None:
+    """The poll timer makes a new member leave after its JoinGroup was answered, while its
+    SyncGroup is under way. Its LeaveGroup went for the id the join gave it, but the UUID that
+    id came from was kept (the run thread keeps it while it sees no member id, as for a join
+    never answered, and the leave had just forgotten the id), so after ``resume()`` the member
+    joined as the very member that had left, not as a new one."""
+    state = OneMemberGroup()
+    entered, release = threading.Event(), threading.Event()
+    sync = state.fake.sync_group
+
+    def held_sync(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(WAIT_S)
+        return sync(*args, **kwargs)
+
+    state.fake.sync_group = held_sync  # type: ignore[attr-defined]
+    group = fake_group(state)
+    group.start()
+    try:
+        assert entered.wait(WAIT_S)  # joined (it has its id), syncing
+        group.leave_until_resumed("max.poll.interval.ms passed")
+    finally:
+        release.set()
+    wait_until(lambda: group.newest() is not None and group.newest().done.is_set())
+    assert state.leaves[0] == state.id(1)
+    group.resume()
+    nxt = group.next(timeout=WAIT_S)
+    assert nxt.member_id == state.id(2) != state.id(1)

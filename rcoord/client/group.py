@@ -503,6 +503,10 @@ class ConsumerGroup:
             if self._config.group_instance_id is None:
                 self._leave(member_id, reason)
                 self._member_id = ""
+                # The UUID of a new member's join under way is forgotten too: kept (the run
+                # thread keeps it while it sees no member id, as for a join never answered),
+                # the next join named the member that just left again.
+                self._member_uuid = None
             else:
                 log.warning(
                     "group %r: %s; a static member does not send LeaveGroup, its partitions "
