@@ -14,7 +14,9 @@ import threading
 from typing import Any
 
 import pytest
+from harness import wait_until
 from test_client_group import WAIT_S, OneMemberGroup, fake_group  # noqa: F401 - the fixture
+from test_consumer import fake_consumer  # noqa: F401 - the fixture
 
 from rcoord.client import EndReason
 
@@ -68,3 +70,38 @@ def test_a_helper_that_cannot_start_ends_its_generation_and_the_group_rejoins(
     assert refused.is_set() and state.leaves == [state.id(1)]
     nxt = group.next(timeout=WAIT_S)
     assert nxt.generation_id == 2 and not nxt.done.is_set()
+
+
+def test_a_consumer_whose_hold_cannot_start_leaves_and_joins_again(
+    fake_consumer: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 - the fixture
+) -> None:
+    """``Consumer`` holds each generation with a routine (``Generation.start``). When that
+    thread could not start, the RuntimeError left poll() with the generation taken from the
+    group but held by no one: it stayed live (its heartbeat beat on), every later poll()
+    waited for a next generation that never came and returned nothing, and the member kept
+    its partitions unread. Now the generation ends with the error: poll() raises it once, the
+    member leaves and joins again, and polling goes on."""
+    state = OneMemberGroup(partitions=2, records=3)
+    refused = threading.Event()
+
+    def refuse(name: str) -> bool:
+        if "routine" in name and not refused.is_set():
+            refused.set()
+            return True
+        return False
+
+    _refusing_start(monkeypatch, refuse)
+    consumer = fake_consumer(state)
+    got: list[Any] = []
+    raised: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            got.extend(consumer.poll(timeout=0.05))
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    wait_until(lambda: len(got) == 6, step)
+    assert refused.is_set() and [str(e) for e in raised] == ["can't start new thread"]
+    assert state.leaves == [state.id(1)]  # it left, and joined again as a new member
+    assert consumer.generation is not None and consumer.generation.member_id == state.id(2)

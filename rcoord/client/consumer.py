@@ -84,7 +84,7 @@ from .errors import (
     RebalanceInProgressError,
     WakeupError,
 )
-from .generation import Generation, GenerationContext, commit_offsets_arg
+from .generation import EndReason, Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
 from .inflight import Finished, InFlight
 from .policy import reaction_for
@@ -1272,6 +1272,15 @@ class Consumer(SubscriptionMixin):
             gen.start(hold)
         except GenerationEndedError:
             return  # it ended before we could hold it: nothing was assigned
+        except RuntimeError as exc:
+            # The hold's thread cannot start (the process's thread limit). Raised from here,
+            # the generation stayed live, heartbeating, with no one holding it: every later
+            # poll() waited for a next generation that never came, and the partitions sat
+            # unread in this member. It ends with the error instead (ERROR_POLICY's "anything
+            # else", as a helper thread that cannot start: the member leaves, next() reports
+            # the error once, which this poll() raises, and it joins again after the backoff).
+            gen._end(EndReason.ERROR, exc)
+            return
         self._gen, self._hold = gen, hold
         offsets = gen.offsets
         self._assigned = sorted(offsets)
