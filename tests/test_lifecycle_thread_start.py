@@ -15,10 +15,17 @@ from typing import Any
 
 import pytest
 from harness import wait_until
-from test_client_group import WAIT_S, OneMemberGroup, fake_group  # noqa: F401 - the fixture
+from test_client_group import (  # noqa: F401 - the fixture
+    WAIT_S,
+    OneMemberGroup,
+    fake_group,
+    fast_config,
+)
 from test_consumer import fake_consumer  # noqa: F401 - the fixture
+from test_consumer_callbacks import Scripted
 
-from rcoord.client import EndReason
+from rcoord import Errors
+from rcoord.client import Consumer, EndReason
 
 
 def _refusing_start(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
@@ -105,3 +112,43 @@ def test_a_consumer_whose_hold_cannot_start_leaves_and_joins_again(
     assert refused.is_set() and [str(e) for e in raised] == ["can't start new thread"]
     assert state.leaves == [state.id(1)]  # it left, and joined again as a new member
     assert consumer.generation is not None and consumer.generation.member_id == state.id(2)
+
+
+def test_a_cooperative_consumer_whose_next_hold_cannot_start_leaves_and_joins_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same when the consumer moves to the next generation cooperatively (it keeps what
+    it holds and takes the added partitions): the next generation was orphaned live, and the
+    partitions it added were never read."""
+    state = OneMemberGroup(partitions=2, records=3)
+    cfg = fast_config(assignors=[Scripted([0], [0, 1])])
+    consumer = Consumer(cfg, coordinator=state.fake, fetch_max_wait_ms=5,  # type: ignore[arg-type]
+                        auto_commit_interval_ms=100_000)
+    try:
+        got: list[Any] = []
+        raised: list[BaseException] = []
+
+        def step() -> None:
+            try:
+                got.extend(consumer.poll(timeout=0.05))
+            except RuntimeError as exc:
+                raised.append(exc)
+
+        wait_until(lambda: len(got) == 3, step)  # t-0's records
+        refused = threading.Event()
+
+        def refuse(name: str) -> bool:
+            if "routine" in name and not refused.is_set():
+                refused.set()
+                return True
+            return False
+
+        _refusing_start(monkeypatch, refuse)
+        gen = consumer.generation
+        assert gen is not None
+        state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
+        assert gen.done.wait(WAIT_S)
+        wait_until(lambda: any(r.partition == 1 for r in got) and len(raised) == 1, step)
+        assert refused.is_set() and [str(e) for e in raised] == ["can't start new thread"]
+    finally:
+        consumer.close(timeout=WAIT_S)

@@ -1376,6 +1376,9 @@ class Consumer(SubscriptionMixin):
                 new.start(hold)
             except GenerationEndedError:
                 return  # ended and collected before we held it: the member still reports our set
+            except RuntimeError as exc:  # its thread cannot start: as in _begin
+                new._end(EndReason.ERROR, exc)
+                return
         old = self._gen
         before = set(self._assigned)
         offsets = new.offsets
