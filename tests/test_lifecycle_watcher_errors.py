@@ -38,7 +38,9 @@ def _failing(calls: Any, n: int, error: BaseException) -> tuple[Any, threading.E
     return call, failed
 
 
-def test_a_partition_watcher_read_that_raises_is_tried_again(fake_group: Any) -> None:
+def test_a_partition_watcher_read_that_raises_is_tried_again(
+    fake_group: Any,  # noqa: F811 - the fixture
+) -> None:
     state = OneMemberGroup(partitions=2)
     group = fake_group(state)
     gen = group.next(timeout=WAIT_S)
@@ -54,7 +56,9 @@ def test_a_partition_watcher_read_that_raises_is_tried_again(fake_group: Any) ->
     assert group.next(timeout=WAIT_S).partitions == [TP("t", 0), TP("t", 1), TP("t", 2)]
 
 
-def test_a_pattern_watcher_read_that_raises_is_tried_again(fake_group: Any) -> None:
+def test_a_pattern_watcher_read_that_raises_is_tried_again(
+    fake_group: Any,  # noqa: F811 - the fixture
+) -> None:
     state = OneMemberGroup(topic="t1", partitions=1)
     topics = ["t1"]
     state.fake.list_topics = lambda: list(topics)  # type: ignore[attr-defined]
@@ -72,7 +76,9 @@ def test_a_pattern_watcher_read_that_raises_is_tried_again(fake_group: Any) -> N
     assert gen.end_reason is EndReason.SUBSCRIPTION_CHANGED
 
 
-def test_a_partition_watcher_refused_a_permission_closes_the_group(fake_group: Any) -> None:
+def test_a_partition_watcher_refused_a_permission_closes_the_group(
+    fake_group: Any,  # noqa: F811 - the fixture
+) -> None:
     state = OneMemberGroup(partitions=2)
     group = fake_group(state)
     gen = group.next(timeout=WAIT_S)
