@@ -104,6 +104,9 @@ MAX_DUE_RETRIES = 5
 """Heartbeats retried after a deadline sweep that applied nothing, before a retriable answer."""
 FETCH_PAGE = 500
 """Offsets a fetch of all a group's offsets reads per script call (about: HSCAN's COUNT)."""
+FETCH_RESTARTS = 5
+"""Times a fetch of all a group's offsets starts again because its pages came from another
+server process (``fetch_offsets``) before it answers COORDINATOR_NOT_AVAILABLE."""
 MAX_BUSY_CALLS = 10_000
 """Most calls of one group step answered BUSY before giving up (each applied up to
 ``due_per_call`` deadlines or wrote one chunk: far more than any group needs)."""
@@ -590,17 +593,30 @@ class GroupSteps:
         A long partition list is read in several script calls (see ``fetch_batches``), and so
         are all of a group's offsets, a page of about ``FETCH_PAGE`` per call: one call
         reading 300,000 offsets held the shard for 200 ms. Each call reads its share at one
-        instant; a commit that lands between two calls may show in the later one only.
+        instant; a commit that lands between two calls may show in the later one only. Pages
+        of all offsets that come from two server processes (a failover or a slot migration
+        between them) are read again from the first (see ``FETCH_RESTARTS``).
         """
         gid = check_id("group_id", group_id)
         keys = self.keys(gid)
         offsets = {}
         if partitions is None:
-            cursor = "0"
+            # A page names the server process that read it: an HSCAN cursor is that process's
+            # own, and continued on another (a failover, a restart, a slot migration between
+            # two pages) it skips offsets, so the fetch starts again there.
+            cursor, server, restarts = "0", None, 0
             while True:
                 page = yield from self.call("fetch_offsets", keys, [f"#{cursor}", FETCH_PAGE])
-                cursor = _text(page[-1])
-                offsets.update(decode_fetch(page[:-2]))
+                if server is not None and page[-1] != server:
+                    restarts += 1
+                    if restarts > FETCH_RESTARTS:
+                        raise CoordinatorNotAvailableError(
+                            f"the offsets of group {gid!r} moved to another server process "
+                            f"{restarts} times while they were read; try again")
+                    cursor, server, offsets = "0", None, {}
+                    continue
+                cursor, server = _text(page[-3]), page[-1]
+                offsets.update(decode_fetch(page[:-4]))
                 if cursor == "0":
                     return OffsetFetchResult(Errors.NONE, offsets)
         for batch in fetch_batches(partitions):

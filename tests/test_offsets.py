@@ -138,3 +138,52 @@ def test_retention_minus_one_means_the_default(ctx):
     assert ctx.coord.fetch_offsets(ctx.group_id, [T0]).offsets[T0].offset == 5
     with pytest.raises(InvalidRequestError, match="retention_ms"):
         ctx.coord.commit_offsets(ctx.group_id, {T0: 5}, retention_ms=-2)
+
+
+def test_a_fetch_of_all_offsets_whose_pages_come_from_two_servers_misses_none(
+        redis_server, own_server, namespace):
+    """A fetch of all offsets reads a page per call (HSCAN); a cursor means something only to
+    the server process that gave it. Pages continued on another process that holds a copy of
+    the hash (a promoted replica, a restart, a slot's new master) skipped about a fifth of the
+    offsets, and the fetch answered without them: a `reset-offsets --all-topics` left those
+    partitions as they were. It now starts again on the new process."""
+    import pytest
+
+    from rcoord import CoordinatorConfig, GroupCoordinator
+    from rcoord.errors import CoordinatorNotAvailableError
+    from rcoord.scripts import Scripts
+
+    a, b = redis_server.client(), own_server.client()
+    try:
+        coord = GroupCoordinator(a, CoordinatorConfig(namespace=namespace)).start()
+        tps = [TopicPartition(f"t{p % 3}", p) for p in range(2_000)]  # (several pages)
+        assert set(coord.commit_offsets("g", {tp: tp.partition for tp in tps}).values()) == {
+            Errors.NONE}
+        for key in a.scan_iter(match=f"{namespace}:*"):  # the other process's copy
+            b.restore(key, 0, a.dump(key), replace=True)
+        other = Scripts(b)
+        other.load()
+        # The first page from the first server, every later one from the other.
+        flow, pages = coord._steps.fetch_offsets("g"), 0
+        op = next(flow)
+        try:
+            while True:
+                scripts = coord._scripts if pages == 0 else other
+                pages += 1
+                op = flow.send(scripts.call(op.name, op.keys, op.args))
+        except StopIteration as done:
+            fetched = done.value
+        assert pages > 2
+        assert {tp: o.offset for tp, o in fetched.offsets.items()} == {
+            tp: tp.partition for tp in tps}
+        # Pages that keep changing process: a retriable error, not an endless fetch.
+        flow, pages = coord._steps.fetch_offsets("g"), 0
+        op = next(flow)
+        with pytest.raises(CoordinatorNotAvailableError, match="another server process"):
+            while True:
+                op = flow.send((other if pages % 2 else coord._scripts).call(
+                    op.name, op.keys, op.args))
+                pages += 1
+    finally:
+        a.close()
+        b.close()
