@@ -5,25 +5,15 @@
 --   all the group's offsets (HSCAN from that cursor, '#0' first), so that no call reads more than
 --   about that many however many offsets the group has (rcoord/steps.py fetch_offsets).
 -- Returns {field, record-or-false, field, record-or-false, ...}; a page ends with the pairs
--- {'#', next cursor ('0': the last page), '@', the server's token (SERVER_TOKEN)}.
-
--- A token of this server process (this library's Lua state), made at its first page. An HSCAN
--- cursor means something only to the process that gave it: another one (a replica promoted, a
--- restart, the destination of a slot migration) holds the same offsets in other buckets, and
--- continuing there from the old cursor skips some of them (tests/test_offsets.py). The caller
--- starts again when the token changes. (A library loaded again makes a new one: a restart more.)
-local SERVER_TOKEN = nil
+-- {'#', next cursor ('0': the last page), '@', the server process's token (prelude.lua
+-- server_token: the caller starts again when it changes, as the cursor is that process's)}.
 
 local function fetch_offsets(ARGV)
   if string.sub(ARGV[3] or '', 1, 1) == '#' then
-    if SERVER_TOKEN == nil then
-      local t = redis.call('TIME')
-      SERVER_TOKEN = t[1] .. '.' .. t[2] -- (two processes: the same only in the same microsecond)
-    end
     local page = redis.call('HSCAN', K_OFFSETS, string.sub(ARGV[3], 2), 'COUNT', ARGV[4])
     local out = page[2]
     out[#out + 1], out[#out + 2] = '#', page[1]
-    out[#out + 1], out[#out + 2] = '@', SERVER_TOKEN
+    out[#out + 1], out[#out + 2] = '@', server_token()
     return out
   end
   local out = {}

@@ -187,3 +187,41 @@ def test_a_fetch_of_all_offsets_whose_pages_come_from_two_servers_misses_none(
     finally:
         a.close()
         b.close()
+
+
+def test_a_retention_walk_continued_on_another_server_process_expires_every_offset(
+        redis_server, own_server, namespace):
+    """The retention check walks a group's offsets a page per call (HSCAN) and keeps its
+    cursor in the group hash; the cursor means something only to the server process that gave
+    it. A walk continued on another process holding a copy (a failover, a restart, a slot's new
+    master between two pages) skipped offsets: for an Empty group whose offsets had all expired,
+    it deleted those it saw, scheduled no next check, and the rest stayed with the group for
+    good (237 of 2,000 here). The walk now starts again on the new process."""
+    from rcoord import CoordinatorConfig, GroupCoordinator, MockTime
+
+    a, b = redis_server.client(), own_server.client()
+    try:
+        clock = MockTime()
+        cfg = CoordinatorConfig(namespace=namespace, offsets_retention_ms=60_000,
+                                offsets_retention_check_interval_ms=10_000)
+        first = GroupCoordinator(a, cfg, clock=clock).start()
+        tps = [TopicPartition(f"t{p % 3}", p) for p in range(2_000)]  # (several pages)
+        assert set(first.commit_offsets("g", {tp: 1 for tp in tps}).values()) == {Errors.NONE}
+        clock.sleep(60_000)
+        keys = first._keys("g")
+        first._call("expire_deadlines", keys, [])  # the walk's first page, on the first server
+        assert 0 < a.hlen(keys.offsets) < 2_000 and a.hget(keys.group, "gcw")
+        for key in a.scan_iter(match=f"{namespace}:*"):  # the other process's copy
+            b.restore(key, 0, a.dump(key), replace=True)
+        other = GroupCoordinator(b, cfg, clock=clock).start()
+        for _ in range(20):  # (a page a millisecond; far more than the walk needs)
+            clock.sleep(1)
+            other.run_timers()
+        clock.sleep(86_400_000)
+        other.run_timers()
+        assert b.hlen(keys.offsets) == 0
+        assert other.fetch_offsets("g").offsets == {}
+        assert not b.exists(keys.group)  # the Empty group with no offsets left is gone
+    finally:
+        a.close()
+        b.close()
