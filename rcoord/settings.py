@@ -40,10 +40,11 @@ same with Redis as the only authority:
   change of ``--set``) would rewrite each other every lease round. A process that starts
   still writes what it names (``update``), so the last one started stands.
 * **The count changes only in an empty namespace.** Changing it first checks that no group
-  exists, then stores the new count, deletes the old copies (old-layout calls are refused from
-  then on) and writes the new ones. A group created in the instant between the check and the
-  deletion is reported (logged); it can no longer be reached and its members rejoin under the
-  new count.
+  exists, then stores the new count with a mark naming the old one (``RETIRE``), deletes the
+  old copies (old-layout calls are refused from then on), then the mark, and writes the new
+  ones; a settle that finds a mark left (the deletion failed) deletes that layout. A group
+  created in the instant between the check and the deletion is reported (logged); it can no
+  longer be reached and its members rejoin under the new count.
 
 The steps are one sans-I/O flow (``settle_flow``, see ``rcoord.flow``), so the blocking and the
 asyncio coordinators share them and differ only in the driver that performs the I/O.
@@ -57,7 +58,7 @@ from typing import Any
 
 from .config import STORED_SETTINGS, CoordinatorConfig
 from .errors import ConfigError
-from .flow import Flow, Pipeline, Script, ScriptBatch, drive
+from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
 
 __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flow"]
@@ -67,6 +68,11 @@ log = logging.getLogger("rcoord.settings")
 MAX_SETTLE_ROUNDS = 5
 """Rounds of settling when writers race (a copy write meets a newer version); then give up.
 A rolled-back settings hash takes two (one to see a newer copy, one to adopt it)."""
+
+RETIRE = "retire:"
+"""Prefix of a field of the settings hash marking an old partition count whose layout is still
+to be deleted (``retire:50``), written with the new count (``_retire``)."""
+
 
 class Settled:
     """What ``settle_flow`` returns: the settings in force and their version."""
@@ -173,18 +179,12 @@ def settle_flow(
                     f"num_partitions is fixed at {old_np} for namespace {namespace!r} because it "
                     "holds groups; delete them or use another namespace"
                 )
-            stored = yield from _write(key, "update", changes)
             if new_np != old_np:
-                # The old layout's partitions are gone with their copies: so are their events
-                # streams and the service's read positions in them (and replica-ack counters),
-                # which nothing reads again; they were left behind by every change of count.
-                yield Pipeline([("DEL", key) for p in range(old_np)
-                                for key in _partition_leftovers(namespace, p, old_np)])
-                late = yield from _count_groups(namespace, old_np)
-                if late:
-                    log.warning("%d group(s) were created under the old partition count %d while "
-                                "namespace %r moved to %d; their members rejoin under the new count",
-                                late, old_np, namespace, new_np)
+                # Marked in the same write as the new count, so that a settle that fails before
+                # the old layout is deleted leaves the deletion to the next one (_retire).
+                changes[f"{RETIRE}{old_np}"] = "1"
+            stored = yield from _write(key, "update", changes)
+        stored = yield from _retire(namespace, key, stored)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
         guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
@@ -195,6 +195,39 @@ def settle_flow(
         f"the settings of namespace {namespace!r} kept changing while this process read them "
         f"({MAX_SETTLE_ROUNDS} rounds); try again"
     )
+
+
+def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, str]]:
+    """Delete what is left of each old layout the settings ``stored`` mark (``RETIRE``), then
+    the mark; ``stored`` without the marks.
+
+    The old layout's partitions are gone with their copies (old-layout calls are refused from
+    then on): so are their events streams, the service's read positions in them and replica-ack
+    counters, which nothing reads again. The mark is written with the new count and removed only
+    once the deletion succeeded: a settle that stored the new count and then failed (a master
+    down, a timeout, the process killed) left the old copies behind for good before, and a
+    process still on the old count went on creating groups there while every other process
+    used the new layout, so a group existed twice. A layout that is the current one again (a
+    count changed back) is not deleted, only unmarked."""
+    marks = [name for name in stored if name.startswith(RETIRE)]
+    if not marks:
+        return stored
+    current = int(stored["num_partitions"])
+    for name in marks:
+        try:
+            old = int(name[len(RETIRE):])
+        except ValueError:
+            old = current
+        if old != current and 0 < old <= 16384:
+            yield Pipeline([("DEL", k) for p in range(old)
+                            for k in _partition_leftovers(namespace, p, old)])
+            late = yield from _count_groups(namespace, old)
+            if late:
+                log.warning("%d group(s) were created under the old partition count %d while "
+                            "namespace %r moved to %d; their members rejoin under the new count",
+                            late, old, namespace, current)
+        yield Command(("HDEL", key, name))
+    return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
 
 
 def _write(key: str, op: str, values: Mapping[str, str]) -> Flow[dict[str, str]]:

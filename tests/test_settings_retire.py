@@ -1,0 +1,71 @@
+"""A change of the partition count that fails part way must not leave the old layout usable."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+import redis
+from test_settings import JOIN, _form_alone
+
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.flow import Pipeline, drive
+from rcoord.keys import GroupKeys, settings_key
+from rcoord.scripts import Scripts
+from rcoord.settings import copy_pattern, settle_flow
+
+
+def _failing_deletes(flow: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+    """``flow`` with its pipeline of DELs failing as a master that went away fails it."""
+    op = next(flow)
+    while True:
+        if isinstance(op, Pipeline) and op.commands and op.commands[0][0] == "DEL":
+            op = flow.throw(redis.exceptions.ConnectionError("master down (test)"))
+            continue
+        op = flow.send((yield op))
+
+
+def test_a_count_change_whose_deletion_failed_is_finished_by_the_next_settle(
+        redis_client, namespace):
+    """The new count was stored, then the deletion of the old layout's copies failed (a master
+    down, a timeout, a crash). Before, no later settle deleted them (the count stored was
+    already the named one), so a process still on the old count went on creating groups there
+    while every other process used the new layout: the group existed twice."""
+    stale = GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    given = CoordinatorConfig(namespace=namespace, num_partitions=7)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, given, None)))
+    # The failed process is started again (its supervisor), or any other process settles.
+    GroupCoordinator(redis_client, given).start()
+    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    assert copies and all(k.startswith(f"{namespace}:{{7.") for k in copies)
+    newcomer = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    member = _form_alone(newcomer, "g")
+    # The stale process is refused under the old layout and finds the one group.
+    assert stale.join_group("g", **JOIN).error.name == "MEMBER_ID_REQUIRED"
+    assert stale.config.num_partitions == 7
+    assert not redis_client.exists(GroupKeys.of(namespace, 50, "g").group)
+    assert {m.member_id for m in newcomer.describe_group("g").members} == {member}
+
+
+def test_a_count_changed_back_before_the_deletion_keeps_its_layout(redis_client, namespace):
+    """50 -> 7 failed before deleting the 50 layout, then 7 -> 50: the pending deletion of the
+    50 layout is dropped (it is the current one again), the 7 layout is deleted."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    seven = CoordinatorConfig(namespace=namespace, num_partitions=7)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, seven, None)))
+    back = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                            num_partitions=50)).start()
+    assert back.config.num_partitions == 50
+    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    assert len(copies) == 50 and all(k.startswith(f"{namespace}:{{50.") for k in copies)
+    stored = redis_client.hgetall(settings_key(namespace))
+    assert not [k for k in stored if k.startswith(b"retire:")]
