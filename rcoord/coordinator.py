@@ -152,6 +152,12 @@ class GroupCoordinator:
         """The version of the namespace settings this coordinator last settled."""
         return self._steps.settings_version
 
+    @property
+    def settings_origin(self) -> str | None:
+        """The establishment of the namespace settings this coordinator last settled
+        (``rcoord.settings.ORIGIN``): another one means they were lost and established again."""
+        return self._steps.settings_origin
+
     def _started(self) -> CoordinatorConfig:
         if self._steps.config is None:
             self.start()

@@ -32,7 +32,9 @@ same with Redis as the only authority:
   every repair). Whatever it proposes, ``establish`` lets only the first proposal stand. A
   process that named settings writes them again when it notices they are gone (the
   coordinator service checks every lease round), so a lowered minimum session timeout comes
-  back by itself.
+  back by itself; also when another process established them again first (from its own
+  settings, or the defaults), which the random ``origin`` each establishment stores tells
+  apart from a change, whatever the version.
 * **Changed by another process: adopted, not fought.** A coordinator service that finds the
   version moved while the settings still exist adopts the stored values (``write_named=False``)
   and logs once which of its named settings were overridden. It writes its own again only
@@ -53,6 +55,7 @@ asyncio coordinators share them and differ only in the driver that performs the 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,6 +72,11 @@ MAX_SETTLE_ROUNDS = 5
 """Rounds of settling when writers race (a copy write meets a newer version); then give up.
 A rolled-back settings hash takes two (one to see a newer copy, one to adopt it)."""
 
+ORIGIN = "origin"
+"""A field of the settings hash naming its establishment (random, written by ``establish``
+only): settings lost and established again by another process carry another origin, though
+their version may be the one a process knew (``Settled.origin``)."""
+
 RETIRE = "retire:"
 """Prefix of a field of the settings hash marking an old partition count whose layout is still
 to be deleted (``retire:50``), written with the new count (``_retire``)."""
@@ -78,9 +86,12 @@ class Settled:
     """What ``settle_flow`` returns: the settings in force and their version."""
 
     def __init__(self, config: CoordinatorConfig, version: int, was: Mapping[str, str],
-                 written: tuple[str, ...] = ()) -> None:
+                 written: tuple[str, ...] = (), origin: str | None = None) -> None:
         self.config = config
         self.version = version
+        self.origin = origin
+        """The establishment of the settings in force (``ORIGIN``; None for settings stored
+        before it was written)."""
         self.was = dict(was)
         """The stored values before this settle changed them ({} if none were stored)."""
         self.written = written
@@ -149,7 +160,7 @@ def settle_flow(
             was = dict(stored)
         if "num_partitions" not in stored:
             proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
-            stored = yield from _write(key, "establish", proposal)
+            stored = yield from _write(key, "establish", {**proposal, ORIGIN: uuid.uuid4().hex})
         # A copy newer than the settings: a writer between this read of the settings and of
         # the copy, or settings rolled back below it (then adopted, see the docstring).
         # Nothing is written from settings a copy has outgrown: no update, no repair.
@@ -190,7 +201,7 @@ def settle_flow(
         guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
         written, stale = yield from _repair_copies(held, version, _values(effective))
         if not stale:
-            return Settled(effective, version, was, written)
+            return Settled(effective, version, was, written, stored.get(ORIGIN))
     raise ConfigError(
         f"the settings of namespace {namespace!r} kept changing while this process read them "
         f"({MAX_SETTLE_ROUNDS} rounds); try again"

@@ -213,6 +213,7 @@ class GroupSteps:
         self.clock = clock
         self.config: CoordinatorConfig | None = None
         self.settings_version = 0
+        self.settings_origin: str | None = None
         self.max_block_ms = MAX_BLOCK_MS
         self.socket_timeout_ms: int | None = None
         """The client's socket timeout (a blocking wait must end before it)."""
@@ -267,6 +268,7 @@ class GroupSteps:
             self._keys_cache.clear()
         self.config = effective
         self.settings_version = settled.version
+        self.settings_origin = settled.origin
         was_max = int(settled.was.get("group_max_size", effective.group_max_size))
         if was_max > effective.group_max_size:
             # A lowered limit: let every group see it now (oversized ones start to shrink),

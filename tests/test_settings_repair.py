@@ -21,7 +21,7 @@ from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Flow, drive
 from rcoord.keys import PartitionKeys, anchor_keys, settings_key
 from rcoord.scripts import Scripts
-from rcoord.settings import settle, settle_flow
+from rcoord.settings import ORIGIN, settle, settle_flow
 
 
 @pytest.fixture
@@ -57,6 +57,13 @@ def _all_copies(namespace: str, num_partitions: int) -> list[str]:
 
 def _text(raw: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _settings(client: Any, namespace: str) -> dict[str, str]:
+    """The settings hash as the copies hold it: without the establishment's origin, which
+    only the hash keeps (``rcoord.settings.ORIGIN``)."""
+    return {k: v for k, v in _text(client.hgetall(settings_key(namespace))).items()
+            if k != ORIGIN}
 
 
 def _scripts(client: Any) -> Scripts:
@@ -214,7 +221,7 @@ def _at_version_3(client: Any, namespace: str, count: int) -> dict[str, str]:
 
 def _assert_consistent(client: Any, namespace: str, count: int, want: dict[str, str]) -> None:
     """The settings hash and every copy (each partition's and each anchor) hold ``want``."""
-    assert _text(client.hgetall(settings_key(namespace))) == want
+    assert _settings(client, namespace) == want
     for key in _all_copies(namespace, count):
         assert _text(client.hgetall(key)) == want, key
 
@@ -278,7 +285,7 @@ def test_a_namespace_that_lost_everything_takes_the_callers_settings_at_version_
     coord = _start(redis_client, namespace, num_partitions=7, group_max_size=5)
     assert coord.settings_version == 1
     assert coord.config.num_partitions == 7 and coord.config.group_max_size == 5
-    want = _text(redis_client.hgetall(settings_key(namespace)))
+    want = _settings(redis_client, namespace)
     assert want["version"] == "1" and want["group_max_size"] == "5"
     _assert_consistent(redis_client, namespace, 7, want)
 
@@ -395,7 +402,7 @@ def test_processes_guessing_different_layouts_racing_the_recovery_agree(redis_cl
     assert errors == [] and len(results) == 4 and len(set(results)) == 1
     version, count = results[0]
     assert (version, count) in {(3, 10), (1, 50)}
-    stored = _text(redis_client.hgetall(settings_key(namespace)))
+    stored = _settings(redis_client, namespace)
     assert stored["version"] == str(version) and stored["num_partitions"] == str(count)
     _assert_consistent(redis_client, namespace, count, stored)
 
@@ -409,13 +416,13 @@ def _roll_back(client: Any, namespace: str, count: int) -> tuple[dict[str, str],
     Returns (what the hash held at version 2, what every copy holds at version 3)."""
     _start(client, namespace, num_partitions=count)
     _start(client, namespace, group_max_size=9)
-    two = _text(client.hgetall(settings_key(namespace)))
+    two = _settings(client, namespace)
     assert two["version"] == "2"
     _start(client, namespace, group_min_session_timeout_ms=77)
-    three = _text(client.hgetall(settings_key(namespace)))
+    three = _settings(client, namespace)
     assert three["version"] == "3"
     client.hset(settings_key(namespace), mapping=two)
-    assert _text(client.hgetall(settings_key(namespace))) == two
+    assert _settings(client, namespace) == two
     for key in _all_copies(namespace, count):
         assert _text(client.hgetall(key)) == three, key
     return two, three

@@ -126,6 +126,12 @@ class AsyncGroupCoordinator:
         """The version of the namespace settings this coordinator last settled."""
         return self._steps.settings_version
 
+    @property
+    def settings_origin(self) -> str | None:
+        """The establishment of the namespace settings this coordinator last settled
+        (``rcoord.settings.ORIGIN``): another one means they were lost and established again."""
+        return self._steps.settings_origin
+
     def partition_for(self, group_id: str) -> int:
         """The coordinator partition of ``group_id`` (after ``await start()``)."""
         return self._steps.partition_for(group_id)

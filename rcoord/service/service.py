@@ -28,6 +28,7 @@ from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
+from ..settings import ORIGIN
 from ..urls import redact_url, repr_redacting, url_problem
 from .connect import connect
 from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
@@ -551,8 +552,12 @@ class CoordinatorService:
         """Keep the namespace settings as this process knows them, every lease round.
 
         Lost (data loss): settle again, which writes the settings this process names and
-        re-establishes the rest as they were. Changed by another party (the version moved):
-        adopt the stored values and warn once about named ones overridden; writing ours back
+        re-establishes the rest as they were. Lost and already established again by another
+        process (a worker that settled first, from its own settings or the defaults) counts as
+        lost: the stored origin (``rcoord.settings.ORIGIN``) is another one, whatever the
+        version; before, this process adopted them (or, at the version it knew, did not notice)
+        and the settings it names were gone for good. Changed by another party (the version
+        moved): adopt the stored values and warn once about named ones overridden; writing ours back
         would start a war with a process naming other values, each rewriting the settings
         (and every copy) every round. The partition count is fixed while groups exist, but may
         change before: a process that kept the old count would sweep keys nobody uses, so it
@@ -560,13 +565,17 @@ class CoordinatorService:
         key = settings_key(self.config.namespace)
         # Through its node's own client: a hung master there fails this within the socket
         # timeout (no cluster retries), and the lease round goes on (nodes.py).
-        raw = on_node(self._client, key, lambda node: node.hmget(key, "version", "num_partitions"))
+        raw = on_node(self._client, key,
+                      lambda node: node.hmget(key, "version", "num_partitions", ORIGIN))
         version = None if raw[0] is None else int(raw[0])
-        if version != self._coord.settings_version:
+        origin = raw[2].decode() if isinstance(raw[2], bytes) else raw[2]
+        lost = version is None or origin != self._coord.settings_origin
+        if lost or version != self._coord.settings_version:
             was_version = self._coord.settings_version
-            if version is None:
+            if lost:
                 log.warning("namespace settings lost; settling them again", extra={
-                    "event": "settings_resettled", "was_version": was_version, "now_version": None})
+                    "event": "settings_resettled", "was_version": was_version,
+                    "now_version": version})
                 settled = self._coord.resettle()
             else:
                 settled = self._coord.resettle(write_named=False)

@@ -1,0 +1,63 @@
+"""Settings named by the coordinator service come back after a data loss, also when another
+process re-established the namespace first (from its defaults)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from harness import wait_until
+
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.keys import settings_key
+
+
+def _service(url: str, namespace: str, **settings: int) -> Any:
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    return CoordinatorService(ServiceConfig(redis_url=url, namespace=namespace, coordinator_id="s",
+                                            lease_ttl_ms=1000, wake="index",
+                                            settings=settings)).start()
+
+
+def _lease_rounds(svc: Any, rounds: int) -> None:
+    seen = {svc._last_lease_ok}
+
+    def done() -> bool:
+        seen.add(svc._last_lease_ok)
+        return len(seen) > rounds
+
+    wait_until(done, timeout_s=10)
+
+
+def test_named_settings_come_back_when_a_worker_re_established_the_namespace_first(
+        redis_server, single_client, namespace):
+    """The namespace is lost (a restart without persistence) and a worker, which names nothing,
+    settles before the service's next lease round: it establishes the defaults at version 1.
+    Before, the service took that for a change by another process (or, at the same version,
+    did not notice it at all) and kept the defaults: the lowered minimum session timeout it
+    names was gone for good, and members asking for it were refused."""
+    key = settings_key(namespace)
+    svc = _service(redis_server.url, namespace, group_min_session_timeout_ms=100)
+    try:
+        assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+        # The loss and the worker's settle between two checks of the service (held meanwhile).
+        check, held = svc._check_settings, threading.Lock()
+
+        def checked() -> None:
+            with held:
+                check()
+
+        svc._check_settings = checked
+        with held:
+            for k in list(single_client.scan_iter(match=f"{namespace}:*", count=1000)):
+                single_client.delete(k)
+            worker = GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace)).start()
+            assert worker.config.group_min_session_timeout_ms == 6000
+        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100",
+                   timeout_s=10)
+        _lease_rounds(svc, 3)
+        assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+        assert svc._coord.config.group_min_session_timeout_ms == 100
+    finally:
+        svc.stop()
