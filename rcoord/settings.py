@@ -44,7 +44,9 @@ same with Redis as the only authority:
 * **The count changes only in an empty namespace.** Changing it first checks that no group
   exists, then stores the new count with a mark naming the old one (``RETIRE``), deletes the
   old copies (old-layout calls are refused from then on), then the mark, and writes the new
-  ones; a settle that finds a mark left (the deletion failed) deletes that layout. A group
+  ones; a settle that finds a mark left (the deletion failed) deletes that layout. A settle
+  that wrote copies reads the count again and, if it moved meanwhile, deletes them and goes
+  another round (``_overtaken``): they may have come after the changer's deletion. A group
   created in the instant between the check and the deletion is reported (logged); it can no
   longer be reached and its members rejoin under the new count.
 
@@ -200,6 +202,8 @@ def settle_flow(
         version = int(stored.get("version", "1"))
         guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
         written, stale = yield from _repair_copies(held, version, _values(effective))
+        if (yield from _overtaken(namespace, key, effective.num_partitions, written)):
+            continue
         if not stale:
             return Settled(effective, version, was, written, stored.get(ORIGIN))
     raise ConfigError(
@@ -239,6 +243,32 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
                             late, old, namespace, current)
         yield Command(("HDEL", key, name))
     return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
+
+
+def _overtaken(namespace: str, key: str, count: int, written: tuple[str, ...]) -> Flow[bool]:
+    """Whether the partition count stored moved away from ``count`` while this settle wrote
+    the copies ``written`` of its layout; if so they are deleted again (the next round reads
+    the count in force).
+
+    A process that changes the count deletes the old layout's copies after storing the new
+    count; copies of the old layout written after that deletion (by a settle that read the old
+    count just before) were left for good: that settle returned the old count, its calls found
+    their copies and were never refused, and it ran its own copy of every group it served while
+    every other process used the new layout. Reading the count after the writes closes that:
+    a change stored later deletes these copies itself (it deletes after it stores)."""
+    names = set(anchor_keys(namespace))
+    mine = [k for k in written if k not in names]
+    if not mine:
+        return False
+    now = yield Command(("HGET", key, "num_partitions"))
+    if now is None or _count({"num_partitions": _text(now)}) == count:
+        return False  # (lost meanwhile: the calls refused now settle again and recover them)
+    yield Pipeline([("DEL", k) for k in mine])
+    return True
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _write(key: str, op: str, values: Mapping[str, str]) -> Flow[dict[str, str]]:

@@ -10,8 +10,8 @@ import redis
 from test_settings import JOIN, _form_alone
 
 from rcoord import CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Pipeline, drive
-from rcoord.keys import GroupKeys, settings_key
+from rcoord.flow import Pipeline, ScriptBatch, _perform, drive
+from rcoord.keys import GroupKeys, PartitionKeys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import copy_pattern, settle_flow
 
@@ -69,3 +69,48 @@ def test_a_count_changed_back_before_the_deletion_keeps_its_layout(redis_client,
     assert len(copies) == 50 and all(k.startswith(f"{namespace}:{{50.") for k in copies)
     stored = redis_client.hgetall(settings_key(namespace))
     assert not [k for k in stored if k.startswith(b"retire:")]
+
+
+def _run_until_batch(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any],
+                     op: Any) -> Any:
+    """Perform ``flow``'s operations from ``op`` on until it asks for a ScriptBatch (the
+    repair of the copies), which is returned unperformed; or return what the flow returned."""
+    while not isinstance(op, ScriptBatch):
+        try:
+            op = flow.send(_perform(client, scripts, op, None, None))
+        except StopIteration as done:
+            return done.value
+    return op
+
+
+def _finish(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any], op: Any) -> Any:
+    while True:
+        try:
+            op = flow.send(_perform(client, scripts, op, None, None))
+        except StopIteration as done:
+            return done.value
+
+
+def test_a_repair_that_races_a_count_change_leaves_no_copy_of_the_old_layout(
+        redis_client, namespace):
+    """Two processes naming different counts start together on an empty namespace. The first
+    establishes 10; the second changes the count to 20 and deletes the 10 layout (nothing yet);
+    then the first writes the copies of the 10 layout, then the second those of 20. Before,
+    the first ran under 10 for good, its copies left in place (nothing refused its calls),
+    while every other process used 20: each created its own copy of a group."""
+    scripts = Scripts(redis_client)
+    scripts.load()
+    first = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10), None)
+    first_op = _run_until_batch(redis_client, scripts, first, next(first))
+    second = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=20), None)
+    second_op = _run_until_batch(redis_client, scripts, second, next(second))
+    assert isinstance(first_op, ScriptBatch) and isinstance(second_op, ScriptBatch)
+    assert redis_client.hget(settings_key(namespace), "num_partitions") == b"20"
+    settled = [_finish(redis_client, scripts, first, first_op),
+               _finish(redis_client, scripts, second, second_op)]
+    stored = int(redis_client.hget(settings_key(namespace), "num_partitions"))
+    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    assert copies == {PartitionKeys(namespace, p, stored).cfg for p in range(stored)}
+    # Whoever settled last holds the count stored; one that settled under another count has
+    # no copy left, so its calls are refused and it settles again.
+    assert settled[-1].config.num_partitions == stored
