@@ -108,13 +108,21 @@ class CoordinatorConfig:
         return {name: getattr(self, name) for name in STORED_SETTINGS}
 
     def merged_with_stored(self, stored: Mapping[str, Any]) -> CoordinatorConfig:
-        """This config's named settings over ``stored`` ones over the defaults."""
+        """This config's named settings over ``stored`` ones over the defaults. A stored value
+        that is no integer (written by hand) is a ConfigError naming the setting; before, the
+        error was int()'s alone ("invalid literal for int() with base 10: 'abc'")."""
         values: dict[str, Any] = {}
         for name in STORED_SETTINGS:
             if name in self._named:
                 values[name] = getattr(self, name)
             elif name in stored:
-                values[name] = int(stored[name])
+                try:
+                    values[name] = int(stored[name])
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"the stored setting {name} of namespace {self.namespace!r} is "
+                        f"{stored[name]!r}, not an integer: correct it in "
+                        f"{self.namespace}:settings (or start a coordinator naming it)") from None
         values["namespace"] = self.namespace
         merged = dataclasses.replace(CoordinatorConfig(), **values)
         object.__setattr__(merged, "_named", self._named)

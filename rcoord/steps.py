@@ -269,7 +269,10 @@ class GroupSteps:
         self.config = effective
         self.settings_version = settled.version
         self.settings_origin = settled.origin
-        was_max = int(settled.was.get("group_max_size", effective.group_max_size))
+        try:
+            was_max = int(settled.was.get("group_max_size", effective.group_max_size))
+        except ValueError:  # (a bad value written by hand, now named over: treat as lowered)
+            was_max = 2**63
         if was_max > effective.group_max_size:
             # A lowered limit: let every group see it now (oversized ones start to shrink),
             # as Kafka does when it loads a group that is over capacity.

@@ -243,3 +243,17 @@ def test_a_process_naming_another_count_after_a_loss_is_told_why(redis_client, n
     _form_alone(worker, "g")
     with pytest.raises(ConfigError, match="num_partitions is fixed at 50"):
         admin.describe_group("g")
+
+
+def test_a_stored_value_that_is_no_integer_is_named(redis_client, namespace):
+    """A value written into the settings hash by hand: the error names the setting and the
+    key to correct; before, it was int()'s own message, naming neither."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    redis_client.hset(settings_key(namespace), "group_max_size", "abc")
+    with pytest.raises(ConfigError, match=r"stored setting group_max_size .* is 'abc', not an "
+                       r"integer: correct it in .*:settings"):
+        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    # Naming it writes it over the bad value.
+    named = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                             group_max_size=5)).start()
+    assert named.config.group_max_size == 5
