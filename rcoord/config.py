@@ -4,8 +4,9 @@ The group limits are broker settings in Kafka, so every party of a namespace mus
 same ones. They are stored in Redis: a namespace-wide hash for Python (``<ns>:settings``) and a
 copy in each coordinator partition (``<ns>:{tag}:cfg``) that the scripts read, because a script
 may only touch keys of its own slot. A config passed to ``GroupCoordinator`` writes the settings
-it *names* (the fields given to the constructor); settings it does not name come from Redis, or
-from the defaults below when Redis has none.
+it *names* (the fields given to the constructor; a ``dataclasses.replace`` copy names those the
+original named and those it changed); settings it does not name come from Redis, or from the
+defaults below when Redis has none.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from .errors import ConfigError
 from .names import NAMESPACE_RULE, valid_namespace
@@ -125,7 +126,7 @@ class CoordinatorConfig:
                         f"{self.namespace}:settings (or start a coordinator naming it)") from None
         values["namespace"] = self.namespace
         merged = dataclasses.replace(CoordinatorConfig(), **values)
-        object.__setattr__(merged, "_named", self._named)
+        object.__setattr__(merged, "_named", _Named(self._named, merged))
         return merged
 
 
@@ -152,11 +153,34 @@ STORED_SETTINGS: tuple[str, ...] = tuple(_INT_FIELDS)
 _dataclass_init = CoordinatorConfig.__init__
 
 
+class _Named(frozenset[str]):
+    """The settings a config names, with the values the config held (``of``), so that
+    ``dataclasses.replace``, which passes every field to the constructor again, names only the
+    fields it changed: before, a replaced config named every setting, and starting a
+    coordinator with ``replace(CoordinatorConfig(namespace=ns), group_max_size=9)`` wrote every
+    default over the namespace's stored settings (its partition count too, if it held no
+    group)."""
+
+    values: dict[str, Any]
+
+    def __new__(cls, names: frozenset[str] | set[str], of: CoordinatorConfig | None = None,
+                values: Mapping[str, Any] | None = None) -> Self:
+        named = super().__new__(cls, names)
+        named.values = dict(values or {}) if of is None else {n: getattr(of, n) for n in _FIELDS}
+        return named
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickle and copy: the values too)
+        return (_Named, (frozenset(self), None, self.values))
+
+
 def _recording_init(self: CoordinatorConfig, *args: Any, **kwargs: Any) -> None:
     named = set(_FIELDS[: len(args)]) | {k for k in kwargs if not k.startswith("_")}
-    kwargs.pop("_named", None)
+    was = kwargs.pop("_named", None)
     _dataclass_init(self, *args, **kwargs)
-    object.__setattr__(self, "_named", frozenset(named))
+    if isinstance(was, _Named):  # dataclasses.replace: the fields it changed, and those named
+        named = set(was) | {name for name in _FIELDS
+                            if getattr(self, name) != was.values.get(name, getattr(self, name))}
+    object.__setattr__(self, "_named", _Named(named, self))
 
 
 CoordinatorConfig.__init__ = _recording_init  # type: ignore[method-assign]

@@ -8,6 +8,8 @@ that started before and after it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import pickle
 import threading
 from typing import Any
 
@@ -257,3 +259,24 @@ def test_a_stored_value_that_is_no_integer_is_named(redis_client, namespace):
     named = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
                                                              group_max_size=5)).start()
     assert named.config.group_max_size == 5
+
+
+def test_a_replaced_config_names_only_what_it_changed(redis_client, namespace):
+    """``dataclasses.replace`` passes every field to the constructor again; before, the copy
+    named every setting, so starting a coordinator with it wrote every default over the
+    namespace's settings (a lowered minimum session timeout, and the partition count while no
+    group exists)."""
+    GroupCoordinator(redis_client, CoordinatorConfig(
+        namespace=namespace, num_partitions=10, group_min_session_timeout_ms=100)).start()
+    config = dataclasses.replace(CoordinatorConfig(namespace=namespace), group_max_size=9)
+    assert config.named == {"namespace", "group_max_size"}
+    started = GroupCoordinator(redis_client, config).start().config
+    assert (started.num_partitions, started.group_min_session_timeout_ms,
+            started.group_max_size) == (10, 100, 9)
+    stored = redis_client.hmget(settings_key(namespace), "num_partitions",
+                                "group_min_session_timeout_ms")
+    assert stored == [b"10", b"100"]
+    # A copy (pickle, copy.deepcopy) names what the original named.
+    assert pickle.loads(pickle.dumps(config)).named == config.named
+    assert dataclasses.replace(pickle.loads(pickle.dumps(config)), num_partitions=3).named \
+        == {"namespace", "group_max_size", "num_partitions"}
