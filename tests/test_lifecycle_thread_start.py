@@ -25,7 +25,8 @@ from test_consumer import fake_consumer  # noqa: F401 - the fixture
 from test_consumer_callbacks import Scripted
 
 from rcoord import Errors
-from rcoord.client import Consumer, EndReason
+from rcoord.client import Consumer, ConsumerGroup, EndReason
+from rcoord.spark.member import StreamMember
 
 
 def _refusing_start(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
@@ -152,3 +153,36 @@ def test_a_cooperative_consumer_whose_next_hold_cannot_start_leaves_and_joins_ag
         assert refused.is_set() and [str(e) for e in raised] == ["can't start new thread"]
     finally:
         consumer.close(timeout=WAIT_S)
+
+
+def test_a_stream_member_whose_hold_cannot_start_leaves_and_joins_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Spark member (``StreamMember``) holds each generation with a routine too. When
+    that thread could not start, the RuntimeError left ``initial()`` (or a plan) with the
+    generation taken from the group and held by no one: it stayed live, its heartbeat beat on,
+    and the next call waited for a generation after it that never came (TimeoutError). Now
+    the generation ends with the error: it is raised once, the member leaves and joins again,
+    and the next call gets the next generation."""
+    state = OneMemberGroup(partitions=2)
+    group = ConsumerGroup(fast_config(), coordinator=state.fake)  # type: ignore[arg-type]
+    member = StreamMember(group, rejoin_wait_s=0.05)
+    refused = threading.Event()
+
+    def refuse(name: str) -> bool:
+        if "routine" in name and not refused.is_set():
+            refused.set()
+            return True
+        return False
+
+    _refusing_start(monkeypatch, refuse)
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            member.initial(WAIT_S)
+        assert refused.is_set()
+        member.initial(WAIT_S)
+        gen = member.generation
+        assert gen is not None and gen.member_id == state.id(2) and not gen.done.is_set()
+        assert state.leaves == [state.id(1)]  # it left, and joined again as a new member
+    finally:
+        member.close(WAIT_S)

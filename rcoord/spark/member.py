@@ -58,6 +58,7 @@ from ..client import (
     CommitFailedError,
     ConsumerGroup,
     ConsumerGroupConfig,
+    EndReason,
     Generation,
     GenerationContext,
     GenerationEndedError,
@@ -540,6 +541,15 @@ class StreamMember:
             except GenerationEndedError:
                 log.info("group %r: generation %d ended before it was taken; waiting for the "
                          "next", gen.group_id, gen.generation_id)
+                continue
+            except RuntimeError as exc:
+                # The hold's thread cannot start (the process's thread limit). Let out from
+                # here, the generation stayed live, heartbeating, held by no one: this member
+                # kept its partitions unread, and the next plan waited for a generation after
+                # it that never came. It ends with the error instead, as Consumer._begin does
+                # (ERROR_POLICY's "anything else": the member leaves and joins again after
+                # join_backoff_ms); the group reports the error once, through next() here.
+                gen._end(EndReason.ERROR, exc)
                 continue
             return
 
