@@ -507,9 +507,20 @@ class GroupSteps:
                         out[i] = Errors.COORDINATOR_NOT_AVAILABLE
                     continue
             if reply == b"DUE":
-                for i, hb_args in chunk:  # deadlines keep falling due: one by one
-                    out[i] = yield from self.heartbeat(gid, hb_args[1], hb_args[0],
-                                                       hb_args[2] or None)
+                # Deadlines keep falling due: one by one. The master may refuse these calls
+                # too (the resend above passed it a moment ago): the members not yet answered
+                # get COORDINATOR_NOT_AVAILABLE, as above, not an error for every group.
+                for n, (i, hb_args) in enumerate(chunk):
+                    try:
+                        out[i] = yield from self.heartbeat(gid, hb_args[1], hb_args[0],
+                                                           hb_args[2] or None)
+                    except (redis.exceptions.RedisError,
+                            redis.exceptions.RedisClusterException) as exc:
+                        if not _unavailable(exc):
+                            raise
+                        for j, _ in chunk[n:]:
+                            out[j] = Errors.COORDINATOR_NOT_AVAILABLE
+                        break
             else:
                 for (i, _), code in zip(chunk, reply, strict=True):
                     out[i] = decode_heartbeat(code)

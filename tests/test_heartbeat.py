@@ -279,3 +279,52 @@ def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_failing_answers_the_o
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
+
+
+def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others():
+    """A group whose deadlines fell due is sent again (after expire_deadlines); when that
+    answers DUE again its members go one by one through ``heartbeat``. Only the resend was
+    guarded against a master that refuses the call for now (NOREPLICAS, MISCONF, TRYAGAIN):
+    a refusal of a one-by-one heartbeat left the flow, so heartbeat_many raised for every
+    member of every group. Now the members not answered yet get COORDINATOR_NOT_AVAILABLE,
+    and the other groups' answers stand. Driven here as a flow, which both coordinators
+    (blocking and asyncio) run as it is."""
+    import redis.exceptions
+
+    from rcoord import CoordinatorConfig
+    from rcoord.flow import Script, ScriptBatch
+    from rcoord.steps import GroupSteps
+
+    cfg = CoordinatorConfig(namespace="hbdue")
+    steps = GroupSteps(cfg, "hbdue", None)
+    steps.config = cfg
+    refusal = redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write.")
+    heartbeats_of_a: list[str] = []
+
+    def answer(op: Any) -> Any:
+        if isinstance(op, ScriptBatch):  # group "a" falls due; "b" answers
+            return [b"DUE" if args[1] == "a" else [b"NONE"] for _, args in op.calls]
+        assert isinstance(op, Script) and op.args[1] == "a", op
+        if op.name == "expire_deadlines":
+            return [1]
+        heartbeats_of_a.append(op.args[2])
+        if len(heartbeats_of_a) == 1:
+            return b"DUE"  # the resend falls due again
+        if len(heartbeats_of_a) == 2:
+            return [b"NONE"]  # the first member, alone
+        raise refusal  # the master refuses the second member's heartbeat for now
+
+    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2")])
+    op = next(flow)
+    try:
+        while True:
+            try:
+                result = answer(op)
+            except redis.exceptions.RedisError as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        got = done.value
+    assert got == [Errors.NONE, Errors.NONE, Errors.COORDINATOR_NOT_AVAILABLE]
+    assert heartbeats_of_a == ["m1", "m1", "m2"]
