@@ -19,6 +19,7 @@ from .testing.clock import MockTime
 from .config import CoordinatorConfig
 from .coordinator import GroupCoordinator
 from .errors import (
+    AuthenticationFailedError,
     ConfigError,
     ConnectionLost,
     Errors,
@@ -53,6 +54,7 @@ __all__ = [
     "GroupClosedError",
     "ConnectionLost",
     "ServerUnavailable",
+    "AuthenticationFailedError",
     "CoordinatorConfig",
     "Errors",
     "GroupCoordinator",

@@ -412,6 +412,7 @@ def _client_certificate_wanted(url: str | None, text: str) -> bool:
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
     from .errors import (
+        AuthenticationFailedError,
         ConfigError,
         ConnectionLost,
         RcoordError,
@@ -423,7 +424,7 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
 
     at = f" at {redact(url)}" if url else ""
     cause: BaseException = exc
-    if isinstance(exc, ConnectionLost) and exc.__cause__ is not None:
+    if isinstance(exc, (ConnectionLost, AuthenticationFailedError)) and exc.__cause__ is not None:
         cause = exc.__cause__  # the redis-py error says more than our wrapper
     text = " ".join(str(cause).split()).rstrip(".")
     if isinstance(exc, (UsageError, ConfigError)):

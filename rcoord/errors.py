@@ -8,6 +8,7 @@ Hierarchy::
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
     │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, OOM..)
     ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
+    ├── AuthenticationFailedError  Redis refused the login (wrong user or password, user off)
     ├── ParkAbandonedError     a parked JoinGroup/SyncGroup was given up because its caller closes
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 import redis.exceptions
 
 __all__ = [
+    "AuthenticationFailedError",
     "ConfigError",
     "ConnectionLost",
     "CoordinatorNotAvailableError",
@@ -51,6 +53,7 @@ __all__ = [
     "ScriptError",
     "ServerUnavailable",
     "UnknownMemberIdError",
+    "as_authentication_failed",
     "as_missing_permission",
     "is_missing_function",
     "is_missing_permission",
@@ -195,6 +198,35 @@ keeping their member id."""
 class MissingPermissionError(RcoordError):
     """The Redis ACL user may not run a command rcoord needs; the message names the rule to add
     (docs/security.md lists the rules of each role)."""
+
+
+class AuthenticationFailedError(RcoordError):
+    """Redis refused the login: a wrong password or user name, a user that is off, or none
+    given where one is required (WRONGPASS, NOAUTH, "invalid username-password pair"; also
+    after a password rotation, when a connection is made again with the old one).
+
+    Not a ``ConnectionLost``, though redis-py makes its ``AuthenticationError`` a
+    ``ConnectionError``: no retry mends it until the user or password is changed, so
+    treating it as "back off and call again" made a group rejoin for ever with only a
+    warning to show for it. Kafka's client raises ``AuthenticationException`` from
+    ``poll()`` as fatal too. The worker's policy closes the group on it
+    (``rcoord.client.policy``); the redis-py error is its ``__cause__``."""
+
+
+def as_authentication_failed(name: str, exc: BaseException,
+                             url: str | None = None) -> AuthenticationFailedError:
+    """redis-py's ``AuthenticationError`` as an ``AuthenticationFailedError`` whose message says
+    what to check, naming ``url`` (its password masked) when the caller knows it."""
+    from .urls import redact_url
+
+    at = f" at {redact_url(url)}" if url else ""
+    text = " ".join(str(exc).split()).rstrip(".")
+    error = AuthenticationFailedError(
+        f"{name}: Redis{at} refused the login ({text}); check the user and password in the "
+        "Redis URL (redis://USER:PASSWORD@HOST:PORT), and that the ACL user is on and has "
+        "that password")
+    error.__cause__ = exc
+    return error
 
 
 def is_missing_permission(exc: BaseException) -> bool:
@@ -342,6 +374,9 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
 
     Shared by the blocking boundary (``translate_redis_errors``) and the asyncio one.
     """
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        # (before ConnectionError, of which redis-py makes it a subclass: no retry mends it)
+        raise as_authentication_failed(name, exc) from exc
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         raise ConnectionLost(f"{name}: {exc}") from exc
     if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)):

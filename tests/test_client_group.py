@@ -56,6 +56,7 @@ from rcoord.client import (
 from rcoord.client import policy as policy_module
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.errors import (
+    AuthenticationFailedError,
     ConfigError,
     FencedInstanceIdError,
     MissingPermissionError,
@@ -467,6 +468,7 @@ def test_error_policy_docstring_matches_the_table() -> None:
         **{e.name: r for e, r in ERROR_POLICY.items()},
         "``ConnectionLost`` (exception)": reaction_for(ConnectionLost("x")),
         "a missing permission (exception)": reaction_for(MissingPermissionError("x")),
+        "a refused login (exception)": reaction_for(AuthenticationFailedError("x")),
         "anything else": OTHERWISE,
     }
     assert set(documented) == set(actual)

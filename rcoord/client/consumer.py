@@ -770,10 +770,10 @@ class Consumer(SubscriptionMixin):
 
         Runs the rebalance callbacks and auto-commit as described in the module docstring.
         Raises what the group's ``next()`` raises (a join error, once; a fatal error such as
-        ``JoinRefusedError``, ``FencedInstanceIdError`` or ``MissingPermissionError``, from then
-        on) and what the listener raises (after the rebalance step completed), but not that Redis
-        or the coordinator could not be reached: as Kafka's poll(), it keeps trying and returns
-        no records meanwhile (the group logs it).
+        ``JoinRefusedError``, ``FencedInstanceIdError``, ``MissingPermissionError`` or
+        ``AuthenticationFailedError``, from then on) and what the listener raises (after the
+        rebalance step completed), but not that Redis or the coordinator could not be reached:
+        as Kafka's poll(), it keeps trying and returns no records meanwhile (the group logs it).
 
         It returns by ``timeout`` even while Redis does not answer: the fetch and the
         auto-commit run on background threads and stay in flight for a later poll() to collect

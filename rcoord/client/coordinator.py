@@ -15,7 +15,12 @@ from .. import topics as _topics
 from ..config import CoordinatorConfig
 from ..connect import connect
 from ..coordinator import GroupCoordinator
-from ..errors import Errors, translate_redis_errors
+from ..errors import (
+    AuthenticationFailedError,
+    Errors,
+    as_authentication_failed,
+    translate_redis_errors,
+)
 from ..protocol.join import JoinGroupResult
 from ..protocol.leave import LeaveGroupResult, MemberIdentity
 from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
@@ -232,8 +237,17 @@ class RedisCoordinator(GroupCoordinator):
         return self._topic_admin.list()
 
 
-@translate_redis_errors
 def client_from_url(url: str) -> Any:
     """A ``redis.Redis`` for ``url``, or a ``redis.RedisCluster`` if the server is a cluster node
-    (``rcoord.connect.connect``, with the client's ``SOCKET_TIMEOUT_S``)."""
+    (``rcoord.connect.connect``, with the client's ``SOCKET_TIMEOUT_S``). A refused login
+    (``AuthenticationFailedError``) names the URL, its password masked."""
+    try:
+        return _connect(url)
+    except AuthenticationFailedError as exc:
+        cause = exc.__cause__ or exc
+        raise as_authentication_failed("client_from_url", cause, url) from cause
+
+
+@translate_redis_errors
+def _connect(url: str) -> Any:
     return connect(url, socket_timeout=SOCKET_TIMEOUT_S)

@@ -311,9 +311,10 @@ class ConsumerGroup:
         closed, and, once each, an error that made a join fail (``ProtocolError``,
         ``ConnectionLost``, ``MalformedMetadataError``, ...): the group keeps trying after
         ``join_backoff_ms``, so calling ``next()`` again continues. A fatal error
-        (FENCED_INSTANCE_ID, a JoinGroup refusal no retry can mend, ``JoinRefusedError``, or a
-        permission the Redis user lacks, ``MissingPermissionError``: the ``fatal`` rows of
-        ``ERROR_POLICY``) closes the group and is raised by every later call.
+        (FENCED_INSTANCE_ID, a JoinGroup refusal no retry can mend, ``JoinRefusedError``, a
+        permission the Redis user lacks, ``MissingPermissionError``, or a login Redis refuses,
+        ``AuthenticationFailedError``: the ``fatal`` rows of ``ERROR_POLICY``) closes the group
+        and is raised by every later call.
         """
         if not self._closing.is_set():
             self.start()

@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from ..errors import ConnectionLost, Errors, ProtocolError, is_missing_permission
+from ..errors import (
+    AuthenticationFailedError,
+    ConnectionLost,
+    Errors,
+    ProtocolError,
+    is_missing_permission,
+)
 
 __all__ = [
+    "AUTHENTICATION_FAILED",
     "CONNECTION_LOST",
     "ERROR_POLICY",
     "MISSING_PERMISSION",
@@ -94,6 +101,7 @@ INVALID_GROUP_ID,
 GROUP_AUTHORIZATION_FAILED
 GROUP_MAX_SIZE_REACHED             no     reset      lost        fatal
 a missing permission (exception)   no     leave      lost        fatal
+a refused login (exception)        no     leave      lost        fatal
 anything else                      no     leave      lost        backoff
 =================================  =====  =========  ==========  =======
 
@@ -133,6 +141,13 @@ was "anything else": the member left, backed off and joined again every ``join_b
 ever (or, refused a heartbeat, every generation), and the application saw the server's error
 once per round among transient ones.
 
+A refused login is Redis's ``AuthenticationError`` (``AuthenticationFailedError``: a wrong
+password or user name, a user that is off, or a password rotated while the member ran, met when
+a connection is made again). Kafka's consumer raises ``AuthenticationException`` from ``poll()``
+as fatal; so the group closes, and ``next()`` and ``poll()`` raise it. Before, redis-py's class
+made it a ``ConnectionLost``: the member retried, backed off and joined again for ever, and the
+only sign was a warning per round. (Its LeaveGroup is tried, and fails as the login does.)
+
 MEMBER_ID_REQUIRED is not in the table: the worker never asks for it (it joins with
 ``require_known_member_id=False`` and a UUID of its own, ``rcoord.client.join``); a coordinator
 that answers it anyway is "anything else".
@@ -144,12 +159,17 @@ CONNECTION_LOST = _UNREACHABLE
 MISSING_PERMISSION = _REFUSED
 """The row for a permission the Redis user lacks (``is_missing_permission``): fatal."""
 
+AUTHENTICATION_FAILED = _REFUSED
+"""The row for a login Redis refused (``AuthenticationFailedError``): fatal."""
+
 OTHERWISE = Reaction(False, "leave", "lost", "backoff")
 """The row for every error not in ``ERROR_POLICY``."""
 
 
 def reaction_for(error: Errors | BaseException) -> Reaction:
     """The ``ERROR_POLICY`` row for an error code or an exception."""
+    if isinstance(error, AuthenticationFailedError):
+        return AUTHENTICATION_FAILED
     if isinstance(error, ConnectionLost):
         return CONNECTION_LOST
     if isinstance(error, BaseException) and is_missing_permission(error):

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import redis
 import redis.cluster
 
-from ..errors import ConnectionLost
+from ..errors import AuthenticationFailedError, ConnectionLost
 from ..scripts import Scripts
 
 __all__ = ["LOG_EVERY_S", "NODE_FAILURES", "Outage", "disconnect_all", "each_node", "forget_failures",
@@ -54,10 +54,15 @@ __all__ = ["LOG_EVERY_S", "NODE_FAILURES", "Outage", "disconnect_all", "each_nod
 T = TypeVar("T")
 
 NODE_FAILURES: tuple[type[BaseException], ...] = (
-    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError, ConnectionLost)
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError, ConnectionLost,
+    AuthenticationFailedError)
 """What says a node could not run a piece at all (rcoord's ``ServerUnavailable`` is a
 ``ConnectionLost``: out of memory, READONLY, BUSY on that node). A script's own error is not
-one: it concerns one call, and its caller handles it."""
+one: it concerns one call, and its caller handles it. A login the node refuses (a password
+rotated under the running service; redis-py's ``AuthenticationError`` is a
+``ConnectionError``, rcoord's ``AuthenticationFailedError`` is not a ``ConnectionLost``) is
+one too: the service goes on with the other nodes and reports the outage (its log, health),
+as it did when rcoord raised it as ``ConnectionLost``; at start it exits 1 with one line."""
 MOVED = (redis.exceptions.AskError, redis.exceptions.TryAgainError)
 """A node's answer that the slot is (being) moved (``MovedError`` is an ``AskError``): the
 piece is run again through the cluster client, which follows the slot (a reshard)."""
