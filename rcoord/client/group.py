@@ -488,8 +488,12 @@ class ConsumerGroup:
     def leave_until_resumed(self, reason: str) -> None:
         """Leave the group now and stay out until ``resume()``: Kafka's reaction to an
         application that stopped polling for ``max.poll.interval.ms``. The current generation
-        ends with its partitions lost (others may own them as soon as the group rebalances),
-        LeaveGroup carries ``reason``, and the member joins again as a new member."""
+        ends with its partitions lost (others may own them as soon as the group rebalances).
+        A dynamic member sends LeaveGroup carrying ``reason`` and joins again as a new member
+        (a new member id). A static member (``group_instance_id``) sends no LeaveGroup, as in
+        Kafka (KIP-345): ``reason`` is only logged, its heartbeat stops, so its partitions move
+        to the others when its session times out, and ``resume()`` joins it again under the
+        same instance id, with the member id it had."""
         with self._cond:
             self._may_join.clear()
             gen = self._current if self._current is not None else self._slot
