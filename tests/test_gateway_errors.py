@@ -358,3 +358,27 @@ def test_an_error_response_that_cannot_be_built_closes_the_connection_with_one_l
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.levelno for r in warned] == [logging.WARNING], warned
     assert "cannot be built (AttributeError: no such field)" in warned[0].getMessage()
+
+
+def test_a_login_redis_refuses_the_gateway_is_retriable_for_kafka_clients(own_server):
+    """The gateway's own Redis credentials are not the Kafka client's problem: a password
+    rotated under a running gateway (its connections made again with the old one) is answered
+    as Redis unreachable is, COORDINATOR_NOT_AVAILABLE, which a Kafka client retries. Since a
+    refused login became ``AuthenticationFailedError`` (not a ``ConnectionLost``) it fell to
+    the catch-all: UNKNOWN_SERVER_ERROR and a traceback per request."""
+    ns = "e" + uuid.uuid4().hex[:10]
+    with running_gateway(own_server, ns) as gw:
+        admin = own_server.client()
+        sock = connect(gw)
+        try:
+            admin.config_set("requirepass", "rotated")
+            admin.client_kill_filter(_type="normal", skipme=True)
+            sock.sendall(request_frame(8, 8, 1, _commit_body("grp")))
+            got = response(sock, 8, 8, 5)
+            assert _codes(got.topics, "partitions", "partition_index") == {
+                ("t", 0): COORDINATOR_NOT_AVAILABLE, ("t", 1): COORDINATOR_NOT_AVAILABLE,
+                ("u", 0): COORDINATOR_NOT_AVAILABLE}
+        finally:
+            admin.config_set("requirepass", "")
+            sock.close()
+            admin.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import redis.exceptions
 
-from ..errors import ConnectionLost
+from ..errors import AuthenticationFailedError, ConnectionLost
 from .acl import ResourceType
 
 __all__ = [
@@ -32,10 +32,13 @@ __all__ = [
     "RequestError",
 ]
 
-UNREACHED = (ConnectionLost, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+UNREACHED = (ConnectionLost, AuthenticationFailedError, redis.exceptions.ConnectionError,
+             redis.exceptions.TimeoutError)
 """What a call raises when Redis could not be reached or answered "not now" (ServerUnavailable
 is a ConnectionLost), and redis-py errors no rcoord boundary translated (no free connection in
-the pool): retriable, whatever the request was."""
+the pool): retriable, whatever the request was. A login Redis refuses the gateway (its password
+rotated under it) too: the gateway's credentials are not the Kafka client's to fix, and the
+client retries until the gateway is restarted with the new ones."""
 
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5
