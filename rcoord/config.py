@@ -120,14 +120,26 @@ class CoordinatorConfig:
                 try:
                     values[name] = int(stored[name])
                 except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"the stored setting {name} of namespace {self.namespace!r} is "
-                        f"{stored[name]!r}, not an integer: correct it in "
-                        f"{self.namespace}:settings (or start a coordinator naming it)") from None
+                    raise ConfigError(bad_stored_setting(self.namespace, name,
+                                                         stored[name])) from None
         values["namespace"] = self.namespace
         merged = dataclasses.replace(CoordinatorConfig(), **values)
         object.__setattr__(merged, "_named", _Named(self._named, merged))
         return merged
+
+
+def bad_stored_setting(namespace: str, name: str, value: Any) -> str:
+    """What to fix when the stored setting ``name`` of ``namespace`` is ``value``, no integer
+    (written by hand). Naming another setting writes it over the bad value; not the partition
+    count: which layout the namespace's groups live in cannot be told from it, and changing the
+    count must check that layout for groups and delete it (``rcoord.settings``), so it is to be
+    corrected by hand to the count in use (the anchor copies ``<ns>:{...}:anchor`` name it)."""
+    fix = (f"correct it in {namespace}:settings to the partition count in use (the anchor "
+           f"copies {namespace}:{{...}}:anchor name it)" if name == "num_partitions"
+           else f"correct it in {namespace}:settings (or start a coordinator naming it)")
+    what = "a positive integer" if name == "num_partitions" else "an integer"
+    return (f"the stored setting {name} of namespace {namespace!r} is {value!r}, not {what}: "
+            f"{fix}")
 
 
 _FIELDS = [f.name for f in dataclasses.fields(CoordinatorConfig) if not f.name.startswith("_")]

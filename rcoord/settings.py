@@ -61,7 +61,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .config import STORED_SETTINGS, CoordinatorConfig
+from .config import STORED_SETTINGS, CoordinatorConfig, bad_stored_setting
 from .errors import ConfigError
 from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
@@ -185,7 +185,10 @@ def settle_flow(
             # the stored maximum), and a write that fails its check afterwards left every later
             # start of the namespace, and every running coordinator's next settle, failing.
             base.merged_with_stored({**stored, **changes})
-            old_np = int(stored["num_partitions"])
+            old_np = _count(stored)
+            if old_np is None:  # (no layout to check for groups: named over, it could be live)
+                raise ConfigError(bad_stored_setting(namespace, "num_partitions",
+                                                     stored["num_partitions"]))
             new_np = int(changes.get("num_partitions", old_np))
             if new_np != old_np and (yield from _count_groups(namespace, old_np)):
                 raise ConfigError(
@@ -227,7 +230,9 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     marks = [name for name in stored if name.startswith(RETIRE)]
     if not marks:
         return stored
-    current = int(stored["num_partitions"])
+    current = _count(stored)
+    if current is None:  # (unreadable: merged_with_stored names it; the marks wait for it)
+        return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
     for name in marks:
         try:
             old = int(name[len(RETIRE):])

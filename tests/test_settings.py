@@ -261,6 +261,29 @@ def test_a_stored_value_that_is_no_integer_is_named(redis_client, namespace):
     assert named.config.group_max_size == 5
 
 
+def test_a_stored_partition_count_that_is_no_integer_is_named_when_named_over(
+        redis_client, namespace):
+    """A partition count written by hand as no integer: a coordinator naming the count, which
+    the message for the other settings suggests, failed with int()'s bare ValueError, and so
+    did every settle of a namespace holding a mark of an old count (``RETIRE``). Naming it
+    cannot repair it (the layout in use, to check for groups, is unknown), so the error says
+    to correct it by hand."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    redis_client.hset(settings_key(namespace), "num_partitions", "abc")
+    message = (r"stored setting num_partitions .* is 'abc', not a positive integer: correct it "
+               r"in .*:settings to the partition count in use")
+    with pytest.raises(ConfigError, match=message):
+        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                         num_partitions=50)).start()
+    redis_client.hset(settings_key(namespace), "retire:10", "1")
+    with pytest.raises(ConfigError, match=message):
+        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert redis_client.hget(settings_key(namespace), "retire:10") == b"1"
+    redis_client.hset(settings_key(namespace), "num_partitions", "50")
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert redis_client.hget(settings_key(namespace), "retire:10") is None
+
+
 def test_a_replaced_config_names_only_what_it_changed(redis_client, namespace):
     """``dataclasses.replace`` passes every field to the constructor again; before, the copy
     named every setting, so starting a coordinator with it wrote every default over the
