@@ -61,3 +61,28 @@ def test_named_settings_come_back_when_a_worker_re_established_the_namespace_fir
         assert svc._coord.config.group_min_session_timeout_ms == 100
     finally:
         svc.stop()
+
+
+def test_a_count_change_left_unfinished_is_finished_by_the_service_within_a_lease_round(
+        redis_server, single_client, namespace):
+    """A change of the partition count whose deletion of the old layout failed leaves a mark
+    (``retire:<old count>``) for the next settle to finish. Processes on the new count are
+    never refused, so none settles again soon, and until one does a process still on the old
+    count runs its groups there too. The service, which reads the settings every lease round,
+    took no notice of the mark (the version had not moved); it now settles, which deletes the
+    old layout."""
+    from rcoord.keys import PartitionKeys
+
+    GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
+                                                      num_partitions=10)).start()
+    svc = _service(redis_server.url, namespace)
+    try:
+        old = [PartitionKeys(namespace, p, 50).cfg for p in range(50)]
+        for key in old:  # (what the failed deletion left: the old layout's copies)
+            single_client.hset(key, mapping={"version": "1", "num_partitions": "50"})
+        single_client.hset(settings_key(namespace), "retire:50", "1")
+        wait_until(lambda: not single_client.exists(*old), timeout_s=10)
+        assert not single_client.hexists(settings_key(namespace), "retire:50")
+        assert svc.exit_code != 3 and svc._coord.config.num_partitions == 10
+    finally:
+        svc.stop()

@@ -28,7 +28,7 @@ from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
-from ..settings import ORIGIN
+from ..settings import ORIGIN, RETIRE
 from ..urls import redact_url, repr_redacting, url_problem
 from .connect import connect
 from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
@@ -561,16 +561,25 @@ class CoordinatorService:
         would start a war with a process naming other values, each rewriting the settings
         (and every copy) every round. The partition count is fixed while groups exist, but may
         change before: a process that kept the old count would sweep keys nobody uses, so it
-        stops and lets its supervisor start it again."""
+        stops and lets its supervisor start it again. A change of count whose deletion of the
+        old layout failed (a mark ``rcoord.settings.RETIRE`` left) is finished here by a settle:
+        processes on the new count are never refused, so before, the old layout stayed until
+        some process happened to settle, and a process still on the old count ran its groups
+        there meanwhile (a group existing twice)."""
         key = settings_key(self.config.namespace)
         # Through its node's own client: a hung master there fails this within the socket
-        # timeout (no cluster retries), and the lease round goes on (nodes.py).
-        raw = on_node(self._client, key,
-                      lambda node: node.hmget(key, "version", "num_partitions", ORIGIN))
+        # timeout (no cluster retries), and the lease round goes on (nodes.py). The whole hash
+        # (a dozen fields): the marks' names are not known in advance.
+        stored = {(k.decode() if isinstance(k, bytes) else k): v
+                  for k, v in on_node(self._client, key, lambda node: node.hgetall(key)).items()}
+        raw = [stored.get(name) for name in ("version", "num_partitions", ORIGIN)]
+        marked = any(name.startswith(RETIRE) for name in stored)
         version = None if raw[0] is None else int(raw[0])
         origin = raw[2].decode() if isinstance(raw[2], bytes) else raw[2]
         lost = version is None or origin != self._coord.settings_origin
-        if lost or version != self._coord.settings_version:
+        if marked and not lost and version == self._coord.settings_version:
+            self._coord.resettle(write_named=False)  # (_retire: the old layout, then the mark)
+        elif lost or version != self._coord.settings_version:
             was_version = self._coord.settings_version
             if lost:
                 log.warning("namespace settings lost; settling them again", extra={
