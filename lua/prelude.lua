@@ -40,22 +40,6 @@
 
 local GROUP_ID, NOW, MOCK_TIME
 
--- A token of this server process (this library's Lua state), made at its first use. An HSCAN
--- cursor means something only to the process that gave it: another one (a replica promoted, a
--- restart, the destination of a slot migration) holds the same hash in other buckets, and
--- continuing there from the old cursor skips some of its fields. A paged read that keeps its
--- cursor between calls (fetch_offsets.lua's pages, expire_offsets' walk below) names the
--- process with it and starts again on another. (A library loaded again makes a new one: one
--- restart more.)
-local SERVER_TOKEN = nil
-local function server_token()
-  if SERVER_TOKEN == nil then
-    local t = redis.call('TIME')
-    SERVER_TOKEN = t[1] .. '.' .. t[2] -- (two processes: the same only in the same microsecond)
-  end
-  return SERVER_TOKEN
-end
-
 -- Settings: DEFAULTS and SETTINGS_FIELDS come from the header (rcoord/config.py).
 -- The partition's copy of the settings is also the proof that the caller's layout is the
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
@@ -1542,19 +1526,31 @@ end
 -- expiry seen so far, if any) and comes back a millisecond later (the service's next call, or
 -- any step's), one page per call. A walk goes on only under the generation and base it began
 -- with (they decide which offsets may expire) and on the server process that began it (its
--- cursor is that process's: server_token; the token rides on the base, 'BASE@TOKEN', so a
+-- cursor is that process's: SERVER_TOKEN, below; the token rides on the base, 'BASE@TOKEN', so a
 -- version that does not know it reads another base and starts again too); otherwise it starts
 -- again. Continued on another process, a walk skipped offsets; an Empty group's walk that saw
 -- only expired ones scheduled no next check, and the skipped offsets and the group stayed for
 -- good. A page is 250 offsets (HSCAN's COUNT): at most about 2 ms of server time.
 -- This is Kafka's cleanupExpiredOffsets plus the removal of an Empty group with no offsets
 -- left, exactly when due instead of on a periodic scan.
-local function expire_offsets()
+-- The token of the server process (of this library's Lua state, made from TIME at its first
+-- walk: the same on two processes only in the same microsecond) is a local of this block, not
+-- of the main chunk, whose 200 locals are kept for helpers (tests/test_state.py); fetch_offsets.lua
+-- keeps its own. (A library loaded again makes a new one: one restart more. Another rcoord
+-- version's library has another: each starts the other's walk again.)
+local expire_offsets
+do
+local SERVER_TOKEN = nil
+function expire_offsets()
+  if SERVER_TOKEN == nil then
+    local t = redis.call('TIME')
+    SERVER_TOKEN = t[1] .. '.' .. t[2]
+  end
   local base = expiration_base_of(G.ptype, G.state, G.subs)
   local next_at = nil
   if base then
     local subs = subscribed_set()
-    local walk = (G.gen or '0') .. ' ' .. base .. '@' .. server_token()
+    local walk = (G.gen or '0') .. ' ' .. base .. '@' .. SERVER_TOKEN
     local cursor, left = '0', G.gcw
     if left then
       local w, b, c, n = string.match(left, '^(%S+) (%S+) (%S+) ?(%S*)$')
@@ -1590,6 +1586,7 @@ local function expire_offsets()
   end
   if next_at then schedule('gc', retention_check_at(next_at, NOW)) end
 end
+end -- (SERVER_TOKEN's block)
 
 -- Applies every deadline of this group that has passed, in deadline order (lazy expiry).
 -- ms after its deadline that each applied timer acted (for metrics); made on first use
