@@ -233,12 +233,18 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     current = _count(stored)
     if current is None:  # (unreadable: merged_with_stored names it; the marks wait for it)
         return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
+    # The count as stored now: ``stored`` may be a settle old, and the count changed back to a
+    # marked one meanwhile (50 -> 10, then 10 -> 50 by another process) is the layout in use;
+    # before, a settle that had read the mark deleted it (its copies, hence refused calls until
+    # repaired, and its groups' events streams) and warned of groups created under an old count.
+    now = yield Command(("HGET", key, "num_partitions"))
+    in_force = current if now is None else _count({"num_partitions": _text(now)})
     for name in marks:
         try:
             old = int(name[len(RETIRE):])
         except ValueError:
             old = current
-        if old != current and 0 < old <= 16384:
+        if old not in (current, in_force) and 0 < old <= 16384:
             yield Pipeline([("DEL", k) for p in range(old)
                             for k in _partition_leftovers(namespace, p, old)])
             late = yield from _count_groups(namespace, old)

@@ -114,3 +114,37 @@ def test_a_repair_that_races_a_count_change_leaves_no_copy_of_the_old_layout(
     # Whoever settled last holds the count stored; one that settled under another count has
     # no copy left, so its calls are refused and it settles again.
     assert settled[-1].config.num_partitions == stored
+
+
+def test_a_settle_that_read_a_mark_keeps_the_layout_changed_back_to_meanwhile(
+        redis_client, namespace):
+    """50 -> 10 failed before deleting the 50 layout (a mark left); a process settling then
+    (a worker starting) reads the mark; another changes the count back to 50 and a group forms
+    there; then the first settle goes on. Before, it deleted the 50 layout as marked: the
+    group's partition lost its copy (calls refused until repaired) and its events stream, and
+    a warning said the group was created under an old count. The count is read again first."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    ten = CoordinatorConfig(namespace=namespace, num_partitions=10)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, ten, None)))
+    reader = settle_flow(namespace, None, None)
+    op = reader.send(_perform(redis_client, scripts, next(reader), None, None))  # (read)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=50)).start()
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    member = _form_alone(worker, "g")
+    partition = GroupKeys.of(namespace, 50, "g").partition
+    assert redis_client.exists(partition.cfg, partition.events) == 2
+    gone = []
+    while True:
+        try:
+            op = reader.send(_perform(redis_client, scripts, op, None, None))
+        except StopIteration as done:
+            settled = done.value
+            break
+        gone += [k for k in (partition.cfg, partition.events) if not redis_client.exists(k)]
+    assert settled.config.num_partitions == 50
+    assert gone == []
+    assert {m.member_id for m in worker.describe_group("g").members} == {member}
