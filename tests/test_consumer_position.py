@@ -13,7 +13,7 @@ from harness import wait_until
 from test_client_group import WAIT_S
 
 from rcoord import Errors, TopicPartition
-from rcoord.client import IllegalStateError, WakeupError
+from rcoord.client import IllegalStateError, NoOffsetForPartitionError, WakeupError
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.topics import TopicError
 
@@ -267,3 +267,65 @@ def test_close_ends_a_listeners_wait_for_a_missing_partition(env: Any) -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], IllegalStateError), outcome
     assert "closing" in str(outcome[0])
     assert coord.misses == 2
+
+
+def test_assign_of_a_topic_not_created_yet_starts_at_its_end_once_created(env: Any) -> None:
+    """As Kafka's consumer, which retries the auto.offset.reset of a partition missing from its
+    metadata and then resets to the end the log has at that time: under "latest", an assign()ed
+    partition of a topic created later starts at the end it has once it exists; the records
+    appended before are not read. Before, it started at 0 and read them all."""
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest")
+    consumer.assign([TP("t", 0)])
+    assert consumer.poll(timeout=0.05) == []
+    with pytest.raises(TimeoutError, match="t-0 .*UNKNOWN_TOPIC_OR_PARTITION"):
+        consumer.position(TP("t", 0), timeout=0)
+    env.topics.create("t", 1)
+    for i in range(2):
+        env.producer.send("t", b"before%d" % i, partition=0)
+    wait_until(lambda: consumer.lag() == {TP("t", 0): 0}, lambda: consumer.poll(timeout=0.05))
+    assert consumer.position(TP("t", 0)) == 2
+    env.producer.send("t", b"after", partition=0)
+    got = test_consumer.poll_until(consumer, lambda g: len(g) >= 1)
+    assert [r.offset for r in got] == [2]
+
+
+def test_assign_of_a_partition_past_the_count_waits_for_it(env: Any) -> None:
+    """The same for a partition number past its topic's count, until add_partitions makes it:
+    its position is the end it then has. Before, 0."""
+    env.topics.create("t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest")
+    consumer.assign([TP("t", 0), TP("t", 1)])
+    assert consumer.position(TP("t", 0)) == 0  # (it exists: no wait)
+    with pytest.raises(TimeoutError, match="t-1 .*UNKNOWN_TOPIC_OR_PARTITION"):
+        consumer.position(TP("t", 1), timeout=0)
+    env.topics.add_partitions("t", 2)
+    env.producer.send("t", b"x", partition=1)
+    assert consumer.position(TP("t", 1), timeout=WAIT_S) == 1
+
+
+def test_assign_of_a_missing_topic_under_earliest_has_no_position_to_commit(env: Any) -> None:
+    """Under "earliest" too the partition has no position until it exists (Kafka's position()
+    blocks, then times out): close()'s auto-commit leaves it uncommitted. Before, position()
+    answered 0 at once, and that 0 was committed for a partition that did not exist."""
+    consumer = env.consumer(topics=[], start_offset="earliest")
+    consumer.assign([TP("t", 0)])
+    with pytest.raises(TimeoutError, match="t-0"):
+        consumer.position(TP("t", 0), timeout=0)
+    consumer.close()
+    assert env.coord.fetch_offsets("g", [TP("t", 0)]).offsets[TP("t", 0)].offset == -1
+    env.topics.create("t", 1)
+    env.producer.send("t", b"first", partition=0)
+    again = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest")
+    again.assign([TP("t", 0)])
+    assert [r.offset for r in test_consumer.poll_until(again, lambda g: len(g) >= 1)] == [0]
+
+
+def test_assign_of_a_missing_topic_under_none_raises_no_offset(env: Any) -> None:
+    """Under "none", as Kafka's NoOffsetForPartitionException: nothing committed, no position,
+    whether the partition exists or not."""
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="none")
+    consumer.assign([TP("t", 0)])
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.position(TP("t", 0))
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.poll(timeout=0)

@@ -628,10 +628,16 @@ class Consumer(SubscriptionMixin):
             given = None if partitions is None else list(partitions)
             wanted = self._partitions_arg(given or None, "seek")  # [] means every one
             for tp in wanted:
-                self._reset_markers += 1
-                self._reposition(tp, 0)
-                self._fetch_pos[tp] = -self._reset_markers  # (< -1: not NO_POSITION)
-                self._resets[tp] = edge
+                self._reset_later(tp, edge)
+
+    def _reset_later(self, tp: TopicPartition, edge: int) -> None:
+        """Leave ``tp`` without a position until its log ``edge`` (0: start, 1: end) is read
+        at the next fetch or ``position()``, asked again while the partition does not exist
+        (Kafka's ``requestOffsetReset``)."""
+        self._reset_markers += 1
+        self._reposition(tp, 0)
+        self._fetch_pos[tp] = -self._reset_markers  # (< -1: not NO_POSITION)
+        self._resets[tp] = edge
 
     def _resolved(self, tp: TopicPartition, offset: int) -> None:
         """A pending ``seek_to_*`` of ``tp`` read its edge: ``offset`` is the position."""

@@ -111,6 +111,7 @@ class SubscriptionMixin:
         def _leave_inside_revocation(self) -> None: ...
         def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
         def _partitions_lost(self) -> bool: ...
+        def _reset_later(self, tp: TopicPartition, edge: int) -> None: ...
 
     def subscribe(
         self,
@@ -219,11 +220,13 @@ class SubscriptionMixin:
 
         No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
         committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
-        the previous ``assign()`` keeps its position. Commits go to ``group_id`` as a simple
-        group (no member id, generation -1): the coordinator accepts them only while the group
-        has no members, else they raise ``CommitFailedError``; with auto-commit, ``close()``
-        commits the positions that way too (Kafka's ``close()``). Raises ``IllegalStateError`` on
-        a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
+        the previous ``assign()`` keeps its position. One that does not exist yet (no topic, or
+        a number past its count) and has no committed offset has no position until it exists,
+        then the policy's edge at that time (``_not_created``). Commits go to ``group_id`` as a
+        simple group (no member id, generation -1): the coordinator accepts them only while the
+        group has no members, else they raise ``CommitFailedError``; with auto-commit,
+        ``close()`` commits the positions that way too (Kafka's ``close()``). Raises
+        ``IllegalStateError`` on a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
         """
         wanted = sorted({TopicPartition(*tp) for tp in partitions})
         with self._single_threaded():
@@ -250,7 +253,9 @@ class SubscriptionMixin:
                     call, error_of, config=self._config, closing=self._stop
                 ),
             )
+            missing = self._not_created(added, offsets, committed)
             self._forget_partitions(removed)
+            edge = 0 if self._config.start_offset == "earliest" else 1
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = offsets[tp]
                 if offsets[tp] < 0:  # start_offset="none" and nothing committed
@@ -258,9 +263,37 @@ class SubscriptionMixin:
                 self._buffers[tp] = deque()
                 if tp in committed:
                     self._committed[tp] = committed[tp]
+                if tp in missing:
+                    self._reset_later(tp, edge)
             self._assigned = wanted
             self._assigned_manually = True
             self._next_auto_commit = time.monotonic() + self._auto_commit_s
+
+    def _not_created(
+        self,
+        added: list[TopicPartition],
+        offsets: Mapping[TopicPartition, int],
+        committed: Mapping[TopicPartition, int],
+    ) -> set[TopicPartition]:
+        """The partitions of ``added`` that start by the ``start_offset`` policy but do not
+        exist (their topic not created yet, or a number past its count): they get no
+        position until they exist, then the policy's edge at that time (``_reset_later``), as
+        Kafka's consumer retries the offset reset of a partition missing from its metadata.
+        Before, such a partition started at 0: under "latest", the records of a topic created
+        later were all read from its start, and a commit could store 0 for a partition that
+        did not exist. Only one with start offset 0 may be missing (``start_offsets`` gives 0
+        then), so a partition with records costs no extra read; "none" leaves them without a
+        position already (``NoOffsetForPartitionError``)."""
+        if self._config.start_offset == "none":
+            return set()
+        maybe = [tp for tp in added if tp not in committed and offsets[tp] == 0]
+        if not maybe:
+            return set()
+        coord = self._coordinator()
+        topics = sorted({tp.topic for tp in maybe})
+        counts = call_with_retries(lambda: coord.partition_counts(topics), None,
+                                   config=self._config, closing=self._stop)
+        return {tp for tp in maybe if tp.partition >= counts.get(tp.topic, 0)}
 
     def _forget_partitions(self, partitions: Iterable[TopicPartition]) -> None:
         """Drop what every per-partition table holds of ``partitions`` (given up): a
