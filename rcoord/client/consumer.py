@@ -350,6 +350,9 @@ class Consumer(SubscriptionMixin):
         # without its records: _send_fetch) or position() does (_resolved).
         self._resets: dict[TopicPartition, int] = {}
         self._reset_markers = 1
+        # Partition counts read for commits of partitions not held (_check_exist): topic ->
+        # a count it had (partitions are only added, so a lower bound while it lives).
+        self._partition_counts: dict[str, int] = {}
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
@@ -1061,7 +1064,9 @@ class Consumer(SubscriptionMixin):
         has not been taken by ``poll()`` yet): nothing was committed and nothing is lost;
         ``poll()`` completes the rebalance, then the commit of the partitions still assigned
         can be made again. A negative offset raises ``ValueError`` and nothing is committed,
-        as Kafka's ``OffsetAndMetadata`` refuses one.
+        as Kafka's ``OffsetAndMetadata`` refuses one; an offset of a partition that does not
+        exist raises ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION), nothing committed either
+        (``_check_exist``).
 
         ``wakeup()`` (Kafka's ``commitSync``): one pending at the call raises ``WakeupError``
         before anything is sent; one that comes while earlier async commits are awaited, or
@@ -1090,6 +1095,8 @@ class Consumer(SubscriptionMixin):
                 raise _no_generation(self._group)
             return
         wanted = given if given is not None else self._positions()
+        if given is not None:
+            self._check_exist(self._unverified(given))
         target[0](wanted)
         self._note_committed({
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
@@ -1108,7 +1115,9 @@ class Consumer(SubscriptionMixin):
         ``RebalanceInProgressError`` as in ``commit()``) runs in that same order, from a later
         ``poll()``, ``commit()`` or ``close()`` in the caller's thread, never from the
         background thread. ``commit()`` waits for earlier async commits.
-        A negative offset raises ``ValueError`` here, at the call, as in ``commit()``.
+        A negative offset raises ``ValueError`` here, at the call, as in ``commit()``; an
+        offset of a partition that does not exist is the callback's ``TopicError``
+        (``_check_exist``), nothing of that call committed.
         """
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable(offsets, exception), got {callback!r}")
@@ -1126,7 +1135,56 @@ class Consumer(SubscriptionMixin):
                 self._committer.complete_now(plain, refused, callback)
                 return
             commit, token = target
-            self._committer.submit(lambda: commit(wanted), plain, callback, token)
+            unknown = [] if given is None else self._unverified(given)
+            if not unknown:
+                self._committer.submit(lambda: commit(wanted), plain, callback, token)
+                return
+
+            def checked() -> None:
+                self._check_exist(unknown)  # (on the committer thread: it reads Redis)
+                commit(wanted)
+
+            self._committer.submit(checked, plain, callback, token)
+
+    def _unverified(self, offsets: Mapping[TopicPartition, object]) -> list[TopicPartition]:
+        """The partitions of a commit's ``offsets`` not known to exist (``_check_exist``)."""
+        held = self._position if self._gen is not None else {}
+        counts = self._partition_counts
+        return [TopicPartition(*tp) for tp in offsets
+                if tp not in held and tp[1] >= counts.get(tp[0], 0)]
+
+    def _check_exist(self, unknown: list[TopicPartition]) -> None:
+        """Raise ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION) when an offset given to
+        ``commit``/``commit_async`` is of a partition that does not exist (its topic, or its
+        number past the topic's count): Kafka's broker refuses those partitions (KafkaApis,
+        before its group coordinator, which, as rcoord's, does not look at topics), where
+        rcoord's coordinator stored them, so a typo in a topic name was a commit that
+        "succeeded" and was never read. Nothing of the call is committed: the caller learns of
+        the mistake before any offset of it is stored, and commits again with it corrected
+        (Kafka's broker stores the others, then its client retries the whole request until
+        its timeout). A partition held from the group's assignment exists (the leader read
+        the counts); others are looked up once per topic, then cached (a count only grows), so
+        the common commits cost no extra round trip. A topic deleted after its count was
+        cached is not noticed (as a commit between deletion and Kafka's metadata update)."""
+        if not unknown:
+            return
+        counts = self._partition_counts
+        coord = self._coordinator()
+        topics = sorted({tp.topic for tp in unknown})
+        found = call_with_retries(lambda: coord.partition_counts(topics), None,
+                                  config=self._config, closing=self._stop)
+        if len(counts) + len(found) > _COUNTS_KEPT:
+            counts.clear()  # (a bound: a pattern consumer may see many short-lived topics)
+        counts.update(found)
+        missing = sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0))
+        if missing:
+            where = "; ".join(
+                f"topic {t!r} has {found[t]} partitions" if t in found
+                else f"topic {t!r} does not exist" for t in sorted({tp.topic for tp in missing}))
+            raise TopicError(
+                Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                f"commit of {_names(missing)} refused ({where}): nothing of this commit was "
+                "stored; commit offsets of existing partitions only")
 
     def _positions(self) -> dict[TopicPartition, int]:
         """The positions of the assigned partitions that have one (what a commit sends): not
@@ -2315,6 +2373,9 @@ class _FetchAsk:
     blocking: bool
     resolved: dict[TopicPartition, int] = field(default_factory=dict)
 
+
+_COUNTS_KEPT = 1024
+"""The most topics whose partition counts a consumer keeps for its commit checks."""
 
 _UNKNOWN: PartitionRecords[Any] = PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
 """The answer for a pending ``seek_to_*`` whose partition does not exist (yet)."""

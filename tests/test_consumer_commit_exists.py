@@ -1,0 +1,90 @@
+"""Commits of partitions that do not exist, against Kafka: its broker answers
+UNKNOWN_TOPIC_OR_PARTITION for them (KafkaApis.handleOffsetCommitRequest, before the group
+coordinator), where rcoord's coordinator stores whatever it is given; the worker ``Consumer``
+checks them itself (``Consumer._check_exist``). Real servers (the ``env`` fixture)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import test_consumer
+from test_consumer import poll_until
+
+from rcoord import Errors, TopicPartition
+from rcoord.client.coordinator import RedisCoordinator
+from rcoord.topics import TopicError
+
+TP = TopicPartition
+env = test_consumer.env
+
+
+class _CountsLookups(RedisCoordinator):
+    """Counts the partition count reads of the test's own thread (the commits'): the
+    leader's join and partition watcher read them too, on theirs."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env.client, env.namespace)
+        self.lookups: list[list[str]] = []
+        self._thread = threading.current_thread()
+
+    def partition_counts(self, topics: Any) -> dict[str, int]:
+        if threading.current_thread() is self._thread:
+            self.lookups.append(list(topics))
+        return super().partition_counts(topics)
+
+
+def _committed(env: Any, *tps: TopicPartition) -> dict[TopicPartition, int]:
+    return {tp: o.offset for tp, o in env.coord.fetch_offsets("g", list(tps)).offsets.items()}
+
+
+def test_commit_of_a_missing_topic_or_partition_raises_and_stores_nothing(env: Any) -> None:
+    """commit(offsets) naming a topic that does not exist, or a partition number past the
+    count, raises TopicError(UNKNOWN_TOPIC_OR_PARTITION) naming it, and nothing of that call
+    is stored (the existing partition's offset neither). Before, every offset was stored."""
+    env.topics.create("t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0)])
+    with pytest.raises(TopicError, match="nope-0.*topic 'nope' does not exist") as raised:
+        consumer.commit({TP("t", 0): 1, TP("nope", 0): 5})
+    assert raised.value.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
+    with pytest.raises(TopicError, match="t-1.*topic 't' has 1 partitions"):
+        consumer.commit({TP("t", 0): 1, TP("t", 1): 5})
+    assert _committed(env, TP("t", 0), TP("t", 1), TP("nope", 0)) == {
+        TP("t", 0): -1, TP("t", 1): -1, TP("nope", 0): -1}
+    consumer.commit({TP("t", 0): 1})
+    assert _committed(env, TP("t", 0)) == {TP("t", 0): 1}
+
+
+def test_commit_async_of_a_missing_partition_reports_it_to_the_callback(env: Any) -> None:
+    """commit_async: the callback gets the TopicError (as Kafka's commitAsync reports a
+    broker's refusal there), nothing of it is stored, and the next commit goes on."""
+    env.topics.create("t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0)])
+    results: list[Any] = []
+    consumer.commit_async({TP("t", 0): 1, TP("nope", 0): 5}, lambda o, e: results.append(e))
+    consumer.commit_async({TP("t", 0): 2}, lambda o, e: results.append(e))
+    consumer.commit({})  # waits for both, runs their callbacks
+    assert isinstance(results[0], TopicError)
+    assert results[0].error is Errors.UNKNOWN_TOPIC_OR_PARTITION and results[1] is None
+    assert _committed(env, TP("t", 0), TP("nope", 0)) == {TP("t", 0): 2, TP("nope", 0): -1}
+
+
+def test_the_check_costs_no_round_trip_per_commit(env: Any) -> None:
+    """A subscribed consumer's commits of its assigned partitions read nothing more; others
+    (and every partition of an assign()ed consumer) are looked up once per topic."""
+    env.topics.create("t", 2)
+    env.topics.create("u", 1)
+    for p in (0, 1):
+        env.producer.send("t", b"x", partition=p)
+    coord = _CountsLookups(env)
+    consumer = env.consumer(enable_auto_commit=False, coordinator=coord)
+    poll_until(consumer, lambda g: len(g) >= 2)
+    for i in range(3):
+        consumer.commit({TP("t", 0): i, TP("t", 1): i})
+    assert coord.lookups == []
+    for i in range(3):
+        consumer.commit({TP("u", 0): i})
+    assert coord.lookups == [["u"]]
