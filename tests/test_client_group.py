@@ -896,6 +896,31 @@ def test_a_join_refusal_no_retry_can_mend_is_fatal(fake_group: Any, error: Error
     assert state.leaves == ([] if error is Errors.GROUP_MAX_SIZE_REACHED else [state.id(1)])
 
 
+@pytest.mark.parametrize("where", ["join", "heartbeat"])
+def test_a_fenced_static_member_is_told_another_process_took_its_instance_id(
+    fake_group: Any, where: str
+) -> None:
+    """A reviewer's repro: two running processes with one group_instance_id (the new copy of a
+    deployment started before the old one stopped) fence the older one, fatally, and it was
+    told only the code: "the coordinator answered FENCED_INSTANCE_ID (generation 1)" from a
+    heartbeat, "JoinGroup of 'g' failed: FENCED_INSTANCE_ID" from a parked join. Kafka's
+    FencedInstanceIdException says another consumer registered with the same
+    group.instance.id; so does this now, naming the instance id."""
+    state = OneMemberGroup()
+    group = fake_group(state, group_instance_id="node-7")
+    if where == "join":
+        state.join_answers.append(Errors.FENCED_INSTANCE_ID)
+    else:
+        gen = group.next(timeout=WAIT_S)
+        state.heartbeat_answers.append(Errors.FENCED_INSTANCE_ID)
+        assert gen.done.wait(WAIT_S)
+    for _ in range(2):  # fatal: once, and for good
+        with pytest.raises(FencedInstanceIdError) as info:
+            group.next(timeout=WAIT_S)
+        assert info.value.error is Errors.FENCED_INSTANCE_ID
+        assert "another process joined with group_instance_id='node-7'" in str(info.value)
+
+
 def test_sync_rebalance_in_progress_rejoins_quietly(fake_group: Any) -> None:
     state = OneMemberGroup()
     state.sync_answers.append(Errors.REBALANCE_IN_PROGRESS)

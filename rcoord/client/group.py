@@ -115,7 +115,7 @@ from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import GroupClosedError
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
-from .join import join_generation
+from .join import fenced_reason, join_generation
 from .policy import OTHERWISE, Reaction, reaction_for
 from .retry import call_with_retries
 
@@ -832,5 +832,7 @@ def _as_exception(error: BaseException | Errors | None, gen: Generation | None) 
         return as_missing_permission(error) if is_missing_permission(error) else error
     if isinstance(error, Errors):
         where = f" (generation {gen.generation_id})" if gen is not None else ""
+        if error is Errors.FENCED_INSTANCE_ID and gen is not None:
+            where += f": {fenced_reason(gen._instance_id)}"
         return ProtocolError.of(error, f"the coordinator answered {error.name}{where}")
     return RcoordError("unknown error")

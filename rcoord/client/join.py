@@ -66,6 +66,7 @@ from .retry import Retry
 __all__ = [
     "NO_POSITION",
     "check_cooperative",
+    "fenced_reason",
     "join_generation",
     "leader_assignment",
     "log_offsets_of",
@@ -76,6 +77,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("rcoord.client")
+
+
+def fenced_reason(group_instance_id: str | None) -> str:
+    """Why FENCED_INSTANCE_ID ended this member, as Kafka's ``FencedInstanceIdException``
+    says it ("another consumer with the same group.instance.id has registered with a different
+    member.id"). The code alone ("the coordinator answered FENCED_INSTANCE_ID") did not say
+    that two running processes share one ``group_instance_id`` (a deployment that started the
+    new copy before stopping the old one, or the same id in two configs), which is fatal to
+    the older one and the only thing to fix."""
+    return (f"another process joined with group_instance_id={group_instance_id!r} and took "
+            "this member's place: each running process needs its own group_instance_id")
 
 
 def join_error_hint(error: Errors, cfg: ConsumerGroupConfig) -> str:
@@ -232,6 +244,8 @@ def join_generation(
     if joined.error is not Errors.NONE:
         unanswered(joined.error)
         message = f"JoinGroup of {cfg.group_id!r} failed: {joined.error.name}"
+        if joined.error is Errors.FENCED_INSTANCE_ID:
+            message += f" ({fenced_reason(cfg.group_instance_id)})"
         hint = join_error_hint(joined.error, cfg)
         if hint:
             raise JoinRefusedError(f"{message} ({hint})", joined.error, hint)
