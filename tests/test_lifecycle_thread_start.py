@@ -42,6 +42,32 @@ def _refusing_start(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
     monkeypatch.setattr(threading.Thread, "start", start)
 
 
+def _refuse_first_routine(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Refuse the start of the first routine thread only; the event is set once it was."""
+    refused = threading.Event()
+
+    def refuse(name: str) -> bool:
+        if "routine" in name and not refused.is_set():
+            refused.set()
+            return True
+        return False
+
+    _refusing_start(monkeypatch, refuse)
+    return refused
+
+
+def _poller(consumer: Any, got: list[Any], raised: list[BaseException]) -> Any:
+    """One poll() of ``consumer``: its records into ``got``, a RuntimeError into ``raised``."""
+
+    def step() -> None:
+        try:
+            got.extend(consumer.poll(timeout=0.05))
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    return step
+
+
 def test_a_routine_that_cannot_start_leaves_the_group_running(
     fake_group: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811 - the fixture
 ) -> None:
@@ -90,25 +116,11 @@ def test_a_consumer_whose_hold_cannot_start_leaves_and_joins_again(
     its partitions unread. Now the generation ends with the error: poll() raises it once, the
     member leaves and joins again, and polling goes on."""
     state = OneMemberGroup(partitions=2, records=3)
-    refused = threading.Event()
-
-    def refuse(name: str) -> bool:
-        if "routine" in name and not refused.is_set():
-            refused.set()
-            return True
-        return False
-
-    _refusing_start(monkeypatch, refuse)
+    refused = _refuse_first_routine(monkeypatch)
     consumer = fake_consumer(state)
     got: list[Any] = []
     raised: list[BaseException] = []
-
-    def step() -> None:
-        try:
-            got.extend(consumer.poll(timeout=0.05))
-        except RuntimeError as exc:
-            raised.append(exc)
-
+    step = _poller(consumer, got, raised)
     wait_until(lambda: len(got) == 6, step)
     assert refused.is_set() and [str(e) for e in raised] == ["can't start new thread"]
     assert state.leaves == [state.id(1)]  # it left, and joined again as a new member
@@ -128,23 +140,9 @@ def test_a_cooperative_consumer_whose_next_hold_cannot_start_leaves_and_joins_ag
     try:
         got: list[Any] = []
         raised: list[BaseException] = []
-
-        def step() -> None:
-            try:
-                got.extend(consumer.poll(timeout=0.05))
-            except RuntimeError as exc:
-                raised.append(exc)
-
+        step = _poller(consumer, got, raised)
         wait_until(lambda: len(got) == 3, step)  # t-0's records
-        refused = threading.Event()
-
-        def refuse(name: str) -> bool:
-            if "routine" in name and not refused.is_set():
-                refused.set()
-                return True
-            return False
-
-        _refusing_start(monkeypatch, refuse)
+        refused = _refuse_first_routine(monkeypatch)
         gen = consumer.generation
         assert gen is not None
         state.heartbeat_answers.append(Errors.REBALANCE_IN_PROGRESS)
@@ -167,15 +165,7 @@ def test_a_stream_member_whose_hold_cannot_start_leaves_and_joins_again(
     state = OneMemberGroup(partitions=2)
     group = ConsumerGroup(fast_config(), coordinator=state.fake)  # type: ignore[arg-type]
     member = StreamMember(group, rejoin_wait_s=0.05)
-    refused = threading.Event()
-
-    def refuse(name: str) -> bool:
-        if "routine" in name and not refused.is_set():
-            refused.set()
-            return True
-        return False
-
-    _refusing_start(monkeypatch, refuse)
+    refused = _refuse_first_routine(monkeypatch)
     try:
         with pytest.raises(RuntimeError, match="can't start new thread"):
             member.initial(WAIT_S)
