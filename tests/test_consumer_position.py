@@ -329,3 +329,29 @@ def test_assign_of_a_missing_topic_under_none_raises_no_offset(env: Any) -> None
         consumer.position(TP("t", 0))
     with pytest.raises(NoOffsetForPartitionError):
         consumer.poll(timeout=0)
+
+
+def test_assign_of_a_topic_created_between_its_reads_starts_at_its_end(env: Any) -> None:
+    """The partition is judged missing by the log read that found no offsets, not by a later
+    read of the counts: a topic created (and written) between the two made the second read
+    find it, so it started at the 0 the first had given for "no offsets", and under "latest"
+    read the records appended before. Now its reset waits for it: position 2."""
+    coord = _CreatesOnFirstMiss(env, 2)
+    coord.armed = True
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest",
+                            coordinator=coord)
+    consumer.assign([TP("t", 0)])
+    assert coord.misses == 1
+    assert consumer.position(TP("t", 0), timeout=WAIT_S) == 2
+
+
+def test_assign_of_a_missing_partition_logs_that_it_waits(
+        env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning says the partition waits for its topic and then starts by start_offset;
+    it said "starting at 0", which assign() no longer does (the position waits)."""
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest")
+    with caplog.at_level("WARNING", logger="rcoord.client"):
+        consumer.assign([TP("t", 0)])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "t-0 does not exist yet" in text and "start_offset='latest'" in text, text
+    assert "starting at 0" not in text, text

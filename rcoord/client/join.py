@@ -452,6 +452,8 @@ def start_offsets(
     coordinator: Coordinator,
     config: ConsumerGroupConfig,
     retry: Retry,
+    *,
+    missing: set[TopicPartition] | None = None,
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """Committed offsets of the assigned partitions, the start-offset policy elsewhere.
 
@@ -460,6 +462,12 @@ def start_offsets(
     policy "none" (the application chooses). A commit older than its topic (made to a deleted
     topic of the same name: ``rcoord.topics.incarnation``) counts as none, as Kafka deletes it
     with the topic.
+
+    A partition to start by the policy that does not exist (UNKNOWN_TOPIC_OR_PARTITION) starts
+    at 0, or, when the caller passes a ``missing`` set (``assign()``, which leaves it without a
+    position until it exists), is added to it, 0 standing for no offset. The same log read
+    decides it, so a topic created between two reads cannot start at 0, and the log line says
+    what happens to it (it said "starting at 0" for those too).
     """
     if not partitions:
         return {}, {}
@@ -491,7 +499,14 @@ def start_offsets(
     for tp in partitions:
         if tp not in offsets:
             got = edges[tp]
-            if isinstance(got, _topics.TopicError):
+            if (isinstance(got, _topics.TopicError) and missing is not None
+                    and got.error is Errors.UNKNOWN_TOPIC_OR_PARTITION):
+                log.warning("%s-%d does not exist yet; it gets no position until it does, then "
+                            "start_offset=%r at that time", tp.topic, tp.partition,
+                            cfg.start_offset)
+                missing.add(tp)
+                got = (0, 0)
+            elif isinstance(got, _topics.TopicError):
                 log.warning("no log offsets for %s-%d (%s); starting at 0",
                             tp.topic, tp.partition, got)
                 got = (0, 0)

@@ -222,11 +222,14 @@ class SubscriptionMixin:
         committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
         the previous ``assign()`` keeps its position. One that does not exist yet (no topic, or
         a number past its count) and has no committed offset has no position until it exists,
-        then the policy's edge at that time (``_not_created``). Commits go to ``group_id`` as a
-        simple group (no member id, generation -1): the coordinator accepts them only while the
-        group has no members, else they raise ``CommitFailedError``; with auto-commit,
-        ``close()`` commits the positions that way too (Kafka's ``close()``). Raises
-        ``IllegalStateError`` on a subscribed consumer; ``assign([])`` is ``unsubscribe()``.
+        then the policy's edge at that time (``_reset_later``; the log read of
+        ``start_offsets`` finds it missing, so no other read, and no topic created between two
+        reads starts at 0), as Kafka retries the reset of a partition missing from its
+        metadata. Commits go to ``group_id`` as a simple group (no member id, generation -1):
+        the coordinator accepts them only while the group has no members, else they raise
+        ``CommitFailedError``; with auto-commit, ``close()`` commits the positions that way too
+        (Kafka's ``close()``). Raises ``IllegalStateError`` on a subscribed consumer;
+        ``assign([])`` is ``unsubscribe()``.
         """
         wanted = sorted({TopicPartition(*tp) for tp in partitions})
         with self._single_threaded():
@@ -245,6 +248,7 @@ class SubscriptionMixin:
             if removed and self._assigned_manually and self._auto_commit:
                 self._auto_commit_now()
             coord = self._coordinator()
+            missing: set[TopicPartition] = set()
             offsets, committed = start_offsets(
                 added,
                 coord,
@@ -252,8 +256,8 @@ class SubscriptionMixin:
                 lambda call, error_of: call_with_retries(
                     call, error_of, config=self._config, closing=self._stop
                 ),
+                missing=missing,
             )
-            missing = self._not_created(added, offsets, committed)
             self._forget_partitions(removed)
             edge = 0 if self._config.start_offset == "earliest" else 1
             for tp in added:
@@ -268,32 +272,6 @@ class SubscriptionMixin:
             self._assigned = wanted
             self._assigned_manually = True
             self._next_auto_commit = time.monotonic() + self._auto_commit_s
-
-    def _not_created(
-        self,
-        added: list[TopicPartition],
-        offsets: Mapping[TopicPartition, int],
-        committed: Mapping[TopicPartition, int],
-    ) -> set[TopicPartition]:
-        """The partitions of ``added`` that start by the ``start_offset`` policy but do not
-        exist (their topic not created yet, or a number past its count): they get no
-        position until they exist, then the policy's edge at that time (``_reset_later``), as
-        Kafka's consumer retries the offset reset of a partition missing from its metadata.
-        Before, such a partition started at 0: under "latest", the records of a topic created
-        later were all read from its start, and a commit could store 0 for a partition that
-        did not exist. Only one with start offset 0 may be missing (``start_offsets`` gives 0
-        then), so a partition with records costs no extra read; "none" leaves them without a
-        position already (``NoOffsetForPartitionError``)."""
-        if self._config.start_offset == "none":
-            return set()
-        maybe = [tp for tp in added if tp not in committed and offsets[tp] == 0]
-        if not maybe:
-            return set()
-        coord = self._coordinator()
-        topics = sorted({tp.topic for tp in maybe})
-        counts = call_with_retries(lambda: coord.partition_counts(topics), None,
-                                   config=self._config, closing=self._stop)
-        return {tp for tp in maybe if tp.partition >= counts.get(tp.topic, 0)}
 
     def _forget_partitions(self, partitions: Iterable[TopicPartition]) -> None:
         """Drop what every per-partition table holds of ``partitions`` (given up): a
