@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import test_consumer
+from harness import wait_until
 from test_consumer import poll_until
 
 from rcoord import Errors, TopicPartition
@@ -88,3 +89,29 @@ def test_the_check_costs_no_round_trip_per_commit(env: Any) -> None:
     for i in range(3):
         consumer.commit({TP("u", 0): i})
     assert coord.lookups == [["u"]]
+
+
+def test_a_topic_deleted_after_its_count_was_read_is_noticed(env: Any) -> None:
+    """The count read for the check is trusted for a partition watch interval only: a topic
+    deleted, or created again with fewer partitions, after it was read is refused once the
+    interval passed, as Kafka's broker refuses it. Before, the count was kept for good, and
+    such commits were stored for as long as the consumer ran."""
+    env.topics.create("t", 4)
+    env.topics.create("u", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], partition_watch_interval_ms=1)
+    consumer.assign([TP("t", 0)])
+    consumer.commit({TP("t", 3): 1, TP("u", 0): 1})
+    env.topics.delete("t")
+    env.topics.create("t", 1)
+    env.topics.delete("u")
+
+    def refused(offsets: dict[TopicPartition, int]) -> bool:
+        try:
+            consumer.commit(offsets)
+        except TopicError as exc:
+            assert exc.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
+            return True
+        return False
+
+    wait_until(lambda: refused({TP("t", 3): 2}))
+    wait_until(lambda: refused({TP("u", 0): 2}))

@@ -351,8 +351,9 @@ class Consumer(SubscriptionMixin):
         self._resets: dict[TopicPartition, int] = {}
         self._reset_markers = 1
         # Partition counts read for commits of partitions not held (_check_exist): topic ->
-        # a count it had (partitions are only added, so a lower bound while it lives).
-        self._partition_counts: dict[str, int] = {}
+        # (a count it had, time.monotonic() of the read), trusted for a partition watch
+        # interval (a topic may be deleted, or created again with fewer partitions).
+        self._partition_counts: dict[str, tuple[int, float]] = {}
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
@@ -1150,8 +1151,9 @@ class Consumer(SubscriptionMixin):
         """The partitions of a commit's ``offsets`` not known to exist (``_check_exist``)."""
         held = self._position if self._gen is not None else {}
         counts = self._partition_counts
+        since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
         return [TopicPartition(*tp) for tp in offsets
-                if tp not in held and tp[1] >= counts.get(tp[0], 0)]
+                if tp not in held and tp[1] >= _fresh_count(counts.get(tp[0]), since)]
 
     def _check_exist(self, unknown: list[TopicPartition]) -> None:
         """Raise ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION) when an offset given to
@@ -1163,9 +1165,12 @@ class Consumer(SubscriptionMixin):
         the mistake before any offset of it is stored, and commits again with it corrected
         (Kafka's broker stores the others, then its client retries the whole request until
         its timeout). A partition held from the group's assignment exists (the leader read
-        the counts); others are looked up once per topic, then cached (a count only grows), so
-        the common commits cost no extra round trip. A topic deleted after its count was
-        cached is not noticed (as a commit between deletion and Kafka's metadata update)."""
+        the counts); others are looked up once per topic, then the count is trusted for
+        ``partition_watch_interval_ms`` (how stale the group's own view of the counts may be),
+        so the common commits cost no extra round trip. Kept for good, a count outlived its
+        topic: a commit to a topic deleted (or created again with fewer partitions) after its
+        count was read was stored for as long as the consumer ran, where Kafka's broker, which
+        checks its own current metadata, refuses it at once."""
         if not unknown:
             return
         counts = self._partition_counts
@@ -1175,7 +1180,12 @@ class Consumer(SubscriptionMixin):
                                   config=self._config, closing=self._stop)
         if len(counts) + len(found) > _COUNTS_KEPT:
             counts.clear()  # (a bound: a pattern consumer may see many short-lived topics)
-        counts.update(found)
+        now = time.monotonic()
+        for topic in topics:
+            if topic in found:
+                counts[topic] = (found[topic], now)
+            else:
+                counts.pop(topic, None)
         missing = sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0))
         if missing:
             where = "; ".join(
@@ -2376,6 +2386,12 @@ class _FetchAsk:
 
 _COUNTS_KEPT = 1024
 """The most topics whose partition counts a consumer keeps for its commit checks."""
+
+
+def _fresh_count(cached: tuple[int, float] | None, since: float) -> int:
+    """A cached partition count (``Consumer._check_exist``) if it was read after ``since``,
+    else 0 (to be read again)."""
+    return cached[0] if cached is not None and cached[1] >= since else 0
 
 _UNKNOWN: PartitionRecords[Any] = PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
 """The answer for a pending ``seek_to_*`` whose partition does not exist (yet)."""
