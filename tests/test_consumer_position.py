@@ -355,3 +355,26 @@ def test_assign_of_a_missing_partition_logs_that_it_waits(
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "t-0 does not exist yet" in text and "start_offset='latest'" in text, text
     assert "starting at 0" not in text, text
+
+
+def test_assign_of_a_deleted_topic_does_not_start_at_its_old_commit(env: Any) -> None:
+    """A commit to a topic deleted since (rcoord keeps it; Kafka deletes a topic's offsets with
+    it) is no start for an assign()ed partition of a topic that does not exist: it waits for
+    the topic as one without a commit, and starts by start_offset once it exists. Before, the
+    old offset was the position (the creation-time check cannot judge a topic that does not
+    exist), so the re-created topic was read from 5: its records 0..4 were skipped."""
+    env.topics.create("t", 1)
+    first = env.consumer(enable_auto_commit=False, topics=[])
+    first.assign([TP("t", 0)])
+    first.commit({TP("t", 0): 5})
+    first.close()
+    env.topics.delete("t")
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest")
+    consumer.assign([TP("t", 0)])
+    with pytest.raises(TimeoutError, match="t-0"):
+        consumer.position(TP("t", 0), timeout=0)
+    env.topics.create("t", 1)
+    for i in range(7):
+        env.producer.send("t", b"r%d" % i, partition=0)
+    got = test_consumer.poll_until(consumer, lambda g: len(g) >= 7)
+    assert [r.offset for r in got] == list(range(7))

@@ -467,7 +467,11 @@ def start_offsets(
     at 0, or, when the caller passes a ``missing`` set (``assign()``, which leaves it without a
     position until it exists), is added to it, 0 standing for no offset. The same log read
     decides it, so a topic created between two reads cannot start at 0, and the log line says
-    what happens to it (it said "starting at 0" for those too).
+    what happens to it (it said "starting at 0" for those too). With that set, a committed
+    partition that does not exist counts as one without a commit, as Kafka deletes a topic's
+    offsets with it: rcoord keeps them, and a commit older than its topic is judged only
+    while the topic exists, so ``assign()`` of a deleted topic's partition started at the old
+    offset, and skipped that many records of the topic created again.
     """
     if not partitions:
         return {}, {}
@@ -495,7 +499,21 @@ def start_offsets(
             offsets[tp] = NO_POSITION
         else:
             by_policy.append(tp)
-    edges = log_offsets_of(by_policy, coord, retry)
+    # With a ``missing`` set, the committed partitions' logs are read too (the same read): a
+    # commit to a partition that does not exist is left from a deleted topic.
+    checked = [tp for tp in partitions if tp in committed] if missing is not None else []
+    edges = log_offsets_of(by_policy + checked, coord, retry)
+    for tp in checked:
+        got = edges[tp]
+        if isinstance(got, _topics.TopicError) and got.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            log.warning("group %r: the offset %d committed to %s-%d is of a partition that does "
+                        "not exist (a deleted topic's): it counts as none", cfg.group_id,
+                        committed[tp], tp.topic, tp.partition)
+            del offsets[tp], committed[tp]
+            if cfg.start_offset == "none":
+                offsets[tp] = NO_POSITION
+            else:
+                by_policy.append(tp)
     for tp in partitions:
         if tp not in offsets:
             got = edges[tp]
