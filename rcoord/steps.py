@@ -22,6 +22,7 @@ import redis.exceptions
 from .config import CoordinatorConfig
 from .contract import reply_field
 from .errors import (
+    AuthenticationFailedError,
     ConfigError,
     ConnectionLost,
     CoordinatorNotAvailableError,
@@ -185,10 +186,12 @@ def present_as(method: Callable[..., Any], step: Callable[..., Any]) -> None:
 def _unavailable(exc: BaseException) -> bool:
     """Whether the public API raises ``exc`` as a ``ConnectionLost`` (a ``ServerUnavailable``
     among them): the call's master is unreachable or refuses it for now, and a retry may pass
-    (``rcoord.errors.reraise_as_rcoord``, the one mapping)."""
+    (``rcoord.errors.reraise_as_rcoord``, the one mapping); or as ``AuthenticationFailedError``:
+    that master refuses the login (a password rotated one master at a time), which the batched
+    path's ``flow.UNREACHABLE`` answers COORDINATOR_NOT_AVAILABLE for its groups alone too."""
     try:
         reraise_as_rcoord("", exc)
-    except ConnectionLost:
+    except (ConnectionLost, AuthenticationFailedError):
         return True
     except RcoordError:
         return False

@@ -281,14 +281,22 @@ def test_asyncio_heartbeat_many_on_a_cluster_with_a_master_failing_answers_the_o
             gc.collect()
 
 
-def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others():
+@pytest.mark.parametrize("refusal", [
+    "NOREPLICAS Not enough good replicas to write.",
+    # (a password rotated one master at a time: that master refuses the login, the batched
+    # path already answered COORDINATOR_NOT_AVAILABLE for its groups alone)
+    "WRONGPASS invalid username-password pair or user is disabled.",
+], ids=["refusing", "refusing-the-login"])
+def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others(
+        refusal: str) -> None:
     """A group whose deadlines fell due is sent again (after expire_deadlines); when that
     answers DUE again its members go one by one through ``heartbeat``. Only the resend was
     guarded against a master that refuses the call for now (NOREPLICAS, MISCONF, TRYAGAIN):
     a refusal of a one-by-one heartbeat left the flow, so heartbeat_many raised for every
     member of every group. Now the members not answered yet get COORDINATOR_NOT_AVAILABLE,
     and the other groups' answers stand. Driven here as a flow, which both coordinators
-    (blocking and asyncio) run as it is."""
+    (blocking and asyncio) run as it is. A login the master refuses is answered so too: it
+    was, as a lost connection, until a refused login became ``AuthenticationFailedError``."""
     import redis.exceptions
 
     from rcoord import CoordinatorConfig
@@ -298,7 +306,9 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
     cfg = CoordinatorConfig(namespace="hbdue")
     steps = GroupSteps(cfg, "hbdue", None)
     steps.config = cfg
-    refusal = redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write.")
+    refused: redis.exceptions.RedisError = (
+        redis.exceptions.AuthenticationError(refusal) if refusal.startswith("WRONGPASS")
+        else redis.exceptions.ResponseError(refusal))
     heartbeats_of_a: list[str] = []
 
     def answer(op: Any) -> Any:
@@ -312,7 +322,7 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
             return b"DUE"  # the resend falls due again
         if len(heartbeats_of_a) == 2:
             return [b"NONE"]  # the first member, alone
-        raise refusal  # the master refuses the second member's heartbeat for now
+        raise refused  # the master refuses the second member's heartbeat for now
 
     flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2")])
     op = next(flow)
