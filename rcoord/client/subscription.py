@@ -221,12 +221,14 @@ class SubscriptionMixin:
         No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
         committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
         the previous ``assign()`` keeps its position. One that does not exist yet (no topic, or
-        a number past its count) and has no committed offset has no position until it exists,
-        then the policy's edge at that time (``_reset_later``; the log read of
-        ``start_offsets`` finds it missing, so no other read, and no topic created between two
-        reads starts at 0), as Kafka retries the reset of a partition missing from its
-        metadata. Commits go to ``group_id`` as a simple group (no member id, generation -1):
-        the coordinator accepts them only while the group has no members, else they raise
+        a number past its count) has no position until it exists, then the policy's edge at
+        that time (``_reset_later``; the log read of ``start_offsets`` finds it missing, so no
+        other read, and no topic created between two reads starts at 0), as Kafka retries the
+        reset of a partition missing from its metadata; under "none" it raises
+        ``NoOffsetForPartitionError``. A committed offset does not change that: one to a
+        partition that does not exist is a deleted topic's, which Kafka deletes with it.
+        Commits go to ``group_id`` as a simple group (no member id, generation -1): the
+        coordinator accepts them only while the group has no members, else they raise
         ``CommitFailedError``; with auto-commit, ``close()`` commits the positions that way too
         (Kafka's ``close()``). Raises ``IllegalStateError`` on a subscribed consumer;
         ``assign([])`` is ``unsubscribe()``.
