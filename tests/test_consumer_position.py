@@ -378,3 +378,53 @@ def test_assign_of_a_deleted_topic_does_not_start_at_its_old_commit(env: Any) ->
         env.producer.send("t", b"r%d" % i, partition=0)
     got = test_consumer.poll_until(consumer, lambda g: len(g) >= 7)
     assert [r.offset for r in got] == list(range(7))
+
+
+class _CountsCountReads(RedisCoordinator):
+    """Counts ``partition_counts`` reads of the test's own thread."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env.client, env.namespace)
+        self.reads = 0
+        self._thread = threading.current_thread()
+
+    def partition_counts(self, topics: Any) -> dict[str, int]:
+        if threading.current_thread() is self._thread:
+            self.reads += 1
+        return super().partition_counts(topics)
+
+
+def test_committed_of_a_deleted_topic_is_none_as_assign_takes_it(env: Any) -> None:
+    """committed() answers none for a deleted topic's partition, as assign() takes its commit
+    (a06559b) and as Kafka, which deletes a topic's offsets with it. Before, it answered the
+    old offset while start_offset="none" raised NoOffsetForPartitionError ("no committed
+    offset") for that very partition. A topic that exists costs no extra read."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    first = env.consumer(enable_auto_commit=False, topics=[])
+    first.assign([TP("t", 0), TP("u", 0)])
+    first.commit({TP("t", 0): 5, TP("u", 0): 3})
+    first.close()
+    coord = _CountsCountReads(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="none",
+                            coordinator=coord)
+    consumer.assign([TP("t", 0), TP("u", 0)])
+    assert consumer.committed() == {TP("t", 0): 5, TP("u", 0): 3}
+    assert coord.reads == 0
+    env.topics.delete("t")
+    consumer.assign([TP("u", 0), TP("t", 1)])
+    consumer.assign([TP("t", 0), TP("u", 0)])
+    with pytest.raises(NoOffsetForPartitionError, match="t-0"):
+        consumer.position(TP("t", 0), timeout=0)
+    assert consumer.committed() == {TP("t", 0): -1, TP("u", 0): 3}
+    got = consumer.committed([TP("t", 0)], metadata=True)
+    assert got == {TP("t", 0): None}
+
+
+def test_committed_of_an_illegal_topic_name_is_none_and_does_not_raise(env: Any) -> None:
+    """A commit stored under an illegal topic name (only a commit bypassing the consumer's
+    check can store one) is of no topic: committed() answers none for it, and does not raise
+    INVALID_TOPIC_EXCEPTION from the read that looks for deleted topics."""
+    env.coord.commit_offsets("g", {TP("bad name!", 0): 4})
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    assert consumer.committed([TP("bad name!", 0)]) == {TP("bad name!", 0): -1}

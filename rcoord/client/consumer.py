@@ -67,7 +67,7 @@ from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import FetchWaker, Header, PartitionRecords, Record, TopicError
-from ..topics._base import sync_headers
+from ..topics._base import _check_topic, sync_headers
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
@@ -738,8 +738,12 @@ class Consumer(SubscriptionMixin):
         """Committed offsets from the coordinator (-1: none), of ``partitions`` or the
         assignment. ``metadata=True`` (kafka-python's flag): each as the
         ``OffsetAndMetadata`` that was committed (its metadata string, leader epoch and commit
-        time), None where there is none, as Kafka's ``committed()`` answers. ``timeout``: see
-        ``_query``; a pending ``wakeup()`` raises ``WakeupError`` before anything is read."""
+        time), None where there is none, as Kafka's ``committed()`` answers. A commit to a
+        deleted topic (one that does not exist, or was created again since) is none: Kafka
+        deletes a topic's offsets with it, and ``assign()`` does not start there. Before, a
+        deleted topic's partition answered its old commit while ``start_offset="none"`` raised
+        ``NoOffsetForPartitionError`` for it. ``timeout``: see ``_query``; a pending
+        ``wakeup()`` raises ``WakeupError`` before anything is read."""
         self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
         if not wanted:
@@ -751,6 +755,17 @@ class Consumer(SubscriptionMixin):
         if judged:  # a commit to a deleted topic of the same name is none (Kafka deletes it)
             created = self._query(lambda: coord.created_times(judged), timeout)
             stale = older_than_their_topic(result.offsets, created)
+            # A topic without a creation time may be deleted: a commit to a partition of it
+            # that does not exist is none, as start_offsets takes it (Kafka deletes a topic's
+            # offsets with it); no read while every topic committed to exists.
+            # (An illegal name, which only a commit bypassing the check can hold, is no topic.)
+            absent = [t for t in judged if t not in created]
+            legal = [t for t in absent if _legal_topic(t)]
+            if absent:
+                counts = (self._query(lambda: coord.partition_counts(legal), timeout)
+                          if legal else {})
+                stale |= {tp for tp, om in result.offsets.items() if om.offset >= 0
+                          and tp.topic in absent and tp.partition >= counts.get(tp.topic, 0)}
             result = replace(result, offsets={tp: OffsetAndMetadata(-1) if tp in stale else om
                                               for tp, om in result.offsets.items()})
         if metadata:  # (OffsetFetch answers offset -1 for a partition nothing was committed to)
@@ -2386,6 +2401,15 @@ class _FetchAsk:
 
 _COUNTS_KEPT = 1024
 """The most topics whose partition counts a consumer keeps for its commit checks."""
+
+
+def _legal_topic(name: str) -> bool:
+    """Whether ``name`` is a legal topic name (Kafka's rules: ``_check_topic``)."""
+    try:
+        _check_topic(name)
+    except TopicError:
+        return False
+    return True
 
 
 def _fresh_count(cached: tuple[int, float] | None, since: float) -> int:
