@@ -67,7 +67,7 @@ from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import FetchWaker, Header, PartitionRecords, Record, TopicError
-from ..topics._base import _check_topic, sync_headers
+from ..topics._base import legal_topic, sync_headers
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
@@ -760,7 +760,7 @@ class Consumer(SubscriptionMixin):
             # offsets with it); no read while every topic committed to exists.
             # (An illegal name, which only a commit bypassing the check can hold, is no topic.)
             absent = [t for t in judged if t not in created]
-            legal = [t for t in absent if _legal_topic(t)]
+            legal = [t for t in absent if legal_topic(t)]
             if absent:
                 counts = (self._query(lambda: coord.partition_counts(legal), timeout)
                           if legal else {})
@@ -2401,15 +2401,6 @@ class _FetchAsk:
 
 _COUNTS_KEPT = 1024
 """The most topics whose partition counts a consumer keeps for its commit checks."""
-
-
-def _legal_topic(name: str) -> bool:
-    """Whether ``name`` is a legal topic name (Kafka's rules: ``_check_topic``)."""
-    try:
-        _check_topic(name)
-    except TopicError:
-        return False
-    return True
 
 
 def _fresh_count(cached: tuple[int, float] | None, since: float) -> int:

@@ -425,15 +425,21 @@ def _check_client(client: Any) -> None:
         raise TypeError("rcoord topics need a Redis client with decode_responses=False")
 
 
+def legal_topic(topic: str) -> bool:
+    """Whether ``topic`` follows Kafka's topic name rules; they also keep braces (hash tags)
+    out of key names."""
+    return (
+        _LEGAL_TOPIC.fullmatch(topic) is not None
+        and len(topic) <= _MAX_TOPIC_LEN
+        and topic not in (".", "..")
+    )
+
+
 def _check_topic(topic: str) -> None:
-    """Kafka's topic name rules; they also keep braces (hash tags) out of key names."""
+    """Raise unless ``topic`` is a legal topic name (``legal_topic``)."""
     if not isinstance(topic, str):
         raise TypeError(f"topic must be str, got {type(topic).__name__}")
-    if (
-        not _LEGAL_TOPIC.fullmatch(topic)
-        or len(topic) > _MAX_TOPIC_LEN
-        or topic in (".", "..")
-    ):
+    if not legal_topic(topic):
         raise TopicError(Errors.INVALID_TOPIC_EXCEPTION, f"illegal topic name {topic!r}")
 
 
