@@ -26,6 +26,17 @@ def _failing_deletes(flow: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]
         op = flow.send((yield op))
 
 
+def _change_count_failing_deletion(client: Any, namespace: str, count: int) -> Scripts:
+    """Change the namespace's partition count to ``count`` with the deletion of the old
+    layout failing (the new count and its mark stored); the loaded scripts."""
+    scripts = Scripts(client)
+    scripts.load()
+    given = CoordinatorConfig(namespace=namespace, num_partitions=count)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        drive(client, scripts, _failing_deletes(settle_flow(namespace, given, None)))
+    return scripts
+
+
 def test_a_count_change_whose_deletion_failed_is_finished_by_the_next_settle(
         redis_client, namespace):
     """The new count was stored, then the deletion of the old layout's copies failed (a master
@@ -35,13 +46,9 @@ def test_a_count_change_whose_deletion_failed_is_finished_by_the_next_settle(
     stale = GroupCoordinator(redis_client, CoordinatorConfig(
         namespace=namespace, group_min_session_timeout_ms=10,
         group_initial_rebalance_delay_ms=0)).start()
-    scripts = Scripts(redis_client)
-    scripts.load()
-    given = CoordinatorConfig(namespace=namespace, num_partitions=7)
-    with pytest.raises(redis.exceptions.ConnectionError):
-        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, given, None)))
+    _change_count_failing_deletion(redis_client, namespace, 7)
     # The failed process is started again (its supervisor), or any other process settles.
-    GroupCoordinator(redis_client, given).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
     copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
     assert copies and all(k.startswith(f"{namespace}:{{7.") for k in copies)
     newcomer = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
@@ -57,11 +64,7 @@ def test_a_count_changed_back_before_the_deletion_keeps_its_layout(redis_client,
     """50 -> 7 failed before deleting the 50 layout, then 7 -> 50: the pending deletion of the
     50 layout is dropped (it is the current one again), the 7 layout is deleted."""
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
-    scripts = Scripts(redis_client)
-    scripts.load()
-    seven = CoordinatorConfig(namespace=namespace, num_partitions=7)
-    with pytest.raises(redis.exceptions.ConnectionError):
-        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, seven, None)))
+    _change_count_failing_deletion(redis_client, namespace, 7)
     back = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
                                                             num_partitions=50)).start()
     assert back.config.num_partitions == 50
@@ -124,11 +127,7 @@ def test_a_settle_that_read_a_mark_keeps_the_layout_changed_back_to_meanwhile(
     group's partition lost its copy (calls refused until repaired) and its events stream, and
     a warning said the group was created under an old count. The count is read again first."""
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
-    scripts = Scripts(redis_client)
-    scripts.load()
-    ten = CoordinatorConfig(namespace=namespace, num_partitions=10)
-    with pytest.raises(redis.exceptions.ConnectionError):
-        drive(redis_client, scripts, _failing_deletes(settle_flow(namespace, ten, None)))
+    scripts = _change_count_failing_deletion(redis_client, namespace, 10)
     reader = settle_flow(namespace, None, None)
     op = reader.send(_perform(redis_client, scripts, next(reader), None, None))  # (read)
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
