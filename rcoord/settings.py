@@ -163,6 +163,11 @@ def settle_flow(
         if "num_partitions" not in stored:
             proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
             stored = yield from _write(key, "establish", {**proposal, ORIGIN: uuid.uuid4().hex})
+            if "num_partitions" not in stored:
+                # The hash exists without a count (its field deleted by hand): ``establish``
+                # writes nothing over it. Settling on another count (the default one, with its
+                # copies written) would run the namespace's groups under two layouts.
+                raise ConfigError(bad_stored_setting(namespace, "num_partitions", None))
         # A copy newer than the settings: a writer between this read of the settings and of
         # the copy, or settings rolled back below it (then adopted, see the docstring).
         # Nothing is written from settings a copy has outgrown: no update, no repair.

@@ -284,6 +284,27 @@ def test_a_stored_partition_count_that_is_no_integer_is_named_when_named_over(
     assert redis_client.hget(settings_key(namespace), "retire:10") is None
 
 
+
+@pytest.mark.parametrize("named", [{}, {"num_partitions": 10}])
+def test_a_settings_hash_without_a_partition_count_is_named(redis_client, namespace, named):
+    """The settings hash lost its ``num_partitions`` field (deleted by hand) but not the hash.
+    ``establish`` writes nothing over an existing hash, so before, a process naming no count
+    settled on the default 50 and wrote that layout's copies while the namespace's groups and
+    copies were under 10 (each process ran its own copy of a group), and one naming the count
+    failed with a bare KeyError. The error now says what to correct, and nothing is written."""
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                              num_partitions=10, **FAST)).start()
+    member = _form_alone(worker, "g")
+    redis_client.hdel(settings_key(namespace), "num_partitions")
+    message = (r"stored setting num_partitions .* is None, not a positive integer: correct it "
+               r"in .*:settings to the partition count in use")
+    with pytest.raises(ConfigError, match=message):
+        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **named)).start()
+    assert not redis_client.exists(PartitionKeys(namespace, 0, 50).cfg)
+    redis_client.hset(settings_key(namespace), "num_partitions", "10")
+    fresh = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert fresh.config.num_partitions == 10 and _members(fresh, "g") == {member}
+
 def test_a_replaced_config_names_only_what_it_changed(redis_client, namespace):
     """``dataclasses.replace`` passes every field to the constructor again; before, the copy
     named every setting, so starting a coordinator with it wrote every default over the
