@@ -9,12 +9,16 @@
 --                if no settings exist (they were lost: establish first).
 --   'copy'       ARGV[2] version, ARGV[3..] field, value pairs: the copy is replaced unless it
 --                already holds a newer version (two writers racing never leave an older copy).
+--   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) is deleted unless
+--                it holds a newer version (written since for the layout in force again); 1
+--                also if it was gone already (a deletion retried after it failed halfway).
 --   'adopt'      ARGV[2] version, ARGV[3..] field, value pairs: the fields are written at that
 --                version only if the settings hold an older one (they were rolled back below a
 --                copy by a failover); the stored settings come back ({} if none exist: nothing
 --                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
 --                is not an integer.
--- Returns a flat field, value array (establish, update, adopt) or 1 / 0 (copy: written or not).
+-- Returns a flat field, value array (establish, update, adopt) or 1 / 0 (copy, withdraw:
+-- written or deleted, or not).
 
 -- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
 local function versioned_pairs(ARGV)
@@ -53,6 +57,10 @@ register('settings', function(KEYS, ARGV)
     if have > version then return 0 end
     redis.call('DEL', key)
     redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
+    return 1
+  elseif op == 'withdraw' then
+    if tonumber(redis.call('HGET', key, 'version') or '-1') > tonumber(ARGV[2]) then return 0 end
+    redis.call('DEL', key)
     return 1
   elseif op == 'adopt' then
     local version = tonumber(ARGV[2])

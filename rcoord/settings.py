@@ -210,7 +210,8 @@ def settle_flow(
         version = int(stored.get("version", "1"))
         guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
         written, stale = yield from _repair_copies(held, version, _values(effective))
-        if (yield from _overtaken(namespace, key, effective.num_partitions, written)):
+        if (yield from _overtaken(namespace, key, effective.num_partitions, version,
+                                   written)):
             continue
         if not stale:
             return Settled(effective, version, was, written, stored.get(ORIGIN))
@@ -231,7 +232,15 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     down, a timeout, the process killed) left the old copies behind for good before, and a
     process still on the old count went on creating groups there while every other process
     used the new layout, so a group existed twice. A layout that is the current one again (a
-    count changed back) is not deleted, only unmarked."""
+    count changed back) is not deleted, only unmarked.
+
+    Each copy is deleted only if it holds no newer version than the settings the count was
+    read with, which one script decides on its key (``_withdraw``).
+    Before, the copies were deleted one round trip after that read, and a change back landing
+    in between (two processes naming different counts at once) lost the live layout's copies
+    (its calls refused until a settle repaired them) and events streams, with a warning that
+    called its groups ones created under an old count. A change back writes its copies at a
+    newer version, so they are kept, and the partitions whose copy was kept lose nothing."""
     marks = [name for name in stored if name.startswith(RETIRE)]
     if not marks:
         return stored
@@ -242,17 +251,24 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     # marked one meanwhile (50 -> 10, then 10 -> 50 by another process) is the layout in use;
     # before, a settle that had read the mark deleted it (its copies, hence refused calls until
     # repaired, and its groups' events streams) and warned of groups created under an old count.
-    now = yield Command(("HGET", key, "num_partitions"))
+    # The version read with it bounds what the deletion may remove (a change back after
+    # this read is a newer one).
+    now, at = yield Command(("HMGET", key, "num_partitions", "version"))
     in_force = current if now is None else _count({"num_partitions": _text(now)})
+    version = max(_version(stored), -1 if at is None else _version({"version": _text(at)}))
     for name in marks:
         try:
             old = int(name[len(RETIRE):])
         except ValueError:
             old = current
         if old not in (current, in_force) and 0 < old <= 16384:
-            yield Pipeline([("DEL", k) for p in range(old)
-                            for k in _partition_leftovers(namespace, p, old)])
-            late = yield from _count_groups(namespace, old)
+            copies = _partition_copies(namespace, old)
+            retired = set((yield from _withdraw(copies, version)))
+            gone = [p for p, k in enumerate(copies) if k in retired]
+            if gone:
+                yield Pipeline([("DEL", k) for p in gone
+                                for k in _partition_leftovers(namespace, p, old)])
+            late = (yield from _count_groups(namespace, old)) if len(gone) == old else 0
             if late:
                 log.warning("%d group(s) were created under the old partition count %d while "
                             "namespace %r moved to %d; their members rejoin under the new count",
@@ -261,25 +277,45 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
 
 
-def _overtaken(namespace: str, key: str, count: int, written: tuple[str, ...]) -> Flow[bool]:
+def _withdraw(copies: list[str], version: int) -> Flow[list[str]]:
+    """Delete the partition ``copies`` of a layout no longer in force, each unless it holds a
+    newer version than ``version``; returns the copies deleted.
+
+    ``version`` is that of the settings whose count showed the layout out of force. A copy
+    written later for the layout in force again (a count changed back) holds a newer version
+    and is kept: the ``withdraw`` op decides on its key, so no round trip lies between the
+    check and the deletion."""
+    replies = yield ScriptBatch("settings", [([k], ["withdraw", str(version)]) for k in copies])
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return [k for k, reply in zip(copies, replies, strict=True) if int(reply) == 1]
+
+
+def _overtaken(namespace: str, key: str, count: int, version: int,
+               written: tuple[str, ...]) -> Flow[bool]:
     """Whether the partition count stored moved away from ``count`` while this settle wrote
-    the copies ``written`` of its layout; if so they are deleted again (the next round reads
-    the count in force).
+    the copies ``written`` of its layout (at ``version``); if so they are deleted again
+    (``_withdraw``; the next round reads the count in force).
 
     A process that changes the count deletes the old layout's copies after storing the new
     count; copies of the old layout written after that deletion (by a settle that read the old
     count just before) were left for good: that settle returned the old count, its calls found
     their copies and were never refused, and it ran its own copy of every group it served while
     every other process used the new layout. Reading the count after the writes closes that:
-    a change stored later deletes these copies itself (it deletes after it stores)."""
+    a change stored later deletes these copies itself (it deletes after it stores). They are
+    deleted only if they hold no newer version than the settings read here: deleted one round
+    trip after the read regardless, a change back to ``count`` in between lost its freshly
+    written copies.
+    """
     names = set(anchor_keys(namespace))
     mine = [k for k in written if k not in names]
     if not mine:
         return False
-    now = yield Command(("HGET", key, "num_partitions"))
+    now, at = yield Command(("HMGET", key, "num_partitions", "version"))
     if now is None or _count({"num_partitions": _text(now)}) == count:
         return False  # (lost meanwhile: the calls refused now settle again and recover them)
-    yield Pipeline([("DEL", k) for k in mine])
+    yield from _withdraw(mine, max(version, -1 if at is None else _version({"version": _text(at)})))
     return True
 
 
@@ -344,11 +380,11 @@ def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
 
 
 def _partition_leftovers(namespace: str, partition: int, num_partitions: int) -> list[str]:
-    """The keys of a partition of a layout no longer in use that hold no group: its settings
-    copy, events stream, events read position (``rcoord.service.observe``) and replica-ack
-    counter."""
+    """The keys of a partition of a layout no longer in use that hold no group, besides its
+    settings copy (deleted first, by ``_withdraw``): its events stream, events read position
+    (``rcoord.service.observe``) and replica-ack counter."""
     pk = PartitionKeys(namespace, partition, num_partitions)
-    return [pk.cfg, pk.events, pk.tail, pk.acks]
+    return [pk.events, pk.tail, pk.acks]
 
 
 def _partition_copies(namespace: str, num_partitions: int) -> list[str]:

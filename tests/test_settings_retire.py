@@ -7,20 +7,32 @@ from typing import Any
 
 import pytest
 import redis
-from test_settings import JOIN, _form_alone
+from test_settings import FAST, JOIN, _form_alone
 
-from rcoord import CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Pipeline, ScriptBatch, _perform, drive
+from rcoord import ConfigError, CoordinatorConfig, GroupCoordinator
+from rcoord.flow import Command, Pipeline, ScriptBatch, _perform, drive
 from rcoord.keys import GroupKeys, PartitionKeys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import copy_pattern, settle_flow
 
 
+def _copies(client: Any, namespace: str) -> set[str]:
+    """The partition copies of ``namespace``, of any layout."""
+    return {k.decode() for k in client.scan_iter(match=copy_pattern(namespace), count=1000)}
+
+
+def _retires(op: Any) -> bool:
+    """Whether ``op`` deletes copies of a layout no longer in force (``_withdraw``)."""
+    return isinstance(op, ScriptBatch) and all(args[0] == "withdraw" for _, args in op.calls)
+
+
 def _failing_deletes(flow: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
-    """``flow`` with its pipeline of DELs failing as a master that went away fails it."""
+    """``flow`` with its deletion of copies, or pipeline of DELs, failing as a master that went
+    away fails it."""
     op = next(flow)
     while True:
-        if isinstance(op, Pipeline) and op.commands and op.commands[0][0] == "DEL":
+        if _retires(op) or (isinstance(op, Pipeline) and op.commands
+                            and op.commands[0][0] == "DEL"):
             op = flow.throw(redis.exceptions.ConnectionError("master down (test)"))
             continue
         op = flow.send((yield op))
@@ -49,7 +61,7 @@ def test_a_count_change_whose_deletion_failed_is_finished_by_the_next_settle(
     _change_count_failing_deletion(redis_client, namespace, 7)
     # The failed process is started again (its supervisor), or any other process settles.
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
-    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    copies = _copies(redis_client, namespace)
     assert copies and all(k.startswith(f"{namespace}:{{7.") for k in copies)
     newcomer = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
     member = _form_alone(newcomer, "g")
@@ -68,7 +80,7 @@ def test_a_count_changed_back_before_the_deletion_keeps_its_layout(redis_client,
     back = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
                                                             num_partitions=50)).start()
     assert back.config.num_partitions == 50
-    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    copies = _copies(redis_client, namespace)
     assert len(copies) == 50 and all(k.startswith(f"{namespace}:{{50.") for k in copies)
     stored = redis_client.hgetall(settings_key(namespace))
     assert not [k for k in stored if k.startswith(b"retire:")]
@@ -76,9 +88,9 @@ def test_a_count_changed_back_before_the_deletion_keeps_its_layout(redis_client,
 
 def _run_until_batch(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any],
                      op: Any) -> Any:
-    """Perform ``flow``'s operations from ``op`` on until it asks for a ScriptBatch (the
-    repair of the copies), which is returned unperformed; or return what the flow returned."""
-    while not isinstance(op, ScriptBatch):
+    """Perform ``flow``'s operations from ``op`` on until it asks for a ScriptBatch that
+    repairs copies, which is returned unperformed; or return what the flow returned."""
+    while not isinstance(op, ScriptBatch) or _retires(op):
         try:
             op = flow.send(_perform(client, scripts, op, None, None))
         except StopIteration as done:
@@ -112,7 +124,7 @@ def test_a_repair_that_races_a_count_change_leaves_no_copy_of_the_old_layout(
     settled = [_finish(redis_client, scripts, first, first_op),
                _finish(redis_client, scripts, second, second_op)]
     stored = int(redis_client.hget(settings_key(namespace), "num_partitions"))
-    copies = {k.decode() for k in redis_client.scan_iter(match=copy_pattern(namespace), count=1000)}
+    copies = _copies(redis_client, namespace)
     assert copies == {PartitionKeys(namespace, p, stored).cfg for p in range(stored)}
     # Whoever settled last holds the count stored; one that settled under another count has
     # no copy left, so its calls are refused and it settles again.
@@ -146,4 +158,85 @@ def test_a_settle_that_read_a_mark_keeps_the_layout_changed_back_to_meanwhile(
         gone += [k for k in (partition.cfg, partition.events) if not redis_client.exists(k)]
     assert settled.config.num_partitions == 50
     assert gone == []
+    assert {m.member_id for m in worker.describe_group("g").members} == {member}
+
+
+def _reads_the_count(op: Any, key: str) -> bool:
+    """Whether ``op`` is a settle's read of the stored count alone (``_retire``, ``_overtaken``)."""
+    return (isinstance(op, Command) and op.args[0] in ("HGET", "HMGET")
+            and op.args[1] == key and "num_partitions" in op.args[2:])
+
+
+def test_a_count_changed_back_between_the_retire_read_and_the_deletion_keeps_its_layout(
+        redis_client, namespace):
+    """50 -> 10 by one process, 10 -> 50 by another landing in the one round trip between the
+    first's read of the count (10: the 50 layout is old) and its deletion; a group forms under
+    50 meanwhile. Before, the deletion went ahead: the live layout's copies and events streams
+    were deleted (the group's calls refused until some settle repaired them; a warning called
+    the live group one created under an old count). Each copy is now deleted only if it holds
+    no newer version than the settings the count was read with."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    key = settings_key(namespace)
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10),
+                          None)
+    op = next(changer)
+    while not _reads_the_count(op, key):
+        op = changer.send(_perform(redis_client, scripts, op, None, None))
+    read = _perform(redis_client, scripts, op, None, None)
+    back = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                            num_partitions=50)).start()
+    assert back.config.num_partitions == 50
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    member = _form_alone(worker, "g")
+    partition = GroupKeys.of(namespace, 50, "g").partition
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 50"):
+        _finish(redis_client, scripts, changer, changer.send(read))
+    assert redis_client.hget(partition.cfg, "num_partitions") == b"50"
+    assert redis_client.exists(partition.events)
+    live = [PartitionKeys(namespace, p, 50).cfg for p in range(50)]
+    assert all(redis_client.hget(k, "num_partitions") == b"50" for k in live)
+    assert all(k.startswith(f"{namespace}:{{50.") for k in _copies(redis_client, namespace))
+    assert {m.member_id for m in worker.describe_group("g").members} == {member}
+
+
+def test_a_count_changed_back_before_an_overtaken_settle_withdraws_keeps_its_copies(
+        redis_client, namespace):
+    """A settle under 10 repairs a lost copy, then reads the count: 20 (another process
+    changed it). In the one round trip before it withdraws its copy, a third changes the count
+    back to 10 and a group forms in that partition. Before, the copy was deleted regardless:
+    the live group's calls were refused until some settle repaired it. It is kept now (it holds
+    the newer version of the change back)."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=10)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    key = settings_key(namespace)
+    partition = GroupKeys.of(namespace, 10, "g").partition
+    redis_client.delete(partition.cfg)  # (lost on a failover: the settle below repairs it)
+    settling = settle_flow(namespace, None, None)
+    op = _run_until_batch(redis_client, scripts, settling, next(settling))
+    assert isinstance(op, ScriptBatch) and [keys for keys, _ in op.calls] == [[partition.cfg]]
+    op = settling.send(_perform(redis_client, scripts, op, None, None))
+    assert _reads_the_count(op, key)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=20)).start()
+    read = _perform(redis_client, scripts, op, None, None)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=10)).start()
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    member = _form_alone(worker, "g")
+    op = settling.send(read)
+    lost = []
+    while True:
+        try:
+            op = settling.send(_perform(redis_client, scripts, op, None, None))
+        except StopIteration as done:
+            settled = done.value
+            break
+        if redis_client.hget(partition.cfg, "num_partitions") != b"10":
+            lost.append(op)
+    assert lost == []
+    assert settled.config.num_partitions == 10
     assert {m.member_id for m in worker.describe_group("g").members} == {member}
