@@ -257,7 +257,15 @@ class Gateway:
             log.info("rcoord gateway on %s:%d closed", *self.state.advertised)
 
     async def __aenter__(self) -> Self:
-        return await self.start()
+        # A start that fails (a user without +function to load the coordinator's library, a
+        # login refused, the port taken) releases what the constructor opened: ``async with``
+        # calls no ``__aexit__`` then, and the Redis clients' sockets stayed open until
+        # garbage collection (a ResourceWarning each, and connections the server kept).
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
