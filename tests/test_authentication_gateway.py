@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from harness import wait_until
 
+from rcoord import AuthenticationFailedError
 from rcoord.errors import MissingPermissionError
 from rcoord.gateway.server import Gateway
 from rcoord.gateway.state import GatewayConfig
@@ -58,3 +59,23 @@ def test_a_start_that_fails_closes_the_redis_connections_it_opened(
     # (the gateway is still referenced: only a close, not garbage collection, ends them)
     wait_until(lambda: not _connections_of(admin, user))
     assert gateway
+
+
+@pytest.mark.parametrize("login", ["default:nope@", ""])
+def test_a_login_refused_at_start_is_authentication_failed_naming_the_url(
+        acl_user: tuple[EmbeddedServer, Any, str], login: str) -> None:
+    """A wrong password, or none where one is required: ``Gateway(...)`` raised redis-py's
+    ``AuthenticationError``, naming no server, where a login refused at run time (and by every
+    other rcoord client at start) is ``AuthenticationFailedError`` naming the URL."""
+    server, admin, _ = acl_user
+    admin.config_set("requirepass", "pw")
+    try:
+        url = f"redis://{login}127.0.0.1:{server.port}"
+        with pytest.raises(AuthenticationFailedError) as raised:
+            Gateway(GatewayConfig(listen_port=0, namespace="gwauth"), url)
+        text = str(raised.value)
+        assert "refused the login" in text and "check the user and password" in text
+        assert f"Redis at redis://{login.replace('nope', '***')}127.0.0.1:{server.port}" in text
+        assert "nope" not in text
+    finally:
+        admin.config_set("requirepass", "")

@@ -16,10 +16,11 @@ from typing import Any, Self
 import redis
 import redis.asyncio
 import redis.cluster
+import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
 from ..connect import connect
-from ..errors import ConfigError
+from ..errors import ConfigError, as_authentication_failed
 from ..urls import redact_url
 from .dispatch import handle_frame
 from .framing import PRE_AUTH_MAX_FRAME_BYTES, FrameError, frame, read_frame
@@ -196,7 +197,13 @@ class Gateway:
         self._tls = server_tls_context(self.config)  # (a bad file: before Redis is reached)
         # One node or a Redis Cluster, as the server says (rcoord.connect); the asyncio client
         # (groups, Fetch waits) is of the same kind.
-        self._sync_redis = connect(redis_url, **kwargs)
+        try:
+            self._sync_redis = connect(redis_url, **kwargs)
+        except redis.exceptions.AuthenticationError as exc:
+            # (as rcoord's other clients raise it, naming the URL: redis-py's own says neither
+            # which server refused nor what to check, and a caller of Gateway catching
+            # AuthenticationFailedError, what a login refused at run time raises, missed it)
+            raise as_authentication_failed("gateway", exc, redis_url) from exc
         try:  # (a failure from here on: the blocking client is closed now, not at its GC)
             kwargs["decode_responses"] = False
             self._async_redis: Any
