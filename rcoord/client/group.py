@@ -267,6 +267,10 @@ class ConsumerGroup:
 
     def _connect_locked(self) -> None:
         if self._closing.is_set():
+            if self._fatal is not None:
+                # The error it closed on, as next() raises it: "is closed" alone left a caller
+                # that starts the group again (a Spark query's next plan) without the reason.
+                raise self._fatal
             raise GroupClosedError(f"group {self._config.group_id!r} is closed")
         if self._coordinator is None:
             client = self._config.redis_client
@@ -281,7 +285,9 @@ class ConsumerGroup:
             self._coordinator = coord
 
     def start(self) -> ConsumerGroup:
-        """Connect and start joining the group in the background. Idempotent."""
+        """Connect and start joining the group in the background. Idempotent. On a closed
+        group it raises what ``next()`` raises: the fatal error the group closed on, or
+        ``GroupClosedError``."""
         with self._cond:
             self._connect_locked()
             if self._thread is not None:
