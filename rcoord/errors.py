@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -213,6 +214,10 @@ class AuthenticationFailedError(RcoordError):
     (``rcoord.client.policy``); the redis-py error is its ``__cause__``."""
 
 
+_NO_CREDENTIALS = re.compile(r"called with the client already authenticated|^authentication "
+                             r"required|NOAUTH", re.IGNORECASE)
+
+
 def as_authentication_failed(name: str, exc: BaseException,
                              url: str | None = None) -> AuthenticationFailedError:
     """redis-py's ``AuthenticationError`` as an ``AuthenticationFailedError`` whose message says
@@ -221,6 +226,10 @@ def as_authentication_failed(name: str, exc: BaseException,
 
     at = f" at {redact_url(url)}" if url else ""
     text = " ".join(str(exc).split()).rstrip(".")
+    if _NO_CREDENTIALS.search(text):
+        # (the server's words for a login with no credentials are about its HELLO or AUTH
+        # commands, which the caller never typed)
+        text = "the server needs a password and the URL gives none"
     error = AuthenticationFailedError(
         f"{name}: Redis{at} refused the login ({text}); check the user and password in the "
         "Redis URL (redis://USER:PASSWORD@HOST:PORT), and that the ACL user is on and has "

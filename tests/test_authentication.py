@@ -150,3 +150,19 @@ def test_a_consumer_whose_password_is_rotated_raises_it_from_poll(
         assert all(isinstance(e, AuthenticationFailedError) for e in raised), raised
     finally:
         consumer.close(timeout=WAIT_S)
+
+
+def test_a_url_without_a_password_for_a_server_that_needs_one_says_so(
+        locked_server: tuple[EmbeddedServer, Any]) -> None:
+    """The server's words for a login without credentials are about its HELLO command
+    ("HELLO must be called with the client already authenticated, otherwise the HELLO <proto>
+    AUTH <user> <pass> option can be used ..."), which tells an operator nothing about the URL;
+    the message says that the URL gives no password where the server needs one."""
+    server, _ = locked_server
+    group = ConsumerGroup(_config(f"redis://127.0.0.1:{server.port}"))
+    with pytest.raises(AuthenticationFailedError) as raised:
+        group.start()
+    text = str(raised.value)
+    assert "needs a password and the URL gives none" in text
+    assert "HELLO" not in text
+    group.close(timeout=WAIT_S)
