@@ -115,3 +115,62 @@ def test_a_topic_deleted_after_its_count_was_read_is_noticed(env: Any) -> None:
 
     wait_until(lambda: refused({TP("t", 3): 2}))
     wait_until(lambda: refused({TP("u", 0): 2}))
+
+
+def _consuming_t_and_u(env: Any, **kw: Any) -> Any:
+    """An assign()ed consumer of t-0 and u-0 that has read one record of each (position 1)."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    env.producer.send("t", b"x", partition=0)
+    env.producer.send("u", b"x", partition=0)
+    consumer = env.consumer(topics=[], **kw)
+    consumer.assign([TP("t", 0), TP("u", 0)])
+    poll_until(consumer, lambda got: len(got) >= 2)
+    return consumer
+
+
+def test_own_commits_skip_a_deleted_topic_and_commit_the_others(
+        env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """commit() and commit_async() without offsets commit the positions of the partitions
+    that exist and skip (one warning naming them) those of a topic deleted since, as Kafka's
+    broker stores the others and answers UNKNOWN_TOPIC_OR_PARTITION for those. Before, the
+    deleted topic's position was stored too."""
+    consumer = _consuming_t_and_u(env, enable_auto_commit=False, partition_watch_interval_ms=1)
+    env.topics.delete("u")
+    with caplog.at_level("WARNING", logger="rcoord.client"):
+        consumer.commit()
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 1, TP("u", 0): -1}
+    assert [r.getMessage() for r in caplog.records if "skipped u-0" in r.getMessage()]
+    consumer.seek(TP("t", 0), 0)
+    consumer.seek(TP("u", 0), 0)
+    results: list[Any] = []
+    consumer.commit_async(callback=lambda o, e: results.append(e))
+    consumer.commit({})  # waits for it
+    assert results == [None]
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 0, TP("u", 0): -1}
+
+
+def test_close_and_auto_commit_skip_a_deleted_topic(env: Any) -> None:
+    """close()'s final commit (auto-commit's) stores the existing partitions' positions and
+    not the deleted topic's. Before, it stored both."""
+    consumer = _consuming_t_and_u(env, auto_commit_interval_ms=100_000,
+                                  partition_watch_interval_ms=1)
+    env.topics.delete("u")
+    consumer.close(timeout=10)
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 1, TP("u", 0): -1}
+
+
+def test_own_commits_read_the_counts_once_per_watch_interval(env: Any) -> None:
+    """The check of the consumer's own commits reads the counts of its topics once (one
+    round trip for all of them), then trusts them for ``partition_watch_interval_ms``."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    coord = _CountsLookups(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
+                            partition_watch_interval_ms=600_000)
+    consumer.assign([TP("t", 0), TP("u", 0)])
+    for p in (3, 4, 5):
+        consumer.seek(TP("t", 0), p)
+        consumer.commit()
+    assert coord.lookups == [["t", "u"]]
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 5, TP("u", 0): 0}

@@ -350,7 +350,8 @@ class Consumer(SubscriptionMixin):
         # without its records: _send_fetch) or position() does (_resolved).
         self._resets: dict[TopicPartition, int] = {}
         self._reset_markers = 1
-        # Partition counts read for commits of partitions not held (_check_exist): topic ->
+        # Partition counts read for commits of partitions not held (_check_exist), and of the
+        # consumer's own commits of its positions, held or not (_own_unverified): topic ->
         # (a count it had, time.monotonic() of the read), trusted for a partition watch
         # interval (a topic may be deleted, or created again with fewer partitions).
         self._partition_counts: dict[str, tuple[int, float]] = {}
@@ -1082,7 +1083,9 @@ class Consumer(SubscriptionMixin):
         can be made again. A negative offset raises ``ValueError`` and nothing is committed,
         as Kafka's ``OffsetAndMetadata`` refuses one; an offset of a partition that does not
         exist raises ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION), nothing committed either
-        (``_check_exist``).
+        (``_check_exist``). Without ``offsets``, the positions of partitions that no longer
+        exist (a topic deleted while held) are skipped with a warning and the others committed
+        (``_skip_missing``), as are auto-commit's, a revocation's and ``close()``'s.
 
         ``wakeup()`` (Kafka's ``commitSync``): one pending at the call raises ``WakeupError``
         before anything is sent; one that comes while earlier async commits are awaited, or
@@ -1110,9 +1113,12 @@ class Consumer(SubscriptionMixin):
             if given:
                 raise _no_generation(self._group)
             return
-        wanted = given if given is not None else self._positions()
         if given is not None:
             self._check_exist(self._unverified(given))
+            wanted: Mapping[TopicPartition, int | OffsetAndMetadata] = given
+        else:
+            positions = self._positions()
+            wanted = self._skip_missing(positions, self._own_unverified(positions), "commit()")
         target[0](wanted)
         self._note_committed({
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
@@ -1133,7 +1139,8 @@ class Consumer(SubscriptionMixin):
         background thread. ``commit()`` waits for earlier async commits.
         A negative offset raises ``ValueError`` here, at the call, as in ``commit()``; an
         offset of a partition that does not exist is the callback's ``TopicError``
-        (``_check_exist``), nothing of that call committed.
+        (``_check_exist``), nothing of that call committed. Without ``offsets``, partitions
+        that no longer exist are skipped, as in ``commit()``.
         """
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable(offsets, exception), got {callback!r}")
@@ -1151,13 +1158,17 @@ class Consumer(SubscriptionMixin):
                 self._committer.complete_now(plain, refused, callback)
                 return
             commit, token = target
-            unknown = [] if given is None else self._unverified(given)
+            own = given is None  # its positions: the missing partitions are skipped, logged
+            unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
             if not unknown:
                 self._committer.submit(lambda: commit(wanted), plain, callback, token)
                 return
 
-            def checked() -> None:
-                self._check_exist(unknown)  # (on the committer thread: it reads Redis)
+            def checked() -> None:  # (on the committer thread: it reads Redis)
+                if own:
+                    commit(self._skip_missing(wanted, unknown, "commit_async()"))
+                    return
+                self._check_exist(unknown)
                 commit(wanted)
 
             self._committer.submit(checked, plain, callback, token)
@@ -1186,8 +1197,24 @@ class Consumer(SubscriptionMixin):
         topic: a commit to a topic deleted (or created again with fewer partitions) after its
         count was read was stored for as long as the consumer ran, where Kafka's broker, which
         checks its own current metadata, refuses it at once."""
+        missing, found = self._missing(unknown)
+        if missing:
+            where = "; ".join(
+                f"topic {t!r} has {found[t]} partitions" if t in found
+                else f"topic {t!r} does not exist" for t in sorted({tp.topic for tp in missing}))
+            raise TopicError(
+                Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                f"commit of {_names(missing)} refused ({where}): nothing of this commit was "
+                "stored; commit offsets of existing partitions only")
+
+    def _missing(
+        self, unknown: list[TopicPartition]
+    ) -> tuple[list[TopicPartition], dict[str, int]]:
+        """Of ``unknown``, the partitions that do not exist (sorted), and the counts read of
+        their topics (one round trip, none when ``unknown`` is empty), kept for
+        ``partition_watch_interval_ms`` (``_check_exist``)."""
         if not unknown:
-            return
+            return [], {}
         counts = self._partition_counts
         coord = self._coordinator()
         topics = sorted({tp.topic for tp in unknown})
@@ -1201,15 +1228,37 @@ class Consumer(SubscriptionMixin):
                 counts[topic] = (found[topic], now)
             else:
                 counts.pop(topic, None)
-        missing = sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0))
-        if missing:
-            where = "; ".join(
-                f"topic {t!r} has {found[t]} partitions" if t in found
-                else f"topic {t!r} does not exist" for t in sorted({tp.topic for tp in missing}))
-            raise TopicError(
-                Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                f"commit of {_names(missing)} refused ({where}): nothing of this commit was "
-                "stored; commit offsets of existing partitions only")
+        return sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0)), found
+
+    def _own_unverified(self, offsets: Mapping[TopicPartition, object]) -> list[TopicPartition]:
+        """The partitions of a commit the consumer makes itself (its positions: auto-commit,
+        a revocation's or ``close()``'s commit, ``commit()`` without offsets) that no count
+        read within ``partition_watch_interval_ms`` covers. Unlike ``_unverified``, a held
+        partition is not taken to exist: its topic may have been deleted since the group
+        assigned it (or a never-existing ``assign()``ed one sought), and the next rebalance
+        is what drops it. Read on the caller's thread (the cache is the consumer's)."""
+        counts = self._partition_counts
+        since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
+        return [TopicPartition(*tp) for tp in offsets
+                if tp[1] >= _fresh_count(counts.get(tp[0]), since)]
+
+    def _skip_missing(self, offsets: Mapping[TopicPartition, T],
+                      unknown: list[TopicPartition], what: str) -> dict[TopicPartition, T]:
+        """``offsets`` of a commit the consumer makes itself without the partitions of
+        ``unknown`` that do not exist, with one warning naming those. Kafka's broker answers
+        such a commit per partition: the existing ones are stored, the missing ones refused
+        (UNKNOWN_TOPIC_OR_PARTITION, which its auto-commit logs). rcoord's coordinator stores
+        any partition, so a topic deleted while held (until the rebalance that drops it), or
+        created again with fewer partitions, got its old positions committed: kept for the
+        topic name, and read as the start of a partition added later. Refusing the whole
+        commit would instead hold back the existing partitions' progress."""
+        missing = set(self._missing(unknown)[0])
+        if not missing:
+            return dict(offsets)
+        log.warning("%s: skipped %s (no such partition: its topic was deleted, or has fewer "
+                    "partitions now); the other partitions were committed", what,
+                    _names(sorted(missing)))
+        return {tp: off for tp, off in offsets.items() if TopicPartition(*tp) not in missing}
 
     def _positions(self) -> dict[TopicPartition, int]:
         """The positions of the assigned partitions that have one (what a commit sends): not
@@ -1309,10 +1358,14 @@ class Consumer(SubscriptionMixin):
                       token: object = None) -> int | None:
         """Queue a commit the consumer makes itself on the committer, behind the async commits
         queued before (so it never overtakes one); a failure is logged as ``what``. Its
-        ticket; None when ``offsets`` is empty (nothing queued)."""
+        ticket; None when ``offsets`` is empty (nothing queued). Partitions that do not exist
+        are left out of it (``_skip_missing``, on the committer thread: it may read Redis)."""
         if not offsets:
             return None
-        return self._committer.submit(lambda: commit(offsets), offsets, _logged(what), token)
+        unknown = self._own_unverified(offsets)
+        return self._committer.submit(
+            lambda: commit(self._skip_missing(offsets, unknown, what) if unknown else offsets),
+            offsets, _logged(what), token)
 
     def _commit_changed(self, commit: _CommitFn) -> None:
         """Commit the positions that moved since the last commit, after the async commits
@@ -1321,7 +1374,7 @@ class Consumer(SubscriptionMixin):
         self._await_committer()  # older async commits land first
         changed = self._changed_positions()
         if changed:
-            commit(changed)
+            commit(self._skip_missing(changed, self._own_unverified(changed), "commit"))
             self._committed.update(changed)
 
     def _maybe_auto_commit(self, deadline: float | None) -> None:
