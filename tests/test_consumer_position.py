@@ -428,3 +428,25 @@ def test_committed_of_an_illegal_topic_name_is_none_and_does_not_raise(env: Any)
     env.coord.commit_offsets("g", {TP("bad name!", 0): 4})
     consumer = env.consumer(enable_auto_commit=False, topics=[])
     assert consumer.committed([TP("bad name!", 0)]) == {TP("bad name!", 0): -1}
+
+
+def test_committed_of_a_partition_past_the_count_is_none(env: Any) -> None:
+    """A commit to a partition number past an existing topic's count (stored by a path that
+    skips the consumer's check) is none for committed(), as Kafka answers no offset for a
+    partition that does not exist and as assign() takes it. Before, committed() answered it.
+    The count read is kept for the partition watch interval, and partitions the consumer
+    holds cost no read."""
+    env.topics.create("t", 1)
+    env.coord.commit_offsets("g", {TP("t", 0): 2, TP("t", 3): 4})
+    coord = _CountsCountReads(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
+                            partition_watch_interval_ms=600_000)
+    consumer.assign([TP("t", 0)])
+    assert consumer.committed() == {TP("t", 0): 2}
+    assert coord.reads == 0
+    assert consumer.committed([TP("t", 0), TP("t", 3)]) == {TP("t", 0): 2, TP("t", 3): -1}
+    assert consumer.committed([TP("t", 3)], metadata=True) == {TP("t", 3): None}
+    assert coord.reads == 1
+    consumer.assign([TP("t", 0), TP("t", 3)])  # (t-3 waits for the partition to exist)
+    assert consumer.committed() == {TP("t", 0): 2, TP("t", 3): -1}
+    assert coord.reads == 1

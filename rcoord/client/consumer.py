@@ -57,7 +57,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
@@ -743,7 +743,9 @@ class Consumer(SubscriptionMixin):
         deleted topic (one that does not exist, or was created again since) is none: Kafka
         deletes a topic's offsets with it, and ``assign()`` does not start there. Before, a
         deleted topic's partition answered its old commit while ``start_offset="none"`` raised
-        ``NoOffsetForPartitionError`` for it. ``timeout``: see ``_query``; a pending
+        ``NoOffsetForPartitionError`` for it. So is a commit to a partition number past its
+        topic's count (stored by a path that skips ``commit()``'s check), as Kafka answers no
+        offset there and ``assign()`` takes it. ``timeout``: see ``_query``; a pending
         ``wakeup()`` raises ``WakeupError`` before anything is read."""
         self._check_open()
         wanted = list(partitions if partitions is not None else self._assigned)
@@ -761,12 +763,26 @@ class Consumer(SubscriptionMixin):
             # offsets with it); no read while every topic committed to exists.
             # (An illegal name, which only a commit bypassing the check can hold, is no topic.)
             absent = [t for t in judged if t not in created]
-            legal = [t for t in absent if legal_topic(t)]
-            if absent:
-                counts = (self._query(lambda: coord.partition_counts(legal), timeout)
-                          if legal else {})
-                stale |= {tp for tp, om in result.offsets.items() if om.offset >= 0
-                          and tp.topic in absent and tp.partition >= counts.get(tp.topic, 0)}
+            # A commit to a partition past an existing topic's count (one a commit bypassing
+            # the check stored) is none too: Kafka stores none for such a partition (its broker
+            # refuses it) and answers no offset; start_offsets takes it as none too. A held
+            # partition with a position existed when assigned (the leader read the counts, or
+            # assign()'s log read found it; one not found waits in _resets); for the others,
+            # a count read of the last partition watch interval answers, else one is read.
+            suspect = {tp for tp, om in result.offsets.items() if om.offset >= 0
+                       and tp.topic in created
+                       and (tp not in self._position or tp in self._resets)}
+            since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
+            counts = {t: n for t in {tp.topic for tp in suspect}
+                      if (n := _fresh_count(self._partition_counts.get(t), since))}
+            unsure = sorted({tp.topic for tp in suspect} - counts.keys())
+            legal = [t for t in absent if legal_topic(t)] + unsure
+            if legal:
+                counts |= self._query(lambda: coord.partition_counts(legal), timeout)
+                self._note_counts(unsure, counts)
+            stale |= {tp for tp, om in result.offsets.items() if om.offset >= 0
+                      and (tp.topic in absent or tp in suspect)
+                      and tp.partition >= counts.get(tp.topic, 0)}
             result = replace(result, offsets={tp: OffsetAndMetadata(-1) if tp in stale else om
                                               for tp, om in result.offsets.items()})
         if metadata:  # (OffsetFetch answers offset -1 for a partition nothing was committed to)
@@ -1215,11 +1231,17 @@ class Consumer(SubscriptionMixin):
         ``partition_watch_interval_ms`` (``_check_exist``)."""
         if not unknown:
             return [], {}
-        counts = self._partition_counts
         coord = self._coordinator()
         topics = sorted({tp.topic for tp in unknown})
         found = call_with_retries(lambda: coord.partition_counts(topics), None,
                                   config=self._config, closing=self._stop)
+        self._note_counts(topics, found)
+        return sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0)), found
+
+    def _note_counts(self, topics: Iterable[str], found: Mapping[str, int]) -> None:
+        """Keep the counts just read of ``topics`` (``found``: those that exist) for the
+        commit checks; a topic missing from ``found`` leaves the cache."""
+        counts = self._partition_counts
         if len(counts) + len(found) > _COUNTS_KEPT:
             counts.clear()  # (a bound: a pattern consumer may see many short-lived topics)
         now = time.monotonic()
@@ -1228,7 +1250,6 @@ class Consumer(SubscriptionMixin):
                 counts[topic] = (found[topic], now)
             else:
                 counts.pop(topic, None)
-        return sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0)), found
 
     def _own_unverified(self, offsets: Mapping[TopicPartition, object]) -> list[TopicPartition]:
         """The partitions of a commit the consumer makes itself (its positions: auto-commit,
