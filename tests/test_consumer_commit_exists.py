@@ -174,3 +174,19 @@ def test_own_commits_read_the_counts_once_per_watch_interval(env: Any) -> None:
         consumer.commit()
     assert coord.lookups == [["t", "u"]]
     assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 5, TP("u", 0): 0}
+
+
+def test_own_commits_of_partitions_being_read_cost_no_read(env: Any) -> None:
+    """A consumer that is reading its partitions commits their positions without reading
+    the counts: its fetches found them within the partition watch interval. A paused one
+    is not vouched for by its fetches (it is not fetched): its count is read."""
+    coord = _CountsLookups(env)
+    consumer = _consuming_t_and_u(env, enable_auto_commit=False, coordinator=coord,
+                                  partition_watch_interval_ms=600_000)
+    consumer.commit()
+    assert coord.lookups == []
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 1, TP("u", 0): 1}
+    consumer.pause([TP("u", 0)])
+    consumer.seek(TP("u", 0), 0)
+    consumer.commit()
+    assert coord.lookups == [["u"]]

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -355,6 +356,10 @@ class Consumer(SubscriptionMixin):
         # (a count it had, time.monotonic() of the read), trusted for a partition watch
         # interval (a topic may be deleted, or created again with fewer partitions).
         self._partition_counts: dict[str, tuple[int, float]] = {}
+        # When each partition's latest fetch found it (time.monotonic()): a commit the consumer
+        # makes of its position needs no count read then (_own_unverified). A fetch that finds
+        # it missing drops it.
+        self._fetch_found: dict[TopicPartition, float] = {}
         self._paused: set[TopicPartition] = set()
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
@@ -1257,11 +1262,14 @@ class Consumer(SubscriptionMixin):
         read within ``partition_watch_interval_ms`` covers. Unlike ``_unverified``, a held
         partition is not taken to exist: its topic may have been deleted since the group
         assigned it (or a never-existing ``assign()``ed one sought), and the next rebalance
-        is what drops it. Read on the caller's thread (the cache is the consumer's)."""
-        counts = self._partition_counts
+        is what drops it. A partition fetched within that interval (and not paused since)
+        needs no read either: the fetch found it, so the commits of a consumer that is reading
+        cost no extra round trip. Read on the caller's thread (the cache is the consumer's)."""
+        counts, found, paused = self._partition_counts, self._fetch_found, self._paused
         since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
         return [TopicPartition(*tp) for tp in offsets
-                if tp[1] >= _fresh_count(counts.get(tp[0]), since)]
+                if not (found.get(tp, -math.inf) >= since and tp not in paused)
+                and tp[1] >= _fresh_count(counts.get(tp[0]), since)]
 
     def _skip_missing(self, offsets: Mapping[TopicPartition, T],
                       unknown: list[TopicPartition], what: str) -> dict[TopicPartition, T]:
@@ -2152,12 +2160,17 @@ class Consumer(SubscriptionMixin):
             return False
         assert done.value is not None
         got = unknown = False
+        done_at = time.monotonic()
         for (tp, pos), result in zip(ask.asked, done.value, strict=True):
             if tp not in self._buffers or self._fetch_pos.get(tp) != pos:
                 continue  # revoked, sought or reset since: a stale answer
             if tp in ask.resolved:
                 self._resolved(tp, ask.resolved[tp])  # the seek_to_* read its edge
             got = self._take(tp, result) or got
+            if result.error in (Errors.NONE, Errors.OFFSET_OUT_OF_RANGE):
+                self._fetch_found[tp] = done_at
+            else:
+                self._fetch_found.pop(tp, None)
             unknown = unknown or result.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
         if unknown and not got:
             # Deleted under us: the next rebalance drops it (a pattern subscription's watcher

@@ -57,7 +57,7 @@ def check_listener(listener: Any) -> None:
 
 
 PARTITION_TABLES = ("_buffers", "_position", "_fetch_pos", "_committed", "_invalid", "_resets",
-                    "_seeks", "_record_bytes", "_fetched_turn")
+                    "_seeks", "_record_bytes", "_fetched_turn", "_fetch_found")
 """The Consumer's dicts keyed by partition, and its sets of partitions (below), named once:
 a partition given up leaves every one (``_forget_partitions``), and dropping the assignment
 empties them all (``Consumer._drop_assignment``). A table listed in one place and not the
@@ -86,6 +86,7 @@ class SubscriptionMixin:
         _seeks: dict[TopicPartition, int]
         _record_bytes: dict[TopicPartition, int]
         _fetched_turn: dict[TopicPartition, int]
+        _fetch_found: dict[TopicPartition, float]
         _position: dict[TopicPartition, int]
         _fetch_pos: dict[TopicPartition, int]
         _invalid: dict[TopicPartition, int]
