@@ -190,3 +190,19 @@ def test_own_commits_of_partitions_being_read_cost_no_read(env: Any) -> None:
     consumer.seek(TP("u", 0), 0)
     consumer.commit()
     assert coord.lookups == [["u"]]
+
+
+def test_a_subscribed_consumers_final_commit_skips_a_deleted_topic(env: Any) -> None:
+    """A subscribed consumer's revocation commit (at close(), or at the rebalance the
+    topic's deletion starts) stores the existing partitions' positions, not the deleted
+    topic's. Before, it stored both."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    env.producer.send("t", b"x", partition=0)
+    env.producer.send("u", b"x", partition=0)
+    consumer = env.consumer(topics=["t", "u"], auto_commit_interval_ms=100_000,
+                            partition_watch_interval_ms=1)
+    poll_until(consumer, lambda got: len(got) >= 2)
+    env.topics.delete("u")
+    consumer.close(timeout=10)
+    assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 1, TP("u", 0): -1}
