@@ -206,3 +206,29 @@ def test_a_subscribed_consumers_final_commit_skips_a_deleted_topic(env: Any) -> 
     env.topics.delete("u")
     consumer.close(timeout=10)
     assert _committed(env, TP("t", 0), TP("u", 0)) == {TP("t", 0): 1, TP("u", 0): -1}
+
+
+def test_own_commits_whose_check_cannot_read_the_counts_commit_everything(
+        env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The check of the consumer's own commits is not worth their progress: when the counts
+    cannot be read (Redis lost for longer than the retries, or for the one attempt a
+    ``close()`` allows), the positions are committed as before the check existed, with a
+    warning, rather than the commit failing."""
+    from rcoord import ConnectionLost
+
+    class _CountsLost(_CountsLookups):
+        def partition_counts(self, topics: Any) -> dict[str, int]:
+            if threading.current_thread() is self._thread:
+                raise ConnectionLost("counts unreachable (test)")
+            return super().partition_counts(topics)
+
+    env.topics.create("t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=_CountsLost(env),
+                            partition_watch_interval_ms=600_000, retry_backoff_ms=1,
+                            retry_backoff_max_ms=2)
+    consumer.assign([TP("t", 0)])
+    consumer.seek(TP("t", 0), 3)
+    with caplog.at_level("WARNING", logger="rcoord.client"):
+        consumer.commit()
+    assert _committed(env, TP("t", 0)) == {TP("t", 0): 3}
+    assert [r for r in caplog.records if "could not check that t-0" in r.getMessage()]

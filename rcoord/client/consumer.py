@@ -1280,8 +1280,17 @@ class Consumer(SubscriptionMixin):
         any partition, so a topic deleted while held (until the rebalance that drops it), or
         created again with fewer partitions, got its old positions committed: kept for the
         topic name, and read as the start of a partition added later. Refusing the whole
-        commit would instead hold back the existing partitions' progress."""
-        missing = set(self._missing(unknown)[0])
+        commit would instead hold back the existing partitions' progress.
+
+        A check that cannot read the counts (Redis lost for longer than its retries, or for
+        its one attempt during ``close()``) commits everything, as before the check existed:
+        the commit itself is what must not fail for it."""
+        try:
+            missing = set(self._missing(unknown)[0])
+        except ConnectionLost as exc:
+            log.warning("%s: could not check that %s still exist (%s); committed them",
+                        what, _names(unknown), exc)
+            return dict(offsets)
         if not missing:
             return dict(offsets)
         log.warning("%s: skipped %s (no such partition: its topic was deleted, or has fewer "
