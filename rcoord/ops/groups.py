@@ -254,16 +254,27 @@ WHY = {
 
 
 def _delete(ctx: Context) -> int:
+    """Group by group (each is its own coordinator call anyway), every id checked first. What
+    was deleted is reported also when a later group's deletion fails (Redis lost half-way),
+    as ``topics delete`` does: the report came only after the last group, so the groups
+    already gone went unmentioned beside the error line."""
+    from ..protocol.admin import group_ids_arg
+
+    groups = group_ids_arg(ctx.args.groups)  # a bad id is refused before any is deleted
     coord = ctx.group_coordinator()
-    results = ({g: Errors.GROUP_ID_NOT_FOUND for g in ctx.args.groups} if coord is None
-               else coord.delete_groups(ctx.args.groups))
-    deleted = [g for g, e in results.items() if e == Errors.NONE]
-    failed = {g: e for g, e in results.items() if e != Errors.NONE}
-    if ctx.json:
-        print_json({"deleted": deleted, "failed": {g: e.name for g, e in failed.items()}})
-    elif deleted:
-        names = ", ".join(repr(g) for g in deleted)
-        print_line(f"Deletion of requested consumer groups ({names}) was successful.")
+    results: dict[str, Errors] = {}
+    try:
+        for group in groups:
+            results.update({group: Errors.GROUP_ID_NOT_FOUND} if coord is None
+                           else coord.delete_groups([group]))
+    finally:
+        deleted = [g for g, e in results.items() if e == Errors.NONE]
+        failed = {g: e for g, e in results.items() if e != Errors.NONE}
+        if ctx.json:
+            print_json({"deleted": deleted, "failed": {g: e.name for g, e in failed.items()}})
+        elif deleted:
+            names = ", ".join(repr(g) for g in deleted)
+            print_line(f"Deletion of requested consumer groups ({names}) was successful.")
     if failed:
         raise Failure("; ".join(
             f"group {g!r} could not be deleted: {e.name}"
