@@ -16,6 +16,7 @@ from test_cli_groups import run_in_process
 from rcoord import GroupCoordinator, TopicPartition
 from rcoord.config import CoordinatorConfig
 from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Topics
 
 
 @pytest.fixture
@@ -64,3 +65,20 @@ def test_groups_deleted_before_redis_went_away_are_reported(
     else:
         assert res.stdout.strip() == ("Deletion of requested consumer groups ('a') was "
                                       "successful.")
+
+
+def test_produce_to_a_replica_says_to_use_the_master(own_server: EmbeddedServer, namespace: str,
+                                                     refused_port: int, no_env: None) -> None:
+    """An append refused by a read-only replica is named as the other commands name it, with
+    what to do: ``topics produce`` wrapped the raw error, whose "Redis cannot run this now; try
+    again" sent the operator to retry against the replica for ever."""
+    with own_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)  # keeps its data
+    res = run_in_process(["topics", "produce", "t", "--redis-url", own_server.url,
+                          "--namespace", namespace], stdin="a\nb\n")
+    line = one_error_line(res, "topics produce")
+    assert res.returncode == 1
+    assert "read-only replica" in line and "give the URL of its master" in line, line
+    assert "try again" not in line, line
+    assert line.endswith("no line was produced; lines 1-2 may or may not have been"), line
