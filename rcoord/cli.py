@@ -76,7 +76,9 @@ class Parser(argparse.ArgumentParser):
 
     dash_values: frozenset[str] = frozenset()
     """Long options of this parser whose value may start with a dash (``--by-duration
-    -PT1H``): argparse takes such a value for an option, so it is joined to its flag first."""
+    -PT1H``, ``--key-separator '->'``): argparse takes such a value for an option, so it is
+    joined to its flag first, unless it names one of this parser's options (a value left out
+    before the next flag stays argparse's "expected one argument", not a value)."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         if args is not None and not self._has_commands:
@@ -95,13 +97,19 @@ class Parser(argparse.ArgumentParser):
                 out.extend(args[i:])
                 break
             if (self._takes_dash_value(arg) and i + 1 < len(args)
-                    and args[i + 1].startswith("-") and args[i + 1] != "--"):
+                    and args[i + 1].startswith("-") and args[i + 1] != "--"
+                    and not self._names_option(args[i + 1])):
                 out.append(f"{arg}={args[i + 1]}")
                 i += 2
                 continue
             out.append(arg)
             i += 1
         return out
+
+    def _names_option(self, arg: str) -> bool:
+        """Whether ``arg`` is one of this parser's options (``--flag`` or ``--flag=value``)."""
+        # _option_string_actions: see _unknown_options.
+        return arg.split("=", 1)[0] in self._option_string_actions
 
     def _takes_dash_value(self, arg: str) -> bool:
         """Whether ``arg`` names one of ``dash_values``, also abbreviated as argparse would

@@ -82,3 +82,25 @@ def test_produce_to_a_replica_says_to_use_the_master(own_server: EmbeddedServer,
     assert "read-only replica" in line and "give the URL of its master" in line, line
     assert "try again" not in line, line
     assert line.endswith("no line was produced; lines 1-2 may or may not have been"), line
+
+
+def test_a_key_separator_that_starts_with_a_dash(redis_server: EmbeddedServer, namespace: str,
+                                                 no_env: None) -> None:
+    """``--key-separator '->'`` is the separator, for produce and consume alike, as
+    ``--by-duration -PT1H`` is a duration: it was refused as "unrecognized option: ->" (only
+    ``--key-separator=->`` worked). A value left out before the next option is still an error,
+    never that option taken for the separator."""
+    url = redis_server.url
+    common = ["--redis-url", url, "--namespace", namespace]
+    with redis_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+    res = run_in_process(["topics", "produce", "t", "--key-separator", "->", *common],
+                         stdin="k->v\n")
+    assert res.returncode == 0, res.stderr
+    res = run_in_process(["topics", "consume", "t", "--from-beginning", "--max-messages", "1",
+                          "--print-key", "--key-separator", "->", *common])
+    assert (res.returncode, res.stdout) == (0, "k->v\n"), res.stderr
+    res = run_in_process(["topics", "consume", "t", "--from-beginning", "--max-messages", "1",
+                          "--key-separator", "--print-key", *common])
+    assert res.returncode == 2
+    assert "--key-separator: expected one argument" in one_error_line(res, "topics consume")

@@ -57,6 +57,7 @@ def add_console_arguments(sub: Any) -> None:
                    help="each line is KEY SEP VALUE (split at the first SEP)")
     q.add_argument("--partition", type=int, metavar="P",
                    help="append to this partition (default: Kafka's partitioner)")
+    q.dash_values = frozenset({"--key-separator"})  # (a separator may start with one: ->)
     q = leaf(sub, "consume", "print a topic's records (as a group member with --group)",
              _consume)
     q.add_argument("topic")
@@ -78,6 +79,7 @@ def add_console_arguments(sub: Any) -> None:
                    help="print the partition and offset before each record")
     q.add_argument("--key-separator", default="\t", metavar="SEP",
                    help="between the printed key and value (a tab)")
+    q.dash_values = frozenset({"--key-separator"})
 
 
 # -- produce ----------------------------------------------------------------------------------
