@@ -581,6 +581,23 @@ def test_reset_offsets_from_file_reads_quoted_csv_fields(cli, reset_setup, tmp_p
     assert committed(coord, "eu,orders") == {("t", 0): 3, ("t", 1): 2}
 
 
+def test_reset_offsets_from_file_with_a_byte_order_mark(cli, reset_setup, tmp_path):
+    """A plan saved with a UTF-8 byte order mark (Excel's "CSV UTF-8", Windows PowerShell's
+    ``Out-File -Encoding utf8``) is read as without one. The mark was read as the first
+    field's first character: in a ``group,topic,partition,offset`` file the first line then
+    named group "\\ufeffg" and was skipped as another group's, so the reset committed the
+    other lines and left that partition where it was, without a word."""
+    coord = reset_setup
+    plan_file = tmp_path / "plan.csv"
+    plan_file.write_bytes(b"\xef\xbb\xbfg,t,0,3\ng,t,1,1\n")
+    res = ok(cli("groups", "reset-offsets", "g", "--from-file", str(plan_file), "--execute"))
+    assert rows(res.stdout, "GROUP") == [["g", "t", "0", "4", "3"], ["g", "t", "1", "3", "1"]]
+    assert committed(coord, "g") == {("t", 0): 3, ("t", 1): 1}
+    plan_file.write_bytes(b"\xef\xbb\xbft,0,5\n")  # (the topic read as "\\ufefft": none)
+    ok(cli("groups", "reset-offsets", "g", "--from-file", str(plan_file), "--execute"))
+    assert committed(coord, "g") == {("t", 0): 5, ("t", 1): 1}
+
+
 def test_reset_offsets_every_mode(cli, reset_setup):
     coord = reset_setup
     # The default is a dry run: the plan is shown, nothing changes.

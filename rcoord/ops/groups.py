@@ -489,7 +489,11 @@ def _reset_file(args: argparse.Namespace) -> dict[TopicPartition, int]:
         raise UsageError("--from-file resets the partitions the file names: leave out "
                          "--topic and --all-topics")
     try:
-        with open(args.from_file, encoding="utf-8") as f:
+        # utf-8-sig: a byte order mark (Excel's "CSV UTF-8", Windows PowerShell's Out-File)
+        # is no part of the first field. It was: in a group,topic,partition,offset file the
+        # first line named group "\ufeffG" and was skipped as another group's, so the reset
+        # committed the other lines and left that partition as it was, without a word.
+        with open(args.from_file, encoding="utf-8-sig") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise Failure(f"cannot read --from-file {args.from_file!r}: {exc}") from None
