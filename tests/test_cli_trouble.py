@@ -104,3 +104,32 @@ def test_a_key_separator_that_starts_with_a_dash(redis_server: EmbeddedServer, n
                           "--key-separator", "--print-key", *common])
     assert res.returncode == 2
     assert "--key-separator: expected one argument" in one_error_line(res, "topics consume")
+
+
+def test_describing_every_topic_leaves_out_one_deleted_meanwhile(
+        redis_server: EmbeddedServer, namespace: str, no_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``topics describe`` (no topic named) lists the topics, then reads each: one deleted in
+    between is left out, as if listed a moment later. It failed the command (exit 1,
+    UNKNOWN_TOPIC_OR_PARTITION) naming a topic the operator never named, so a periodic
+    ``topics describe --output json`` failed whenever another job deleted a topic."""
+    with redis_server.client() as client:
+        Topics(client, namespace).create("kept", 1)
+        Topics(client, namespace).create("gone", 1)
+    real = Topics.list
+
+    def list_then_delete(self: Topics) -> list[str]:
+        names = real(self)
+        self.delete("gone")  # another job deletes it right after the listing
+        return names
+
+    monkeypatch.setattr(Topics, "list", list_then_delete)
+    res = run_in_process(["topics", "describe", "--output", "json", "--redis-url",
+                          redis_server.url, "--namespace", namespace])
+    assert res.returncode == 0, res.stderr
+    assert [d["topic"] for d in json.loads(res.stdout)] == ["kept"]
+    # A topic named that does not exist is still an error.
+    res = run_in_process(["topics", "describe", "gone", "--redis-url", redis_server.url,
+                          "--namespace", namespace])
+    assert res.returncode == 1
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in one_error_line(res, "topics describe")
