@@ -133,3 +133,33 @@ def test_describing_every_topic_leaves_out_one_deleted_meanwhile(
                           "--namespace", namespace])
     assert res.returncode == 1
     assert "UNKNOWN_TOPIC_OR_PARTITION" in one_error_line(res, "topics describe")
+
+
+def test_produce_to_a_topic_deleted_meanwhile_names_the_kafka_error(
+        redis_server: EmbeddedServer, namespace: str, no_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kafka error met while producing reads as in every other command's error line (the
+    error name and the topic), followed by which lines were produced."""
+    from rcoord.topics import Producer
+
+    with redis_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+    real = Producer.send_batch
+    calls: list[int] = []
+
+    def second_after_a_delete(self: Producer, topic: str, batch: Any) -> Any:
+        calls.append(len(batch))
+        if len(calls) == 2:
+            with redis_server.client() as client:
+                Topics(client, namespace).delete(topic)
+        return real(self, topic, batch)
+
+    monkeypatch.setattr(Producer, "send_batch", second_after_a_delete)
+    res = run_in_process(["topics", "produce", "t", "--redis-url", redis_server.url,
+                          "--namespace", namespace],
+                         stdin="".join(f"n{i}\n" for i in range(700)))
+    line = one_error_line(res, "topics produce")
+    assert res.returncode == 1 and calls == [500, 200]
+    assert line.startswith("rcoord topics produce: error: UNKNOWN_TOPIC_OR_PARTITION"), line
+    assert line.endswith("lines 1-500 were produced (500 records); lines 501-700 may or may "
+                         "not have been"), line

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..cli import UsageError, explain
+from ..errors import InvalidRequestError, ProtocolError
 from .common import Context, Failure, Progress, StopSignals, leaf, stdout_gone
 
 __all__ = ["add_console_arguments"]
@@ -202,10 +203,12 @@ def _produce(ctx: Context) -> int:
     except Exception as exc:
         # Say exactly what is stored, so the input can be sent again from the right line
         # (a batch whose append failed may or may not be stored: the error says which lines).
-        # The failure in the words every command uses (``explain``): the raw error of a
-        # read-only replica said "Redis cannot run this now; try again", not to give the
-        # master's URL, so the operator retried against the replica.
-        why = explain(exc, ctx.url)[1]
+        # The failure in the words every command uses (a Kafka error as it is, the rest as
+        # ``explain`` says it): the raw error of a read-only replica said "Redis cannot run
+        # this now; try again", not to give the master's URL, so the operator retried against
+        # the replica.
+        why = (" ".join(str(exc).split()) if isinstance(exc, (ProtocolError, InvalidRequestError))
+               else explain(exc, ctx.url)[1])
         done = (f"lines 1-{first_unsent - 1} were produced ({sum(sent.values())} records)"
                 if first_unsent > 1 else "no line was produced")
         unsure = (f"; lines {first_unsent}-{number} may or may not have been"
