@@ -480,9 +480,21 @@ def start_offsets(
     fetched = retry(lambda: coord.fetch_offsets(cfg.group_id, partitions), lambda r: r.error)
     if fetched.error is not Errors.NONE:
         raise ProtocolError.of(fetched.error, f"OffsetFetch of {cfg.group_id!r} failed")
+    kept = {tp for tp in partitions
+            if (found := fetched.offsets.get(tp)) is not None and found.offset >= 0}
+    # The logs are read before the creation times: a commit is judged by the topic that exists
+    # after every read it is checked against. Judged first, a topic deleted and created again
+    # between the two reads (milliseconds) kept the deleted topic's commit, which assign()'s
+    # log read then found to exist: the new topic started at the old offset, records skipped.
+    # With a ``missing`` set, the committed partitions' logs are read too (the same read): a
+    # commit to a partition that does not exist is left from a deleted topic.
+    uncommitted = [] if cfg.start_offset == "none" else [tp for tp in partitions
+                                                         if tp not in kept]
+    checked = [tp for tp in partitions if tp in kept] if missing is not None else []
+    edges = log_offsets_of(uncommitted + checked, coord, retry)
     judged = _incarnation.topics_to_judge(fetched.offsets)
     created = retry(lambda: coord.created_times(judged), None) if judged else {}
-    stale = _incarnation.older_than_their_topic(fetched.offsets, created)
+    stale = _incarnation.older_than_their_topic(fetched.offsets, created) & kept
     for tp in sorted(stale):
         log.warning("group %r: the offset %d committed to %s-%d predates the topic's creation "
                     "(it was deleted and created again): starting by start_offset=%r",
@@ -490,30 +502,26 @@ def start_offsets(
                     cfg.start_offset)
     offsets: dict[TopicPartition, int] = {}
     committed: dict[TopicPartition, int] = {}
-    by_policy: list[TopicPartition] = []
     for tp in partitions:
-        found = fetched.offsets.get(tp)
-        if found is not None and found.offset >= 0 and tp not in stale:
-            offsets[tp] = committed[tp] = found.offset
+        if tp in kept and tp not in stale:
+            offsets[tp] = committed[tp] = fetched.offsets[tp].offset
         elif cfg.start_offset == "none":
             offsets[tp] = NO_POSITION
-        else:
-            by_policy.append(tp)
-    # With a ``missing`` set, the committed partitions' logs are read too (the same read): a
-    # commit to a partition that does not exist is left from a deleted topic.
-    checked = [tp for tp in partitions if tp in committed] if missing is not None else []
-    edges = log_offsets_of(by_policy + checked, coord, retry)
     for tp in checked:
         got = edges[tp]
-        if isinstance(got, _topics.TopicError) and got.error is Errors.UNKNOWN_TOPIC_OR_PARTITION:
+        if (tp in committed and isinstance(got, _topics.TopicError)
+                and got.error is Errors.UNKNOWN_TOPIC_OR_PARTITION):
             log.warning("group %r: the offset %d committed to %s-%d is of a partition that does "
                         "not exist (a deleted topic's): it counts as none", cfg.group_id,
                         committed[tp], tp.topic, tp.partition)
             del offsets[tp], committed[tp]
             if cfg.start_offset == "none":
                 offsets[tp] = NO_POSITION
-            else:
-                by_policy.append(tp)
+    # A stale commit's partition starts by the policy at the edges of the topic created again,
+    # read now: the read above may have been of the deleted topic (the rare case, a round trip
+    # more).
+    if cfg.start_offset != "none":
+        edges.update(log_offsets_of(sorted(stale), coord, retry))
     for tp in partitions:
         if tp not in offsets:
             got = edges[tp]
