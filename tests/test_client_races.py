@@ -9,15 +9,20 @@ topic's commit, nor at the deleted topic's log edges.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from harness import WAIT_S, wait_until
 
-from rcoord.client import ConsumerGroupConfig
+from rcoord.client import ConsumerGroupConfig, Generation
 from rcoord.client.coordinator import RedisCoordinator
+from rcoord.client.generation import EndReason
+from rcoord.client.heartbeat import JoinBeats
 from rcoord.client.join import start_offsets
-from rcoord.errors import Errors
+from rcoord.client.policy import combine, reaction_for
+from rcoord.errors import Errors, ProtocolError
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.topics import Producer, ProducerRecord, Topics
 
@@ -70,3 +75,51 @@ def test_a_topic_created_again_between_the_reads_does_not_start_at_the_old_commi
     # edges (0 or 1), not at the deleted topic's (3 or 10).
     assert offsets == {TP("other", 0): 0, TP("t", 0): 0 if policy == "earliest" else 1}
     assert committed == {} and missing == set()
+
+
+class ScriptedBeats:
+    """A coordinator whose heartbeats answer ``answers`` in turn, then the last one again;
+    ``answered`` is set once all of them were given."""
+
+    def __init__(self, *answers: Errors) -> None:
+        self.answers = list(answers)
+        self.given = 0
+        self.answered = threading.Event()
+
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str,
+                  group_instance_id: str | None = None) -> Errors:
+        error = self.answers[min(self.given, len(self.answers) - 1)]
+        self.given += 1
+        if self.given >= len(self.answers):
+            self.answered.set()
+        return error
+
+
+@pytest.mark.parametrize("out", [
+    Errors.UNKNOWN_MEMBER_ID, Errors.ILLEGAL_GENERATION, Errors.FENCED_INSTANCE_ID],
+    ids=lambda e: e.name)
+def test_join_beats_hand_over_a_later_out_of_generation_answer(out: Errors) -> None:
+    """A beat answered REBALANCE_IN_PROGRESS, then one answered UNKNOWN_MEMBER_ID (the member
+    missed the rebalance timeout): the member is out, and must rejoin as a new member, as
+    Kafka's heartbeat handler resets the generation on the later answer whatever an earlier one
+    said. JoinBeats kept only the first error: ``check`` let the SyncGroup go out, and the
+    generation ended as a mere rebalance, so the member rejoined with a removed member id."""
+    coord = ScriptedBeats(Errors.REBALANCE_IN_PROGRESS, out)
+    cfg = ConsumerGroupConfig(group_id="g", topics=["t"], redis_client=object(),
+                              heartbeat_interval_ms=10, session_timeout_ms=6000)
+    with JoinBeats(coord, cfg, 3, "m-1") as beats:  # type: ignore[arg-type]
+        assert coord.answered.wait(WAIT_S)
+        wait_until(lambda: not beats._thread.is_alive())  # (it stops on an out answer)
+        with pytest.raises(ProtocolError) as raised:
+            beats.check()
+        assert raised.value.error is out
+        gen = Generation(group_id="g", generation_id=3, member_id="m-1", leader_id="m-1",
+                         protocol_name="range", assignments={}, committed={},
+                         coordinator=coord)  # type: ignore[arg-type]
+        beats.hand_over(gen)
+    pending = gen.pending_reaction
+    assert pending is not None
+    reaction, error = pending
+    assert reaction == combine(reaction_for(Errors.REBALANCE_IN_PROGRESS), reaction_for(out))
+    assert reaction.lost and gen.lost
+    assert gen.end_reason is EndReason.MEMBER_LOST and gen.end_error is error is out

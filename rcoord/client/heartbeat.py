@@ -118,8 +118,9 @@ class JoinBeats:
     the round ends without a SyncGroup, as Kafka's member resets its generation on such an
     answer; other codes are left to the SyncGroup (Kafka's member ignores REBALANCE_IN_PROGRESS
     in COMPLETING_REBALANCE). ``hand_over`` gives the generation the latest refresh
-    (``Generation.heartbeat_answered``) and ends it by the first error seen, REBALANCE_IN_PROGRESS
-    included, as its heartbeat thread would have, and stops. Leaving the ``with`` block stops the
+    (``Generation.heartbeat_answered``) and ends it by the error seen, REBALANCE_IN_PROGRESS
+    included, as its heartbeat thread would have, and stops; an answer that the member is out
+    (the beats stop at it) replaces an earlier REBALANCE_IN_PROGRESS, for ``check`` too. Leaving the ``with`` block stops the
     beats too; a beat in flight is not waited for.
     """
 
@@ -131,7 +132,7 @@ class JoinBeats:
         self._member_id = member_id
         self._lock = threading.Lock()
         self._answered: float | None = None  # the sending of the latest beat that refreshed
-        self._error: Errors | None = None  # the first answer but NONE and retriable codes
+        self._error: Errors | None = None  # the worst answer but NONE and retriable codes
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, daemon=True,
@@ -161,7 +162,11 @@ class JoinBeats:
             with self._lock:
                 if error in REFRESHED:
                     self._answered = sent
-                if error is not Errors.NONE and self._error is None:
+                # A later answer that the member is out replaces a REBALANCE_IN_PROGRESS, whose
+                # row every other outranks (policy.combine): as Kafka's heartbeat handler resets
+                # the generation on it whatever an earlier beat said. Kept first, it made the
+                # member sync and rejoin with a member id the coordinator had removed.
+                if error is not Errors.NONE and (self._error is None or error not in REFRESHED):
                     self._error = error
             if error not in REFRESHED:
                 return  # the member is out of the generation: beating is pointless
@@ -178,7 +183,7 @@ class JoinBeats:
                 f"{self._generation_id} during the rebalance: {error.name}")
 
     def hand_over(self, gen: Generation) -> None:
-        """Stop; the generation takes the latest session refresh and the first error seen."""
+        """Stop; the generation takes the latest session refresh and the error seen."""
         self._stop.set()
         with self._lock:
             answered, error = self._answered, self._error
