@@ -123,3 +123,34 @@ def test_join_beats_hand_over_a_later_out_of_generation_answer(out: Errors) -> N
     assert reaction == combine(reaction_for(Errors.REBALANCE_IN_PROGRESS), reaction_for(out))
     assert reaction.lost and gen.lost
     assert gen.end_reason is EndReason.MEMBER_LOST and gen.end_error is error is out
+
+
+class DeletedAfterTheLogRead(RedisCoordinator):
+    """A coordinator that deletes topic "t" just before it reads the creation times (after the
+    log read): the topic is gone, and may be created again at any time later."""
+
+    deleted = False
+
+    def created_times(self, topics: Sequence[str]) -> dict[str, int]:
+        if not self.deleted:
+            self.deleted = True
+            Topics(self._redis, self._ns).delete("t")
+        return super().created_times(topics)
+
+
+def test_assign_of_a_topic_deleted_after_the_log_read_has_no_position(
+    make_coordinator: Any, redis_client: Any, namespace: str,
+) -> None:
+    """A committed partition whose topic was deleted between the log read and the creation
+    times' read gets no position (it is reset once the topic exists again), as one the log read
+    found missing: kept at its old commit, a topic created again later was read from there."""
+    make_coordinator()
+    Topics(redis_client, namespace).create("t", 1)
+    coord = DeletedAfterTheLogRead(redis_client, namespace)
+    assert coord.commit_offsets("g", {TP("t", 0): 5}) == {TP("t", 0): Errors.NONE}
+    cfg = ConsumerGroupConfig(group_id="g", topics=["t"], redis_client=redis_client,
+                              namespace=namespace, start_offset="earliest")
+    missing: set[TP] = set()
+    offsets, committed = start_offsets([TP("t", 0)], coord, cfg, no_retry, missing=missing)
+    assert coord.deleted
+    assert committed == {} and missing == {TP("t", 0)} and offsets == {TP("t", 0): 0}

@@ -507,6 +507,14 @@ def start_offsets(
             offsets[tp] = committed[tp] = fetched.offsets[tp].offset
         elif cfg.start_offset == "none":
             offsets[tp] = NO_POSITION
+    # Read again, the rare cases (a round trip more): a stale commit's partition, which starts
+    # by the policy at the edges of the topic created again (the read above may have been of
+    # the deleted topic); and, with a ``missing`` set, a kept commit whose topic has no
+    # creation time now (deleted after the read above, or made before topics kept one): a
+    # partition that does not exist now has no position, as when the first read found none.
+    again = [] if cfg.start_offset == "none" else sorted(stale)
+    again += [tp for tp in checked if tp in committed and tp.topic not in created]
+    edges.update(log_offsets_of(again, coord, retry))
     for tp in checked:
         got = edges[tp]
         if (tp in committed and isinstance(got, _topics.TopicError)
@@ -517,11 +525,6 @@ def start_offsets(
             del offsets[tp], committed[tp]
             if cfg.start_offset == "none":
                 offsets[tp] = NO_POSITION
-    # A stale commit's partition starts by the policy at the edges of the topic created again,
-    # read now: the read above may have been of the deleted topic (the rare case, a round trip
-    # more).
-    if cfg.start_offset != "none":
-        edges.update(log_offsets_of(sorted(stale), coord, retry))
     for tp in partitions:
         if tp not in offsets:
             got = edges[tp]
