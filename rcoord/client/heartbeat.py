@@ -120,8 +120,8 @@ class JoinBeats:
     in COMPLETING_REBALANCE). ``hand_over`` gives the generation the latest refresh
     (``Generation.heartbeat_answered``) and ends it by the error seen, REBALANCE_IN_PROGRESS
     included, as its heartbeat thread would have, and stops; an answer that the member is out
-    (the beats stop at it) replaces an earlier REBALANCE_IN_PROGRESS, for ``check`` too. Leaving the ``with`` block stops the
-    beats too; a beat in flight is not waited for.
+    (the beats stop at it) replaces an earlier REBALANCE_IN_PROGRESS, for ``check`` too.
+    Leaving the ``with`` block stops the beats too; a beat in flight is not waited for.
     """
 
     def __init__(self, coordinator: Coordinator, config: ConsumerGroupConfig,
