@@ -264,7 +264,11 @@ if dup < n then
       redis.call('SET', log_key, line, 'PX', log_ttl)
     else
       redis.call('APPEND', log_key, line)
-      redis.call('PEXPIRE', log_key, log_ttl)
+      -- Only ever later, as the state keys (above): a caller's older setting would cut back
+      -- what a raise extended (topic_producer_ttl.lua).
+      if redis.call('PEXPIRE', log_key, log_ttl, 'GT') == 0 then
+        redis.call('PEXPIRE', log_key, log_ttl, 'NX')
+      end
     end
   end
 end

@@ -1,8 +1,12 @@
 -- topic_producer_ttl.lua: after a raise of a topic's producer.id.expiration.ms, extends one
 -- partition's producer state keys to expire that long after its last idempotent append.
 -- KEYS[1] producer states (hash), KEYS[2] producer activity (zset: producer id -> last
--- activity ms); both carry the partition's hash tag. ARGV[1] the new producer.id.expiration.ms.
--- Returns 1 if it extended them, else 0.
+-- activity ms), KEYS[3..] the append logs (rcoord.topics.epoch_log) of the producers ARGV[2..]
+-- names, in that order; all carry the partition's hash tag. ARGV[1] the new
+-- producer.id.expiration.ms, ARGV[2..] producer ids (those of the activity zset when read).
+-- Each log is extended to expire that long after its producer's last append: kept at the old
+-- time, a retried Spark task found its producer's state but no log (not complete) and could
+-- store its rows again. Returns 1 if it extended the state keys, else 0.
 -- topic_append_idempotent.lua sets both keys to expire the setting's value after each append,
 -- as it was then: a raise since left them to go at the old, shorter time, while the state is
 -- not expired by the new setting (the script's rule, Kafka's expiry check's), and a batch
@@ -14,7 +18,15 @@ local left = redis.call('PTTL', KEYS[2])
 if left < 0 then return 0 end  -- -2: no state; -1: no expiry (a caller's clock)
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local now = read_clock('')  -- (clock.lua, in front of this script)
-local ttl = tonumber(last[2]) + math.min(tonumber(ARGV[1]), 2 ^ 46) - now
+local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
+for i = 3, #KEYS do
+  local at = redis.call('ZSCORE', KEYS[2], ARGV[i - 1])
+  local log_ttl = at and tonumber(at) + expiration - now
+  if log_ttl and log_ttl > 0 then  -- (GT: only later; a log without expiry is left alone)
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', log_ttl), 'GT')
+  end
+end
+local ttl = tonumber(last[2]) + expiration - now
 if ttl <= left then return 0 end
 ttl = string.format('%d', ttl)  -- never in exponent form
 redis.call('PEXPIRE', KEYS[1], ttl)

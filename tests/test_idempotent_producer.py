@@ -40,6 +40,7 @@ from rcoord.topics._base import (
     _encode_record,
     _run,
     partition_keys,
+    producer_log_key,
 )
 from rcoord.topics.producer import append_idempotent
 
@@ -1082,6 +1083,26 @@ def test_an_append_with_the_setting_before_a_raise_does_not_cut_the_keys_back(
     assert redis_client.pttl(state) > 60_000  # (the raise extended them)
     stale.send("t", b"b", partition=0)  # with its cached 300 ms
     assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+
+
+def test_a_raised_expiration_extends_the_append_logs_too(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A producer's append log (``Producer(log_appends=True)``, what a retried Spark task reads
+    through ``epoch_appends``) lives as long as its state. A raise of the setting extended the
+    state keys but left each log at the old time: a task retried between the two found its
+    state but no log, and could store its rows again. An append by a caller with the setting
+    from before the raise does not cut the log back either."""
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    logger = Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=7,
+                      log_appends=True, metadata_max_age_ms=600_000)
+    logger.send("t", b"x", partition=0)  # (keeps the setting it read: 5 s)
+    log = producer_log_key(namespace, "t", 0, "spark:q:0")
+    assert 0 < redis_client.pttl(log) <= 5_000
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    assert redis_client.pttl(log) > 60_000
+    logger.send("t", b"y", partition=0)  # with its cached 5 s
+    assert redis_client.pttl(log) > 60_000
 
 
 def _server_ms(redis_client: Any) -> int:

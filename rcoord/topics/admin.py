@@ -241,12 +241,22 @@ class Topics:
             # last idempotent append (topic_append_idempotent.lua): a raise extends them, or a
             # resent batch would find its producer's state gone before the new setting expires
             # it, and be appended twice (topic_producer_ttl.lua).
+            # So are the producers' append logs (Producer(log_appends=True)): kept at the old
+            # time, a Spark task retried between the two found its producer's state but no
+            # log (epoch_appends: not complete) and could store its rows a second time.
             expiration = changes["producer_id_expiration_ms"]
             count = self._r.hget(key, "partitions")
             if count is not None:
                 new = PRODUCER_ID_EXPIRATION_MS if expiration is None else expiration
-                _run(self._r, [(PRODUCER_TTL, producer_state_keys(self._ns, topic, p), [new])
-                               for p in range(int(count))])
+                states = [producer_state_keys(self._ns, topic, p) for p in range(int(count))]
+                pipe = self._r.pipeline(transaction=False)
+                for _, activity in states:
+                    pipe.zrange(activity, 0, -1)
+                pids = [[_text(pid) for pid in got] for got in pipe.execute()]
+                _run(self._r, [
+                    (PRODUCER_TTL, [*state, *(producer_log_key(self._ns, topic, p, pid)
+                                              for pid in pids[p])], [new, *pids[p]])
+                    for p, state in enumerate(states)])
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""
