@@ -128,8 +128,9 @@ class GroupCoordinator:
 
     @translate_redis_errors
     def resettle(self, *, write_named: bool = True) -> CoordinatorConfig:
-        """Read (or re-establish) the namespace settings now; what a NOT_COORDINATOR triggers,
-        and what the coordinator service does when it sees the settings changed or lost.
+        """Read (or re-establish) the namespace settings now; what the coordinator service does
+        when it sees the settings changed or lost. (A NOT_COORDINATOR settles by itself, and
+        writes the named settings only if the settings were lost: ``GroupSteps.resettle``.)
         ``write_named=False`` adopts the stored values rather than writing the named ones
         (another process changed them; see ``rcoord.settings``)."""
         self._started()

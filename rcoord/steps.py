@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -45,7 +46,7 @@ from .flow import (
     Woken,
     XRead,
 )
-from .keys import GroupKeys, PartitionKeys, replays_key
+from .keys import GroupKeys, PartitionKeys, replays_key, settings_key
 from .partitioning import partition_for
 from .protocol._checks import check_id, check_instance_id, require_int32
 from .protocol.admin import (
@@ -81,7 +82,7 @@ from .protocol.park import (
     park_flow,
 )
 from .protocol.sync import SyncGroupResult, SyncRequest
-from .settings import settle_flow
+from .settings import ORIGIN, settle_flow
 
 __all__ = [
     "DUE_BATCH",
@@ -131,6 +132,8 @@ PUBLIC_STEPS = (
     "run_timers",
 )
 """The requests both coordinators serve, each from the flow of the same name."""
+
+log = logging.getLogger("rcoord.settings")
 
 
 def socket_timeout_ms(client: Any) -> int | None:
@@ -221,6 +224,8 @@ class GroupSteps:
         self.socket_timeout_ms: int | None = None
         """The client's socket timeout (a blocking wait must end before it)."""
         self._keys_cache: dict[str, GroupKeys] = {}
+        self._overridden: dict[str, object] = {}
+        """Named settings reported not in force (name -> the value in force when reported)."""
 
     # -- state -----------------------------------------------------------------------------
 
@@ -272,6 +277,8 @@ class GroupSteps:
         self.config = effective
         self.settings_version = settled.version
         self.settings_origin = settled.origin
+        if not write_named:
+            self._report_overridden(effective)
         try:
             was_max = int(settled.was.get("group_max_size", effective.group_max_size))
         except ValueError:  # (a bad value written by hand, now named over: treat as lowered)
@@ -281,6 +288,39 @@ class GroupSteps:
             # as Kafka does when it loads a group that is over capacity.
             yield from self._touch_all_groups(effective)
         return effective
+
+    def resettle(self) -> Flow[CoordinatorConfig]:
+        """Settle again because a call found its layout stale (NOT_COORDINATOR, a copy
+        missing): adopt the settings as stored, writing the named ones only if the settings
+        were lost (none stored, or another establishment's ``ORIGIN``), as at a start.
+
+        Before, this wrote the named settings every time: two processes naming different
+        counts in a namespace with no group yet took turns (each one's call refused under the
+        other's count, then storing its own), flipping the count on every such call, and each
+        flip deleted the layout the other one was about to create a group in. Kafka fixes
+        ``offsets.topic.num.partitions`` when ``__consumer_offsets`` is created; here the last
+        process started stands (``rcoord.settings``)."""
+        count, origin = yield Command(("HMGET", settings_key(self.namespace), "num_partitions",
+                                       ORIGIN))
+        seen = None if origin is None else _text(origin)
+        lost = count is None or seen != self.settings_origin
+        return (yield from self.settle(write_named=lost))
+
+    def _report_overridden(self, effective: CoordinatorConfig) -> None:
+        """Log once per value in force which settings this process named are not in force
+        (another process stored others, and they are adopted)."""
+        if self.given is None:
+            return
+        now = {name: getattr(effective, name) for name in sorted(self.given.named - {"namespace"})
+               if getattr(effective, name) != getattr(self.given, name)}
+        new = {k: v for k, v in now.items() if self._overridden.get(k, object()) != v}
+        self._overridden = now
+        if new:
+            log.warning("namespace %r: settings another process stored are in force, not the "
+                        "ones this process names: %s (adopted: a process writes what it names "
+                        "when it starts, or when the settings were lost)", self.namespace,
+                        ", ".join(f"{k}={getattr(self.given, k)} (in force: {v})"
+                                  for k, v in new.items()))
 
     def _touch_all_groups(self, cfg: CoordinatorConfig) -> Flow[None]:
         for p in range(cfg.num_partitions):
@@ -310,7 +350,7 @@ class GroupSteps:
                 if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
                     raise
             if self.config is seen:
-                yield from self.settle()
+                yield from self.resettle()
             keys = self.keys(keys.group_id)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -348,7 +388,7 @@ class GroupSteps:
         the first partition's settings copy exists only under the agreed count."""
         cfg = self.settled()
         if not (yield Command(("EXISTS", PartitionKeys(cfg.namespace, 0, cfg.num_partitions).cfg))):
-            cfg = yield from self.settle()
+            cfg = yield from self.resettle()
         return cfg
 
     # -- the protocol ----------------------------------------------------------------------

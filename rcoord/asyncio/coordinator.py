@@ -99,7 +99,9 @@ class AsyncGroupCoordinator:
         return self
 
     async def resettle(self, *, write_named: bool = True) -> CoordinatorConfig:
-        """Read (or re-establish) the namespace settings; what a NOT_COORDINATOR triggers.
+        """Read (or re-establish) the namespace settings. (A NOT_COORDINATOR settles by
+        itself, and writes the named settings only if the settings were lost:
+        ``GroupSteps.resettle``.)
         ``write_named=False`` adopts the stored values rather than writing the named ones
         (another process changed them; see ``rcoord.settings``)."""
         await self._started()
