@@ -46,7 +46,10 @@ running process uses: found before any lease is taken) or 1 (Redis unreachable, 
 login, or a missing ACL permission); ``--log-level debug`` adds the traceback. A process whose
 id another process took while it was paused (for a lease TTL) stops with status 2 too, and one
 that finds the namespace's ``num_partitions`` changed under it stops with status 3, for its
-supervisor to start it again under the new count.
+supervisor to start it again under the new count. ``--set num_partitions=N`` is written only
+where the namespace has no count stored (or lost it), as Kafka's
+``offsets.topic.num.partitions`` applies only when ``__consumer_offsets`` is created: a
+process naming another count than the stored one logs so and serves the stored one.
 """
 
 from __future__ import annotations

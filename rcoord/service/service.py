@@ -104,10 +104,12 @@ class ServiceConfig:
 
     ``settings`` are group settings this process names for the namespace (``CoordinatorConfig``
     field -> value, e.g. ``group_min_session_timeout_ms``), as a broker's configuration names
-    Kafka's group settings. They are written at start, and written again whenever the process
-    sees the namespace's settings lost (a restart without persistence, a failover to an empty
-    replica). Settings changed by someone else are adopted (a warning names the ones overridden),
-    so processes naming different values do not rewrite each other's every lease round.
+    Kafka's group settings. They are written at start (the partition count only where the
+    namespace has none stored, as Kafka's ``offsets.topic.num.partitions``: see
+    ``_named_at_start``), and written again whenever the process sees the namespace's settings
+    lost (a restart without persistence, a failover to an empty replica). Settings changed by
+    someone else are adopted (a warning names the ones overridden), so processes naming
+    different values do not rewrite each other's every lease round.
 
     ``retention_check_interval_ms`` (Kafka's ``log.retention.check.interval.ms``, 5 minutes by
     default): how often the process applies the retention of the topics on its leases
@@ -273,6 +275,10 @@ class CoordinatorService:
         # Before anything else: a process given the id of one that runs is refused (exit status
         # 2) having written no namespace setting it names, swept, logged or released nothing.
         self.leases.claim_id(self._stop)
+        kept = self._named_at_start(named)
+        if kept != named:
+            coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace,
+                                                                     **kept))
         coord.start()
         self._coord = coord
         self.group_config = coord.config
@@ -547,6 +553,37 @@ class CoordinatorService:
         self._owned = set()
         self._queue.put(Owned(frozenset()))
         return set()
+
+    def _named_at_start(self, named: dict[str, Any]) -> dict[str, Any]:
+        """The settings this start writes: those named, less the partition count if the
+        namespace already has another one (logged).
+
+        Kafka applies ``offsets.topic.num.partitions`` only when it creates
+        ``__consumer_offsets``; a broker configured with another count later never moves it.
+        Before, every start wrote the named count: two services naming different counts in a
+        namespace with no group yet restarted each other for ever (each start moved the count,
+        which stopped the other with status 3, whose restart moved it back). The count named
+        is still written where none is stored (a new namespace) and when the settings are lost
+        (``_check_settings``); a program's ``GroupCoordinator`` naming a count still changes it
+        (an empty namespace only), and the services follow it (status 3)."""
+        if "num_partitions" not in named:
+            return named
+        key = settings_key(self.config.namespace)
+        raw = on_node(self._client, key, lambda node: node.hget(key, "num_partitions"))
+        try:
+            stored = None if raw is None else int(raw)
+        except ValueError:  # (written by hand: the settle names it, and named over it, fixes it)
+            return named
+        if stored is None or stored == named["num_partitions"]:
+            return named
+        log.warning("--set num_partitions=%d is not in force: namespace %r has %d coordinator "
+                    "partitions, fixed once stored (as Kafka's offsets.topic.num.partitions); "
+                    "it serves that count (a GroupCoordinator started naming a count changes it "
+                    "while the namespace holds no group)", named["num_partitions"],
+                    self.config.namespace, stored, extra={
+                        "event": "settings_overridden", "overridden": {"num_partitions": {
+                            "named": named["num_partitions"], "now": stored}}})
+        return {k: v for k, v in named.items() if k != "num_partitions"}
 
     def _check_settings(self) -> None:
         """Keep the namespace settings as this process knows them, every lease round.
