@@ -277,8 +277,6 @@ class GroupSteps:
         self.config = effective
         self.settings_version = settled.version
         self.settings_origin = settled.origin
-        if not write_named:
-            self._report_overridden(effective)
         try:
             was_max = int(settled.was.get("group_max_size", effective.group_max_size))
         except ValueError:  # (a bad value written by hand, now named over: treat as lowered)
@@ -299,12 +297,16 @@ class GroupSteps:
         other's count, then storing its own), flipping the count on every such call, and each
         flip deleted the layout the other one was about to create a group in. Kafka fixes
         ``offsets.topic.num.partitions`` when ``__consumer_offsets`` is created; here the last
-        process started stands (``rcoord.settings``)."""
+        process started stands (``rcoord.settings``). Named settings not in force are logged
+        here, once per value (the coordinator service, which settles through ``settle``, logs
+        its own ``settings_overridden``)."""
         count, origin = yield Command(("HMGET", settings_key(self.namespace), "num_partitions",
                                        ORIGIN))
         seen = None if origin is None else _text(origin)
         lost = count is None or seen != self.settings_origin
-        return (yield from self.settle(write_named=lost))
+        effective = yield from self.settle(write_named=lost)
+        self._report_overridden(effective)
+        return effective
 
     def _report_overridden(self, effective: CoordinatorConfig) -> None:
         """Log once per value in force which settings this process named are not in force
@@ -616,7 +618,7 @@ class GroupSteps:
             # raised it since (only the service re-reads settings each round), and the script
             # cannot store metadata it was not sent. Judge by the limit in force, as Kafka does.
             order, packed, _ = encode_commit(
-                offsets, (yield from self.settle(write_named=False)).offset_metadata_max_bytes)
+                offsets, (yield from self.resettle()).offset_metadata_max_bytes)
         args = [
             check_id("member_id", member_id),
             require_int32("generation_id", generation_id),

@@ -101,3 +101,15 @@ def test_calls_reading_partitions_directly_adopt_too(redis_client, namespace, ca
     getattr(a, call)()
     assert a.config.num_partitions == 20
     assert _stored(redis_client, namespace)[0] == 20
+
+
+def test_the_service_style_adoption_logs_nothing_of_its_own(redis_client, namespace, caplog):
+    """``resettle(write_named=False)`` (the coordinator service's check, which logs its own
+    ``settings_overridden``) does not log the overridden settings a second time."""
+    a = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                         num_partitions=10)).start()
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=20)).start()
+    with caplog.at_level(logging.WARNING, logger="rcoord"):
+        assert a.resettle(write_named=False).num_partitions == 20
+    assert not [r for r in caplog.records if "num_partitions=10" in r.getMessage()]
