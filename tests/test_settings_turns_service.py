@@ -118,3 +118,20 @@ def test_on_a_cluster_too(redis_cluster, namespace):
         if b is not None:
             b.stop()
         client.close()
+
+
+def test_a_service_naming_another_count_starts_on_a_namespace_with_groups(
+        redis_server, single_client, namespace):
+    """As a broker configured with another ``offsets.topic.num.partitions`` uses the topic as
+    it is: before, the start failed (the count is fixed while groups exist), so a service whose
+    --set was out of date could not start at all."""
+    coord = GroupCoordinator(single_client, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10)).start()
+    coord.join_group("g", protocol_type="consumer", protocols=[("range", b"")],
+                     session_timeout_ms=10_000, require_known_member_id=False)
+    a = _service(redis_server.url, namespace, "a", num_partitions=10)
+    try:
+        assert a.group_config.num_partitions == 50 == _count(single_client, namespace)
+        assert coord.describe_group("g").members
+    finally:
+        a.stop()
