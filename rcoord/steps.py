@@ -304,7 +304,21 @@ class GroupSteps:
                                        ORIGIN))
         seen = None if origin is None else _text(origin)
         lost = count is None or seen != self.settings_origin
-        effective = yield from self.settle(write_named=lost)
+        used = self.settled().num_partitions
+        try:
+            effective = yield from self.settle(write_named=lost)
+        except ConfigError:
+            if not lost:
+                raise
+            now = yield Command(("HGET", settings_key(self.namespace), "num_partitions"))
+            if now is None or _text(now) != str(used):
+                raise  # (its calls would move to another layout: they say what to fix)
+            # The named settings cannot be written over the ones re-established under the count
+            # this process already used (it had adopted it: another count while groups exist
+            # under it, or a value contradicting a stored one): they are adopted again. Before,
+            # every call of this process raised ConfigError from then on: each one found the
+            # settings of another origin than it knew, and wrote its own again.
+            effective = yield from self.settle(write_named=False)
         self._report_overridden(effective)
         return effective
 

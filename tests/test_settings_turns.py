@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from test_settings import FAST, JOIN
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.asyncio import AsyncGroupCoordinator
@@ -113,3 +114,25 @@ def test_the_service_style_adoption_logs_nothing_of_its_own(redis_client, namesp
     with caplog.at_level(logging.WARNING, logger="rcoord"):
         assert a.resettle(write_named=False).num_partitions == 20
     assert not [r for r in caplog.records if "num_partitions=10" in r.getMessage()]
+
+
+def test_lost_settings_under_groups_of_another_count_are_adopted_not_refused(redis_client,
+                                                                              namespace):
+    """A process that adopted another process's count (20) and then finds the settings lost
+    (the hash and the partition copies; the anchors and the groups survive) re-establishes
+    them; its named count (10) cannot be written while groups exist under 20. Before, every
+    call of that process then raised ConfigError ('num_partitions is fixed at 20'): each one
+    found the settings established by another origin than its own, took them for lost, and
+    wrote its count again."""
+    a = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10,
+                                                         **FAST)).start()
+    b = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=20,
+                                                         **FAST)).start()
+    b.join_group("g", **JOIN)
+    a.describe_group("g")  # (adopts 20)
+    redis_client.delete(settings_key(namespace))
+    for key in list(redis_client.scan_iter(match=f"{namespace}:{{*}}:cfg", count=1000)):
+        redis_client.delete(key)
+    for _ in range(2):
+        assert a.describe_group("g").state != "Dead"
+    assert a.config.num_partitions == 20 == _stored(redis_client, namespace)[0]
