@@ -773,13 +773,17 @@ class Consumer(SubscriptionMixin):
             # refuses it) and answers no offset; start_offsets takes it as none too. A held
             # partition with a position existed when assigned (the leader read the counts, or
             # assign()'s log read found it; one not found waits in _resets); for the others,
-            # a count read of the last partition watch interval answers, else one is read.
+            # a count read of the last partition watch interval answers for the partitions
+            # below it, else one is read: it proves those exist, not that one past it is
+            # missing (the topic may have grown since; the commit checks read again too).
             suspect = {tp for tp, om in result.offsets.items() if om.offset >= 0
                        and tp.topic in created
                        and (tp not in self._position or tp in self._resets)}
             since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
-            counts = {t: n for t in {tp.topic for tp in suspect}
-                      if (n := _fresh_count(self._partition_counts.get(t), since))}
+            kept = {t: _fresh_count(self._partition_counts.get(t), since)
+                    for t in {tp.topic for tp in suspect}}
+            counts = {t: n for t, n in kept.items()
+                      if all(tp.partition < n for tp in suspect if tp.topic == t)}
             unsure = sorted({tp.topic for tp in suspect} - counts.keys())
             legal = [t for t in absent if legal_topic(t)] + unsure
             if legal:
