@@ -211,9 +211,9 @@ def test_a_subscribed_consumers_final_commit_skips_a_deleted_topic(env: Any) -> 
 def test_own_commits_whose_check_cannot_read_the_counts_commit_everything(
         env: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The check of the consumer's own commits is not worth their progress: when the counts
-    cannot be read (Redis lost for longer than the retries, or for the one attempt a
-    ``close()`` allows), the positions are committed as before the check existed, with a
-    warning, rather than the commit failing."""
+    cannot be read (the check's one attempt: test_review_own_commit_check.py), the positions
+    are committed as before the check existed, with a warning, rather than the commit
+    failing."""
     from rcoord import ConnectionLost
 
     class _CountsLost(_CountsLookups):

@@ -1233,17 +1233,18 @@ class Consumer(SubscriptionMixin):
                 "stored; commit offsets of existing partitions only")
 
     def _missing(
-        self, unknown: list[TopicPartition]
+        self, unknown: list[TopicPartition], budget_s: float | None = None
     ) -> tuple[list[TopicPartition], dict[str, int]]:
         """Of ``unknown``, the partitions that do not exist (sorted), and the counts read of
         their topics (one round trip, none when ``unknown`` is empty), kept for
-        ``partition_watch_interval_ms`` (``_check_exist``)."""
+        ``partition_watch_interval_ms`` (``_check_exist``). ``budget_s``: how long the read
+        is retried after its first failure (``call_with_retries``; 0: one attempt)."""
         if not unknown:
             return [], {}
         coord = self._coordinator()
         topics = sorted({tp.topic for tp in unknown})
         found = call_with_retries(lambda: coord.partition_counts(topics), None,
-                                  config=self._config, closing=self._stop)
+                                  config=self._config, closing=self._stop, budget_s=budget_s)
         self._note_counts(topics, found)
         return sorted(tp for tp in unknown if tp.partition >= found.get(tp.topic, 0)), found
 
@@ -1286,11 +1287,14 @@ class Consumer(SubscriptionMixin):
         topic name, and read as the start of a partition added later. Refusing the whole
         commit would instead hold back the existing partitions' progress.
 
-        A check that cannot read the counts (Redis lost for longer than its retries, or for
-        its one attempt during ``close()``) commits everything, as before the check existed:
-        the commit itself is what must not fail for it."""
+        A check that cannot read the counts commits everything, as before the check existed:
+        the commit itself is what must not fail for it. The read is tried once, not retried:
+        retried for a session timeout, as it was, a node of the counts out of reach (a
+        cluster node down, the group's up) held each such commit (``commit()``, a
+        revocation's on the poll thread) that long before it committed everything anyway,
+        and with Redis down ``commit()`` took twice as long to fail (the commit retries)."""
         try:
-            missing = set(self._missing(unknown)[0])
+            missing = set(self._missing(unknown, budget_s=0)[0])
         except ConnectionLost as exc:
             log.warning("%s: could not check that %s still exist (%s); committed them",
                         what, _names(unknown), exc)
