@@ -95,7 +95,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, NoReturn, Self, TypeVar
 
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import (
@@ -188,6 +188,8 @@ class ConsumerGroup:
         self._slot: Generation | None = None
         self._error: BaseException | None = None
         self._fatal: BaseException | None = None
+        # The traceback ``_fatal`` had when the group closed on it (``_raise_fatal``).
+        self._fatal_tb: TracebackType | None = None
         self._current: Generation | None = None
         # The newest generation the member joined (offered or not, ended or not): the one its
         # commits go under while no newer one is taken (``newest``).
@@ -270,7 +272,7 @@ class ConsumerGroup:
             if self._fatal is not None:
                 # The error it closed on, as next() raises it: "is closed" alone left a caller
                 # that starts the group again (a Spark query's next plan) without the reason.
-                raise self._fatal
+                self._raise_fatal(self._fatal)
             raise GroupClosedError(f"group {self._config.group_id!r} is closed")
         if self._coordinator is None:
             client = self._config.redis_client
@@ -283,6 +285,13 @@ class ConsumerGroup:
             )
             coord.start()
             self._coordinator = coord
+
+    def _raise_fatal(self, fatal: BaseException) -> NoReturn:
+        """Raise ``fatal``, the error the group closed on, with the traceback it had then.
+        Every later call raises this one object, and Python adds the raising frames to its
+        traceback each time: raised as it was, a loop that logs the error and calls again (a
+        poll() loop) grew it with every call, in memory and in each logged traceback."""
+        raise fatal.with_traceback(self._fatal_tb)
 
     def start(self) -> ConsumerGroup:
         """Connect and start joining the group in the background. Idempotent. On a closed
@@ -332,7 +341,7 @@ class ConsumerGroup:
                     raise error
                 if self._closing.is_set() or self._exited.is_set():
                     if self._fatal is not None:
-                        raise self._fatal
+                        self._raise_fatal(self._fatal)
                     raise GroupClosedError(f"group {self._config.group_id!r} is closed")
                 if self._slot is not None:
                     gen, self._slot = self._slot, None
@@ -626,7 +635,7 @@ class ConsumerGroup:
             stopped.__cause__ = exc
             with self._cond:
                 if self._fatal is None:
-                    self._fatal = stopped
+                    self._fatal, self._fatal_tb = stopped, None
                 gen, self._current = self._current, None
             if gen is not None:
                 gen._mark_lost()
@@ -654,7 +663,7 @@ class ConsumerGroup:
         if reaction.fatal:
             log.error("consumer group %r: fatal error, closing: %s", self._config.group_id, exc)
             with self._cond:
-                self._fatal = exc
+                self._fatal, self._fatal_tb = exc, exc.__traceback__
                 self._closing.set()
                 self._cond.notify_all()
             return False
