@@ -33,6 +33,11 @@ local function parse_join_group(ARGV)
   req.new_id = ARGV[12]
   req.skip_ok = ARGV[14] ~= '0'
   req.protocols = cmsgpack.unpack(req.pr)
+  for _, p in ipairs(req.protocols) do
+    if type(p[1]) ~= 'string' or type(p[2]) ~= 'string' then
+      error('ARGV[6] (protocols) must be an array of {name, metadata} strings', 0)
+    end
+  end
   req.subs = {}
   for _, entry in ipairs(cmsgpack.unpack(ARGV[13])) do req.subs[entry[1]] = entry[2] end
   REQ, KNOWN = req, nil
@@ -283,4 +288,5 @@ local function join_fields(req)
 end
 
 group_step('join_group', join_group, parse_join_group,
-  {all_settings = true, fields = join_fields, settles = true})
+  {all_settings = true, fields = join_fields, settles = true, argc = 14,
+   ints = {{7, 'session_timeout_ms'}, {8, 'rebalance_timeout_ms'}}})

@@ -1795,15 +1795,46 @@ end
 -- wrapper would apply, publish or wake anything (commit_offsets.lua). One exception, on
 -- purpose: await_reply.lua answers a stored reply (final) and leaves the due deadlines to the
 -- sweep and to the callers still waiting, as the park flow's own read of the slot does.
+--
+-- Malformed arguments (a caller other than rcoord/steps.py, or a version skew) are refused with
+-- RCOORD_BAD_ARGUMENT before anything is read or written: Redis does not undo a script that
+-- fails half-way, and a non-numeric timeout failed join_group after it had written the member.
+-- ``opts.argc``: the fewest ARGV the step takes; ``opts.ints``: {index, name} of each ARGV
+-- that must be a decimal int32; ARGV[1], the clock, must be '' or a decimal integer. A
+-- ``parse`` that fails (undecodable msgpack, a wrong shape) is refused the same way.
 local BUSY = {'B'}
 local function group_step(name, run, parse, opts)
   opts = opts or {}
   local all_settings, fields, settles, partial, brief, fast = opts.all_settings, opts.fields,
     opts.settles, opts.partial, opts.brief, opts.fast
+  local argc, ints = opts.argc or 2, opts.ints or {}
+  local function bad(what)
+    return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' ' .. name .. ': ' .. what)
+  end
   register(name, function(keys, args)
+    if #args < argc then
+      return bad('needs at least ' .. argc .. ' arguments, got ' .. #args)
+    end
+    if args[1] ~= '' and not string.match(args[1], '^%d+$') then
+      return bad('ARGV[1] (now) must be empty or a decimal integer, got ' .. string.format(
+        '%q', string.sub(args[1], 1, 40)))
+    end
+    for _, spec in ipairs(ints) do
+      local v = args[spec[1]]
+      local n = string.match(v, '^%-?%d+$') and #v <= 12 and tonumber(v)
+      if not n or n < -2147483648 or n > 2147483647 then
+        return bad('ARGV[' .. spec[1] .. '] (' .. spec[2] .. ') must be a decimal int32, got '
+          .. string.format('%q', string.sub(v, 1, 40)))
+      end
+    end
     local req = args
     if parse then
-      req = parse(args)
+      local ok
+      ok, req = pcall(parse, args)
+      if not ok then
+        if type(req) == 'table' and req.err then return req end
+        return bad('malformed arguments (' .. tostring(req) .. ')')
+      end
       if type(req) == 'table' and req.err then return req end
     end
     if fast then

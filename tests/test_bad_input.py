@@ -1,0 +1,99 @@
+"""Malformed arguments sent to the library's functions directly (another client, a version
+skew): each is refused with RCOORD_BAD_ARGUMENT (``InvalidRequestError``) before anything is
+written, never a Lua runtime error after a partial write (Redis does not undo a script that
+fails half-way). The public API's own checks are in test_bounds.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from rcoord import GroupCoordinator, MockTime
+from rcoord.errors import InvalidRequestError, translate_redis_errors
+from rcoord.protocol.join import JoinRequest
+from rcoord.protocol.offsets import TopicPartition
+
+pytestmark = pytest.mark.parametrize("backend", ["single"])
+
+GROUP = "g"
+
+
+@pytest.fixture
+def stable(make_coordinator: Any) -> tuple[GroupCoordinator, str, int, MockTime]:
+    """A Stable group of one member with a committed offset (coordinator, member id,
+    generation, clock)."""
+    clock = MockTime()
+    coord = make_coordinator(clock=clock)
+    joined = coord.join_group(GROUP, protocol_type="consumer", protocols=[("range", b"m")],
+                              session_timeout_ms=10_000, require_known_member_id=False)
+    mid, gen = joined.member_id, joined.generation_id
+    coord.sync_group(GROUP, gen, mid, assignments={mid: b"a"})
+    coord.commit_offsets(GROUP, {TopicPartition("t", 0): 5}, member_id=mid, generation_id=gen)
+    return coord, mid, gen, clock
+
+
+def snapshot(client: redis.Redis, coord: GroupCoordinator) -> dict[bytes, bytes]:
+    pattern = coord.config.namespace + "*"
+    return {k: client.dump(k) for k in client.scan_iter(match=pattern, count=1000)}
+
+
+@translate_redis_errors
+def call(coord: GroupCoordinator, step: str, args: list[Any]) -> Any:
+    return coord._call(step, coord._keys(GROUP), args)
+
+
+def join_args(mid: str, **changed: Any) -> list[Any]:
+    args = JoinRequest.build(
+        GROUP, mid, protocol_type="consumer", protocols=[("range", b"m")],
+        session_timeout_ms=10_000, rebalance_timeout_ms=10_000, group_instance_id=None,
+        client_id="c", client_host="h", require_known_member_id=True, reason=None,
+    ).args()
+    for index, value in changed.items():
+        args[int(index[1:]) - 3] = value  # ("a8": ARGV[8])
+    return args
+
+
+@pytest.mark.parametrize("argv", [
+    {"a7": "nan"},     # session timeout: wrote the join's event and deadline, then failed
+    {"a8": ""},        # rebalance timeout: wrote the member, then "table index is nil"
+    {"a8": "abc"},
+    {"a8": "nan"},
+])
+def test_a_join_with_a_non_numeric_timeout_is_refused_before_any_write(
+        stable: Any, redis_client: redis.Redis, argv: dict[str, Any]) -> None:
+    coord, mid, _, _ = stable
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match="timeout_ms"):
+        call(coord, "join_group", join_args(mid, **argv))
+    assert snapshot(redis_client, coord) == before
+    assert coord.describe_group(GROUP).state == "Stable"
+
+
+@pytest.mark.parametrize("step, args", [
+    ("join_group", ["x"]),                                     # too few arguments
+    ("join_group", None),                                      # protocols not msgpack
+])
+def test_malformed_arguments_of_a_group_step_are_refused_by_name(
+        stable: Any, redis_client: redis.Redis, step: str, args: list[Any] | None) -> None:
+    """Each was a raw Lua error ("bad argument #1 to 'ipairs'"), naming neither the step nor
+    the argument."""
+    coord, mid, _, _ = stable
+    if args is None:
+        args = join_args(mid, a6="abc")
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match=step):
+        call(coord, step, args)
+    assert snapshot(redis_client, coord) == before
+
+
+def test_a_step_with_a_non_numeric_clock_is_refused(stable: Any, redis_client: redis.Redis
+                                                      ) -> None:
+    coord, _, _, _ = stable
+    keys = coord._keys(GROUP)
+    before = snapshot(redis_client, coord)
+    with pytest.raises(redis.ResponseError, match="RCOORD_BAD_ARGUMENT .*now"):
+        coord._scripts.call("describe_group", keys.all(), ["soon", GROUP, "0", ""])
+    assert snapshot(redis_client, coord) == before
+
