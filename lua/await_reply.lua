@@ -24,4 +24,10 @@ local function await_reply_fast(keys, args)
   return nil
 end
 
-group_step('await_reply', await_reply, nil, {brief = true, fast = await_reply_fast})
+local function parse_await_reply(ARGV)
+  if ARGV[4] ~= 'j' and ARGV[4] ~= 's' then error("ARGV[4] must be 'j' or 's'", 0) end
+  return ARGV
+end
+
+group_step('await_reply', await_reply, parse_await_reply,
+  {brief = true, fast = await_reply_fast, argc = 4})

@@ -12,8 +12,21 @@
 -- Returns {group-level error name, {per-partition error names in request order}}.
 
 local function parse_commit_offsets(ARGV)
+  if ARGV[6] ~= '' and not string.match(ARGV[6], '^%d+$') then
+    error('ARGV[6] (retention ms) must be empty or a decimal integer', 0)
+  end
+  local entries = cmsgpack.unpack(ARGV[7])
+  -- (offsets and epochs are stored as they came, and fetch_offsets' callers parse them)
+  for _, e in ipairs(entries) do
+    if type(e[1]) ~= 'string' or type(e[2]) ~= 'string' or not string.match(e[2], '^%-?%d+$')
+        or type(e[3]) ~= 'string' or type(e[4]) ~= 'string'
+        or not string.match(e[4], '^%-?%d+$') or type(e[5]) ~= 'number' then
+      error('ARGV[7] (offsets): each entry must be {field, decimal offset, metadata, '
+        .. 'decimal leader epoch, metadata length}', 0)
+    end
+  end
   return {member_id = ARGV[3], generation = tonumber(ARGV[4]), iid = ARGV[5],
-          retention = ARGV[6], entries = cmsgpack.unpack(ARGV[7])}
+          retention = ARGV[6], entries = entries}
 end
 
 -- nil and the committing member's session timeout (nil for a simple commit), or the
@@ -145,4 +158,5 @@ end
 -- (brief, and 'subs' and 'gcw' in the first read: the retention schedule asks for both.)
 local COMMIT_FIELDS = {'subs', 'gcw'}
 group_step('commit_offsets', commit_offsets, parse_commit_offsets,
-  {brief = true, fields = function() return COMMIT_FIELDS end, fast = commit_fast})
+  {brief = true, fields = function() return COMMIT_FIELDS end, argc = 7,
+   ints = {{4, 'generation_id'}}, fast = commit_fast})

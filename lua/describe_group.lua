@@ -49,4 +49,14 @@ local function describe_group(ARGV)
   return cmsgpack.pack(out)
 end
 
-group_step('describe_group', describe_group, nil, {settles = true})
+local function parse_describe_group(ARGV)
+  for i = 3, 4 do
+    local v = ARGV[i] or ''
+    if v ~= '' and not (string.match(v, '^%d+$') and #v <= 12 and tonumber(v) >= i - 3) then
+      error('ARGV[' .. i .. '] must be empty or a decimal integer >= ' .. (i - 3), 0)
+    end
+  end
+  return ARGV
+end
+
+group_step('describe_group', describe_group, parse_describe_group, {settles = true})

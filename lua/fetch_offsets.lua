@@ -37,4 +37,14 @@ local function fetch_offsets(ARGV)
   return out
 end
 
-group_step('fetch_offsets', fetch_offsets, nil, {brief = true})
+-- A page's cursor and count are decimal integers (HSCAN's errors named neither the step nor
+-- the argument).
+local function parse_fetch_offsets(ARGV)
+  if string.sub(ARGV[3] or '', 1, 1) == '#' and not (string.match(ARGV[3], '^#%d+$')
+      and string.match(ARGV[4] or '', '^%d+$') and #ARGV[4] <= 9 and tonumber(ARGV[4]) > 0) then
+    error("a page needs ARGV[3] '#<cursor>' and ARGV[4] a count >= 1, both decimal", 0)
+  end
+  return ARGV
+end
+
+group_step('fetch_offsets', fetch_offsets, parse_fetch_offsets, {brief = true})

@@ -4,7 +4,15 @@
 -- ARGV[3] cmsgpack array of {member id, group instance id ('' = none)}, in request order
 -- Returns {top-level error name, {per-member error names in request order}}.
 
-local function parse_leave_group(ARGV) return cmsgpack.unpack(ARGV[3]) end
+local function parse_leave_group(ARGV)
+  local leaving = cmsgpack.unpack(ARGV[3])
+  for _, m in ipairs(leaving) do
+    if type(m[1]) ~= 'string' or type(m[2]) ~= 'string' then
+      error('ARGV[3] must be an array of {member id, group instance id} strings', 0)
+    end
+  end
+  return leaving
+end
 
 local function leave_group(leaving)
   local results = {}
@@ -99,4 +107,4 @@ local function leave_group(leaving)
   return {'NONE', results}
 end
 
-group_step('leave_group', leave_group, parse_leave_group, {settles = true})
+group_step('leave_group', leave_group, parse_leave_group, {settles = true, argc = 3})

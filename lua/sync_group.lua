@@ -16,6 +16,11 @@ end
 local function parse_sync_group(ARGV)
   local assignments = {}
   if ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
+  for id, blob in pairs(assignments) do
+    if type(id) ~= 'string' or type(blob) ~= 'string' then
+      error('ARGV[8] (assignments) must be a map of member id -> assignment strings', 0)
+    end
+  end
   return {member_id = ARGV[3], generation = tonumber(ARGV[4]), iid = ARGV[5], ptype = ARGV[6],
           pname = ARGV[7], assignments = assignments, sent = ARGV[8] ~= ''}
 end
@@ -81,4 +86,5 @@ local function sync_group(req)
   illegal('unexpected state ' .. tostring(G.state) .. ' in SyncGroup')
 end
 
-group_step('sync_group', sync_group, parse_sync_group, {fields = sync_fields})
+group_step('sync_group', sync_group, parse_sync_group,
+  {fields = sync_fields, argc = 8, ints = {{4, 'generation_id'}}})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 
@@ -74,11 +75,26 @@ def test_a_join_with_a_non_numeric_timeout_is_refused_before_any_write(
 @pytest.mark.parametrize("step, args", [
     ("join_group", ["x"]),                                     # too few arguments
     ("join_group", None),                                      # protocols not msgpack
+    ("sync_group", ["m", "1"]),
+    ("sync_group", ["m", "abc", "", "", "", b""]),            # generation not a number
+    ("sync_group", ["m", "1", "", "", "", b"\x05"]),          # assignments not a map
+    ("leave_group", []),
+    ("leave_group", [b"\x05"]),
+    ("leave_group", [msgpack.packb([[1, 2]], use_bin_type=False)]),
+    ("commit_offsets", ["m", "1", "", "x", msgpack.packb([], use_bin_type=False)]),
+    ("commit_offsets", ["m", "1", "", "", b"\xc1"]),
+    ("fetch_offsets", ["#0", "abc"]),
+    ("fetch_offsets", ["#x", "10"]),
+    ("fetch_offsets", ["#0", "99999999999999999999"]),
+    ("describe_group", ["0", "nan"]),
+    ("describe_group", ["-1"]),
+    ("await_reply", []),
+    ("await_reply", ["m", "x"]),
 ])
 def test_malformed_arguments_of_a_group_step_are_refused_by_name(
         stable: Any, redis_client: redis.Redis, step: str, args: list[Any] | None) -> None:
-    """Each was a raw Lua error ("bad argument #1 to 'ipairs'"), naming neither the step nor
-    the argument."""
+    """Each was a raw Lua error ("attempt to compare nil", "bad argument #1 to 'ipairs'",
+    HSCAN's "value is not an integer"), naming neither the step nor the argument."""
     coord, mid, _, _ = stable
     if args is None:
         args = join_args(mid, a6="abc")
@@ -97,3 +113,16 @@ def test_a_step_with_a_non_numeric_clock_is_refused(stable: Any, redis_client: r
         coord._scripts.call("describe_group", keys.all(), ["soon", GROUP, "0", ""])
     assert snapshot(redis_client, coord) == before
 
+
+def test_a_commit_of_a_non_decimal_offset_is_refused(stable: Any,
+                                                     redis_client: redis.Redis) -> None:
+    """Offsets are stored as the decimal strings they came as: "6x" was stored, and every
+    fetch of the group's offsets failed from then on (ValueError in ``decode_record``)."""
+    coord, mid, gen, _ = stable
+    entry = [b"0:t", b"6x", b"", b"-1", 0]
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match="decimal offset"):
+        call(coord, "commit_offsets",
+             [mid, str(gen), "", "", msgpack.packb([entry], use_bin_type=False)])
+    assert snapshot(redis_client, coord) == before
+    assert coord.fetch_offsets(GROUP).offsets[TopicPartition("t", 0)].offset == 5
