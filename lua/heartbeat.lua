@@ -37,6 +37,20 @@ register('heartbeat', function(KEYS, ARGV)
   local k_due, k_group, k_members, k_static, k_dl, k_hint = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
     KEYS[5], KEYS[6]
   local group_id = ARGV[2]
+  -- Malformed arguments are refused before anything is written (Redis does not undo a script
+  -- that fails half-way: a short last triple failed after the triples before it had refreshed
+  -- their sessions). rcoord/steps.py sends whole triples with int32 generations.
+  local bad = #ARGV < 5 or (#ARGV - 2) % 3 ~= 0
+    or (ARGV[1] ~= '' and not string.match(ARGV[1], '^%d+$'))
+  for i = 4, #ARGV, 3 do
+    local g = string.match(ARGV[i], '^%-?%d+$') and #ARGV[i] <= 12 and tonumber(ARGV[i])
+    bad = bad or not g or g < -2147483648 or g > 2147483647
+  end
+  if bad then
+    return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' heartbeat: takes ARGV[1] now (empty or '
+      .. 'a decimal integer), ARGV[2] the group id, then triples of member id, int32 '
+      .. 'generation id and group instance id; got ' .. #ARGV .. ' arguments')
+  end
   local now, mock_time = read_clock(ARGV[1])
 
   local state, gen, ea = unpack(redis.call('HMGET', k_group, 'state', 'gen', 'ea'))

@@ -126,3 +126,18 @@ def test_a_commit_of_a_non_decimal_offset_is_refused(stable: Any,
              [mid, str(gen), "", "", msgpack.packb([entry], use_bin_type=False)])
     assert snapshot(redis_client, coord) == before
     assert coord.fetch_offsets(GROUP).offsets[TopicPartition("t", 0)].offset == 5
+
+
+def test_a_heartbeat_with_a_short_last_triple_refreshes_no_session(
+        stable: Any, redis_client: redis.Redis) -> None:
+    """The first triple's session was refreshed, then the short one failed the call."""
+    coord, mid, gen, clock = stable
+    clock.sleep(1000)
+    keys = coord._keys(GROUP)
+    before = snapshot(redis_client, coord)
+    for args in ([coord._now_arg(), GROUP, mid, str(gen), "", mid],
+                 [coord._now_arg(), GROUP, mid, str(gen), "", mid, "x", ""]):
+        with pytest.raises(redis.ResponseError, match="RCOORD_BAD_ARGUMENT heartbeat"):
+            coord._scripts.call("heartbeat", keys.heartbeat_keys(), args)
+        assert snapshot(redis_client, coord) == before
+    assert coord.heartbeat(GROUP, gen, mid).name == "NONE"
