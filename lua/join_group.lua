@@ -31,6 +31,8 @@ local function parse_join_group(ARGV)
   }
   req.require_known = ARGV[11] == '1'
   req.new_id = ARGV[12]
+  -- ('' is the id of no member: a member added under it could never be named again)
+  if req.new_id == '' then error('ARGV[12] (the id of a member this join adds) is empty', 0) end
   req.skip_ok = ARGV[14] ~= '0'
   req.protocols = cmsgpack.unpack(req.pr)
   for _, p in ipairs(req.protocols) do

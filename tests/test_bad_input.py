@@ -141,3 +141,16 @@ def test_a_heartbeat_with_a_short_last_triple_refreshes_no_session(
             coord._scripts.call("heartbeat", keys.heartbeat_keys(), args)
         assert snapshot(redis_client, coord) == before
     assert coord.heartbeat(GROUP, gen, mid).name == "NONE"
+
+
+def test_a_join_that_would_add_a_member_with_an_empty_id_is_refused(
+        stable: Any, redis_client: redis.Redis) -> None:
+    """'' is a new member's id in a JoinGroup: a member stored under it (the join's ARGV[12]
+    empty) was listed in the group and could never heartbeat, sync or leave by its id."""
+    coord, _, _, _ = stable
+    args = join_args("", a11="0", a12="")
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match="ARGV.12"):
+        call(coord, "join_group", args)
+    assert snapshot(redis_client, coord) == before
+    assert "" not in [m.member_id for m in coord.describe_group(GROUP).members]
