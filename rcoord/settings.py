@@ -36,11 +36,14 @@ same with Redis as the only authority:
   settings, or the defaults), which the random ``origin`` each establishment stores tells
   apart from a change, whatever the version.
 * **Changed by another process: adopted, not fought.** A coordinator service that finds the
-  version moved while the settings still exist adopts the stored values (``write_named=False``)
+  version moved while the settings still exist, and any process whose call was refused under
+  a stale layout (``GroupSteps.resettle``), adopts the stored values (``write_named=False``)
   and logs once which of its named settings were overridden. It writes its own again only
   when the settings are lost; otherwise two processes naming different values (a rolling
-  change of ``--set``) would rewrite each other every lease round. A process that starts
-  still writes what it names (``update``), so the last one started stands.
+  change of ``--set``) would rewrite each other every lease round, or every refused call. A
+  process that starts still writes what it names (``update``), so the last one started
+  stands; except a coordinator service's partition count, written only where none is stored
+  (as Kafka's ``offsets.topic.num.partitions``).
 * **The count changes only in an empty namespace.** Changing it first checks that no group
   exists, then stores the new count with a mark naming the old one (``RETIRE``), deletes the
   old copies (old-layout calls are refused from then on), then the mark, and writes the new
