@@ -165,7 +165,8 @@ def test_a_group_call_writes_nothing_under_a_stale_layout(redis_client, namespac
     scripts.load()
     with pytest.raises(Exception, match="RCOORD_NOT_COORDINATOR"):
         scripts.join_group(keys=stale_keys.all(), args=["", "g", "", "", "consumer", b"\x90", 10_000,
-                                                         10_000, "", "", "1", "u", b"\x90"])
+                                                         10_000, "", "", "1", "u", b"\x90",
+                                                         "0"])
     assert not any(redis_client.exists(k) for k in stale_keys.all())
     assert coord.config.num_partitions == 50
 
