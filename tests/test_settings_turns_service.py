@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from harness import wait_until
+from test_service_settings_loss import _lease_rounds
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.keys import settings_key
@@ -28,14 +29,6 @@ def _service(url: str, namespace: str, cid: str, **settings: int) -> Any:
                               ).start()
 
 
-def _lease_rounds(svc: Any, rounds: int) -> None:
-    seen = {svc._last_lease_ok}
-
-    def done() -> bool:
-        seen.add(svc._last_lease_ok)
-        return len(seen) > rounds
-
-    wait_until(done, timeout_s=10)
 
 
 def _count(client: Any, namespace: str) -> int:
