@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -98,12 +98,17 @@ def _run_until_batch(client: Any, scripts: Scripts, flow: Generator[Any, Any, An
     return op
 
 
-def _finish(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any], op: Any) -> Any:
+def _finish(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any], op: Any,
+            after_each: Callable[[Any], None] | None = None) -> Any:
+    """Perform ``flow``'s operations from ``op`` on to its end; what it returned.
+    ``after_each`` is called after each operation with the next one."""
     while True:
         try:
             op = flow.send(_perform(client, scripts, op, None, None))
         except StopIteration as done:
             return done.value
+        if after_each is not None:
+            after_each(op)
 
 
 def test_a_repair_that_races_a_count_change_leaves_no_copy_of_the_old_layout(
@@ -148,14 +153,9 @@ def test_a_settle_that_read_a_mark_keeps_the_layout_changed_back_to_meanwhile(
     member = _form_alone(worker, "g")
     partition = GroupKeys.of(namespace, 50, "g").partition
     assert redis_client.exists(partition.cfg, partition.events) == 2
-    gone = []
-    while True:
-        try:
-            op = reader.send(_perform(redis_client, scripts, op, None, None))
-        except StopIteration as done:
-            settled = done.value
-            break
-        gone += [k for k in (partition.cfg, partition.events) if not redis_client.exists(k)]
+    gone: list[str] = []
+    settled = _finish(redis_client, scripts, reader, op, lambda _: gone.extend(
+        k for k in (partition.cfg, partition.events) if not redis_client.exists(k)))
     assert settled.config.num_partitions == 50
     assert gone == []
     assert {m.member_id for m in worker.describe_group("g").members} == {member}
@@ -227,16 +227,13 @@ def test_a_count_changed_back_before_an_overtaken_settle_withdraws_keeps_its_cop
                                                      num_partitions=10)).start()
     worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
     member = _form_alone(worker, "g")
-    op = settling.send(read)
-    lost = []
-    while True:
-        try:
-            op = settling.send(_perform(redis_client, scripts, op, None, None))
-        except StopIteration as done:
-            settled = done.value
-            break
+    lost: list[Any] = []
+
+    def copy_kept(op: Any) -> None:
         if redis_client.hget(partition.cfg, "num_partitions") != b"10":
             lost.append(op)
+
+    settled = _finish(redis_client, scripts, settling, settling.send(read), copy_kept)
     assert lost == []
     assert settled.config.num_partitions == 10
     assert {m.member_id for m in worker.describe_group("g").members} == {member}
