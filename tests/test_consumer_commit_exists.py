@@ -13,7 +13,7 @@ import test_consumer
 from harness import wait_until
 from test_consumer import poll_until
 
-from rcoord import Errors, TopicPartition
+from rcoord import ConnectionLost, Errors, TopicPartition
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.topics import TopicError
 
@@ -33,6 +33,17 @@ class _CountsLookups(RedisCoordinator):
     def partition_counts(self, topics: Any) -> dict[str, int]:
         if threading.current_thread() is self._thread:
             self.lookups.append(list(topics))
+        return super().partition_counts(topics)
+
+
+class _CountsLost(_CountsLookups):
+    """Its partition count reads from the test's thread fail as a node out of reach fails
+    them (the leader's reads, on other threads, go through); ``lookups`` keeps the attempts."""
+
+    def partition_counts(self, topics: Any) -> dict[str, int]:
+        if threading.current_thread() is self._thread:
+            self.lookups.append(list(topics))
+            raise ConnectionLost("the node of the topic's metadata is out of reach (test)")
         return super().partition_counts(topics)
 
 
@@ -211,24 +222,21 @@ def test_a_subscribed_consumers_final_commit_skips_a_deleted_topic(env: Any) -> 
 def test_own_commits_whose_check_cannot_read_the_counts_commit_everything(
         env: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The check of the consumer's own commits is not worth their progress: when the counts
-    cannot be read (the check's one attempt: test_review_own_commit_check.py), the positions
-    are committed as before the check existed, with a warning, rather than the commit
-    failing."""
-    from rcoord import ConnectionLost
-
-    class _CountsLost(_CountsLookups):
-        def partition_counts(self, topics: Any) -> dict[str, int]:
-            if threading.current_thread() is self._thread:
-                raise ConnectionLost("counts unreachable (test)")
-            return super().partition_counts(topics)
-
+    cannot be read (their node out of reach: a cluster node down, the group's node up), the
+    check makes one attempt, then the positions are committed as before the check existed,
+    with a warning, rather than the commit failing. Before, it retried for a whole session
+    timeout (30 s by default) first, so each own commit needing the check (commit(), a
+    revocation's on the poll thread) stalled that long, and with Redis down commit() took
+    twice as long to fail."""
     env.topics.create("t", 1)
-    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=_CountsLost(env),
-                            partition_watch_interval_ms=600_000, retry_backoff_ms=1,
-                            retry_backoff_max_ms=2)
+    coord = _CountsLost(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
+                            partition_watch_interval_ms=600_000, session_timeout_ms=2000,
+                            retry_backoff_ms=1, retry_backoff_max_ms=2)
     consumer.assign([TP("t", 0)])
     consumer.seek(TP("t", 0), 3)
     with caplog.at_level("WARNING", logger="rcoord.client"):
         consumer.commit()
+    assert len(coord.lookups) == 1
     assert _committed(env, TP("t", 0)) == {TP("t", 0): 3}
     assert [r for r in caplog.records if "could not check that t-0" in r.getMessage()]

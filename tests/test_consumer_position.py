@@ -11,6 +11,7 @@ import pytest
 import test_consumer
 from harness import wait_until
 from test_client_group import WAIT_S
+from test_consumer_commit_exists import _CountsLookups
 
 from rcoord import Errors, TopicPartition
 from rcoord.client import IllegalStateError, NoOffsetForPartitionError, WakeupError
@@ -380,20 +381,6 @@ def test_assign_of_a_deleted_topic_does_not_start_at_its_old_commit(env: Any) ->
     assert [r.offset for r in got] == list(range(7))
 
 
-class _CountsCountReads(RedisCoordinator):
-    """Counts ``partition_counts`` reads of the test's own thread."""
-
-    def __init__(self, env: Any) -> None:
-        super().__init__(env.client, env.namespace)
-        self.reads = 0
-        self._thread = threading.current_thread()
-
-    def partition_counts(self, topics: Any) -> dict[str, int]:
-        if threading.current_thread() is self._thread:
-            self.reads += 1
-        return super().partition_counts(topics)
-
-
 def test_committed_of_a_deleted_topic_is_none_as_assign_takes_it(env: Any) -> None:
     """committed() answers none for a deleted topic's partition, as assign() takes its commit
     (a06559b) and as Kafka, which deletes a topic's offsets with it. Before, it answered the
@@ -405,12 +392,12 @@ def test_committed_of_a_deleted_topic_is_none_as_assign_takes_it(env: Any) -> No
     first.assign([TP("t", 0), TP("u", 0)])
     first.commit({TP("t", 0): 5, TP("u", 0): 3})
     first.close()
-    coord = _CountsCountReads(env)
+    coord = _CountsLookups(env)
     consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="none",
                             coordinator=coord)
     consumer.assign([TP("t", 0), TP("u", 0)])
     assert consumer.committed() == {TP("t", 0): 5, TP("u", 0): 3}
-    assert coord.reads == 0
+    assert len(coord.lookups) == 0
     env.topics.delete("t")
     consumer.assign([TP("u", 0), TP("t", 1)])
     consumer.assign([TP("t", 0), TP("u", 0)])
@@ -438,18 +425,18 @@ def test_committed_of_a_partition_past_the_count_is_none(env: Any) -> None:
     each time (the topic may have grown: test_review_committed_counts.py)."""
     env.topics.create("t", 1)
     env.coord.commit_offsets("g", {TP("t", 0): 2, TP("t", 3): 4})
-    coord = _CountsCountReads(env)
+    coord = _CountsLookups(env)
     consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
                             partition_watch_interval_ms=600_000)
     consumer.assign([TP("t", 0)])
     assert consumer.committed() == {TP("t", 0): 2}
-    assert coord.reads == 0
+    assert len(coord.lookups) == 0
     assert consumer.committed([TP("t", 0), TP("t", 3)]) == {TP("t", 0): 2, TP("t", 3): -1}
     assert consumer.committed([TP("t", 3)], metadata=True) == {TP("t", 3): None}
-    assert coord.reads == 2
+    assert len(coord.lookups) == 2
     consumer.assign([TP("t", 0), TP("t", 3)])  # (t-3 waits for the partition to exist)
     assert consumer.committed() == {TP("t", 0): 2, TP("t", 3): -1}
-    assert coord.reads == 3
+    assert len(coord.lookups) == 3
     consumer.assign([TP("t", 3)])
     assert consumer.committed([TP("t", 0)]) == {TP("t", 0): 2}
-    assert coord.reads == 3  # (t-0, below the count kept, costs none)
+    assert len(coord.lookups) == 3  # (t-0, below the count kept, costs none)
