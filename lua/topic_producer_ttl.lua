@@ -12,23 +12,24 @@
 -- not expired by the new setting (the script's rule, Kafka's expiry check's), and a batch
 -- resent then was taken for a new producer's and appended twice. Never shortened: a lowered
 -- setting already expires the states by the rule, and the keys go at the old time.
--- Keys without an expiry (appended under a caller's clock, a test's) are left alone.
+-- Every PEXPIRE is GT: only ever later, and a key without an expiry (appended under a
+-- caller's clock, a test's) is left alone, GT taking it as expiring never. (No PTTL: the
+-- roles of docs/security.md may not run it, and the admin's alter_configs failed on it after
+-- the setting was written, leaving the keys at the old time.)
 
-local left = redis.call('PTTL', KEYS[2])
-if left < 0 then return 0 end  -- -2: no state; -1: no expiry (a caller's clock)
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if #last == 0 then return 0 end  -- no state
 local now = read_clock('')  -- (clock.lua, in front of this script)
 local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
 for i = 3, #KEYS do
   local at = redis.call('ZSCORE', KEYS[2], ARGV[i - 1])
   local log_ttl = at and tonumber(at) + expiration - now
-  if log_ttl and log_ttl > 0 then  -- (GT: only later; a log without expiry is left alone)
+  if log_ttl and log_ttl > 0 then
     redis.call('PEXPIRE', KEYS[i], string.format('%d', log_ttl), 'GT')
   end
 end
 local ttl = tonumber(last[2]) + expiration - now
-if ttl <= left then return 0 end
+if ttl <= 0 then return 0 end  -- (a PEXPIRE of 0 or less would delete the keys)
 ttl = string.format('%d', ttl)  -- never in exponent form
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
-return 1
+redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
+return redis.call('PEXPIRE', KEYS[2], ttl, 'GT')

@@ -8,11 +8,13 @@ import json
 from typing import Any
 
 import pytest
+import test_acl
 import test_cli_groups
+from test_acl import users  # noqa: F401  (the fixture)
 from test_cli_groups import ok, rows
 
 from rcoord.errors import Errors
-from rcoord.topics import Producer, TopicError, Topics, meta_key
+from rcoord.topics import Producer, TopicError, Topics, meta_key, producer_state_keys
 from rcoord.topics.configs import APPEND, DELETE, SET, SUBTRACT, settings_change
 
 
@@ -192,3 +194,21 @@ def test_create_takes_configs_as_kafka_topics_does_and_describe_shows_them(cli, 
         res = cli("topics", "create", "u", "--partitions", "1", *args)
         assert res.returncode == 2 and says in res.stderr, (args, res.stderr)
     assert topics.list() == ["t"]
+
+
+def test_the_admin_role_raises_the_producer_expiration(
+    users: test_acl.Users, namespace: str, redis_client: Any  # noqa: F811  (the fixture)
+) -> None:
+    """A raise of producer_id_expiration_ms extends the partitions' producer state keys
+    (topic_producer_ttl.lua), which read their expiry with PTTL: no role of docs/security.md
+    may run it, so the admin's alter_configs failed with MissingPermissionError after the
+    setting was written, the keys left at the old time."""
+    name, client = test_acl.make(users, namespace, "admin")
+    topics = Topics(client, namespace)
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    Producer(client, namespace).send("t", b"x", partition=0)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    assert users.denials(name) == []
+    state, activity = producer_state_keys(namespace, "t", 0)
+    assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+    client.close()
