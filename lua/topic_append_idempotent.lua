@@ -11,7 +11,8 @@
 -- ARGV[1] now ms or '' (Redis TIME), ARGV[2] producer id, ARGV[3] producer epoch,
 -- ARGV[4] sequence number of the first record (the others follow consecutively),
 -- ARGV[5] lowest sequence number the producer may have lost ('' if none),
--- ARGV[6] producer.id.expiration.ms, ARGV[7] expired producers to prune at most,
+-- ARGV[6] producer.id.expiration.ms (the setting stored in KEYS[2] if longer, below),
+-- ARGV[7] expired producers to prune at most,
 -- ARGV[8] sequence modulus ('' for rcoord's unbounded sequences; 2147483648 for a Kafka
 -- producer's, which wrap from 2^31-1 to 0), ARGV[9 ...] 4 per record as in topic_append.lua:
 -- flags, value, key, headers.
@@ -53,6 +54,17 @@ local pid = ARGV[2]
 local epoch, first = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lost_from = tonumber(ARGV[5])  -- nil when ''
 local expiration, prune = tonumber(ARGV[6]), tonumber(ARGV[7])
+-- The topic's setting as its last change wrote it into the producer states
+-- (topic_producer_ttl.lua; a field no producer id can name), when it is longer than ARGV[6]:
+-- a caller that read the setting before a raise (a Producer's cache, up to
+-- metadata_max_age_ms) took a state idle for longer than the old setting for expired (a batch
+-- it resent was appended twice), and gave a state and an append log it started the old
+-- lifetime (a retried Spark task then found the state but no log, epoch_appends: not
+-- complete, and could store its rows again). A lowered setting is the field's value too, so
+-- it rules as soon as the callers' caches have it.
+local SETTING = string.rep('=', 1025)  -- (longer than any producer id: 1..1024 bytes)
+local stored = tonumber(redis.call('HGET', KEYS[2], SETTING))
+if stored and stored > expiration then expiration = stored end
 local modulus = tonumber(ARGV[8])  -- nil when ''
 local n = (#ARGV - RECORD_ARGS + 1) / 4
 -- The append log's lifetime, and the producer states' keys' (below): the state's, but within

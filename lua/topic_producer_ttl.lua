@@ -1,5 +1,6 @@
--- topic_producer_ttl.lua: after a raise of a topic's producer.id.expiration.ms, extends one
--- partition's producer state keys to expire that long after its last idempotent append.
+-- topic_producer_ttl.lua: after a change of a topic's producer.id.expiration.ms, stores it in
+-- one partition's producer states (if it has any) and, after a raise, extends that partition's
+-- producer state keys to expire that long after its last idempotent append.
 -- KEYS[1] producer states (hash), KEYS[2] producer activity (zset: producer id -> last
 -- activity ms), KEYS[3..] the append logs (rcoord.topics.epoch_log) of the producers ARGV[2..]
 -- names, in that order; all carry the partition's hash tag. ARGV[1] the new
@@ -19,6 +20,9 @@
 
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if #last == 0 then return 0 end  -- no state
+-- The new setting, raised or lowered, where every append reads it (topic_append_idempotent.lua
+-- takes it over a caller's older, shorter one): a field of the states no producer id can name.
+redis.call('HSET', KEYS[1], string.rep('=', 1025), ARGV[1])
 local now = read_clock('')  -- (clock.lua, in front of this script)
 local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
 for i = 3, #KEYS do

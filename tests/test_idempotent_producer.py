@@ -1105,6 +1105,62 @@ def test_a_raised_expiration_extends_the_append_logs_too(
     assert redis_client.pttl(log) > 60_000
 
 
+def test_a_log_started_under_a_setting_from_before_a_raise_gets_the_raised_one(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A producer whose cached setting predates a raise (``metadata_max_age_ms``) starts an
+    append log (its first send to a partition in this epoch): the log got the old expiry, so
+    a retried Spark task found the state but no log and could store its rows again."""
+    topics.create("t", 2, producer_id_expiration_ms=5_000)
+    Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=6).send(
+        "t", b"older epoch", partition=0)
+    logger = Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=7,
+                      log_appends=True, metadata_max_age_ms=600_000)
+    logger.send("t", b"x", partition=1)  # (keeps the setting it read: 5 s)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    logger.send("t", b"y", partition=0)  # a new epoch there: its log starts, cached 5 s
+    assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000
+
+
+def test_keys_extended_by_a_raise_keep_the_raised_setting_after_a_stale_append(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A raise extends the state keys to the new setting after the partition's last append; a
+    producer with the setting from before the raise that starts there later gave them only
+    its old time from its append on, so they went while the setting still kept its state (a
+    batch it resent then was appended twice)."""
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    stale = Producer(redis_client, namespace, producer_id="late", metadata_max_age_ms=600_000)
+    stale.partition_count("t")  # (reads the setting: 5 s)
+    Producer(redis_client, namespace, producer_id="early").send("t", b"a", partition=0)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    # The partition's last append as if 500 s ago; the raise keeps the keys 600 s after it.
+    redis_client.zadd(activity, {"early": _server_ms(redis_client) - 500_000})
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    assert 0 < redis_client.pttl(state) <= 100_000
+    stale.send("t", b"b", partition=0)  # its state lives 600 s by the setting
+    assert redis_client.pttl(state) > 500_000 and redis_client.pttl(activity) > 500_000
+
+
+def test_a_caller_with_the_setting_from_before_a_raise_keeps_a_state_the_raise_keeps(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """Whether a state expired was judged by the caller's setting alone: one read before a
+    raise took a state idle for longer than the old setting for expired, and a batch resent
+    then was appended twice. The topic's current setting rules, as in Kafka; a lowered one
+    too, once the callers read it."""
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a"], now=1_000,
+                     expiration=5_000))[1] == 0
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    resent = append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a"], now=20_000,
+                    expiration=5_000)  # (the setting it read before the raise)
+    assert ok(resent)[1] == 1 and values(namespace, redis_client, "t", 0) == [b"a"]
+    topics.alter_configs("t", {"producer_id_expiration_ms": 5_000})
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a"], now=40_000,
+                     expiration=5_000))[1] == 0  # expired by the lowered setting: new again
+
+
 def _server_ms(redis_client: Any) -> int:
     sec, usec = redis_client.time()
     return int(sec) * 1000 + int(usec) // 1000
