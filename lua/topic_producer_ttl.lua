@@ -1,5 +1,5 @@
 -- topic_producer_ttl.lua: after a change of a topic's producer.id.expiration.ms, stores it in
--- one partition's producer states (if it has any) and, after a raise, extends that partition's
+-- one partition's producer states hash and, after a raise, extends that partition's
 -- producer state keys to expire that long after its last idempotent append.
 -- KEYS[1] producer states (hash), KEYS[2] producer activity (zset: producer id -> last
 -- activity ms), KEYS[3..] the append logs (rcoord.topics.epoch_log) of the producers ARGV[2..]
@@ -19,12 +19,17 @@
 -- the setting was written, leaving the keys at the old time.)
 
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-if #last == 0 then return 0 end  -- no state
+local now = read_clock('')  -- (clock.lua, in front of this script)
+local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
 -- The new setting, raised or lowered, where every append reads it (topic_append_idempotent.lua
 -- takes it over a caller's older, shorter one): a field of the states no producer id can name.
 redis.call('HSET', KEYS[1], string.rep('=', 1025), ARGV[1])
-local now = read_clock('')  -- (clock.lua, in front of this script)
-local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
+if #last == 0 then
+  -- No state: the field alone, for as long as the setting (a producer that starts here with
+  -- the setting it read before the change finds it; an append extends it as the state's).
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', expiration))
+  return 0
+end
 for i = 3, #KEYS do
   local at = redis.call('ZSCORE', KEYS[2], ARGV[i - 1])
   local log_ttl = at and tonumber(at) + expiration - now

@@ -1122,6 +1122,22 @@ def test_a_log_started_under_a_setting_from_before_a_raise_gets_the_raised_one(
     assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000
 
 
+def test_a_raise_reaches_a_partition_without_producer_state_too(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """A raise while a partition holds no producer state: a producer that starts there with the
+    setting it read before gives its state and append log the raised lifetime too."""
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    logger = Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=1,
+                      log_appends=True, metadata_max_age_ms=600_000)
+    logger.partition_count("t")  # (reads the setting: 5 s)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    logger.send("t", b"x", partition=0)
+    state, activity = producer_state_keys(namespace, "t", 0)
+    assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000
+    assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+
+
 def test_keys_extended_by_a_raise_keep_the_raised_setting_after_a_stale_append(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
