@@ -55,15 +55,15 @@ local epoch, first = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lost_from = tonumber(ARGV[5])  -- nil when ''
 local expiration, prune = tonumber(ARGV[6]), tonumber(ARGV[7])
 -- The topic's setting as its last change wrote it into the producer states
--- (topic_producer_ttl.lua; a field no producer id can name), when it is longer than ARGV[6]:
+-- (topic_producer_ttl.lua; the empty field, which no producer id can name: ids are 1..1024
+-- bytes), when it is longer than ARGV[6]:
 -- a caller that read the setting before a raise (a Producer's cache, up to
 -- metadata_max_age_ms) took a state idle for longer than the old setting for expired (a batch
 -- it resent was appended twice), and gave a state and an append log it started the old
 -- lifetime (a retried Spark task then found the state but no log, epoch_appends: not
 -- complete, and could store its rows again). A lowered setting is the field's value too, so
 -- it rules as soon as the callers' caches have it.
-local SETTING = string.rep('=', 1025)  -- (longer than any producer id: 1..1024 bytes)
-local stored = tonumber(redis.call('HGET', KEYS[2], SETTING))
+local stored = tonumber(redis.call('HGET', KEYS[2], ''))
 if stored and stored > expiration then expiration = stored end
 local modulus = tonumber(ARGV[8])  -- nil when ''
 local n = (#ARGV - RECORD_ARGS + 1) / 4

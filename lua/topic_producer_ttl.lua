@@ -22,8 +22,9 @@ local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local now = read_clock('')  -- (clock.lua, in front of this script)
 local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
 -- The new setting, raised or lowered, where every append reads it (topic_append_idempotent.lua
--- takes it over a caller's older, shorter one): a field of the states no producer id can name.
-redis.call('HSET', KEYS[1], string.rep('=', 1025), ARGV[1])
+-- takes it over a caller's older, shorter one): the states' empty field, which no producer id
+-- can name (ids are 1..1024 bytes).
+redis.call('HSET', KEYS[1], '', ARGV[1])
 if #last == 0 then
   -- No state: the field alone, for as long as the setting (a producer that starts here with
   -- the setting it read before the change finds it; an append extends it as the state's).
