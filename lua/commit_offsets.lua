@@ -12,17 +12,35 @@
 -- Returns {group-level error name, {per-partition error names in request order}}.
 
 local function parse_commit_offsets(ARGV)
-  if ARGV[6] ~= '' and not string.match(ARGV[6], '^%d+$') then
-    error('ARGV[6] (retention ms) must be empty or a decimal integer', 0)
+  -- (at most 2^52: explicit_expiry adds it to the clock, and NOW + it must stay exact)
+  if ARGV[6] ~= '' and not (string.match(ARGV[6], '^%d+$') and tonumber(ARGV[6]) <= 2 ^ 52) then
+    error('ARGV[6] (retention ms) must be empty or a decimal integer <= 2^52', 0)
+  end
+  -- Whether ``s`` is a decimal integer in [-max - 1, max], ``max`` and ``max + 1`` given as
+  -- digits: compared as text, as a Lua number (a double) cannot hold every int64.
+  local function decimal_in(s, max, min)
+    local sign, digits = string.match(s, '^(%-?)0*(%d+)$')
+    if not digits then return false end
+    local limit = sign == '-' and min or max
+    return #digits < #limit or (#digits == #limit and digits <= limit)
   end
   local entries = cmsgpack.unpack(ARGV[7])
-  -- (offsets and epochs are stored as they came, and fetch_offsets' callers parse them)
+  -- Offsets and epochs are stored as they came, and every fetch of the group decodes every
+  -- field and record (rcoord/protocol/offsets.py decode_fetch; the gateway encodes them as
+  -- Kafka's INT32 partition, INT64 offset and INT32 epoch), so one that does not decode or
+  -- fit is refused here: stored, it failed every fetch of the group's offsets.
   for _, e in ipairs(entries) do
-    if type(e[1]) ~= 'string' or type(e[2]) ~= 'string' or not string.match(e[2], '^%-?%d+$')
+    -- (the partition as field_of writes it: '07:t' would be a second field of partition 7)
+    local partition = type(e[1]) == 'string' and string.match(e[1], '^(%d+):.')
+    if not partition or (#partition > 1 and string.sub(partition, 1, 1) == '0')
+        or not decimal_in(partition, '2147483647', '2147483648')
+        or type(e[2]) ~= 'string'
+        or not decimal_in(e[2], '9223372036854775807', '9223372036854775808')
         or type(e[3]) ~= 'string' or type(e[4]) ~= 'string'
-        or not string.match(e[4], '^%-?%d+$') or type(e[5]) ~= 'number' then
-      error('ARGV[7] (offsets): each entry must be {field, decimal offset, metadata, '
-        .. 'decimal leader epoch, metadata length}', 0)
+        or not decimal_in(e[4], '2147483647', '2147483648') or type(e[5]) ~= 'number' then
+      error('ARGV[7] (offsets): each entry must be {field <partition>:<topic> (an int32 '
+        .. 'partition, no leading zero), decimal offset (int64), metadata, decimal leader epoch '
+        .. '(int32), metadata length}', 0)
     end
   end
   return {member_id = ARGV[3], generation = tonumber(ARGV[4]), iid = ARGV[5],

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from rcoord import GroupCoordinator, MockTime
-from rcoord.errors import InvalidRequestError, translate_redis_errors
+from rcoord.errors import Errors, InvalidRequestError, translate_redis_errors
 from rcoord.protocol.join import JoinRequest
-from rcoord.protocol.offsets import TopicPartition
+from rcoord.protocol.offsets import OffsetAndMetadata, TopicPartition
 
 pytestmark = pytest.mark.parametrize("backend", ["single"])
 
@@ -154,3 +154,47 @@ def test_a_join_that_would_add_a_member_with_an_empty_id_is_refused(
         call(coord, "join_group", args)
     assert snapshot(redis_client, coord) == before
     assert "" not in [m.member_id for m in coord.describe_group(GROUP).members]
+
+
+@pytest.mark.parametrize("entry, retention", [
+    ([b"abc", b"6", b"", b"-1", 0], ""),        # no partition: every fetch failed (ValueError)
+    ([b":t", b"6", b"", b"-1", 0], ""),
+    ([b"0:", b"6", b"", b"-1", 0], ""),         # no topic (the API refuses an empty one)
+    ([b"2147483648:t", b"6", b"", b"-1", 0], ""),
+    ([b"00:t", b"6", b"", b"-1", 0], ""),       # a second field of partition 0
+    ([b"0:t", b"9223372036854775808", b"", b"-1", 0], ""),  # beyond int64
+    ([b"0:t", b"-9223372036854775809", b"", b"-1", 0], ""),
+    ([b"0:t", b"6", b"", b"2147483648", 0], ""),           # beyond int32
+    ([b"0:t", b"6", b"", b"-1", 0], str(2 ** 53)),          # retention above 2^52
+])
+def test_a_commit_whose_record_no_fetch_could_return_is_refused(
+        stable: Any, redis_client: redis.Redis, entry: list[Any], retention: str) -> None:
+    """Every fetch of a group decodes all its offsets: a field with no partition was stored
+    and failed each one from then on; an offset beyond int64 (an epoch or a partition beyond
+    int32) was stored and fetched as a value no Kafka field holds; "00:t" was a second record
+    of partition 0, and a fetch returned either."""
+    coord, mid, gen, _ = stable
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match=r"commit_offsets: .*ARGV\[[67]\]"):
+        call(coord, "commit_offsets",
+             [mid, str(gen), "", retention, msgpack.packb([entry], use_bin_type=False)])
+    assert snapshot(redis_client, coord) == before
+    assert coord.fetch_offsets(GROUP).offsets == {TopicPartition("t", 0): OffsetAndMetadata(5)}
+
+
+def test_a_commit_of_the_extreme_int64_offsets_and_int32_epochs_is_stored_exactly(
+        stable: Any) -> None:
+    """The range checks compare decimal text: the ends of each range are stored as sent."""
+    coord, mid, gen, _ = stable
+    offsets = {TopicPartition("t", 0): OffsetAndMetadata(2 ** 63 - 1, "", 2 ** 31 - 1),
+               TopicPartition("t", 2 ** 31 - 1): OffsetAndMetadata(-(2 ** 63), "", 0),
+               TopicPartition("u", 1): OffsetAndMetadata(-1),
+               TopicPartition("u", 2): OffsetAndMetadata(0)}
+    assert set(coord.commit_offsets(GROUP, offsets, member_id=mid, generation_id=gen,
+                                    retention_ms=2 ** 63 - 1).values()) == {Errors.NONE}
+    entry = [b"3:u", b"-000042", b"", b"-2147483648", 0]  # (leading zeros: the same number)
+    assert call(coord, "commit_offsets",
+                [mid, str(gen), "", "", msgpack.packb([entry], use_bin_type=False)])[0] == b"NONE"
+    fetched = coord.fetch_offsets(GROUP).offsets
+    assert {tp: fetched[tp] for tp in offsets} == offsets
+    assert fetched[TopicPartition("u", 3)] == OffsetAndMetadata(-42)
