@@ -29,6 +29,10 @@ local function parse_join_group(ARGV)
     mid = ARGV[3], iid = ARGV[4], pt = ARGV[5], pr = ARGV[6],
     st = tonumber(ARGV[7]), rt = tonumber(ARGV[8]), cid = ARGV[9], host = ARGV[10],
   }
+  -- (flags are '1' or '0': a 'true' or 'false' was read as the opposite of one of them)
+  for _, i in ipairs({11, 14}) do
+    if ARGV[i] ~= '1' and ARGV[i] ~= '0' then error('ARGV[' .. i .. "] must be '1' or '0'", 0) end
+  end
   req.require_known = ARGV[11] == '1'
   req.new_id = ARGV[12]
   -- ('' is the id of no member: a member added under it could never be named again)

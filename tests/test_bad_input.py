@@ -143,6 +143,20 @@ def test_a_heartbeat_with_a_short_last_triple_refreshes_no_session(
     assert coord.heartbeat(GROUP, gen, mid).name == "NONE"
 
 
+@pytest.mark.parametrize("argv", [{"a11": "true"}, {"a11": ""}, {"a14": "false"}])
+def test_a_join_whose_flag_is_neither_1_nor_0_is_refused(
+        stable: Any, redis_client: redis.Redis, argv: dict[str, Any]) -> None:
+    """ARGV[11] (require a known member id) was on only for '1', ARGV[14] (the client reads
+    SkipAssignment) off only for '0': a caller that sent 'true' and 'false' had a new member
+    added without MEMBER_ID_REQUIRED, or a client that cannot read SkipAssignment answered as
+    one that can (a static leader back in a Stable group told it leads)."""
+    coord, _, _, _ = stable
+    before = snapshot(redis_client, coord)
+    with pytest.raises(InvalidRequestError, match=r"join_group: .*ARGV\[1[14]\]"):
+        call(coord, "join_group", join_args("", **argv))
+    assert snapshot(redis_client, coord) == before
+
+
 def test_a_join_that_would_add_a_member_with_an_empty_id_is_refused(
         stable: Any, redis_client: redis.Redis) -> None:
     """'' is a new member's id in a JoinGroup: a member stored under it (the join's ARGV[12]
