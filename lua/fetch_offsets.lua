@@ -38,11 +38,15 @@ local function fetch_offsets(ARGV)
 end
 
 -- A page's cursor and count are decimal integers (HSCAN's errors named neither the step nor
--- the argument).
+-- the argument); the cursor an unsigned 64-bit one, as HSCAN takes (compared as text: a Lua
+-- double cannot hold every one).
 local function parse_fetch_offsets(ARGV)
-  if string.sub(ARGV[3] or '', 1, 1) == '#' and not (string.match(ARGV[3], '^#%d+$')
+  if string.sub(ARGV[3] or '', 1, 1) ~= '#' then return ARGV end
+  local cursor = string.match(ARGV[3], '^#0*(%d+)$')
+  if not (cursor and (#cursor < 20 or (#cursor == 20 and cursor <= '18446744073709551615'))
       and string.match(ARGV[4] or '', '^%d+$') and #ARGV[4] <= 9 and tonumber(ARGV[4]) > 0) then
-    error("a page needs ARGV[3] '#<cursor>' and ARGV[4] a count >= 1, both decimal", 0)
+    error("a page needs ARGV[3] '#<cursor>' (a decimal uint64) and ARGV[4] a decimal count "
+      .. '>= 1', 0)
   end
   return ARGV
 end

@@ -86,6 +86,8 @@ def test_a_join_with_a_non_numeric_timeout_is_refused_before_any_write(
     ("fetch_offsets", ["#0", "abc"]),
     ("fetch_offsets", ["#x", "10"]),
     ("fetch_offsets", ["#0", "99999999999999999999"]),
+    ("fetch_offsets", ["#18446744073709551616", "10"]),     # a cursor beyond uint64
+    ("fetch_offsets", ["#99999999999999999999999", "10"]),
     ("describe_group", ["0", "nan"]),
     ("describe_group", ["-1"]),
     ("await_reply", []),
@@ -94,7 +96,8 @@ def test_a_join_with_a_non_numeric_timeout_is_refused_before_any_write(
 def test_malformed_arguments_of_a_group_step_are_refused_by_name(
         stable: Any, redis_client: redis.Redis, step: str, args: list[Any] | None) -> None:
     """Each was a raw Lua error ("attempt to compare nil", "bad argument #1 to 'ipairs'",
-    HSCAN's "value is not an integer"), naming neither the step nor the argument."""
+    HSCAN's "value is not an integer" or "invalid cursor"), naming neither the step nor the
+    argument."""
     coord, mid, _, _ = stable
     if args is None:
         args = join_args(mid, a6="abc")
@@ -102,6 +105,14 @@ def test_malformed_arguments_of_a_group_step_are_refused_by_name(
     with pytest.raises(InvalidRequestError, match=step):
         call(coord, step, args)
     assert snapshot(redis_client, coord) == before
+
+
+def test_a_page_of_offsets_from_the_largest_cursor_is_read(stable: Any) -> None:
+    """HSCAN takes any uint64 cursor; so does the page check (a cursor from another server
+    process may be any)."""
+    coord, _, _, _ = stable
+    page = call(coord, "fetch_offsets", ["#18446744073709551615", "10"])
+    assert page[-4] == b"#" and page[-2] == b"@"
 
 
 def test_a_step_with_a_non_numeric_clock_is_refused(stable: Any, redis_client: redis.Redis
