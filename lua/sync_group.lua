@@ -14,6 +14,12 @@ end
 
 -- Decoded before any write: a failed call must never leave the group half-changed.
 local function parse_sync_group(ARGV)
+  -- (a bare 'consumer' was compared as 'onsumer': INCONSISTENT_GROUP_PROTOCOL)
+  for _, i in ipairs({6, 7}) do
+    if ARGV[i] ~= '' and string.sub(ARGV[i], 1, 1) ~= '=' then
+      error('ARGV[' .. i .. "] must be '' (not given) or '=' followed by the value", 0)
+    end
+  end
   local assignments = {}
   if ARGV[8] ~= '' then assignments = cmsgpack.unpack(ARGV[8]) end
   for id, blob in pairs(assignments) do

@@ -78,6 +78,8 @@ def test_a_join_with_a_non_numeric_timeout_is_refused_before_any_write(
     ("sync_group", ["m", "1"]),
     ("sync_group", ["m", "abc", "", "", "", b""]),            # generation not a number
     ("sync_group", ["m", "1", "", "", "", b"\x05"]),          # assignments not a map
+    ("sync_group", ["m", "1", "", "consumer", "", b""]),     # type given without its '='
+    ("sync_group", ["m", "1", "", "", "range", b""]),        # name given without its '='
     ("leave_group", []),
     ("leave_group", [b"\x05"]),
     ("leave_group", [msgpack.packb([[1, 2]], use_bin_type=False)]),
