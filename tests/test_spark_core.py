@@ -23,8 +23,14 @@ from test_client_group import OneMemberGroup, fast_config
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.client.errors import JoinRefusedError
-from rcoord.errors import ConnectionLost, MissingPermissionError
-from rcoord.spark.member import MEMBER_METADATA, TOKEN_METADATA, StreamMember, member_config
+from rcoord.errors import AuthenticationFailedError, ConnectionLost, MissingPermissionError
+from rcoord.spark.member import (
+    MEMBER_METADATA,
+    TOKEN_METADATA,
+    ReplayNotRecordedError,
+    StreamMember,
+    member_config,
+)
 from rcoord.spark.options import (
     READ_OPTIONS,
     UNSUPPORTED,
@@ -1989,28 +1995,43 @@ def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
         new.close(5)
 
 
-def test_a_replay_whose_generation_cannot_be_recorded_reads_nothing(
-        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+@pytest.mark.parametrize("fatal", [False, True])
+def test_a_replay_whose_generation_cannot_be_recorded_fails_its_batch(
+        fatal: bool, redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator, latest: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # The member could replay batch 1 exactly (its ranges begin at the group's committed
-    # offsets), but Redis refuses the record of the replaying generation. A sink naming its
-    # output by generation would then take the planned one: the replay reads nothing, and the
-    # group delivers batch 1's records again in a batch this member plans.
+    # offsets), but Redis refuses the record of the replaying generation, which a sink naming
+    # its output by generation needs. Before, the replay read nothing and Spark counted batch 1
+    # as finished; when the query then failed (a refused login fails its next plan) and
+    # restarted, the next member took batch 1's end for a finished batch's and committed it:
+    # batch 1's records, read by nobody, were skipped. Now the replay fails, and the restarted
+    # query replays batch 1 again.
     e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
+    error = (AuthenticationFailedError("the login was refused") if fatal
+             else redis.ConnectionError("Redis went away"))
 
     def refused(*_: Any) -> None:
-        raise redis.ConnectionError("Redis went away")
+        raise error
 
     monkeypatch.setattr("rcoord.spark.member.record_replay", refused)
     new = _member(redis_server.url, namespace, single_client)
     try:
-        assert new.replay(e2, ranges_between(e1, e2), 10) == set()
-        nxt = new.plan(e2, latest, None)
-        assert nxt.starts == e1.offsets  # batch 1 comes again
-        assert _committed(coord) == e1.offsets
+        with pytest.raises(AuthenticationFailedError if fatal else ReplayNotRecordedError,
+                           match="the login was refused" if fatal else
+                           "cannot record that generation .*Redis went away"):
+            new.replay(e2, ranges_between(e1, e2), 10)
     finally:
         new.close(5)
+    monkeypatch.undo()
     assert replayed_generation(single_client, namespace, "g", e2) is None
+    again = _member(redis_server.url, namespace, single_client)
+    try:  # the restarted query: batch 1 still unfinished, Spark replays it
+        assert again.replay(e2, ranges_between(e1, e2), 10) == set(e2.offsets)
+        nxt = again.plan(e2, latest, None)
+        assert nxt.starts == e2.offsets  # it goes on from the replayed batch's end
+        assert _committed(coord) == e2.offsets  # the replay's commit, under its generation
+    finally:
+        again.close(5)
 
 
 # -- a batch Spark replays after a restart, in group mode (the runner's calls, without Spark) ---

@@ -34,7 +34,9 @@ were made under:
   records is delivered in one batch id, and the sink's producer (named by the batch id)
   stores it once. The rest of the batch reads nothing (at-least-once, as before). The
   replaying generation is recorded in Redis first (``rcoord.spark.replays``), for sinks that
-  name their output by the generation the batch is committed under.
+  name their output by the generation the batch is committed under; a replay that cannot
+  record it fails (``ReplayNotRecordedError``): read as nothing, the batch would count as
+  finished, and a later restart would go on from its end.
 * A restarted query whose last batch finished (Spark's commit log has it; Spark never called
   ``commit`` for it) plans first from that batch's end, planned by the old process: the
   partitions this member holds begin there and it is committed under this generation, unless
@@ -83,7 +85,8 @@ from .resolve import (
     restart_after_loss,
 )
 
-__all__ = ["TOKEN_METADATA", "CommitOutcome", "StreamMember", "member_config"]
+__all__ = ["TOKEN_METADATA", "CommitOutcome", "ReplayNotRecordedError", "StreamMember",
+           "member_config"]
 
 log = logging.getLogger("rcoord.spark")
 
@@ -112,6 +115,13 @@ def _parse_metadata(metadata: str) -> tuple[str | None, str | None]:
         return None, None
     token, _, member = metadata[len(TOKEN_METADATA):].partition(MEMBER_METADATA)
     return token or None, member or None
+
+
+class ReplayNotRecordedError(RuntimeError):
+    """A batch Spark replays after a restart, which this member would read, cannot run: Redis
+    did not take the record of the replaying generation (``replays.record_replay``), which a
+    sink naming its output by generation needs. The batch fails, so Spark replays it again
+    when the query restarts; the Redis error is its ``__cause__``."""
 
 
 @dataclass(frozen=True)
@@ -371,7 +381,9 @@ class StreamMember:
         offset (at-least-once), and a commit that moved past the start must not be rewound.
         The replayed ends become a plan of this generation (``_own``), so the next ``plan``
         commits them fenced by this generation, never in the old member's name, and goes on
-        from them.
+        from them. If Redis does not take the record of the replay (``record_replay``), this
+        raises: ``ReplayNotRecordedError``, or the error itself when no retry mends it (a
+        refused login).
         """
         self.replaying(end)
         if self._replayed is not None and self._replayed[0] == end:
@@ -390,10 +402,18 @@ class StreamMember:
                 record_replay(self._group.redis_client, self._group.config.namespace,
                               gen.group_id, end, gen.generation_id)
             except REDIS_FAILURES as exc:
-                log.warning("group %r: not replaying a batch planned in generation %s by %s: "
-                            "cannot record the replay (%s); the group delivers its records "
-                            "again", gen.group_id, end.generation, end.member, exc)
-                return set()
+                # Not read as nothing: Spark would count the batch as finished, and a query
+                # restarted after it (a refused login fails this one at its next plan) took
+                # its end for a finished batch's (_resume) and skipped its records for good.
+                # Failed, the batch is replayed again when the query restarts.
+                if isinstance(exc, RcoordError) and reaction_for(exc).fatal:
+                    raise
+                raise ReplayNotRecordedError(
+                    f"group {gen.group_id!r}: cannot record that generation "
+                    f"{gen.generation_id} replays the batch planned in generation "
+                    f"{end.generation} by {end.member} ({exc}); the batch fails rather than "
+                    "read nothing, which Spark would count as finished: restart the query "
+                    "once Redis answers, and it replays the batch again") from exc
             stamp = (gen.generation_id, gen.member_id)
             own = Position({tp: end.offsets[tp] for tp in sorted(keep)}, generation=stamp[0],
                            member=stamp[1], tokens=dict(end.tokens))
