@@ -37,7 +37,7 @@ import redis
 from ..errors import RcoordError
 from ..keys import replays_key
 from ..topics._base import _Lua
-from .clients import client_for
+from .clients import leased
 from .options import OptionError
 from .plan import Position
 
@@ -144,8 +144,10 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
         if not url:
             raise OptionError("batch_generation: no Redis URL; pass url= or client=, or set "
                               "RCOORD_REDIS_URL")
-        client = client_for(url)
-    replayed = replayed_generation(client, namespace, group, end)
+        with leased(url) as leased_client:
+            replayed = replayed_generation(leased_client, namespace, group, end)
+    else:
+        replayed = replayed_generation(client, namespace, group, end)
     return end.generation if replayed is None else replayed
 
 

@@ -5,7 +5,8 @@ modules beside it. What runs where (measured, see ``docs/architecture.md``):
 
 * ``RcoordDataSource.reader`` / ``streamReader`` / ``writer`` run in Spark's Python planner or
   runner processes; their objects are pickled to the executors, so they hold only options and
-  open Redis connections lazily (``clients.client_for``), never at construction.
+  open Redis connections lazily, never at construction: a task, a batch plan or a write
+  leases the process's client (``clients.leased``); the stream reader owns one for the query.
 * The stream reader in the *runner* process lives as long as the query: it holds the group
   membership in group mode (``StreamMember``).
 * ``read`` and ``write`` run in executor Python workers, on unpickled copies.
@@ -34,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..client import ConsumerGroup
+from ..client import ConsumerGroup, client_from_url
 from ..client.policy import reaction_for
 from ..config import CoordinatorConfig
 from ..coordinator import GroupCoordinator
@@ -43,7 +44,7 @@ from ..protocol.offsets import TopicPartition
 from ..topics import Topics
 from ..urls import repr_redacting
 from . import shutdown
-from .clients import client_for
+from .clients import leased
 from .member import StreamMember, member_config
 from .options import (
     EARLIEST,
@@ -94,11 +95,11 @@ class RangePartition(InputPartition):
 
 
 def _read(part: RangePartition) -> Iterator[Any]:
-    client = client_for(part.url)
     rng = part.range
-    for records in read_range(client, part.namespace, rng, part.fetch_size,
-                              part.fail_on_data_loss, part.token, part.max_bytes):
-        yield records_to_batch(rng.topic, rng.partition, records)
+    with leased(part.url) as client:
+        for records in read_range(client, part.namespace, rng, part.fetch_size,
+                                  part.fail_on_data_loss, part.token, part.max_bytes):
+            yield records_to_batch(rng.topic, rng.partition, records)
 
 
 def _tasks(opts: ReadOptions, ranges: Sequence[OffsetRange],
@@ -175,9 +176,10 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        admin = Topics(client_for(opts.url), opts.namespace)
-        listed = resolve_partitions(admin, opts)
-        bounds, tokens = log_snapshot(admin, listed)
+        with leased(opts.url) as client:
+            admin = Topics(client, opts.namespace)
+            listed = resolve_partitions(admin, opts)
+            bounds, tokens = log_snapshot(admin, listed)
         parts = still_present(listed, bounds, opts.fail_on_data_loss)
         gone = set(listed) - set(parts)
         start = resolve_offsets("startingOffsets", without_gone(opts.starting, gone), parts,
@@ -217,16 +219,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # twice (the start of the first plan, then of its partitions()); "latest" resolved
         # again the second time skipped every record appended in between.
         self._initial: dict[str, Any] | None = None
+        # The runner's client, for the query's life (its membership's heartbeats use it):
+        # closed by stop(), not left to the process's shared clients (clients.leased).
+        self._client: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The planner pickles a copy for the executors: no membership, no connection.
         return {"opts": self.opts, "_member": None, "_target": None, "_target_tokens": {},
-                "_initial": None}
+                "_initial": None, "_client": None}
 
     # -- shared
 
+    def _redis(self) -> Any:
+        if self._client is None:
+            self._client = client_from_url(self.opts.url)
+        return self._client
+
     def _admin(self) -> Topics:
-        return Topics(client_for(self.opts.url), self.opts.namespace)
+        return Topics(self._redis(), self.opts.namespace)
 
     def _snapshot(self, parts: Sequence[TP]) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
         """Group mode's ``latest``: the real log bounds (the member clamps only its ends, with
@@ -257,13 +267,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _membership(self) -> StreamMember:
         if self._member is None:
             opts = self.opts
-            namespace = GroupCoordinator(client_for(opts.url), CoordinatorConfig(
+            namespace = GroupCoordinator(self._redis(), CoordinatorConfig(
                 namespace=opts.namespace)).config
             check_session_timeout(opts, namespace)  # before the join refuses it less clearly
             # Every named topic, existing or not: one deleted while the query was stopped has
             # no partitions, which the plan reports as data loss (failOnDataLoss); only a new
             # query insists that they exist (initialOffset).
-            group = ConsumerGroup(member_config(opts, opts.topics, client_for(opts.url)))
+            group = ConsumerGroup(member_config(opts, opts.topics, self._redis()))
             self._member = StreamMember(group, fail_on_data_loss=opts.fail_on_data_loss,
                                         first_join_wait_s=self._join_wait())
             shutdown.install()  # Spark ends the runner with SIGTERM: run stop() first
@@ -383,6 +393,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # LeaveGroup short; see rcoord.spark.shutdown.
             with shutdown.shielded():
                 self._member.close()
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
 
 
 # -- writes ------------------------------------------------------------------------------------
@@ -406,9 +419,10 @@ class BatchWriter(DataSourceWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[Any]) -> WriteMessage:
-        producer = make_producer(client_for(self.opts.url), self.opts.namespace, None, None,
-                                 self.opts.max_request_size)
-        res = write_rows(producer, _rows(iterator), self.opts.topic)
+        with leased(self.opts.url) as client:
+            producer = make_producer(client, self.opts.namespace, None, None,
+                                     self.opts.max_request_size)
+            res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)
 
 
@@ -429,9 +443,10 @@ class StreamWriter(DataSourceStreamWriter):
             raise RuntimeError("rcoord stream writer: Spark gave the task no query id or batch "
                                "id (sql.streaming.queryId / streaming.sql.batchId)")
         producer_id = f"spark:{query}:{ctx.partitionId()}"
-        producer = make_producer(client_for(self.opts.url), self.opts.namespace, producer_id,
-                                 int(batch), self.opts.max_request_size)
-        res = write_rows(producer, _rows(iterator), self.opts.topic)
+        with leased(self.opts.url) as client:
+            producer = make_producer(client, self.opts.namespace, producer_id, int(batch),
+                                     self.opts.max_request_size)
+            res = write_rows(producer, _rows(iterator), self.opts.topic)
         return WriteMessage(res.appended, res.duplicates)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
