@@ -2174,6 +2174,43 @@ def test_a_replay_whose_join_is_refused_for_good_fails_at_once(
         new.stop()
 
 
+def test_a_replay_that_gets_no_generation_fails_its_batch(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restarted query's first call replays a batch, and no generation comes in time (or
+    Redis is away). Before, the replay read nothing and Spark counted the batch as finished; a
+    query restarted after that went on from the batch's end, and its records, read by nobody,
+    were skipped. Now partitions() raises, and the next restart replays the batch whole."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    topics.create("ev", 2)
+    old = _stream_reader(redis_server.url, namespace, **GROUP_READ)
+    try:
+        start = old.initialOffset()
+        Producer(single_client, namespace, "round_robin").send_batch("ev", [b"v"] * 8)
+        end = old.latestOffset(start, ReadMaxRows(8))
+    finally:
+        old.stop()
+
+    def no_generation(*_: Any) -> set[TP]:
+        raise TimeoutError("no generation of group 'g' within 1 s")
+
+    monkeypatch.setattr(StreamMember, "replay", no_generation)
+    new = _stream_reader(redis_server.url, namespace, **GROUP_READ)
+    try:
+        with pytest.raises(TimeoutError, match="^no generation") as info:
+            new.partitions(start, end)
+        assert "fails rather than read nothing" in " ".join(info.value.__notes__)
+    finally:
+        new.stop()
+    monkeypatch.undo()
+    again = _stream_reader(redis_server.url, namespace, **GROUP_READ)
+    try:
+        assert sum(p.range.size for p in again.partitions(start, end)) == 8
+    finally:
+        again.stop()
+
+
 def test_a_session_timeout_outside_the_namespace_bounds_names_the_spark_option(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:

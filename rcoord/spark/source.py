@@ -36,7 +36,6 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from ..client import ConsumerGroup, client_from_url
-from ..client.policy import reaction_for
 from ..config import CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import RcoordError
@@ -304,14 +303,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         try:
             keep = self._membership().replay(finish, ranges, self._join_wait())
-        except (TimeoutError, RcoordError) as exc:  # no generation: read nothing, as before
-            if isinstance(exc, RcoordError) and reaction_for(exc).fatal:
-                # The group closed on it (a missing permission, a JoinGroup refusal): no
-                # generation will come, so the query fails now, with the setting to change.
-                raise
-            log.warning("not replaying a batch planned in generation %s by %s: %s; the group "
-                        "delivers its records again", finish.generation, finish.member, exc)
-            keep = set()
+        except (TimeoutError, RcoordError) as exc:
+            # No generation (a join that timed out, Redis away, or a refusal no retry mends):
+            # the batch fails. Read as nothing, Spark counted it as finished, and a query
+            # restarted after it went on from its end (StreamMember._resume): its records,
+            # read by nobody, were skipped for good.
+            exc.add_note(f"rcoord: the batch planned in generation {finish.generation} by "
+                         f"{finish.member}, which Spark replays after a restart, fails rather "
+                         "than read nothing (Spark would count it as finished, and a later "
+                         "restart would skip its records); restart the query once the group "
+                         "can be joined")
+            raise
         return [t if TP(t.range.topic, t.range.partition) in keep
                 else replace(t, range=OffsetRange(t.range.topic, t.range.partition,
                                                   t.range.start, t.range.start))
