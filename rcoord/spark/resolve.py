@@ -152,8 +152,10 @@ def continuity_loss(
     lo, hi = bounds
     where = f"topic {tp.topic!r} partition {tp.partition}"
     if planned_token and token and planned_token != token:
+        # ``hi`` is the log end, one past the last record: the new topic's records are lo..hi-1.
+        holds = f"offsets {lo} to {hi - 1}, other records" if hi > lo else "no records yet"
         return (f"{where}: the topic was deleted and created again since offset {planned} was "
-                f"planned (the new topic holds offsets {lo} to {hi}, other records)")
+                f"planned (the new topic holds {holds})")
     if planned > hi and planned_token and token:  # the same topic (checked above)
         return (f"{where}: the planned start offset {planned} is past the log end offset {hi} "
                 "of the same topic: the log lost records from its end (e.g. by a failover to a "
