@@ -251,15 +251,37 @@ def is_missing_permission(exc: BaseException) -> bool:
             and "acl failure in script" in str(exc).lower())
 
 
-def as_missing_permission(exc: BaseException) -> MissingPermissionError:
+_DENIED_KEY = re.compile(r"to access (a key|one of the keys)", re.IGNORECASE)
+_DENIED_CHANNEL = re.compile(r"to access (a channel|one of the channels)", re.IGNORECASE)
+"""A refused key or channel, in the words of Redis and Valkey 7.2 and later ("No permissions to
+access a key") and of Redis 7.0 ("this user has no permissions to access one of the keys used
+as arguments"). Unlike a refused command, neither names what was refused, nor what to grant."""
+
+
+def as_missing_permission(exc: BaseException,
+                          namespace: str | None = None) -> MissingPermissionError:
     """A permission error (``is_missing_permission``) as a ``MissingPermissionError``: the
-    server's words, and where the rules are; the server's error is its ``__cause__``."""
+    server's words, and where the rules are; the server's error is its ``__cause__``.
+
+    A refused command names itself; a refused key or channel does not (the server's words are
+    only "No permissions to access a key"), so the message adds the pattern every rcoord key
+    or channel of the namespace matches, ``~<namespace>:*`` or ``&<namespace>:*``, with the
+    namespace filled in when the caller knows it."""
     if isinstance(exc, MissingPermissionError):
         return exc
     text = " ".join(str(exc).split()).rstrip(".")
+    ns = namespace if namespace is not None else "<namespace>"
+    of = f"namespace {namespace!r}" if namespace is not None else "the namespace setting"
+    hint = ""
+    if _DENIED_KEY.search(text):
+        hint = (f" (rcoord's keys are all named {ns}:..., for {of}: the user's key patterns "
+                f"must include ~{ns}:*)")
+    elif _DENIED_CHANNEL.search(text):
+        hint = (f" (rcoord's channels are all named {ns}:..., for {of}: the user's channel "
+                f"patterns must include &{ns}:*)")
     error = MissingPermissionError(
-        f"the Redis user may not do what rcoord needs: {text}; add the missing rule to its ACL "
-        "rules (docs/security.md lists the rules of each role)"
+        f"the Redis user may not do what rcoord needs: {text}{hint}; add the missing rule to "
+        "its ACL rules (docs/security.md lists the rules of each role)"
     )
     error.__cause__ = exc
     return error
