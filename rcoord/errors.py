@@ -266,9 +266,13 @@ def as_missing_permission(exc: BaseException,
     A refused command names itself; a refused key or channel does not (the server's words are
     only "No permissions to access a key"), so the message adds the pattern every rcoord key
     or channel of the namespace matches, ``~<namespace>:*`` or ``&<namespace>:*``, with the
-    namespace filled in when the caller knows it."""
+    namespace filled in when the caller knows it (a ``MissingPermissionError`` made without
+    it, from a server's error, is made again with it)."""
     if isinstance(exc, MissingPermissionError):
-        return exc
+        cause = exc.__cause__
+        if namespace is None or cause is None or not is_missing_permission(cause):
+            return exc
+        exc = cause
     text = " ".join(str(exc).split()).rstrip(".")
     ns = namespace if namespace is not None else "<namespace>"
     of = f"namespace {namespace!r}" if namespace is not None else "the namespace setting"

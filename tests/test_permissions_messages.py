@@ -63,3 +63,15 @@ def test_a_user_of_another_namespace_is_told_the_key_pattern(own_server: Embedde
         user.close()
         admin.execute_command("ACL", "DELUSER", name)
         admin.close()
+
+
+def test_one_made_without_the_namespace_is_made_again_with_it() -> None:
+    """rcoord's boundary (``reraise_as_rcoord``) does not know the namespace; a caller that
+    does (the gateway) gets it filled in."""
+    server = redis.exceptions.NoPermissionError("No permissions to access a key")
+    first = as_missing_permission(server)
+    again = as_missing_permission(first, "orders")
+    assert "~orders:*" in str(again) and again.__cause__ is server
+    assert as_missing_permission(first) is first
+    plain = MissingPermissionError("the Redis user may not run CLUSTER SLOTS")
+    assert as_missing_permission(plain, "orders") is plain

@@ -24,7 +24,13 @@ from typing import Any
 
 from kio.index import KioIndexError
 
-from ..errors import Errors, InvalidRequestError, ProtocolError
+from ..errors import (
+    Errors,
+    InvalidRequestError,
+    ProtocolError,
+    as_missing_permission,
+    is_missing_permission,
+)
 from . import (  # noqa: F401  (each registers its APIs)
     api_admin,
     api_alter_configs,
@@ -133,8 +139,11 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
         log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version, exc)
         code = (Errors.COORDINATOR_NOT_AVAILABLE if entry.group
                 else UNAVAILABLE.get(key, Errors.UNKNOWN_SERVER_ERROR))
-    except Exception:
-        log.exception("%s v%d failed", entry.name, version)
+    except Exception as exc:
+        if is_missing_permission(exc):
+            _missing_permission(conn, entry.name, version, exc)
+        else:
+            log.exception("%s v%d failed", entry.name, version)
         code = Errors.UNKNOWN_SERVER_ERROR
     else:
         if response is None:
@@ -147,6 +156,31 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
         raise FrameError(f"Produce with acks=0 failed (error code {code})")
     return _error_answer(key, version, corr, request, code,
                          f"{entry.name} v{version} failed with error code {code}")
+
+
+def _missing_permission(conn: Connection, name: str, version: int, exc: Exception) -> None:
+    """Log a request the gateway's own Redis user was refused (NOPERM, "ACL failure in
+    script"): one error line naming the rule to add, the first time each refusal is met, and
+    a debug line for every later request it fails. Before, each such request logged a full
+    traceback (every Fetch of a polling consumer: several a second), which buried the one
+    line that says what to grant. The request is still answered UNKNOWN_SERVER_ERROR: the
+    Kafka client cannot mend the gateway's Redis rights."""
+    error = as_missing_permission(exc, conn.state.config.namespace)
+    message = str(error)
+    seen = conn.state.missing_permissions
+    if message in seen:
+        log.debug("%s v%d refused by Redis's ACL (logged before): %s", name, version, message)
+        return
+    if len(seen) < MISSING_PERMISSIONS_KEPT:
+        seen.add(message)
+    log.error("%s v%d: %s; the gateway answers UNKNOWN_SERVER_ERROR to every request that "
+              "needs it until the rule is added (logged once)", name, version, message)
+
+
+MISSING_PERMISSIONS_KEPT = 1000
+"""Refusals remembered as logged (``_missing_permission``); past that many distinct ones (a
+server's words include the script's name and line, so there are only so many), new ones are
+logged every time rather than remembered without bound."""
 
 
 def _error_answer(key: int, version: int, corr: int, request: Any, code: int, what: str

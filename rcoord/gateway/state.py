@@ -241,6 +241,9 @@ class GatewayState:
         read asks for what its limit holds at that size (``api_records._read``). Cleared when
         it names ``RECORD_SIZES_KEPT`` partitions."""
         self._fetch_waits: tuple[asyncio.AbstractEventLoop, ConnectionBudget] | None = None
+        self.missing_permissions: set[str] = set()
+        """The refusals of the gateway's Redis user already logged (``dispatch``'s
+        ``_missing_permission``): each is logged once, not once per request."""
 
     def fetch_waits(self) -> ConnectionBudget:
         """The units of the Fetches that wait for records (``fetch_wait_limit`` of them, one per
