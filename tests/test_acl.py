@@ -388,3 +388,45 @@ def test_retention_delete_records_and_offsets_by_time_run_without_xinfo(
         assert _denied(users, name) == 0
     finally:
         client.close()
+
+
+def test_gateway_serves_kafka_clients_as_the_admin_user(users: Users, namespace: str) -> None:
+    """docs/security.md: the gateway runs with the admin rules. kafka-python creates a topic,
+    produces, consumes in a group, commits, reads the group's offsets, deletes the group and
+    the topic through a gateway whose Redis user has exactly those rules."""
+    import kafka
+    import kafka.admin
+    from gateway_harness import GatewayThread
+
+    name, admin = admin_setup(users, namespace)  # (the settings, with fast groups)
+    admin.close()
+    gw = GatewayThread(users.url_of(name), namespace).start()
+    try:
+        client = kafka.KafkaAdminClient(bootstrap_servers=gw.bootstrap)
+        try:
+            client.create_topics([kafka.admin.NewTopic("k", 2, 1)])
+            producer = kafka.KafkaProducer(bootstrap_servers=gw.bootstrap, acks="all")
+            for i in range(6):
+                producer.send("k", b"v%d" % i).get(timeout=WAIT_S)
+            producer.close()
+            consumer = kafka.KafkaConsumer("k", bootstrap_servers=gw.bootstrap, group_id="kg",
+                                           auto_offset_reset="earliest",
+                                           enable_auto_commit=False)
+            got: list[Any] = []
+            try:
+                wait_until(lambda: got.extend(
+                    r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
+                    or len(got) >= 6, timeout_s=WAIT_S)
+                consumer.commit()
+            finally:
+                consumer.close()
+            assert sorted(r.value for r in got) == [b"v%d" % i for i in range(6)]
+            offsets = client.list_group_offsets("kg")["kg"]
+            assert sum(o.offset for o in offsets.values()) == 6
+            client.delete_groups(["kg"])
+            client.delete_topics(["k"])
+        finally:
+            client.close()
+    finally:
+        gw.stop()
+    assert users.denials(name) == []
