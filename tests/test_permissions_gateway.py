@@ -22,6 +22,7 @@ from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Record, Topics
 
 UNKNOWN_SERVER_ERROR = -1
+COORDINATOR_NOT_AVAILABLE = 15
 
 
 def _produce(sock: Any, corr: int) -> dict[tuple[str, int], int]:
@@ -32,6 +33,16 @@ def _produce(sock: Any, corr: int) -> dict[tuple[str, int], int]:
     got = response(sock, 0, 9, 5)
     return {(t.name, p.index): int(p.error_code.value)
             for t in got.responses for p in t.partition_responses}
+
+
+def _commit(sock: Any, corr: int) -> dict[tuple[str, int], int]:
+    sock.sendall(request_frame(8, 8, corr, {
+        "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "",
+        "topics": [{"name": "t", "partitions": [
+            {"partition_index": p, "committed_offset": 1} for p in (0, 1)]}]}))
+    got = response(sock, 8, 8, 5)
+    return {(t.name, p.partition_index): int(p.error_code.value)
+            for t in got.topics for p in t.partitions}
 
 
 def test_a_refused_request_is_logged_once_naming_the_rule(own_server: EmbeddedServer,
@@ -69,3 +80,46 @@ def test_a_refused_request_is_logged_once_naming_the_rule(own_server: EmbeddedSe
     again = [r.getMessage() for r in ours if r.levelno == logging.DEBUG and "logged before" in
              r.getMessage()]
     assert len(again) == 2
+
+
+def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
+        own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's password changed under it: each request still gets the retriable answer
+    (the Kafka client retries until the gateway is restarted with the new one), but the log
+    says so once, then again at most every ``LOGIN_REFUSED_LOG_INTERVAL_S`` with how many
+    requests failed meanwhile, instead of a warning per request (a polling consumer's
+    Fetches: hundreds a second)."""
+    from rcoord.gateway import dispatch
+
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    settle_fast_groups(admin, ns)
+    Topics(admin, ns).create("t", 2)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    sock = connect(gw)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
+            answers = [_commit(sock, corr) for corr in (1, 2, 3)]
+            monkeypatch.setattr(dispatch, "LOGIN_REFUSED_LOG_INTERVAL_S", 0.0,
+                                raising=False)
+            answers.append(_commit(sock, 4))
+    finally:
+        sock.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    assert all(a == {("t", 0): COORDINATOR_NOT_AVAILABLE, ("t", 1): COORDINATOR_NOT_AVAILABLE}
+               for a in answers)
+    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
+    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    assert len(warned) == 2, warned
+    assert all("refused the login" in m and "check the user and password" in m for m in warned)
+    assert "other requests refused" not in warned[0]
+    assert "(2 other requests refused since the last such line)" in warned[1]
+    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
+                r.getMessage()]) == 2
