@@ -123,3 +123,34 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     assert "(2 other requests refused since the last such line)" in warned[1]
     assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
                 r.getMessage()]) == 2
+
+
+def test_a_gateway_refused_its_namespaces_keys_at_start_names_the_pattern(
+        own_server: EmbeddedServer) -> None:
+    """``rcoord gateway`` as a user whose key pattern is another namespace's: one line, exit
+    1, naming the pattern to grant with the gateway's namespace filled in (rcoord's boundary,
+    where the refusal became MissingPermissionError, does not know it)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~other:*", "&*", "+@all")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    env["RCOORD_REDIS_URL"] = own_server.url.replace("redis://", f"redis://{user}:pw@")
+    try:
+        res = subprocess.run([sys.executable, "-m", "rcoord", "gateway", "--listen",
+                              "127.0.0.1:0", "--namespace", "orders"], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("rcoord gateway: error: the Redis user may not do what rcoord "
+                               "needs: ")
+    assert "No permissions to access a key" in lines[0]
+    assert "namespace 'orders': the user's key patterns must include ~orders:*" in lines[0]

@@ -27,6 +27,7 @@ from ..cli import (
     report,
     with_tls_files,
 )
+from ..errors import as_missing_permission, is_missing_permission
 
 __all__ = ["add_arguments", "gateway_main", "host_port"]
 
@@ -191,4 +192,7 @@ def gateway_main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # noqa: BLE001  (the edge: one line, then exit)
+        if is_missing_permission(exc):
+            # (with the namespace: a refused key is told the pattern ~<namespace>:* to grant)
+            exc = as_missing_permission(exc, args.namespace)
         return report(exc, "rcoord gateway", url=url, debug=level == "DEBUG")
