@@ -263,9 +263,10 @@ def as_missing_permission(exc: BaseException,
     """A permission error (``is_missing_permission``) as a ``MissingPermissionError``: the
     server's words, and where the rules are; the server's error is its ``__cause__``.
 
-    A refused command names itself; a refused key or channel does not (the server's words are
-    only "No permissions to access a key"), so the message adds the pattern every rcoord key
-    or channel of the namespace matches, ``~<namespace>:*`` or ``&<namespace>:*``, with the
+    A refused command names itself (a refused FUNCTION LOAD also says the other way out,
+    docs/security.md's: an operator loads the library); a refused key or channel does not
+    (the server's words are only "No permissions to access a key"), so the message adds the
+    pattern every rcoord key or channel of the namespace matches, ``~<namespace>:*`` or ``&<namespace>:*``, with the
     namespace filled in when the caller knows it (a ``MissingPermissionError`` made without
     it, from a server's error, is made again with it)."""
     if isinstance(exc, MissingPermissionError):
@@ -283,6 +284,11 @@ def as_missing_permission(exc: BaseException,
     elif _DENIED_CHANNEL.search(text):
         hint = (f" (rcoord's channels are all named {ns}:..., for {of}: the user's channel "
                 f"patterns must include &{ns}:*)")
+    elif "'function|load'" in text:
+        hint = (" (the server does not hold rcoord's function library, and this user may not "
+                "load it: grant +function|load, or, where tenants must not load code, have an "
+                "operator load rcoord.scripts.library_source() on every master with FUNCTION "
+                "LOAD REPLACE)")
     error = MissingPermissionError(
         f"the Redis user may not do what rcoord needs: {text}{hint}; add the missing rule to "
         "its ACL rules (docs/security.md lists the rules of each role)"

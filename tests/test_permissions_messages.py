@@ -75,3 +75,30 @@ def test_one_made_without_the_namespace_is_made_again_with_it() -> None:
     assert as_missing_permission(first) is first
     plain = MissingPermissionError("the Redis user may not run CLUSTER SLOTS")
     assert as_missing_permission(plain, "orders") is plain
+
+
+def test_a_user_that_may_not_load_the_library_is_told_both_ways_out(
+        own_server: EmbeddedServer) -> None:
+    """docs/security.md: where tenants must not load code, their users lack +function|load
+    and an operator loads the library. A server without it (a restart, FUNCTION FLUSH) then
+    refuses such a user's first call; "add +function|load" alone sent the tenant the wrong
+    way. The message names both."""
+    from rcoord import CoordinatorConfig, GroupCoordinator
+
+    admin = own_server.client()
+    name = "u" + uuid.uuid4().hex[:8]
+    admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all",
+                          "-function|load")
+    admin.function_flush()
+    user = redis.Redis.from_url(own_server.url.replace("redis://", f"redis://{name}:pw@"))
+    try:
+        with pytest.raises(MissingPermissionError) as raised:
+            GroupCoordinator(user, CoordinatorConfig(namespace="orders")).start()
+        text = str(raised.value)
+        assert "run the 'function|load' command" in text
+        assert "grant +function|load, or" in text
+        assert "rcoord.scripts.library_source()" in text and "FUNCTION LOAD REPLACE" in text
+    finally:
+        user.close()
+        admin.execute_command("ACL", "DELUSER", name)
+        admin.close()
