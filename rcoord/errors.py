@@ -266,9 +266,10 @@ def as_missing_permission(exc: BaseException,
     A refused command names itself (a refused FUNCTION LOAD also says the other way out,
     docs/security.md's: an operator loads the library); a refused key or channel does not
     (the server's words are only "No permissions to access a key"), so the message adds the
-    pattern every rcoord key or channel of the namespace matches, ``~<namespace>:*`` or ``&<namespace>:*``, with the
-    namespace filled in when the caller knows it (a ``MissingPermissionError`` made without
-    it, from a server's error, is made again with it)."""
+    pattern every rcoord key or channel of the namespace matches, ``~<namespace>:*`` or
+    ``&<namespace>:*``, with the namespace filled in when the caller knows it (a
+    ``MissingPermissionError`` made without it, from a server's error, is made again with
+    it)."""
     if isinstance(exc, MissingPermissionError):
         cause = exc.__cause__
         if namespace is None or cause is None or not is_missing_permission(cause):
