@@ -23,6 +23,7 @@ from rcoord.topics import Record, Topics
 
 UNKNOWN_SERVER_ERROR = -1
 COORDINATOR_NOT_AVAILABLE = 15
+REQUEST_TIMED_OUT = 7
 
 
 def _produce(sock: Any, corr: int) -> dict[tuple[str, int], int]:
@@ -90,7 +91,7 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     says so once, then again at most every ``LOGIN_REFUSED_LOG_INTERVAL_S`` with how many
     requests failed meanwhile, instead of a warning per request (a polling consumer's
     Fetches: hundreds a second)."""
-    from rcoord.gateway import dispatch
+    from rcoord.gateway import errors
 
     ns = "p" + uuid.uuid4().hex[:10]
     user = "gw" + uuid.uuid4().hex[:6]
@@ -105,8 +106,7 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
             admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
             admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
             answers = [_commit(sock, corr) for corr in (1, 2, 3)]
-            monkeypatch.setattr(dispatch, "LOGIN_REFUSED_LOG_INTERVAL_S", 0.0,
-                                raising=False)
+            monkeypatch.setattr(errors, "LOGIN_REFUSED_LOG_INTERVAL_S", 0.0)
             answers.append(_commit(sock, 4))
     finally:
         sock.close()
@@ -123,6 +123,37 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     assert "(2 other requests refused since the last such line)" in warned[1]
     assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
                 r.getMessage()]) == 2
+
+
+def test_a_refused_login_met_by_produce_is_logged(own_server: EmbeddedServer,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A Produce answers each partition on its own (REQUEST_TIMED_OUT, retriable) and logged
+    nothing: a gateway that only producers used gave no sign that Redis refused its login.
+    It is logged as for other requests: once, then at most once a while."""
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    Topics(admin, ns).create("t", 2)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    sock = connect(gw)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
+            answers = [_produce(sock, corr) for corr in (1, 2)]
+    finally:
+        sock.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    assert answers == [{("t", 0): REQUEST_TIMED_OUT, ("t", 1): REQUEST_TIMED_OUT}] * 2
+    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
+    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("Produce v9: ") and "refused the login" in warned[0]
+    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
+                r.getMessage()]) == 3  # the other partition, and both of the second request
 
 
 def test_a_gateway_refused_its_namespaces_keys_at_start_names_the_pattern(

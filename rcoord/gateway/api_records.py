@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
+from ..errors import AuthenticationFailedError, Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
     PartitionRecords,
@@ -48,6 +48,7 @@ from .errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
     UNREACHED,
+    log_login_refused,
 )
 from .records import (
     BatchError,
@@ -250,7 +251,8 @@ async def produce(conn: Connection, req: Any, version: int) -> dict[str, Any] | 
     # Every partition's append ends before the response is sent: one answered early while
     # another still ran let a client resend into an append in flight.
     outcomes = await asyncio.gather(*(job for _, _, job in jobs), return_exceptions=True)
-    results = [_unreached(index, out) if isinstance(out, BaseException) else out
+    results = [_unreached(state, f"Produce v{version}", index, out)
+               if isinstance(out, BaseException) else out
                for (_, index, _), out in zip(jobs, outcomes, strict=True)]
     if req.acks == 0:
         # acks=0: Kafka sends no response at all. A partition that failed closes the
@@ -307,13 +309,18 @@ def _refused_whole(conn: Connection, partitions: list[tuple[str, int]], code: in
                     for topic, index in partitions])
 
 
-def _unreached(partition: int, exc: BaseException) -> dict[str, Any]:
+def _unreached(state: GatewayState, what: str, partition: int, exc: BaseException
+               ) -> dict[str, Any]:
     """The response of a partition whose append could not reach Redis (whether it was stored
     is not known): REQUEST_TIMED_OUT, retriable, as Kafka answers a write whose outcome it does
     not know; the partitions that were reached keep their own answers. Anything else is a fault
-    of the request as a whole (``dispatch`` answers it), raised once every append has ended."""
+    of the request as a whole (``dispatch`` answers it), raised once every append has ended.
+    A refused login of the gateway's own is logged as ``dispatch`` logs it for other requests
+    (``log_login_refused``): answered here, it was logged nowhere."""
     if not isinstance(exc, UNREACHED):
         raise exc
+    if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
+        log_login_refused(state, what, exc)
     return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
             "log_append_time": -1, "log_start_offset": -1}

@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import redis.exceptions
@@ -31,7 +30,6 @@ from ..errors import (
     Errors,
     InvalidRequestError,
     ProtocolError,
-    as_authentication_failed,
     as_missing_permission,
     is_missing_permission,
 )
@@ -49,7 +47,7 @@ from . import (  # noqa: F401  (each registers its APIs)
     auth,
 )
 from .error_responses import UNAVAILABLE, request_error_response
-from .errors import UNREACHED, RequestError
+from .errors import UNREACHED, RequestError, log_login_refused
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
@@ -141,7 +139,7 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
         # (ServerUnavailable too: Redis answered "not now"; and a redis-py error no rcoord
         # boundary translated, such as no free connection in the pool: retriable, not -1)
         if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
-            _login_refused(conn, entry.name, version, exc)
+            log_login_refused(conn.state, f"{entry.name} v{version}", exc)
         else:
             log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version,
                         exc)
@@ -184,37 +182,6 @@ def _missing_permission(conn: Connection, name: str, version: int, exc: Exceptio
     log.error("%s v%d: %s; the gateway answers UNKNOWN_SERVER_ERROR to every request that "
               "needs it until the rule is added (logged once)", name, version, message)
 
-
-def _login_refused(conn: Connection, name: str, version: int, exc: Exception) -> None:
-    """Log a request failed because Redis refused the gateway's own login (its password was
-    changed, its user turned off): a warning the first time, then at most one every
-    ``LOGIN_REFUSED_LOG_INTERVAL_S`` with the number of requests refused meanwhile, and a
-    debug line for each of those. Before, every request logged a warning: a polling consumer's
-    Fetches, answered at once with a retriable code, came back hundreds of times a second,
-    and so did the warnings. It lasts until the gateway runs with working credentials."""
-    if not isinstance(exc, AuthenticationFailedError):
-        exc = as_authentication_failed(name, exc)
-    message = str(exc)
-    why = message.partition(": ")[2] or message  # (without the call's name: one for all)
-    now = time.monotonic()
-    refusals = conn.state.login_refusals
-    last = refusals.get(why)
-    if last is not None and now - last[0] < LOGIN_REFUSED_LOG_INTERVAL_S:
-        refusals[why] = (last[0], last[1] + 1)
-        log.debug("%s v%d: Redis refused the gateway's login (logged before): %s", name,
-                  version, message)
-        return
-    if last is None and len(refusals) >= MISSING_PERMISSIONS_KEPT:
-        refusals.clear()
-    refusals[why] = (now, 0)
-    since = (f" ({last[1]} other requests refused since the last such line)"
-             if last is not None else "")
-    log.warning("%s v%d: %s; the gateway answers a retriable error to every request until it "
-                "runs with working credentials%s", name, version, message, since)
-
-
-LOGIN_REFUSED_LOG_INTERVAL_S = 60.0
-"""How often a refused login of the gateway's own is logged again while it lasts."""
 
 MISSING_PERMISSIONS_KEPT = 1000
 """Refusals remembered as logged (``_missing_permission``); past that many distinct ones (a

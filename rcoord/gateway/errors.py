@@ -4,10 +4,17 @@ ones rcoord's own API uses; these are Kafka's numbers, ``org.apache.kafka.common
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import TYPE_CHECKING
+
 import redis.exceptions
 
-from ..errors import AuthenticationFailedError, ConnectionLost
+from ..errors import AuthenticationFailedError, ConnectionLost, as_authentication_failed
 from .acl import ResourceType
+
+if TYPE_CHECKING:
+    from .state import GatewayState
 
 __all__ = [
     "AUTHORIZATION_FAILED",
@@ -30,7 +37,10 @@ __all__ = [
     "UNREACHED",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "RequestError",
+    "log_login_refused",
 ]
+
+log = logging.getLogger("rcoord.gateway")
 
 UNREACHED = (ConnectionLost, AuthenticationFailedError, redis.exceptions.ConnectionError,
              redis.exceptions.TimeoutError)
@@ -39,6 +49,42 @@ is a ConnectionLost), and redis-py errors no rcoord boundary translated (no free
 the pool): retriable, whatever the request was. A login Redis refuses the gateway (its password
 rotated under it) too: the gateway's credentials are not the Kafka client's to fix, and the
 client retries until the gateway is restarted with the new ones."""
+
+LOGIN_REFUSED_LOG_INTERVAL_S = 60.0
+"""How often a refused login of the gateway's own is logged again while it lasts."""
+
+LOGIN_REFUSALS_KEPT = 1000
+"""Distinct refused logins remembered (``log_login_refused``); past that many, forgotten."""
+
+
+def log_login_refused(state: GatewayState, what: str, exc: BaseException) -> None:
+    """Log a request, or one partition of a Produce, failed because Redis refused the
+    gateway's own login (its password was changed, its user turned off); ``what`` names it
+    ("Fetch v11"). A warning the first time, then at most one every
+    ``LOGIN_REFUSED_LOG_INTERVAL_S`` with the number of requests refused meanwhile, and a
+    debug line for each of those. Before, every request logged a warning: a polling consumer's
+    Fetches, answered at once with a retriable code, came back hundreds of times a second,
+    and so did the warnings. A Produce answers each partition on its own (REQUEST_TIMED_OUT),
+    so it calls this itself: it logged nothing, and a gateway only producers used gave no sign
+    of the refusal. It lasts until the gateway runs with working credentials."""
+    if not isinstance(exc, AuthenticationFailedError):
+        exc = as_authentication_failed(what, exc)
+    message = str(exc)
+    why = message.partition(": ")[2] or message  # (without the call's name: one for all)
+    now = time.monotonic()
+    refusals = state.login_refusals
+    last = refusals.get(why)
+    if last is not None and now - last[0] < LOGIN_REFUSED_LOG_INTERVAL_S:
+        refusals[why] = (last[0], last[1] + 1)
+        log.debug("%s: Redis refused the gateway's login (logged before): %s", what, message)
+        return
+    if last is None and len(refusals) >= LOGIN_REFUSALS_KEPT:
+        refusals.clear()
+    refusals[why] = (now, 0)
+    since = (f" ({last[1]} other requests refused since the last such line)"
+             if last is not None else "")
+    log.warning("%s: %s; the gateway answers a retriable error to every request until it runs "
+                "with working credentials%s", what, message, since)
 
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5

@@ -245,7 +245,7 @@ class GatewayState:
         """The refusals of the gateway's Redis user already logged (``dispatch``'s
         ``_missing_permission``): each is logged once, not once per request."""
         self.login_refusals: dict[str, tuple[float, int]] = {}
-        """Refused logins of the gateway's own (``dispatch``'s ``_login_refused``): when each
+        """Refused logins of the gateway's own (``errors.log_login_refused``): when each
         was last logged (``time.monotonic``), and how many requests it failed since."""
 
     def fetch_waits(self) -> ConnectionBudget:
