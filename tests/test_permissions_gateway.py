@@ -185,3 +185,44 @@ def test_a_gateway_refused_its_namespaces_keys_at_start_names_the_pattern(
                                "needs: ")
     assert "No permissions to access a key" in lines[0]
     assert "namespace 'orders': the user's key patterns must include ~orders:*" in lines[0]
+
+
+def _delete_records(sock: Any, corr: int) -> dict[tuple[str, int], int]:
+    sock.sendall(request_frame(21, 1, corr, {"timeout_ms": 1000, "topics": [
+        {"name": name, "partitions": [{"partition_index": 0, "offset": 0}]}
+        for name in ("t", "u")]}))
+    got = response(sock, 21, 1, 4)  # (header v0: DeleteRecords v1 is not flexible)
+    return {(t.name, p.partition_index): int(p.error_code.value)
+            for t in got.topics for p in t.partitions}
+
+
+def test_a_refused_login_met_by_an_admin_request_is_logged_once_a_while(
+        own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The admin requests answer each topic on its own (REQUEST_TIMED_OUT) and logged a
+    warning per topic and request for a refused login of the gateway's own ("Redis unreachable
+    or unavailable"), where every other request logs it once, then at most once a while."""
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    for name in ("t", "u"):
+        Topics(admin, ns).create(name, 1)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    sock = connect(gw)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
+            answers = [_delete_records(sock, corr) for corr in (1, 2)]
+    finally:
+        sock.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    assert answers == [{("t", 0): REQUEST_TIMED_OUT, ("u", 0): REQUEST_TIMED_OUT}] * 2
+    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
+    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("topic ") and "refused the login" in warned[0]
+    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
+                r.getMessage()]) == 3

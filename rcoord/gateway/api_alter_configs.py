@@ -25,7 +25,6 @@ whose call cannot reach Redis is REQUEST_TIMED_OUT alone.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -35,13 +34,17 @@ from ..topics import TopicError
 from ..topics.configs import DELETE, OP_NAMES, SET, settings_change
 from .acl import Operation, ResourceType
 from .api_configs import BROKER, TOPIC
-from .errors import CLUSTER_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, UNREACHED
+from .errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNREACHED,
+    log_unreached,
+)
 from .registry import api
 from .state import NODE_ID, Connection, GatewayState
 
 __all__: list[str] = []
 
-log = logging.getLogger("rcoord.gateway")
 
 
 
@@ -116,7 +119,7 @@ async def _alter(conn: Connection, kind: int, name: str, ops: list[_Op], replace
     except TopicError as exc:
         return exc.error, exc.detail or None
     except UNREACHED as exc:
-        log.warning("configs of %r: Redis unreachable or unavailable: %s", name, exc)
+        log_unreached(conn.state, f"configs of {name!r}", exc)
         return Errors.REQUEST_TIMED_OUT, "Redis could not be reached; nothing was changed"
     return Errors.NONE, None
 

@@ -13,19 +13,17 @@ REQUEST_TIMED_OUT on its partitions alone.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from ..errors import Errors
 from ..topics import TopicError
 from .acl import Operation, ResourceType
-from .errors import TOPIC_AUTHORIZATION_FAILED, UNREACHED
+from .errors import TOPIC_AUTHORIZATION_FAILED, UNREACHED, log_unreached
 from .registry import api
 from .state import Connection, GatewayState
 
 __all__: list[str] = []
 
-log = logging.getLogger("rcoord.gateway")
 
 
 def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
@@ -56,7 +54,7 @@ async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, 
         try:
             return await state.blocking(_delete, state, name, offsets)
         except UNREACHED as exc:
-            log.warning("topic %r: Redis unreachable or unavailable: %s", name, exc)
+            log_unreached(state, f"topic {name!r}", exc)
             return dict.fromkeys(offsets, (Errors.REQUEST_TIMED_OUT.value, -1))
 
     answers = await asyncio.gather(*(one(name, offsets) for name, offsets in wanted.items()))

@@ -320,7 +320,7 @@ def _unreached(state: GatewayState, what: str, partition: int, exc: BaseExceptio
     if not isinstance(exc, UNREACHED):
         raise exc
     if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
-        log_login_refused(state, what, exc)
+        log_login_refused(state, what, exc)  # (anything else unreached is not logged here)
     return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
             "log_append_time": -1, "log_start_offset": -1}

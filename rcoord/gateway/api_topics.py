@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,13 +37,13 @@ from .errors import (
     INVALID_REPLICATION_FACTOR,
     TOPIC_AUTHORIZATION_FAILED,
     UNREACHED,
+    log_unreached,
 )
 from .registry import api
 from .state import NODE_ID, Connection, GatewayState
 
 __all__: list[str] = []
 
-log = logging.getLogger("rcoord.gateway")
 
 DEFAULT_PARTITIONS = 1
 """Partitions of a topic created with ``num_partitions = -1`` (Kafka's ``num.partitions``)."""
@@ -183,7 +182,7 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
             return await state.blocking(_create, state, topic, bool(req.validate_only),
                                         describable)
         except UNREACHED as exc:
-            return {**_unreached(topic.name, exc), "num_partitions": -1,
+            return {**_unreached(conn.state, topic.name, exc), "num_partitions": -1,
                     "replication_factor": -1}
 
     twice = _named_twice(t.name for t in req.topics)
@@ -194,13 +193,13 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
          "replication_factor": -1} for name in twice)]}
 
 
-def _unreached(name: str, exc: BaseException) -> dict[str, Any]:
+def _unreached(state: GatewayState, name: str, exc: BaseException) -> dict[str, Any]:
     """The answer for a topic whose create or delete could not reach Redis (whether it was
     done is not known): REQUEST_TIMED_OUT, retriable. The other topics of the request keep
     their own answers: one unreachable call failed the whole request, so topics created or
     deleted by it were answered as not, and a retry found them TOPIC_ALREADY_EXISTS or
     unknown (Kafka applies a request's topics together; rcoord cannot, so it says which)."""
-    log.warning("topic %r: Redis unreachable or unavailable: %s", name, exc)
+    log_unreached(state, f"topic {name!r}", exc)
     return {"name": name, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}"}
 
@@ -255,7 +254,7 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
                     await state.blocking(_missing, state, name)):
                 return _unknown(name)
         except UNREACHED as exc:
-            return _unreached(name, exc)
+            return _unreached(conn.state, name, exc)
         return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
                 "error_message": "Authorization failed."}
 
@@ -323,7 +322,7 @@ async def create_partitions(conn: Connection, req: Any, version: int) -> dict[st
         try:
             return await state.blocking(_grow, state, topic, bool(req.validate_only))
         except UNREACHED as exc:
-            return _unreached(topic.name, exc)
+            return _unreached(conn.state, topic.name, exc)
 
     twice = _named_twice(t.name for t in req.topics)
     results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))

@@ -22,11 +22,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis.exceptions
 from kio.index import KioIndexError
 
 from ..errors import (
-    AuthenticationFailedError,
     Errors,
     InvalidRequestError,
     ProtocolError,
@@ -47,7 +45,7 @@ from . import (  # noqa: F401  (each registers its APIs)
     auth,
 )
 from .error_responses import UNAVAILABLE, request_error_response
-from .errors import UNREACHED, RequestError, log_login_refused
+from .errors import UNREACHED, RequestError, log_unreached
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
@@ -138,11 +136,7 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     except UNREACHED as exc:
         # (ServerUnavailable too: Redis answered "not now"; and a redis-py error no rcoord
         # boundary translated, such as no free connection in the pool: retriable, not -1)
-        if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
-            log_login_refused(conn.state, f"{entry.name} v{version}", exc)
-        else:
-            log.warning("%s v%d: Redis unreachable or unavailable: %s", entry.name, version,
-                        exc)
+        log_unreached(conn.state, f"{entry.name} v{version}", exc)
         code = (Errors.COORDINATOR_NOT_AVAILABLE if entry.group
                 else UNAVAILABLE.get(key, Errors.UNKNOWN_SERVER_ERROR))
     except Exception as exc:

@@ -38,6 +38,7 @@ __all__ = [
     "UNSUPPORTED_COMPRESSION_TYPE",
     "RequestError",
     "log_login_refused",
+    "log_unreached",
 ]
 
 log = logging.getLogger("rcoord.gateway")
@@ -85,6 +86,16 @@ def log_login_refused(state: GatewayState, what: str, exc: BaseException) -> Non
              if last is not None else "")
     log.warning("%s: %s; the gateway answers a retriable error to every request until it runs "
                 "with working credentials%s", what, message, since)
+
+
+def log_unreached(state: GatewayState, what: str, exc: BaseException) -> None:
+    """Log a call that could not reach Redis (``UNREACHED``); ``what`` names it ("Fetch v11",
+    "topic 'orders'"). A refused login of the gateway's own goes through ``log_login_refused``
+    (once a while): an admin request logged a warning per topic for it, every time."""
+    if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
+        log_login_refused(state, what, exc)
+    else:
+        log.warning("%s: Redis unreachable or unavailable: %s", what, exc)
 
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5
