@@ -167,7 +167,7 @@ def test_bad_arguments_raise_typed_errors(make_coordinator):
         coord.join_group("g", protocol_type="consumer", protocols=[("range", "str")], session_timeout_ms=100)
     with pytest.raises(InvalidRequestError, match="group_instance_id"):
         coord.join_group("g", protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=100,
-                         group_instance_id="bad id!")
+                         group_instance_id="")
     with pytest.raises(InvalidRequestError, match="limit"):
         coord.join_group("g", protocol_type="consumer", protocols=[("r", b"x" * (1 << 20 + 1))],
                          session_timeout_ms=100)

@@ -37,17 +37,34 @@ def test_the_topics_api_refuses_them_too(redis_client, name):
         fetch_many(redis_client, name, [("t", 0, 0)])
 
 
-@pytest.mark.parametrize("instance_id", [".", "..", "abc\n", "", "a b", "x" * 250, 7])
-def test_a_static_member_id_the_coordinator_refuses_is_refused_by_the_config(instance_id):
-    """Kafka checks group.instance.id when the consumer is made (ConsumerConfig, with the topic
-    name rule). The worker's config took "." and "..", which every JoinGroup then failed with,
-    and both checks took "abc\\n" (a regex's $ matches before a final newline)."""
+@pytest.mark.parametrize("instance_id", [".", "..", "abc\n", "", "a b", "x" * 250, 7, "host:1",
+                                         "pod/3"])
+def test_a_static_member_id_the_java_client_refuses_is_refused_by_the_config(instance_id):
+    """Kafka's Java client checks group.instance.id when the consumer is made (ConsumerConfig,
+    with the topic name rule); the worker's config does the same. It took "." and "..", and
+    "abc\\n" (a regex's $ matches before a final newline). The coordinator takes them, as
+    Kafka's broker does (tests/test_static_membership_ids.py)."""
     from rcoord import ConsumerGroupConfig
-    from rcoord.protocol._checks import check_instance_id
 
     with pytest.raises(ConfigError, match="group_instance_id"):
         ConsumerGroupConfig(group_id="g", topics=["t"], redis_url="redis://h:1",
                             group_instance_id=instance_id)
+
+
+@pytest.mark.parametrize("instance_id", [".", "..", "abc\n", "a b", "x" * 1024, "host:1",
+                                         "pod/3", "{tag}", "\u00fc"])
+def test_the_coordinator_takes_every_instance_id_kafkas_broker_takes(instance_id):
+    """Only Kafka's Java client applies the topic name rule; a librdkafka or kafka-python
+    member with group.instance.id "host:1" was answered INVALID_REQUEST by the gateway."""
+    from rcoord.protocol._checks import check_instance_id
+
+    assert check_instance_id(instance_id) == instance_id
+
+
+@pytest.mark.parametrize("instance_id", ["", "x" * 1025, "\ud800", 7])
+def test_the_coordinator_refuses_an_instance_id_it_cannot_store(instance_id):
+    from rcoord.protocol._checks import check_instance_id
+
     with pytest.raises((InvalidRequestError, TypeError)):
         check_instance_id(instance_id)
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
-from ..protocol._checks import check_id, check_instance_id
+from ..protocol._checks import check_id
 from ..protocol.consumer import ENCODINGS, Encoding
 from ..topics._base import TOPIC_RULE, TopicError, _check_topic
 from ..urls import redact_url, repr_redacting, url_problem
@@ -29,6 +29,7 @@ __all__ = ["ConsumerGroupConfig", "StartOffset"]
 
 StartOffset = Literal["earliest", "latest", "none"]
 
+_INSTANCE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True)
@@ -203,10 +204,7 @@ class ConsumerGroupConfig:
             raise ConfigError(
                 f"start_offset must be 'earliest', 'latest' or 'none', got {self.start_offset!r}"
             )
-        try:  # the coordinator's own check (Kafka checks it when the consumer is made)
-            check_instance_id(self.group_instance_id)
-        except (InvalidRequestError, TypeError) as exc:
-            raise ConfigError(f"{exc} (or None for a dynamic member)") from None
+        _instance_id(self.group_instance_id)
         if self.protocol_encoding not in ENCODINGS:
             raise ConfigError(
                 f"protocol_encoding must be one of {ENCODINGS}, got {self.protocol_encoding!r}"
@@ -252,6 +250,22 @@ def _coordinator_id(name: str, value: str) -> None:
         check_id(name, value)
     except InvalidRequestError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _instance_id(value: Any) -> None:
+    """Kafka's client rule for group.instance.id (JoinGroupRequest.validateGroupInstanceId,
+    called by ConsumerConfig): the topic-name charset, 1-249 characters, not '.' or '..'. The
+    coordinator takes any non-empty id, as Kafka's broker does (non-Java clients send ids such
+    as ``host:1``); the worker keeps the Java client's rule, checked when the config is made."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ConfigError(f"group_instance_id must be a str or None, got {value!r}")
+    if not _INSTANCE_ID_RE.fullmatch(value) or value in (".", ".."):  # ($ let "a\n" by)
+        raise ConfigError(
+            f"group_instance_id {value!r} is invalid: use 1-249 characters of [a-zA-Z0-9._-], "
+            "not '.' or '..' (or None for a dynamic member)"
+        )
 
 
 def _topic_name(topic: str) -> None:

@@ -13,14 +13,13 @@ million partitions held a whole shard for 4 s. Kafka's own bound is the request 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..errors import InvalidRequestError
 
 MAX_ID_BYTES = 1024
-"""Longest group id, member id, client id, client host, protocol type or protocol name (UTF-8
-bytes); Kafka has no fixed limit. Generated member ids stay within it too."""
+"""Longest group id, group instance id, member id, client id, client host, protocol type or
+protocol name (UTF-8 bytes); Kafka has no fixed limit. Generated member ids stay within it too."""
 MAX_METADATA_BYTES = 1 << 20
 """Largest protocol metadata or member assignment (1 MiB); Kafka's message.max.bytes is similar."""
 MAX_PROTOCOLS = 64
@@ -38,8 +37,6 @@ MAX_REQUEST_BYTES = 16 << 20
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-_INSTANCE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 def utf8(name: str, value: str) -> bytes:
@@ -112,15 +109,20 @@ def check_total(name: str, total: int, limit: int) -> None:
 
 
 def check_instance_id(value: Any) -> str:
-    """'' for a dynamic member; otherwise Kafka's rule for group.instance.id (topic-name charset)."""
+    """'' for a dynamic member (None); otherwise any non-empty id within ``MAX_ID_BYTES``.
+
+    This is the broker's rule, not the client's: Kafka's group coordinator takes any string as
+    a group.instance.id, and only the Java client's configs check it against the topic-name
+    charset (JoinGroupRequest.validateGroupInstanceId). librdkafka, kafka-python or franz-go
+    members send ids such as ``host:1`` or ``pod/3``, which Kafka's broker takes; the worker's
+    own config keeps the Java client's rule (rcoord/client/config.py). The empty string, which
+    the coordinator's scripts read as "no instance id", is refused rather than made dynamic."""
     if value is None:
         return ""
-    text = require_str("group_instance_id", value)
-    if not _INSTANCE_ID_RE.fullmatch(text) or text in (".", ".."):  # ($ let "a\n" by)
+    text = check_id("group_instance_id", value)
+    if not text:
         raise InvalidRequestError(
-            f"group_instance_id {text!r} is invalid: use 1-249 characters of [a-zA-Z0-9._-], "
-            "not '.' or '..'"
-        )
+            "group_instance_id is empty: send null (None) for a dynamic member")
     return text
 
 

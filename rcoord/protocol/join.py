@@ -45,13 +45,12 @@ def new_member_id(client_id: str, group_instance_id: str, member_uuid: str) -> s
     The request carries it (the UUID is the caller's), so that the same JoinGroup sent again
     names the member the first one may have added instead of adding a second, and so that a
     client knows its id before its first join returns (it can leave while that join is
-    parked). The client id part is cut, at a character boundary, so that the id stays within
-    ``MAX_ID_BYTES`` and the API accepts it back.
+    parked). The client id or instance id part is cut, at a character boundary, so that the
+    id stays within ``MAX_ID_BYTES`` and the API accepts it back (an instance id may itself be
+    ``MAX_ID_BYTES`` long, as a client id may).
     """
-    if group_instance_id:
-        return f"{group_instance_id}-{member_uuid}"
     room = MAX_ID_BYTES - 1 - len(member_uuid)
-    prefix = client_id.encode()[:room].decode(errors="ignore")
+    prefix = (group_instance_id or client_id).encode()[:room].decode(errors="ignore")
     return f"{prefix}-{member_uuid}"
 
 
