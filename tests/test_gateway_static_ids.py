@@ -7,6 +7,8 @@ INVALID_REQUEST (rcoord applied the Java client's topic-name rule), so it never 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("kio")
@@ -34,7 +36,7 @@ def test_a_kafka_python_static_member_with_any_instance_id(gateway: GatewayThrea
     heartbeats: list[int] = []
     answer = consumer._coordinator._handle_heartbeat_response
 
-    def count(response, send_time):  # type: ignore[no-untyped-def]
+    def count(response: Any, send_time: float) -> Any:
         heartbeats.append(response.error_code)
         return answer(response, send_time)
 
