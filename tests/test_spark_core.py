@@ -1997,6 +1997,37 @@ def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
         new.close(5)
 
 
+@pytest.mark.parametrize("how", ["shifted", "old plan", "in full"])
+def test_a_replay_that_read_nothing_is_no_finished_batch_for_the_next_restart_either(
+        how: str, redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any) -> None:
+    # The restarted query replays the unfinished batch 1 and reads none of it (its ranges do
+    # not begin at the group's committed offsets; or, "old plan", the source could not tell
+    # where its partitions began: ``StreamReader._replay`` passes no ranges). Spark counts the
+    # replay as finished, and the query stops before it plans again (a long trigger interval,
+    # a stop). Restarted once more, Spark plans from batch 1's end, and its commit log says the
+    # batch finished. Before, that member took the end for one whose sink had stored it
+    # (``_resume``) and committed it: batch 1's records, read by nobody, were skipped for good.
+    # A replay that read the batch in full is still gone on from where it ended.
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
+
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        ranges = {"old plan": [], "in full": ranges_between(e1, e2)}.get(how, [
+            OffsetRange(r.topic, r.partition, r.start - 1, r.end) for r in ranges_between(e1, e2)])
+        assert new.replay(e2, ranges, 10) == (set(e2.offsets) if how == "in full" else set())
+    finally:
+        new.close(5)
+    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        nxt = again.plan(e2, latest, None)
+        want = e2.offsets if how == "in full" else e1.offsets  # else batch 1 comes again
+        assert nxt.starts == want
+        assert _committed(coord) == want
+    finally:
+        again.close(5)
+
+
 @pytest.mark.parametrize("fatal", [False, True])
 def test_a_replay_whose_generation_cannot_be_recorded_fails_its_batch(
         fatal: bool, redis_server: Any, single_client: Any, namespace: str, topics: Topics,
@@ -2239,6 +2270,40 @@ def test_a_session_timeout_outside_the_namespace_bounds_names_the_spark_option(
         finally:
             reader.stop()
     assert coord.describe_group("g").members == []  # it never joined
+
+
+def test_an_unreplayable_batch_0_is_read_again_after_the_next_restart_too(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # Batch 0 was planned by an rcoord that did not record where its partitions began (its
+    # end has no ``starts``), and the query failed in it. The restarted query cannot replay it
+    # (StreamReader._replay reads nothing) and Spark counts it as finished; the query stops
+    # before it plans again. Restarted once more, Spark plans from batch 0's end. Before, that
+    # member took the end for one whose sink had stored it and committed it: batch 0's
+    # records, read by nobody, were skipped for good.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 8)
+    url = redis_server.url
+    old = _stream_reader(url, namespace, **GROUP_READ)
+    try:
+        e0 = old.latestOffset(old.initialOffset(), ReadAllAvailable())
+    finally:
+        old.stop()
+    e0 = {k: v for k, v in e0.items() if k != "starts"}  # as an older rcoord planned it
+    new = _stream_reader(url, namespace, **GROUP_READ)
+    try:
+        assert new.partitions(new.initialOffset(), e0) == []
+    finally:
+        new.stop()
+    again = _stream_reader(url, namespace, **GROUP_READ)
+    try:
+        nxt = Position.from_json(again.latestOffset(e0, ReadAllAvailable()))
+        assert nxt.starts == {TP("ev", 0): 0, TP("ev", 1): 0}  # batch 0 comes again
+        assert not _committed(coord)
+    finally:
+        again.stop()
 
 
 def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(

@@ -74,7 +74,7 @@ from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
-from .replays import REDIS_FAILURES, record_replay
+from .replays import REDIS_FAILURES, record_replay, record_replay_reads, replay_reads
 from .resolve import (
     Clamp,
     added_loss,
@@ -396,24 +396,28 @@ class StreamMember:
         log.info("group %r: replaying [%s] of a batch planned in generation %s by %s; [%s] "
                  "read nothing", gen.group_id, _names(keep), end.generation, end.member,
                  _names({TP(r.topic, r.partition) for r in ranges} - keep))
-        if keep:
-            try:
-                # before any task reads: the sink learns the batch's generation from it
+        try:
+            # before any task reads: what it reads, for a query restarted after Spark counted
+            # this replay as finished (_resume: the rest of the batch was read by nobody)
+            record_replay_reads(self._group.redis_client, self._group.config.namespace,
+                                gen.group_id, end, keep)
+            if keep:  # the sink learns the batch's generation from this one
                 record_replay(self._group.redis_client, self._group.config.namespace,
                               gen.group_id, end, gen.generation_id)
-            except REDIS_FAILURES as exc:
-                # Not read as nothing: Spark would count the batch as finished, and a query
-                # restarted after it (a refused login fails this one at its next plan) took
-                # its end for a finished batch's (_resume) and skipped its records for good.
-                # Failed, the batch is replayed again when the query restarts.
-                if isinstance(exc, RcoordError) and reaction_for(exc).fatal:
-                    raise
-                raise ReplayNotRecordedError(
-                    f"group {gen.group_id!r}: cannot record that generation "
-                    f"{gen.generation_id} replays the batch planned in generation "
-                    f"{end.generation} by {end.member} ({exc}); the batch fails rather than "
-                    "read nothing, which Spark would count as finished: restart the query "
-                    "once Redis answers, and it replays the batch again") from exc
+        except REDIS_FAILURES as exc:
+            # Not read as nothing: Spark would count the batch as finished, and a query
+            # restarted after it (a refused login fails this one at its next plan) took
+            # its end for a finished batch's (_resume) and skipped its records for good.
+            # Failed, the batch is replayed again when the query restarts.
+            if isinstance(exc, RcoordError) and reaction_for(exc).fatal:
+                raise
+            raise ReplayNotRecordedError(
+                f"group {gen.group_id!r}: cannot record that generation "
+                f"{gen.generation_id} replays the batch planned in generation "
+                f"{end.generation} by {end.member} ({exc}); the batch fails rather than "
+                "read nothing, which Spark would count as finished: restart the query "
+                "once Redis answers, and it replays the batch again") from exc
+        if keep:
             stamp = (gen.generation_id, gen.member_id)
             own = Position({tp: end.offsets[tp] for tp in sorted(keep)}, generation=stamp[0],
                            member=stamp[1], tokens=dict(end.tokens))
@@ -635,10 +639,26 @@ class StreamMember:
         at exactly the offset a member committed, nothing moved it since: the batch goes on
         from its end there too. It was delivered again, the commit naming the member that had
         handed the partition over. An operator's reset (no member named) always wins.
+
+        A batch Spark replayed after an earlier restart (Spark counts a replay as finished
+        whatever it read) is finished only in the partitions the replay read again
+        (``replays.replay_reads``); the others were read by nobody, or by their owner from the
+        group's committed offsets, and come again from there. Before, a replay that read
+        nothing (another member's partitions, or a batch 0 whose starts were not recorded),
+        followed by a stop before the next plan, had its records skipped for good.
         """
+        try:
+            read = replay_reads(self._group.redis_client, self._group.config.namespace,
+                                gen.group_id, start)
+        except REDIS_FAILURES as exc:
+            log.warning("group %r: cannot tell whether the batch planned in generation %s by "
+                        "%s was a replay that read only part of it (%s); it comes again from "
+                        "the group's committed offsets", gen.group_id, start.generation,
+                        start.member, exc)
+            return
         todo: dict[TP, int] = {}
         for tp, end in sorted(start.offsets.items()):
-            if tp not in gen.offsets:
+            if tp not in gen.offsets or (read is not None and tp not in read):
                 continue
             token, base = start.tokens.get(tp.topic), self._base_tokens.get(tp)
             if token and base and token != base:

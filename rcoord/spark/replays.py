@@ -22,12 +22,19 @@ restarted more often than the expiry would keep them all for good. A write canno
 other fields either: members of one group replay their own batches at the same time. A field
 written before the times were kept (no ``@`` field; also what an older rcoord still writes) is
 read as before, and a write gives it its own time, so it is dropped one retention later.
+
+Field ``read:<generation>:<member>`` (kept and dropped the same way) lists the partitions the
+replay read again, written by every replay, also one that reads nothing, before its tasks run
+(``record_replay_reads``). Spark counts a replay as a finished batch, so a query restarted
+after it plans from the batch's end as from the end of a batch whose sink stored every record
+(``StreamMember._resume``): that is true only of the partitions the replay read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -36,13 +43,14 @@ import redis
 
 from ..errors import RcoordError
 from ..keys import replays_key
+from ..protocol.offsets import TopicPartition
 from ..topics._base import _Lua
 from .clients import leased
 from .options import OptionError
 from .plan import Position
 
 __all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "batch_generation", "checkpoint_position",
-           "record_replay", "replayed_generation"]
+           "record_replay", "record_replay_reads", "replay_reads", "replayed_generation"]
 
 REPLAY_TTL_S = 7 * 24 * 3600
 
@@ -85,6 +93,39 @@ def replayed_generation(client: Any, namespace: str, group_id: str, planned: Pos
     got = _READ(client, [replays_key(namespace, group_id)],
                 [_field(planned), REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms])
     return None if got is None else int(got)
+
+
+def _reads_field(planned: Position) -> str:
+    return f"read:{_field(planned)}"
+
+
+def record_replay_reads(client: Any, namespace: str, group_id: str, planned: Position,
+                        read: Iterable[TopicPartition], *, now_ms: int | None = None) -> None:
+    """Note that the replay of the batch ending at ``planned`` reads again ``read`` (perhaps
+    none) of its partitions, and nothing else. Raises as ``record_replay`` does: a replay a
+    later restart could take for a batch read in full must not run. An end planned outside
+    group mode (no generation) is never resumed from, so nothing is recorded for it."""
+    if planned.generation is None:
+        return
+    if client is None:
+        raise RcoordError("no Redis client to record the replay with")
+    value = json.dumps(sorted([tp.topic, tp.partition] for tp in read))
+    _RECORD(client, [replays_key(namespace, group_id)],
+            [_reads_field(planned), value, REPLAY_TTL_S * 1000,
+             "" if now_ms is None else now_ms])
+
+
+def replay_reads(client: Any, namespace: str, group_id: str, planned: Position, *,
+                 now_ms: int | None = None) -> set[TopicPartition] | None:
+    """The partitions the last replay of the batch ending at ``planned`` read again; None if
+    no replay of it was recorded within ``REPLAY_TTL_S`` (then its planner's process ran it)."""
+    if planned.generation is None:
+        return None
+    got = _READ(client, [replays_key(namespace, group_id)],
+                [_reads_field(planned), REPLAY_TTL_S * 1000, "" if now_ms is None else now_ms])
+    if got is None:
+        return None
+    return {TopicPartition(str(t), int(p)) for t, p in json.loads(got)}
 
 
 def _local(checkpoint: str) -> Path | None:

@@ -296,11 +296,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             ranges = ranges_between(begin, finish)
         except ValueError:
-            # Batch 0 planned by an rcoord that did not record every partition's start.
+            # Batch 0 planned by an rcoord that did not record every partition's start. The
+            # member still records that the replay reads none of it: Spark counts the batch as
+            # finished, and a query restarted after it must not take its end for a batch read
+            # in full (StreamMember._resume).
             log.warning("not replaying a batch planned in generation %s by %s: it does not say "
                         "where its partitions began; the group delivers its records again",
                         finish.generation, finish.member)
-            return []
+            ranges = []
         try:
             keep = self._membership().replay(finish, ranges, self._join_wait())
         except (TimeoutError, RcoordError) as exc:
