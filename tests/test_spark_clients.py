@@ -7,6 +7,9 @@ its socket close, so the counts are waited for, never sampled once).
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -94,3 +97,50 @@ def test_a_stream_reader_closes_its_client_when_the_query_stops(
     assert _open(single_client, name) >= 1
     reader.stop()
     wait_until(lambda: _open(single_client, name) == 0)
+
+
+def test_a_lease_the_garbage_collector_ends_inside_another_lease_call_hangs_nothing(
+        redis_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read task's generator (source._read holds its lease across yields) abandoned in a
+    # reference cycle ends its lease when the cyclic garbage collector finalizes it, which
+    # runs between any two bytecodes of whichever thread allocates: also inside the lease
+    # table's lock. Before, that release waited for the lock its own thread held, for ever:
+    # the Python worker hung. Here the collector runs where the lock is held (time.monotonic
+    # in _acquire).
+    monkeypatch.setattr(clients, "_lock", threading.Lock())  # a hung thread keeps only this
+    prefix = f"x{uuid.uuid4().hex[:8]}-"
+    url, other = _url(redis_server.url, f"{prefix}gen"), _url(redis_server.url, f"{prefix}o")
+
+    def task() -> Iterator[Any]:
+        with clients.leased(url) as client:
+            yield client
+
+    gc.disable()
+    try:
+        reads = task()
+        next(reads)
+        cycle: list[Any] = [reads]
+        cycle.append(cycle)
+        del reads, cycle
+        collected = threading.Event()
+
+        def monotonic() -> float:
+            if not collected.is_set():
+                collected.set()
+                gc.collect()  # finalizes the abandoned task: its lease ends here
+            return time.monotonic()
+
+        monkeypatch.setattr(clients, "time", SimpleNamespace(monotonic=monotonic))
+        done = threading.Event()
+
+        def lease() -> None:
+            with clients.leased(other):
+                pass
+            done.set()
+
+        threading.Thread(target=lease, daemon=True).start()
+        assert done.wait(10), "a lease ended by the garbage collector hung the worker"
+    finally:
+        gc.enable()
+    assert collected.is_set()
+    assert clients._entries[url].users == 0  # the abandoned task's lease ended

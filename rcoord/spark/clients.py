@@ -14,6 +14,12 @@ cached producers after ``spark.kafka.producer.cache.timeout``, 10 minutes), and 
 whenever a lease begins or ends, so a worker that runs no more rcoord tasks keeps at most
 ``MAX_IDLE`` clients until it exits. A client in use is never closed.
 
+A lease may end in a finalizer: a read task's generator holds its lease across yields, and one
+abandoned in a reference cycle is closed by the cyclic garbage collector, which runs between
+any two bytecodes of the thread that allocates, also one inside this module's lock. So ending a
+lease never waits for the lock: it is queued, and applied by whoever holds the lock next, or
+by the thread ending it if the lock is free (``_settle``).
+
 A long-lived caller that owns its client (the stream reader's group membership, in the runner
 process) makes its own with ``client_from_url`` and closes it when the query stops.
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +61,7 @@ class _Entry:
 
 _entries: dict[str, _Entry] = {}
 _lock = threading.Lock()
+_ended: deque[tuple[str, Any, float]] = deque()  # leases ended, not yet applied (_settle)
 
 
 @contextmanager
@@ -73,6 +81,7 @@ def _acquire(url: str) -> Any:
         if entry is not None:
             entry.users += 1
     _close(doomed)
+    _settle()
     if entry is not None:
         return entry.client
     made = client_from_url(url)  # outside the lock: connecting takes round trips
@@ -81,21 +90,34 @@ def _acquire(url: str) -> Any:
         if entry is None:  # else another thread connected first: use its client
             entry = _entries[url] = _Entry(made)
         entry.users += 1
+    _settle()
     if entry.client is not made:
         _close([made])
     return entry.client
 
 
 def _release(url: str, client: Any) -> None:
-    now = time.monotonic()
-    with _lock:
-        entry = _entries.get(url)
-        if entry is not None and entry.client is client:
-            entry.users -= 1
-            if entry.users == 0:
-                entry.idle_since = now
-        doomed = _expired(now)
-    _close(doomed)
+    _ended.append((url, client, time.monotonic()))  # never waits (see the module docstring)
+    _settle()
+
+
+def _settle() -> None:
+    """Apply the ended leases, and close the clients that are then idle too long or too many,
+    unless the lock is held: its holder settles once it lets go (it calls this after every
+    region), which also covers a lease ended inside that region on the holder's own thread."""
+    while _ended and _lock.acquire(blocking=False):
+        try:
+            while _ended:
+                url, client, since = _ended.popleft()
+                entry = _entries.get(url)
+                if entry is not None and entry.client is client:
+                    entry.users -= 1
+                    if entry.users == 0:
+                        entry.idle_since = since
+            doomed = _expired(time.monotonic())
+        finally:
+            _lock.release()
+        _close(doomed)
 
 
 def _expired(now: float) -> list[Any]:
