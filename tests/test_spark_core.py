@@ -2306,6 +2306,36 @@ def test_an_unreplayable_batch_0_is_read_again_after_the_next_restart_too(
         again.stop()
 
 
+def test_a_batch_planned_without_a_group_is_replayed_by_a_query_restarted_in_one(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator) -> None:
+    # A query without groupId fails in a batch and is restarted on its checkpoint with one
+    # (a plain query's checkpoint is taken up in group mode: StreamMember.plan). Spark replays
+    # the unfinished batch, whose end names no generation. Before, the replay failed with "a
+    # replayed batch's end names the generation that planned it" (record_replay), and so did
+    # every restart after it: the query could not go on from its checkpoint at all.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 8)
+    url = redis_server.url
+    plain = _stream_reader(url, namespace, subscribe="ev")
+    try:
+        e0 = plain.latestOffset(plain.initialOffset(), ReadAllAvailable())
+    finally:
+        plain.stop()
+    group = _stream_reader(url, namespace, **GROUP_READ)
+    try:
+        read = [(p.range.partition, p.range.start, p.range.end)
+                for p in group.partitions(group.initialOffset(), e0) if p.range.size]
+        assert sorted(read) == [(0, 0, 3), (0, 3, 4), (1, 0, 3), (1, 3, 4)]
+        nxt = group.latestOffset(e0, ReadAllAvailable())  # commits the replayed batch
+        assert Position.from_json(nxt).offsets == Position.from_json(e0).offsets
+        assert _committed(coord) == Position.from_json(e0).offsets
+    finally:
+        group.stop()
+
+
 def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:

@@ -401,7 +401,10 @@ class StreamMember:
             # this replay as finished (_resume: the rest of the batch was read by nobody)
             record_replay_reads(self._group.redis_client, self._group.config.namespace,
                                 gen.group_id, end, keep)
-            if keep:  # the sink learns the batch's generation from this one
+            # The sink learns the batch's generation from this one. A batch planned without
+            # a group (the query restarted with groupId) names none: batch_generation gives -1
+            # for it, whatever replays it, so there is nothing to record.
+            if keep and end.generation is not None:
                 record_replay(self._group.redis_client, self._group.config.namespace,
                               gen.group_id, end, gen.generation_id)
         except REDIS_FAILURES as exc:
