@@ -1,6 +1,8 @@
 -- settings.lua: the namespace settings as one agreed fact (rcoord/settings.py drives it).
 -- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, adopt), or a
---         partition's copy '<ns>:{tag}:cfg' (op copy)
+--         partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw)
+-- KEYS[2..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
+--         read position and replica-ack counter: the same {tag}, so the same slot)
 -- ARGV[1] op:
 --   'establish'  ARGV[2..] field, value pairs: stored (version 1) only if no settings exist;
 --                either way the stored settings come back. Whoever comes first decides.
@@ -9,9 +11,11 @@
 --                if no settings exist (they were lost: establish first).
 --   'copy'       ARGV[2] version, ARGV[3..] field, value pairs: the copy is replaced unless it
 --                already holds a newer version (two writers racing never leave an older copy).
---   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) is deleted unless
---                it holds a newer version (written since for the layout in force again); 1
---                also if it was gone already (a deletion retried after it failed halfway).
+--   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) and KEYS[2..] are
+--                deleted unless the copy holds a newer version (written since for the layout
+--                in force again: then nothing is); 1 also if it was gone already (a deletion
+--                retried after it failed halfway). One script, so a change back landing between
+--                the copy's deletion and the others' cannot lose the live partition's stream.
 --   'adopt'      ARGV[2] version, ARGV[3..] field, value pairs: the fields are written at that
 --                version only if the settings hold an older one (they were rolled back below a
 --                copy by a failover); the stored settings come back ({} if none exist: nothing
@@ -60,7 +64,7 @@ register('settings', function(KEYS, ARGV)
     return 1
   elseif op == 'withdraw' then
     if tonumber(redis.call('HGET', key, 'version') or '-1') > tonumber(ARGV[2]) then return 0 end
-    redis.call('DEL', key)
+    redis.call('DEL', unpack(KEYS))
     return 1
   elseif op == 'adopt' then
     local version = tonumber(ARGV[2])

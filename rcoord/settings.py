@@ -266,11 +266,8 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
             old = current
         if old not in (current, in_force) and 0 < old <= 16384:
             copies = _partition_copies(namespace, old)
-            retired = set((yield from _withdraw(copies, version)))
-            gone = [p for p, k in enumerate(copies) if k in retired]
-            if gone:
-                yield Pipeline([("DEL", k) for p in gone
-                                for k in _partition_leftovers(namespace, p, old)])
+            gone = yield from _withdraw(copies, version, [
+                _partition_leftovers(namespace, p, old) for p in range(old)])
             late = (yield from _count_groups(namespace, old)) if len(gone) == old else 0
             if late:
                 log.warning("%d group(s) were created under the old partition count %d while "
@@ -280,15 +277,21 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
     return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
 
 
-def _withdraw(copies: list[str], version: int) -> Flow[list[str]]:
+def _withdraw(copies: list[str], version: int,
+              leftovers: list[list[str]] | None = None) -> Flow[list[str]]:
     """Delete the partition ``copies`` of a layout no longer in force, each unless it holds a
-    newer version than ``version``; returns the copies deleted.
+    newer version than ``version``, and with each copy deleted its partition's ``leftovers``
+    (one list per copy, ``_partition_leftovers``; none if None); returns the copies deleted.
 
     ``version`` is that of the settings whose count showed the layout out of force. A copy
     written later for the layout in force again (a count changed back) holds a newer version
-    and is kept: the ``withdraw`` op decides on its key, so no round trip lies between the
-    check and the deletion."""
-    replies = yield ScriptBatch("settings", [([k], ["withdraw", str(version)]) for k in copies])
+    and is kept, with its partition's keys: the ``withdraw`` op decides on its key and deletes
+    in the same script, so no round trip lies between the check and the deletion. Before, the
+    leftovers were deleted one round trip after the copies: a change back landing in between,
+    and a group formed there, lost its partition's events stream, read position and acks."""
+    extra = leftovers if leftovers is not None else [[] for _ in copies]
+    replies = yield ScriptBatch("settings", [([k, *more], ["withdraw", str(version)])
+                                             for k, more in zip(copies, extra, strict=True)])
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
@@ -384,7 +387,7 @@ def _count_groups(namespace: str, num_partitions: int) -> Flow[int]:
 
 def _partition_leftovers(namespace: str, partition: int, num_partitions: int) -> list[str]:
     """The keys of a partition of a layout no longer in use that hold no group, besides its
-    settings copy (deleted first, by ``_withdraw``): its events stream, events read position
+    settings copy (deleted with it, by ``_withdraw``): its events stream, events read position
     (``rcoord.service.observe``) and replica-ack counter."""
     pk = PartitionKeys(namespace, partition, num_partitions)
     return [pk.events, pk.tail, pk.acks]

@@ -237,3 +237,33 @@ def test_a_count_changed_back_before_an_overtaken_settle_withdraws_keeps_its_cop
     assert lost == []
     assert settled.config.num_partitions == 10
     assert {m.member_id for m in worker.describe_group("g").members} == {member}
+
+
+def test_a_count_changed_back_after_the_withdraw_keeps_the_live_partitions_streams(
+        redis_client, namespace):
+    """50 -> 10 by one process withdraws the 50 layout's copies; before it goes on, another
+    changes the count back to 50 and a group forms there (its partition's events stream
+    written). Before, the first then deleted each withdrawn partition's events stream, read
+    position and acks one round trip after its copy: the live group's events were lost. They
+    are deleted with the copy, in the same script, now."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10),
+                          None)
+    op = next(changer)
+    while not _retires(op):
+        op = changer.send(_perform(redis_client, scripts, op, None, None))
+    op = changer.send(_perform(redis_client, scripts, op, None, None))  # (the withdraw)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=50)).start()
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    member = _form_alone(worker, "g")
+    partition = GroupKeys.of(namespace, 50, "g").partition
+    assert redis_client.exists(partition.cfg, partition.events) == 2
+    gone: list[str] = []
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 50"):
+        _finish(redis_client, scripts, changer, op, lambda _: gone.extend(
+            k for k in (partition.cfg, partition.events) if not redis_client.exists(k)))
+    assert gone == []
+    assert {m.member_id for m in worker.describe_group("g").members} == {member}
