@@ -86,3 +86,39 @@ def test_a_count_change_left_unfinished_is_finished_by_the_service_within_a_leas
         assert svc.exit_code != 3 and svc._coord.config.num_partitions == 10
     finally:
         svc.stop()
+
+
+def test_a_service_whose_named_count_cannot_come_back_after_a_loss_follows_the_one_stored(
+        redis_server, single_client, namespace, caplog):
+    """A service named --set num_partitions=10 (a new namespace: written). The settings hash is
+    lost, and a worker naming 20 settles first (re-establishing 10 from the anchors, then
+    changing it, the namespace empty) and forms a group under 20. The service finds the settings
+    of another origin (lost) and writes its named 10, which the group under 20 refuses. Before,
+    that ConfigError was logged once and the service went on serving the 10 layout for ever,
+    sweeping nothing of the groups in use; it now adopts the count stored and stops with status
+    3 to be started again under it, as it does when the count changes without a loss."""
+    from test_settings import FAST, _form_alone
+
+    key = settings_key(namespace)
+    svc = _service(redis_server.url, namespace, num_partitions=10)
+    try:
+        assert single_client.hget(key, "num_partitions") == b"10"
+        check, held = svc._check_settings, threading.Lock()
+
+        def checked() -> None:
+            with held:
+                check()
+
+        svc._check_settings = checked
+        with held:
+            single_client.delete(key)
+            worker = GroupCoordinator(single_client, CoordinatorConfig(
+                namespace=namespace, num_partitions=20, **FAST)).start()
+            assert worker.config.num_partitions == 20
+            _form_alone(worker, "g")
+        wait_until(lambda: svc._stop.is_set(), timeout_s=10)
+        assert svc.exit_code == 3
+        assert single_client.hget(key, "num_partitions") == b"20"
+        assert "settings_error" not in [getattr(r, "event", None) for r in caplog.records]
+    finally:
+        svc.stop()

@@ -593,7 +593,9 @@ class CoordinatorService:
         process (a worker that settled first, from its own settings or the defaults) counts as
         lost: the stored origin (``rcoord.settings.ORIGIN``) is another one, whatever the
         version; before, this process adopted them (or, at the version it knew, did not notice)
-        and the settings it names were gone for good. Changed by another party (the version
+        and the settings it names were gone for good. Named settings that cannot be written over
+        the ones re-established (another count with groups under it) are adopted instead.
+        Changed by another party (the version
         moved): adopt the stored values and warn once about named ones overridden; writing ours back
         would start a war with a process naming other values, each rewriting the settings
         (and every copy) every round. The partition count is fixed while groups exist, but may
@@ -622,7 +624,21 @@ class CoordinatorService:
                 log.warning("namespace settings lost; settling them again", extra={
                     "event": "settings_resettled", "was_version": was_version,
                     "now_version": version})
-                settled = self._coord.resettle()
+                try:
+                    settled = self._coord.resettle()
+                except ConfigError as exc:
+                    # The named settings cannot be written over the ones re-established (a
+                    # process naming another count changed it and formed groups there, or a
+                    # named value contradicts a stored one): adopted, as a change by another
+                    # process is, so a count that moved stops this process (status 3, below).
+                    # Before, every lease round wrote them again and failed (a settings_error,
+                    # the loss warning each round), and the process served its old layout for
+                    # ever. (Settings that cannot be adopted either raise here, as before.)
+                    log.warning("the settings this process names cannot be written over the "
+                                "ones re-established; adopting them", extra={
+                                    "event": "settings_adopted_after_loss", "why": str(exc)})
+                    settled = self._coord.resettle(write_named=False)
+                    self._report_overridden(settled, was_version)
             else:
                 settled = self._coord.resettle(write_named=False)
                 self._report_overridden(settled, was_version)
