@@ -279,7 +279,21 @@ class CoordinatorService:
         if kept != named:
             coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace,
                                                                      **kept))
-        coord.start()
+        try:
+            coord.start()
+        except ConfigError:
+            # No count was stored (the settings hash alone lost, say a failover of its node),
+            # so the named one was written, over the one the settle re-established from the
+            # surviving copies, which groups hold: refused. That count is stored now, and
+            # served, as when it is found stored. Before, such a start failed, and every
+            # restart by its supervisor too (nothing else re-establishes the settings while
+            # the copies the workers' calls check are intact).
+            again = self._named_at_start(named)
+            if again == kept:
+                raise
+            coord = GroupCoordinator(self._client, CoordinatorConfig(namespace=cfg.namespace,
+                                                                     **again))
+            coord.start()
         self._coord = coord
         self.group_config = coord.config
         n = self.group_config.num_partitions
@@ -564,8 +578,10 @@ class CoordinatorService:
         namespace with no group yet restarted each other for ever (each start moved the count,
         which stopped the other with status 3, whose restart moved it back). The count named
         is still written where none is stored (a new namespace) and when the settings are lost
-        (``_check_settings``); a program's ``GroupCoordinator`` naming a count still changes it
-        (an empty namespace only), and the services follow it (status 3)."""
+        (``_check_settings``), unless the settle re-establishing the lost settings finds
+        groups under another count (then that one is served, ``_start``); a program's
+        ``GroupCoordinator`` naming a count still changes it (an empty namespace only), and
+        the services follow it (status 3)."""
         if "num_partitions" not in named:
             return named
         key = settings_key(self.config.namespace)
