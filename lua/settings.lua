@@ -1,5 +1,5 @@
 -- settings.lua: the namespace settings as one agreed fact (rcoord/settings.py drives it).
--- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, adopt), or a
+-- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, move, adopt), or a
 --         partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw)
 -- KEYS[2..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
 --         read position and replica-ack counter: the same {tag}, so the same slot)
@@ -9,6 +9,11 @@
 --   'update'     ARGV[2..] field, value pairs: the fields that differ are written and the
 --                version goes up by one; the stored settings come back. RCOORD_NOT_COORDINATOR
 --                if no settings exist (they were lost: establish first).
+--   'move'       ARGV[2] the partition count expected stored, ARGV[3..] field, value pairs:
+--                'update', only if the stored num_partitions is ARGV[2] (a change of the count
+--                checked that layout for groups and marks it to be retired); else nothing is
+--                written (another process moved the count since: the settle reads it again).
+--                The stored settings come back.
 --   'copy'       ARGV[2] version, ARGV[3..] field, value pairs: the copy is replaced unless it
 --                already holds a newer version (two writers racing never leave an older copy).
 --   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) and KEYS[2..] are
@@ -21,7 +26,7 @@
 --                copy by a failover); the stored settings come back ({} if none exist: nothing
 --                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
 --                is not an integer.
--- Returns a flat field, value array (establish, update, adopt) or 1 / 0 (copy, withdraw:
+-- Returns a flat field, value array (establish, update, move, adopt) or 1 / 0 (copy, withdraw:
 -- written or deleted, or not).
 
 -- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
@@ -42,12 +47,19 @@ register('settings', function(KEYS, ARGV)
       if redis.call('HEXISTS', key, 'version') == 0 then redis.call('HSET', key, 'version', 1) end
     end
     return redis.call('HGETALL', key)
-  elseif op == 'update' then
+  elseif op == 'update' or op == 'move' then
     if redis.call('EXISTS', key) == 0 then
       return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' the settings at ' .. key .. ' were lost')
     end
+    local first = 2
+    if op == 'move' then
+      if redis.call('HGET', key, 'num_partitions') ~= ARGV[2] then
+        return redis.call('HGETALL', key)
+      end
+      first = 3
+    end
     local changed = false
-    for i = 2, #ARGV, 2 do
+    for i = first, #ARGV, 2 do
       if redis.call('HGET', key, ARGV[i]) ~= ARGV[i + 1] then
         redis.call('HSET', key, ARGV[i], ARGV[i + 1])
         changed = true

@@ -45,7 +45,8 @@ same with Redis as the only authority:
   stands; except a coordinator service's partition count, written only where none is stored
   (as Kafka's ``offsets.topic.num.partitions``).
 * **The count changes only in an empty namespace.** Changing it first checks that no group
-  exists, then stores the new count with a mark naming the old one (``RETIRE``), deletes the
+  exists, then stores the new count with a mark naming the old one (``RETIRE``), only if the
+  count stored is still the one checked (``move``; else it reads and checks again), deletes the
   old copies (old-layout calls are refused from then on), then the mark, and writes the new
   ones; a settle that finds a mark left (the deletion failed) deletes that layout. A settle
   that wrote copies reads the count again and, if it moved meanwhile, deletes them and goes
@@ -207,7 +208,16 @@ def settle_flow(
                 # Marked in the same write as the new count, so that a settle that fails before
                 # the old layout is deleted leaves the deletion to the next one (_retire).
                 changes[f"{RETIRE}{old_np}"] = "1"
-            stored = yield from _write(key, "update", changes)
+                # Only over the count checked for groups (``move``). Before, an ``update`` wrote
+                # the new count over whatever was stored by then: another process's change
+                # landing between this read and the write (5 -> 7 while this one moved 5 -> 3)
+                # was never checked for groups nor marked, so its layout was never retired and
+                # the processes that had settled on it ran their groups there for good.
+                stored = yield from _write(key, "move", changes, stored["num_partitions"])
+                if _count(stored) != new_np:
+                    continue  # (moved meanwhile: read again, check that layout for groups)
+            else:
+                stored = yield from _write(key, "update", changes)
         stored = yield from _retire(namespace, key, stored)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
@@ -329,10 +339,12 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def _write(key: str, op: str, values: Mapping[str, str]) -> Flow[dict[str, str]]:
-    """``establish`` or ``update`` the settings hash; the stored hash after the script."""
+def _write(key: str, op: str, values: Mapping[str, str],
+           *first: str) -> Flow[dict[str, str]]:
+    """``establish``, ``update`` or ``move`` (``first``: the count expected stored) the
+    settings hash; the stored hash after the script."""
     flat = [x for kv in values.items() for x in kv]
-    return _decode((yield Script("settings", [key], [op, *flat])))
+    return _decode((yield Script("settings", [key], [op, *first, *flat])))
 
 
 def _layout(namespace: str, count: int | None, guess: int,

@@ -10,7 +10,7 @@ import redis
 from test_settings import FAST, JOIN, _form_alone
 
 from rcoord import ConfigError, CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Command, Pipeline, ScriptBatch, _perform, drive
+from rcoord.flow import Command, Pipeline, Script, ScriptBatch, _perform, drive
 from rcoord.keys import GroupKeys, PartitionKeys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import copy_pattern, settle_flow
@@ -267,3 +267,28 @@ def test_a_count_changed_back_after_the_withdraw_keeps_the_live_partitions_strea
             k for k in (partition.cfg, partition.events) if not redis_client.exists(k)))
     assert gone == []
     assert {m.member_id for m in worker.describe_group("g").members} == {member}
+
+
+def test_a_count_change_racing_another_checks_the_layout_it_moves_away_from(
+        redis_client, namespace):
+    """Empty at 5: one process naming 3 checks the 5 layout for groups; before it stores 3,
+    another process moves the count to 7 and a group forms there. Before, the first stored 3
+    over 7 regardless (marking 5, not 7, to be retired): the group under 7 was never checked
+    for, its layout never retired, and processes settled on 7 ran it while the others used 3.
+    The count is now written only over the one checked; the first settles again and is told."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=3),
+                          None)
+    op = next(changer)
+    while not (isinstance(op, Script) and "num_partitions" in op.args):
+        op = changer.send(_perform(redis_client, scripts, op, None, None))
+    other = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                             num_partitions=7, **FAST)).start()
+    member = _form_alone(other, "g")
+    with pytest.raises(ConfigError, match="num_partitions is fixed at 7"):
+        _finish(redis_client, scripts, changer, op)
+    assert redis_client.hget(settings_key(namespace), "num_partitions") == b"7"
+    assert all(k.startswith(f"{namespace}:{{7.") for k in _copies(redis_client, namespace))
+    assert {m.member_id for m in other.describe_group("g").members} == {member}
