@@ -21,7 +21,8 @@ same with Redis as the only authority:
 * **Caught up when the settings fall behind a copy.** A failover may roll the settings hash
   back (a replica that missed the last update) while the copies keep the newer version, which
   refuses every repair. A settle that finds the hash still behind a copy it read a round
-  earlier adopts the newest copy (``adopt``, only over an older version), then repairs.
+  earlier adopts the newest copy (``adopt``, only over an older version), then repairs; a
+  count it moves away from is marked to be retired, as a change of count marks it.
 * **Re-established after data loss without disagreement.** A process that finds the settings
   gone proposes the newest surviving copy (``_recover``): an anchor (``keys.anchor_keys``: 16
   copies at names independent of the partition count, spread over the slot range, because the
@@ -178,7 +179,7 @@ def settle_flow(
         guess, held = yield from _layout(namespace, _count(stored), guess, held)
         ahead = _ahead(namespace, held, stored, guess)
         if ahead is not None and _version(stored) < ahead_seen:
-            stored = yield from _adopt(key, ahead)
+            stored = yield from _adopt(key, ahead, _count(stored))
             if "num_partitions" not in stored:  # lost meanwhile: the next round recovers them
                 continue
             guess, held = yield from _layout(namespace, _count(stored), guess, held)
@@ -383,10 +384,20 @@ def _ahead(namespace: str, held: Held, stored: Mapping[str, str],
     return {**settings, "version": str(top)}
 
 
-def _adopt(key: str, proposal: Mapping[str, str]) -> Flow[dict[str, str]]:
+def _adopt(key: str, proposal: Mapping[str, str],
+           count: int | None) -> Flow[dict[str, str]]:
     """``adopt`` ``proposal`` (its version among its fields) if the settings hash holds an older
-    version; the stored hash after the script ({} if it was lost meanwhile)."""
-    fields = [x for kv in proposal.items() if kv[0] != "version" for x in kv]
+    version; the stored hash after the script ({} if it was lost meanwhile).
+
+    A proposal naming another partition count than the one read (``count``) marks that one to
+    be retired (``RETIRE``) in the same write, as a change of count does. Before, the adopt
+    moved the count alone: a layout written under settings that fell behind (re-established
+    from anchors not yet updated, or a hash rolled back across a change of count) kept its
+    copies, and a process that had settled on it was never refused (a group existing twice)."""
+    marks = {}
+    if count is not None and _count(proposal) not in (None, count):
+        marks = {f"{RETIRE}{count}": "1"}
+    fields = [x for kv in {**proposal, **marks}.items() if kv[0] != "version" for x in kv]
     return _decode((yield Script("settings", [key], ["adopt", proposal["version"], *fields])))
 
 

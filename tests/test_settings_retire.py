@@ -292,3 +292,28 @@ def test_a_count_change_racing_another_checks_the_layout_it_moves_away_from(
     assert redis_client.hget(settings_key(namespace), "num_partitions") == b"7"
     assert all(k.startswith(f"{namespace}:{{7.") for k in _copies(redis_client, namespace))
     assert {m.member_id for m in other.describe_group("g").members} == {member}
+
+
+def test_a_layout_re_established_from_stale_anchors_is_retired_when_the_newer_count_is_adopted(
+        redis_client, namespace):
+    """7 -> 3: the changer stored 3 and withdrew the 7 layout; before it wrote the anchors, the
+    settings hash was lost, and a worker re-established 7 from the anchors (still naming 7) and
+    wrote the 7 layout's copies again. The changer then wrote the anchors (3, newer), found the
+    count 7, and adopted its newer 3. Before, the adopt moved the count from 7 to 3 without
+    marking 7 to be retired: the worker's copies stayed, so it ran under 7 for good, never
+    refused, while the others used 3 (a group existing twice). The adopt now marks the count it
+    moves away from, in the same write."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=3),
+                          None)
+    op = _run_until_batch(redis_client, scripts, changer, next(changer))
+    assert isinstance(op, ScriptBatch)
+    redis_client.delete(settings_key(namespace))
+    worker = drive(redis_client, scripts, settle_flow(namespace, None, None))
+    assert worker.config.num_partitions == 7
+    settled = _finish(redis_client, scripts, changer, op)
+    assert settled.config.num_partitions == 3
+    assert redis_client.hget(settings_key(namespace), "num_partitions") == b"3"
+    assert all(k.startswith(f"{namespace}:{{3.") for k in _copies(redis_client, namespace))
