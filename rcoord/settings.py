@@ -311,8 +311,9 @@ def _withdraw(copies: list[str], version: int,
 
 def _overtaken(namespace: str, key: str, count: int, version: int,
                written: tuple[str, ...]) -> Flow[bool]:
-    """Whether the partition count stored moved away from ``count`` while this settle wrote
-    the copies ``written`` of its layout (at ``version``); if so they are deleted again
+    """Whether the partition count stored moved away from ``count`` (or the settings were
+    lost) while this settle wrote the copies ``written`` of its layout (at ``version``); if so
+    they are deleted again
     (``_withdraw``; the next round reads the count in force).
 
     A process that changes the count deletes the old layout's copies after storing the new
@@ -330,8 +331,13 @@ def _overtaken(namespace: str, key: str, count: int, version: int,
     if not mine:
         return False
     now, at = yield Command(("HMGET", key, "num_partitions", "version"))
-    if now is None or _count({"num_partitions": _text(now)}) == count:
-        return False  # (lost meanwhile: the calls refused now settle again and recover them)
+    if now is not None and _count({"num_partitions": _text(now)}) == count:
+        return False
+    # Moved, or lost meanwhile: which count is in force is unknown until the settings are
+    # established again (the next round), and a change before the loss may have withdrawn this
+    # layout with its mark lost since. Before, a loss here returned this count with the copies
+    # just written in place: its calls found them and were never refused, so it ran its groups
+    # under this count for good if the settings came back under another one.
     yield from _withdraw(mine, max(version, -1 if at is None else _version({"version": _text(at)})))
     return True
 

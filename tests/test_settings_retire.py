@@ -317,3 +317,31 @@ def test_a_layout_re_established_from_stale_anchors_is_retired_when_the_newer_co
     assert settled.config.num_partitions == 3
     assert redis_client.hget(settings_key(namespace), "num_partitions") == b"3"
     assert all(k.startswith(f"{namespace}:{{3.") for k in _copies(redis_client, namespace))
+
+
+def test_a_repair_whose_count_check_finds_the_settings_lost_withdraws_it(
+        redis_client, namespace):
+    """A settle under 5 read the settings with one copy missing; another process moved the
+    count to 7 (withdrawing the 5 layout); the settle repaired its copy; then the settings hash
+    was lost, and the settle's check of the count found none. Before, it returned 5 with its
+    copy in place ("the calls refused now settle again": none is, their copy exists), and once
+    the settings were re-established from the anchors (7), its groups of that partition ran
+    under 5 while every other process used 7. The copy is withdrawn and the settle goes on."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    key = settings_key(namespace)
+    redis_client.delete(PartitionKeys(namespace, 0, 5).cfg)  # (lost: the settle repairs it)
+    settling = settle_flow(namespace, None, None)
+    op = settling.send(_perform(redis_client, scripts, next(settling), None, None))  # (read)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    op = _run_until_batch(redis_client, scripts, settling, op)
+    assert isinstance(op, ScriptBatch)
+    op = settling.send(_perform(redis_client, scripts, op, None, None))
+    assert _reads_the_count(op, key)
+    redis_client.delete(key)
+    settled = _finish(redis_client, scripts, settling, op)
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    assert worker.config.num_partitions == 7
+    assert all(k.startswith(f"{namespace}:{{7.") for k in _copies(redis_client, namespace))
+    assert settled.config.num_partitions == 7
