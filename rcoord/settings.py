@@ -338,6 +338,13 @@ def _overtaken(namespace: str, key: str, count: int, version: int,
     # layout with its mark lost since. Before, a loss here returned this count with the copies
     # just written in place: its calls found them and were never refused, so it ran its groups
     # under this count for good if the settings came back under another one.
+    if now is not None:
+        # Marked first, as a change of count marks the layout it leaves: a withdraw that fails
+        # (a master down) is finished by the next settle (_retire). Before, these copies,
+        # written after the changer's deletion, stayed for good, and a process still on this
+        # count (not refused since) ran its groups there while every other process used the new
+        # one. (A count changed back to this one meanwhile keeps its layout: _retire checks.)
+        yield Script("settings", [key], ["mark", f"{RETIRE}{count}"])
     yield from _withdraw(mine, max(version, -1 if at is None else _version({"version": _text(at)})))
     return True
 
