@@ -1,6 +1,6 @@
 -- settings.lua: the namespace settings as one agreed fact (rcoord/settings.py drives it).
 -- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, move, mark,
---         adopt), or a partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw)
+--         unmark, adopt), or a partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw)
 -- KEYS[2..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
 --         read position and replica-ack counter: the same {tag}, so the same slot)
 -- ARGV[1] op:
@@ -21,15 +21,18 @@
 --                in force again: then nothing is); 1 also if it was gone already (a deletion
 --                retried after it failed halfway). One script, so a change back landing between
 --                the copy's deletion and the others' cannot lose the live partition's stream.
---   'mark'       ARGV[2] a field ('retire:<count>'): set to 1 if the settings exist (a hash
---                created holding only it would lack num_partitions, which every settle refuses).
+--   'mark'       ARGV[2] a field ('retire:<count>'), ARGV[3] its value (a random token): set
+--                if the settings exist (a hash created holding only it would lack
+--                num_partitions, which every settle refuses).
+--   'unmark'     ARGV[2] a field, ARGV[3] a value: the field is deleted only if it holds that
+--                value (the mark as read: one set again since marks copies written later).
 --   'adopt'      ARGV[2] version, ARGV[3..] field, value pairs: the fields are written at that
 --                version only if the settings hold an older one (they were rolled back below a
 --                copy by a failover); the stored settings come back ({} if none exist: nothing
 --                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
 --                is not an integer.
 -- Returns a flat field, value array (establish, update, move, adopt) or 1 / 0 (copy, withdraw,
--- mark: written or deleted, or not).
+-- mark, unmark: written or deleted, or not).
 
 -- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
 local function versioned_pairs(ARGV)
@@ -82,7 +85,11 @@ register('settings', function(KEYS, ARGV)
     return 1
   elseif op == 'mark' then
     if redis.call('EXISTS', key) == 0 then return 0 end
-    redis.call('HSET', key, ARGV[2], 1)
+    redis.call('HSET', key, ARGV[2], ARGV[3])
+    return 1
+  elseif op == 'unmark' then
+    if redis.call('HGET', key, ARGV[2]) ~= ARGV[3] then return 0 end
+    redis.call('HDEL', key, ARGV[2])
     return 1
   elseif op == 'adopt' then
     local version = tonumber(ARGV[2])

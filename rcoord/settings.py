@@ -86,7 +86,17 @@ their version may be the one a process knew (``Settled.origin``)."""
 
 RETIRE = "retire:"
 """Prefix of a field of the settings hash marking an old partition count whose layout is still
-to be deleted (``retire:50``), written with the new count (``_retire``)."""
+to be deleted (``retire:50``), written with the new count (``_retire``). Its value is a random
+token (``_token``): a settle removes the mark only if it still holds the token it read
+(``unmark``), so a layout marked again meanwhile (another settle's copies of it, written after
+this one's deletion) stays marked. Before, the mark was removed whatever its value: another
+settle that had marked its copies of that layout, and then failed to delete them, left them
+for good."""
+
+
+def _token() -> str:
+    """The value of a ``RETIRE`` mark: another marking of the same count writes another one."""
+    return uuid.uuid4().hex[:16]
 
 
 class Settled:
@@ -208,7 +218,7 @@ def settle_flow(
             if new_np != old_np:
                 # Marked in the same write as the new count, so that a settle that fails before
                 # the old layout is deleted leaves the deletion to the next one (_retire).
-                changes[f"{RETIRE}{old_np}"] = "1"
+                changes[f"{RETIRE}{old_np}"] = _token()
                 # Only over the count checked for groups (``move``). Before, an ``update`` wrote
                 # the new count over whatever was stored by then: another process's change
                 # landing between this read and the write (5 -> 7 while this one moved 5 -> 3)
@@ -284,7 +294,7 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
                 log.warning("%d group(s) were created under the old partition count %d while "
                             "namespace %r moved to %d; their members rejoin under the new count",
                             late, old, namespace, current)
-        yield Command(("HDEL", key, name))
+        yield Script("settings", [key], ["unmark", name, stored[name]])
     return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
 
 
@@ -344,7 +354,7 @@ def _overtaken(namespace: str, key: str, count: int, version: int,
         # written after the changer's deletion, stayed for good, and a process still on this
         # count (not refused since) ran its groups there while every other process used the new
         # one. (A count changed back to this one meanwhile keeps its layout: _retire checks.)
-        yield Script("settings", [key], ["mark", f"{RETIRE}{count}"])
+        yield Script("settings", [key], ["mark", f"{RETIRE}{count}", _token()])
     yield from _withdraw(mine, max(version, -1 if at is None else _version({"version": _text(at)})))
     return True
 
@@ -409,7 +419,7 @@ def _adopt(key: str, proposal: Mapping[str, str],
     copies, and a process that had settled on it was never refused (a group existing twice)."""
     marks = {}
     if count is not None and _count(proposal) not in (None, count):
-        marks = {f"{RETIRE}{count}": "1"}
+        marks = {f"{RETIRE}{count}": _token()}
     fields = [x for kv in {**proposal, **marks}.items() if kv[0] != "version" for x in kv]
     return _decode((yield Script("settings", [key], ["adopt", proposal["version"], *fields])))
 

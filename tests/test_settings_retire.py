@@ -371,3 +371,40 @@ def test_an_overtaken_settle_whose_withdraw_fails_leaves_its_layout_to_the_next_
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
     copies = _copies(redis_client, namespace)
     assert len(copies) == 20 and all(k.startswith(f"{namespace}:{{20.") for k in copies)
+
+
+def _unmarks(op: Any) -> bool:
+    """Whether ``op`` removes a mark of a layout to be retired (``_retire``, once deleted)."""
+    return ((isinstance(op, Command) and op.args[0] == "HDEL")
+            or (isinstance(op, Script) and op.args[0] == "unmark"))
+
+
+def test_a_mark_set_again_after_a_retire_read_it_stays_for_the_next_settle(
+        redis_client, namespace):
+    """At 5: a settle reads the settings (5). Another process moves the count to 7 and deletes
+    the 5 layout, its removal of the mark still to come. The first writes the 5 layout again
+    (it reads it after the deletion), finds the count moved, marks 5 again, and its withdraw
+    fails (a master down). Then the changer removes the mark. Before, it removed it whatever
+    had been marked since: the first's copies stayed for good, and a process still on 5 was
+    never refused. The mark is removed only if it is still the one read now, and the next
+    settle deletes the copies."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    repairing = settle_flow(namespace, None, None)
+    op = repairing.send(_perform(redis_client, scripts, next(repairing), None, None))  # (read)
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=7),
+                          None)
+    unmark = next(changer)
+    while not _unmarks(unmark):
+        unmark = changer.send(_perform(redis_client, scripts, unmark, None, None))
+    op = _run_until_batch(redis_client, scripts, repairing, op)
+    op = repairing.send(_perform(redis_client, scripts, op, None, None))  # (the 5 layout)
+    while not _retires(op):
+        op = repairing.send(_perform(redis_client, scripts, op, None, None))
+    with pytest.raises(redis.exceptions.ConnectionError):
+        repairing.throw(redis.exceptions.ConnectionError("master down (test)"))
+    assert _finish(redis_client, scripts, changer, unmark).config.num_partitions == 7
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    copies = _copies(redis_client, namespace)
+    assert len(copies) == 7 and all(k.startswith(f"{namespace}:{{7.") for k in copies)
