@@ -419,6 +419,7 @@ def _client_certificate_wanted(url: str | None, text: str) -> bool:
 
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
+    from .client.errors import ReadOnlyReplicaError
     from .errors import (
         AuthenticationFailedError,
         ConfigError,
@@ -432,8 +433,11 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
 
     at = f" at {redact(url)}" if url else ""
     cause: BaseException = exc
-    if isinstance(exc, (ConnectionLost, AuthenticationFailedError)) and exc.__cause__ is not None:
-        cause = exc.__cause__  # the redis-py error says more than our wrapper
+    if (isinstance(exc, (ConnectionLost, AuthenticationFailedError, ReadOnlyReplicaError))
+            and exc.__cause__ is not None):
+        # The redis-py error says more than our wrapper; a group member that met READONLY at
+        # every join is told to give the master's URL as every other command is.
+        cause = exc.__cause__
     text = " ".join(str(cause).split()).rstrip(".")
     if isinstance(exc, (UsageError, ConfigError)):
         return EXIT_USAGE, text

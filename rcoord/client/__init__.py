@@ -19,6 +19,7 @@ from .errors import (
     JoinRefusedError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    ReadOnlyReplicaError,
     RebalanceInProgressError,
     WakeupError,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "PartitionAssignment",
     "Reaction",
+    "ReadOnlyReplicaError",
     "RebalanceInProgressError",
     "RedisCoordinator",
     "StartOffset",

@@ -24,6 +24,7 @@ __all__ = [
     "JoinRefusedError",
     "NoOffsetForPartitionError",
     "OffsetOutOfRangeError",
+    "ReadOnlyReplicaError",
     "RebalanceInProgressError",
     "WakeupError",
 ]
@@ -73,6 +74,18 @@ class JoinRefusedError(ProtocolError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.error, self.hint))
+
+
+class ReadOnlyReplicaError(RcoordError):
+    """Redis answered READONLY to every JoinGroup for the client's whole retry bound (one
+    session timeout): the client is connected to a read-only replica, by a URL that names one
+    or a master that a failover demoted with no new master at that address since. It closes
+    the group (``ConsumerGroup.next()`` and ``Consumer.poll()`` raise it), as a refused
+    setting does: a failover in progress is over well within a session timeout, a URL naming a
+    replica never mends, and a member that took it for a failover joined again every
+    ``join_backoff_ms`` for ever, reading nothing (``rcoord topics consume --group`` said
+    "waiting to join" until killed). The replica's error is its ``__cause__``; connect the
+    client to the master."""
 
 
 class GroupClosedError(RcoordError):

@@ -97,6 +97,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, NoReturn, Self, TypeVar
 
+import redis.exceptions
+
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import (
     ConfigError,
@@ -104,6 +106,7 @@ from ..errors import (
     ParkAbandonedError,
     ProtocolError,
     RcoordError,
+    ServerUnavailable,
     as_missing_permission,
     is_missing_permission,
 )
@@ -112,7 +115,7 @@ from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import GroupClosedError
+from .errors import GroupClosedError, ReadOnlyReplicaError
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
 from .join import fenced_reason, join_generation
@@ -567,6 +570,10 @@ class ConsumerGroup:
                     failures += 1
                     if reaction_for(exc).lost:
                         self._drop_owned(None)  # the carried partitions are lost too
+                    replica = _replica_refusal(exc, joined)
+                    if replica is not None:
+                        self._react(replica, failures, _ON_A_REPLICA)
+                        break
                     if not self._react(exc, failures):
                         break
                     reason = f"rejoining after {type(exc).__name__}: {exc}"[:255]
@@ -838,6 +845,33 @@ def _check_subscribes(config: ConsumerGroupConfig) -> None:
         raise ConfigError(
             "topics must name at least one topic (or topic_pattern be set) to join a group"
         )
+
+
+_ON_A_REPLICA = Reaction(False, "reset", "lost", "fatal")
+"""The reaction to ``ReadOnlyReplicaError``: the group closes. The member id is forgotten
+without a LeaveGroup, which the replica would refuse as it refused the join (the session ends
+the member, if the join ever added one)."""
+
+
+def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig) -> BaseException | None:
+    """``ReadOnlyReplicaError`` if a join failed on READONLY, else None.
+
+    Every call of a join is retried for one session timeout (``call_with_retries``), and the
+    join raises only when they are over (or the group closes, which ends the loop before
+    this): a READONLY that comes out of it has lasted the client's whole retry bound. A
+    failover in progress is over by then (the demoted master's clients are sent to the new
+    one, or the node is promoted); a URL that names a replica never is, and the member joined
+    again every ``join_backoff_ms`` for ever, reading nothing."""
+    cause = exc.__cause__ if isinstance(exc, ServerUnavailable) else None
+    if not isinstance(cause, redis.exceptions.ReadOnlyError):
+        return None
+    refused = ReadOnlyReplicaError(
+        f"group {config.group_id!r}: Redis answered READONLY to JoinGroup for "
+        f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound): the "
+        f"client is connected to a read-only replica (a URL that names a replica, or a master "
+        f"a failover demoted); give it the URL of the master ({' '.join(str(cause).split())})")
+    refused.__cause__ = cause
+    return refused
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

@@ -1,0 +1,144 @@
+"""A group member whose Redis is a read-only replica: a URL that names a replica is a setting to
+fix, not a failover to wait out. Every JoinGroup answered READONLY for the client's whole retry
+bound (one session timeout) closes the group with ``ReadOnlyReplicaError``, which says to give
+the master's URL; a READONLY that ends within the bound (a failover) is still waited out.
+Before, the member took every READONLY for a failover in progress and joined again every
+``join_backoff_ms`` for ever: ``rcoord topics consume --group`` said "waiting to join" until
+killed, where every other command says to give the master's URL."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+import pytest
+import redis
+from harness import WAIT_S, wait_until
+from test_cli_groups import run_in_process
+
+import rcoord.client
+from rcoord import CoordinatorConfig, GroupCoordinator, ServerUnavailable
+from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig, ReadOnlyReplicaError
+from rcoord.client.coordinator import RedisCoordinator
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Topics
+
+SHORT: dict[str, Any] = {"session_timeout_ms": 300, "heartbeat_interval_ms": 50,
+                         "rebalance_timeout_ms": 1000, "retry_backoff_ms": 10,
+                         "retry_backoff_max_ms": 50, "join_backoff_ms": 10}
+"""A retry bound (one session timeout) a test can wait out."""
+
+
+@pytest.fixture
+def replica(own_server: EmbeddedServer, namespace: str, refused_port: int) -> EmbeddedServer:
+    """The server with rcoord's functions, its settings and topic "t" (1 partition), made a
+    replica of a master that does not exist: it keeps its data and answers reads, and refuses
+    every write with READONLY (as a replica of a live master that has replicated them)."""
+    with own_server.client() as client:
+        GroupCoordinator(client, CoordinatorConfig(
+            namespace=namespace, group_min_session_timeout_ms=10)).start()
+        Topics(client, namespace).create("t", 1)
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    return own_server
+
+
+def test_a_group_on_a_replica_closes_with_read_only_replica_error(
+        replica: EmbeddedServer, namespace: str) -> None:
+    r = replica.client()
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    try:
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as caught:
+            group.next(timeout=WAIT_S)
+        assert isinstance(caught.value.__cause__, redis.exceptions.ReadOnlyError)
+        assert "session_timeout_ms" in str(caught.value)
+        with pytest.raises(ReadOnlyReplicaError):  # closed: every later call says the same
+            group.next(timeout=WAIT_S)
+    finally:
+        group.close(timeout=WAIT_S)
+        r.close()
+
+
+def test_a_consumer_on_a_replica_raises_it_from_poll(replica: EmbeddedServer,
+                                                     namespace: str) -> None:
+    r = replica.client()
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    try:
+        def raised() -> bool:
+            try:
+                consumer.poll(timeout=0.05)
+            except ReadOnlyReplicaError:
+                return True
+            return False
+
+        wait_until(raised)
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()
+
+
+def test_a_read_only_spell_shorter_than_the_bound_is_waited_out(
+        own_server: EmbeddedServer, namespace: str, refused_port: int) -> None:
+    """A failover: the server refuses the joins with READONLY, then is a master again within
+    the retry bound; the member joins, as before."""
+    r = own_server.client()
+    GroupCoordinator(r, CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
+                                          group_initial_rebalance_delay_ms=0)).start()
+    Topics(r, namespace).create("t", 1)
+    refused: list[BaseException] = []
+
+    class Counting(RedisCoordinator):
+        def join_group(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().join_group(*args, **kwargs)
+            except ServerUnavailable as exc:
+                refused.append(exc)
+                raise
+
+    r.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace,
+        **{**SHORT, "session_timeout_ms": 30_000}), coordinator=Counting(r, namespace)).start()
+    try:
+        wait_until(lambda: len(refused) >= 2)
+        r.execute_command("REPLICAOF", "NO", "ONE")
+        gen = group.next(timeout=WAIT_S)
+        assert [tp.partition for tp in gen.partitions] == [0]
+    finally:
+        group.close(timeout=WAIT_S)
+        r.execute_command("REPLICAOF", "NO", "ONE")
+        r.close()
+
+
+def test_consume_with_a_group_on_a_replica_says_to_give_the_master(
+        replica: EmbeddedServer, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``topics consume --group`` ends (status 1) with the words the other commands use for a
+    replica; before, it waited to join until killed. (A short session timeout, so the test
+    waits out the retry bound quickly; the command's own is the client's default.)"""
+    for key in [k for k in os.environ if k.startswith("RCOORD_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(rcoord.client, "ConsumerGroupConfig",
+                        functools.partial(ConsumerGroupConfig, **SHORT))
+    caplog.set_level(logging.CRITICAL, "rcoord")  # (the group's own error log line)
+    res = run_in_process(["topics", "consume", "t", "--group", "g", "--redis-url", replica.url,
+                          "--namespace", namespace])
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == (f"rcoord topics consume: error: Redis at {replica.url} is a read-only "
+                         "replica (You can't write against a read only replica); give the URL "
+                         "of its master"), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_consume_without_a_group_reads_a_replica(replica: EmbeddedServer,
+                                                 namespace: str) -> None:
+    """Reading without a group writes nothing, so a replica serves it (as ``topics list`` and
+    ``describe``)."""
+    res = run_in_process(["topics", "consume", "t", "--from-beginning", "--timeout-ms", "50",
+                          "--redis-url", replica.url, "--namespace", namespace])
+    assert res.returncode == 0, res.stderr
+    assert "Processed a total of 0 messages" in res.stderr
