@@ -80,6 +80,48 @@ def test_a_consumer_on_a_replica_raises_it_from_poll(replica: EmbeddedServer,
         r.close()
 
 
+@pytest.mark.parametrize("api", ["ConsumerGroup", "Consumer"])
+def test_a_replica_of_a_namespace_without_settings_closes_the_group_too(
+        own_server: EmbeddedServer, namespace: str, refused_port: int, api: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Where no coordinator has stored the namespace's settings yet (a topic made by ``rcoord
+    topics create`` only), the coordinator's start is what the replica refuses, before any
+    join: next() and poll() started it again at every call, silently, for ever (poll() takes
+    a ConnectionLost for a failure it retries). The first refusal is logged now, and one that
+    lasts the retry bound closes the group as a refused join does."""
+    with own_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    r = own_server.client()
+    config = ConsumerGroupConfig(group_id="g", topics=["t"], redis_client=r, namespace=namespace,
+                                 **SHORT)
+    member: Any = ConsumerGroup(config) if api == "ConsumerGroup" else Consumer(config)
+
+    def raised() -> bool:
+        try:
+            if api == "ConsumerGroup":
+                member.next(timeout=0.05)
+            else:
+                member.poll(timeout=0.05)
+        except ReadOnlyReplicaError as exc:
+            assert "to the coordinator's start" in str(exc)
+            assert isinstance(exc.__cause__, redis.exceptions.ReadOnlyError)
+            return True
+        except (TimeoutError, ServerUnavailable):  # (next(): not yet)
+            pass
+        return False
+
+    try:
+        with caplog.at_level(logging.WARNING, "rcoord.client"):
+            wait_until(raised)
+        assert any("starting again at the next call" in m for m in caplog.messages)
+        with pytest.raises(ReadOnlyReplicaError):  # closed on it: every later call says so
+            member.next(timeout=0.05) if api == "ConsumerGroup" else member.poll(timeout=0.05)
+    finally:
+        member.close(timeout=WAIT_S)
+        r.close()
+
+
 def test_a_read_only_spell_shorter_than_the_bound_is_waited_out(
         own_server: EmbeddedServer, namespace: str, refused_port: int) -> None:
     """A failover: the server refuses the joins with READONLY, then is a master again within

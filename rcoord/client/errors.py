@@ -77,8 +77,9 @@ class JoinRefusedError(ProtocolError):
 
 
 class ReadOnlyReplicaError(RcoordError):
-    """Redis answered READONLY to every JoinGroup for the client's whole retry bound (one
-    session timeout): the client is connected to a read-only replica, by a URL that names one
+    """Redis answered READONLY to every JoinGroup (or every start of the coordinator, which
+    stores a new namespace's settings) for the client's whole retry bound (one session
+    timeout): the client is connected to a read-only replica, by a URL that names one
     or a master that a failover demoted with no new master at that address since. It closes
     the group (``ConsumerGroup.next()`` and ``Consumer.poll()`` raise it), as a refused
     setting does: a failover in progress is over well within a session timeout, a URL naming a

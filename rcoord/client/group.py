@@ -191,6 +191,9 @@ class ConsumerGroup:
         self._slot: Generation | None = None
         self._error: BaseException | None = None
         self._fatal: BaseException | None = None
+        # When the coordinator's start was first refused with READONLY (None: it was not, or
+        # not since it last answered; ``_refused_at_start``).
+        self._read_only_since: float | None = None
         # The traceback ``_fatal`` had when the group closed on it (``_raise_fatal``).
         self._fatal_tb: TracebackType | None = None
         self._current: Generation | None = None
@@ -286,8 +289,41 @@ class ConsumerGroup:
                 commit_required_acks=self._config.commit_required_acks,
                 commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
             )
-            coord.start()
+            try:
+                coord.start()
+            except ServerUnavailable as exc:
+                self._refused_at_start(exc)
+                raise
+            self._read_only_since = None
             self._coordinator = coord
+
+    def _refused_at_start(self, exc: ServerUnavailable) -> None:
+        """A coordinator start refused (with ``_cond`` held): the first refusal of a spell is
+        logged, and a READONLY that lasts the client's retry bound closes the group with
+        ``ReadOnlyReplicaError`` (raised here), as one that lasts a whole join does
+        (``_replica_refusal``). The start stores the namespace's settings where there are none
+        yet, which a replica refuses; ``next()`` (and ``Consumer.poll()``, which takes a
+        ``ConnectionLost`` for one it retries) started again at every call, silently: a member
+        pointed at a replica of a namespace no coordinator had used yet waited for ever, with
+        not one line logged."""
+        now = time.monotonic()
+        if not isinstance(exc.__cause__, redis.exceptions.ReadOnlyError):
+            self._read_only_since = None
+            return
+        if self._read_only_since is None:
+            self._read_only_since = now
+            log.warning("consumer group %r: %s; starting again at the next call",
+                        self._config.group_id, exc)
+            return
+        if (now - self._read_only_since) * 1000 < self._config.session_timeout_ms:
+            return
+        refused = _replica_refusal(exc, self._config, "the coordinator's start")
+        assert refused is not None
+        log.error("consumer group %r: fatal error, closing: %s", self._config.group_id, refused)
+        self._fatal, self._fatal_tb = refused, None
+        self._closing.set()
+        self._cond.notify_all()
+        raise refused
 
     def _raise_fatal(self, fatal: BaseException) -> NoReturn:
         """Raise ``fatal``, the error the group closed on, with the traceback it had then.
@@ -853,7 +889,8 @@ without a LeaveGroup, which the replica would refuse as it refused the join (the
 the member, if the join ever added one)."""
 
 
-def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig) -> BaseException | None:
+def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
+                     call: str = "JoinGroup") -> BaseException | None:
     """``ReadOnlyReplicaError`` if a join failed on READONLY, else None.
 
     Every call of a join is retried for one session timeout (``call_with_retries``), and the
@@ -866,7 +903,7 @@ def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig) -> BaseExc
     if not isinstance(cause, redis.exceptions.ReadOnlyError):
         return None
     refused = ReadOnlyReplicaError(
-        f"group {config.group_id!r}: Redis answered READONLY to JoinGroup for "
+        f"group {config.group_id!r}: Redis answered READONLY to {call} for "
         f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound): the "
         f"client is connected to a read-only replica (a URL that names a replica, or a master "
         f"a failover demoted); give it the URL of the master ({' '.join(str(cause).split())})")
