@@ -184,3 +184,26 @@ def test_consume_without_a_group_reads_a_replica(replica: EmbeddedServer,
                           "--redis-url", replica.url, "--namespace", namespace])
     assert res.returncode == 0, res.stderr
     assert "Processed a total of 0 messages" in res.stderr
+
+
+def test_an_unreachable_redis_at_the_start_is_logged(refused_port: int, namespace: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Not a replica, but the same silent path: with Redis unreachable when the consumer
+    first polls, every poll() started the coordinator again and returned nothing, with not
+    one line logged (Kafka's consumer warns that the broker may not be available). The first
+    failure of the spell is logged; the consumer goes on trying (no retry bound ends it)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    r = redis.Redis(port=refused_port, retry=Retry(NoBackoff(), 0))
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    try:
+        with caplog.at_level(logging.WARNING, "rcoord.client"):
+            for _ in range(3):
+                assert consumer.poll(timeout=0.01) == []
+        starts = [m for m in caplog.messages if "starting again at the next call" in m]
+        assert len(starts) == 1 and "Connection refused" in starts[0], caplog.messages
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()

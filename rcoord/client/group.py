@@ -102,6 +102,7 @@ import redis.exceptions
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import (
     ConfigError,
+    ConnectionLost,
     Errors,
     ParkAbandonedError,
     ProtocolError,
@@ -191,9 +192,9 @@ class ConsumerGroup:
         self._slot: Generation | None = None
         self._error: BaseException | None = None
         self._fatal: BaseException | None = None
-        # When the coordinator's start was first refused with READONLY (None: it was not, or
-        # not since it last answered; ``_refused_at_start``).
-        self._read_only_since: float | None = None
+        # When the coordinator's start began failing, and whether with READONLY (None: it has
+        # not failed since it last answered; ``_refused_at_start``).
+        self._start_refused: tuple[float, bool] | None = None
         # The traceback ``_fatal`` had when the group closed on it (``_raise_fatal``).
         self._fatal_tb: TracebackType | None = None
         self._current: Generation | None = None
@@ -291,31 +292,29 @@ class ConsumerGroup:
             )
             try:
                 coord.start()
-            except ServerUnavailable as exc:
+            except ConnectionLost as exc:
                 self._refused_at_start(exc)
                 raise
-            self._read_only_since = None
+            self._start_refused = None
             self._coordinator = coord
 
-    def _refused_at_start(self, exc: ServerUnavailable) -> None:
-        """A coordinator start refused (with ``_cond`` held): the first refusal of a spell is
+    def _refused_at_start(self, exc: ConnectionLost) -> None:
+        """A coordinator start failed (with ``_cond`` held): the first failure of a spell is
         logged, and a READONLY that lasts the client's retry bound closes the group with
         ``ReadOnlyReplicaError`` (raised here), as one that lasts a whole join does
-        (``_replica_refusal``). The start stores the namespace's settings where there are none
-        yet, which a replica refuses; ``next()`` (and ``Consumer.poll()``, which takes a
-        ``ConnectionLost`` for one it retries) started again at every call, silently: a member
-        pointed at a replica of a namespace no coordinator had used yet waited for ever, with
-        not one line logged."""
+        (``_replica_refusal``). ``next()`` starts the coordinator again at every call and
+        ``Consumer.poll()`` takes a ``ConnectionLost`` for a failure it retries, so with Redis
+        unreachable, or a replica refusing the start (it stores the namespace's settings where
+        no coordinator has yet), a consumer returned no records for ever, with not one line
+        logged, and on a replica never stopped."""
         now = time.monotonic()
-        if not isinstance(exc.__cause__, redis.exceptions.ReadOnlyError):
-            self._read_only_since = None
-            return
-        if self._read_only_since is None:
-            self._read_only_since = now
+        read_only = isinstance(exc.__cause__, redis.exceptions.ReadOnlyError)
+        if self._start_refused is None or self._start_refused[1] != read_only:
+            self._start_refused = (now, read_only)
             log.warning("consumer group %r: %s; starting again at the next call",
                         self._config.group_id, exc)
             return
-        if (now - self._read_only_since) * 1000 < self._config.session_timeout_ms:
+        if not read_only or (now - self._start_refused[0]) * 1000 < self._config.session_timeout_ms:
             return
         refused = _replica_refusal(exc, self._config, "the coordinator's start")
         assert refused is not None
