@@ -465,7 +465,9 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
         # rcoord's calls raise MissingPermissionError (rcoord.errors.reraise_as_rcoord); a
         # plain redis-py call's NOPERM gets the same words here.
         return EXIT_FAILURE, " ".join(str(as_missing_permission(exc)).split()).rstrip(".")
-    if isinstance(cause, redis.exceptions.ReadOnlyError):
+    if isinstance(cause, (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)):
+        # (MASTERDOWN: a replica with replica-serve-stale-data off, whose link to its master
+        # is down, refuses reads too; it was "MasterDownError: Link with MASTER is down ...")
         return EXIT_FAILURE, (
             f"Redis{at} is a read-only replica ({text}); give the URL of its master"
         )

@@ -273,6 +273,20 @@ def test_a_replica_is_named_with_what_to_do_instead(own_server, refused_port):
     assert "read-only replica" in line and "give the URL of its master" in line, line
 
 
+def test_a_replica_that_serves_no_stale_data_is_named_alike(own_server, refused_port):
+    """A replica with ``replica-serve-stale-data no`` whose link to its master is down refuses
+    reads too, with MASTERDOWN: the same words as READONLY, where it said "MasterDownError:
+    Link with MASTER is down ..." and nothing of what to do."""
+    with own_server.client() as client:
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+        client.config_set("replica-serve-stale-data", "no")
+    res = rcoord("topics", "list", "--redis-url", own_server.url)
+    line = one_error_line(res, "topics list")
+    assert res.returncode == 1
+    assert "read-only replica (Link with MASTER is down" in line, line
+    assert "give the URL of its master" in line, line
+
+
 _RULES = "add the missing rule to its ACL rules (docs/security.md lists the rules of each role)"
 
 

@@ -122,6 +122,31 @@ def test_a_replica_of_a_namespace_without_settings_closes_the_group_too(
         r.close()
 
 
+def test_a_replica_that_serves_no_stale_data_closes_the_group_too(
+        replica: EmbeddedServer, namespace: str) -> None:
+    """With ``replica-serve-stale-data no`` a replica whose master is gone answers MASTERDOWN
+    to everything, reads included (rcoord raises it as a ``ConnectionLost``): the member
+    started, or joined, again for ever, as for READONLY before."""
+    r = replica.client()
+    r.config_set("replica-serve-stale-data", "no")
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    try:
+        def raised() -> bool:
+            try:
+                consumer.poll(timeout=0.05)
+            except ReadOnlyReplicaError as exc:
+                assert "answered MASTERDOWN" in str(exc)
+                assert isinstance(exc.__cause__, redis.exceptions.MasterDownError)
+                return True
+            return False
+
+        wait_until(raised)
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()
+
+
 def test_a_read_only_spell_shorter_than_the_bound_is_waited_out(
         own_server: EmbeddedServer, namespace: str, refused_port: int) -> None:
     """A failover: the server refuses the joins with READONLY, then is a master again within

@@ -107,7 +107,6 @@ from ..errors import (
     ParkAbandonedError,
     ProtocolError,
     RcoordError,
-    ServerUnavailable,
     as_missing_permission,
     is_missing_permission,
 )
@@ -308,7 +307,7 @@ class ConsumerGroup:
         no coordinator has yet), a consumer returned no records for ever, with not one line
         logged, and on a replica never stopped."""
         now = time.monotonic()
-        read_only = isinstance(exc.__cause__, redis.exceptions.ReadOnlyError)
+        read_only = _replica_answer(exc) is not None
         if self._start_refused is None or self._start_refused[1] != read_only:
             self._start_refused = (now, read_only)
             log.warning("consumer group %r: %s; starting again at the next call",
@@ -888,9 +887,20 @@ without a LeaveGroup, which the replica would refuse as it refused the join (the
 the member, if the join ever added one)."""
 
 
+def _replica_answer(exc: BaseException) -> BaseException | None:
+    """The redis-py error behind ``exc`` if it is one only a replica answers (None if not):
+    READONLY (a write refused), or MASTERDOWN (anything refused by a replica whose link to its
+    master is down, with ``replica-serve-stale-data no``; rcoord raises it as a
+    ``ConnectionLost``, as it does every redis-py ``ClusterError``)."""
+    cause = exc.__cause__ if isinstance(exc, ConnectionLost) else None
+    replica_only = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)
+    return cause if isinstance(cause, replica_only) else None
+
+
 def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
                      call: str = "JoinGroup") -> BaseException | None:
-    """``ReadOnlyReplicaError`` if a join failed on READONLY, else None.
+    """``ReadOnlyReplicaError`` if a join failed on a replica's answer (READONLY or
+    MASTERDOWN, ``_replica_answer``), else None.
 
     Every call of a join is retried for one session timeout (``call_with_retries``), and the
     join raises only when they are over (or the group closes, which ends the loop before
@@ -898,11 +908,12 @@ def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
     failover in progress is over by then (the demoted master's clients are sent to the new
     one, or the node is promoted); a URL that names a replica never is, and the member joined
     again every ``join_backoff_ms`` for ever, reading nothing."""
-    cause = exc.__cause__ if isinstance(exc, ServerUnavailable) else None
-    if not isinstance(cause, redis.exceptions.ReadOnlyError):
+    cause = _replica_answer(exc)
+    if cause is None:
         return None
+    code = "READONLY" if isinstance(cause, redis.exceptions.ReadOnlyError) else "MASTERDOWN"
     refused = ReadOnlyReplicaError(
-        f"group {config.group_id!r}: Redis answered READONLY to {call} for "
+        f"group {config.group_id!r}: Redis answered {code} to {call} for "
         f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound): the "
         f"client is connected to a read-only replica (a URL that names a replica, or a master "
         f"a failover demoted); give it the URL of the master ({' '.join(str(cause).split())})")
