@@ -102,6 +102,7 @@ GROUP_AUTHORIZATION_FAILED
 GROUP_MAX_SIZE_REACHED             no     reset      lost        fatal
 a missing permission (exception)   no     leave      lost        fatal
 a refused login (exception)        no     leave      lost        fatal
+a replica's answer, a whole bound  no     reset      lost        fatal
 anything else                      no     leave      lost        backoff
 =================================  =====  =========  ==========  =======
 
@@ -147,6 +148,14 @@ a connection is made again). Kafka's consumer raises ``AuthenticationException``
 as fatal; so the group closes, and ``next()`` and ``poll()`` raise it. Before, redis-py's class
 made it a ``ConnectionLost``: the member retried, backed off and joined again for ever, and the
 only sign was a warning per round. (Its LeaveGroup is tried, and fails as the login does.)
+
+A replica's answer (READONLY, or MASTERDOWN from a replica serving no stale data) is a
+``ConnectionLost`` like any "not now", and retried as one: a failover in progress is over within
+the retry bound. One that lasts a whole join's retries, or the coordinator's start for as long,
+means the client is connected to a replica, which no retry mends: the group closes with
+``ReadOnlyReplicaError``, which says to give the master's URL (``rcoord.client.group``; it
+forgets the member id without a LeaveGroup, which the replica would refuse too). Before, the
+member joined again every ``join_backoff_ms`` for ever.
 
 MEMBER_ID_REQUIRED is not in the table: the worker never asks for it (it joins with
 ``require_known_member_id=False`` and a UUID of its own, ``rcoord.client.join``); a coordinator
