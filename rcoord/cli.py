@@ -472,6 +472,13 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
             f"Redis{at} is a read-only replica ({text}); give the URL of its master"
         )
     if isinstance(exc, ServerUnavailable):
+        if isinstance(cause, redis.exceptions.OutOfMemoryError) or text.startswith("MISCONF "):
+            # rcoord's own words say what to fix first (free memory or raise maxmemory; mend
+            # what failed the RDB save): "cannot run this now; try again" dropped them, and
+            # the operator tried again into the same refusal.
+            own = " ".join(str(exc).split()).rstrip(".").split(": ", 1)[-1]
+            return EXIT_FAILURE, (f"Redis{at} {own[len('Redis '):]}" if own.startswith("Redis ")
+                                  else f"Redis{at}: {own}")
         return EXIT_FAILURE, f"Redis{at} cannot run this now ({text}); try again"
     if isinstance(cause, redis.exceptions.RedisClusterException):
         return EXIT_FAILURE, f"Redis Cluster{at}: {text}"

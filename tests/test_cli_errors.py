@@ -287,6 +287,40 @@ def test_a_replica_that_serves_no_stale_data_is_named_alike(own_server, refused_
     assert "give the URL of its master" in line, line
 
 
+def test_a_server_out_of_memory_says_what_to_free(own_server):
+    """Used memory above maxmemory (noeviction) refuses the write; rcoord's error says to free
+    memory or raise maxmemory, which the line kept: it said only "cannot run this now ...; try
+    again", and trying again met the same refusal."""
+    with own_server.client() as client:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        try:
+            res = rcoord("topics", "create", "orders", "--partitions", "1",
+                         "--redis-url", own_server.url)
+        finally:
+            client.config_set("maxmemory", 0)
+    line = one_error_line(res, "topics create")
+    assert res.returncode == 1
+    assert f"Redis at {own_server.url} is out of memory (used memory > maxmemory)" in line, line
+    assert "free memory (topic retention, deleting data) or raise maxmemory" in line, line
+
+
+def test_a_refusal_after_a_failed_save_says_what_to_mend():
+    """The same for MISCONF (the last RDB save failed, stop-writes-on-bgsave-error): what to
+    fix, not only "try again"."""
+    from rcoord.errors import reraise_as_rcoord
+
+    with pytest.raises(Exception) as caught:
+        reraise_as_rcoord("append", redis.ResponseError(
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to "
+            "persist to disk."))
+    code, line = explain(caught.value, "redis://h:1")
+    assert code == 1
+    assert line.startswith("Redis at redis://h:1 refuses writes because its last RDB save "
+                           "failed (stop-writes-on-bgsave-error); fix what failed the save "
+                           "(disk space, the permissions of its dir)"), line
+
+
 _RULES = "add the missing rule to its ACL rules (docs/security.md lists the rules of each role)"
 
 
