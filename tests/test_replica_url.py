@@ -61,6 +61,17 @@ def test_a_group_on_a_replica_closes_with_read_only_replica_error(
         r.close()
 
 
+def test_its_policy_row_is_fatal() -> None:
+    """Whoever asks the policy whether the group's error ends it (a Spark query's plan does,
+    rcoord.spark.member) hears "fatal": taken for "anything else", the query planned empty
+    batches for ever, warning each time, where before it failed once Redis had refused it for
+    a session timeout."""
+    from rcoord.client import reaction_for
+
+    reaction = reaction_for(ReadOnlyReplicaError("group 'g': ... give it the URL of the master"))
+    assert reaction.fatal and not reaction.retry and reaction.member_id == "reset"
+
+
 def test_a_consumer_on_a_replica_raises_it_from_poll(replica: EmbeddedServer,
                                                      namespace: str) -> None:
     r = replica.client()

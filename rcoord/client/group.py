@@ -604,10 +604,7 @@ class ConsumerGroup:
                     failures += 1
                     if reaction_for(exc).lost:
                         self._drop_owned(None)  # the carried partitions are lost too
-                    replica = _replica_refusal(exc, joined)
-                    if replica is not None:
-                        self._react(replica, failures, _ON_A_REPLICA)
-                        break
+                    exc = _replica_refusal(exc, joined) or exc  # (fatal: ReadOnlyReplicaError)
                     if not self._react(exc, failures):
                         break
                     reason = f"rejoining after {type(exc).__name__}: {exc}"[:255]
@@ -881,12 +878,6 @@ def _check_subscribes(config: ConsumerGroupConfig) -> None:
         )
 
 
-_ON_A_REPLICA = Reaction(False, "reset", "lost", "fatal")
-"""The reaction to ``ReadOnlyReplicaError``: the group closes. The member id is forgotten
-without a LeaveGroup, which the replica would refuse as it refused the join (the session ends
-the member, if the join ever added one)."""
-
-
 def _replica_answer(exc: BaseException) -> BaseException | None:
     """The redis-py error behind ``exc`` if it is one only a replica answers (None if not):
     READONLY (a write refused), or MASTERDOWN (anything refused by a replica whose link to its
@@ -898,7 +889,7 @@ def _replica_answer(exc: BaseException) -> BaseException | None:
 
 
 def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
-                     call: str = "JoinGroup") -> BaseException | None:
+                     call: str = "JoinGroup") -> ReadOnlyReplicaError | None:
     """``ReadOnlyReplicaError`` if a join failed on a replica's answer (READONLY or
     MASTERDOWN, ``_replica_answer``), else None.
 

@@ -19,12 +19,14 @@ from ..errors import (
     ProtocolError,
     is_missing_permission,
 )
+from .errors import ReadOnlyReplicaError
 
 __all__ = [
     "AUTHENTICATION_FAILED",
     "CONNECTION_LOST",
     "ERROR_POLICY",
     "MISSING_PERMISSION",
+    "ON_A_REPLICA",
     "OTHERWISE",
     "Reaction",
     "combine",
@@ -102,7 +104,6 @@ GROUP_AUTHORIZATION_FAILED
 GROUP_MAX_SIZE_REACHED             no     reset      lost        fatal
 a missing permission (exception)   no     leave      lost        fatal
 a refused login (exception)        no     leave      lost        fatal
-a replica's answer, a whole bound  no     reset      lost        fatal
 anything else                      no     leave      lost        backoff
 =================================  =====  =========  ==========  =======
 
@@ -153,9 +154,10 @@ A replica's answer (READONLY, or MASTERDOWN from a replica serving no stale data
 ``ConnectionLost`` like any "not now", and retried as one: a failover in progress is over within
 the retry bound. One that lasts a whole join's retries, or the coordinator's start for as long,
 means the client is connected to a replica, which no retry mends: the group closes with
-``ReadOnlyReplicaError``, which says to give the master's URL (``rcoord.client.group``; it
-forgets the member id without a LeaveGroup, which the replica would refuse too). Before, the
-member joined again every ``join_backoff_ms`` for ever.
+``ReadOnlyReplicaError``, which says to give the master's URL (``rcoord.client.group``), and
+``reaction_for`` answers it with ``ON_A_REPLICA``: no retry, member id reset (without a
+LeaveGroup, which the replica would refuse too), partitions lost, fatal. Before, the member
+joined again every ``join_backoff_ms`` for ever.
 
 MEMBER_ID_REQUIRED is not in the table: the worker never asks for it (it joins with
 ``require_known_member_id=False`` and a UUID of its own, ``rcoord.client.join``); a coordinator
@@ -171,6 +173,13 @@ MISSING_PERMISSION = _REFUSED
 AUTHENTICATION_FAILED = _REFUSED
 """The row for a login Redis refused (``AuthenticationFailedError``): fatal."""
 
+ON_A_REPLICA = Reaction(False, "reset", "lost", "fatal")
+"""The row for ``ReadOnlyReplicaError``: fatal. The member id is forgotten without a LeaveGroup,
+which the replica would refuse as it refused the join (the session ends the member, if the join
+ever added one). Looked up by ``reaction_for`` too, so code that asks whether an error the group
+raised is fatal (a Spark query's plan) stops on it: taken for "anything else", the query
+planned empty batches for ever, warning each time."""
+
 OTHERWISE = Reaction(False, "leave", "lost", "backoff")
 """The row for every error not in ``ERROR_POLICY``."""
 
@@ -179,6 +188,8 @@ def reaction_for(error: Errors | BaseException) -> Reaction:
     """The ``ERROR_POLICY`` row for an error code or an exception."""
     if isinstance(error, AuthenticationFailedError):
         return AUTHENTICATION_FAILED
+    if isinstance(error, ReadOnlyReplicaError):
+        return ON_A_REPLICA
     if isinstance(error, ConnectionLost):
         return CONNECTION_LOST
     if isinstance(error, BaseException) and is_missing_permission(error):
