@@ -12,7 +12,8 @@ Hierarchy::
     ├── ParkAbandonedError     a parked JoinGroup/SyncGroup was given up because its caller closes
     ├── ScriptError            a Lua script reported a named internal error (a bug, never user input)
     │   └── IllegalStateError  an invariant of the group state machine would have been broken
-    ├── GroupClosedError, GenerationEndedError   (worker client, rcoord/client/errors.py)
+    ├── GroupClosedError, GenerationEndedError, ReadOnlyReplicaError   (worker client,
+    │                          rcoord/client/errors.py)
     └── ProtocolError          a Kafka error code raised as an exception (``error``, ``retriable``)
         ├── UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
         ├── FencedInstanceIdError, CoordinatorNotAvailableError, NotCoordinatorError, ...
