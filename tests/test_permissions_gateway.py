@@ -4,8 +4,10 @@ to add (not a traceback per request)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +36,42 @@ def _produce(sock: Any, corr: int) -> dict[tuple[str, int], int]:
     got = response(sock, 0, 9, 5)
     return {(t.name, p.index): int(p.error_code.value)
             for t in got.responses for p in t.partition_responses}
+
+
+@contextlib.contextmanager
+def _rotated(own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
+             topics: dict[str, int], *, fast_groups: bool = False) -> Iterator[Any]:
+    """A gateway running as its own ACL user over ``topics``, whose password is changed under
+    it (its connections killed, so they log in again): yields a socket to it, with the
+    gateway's log captured at DEBUG."""
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    if fast_groups:
+        settle_fast_groups(admin, ns)
+    for name, count in topics.items():
+        Topics(admin, ns).create(name, count)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    sock = connect(gw)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
+            yield sock
+    finally:
+        sock.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> tuple[list[str], int]:
+    """The gateway's warnings (and errors), and how many debug lines said "logged before"."""
+    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
+    return ([r.getMessage() for r in ours if r.levelno >= logging.WARNING],
+            len([r for r in ours if r.levelno == logging.DEBUG
+                 and "logged before" in r.getMessage()]))
 
 
 def _commit(sock: Any, corr: int) -> dict[tuple[str, int], int]:
@@ -93,36 +131,18 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     Fetches: hundreds a second)."""
     from rcoord.gateway import errors
 
-    ns = "p" + uuid.uuid4().hex[:10]
-    user = "gw" + uuid.uuid4().hex[:6]
-    admin = own_server.client()
-    settle_fast_groups(admin, ns)
-    Topics(admin, ns).create("t", 2)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "+@all")
-    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
-    sock = connect(gw)
-    try:
-        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
-            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
-            answers = [_commit(sock, corr) for corr in (1, 2, 3)]
-            monkeypatch.setattr(errors, "LOGIN_REFUSED_LOG_INTERVAL_S", 0.0)
-            answers.append(_commit(sock, 4))
-    finally:
-        sock.close()
-        gw.stop()
-        admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+    with _rotated(own_server, caplog, {"t": 2}, fast_groups=True) as sock:
+        answers = [_commit(sock, corr) for corr in (1, 2, 3)]
+        monkeypatch.setattr(errors, "LOGIN_REFUSED_LOG_INTERVAL_S", 0.0)
+        answers.append(_commit(sock, 4))
     assert all(a == {("t", 0): COORDINATOR_NOT_AVAILABLE, ("t", 1): COORDINATOR_NOT_AVAILABLE}
                for a in answers)
-    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
-    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    warned, before = _logged(caplog)
     assert len(warned) == 2, warned
     assert all("refused the login" in m and "check the user and password" in m for m in warned)
     assert "other requests refused" not in warned[0]
     assert "(2 other requests refused since the last such line)" in warned[1]
-    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
-                r.getMessage()]) == 2
+    assert before == 2
 
 
 def test_a_refused_login_met_by_produce_is_logged(own_server: EmbeddedServer,
@@ -130,30 +150,13 @@ def test_a_refused_login_met_by_produce_is_logged(own_server: EmbeddedServer,
     """A Produce answers each partition on its own (REQUEST_TIMED_OUT, retriable) and logged
     nothing: a gateway that only producers used gave no sign that Redis refused its login.
     It is logged as for other requests: once, then at most once a while."""
-    ns = "p" + uuid.uuid4().hex[:10]
-    user = "gw" + uuid.uuid4().hex[:6]
-    admin = own_server.client()
-    Topics(admin, ns).create("t", 2)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
-    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
-    sock = connect(gw)
-    try:
-        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
-            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
-            answers = [_produce(sock, corr) for corr in (1, 2)]
-    finally:
-        sock.close()
-        gw.stop()
-        admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+    with _rotated(own_server, caplog, {"t": 2}) as sock:
+        answers = [_produce(sock, corr) for corr in (1, 2)]
     assert answers == [{("t", 0): REQUEST_TIMED_OUT, ("t", 1): REQUEST_TIMED_OUT}] * 2
-    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
-    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    warned, before = _logged(caplog)
     assert len(warned) == 1, warned
     assert warned[0].startswith("Produce v9: ") and "refused the login" in warned[0]
-    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
-                r.getMessage()]) == 3  # the other partition, and both of the second request
+    assert before == 3  # the other partition, and both of the second request
 
 
 def test_a_gateway_refused_its_namespaces_keys_at_start_names_the_pattern(
@@ -201,28 +204,10 @@ def test_a_refused_login_met_by_an_admin_request_is_logged_once_a_while(
     """The admin requests answer each topic on its own (REQUEST_TIMED_OUT) and logged a
     warning per topic and request for a refused login of the gateway's own ("Redis unreachable
     or unavailable"), where every other request logs it once, then at most once a while."""
-    ns = "p" + uuid.uuid4().hex[:10]
-    user = "gw" + uuid.uuid4().hex[:6]
-    admin = own_server.client()
-    for name in ("t", "u"):
-        Topics(admin, ns).create(name, 1)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
-    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
-    sock = connect(gw)
-    try:
-        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
-            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
-            answers = [_delete_records(sock, corr) for corr in (1, 2)]
-    finally:
-        sock.close()
-        gw.stop()
-        admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+    with _rotated(own_server, caplog, {"t": 1, "u": 1}) as sock:
+        answers = [_delete_records(sock, corr) for corr in (1, 2)]
     assert answers == [{("t", 0): REQUEST_TIMED_OUT, ("u", 0): REQUEST_TIMED_OUT}] * 2
-    ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
-    warned = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
+    warned, before = _logged(caplog)
     assert len(warned) == 1, warned
     assert warned[0].startswith("topic ") and "refused the login" in warned[0]
-    assert len([r for r in ours if r.levelno == logging.DEBUG and "logged before" in
-                r.getMessage()]) == 3
+    assert before == 3
