@@ -30,6 +30,19 @@ def _lease_rounds(svc: Any, rounds: int) -> None:
     wait_until(done, timeout_s=10)
 
 
+def _checks_held(svc: Any) -> threading.Lock:
+    """A lock that, while held, holds the service's next settings check (``_check_settings``):
+    what a test does under it lands between two checks."""
+    check, held = svc._check_settings, threading.Lock()
+
+    def checked() -> None:
+        with held:
+            check()
+
+    svc._check_settings = checked
+    return held
+
+
 def test_named_settings_come_back_when_a_worker_re_established_the_namespace_first(
         redis_server, single_client, namespace):
     """The namespace is lost (a restart without persistence) and a worker, which names nothing,
@@ -42,14 +55,7 @@ def test_named_settings_come_back_when_a_worker_re_established_the_namespace_fir
     try:
         assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
         # The loss and the worker's settle between two checks of the service (held meanwhile).
-        check, held = svc._check_settings, threading.Lock()
-
-        def checked() -> None:
-            with held:
-                check()
-
-        svc._check_settings = checked
-        with held:
+        with _checks_held(svc):
             for k in list(single_client.scan_iter(match=f"{namespace}:*", count=1000)):
                 single_client.delete(k)
             worker = GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace)).start()
@@ -105,14 +111,7 @@ def test_a_service_whose_named_count_cannot_come_back_after_a_loss_follows_the_o
     svc = _service(redis_server.url, namespace, num_partitions=10)
     try:
         assert single_client.hget(key, "num_partitions") == b"10"
-        check, held = svc._check_settings, threading.Lock()
-
-        def checked() -> None:
-            with held:
-                check()
-
-        svc._check_settings = checked
-        with held:
+        with _checks_held(svc):
             single_client.delete(key)
             worker = GroupCoordinator(single_client, CoordinatorConfig(
                 namespace=namespace, num_partitions=20, **FAST)).start()
