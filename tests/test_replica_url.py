@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -42,6 +43,25 @@ def replica(own_server: EmbeddedServer, namespace: str, refused_port: int) -> Em
         Topics(client, namespace).create("t", 1)
         client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
     return own_server
+
+
+def _refusal(call: Callable[[], Any], *not_yet: type[BaseException]) -> ReadOnlyReplicaError:
+    """Make ``call`` until it raises ``ReadOnlyReplicaError``, and return that; ``not_yet``:
+    errors that may come before it (any other is raised)."""
+    got: list[ReadOnlyReplicaError] = []
+
+    def raised() -> bool:
+        try:
+            call()
+        except ReadOnlyReplicaError as exc:
+            got.append(exc)
+            return True
+        except not_yet:
+            pass
+        return False
+
+    wait_until(raised)
+    return got[0]
 
 
 def test_a_group_on_a_replica_closes_with_read_only_replica_error(
@@ -78,14 +98,7 @@ def test_a_consumer_on_a_replica_raises_it_from_poll(replica: EmbeddedServer,
     consumer = Consumer(ConsumerGroupConfig(
         group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
     try:
-        def raised() -> bool:
-            try:
-                consumer.poll(timeout=0.05)
-            except ReadOnlyReplicaError:
-                return True
-            return False
-
-        wait_until(raised)
+        _refusal(lambda: consumer.poll(timeout=0.05))
     finally:
         consumer.close(timeout=WAIT_S)
         r.close()
@@ -107,24 +120,13 @@ def test_a_replica_of_a_namespace_without_settings_closes_the_group_too(
     config = ConsumerGroupConfig(group_id="g", topics=["t"], redis_client=r, namespace=namespace,
                                  **SHORT)
     member: Any = ConsumerGroup(config) if api == "ConsumerGroup" else Consumer(config)
-
-    def raised() -> bool:
-        try:
-            if api == "ConsumerGroup":
-                member.next(timeout=0.05)
-            else:
-                member.poll(timeout=0.05)
-        except ReadOnlyReplicaError as exc:
-            assert "to the coordinator's start" in str(exc)
-            assert isinstance(exc.__cause__, redis.exceptions.ReadOnlyError)
-            return True
-        except (TimeoutError, ServerUnavailable):  # (next(): not yet)
-            pass
-        return False
-
     try:
         with caplog.at_level(logging.WARNING, "rcoord.client"):
-            wait_until(raised)
+            exc = _refusal(lambda: member.next(timeout=0.05) if api == "ConsumerGroup"
+                           else member.poll(timeout=0.05),
+                           TimeoutError, ServerUnavailable)  # (next(): not yet)
+        assert "to the coordinator's start" in str(exc)
+        assert isinstance(exc.__cause__, redis.exceptions.ReadOnlyError)
         assert any("starting again at the next call" in m for m in caplog.messages)
         with pytest.raises(ReadOnlyReplicaError):  # closed on it: every later call says so
             member.next(timeout=0.05) if api == "ConsumerGroup" else member.poll(timeout=0.05)
@@ -143,16 +145,9 @@ def test_a_replica_that_serves_no_stale_data_closes_the_group_too(
     consumer = Consumer(ConsumerGroupConfig(
         group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
     try:
-        def raised() -> bool:
-            try:
-                consumer.poll(timeout=0.05)
-            except ReadOnlyReplicaError as exc:
-                assert "answered MASTERDOWN" in str(exc)
-                assert isinstance(exc.__cause__, redis.exceptions.MasterDownError)
-                return True
-            return False
-
-        wait_until(raised)
+        exc = _refusal(lambda: consumer.poll(timeout=0.05))
+        assert "answered MASTERDOWN" in str(exc)
+        assert isinstance(exc.__cause__, redis.exceptions.MasterDownError)
     finally:
         consumer.close(timeout=WAIT_S)
         r.close()
