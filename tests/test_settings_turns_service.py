@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
 from harness import wait_until
 from test_service_settings_loss import _lease_rounds
 
@@ -113,35 +114,24 @@ def test_on_a_cluster_too(redis_cluster, namespace):
         client.close()
 
 
+@pytest.mark.parametrize("hash_lost", [False, True], ids=["stored", "settings hash lost"])
 def test_a_service_naming_another_count_starts_on_a_namespace_with_groups(
-        redis_server, single_client, namespace):
+        redis_server, single_client, namespace, hash_lost):
     """As a broker configured with another ``offsets.topic.num.partitions`` uses the topic as
     it is: before, the start failed (the count is fixed while groups exist), so a service whose
-    --set was out of date could not start at all."""
+    --set was out of date could not start at all.
+
+    Also when the settings hash alone was lost (a failover of its node) and its copies and
+    anchors survive: the service finds no count stored, so it names 10, which the settle
+    refuses after re-establishing 50 from the anchors (the group). Before, that start failed
+    with ConfigError, and so did every restart: the workers' calls find their copies and never
+    re-establish the settings. It now serves the count stored."""
     coord = GroupCoordinator(single_client, CoordinatorConfig(
         namespace=namespace, group_min_session_timeout_ms=10)).start()
     coord.join_group("g", protocol_type="consumer", protocols=[("range", b"")],
                      session_timeout_ms=10_000, require_known_member_id=False)
-    a = _service(redis_server.url, namespace, "a", num_partitions=10)
-    try:
-        assert a.group_config.num_partitions == 50 == _count(single_client, namespace)
-        assert coord.describe_group("g").members
-    finally:
-        a.stop()
-
-
-def test_a_service_naming_another_count_starts_after_the_settings_hash_alone_was_lost(
-        redis_server, single_client, namespace):
-    """The namespace holds a group under 50; its settings hash alone is lost (a failover of its
-    node), its copies and anchors survive. A service naming 10 finds no count stored, so it
-    names 10, which the settle refuses after re-establishing 50 from the anchors (the group).
-    Before, the start failed with ConfigError, and so did every restart: the workers' calls
-    find their copies and never re-establish the settings. It now serves the count stored."""
-    coord = GroupCoordinator(single_client, CoordinatorConfig(
-        namespace=namespace, group_min_session_timeout_ms=10)).start()
-    coord.join_group("g", protocol_type="consumer", protocols=[("range", b"")],
-                     session_timeout_ms=10_000, require_known_member_id=False)
-    single_client.delete(settings_key(namespace))
+    if hash_lost:
+        single_client.delete(settings_key(namespace))
     a = _service(redis_server.url, namespace, "a", num_partitions=10)
     try:
         assert a.group_config.num_partitions == 50 == _count(single_client, namespace)
