@@ -419,7 +419,7 @@ def _client_certificate_wanted(url: str | None, text: str) -> bool:
 
 def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
     """(exit status, one line that says what went wrong and what to fix) for ``exc``."""
-    from .client.errors import ReadOnlyReplicaError
+    from .client.errors import REPLICA_ANSWERS, ReadOnlyReplicaError
     from .errors import (
         AuthenticationFailedError,
         ConfigError,
@@ -465,7 +465,7 @@ def explain(exc: BaseException, url: str | None = None) -> tuple[int, str]:
         # rcoord's calls raise MissingPermissionError (rcoord.errors.reraise_as_rcoord); a
         # plain redis-py call's NOPERM gets the same words here.
         return EXIT_FAILURE, " ".join(str(as_missing_permission(exc)).split()).rstrip(".")
-    if isinstance(cause, (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)):
+    if isinstance(cause, REPLICA_ANSWERS):
         # (MASTERDOWN: a replica with replica-serve-stale-data off, whose link to its master
         # is down, refuses reads too; it was "MasterDownError: Link with MASTER is down ...")
         return EXIT_FAILURE, (

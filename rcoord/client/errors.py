@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import redis.exceptions
+
 from ..assignors import CooperativeAssignmentError  # raised by the leader's check
 from ..errors import (  # RebalanceInProgressError: commits made during a rebalance raise it
     Errors,
@@ -15,6 +17,7 @@ from ..errors import (  # RebalanceInProgressError: commits made during a rebala
 from ..protocol.offsets import TopicPartition
 
 __all__ = [
+    "REPLICA_ANSWERS",
     "CommitFailedError",
     "CooperativeAssignmentError",
     "GenerationEndedError",
@@ -74,6 +77,13 @@ class JoinRefusedError(ProtocolError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.error, self.hint))
+
+
+REPLICA_ANSWERS = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)
+"""The redis-py errors only a replica answers: READONLY (a write refused), and MASTERDOWN
+(anything refused by a replica whose link to its master is down, with
+``replica-serve-stale-data no``). Met for longer than a failover takes, they mean the client
+was given a replica's URL (``ReadOnlyReplicaError``; ``rcoord.cli.explain``)."""
 
 
 class ReadOnlyReplicaError(RcoordError):

@@ -115,7 +115,7 @@ from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import GroupClosedError, ReadOnlyReplicaError
+from .errors import REPLICA_ANSWERS, GroupClosedError, ReadOnlyReplicaError
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
 from .join import fenced_reason, join_generation
@@ -884,8 +884,7 @@ def _replica_answer(exc: BaseException) -> BaseException | None:
     master is down, with ``replica-serve-stale-data no``; rcoord raises it as a
     ``ConnectionLost``, as it does every redis-py ``ClusterError``)."""
     cause = exc.__cause__ if isinstance(exc, ConnectionLost) else None
-    replica_only = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)
-    return cause if isinstance(cause, replica_only) else None
+    return cause if isinstance(cause, REPLICA_ANSWERS) else None
 
 
 def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
