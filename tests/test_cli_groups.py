@@ -222,6 +222,22 @@ def test_list_and_describe_with_lag(cli, make_coordinator, redis_client, namespa
     assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (0, 0, 0)
 
 
+def test_a_control_character_in_an_id_keeps_a_table_row_on_one_line(cli, make_coordinator,
+                                                                  redis_client, namespace, pool):
+    """Client ids and instance ids are free text: a newline or a tab printed as it is split a
+    member's row in two and shifted its columns. The table escapes them; JSON keeps them."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("orders", 1)
+    _, ids = stable_group(coord, pool, "odd", "orders", {"two\nlines\ttab": [0]})
+    res = ok(cli("groups", "describe", "odd"))
+    member = ids["two\nlines\ttab"]
+    shown = member.replace("\n", "\\n").replace("\t", "\\t")
+    assert rows(res.stdout, "CONSUMER-ID") == [
+        [shown, "-", "/10.0.0.13", "two\\nlines\\ttab", "1"]]
+    doc = json.loads(ok(cli("groups", "describe", "odd", "--output", "json")).stdout)
+    assert [m["client_id"] for m in doc["members"]] == ["two\nlines\ttab"]
+
+
 @pytest.mark.parametrize("backend", ["single"])
 def test_total_lag_is_never_a_guess(cli, make_coordinator, redis_client, namespace, pool):
     """TOTAL-LAG was 0 for a group with no lag known (nothing committed: every LAG '-'), and

@@ -15,9 +15,16 @@ MISSING = "-"
 
 
 def cell(value: Any) -> str:
+    """Ids are free text (a client id or group instance id may hold a newline or a tab, which
+    split a row and shifted its columns): characters that do not print are shown escaped, as
+    Python writes them (``\\n``); JSON output keeps them as they are."""
     if value is None or value == "":
         return MISSING
-    return str(value)
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
