@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rcoord import InvalidRequestError
-from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, admin, fetch
 from rcoord.topics._base import producer_log_key
 from rcoord.topics.epoch_log import epoch_appends, epoch_states
 
@@ -111,3 +111,23 @@ def test_deleting_the_topic_deletes_the_append_logs(
     topics.delete("t")
     assert not any(redis_client.exists(k) for k in logs)
     assert redis_client.keys(f"{namespace}:topic*") == []  # nothing of the topic is left
+
+
+def test_deleting_a_topic_names_no_append_log_for_the_stored_setting(
+        redis_client: Any, namespace: str, topics: Topics, monkeypatch: Any) -> None:
+    """A change of producer_id_expiration_ms stores it in each partition's producer states
+    under the empty field, which is no producer's: the delete took it for one and deleted a
+    log key named after it (``...:t:0:``)."""
+    topics.create("t", 1)
+    _named(redis_client, namespace, 1).send("t", b"a", partition=0)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    named = []
+
+    def spy(ns: str, topic: str, partition: int, producer_id: str) -> str:
+        named.append(producer_id)
+        return producer_log_key(ns, topic, partition, producer_id)
+
+    monkeypatch.setattr(admin, "producer_log_key", spy)
+    topics.delete("t")
+    assert named == ["task-1"]
+    assert redis_client.keys(f"{namespace}:topic*") == []

@@ -353,7 +353,8 @@ class Topics:
         """Every key of those partitions: streams, producer states and logs, last timestamps,
         creation tokens."""
         # The producers' append logs (Spark sink producers) are named by producer id: found in
-        # the state hash, which the log never outlives.
+        # the state hash, which the log never outlives. Its empty field is the stored
+        # producer_id_expiration_ms (topic_producer_ttl.lua), no producer's: it has no log.
         pipe = self._r.pipeline(transaction=False)
         for p in partitions:
             pipe.hkeys(producer_state_keys(self._ns, topic, p)[0])
@@ -361,7 +362,8 @@ class Topics:
         pipe = self._r.pipeline(transaction=False)
         for p, pids in zip(partitions, producers):
             for pid in pids:
-                pipe.delete(producer_log_key(self._ns, topic, p, _text(pid)))
+                if pid:
+                    pipe.delete(producer_log_key(self._ns, topic, p, _text(pid)))
             # The stream, producer states, last timestamp and creation token.
             for key in make_keys(self._ns, topic, p):
                 pipe.delete(key)
