@@ -7,7 +7,10 @@
 -- producer.id.expiration.ms, ARGV[2..] producer ids (those of the activity zset when read).
 -- Each log is extended to expire that long after its producer's last append: kept at the old
 -- time, a retried Spark task found its producer's state but no log (not complete) and could
--- store its rows again. Returns 1 if it extended the state keys, else 0.
+-- store its rows again. Returns {1 if it extended the state keys else 0, {the producer ids of
+-- KEYS[2] that ARGV[2..] does not name}}: those that first appended between the caller's read of
+-- KEYS[2] and this script, with the setting the append read, so the caller calls again with
+-- their logs (once: every append after this script reads the setting stored here).
 -- topic_append_idempotent.lua sets both keys to expire the setting's value after each append,
 -- as it was then: a raise since left them to go at the old, shorter time, while the state is
 -- not expired by the new setting (the script's rule, Kafka's expiry check's), and a batch
@@ -25,11 +28,16 @@ local expiration = math.min(tonumber(ARGV[1]), 2 ^ 46)
 -- takes it over a caller's older, shorter one): the states' empty field, which no producer id
 -- can name (ids are 1..1024 bytes).
 redis.call('HSET', KEYS[1], '', ARGV[1])
+local named, unnamed = {}, {}
+for i = 2, #ARGV do named[ARGV[i]] = true end
+for _, pid in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  if not named[pid] then unnamed[#unnamed + 1] = pid end
+end
 if #last == 0 then
   -- No state: the field alone, for as long as the setting (a producer that starts here with
   -- the setting it read before the change finds it; an append extends it as the state's).
   redis.call('PEXPIRE', KEYS[1], string.format('%d', expiration))
-  return 0
+  return {0, unnamed}
 end
 for i = 3, #KEYS do
   local at = redis.call('ZSCORE', KEYS[2], ARGV[i - 1])
@@ -39,7 +47,7 @@ for i = 3, #KEYS do
   end
 end
 local ttl = tonumber(last[2]) + expiration - now
-if ttl <= 0 then return 0 end  -- (a PEXPIRE of 0 or less would delete the keys)
+if ttl <= 0 then return {0, unnamed} end  -- (a PEXPIRE of 0 or less would delete the keys)
 ttl = string.format('%d', ttl)  -- never in exponent form
 redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
-return redis.call('PEXPIRE', KEYS[2], ttl, 'GT')
+return {redis.call('PEXPIRE', KEYS[2], ttl, 'GT'), unnamed}

@@ -29,6 +29,7 @@ from rcoord.topics import (
     RecordMetadata,
     TopicError,
     Topics,
+    admin,
     fetch,
     log_offsets,
     producer_state_keys,
@@ -37,6 +38,7 @@ from rcoord.topics._base import (
     APPEND_IDEMPOTENT,
     PRODUCER_ID_EXPIRATION_MS,
     PRODUCER_PRUNE_PER_CALL,
+    PRODUCER_TTL,
     _encode_record,
     _run,
     partition_keys,
@@ -1136,6 +1138,31 @@ def test_a_raise_reaches_a_partition_without_producer_state_too(
     state, activity = producer_state_keys(namespace, "t", 0)
     assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000
     assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
+
+
+def test_a_log_started_while_a_raise_is_stored_gets_the_raised_setting(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """alter_configs reads each partition's producers, then extends their append logs in a
+    script: a producer whose first append landed between the two, with the setting it read
+    before the raise, kept its log at the old expiry (a retried Spark task then found the
+    state but no log). The script names the producers it was not given, and they are extended
+    too."""
+    topics.create("t", 1, producer_id_expiration_ms=5_000)
+    logger = Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=1,
+                      log_appends=True, metadata_max_age_ms=600_000)
+    logger.partition_count("t")  # (reads the setting: 5 s)
+    real, sent = admin._run, []
+
+    def first_append_in_between(client: Any, calls: Any) -> list[Any]:
+        if calls and calls[0][0] is PRODUCER_TTL and not sent:
+            sent.append(logger.send("t", b"x", partition=0))  # its first append there
+        return real(client, calls)
+
+    monkeypatch.setattr(admin, "_run", first_append_in_between)
+    topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
+    assert sent
+    assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000
 
 
 def test_keys_extended_by_a_raise_keep_the_raised_setting_after_a_stale_append(

@@ -253,10 +253,19 @@ class Topics:
                 for _, activity in states:
                     pipe.zrange(activity, 0, -1)
                 pids = [[_text(pid) for pid in got] for got in pipe.execute()]
-                _run(self._r, [
+                done = _run(self._r, [
                     (PRODUCER_TTL, [*state, *(producer_log_key(self._ns, topic, p, pid)
                                               for pid in pids[p])], [new, *pids[p]])
                     for p, state in enumerate(states)])
+                # Producers that first appended between the read above and the script (one
+                # round trip) started their logs with the setting they had read, perhaps the
+                # old one: their logs too. Once: each append since reads the stored setting.
+                late = {p: [_text(pid) for pid in res[1]] for p, res in enumerate(done)
+                        if res[1]}
+                _run(self._r, [
+                    (PRODUCER_TTL, [*states[p], *(producer_log_key(self._ns, topic, p, pid)
+                                                  for pid in got)], [new, *got])
+                    for p, got in late.items()])
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""
