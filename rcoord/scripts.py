@@ -281,11 +281,12 @@ class Scripts:
 
         def load_once() -> None:
             nonlocal seen
-            node = self._master_of(keys)
+            nodes = self._answering(self._master_of(keys), keys)
             with self._load_lock:
-                if self._due(node, seen):  # else another caller loaded it since this one sent
-                    self.load_library(node)
-                    self._loaded(node)
+                for node in nodes:
+                    if self._due(node, seen):  # else another caller loaded it since this sent
+                        self.load_library(node)
+                        self._loaded(node)
                 seen = self._loads
 
         return send_reloading(first, direct, load_once, is_missing_function)
@@ -296,6 +297,47 @@ class Scripts:
         if not hasattr(self._client, "get_primaries") or not keys:
             return None
         return self._client.get_node_from_key(keys[0])
+
+    def _answering(self, node: Any, keys: Sequence[Any]) -> list[Any]:
+        """The masters that may have answered a call with ``keys`` sent to ``node``, its slot's
+        master: ``node``, and the master the slot is migrating to when ``node`` sends the call
+        there.
+
+        While a slot migrates, the source answers ``ASK`` to a call whose keys have all moved,
+        and the client sends it again to the importing master, which may never have had the
+        library (a master just added, the usual reason to reshard). Loading ``node`` alone left
+        every such call failing "Function not found" until the slot's move ended. The source is
+        asked once, directly (no redirection followed), whether it has the first key
+        (``EXISTS``): an ``ASK`` (or ``MOVED``) names the other master. Both are loaded, for the
+        first key alone does not tell which of the two ran the call. Any other answer, or error,
+        leaves ``node`` alone."""
+        connection = getattr(node, "redis_connection", None)
+        if connection is None or not keys:
+            return [node]
+        try:
+            connection.execute_command("EXISTS", keys[0])
+        except redis.exceptions.AskError as ask:  # (MOVED is one too)
+            return self._with_redirect(node, ask)
+        except redis.exceptions.RedisError:
+            pass
+        return [node]
+
+    async def _aanswering(self, node: Any, keys: Sequence[Any]) -> list[Any]:
+        """``_answering`` for an asyncio cluster client (whose nodes run commands)."""
+        if node is None or not keys or not hasattr(node, "execute_command"):
+            return [node]
+        try:
+            await node.execute_command("EXISTS", keys[0])
+        except redis.exceptions.AskError as ask:
+            return self._with_redirect(node, ask)
+        except redis.exceptions.RedisError:
+            pass
+        return [node]
+
+    def _with_redirect(self, node: Any, ask: redis.exceptions.AskError) -> list[Any]:
+        """``node`` and the master ``ask`` sends to (when the client knows it or learns it)."""
+        target = self._client.get_node(node_name=f"{ask.host}:{ask.port}")
+        return [node] if target is None or target is node else [node, target]
 
     def _due(self, node: Any, seen: int) -> bool:
         """Whether ``node`` was last loaded before the caller that saw ``seen`` loads sent."""
@@ -329,11 +371,12 @@ class Scripts:
             if not is_missing_function(exc):
                 raise
         for reload in range(1, MAX_RELOADS + 1):
-            node = self._master_of(keys)
+            nodes = await self._aanswering(self._master_of(keys), keys)
             async with self._aload_lock.lock():  # one load per loss, as in call()
-                if self._due(node, seen):
-                    await self.aload_library(node)
-                    self._loaded(node)
+                for node in nodes:
+                    if self._due(node, seen):
+                        await self.aload_library(node)
+                        self._loaded(node)
                 seen = self._loads
             try:
                 return await self._client.execute_command(*command)
