@@ -144,3 +144,24 @@ def test_a_lease_the_garbage_collector_ends_inside_another_lease_call_hangs_noth
         gc.enable()
     assert collected.is_set()
     assert clients._entries[url].users == 0  # the abandoned task's lease ended
+
+
+def test_a_worker_taking_turns_over_several_urls_connects_once_per_url(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker's tasks take turns over six URLs (a union of sources on several servers, a sink
+    # on another). Before, only 4 idle clients were kept, the least recently used closed
+    # first: cycled over six, every lease closed a client and made one (30 connects in 30
+    # rounds).
+    made: list[str] = []
+
+    def connect(url: str) -> Any:
+        made.append(url)
+        return SimpleNamespace(close=lambda: None)
+
+    monkeypatch.setattr(clients, "client_from_url", connect)
+    urls = [f"redis://127.0.0.1:1/{n}" for n in range(6)]
+    for _ in range(5):
+        for url in urls:
+            with clients.leased(url):
+                pass
+    assert sorted(made) == urls

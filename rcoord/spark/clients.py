@@ -10,7 +10,11 @@ pooled connections on the server) for every URL the worker ever met: each query 
 database, user or password (a rotated password is another URL) added one for good. So a client
 no lease holds is closed once it has been idle ``IDLE_S`` (Spark's Kafka connector closes its
 cached producers after ``spark.kafka.producer.cache.timeout``, 10 minutes), and at most
-``MAX_IDLE`` idle clients are kept (the least recently used is closed first). This is checked
+``MAX_IDLE`` idle clients are kept (the least recently used is closed first). The bound is
+there for a worker that meets a stream of URLs, not for the URLs of one job: with a bound of
+4, a worker whose tasks took turns over more URLs (a union of sources on several servers or
+databases, a sink on yet another) closed and opened a client on every task, as a
+least-recently-used table does when cycled over more keys than it holds. This is checked
 whenever a lease begins or ends, so a worker that runs no more rcoord tasks keeps at most
 ``MAX_IDLE`` clients until it exits. A client in use is never closed.
 
@@ -48,8 +52,9 @@ log = logging.getLogger("rcoord.spark")
 IDLE_S = 600.0
 """How long a client no lease holds stays open (seconds)."""
 
-MAX_IDLE = 4
-"""How many clients no lease holds stay open at most."""
+MAX_IDLE = 16
+"""How many clients no lease holds stay open at most (one connection each, a cluster client's
+one per node it used). Spark's Kafka connector bounds its cached producers by time only."""
 
 
 @dataclass
