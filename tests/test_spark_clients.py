@@ -8,9 +8,12 @@ its socket close, so the counts are waited for, never sampled once).
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -165,3 +168,52 @@ def test_a_worker_taking_turns_over_several_urls_connects_once_per_url(
             with clients.leased(url):
                 pass
     assert sorted(made) == urls
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_child_forked_while_another_thread_holds_the_lease_table_can_lease(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another thread held the lease table's lock when the process forked: in the child nobody
+    # releases it. Before, the child's first lease waited for it for ever.
+    monkeypatch.setattr(clients, "_lock", threading.Lock())
+    monkeypatch.setattr(clients, "client_from_url",
+                        lambda url: SimpleNamespace(close=lambda: None))
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with clients._lock:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (3.12: fork with threads)
+            pid = os.fork()
+        if pid == 0:  # the child: lease, and exit 0 if that returns
+            code = 1
+            try:
+                with clients.leased("redis://127.0.0.1:1/0"):
+                    code = 0
+            finally:
+                os._exit(code)
+        status: list[int] = []
+
+        def exited() -> bool:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status.append(st)
+            return bool(got)
+
+        try:
+            wait_until(exited, why=lambda: "the forked child's lease hung")
+        finally:
+            if not status:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status[0]) == 0
+    finally:
+        done.set()
+        holder.join(10)

@@ -29,12 +29,16 @@ process) makes its own with ``client_from_url`` and closes it when the query sto
 
 Across ``fork``: redis-py's connection pool notices the new process id and opens new
 connections in the child, never touching the parent's sockets, so a client leased before a
-fork is safe to use in the child.
+fork is safe to use in the child. The lease table's lock starts afresh in the child: another
+thread of the parent may have held it at the fork (a driver's ``foreachBatch`` threads asking
+``batch_generation`` while user code forks), and nobody would release it there, so the child's
+first lease waited for ever.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -130,6 +134,16 @@ def _expired(now: float) -> list[Any]:
     idle = sorted((e.idle_since, url) for url, e in _entries.items() if e.users == 0)
     return [_entries.pop(url).client for n, (since, url) in enumerate(idle)
             if now - since >= IDLE_S or len(idle) - n > MAX_IDLE]
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock in a forked child (see the module docstring)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close(clients: list[Any]) -> None:
