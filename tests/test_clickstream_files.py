@@ -3,8 +3,10 @@ when two members wrote one (a removed member's slow batch, a zombie, and its suc
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -131,3 +133,39 @@ def test_a_sink_without_a_redis_url_says_what_to_set(
                                      "member": "m"})
     with pytest.raises(OptionError, match="RCOORD_REDIS_URL"):
         batch_generation(str(tmp_path / "cp"), 0, group="g")
+
+
+def test_a_checkpoint_path_without_a_scheme_is_read_on_sparks_default_file_system(
+        tmp_path: Path, single_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # checkpointLocation="/checkpoints/clicks" on a cluster whose fs.defaultFS is HDFS (YARN)
+    # or S3: Spark writes the offset log there, not on the driver's disk. Before, a path
+    # without a scheme was always read on this machine, found nowhere, and every batch was
+    # named generation -1 (a zombie's file could replace its successor's).
+    from rcoord.spark import replays
+
+    end = {"offsets": {"ev": {"0": 7}}, "generation": 4, "member": "spark-1"}
+    remote = tmp_path / "remote"  # stands for the default file system
+    _offset_log(remote / "checkpoints" / "clicks", 2, end)
+    asked: list[str] = []
+
+    def hadoop(spark: Any, location: str) -> str | None:
+        asked.append(location)
+        try:
+            return (remote / location.lstrip("/")).read_text()
+        except OSError:
+            return None
+
+    monkeypatch.setattr(replays, "_read_hadoop", hadoop)
+    session = SimpleNamespace(sparkContext=SimpleNamespace(_jvm=object()),
+                              _jsparkSession=object())
+    ask = functools.partial(batch_generation, group="g", client=single_client, first=False)
+    assert ask("/checkpoints/clicks", 2, spark=session) == 4
+    assert asked == ["/checkpoints/clicks/offsets/2"]
+    # a file: URI names this machine whatever the default file system; and without a session
+    # (or with one that has no JVM: Spark Connect) a path is read here, as before
+    local = tmp_path / "local"
+    _offset_log(local, 2, {**end, "generation": 9})
+    assert ask(local.as_uri(), 2, spark=session) == 9
+    assert ask(str(local), 2) == 9
+    assert ask(str(local), 2, spark=SimpleNamespace()) == 9
+    assert asked == ["/checkpoints/clicks/offsets/2"]

@@ -466,6 +466,17 @@ def test_a_checkpoint_on_another_file_system_is_read_through_spark(
         sink = _Sink(str(tmp_path / "out"), WINDOW_MS, cp + "/", group="g", namespace=namespace)
         sink.batches = 1
         assert sink.generation(2, spark) == 4
+        # A path without a scheme is on Spark's default file system, as Spark resolves a
+        # checkpointLocation: before, it was read on this machine only (found nowhere: -1).
+        assert ask(2, first=False) == 4
+        spark.conf.set("fs.defaultFS", cp.removesuffix("/cp"))
+        try:
+            assert batch_generation("/cp", 2, group="g", client=single_client, spark=spark,
+                                    first=False) == 4
+        finally:
+            spark.conf.unset("fs.defaultFS")
+        assert batch_generation(str(tmp_path / "cp"), 2, group="g", client=single_client,
+                                spark=spark, first=False) == 4  # the local file system's
     finally:
         server.shutdown()
         server.server_close()

@@ -143,10 +143,15 @@ def checkpoint_position(checkpoint: str, batch_id: int, *, spark: Any = None) ->
     (``offsets/<batch id>``: a version line, the batch's metadata, then one end per source);
     None if the batch is not logged or no source of the query is a group-mode rcoord stream.
 
-    A local checkpoint (a path or a ``file:`` URI) is read directly; any other location
-    (``hdfs://``, ``s3a://`` ...) through ``spark``'s Hadoop file system, as Spark itself reads
-    it. Without ``spark`` such a location is an ``OptionError``: answering "no generation" for a
-    checkpoint that names one would let an older writer's output pass for a newer one's."""
+    A ``file:`` URI is read directly; any other location (``hdfs://``, ``s3a://`` ...) through
+    ``spark``'s Hadoop file system, as Spark itself reads it. Without ``spark`` such a location
+    is an ``OptionError``: answering "no generation" for a checkpoint that names one would let
+    an older writer's output pass for a newer one's. A path without a scheme is where Spark's
+    default file system puts it (``fs.defaultFS``: HDFS on a YARN cluster, S3 on some
+    managed ones), so it is read through ``spark`` too; without ``spark`` (or with a session
+    that has no JVM) it is read on this machine. Before, such a path was always read on this
+    machine, found nowhere on a cluster whose default file system is another, and every batch
+    was named generation -1."""
     text = _read_log(checkpoint, f"offsets/{batch_id}", spark)
     if text is None:
         return None
@@ -195,7 +200,8 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
 def _read_log(checkpoint: str, name: str, spark: Any) -> str | None:
     """The text of the file ``name`` under ``checkpoint``; None if there is none."""
     folder = _local(checkpoint)
-    if folder is not None:
+    schemeless = "://" not in checkpoint and not checkpoint.startswith("file:")
+    if folder is not None and (not schemeless or spark is None or _jvm_of(spark) is None):
         try:
             return (folder / name).read_text()
         except OSError:
@@ -208,21 +214,26 @@ def _read_log(checkpoint: str, name: str, spark: Any) -> str | None:
     return _read_hadoop(spark, f"{checkpoint.rstrip('/')}/{name}")
 
 
+def _jvm_of(spark: Any) -> tuple[Any, Any] | None:
+    """(the JVM gateway, the Java session) of ``spark``; None if it has none (a Spark Connect
+    session has no ``sparkContext``)."""
+    try:
+        jvm, jsession = spark.sparkContext._jvm, spark._jsparkSession
+    except Exception:  # noqa: BLE001 - whatever a session without a JVM raises
+        return None
+    return None if jvm is None or jsession is None else (jvm, jsession)
+
+
 def _read_hadoop(spark: Any, location: str) -> str | None:
     """``location`` read through the Hadoop file system Spark's own checkpoint code uses (the
     session's Hadoop configuration, ``spark.hadoop.*`` included); None if it does not exist."""
     from py4j.protocol import Py4JJavaError
 
-    try:
-        jvm, jsession = spark.sparkContext._jvm, spark._jsparkSession
-    except Exception as exc:  # noqa: BLE001 - a Spark Connect session has neither
-        jvm = jsession = None
-        cause: Exception | None = exc
-    else:
-        cause = None
-    if jvm is None or jsession is None:
+    got = _jvm_of(spark)
+    if got is None:
         raise OptionError("the Spark session has no JVM to read the checkpoint with (a Spark "
-                          "Connect session?); use a checkpoint on this machine") from cause
+                          "Connect session?); use a checkpoint on this machine")
+    jvm, jsession = got
     path = jvm.org.apache.hadoop.fs.Path(location)
     conf = jsession.sessionState().newHadoopConf()
     try:
