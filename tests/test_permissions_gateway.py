@@ -211,3 +211,65 @@ def test_a_refused_login_met_by_an_admin_request_is_logged_once_a_while(
     assert len(warned) == 1, warned
     assert warned[0].startswith("topic ") and "refused the login" in warned[0]
     assert before == 3
+
+
+@pytest.mark.parametrize("refusal", ["login", "permission"])
+def test_a_fetch_failed_whole_is_answered_after_its_max_wait(
+        own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, refusal: str) -> None:
+    """A Fetch failed as a whole (Redis refused the gateway's login, or its user a command)
+    was answered at once, and kafka-python, which does not back off from a Fetch's errors,
+    fetched again at once: about 700 Fetches a second (1563 in 2 s, measured). Held until its
+    ``max_wait``, it comes once per ``max_wait`` at most."""
+    import dataclasses
+    import time
+
+    import kafka
+
+    from rcoord.gateway.registry import REGISTRY
+
+    fetches: list[float] = []
+    served = REGISTRY[1]
+
+    async def counted(conn: Any, req: Any, version: int) -> Any:
+        fetches.append(time.monotonic())
+        return await served.handler(conn, req, version)
+
+    monkeypatch.setitem(REGISTRY, 1, dataclasses.replace(served, handler=counted))
+    max_wait_ms = 200
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    Topics(admin, ns).create("t", 1)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    consumer = kafka.KafkaConsumer(bootstrap_servers=gw.bootstrap,
+                                   fetch_max_wait_ms=max_wait_ms)
+    tp = kafka.TopicPartition("t", 0)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        while not fetches:
+            consumer.poll(50)
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            if refusal == "login":
+                admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+                admin.execute_command("CLIENT", "KILL", "USER", user)
+            else:
+                admin.execute_command("ACL", "SETUSER", user, "-xrange", "-xrevrange")
+            first = len(fetches)
+            while len(fetches) < first + 3:  # (the first may have been under way)
+                consumer.poll(50)
+            began, counted_from = time.monotonic(), len(fetches)
+            while time.monotonic() - began < 1.0:
+                consumer.poll(50)
+            ended, seen = time.monotonic(), len(fetches) - counted_from
+    finally:
+        consumer.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    warned, _ = _logged(caplog)
+    assert warned, "the refusal was not logged"  # (so the Fetches did fail)
+    # (one connection, one Fetch at a time, each held max_wait: at most one per max_wait)
+    assert seen <= (ended - began) * 1000 / max_wait_ms + 2, seen

@@ -13,12 +13,16 @@
   partition, topic, group or resource the request named (``error_responses``), never an empty
   response a client would read as success. Where the request names nothing to carry the error,
   and for a Produce with acks=0 (no response is ever sent), the connection is closed.
+* A Fetch that fails as a whole is answered no sooner than its ``max_wait`` (at most a
+  second) after it came, as an empty one would be: clients that do not back off from a
+  Fetch's errors (kafka-python) would otherwise fetch again hundreds of times a second.
 * With an auth file, requests before authentication follow Kafka's SaslServerAuthenticator
   (``_before_authentication``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -49,13 +53,17 @@ from .errors import UNREACHED, RequestError, log_unreached
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
-from .wire import decode_body, encode_response, parse_header_prefix
+from .wire import decode_body, encode_response, millis, parse_header_prefix
 
 __all__ = ["API_VERSIONS", "handle_frame"]
 
 log = logging.getLogger("rcoord.gateway")
 
 API_VERSIONS = 18
+FETCH = 1
+
+FAILED_FETCH_HOLD_MAX_MS = 1000
+"""The longest a Fetch failed as a whole is held before its answer (``_hold_failed_fetch``)."""
 
 
 def _before_authentication(conn: Connection, key: int, served: bool) -> bool:
@@ -124,6 +132,7 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
     conn.client_id = client_id or ""
     response: dict[str, Any] | None
     code: int
+    started = asyncio.get_running_loop().time()
     try:
         response = await entry.handler(conn, request, version)
     except RequestError as exc:
@@ -151,11 +160,29 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
         if entry.offload:  # possibly seconds of work: not on the event loop
             return await conn.state.blocking(encode_response, key, version, corr, response)
         return encode_response(key, version, corr, response)
+    if key == FETCH:
+        await _hold_failed_fetch(request, started)
     if key == 0 and getattr(request, "acks", None) == 0:
         # Kafka closes an acks=0 producer's connection on an error: its only way to tell.
         raise FrameError(f"Produce with acks=0 failed (error code {code})")
     return _error_answer(key, version, corr, request, code,
                          f"{entry.name} v{version} failed with error code {code}")
+
+
+async def _hold_failed_fetch(request: Any, started: float) -> None:
+    """Hold the answer of a Fetch that failed as a whole (Redis refused the gateway's login or
+    its user a command, Redis unreachable) until the request's ``max_wait`` has passed since it
+    came, at most ``FAILED_FETCH_HOLD_MAX_MS``: as an empty Fetch would have waited. Answered at
+    once, a kafka-python consumer fetched again at once (it backs off only from a failed
+    connection, not from a partition's error), about 700 Fetches a second per consumer, each
+    a Redis round trip and a log line, for as long as the failure lasted. Kafka's Java client
+    and librdkafka back off themselves (``retry.backoff.ms``, ``fetch.error.backoff.ms``);
+    clients wait ``max_wait`` for a Fetch's answer in any case, so holding it costs none of
+    them a timeout. A Fetch that already waited its ``max_wait`` is answered at once."""
+    wait_ms = min(max(0, millis(getattr(request, "max_wait", 0))), FAILED_FETCH_HOLD_MAX_MS)
+    left_s = started + wait_ms / 1000 - asyncio.get_running_loop().time()
+    if left_s > 0:
+        await asyncio.sleep(left_s)
 
 
 def _missing_permission(conn: Connection, name: str, version: int, exc: Exception) -> None:
