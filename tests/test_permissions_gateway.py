@@ -115,10 +115,51 @@ def test_a_refused_request_is_logged_once_naming_the_rule(own_server: EmbeddedSe
     assert len(errors) == 2, errors  # one per refusal, not one per request
     assert "run the 'xadd' command" in errors[0] and "docs/security.md" in errors[0]
     assert f"the user's key patterns must include ~{ns}:*" in errors[1]
-    assert all(m.startswith("Produce v9: ") and "(logged once)" in m for m in errors)
+    assert all(m.startswith("Produce v9: ") and "logged again at most once a minute" in m
+               for m in errors)
     again = [r.getMessage() for r in ours if r.levelno == logging.DEBUG and "logged before" in
              r.getMessage()]
     assert len(again) == 2
+
+
+def test_a_refusal_mended_and_met_again_is_logged_again(own_server: EmbeddedServer,
+                                                       caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal was logged once per process: a rule granted, then removed again (an old ACL
+    file reloaded), failed every request with debug lines only. It is logged again once
+    ``MISSING_PERMISSION_LOG_INTERVAL_S`` has passed, with the requests refused meanwhile."""
+    from rcoord.gateway import dispatch
+
+    ns = "p" + uuid.uuid4().hex[:10]
+    user = "gw" + uuid.uuid4().hex[:6]
+    admin = own_server.client()
+    Topics(admin, ns).create("t", 2)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "+@all")
+    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
+    sock = connect(gw)
+    refused = {("t", 0): UNKNOWN_SERVER_ERROR, ("t", 1): UNKNOWN_SERVER_ERROR}
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            admin.execute_command("ACL", "SETUSER", user, "-xadd")
+            assert _produce(sock, 1) == refused
+            assert _produce(sock, 2) == refused
+            admin.execute_command("ACL", "SETUSER", user, "+xadd")  # mended
+            assert _produce(sock, 3) == {("t", 0): 0, ("t", 1): 0}
+            monkeypatch.setattr(dispatch, "MISSING_PERMISSION_LOG_INTERVAL_S", 0.0,
+                                raising=False)
+            admin.execute_command("ACL", "SETUSER", user, "-xadd")  # and refused again
+            assert _produce(sock, 4) == refused
+    finally:
+        sock.close()
+        gw.stop()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    errors, before = _logged(caplog)
+    assert len(errors) == 2, errors
+    assert all("run the 'xadd' command" in m for m in errors)
+    assert "other requests refused" not in errors[0]
+    assert "1 other requests refused since the last such line" in errors[1]
+    assert before == 1
 
 
 def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from kio.index import KioIndexError
@@ -187,27 +188,39 @@ async def _hold_failed_fetch(request: Any, started: float) -> None:
 
 def _missing_permission(conn: Connection, name: str, version: int, exc: Exception) -> None:
     """Log a request the gateway's own Redis user was refused (NOPERM, "ACL failure in
-    script"): one error line naming the rule to add, the first time each refusal is met, and
-    a debug line for every later request it fails. Before, each such request logged a full
-    traceback (every Fetch of a polling consumer: several a second), which buried the one
-    line that says what to grant. The request is still answered UNKNOWN_SERVER_ERROR: the
-    Kafka client cannot mend the gateway's Redis rights."""
+    script"): one error line naming the rule to add the first time each refusal is met, again
+    at most every ``MISSING_PERMISSION_LOG_INTERVAL_S`` while it lasts (with the number of
+    requests it failed since), and a debug line for each of the others. Before, each such
+    request logged a full traceback (every Fetch of a polling consumer: several a second),
+    which buried the one line that says what to grant; and then, logged once per process, a
+    rule granted and later removed again (an ACL file reloaded from an old copy) failed every
+    request with nothing but debug lines. The request is still answered UNKNOWN_SERVER_ERROR:
+    the Kafka client cannot mend the gateway's Redis rights."""
     error = as_missing_permission(exc, conn.state.config.namespace)
     message = str(error)
+    now = time.monotonic()
     seen = conn.state.missing_permissions
-    if message in seen:
+    last = seen.get(message)
+    if last is not None and now - last[0] < MISSING_PERMISSION_LOG_INTERVAL_S:
+        seen[message] = (last[0], last[1] + 1)
         log.debug("%s v%d refused by Redis's ACL (logged before): %s", name, version, message)
         return
-    if len(seen) < MISSING_PERMISSIONS_KEPT:
-        seen.add(message)
+    if last is None and len(seen) >= MISSING_PERMISSIONS_KEPT:
+        seen.clear()
+    seen[message] = (now, 0)
+    since = (f"; {last[1]} other requests refused since the last such line"
+             if last is not None else "")
     log.error("%s v%d: %s; the gateway answers UNKNOWN_SERVER_ERROR to every request that "
-              "needs it until the rule is added (logged once)", name, version, message)
+              "needs it until the rule is added (logged again at most once a minute while it "
+              "lasts%s)", name, version, message, since)
 
+
+MISSING_PERMISSION_LOG_INTERVAL_S = 60.0
+"""How often a refusal of the gateway's Redis user is logged again while it lasts."""
 
 MISSING_PERMISSIONS_KEPT = 1000
 """Refusals remembered as logged (``_missing_permission``); past that many distinct ones (a
-server's words include the script's name and line, so there are only so many), new ones are
-logged every time rather than remembered without bound."""
+server's words include the script's name and line, so there are only so many), forgotten."""
 
 
 def _error_answer(key: int, version: int, corr: int, request: Any, code: int, what: str

@@ -241,9 +241,10 @@ class GatewayState:
         read asks for what its limit holds at that size (``api_records._read``). Cleared when
         it names ``RECORD_SIZES_KEPT`` partitions."""
         self._fetch_waits: tuple[asyncio.AbstractEventLoop, ConnectionBudget] | None = None
-        self.missing_permissions: set[str] = set()
-        """The refusals of the gateway's Redis user already logged (``dispatch``'s
-        ``_missing_permission``): each is logged once, not once per request."""
+        self.missing_permissions: dict[str, tuple[float, int]] = {}
+        """The refusals of the gateway's Redis user logged (``dispatch``'s
+        ``_missing_permission``): when each was last logged (``time.monotonic``), and how many
+        requests it failed since."""
         self.login_refusals: dict[str, tuple[float, int]] = {}
         """Refused logins of the gateway's own (``errors.log_login_refused``): when each
         was last logged (``time.monotonic``), and how many requests it failed since."""
