@@ -176,10 +176,10 @@ async def _hold_failed_fetch(request: Any, started: float) -> None:
     came, at most ``FAILED_FETCH_HOLD_MAX_MS``: as an empty Fetch would have waited. Answered at
     once, a kafka-python consumer fetched again at once (it backs off only from a failed
     connection, not from a partition's error), about 700 Fetches a second per consumer, each
-    a Redis round trip and a log line, for as long as the failure lasted. Kafka's Java client
-    and librdkafka back off themselves (``retry.backoff.ms``, ``fetch.error.backoff.ms``);
-    clients wait ``max_wait`` for a Fetch's answer in any case, so holding it costs none of
-    them a timeout. A Fetch that already waited its ``max_wait`` is answered at once."""
+    a Redis round trip and a log line, for as long as the failure lasted (librdkafka backs
+    off itself, ``fetch.error.backoff.ms``). Clients wait ``max_wait`` for a Fetch's answer
+    in any case, so holding it costs none of them a timeout. A Fetch that already waited its
+    ``max_wait`` is answered at once."""
     wait_ms = min(max(0, millis(getattr(request, "max_wait", 0))), FAILED_FETCH_HOLD_MAX_MS)
     left_s = started + wait_ms / 1000 - asyncio.get_running_loop().time()
     if left_s > 0:
