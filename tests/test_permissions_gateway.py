@@ -181,8 +181,8 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     warned, before = _logged(caplog)
     assert len(warned) == 2, warned
     assert all("refused the login" in m and "check the user and password" in m for m in warned)
-    assert "other requests refused" not in warned[0]
-    assert "(2 other requests refused since the last such line)" in warned[1]
+    assert "more calls refused" not in warned[0]
+    assert "(2 more calls refused since the last such line)" in warned[1]
     assert before == 2
 
 

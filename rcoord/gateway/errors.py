@@ -82,7 +82,8 @@ def log_login_refused(state: GatewayState, what: str, exc: BaseException) -> Non
     if last is None and len(refusals) >= LOGIN_REFUSALS_KEPT:
         refusals.clear()
     refusals[why] = (now, 0)
-    since = (f" ({last[1]} other requests refused since the last such line)"
+    # A Produce logs each partition, an admin request each topic: "calls", not requests.
+    since = (f" ({last[1]} more calls refused since the last such line)"
              if last is not None else "")
     log.warning("%s: %s; the gateway answers a retriable error to every request until it runs "
                 "with working credentials%s", what, message, since)
