@@ -382,3 +382,31 @@ def test_a_login_redis_refuses_the_gateway_is_retriable_for_kafka_clients(own_se
             admin.config_set("requirepass", "")
             sock.close()
             admin.close()
+
+
+def test_redis_unreachable_is_warned_once_a_while_not_per_request(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A stopped Redis failed every request, and each logged a warning: tens a second with one
+    polling kafka-python consumer, growing with the clients. The same failure is warned once,
+    then at most every ``UNREACHED_LOG_INTERVAL_S`` with how many calls met it meanwhile."""
+    import types
+
+    import redis
+
+    from rcoord.gateway import errors
+
+    state: Any = types.SimpleNamespace(unreached={}, login_refusals={})
+    down = redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1. Refused.")
+    with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+        for n in range(5):
+            errors.log_unreached(state, f"Fetch v11 #{n}", down)
+        errors.log_unreached(state, "Metadata v9", redis.exceptions.TimeoutError("timed out"))
+        monkeypatch.setattr(errors, "UNREACHED_LOG_INTERVAL_S", 0.0, raising=False)
+        errors.log_unreached(state, "Fetch v11 #5", down)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        "Fetch v11 #0: Redis unreachable or unavailable: " + str(down),
+        "Metadata v9: Redis unreachable or unavailable: timed out",  # another failure
+        "Fetch v11 #5: Redis unreachable or unavailable: " + str(down)
+        + " (4 more calls met it since the last such line)"]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 4

@@ -157,8 +157,8 @@ def test_a_refusal_mended_and_met_again_is_logged_again(own_server: EmbeddedServ
     errors, before = _logged(caplog)
     assert len(errors) == 2, errors
     assert all("run the 'xadd' command" in m for m in errors)
-    assert "other requests refused" not in errors[0]
-    assert "1 other requests refused since the last such line" in errors[1]
+    assert "since the last such line" not in errors[0]
+    assert "(1 more call met it since the last such line)" in errors[1]
     assert before == 1
 
 
@@ -181,8 +181,8 @@ def test_a_refused_login_of_the_gateways_is_logged_once_a_while_not_per_request(
     warned, before = _logged(caplog)
     assert len(warned) == 2, warned
     assert all("refused the login" in m and "check the user and password" in m for m in warned)
-    assert "more calls refused" not in warned[0]
-    assert "(2 more calls refused since the last such line)" in warned[1]
+    assert "since the last such line" not in warned[0]
+    assert "(2 more calls met it since the last such line)" in warned[1]
     assert before == 2
 
 

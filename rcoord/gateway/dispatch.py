@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from kio.index import KioIndexError
@@ -50,7 +49,7 @@ from . import (  # noqa: F401  (each registers its APIs)
     auth,
 )
 from .error_responses import UNAVAILABLE, request_error_response
-from .errors import UNREACHED, RequestError, log_unreached
+from .errors import UNREACHED, RequestError, log_unreached, since_last, throttled
 from .framing import FrameError
 from .registry import REGISTRY
 from .state import Connection
@@ -198,29 +197,18 @@ def _missing_permission(conn: Connection, name: str, version: int, exc: Exceptio
     the Kafka client cannot mend the gateway's Redis rights."""
     error = as_missing_permission(exc, conn.state.config.namespace)
     message = str(error)
-    now = time.monotonic()
-    seen = conn.state.missing_permissions
-    last = seen.get(message)
-    if last is not None and now - last[0] < MISSING_PERMISSION_LOG_INTERVAL_S:
-        seen[message] = (last[0], last[1] + 1)
+    count = throttled(conn.state.missing_permissions, message,
+                      MISSING_PERMISSION_LOG_INTERVAL_S)
+    if count is None:
         log.debug("%s v%d refused by Redis's ACL (logged before): %s", name, version, message)
         return
-    if last is None and len(seen) >= MISSING_PERMISSIONS_KEPT:
-        seen.clear()
-    seen[message] = (now, 0)
-    since = (f"; {last[1]} other requests refused since the last such line"
-             if last is not None else "")
     log.error("%s v%d: %s; the gateway answers UNKNOWN_SERVER_ERROR to every request that "
               "needs it until the rule is added (logged again at most once a minute while it "
-              "lasts%s)", name, version, message, since)
+              "lasts)%s", name, version, message, since_last(count))
 
 
 MISSING_PERMISSION_LOG_INTERVAL_S = 60.0
 """How often a refusal of the gateway's Redis user is logged again while it lasts."""
-
-MISSING_PERMISSIONS_KEPT = 1000
-"""Refusals remembered as logged (``_missing_permission``); past that many distinct ones (a
-server's words include the script's name and line, so there are only so many), forgotten."""
 
 
 def _error_answer(key: int, version: int, corr: int, request: Any, code: int, what: str

@@ -39,6 +39,8 @@ __all__ = [
     "RequestError",
     "log_login_refused",
     "log_unreached",
+    "since_last",
+    "throttled",
 ]
 
 log = logging.getLogger("rcoord.gateway")
@@ -54,49 +56,73 @@ client retries until the gateway is restarted with the new ones."""
 LOGIN_REFUSED_LOG_INTERVAL_S = 60.0
 """How often a refused login of the gateway's own is logged again while it lasts."""
 
-LOGIN_REFUSALS_KEPT = 1000
-"""Distinct refused logins remembered (``log_login_refused``); past that many, forgotten."""
+UNREACHED_LOG_INTERVAL_S = 10.0
+"""How often the same failure to reach Redis is logged again while it lasts."""
+
+LOG_KEYS_KEPT = 1000
+"""Distinct failures remembered by each ``throttled`` table; past that many, forgotten."""
+
+
+def throttled(table: dict[str, tuple[float, int]], key: str, interval_s: float) -> int | None:
+    """Whether to log the failure ``key`` now: None if it was logged less than ``interval_s``
+    ago (counted, for the next line), else how many were left unlogged since its last line
+    (0 the first time). A failure every request meets (Redis away, the gateway's login or a
+    command refused) logged per request buried everything else: a polling consumer's Fetches
+    come back several times a second."""
+    now = time.monotonic()
+    last = table.get(key)
+    if last is not None and now - last[0] < interval_s:
+        table[key] = (last[0], last[1] + 1)
+        return None
+    if last is None and len(table) >= LOG_KEYS_KEPT:
+        table.clear()
+    table[key] = (now, 0)
+    return 0 if last is None else last[1]
+
+
+def since_last(count: int) -> str:
+    """The words a repeated line adds: how many it stood for."""
+    if not count:
+        return ""
+    return f" ({count} more call{'' if count == 1 else 's'} met it since the last such line)"
 
 
 def log_login_refused(state: GatewayState, what: str, exc: BaseException) -> None:
     """Log a request, or one partition of a Produce, failed because Redis refused the
     gateway's own login (its password was changed, its user turned off); ``what`` names it
     ("Fetch v11"). A warning the first time, then at most one every
-    ``LOGIN_REFUSED_LOG_INTERVAL_S`` with the number of requests refused meanwhile, and a
-    debug line for each of those. Before, every request logged a warning: a polling consumer's
-    Fetches, answered at once with a retriable code, came back hundreds of times a second,
-    and so did the warnings. A Produce answers each partition on its own (REQUEST_TIMED_OUT),
-    so it calls this itself: it logged nothing, and a gateway only producers used gave no sign
-    of the refusal. It lasts until the gateway runs with working credentials."""
+    ``LOGIN_REFUSED_LOG_INTERVAL_S`` with the number of calls refused meanwhile (``throttled``),
+    and a debug line for each of those. A Produce answers each partition on its own
+    (REQUEST_TIMED_OUT), so it calls this itself: it logged nothing, and a gateway only
+    producers used gave no sign of the refusal. It lasts until the gateway runs with working
+    credentials."""
     if not isinstance(exc, AuthenticationFailedError):
         exc = as_authentication_failed(what, exc)
     message = str(exc)
     why = message.partition(": ")[2] or message  # (without the call's name: one for all)
-    now = time.monotonic()
-    refusals = state.login_refusals
-    last = refusals.get(why)
-    if last is not None and now - last[0] < LOGIN_REFUSED_LOG_INTERVAL_S:
-        refusals[why] = (last[0], last[1] + 1)
+    count = throttled(state.login_refusals, why, LOGIN_REFUSED_LOG_INTERVAL_S)
+    if count is None:
         log.debug("%s: Redis refused the gateway's login (logged before): %s", what, message)
         return
-    if last is None and len(refusals) >= LOGIN_REFUSALS_KEPT:
-        refusals.clear()
-    refusals[why] = (now, 0)
-    # A Produce logs each partition, an admin request each topic: "calls", not requests.
-    since = (f" ({last[1]} more calls refused since the last such line)"
-             if last is not None else "")
     log.warning("%s: %s; the gateway answers a retriable error to every request until it runs "
-                "with working credentials%s", what, message, since)
+                "with working credentials%s", what, message, since_last(count))
 
 
 def log_unreached(state: GatewayState, what: str, exc: BaseException) -> None:
     """Log a call that could not reach Redis (``UNREACHED``); ``what`` names it ("Fetch v11",
-    "topic 'orders'"). A refused login of the gateway's own goes through ``log_login_refused``
-    (once a while): an admin request logged a warning per topic for it, every time."""
+    "topic 'orders'"). A refused login of the gateway's own goes through ``log_login_refused``.
+    Others: a warning the first time, then at most one every ``UNREACHED_LOG_INTERVAL_S`` for
+    the same failure while it lasts, the rest at DEBUG (a stopped Redis with one kafka-python
+    consumer logged a warning per request, tens a second growing with the clients)."""
     if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
         log_login_refused(state, what, exc)
-    else:
-        log.warning("%s: Redis unreachable or unavailable: %s", what, exc)
+        return
+    message = f"{type(exc).__name__}: {exc}"
+    count = throttled(state.unreached, message, UNREACHED_LOG_INTERVAL_S)
+    if count is None:
+        log.debug("%s: Redis unreachable or unavailable (logged before): %s", what, exc)
+        return
+    log.warning("%s: Redis unreachable or unavailable: %s%s", what, exc, since_last(count))
 
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5

@@ -248,6 +248,8 @@ class GatewayState:
         self.login_refusals: dict[str, tuple[float, int]] = {}
         """Refused logins of the gateway's own (``errors.log_login_refused``): when each
         was last logged (``time.monotonic``), and how many requests it failed since."""
+        self.unreached: dict[str, tuple[float, int]] = {}
+        """Failures to reach Redis (``errors.log_unreached``), as ``login_refusals``."""
 
     def fetch_waits(self) -> ConnectionBudget:
         """The units of the Fetches that wait for records (``fetch_wait_limit`` of them, one per
