@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 from typing import Any
 
+import msgpack
 import pytest
 
 from rcoord import Errors
@@ -579,6 +580,59 @@ def test_flat_and_paired_entries_decode_alike(single_client: Any, namespace: str
     gappy = flat[:3] + flat[5:]
     assert _decode.decode_entries(gappy) == want[:3] + want[5:]
     assert fetch(single_client, namespace, "t", 0, 0).records == want
+
+
+_NOT_RECORDS = [
+    pytest.param(["v", b"a"], "it has no t (timestamp) field", id="no-t"),
+    pytest.param(["x", b"1", "v", b"a"], "it has no t (timestamp) field", id="t-renamed"),
+    pytest.param(["t", b"1.5", "v", b"a"], "field is b'1.5', not an integer", id="t-float"),
+    pytest.param(["t", b"1", "h", b"\xc1"], "its h (headers) field is not msgpack",
+                 id="h-not-msgpack"),
+    pytest.param(["t", b"1", "h", msgpack.packb(5)], "holds 5", id="h-int"),
+    pytest.param(["t", b"1", "h", msgpack.packb({"a": b"b"})], "holds {'a': b'b'}",
+                 id="h-map"),
+    pytest.param(["t", b"1", "h", msgpack.packb([["a", "text"]])], "holds (('a', 'text'),)",
+                 id="h-text-value"),
+    pytest.param(["t", b"1", "h", msgpack.packb([[b"a", b"b"]], use_bin_type=True)],
+                 "holds ((b'a', b'b'),)", id="h-bytes-name"),
+    pytest.param(["t", b"1", "h", msgpack.packb([["a"]])], "holds (('a',),)", id="h-single"),
+]
+
+
+@pytest.mark.parametrize(("fields", "why"), _NOT_RECORDS)
+def test_an_entry_that_is_not_a_record_is_named_not_misread(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer, fields: list[Any],
+    why: str,
+) -> None:
+    """An entry added with XADD by hand is a TopicError naming its offset and what is wrong
+    (the records before it still read): it escaped as a bare KeyError, ValueError, TypeError
+    or msgpack error, or read as a wrong record (``x 1 v a``: timestamp 1 from ``x``; headers
+    of a map, of text values or of bytes names, of the wrong types)."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
+    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", *fields)
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0, 1).records] == [b"ok"]
+    for read in (lambda: fetch(redis_client, namespace, "t", 0, 0),
+                 lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
+                 lambda: fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 1)], 9,
+                                                    ConsumerRecord, max_bytes=1 << 20)):
+        with pytest.raises(TopicError) as caught:
+            read()
+        assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+        assert "entry at offset 1 (id 0-2) is not a record" in str(caught.value)
+        assert why in str(caught.value) and "delete_records" in str(caught.value)
+    topics.delete_records("t", {0: 2})  # (what the message says to do)
+    assert fetch(redis_client, namespace, "t", 0, 2).records == []
+
+
+def test_entries_of_unknown_fields_and_ids_not_rcoords() -> None:
+    """Fields of other names are ignored; an id not of the form 0-<offset + 1> (an XADD by
+    hand: "5-3" was read as offset 2) is a CorruptEntry."""
+    entries = [[b"0-1", [b"t", b"7", b"v", b"a", b"zz", b"q"]]]
+    assert _decode.decode_entries(entries) == [Record(0, None, b"a", {}, 7)]
+    for ids in ([b"5-3"], [b"0-1", b"5-3"]):
+        with pytest.raises(_decode.CorruptEntry, match="its id is not 0-<offset"):
+            _decode.decode_entries([[i, [b"t", b"7", b"v", b"a"]] for i in ids])
 
 
 def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:

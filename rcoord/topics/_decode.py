@@ -13,6 +13,13 @@ the only writer, in this order): ``t`` timestamp ms, ``v`` value, ``k`` key, ``h
 header pairs (``[[name, value], ...]``, in order, names may repeat, values may be nil); a missing
 ``v`` or ``k`` is ``None``. A record's ``header_list`` is those pairs as a tuple of tuples (the
 shared empty tuple when there are none) and ``headers`` their dict (last value per name).
+
+An entry that is not such a record (added with XADD by hand: no ``t``, a ``t`` that is not an
+integer, ``h`` that is not msgpack'd ``[[str, bytes or nil], ...]``) raises ``CorruptEntry``
+naming its offset and what is wrong (``rcoord.topics.fetch`` makes it a ``TopicError``): it
+used to escape as a bare KeyError, ValueError, TypeError or msgpack error, or to decode as a
+wrong record (an entry ``x 1 v a`` read with timestamp 1, headers of a msgpack map as a dict
+in ``header_list``, text header values as ``str``). Fields of other names are ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +40,14 @@ _unpack = msgpack.unpackb
 
 if hasattr(Record, "__slots__"):  # pragma: no cover - a guard for a future Record change
     raise ImportError("rcoord.topics._decode fills Record.__dict__; Record must not use slots")
+
+
+class CorruptEntry(ValueError):
+    """A stream entry that is not a record rcoord's appends write (the module docstring)."""
+
+
+_BAD = (KeyError, ValueError, TypeError, IndexError, msgpack.UnpackException)
+"""What decoding an entry that is not a record raises (``_corrupt`` then says which and why)."""
 
 
 def decode_entries(entries: Sequence[Sequence[Any]]) -> list[Record]:
@@ -80,6 +95,62 @@ def _decode(
 ) -> list[R]:
     if not entries:
         return []
+    try:
+        return _decode_any(entries, record_type, head)
+    except CorruptEntry:
+        raise
+    except _BAD:
+        raise _corrupt(entries) from None
+
+
+def _corrupt(entries: Sequence[Sequence[Any]]) -> CorruptEntry:
+    """The ``CorruptEntry`` for the first entry of ``entries`` that is not a record (one by
+    one: the fast loops read several fields without checking them, and a reply's offsets are
+    consecutive only when its ids are rcoord's)."""
+    for entry_id, fields in entries:
+        ident = entry_id.decode(errors="replace") if isinstance(entry_id, bytes) else entry_id
+        try:
+            offset = int(ident.partition("0-")[2]) - 1
+            if not ident.startswith("0-") or offset < 0:
+                raise ValueError
+        except ValueError:
+            return CorruptEntry(f"the stream entry {ident} is not a record: its id is not "
+                                "0-<offset + 1>, which rcoord's appends give")
+        if not isinstance(fields, dict):
+            fields = dict(zip(fields[::2], fields[1::2]))
+        try:
+            _fields(offset, fields, None)
+        except CorruptEntry as exc:
+            return exc
+        except _BAD:
+            stamp: Any = fields.get(b"t")
+            why = "its h (headers) field is not msgpack"
+            if stamp is None:
+                why = "it has no t (timestamp) field"
+            else:
+                try:
+                    int(stamp)
+                except ValueError:
+                    why = f"its t (timestamp) field is {stamp!r}, not an integer"
+            return _bad(offset, why)
+    return CorruptEntry("a stream entry is not a record")  # (not reached: one of them failed)
+
+
+def _bad(offset: int, why: str) -> CorruptEntry:
+    return CorruptEntry(
+        f"the stream entry at offset {offset} (id 0-{offset + 1}) is not a record: {why}; "
+        "rcoord's appends write t (timestamp ms), then v, k and h (msgpack'd [[name, value], "
+        "...] headers). An entry added with XADD by hand? Topics.delete_records(topic, "
+        f"{{partition: {offset + 1}}}) removes it and the records before it")
+
+
+def _decode_any(
+    entries: Sequence[Sequence[Any]], record_type: type[R], head: tuple[str, int] | None
+) -> list[R]:
+    # Ids of another form ("5-3": an XADD by hand) parsed as "0-" ones read a wrong offset.
+    # Ids ascend, so the first and the last being 0-<seq> make every one between so too.
+    if entries[0][0][:2] != b"0-" or entries[-1][0][:2] != b"0-":
+        raise ValueError("not an id of rcoord's")
     if not isinstance(entries[0][1], dict):
         # Ids are "0-<offset + 1>" and a partition's offsets have no gaps (appends take the
         # next sequence, trimming removes a prefix), so one reply's offsets are consecutive:
@@ -110,7 +181,7 @@ def _decode_flat(
     if head is None:
         for _, f in entries:
             rec = _new(record_type)
-            if len(f) == 4 and f[2] == b"v":
+            if len(f) == 4 and f[2] == b"v" and f[0] == b"t":
                 _set(rec, "__dict__", {
                     "offset": offset,
                     "key": None,
@@ -127,7 +198,7 @@ def _decode_flat(
     topic, partition = head
     for _, f in entries:
         rec = _new(record_type)
-        if len(f) == 4 and f[2] == b"v":
+        if len(f) == 4 and f[2] == b"v" and f[0] == b"t":
             _set(rec, "__dict__", {
                 "topic": topic,
                 "partition": partition,
@@ -152,6 +223,9 @@ def _fields(
     raw_headers = fields.get(b"h")
     # use_list=False: the pairs come out as a tuple of tuples, ready for header_list.
     pairs = () if raw_headers is None else _unpack(raw_headers, raw=False, use_list=False)
+    if raw_headers is not None and not _header_pairs(pairs):
+        raise _bad(offset, f"its h (headers) field holds {pairs!r}, not [[str, bytes or "
+                           "nil], ...]")
     own = {
         "offset": offset,
         "key": fields.get(b"k"),
@@ -162,3 +236,12 @@ def _fields(
     }
     return own if head is None else {"topic": head[0], "partition": head[1], **own}
 
+
+
+def _header_pairs(pairs: Any) -> bool:
+    """Whether unpacked headers are what the appends write: (name, value) pairs of a str and
+    bytes or None (a msgpack map, text values or bytes names decoded as records of the wrong
+    types)."""
+    return type(pairs) is tuple and all(
+        type(p) is tuple and len(p) == 2 and type(p[0]) is str
+        and (p[1] is None or type(p[1]) is bytes) for p in pairs)

@@ -35,7 +35,7 @@ from ._base import (
     last_timestamp_key_of,
     partition_key,
 )
-from ._decode import decode_entries, decode_entries_as
+from ._decode import CorruptEntry, decode_entries, decode_entries_as
 
 R = TypeVar("R")
 
@@ -165,7 +165,8 @@ def _fetch_many(
     Every read is an XRANGE then the log offsets (``topic_offsets.lua`` with the partition's
     mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
     for records of 1 MB) on its own keys (see ``_answer``), so in a cluster each pair goes to
-    its partition's node and the pipeline costs one round trip per node.
+    its partition's node and the pipeline costs one round trip per node. A stream entry that is
+    not a record (an XADD by hand) raises TopicError (UNKNOWN_SERVER_ERROR) saying which.
     """
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
@@ -176,7 +177,12 @@ def _fetch_many(
         replies = pipe.execute(raise_on_error=False)
         for n, i in enumerate(todo):
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
-            results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
+            try:
+                results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
+            except CorruptEntry as exc:
+                # An entry that is not a record (``_decode``): Kafka's broker answers a read it
+                # cannot make UNKNOWN_SERVER_ERROR, and the gateway passes this on so.
+                raise TopicError(Errors.UNKNOWN_SERVER_ERROR, f"{reads[i][0]}: {exc}") from None
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
