@@ -37,6 +37,16 @@ local function log_offsets(key)
     elseif info[i] == 'first-entry' then first = info[i + 1] end
   end
   local e = seq(last)
+  if e == nil then
+    -- An XADD with an id of its own ('*': milliseconds) made the last id not 0-<seq>: the
+    -- offsets would be nil (a bare Lua error, or a reply short of its offsets), and appends
+    -- (XADD 0-*, below that id) fail. FOREIGN_ENTRY_ID is the marker rcoord.topics.fetch reads.
+    -- (XDEL then XSETID cannot mend it: the server refuses a last id below a deleted one.)
+    error(string.format('FOREIGN_ENTRY_ID %s: its last entry id is %s, not 0-<offset + 1> as '
+      .. "rcoord's appends give (an XADD by hand with an id of its own?), so its records "
+      .. 'have no offsets past it and no append can follow it; delete and re-create the '
+      .. 'topic (or copy its records to another)', key, last), 0)
+  end
   if first then return seq(first[1]) - 1, e end
   return e, e
 end

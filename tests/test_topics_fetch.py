@@ -635,6 +635,27 @@ def test_entries_of_unknown_fields_and_ids_not_rcoords() -> None:
             _decode.decode_entries([[i, [b"t", b"7", b"v", b"a"]] for i in ids])
 
 
+def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer
+) -> None:
+    """An XADD with an id of its own (``*``: milliseconds) leaves a last id that is not
+    0-<seq>: the log offsets script answered without its log end, and fetch and log_offsets
+    crashed with an IndexError. Now a TopicError saying what happened and what mends it."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
+    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "*", "t", 1)
+    for read in (lambda: fetch(redis_client, namespace, "t", 0, 0),
+                 lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
+                 lambda: log_offsets(redis_client, namespace, "t", 0)):
+        with pytest.raises(TopicError, match="not 0-<offset \\+ 1> as rcoord's") as caught:
+            read()
+        assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+        assert "delete and re-create the topic" in str(caught.value)
+    topics.delete("t")
+    topics.create("t", 1)
+    assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
+
+
 def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
     """RESP3 replies (XINFO STREAM as a map) decode as RESP2 ones do."""
     resp2, resp3 = redis_server.client(), redis_server.client(protocol=3)

@@ -75,9 +75,13 @@ def _read(pipe: Any, key: str, offset: int, max_records: int) -> None:
 def _log_offsets_after(client: Any, key: str, reply: Any) -> Any:
     """The log offsets read after an XRANGE (``_read``): ``reply``, or, where the script was not
     loaded (NOSCRIPT: a restart, ``SCRIPT FLUSH``; it did not run), the script called again,
-    which loads it; still after the XRANGE, which is all ``_answer`` needs."""
+    which loads it; still after the XRANGE, which is all ``_answer`` needs (an error reply of
+    that call is returned as the pipeline's would be, for ``_answer`` to raise)."""
     if isinstance(reply, redis.exceptions.NoScriptError):
-        return OFFSETS(client, [key, last_timestamp_key_of(key)], [])
+        try:
+            return OFFSETS(client, [key, last_timestamp_key_of(key)], [])
+        except redis.exceptions.ResponseError as exc:
+            return exc
     return reply
 
 
@@ -142,7 +146,7 @@ def _answer(
     again.
     """
     if isinstance(offsets, Exception):
-        raise offsets
+        raise _foreign_ids(offsets)
     if _name(offsets[0]) != Errors.NONE:
         return PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
     start, end = int(offsets[1]), int(offsets[2])
@@ -155,6 +159,19 @@ def _answer(
     if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
         return None
     return PartitionRecords(decode(entries), start, end, Errors.NONE, _entry_bytes(entries))
+
+
+def _foreign_ids(exc: Exception) -> Exception:
+    """A TopicError (UNKNOWN_SERVER_ERROR) for the log offsets' refusal of a stream whose ids
+    are not rcoord's (``topic_common.lua``'s log_offsets: FOREIGN_ENTRY_ID), which a fetch and
+    ``log_offsets`` used to meet as an IndexError (the reply lacked its log end); ``exc``
+    itself for any other error."""
+    text = str(exc)
+    at = text.find("FOREIGN_ENTRY_ID ")
+    if at < 0 or not isinstance(exc, redis.exceptions.ResponseError):
+        return exc
+    detail = text[at + len("FOREIGN_ENTRY_ID "):].split(" script: ")[0]
+    return TopicError(Errors.UNKNOWN_SERVER_ERROR, detail)
 
 
 def _fetch_many(
@@ -719,7 +736,11 @@ def log_offsets_many(
         key = partition_key(namespace, topic, partition)
         keys.append((OFFSETS, [key, last_timestamp_key_of(key)], []))
     answers: list[tuple[int, int] | Errors] = []
-    for res in _run(redis_client, keys) if keys else []:
+    try:
+        replies = _run(redis_client, keys) if keys else []
+    except redis.exceptions.ResponseError as exc:
+        raise _foreign_ids(exc) from exc
+    for res in replies:
         error = _name(res[0])
         answers.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
     return [answers[index[topic, partition]] for topic, partition in partitions]
