@@ -22,7 +22,14 @@ local function first_from(o)
   for i = 1, #fields, 2 do
     if fields[i] == 't' then ts = tonumber(fields[i + 1]) end
   end
-  return seq(got[1][1]) - 1, ts
+  local off = seq(got[1][1]) - 1
+  if ts == nil then
+    -- (An entry added with XADD by hand: comparing nil failed with a bare Lua error.)
+    error(string.format('FOREIGN_ENTRY_ID %s: the entry at offset %d is not a record (it has '
+      .. 'no integer t field); Topics.delete_records to offset %d removes it and the records '
+      .. 'before it', KEYS[1], off, off + 1), 0)
+  end
+  return off, ts
 end
 
 while lo < hi do

@@ -23,6 +23,7 @@ from rcoord.topics import (
     _decode,
     fetch,
     log_offsets,
+    offsets_for_times,
     partition_key,
 )
 from rcoord.topics._base import OFFSETS, last_timestamp_key_of
@@ -654,6 +655,23 @@ def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
     topics.delete("t")
     topics.create("t", 1)
     assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
+
+
+@pytest.mark.parametrize("fields", [["v", b"a"], ["t", b"abc", "v", b"a"]],
+                         ids=["no-t", "t-not-a-number"])
+def test_offsets_for_times_names_an_entry_with_no_timestamp(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer, fields: list[Any]
+) -> None:
+    """The search by time that probes an entry added by hand with no integer ``t`` is a
+    TopicError naming it, not a bare Lua error (comparing nil with a number)."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
+    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", *fields)
+    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
+    with pytest.raises(TopicError, match="the entry at offset 1 is not a record") as caught:
+        offsets_for_times(redis_client, namespace, {("t", 0): 1})  # (probes offset 1 first)
+    assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+    assert "delete_records to offset 2" in str(caught.value)
 
 
 def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:

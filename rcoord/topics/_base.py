@@ -459,6 +459,20 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
     return value
 
 
+def _foreign_ids(exc: Exception) -> Exception:
+    """A TopicError (UNKNOWN_SERVER_ERROR) for a script's refusal of an entry that is not
+    rcoord's (FOREIGN_ENTRY_ID: a last id not 0-<seq>, ``topic_common.lua``'s log_offsets,
+    which a fetch and ``log_offsets`` used to meet as an IndexError, the reply lacking its log
+    end; an entry with no integer timestamp, ``topic_offset_for_time.lua``); ``exc`` itself
+    for any other error."""
+    text = str(exc)
+    at = text.find("FOREIGN_ENTRY_ID ")
+    if at < 0 or not isinstance(exc, redis.exceptions.ResponseError):
+        return exc
+    detail = text[at + len("FOREIGN_ENTRY_ID "):].split(" script: ")[0]
+    return TopicError(Errors.UNKNOWN_SERVER_ERROR, detail)
+
+
 def _name(raw: bytes | str) -> Errors:
     return Errors.from_name(raw)
 

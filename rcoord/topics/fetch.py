@@ -28,6 +28,7 @@ from ._base import (
     _check_int,
     _check_namespace,
     _check_topic,
+    _foreign_ids,
     _id_offset,
     _name,
     _offset_id,
@@ -159,19 +160,6 @@ def _answer(
     if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
         return None
     return PartitionRecords(decode(entries), start, end, Errors.NONE, _entry_bytes(entries))
-
-
-def _foreign_ids(exc: Exception) -> Exception:
-    """A TopicError (UNKNOWN_SERVER_ERROR) for the log offsets' refusal of a stream whose ids
-    are not rcoord's (``topic_common.lua``'s log_offsets: FOREIGN_ENTRY_ID), which a fetch and
-    ``log_offsets`` used to meet as an IndexError (the reply lacked its log end); ``exc``
-    itself for any other error."""
-    text = str(exc)
-    at = text.find("FOREIGN_ENTRY_ID ")
-    if at < 0 or not isinstance(exc, redis.exceptions.ResponseError):
-        return exc
-    detail = text[at + len("FOREIGN_ENTRY_ID "):].split(" script: ")[0]
-    return TopicError(Errors.UNKNOWN_SERVER_ERROR, detail)
 
 
 def _fetch_many(

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import redis.exceptions
+
 from ..errors import Errors, translate_redis_errors
 from ._base import (
     TopicError,
@@ -24,6 +26,7 @@ from ._base import (
     _check_int,
     _check_namespace,
     _check_topic,
+    _foreign_ids,
     _Lua,
     _name,
     _run,
@@ -57,7 +60,8 @@ def offsets_for_times(
     Records removed by retention are not searched: a timestamp older than the oldest kept record
     answers the log start offset. Raises ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION) naming the
     first missing partition, and ``InvalidRequestError`` for a negative timestamp (Kafka: "the
-    target time cannot be negative").
+    target time cannot be negative"). A record with no integer timestamp (an entry added
+    with XADD by hand) is a TopicError (UNKNOWN_SERVER_ERROR) naming it.
     """
     _check_client(redis_client)
     _check_namespace(namespace)
@@ -75,8 +79,12 @@ def offsets_for_times(
         calls.append((OFFSET_FOR_TIME, [key, last_timestamp_key_of(key)], [ts]))
     if not calls:
         return {}
+    try:
+        replies = _run(redis_client, calls)
+    except redis.exceptions.ResponseError as exc:
+        raise _foreign_ids(exc) from exc
     out: dict[tuple[str, int], OffsetAndTimestamp | None] = {}
-    for tp, res in zip(order, _run(redis_client, calls), strict=True):
+    for tp, res in zip(order, replies, strict=True):
         error = _name(res[0])
         if error != Errors.NONE:
             raise TopicError(error, f"{tp[0]}-{tp[1]}")
