@@ -50,10 +50,20 @@ while gone + 1 < kept and (copied == 0 or copied < budget) do
   local off = ent and seq(ent[1]) - 1
   local expired = false
   if ent and off < kept then
+    local t = nil
     for j = 1, #ent[2], 2 do
       copied = copied + #ent[2][j + 1]
-      if ent[2][j] == 't' then expired = tonumber(ent[2][j + 1]) < cutoff end
+      if ent[2][j] == 't' then t = tonumber(ent[2][j + 1]) end
     end
+    if t == nil then
+      -- An entry added with XADD by hand: a t that is not a number failed with a bare Lua
+      -- error, and one with no t was taken for kept, so retention stopped at it for good.
+      -- (Before any write of this call: a call that trimmed by count returned above.)
+      error(string.format('FOREIGN_ENTRY_ID %s: the entry at offset %d is not a record (it '
+        .. 'has no integer t field), so retention by age cannot pass it; Topics.delete_records '
+        .. 'to offset %d removes it and the records before it', KEYS[1], off, off + 1), 0)
+    end
+    expired = t < cutoff
   end
   if expired then gone = off else kept = at end  -- nothing in [at, off), and off is kept
   at = nil

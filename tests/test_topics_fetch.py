@@ -674,6 +674,27 @@ def test_offsets_for_times_names_an_entry_with_no_timestamp(
     assert "delete_records to offset 2" in str(caught.value)
 
 
+@pytest.mark.parametrize("fields", [["v", b"a"], ["t", b"abc", "v", b"a"]],
+                         ids=["no-t", "t-not-a-number"])
+def test_retention_by_age_names_an_entry_with_no_timestamp(
+    redis_client: Any, namespace: str, topics: Topics, fields: list[Any]
+) -> None:
+    """Retention by age that probes an entry added by hand with no integer ``t`` is a
+    TopicError naming it: one whose ``t`` is not a number failed with a bare Lua error, and one
+    with no ``t`` was taken for a kept record, so retention stopped there for good (the expired
+    record after it stayed) without a word. The records either side are expired (``t`` 1)."""
+    topics.create("t", 1, retention_ms=1000)
+    key = partition_key(namespace, "t", 0)
+    for written in (["t", 1, "v", b"old"], fields, ["t", 1, "v", b"old"]):
+        redis_client.execute_command("XADD", key, "0-*", *written)
+    with pytest.raises(TopicError, match="the entry at offset 1 is not a record") as caught:
+        topics.apply_retention("t")  # (probes the head, then offset 1)
+    assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+    assert "delete_records to offset 2" in str(caught.value)
+    topics.delete_records("t", {0: 2})  # (what the message says to do)
+    assert topics.apply_retention("t") == {0: 3}
+
+
 def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
     """RESP3 replies (XINFO STREAM as a map) decode as RESP2 ones do."""
     resp2, resp3 = redis_server.client(), redis_server.client(protocol=3)

@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import redis.exceptions
+
 from ..errors import Errors, translate_redis_errors
 from ._base import (
     ALTER_META,
@@ -32,6 +34,7 @@ from ._base import (
     _check_int,
     _check_namespace,
     _check_topic,
+    _foreign_ids,
     _name,
     _opt_int,
     _run,
@@ -446,7 +449,8 @@ class Topics:
         ``stop`` (the coordinator service's) is looked at between those rounds: once it is set
         the trim ends where it is, every partition trimmed at least one round (a large expired
         backlog takes many), and the next pass goes on from there. It held a stopping service
-        for the whole backlog before.
+        for the whole backlog before. An entry with no integer timestamp (added with XADD by
+        hand) that the search by age reads is a TopicError (UNKNOWN_SERVER_ERROR) naming it.
         """
         _check_topic(topic)
         desc_meta = self._r.hgetall(meta_key(self._ns, topic))
@@ -459,12 +463,15 @@ class Topics:
         starts: dict[int, int] = {}
         kept: dict[int, int | str] = dict.fromkeys(pending, "")  # the search's bound, per partition
         while pending:
-            results = _run(self._r, [
-                (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
-                 [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
-                  RETENTION_TRIM_BYTES])
-                for p in pending
-            ])
+            try:
+                results = _run(self._r, [
+                    (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
+                     [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
+                      RETENTION_TRIM_BYTES])
+                    for p in pending
+                ])
+            except redis.exceptions.ResponseError as exc:
+                raise _foreign_ids(exc) from exc  # (an entry with no timestamp, by hand)
             again = []
             for p, res in zip(pending, results):
                 # (kept -1: the count's removal goes on, the search by age has not begun.)
