@@ -237,7 +237,6 @@ def _fields(
     return own if head is None else {"topic": head[0], "partition": head[1], **own}
 
 
-
 def _header_pairs(pairs: Any) -> bool:
     """Whether unpacked headers are what the appends write: (name, value) pairs of a str and
     bytes or None (a msgpack map, text values or bytes names decoded as records of the wrong
