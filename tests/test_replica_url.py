@@ -23,6 +23,7 @@ import rcoord.client
 from rcoord import CoordinatorConfig, GroupCoordinator, ServerUnavailable
 from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig, ReadOnlyReplicaError
 from rcoord.client.coordinator import RedisCoordinator
+from rcoord.protocol.offsets import TopicPartition
 from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics import Topics
 
@@ -237,4 +238,52 @@ def test_an_unreachable_redis_at_the_start_is_logged(refused_port: int, namespac
         assert len(starts) == 1 and "Connection refused" in starts[0], caplog.messages
     finally:
         consumer.close(timeout=WAIT_S)
+        r.close()
+
+
+def test_offset_queries_and_assign_on_a_replica_say_to_give_the_master(
+        replica: EmbeddedServer, namespace: str) -> None:
+    """``committed()``, ``assign()`` (which reads the committed offsets) and the other calls
+    reading through the group's OffsetFetch, a function that may write (it applies the group's
+    passed deadlines), met READONLY for their whole retry bound and then raised
+    ``ServerUnavailable`` "Redis cannot run this now; try again", where the group's joins say
+    to give the master's URL."""
+    r = replica.client()
+    consumer = Consumer(ConsumerGroupConfig(group_id="g", topics=[], redis_client=r,
+                                            namespace=namespace, **SHORT))
+    try:
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as got:
+            consumer.committed([TopicPartition("t", 0)], timeout=0.1)
+        assert "fetch_offsets for 100 ms" in str(got.value)
+        assert isinstance(got.value.__cause__, redis.exceptions.ReadOnlyError)
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as got:
+            consumer.assign([TopicPartition("t", 0)])
+        assert "session_timeout_ms" in str(got.value)
+        assert consumer.assignment() == []
+        # Reads that write nothing are served by the replica.
+        assert consumer.end_offsets([TopicPartition("t", 0)]) == {TopicPartition("t", 0): 0}
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()
+
+
+def test_a_commit_to_a_demoted_master_says_to_give_the_master(
+        own_server: EmbeddedServer, namespace: str, refused_port: int) -> None:
+    """The commit of an ``assign()``ed consumer whose server became a replica raised
+    ``ServerUnavailable`` "try again" after its retries."""
+    r = own_server.client()
+    GroupCoordinator(r, CoordinatorConfig(namespace=namespace)).start()
+    Topics(r, namespace).create("t", 1)
+    consumer = Consumer(ConsumerGroupConfig(group_id="g", topics=[], redis_client=r,
+                                            namespace=namespace, **SHORT),
+                        enable_auto_commit=False)
+    try:
+        consumer.assign([TopicPartition("t", 0)])
+        r.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as got:
+            consumer.commit({TopicPartition("t", 0): 0})
+        assert "commit_offsets for 300 ms" in str(got.value)
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.execute_command("REPLICAOF", "NO", "ONE")
         r.close()

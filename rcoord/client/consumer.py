@@ -84,6 +84,7 @@ from .errors import (
     OffsetOutOfRangeError,
     RebalanceInProgressError,
     WakeupError,
+    refused_by_replica,
 )
 from .generation import EndReason, Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
@@ -700,10 +701,13 @@ class Consumer(SubscriptionMixin):
         A ``wakeup()`` pending before the call is raised by the public methods (Kafka's
         ``committed``, ``beginningOffsets``, ``endOffsets``, ``offsetsForTimes`` raise it),
         through ``_take_wakeup``; one that comes during a single round trip (no retry to cut
-        short) stays pending for the next call."""
+        short) stays pending for the next call. A replica's answer (READONLY, MASTERDOWN) met
+        for the whole ``timeout`` raises ``ReadOnlyReplicaError``, which says to give the
+        master's URL (``refused_by_replica``)."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
-        with self._interruptible():
+        bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
+        with self._interruptible(), refused_by_replica(self._config.group_id, bound):
             return call_with_retries(call, None, config=self._config, closing=self._stop,
                                      budget_s=budget)
 
@@ -1144,7 +1148,9 @@ class Consumer(SubscriptionMixin):
         else:
             positions = self._positions()
             wanted = self._skip_missing(positions, self._own_unverified(positions), "commit()")
-        target[0](wanted)
+        bound = f"{self._config.session_timeout_ms} ms (session_timeout_ms, the retry bound)"
+        with refused_by_replica(self._config.group_id, bound):
+            target[0](wanted)
         self._note_committed({
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
             for tp, off in wanted.items()})

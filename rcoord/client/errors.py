@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import redis.exceptions
 
 from ..assignors import CooperativeAssignmentError  # raised by the leader's check
 from ..errors import (  # RebalanceInProgressError: commits made during a rebalance raise it
+    ConnectionLost,
     Errors,
     ProtocolError,
     RcoordError,
@@ -96,7 +98,54 @@ class ReadOnlyReplicaError(RcoordError):
     replica never mends, and a member that took it for a failover joined again every
     ``join_backoff_ms`` for ever, reading nothing (``rcoord topics consume --group`` said
     "waiting to join" until killed). The replica's error is its ``__cause__``; connect the
-    client to the master."""
+    client to the master. ``Consumer.committed()``, ``assign()`` and ``commit()`` raise it
+    too when a replica's answer lasts their own retry bound (their ``timeout``, or one session
+    timeout): the committed offsets are read by a function that may write (it applies the
+    group's passed deadlines), which a replica refuses (and the log reads, on a replica that
+    answers MASTERDOWN); the consumer is left as it was."""
+
+
+def replica_answer(exc: BaseException) -> BaseException | None:
+    """The redis-py error behind ``exc`` if it is one only a replica answers (None if not):
+    READONLY (a write refused), or MASTERDOWN (anything refused by a replica whose link to its
+    master is down, with ``replica-serve-stale-data no``; rcoord raises it as a
+    ``ConnectionLost``, as it does every redis-py ``ClusterError``)."""
+    cause = exc.__cause__ if isinstance(exc, ConnectionLost) else None
+    return cause if isinstance(cause, REPLICA_ANSWERS) else None
+
+
+def replica_refusal(exc: BaseException, group_id: str, call: str,
+                    bound: str) -> ReadOnlyReplicaError | None:
+    """``ReadOnlyReplicaError`` if ``exc``, the error a call raised after its retries (for
+    ``bound``, e.g. "45000 ms (session_timeout_ms, the client's retry bound)"), is a replica's
+    answer (``replica_answer``), else None. Its ``__cause__`` is the replica's error."""
+    cause = replica_answer(exc)
+    if cause is None:
+        return None
+    code = "READONLY" if isinstance(cause, redis.exceptions.ReadOnlyError) else "MASTERDOWN"
+    refused = ReadOnlyReplicaError(
+        f"group {group_id!r}: Redis answered {code} to {call} for {bound}: the client is "
+        f"connected to a read-only replica (a URL that names a replica, or a master a failover "
+        f"demoted); give it the URL of the master ({' '.join(str(cause).split())})")
+    refused.__cause__ = cause
+    return refused
+
+
+@contextlib.contextmanager
+def refused_by_replica(group_id: str, bound: str) -> Iterator[None]:
+    """Within this block, a ``ConnectionLost`` that is a replica's answer (``replica_answer``)
+    is raised as ``ReadOnlyReplicaError`` (``replica_refusal``; the call named is the rcoord
+    function that met it). For a call made under ``call_with_retries``, whose error has lasted
+    ``bound``: the offset queries, ``assign()`` and its commits raised ``ServerUnavailable``
+    "Redis cannot run this now; try again" at the end of their retries, where the group's
+    joins say to give the master's URL."""
+    try:
+        yield
+    except ConnectionLost as exc:
+        refused = replica_refusal(exc, group_id, str(exc).split(":", 1)[0], bound)
+        if refused is None:
+            raise
+        raise refused from refused.__cause__
 
 
 class GroupClosedError(RcoordError):

@@ -97,8 +97,6 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, NoReturn, Self, TypeVar
 
-import redis.exceptions
-
 from ..assignors import Assignor, RebalanceProtocol, rebalance_protocol
 from ..errors import (
     ConfigError,
@@ -115,7 +113,7 @@ from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import REPLICA_ANSWERS, GroupClosedError, ReadOnlyReplicaError
+from .errors import GroupClosedError, ReadOnlyReplicaError, replica_answer, replica_refusal
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
 from .join import fenced_reason, join_generation
@@ -307,7 +305,7 @@ class ConsumerGroup:
         no coordinator has yet), a consumer returned no records for ever, with not one line
         logged, and on a replica never stopped."""
         now = time.monotonic()
-        read_only = _replica_answer(exc) is not None
+        read_only = replica_answer(exc) is not None
         if self._start_refused is None or self._start_refused[1] != read_only:
             self._start_refused = (now, read_only)
             log.warning("consumer group %r: %s; starting again at the next call",
@@ -878,19 +876,10 @@ def _check_subscribes(config: ConsumerGroupConfig) -> None:
         )
 
 
-def _replica_answer(exc: BaseException) -> BaseException | None:
-    """The redis-py error behind ``exc`` if it is one only a replica answers (None if not):
-    READONLY (a write refused), or MASTERDOWN (anything refused by a replica whose link to its
-    master is down, with ``replica-serve-stale-data no``; rcoord raises it as a
-    ``ConnectionLost``, as it does every redis-py ``ClusterError``)."""
-    cause = exc.__cause__ if isinstance(exc, ConnectionLost) else None
-    return cause if isinstance(cause, REPLICA_ANSWERS) else None
-
-
 def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
                      call: str = "JoinGroup") -> ReadOnlyReplicaError | None:
     """``ReadOnlyReplicaError`` if a join failed on a replica's answer (READONLY or
-    MASTERDOWN, ``_replica_answer``), else None.
+    MASTERDOWN, ``replica_answer``), else None.
 
     Every call of a join is retried for one session timeout (``call_with_retries``), and the
     join raises only when they are over (or the group closes, which ends the loop before
@@ -898,17 +887,9 @@ def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
     failover in progress is over by then (the demoted master's clients are sent to the new
     one, or the node is promoted); a URL that names a replica never is, and the member joined
     again every ``join_backoff_ms`` for ever, reading nothing."""
-    cause = _replica_answer(exc)
-    if cause is None:
-        return None
-    code = "READONLY" if isinstance(cause, redis.exceptions.ReadOnlyError) else "MASTERDOWN"
-    refused = ReadOnlyReplicaError(
-        f"group {config.group_id!r}: Redis answered {code} to {call} for "
-        f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound): the "
-        f"client is connected to a read-only replica (a URL that names a replica, or a master "
-        f"a failover demoted); give it the URL of the master ({' '.join(str(cause).split())})")
-    refused.__cause__ = cause
-    return refused
+    return replica_refusal(
+        exc, config.group_id, call,
+        f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound)")
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

@@ -28,7 +28,7 @@ from ..errors import ConfigError, Errors, ProtocolError, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import CommitFailedError, IllegalStateError, WakeupError
+from .errors import CommitFailedError, IllegalStateError, WakeupError, refused_by_replica
 from .group import ConsumerGroup
 from .join import start_offsets
 from .polltimer import PollTimer
@@ -252,15 +252,16 @@ class SubscriptionMixin:
                 self._auto_commit_now()
             coord = self._coordinator()
             missing: set[TopicPartition] = set()
-            offsets, committed = start_offsets(
-                added,
-                coord,
-                self._config,
-                lambda call, error_of: call_with_retries(
-                    call, error_of, config=self._config, closing=self._stop
-                ),
-                missing=missing,
-            )
+            with refused_by_replica(self._config.group_id, _retry_bound(self._config)):
+                offsets, committed = start_offsets(
+                    added,
+                    coord,
+                    self._config,
+                    lambda call, error_of: call_with_retries(
+                        call, error_of, config=self._config, closing=self._stop
+                    ),
+                    missing=missing,
+                )
             self._forget_partitions(removed)
             edge = 0 if self._config.start_offset == "earliest" else 1
             for tp in added:
@@ -351,6 +352,11 @@ class SubscriptionMixin:
                                self._simple_retries_end)
 
 
+def _retry_bound(config: ConsumerGroupConfig) -> str:
+    """How long ``call_with_retries`` retried a call, for ``refused_by_replica``."""
+    return f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound)"
+
+
 def commit_as_simple_group(
     coordinator: Coordinator,
     config: ConsumerGroupConfig,
@@ -365,12 +371,14 @@ def commit_as_simple_group(
     if not prepared:
         return
     group_id = config.group_id
-    result = call_with_retries(
-        lambda: coordinator.commit_offsets(group_id, prepared, retention_ms=config.retention_ms),
-        lambda r: next((e for e in r.values() if e is not Errors.NONE), Errors.NONE),
-        config=config,
-        closing=closing,
-    )
+    with refused_by_replica(group_id, _retry_bound(config)):
+        result = call_with_retries(
+            lambda: coordinator.commit_offsets(group_id, prepared,
+                                               retention_ms=config.retention_ms),
+            lambda r: next((e for e in r.values() if e is not Errors.NONE), Errors.NONE),
+            config=config,
+            closing=closing,
+        )
     failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
     if not failed:
         return
