@@ -287,3 +287,45 @@ def test_a_commit_to_a_demoted_master_says_to_give_the_master(
         consumer.close(timeout=WAIT_S)
         r.execute_command("REPLICAOF", "NO", "ONE")
         r.close()
+
+
+def test_poll_returns_within_its_timeout_while_the_start_waits_on_redis(
+        refused_port: int, namespace: str) -> None:
+    """The coordinator's start is a call on the user's client, whose own retries (redis-py's
+    default: three, backing off up to seconds) made ``poll(timeout=0.2)`` with Redis
+    unreachable take about 4 s, every call. Here the client's retry waits until released:
+    poll() returned only then; now it returns within its timeout, the start going on, and
+    close() does not wait for that start either."""
+    import threading
+
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    released = threading.Event()
+
+    class HeldRetry(Retry):
+        def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+            released.wait(WAIT_S)
+            return super().call_with_retry(do, fail, *args, **kwargs)
+
+    r = redis.Redis(port=refused_port, retry=HeldRetry(NoBackoff(), 0))
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    polled: list[object] = []
+
+    def polls() -> None:
+        polled.append(consumer.poll(timeout=0.05))
+        polled.append(consumer.poll(timeout=0.05))  # (the same start, still held)
+        consumer.close(timeout=WAIT_S)
+        polled.append("closed")
+
+    poller = threading.Thread(target=polls, daemon=True)
+    try:
+        poller.start()
+        wait_until(lambda: len(polled) == 3)
+        assert polled == [[], [], "closed"]
+    finally:
+        released.set()
+        poller.join(WAIT_S)
+        consumer.close(timeout=WAIT_S)
+        r.close()

@@ -186,6 +186,10 @@ class ConsumerGroup:
         # routine's final commit on close survives a transient ConnectionLost.
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
+        # Held while the coordinator is made and started (taken before _cond, never after).
+        self._connecting = threading.Lock()
+        # The start a next(timeout) gave up waiting for, still running (``_start_within``).
+        self._starting: _Attempt | None = None
         self._slot: Generation | None = None
         self._error: BaseException | None = None
         self._fatal: BaseException | None = None
@@ -267,33 +271,46 @@ class ConsumerGroup:
         reads that need no membership (a consumer's offset queries before its first poll(),
         which in Kafka never join: a member that joined then would hold partitions while the
         application, not polling yet, has no max_poll_interval watching it). Idempotent."""
-        with self._cond:
-            self._connect_locked()
+        with self._connecting:
+            self._connect()
         return self
 
-    def _connect_locked(self) -> None:
+    def _check_open_locked(self) -> None:
         if self._closing.is_set():
             if self._fatal is not None:
                 # The error it closed on, as next() raises it: "is closed" alone left a caller
                 # that starts the group again (a Spark query's next plan) without the reason.
                 self._raise_fatal(self._fatal)
             raise GroupClosedError(f"group {self._config.group_id!r} is closed")
-        if self._coordinator is None:
-            client = self._config.redis_client
-            if client is None:
-                client = self._owned_client = client_from_url(str(self._config.redis_url))
-            coord = RedisCoordinator(
-                client, self._config.namespace,
-                commit_required_acks=self._config.commit_required_acks,
-                commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
-            )
-            try:
-                coord.start()
-            except ConnectionLost as exc:
+
+    def _connect(self) -> None:
+        """Make and start the coordinator, once (with ``_connecting`` held). Its start runs
+        without ``_cond``: with Redis unreachable, redis-py's own retries on the caller's
+        client make it last seconds, and ``close()`` (which takes ``_cond``) waited as long
+        for a start that ``next()`` had given up waiting for (``_start_within``)."""
+        with self._cond:
+            self._check_open_locked()
+            if self._coordinator is not None:
+                return
+        client = self._config.redis_client
+        if client is None:
+            client = self._owned_client = client_from_url(str(self._config.redis_url))
+        coord = RedisCoordinator(
+            client, self._config.namespace,
+            commit_required_acks=self._config.commit_required_acks,
+            commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
+        )
+        try:
+            coord.start()
+        except ConnectionLost as exc:
+            with self._cond:
                 self._refused_at_start(exc)
-                raise
+            raise
+        with self._cond:
             self._start_refused = None
             self._coordinator = coord
+        if self._closing.is_set():  # close() came during the start: it may have closed none
+            self._close_owned_client()
 
     def _refused_at_start(self, exc: ConnectionLost) -> None:
         """A coordinator start failed (with ``_cond`` held): the first failure of a spell is
@@ -332,15 +349,40 @@ class ConsumerGroup:
         """Connect and start joining the group in the background. Idempotent. On a closed
         group it raises what ``next()`` raises: the fatal error the group closed on, or
         ``GroupClosedError``."""
-        with self._cond:
-            self._connect_locked()
-            if self._thread is not None:
-                return self
-            self._thread = threading.Thread(
-                target=self._run, name=f"rcoord-{self._config.group_id}-run", daemon=True
-            )
-            self._thread.start()
+        with self._connecting:
+            self._connect()
+            with self._cond:
+                self._check_open_locked()
+                if self._thread is not None:
+                    return self
+                self._thread = threading.Thread(
+                    target=self._run, name=f"rcoord-{self._config.group_id}-run", daemon=True
+                )
+                self._thread.start()
         return self
+
+    def _start_within(self, deadline: float) -> None:
+        """``start()`` for ``next(timeout)``: made on a thread of its own, waited for until
+        ``deadline`` (then ``TimeoutError``; the next call waits for the same start), its error
+        raised. The coordinator's start is a call on the caller's Redis client, whose own
+        retries (redis-py's default: three, backing off up to seconds) made a
+        ``Consumer.poll(timeout=0.2)`` with Redis unreachable take about 4 s, every call; Kafka's
+        poll() returns within its timeout."""
+        with self._cond:
+            if self._thread is not None and self._coordinator is not None:
+                return
+            attempt = self._starting
+            if attempt is None:
+                attempt = self._starting = _Attempt(
+                    self.start, f"rcoord-{self._config.group_id}-start")
+        if not attempt.done.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"group {self._config.group_id!r}: the coordinator's start "
+                               f"(connecting to Redis) has not ended yet")
+        with self._cond:
+            if self._starting is attempt:
+                self._starting = None
+        if attempt.error is not None:
+            raise attempt.error
 
     def __enter__(self) -> Self:
         self.start()
@@ -366,9 +408,12 @@ class ConsumerGroup:
         ``AuthenticationFailedError``: the ``fatal`` rows of ``ERROR_POLICY``) closes the group
         and is raised by every later call.
         """
-        if not self._closing.is_set():
-            self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._closing.is_set():
+            if deadline is None:
+                self.start()
+            else:
+                self._start_within(deadline)
         with self._cond:
             while True:
                 if self._error is not None:
@@ -867,6 +912,25 @@ class ConsumerGroup:
         ``close()`` until its routines have returned (``_finished``), since a routine's last
         act is usually its final commit, which must not lose to one lost connection."""
         return call_with_retries(call, error_of, config=self._config, closing=self._finished)
+
+
+class _Attempt:
+    """``call`` made once on a daemon thread of its own: ``done`` is set when it has returned,
+    ``error`` is what it raised (None if nothing)."""
+
+    def __init__(self, call: Callable[[], object], name: str) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._call = call
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread waiting for it
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 def _check_subscribes(config: ConsumerGroupConfig) -> None:
