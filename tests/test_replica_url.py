@@ -329,3 +329,29 @@ def test_poll_returns_within_its_timeout_while_the_start_waits_on_redis(
         poller.join(WAIT_S)
         consumer.close(timeout=WAIT_S)
         r.close()
+
+
+@pytest.mark.parametrize("topics", [[], ["t"]], ids=["unsubscribed", "subscribed"])
+def test_offset_queries_starting_on_a_replica_say_to_give_the_master(
+        own_server: EmbeddedServer, namespace: str, refused_port: int,
+        topics: list[str]) -> None:
+    """Where no coordinator has stored the namespace's settings yet, the first offset query
+    (or ``assign()``) is what starts the coordinator, which the replica refuses: the start was
+    made outside the query's retries and raised ``ServerUnavailable`` "start: Redis cannot run
+    this now; try again" at once."""
+    with own_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    r = own_server.client()
+    consumer = Consumer(ConsumerGroupConfig(group_id="g", topics=topics, redis_client=r,
+                                            namespace=namespace, **SHORT))
+    try:
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as got:
+            consumer.committed([TopicPartition("t", 0)], timeout=0.1)
+        assert isinstance(got.value.__cause__, redis.exceptions.ReadOnlyError)
+        if not topics:
+            with pytest.raises(ReadOnlyReplicaError, match="to start for 300 ms"):
+                consumer.assign([TopicPartition("t", 0)])
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()

@@ -422,7 +422,10 @@ class Consumer(SubscriptionMixin):
                 if client is None:
                     if self._config.redis_url is None:
                         raise ConfigError("redis_url or redis_client must be set")
-                    client = self._owned_client = client_from_url(self._config.redis_url)
+                    # (one client, whichever start of the coordinator answers: the start is
+                    # retried, _query)
+                    client = self._owned_client = (self._owned_client
+                                                   or client_from_url(self._config.redis_url))
                 redis_coord = RedisCoordinator(
                     client, self._config.namespace,
                     commit_required_acks=self._config.commit_required_acks,
@@ -539,7 +542,7 @@ class Consumer(SubscriptionMixin):
         """Each partition's log edge (0: log start, 1: log end), all in one round trip
         (``_query``'s retries and ``timeout``). A partition that does not exist raises its
         ``TopicError``, or is left out with ``missing_ok``."""
-        coord = self._coordinator()
+        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
 
         def read() -> dict[TopicPartition, int]:
             if not edges:
@@ -688,7 +691,7 @@ class Consumer(SubscriptionMixin):
         self._take_wakeup("offsets_for_times()")
         asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
-        coord = self._coordinator()
+        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
         found = self._query(lambda: coord.offsets_for_times(keys), timeout)
         return {tp: found[tp] for tp in asked}
 
@@ -696,7 +699,9 @@ class Consumer(SubscriptionMixin):
         """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
         ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
         (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
-        ``ConnectionLost`` is raised. ``wakeup()`` ends the retries (``WakeupError``), and so
+        ``ConnectionLost`` is raised (the public methods make the coordinator's start, the
+        first call on Redis, a query too: made outside, a start on a replica of a namespace
+        without settings raised "try again" at once). ``wakeup()`` ends the retries (``WakeupError``), and so
         does ``close()``. A refusal (a bad argument, a missing permission) is not retried.
         A ``wakeup()`` pending before the call is raised by the public methods (Kafka's
         ``committed``, ``beginningOffsets``, ``endOffsets``, ``offsetsForTimes`` raise it),
@@ -761,7 +766,7 @@ class Consumer(SubscriptionMixin):
         if not wanted:
             return {}
         self._take_wakeup("committed()")
-        coord = self._coordinator()
+        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
         judged = topics_to_judge(result.offsets)
         if judged:  # a commit to a deleted topic of the same name is none (Kafka deletes it)

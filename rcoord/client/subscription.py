@@ -250,9 +250,12 @@ class SubscriptionMixin:
             added = [tp for tp in wanted if tp not in before]
             if removed and self._assigned_manually and self._auto_commit:
                 self._auto_commit_now()
-            coord = self._coordinator()
             missing: set[TopicPartition] = set()
             with refused_by_replica(self._config.group_id, _retry_bound(self._config)):
+                # (the coordinator's start retried as the reads are: made alone, one start on
+                # a replica raised "try again" at once, one with Redis down ConnectionLost)
+                coord = call_with_retries(self._coordinator, None, config=self._config,
+                                          closing=self._stop)
                 offsets, committed = start_offsets(
                     added,
                     coord,
