@@ -92,7 +92,13 @@ from .inflight import Finished, InFlight
 from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import call_with_retries, interruptible_by
-from .subscription import PARTITION_MARKS, PARTITION_TABLES, SubscriptionMixin, check_listener
+from .subscription import (
+    PARTITION_MARKS,
+    PARTITION_TABLES,
+    SubscriptionMixin,
+    check_listener,
+    retry_bound,
+)
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord"]
 
@@ -699,16 +705,16 @@ class Consumer(SubscriptionMixin):
         """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
         ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
         (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
-        ``ConnectionLost`` is raised (the public methods make the coordinator's start, the
-        first call on Redis, a query too: made outside, a start on a replica of a namespace
-        without settings raised "try again" at once). ``wakeup()`` ends the retries (``WakeupError``), and so
-        does ``close()``. A refusal (a bad argument, a missing permission) is not retried.
-        A ``wakeup()`` pending before the call is raised by the public methods (Kafka's
-        ``committed``, ``beginningOffsets``, ``endOffsets``, ``offsetsForTimes`` raise it),
-        through ``_take_wakeup``; one that comes during a single round trip (no retry to cut
-        short) stays pending for the next call. A replica's answer (READONLY, MASTERDOWN) met
-        for the whole ``timeout`` raises ``ReadOnlyReplicaError``, which says to give the
-        master's URL (``refused_by_replica``)."""
+        ``ConnectionLost`` is raised. The public methods make the coordinator's start (the
+        first call on Redis) a query too: made outside, a start on a replica of a namespace
+        without settings raised "try again" at once. ``wakeup()`` ends the retries
+        (``WakeupError``), and so does ``close()``. A refusal (a bad argument, a missing
+        permission) is not retried. A ``wakeup()`` pending before the call is raised by the
+        public methods (Kafka's ``committed``, ``beginningOffsets``, ``endOffsets``,
+        ``offsetsForTimes`` raise it), through ``_take_wakeup``; one that comes during a single
+        round trip (no retry to cut short) stays pending for the next call. A replica's answer
+        (READONLY, MASTERDOWN) met for the whole ``timeout`` raises ``ReadOnlyReplicaError``,
+        which says to give the master's URL (``refused_by_replica``)."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
@@ -1153,8 +1159,7 @@ class Consumer(SubscriptionMixin):
         else:
             positions = self._positions()
             wanted = self._skip_missing(positions, self._own_unverified(positions), "commit()")
-        bound = f"{self._config.session_timeout_ms} ms (session_timeout_ms, the retry bound)"
-        with refused_by_replica(self._config.group_id, bound):
+        with refused_by_replica(self._config.group_id, retry_bound(self._config)):
             target[0](wanted)
         self._note_committed({
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .consumer import ConsumerRecord, _CommitFn
 
 __all__ = ["PARTITION_MARKS", "PARTITION_TABLES", "SubscriptionMixin", "check_listener",
-           "commit_as_simple_group"]
+           "commit_as_simple_group", "retry_bound"]
 
 log = logging.getLogger("rcoord.client")
 
@@ -251,7 +251,7 @@ class SubscriptionMixin:
             if removed and self._assigned_manually and self._auto_commit:
                 self._auto_commit_now()
             missing: set[TopicPartition] = set()
-            with refused_by_replica(self._config.group_id, _retry_bound(self._config)):
+            with refused_by_replica(self._config.group_id, retry_bound(self._config)):
                 # (the coordinator's start retried as the reads are: made alone, one start on
                 # a replica raised "try again" at once, one with Redis down ConnectionLost)
                 coord = call_with_retries(self._coordinator, None, config=self._config,
@@ -355,7 +355,7 @@ class SubscriptionMixin:
                                self._simple_retries_end)
 
 
-def _retry_bound(config: ConsumerGroupConfig) -> str:
+def retry_bound(config: ConsumerGroupConfig) -> str:
     """How long ``call_with_retries`` retried a call, for ``refused_by_replica``."""
     return f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound)"
 
@@ -374,7 +374,7 @@ def commit_as_simple_group(
     if not prepared:
         return
     group_id = config.group_id
-    with refused_by_replica(group_id, _retry_bound(config)):
+    with refused_by_replica(group_id, retry_bound(config)):
         result = call_with_retries(
             lambda: coordinator.commit_offsets(group_id, prepared,
                                                retention_ms=config.retention_ms),
