@@ -66,6 +66,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import redis.exceptions
+
 from .config import STORED_SETTINGS, CoordinatorConfig, bad_stored_setting
 from .errors import ConfigError
 from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
@@ -224,11 +226,13 @@ def settle_flow(
                 # landing between this read and the write (5 -> 7 while this one moved 5 -> 3)
                 # was never checked for groups nor marked, so its layout was never retired and
                 # the processes that had settled on it ran their groups there for good.
-                stored = yield from _write(key, "move", changes, stored["num_partitions"])
+                stored = yield from _named(key, "move", changes, stored["num_partitions"])
                 if _count(stored) != new_np:
-                    continue  # (moved meanwhile: read again, check that layout for groups)
+                    continue  # (moved or lost meanwhile: read again, check that layout)
             else:
-                stored = yield from _write(key, "update", changes)
+                stored = yield from _named(key, "update", changes)
+                if not stored:
+                    continue  # (lost meanwhile: the next round establishes them again)
         stored = yield from _retire(namespace, key, stored)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
@@ -369,6 +373,22 @@ def _write(key: str, op: str, values: Mapping[str, str],
     settings hash; the stored hash after the script."""
     flat = [x for kv in values.items() for x in kv]
     return _decode((yield Script("settings", [key], [op, *first, *flat])))
+
+
+def _named(key: str, op: str, values: Mapping[str, str],
+           *first: str) -> Flow[dict[str, str]]:
+    """``_write`` with ``update`` or ``move`` (the named settings over the stored ones); {} if
+    the settings hash was lost since the settle read it (the script's NOT_COORDINATOR).
+
+    Before, that NOT_COORDINATOR went out of the settle: a start failed, and a refused call's
+    re-settle raised it to the caller, though the settle's next round re-establishes the
+    settings (``_recover``) as every settle that finds them lost does."""
+    try:
+        return (yield from _write(key, op, values, *first))
+    except redis.exceptions.ResponseError as exc:
+        if "RCOORD_NOT_COORDINATOR" not in str(exc):
+            raise
+        return {}
 
 
 def _layout(namespace: str, count: int | None, guess: int,

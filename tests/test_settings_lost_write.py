@@ -1,0 +1,61 @@
+"""The settings hash lost between a settle's read and its own write of the named settings."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from test_settings_retire import _copies
+
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.flow import Script, _perform, drive
+from rcoord.keys import settings_key
+from rcoord.scripts import Scripts
+from rcoord.settings import settle_flow
+
+
+def _writes_named(op: Any) -> bool:
+    """Whether ``op`` writes named settings over the stored ones (``update`` or ``move``)."""
+    return isinstance(op, Script) and op.name == "settings" and op.args[0] in ("update", "move")
+
+
+def _from(flow: Generator[Any, Any, Any], op: Any) -> Generator[Any, Any, Any]:
+    """``flow`` resumed at its operation ``op`` (not performed yet), errors thrown into it as
+    ``drive`` throws them."""
+    while True:
+        try:
+            try:
+                result = yield op
+            except Exception as exc:  # noqa: BLE001 - the flow decides, as in drive
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+        except StopIteration as done:
+            return done.value
+
+
+@pytest.mark.parametrize("named", [{"num_partitions": 7}, {"group_max_size": 9}])
+def test_settings_lost_before_the_named_ones_are_written_are_established_again(
+        redis_client, namespace, named):
+    """The settle read the settings (5 partitions), then the hash was lost (a failover, a
+    restart without persistence) before its ``update`` or ``move`` of the named settings. Before,
+    the script's NOT_COORDINATOR ("the settings were lost") went out of the settle: a start
+    failed, and a refused call's re-settle raised it to the caller, though the settle's next
+    round re-establishes the settings as any settle that finds them lost does. It goes
+    another round now, and the named settings stand."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    given = CoordinatorConfig(namespace=namespace, **named)
+    settling = settle_flow(namespace, given, None)
+    op = next(settling)
+    while not _writes_named(op):
+        op = settling.send(_perform(redis_client, scripts, op, None, None))
+    redis_client.delete(settings_key(namespace))
+    settled = drive(redis_client, scripts, _from(settling, op))
+    for name, value in named.items():
+        assert getattr(settled.config, name) == value
+    count = settled.config.num_partitions
+    assert int(redis_client.hget(settings_key(namespace), "num_partitions")) == count
+    assert all(k.startswith(f"{namespace}:{{{count}.") for k in _copies(redis_client, namespace))
