@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator
 from typing import Any
 
 import pytest
-from test_settings_retire import _copies
+from test_settings import FAST, _form_alone
+from test_settings_retire import _change_count_failing_deletion, _copies
 
 from rcoord import CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Script, _perform, drive
+from rcoord.flow import Pipeline, Script, _perform, drive
 from rcoord.keys import settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import settle_flow
@@ -59,3 +61,30 @@ def test_settings_lost_before_the_named_ones_are_written_are_established_again(
     count = settled.config.num_partitions
     assert int(redis_client.hget(settings_key(namespace), "num_partitions")) == count
     assert all(k.startswith(f"{namespace}:{{{count}.") for k in _copies(redis_client, namespace))
+
+
+def _counts_groups(op: Any) -> bool:
+    """Whether ``op`` counts the groups of a withdrawn layout (``_retire``)."""
+    return isinstance(op, Pipeline) and bool(op.commands) and op.commands[0][0] == "SCARD"
+
+
+def test_a_group_of_the_layout_changed_back_to_after_the_retire_is_not_called_late(
+        redis_client, namespace, caplog):
+    """5 -> 7 stored, the deletion of the 5 layout failed. A settle retires it (the copies
+    deleted); before it counts the groups left there, another process changes the count back
+    to 5 and a group forms under it. Before, the settle warned that this live group was
+    "created under the old partition count 5 ... its members rejoin under the new count": it
+    is in force, and nobody rejoins. The warning is left out when the count is back."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    scripts = _change_count_failing_deletion(redis_client, namespace, 7)
+    retiring = settle_flow(namespace, None, None)
+    op = next(retiring)
+    while not _counts_groups(op):
+        op = retiring.send(_perform(redis_client, scripts, op, None, None))
+    back = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5,
+                                                            **FAST)).start()
+    _form_alone(back, "g")
+    caplog.set_level(logging.WARNING, logger="rcoord.settings")
+    drive(redis_client, scripts, _from(retiring, op))
+    assert "created under the old partition count" not in caplog.text
+    assert back.describe_group("g").members
