@@ -305,6 +305,19 @@ class GroupSteps:
         seen = None if origin is None else _text(origin)
         lost = count is None or seen != self.settings_origin
         used = self.settled().num_partitions
+        effective = yield from self._resettle(lost, used)
+        if not lost and self.settings_origin != seen:
+            # Lost and established again by another process between that read and the
+            # settle's own: adopted as another process's change, their origin taken for this
+            # process's own. Before, its named settings were never written again (a later
+            # call's read finds the origin it now knows); they are written as at a loss.
+            effective = yield from self._resettle(True, used)
+        self._report_overridden(effective)
+        return effective
+
+    def _resettle(self, lost: bool, used: int) -> Flow[CoordinatorConfig]:
+        """``resettle``'s settle, writing the named settings if ``lost``; ``used`` is the
+        partition count this process used before it."""
         try:
             effective = yield from self.settle(write_named=lost)
         except ConfigError:
@@ -319,7 +332,6 @@ class GroupSteps:
             # every call of this process raised ConfigError from then on: each one found the
             # settings of another origin than it knew, and wrote its own again.
             effective = yield from self.settle(write_named=False)
-        self._report_overridden(effective)
         return effective
 
     def _report_overridden(self, effective: CoordinatorConfig) -> None:

@@ -88,3 +88,25 @@ def test_a_group_of_the_layout_changed_back_to_after_the_retire_is_not_called_la
     drive(redis_client, scripts, _from(retiring, op))
     assert "created under the old partition count" not in caplog.text
     assert back.describe_group("g").members
+
+
+def test_settings_lost_and_established_again_as_a_refused_call_settles_get_its_named_ones(
+        redis_client, namespace):
+    """A worker naming group_max_size=9 has a call refused and settles again: it reads the
+    settings' origin (its own), then, before the settle's own read, the namespace loses
+    everything (a restart without persistence) and another process establishes its own
+    settings (group_max_size=4). Before, the settle adopted them as another process's change
+    (the origin it had read was its own), took their origin for its own, and never wrote its
+    named setting again; lost settings are written again by a process that names them."""
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                              group_max_size=9)).start()
+    scripts = Scripts(redis_client)
+    scripts.load()
+    resettling = worker._steps.resettle()
+    op = resettling.send(_perform(redis_client, scripts, next(resettling), None, None))
+    for key in list(redis_client.scan_iter(match=f"{namespace}:*", count=1000)):
+        redis_client.delete(key)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     group_max_size=4)).start()
+    assert drive(redis_client, scripts, _from(resettling, op)).group_max_size == 9
+    assert redis_client.hget(settings_key(namespace), "group_max_size") == b"9"
