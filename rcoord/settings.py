@@ -178,6 +178,9 @@ def settle_flow(
         if was is None:  # what was stored before this settle (a retried round changed it)
             was = dict(stored)
         if "num_partitions" not in stored:
+            read_under = guess
+            names = set(anchor_keys(namespace))
+            found = any(copy for k, copy in held.items() if k not in names)
             proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
             stored = yield from _write(key, "establish", {**proposal, ORIGIN: uuid.uuid4().hex})
             if "num_partitions" not in stored:
@@ -185,6 +188,16 @@ def settle_flow(
                 # writes nothing over it. Settling on another count (the default one, with its
                 # copies written) would run the namespace's groups under two layouts.
                 raise ConfigError(bad_stored_setting(namespace, "num_partitions", None))
+            if found and _count(stored) != read_under:
+                # Copies of another layout than the one established were read: the layout in
+                # force before the loss (the anchors already naming a change whose hash was
+                # lost with its mark), or one a failed withdraw left. It is marked to be
+                # retired, as a change of count marks the layout it leaves. Before, it was only
+                # logged (``_recover``): its copies stayed, and a process that had settled on
+                # it was never refused, so it ran its own copy of its groups for good.
+                token = _token()
+                if (yield Script("settings", [key], ["mark", f"{RETIRE}{read_under}", token])):
+                    stored = {**stored, f"{RETIRE}{read_under}": token}
         # A copy newer than the settings: a writer between this read of the settings and of
         # the copy, or settings rolled back below it (then adopted, see the docstring).
         # Nothing is written from settings a copy has outgrown: no update, no repair.
@@ -569,7 +582,8 @@ def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig |
     different guesses read different ones; were they to decide the count while an anchor names
     another, processes guessing differently would propose different counts, and copies left
     behind by an older layout could overrule the current one. So while an anchor survives,
-    partition copies count only if they name the anchors' count (a warning names the others);
+    partition copies count only if they name the anchors' count (a warning names the others,
+    and ``settle_flow`` marks their layout to be retired once another count is established);
     if the anchors' count is not the guessed one, that layout's copies are read first (one more
     round trip), so what is proposed has seen the layout it adopts. With no anchor left, the
     partition copies under the guess are all there is, and they decide. Either way a partition

@@ -12,7 +12,7 @@ from test_settings_retire import _change_count_failing_deletion, _copies
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Pipeline, Script, _perform, drive
-from rcoord.keys import settings_key
+from rcoord.keys import anchor_keys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import settle_flow
 
@@ -110,3 +110,34 @@ def test_settings_lost_and_established_again_as_a_refused_call_settles_get_its_n
                                                      group_max_size=4)).start()
     assert drive(redis_client, scripts, _from(resettling, op)).group_max_size == 9
     assert redis_client.hget(settings_key(namespace), "group_max_size") == b"9"
+
+
+def test_settings_established_again_under_another_count_retire_the_layout_read(
+        redis_client, namespace):
+    """The namespace runs under 7 (a worker settled there); the anchors name 3 at a newer
+    version (an overtaken settle of a change to 3 wrote them, then withdrew its partition
+    copies only); the settings hash is lost. A process that used 7 settles: it reads the 7
+    layout and the anchors, and establishes 3 (the anchors decide). Before, the 7 layout was
+    only logged ("partition copies of another layout were found"): its copies stayed, and the
+    worker on 7 was never refused, so it ran its own copy of its groups while every other
+    process used 3. The layout read is marked to be retired with the establishment now, and
+    the worker's call is refused and settles on 3."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    assert worker.config.num_partitions == 7
+    scripts = Scripts(redis_client)
+    scripts.load()
+    values = {k.decode(): v.decode()
+              for k, v in redis_client.hgetall(settings_key(namespace)).items()
+              if k != b"origin" and k != b"version"}
+    flat = [x for kv in {**values, "num_partitions": "3"}.items() for x in kv]
+    for anchor in anchor_keys(namespace):
+        scripts.call("settings", [anchor], ["copy", "9", *flat])
+    redis_client.delete(settings_key(namespace))
+    settled = drive(redis_client, scripts, settle_flow(
+        namespace, None, CoordinatorConfig(namespace=namespace, num_partitions=7)))
+    assert settled.config.num_partitions == 3
+    copies = _copies(redis_client, namespace)
+    assert len(copies) == 3 and all(k.startswith(f"{namespace}:{{3.") for k in copies)
+    _form_alone(worker, "g")
+    assert worker.config.num_partitions == 3
