@@ -12,7 +12,7 @@ from test_settings_retire import _change_count_failing_deletion, _copies
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Pipeline, Script, _perform, drive
-from rcoord.keys import anchor_keys, settings_key
+from rcoord.keys import GroupKeys, anchor_keys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import settle_flow
 
@@ -141,3 +141,26 @@ def test_settings_established_again_under_another_count_retire_the_layout_read(
     assert len(copies) == 3 and all(k.startswith(f"{namespace}:{{3.") for k in copies)
     _form_alone(worker, "g")
     assert worker.config.num_partitions == 3
+
+
+
+def test_stale_copies_deleted_by_hand_refuse_the_processes_on_their_layout(redis_client,
+                                                                         namespace):
+    """What docs/operations.md tells an operator to do when copies of another layout than the
+    stored count are found after the settings hash was lost (its marks with it, and the anchors
+    too here, so nothing names the old layout): delete them by hand. A process still on that
+    layout is then refused and adopts the count stored."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    stale = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
+    redis_client.delete(settings_key(namespace))
+    for anchor in anchor_keys(namespace):
+        redis_client.delete(anchor)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
+    copies = _copies(redis_client, namespace)
+    assert len(copies) == 12  # (the 7 layout is left: nothing names it)
+    for key in copies:
+        if key.startswith(f"{namespace}:{{7."):
+            redis_client.delete(key)
+    _form_alone(stale, "g")
+    assert stale.config.num_partitions == 5
+    assert redis_client.sismember(GroupKeys.of(namespace, 5, "g").partition.groups, "g")
