@@ -41,6 +41,13 @@ local function versioned_pairs(ARGV)
   return pairs_
 end
 
+-- The version a hash holds; -1 if none or none readable (a copy edited by hand is rewritten,
+-- as rcoord/settings.py's _version reads it). Before, an unreadable one failed the comparison
+-- with a Lua error, and every settle of the namespace (every process's start) with it.
+local function held_version(key)
+  return tonumber(redis.call('HGET', key, 'version') or '-1') or -1
+end
+
 register('settings', function(KEYS, ARGV)
   local key, op = KEYS[1], ARGV[1]
 
@@ -73,14 +80,14 @@ register('settings', function(KEYS, ARGV)
     if changed then redis.call('HINCRBY', key, 'version', 1) end
     return redis.call('HGETALL', key)
   elseif op == 'copy' then
-    local have = tonumber(redis.call('HGET', key, 'version') or '-1')
+    local have = held_version(key)
     local version = tonumber(ARGV[2])
     if have > version then return 0 end
     redis.call('DEL', key)
     redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
     return 1
   elseif op == 'withdraw' then
-    if tonumber(redis.call('HGET', key, 'version') or '-1') > tonumber(ARGV[2]) then return 0 end
+    if held_version(key) > tonumber(ARGV[2]) then return 0 end
     redis.call('DEL', unpack(KEYS))
     return 1
   elseif op == 'mark' then
@@ -98,7 +105,7 @@ register('settings', function(KEYS, ARGV)
         .. tostring(ARGV[2]))
     end
     if redis.call('EXISTS', key) == 1
-        and tonumber(redis.call('HGET', key, 'version') or '-1') < version then
+        and held_version(key) < version then
       redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
     end
     return redis.call('HGETALL', key)

@@ -12,7 +12,7 @@ from test_settings_retire import _change_count_failing_deletion, _copies
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Pipeline, Script, _perform, drive
-from rcoord.keys import GroupKeys, anchor_keys, settings_key
+from rcoord.keys import GroupKeys, PartitionKeys, anchor_keys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import settle_flow
 
@@ -164,3 +164,21 @@ def test_stale_copies_deleted_by_hand_refuse_the_processes_on_their_layout(redis
     _form_alone(stale, "g")
     assert stale.config.num_partitions == 5
     assert redis_client.sismember(GroupKeys.of(namespace, 5, "g").partition.groups, "g")
+
+
+@pytest.mark.parametrize("layout", [3, 5], ids=["in-force", "retired"])
+def test_a_copy_with_an_unreadable_version_is_rewritten_or_withdrawn(redis_client, namespace,
+                                                                     layout):
+    """A partition copy whose version is not a number (edited by hand). rcoord.settings reads
+    it as -1, "such a copy is rewritten"; before, the ``copy`` and ``withdraw`` ops compared it
+    as a number and failed with a Lua error, and so did every settle of the namespace, every
+    process's start included. It is rewritten (the layout in force) or deleted (one retired)."""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=3)).start()
+    redis_client.hset(PartitionKeys(namespace, 0, layout).cfg,
+                      mapping={"num_partitions": str(layout), "version": "abc"})
+    if layout == 5:  # (a layout left to retire: its mark, as a change of count writes it)
+        redis_client.hset(settings_key(namespace), "retire:5", "token")
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    copies = _copies(redis_client, namespace)
+    assert len(copies) == 3 and all(k.startswith(f"{namespace}:{{3.") for k in copies)
+    assert redis_client.hget(PartitionKeys(namespace, 0, 3).cfg, "version") != b"abc"
