@@ -615,8 +615,9 @@ def _recover(namespace: str, base: CoordinatorConfig, known: CoordinatorConfig |
         ignored = [k for k in held if k not in names and held[k]]
         if ignored:
             log.warning("namespace %r lost its settings; %d partition copies of another layout "
-                        "(%d partitions) were found, but the surviving anchors name %d",
-                        namespace, len(ignored), guess, count)
+                        "(%d partitions) were found, but the surviving anchors name %d: that "
+                        "layout is retired, and its groups' members rejoin without the offsets "
+                        "committed there", namespace, len(ignored), guess, count)
         _, held = yield from _layout(namespace, count, guess, held)
         top = max([top, *(_version(c) for c in held.values())])
     found = [_decode(copy) for copy in held.values() if copy]
