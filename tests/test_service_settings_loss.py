@@ -123,3 +123,36 @@ def test_a_service_whose_named_count_cannot_come_back_after_a_loss_follows_the_o
         assert "settings_error" not in [getattr(r, "event", None) for r in caplog.records]
     finally:
         svc.stop()
+
+
+def test_named_settings_come_back_when_the_loss_lands_inside_the_services_adoption(
+        redis_server, single_client, namespace):
+    """Another process changes a setting (the version moves); the service's check reads it and
+    settles to adopt it; between that read and the settle's own, the namespace is lost and a
+    worker naming nothing establishes the defaults. Before, the settle adopted them as the
+    change it expected and took their origin for the one it knows, so no later check saw a
+    loss: the lowered minimum session timeout the service names was gone for good. The settle
+    returning another origin than the check read counts as a loss now."""
+    key = settings_key(namespace)
+    svc = _service(redis_server.url, namespace, group_min_session_timeout_ms=100)
+    try:
+        adopt, lost = svc._coord.resettle, threading.Event()
+
+        def losing(*, write_named: bool = True) -> Any:
+            if not write_named and not lost.is_set():
+                lost.set()
+                for k in list(single_client.scan_iter(match=f"{namespace}:*", count=1000)):
+                    single_client.delete(k)
+                GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace)).start()
+            return adopt(write_named=write_named)
+
+        with _checks_held(svc):
+            svc._coord.resettle = losing
+            GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
+                                                              group_max_size=9)).start()
+        wait_until(lost.is_set, timeout_s=10)
+        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100",
+                   timeout_s=10)
+        assert svc._coord.config.group_min_session_timeout_ms == 100
+    finally:
+        svc.stop()

@@ -632,32 +632,39 @@ class CoordinatorService:
         version = None if raw[0] is None else int(raw[0])
         origin = raw[2].decode() if isinstance(raw[2], bytes) else raw[2]
         lost = version is None or origin != self._coord.settings_origin
-        if marked and not lost and version == self._coord.settings_version:
-            self._coord.resettle(write_named=False)  # (_retire: the old layout, then the mark)
-        elif lost or version != self._coord.settings_version:
-            was_version = self._coord.settings_version
-            if lost:
-                log.warning("namespace settings lost; settling them again", extra={
-                    "event": "settings_resettled", "was_version": was_version,
-                    "now_version": version})
-                try:
-                    settled = self._coord.resettle()
-                except ConfigError as exc:
-                    # The named settings cannot be written over the ones re-established (a
-                    # process naming another count changed it and formed groups there, or a
-                    # named value contradicts a stored one): adopted, as a change by another
-                    # process is, so a count that moved stops this process (status 3, below).
-                    # Before, every lease round wrote them again and failed (a settings_error,
-                    # the loss warning each round), and the process served its old layout for
-                    # ever. (Settings that cannot be adopted either raise here, as before.)
-                    log.warning("the settings this process names cannot be written over the "
-                                "ones re-established; adopting them", extra={
-                                    "event": "settings_adopted_after_loss", "why": str(exc)})
-                    settled = self._coord.resettle(write_named=False)
-                    self._report_overridden(settled, was_version)
-            else:
+        was_version = self._coord.settings_version
+        adopted: CoordinatorConfig | None = None
+        if not lost and (marked or version != was_version):
+            # (a mark alone: _retire deletes the old layout, then the mark)
+            adopted = self._coord.resettle(write_named=False)
+            # Another origin than the one read: lost and established again by another process
+            # between that read and the settle's own. Before, that was adopted as the change
+            # expected, its origin taken for this process's own, and no later round saw a
+            # loss: the settings this process names were gone for good.
+            lost = self._coord.settings_origin != origin
+        settled = adopted
+        if lost:
+            log.warning("namespace settings lost; settling them again", extra={
+                "event": "settings_resettled", "was_version": was_version,
+                "now_version": version})
+            try:
+                settled = self._coord.resettle()
+            except ConfigError as exc:
+                # The named settings cannot be written over the ones re-established (a
+                # process naming another count changed it and formed groups there, or a
+                # named value contradicts a stored one): adopted, as a change by another
+                # process is, so a count that moved stops this process (status 3, below).
+                # Before, every lease round wrote them again and failed (a settings_error,
+                # the loss warning each round), and the process served its old layout for
+                # ever. (Settings that cannot be adopted either raise here, as before.)
+                log.warning("the settings this process names cannot be written over the "
+                            "ones re-established; adopting them", extra={
+                                "event": "settings_adopted_after_loss", "why": str(exc)})
                 settled = self._coord.resettle(write_named=False)
                 self._report_overridden(settled, was_version)
+        elif adopted is not None and version != was_version:
+            self._report_overridden(adopted, was_version)
+        if settled is not None:
             raw = [None, str(settled.num_partitions).encode()]
         if raw[1] is not None and int(raw[1]) != self.group_config.num_partitions:
             log.error("num_partitions changed; restarting", extra={
