@@ -113,7 +113,7 @@ def test_settings_lost_and_established_again_as_a_refused_call_settles_get_its_n
 
 
 def test_settings_established_again_under_another_count_retire_the_layout_read(
-        redis_client, namespace):
+        redis_client, namespace, caplog):
     """The namespace runs under 7 (a worker settled there); the anchors name 3 at a newer
     version (an overtaken settle of a change to 3 wrote them, then withdrew its partition
     copies only); the settings hash is lost. A process that used 7 settles: it reads the 7
@@ -134,9 +134,12 @@ def test_settings_established_again_under_another_count_retire_the_layout_read(
     for anchor in anchor_keys(namespace):
         scripts.call("settings", [anchor], ["copy", "9", *flat])
     redis_client.delete(settings_key(namespace))
+    caplog.set_level(logging.WARNING, logger="rcoord.settings")
     settled = drive(redis_client, scripts, settle_flow(
         namespace, None, CoordinatorConfig(namespace=namespace, num_partitions=7)))
     assert settled.config.num_partitions == 3
+    assert "(7 partitions) were found" in caplog.text
+    assert "that layout is retired" in caplog.text
     copies = _copies(redis_client, namespace)
     assert len(copies) == 3 and all(k.startswith(f"{namespace}:{{3.") for k in copies)
     _form_alone(worker, "g")
