@@ -461,8 +461,14 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
     from rcoord.service import cli, service
     from rcoord.service.leases import StoppedBeforeClaim
 
-    handlers: dict[int, Any] = {}
-    monkeypatch.setattr(signal, "signal", lambda signum, h: handlers.__setitem__(signum, h))
+    handlers: dict[int, Any] = {signal.SIGTERM: signal.SIG_DFL,
+                                signal.SIGINT: signal.default_int_handler}
+
+    def set_handler(signum: int, h: Any) -> Any:
+        previous, handlers[signum] = handlers.get(signum), h
+        return previous
+
+    monkeypatch.setattr(signal, "signal", set_handler)
 
     class Service:
         exit_code = 0
@@ -493,7 +499,35 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
         root.handlers[:], root.level = handlers_before, level_before
     assert not runner.is_alive(), "the signal handler hung on the stop flag's lock"
     assert out == [0]
-    assert handlers[signal.SIGTERM] == signal.SIG_IGN  # (ended: a late signal changes nothing)
+    # (ended: the handlers found are back)
+    assert handlers[signal.SIGTERM] == signal.SIG_DFL
+    assert handlers[signal.SIGINT] is signal.default_int_handler
+
+
+def test_signal_stop_puts_back_the_handlers_it_found():
+    """A program running the command in its own process (``rcoord.cli.main``, a test) gets its
+    own SIGTERM and SIGINT handling back when the command ends; ``close()`` left both
+    ignored, so that program's Ctrl-C did nothing from then on."""
+    from rcoord.service.cli import SignalStop
+
+    def mine(signum: int, frame: Any) -> None:
+        pass
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGTERM, mine)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop = threading.Event()
+        signals = SignalStop(stop)
+        assert signal.getsignal(signal.SIGTERM) == signals.handle
+        signals.handle(signal.SIGTERM, None)  # (as the signal would)
+        assert stop.wait(30)
+        signals.close()
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 def test_signal_stop_off_the_main_thread_leaves_no_pipe_behind(monkeypatch):

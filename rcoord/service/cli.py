@@ -315,18 +315,24 @@ class SignalStop:
     ``Event.set()`` takes the event's lock, which is not reentrant, so a signal that arrived
     while the main thread held it (inside ``stop.wait()``: ``start()`` waiting for a claimed
     id; or ``stop.set()``: a second signal during the stop) hung the process until SIGKILL.
-    The handler only writes a byte to a pipe; the thread reading it sets ``stop``."""
+    The handler only writes a byte to a pipe; the thread reading it sets ``stop``.
+
+    ``close()`` puts back the handlers it found, so a program that runs the command in its own
+    process (``rcoord.cli.main(["coordinator", ...])``, a test) gets its Ctrl-C and SIGTERM
+    back; before, both were left ignored for the rest of that process."""
 
     def __init__(self, stop: threading.Event) -> None:
         self._stop = stop
+        self._previous: dict[int, Any] = {}
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         try:
             for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self.handle)
+                self._previous[signum] = signal.signal(signum, self.handle)
         except BaseException:
             # (Off the main thread: ValueError. Before, the pipe's two ends and a thread
             # blocked reading it were left behind with it.)
+            self._restore()
             os.close(self._read)
             os.close(self._write)
             raise
@@ -347,11 +353,16 @@ class SignalStop:
         finally:
             os.close(self._read)
 
+    def _restore(self) -> None:
+        """The handlers found at the start (``SIG_DFL`` for one not set from Python)."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+
     def close(self) -> None:
-        """The command has ended: a signal now changes nothing (as one did once the stop was
-        under way), and the thread ends. Called on the main thread."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_IGN)
+        """The command has ended: the handlers found at the start are put back, and the
+        thread ends. Called on the main thread."""
+        self._restore()
         try:
             os.write(self._write, b"q")
         except BlockingIOError:  # (a full pipe: the thread, a daemon, is left reading it)
