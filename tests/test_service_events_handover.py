@@ -184,6 +184,49 @@ def test_a_holder_that_goes_on_after_another_logged_the_events_does_not_log_them
     assert _logged(m1) + _logged(m2) == client.xlen(coord._keys("g").partition.events)
 
 
+def test_two_reads_of_one_tail_at_once_log_each_event_once(own_server, namespace):
+    """The stop's last read of the events may come while the timer loop is in one (a stop()
+    from another thread than run()'s, or a timer loop run() left behind): the second read
+    went on from where the first was in its logging (a backlog logged line by line), and both
+    logged and counted the rest, twice in this one process. Here a second poll starts while
+    the first one logs its first event."""
+    client = own_server.client()
+    coord = _coord(client, namespace)
+    metrics = Metrics()
+    tail = EventTail(client, namespace, 1, metrics)
+    tail.poll({0})
+    _lonely_member(coord, "g")
+    events = client.xlen(coord._keys("g").partition.events)
+    assert events > 1
+    armed = [True]
+
+    class SecondRead(logging.Handler):
+        def createLock(self) -> None:
+            self.lock = None  # (the second read logs through it while the first is in emit)
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if armed and threading.current_thread() is main:
+                armed.clear()
+                other = threading.Thread(target=tail.poll, args=({0},))
+                other.start()
+                other.join(30)
+                assert not other.is_alive()
+
+    main = threading.current_thread()
+    groups_log = logging.getLogger("rcoord.groups")
+    handler, level = SecondRead(), groups_log.level
+    groups_log.addHandler(handler)
+    groups_log.setLevel(logging.INFO)
+    try:
+        tail.poll({0})
+        tail.poll({0})  # (what the second one left unread)
+    finally:
+        groups_log.removeHandler(handler)
+        groups_log.setLevel(level)
+    assert not armed
+    assert _logged(metrics) == events
+
+
 # -- the service ----------------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ __all__ = ["EventTail", "sample_groups"]
 
 log = logging.getLogger("rcoord.groups")
 STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable")
+POLL_WAIT_S = 0.2
+"""How long a ``poll`` waits for another one of the same tail to end (``EventTail.poll``)."""
 
 
 def _id_key(entry_id: bytes) -> tuple[int, int]:
@@ -33,6 +35,8 @@ class EventTail:
         self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
         self._metrics = metrics
         self._last: dict[int, bytes] = {}
+        self._polling = threading.Lock()
+        """Held by a ``poll``: two at once read from the same positions."""
 
     def poll(self, owned: set[int]) -> int:
         """Read what is new in each leased partition's events.
@@ -56,7 +60,25 @@ class EventTail:
 
         So each event is logged once, except by two processes that read the same partition at
         the same moment (a hand-over, a pause ending), which may both log it: at least once,
-        never lost while the stream still holds it."""
+        never lost while the stream still holds it.
+
+        One poll at a time: the stop's last read (``CoordinatorService._leave``) may come while
+        the timer loop is in one (a ``stop()`` from another thread than ``run()``'s, or a loop
+        ``run()`` left behind), and both read on from the same positions, so every event
+        between was logged and counted twice by this one process. A poll that finds another
+        under way waits ``POLL_WAIT_S`` for it, then reads on from where that one ended; if it
+        has not ended (a node that does not answer), it reads nothing (0): the next poll, or
+        the partition's next holder (from the stored position), logs what it would have."""
+        if not self._polling.acquire(timeout=POLL_WAIT_S):
+            log.debug("another read of the group events is under way; read on later",
+                      extra={"event": "events_unread", "partitions": sorted(owned)})
+            return 0
+        try:
+            return self._poll(owned)
+        finally:
+            self._polling.release()
+
+    def _poll(self, owned: set[int]) -> int:
         ps = sorted(owned)
         for p in list(self._last):
             if p not in owned:
