@@ -597,6 +597,59 @@ def test_the_listener_forgets_the_subscribers_of_masters_gone(monkeypatch):
     assert len(lis._threads) == 1
 
 
+def test_the_listener_stop_joins_a_subscriber_started_as_it_began():
+    """``_spawn`` lists a thread after starting it: a subscriber that ``_run_hints`` started as
+    the stop began was missing from the list ``stop()`` took, and was never joined (it went on
+    past the stop). Here the spawning thread lists it only once the stop has taken its list."""
+    from types import SimpleNamespace
+
+    from rcoord.service.events import EventQueue
+    from rcoord.service.listener import Listener
+
+    lis = Listener(SimpleNamespace(), "ns", 4, "chan", EventQueue(), deadlines=False, hints=False)
+    real_lock, listed = lis._lock, threading.Event()
+    spawner: list[threading.Thread] = []
+
+    class Lock:
+        """The spawner's listing waits until the stop has its list."""
+
+        def __enter__(self) -> None:
+            if spawner and threading.current_thread() is spawner[0]:
+                assert listed.wait(30)
+            real_lock.acquire()
+            if lis._stop.is_set():
+                listed.set()
+
+        def __exit__(self, *exc: object) -> None:
+            real_lock.release()
+
+    subscriber_ended = threading.Event()
+
+    def subscriber() -> None:
+        lis._stop.wait()
+        subscriber_ended.set()
+
+    def run_hints() -> None:
+        lis._stop.wait()  # (as _run_hints, between its check of the flag and its spawn)
+        spawner.append(threading.current_thread())
+        lis._spawn(subscriber, "rcoord-hints-x")
+
+    lis._spawn(run_hints, "rcoord-hints")
+    lis._lock = Lock()  # type: ignore[assignment]
+    joined: list[str] = []
+    real_join = threading.Thread.join
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        joined.append(self.name)
+        real_join(self, timeout)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threading.Thread, "join", join)
+        lis.stop(30)
+    assert joined == ["rcoord-hints", "rcoord-hints-x"]
+    assert subscriber_ended.is_set()
+
+
 def test_coordinator_restarts_itself_when_num_partitions_changes(redis_server, single_client, namespace, procs):
     _setup(single_client, namespace)  # 50 partitions, no groups yet
     procs.append(Proc(redis_server.url, namespace, "c1"))

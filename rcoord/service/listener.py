@@ -139,14 +139,24 @@ class Listener:
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop the threads, waiting for them ``timeout`` seconds in all (a thread blocked in a
-        call a node does not answer is left behind: daemons, failed by the client's close)."""
+        call a node does not answer is left behind: daemons, failed by the client's close).
+
+        The threads are looked up again once those found have ended: ``_spawn`` lists a thread
+        after starting it, so a subscriber ``_run_hints`` started as the stop began was not
+        in the list taken, and went on (turning keyspace events on, subscribing, logging)
+        past the stop, against a client being closed."""
         self._stop.set()
         self._lost.set()
         deadline = time.monotonic() + timeout
-        with self._lock:
-            threads = self._threads
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        joined: set[threading.Thread] = set()
+        while True:
+            with self._lock:
+                threads = [t for t in self._threads if t not in joined]
+            if not threads:
+                return
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+                joined.add(t)
 
     # -- topology --------------------------------------------------------------------------------
 
