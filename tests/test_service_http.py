@@ -192,3 +192,19 @@ def test_a_bind_failure_says_what_to_change() -> None:
         server.stop()
     with pytest.raises(ConfigError, match="give an address of this machine"):
         http.StatusServer("192.0.2.1", 0, CollectorRegistry(), lambda: (True, {}))  # TEST-NET
+
+
+def test_a_privileged_port_refused_says_to_choose_another(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A process without the right to bind a port below 1024 (a container run as another user
+    than root) was told to give another address."""
+    import errno
+
+    def refused(self: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(http._Server, "server_bind", refused)
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:80: Permission denied \(choose a port "
+                       r"from 1024 up, or give the process the right to bind this one "
+                       r"\(CAP_NET_BIND_SERVICE\)\)"):
+        http.StatusServer("127.0.0.1", 80, CollectorRegistry(), lambda: (True, {}))

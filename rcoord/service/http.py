@@ -163,8 +163,13 @@ class StatusServer:
         try:
             self._server = _Server((host, port), Handler, _family(host, port))
         except OSError as exc:
+            # (A port below 1024 is refused to a process without the right to bind it, as in
+            # a container run as a user other than root: the hint named the address.)
             hint = ("choose another metrics port, or 0 for any free one"
                     if exc.errno == errno.EADDRINUSE else
+                    "choose a port from 1024 up, or give the process the right to bind this "
+                    "one (CAP_NET_BIND_SERVICE)"
+                    if exc.errno == errno.EACCES and 0 < port < 1024 else
                     "give an address of this machine, such as 127.0.0.1, 0.0.0.0 or ::")
             raise ConfigError(
                 f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} ({hint})") from exc
