@@ -504,6 +504,48 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
     assert handlers[signal.SIGINT] is signal.default_int_handler
 
 
+def test_the_coordinator_command_puts_back_the_logging_it_found(monkeypatch):
+    """A program running ``rcoord coordinator`` in its own process (``rcoord.cli.main``, a
+    test) had the root logger's handlers replaced by the command's JSON lines on stdout, and
+    its level changed, for good."""
+    import argparse
+
+    import rcoord.cli
+    from rcoord.service import cli, service
+
+    class Service:
+        exit_code = 0
+
+        def __init__(self, config: Any) -> None:
+            self._stop = threading.Event()
+
+        def start(self) -> None:
+            logging.getLogger("rcoord.service").info("started")
+
+        def run(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(service, "CoordinatorService", Service)
+    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: None)
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    p = argparse.ArgumentParser()
+    cli.add_coordinator_arguments(p)
+    root = logging.getLogger()
+    mine = logging.NullHandler()
+    handlers_before, level_before = root.handlers[:], root.level
+    try:
+        root.handlers[:] = [mine]
+        root.setLevel(logging.WARNING)
+        assert cli.coordinator_main(p.parse_args(["--log-level", "DEBUG"])) == 0
+        assert root.handlers == [mine]
+        assert root.level == logging.WARNING
+    finally:
+        root.handlers[:], root.level = handlers_before, level_before
+
+
 def test_signal_stop_puts_back_the_handlers_it_found():
     """A program running the command in its own process (``rcoord.cli.main``, a test) gets its
     own SIGTERM and SIGINT handling back when the command ends; ``close()`` left both

@@ -284,6 +284,10 @@ def coordinator_main(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
+    # Put back when the command ends, as the signal handlers are (``SignalStop.close``): a
+    # program that runs it in its own process (``rcoord.cli.main``, a test) had its own
+    # logging replaced by these JSON lines on stdout for good.
+    handlers_before, level_before = root.handlers[:], root.level
     root.handlers[:] = [handler]
     root.setLevel(level)
     service = CoordinatorService(config)
@@ -306,6 +310,8 @@ def coordinator_main(args: argparse.Namespace) -> int:
         return service.exit_code
     finally:
         signals.close()
+        root.handlers[:] = handlers_before
+        root.setLevel(level_before)
 
 
 class SignalStop:
