@@ -194,6 +194,27 @@ def _idle_member_is_expired_by(users: Users, namespace: str, worker: Any) -> Non
     wait_until(lambda: worker.hlen(members) == 0, timeout_s=10)
 
 
+
+def test_an_idle_consumer_waiting_for_records_needs_no_other_rule(users: Users,
+                                                                   namespace: str) -> None:
+    """A consumer with nothing to read waits in a blocking read, and sends ``CLIENT ID`` with
+    it so that ``close()`` can end the wait (``CLIENT UNBLOCK``): the worker rules lacked both,
+    and an idle consumer logged a denial to ``ACL LOG`` on every waiting fetch."""
+    admin_setup(users, namespace)[1].close()
+    name, client = make(users, namespace, "worker")
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=client, namespace=namespace,
+        session_timeout_ms=1000, heartbeat_interval_ms=200, rebalance_timeout_ms=2000,
+    ), fetch_max_wait_ms=200)
+    try:
+        wait_until(lambda: bool(consumer.assignment()),
+                   step=lambda: consumer.poll(timeout=0.2))
+        for _ in range(3):  # waiting reads, the group formed
+            assert not consumer.poll(timeout=0.3)
+    finally:
+        consumer.close(timeout=5)
+    assert users.denials(name) == []
+
 @pytest.mark.parametrize("hints", [False, True], ids=["index-alone", "with-hints"])
 def test_coordinator_service(users: Users, namespace: str, backend: str, hints: bool) -> None:
     _, admin = admin_setup(users, namespace)
