@@ -213,6 +213,7 @@ def test_an_idle_consumer_waiting_for_records_needs_no_other_rule(users: Users,
             assert not consumer.poll(timeout=0.3)
     finally:
         consumer.close(timeout=5)
+        client.close()
     assert users.denials(name) == []
 
 @pytest.mark.parametrize("hints", [False, True], ids=["index-alone", "with-hints"])
