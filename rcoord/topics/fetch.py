@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -443,7 +444,8 @@ def fetch(
     if waker is None or node is None:
         redis_client.xread({key: f"0-{offset}"}, count=1, block=block_ms)
     else:
-        waker._park(node, key, f"0-{offset}", block_ms)
+        waker._park(node, key, f"0-{offset}", block_ms,
+                    functools.partial(_redirect_client, redis_client))
         if waker.woken:
             return result  # (its caller is closing: no read on a client about to close)
     return _fetch_once(redis_client, key, offset, max_records, max_bytes)
@@ -456,6 +458,16 @@ def _node_client(redis_client: Any, key: str) -> redis.Redis | None:
         node = redis_client.get_redis_connection(redis_client.get_node_from_key(key))
         return node if isinstance(node, redis.Redis) else None
     return redis_client if isinstance(redis_client, redis.Redis) else None
+
+
+def _redirect_client(redis_client: Any, host: str, port: int) -> redis.Redis | None:
+    """The ``redis.Redis`` of the cluster node at ``host:port`` (an ``ASK`` or ``MOVED``
+    reply's), or None where ``redis_client`` is not a cluster client or does not know it."""
+    if not isinstance(redis_client, redis.cluster.RedisCluster):
+        return None
+    found = redis_client.get_node(host=host, port=port)
+    node = redis_client.get_redis_connection(found) if found is not None else None
+    return node if isinstance(node, redis.Redis) else None
 
 
 class FetchWaker:
@@ -510,23 +522,65 @@ class FetchWaker:
         except redis.exceptions.RedisError:
             log.debug("CLIENT UNBLOCK failed; the fetch ends by its own wait", exc_info=True)
 
-    def _park(self, node: redis.Redis, key: str, after_id: str, block_ms: int) -> None:
+    def _park(
+        self,
+        node: redis.Redis,
+        key: str,
+        after_id: str,
+        block_ms: int,
+        redirect: Callable[[str, int], redis.Redis | None] | None = None,
+    ) -> None:
         """``XREAD COUNT 1 BLOCK block_ms STREAMS key after_id`` on a connection of
         ``node``'s pool whose id ``wake()`` can unblock; the reply is not needed (the fetch
-        reads again)."""
-        if self.woken:
+        reads again).
+
+        In a cluster whose slot of ``key`` moves, ``node`` may answer at once with ``ASK``
+        (the stream went to the importing master) or ``MOVED``: the read is then made on the
+        node named, which ``redirect`` gives (after ``ASKING`` for an ``ASK``), for what is
+        left of ``block_ms``; where that fails too, the rest of the wait passes here, ended by
+        ``wake()``. Before, the redirection ended the wait at once, and since an ``ASK`` does
+        not change the client's slot map, a consumer at the log end re-read in a busy loop for
+        as long as the migration lasted."""
+        deadline = time.monotonic() + block_ms / 1000
+        moved = self._park_on(node, key, after_id, block_ms, asking=False)
+        if moved is None or redirect is None:
             return
+        target = redirect(moved.host, moved.port)
+        left = int((deadline - time.monotonic()) * 1000)
+        if target is not None and left > 0:
+            asking = not isinstance(moved, redis.exceptions.MovedError)
+            if self._park_on(target, key, after_id, left, asking=asking) is None:
+                return
+            left = int((deadline - time.monotonic()) * 1000)
+        if left > 0:  # (moved again meanwhile, or to a node the client does not know yet)
+            with self._cond:
+                self._cond.wait_for(lambda: self._woken, left / 1000)
+
+    def _park_on(
+        self, node: redis.Redis, key: str, after_id: str, block_ms: int, *, asking: bool
+    ) -> redis.exceptions.AskError | None:
+        """``_park``'s read on ``node`` (after ``ASKING``, with ``asking``): the ``ASK`` or
+        ``MOVED`` it was answered with, else None."""
+        if self.woken:
+            return None
         pool = node.connection_pool
         conn = pool.get_connection()
+        moved: redis.exceptions.AskError | None = None
         try:
             conn.send_packed_command(conn.pack_commands([
                 ("CLIENT", "ID"),
+                *([("ASKING",)] if asking else []),
                 ("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", key, after_id),
             ]))
             try:
                 conn_id: int | None = int(conn.read_response())
             except redis.exceptions.ResponseError:
                 conn_id = None  # (not allowed): the read cannot be woken
+            if asking:
+                try:
+                    conn.read_response()  # (OK)
+                except redis.exceptions.ResponseError:
+                    pass  # (the XREAD is then answered with the redirection again)
             with self._cond:
                 if conn_id is not None:
                     self._parked = (node, conn_id)
@@ -536,8 +590,10 @@ class FetchWaker:
                     self._unblock(node, conn_id, lambda: bool(conn.can_read(timeout=0)))
                 try:
                     conn.read_response()
+                except redis.exceptions.AskError as exc:  # (or its subclass MovedError)
+                    moved = exc
                 except redis.exceptions.ResponseError:
-                    pass  # (a cluster's MOVED): the read that follows finds the new owner
+                    pass  # the read that follows the wait reports it
             finally:
                 with self._cond:
                     self._parked = None
@@ -553,6 +609,7 @@ class FetchWaker:
             raise
         finally:
             pool.release(conn)
+        return moved
 
 
 @translate_redis_errors
