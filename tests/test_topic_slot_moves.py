@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 import redis
 from harness import wait_until
 from test_parked_slot_moves import _Move
 
-from rcoord.topics import Topics, partition_key
+from rcoord import ConnectionLost, Errors
+from rcoord.topics import TopicError, Topics, partition_key
 from rcoord.topics.fetch import FetchWaker, fetch
 from rcoord.topics.producer import Producer
 
@@ -39,5 +41,37 @@ def test_a_wakeable_fetch_at_the_log_end_waits_on_the_importing_master(own_clust
         assert [(r.offset, r.value) for r in result.records] == [(1, b"b")]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        move.close()
+        client.close()
+
+
+def _start_move(move: _Move) -> None:
+    """The slot of ``move.key`` migrating (no keys in it to move yet)."""
+    src, dst = move.nodes[move.src], move.nodes[move.dst]
+    dst.execute_command("CLUSTER", "SETSLOT", move.slot, "IMPORTING", move.ids[move.src])
+    src.execute_command("CLUSTER", "SETSLOT", move.slot, "MIGRATING", move.ids[move.dst])
+
+
+def test_create_again_finishes_a_topic_whose_partition_a_slot_move_refused(own_cluster,
+                                                                           namespace):
+    """A partition whose slot migrates cannot be made (its script's keys are split between
+    the masters: TRYAGAIN until redis-py gives up), so ``create`` raises ConnectionLost after
+    its claim; the retry answers TOPIC_ALREADY_EXISTS, as Kafka's does once the first went
+    through, and makes the missing partition, where the topic used to stay without it."""
+    client = own_cluster.client(socket_timeout=30)
+    topics = Topics(client, namespace)
+    move = _Move(own_cluster, client, partition_key(namespace, "t", 1))
+    try:
+        _start_move(move)
+        with pytest.raises(ConnectionLost):
+            topics.create("t", 2)
+        move.owner()
+        with pytest.raises(TopicError) as exc:
+            topics.create("t", 2)
+        assert exc.value.error == Errors.TOPIC_ALREADY_EXISTS
+        assert [p.error for p in topics.describe("t").partitions] == [Errors.NONE] * 2
+        sent = Producer(client, namespace, idempotent=False).send("t", b"v", partition=1)
+        assert sent.offset == 0
+    finally:
         move.close()
         client.close()

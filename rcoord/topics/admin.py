@@ -69,9 +69,10 @@ class Topics:
     they are ordered so that a crash leaves nothing a retry cannot mend: ``create`` claims the
     metadata first (the one atomic "does it exist" decision), then makes the streams;
     ``delete`` removes the streams first and the metadata last, so a half-deleted topic is
-    still listed and ``delete`` can simply be called again. A ``create`` that crashed after
+    still listed and ``delete`` can simply be called again. A ``create`` that failed after
     its claim leaves a listed topic whose missing partitions ``describe`` reports as
-    UNKNOWN_TOPIC_OR_PARTITION; ``delete`` and ``create`` again mend it. A step resent by
+    UNKNOWN_TOPIC_OR_PARTITION; ``create`` again makes them (and answers TOPIC_ALREADY_EXISTS,
+    as Kafka's does to the retry of a create that went through). A step resent by
     redis-py after a lost reply is not a crash: each ``create`` call carries a token of its own,
     so its resent claim succeeds again and its resent partition step leaves alone the partitions
     it already made (and the records producers appended since).
@@ -116,6 +117,10 @@ class Topics:
         there): how long an idempotent producer's state in this topic's partitions outlives its
         last append; ``None`` means Kafka's default, 1 day. It is a topic setting so that every
         producer of the topic applies the same expiry.
+
+        TOPIC_ALREADY_EXISTS comes once the existing topic's partitions that have no stream
+        were made (``_finish_partitions``): so retrying a create that failed partway (raised
+        ConnectionLost after its claim) leaves a whole topic.
         """
         self.check_create(topic, partitions, retention_records=retention_records,
                           retention_ms=retention_ms,
@@ -131,6 +136,8 @@ class Topics:
             token,
         ])])
         if _name(res[0]) != Errors.NONE:
+            if _name(res[0]) == Errors.TOPIC_ALREADY_EXISTS:
+                self._finish_partitions(topic)
             raise TopicError(_name(res[0]), topic)
         stamped = time.monotonic()
         # The name is ours now; drop whatever a crashed delete of an older topic left behind,
@@ -145,6 +152,26 @@ class Topics:
         left = CREATION_MILLISECOND_S - (time.monotonic() - stamped)
         if left > 0:
             time.sleep(left)
+
+    def _finish_partitions(self, topic: str) -> None:
+        """Make the partitions of an existing ``topic`` that have no stream, with its creation
+        token (``topic_make``'s 'ensure': a stream there is left as it is), before ``create``
+        answers TOPIC_ALREADY_EXISTS.
+
+        Why: a ``create`` whose partition step failed after its claim (a partition's slot
+        migrating refuses the multi-key make with TRYAGAIN until redis-py gives up, which is
+        ConnectionLost, retriable) left a listed topic without those partitions; its retry,
+        like a Kafka client's "create unless it exists", got TOPIC_ALREADY_EXISTS and went on
+        with a topic whose partitions answered UNKNOWN_TOPIC_OR_PARTITION until a delete. A
+        ``create`` still making them meanwhile finds its token on them and leaves them alone.
+        A topic deleted meanwhile may keep an empty stream, which a later ``create`` of the
+        name drops and ``add_partitions`` replaces (as after a crashed delete)."""
+        try:
+            count, token = self._count_and_token(topic)
+        except TopicError:
+            return  # (deleted meanwhile)
+        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", token])
+                       for p in range(count)])
 
     @translate_redis_errors
     def add_partitions(self, topic: str, new_total: int) -> None:
