@@ -20,7 +20,8 @@
 -- the partition's last record's timestamp if that is later, as in topic_append.lua),
 -- duplicates d, {offsets of the d leading records}, {their timestamps}} (-1 where no longer
 -- known), or
--- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, or
+-- {'UNKNOWN_TOPIC_OR_PARTITION'}, {'PRODUCER_FENCED', why}, {'UNKNOWN_SERVER_ERROR', why} (a
+-- stream an XADD by hand left refusing appends: refused_append, in topic_common.lua), or
 -- {'OUT_OF_ORDER_SEQUENCE_NUMBER', why, the sequence expected next (modulo ARGV[8] if given)}:
 -- the client compares that with what it was told was stored (a failover that lost an
 -- acknowledged append leaves the state behind it; rcoord.topics.producer); a fourth element,
@@ -225,7 +226,9 @@ for r = dup + 1, n do
   if flags % 2 == 1 then f[#f + 1] = 'v'; f[#f + 1] = ARGV[i + 1] end
   if math.floor(flags / 2) % 2 == 1 then f[#f + 1] = 'k'; f[#f + 1] = ARGV[i + 2] end
   if math.floor(flags / 4) % 2 == 1 then f[#f + 1] = 'h'; f[#f + 1] = ARGV[i + 3] end
-  last_id = redis.call('XADD', KEYS[1], '0-*', unpack(f))
+  last_id = redis.pcall('XADD', KEYS[1], '0-*', unpack(f))
+  -- (the first XADD's refusal, before any state of this producer is written)
+  if type(last_id) == 'table' then return refused_append(KEYS[1], last_id) end
   if first_id == '' then first_id = last_id end
 end
 if last_id then appended(KEYS[4], t, last_id) end

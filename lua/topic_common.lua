@@ -29,6 +29,14 @@ local function appended(mark_key, t, last_id)
 end
 -- Log start and end offsets: end = sequence of the last id ever generated (kept by trimming),
 -- start = first entry's offset, or end when retention emptied the stream.
+-- Why a stream whose last id `last` is not 0-<seq> (an XADD by hand with an id of its own,
+-- '*': milliseconds) cannot be read or appended to, and what mends it.
+local function foreign_id_message(key, last)
+  return string.format('%s: its last entry id is %s, not 0-<offset + 1> as '
+    .. "rcoord's appends give (an XADD by hand with an id of its own?), so its records "
+    .. 'have no offsets past it and no append can follow it; delete and re-create the '
+    .. 'topic (or copy its records to another)', key, last)
+end
 local function log_offsets(key)
   local info = redis.call('XINFO', 'STREAM', key)
   local last, first = nil, false
@@ -42,13 +50,24 @@ local function log_offsets(key)
     -- offsets would be nil (a bare Lua error, or a reply short of its offsets), and appends
     -- (XADD 0-*, below that id) fail. FOREIGN_ENTRY_ID is the marker rcoord.topics.fetch reads.
     -- (XDEL then XSETID cannot mend it: the server refuses a last id below a deleted one.)
-    error(string.format('FOREIGN_ENTRY_ID %s: its last entry id is %s, not 0-<offset + 1> as '
-      .. "rcoord's appends give (an XADD by hand with an id of its own?), so its records "
-      .. 'have no offsets past it and no append can follow it; delete and re-create the '
-      .. 'topic (or copy its records to another)', key, last), 0)
+    error('FOREIGN_ENTRY_ID ' .. foreign_id_message(key, last), 0)
   end
   if first then return seq(first[1]) - 1, e end
   return e, e
+end
+-- The reply of an append script whose XADD 0-* the server refused with `err` (a redis.pcall
+-- error table): {'UNKNOWN_SERVER_ERROR', why} when the stream's last id is not 0-<seq> (the
+-- server then refuses every XADD 0-*: "equal or smaller than the target stream top item"),
+-- which the producers raise as a TopicError naming the stream; else `err` itself. Only
+-- this path reads XINFO STREAM, so appends cost nothing more.
+local function refused_append(key, err)
+  local info = redis.call('XINFO', 'STREAM', key)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' and seq(info[i + 1]) == nil then
+      return {'UNKNOWN_SERVER_ERROR', foreign_id_message(key, info[i + 1])}
+    end
+  end
+  return err
 end
 -- log_offsets from the mark `appended` keeps (the log end) and XLEN: rcoord appends with
 -- consecutive ids (XADD 0-*) and removes only a prefix (XTRIM), so the log start is the end

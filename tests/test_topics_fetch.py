@@ -27,6 +27,7 @@ from rcoord.topics import (
     partition_key,
 )
 from rcoord.topics._base import OFFSETS, last_timestamp_key_of
+from rcoord.topics.producer import append_idempotent
 
 fetch_module = importlib.import_module("rcoord.topics.fetch")  # the name `fetch` is the function
 
@@ -655,6 +656,35 @@ def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
     topics.delete("t")
     topics.create("t", 1)
     assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
+
+
+def test_appends_and_admin_calls_on_a_stream_whose_last_id_is_not_rcoords_say_so(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer
+) -> None:
+    """After an XADD with an id of its own every ``XADD 0-*`` is refused: sends of every kind
+    failed with the server's bare ResponseError ("The ID specified in XADD is equal or
+    smaller ..."), and ``delete_records`` and ``describe`` with the log offsets' refusal as
+    a raw ResponseError. Now each is a TopicError (UNKNOWN_SERVER_ERROR) naming the stream,
+    what happened and what mends it; an idempotent producer's next sends still go through
+    once the topic is re-created."""
+    topics.create("t", 1)
+    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
+    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "*", "t", 1)
+    plain = Producer(redis_client, namespace, idempotent=False)
+    for call in (lambda: producer.send("t", b"x", partition=0),
+                 lambda: plain.send("t", b"x", partition=0),
+                 lambda: append_idempotent(redis_client, namespace, "t", 0, [b"x"],
+                                           producer_id="kafka-7", producer_epoch=0,
+                                           base_sequence=0),
+                 lambda: topics.delete_records("t", {0: 1}),
+                 lambda: topics.describe("t")):
+        with pytest.raises(TopicError, match="not 0-<offset \\+ 1> as rcoord's") as caught:
+            call()
+        assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+        assert "delete and re-create the topic" in str(caught.value)
+    topics.delete("t")
+    topics.create("t", 1)
+    assert producer.send("t", b"y", partition=0).offset == 0
 
 
 @pytest.mark.parametrize("fields", [["v", b"a"], ["t", b"abc", "v", b"a"]],

@@ -336,7 +336,11 @@ class Topics:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         n = int(meta[b"partitions"])
         keys = [partition_key(self._ns, topic, p) for p in range(n)]
-        results = _run(self._r, [(OFFSETS, [key, last_timestamp_key_of(key)], []) for key in keys])
+        try:
+            results = _run(self._r, [(OFFSETS, [key, last_timestamp_key_of(key)], [])
+                                     for key in keys])
+        except redis.exceptions.ResponseError as exc:
+            raise _foreign_ids(exc) from exc  # (a stream an XADD by hand left without offsets)
         infos = [PartitionInfo(p, int(r[1]), int(r[2]), _name(r[0])) for p, r in enumerate(results)]
         return TopicDescription(
             name=topic,
@@ -446,8 +450,12 @@ class Topics:
         while pending:
             calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
+            try:
+                results = _run(self._r, calls)
+            except redis.exceptions.ResponseError as exc:
+                raise _foreign_ids(exc) from exc  # (a stream an XADD by hand left unreadable)
             again: dict[int, int] = {}
-            for (p, target), res in zip(pending.items(), _run(self._r, calls)):
+            for (p, target), res in zip(pending.items(), results):
                 error = _name(res[0])
                 if error != Errors.NONE:
                     out[p] = DeletedRecords(p, -1, error)

@@ -518,11 +518,16 @@ class Producer:
 
         out: list[RecordMetadata | None] = [None] * len(recs)
         failed: list[int] = []
+        refused: dict[int, str] = {}  # partition -> why (a stream an XADD by hand broke)
         for (p, chunk), res in zip(chunks, _run(self._r, calls)):
             if res is None:
                 continue  # not sent: an earlier chunk of its partition failed
-            if _name(res[0]) != Errors.NONE:
+            error = _name(res[0])
+            if error == Errors.UNKNOWN_TOPIC_OR_PARTITION:
                 failed.append(p)
+                continue
+            if error != Errors.NONE:
+                refused[p] = res[1].decode() if len(res) > 1 else error.name
                 continue
             first, ts = _id_offset(res[1]), int(res[2])
             for j, i in enumerate(chunk):
@@ -532,6 +537,9 @@ class Producer:
                 self._forget_topic(topic)
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                              f"{topic} partitions {sorted(set(failed))} do not exist")
+        if refused:
+            raise TopicError(Errors.UNKNOWN_SERVER_ERROR, f"{topic} " + "; ".join(
+                f"partition {p}: {why}" for p, why in sorted(refused.items())))
         return [m for m in out if m is not None]
 
     def _calls_of(self, idxs: list[int], sizes: list[int]) -> list[tuple[int, list[int]]]:
