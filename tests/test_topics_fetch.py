@@ -613,8 +613,8 @@ def test_an_entry_that_is_not_a_record_is_named_not_misread(
     topics.create("t", 1)
     producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
     redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", *fields)
-    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0, 1).records] == [b"ok"]
-    for read in (lambda: fetch(redis_client, namespace, "t", 0, 0),
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0).records] == [b"ok"]
+    for read in (lambda: fetch(redis_client, namespace, "t", 0, 1),
                  lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
                  lambda: fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 1)], 9,
                                                     ConsumerRecord, max_bytes=1 << 20)):
@@ -625,6 +625,32 @@ def test_an_entry_that_is_not_a_record_is_named_not_misread(
         assert why in str(caught.value) and "delete_records" in str(caught.value)
     topics.delete_records("t", {0: 2})  # (what the message says to do)
     assert fetch(redis_client, namespace, "t", 0, 2).records == []
+
+
+def test_records_before_an_entry_that_is_not_a_record_are_answered(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer
+) -> None:
+    """A read that meets an entry that is not a record after some records answers those (and
+    the other partitions'), as Kafka's consumer returns the records before a corrupt one; only
+    a read that begins at it raises. The whole call raised before, so those records could only
+    be skipped with the entry (delete_records, or a seek past it), and a consumer never had
+    them."""
+    topics.create("t", 2)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=0),
+                              ProducerRecord(b"c", partition=1)])
+    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", "x", "1")
+    producer.send("t", b"d", partition=0)
+    reads = [("t", 0, 0), ("t", 1, 0)]
+    for got in (fetch_module.fetch_many(redis_client, namespace, reads),
+                fetch_module.fetch_many_as(redis_client, namespace, reads, 9, ConsumerRecord,
+                                           max_bytes=1 << 20),
+                fetch_module.fetch_many_as(redis_client, namespace, reads, 9, ConsumerRecord,
+                                           max_bytes=1 << 20, record_bytes=[10, 10])):
+        assert [[r.value for r in a.records] for a in got] == [[b"a", b"b"], [b"c"]]
+        assert [(a.error, a.log_end_offset) for a in got] == [(Errors.NONE, 4), (Errors.NONE, 1)]
+    assert [r.value for r in fetch(redis_client, namespace, "t", 0, 1).records] == [b"b"]
+    with pytest.raises(TopicError, match="entry at offset 2 \\(id 0-3\\) is not a record"):
+        fetch_module.fetch_many(redis_client, namespace, [("t", 0, 2), ("t", 1, 0)])
 
 
 def test_entries_of_unknown_fields_and_ids_not_rcoords() -> None:

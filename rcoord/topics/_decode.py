@@ -43,7 +43,10 @@ if hasattr(Record, "__slots__"):  # pragma: no cover - a guard for a future Reco
 
 
 class CorruptEntry(ValueError):
-    """A stream entry that is not a record rcoord's appends write (the module docstring)."""
+    """A stream entry that is not a record rcoord's appends write (the module docstring);
+    ``at`` is its index in the entries decoded (those before it are records)."""
+
+    at: int = 0
 
 
 _BAD = (KeyError, ValueError, TypeError, IndexError, msgpack.UnpackException)
@@ -97,31 +100,39 @@ def _decode(
         return []
     try:
         return _decode_any(entries, record_type, head)
-    except CorruptEntry:
-        raise
-    except _BAD:
+    except _BAD:  # (CorruptEntry too: found again one by one, for its index)
         raise _corrupt(entries) from None
 
 
 def _corrupt(entries: Sequence[Sequence[Any]]) -> CorruptEntry:
-    """The ``CorruptEntry`` for the first entry of ``entries`` that is not a record (one by
-    one: the fast loops read several fields without checking them, and a reply's offsets are
-    consecutive only when its ids are rcoord's)."""
+    """The ``CorruptEntry`` for the first entry of ``entries`` that is not a record, with its
+    index (``_first_corrupt``)."""
+    at, exc = _first_corrupt(entries)
+    exc.at = at
+    return exc
+
+
+def _first_corrupt(entries: Sequence[Sequence[Any]]) -> tuple[int, CorruptEntry]:
+    """The index and ``CorruptEntry`` of the first entry of ``entries`` that is not a record
+    (one by one: the fast loops read several fields without checking them, and a reply's
+    offsets are consecutive only when its ids are rcoord's)."""
+    at = -1
     for entry_id, fields in entries:
+        at += 1
         ident = entry_id.decode(errors="replace") if isinstance(entry_id, bytes) else entry_id
         try:
             offset = int(ident.partition("0-")[2]) - 1
             if not ident.startswith("0-") or offset < 0:
                 raise ValueError
         except ValueError:
-            return CorruptEntry(f"the stream entry {ident} is not a record: its id is not "
-                                "0-<offset + 1>, which rcoord's appends give")
+            return at, CorruptEntry(f"the stream entry {ident} is not a record: its id is not "
+                                    "0-<offset + 1>, which rcoord's appends give")
         if not isinstance(fields, dict):
             fields = dict(zip(fields[::2], fields[1::2]))
         try:
             _fields(offset, fields, None)
         except CorruptEntry as exc:
-            return exc
+            return at, exc
         except _BAD:
             stamp: Any = fields.get(b"t")
             why = "its h (headers) field is not msgpack"
@@ -132,8 +143,8 @@ def _corrupt(entries: Sequence[Sequence[Any]]) -> CorruptEntry:
                     int(stamp)
                 except ValueError:
                     why = f"its t (timestamp) field is {stamp!r}, not an integer"
-            return _bad(offset, why)
-    return CorruptEntry("a stream entry is not a record")  # (not reached: one of them failed)
+            return at, _bad(offset, why)
+    return 0, CorruptEntry("a stream entry is not a record")  # (not reached: one of them failed)
 
 
 def _bad(offset: int, why: str) -> CorruptEntry:

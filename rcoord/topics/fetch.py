@@ -172,7 +172,8 @@ def _fetch_many(
     mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
     for records of 1 MB) on its own keys (see ``_answer``), so in a cluster each pair goes to
     its partition's node and the pipeline costs one round trip per node. A stream entry that is
-    not a record (an XADD by hand) raises TopicError (UNKNOWN_SERVER_ERROR) saying which.
+    not a record (an XADD by hand) ends its partition's answer before it, and raises TopicError
+    (UNKNOWN_SERVER_ERROR) saying which once a read begins at it.
     """
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
@@ -186,9 +187,17 @@ def _fetch_many(
             try:
                 results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
             except CorruptEntry as exc:
-                # An entry that is not a record (``_decode``): Kafka's broker answers a read it
-                # cannot make UNKNOWN_SERVER_ERROR, and the gateway passes this on so.
-                raise TopicError(Errors.UNKNOWN_SERVER_ERROR, f"{reads[i][0]}: {exc}") from None
+                if exc.at == 0:
+                    # An entry that is not a record (``_decode``) where the read begins: Kafka's
+                    # broker answers a read it cannot make UNKNOWN_SERVER_ERROR, and the
+                    # gateway passes this on so.
+                    raise TopicError(Errors.UNKNOWN_SERVER_ERROR,
+                                     f"{reads[i][0]}: {exc}") from None
+                # Past the first: the records before it are the answer (the next read begins at
+                # it, and raises). Raising here lost them for good: a consumer could only skip
+                # them along with the entry, as the message says to do.
+                results[i] = _answer(reads[i][1], replies[2 * n][:exc.at], offsets,
+                                     reads[i][3])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
