@@ -355,3 +355,46 @@ def test_offset_queries_starting_on_a_replica_say_to_give_the_master(
     finally:
         consumer.close(timeout=WAIT_S)
         r.close()
+
+
+@pytest.mark.parametrize("start_fails", [False, True], ids=["answered", "failed"])
+def test_a_close_during_a_polls_start_leaves_no_connection_open(
+        own_server: EmbeddedServer, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        start_fails: bool) -> None:
+    """close() while the coordinator's start that a ``next(timeout)`` gave up waiting for is
+    still running: close() closed the client made from ``redis_url`` as it found it, and the
+    start, going on on that client, connected it again; neither an answered nor a failed start
+    closed it then, so the closed group kept a connection open for as long as it lived."""
+    import threading
+
+    from rcoord.errors import ConnectionLost
+
+    held, ended = threading.Event(), threading.Event()
+    original = RedisCoordinator.start
+
+    def start(self: RedisCoordinator) -> None:
+        try:
+            held.wait(WAIT_S)
+            original(self)
+            if start_fails:
+                raise ConnectionLost("start: Redis went away (test)")
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(RedisCoordinator, "start", start)
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_url=own_server.url, namespace=namespace, **SHORT))
+    with own_server.client() as checker:
+        mine = checker.client_id()
+
+        def others() -> int:
+            return sum(1 for c in checker.client_list() if int(c["id"]) != mine)
+
+        try:
+            with pytest.raises(TimeoutError, match="has not ended yet"):
+                group.next(timeout=0.05)
+            group.close(timeout=WAIT_S)
+        finally:
+            held.set()
+        assert ended.wait(WAIT_S)
+        wait_until(lambda: others() == 0, why=lambda: checker.client_list())

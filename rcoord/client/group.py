@@ -292,9 +292,9 @@ class ConsumerGroup:
             self._check_open_locked()
             if self._coordinator is not None:
                 return
-        client = self._config.redis_client
+        client, made = self._config.redis_client, None
         if client is None:
-            client = self._owned_client = client_from_url(str(self._config.redis_url))
+            client = made = self._owned_client = client_from_url(str(self._config.redis_url))
         coord = RedisCoordinator(
             client, self._config.namespace,
             commit_required_acks=self._config.commit_required_acks,
@@ -306,11 +306,17 @@ class ConsumerGroup:
             with self._cond:
                 self._refused_at_start(exc)
             raise
+        finally:
+            if made is not None and self._closing.is_set():
+                # close() came during the start, answered or not: it closed the client as it
+                # found it (or none, before it was made), and the start, going on on it,
+                # connected it again; nothing else would close it while the group lives.
+                with self._cond:
+                    self._owned_client = made
+                self._close_owned_client()
         with self._cond:
             self._start_refused = None
             self._coordinator = coord
-        if self._closing.is_set():  # close() came during the start: it may have closed none
-            self._close_owned_client()
 
     def _refused_at_start(self, exc: ConnectionLost) -> None:
         """A coordinator start failed (with ``_cond`` held): the first failure of a spell is
