@@ -398,3 +398,35 @@ def test_a_close_during_a_polls_start_leaves_no_connection_open(
             held.set()
         assert ended.wait(WAIT_S)
         wait_until(lambda: others() == 0, why=lambda: checker.client_list())
+
+
+def test_a_refused_start_is_made_again_after_retry_backoff_not_at_once(
+        own_server: EmbeddedServer, namespace: str, refused_port: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica of a namespace without settings refuses the coordinator's start at once
+    (READONLY). ``poll(timeout)`` calls ``next()`` until its timeout, and each call made the
+    start again at once, on a thread of its own: hundreds of starts in a 0.3 s poll. Now a
+    failed start is made again after ``retry_backoff_ms`` (Kafka's consumer waits as long
+    between coordinator lookups): at most one per 100 ms here, plus the first."""
+    with own_server.client() as client:
+        Topics(client, namespace).create("t", 1)
+        client.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    starts: list[object] = []
+    original = RedisCoordinator.start
+
+    def start(self: RedisCoordinator) -> None:
+        starts.append(self)
+        original(self)
+
+    monkeypatch.setattr(RedisCoordinator, "start", start)
+    r = own_server.client()
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace,
+        **dict(SHORT, session_timeout_ms=30000, retry_backoff_ms=100,
+               retry_backoff_max_ms=100)))
+    try:
+        assert consumer.poll(timeout=0.3) == []
+        assert 1 <= len(starts) <= 5
+    finally:
+        consumer.close(timeout=WAIT_S)
+        r.close()

@@ -196,6 +196,9 @@ class ConsumerGroup:
         # When the coordinator's start began failing, and whether with READONLY (None: it has
         # not failed since it last answered; ``_refused_at_start``).
         self._start_refused: tuple[float, bool] | None = None
+        # Failed coordinator starts in a row, and when the next may begin (``_start_within``).
+        self._start_failures = 0
+        self._next_start_at = 0.0
         # The traceback ``_fatal`` had when the group closed on it (``_raise_fatal``).
         self._fatal_tb: TracebackType | None = None
         self._current: Generation | None = None
@@ -304,6 +307,10 @@ class ConsumerGroup:
             coord.start()
         except ConnectionLost as exc:
             with self._cond:
+                self._start_failures += 1
+                self._next_start_at = time.monotonic() + min(
+                    self._config.retry_backoff_ms * 2 ** min(self._start_failures - 1, 30),
+                    self._config.retry_backoff_max_ms) / 1000
                 self._refused_at_start(exc)
             raise
         finally:
@@ -316,6 +323,7 @@ class ConsumerGroup:
                 self._close_owned_client()
         with self._cond:
             self._start_refused = None
+            self._start_failures = 0
             self._coordinator = coord
 
     def _refused_at_start(self, exc: ConnectionLost) -> None:
@@ -373,12 +381,28 @@ class ConsumerGroup:
         raised. The coordinator's start is a call on the caller's Redis client, whose own
         retries (redis-py's default: three, backing off up to seconds) made a
         ``Consumer.poll(timeout=0.2)`` with Redis unreachable take about 4 s, every call; Kafka's
-        poll() returns within its timeout."""
+        poll() returns within its timeout.
+
+        A start that failed is made again no sooner than ``retry_backoff_ms`` later (doubling
+        up to ``retry_backoff_max_ms`` while it fails), as Kafka's consumer waits
+        ``retry.backoff.ms`` between coordinator lookups: a start refused at once (READONLY on
+        a replica of a namespace without settings, a client that does not retry a refused
+        connection) was made again at once, and ``Consumer.poll(timeout)``, which calls again
+        until its timeout, sent hundreds a second, each on a new thread."""
         with self._cond:
             if self._thread is not None and self._coordinator is not None:
                 return
             attempt = self._starting
             if attempt is None:
+                while not self._closing.is_set():
+                    now = time.monotonic()
+                    if now >= self._next_start_at:
+                        break
+                    if now >= deadline:
+                        raise TimeoutError(
+                            f"group {self._config.group_id!r}: the coordinator's start failed "
+                            f"and is made again after retry_backoff_ms")
+                    self._cond.wait(min(self._next_start_at, deadline) - now)
                 attempt = self._starting = _Attempt(
                     self.start, f"rcoord-{self._config.group_id}-start")
         if not attempt.done.wait(max(0.0, deadline - time.monotonic())):
