@@ -169,3 +169,27 @@ def test_a_checkpoint_path_without_a_scheme_is_read_on_sparks_default_file_syste
     assert ask(str(local), 2) == 9
     assert ask(str(local), 2, spark=SimpleNamespace()) == 9
     assert asked == ["/checkpoints/clicks/offsets/2"]
+
+
+def test_a_checkpoint_uri_without_an_authority_is_not_taken_for_a_path(
+        single_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "hdfs:/checkpoints/clicks" (HDFS on its default name node: Hadoop's Path takes a scheme
+    # without "//") was taken for a path on this machine: without a session it was found
+    # nowhere and every batch was generation -1, where "hdfs://nn/..." says to pass spark=.
+    from rcoord.spark import replays
+
+    with pytest.raises(OptionError, match="not on this machine: pass spark="):
+        batch_generation("hdfs:/checkpoints/clicks", 2, group="g", client=single_client)
+    with pytest.raises(OptionError, match="no JVM"):
+        batch_generation("hdfs:/checkpoints/clicks", 2, group="g", client=single_client,
+                         spark=object())
+    asked: list[str] = []
+    monkeypatch.setattr(replays, "_read_hadoop",
+                        lambda spark, location: asked.append(location))
+    session = SimpleNamespace(sparkContext=SimpleNamespace(_jvm=object()),
+                              _jsparkSession=object())
+    assert replays.checkpoint_position("hdfs:/checkpoints/clicks", 2, spark=session) is None
+    assert replays.checkpoint_position("s3a:/b/cp", 2, spark=session) is None
+    assert asked == ["hdfs:/checkpoints/clicks/offsets/2", "s3a:/b/cp/offsets/2"]
+    # a Windows drive is a path, not a scheme
+    assert replays._local("C:/checkpoints/clicks") is not None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -128,9 +129,23 @@ def replay_reads(client: Any, namespace: str, group_id: str, planned: Position, 
     return {TopicPartition(str(t), int(p)) for t, p in json.loads(got)}
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+"""A location's URI scheme, as Hadoop's ``Path`` finds one: a colon before any slash, with no
+``//`` needed ("hdfs:/cp" is HDFS's, on its default name node). Two characters at least: "C:"
+is a Windows drive."""
+
+
+def _schemeless(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` names no file system (a path: on Spark's default one)."""
+    return _SCHEME.match(checkpoint) is None
+
+
 def _local(checkpoint: str) -> Path | None:
-    """The local folder of a checkpoint location: a path or a ``file:`` URI (None otherwise)."""
-    if "://" not in checkpoint and not checkpoint.startswith("file:"):
+    """The local folder of a checkpoint location: a path or a ``file:`` URI (None otherwise).
+    A scheme is any, with or without ``//`` (``_SCHEME``): "hdfs:/cp", taken for a path here,
+    was read on this machine without a session and found nowhere, every batch named generation
+    -1, where "hdfs://nn/cp" says to pass the session."""
+    if _schemeless(checkpoint):
         return Path(checkpoint)
     url = urlparse(checkpoint)
     if url.scheme != "file" or url.netloc not in ("", "localhost"):
@@ -200,8 +215,8 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
 def _read_log(checkpoint: str, name: str, spark: Any) -> str | None:
     """The text of the file ``name`` under ``checkpoint``; None if there is none."""
     folder = _local(checkpoint)
-    schemeless = "://" not in checkpoint and not checkpoint.startswith("file:")
-    if folder is not None and (not schemeless or spark is None or _jvm_of(spark) is None):
+    if folder is not None and (not _schemeless(checkpoint) or spark is None
+                               or _jvm_of(spark) is None):
         try:
             return (folder / name).read_text()
         except OSError:
