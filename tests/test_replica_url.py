@@ -430,3 +430,20 @@ def test_a_refused_start_is_made_again_after_retry_backoff_not_at_once(
     finally:
         consumer.close(timeout=WAIT_S)
         r.close()
+
+
+def test_a_redis_url_that_cannot_be_reached_is_logged_while_polling(
+        refused_port: int, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The group connects to ``redis_url`` as its coordinator's start begins; a failure there
+    (Redis down, a wrong port) was raised past ``_refused_at_start``, and ``poll()`` takes a
+    ``ConnectionLost`` for "no records yet", so a consumer polled for ever with not one line
+    logged, where one given a client for the same address says why at once."""
+    caplog.set_level(logging.WARNING, "rcoord")
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_url=f"redis://127.0.0.1:{refused_port}",
+        namespace=namespace, **SHORT))
+    try:
+        wait_until(lambda: any("Connection refused" in r.getMessage() for r in caplog.records),
+                   step=lambda: consumer.poll(timeout=0.1))
+    finally:
+        consumer.close(timeout=WAIT_S)

@@ -296,14 +296,17 @@ class ConsumerGroup:
             if self._coordinator is not None:
                 return
         client, made = self._config.redis_client, None
-        if client is None:
-            client = made = self._owned_client = client_from_url(str(self._config.redis_url))
-        coord = RedisCoordinator(
-            client, self._config.namespace,
-            commit_required_acks=self._config.commit_required_acks,
-            commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
-        )
         try:
+            if client is None:
+                # (connecting is part of the start: a Redis unreachable here is logged and
+                # backed off from as one that refuses the start, _refused_at_start)
+                client = made = self._owned_client = client_from_url(
+                    str(self._config.redis_url))
+            coord = RedisCoordinator(
+                client, self._config.namespace,
+                commit_required_acks=self._config.commit_required_acks,
+                commit_ack_timeout_ms=self._config.commit_ack_timeout_ms,
+            )
             coord.start()
         except ConnectionLost as exc:
             with self._cond:
