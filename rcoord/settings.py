@@ -212,6 +212,10 @@ def settle_flow(
         if ahead is not None:
             ahead_seen = max(ahead_seen, _version(ahead))
             continue
+        if not _readable_version(stored):
+            # No copy newer to adopt it from (with one, ``_ahead`` above restores it): the
+            # next ``update`` would fail in the script (HINCRBY), and the settle used it as is.
+            raise ConfigError(_bad_version(namespace, stored["version"]))
         changes = {name: str(getattr(base, name)) for name in named
                    if stored.get(name) != str(getattr(base, name))}
         if changes:
@@ -556,6 +560,25 @@ def _version(copy: Mapping[Any, Any]) -> int:
         return int(copy.get("version", copy.get(b"version", -1)))
     except ValueError:
         return -1
+
+
+def _readable_version(stored: Mapping[str, str]) -> bool:
+    """The settings hash holds no ``version`` field, or an integer there."""
+    try:
+        int(stored.get("version", "1"))
+    except ValueError:
+        return False
+    return True
+
+
+def _bad_version(namespace: str, value: str) -> str:
+    """What to fix when the settings hash's ``version`` is ``value``, no integer (written by
+    hand). Naming a setting cannot repair it (``update`` increments it), and no copy holds a
+    version to restore: any integer will do, the copies are then written at it."""
+    key = settings_key(namespace)
+    return (f"the stored setting version of namespace {namespace!r} is {value!r}, not an "
+            f"integer, and no partition copy holds one to restore it from: set it by hand "
+            f"(HSET {key} version 1)")
 
 
 def _newest(copies: list[dict[str, str]]) -> dict[str, str] | None:

@@ -1114,6 +1114,38 @@ def test_settings_stored_that_cannot_be_adopted_do_not_stop_the_lease_renewal(
         svc.stop()
 
 
+def test_a_settings_version_written_by_hand_is_repaired_or_named(own_server, namespace,
+                                                                  caplog):
+    """The settings hash's version edited into no integer under a running coordinator: with
+    the partition copies there, the copies' version is adopted (as for settings rolled back
+    below them); with none, the settings error names the field and what to write. Before,
+    int()'s bare ValueError was the settings_error, and the version stayed unreadable."""
+    from rcoord.keys import settings_key
+    from rcoord.settings import anchor_keys, copy_pattern
+
+    client = own_server.client()
+    key = settings_key(namespace)
+    svc = _in_process(own_server.url, namespace, "by-hand")
+    try:
+        with caplog.at_level(logging.INFO, logger="rcoord.service"):
+            client.hset(key, "version", "abc")
+            wait_until(lambda: client.hget(key, "version") == b"1")
+            _lease_rounds([svc], 2)
+            assert "settings_error" not in [getattr(r, "event", None) for r in caplog.records]
+            for copy in [*client.scan_iter(match=copy_pattern(namespace), count=1000),
+                         *anchor_keys(namespace)]:
+                client.delete(copy)
+            client.hset(key, "version", "abc")
+            wait_until(lambda: any(getattr(r, "event", None) == "settings_error"
+                                   for r in caplog.records))
+        errors = [r for r in caplog.records if getattr(r, "event", None) == "settings_error"]
+        assert "stored setting version" in errors[0].why and "version 1" in errors[0].why
+        assert svc._lease_thread.is_alive() and svc.exit_code == 0
+    finally:
+        svc.stop()
+        client.close()
+
+
 def test_redis_failing_as_the_timer_loop_starts_is_waited_for(own_server, namespace, caplog):
     """The timer loop's first call (the clock's sync) failing is retried as any later failure
     is; before, it was made before the loop's error handling and ended the process."""

@@ -629,7 +629,13 @@ class CoordinatorService:
                   for k, v in on_node(self._client, key, lambda node: node.hgetall(key)).items()}
         raw = [stored.get(name) for name in ("version", "num_partitions", ORIGIN)]
         marked = any(name.startswith(RETIRE) for name in stored)
-        version = None if raw[0] is None else int(raw[0])
+        try:
+            version = None if raw[0] is None else int(raw[0])
+        except ValueError:
+            # Written by hand: read as the scripts read it (-1), a change by another party,
+            # which the settle repairs from the copies or names in a ConfigError (logged once).
+            # Before, int()'s bare message was the settings_error, and nothing repaired it.
+            version = -1
         origin = raw[2].decode() if isinstance(raw[2], bytes) else raw[2]
         lost = version is None or origin != self._coord.settings_origin
         was_version = self._coord.settings_version
