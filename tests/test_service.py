@@ -784,7 +784,8 @@ def test_services_naming_different_settings_do_not_rewrite_each_other(redis_serv
 
 @pytest.fixture
 def events() -> Iterator[EventLog]:
-    with handling(EventLog(), "rcoord", logging.INFO) as handler:
+    # (DEBUG: each failed turn of the timer loop is a ``loop_retry`` there.)
+    with handling(EventLog(), "rcoord", logging.DEBUG) as handler:
         yield handler
 
 
@@ -810,10 +811,11 @@ def test_timer_loop_waits_while_redis_refuses_writes(own_server, namespace, even
     try:
         _over_maxmemory(client)
         runner.start()
-        wait_until(lambda: events.count("loop_error") >= 2, timeout_s=10)
+        wait_until(lambda: events.count("loop_retry") >= 2, timeout_s=10)
         assert events.count("expire_error") == 0  # not blamed on the groups
+        assert events.count("loop_error") == 1  # once per outage
         calls = _fcalls(client)
-        wait_until(lambda: events.count("loop_error") >= 4, timeout_s=10)
+        wait_until(lambda: events.count("loop_retry") >= 4, timeout_s=10)
         # One turn between two loop errors: a bounded number of calls, not a spin.
         assert _fcalls(client) - calls < 500  # lease rounds included; the spin made thousands
         client.config_set("maxmemory", "0")
@@ -823,6 +825,51 @@ def test_timer_loop_waits_while_redis_refuses_writes(own_server, namespace, even
         svc.stop()
         runner.join(10)
     assert not runner.is_alive()
+
+
+def test_a_failing_timer_loop_is_logged_once_per_outage(own_server, namespace, caplog,
+                                                         monkeypatch):
+    """The timer loop's turns failing (Redis down; or out of memory, where only the turns that
+    write fail and the others answer): one ``loop_error`` warning when it starts and one
+    ``loop_error_over`` line once turns have succeeded for ``LOOP_QUIET_MS``, each failed turn
+    at DEBUG only, as the lease rounds and the nodes log theirs (``nodes.Outage``). Before,
+    every failed turn was a warning: about one a second for as long as Redis was down."""
+    import redis as redis_lib
+
+    from rcoord.service import service
+
+    monkeypatch.setattr(service, "LOOP_QUIET_MS", 300)
+    svc = _in_process(own_server.url, namespace, "outage-once")
+    failing = threading.Event()
+    calls: list[int] = []
+    real_next_due = svc.sweeper.next_due
+
+    def next_due() -> float:
+        calls.append(1)
+        if failing.is_set() and len(calls) % 4 == 1:  # (two a turn: every other turn fails)
+            raise redis_lib.ConnectionError("Redis went away (test)")
+        return real_next_due()
+
+    def events(name: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", None) == name]
+
+    runner = threading.Thread(target=svc.run, daemon=True)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.service"):
+            runner.start()
+            wait_until(lambda: svc.health()[0], timeout_s=10)
+            svc.sweeper.next_due = next_due  # type: ignore[method-assign]
+            failing.set()
+            wait_until(lambda: len(events("loop_retry")) >= 6, timeout_s=20)
+            failing.clear()
+            wait_until(lambda: events("loop_error_over"), timeout_s=10)
+        warned = [r for r in events("loop_error") if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        assert events("loop_error_over")[0].failures >= 6
+    finally:
+        failing.clear()
+        svc.stop()
+        runner.join(10)
 
 
 def test_stop_ends_the_timer_loop_with_many_refused_due_groups(own_server, namespace):
@@ -1420,7 +1467,7 @@ def test_a_timer_loop_that_redis_refuses_keeps_its_leases(own_server, namespace,
         wait_until(lambda: svc.health()[0] and svc.leases.owned, timeout_s=10)
         svc.sweeper.next_due = next_due  # type: ignore[method-assign]
         failing.set()
-        wait_until(lambda: events.count("loop_error") >= 6, timeout_s=20)
+        wait_until(lambda: events.count("loop_retry") >= 6, timeout_s=20)
         assert events.count("timer_loop_stalled") == 0
         assert svc.leases.owned and not svc.health()[0]  # unhealthy (failing), leases kept
         failing.clear()

@@ -137,7 +137,7 @@ def test_a_killed_master_is_not_asked_every_round(
 
 def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_one(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="rcoord.service")
+    caplog.set_level(logging.DEBUG, logger="rcoord.service")
     with _owning_every_partition(cluster, namespace):
         for node in cluster.nodes:
             assert node.pid is not None
@@ -147,9 +147,14 @@ def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_o
             return [r for r in caplog.records if getattr(r, "event", None) == event
                     and r.levelno >= logging.WARNING]
 
+        def loop_retries() -> list[logging.LogRecord]:  # (each failed turn, at DEBUG)
+            return [r for r in caplog.records if getattr(r, "event", None) == "loop_retry"]
+
         # The timer loop's retries (200 ms doubling to 1 s) as a clock: about 2.4 s, in which
-        # some 10 lease rounds (one every 250 ms) failed, each one a warning line before.
-        wait_until(lambda: len(records("loop_error")) >= 4, timeout_s=15)
+        # some 10 lease rounds (one every 250 ms) failed, each one a warning line before (and
+        # each failed turn of the timer loop too).
+        wait_until(lambda: len(loop_retries()) >= 4, timeout_s=15)
+        assert len(records("loop_error")) == 1
         assert 1 <= len(records("lease_error")) <= 2, [r.getMessage() for r in caplog.records]
         assert len(_node_errors(caplog)) <= 3 * 2  # (once per master, and perhaps once more)
 

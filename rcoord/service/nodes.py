@@ -84,12 +84,19 @@ class Outage:
     fails): logged when it starts, then at most every ``LOG_EVERY_S`` with the count left out,
     and once when it ends, as Kafka's ``NetworkClient`` logs a disconnected node once per state
     change. Before, each failed round was a warning line: several a second while Redis was
-    down. ``fields`` go on every line."""
+    down. ``fields`` go on every line.
+
+    ``quiet_s``: an answer ends the outage only once that long has passed since the last
+    failure (0: at once). For a round that fails only now and then while it lasts (the timer
+    loop's turns with Redis out of memory: those that write fail, the others answer), which
+    otherwise began a new outage, and its warning, at nearly every failure."""
 
     def __init__(self, event: str, message: str, *, again: str, over_event: str,
-                 over_message: str, **fields: Any) -> None:
+                 over_message: str, quiet_s: float = 0.0, **fields: Any) -> None:
         self._event, self._message, self._again = event, message, again
         self._over_event, self._over_message = over_event, over_message
+        self._quiet_s = quiet_s
+        self._last_failure = 0.0
         self._fields = fields
         self.since: float | None = None
         """When it began (monotonic); None while there is none."""
@@ -98,7 +105,7 @@ class Outage:
         self._failures = 0
 
     def failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
+        now = self._last_failure = time.monotonic()
         self._failures += 1
         if self.since is None:
             self.since = self._logged = now
@@ -113,7 +120,7 @@ class Outage:
             self._suppressed += 1
 
     def ended(self) -> None:
-        if self.since is not None:
+        if self.since is not None and time.monotonic() - self._last_failure >= self._quiet_s:
             log.info(self._over_message, extra={
                 "event": self._over_event, **self._fields, "failures": self._failures,
                 "failed_ms": int((time.monotonic() - self.since) * 1000)})

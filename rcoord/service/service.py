@@ -77,6 +77,10 @@ LOOP_PAUSE_MAX_MS = 1000
 """The timer loop's wait after a failed turn: 200 ms, doubling up to 1 s, so deadlines act
 within about a second of Redis answering again (up to 5 s, they came 4.6 s late after a
 7 s outage)."""
+LOOP_QUIET_MS = 5000
+"""A failing timer loop's outage (one ``loop_error`` line, ``nodes.Outage``) ends at the first
+turn that succeeds this long after the last failed one: with Redis out of memory only the
+turns that write fail, and each one between two that did not began a new outage."""
 
 
 def _db_of(client: Any) -> int:
@@ -759,6 +763,11 @@ class CoordinatorService:
         owned: set[int] = set()
         last_resync = last_tail = 0.0
         pause = LOOP_PAUSE_MS
+        # Once per outage, as the lease rounds' (before, a warning every failed turn: about
+        # one a second for as long as Redis was down); each failed turn at DEBUG.
+        failing = Outage("loop_error", "timer loop error; retrying",
+                         again="timer loop still failing", over_event="loop_error_over",
+                         over_message="timer loop error: over", quiet_s=LOOP_QUIET_MS / 1000)
         while not self._stop.is_set():
             self._last_alive = time.monotonic()
             try:
@@ -805,11 +814,13 @@ class CoordinatorService:
                     self.tail.poll(self._tailed(owned))
                 pause = LOOP_PAUSE_MS
                 self._last_turn_ok = time.monotonic()
+                failing.ended()
             except Exception as exc:  # noqa: BLE001 - a lost connection must not end the process
                 # Redis that refuses (out of memory, read-only, unreachable) refuses the next
                 # turn too: wait, longer each time (bounded), rather than asking again at once.
-                log.warning("timer loop error; retrying", extra={
-                    "event": "loop_error", "why": str(exc), "retry_in_ms": pause})
+                failing.failed(exc)
+                log.debug("timer loop turn failed; retrying", extra={
+                    "event": "loop_retry", "why": str(exc), "retry_in_ms": pause})
                 self._last_alive = time.monotonic()
                 self._stop.wait(pause / 1000)
                 pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
