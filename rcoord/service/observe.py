@@ -15,7 +15,7 @@ from ..keys import PartitionKeys
 from .metrics import Metrics
 from .nodes import each_node
 
-__all__ = ["EventTail", "sample_groups"]
+__all__ = ["EventTail", "Sample", "sample_groups"]
 
 log = logging.getLogger("rcoord.groups")
 STATES = ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable")
@@ -162,38 +162,62 @@ class EventTail:
                                               "late_ms": int(e.get("late") or 0), "at_ms": int(e["at"])})
 
 
+Sample = tuple[dict[str, int], int]
+"""One partition's sample: groups by state, and members."""
+
+
 def sample_groups(client: Any, namespace: str, num_partitions: int, owned: set[int],
-                  metrics: Metrics) -> None:
+                  metrics: Metrics, known: dict[int, Sample] | None = None,
+                  ) -> list[tuple[list[int], BaseException]]:
     """Refresh the groups-by-state and members gauges from the leased partitions, each read
     through its node's own client (a hung master fails its reads within the socket timeout,
-    without the cluster client's retries, so the sampler's thread stops in time)."""
-    counts = dict.fromkeys(STATES, 0)
-    members: list[int] = []
+    without the cluster client's retries, so the sampler's thread stops in time).
+
+    ``known``, kept by the caller from one call to the next, holds each leased partition's
+    last sample: a partition whose node fails now counts as it was last sampled (none if it
+    never was), and the gauges are set from the nodes that answer; the failed pieces are
+    returned (``each_node``'s; their node's outage is logged by ``nodes.py``). Before, one
+    failing node of a cluster failed the whole pass, and the gauges stayed as they were for
+    every node while it lasted. Without ``known``, such a pass raises, the gauges unchanged.
+    When every node fails, the first error is raised and the gauges stay as they were."""
+    fresh: dict[int, Sample] = {}
     lock = threading.Lock()
 
     def read(node: Any, partitions: list[int]) -> None:
         for p in partitions:
             pk = PartitionKeys(namespace, p, num_partitions)
+            counts, members = dict.fromkeys(STATES, 0), 0
             ids = list(node.smembers(pk.groups))
-            if not ids:
-                continue
-            pipe = node.pipeline(transaction=False)
-            for raw in ids:
-                keys = pk.group(raw.decode("utf-8", "surrogateescape"))
-                pipe.hget(keys.group, "state")
-                pipe.hlen(keys.members)
-            replies = pipe.execute()
-            with lock:
+            if ids:
+                pipe = node.pipeline(transaction=False)
+                for raw in ids:
+                    keys = pk.group(raw.decode("utf-8", "surrogateescape"))
+                    pipe.hget(keys.group, "state")
+                    pipe.hlen(keys.members)
+                replies = pipe.execute()
                 for i in range(0, len(replies), 2):
                     state = (replies[i] or b"").decode()
                     if state in counts:
                         counts[state] += 1
-                    members.append(int(replies[i + 1]))
+                    members += int(replies[i + 1])
+            with lock:
+                fresh[p] = (counts, members)
 
     failed = each_node(client, sorted(owned),
                        lambda p: PartitionKeys(namespace, p, num_partitions).groups, read)
-    if failed:
+    if failed and known is None:
         raise failed[0][1]  # the gauges stay as they were (the caller logs it)
-    for state, n in counts.items():
+    if known is None:
+        known = {}
+    for p in list(known):
+        if p not in owned:
+            del known[p]
+    known.update(fresh)
+    totals = dict.fromkeys(STATES, 0)
+    for counts, _ in known.values():
+        for state, n in counts.items():
+            totals[state] += n
+    for state, n in totals.items():
         metrics.groups.labels(state).set(n)
-    metrics.members.set(sum(members))
+    metrics.members.set(sum(members for _, members in known.values()))
+    return failed

@@ -37,7 +37,7 @@ from .leases import CoordinatorIdInUse, LeaseKeeper
 from .listener import Listener
 from .metrics import Metrics
 from .nodes import NODE_FAILURES, Outage, disconnect_all, forget_failures, on_node
-from .observe import EventTail, sample_groups
+from .observe import EventTail, Sample, sample_groups
 from .retention import MAX_RETENTION_CHECK_INTERVAL_MS, RetentionKeeper
 from .sweeper import Sweeper
 
@@ -699,12 +699,25 @@ class CoordinatorService:
 
     def _sample_loop(self) -> None:
         """Gauges of groups by state and members: O(groups), so never on the timer loop."""
+        # Once per outage (before, a warning every pass, every 5 s, for as long as Redis was
+        # down); a pass that some nodes answered samples those, and is no failure: the failing
+        # nodes' outages are logged by nodes.py, and their partitions count as last sampled.
+        failing = Outage("sample_error", "sampling groups failed", again="sampling groups failed",
+                         over_event="sample_error_over",
+                         over_message="sampling groups failed: over")
+        known: dict[int, Sample] = {}
         while not self._stop.wait(SAMPLE_MS / 1000):
             try:
-                sample_groups(self._client, self.config.namespace, self.group_config.num_partitions,
-                              set(self.leases.owned), self.metrics)
+                for partitions, exc in sample_groups(
+                        self._client, self.config.namespace, self.group_config.num_partitions,
+                        set(self.leases.owned), self.metrics, known):
+                    log.debug("sampling a node's groups failed; counted as last sampled",
+                              extra={"event": "sample_unread", "partitions": partitions,
+                                     "why": str(exc)})
             except Exception as exc:  # noqa: BLE001 - a gauge may be stale; nothing else
-                log.warning("sampling groups failed", extra={"event": "sample_error", "why": str(exc)})
+                failing.failed(exc)
+                continue
+            failing.ended()
 
     def run(self) -> None:
         """The timer loop; returns when ``stop()`` is called (from a signal or another thread),
