@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..errors import AuthenticationFailedError, Errors, InvalidRequestError, reraise_as_rcoord
+from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
     PartitionRecords,
@@ -44,6 +44,7 @@ from .errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
+    LOGIN_REFUSED,
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
@@ -319,7 +320,7 @@ def _unreached(state: GatewayState, what: str, partition: int, exc: BaseExceptio
     (``log_login_refused``): answered here, it was logged nowhere."""
     if not isinstance(exc, UNREACHED):
         raise exc
-    if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
+    if isinstance(exc, LOGIN_REFUSED):
         log_login_refused(state, what, exc)  # (anything else unreached is not logged here)
     return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,

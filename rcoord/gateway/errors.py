@@ -29,6 +29,7 @@ __all__ = [
     "INVALID_REQUIRED_ACKS",
     "INVALID_TIMESTAMP",
     "LEADER_NOT_AVAILABLE",
+    "LOGIN_REFUSED",
     "NOT_LEADER_OR_FOLLOWER",
     "TOPIC_AUTHORIZATION_FAILED",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
@@ -52,6 +53,10 @@ is a ConnectionLost), and redis-py errors no rcoord boundary translated (no free
 the pool): retriable, whatever the request was. A login Redis refuses the gateway (its password
 rotated under it) too: the gateway's credentials are not the Kafka client's to fix, and the
 client retries until the gateway is restarted with the new ones."""
+
+LOGIN_REFUSED = (AuthenticationFailedError, redis.exceptions.AuthenticationError)
+"""What a refused login of the gateway's own raises (rcoord's error, or redis-py's where no
+rcoord boundary translated it): logged by ``log_login_refused``."""
 
 LOGIN_REFUSED_LOG_INTERVAL_S = 60.0
 """How often a refused login of the gateway's own is logged again while it lasts."""
@@ -114,7 +119,7 @@ def log_unreached(state: GatewayState, what: str, exc: BaseException) -> None:
     Others: a warning the first time, then at most one every ``UNREACHED_LOG_INTERVAL_S`` for
     the same failure while it lasts, the rest at DEBUG (a stopped Redis with one kafka-python
     consumer logged a warning per request, tens a second growing with the clients)."""
-    if isinstance(exc, (AuthenticationFailedError, redis.exceptions.AuthenticationError)):
+    if isinstance(exc, LOGIN_REFUSED):
         log_login_refused(state, what, exc)
         return
     message = f"{type(exc).__name__}: {exc}"
