@@ -39,11 +39,12 @@ def _produce(sock: Any, corr: int) -> dict[tuple[str, int], int]:
 
 
 @contextlib.contextmanager
-def _rotated(own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
-             topics: dict[str, int], *, fast_groups: bool = False) -> Iterator[Any]:
-    """A gateway running as its own ACL user over ``topics``, whose password is changed under
-    it (its connections killed, so they log in again): yields a socket to it, with the
-    gateway's log captured at DEBUG."""
+def _gateway_as_own_user(own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
+                         topics: dict[str, int], *, fast_groups: bool = False,
+                         rules: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any, str, str]]:
+    """A gateway running as an ACL user of its own (every command, the namespace's keys, and
+    ``rules``) over ``topics``: yields (a socket to it, an admin client, the user's name, the
+    namespace), with the gateway's log captured at DEBUG."""
     ns = "p" + uuid.uuid4().hex[:10]
     user = "gw" + uuid.uuid4().hex[:6]
     admin = own_server.client()
@@ -51,19 +52,30 @@ def _rotated(own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
         settle_fast_groups(admin, ns)
     for name, count in topics.items():
         Topics(admin, ns).create(name, count)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "&*", "+@all")
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", *rules, "+@all")
     gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
     sock = connect(gw)
     try:
         with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
-            admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
-            yield sock
+            yield sock, admin, user, ns
     finally:
         sock.close()
         gw.stop()
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+@contextlib.contextmanager
+def _rotated(own_server: EmbeddedServer, caplog: pytest.LogCaptureFixture,
+             topics: dict[str, int], *, fast_groups: bool = False) -> Iterator[Any]:
+    """A gateway running as its own ACL user over ``topics``, whose password is changed under
+    it (its connections killed, so they log in again): yields a socket to it, with the
+    gateway's log captured at DEBUG."""
+    with _gateway_as_own_user(own_server, caplog, topics, fast_groups=fast_groups,
+                              rules=("&*",)) as (sock, admin, user, _):
+        admin.execute_command("ACL", "SETUSER", user, "resetpass", ">rotated")
+        admin.execute_command("CLIENT", "KILL", "USER", user)  # its connections log in again
+        yield sock
 
 
 def _logged(caplog: pytest.LogCaptureFixture) -> tuple[list[str], int]:
@@ -87,28 +99,15 @@ def _commit(sock: Any, corr: int) -> dict[tuple[str, int], int]:
 def test_a_refused_request_is_logged_once_naming_the_rule(own_server: EmbeddedServer,
                                                           caplog: pytest.LogCaptureFixture
                                                           ) -> None:
-    ns = "p" + uuid.uuid4().hex[:10]
-    user = "gw" + uuid.uuid4().hex[:6]
-    admin = own_server.client()
-    settle_fast_groups(admin, ns)
-    Topics(admin, ns).create("t", 2)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "+@all")
-    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
-    sock = connect(gw)
     refused = {("t", 0): UNKNOWN_SERVER_ERROR, ("t", 1): UNKNOWN_SERVER_ERROR}
-    try:
-        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "-xadd")  # refused in the script
-            assert _produce(sock, 1) == refused
-            assert _produce(sock, 2) == refused
-            admin.execute_command("ACL", "SETUSER", user, "+xadd", "resetkeys")  # the keys
-            assert _produce(sock, 3) == refused
-            assert _produce(sock, 4) == refused
-    finally:
-        sock.close()
-        gw.stop()
-        admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+    with _gateway_as_own_user(own_server, caplog, {"t": 2},
+                              fast_groups=True) as (sock, admin, user, ns):
+        admin.execute_command("ACL", "SETUSER", user, "-xadd")  # refused in the script
+        assert _produce(sock, 1) == refused
+        assert _produce(sock, 2) == refused
+        admin.execute_command("ACL", "SETUSER", user, "+xadd", "resetkeys")  # the keys
+        assert _produce(sock, 3) == refused
+        assert _produce(sock, 4) == refused
     ours = [r for r in caplog.records if r.name == "rcoord.gateway"]
     assert not [r for r in ours if r.exc_info], "a traceback was logged"
     errors = [r.getMessage() for r in ours if r.levelno >= logging.WARNING]
@@ -130,30 +129,17 @@ def test_a_refusal_mended_and_met_again_is_logged_again(own_server: EmbeddedServ
     ``MISSING_PERMISSION_LOG_INTERVAL_S`` has passed, with the requests refused meanwhile."""
     from rcoord.gateway import dispatch
 
-    ns = "p" + uuid.uuid4().hex[:10]
-    user = "gw" + uuid.uuid4().hex[:6]
-    admin = own_server.client()
-    Topics(admin, ns).create("t", 2)
-    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", f"~{ns}:*", "+@all")
-    gw = GatewayThread(own_server.url.replace("redis://", f"redis://{user}:pw@"), ns).start()
-    sock = connect(gw)
     refused = {("t", 0): UNKNOWN_SERVER_ERROR, ("t", 1): UNKNOWN_SERVER_ERROR}
-    try:
-        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
-            admin.execute_command("ACL", "SETUSER", user, "-xadd")
-            assert _produce(sock, 1) == refused
-            assert _produce(sock, 2) == refused
-            admin.execute_command("ACL", "SETUSER", user, "+xadd")  # mended
-            assert _produce(sock, 3) == {("t", 0): 0, ("t", 1): 0}
-            monkeypatch.setattr(dispatch, "MISSING_PERMISSION_LOG_INTERVAL_S", 0.0,
-                                raising=False)
-            admin.execute_command("ACL", "SETUSER", user, "-xadd")  # and refused again
-            assert _produce(sock, 4) == refused
-    finally:
-        sock.close()
-        gw.stop()
-        admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+    with _gateway_as_own_user(own_server, caplog, {"t": 2}) as (sock, admin, user, _):
+        admin.execute_command("ACL", "SETUSER", user, "-xadd")
+        assert _produce(sock, 1) == refused
+        assert _produce(sock, 2) == refused
+        admin.execute_command("ACL", "SETUSER", user, "+xadd")  # mended
+        assert _produce(sock, 3) == {("t", 0): 0, ("t", 1): 0}
+        monkeypatch.setattr(dispatch, "MISSING_PERMISSION_LOG_INTERVAL_S", 0.0,
+                            raising=False)
+        admin.execute_command("ACL", "SETUSER", user, "-xadd")  # and refused again
+        assert _produce(sock, 4) == refused
     errors, before = _logged(caplog)
     assert len(errors) == 2, errors
     assert all("run the 'xadd' command" in m for m in errors)
