@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -663,53 +664,51 @@ def test_entries_of_unknown_fields_and_ids_not_rcoords() -> None:
             _decode.decode_entries([[i, [b"t", b"7", b"v", b"a"]] for i in ids])
 
 
-def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
-    redis_client: Any, namespace: str, topics: Topics, producer: Producer
-) -> None:
-    """An XADD with an id of its own (``*``: milliseconds) leaves a last id that is not
-    0-<seq>: the log offsets script answered without its log end, and fetch and log_offsets
-    crashed with an IndexError. Now a TopicError saying what happened and what mends it."""
+def _after_a_foreign_last_id(redis_client: Any, namespace: str, topics: Topics,
+                             producer: Producer, calls: list[Callable[[], object]]) -> None:
+    """Topic t (one partition, one record) whose stream then gets an XADD with an id of its
+    own (``*``: milliseconds), leaving a last id that is not 0-<seq>: each of ``calls`` raises
+    a TopicError (UNKNOWN_SERVER_ERROR) saying what happened and what mends it; then t is
+    deleted and created again."""
     topics.create("t", 1)
     producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
     redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "*", "t", 1)
-    for read in (lambda: fetch(redis_client, namespace, "t", 0, 0),
-                 lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
-                 lambda: log_offsets(redis_client, namespace, "t", 0)):
-        with pytest.raises(TopicError, match="not 0-<offset \\+ 1> as rcoord's") as caught:
-            read()
-        assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
-        assert "delete and re-create the topic" in str(caught.value)
-    topics.delete("t")
-    topics.create("t", 1)
-    assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
-
-
-def test_appends_and_admin_calls_on_a_stream_whose_last_id_is_not_rcoords_say_so(
-    redis_client: Any, namespace: str, topics: Topics, producer: Producer
-) -> None:
-    """After an XADD with an id of its own every ``XADD 0-*`` is refused: sends of every kind
-    failed with the server's bare ResponseError ("The ID specified in XADD is equal or
-    smaller ..."), and ``delete_records`` and ``describe`` with the log offsets' refusal as
-    a raw ResponseError. Now each is a TopicError (UNKNOWN_SERVER_ERROR) naming the stream,
-    what happened and what mends it; an idempotent producer's next sends still go through
-    once the topic is re-created."""
-    topics.create("t", 1)
-    producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
-    redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "*", "t", 1)
-    plain = Producer(redis_client, namespace, idempotent=False)
-    for call in (lambda: producer.send("t", b"x", partition=0),
-                 lambda: plain.send("t", b"x", partition=0),
-                 lambda: append_idempotent(redis_client, namespace, "t", 0, [b"x"],
-                                           producer_id="kafka-7", producer_epoch=0,
-                                           base_sequence=0),
-                 lambda: topics.delete_records("t", {0: 1}),
-                 lambda: topics.describe("t")):
+    for call in calls:
         with pytest.raises(TopicError, match="not 0-<offset \\+ 1> as rcoord's") as caught:
             call()
         assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
         assert "delete and re-create the topic" in str(caught.value)
     topics.delete("t")
     topics.create("t", 1)
+
+
+def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer
+) -> None:
+    """The log offsets script answered without its log end, and fetch and log_offsets crashed
+    with an IndexError."""
+    _after_a_foreign_last_id(redis_client, namespace, topics, producer, [
+        lambda: fetch(redis_client, namespace, "t", 0, 0),
+        lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
+        lambda: log_offsets(redis_client, namespace, "t", 0)])
+    assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
+
+
+def test_appends_and_admin_calls_on_a_stream_whose_last_id_is_not_rcoords_say_so(
+    redis_client: Any, namespace: str, topics: Topics, producer: Producer
+) -> None:
+    """Every ``XADD 0-*`` is refused there: sends of every kind failed with the server's bare
+    ResponseError ("The ID specified in XADD is equal or smaller ..."), and
+    ``delete_records`` and ``describe`` with the log offsets' refusal as a raw ResponseError;
+    an idempotent producer's next sends still go through once the topic is re-created."""
+    plain = Producer(redis_client, namespace, idempotent=False)
+    _after_a_foreign_last_id(redis_client, namespace, topics, producer, [
+        lambda: producer.send("t", b"x", partition=0),
+        lambda: plain.send("t", b"x", partition=0),
+        lambda: append_idempotent(redis_client, namespace, "t", 0, [b"x"],
+                                  producer_id="kafka-7", producer_epoch=0, base_sequence=0),
+        lambda: topics.delete_records("t", {0: 1}),
+        lambda: topics.describe("t")])
     assert producer.send("t", b"y", partition=0).offset == 0
 
 
