@@ -546,6 +546,48 @@ def test_the_coordinator_command_puts_back_the_logging_it_found(monkeypatch):
         root.handlers[:], root.level = handlers_before, level_before
 
 
+def test_the_coordinator_command_puts_back_the_logging_when_its_signals_fail(monkeypatch):
+    """Run off the main thread (a harness's thread), the command fails at SignalStop
+    (ValueError: signals are set on the main thread only): that left the root logger's
+    handlers replaced by the command's JSON lines on stdout, and its level changed, for the
+    rest of the process, which b0ab03b's put-back in the command's end did not reach."""
+    import argparse
+
+    from rcoord.service import cli, service
+
+    class Service:
+        def __init__(self, config: Any) -> None:
+            self._stop = threading.Event()
+
+    monkeypatch.setattr(service, "CoordinatorService", Service)
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    p = argparse.ArgumentParser()
+    cli.add_coordinator_arguments(p)
+    args = p.parse_args(["--log-level", "DEBUG"])
+    root = logging.getLogger()
+    mine = logging.NullHandler()
+    handlers_before, level_before = root.handlers[:], root.level
+    raised: list[BaseException] = []
+
+    def command() -> None:
+        try:
+            cli.coordinator_main(args)
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    try:
+        root.handlers[:] = [mine]
+        root.setLevel(logging.WARNING)
+        thread = threading.Thread(target=command)
+        thread.start()
+        thread.join()
+        assert [type(exc) for exc in raised] == [ValueError]
+        assert root.handlers == [mine]
+        assert root.level == logging.WARNING
+    finally:
+        root.handlers[:], root.level = handlers_before, level_before
+
+
 def test_signal_stop_puts_back_the_handlers_it_found():
     """A program running the command in its own process (``rcoord.cli.main``, a test) gets its
     own SIGTERM and SIGINT handling back when the command ends; ``close()`` left both

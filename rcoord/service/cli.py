@@ -287,29 +287,32 @@ def coordinator_main(args: argparse.Namespace) -> int:
     # Put back when the command ends, as the signal handlers are (``SignalStop.close``): a
     # program that runs it in its own process (``rcoord.cli.main``, a test) had its own
     # logging replaced by these JSON lines on stdout for good.
+    # (Also when the command fails before its service starts: SignalStop off the main thread.)
     handlers_before, level_before = root.handlers[:], root.level
     root.handlers[:] = [handler]
     root.setLevel(level)
-    service = CoordinatorService(config)
-    # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is a
-    # graceful stop too, not a kill.
-    signals = SignalStop(service._stop)
-    dump_threads_on_sigusr1()
     try:
+        service = CoordinatorService(config)
+        # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is
+        # a graceful stop too, not a kill.
+        signals = SignalStop(service._stop)
+        dump_threads_on_sigusr1()
         try:
-            service.start()
-        except StoppedBeforeClaim as exc:  # (SIGTERM while waiting for the id: a clean stop)
-            logging.getLogger("rcoord.service").info(str(exc), extra={"event": "stopped"})
-            return 0
-        except Exception as exc:  # noqa: BLE001 - the edge: one line, the traceback on DEBUG
-            return report(exc, prog, url=url, debug=level == "DEBUG")
-        try:
-            service.run()
+            try:
+                service.start()
+            except StoppedBeforeClaim as exc:  # (SIGTERM while waiting for the id: clean stop)
+                logging.getLogger("rcoord.service").info(str(exc), extra={"event": "stopped"})
+                return 0
+            except Exception as exc:  # noqa: BLE001 - the edge: one line, traceback on DEBUG
+                return report(exc, prog, url=url, debug=level == "DEBUG")
+            try:
+                service.run()
+            finally:
+                service.stop()
+            return service.exit_code
         finally:
-            service.stop()
-        return service.exit_code
+            signals.close()
     finally:
-        signals.close()
         root.handlers[:] = handlers_before
         root.setLevel(level_before)
 
