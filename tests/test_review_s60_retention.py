@@ -40,3 +40,25 @@ def test_retention_trims_the_other_partitions_past_an_entry_added_by_hand(
     assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
     assert redis_client.xlen(good) == 0  # (was 18: one round of 5)
     assert redis_client.xlen(bad) == (3 if entry_id == "0-*" else 2)  # (refused unwritten)
+
+
+def test_delete_records_does_the_other_partitions_past_a_stream_with_a_foreign_last_id(
+    redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition whose last id an XADD by hand made its own failed ``delete_records`` at
+    its first round, so the other partitions named were left one round
+    (``RETENTION_TRIM_BYTES``) into their removal, their answer lost. Now they are done, and
+    the error naming that stream comes after."""
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 1)  # (a record a call)
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2)
+    bad, good = (partition_key(namespace, "t", p) for p in (0, 1))
+    redis_client.execute_command("XADD", bad, "0-*", "t", 1, "v", b"old")
+    redis_client.execute_command("XADD", bad, "*", "v", b"by hand")
+    for _ in range(5):
+        redis_client.execute_command("XADD", good, "0-*", "t", 1, "v", b"old")
+    with pytest.raises(TopicError, match="its last entry id is") as caught:
+        topics.delete_records("t", {0: 1, 1: -1})
+    assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+    assert redis_client.xlen(good) == 0  # (was 4: one round)
+    assert redis_client.xlen(bad) == 2

@@ -437,7 +437,9 @@ class Topics:
         start removes nothing and answers the log start; a partition the topic does not have
         is UNKNOWN_TOPIC_OR_PARTITION. A consumer positioned before the new log start is then
         out of range and resets, as after retention. The removal is split into calls of about
-        ``RETENTION_TRIM_BYTES`` each, so none holds the server for long.
+        ``RETENTION_TRIM_BYTES`` each, so none holds the server for long. A partition whose
+        stream an XADD by hand left unreadable is a TopicError (UNKNOWN_SERVER_ERROR) naming
+        it, raised once the other partitions are done.
         """
         _check_topic(topic)
         for partition, offset in offsets.items():
@@ -447,13 +449,22 @@ class Topics:
         out = {p: DeletedRecords(p, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
                for p in offsets if p >= count}
         pending = {p: offset for p, offset in offsets.items() if p < count}
+        refused: tuple[Exception, Exception] | None = None
         while pending:
             calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
             try:
                 results = _run(self._r, calls)
             except redis.exceptions.ResponseError as exc:
-                raise _foreign_ids(exc) from exc  # (a stream an XADD by hand left unreadable)
+                # A stream an XADD by hand left unreadable: the other partitions are done (as
+                # in apply_retention), then its error is raised. Raised at once, it left them
+                # one round (RETENTION_TRIM_BYTES) into their removal, unanswered.
+                bad = _refused_partition(exc, self._ns, topic, pending)
+                if bad is None:
+                    raise _foreign_ids(exc) from exc
+                refused = refused or (_foreign_ids(exc), exc)
+                del pending[bad]
+                continue
             again: dict[int, int] = {}
             for (p, target), res in zip(pending.items(), results):
                 error = _name(res[0])
@@ -465,6 +476,8 @@ class Topics:
                 else:
                     out[p] = DeletedRecords(p, int(res[1]))
             pending = again
+        if refused is not None:
+            raise refused[0] from refused[1]
         return dict(sorted(out.items()))
 
     @translate_redis_errors
@@ -514,12 +527,11 @@ class Topics:
                 # topic one round (RETENTION_SCAN records) per pass, so an expired backlog
                 # there grew for as long as the entry stayed. The round is sent again without
                 # it: a call sent twice removes only what it reads as due.
-                named = [p for p in pending if f"FOREIGN_ENTRY_ID "
-                         f"{partition_key(self._ns, topic, p)}:" in str(exc)]
-                if not named:
+                bad = _refused_partition(exc, self._ns, topic, pending)
+                if bad is None:
                     raise _foreign_ids(exc) from exc
                 refused = refused or (_foreign_ids(exc), exc)
-                pending.remove(named[0])
+                pending.remove(bad)
                 continue
             again = []
             for p, res in zip(pending, results):
@@ -533,6 +545,17 @@ class Topics:
         if refused is not None:
             raise refused[0] from refused[1]
         return dict(sorted(starts.items()))
+
+
+def _refused_partition(exc: Exception, namespace: str, topic: str,
+                       partitions: Iterable[int]) -> int | None:
+    """The partition of ``partitions`` whose stream a script's FOREIGN_ENTRY_ID refusal
+    ``exc`` names (an entry added by hand: ``_base._foreign_ids``), or None."""
+    text = str(exc)
+    for p in partitions:
+        if f"FOREIGN_ENTRY_ID {partition_key(namespace, topic, p)}:" in text:
+            return p
+    return None
 
 
 def _keys_with_mark(key: str) -> list[str]:
