@@ -500,7 +500,7 @@ def report(exc: BaseException, prog: str, *, url: str | None = None, debug: bool
     return code
 
 
-def dump_threads_on_sigusr1() -> None:
+def dump_threads_on_sigusr1() -> Callable[[], None]:
     """SIGUSR1 writes every thread's stack to stderr and changes nothing else, as a JVM thread
     dump does for a broker: how an operator (or a test that timed out) sees where a process
     that stopped answering is.
@@ -512,24 +512,40 @@ def dump_threads_on_sigusr1() -> None:
     a CI run). rcoord's main threads wait in calls a signal interrupts (``Event.wait``, a
     socket read), so the dump comes at once. It writes to stderr's descriptor, through no
     buffer: the main thread may have been stopped inside a write to ``sys.stderr``, holding
-    its lock."""
+    its lock.
+
+    Returns what puts back the handler it replaced, for the command to call when it ends: a
+    program running the command in its own process (``rcoord.cli.main``, a test) kept the dump
+    for good, SIGUSR1 no longer ended it as it did before, and the dump wrote to a descriptor
+    that may since have been closed and reused for a file of that program."""
     import faulthandler
     import signal
 
+    def nothing() -> None:
+        pass
+
     if not hasattr(signal, "SIGUSR1"):  # (not on Windows)
-        return
+        return nothing
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, ValueError, OSError):  # stderr is no file (called in-process)
-        return
+        return nothing
 
     def dump(signum: int, frame: object) -> None:
         faulthandler.dump_traceback(fd, all_threads=True)
 
     try:
-        signal.signal(signal.SIGUSR1, dump)
+        before = signal.signal(signal.SIGUSR1, dump)
     except ValueError:  # (not the main thread: called in-process)
-        pass
+        return nothing
+
+    def put_back() -> None:
+        try:
+            signal.signal(signal.SIGUSR1, before)
+        except ValueError:  # (called from another thread than the one that set it)
+            pass
+
+    return put_back
 
 
 

@@ -483,7 +483,7 @@ def test_a_stop_signal_while_the_main_thread_holds_the_stop_flag_does_not_hang(m
                 raise StoppedBeforeClaim("stopped")
 
     monkeypatch.setattr(service, "CoordinatorService", Service)
-    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: None)
+    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: lambda: None)
     monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
     p = argparse.ArgumentParser()
     cli.add_coordinator_arguments(p)
@@ -529,7 +529,7 @@ def test_the_coordinator_command_puts_back_the_logging_it_found(monkeypatch):
             pass
 
     monkeypatch.setattr(service, "CoordinatorService", Service)
-    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: None)
+    monkeypatch.setattr(rcoord.cli, "dump_threads_on_sigusr1", lambda: lambda: None)
     monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
     p = argparse.ArgumentParser()
     cli.add_coordinator_arguments(p)
@@ -585,6 +585,50 @@ def test_the_coordinator_command_puts_back_the_logging_when_its_signals_fail(mon
         assert root.handlers == [mine]
         assert root.level == logging.WARNING
     finally:
+        root.handlers[:], root.level = handlers_before, level_before
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_the_coordinator_command_puts_back_the_sigusr1_handler_it_found(monkeypatch):
+    """The command's thread dump on SIGUSR1 stayed installed after it ended in a program's own
+    process (``rcoord.cli.main``, a test): that program's own SIGUSR1 handling was gone for
+    good, and the dump went on writing to a descriptor the program may have reused."""
+    import argparse
+
+    from rcoord.service import cli, service
+
+    class Service:
+        exit_code = 0
+
+        def __init__(self, config: Any) -> None:
+            self._stop = threading.Event()
+
+        def start(self) -> None:
+            pass
+
+        def run(self) -> None:
+            # While the command runs, SIGUSR1 is its thread dump.
+            assert signal.getsignal(signal.SIGUSR1) is not mine
+
+        def stop(self) -> None:
+            pass
+
+    def mine(signum: int, frame: Any) -> None:
+        pass
+
+    monkeypatch.setattr(service, "CoordinatorService", Service)
+    monkeypatch.setenv("RCOORD_REDIS_URL", "redis://127.0.0.1:1/0")
+    p = argparse.ArgumentParser()
+    cli.add_coordinator_arguments(p)
+    root = logging.getLogger()
+    before = signal.getsignal(signal.SIGUSR1)
+    handlers_before, level_before = root.handlers[:], root.level
+    try:
+        signal.signal(signal.SIGUSR1, mine)
+        assert cli.coordinator_main(p.parse_args([])) == 0
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, before)
         root.handlers[:], root.level = handlers_before, level_before
 
 

@@ -296,7 +296,7 @@ def coordinator_main(args: argparse.Namespace) -> int:
         # Before start(): a SIGTERM that arrives while it starts (it logs "started" first) is
         # a graceful stop too, not a kill.
         signals = SignalStop(service._stop)
-        dump_threads_on_sigusr1()
+        dumps = dump_threads_on_sigusr1()
         try:
             try:
                 service.start()
@@ -312,6 +312,7 @@ def coordinator_main(args: argparse.Namespace) -> int:
             return service.exit_code
         finally:
             signals.close()
+            dumps()
     finally:
         root.handlers[:] = handlers_before
         root.setLevel(level_before)
