@@ -319,6 +319,37 @@ def test_delete_racing_add_partitions_deletes_the_added_partitions(
         assert partition_keys_left(redis_client, namespace, "t", p) == []
 
 
+def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete that stops after removing partition 0's stream (its process dies, Redis goes
+    away) left a topic that ``create`` made whole again: partition 0 empty, partition 1 with
+    the old record, passed off as one topic. It answers TOPIC_ALREADY_EXISTS "marked for
+    deletion" and makes nothing; ``delete`` again finishes, then ``create`` starts clean."""
+    topics.create("t", 2)
+    Producer(redis_client, namespace).send_batch(
+        "t", [ProducerRecord(b"old", partition=p) for p in (0, 1)])
+    real_delete = topics._delete_partitions
+
+    def stop_after_the_first(topic: str, partitions: range) -> None:
+        real_delete(topic, range(partitions.start, partitions.start + 1))
+        raise redis.exceptions.ConnectionError("the delete's process went away")
+
+    monkeypatch.setattr(topics, "_delete_partitions", stop_after_the_first)
+    with pytest.raises(RcoordError):
+        topics.delete("t")
+    monkeypatch.setattr(topics, "_delete_partitions", real_delete)
+    with pytest.raises(TopicError, match="marked for deletion") as info:
+        topics.create("t", 2)
+    assert info.value.error == Errors.TOPIC_ALREADY_EXISTS
+    assert partition_keys_left(redis_client, namespace, "t", 0) == []
+    assert log_offsets(redis_client, namespace, "t", 1) == (0, 1)
+    topics.delete("t")
+    assert topics.list() == []
+    topics.create("t", 2)
+    assert [log_offsets(redis_client, namespace, "t", p) for p in (0, 1)] == [(0, 0), (0, 0)]
+
+
 def test_a_new_topic_does_not_adopt_a_partition_an_older_one_left(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:

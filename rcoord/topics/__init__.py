@@ -5,7 +5,9 @@ A topic with N partitions is N streams plus one metadata hash. Partition ``p`` o
 * ``<ns>:topic:{<tag>}:<topic>:<p>``: a stream, one entry per record;
 * ``<ns>:topicmeta:{<topic>}``: a hash with ``partitions``, ``created_ms`` and the retention
   settings (``retention_records``, ``retention_ms``; absent means unlimited), and the token of
-  the ``create`` call that made it (``create_token``);
+  the ``create`` call that made it (``create_token``), and ``deleting`` once a ``delete`` of
+  it has begun (a delete that stopped partway is finished by another, not undone by a
+  ``create``);
 * ``<ns>:topicmade:{<tag>}:<topic>:<p>``: that token again, beside the stream, so a resent
   ``create`` does not make the partition a second time (``add_partitions`` writes it too, and
   does not take over a stream another topic of the same name left);

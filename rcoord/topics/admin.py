@@ -136,8 +136,10 @@ class Topics:
             token,
         ])])
         if _name(res[0]) != Errors.NONE:
-            if _name(res[0]) == Errors.TOPIC_ALREADY_EXISTS:
-                self._finish_partitions(topic)
+            if _name(res[0]) == Errors.TOPIC_ALREADY_EXISTS and self._finish_partitions(topic):
+                raise TopicError(Errors.TOPIC_ALREADY_EXISTS,
+                                 f"{topic} is marked for deletion: a delete of it stopped "
+                                 "partway; delete it again to finish, then create it")
             raise TopicError(_name(res[0]), topic)
         stamped = time.monotonic()
         # The name is ours now; drop whatever a crashed delete of an older topic left behind,
@@ -153,10 +155,13 @@ class Topics:
         if left > 0:
             time.sleep(left)
 
-    def _finish_partitions(self, topic: str) -> None:
+    def _finish_partitions(self, topic: str) -> bool:
         """Make the partitions of an existing ``topic`` that have no stream, with its creation
         token (``topic_make``'s 'ensure': a stream there is left as it is), before ``create``
-        answers TOPIC_ALREADY_EXISTS.
+        answers TOPIC_ALREADY_EXISTS; True, making nothing, when the topic is marked for
+        deletion (``delete``'s first write): the streams missing there are the ones a delete
+        that stopped partway removed, and making them again empty would pass that half-deleted
+        topic off as a whole one, its other partitions keeping the old records.
 
         Why: a ``create`` whose partition step failed after its claim (a partition's slot
         migrating refuses the multi-key make with TRYAGAIN until redis-py gives up, which is
@@ -166,12 +171,15 @@ class Topics:
         ``create`` still making them meanwhile finds its token on them and leaves them alone.
         A topic deleted meanwhile may keep an empty stream, which a later ``create`` of the
         name drops and ``add_partitions`` replaces (as after a crashed delete)."""
-        try:
-            count, token = self._count_and_token(topic)
-        except TopicError:
-            return  # (deleted meanwhile)
-        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", token])
-                       for p in range(count)])
+        count, token, deleting = self._r.hmget(meta_key(self._ns, topic),
+                                               ["partitions", "create_token", "deleting"])
+        if count is None:
+            return False  # (deleted meanwhile)
+        if deleting is not None:
+            return True
+        _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", _text(token or b"")])
+                       for p in range(int(count))])
+        return False
 
     @translate_redis_errors
     def add_partitions(self, topic: str, new_total: int) -> None:
@@ -380,8 +388,16 @@ class Topics:
         ``add_partitions`` added meanwhile are deleted too, until it stays put. One that grows
         the topic between that last read and the metadata's deletion leaves a stream behind; a
         later topic of the same name does not adopt it (``add_partitions`` replaces it).
+
+        The topic is marked for deletion first (``deleting`` in its metadata, as Kafka marks a
+        topic queued for deletion): a delete that stops partway (the process dies, Redis goes
+        away) leaves a topic that ``create`` answers TOPIC_ALREADY_EXISTS "marked for
+        deletion" without making its removed partitions again; ``delete`` again finishes it.
         """
         n = self.partition_count(topic)
+        (res,) = _run(self._r, [(ALTER_META, [meta_key(self._ns, topic)], ["deleting", "1"])])
+        if _name(res[0]) != Errors.NONE:
+            raise TopicError(_name(res[0]), topic)  # (deleted meanwhile)
         done = 0
         while True:
             self._delete_partitions(topic, range(done, n))
