@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from rcoord import CoordinatorConfig, Errors, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.client.errors import JoinRefusedError
 from rcoord.errors import AuthenticationFailedError, ConnectionLost, MissingPermissionError
+from rcoord.keys import replays_key
 from rcoord.spark.member import (
     MEMBER_METADATA,
     TOKEN_METADATA,
@@ -2026,6 +2028,51 @@ def test_a_replay_that_read_nothing_is_no_finished_batch_for_the_next_restart_ei
         assert _committed(coord) == want
     finally:
         again.close(5)
+
+
+@pytest.mark.parametrize("how", ["shifted", "in full", "no replay"])
+def test_a_batch_older_than_a_replay_record_lasts_comes_again_after_a_restart(
+        how: str, redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # As above, but the query stays stopped longer than a replay's record lasts (REPLAY_TTL_S,
+    # 7 days; the hash expires with it). Restarted then, its member finds no record of the
+    # replay. Before, it took that for a batch its planner's process had run (_resume) and
+    # committed its end: a replay that read only part of the batch, then a stop (a long
+    # trigger interval, a query stopped for a week), had the rest skipped for good. Now the
+    # batch comes again from the group's committed offsets (at least once), as when Redis
+    # cannot tell, with a warning: the replay, or its absence, cannot be told any more.
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
+    if how != "no replay":
+        new = _member(redis_server.url, namespace, single_client)
+        try:
+            ranges = ranges_between(e1, e2) if how == "in full" else [
+                OffsetRange(r.topic, r.partition, r.start - 1, r.end)
+                for r in ranges_between(e1, e2)]
+            assert new.replay(e2, ranges, 10) == (set(e2.offsets) if how == "in full" else set())
+        finally:
+            new.close(5)
+    # 8 days on: the record's hash has expired, and the member's clock says so.
+    single_client.delete(replays_key(namespace, "g"))
+    later = int(time.time() * 1000) + 8 * 24 * 3600 * 1000
+    monkeypatch.setattr("rcoord.spark.member._wall_ms", lambda: later, raising=False)
+    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        with caplog.at_level(logging.WARNING, "rcoord.spark"):
+            nxt = again.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
+        assert _committed(coord) == e1.offsets
+        assert "older than a replay record lasts" in caplog.text
+    finally:
+        again.close(5)
+
+
+def test_a_position_keeps_when_its_group_mode_batch_was_planned() -> None:
+    # The planning time survives Spark's checkpoint (the JSON), or a restart could not tell.
+    pos = Position({TP("ev", 0): 3}, generation=2, member="m", planned_ms=1_700_000_000_000)
+    assert pos.to_json()["planned_ms"] == 1_700_000_000_000
+    assert Position.from_json(pos.to_json()) == pos
+    assert Position.from_json({"offsets": {}, "generation": 1}).planned_ms is None
 
 
 @pytest.mark.parametrize("fatal", [False, True])

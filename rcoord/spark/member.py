@@ -74,7 +74,13 @@ from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
-from .replays import REDIS_FAILURES, record_replay, record_replay_reads, replay_reads
+from .replays import (
+    REDIS_FAILURES,
+    REPLAY_TTL_S,
+    record_replay,
+    record_replay_reads,
+    replay_reads,
+)
 from .resolve import (
     Clamp,
     added_loss,
@@ -323,7 +329,8 @@ class StreamMember:
         ends = limit_end(begin, {tp: max(begin[tp], readable[tp][1]) for tp in begin}, limit)
         read = {tp.topic for tp in begin}
         end = Position(ends, starts, gen.generation_id, gen.member_id,
-                       tokens={t: v for t, v in tokens.items() if t in read})
+                       tokens={t: v for t, v in tokens.items() if t in read},
+                       planned_ms=_wall_ms())
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
         if start == self._initial:
@@ -649,6 +656,12 @@ class StreamMember:
         group's committed offsets, and come again from there. Before, a replay that read
         nothing (another member's partitions, or a batch 0 whose starts were not recorded),
         followed by a stop before the next plan, had its records skipped for good.
+
+        A replay's record lasts ``REPLAY_TTL_S``; no record of a batch planned longer ago
+        (``_record_may_have_expired``) does not say that its planner's process ran it: the
+        batch comes again from the group's committed offsets, as when Redis cannot tell. Before,
+        a query restarted after it had been stopped that long, right after a replay that read
+        only part of the batch, took the rest for read and skipped it for good.
         """
         try:
             read = replay_reads(self._group.redis_client, self._group.config.namespace,
@@ -658,6 +671,13 @@ class StreamMember:
                         "%s was a replay that read only part of it (%s); it comes again from "
                         "the group's committed offsets", gen.group_id, start.generation,
                         start.member, exc)
+            return
+        if read is None and _record_may_have_expired(start):
+            log.warning("group %r: the batch planned in generation %s by %s is older than a "
+                        "replay record lasts (%d days): if a restart replayed only part of it, "
+                        "that record is gone; it comes again from the group's committed offsets "
+                        "(at least once)", gen.group_id, start.generation, start.member,
+                        REPLAY_TTL_S // 86400)
             return
         todo: dict[TP, int] = {}
         for tp, end in sorted(start.offsets.items()):
@@ -871,6 +891,26 @@ class StreamMember:
                 f"group {self._group.config.group_id!r}: Redis out of reach for more than the "
                 f"session timeout ({session_s:g} s), so the query stops rather than plan empty "
                 f"batches: {exc}") from exc
+
+
+REPLAY_CLOCK_SLACK_S = 24 * 3600
+"""How far the clocks of the hosts that plan a batch and restart its query may disagree
+(``_record_may_have_expired``)."""
+
+
+def _wall_ms() -> int:
+    """Now, in ms of this host's wall clock (``Position.planned_ms``)."""
+    return int(time.time() * 1000)
+
+
+def _record_may_have_expired(start: Position) -> bool:
+    """Whether a record of a replay of the batch ending at ``start`` (written after it was
+    planned, kept ``REPLAY_TTL_S`` from then) may be gone by now. A position without a planning
+    time (checkpointed by an older rcoord) cannot tell, and is taken as before."""
+    if start.planned_ms is None:
+        return False
+    return _wall_ms() - start.planned_ms >= (REPLAY_TTL_S - REPLAY_CLOCK_SLACK_S) * 1000
+
 
 def _once(call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
     """A ``Retry`` that makes one attempt: the member's own reads are not retried (a failed

@@ -17,6 +17,11 @@ end must say where such partitions begin.
 again; without the token, a position checkpointed in the old topic would be taken for one in
 the new (see ``rcoord.spark.resolve.continuity_loss``). Positions checkpointed before tokens
 existed have none and are taken as they are.
+
+``planned_ms`` (group mode) is when the member planned the position, in ms of the planning
+host's wall clock: a query restarted on the end of a batch Spark counts as finished can tell
+whether a record of a replay of that batch could have expired since
+(``StreamMember._resume``). Positions checkpointed before it existed have none.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Position:
     generation: int | None = None
     member: str | None = None
     tokens: dict[str, str] = field(default_factory=dict)
+    planned_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark checkpoints (JSON-encodable, keys are strings)."""
@@ -85,6 +91,8 @@ class Position:
         if self.generation is not None:
             out["generation"] = self.generation
             out["member"] = self.member or ""
+        if self.planned_ms is not None:
+            out["planned_ms"] = self.planned_ms
         return out
 
     @classmethod
@@ -92,6 +100,7 @@ class Position:
         if not isinstance(raw, Mapping) or "offsets" not in raw:
             raise ValueError(f"not an rcoord stream offset: {raw!r}")
         gen = raw.get("generation")
+        planned = raw.get("planned_ms")
         tokens = raw.get("tokens", {})
         if not isinstance(tokens, Mapping):
             raise ValueError(f"tokens must map topics to create tokens, got {tokens!r}")  # noqa: TRY004
@@ -101,6 +110,7 @@ class Position:
             generation=None if gen is None else int(gen),
             member=None if gen is None else str(raw.get("member", "")),
             tokens={str(t): str(v) for t, v in tokens.items()},
+            planned_ms=None if planned is None else int(planned),
         )
 
     def same_plan(self, other: Position) -> bool:

@@ -27,7 +27,10 @@ Field ``read:<generation>:<member>`` (kept and dropped the same way) lists the p
 replay read again, written by every replay, also one that reads nothing, before its tasks run
 (``record_replay_reads``). Spark counts a replay as a finished batch, so a query restarted
 after it plans from the batch's end as from the end of a batch whose sink stored every record
-(``StreamMember._resume``): that is true only of the partitions the replay read.
+(``StreamMember._resume``): that is true only of the partitions the replay read. No record
+does not prove that no replay ran once ``REPLAY_TTL_S`` may have passed since the batch was
+planned (``Position.planned_ms``): then ``_resume`` leaves the group's committed offsets as they
+are, and the batch comes again (at least once) instead of being skipped.
 """
 
 from __future__ import annotations
