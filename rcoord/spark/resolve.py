@@ -187,7 +187,7 @@ def resolve_offsets(
     (one left out read on to its log end, past the end the read pins, a different range on
     every run). An offset below the log start is
     data loss (an error, or the log start without ``failOnDataLoss``); one past the log end is
-    an error.
+    an error. The log start taken without ``failOnDataLoss`` is logged as a warning.
     """
     wanted = set(partitions)
     explicit: dict[TP, int] = {}
@@ -221,12 +221,14 @@ def resolve_offsets(
             raise OptionError(f"{name}: offset {want} of {tp.topic}-{tp.partition} is past its "
                               f"log end offset {hi}")
         elif want < lo:
+            loss = (f"{name}: offset {want} of {tp.topic}-{tp.partition} is below its log "
+                    f"start offset {lo} (retention removed those records)")
             if fail_on_data_loss:
-                raise DataLossError(
-                    f"{name}: offset {want} of {tp.topic}-{tp.partition} is below its log "
-                    f"start offset {lo} (retention removed those records); set "
-                    "failOnDataLoss=false to start at the log start instead"
-                )
+                raise DataLossError(f"{loss}; set failOnDataLoss=false to take the log "
+                                    "start instead")
+            # Said, as every other skip is (Spark's Kafka source: "startingOffsets for ... was
+            # ... but consumer reset to ..."): the read silently lacked the records asked for.
+            log.warning("%s; taking the log start %d instead (failOnDataLoss=false)", loss, lo)
             out[tp] = lo
         else:
             out[tp] = want
