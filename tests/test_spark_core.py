@@ -2400,6 +2400,47 @@ def test_a_batch_planned_without_a_group_is_replayed_by_a_query_restarted_in_one
         group.stop()
 
 
+@pytest.mark.parametrize(("starting", "replayed"), [("earliest", False), ("latest", False),
+                                                    ("earliest", True)])
+def test_a_plain_querys_checkpoint_is_taken_up_by_a_query_restarted_with_a_group(
+        starting: str, replayed: bool, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, coord: GroupCoordinator) -> None:
+    # A query without groupId finishes batches 0 and 1 (records 0-5 of each partition; with
+    # ``replayed``, batch 1 fails and the restarted query replays it), and is restarted on its
+    # checkpoint with groupId, in a group that has committed nothing. Spark's Kafka source goes
+    # on from its checkpoint whatever its options say. Before, the member began every
+    # partition at the group's start policy, and under ``latest`` too at the log start (a
+    # restarted query's generation places there): batches 0 and 1 were delivered again, and a
+    # replayed batch 1 read nothing. A partition the group has an offset for goes on there.
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    topics.create("ev", 2)
+    producer = Producer(single_client, namespace, "round_robin")
+    producer.send_batch("ev", [b"x"] * 12)
+    plain = _stream_reader(redis_server.url, namespace, subscribe="ev")
+    try:
+        e0 = plain.latestOffset(plain.initialOffset(), ReadMaxRows(6))
+        e1 = plain.latestOffset(e0, ReadMaxRows(6))
+    finally:
+        plain.stop()
+    assert Position.from_json(e1).offsets == {TP("ev", 0): 6, TP("ev", 1): 6}
+    producer.send_batch("ev", [b"y"] * 4)
+    assert set(coord.commit_offsets("g", {TP("ev", 1): 1}).values()) == {Errors.NONE}
+    group = _stream_reader(redis_server.url, namespace,
+                           **{**GROUP_READ, "startingOffsets": starting})
+    try:
+        if replayed:
+            read = sorted((p.range.partition, p.range.start, p.range.end)
+                          for p in group.partitions(e0, e1) if p.range.size)
+            assert read == [(0, 3, 6)]  # 1's committed offset is not where the batch began
+        nxt = Position.from_json(group.latestOffset(e1, ReadAllAvailable()))
+        assert nxt.starts == {TP("ev", 0): 6, TP("ev", 1): 1}
+        assert nxt.offsets == {TP("ev", 0): 8, TP("ev", 1): 8}
+        assert _committed(coord) == {TP("ev", 0): 6, TP("ev", 1): 1}
+    finally:
+        group.stop()
+
+
 def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
         coord: GroupCoordinator) -> None:

@@ -530,8 +530,11 @@ class StreamMember:
             return self._base(tp) == r.start  # moved past the start (or short of it): no
         # Nothing committed: the start policy placed the generation (earliest: the log start,
         # latest: the log end). No commit can be rewound; under latest, reading nothing would
-        # leave the batch's records to nobody.
-        return r.start <= self._base(tp)
+        # leave the batch's records to nobody. A batch of the query run without groupId (no
+        # generation) is replayed where it began: the group has read none of it, and the
+        # next plan goes on from its end, as from a finished one (_resume); read as nothing,
+        # the partition began again at the log start, every record read before came again.
+        return end.generation is None or r.start <= self._base(tp)
 
     def _own(self, pos: Position) -> Position:
         """``pos``, or this member's plan of it if it is the end of a batch it replayed."""
@@ -628,11 +631,12 @@ class StreamMember:
         Spark plans from another process's position only after a restart, and then either
         replays that position's batch (``replaying``), or its commit log records the batch as
         finished: its sink stored every record, though Spark never called ``commit`` for it
-        (it does not for the last batch before a stop).
+        (it does not for the last batch before a stop). A position without a generation is
+        the checkpoint of the query run without ``groupId`` (``_resume`` takes it up).
         """
-        return (start.generation is not None and bool(start.offsets)
-                and (start.generation, start.member or "") not in self._planned
-                and start not in self._replaying)
+        return (bool(start.offsets) and start not in self._replaying
+                and (start.generation is None
+                     or (start.generation, start.member or "") not in self._planned))
 
     def _resume(self, gen: Generation, start: Position) -> None:
         """Begin the partitions of ``start`` (a finished batch's end, ``_finished_elsewhere``)
@@ -656,6 +660,14 @@ class StreamMember:
         group's committed offsets, and come again from there. Before, a replay that read
         nothing (another member's partitions, or a batch 0 whose starts were not recorded),
         followed by a stop before the next plan, had its records skipped for good.
+
+        ``start`` without a generation is the checkpoint of the query run without ``groupId``,
+        restarted with it: the partitions the group has no committed offset for go on where the
+        checkpoint's finished batch ended, as Spark's Kafka source goes on from its checkpoint
+        whatever the options say; where the group has one, the group's wins. Before, they
+        started at the group's start policy, and the log start (under ``latest`` too: a
+        restarted query's generation places at the log start) delivered every record the
+        query had already read again.
 
         A replay's record lasts ``REPLAY_TTL_S``; no record of a batch planned longer ago
         (``_record_may_have_expired``) does not say that its planner's process ran it: the
@@ -687,7 +699,11 @@ class StreamMember:
             if token and base and token != base:
                 continue
             have, by = gen.committed.get(tp), self._base_members.get(tp)
-            untouched = by is not None and (by == start.member or have == start.starts.get(tp))
+            if start.generation is None:  # a plain checkpoint: only where the group has none
+                untouched = False
+            else:
+                untouched = by is not None and (by == start.member
+                                                or have == start.starts.get(tp))
             if have is None or (have < end and untouched):
                 todo[tp] = end
         if not todo:
