@@ -367,6 +367,10 @@ def test_every_record_a_task_skips_without_fail_on_data_loss_is_reported(
     got, warned = skipped(OffsetRange("ret", 0, 0, 20), None)
     assert got == list(range(15, 20))
     assert len(warned) == 1 and "ret-0: offsets 0..14 were removed by retention" in warned[0]
+    # A task's range (of a split batch) wholly below the log start names only its offsets.
+    got, warned = skipped(OffsetRange("ret", 0, 3, 6), None)
+    assert got == [] and len(warned) == 1
+    assert "ret-0: offsets 3..5 were removed by retention" in warned[0]
     topics.delete("lost")  # a range whose topic's create token was not known when planned
     got, warned = skipped(OffsetRange("lost", 0, 1, 3), "")
     assert got == [] and len(warned) == 1

@@ -484,8 +484,11 @@ def read_range(
             lost(gone(offset))
             return
         if res.error is Errors.OFFSET_OUT_OF_RANGE and res.log_start_offset > offset:
-            lost(f"{where}: offsets {offset}..{res.log_start_offset - 1} were removed by "
-                 "retention before this batch read them")
+            # Only the range's own offsets: the rest are another task's (split_ranges) or a
+            # later batch's, which each report theirs; these named them all, every task alike.
+            upto = min(res.log_start_offset, rng.end) - 1
+            lost(f"{where}: offsets {offset}..{upto} were removed by retention before this "
+                 "batch read them")
             offset = res.log_start_offset
             continue
         if res.error is Errors.OFFSET_OUT_OF_RANGE and offset > res.log_end_offset:
