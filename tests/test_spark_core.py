@@ -2073,10 +2073,11 @@ def test_a_batch_older_than_a_replay_record_lasts_comes_again_after_a_restart(
             assert new.replay(e2, ranges, 10) == (set(e2.offsets) if how == "in full" else set())
         finally:
             new.close(5)
-    # 8 days on: the record's hash has expired, and the member's clock says so.
+    # 8 days on: the record's hash has expired, and the server's clock says so.
     single_client.delete(replays_key(namespace, "g"))
-    later = int(time.time() * 1000) + 8 * 24 * 3600 * 1000
-    monkeypatch.setattr("rcoord.spark.member._wall_ms", lambda: later, raising=False)
+    sec, usec = single_client.time()
+    later = sec * 1000 + usec // 1000 + 8 * 24 * 3600 * 1000
+    monkeypatch.setattr("rcoord.spark.member._server_ms", lambda client: later, raising=False)
     again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
     try:
         with caplog.at_level(logging.WARNING, "rcoord.spark"):

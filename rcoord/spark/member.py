@@ -330,7 +330,7 @@ class StreamMember:
         read = {tp.topic for tp in begin}
         end = Position(ends, starts, gen.generation_id, gen.member_id,
                        tokens={t: v for t, v in tokens.items() if t in read},
-                       planned_ms=_wall_ms())
+                       planned_ms=_server_ms(self._group.redis_client))
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
         if start == self._initial:
@@ -684,7 +684,7 @@ class StreamMember:
                         "the group's committed offsets", gen.group_id, start.generation,
                         start.member, exc)
             return
-        if read is None and _record_may_have_expired(start):
+        if read is None and _record_may_have_expired(self._group.redis_client, start):
             log.warning("group %r: the batch planned in generation %s by %s is older than a "
                         "replay record lasts (%d days): if a restart replayed only part of it, "
                         "that record is gone; it comes again from the group's committed offsets "
@@ -909,23 +909,26 @@ class StreamMember:
                 f"batches: {exc}") from exc
 
 
-REPLAY_CLOCK_SLACK_S = 24 * 3600
-"""How far the clocks of the hosts that plan a batch and restart its query may disagree
-(``_record_may_have_expired``)."""
+def _server_ms(client: Any) -> int | None:
+    """Now, in ms of the Redis server's clock (``TIME``: the one clock every rcoord deadline
+    comes from; a replay record's expiry runs on it too), or None if it cannot be read (then
+    the planning time is not recorded, and a restart takes the position as one without it)."""
+    try:
+        sec, usec = client.time()
+    except REDIS_FAILURES:
+        return None
+    return int(sec) * 1000 + int(usec) // 1000
 
 
-def _wall_ms() -> int:
-    """Now, in ms of this host's wall clock (``Position.planned_ms``)."""
-    return int(time.time() * 1000)
-
-
-def _record_may_have_expired(start: Position) -> bool:
+def _record_may_have_expired(client: Any, start: Position) -> bool:
     """Whether a record of a replay of the batch ending at ``start`` (written after it was
-    planned, kept ``REPLAY_TTL_S`` from then) may be gone by now. A position without a planning
-    time (checkpointed by an older rcoord) cannot tell, and is taken as before."""
+    planned, kept ``REPLAY_TTL_S`` from then) may be gone by now, by the server's clock. A
+    position without a planning time (checkpointed by an older rcoord) cannot tell, and is
+    taken as before."""
     if start.planned_ms is None:
         return False
-    return _wall_ms() - start.planned_ms >= (REPLAY_TTL_S - REPLAY_CLOCK_SLACK_S) * 1000
+    now = _server_ms(client)
+    return now is not None and now - start.planned_ms >= REPLAY_TTL_S * 1000
 
 
 def _once(call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
