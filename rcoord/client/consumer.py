@@ -415,11 +415,12 @@ class Consumer(SubscriptionMixin):
 
     # -- information
 
-    def _coordinator(self) -> Coordinator:
+    def _coordinator(self, deadline: float | None = None) -> Coordinator:
         if self._group is not None:
             # Connects only (idempotent): offset queries and seeks may come before the first
-            # poll(), which is what joins (ConsumerGroup.next()).
-            self._group.connect()
+            # poll(), which is what joins (ConsumerGroup.next()). ``deadline`` bounds the wait
+            # for a start another call began (``ConsumerGroup.connect``).
+            self._group.connect(None if deadline is None else deadline - time.monotonic())
             return self._group.coordinator
         if self._own_coordinator is None:
             coord = self._coordinator_arg
@@ -548,7 +549,7 @@ class Consumer(SubscriptionMixin):
         """Each partition's log edge (0: log start, 1: log end), all in one round trip
         (``_query``'s retries and ``timeout``). A partition that does not exist raises its
         ``TopicError``, or is left out with ``missing_ok``."""
-        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
+        coord = self._started(timeout)
 
         def read() -> dict[TopicPartition, int]:
             if not edges:
@@ -697,9 +698,19 @@ class Consumer(SubscriptionMixin):
         self._take_wakeup("offsets_for_times()")
         asked = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         keys = {(tp.topic, tp.partition): ts for tp, ts in asked.items()}
-        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
+        coord = self._started(timeout)
         found = self._query(lambda: coord.offsets_for_times(keys), timeout)
         return {tp: found[tp] for tp in asked}
+
+    def _started(self, timeout: float | None) -> Coordinator:
+        """The coordinator for an offset query with ``timeout`` (``_query``): its start is
+        retried as the query is, and a start that a ``poll(timeout)`` began and gave up
+        waiting for (still held in the client's own retries) is waited for only until the
+        query's timeout, then ``TimeoutError`` (Kafka's TimeoutException)."""
+        bounded = _check_timeout(timeout)  # (None: no bound, also for one too long to wait)
+        deadline = (None if timeout is not None and bounded is None
+                    else time.monotonic() + (self._api_timeout_s if bounded is None else bounded))
+        return self._query(lambda: self._coordinator(deadline), timeout)
 
     def _query(self, call: Callable[[], T], timeout: float | None) -> T:
         """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
@@ -714,7 +725,9 @@ class Consumer(SubscriptionMixin):
         ``offsetsForTimes`` raise it), through ``_take_wakeup``; one that comes during a single
         round trip (no retry to cut short) stays pending for the next call. A replica's answer
         (READONLY, MASTERDOWN) met for the whole ``timeout`` raises ``ReadOnlyReplicaError``,
-        which says to give the master's URL (``refused_by_replica``)."""
+        which says to give the master's URL (``refused_by_replica``). A coordinator start
+        that an earlier ``poll(timeout)`` began and still waits on Redis is waited for only
+        until ``timeout``, then ``TimeoutError`` (``_started``)."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
@@ -772,7 +785,7 @@ class Consumer(SubscriptionMixin):
         if not wanted:
             return {}
         self._take_wakeup("committed()")
-        coord = self._query(self._coordinator, timeout)  # (its start: retried too)
+        coord = self._started(timeout)
         result = self._query(lambda: coord.fetch_offsets(self._config.group_id, wanted), timeout)
         judged = topics_to_judge(result.offsets)
         if judged:  # a commit to a deleted topic of the same name is none (Kafka deletes it)

@@ -269,13 +269,25 @@ class ConsumerGroup:
 
     # -- lifecycle
 
-    def connect(self) -> ConsumerGroup:
+    def connect(self, timeout: float | None = None) -> ConsumerGroup:
         """Connect without joining: ``coordinator`` is usable, and no member exists yet. For
         reads that need no membership (a consumer's offset queries before its first poll(),
         which in Kafka never join: a member that joined then would hold partitions while the
-        application, not polling yet, has no max_poll_interval watching it). Idempotent."""
-        with self._connecting:
+        application, not polling yet, has no max_poll_interval watching it). Idempotent.
+
+        ``timeout`` bounds the wait for a start already under way on another thread (one a
+        ``next(timeout)`` gave up waiting for, ``_start_within``, held in the client's own
+        retries while Redis does not answer): ``TimeoutError`` once it passes. Waited for
+        without a bound, it made ``Consumer.committed(timeout=0.1)`` after such a poll() last
+        as long as that start, seconds. A start this call makes itself is not bounded."""
+        if not self._connecting.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise TimeoutError(
+                f"group {self._config.group_id!r}: the coordinator's start (connecting to "
+                f"Redis), begun by an earlier call, has not ended within {timeout:g} s")
+        try:
             self._connect()
+        finally:
+            self._connecting.release()
         return self
 
     def _check_open_locked(self) -> None:

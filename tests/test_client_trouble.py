@@ -1,0 +1,61 @@
+"""The worker client under Redis trouble: calls that wait on Redis keep to their timeouts."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import redis
+from harness import WAIT_S, wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rcoord.client import Consumer, ConsumerGroupConfig
+from rcoord.protocol.offsets import TopicPartition
+
+SHORT: dict[str, Any] = {"session_timeout_ms": 300, "heartbeat_interval_ms": 50,
+                         "rebalance_timeout_ms": 1000, "retry_backoff_ms": 10,
+                         "retry_backoff_max_ms": 50, "join_backoff_ms": 10}
+
+
+def _held_client(port: int, released: threading.Event) -> redis.Redis:
+    """A client whose redis-py retries hold every call until ``released`` is set (one whose
+    own retries against an unreachable Redis last seconds)."""
+
+    class HeldRetry(Retry):  # (a closure: the config is copied, an Event cannot be)
+        def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+            released.wait(WAIT_S)
+            return super().call_with_retry(do, fail, *args, **kwargs)
+
+    return redis.Redis(host="127.0.0.1", port=port, retry=HeldRetry(NoBackoff(), 0))
+
+
+def test_offset_queries_keep_their_timeout_while_a_polls_start_waits_on_redis(
+        refused_port: int, namespace: str) -> None:
+    """A ``poll(timeout)`` gives the coordinator's start up when its timeout passes, the start
+    going on (held in the client's own retries). ``committed(timeout)`` then waited for that
+    start on the group's ``_connecting`` lock, for as long as it lasted, past its timeout."""
+    released = threading.Event()
+    r = _held_client(refused_port, released)
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    answers: list[object] = []
+
+    def calls() -> None:
+        answers.append(consumer.poll(timeout=0.05))
+        try:
+            consumer.committed([TopicPartition("t", 0)], timeout=0.05)
+        except Exception as exc:  # noqa: BLE001 - the answer is what is tested
+            answers.append(exc)
+
+    caller = threading.Thread(target=calls, daemon=True)
+    try:
+        caller.start()
+        wait_until(lambda: len(answers) == 2, timeout_s=5)
+        assert answers[0] == []
+        assert isinstance(answers[1], TimeoutError), answers[1]
+    finally:
+        released.set()
+        caller.join(WAIT_S)
+        consumer.close(timeout=WAIT_S)
+        r.close()
