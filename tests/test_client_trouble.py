@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import redis
 from harness import WAIT_S, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from rcoord.client import Consumer, ConsumerGroupConfig
+from rcoord import CoordinatorConfig, GroupCoordinator
+from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig, ReadOnlyReplicaError
 from rcoord.protocol.offsets import TopicPartition
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Topics
 
 SHORT: dict[str, Any] = {"session_timeout_ms": 300, "heartbeat_interval_ms": 50,
                          "rebalance_timeout_ms": 1000, "retry_backoff_ms": 10,
@@ -58,4 +62,40 @@ def test_offset_queries_keep_their_timeout_while_a_polls_start_waits_on_redis(
         released.set()
         caller.join(WAIT_S)
         consumer.close(timeout=WAIT_S)
+        r.close()
+
+
+def test_commits_of_a_generation_on_a_demoted_master_say_to_give_the_master(
+        own_server: EmbeddedServer, namespace: str, refused_port: int) -> None:
+    """A master demoted mid-generation (``REPLICAOF``) answers READONLY to every commit for
+    the client's whole retry bound. The blocking ``Consumer.commit()`` raised
+    ``ReadOnlyReplicaError`` then, but a ``Generation.commit_offsets`` (``ConsumerGroup``) and
+    ``Consumer.commit_async``'s callback got ``ServerUnavailable`` "try again": retried by
+    the caller, it is refused for ever."""
+    r = own_server.client()
+    GroupCoordinator(r, CoordinatorConfig(
+        namespace=namespace, group_min_session_timeout_ms=10,
+        group_initial_rebalance_delay_ms=0)).start()
+    Topics(r, namespace).create("t", 1)
+    tp = TopicPartition("t", 0)
+    group = ConsumerGroup(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="h", topics=["t"], redis_client=r, namespace=namespace, **SHORT),
+        enable_auto_commit=False)
+    answers: list[BaseException | None] = []
+    try:
+        gen = group.next(timeout=WAIT_S)
+        wait_until(lambda: consumer.assignment() == [tp], step=lambda: consumer.poll(0.05))
+        r.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+        with pytest.raises(ReadOnlyReplicaError, match="give it the URL of the master") as got:
+            gen.commit_offsets({tp: 0})
+        assert isinstance(got.value.__cause__, redis.exceptions.ReadOnlyError)
+        consumer.commit_async({tp: 0}, lambda offsets, exc: answers.append(exc))
+        wait_until(lambda: bool(answers), step=lambda: consumer.poll(0.05))
+        assert isinstance(answers[0], ReadOnlyReplicaError), answers[0]
+    finally:
+        consumer.close(timeout=WAIT_S)
+        group.close(timeout=WAIT_S)
+        r.execute_command("REPLICAOF", "NO", "ONE")
         r.close()

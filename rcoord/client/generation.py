@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ConnectionLost, Errors, ProtocolError, RebalanceInProgressError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .coordinator import Coordinator
-from .errors import CommitFailedError, GenerationEndedError
+from .errors import CommitFailedError, GenerationEndedError, refused_by_replica
 from .policy import Reaction, combine, outranks, reaction_for
 
 __all__ = [
@@ -176,6 +176,7 @@ class Generation:
         on_end: Callable[[], None] | None = None,
         owned_before: Sequence[TopicPartition] = (),
         session_from: float | None = None,
+        session_timeout_ms: int | None = None,
     ) -> None:
         self.group_id = group_id
         self.generation_id = generation_id
@@ -198,6 +199,10 @@ class Generation:
         self._coordinator = coordinator
         self._instance_id = group_instance_id
         self._retention_ms = retention_ms
+        # How long ``retry`` retries a commit, for the ``ReadOnlyReplicaError`` it ends with.
+        self._retry_bound = ("the client's retry bound" if session_timeout_ms is None else
+                             f"{session_timeout_ms} ms (session_timeout_ms, the client's retry "
+                             "bound)")
         self._retry = retry or (lambda call, error_of: call())
         self._on_end = on_end
         self._lock = threading.Lock()
@@ -356,7 +361,8 @@ class Generation:
         to the next offset to read (``ValueError`` if negative, checked before anything is sent).
         Raises ``CommitFailedError`` if the group has rebalanced since this generation started
         (and ends the generation, per ``ERROR_POLICY``), ``ConnectionLost`` if Redis stayed
-        unreachable, and ``ProtocolError`` for other codes.
+        unreachable, ``ReadOnlyReplicaError`` if it answered as a replica (READONLY,
+        MASTERDOWN) for the whole retry bound, and ``ProtocolError`` for other codes.
 
         ``RebalanceInProgressError`` instead when the refusal only says that the group is
         rebalancing with this member in it: REBALANCE_IN_PROGRESS (the group is between
@@ -393,7 +399,11 @@ class Generation:
         def error_of(result: dict[TopicPartition, Errors]) -> Errors:
             return next((e for e in result.values() if e is not Errors.NONE), Errors.NONE)
 
-        result = self._retry(call, error_of)
+        # A replica's answer (READONLY: a master demoted mid-generation) that lasted the
+        # retries says to give the master's URL, as Consumer.commit() and the joins do; it
+        # was ServerUnavailable "try again", which no retry mends.
+        with refused_by_replica(self.group_id, self._retry_bound):
+            result = self._retry(call, error_of)
         failed = {tp: e for tp, e in result.items() if e is not Errors.NONE}
         if not failed:
             return

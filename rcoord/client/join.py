@@ -321,6 +321,7 @@ def join_generation(
             on_end=on_end,
             owned_before=owned,
             session_from=session_from,
+            session_timeout_ms=cfg.session_timeout_ms,
         )
         beats.hand_over(gen)
     gen._watch_baseline = counts
