@@ -11,6 +11,7 @@ from harness import WAIT_S, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import rcoord.client.group as group_module
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.client import Consumer, ConsumerGroup, ConsumerGroupConfig, ReadOnlyReplicaError
 from rcoord.protocol.offsets import TopicPartition
@@ -99,3 +100,51 @@ def test_commits_of_a_generation_on_a_demoted_master_say_to_give_the_master(
         group.close(timeout=WAIT_S)
         r.execute_command("REPLICAOF", "NO", "ONE")
         r.close()
+
+
+def test_close_waits_for_a_polls_start_before_the_caller_closes_its_client(
+        own_server: EmbeddedServer, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close()`` returned while the coordinator's start that a ``poll(timeout)`` gave up
+    waiting for still ran on the caller's ``redis_client``; the caller then closed its client,
+    and the start, going on on it, connected it again (redis-py reconnects a closed client):
+    a connection stayed open for as long as the client object lived. Now ``close()`` waits
+    for that start within its timeout. (The hold is released as soon as close() waits for the
+    start, or once close() and the client's close returned if it does not.)"""
+    released = threading.Event()
+    closer: list[threading.Thread] = []
+
+    class Watched(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            if closer and threading.current_thread() is closer[0]:
+                released.set()  # close() waits for the start: let it end
+            return super().wait(timeout)
+
+    original = group_module._Attempt.__init__
+
+    def attempt(self: Any, call: Any, name: str) -> None:
+        original(self, call, name)  # (its call is held until released: done is not set yet)
+        self.done = Watched()
+
+    monkeypatch.setattr(group_module._Attempt, "__init__", attempt)
+    r = _held_client(own_server.port, released)
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_client=r, namespace=namespace, **SHORT))
+    with own_server.client() as checker:
+        mine = checker.client_id()
+
+        def closes() -> None:
+            consumer.close(timeout=WAIT_S)
+            r.close()
+
+        try:
+            assert consumer.poll(timeout=0.05) == []
+            closer.append(threading.Thread(target=closes, daemon=True))
+            closer[0].start()
+            closer[0].join(WAIT_S)
+            assert not closer[0].is_alive()
+        finally:
+            released.set()
+        for thread in threading.enumerate():
+            if thread.name == "rcoord-g-start":
+                thread.join(WAIT_S)
+        assert [c for c in checker.client_list() if int(c["id"]) != mine] == []

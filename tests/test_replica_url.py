@@ -295,7 +295,7 @@ def test_poll_returns_within_its_timeout_while_the_start_waits_on_redis(
     default: three, backing off up to seconds) made ``poll(timeout=0.2)`` with Redis
     unreachable take about 4 s, every call. Here the client's retry waits until released:
     poll() returned only then; now it returns within its timeout, the start going on, and
-    close() does not wait for that start either."""
+    close(timeout) waits for that start only within its own timeout."""
     import threading
 
     from redis.backoff import NoBackoff
@@ -316,7 +316,7 @@ def test_poll_returns_within_its_timeout_while_the_start_waits_on_redis(
     def polls() -> None:
         polled.append(consumer.poll(timeout=0.05))
         polled.append(consumer.poll(timeout=0.05))  # (the same start, still held)
-        consumer.close(timeout=WAIT_S)
+        consumer.close(timeout=0.05)
         polled.append("closed")
 
     poller = threading.Thread(target=polls, daemon=True)
@@ -393,7 +393,7 @@ def test_a_close_during_a_polls_start_leaves_no_connection_open(
         try:
             with pytest.raises(TimeoutError, match="has not ended yet"):
                 group.next(timeout=0.05)
-            group.close(timeout=WAIT_S)
+            group.close(timeout=0.05)  # (it waits for the start within its timeout only)
         finally:
             held.set()
         assert ended.wait(WAIT_S)

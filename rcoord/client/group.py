@@ -533,7 +533,8 @@ class ConsumerGroup:
     def close(self, timeout: float | None = None) -> None:
         """End the generation, wait for its routines, leave the group (unless static), stop.
 
-        ``timeout`` bounds the wait for the background thread (None: wait for it).
+        ``timeout`` bounds the wait for the background thread, and for a coordinator start
+        that a ``next(timeout)`` gave up waiting for (None: wait for them).
         Idempotent; ``next()`` raises ``GroupClosedError`` afterwards.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -546,9 +547,17 @@ class ConsumerGroup:
             self._closing.set()
             gen = self._current
             parked_id = self._member_id if self._in_call else ""
+            starting = self._starting
             self._cond.notify_all()
         if gen is not None:
             gen._end(EndReason.CLOSED)
+        if starting is not None:
+            # A start a next(timeout) gave up waiting for (``_start_within``), still on the
+            # client (held in its own retries while Redis does not answer): waited for within
+            # ``timeout``, as the run thread is. Not waited for, it went on after close()
+            # returned, on the caller's redis_client too, which the caller may have closed:
+            # redis-py connects a closed client again, so that connection stayed open.
+            starting.done.wait(left())
         thread = self._thread
         me = threading.current_thread()
         # From a routine of the generation, waiting would deadlock: the run thread waits for it.
