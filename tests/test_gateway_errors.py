@@ -216,6 +216,38 @@ def test_a_produce_is_answered_once_every_partition_append_ended(gateway, topics
     assert topics.describe("t").partitions[1].log_end_offset == 1
 
 
+def test_redis_unreachable_met_by_produce_is_logged_once_a_while(
+        gateway, topics, monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A Produce answers each partition that could not reach Redis on its own
+    (REQUEST_TIMED_OUT) and logged nothing for it: a gateway only producers used gave no sign
+    that Redis was away. It is warned as for other requests: once, the rest at DEBUG."""
+    from rcoord.errors import ConnectionLost
+    from rcoord.gateway import api_records
+
+    topics.create("t", 2)
+
+    def append(*args: Any, **kw: Any) -> Any:
+        raise ConnectionLost("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    monkeypatch.setattr(api_records, "_append", append)
+    sock = connect(gateway)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="rcoord.gateway"):
+            answers = []
+            for corr in (1, 2):
+                sock.sendall(request_frame(0, 9, corr, _produce_body(acks=-1)))
+                got = response(sock, 0, 9, 5)
+                answers.append(_codes(got.responses, "partition_responses", "index"))
+    finally:
+        sock.close()
+    assert answers == [{("t", 0): REQUEST_TIMED_OUT, ("t", 1): REQUEST_TIMED_OUT}] * 2
+    mine = [r for r in caplog.records if "Redis unreachable or unavailable" in r.getMessage()]
+    warned = [r.getMessage() for r in mine if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("Produce v9: ") and "Connection refused" in warned[0]
+    assert sum(r.levelno == logging.DEBUG for r in mine) == 3
+
+
 @pytest.mark.parametrize("failure", ["unreachable", "topic gone"])
 def test_a_stored_batch_is_answered_stored_when_its_log_start_cannot_be_read(
         gateway, topics, monkeypatch, failure):

@@ -44,12 +44,11 @@ from .errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
-    LOGIN_REFUSED,
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
     UNREACHED,
-    log_login_refused,
+    log_unreached,
 )
 from .records import (
     BatchError,
@@ -316,12 +315,13 @@ def _unreached(state: GatewayState, what: str, partition: int, exc: BaseExceptio
     is not known): REQUEST_TIMED_OUT, retriable, as Kafka answers a write whose outcome it does
     not know; the partitions that were reached keep their own answers. Anything else is a fault
     of the request as a whole (``dispatch`` answers it), raised once every append has ended.
-    A refused login of the gateway's own is logged as ``dispatch`` logs it for other requests
-    (``log_login_refused``): answered here, it was logged nowhere."""
+    Logged as ``dispatch`` logs it for other requests (``log_unreached``: once, then at most
+    once a while; a refused login of the gateway's own by ``log_login_refused``): answered
+    here, Redis unreachable was logged nowhere, and a gateway only producers used gave no sign
+    of the outage."""
     if not isinstance(exc, UNREACHED):
         raise exc
-    if isinstance(exc, LOGIN_REFUSED):
-        log_login_refused(state, what, exc)  # (anything else unreached is not logged here)
+    log_unreached(state, what, exc)
     return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
             "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
             "log_append_time": -1, "log_start_offset": -1}
