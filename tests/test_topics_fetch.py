@@ -124,8 +124,8 @@ def test_a_stream_replaced_between_the_two_reads_is_read_again(
     producer.send_batch("t", [ProducerRecord(b"new", partition=0) for _ in range(3)])
     new_info = OFFSETS(redis_client, [key, last_timestamp_key_of(key)], [])
     assert new_info == [b"NONE", 0, 3]
-    assert fetch_module._answer(2, old_entries, new_info) is None
-    same = fetch_module._answer(2, redis_client.xrange(key, "0-3", "+"), new_info)
+    assert fetch_module._answer(key, 2, old_entries, new_info) is None
+    same = fetch_module._answer(key, 2, redis_client.xrange(key, "0-3", "+"), new_info)
     assert same is not None and [r.value for r in same.records] == [b"new"]
 
 
@@ -608,22 +608,24 @@ def test_an_entry_that_is_not_a_record_is_named_not_misread(
     why: str,
 ) -> None:
     """An entry added with XADD by hand is a TopicError naming its offset and what is wrong
-    (the records before it still read): it escaped as a bare KeyError, ValueError, TypeError
-    or msgpack error, or read as a wrong record (``x 1 v a``: timestamp 1 from ``x``; headers
-    of a map, of text values or of bytes names, of the wrong types)."""
+    (the records before it still read; the several-partition fetches answer it for its
+    partition, tests/test_topics_corrupt.py): it escaped as a bare KeyError, ValueError,
+    TypeError or msgpack error, or read as a wrong record (``x 1 v a``: timestamp 1 from ``x``;
+    headers of a map, of text values or of bytes names, of the wrong types)."""
     topics.create("t", 1)
     producer.send_batch("t", [ProducerRecord(b"ok", partition=0)])
     redis_client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", *fields)
     assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0).records] == [b"ok"]
-    for read in (lambda: fetch(redis_client, namespace, "t", 0, 1),
-                 lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
-                 lambda: fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 1)], 9,
-                                                    ConsumerRecord, max_bytes=1 << 20)):
-        with pytest.raises(TopicError) as caught:
-            read()
-        assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
-        assert "entry at offset 1 (id 0-2) is not a record" in str(caught.value)
-        assert why in str(caught.value) and "delete_records" in str(caught.value)
+    with pytest.raises(TopicError) as caught:
+        fetch(redis_client, namespace, "t", 0, 1)
+    assert caught.value.error == Errors.UNKNOWN_SERVER_ERROR
+    for text in (str(caught.value), *(
+            got[0].detail for got in (
+                fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
+                fetch_module.fetch_many_as(redis_client, namespace, [("t", 0, 1)], 9,
+                                           ConsumerRecord, max_bytes=1 << 20)))):
+        assert "entry at offset 1 (id 0-2) is not a record" in text
+        assert why in text and "delete_records" in text
     topics.delete_records("t", {0: 2})  # (what the message says to do)
     assert fetch(redis_client, namespace, "t", 0, 2).records == []
 
@@ -633,9 +635,9 @@ def test_records_before_an_entry_that_is_not_a_record_are_answered(
 ) -> None:
     """A read that meets an entry that is not a record after some records answers those (and
     the other partitions'), as Kafka's consumer returns the records before a corrupt one; only
-    a read that begins at it raises. The whole call raised before, so those records could only
-    be skipped with the entry (delete_records, or a seek past it), and a consumer never had
-    them."""
+    a read that begins at it answers an error (for that partition). The whole call raised
+    before, so those records could only be skipped with the entry (delete_records, or a seek
+    past it), and a consumer never had them."""
     topics.create("t", 2)
     producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=0),
                               ProducerRecord(b"c", partition=1)])
@@ -650,8 +652,10 @@ def test_records_before_an_entry_that_is_not_a_record_are_answered(
         assert [[r.value for r in a.records] for a in got] == [[b"a", b"b"], [b"c"]]
         assert [(a.error, a.log_end_offset) for a in got] == [(Errors.NONE, 4), (Errors.NONE, 1)]
     assert [r.value for r in fetch(redis_client, namespace, "t", 0, 1).records] == [b"b"]
-    with pytest.raises(TopicError, match="entry at offset 2 \\(id 0-3\\) is not a record"):
-        fetch_module.fetch_many(redis_client, namespace, [("t", 0, 2), ("t", 1, 0)])
+    got = fetch_module.fetch_many(redis_client, namespace, [("t", 0, 2), ("t", 1, 0)])
+    assert [(a.error, len(a.records)) for a in got] == [(Errors.UNKNOWN_SERVER_ERROR, 0),
+                                                         (Errors.NONE, 1)]
+    assert "entry at offset 2 (id 0-3) is not a record" in got[0].detail
 
 
 def test_entries_of_unknown_fields_and_ids_not_rcoords() -> None:
@@ -686,10 +690,10 @@ def test_a_stream_whose_last_id_is_not_rcoords_is_a_topic_error(
     redis_client: Any, namespace: str, topics: Topics, producer: Producer
 ) -> None:
     """The log offsets script answered without its log end, and fetch and log_offsets crashed
-    with an IndexError."""
+    with an IndexError. (``fetch_many`` answers it for its partition alone:
+    tests/test_topics_corrupt.py.)"""
     _after_a_foreign_last_id(redis_client, namespace, topics, producer, [
         lambda: fetch(redis_client, namespace, "t", 0, 0),
-        lambda: fetch_module.fetch_many(redis_client, namespace, [("t", 0, 1)]),
         lambda: log_offsets(redis_client, namespace, "t", 0)])
     assert fetch(redis_client, namespace, "t", 0, 0).log_end_offset == 0
 

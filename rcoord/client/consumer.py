@@ -67,7 +67,7 @@ from ..assignors import RebalanceProtocol
 from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
-from ..topics import FetchWaker, Header, PartitionRecords, Record, TopicError
+from ..topics import CorruptRecordError, FetchWaker, Header, PartitionRecords, Record, TopicError
 from ..topics._base import legal_topic, sync_headers
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
@@ -371,6 +371,11 @@ class Consumer(SubscriptionMixin):
         # Partitions whose last fetch reached the log end: a fetch shares its record budget
         # among the others (_send_fetch). Only a hint; a stale entry costs one small fetch.
         self._caught_up: set[TopicPartition] = set()
+        # Partitions whose last fetch could not read them at their fetch position (its
+        # ``offset``): a stream entry there that is not a record, say (``_take``). poll() raises
+        # the error while the partition is still there, as Kafka's consumer raises a corrupt
+        # record's until the application seeks past it; a later fetch that reads it drops it.
+        self._unreadable: dict[TopicPartition, CorruptRecordError] = {}
         # Bytes per record of each partition's last fetched records: the next fetch asks for
         # as many as its byte limits hold at that size, in one step (``_send_fetch``).
         self._record_bytes: dict[TopicPartition, int] = {}
@@ -621,6 +626,7 @@ class Consumer(SubscriptionMixin):
         self._unacked.pop(key, None)  # the application says where it stands now
         self._invalid.pop(key, None)
         self._resets.pop(key, None)
+        self._unreadable.pop(key, None)
         self._caught_up.discard(key)
         buf = self._buffers.get(key)
         if buf is not None:
@@ -1023,7 +1029,7 @@ class Consumer(SubscriptionMixin):
             if records:
                 return records
             invalid = [tp for tp in self._invalid if tp not in self._paused]
-            if invalid:
+            if invalid or self._unreadable_now():
                 # As Kafka's fetch collector: the other partitions' records come first, the
                 # error only in a poll that has none. Raising before any fetch stalled every
                 # partition behind one out of range, and pausing it did not help.
@@ -1031,7 +1037,11 @@ class Consumer(SubscriptionMixin):
                 records = self._drain(limit)
                 if records:
                     return records
-                raise self._invalid_offsets_error(invalid)
+                if invalid:
+                    raise self._invalid_offsets_error(invalid)
+                unreadable = self._unreadable_now()
+                if unreadable:
+                    raise unreadable[0]
             if not self._fetch(deadline) and _expired(deadline):
                 return []
 
@@ -2076,10 +2086,20 @@ class Consumer(SubscriptionMixin):
                 return False  # still in flight: a later poll() collects it
             got = self._apply_fetch(done)
             ask = done.tag
-            if got or ask.blocking or done.error is not None or not self._send_blocking(
-                    deadline, {tp for tp, _ in ask.asked}):
-                return got
+            if got or ask.blocking or done.error is not None or self._unreadable_now() or (
+                    not self._send_blocking(deadline, {tp for tp, _ in ask.asked})):
+                return got  # (an unreadable partition: poll() raises its error now)
         return False
+
+    def _unreadable_now(self) -> list[CorruptRecordError]:
+        """The errors of the partitions a fetch could not read (``_unreadable``) that are still
+        assigned, not paused, and at the position that fetch read (those of partitions given
+        up are dropped here)."""
+        for tp in [tp for tp in self._unreadable if tp not in self._buffers]:
+            del self._unreadable[tp]
+        return [err for tp, err in sorted(self._unreadable.items())
+                if tp in self._buffers and tp not in self._paused
+                and self._fetch_pos.get(tp) == err.offset]
 
     def _fetchable(self) -> list[TopicPartition]:
         return [
@@ -2237,8 +2257,23 @@ class Consumer(SubscriptionMixin):
         return gen.done.is_set() and not (gen.carried and not gen.lost)
 
     def _take(self, tp: TopicPartition, result: PartitionRecords[ConsumerRecord]) -> bool:
-        """Apply one partition's fetch answer: buffer its records (True if there were any), or
-        reset an out-of-range position by the ``start_offset`` policy."""
+        """Apply one partition's fetch answer: buffer its records (True if there were any),
+        reset an out-of-range position by the ``start_offset`` policy, or keep the error of a
+        partition that cannot be read there (``_unreadable``, which poll() raises). Before,
+        such a partition failed the whole fetch (every other partition stalled with it), and
+        any error but OFFSET_OUT_OF_RANGE was logged at DEBUG as if there were nothing yet."""
+        self._unreadable.pop(tp, None)
+        if result.detail:
+            pos = self._fetch_pos[tp]
+            self._unreadable[tp] = CorruptRecordError(
+                tp.topic, tp.partition, pos,
+                f"{tp.topic}-{tp.partition} cannot be read at offset {pos}: {result.detail}. "
+                f"poll() raises this, once the other partitions' records are handed out, until "
+                f"the partition is sought elsewhere (seek({tp!r}, {pos + 1}) skips one entry) "
+                "or the partition is mended as said")
+            log.warning("fetch of %s-%d at offset %d: %s: %s", tp.topic, tp.partition, pos,
+                        result.error.name, result.detail)
+            return False
         if result.error is Errors.OFFSET_OUT_OF_RANGE:
             policy = self._config.start_offset
             if policy == "none":

@@ -47,6 +47,7 @@ UNKNOWN_TOPIC_OR_PARTITION instead of resurrecting it.
 """
 
 from ._base import (
+    CorruptRecordError,
     DeletedRecords,
     FetchResult,
     Header,
@@ -78,6 +79,7 @@ from .times import OffsetAndTimestamp, offsets_for_times
 
 __all__ = [
     "TopicError",
+    "CorruptRecordError",
     "DeletedRecords",
     "PartitionInfo",
     "TopicDescription",

@@ -58,6 +58,22 @@ class TopicError(ProtocolError):
         return (type(self), (self.error, self.detail))
 
 
+class CorruptRecordError(TopicError):
+    """A partition cannot be read at ``offset`` (UNKNOWN_SERVER_ERROR): the stream entry there
+    is not a record rcoord's appends wrote (an XADD by hand), or the stream's last id is not
+    rcoord's. Kafka's consumer raises a KafkaException for a corrupt record ("please seek past
+    the record to continue consumption") and, like it, rcoord's ``Consumer.poll()`` raises this
+    until the application seeks the partition elsewhere (or the entry is removed with
+    ``Topics.delete_records``), after handing out the other partitions' records."""
+
+    def __init__(self, topic: str, partition: int, offset: int, message: str) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+        super().__init__(Errors.UNKNOWN_SERVER_ERROR, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.topic, self.partition, self.offset, self.detail))
+
+
 # -- data -------------------------------------------------------------------------------------
 
 
@@ -170,13 +186,18 @@ def sync_headers(rec: Any) -> None:
 class FetchResult:
     """Kafka's per-partition fetch answer: records plus the log offsets seen at the same instant.
 
-    Offsets are -1 when ``error`` is UNKNOWN_TOPIC_OR_PARTITION.
+    Offsets are -1 when ``error`` is UNKNOWN_TOPIC_OR_PARTITION, or UNKNOWN_SERVER_ERROR for a
+    stream whose last id is not rcoord's; ``detail`` says what is wrong with such a partition.
     """
 
     records: list[Record]
     log_start_offset: int
     log_end_offset: int
     error: Errors = Errors.NONE
+    detail: str = ""
+    """Why, with an ``error`` a read of the partition will keep meeting (UNKNOWN_SERVER_ERROR:
+    a stream entry that is not a record where the read begins, or a stream whose last id is
+    not rcoord's): what is wrong and what mends it (``rcoord.topics.fetch._answer``)."""
 
 
 # -- keys -------------------------------------------------------------------------------------

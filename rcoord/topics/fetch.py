@@ -57,6 +57,7 @@ class PartitionRecords(Generic[R]):
     log_end_offset: int
     error: Errors = Errors.NONE
     read_bytes: int = 0
+    detail: str = ""
 
 
 _Decode = Callable[[Sequence[Any]], list[Any]]
@@ -132,7 +133,7 @@ def _entry_bytes(entries: Sequence[Sequence[Any]]) -> int:
 
 
 def _answer(
-    offset: int, entries: Any, offsets: Any, decode: _Decode = decode_entries
+    key: str, offset: int, entries: Any, offsets: Any, decode: _Decode = decode_entries
 ) -> PartitionRecords[Any] | None:
     """The fetch answer from an XRANGE and the log offsets read after it on the same
     connection (``topic_offsets.lua``'s reply); None when the two reads saw different streams
@@ -148,7 +149,10 @@ def _answer(
     again.
     """
     if isinstance(offsets, Exception):
-        raise _foreign_ids(offsets)
+        failed = _foreign_ids(offsets)
+        if not isinstance(failed, TopicError):
+            raise failed
+        return PartitionRecords([], -1, -1, failed.error, detail=failed.detail)
     if _name(offsets[0]) != Errors.NONE:
         return PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
     start, end = int(offsets[1]), int(offsets[2])
@@ -160,7 +164,18 @@ def _answer(
         entries = []
     if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
         return None
-    return PartitionRecords(decode(entries), start, end, Errors.NONE, _entry_bytes(entries))
+    try:
+        records = decode(entries)
+    except CorruptEntry as exc:
+        if exc.at == 0:
+            # An entry that is not a record (``_decode``) where the read begins: Kafka's broker
+            # answers a partition it cannot read with an error code for that partition alone.
+            return PartitionRecords([], start, end, Errors.UNKNOWN_SERVER_ERROR,
+                                    detail=f"{key}: {exc}")
+        # Past the first: the records before it are the answer (the next read begins at it).
+        entries = entries[:exc.at]
+        records = decode(entries)
+    return PartitionRecords(records, start, end, Errors.NONE, _entry_bytes(entries))
 
 
 def _fetch_many(
@@ -172,8 +187,11 @@ def _fetch_many(
     mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
     for records of 1 MB) on its own keys (see ``_answer``), so in a cluster each pair goes to
     its partition's node and the pipeline costs one round trip per node. A stream entry that is
-    not a record (an XADD by hand) ends its partition's answer before it, and raises TopicError
-    (UNKNOWN_SERVER_ERROR) saying which once a read begins at it.
+    not a record (an XADD by hand) ends its partition's answer before it (raising there lost
+    the records before it for good), and once a read begins at it, that partition alone is
+    answered UNKNOWN_SERVER_ERROR with a ``detail`` saying which entry and what to do, as is a
+    stream whose last id is not rcoord's. Either raised TopicError for the whole call before,
+    so every other partition read with it got nothing for as long as the entry was there.
     """
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
@@ -184,20 +202,7 @@ def _fetch_many(
         replies = pipe.execute(raise_on_error=False)
         for n, i in enumerate(todo):
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
-            try:
-                results[i] = _answer(reads[i][1], replies[2 * n], offsets, reads[i][3])
-            except CorruptEntry as exc:
-                if exc.at == 0:
-                    # An entry that is not a record (``_decode``) where the read begins: Kafka's
-                    # broker answers a read it cannot make UNKNOWN_SERVER_ERROR, and the
-                    # gateway passes this on so.
-                    raise TopicError(Errors.UNKNOWN_SERVER_ERROR,
-                                     f"{reads[i][0]}: {exc}") from None
-                # Past the first: the records before it are the answer (the next read begins at
-                # it, and raises). Raising here lost them for good: a consumer could only skip
-                # them along with the entry, as the message says to do.
-                results[i] = _answer(reads[i][1], replies[2 * n][:exc.at], offsets,
-                                     reads[i][3])
+            results[i] = _answer(reads[i][0], reads[i][1], replies[2 * n], offsets, reads[i][3])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
@@ -387,12 +392,23 @@ def _fetch_once(
     client: Any, key: str, offset: int, max_records: int, max_bytes: int | None
 ) -> FetchResult:
     reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
-    return _result(_fetch_bounds(client, reads, max_bytes, max_bytes, None)[0])
+    return _result(_raise_failed(_fetch_bounds(client, reads, max_bytes, max_bytes, None)[0]))
+
+
+def _raise_failed(answer: PartitionRecords[R]) -> PartitionRecords[R]:
+    """``answer`` of a one-partition read (``fetch``, ``fetch_bounded``), raised as a
+    TopicError where its error has a ``detail`` (the partition cannot be read there): with one
+    partition there is no other answer to keep, and the gateway answers the error for that
+    partition from it."""
+    if answer.detail:
+        raise TopicError(answer.error, answer.detail)
+    return answer
 
 
 def _result(answer: PartitionRecords[Record]) -> FetchResult:
     return FetchResult(
-        answer.records, answer.log_start_offset, answer.log_end_offset, answer.error
+        answer.records, answer.log_start_offset, answer.log_end_offset, answer.error,
+        answer.detail,
     )
 
 
@@ -647,8 +663,8 @@ def fetch_bounded(
         _check_int("first_read", first_read, 1)
     _check_int("max_bytes", max_bytes, 1)
     reads: list[tuple[str, int, int, _Decode]] = [(key, offset, max_records, decode_entries)]
-    return _fetch_bounded(redis_client, reads, max_bytes, max_bytes, [record_bytes],
-                          first_read)[0]
+    return _raise_failed(_fetch_bounded(redis_client, reads, max_bytes, max_bytes,
+                                        [record_bytes], first_read)[0])
 
 
 @translate_redis_errors
@@ -664,7 +680,10 @@ def fetch_many(
     """Kafka's Fetch for several partitions at once: ``reads`` are ``(topic, partition,
     offset)``, and the answers come in the same order, each as ``fetch`` would give it (up to
     ``max_records`` records, OFFSET_OUT_OF_RANGE with the log offsets, or
-    UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist).
+    UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist), except that a partition
+    that cannot be read at its offset (a stream entry there that is not a record, a stream
+    whose last id is not rcoord's; ``fetch`` raises TopicError for it) is answered
+    UNKNOWN_SERVER_ERROR with a ``detail`` saying why, as Kafka answers errors per partition.
 
     ``max_bytes`` and ``partition_max_bytes`` (Kafka's ``fetch.max.bytes`` and
     ``max.partition.fetch.bytes``; None: no bound) bound the bytes read, in all and per

@@ -1,0 +1,93 @@
+"""A partition that cannot be read (a stream entry added with XADD by hand, a stream whose last
+id is not rcoord's) is answered with an error for that partition alone, as Kafka's Fetch
+answers errors per partition; the Consumer raises it as a ``CorruptRecordError`` naming the
+partition and offset, after handing out the other partitions' records. Before, one such
+partition raised TopicError for the whole ``fetch_many`` call, so every partition read with it
+stalled for as long as the entry was there. Real servers (the ``env`` fixture of
+test_consumer)."""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from typing import Any
+
+import pytest
+import test_consumer
+from test_client_group import WAIT_S
+
+from rcoord import Errors, TopicPartition
+from rcoord.client.consumer import ConsumerRecord
+from rcoord.topics import CorruptRecordError, ProducerRecord, partition_key
+
+fetch_module = importlib.import_module("rcoord.topics.fetch")  # (`fetch` is the function)
+env = test_consumer.env
+TP = TopicPartition
+
+
+def _corrupt_p0(env: Any) -> None:
+    """Topic t of 2 partitions: t-0 holds a record, then an entry that is not a record (offset
+    1), then another record; t-1 holds two records."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [ProducerRecord(b"a", partition=0),
+                                  ProducerRecord(b"c", partition=1),
+                                  ProducerRecord(b"d", partition=1)])
+    env.client.execute_command("XADD", partition_key(env.namespace, "t", 0), "0-*", "x", "1")
+    env.producer.send("t", b"b", partition=0)
+
+
+@pytest.mark.parametrize("bounded", [False, True], ids=["unbounded", "bytes"])
+def test_fetch_many_answers_an_unreadable_partition_alone(env: Any, bounded: bool) -> None:
+    """t-0 read at the entry answers UNKNOWN_SERVER_ERROR with the log offsets and a detail
+    naming the entry and the fix; t-1 is answered its records."""
+    _corrupt_p0(env)
+    kw: dict[str, Any] = {"max_bytes": 1 << 20} if bounded else {}
+    reads = [("t", 0, 1), ("t", 1, 0)]
+    for got in (fetch_module.fetch_many(env.client, env.namespace, reads, **kw),
+                fetch_module.fetch_many_as(env.client, env.namespace, reads, 9, ConsumerRecord,
+                                           **kw)):
+        assert [[r.value for r in a.records] for a in got] == [[], [b"c", b"d"]]
+        assert [(a.error, a.log_start_offset, a.log_end_offset) for a in got] == [
+            (Errors.UNKNOWN_SERVER_ERROR, 0, 3), (Errors.NONE, 0, 2)]
+        assert "entry at offset 1 (id 0-2) is not a record" in got[0].detail
+        assert "delete_records" in got[0].detail and got[1].detail == ""
+
+
+def test_fetch_many_answers_a_stream_whose_last_id_is_not_rcoords_alone(env: Any) -> None:
+    """The log offsets script refuses such a stream: that partition is UNKNOWN_SERVER_ERROR
+    (offsets -1) saying what mends it, and the other partition is read."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [ProducerRecord(b"c", partition=1)])
+    env.client.execute_command("XADD", partition_key(env.namespace, "t", 0), "*", "t", 1)
+    got = fetch_module.fetch_many(env.client, env.namespace, [("t", 0, 0), ("t", 1, 0)])
+    assert [(a.error, a.log_end_offset) for a in got] == [
+        (Errors.UNKNOWN_SERVER_ERROR, -1), (Errors.NONE, 1)]
+    assert [r.value for r in got[1].records] == [b"c"]
+    assert "delete and re-create the topic" in got[0].detail
+
+
+def test_the_consumer_raises_a_corrupt_record_error_after_the_other_records(env: Any) -> None:
+    """As Kafka's consumer ("please seek past the record to continue consumption"): the records
+    before the entry and the other partition's come first, then poll() raises
+    CorruptRecordError naming t-0 and offset 1, again while the position stays there; a seek
+    past it goes on. Before, every poll() raised a TopicError of the whole fetch, and t-1's
+    records never came."""
+    _corrupt_p0(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest")
+    consumer.assign([TP("t", 0), TP("t", 1)])
+    values: list[bytes] = []
+    with pytest.raises(CorruptRecordError) as caught:
+        for _ in range(20):  # (a poll may end before its fetch is answered)
+            values += [r.value for r in consumer.poll(WAIT_S)]
+    assert sorted(values) == [b"a", b"c", b"d"]
+    err = caught.value
+    assert (err.topic, err.partition, err.offset, err.error) == (
+        "t", 0, 1, Errors.UNKNOWN_SERVER_ERROR)
+    assert "t-0 cannot be read at offset 1" in str(err) and "seek(" in str(err)
+    assert "entry at offset 1 (id 0-2) is not a record" in str(err)
+    copy = pickle.loads(pickle.dumps(err))
+    assert (copy.topic, copy.partition, copy.offset, str(copy)) == ("t", 0, 1, str(err))
+    with pytest.raises(CorruptRecordError):
+        consumer.poll(WAIT_S)  # (the position is still at the entry)
+    consumer.seek(TP("t", 0), 2)
+    assert [r.value for r in consumer.poll(WAIT_S)] == [b"b"]
