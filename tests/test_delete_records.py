@@ -160,3 +160,27 @@ def test_the_command_line(cli, redis_client, namespace, topics):
     assert res.returncode == 2 and "--offset must be >= 0, or -1" in res.stderr
     res = cli("topics", "delete-records", "missing", "--offset", "1")
     assert res.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in res.stderr
+
+
+def test_a_stream_whose_last_id_is_not_rcoords_is_refused_for_its_partition_alone(
+        cli, redis_client, namespace, topics, monkeypatch):
+    """As Kafka's DeleteRecords, which answers per partition: the partition whose stream got an
+    XADD with an id of its own is UNKNOWN_SERVER_ERROR with a detail saying what mends it, and
+    the others are answered their new log start, a removal of several calls finished too.
+    Before, the whole call raised TopicError, though the other partitions' records were
+    already removed (or partly, for a removal that takes several calls), which the caller
+    was not told; the command line printed no table."""
+    _filled(redis_client, namespace, topics, [1, 0, 40], value=b"x" * 1000)
+    redis_client.execute_command("XADD", topics_base.partition_key(namespace, "t", 1), "*",
+                                 "t", 1)
+    monkeypatch.setattr("rcoord.topics.admin.RETENTION_TRIM_BYTES", 5000)  # (several calls)
+    done = topics.delete_records("t", {0: 1, 1: 0, 2: 30})
+    assert [(d.partition, d.low_watermark, d.error) for d in done.values()] == [
+        (0, 1, Errors.NONE), (1, -1, Errors.UNKNOWN_SERVER_ERROR), (2, 30, Errors.NONE)]
+    assert "delete and re-create the topic" in done[1].detail
+    assert [log_offsets(redis_client, namespace, "t", p) for p in (0, 2)] == [(1, 1), (30, 40)]
+    res = cli("topics", "delete-records", "t", "--offset", "-1")
+    assert res.returncode == 1
+    assert rows(res.stdout, "TOPIC PARTITION") == [
+        ["t", "0", "1", "-"], ["t", "1", "-1", "UNKNOWN_SERVER_ERROR"], ["t", "2", "40", "-"]]
+    assert "t-1: " in res.stderr and "delete and re-create the topic" in res.stderr

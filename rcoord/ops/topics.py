@@ -241,6 +241,9 @@ def _delete_records(ctx: Context) -> int:
         print_table(["TOPIC", "PARTITION", "LOW-WATERMARK", "ERROR"], [
             [a.topic, d.partition, d.low_watermark, "-" if d.error == Errors.NONE else d.error.name]
             for d in done.values()])
+    for d in failed:
+        if d.detail:  # (UNKNOWN_SERVER_ERROR alone would not say what to do)
+            ctx.note(f"{a.topic}-{d.partition}: {d.detail}")
     return 1 if failed else 0
 
 

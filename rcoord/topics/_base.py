@@ -95,6 +95,9 @@ class DeletedRecords:
     partition: int
     low_watermark: int
     error: Errors = Errors.NONE
+    detail: str = ""
+    """Why, with UNKNOWN_SERVER_ERROR: the partition's stream has a last id that is not
+    rcoord's (an XADD by hand), and what mends it."""
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,7 @@ class _Lua:
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
 
 
-def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
+def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False) -> list[Any]:
     """Run script calls in pipelines (one round trip per node); results in call order.
 
     Calls on the same first key (one partition) depend on each other's order: the chunks of a
@@ -349,6 +352,11 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
     error name other than NONE), the later calls of its key are not sent, and their results are
     None: a batch's records after a refused chunk were appended before, and the caller, told
     the batch failed, could not know that part of it was stored (resent, it was stored twice).
+
+    With ``keep_errors``, a call the server refused with an error (a script's ``error()``, such
+    as FOREIGN_ENTRY_ID) is answered with that ``ResponseError`` in its place, and counts as
+    refused too, instead of raising it: the other calls had run, and a caller that answers
+    per partition (DeleteRecords) must still report them.
     """
     out: list[Any] = [None] * len(calls)
     rounds: list[list[int]] = []
@@ -364,9 +372,10 @@ def _run(client: Any, calls: Sequence[_Call]) -> list[Any]:
         indices = [i for i in indices if calls[i][1][0] not in refused]
         if not indices:
             break
-        for i, res in zip(indices, _run_independent(client, [calls[i] for i in indices])):
+        for i, res in zip(indices, _run_independent(client, [calls[i] for i in indices],
+                                                    keep_errors)):
             out[i] = res
-            if _refused(res):
+            if _refused(res) or isinstance(res, Exception):
                 refused.add(calls[i][1][0])
     return out
 
@@ -377,11 +386,18 @@ def _refused(res: Any) -> bool:
             and res[0] not in (b"NONE", "NONE"))
 
 
-def _run_independent(client: Any, calls: Sequence[_Call]) -> list[Any]:
+def _run_independent(
+    client: Any, calls: Sequence[_Call], keep_errors: bool = False
+) -> list[Any]:
     """``_run`` for calls on distinct first keys, in one pipeline (``_run`` says why)."""
     if len(calls) == 1:
         lua, keys, args = calls[0]
-        return [lua(client, keys, args)]
+        try:
+            return [lua(client, keys, args)]
+        except redis.exceptions.ResponseError as exc:
+            if not keep_errors:
+                raise
+            return [exc]
     pipe = client.pipeline(transaction=False)
     for lua, keys, args in calls:
         # execute_command: a cluster pipeline blocks the evalsha() method, not the command,
@@ -405,8 +421,9 @@ def _run_independent(client: Any, calls: Sequence[_Call]) -> list[Any]:
     out = []
     for (lua, keys, args), res in zip(calls, results):
         if isinstance(res, redis.exceptions.NoScriptError):  # (flushed again: one by one)
-            res = lua(client, keys, args)
-        elif isinstance(res, Exception):
+            res = _run_independent(client, [(lua, keys, args)], keep_errors)[0]
+        elif isinstance(res, Exception) and not (
+                keep_errors and isinstance(res, redis.exceptions.ResponseError)):
             raise res
         out.append(res)
     return out

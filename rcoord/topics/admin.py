@@ -451,11 +451,12 @@ class Topics:
         Per partition, as Kafka's ``UnifiedLog.deleteRecordsOnLeader``: an offset below -1 or
         past the log end is OFFSET_OUT_OF_RANGE and removes nothing; one at or below the log
         start removes nothing and answers the log start; a partition the topic does not have
-        is UNKNOWN_TOPIC_OR_PARTITION. A consumer positioned before the new log start is then
+        is UNKNOWN_TOPIC_OR_PARTITION; one whose stream's last id is not rcoord's (an XADD by
+        hand) is UNKNOWN_SERVER_ERROR with a ``detail`` saying what mends it (it raised for the
+        whole call, after the other partitions' records were removed, which the caller was then
+        not told). A consumer positioned before the new log start is then
         out of range and resets, as after retention. The removal is split into calls of about
-        ``RETENTION_TRIM_BYTES`` each, so none holds the server for long. A partition whose
-        stream an XADD by hand left unreadable is a TopicError (UNKNOWN_SERVER_ERROR) naming
-        it, raised once the other partitions are done.
+        ``RETENTION_TRIM_BYTES`` each, so none holds the server for long.
         """
         _check_topic(topic)
         for partition, offset in offsets.items():
@@ -465,24 +466,18 @@ class Topics:
         out = {p: DeletedRecords(p, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
                for p in offsets if p >= count}
         pending = {p: offset for p, offset in offsets.items() if p < count}
-        refused: tuple[Exception, Exception] | None = None
         while pending:
             calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
-            try:
-                results = _run(self._r, calls)
-            except redis.exceptions.ResponseError as exc:
-                # A stream an XADD by hand left unreadable: the other partitions are done (as
-                # in apply_retention), then its error is raised. Raised at once, it left them
-                # one round (RETENTION_TRIM_BYTES) into their removal, unanswered.
-                bad = _refused_partition(exc, self._ns, topic, pending)
-                if bad is None:
-                    raise _foreign_ids(exc) from exc
-                refused = refused or (_foreign_ids(exc), exc)
-                del pending[bad]
-                continue
+            results = _run(self._r, calls, keep_errors=True)
             again: dict[int, int] = {}
             for (p, target), res in zip(pending.items(), results):
+                if isinstance(res, Exception):
+                    failed = _foreign_ids(res)  # (a stream an XADD by hand left unreadable)
+                    if not isinstance(failed, TopicError):
+                        raise res
+                    out[p] = DeletedRecords(p, -1, failed.error, failed.detail)
+                    continue
                 error = _name(res[0])
                 if error != Errors.NONE:
                     out[p] = DeletedRecords(p, -1, error)
@@ -492,8 +487,6 @@ class Topics:
                 else:
                     out[p] = DeletedRecords(p, int(res[1]))
             pending = again
-        if refused is not None:
-            raise refused[0] from refused[1]
         return dict(sorted(out.items()))
 
     @translate_redis_errors
