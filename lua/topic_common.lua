@@ -74,8 +74,8 @@ end
 -- less the length. XINFO STREAM, which log_offsets reads, copies the first and last records
 -- (1 ms for records of 1 MB); this reads two numbers, and asks for an entry past the end (none,
 -- so nothing is copied) to catch a mark left behind by appends that did not keep it (an older
--- rcoord's, or an XADD by hand). A stream with no mark (made empty by topic_make.lua, which
--- deletes it, or appended to by an older rcoord), one whose mark does not fit its length or
+-- rcoord's, or an XADD by hand). A stream with no mark (made empty by an older topic_make.lua,
+-- which deleted it, or appended to by an older rcoord), one whose mark does not fit its length or
 -- has entries past it, and an empty stream (whose XINFO copies no record; an older rcoord's
 -- re-create kept the old topic's mark) are read by log_offsets; so is every stream for a
 -- Redis user whose ACL rules, written before this read, lack XLEN (docs/security.md lists it).

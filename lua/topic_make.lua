@@ -10,7 +10,8 @@
 -- Returns {1, ''} if it made the stream, {0, ''} if it left the partition as it was (this
 -- topic's already), {-1, token found} if the stream carries another topic's token ('ensure'
 -- and 'replace' leave it alone: the caller decides whether it is a leftover).
--- An empty stream is made with XGROUP CREATE MKSTREAM: XADD would spend offset 0. Producer
+-- An empty stream is made with XGROUP CREATE MKSTREAM: XADD would spend offset 0 (and its mark,
+-- below). Producer
 -- state left by a crashed delete of an older topic of the same name goes with the stream, so
 -- a re-created partition accepts every producer from scratch. 'reset' records the token, and a
 -- resent call (its reply was lost, redis-py sent it again) finds it and leaves the partition
@@ -30,5 +31,11 @@ end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 redis.call('XGROUP', 'CREATE', KEYS[1], 'rcoord-init', '$', 'MKSTREAM')
 redis.call('XGROUP', 'DESTROY', KEYS[1], 'rcoord-init')
+-- The last-record mark ("<timestamp> <log end>", topic_common.lua's appended) exists from the
+-- start, timestamp 0 (none yet): the reads of the log offsets name it beside the stream, and a
+-- cluster answers a command on two keys of a migrating slot, one of them missing, TRYAGAIN for
+-- as long as the slot moves, so a fetch of a partition with no records yet raised
+-- ConnectionLost for every partition read with it.
+redis.call('SET', KEYS[4], '0 0')
 if ARGV[2] ~= '' then redis.call('SET', KEYS[5], ARGV[2]) end
 return {1, ''}

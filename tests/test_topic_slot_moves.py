@@ -12,7 +12,7 @@ from test_parked_slot_moves import _Move
 
 from rcoord import ConnectionLost, Errors
 from rcoord.topics import TopicError, Topics, partition_key
-from rcoord.topics.fetch import FetchWaker, fetch
+from rcoord.topics.fetch import FetchWaker, fetch, fetch_many
 from rcoord.topics.producer import Producer
 
 
@@ -72,6 +72,33 @@ def test_create_again_finishes_a_topic_whose_partition_a_slot_move_refused(own_c
         assert [p.error for p in topics.describe("t").partitions] == [Errors.NONE] * 2
         sent = Producer(client, namespace, idempotent=False).send("t", b"v", partition=1)
         assert sent.offset == 0
+    finally:
+        move.close()
+        client.close()
+
+
+def test_a_partition_with_no_records_is_read_while_its_slot_moves(own_cluster, namespace):
+    """A partition's log offsets are read with its last-record mark named beside its stream,
+    and a migrating slot answers a command on two keys, one of them missing, TRYAGAIN: the
+    mark of a partition with no records did not exist, so for as long as its slot moved a
+    fetch of it raised ConnectionLost ("slot unavailable"), for every partition read with it
+    too, as Kafka's fetch answers a partition that moves with an error for it alone. A new
+    partition's mark now exists from the start and moves with the stream: it is read, empty,
+    before its keys move, after, and once the slot is the other master's."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    Producer(client, namespace, idempotent=False).send("t", b"a", partition=1)
+    move = _Move(own_cluster, client, partition_key(namespace, "t", 0))
+    reads = [("t", 0, 0), ("t", 1, 0)]
+    try:
+        for step in (_start_move, _Move.keys, _Move.owner):
+            step(move)
+            got = fetch_many(client, namespace, reads)
+            assert [(a.error, a.log_end_offset, [r.value for r in a.records]) for a in got] == [
+                (Errors.NONE, 0, []), (Errors.NONE, 1, [b"a"])]
+            assert fetch(client, namespace, "t", 0, 0).log_end_offset == 0
+        assert Producer(client, namespace, idempotent=False).send(
+            "t", b"b", partition=0).offset == 0
     finally:
         move.close()
         client.close()
