@@ -8,12 +8,14 @@ test_consumer)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import pickle
 from typing import Any
 
 import pytest
 import test_consumer
+from harness import wait_until
 from test_client_group import WAIT_S
 
 from rcoord import Errors, TopicPartition
@@ -91,3 +93,29 @@ def test_the_consumer_raises_a_corrupt_record_error_after_the_other_records(env:
         consumer.poll(WAIT_S)  # (the position is still at the entry)
     consumer.seek(TP("t", 0), 2)
     assert [r.value for r in consumer.poll(WAIT_S)] == [b"b"]
+
+
+def test_an_entry_met_by_a_waiting_fetch_is_the_same_error(env: Any) -> None:
+    """The consumer's fetch that waits at the log end (one partition, ``fetch`` with
+    ``block_ms``) is woken by the entry: poll() raises CorruptRecordError for it too. Before,
+    that one fetch's TopicError was raised by poll() as it was (a plain TopicError, once)."""
+    env.topics.create("t", 1)
+    env.producer.send("t", b"a", partition=0)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest",
+                            fetch_max_wait_ms=20_000)
+    consumer.assign([TP("t", 0)])
+    assert [r.value for r in consumer.poll(WAIT_S)] == [b"a"]
+    key = partition_key(env.namespace, "t", 0)
+    node = env.client
+    if hasattr(node, "get_node_from_key"):  # (a cluster: the partition's master)
+        node = node.get_redis_connection(node.get_node_from_key(key))
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        polled = pool.submit(consumer.poll, 30)
+        wait_until(lambda: int(node.info("clients")["blocked_clients"]) >= 1 or polled.done())
+        env.client.execute_command("XADD", key, "0-*", "x", "1")
+        with pytest.raises(CorruptRecordError) as caught:
+            polled.result(30)
+        assert (caught.value.partition, caught.value.offset) == (0, 1)
+    finally:
+        pool.shutdown(wait=True)

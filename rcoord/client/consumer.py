@@ -2203,8 +2203,15 @@ class Consumer(SubscriptionMixin):
         each = self._max_partition_fetch_bytes
 
         def fetch() -> list[PartitionRecords[ConsumerRecord]]:
-            result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000),
-                                 max_bytes=each, waker=self._fetch_waker)
+            try:
+                result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000),
+                                     max_bytes=each, waker=self._fetch_waker)
+            except TopicError as exc:
+                if exc.error is not Errors.UNKNOWN_SERVER_ERROR or not exc.detail:
+                    raise
+                # (the record waited for is an entry that is not one: as the fetch of several
+                # partitions answers it, for ``_take`` to keep; raised, poll() raised it once)
+                return [PartitionRecords([], -1, -1, exc.error, detail=exc.detail)]
             records = _consumer_records(tp.topic, tp.partition, result.records)
             return [PartitionRecords(records, result.log_start_offset, result.log_end_offset,
                                      result.error)]
