@@ -119,3 +119,24 @@ def test_an_entry_met_by_a_waiting_fetch_is_the_same_error(env: Any) -> None:
         assert (caught.value.partition, caught.value.offset) == (0, 1)
     finally:
         pool.shutdown(wait=True)
+
+
+def test_a_pending_seek_to_beginning_of_an_unreadable_stream_stalls_no_other(env: Any) -> None:
+    """seek_to_beginning() of t-0, whose stream's last id is not rcoord's, and of t-1: the
+    log offsets of t-0 cannot be read, and poll() hands out t-1's record, then raises
+    CorruptRecordError for t-0 (offset -1: no position yet) saying what mends it. Before, the
+    read of both edges failed every fetch: each poll() raised, t-1's record never came."""
+    env.topics.create("t", 2)
+    env.producer.send("t", b"c", partition=1)
+    env.client.execute_command("XADD", partition_key(env.namespace, "t", 0), "*", "t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0), TP("t", 1)])
+    consumer.seek_to_beginning()
+    values: list[bytes] = []
+    with pytest.raises(CorruptRecordError) as caught:
+        for _ in range(20):  # (a poll may end before its fetch is answered)
+            values += [r.value for r in consumer.poll(WAIT_S)]
+    assert values == [b"c"]
+    assert (caught.value.partition, caught.value.offset) == (0, -1)
+    assert "seek_to_beginning()" in str(caught.value)
+    assert "delete and re-create the topic" in str(caught.value)

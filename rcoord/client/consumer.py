@@ -375,7 +375,8 @@ class Consumer(SubscriptionMixin):
         # ``offset``): a stream entry there that is not a record, say (``_take``). poll() raises
         # the error while the partition is still there, as Kafka's consumer raises a corrupt
         # record's until the application seeks past it; a later fetch that reads it drops it.
-        self._unreadable: dict[TopicPartition, CorruptRecordError] = {}
+        # (the fetch position, and the error: its offset is -1 for a pending seek_to_*'s read)
+        self._unreadable: dict[TopicPartition, tuple[int, CorruptRecordError]] = {}
         # Bytes per record of each partition's last fetched records: the next fetch asks for
         # as many as its byte limits hold at that size, in one step (``_send_fetch``).
         self._record_bytes: dict[TopicPartition, int] = {}
@@ -2097,9 +2098,9 @@ class Consumer(SubscriptionMixin):
         up are dropped here)."""
         for tp in [tp for tp in self._unreadable if tp not in self._buffers]:
             del self._unreadable[tp]
-        return [err for tp, err in sorted(self._unreadable.items())
+        return [err for tp, (pos, err) in sorted(self._unreadable.items())
                 if tp in self._buffers and tp not in self._paused
-                and self._fetch_pos.get(tp) == err.offset]
+                and self._fetch_pos.get(tp) == pos]
 
     def _fetchable(self) -> list[TopicPartition]:
         return [
@@ -2167,12 +2168,14 @@ class Consumer(SubscriptionMixin):
             # for it no longer than for the fetch); the read starts there (``ask.resolved``).
             reads: list[tuple[str, int, int]] = []
             edges: dict[TopicPartition, PartitionRecords[ConsumerRecord]] = {}
-            # (all of them in one round trip; before, one each)
-            found = dict(zip(resets, coord.log_offsets_many(list(resets)) if resets else [],
-                             strict=True))
+            found = _edges_of(coord, list(resets))
             for tp, pos in asked:
                 if tp in resets:
                     offsets = found[tp]
+                    if isinstance(offsets, TopicError):  # (for _take to keep: poll() raises it)
+                        edges[tp] = PartitionRecords([], -1, -1, offsets.error,
+                                                     detail=offsets.detail)
+                        continue
                     if not isinstance(offsets, tuple):
                         edges[tp] = _UNKNOWN  # no such partition (yet): it stays pending
                         continue
@@ -2272,14 +2275,21 @@ class Consumer(SubscriptionMixin):
         self._unreadable.pop(tp, None)
         if result.detail:
             pos = self._fetch_pos[tp]
-            self._unreadable[tp] = CorruptRecordError(
-                tp.topic, tp.partition, pos,
-                f"{tp.topic}-{tp.partition} cannot be read at offset {pos}: {result.detail}. "
-                f"poll() raises this, once the other partitions' records are handed out, until "
-                f"the partition is sought elsewhere (seek({tp!r}, {pos + 1}) skips one entry) "
-                "or the partition is mended as said")
-            log.warning("fetch of %s-%d at offset %d: %s: %s", tp.topic, tp.partition, pos,
-                        result.error.name, result.detail)
+            if pos >= 0:
+                where = (f"at offset {pos}: {result.detail}. poll() raises this, once the other "
+                         "partitions' records are handed out, until the partition is sought "
+                         f"elsewhere (seek({tp!r}, {pos + 1}) skips one entry)")
+            else:  # (a pending seek_to_*: reading the log's edge failed)
+                where = (f"(its log offsets, for its pending seek_to_beginning() or "
+                         f"seek_to_end()): {result.detail}. poll() raises this, once the other "
+                         "partitions' records are handed out, until the partition is sought "
+                         "elsewhere")
+            self._unreadable[tp] = (pos, CorruptRecordError(
+                tp.topic, tp.partition, max(pos, -1),
+                f"{tp.topic}-{tp.partition} cannot be read {where} or the partition is mended "
+                "as said"))
+            log.warning("fetch of %s-%d: %s: %s", tp.topic, tp.partition, result.error.name,
+                        result.detail)
             return False
         if result.error is Errors.OFFSET_OUT_OF_RANGE:
             policy = self._config.start_offset
@@ -2582,6 +2592,31 @@ def _fresh_count(cached: tuple[int, float] | None, since: float) -> int:
     """A cached partition count (``Consumer._check_exist``) if it was read after ``since``,
     else 0 (to be read again)."""
     return cached[0] if cached is not None and cached[1] >= since else 0
+
+def _edges_of(coord: Coordinator, partitions: list[TopicPartition]
+              ) -> dict[TopicPartition, tuple[int, int] | Errors | TopicError]:
+    """The log offsets of ``partitions`` (their pending seek_to_*'s edges), all in one round
+    trip; where that call fails with a partition that cannot be read (a stream whose last id
+    is not rcoord's: a TopicError with a ``detail``, naming its stream), each one alone, that
+    one answered its error. Before, that one partition failed every fetch, so the others
+    stalled with it."""
+    if not partitions:
+        return {}
+    try:
+        return dict(zip(partitions, coord.log_offsets_many(partitions), strict=True))
+    except TopicError as exc:
+        if not exc.detail or exc.error is not Errors.UNKNOWN_SERVER_ERROR:
+            raise
+    out: dict[TopicPartition, tuple[int, int] | Errors | TopicError] = {}
+    for tp in partitions:
+        try:
+            (out[tp],) = coord.log_offsets_many([tp])
+        except TopicError as exc:
+            if not exc.detail or exc.error is not Errors.UNKNOWN_SERVER_ERROR:
+                raise
+            out[tp] = exc
+    return out
+
 
 _UNKNOWN: PartitionRecords[Any] = PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
 """The answer for a pending ``seek_to_*`` whose partition does not exist (yet)."""
