@@ -140,3 +140,18 @@ def test_a_pending_seek_to_beginning_of_an_unreadable_stream_stalls_no_other(env
     assert (caught.value.partition, caught.value.offset) == (0, -1)
     assert "seek_to_beginning()" in str(caught.value)
     assert "delete and re-create the topic" in str(caught.value)
+
+
+def test_the_warning_of_an_unreadable_partition_comes_once(
+        env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Each fetch of the partition meets the entry again (a poll() loop that catches the error
+    fetches it each time): its warning is logged once per position, not at every fetch."""
+    env.topics.create("t", 1)
+    consumer = env.consumer(enable_auto_commit=False, topics=[])
+    consumer.assign([TP("t", 0)])
+    answer = fetch_module.PartitionRecords([], 0, 3, Errors.UNKNOWN_SERVER_ERROR, detail="why")
+    for _ in range(3):
+        consumer._take(TP("t", 0), answer)
+    consumer.seek(TP("t", 0), 2)
+    consumer._take(TP("t", 0), answer)
+    assert sum("fetch of t-0" in r.getMessage() for r in caplog.records) == 2

@@ -2272,7 +2272,7 @@ class Consumer(SubscriptionMixin):
         partition that cannot be read there (``_unreadable``, which poll() raises). Before,
         such a partition failed the whole fetch (every other partition stalled with it), and
         any error but OFFSET_OUT_OF_RANGE was logged at DEBUG as if there were nothing yet."""
-        self._unreadable.pop(tp, None)
+        before = self._unreadable.pop(tp, None)
         if result.detail:
             pos = self._fetch_pos[tp]
             if pos >= 0:
@@ -2288,8 +2288,9 @@ class Consumer(SubscriptionMixin):
                 tp.topic, tp.partition, max(pos, -1),
                 f"{tp.topic}-{tp.partition} cannot be read {where} or the partition is mended "
                 "as said"))
-            log.warning("fetch of %s-%d: %s: %s", tp.topic, tp.partition, result.error.name,
-                        result.detail)
+            if before is None or before[0] != pos:  # (once, not at every poll that raises it)
+                log.warning("fetch of %s-%d: %s: %s", tp.topic, tp.partition,
+                            result.error.name, result.detail)
             return False
         if result.error is Errors.OFFSET_OUT_OF_RANGE:
             policy = self._config.start_offset
