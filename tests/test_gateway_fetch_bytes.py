@@ -244,3 +244,35 @@ def test_partitions_the_response_has_no_room_for_are_not_read(gateway, redis_ser
         got = _fetch(gateway, parts, max_bytes=1 << 20, partition_max_bytes=1 << 20)
         assert got[("many", 0)] == 20 and sum(got.values()) == 20
     assert read[0] <= 1_200_000, read
+
+
+def test_an_entry_that_is_not_a_record_is_corrupt_message_for_its_partition_alone(
+        gateway, redis_server, topics, namespace):
+    """A stream entry added by hand (no timestamp) where a Fetch reads: that partition alone is
+    answered CORRUPT_MESSAGE, the other keeps its record. It was UNKNOWN_SERVER_ERROR, which
+    Kafka's consumer only logs at WARN before fetching again, for ever (the partition stalled
+    without a word to the application); CORRUPT_MESSAGE it throws, so the application can
+    seek past the entry (``FetchCollector.handleInitializeErrors``)."""
+    import redis
+
+    topics.create("t", 2)
+    Producer(topics._r, namespace).send("t", b"kept", partition=1)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", "v", b"by hand")
+    finally:
+        client.close()
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(1, 12, 7, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [{"topic": "t", "partitions": [
+                {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                for p in (0, 1)]}]}))
+        fetched = response(sock, 1, 12, 5)
+    finally:
+        sock.close()
+    answers = {p.partition_index: p for t in fetched.responses for p in t.partitions}
+    assert answers[0].error_code.value == 2  # CORRUPT_MESSAGE
+    assert answers[1].error_code.value == 0
+    assert [r.value for r in fetched_records(bytes(answers[1].records or b""))] == [b"kept"]

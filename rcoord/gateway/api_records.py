@@ -375,7 +375,7 @@ def _read(state: GatewayState, topic: str, partition: int, offset: int, max_byte
                             record_bytes=state.record_bytes.get(key, 0),
                             first_read=FETCH_FIRST_READ)
     except (TopicError, InvalidRequestError) as exc:
-        return PartitionRecords([], -1, -1, _as_unknown(exc))
+        return PartitionRecords([], -1, -1, _unreadable_or_unknown(exc))
     if res.records:
         if len(state.record_bytes) >= RECORD_SIZES_KEPT and key not in state.record_bytes:
             state.record_bytes.clear()  # (partitions of deleted topics, say)
@@ -402,6 +402,19 @@ def _as_unknown(exc: TopicError | InvalidRequestError) -> Errors:
     if isinstance(exc, InvalidRequestError) or exc.error == Errors.INVALID_TOPIC_EXCEPTION:
         return Errors.UNKNOWN_TOPIC_OR_PARTITION
     return Errors(exc.error)
+
+
+def _unreadable_or_unknown(exc: TopicError | InvalidRequestError) -> Errors:
+    """The error a Fetch answers for one partition its read refused: ``_as_unknown``, but
+    CORRUPT_MESSAGE for a stream entry that is not a record (an XADD by hand; the read's
+    UNKNOWN_SERVER_ERROR with a detail naming it, ``rcoord.topics.fetch``). Kafka's consumer
+    throws on CORRUPT_MESSAGE ("Encountered corrupt message when fetching offset ..."), so
+    the application hears of it and can seek past it; UNKNOWN_SERVER_ERROR it only logs at
+    WARN and fetches again, for ever: the partition stalled without a word to the
+    application."""
+    if isinstance(exc, TopicError) and exc.error == Errors.UNKNOWN_SERVER_ERROR and exc.detail:
+        return Errors.CORRUPT_MESSAGE
+    return _as_unknown(exc)
 
 
 def _within(records: list[Record], max_bytes: int, whole: bool) -> tuple[list[Record], int]:
