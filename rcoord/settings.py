@@ -30,7 +30,10 @@ same with Redis as the only authority:
   other), or a partition copy of the layout the anchors name (of the layout it read if no
   anchor is left); else the settings it was already using, or its own. It proposes the highest
   version it read, so no surviving copy is newer than the settings (such a copy would refuse
-  every repair). Whatever it proposes, ``establish`` lets only the first proposal stand. A
+  every repair). Whatever it proposes, ``establish`` lets only the first proposal stand. The
+  ``retire:`` marks were lost with the hash, so the settings established again ask for a search
+  (``SWEEP``): a settle lists every copy of the namespace (a SCAN of every master) and marks
+  each layout of another count to be retired, as a change of count marks the one it leaves. A
   process that named settings writes them again when it notices they are gone (the
   coordinator service checks every lease round), so a lowered minimum session timeout comes
   back by itself; also when another process established them again first (from its own
@@ -70,7 +73,7 @@ import redis.exceptions
 
 from .config import STORED_SETTINGS, CoordinatorConfig, bad_stored_setting
 from .errors import ConfigError
-from .flow import Command, Flow, Pipeline, Script, ScriptBatch, drive
+from .flow import UNREACHABLE, Command, Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
 
 __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flow"]
@@ -94,6 +97,20 @@ token (``_token``): a settle removes the mark only if it still holds the token i
 this one's deletion) stays marked. Before, the mark was removed whatever its value: another
 settle that had marked its copies of that layout, and then failed to delete them, left them
 for good."""
+
+
+SWEEP = "sweep"
+"""A field of the settings hash written by ``establish`` after a loss (a random token): the
+layouts other than the one established are still to be looked for (``_sweep``). Written in the
+same write as the settings, and removed only once every layout found is marked, so a settle
+that fails (or a process killed) between the two leaves the search to the next settle.
+Before, a ``RETIRE`` mark lost with the hash (its layout's deletion pending: a withdraw that
+failed, a changer killed) was found again only if the settle re-establishing the settings
+happened to read that layout; otherwise its copies stayed for good, and a process that had
+settled on it was never refused (it ran its own copy of every group it served)."""
+
+SCAN_COUNT = 1000
+"""``COUNT`` of the ``SCAN`` pages of ``_sweep`` (one node)."""
 
 
 def _token() -> str:
@@ -181,8 +198,13 @@ def settle_flow(
             read_under = guess
             names = set(anchor_keys(namespace))
             found = any(copy for k, copy in held.items() if k not in names)
+            lived = found or known is not None or any(held[k] for k in names)
             proposal, guess, held = yield from _recover(namespace, base, known, guess, held)
-            stored = yield from _write(key, "establish", {**proposal, ORIGIN: uuid.uuid4().hex})
+            # A namespace that lived before (a copy read, or this process used settings) may
+            # hold layouts no settle reads: looked for once the settings are established.
+            sweep = {SWEEP: _token()} if lived else {}
+            stored = yield from _write(key, "establish",
+                                       {**proposal, ORIGIN: uuid.uuid4().hex, **sweep})
             if "num_partitions" not in stored:
                 # The hash exists without a count (its field deleted by hand): ``establish``
                 # writes nothing over it. Settling on another count (the default one, with its
@@ -250,6 +272,7 @@ def settle_flow(
                 stored = yield from _named(key, "update", changes)
                 if not stored:
                     continue  # (lost meanwhile: the next round establishes them again)
+        stored = yield from _sweep(namespace, key, stored)
         stored = yield from _retire(namespace, key, stored)
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
@@ -264,6 +287,95 @@ def settle_flow(
         f"the settings of namespace {namespace!r} kept changing while this process read them "
         f"({MAX_SETTLE_ROUNDS} rounds); try again"
     )
+
+
+def _sweep(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, str]]:
+    """Mark (``RETIRE``) every layout holding a copy whose count is not the one ``stored``, if
+    ``stored`` asks for it (``SWEEP``: settings established again after a loss), then remove
+    that request; ``stored`` with the marks (``_retire`` then deletes those layouts).
+
+    The marks of the layouts whose deletion was pending were lost with the hash, and the
+    settle that established it again read only the anchors and one layout. So every copy of
+    the namespace is listed (``_scan_copies``: a ``SCAN`` of every master; after a loss only,
+    so rarely). A layout found is marked whatever it is; ``_retire`` keeps one that is in
+    force again by then (a count changed back). If a copy found holds a newer version than the
+    settings, the settings are first moved up to it (``adopt``, their own values): the deletion
+    spares copies newer than the settings (``_withdraw``: written for a change back), so such a
+    copy would have stayed, and it would refuse the repairs of a later change back to its
+    count. A copy written while the scan runs is not missed for good: its writer reads the
+    count afterwards, and withdraws it (marked first) if it is not this one (``_overtaken``)."""
+    token = stored.get(SWEEP)
+    current = _count(stored)
+    if token is None or current is None:
+        return stored
+    try:
+        found = yield from _scan_copies(namespace)
+    except UNREACHABLE as exc:
+        # A master down (a failover under way): the search waits for the next settle (the
+        # coordinator service's next lease round), and this one goes on. Failing it instead
+        # failed every start and every refused call's settle until every master was back,
+        # though the groups of the masters that answer can be served meanwhile.
+        log.warning("namespace %r: the search for layouts left behind by the loss of its "
+                    "settings waits for the next settle: %s", namespace, exc)
+        return stored
+    stale = {key_: count for key_, count in found.items() if count != current}
+    marks: dict[str, str] = {}
+    for count in sorted(set(stale.values())):
+        name, value = f"{RETIRE}{count}", _token()
+        if not (yield Script("settings", [key], ["mark", name, value])):
+            return stored  # (lost again: the next establishment asks for another sweep)
+        marks[name] = value
+    if stale:
+        log.warning("namespace %r lost its settings; copies of other layouts than the one "
+                    "established (%d partitions) were found, of %s partitions: they are "
+                    "retired, and their groups' members rejoin without the offsets committed "
+                    "there", namespace, current, sorted(set(stale.values())))
+        versions = yield Pipeline([("HGET", k, "version") for k in stale])
+        top = max([-1, *(_version({"version": _text(v)}) for v in versions if v is not None)])
+        if top > _version(stored):
+            values = {k: v for k, v in stored.items() if k in STORED_SETTINGS}
+            adopted = yield from _adopt(key, {**values, "version": str(top)}, current)
+            if "num_partitions" not in adopted:
+                return stored  # (lost again: as above)
+            stored = adopted
+    yield Script("settings", [key], ["unmark", SWEEP, token])
+    return {**{k: v for k, v in stored.items() if k != SWEEP}, **marks}
+
+
+def _scan_copies(namespace: str) -> Flow[dict[str, int]]:
+    """Every partition copy of ``namespace`` on every master (key -> its layout's count).
+
+    On one node, ``SCAN`` pages of ``SCAN_COUNT``. A cluster client sends ``SCAN`` to every
+    master with the one cursor given, and a cursor is one node's, so it cannot go on page by
+    page: the scan starts again from 0 with a ``COUNT`` 16 times larger until every master
+    finished in one call. Only keys named as a copy of some layout count (``PartitionKeys``;
+    the pattern alone also matches other keys whose name ends so)."""
+    pattern = f"{namespace}:{{*}}:cfg"
+    cursor, count = "0", SCAN_COUNT
+    keys: list[Any] = []
+    while True:
+        at, page = yield Command(("SCAN", cursor, "MATCH", pattern, "COUNT", count))
+        keys.extend(page)
+        if isinstance(at, dict):  # a cluster: one reply per master, each from cursor 0
+            if all(int(c) == 0 for c in at.values()):
+                break
+            keys, count = [], count * 16
+            continue
+        cursor = _text(at)
+        if cursor == "0":
+            break
+    found: dict[str, int] = {}
+    prefix = f"{namespace}:{{"
+    for raw in keys:
+        name = _text(raw)
+        tag = name[len(prefix):-len("}:cfg")].split(".")
+        if len(tag) < 2 or not (tag[0].isdigit() and tag[1].isdigit()):
+            continue
+        count_, partition = int(tag[0]), int(tag[1])
+        if (0 < count_ <= 16384 and partition < count_
+                and PartitionKeys(namespace, partition, count_).cfg == name):
+            found[name] = count_
+    return found
 
 
 def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, str]]:

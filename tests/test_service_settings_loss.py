@@ -156,3 +156,29 @@ def test_named_settings_come_back_when_the_loss_lands_inside_the_services_adopti
         assert svc._coord.config.group_min_session_timeout_ms == 100
     finally:
         svc.stop()
+
+
+def test_a_search_for_left_layouts_left_unfinished_is_finished_by_the_service(
+        redis_server, single_client, namespace):
+    """A process re-established the lost settings (with ``sweep``: the layouts left behind are
+    still to be looked for) and was killed before it looked. Processes on the count in force are
+    never refused, so none settles again soon, and a process still on a layout left behind runs
+    its groups there too. The service, which reads the settings every lease round, settles when
+    it finds the request, which retires that layout."""
+    from rcoord.keys import PartitionKeys
+    from rcoord.settings import SWEEP
+
+    GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
+                                                      num_partitions=10)).start()
+    svc = _service(redis_server.url, namespace)
+    try:
+        old = [PartitionKeys(namespace, p, 5).cfg for p in range(5)]
+        for key in old:  # (a layout whose retire mark was lost with the settings)
+            single_client.hset(key, mapping={"version": "1", "num_partitions": "5"})
+        single_client.hset(settings_key(namespace), SWEEP, "1")
+        wait_until(lambda: not single_client.exists(*old)
+                   and not single_client.hexists(settings_key(namespace), SWEEP),
+                   timeout_s=10)
+        assert svc.exit_code != 3 and svc._coord.config.num_partitions == 10
+    finally:
+        svc.stop()

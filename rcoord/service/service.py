@@ -28,7 +28,7 @@ from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
 from ..keys import settings_key
-from ..settings import ORIGIN, RETIRE
+from ..settings import ORIGIN, RETIRE, SWEEP
 from ..urls import redact_url, repr_redacting, url_problem
 from .connect import connect
 from .events import CoordinatorsChanged, Deadline, Event, EventQueue, Hint, Owned, Resync
@@ -624,7 +624,9 @@ class CoordinatorService:
         old layout failed (a mark ``rcoord.settings.RETIRE`` left) is finished here by a settle:
         processes on the new count are never refused, so before, the old layout stayed until
         some process happened to settle, and a process still on the old count ran its groups
-        there meanwhile (a group existing twice)."""
+        there meanwhile (a group existing twice). So is a search for layouts left behind by a
+        loss (``rcoord.settings.SWEEP``) that the process re-establishing the settings did not
+        finish (killed, or a master down)."""
         key = settings_key(self.config.namespace)
         # Through its node's own client: a hung master there fails this within the socket
         # timeout (no cluster retries), and the lease round goes on (nodes.py). The whole hash
@@ -632,7 +634,7 @@ class CoordinatorService:
         stored = {(k.decode() if isinstance(k, bytes) else k): v
                   for k, v in on_node(self._client, key, lambda node: node.hgetall(key)).items()}
         raw = [stored.get(name) for name in ("version", "num_partitions", ORIGIN)]
-        marked = any(name.startswith(RETIRE) for name in stored)
+        marked = any(name.startswith(RETIRE) or name == SWEEP for name in stored)
         try:
             version = None if raw[0] is None else int(raw[0])
         except ValueError:
