@@ -347,14 +347,10 @@ def test_a_repair_whose_count_check_finds_the_settings_lost_withdraws_it(
     assert settled.config.num_partitions == 7
 
 
-def test_an_overtaken_settle_whose_withdraw_fails_leaves_its_layout_to_the_next_settle(
-        redis_client, namespace):
-    """Empty namespace: one settle establishes 10 and is about to write its copies; another
-    moves the count to 20 (deleting the 10 layout: nothing yet) and settles; the first writes
-    the 10 layout, reads the count (20), and its withdraw of those copies fails (a master
-    down). Before, nothing marked the 10 layout, so its copies stayed for good and a process
-    still on 10 was never refused. The layout is marked to be retired first now, and the next
-    settle deletes it."""
+def overtaken_with_a_failed_withdraw(redis_client: Any, namespace: str) -> None:
+    """Empty namespace: a settle establishes 10 and is about to write its copies; another
+    moves the count to 20 and settles; the first writes the 10 layout, reads the count (20),
+    and its withdraw of those copies fails (a master down): the 10 layout is left, marked."""
     scripts = Scripts(redis_client)
     scripts.load()
     first = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10), None)
@@ -367,6 +363,17 @@ def test_an_overtaken_settle_whose_withdraw_fails_leaves_its_layout_to_the_next_
         op = first.send(_perform(redis_client, scripts, op, None, None))
     with pytest.raises(redis.exceptions.ConnectionError):
         first.throw(redis.exceptions.ConnectionError("master down (test)"))
+
+
+def test_an_overtaken_settle_whose_withdraw_fails_leaves_its_layout_to_the_next_settle(
+        redis_client, namespace):
+    """Empty namespace: one settle establishes 10 and is about to write its copies; another
+    moves the count to 20 (deleting the 10 layout: nothing yet) and settles; the first writes
+    the 10 layout, reads the count (20), and its withdraw of those copies fails (a master
+    down). Before, nothing marked the 10 layout, so its copies stayed for good and a process
+    still on 10 was never refused. The layout is marked to be retired first now, and the next
+    settle deletes it."""
+    overtaken_with_a_failed_withdraw(redis_client, namespace)
     assert any(k.startswith(f"{namespace}:{{10.") for k in _copies(redis_client, namespace))
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
     copies = _copies(redis_client, namespace)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import redis
 from test_settings import FAST
-from test_settings_retire import _retires, _run_until_batch
+from test_settings_retire import _retires, overtaken_with_a_failed_withdraw
 
 from rcoord import CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Command, ScriptBatch, _perform, drive
+from rcoord.flow import Command, _perform, drive
 from rcoord.keys import PartitionKeys, anchor_keys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import SWEEP, copy_pattern, settle_flow
@@ -119,18 +119,7 @@ def test_a_layout_whose_withdraw_failed_is_retired_after_the_settings_are_lost(
     import rcoord.settings
 
     monkeypatch.setattr(rcoord.settings, "SCAN_COUNT", page, raising=False)
-    scripts = Scripts(redis_client)
-    scripts.load()
-    first = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10), None)
-    op = _run_until_batch(redis_client, scripts, first, next(first))
-    assert isinstance(op, ScriptBatch)
-    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
-                                                     num_partitions=20)).start()
-    op = first.send(_perform(redis_client, scripts, op, None, None))  # (the 10 layout written)
-    while not _retires(op):
-        op = first.send(_perform(redis_client, scripts, op, None, None))
-    with pytest.raises(redis.exceptions.ConnectionError):
-        first.throw(redis.exceptions.ConnectionError("master down (test)"))
+    overtaken_with_a_failed_withdraw(redis_client, namespace)
     assert _layouts(redis_client, namespace) == {10, 20}
     redis_client.delete(settings_key(namespace))
     worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
