@@ -15,7 +15,8 @@ that succeeded is in the file (Kafka's ``commitSync`` after processing: at-least
 SIGTERM closes the consumer (revoke, leave) and exits; SIGKILL and SIGSTOP are the faults.
 
     python workers/fault_worker.py --redis-url URL --namespace NS --group G --topic T \
-        --name w1 --history w1.jsonl [--session-timeout-ms 10000 --heartbeat-interval-ms 300]
+        --name w1 --history w1.jsonl [--session-timeout-ms 10000 --heartbeat-interval-ms 300] \
+        [--group-instance-id ID]
 
 The fault suite passes a session of 1-2 s and lowers its namespace's
 ``group_min_session_timeout_ms`` to match; a fresh namespace takes Kafka's 6 s at least. A join
@@ -45,6 +46,7 @@ def main() -> int:
     p.add_argument("--session-timeout-ms", type=int, default=10000)
     p.add_argument("--heartbeat-interval-ms", type=int, default=300)
     p.add_argument("--rebalance-timeout-ms", type=int, default=4000)
+    p.add_argument("--group-instance-id", default=None, help="a static member (KIP-345)")
     p.add_argument("--assignor", action="append", default=None,
                    help="assignor name, repeatable, most preferred first (default: range, "
                         "roundrobin)")
@@ -95,6 +97,7 @@ def main() -> int:
         session_timeout_ms=args.session_timeout_ms,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         rebalance_timeout_ms=args.rebalance_timeout_ms,
+        group_instance_id=args.group_instance_id,
         partition_watch_interval_ms=500,
         join_backoff_ms=200,
         retry_backoff_ms=50,

@@ -1,0 +1,298 @@
+"""A bounded, seeded chaos run of the group protocol, end to end (what tests/test_faults.py does
+one fault at a time, here several faults of other kinds in a row on one group).
+
+Real worker processes (``workers/fault_worker.py``: ``Consumer``, a commit after each batch) and
+the coordinator service run against one embedded server, while a seeded sequence of faults hits
+them: a worker SIGKILLed (and replaced), a worker SIGSTOPped past its session (a zombie that
+wakes up and commits with its old generation), every connection of a worker closed by CLIENT
+KILL, and the server frozen by ``DEBUG SLEEP`` for less than a session. Each fault is followed
+by a wait on a condition, never on a time: the group is stable again with exactly the live
+workers, or every worker committed twice more.
+
+What must hold throughout (tests/faults/history.py checks 1, 2 and the at-least-once count):
+
+1. no partition has two owners in one generation;
+2. a member fenced by a newer generation cannot commit: the zombie's own commits and one sent
+   in its name are refused (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID), and the committed offsets
+   sampled every 100 ms never go back;
+3. every acknowledged record is processed at least once;
+4. once the faults stop, the group is Stable with every live worker a member, and the
+   partitions are assigned once each.
+
+The run is bounded: a fixed number of faults, each wait bounded, the whole under a minute.
+``RCOORD_CHAOS_SEED`` picks another seed (the default one is the suite's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import test_faults
+from harness import wait_until
+from test_faults import GROUP, PARTITIONS, TOPIC, Scenario, Worker, _judge
+
+from rcoord.protocol.consumer import ConsumerProtocolAssignment
+from rcoord.protocol.offsets import TopicPartition
+from rcoord.testing.embedded import EmbeddedServer
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
+
+SEED = int(os.environ.get("RCOORD_CHAOS_SEED", "60"))
+FAULTS = 10
+STEP_WAIT_S = 20.0
+FENCED = {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"}
+
+
+class DebugServer(EmbeddedServer):
+    """The embedded server with DEBUG allowed from loopback (for ``DEBUG SLEEP``)."""
+
+    def _mode_args(self, port: int) -> list[str]:
+        return ["--enable-debug-command", "local"]
+
+
+@pytest.fixture
+def chaos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Scenario]]:
+    monkeypatch.setattr(test_faults, "EmbeddedServer", DebugServer)
+    made: list[Scenario] = []
+
+    def make(**kw: Any) -> Scenario:
+        made.append(Scenario(tmp_path, persistent=False, **kw))
+        return made[-1]
+
+    yield make
+    for sc in made:
+        sc.close()
+
+
+def _local_ports(pid: int) -> set[int]:
+    """The local TCP ports of ``pid``'s sockets (Linux: its fds' socket inodes, looked up in
+    its network namespace's tables)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _kill_connections(sc: Scenario, w: Worker) -> int:
+    """CLIENT KILL every connection of worker ``w``; how many were closed."""
+    ports = _local_ports(w.proc.pid)
+    n = 0
+    for c in sc.r.client_list():
+        if int(c["addr"].rsplit(":", 1)[1]) in ports:
+            try:
+                sc.r.client_kill_filter(_id=c["id"])
+            except redis.ResponseError:
+                continue  # it closed by itself meanwhile
+            n += 1
+    return n
+
+
+def _commits(sc: Scenario) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for w in sc.workers:
+        out[w.name] = sum(1 for ev in w.events() if ev["e"] == "commit")
+    return out
+
+
+def _live(sc: Scenario) -> list[Worker]:
+    return [w for w in sc.workers if w.proc.poll() is None]
+
+
+def _wait_commits(sc: Scenario, more: int = 2) -> None:
+    """Every live worker noted ``more`` commits after now: it is back at work."""
+    base = _commits(sc)
+    live = _live(sc)
+    wait_until(lambda: all(_commits(sc)[w.name] >= base[w.name] + more for w in live),
+               timeout_s=STEP_WAIT_S)
+
+
+def _assigned(sc: Scenario, w: Worker, gen: int) -> dict[str, Any]:
+    return next(ev for ev in w.events() if ev["e"] == "assigned" and ev["gen"] == gen)
+
+
+def test_seeded_chaos_keeps_the_group_invariants(chaos):
+    rng = random.Random(SEED)
+    sc = chaos(workers=4, records=1_000_000)
+    gen = sc.wait_stable(timeout_s=STEP_WAIT_S)
+    sc.start_traffic()
+    _wait_commits(sc, more=1)
+    kinds = ["kill", "zombie", "client_kill", "debug_sleep", "storm",
+             "pause_in_rebalance"]
+    plan = kinds + [rng.choice(kinds) for _ in range(FAULTS - len(kinds))]
+    rng.shuffle(plan)
+    fenced_checks = 0
+    for step, kind in enumerate(plan):
+        live = _live(sc)
+        victim = rng.choice(live)
+        t0 = time.time()
+        if kind == "kill":
+            victim.proc.kill()  # no LeaveGroup: its session must run out
+            victim.proc.wait(10)
+            others = [w for w in live if w is not victim]
+            gen = sc.wait_stable(others, after=t0, timeout_s=STEP_WAIT_S)
+            sc.add_worker(f"n{step}")
+            gen = sc.wait_stable(_live(sc), after=time.time(), timeout_s=STEP_WAIT_S)
+        elif kind == "zombie":
+            old = _assigned(sc, victim, sc.stable(live) or gen)
+            victim.signal(signal.SIGSTOP)
+            others = [w for w in live if w is not victim]
+            gen = sc.wait_stable(others, after=t0, timeout_s=STEP_WAIT_S)
+            # A commit in the zombie's name: with its own generation, and with the group's
+            # current one. Both are fenced; nothing is written.
+            before = sc.committed()
+            tps = {TopicPartition(TOPIC, p): 0 for p in range(PARTITIONS)}
+            for g in (old["gen"], gen):
+                got = sc.coord.commit_offsets(GROUP, tps, member_id=old["member"],
+                                              generation_id=g)
+                assert {e.name for e in got.values()} <= FENCED, (g, got)
+                fenced_checks += 1
+            after = sc.committed()
+            assert all(after.get(p, -1) >= o for p, o in before.items()), (before, after)
+            victim.signal(signal.SIGCONT)  # it wakes up mid-poll and commits, then rejoins
+            gen = sc.wait_stable(live, after=time.time(), timeout_s=STEP_WAIT_S)
+            ended = [ev["e"] for ev in victim.events()
+                     if ev.get("member") == old["member"] and ev["e"] in ("lost", "revoked")
+                     and ev["gen"] == old["gen"]]
+            assert ended == ["lost"], ended  # not revoked: it must not commit what it lost
+        elif kind == "pause_in_rebalance":
+            # A member frozen mid-rebalance (maybe the leader, before its SyncGroup), past its
+            # session: the rebalance goes on without it, and it rejoins when it wakes.
+            newcomer = sc.add_worker(f"n{step}")
+            wait_until(lambda: sc.coord.describe_group(GROUP).state != "Stable",
+                       timeout_s=STEP_WAIT_S)
+            victim.signal(signal.SIGSTOP)
+            others = [w for w in live if w is not victim] + [newcomer]
+            gen = sc.wait_stable(others, after=t0, timeout_s=STEP_WAIT_S)
+            victim.signal(signal.SIGCONT)
+            gen = sc.wait_stable(_live(sc), after=time.time(), timeout_s=STEP_WAIT_S)
+        elif kind == "client_kill":
+            assert _kill_connections(sc, victim) >= 1
+            _wait_commits(sc)
+        elif kind == "storm":
+            # Faults on top of a rebalance: a worker killed, and while the group waits for its
+            # session to run out, a newcomer joins, every other connection (the workers', the
+            # service's) is closed, and the server sleeps.
+            victim.proc.kill()
+            victim.proc.wait(10)
+            sc.add_worker(f"n{step}")
+            wait_until(lambda: sc.coord.describe_group(GROUP).state != "Stable",
+                       timeout_s=STEP_WAIT_S)
+            sc.r.client_kill_filter(_type="normal", skipme=True)
+            sc.r.execute_command("DEBUG", "SLEEP", "0.3")
+            gen = sc.wait_stable(_live(sc), after=t0, timeout_s=STEP_WAIT_S)
+        else:
+            sc.r.execute_command("DEBUG", "SLEEP", "0.4")  # well inside the 1.5 s session
+            _wait_commits(sc)
+    sc.stop_producing()
+
+    # The faults are over: the group converges to Stable with exactly the live workers, each
+    # partition assigned once.
+    live = _live(sc)
+    gen = sc.wait_stable(live, timeout_s=STEP_WAIT_S)
+    wait_until(lambda: sc.coord.describe_group(GROUP).state == "Stable", timeout_s=STEP_WAIT_S)
+    desc = sc.coord.describe_group(GROUP)
+    assert len(desc.members) == len(live)
+    owned = sorted(tp.partition for m in desc.members
+                   for tp in ConsumerProtocolAssignment.decode(m.assignment).partitions)
+    assert owned == list(range(PARTITIONS))
+    # A live member's commit with a generation it has left (a commit delayed past a rebalance)
+    # is refused, and writes nothing.
+    member = _assigned(sc, live[0], gen)["member"]
+    before = sc.committed()
+    got = sc.coord.commit_offsets(GROUP, {TopicPartition(TOPIC, p): 0 for p in range(PARTITIONS)},
+                                  member_id=member, generation_id=gen - 1)
+    assert {e.name for e in got.values()} == {"ILLEGAL_GENERATION"}, got
+    after = sc.committed()
+    assert all(after.get(p, -1) >= o for p, o in before.items()), (before, after)
+    sc.drain(timeout_s=STEP_WAIT_S)
+    # A zombie's own late commits (with the generation it was fenced from) were refused.
+    refused = [ev for w in sc.workers for ev in w.events() if ev["e"] == "commit_refused"]
+    assert {ev["error"] for ev in refused} <= FENCED | {"REBALANCE_IN_PROGRESS"}, refused
+    assert fenced_checks >= 2
+    _judge(sc.finish(), owed_at_least=100)
+
+
+class StaticWorker(Worker):
+    """A fault worker with a ``group.instance.id`` (a static member, KIP-345)."""
+
+    def __init__(self, sc: Scenario, name: str, iid: str) -> None:
+        self.name = name
+        self.history = sc.dir / f"{name}.jsonl"
+        self._fh = open(sc.dir / f"{name}.out", "w")  # noqa: SIM115 - open for its life
+        self.proc = subprocess.Popen(
+            [sys.executable, str(test_faults.WORKER), "--redis-url", sc.url,
+             "--namespace", sc.ns, "--group", GROUP, "--topic", TOPIC, "--name", name,
+             "--history", str(self.history), "--session-timeout-ms", str(sc.session_ms),
+             "--heartbeat-interval-ms", str(max(100, sc.session_ms // 5)),
+             "--group-instance-id", iid],
+            stdout=self._fh, stderr=subprocess.STDOUT, env=test_faults._env(),
+        )
+        sc.workers.append(self)
+
+
+def test_a_frozen_static_member_replaced_by_its_instance_id_is_fenced(chaos):
+    """A static member frozen (SIGSTOP) and, within its session, replaced by a new process with
+    the same ``group.instance.id``: the new one takes its place (and its partitions); the old
+    one, woken, is fenced (FENCED_INSTANCE_ID): neither it nor a commit in its name writes an
+    offset, and the group is Stable with the replacement."""
+    sc = chaos(workers=2, records=1_000_000)
+    old_w = StaticWorker(sc, "s1", "i1")
+    sc.wait_stable(timeout_s=STEP_WAIT_S)
+    sc.start_traffic()
+    _wait_commits(sc, more=1)
+    old = [ev for ev in old_w.events() if ev["e"] == "assigned"][-1]
+    old_w.signal(signal.SIGSTOP)
+    new_w = StaticWorker(sc, "s1b", "i1")
+    wait_until(lambda: any(ev["e"] == "assigned" for ev in new_w.events()),
+               timeout_s=STEP_WAIT_S)
+    before = sc.committed()
+    tps = {TopicPartition(TOPIC, p): 0 for p in range(PARTITIONS)}
+    got = sc.coord.commit_offsets(GROUP, tps, member_id=old["member"],
+                                  generation_id=old["gen"], group_instance_id="i1")
+    assert {e.name for e in got.values()} == {"FENCED_INSTANCE_ID"}, got
+    assert all(sc.committed().get(p, -1) >= o for p, o in before.items())
+    woke = time.time()
+    old_w.signal(signal.SIGCONT)
+    wait_until(lambda: any(ev["e"] in ("lost", "revoked") and ev["t"] > woke
+                           for ev in old_w.events()), timeout_s=STEP_WAIT_S)
+    assert old_w.stop() == 0
+    assert not [ev for ev in old_w.events() if ev["e"] == "commit" and ev["t"] > woke]
+    live = _live(sc)
+    wait_until(lambda: sc.coord.describe_group(GROUP).state == "Stable", timeout_s=STEP_WAIT_S)
+    desc = sc.coord.describe_group(GROUP)
+    assert len(desc.members) == len(live)
+    _wait_commits(sc)
+    sc.stop_producing()
+    sc.drain(timeout_s=STEP_WAIT_S)
+    # Kafka keeps the generation when a static member is replaced in a Stable group (the new
+    # member id gets the old one's assignment): one owner per generation is one *instance*.
+    h = sc.finish()
+    h.assignments = [dataclasses.replace(a, member="i1") if a.worker in ("s1", "s1b") else a
+                     for a in h.assignments]
+    _judge(h, owed_at_least=100)
