@@ -5,9 +5,15 @@ Real worker processes (``workers/fault_worker.py``: ``Consumer``, a commit after
 the coordinator service run against one embedded server, while a seeded sequence of faults hits
 them: a worker SIGKILLed (and replaced), a worker SIGSTOPped past its session (a zombie that
 wakes up and commits with its old generation), every connection of a worker closed by CLIENT
-KILL, and the server frozen by ``DEBUG SLEEP`` for less than a session. Each fault is followed
+KILL, the server frozen by ``DEBUG SLEEP`` for less than a session, and faults piled onto a
+rebalance under way (a member frozen mid-rebalance; a kill, a newcomer, every connection closed
+and a DEBUG SLEEP at once). A second test fences a frozen static member by its replacement.
+Each fault is followed
 by a wait on a condition, never on a time: the group is stable again with exactly the live
 workers, or every worker committed twice more.
+
+The deadlines (sessions, rebalance timeouts) are applied by the coordinator service, or, in a
+second run with the service stopped, by the members' own calls.
 
 What must hold throughout (tests/faults/history.py checks 1, 2 and the at-least-once count):
 
@@ -136,10 +142,16 @@ def _assigned(sc: Scenario, w: Worker, gen: int) -> dict[str, Any]:
     return next(ev for ev in w.events() if ev["e"] == "assigned" and ev["gen"] == gen)
 
 
-def test_seeded_chaos_keeps_the_group_invariants(chaos):
+@pytest.mark.parametrize("timers", ["service", "members"])
+def test_seeded_chaos_keeps_the_group_invariants(chaos, timers):
+    """``timers``: who applies the deadlines (sessions, rebalance timeouts): the coordinator
+    service, or, with the service stopped, the members' own calls (a step finds a deadline
+    passed and applies it first)."""
     rng = random.Random(SEED)
     sc = chaos(workers=4, records=1_000_000)
     gen = sc.wait_stable(timeout_s=STEP_WAIT_S)
+    if timers == "members":
+        sc.services[0].stop()
     sc.start_traffic()
     _wait_commits(sc, more=1)
     kinds = ["kill", "zombie", "client_kill", "debug_sleep", "storm",
