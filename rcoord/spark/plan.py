@@ -18,10 +18,11 @@ again; without the token, a position checkpointed in the old topic would be take
 the new (see ``rcoord.spark.resolve.continuity_loss``). Positions checkpointed before tokens
 existed have none and are taken as they are.
 
-``planned_ms`` (group mode) is when the member planned the position, in ms of the planning
-host's wall clock: a query restarted on the end of a batch Spark counts as finished can tell
-whether a record of a replay of that batch could have expired since
-(``StreamMember._resume``). Positions checkpointed before it existed have none.
+``planned_ms`` (group mode) is when the member planned the position, in ms of the Redis
+server's clock (``TIME``, which a replay record's expiry runs on too; None when that read
+failed): a query restarted on the end of a batch Spark counts as finished can tell whether a
+record of a replay of that batch could have expired since (``StreamMember._resume``).
+Positions checkpointed before it existed have none.
 """
 
 from __future__ import annotations
