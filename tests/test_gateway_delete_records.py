@@ -13,7 +13,7 @@ pytest.importorskip("kio")
 from gateway_harness import call_once, gateway_for_alice
 
 from rcoord.errors import Errors
-from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
+from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets, partition_key
 
 WAIT_S = 60.0
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -115,3 +115,24 @@ def test_confluent_kafka_deletes_records(gateway, redis_server, topics):
     with pytest.raises(ck.KafkaException) as info:
         future.result(timeout=WAIT_S)
     assert info.value.args[0].code() == ck.KafkaError.OFFSET_OUT_OF_RANGE
+
+
+def test_a_partition_the_log_cannot_serve_is_logged_with_what_mends_it(
+        gateway, redis_server, topics, caplog):
+    """A stream whose last id an XADD by hand made its own is UNKNOWN_SERVER_ERROR for its
+    partition alone, and, as DeleteRecords has no error message, the gateway logs which stream
+    and what mends it. Before, the per-partition answer (ba3c0cb) dropped that detail: the
+    whole request no longer failed (which dispatch logged), and nothing said why."""
+    topics.create("t", 2)
+    _fill(redis_server, gateway.config.namespace, "t", [3, 3])
+    client = redis_server.client()
+    try:
+        client.execute_command(
+            "XADD", partition_key(gateway.config.namespace, "t", 1), "*", "t", 1)
+    finally:
+        client.close()
+    with caplog.at_level("WARNING", logger="rcoord.gateway.api_delete_records"):
+        assert _answers(gateway, [("t", 0, 2), ("t", 1, 2)]) == {
+            ("t", 0): (0, 2), ("t", 1): (Errors.UNKNOWN_SERVER_ERROR, -1)}
+    assert "DeleteRecords of t-1: UNKNOWN_SERVER_ERROR" in caplog.text
+    assert "delete and re-create the topic" in caplog.text

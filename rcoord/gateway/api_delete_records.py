@@ -7,12 +7,15 @@ TOPIC_AUTHORIZATION_FAILED), a topic or partition that does not exist UNKNOWN_TO
 (OFFSET_OUT_OF_RANGE past the log end; the new log start, the ``low_watermark``, otherwise);
 -1 for the low watermark of every error. A partition named twice is answered once, with the
 last offset given, as Kafka's request map keeps it. A topic whose call cannot reach Redis is
-REQUEST_TIMED_OUT on its partitions alone.
+REQUEST_TIMED_OUT on its partitions alone. A partition the log cannot serve (a stream whose last
+id an XADD by hand made its own) is UNKNOWN_SERVER_ERROR, and the gateway logs why and what
+mends it, which DeleteRecords has no field to carry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from ..errors import Errors
@@ -24,6 +27,7 @@ from .state import Connection, GatewayState
 
 __all__: list[str] = []
 
+log = logging.getLogger(__name__)
 
 
 def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
@@ -36,7 +40,14 @@ def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[in
         if exc.error not in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
             raise
         return {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets}
-    out.update((p, (a.error.value, a.low_watermark)) for p, a in answers.items())
+    for p, a in answers.items():
+        if a.detail:
+            # The answer's UNKNOWN_SERVER_ERROR alone says nothing (a DeleteRecords partition
+            # has no error message): the why and the mend go to the log. Before the
+            # per-partition answer (ba3c0cb) the whole request failed and dispatch logged the
+            # error with them; then they were dropped, and the operator had only the code.
+            log.warning("DeleteRecords of %s-%d: %s: %s", topic, p, a.error.name, a.detail)
+        out[p] = (a.error.value, a.low_watermark)
     return out
 
 
