@@ -1154,10 +1154,10 @@ def test_a_log_started_while_a_raise_is_stored_gets_the_raised_setting(
     logger.partition_count("t")  # (reads the setting: 5 s)
     real, sent = admin._run, []
 
-    def first_append_in_between(client: Any, calls: Any) -> list[Any]:
+    def first_append_in_between(client: Any, calls: Any, **kw: Any) -> list[Any]:
         if calls and calls[0][0] is PRODUCER_TTL and not sent:
             sent.append(logger.send("t", b"x", partition=0))  # its first append there
-        return real(client, calls)
+        return real(client, calls, **kw)
 
     monkeypatch.setattr(admin, "_run", first_append_in_between)
     topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})

@@ -324,7 +324,7 @@ def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
 ) -> None:
     """A delete that stops after removing partition 0's stream (its process dies, Redis goes
     away) left a topic that ``create`` made whole again: partition 0 empty, partition 1 with
-    the old record, passed off as one topic. It answers TOPIC_ALREADY_EXISTS "marked for
+    the old record, passed off as one topic. It answers TOPIC_ALREADY_EXISTS "queued for
     deletion" and makes nothing; ``delete`` again finishes, then ``create`` starts clean."""
     topics.create("t", 2)
     Producer(redis_client, namespace).send_batch(
@@ -339,15 +339,41 @@ def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
     with pytest.raises(RcoordError):
         topics.delete("t")
     monkeypatch.setattr(topics, "_delete_partitions", real_delete)
-    with pytest.raises(TopicError, match="marked for deletion") as info:
+    with pytest.raises(TopicError, match="queued for deletion") as info:
         topics.create("t", 2)
     assert info.value.error == Errors.TOPIC_ALREADY_EXISTS
+    # Nor is it grown (Kafka: INVALID_TOPIC_EXCEPTION "The topic is queued for deletion"):
+    # its new partitions would be streams the delete that finishes it may not see.
+    with pytest.raises(TopicError, match="queued for deletion") as info:
+        topics.add_partitions("t", 3)
+    assert info.value.error == Errors.INVALID_TOPIC_EXCEPTION
+    assert partition_keys_left(redis_client, namespace, "t", 2) == []
     assert partition_keys_left(redis_client, namespace, "t", 0) == []
     assert log_offsets(redis_client, namespace, "t", 1) == (0, 1)
     topics.delete("t")
     assert topics.list() == []
     topics.create("t", 2)
     assert [log_offsets(redis_client, namespace, "t", p) for p in (0, 1)] == [(0, 0), (0, 0)]
+
+
+def test_a_delete_that_begins_while_a_topic_grows_stops_the_growth(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete marks the topic between ``add_partitions``' check and its raise of the count:
+    the count is not raised (``topic_grow_meta.lua`` refuses a topic marked for deletion)."""
+    topics.create("t", 1)
+    real_read = topics._count_and_token
+
+    def read_then_delete_begins(topic: str) -> tuple[int, str]:
+        read = real_read(topic)
+        redis_client.hset(f"{namespace}:topicmeta:{{t}}", "deleting", "1")  # (delete's mark)
+        return read
+
+    monkeypatch.setattr(topics, "_count_and_token", read_then_delete_begins)
+    with pytest.raises(TopicError, match="queued for deletion") as info:
+        topics.add_partitions("t", 2)
+    assert info.value.error == Errors.INVALID_TOPIC_EXCEPTION
+    assert redis_client.hget(f"{namespace}:topicmeta:{{t}}", "partitions") == b"1"
 
 
 def test_a_new_topic_does_not_adopt_a_partition_an_older_one_left(
@@ -792,8 +818,8 @@ def _log_starts(monkeypatch: pytest.MonkeyPatch, starts: list[int]) -> list[int]
     """``starts``, to which every retention call appends the log start it answers."""
     run = topics_admin._run
 
-    def noted(r: Any, calls: Any) -> Any:
-        results = run(r, calls)
+    def noted(r: Any, calls: Any, **kw: Any) -> Any:
+        results = run(r, calls, **kw)
         starts.extend(int(res[1]) for res in results)
         return results
 
@@ -1088,9 +1114,9 @@ def _retention_rounds(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     rounds: list[list[Any]] = []
     run = topics_admin._run
 
-    def counted(r: Any, calls: Any) -> Any:
+    def counted(r: Any, calls: Any, **kw: Any) -> Any:
         rounds.append([argv[4] for _, _, argv in calls])
-        return run(r, calls)
+        return run(r, calls, **kw)
 
     monkeypatch.setattr(topics_admin, "_run", counted)
     return rounds

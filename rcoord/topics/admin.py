@@ -138,8 +138,7 @@ class Topics:
         if _name(res[0]) != Errors.NONE:
             if _name(res[0]) == Errors.TOPIC_ALREADY_EXISTS and self._finish_partitions(topic):
                 raise TopicError(Errors.TOPIC_ALREADY_EXISTS,
-                                 f"{topic} is marked for deletion: a delete of it stopped "
-                                 "partway; delete it again to finish, then create it")
+                                 f"{_queued_for_deletion(topic)}, then create it")
             raise TopicError(_name(res[0]), topic)
         stamped = time.monotonic()
         # The name is ours now; drop whatever a crashed delete of an older topic left behind,
@@ -194,10 +193,15 @@ class Topics:
         one (so the stream cannot be a newer topic's). Raising the count carries a token of
         this call, so when redis-py resends it after a lost reply, the resend is not taken for a
         second request and answered INVALID_PARTITIONS; it also carries the creation token, so a
-        topic deleted (and perhaps created again) meanwhile is UNKNOWN_TOPIC_OR_PARTITION.
+        topic deleted (and perhaps created again) meanwhile is UNKNOWN_TOPIC_OR_PARTITION. A
+        topic marked for deletion (a ``delete`` that stopped partway) is INVALID_TOPIC_EXCEPTION,
+        as Kafka answers for a topic queued for deletion: grown, it would get partitions the
+        delete that finishes it may not see.
         """
         _check_topic(topic)
         _check_int("new_total", new_total, 1)
+        if self._r.hexists(meta_key(self._ns, topic), "deleting"):  # (again in GROW_META)
+            raise TopicError(Errors.INVALID_TOPIC_EXCEPTION, _queued_for_deletion(topic))
         current, token = self._count_and_token(topic)
         self.check_growth(topic, current, new_total)
         made = _run(self._r, [(MAKE, make_keys(self._ns, topic, p), ["ensure", token])
@@ -225,6 +229,8 @@ class Topics:
         if _name(res[0]) == Errors.UNKNOWN_TOPIC_OR_PARTITION:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
                              f"{topic} was deleted during add_partitions")
+        if _name(res[0]) == Errors.INVALID_TOPIC_EXCEPTION:
+            raise TopicError(Errors.INVALID_TOPIC_EXCEPTION, _queued_for_deletion(topic))
         if _name(res[0]) != Errors.NONE:
             raise TopicError(_name(res[0]), f"{topic} has {res[1]} partitions")
 
@@ -520,30 +526,27 @@ class Topics:
         pending = list(range(n))
         starts: dict[int, int] = {}
         kept: dict[int, int | str] = dict.fromkeys(pending, "")  # the search's bound, per partition
-        refused: tuple[Exception, Exception] | None = None
+        refused: TopicError | None = None
         while pending:
-            try:
-                results = _run(self._r, [
-                    (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
-                     [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
-                      RETENTION_TRIM_BYTES])
-                    for p in pending
-                ])
-            except redis.exceptions.ResponseError as exc:
-                # An entry added by hand (no timestamp, a last id of its own) in one partition:
-                # the others are trimmed on (each log on its own, as Kafka's), and its error is
-                # raised once they are. Raised at once, it left every other partition of the
-                # topic one round (RETENTION_SCAN records) per pass, so an expired backlog
-                # there grew for as long as the entry stayed. The round is sent again without
-                # it: a call sent twice removes only what it reads as due.
-                bad = _refused_partition(exc, self._ns, topic, pending)
-                if bad is None:
-                    raise _foreign_ids(exc) from exc
-                refused = refused or (_foreign_ids(exc), exc)
-                pending.remove(bad)
-                continue
+            results = _run(self._r, [
+                (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
+                 [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
+                  RETENTION_TRIM_BYTES])
+                for p in pending
+            ], keep_errors=True)
             again = []
             for p, res in zip(pending, results):
+                if isinstance(res, Exception):
+                    # An entry added by hand (no timestamp, a last id of its own): this
+                    # partition stops, the others are trimmed on (each log on its own, as
+                    # Kafka's), and its error is raised once they are. Raised at once, it left
+                    # every other partition of the topic one round (RETENTION_SCAN records) per
+                    # pass, so an expired backlog there grew for as long as the entry stayed.
+                    failed = _foreign_ids(res)
+                    if not isinstance(failed, TopicError):
+                        raise res
+                    refused = refused or failed
+                    continue
                 # (kept -1: the count's removal goes on, the search by age has not begun.)
                 starts[p], kept[p] = int(res[1]), int(res[4]) if int(res[4]) >= 0 else ""
                 if int(res[3]):
@@ -552,19 +555,14 @@ class Topics:
             if stop is not None and stop.is_set():
                 break
         if refused is not None:
-            raise refused[0] from refused[1]
+            raise refused
         return dict(sorted(starts.items()))
 
 
-def _refused_partition(exc: Exception, namespace: str, topic: str,
-                       partitions: Iterable[int]) -> int | None:
-    """The partition of ``partitions`` whose stream a script's FOREIGN_ENTRY_ID refusal
-    ``exc`` names (an entry added by hand: ``_base._foreign_ids``), or None."""
-    text = str(exc)
-    for p in partitions:
-        if f"FOREIGN_ENTRY_ID {partition_key(namespace, topic, p)}:" in text:
-            return p
-    return None
+def _queued_for_deletion(topic: str) -> str:
+    """What a request refused on a topic marked for deletion (``Topics.delete``) says."""
+    return (f"{topic} is queued for deletion: a delete of it stopped partway; delete it again "
+            "to finish")
 
 
 def _keys_with_mark(key: str) -> list[str]:
