@@ -68,7 +68,7 @@ from ..errors import ConfigError, ConnectionLost, Errors, RcoordError
 from ..protocol._checks import INT64_MAX
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import CorruptRecordError, FetchWaker, Header, PartitionRecords, Record, TopicError
-from ..topics._base import legal_topic, sync_headers
+from ..topics._base import legal_topic, sync_headers, unreadable_partition
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, OffsetCommitCallback
@@ -2210,7 +2210,7 @@ class Consumer(SubscriptionMixin):
                 result = coord.fetch(tp.topic, tp.partition, pos, most, int(block * 1000),
                                      max_bytes=each, waker=self._fetch_waker)
             except TopicError as exc:
-                if exc.error is not Errors.UNKNOWN_SERVER_ERROR or not exc.detail:
+                if not unreadable_partition(exc):
                     raise
                 # (the record waited for is an entry that is not one: as the fetch of several
                 # partitions answers it, for ``_take`` to keep; raised, poll() raised it once)
@@ -2606,14 +2606,14 @@ def _edges_of(coord: Coordinator, partitions: list[TopicPartition]
     try:
         return dict(zip(partitions, coord.log_offsets_many(partitions), strict=True))
     except TopicError as exc:
-        if not exc.detail or exc.error is not Errors.UNKNOWN_SERVER_ERROR:
+        if not unreadable_partition(exc):
             raise
     out: dict[TopicPartition, tuple[int, int] | Errors | TopicError] = {}
     for tp in partitions:
         try:
             (out[tp],) = coord.log_offsets_many([tp])
         except TopicError as exc:
-            if not exc.detail or exc.error is not Errors.UNKNOWN_SERVER_ERROR:
+            if not unreadable_partition(exc):
                 raise
             out[tp] = exc
     return out

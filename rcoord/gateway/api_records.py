@@ -35,6 +35,7 @@ from ..topics import (
     partition_key,
 )
 from ..topics import offsets_for_times as topic_offsets_for_times
+from ..topics._base import unreadable_partition
 from ..topics.fetch import fetch_bounded
 from ..topics.producer import append_idempotent
 from .acl import Operation, ResourceType
@@ -412,7 +413,7 @@ def _unreadable_or_unknown(exc: TopicError | InvalidRequestError) -> Errors:
     the application hears of it and can seek past it; UNKNOWN_SERVER_ERROR it only logs at
     WARN and fetches again, for ever: the partition stalled without a word to the
     application."""
-    if isinstance(exc, TopicError) and exc.error == Errors.UNKNOWN_SERVER_ERROR and exc.detail:
+    if unreadable_partition(exc):
         return Errors.CORRUPT_MESSAGE
     return _as_unknown(exc)
 

@@ -511,6 +511,15 @@ def _foreign_ids(exc: Exception) -> Exception:
     return TopicError(Errors.UNKNOWN_SERVER_ERROR, detail)
 
 
+def unreadable_partition(exc: BaseException) -> bool:
+    """Whether ``exc`` is a read's refusal of a partition it cannot read there: a stream entry
+    that is not a record where the read begins, or a stream whose last id is not rcoord's
+    (UNKNOWN_SERVER_ERROR with a ``detail`` naming it: ``_foreign_ids``, ``fetch._answer``),
+    which a reader of several partitions answers for that partition alone."""
+    return (isinstance(exc, TopicError) and exc.error is Errors.UNKNOWN_SERVER_ERROR
+            and bool(exc.detail))
+
+
 def _name(raw: bytes | str) -> Errors:
     return Errors.from_name(raw)
 
