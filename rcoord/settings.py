@@ -350,7 +350,7 @@ def _scan_copies(namespace: str) -> Flow[dict[str, int]]:
     page: the scan starts again from 0 with a ``COUNT`` 16 times larger until every master
     finished in one call. Only keys named as a copy of some layout count (``PartitionKeys``;
     the pattern alone also matches other keys whose name ends so)."""
-    pattern = f"{namespace}:{{*}}:cfg"
+    pattern = copy_pattern(namespace)
     cursor, count = "0", SCAN_COUNT
     keys: list[Any] = []
     while True:
