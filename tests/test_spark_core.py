@@ -10,7 +10,6 @@ import logging
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -54,6 +53,7 @@ from rcoord.spark.resolve import (
 )
 from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
 from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch
+from rcoord.topics.times import server_ms
 
 TP = TopicPartition
 URL = {"url": "redis://127.0.0.1:1/0"}
@@ -2075,8 +2075,7 @@ def test_a_batch_older_than_a_replay_record_lasts_comes_again_after_a_restart(
             new.close(5)
     # 8 days on: the record's hash has expired, and the server's clock says so.
     single_client.delete(replays_key(namespace, "g"))
-    sec, usec = single_client.time()
-    later = sec * 1000 + usec // 1000 + 8 * 24 * 3600 * 1000
+    later = server_ms(single_client) + 8 * 24 * 3600 * 1000
     monkeypatch.setattr("rcoord.spark.member._server_ms", lambda client: later, raising=False)
     again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
     try:

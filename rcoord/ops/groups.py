@@ -379,17 +379,12 @@ def _mode(args: argparse.Namespace, server_ms: Any) -> Mode:
     raise UsageError("choose a reset: " + ", ".join("--" + m.replace("_", "-") for m in MODES))
 
 
-def _server_ms(ctx: Context) -> int:
-    """Now on Redis' clock, the clock that stamps records (any node of a cluster)."""
-    secs, micros = ctx.client.time()
-    return int(secs) * 1000 + int(micros) // 1000
-
-
 def _reset_offsets(ctx: Context) -> int:
     from ..topics import offsets_for_times
+    from ..topics.times import server_ms
 
     args, group = ctx.args, ctx.args.group
-    mode = _mode(args, lambda: _server_ms(ctx))
+    mode = _mode(args, lambda: server_ms(ctx.client))
     from_file = _reset_file(args) if mode.name == "from_file" else None
     if from_file is None and not (args.topic or args.all_topics):
         raise UsageError("one of the arguments --topic --all-topics is required (or "

@@ -72,6 +72,7 @@ from ..client.join import log_offsets_of, topics_matching
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
+from ..topics.times import server_ms
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
 from .replays import (
@@ -914,10 +915,9 @@ def _server_ms(client: Any) -> int | None:
     comes from; a replay record's expiry runs on it too), or None if it cannot be read (then
     the planning time is not recorded, and a restart takes the position as one without it)."""
     try:
-        sec, usec = client.time()
+        return server_ms(client)
     except REDIS_FAILURES:
         return None
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def _record_may_have_expired(client: Any, start: Position) -> bool:

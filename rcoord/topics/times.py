@@ -34,7 +34,7 @@ from ._base import (
     partition_key,
 )
 
-__all__ = ["OffsetAndTimestamp", "offsets_for_times"]
+__all__ = ["OffsetAndTimestamp", "offsets_for_times", "server_ms"]
 
 OFFSET_FOR_TIME = _Lua("topic_offset_for_time")
 
@@ -45,6 +45,13 @@ class OffsetAndTimestamp:
 
     offset: int
     timestamp_ms: int
+
+
+def server_ms(client: Any) -> int:
+    """Now in ms on Redis' clock (``TIME``; any node of a cluster): the clock that stamps the
+    records and runs every rcoord deadline, for a caller that must compare a time with it."""
+    secs, micros = client.time()
+    return int(secs) * 1000 + int(micros) // 1000
 
 
 @translate_redis_errors
