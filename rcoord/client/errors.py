@@ -114,6 +114,12 @@ def replica_answer(exc: BaseException) -> BaseException | None:
     return cause if isinstance(cause, REPLICA_ANSWERS) else None
 
 
+def session_bound(session_timeout_ms: int) -> str:
+    """The retry bound of a call under ``call_with_retries`` (one session timeout), as
+    ``replica_refusal`` and ``refused_by_replica`` name it."""
+    return f"{session_timeout_ms} ms (session_timeout_ms, the client's retry bound)"
+
+
 def replica_refusal(exc: BaseException, group_id: str, call: str,
                     bound: str) -> ReadOnlyReplicaError | None:
     """``ReadOnlyReplicaError`` if ``exc``, the error a call raised after its retries (for

@@ -20,7 +20,12 @@ from typing import Any
 from ..errors import ConnectionLost, Errors, ProtocolError, RebalanceInProgressError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .coordinator import Coordinator
-from .errors import CommitFailedError, GenerationEndedError, refused_by_replica
+from .errors import (
+    CommitFailedError,
+    GenerationEndedError,
+    refused_by_replica,
+    session_bound,
+)
 from .policy import Reaction, combine, outranks, reaction_for
 
 __all__ = [
@@ -201,8 +206,7 @@ class Generation:
         self._retention_ms = retention_ms
         # How long ``retry`` retries a commit, for the ``ReadOnlyReplicaError`` it ends with.
         self._retry_bound = ("the client's retry bound" if session_timeout_ms is None else
-                             f"{session_timeout_ms} ms (session_timeout_ms, the client's retry "
-                             "bound)")
+                             session_bound(session_timeout_ms))
         self._retry = retry or (lambda call, error_of: call())
         self._on_end = on_end
         self._lock = threading.Lock()

@@ -113,7 +113,13 @@ from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
-from .errors import GroupClosedError, ReadOnlyReplicaError, replica_answer, replica_refusal
+from .errors import (
+    GroupClosedError,
+    ReadOnlyReplicaError,
+    replica_answer,
+    replica_refusal,
+    session_bound,
+)
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
 from .join import fenced_reason, join_generation
@@ -1005,9 +1011,7 @@ def _replica_refusal(exc: BaseException, config: ConsumerGroupConfig,
     failover in progress is over by then (the demoted master's clients are sent to the new
     one, or the node is promoted); a URL that names a replica never is, and the member joined
     again every ``join_backoff_ms`` for ever, reading nothing."""
-    return replica_refusal(
-        exc, config.group_id, call,
-        f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound)")
+    return replica_refusal(exc, config.group_id, call, session_bound(config.session_timeout_ms))
 
 
 def _as_exception(error: BaseException | Errors | None, gen: Generation | None) -> BaseException:

@@ -28,7 +28,13 @@ from ..errors import ConfigError, Errors, ProtocolError, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import CommitFailedError, IllegalStateError, WakeupError, refused_by_replica
+from .errors import (
+    CommitFailedError,
+    IllegalStateError,
+    WakeupError,
+    refused_by_replica,
+    session_bound,
+)
 from .group import ConsumerGroup
 from .join import start_offsets
 from .polltimer import PollTimer
@@ -357,7 +363,7 @@ class SubscriptionMixin:
 
 def retry_bound(config: ConsumerGroupConfig) -> str:
     """How long ``call_with_retries`` retried a call, for ``refused_by_replica``."""
-    return f"{config.session_timeout_ms} ms (session_timeout_ms, the client's retry bound)"
+    return session_bound(config.session_timeout_ms)
 
 
 def commit_as_simple_group(
