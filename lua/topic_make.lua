@@ -10,16 +10,15 @@
 -- Returns {1, ''} if it made the stream, {0, ''} if it left the partition as it was (this
 -- topic's already), {-1, token found} if the stream carries another topic's token ('ensure'
 -- and 'replace' leave it alone: the caller decides whether it is a leftover).
--- An empty stream is made with XGROUP CREATE MKSTREAM: XADD would spend offset 0 (and its mark,
--- below). Producer
--- state left by a crashed delete of an older topic of the same name goes with the stream, so
--- a re-created partition accepts every producer from scratch. 'reset' records the token, and a
--- resent call (its reply was lost, redis-py sent it again) finds it and leaves the partition
--- alone: producers may already have appended records and been told their offsets. 'ensure'
--- keeps a stream with the topic's token (a concurrent add_partitions of the same topic made it
--- and may have announced it), but not one of an older topic (a delete that raced an
--- add_partitions left it, records and all): that one is reported, and replaced only by a
--- 'replace' naming the token seen, so a stream made meanwhile by a newer topic is never lost.
+-- An empty stream is made with XGROUP CREATE MKSTREAM: XADD would spend offset 0 (its mark is made
+-- below). Producer state left by a crashed delete of an older topic of the same name goes with the
+-- stream, so a re-created partition accepts every producer from scratch. 'reset' records the
+-- token, and a resent call (its reply was lost, redis-py sent it again) finds it and leaves the
+-- partition alone: producers may already have appended records and been told their offsets.
+-- 'ensure' keeps a stream with the topic's token (a concurrent add_partitions of the same topic
+-- made it and may have announced it), but not one of an older topic (a delete that raced an
+-- add_partitions left it, records and all): that one is reported, and replaced only by a 'replace'
+-- naming the token seen, so a stream made meanwhile by a newer topic is never lost.
 
 local token = redis.call('GET', KEYS[5]) or ''
 if ARGV[1] == 'reset' then
