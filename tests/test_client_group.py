@@ -1436,6 +1436,47 @@ def test_real_static_member_keeps_its_place_on_close(real: Any) -> None:
     assert back.generation_id == gen.generation_id and back.partitions == gen.partitions
 
 
+def test_real_static_leader_back_from_leave_until_resumed_rebalances_nothing(real: Any) -> None:
+    """A static leader made to leave (``leave_until_resumed``: its poll timer ran out) and back
+    within its session: Kafka's member resets its generation on leaving, so it joins again with
+    its instance id alone and the coordinator takes it as the static member returning (same
+    generation, KIP-814's skip for a leader). rcoord's kept its member id, and a known leader's
+    join in a Stable group rebalances, so the whole group moved to a new generation."""
+    real.topics.create("t", 4)
+    a = real.group(group_instance_id="static-a", session_timeout_ms=3000)
+    b = real.group(group_instance_id="static-b", session_timeout_ms=3000)
+    a.start()
+    b.start()
+    gens: dict[str, Any] = {}
+
+    def both_in_one_generation() -> bool:
+        for name, group in (("a", a), ("b", b)):
+            newest = group.newest()
+            if newest is not None and newest is not gens.get(name):
+                gens[name] = group.next(timeout=WAIT_S)
+                gens[name].acknowledge()
+        return (len(gens) == 2 and gens["a"].generation_id == gens["b"].generation_id
+                and len(real.coord.describe_group("g").members) == 2
+                and real.coord.describe_group("g").state == "Stable")
+
+    wait_until(both_in_one_generation)
+    leader_name = "a" if gens["a"].is_leader else "b"
+    leader, follower = (a, b) if leader_name == "a" else (b, a)
+    before, follower_gen = gens[leader_name], gens["b" if leader_name == "a" else "a"]
+    leader.leave_until_resumed("max.poll.interval.ms passed")
+    assert before.lost
+    leader.resume()
+    back = leader.next(timeout=WAIT_S)
+    assert back.generation_id == before.generation_id  # no rebalance
+    assert back.member_id != before.member_id  # the old id was replaced, as Kafka's
+    assert sorted(back.partitions) == sorted(before.partitions)
+    assert not follower_gen.lost and follower_gen.generation_id == before.generation_id
+    desc = real.coord.describe_group("g")
+    assert desc.state == "Stable" and sorted(m.member_id for m in desc.members) == sorted(
+        [back.member_id, follower_gen.member_id])
+    assert follower.newest() is follower_gen
+
+
 def test_real_static_member_close_gives_up_its_parked_join(real: Any) -> None:
     """A static member sends no LeaveGroup on close, so nothing answers its parked JoinGroup:
     close() gives the call up instead (``abandon_parked_when``), within one 1 s wait, rather

@@ -647,8 +647,11 @@ class ConsumerGroup:
         A dynamic member sends LeaveGroup carrying ``reason`` and joins again as a new member
         (a new member id). A static member (``group_instance_id``) sends no LeaveGroup, as in
         Kafka (KIP-345): ``reason`` is only logged, its heartbeat stops, so its partitions move
-        to the others when its session times out, and ``resume()`` joins it again under the
-        same instance id, with the member id it had."""
+        to the others when its session times out. It forgets its member id too, as Kafka's
+        member resets its generation on leaving: ``resume()`` joins with its instance id alone,
+        which the coordinator takes as the static member coming back (it replaces the old id),
+        so a return within the session rebalances nothing, the leader's neither; joining again
+        under the old id would make a returning leader rebalance the whole group."""
         with self._cond:
             self._may_join.clear()
             gen = self._current if self._current is not None else self._slot
@@ -662,11 +665,6 @@ class ConsumerGroup:
         if member_id:
             if self._config.group_instance_id is None:
                 self._leave(member_id, reason)
-                self._member_id = ""
-                # The UUID of a new member's join under way is forgotten too: kept (the run
-                # thread keeps it while it sees no member id, as for a join never answered),
-                # the next join named the member that just left again.
-                self._member_uuid = None
             else:
                 log.warning(
                     "group %r: %s; a static member does not send LeaveGroup, its partitions "
@@ -674,6 +672,11 @@ class ConsumerGroup:
                     self._config.group_id,
                     reason,
                 )
+            self._member_id = ""
+            # The UUID of a new member's join under way is forgotten too: kept (the run thread
+            # keeps it while it sees no member id, as for a join never answered), the next
+            # join named the member that just left again.
+            self._member_uuid = None
 
     def resume(self) -> None:
         """Let the member join again after ``leave_until_resumed`` (idempotent)."""
