@@ -547,6 +547,12 @@ def test_a_direct_consumer_reads_a_topic_created_again_from_its_start(url, names
     # A value no call could take is a usage error too, said as the library says it.
     (["add-partitions", "t", "--partitions", "0"], None, 2, "--partitions must be >= 1, got 0"),
     (["produce", "t", "--partition", "-1"], "x\n", 2, "partition must be >= 0, got -1"),
+    # As produce's: a negative --partition is a bad flag (exit 2), said before the topic is
+    # looked up; consume said "there is no partition -1" (exit 1), or named the topic.
+    (["consume", "t", "--partition", "-1", "--timeout-ms", "100"], None, 2,
+     "--partition must be >= 0, got -1"),
+    (["consume", "nope", "--partition", "-1", "--timeout-ms", "100"], None, 2,
+     "--partition must be >= 0, got -1"),
 ])
 def test_bad_input_is_one_line(cli, redis_client, namespace, args, stdin, code, says):
     Topics(redis_client, namespace).create("t", 1)

@@ -330,7 +330,11 @@ def _consume(ctx: Context) -> int:
 def _check_partition_options(a: argparse.Namespace) -> None:
     """Kafka's console consumer's rules for ``--partition`` and ``--offset``
     (ConsoleConsumerOptions): an offset needs a partition, a partition excludes a group, and a
-    start is given once."""
+    start is given once. A negative partition is a bad flag (exit 2, as ``produce`` says it),
+    found before the topic is looked up: it was "there is no partition -1" (exit 1), or, for
+    a topic that does not exist, only the missing topic."""
+    if a.partition is not None and a.partition < 0:
+        raise UsageError(f"--partition must be >= 0, got {a.partition}")
     if a.offset is not None:
         if a.partition is None:
             raise UsageError("--offset needs --partition (the partition it is an offset of)")
