@@ -90,6 +90,19 @@ def test_create_list_describe_grow_delete(cli, redis_client, namespace):
     assert Topics(redis_client, namespace).list() == []
 
 
+@pytest.mark.parametrize("backend", ["single"])
+def test_describe_names_a_topic_named_twice_once(cli, redis_client, namespace):
+    """As ``delete``: a topic named twice (a script's list with a repeat) is one topic, not two
+    rows whose RECORDS, and JSON entries, a reader would add up twice."""
+    Topics(redis_client, namespace).create("orders", 2)
+    doc = json.loads(ok(cli("topics", "describe", "orders", "orders", "--output",
+                            "json")).stdout)
+    assert [d["topic"] for d in doc] == ["orders"]
+    res = ok(cli("topics", "describe", "orders", "orders"))
+    assert rows(res.stdout, "TOPIC  PARTITIONS") == [["orders", "2", "-", "-", "-", "0"]]
+    assert len(rows(res.stdout, "TOPIC PARTITION")) == 2
+
+
 def test_delete_checks_every_named_topic_before_deleting_any(cli, redis_client, namespace):
     """As kafka-topics.sh: a missing name among several deletes nothing and is named; with
     --if-exists the others are deleted and each is reported."""

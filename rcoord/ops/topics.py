@@ -124,10 +124,11 @@ def _list(ctx: Context) -> int:
 def _describe(ctx: Context) -> int:
     """The topics named, or every topic. A topic listed (none named) but deleted before its
     own description was read is left out, as if listed a moment later: it failed the whole
-    command with UNKNOWN_TOPIC_OR_PARTITION naming a topic nobody asked for."""
+    command with UNKNOWN_TOPIC_OR_PARTITION naming a topic nobody asked for. A topic named
+    twice is described once, as ``delete`` takes it once."""
     admin = ctx.topics()
     if ctx.args.topics:
-        descs = [admin.describe(name) for name in ctx.args.topics]
+        descs = [admin.describe(name) for name in dict.fromkeys(ctx.args.topics)]
     else:
         descs = []
         for name in admin.list():
