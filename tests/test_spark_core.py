@@ -52,7 +52,7 @@ from rcoord.spark.resolve import (
     resolve_partitions,
 )
 from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
-from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch
+from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch, partition_key
 from rcoord.topics.times import server_ms
 
 TP = TopicPartition
@@ -2791,3 +2791,21 @@ def test_a_group_stream_fails_once_redis_is_out_of_reach_past_a_session(
                    timeout_s=20)
     finally:
         reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_partition_a_task_cannot_read_is_not_data_loss(
+        single_client: Any, namespace: str, topics: Topics, fail_on_data_loss: bool) -> None:
+    """A stream entry an XADD by hand made (not a record, with an id not rcoord's) leaves the
+    records unreadable, not lost: the task fails with the TopicError that names the stream and
+    what mends it, whatever failOnDataLoss says. It was a DataLossError, whose message was
+    taken for loss, and which failOnDataLoss=false, the setting for loss, did not skip."""
+    topics.create("odd", 1)
+    Producer(single_client, namespace).send_batch("odd", [b"a", b"b", b"c"])
+    single_client.execute_command("XADD", partition_key(namespace, "odd", 0), "*", "x", "1")
+    rng = OffsetRange("odd", 0, 0, 3)
+    with pytest.raises(TopicError) as info:
+        list(read_range(single_client, namespace, rng, 10, fail_on_data_loss,
+                        topics.create_token("odd")))
+    assert info.value.error is Errors.UNKNOWN_SERVER_ERROR
+    assert partition_key(namespace, "odd", 0) in str(info.value)

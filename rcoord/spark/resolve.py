@@ -438,7 +438,9 @@ def read_range(
     topic the range was planned in: if the topic was created again since (a batch Spark replays
     after a restart was planned, perhaps long before), the offsets name other records, so it is
     data loss too (without ``failOnDataLoss`` the range reads nothing and the next plan starts
-    over in the new topic).
+    over in the new topic). Any other error (a stream entry that is not a record, the server
+    refusing the read) is a ``TopicError`` whatever ``failOnDataLoss`` says: nothing is lost
+    and nothing skipped, and the error names what to fix.
 
     Every skip (``failOnDataLoss`` false) logs a warning naming the topic-partition and the
     offsets skipped, as Spark's Kafka source reports each one (``reportDataLoss``): a silent
@@ -480,7 +482,11 @@ def read_range(
                         max_bytes=max_bytes)
         except TopicError as exc:
             if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                raise DataLossError(f"{where}: {exc}") from exc
+                # Not loss: the records are there but cannot be read now (a stream entry an
+                # XADD by hand made, which the error names with what mends it). Raised as it
+                # is, whatever failOnDataLoss says; a DataLossError told the user to set
+                # failOnDataLoss=false for an error that setting does not skip.
+                raise
             lost(gone(offset))
             return
         if res.error is Errors.OFFSET_OUT_OF_RANGE and res.log_start_offset > offset:
