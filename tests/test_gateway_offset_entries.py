@@ -50,15 +50,20 @@ def _commit(gateway: Any, entries: Entries, version: int = 8, generation: int = 
     """An OffsetCommit of ``entries`` as given (a partition or topic may repeat); its answers
     as (topic, [(partition, error)]), in response order. Generation -1 with no member id: the
     simple (``assign()``) commit."""
+    marker = 123_456_789  # a retention a timedelta holds, replaced in the frame by the real one
     body = {"group_id": "g", "generation_id_or_member_epoch": generation, "member_id": "",
-            "retention_time": datetime.timedelta(milliseconds=retention_ms),
+            "retention_time": datetime.timedelta(milliseconds=marker),
             "group_instance_id": None, "topics": [
                 {"name": t, "partitions": [
                     {"partition_index": p, "committed_offset": o, "committed_leader_epoch": -1,
                      "committed_metadata": m} for p, o, m in parts]} for t, parts in entries]}
+    frame = request_frame(8, version, 5, body)
+    if 2 <= version <= 4:  # (any int64, also one past what a timedelta holds)
+        at = frame.index(marker.to_bytes(8, "big"))
+        frame = frame[:at] + retention_ms.to_bytes(8, "big", signed=True) + frame[at + 8:]
     sock = connect(gateway)
     try:
-        sock.sendall(request_frame(8, version, 5, body))
+        sock.sendall(frame)
         got = response(sock, 8, version, 5 if version >= 8 else 4)  # flexible from v8
     finally:
         sock.close()
@@ -106,6 +111,27 @@ def test_a_retention_below_minus_one_is_answered_none_and_the_offset_expires_at_
     assert _fetch(gateway, [("t", [0, 1, 2, 3])]) == [
         ("t", [(0, 5, "", NONE), (1, 6, "", NONE), (2, -1, "", NONE), (3, -1, "", NONE)])]
     assert _fetch(gateway, None) == [("t", [(0, 5, "", NONE), (1, 6, "", NONE)])]
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_a_retention_past_what_a_timedelta_holds_is_answered(
+        gateway: Any, topics: Any, version: int) -> None:
+    """``retention_time_ms`` is any int64; kio reads it into a ``datetime.timedelta``, which
+    ends near 8.64e16 ms. Past that the request did not decode and the gateway closed the
+    connection unanswered. Kafka answers: commit time + retention, in the far future (the
+    offset stays) or, for a negative one, in the past (expired at once)."""
+    topics.create("t", 4)
+    top, bottom = 2**63 - 1, -(2**63)
+    assert _commit(gateway, [("t", [(0, 5, "")])], version, retention_ms=top) == [
+        ("t", [(0, NONE)])]
+    assert _commit(gateway, [("t", [(1, 6, "")])], version, retention_ms=10**17) == [
+        ("t", [(1, NONE)])]
+    assert _commit(gateway, [("t", [(2, 7, "")])], version, retention_ms=bottom) == [
+        ("t", [(2, NONE)])]
+    assert _commit(gateway, [("t", [(3, 8, "")])], version, retention_ms=-(10**17)) == [
+        ("t", [(3, NONE)])]
+    assert _fetch(gateway, [("t", [0, 1, 2, 3])]) == [
+        ("t", [(0, 5, "", NONE), (1, 6, "", NONE), (2, -1, "", NONE), (3, -1, "", NONE)])]
 
 
 def test_a_positive_retention_expires_the_offset_once_its_time_has_passed(

@@ -89,6 +89,8 @@ def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, A
     """
     cls = request_class(api_key, version)
     header_cls = cls.__header_schema__
+    if api_key == _OFFSET_COMMIT and version in _RETENTION_VERSIONS:
+        frame = _bounded_retention(header_cls, frame)
     try:
         header, body, used, size = _read(header_cls, cls, frame)
     except KeyError as exc:
@@ -103,6 +105,39 @@ def decode_body(api_key: int, version: int, frame: bytes) -> tuple[str | None, A
         _debug_once("trailing", api_key, version, header.client_id,
                     f"{left} bytes after the request body ignored")
     return header.client_id, body
+
+
+_OFFSET_COMMIT, _RETENTION_VERSIONS = 8, (2, 3, 4)
+_RETENTION_BOUND_MS = 1 << 53
+"""OffsetCommit v2-v4's ``retention_time_ms`` is brought within this (either sign) before kio
+reads it (``_bounded_retention``): it holds the value in a ``datetime.timedelta``, which ends
+near 8.64e16 ms, while the field is any int64. Past it, the decode failed and the connection
+was closed unanswered, where Kafka answers (commit time + retention, ``expireTimestampMs``). The
+bound changes no answer: ``retention_arg`` takes anything above ``MAX_RETENTION_MS`` (2**52)
+as that, and ``_retention_ms`` anything below -1 as "expired at once"."""
+
+
+def _bounded_retention(header_cls: Any, frame: bytes) -> bytes:
+    """``frame`` (OffsetCommit v2-v4, not flexible) with its ``retention_time_ms`` within
+    ``_RETENTION_BOUND_MS``: after the header come group_id (int16 length, bytes),
+    generation_id (int32), member_id (int16 length, bytes), then the int64 retention. A frame
+    too short or with a negative length is left as it is, for kio to refuse."""
+    at = entity_reader(header_cls)(memoryview(frame), 0)[1]
+    for skip in (0, 4):  # group_id, then generation_id and member_id
+        at += skip
+        if len(frame) < at + 2:
+            return frame
+        size = int.from_bytes(frame[at:at + 2], "big", signed=True)
+        if size < 0:
+            return frame
+        at += 2 + size
+    if len(frame) < at + 8:
+        return frame
+    retention = int.from_bytes(frame[at:at + 8], "big", signed=True)
+    bounded = max(-_RETENTION_BOUND_MS, min(retention, _RETENTION_BOUND_MS))
+    if bounded == retention:
+        return frame
+    return frame[:at] + bounded.to_bytes(8, "big", signed=True) + frame[at + 8:]
 
 
 _LOGGED: set[tuple[str, int, int]] = set()
