@@ -2088,6 +2088,38 @@ def test_a_batch_older_than_a_replay_record_lasts_comes_again_after_a_restart(
         again.close(5)
 
 
+def test_a_batch_whose_age_cannot_be_told_comes_again_after_a_restart(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As above, but the restarted member finds no replay record and cannot read the server's
+    # clock (TIME fails: in a cluster it goes to any node). Whether the record has expired
+    # cannot be told, so the batch comes again (at least once). Before, a clock that could not
+    # be read counted as "not expired": the batch's end was committed, and what a replay had
+    # left unread was skipped for good.
+    e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
+                   for r in ranges_between(e1, e2)]
+        assert new.replay(e2, shifted, 10) == set()
+    finally:
+        new.close(5)
+    single_client.delete(replays_key(namespace, "g"))  # (expired, days on)
+    assert e2.planned_ms is not None
+
+    def no_clock(client: Any) -> int:
+        raise redis.ConnectionError("TIME: the node is down")
+
+    monkeypatch.setattr("rcoord.spark.member.server_ms", no_clock)
+    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        nxt = again.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
+        assert _committed(coord) == e1.offsets
+    finally:
+        again.close(5)
+
+
 def test_a_position_keeps_when_its_group_mode_batch_was_planned() -> None:
     # The planning time survives Spark's checkpoint (the JSON), or a restart could not tell.
     pos = Position({TP("ev", 0): 3}, generation=2, member="m", planned_ms=1_700_000_000_000)

@@ -686,10 +686,11 @@ class StreamMember:
                         start.member, exc)
             return
         if read is None and _record_may_have_expired(self._group.redis_client, start):
-            log.warning("group %r: the batch planned in generation %s by %s is older than a "
-                        "replay record lasts (%d days): if a restart replayed only part of it, "
-                        "that record is gone; it comes again from the group's committed offsets "
-                        "(at least once)", gen.group_id, start.generation, start.member,
+            log.warning("group %r: the batch planned in generation %s by %s may be older than "
+                        "a replay record lasts (%d days; or the server's clock cannot be read "
+                        "to tell): if a restart replayed only part of it, that record may be "
+                        "gone; it comes again from the group's committed offsets (at least "
+                        "once)", gen.group_id, start.generation, start.member,
                         REPLAY_TTL_S // 86400)
             return
         todo: dict[TP, int] = {}
@@ -924,11 +925,14 @@ def _record_may_have_expired(client: Any, start: Position) -> bool:
     """Whether a record of a replay of the batch ending at ``start`` (written after it was
     planned, kept ``REPLAY_TTL_S`` from then) may be gone by now, by the server's clock. A
     position without a planning time (checkpointed by an older rcoord) cannot tell, and is
-    taken as before."""
+    taken as before. A server clock that cannot be read now (TIME failed: a cluster's node
+    that answers it down) cannot tell either, and may: the batch comes again (at least once),
+    as when the record cannot be read. It was taken for "not expired", and the batch's end
+    committed, skipping what a partial replay left unread."""
     if start.planned_ms is None:
         return False
     now = _server_ms(client)
-    return now is not None and now - start.planned_ms >= REPLAY_TTL_S * 1000
+    return now is None or now - start.planned_ms >= REPLAY_TTL_S * 1000
 
 
 def _once(call: Callable[[], T], error_of: Callable[[T], Errors] | None) -> T:
