@@ -144,6 +144,21 @@ def test_a_delete_that_fails_half_way_still_says_in_json_what_it_deleted(cli, re
     assert admin.list() == ["second"]
 
 
+def test_consume_takes_minus_one_as_no_limit_as_kafka(cli, redis_client, namespace):
+    """Kafka's console consumer's default for ``--max-messages`` and ``--timeout-ms`` is -1,
+    no limit; a script passing it explicitly got a usage error (exit 2) here."""
+    from rcoord.topics import Producer
+
+    Topics(redis_client, namespace).create("ev", 1)
+    Producer(redis_client, namespace).send_batch("ev", [f"v{i}".encode() for i in range(3)])
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "-1",
+                 "--timeout-ms", "300"))
+    assert res.stdout.splitlines() == ["v0", "v1", "v2"]
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "2",
+                 "--timeout-ms", "-1"))
+    assert res.stdout.splitlines() == ["v0", "v1"]
+
+
 def test_produce_and_consume_directly(cli, redis_client, namespace):
     Topics(redis_client, namespace).create("ev", 3)
     lines = "".join(f"user-{i}:event {i}\n" for i in range(12))
@@ -550,6 +565,8 @@ def test_a_direct_consumer_reads_a_topic_created_again_from_its_start(url, names
     (["produce", "t", "--partition", "4"], "x\n", 1, "there is no partition 4"),
     (["consume", "nope", "--timeout-ms", "100"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
     (["consume", "t", "--max-messages", "0"], None, 2, "--max-messages must be >= 1"),
+    (["consume", "t", "--timeout-ms", "-2"], None, 2,
+     "--timeout-ms must be >= 1 (or -1: no limit), got -2"),
     # Kafka's consumer refuses an empty or blank group.id; "" ran without a group (exit 0,
     # nothing committed) and " " joined a group named " ".
     (["consume", "t", "--group", "", "--timeout-ms", "100"], None, 2,

@@ -72,9 +72,10 @@ def add_console_arguments(sub: Any) -> None:
                    "--offset or --from-beginning says otherwise")
     q.add_argument("--offset", metavar="O",
                    help="with --partition: where to start, 'earliest', 'latest' or an offset")
-    q.add_argument("--max-messages", type=int, metavar="N", help="stop after N records")
+    q.add_argument("--max-messages", type=int, metavar="N",
+                   help="stop after N records (-1, the default: no limit)")
     q.add_argument("--timeout-ms", type=int, metavar="MS",
-                   help="stop after MS without a record (default: run until Ctrl-C)")
+                   help="stop after MS without a record (-1, the default: run until Ctrl-C)")
     q.add_argument("--print-key", action="store_true", help="print KEY SEP VALUE")
     q.add_argument("--print-offset", action="store_true",
                    help="print the partition and offset before each record")
@@ -298,8 +299,13 @@ def _consume(ctx: Context) -> int:
     a = ctx.args
     for name in ("max_messages", "timeout_ms"):
         value = getattr(a, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if value == -1:
+            # Kafka's console consumer's default for both, "no limit": a script written for
+            # it that passes -1 explicitly ran into a usage error here.
+            setattr(a, name, None)
+        elif value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1 (or -1: no limit), "
+                             f"got {value}")
     if a.group is not None and not a.group.strip():
         # Kafka's consumer refuses such a group.id (InvalidGroupIdException). Here "" read as
         # no group and ran unattached, committing nothing, and " " joined a group named " ".
