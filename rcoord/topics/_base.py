@@ -79,12 +79,16 @@ class CorruptRecordError(TopicError):
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """Log offsets of one partition; ``error`` is set (offsets -1) if its stream is missing."""
+    """Log offsets of one partition; ``error`` is set (offsets -1) if its stream is missing
+    (UNKNOWN_TOPIC_OR_PARTITION) or cannot be read (UNKNOWN_SERVER_ERROR)."""
 
     partition: int
     log_start_offset: int
     log_end_offset: int
     error: Errors = Errors.NONE
+    detail: str = ""
+    """Why, with UNKNOWN_SERVER_ERROR: the partition's stream has a last id that is not
+    rcoord's (an XADD by hand), and what mends it."""
 
 
 @dataclass(frozen=True)
@@ -518,6 +522,27 @@ def unreadable_partition(exc: BaseException) -> bool:
     which a reader of several partitions answers for that partition alone."""
     return (isinstance(exc, TopicError) and exc.error is Errors.UNKNOWN_SERVER_ERROR
             and bool(exc.detail))
+
+
+def _offsets_of(client: Any, keys: Sequence[str]) -> list[tuple[int, int] | Errors | TopicError]:
+    """The log offsets of the partitions of stream ``keys`` (``topic_offsets.lua``) in one
+    round trip per node, in the same order: (log start, log end), the script's error code
+    (UNKNOWN_TOPIC_OR_PARTITION: no such stream), or for a stream whose last id is not
+    rcoord's (an XADD by hand) the ``_foreign_ids`` TopicError naming it and what mends it.
+    Such a stream failed the whole read before, so one hand-made entry hid the offsets of
+    every other partition read with it, where Kafka's ListOffsets answers per partition."""
+    calls: list[_Call] = [(OFFSETS, [key, last_timestamp_key_of(key)], []) for key in keys]
+    out: list[tuple[int, int] | Errors | TopicError] = []
+    for res in _run(client, calls, keep_errors=True) if calls else []:
+        if isinstance(res, Exception):
+            failed = _foreign_ids(res)
+            if not isinstance(failed, TopicError):
+                raise res
+            out.append(failed)
+            continue
+        error = _name(res[0])
+        out.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
+    return out
 
 
 def _name(raw: bytes | str) -> Errors:

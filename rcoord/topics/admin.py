@@ -10,8 +10,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import redis.exceptions
-
 from ..errors import Errors, translate_redis_errors
 from ._base import (
     ALTER_META,
@@ -19,7 +17,6 @@ from ._base import (
     DELETE_RECORDS,
     GROW_META,
     MAKE,
-    OFFSETS,
     PRODUCER_ID_EXPIRATION_MS,
     PRODUCER_TTL,
     RETENTION,
@@ -36,6 +33,7 @@ from ._base import (
     _check_topic,
     _foreign_ids,
     _name,
+    _offsets_of,
     _opt_int,
     _run,
     last_timestamp_key_of,
@@ -349,13 +347,15 @@ class Topics:
         if not meta:
             raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
         n = int(meta[b"partitions"])
-        keys = [partition_key(self._ns, topic, p) for p in range(n)]
-        try:
-            results = _run(self._r, [(OFFSETS, [key, last_timestamp_key_of(key)], [])
-                                     for key in keys])
-        except redis.exceptions.ResponseError as exc:
-            raise _foreign_ids(exc) from exc  # (a stream an XADD by hand left without offsets)
-        infos = [PartitionInfo(p, int(r[1]), int(r[2]), _name(r[0])) for p, r in enumerate(results)]
+        # A stream an XADD by hand left without offsets is that partition's error alone (it
+        # raised for the whole topic: `rcoord topics describe` showed no partition of it).
+        infos = [
+            PartitionInfo(p, *got) if isinstance(got, tuple)
+            else PartitionInfo(p, -1, -1, got.error, got.detail) if isinstance(got, TopicError)
+            else PartitionInfo(p, -1, -1, got)
+            for p, got in enumerate(_offsets_of(
+                self._r, [partition_key(self._ns, topic, p) for p in range(n)]))
+        ]
         return TopicDescription(
             name=topic,
             partitions=infos,

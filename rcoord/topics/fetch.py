@@ -24,7 +24,6 @@ from ._base import (
     FetchResult,
     Record,
     TopicError,
-    _Call,
     _check_client,
     _check_int,
     _check_namespace,
@@ -33,7 +32,7 @@ from ._base import (
     _id_offset,
     _name,
     _offset_id,
-    _run,
+    _offsets_of,
     last_timestamp_key_of,
     partition_key,
 )
@@ -793,29 +792,42 @@ def log_offsets_many(
     order: (log start offset, log end offset), or the error code (UNKNOWN_TOPIC_OR_PARTITION
     for a partition that does not exist), as Kafka's ListOffsets answers per partition.
 
+    A partition whose stream's last id is not rcoord's raises its TopicError
+    (UNKNOWN_SERVER_ERROR naming it) for the whole call, the first such in ``partitions``;
+    ``log_offsets_each`` answers it in its place instead.
+
     A partition named twice is read once and answered twice: ``_run`` sends a key's second
     call in a later round trip, and none after an error reply (its answer is None), so a
     missing partition named twice crashed here with a TypeError."""
+    answers: list[tuple[int, int] | Errors] = []
+    for got in log_offsets_each(redis_client, namespace, partitions):
+        if isinstance(got, TopicError):
+            raise got
+        answers.append(got)
+    return answers
+
+
+@translate_redis_errors
+def log_offsets_each(
+    redis_client: Any, namespace: str, partitions: Sequence[tuple[str, int]]
+) -> list[tuple[int, int] | Errors | TopicError]:
+    """``log_offsets_many`` that answers a partition it cannot read in its place, as Kafka's
+    ListOffsets answers each partition's error alone: a stream whose last id is not rcoord's
+    (an XADD by hand with an id of its own) is a TopicError (UNKNOWN_SERVER_ERROR) whose
+    ``detail`` names the stream and what mends it, and the other partitions are answered
+    their offsets. ``log_offsets_many`` raised that error for every partition read with it
+    (``Topics.describe`` failed so for the whole topic)."""
     _check_client(redis_client)
     _check_namespace(namespace)
     index: dict[tuple[str, int], int] = {}
-    keys: list[_Call] = []
+    keys: list[str] = []
     for topic, partition in partitions:
         _check_topic(topic)
         _check_int("partition", partition, 0)
-        if (topic, partition) in index:
-            continue
-        index[topic, partition] = len(keys)
-        key = partition_key(namespace, topic, partition)
-        keys.append((OFFSETS, [key, last_timestamp_key_of(key)], []))
-    answers: list[tuple[int, int] | Errors] = []
-    try:
-        replies = _run(redis_client, keys) if keys else []
-    except redis.exceptions.ResponseError as exc:
-        raise _foreign_ids(exc) from exc
-    for res in replies:
-        error = _name(res[0])
-        answers.append(error if error != Errors.NONE else (int(res[1]), int(res[2])))
+        if (topic, partition) not in index:
+            index[topic, partition] = len(keys)
+            keys.append(partition_key(namespace, topic, partition))
+    answers = _offsets_of(redis_client, keys)
     return [answers[index[topic, partition]] for topic, partition in partitions]
 
 
