@@ -4,6 +4,7 @@ the source answers ``ASK`` for them), on a cluster of the module's own."""
 from __future__ import annotations
 
 import concurrent.futures
+from typing import Any
 
 import pytest
 import redis
@@ -12,6 +13,7 @@ from test_parked_slot_moves import _Move
 
 from rcoord import ConnectionLost, Errors
 from rcoord.topics import TopicError, Topics, partition_key
+from rcoord.topics._base import last_timestamp_key
 from rcoord.topics.fetch import FetchWaker, fetch, fetch_many
 from rcoord.topics.producer import Producer
 
@@ -100,5 +102,56 @@ def test_a_partition_with_no_records_is_read_while_its_slot_moves(own_cluster, n
         assert Producer(client, namespace, idempotent=False).send(
             "t", b"b", partition=0).offset == 0
     finally:
+        move.close()
+        client.close()
+
+
+def _made_by_an_older_rcoord(client: Any, namespace: str, topic: str, partition: int) -> None:
+    """A partition as an rcoord before 2cb33a6 made it: no last-record key until its first
+    append."""
+    client.delete(last_timestamp_key(namespace, topic, partition))
+
+
+def _mend(client: Any, namespace: str) -> None:
+    """The one-off repair docs/operations.md gives ("Rolling upgrades"), as written there."""
+    topics = Topics(client, namespace)
+    for topic in topics.list():
+        for p in topics.describe(topic).partitions:
+            if p.error.name == "NONE" and p.log_end_offset == 0:  # never appended to
+                client.set(last_timestamp_key(namespace, topic, p.partition), "0 0", nx=True)
+
+
+def test_the_mend_of_an_older_partition_with_no_records_keeps_it_read_while_its_slot_moves(
+        own_cluster, namespace):
+    """A partition an older rcoord made and nothing was appended to has no last-record key, so
+    while its slot moves every read of it fails ConnectionLost (TRYAGAIN), and a fetch of the
+    partitions read with it too. After docs/operations.md's repair (which leaves the key a
+    partition with records has alone) it is read through the move, and appended to after."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    Topics(client, namespace).create("u", 1)
+    Producer(client, namespace, idempotent=False).send("t", b"a", partition=1)
+    for topic, partition in (("t", 0), ("u", 0)):
+        _made_by_an_older_rcoord(client, namespace, topic, partition)
+    had = client.get(last_timestamp_key(namespace, "t", 1))
+    reads = [("t", 0, 0), ("t", 1, 0)]
+    unmended = _Move(own_cluster, client, partition_key(namespace, "u", 0))
+    move = _Move(own_cluster, client, partition_key(namespace, "t", 0))
+    try:
+        _start_move(unmended)
+        with pytest.raises(ConnectionLost):
+            fetch_many(client, namespace, [("u", 0, 0)])
+        unmended.owner()
+        _mend(client, namespace)
+        assert client.get(last_timestamp_key(namespace, "t", 1)) == had
+        for step in (_start_move, _Move.keys, _Move.owner):
+            step(move)
+            got = fetch_many(client, namespace, reads)
+            assert [(a.error, a.log_end_offset, [r.value for r in a.records]) for a in got] == [
+                (Errors.NONE, 0, []), (Errors.NONE, 1, [b"a"])]
+        assert Producer(client, namespace, idempotent=False).send(
+            "t", b"b", partition=0).offset == 0
+    finally:
+        unmended.close()
         move.close()
         client.close()
