@@ -703,16 +703,22 @@ def test_appends_and_admin_calls_on_a_stream_whose_last_id_is_not_rcoords_say_so
 ) -> None:
     """Every ``XADD 0-*`` is refused there: sends of every kind failed with the server's bare
     ResponseError ("The ID specified in XADD is equal or smaller ..."), and
-    ``describe`` with the log offsets' refusal as a raw ResponseError (``delete_records`` too,
-    which now answers it for that partition: tests/test_delete_records.py);
+    ``describe`` with the log offsets' refusal as a raw ResponseError (``describe`` and
+    ``delete_records`` now answer it for that partition, with that detail:
+    tests/test_topic_offsets_each.py, tests/test_delete_records.py);
     an idempotent producer's next sends still go through once the topic is re-created."""
     plain = Producer(redis_client, namespace, idempotent=False)
+
+    def described() -> None:
+        info = topics.describe("t").partitions[0]
+        raise TopicError(info.error, info.detail)
+
     _after_a_foreign_last_id(redis_client, namespace, topics, producer, [
         lambda: producer.send("t", b"x", partition=0),
         lambda: plain.send("t", b"x", partition=0),
         lambda: append_idempotent(redis_client, namespace, "t", 0, [b"x"],
                                   producer_id="kafka-7", producer_epoch=0, base_sequence=0),
-        lambda: topics.describe("t")])
+        described])
     assert producer.send("t", b"y", partition=0).offset == 0
 
 
