@@ -20,7 +20,7 @@ from test_client_group import WAIT_S
 
 from rcoord import Errors, TopicPartition
 from rcoord.client.consumer import ConsumerRecord
-from rcoord.topics import CorruptRecordError, ProducerRecord, partition_key
+from rcoord.topics import CorruptRecordError, ProducerRecord, TopicError, partition_key
 
 fetch_module = importlib.import_module("rcoord.topics.fetch")  # (`fetch` is the function)
 env = test_consumer.env
@@ -155,3 +155,49 @@ def test_the_warning_of_an_unreadable_partition_comes_once(
     consumer.seek(TP("t", 0), 2)
     consumer._take(TP("t", 0), answer)
     assert sum("fetch of t-0" in r.getMessage() for r in caplog.records) == 2
+
+
+def _gap_in_p0(env: Any) -> None:
+    """Topic t of 2 partitions: t-0 holds records at offsets 0 to 3 of which offset 2 was
+    removed by hand (XDEL; rcoord removes records only from a log's start); t-1 holds one."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [*(ProducerRecord(b"a%d" % i, partition=0) for i in range(4)),
+                                  ProducerRecord(b"c", partition=1)])
+    env.client.execute_command("XDEL", partition_key(env.namespace, "t", 0), "0-3")
+
+
+@pytest.mark.parametrize("bounded", [False, True], ids=["unbounded", "bytes"])
+def test_fetch_many_answers_a_partition_with_a_gap_alone(env: Any, bounded: bool) -> None:
+    """A read that begins at the removed offset finds entries that never fit the log offsets:
+    that partition alone is UNKNOWN_SERVER_ERROR with a detail saying where to seek, and the
+    other is answered its records. Before, the whole fetch_many raised TopicError
+    (UNKNOWN_TOPIC_OR_PARTITION, "was replaced during each of 3 reads") for the existing
+    partition, so every partition read with it got nothing for as long as the gap was there."""
+    _gap_in_p0(env)
+    kw: dict[str, Any] = {"max_bytes": 1 << 20} if bounded else {}
+    got = fetch_module.fetch_many(env.client, env.namespace, [("t", 0, 2), ("t", 1, 0)], **kw)
+    assert [(a.error, [r.value for r in a.records]) for a in got] == [
+        (Errors.UNKNOWN_SERVER_ERROR, []), (Errors.NONE, [b"c"])]
+    assert "from offset 2 (the first at offset 3)" in got[0].detail
+    assert "XDEL" in got[0].detail and "seek to offset 3" in got[0].detail
+    with pytest.raises(TopicError) as caught:  # (one partition: raised, as for an entry)
+        fetch_module.fetch(env.client, env.namespace, "t", 0, 2)
+    assert caught.value.error is Errors.UNKNOWN_SERVER_ERROR and "XDEL" in caught.value.detail
+
+
+def test_the_consumer_raises_a_corrupt_record_error_at_a_gap(env: Any) -> None:
+    """As for an entry that is not a record: t-0's records before the gap and t-1's come, then
+    poll() raises CorruptRecordError naming t-0 at offset 2; a seek to 3 reads on."""
+    _gap_in_p0(env)
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest")
+    consumer.assign([TP("t", 0), TP("t", 1)])
+    consumer.seek(TP("t", 0), 1)
+    values: list[bytes] = []
+    with pytest.raises(CorruptRecordError) as caught:
+        for _ in range(20):  # (a poll may end before its fetch is answered)
+            values += [r.value for r in consumer.poll(WAIT_S)]
+    assert sorted(values) == [b"a1", b"c"]
+    assert (caught.value.topic, caught.value.partition, caught.value.offset) == ("t", 0, 2)
+    assert "seek to offset 3" in str(caught.value)
+    consumer.seek(TP("t", 0), 3)
+    assert [r.value for r in consumer.poll(WAIT_S)] == [b"a3"]

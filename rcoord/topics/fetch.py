@@ -194,6 +194,7 @@ def _fetch_many(
     """
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
+    found: dict[int, int] = {}  # the offset of the entry a read that did not fit began at
     for _ in range(_STALE_RETRIES):
         pipe = _pipeline(client)
         for i in todo:
@@ -202,13 +203,32 @@ def _fetch_many(
         for n, i in enumerate(todo):
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
             results[i] = _answer(reads[i][0], reads[i][1], replies[2 * n], offsets, reads[i][3])
+            if results[i] is None:
+                found[i] = _id_offset(replies[2 * n][0][0])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
             return [r for r in results if r is not None]
-    key = reads[todo[0]][0]
-    raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                     f"{key} was replaced during each of {_STALE_RETRIES} reads")
+    for i in todo:
+        results[i] = _unmatched(reads[i][0], reads[i][1], found[i])
+    return [r for r in results if r is not None]
+
+
+def _unmatched(key: str, offset: int, found: int) -> PartitionRecords[Any]:
+    """The answer for a partition whose entries read from ``offset`` did not fit its log
+    offsets in any of ``_STALE_RETRIES`` reads (the first began at offset ``found``): a stream
+    edited by hand (an XDEL in its middle, which rcoord never makes, or an XADD with an id past
+    its end), as a stream replaced between the two reads of every one of them is not to be
+    expected. That partition alone is UNKNOWN_SERVER_ERROR with a ``detail`` (``_answer``'s
+    for an entry that is not a record), so a consumer can seek past it; it raised TopicError
+    (UNKNOWN_TOPIC_OR_PARTITION, "replaced") for the whole fetch, and so stalled every
+    partition read with it for as long as the gap was there."""
+    past = f"seek to offset {found}" if found > offset else "seek past it"
+    return PartitionRecords([], -1, -1, Errors.UNKNOWN_SERVER_ERROR, detail=(
+        f"{key}: its entries read from offset {offset} (the first at offset {found}) do not fit "
+        f"its log offsets in any of {_STALE_RETRIES} reads: an entry was removed from its "
+        f"middle by hand (XDEL) or added with an id of its own; {past} to read on, or remove "
+        f"the records up to there with Topics.delete_records"))
 
 
 _FIRST_READ = 1
@@ -298,15 +318,14 @@ def _fetch_bounded(
                 steps.append((i, count))
         if not steps:
             break
-        try:
-            more = _fetch_many(client, [(reads[i][0], reads[i][1] + len(answers[i].records),
-                                         count, reads[i][3]) for i, count in steps])
-        except TopicError:
-            break  # (replaced during each read: answer with what was read)
+        more = _fetch_many(client, [(reads[i][0], reads[i][1] + len(answers[i].records),
+                                     count, reads[i][3]) for i, count in steps])
         for (i, count), b in zip(steps, more, strict=True):
             asked[i], got[i] = count, len(b.records)
             if b.error != Errors.NONE:
-                got[i] = -1  # trimmed past the next offset meanwhile, or gone: keep what was read
+                # Trimmed past the next offset meanwhile, gone, or not readable there (an entry
+                # that is not a record, a gap: ``_unmatched``): keep what was read.
+                got[i] = -1
                 continue
             a = answers[i]
             if b.records:
@@ -681,8 +700,9 @@ def fetch_many(
     ``max_records`` records, OFFSET_OUT_OF_RANGE with the log offsets, or
     UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist), except that a partition
     that cannot be read at its offset (a stream entry there that is not a record, a stream
-    whose last id is not rcoord's; ``fetch`` raises TopicError for it) is answered
-    UNKNOWN_SERVER_ERROR with a ``detail`` saying why, as Kafka answers errors per partition.
+    whose last id is not rcoord's, an entry removed there by hand: ``_unmatched``; ``fetch``
+    raises TopicError for it) is answered UNKNOWN_SERVER_ERROR with a ``detail`` saying why,
+    as Kafka answers errors per partition.
 
     ``max_bytes`` and ``partition_max_bytes`` (Kafka's ``fetch.max.bytes`` and
     ``max.partition.fetch.bytes``; None: no bound) bound the bytes read, in all and per
