@@ -518,7 +518,9 @@ class Generation:
 
     def _session_expired(self, session_timeout_ms: int) -> None:
         """No heartbeat was answered for a session timeout: the coordinator has removed this
-        member (or is about to), and another member may be given its partitions. They are lost
+        member, or will as soon as it can write (Redis unreachable, or refusing writes under
+        NOREPLICAS or MISCONF: the message said "has removed" then too), and another member
+        may be given its partitions. They are lost
         now, so nothing more of them is handed out, as kafka-go ends a generation on a failed
         heartbeat; waiting for the heartbeat's own retries to give up took their socket
         timeouts (about 30 s)."""
@@ -526,8 +528,9 @@ class Generation:
             self._lost = True
         self._end(EndReason.COORDINATOR_UNREACHABLE, ConnectionLost(
             f"group {self.group_id!r}: no heartbeat answered for session_timeout_ms "
-            f"({session_timeout_ms} ms): the coordinator has removed member {self.member_id}, "
-            "and its partitions may have other owners"))
+            f"({session_timeout_ms} ms): the coordinator removes member {self.member_id} as "
+            "its session passed (if Redis is unreachable or refuses writes now, once it takes "
+            "them again), and its partitions may have other owners"))
 
     def wait_routines(self, timeout: float | None = None) -> bool:
         """Wait until ``collect`` has seen every routine return; True if it has (the heartbeat
