@@ -1,7 +1,10 @@
 -- settings.lua: the namespace settings as one agreed fact (rcoord/settings.py drives it).
 -- KEYS[1] the namespace settings hash '<ns>:settings' (ops establish, update, move, mark,
---         unmark, adopt), or a partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw)
--- KEYS[2..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
+--         unmark, adopt), or a partition's copy '<ns>:{tag}:cfg' (ops copy, withdraw), or an
+--         anchor '<ns>:{a.<i>.<k>}:anchor' (op copy)
+-- KEYS[2] (ops copy, withdraw; none for an anchor) the partition's withdrawal mark
+--         '<ns>:{tag}:withdrawn' (a string: the version its layout was withdrawn at)
+-- KEYS[3..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
 --         read position and replica-ack counter: the same {tag}, so the same slot)
 -- ARGV[1] op:
 --   'establish'  ARGV[2..] field, value pairs: stored (version 1) only if no settings exist;
@@ -15,12 +18,18 @@
 --                written (another process moved the count since: the settle reads it again).
 --                The stored settings come back.
 --   'copy'       ARGV[2] version, ARGV[3..] field, value pairs: the copy is replaced unless it
---                already holds a newer version (two writers racing never leave an older copy).
---   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) and KEYS[2..] are
+--                already holds a newer version (two writers racing never leave an older copy),
+--                or its layout was withdrawn at this version or a newer one (KEYS[2]: a settle
+--                that read the count before a change of it, its write landing after the
+--                changer's deletion; then {'withdrawn', that version} comes back). A copy
+--                written deletes KEYS[2] (the layout is in force again).
+--   'withdraw'   ARGV[2] version: the copy (of a layout no longer in force) and KEYS[3..] are
 --                deleted unless the copy holds a newer version (written since for the layout
 --                in force again: then nothing is); 1 also if it was gone already (a deletion
 --                retried after it failed halfway). One script, so a change back landing between
 --                the copy's deletion and the others' cannot lose the live partition's stream.
+--                KEYS[2] is set to ARGV[2] (kept if it holds a newer one), so a late copy of the
+--                old settings is refused by 'copy' itself, whether or not its writer lives on.
 --   'mark'       ARGV[2] a field ('retire:<count>'), ARGV[3] its value (a random token): set
 --                if the settings exist (a hash created holding only it would lack
 --                num_partitions, which every settle refuses).
@@ -32,7 +41,7 @@
 --                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
 --                is not an integer.
 -- Returns a flat field, value array (establish, update, move, adopt) or 1 / 0 (copy, withdraw,
--- mark, unmark: written or deleted, or not).
+-- mark, unmark: written or deleted, or not; copy may also refuse as said above).
 
 -- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
 local function versioned_pairs(ARGV)
@@ -46,6 +55,11 @@ end
 -- with a Lua error, and every settle of the namespace (every process's start) with it.
 local function held_version(key)
   return tonumber(redis.call('HGET', key, 'version') or '-1') or -1
+end
+
+-- The version a partition's withdrawal mark holds; -1 if none (or none readable).
+local function withdrawn_at(key)
+  return tonumber(redis.call('GET', key) or '-1') or -1
 end
 
 register('settings', function(KEYS, ARGV)
@@ -83,12 +97,19 @@ register('settings', function(KEYS, ARGV)
     local have = held_version(key)
     local version = tonumber(ARGV[2])
     if have > version then return 0 end
+    if KEYS[2] then
+      local gone = withdrawn_at(KEYS[2])
+      if gone >= version then return {'withdrawn', tostring(gone)} end
+      redis.call('DEL', KEYS[2])
+    end
     redis.call('DEL', key)
     redis.call('HSET', key, unpack(versioned_pairs(ARGV)))
     return 1
   elseif op == 'withdraw' then
-    if held_version(key) > tonumber(ARGV[2]) then return 0 end
-    redis.call('DEL', unpack(KEYS))
+    local version = tonumber(ARGV[2])
+    if held_version(key) > version then return 0 end
+    if withdrawn_at(KEYS[2]) < version then redis.call('SET', KEYS[2], ARGV[2]) end
+    redis.call('DEL', key, unpack(KEYS, 3))
     return 1
   elseif op == 'mark' then
     if redis.call('EXISTS', key) == 0 then return 0 end

@@ -52,9 +52,12 @@ same with Redis as the only authority:
   exists, then stores the new count with a mark naming the old one (``RETIRE``), only if the
   count stored is still the one checked (``move``; else it reads and checks again), deletes the
   old copies (old-layout calls are refused from then on), then the mark, and writes the new
-  ones; a settle that finds a mark left (the deletion failed) deletes that layout. A settle
-  that wrote copies reads the count again and, if it moved meanwhile, deletes them and goes
-  another round (``_overtaken``): they may have come after the changer's deletion. A group
+  ones; a settle that finds a mark left (the deletion failed) deletes that layout. The
+  deletion leaves a mark in each old partition (``_withdrawn``) by which the ``copy`` op
+  refuses a copy written from the old settings afterwards, whether or not its writer lives on
+  to notice. A settle that wrote copies reads the count again and, if it moved meanwhile,
+  deletes them and goes another round (``_overtaken``): they may have come before the
+  changer's deletion. A group
   created in the instant between the check and the deletion is reported (logged); it can no
   longer be reached and its members rejoin under the new count.
 
@@ -189,6 +192,7 @@ def settle_flow(
     was: dict[str, str] | None = None
     guess = (known if known is not None else base).num_partitions
     ahead_seen = -1  # the newest copy an earlier round read above the settings it read
+    withdrawn = (0, -1)  # a layout an earlier round's repair was refused in, and its version
     for _ in range(MAX_SETTLE_ROUNDS):
         # One round trip: the settings and, under the count this process expects, every copy.
         stored, held = yield from _read(namespace, guess)
@@ -234,6 +238,18 @@ def settle_flow(
         if ahead is not None:
             ahead_seen = max(ahead_seen, _version(ahead))
             continue
+        if withdrawn[0] == _count(stored) and _version(stored) <= withdrawn[1]:
+            # A repair of this layout was refused as withdrawn at a version the settings read
+            # a round later still do not exceed: no writer leaves that (a change of count
+            # stores the other count at that version first, and versions only go up), so the
+            # settings were lost or rolled back below the withdrawal and name this count
+            # again. They are moved above it (``adopt``, their own values), as a copy newer
+            # than the settings moves them; else every repair was refused, for good.
+            values = {k: v for k, v in stored.items() if k in STORED_SETTINGS}
+            stored = yield from _adopt(key, {**values, "version": str(withdrawn[1] + 1)},
+                                       _count(stored))
+            if "num_partitions" not in stored:  # lost meanwhile: the next round recovers them
+                continue
         if not _readable_version(stored):
             # No copy newer to adopt it from (with one, ``_ahead`` above restores it): the
             # next ``update`` would fail in the script (HINCRBY), and the settle used it as is.
@@ -277,12 +293,13 @@ def settle_flow(
         effective = base.merged_with_stored(stored)
         version = int(stored.get("version", "1"))
         guess, held = yield from _layout(namespace, effective.num_partitions, guess, held)
-        written, stale = yield from _repair_copies(held, version, _values(effective))
+        written, stale, gone = yield from _repair_copies(held, version, _values(effective))
         if (yield from _overtaken(namespace, key, effective.num_partitions, version,
                                    written)):
             continue
         if not stale:
             return Settled(effective, version, was, written, stored.get(ORIGIN))
+        withdrawn = (effective.num_partitions, gone) if gone >= 0 else withdrawn
     raise ConfigError(
         f"the settings of namespace {namespace!r} kept changing while this process read them "
         f"({MAX_SETTLE_ROUNDS} rounds); try again"
@@ -451,7 +468,8 @@ def _withdraw(copies: list[str], version: int,
     leftovers were deleted one round trip after the copies: a change back landing in between,
     and a group formed there, lost its partition's events stream, read position and acks."""
     extra = leftovers if leftovers is not None else [[] for _ in copies]
-    replies = yield ScriptBatch("settings", [([k, *more], ["withdraw", str(version)])
+    replies = yield ScriptBatch("settings", [([k, _withdrawn(k), *more],
+                                              ["withdraw", str(version)])
                                              for k, more in zip(copies, extra, strict=True)])
     for reply in replies:
         if isinstance(reply, Exception):
@@ -627,10 +645,11 @@ def _hash(raw: Any) -> dict[Any, Any]:
 
 
 def _repair_copies(held: Held, version: int,
-                   values: Mapping[str, str]) -> Flow[tuple[tuple[str, ...], int]]:
+                   values: Mapping[str, str]) -> Flow[tuple[tuple[str, ...], int, int]]:
     """Write the copies in ``held`` (key -> what a read found there) that differ from
-    ``version`` and ``values``; the keys written, and how many copies hold a newer version
-    (found so, or refusing the write).
+    ``version`` and ``values``; the keys written, how many copies hold a newer version
+    (found so, or refusing the write), and the newest version a refusing partition's layout
+    was withdrawn at (``_withdrawn``; -1 if none refused so).
 
     A copy is written only if the write would change it: missing (never written, or lost on a
     failover), older, or the same version with other values (settings re-established after a
@@ -646,14 +665,37 @@ def _repair_copies(held: Held, version: int,
         if copy != want:
             (newer if _version(copy) > version else todo).append(key)
     if not todo:
-        return (), len(newer)
+        return (), len(newer), -1
     flat = ["copy", str(version), *[x for kv in values.items() for x in kv]]
-    replies = yield ScriptBatch("settings", [([k], flat) for k in todo])
+    replies = yield ScriptBatch("settings", [(_copy_keys(k), flat) for k in todo])
+    gone = -1
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-    written = tuple(k for k, reply in zip(todo, replies, strict=True) if int(reply) == 1)
-    return written, len(newer) + len(todo) - len(written)
+        if isinstance(reply, list):  # ['withdrawn', version]: the layout withdrawn since
+            gone = max(gone, _version({"version": _text(reply[1])}))
+    written = tuple(k for k, reply in zip(todo, replies, strict=True)
+                    if not isinstance(reply, list) and int(reply) == 1)
+    return written, len(newer) + len(todo) - len(written), gone
+
+
+def _withdrawn(copy: str) -> str:
+    """The withdrawal mark of the partition whose copy is ``copy`` (``<ns>:{tag}:withdrawn``,
+    the same slot): the version its layout was last withdrawn at, set by the ``withdraw`` op
+    and deleted by a ``copy`` written there. The ``copy`` op refuses a copy no newer than it.
+
+    Before, a withdrawal left nothing in the partition: a settle that read the old count just
+    before a change wrote its repair of a lost copy after the changer's deletion, and if it was
+    killed before it read the count again (``_overtaken``), that copy stayed for good with no
+    mark naming its layout; a process still on the old count then ran a group there while
+    every other process used the new count (the group existed twice)."""
+    return copy[:-len(":cfg")] + ":withdrawn"
+
+
+def _copy_keys(copy: str) -> list[str]:
+    """The keys of a ``copy`` op on ``copy``: a partition copy with its withdrawal mark, an
+    anchor (no layout, never withdrawn) alone."""
+    return [copy, _withdrawn(copy)] if copy.endswith(":cfg") else [copy]
 
 
 def _count(copy: Mapping[str, str]) -> int | None:

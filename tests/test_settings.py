@@ -102,7 +102,9 @@ def test_the_old_layout_copies_are_gone_after_a_change(redis_client, namespace):
 
 def test_no_key_of_the_old_layout_is_left_after_a_change(redis_client, namespace):
     """A count change in an empty namespace left each old partition's events stream and the
-    service's read position in it behind, for good: nothing addresses that layout again."""
+    service's read position in it behind, for good: nothing addresses that layout again. Only
+    each old partition's withdrawal mark stays (``rcoord.settings._withdrawn``: a few bytes,
+    which refuse a late copy of the old count there, and go once the count comes back)."""
     old = GroupCoordinator(redis_client, CoordinatorConfig(
         namespace=namespace, num_partitions=8, **FAST)).start()
     for i in range(8):  # events in the old partitions: groups created, then deleted
@@ -114,9 +116,9 @@ def test_no_key_of_the_old_layout_is_left_after_a_change(redis_client, namespace
     assert any(k.decode().startswith(prefix) and k.decode().endswith(":events")
                for k in redis_client.scan_iter(match=f"{namespace}:*", count=1000))
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
-    left = [k for k in redis_client.scan_iter(match=f"{namespace}:*", count=1000)
-            if k.decode().startswith(prefix)]
-    assert left == []
+    left = {k.decode() for k in redis_client.scan_iter(match=f"{namespace}:*", count=1000)
+            if k.decode().startswith(prefix)}
+    assert left == {PartitionKeys(namespace, p, 8).prefix + ":withdrawn" for p in range(8)}
 
 
 @pytest.mark.parametrize("first", ["started-before", "started-after"])

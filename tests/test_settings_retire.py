@@ -217,7 +217,8 @@ def test_a_count_changed_back_before_an_overtaken_settle_withdraws_keeps_its_cop
     redis_client.delete(partition.cfg)  # (lost on a failover: the settle below repairs it)
     settling = settle_flow(namespace, None, None)
     op = _run_until_batch(redis_client, scripts, settling, next(settling))
-    assert isinstance(op, ScriptBatch) and [keys for keys, _ in op.calls] == [[partition.cfg]]
+    assert isinstance(op, ScriptBatch) and [keys for keys, _ in op.calls] == [
+        [partition.cfg, f"{partition.prefix}:withdrawn"]]
     op = settling.send(_perform(redis_client, scripts, op, None, None))
     assert _reads_the_count(op, key)
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
@@ -326,7 +327,9 @@ def test_a_repair_whose_count_check_finds_the_settings_lost_withdraws_it(
     was lost, and the settle's check of the count found none. Before, it returned 5 with its
     copy in place ("the calls refused now settle again": none is, their copy exists), and once
     the settings were re-established from the anchors (7), its groups of that partition ran
-    under 5 while every other process used 7. The copy is withdrawn and the settle goes on."""
+    under 5 while every other process used 7. The copy was withdrawn and the settle went on;
+    since the change's withdrawal leaves a mark in each partition, the repair itself is refused
+    (``rcoord.settings._withdrawn``), and the settle goes on to 7 all the same."""
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=5)).start()
     scripts = Scripts(redis_client)
     scripts.load()
@@ -337,8 +340,9 @@ def test_a_repair_whose_count_check_finds_the_settings_lost_withdraws_it(
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
     op = _run_until_batch(redis_client, scripts, settling, op)
     assert isinstance(op, ScriptBatch)
-    op = settling.send(_perform(redis_client, scripts, op, None, None))
-    assert _reads_the_count(op, key)
+    refused = _perform(redis_client, scripts, op, None, None)
+    assert all(isinstance(r, list) and r[0] in (b"withdrawn", "withdrawn") for r in refused)
+    op = settling.send(refused)
     redis_client.delete(key)
     settled = _finish(redis_client, scripts, settling, op)
     worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
@@ -349,15 +353,21 @@ def test_a_repair_whose_count_check_finds_the_settings_lost_withdraws_it(
 
 def overtaken_with_a_failed_withdraw(redis_client: Any, namespace: str) -> None:
     """Empty namespace: a settle establishes 10 and is about to write its copies; another
-    moves the count to 20 and settles; the first writes the 10 layout, reads the count (20),
-    and its withdraw of those copies fails (a master down): the 10 layout is left, marked."""
+    stores 20 (marking 10) and is killed before its withdraw of the 10 layout; the first
+    writes the 10 layout, reads the count (20), and its withdraw of those copies fails (a
+    master down): the 10 layout is left, marked. (Copies written after the changer's withdraw
+    are refused by the mark it leaves in each partition: ``rcoord.settings._withdrawn``.)"""
     scripts = Scripts(redis_client)
     scripts.load()
     first = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=10), None)
     op = _run_until_batch(redis_client, scripts, first, next(first))
     assert isinstance(op, ScriptBatch)
-    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
-                                                     num_partitions=20)).start()
+    changer = settle_flow(namespace, CoordinatorConfig(namespace=namespace, num_partitions=20),
+                          None)
+    changing = next(changer)
+    while not _retires(changing):
+        changing = changer.send(_perform(redis_client, scripts, changing, None, None))
+    changer.close()  # (killed before its withdraw)
     op = first.send(_perform(redis_client, scripts, op, None, None))  # (the 10 layout written)
     while not _retires(op):
         op = first.send(_perform(redis_client, scripts, op, None, None))
@@ -368,11 +378,12 @@ def overtaken_with_a_failed_withdraw(redis_client: Any, namespace: str) -> None:
 def test_an_overtaken_settle_whose_withdraw_fails_leaves_its_layout_to_the_next_settle(
         redis_client, namespace):
     """Empty namespace: one settle establishes 10 and is about to write its copies; another
-    moves the count to 20 (deleting the 10 layout: nothing yet) and settles; the first writes
-    the 10 layout, reads the count (20), and its withdraw of those copies fails (a master
-    down). Before, nothing marked the 10 layout, so its copies stayed for good and a process
-    still on 10 was never refused. The layout is marked to be retired first now, and the next
-    settle deletes it."""
+    stores 20 and is killed before it deletes the 10 layout; the first writes the 10 layout,
+    reads the count (20), and its withdraw of those copies fails (a master down). Before,
+    with the changer's deletion done first (nothing yet) and its mark removed, nothing marked
+    the 10 layout, so its copies stayed for good and a process still on 10 was never refused.
+    That deletion now refuses such copies (its marks in the partitions); here the layout is
+    marked (by the changer, and again by the first), and the next settle deletes it."""
     overtaken_with_a_failed_withdraw(redis_client, namespace)
     assert any(k.startswith(f"{namespace}:{{10.") for k in _copies(redis_client, namespace))
     GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 from test_settings import FAST
-from test_settings_retire import _retires, overtaken_with_a_failed_withdraw
+from test_settings_retire import _retires
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.flow import Command, _perform, drive
@@ -108,18 +108,26 @@ def test_no_layout_is_left_behind_by_racing_settles_and_lost_settings(single_cli
 @pytest.mark.parametrize("page", [1, 1000])
 def test_a_layout_whose_withdraw_failed_is_retired_after_the_settings_are_lost(
         redis_client, namespace, monkeypatch, page):
-    """Empty namespace: a settle establishes 10; another process moves the count to 20 and
-    writes that layout and the anchors; the first writes the 10 layout, finds the count moved,
-    marks 10 (``retire:10``), and its withdraw fails (a master down). Then the settings hash is
-    lost, the mark with it, and a worker establishes them again from the anchors (20), reading
-    only the 20 layout. Before, the 10 layout's copies stayed for good: a process still on 10
-    was never refused and ran its own copy of its groups. Every copy of the namespace is looked
-    for after a re-establishment now (a SCAN of every master; ``page`` 1 makes the cluster's
-    scan start again with larger pages), and the 10 layout is retired."""
+    """10 -> 20, and the deletion of the 10 layout rolled back (a failover of the masters
+    holding it to replicas that missed it: its copies back, and the marks the deletion left in
+    its partitions gone), while the settings hash, its ``retire:10`` mark removed, kept the
+    change. Then the settings hash is lost, and a worker establishes it again from the anchors
+    (20), reading only the 20 layout. Before, the 10 layout's copies stayed for good: a process
+    still on 10 was never refused and ran its own copy of its groups. Every copy of the
+    namespace is looked for after a re-establishment now (a SCAN of every master; ``page`` 1
+    makes the cluster's scan start again with larger pages), and the 10 layout is retired."""
     import rcoord.settings
 
     monkeypatch.setattr(rcoord.settings, "SCAN_COUNT", page, raising=False)
-    overtaken_with_a_failed_withdraw(redis_client, namespace)
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=10)).start()
+    layout = [PartitionKeys(namespace, p, 10) for p in range(10)]
+    old = {pk: redis_client.hgetall(pk.cfg) for pk in layout}
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                     num_partitions=20)).start()
+    for pk, copy in old.items():  # (the rollback)
+        redis_client.delete(f"{pk.prefix}:withdrawn")
+        redis_client.hset(pk.cfg, mapping=copy)
     assert _layouts(redis_client, namespace) == {10, 20}
     redis_client.delete(settings_key(namespace))
     worker = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
