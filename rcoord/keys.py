@@ -29,6 +29,10 @@ GROUP_KEYS declares the order, by name, for both languages):
 coordinator service logged, so the partition's next lease holder logs from there on
 (``rcoord.service.observe``).
 
+``<ns>:{t}:withdrawn`` (same tag; the settings script alone) is the version at which this
+partition's layout was withdrawn by a change of the partition count: a copy of the settings
+no newer is refused there (``rcoord.settings._withdrawn``). It stays while the count differs.
+
 ``<ns>:{t}:a:<group>`` (same tag, no script touches it) is the short-lived claim with which one
 parked caller applies a due deadline for the others.
 
