@@ -1024,12 +1024,16 @@ def test_real_wakeup_interrupts_a_commit_retrying_while_redis_is_unreachable(
     client = _outage_client(own_server)
     consumer = _outage_consumer(client, namespace)
     got: list[ConsumerRecord] = []
-    retrying = threading.Event()  # the poll thread's commit is retrying (its own log says so)
+    # The poll thread's commit is retrying (its log says so: from the committer thread, where
+    # commit() makes its commit, or from the poll thread's own calls).
+    retrying = threading.Event()
     ended: list[BaseException] = []
 
     class Retries(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.threadName == "poller" and "retrying after" in record.getMessage():
+            name = record.threadName or ""
+            if ((name == "poller" or name.endswith("-committer"))
+                    and "retrying after" in record.getMessage()):
                 retrying.set()
 
     handler = Retries(logging.INFO)

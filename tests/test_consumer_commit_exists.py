@@ -22,8 +22,9 @@ env = test_consumer.env
 
 
 class _CountsLookups(RedisCoordinator):
-    """Counts the partition count reads of the test's own thread (the commits'): the
-    leader's join and partition watcher read them too, on theirs."""
+    """Counts the partition count reads of the commits: made on the test's own thread, or
+    the consumer's committer thread, where ``commit()`` and ``commit_async()`` make their
+    checks. The leader's join and partition watcher read them too, on their threads."""
 
     def __init__(self, env: Any) -> None:
         super().__init__(env.client, env.namespace)
@@ -31,17 +32,22 @@ class _CountsLookups(RedisCoordinator):
         self._thread = threading.current_thread()
 
     def partition_counts(self, topics: Any) -> dict[str, int]:
-        if threading.current_thread() is self._thread:
+        if self._commits():
             self.lookups.append(list(topics))
         return super().partition_counts(topics)
 
+    def _commits(self) -> bool:
+        """Whether this thread makes commits: the test's, or a consumer's committer."""
+        me = threading.current_thread()
+        return me is self._thread or me.name.endswith("-committer")
+
 
 class _CountsLost(_CountsLookups):
-    """Its partition count reads from the test's thread fail as a node out of reach fails
+    """Its partition count reads from the commits' threads fail as a node out of reach fails
     them (the leader's reads, on other threads, go through); ``lookups`` keeps the attempts."""
 
     def partition_counts(self, topics: Any) -> dict[str, int]:
-        if threading.current_thread() is self._thread:
+        if self._commits():
             self.lookups.append(list(topics))
             raise ConnectionLost("the node of the topic's metadata is out of reach (test)")
         return super().partition_counts(topics)

@@ -976,18 +976,19 @@ class Consumer(SubscriptionMixin):
         wakeup is used up by the call that raises it. ``close()`` ignores it, as Kafka's.
 
         It also cuts short the retries of the call that thread is blocked in (an auto-commit
-        or a ``commit()`` retrying against an unreachable coordinator, for up to a session
-        timeout otherwise): the pause ends and that call raises ``WakeupError``. The heartbeat's
-        retries, in their own thread, go on. It ends ``commit()``'s wait for earlier async
-        commits too, before it sends anything, and ``poll()``'s waits for its auto-commit, its
-        fetch and a revocation's commits, which stay in flight (a later ``poll()`` collects
-        them and goes on with the revocation)."""
+        retrying against an unreachable coordinator, for up to a session timeout otherwise):
+        the pause ends and that call raises ``WakeupError``. The heartbeat's retries, in their
+        own thread, go on. It ends ``commit()``'s wait for earlier async commits too, before
+        it sends anything, and for its own commit (which stays in flight, as after its
+        timeout), and ``poll()``'s waits for its auto-commit, its fetch and a revocation's
+        commits, which stay in flight (a later ``poll()`` collects them and goes on with the
+        revocation)."""
         self._wakeup.set()
         self._wake_waits()
 
     def _wake_waits(self) -> None:
         """Make the waits of a call in another thread look at ``_wakeup`` and ``_stop`` now:
-        ``poll()``'s for its fetch and its auto-commit, ``commit()``'s for async commits."""
+        ``poll()``'s for its fetch and its auto-commit, ``commit()``'s for its commit."""
         self._committer.interrupt_waits()
         self._fetching.interrupt_waits()
 
@@ -1134,7 +1135,8 @@ class Consumer(SubscriptionMixin):
     # -- commits
 
     def commit(
-        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None
+        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Commit ``offsets`` (next offset to read, per partition), or every current position.
 
@@ -1151,43 +1153,99 @@ class Consumer(SubscriptionMixin):
         exist (a topic deleted while held) are skipped with a warning and the others committed
         (``_skip_missing``), as are auto-commit's, a revocation's and ``close()``'s.
 
+        ``timeout`` (Kafka's ``commitSync(timeout)``): seconds the call waits, by default
+        ``default_api_timeout_ms``; then it raises ``TimeoutError`` (Kafka's
+        TimeoutException). The commit is made on the committer thread, behind the async
+        commits queued before it, and waited for: one that Redis has not answered by then
+        stays in flight (its retries bounded by a session timeout) and **may still land**
+        after ``TimeoutError`` (its failure is logged); every commit made after it is sent
+        after it, so it never overwrites a newer one. Commit again, or read ``committed()``,
+        to know. A ``TimeoutError`` while earlier async commits are still in flight means
+        nothing of this commit was sent. Before, the commit ran on the caller's thread with no
+        bound of its own: each retry held redis-py's whole retry cycle (or a socket timeout),
+        so a Redis that did not answer held ``commit()`` for several session timeouts.
+
         ``wakeup()`` (Kafka's ``commitSync``): one pending at the call raises ``WakeupError``
-        before anything is sent; one that comes while earlier async commits are awaited, or
-        while this commit retries, raises it then. A commit already sent may still have been
-        applied (as in Kafka): commit again, or read ``committed()``, to know. One that comes
-        during the commit's single round trip stays pending for the next call.
+        before anything is sent; one that comes while earlier async commits are awaited
+        raises it then, nothing sent; one that comes while this commit is in flight raises it
+        at once, the commit left in flight as after a timeout (it may still be applied, as in
+        Kafka): commit again, or read ``committed()``, to know.
         """
         given = None if offsets is None else commit_offsets_arg(offsets)
+        bounded = _check_timeout(timeout)
+        budget = self._api_timeout_s if timeout is None else bounded
         with self._single_threaded():
             self._check_open()
             self._take_wakeup("commit()")
+            deadline = None if budget is None else time.monotonic() + budget
             try:
                 with self._own_call(), self._interruptible():
-                    self._commit(given)
+                    self._commit(given, deadline, budget)
             finally:
                 self._run_deferred_close()
 
     def _commit(
-        self, given: Mapping[TopicPartition, int | OffsetAndMetadata] | None
+        self, given: Mapping[TopicPartition, int | OffsetAndMetadata] | None,
+        deadline: float | None, budget: float | None,
     ) -> None:
-        """commit()'s body, with the lock held."""
-        self._wait_async_commits()
+        """commit()'s body, with the lock held: the commit runs on the committer thread (which
+        keeps commits in order) and is waited for until ``deadline`` (``budget`` seconds after
+        the call), so an attempt held by Redis never overruns it, and a commit given up on is
+        never overtaken by a later one (an attempt abandoned on this thread could land after
+        a newer commit and move the offset back)."""
+        # close()'s listener commits despite a wakeup (Kafka's close disables wakeups).
+        interrupts = () if self._closer == threading.get_ident() else (self._wakeup,)
+        if self._committer.pending and not self._committer.wait_idle(
+                _remaining(deadline), *interrupts):
+            self._commit_wait_ended(budget, f"{self._committer.pending} earlier async commits "
+                                    "are still in flight; nothing of this commit was sent")
+        self._run_commit_callbacks()
         target = self._commit_target()
         if target is None:
             if given:
                 raise _no_generation(self._group)
             return
+        commit, token = target
+        wanted: Mapping[TopicPartition, int | OffsetAndMetadata]
         if given is not None:
-            self._check_exist(self._unverified(given))
-            wanted: Mapping[TopicPartition, int | OffsetAndMetadata] = given
+            wanted, unknown = given, self._unverified(given)
         else:
-            positions = self._positions()
-            wanted = self._skip_missing(positions, self._own_unverified(positions), "commit()")
-        with refused_by_replica(self._config.group_id, retry_bound(self._config)):
-            target[0](wanted)
-        self._note_committed({
+            wanted = self._positions()
+            unknown = self._own_unverified(wanted)
+        own = given is None
+        group_id, bound = self._config.group_id, retry_bound(self._config)
+
+        def run() -> None:  # (on the committer thread: the checks may read Redis)
+            offsets = wanted
+            if own and unknown:
+                offsets = self._skip_missing(wanted, unknown, "commit()")
+            elif unknown:
+                self._check_exist(unknown)
+            with refused_by_replica(group_id, bound):
+                commit(offsets)
+
+        plain = {
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
-            for tp, off in wanted.items()})
+            for tp, off in wanted.items()}
+        outcome = _SyncCommit()
+        ticket = self._committer.submit(run, plain, outcome.done, token)
+        if not self._committer.wait_idle(_remaining(deadline), *interrupts, upto=ticket):
+            outcome.abandoned = True
+            self._commit_wait_ended(budget, "it is still in flight and may land later; "
+                                    "later commits are sent after it")
+        self._run_commit_callbacks()  # ours, which notes the offsets committed
+        if outcome.error is not None:
+            raise outcome.error
+
+    def _commit_wait_ended(self, budget: float | None, state: str) -> None:
+        """Raise what ends commit()'s wait before its commit finished: ``WakeupError`` when
+        ``wakeup()`` ended it (using the wakeup up), else ``TimeoutError``."""
+        if self._wakeup.is_set() and self._closer != threading.get_ident():
+            self._wakeup.clear()
+            raise WakeupError(f"commit() interrupted by wakeup(): {state}")
+        raise TimeoutError(
+            f"commit() timed out after {budget:g} s (its timeout, by default "
+            f"default_api_timeout_ms) waiting for Redis: {state}")
 
     def commit_async(
         self,
@@ -1383,15 +1441,6 @@ class Consumer(SubscriptionMixin):
         if self._assigned_manually:
             return self._commit_simple, _SIMPLE
         return None
-
-    def _wait_async_commits(self) -> None:
-        """Let every queued async commit finish, then run their callbacks (Kafka's
-        ``commitSync`` does the same, so a sync commit is never overtaken by an older one).
-        ``wakeup()`` ends the wait, as it ends commit()'s retries: ``WakeupError``, and the
-        queued commits stay queued (their callbacks run from a later poll(), commit() or
-        close())."""
-        self._await_committer(self._wakeup)
-        self._run_commit_callbacks()
 
     def _await_committer(self, wakeup: threading.Event | None = None) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
@@ -2651,6 +2700,22 @@ def _no_generation(
         "since it subscribed, or it is not subscribed), so it owns no partitions to commit",
         Errors.REBALANCE_IN_PROGRESS,
     )
+
+
+class _SyncCommit:
+    """The outcome of a ``commit()`` made on the committer thread: its callback records the
+    error for ``commit()`` to raise, or, once ``commit()`` stopped waiting (``abandoned``:
+    it raised ``TimeoutError`` or ``WakeupError``), logs a failure, as an auto-commit's."""
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.error: BaseException | None = None
+
+    def done(self, offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
+        if self.abandoned:
+            _logged("commit() given up on")(offsets, error)
+        else:
+            self.error = error
 
 
 def _logged(what: str) -> OffsetCommitCallback:

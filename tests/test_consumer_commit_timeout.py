@@ -1,0 +1,112 @@
+"""``Consumer.commit()`` while Redis does not answer: Kafka's ``commitSync(timeout)``.
+
+Redis held (a client whose redis-py retries hold every call until the test releases them, as
+the default client's retries, or a socket timeout, hold a call to an unreachable Redis for
+seconds): ``commit()`` raises ``TimeoutError`` by its timeout (by default
+``default_api_timeout_ms``), the commit stays in flight on the committer thread, and a later
+commit is sent after it, so the committed offset never goes back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from harness import WAIT_S, wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rcoord.client import Consumer, ConsumerGroupConfig, WakeupError
+from rcoord.protocol.offsets import TopicPartition
+from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics import Topics
+
+TP = TopicPartition("t", 0)
+
+
+class _Gate:
+    """Holds every Redis call of the client while ``held`` is set, until ``released`` is."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.released = threading.Event()
+        self.waiting = 0  # calls held now
+
+    def client(self, port: int) -> redis.Redis:
+        gate = self
+
+        class HeldRetry(Retry):
+            def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+                if gate.held.is_set():
+                    gate.waiting += 1
+                    gate.released.wait(WAIT_S)
+                    gate.waiting -= 1
+                return super().call_with_retry(do, fail, *args, **kwargs)
+
+        return redis.Redis(host="127.0.0.1", port=port, retry=HeldRetry(NoBackoff(), 0))
+
+
+@pytest.fixture
+def held(redis_server: EmbeddedServer, namespace: str) -> Iterator[tuple[_Gate, Consumer]]:
+    """A consumer assigned ``t-0`` (a simple group: no heartbeat) on a client the gate holds,
+    with a 0.3 s ``default_api_timeout_ms``."""
+    gate = _Gate()
+    r = gate.client(redis_server.port)
+    Topics(r, namespace).create("t", 1)
+    consumer = Consumer(
+        ConsumerGroupConfig(group_id="g", topics=[], redis_client=r, namespace=namespace,
+                            retry_backoff_ms=10, retry_backoff_max_ms=50),
+        enable_auto_commit=False, default_api_timeout_ms=300)
+    consumer.assign([TP])
+    try:
+        yield gate, consumer
+    finally:
+        gate.released.set()
+        consumer.close(timeout=WAIT_S)
+        r.close()
+
+
+def _answer(call: Callable[[], object]) -> list[object]:
+    """``call`` run on a thread of its own; the list gets its result or its exception."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001 - the answer is what is tested
+            out.append(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+@pytest.mark.parametrize("how", ["default", "timeout", "wakeup"])
+def test_a_commit_redis_holds_ends_by_its_timeout_and_later_commits_stay_after_it(
+        held: tuple[_Gate, Consumer], how: str) -> None:
+    """``commit()`` ran on the caller's thread with no bound of its own: each attempt held
+    redis-py's whole retry cycle (or a socket timeout), so against a server that did not
+    answer it took 30 s for a 3 s session timeout. Now it
+    waits by its timeout (``default_api_timeout_ms`` unless given), or until ``wakeup()``,
+    and the commit it gave up on, still in flight, lands before the next one."""
+    gate, consumer = held
+    consumer.commit({TP: 1})  # (the coordinator started, the counts of t read)
+    gate.held.set()
+    if how == "default":
+        first = _answer(lambda: consumer.commit({TP: 5}))
+    elif how == "timeout":
+        first = _answer(lambda: consumer.commit({TP: 5}, timeout=0.1))
+    else:
+        first = _answer(lambda: consumer.commit({TP: 5}, timeout=60))
+        wait_until(lambda: gate.waiting > 0)
+        consumer.wakeup()
+    wait_until(lambda: bool(first), timeout_s=5)
+    expected = WakeupError if how == "wakeup" else TimeoutError
+    assert isinstance(first[0], expected), first
+    assert "may land later" in str(first[0])
+    second = _answer(lambda: consumer.commit({TP: 7}, timeout=WAIT_S))
+    gate.released.set()
+    wait_until(lambda: bool(second))
+    assert second == [None]
+    assert consumer.committed([TP]) == {TP: 7}  # the first landed before, not after
