@@ -110,3 +110,51 @@ def test_a_commit_redis_holds_ends_by_its_timeout_and_later_commits_stay_after_i
     wait_until(lambda: bool(second))
     assert second == [None]
     assert consumer.committed([TP]) == {TP: 7}  # the first landed before, not after
+
+
+
+def _failing_client(port: int, failing: threading.Event) -> redis.Redis:
+    """A client whose calls from a committer thread fail as an unreachable Redis fails them
+    while ``failing`` is set (the caller's calls go through)."""
+
+    class FailingRetry(Retry):
+        def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+            if failing.is_set() and threading.current_thread().name.endswith("-committer"):
+                raise redis.ConnectionError("unreachable (test)")
+            return super().call_with_retry(do, fail, *args, **kwargs)
+
+    return redis.Redis(host="127.0.0.1", port=port, retry=FailingRetry(NoBackoff(), 0))
+
+
+def test_unsubscribe_after_assign_commits_after_an_async_commit_still_retrying(
+        redis_server: EmbeddedServer, namespace: str) -> None:
+    """``unsubscribe()`` after ``assign()`` auto-commits the positions (a simple-group commit,
+    which no generation fences). It waited for the async commits queued before for two
+    session timeouts, then committed on the caller's thread: an older async commit whose
+    retry came later (here after a back-off of 2 s or more) landed after it and moved the committed
+    offset back, from 5 to 2. Now the commit is queued behind it on the committer thread."""
+    failing = threading.Event()
+    r = _failing_client(redis_server.port, failing)
+    Topics(r, namespace).create("t", 1)
+    consumer = Consumer(
+        ConsumerGroupConfig(group_id="g", topics=[], redis_client=r, namespace=namespace,
+                            session_timeout_ms=300, heartbeat_interval_ms=50,
+                            retry_backoff_ms=2000, retry_backoff_max_ms=2000))
+    try:
+        consumer.assign([TP])
+        consumer.commit({TP: 1})  # (the coordinator started, the counts of t read)
+        failing.set()
+        consumer.commit_async({TP: 2})  # fails once, then waits 2 s or more to retry
+        consumer.seek(TP, 5)
+        left = _answer(consumer.unsubscribe)
+        # Before: unsubscribe() returned, having committed 5. Now: its commit is queued.
+        wait_until(lambda: bool(left) or consumer._committer.pending >= 2)
+        failing.clear()
+        wait_until(lambda: bool(left))
+        assert left == [None]
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert consumer.committed([TP]) == {TP: 5}
+    finally:
+        failing.clear()
+        consumer.close(timeout=WAIT_S)
+        r.close()

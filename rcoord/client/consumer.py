@@ -1503,14 +1503,37 @@ class Consumer(SubscriptionMixin):
             offsets, _logged(what), token)
 
     def _commit_changed(self, commit: _CommitFn) -> None:
-        """Commit the positions that moved since the last commit, after the async commits
-        queued before (so it never overtakes one): a revocation's, which must land before the
-        member rejoins (``_revoke``), so neither wait is cut short by ``wakeup()``."""
-        self._await_committer()  # older async commits land first
+        """Commit the positions that moved since the last commit, on the committer thread
+        behind the async commits queued before (so it never overtakes one, however long they
+        retry), and wait for it: a revocation's, which must land before the member rejoins
+        (``_revoke``), or ``unsubscribe()``'s after ``assign()``, so the wait is not cut short
+        by ``wakeup()``; its error is raised here. Before, it waited for the queued commits for
+        two session timeouts at most, then committed on this thread: a simple-group commit
+        (``assign()``), which no generation fences, was overtaken by an older async commit
+        still in flight, which moved the committed offset back."""
         changed = self._changed_positions()
-        if changed:
-            commit(self._skip_missing(changed, self._own_unverified(changed), "commit"))
-            self._committed.update(changed)
+        if not changed:
+            self._await_committer()  # (nothing to order: only the callbacks' timing)
+            return
+        unknown = self._own_unverified(changed)
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:  # (on the committer thread: the check may read Redis)
+            try:
+                commit(self._skip_missing(changed, unknown, "commit") if unknown else changed)
+            except Exception as exc:
+                outcome.append(exc)
+                raise
+            outcome.append(None)
+
+        ticket = self._committer.submit(run, changed, _ignore_outcome)
+        self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
+        if not outcome:  # failed unsent: close()'s bound passed, the coordinator unreachable
+            raise ConnectionLost("commit not sent: close()'s timeout passed and an earlier "
+                                 "commit could not reach the coordinator")
+        if outcome[0] is not None:
+            raise outcome[0]
+        self._committed.update(changed)
 
     def _maybe_auto_commit(self, deadline: float | None) -> None:
         """Every ``auto_commit_interval_ms``, commit the positions that moved, as Kafka's
@@ -2716,6 +2739,10 @@ class _SyncCommit:
             _logged("commit() given up on")(offsets, error)
         else:
             self.error = error
+
+
+def _ignore_outcome(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
+    """The callback of a commit whose outcome its caller took already (``_commit_changed``)."""
 
 
 def _logged(what: str) -> OffsetCommitCallback:
