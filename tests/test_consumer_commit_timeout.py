@@ -158,3 +158,22 @@ def test_unsubscribe_after_assign_commits_after_an_async_commit_still_retrying(
         failing.clear()
         consumer.close(timeout=WAIT_S)
         r.close()
+
+
+def test_a_commit_given_up_on_that_fails_later_is_logged_saying_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The failure of a commit whose ``commit()`` raised first (``TimeoutError``,
+    ``WakeupError``) is logged when it comes, naming the partitions and why commit() had
+    raised (it read "commit() given up on of t-0 failed: ...")."""
+    from rcoord import ConnectionLost
+    from rcoord.client.consumer import _SyncCommit
+
+    outcome = _SyncCommit()
+    outcome.abandoned = True
+    with caplog.at_level("WARNING", logger="rcoord.client"):
+        outcome.done({TP: 5}, ConnectionLost("unreachable"))
+        outcome.done({TP: 6}, None)
+    assert [r.getMessage() for r in caplog.records] == [
+        ("commit() of t-0, which raised before it was done (its timeout, or wakeup()), "
+         "failed: unreachable")]
+    assert outcome.error is None

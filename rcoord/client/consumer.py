@@ -2736,7 +2736,9 @@ class _SyncCommit:
 
     def done(self, offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
         if self.abandoned:
-            _logged("commit() given up on")(offsets, error)
+            if error is not None:
+                log.warning("commit() of %s, which raised before it was done (its timeout, or "
+                            "wakeup()), failed: %s", _names(sorted(offsets)), error)
         else:
             self.error = error
 
