@@ -151,8 +151,13 @@ def test_named_settings_come_back_when_the_loss_lands_inside_the_services_adopti
             GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
                                                               group_max_size=9)).start()
         wait_until(lost.is_set, timeout_s=10)
-        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100",
-                   timeout_s=10)
+        # The service's settle writes the hash (``update``) a few round trips before it
+        # returns and its coordinator takes the config: waited for both, not the hash alone
+        # (which failed about one run in eight, reading the config before the settle ended).
+        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+                   and svc._coord.config.group_min_session_timeout_ms == 100, timeout_s=10)
+        _lease_rounds(svc, 2)  # (and kept: no later check takes them for another's change)
+        assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
         assert svc._coord.config.group_min_session_timeout_ms == 100
     finally:
         svc.stop()
