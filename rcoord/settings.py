@@ -316,7 +316,8 @@ def _sweep(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, s
     the namespace is listed (``_scan_copies``: a ``SCAN`` of every master; after a loss only,
     so rarely). A layout found is marked whatever it is; ``_retire`` keeps one that is in
     force again by then (a count changed back). If a copy found holds a newer version than the
-    settings, the settings are first moved up to it (``adopt``, their own values): the deletion
+    settings, the settings are first moved up to it (``adopt``, the version alone, so the
+    values stored then stand, an update made meanwhile included): the deletion
     spares copies newer than the settings (``_withdraw``: written for a change back), so such a
     copy would have stayed, and it would refuse the repairs of a later change back to its
     count. A copy written while the scan runs is not missed for good: its writer reads the
@@ -350,8 +351,12 @@ def _sweep(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, s
         versions = yield Pipeline([("HGET", k, "version") for k in stale])
         top = max([-1, *(_version({"version": _text(v)}) for v in versions if v is not None)])
         if top > _version(stored):
-            values = {k: v for k, v in stored.items() if k in STORED_SETTINGS}
-            adopted = yield from _adopt(key, {**values, "version": str(top)}, current)
+            # The version alone: the values read before the scan may be a settle old by now.
+            # Before, they were written too (over any older version), so an ``update`` made
+            # during the scan was undone in the hash while its writer's settle, whose own sweep
+            # found the version already moved, returned it in force (named values win there):
+            # that process ran on a value the namespace no longer stored.
+            adopted = yield from _adopt(key, {"version": str(top)}, current)
             if "num_partitions" not in adopted:
                 return stored  # (lost again: as above)
             stored = adopted

@@ -13,7 +13,7 @@ from test_settings import FAST
 from test_settings_retire import _retires
 
 from rcoord import CoordinatorConfig, GroupCoordinator
-from rcoord.flow import Command, _perform, drive
+from rcoord.flow import Command, Script, _perform, drive
 from rcoord.keys import PartitionKeys, anchor_keys, settings_key
 from rcoord.scripts import Scripts
 from rcoord.settings import SWEEP, copy_pattern, settle_flow
@@ -250,3 +250,63 @@ def test_a_search_that_cannot_reach_every_master_waits_for_the_next_settle(
     drive(single_client, scripts, settle_flow(namespace, None, None))
     assert not single_client.hexists(settings_key(namespace), SWEEP)
     assert _layouts(single_client, namespace) == {7}
+
+
+def _until(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any], op: Any,
+           stop: Any) -> Any:
+    """Perform ``flow``'s operations from ``op`` on until one for which ``stop`` holds (not
+    performed); that one."""
+    while not stop(op):
+        op = flow.send(_perform(client, scripts, op, None, None))
+    return op
+
+
+def _finish(client: Any, scripts: Scripts, flow: Generator[Any, Any, Any], op: Any) -> Any:
+    """Perform the rest of ``flow`` from ``op``; what it returns."""
+    try:
+        while True:
+            op = flow.send(_perform(client, scripts, op, None, None))
+    except StopIteration as done:
+        return done.value
+
+
+def _is(name: str) -> Any:
+    """Whether an operation is the settings script's ``name`` op."""
+    return lambda op: isinstance(op, Script) and op.args[0] == name
+
+
+def test_the_sweep_moving_the_version_up_keeps_an_update_made_meanwhile(single_client,
+                                                                        namespace):
+    """The settings were re-established after a loss (at version 1, with ``sweep``) and a left
+    layout holds a newer version (9). While the sweep looks, a process starting names a lowered
+    minimum session timeout (``update``: version 2). Before, the sweep then moved the settings
+    up to 9 with the values it had read before that update (``adopt`` writes over any older
+    version): the update was gone from the hash, though its process's settle, whose own sweep
+    found the version already moved, returned it in force (named values win in the config).
+    That process believed 100 while the namespace stored 6000, and the next settle anywhere
+    rewrote its copies to 6000. The sweep now moves the version alone."""
+    GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
+                                                      num_partitions=7)).start()
+    for p in range(3):  # (a layout whose retire mark was lost with the settings)
+        single_client.hset(PartitionKeys(namespace, p, 3).cfg,
+                           mapping={"version": "9", "num_partitions": "3"})
+    key = settings_key(namespace)
+    single_client.delete(key, *anchor_keys(namespace))
+    scripts = Scripts(single_client)
+    scripts.load()
+    known = CoordinatorConfig(namespace=namespace, num_partitions=7)
+    sweeping = settle_flow(namespace, None, known)
+    at = _until(single_client, scripts, sweeping, next(sweeping), _is("adopt"))
+    assert single_client.hget(key, "version") == b"1"
+    named = CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=100)
+    starting = settle_flow(namespace, named, None)
+    late = _until(single_client, scripts, starting, next(starting), _is("mark"))
+    assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+    at = sweeping.send(_perform(single_client, scripts, at, None, None))  # (the adopt)
+    started = _finish(single_client, scripts, starting, late)
+    settled = _finish(single_client, scripts, sweeping, at)
+    assert started.config.group_min_session_timeout_ms == 100
+    assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
+    assert settled.config.num_partitions == 7 and _layouts(single_client, namespace) == {7}
+    again = drive(single_client, scripts, settle_flow(namespace, None, None))
+    assert again.config.group_min_session_timeout_ms == 100
