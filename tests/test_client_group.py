@@ -1477,6 +1477,45 @@ def test_real_static_leader_back_from_leave_until_resumed_rebalances_nothing(rea
     assert follower.newest() is follower_gen
 
 
+def test_real_static_member_left_during_its_join_forgets_the_id_the_join_answers(
+        real: Any) -> None:
+    """``leave_until_resumed`` while a static member's join is under way (parked in the
+    coordinator): the join's answer comes after and names the member id again. Kafka's member
+    drops such an answer (``UnjoinedGroupException``), its generation reset; rcoord's kept that
+    id, so ``resume()`` joined as a known member, and a known leader's join in a Stable group
+    rebalances: the group moved to a new generation, as the id kept by leave_until_resumed
+    itself made it before (``..._back_from_leave_until_resumed_rebalances_nothing``)."""
+    real.topics.create("t", 2)
+    a = real.group(group_instance_id="static-a", session_timeout_ms=3000)
+    calls: list[str] = []
+    set_member_id = a._set_member_id
+
+    def leave_while_parked(member_id: str) -> None:
+        set_member_id(member_id)
+        calls.append(member_id)
+        if len(calls) == 1:  # (the id a new member names itself by, before its join is sent)
+            a.leave_until_resumed("max.poll.interval.ms passed")
+
+    made: list[Any] = []  # (a generation ended before next() took it is not offered)
+    start_threads = a._start_threads
+
+    def recorded(gen: Any) -> None:
+        made.append(gen)
+        start_threads(gen)
+
+    a._set_member_id = leave_while_parked  # type: ignore[method-assign]
+    a._start_threads = recorded  # type: ignore[method-assign]
+    a.start()
+    wait_until(lambda: bool(made) and real.coord.describe_group("g").state == "Stable")
+    first = made[0]
+    assert first.lost and first.is_leader and first.member_id == calls[-1]
+    a.resume()
+    back = a.next(timeout=WAIT_S)
+    assert back.generation_id == first.generation_id  # no rebalance
+    assert back.member_id != first.member_id  # the old id was replaced, as Kafka's
+    assert [m.member_id for m in real.coord.describe_group("g").members] == [back.member_id]
+
+
 def test_real_static_member_close_gives_up_its_parked_join(real: Any) -> None:
     """A static member sends no LeaveGroup on close, so nothing answers its parked JoinGroup:
     close() gives the call up instead (``abandon_parked_when``), within one 1 s wait, rather

@@ -741,11 +741,16 @@ class ConsumerGroup:
                         # heartbeating partitions its stuck application never read.
                         gen._mark_lost(left=True)
                     self._current = self._newest = gen
-                if left_meanwhile and self._config.group_instance_id is None:
-                    # A dynamic member's LeaveGroup may have gone before this join added it
-                    # (or with no member id yet, so none went), and the join's answer set the
-                    # id it forgot again: leave once more, and rejoin as a new member.
-                    self._leave(gen.member_id, "the consumer left the group: poll timeout")
+                if left_meanwhile:
+                    # The join's answer set the id leave_until_resumed forgot again. A dynamic
+                    # member's LeaveGroup may have gone before this join added it (or with no
+                    # member id yet, so none went): leave once more, and rejoin as a new
+                    # member. A static member rejoins with its instance id alone, as after
+                    # leave_until_resumed (Kafka's member drops a join answered after it left,
+                    # UnjoinedGroupException): kept, that id made a returning leader's join
+                    # rebalance the whole group.
+                    if self._config.group_instance_id is None:
+                        self._leave(gen.member_id, "the consumer left the group: poll timeout")
                     self._member_id = ""
                 self._start_threads(gen)
                 self._deliver(gen)
