@@ -276,3 +276,45 @@ def test_an_entry_that_is_not_a_record_is_corrupt_message_for_its_partition_alon
     assert answers[0].error_code.value == 2  # CORRUPT_MESSAGE
     assert answers[1].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[1].records or b""))] == [b"kept"]
+
+
+def test_a_fetch_at_an_entry_removed_by_hand_is_corrupt_message_for_its_partition_alone(
+        gateway, redis_server, topics, namespace):
+    """A Fetch that begins at an offset whose entry was removed by hand (XDEL in a stream's
+    middle; rcoord removes records only from a log's start): that partition alone is answered
+    CORRUPT_MESSAGE, which Kafka's consumer throws so the application can seek past it, the
+    other keeps its record, and a Fetch from the next offset reads on. The read raised
+    "replaced during each of 3 reads" (UNKNOWN_TOPIC_OR_PARTITION) for an existing partition
+    before e112b4f."""
+    import redis
+
+    topics.create("t", 2)
+    producer = Producer(topics._r, namespace)
+    producer.send_batch("t", [*(ProducerRecord(b"a%d" % i, partition=0) for i in range(3)),
+                              ProducerRecord(b"kept", partition=1)])
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.execute_command("XDEL", partition_key(namespace, "t", 0), "0-2") == 1
+    finally:
+        client.close()
+
+    def fetch(offset: int) -> dict[int, Any]:
+        sock = connect(gateway)
+        try:
+            sock.sendall(request_frame(1, 12, 7, {
+                "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "t", "partitions": [
+                    {"partition": p, "fetch_offset": o, "partition_max_bytes": 1 << 20}
+                    for p, o in ((0, offset), (1, 0))]}]}))
+            fetched = response(sock, 1, 12, 5)
+        finally:
+            sock.close()
+        return {p.partition_index: p for t in fetched.responses for p in t.partitions}
+
+    answers = fetch(1)  # (the removed entry held offset 1)
+    assert answers[0].error_code.value == 2  # CORRUPT_MESSAGE
+    assert answers[1].error_code.value == 0
+    assert [r.value for r in fetched_records(bytes(answers[1].records or b""))] == [b"kept"]
+    answers = fetch(2)
+    assert answers[0].error_code.value == 0
+    assert [r.value for r in fetched_records(bytes(answers[0].records or b""))] == [b"a2"]
