@@ -2841,3 +2841,26 @@ def test_a_partition_a_task_cannot_read_is_not_data_loss(
                         topics.create_token("odd")))
     assert info.value.error is Errors.UNKNOWN_SERVER_ERROR
     assert partition_key(namespace, "odd", 0) in str(info.value)
+
+
+def test_a_partition_whose_offsets_cannot_be_read_is_not_taken_for_a_deleted_one(
+        single_client: Any, namespace: str, topics: Topics, caplog: Any) -> None:
+    """A stream whose last id is not rcoord's (an XADD by hand with an id of its own) has no
+    log offsets: ``Topics.describe`` answers it UNKNOWN_SERVER_ERROR for that partition alone
+    (17320c7), with a detail naming the stream and what mends it. The bounds a plan reads
+    raise that TopicError, as the whole describe did before. Left out of them, the partition
+    was taken for one whose topic was deleted: a DataLossError ("was deleted") with
+    failOnDataLoss, else, without a word of the cause, a plan without it, and a stream that
+    dropped it took it for a new partition when it could be read again (from its log start:
+    every record read before came again)."""
+    topics.create("odd", 2)
+    Producer(single_client, namespace).send_batch(
+        "odd", [ProducerRecord(v, partition=0) for v in (b"a", b"b", b"c")])
+    single_client.execute_command("XADD", partition_key(namespace, "odd", 0), "*", "x", "1")
+    parts = [TP("odd", 0), TP("odd", 1)]
+    with pytest.raises(TopicError) as info:
+        log_snapshot(topics, parts)
+    assert info.value.error is Errors.UNKNOWN_SERVER_ERROR
+    assert partition_key(namespace, "odd", 0) in str(info.value)
+    assert "XADD by hand" in info.value.detail
+    assert log_bounds(topics, [TP("odd", 1)]) == {TP("odd", 1): (0, 0)}  # (the other: read)

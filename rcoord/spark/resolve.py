@@ -117,7 +117,15 @@ def log_bounds(admin: Topics, partitions: Iterable[TP]) -> dict[TP, tuple[int, i
 def log_snapshot(
     admin: Topics, partitions: Iterable[TP]
 ) -> tuple[dict[TP, tuple[int, int]], dict[str, str]]:
-    """``log_bounds``, and the create token of each topic (``TopicDescription.create_token``)."""
+    """``log_bounds``, and the create token of each topic (``TopicDescription.create_token``).
+
+    A partition whose log offsets cannot be read (UNKNOWN_SERVER_ERROR: its stream's last id
+    is not rcoord's, an XADD by hand) raises that TopicError, which names the stream and what
+    mends it. ``Topics.describe`` answers it for that partition alone since 17320c7; left out
+    here, it was taken for a partition whose topic was deleted ("was deleted": a DataLossError,
+    or without ``failOnDataLoss`` a plan without it, which took it for a new partition, read
+    from its log start, once it could be read again). A partition answered
+    UNKNOWN_TOPIC_OR_PARTITION (its stream gone: the topic is being deleted) is left out."""
     wanted: dict[str, set[int]] = {}
     for tp in partitions:
         wanted.setdefault(tp.topic, set()).add(tp.partition)
@@ -133,8 +141,12 @@ def log_snapshot(
         if desc.create_token:
             tokens[topic] = desc.create_token
         for info in desc.partitions:
-            if info.partition in parts and info.error is Errors.NONE:
+            if info.partition not in parts:
+                continue
+            if info.error is Errors.NONE:
                 out[TP(topic, info.partition)] = (info.log_start_offset, info.log_end_offset)
+            elif info.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise TopicError(info.error, info.detail or f"{topic}-{info.partition}")
     return out, tokens
 
 
