@@ -936,3 +936,31 @@ def test_plan_clamps_and_falls_back_to_the_log_end():
     for current in (0, 12):
         assert plan(Mode("to_current", 0), [tp], {tp: current}, offsets, {})[0].new == current
     assert plan(Mode("to_current", 0), [tp], {}, offsets, {})[0].new == 10
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_reset_of_a_partition_whose_offsets_cannot_be_read_names_why(cli, redis_client,
+                                                                        namespace):
+    """A partition whose stream has a last id that is not rcoord's (an XADD by hand) has no log
+    offsets; ``Topics.describe`` answers that for the partition alone since 17320c7, and the
+    reset took the partition for one that does not exist: "topic 'orders' has no partition 0
+    (any more)" (--topic), or with --all-topics a note saying so and its offsets left out. It
+    now fails naming the stream and what mends it, as before 17320c7, and changes nothing;
+    ``groups describe`` still shows the group, that partition's lag unknown."""
+    from rcoord.topics import partition_key
+
+    Topics(redis_client, namespace).create("orders", 2)
+    produce(redis_client, namespace, "orders", {0: 3, 1: 2})
+    ok(cli("groups", "reset-offsets", "g", "--topic", "orders", "--to-earliest", "--execute"))
+    redis_client.execute_command("XADD", partition_key(namespace, "orders", 0), "*", "x", "1")
+    for args in (["--topic", "orders"], ["--all-topics"]):
+        res = cli("groups", "reset-offsets", "g", *args, "--to-latest", "--execute")
+        assert res.returncode == 1, (args, res.stderr)
+        line = one_error_line(res, "groups reset-offsets")
+        assert partition_key(namespace, "orders", 0) in line and "no partition" not in line, line
+    # A reset of the other partition alone goes on.
+    ok(cli("groups", "reset-offsets", "g", "--topic", "orders:1", "--to-offset", "1",
+           "--execute"))
+    doc = json.loads(ok(cli("groups", "describe", "g", "--output", "json")).stdout)
+    assert [(p["partition"], p["current_offset"], p["lag"]) for p in doc["partitions"]] == [
+        (0, 0, None), (1, 1, 1)]

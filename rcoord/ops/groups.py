@@ -13,7 +13,7 @@ writes the offsets, never by a read-then-write here.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..cli import UsageError
@@ -145,8 +145,15 @@ NO_SUCH_TOPIC = frozenset({Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOP
 topics). Its offsets have no log end, and must not stop a command about the group's others."""
 
 
-def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[int, int]]:
-    """(log start, log end) of every partition of ``topics``; a missing topic is left out."""
+def log_ends(ctx: Context, topics: Sequence[str], *,
+             needed: Collection[TopicPartition] = ()) -> dict[TopicPartition, tuple[int, int]]:
+    """(log start, log end) of every partition of ``topics``; a missing topic is left out.
+
+    A partition whose offsets cannot be read (UNKNOWN_SERVER_ERROR: its stream's last id is
+    not rcoord's, an XADD by hand; ``Topics.describe`` answers it for that partition alone)
+    is left out too (``describe``: its lag is unknown), unless it is among ``needed``: then
+    its TopicError, naming the stream and what mends it, is raised. A reset took such a
+    partition for one that does not exist ("has no partition 0 (any more)")."""
     from ..topics import TopicError
 
     out: dict[TopicPartition, tuple[int, int]] = {}
@@ -161,6 +168,9 @@ def log_ends(ctx: Context, topics: Sequence[str]) -> dict[TopicPartition, tuple[
         for p in desc.partitions:
             if p.error == Errors.NONE:
                 out[TopicPartition(topic, p.partition)] = (p.log_start_offset, p.log_end_offset)
+            elif (p.error != Errors.UNKNOWN_TOPIC_OR_PARTITION
+                  and TopicPartition(topic, p.partition) in needed):
+                raise TopicError(p.error, p.detail or f"{topic}-{p.partition}")
     return out
 
 
@@ -416,7 +426,7 @@ def _reset_offsets(ctx: Context) -> int:
                           "--topic")
     else:
         tps = _partitions(ctx, args.topic)
-    offsets = log_ends(ctx, [tp.topic for tp in tps])
+    offsets = log_ends(ctx, [tp.topic for tp in tps], needed=set(tps))
     if args.all_topics:
         # Offsets outlive their topic, and its partitions: a deleted topic, or a partition past
         # its count (created again with fewer, or named by a simple commit), has nothing to
