@@ -103,6 +103,29 @@ def test_describe_names_a_topic_named_twice_once(cli, redis_client, namespace):
     assert len(rows(res.stdout, "TOPIC PARTITION")) == 2
 
 
+@pytest.mark.parametrize("backend", ["single"])
+def test_describe_says_why_a_partition_cannot_be_read(cli, redis_client, namespace):
+    """A partition whose stream has a last id that is not rcoord's (an XADD by hand) is
+    described with the error UNKNOWN_SERVER_ERROR for it alone since 17320c7, whose detail
+    names the stream and what mends it; the command showed the code alone, with no word of the
+    cause, where it had failed with that detail. It is a note on stderr now (text and JSON),
+    and the other partitions are described as before."""
+    from rcoord.topics import partition_key
+
+    Topics(redis_client, namespace).create("orders", 2)
+    ok(cli("topics", "produce", "orders", "--partition", "1", stdin="a\n"))
+    redis_client.execute_command("XADD", partition_key(namespace, "orders", 0), "*", "x", "1")
+    key = partition_key(namespace, "orders", 0)
+    for args in ([], ["--output", "json"]):
+        res = ok(cli("topics", "describe", "orders", *args))
+        notes = [line for line in res.stderr.splitlines() if key in line]
+        assert len(notes) == 1 and "orders-0: UNKNOWN_SERVER_ERROR" in notes[0], res.stderr
+        assert "XADD by hand" in notes[0]
+    assert rows(ok(cli("topics", "describe", "orders")).stdout,
+                "TOPIC PARTITION") == [["orders", "0", "-1", "-1", "UNKNOWN_SERVER_ERROR"],
+                                       ["orders", "1", "0", "1", "-"]]
+
+
 def test_delete_checks_every_named_topic_before_deleting_any(cli, redis_client, namespace):
     """As kafka-topics.sh: a missing name among several deletes nothing and is named; with
     --if-exists the others are deleted and each is reported."""

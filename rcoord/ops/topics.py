@@ -125,7 +125,8 @@ def _describe(ctx: Context) -> int:
     """The topics named, or every topic. A topic listed (none named) but deleted before its
     own description was read is left out, as if listed a moment later: it failed the whole
     command with UNKNOWN_TOPIC_OR_PARTITION naming a topic nobody asked for. A topic named
-    twice is described once, as ``delete`` takes it once."""
+    twice is described once, as ``delete`` takes it once. A partition that cannot be read is
+    its error in the table, and why (its ``detail``) a note on stderr."""
     admin = ctx.topics()
     if ctx.args.topics:
         descs = [admin.describe(name) for name in dict.fromkeys(ctx.args.topics)]
@@ -137,6 +138,13 @@ def _describe(ctx: Context) -> int:
             except TopicError as exc:
                 if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
                     raise
+    for d in descs:
+        for p in d.partitions:
+            if p.detail:
+                # Why a partition cannot be read (a stream whose last id is not rcoord's) and
+                # what mends it: the ERROR column showed UNKNOWN_SERVER_ERROR alone, where
+                # describe had failed with this detail before it answered per partition.
+                ctx.note(f"{d.name}-{p.partition}: {p.error.name}: {p.detail}")
     if ctx.json:
         print_json([{
             "topic": d.name, "partition_count": len(d.partitions), "created_ms": d.created_ms,
