@@ -318,3 +318,37 @@ def test_a_fetch_at_an_entry_removed_by_hand_is_corrupt_message_for_its_partitio
     answers = fetch(2)
     assert answers[0].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[0].records or b""))] == [b"a2"]
+
+
+@pytest.mark.parametrize("partition_max_bytes", [1 << 20, 1 << 19], ids=["bounds", "read"])
+def test_a_stream_whose_last_id_is_not_rcoords_is_corrupt_message_wherever_it_is_read(
+        gateway, redis_server, topics, namespace, partition_max_bytes):
+    """A partition whose stream's last id an XADD by hand made (not 0-<seq>) has no log
+    offsets. Read with its records (its partition_max_bytes fits the response's max_bytes with
+    the ones before it: ``_read``) it was answered CORRUPT_MESSAGE, which Kafka's consumer
+    throws so the application hears of it; read for its log offsets alone first (it does not
+    fit: ``_bounds``), UNKNOWN_SERVER_ERROR, which Kafka's consumer only logs at WARN before
+    fetching again, for ever: the partition stalled without a word to the application."""
+    import redis
+
+    topics.create("t", 2)
+    Producer(topics._r, namespace).send("t", b"kept", partition=0)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.execute_command("XADD", partition_key(namespace, "t", 1), "*", "v", b"by hand")
+    finally:
+        client.close()
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(1, 12, 7, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [{"topic": "t", "partitions": [
+                {"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes}
+                for p in (0, 1)]}]}))
+        fetched = response(sock, 1, 12, 5)
+    finally:
+        sock.close()
+    answers = {p.partition_index: p for t in fetched.responses for p in t.partitions}
+    assert answers[1].error_code.value == 2  # CORRUPT_MESSAGE
+    assert answers[0].error_code.value == 0
+    assert [r.value for r in fetched_records(bytes(answers[0].records or b""))] == [b"kept"]

@@ -343,11 +343,14 @@ def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 def _bounds(state: GatewayState, topic: str, partition: int, offset: int
             ) -> PartitionRecords[Record]:
     """Blocking: a partition's answer without records: its log offsets, and whether ``offset``
-    is in them (``_read`` reads its records once the bytes it may take are known)."""
+    is in them (``_read`` reads its records once the bytes it may take are known). A stream
+    whose last id is not rcoord's is CORRUPT_MESSAGE here too, as ``_read`` answers it: it was
+    UNKNOWN_SERVER_ERROR for a partition read this way first, which Kafka's consumer fetches
+    again for ever, without a word to the application (``_unreadable_or_unknown``)."""
     try:
         start, end = log_offsets(state.sync_redis, state.config.namespace, topic, partition)
     except (TopicError, InvalidRequestError) as exc:
-        return PartitionRecords([], -1, -1, _as_unknown(exc))
+        return PartitionRecords([], -1, -1, _unreadable_or_unknown(exc))
     # Kafka answers a fetch offset outside the log (a negative one too) OFFSET_OUT_OF_RANGE
     # for that partition, with its log offsets so the client can reset.
     error = Errors.NONE if start <= offset <= end else Errors.OFFSET_OUT_OF_RANGE
