@@ -151,9 +151,10 @@ def log_ends(ctx: Context, topics: Sequence[str], *,
 
     A partition whose offsets cannot be read (UNKNOWN_SERVER_ERROR: its stream's last id is
     not rcoord's, an XADD by hand; ``Topics.describe`` answers it for that partition alone)
-    is left out too (``describe``: its lag is unknown), unless it is among ``needed``: then
-    its TopicError, naming the stream and what mends it, is raised. A reset took such a
-    partition for one that does not exist ("has no partition 0 (any more)")."""
+    is left out too (``describe``: its lag is unknown; a note on stderr says why), unless it
+    is among ``needed``: then its TopicError, naming the stream and what mends it, is raised.
+    A reset took such a partition for one that does not exist ("has no partition 0 (any
+    more)")."""
     from ..topics import TopicError
 
     out: dict[TopicPartition, tuple[int, int]] = {}
@@ -171,6 +172,9 @@ def log_ends(ctx: Context, topics: Sequence[str], *,
             elif (p.error != Errors.UNKNOWN_TOPIC_OR_PARTITION
                   and TopicPartition(topic, p.partition) in needed):
                 raise TopicError(p.error, p.detail or f"{topic}-{p.partition}")
+            elif p.detail:
+                # Why its lag is unknown, and what mends it: said nowhere before.
+                ctx.note(f"{topic}-{p.partition}: {p.error.name}: {p.detail}")
     return out
 
 
