@@ -487,7 +487,10 @@ class Consumer(SubscriptionMixin):
         does ``close()`` (``IllegalStateError``); a lost connection is
         retried as long (see ``_query``). Raises ``IllegalStateError`` if ``tp`` is not
         assigned (Kafka's IllegalStateException), and ``InvalidOffsetError`` if it has no
-        position (``start_offset="none"``).
+        position (``start_offset="none"``). A partition whose stream cannot be read (its last
+        id is not rcoord's: an XADD by hand) raises its ``TopicError`` (UNKNOWN_SERVER_ERROR,
+        its ``detail`` saying what mends it) and stays pending; another partition's position
+        is not failed by it.
         """
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
@@ -519,9 +522,16 @@ class Consumer(SubscriptionMixin):
             with self._single_threaded():
                 self._check_open()
                 for p, offset in found.items():
-                    if self._fetch_pos.get(p) == pending[p][1]:  # (not sought or revoked)
+                    if (not isinstance(offset, TopicError)
+                            and self._fetch_pos.get(p) == pending[p][1]):  # (not sought/revoked)
                         self._resolved(p, offset)
                 self._require_assigned(key, "read the position of")
+                failed = found.get(key)
+                if (isinstance(failed, TopicError) and key in self._resets
+                        and self._fetch_pos.get(key) == pending[key][1]):
+                    # Its stream cannot be read (the detail says what mends it): it stays
+                    # pending, and the others' errors are theirs (left pending too).
+                    raise failed
             if key in found or key not in self._resets:
                 continue  # resolved, or sought meanwhile: look again
             if self._stop.is_set():
@@ -544,29 +554,56 @@ class Consumer(SubscriptionMixin):
 
     def _reset_edges(
         self, pending: Mapping[TopicPartition, tuple[int, int]], timeout: float
-    ) -> dict[TopicPartition, int]:
+    ) -> dict[TopicPartition, int | TopicError]:
         """The edges of the pending ``seek_to_*``s, read for ``position()``; a partition that
-        does not exist is left out (it stays pending)."""
-        return self._edges([(tp, edge) for tp, (edge, _) in pending.items()], timeout,
-                           missing_ok=True)
+        does not exist is left out (it stays pending), and one whose stream cannot be read
+        (``unreadable_partition``) is answered its ``TopicError``: ``position()`` raises it
+        for that partition only. Before, that error was raised for the whole read, so the
+        position of every other partition awaiting an edge failed with it."""
+        found = self._edges_each([(tp, edge) for tp, (edge, _) in pending.items()], timeout)
+        out: dict[TopicPartition, int | TopicError] = {}
+        for tp, got in found.items():
+            if not isinstance(got, TopicError) or unreadable_partition(got):
+                out[tp] = got
+            elif got.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                raise got
+        return out
 
     def _edges(self, edges: Sequence[tuple[TopicPartition, int]], timeout: float | None, *,
                missing_ok: bool) -> dict[TopicPartition, int]:
         """Each partition's log edge (0: log start, 1: log end), all in one round trip
-        (``_query``'s retries and ``timeout``). A partition that does not exist raises its
-        ``TopicError``, or is left out with ``missing_ok``."""
+        (``_query``'s retries and ``timeout``). A partition that does not exist, or whose
+        stream cannot be read (``unreadable_partition``: its ``detail`` says what mends it),
+        raises its ``TopicError`` (the first in ``edges``), or is left out with
+        ``missing_ok``: it has no edge, as Kafka's ``currentLag`` is empty for a partition
+        whose offsets are unknown. Before, such a stream raised for every partition read with
+        it, with ``missing_ok`` too (``lag()`` of all partitions failed)."""
+        out: dict[TopicPartition, int] = {}
+        for tp, got in self._edges_each(edges, timeout).items():
+            if not isinstance(got, TopicError):
+                out[tp] = got
+            elif not (missing_ok and (got.error is Errors.UNKNOWN_TOPIC_OR_PARTITION
+                                      or unreadable_partition(got))):
+                raise got
+        return out
+
+    def _edges_each(self, edges: Sequence[tuple[TopicPartition, int]], timeout: float | None
+                    ) -> dict[TopicPartition, int | TopicError]:
+        """``_edges``, each partition that has none answered its ``TopicError`` in its place
+        (``Coordinator.log_offsets_many``), in the order of ``edges``."""
         coord = self._started(timeout)
 
-        def read() -> dict[TopicPartition, int]:
+        def read() -> dict[TopicPartition, int | TopicError]:
             if not edges:
                 return {}
-            out: dict[TopicPartition, int] = {}
+            out: dict[TopicPartition, int | TopicError] = {}
             partitions = [tp for tp, _ in edges]
             for (tp, edge), got in zip(edges, coord.log_offsets_many(partitions), strict=True):
                 if isinstance(got, tuple):
                     out[tp] = got[edge]
-                elif not (missing_ok and got is Errors.UNKNOWN_TOPIC_OR_PARTITION):
-                    raise TopicError(got, f"{tp.topic}-{tp.partition}")
+                else:
+                    out[tp] = (got if isinstance(got, TopicError)
+                               else TopicError(got, f"{tp.topic}-{tp.partition}"))
             return out
 
         return self._query(read, timeout)
@@ -839,8 +876,9 @@ class Consumer(SubscriptionMixin):
         that does not exist (an ``assign()``ed one not created yet, or of a topic deleted
         until the next rebalance drops it) is left out, as one without a position is: it has
         no log end (Kafka's ``currentLag`` is empty then); before, the whole call raised
-        ``TopicError`` for it, so one missing partition hid the lag of all the others.
-        ``timeout``: see ``_query``."""
+        ``TopicError`` for it, so one missing partition hid the lag of all the others. So is
+        one whose stream cannot be read (its last id is not rcoord's: ``end_offsets()`` of it
+        raises its error). ``timeout``: see ``_query``."""
         self._check_open()
         held = [tp for tp in self._assigned if tp not in self._invalid and tp not in self._resets]
         # (a partition without a position has no lag: Kafka's currentLag is empty then)
@@ -2669,26 +2707,13 @@ def _fresh_count(cached: tuple[int, float] | None, since: float) -> int:
 def _edges_of(coord: Coordinator, partitions: list[TopicPartition]
               ) -> dict[TopicPartition, tuple[int, int] | Errors | TopicError]:
     """The log offsets of ``partitions`` (their pending seek_to_*'s edges), all in one round
-    trip; where that call fails with a partition that cannot be read (a stream whose last id
-    is not rcoord's: a TopicError with a ``detail``, naming its stream), each one alone, that
-    one answered its error. Before, that one partition failed every fetch, so the others
-    stalled with it."""
+    trip; a partition that cannot be read (a stream whose last id is not rcoord's) is
+    answered its TopicError (with a ``detail`` naming its stream) in its place by
+    ``Coordinator.log_offsets_many``. Before, that one partition failed every fetch, so the
+    others stalled with it."""
     if not partitions:
         return {}
-    try:
-        return dict(zip(partitions, coord.log_offsets_many(partitions), strict=True))
-    except TopicError as exc:
-        if not unreadable_partition(exc):
-            raise
-    out: dict[TopicPartition, tuple[int, int] | Errors | TopicError] = {}
-    for tp in partitions:
-        try:
-            (out[tp],) = coord.log_offsets_many([tp])
-        except TopicError as exc:
-            if not unreadable_partition(exc):
-                raise
-            out[tp] = exc
-    return out
+    return dict(zip(partitions, coord.log_offsets_many(partitions), strict=True))
 
 
 _UNKNOWN: PartitionRecords[Any] = PartitionRecords([], -1, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)

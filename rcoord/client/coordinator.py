@@ -27,7 +27,7 @@ from ..protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartit
 from ..protocol.sync import SyncGroupResult
 from ..topics import incarnation as _incarnation
 from ..topics import racks as _racks
-from ..topics.fetch import log_offsets_many as _log_offsets_many
+from ..topics.fetch import log_offsets_each as _log_offsets_each
 from ..topics.times import OffsetAndTimestamp
 from ..topics.times import offsets_for_times as _offsets_for_times
 
@@ -113,9 +113,12 @@ class Coordinator(Protocol):
 
     def log_offsets_many(
         self, partitions: Sequence[TopicPartition]
-    ) -> list[tuple[int, int] | Errors]:
+    ) -> list[tuple[int, int] | Errors | _topics.TopicError]:
         """``log_offsets`` of several partitions in one round trip, in the same order; the
-        error code (UNKNOWN_TOPIC_OR_PARTITION) for one that does not exist."""
+        error code (UNKNOWN_TOPIC_OR_PARTITION) for one that does not exist, and the
+        ``TopicError`` (UNKNOWN_SERVER_ERROR, its ``detail`` saying what mends it) for one
+        whose stream cannot be read (``rcoord.topics.fetch.log_offsets_each``), each in its
+        place, as Kafka's ListOffsets answers per partition."""
         ...
 
     def created_times(self, topics: Sequence[str]) -> dict[str, int]:
@@ -203,8 +206,12 @@ class RedisCoordinator(GroupCoordinator):
 
     def log_offsets_many(
         self, partitions: Sequence[TopicPartition]
-    ) -> list[tuple[int, int] | Errors]:
-        return _log_offsets_many(
+    ) -> list[tuple[int, int] | Errors | _topics.TopicError]:
+        """``log_offsets_each``: a stream whose last id is not rcoord's (an XADD by hand) is
+        its partition's TopicError in its place. Read with ``log_offsets_many``, it raised
+        for the whole call, so the Consumer's ``lag()`` and ``position()`` failed for every
+        partition read with it."""
+        return _log_offsets_each(
             self._redis, self._ns, [(tp.topic, tp.partition) for tp in partitions])
 
     @translate_redis_errors

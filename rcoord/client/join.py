@@ -549,8 +549,9 @@ def log_offsets_of(
 ) -> dict[TopicPartition, tuple[int, int] | _topics.TopicError]:
     """The log start and end offsets of ``partitions`` (for ``start_offsets``, and the Spark
     member's placements), in one ``log_offsets_many`` (a round trip per node), or the
-    ``TopicError`` of one that has none (a deleted topic, a partition out of range). Other
-    errors (Redis away) raise, after ``retry``.
+    ``TopicError`` of one that has none (a deleted topic, a partition out of range, a stream
+    whose last id is not rcoord's: UNKNOWN_SERVER_ERROR with its ``detail``). Other errors
+    (Redis away) raise, after ``retry``.
 
     One read each cost a round trip per partition on every rebalance: with 2000 partitions
     and a 1 ms network round trip, two seconds. A name the batched read refuses before it
@@ -569,8 +570,8 @@ def log_offsets_of(
             except _topics.TopicError as exc:
                 out[tp] = exc
         return out
-    for tp, got in zip(partitions, answers, strict=True):
-        out[tp] = (got if isinstance(got, tuple)
+    for tp, got in zip(partitions, answers, strict=True):  # (a TopicError kept: its detail)
+        out[tp] = (got if isinstance(got, (tuple, _topics.TopicError))
                    else _topics.TopicError(got, f"{tp.topic}-{tp.partition}"))
     return out
 
