@@ -10,10 +10,10 @@ over from the offsets it committed; kill one and they take them over after its s
 timeout. No query restarts when partitions move.
 
 Records: the key is what is counted (a user, a page); the value is JSON with an event time
-``{"ts": <epoch milliseconds>}`` (the record's timestamp when missing). Windows are tumbling,
-``--window`` long. A record whose event time is behind the query's watermark (the newest event
-time the query has seen minus ``--watermark``) is late and not counted, as in Spark's
-windowed aggregations.
+``{"ts": <epoch milliseconds>}`` (a number, taken to the millisecond; the record's timestamp when
+missing or not a number). Windows are tumbling, ``--window`` long. A record whose event time is
+behind the query's watermark (the newest event time the query has seen minus ``--watermark``) is
+late and not counted, as in Spark's windowed aggregations.
 
 Output: every micro-batch writes, per topic partition it read, one Parquet file
 ``DIR/counts/topic=T/partition=P/start-S.gen-G.parquet`` with columns ``window_start``,
@@ -203,6 +203,25 @@ def _settle(folder: Path, start: int) -> None:
             path.unlink(missing_ok=True)
 
 
+# The event times a window's bounds can have: what a Python datetime holds (``_write``).
+_MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
+def _event_ms(window_ms: int) -> Any:
+    """A record's event time in ms: its value's JSON ``ts`` (a number, taken to the
+    millisecond), else its timestamp. A ``ts`` that is no number, or one no window of
+    ``window_ms`` around it can be written for, is the record's timestamp too: Spark 4 casts
+    with ANSI on, so a plain cast failed the query on ``{"ts": 1.7e12}``, on a float (Python's
+    ``time.time() * 1000``) or on a word, and failed it again after every restart, on the same
+    uncommitted record."""
+    from pyspark.sql import functions as F
+
+    raw = F.get_json_object(F.col("value").cast("string"), "$.ts")
+    ms = F.coalesce(raw.try_cast("long"), raw.try_cast("double").try_cast("long"))
+    fits = ms.between(_MIN_MS + window_ms, _MAX_MS - window_ms)
+    return F.coalesce(F.when(fits, ms), F.unix_millis(F.col("timestamp")))
+
+
 def build_query(
     spark: Any,
     *,
@@ -250,10 +269,7 @@ def build_query(
         "partition",
         "offset",
         F.col("key").cast("string").alias("k"),
-        F.coalesce(
-            F.get_json_object(F.col("value").cast("string"), "$.ts").cast("long"),
-            F.unix_millis(F.col("timestamp")),
-        ).alias("event_ms"),
+        _event_ms(window_ms).alias("event_ms"),
     )
     events = events.withColumn("event_time", F.timestamp_millis("event_ms")) \
         .withWatermark("event_time", f"{_ms(watermark)} milliseconds")
