@@ -110,3 +110,31 @@ def test_a_ts_that_is_not_whole_milliseconds_falls_back_or_rounds_instead_of_fai
         query.stop()
     assert read_counts(tmp_path / "out") == {
         (T0, "k"): 5, (T0 + 20_000, "k"): 1, (T0 + 30_000, "k"): 1, (T0 + 40_000, "k"): 1}
+
+
+def test_a_record_is_late_once_its_window_ends_at_the_batchs_own_watermark(
+        spark: Any, tmp_path: Path) -> None:
+    # As Spark's windowed aggregation: a record counts until the watermark Spark runs its
+    # micro-batch with (the newest event time of the batches before, minus --watermark) reaches
+    # its window's end. Before, the sink took the watermark of the batch before (one batch
+    # stale, from lastProgress) and compared it with the record's own event time: a record
+    # behind the watermark in a window still open was dropped, and one 9 minutes behind the
+    # watermark, right after the watermark jumped, was counted.
+    from workers.clickstream import read_counts
+
+    query, files = _query(spark, tmp_path, watermark="1m")
+    sent = 0
+    try:
+        for ts in (T0, T0 + 65_000,  # the watermark is T0 + 5 s from the next batch on
+                   T0 + 66_000,
+                   T0 + 1_000,  # behind the watermark, in the window [T0, T0 + 10 s): counts
+                   T0 + 600_000,  # the watermark is T0 + 540 s from the next batch on
+                   T0 + 20_000):  # its window ended 510 s before the watermark: late
+            files.put([json.dumps({"ts": ts}).encode()])
+            sent += 1
+            _processed(query, sent)
+        assert query._rcoord_sink.late == 1
+    finally:
+        query.stop()
+    assert read_counts(tmp_path / "out") == {
+        (T0, "k"): 2, (T0 + 60_000, "k"): 2, (T0 + 600_000, "k"): 1}

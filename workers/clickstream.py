@@ -11,9 +11,11 @@ timeout. No query restarts when partitions move.
 
 Records: the key is what is counted (a user, a page); the value is JSON with an event time
 ``{"ts": <epoch milliseconds>}`` (a number, taken to the millisecond; the record's timestamp when
-missing or not a number). Windows are tumbling, ``--window`` long. A record whose event time is
-behind the query's watermark (the newest event time the query has seen minus ``--watermark``) is
-late and not counted, as in Spark's windowed aggregations.
+missing or not a number). Windows are tumbling, ``--window`` long. A record whose window has
+closed is late and not counted, as in Spark's windowed aggregations: its window ends at or behind
+the watermark Spark runs its micro-batch with (the newest event time of the query's batches
+before it minus ``--watermark``; a restarted query starts over from 0 unless ``build_query`` was
+given the checkpoint it ran on).
 
 Output: every micro-batch writes, per topic partition it read, one Parquet file
 ``DIR/counts/topic=T/partition=P/start-S.gen-G.parquet`` with columns ``window_start``,
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import os
 import re
@@ -114,19 +117,25 @@ class _Sink:
         self.window_ms = window_ms
         self.checkpoint = checkpoint
         self.group, self.namespace, self.url = group, namespace, url
-        self.query: Any = None  # set once started: the watermark comes from its progress
         self.batches = 0
         self.records = 0
         self.late = 0
 
-    def watermark_ms(self) -> int:
-        """The watermark Spark computed at the end of the previous batch (0 before any)."""
-        progress = self.query.lastProgress if self.query is not None else None
-        mark = (progress or {}).get("eventTime", {}).get("watermark")
-        if not mark:
+    def watermark_ms(self, batch_id: int, spark: Any = None) -> int:
+        """The watermark Spark runs micro-batch ``batch_id`` with: the ``batchWatermarkMs``
+        it wrote in the checkpoint's offset log (``offsets/<batch id>``, its second line)
+        before running the batch, so also the one a restarted query restored; 0 if none is
+        logged. (``lastProgress`` is the batch before's progress, and the watermark it reports
+        is the one that batch ran with: one batch stale, so a record far behind the watermark
+        right after it jumped was counted.) Read as ``batch_generation`` reads the log."""
+        from rcoord.spark.replays import _read_log
+
+        text = _read_log(self.checkpoint, f"offsets/{batch_id}", spark)
+        lines = (text or "").splitlines()
+        try:
+            return int(json.loads(lines[1])["batchWatermarkMs"])
+        except (IndexError, KeyError, TypeError, ValueError):
             return 0
-        when = dt.datetime.fromisoformat(mark)
-        return int(when.timestamp() * 1000)
 
     def generation(self, batch_id: int, spark: Any = None) -> int:
         """The group generation the batch is committed under (``rcoord.spark.batch_generation``):
@@ -145,9 +154,11 @@ class _Sink:
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        wm = self.watermark_ms()
-        late = F.col("event_ms") < F.lit(wm)
+        wm = self.watermark_ms(batch_id, batch.sparkSession)
         window_start = F.col("event_ms") - F.pmod(F.col("event_ms"), F.lit(self.window_ms))
+        # as Spark's windowed aggregation drops a row: once its window's end is at or behind
+        # the watermark (a record behind the watermark in a window still open counts)
+        late = window_start + F.lit(self.window_ms) <= F.lit(wm)
         rows = (
             batch.groupBy("topic", "partition", window_start.alias("ws"), "k")
             .agg(
@@ -279,7 +290,6 @@ def build_query(
     writer = events.writeStream.foreachBatch(sink).trigger(
         processingTime=f"{_ms(trigger)} milliseconds")
     query = writer.option("checkpointLocation", location).start()
-    sink.query = query
     query._rcoord_sink = sink  # for tests and the bench: batches, records, late
     return query
 
