@@ -108,6 +108,23 @@ def test_clickstream_without_a_redis_url_is_a_usage_error_before_spark_starts():
     assert "Traceback" not in res.stderr
 
 
+def test_clickstream_durations_it_cannot_read_are_usage_errors_before_spark_starts():
+    """``--window "10 seconds"`` (Spark's own spelling), ``--watermark 10min`` or ``--window 0``
+    started Spark and failed after it behind a traceback (``int()``'s ValueError, or Spark's
+    division by zero for a 0 ms window)."""
+    env = {**ENV, "RCOORD_REDIS_URL": "redis://127.0.0.1:1/0"}
+    for flag, value in (("--window", "10 seconds"), ("--watermark", "10min"),
+                        ("--window", "0"), ("--trigger", "-1s")):
+        res = subprocess.run(
+            [sys.executable, "-m", "workers.clickstream", "--group", "clicks", "--topic",
+             "events", "--out", "/nonexistent-clickstream-out", f"{flag}={value}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 2, (flag, value, res.stderr[-2000:])
+        last = res.stderr.splitlines()[-1]
+        assert f"argument {flag}: " in last and repr(value) in last, last
+        assert "Traceback" not in res.stderr
+
+
 def test_fault_worker_refused_for_its_session_exits_naming_the_setting(
         redis_server, single_client, namespace, tmp_path):
     # Its docstring's command used a 1.5 s session, below a fresh namespace's minimum (6 s):

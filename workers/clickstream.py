@@ -57,12 +57,29 @@ __all__ = ["build_query", "main", "read_counts", "stop_gracefully", "window_coun
 
 
 def _ms(text: str) -> int:
-    """'10s', '500ms', '2m', or a number of milliseconds."""
+    """'10s', '500ms', '2m', '1h', or a number of milliseconds; a ``ValueError`` naming those
+    forms for anything else (Spark's "10 seconds" too)."""
     text = text.strip().lower()
-    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)):
-        if text.endswith(suffix) and text[: -len(suffix)].strip().replace(".", "", 1).isdigit():
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(text)
+    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("", 1)):
+        number = text[: len(text) - len(suffix)].strip()
+        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
+            return int(float(number) * factor)
+    raise ValueError(f"{text!r} is no duration: write a number with ms, s, m or h after it "
+                     "('500ms', '10s', '1m'), or a number of milliseconds")
+
+
+def _duration(least: int) -> Any:
+    """An argparse ``type``: a duration (``_ms``) of at least ``least`` ms, checked before
+    Spark starts (a bad one used to fail after it, behind a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            ms = _ms(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if ms < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be at least {least} ms")
+        return ms
+    return parse
 
 
 def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
@@ -259,6 +276,8 @@ def build_query(
 
     register(spark)
     window_ms = _ms(window)
+    if window_ms <= 0:
+        raise ValueError(f"window {window!r}: a window must be at least 1 ms long")
     # the sink asks the group the source reads (options may name its Redis and namespace)
     url = (options or {}).get("url", url)
     namespace = (options or {}).get("namespace", namespace)
@@ -318,9 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=os.environ.get("RCOORD_REDIS_URL"))
     parser.add_argument("--namespace", default="rcoord")
     parser.add_argument("--master", default=None, help="Spark master (default local[2])")
-    parser.add_argument("--window", default="10s")
-    parser.add_argument("--watermark", default="1m")
-    parser.add_argument("--trigger", default="500ms")
+    parser.add_argument("--window", default="10s", type=_duration(1),
+                        help="tumbling window length (500ms, 10s, 1m, 1h; default 10s)")
+    parser.add_argument("--watermark", default="1m", type=_duration(0),
+                        help="how late an event may come (default 1m)")
+    parser.add_argument("--trigger", default="500ms", type=_duration(0),
+                        help="micro-batch interval (default 500ms)")
     parser.add_argument("--max-offsets-per-trigger", default=None)
     parser.add_argument("--session-timeout-ms", default=None)
     parser.add_argument("--heartbeat-interval-ms", default=None)
@@ -348,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         if val:
             options[opt] = str(val)
     query = build_query(spark, topics=args.topic, group=args.group, out=args.out,
-                        url=args.redis_url, namespace=args.namespace, window=args.window,
-                        watermark=args.watermark, trigger=args.trigger, options=options)
+                        url=args.redis_url, namespace=args.namespace,
+                        window=f"{args.window}ms", watermark=f"{args.watermark}ms",
+                        trigger=f"{args.trigger}ms", options=options)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
