@@ -382,9 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         if deadline is not None and time.monotonic() >= deadline:
             break
         stop.wait(0.5)
-    failed = query.exception()
     if query.isActive:
         stop_gracefully(query)
+    # read after the stop: a batch that fails while stop_gracefully waits for it fails the run
+    failed = query.exception()
     sink = query._rcoord_sink
     print(f"clickstream: stopped after {sink.batches} batches, {sink.records} records "
           f"({sink.late} late)", flush=True)

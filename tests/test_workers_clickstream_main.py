@@ -1,0 +1,75 @@
+"""``python -m workers.clickstream``'s exit, without a JVM: Spark's session and the query are
+stand-ins, so only ``main``'s own handling of a stop is under test."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pyspark_sql = pytest.importorskip("pyspark.sql", reason="pyspark is not installed")
+
+
+class _Builder:
+    """``SparkSession.builder``: every setter returns itself; the session does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+    def getOrCreate(self) -> Any:
+        return SimpleNamespace(sparkContext=SimpleNamespace(setLogLevel=lambda level: None),
+                               stop=lambda: None)
+
+
+class _FailsWhileStopping:
+    """A query whose running batch fails while ``stop_gracefully`` waits for it."""
+
+    id = "q"
+
+    def __init__(self) -> None:
+        self.active, self.error, self.looks = True, None, 0
+        self._rcoord_sink = SimpleNamespace(batches=3, records=30, late=0)
+
+    @property
+    def isActive(self) -> bool:
+        return self.active
+
+    @property
+    def status(self) -> dict[str, Any]:
+        self.looks += 1
+        if self.looks == 3:  # the batch fails: the query terminates with its error
+            self.active, self.error = False, RuntimeError("batch 3 failed: No space left")
+        return {"isDataAvailable": True, "isTriggerActive": self.active, "message": ""}
+
+    def exception(self) -> Any:
+        return self.error
+
+    def stop(self) -> None:
+        self.active = False
+
+
+def test_a_query_that_fails_while_it_stops_gracefully_exits_1_with_its_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    # main() read query.exception() before stop_gracefully(): a batch that failed while the
+    # stop waited for it (SIGTERM, or --run-for, mid-batch) ended in status 0 and no error,
+    # so a supervisor took the failure for a clean stop.
+    from workers import clickstream
+
+    monkeypatch.setattr(pyspark_sql.SparkSession, "builder", _Builder())
+    monkeypatch.setattr(clickstream, "build_query", lambda spark, **kw: _FailsWhileStopping())
+    monkeypatch.setenv("PYSPARK_PYTHON", "python3")
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = clickstream.main(["--group", "g", "--topic", "t", "--out", str(tmp_path),
+                                   "--redis-url", "redis://127.0.0.1:1/0", "--run-for", "0"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "clickstream: query failed: batch 3 failed: No space left" in err
