@@ -193,3 +193,13 @@ def test_a_checkpoint_uri_without_an_authority_is_not_taken_for_a_path(
     assert asked == ["hdfs:/checkpoints/clicks/offsets/2", "s3a:/b/cp/offsets/2"]
     # a Windows drive is a path, not a scheme
     assert replays._local("C:/checkpoints/clicks") is not None
+
+
+def test_window_starts_come_back_exact_to_the_millisecond(tmp_path: Path) -> None:
+    """Window starts were written and read back through float seconds (a datetime's
+    ``timestamp()``): some came back 1 ms off, about 1 in 170 of the times after 2038
+    (2180095214614 among them), so their counts were summed under another window."""
+    starts = [2_180_095_214_614, 4_102_444_800_001, 1_700_000_000_123, 0]
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row(f"k{i}", i + 1, ws) for i, ws in enumerate(starts)], 1)
+    assert read_counts(tmp_path) == {(ws, f"k{i}"): i + 1 for i, ws in enumerate(starts)}
