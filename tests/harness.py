@@ -258,6 +258,18 @@ def socket_warnings_on_collect() -> list[str]:
     return found
 
 
+def prepare_spark_env(root: Any) -> None:
+    """What a local SparkSession's Python workers need before it starts: this interpreter,
+    loopback, and this checkout (``root``: rcoord and workers/) importable."""
+    import os
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    path = os.environ.get("PYTHONPATH", "")
+    if str(root) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), path) if p)
+
+
 def server_ms(client: Any) -> int:
     """Redis ``TIME`` in milliseconds (any node of a cluster: the tests' nodes share a clock)."""
     reply = client.time()

@@ -246,6 +246,33 @@ def test_partitions_the_response_has_no_room_for_are_not_read(gateway, redis_ser
     assert read[0] <= 1_200_000, read
 
 
+def _by_hand(redis_server: Any, *command: Any) -> Any:
+    """One command on its own connection: a stream edited by hand, as rcoord never does."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        return client.execute_command(*command)
+    finally:
+        client.close()
+
+
+def _fetch_t(gateway: Any, offsets: dict[int, int],
+             partition_max_bytes: int = 1 << 20) -> dict[int, Any]:
+    """A raw Fetch v12 of topic t's partitions at ``offsets``; the answer per partition."""
+    sock = connect(gateway)
+    try:
+        sock.sendall(request_frame(1, 12, 7, {
+            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [{"topic": "t", "partitions": [
+                {"partition": p, "fetch_offset": o, "partition_max_bytes": partition_max_bytes}
+                for p, o in offsets.items()]}]}))
+        fetched = response(sock, 1, 12, 5)
+    finally:
+        sock.close()
+    return {p.partition_index: p for t in fetched.responses for p in t.partitions}
+
+
 def test_an_entry_that_is_not_a_record_is_corrupt_message_for_its_partition_alone(
         gateway, redis_server, topics, namespace):
     """A stream entry added by hand (no timestamp) where a Fetch reads: that partition alone is
@@ -253,26 +280,10 @@ def test_an_entry_that_is_not_a_record_is_corrupt_message_for_its_partition_alon
     Kafka's consumer only logs at WARN before fetching again, for ever (the partition stalled
     without a word to the application); CORRUPT_MESSAGE it throws, so the application can
     seek past the entry (``FetchCollector.handleInitializeErrors``)."""
-    import redis
-
     topics.create("t", 2)
     Producer(topics._r, namespace).send("t", b"kept", partition=1)
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        client.execute_command("XADD", partition_key(namespace, "t", 0), "0-*", "v", b"by hand")
-    finally:
-        client.close()
-    sock = connect(gateway)
-    try:
-        sock.sendall(request_frame(1, 12, 7, {
-            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-            "topics": [{"topic": "t", "partitions": [
-                {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
-                for p in (0, 1)]}]}))
-        fetched = response(sock, 1, 12, 5)
-    finally:
-        sock.close()
-    answers = {p.partition_index: p for t in fetched.responses for p in t.partitions}
+    _by_hand(redis_server, "XADD", partition_key(namespace, "t", 0), "0-*", "v", b"by hand")
+    answers = _fetch_t(gateway, {0: 0, 1: 0})
     assert answers[0].error_code.value == 2  # CORRUPT_MESSAGE
     assert answers[1].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[1].records or b""))] == [b"kept"]
@@ -286,36 +297,16 @@ def test_a_fetch_at_an_entry_removed_by_hand_is_corrupt_message_for_its_partitio
     other keeps its record, and a Fetch from the next offset reads on. The read raised
     "replaced during each of 3 reads" (UNKNOWN_TOPIC_OR_PARTITION) for an existing partition
     before e112b4f."""
-    import redis
-
     topics.create("t", 2)
     producer = Producer(topics._r, namespace)
     producer.send_batch("t", [*(ProducerRecord(b"a%d" % i, partition=0) for i in range(3)),
                               ProducerRecord(b"kept", partition=1)])
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        assert client.execute_command("XDEL", partition_key(namespace, "t", 0), "0-2") == 1
-    finally:
-        client.close()
-
-    def fetch(offset: int) -> dict[int, Any]:
-        sock = connect(gateway)
-        try:
-            sock.sendall(request_frame(1, 12, 7, {
-                "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-                "topics": [{"topic": "t", "partitions": [
-                    {"partition": p, "fetch_offset": o, "partition_max_bytes": 1 << 20}
-                    for p, o in ((0, offset), (1, 0))]}]}))
-            fetched = response(sock, 1, 12, 5)
-        finally:
-            sock.close()
-        return {p.partition_index: p for t in fetched.responses for p in t.partitions}
-
-    answers = fetch(1)  # (the removed entry held offset 1)
+    assert _by_hand(redis_server, "XDEL", partition_key(namespace, "t", 0), "0-2") == 1
+    answers = _fetch_t(gateway, {0: 1, 1: 0})  # (the removed entry held offset 1)
     assert answers[0].error_code.value == 2  # CORRUPT_MESSAGE
     assert answers[1].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[1].records or b""))] == [b"kept"]
-    answers = fetch(2)
+    answers = _fetch_t(gateway, {0: 2, 1: 0})
     assert answers[0].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[0].records or b""))] == [b"a2"]
 
@@ -329,26 +320,10 @@ def test_a_stream_whose_last_id_is_not_rcoords_is_corrupt_message_wherever_it_is
     throws so the application hears of it; read for its log offsets alone first (it does not
     fit: ``_bounds``), UNKNOWN_SERVER_ERROR, which Kafka's consumer only logs at WARN before
     fetching again, for ever: the partition stalled without a word to the application."""
-    import redis
-
     topics.create("t", 2)
     Producer(topics._r, namespace).send("t", b"kept", partition=0)
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        client.execute_command("XADD", partition_key(namespace, "t", 1), "*", "v", b"by hand")
-    finally:
-        client.close()
-    sock = connect(gateway)
-    try:
-        sock.sendall(request_frame(1, 12, 7, {
-            "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-            "topics": [{"topic": "t", "partitions": [
-                {"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes}
-                for p in (0, 1)]}]}))
-        fetched = response(sock, 1, 12, 5)
-    finally:
-        sock.close()
-    answers = {p.partition_index: p for t in fetched.responses for p in t.partitions}
+    _by_hand(redis_server, "XADD", partition_key(namespace, "t", 1), "*", "v", b"by hand")
+    answers = _fetch_t(gateway, {0: 0, 1: 0}, partition_max_bytes)
     assert answers[1].error_code.value == 2  # CORRUPT_MESSAGE
     assert answers[0].error_code.value == 0
     assert [r.value for r in fetched_records(bytes(answers[0].records or b""))] == [b"kept"]

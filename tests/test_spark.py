@@ -21,7 +21,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e "
                                                 "'.[spark]' to run the Spark tests)")
 
-from harness import wait_until
+from harness import prepare_spark_env, wait_until
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.keys import GroupKeys
@@ -45,12 +45,7 @@ T0 = 1_700_000_000_000
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Spark's Python workers must import this checkout's rcoord (and workers/).
-    path = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    prepare_spark_env(ROOT)  # (Spark's Python workers import this checkout's rcoord)
     from pyspark.sql import SparkSession
 
     session = (

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[spark]')")
 
-from harness import wait_until
+from harness import prepare_spark_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERY_S = 120
@@ -28,11 +27,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    path = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    prepare_spark_env(ROOT)  # (Spark's Python workers import this checkout's rcoord)
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master("local[1]").appName("rcoord-clickstream-events")
