@@ -52,7 +52,15 @@ from rcoord.spark.resolve import (
     resolve_partitions,
 )
 from rcoord.spark.write import check_write_plan, make_producer, row_to_record, write_rows
-from rcoord.topics import Producer, ProducerRecord, TopicError, Topics, fetch, partition_key
+from rcoord.topics import (
+    Producer,
+    ProducerRecord,
+    TopicError,
+    Topics,
+    fetch,
+    fetch_many,
+    partition_key,
+)
 from rcoord.topics.times import server_ms
 
 TP = TopicPartition
@@ -2864,3 +2872,61 @@ def test_a_partition_whose_offsets_cannot_be_read_is_not_taken_for_a_deleted_one
     assert partition_key(namespace, "odd", 0) in str(info.value)
     assert "XADD by hand" in info.value.detail
     assert log_bounds(topics, [TP("odd", 1)]) == {TP("odd", 1): (0, 0)}  # (the other: read)
+
+
+def _with_gaps(client: Any, namespace: str, topics: Topics, *removed: int) -> str:
+    """Topic "gap" of one partition holding records v0..v7 at offsets 0..7, less those at
+    ``removed`` (XDEL by hand; rcoord removes records only from a log's start). Its token.
+    (The log start read after an XDEL is up by the entries removed, from the stream's length:
+    the reads here begin at or past it.)"""
+    topics.create("gap", 1)
+    Producer(client, namespace).send_batch("gap", [b"v%d" % i for i in range(8)])
+    key = partition_key(namespace, "gap", 0)
+    for offset in removed:
+        client.execute_command("XDEL", key, f"0-{offset + 1}")
+    return topics.create_token("gap")
+
+
+@pytest.mark.parametrize("size", [2, 10], ids=["gap-begins-a-read", "gap-inside-a-read"])
+def test_a_gap_in_a_partition_is_data_loss_for_a_task(
+        single_client: Any, namespace: str, topics: Topics, size: int,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Records removed from a stream's middle by hand (offsets 4 and 5) are lost to the query,
+    as Spark's Kafka source takes records missing between the offset asked and the one it got:
+    with failOnDataLoss a DataLossError naming the offsets, without it a warning and the
+    records after the gap. Before, a read that began at the gap raised a TopicError whatever
+    failOnDataLoss said (the query could never get past it), and one that began before it
+    skipped the missing offsets without a word, also with failOnDataLoss."""
+    token = _with_gaps(single_client, namespace, topics, 4, 5)
+    rng = OffsetRange("gap", 0, 2, 8)
+    with pytest.raises(DataLossError, match=r"gap-0: offsets 4\.\.5 are missing.*XDEL"):
+        list(read_range(single_client, namespace, rng, size, True, token))
+    with caplog.at_level(logging.WARNING, "rcoord.spark"):
+        got = [r.value for c in read_range(single_client, namespace, rng, size, False, token)
+               for r in c]
+    assert got == [b"v2", b"v3", b"v6", b"v7"]
+    assert "offsets 4..5 are missing" in caplog.text and "skipping them" in caplog.text
+
+
+def test_a_gap_past_a_range_is_skipped_to_the_range_end(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """A gap that runs past the range's end (offsets 5..7 gone, the range 4..6) skips to the
+    range's end, never into the next batch's records; one up to the log end too."""
+    token = _with_gaps(single_client, namespace, topics, 5, 6)
+    got = [r.value for c in read_range(single_client, namespace, OffsetRange("gap", 0, 4, 7),
+                                       10, False, token) for r in c]
+    assert got == [b"v4"]
+    single_client.execute_command("XDEL", partition_key(namespace, "gap", 0), "0-8")
+    assert list(read_range(single_client, namespace, OffsetRange("gap", 0, 5, 8), 10, False,
+                           token)) == []
+    with pytest.raises(DataLossError, match=r"offsets 7\.\.7 are missing"):
+        list(read_range(single_client, namespace, OffsetRange("gap", 0, 7, 8), 10, True, token))
+
+
+def test_a_fetch_says_where_the_records_after_a_gap_begin(
+        single_client: Any, namespace: str, topics: Topics) -> None:
+    """``FetchResult.next_offset``: a gap's next offset as a field, not only in the detail."""
+    _with_gaps(single_client, namespace, topics, 2, 3)
+    at_gap, before = fetch_many(single_client, namespace, [("gap", 0, 2), ("gap", 0, 4)])
+    assert (at_gap.error, at_gap.next_offset) == (Errors.UNKNOWN_SERVER_ERROR, 4)
+    assert (before.error, before.next_offset) == (Errors.NONE, -1)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import Errors
 from ..protocol.offsets import TopicPartition
-from ..topics import Record, TopicError, Topics, fetch
+from ..topics import Record, TopicError, Topics, fetch_many
 from .options import (
     EARLIEST,
     LATEST,
@@ -452,7 +452,9 @@ def read_range(
     data loss too (without ``failOnDataLoss`` the range reads nothing and the next plan starts
     over in the new topic). Any other error (a stream entry that is not a record, the server
     refusing the read) is a ``TopicError`` whatever ``failOnDataLoss`` says: nothing is lost
-    and nothing skipped, and the error names what to fix.
+    and nothing skipped, and the error names what to fix. Offsets with no record below the log
+    end (entries removed from the stream's middle by hand, an XDEL) are data loss too, as
+    Spark's Kafka source takes records missing between the offset asked and the one it got.
 
     Every skip (``failOnDataLoss`` false) logs a warning naming the topic-partition and the
     offsets skipped, as Spark's Kafka source reports each one (``reportDataLoss``): a silent
@@ -486,21 +488,40 @@ def read_range(
                                     "earliest available offset")
             log.warning("%s; skipping them (failOnDataLoss=false)", msg)
             return
+    def missing(at: int, upto: int) -> str:
+        return (f"{where}: offsets {at}..{upto - 1} are missing from the stream (removed from "
+                "its middle by hand, e.g. an XDEL; rcoord removes records only from a log's "
+                "start)")
+
     offset = rng.start
     while offset < rng.end:
         want = min(fetch_size, rng.end - offset)
         try:
-            res = fetch(client, namespace, rng.topic, rng.partition, offset, max_records=want,
-                        max_bytes=max_bytes)
+            # fetch_many, not fetch: a partition it cannot read is answered, not raised, so a
+            # gap's next offset comes as a field (``next_offset``).
+            res = fetch_many(client, namespace, [(rng.topic, rng.partition, offset)], want,
+                             max_bytes=max_bytes, partition_max_bytes=max_bytes)[0]
         except TopicError as exc:
             if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                # Not loss: the records are there but cannot be read now (a stream entry an
-                # XADD by hand made, which the error names with what mends it). Raised as it
-                # is, whatever failOnDataLoss says; a DataLossError told the user to set
-                # failOnDataLoss=false for an error that setting does not skip.
                 raise
             lost(gone(offset))
             return
+        if res.next_offset > offset:
+            # A gap where the read begins: no record at offset..next_offset-1 (an XDEL by hand).
+            # Data loss, as Spark's Kafka source reports records missing between the offset
+            # asked and the one returned ("Cannot fetch records in [...)"), and skipped to the
+            # next record without failOnDataLoss. It was the TopicError below whatever
+            # failOnDataLoss said, so the query could never get past it.
+            upto = min(res.next_offset, rng.end)
+            lost(missing(offset, upto))
+            offset = upto
+            continue
+        if res.detail:
+            # Not loss: the records are there but cannot be read now (a stream entry an XADD
+            # by hand made, which the error names with what mends it). Raised whatever
+            # failOnDataLoss says; a DataLossError told the user to set failOnDataLoss=false
+            # for an error that setting does not skip.
+            raise TopicError(res.error, res.detail)
         if res.error is Errors.OFFSET_OUT_OF_RANGE and res.log_start_offset > offset:
             # Only the range's own offsets: the rest are another task's (split_ranges) or a
             # later batch's, which each report theirs; these named them all, every task alike.
@@ -525,11 +546,25 @@ def read_range(
         if res.error is not Errors.NONE:
             raise TopicError(res.error, f"{where} at offset {offset}")
         records = [r for r in res.records if r.offset < rng.end]
+        if not records and offset < res.log_end_offset:
+            lost(missing(offset, rng.end))  # (the entries up to the log end went by hand)
+            return
         if not records:
             # Offsets are dense: no record here means the log ends at or before ``offset``.
             lost(f"{where}: offsets {offset}..{rng.end - 1} were planned but there is no "
                  f"record at offset {offset} (the log now ends at offset {res.log_end_offset}; "
                  "records lost since, e.g. by a failover to a replica that did not have them)")
             return
-        yield records
-        offset = records[-1].offset + 1
+        # A gap inside the chunk (an XDEL by hand): the records before it, the loss, the rest.
+        # They came as one chunk, the missing offsets skipped without a word, also with
+        # failOnDataLoss; Spark's Kafka source checks every record's offset.
+        run: list[Record] = []
+        for r in records:
+            if r.offset > offset:
+                if run:
+                    yield run
+                    run = []
+                lost(missing(offset, r.offset))
+            run.append(r)
+            offset = r.offset + 1
+        yield run

@@ -205,6 +205,10 @@ class FetchResult:
     """Why, with an ``error`` a read of the partition will keep meeting (UNKNOWN_SERVER_ERROR:
     a stream entry that is not a record where the read begins, or a stream whose last id is
     not rcoord's): what is wrong and what mends it (``rcoord.topics.fetch._answer``)."""
+    next_offset: int = -1
+    """With UNKNOWN_SERVER_ERROR for a gap (entries removed by hand from the stream's middle,
+    an XDEL, where the read begins): the offset of the next entry there is, past the offset
+    read (``rcoord.topics.fetch._unmatched``); -1 otherwise."""
 
 
 # -- keys -------------------------------------------------------------------------------------

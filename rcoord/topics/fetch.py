@@ -57,6 +57,7 @@ class PartitionRecords(Generic[R]):
     error: Errors = Errors.NONE
     read_bytes: int = 0
     detail: str = ""
+    next_offset: int = -1
 
 
 _Decode = Callable[[Sequence[Any]], list[Any]]
@@ -220,11 +221,15 @@ def _unmatched(key: str, offset: int, found: int) -> PartitionRecords[Any]:
     edited by hand (an XDEL in its middle, which rcoord never makes, or an XADD with an id past
     its end), as a stream replaced between the two reads of every one of them is not to be
     expected. That partition alone is UNKNOWN_SERVER_ERROR with a ``detail`` (``_answer``'s
-    for an entry that is not a record), so a consumer can seek past it; it raised TopicError
+    for an entry that is not a record), and with ``next_offset`` ``found`` where that is past
+    ``offset`` (a gap: offsets ``offset`` to ``found - 1`` hold no entry), so a consumer can
+    seek past it, and a reader that skips lost records (Spark's ``failOnDataLoss=false``)
+    knows where to without parsing the detail; it raised TopicError
     (UNKNOWN_TOPIC_OR_PARTITION, "replaced") for the whole fetch, and so stalled every
     partition read with it for as long as the gap was there."""
     past = f"seek to offset {found}" if found > offset else "seek past it"
-    return PartitionRecords([], -1, -1, Errors.UNKNOWN_SERVER_ERROR, detail=(
+    return PartitionRecords([], -1, -1, Errors.UNKNOWN_SERVER_ERROR, next_offset=(
+        found if found > offset else -1), detail=(
         f"{key}: its entries read from offset {offset} (the first at offset {found}) do not fit "
         f"its log offsets in any of {_STALE_RETRIES} reads: an entry was removed from its "
         f"middle by hand (XDEL) or added with an id of its own; {past} to read on, or remove "
@@ -426,7 +431,7 @@ def _raise_failed(answer: PartitionRecords[R]) -> PartitionRecords[R]:
 def _result(answer: PartitionRecords[Record]) -> FetchResult:
     return FetchResult(
         answer.records, answer.log_start_offset, answer.log_end_offset, answer.error,
-        answer.detail,
+        answer.detail, answer.next_offset,
     )
 
 
