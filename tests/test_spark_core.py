@@ -2128,6 +2128,48 @@ def test_a_batch_whose_age_cannot_be_told_comes_again_after_a_restart(
         again.close(5)
 
 
+def test_a_batch_planned_without_the_servers_clock_comes_again_after_a_restart(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, latest: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's clock cannot be read while batch 1 is planned (TIME fails: in a cluster it
+    # goes to any node), but can on the restart, which finds no replay record (expired, days
+    # on, after a replay that read only part of the batch). Before, the batch's end carried no
+    # planned_ms, which the restart took for a position of an older rcoord, "not expired": it
+    # committed the batch's end, and what the replay had left unread was skipped for good. Now
+    # it carries 0 (as long ago as can be), and the batch comes again (at least once).
+    topics.create("ev", 2)
+    Producer(single_client, namespace, "round_robin").send_batch("ev", [b"x"] * 20)
+    old = _member(redis_server.url, namespace, single_client)
+    try:
+        e1 = old.plan(old.initial(10), latest, 4)
+
+        def no_clock(client: Any) -> int:
+            raise redis.ConnectionError("TIME: the node is down")
+
+        with monkeypatch.context() as m:
+            m.setattr("rcoord.spark.member.server_ms", no_clock)
+            e2 = old.plan(e1, latest, 4)
+    finally:
+        old.close(5)
+    assert e2.planned_ms == 0 and e2.offsets != e1.offsets
+    e2 = Position.from_json(e2.to_json())  # (through Spark's checkpoint)
+    new = _member(redis_server.url, namespace, single_client)
+    try:
+        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
+                   for r in ranges_between(e1, e2)]
+        assert new.replay(e2, shifted, 10) == set()
+    finally:
+        new.close(5)
+    single_client.delete(replays_key(namespace, "g"))
+    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
+    try:
+        nxt = again.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
+        assert _committed(coord) == e1.offsets
+    finally:
+        again.close(5)
+
+
 def test_a_position_keeps_when_its_group_mode_batch_was_planned() -> None:
     # The planning time survives Spark's checkpoint (the JSON), or a restart could not tell.
     pos = Position({TP("ev", 0): 3}, generation=2, member="m", planned_ms=1_700_000_000_000)

@@ -331,7 +331,7 @@ class StreamMember:
         read = {tp.topic for tp in begin}
         end = Position(ends, starts, gen.generation_id, gen.member_id,
                        tokens={t: v for t, v in tokens.items() if t in read},
-                       planned_ms=_server_ms(self._group.redis_client))
+                       planned_ms=_planned_ms(self._group.redis_client))
         if not starts and end.offsets == start.offsets and start.same_plan(end):
             return start
         if start == self._initial:
@@ -914,11 +914,22 @@ class StreamMember:
 def _server_ms(client: Any) -> int | None:
     """Now, in ms of the Redis server's clock (``TIME``: the one clock every rcoord deadline
     comes from; a replay record's expiry runs on it too), or None if it cannot be read (then
-    the planning time is not recorded, and a restart takes the position as one without it)."""
+    the plan records 0, ``_planned_ms``)."""
     try:
         return server_ms(client)
     except REDIS_FAILURES:
         return None
+
+
+def _planned_ms(client: Any) -> int:
+    """A plan's ``Position.planned_ms``: now by the server's clock, or 0 when it cannot be
+    read (TIME failed: a cluster's node that answers it down). 0 is as long ago as can be,
+    so a restart on that batch with no replay record found takes it as one whose record may
+    have expired (``_record_may_have_expired``): it comes again, at least once. It was None,
+    which a restart takes for a position checkpointed by an older rcoord, "not expired", and
+    the batch's end was committed: what a replay had left unread was skipped for good."""
+    now = _server_ms(client)
+    return 0 if now is None else now
 
 
 def _record_may_have_expired(client: Any, start: Position) -> bool:

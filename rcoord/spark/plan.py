@@ -19,9 +19,10 @@ the new (see ``rcoord.spark.resolve.continuity_loss``). Positions checkpointed b
 existed have none and are taken as they are.
 
 ``planned_ms`` (group mode) is when the member planned the position, in ms of the Redis
-server's clock (``TIME``, which a replay record's expiry runs on too; None when that read
-failed): a query restarted on the end of a batch Spark counts as finished can tell whether a
-record of a replay of that batch could have expired since (``StreamMember._resume``).
+server's clock (``TIME``, which a replay record's expiry runs on too; 0 when that read
+failed: as long ago as can be, so a restart on it brings the batch again rather than skip
+part of it): a query restarted on the end of a batch Spark counts as finished can tell whether
+a record of a replay of that batch could have expired since (``StreamMember._resume``).
 Positions checkpointed before it existed have none.
 """
 
