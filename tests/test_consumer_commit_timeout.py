@@ -174,6 +174,34 @@ def test_a_commit_given_up_on_that_fails_later_is_logged_saying_so(
         outcome.done({TP: 5}, ConnectionLost("unreachable"))
         outcome.done({TP: 6}, None)
     assert [r.getMessage() for r in caplog.records] == [
-        ("commit() of t-0, which raised before it was done (its timeout, or wakeup()), "
-         "failed: unreachable")]
+        ("commit() of t-0, which raised before it was done (its timeout, wakeup() or an "
+         "interrupt), failed: unreachable")]
     assert outcome.error is None
+
+
+def test_a_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_later_failure(
+        held: tuple[_Gate, Consumer], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C) that ends ``commit()``'s wait for its commit leaves
+    the commit in flight, as its timeout does: its failure, when it comes, is logged. Before,
+    the commit was not marked given up on, so the failure went to the outcome nobody reads
+    any more, and nothing was logged (here: a commit of a partition that does not exist)."""
+    _, consumer = held
+    committer = consumer._committer
+    wait_idle = committer.wait_idle
+
+    def interrupted(timeout: float | None = None, *interrupts: threading.Event,
+                    upto: int | None = None) -> bool:
+        if upto is not None:
+            raise KeyboardInterrupt
+        return wait_idle(timeout, *interrupts, upto=upto)
+
+    monkeypatch.setattr(committer, "wait_idle", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        consumer.commit({TopicPartition("nope", 0): 1}, timeout=WAIT_S)
+    monkeypatch.setattr(committer, "wait_idle", wait_idle)
+    wait_until(lambda: committer.pending == 0)
+    with caplog.at_level("WARNING", logger="rcoord.client"):
+        consumer.commit({TP: 1}, timeout=WAIT_S)  # (runs the completions: the first's too)
+    assert any("nope-0" in r.getMessage() and "failed" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -1267,7 +1267,14 @@ class Consumer(SubscriptionMixin):
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
         ticket = self._committer.submit(run, plain, outcome.done, token)
-        if not self._committer.wait_idle(_remaining(deadline), *interrupts, upto=ticket):
+        try:
+            landed = self._committer.wait_idle(_remaining(deadline), *interrupts, upto=ticket)
+        except BaseException:
+            # A KeyboardInterrupt (a signal handler's exception) ends the wait too, the commit
+            # in flight: it is given up on as after a timeout, so a failure is still logged.
+            outcome.abandoned = True
+            raise
+        if not landed:
             outcome.abandoned = True
             self._commit_wait_ended(budget, "it is still in flight and may land later; "
                                     "later commits are sent after it")
@@ -2753,7 +2760,8 @@ def _no_generation(
 class _SyncCommit:
     """The outcome of a ``commit()`` made on the committer thread: its callback records the
     error for ``commit()`` to raise, or, once ``commit()`` stopped waiting (``abandoned``:
-    it raised ``TimeoutError`` or ``WakeupError``), logs a failure, as an auto-commit's."""
+    it raised ``TimeoutError``, ``WakeupError`` or a ``KeyboardInterrupt``), logs a failure, as
+    an auto-commit's."""
 
     def __init__(self) -> None:
         self.abandoned = False
@@ -2762,8 +2770,9 @@ class _SyncCommit:
     def done(self, offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
         if self.abandoned:
             if error is not None:
-                log.warning("commit() of %s, which raised before it was done (its timeout, or "
-                            "wakeup()), failed: %s", _names(sorted(offsets)), error)
+                log.warning("commit() of %s, which raised before it was done (its timeout, "
+                            "wakeup() or an interrupt), failed: %s", _names(sorted(offsets)),
+                            error)
         else:
             self.error = error
 
