@@ -205,3 +205,19 @@ def test_a_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_later_failure(
         consumer.commit({TP: 1}, timeout=WAIT_S)  # (runs the completions: the first's too)
     assert any("nope-0" in r.getMessage() and "failed" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("offsets", [{}, None])
+def test_a_commit_of_nothing_returns_at_once_whatever_its_timeout(
+        held: tuple[_Gate, Consumer], offsets: dict[TopicPartition, int] | None) -> None:
+    """``commit({})``, or ``commit()`` with no position to commit (``t-0`` waits for its
+    ``seek_to_end()``), sends nothing and returns
+    once the async commits queued before have finished (Kafka's ``commitOffsetsSync`` returns
+    for empty offsets). Before, it queued an empty job on the committer thread and waited
+    for it, so with ``timeout=0`` it raised ``TimeoutError`` ("still in flight and may land
+    later") for a commit of nothing."""
+    _, consumer = held
+    consumer.seek_to_end([TP])
+    before = consumer._committer.last_ticket
+    consumer.commit(offsets, timeout=0)
+    assert consumer._committer.last_ticket == before  # nothing queued

@@ -1250,6 +1250,10 @@ class Consumer(SubscriptionMixin):
         else:
             wanted = self._positions()
             unknown = self._own_unverified(wanted)
+        if not wanted:
+            # Nothing to send (as Kafka's commitOffsetsSync for empty offsets): an empty job
+            # waited for on the committer would raise TimeoutError with timeout=0.
+            return
         own = given is None
         group_id, bound = self._config.group_id, retry_bound(self._config)
 
