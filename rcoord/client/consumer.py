@@ -1013,14 +1013,14 @@ class Consumer(SubscriptionMixin):
         thread and still commit and close from the loop's own thread. Raised once: the
         wakeup is used up by the call that raises it. ``close()`` ignores it, as Kafka's.
 
-        It also cuts short the retries of the call that thread is blocked in (an auto-commit
+        It also cuts short the retries of the call that thread is blocked in (an offset query
         retrying against an unreachable coordinator, for up to a session timeout otherwise):
         the pause ends and that call raises ``WakeupError``. The heartbeat's retries, in their
-        own thread, go on. It ends ``commit()``'s wait for earlier async commits too, before
-        it sends anything, and for its own commit (which stays in flight, as after its
-        timeout), and ``poll()``'s waits for its auto-commit, its fetch and a revocation's
-        commits, which stay in flight (a later ``poll()`` collects them and goes on with the
-        revocation)."""
+        own thread, go on, and so do a commit's, made on the committer thread. It ends
+        ``commit()``'s wait for earlier async commits too, before it sends anything, and for
+        its own commit (which stays in flight, as after its timeout), and ``poll()``'s waits
+        for its auto-commit, its fetch and a revocation's commits, which stay in flight (a
+        later ``poll()`` collects them and goes on with the revocation)."""
         self._wakeup.set()
         self._wake_waits()
 
