@@ -221,3 +221,32 @@ def test_a_commit_of_nothing_returns_at_once_whatever_its_timeout(
     before = consumer._committer.last_ticket
     consumer.commit(offsets, timeout=0)
     assert consumer._committer.last_ticket == before  # nothing queued
+
+
+def test_a_commit_from_an_async_commit_callback_that_close_runs_is_made(
+        held: tuple[_Gate, Consumer], redis_server: EmbeddedServer, namespace: str) -> None:
+    """close() runs the callbacks of the async commits that finished; one may commit again
+    (a failed ``commit_async`` retried by ``commit()``), as the consumer is not closed yet. Since ``commit()`` went through the committer thread, close()
+    had closed that before it ran the callbacks, so the callback's ``commit()`` raised
+    ``RuntimeError('the committer is closed')`` (logged by close()) and the offset was not
+    committed (3 stayed, not 9)."""
+    _, consumer = held
+    raised: list[BaseException] = []
+
+    def callback(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
+        try:
+            consumer.commit({TP: 9}, timeout=WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - the answer is what is tested
+            raised.append(exc)
+
+    consumer.commit_async({TP: 3}, callback)
+    consumer.close(timeout=WAIT_S)
+    assert raised == []
+    r = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    reader = Consumer(ConsumerGroupConfig(group_id="g", topics=[], redis_client=r,
+                                          namespace=namespace), enable_auto_commit=False)
+    try:
+        assert reader.committed([TP]) == {TP: 9}
+    finally:
+        reader.close()
+        r.close()

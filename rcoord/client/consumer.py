@@ -2600,11 +2600,13 @@ class Consumer(SubscriptionMixin):
                                        "the partitions kept")
                 # Else close() was called from inside an eager revocation's callback: that
                 # revocation is this consumer's last.
+                # The callbacks of the commits finished by the deadline run while the
+                # committer still takes commits: one may commit (commit() goes through it);
+                # closed first, it made that commit() raise RuntimeError, nothing committed.
+                self._committer.wait_idle(_remaining(deadline))
+                self._run_close_callbacks()
                 self._committer.close(_remaining(deadline))
-                try:
-                    self._run_commit_callbacks()
-                except Exception:
-                    log.exception("an async commit callback raised during close()")
+                self._run_close_callbacks()  # (of the commits those callbacks made)
             finally:
                 self._closed = True
                 self._closing = False
@@ -2627,6 +2629,13 @@ class Consumer(SubscriptionMixin):
                 if ender is None:
                     self._close_own_client()  # (else the ender does, once the calls returned)
         return listener_error
+
+    def _run_close_callbacks(self) -> None:
+        """close()'s run of the finished commits' callbacks: what one raises is logged."""
+        try:
+            self._run_commit_callbacks()
+        except Exception:
+            log.exception("an async commit callback raised during close()")
 
     def _end_calls(self) -> threading.Thread | None:
         """Wake a fetch parked in ``XREAD BLOCK`` (``FetchWaker``) and wait for it and for the
