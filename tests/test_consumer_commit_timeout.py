@@ -226,8 +226,9 @@ def test_a_commit_of_nothing_returns_at_once_whatever_its_timeout(
 def test_a_commit_from_an_async_commit_callback_that_close_runs_is_made(
         held: tuple[_Gate, Consumer], redis_server: EmbeddedServer, namespace: str) -> None:
     """close() runs the callbacks of the async commits that finished; one may commit again
-    (a failed ``commit_async`` retried by ``commit()``), as the consumer is not closed yet. Since ``commit()`` went through the committer thread, close()
-    had closed that before it ran the callbacks, so the callback's ``commit()`` raised
+    (a failed ``commit_async`` retried by ``commit()``), as the consumer is not closed yet.
+    Since ``commit()`` went through the committer thread, close() had closed that before it
+    ran the callbacks, so the callback's ``commit()`` raised
     ``RuntimeError('the committer is closed')`` (logged by close()) and the offset was not
     committed (3 stayed, not 9)."""
     _, consumer = held
@@ -249,4 +250,48 @@ def test_a_commit_from_an_async_commit_callback_that_close_runs_is_made(
         assert reader.committed([TP]) == {TP: 9}
     finally:
         reader.close()
+        r.close()
+
+
+def test_an_unsubscribe_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_failure(
+        redis_server: EmbeddedServer, namespace: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unsubscribe()`` after ``assign()`` auto-commits on the committer thread and waits for
+    it; a ``KeyboardInterrupt`` that ends the wait leaves the commit in flight, and its
+    failure, when it comes, is logged. Before, its callback ignored the outcome (the wait
+    was to raise it), so nothing was logged."""
+    from rcoord import ConnectionLost
+
+    r = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    Topics(r, namespace).create("t", 1)
+    consumer = Consumer(ConsumerGroupConfig(group_id="g", topics=[], redis_client=r,
+                                            namespace=namespace))
+    try:
+        consumer.assign([TP])
+        consumer.seek(TP, 5)
+        committer = consumer._committer
+        wait_idle = committer.wait_idle
+
+        def interrupted(timeout: float | None = None, *interrupts: threading.Event,
+                        upto: int | None = None) -> bool:
+            if upto is not None:
+                raise KeyboardInterrupt
+            return wait_idle(timeout, *interrupts, upto=upto)
+
+        def refused(offsets: object) -> None:
+            raise ConnectionLost("unreachable (test)")
+
+        monkeypatch.setattr(consumer, "_commit_simple", refused)
+        monkeypatch.setattr(committer, "wait_idle", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            consumer.unsubscribe()
+        monkeypatch.undo()
+        wait_until(lambda: committer.pending == 0)
+        with caplog.at_level("WARNING", logger="rcoord.client"):
+            consumer.commit({TP: 1}, timeout=WAIT_S)  # (runs the completions)
+        assert any("t-0" in r.getMessage() and "unreachable (test)" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+    finally:
+        monkeypatch.undo()
+        consumer.close(timeout=WAIT_S)
         r.close()

@@ -1575,8 +1575,21 @@ class Consumer(SubscriptionMixin):
                 raise
             outcome.append(None)
 
-        ticket = self._committer.submit(run, changed, _ignore_outcome)
-        self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
+        interrupted: list[bool] = []
+
+        def done(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
+            # (its outcome is raised below; logged only when the wait for it was interrupted)
+            if interrupted and error is not None:
+                log.warning("auto-commit of %s, whose wait an interrupt ended, failed: %s",
+                            _names(sorted(offsets)), error)
+
+        ticket = self._committer.submit(run, changed, done)
+        try:
+            self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
+        except BaseException:
+            # A KeyboardInterrupt ends the wait, the commit in flight: a failure is logged.
+            interrupted.append(True)
+            raise
         if not outcome:  # failed unsent: close()'s bound passed, the coordinator unreachable
             raise ConnectionLost("commit not sent: close()'s timeout passed and an earlier "
                                  "commit could not reach the coordinator")
@@ -2788,10 +2801,6 @@ class _SyncCommit:
                             error)
         else:
             self.error = error
-
-
-def _ignore_outcome(offsets: dict[TopicPartition, int], error: BaseException | None) -> None:
-    """The callback of a commit whose outcome its caller took already (``_commit_changed``)."""
 
 
 def _logged(what: str) -> OffsetCommitCallback:
