@@ -1491,19 +1491,13 @@ class Consumer(SubscriptionMixin):
             return self._commit_simple, _SIMPLE
         return None
 
-    def _await_committer(self, wakeup: threading.Event | None = None) -> None:
+    def _await_committer(self) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
-        # committer that close() already stopped with jobs left.
+        # committer that close() already stopped with jobs left. (commit() waits with its own
+        # deadline and wakeup: ``_commit``.)
         limit = 2 * self._config.session_timeout_ms / 1000
-        interrupts = () if wakeup is None else (wakeup,)
-        if not self._committer.pending or self._committer.wait_idle(limit, *interrupts):
+        if not self._committer.pending or self._committer.wait_idle(limit):
             return
-        if wakeup is not None and wakeup.is_set():
-            raise WakeupError(
-                f"commit() interrupted by wakeup() while {self._committer.pending} earlier "
-                "async commits were pending; they stay queued, and their callbacks run from a "
-                "later poll(), commit() or close()"
-            )
         log.warning("async commits still pending after %.0f s; committing anyway", limit)
 
     def _run_commit_callbacks(self) -> None:
@@ -2153,9 +2147,9 @@ class Consumer(SubscriptionMixin):
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
         close() after assign()), bounded as close() bounds it (``_give_up_waiting``). A commit
-        that fails is logged, not raised, so giving the partitions up completes; a wakeup that
-        cut it short counts as a failure, and stays set (only poll() and commit() clear it), so
-        the next of those raises it.
+        that fails is logged, not raised, so giving the partitions up completes (a wakeup does
+        not cut it short: it runs on the committer thread, and ``_commit_changed`` waits for it
+        whatever the wakeup; one pending stays set for the next poll() or commit()).
 
         Inside ``close()`` the commit goes through the committer, behind the queued async
         commits, and close() waits for it only until its deadline: Redis not answering holds
@@ -2172,8 +2166,6 @@ class Consumer(SubscriptionMixin):
             return
         try:
             self._commit_changed(commit)
-        except WakeupError as exc:
-            log.warning("final commit of %s: %s", of, exc)
         except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("final commit of %s refused: %s", of, exc)
         except RcoordError as exc:
