@@ -179,14 +179,9 @@ def test_a_commit_given_up_on_that_fails_later_is_logged_saying_so(
     assert outcome.error is None
 
 
-def test_a_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_later_failure(
-        held: tuple[_Gate, Consumer], caplog: pytest.LogCaptureFixture,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``KeyboardInterrupt`` (Ctrl-C) that ends ``commit()``'s wait for its commit leaves
-    the commit in flight, as its timeout does: its failure, when it comes, is logged. Before,
-    the commit was not marked given up on, so the failure went to the outcome nobody reads
-    any more, and nothing was logged (here: a commit of a partition that does not exist)."""
-    _, consumer = held
+def _interrupt_waits_for_a_commit(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C) ends every wait for one commit on the committer
+    (``wait_idle(upto=...)``); the waits for the queue as a whole go on as they are."""
     committer = consumer._committer
     wait_idle = committer.wait_idle
 
@@ -197,10 +192,21 @@ def test_a_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_later_failure(
         return wait_idle(timeout, *interrupts, upto=upto)
 
     monkeypatch.setattr(committer, "wait_idle", interrupted)
+
+
+def test_a_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_later_failure(
+        held: tuple[_Gate, Consumer], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``KeyboardInterrupt`` (Ctrl-C) that ends ``commit()``'s wait for its commit leaves
+    the commit in flight, as its timeout does: its failure, when it comes, is logged. Before,
+    the commit was not marked given up on, so the failure went to the outcome nobody reads
+    any more, and nothing was logged (here: a commit of a partition that does not exist)."""
+    _, consumer = held
+    _interrupt_waits_for_a_commit(consumer, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         consumer.commit({TopicPartition("nope", 0): 1}, timeout=WAIT_S)
-    monkeypatch.setattr(committer, "wait_idle", wait_idle)
-    wait_until(lambda: committer.pending == 0)
+    monkeypatch.undo()
+    wait_until(lambda: consumer._committer.pending == 0)
     with caplog.at_level("WARNING", logger="rcoord.client"):
         consumer.commit({TP: 1}, timeout=WAIT_S)  # (runs the completions: the first's too)
     assert any("nope-0" in r.getMessage() and "failed" in r.getMessage()
@@ -269,24 +275,16 @@ def test_an_unsubscribe_commit_whose_wait_a_keyboard_interrupt_ended_logs_its_fa
     try:
         consumer.assign([TP])
         consumer.seek(TP, 5)
-        committer = consumer._committer
-        wait_idle = committer.wait_idle
-
-        def interrupted(timeout: float | None = None, *interrupts: threading.Event,
-                        upto: int | None = None) -> bool:
-            if upto is not None:
-                raise KeyboardInterrupt
-            return wait_idle(timeout, *interrupts, upto=upto)
 
         def refused(offsets: object) -> None:
             raise ConnectionLost("unreachable (test)")
 
         monkeypatch.setattr(consumer, "_commit_simple", refused)
-        monkeypatch.setattr(committer, "wait_idle", interrupted)
+        _interrupt_waits_for_a_commit(consumer, monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             consumer.unsubscribe()
         monkeypatch.undo()
-        wait_until(lambda: committer.pending == 0)
+        wait_until(lambda: consumer._committer.pending == 0)
         with caplog.at_level("WARNING", logger="rcoord.client"):
             consumer.commit({TP: 1}, timeout=WAIT_S)  # (runs the completions)
         assert any("t-0" in r.getMessage() and "unreachable (test)" in r.getMessage()

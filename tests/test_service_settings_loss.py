@@ -30,6 +30,19 @@ def _lease_rounds(svc: Any, rounds: int) -> None:
     wait_until(done, timeout_s=10)
 
 
+def _named_setting_comes_back(svc: Any, client: Any, key: str, rounds: int) -> None:
+    """The service's named ``group_min_session_timeout_ms`` (100) is stored and in force
+    again, and still both after ``rounds`` lease rounds (no later check takes it for another
+    process's change). Its settle writes the hash (``update``) a few round trips before it
+    returns and its coordinator takes the config: both are waited for, not the hash alone
+    (which failed about one run in eight, reading the config before the settle ended)."""
+    wait_until(lambda: client.hget(key, "group_min_session_timeout_ms") == b"100"
+               and svc._coord.config.group_min_session_timeout_ms == 100, timeout_s=10)
+    _lease_rounds(svc, rounds)
+    assert client.hget(key, "group_min_session_timeout_ms") == b"100"
+    assert svc._coord.config.group_min_session_timeout_ms == 100
+
+
 def _checks_held(svc: Any) -> threading.Lock:
     """A lock that, while held, holds the service's next settings check (``_check_settings``):
     what a test does under it lands between two checks."""
@@ -60,11 +73,7 @@ def test_named_settings_come_back_when_a_worker_re_established_the_namespace_fir
                 single_client.delete(k)
             worker = GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace)).start()
             assert worker.config.group_min_session_timeout_ms == 6000
-        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100",
-                   timeout_s=10)
-        _lease_rounds(svc, 3)
-        assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
-        assert svc._coord.config.group_min_session_timeout_ms == 100
+        _named_setting_comes_back(svc, single_client, key, 3)
     finally:
         svc.stop()
 
@@ -151,14 +160,7 @@ def test_named_settings_come_back_when_the_loss_lands_inside_the_services_adopti
             GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
                                                               group_max_size=9)).start()
         wait_until(lost.is_set, timeout_s=10)
-        # The service's settle writes the hash (``update``) a few round trips before it
-        # returns and its coordinator takes the config: waited for both, not the hash alone
-        # (which failed about one run in eight, reading the config before the settle ended).
-        wait_until(lambda: single_client.hget(key, "group_min_session_timeout_ms") == b"100"
-                   and svc._coord.config.group_min_session_timeout_ms == 100, timeout_s=10)
-        _lease_rounds(svc, 2)  # (and kept: no later check takes them for another's change)
-        assert single_client.hget(key, "group_min_session_timeout_ms") == b"100"
-        assert svc._coord.config.group_min_session_timeout_ms == 100
+        _named_setting_comes_back(svc, single_client, key, 2)
     finally:
         svc.stop()
 

@@ -182,6 +182,16 @@ def test_a_new_namespace_is_not_scanned(single_client, namespace):
 
 
 @pytest.mark.parametrize("backend", ["single", "cluster"], indirect=True)
+def _a_5_layout_left_then_settings_lost(client: Any, namespace: str) -> None:
+    """Settings at 7 partitions beside a 5 layout whose retire mark was lost with them: the
+    settings hash is gone too."""
+    GroupCoordinator(client, CoordinatorConfig(namespace=namespace, num_partitions=7)).start()
+    for p in range(5):
+        client.hset(PartitionKeys(namespace, p, 5).cfg,
+                    mapping={"version": "1", "num_partitions": "5"})
+    client.delete(settings_key(namespace))
+
+
 def test_the_asyncio_coordinator_retires_a_left_layout_too(redis_client, backend, namespace,
                                                            monkeypatch):
     """The scan is a flow operation: the asyncio driver runs it on one node and on a cluster
@@ -193,12 +203,7 @@ def test_the_asyncio_coordinator_retires_a_left_layout_too(redis_client, backend
     from rcoord.asyncio import AsyncGroupCoordinator
 
     monkeypatch.setattr(rcoord.settings, "SCAN_COUNT", 1, raising=False)
-    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
-                                                     num_partitions=7)).start()
-    for p in range(5):  # (a layout whose retire mark was lost with the settings)
-        redis_client.hset(PartitionKeys(namespace, p, 5).cfg,
-                          mapping={"version": "1", "num_partitions": "5"})
-    redis_client.delete(settings_key(namespace))
+    _a_5_layout_left_then_settings_lost(redis_client, namespace)
     port = (redis_client.get_default_node().port if backend == "cluster"
             else redis_client.connection_pool.connection_kwargs["port"])
 
@@ -235,12 +240,7 @@ def test_a_search_that_cannot_reach_every_master_waits_for_the_next_settle(
     search for layouts left behind cannot list that master's keys. The settle goes on (the
     groups of the masters that answer are served) and leaves the request (``sweep``) for the
     next settle, which retires the 5 layout."""
-    GroupCoordinator(single_client, CoordinatorConfig(namespace=namespace,
-                                                      num_partitions=7)).start()
-    for p in range(5):  # (a layout whose retire mark was lost with the settings)
-        single_client.hset(PartitionKeys(namespace, p, 5).cfg,
-                           mapping={"version": "1", "num_partitions": "5"})
-    single_client.delete(settings_key(namespace))
+    _a_5_layout_left_then_settings_lost(single_client, namespace)
     scripts = Scripts(single_client)
     scripts.load()
     settled = drive(single_client, scripts, _scan_failing(settle_flow(namespace, None, None)))

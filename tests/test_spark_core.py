@@ -1938,6 +1938,41 @@ def _two_batches_then_stop(url: str, namespace: str, client: Any, topics: Topics
         old.close(5)
 
 
+def _shifted(e1: Position, e2: Position) -> list[OffsetRange]:
+    """Batch e1 -> e2's ranges begun one offset early: not at the group's committed offsets,
+    so a member replaying them reads none."""
+    return [OffsetRange(r.topic, r.partition, r.start - 1, r.end) for r in ranges_between(e1, e2)]
+
+
+def _replay_of_nothing_then_record_gone(url: str, namespace: str, client: Any, e1: Position,
+                                        e2: Position) -> None:
+    """A restarted member replays batch e1 -> e2 and reads none of it; then the replay's
+    record is gone (expired, days on)."""
+    new = _member(url, namespace, client)
+    try:
+        assert new.replay(e2, _shifted(e1, e2), 10) == set()
+    finally:
+        new.close(5)
+    client.delete(replays_key(namespace, "g"))
+
+
+def _restart_plans_batch_again(url: str, namespace: str, client: Any, coord: GroupCoordinator,
+                               e1: Position, e2: Position, latest: Any) -> None:
+    """Restarted on batch e1 -> e2's end, the member plans that batch again (at least once):
+    it starts, and the group's committed offsets stay, at e1."""
+    again = _member(url, namespace, client, first_join_wait_s=10)
+    try:
+        nxt = again.plan(e2, latest, None)
+        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
+        assert _committed(coord) == e1.offsets
+    finally:
+        again.close(5)
+
+
+def _no_clock(client: Any) -> int:
+    raise redis.ConnectionError("TIME: the node is down")
+
+
 @pytest.mark.parametrize("rewound", [False, True])
 def test_a_query_restarted_after_a_finished_batch_goes_on_where_it_ended(
         redis_server: Any, single_client: Any, namespace: str, topics: Topics,
@@ -2018,9 +2053,7 @@ def test_a_replayed_batch_end_is_no_finished_batch_even_if_nothing_was_replayed(
 
     new = _member(redis_server.url, namespace, single_client)
     try:
-        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
-                   for r in ranges_between(e1, e2)]
-        assert new.replay(e2, shifted, 10) == set()
+        assert new.replay(e2, _shifted(e1, e2), 10) == set()
         nxt = new.plan(e2, latest, None)  # replay() took the generation
         assert nxt.starts == e1.offsets  # the group's committed offsets: batch 1 comes again
         assert _committed(coord) == e1.offsets
@@ -2044,8 +2077,7 @@ def test_a_replay_that_read_nothing_is_no_finished_batch_for_the_next_restart_ei
 
     new = _member(redis_server.url, namespace, single_client)
     try:
-        ranges = {"old plan": [], "in full": ranges_between(e1, e2)}.get(how, [
-            OffsetRange(r.topic, r.partition, r.start - 1, r.end) for r in ranges_between(e1, e2)])
+        ranges = {"old plan": [], "in full": ranges_between(e1, e2)}.get(how, _shifted(e1, e2))
         assert new.replay(e2, ranges, 10) == (set(e2.offsets) if how == "in full" else set())
     finally:
         new.close(5)
@@ -2075,9 +2107,7 @@ def test_a_batch_older_than_a_replay_record_lasts_comes_again_after_a_restart(
     if how != "no replay":
         new = _member(redis_server.url, namespace, single_client)
         try:
-            ranges = ranges_between(e1, e2) if how == "in full" else [
-                OffsetRange(r.topic, r.partition, r.start - 1, r.end)
-                for r in ranges_between(e1, e2)]
+            ranges = ranges_between(e1, e2) if how == "in full" else _shifted(e1, e2)
             assert new.replay(e2, ranges, 10) == (set(e2.offsets) if how == "in full" else set())
         finally:
             new.close(5)
@@ -2105,27 +2135,10 @@ def test_a_batch_whose_age_cannot_be_told_comes_again_after_a_restart(
     # be read counted as "not expired": the batch's end was committed, and what a replay had
     # left unread was skipped for good.
     e1, e2 = _two_batches_then_stop(redis_server.url, namespace, single_client, topics, latest)
-    new = _member(redis_server.url, namespace, single_client)
-    try:
-        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
-                   for r in ranges_between(e1, e2)]
-        assert new.replay(e2, shifted, 10) == set()
-    finally:
-        new.close(5)
-    single_client.delete(replays_key(namespace, "g"))  # (expired, days on)
+    _replay_of_nothing_then_record_gone(redis_server.url, namespace, single_client, e1, e2)
     assert e2.planned_ms is not None
-
-    def no_clock(client: Any) -> int:
-        raise redis.ConnectionError("TIME: the node is down")
-
-    monkeypatch.setattr("rcoord.spark.member.server_ms", no_clock)
-    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
-    try:
-        nxt = again.plan(e2, latest, None)
-        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
-        assert _committed(coord) == e1.offsets
-    finally:
-        again.close(5)
+    monkeypatch.setattr("rcoord.spark.member.server_ms", _no_clock)
+    _restart_plans_batch_again(redis_server.url, namespace, single_client, coord, e1, e2, latest)
 
 
 def test_a_batch_planned_without_the_servers_clock_comes_again_after_a_restart(
@@ -2142,32 +2155,15 @@ def test_a_batch_planned_without_the_servers_clock_comes_again_after_a_restart(
     old = _member(redis_server.url, namespace, single_client)
     try:
         e1 = old.plan(old.initial(10), latest, 4)
-
-        def no_clock(client: Any) -> int:
-            raise redis.ConnectionError("TIME: the node is down")
-
         with monkeypatch.context() as m:
-            m.setattr("rcoord.spark.member.server_ms", no_clock)
+            m.setattr("rcoord.spark.member.server_ms", _no_clock)
             e2 = old.plan(e1, latest, 4)
     finally:
         old.close(5)
     assert e2.planned_ms == 0 and e2.offsets != e1.offsets
     e2 = Position.from_json(e2.to_json())  # (through Spark's checkpoint)
-    new = _member(redis_server.url, namespace, single_client)
-    try:
-        shifted = [OffsetRange(r.topic, r.partition, r.start - 1, r.end)
-                   for r in ranges_between(e1, e2)]
-        assert new.replay(e2, shifted, 10) == set()
-    finally:
-        new.close(5)
-    single_client.delete(replays_key(namespace, "g"))
-    again = _member(redis_server.url, namespace, single_client, first_join_wait_s=10)
-    try:
-        nxt = again.plan(e2, latest, None)
-        assert nxt.starts == e1.offsets  # batch 1 comes again, never skipped
-        assert _committed(coord) == e1.offsets
-    finally:
-        again.close(5)
+    _replay_of_nothing_then_record_gone(redis_server.url, namespace, single_client, e1, e2)
+    _restart_plans_batch_again(redis_server.url, namespace, single_client, coord, e1, e2, latest)
 
 
 def test_a_position_keeps_when_its_group_mode_batch_was_planned() -> None:
