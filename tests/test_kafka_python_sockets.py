@@ -22,6 +22,7 @@ from harness import socket_warnings, socket_warnings_on_collect
 
 @pytest.fixture
 def net() -> Iterator[Any]:
+    socket_warnings_on_collect()  # what earlier tests left: not this test's to judge
     selector = kafka_selector.NetworkSelector()
     try:
         yield selector
@@ -76,6 +77,7 @@ def test_a_stopping_gateway_reports_the_sockets_a_test_left_except_kafka_clients
     fails the test that dropped it, instead of whichever test the next collection runs in."""
     from gateway_harness import GatewayThread, excused_gateways
 
+    socket_warnings_on_collect()  # what earlier tests left: not this test's to judge
     with contextlib.ExitStack() as stack:
         elsewhere = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
         while elsewhere.getsockname() in excused_gateways():  # (a port used again)
