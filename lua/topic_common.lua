@@ -74,7 +74,12 @@ end
 -- less the length. XINFO STREAM, which log_offsets reads, copies the first and last records
 -- (1 ms for records of 1 MB); this reads two numbers, and asks for an entry past the end (none,
 -- so nothing is copied) to catch a mark left behind by appends that did not keep it (an older
--- rcoord's, or an XADD by hand). A stream with no mark (made empty by an older topic_make.lua,
+-- rcoord's, or an XADD by hand), and for an entry below the start so found (none, so nothing
+-- is copied): each entry removed from the middle by hand (XDEL) shortens the length by one, so
+-- the end less it lies past the first entry, which is then the start, as Kafka's log start is
+-- the first offset held (the end less the length made a reset to earliest, reads, DeleteRecords
+-- and offsets_for_times skip a first record per removed entry, as if retention had removed
+-- them). A stream with no mark (made empty by an older topic_make.lua,
 -- which deleted it, or appended to by an older rcoord), one whose mark does not fit its length or
 -- has entries past it, and an empty stream (whose XINFO copies no record; an older rcoord's
 -- re-create kept the old topic's mark) are read by log_offsets; so is every stream for a
@@ -85,6 +90,9 @@ local function log_offsets_marked(key, mark_key)
     local n = redis.pcall('XLEN', key)
     if type(n) == 'number' and n > 0 and n <= e
         and #redis.call('XRANGE', key, '(0-' .. string.format('%d', e), '+', 'COUNT', 1) == 0 then
+      -- (ids up to 0-<e - n> hold offsets below e - n)
+      local below = redis.call('XRANGE', key, '-', string.format('0-%d', e - n), 'COUNT', 1)[1]
+      if below then return seq(below[1]) - 1, e end
       return e - n, e
     end
   end
