@@ -9,6 +9,7 @@ the cluster)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import test_consumer
@@ -18,6 +19,7 @@ from rcoord import TopicPartition
 from rcoord.topics import ProducerRecord, log_offsets, offsets_for_times, partition_key
 from rcoord.topics.fetch import log_offsets_each
 
+fetch_module = importlib.import_module("rcoord.topics.fetch")  # (`fetch` is the function)
 env = test_consumer.env
 TP = TopicPartition
 
@@ -83,3 +85,25 @@ def test_offsets_for_times_finds_the_first_record(env: Any) -> None:
     _records_with_xdel(env, 4, [2])
     (got,) = offsets_for_times(env.client, env.namespace, {("t", 0): 0}).values()
     assert got is not None and got.offset == 0
+
+
+def test_a_byte_bounded_fetch_across_a_gap_answers_each_record_once(env: Any) -> None:
+    """Offsets 0 to 5 with 2 removed, read from 0 by byte-bounded steps (one record first,
+    then two: 1 and 3, across the gap): every record comes once, in order. The step after
+    read on from 0 + 3 records, offset 3, so b"a3" came twice in one answer (and a Consumer
+    handed it out twice)."""
+    _records_with_xdel(env, 6, [2])
+    want = [(0, b"a0"), (1, b"a1"), (3, b"a3"), (4, b"a4"), (5, b"a5")]
+    (many,) = fetch_module.fetch_many(env.client, env.namespace, [("t", 0, 0)],
+                                      max_bytes=1 << 20)
+    one = fetch_module.fetch_bounded(env.client, env.namespace, "t", 0, 0, 100, 1 << 20)
+    for got in (many, one):
+        assert [(r.offset, r.value) for r in got.records] == want
+    consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="earliest")
+    consumer.assign([TP("t", 0)])
+    values: list[tuple[int, bytes]] = []
+    for _ in range(20):  # (a poll may end before its fetch is answered)
+        values += [(r.offset, r.value) for r in consumer.poll(WAIT_S)]
+        if len(values) >= len(want):
+            break
+    assert values == want and consumer.position(TP("t", 0)) == 6

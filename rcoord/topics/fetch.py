@@ -305,7 +305,7 @@ def _fetch_bounded(
         for i, (a, (_, offset, most, _)) in enumerate(zip(answers, reads, strict=True)):
             have = len(a.records)
             if (a.error != Errors.NONE or got[i] < asked[i] or have >= most
-                    or offset + have >= a.log_end_offset):
+                    or _next_offset(offset, a.records) >= a.log_end_offset):
                 continue  # at its log end, its count, or failed
             room = min(partition_max_bytes - a.read_bytes, left)
             if have:
@@ -323,7 +323,7 @@ def _fetch_bounded(
                 steps.append((i, count))
         if not steps:
             break
-        more = _fetch_many(client, [(reads[i][0], reads[i][1] + len(answers[i].records),
+        more = _fetch_many(client, [(reads[i][0], _next_offset(reads[i][1], answers[i].records),
                                      count, reads[i][3]) for i, count in steps])
         for (i, count), b in zip(steps, more, strict=True):
             asked[i], got[i] = count, len(b.records)
@@ -339,6 +339,14 @@ def _fetch_bounded(
             answers[i] = PartitionRecords(a.records, a.log_start_offset, b.log_end_offset,
                                           a.error, a.read_bytes + b.read_bytes)
     return _within_limits(answers, max_bytes, partition_max_bytes)
+
+
+def _next_offset(offset: int, records: Sequence[Any]) -> int:
+    """Where a read that began at ``offset`` and gave ``records`` goes on: past the last of
+    them. Not ``offset + len(records)``: records read across a gap (entries removed from a
+    stream's middle by hand, XDEL) hold fewer records than offsets, and a step that read on
+    from that count read the records before it again, so a fetch answered them twice."""
+    return records[-1].offset + 1 if records else offset
 
 
 def _first_reads(
