@@ -14,7 +14,8 @@ A topic with N partitions is N streams plus one metadata hash. Partition ``p`` o
 * ``<ns>:topicts:{<tag>}:<topic>:<p>``: the partition's latest record timestamp and the log end
   after it (``"<ms> <end>"``): appends stamp max(clock, it), so a partition's timestamps never
   decrease, and reads take the log offsets from it (the end, and the end less ``XLEN`` for the
-  start; ``topic_offsets.lua``, and so do retention, ``delete_records`` and
+  start, or the first entry's offset if an ``XDEL`` by hand left one below that;
+  ``topic_offsets.lua``, and so do retention, ``delete_records`` and
   ``offsets_for_times``). Delete it rather than edit it: without it they come from
   ``XINFO STREAM``, and a wrong end gives wrong log offsets.
 
