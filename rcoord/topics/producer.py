@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import redis.exceptions
+
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ..forking import renew_after_fork
 from ..murmur2 import partition_for_key, to_positive
@@ -61,6 +63,10 @@ KAFKA_SEQUENCE_MODULUS = 1 << 31
 (``DefaultRecordBatch.incrementSequence``); ``append_idempotent(wrapping=True)`` compares them
 modulo this."""
 _MAX_PRODUCER_ID_LEN = 1024
+DELIVERY_TIMEOUT_MS = 120_000
+"""Kafka's ``delivery.timeout.ms`` default: how long an idempotent ``Producer`` resends a call
+that a slot on the move refused (``Producer``, "Slot moves")."""
+_RETRY_BACKOFF_S = 0.1  # Kafka's retry.backoff.ms default
 # Worst first: the error raised when several partitions of one call failed.
 _SEVERITY = (Errors.PRODUCER_FENCED, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
 
@@ -162,6 +168,17 @@ class Producer:
     most this many bytes (and ``MAX_APPEND_PER_CALL`` records), so no call holds its shard for
     long.
 
+    **Slot moves** (a Redis Cluster resharding, ``delivery_timeout_ms``: Kafka's
+    ``delivery.timeout.ms``, 2 minutes by default). While a partition's slot migrates, a master
+    refuses an append whose keys are split between it and the other (``TRYAGAIN``), and one
+    naming a key that does not exist yet (a partition's first producer state, an append log)
+    until the move ends; redis-py gives up after about 0.4 s. An idempotent producer sends the
+    same calls again, with the same sequence numbers, every 100 ms until the move is over or
+    ``delivery_timeout_ms`` ran out (then ``ConnectionLost``): what went in the first time is
+    answered as a duplicate, never appended twice. A call a node refused with ``CLUSTERDOWN`` (a
+    failover under way) is sent again the same way. ``idempotent=False`` raises
+    ``ConnectionLost`` at once (resending would append twice what other partitions took).
+
     ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
     an idempotent producer's record timestamps and producer state expiry (a producer with
     ``idempotent=False`` stamps its records with TIME: its script takes no clock).
@@ -183,6 +200,7 @@ class Producer:
         clock: Callable[[], int] | None = None,
         log_appends: bool = False,
         max_request_size: int = MAX_REQUEST_SIZE,
+        delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS,
     ) -> None:
         _check_client(redis_client)
         _check_namespace(namespace)
@@ -222,6 +240,7 @@ class Producer:
                 f"max_request_size must be <= {MAX_REQUEST_SIZE_LIMIT} (Redis's largest "
                 f"argument by default), got {max_request_size}")
         self._max_age_s = _check_int("metadata_max_age_ms", metadata_max_age_ms, 0) / 1000
+        self._delivery_timeout_s = _check_int("delivery_timeout_ms", delivery_timeout_ms, 0) / 1000
         self._max_idle_s = _check_int("metadata_max_idle_ms", metadata_max_idle_ms, 5000) / 1000
         self._monotonic: Callable[[], float] = time.monotonic  # (tests replace it)
         self._rng = rng or random.Random()
@@ -608,7 +627,7 @@ class Producer:
                     chunks.append((p, seq.next + lo, chunk))
             spent: set[int] = set()  # partitions whose numbers are advanced
             try:
-                results = _run(self._r, calls)
+                results = self._run_through_slot_moves(calls)
                 out: list[RecordMetadata | None] = [None] * len(encoded)
                 # partition -> error, why, first seq
                 failed: dict[int, tuple[Errors, str, int]] = {}
@@ -665,6 +684,26 @@ class Producer:
                                for p, (e, why, _) in sorted(failed.items()))
             raise TopicError(worst, f"{topic} {detail}")
         return [m for m in out if m is not None]
+
+    def _run_through_slot_moves(self, calls: list[_Call]) -> list[Any]:
+        """``_run``, resent whole while a slot move refuses a call, for up to
+        ``delivery_timeout_ms`` (the class docstring, "Slot moves").
+
+        redis-py gives up on a call after about 0.4 s of ``TRYAGAIN`` (or ``ASK`` loops) with
+        "TTL exhausted" (a ``ClusterError``, as is CLUSTERDOWN): that call never ran, but the
+        pipeline's other calls may have, and the send raised ``ConnectionLost`` with every
+        number marked lost, so the caller's resend of the records, under new numbers,
+        appended a second time those that had gone in. The same calls resent carry the same
+        sequence numbers: what went in the first time is found a duplicate, with its offsets,
+        as Kafka's producer retries a batch until its delivery timeout."""
+        deadline = time.monotonic() + self._delivery_timeout_s
+        while True:
+            try:
+                return _run(self._r, calls)
+            except redis.exceptions.ClusterError:
+                if time.monotonic() + _RETRY_BACKOFF_S >= deadline:
+                    raise
+            time.sleep(_RETRY_BACKOFF_S)
 
     def _out_of_order(self, epoch: int, seq: _Sequence, expected: int, why: str,
                       skipped: str | None) -> str:

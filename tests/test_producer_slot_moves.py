@@ -1,0 +1,185 @@
+"""Producers while a partition's slot migrates between masters, step by step (``CLUSTER SETSLOT
+IMPORTING/MIGRATING``, ``MIGRATE`` of some of its keys, ``SETSLOT NODE``), on a cluster of the
+module's own. While a partition's keys are split between the masters, or a key an append names
+does not exist yet (a partition's first producer state, a producer's append log), Redis refuses
+the append (``TRYAGAIN``) until the move ends, and redis-py gives up after about 0.4 s."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from harness import wait_until
+from test_parked_slot_moves import _errors, _Move
+
+from rcoord import ConnectionLost
+from rcoord.topics import ProducerRecord, Topics, partition_key
+from rcoord.topics._base import last_timestamp_key, producer_log_key, producer_state_keys
+from rcoord.topics.fetch import fetch
+from rcoord.topics.producer import Producer, allocate_producer_number
+
+REFUSALS = 17
+"""``TRYAGAIN`` replies that show a send gave up once on old code: redis-py's pipeline sends a
+call, then tries it 16 times more before "TTL exhausted"."""
+
+
+def _start(move: _Move) -> None:
+    """The slot migrating, no key moved yet."""
+    src, dst = move.nodes[move.src], move.nodes[move.dst]
+    dst.execute_command("CLUSTER", "SETSLOT", move.slot, "IMPORTING", move.ids[move.src])
+    src.execute_command("CLUSTER", "SETSLOT", move.slot, "MIGRATING", move.ids[move.dst])
+
+
+def _migrate(move: _Move, keys: list[str]) -> None:
+    """Some of the slot's keys to the importing master (those the source has)."""
+    src = move.nodes[move.src]
+    held = set(src.execute_command("CLUSTER", "GETKEYSINSLOT", move.slot, 1000))
+    have = [k for k in keys if k.encode() in held]
+    if have:
+        move.nodes[move.src].execute_command("MIGRATE", "127.0.0.1", move.dst, "", 0, 5000,
+                                             "KEYS", *have)
+
+
+def _end(move: _Move) -> None:
+    """The move finished (whatever a failed test left), so the module's cluster serves the
+    next test; then the clients closed."""
+    with contextlib.suppress(redis.RedisError):
+        move.keys()
+        move.owner()
+    move.close()
+
+
+def _refusals(move: _Move) -> int:
+    return sum(_errors(port, "TRYAGAIN") for port in (move.src, move.dst))
+
+
+def _values(client: Any, namespace: str, partition: int) -> list[bytes | None]:
+    return [r.value for r in fetch(client, namespace, "t", partition, 0).records]
+
+
+def _through_refusals(move: _Move, send: Callable[[], Any], then: Callable[[], None]) -> Any:
+    """``send`` in a thread until it met the refusal long enough for redis-py to give up, then
+    ``then`` (the rest of the move); the send's result."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        before = _refusals(move)
+        sent = pool.submit(send)
+        wait_until(lambda: _refusals(move) > before + REFUSALS or sent.done())
+        then()
+        return sent.result(60)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.parametrize("moved_first", ["stream", "producer state"])
+def test_an_idempotent_send_waits_through_split_keys_and_appends_once(own_cluster, namespace,
+                                                                      moved_first):
+    """A send_batch to two partitions, one of whose keys are split (the stream moved and the
+    producer state not, or the reverse): it used to raise ConnectionLost after 0.4 s with the
+    other partition's records stored, so the caller's resend stored those twice. Now the same
+    calls are sent again until the move is over: each record is in the log once, the other
+    partition's answered as duplicates at their offsets, and the sequence state moved on."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    stream = partition_key(namespace, "t", 0)
+    state = [*producer_state_keys(namespace, "t", 0), last_timestamp_key(namespace, "t", 0)]
+    producer = Producer(client, namespace)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    move = _Move(own_cluster, client, stream)
+    assert client.keyslot(partition_key(namespace, "t", 1)) != move.slot
+    try:
+        _start(move)
+        assert producer.send("t", b"c", partition=0).offset == 1  # (nothing moved yet)
+        _migrate(move, [stream] if moved_first == "stream" else state)
+
+        def rest() -> None:
+            move.keys()
+            move.owner()
+
+        got = _through_refusals(move, lambda: producer.send_batch("t", [
+            ProducerRecord(b"d", partition=0), ProducerRecord(b"e", partition=1)]), rest)
+        assert [(m.partition, m.offset) for m in got] == [(0, 2), (1, 1)]
+        # p0's first calls never ran; p1's did, and its resend is answered as a duplicate
+        assert [m.duplicate for m in got] == [False, True]
+        assert producer.send("t", b"f", partition=0).offset == 3  # no gap, no duplicate
+        assert _values(client, namespace, 0) == [b"a", b"c", b"d", b"f"]
+        assert _values(client, namespace, 1) == [b"b", b"e"]
+        assert move.nodes[move.dst].exists(*state) == len(state)
+    finally:
+        _end(move)
+        client.close()
+
+
+def test_a_new_append_log_waits_for_the_move_and_is_written(own_cluster, namespace):
+    """A producer that logs its appends names a log key that does not exist before its first
+    append: refused for the whole migration, not only while the keys are split (it used to
+    raise ConnectionLost as soon as the slot was MIGRATING). It waits, and the log has it."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 1)
+    Producer(client, namespace).send("t", b"a", partition=0)  # (the state keys exist)
+    move = _Move(own_cluster, client, partition_key(namespace, "t", 0))
+    producer = Producer(client, namespace, producer_id="spark-1", producer_epoch=3,
+                        log_appends=True)
+    try:
+        _start(move)
+
+        def rest() -> None:
+            move.keys()
+            move.owner()
+
+        got = _through_refusals(move, lambda: producer.send("t", b"b", partition=0), rest)
+        assert (got.offset, got.duplicate) == (1, False)
+        assert _values(client, namespace, 0) == [b"a", b"b"]
+        # epoch 3, sequence 0, offset 1, one record
+        assert client.get(producer_log_key(namespace, "t", 0, "spark-1")) == b"3 0 1 1\n"
+    finally:
+        _end(move)
+        client.close()
+
+
+def test_the_delivery_timeout_bounds_the_wait(own_cluster, namespace):
+    """Past ``delivery_timeout_ms`` the send raises ConnectionLost, having appended nothing;
+    the next send after the move goes on (the numbers skipped as lost), and a plain producer
+    raises at once, as before (resending would store other partitions' records twice)."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 1)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace, delivery_timeout_ms=300)
+    producer.send("t", b"a", partition=0)
+    move = _Move(own_cluster, client, stream)
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        with pytest.raises(ConnectionLost):
+            producer.send("t", b"lost", partition=0)
+        with pytest.raises(ConnectionLost):
+            Producer(client, namespace, idempotent=False).send("t", b"plain", partition=0)
+        move.keys()
+        move.owner()
+        assert producer.send("t", b"b", partition=0).offset == 1
+        assert _values(client, namespace, 0) == [b"a", b"b"]
+    finally:
+        _end(move)
+        client.close()
+
+
+def test_producer_ids_are_allocated_through_a_move_of_the_counters_slot(own_cluster,
+                                                                        namespace):
+    """The id counter is one key: served by the source, ``ASK``ed to the importing master once
+    moved, then by the new owner; the numbers keep rising."""
+    client = own_cluster.client(socket_timeout=30)
+    numbers = [allocate_producer_number(client, namespace)]
+    move = _Move(own_cluster, client, f"{namespace}:producerids")
+    try:
+        for step in (_start, _Move.keys, _Move.owner):
+            step(move)
+            numbers.append(allocate_producer_number(client, namespace))
+            assert Producer(client, namespace).producer_id is not None
+        assert numbers == [1, 2, 4, 6]
+    finally:
+        _end(move)
+        client.close()
