@@ -1152,14 +1152,14 @@ def test_a_log_started_while_a_raise_is_stored_gets_the_raised_setting(
     logger = Producer(redis_client, namespace, producer_id="spark:q:0", producer_epoch=1,
                       log_appends=True, metadata_max_age_ms=600_000)
     logger.partition_count("t")  # (reads the setting: 5 s)
-    real, sent = admin._run, []
+    real, sent = admin._run_through_slot_moves, []
 
-    def first_append_in_between(client: Any, calls: Any, **kw: Any) -> list[Any]:
+    def first_append_in_between(client: Any, calls: Any, timeout_s: float) -> list[Any]:
         if calls and calls[0][0] is PRODUCER_TTL and not sent:
             sent.append(logger.send("t", b"x", partition=0))  # its first append there
-        return real(client, calls, **kw)
+        return real(client, calls, timeout_s)
 
-    monkeypatch.setattr(admin, "_run", first_append_in_between)
+    monkeypatch.setattr(admin, "_run_through_slot_moves", first_append_in_between)
     topics.alter_configs("t", {"producer_id_expiration_ms": 600_000})
     assert sent
     assert redis_client.pttl(producer_log_key(namespace, "t", 0, "spark:q:0")) > 60_000

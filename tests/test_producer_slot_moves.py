@@ -183,3 +183,30 @@ def test_producer_ids_are_allocated_through_a_move_of_the_counters_slot(own_clus
     finally:
         _end(move)
         client.close()
+
+
+def test_a_change_of_producer_expiry_completes_through_a_move(own_cluster, namespace):
+    """``alter_configs`` of ``producer_id_expiration_ms`` writes the setting, then moves the
+    producer state keys' expiry; the latter names the append log of each producer, which does
+    not exist for one that never logged, so it was refused for the whole move and raised
+    ConnectionLost with the setting written and the keys' times not moved. It waits now."""
+    client = own_cluster.client(socket_timeout=30)
+    topics = Topics(client, namespace)
+    topics.create("t", 1, producer_id_expiration_ms=600_000)
+    Producer(client, namespace).send("t", b"a", partition=0)  # a producer that never logged
+    state = producer_state_keys(namespace, "t", 0)[0]
+    assert 0 < client.pttl(state) <= 600_000
+    move = _Move(own_cluster, client, partition_key(namespace, "t", 0))
+    try:
+        _start(move)
+
+        def rest() -> None:
+            move.keys()
+            move.owner()
+
+        _through_refusals(move, lambda: topics.alter_configs(
+            "t", {"producer_id_expiration_ms": 10**9}), rest)
+        assert client.pttl(state) > 600_000
+    finally:
+        _end(move)
+        client.close()

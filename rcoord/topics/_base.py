@@ -4,6 +4,7 @@
 import functools
 import hashlib
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -386,6 +387,30 @@ def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False) -> l
             if _refused(res) or isinstance(res, Exception):
                 refused.add(calls[i][1][0])
     return out
+
+
+SLOT_MOVE_RETRY_S = 0.1
+"""How often a call a slot move refused is sent again (Kafka's ``retry.backoff.ms``)."""
+
+
+def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: float) -> list[Any]:
+    """``_run``, sent again whole while a slot move refuses a call, for up to ``timeout_s``;
+    only for calls whose second run is harmless (an idempotent producer's, which the same
+    sequence numbers make duplicates; setting expiry times).
+
+    While a slot migrates, a master refuses a script whose keys are split between it and the
+    other (``TRYAGAIN``), or that names a key that does not exist yet, until the move ends;
+    redis-py gives up after about 0.4 s with "TTL exhausted" (a ``ClusterError``, as is
+    CLUSTERDOWN during a failover), having not run that call, though a pipeline's others may
+    have run."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _run(client, calls)
+        except redis.exceptions.ClusterError:
+            if time.monotonic() + SLOT_MOVE_RETRY_S >= deadline:
+                raise
+        time.sleep(SLOT_MOVE_RETRY_S)
 
 
 def _refused(res: Any) -> bool:

@@ -36,6 +36,7 @@ from ._base import (
     _offsets_of,
     _opt_int,
     _run,
+    _run_through_slot_moves,
     last_timestamp_key_of,
     make_keys,
     meta_key,
@@ -45,6 +46,9 @@ from ._base import (
 )
 from .configs import SETTINGS, check_settings
 
+ADMIN_TIMEOUT_MS = 60_000
+"""How long an admin call waits through a slot move before it raises ``ConnectionLost``
+(Kafka's ``default.api.timeout.ms``)."""
 MAX_PARTITIONS_PER_CALL = 10_000
 """Most partitions one create or add_partitions makes: Kafka's controller refuses an operation
 of more than 10,000 records (QuorumController's MAX_RECORDS_PER_USER_OP). Unbounded, a typo of
@@ -259,6 +263,11 @@ class Topics:
         not exist is UNKNOWN_TOPIC_OR_PARTITION. ``validate_only`` checks (the topic's
         existence too) and writes nothing.
 
+        A change of ``producer_id_expiration_ms`` then moves the partitions' producer state
+        expiry times, waiting through a slot move for up to ``ADMIN_TIMEOUT_MS`` (Kafka's
+        ``default.api.timeout.ms``) before ``ConnectionLost`` (run it again: the same call
+        completes it).
+
         Who reads a setting sees a change at its next read: retention at the service's next
         pass, a ``Producer`` when its metadata is older than ``metadata_max_age_ms``.
         """
@@ -286,6 +295,9 @@ class Topics:
             # So are the producers' append logs (Producer(log_appends=True)): kept at the old
             # time, a Spark task retried between the two found its producer's state but no
             # log (epoch_appends: not complete) and could store its rows a second time.
+            # Through a slot move: the logs of producers that never logged do not exist, and
+            # a script naming a missing key is refused for the whole move (the setting, already
+            # written, would otherwise stand with the keys' times not moved).
             expiration = changes["producer_id_expiration_ms"]
             count = self._r.hget(key, "partitions")
             if count is not None:
@@ -295,19 +307,19 @@ class Topics:
                 for _, activity in states:
                     pipe.zrange(activity, 0, -1)
                 pids = [[_text(pid) for pid in got] for got in pipe.execute()]
-                done = _run(self._r, [
+                done = _run_through_slot_moves(self._r, [
                     (PRODUCER_TTL, [*state, *(producer_log_key(self._ns, topic, p, pid)
                                               for pid in pids[p])], [new, *pids[p]])
-                    for p, state in enumerate(states)])
+                    for p, state in enumerate(states)], ADMIN_TIMEOUT_MS / 1000)
                 # Producers that first appended between the read above and the script (one
                 # round trip) started their logs with the setting they had read, perhaps the
                 # old one: their logs too. Once: each append since reads the stored setting.
                 late = {p: [_text(pid) for pid in res[1]] for p, res in enumerate(done)
                         if res[1]}
-                _run(self._r, [
+                _run_through_slot_moves(self._r, [
                     (PRODUCER_TTL, [*states[p], *(producer_log_key(self._ns, topic, p, pid)
                                                   for pid in got)], [new, *got])
-                    for p, got in late.items()])
+                    for p, got in late.items()], ADMIN_TIMEOUT_MS / 1000)
 
     def _count_and_token(self, topic: str) -> tuple[int, str]:
         """The partition count and the creation token, read together (one HMGET)."""

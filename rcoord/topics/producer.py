@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import redis.exceptions
-
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
 from ..forking import renew_after_fork
 from ..murmur2 import partition_for_key, to_positive
@@ -39,6 +37,7 @@ from ._base import (
     _id_offset,
     _name,
     _run,
+    _run_through_slot_moves,
     last_timestamp_key,
     meta_key,
     partition_key,
@@ -66,7 +65,6 @@ _MAX_PRODUCER_ID_LEN = 1024
 DELIVERY_TIMEOUT_MS = 120_000
 """Kafka's ``delivery.timeout.ms`` default: how long an idempotent ``Producer`` resends a call
 that a slot on the move refused (``Producer``, "Slot moves")."""
-_RETRY_BACKOFF_S = 0.1  # Kafka's retry.backoff.ms default
 # Worst first: the error raised when several partitions of one call failed.
 _SEVERITY = (Errors.PRODUCER_FENCED, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
 
@@ -627,7 +625,7 @@ class Producer:
                     chunks.append((p, seq.next + lo, chunk))
             spent: set[int] = set()  # partitions whose numbers are advanced
             try:
-                results = self._run_through_slot_moves(calls)
+                results = _run_through_slot_moves(self._r, calls, self._delivery_timeout_s)
                 out: list[RecordMetadata | None] = [None] * len(encoded)
                 # partition -> error, why, first seq
                 failed: dict[int, tuple[Errors, str, int]] = {}
@@ -684,26 +682,6 @@ class Producer:
                                for p, (e, why, _) in sorted(failed.items()))
             raise TopicError(worst, f"{topic} {detail}")
         return [m for m in out if m is not None]
-
-    def _run_through_slot_moves(self, calls: list[_Call]) -> list[Any]:
-        """``_run``, resent whole while a slot move refuses a call, for up to
-        ``delivery_timeout_ms`` (the class docstring, "Slot moves").
-
-        redis-py gives up on a call after about 0.4 s of ``TRYAGAIN`` (or ``ASK`` loops) with
-        "TTL exhausted" (a ``ClusterError``, as is CLUSTERDOWN): that call never ran, but the
-        pipeline's other calls may have, and the send raised ``ConnectionLost`` with every
-        number marked lost, so the caller's resend of the records, under new numbers,
-        appended a second time those that had gone in. The same calls resent carry the same
-        sequence numbers: what went in the first time is found a duplicate, with its offsets,
-        as Kafka's producer retries a batch until its delivery timeout."""
-        deadline = time.monotonic() + self._delivery_timeout_s
-        while True:
-            try:
-                return _run(self._r, calls)
-            except redis.exceptions.ClusterError:
-                if time.monotonic() + _RETRY_BACKOFF_S >= deadline:
-                    raise
-            time.sleep(_RETRY_BACKOFF_S)
 
     def _out_of_order(self, epoch: int, seq: _Sequence, expected: int, why: str,
                       skipped: str | None) -> str:
