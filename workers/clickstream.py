@@ -25,10 +25,12 @@ for a batch Spark replays after a restart, the one that replayed it). The file n
 batch's first offset in that partition, so when a partition's new owner processes again the
 records its old owner had processed but not committed (a crash), it starts at the same committed
 offset and *supersedes* that file: of the files of one start, the one of the newest generation
-counts, and its writer deletes the others once its own is in place (``_settle``). So a removed
-member whose batch outlived the rebalance timeout (a zombie) cannot overwrite its successor's
-file with a shorter or longer range, and a restarted query's replay supersedes the file of a
-member that took the partition meanwhile and stopped before committing. The counts of a (window,
+counts, and its writer deletes the others once its own is in place (``_settle``, which finds
+them in a hidden index, ``DIR/counts/.index/topic=T/partition=P``, not by listing the folder: a
+write's cost does not grow with the folder's history). So a removed member whose batch outlived
+the rebalance timeout (a zombie) cannot overwrite its successor's file with a shorter or longer
+range, and a restarted query's replay supersedes the file of a member that took the partition
+meanwhile and stopped before committing. The counts of a (window,
 key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
 ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
 batch is being written (between a zombie's write and its settling, both files are there).
@@ -93,11 +95,10 @@ def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
 _FILE = re.compile(r"start-(\d+)\.gen-(-?\d+)\.parquet")
 
 
-def _current(folder: Path, start: int | None = None) -> dict[int, tuple[int, Path]]:
-    """A partition folder's files that count (of ``start`` only, if given): per start offset,
-    the newest generation's."""
+def _current(folder: Path) -> dict[int, tuple[int, Path]]:
+    """A partition folder's files that count: per start offset, the newest generation's."""
     best: dict[int, tuple[int, Path]] = {}
-    for path in folder.glob(f"start-{'*' if start is None else start}.gen-*.parquet"):
+    for path in folder.glob("start-*.gen-*.parquet"):
         m = _FILE.fullmatch(path.name)
         if m is None:
             continue
@@ -140,6 +141,7 @@ class _Sink:
         self.batches = 0
         self.records = 0
         self.late = 0
+        self._indexed: set[Path] = set()
 
     def watermark_ms(self, batch_id: int, spark: Any = None) -> int:
         """The watermark Spark runs micro-batch ``batch_id`` with: the ``batchWatermarkMs``
@@ -213,20 +215,84 @@ class _Sink:
         })
         folder = Path(self.out_dir, "counts", f"topic={topic}", f"partition={partition}")
         folder.mkdir(parents=True, exist_ok=True)
+        if folder not in self._indexed:  # once per folder and run: files from before the index
+            _index(folder)
+            self._indexed.add(folder)
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         pq.write_table(table, tmp)
+        _mark(folder, start, generation)  # before the rename, for _settle
         # atomic: a retry of the batch (same range, same generation) replaces its first attempt
-        os.replace(tmp, folder / f"start-{start}.gen-{generation}.parquet")
+        os.replace(tmp, _data(folder, start, generation))
         _settle(folder, start)
 
 
+def _index_of(folder: Path) -> Path:
+    """A partition folder's index: ``DIR/counts/.index/topic=T/partition=P``, beside the data
+    folders rather than in them (a partition folder holds its data files only). Hidden from
+    Spark's and pyarrow's readers of ``DIR/counts`` by its dot."""
+    return folder.parent.parent / ".index" / folder.parent.name / folder.name
+
+
+_GENS = "gens"
+"""A partition's index of the generations each start offset was written under:
+``gens/<start // 1024>/<start>.<generation>``, an empty file made before the data file's
+rename and never removed. A write lists only its start's bucket (at most 1,024 starts, one per
+batch of 1,024 records or more), so its cost does not grow with the folder, which gains a file
+per micro-batch for ever (globbing the whole folder on every write took 192 ms at 100,000
+files); a bucket, not a directory per start, which would take a directory block (4 KB) a batch.
+"""
+_BUCKET = 1024
+
+
+def _bucket(folder: Path, start: int) -> Path:
+    return _index_of(folder) / _GENS / str(start // _BUCKET)
+
+
+def _data(folder: Path, start: int, generation: int) -> Path:
+    return folder / f"start-{start}.gen-{generation}.parquet"
+
+
+def _mark(folder: Path, start: int, generation: int) -> None:
+    """Index the file of ``start`` and ``generation`` (``_GENS``), before its rename."""
+    bucket = _bucket(folder, start)
+    bucket.mkdir(parents=True, exist_ok=True)
+    (bucket / f"{start}.{generation}").touch()
+
+
+def _index(folder: Path) -> None:
+    """Index the folder's files that have no ``_GENS`` entry (written before there was an
+    index), and settle every start: a sink's first write in a folder does it, once, so that a
+    start written by an earlier version and written again (a replay) is settled too."""
+    found: dict[int, list[int]] = defaultdict(list)
+    for path in folder.glob("start-*.gen-*.parquet"):
+        m = _FILE.fullmatch(path.name)
+        if m is not None:
+            start, gen = int(m[1]), int(m[2])
+            found[start].append(gen)
+            if not (_bucket(folder, start) / f"{start}.{gen}").exists():
+                _mark(folder, start, gen)
+    for start, gens in found.items():
+        if len(gens) > 1:
+            _settle(folder, start)
+
+
 def _settle(folder: Path, start: int) -> None:
-    """Delete the files of ``start`` that do not count (``_current``): every generation's but
-    the newest. Each writer settles after its rename, so of two writers of one start, the later
-    to list sees both files: the older generation's is deleted whoever wrote last."""
-    keep = _current(folder, start).get(start)  # lists only its own: the folder keeps growing
-    for path in folder.glob(f"start-{start}.gen-*.parquet"):
-        if keep is not None and path != keep[1] and _FILE.fullmatch(path.name):
+    """Delete the files of ``start`` that do not count: every generation's but the newest.
+    Each writer indexes its generation (``_mark``) before its rename and settles after it, so
+    of two writers of one start, the later to settle sees both files: the older generation's
+    is deleted whoever wrote last. Looks up only the generations ``_GENS`` names for ``start``
+    (in its bucket), never the whole folder."""
+    try:
+        names = os.listdir(_bucket(folder, start))
+    except FileNotFoundError:
+        return
+    prefix = f"{start}."
+    gens = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    files = {int(g): _data(folder, start, int(g)) for g in gens if g.lstrip("-").isdigit()}
+    files = {gen: path for gen, path in files.items() if path.exists()}
+    newest = max(files, default=None)
+    for gen, path in files.items():
+        if gen != newest:
             path.unlink(missing_ok=True)
 
 
