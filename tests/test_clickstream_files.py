@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
+import pyarrow.parquet as pq
+
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.spark import OptionError, batch_generation
 from rcoord.spark.plan import Position
@@ -239,6 +241,52 @@ def test_a_file_written_before_the_index_is_superseded_by_a_replay(tmp_path: Pat
         "ev", 0, 5, [_row("a", 3)], 6)
     assert read_counts(tmp_path) == {(0, "a"): 3}
     assert _files(tmp_path) == ["start-5.gen-6.parquet"]
+
+
+def test_a_zombie_killed_between_its_rename_and_its_settling_leaves_no_second_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Generation 6's member wrote start 5 and settled; then generation 5's zombie renamed its
+    # own file of start 5 and was SIGKILLed before settling. Nobody writes start 5 again, so
+    # both files stayed for good: read_counts took the newest, but a plain read of the output
+    # (spark.read.parquet, pyarrow) counted offsets 5-7 twice. The next write in the folder
+    # settles it.
+    from workers import clickstream
+
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+
+    def killed(folder: Path, start: int) -> None:
+        raise SystemExit("SIGKILL")
+
+    monkeypatch.setattr(clickstream, "_settle", killed)
+    with pytest.raises(SystemExit):
+        sink._write("ev", 0, 5, [_row("a", 5)], 5)
+    monkeypatch.undo()
+    sink._write("ev", 0, 8, [_row("a", 2)], 6)
+    assert _files(tmp_path) == ["start-5.gen-6.parquet", "start-8.gen-6.parquet"]
+    assert sum(pq.read_table(tmp_path / "counts")["count"].to_pylist()) == 5
+    assert read_counts(tmp_path) == {(0, "a"): 5}
+    index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
+    assert not list((index / "unsettled").iterdir())
+
+
+def test_a_write_not_yet_renamed_stays_listed_for_the_next_writes(tmp_path: Path) -> None:
+    # a writer between writing its temporary file and renaming it (alive and slow, or killed):
+    # another write settles its start but keeps its entry, since the rename may still come
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    (folder / ".tmp-slow").write_bytes(b"")
+    index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
+    (index / "gens" / "0" / "5.5").touch()
+    (index / "unsettled" / "5.5.slow").touch()
+    sink._write("ev", 0, 8, [_row("a", 2)], 6)
+    assert [p.name for p in (index / "unsettled").iterdir()] == ["5.5.slow"]
+    os.replace(folder / ".tmp-slow", folder / "start-5.gen-5.parquet")  # renamed, then killed
+    sink._write("ev", 0, 10, [_row("a", 1)], 6)
+    assert _files(tmp_path) == ["start-10.gen-6.parquet", "start-5.gen-6.parquet",
+                                "start-8.gen-6.parquet"]
+    assert not list((index / "unsettled").iterdir())
 
 
 def test_starts_that_share_an_index_bucket_settle_apart(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ range, and a restarted query's replay supersedes the file of a member that took 
 meanwhile and stopped before committing. The counts of a (window,
 key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
 ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
-batch is being written (between a zombie's write and its settling, both files are there).
+batch is being written (between a zombie's write and its settling, both files are there; a
+writer killed in between is settled by the partition's next write, ``_UNSETTLED``).
 """
 
 from __future__ import annotations
@@ -218,12 +219,18 @@ class _Sink:
         if folder not in self._indexed:  # once per folder and run: files from before the index
             _index(folder)
             self._indexed.add(folder)
-        tmp = folder / f".tmp-{uuid.uuid4().hex}"
+        attempt = uuid.uuid4().hex
+        tmp = folder / f".tmp-{attempt}"
         pq.write_table(table, tmp)
         _mark(folder, start, generation)  # before the rename, for _settle
+        unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
+        unsettled.parent.mkdir(parents=True, exist_ok=True)
+        unsettled.touch()
         # atomic: a retry of the batch (same range, same generation) replaces its first attempt
         os.replace(tmp, _data(folder, start, generation))
         _settle(folder, start)
+        _settle_unsettled(folder, unsettled.name)
+        unsettled.unlink(missing_ok=True)
 
 
 def _index_of(folder: Path) -> Path:
@@ -246,6 +253,15 @@ _BUCKET = 1024
 
 def _bucket(folder: Path, start: int) -> Path:
     return _index_of(folder) / _GENS / str(start // _BUCKET)
+
+
+_UNSETTLED = "unsettled"
+"""A partition's writes that may be between their rename and their ``_settle`` (in its index):
+``unsettled/<start>.<generation>.<attempt>``, made before the rename (after ``.tmp-<attempt>``
+is written) and removed after the settling. A writer killed in between (a zombie SIGKILLed
+right after its rename) left its older generation's file beside its successor's for good, and
+a plain ``spark.read.parquet`` counted those records twice: every write settles the starts
+listed there too, and removes an entry once its attempt's temporary file is gone (renamed)."""
 
 
 def _data(folder: Path, start: int, generation: int) -> Path:
@@ -294,6 +310,22 @@ def _settle(folder: Path, start: int) -> None:
     for gen, path in files.items():
         if gen != newest:
             path.unlink(missing_ok=True)
+
+
+def _settle_unsettled(folder: Path, own: str) -> None:
+    """Settle the starts of the other writes ``_UNSETTLED`` lists. An entry goes once its
+    attempt has renamed: its temporary file, looked at before the settling, was gone (so the
+    settling saw its file). One whose writer died before renaming stays, and is settled again
+    by every write of the folder (a few names: the writes in flight and the crashed ones)."""
+    pending = _index_of(folder) / _UNSETTLED
+    for name in os.listdir(pending):
+        start, _, attempt = name.split(".") if name.count(".") == 2 else ("", "", "")
+        if name == own or not start.isdigit():
+            continue
+        renamed = not (folder / f".tmp-{attempt}").exists()
+        _settle(folder, int(start))
+        if renamed:
+            (pending / name).unlink(missing_ok=True)
 
 
 # The event times a window's bounds can have: years 1 to 9999, what Spark's timestamps and a
