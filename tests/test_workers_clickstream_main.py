@@ -100,3 +100,83 @@ def test_the_group_timeouts_given_reach_the_source_options(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert seen["rebalanceTimeoutMs"] == "90000" and seen["sessionTimeoutMs"] == "20000"
+
+
+def _main_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> Any:
+    """The keywords ``main`` gives ``build_query`` for these flags."""
+    from workers import clickstream
+
+    seen: dict[str, Any] = {}
+
+    def build_query(spark: Any, **kw: Any) -> Any:
+        seen.update(kw)
+        query = _FailsWhileStopping()
+        query.active = False
+        return query
+
+    monkeypatch.setattr(pyspark_sql.SparkSession, "builder", _Builder())
+    monkeypatch.setattr(clickstream, "build_query", build_query)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        clickstream.main(["--group", "g", "--topic", "t", "--out", str(tmp_path),
+                          "--redis-url", "redis://127.0.0.1:1/0", "--run-for", "0", *flags])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return seen
+
+
+def test_a_batch_is_capped_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # There was no default maxOffsetsPerTrigger: the first batch over a large backlog read all
+    # of it and collected every aggregated row (up to one per record) on the driver.
+    from workers.clickstream import MAX_OFFSETS_PER_TRIGGER
+
+    assert _main_options(monkeypatch, tmp_path)["max_offsets_per_trigger"] == \
+        MAX_OFFSETS_PER_TRIGGER == 100_000
+    assert _main_options(monkeypatch, tmp_path, "--max-offsets-per-trigger", "500")[
+        "max_offsets_per_trigger"] == 500
+    assert _main_options(monkeypatch, tmp_path, "--max-offsets-per-trigger", "-1")[
+        "max_offsets_per_trigger"] is None
+    for bad in ("0", "-5", "many"):
+        with pytest.raises(SystemExit):
+            _main_options(monkeypatch, tmp_path, "--max-offsets-per-trigger", bad)
+        assert "or -1 (no limit)" in capsys.readouterr().err
+
+
+class _Loaded(Exception):
+    """Raised by the stand-in reader's ``load``: the options ``build_query`` gave the source."""
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.options: dict[str, str] = {}
+
+    def format(self, name: str) -> Any:
+        return self
+
+    def option(self, key: str, value: str) -> Any:
+        self.options[key] = value
+        return self
+
+    def load(self) -> Any:
+        raise _Loaded(self.options)
+
+
+@pytest.mark.parametrize(("kw", "expected"), [
+    ({}, "100000"),
+    ({"max_offsets_per_trigger": 7}, "7"),
+    ({"max_offsets_per_trigger": None}, None),
+    ({"options": {"maxoffsetspertrigger": "9"}}, None),  # the caller's option, as given
+])
+def test_build_query_caps_the_source_by_default(kw: dict[str, Any], expected: Any) -> None:
+    from workers.clickstream import build_query
+
+    spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None),
+                            readStream=_Reader())
+    with pytest.raises(_Loaded) as loaded:
+        build_query(spark, topics="t", group="g", out="/nonexistent", **kw)
+    assert loaded.value.args[0].get("maxOffsetsPerTrigger") == expected
+    assert loaded.value.args[0].get("maxoffsetspertrigger") == kw.get("options", {}).get(
+        "maxoffsetspertrigger")

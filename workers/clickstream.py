@@ -7,7 +7,9 @@ Each instance is a Spark streaming query in *group mode*: a member of the consum
 ``--group``. Start several (on one machine or many, in one Spark application or many) and they
 split the topic's partitions; stop one (Ctrl-C / SIGTERM) and the others take its partitions
 over from the offsets it committed; kill one and they take them over after its session
-timeout. No query restarts when partitions move.
+timeout. No query restarts when partitions move. A micro-batch reads at most
+``--max-offsets-per-trigger`` records (default 100,000; -1: no limit): its aggregated rows are
+collected on the driver.
 
 Records: the key is what is counted (a user, a page); the value is JSON with an event time
 ``{"ts": <epoch milliseconds>}`` (a number, taken to the millisecond; the record's timestamp when
@@ -55,7 +57,8 @@ from typing import Any
 
 log = logging.getLogger("clickstream")
 
-__all__ = ["build_query", "main", "read_counts", "stop_gracefully", "window_counts"]
+__all__ = ["MAX_OFFSETS_PER_TRIGGER", "build_query", "main", "read_counts", "stop_gracefully",
+           "window_counts"]
 
 
 def _ms(text: str) -> int:
@@ -82,6 +85,26 @@ def _duration(least: int) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r}: must be at least {least} ms")
         return ms
     return parse
+
+
+MAX_OFFSETS_PER_TRIGGER = 100_000
+"""The default cap on a micro-batch's records (the source's ``maxOffsetsPerTrigger``). Each
+batch collects its aggregated rows, up to one per record, on the driver, and must end within
+the group's rebalance timeout; without a cap (Spark's Kafka source has none by default) the
+first batch over a large backlog read all of it at once."""
+
+
+def _limit(text: str) -> int | None:
+    """An argparse ``type``: a positive number of records, or -1 for no limit (None)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n == -1:
+        return None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of records >= 1, or -1 (no limit)")
+    return n
 
 
 def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
@@ -362,8 +385,12 @@ def build_query(
     checkpoint: str | None = None,
     options: dict[str, str] | None = None,
     source: Any = None,
+    max_offsets_per_trigger: int | None = MAX_OFFSETS_PER_TRIGGER,
 ) -> Any:
     """Start one instance of the pipeline in ``spark``; returns the ``StreamingQuery``.
+
+    ``max_offsets_per_trigger`` caps a micro-batch (``MAX_OFFSETS_PER_TRIGGER``; None: no
+    limit); a ``maxOffsetsPerTrigger`` in ``options`` takes its place.
 
     ``source`` replaces the rcoord group-mode stream with any streaming DataFrame of the same
     columns (the benchmark runs the pipeline over Spark's Parquet file source that way).
@@ -389,6 +416,9 @@ def build_query(
         )
         if url:
             reader = reader.option("url", url)
+        if max_offsets_per_trigger is not None and not any(
+                k.lower() == "maxoffsetspertrigger" for k in options or {}):
+            reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
         for k, v in (options or {}).items():
             reader = reader.option(k, v)
         source = reader.load()
@@ -441,7 +471,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="how late an event may come (default 1m)")
     parser.add_argument("--trigger", default="500ms", type=_duration(0),
                         help="micro-batch interval (default 500ms)")
-    parser.add_argument("--max-offsets-per-trigger", default=None)
+    parser.add_argument("--max-offsets-per-trigger", type=_limit,
+                        default=MAX_OFFSETS_PER_TRIGGER,
+                        help="records a micro-batch reads at most, over all partitions "
+                        f"(default {MAX_OFFSETS_PER_TRIGGER:,}; -1: no limit)")
     parser.add_argument("--session-timeout-ms", default=None)
     parser.add_argument("--heartbeat-interval-ms", default=None)
     parser.add_argument("--rebalance-timeout-ms", default=None,
@@ -465,8 +498,7 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     options = {}
-    for opt, val in (("maxOffsetsPerTrigger", args.max_offsets_per_trigger),
-                     ("sessionTimeoutMs", args.session_timeout_ms),
+    for opt, val in (("sessionTimeoutMs", args.session_timeout_ms),
                      ("heartbeatIntervalMs", args.heartbeat_interval_ms),
                      ("rebalanceTimeoutMs", args.rebalance_timeout_ms)):
         if val:
@@ -474,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     query = build_query(spark, topics=args.topic, group=args.group, out=args.out,
                         url=args.redis_url, namespace=args.namespace,
                         window=f"{args.window}ms", watermark=f"{args.watermark}ms",
-                        trigger=f"{args.trigger}ms", options=options)
+                        trigger=f"{args.trigger}ms", options=options,
+                        max_offsets_per_trigger=args.max_offsets_per_trigger)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
