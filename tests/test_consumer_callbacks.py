@@ -275,3 +275,32 @@ def test_wakeup_in_the_revocation_of_a_new_subscription_revokes_again_before_the
     wait_until(lambda: gen.done.is_set(), lambda: consumer.poll(timeout=0.01))
     assert listener.events[1:3] == [("revoked", [TP("t", 0), TP("t", 1)])] * 2
     assert [tp for tp in consumer.assignment() if tp.topic == "t"] == []
+
+
+def test_a_commit_in_on_partitions_assigned_sets_the_start_of_a_cooperatively_added_partition(
+    make: Any,
+) -> None:
+    """Cooperative: the partitions a generation adds start where the listener committed
+    (as in Kafka, which fetches their committed offsets after ``onJoinComplete``); the kept
+    ones go on from their positions. Before, t-1 started at 0, the offset committed before the
+    listener ran, and the listener's commit of 3 was undone by the next one."""
+    state = OneMemberGroup(partitions=2, records=5)
+
+    class CommitsAdded(Recorder):
+        consumer_ref: Consumer | None = None
+
+        def on_partitions_assigned(self, partitions: list[TP]) -> None:
+            super().on_partitions_assigned(partitions)
+            assert self.consumer_ref is not None
+            if TP("t", 1) in partitions:
+                self.consumer_ref.commit({TP("t", 1): 3})
+
+    listener = CommitsAdded()
+    consumer = _assigned_once(make, state, listener, [0], [0, 1])
+    wait_until(lambda: consumer.position(TP("t", 0)) == 5, lambda: consumer.poll(timeout=0.01))
+    _rebalance(state, consumer)
+    got = poll_until(consumer, lambda g: bool(g) and g[-1].offset == 4)
+    assert [(r.partition, r.offset) for r in got] == [(1, 3), (1, 4)]
+    assert consumer.position(TP("t", 0)) == 5
+    consumer.commit()
+    assert state.committed[TP("t", 1)] == 5

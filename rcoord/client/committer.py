@@ -40,6 +40,7 @@ class Completion:
     error: BaseException | None
     callback: OffsetCommitCallback | None
     token: object  # what the consumer needs to apply the result (the generation)
+    ticket: int = 0  # the job's, as ``submit`` returned it
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class AsyncCommitter:
                     self._thread = None  # closed, or idle: the next submit() makes a new one
                     return
                 job = self._jobs[0]
+                ticket = self._finished + 1  # (jobs finish in submission order)
                 unsent = self._unreachable
             error: BaseException | None = None
             if unsent:
@@ -193,6 +195,6 @@ class AsyncCommitter:
                 if self._given_up and isinstance(error, ConnectionLost):
                     self._unreachable = True
                 self._jobs.popleft()
-                self._done.append(Completion(job.offsets, error, job.callback, job.token))
+                self._done.append(Completion(job.offsets, error, job.callback, job.token, ticket))
                 self._finished += 1
                 self._cond.notify_all()

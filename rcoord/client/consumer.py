@@ -9,8 +9,9 @@
 
 ``poll()`` drives everything, as in Kafka's consumer: when the group hands out a new generation
 it calls ``on_partitions_assigned``, it fetches the assigned partitions from the positions the
-generation gives (committed offsets, or the start-offset policy), and when the generation ends it
-revokes the partitions before the member may rejoin:
+generation gives (committed offsets, or the start-offset policy; an offset the listener committed
+for a partition it did not ``seek()``, as in Kafka), and when the generation ends it revokes the
+partitions before the member may rejoin:
 
 1. the records fetched but not yet returned for those partitions are dropped, so a record of a
    partition this member no longer owns is never handed out (kafka-go #1398, sarama #1543);
@@ -42,8 +43,9 @@ revoked partitions are stopped (their buffered records dropped), committed and p
 it can read their positions and commit them, as in Kafka; the member then rejoins so their new
 owners get them, and never before that callback has returned, even if another member's arrival
 ended the generation meanwhile, so its commits still succeed), added ones start at their
-committed offsets, kept ones continue from their positions, and ``on_partitions_assigned`` gets
-the added partitions (possibly none). Lost partitions are still all lost.
+committed offsets (or at one ``on_partitions_assigned`` commits), kept ones continue from their
+positions, and ``on_partitions_assigned`` gets the added partitions (possibly none). Lost
+partitions are still all lost.
 
 A ``Consumer`` is used from one thread: a call from a second thread while one is inside a call
 raises ``ConcurrentModificationError``, as Kafka's consumer does; ``close()`` and ``wakeup()``
@@ -173,7 +175,12 @@ class ConsumerRebalanceListener:
 
     def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
         """A generation started with ``partitions`` (every one of them, as in Kafka's eager
-        protocol). Fetching starts from the committed offsets, or the start-offset policy."""
+        protocol). Fetching starts from the committed offsets, or the start-offset policy.
+
+        As in Kafka, a partition starts at an offset committed here (``commit()``, or a
+        ``commit_async()`` the first fetch waits for), unless this callback gave it a position
+        first: ``seek()``, ``seek_to_*()`` or ``position()``, whose answer is then where it
+        starts (a ``seek()`` after the commit wins too)."""
 
     def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
         """The member was expired or fenced: another member may own ``partitions`` already.
@@ -358,6 +365,17 @@ class Consumer(SubscriptionMixin):
         # without its records: _send_fetch) or position() does (_resolved).
         self._resets: dict[TopicPartition, int] = {}
         self._reset_markers = 1
+        # Partitions a generation assigned whose start is still the generation's (its
+        # committed offset, or the start-offset policy's): not sought, asked position() of,
+        # or fetched yet. Kafka's consumer has no position for them until the poll() that ran
+        # on_partitions_assigned fetches their committed offsets, so an offset the listener
+        # committed is where they start (``_start_commits``, applied in ``_note_started``).
+        self._unstarted: set[TopicPartition] = set()
+        # Commits of such partitions' offsets the application made (its ticket -> offsets):
+        # once landed, each sets the start of those still unstarted. And the ticket of the
+        # last one, which the first fetch waits for (``_starts_landed``).
+        self._start_commits: dict[int, dict[TopicPartition, int]] = {}
+        self._start_wait = 0
         # Partition counts read for commits of partitions not held (_check_exist), and of the
         # consumer's own commits of its positions, held or not (_own_unverified): topic ->
         # (a count it had, time.monotonic() of the read), trusted for a partition watch
@@ -498,6 +516,7 @@ class Consumer(SubscriptionMixin):
         if key in self._invalid:
             raise self._invalid_offsets_error([key])
         if key not in self._resets:
+            self._unstarted.discard(key)  # it has a position now, as Kafka's position() gives
             return self._position[key]
         self._take_wakeup("position()")  # it reads the log's edge: Kafka polls the network
         budget = self._api_timeout_s if timeout is None else float(timeout)
@@ -660,6 +679,7 @@ class Consumer(SubscriptionMixin):
     def _reposition(self, key: TopicPartition, offset: int) -> None:
         """Set the position of ``key`` (a seek), dropping what was fetched from the old one."""
         self._position[key] = self._fetch_pos[key] = offset
+        self._unstarted.discard(key)  # a commit no longer moves it
         self._seeks[key] = self._seeks.get(key, 0) + 1
         self._unacked.pop(key, None)  # the application says where it stands now
         self._invalid.pop(key, None)
@@ -1065,6 +1085,10 @@ class Consumer(SubscriptionMixin):
                 if _expired(deadline):
                     return []
                 continue
+            if self._unstarted and not self._starts_landed(deadline):
+                if _expired(deadline):
+                    return []
+                continue
             records = self._drain(limit)
             if records:
                 return records
@@ -1271,6 +1295,8 @@ class Consumer(SubscriptionMixin):
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
         ticket = self._committer.submit(run, plain, outcome.done, token)
+        if not own:
+            self._note_start_commit(ticket, plain)
         try:
             landed = self._committer.wait_idle(_remaining(deadline), *interrupts, upto=ticket)
         except BaseException:
@@ -1333,7 +1359,9 @@ class Consumer(SubscriptionMixin):
             own = given is None  # its positions: the missing partitions are skipped, logged
             unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
             if not unknown:
-                self._committer.submit(lambda: commit(wanted), plain, callback, token)
+                ticket = self._committer.submit(lambda: commit(wanted), plain, callback, token)
+                if not own:
+                    self._note_start_commit(ticket, plain)
                 return
 
             def checked() -> None:  # (on the committer thread: it reads Redis)
@@ -1343,7 +1371,17 @@ class Consumer(SubscriptionMixin):
                 self._check_exist(unknown)
                 commit(wanted)
 
-            self._committer.submit(checked, plain, callback, token)
+            ticket = self._committer.submit(checked, plain, callback, token)
+            if not own:
+                self._note_start_commit(ticket, plain)
+
+    def _note_start_commit(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
+        """A commit of ``offsets`` the application made (``ticket``): once it lands, it sets
+        the start of the partitions of them that are unstarted then (``_unstarted``)."""
+        if self._unstarted and not self._unstarted.isdisjoint(offsets):
+            self._start_commits[ticket] = {
+                tp: o for tp, o in offsets.items() if tp in self._unstarted}
+            self._start_wait = ticket
 
     def _unverified(self, offsets: Mapping[TopicPartition, object]) -> list[TopicPartition]:
         """The partitions of a commit's ``offsets`` not known to exist (``_check_exist``)."""
@@ -1507,8 +1545,11 @@ class Consumer(SubscriptionMixin):
         for done in self._committer.take_completions():
             error = done.error
             current = self._commit_target()
+            starts = self._start_commits.pop(done.ticket, None)
             if error is None and current is not None and done.token is current[1]:
                 self._note_committed(done.offsets)
+                if starts:
+                    self._note_started(starts)
             if done.callback is None:
                 if error is not None:
                     log.warning("async commit of %s failed: %s", done.offsets, error)
@@ -1527,6 +1568,37 @@ class Consumer(SubscriptionMixin):
         partitions, left an entry that nothing removed, one per such partition for good."""
         self._committed.update(
             (tp, offset) for tp, offset in offsets.items() if tp in self._position)
+
+    def _note_started(self, starts: Mapping[TopicPartition, int]) -> None:
+        """A commit the application made of unstarted partitions' offsets landed: those still
+        unstarted start there, as in Kafka, where the poll() that ran
+        ``on_partitions_assigned`` fetches the committed offsets of the partitions without a
+        position. Before, they started where the generation's committed offsets (read before
+        the listener ran) said, and the next commit of the positions undid the listener's.
+        Only the application's commits: an auto-commit or a revocation's sends positions."""
+        for tp, offset in starts.items():
+            if tp in self._unstarted:
+                self._position[tp] = self._fetch_pos[tp] = offset
+                self._invalid.pop(tp, None)  # (start_offset="none": it has one now)
+                self._caught_up.discard(tp)
+
+    def _starts_landed(self, deadline: float | None) -> bool:
+        """Before the first fetch after ``on_partitions_assigned``: wait (until ``deadline``,
+        ``wakeup()`` or ``close()``) for the commits the application queued of unstarted
+        partitions' offsets (``commit_async()`` in the listener), apply them, and end the
+        partitions' unstarted time (a commit moves no position after it, as in Kafka, whose
+        fetch of the committed offsets is answered after the commits sent before it). False
+        if the wait ended first. Nothing is waited for when the listener queued no such
+        commit: no round trip is added to a rebalance."""
+        if self._start_wait and not self._committer.wait_idle(
+                _remaining(deadline), self._wakeup, self._stop, upto=self._start_wait):
+            return False
+        try:
+            self._run_commit_callbacks()
+        finally:
+            self._unstarted.clear()
+            self._start_wait = 0
+        return True
 
     def _changed_positions(self) -> dict[TopicPartition, int]:
         """The positions that moved since they were last committed."""
@@ -1646,6 +1718,7 @@ class Consumer(SubscriptionMixin):
         self._resets = {}
         self._buffers = {tp: deque() for tp in self._assigned}
         self._committed = dict(gen.committed)
+        self._unstarted = set(self._assigned)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
         gen.acknowledge()
         hold.applied.set()  # nothing revoked in taking it
@@ -1783,6 +1856,7 @@ class Consumer(SubscriptionMixin):
                     self._buffers[tp] = deque()
                     if tp in new.committed:
                         self._committed[tp] = new.committed[tp]
+                self._unstarted.update(added)
                 self._assigned = sorted(set(self._assigned) | set(added))
                 new.acknowledge()
                 if stopped:

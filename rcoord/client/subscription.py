@@ -68,7 +68,7 @@ PARTITION_TABLES = ("_buffers", "_position", "_fetch_pos", "_committed", "_inval
 a partition given up leaves every one (``_forget_partitions``), and dropping the assignment
 empties them all (``Consumer._drop_assignment``). A table listed in one place and not the
 other kept one entry per partition ever held."""
-PARTITION_MARKS = ("_paused", "_caught_up")
+PARTITION_MARKS = ("_paused", "_caught_up", "_unstarted")
 
 
 class SubscriptionMixin:
