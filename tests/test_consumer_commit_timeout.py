@@ -113,6 +113,32 @@ def test_a_commit_redis_holds_ends_by_its_timeout_and_later_commits_stay_after_i
 
 
 
+@pytest.mark.parametrize("earlier", ["commit", "commit_async"])
+def test_a_commit_behind_one_still_in_flight_says_which_kind_it_waited_for(
+        held: tuple[_Gate, Consumer], earlier: str) -> None:
+    """A ``commit()`` that times out waiting for an earlier commit still in flight said
+    "1 earlier async commits are still in flight" also when that was a ``commit()`` given
+    up on (its timeout): the application made no async commit. Now it says which."""
+    gate, consumer = held
+    consumer.commit({TP: 1})  # (the coordinator started, the counts of t read)
+    gate.held.set()
+    if earlier == "commit":
+        with pytest.raises(TimeoutError):
+            consumer.commit({TP: 5}, timeout=0.05)
+    else:
+        consumer.commit_async({TP: 5})
+        wait_until(lambda: gate.waiting > 0)
+    with pytest.raises(TimeoutError) as raised:
+        consumer.commit({TP: 7}, timeout=0.05)
+    said = str(raised.value)
+    assert "nothing of this commit was sent" in said
+    if earlier == "commit":
+        assert "async" not in said
+        assert "1 earlier commit is still in flight: a commit() that timed out" in said, said
+    else:
+        assert "1 earlier async commit is still in flight" in said, said
+
+
 def _failing_client(port: int, failing: threading.Event) -> redis.Redis:
     """A client whose calls from a committer thread fail as an unreachable Redis fails them
     while ``failing`` is set (the caller's calls go through)."""

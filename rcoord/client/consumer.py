@@ -412,6 +412,10 @@ class Consumer(SubscriptionMixin):
         )
         self._next_auto_commit = 0.0
         self._auto_committing: int | None = None  # the committer's ticket of the last auto-commit
+        # The committer's ticket of the last commit() whose wait ended before it was done
+        # (its timeout, wakeup(), an interrupt): what a later commit() may wait for
+        # (``_earlier_commits``).
+        self._given_up_commit = 0
         # A revocation poll()'s deadline cut short (``_revoke``): the committer's ticket of its
         # final auto-commit, still in flight; then the hold released once the listener's async
         # commits landed (``_release_hold``).
@@ -1037,7 +1041,7 @@ class Consumer(SubscriptionMixin):
         retrying against an unreachable coordinator, for up to a session timeout otherwise):
         the pause ends and that call raises ``WakeupError``. The heartbeat's retries, in their
         own thread, go on, and so do a commit's, made on the committer thread. It ends
-        ``commit()``'s wait for earlier async commits too, before it sends anything, and for
+        ``commit()``'s wait for earlier commits too, before it sends anything, and for
         its own commit (which stays in flight, as after its timeout), and ``poll()``'s waits
         for its auto-commit, its fetch and a revocation's commits, which stay in flight (a
         later ``poll()`` collects them and goes on with the revocation)."""
@@ -1222,13 +1226,14 @@ class Consumer(SubscriptionMixin):
         stays in flight (its retries bounded by a session timeout) and **may still land**
         after ``TimeoutError`` (its failure is logged); every commit made after it is sent
         after it, so it never overwrites a newer one. Commit again, or read ``committed()``,
-        to know. A ``TimeoutError`` while earlier async commits are still in flight means
-        nothing of this commit was sent. Before, the commit ran on the caller's thread with no
+        to know. A ``TimeoutError`` while earlier commits are still in flight (async ones, or
+        a ``commit()`` given up on; the message says which) means nothing of this commit was
+        sent. Before, the commit ran on the caller's thread with no
         bound of its own: each retry held redis-py's whole retry cycle (or a socket timeout),
         so a Redis that did not answer held ``commit()`` for several session timeouts.
 
         ``wakeup()`` (Kafka's ``commitSync``): one pending at the call raises ``WakeupError``
-        before anything is sent; one that comes while earlier async commits are awaited
+        before anything is sent; one that comes while earlier commits are awaited
         raises it then, nothing sent; one that comes while this commit is in flight raises it
         at once, the commit left in flight as after a timeout (it may still be applied, as in
         Kafka): commit again, or read ``committed()``, to know.
@@ -1259,8 +1264,8 @@ class Consumer(SubscriptionMixin):
         interrupts = () if self._closer == threading.get_ident() else (self._wakeup,)
         if self._committer.pending and not self._committer.wait_idle(
                 _remaining(deadline), *interrupts):
-            self._commit_wait_ended(budget, f"{self._committer.pending} earlier async commits "
-                                    "are still in flight; nothing of this commit was sent")
+            self._commit_wait_ended(budget, f"{self._earlier_commits()}; nothing of this "
+                                    "commit was sent")
         self._run_commit_callbacks()
         target = self._commit_target()
         if target is None:
@@ -1303,14 +1308,29 @@ class Consumer(SubscriptionMixin):
             # A KeyboardInterrupt (a signal handler's exception) ends the wait too, the commit
             # in flight: it is given up on as after a timeout, so a failure is still logged.
             outcome.abandoned = True
+            self._given_up_commit = ticket
             raise
         if not landed:
             outcome.abandoned = True
+            self._given_up_commit = ticket
             self._commit_wait_ended(budget, "it is still in flight and may land later; "
                                     "later commits are sent after it")
         self._run_commit_callbacks()  # ours, which notes the offsets committed
         if outcome.error is not None:
             raise outcome.error
+
+    def _earlier_commits(self) -> str:
+        """What ``commit()`` is waiting for before it sends its commit, said as it is: it
+        called them all "earlier async commits", also an earlier ``commit()`` that had raised
+        before it was done (its timeout, ``wakeup()``), which the application had not made
+        asynchronously and may take for failed."""
+        n = self._committer.pending
+        are = "commits are" if n > 1 else "commit is"
+        given_up = self._given_up_commit
+        if given_up and not self._committer.finished(given_up):
+            return (f"{n} earlier {are} still in flight: a commit() that timed out or was "
+                    "interrupted (it may still land)" + (", and async ones" if n > 1 else ""))
+        return f"{n} earlier async {are} still in flight (commit_async() or auto-commit)"
 
     def _commit_wait_ended(self, budget: float | None, state: str) -> None:
         """Raise what ends commit()'s wait before its commit finished: ``WakeupError`` when
