@@ -138,3 +138,23 @@ def test_a_commit_in_the_listener_gives_a_start_where_start_offset_none_had_none
     _, _, got = _run(env, ("commit", 6), committed=False, start_offset="none",
                      enable_auto_commit=False)
     assert [r.offset for r in got] == [6, 7, 8, 9]
+
+
+def test_a_commit_after_assign_before_the_first_poll_sets_the_start(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Kafka's ``assign()`` gives the partitions no position; the first ``poll()`` fetches
+    their committed offsets, so a commit made in between is where they start. Here the
+    committed offset was read by ``assign()``: reading started at 2, and the next commit of
+    the positions wrote 2 back over the application's 6."""
+    env.topics.create("t", 2)
+    env.producer.send_batch("t", [b"%d" % i for i in range(20)])  # 10 a partition
+    env.coord.commit_offsets("g", {TP0: 2})
+    tp1 = TopicPartition("t", 1)
+    consumer: Consumer = env.consumer(topics=[], enable_auto_commit=False)
+    consumer.assign([TP0, tp1])
+    consumer.commit({TP0: 6}, timeout=WAIT_S)
+    consumer.seek(tp1, 7)
+    consumer.commit({tp1: 1}, timeout=WAIT_S)  # (the seek gave it a position: it wins)
+    got = poll_until(consumer, lambda g: len(g) >= 7)
+    assert sorted((r.partition, r.offset) for r in got) == (
+        [(0, o) for o in range(6, 10)] + [(1, o) for o in range(7, 10)])

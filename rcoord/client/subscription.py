@@ -89,6 +89,7 @@ class SubscriptionMixin:
         _assigned: list[TopicPartition]
         _paused: set[TopicPartition]
         _caught_up: set[TopicPartition]
+        _unstarted: set[TopicPartition]
         _seeks: dict[TopicPartition, int]
         _record_bytes: dict[TopicPartition, int]
         _fetched_turn: dict[TopicPartition, int]
@@ -226,7 +227,10 @@ class SubscriptionMixin:
         """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
 
         No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
-        committed offset in ``group_id`` (or the ``start_offset`` policy); a partition kept from
+        committed offset in ``group_id`` (or the ``start_offset`` policy), as it is at the next
+        ``poll()``: an offset committed by this consumer before then is where it starts, as
+        in Kafka, whose first poll fetches the committed offsets (``Consumer._note_started``;
+        before, it started at the offset read here); a partition kept from
         the previous ``assign()`` keeps its position. One that does not exist yet (no topic, or
         a number past its count) has no position until it exists, then the policy's edge at
         that time (``_reset_later``; the log read of ``start_offsets`` finds it missing, so no
@@ -278,6 +282,7 @@ class SubscriptionMixin:
                 if offsets[tp] < 0:  # start_offset="none" and nothing committed
                     self._invalid[tp] = offsets[tp]
                 self._buffers[tp] = deque()
+                self._unstarted.add(tp)  # (a seek, _reset_later's too, gives it a position)
                 if tp in committed:
                     self._committed[tp] = committed[tp]
                 if tp in missing:
