@@ -304,3 +304,47 @@ def test_a_commit_in_on_partitions_assigned_sets_the_start_of_a_cooperatively_ad
     assert consumer.position(TP("t", 0)) == 5
     consumer.commit()
     assert state.committed[TP("t", 1)] == 5
+
+
+def test_an_async_commit_of_an_added_partition_held_up_does_not_hold_the_kept_ones_records(
+    make: Any,
+) -> None:
+    """The first fetch after ``on_partitions_assigned`` waits for the async commits it made of
+    added partitions (they may set the start). While one is held up, each ``poll()`` waits
+    for it until its timeout, then goes on with the kept partitions (t-0), as Kafka's poll()
+    fetches the partitions with a position when its fetch of committed offsets timed out
+    (before, it returned nothing until the commit was done); once it lands, t-1 starts
+    there."""
+    state = OneMemberGroup(partitions=2, records=50)
+    release = threading.Event()
+    commit = state.fake.commit_offsets
+
+    def held(*args: Any, **kw: Any) -> Any:
+        offsets = args[1] if len(args) > 1 else kw["offsets"]
+        if TP("t", 1) in offsets:
+            assert release.wait(WAIT_S)
+        return commit(*args, **kw)
+
+    state.fake.commit_offsets = held
+
+    class CommitsAdded(Recorder):
+        consumer_ref: Consumer | None = None
+
+        def on_partitions_assigned(self, partitions: list[TP]) -> None:
+            super().on_partitions_assigned(partitions)
+            assert self.consumer_ref is not None
+            if TP("t", 1) in partitions:
+                self.consumer_ref.commit_async({TP("t", 1): 3})
+
+    listener = CommitsAdded()
+    try:
+        consumer = _assigned_once(make, state, listener, [0], [0, 1], max_poll_records=2)
+        _rebalance(state, consumer)
+        wait_until(lambda: listener.kinds() == ["assigned", "assigned"],
+                   lambda: consumer.poll(timeout=0.01))
+        got = poll_until(consumer, lambda g: len(g) >= 6)  # t-1's commit held up meanwhile
+        assert {r.partition for r in got} == {0}
+    finally:
+        release.set()
+    got = poll_until(consumer, lambda g: any(r.partition == 1 for r in g))
+    assert min(r.offset for r in got if r.partition == 1) == 3

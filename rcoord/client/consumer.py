@@ -1089,14 +1089,17 @@ class Consumer(SubscriptionMixin):
                 if _expired(deadline):
                     return []
                 continue
-            if self._unstarted and not self._starts_landed(deadline):
-                if _expired(deadline):
-                    return []
-                continue
+            if (self._unstarted and not self._starts_landed(deadline)
+                    and not _expired(deadline)):
+                continue  # (woken up, or closing: the loop's top says)
+            # (A commit still held up by then: the unstarted partitions are not fetched, the
+            # others are, as Kafka's poll() fetches those with a position when its fetch of
+            # committed offsets timed out.)
             records = self._drain(limit)
             if records:
                 return records
-            invalid = [tp for tp in self._invalid if tp not in self._paused]
+            invalid = [tp for tp in self._invalid
+                       if tp not in self._paused and tp not in self._unstarted]
             if invalid or self._unreadable_now():
                 # As Kafka's fetch collector: the other partitions' records come first, the
                 # error only in a poll that has none. Raising before any fetch stalled every
@@ -1608,7 +1611,8 @@ class Consumer(SubscriptionMixin):
         partitions' offsets (``commit_async()`` in the listener), apply them, and end the
         partitions' unstarted time (a commit moves no position after it, as in Kafka, whose
         fetch of the committed offsets is answered after the commits sent before it). False
-        if the wait ended first. Nothing is waited for when the listener queued no such
+        if the wait ended first: they stay unstarted, not fetched (``_fetchable``), and the
+        next poll() waits again. Nothing is waited for when the listener queued no such
         commit: no round trip is added to a rebalance."""
         if self._start_wait and not self._committer.wait_idle(
                 _remaining(deadline), self._wakeup, self._stop, upto=self._start_wait):
@@ -2323,10 +2327,12 @@ class Consumer(SubscriptionMixin):
                 and self._fetch_pos.get(tp) == pos]
 
     def _fetchable(self) -> list[TopicPartition]:
+        """Not those unstarted: a commit of the application may still set their start."""
         return [
             tp
             for tp in self._assigned
             if not self._buffers.get(tp) and tp not in self._paused and tp not in self._invalid
+            and tp not in self._unstarted
         ]
 
     def _send_fetch(self, deadline: float | None) -> bool:
