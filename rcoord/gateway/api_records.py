@@ -511,6 +511,14 @@ _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 (the pool's wait ran out), Redis unreachable, a slot moving. The dispatcher answers it with the
 Fetch's retriable code (NOT_LEADER_OR_FOLLOWER), not UNKNOWN_SERVER_ERROR at once."""
 
+_NOT_NOW = (*_UNAVAILABLE, redis.exceptions.ResponseError)
+"""What a single wait translates (``reraise_as_rcoord``): ``_UNAVAILABLE``, and the replies
+that say "not now" (``ServerUnavailable``), such as the ``UNBLOCKED`` with which a master
+turned replica by a failover ends every blocked ``XREAD``. That reply escaped as redis-py's
+ResponseError: every parked Fetch logged a traceback at ERROR and was answered
+UNKNOWN_SERVER_ERROR (below Fetch v7, on each partition: kafka-python raises it from
+``poll()``). Another reply is raised as it came."""
+
 
 async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int) -> bool:
     """One ``XREAD BLOCK`` per slot group given; True once one returned something (or failed
@@ -519,7 +527,7 @@ async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_m
         if len(by_slot) == 1:
             return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
         return await _xread_first(state, by_slot, block_ms)
-    except _UNAVAILABLE as exc:
+    except _NOT_NOW as exc:
         reraise_as_rcoord("fetch wait", exc)
         raise
 

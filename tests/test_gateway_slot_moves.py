@@ -1,0 +1,62 @@
+"""The gateway's answers while Redis briefly cannot run a call (a failover, a slot not served):
+each must be an error code a Kafka client retries without telling the application, never
+UNKNOWN_SERVER_ERROR, which Kafka's consumer raises from ``poll()`` for an OffsetFetch
+("Unexpected error in fetch offset response") and its producer takes as fatal for an
+InitProducerId."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from gateway_harness import connect, request_frame, response, running_gateway, topics_of
+from harness import wait_until
+
+from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
+from rcoord.testing.embedded import EmbeddedServer
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    """A server of the test's own: it is turned into a replica for a moment."""
+    server = EmbeddedServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _blocked_xreads(client) -> int:
+    return sum(1 for c in client.client_list()
+               if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+
+def test_a_parked_fetch_ended_by_a_failover_is_answered_retriable(own_server, namespace,
+                                                                  refused_port):
+    """A master turned replica (a failover; here ``REPLICAOF``) ends every blocked ``XREAD``
+    with ``UNBLOCKED``, the wait of a parked Fetch among them. That reply escaped the Fetch's
+    wait untranslated, and the Fetch was answered UNKNOWN_SERVER_ERROR (with a traceback in
+    the gateway's log; below v7, on each partition, which kafka-python raises from
+    ``poll()``); it is answered NOT_LEADER_OR_FOLLOWER, as any Fetch that found Redis unable
+    to serve it."""
+    with topics_of(own_server, namespace) as topics:
+        topics.create("idle", 1)
+    admin = own_server.client()
+    try:
+        with running_gateway(own_server, namespace) as gw, contextlib.closing(connect(gw)) as sock:
+            sock.sendall(request_frame(1, 12, 1, {
+                "replica_id": -1, "max_wait": 0x7FFFFFFF, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "idle", "partitions": [
+                    {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
+            wait_until(lambda: _blocked_xreads(admin) > 0)
+            admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+            try:
+                fetched = response(sock, 1, 12, 5)
+            finally:
+                admin.execute_command("REPLICAOF", "NO", "ONE")
+            part = fetched.responses[0].partitions[0]
+            assert (fetched.error_code.value, part.error_code.value) == (
+                NOT_LEADER_OR_FOLLOWER, NOT_LEADER_OR_FOLLOWER)
+    finally:
+        admin.close()
