@@ -10,11 +10,20 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from gateway_harness import connect, request_frame, response, running_gateway, topics_of
+from gateway_harness import (
+    call_once,
+    connect,
+    request_frame,
+    response,
+    running_gateway,
+    topics_of,
+)
 from harness import wait_until
 
+from rcoord.errors import Errors
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
 from rcoord.testing.embedded import EmbeddedServer
+from rcoord.topics._base import meta_key
 
 
 @pytest.fixture
@@ -60,3 +69,54 @@ def test_a_parked_fetch_ended_by_a_failover_is_answered_retriable(own_server, na
                 NOT_LEADER_OR_FOLLOWER, NOT_LEADER_OR_FOLLOWER)
     finally:
         admin.close()
+
+
+
+@contextlib.contextmanager
+def _unserved(cluster, key: str) -> Iterator[None]:
+    """``key``'s slot served by no master while the block runs (a master lost with no replica
+    to promote, under ``cluster-require-full-coverage no``: the other slots are still served),
+    then by its owner again, on every node."""
+    client = cluster.client()
+    nodes = {p: n for p, n in zip(cluster.ports, cluster.node_clients(), strict=True)}
+    try:
+        slot, owner = client.keyslot(key), int(client.get_node_from_key(key).port)
+        owner_id = nodes[owner].execute_command("CLUSTER", "MYID")
+        for node in nodes.values():
+            node.config_set("cluster-require-full-coverage", "no")
+            node.execute_command("CLUSTER", "DELSLOTS", slot)
+        try:
+            yield
+        finally:
+            for node in nodes.values():
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner_id)
+            wait_until(lambda: all(n.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) >= 0
+                                   for n in nodes.values()))
+    finally:
+        for node in nodes.values():
+            node.close()
+        client.close()
+
+
+def test_offset_fetch_while_a_topics_slot_is_not_served_is_retriable(own_cluster, namespace):
+    """OffsetFetch reads the creation time of each topic with a commit (a commit older than
+    its topic is a deleted topic's: ``rcoord.topics.incarnation``), on the topic's slot. That
+    read went through no rcoord boundary: a slot not served (CLUSTERDOWN, then redis-py's
+    SlotNotCoveredError) failed the request UNKNOWN_SERVER_ERROR, which Kafka's consumer
+    raises from ``poll()`` ("Unexpected error in fetch offset response"). It is answered
+    COORDINATOR_NOT_AVAILABLE, as when the group's own read fails so, which clients retry."""
+    with topics_of(own_cluster, namespace) as topics:
+        topics.create("t", 1)
+    with running_gateway(own_cluster, namespace) as gw:
+        committed = call_once(gw, 8, 8, {
+            "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "",
+            "topics": [{"name": "t", "partitions": [
+                {"partition_index": 0, "committed_offset": 5}]}]})
+        assert committed.topics[0].partitions[0].error_code.value == 0
+        asked = {"groups": [{"group_id": "g", "topics": [
+            {"name": "t", "partition_indexes": [0]}]}]}
+        with _unserved(own_cluster, meta_key(namespace, "t")):
+            during = call_once(gw, 9, 8, asked)
+        after = call_once(gw, 9, 8, asked)
+    assert during.groups[0].error_code.value == Errors.COORDINATOR_NOT_AVAILABLE
+    assert after.groups[0].topics[0].partitions[0].committed_offset == 5

@@ -26,7 +26,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import Errors, InvalidRequestError
+import redis.exceptions
+
+from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition, field_of, metadata_length
 from ..topics.incarnation import created_times_async, older_than_their_topic, topics_to_judge
 from .acl import Operation, ResourceType
@@ -210,7 +212,15 @@ async def _without_stale(conn: Connection, offsets: dict[TopicPartition, OffsetA
     if not judged:
         return offsets
     state = conn.state
-    created = await created_times_async(state.redis, state.config.namespace, judged)
+    try:
+        created = await created_times_async(state.redis, state.config.namespace, judged)
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # (a raw pipeline, no rcoord boundary: a topic's slot not served, CLUSTERDOWN or
+        # "TTL exhausted" escaped as redis-py's errors, answered UNKNOWN_SERVER_ERROR, which
+        # Kafka's consumer raises from poll(); as ConnectionLost the group gets the retriable
+        # COORDINATOR_NOT_AVAILABLE, as when its own read fails)
+        reraise_as_rcoord("offset fetch", exc)
+        raise
     for tp in older_than_their_topic(offsets, created):
         if listed:
             del offsets[tp]
