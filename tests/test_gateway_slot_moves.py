@@ -13,6 +13,7 @@ import pytest
 from gateway_harness import (
     call_once,
     connect,
+    produced_batch,
     request_frame,
     response,
     running_gateway,
@@ -120,3 +121,59 @@ def test_offset_fetch_while_a_topics_slot_is_not_served_is_retriable(own_cluster
         after = call_once(gw, 9, 8, asked)
     assert during.groups[0].error_code.value == Errors.COORDINATOR_NOT_AVAILABLE
     assert after.groups[0].topics[0].partitions[0].committed_offset == 5
+
+
+def test_an_idempotent_produce_through_split_keys_is_retriable_and_appended_once(own_cluster,
+                                                                                 namespace):
+    """While a partition's keys are split between two masters, an append is refused
+    (TRYAGAIN, then redis-py's "TTL exhausted"): the gateway answers REQUEST_TIMED_OUT, which a
+    Kafka producer retries with the same producer id, epoch and sequence; once the move is
+    over, that resend is appended once, and a second resend is answered as the duplicate it
+    is, with the first's offset."""
+    from test_parked_slot_moves import _Move
+    from test_producer_slot_moves import _end, _migrate, _start
+
+    from rcoord.topics import Record, partition_key
+    from rcoord.topics.fetch import fetch
+
+    with topics_of(own_cluster, namespace) as topics:
+        topics.create("t", 1)
+    client = own_cluster.client()
+    stream = partition_key(namespace, "t", 0)
+    move = _Move(own_cluster, client, stream)
+    try:
+        with running_gateway(own_cluster, namespace) as gw, \
+                contextlib.closing(connect(gw)) as sock:
+            corr = iter(range(1, 100))
+
+            def call(api_key: int, version: int, body: dict) -> object:
+                sock.sendall(request_frame(api_key, version, next(corr), body))
+                return response(sock, api_key, version, 5)
+
+            def produce(seq: int, value: bytes) -> object:
+                batch = produced_batch([Record(0, None, value, {}, 0)], producer_id=pid,
+                                       producer_epoch=0, base_sequence=seq)
+                answer = call(0, 9, {"acks": -1, "timeout": 10000, "topic_data": [
+                    {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
+                return answer.responses[0].partition_responses[0]
+
+            init = call(22, 4, {"transactional_id": None, "transaction_timeout": 60000,
+                                "producer_id": -1, "producer_epoch": -1})
+            pid = int(init.producer_id)
+            assert produce(0, b"a").error_code.value == 0  # (the producer's state exists)
+            _start(move)
+            _migrate(move, [stream])  # the stream moved, the producer state not yet
+            refused = produce(1, b"b")
+            assert refused.error_code.value == Errors.REQUEST_TIMED_OUT
+            move.keys()  # the rest of the move
+            move.owner()
+            resent = produce(1, b"b")
+            again = produce(1, b"b")
+            assert (resent.error_code.value, resent.base_offset) == (0, 1)
+            assert (again.error_code.value, again.base_offset) == (0, 1)
+        values = [r.value for r in fetch(client, namespace, "t", 0, 0).records]
+        assert values == [b"a", b"b"]
+    finally:
+        _end(move)
+        client.close()
+
