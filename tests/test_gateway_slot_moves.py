@@ -177,3 +177,28 @@ def test_an_idempotent_produce_through_split_keys_is_retriable_and_appended_once
         _end(move)
         client.close()
 
+
+def test_init_producer_id_while_redis_refuses_writes_is_retriable(own_server, namespace,
+                                                                  refused_port):
+    """InitProducerId allocates the producer id in Redis. A master that cannot run it (a
+    failover demoted it: READONLY; or unreachable) answered UNKNOWN_SERVER_ERROR, which Kafka's
+    producer (``TransactionManager.InitProducerIdHandler``) and kafka-python take as a fatal
+    error: the producer cannot send again. It is COORDINATOR_LOAD_IN_PROGRESS, what Kafka's
+    ``ProducerIdManager`` answers while it cannot hand out an id, which they retry."""
+    with topics_of(own_server, namespace) as topics:
+        topics.create("t", 1)
+    body = {"transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}
+    admin = own_server.client()
+    try:
+        with running_gateway(own_server, namespace) as gw:
+            admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+            try:
+                during = call_once(gw, 22, 4, body)
+            finally:
+                admin.execute_command("REPLICAOF", "NO", "ONE")
+            after = call_once(gw, 22, 4, body)
+    finally:
+        admin.close()
+    assert during.error_code.value == Errors.COORDINATOR_LOAD_IN_PROGRESS
+    assert after.error_code.value == 0 and after.producer_id >= 0

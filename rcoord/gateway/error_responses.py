@@ -30,6 +30,10 @@ UNAVAILABLE: dict[int, int] = {
     19: Errors.REQUEST_TIMED_OUT,  # CreateTopics
     20: Errors.REQUEST_TIMED_OUT,  # DeleteTopics
     21: Errors.REQUEST_TIMED_OUT,  # DeleteRecords
+    # InitProducerId: what Kafka's ProducerIdManager answers while it cannot hand out an id
+    # (its REQUEST_TIMED_OUT is fatal to older clients). UNKNOWN_SERVER_ERROR, before, is
+    # fatal to Kafka's producer and kafka-python's (InitProducerIdHandler): it never sent again.
+    22: Errors.COORDINATOR_LOAD_IN_PROGRESS,
     32: Errors.REQUEST_TIMED_OUT,  # DescribeConfigs
     33: Errors.REQUEST_TIMED_OUT,  # AlterConfigs
     37: Errors.REQUEST_TIMED_OUT,  # CreatePartitions
