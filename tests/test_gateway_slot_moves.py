@@ -202,3 +202,47 @@ def test_init_producer_id_while_redis_refuses_writes_is_retriable(own_server, na
         admin.close()
     assert during.error_code.value == Errors.COORDINATOR_LOAD_IN_PROGRESS
     assert after.error_code.value == 0 and after.producer_id >= 0
+
+
+def test_an_offset_commit_through_split_group_keys_is_retriable(own_cluster, namespace):
+    """While a group's keys are split between two masters its commit cannot run (TRYAGAIN,
+    then redis-py's "TTL exhausted"): the partitions are answered COORDINATOR_NOT_AVAILABLE,
+    which Kafka's consumer retries (a commitSync until its timeout), and the commit resent
+    after the move is stored."""
+    from test_parked_slot_moves import _Move
+    from test_producer_slot_moves import _end, _migrate, _start
+
+    from rcoord.keys import GroupKeys
+
+    with topics_of(own_cluster, namespace) as topics:
+        topics.create("t", 1)
+    client = own_cluster.client()
+    move = None
+    try:
+        with running_gateway(own_cluster, namespace) as gw:
+            assert gw.gateway is not None
+            parts = gw.gateway.state.coordinator.config.num_partitions
+            keys = GroupKeys.of(namespace, parts, "g")
+
+            def commit(offset: int) -> int:
+                answer = call_once(gw, 8, 8, {
+                    "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "",
+                    "topics": [{"name": "t", "partitions": [
+                        {"partition_index": 0, "committed_offset": offset}]}]})
+                return int(answer.topics[0].partitions[0].error_code.value)
+
+            assert commit(1) == 0  # (the group's offsets exist)
+            move = _Move(own_cluster, client, keys.offsets)
+            _start(move)
+            _migrate(move, [keys.offsets])  # the offsets moved, the group's other keys not
+            assert commit(2) == Errors.COORDINATOR_NOT_AVAILABLE
+            move.keys()
+            move.owner()
+            assert commit(2) == 0
+            fetched = call_once(gw, 9, 8, {"groups": [{"group_id": "g", "topics": [
+                {"name": "t", "partition_indexes": [0]}]}]})
+        assert fetched.groups[0].topics[0].partitions[0].committed_offset == 2
+    finally:
+        if move is not None:
+            _end(move)
+        client.close()
