@@ -80,9 +80,11 @@ def test_an_idempotent_send_waits_through_split_keys_and_appends_once(own_cluste
                                                                       moved_first):
     """A send_batch to two partitions, one of whose keys are split (the stream moved and the
     producer state not, or the reverse): it used to raise ConnectionLost after 0.4 s with the
-    other partition's records stored, so the caller's resend stored those twice. Now the same
-    calls are sent again until the move is over: each record is in the log once, the other
-    partition's answered as duplicates at their offsets, and the sequence state moved on."""
+    other partition's records stored, so the caller's resend stored those twice. Now the
+    refused calls are sent again until the move is over: each record is in the log once, the
+    other partition's call, which ran, is not sent again (it was, every 100 ms for the whole
+    move, with all its records, and answered as a duplicate), and the sequence state moved
+    on."""
     client = own_cluster.client(socket_timeout=30)
     Topics(client, namespace).create("t", 2)
     stream = partition_key(namespace, "t", 0)
@@ -103,8 +105,8 @@ def test_an_idempotent_send_waits_through_split_keys_and_appends_once(own_cluste
         got = _through_refusals(move, lambda: producer.send_batch("t", [
             ProducerRecord(b"d", partition=0), ProducerRecord(b"e", partition=1)]), rest)
         assert [(m.partition, m.offset) for m in got] == [(0, 2), (1, 1)]
-        # p0's first calls never ran; p1's did, and its resend is answered as a duplicate
-        assert [m.duplicate for m in got] == [False, True]
+        # p0's first calls never ran; p1's did, and keeps its answer (not resent)
+        assert [m.duplicate for m in got] == [False, False]
         assert producer.send("t", b"f", partition=0).offset == 3  # no gap, no duplicate
         assert _values(client, namespace, 0) == [b"a", b"c", b"d", b"f"]
         assert _values(client, namespace, 1) == [b"b", b"e"]
@@ -210,3 +212,55 @@ def test_a_change_of_producer_expiry_completes_through_a_move(own_cluster, names
     finally:
         _end(move)
         client.close()
+
+
+class _Refusing:
+    """A client whose EVALSHA answers ``[NONE, <its last argument>]``, except that the calls
+    named in ``refuse`` are refused, each once, as redis-py gives up on a slot move (a
+    ``ClusterError``: never run); ``sent`` lists every call run or refused, in order."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse, self.sent = refuse, []  # type: ignore[var-annotated]
+
+    def evalsha(self, sha: str, numkeys: int, *rest: str) -> Any:
+        self.sent.append(rest[-1])
+        if rest[-1] in self.refuse:
+            self.refuse.discard(rest[-1])
+            raise redis.exceptions.ClusterError("TTL exhausted.")
+        return [b"NONE", rest[-1]]
+
+    def pipeline(self, transaction: bool) -> Any:
+        client, queued = self, []
+
+        class Pipe:
+            def execute_command(self, *args: Any) -> None:
+                queued.append(args[1:])
+
+            def execute(self, raise_on_error: bool) -> list[Any]:
+                out: list[Any] = []
+                for args in queued:
+                    try:
+                        out.append(client.evalsha(*args))
+                    except redis.exceptions.ClusterError as exc:
+                        out.append(exc)
+                return out
+
+        return Pipe()
+
+
+def test_a_call_refused_by_a_move_is_sent_again_alone_with_the_later_calls_of_its_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three chunks of p0 and one call of p1: p0's first chunk and p1's call run, p0's second
+    is refused. Only that chunk and the one after it are sent again (in order): the resend
+    sent every call of the send again (p0's first chunk and p1's call, with all their records,
+    every 100 ms for the whole move), and answered them as duplicates."""
+    from rcoord.topics import _base
+
+    monkeypatch.setattr(_base, "SLOT_MOVE_RETRY_S", 0.001)
+    client = _Refusing({"c2"})
+    lua = _base.APPEND_IDEMPOTENT
+    calls = [(lua, ["p0"], ["c1"]), (lua, ["p0"], ["c2"]), (lua, ["p0"], ["c3"]),
+             (lua, ["p1"], ["d1"])]
+    got = _base._run_through_slot_moves(client, calls, 10.0)
+    assert got == [[b"NONE", name] for name in ("c1", "c2", "c3", "d1")]
+    assert client.sent == ["c1", "d1", "c2", "c2", "c3"]

@@ -342,7 +342,8 @@ class _Lua:
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
 
 
-def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False) -> list[Any]:
+def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False,
+         keep_slot_moves: bool = False) -> list[Any]:
     """Run script calls in pipelines (one round trip per node); results in call order.
 
     Calls on the same first key (one partition) depend on each other's order: the chunks of a
@@ -365,7 +366,9 @@ def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False) -> l
     With ``keep_errors``, a call the server refused with an error (a script's ``error()``, such
     as FOREIGN_ENTRY_ID) is answered with that ``ResponseError`` in its place, and counts as
     refused too, instead of raising it: the other calls had run, and a caller that answers
-    per partition (DeleteRecords) must still report them.
+    per partition (DeleteRecords) must still report them. With ``keep_slot_moves``, so is a
+    call refused by a slot move or a failover (a redis-py ``ClusterError``, which never ran it:
+    ``_run_through_slot_moves``).
     """
     out: list[Any] = [None] * len(calls)
     rounds: list[list[int]] = []
@@ -382,7 +385,7 @@ def _run(client: Any, calls: Sequence[_Call], *, keep_errors: bool = False) -> l
         if not indices:
             break
         for i, res in zip(indices, _run_independent(client, [calls[i] for i in indices],
-                                                    keep_errors)):
+                                                    keep_errors, keep_slot_moves)):
             out[i] = res
             if _refused(res) or isinstance(res, Exception):
                 refused.add(calls[i][1][0])
@@ -394,22 +397,37 @@ SLOT_MOVE_RETRY_S = 0.1
 
 
 def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: float) -> list[Any]:
-    """``_run``, sent again whole while a slot move refuses a call, for up to ``timeout_s``;
-    only for calls whose second run is harmless (an idempotent producer's, which the same
-    sequence numbers make duplicates; setting expiry times).
+    """``_run``, whose calls a slot move refused are sent again, with the later calls of their
+    keys, for up to ``timeout_s``; only for calls whose second run is harmless (an idempotent
+    producer's, which the same sequence numbers make duplicates; setting expiry times).
 
     While a slot migrates, a master refuses a script whose keys are split between it and the
     other (``TRYAGAIN``), or that names a key that does not exist yet, until the move ends;
     redis-py gives up after about 0.4 s with "TTL exhausted" (a ``ClusterError``, as is
-    CLUSTERDOWN during a failover), having not run that call, though a pipeline's others may
-    have run."""
+    CLUSTERDOWN during a failover), having not run that call, though a pipeline's others have
+    run. Those keep their answers: resending every call of the pipeline every 100 ms for the
+    whole move sent again all the records of every partition (up to ``max_request_size``
+    each) that were already stored, only to have them answered as duplicates."""
     deadline = time.monotonic() + timeout_s
+    out: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
     while True:
-        try:
-            return _run(client, calls)
-        except redis.exceptions.ClusterError:
-            if time.monotonic() + SLOT_MOVE_RETRY_S >= deadline:
-                raise
+        got = _run(client, [calls[i] for i in todo], keep_slot_moves=True)
+        moved = [(i, res) for i, res in zip(todo, got, strict=True)
+                 if isinstance(res, redis.exceptions.ClusterError)]
+        keys = {calls[i][1][0] for i, _ in moved}
+        again = []
+        for i, res in zip(todo, got, strict=True):
+            # (a key's calls after the one a move refused were not sent: None)
+            if calls[i][1][0] in keys and (res is None or isinstance(res, Exception)):
+                again.append(i)
+            else:
+                out[i] = res
+        if not again:
+            return out
+        if time.monotonic() + SLOT_MOVE_RETRY_S >= deadline:
+            raise moved[0][1]
+        todo = again
         time.sleep(SLOT_MOVE_RETRY_S)
 
 
@@ -420,15 +438,21 @@ def _refused(res: Any) -> bool:
 
 
 def _run_independent(
-    client: Any, calls: Sequence[_Call], keep_errors: bool = False
+    client: Any, calls: Sequence[_Call], keep_errors: bool = False,
+    keep_slot_moves: bool = False,
 ) -> list[Any]:
     """``_run`` for calls on distinct first keys, in one pipeline (``_run`` says why)."""
+
+    def kept(exc: Exception) -> bool:
+        return ((keep_errors and isinstance(exc, redis.exceptions.ResponseError))
+                or (keep_slot_moves and isinstance(exc, redis.exceptions.ClusterError)))
+
     if len(calls) == 1:
         lua, keys, args = calls[0]
         try:
             return [lua(client, keys, args)]
-        except redis.exceptions.ResponseError as exc:
-            if not keep_errors:
+        except redis.exceptions.RedisError as exc:
+            if not kept(exc):
                 raise
             return [exc]
     pipe = client.pipeline(transaction=False)
@@ -454,9 +478,8 @@ def _run_independent(
     out = []
     for (lua, keys, args), res in zip(calls, results):
         if isinstance(res, redis.exceptions.NoScriptError):  # (flushed again: one by one)
-            res = _run_independent(client, [(lua, keys, args)], keep_errors)[0]
-        elif isinstance(res, Exception) and not (
-                keep_errors and isinstance(res, redis.exceptions.ResponseError)):
+            res = _run_independent(client, [(lua, keys, args)], keep_errors, keep_slot_moves)[0]
+        elif isinstance(res, Exception) and not kept(res):
             raise res
         out.append(res)
     return out

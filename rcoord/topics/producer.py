@@ -171,11 +171,13 @@ class Producer:
     refuses an append whose keys are split between it and the other (``TRYAGAIN``), and one
     naming a key that does not exist yet (a partition's first producer state, an append log)
     until the move ends; redis-py gives up after about 0.4 s. An idempotent producer sends the
-    same calls again, with the same sequence numbers, every 100 ms until the move is over or
-    ``delivery_timeout_ms`` ran out (then ``ConnectionLost``): what went in the first time is
-    answered as a duplicate, never appended twice. A call a node refused with ``CLUSTERDOWN`` (a
-    failover under way) is sent again the same way. ``idempotent=False`` raises
-    ``ConnectionLost`` at once (resending would append twice what other partitions took).
+    refused calls again (with the later calls of their partitions), with the same sequence
+    numbers, every 100 ms until the move is over or ``delivery_timeout_ms`` ran out (then
+    ``ConnectionLost``); the calls that ran keep their answers, and a record that went in
+    anyway is answered as a duplicate, never appended twice. A call a node refused with
+    ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
+    raises ``ConnectionLost`` at once (resending would append twice what other partitions
+    took).
 
     ``clock`` (tests only, like ``GroupCoordinator``'s): milliseconds that replace Redis TIME for
     an idempotent producer's record timestamps and producer state expiry (a producer with
