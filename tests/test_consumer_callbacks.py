@@ -277,6 +277,22 @@ def test_wakeup_in_the_revocation_of_a_new_subscription_revokes_again_before_the
     assert [tp for tp in consumer.assignment() if tp.topic == "t"] == []
 
 
+class _CommitsAdded(Recorder):
+    """A listener that commits 3 for t-1 when it is added, with ``how`` (a method's name)."""
+
+    consumer_ref: Consumer | None = None
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def on_partitions_assigned(self, partitions: list[TP]) -> None:
+        super().on_partitions_assigned(partitions)
+        assert self.consumer_ref is not None
+        if TP("t", 1) in partitions:
+            getattr(self.consumer_ref, self.how)({TP("t", 1): 3})
+
+
 def test_a_commit_in_on_partitions_assigned_sets_the_start_of_a_cooperatively_added_partition(
     make: Any,
 ) -> None:
@@ -286,16 +302,7 @@ def test_a_commit_in_on_partitions_assigned_sets_the_start_of_a_cooperatively_ad
     listener ran, and the listener's commit of 3 was undone by the next one."""
     state = OneMemberGroup(partitions=2, records=5)
 
-    class CommitsAdded(Recorder):
-        consumer_ref: Consumer | None = None
-
-        def on_partitions_assigned(self, partitions: list[TP]) -> None:
-            super().on_partitions_assigned(partitions)
-            assert self.consumer_ref is not None
-            if TP("t", 1) in partitions:
-                self.consumer_ref.commit({TP("t", 1): 3})
-
-    listener = CommitsAdded()
+    listener = _CommitsAdded("commit")
     consumer = _assigned_once(make, state, listener, [0], [0, 1])
     wait_until(lambda: consumer.position(TP("t", 0)) == 5, lambda: consumer.poll(timeout=0.01))
     _rebalance(state, consumer)
@@ -327,16 +334,7 @@ def test_an_async_commit_of_an_added_partition_held_up_does_not_hold_the_kept_on
 
     state.fake.commit_offsets = held
 
-    class CommitsAdded(Recorder):
-        consumer_ref: Consumer | None = None
-
-        def on_partitions_assigned(self, partitions: list[TP]) -> None:
-            super().on_partitions_assigned(partitions)
-            assert self.consumer_ref is not None
-            if TP("t", 1) in partitions:
-                self.consumer_ref.commit_async({TP("t", 1): 3})
-
-    listener = CommitsAdded()
+    listener = _CommitsAdded("commit_async")
     try:
         consumer = _assigned_once(make, state, listener, [0], [0, 1], max_poll_records=2)
         _rebalance(state, consumer)

@@ -79,27 +79,9 @@ def test_the_group_timeouts_given_reach_the_source_options(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # docs/architecture.md says to set the source's rebalanceTimeoutMs above the trigger
     # interval plus the longest batch; the command had no flag for it.
-    from workers import clickstream
-
-    seen: dict[str, Any] = {}
-
-    def build_query(spark: Any, **kw: Any) -> Any:
-        seen.update(kw["options"])
-        query = _FailsWhileStopping()
-        query.active = False
-        return query
-
-    monkeypatch.setattr(pyspark_sql.SparkSession, "builder", _Builder())
-    monkeypatch.setattr(clickstream, "build_query", build_query)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        clickstream.main(["--group", "g", "--topic", "t", "--out", str(tmp_path),
-                          "--redis-url", "redis://127.0.0.1:1/0", "--run-for", "0",
-                          "--session-timeout-ms", "20000", "--rebalance-timeout-ms", "90000"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert seen["rebalanceTimeoutMs"] == "90000" and seen["sessionTimeoutMs"] == "20000"
+    options = _main_options(monkeypatch, tmp_path, "--session-timeout-ms", "20000",
+                            "--rebalance-timeout-ms", "90000")["options"]
+    assert options["rebalanceTimeoutMs"] == "90000" and options["sessionTimeoutMs"] == "20000"
 
 
 def _main_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) -> Any:
