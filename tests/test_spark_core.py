@@ -2558,6 +2558,7 @@ def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
 
     other = _member(url, namespace, single_client)
     stop = threading.Event()
+    thread: threading.Thread | None = None
     try:
         pos = other.plan(other.initial(10), capped, None)
         pos = other.plan(pos, capped, None)  # commits the batch before
@@ -2591,7 +2592,13 @@ def test_a_replayed_batch_reads_only_what_the_member_owns_and_rewinds_no_commit(
         finally:
             new.stop()
     finally:
+        # The thread's plan is over before the other member closes: new.stop() ends the
+        # generation, and a plan that waits for the next one while the member closes raises
+        # GroupClosedError in the thread (an unhandled thread exception fails the test).
         stop.set()
+        if thread is not None:
+            thread.join(10)
+            assert not thread.is_alive()
         other.close(5)
 
 
