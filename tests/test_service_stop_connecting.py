@@ -211,6 +211,7 @@ def test_the_stop_interrupts_no_more_once_run_left_the_loop_behind(
     from rcoord.keys import PartitionKeys
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
+    earlier = set(threading.enumerate())  # (another test's service may still be stopping)
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="held", lease_ttl_ms=1000,
         retention_check_interval_ms=0)).start()
@@ -233,7 +234,7 @@ def test_the_stop_interrupts_no_more_once_run_left_the_loop_behind(
         svc._stop.set()
         runner.thread.join(STOP_WAIT_S)
         assert not runner.thread.is_alive(), "run() waited for a loop held in a call"
-        wait_until(lambda: not any(t.name == "rcoord-stop" and t.is_alive()
+        wait_until(lambda: not any(t.name == "rcoord-stop" and t.is_alive() and t not in earlier
                                    for t in threading.enumerate()), timeout_s=STOP_WAIT_S)
         svc.stop()
         n = svc.group_config.num_partitions
