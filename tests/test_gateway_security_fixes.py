@@ -445,7 +445,9 @@ def test_a_corrupt_tls_record_closes_its_connection_with_one_line(
 
         wait_until(lambda: logged(), timeout_s=WAIT_S)
     assert len(logged()) == 1 and logged()[0].startswith("closing connection from 127.0.0.1:")
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # (The gateway's: not an error some other test's thread, still ending, logged meanwhile.)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
+            and (r.name.startswith("rcoord.gateway") or r.name == "asyncio")] == []
 
 
 @pytest.mark.parametrize(("flags", "flag", "file", "problem"), [
