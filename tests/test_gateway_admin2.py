@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,18 +182,6 @@ def test_describe_configs_topic_raw_frames(gateway: GatewayThread, topics: Topic
     }  # (the settings are altered by AlterConfigs; the two facts are not)
     assert _configs(plain)["retention.ms"] == ("-1", DEFAULT, False)
     assert (missing.error_code.value, missing.configs) == (UNKNOWN_TOPIC, ())
-    # A topic's configs are one read of its settings: its partitions' offsets are not read
-    # (they were, one script call per partition, through Topics.describe).
-    topics.create("wide", 200, retention_records=5)
-
-    def scripts_run() -> int:
-        stats = topics._r.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_eval"))
-
-    before = scripts_run()
-    (wide,) = raw.describe_configs([(TOPIC, "wide", None)])
-    assert scripts_run() == before
-    assert _configs(wide)["retention.records"] == ("5", TOPIC_CONFIG, False)
     assert (illegal.error_code.value, illegal.configs) == (INVALID_TOPIC, ())
 
     # Named keys: only those rcoord has, in v1 (no documentation field) as in v4.
@@ -207,6 +196,30 @@ def test_describe_configs_topic_raw_frames(gateway: GatewayThread, topics: Topic
     assert [(s.name, s.value, s.source) for s in entry.synonyms] == \
         [("retention.ms", "60000", TOPIC_CONFIG)]
     assert entry.documentation and entry.config_type == 5  # LONG
+
+
+def test_describe_configs_of_a_topic_runs_no_script(own_server: Any) -> None:
+    """A topic's configs are one read of its settings: its partitions' offsets are not read
+    (they were, one script call per partition, through Topics.describe). The calls counted are
+    the server's (INFO commandstats), so the gateway has one of its own: on the session's, the
+    scripts of any other test's thread still ending in this process counted too."""
+    ns = "d" + uuid.uuid4().hex[:10]
+    with running_gateway(own_server, ns) as gw, topics_of(own_server, ns) as topics:
+        topics.create("wide", 200, retention_records=5)
+
+        def scripts_run() -> int:
+            stats = topics._r.info("commandstats")
+            return sum(int(v["calls"]) for k, v in stats.items()
+                       if k.startswith("cmdstat_eval"))
+
+        raw = _Raw(_connect(gw))
+        try:
+            before = scripts_run()
+            (wide,) = raw.describe_configs([(TOPIC, "wide", None)])
+            assert scripts_run() == before
+        finally:
+            raw.sock.close()
+    assert _configs(wide)["retention.records"] == ("5", TOPIC_CONFIG, False)
 
 
 def test_describe_configs_broker_and_other_types_raw_frames(gateway: GatewayThread,
