@@ -80,9 +80,13 @@ def _owning_every_partition(cluster: EmbeddedCluster, namespace: str) -> Iterato
         client.close()
 
 
-def _node_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records
-            if getattr(r, "event", None) == "node_error" and r.levelno >= logging.WARNING]
+def _node_errors(caplog: pytest.LogCaptureFixture,
+                 cluster: EmbeddedCluster) -> list[logging.LogRecord]:
+    """The node_error warnings about ``cluster``'s nodes: not another test's service, still
+    ending in this process, failing on nodes of its own."""
+    mine = {f"127.0.0.1:{node.port}" for node in cluster.nodes}
+    return [r for r in caplog.records if getattr(r, "event", None) == "node_error"
+            and r.levelno >= logging.WARNING and getattr(r, "node", None) in mine]
 
 
 def _lease_rounds(svc: CoordinatorService, rounds: int) -> None:
@@ -101,9 +105,9 @@ def test_a_master_that_stays_down_is_logged_when_it_fails_and_when_it_answers_no
         try:
             assert victim.pid is not None
             os.kill(victim.pid, signal.SIGSTOP)  # hung first: every round meets it
-            wait_until(lambda: _node_errors(caplog), timeout_s=10)
+            wait_until(lambda: _node_errors(caplog, cluster), timeout_s=10)
             _lease_rounds(running.svc, ROUNDS)
-            errors = _node_errors(caplog)
+            errors = _node_errors(caplog, cluster)
             assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
             assert {getattr(r, "node", None) for r in errors} == {victim_name}
             os.kill(victim.pid, signal.SIGCONT)
@@ -112,7 +116,7 @@ def test_a_master_that_stays_down_is_logged_when_it_fails_and_when_it_answers_no
                                    and getattr(r, "node", None) == victim_name
                                    for r in caplog.records),
                        timeout_s=15)
-            assert len(_node_errors(caplog)) <= 2
+            assert len(_node_errors(caplog, cluster)) <= 2
         finally:
             if victim.pid is not None:
                 os.kill(victim.pid, signal.SIGCONT)
@@ -125,9 +129,9 @@ def test_a_killed_master_is_not_asked_every_round(
     with _owning_every_partition(cluster, namespace) as running:
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
-        wait_until(lambda: _node_errors(caplog), timeout_s=10)
+        wait_until(lambda: _node_errors(caplog, cluster), timeout_s=10)
         _lease_rounds(running.svc, ROUNDS)
-        errors = _node_errors(caplog)
+        errors = _node_errors(caplog, cluster)
         assert len(errors) <= 2, f"{len(errors)} node_error lines in {ROUNDS} lease rounds"
         # Refused calls: the node is left alone between tries (Kafka's reconnect backoff),
         # so most rounds did not ask it at all.
@@ -138,17 +142,22 @@ def test_a_killed_master_is_not_asked_every_round(
 def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_one(
         cluster: EmbeddedCluster, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="rcoord.service")
-    with _owning_every_partition(cluster, namespace):
+    with _owning_every_partition(cluster, namespace) as running:
         for node in cluster.nodes:
             assert node.pid is not None
             os.kill(node.pid, signal.SIGKILL)
+        # (This service's threads' records: not another test's service, still ending in this
+        # process, failing too.)
+        wait_until(lambda: running.svc._timer_thread is not None)
+        ours = {running.svc._timer_thread.ident, running.svc._lease_thread.ident}
 
         def records(event: str) -> list[logging.LogRecord]:
             return [r for r in caplog.records if getattr(r, "event", None) == event
-                    and r.levelno >= logging.WARNING]
+                    and r.levelno >= logging.WARNING and r.thread in ours]
 
         def loop_retries() -> list[logging.LogRecord]:  # (each failed turn, at DEBUG)
-            return [r for r in caplog.records if getattr(r, "event", None) == "loop_retry"]
+            return [r for r in caplog.records
+                    if getattr(r, "event", None) == "loop_retry" and r.thread in ours]
 
         # The timer loop's retries (200 ms doubling to 1 s) as a clock: about 2.4 s, in which
         # some 10 lease rounds (one every 250 ms) failed, each one a warning line before (and
@@ -156,7 +165,7 @@ def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_o
         wait_until(lambda: len(loop_retries()) >= 4, timeout_s=15)
         assert len(records("loop_error")) == 1
         assert 1 <= len(records("lease_error")) <= 2, [r.getMessage() for r in caplog.records]
-        assert len(_node_errors(caplog)) <= 3 * 2  # (once per master, and perhaps once more)
+        assert len(_node_errors(caplog, cluster)) <= 3 * 2  # (once a master, and perhaps once more)
 
 
 def test_the_service_stops_promptly_while_every_master_hangs(
