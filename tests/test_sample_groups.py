@@ -104,13 +104,17 @@ def test_sampling_that_fails_is_logged_once_per_outage(own_server, namespace, ca
     svc = CoordinatorService(ServiceConfig(redis_url=own_server.url, namespace=namespace,
                                            coordinator_id="sampler", lease_ttl_ms=1000,
                                            retention_check_interval_ms=0)).start()
+    def events(name: str) -> list[logging.LogRecord]:
+        # (The sampler's own: not another test's service, still ending in this process.)
+        return [r for r in caplog.records if getattr(r, "event", None) == name
+                and r.thread == svc._sample_thread.ident]
+
     try:
         with caplog.at_level(logging.INFO, logger="rcoord.service"):
             wait_until(lambda: len(calls) >= 5)
             failing.clear()
-            wait_until(lambda: any(getattr(r, "event", None) == "sample_error_over"
-                                   for r in caplog.records))
-        warned = [r for r in caplog.records if getattr(r, "event", None) == "sample_error"]
+            wait_until(lambda: events("sample_error_over"))
+        warned = events("sample_error")
         assert len(warned) == 1, [r.getMessage() for r in warned]
     finally:
         svc.stop()
