@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -22,6 +23,14 @@ from rcoord.keys import settings_key
 def _stored(client: Any, namespace: str) -> tuple[int, int]:
     raw = client.hmget(settings_key(namespace), "num_partitions", "version")
     return int(raw[0]), int(raw[1])
+
+
+def _named_10(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    """The records naming ``num_partitions=10`` that the test's own thread logged (its
+    coordinators' calls run on it): not another test's coordinator, still ending in this
+    process, whose settings were overridden too."""
+    return [r for r in records
+            if "num_partitions=10" in r.getMessage() and r.thread == threading.get_ident()]
 
 
 def test_a_refused_call_adopts_the_count_another_process_stored(redis_client, namespace, caplog):
@@ -40,7 +49,7 @@ def test_a_refused_call_adopts_the_count_another_process_stored(redis_client, na
             assert coord.describe_group("g").state == "Dead"
             assert coord.config.num_partitions == 20
             assert _stored(redis_client, namespace) == (20, version)
-    named = [r for r in caplog.records if "num_partitions=10" in r.getMessage()]
+    named = _named_10(caplog.records)
     assert len(named) == 1, [r.getMessage() for r in caplog.records]  # said once, not per call
     # What A serves is the layout in force: a group it joins is where B finds it.
     assert a.partition_for("g") == b.partition_for("g")
@@ -113,7 +122,7 @@ def test_the_service_style_adoption_logs_nothing_of_its_own(redis_client, namesp
                                                      num_partitions=20)).start()
     with caplog.at_level(logging.WARNING, logger="rcoord"):
         assert a.resettle(write_named=False).num_partitions == 20
-    assert not [r for r in caplog.records if "num_partitions=10" in r.getMessage()]
+    assert not _named_10(caplog.records)
 
 
 def test_lost_settings_under_groups_of_another_count_are_adopted_not_refused(redis_client,
