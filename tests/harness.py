@@ -252,6 +252,14 @@ def socket_warnings() -> Iterator[list[str]]:
         found += [u for u in unraisable if "socket" in u]
 
 
+def blocked_xreads(client: Any, name: str | None = None) -> int:
+    """How many connections of ``client``'s server are blocked in an XREAD now (only those
+    whose ``client_name`` is ``name``, if given: not another test's on a shared server)."""
+    return sum(1 for c in client.client_list()
+               if c.get("cmd") == "xread" and "b" in c.get("flags", "")
+               and (name is None or c.get("name") == name))
+
+
 _ADDRESS = re.compile(r"[lr]addr=\('([^']*)', (\d+)\)")
 
 

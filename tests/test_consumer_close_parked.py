@@ -11,7 +11,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from harness import wait_until, without_join_delay
+from harness import blocked_xreads, wait_until, without_join_delay
 
 from rcoord.client import Consumer, ConsumerGroupConfig
 from rcoord.testing.embedded import EmbeddedCluster, EmbeddedServer
@@ -20,8 +20,7 @@ from rcoord.topics import Producer, Topics
 
 def _parked_reads(nodes: list[Any]) -> int:
     """How many connections of the servers of ``nodes`` are blocked in an XREAD now."""
-    return sum(1 for node in nodes for c in node.client_list()
-               if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+    return sum(blocked_xreads(node) for node in nodes)
 
 
 def _open_sockets() -> list[socket.socket]:

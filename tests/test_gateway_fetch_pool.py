@@ -35,7 +35,7 @@ from gateway_harness import (
     sasl_connect,
     topics_of,
 )
-from harness import wait_until
+from harness import blocked_xreads, wait_until
 
 from rcoord.gateway.auth import load_auth_file
 from rcoord.gateway.error_responses import request_error_response
@@ -107,13 +107,6 @@ def _beat(calls: _Calls, group: str, generation: int, member_id: str) -> int:
     return int(beat.error_code.value)
 
 
-def _blocked_xreads(client: Any, name: str) -> int:
-    """The connections named ``name`` (a gateway's ``client_name``) blocked in an XREAD: not
-    another test's, a parked call or a consumer still ending on the session's servers."""
-    return sum(1 for c in client.client_list()
-               if c.get("cmd") == "xread" and "b" in c.get("flags", "") and c.get("name") == name)
-
-
 @pytest.fixture
 def small_pool(redis_server: Any, namespace: str) -> Iterator[GatewayThread]:
     """A gateway whose Redis clients have ``POOL`` connections (and few topic threads, so that
@@ -141,7 +134,7 @@ def test_parked_fetches_beyond_the_pool_leave_room_for_every_other_request(
         wait_until(lambda: state.fetch_waiting == PARKED or bool(_answered(parked)))
         assert not _answered(parked), "a parked Fetch was answered before its max_wait"
         # (nothing else blocks on this server now: the group calls come later)
-        assert _blocked_xreads(client, namespace) <= state.fetch_wait_limit
+        assert blocked_xreads(client, namespace) <= state.fetch_wait_limit
 
         # Meanwhile another connection is served: ApiVersions, Metadata, Produce, a Fetch with
         # records, and a whole group round (JoinGroup twice, SyncGroup, Heartbeat).
@@ -469,7 +462,7 @@ def test_idle_fetches_over_many_slots_leave_the_cluster_pools_to_a_heartbeating_
 
             def beat_and_look() -> None:
                 assert _beat(member, "g", generation, member_id) == 0
-                seen.append([_blocked_xreads(node, namespace) for node in nodes])
+                seen.append([blocked_xreads(node, namespace) for node in nodes])
 
             # heartbeats while the Fetches' rounds go by, some of them seen blocking
             wait_until(lambda: len(seen) >= 30 and sum(1 for s in seen if any(s)) >= 5,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import pytest
 from gateway_harness import (
     call_once,
     connect,
@@ -19,27 +18,11 @@ from gateway_harness import (
     running_gateway,
     topics_of,
 )
-from harness import wait_until
+from harness import blocked_xreads, wait_until
 
 from rcoord.errors import Errors
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
-from rcoord.testing.embedded import EmbeddedServer
 from rcoord.topics._base import meta_key
-
-
-@pytest.fixture
-def own_server() -> Iterator[EmbeddedServer]:
-    """A server of the test's own: it is turned into a replica for a moment."""
-    server = EmbeddedServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _blocked_xreads(client) -> int:
-    return sum(1 for c in client.client_list()
-               if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
 
 
 def test_a_parked_fetch_ended_by_a_failover_is_answered_retriable(own_server, namespace,
@@ -59,7 +42,7 @@ def test_a_parked_fetch_ended_by_a_failover_is_answered_retriable(own_server, na
                 "replica_id": -1, "max_wait": 0x7FFFFFFF, "min_bytes": 1, "max_bytes": 1 << 20,
                 "topics": [{"topic": "idle", "partitions": [
                     {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
-            wait_until(lambda: _blocked_xreads(admin) > 0)
+            wait_until(lambda: blocked_xreads(admin) > 0)
             admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
             try:
                 fetched = response(sock, 1, 12, 5)
