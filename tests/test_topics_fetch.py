@@ -783,3 +783,23 @@ def test_fetch_many_over_resp3(redis_server: Any, namespace: str) -> None:
     finally:
         resp2.close()
         resp3.close()
+
+
+def test_a_wake_whose_connection_close_tore_down_ends_quietly() -> None:
+    """``wake()`` runs ``CLIENT UNBLOCK`` on a thread of its own while a consumer's close may
+    disconnect the pool under it: redis-py then raised TypeError (a connection whose socket
+    was already None), which ended the close thread with an exception that failed a later
+    test under ``filterwarnings = error``. The unblock is best effort: the wake ends quietly."""
+    from rcoord.topics.fetch import FetchWaker
+
+    class TornDown:
+        calls = 0
+
+        def client_unblock(self, conn_id: int) -> bool:
+            TornDown.calls += 1
+            raise TypeError("argument must be an int, or have a fileno() method.")
+
+    waker = FetchWaker()
+    waker._parked = (TornDown(), 7)  # type: ignore[assignment]
+    waker.wake()
+    assert waker.woken and TornDown.calls == 1
