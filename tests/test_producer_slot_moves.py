@@ -264,3 +264,43 @@ def test_a_call_refused_by_a_move_is_sent_again_alone_with_the_later_calls_of_it
     got = _base._run_through_slot_moves(client, calls, 10.0)
     assert got == [[b"NONE", name] for name in ("c1", "c2", "c3", "d1")]
     assert client.sent == ["c1", "d1", "c2", "c2", "c3"]
+
+
+def test_a_send_waiting_out_a_move_does_not_hold_its_other_partitions(own_cluster, namespace):
+    """A send_batch to p0 (its keys split by a move) and p1 (not moving) waits for p0; another
+    thread's send to p1 waited with it, for the whole move or ``delivery_timeout_ms`` (the
+    waiting send held p1's lock though p1's call had its answer), where Kafka batches per
+    partition and one partition's retries never hold another's. Now p1 is released once its
+    call is answered: the other send goes through during the move, after the waiting send's
+    p1 record; the waiting send still ends with both its records once, in order."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    move = _Move(own_cluster, client, stream)
+    assert client.keyslot(partition_key(namespace, "t", 1)) != move.slot
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        before = _refusals(move)
+        waiting = pool.submit(producer.send_batch, "t", [
+            ProducerRecord(b"c", partition=0), ProducerRecord(b"d", partition=1)])
+        wait_until(lambda: _refusals(move) > before + REFUSALS or waiting.done())
+        other = pool.submit(producer.send, "t", b"e", partition=1)
+        wait_until(other.done)  # (it waited for the move: beyond this wait)
+        assert not waiting.done()  # (the move is not over: p0 still waits)
+        assert (other.result().offset, other.result().duplicate) == (2, False)
+        move.keys()
+        move.owner()
+        got = waiting.result(60)
+        assert [(m.partition, m.offset, m.duplicate) for m in got] == [(0, 1, False),
+                                                                     (1, 1, False)]
+        assert producer.send("t", b"f", partition=0).offset == 2  # no gap, no duplicate
+        assert _values(client, namespace, 0) == [b"a", b"c", b"f"]
+        assert _values(client, namespace, 1) == [b"b", b"d", b"e"]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _end(move)
+        client.close()

@@ -5,7 +5,7 @@ import functools
 import hashlib
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -396,10 +396,16 @@ SLOT_MOVE_RETRY_S = 0.1
 """How often a call a slot move refused is sent again (Kafka's ``retry.backoff.ms``)."""
 
 
-def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: float) -> list[Any]:
+def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: float,
+                            settled: Callable[[list[tuple[int, Any]]], None] | None = None,
+                            ) -> list[Any]:
     """``_run``, whose calls a slot move refused are sent again, with the later calls of their
     keys, for up to ``timeout_s``; only for calls whose second run is harmless (an idempotent
     producer's, which the same sequence numbers make duplicates; setting expiry times).
+
+    ``settled``: called after each round with ``(index, answer)`` of the calls whose answers
+    became final in it, so a caller can let go of what those calls held while others wait out
+    the move (the producer's partition locks: one partition's wait held up sends to others).
 
     While a slot migrates, a master refuses a script whose keys are split between it and the
     other (``TRYAGAIN``), or that names a key that does not exist yet, until the move ends;
@@ -416,13 +422,16 @@ def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: floa
         moved = [(i, res) for i, res in zip(todo, got, strict=True)
                  if isinstance(res, redis.exceptions.ClusterError)]
         keys = {calls[i][1][0] for i, _ in moved}
-        again = []
+        again, final = [], []
         for i, res in zip(todo, got, strict=True):
             # (a key's calls after the one a move refused were not sent: None)
             if calls[i][1][0] in keys and (res is None or isinstance(res, Exception)):
                 again.append(i)
             else:
                 out[i] = res
+                final.append((i, res))
+        if settled is not None and final:
+            settled(final)
         if not again:
             return out
         if time.monotonic() + SLOT_MOVE_RETRY_S >= deadline:

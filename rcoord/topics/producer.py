@@ -3,7 +3,6 @@ and Kafka's idempotent producer (KIP-98): a retried append is never appended twi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import random
@@ -174,7 +173,9 @@ class Producer:
     refused calls again (with the later calls of their partitions), with the same sequence
     numbers, every 100 ms until the move is over or ``delivery_timeout_ms`` ran out (then
     ``ConnectionLost``); the calls that ran keep their answers, and a record that went in
-    anyway is answered as a duplicate, never appended twice. A call a node refused with
+    anyway is answered as a duplicate, never appended twice. Only the refused partitions wait:
+    other sends to those partitions queue behind the refused calls (sequence order), those to
+    the call's other partitions go on. A call a node refused with
     ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
     raises ``ConnectionLost`` at once (resending would append twice what other partitions
     took).
@@ -584,7 +585,9 @@ class Producer:
         """Number the records per partition and append them; see the class docstring.
 
         The partitions' locks are taken in partition order (one topic per call), so two threads
-        sending to overlapping partitions cannot deadlock.
+        sending to overlapping partitions cannot deadlock. Each is let go as soon as that
+        partition's calls have final answers: a partition that waits out a slot move holds
+        only its own sends (Kafka batches per partition), not those to the others of this call.
         """
         if self._forked is not None:
             raise InvalidRequestError(self._forked)
@@ -598,9 +601,13 @@ class Producer:
                 expiration = self._expiration.get(topic, PRODUCER_ID_EXPIRATION_MS)
         order = sorted(by_part)
         seqs = {p: self._sequence(topic, p) for p in order}
-        with contextlib.ExitStack() as stack:
+        out: list[RecordMetadata | None] = [None] * len(encoded)
+        failed: dict[int, tuple[Errors, str, int]] = {}  # partition -> error, why, first seq
+        held: list[int] = []  # partitions whose lock this send holds
+        try:
             for p in order:
-                stack.enter_context(seqs[p].lock)
+                seqs[p].lock.acquire()
+                held.append(p)
             with self._lock:
                 epoch = self._epoch
             for p in order:
@@ -626,16 +633,21 @@ class Producer:
                     calls.append((APPEND_IDEMPOTENT, keys, args))
                     chunks.append((p, seq.next + lo, chunk))
             spent: set[int] = set()  # partitions whose numbers are advanced
-            try:
-                results = _run_through_slot_moves(self._r, calls, self._delivery_timeout_s)
-                out: list[RecordMetadata | None] = [None] * len(encoded)
-                # partition -> error, why, first seq
-                failed: dict[int, tuple[Errors, str, int]] = {}
-                expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
-                # partition -> "lost"/"unknown": a skipped sequence resent
-                skipped: dict[int, str] = {}
-                acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
-                for (p, first_seq, chunk), res in zip(chunks, results):
+            left = {p: 0 for p in order}  # partition -> its calls without a final answer
+            for p, _, _ in chunks:
+                left[p] += 1
+            expected: dict[int, int] = {}  # partition -> sequence an OUT_OF_ORDER one expected
+            # partition -> "lost"/"unknown": a skipped sequence resent
+            skipped: dict[int, str] = {}
+            acked: dict[int, int] = {}  # partition -> last sequence the server says it holds
+
+            def settle(answers: list[tuple[int, Any]]) -> None:
+                """Take final answers; a partition all of whose calls have one is numbered on
+                and let go at once, so other sends to it need not wait for this send's other
+                partitions (a slot move can hold one for ``delivery_timeout_ms``)."""
+                for k, res in answers:
+                    p, first_seq, chunk = chunks[k]
+                    left[p] -= 1
                     if res is None:
                         continue  # not sent: an earlier chunk of its partition failed
                     error = _name(res[0])
@@ -657,6 +669,8 @@ class Producer:
                         else:
                             out[i] = RecordMetadata(topic, p, first + j - dup, ts)
                 for p in order:
+                    if left[p] or p in spent:
+                        continue
                     seq = seqs[p]
                     seq.acked = max(seq.acked, acked.get(p, -1))
                     if p in expected:
@@ -666,15 +680,24 @@ class Producer:
                     lost_at = failed[p][2] if p in failed else None
                     self._spend(seq, len(by_part[p]), lost_at)
                     spent.add(p)
+                    held.remove(p)
+                    seq.lock.release()
+
+            try:
+                _run_through_slot_moves(self._r, calls, self._delivery_timeout_s, settle)
             except BaseException:
-                # Unknown outcome (the connection failed, or an exception such as a signal
-                # handler's came after the calls ran, before their numbers were advanced):
-                # the numbers are spent either way, and may be missing. Left unspent, the
-                # next send reused them and its records were dropped as duplicates.
+                # Unknown outcome (the connection failed, the move outlasted the delivery
+                # timeout, or an exception such as a signal handler's came after the calls ran,
+                # before their numbers were advanced): the numbers are spent either way, and
+                # may be missing. Left unspent, the next send reused them and its records were
+                # dropped as duplicates. (Partitions let go already are another send's now.)
                 for p in order:
                     if p not in spent:
                         self._spend(seqs[p], len(by_part[p]), seqs[p].next)
                 raise
+        finally:
+            for p in held:
+                seqs[p].lock.release()
         if failed:
             if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
                 with self._lock:
