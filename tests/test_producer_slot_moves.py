@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -302,5 +303,57 @@ def test_a_send_waiting_out_a_move_does_not_hold_its_other_partitions(own_cluste
         assert _values(client, namespace, 1) == [b"b", b"d", b"e"]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        _end(move)
+        client.close()
+
+
+def test_the_delivery_timeout_counts_from_the_send_not_from_its_turn(own_cluster, namespace,
+                                                                     monkeypatch):
+    """Two sends to a partition whose keys a move split: the second waits for the first (its
+    lock: sequence order), and then waited a whole ``delivery_timeout_ms`` of its own, so
+    each send queued behind it waited one timeout more (Kafka's ``delivery.timeout.ms``
+    bounds a record's time from ``send``). Now its wait counts from its start: its turn
+    comes once its time is up, so it tries one round and raises."""
+    from rcoord.topics import _base
+
+    rounds: list[str] = []
+    run = _base._run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(threading.current_thread().name.split("_")[0])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(_base, "_run", counted)
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 1)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace, delivery_timeout_ms=3000)
+    producer.send("t", b"a", partition=0)
+    move = _Move(own_cluster, client, stream)
+    first = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="first")
+    second = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="second")
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        before = _refusals(move)
+        a = first.submit(producer.send, "t", b"b", partition=0)
+        wait_until(lambda: _refusals(move) > before or a.done())  # (its first round)
+        assert not a.done()
+        b = second.submit(producer.send, "t", b"c", partition=0)
+        with pytest.raises(ConnectionLost):
+            a.result(60)
+        assert rounds.count("first") > 1  # (it did wait, resending)
+        with pytest.raises(ConnectionLost):
+            b.result(60)
+        # Its time was up when, or shortly after, its turn came (it started while the first
+        # send's first round, about 0.4 s, was refused): it used to resend for 3 s more.
+        assert rounds.count("second") <= 2
+        move.keys()
+        move.owner()
+        assert producer.send("t", b"d", partition=0).offset == 1
+        assert _values(client, namespace, 0) == [b"a", b"d"]
+    finally:
+        first.shutdown(wait=False, cancel_futures=True)
+        second.shutdown(wait=False, cancel_futures=True)
         _end(move)
         client.close()

@@ -172,7 +172,8 @@ class Producer:
     until the move ends; redis-py gives up after about 0.4 s. An idempotent producer sends the
     refused calls again (with the later calls of their partitions), with the same sequence
     numbers, every 100 ms until the move is over or ``delivery_timeout_ms`` ran out (then
-    ``ConnectionLost``); the calls that ran keep their answers, and a record that went in
+    ``ConnectionLost``; counted from the send, a wait behind another send to the partition
+    included, so sends queued behind a move do not each wait one timeout more); the calls that ran keep their answers, and a record that went in
     anyway is answered as a duplicate, never appended twice. Only the refused partitions wait:
     other sends to those partitions queue behind the refused calls (sequence order), those to
     the call's other partitions go on. A call a node refused with
@@ -591,6 +592,10 @@ class Producer:
         """
         if self._forked is not None:
             raise InvalidRequestError(self._forked)
+        # delivery_timeout_ms counts from the send, as Kafka's from send(): a send queued
+        # behind another waiting out a move (the partition's lock) waited a timeout of its own
+        # once its turn came, and each one queued after it one more.
+        deadline = time.monotonic() + self._delivery_timeout_s
         pid = self.producer_id
         assert pid is not None
         with self._lock:
@@ -684,7 +689,8 @@ class Producer:
                     seq.lock.release()
 
             try:
-                _run_through_slot_moves(self._r, calls, self._delivery_timeout_s, settle)
+                _run_through_slot_moves(self._r, calls, max(0.0, deadline - time.monotonic()),
+                                        settle)
             except BaseException:
                 # Unknown outcome (the connection failed, the move outlasted the delivery
                 # timeout, or an exception such as a signal handler's came after the calls ran,
