@@ -157,8 +157,13 @@ def test_the_delivery_timeout_bounds_the_wait(own_cluster, namespace):
     try:
         _start(move)
         _migrate(move, [stream])
-        with pytest.raises(ConnectionLost):
+        with pytest.raises(ConnectionLost) as lost:
             producer.send("t", b"lost", partition=0)
+        # (it read "send: slot unavailable for now (TTL exhausted.)", as if nothing had waited)
+        assert str(lost.value).startswith(
+            "t partition(s) [0]: a slot move or failover refused the append until "
+            "delivery_timeout_ms (300 ms, counted from the send) ran out (TTL exhausted")
+        assert "were not appended" in str(lost.value)
         with pytest.raises(ConnectionLost):
             Producer(client, namespace, idempotent=False).send("t", b"plain", partition=0)
         move.keys()
@@ -355,5 +360,30 @@ def test_the_delivery_timeout_counts_from_the_send_not_from_its_turn(own_cluster
     finally:
         first.shutdown(wait=False, cancel_futures=True)
         second.shutdown(wait=False, cancel_futures=True)
+        _end(move)
+        client.close()
+
+
+def test_the_timeout_names_the_partitions_that_were_stored(own_cluster, namespace):
+    """A send_batch to a moving partition and one that is not, timed out: the error says
+    which partition's records were not appended and which were."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace, delivery_timeout_ms=300)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    move = _Move(own_cluster, client, stream)
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        with pytest.raises(ConnectionLost, match=r"t partition\(s\) \[0\]: .* not appended "
+                           r".*; its records to partition\(s\) \[1\] were$"):
+            producer.send_batch("t", [ProducerRecord(b"c", partition=0),
+                                      ProducerRecord(b"d", partition=1)])
+        move.keys()
+        move.owner()
+        assert _values(client, namespace, 0) == [b"a"]
+        assert _values(client, namespace, 1) == [b"b", b"d"]
+    finally:
         _end(move)
         client.close()

@@ -396,6 +396,12 @@ SLOT_MOVE_RETRY_S = 0.1
 """How often a call a slot move refused is sent again (Kafka's ``retry.backoff.ms``)."""
 
 
+class SlotMoveOutlasted(redis.exceptions.ClusterError):
+    """``_run_through_slot_moves``'s time ran out with calls a slot move (or a failover) still
+    refused, never run; ``__cause__`` is redis-py's last refusal. A ``ClusterError``, so it
+    is reported as ``ConnectionLost`` like the refusal itself; the producer says more."""
+
+
 def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: float,
                             settled: Callable[[list[tuple[int, Any]]], None] | None = None,
                             ) -> list[Any]:
@@ -435,7 +441,9 @@ def _run_through_slot_moves(client: Any, calls: Sequence[_Call], timeout_s: floa
         if not again:
             return out
         if time.monotonic() + SLOT_MOVE_RETRY_S >= deadline:
-            raise moved[0][1]
+            raise SlotMoveOutlasted(
+                f"refused by a slot move or failover for {timeout_s * 1000:.0f} ms "
+                f"({moved[0][1]})") from moved[0][1]
         todo = again
         time.sleep(SLOT_MOVE_RETRY_S)
 

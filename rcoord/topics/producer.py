@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import Errors, InvalidRequestError, translate_redis_errors
+from ..errors import ConnectionLost, Errors, InvalidRequestError, translate_redis_errors
 from ..forking import renew_after_fork
 from ..murmur2 import partition_for_key, to_positive
 from ._base import (
@@ -26,6 +26,7 @@ from ._base import (
     Headers,
     ProducerRecord,
     RecordMetadata,
+    SlotMoveOutlasted,
     TopicError,
     _Call,
     _check_client,
@@ -691,16 +692,27 @@ class Producer:
             try:
                 _run_through_slot_moves(self._r, calls, max(0.0, deadline - time.monotonic()),
                                         settle)
-            except BaseException:
+            except BaseException as exc:
                 # Unknown outcome (the connection failed, the move outlasted the delivery
                 # timeout, or an exception such as a signal handler's came after the calls ran,
                 # before their numbers were advanced): the numbers are spent either way, and
                 # may be missing. Left unspent, the next send reused them and its records were
                 # dropped as duplicates. (Partitions let go already are another send's now.)
-                for p in order:
-                    if p not in spent:
-                        self._spend(seqs[p], len(by_part[p]), seqs[p].next)
-                raise
+                waiting = [p for p in order if p not in spent]
+                for p in waiting:
+                    self._spend(seqs[p], len(by_part[p]), seqs[p].next)
+                if not isinstance(exc, SlotMoveOutlasted):
+                    raise
+                # (It read "slot unavailable for now (TTL exhausted.)": redis-py's first
+                # refusal, as if nothing had waited, and no word of what was stored.)
+                done = [p for p in order if p in spent and p not in failed]
+                stored = f"; its records to partition(s) {done} were" if done else ""
+                raise ConnectionLost(
+                    f"{topic} partition(s) {waiting}: a slot move or failover refused the "
+                    f"append until delivery_timeout_ms ({self._delivery_timeout_s * 1000:.0f} "
+                    f"ms, counted from the send) ran out ({exc.__cause__}); this call's "
+                    f"records to those partitions were not appended (the next send goes on "
+                    f"past them){stored}") from exc
         finally:
             for p in held:
                 seqs[p].lock.release()
