@@ -174,11 +174,11 @@ class Producer:
     refused calls again (with the later calls of their partitions), with the same sequence
     numbers, every 100 ms until the move is over or ``delivery_timeout_ms`` ran out (then
     ``ConnectionLost``; counted from the send, a wait behind another send to the partition
-    included, so sends queued behind a move do not each wait one timeout more); the calls that ran keep their answers, and a record that went in
-    anyway is answered as a duplicate, never appended twice. Only the refused partitions wait:
-    other sends to those partitions queue behind the refused calls (sequence order), those to
-    the call's other partitions go on. A call a node refused with
-    ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
+    included, so sends queued behind a move do not each wait one timeout more); the calls that
+    ran keep their answers, and a record that went in anyway is answered as a duplicate, never
+    appended twice. Only the refused partitions wait: other sends to those partitions queue
+    behind the refused calls (sequence order), those to the call's other partitions go on. A
+    call a node refused with ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
     raises ``ConnectionLost`` at once (resending would append twice what other partitions
     took).
 
