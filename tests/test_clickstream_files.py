@@ -318,3 +318,35 @@ def test_a_runs_first_write_reads_the_index_by_bucket_not_one_file_at_a_time(
     monkeypatch.undo()
     assert len(stats) < 30, stats
     assert read_counts(tmp_path) == {(0, "a"): 182}
+
+
+@pytest.mark.parametrize("fails", ["write_table", "index"])
+def test_a_write_that_fails_before_its_rename_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    # A full disk in pq.write_table (or in the index, after it) left the half-written
+    # ".tmp-<attempt>" in the partition folder for good, one per failed attempt.
+    import errno
+
+    from workers import clickstream
+
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 0, [_row("a", 2)], 1)
+
+    def full(*args: Any, **kw: Any) -> None:
+        if fails == "write_table":
+            Path(args[1]).write_bytes(b"PAR1")  # a part was written before the disk filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if fails == "write_table":
+        monkeypatch.setattr(pq, "write_table", full)
+    else:
+        monkeypatch.setattr(clickstream, "_mark", full)
+    with pytest.raises(OSError, match="No space"):
+        sink._write("ev", 0, 2, [_row("a", 3)], 1)
+    monkeypatch.undo()
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    assert sorted(p.name for p in folder.iterdir()) == ["start-0.gen-1.parquet"]
+    index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
+    assert not list((index / "unsettled").iterdir())
+    sink._write("ev", 0, 2, [_row("a", 3)], 1)  # the retry
+    assert read_counts(tmp_path) == {(0, "a"): 5}

@@ -244,13 +244,22 @@ class _Sink:
             self._indexed.add(folder)
         attempt = uuid.uuid4().hex
         tmp = folder / f".tmp-{attempt}"
-        pq.write_table(table, tmp)
-        _mark(folder, start, generation)  # before the rename, for _settle
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
-        unsettled.parent.mkdir(parents=True, exist_ok=True)
-        unsettled.touch()
-        # atomic: a retry of the batch (same range, same generation) replaces its first attempt
-        os.replace(tmp, _data(folder, start, generation))
+        try:
+            pq.write_table(table, tmp)
+            _mark(folder, start, generation)  # before the rename, for _settle
+            unsettled.parent.mkdir(parents=True, exist_ok=True)
+            unsettled.touch()
+            # atomic: a retry of the batch (same range, same generation) replaces its first
+            # attempt
+            os.replace(tmp, _data(folder, start, generation))
+        except BaseException:
+            # A write that fails before its rename (a full disk in write_table) left its
+            # temporary file, a whole batch's Parquet, in the folder for good, and one per
+            # retry; its index entry would then be settled by every later write.
+            tmp.unlink(missing_ok=True)
+            unsettled.unlink(missing_ok=True)
+            raise
         _settle(folder, start)
         _settle_unsettled(folder, unsettled.name)
         unsettled.unlink(missing_ok=True)
