@@ -350,3 +350,55 @@ def test_a_write_that_fails_before_its_rename_leaves_no_temporary_file(
     assert not list((index / "unsettled").iterdir())
     sink._write("ev", 0, 2, [_row("a", 3)], 1)  # the retry
     assert read_counts(tmp_path) == {(0, "a"): 5}
+
+
+def test_a_writer_killed_before_its_rename_is_cleaned_up_once_stale(tmp_path: Path) -> None:
+    # A writer killed after writing its temporary file (and its unsettled entry) but before
+    # renaming it left both for good: a whole batch's Parquet in ".tmp-<attempt>", and an entry
+    # every later write of the partition settled again. A killed write_table (no entry yet)
+    # left its file for good too. Once older than _STALE_S, the next write (or, for a file
+    # without an entry, a run's first write in the folder) removes them.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
+    for attempt in ("dead", "young"):
+        (folder / f".tmp-{attempt}").write_bytes(b"PAR1")
+        (index / "unsettled" / f"5.5.{attempt}").touch()
+    (folder / ".tmp-nameless").write_bytes(b"PAR1")  # killed inside write_table
+    for name in (".tmp-dead", ".tmp-nameless"):
+        os.utime(folder / name, (0, 0))  # written long ago
+    sink._write("ev", 0, 8, [_row("a", 2)], 6)
+    assert sorted(p.name for p in (index / "unsettled").iterdir()) == ["5.5.young"]
+    assert not (folder / ".tmp-dead").exists() and (folder / ".tmp-young").exists()
+    assert (folder / ".tmp-nameless").exists()  # no entry: found by a run's first write only
+    _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))._write("ev", 0, 10, [_row("a", 1)], 6)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".tmp-young", "start-10.gen-6.parquet", "start-5.gen-6.parquet",
+        "start-8.gen-6.parquet"]
+    assert read_counts(tmp_path) == {(0, "a"): 6}
+
+
+def test_a_writer_whose_temporary_file_was_taken_for_a_dead_ones_fails_its_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # paused between writing and renaming for longer than _STALE_S: another write removed its
+    # file, and its rename, which nobody would settle, must not happen
+    from workers import clickstream
+
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 3)], 6)
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    real = clickstream._mark
+
+    def paused(folder: Path, start: int, generation: int) -> None:
+        real(folder, start, generation)
+        for tmp in folder.glob(".tmp-*"):
+            tmp.unlink()
+
+    monkeypatch.setattr(clickstream, "_mark", paused)
+    with pytest.raises(RuntimeError, match="was gone before its rename"):
+        sink._write("ev", 0, 5, [_row("a", 5)], 5)
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == ["start-5.gen-6.parquet"]
+    index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
+    assert not list((index / "unsettled").iterdir())

@@ -252,7 +252,14 @@ class _Sink:
             unsettled.touch()
             # atomic: a retry of the batch (same range, same generation) replaces its first
             # attempt
-            os.replace(tmp, _data(folder, start, generation))
+            try:
+                os.replace(tmp, _data(folder, start, generation))
+            except FileNotFoundError as exc:
+                raise RuntimeError(
+                    f"{tmp} was gone before its rename: a write of another member took it for "
+                    f"a crashed writer's ({_STALE_S} s or more after it was written) and "
+                    "removed it, or the output folder was removed; this batch is not written "
+                    "(the query fails, and reads it again when restarted)") from exc
         except BaseException:
             # A write that fails before its rename (a full disk in write_table) left its
             # temporary file, a whole batch's Parquet, in the folder for good, and one per
@@ -293,7 +300,31 @@ _UNSETTLED = "unsettled"
 is written) and removed after the settling. A writer killed in between (a zombie SIGKILLed
 right after its rename) left its older generation's file beside its successor's for good, and
 a plain ``spark.read.parquet`` counted those records twice: every write settles the starts
-listed there too, and removes an entry once its attempt's temporary file is gone (renamed)."""
+listed there too, and removes an entry once its attempt's temporary file is gone (renamed),
+or, after ``_STALE_S``, removes that file itself (the writer died before its rename: its entry,
+and a whole batch's Parquet in ``.tmp-<attempt>``, stayed for good, settled again by every
+write)."""
+
+_STALE_S = 3600
+"""How old (by its modification time) a write's temporary file must be before another write
+takes its writer for dead and removes it (``_abandon``): a live writer renames it right after
+writing it. One that was only paused that long finds it gone and fails its batch (rather than
+rename a file nobody would settle)."""
+
+
+def _abandon(tmp: Path) -> bool:
+    """Whether the write whose temporary file is ``tmp`` is over: renamed (``tmp`` is gone),
+    or abandoned (``tmp`` is ``_STALE_S`` old: it is removed now, so a rename cannot follow).
+    Removing it decides a race with its rename: whichever comes first wins."""
+    try:
+        if time.time() - tmp.stat().st_mtime < _STALE_S:
+            return False
+        tmp.unlink()
+        log.warning("removed %s, written over %d s ago and never renamed (its writer died)",
+                    tmp, _STALE_S)
+    except FileNotFoundError:
+        pass
+    return True
 
 
 def _data(folder: Path, start: int, generation: int) -> Path:
@@ -315,7 +346,10 @@ def _index(folder: Path) -> None:
     The entries are read a bucket at a time (one listing each), not looked up one per file:
     that took a ``stat`` per file of the folder's history, 1.7 s at 100,000 files (0.2 s so),
     on every restart, in the first batch and per partition, which must end within the group's
-    rebalance timeout. An entry made meanwhile is made again, which is harmless."""
+    rebalance timeout. An entry made meanwhile is made again, which is harmless.
+
+    A writer killed while writing its temporary file has no ``_UNSETTLED`` entry yet: the
+    folder's one listing here removes such a file once it is ``_STALE_S`` old (``_abandon``)."""
     gens = _index_of(folder) / _GENS
     try:
         buckets = os.listdir(gens)
@@ -323,8 +357,10 @@ def _index(folder: Path) -> None:
         buckets = []
     indexed = {name for bucket in buckets for name in os.listdir(gens / bucket)}
     found: dict[int, list[int]] = defaultdict(list)
-    for path in folder.glob("start-*.gen-*.parquet"):
-        m = _FILE.fullmatch(path.name)
+    for name in os.listdir(folder):
+        if name.startswith(".tmp-"):
+            _abandon(folder / name)
+        m = _FILE.fullmatch(name)
         if m is not None:
             start, gen = int(m[1]), int(m[2])
             found[start].append(gen)
@@ -357,17 +393,17 @@ def _settle(folder: Path, start: int) -> None:
 
 def _settle_unsettled(folder: Path, own: str) -> None:
     """Settle the starts of the other writes ``_UNSETTLED`` lists. An entry goes once its
-    attempt has renamed: its temporary file, looked at before the settling, was gone (so the
-    settling saw its file). One whose writer died before renaming stays, and is settled again
-    by every write of the folder (a few names: the writes in flight and the crashed ones)."""
+    attempt is over (``_abandon``: renamed, or its writer died before renaming), as found
+    before the settling (so the settling saw its file). One in flight stays, and is settled
+    again by every write of the folder until it is over."""
     pending = _index_of(folder) / _UNSETTLED
     for name in os.listdir(pending):
         start, _, attempt = name.split(".") if name.count(".") == 2 else ("", "", "")
         if name == own or not start.isdigit():
             continue
-        renamed = not (folder / f".tmp-{attempt}").exists()
+        over = _abandon(folder / f".tmp-{attempt}")
         _settle(folder, int(start))
-        if renamed:
+        if over:
             (pending / name).unlink(missing_ok=True)
 
 
