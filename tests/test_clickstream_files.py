@@ -402,3 +402,22 @@ def test_a_writer_whose_temporary_file_was_taken_for_a_dead_ones_fails_its_batch
     assert sorted(p.name for p in folder.iterdir()) == ["start-5.gen-6.parquet"]
     index = tmp_path / "counts" / ".index" / "topic=ev" / "partition=0"
     assert not list((index / "unsettled").iterdir())
+
+
+def test_a_batch_is_named_by_where_its_plan_begins_each_partition(tmp_path: Path) -> None:
+    # batch 0 of a run says where every partition begins (starts); batch 1 goes on from it;
+    # batch 2 is of a new generation, so its partitions begin at its starts again
+    cp = tmp_path / "cp"
+    first = {"offsets": {"ev": {"0": 10, "1": 4}}, "starts": {"ev": {"0": 5, "1": 0}},
+             "generation": 6, "member": "m"}
+    _offset_log(cp, 0, first)
+    _offset_log(cp, 1, {"offsets": {"ev": {"0": 12, "1": 4}}, "generation": 6, "member": "m"})
+    _offset_log(cp, 2, {"offsets": {"ev": {"0": 20}}, "starts": {"ev": {"0": 11}},
+                        "generation": 7, "member": "m"})
+    _offset_log(cp, 4, {"ev": {"0": 3}})  # another source's offsets
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    assert sink.planned_starts(0) == {("ev", 0): 5, ("ev", 1): 0}
+    assert sink.planned_starts(1) == {("ev", 0): 10, ("ev", 1): 4}
+    assert sink.planned_starts(2) == {("ev", 0): 11}
+    assert sink.planned_starts(3) == {}  # not logged
+    assert sink.planned_starts(4) == {}

@@ -133,3 +133,31 @@ def test_a_record_is_late_once_its_window_ends_at_the_batchs_own_watermark(
         query.stop()
     assert read_counts(tmp_path / "out") == {
         (T0, "k"): 2, (T0 + 60_000, "k"): 2, (T0 + 600_000, "k"): 1}
+
+
+def test_a_replay_whose_first_records_were_trimmed_supersedes_the_zombies_file(
+        spark: Any, tmp_path: Path) -> None:
+    # Generation 5's member read offsets 5-9 of ev-0 and wrote them (start 5), but never
+    # committed: a zombie. Generation 6's member planned the same batch from the committed
+    # offset 5, and retention trimmed 5-6 before it read (failOnDataLoss=false). Its file was
+    # named by its smallest offset, start 7, which superseded nothing: 7-9 were counted twice.
+    # It is named by where the plan began the partition, and replaces the zombie's.
+    from workers.clickstream import _Sink, read_counts
+
+    out, cp = tmp_path / "out", tmp_path / "cp"
+    (cp / "offsets").mkdir(parents=True)
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    end = {"offsets": {"ev": {"0": 10}}, "starts": {"ev": {"0": 5}}, "generation": 6,
+           "member": "m-6"}
+    (cp / "offsets" / "0").write_text("\n".join(["v1", meta, json.dumps(end)]))
+    zombie = _Sink(str(out), WINDOW_MS, str(cp))
+    zombie._write("ev", 0, 5, [{"ws": T0, "k": "k", "n": 5}], 5)
+    sink = _Sink(str(out), WINDOW_MS, str(cp))
+    sink.batches = 1  # (the planned generation, without asking Redis about a replay)
+    batch = spark.createDataFrame(
+        [("ev", 0, offset, "k", T0 + offset) for offset in (7, 8, 9)],
+        "topic string, partition int, offset long, k string, event_ms long")
+    sink(batch, 0)
+    assert read_counts(out) == {(T0, "k"): 3}
+    assert sorted(p.name for p in (out / "counts" / "topic=ev" / "partition=0").iterdir()) \
+        == ["start-5.gen-6.parquet"]

@@ -24,7 +24,8 @@ Output: every micro-batch writes, per topic partition it read, one Parquet file
 ``window_end``, ``key``, ``count`` for the records from offset S on, committed under generation
 G of the group (``rcoord.spark.batch_generation``: the generation that planned the batch, or,
 for a batch Spark replays after a restart, the one that replayed it). The file name holds the
-batch's first offset in that partition, so when a partition's new owner processes again the
+offset the batch's planned range of that partition begins at (``_Sink.planned_starts``; the
+smallest offset read for another source), so when a partition's new owner processes again the
 records its old owner had processed but not committed (a crash), it starts at the same committed
 offset and *supersedes* that file: of the files of one start, the one of the newest generation
 counts, and its writer deletes the others once its own is in place (``_settle``, which finds
@@ -197,6 +198,31 @@ class _Sink:
                                 namespace=self.namespace, url=self.url,
                                 first=self.batches == 0, spark=spark)
 
+    def planned_starts(self, batch_id: int, spark: Any = None) -> dict[tuple[str, int], int]:
+        """Where the batch's planned range of each (topic, partition) begins: what Spark's
+        rcoord source read it from (``partitions(start, end)``), from the batch's end and the
+        one before in the checkpoint's offset log (``checkpoint_position``); a partition that
+        does not go on from the batch before begins where the end's ``starts`` says. Empty
+        for a source other than group mode's (its files are named by their smallest offset).
+
+        Not the smallest offset read: records trimmed by retention between a zombie's read of
+        the batch and its successor's (``failOnDataLoss=false``) made the two name different
+        starts, and the records after the trim were counted in both files."""
+        from rcoord.spark.replays import checkpoint_position
+
+        end = checkpoint_position(self.checkpoint, batch_id, spark=spark)
+        if end is None:
+            return {}
+        before = checkpoint_position(self.checkpoint, batch_id - 1, spark=spark) \
+            if batch_id > 0 else None
+        out: dict[tuple[str, int], int] = {}
+        for tp in end.offsets:
+            if before is not None and end.continues(before, tp):
+                out[(tp.topic, tp.partition)] = before.offsets[tp]
+            elif tp in end.starts:
+                out[(tp.topic, tp.partition)] = end.starts[tp]
+        return out
+
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
@@ -215,13 +241,16 @@ class _Sink:
             .collect()
         )
         gen = self.generation(batch_id, batch.sparkSession)
+        starts = self.planned_starts(batch_id, batch.sparkSession)
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)
             self.records += row["all"]
             self.late += row["all"] - row["n"]
         for (topic, partition), group in by_part.items():
-            self._write(topic, partition, min(r["lo"] for r in group), group, gen)
+            first = min(r["lo"] for r in group)
+            self._write(topic, partition, min(first, starts.get((topic, partition), first)),
+                        group, gen)
         self.batches += 1
 
     def _write(self, topic: str, partition: int, start: int, rows: list[Any],
