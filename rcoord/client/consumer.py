@@ -1516,11 +1516,21 @@ class Consumer(SubscriptionMixin):
 
     def _positions(self) -> dict[TopicPartition, int]:
         """The positions of the assigned partitions that have one (what a commit sends): not
-        those without one (``_invalid``) or waiting for a ``seek_to_*`` (``_resets``)."""
-        if not self._invalid and not self._resets:
+        those without one (``_invalid``), waiting for a ``seek_to_*`` (``_resets``), or
+        unstarted (``_unstarted``: not sought, asked ``position()`` of, or fetched yet).
+
+        Kafka's consumer commits ``allConsumed()``, the partitions with a valid position;
+        one assigned (``assign()``, a generation) has none until a poll() fetched its
+        committed offset or reset it by the policy. Sent anyway, a ``close()``, ``commit()``
+        or auto-commit before that poll wrote the ``start_offset`` policy's edge as the
+        group's offset (with "latest", the next owner skipped the records before it, which
+        none had read), or wrote the old committed offset back over an async commit the
+        listener had made of the partition."""
+        if not self._invalid and not self._resets and not self._unstarted:
             return dict(self._position)
         return {tp: p for tp, p in self._position.items()
-                if tp not in self._invalid and tp not in self._resets}
+                if tp not in self._invalid and tp not in self._resets
+                and tp not in self._unstarted}
 
     def _invalid_offsets_error(self, partitions: list[TopicPartition]) -> InvalidOffsetError:
         """What ``poll()`` and ``position()`` raise for partitions without a position: no
