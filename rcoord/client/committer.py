@@ -111,6 +111,12 @@ class AsyncCommitter:
         with self._cond:
             return self._finished >= ticket
 
+    def completed(self, ticket: int) -> Completion | None:
+        """The outcome of the finished job ``ticket``, while ``take_completions`` has not
+        taken it yet (None otherwise, or not finished)."""
+        with self._cond:
+            return next((done for done in self._done if done.ticket == ticket), None)
+
     def wait_idle(
         self, timeout: float | None = None, *interrupts: threading.Event, upto: int | None = None
     ) -> bool:

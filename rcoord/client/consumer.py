@@ -512,11 +512,16 @@ class Consumer(SubscriptionMixin):
         position (``start_offset="none"``). A partition whose stream cannot be read (its last
         id is not rcoord's: an XADD by hand) raises its ``TopicError`` (UNKNOWN_SERVER_ERROR,
         its ``detail`` saying what mends it) and stays pending; another partition's position
-        is not failed by it.
+        is not failed by it. Of a partition not started yet (assigned, not sought or fetched)
+        whose offset an async commit of the application is carrying, it waits (as long, the
+        same way) for that commit and gives its offset, as Kafka's fetch of the committed
+        offset does (``_await_start_commit``).
         """
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
         _check_timeout(timeout)
+        if key in self._unstarted:
+            self._await_start_commit(key, timeout)
         if key in self._invalid:
             raise self._invalid_offsets_error([key])
         if key not in self._resets:
@@ -574,6 +579,46 @@ class Consumer(SubscriptionMixin):
                     f"longer timeout")
             with self._interruptible():
                 self._pause(min(deadline - now, self._config.retry_backoff_ms / 1000))
+
+    def _await_start_commit(self, key: TopicPartition, timeout: float | None) -> None:
+        """``position()`` of an unstarted partition (``_unstarted``) whose offset the
+        application committed meanwhile (``commit_async()`` in the listener, or after
+        ``assign()``): wait for that commit (until ``timeout``, ``wakeup()`` or ``close()``)
+        and, landed, take it as the start. Kafka's ``position()`` fetches the committed offset
+        of a partition without a position, answered after the commits sent before it; here
+        the start read before the listener was returned and kept (the partition was started),
+        so reading began there and the next commit of the positions undid the application's
+        commit. The commit callbacks still run at the next ``poll()``, ``commit()`` or
+        ``close()``."""
+        tickets = sorted(t for t, offsets in self._start_commits.items() if key in offsets)
+        if not tickets:
+            return
+        if not self._committer.finished(tickets[-1]):
+            self._take_wakeup("position()")
+            budget = self._api_timeout_s if timeout is None else float(timeout)
+            if not self._committer.wait_idle(budget, self._wakeup, self._stop,
+                                             upto=tickets[-1]):
+                self._take_wakeup("position()")
+                self._check_open()
+                if self._stop.is_set():
+                    raise IllegalStateError(
+                        f"cannot read the position of {key.topic}-{key.partition}: the "
+                        f"consumer is closing, and a commit of its offset is in flight")
+                raise TimeoutError(
+                    f"the position of {key.topic}-{key.partition} could not be determined "
+                    f"within {budget:g} s: a commit of its offset made before is still in "
+                    f"flight (Redis did not answer it); pass a longer timeout")
+        with self._single_threaded():
+            self._check_open()
+            self._require_assigned(key, "read the position of")  # (not revoked meanwhile)
+            current = self._commit_target()
+            for ticket in tickets:
+                done = self._committer.completed(ticket)
+                if (done is not None and done.error is None and current is not None
+                        and done.token is current[1]):
+                    starts = self._start_commits.get(ticket, {})
+                    if key in starts:
+                        self._note_started({key: starts[key]})
 
     def _reset_edges(
         self, pending: Mapping[TopicPartition, tuple[int, int]], timeout: float
