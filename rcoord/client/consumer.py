@@ -1265,7 +1265,9 @@ class Consumer(SubscriptionMixin):
         exist raises ``TopicError`` (UNKNOWN_TOPIC_OR_PARTITION), nothing committed either
         (``_check_exist``). Without ``offsets``, the positions of partitions that no longer
         exist (a topic deleted while held) are skipped with a warning and the others committed
-        (``_skip_missing``), as are auto-commit's, a revocation's and ``close()``'s.
+        (``_skip_missing``), as are auto-commit's, a revocation's and ``close()``'s; and, as
+        Kafka's ``allConsumed()``, only partitions with a position: not one assigned and not
+        yet sought, asked ``position()`` of or polled (``_positions``).
 
         ``timeout`` (Kafka's ``commitSync(timeout)``): seconds the call waits, by default
         ``default_api_timeout_ms``; then it raises ``TimeoutError`` (Kafka's
