@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 import pytest
-from harness import WAIT_S
+from harness import WAIT_S, wait_until
 from test_consumer import env, poll_until  # noqa: F401 - env: the fixture
 
 from rcoord import TopicPartition
@@ -99,3 +99,53 @@ def test_position_while_that_commit_is_held_up_times_out_then_reads_it(
     finally:
         coord.release.set()
     assert consumer.position(TP0, timeout=WAIT_S) == 7
+
+
+class _RevokedReadsPosition(ConsumerRebalanceListener):
+    """``on_partitions_assigned``: commit_async() of t-0 at 6 (the first time);
+    ``on_partitions_revoked``: position() of t-0 (or the error it raised)."""
+
+    def __init__(self) -> None:
+        self.consumer: Consumer | None = None
+        self.assigned = 0
+        self.revoked: list[object] = []
+
+    def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        assert self.consumer is not None
+        self.assigned += 1
+        if self.assigned == 1:
+            self.consumer.commit_async({TP0: 6})
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        assert self.consumer is not None
+        try:
+            self.revoked.append(self.consumer.position(TP0, timeout=WAIT_S))
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            self.revoked.append(exc)
+
+
+def test_position_in_close_s_revocation_waits_for_that_commit(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """close()'s on_partitions_revoked reading the position of a partition whose start
+    commit was still in flight got IllegalStateError ('the consumer is closing') at once;
+    it waits for the commit within close()'s bound, as the listener's commits do."""
+    env.topics.create("t", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    coord = _HeldCommits(env)
+    listener = _RevokedReadsPosition()
+    consumer: Consumer = env.consumer(listener, enable_auto_commit=False, coordinator=coord)
+    listener.consumer = consumer
+    try:
+        wait_until(lambda: listener.assigned > 0, lambda: consumer.poll(timeout=0.05) and None)
+        assert consumer.poll(timeout=0.05) == []  # (t-0 unstarted: its commit is held)
+        waits = consumer._committer.wait_idle
+
+        def released(*args: Any, **kw: Any) -> bool:
+            coord.release.set()  # once close()'s listener waits for it
+            return waits(*args, **kw)
+
+        consumer._committer.wait_idle = released  # type: ignore[method-assign]
+        consumer.close(timeout=WAIT_S)
+    finally:
+        coord.release.set()
+    assert listener.revoked == [6]

@@ -596,11 +596,16 @@ class Consumer(SubscriptionMixin):
         if not self._committer.finished(tickets[-1]):
             self._take_wakeup("position()")
             budget = self._api_timeout_s if timeout is None else float(timeout)
-            if not self._committer.wait_idle(budget, self._wakeup, self._stop,
-                                             upto=tickets[-1]):
+            # close()'s listener (on_partitions_revoked reading its positions) waits despite
+            # the close, within close()'s bound, as its commits do.
+            closing = self._closer == threading.get_ident()
+            interrupts = () if closing else (self._wakeup, self._stop)
+            if closing and self._close_deadline is not None:
+                budget = min(budget, max(0.0, self._close_deadline - time.monotonic()))
+            if not self._committer.wait_idle(budget, *interrupts, upto=tickets[-1]):
                 self._take_wakeup("position()")
                 self._check_open()
-                if self._stop.is_set():
+                if self._stop.is_set() and not closing:
                     raise IllegalStateError(
                         f"cannot read the position of {key.topic}-{key.partition}: the "
                         f"consumer is closing, and a commit of its offset is in flight")
