@@ -186,6 +186,7 @@ def test_own_commits_read_the_counts_once_per_watch_interval(env: Any) -> None:
     consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
                             partition_watch_interval_ms=600_000)
     consumer.assign([TP("t", 0), TP("u", 0)])
+    consumer.seek(TP("u", 0), 0)  # (a partition never positioned is not committed)
     for p in (3, 4, 5):
         consumer.seek(TP("t", 0), p)
         consumer.commit()
