@@ -18,9 +18,11 @@ from rcoord.testing.embedded import EmbeddedCluster, EmbeddedServer
 from rcoord.topics import Producer, Topics
 
 
-def _parked_reads(nodes: list[Any]) -> int:
-    """How many connections of the servers of ``nodes`` are blocked in an XREAD now."""
-    return sum(blocked_xreads(node) for node in nodes)
+def _parked_reads(nodes: list[Any], name: str | None) -> int:
+    """How many connections of the servers of ``nodes`` are blocked in an XREAD now: those
+    named ``name`` only, if given (this test's clients: not another test's, on the session's
+    shared servers)."""
+    return sum(blocked_xreads(node, name) for node in nodes)
 
 
 def _open_sockets() -> list[socket.socket]:
@@ -28,16 +30,41 @@ def _open_sockets() -> list[socket.socket]:
     return [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() != -1]
 
 
-def _wait_for_the_consumer_threads_to_end() -> None:
-    """Until every thread of group "g"'s consumer (named rcoord-g-...) has ended."""
-    wait_until(lambda: not any(t.name.startswith("rcoord-g-") for t in threading.enumerate()))
+def _ours(sockets: list[socket.socket], nodes: list[Any], name: str) -> list[socket.socket]:
+    """Those of ``sockets`` connected to a server of ``nodes`` that the server lists under
+    ``name`` (every connection of this test's clients sends it), or does not list at all (its
+    end closed): not a socket another test's leftover thread opened meanwhile (those of the
+    ``nodes`` themselves are unnamed)."""
+    listed: dict[tuple[int, str], str] = {}
+    for node in nodes:
+        port = int(node.connection_pool.connection_kwargs["port"])
+        listed.update({(port, c["addr"]): c.get("name", "") for c in node.client_list()})
+    ports = {port for port, _ in listed}
+    found = []
+    for s in sockets:
+        try:
+            port = s.getpeername()[1]
+            host, local = s.getsockname()[:2]
+        except (OSError, TypeError, IndexError):
+            continue  # (not connected: to no server of this test)
+        if port in ports and listed.get((port, f"{host}:{local}"), name) == name:
+            found.append(s)
+    return found
 
 
-def _park_a_consumer(config: ConsumerGroupConfig, nodes: list[Any]) -> tuple[
+def _wait_for_the_consumer_threads_to_end(group_id: str) -> None:
+    """Until every thread of group ``group_id``'s consumer (rcoord-<group_id>-...) has ended
+    (a group id of the test's own: not another test's consumer of a group of the same name)."""
+    prefix = f"rcoord-{group_id}-"
+    wait_until(lambda: not any(t.name.startswith(prefix) for t in threading.enumerate()))
+
+
+def _park_a_consumer(config: ConsumerGroupConfig, nodes: list[Any], name: str | None) -> tuple[
         Consumer, threading.Event, threading.Thread]:
     """A consumer of ``config`` (fetch_max_wait_ms a minute) polling on a thread of its own
     until the returned event is set, once assigned and its fetch parked in XREAD on ``nodes``
-    (no JoinGroup parked on its wake stream then: the XREAD is the fetch's)."""
+    (on a connection named ``name``, if given; no JoinGroup parked on its wake stream then:
+    the XREAD is the fetch's)."""
     consumer = Consumer(config, fetch_max_wait_ms=60_000)
     closing = threading.Event()
 
@@ -47,7 +74,7 @@ def _park_a_consumer(config: ConsumerGroupConfig, nodes: list[Any]) -> tuple[
 
     poller = threading.Thread(target=poll_loop, daemon=True)
     poller.start()
-    wait_until(lambda: consumer.assignment() and _parked_reads(nodes) == 1)
+    wait_until(lambda: consumer.assignment() and _parked_reads(nodes, name) == 1)
     return consumer, closing, poller
 
 
@@ -62,38 +89,43 @@ def test_close_ends_a_parked_fetch_and_leaks_no_socket(
     socket is left open. Before, on a cluster, the parked read failed under the closed client
     and redis-py read the topology again on a socket nobody closed."""
     before = {id(s) for s in _open_sockets()}
+    name = namespace  # (every connection of this test's clients, on the shared servers)
     if backend == "single":
         server: EmbeddedServer = request.getfixturevalue("redis_server")
-        url, nodes, client = server.url, [server.client()], server.client()
+        url, nodes = server.url, [server.client()]
+        client = server.client(client_name=name)
     else:
         cluster: EmbeddedCluster = request.getfixturevalue("redis_cluster")
-        url, nodes, client = cluster.url, cluster.node_clients(), cluster.client()
+        url, nodes = cluster.url, cluster.node_clients()
+        client = cluster.client(client_name=name)
     try:
         without_join_delay(client, namespace)
         Topics(client, namespace).create("t", 1)
         config = ConsumerGroupConfig(
-            group_id="g", topics=["t"], namespace=namespace, heartbeat_interval_ms=100,
-            **({"redis_url": url} if own_client else {"redis_client": client}))
-        consumer, closing, poller = _park_a_consumer(config, nodes)
+            group_id=namespace, topics=["t"], namespace=namespace, heartbeat_interval_ms=100,
+            **({"redis_url": f"{url}?client_name={name}"} if own_client
+               else {"redis_client": client}))
+        consumer, closing, poller = _park_a_consumer(config, nodes, name)
         closing.set()
         consumer.close(timeout=timeout)
         poller.join()
         if timeout == 0:  # close(0) does not wait for the unblock: its thread sends it
-            wait_until(lambda: _parked_reads(nodes) == 0)
+            wait_until(lambda: _parked_reads(nodes, name) == 0)
         else:
-            assert _parked_reads(nodes) == 0  # woken, not left parked for its minute
+            assert _parked_reads(nodes, name) == 0  # woken, not left parked for its minute
         if not own_client:
             client.close()
         # The consumer's threads end (the group's closes its client as it exits, after a
         # close(0) returned).
-        _wait_for_the_consumer_threads_to_end()
-        wait_until(lambda: _parked_reads(nodes) == 0)
+        _wait_for_the_consumer_threads_to_end(namespace)
+        wait_until(lambda: _parked_reads(nodes, name) == 0)
+        client.close()
+        left = _ours([s for s in _open_sockets() if id(s) not in before], nodes, name)
+        assert not left, "\n".join(f"{s} made at:\n{_made_at(s)}" for s in left)
     finally:
         client.close()
         for node in nodes:
             node.close()
-    left = [s for s in _open_sockets() if id(s) not in before]
-    assert not left, "\n".join(f"{s} made at:\n{_made_at(s)}" for s in left)
 
 
 def _made_at(obj: object) -> str:
@@ -115,9 +147,9 @@ def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
     try:
         without_join_delay(client, namespace)
         Topics(client, namespace).create("t", 1)
-        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+        config = ConsumerGroupConfig(group_id=namespace, topics=["t"], namespace=namespace,
                                      heartbeat_interval_ms=100, redis_client=client)
-        consumer, closing, poller = _park_a_consumer(config, [node])
+        consumer, closing, poller = _park_a_consumer(config, [node], None)
         closing.set()
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -128,7 +160,7 @@ def test_close_keeps_its_timeout_with_a_parked_fetch_and_a_stopped_server(
         finally:
             os.kill(pid, signal.SIGCONT)
         poller.join()
-        _wait_for_the_consumer_threads_to_end()
+        _wait_for_the_consumer_threads_to_end(namespace)
     finally:
         client.close()
         node.close()
@@ -148,15 +180,15 @@ def test_close_leaves_the_group_within_its_timeout_when_the_fetch_cannot_be_woke
     try:
         without_join_delay(admin, namespace)
         Topics(client, namespace).create("t", 1)
-        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+        config = ConsumerGroupConfig(group_id=namespace, topics=["t"], namespace=namespace,
                                      heartbeat_interval_ms=100, redis_client=client)
-        consumer, closing, poller = _park_a_consumer(config, [admin])
+        consumer, closing, poller = _park_a_consumer(config, [admin], None)
         closing.set()
         consumer.close(timeout=2.0)
-        assert consumer.group.coordinator.describe_group("g").state == "Empty"
+        assert consumer.group.coordinator.describe_group(namespace).state == "Empty"
         admin.client_kill_filter(user="worker")  # ends the read parked for its minute
         poller.join()
-        _wait_for_the_consumer_threads_to_end()
+        _wait_for_the_consumer_threads_to_end(namespace)
     finally:
         client.close()
         admin.close()
@@ -169,25 +201,30 @@ def test_a_parked_fetch_whose_connection_is_killed_reads_again_without_failing(
     restart): the fetch reads again through the client, which reconnects, and the next record
     comes with no failed fetch. Before, the hand-rolled read raised ConnectionLost: a warning
     "fetch of t-0 failed" and a retry backoff, where the client's own xread retried."""
-    admin, client = redis_server.client(), redis_server.client()
+    admin, client = redis_server.client(), redis_server.client(client_name=namespace)
     try:
         without_join_delay(client, namespace)
         Topics(client, namespace).create("t", 1)
-        config = ConsumerGroupConfig(group_id="g", topics=["t"], namespace=namespace,
+        config = ConsumerGroupConfig(group_id=namespace, topics=["t"], namespace=namespace,
                                      heartbeat_interval_ms=100, redis_client=client)
         with Consumer(config, fetch_max_wait_ms=60_000) as consumer:
             got: list[Any] = []
             poller = threading.Thread(target=lambda: got.extend(consumer.poll(timeout=60)),
-                                      daemon=True)
+                                      name=f"{namespace}-poll", daemon=True)
             poller.start()
-            wait_until(lambda: consumer.assignment() and _parked_reads([admin]) == 1)
-            parked = [c for c in admin.client_list() if c.get("cmd") == "xread"]
+            wait_until(lambda: consumer.assignment() and _parked_reads([admin], namespace) == 1)
+            parked = [c for c in admin.client_list()
+                      if c.get("cmd") == "xread" and c.get("name") == namespace]
             admin.client_kill_filter(_id=parked[0]["id"])
-            wait_until(lambda: _parked_reads([admin]) == 1)  # parked again, on a new one
+            # parked again, on a new one
+            wait_until(lambda: _parked_reads([admin], namespace) == 1)
             Producer(client, namespace).send("t", b"v", partition=0)
             poller.join()
             assert [r.value for r in got] == [b"v"]
-        assert "failed" not in caplog.text
+        # (this test's threads only: the poll's, the consumer's)
+        assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage()
+                    and (r.threadName == poller.name
+                         or r.threadName.startswith(f"rcoord-{namespace}-"))]
     finally:
         client.close()
         admin.close()
