@@ -89,10 +89,12 @@ def poll_until(
 def fake_consumer() -> Iterator[Any]:
     made: list[Consumer] = []
 
-    def make(state: OneMemberGroup, listener: Any = None, **kw: Any) -> Consumer:
+    def make(state: OneMemberGroup, listener: Any = None, *, group_id: str = "g",
+             **kw: Any) -> Consumer:
         settings: dict[str, Any] = {"fetch_max_wait_ms": 5, "auto_commit_interval_ms": 100_000}
         settings.update(kw)
-        c = Consumer(fast_config(), listener=listener, coordinator=state.fake, **settings)  # type: ignore[arg-type]
+        c = Consumer(fast_config(group_id=group_id), listener=listener,
+                     coordinator=state.fake, **settings)  # type: ignore[arg-type]
         made.append(c)
         return c
 
@@ -222,7 +224,7 @@ def test_a_join_refusal_no_retry_can_mend_is_raised_by_every_poll(fake_consumer:
 
 @pytest.mark.parametrize("failure", ["connection", "coordinator"])
 def test_poll_keeps_trying_while_the_coordinator_is_unreachable(
-    fake_consumer: Any, caplog: Any, failure: str
+    fake_consumer: Any, caplog: Any, failure: str, namespace: str
 ) -> None:
     """Kafka's poll() never throws because the coordinator cannot be reached: it returns no
     records and keeps trying. Before, once the group's retries had failed for a whole session
@@ -240,9 +242,12 @@ def test_poll_keeps_trying_while_the_coordinator_is_unreachable(
         return join(*args, **kw)
 
     state.fake.join_group = unreachable_join
-    consumer = fake_consumer(state)
+    # (a group id of its own: the report must be this group's, not another test's consumer's
+    # still retrying in this process)
+    consumer = fake_consumer(state, group_id=namespace)
     caplog.set_level(logging.WARNING, logger="rcoord.client.group")
-    reported = lambda: any("joining again" in r.getMessage() for r in caplog.records)
+    reported = lambda: any(r.getMessage().startswith(f"consumer group {namespace!r}: ")
+                           and "joining again" in r.getMessage() for r in caplog.records)
     wait_until(lambda: consumer.poll(timeout=0.01) == [] and reported())
     # The group has reported it (once, to whoever asks next): poll() still only returns nothing.
     assert consumer.poll(timeout=0.05) == []
@@ -437,9 +442,9 @@ def _log_ends(env: Any, n: int) -> dict[TopicPartition, int]:
     return {TP("t", p.partition): p.log_end_offset for p in env.topics.describe("t").partitions[:n]}
 
 
-def _committed(env: Any, n: int) -> dict[TopicPartition, int]:
-    """Group "g"'s committed offsets of partitions 0..n-1 of topic "t"."""
-    fetched = env.coord.fetch_offsets("g", [TP("t", p) for p in range(n)]).offsets
+def _committed(env: Any, n: int, group_id: str = "g") -> dict[TopicPartition, int]:
+    """Group ``group_id``'s committed offsets of partitions 0..n-1 of topic "t"."""
+    fetched = env.coord.fetch_offsets(group_id, [TP("t", p) for p in range(n)]).offsets
     return {tp: o.offset for tp, o in fetched.items()}
 
 
@@ -1471,18 +1476,21 @@ def test_real_offset_queries_before_the_first_poll_do_not_join(env: Any) -> None
     it), so nobody read them."""
     env.topics.create("t", 2)
     env.producer.send_batch("t", [b"%d" % i for i in range(4)])
-    consumer = env.consumer()
+    # (a group id of its own: its threads, rcoord-<group id>-..., are told from another
+    # test's consumer of group "g" that is still ending in this process)
+    group = env.namespace
+    consumer = env.consumer(group_id=group)
     tps = [TP("t", 0), TP("t", 1)]
     assert consumer.end_offsets(tps) == {TP("t", 0): 2, TP("t", 1): 2}
     assert consumer.beginning_offsets(tps) == {TP("t", 0): 0, TP("t", 1): 0}
     assert consumer.committed(tps) == {TP("t", 0): -1, TP("t", 1): -1}
     assert consumer.committed(tps, metadata=True) == {TP("t", 0): None, TP("t", 1): None}
     assert set(consumer.offsets_for_times({tp: 0 for tp in tps})) == set(tps)
-    assert not [t for t in threading.enumerate() if t.name == "rcoord-g-run"]
-    assert env.coord.describe_group("g").members == []
+    assert not [t for t in threading.enumerate() if t.name == f"rcoord-{group}-run"]
+    assert env.coord.describe_group(group).members == []
     got = poll_until(consumer, lambda got: len(got) >= 4)
     assert sorted((r.partition, r.offset) for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert len(env.coord.describe_group("g").members) == 1
+    assert len(env.coord.describe_group(group).members) == 1
 
 
 def test_real_committed_with_metadata_returns_what_was_committed(env: Any) -> None:
@@ -1512,7 +1520,8 @@ def test_real_an_endless_timeout_means_no_bound(env: Any) -> None:
     non-number close() timeout is refused, as poll()'s is."""
     env.topics.create("t", 1)
     env.producer.send_batch("t", [b"%d" % i for i in range(6)])
-    consumer = env.consumer(max_poll_records=3, auto_commit_interval_ms=1)
+    group = env.namespace  # (its threads told from another test's consumer of group "g")
+    consumer = env.consumer(group_id=group, max_poll_records=3, auto_commit_interval_ms=1)
     # The fetch thread would end by itself once idle: only close() may end it here.
     consumer._fetching._idle_exit_s = WAIT_S * 10
     assert [r.offset for r in consumer.poll(timeout=float("inf"))] == [0, 1, 2]
@@ -1522,10 +1531,11 @@ def test_real_an_endless_timeout_means_no_bound(env: Any) -> None:
     with pytest.raises(TypeError, match="must be seconds"):
         consumer.close(timeout="5")  # type: ignore[arg-type]
     consumer.close(timeout=float("inf"))
-    assert _committed(env, 1) == {TP("t", 0): 6}
+    assert _committed(env, 1, group) == {TP("t", 0): 6}
     # close() never waits for a fetch in flight (a silent server could hold it): the fetch
     # thread ends once that call returns, which a live server answers within its block time.
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("rcoord-g-")])
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith(f"rcoord-{group}-")])
 
 
 def test_a_loop_left_mid_batch_goes_on_from_the_record_it_was_on(env: Any) -> None:
