@@ -305,6 +305,16 @@ def wait_for_the_next_ms(client: Any, after_ms: int) -> None:
     wait_until(lambda: server_ms(client) > after_ms)
 
 
+def this_threads(records: Sequence[logging.LogRecord]) -> list[logging.LogRecord]:
+    """Those of ``records`` logged on the calling thread: what a test's own synchronous calls
+    logged, not a record of another test's thread still running in this process (``caplog``
+    collects every thread's, and an exact list or count of them failed on such a leftover)."""
+    import threading
+
+    me = threading.get_ident()
+    return [r for r in records if r.thread == me]
+
+
 H = TypeVar("H", bound=logging.Handler)
 
 

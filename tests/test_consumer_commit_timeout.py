@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from harness import WAIT_S, wait_until
+from harness import WAIT_S, this_threads, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -199,7 +199,7 @@ def test_a_commit_given_up_on_that_fails_later_is_logged_saying_so(
     with caplog.at_level("WARNING", logger="rcoord.client"):
         outcome.done({TP: 5}, ConnectionLost("unreachable"))
         outcome.done({TP: 6}, None)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in this_threads(caplog.records)] == [
         ("commit() of t-0, which raised before it was done (its timeout, wakeup() or an "
          "interrupt), failed: unreachable")]
     assert outcome.error is None

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from harness import this_threads
 from test_client_rebalance_reads import RoundTrips
 
 from rcoord.client import ConsumerGroup, ConsumerGroupConfig
@@ -58,7 +59,9 @@ def starts_of() -> dict[TP, int]:
 
 
 def warned(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage().split(" (")[0] for r in caplog.records]
+    """What the test's calls of the member logged (on its thread: another test's group "g"
+    may log on a thread of its own meanwhile)."""
+    return [r.getMessage().split(" (")[0] for r in this_threads(caplog.records)]
 
 
 def test_the_querys_start_reads_every_log_start_in_one_round_trip(
