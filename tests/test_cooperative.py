@@ -127,7 +127,8 @@ def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[An
     e.producer = Producer(redis_client, namespace, "round_robin")
 
     def consumer(
-        assignors: tuple[str, ...] = (COOP,), listener: Recorder | None = None, **kw: Any
+        assignors: tuple[str, ...] = (COOP,), listener: Recorder | None = None, *,
+        session_timeout_ms: int = 1000, rebalance_timeout_ms: int = 3000, **kw: Any
     ) -> Runner:
         cfg = ConsumerGroupConfig(
             group_id="g",
@@ -136,8 +137,8 @@ def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[An
             redis_client=redis_client,
             namespace=namespace,
             heartbeat_interval_ms=50,
-            session_timeout_ms=1000,
-            rebalance_timeout_ms=3000,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
             retry_backoff_ms=10,
             retry_backoff_max_ms=100,
         )
@@ -196,7 +197,13 @@ def _stable(runners: list[Runner], n: int) -> bool:
 
 def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any) -> None:
     env.topics.create("t", 12)
-    first = [env.consumer() for _ in range(3)]
+    # Sessions and rebalances as long as a wait: what is judged is each member's every
+    # callback, and a process stalled past a 1 s session (a loaded CI machine; shown with a
+    # 2.5 s hold of the GIL) had a member removed, its partitions lost and dealt anew.
+    # Nothing here waits for a session or a rebalance timeout to pass.
+    long_ms = int(WAIT_S * 1000)
+    timeouts = {"session_timeout_ms": long_ms, "rebalance_timeout_ms": long_ms}
+    first = [env.consumer(**timeouts) for _ in range(3)]
     wait_until(lambda: _stable(first, 12))  # 4 each: the group formed, callbacks all ran
     before = {id(r): _held(r) for r in first}
     marks = [len(r.listener.events) for r in first]
@@ -209,7 +216,7 @@ def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any)
     )
     feeder.start()
     try:
-        fourth = env.consumer()
+        fourth = env.consumer(**timeouts)
         wait_until(lambda: _stable([*first, fourth], 12))
         t_done = time.monotonic()
         wait_until(lambda: all(any(t > t_done for t, _ in r.seen) for r in first))
