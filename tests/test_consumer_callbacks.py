@@ -52,7 +52,8 @@ def make() -> Iterator[Any]:
         settings: dict[str, Any] = {"fetch_max_wait_ms": 5, "auto_commit_interval_ms": 100_000}
         settings.update(kw)
         cfg = fast_config(assignors=[Scripted(*plans, eager=settings.pop("eager", False))],
-                          rebalance_timeout_ms=settings.pop("rebalance_timeout_ms", 5000))
+                          rebalance_timeout_ms=settings.pop("rebalance_timeout_ms", 5000),
+                          group_id=settings.pop("group_id", "g"))
         c = Consumer(cfg, listener=listener, coordinator=state.fake, **settings)
         made.append(c)
         return c
@@ -184,7 +185,7 @@ class Unsubscribing(Recorder):
 
 @pytest.mark.parametrize("protocol", ["eager", "cooperative"])
 def test_unsubscribe_inside_on_partitions_revoked_leaves_at_once(
-    make: Any, caplog: Any, protocol: str
+    make: Any, caplog: Any, protocol: str, namespace: str
 ) -> None:
     """unsubscribe() from inside the revocation callback of a rebalance: as close() from there,
     the member leaves at once and the partitions the running revocation does not give up (the
@@ -195,8 +196,10 @@ def test_unsubscribe_inside_on_partitions_revoked_leaves_at_once(
     caplog.set_level(logging.WARNING, logger="rcoord.client")
     state = OneMemberGroup(partitions=3, records=2)
     listener = Unsubscribing()
+    # (a group id of its own: its routines' threads, rcoord-<group id>-..., which would log
+    # the hold giving up, are told from another test's consumer's still running)
     consumer = make(state, listener, [0, 1], [1, 2], eager=protocol == "eager",
-                    rebalance_timeout_ms=3000)
+                    rebalance_timeout_ms=3000, group_id=namespace)
     listener.consumer_ref = consumer
     poll_until(consumer, lambda got: len(got) == 4)
     _rebalance(state, consumer)
@@ -208,7 +211,8 @@ def test_unsubscribe_inside_on_partitions_revoked_leaves_at_once(
     assert consumer.assignment() == [] and consumer.generation is None
     assert state.committed == {TP("t", 0): 2, TP("t", 1): 2}
     assert state.leaves
-    assert not [r for r in caplog.records if "rebalance timeout" in r.getMessage()]
+    assert not [r for r in caplog.records if "rebalance timeout" in r.getMessage()
+                and r.threadName.startswith(f"rcoord-{namespace}-")]
 
 
 class ClosedFromElsewhere(Recorder):
