@@ -504,6 +504,14 @@ QUERIES: dict[str, Callable[[Consumer], Any]] = {
 }
 
 
+def _retrying(caplog: pytest.LogCaptureFixture, thread: threading.Thread) -> bool:
+    """Whether ``thread`` (the query's: its retries log there) logged a retry: not another
+    test's consumer still retrying in this process, which ended the wait before this query
+    had failed once (and the test then proved nothing)."""
+    return any("retrying after" in r.getMessage() and r.thread == thread.ident
+               for r in caplog.records)
+
+
 def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     """Runs ``call`` in a thread; the list gets its result or its exception."""
     out: list[Any] = []
@@ -533,7 +541,7 @@ def test_an_offset_query_retries_while_redis_does_not_answer(
         with caplog.at_level(logging.INFO, logger="rcoord.client"):
             stalled()
             thread, out = _in_thread(lambda: QUERIES[query](consumer))
-            wait_until(lambda: "retrying after" in caplog.text or not thread.is_alive())
+            wait_until(lambda: _retrying(caplog, thread) or not thread.is_alive())
             assert thread.is_alive(), out  # still retrying, not failed
             _resume(own_server)
             thread.join(BOUND_S)
@@ -561,7 +569,7 @@ def test_an_offset_query_gives_up_after_its_timeout_and_a_wakeup_ends_it_sooner(
         with caplog.at_level(logging.INFO, logger="rcoord.client"):
             caplog.clear()
             thread, out = _in_thread(lambda: consumer.committed([tp]))
-            wait_until(lambda: "retrying after" in caplog.text or not thread.is_alive())
+            wait_until(lambda: _retrying(caplog, thread) or not thread.is_alive())
         consumer.wakeup()
         thread.join(BOUND_S)
         assert not thread.is_alive() and len(out) == 1 and isinstance(out[0], WakeupError), out
