@@ -33,7 +33,8 @@ import redis.exceptions
 from .errors import ConfigError, MissingPermissionError
 from .urls import redact_url
 
-__all__ = ["MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info", "learn_node", "server_mode"]
+__all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
+           "learn_node", "server_mode"]
 
 MAX_CONNECTIONS = 1000
 """Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
@@ -41,6 +42,16 @@ redis-py 8 made its pool refuse a command past 100 ("Too many connections"), and
 in a call holds one (a parked JoinGroup or SyncGroup for up to half the socket timeout): a
 process of 200 member threads on one blocking coordinator had 13 of its joins fail. A server
 takes 10,000 clients by default."""
+
+FULL_COVERAGE = False
+"""The ``require_full_coverage`` of rcoord's cluster clients: False, so a client serves the
+slots that have a master while another slot has none (a master lost with no replica to
+promote, on a cluster run with ``cluster-require-full-coverage no``), as Kafka keeps serving
+the partitions whose leaders are up. redis-py's default, True, refused to start a client then
+("All slots are not covered"), and failed every topology refresh of a running one (after a
+failover or a MOVED), which so never learned a covered slot's new master; a call to the
+unserved slot fails either way, with redis-py's CLUSTERDOWN or ``SlotNotCoveredError``,
+which rcoord raises as ``ConnectionLost`` (retriable)."""
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -210,7 +221,9 @@ def connect(url: str, **kwargs: Any) -> Any:
     ``kwargs`` go to redis-py (``socket_timeout``, ``ssl_ca_certs``, ...);
     ``socket_connect_timeout`` defaults to 5 s, ``max_connections`` (per node) to
     ``MAX_CONNECTIONS`` (the URL's ``?max_connections=`` wins over both), and
-    ``decode_responses`` is always False (rcoord reads bytes).
+    ``decode_responses`` is always False (rcoord reads bytes). A cluster client serves the
+    slots that have a master while another slot has none (``require_full_coverage`` defaults
+    to False; see ``FULL_COVERAGE``).
 
     Raises redis-py's ``ConnectionError`` (refused, unknown host, TLS failure),
     ``AuthenticationError`` (wrong user or password), ``ValueError`` (a malformed URL;
@@ -220,6 +233,7 @@ def connect(url: str, **kwargs: Any) -> Any:
     kwargs.setdefault("socket_connect_timeout", 5.0)
     kwargs.setdefault("max_connections", MAX_CONNECTIONS)
     kwargs["decode_responses"] = False
+    full_coverage = kwargs.pop("require_full_coverage", FULL_COVERAGE)  # (a cluster's only)
     info = driver_info()
     if info is not None and not {"driver_info", "lib_name", "lib_version"} & kwargs.keys():
         kwargs["driver_info"] = info
@@ -241,7 +255,7 @@ def connect(url: str, **kwargs: Any) -> Any:
         probe.close()
         raise _cluster_database(url, db)
     try:
-        return ClusterClient.from_url(url, **kwargs)
+        return ClusterClient.from_url(url, require_full_coverage=full_coverage, **kwargs)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # redis-py words a refused CLUSTER SLOTS as "cannot be connected": say why.
         missing = _missing_cluster_permission(probe)

@@ -19,7 +19,7 @@ import redis.cluster
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..connect import connect
+from ..connect import FULL_COVERAGE, connect
 from ..errors import ConfigError, as_authentication_failed
 from ..urls import redact_url
 from .dispatch import handle_frame
@@ -60,7 +60,9 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
     unless the URL (``?max_connections=``, which ``from_url`` reads over the kwargs) or
     ``kwargs`` say otherwise. Such a pool refuses a command past its size
     (``MaxConnectionsError``) instead of waiting: the bounds that ``fetch_wait_limit`` and
-    ``command_limit`` read from it keep the gateway below it."""
+    ``command_limit`` read from it keep the gateway below it. It serves the slots that have a
+    master while another has none (``rcoord.connect.FULL_COVERAGE`` says why), as the
+    blocking client does."""
     from ..asyncio.cluster import AsyncClusterClient
 
     refused = async_cluster_refuses(redis_url)
@@ -71,6 +73,7 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
             "Cluster client (the gateway's, on a cluster) does not take: remove "
             f"{'it' if len(refused) == 1 else 'them'} from the gateway's --redis-url")
     kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
+    kwargs.setdefault("require_full_coverage", FULL_COVERAGE)
     return AsyncClusterClient.from_url(redis_url, **kwargs)
 
 

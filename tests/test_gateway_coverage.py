@@ -1,0 +1,68 @@
+"""The gateway while one partition's slot is served by no master (a master lost with no replica
+to promote, under ``cluster-require-full-coverage no``): it starts, and serves the other
+partitions, as Kafka keeps serving the partitions whose leaders are up; the unserved one is
+answered with a code Kafka clients retry. On a cluster of the module's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_harness import GatewayThread, call_once, produced_batch, settle_fast_groups
+from test_gateway_slot_moves import _unserved
+
+from rcoord.errors import Errors
+from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
+from rcoord.topics import Record, Topics, partition_key
+from rcoord.topics._base import meta_key
+
+
+def _produce(gw: GatewayThread, partitions: list[int]) -> dict[int, int]:
+    answer = call_once(gw, 0, 9, {"acks": -1, "timeout": 10000, "topic_data": [
+        {"name": "t", "partition_data": [
+            {"index": p, "records": produced_batch([Record(0, None, b"v%d" % p, {}, 0)])}
+            for p in partitions]}]})
+    return {r.index: r.error_code.value for r in answer.responses[0].partition_responses}
+
+
+def _fetch(gw: GatewayThread, partitions: list[int]) -> dict[int, Any]:
+    answer = call_once(gw, 1, 12, {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+        "topics": [{"topic": "t", "partitions": [
+            {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+            for p in partitions]}]})
+    return {p.partition_index: p for p in answer.responses[0].partitions}
+
+
+def test_the_gateway_starts_and_serves_the_covered_partitions(own_cluster, namespace):
+    """The gateway's cluster clients kept redis-py's ``require_full_coverage=True``, which
+    refused to start them while any slot was unserved ("All slots are not covered"): no Kafka
+    client could reach any partition or group through a gateway started then, nor through one
+    whose client refreshed its topology (a failover) meanwhile. Partition 0 is produced to and
+    fetched from; partition 1, whose slot has no master, is answered REQUEST_TIMED_OUT to a
+    Produce and NOT_LEADER_OR_FOLLOWER to a Fetch, which Kafka's producer and consumer
+    retry."""
+    client = own_cluster.client()
+    try:
+        settle_fast_groups(client, namespace)
+        Topics(client, namespace).create("t", 2)
+        slots = {client.keyslot(k) for k in (partition_key(namespace, "t", 0),
+                                             partition_key(namespace, "t", 1),
+                                             meta_key(namespace, "t"))}
+        assert len(slots) == 3
+    finally:
+        client.close()
+    with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+        gw = GatewayThread(own_cluster.url, namespace).start()
+        try:
+            meta = call_once(gw, 3, 9, {"topics": [{"name": "t"}],
+                                        "allow_auto_topic_creation": False})
+            assert meta.topics[0].error_code.value == Errors.NONE
+            assert len(meta.topics[0].partitions) == 2
+            assert _produce(gw, [0]) == {0: Errors.NONE}
+            assert _produce(gw, [1]) == {1: Errors.REQUEST_TIMED_OUT}  # (as any refused append)
+            fetched = _fetch(gw, [0])
+            assert fetched[0].error_code.value == Errors.NONE
+            assert fetched[0].high_watermark == 1
+            assert _fetch(gw, [1])[1].error_code.value == NOT_LEADER_OR_FOLLOWER
+        finally:
+            gw.stop()
