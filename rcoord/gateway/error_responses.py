@@ -192,7 +192,15 @@ def _delete_groups(req: Any, code: int) -> dict[str, Any] | None:
     return _nonempty(results, {"throttle_time": 0, "results": results})
 
 
-_FETCH, _FIND_COORDINATOR, _FIND_COORDINATOR_BATCHED = 1, 10, 4
+def _init_producer_id(code: int) -> dict[str, Any]:
+    """InitProducerId failed as a whole, as Kafka's ``InitProducerIdRequest.getErrorResponse``:
+    producer id -1 and epoch -1 (``RecordBatch.NO_PRODUCER_ID``, ``NO_PRODUCER_EPOCH``). The
+    top-level code alone left the epoch at 0 (the schema gives only the id a default of -1),
+    a real epoch beside no producer id (Redis unavailable: COORDINATOR_LOAD_IN_PROGRESS)."""
+    return {"throttle_time": 0, "error_code": code, "producer_id": -1, "producer_epoch": -1}
+
+
+_FETCH, _FIND_COORDINATOR, _FIND_COORDINATOR_BATCHED, _INIT_PRODUCER_ID = 1, 10, 4, 22
 _BUILDERS: dict[int, _Builder] = {
     0: _produce, 1: _fetch, 2: _list_offsets, 3: _metadata, 8: _offset_commit,
     9: _offset_fetch, 10: _find_coordinator, 15: _describe_groups, 19: _create_topics,
@@ -211,14 +219,17 @@ def request_error_response(api_key: int, version: int, request: Any, code: int
 
     A response with a top-level error code gets it there (Fetch v7-v12 also per partition, as
     Kafka's ``FetchRequest.getErrorResponse``; FindCoordinator v0-3 with no coordinator, as
-    ``_find_coordinator_old``); one without gets it on every item the request
-    named. ``request`` may be None (not decoded): then only the top-level code can be used.
+    ``_find_coordinator_old``; InitProducerId with no producer id and epoch, as
+    ``_init_producer_id``); one without gets it on every item the request named. ``request``
+    may be None (not decoded): then only the top-level code can be used.
     """
     if _has_top_level_error(api_key, version):
         if api_key == _FETCH and request is not None and version < 13:
             return _fetch(request, code) or {"error_code": code}
         if api_key == _FIND_COORDINATOR and version < _FIND_COORDINATOR_BATCHED:
             return _find_coordinator_old(code)
+        if api_key == _INIT_PRODUCER_ID:
+            return _init_producer_id(code)
         return {"error_code": code}
     builder = _BUILDERS.get(api_key)
     if builder is None or request is None:
