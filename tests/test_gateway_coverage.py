@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway_harness import GatewayThread, call_once, produced_batch, settle_fast_groups
+from gateway_harness import (
+    GatewayThread,
+    call_once,
+    produced_batch,
+    settle_fast_groups,
+)
 from test_gateway_slot_moves import _unserved
 
 from rcoord.errors import Errors
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
-from rcoord.topics import Record, Topics, partition_key
+from rcoord.topics import Producer, Record, Topics, partition_key
 from rcoord.topics._base import meta_key
 
 
@@ -66,3 +71,48 @@ def test_the_gateway_starts_and_serves_the_covered_partitions(own_cluster, names
             assert _fetch(gw, [1])[1].error_code.value == NOT_LEADER_OR_FOLLOWER
         finally:
             gw.stop()
+
+
+def _started(cluster: Any, namespace: str) -> GatewayThread:
+    """A gateway over ``cluster`` for topic "t" (2 partitions, made now)."""
+    client = cluster.client()
+    try:
+        settle_fast_groups(client, namespace)
+        Topics(client, namespace).create("t", 2)
+        Producer(client, namespace, idempotent=False).send("t", b"a", partition=0)
+    finally:
+        client.close()
+    return GatewayThread(cluster.url, namespace).start()
+
+
+def test_a_group_whose_slot_is_unserved_is_retriable_and_others_are_served(own_cluster,
+                                                                           namespace):
+    """Groups are served by the gateway's asyncio cluster client, whose redis-py slot lookup
+    raised KeyError for a slot no master serves once it no longer required full coverage:
+    answered UNKNOWN_SERVER_ERROR. A commit to the group on that slot is
+    COORDINATOR_NOT_AVAILABLE (retried by Kafka clients); another group's is stored."""
+    from rcoord import CoordinatorConfig
+    from rcoord.keys import GroupKeys
+
+    gw = _started(own_cluster, namespace)
+    probe = own_cluster.client()
+    try:
+        n = CoordinatorConfig(namespace=namespace).num_partitions
+        down = GroupKeys.of(namespace, n, "g").group
+        other = next(g for g in (f"h{i}" for i in range(1000))
+                     if probe.keyslot(GroupKeys.of(namespace, n, g).group)
+                     != probe.keyslot(down))
+
+        def commit(group: str) -> int:
+            answer = call_once(gw, 8, 8, {
+                "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                "topics": [{"name": "t", "partitions": [
+                    {"partition_index": 0, "committed_offset": 1}]}]})
+            return int(answer.topics[0].partitions[0].error_code.value)
+
+        with _unserved(own_cluster, down):
+            assert commit("g") == Errors.COORDINATOR_NOT_AVAILABLE
+            assert commit(other) == Errors.NONE
+    finally:
+        probe.close()
+        gw.stop()
