@@ -10,9 +10,14 @@ from typing import Any
 from gateway_harness import (
     GatewayThread,
     call_once,
+    connect,
+    fetched_records,
     produced_batch,
+    request_frame,
+    response,
     settle_fast_groups,
 )
+from harness import blocked_xreads, wait_until
 from test_gateway_slot_moves import _unserved
 
 from rcoord.errors import Errors
@@ -83,6 +88,72 @@ def _started(cluster: Any, namespace: str) -> GatewayThread:
     finally:
         client.close()
     return GatewayThread(cluster.url, namespace).start()
+
+
+def test_a_fetch_of_a_covered_and_an_unserved_partition_answers_each_its_own(own_cluster,
+                                                                            namespace):
+    """A consumer fetches all its partitions from the one broker the gateway is, in one
+    Fetch. One partition's slot unserved failed the whole Fetch, every partition
+    NOT_LEADER_OR_FOLLOWER, so the consumer made no progress on any partition for as long as
+    one slot was down. As Kafka answers by partition, the covered partition sends its records
+    and only the unserved one is NOT_LEADER_OR_FOLLOWER."""
+    gw = _started(own_cluster, namespace)
+    try:
+        with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+            fetched = _fetch(gw, [0, 1])
+    finally:
+        gw.stop()
+    assert fetched[0].error_code.value == Errors.NONE
+    assert (fetched[0].high_watermark, len(fetched_records(bytes(fetched[0].records)))) == (1, 1)
+    assert fetched[1].error_code.value == NOT_LEADER_OR_FOLLOWER
+    assert (fetched[1].high_watermark, fetched[1].log_start_offset) == (-1, -1)
+
+
+def test_a_parked_fetch_beside_an_unserved_partition_waits_for_the_covered_ones(own_cluster,
+                                                                                namespace):
+    """The unserved partition does not end the wait on the others: a record produced to a
+    covered partition while the Fetch waits is what answers it."""
+    gw = _started(own_cluster, namespace)
+    client, nodes = own_cluster.client(), own_cluster.node_clients()
+    try:
+        with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+            sock = connect(gw)
+            try:
+                sock.sendall(request_frame(1, 12, 1, {
+                    "replica_id": -1, "max_wait": 60_000, "min_bytes": 1, "max_bytes": 1 << 20,
+                    "topics": [{"topic": "t", "partitions": [
+                        {"partition": p, "fetch_offset": 1, "partition_max_bytes": 1 << 20}
+                        for p in (0, 1)]}]}))
+                wait_until(lambda: any(blocked_xreads(n) for n in nodes))
+                Producer(client, namespace, idempotent=False).send("t", b"b", partition=0)
+                answer = response(sock, 1, 12, 5)
+            finally:
+                sock.close()
+    finally:
+        for node in nodes:
+            node.close()
+        client.close()
+        gw.stop()
+    parts = {p.partition_index: p for p in answer.responses[0].partitions}
+    assert [r.value for r in fetched_records(bytes(parts[0].records))] == [b"b"]
+    assert parts[1].error_code.value == NOT_LEADER_OR_FOLLOWER
+
+
+def test_list_offsets_of_a_covered_and_an_unserved_partition_answers_each_its_own(
+        own_cluster, namespace):
+    """ListOffsets (a consumer's offset reset) failed whole likewise; the covered partition
+    is answered its offset, the unserved one NOT_LEADER_OR_FOLLOWER."""
+    gw = _started(own_cluster, namespace)
+    try:
+        with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+            listed = call_once(gw, 2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+                {"name": "t", "partitions": [{"partition_index": p, "timestamp": -1}
+                                             for p in (0, 1)]}]})
+    finally:
+        gw.stop()
+    parts = {p.partition_index: p for p in listed.topics[0].partitions}
+    assert (parts[0].error_code.value, parts[0].offset) == (Errors.NONE, 1)
+    assert (parts[1].error_code.value, parts[1].offset) == (NOT_LEADER_OR_FOLLOWER, -1)
 
 
 def test_a_group_whose_slot_is_unserved_is_retriable_and_others_are_served(own_cluster,

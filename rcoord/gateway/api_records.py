@@ -18,7 +18,7 @@ import collections
 import functools
 import logging
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.exceptions
 
@@ -45,6 +45,7 @@ from .errors import (
     INVALID_PRODUCER_EPOCH,
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
+    NOT_LEADER_OR_FOLLOWER,
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
@@ -580,10 +581,10 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
             break
         room -= partition_max
         ample += 1
-    firsts = await asyncio.gather(*(
+    firsts = _unreached_partitions(state, await asyncio.gather(*(
         state.blocking(_read, state, t, p, o, pmax) if i < ample
         else state.blocking(_bounds, state, t, p, o)
-        for i, (t, p, o, pmax) in enumerate(wanted)))
+        for i, (t, p, o, pmax) in enumerate(wanted)), return_exceptions=True))
     left = limit
     results: list[PartitionRecords[Record]] = []
     chosen: list[list[Record]] = []
@@ -593,7 +594,11 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
         budget = min(partition_max, left)
         if i >= ample and _worth_reading(state, topic, partition, offset, res, budget,
                                          not any(chosen)):
-            res = await state.blocking(_read, state, topic, partition, offset, budget)
+            try:
+                res = await state.blocking(_read, state, topic, partition, offset, budget)
+            except UNREACHED as exc:  # (another partition was read: answered by partition)
+                log_unreached(state, "Fetch", exc)
+                res = _UNREACHED_PARTITION
         # Only the first partition with records may go over (Kafka's readFromLog turns
         # minOneMessage off after it): one more record whole would exceed max_bytes.
         records, used = _within(res.records, budget, whole=not any(chosen))
@@ -602,6 +607,32 @@ async def _collect(state: GatewayState, wanted: list[tuple[str, int, int, int]],
         left = max(0, left - used)
         total += used
     return results, chosen, total
+
+
+_UNREACHED_PARTITION: PartitionRecords[Record] = PartitionRecords(
+    [], -1, -1, cast(Errors, NOT_LEADER_OR_FOLLOWER))
+"""A Fetch's answer for a partition Redis could not serve (``UNREACHED``: its slot has no
+master, or is moving) while others of the Fetch were read: NOT_LEADER_OR_FOLLOWER and offsets
+-1, as Kafka's ``FetchResponse.partitionResponse``. (The code is the gateway's, not in
+``Errors``; it is only encoded.)"""
+
+
+def _unreached_partitions(state: GatewayState, outcomes: list[Any]
+                          ) -> list[PartitionRecords[Record]]:
+    """A Fetch's partition reads (``asyncio.gather``'s, exceptions returned), each failed by
+    ``UNREACHED`` answered as ``_UNREACHED_PARTITION``, as Kafka answers by partition: one
+    partition's slot with no master (a cluster) failed the whole Fetch, and a consumer, which
+    fetches all its partitions from the one broker the gateway is, got nothing from any of
+    them for as long as that slot was down. When every partition failed so (Redis itself
+    unreachable) the first failure is raised: the Fetch fails as a whole, answered no sooner
+    than its ``max_wait`` (docs/gateway.md, "Bad requests"). Any other failure is raised."""
+    failed = [out for out in outcomes if isinstance(out, BaseException)]
+    for exc in failed:
+        if not isinstance(exc, UNREACHED) or len(failed) == len(outcomes):
+            raise exc
+    if failed:
+        log_unreached(state, "Fetch", failed[0])
+    return [_UNREACHED_PARTITION if isinstance(out, BaseException) else out for out in outcomes]
 
 
 @api(1, "Fetch", 4, 12)
@@ -627,13 +658,17 @@ async def fetch_records(conn: Connection, req: Any, version: int) -> dict[str, A
     enough = min(int(req.min_bytes), max_bytes) if max_bytes > 0 else int(req.min_bytes)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + millis(req.max_wait) / 1000
-    while wanted and total < enough and all(r.error == Errors.NONE for r in results):
+    # A partition Redis could not serve does not end the wait (nor is waited on): the others
+    # are, as when the whole Fetch fails (answered at its max_wait), so that a client does not
+    # fetch again at once, for as long as that partition's slot is down.
+    while wanted and total < enough and all(
+            r.error == Errors.NONE or r is _UNREACHED_PARTITION for r in results):
         if int((deadline - loop.time()) * 1000) <= 0:
             break
         # New records: at or after what each partition's read reached (its log end).
         await _wait_for_records(state, [(t, p, max(o, r.log_end_offset))
-                                        for (t, p, o, _), r in zip(wanted, results,
-                                                                   strict=True)], deadline)
+                                        for (t, p, o, _), r in zip(wanted, results, strict=True)
+                                        if r is not _UNREACHED_PARTITION], deadline)
         results, chosen, total = await _collect(state, wanted, max_bytes)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), _ in _last_of_each(((t.topic, p.partition), None) for t in req.topics
@@ -713,17 +748,30 @@ async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, An
         for p in t.partitions:
             copies = named.pop((t.name, p.partition_index), 0)  # 0: a later copy, answered
             if t.name not in described:
-                jobs.append((t.name, refused(p.partition_index, TOPIC_AUTHORIZATION_FAILED)))
+                jobs.append((t.name, p.partition_index,
+                             refused(p.partition_index, TOPIC_AUTHORIZATION_FAILED)))
             elif copies > 1:
-                jobs.append((t.name, refused(p.partition_index, Errors.INVALID_REQUEST)))
+                jobs.append((t.name, p.partition_index,
+                             refused(p.partition_index, Errors.INVALID_REQUEST)))
             elif p.timestamp < 0 and version < _SPECIAL_TIMESTAMPS.get(p.timestamp, 1 << 15):
-                jobs.append((t.name, refused(p.partition_index, Errors.UNSUPPORTED_VERSION)))
+                jobs.append((t.name, p.partition_index,
+                             refused(p.partition_index, Errors.UNSUPPORTED_VERSION)))
             elif copies == 1:
-                jobs.append((t.name, state.blocking(_list_offset, state, t.name,
-                                                    p.partition_index, int(p.timestamp))))
-    results = await asyncio.gather(*(job for _, job in jobs))
+                jobs.append((t.name, p.partition_index,
+                             state.blocking(_list_offset, state, t.name, p.partition_index,
+                                            int(p.timestamp))))
+    # A partition Redis could not serve (its slot has no master, or is moving) is
+    # NOT_LEADER_OR_FOLLOWER alone, as Kafka answers by partition; it failed the whole request,
+    # and a consumer resetting its offsets reset none while one slot was down.
+    outcomes = await asyncio.gather(*(job for *_, job in jobs), return_exceptions=True)
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, _), res in zip(jobs, results, strict=True):
+    for (topic, partition, _), res in zip(jobs, outcomes, strict=True):
+        if isinstance(res, UNREACHED):
+            log_unreached(state, f"ListOffsets v{version}", res)
+            res = {"partition_index": partition, "error_code": NOT_LEADER_OR_FOLLOWER,
+                   "timestamp": -1, "offset": -1, "leader_epoch": -1}
+        elif isinstance(res, BaseException):
+            raise res
         by_topic.setdefault(topic, []).append(res)
     return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts}
                                            for t, parts in by_topic.items()]}
