@@ -187,3 +187,31 @@ def test_a_group_whose_slot_is_unserved_is_retriable_and_others_are_served(own_c
     finally:
         probe.close()
         gw.stop()
+
+
+def test_metadata_answers_a_topic_whose_slot_is_unserved_by_itself(own_cluster, namespace):
+    """Metadata reads each topic's partition count on the topic's slot. One topic's slot
+    unserved failed the whole request: every topic named LEADER_NOT_AVAILABLE (a producer
+    could send to none of them), and a Metadata for all topics (a consumer's pattern
+    subscription, librdkafka's ``list_topics()``) had its connection closed. As Kafka answers
+    by topic, that topic alone is LEADER_NOT_AVAILABLE; the others are described."""
+    from rcoord.gateway.errors import LEADER_NOT_AVAILABLE
+
+    gw = _started(own_cluster, namespace)
+    probe = own_cluster.client()
+    try:
+        Topics(probe, namespace).create("u", 1)
+        assert probe.keyslot(meta_key(namespace, "t")) != probe.keyslot(meta_key(namespace, "u"))
+        with _unserved(own_cluster, meta_key(namespace, "t")):
+            named = call_once(gw, 3, 9, {"topics": [{"name": "t"}, {"name": "u"}],
+                                         "allow_auto_topic_creation": False})
+            every = call_once(gw, 3, 9, {"topics": None, "allow_auto_topic_creation": False})
+    finally:
+        probe.close()
+        gw.stop()
+    for answer in (named, every):
+        by_name = {t.name: t for t in answer.topics}
+        assert (by_name["t"].error_code.value, by_name["t"].partitions) == (
+            LEADER_NOT_AVAILABLE, ())
+        assert by_name["u"].error_code.value == Errors.NONE
+        assert len(by_name["u"].partitions) == 1

@@ -19,10 +19,13 @@ from ..topics import TopicError
 from .acl import Operation, ResourceType
 from .errors import (
     GROUP_AUTHORIZATION_FAILED,
+    LEADER_NOT_AVAILABLE,
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
     UNKNOWN_TOPIC_ID,
+    UNREACHED,
+    log_unreached,
 )
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
@@ -62,12 +65,24 @@ async def api_versions(conn: Connection, req: Any, version: int) -> dict[str, An
     return {"error_code": Errors.NONE, "api_keys": keys, "throttle_time": 0}
 
 
-def partition_counts(state: GatewayState, names: list[str] | None) -> dict[str, int | Errors]:
-    """Blocking: topic -> partition count, or the error for that name (None: every topic)."""
+def partition_counts(state: GatewayState, names: list[str] | None,
+                     unreached: dict[str, BaseException] | None = None
+                     ) -> dict[str, int | Errors]:
+    """Blocking: topic -> partition count, or the error for that name (None: every topic).
+
+    With ``unreached``, a topic whose count Redis could not serve (``UNREACHED``: on a
+    cluster, its slot with no master) is put there, with its failure, instead of failing the
+    whole call, unless every topic failed so (Redis itself unreachable: the first is raised).
+    """
     out: dict[str, int | Errors] = {}
-    for name in state.topics.list() if names is None else names:
+    names = state.topics.list() if names is None else names
+    for name in names:
         try:
             out[name] = state.topics.partition_count(name)
+        except UNREACHED as exc:
+            if unreached is None or len(unreached) + 1 == len(names):
+                raise
+            unreached[name] = exc
         except TopicError as exc:
             if names is not None or exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
                 out[name] = exc.error
@@ -162,14 +177,24 @@ async def metadata(conn: Connection, req: Any, version: int) -> dict[str, Any]:
         topics += [{"error_code": TOPIC_AUTHORIZATION_FAILED, "name": n, "topic_id": _ZERO_UUID,
                     "partitions": []} for n in sorted(refused)]
         wanted = [n for n in wanted if n not in refused]
-    counts = await state.blocking(partition_counts, state, wanted)
+    # A topic whose slot has no master is LEADER_NOT_AVAILABLE alone, as Kafka answers by
+    # topic; it failed the whole request (every topic, or for all topics the connection).
+    unreached: dict[str, BaseException] = {}
+    counts = await state.blocking(partition_counts, state, wanted, unreached)
+    if unreached:
+        log_unreached(state, f"Metadata v{version}", next(iter(unreached.values())))
     if wanted is None:
         counts = {n: c for n, c in counts.items()
                   if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n, log_denied=False)}
+        unreached = {n: e for n, e in unreached.items()
+                     if conn.may(Operation.DESCRIBE, ResourceType.TOPIC, n, log_denied=False)}
     with_ops = version >= _AUTHORIZED_OPERATIONS_SINCE and bool(
         getattr(req, "include_topic_authorized_operations", False))
-    for name, count in counts.items():
-        if isinstance(count, Errors):
+    for name, count in [*((n, None) for n in unreached), *counts.items()]:
+        if count is None:
+            topics.append({"error_code": LEADER_NOT_AVAILABLE, "name": name,
+                           "topic_id": _ZERO_UUID, "partitions": []})
+        elif isinstance(count, Errors):
             topics.append({"error_code": count, "name": name, "topic_id": _ZERO_UUID,
                            "partitions": []})
         else:
