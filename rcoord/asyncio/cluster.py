@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio.cluster
+import redis.exceptions
 
 from ..connect import learn_node
 
@@ -15,7 +16,9 @@ class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
     """A ``redis.asyncio.RedisCluster`` that follows an ``ASK`` to a master it does not know
     yet, as ``rcoord.connect.ClusterClient`` does (``_LearningNodesManager`` there says why):
     redis-py's asyncio client failed the same way, with ``'NoneType' object has no attribute
-    'execute_command'``, during a reshard to a master added since it started."""
+    'execute_command'``, during a reshard to a master added since it started. A slot no
+    master serves is ``SlotNotCoveredError``, as on the blocking client (``get_node_from_slot``
+    below)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -30,6 +33,18 @@ class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
                  node_name: str | None = None) -> Any:
         found = super().get_node(host, port, node_name)
         return learn_node(self, found, host, node_name, self._new_master)
+
+    def get_node_from_slot(self, slot: int, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's asyncio one (8.1) raised ``KeyError`` for a slot no master serves (its
+        slot map has no entry for it once the client does not require full coverage), which
+        no error boundary knows: the gateway answered a group call or Fetch wait on that slot
+        UNKNOWN_SERVER_ERROR with a traceback, where the blocking client's
+        ``SlotNotCoveredError`` is answered with the retriable codes."""
+        try:
+            return super().get_node_from_slot(slot, *args, **kwargs)
+        except KeyError:
+            raise redis.exceptions.SlotNotCoveredError(
+                f"slot {slot} is served by no master of the Redis Cluster") from None
 
     def _new_master(self, host: str, port: int) -> Any:
         return redis.asyncio.cluster.ClusterNode(

@@ -19,7 +19,7 @@ import redis.cluster
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..asyncio.cluster import AsyncClusterClient, _LearningNodesManager
+from ..asyncio.cluster import AsyncClusterClient
 from ..connect import FULL_COVERAGE, connect
 from ..errors import ConfigError, as_authentication_failed
 from ..urls import redact_url
@@ -73,28 +73,7 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
             f"{'it' if len(refused) == 1 else 'them'} from the gateway's --redis-url")
     kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
     kwargs.setdefault("require_full_coverage", FULL_COVERAGE)
-    client = AsyncClusterClient.from_url(redis_url, **kwargs)
-    client.nodes_manager.__class__ = _SlotMapNodesManager
-    return client
-
-
-class _SlotMapNodesManager(_LearningNodesManager):
-    """The ``nodes_manager`` of the gateway's asyncio cluster client: the
-    ``AsyncClusterClient``'s, whose ``get_node_from_slot`` raises redis-py's
-    ``SlotNotCoveredError`` for a slot no master serves. redis-py's asyncio one (8.1) raised
-    ``KeyError`` for it (its slot map has no entry for that slot once the client does not
-    require full coverage), which no error boundary knows: a group call or Fetch wait on that
-    slot was answered UNKNOWN_SERVER_ERROR with a traceback, where the blocking client's
-    ``SlotNotCoveredError`` is answered with the retriable codes."""
-
-    __slots__ = ()  # (the same layout: the client's manager takes this class)
-
-    def get_node_from_slot(self, slot: int, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().get_node_from_slot(slot, *args, **kwargs)
-        except KeyError:
-            raise redis.exceptions.SlotNotCoveredError(
-                f"slot {slot} is served by no master of the Redis Cluster") from None
+    return AsyncClusterClient.from_url(redis_url, **kwargs)
 
 
 def async_cluster_refuses(redis_url: str) -> list[str]:
