@@ -237,6 +237,11 @@ class CoordinatorService:
         self.listener: Listener | None = None
         self._made_client = False
         """``start()`` connected (no client given): ``stop()`` closes that client."""
+        self._closed = False
+        """The stop closed the client it connected: a thread of this service that it left
+        behind in a call closes it again as it ends (``_run_closing``)."""
+        self._closing = threading.Lock()
+        """Held while the client is closed (by the stop, or by a thread left behind)."""
         self.exit_code = 0
         self._hinted: set[int] = set()
         self._resync_due = False
@@ -318,10 +323,9 @@ class CoordinatorService:
         self._last_lease_ok = self._last_turn_ok = time.monotonic()
         self.leases.announce(b"joined")
         self._queue.put(Owned(frozenset(self._owned)))
-        self._lease_thread = threading.Thread(target=self._lease_loop, name="rcoord-leases", daemon=True)
+        self._lease_thread = self._thread(self._lease_loop, "rcoord-leases")
         self._lease_thread.start()
-        self._sample_thread = threading.Thread(target=self._sample_loop, name="rcoord-sampler",
-                                               daemon=True)
+        self._sample_thread = self._thread(self._sample_loop, "rcoord-sampler")
         self._sample_thread.start()
         if self._made_client:  # (a client passed in is the caller's, maybe used elsewhere too)
             threading.Thread(target=self._interrupt_when_stopped, name="rcoord-stop",
@@ -330,8 +334,7 @@ class CoordinatorService:
             self.retention = RetentionKeeper(
                 self._client, cfg.namespace, n, self.metrics, self._confirmed_leases,
                 cfg.retention_check_interval_ms, self._stop, cfg.coordinator_id)
-            self._retention_thread = threading.Thread(target=self.retention.run,
-                                                      name="rcoord-retention", daemon=True)
+            self._retention_thread = self._thread(self.retention.run, "rcoord-retention")
             self._retention_thread.start()
         if self._http is not None:
             self._http.start()
@@ -365,8 +368,7 @@ class CoordinatorService:
         if getattr(self, "leases", None) is not None:
             # On a thread of its own, so that a Redis that does not answer holds the stop for
             # the grace only; on one that answers, the leases are released as before.
-            last = threading.Thread(target=self._leave, args=(release,), name="rcoord-leave",
-                                    daemon=True)
+            last = self._thread(self._leave, "rcoord-leave", release)
             last.start()
             last.join(_left(deadline))
         if self.listener is not None:
@@ -379,12 +381,41 @@ class CoordinatorService:
             if thread is not None:
                 thread.join(_left(deadline))
         if self._made_client and self._client is not None:
+            # (Also fails at once what the threads left behind still wait for.)
+            self._closed = True
+            self._close_client()
+
+    def _close_client(self) -> None:
+        with self._closing:
             try:
-                # (Also fails at once what the threads left behind still wait for.)
                 self._client.close()
             except Exception as exc:  # noqa: BLE001 - best effort on the way out
                 log.warning("could not close the Redis client",
                             extra={"event": "close_failed", "why": str(exc)})
+
+    def _thread(self, target: Any, name: str, *args: Any) -> threading.Thread:
+        """A daemon thread of this service, running ``target(*args)`` (``_run_closing``)."""
+        return threading.Thread(target=self._run_closing, args=(target, *args), name=name,
+                                daemon=True)
+
+    def _run_closing(self, target: Any, *args: Any) -> None:
+        """``target(*args)``, then, if the stop closed the client meanwhile, close it again.
+
+        A thread the stop left behind in a call (a connect a node does not answer, past the
+        stop's grace) comes back to a client the stop has closed; redis-py connects a closed
+        pool again on the next call, so that call, and the rest of the thread's turn, ran on a
+        new connection, left open when the thread ended (a socket the server kept until the
+        collector found it). ``_closed`` is set before the stop closes the client: a thread
+        that finds it unset ended before that close, which shuts what it used."""
+        try:
+            target(*args)
+        finally:
+            self._close_if_closed()
+
+    def _close_if_closed(self) -> None:
+        """Close the client again if the stop closed it (``_run_closing``)."""
+        if self._closed:
+            self._close_client()
 
     def _leave(self, release: bool) -> None:
         """Log the events since the last look (so a stop loses no transition or expiry; not on
@@ -730,8 +761,7 @@ class CoordinatorService:
         index = self.config.wake != "hints"
         self._last_turn_ok = self._last_alive = time.monotonic()
         self._running = True
-        self._timer_thread = threading.Thread(target=self._run_timer_loop, args=(index,),
-                                              name="rcoord-timer", daemon=True)
+        self._timer_thread = self._thread(self._run_timer_loop, "rcoord-timer", index)
         self._timer_thread.start()
         try:
             # The stop flag is polled, never waited on: a signal handler that sets it runs on
