@@ -9,6 +9,7 @@ found it. Kafka's ``KafkaConsumer.close()`` leaves no connection of its own behi
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -71,3 +72,58 @@ def test_a_timer_loop_left_behind_leaves_no_connection_open(
             svc._timer_thread.join(STOP_WAIT_S)
         svc.stop()
 
+
+
+def test_a_stop_while_starting_leaves_nothing_running(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """``stop()`` from another thread while ``start()`` runs (a program's shutdown path): the
+    stop found no listener nor threads yet and closed the client; the start then went on,
+    starting the listener (its threads reconnecting the closed client for ever) and taking
+    leases nobody released. The stop now waits for the start to end, then undoes all of it."""
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    earlier = set(threading.enumerate())
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stopped-starting",
+        lease_ttl_ms=1000, retention_check_interval_ms=0, metrics_port=0))
+    entered, released = threading.Event(), threading.Event()
+    real_named = svc._named_at_start
+
+    def named_at_start(named: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
+        released.wait(30)
+        return real_named(named)
+
+    svc._named_at_start = named_at_start  # type: ignore[method-assign]
+    starting = InThread(svc.start)
+    client = own_server.client()
+    try:
+        wait_until(entered.is_set)
+        stopping = InThread(svc.stop)
+
+        def stop_done_or_waiting() -> bool:
+            # (Ended, or in stop() itself with the stop flag set: waiting for the start.)
+            frame = sys._current_frames().get(stopping.thread.ident or 0)
+            return (not stopping.thread.is_alive()
+                    or (frame is not None and frame.f_code.co_name == "stop"
+                        and svc._stop.is_set()))
+
+        wait_until(stop_done_or_waiting)
+        released.set()
+        starting.thread.join(STOP_WAIT_S)
+        stopping.thread.join(STOP_WAIT_S)
+        assert not starting.thread.is_alive() and not stopping.thread.is_alive()
+
+        def ours_running() -> list[str]:
+            return [t.name for t in threading.enumerate()
+                    if t not in earlier and t.name.startswith("rcoord-") and t.is_alive()]
+
+        wait_until(lambda: not ours_running(), timeout_s=STOP_WAIT_S,
+                   why=lambda: f"threads still running after the stop: {ours_running()}")
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        released.set()
+        svc.stop()
+        client.close()

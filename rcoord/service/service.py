@@ -242,6 +242,8 @@ class CoordinatorService:
         behind in a call closes it again as it ends (``_run_closing``)."""
         self._closing = threading.Lock()
         """Held while the client is closed (by the stop, or by a thread left behind)."""
+        self._starting = threading.RLock()
+        """Held by ``start()``: ``stop()`` from another thread waits for it (``stop``)."""
         self.exit_code = 0
         self._hinted: set[int] = set()
         self._resync_due = False
@@ -253,6 +255,10 @@ class CoordinatorService:
     def start(self) -> CoordinatorService:
         """Connect, settle, start listening and leasing. A start that fails part way closes
         what it opened (listener threads would otherwise reconnect forever)."""
+        with self._starting:
+            return self._connect_and_start()
+
+    def _connect_and_start(self) -> CoordinatorService:
         cfg = self.config
         if self._client is None:
             # No call the service makes blocks in the server; one not answered within a lease
@@ -351,8 +357,18 @@ class CoordinatorService:
         return self._http.port if self._http else None
 
     def stop(self) -> None:
-        """Graceful: release leases at once so the others take over without waiting a TTL."""
-        self._shut_down(release=False)
+        """Graceful: release leases at once so the others take over without waiting a TTL.
+
+        From another thread while ``start()`` runs, it sets the stop flag (a wait for a
+        claimed id ends at once) and waits for the start to end, then undoes what it did.
+        Before, it found no listener or threads yet and closed the client; the start then went
+        on, and left its listener's threads reconnecting the closed client for ever, its
+        status server's thread dead on the closed socket, and leases taken after the stop
+        released them (held until they lapsed). (An ``RLock``: a program's signal handler
+        that calls it on the thread running ``start()`` does not wait for itself.)"""
+        self._stop.set()
+        with self._starting:
+            self._shut_down(release=False)
         log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
 
     def _shut_down(self, release: bool) -> None:
