@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from harness import wait_until
 from prometheus_client import CollectorRegistry
 
 from rcoord.errors import ConfigError
@@ -208,3 +209,23 @@ def test_a_privileged_port_refused_says_to_choose_another(monkeypatch: pytest.Mo
                        r"from 1024 up, or give the process the right to bind this one "
                        r"\(CAP_NET_BIND_SERVICE\)\)"):
         http.StatusServer("127.0.0.1", 80, CollectorRegistry(), lambda: (True, {}))
+
+
+def test_a_stop_closes_the_connections_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection open when the server stops (a probe that sent half its request) is closed
+    by the stop. Before, the serving loop that cuts late connections had ended, so the
+    connection and its handler thread stayed until the handler's own read timed out (for
+    ever, against a peer that trickles its request a byte at a time)."""
+    monkeypatch.setattr(http, "REQUEST_TIMEOUT_S", 60.0, raising=False)
+    server = http.StatusServer("127.0.0.1", 0, CollectorRegistry(),
+                               lambda: (True, {"status": "ok"}))
+    server.start()
+    half = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        half.sendall(b"GET /heal")
+        wait_until(lambda: bool(server._server._open))  # (accepted, its handler reading)
+        server.stop()
+        assert half.recv(1024) == b""  # closed by the stop, well before the 60 s timeout
+    finally:
+        half.close()
+        server.stop()

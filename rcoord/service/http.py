@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import socket
 import sys
 import threading
@@ -66,7 +67,10 @@ class _Server(ThreadingHTTPServer):
     def service_actions(self) -> None:
         """Run by serve_forever at every poll: cut the connections past their deadline (the
         handler's blocked read or write then ends, and its thread with it)."""
-        now = time.monotonic()
+        self.cut(time.monotonic())
+
+    def cut(self, now: float) -> None:
+        """Cut the connections whose deadline is ``now`` or earlier (all: ``math.inf``)."""
         with self._open_lock:
             late = [conn for conn, deadline in self._open.items() if deadline <= now]
         for conn in late:
@@ -192,3 +196,7 @@ class StatusServer:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+        # The connections still open (a probe in flight, a peer that sent half a request):
+        # with the serving loop ended nothing cut them any more, and each kept its socket and
+        # handler thread until its read timed out (never, against a peer that trickles).
+        self._server.cut(math.inf)
