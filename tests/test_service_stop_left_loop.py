@@ -127,3 +127,48 @@ def test_a_stop_while_starting_leaves_nothing_running(
         released.set()
         svc.stop()
         client.close()
+
+
+def test_the_stop_interrupting_the_loop_ends_the_listener_quietly(
+        own_server: EmbeddedServer, namespace: str, caplog: Any) -> None:
+    """The stop's watchdog shuts the client's sockets under the timer loop's call; the
+    listener's subscriptions are on that client too. Before, each subscription then logged a
+    warning that it had lost its connection (on a graceful stop) and subscribed again."""
+    import logging
+
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="quiet",
+        lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
+    hold, entered, released = threading.Event(), threading.Event(), threading.Event()
+    real_sync_clock = svc.sweeper.sync_clock
+
+    def sync_clock() -> None:
+        if hold.is_set():
+            entered.set()
+            released.wait(30)
+        real_sync_clock()
+
+    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    runner = InThread(svc.run)
+    try:
+        wait_until(lambda: bool(svc.leases.owned and svc.listener
+                                and svc.listener.hint_nodes))
+        hold.set()
+        wait_until(entered.is_set)
+        svc._stop.set()
+        runner.thread.join(STOP_WAIT_S)
+        assert not runner.thread.is_alive()
+        assert svc._interrupted  # (the watchdog shut the sockets)
+        svc.stop()
+        noisy = [r.getMessage() for r in caplog.records if getattr(r, "event", None) in (
+            "listener_reconnect", "listener_error", "keyspace_lost")]
+        assert noisy == []
+    finally:
+        hold.clear()
+        released.set()
+        if svc._timer_thread is not None:
+            svc._timer_thread.join(STOP_WAIT_S)
+        svc.stop()

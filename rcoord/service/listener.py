@@ -137,6 +137,15 @@ class Listener:
         with self._lock:
             self._threads = [*(x for x in self._threads if x.is_alive()), t]
 
+    def halt(self) -> None:
+        """Tell the threads to end, without waiting for them: the service's stop does, before
+        it shuts the client's sockets under the calls in flight (``service``'s
+        ``_interrupt_when_stopped``), which are the subscriptions' too. A subscription that
+        fails after this ends quietly; before, each logged that it lost its connection
+        (warnings, on a graceful stop) and subscribed again on a new one."""
+        self._stop.set()
+        self._lost.set()
+
     def stop(self, timeout: float = 3.0) -> None:
         """Stop the threads, waiting for them ``timeout`` seconds in all (a thread blocked in a
         call a node does not answer is left behind: daemons, failed by the client's close).
@@ -145,8 +154,7 @@ class Listener:
         after starting it, so a subscriber ``_run_hints`` started as the stop began was not
         in the list taken, and went on (turning keyspace events on, subscribing, logging)
         past the stop, against a client being closed."""
-        self._stop.set()
-        self._lost.set()
+        self.halt()
         deadline = time.monotonic() + timeout
         joined: set[threading.Thread] = set()
         while True:
@@ -250,6 +258,8 @@ class Listener:
                     if msg is not None:
                         self._dispatch(msg)
             except Exception as exc:  # noqa: BLE001 - a listener thread must never end unheard
+                if self._stop.is_set():
+                    return  # (the stop shut the connection: ``halt``)
                 # A lost connection, and also a refusal (CLUSTERDOWN while a cluster heals, an
                 # ACL rule withdrawn): either may pass, so subscribe again, less often the
                 # longer it lasts. Until then the resyncs keep deadlines acting from the index.
@@ -338,6 +348,8 @@ class Listener:
                                    "why": self.keyspace_status})
                 return
             except Exception as exc:  # noqa: BLE001 - lost or refused: never end unheard
+                if self._stop.is_set():
+                    break  # (the stop shut the connection: ``halt``)
                 with self._lock:
                     self._subscribed.discard(addr)
                 if not failing:  # once per outage; the master may have failed over

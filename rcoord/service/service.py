@@ -462,6 +462,9 @@ class CoordinatorService:
         if not self._running or self._loop_ended.wait(STOP_GRACE_MS / 1000):
             return
         self._interrupted = True
+        if self.listener is not None:
+            # Its subscriptions use the client's connections too: they end now, quietly.
+            self.listener.halt()
         while True:
             with self._interrupting:
                 if self._loop_left.is_set():
