@@ -172,3 +172,51 @@ def test_the_stop_interrupting_the_loop_ends_the_listener_quietly(
         if svc._timer_thread is not None:
             svc._timer_thread.join(STOP_WAIT_S)
         svc.stop()
+
+
+def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """A start held in a call (a node that does not answer, through a client passed in
+    without a socket timeout) is waited for the stop's grace only; that start then stops
+    what it started as it ends."""
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    earlier = set(threading.enumerate())
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stuck-starting",
+        lease_ttl_ms=1000, retention_check_interval_ms=0))
+    entered, released = threading.Event(), threading.Event()
+    real_named = svc._named_at_start
+
+    def named_at_start(named: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
+        released.wait(60)
+        return real_named(named)
+
+    svc._named_at_start = named_at_start  # type: ignore[method-assign]
+    starting = InThread(svc.start)
+    client = own_server.client()
+    try:
+        wait_until(entered.is_set)
+        stopping = InThread(svc.stop)
+        stopping.thread.join(STOP_WAIT_S)
+        assert not stopping.thread.is_alive(), "stop() waited for a start held in a call"
+        released.set()
+        starting.thread.join(STOP_WAIT_S)
+        assert not starting.thread.is_alive()
+
+        def ours_running() -> list[str]:
+            return [t.name for t in threading.enumerate()
+                    if t not in earlier and t.name.startswith("rcoord-") and t.is_alive()]
+
+        wait_until(lambda: not ours_running(), timeout_s=STOP_WAIT_S,
+                   why=lambda: f"threads still running after the stop: {ours_running()}")
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+        assert _open_sockets(svc._client) == 0
+    finally:
+        released.set()
+        starting.thread.join(STOP_WAIT_S)
+        svc.stop()
+        client.close()

@@ -244,6 +244,11 @@ class CoordinatorService:
         """Held while the client is closed (by the stop, or by a thread left behind)."""
         self._starting = threading.RLock()
         """Held by ``start()``: ``stop()`` from another thread waits for it (``stop``)."""
+        self._stop_called = False
+        """``stop()`` was called: a start still running then stops what it started as it
+        ends (``stop``)."""
+        self._stopped_by_start = False
+        """That start did: the stop waiting for it has nothing left to do."""
         self.exit_code = 0
         self._hinted: set[int] = set()
         self._resync_due = False
@@ -256,7 +261,13 @@ class CoordinatorService:
         """Connect, settle, start listening and leasing. A start that fails part way closes
         what it opened (listener threads would otherwise reconnect forever)."""
         with self._starting:
-            return self._connect_and_start()
+            started = self._connect_and_start()
+            if self._stop_called:
+                # A stop() came while this start ran: it waits for this (``stop``), or has
+                # returned if this took longer than its grace.
+                self._stop_now()
+                self._stopped_by_start = True
+            return started
 
     def _connect_and_start(self) -> CoordinatorService:
         cfg = self.config
@@ -364,11 +375,28 @@ class CoordinatorService:
         Before, it found no listener or threads yet and closed the client; the start then went
         on, and left its listener's threads reconnecting the closed client for ever, its
         status server's thread dead on the closed socket, and leases taken after the stop
-        released them (held until they lapsed). (An ``RLock``: a program's signal handler
-        that calls it on the thread running ``start()`` does not wait for itself.)"""
+        released them (held until they lapsed). It waits ``STOP_GRACE_MS`` at most (a start in
+        a call that a node does not answer, through a client passed in without a socket
+        timeout, may not end): then it returns, and the start undoes what it did as it ends.
+        (An ``RLock``: a program's signal handler that calls it on the thread running
+        ``start()`` does not wait for itself.)"""
+        self._stop_called = True
         self._stop.set()
-        with self._starting:
-            self._shut_down(release=False)
+        if not self._starting.acquire(timeout=STOP_GRACE_MS / 1000):
+            log.warning("stop(): the start is still in a call; it stops what it started as it "
+                        "ends", extra={"event": "stop_left_to_start",
+                                       "id": self.config.coordinator_id})
+            return
+        try:
+            if self._stopped_by_start:
+                self._stopped_by_start = False
+            else:
+                self._stop_now()
+        finally:
+            self._starting.release()
+
+    def _stop_now(self) -> None:
+        self._shut_down(release=False)
         log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
 
     def _shut_down(self, release: bool) -> None:
