@@ -30,36 +30,40 @@ def test_a_cancel_that_comes_as_a_command_is_written_ends_the_call(redis_server,
     with contextlib.closing(redis_server.client()) as admin:
         GroupCoordinator(admin, CoordinatorConfig(
             namespace=namespace, group_min_session_timeout_ms=10,
-            group_initial_rebalance_delay_ms=100)).start()
+            # Longer than a member's join may lag the other's on a loaded machine: at 100 ms,
+            # a lag that long formed a second generation.
+            group_initial_rebalance_delay_ms=1000)).start()
 
     async def scenario() -> None:
         client = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=5)
-        coord = await AsyncGroupCoordinator(client, namespace).start()
-        ids = [(await coord.join_group("g", **FORM)).member_id for _ in range(2)]
-        joined = await asyncio.gather(*(coord.join_group("g", i, **FORM) for i in ids))
-        assert [r.generation_id for r in joined] == [1, 1]
-        tp = TopicPartition("t", 0)
+        try:
+            coord = await AsyncGroupCoordinator(client, namespace).start()
+            ids = [(await coord.join_group("g", **FORM)).member_id for _ in range(2)]
+            joined = await asyncio.gather(*(coord.join_group("g", i, **FORM) for i in ids))
+            assert [r.generation_id for r in joined] == [1, 1]
+            tp = TopicPartition("t", 0)
 
-        # A new protocol list: the join parks until the other member rejoins.
-        rejoin = {**FORM, "protocols": [("range", b"n")]}
-        with contextlib.suppress(TimeoutError):  # (not raised by the old code)
-            async with asyncio.timeout(0):
-                await coord.join_group("g", ids[0], **rejoin)
-            raise AssertionError("the parked join outlived its caller's deadline")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(0):
-                await coord.commit_offsets("g", {tp: 5}, member_id=ids[0], generation_id=1)
-            raise AssertionError("the commit outlived its caller's deadline")
-        await await_until(lambda: coord._wake_reads.reading() == 0, "no read left")
+            # A new protocol list: the join parks until the other member rejoins.
+            rejoin = {**FORM, "protocols": [("range", b"n")]}
+            with contextlib.suppress(TimeoutError):  # (not raised by the old code)
+                async with asyncio.timeout(0):
+                    await coord.join_group("g", ids[0], **rejoin)
+                raise AssertionError("the parked join outlived its caller's deadline")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0):
+                    await coord.commit_offsets("g", {tp: 5}, member_id=ids[0], generation_id=1)
+                raise AssertionError("the commit outlived its caller's deadline")
+            await await_until(lambda: coord._wake_reads.reading() == 0, "no read left")
 
-        described = await coord.describe_group("g")
-        assert (described.state, len(described.members)) == ("PreparingRebalance", 2)
-        again = await asyncio.gather(coord.join_group("g", ids[0], **rejoin),
-                                     coord.join_group("g", ids[1], **FORM))
-        assert {(r.error, r.generation_id) for r in again} == {(Errors.NONE, 2)}
-        assert asyncio.all_tasks() == {asyncio.current_task()}
-        await coord.close()
-        await client.aclose()
+            described = await coord.describe_group("g")
+            assert (described.state, len(described.members)) == ("PreparingRebalance", 2)
+            again = await asyncio.gather(coord.join_group("g", ids[0], **rejoin),
+                                         coord.join_group("g", ids[1], **FORM))
+            assert {(r.error, r.generation_id) for r in again} == {(Errors.NONE, 2)}
+            assert asyncio.all_tasks() == {asyncio.current_task()}
+            await coord.close()
+        finally:
+            await client.aclose()
 
     asyncio.run(scenario())
 
