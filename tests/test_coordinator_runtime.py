@@ -18,6 +18,10 @@ from rcoord.testing.embedded import EmbeddedServer
 from rcoord.keys import PartitionKeys, settings_key
 
 JOIN = dict(protocol_type="consumer", protocols=PROTOCOLS, session_timeout_ms=200, rebalance_timeout_ms=300)
+# The initial delay of the tests whose threads' joins must form one generation: longer than a
+# thread may be descheduled between the others' joins and its own on a loaded machine (50-100
+# ms formed a second generation when one thread lagged that long). Not what they test.
+FORM_DELAY_MS = 1000
 
 
 def _form(coord, group, n, pool, **join):
@@ -29,7 +33,7 @@ def _form(coord, group, n, pool, **join):
 
 
 def test_concurrent_members_form_one_generation_with_initial_delay(make_coordinator, pool):
-    coord = make_coordinator(group_initial_rebalance_delay_ms=100)
+    coord = make_coordinator(group_initial_rebalance_delay_ms=FORM_DELAY_MS)
     # Sessions that cannot run out while ten threads join on a loaded machine (200 ms did once
     # in CI: a second generation formed); the test is about the initial delay.
     ids, results = _form(coord, "g-concurrent", 10, pool, session_timeout_ms=10_000,
@@ -50,8 +54,11 @@ def test_concurrent_members_form_one_generation_with_initial_delay(make_coordina
 
 def test_parked_member_completes_its_own_deadline_without_any_timer_process(make_coordinator, pool):
     """No run_timers anywhere: the parked join applies the rebalance timeout itself."""
-    coord = make_coordinator(group_initial_rebalance_delay_ms=100)
-    join = {**JOIN, "session_timeout_ms": 500, "rebalance_timeout_ms": 2000}
+    coord = make_coordinator(group_initial_rebalance_delay_ms=FORM_DELAY_MS)
+    # The session is the window every call of a member must beat until the other goes silent
+    # (a pending member's join after its MEMBER_ID_REQUIRED round, the leader's rejoin after the
+    # join ended): 500 ms dropped a member whose thread lagged that long on a loaded machine.
+    join = {**JOIN, "session_timeout_ms": 2000, "rebalance_timeout_ms": 5000}
     a = coord.join_group("g-lazy", **join).member_id
     b = coord.join_group("g-lazy", **join).member_id
     fa = pool.submit(coord.join_group, "g-lazy", a, **join)
@@ -192,9 +199,11 @@ def test_connection_loss_is_a_typed_exception(namespace):
 
 
 def test_leave_many_members_in_one_call(make_coordinator, pool):
-    coord = make_coordinator(group_initial_rebalance_delay_ms=50)
-    # Sessions long enough that no member can expire before the leave on a loaded machine.
-    ids, results = _form(coord, "g-batch", 5, pool, session_timeout_ms=10_000)
+    coord = make_coordinator(group_initial_rebalance_delay_ms=FORM_DELAY_MS)
+    # Sessions long enough that no member can expire before the leave on a loaded machine, and
+    # a rebalance timeout that lets the initial delay be extended as the others join.
+    ids, results = _form(coord, "g-batch", 5, pool, session_timeout_ms=10_000,
+                         rebalance_timeout_ms=10_000)
     res = coord.leave_group("g-batch", [MemberIdentity(i) for i in ids])
     assert [m.error for m in res.members] == [Errors.NONE] * 5
 
