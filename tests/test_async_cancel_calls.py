@@ -102,16 +102,18 @@ def test_a_sharer_with_an_old_cancel_count_reads_again_when_its_sender_is_cancel
 
     async def scenario() -> None:
         client = Gated(host="127.0.0.1", port=redis_server.port)
-        reads = AsyncWakeReads(8)
-        sender = asyncio.create_task(reads.read(client, command))
-        await client.sending.wait()
-        shared = asyncio.create_task(sharer(reads, client))
-        await await_until(lambda: reads.sharing(command) == 1, "the second call shares")
-        sender.cancel()
-        client.gate.set()
-        assert await shared is None  # (the old code: CancelledError)
-        assert sender.cancelled()
-        await reads.close()
-        await client.aclose()
+        try:
+            reads = AsyncWakeReads(8)
+            sender = asyncio.create_task(reads.read(client, command))
+            await client.sending.wait()
+            shared = asyncio.create_task(sharer(reads, client))
+            await await_until(lambda: reads.sharing(command) == 1, "the second call shares")
+            sender.cancel()
+            client.gate.set()
+            assert await shared is None  # (the old code: CancelledError)
+            assert sender.cancelled()
+            await reads.close()
+        finally:
+            await client.aclose()
 
     asyncio.run(scenario())

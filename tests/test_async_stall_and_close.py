@@ -61,26 +61,31 @@ def test_calls_stuck_on_a_stalled_master_leave_the_other_masters_served(redis_cl
 
     async def scenario() -> None:
         client = Counting(host="127.0.0.1", port=healthy_port, max_connections=4)
-        coord = await AsyncGroupCoordinator(client, namespace).start()
-        bound = 2  # command_limit: half of each node's pool of 4
-        assert await coord.heartbeat("stuck", 1, "m") == Errors.UNKNOWN_MEMBER_ID  # (routes known)
-        stuck: list[asyncio.Task[Any]] = []
-        os.kill(stalled.pid, signal.SIGSTOP)
         try:
-            Counting.sent = 0
-            stuck += [asyncio.create_task(coord.heartbeat("stuck", 1, "m")) for _ in range(bound + 1)]
-            await await_until(lambda: Counting.sent >= bound)  # the stalled master's places taken
-            answer = await asyncio.wait_for(coord.heartbeat(healthy, 1, "m"), WAIT_S)
-            assert answer == Errors.UNKNOWN_MEMBER_ID
-            assert not any(task.done() for task in stuck)  # answered during the stall
+            coord = await AsyncGroupCoordinator(client, namespace).start()
+            bound = 2  # command_limit: half of each node's pool of 4
+            # (Routes known.)
+            assert await coord.heartbeat("stuck", 1, "m") == Errors.UNKNOWN_MEMBER_ID
+            stuck: list[asyncio.Task[Any]] = []
+            os.kill(stalled.pid, signal.SIGSTOP)
+            try:
+                Counting.sent = 0
+                stuck += [asyncio.create_task(coord.heartbeat("stuck", 1, "m"))
+                          for _ in range(bound + 1)]
+                # The stalled master's places taken.
+                await await_until(lambda: Counting.sent >= bound)
+                answer = await asyncio.wait_for(coord.heartbeat(healthy, 1, "m"), WAIT_S)
+                assert answer == Errors.UNKNOWN_MEMBER_ID
+                assert not any(task.done() for task in stuck)  # answered during the stall
+            finally:
+                os.kill(stalled.pid, signal.SIGCONT)
+                outcomes = await asyncio.wait_for(asyncio.gather(*stuck, return_exceptions=True),
+                                                  WAIT_S)
+            assert set(outcomes) <= {Errors.UNKNOWN_MEMBER_ID}, outcomes
+            assert coord._wake_reads._by_master == {}  # no idle master's bound is kept
+            await coord.close()
         finally:
-            os.kill(stalled.pid, signal.SIGCONT)
-            outcomes = await asyncio.wait_for(asyncio.gather(*stuck, return_exceptions=True),
-                                              WAIT_S)
-        assert set(outcomes) <= {Errors.UNKNOWN_MEMBER_ID}, outcomes
-        assert coord._wake_reads._by_master == {}  # no idle master's bound is kept
-        await coord.close()
-        await client.aclose()
+            await client.aclose()
 
     try:
         asyncio.run(scenario())
