@@ -53,8 +53,9 @@ from .clients import leased
 from .options import OptionError
 from .plan import Position
 
-__all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "batch_generation", "checkpoint_position",
-           "record_replay", "record_replay_reads", "replay_reads", "replayed_generation"]
+__all__ = ["REDIS_FAILURES", "REPLAY_TTL_S", "CheckpointUnreadableError", "batch_generation",
+           "checkpoint_position", "record_replay", "record_replay_reads", "replay_reads",
+           "replayed_generation"]
 
 REPLAY_TTL_S = 7 * 24 * 3600
 
@@ -62,6 +63,13 @@ REDIS_FAILURES = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExce
                   RcoordError)
 """What recording or reading a replay raises when Redis cannot answer (a cluster client's
 errors are not ``RedisError``)."""
+
+
+class CheckpointUnreadableError(OSError):
+    """A file of the checkpoint's offset log exists (or may) but could not be read: a
+    permission, an I/O error, a network file system's hiccup. Not "the batch is not logged":
+    ``batch_generation`` would answer -1 for it, and a sink naming its output by generation
+    let any older writer's file win over the batch's. The ``OSError`` is its ``__cause__``."""
 
 
 def _field(planned: Position) -> str:
@@ -169,7 +177,9 @@ def checkpoint_position(checkpoint: str, batch_id: int, *, spark: Any = None) ->
     managed ones), so it is read through ``spark`` too; without ``spark`` (or with a session
     that has no JVM) it is read on this machine. Before, such a path was always read on this
     machine, found nowhere on a cluster whose default file system is another, and every batch
-    was named generation -1."""
+    was named generation -1. A log file that exists but cannot be read (a permission, an I/O
+    error) raises ``CheckpointUnreadableError`` (through Hadoop, its Java exception), never
+    reads as "not logged"."""
     text = _read_log(checkpoint, f"offsets/{batch_id}", spark)
     if text is None:
         return None
@@ -216,14 +226,22 @@ def batch_generation(checkpoint: str, batch_id: int, *, group: str,
 
 
 def _read_log(checkpoint: str, name: str, spark: Any) -> str | None:
-    """The text of the file ``name`` under ``checkpoint``; None if there is none."""
+    """The text of the file ``name`` under ``checkpoint``; None if there is none. A local file
+    that cannot be read is a ``CheckpointUnreadableError``: any ``OSError`` was taken for "not
+    logged", so a transient read error made the batch's generation -1."""
     folder = _local(checkpoint)
     if folder is not None and (not _schemeless(checkpoint) or spark is None
                                or _jvm_of(spark) is None):
+        path = folder / name
         try:
-            return (folder / name).read_text()
-        except OSError:
+            return path.read_text()
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise CheckpointUnreadableError(
+                exc.errno, f"cannot read {str(path)!r} of checkpoint {checkpoint!r} "
+                f"({exc.strerror or exc}); the batch's generation cannot be told from this: "
+                "fix the checkpoint's access and run the batch again") from exc
     if spark is None:
         raise OptionError(
             f"checkpoint {checkpoint!r} is not on this machine: pass spark= (in foreachBatch, "
