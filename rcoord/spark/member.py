@@ -27,6 +27,10 @@ were made under:
 * A commit the coordinator refuses (the group moved on; the plan came from an old checkpoint
   or a member that was removed) moves no offset and stops nothing: it is counted in
   ``refused`` and the partitions are processed again by their owner (at-least-once).
+* A commit Redis does not answer (``ConnectionLost``) holds the plan: no further batch is
+  planned until it lands, the generation ends, or the session timeout passes (the query
+  fails). Planning on left several finished batches uncommitted, and a crash then delivered
+  their records again under new batch ids (``_held``).
 * ``replay(end, ranges)`` serves the batch Spark replays after a restart (planned by the old
   process's membership, never committed): its partitions this member holds with the group's
   committed offset at the batch's start are read again, and their ends become a plan of this
@@ -181,6 +185,9 @@ class StreamMember:
             else max(rejoin_wait_s, first_join_wait_s)
         self._gen: Generation | None = None
         self._hold = threading.Event()
+        # What the last commit of this generation's own plan raised when Redis did not answer
+        # (``_commit_own``); ``plan`` plans no further batch while it stands (``_held``).
+        self._commit_lost: ConnectionLost | None = None
         self._closing = threading.Event()
         self._planned_at: float | None = None  # when plan() last began (monotonic)
         self._gap_warned = False
@@ -267,7 +274,10 @@ class StreamMember:
         self._group.start()  # a query restarted on a checkpoint plans before initial()
         self._check_plan_gap()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
+        self._commit_lost = None
         self._commit_own(own)
+        if self._held(own, until_target):
+            return start
         gen = self._gen
         if gen is None or gen.done.is_set():
             if not self._next_generation(until_target):
@@ -340,6 +350,38 @@ class StreamMember:
             end = replace(end, starts=dict(begin))
         self._planned.add((gen.generation_id, gen.member_id))
         return end
+
+    def _held(self, own: Position, until_target: bool) -> bool:
+        """Whether ``plan`` builds no batch now: the commit of ``own`` (the last batch's end,
+        planned in the live generation) failed because Redis did not answer, so the next batch
+        waits for it, as Kafka's ``commitSync`` retries a commit the coordinator did not
+        answer before the poll loop goes on.
+
+        Planning on from an uncommitted end left two or more finished batches behind the
+        group's committed offset. A crash then made the restarted query replay the last one
+        with the group's offset short of its start: the replay read nothing, and the group
+        delivered the finished batches' records again under new batch ids, which the sink
+        stored a second time. Held, the query's last batch is finished (``_resume`` goes on
+        from its end) or is the one replayed, whose start the group has committed.
+
+        The commit is tried again by the next plan (under ``until_target`` here, since a plan
+        that reads nothing ends an availableNow run). Held no longer once the generation ends
+        (its partitions go on from the group's committed offset, at least once) and never past
+        the session timeout of failures (``_outage`` fails the query)."""
+        gen = self._gen
+        while True:
+            exc = self._commit_lost
+            if exc is None or gen is None or gen.done.is_set():
+                return False
+            self._outage(exc)
+            log.warning("group %r: committing the last batch's end of [%s] failed (%s); no "
+                        "further batch is planned until that commit lands", gen.group_id,
+                        _names(set(own.offsets)), exc)
+            if not until_target:
+                return True
+            gen.done.wait(self._rejoin_wait_s)
+            self._commit_lost = None
+            self._commit_own(own)
 
     def _check_plan_gap(self) -> None:
         """Warn when Spark planned this batch later than the rebalance timeout after the last.
@@ -487,7 +529,10 @@ class StreamMember:
             except RcoordError as exc:  # Redis unreachable for a session: try again next time
                 log.warning("group %r: commit failed, will retry: %s", gen.group_id, exc)
                 self._sent.pop(stamp, None)
+                if isinstance(exc, ConnectionLost):
+                    self._commit_lost = exc  # (``_held``)
                 return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
+            self._unreachable_since = None
             self._committed.update(todo)
             self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
             return self._record(pos, todo, Errors.NONE)

@@ -1,0 +1,162 @@
+"""A group-mode query plans no batch past one whose commit Redis did not answer.
+
+Before, ``StreamMember.plan`` logged "will retry" and planned on: a crash then left two
+finished-or-running batches behind the group's committed offset, the restarted query's replay
+of the last one read nothing (the group's offset was short of its start), and the group
+delivered the finished batch's records again under a new batch id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness import wait_until
+
+from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
+from rcoord.client import ConsumerGroup
+from rcoord.errors import ConnectionLost
+from rcoord.spark.member import StreamMember, member_config
+from rcoord.spark.options import ReadKind, parse_read_options
+from rcoord.spark.plan import Position, ranges_between
+from rcoord.spark.resolve import log_snapshot
+from rcoord.topics import Producer, Topics
+
+TP = TopicPartition
+EV0 = TP("ev", 0)
+
+
+@pytest.fixture
+def topics(single_client: Any, namespace: str) -> Topics:
+    return Topics(single_client, namespace)
+
+
+@pytest.fixture
+def coord(single_client: Any, namespace: str) -> GroupCoordinator:
+    cfg = CoordinatorConfig(namespace=namespace, group_min_session_timeout_ms=10,
+                            group_initial_rebalance_delay_ms=0)
+    return GroupCoordinator(single_client, cfg).start()
+
+
+def _member(url: str, namespace: str, client: Any) -> StreamMember:
+    o = parse_read_options({"url": url, "namespace": namespace, "subscribe": "ev",
+                            "groupId": "g", "sessionTimeoutMs": "1500",
+                            "heartbeatIntervalMs": "200", "rebalanceTimeoutMs": "5000"},
+                           ReadKind.STREAM, env={})
+    return StreamMember(ConsumerGroup(member_config(o, ["ev"], client)), rejoin_wait_s=0.05,
+                        first_join_wait_s=10)
+
+
+def _lose_commits(member: StreamMember, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+    """The next ``times`` commits of ``member``'s generation find Redis away."""
+    gen = member.generation
+    assert gen is not None
+    real, left = gen.commit_offsets, [times]
+
+    def commit(offsets: Any) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            raise ConnectionLost("Redis away")
+        real(offsets)
+
+    monkeypatch.setattr(gen, "commit_offsets", commit)
+
+
+def _read(start: Position, end: Position) -> list[int]:
+    return [o for r in ranges_between(start, end) for o in range(r.start, r.end)]
+
+
+def _committed(coord: GroupCoordinator) -> dict[TP, int]:
+    return {tp: om.offset for tp, om in coord.fetch_offsets("g").offsets.items()}
+
+
+def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
+        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+        coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 4)
+    latest = lambda parts: log_snapshot(topics, parts)
+    a = _member(redis_server.url, namespace, single_client)
+    try:
+        first = a.initial(10)
+        end1 = a.plan(first, latest, None)  # batch 0: offsets 0-3, its sink stores them
+        delivered = _read(first, end1)
+        assert delivered == [0, 1, 2, 3]
+        producer.send_batch("ev", [b"y"] * 6)
+        _lose_commits(a, monkeypatch, 1)
+        nxt = a.plan(end1, latest, None)  # batch 0's commit finds Redis away
+        assert nxt == end1  # no batch 1 until batch 0's commit lands
+    finally:
+        a.close(5)  # the query's process dies here: nothing more is committed
+    assert _committed(coord) == {}
+
+    b = _member(redis_server.url, namespace, single_client)  # the restarted query
+    try:
+        if nxt == end1:  # Spark's commit log has batch 0: it plans batch 1 from its end
+            after = b.plan(end1, latest, None)
+            delivered += _read(end1, after)
+        else:  # batch 1 was running: Spark replays it, then plans on from its end
+            b.replaying(nxt)
+            keep = b.replay(nxt, ranges_between(end1, nxt), 10)
+            delivered += [o for r in ranges_between(end1, nxt)
+                          if TP(r.topic, r.partition) in keep for o in range(r.start, r.end)]
+            after = b.plan(nxt, latest, None)
+            delivered += _read(nxt, after)
+        assert sorted(delivered) == list(range(10))  # each record in one batch, none twice
+    finally:
+        b.close(5)
+
+
+@pytest.mark.parametrize("until_target", [False, True])
+def test_planning_goes_on_once_the_lost_commit_lands(
+        until_target: bool, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 4)
+    latest = lambda parts: log_snapshot(topics, parts)
+    a = _member(redis_server.url, namespace, single_client)
+    try:
+        first = a.initial(10)
+        end1 = a.plan(first, latest, None)
+        producer.send_batch("ev", [b"y"] * 6)
+        _lose_commits(a, monkeypatch, 1)
+        if not until_target:
+            # a plan that reads nothing; the next one commits and plans on
+            assert a.plan(end1, latest, None) == end1
+            assert _committed(coord) == {}
+        # availableNow: a plan that reads nothing would end the run, so it tries again itself
+        end2 = a.plan(end1, latest, None, until_target=until_target)
+        assert _committed(coord) == {EV0: 4}
+        assert _read(end1, end2) == list(range(4, 10))
+    finally:
+        a.close(5)
+
+
+@pytest.mark.parametrize("until_target", [False, True])
+def test_a_commit_unanswered_for_a_session_fails_the_query_instead_of_holding_for_ever(
+        until_target: bool, redis_server: Any, single_client: Any, namespace: str,
+        topics: Topics, coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    topics.create("ev", 1)
+    producer = Producer(single_client, namespace)
+    producer.send_batch("ev", [b"x"] * 4)
+    latest = lambda parts: log_snapshot(topics, parts)
+    a = _member(redis_server.url, namespace, single_client)
+    try:
+        first = a.initial(10)
+        end1 = a.plan(first, latest, None)
+        _lose_commits(a, monkeypatch, 10**9)
+        failed: list[ConnectionLost] = []
+
+        def plan_fails() -> bool:
+            try:
+                assert a.plan(end1, latest, None, until_target=until_target) == end1
+            except ConnectionLost as exc:
+                failed.append(exc)
+            return bool(failed)
+
+        wait_until(plan_fails, timeout_s=20)
+        assert "out of reach for more than the session timeout" in str(failed[0])
+    finally:
+        a.close(5)
