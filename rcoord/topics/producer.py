@@ -173,12 +173,13 @@ class Producer:
     until the move ends; redis-py gives up after about 0.4 s. An idempotent producer sends the
     refused calls again (with the later calls of their partitions), with the same sequence
     numbers, every 100 ms until the move is over or ``delivery_timeout_ms`` ran out (then
-    ``ConnectionLost``; counted from the send, a wait behind another send to the partition
-    included, so sends queued behind a move do not each wait one timeout more); the calls that
-    ran keep their answers, and a record that went in anyway is answered as a duplicate, never
-    appended twice. Only the refused partitions wait: other sends to those partitions queue
-    behind the refused calls (sequence order), those to the call's other partitions go on. A
-    call a node refused with ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
+    ``ConnectionLost``, saying which of the call's records were appended; counted from the
+    send, a wait behind another send to the partition included, so sends queued behind a move
+    do not each wait one timeout more); the calls that ran keep their answers, and a record
+    that went in anyway is answered as a duplicate, never appended twice. Only the refused
+    partitions wait: other sends to those partitions queue behind the refused calls (sequence
+    order), those to the call's other partitions go on. A call a node refused with
+    ``CLUSTERDOWN`` (a failover under way) is sent again the same way. ``idempotent=False``
     raises ``ConnectionLost`` at once (resending would append twice what other partitions
     took).
 
@@ -707,12 +708,26 @@ class Producer:
                 # refusal, as if nothing had waited, and no word of what was stored.)
                 done = [p for p in order if p in spent and p not in failed]
                 stored = f"; its records to partition(s) {done} were" if done else ""
+                # A waiting partition's records in several calls: those the move let through
+                # before it split the keys were appended (it said none were: resent, they
+                # were stored twice).
+                partly = []
+                for p in waiting:
+                    seqs[p].acked = max(seqs[p].acked, acked.get(p, -1))
+                    got = [m for m in (out[i] for i in by_part[p]) if m is not None]
+                    if got:
+                        partly.append(
+                            f"partition {p}: {len(got)} of its {len(by_part[p])} records were "
+                            f"appended (offsets {min(m.offset for m in got)}.."
+                            f"{max(m.offset for m in got)}), the rest not")
+                appended = ("this call's records to those partitions were not appended"
+                            if not partly else "of this call's records to those partitions, "
+                            + "; ".join(partly) + "; the others were not appended")
                 raise ConnectionLost(
                     f"{topic} partition(s) {waiting}: a slot move or failover refused the "
                     f"append until delivery_timeout_ms ({self._delivery_timeout_s * 1000:.0f} "
-                    f"ms, counted from the send) ran out ({exc.__cause__}); this call's "
-                    f"records to those partitions were not appended (the next send goes on "
-                    f"past them){stored}") from exc
+                    f"ms, counted from the send) ran out ({exc.__cause__}); {appended} (the "
+                    f"next send goes on past them){stored}") from exc
         finally:
             for p in held:
                 seqs[p].lock.release()
