@@ -55,3 +55,34 @@ def test_the_timeout_says_which_records_of_a_partly_stored_partition_were_append
     finally:
         _end(move)
         client.close()
+
+
+def test_the_timeout_names_the_partitions_refused_in_the_same_call(own_cluster, namespace):
+    """A send_batch to a moving partition (p0) and one that refused its records (p1: the
+    producer is fenced there) timed out: the ConnectionLost said p0's records were not
+    appended and nothing of p1's, whose refusal (PRODUCER_FENCED) went unreported, so a
+    caller resending what was "not appended" dropped p1's records without knowing it."""
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 2)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace, producer_id="x", delivery_timeout_ms=300)
+    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
+    Producer(client, namespace, producer_id="x", producer_epoch=1).send("t", b"c", partition=1)
+    move = _Move(own_cluster, client, stream)
+    assert client.keyslot(partition_key(namespace, "t", 1)) != move.slot
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        with pytest.raises(ConnectionLost) as lost:
+            producer.send_batch("t", [ProducerRecord(b"d", partition=0),
+                                      ProducerRecord(b"e", partition=1)])
+        message = str(lost.value)
+        assert message.startswith("t partition(s) [0]: a slot move or failover refused")
+        assert "; partition 1 refused its records (PRODUCER_FENCED: " in message
+        move.keys()
+        move.owner()
+        assert _values(client, namespace, 0) == [b"a"]
+        assert _values(client, namespace, 1) == [b"b", b"c"]
+    finally:
+        _end(move)
+        client.close()

@@ -723,11 +723,20 @@ class Producer:
                 appended = ("this call's records to those partitions were not appended"
                             if not partly else "of this call's records to those partitions, "
                             + "; ".join(partly) + "; the others were not appended")
+                # The partitions that refused their records in the same call (fenced, out of
+                # order, gone): their errors were dropped, so the caller, told only what
+                # was and was not appended of the others, never learnt of those records.
+                refused = "".join(
+                    f"; partition {p} refused its records ({e.name}{': ' + why if why else ''})"
+                    for p, (e, why, _) in sorted(failed.items()))
+                if any(e == Errors.UNKNOWN_TOPIC_OR_PARTITION for e, _, _ in failed.values()):
+                    with self._lock:
+                        self._forget_topic(topic)
                 raise ConnectionLost(
                     f"{topic} partition(s) {waiting}: a slot move or failover refused the "
                     f"append until delivery_timeout_ms ({self._delivery_timeout_s * 1000:.0f} "
                     f"ms, counted from the send) ran out ({exc.__cause__}); {appended} (the "
-                    f"next send goes on past them){stored}") from exc
+                    f"next send goes on past them){stored}{refused}") from exc
         finally:
             for p in held:
                 seqs[p].lock.release()
