@@ -1402,7 +1402,7 @@ class Consumer(SubscriptionMixin):
         offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None,
         callback: OffsetCommitCallback | None = None,
     ) -> None:
-        """Commit ``offsets`` (default: every current position) in the background.
+        """Commit ``offsets`` (default: the current positions) in the background.
 
         As Kafka's ``commitAsync``: commits are sent one at a time in the order of the calls, so
         a later commit is never overtaken by an earlier one's retry, and ``callback(offsets,
@@ -1413,7 +1413,10 @@ class Consumer(SubscriptionMixin):
         A negative offset raises ``ValueError`` here, at the call, as in ``commit()``; an
         offset of a partition that does not exist is the callback's ``TopicError``
         (``_check_exist``), nothing of that call committed. Without ``offsets``, partitions
-        that no longer exist are skipped, as in ``commit()``.
+        that no longer exist are skipped, as in ``commit()``, and only partitions with a
+        position are committed (Kafka's ``allConsumed()``): not one assigned and not yet
+        sought, asked ``position()`` of or polled (``_positions``); with none, the callback
+        gets ``({}, None)``.
         """
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable(offsets, exception), got {callback!r}")
