@@ -590,7 +590,10 @@ class Consumer(SubscriptionMixin):
         so reading began there and the next commit of the positions undid the application's
         commit. The commit callbacks still run at the next ``poll()``, ``commit()`` or
         ``close()``."""
-        tickets = sorted(t for t, offsets in self._start_commits.items() if key in offsets)
+        # (A copy, taken in one step: a close() on another thread that runs the commit
+        # callbacks pops from it, and iterating it then raised "dictionary changed size".)
+        pending = self._start_commits.copy()
+        tickets = sorted(t for t, offsets in pending.items() if key in offsets)
         if not tickets:
             return
         if not self._committer.finished(tickets[-1]):
