@@ -255,7 +255,7 @@ def test_a_zombie_killed_between_its_rename_and_its_settling_leaves_no_second_fi
     sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
     sink._write("ev", 0, 5, [_row("a", 3)], 6)
 
-    def killed(folder: Path, start: int) -> None:
+    def killed(folder: Path, start: int, end: int | None = None) -> None:
         raise SystemExit("SIGKILL")
 
     monkeypatch.setattr(clickstream, "_settle", killed)
@@ -291,13 +291,15 @@ def test_a_write_not_yet_renamed_stays_listed_for_the_next_writes(tmp_path: Path
 
 def test_starts_that_share_an_index_bucket_settle_apart(tmp_path: Path) -> None:
     # starts 5 and 50 share the index's bucket (and a leading digit); generation -1 (a source
-    # without a group) is superseded by any group generation
+    # without a group) is superseded by any group generation; generation 2, which began at 50
+    # (generation 1's batch from 50 was not committed), supersedes none of generation 1's
+    # files before it
     sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
-    sink._write("ev", 0, 50, [_row("a", 1)], 1)
     sink._write("ev", 0, 5, [_row("a", 4)], -1)
-    sink._write("ev", 0, 5, [_row("a", 2)], 3)
+    sink._write("ev", 0, 5, [_row("a", 2)], 1)
+    sink._write("ev", 0, 50, [_row("a", 1)], 1)
     sink._write("ev", 0, 50, [_row("b", 1)], 2)
-    assert _files(tmp_path) == ["start-5.gen-3.parquet", "start-50.gen-2.parquet"]
+    assert _files(tmp_path) == ["start-5.gen-1.parquet", "start-50.gen-2.parquet"]
     assert read_counts(tmp_path) == {(0, "a"): 2, (0, "b"): 1}
 
 
@@ -390,8 +392,8 @@ def test_a_writer_whose_temporary_file_was_taken_for_a_dead_ones_fails_its_batch
     folder = tmp_path / "counts" / "topic=ev" / "partition=0"
     real = clickstream._mark
 
-    def paused(folder: Path, start: int, generation: int) -> None:
-        real(folder, start, generation)
+    def paused(folder: Path, start: int, generation: int, end: int | None = None) -> None:
+        real(folder, start, generation, end)
         for tmp in folder.glob(".tmp-*"):
             tmp.unlink()
 
@@ -421,3 +423,99 @@ def test_a_batch_is_named_by_where_its_plan_begins_each_partition(tmp_path: Path
     assert sink.planned_starts(2) == {("ev", 0): 11}
     assert sink.planned_starts(3) == {}  # not logged
     assert sink.planned_starts(4) == {}
+
+
+# -- superseding by offset range: a newer generation's file supersedes every older generation's
+# file that ends past where the newer generation began the partition (not only the file of the
+# same start)
+
+
+def _settle_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes without their settling (a writer killed after its rename): only read_counts's
+    rule stands between the files and a count twice."""
+    from workers import clickstream
+
+    monkeypatch.setattr(clickstream, "_settle", lambda *a, **k: None)
+    monkeypatch.setattr(clickstream, "_settle_unsettled", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("settled", [True, False])
+@pytest.mark.parametrize("zombie_last", [True, False])
+def test_a_zombies_uncommitted_batches_are_all_superseded_by_its_successors_replay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zombie_last: bool,
+        settled: bool) -> None:
+    # Generation 5's commit of offset 5 failed (ConnectionLost: "will retry") and it went on
+    # planning in its generation: offsets 2-4, then 5-9, neither committed. Generation 6 began
+    # at the committed offset 2 and read 2-9 in one batch. Before, only the zombie's file of
+    # start 2 was superseded, and offsets 5-9 counted twice (13 where 8 is right).
+    if not settled:
+        _settle_off(monkeypatch)
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 2, [_row("a", 3)], 5, end=5)
+    if zombie_last:
+        sink._write("ev", 0, 2, [_row("a", 8)], 6, end=10)
+    sink._write("ev", 0, 5, [_row("a", 5)], 5, end=10)
+    if not zombie_last:
+        sink._write("ev", 0, 2, [_row("a", 8)], 6, end=10)
+    assert read_counts(tmp_path) == {(0, "a"): 8}
+    if settled:
+        assert _files(tmp_path) == ["start-2.gen-6.parquet"]
+
+
+@pytest.mark.parametrize("settled", [True, False])
+@pytest.mark.parametrize("zombie_last", [True, False])
+def test_a_zombies_batch_is_superseded_by_a_successor_that_began_past_a_trim(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zombie_last: bool,
+        settled: bool) -> None:
+    # The zombie of generation 5 read offsets 5-9 and never committed; retention trimmed the
+    # log to 7 before generation 6 planned, so it began at 7 (failOnDataLoss=false) and read
+    # 7-9. Before, the two files had different starts and 7-9 counted twice (8 where 3 is).
+    if not settled:
+        _settle_off(monkeypatch)
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    if not zombie_last:
+        sink._write("ev", 0, 5, [_row("a", 5)], 5, end=10)
+    sink._write("ev", 0, 7, [_row("a", 3)], 6, end=10)
+    if zombie_last:
+        sink._write("ev", 0, 5, [_row("a", 5)], 5, end=10)
+    assert read_counts(tmp_path) == {(0, "a"): 3}
+    if settled:
+        assert _files(tmp_path) == ["start-7.gen-6.parquet"]
+
+
+def test_committed_batches_of_every_generation_count(tmp_path: Path) -> None:
+    # one generation, many batches; then generation 6 from generation 5's committed offset 40;
+    # then generation 7 past a trim (offsets 50-51 deleted before it planned, after generation
+    # 6 committed 50): no file of a committed batch is superseded
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    for start in range(0, 40, 2):
+        sink._write("ev", 0, start, [_row("a", 2)], 5, end=start + 2)
+    sink._write("ev", 0, 40, [_row("a", 10)], 6, end=50)
+    sink._write("ev", 0, 52, [_row("a", 3)], 7, end=55)
+    sink._write("ev", 0, 55, [_row("a", 1)], 7, end=56)
+    assert read_counts(tmp_path) == {(0, "a"): 54}
+    assert len(_files(tmp_path)) == 23
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_zombies_file_further_on_is_left_out_then_deleted(tmp_path: Path, restart: bool) -> None:
+    # A write settles only the index buckets around its own range (its cost must not grow
+    # with the folder): the zombie's file of offsets 5000-5006 stays on disk until a write of
+    # generation 6 there (or a run's first write in the folder), and read_counts leaves it
+    # out meanwhile.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 0, [_row("a", 2)], 5, end=2)  # committed
+    sink._write("ev", 0, 2, [_row("a", 10)], 5, end=5000)  # the zombie's, never committed
+    sink._write("ev", 0, 5000, [_row("a", 7)], 5, end=5007)
+    sink._write("ev", 0, 2, [_row("a", 9)], 6, end=4000)
+    assert read_counts(tmp_path) == {(0, "a"): 11}
+    assert "start-5000.gen-5.parquet" in _files(tmp_path)
+    if restart:
+        _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))._write(
+            "ev", 0, 9000, [_row("b", 1)], 7, end=9001)
+        assert read_counts(tmp_path) == {(0, "a"): 11, (0, "b"): 1}
+    else:
+        sink._write("ev", 0, 4000, [_row("a", 8)], 6, end=5007)
+        assert read_counts(tmp_path) == {(0, "a"): 19}
+    assert "start-5000.gen-5.parquet" not in _files(tmp_path)
+    assert "start-0.gen-5.parquet" in _files(tmp_path)

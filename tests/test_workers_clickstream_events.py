@@ -161,3 +161,32 @@ def test_a_replay_whose_first_records_were_trimmed_supersedes_the_zombies_file(
     assert read_counts(out) == {(T0, "k"): 3}
     assert sorted(p.name for p in (out / "counts" / "topic=ev" / "partition=0").iterdir()) \
         == ["start-5.gen-6.parquet"]
+
+
+def test_a_zombies_batch_written_after_its_successor_began_past_a_trim_does_not_count(
+        spark: Any, tmp_path: Path) -> None:
+    # Generation 6's member began ev-0 at 7 (offsets 5-6 trimmed before it planned) and wrote
+    # 7-9. Generation 5's zombie, planned at the committed offset 5 up to 10 before the trim,
+    # writes its batch of 5-9 after that. The sink names the file's end from the batch's
+    # planned end in the offset log, so the zombie's own settling sees that generation 6 began
+    # before it and deletes it. Before, only files of one start superseded each other, and
+    # 7-9 were counted twice.
+    from workers.clickstream import _Sink, read_counts
+
+    out, cp = tmp_path / "out", tmp_path / "cp"
+    (cp / "offsets").mkdir(parents=True)
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    end = {"offsets": {"ev": {"0": 10}}, "starts": {"ev": {"0": 5}}, "generation": 5,
+           "member": "m-5"}
+    (cp / "offsets" / "0").write_text("\n".join(["v1", meta, json.dumps(end)]))
+    _Sink(str(out), WINDOW_MS, str(tmp_path / "cp6"))._write(
+        "ev", 0, 7, [{"ws": T0, "k": "k", "n": 3}], 6, end=10)
+    zombie = _Sink(str(out), WINDOW_MS, str(cp))
+    zombie.batches = 1  # (the planned generation, without asking Redis about a replay)
+    batch = spark.createDataFrame(
+        [("ev", 0, offset, "k", T0 + offset) for offset in (5, 6, 7, 8, 9)],
+        "topic string, partition int, offset long, k string, event_ms long")
+    zombie(batch, 0)
+    assert read_counts(out) == {(T0, "k"): 3}
+    assert sorted(p.name for p in (out / "counts" / "topic=ev" / "partition=0").iterdir()) \
+        == ["start-7.gen-6.parquet"]

@@ -25,24 +25,36 @@ Output: every micro-batch writes, per topic partition it read, one Parquet file
 G of the group (``rcoord.spark.batch_generation``: the generation that planned the batch, or,
 for a batch Spark replays after a restart, the one that replayed it). The file name holds the
 offset the batch's planned range of that partition begins at (``_Sink.planned_starts``; the
-smallest offset read for another source), so when a partition's new owner processes again the
-records its old owner had processed but not committed (a crash), it starts at the same committed
-offset and *supersedes* that file: of the files of one start, the one of the newest generation
-counts, and its writer deletes the others once its own is in place (``_settle``, which finds
-them in a hidden index, ``DIR/counts/.index/topic=T/partition=P``, not by listing the folder: a
-write's cost does not grow with the folder's history). So a removed member whose batch outlived
-the rebalance timeout (a zombie) cannot overwrite its successor's file with a shorter or longer
-range, and a restarted query's replay supersedes the file of a member that took the partition
-meanwhile and stopped before committing. The counts of a (window,
-key) are the sum over the files; ``read_counts(DIR)`` does that, and so does
-``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once no
-batch is being written (between a zombie's write and its settling, both files are there; a
-writer killed in between is settled by the partition's next write, ``_UNSETTLED``).
+smallest offset read for another source); the hidden index, ``DIR/counts/.index/topic=T/
+partition=P``, holds where its range ends (``_Sink.planned_ends``) and where each generation
+began writing the partition. A partition's new owner begins at the group's committed offset C
+(or further on, past a retention trim, failOnDataLoss=false), and processes again every record
+from there that its old owner had processed but not committed (a crash, a zombie whose batch
+outlived the rebalance timeout, or one whose commit failed and that went on planning); since
+no older generation's commit is taken once a newer one began, an older generation's file that
+ends past where a newer generation began the partition holds records nobody committed, and is
+*superseded*: it does not count, whatever the order of the writes, while every file that ends
+at or before it was committed. The writer of a file deletes the files it supersedes, and its
+own if a newer generation began before its end (``_settle``, which looks in the index around
+its own range, not by listing the folder: a write's cost does not grow with the folder's
+history; a zombie's file further on is deleted when a newer generation's write reads its
+offsets again, or by a run's first write in the folder). So a zombie cannot overwrite its
+successor's file, nor count records twice, and a restarted query's replay supersedes the file
+of a member that took the partition meanwhile and stopped before committing. The counts of a
+(window, key) are the sum over the files that count; ``read_counts(DIR)`` does that, and so
+does ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once
+no batch is being written and the superseded files are deleted (between a zombie's write and
+its settling, both files are there; a writer killed in between is settled by the partition's
+next write, ``_UNSETTLED``). The rule takes a group's generations to grow for ever: a group
+deleted and created again (its generations start over), or a topic created again (its offsets
+start over), needs a new DIR. (Offsets an operator resets backwards are read again by a newer
+generation, whose files supersede the older ones they overlap: each record counts once.)
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -53,6 +65,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -120,29 +133,36 @@ def window_counts(events: Any, window_ms: int) -> dict[tuple[int, str], int]:
 _FILE = re.compile(r"start-(\d+)\.gen-(-?\d+)\.parquet")
 
 
-def _current(folder: Path) -> dict[int, tuple[int, Path]]:
-    """A partition folder's files that count: per start offset, the newest generation's."""
-    best: dict[int, tuple[int, Path]] = {}
+def _counting(folder: Path) -> list[Path]:
+    """A partition folder's files that count (``_superseded``), by its files and its whole
+    index (whether or not a write settled them yet)."""
+    files: dict[tuple[int, int], Path] = {}
     for path in folder.glob("start-*.gen-*.parquet"):
         m = _FILE.fullmatch(path.name)
-        if m is None:
-            continue
-        first, gen = int(m[1]), int(m[2])
-        if first not in best or gen > best[first][0]:
-            best[first] = (gen, path)
-    return best
+        if m is not None:
+            files[(int(m[1]), int(m[2]))] = path
+    gens = _index_of(folder) / _GENS
+    entries = [_entry(name) for bucket in (os.listdir(gens) if gens.is_dir() else [])
+               for name in os.listdir(gens / bucket)]
+    firsts = _firsts(folder)
+    for start, gen in [*files, *entries]:
+        if start >= 0:
+            firsts[gen] = min(start, firsts.get(gen, start))
+    gone = _superseded(files, firsts, folder)
+    return [path for key, path in files.items() if key not in gone]
 
 
 def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
     """The pipeline's output summed per (window start ms, key); reads Parquet with pyarrow.
 
-    Of the files of one start offset, only the newest generation's counts (``_current``)."""
+    Only the files that count (``_counting``): not those a newer generation supersedes, even
+    before their settling deleted them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     totals: dict[tuple[int, str], int] = defaultdict(int)
     paths = [p for folder in Path(out_dir, "counts").glob("topic=*/partition=*")
-             for _, p in _current(folder).values()]
+             for p in _counting(folder)]
     for path in sorted(paths):
         table = pq.read_table(path)
         # The window starts as integer ms, read exactly: through a datetime's float
@@ -167,6 +187,7 @@ class _Sink:
         self.records = 0
         self.late = 0
         self._indexed: set[Path] = set()
+        self._firsts: dict[tuple[Path, int], int] = {}  # (folder, generation): first marked
 
     def watermark_ms(self, batch_id: int, spark: Any = None) -> int:
         """The watermark Spark runs micro-batch ``batch_id`` with: the ``batchWatermarkMs``
@@ -197,6 +218,15 @@ class _Sink:
         return batch_generation(self.checkpoint, batch_id, group=self.group,
                                 namespace=self.namespace, url=self.url,
                                 first=self.batches == 0, spark=spark)
+
+    def planned_ends(self, batch_id: int, spark: Any = None) -> dict[tuple[str, int], int]:
+        """Where the batch's planned range of each (topic, partition) ends (the offset after
+        it), from the checkpoint's offset log; empty for a source other than group mode's."""
+        from rcoord.spark.replays import checkpoint_position
+
+        end = checkpoint_position(self.checkpoint, batch_id, spark=spark)
+        return {} if end is None else {(tp.topic, tp.partition): o
+                                       for tp, o in end.offsets.items()}
 
     def planned_starts(self, batch_id: int, spark: Any = None) -> dict[tuple[str, int], int]:
         """Where the batch's planned range of each (topic, partition) begins: what Spark's
@@ -237,11 +267,13 @@ class _Sink:
                 F.sum(F.when(late, 0).otherwise(1)).alias("n"),
                 F.count(F.lit(1)).alias("all"),
                 F.min("offset").alias("lo"),
+                F.max("offset").alias("hi"),
             )
             .collect()
         )
         gen = self.generation(batch_id, batch.sparkSession)
         starts = self.planned_starts(batch_id, batch.sparkSession)
+        ends = self.planned_ends(batch_id, batch.sparkSession)
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)
@@ -249,12 +281,16 @@ class _Sink:
             self.late += row["all"] - row["n"]
         for (topic, partition), group in by_part.items():
             first = min(r["lo"] for r in group)
+            last = max(r["hi"] for r in group) + 1
             self._write(topic, partition, min(first, starts.get((topic, partition), first)),
-                        group, gen)
+                        group, gen, end=max(last, ends.get((topic, partition), last)))
         self.batches += 1
 
     def _write(self, topic: str, partition: int, start: int, rows: list[Any],
-               generation: int) -> None:
+               generation: int, *, end: int | None = None) -> None:
+        """Write the file of ``rows``, the counts of offsets ``start`` to ``end`` (exclusive;
+        None: not known, taken for ``start + 1``) of ``generation``, and settle the files
+        around it (``_settle``)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -276,7 +312,10 @@ class _Sink:
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
         try:
             pq.write_table(table, tmp)
-            _mark(folder, start, generation)  # before the rename, for _settle
+            _mark(folder, start, generation, end)  # before the rename, for _settle
+            if start < self._firsts.get((folder, generation), start + 1):
+                _mark_first(folder, start, generation)
+                self._firsts[(folder, generation)] = start
             unsettled.parent.mkdir(parents=True, exist_ok=True)
             unsettled.touch()
             # atomic: a retry of the batch (same range, same generation) replaces its first
@@ -296,7 +335,7 @@ class _Sink:
             tmp.unlink(missing_ok=True)
             unsettled.unlink(missing_ok=True)
             raise
-        _settle(folder, start)
+        _settle(folder, start, end)
         _settle_unsettled(folder, unsettled.name)
         unsettled.unlink(missing_ok=True)
 
@@ -310,12 +349,21 @@ def _index_of(folder: Path) -> Path:
 
 _GENS = "gens"
 """A partition's index of the generations each start offset was written under:
-``gens/<start // 1024>/<start>.<generation>``, an empty file made before the data file's
-rename and never removed. A write lists only its start's bucket (at most 1,024 starts, one per
-batch of 1,024 records or more), so its cost does not grow with the folder, which gains a file
-per micro-batch for ever (globbing the whole folder on every write took 192 ms at 100,000
-files); a bucket, not a directory per start, which would take a directory block (4 KB) a batch.
+``gens/<start // 1024>/<start>.<generation>``, a file made before the data file's rename and
+never removed, holding the offset the file's range ends at (the one after it; empty where
+that is not known: an entry of a file written before, taken to end at ``start + 1``). A write
+lists only the buckets of its own range and the one before it (at most 1,024 starts each,
+one per batch of 1,024 records or more), so its cost does not grow with the folder, which
+gains a file per micro-batch for ever (globbing the whole folder on every write took 192 ms
+at 100,000 files); a bucket, not a directory per start, which would take a directory block
+(4 KB) a batch.
 """
+_FIRSTS = "firsts"
+"""Where each generation began writing the partition: ``firsts/<generation>.<start>``, made
+(with ``_GENS``'s entry, before the rename) by a sink's first write of a generation in the
+partition, and by any write of it that begins lower; the smallest start of a generation
+counts. One entry a generation, so a write's one listing of it grows with the partition's
+rebalances, not with its batches."""
 _BUCKET = 1024
 
 
@@ -360,17 +408,99 @@ def _data(folder: Path, start: int, generation: int) -> Path:
     return folder / f"start-{start}.gen-{generation}.parquet"
 
 
-def _mark(folder: Path, start: int, generation: int) -> None:
-    """Index the file of ``start`` and ``generation`` (``_GENS``), before its rename."""
+def _mark(folder: Path, start: int, generation: int, end: int | None = None) -> None:
+    """Index the file of ``start`` and ``generation`` ending at ``end`` (``_GENS``; None: not
+    known, an entry already made keeps its end), before its rename."""
     bucket = _bucket(folder, start)
     bucket.mkdir(parents=True, exist_ok=True)
-    (bucket / f"{start}.{generation}").touch()
+    entry = bucket / f"{start}.{generation}"
+    if end is None:
+        entry.touch()
+    else:
+        entry.write_text(str(end))
+
+
+def _mark_first(folder: Path, start: int, generation: int) -> None:
+    """Note that ``generation`` wrote the partition from ``start`` (``_FIRSTS``)."""
+    firsts = _index_of(folder) / _FIRSTS
+    firsts.mkdir(parents=True, exist_ok=True)
+    (firsts / f"{generation}.{start}").touch()
+
+
+def _entry(name: str) -> tuple[int, int]:
+    """(start, generation) of a ``_GENS`` entry's name; (-1, 0) for another name."""
+    start, _, gen = name.partition(".")
+    if not start.isdigit() or not gen.lstrip("-").isdigit():
+        return -1, 0
+    return int(start), int(gen)
+
+
+def _firsts(folder: Path) -> dict[int, int]:
+    """``_FIRSTS``: generation -> the smallest start it wrote the partition from."""
+    try:
+        names = os.listdir(_index_of(folder) / _FIRSTS)
+    except FileNotFoundError:
+        return {}
+    out: dict[int, int] = {}
+    for name in names:
+        gen, _, start = name.rpartition(".")
+        if start.isdigit() and gen.lstrip("-").isdigit():
+            out[int(gen)] = min(int(start), out.get(int(gen), int(start)))
+    return out
+
+
+def _superseded(keys: Iterable[tuple[int, int]], firsts: dict[int, int],
+                folder: Path) -> set[tuple[int, int]]:
+    """Of the files ``keys`` ((start, generation)), those that do not count.
+
+    A generation G' of the group begins a partition at the offset committed when it began (or
+    further on, where retention trimmed the log meanwhile, failOnDataLoss=false), and no older
+    generation's commit is taken after that (fencing). So an older generation's file whose
+    range ends past where G' began (``firsts``) holds records nobody committed that G' (or a
+    newer one) reads again; every file of the older generations that ends at or before it was
+    committed (offsets committed never go back). A file is superseded when a newer generation
+    began before its end: one of the same start (a replay), but also a zombie's later
+    uncommitted batches (its commit failed and it went on planning), and one that began before
+    the trim its successor began after. Only a generation's highest start below that can end
+    past it (a generation's ranges do not overlap), so only that file's end is read from
+    its ``_GENS`` entry; where none is known, its start + 1."""
+    gens = sorted(firsts)
+    least: list[int] = []  # least[i]: the smallest first of gens[i:]
+    for gen in reversed(gens):
+        least.append(min(firsts[gen], least[-1]) if least else firsts[gen])
+    least.reverse()
+
+    def newer(gen: int) -> int | None:
+        i = bisect.bisect_right(gens, gen)
+        return least[i] if i < len(least) else None
+
+    out: set[tuple[int, int]] = set()
+    below: dict[int, int] = {}
+    for start, gen in keys:
+        first = newer(gen)
+        if first is None:
+            continue
+        if first <= start:
+            out.add((start, gen))
+        elif start > below.get(gen, -1):
+            below[gen] = start
+    for gen, start in below.items():
+        first = newer(gen)
+        try:
+            text = (_bucket(folder, start) / f"{start}.{gen}").read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        end = int(text) if text.isdigit() else start + 1
+        if first is not None and first < end:
+            out.add((start, gen))
+    return out
 
 
 def _index(folder: Path) -> None:
     """Index the folder's files that have no ``_GENS`` entry (written before there was an
-    index), and settle every start: a sink's first write in a folder does it, once, so that a
-    start written by an earlier version and written again (a replay) is settled too.
+    index) and the generations with no ``_FIRSTS`` entry, and settle the whole folder: a
+    sink's first write in a folder does it, once, so that a file written by an earlier
+    version and superseded by a replay is settled too.
 
     The entries are read a bucket at a time (one listing each), not looked up one per file:
     that took a ``stat`` per file of the folder's history, 1.7 s at 100,000 files (0.2 s so),
@@ -384,40 +514,54 @@ def _index(folder: Path) -> None:
         buckets = os.listdir(gens)
     except FileNotFoundError:
         buckets = []
-    indexed = {name for bucket in buckets for name in os.listdir(gens / bucket)}
-    found: dict[int, list[int]] = defaultdict(list)
+    indexed = {_entry(name) for bucket in buckets for name in os.listdir(gens / bucket)}
+    found: set[tuple[int, int]] = set()
     for name in os.listdir(folder):
         if name.startswith(".tmp-"):
             _abandon(folder / name)
         m = _FILE.fullmatch(name)
         if m is not None:
-            start, gen = int(m[1]), int(m[2])
-            found[start].append(gen)
-            if f"{start}.{gen}" not in indexed:
-                _mark(folder, start, gen)
-    for start, gens in found.items():
-        if len(gens) > 1:
-            _settle(folder, start)
+            found.add((int(m[1]), int(m[2])))
+    for start, gen in found - indexed:
+        _mark(folder, start, gen)
+    firsts = _firsts(folder)
+    least: dict[int, int] = {}
+    for start, gen in found | indexed:
+        if start >= 0:
+            least[gen] = min(start, least.get(gen, start))
+    for gen, start in least.items():
+        if start < firsts.get(gen, start + 1):
+            firsts[gen] = start
+            _mark_first(folder, start, gen)
+    for start, gen in _superseded(found, firsts, folder):
+        _data(folder, start, gen).unlink(missing_ok=True)
 
 
-def _settle(folder: Path, start: int) -> None:
-    """Delete the files of ``start`` that do not count: every generation's but the newest.
-    Each writer indexes its generation (``_mark``) before its rename and settles after it, so
-    of two writers of one start, the later to settle sees both files: the older generation's
-    is deleted whoever wrote last. Looks up only the generations ``_GENS`` names for ``start``
-    (in its bucket), never the whole folder."""
-    try:
-        names = os.listdir(_bucket(folder, start))
-    except FileNotFoundError:
-        return
-    prefix = f"{start}."
-    gens = [n[len(prefix):] for n in names if n.startswith(prefix)]
-    files = {int(g): _data(folder, start, int(g)) for g in gens if g.lstrip("-").isdigit()}
-    files = {gen: path for gen, path in files.items() if path.exists()}
-    newest = max(files, default=None)
-    for gen, path in files.items():
-        if gen != newest:
-            path.unlink(missing_ok=True)
+def _settle(folder: Path, start: int, end: int | None = None) -> None:
+    """Delete the files that do not count (``_superseded``) of the starts indexed in the
+    buckets of offsets ``start`` to ``end`` (exclusive; None: ``start + 1``) and the bucket
+    before: the file just written at ``start``, if a newer generation began the partition
+    before its end (a zombie's write after its successor's), and the older generations'
+    files its range supersedes (a zombie's, whoever wrote last). Each writer indexes its file
+    and its generation's first start (``_mark``, ``_mark_first``) before its rename and
+    settles after it, so of two writers, the later to settle sees both files. Looks up only
+    those buckets and ``_FIRSTS``, never the whole folder: an older generation's file further
+    ahead is deleted by the write of a newer generation that reads its offsets again
+    (``read_counts`` leaves it out before that)."""
+    index = _index_of(folder) / _GENS
+    last = max(start, start + 1 if end is None else end) - 1
+    keys: list[tuple[int, int]] = []
+    for bucket in range(max(0, start // _BUCKET - 1), last // _BUCKET + 1):
+        try:
+            names = os.listdir(index / str(bucket))
+        except FileNotFoundError:
+            continue
+        keys.extend(key for key in map(_entry, names) if key[0] >= 0)
+    firsts = _firsts(folder)
+    for s, gen in keys:  # (an entry made without its _FIRSTS entry, by hand or by a crash)
+        firsts[gen] = min(s, firsts.get(gen, s))
+    for s, gen in _superseded(keys, firsts, folder):
+        _data(folder, s, gen).unlink(missing_ok=True)
 
 
 def _settle_unsettled(folder: Path, own: str) -> None:
