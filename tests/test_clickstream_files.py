@@ -519,3 +519,22 @@ def test_a_zombies_file_further_on_is_left_out_then_deleted(tmp_path: Path, rest
         assert read_counts(tmp_path) == {(0, "a"): 19}
     assert "start-5000.gen-5.parquet" not in _files(tmp_path)
     assert "start-0.gen-5.parquet" in _files(tmp_path)
+
+
+def test_read_counts_while_a_write_supersedes_a_file_it_listed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # read_counts lists the files that count, then reads them; a replay of a newer generation
+    # that settles in between deletes one it listed. It failed with FileNotFoundError (a
+    # dashboard reading the output of a running pipeline); it reads the folder again.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 5, [_row("a", 5)], 5, end=10)
+    real = pq.read_table
+    replays = [lambda: sink._write("ev", 0, 5, [_row("a", 3)], 6, end=8)]
+
+    def read_table(path: Any, *args: Any, **kw: Any) -> Any:
+        while replays:
+            replays.pop()()
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(pq, "read_table", read_table)
+    assert read_counts(tmp_path) == {(0, "a"): 3}

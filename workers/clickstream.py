@@ -152,18 +152,41 @@ def _counting(folder: Path) -> list[Path]:
     return [path for key, path in files.items() if key not in gone]
 
 
+_READS = 10
+"""How many times ``read_counts`` reads a partition folder whose files a running pipeline's
+writes keep deleting between its listing and its reads."""
+
+
 def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
     """The pipeline's output summed per (window start ms, key); reads Parquet with pyarrow.
 
     Only the files that count (``_counting``): not those a newer generation supersedes, even
-    before their settling deleted them."""
+    before their settling deleted them. A file that a write of the running pipeline deleted
+    after the listing (it superseded it) makes its partition folder be listed and read again;
+    it failed the read with ``FileNotFoundError``."""
+    totals: dict[tuple[int, str], int] = defaultdict(int)
+    for folder in sorted(Path(out_dir, "counts").glob("topic=*/partition=*")):
+        for attempt in range(_READS):
+            try:
+                counts = _read_folder(folder)
+                break
+            except FileNotFoundError as exc:
+                if attempt == _READS - 1:
+                    exc.add_note(f"{folder}: files were deleted while they were read, "
+                                 f"{_READS} times (a write superseded them); read again")
+                    raise
+        for key, count in counts.items():
+            totals[key] += count
+    return dict(totals)
+
+
+def _read_folder(folder: Path) -> dict[tuple[int, str], int]:
+    """``read_counts`` of one partition folder."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     totals: dict[tuple[int, str], int] = defaultdict(int)
-    paths = [p for folder in Path(out_dir, "counts").glob("topic=*/partition=*")
-             for p in _counting(folder)]
-    for path in sorted(paths):
+    for path in sorted(_counting(folder)):
         table = pq.read_table(path)
         # The window starts as integer ms, read exactly: through a datetime's float
         # timestamp() some came back 1 ms off (about 1 in 170 of the times after 2038).
@@ -171,7 +194,7 @@ def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
         for start, key, count in zip(starts, table["key"].to_pylist(),
                                      table["count"].to_pylist(), strict=True):
             totals[(int(start), key)] += int(count)
-    return dict(totals)
+    return totals
 
 
 class _Sink:
