@@ -538,3 +538,19 @@ def test_read_counts_while_a_write_supersedes_a_file_it_listed(
 
     monkeypatch.setattr(pq, "read_table", read_table)
     assert read_counts(tmp_path) == {(0, "a"): 3}
+
+
+def test_a_long_batch_a_trim_cut_is_left_out_then_deleted_by_a_runs_first_write(
+        tmp_path: Path) -> None:
+    # The zombie's batch of offsets 0-2999 began two index buckets before the trim its
+    # successor began after (2500): the successor's writes never look there, so a run's first
+    # write in the folder deletes it; read_counts leaves it out before that.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    sink._write("ev", 0, 0, [_row("a", 7)], 5, end=3000)
+    sink._write("ev", 0, 2500, [_row("a", 2)], 6, end=3000)
+    assert read_counts(tmp_path) == {(0, "a"): 2}
+    assert "start-0.gen-5.parquet" in _files(tmp_path)
+    _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))._write(
+        "ev", 0, 3000, [_row("a", 1)], 6, end=3001)
+    assert _files(tmp_path) == ["start-2500.gen-6.parquet", "start-3000.gen-6.parquet"]
+    assert read_counts(tmp_path) == {(0, "a"): 3}

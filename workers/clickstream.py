@@ -37,8 +37,9 @@ ends past where a newer generation began the partition holds records nobody comm
 at or before it was committed. The writer of a file deletes the files it supersedes, and its
 own if a newer generation began before its end (``_settle``, which looks in the index around
 its own range, not by listing the folder: a write's cost does not grow with the folder's
-history; a zombie's file further on is deleted when a newer generation's write reads its
-offsets again, or by a run's first write in the folder). So a zombie cannot overwrite its
+history; a zombie's file outside them is deleted when a newer generation's write reads its
+offsets again, or, if none does (a batch of over 1,024 records begun before a trim), by a run's
+first write in the folder). So a zombie cannot overwrite its
 successor's file, nor count records twice, and a restarted query's replay supersedes the file
 of a member that took the partition meanwhile and stopped before committing. The counts of a
 (window, key) are the sum over the files that count; ``read_counts(DIR)`` does that, and so
@@ -569,8 +570,10 @@ def _settle(folder: Path, start: int, end: int | None = None) -> None:
     and its generation's first start (``_mark``, ``_mark_first``) before its rename and
     settles after it, so of two writers, the later to settle sees both files. Looks up only
     those buckets and ``_FIRSTS``, never the whole folder: an older generation's file further
-    ahead is deleted by the write of a newer generation that reads its offsets again
-    (``read_counts`` leaves it out before that)."""
+    ahead is deleted by the write of a newer generation that reads its offsets again, and one
+    that began a bucket or more before them (a batch of over 1,024 records that a trim cut)
+    by a run's first write in the folder (``_index``); ``read_counts`` leaves them out
+    before that."""
     index = _index_of(folder) / _GENS
     last = max(start, start + 1 if end is None else end) - 1
     keys: list[tuple[int, int]] = []
