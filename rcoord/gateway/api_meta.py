@@ -75,12 +75,13 @@ def partition_counts(state: GatewayState, names: list[str] | None,
     whole call, unless every topic failed so (Redis itself unreachable: the first is raised).
     """
     out: dict[str, int | Errors] = {}
-    names = state.topics.list() if names is None else names
-    for name in names:
+    # (Its own name: ``names is None`` below still says "every topic" once they are listed.)
+    listed = state.topics.list() if names is None else names
+    for name in listed:
         try:
             out[name] = state.topics.partition_count(name)
         except UNREACHED as exc:
-            if unreached is None or len(unreached) + 1 == len(names):
+            if unreached is None or len(unreached) + 1 == len(listed):
                 raise
             unreached[name] = exc
         except TopicError as exc:
