@@ -29,12 +29,13 @@ from typing import Any
 import redis
 import redis.cluster
 import redis.exceptions
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from .errors import ConfigError, MissingPermissionError
 from .urls import redact_url
 
 __all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
-           "learn_node", "server_mode"]
+           "learn_node", "partial_listing", "refuse_partial_listing", "server_mode"]
 
 MAX_CONNECTIONS = 1000
 """Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
@@ -51,7 +52,12 @@ the partitions whose leaders are up. redis-py's default, True, refused to start 
 ("All slots are not covered"), and failed every topology refresh of a running one (after a
 failover or a MOVED), which so never learned a covered slot's new master; a call to the
 unserved slot fails either way, with redis-py's CLUSTERDOWN or ``SlotNotCoveredError``,
-which rcoord raises as ``ConnectionLost`` (retriable)."""
+which rcoord raises as ``ConnectionLost`` (retriable). So does a listing of the keyspace
+(``LISTINGS``) meanwhile: ``refuse_partial_listing``."""
+
+LISTINGS = frozenset({"SCAN", "KEYS", "DBSIZE", "RANDOMKEY"})
+"""Commands a cluster client sends to every master to list (or count) the keys of every slot:
+refused while a slot has no master (``refuse_partial_listing``)."""
 
 CLUSTER_COMMANDS = ("CLUSTER SLOTS", "COMMAND")
 """What redis-py's RedisCluster runs on start besides the caller's commands."""
@@ -129,6 +135,15 @@ class ClusterClient(redis.cluster.RedisCluster):
         finally:
             self._disconnect_nodes()
 
+    def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's, but a listing of every slot is refused while one has no master
+        (``refuse_partial_listing``)."""
+        if partial_listing(self.nodes_manager, args[0]):
+            # Maybe an old map (the slot has a master again): as redis-py refreshes it when a
+            # call meets a slot it knows no master of.
+            self.nodes_manager.initialize()
+            refuse_partial_listing(self.nodes_manager, args[0])
+        return super()._determine_nodes(*args, **kwargs)
 
     def _disconnect_nodes(self) -> None:
         """Disconnect the pool of every node this client made, whether ``__init__`` finished.
@@ -167,6 +182,37 @@ def learn_node(manager: Any, found: Any, host: str | None, node_name: str | None
         node = make_node(host, int(port))
         node = manager.nodes_cache.setdefault(node.name, node)  # another thread may have won
     return node
+
+
+def partial_listing(manager: Any, command: Any) -> bool:
+    """``command`` is one of ``LISTINGS`` and the client's slot map (``manager.slots_cache``)
+    has a slot no master serves (``refuse_partial_listing``)."""
+    if isinstance(command, bytes):
+        command = command.decode()
+    if not isinstance(command, str) or command.upper() not in LISTINGS:
+        return False
+    cache = manager.slots_cache
+    return len(cache) < REDIS_CLUSTER_HASH_SLOTS or not all(cache.values())
+
+
+def refuse_partial_listing(manager: Any, command: Any) -> None:
+    """Raise ``SlotNotCoveredError`` for a command of ``LISTINGS`` sent to every master while
+    the client's slot map has a slot no master serves (the client refreshes that map first).
+
+    With ``FULL_COVERAGE`` off, redis-py sends such a command to the masters it knows, which
+    serve the other slots only: a ``SCAN`` left out the keys lost with that slot's master
+    without a word, so ``topics list`` (and the gateway's Metadata for every topic, a pattern
+    subscription's) omitted its topics, and a settings sweep after a loss marked done a search
+    that had not seen every copy. Before, the client refused to start or refresh then; the
+    refusal is retriable (``ConnectionLost``; a sweep waits for the next settle)."""
+    if not partial_listing(manager, command):
+        return
+    cache = manager.slots_cache
+    slot = next(s for s in range(REDIS_CLUSTER_HASH_SLOTS) if not cache.get(s))
+    name = (command.decode() if isinstance(command, bytes) else command).upper()
+    raise redis.exceptions.SlotNotCoveredError(
+        f"slot {slot} is served by no master of the Redis Cluster: {name} of every master "
+        f"would leave out its keys; try again once every slot has a master")
 
 
 class _LearningNodesManager(redis.cluster.NodesManager):

@@ -7,7 +7,7 @@ from typing import Any
 import redis.asyncio.cluster
 import redis.exceptions
 
-from ..connect import learn_node
+from ..connect import learn_node, partial_listing, refuse_partial_listing
 
 __all__ = ["AsyncClusterClient"]
 
@@ -18,12 +18,18 @@ class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
     redis-py's asyncio client failed the same way, with ``'NoneType' object has no attribute
     'execute_command'``, during a reshard to a master added since it started. A slot no
     master serves is ``SlotNotCoveredError``, as on the blocking client (``get_node_from_slot``
-    below)."""
+    below); so is a listing of every slot meanwhile (``connect.refuse_partial_listing``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Its pipelines share it, so they follow an ASK to a new master too.
         self.nodes_manager.__class__ = _LearningNodesManager
+
+    async def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
+        if partial_listing(self.nodes_manager, args[0]):
+            await self.nodes_manager.initialize()  # (as the blocking client's)
+            refuse_partial_listing(self.nodes_manager, args[0])
+        return await super()._determine_nodes(*args, **kwargs)
 
 
 class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
