@@ -44,6 +44,8 @@ from typing import Any, TypeVar
 
 import redis
 import redis.cluster
+import redis.exceptions
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from ..errors import AuthenticationFailedError, ConnectionLost
 from ..scripts import Scripts
@@ -55,14 +57,17 @@ T = TypeVar("T")
 
 NODE_FAILURES: tuple[type[BaseException], ...] = (
     redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError, ConnectionLost,
-    AuthenticationFailedError)
+    AuthenticationFailedError, redis.exceptions.SlotNotCoveredError)
 """What says a node could not run a piece at all (rcoord's ``ServerUnavailable`` is a
 ``ConnectionLost``: out of memory, READONLY, BUSY on that node). A script's own error is not
 one: it concerns one call, and its caller handles it. A login the node refuses (a password
 rotated under the running service; redis-py's ``AuthenticationError`` is a
 ``ConnectionError``, rcoord's ``AuthenticationFailedError`` is not a ``ConnectionLost``) is
 one too: the service goes on with the other nodes and reports the outage (its log, health),
-as it did when rcoord raised it as ``ConnectionLost``; at start it exits 1 with one line."""
+as it did when rcoord raised it as ``ConnectionLost``; at start it exits 1 with one line. So is
+a slot no master serves (redis-py's ``SlotNotCoveredError``, a ``RedisClusterException``: the
+cluster client does not require full coverage, ``connect.FULL_COVERAGE``): it failed the whole
+lease round, and every lease lapsed."""
 MOVED = (redis.exceptions.AskError, redis.exceptions.TryAgainError)
 """A node's answer that the slot is (being) moved (``MovedError`` is an ``AskError``): the
 piece is run again through the cluster client, which follows the slot (a reshard)."""
@@ -185,9 +190,36 @@ def _split(client: Any, items: Sequence[T], key_of: Callable[[T], str]) -> list[
         return [(None, list(items))]
     pieces: dict[str, tuple[Any, list[T]]] = {}
     for item in items:
-        node = client.get_node_from_key(key_of(item))
+        try:
+            node = client.get_node_from_key(key_of(item))
+        except redis.exceptions.SlotNotCoveredError as exc:
+            node = pieces[_Unserved.name][0] if _Unserved.name in pieces else _Unserved(exc)
         pieces.setdefault(node.name if node is not None else "", (node, []))[1].append(item)
     return list(pieces.values())
+
+
+def _served_again(client: Any) -> None:
+    """End the outage of the slots with no master (``_Unserved``) once the client's slot map
+    has a master for every slot (not merely for the items of one call: another call's may
+    still have none)."""
+    with _skips_lock:
+        if _Unserved.name not in _failing.get(client, {}):
+            return
+    cache = client.nodes_manager.slots_cache
+    if len(cache) == REDIS_CLUSTER_HASH_SLOTS and all(cache.values()):
+        _note(client, _Unserved.name, None)
+
+
+class _Unserved:
+    """The "node" of the items whose slot no master serves (``_split``): their piece fails
+    with ``error`` (``_run``), as a node down; the others are run. Before, redis-py's
+    ``SlotNotCoveredError`` failed the whole call: one such lease partition failed every lease
+    round, and every lease lapsed."""
+
+    name = "(slots with no master)"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 class _SkippedError(redis.ConnectionError):
@@ -261,6 +293,8 @@ def each_node(client: Any, items: Sequence[T], key_of: Callable[[T], str],
             thread.start()
         for thread in threads:
             thread.join()
+    if _cluster(client) and not any(isinstance(node, _Unserved) for node, _ in pieces):
+        _served_again(client)
     failed: list[tuple[list[T], BaseException]] = []
     for (_, piece), exc in zip(pieces, outcomes, strict=True):
         if isinstance(exc, NODE_FAILURES):
@@ -276,6 +310,17 @@ def _run(client: Any, node: Any, piece: list[T],
          work: Callable[[Any, list[T]], None]) -> BaseException | None:
     """One piece, through ``node``'s plain client (``_following``; None: ``client``, one
     node); what it raised (None if nothing)."""
+    if isinstance(node, _Unserved):
+        skipped = _skipped(client, node.name)
+        if skipped is not None:
+            return skipped
+        # Nothing is sent for this piece, so nothing would make the client read the slot map
+        # again: the slot would stay without master in it for good. Read it now (with the
+        # backoff of a node that refused: at most once a second), for the next call.
+        with contextlib.suppress(Exception):
+            client.nodes_manager.initialize()
+        _note(client, node.name, node.error)  # (logged once per outage, as a node's)
+        return node.error
     try:
         if node is None:
             work(client, piece)
