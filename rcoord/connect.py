@@ -23,6 +23,7 @@ every node. redis-py's own ``RedisCluster.close()`` does not when the client was
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,8 @@ from .errors import ConfigError, MissingPermissionError
 from .urls import redact_url
 
 __all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
-           "learn_node", "partial_listing", "refuse_partial_listing", "server_mode"]
+           "learn_node", "partial_listing", "refresh_uncovered", "refuse_partial_listing",
+           "server_mode"]
 
 MAX_CONNECTIONS = 1000
 """Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
@@ -137,13 +139,29 @@ class ClusterClient(redis.cluster.RedisCluster):
 
     def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's, but a listing of every slot is refused while one has no master
-        (``refuse_partial_listing``)."""
+        (``refuse_partial_listing``), and a slot with no master in the map is looked up again
+        (``refresh_uncovered``)."""
         if partial_listing(self.nodes_manager, args[0]):
-            # Maybe an old map (the slot has a master again): as redis-py refreshes it when a
-            # call meets a slot it knows no master of.
+            # Maybe an old map (the slot has a master again): read it again first.
             self.nodes_manager.initialize()
             refuse_partial_listing(self.nodes_manager, args[0])
-        return super()._determine_nodes(*args, **kwargs)
+        find = super()._determine_nodes
+        try:
+            return find(*args, **kwargs)
+        except redis.exceptions.SlotNotCoveredError:
+            if not refresh_uncovered(self):
+                raise
+            return find(*args, **kwargs)
+
+    def get_node_from_key(self, key: Any, replica: bool = False) -> Any:
+        """redis-py's, looked up again once the map read again (``refresh_uncovered``)."""
+        find = super().get_node_from_key
+        try:
+            return find(key, replica)  # type: ignore[no-untyped-call]
+        except redis.exceptions.SlotNotCoveredError:
+            if not refresh_uncovered(self):
+                raise
+            return find(key, replica)  # type: ignore[no-untyped-call]
 
     def _disconnect_nodes(self) -> None:
         """Disconnect the pool of every node this client made, whether ``__init__`` finished.
@@ -182,6 +200,35 @@ def learn_node(manager: Any, found: Any, host: str | None, node_name: str | None
         node = make_node(host, int(port))
         node = manager.nodes_cache.setdefault(node.name, node)  # another thread may have won
     return node
+
+
+UNCOVERED_REFRESH_S = 1.0
+"""A cluster client reads the slot map again at most this often when a call meets a slot its
+map has no master for (``refresh_uncovered``)."""
+
+
+def refresh_uncovered(client: Any) -> bool:
+    """Read ``client``'s slot map again (``CLUSTER SLOTS``) after a call met a slot with no
+    master in it, at most every ``UNCOVERED_REFRESH_S``: whether it was read (the caller then
+    looks the slot up again).
+
+    redis-py (8.1) reads the map again on a redirection or a failed connection, but not when
+    the map itself has no master for a slot, which it raises as ``SlotNotCoveredError`` before
+    sending anything. With ``FULL_COVERAGE`` off a refresh while a slot had no master stores
+    the map without it, and nothing ever read it again: once the slot had a master again (a
+    replacement assigned, ``CLUSTER ADDSLOTS``), every call to it still failed, for the life
+    of the client (a worker's groups there could not heartbeat or commit until it restarted).
+    With full coverage the refresh had failed and the old map stayed, whose calls reached the
+    slot's master as soon as it answered."""
+    now = time.monotonic()
+    if now - getattr(client, "_uncovered_refreshed", -UNCOVERED_REFRESH_S) < UNCOVERED_REFRESH_S:
+        return False
+    client._uncovered_refreshed = now
+    try:
+        client.nodes_manager.initialize()
+    except Exception:  # noqa: BLE001 - the caller raises the slot's own error
+        return False
+    return True
 
 
 def partial_listing(manager: Any, command: Any) -> bool:

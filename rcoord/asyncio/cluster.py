@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis.asyncio.cluster
 import redis.exceptions
 
-from ..connect import learn_node, partial_listing, refuse_partial_listing
+from ..connect import UNCOVERED_REFRESH_S, learn_node, partial_listing, refuse_partial_listing
 
 __all__ = ["AsyncClusterClient"]
 
@@ -24,12 +25,28 @@ class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
         super().__init__(*args, **kwargs)
         # Its pipelines share it, so they follow an ASK to a new master too.
         self.nodes_manager.__class__ = _LearningNodesManager
+        self._uncovered_refreshed = -UNCOVERED_REFRESH_S
 
     async def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
         if partial_listing(self.nodes_manager, args[0]):
             await self.nodes_manager.initialize()  # (as the blocking client's)
             refuse_partial_listing(self.nodes_manager, args[0])
-        return await super()._determine_nodes(*args, **kwargs)
+        find = super()._determine_nodes
+        try:
+            return await find(*args, **kwargs)
+        except redis.exceptions.SlotNotCoveredError:
+            # A slot the map has no master for is looked up again once the map is read again
+            # (``connect.refresh_uncovered``, which says why), at most every second.
+            now = time.monotonic()
+            if now - self._uncovered_refreshed < UNCOVERED_REFRESH_S:
+                raise
+            self._uncovered_refreshed = now
+            try:
+                await self.nodes_manager.initialize()
+            except Exception:  # noqa: BLE001 - the slot's own error is raised
+                raise redis.exceptions.SlotNotCoveredError(
+                    f"{args[0]}: its slot is served by no master of the Redis Cluster") from None
+            return await find(*args, **kwargs)
 
 
 class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
