@@ -261,7 +261,16 @@ class CoordinatorService:
         """Connect, settle, start listening and leasing. A start that fails part way closes
         what it opened (listener threads would otherwise reconnect forever)."""
         with self._starting:
-            started = self._connect_and_start()
+            try:
+                started = self._connect_and_start()
+            except BaseException:
+                # It shut down what it opened (``_connect_and_start``): a stop that waits for
+                # it has nothing left to do. (It shut all down a second time: it read the last
+                # events of a service that had none, a WARNING, and logged "coordinator
+                # stopped" for one that never started; say a stop that ended a wait for a
+                # claimed id, ``StoppedBeforeClaim``.)
+                self._stopped_by_start = self._stop_called
+                raise
             if self._stop_called:
                 # A stop() came while this start ran: it waits for this (``stop``), or has
                 # returned if this took longer than its grace.
