@@ -28,6 +28,42 @@ def _open_sockets(client: Any) -> int:
     return sum(1 for c in connections if getattr(c, "_sock", None) is not None)
 
 
+class _HeldClock:
+    """The service's timer loop held inside a call (its ``sync_clock``) once ``catch()`` is
+    called, until ``let_go()``: a call no socket shut wakes (as one in connect() is), which
+    then comes back and is answered, through the client as it is by then."""
+
+    def __init__(self, svc: Any) -> None:
+        self.hold, self.entered, self.released = (
+            threading.Event(), threading.Event(), threading.Event())
+        real = svc.sweeper.sync_clock
+
+        def sync_clock() -> None:
+            if self.hold.is_set():
+                self.entered.set()
+                self.released.wait(30)
+            real()
+
+        svc.sweeper.sync_clock = sync_clock
+
+    def catch(self) -> None:
+        """Hold the loop's next call, and wait until it is held."""
+        self.hold.set()
+        wait_until(self.entered.is_set)
+
+    def let_go(self) -> None:
+        self.hold.clear()
+        self.released.set()
+
+
+def _stop_after(svc: Any, clock: _HeldClock) -> None:
+    """A test's clean-up: let the held loop go, wait for it, stop the service."""
+    clock.let_go()
+    if svc._timer_thread is not None:
+        svc._timer_thread.join(STOP_WAIT_S)
+    svc.stop()
+
+
 
 def test_a_timer_loop_left_behind_leaves_no_connection_open(
         own_server: EmbeddedServer, namespace: str) -> None:
@@ -36,41 +72,24 @@ def test_a_timer_loop_left_behind_leaves_no_connection_open(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="left",
         lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
-    hold, entered, released = threading.Event(), threading.Event(), threading.Event()
-    real_sync_clock = svc.sweeper.sync_clock
-
-    def sync_clock() -> None:
-        # The loop held in a call no socket shut wakes (as one in connect() is), which then
-        # comes back and is answered, through the client as it is by then.
-        if hold.is_set():
-            entered.set()
-            released.wait(30)
-        real_sync_clock()
-
-    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    clock = _HeldClock(svc)
     runner = InThread(svc.run)
     try:
         wait_until(lambda: bool(svc.leases.owned))
-        hold.set()
-        wait_until(entered.is_set)
+        clock.catch()
         svc._stop.set()
         runner.thread.join(STOP_WAIT_S)
         assert not runner.thread.is_alive(), "run() waited for a loop held in a call"
         svc.stop()
         assert _open_sockets(svc._client) == 0
-        hold.clear()
-        released.set()
+        clock.let_go()
         assert svc._timer_thread is not None
         svc._timer_thread.join(STOP_WAIT_S)
         assert not svc._timer_thread.is_alive()
         assert _open_sockets(svc._client) == 0, (
             "the timer loop left behind reconnected the closed client and left it open")
     finally:
-        hold.clear()
-        released.set()
-        if svc._timer_thread is not None:
-            svc._timer_thread.join(STOP_WAIT_S)
-        svc.stop()
+        _stop_after(svc, clock)
 
 
 
@@ -142,22 +161,12 @@ def test_the_stop_interrupting_the_loop_ends_the_listener_quietly(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="quiet",
         lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
-    hold, entered, released = threading.Event(), threading.Event(), threading.Event()
-    real_sync_clock = svc.sweeper.sync_clock
-
-    def sync_clock() -> None:
-        if hold.is_set():
-            entered.set()
-            released.wait(30)
-        real_sync_clock()
-
-    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    clock = _HeldClock(svc)
     runner = InThread(svc.run)
     try:
         wait_until(lambda: bool(svc.leases.owned and svc.listener
                                 and svc.listener.hint_nodes))
-        hold.set()
-        wait_until(entered.is_set)
+        clock.catch()
         svc._stop.set()
         runner.thread.join(STOP_WAIT_S)
         assert not runner.thread.is_alive()
@@ -167,11 +176,7 @@ def test_the_stop_interrupting_the_loop_ends_the_listener_quietly(
             "listener_reconnect", "listener_error", "keyspace_lost")]
         assert noisy == []
     finally:
-        hold.clear()
-        released.set()
-        if svc._timer_thread is not None:
-            svc._timer_thread.join(STOP_WAIT_S)
-        svc.stop()
+        _stop_after(svc, clock)
 
 
 def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
