@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -89,6 +90,11 @@ def _node_errors(caplog: pytest.LogCaptureFixture,
             and r.levelno >= logging.WARNING and getattr(r, "node", None) in mine]
 
 
+def _ident(thread: threading.Thread | None) -> int | None:
+    """The ident of ``thread`` once it has started (None before, and for no thread)."""
+    return None if thread is None else thread.ident
+
+
 def _lease_rounds(svc: CoordinatorService, rounds: int) -> None:
     """Wait until the lease thread has ended ``rounds`` more rounds (each sets the time of
     its end; a poll may miss some, so at least that many ran)."""
@@ -147,9 +153,10 @@ def test_a_cluster_down_logs_its_failing_lease_rounds_when_they_start_not_each_o
             assert node.pid is not None
             os.kill(node.pid, signal.SIGKILL)
         # (This service's threads' records: not another test's service, still ending in this
-        # process, failing too.)
-        wait_until(lambda: running.svc._timer_thread is not None)
-        ours = {running.svc._timer_thread.ident, running.svc._lease_thread.ident}
+        # process, failing too. The timer thread is named before it starts: its ident is None
+        # until then, which left every record of the timer loop out of the count.)
+        wait_until(lambda: _ident(running.svc._timer_thread) is not None)
+        ours = {_ident(running.svc._timer_thread), _ident(running.svc._lease_thread)}
 
         def records(event: str) -> list[logging.LogRecord]:
             return [r for r in caplog.records if getattr(r, "event", None) == event
