@@ -39,14 +39,15 @@ own if a newer generation began before its end (``_settle``, which looks in the 
 its own range, not by listing the folder: a write's cost does not grow with the folder's
 history; a zombie's file outside them is deleted when a newer generation's write reads its
 offsets again, or, if none does (a batch of over 1,024 records begun before a trim), by a run's
-first write in the folder). So a zombie cannot overwrite its
-successor's file, nor count records twice, and a restarted query's replay supersedes the file
+first write in the folder or by ``settle``). So a zombie cannot overwrite its successor's file,
+nor count records twice, and a restarted query's replay supersedes the file
 of a member that took the partition meanwhile and stopped before committing. The counts of a
 (window, key) are the sum over the files that count; ``read_counts(DIR)`` does that, and so
 does ``spark.read.parquet(DIR + "/counts").groupBy("window_start", "key").sum("count")`` once
-no batch is being written and the superseded files are deleted (between a zombie's write and
-its settling, both files are there; a writer killed in between is settled by the partition's
-next write, ``_UNSETTLED``). The rule takes a group's generations to grow for ever: a group
+no batch is being written and ``settle(DIR)`` deleted the superseded files after that
+(between a zombie's write and its settling, both files are there, and a writer killed in between
+is settled by the partition's next write, ``_UNSETTLED``; a batch begun before a trim, above,
+stays until a run's first write). The rule takes a group's generations to grow for ever: a group
 deleted and created again (its generations start over), or a topic created again (its offsets
 start over), needs a new DIR. (Offsets an operator resets backwards are read again by a newer
 generation, whose files supersede the older ones they overlap: each record counts once.)
@@ -72,8 +73,8 @@ from typing import Any
 
 log = logging.getLogger("clickstream")
 
-__all__ = ["MAX_OFFSETS_PER_TRIGGER", "build_query", "main", "read_counts", "stop_gracefully",
-           "window_counts"]
+__all__ = ["MAX_OFFSETS_PER_TRIGGER", "build_query", "main", "read_counts", "settle",
+           "stop_gracefully", "window_counts"]
 
 
 def _ms(text: str) -> int:
@@ -179,6 +180,22 @@ def read_counts(out_dir: str | os.PathLike[str]) -> dict[tuple[int, str], int]:
         for key, count in counts.items():
             totals[key] += count
     return dict(totals)
+
+
+def settle(out_dir: str | os.PathLike[str]) -> None:
+    """Delete every file of the output that does not count, so that a plain
+    ``spark.read.parquet(DIR + "/counts")`` sums what ``read_counts`` does: what a run's
+    first write does to its partition folder (``_index``), for every partition folder.
+
+    A write settles only the index buckets around its own range, so an older generation's
+    file that began over 1,024 offsets before a trim its successor began after stayed on disk
+    (``read_counts`` leaves it out) until a later run's first write in the folder: a plain
+    read of the output of a stopped pipeline counted the records its successor read again
+    twice. Safe while instances run (a run's first write does the same), but its cost grows
+    with the output's history (a listing of each folder and its index)."""
+    for folder in sorted(Path(out_dir, "counts").glob("topic=*/partition=*")):
+        if folder.is_dir():
+            _index(folder)
 
 
 def _read_folder(folder: Path) -> dict[tuple[int, str], int]:
