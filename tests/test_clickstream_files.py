@@ -587,3 +587,27 @@ def test_settle_makes_a_plain_read_count_a_long_batch_a_trim_cut_once(tmp_path: 
     assert _plain_read(tmp_path) == read_counts(tmp_path) == {(0, "a"): 2, (0, "b"): 4}
     assert "start-0.gen-5.parquet" not in _files(tmp_path)
     settle(tmp_path / "nothing-written-yet")  # no counts folder: nothing to do
+
+
+@pytest.mark.parametrize("first_end", [100, 200])
+def test_a_second_run_without_a_group_that_reads_the_same_records_again_is_refused(
+        tmp_path: Path, first_end: int) -> None:
+    # A run without a group (build_query(source=...)) writes generation -1, which nothing
+    # supersedes. A second such run on another checkpoint read offsets 0-199 again in other
+    # batches: its file of 0-149 replaced the first run's of 0 (same name), and the first run's
+    # of 100-199 stayed beside the second's of 150-199: read_counts summed 300 where 200 were.
+    first = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp1"))
+    first._write("ev", 0, 0, [_row("a", first_end)], -1, end=first_end)
+    if first_end == 100:
+        first._write("ev", 0, 100, [_row("a", 100)], -1, end=200)
+    first._write("ev", 0, 200, [_row("a", 1)], -1, end=201)
+    first._write("ev", 0, 0, [_row("a", first_end)], -1, end=first_end)  # its restart's replay
+    second = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp2"))
+    with pytest.raises(RuntimeError, match="own output folder"):
+        second._write("ev", 0, 150 if first_end == 200 else 50, [_row("a", 50)], -1, end=200)
+    assert read_counts(tmp_path) == {(0, "a"): 201}
+    assert not [p for p in (tmp_path / "counts").rglob(".tmp-*")]
+    # a run without a group that goes on where the first stopped (a source from the latest
+    # offsets) writes on
+    second._write("ev", 0, 201, [_row("a", 3)], -1, end=204)
+    assert read_counts(tmp_path) == {(0, "a"): 204}

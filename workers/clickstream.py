@@ -348,6 +348,8 @@ class _Sink:
         if folder not in self._indexed:  # once per folder and run: files from before the index
             _index(folder)
             self._indexed.add(folder)
+        if generation < 0:
+            _refuse_overlap(folder, start, end)
         attempt = uuid.uuid4().hex
         tmp = folder / f".tmp-{attempt}"
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
@@ -607,6 +609,34 @@ def _settle(folder: Path, start: int, end: int | None = None) -> None:
         _data(folder, s, gen).unlink(missing_ok=True)
 
 
+def _refuse_overlap(folder: Path, start: int, end: int | None) -> None:
+    """Refuse a write of generation -1 (a run without a group, ``build_query(source=...)``)
+    whose offsets ``start`` to ``end`` overlap a generation -1 file of another start, found in
+    the index buckets ``_settle`` looks in. One run's batches never overlap, and its restart on
+    its checkpoint replays a batch at its start (which replaces the file): an overlap is a
+    second run, on another checkpoint, that read the same records again. Nothing supersedes a
+    generation -1 file, so both files counted them (read_counts too)."""
+    index = _index_of(folder) / _GENS
+    stop = start + 1 if end is None else max(end, start + 1)
+    for bucket in range(max(0, start // _BUCKET - 1), (stop - 1) // _BUCKET + 1):
+        try:
+            names = os.listdir(index / str(bucket))
+        except FileNotFoundError:
+            continue
+        for s, gen in map(_entry, names):
+            if gen != -1 or s < 0 or s == start or s >= stop:
+                continue
+            text = (index / str(bucket) / f"{s}.{gen}").read_text().strip()
+            other = int(text) if text.isdigit() else s + 1
+            if other > start:
+                raise RuntimeError(
+                    f"{folder}: offsets {start} to {stop - 1}, read by a run without a group, "
+                    f"overlap those of {_data(folder, s, gen).name} ({s} to {other - 1}), "
+                    "which another such run wrote: both would count, and nothing tells which "
+                    "is right; give each run without a group its own output folder, or "
+                    "restart a run on its checkpoint")
+
+
 def _settle_unsettled(folder: Path, own: str) -> None:
     """Settle the starts of the other writes ``_UNSETTLED`` lists. An entry goes once its
     attempt is over (``_abandon``: renamed, or its writer died before renaming), as found
@@ -665,7 +695,11 @@ def build_query(
     limit); a ``maxOffsetsPerTrigger`` in ``options`` takes its place.
 
     ``source`` replaces the rcoord group-mode stream with any streaming DataFrame of the same
-    columns (the benchmark runs the pipeline over Spark's Parquet file source that way).
+    columns (the benchmark runs the pipeline over Spark's Parquet file source that way). Its
+    files are of generation -1, which nothing supersedes: a restart on ``checkpoint`` replaces
+    the file of the batch it replays, but a run on another checkpoint (the default: a new one
+    per run) that reads offsets again which a file of ``out`` holds fails its batch
+    (``_refuse_overlap``); give such a run its own ``out``.
     """
     from pyspark.sql import functions as F
 
