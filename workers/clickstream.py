@@ -49,8 +49,12 @@ no batch is being written and ``settle(DIR)`` deleted the superseded files after
 is settled by the partition's next write, ``_UNSETTLED``; a batch begun before a trim, above,
 stays until a run's first write). The rule takes a group's generations to grow for ever: a group
 deleted and created again (its generations start over), or a topic created again (its offsets
-start over), needs a new DIR. (Offsets an operator resets backwards are read again by a newer
-generation, whose files supersede the older ones they overlap: each record counts once.)
+start over), needs a new DIR, which is not checked (the files cannot tell a new group's from a
+zombie's, nor a new topic's from offsets reset backwards): in the old DIR, a file of the new
+group is deleted as superseded where a higher-numbered generation of the old one began before
+its end, and the new topic's first file supersedes the old topic's. (Offsets an operator
+resets backwards are read again by a newer generation, whose files supersede the older ones
+they overlap: each record counts once.)
 """
 
 from __future__ import annotations
