@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -49,9 +49,50 @@ def _end(move: _Move) -> None:
     """The move finished (whatever a failed test left), so the module's cluster serves the
     next test; then the clients closed."""
     with contextlib.suppress(redis.RedisError):
-        move.keys()
-        move.owner()
+        _finish(move)
     move.close()
+
+
+def _finish(move: _Move) -> None:
+    """The rest of the move: the slot's other keys moved, then its owner."""
+    move.keys()
+    move.owner()
+
+
+@contextlib.contextmanager
+def _split_p0(cluster: Any, namespace: str, partitions: int,
+              **producer_args: Any) -> Iterator[tuple[Any, Producer, _Move]]:
+    """Topic ``t`` of ``partitions`` partitions, each holding one record (``a`` in p0, ``b``
+    in p1), sent by the producer yielded, whose partition 0's slot is migrating with its stream
+    moved and its producer state not (an append is refused until the move ends); then the
+    move ended and the client closed."""
+    client = cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", partitions)
+    stream = partition_key(namespace, "t", 0)
+    producer = Producer(client, namespace, **producer_args)
+    producer.send_batch("t", [ProducerRecord(v, partition=p)
+                              for p, v in enumerate([b"a", b"b"][:partitions])])
+    move = _Move(cluster, client, stream)
+    for p in range(1, partitions):  # (the other partitions are not moving)
+        assert client.keyslot(partition_key(namespace, "t", p)) != move.slot
+    try:
+        _start(move)
+        _migrate(move, [stream])
+        yield client, producer, move
+    finally:
+        _end(move)
+        client.close()
+
+
+@contextlib.contextmanager
+def _pool(name: str = "") -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    """Threads for sends, left without waiting for them (one may wait out a move the test
+    failed to end)."""
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=name)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _refusals(move: _Move) -> int:
@@ -62,15 +103,15 @@ def _values(client: Any, namespace: str, partition: int) -> list[bytes | None]:
     return [r.value for r in fetch(client, namespace, "t", partition, 0).records]
 
 
-def _through_refusals(move: _Move, send: Callable[[], Any], then: Callable[[], None]) -> Any:
+def _through_refusals(move: _Move, send: Callable[[], Any]) -> Any:
     """``send`` in a thread until it met the refusal long enough for redis-py to give up, then
-    ``then`` (the rest of the move); the send's result."""
+    the rest of the move; the send's result."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
         before = _refusals(move)
         sent = pool.submit(send)
         wait_until(lambda: _refusals(move) > before + REFUSALS or sent.done())
-        then()
+        _finish(move)
         return sent.result(60)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -98,13 +139,8 @@ def test_an_idempotent_send_waits_through_split_keys_and_appends_once(own_cluste
         _start(move)
         assert producer.send("t", b"c", partition=0).offset == 1  # (nothing moved yet)
         _migrate(move, [stream] if moved_first == "stream" else state)
-
-        def rest() -> None:
-            move.keys()
-            move.owner()
-
         got = _through_refusals(move, lambda: producer.send_batch("t", [
-            ProducerRecord(b"d", partition=0), ProducerRecord(b"e", partition=1)]), rest)
+            ProducerRecord(b"d", partition=0), ProducerRecord(b"e", partition=1)]))
         assert [(m.partition, m.offset) for m in got] == [(0, 2), (1, 1)]
         # p0's first calls never ran; p1's did, and keeps its answer (not resent)
         assert [m.duplicate for m in got] == [False, False]
@@ -129,12 +165,7 @@ def test_a_new_append_log_waits_for_the_move_and_is_written(own_cluster, namespa
                         log_appends=True)
     try:
         _start(move)
-
-        def rest() -> None:
-            move.keys()
-            move.owner()
-
-        got = _through_refusals(move, lambda: producer.send("t", b"b", partition=0), rest)
+        got = _through_refusals(move, lambda: producer.send("t", b"b", partition=0))
         assert (got.offset, got.duplicate) == (1, False)
         assert _values(client, namespace, 0) == [b"a", b"b"]
         # epoch 3, sequence 0, offset 1, one record
@@ -148,15 +179,8 @@ def test_the_delivery_timeout_bounds_the_wait(own_cluster, namespace):
     """Past ``delivery_timeout_ms`` the send raises ConnectionLost, having appended nothing;
     the next send after the move goes on (the numbers skipped as lost), and a plain producer
     raises at once, as before (resending would store other partitions' records twice)."""
-    client = own_cluster.client(socket_timeout=30)
-    Topics(client, namespace).create("t", 1)
-    stream = partition_key(namespace, "t", 0)
-    producer = Producer(client, namespace, delivery_timeout_ms=300)
-    producer.send("t", b"a", partition=0)
-    move = _Move(own_cluster, client, stream)
-    try:
-        _start(move)
-        _migrate(move, [stream])
+    with _split_p0(own_cluster, namespace, 1, delivery_timeout_ms=300) as (client, producer,
+                                                                            move):
         with pytest.raises(ConnectionLost) as lost:
             producer.send("t", b"lost", partition=0)
         # (it read "send: slot unavailable for now (TTL exhausted.)", as if nothing had waited)
@@ -166,13 +190,9 @@ def test_the_delivery_timeout_bounds_the_wait(own_cluster, namespace):
         assert "were not appended" in str(lost.value)
         with pytest.raises(ConnectionLost):
             Producer(client, namespace, idempotent=False).send("t", b"plain", partition=0)
-        move.keys()
-        move.owner()
+        _finish(move)
         assert producer.send("t", b"b", partition=0).offset == 1
         assert _values(client, namespace, 0) == [b"a", b"b"]
-    finally:
-        _end(move)
-        client.close()
 
 
 def test_producer_ids_are_allocated_through_a_move_of_the_counters_slot(own_cluster,
@@ -207,13 +227,8 @@ def test_a_change_of_producer_expiry_completes_through_a_move(own_cluster, names
     move = _Move(own_cluster, client, partition_key(namespace, "t", 0))
     try:
         _start(move)
-
-        def rest() -> None:
-            move.keys()
-            move.owner()
-
         _through_refusals(move, lambda: topics.alter_configs(
-            "t", {"producer_id_expiration_ms": 10**9}), rest)
+            "t", {"producer_id_expiration_ms": 10**9}))
         assert client.pttl(state) > 600_000
     finally:
         _end(move)
@@ -279,17 +294,7 @@ def test_a_send_waiting_out_a_move_does_not_hold_its_other_partitions(own_cluste
     partition and one partition's retries never hold another's. Now p1 is released once its
     call is answered: the other send goes through during the move, after the waiting send's
     p1 record; the waiting send still ends with both its records once, in order."""
-    client = own_cluster.client(socket_timeout=30)
-    Topics(client, namespace).create("t", 2)
-    stream = partition_key(namespace, "t", 0)
-    producer = Producer(client, namespace)
-    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
-    move = _Move(own_cluster, client, stream)
-    assert client.keyslot(partition_key(namespace, "t", 1)) != move.slot
-    pool = concurrent.futures.ThreadPoolExecutor(2)
-    try:
-        _start(move)
-        _migrate(move, [stream])
+    with _split_p0(own_cluster, namespace, 2) as (client, producer, move), _pool() as pool:
         before = _refusals(move)
         waiting = pool.submit(producer.send_batch, "t", [
             ProducerRecord(b"c", partition=0), ProducerRecord(b"d", partition=1)])
@@ -298,18 +303,13 @@ def test_a_send_waiting_out_a_move_does_not_hold_its_other_partitions(own_cluste
         wait_until(other.done)  # (it waited for the move: beyond this wait)
         assert not waiting.done()  # (the move is not over: p0 still waits)
         assert (other.result().offset, other.result().duplicate) == (2, False)
-        move.keys()
-        move.owner()
+        _finish(move)
         got = waiting.result(60)
         assert [(m.partition, m.offset, m.duplicate) for m in got] == [(0, 1, False),
                                                                      (1, 1, False)]
         assert producer.send("t", b"f", partition=0).offset == 2  # no gap, no duplicate
         assert _values(client, namespace, 0) == [b"a", b"c", b"f"]
         assert _values(client, namespace, 1) == [b"b", b"d", b"e"]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        _end(move)
-        client.close()
 
 
 def test_the_delivery_timeout_counts_from_the_send_not_from_its_turn(own_cluster, namespace,
@@ -329,17 +329,8 @@ def test_the_delivery_timeout_counts_from_the_send_not_from_its_turn(own_cluster
         return run(*args, **kwargs)
 
     monkeypatch.setattr(_base, "_run", counted)
-    client = own_cluster.client(socket_timeout=30)
-    Topics(client, namespace).create("t", 1)
-    stream = partition_key(namespace, "t", 0)
-    producer = Producer(client, namespace, delivery_timeout_ms=3000)
-    producer.send("t", b"a", partition=0)
-    move = _Move(own_cluster, client, stream)
-    first = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="first")
-    second = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="second")
-    try:
-        _start(move)
-        _migrate(move, [stream])
+    with (_split_p0(own_cluster, namespace, 1, delivery_timeout_ms=3000)
+          as (client, producer, move), _pool("first") as first, _pool("second") as second):
         before = _refusals(move)
         a = first.submit(producer.send, "t", b"b", partition=0)
         wait_until(lambda: _refusals(move) > before or a.done())  # (its first round)
@@ -353,37 +344,84 @@ def test_the_delivery_timeout_counts_from_the_send_not_from_its_turn(own_cluster
         # Its time was up when, or shortly after, its turn came (it started while the first
         # send's first round, about 0.4 s, was refused): it used to resend for 3 s more.
         assert rounds.count("second") <= 2
-        move.keys()
-        move.owner()
+        _finish(move)
         assert producer.send("t", b"d", partition=0).offset == 1
         assert _values(client, namespace, 0) == [b"a", b"d"]
-    finally:
-        first.shutdown(wait=False, cancel_futures=True)
-        second.shutdown(wait=False, cancel_futures=True)
-        _end(move)
-        client.close()
 
 
 def test_the_timeout_names_the_partitions_that_were_stored(own_cluster, namespace):
     """A send_batch to a moving partition and one that is not, timed out: the error says
     which partition's records were not appended and which were."""
-    client = own_cluster.client(socket_timeout=30)
-    Topics(client, namespace).create("t", 2)
-    stream = partition_key(namespace, "t", 0)
-    producer = Producer(client, namespace, delivery_timeout_ms=300)
-    producer.send_batch("t", [ProducerRecord(b"a", partition=0), ProducerRecord(b"b", partition=1)])
-    move = _Move(own_cluster, client, stream)
-    try:
-        _start(move)
-        _migrate(move, [stream])
+    with _split_p0(own_cluster, namespace, 2, delivery_timeout_ms=300) as (client, producer,
+                                                                            move):
         with pytest.raises(ConnectionLost, match=r"t partition\(s\) \[0\]: .* not appended "
                            r".*; its records to partition\(s\) \[1\] were$"):
             producer.send_batch("t", [ProducerRecord(b"c", partition=0),
                                       ProducerRecord(b"d", partition=1)])
-        move.keys()
-        move.owner()
+        _finish(move)
         assert _values(client, namespace, 0) == [b"a"]
         assert _values(client, namespace, 1) == [b"b", b"d"]
+
+
+def test_the_timeout_says_which_records_of_a_partly_stored_partition_were_appended(
+        own_cluster, namespace, monkeypatch):
+    """An idempotent send whose partition's records go in several script calls, the first of
+    which ran before a slot move split the partition's keys and refused the others until
+    ``delivery_timeout_ms`` ran out: the error must not say that none of that partition's
+    records were appended (a caller resending them would store the first call's twice)."""
+    from rcoord.topics import _base
+
+    client = own_cluster.client(socket_timeout=30)
+    Topics(client, namespace).create("t", 1)
+    stream = partition_key(namespace, "t", 0)
+    # (each record alone in its script call: two calls of p0, sent one after the other)
+    producer = Producer(client, namespace, delivery_timeout_ms=300, max_request_size=10)
+    producer.send("t", b"a", partition=0)
+    move = _Move(own_cluster, client, stream)
+    run = _base._run_independent
+    rounds: list[int] = []
+
+    def moving_after_the_first(*args: Any, **kwargs: Any) -> Any:
+        got = run(*args, **kwargs)
+        rounds.append(1)
+        if len(rounds) == 1:  # (the move begins between p0's two calls)
+            _start(move)
+            _migrate(move, [stream])
+        return got
+
+    try:
+        monkeypatch.setattr(_base, "_run_independent", moving_after_the_first)
+        with pytest.raises(ConnectionLost) as lost:
+            producer.send_batch("t", [ProducerRecord(b"b1------", partition=0),
+                                      ProducerRecord(b"b2------", partition=0)])
+        monkeypatch.setattr(_base, "_run_independent", run)
+        message = str(lost.value)
+        assert "this call's records to those partitions were not appended" not in message
+        assert "partition 0: 1 of its 2 records were appended (offsets 1..1)" in message
+        _finish(move)
+        assert _values(client, namespace, 0) == [b"a", b"b1------"]
+        assert producer.send("t", b"c", partition=0).offset == 2  # (no gap, no duplicate)
+        assert _values(client, namespace, 0) == [b"a", b"b1------", b"c"]
     finally:
         _end(move)
         client.close()
+
+
+def test_the_timeout_names_the_partitions_refused_in_the_same_call(own_cluster, namespace):
+    """A send_batch to a moving partition (p0) and one that refused its records (p1: the
+    producer is fenced there) timed out: the ConnectionLost said p0's records were not
+    appended and nothing of p1's, whose refusal (PRODUCER_FENCED) went unreported, so a
+    caller resending what was "not appended" dropped p1's records without knowing it."""
+    with _split_p0(own_cluster, namespace, 2, producer_id="x",
+                   delivery_timeout_ms=300) as (client, producer, move):
+        Producer(client, namespace, producer_id="x", producer_epoch=1).send("t", b"c",
+                                                                            partition=1)
+        with pytest.raises(ConnectionLost) as lost:
+            producer.send_batch("t", [ProducerRecord(b"d", partition=0),
+                                      ProducerRecord(b"e", partition=1)])
+        message = str(lost.value)
+        assert message.startswith("t partition(s) [0]: a slot move or failover refused")
+        assert "; partition 1 refused its records (PRODUCER_FENCED: " in message
+        _finish(move)
+        assert _values(client, namespace, 0) == [b"a"]
+        assert _values(client, namespace, 1) == [b"b", b"c"]
