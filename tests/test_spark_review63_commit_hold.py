@@ -8,6 +8,8 @@ delivered the finished batch's records again under a new batch id.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from harness import wait_until
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
 from rcoord.errors import ConnectionLost
-from rcoord.spark.member import StreamMember, member_config
+from rcoord.spark.member import LatestFn, StreamMember, member_config
 from rcoord.spark.options import ReadKind, parse_read_options
 from rcoord.spark.plan import Position, ranges_between
 from rcoord.spark.resolve import log_snapshot
@@ -70,25 +72,47 @@ def _committed(coord: GroupCoordinator) -> dict[TP, int]:
     return {tp: om.offset for tp, om in coord.fetch_offsets("g").offsets.items()}
 
 
-def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
-        redis_server: Any, single_client: Any, namespace: str, topics: Topics,
-        coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+@dataclass
+class Planned:
+    """A member of group "g" that planned batch 0 (``first`` to ``end1``: offsets 0-3 of ev-0,
+    not committed yet) with ``latest``; ``producer`` appends to ev."""
+
+    member: StreamMember
+    first: Position
+    end1: Position
+    latest: LatestFn
+    producer: Producer
+
+
+@pytest.fixture
+def planned(redis_server: Any, single_client: Any, namespace: str, topics: Topics,
+            coord: GroupCoordinator) -> Iterator[Planned]:
     topics.create("ev", 1)
     producer = Producer(single_client, namespace)
     producer.send_batch("ev", [b"x"] * 4)
-    latest = lambda parts: log_snapshot(topics, parts)
+
+    def latest(parts: Any) -> Any:
+        return log_snapshot(topics, parts)
+
     a = _member(redis_server.url, namespace, single_client)
     try:
         first = a.initial(10)
-        end1 = a.plan(first, latest, None)  # batch 0: offsets 0-3, its sink stores them
-        delivered = _read(first, end1)
-        assert delivered == [0, 1, 2, 3]
-        producer.send_batch("ev", [b"y"] * 6)
-        _lose_commits(a, monkeypatch, 1)
-        nxt = a.plan(end1, latest, None)  # batch 0's commit finds Redis away
-        assert nxt == end1  # no batch 1 until batch 0's commit lands
+        yield Planned(a, first, a.plan(first, latest, None), latest, producer)
     finally:
-        a.close(5)  # the query's process dies here: nothing more is committed
+        a.close(5)
+
+
+def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
+        planned: Planned, redis_server: Any, single_client: Any, namespace: str,
+        coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, end1, latest = planned.member, planned.end1, planned.latest
+    delivered = _read(planned.first, end1)  # batch 0: offsets 0-3, its sink stores them
+    assert delivered == [0, 1, 2, 3]
+    planned.producer.send_batch("ev", [b"y"] * 6)
+    _lose_commits(a, monkeypatch, 1)
+    nxt = a.plan(end1, latest, None)  # batch 0's commit finds Redis away
+    assert nxt == end1  # no batch 1 until batch 0's commit lands
+    a.close(5)  # the query's process dies here: nothing more is committed
     assert _committed(coord) == {}
 
     b = _member(redis_server.url, namespace, single_client)  # the restarted query
@@ -110,53 +134,34 @@ def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
 
 @pytest.mark.parametrize("until_target", [False, True])
 def test_planning_goes_on_once_the_lost_commit_lands(
-        until_target: bool, redis_server: Any, single_client: Any, namespace: str,
-        topics: Topics, coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
-    topics.create("ev", 1)
-    producer = Producer(single_client, namespace)
-    producer.send_batch("ev", [b"x"] * 4)
-    latest = lambda parts: log_snapshot(topics, parts)
-    a = _member(redis_server.url, namespace, single_client)
-    try:
-        first = a.initial(10)
-        end1 = a.plan(first, latest, None)
-        producer.send_batch("ev", [b"y"] * 6)
-        _lose_commits(a, monkeypatch, 1)
-        if not until_target:
-            # a plan that reads nothing; the next one commits and plans on
-            assert a.plan(end1, latest, None) == end1
-            assert _committed(coord) == {}
-        # availableNow: a plan that reads nothing would end the run, so it tries again itself
-        end2 = a.plan(end1, latest, None, until_target=until_target)
-        assert _committed(coord) == {EV0: 4}
-        assert _read(end1, end2) == list(range(4, 10))
-    finally:
-        a.close(5)
+        until_target: bool, planned: Planned, coord: GroupCoordinator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, end1, latest = planned.member, planned.end1, planned.latest
+    planned.producer.send_batch("ev", [b"y"] * 6)
+    _lose_commits(a, monkeypatch, 1)
+    if not until_target:
+        # a plan that reads nothing; the next one commits and plans on
+        assert a.plan(end1, latest, None) == end1
+        assert _committed(coord) == {}
+    # availableNow: a plan that reads nothing would end the run, so it tries again itself
+    end2 = a.plan(end1, latest, None, until_target=until_target)
+    assert _committed(coord) == {EV0: 4}
+    assert _read(end1, end2) == list(range(4, 10))
 
 
 @pytest.mark.parametrize("until_target", [False, True])
 def test_a_commit_unanswered_for_a_session_fails_the_query_instead_of_holding_for_ever(
-        until_target: bool, redis_server: Any, single_client: Any, namespace: str,
-        topics: Topics, coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
-    topics.create("ev", 1)
-    producer = Producer(single_client, namespace)
-    producer.send_batch("ev", [b"x"] * 4)
-    latest = lambda parts: log_snapshot(topics, parts)
-    a = _member(redis_server.url, namespace, single_client)
-    try:
-        first = a.initial(10)
-        end1 = a.plan(first, latest, None)
-        _lose_commits(a, monkeypatch, 10**9)
-        failed: list[ConnectionLost] = []
+        until_target: bool, planned: Planned, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, end1, latest = planned.member, planned.end1, planned.latest
+    _lose_commits(a, monkeypatch, 10**9)
+    failed: list[ConnectionLost] = []
 
-        def plan_fails() -> bool:
-            try:
-                assert a.plan(end1, latest, None, until_target=until_target) == end1
-            except ConnectionLost as exc:
-                failed.append(exc)
-            return bool(failed)
+    def plan_fails() -> bool:
+        try:
+            assert a.plan(end1, latest, None, until_target=until_target) == end1
+        except ConnectionLost as exc:
+            failed.append(exc)
+        return bool(failed)
 
-        wait_until(plan_fails, timeout_s=20)
-        assert "out of reach for more than the session timeout" in str(failed[0])
-    finally:
-        a.close(5)
+    wait_until(plan_fails, timeout_s=20)
+    assert "out of reach for more than the session timeout" in str(failed[0])
