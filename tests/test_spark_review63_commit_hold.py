@@ -8,7 +8,7 @@ delivered the finished batch's records again under a new batch id.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +17,9 @@ from harness import wait_until
 
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
 from rcoord.client import ConsumerGroup
-from rcoord.errors import ConnectionLost
-from rcoord.spark.member import LatestFn, StreamMember, member_config
+from rcoord.client.errors import ReadOnlyReplicaError
+from rcoord.errors import ConnectionLost, Errors, MissingPermissionError, ProtocolError, RcoordError
+from rcoord.spark.member import CommitNotMadeError, LatestFn, StreamMember, member_config
 from rcoord.spark.options import ReadKind, parse_read_options
 from rcoord.spark.plan import Position, ranges_between
 from rcoord.spark.resolve import log_snapshot
@@ -49,8 +50,11 @@ def _member(url: str, namespace: str, client: Any) -> StreamMember:
                         first_join_wait_s=10)
 
 
-def _lose_commits(member: StreamMember, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
-    """The next ``times`` commits of ``member``'s generation find Redis away."""
+def _lose_commits(member: StreamMember, monkeypatch: pytest.MonkeyPatch, times: int,
+                  error: Callable[[], RcoordError] = lambda: ConnectionLost("Redis away"),
+                  ) -> None:
+    """The next ``times`` commits of ``member``'s generation raise ``error()`` (by default:
+    find Redis away)."""
     gen = member.generation
     assert gen is not None
     real, left = gen.commit_offsets, [times]
@@ -58,7 +62,7 @@ def _lose_commits(member: StreamMember, monkeypatch: pytest.MonkeyPatch, times: 
     def commit(offsets: Any) -> None:
         if left[0] > 0:
             left[0] -= 1
-            raise ConnectionLost("Redis away")
+            raise error()
         real(offsets)
 
     monkeypatch.setattr(gen, "commit_offsets", commit)
@@ -102,15 +106,29 @@ def planned(redis_server: Any, single_client: Any, namespace: str, topics: Topic
         a.close(5)
 
 
+# Commits not made that leave the member in its generation: Redis did not answer (the outcome
+# is unknown), or answered with an error no fencing code (those end the generation). All but
+# ConnectionLost planned on before (review 64).
+NOT_MADE: dict[str, Callable[[], RcoordError]] = {
+    "unanswered": lambda: ConnectionLost("Redis away"),
+    "coordinator-not-available": lambda: ProtocolError(
+        "commit failed", Errors.COORDINATOR_NOT_AVAILABLE),
+    "metadata-too-large": lambda: ProtocolError(
+        "commit of generation 1 failed for ev-0: OFFSET_METADATA_TOO_LARGE",
+        Errors.OFFSET_METADATA_TOO_LARGE),
+}
+
+
+@pytest.mark.parametrize("error", NOT_MADE)
 def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
-        planned: Planned, redis_server: Any, single_client: Any, namespace: str,
+        error: str, planned: Planned, redis_server: Any, single_client: Any, namespace: str,
         coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
     a, end1, latest = planned.member, planned.end1, planned.latest
     delivered = _read(planned.first, end1)  # batch 0: offsets 0-3, its sink stores them
     assert delivered == [0, 1, 2, 3]
     planned.producer.send_batch("ev", [b"y"] * 6)
-    _lose_commits(a, monkeypatch, 1)
-    nxt = a.plan(end1, latest, None)  # batch 0's commit finds Redis away
+    _lose_commits(a, monkeypatch, 1, NOT_MADE[error])
+    nxt = a.plan(end1, latest, None)  # batch 0's commit is not made
     assert nxt == end1  # no batch 1 until batch 0's commit lands
     a.close(5)  # the query's process dies here: nothing more is committed
     assert _committed(coord) == {}
@@ -132,13 +150,14 @@ def test_a_crash_after_a_lost_commit_delivers_no_record_twice(
         b.close(5)
 
 
+@pytest.mark.parametrize("error", NOT_MADE)
 @pytest.mark.parametrize("until_target", [False, True])
 def test_planning_goes_on_once_the_lost_commit_lands(
-        until_target: bool, planned: Planned, coord: GroupCoordinator,
+        until_target: bool, error: str, planned: Planned, coord: GroupCoordinator,
         monkeypatch: pytest.MonkeyPatch) -> None:
     a, end1, latest = planned.member, planned.end1, planned.latest
     planned.producer.send_batch("ev", [b"y"] * 6)
-    _lose_commits(a, monkeypatch, 1)
+    _lose_commits(a, monkeypatch, 1, NOT_MADE[error])
     if not until_target:
         # a plan that reads nothing; the next one commits and plans on
         assert a.plan(end1, latest, None) == end1
@@ -165,3 +184,50 @@ def test_a_commit_unanswered_for_a_session_fails_the_query_instead_of_holding_fo
 
     wait_until(plan_fails, timeout_s=20)
     assert "out of reach for more than the session timeout" in str(failed[0])
+
+
+@pytest.mark.parametrize("until_target", [False, True])
+def test_a_commit_refused_for_a_session_fails_the_query_with_what_refused_it(
+        until_target: bool, planned: Planned, coord: GroupCoordinator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lasting refusal (a group's offset.metadata.max.bytes below rcoord's metadata) held the
+    # query for ever if it held; it planned on before, committing nothing, batch after batch.
+    a, end1, latest = planned.member, planned.end1, planned.latest
+    planned.producer.send_batch("ev", [b"y"] * 6)
+    _lose_commits(a, monkeypatch, 10**9, NOT_MADE["metadata-too-large"])
+    failed: list[CommitNotMadeError] = []
+
+    def plan_fails() -> bool:
+        try:
+            assert a.plan(end1, latest, None, until_target=until_target) == end1
+        except CommitNotMadeError as exc:
+            failed.append(exc)
+        return bool(failed)
+
+    wait_until(plan_fails, timeout_s=20)
+    assert "for more than the session timeout" in str(failed[0])
+    assert "OFFSET_METADATA_TOO_LARGE" in str(failed[0])
+    assert isinstance(failed[0].__cause__, ProtocolError)
+    assert _committed(coord) == {}
+
+
+@pytest.mark.parametrize("until_target", [False, True])
+@pytest.mark.parametrize("error", [
+    lambda: ReadOnlyReplicaError("group 'g': Redis answered READONLY to commit_offsets for "
+                                 "1500 ms: give it the URL of the master"),
+    lambda: MissingPermissionError("the Redis user may not run 'fcall'"),
+    lambda: ProtocolError("commit refused", Errors.GROUP_AUTHORIZATION_FAILED),
+], ids=["replica", "permission", "group-acl"])
+def test_a_commit_no_retry_mends_fails_the_query_at_once(
+        until_target: bool, error: Callable[[], RcoordError], planned: Planned,
+        coord: GroupCoordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, such a commit (the URL of a replica: READONLY past the retries) was warned about
+    # and the query planned on, every later commit failing the same way: batches delivered
+    # again after any restart, with only warnings to show for it.
+    a, end1, latest = planned.member, planned.end1, planned.latest
+    planned.producer.send_batch("ev", [b"y"] * 6)
+    _lose_commits(a, monkeypatch, 10**9, error)
+    with pytest.raises(type(error())) as got:
+        a.plan(end1, latest, None, until_target=until_target)
+    assert any("stops rather than plan further batches" in n for n in got.value.__notes__)
+    assert _committed(coord) == {}

@@ -27,10 +27,12 @@ were made under:
 * A commit the coordinator refuses (the group moved on; the plan came from an old checkpoint
   or a member that was removed) moves no offset and stops nothing: it is counted in
   ``refused`` and the partitions are processed again by their owner (at-least-once).
-* A commit Redis does not answer (``ConnectionLost``) holds the plan: no further batch is
+* A commit that was not made and did not fence the member (Redis did not answer, or answered
+  with another error than the fencing codes above) holds the plan: no further batch is
   planned until it lands, the generation ends, or the session timeout passes (the query
-  fails). Planning on left several finished batches uncommitted, and a crash then delivered
-  their records again under new batch ids (``_held``).
+  fails); one no retry mends (a replica's URL, a missing permission) fails the query at once.
+  Planning on left several finished batches uncommitted, and a crash then delivered their
+  records again under new batch ids (``_held``).
 * ``replay(end, ranges)`` serves the batch Spark replays after a restart (planned by the old
   process's membership, never committed): its partitions this member holds with the group's
   committed offset at the batch's start are read again, and their ends become a plan of this
@@ -96,8 +98,8 @@ from .resolve import (
     restart_after_loss,
 )
 
-__all__ = ["TOKEN_METADATA", "CommitOutcome", "ReplayNotRecordedError", "StreamMember",
-           "member_config"]
+__all__ = ["TOKEN_METADATA", "CommitNotMadeError", "CommitOutcome", "ReplayNotRecordedError",
+           "StreamMember", "member_config"]
 
 log = logging.getLogger("rcoord.spark")
 
@@ -133,6 +135,13 @@ class ReplayNotRecordedError(RuntimeError):
     did not take the record of the replaying generation (``replays.record_replay``), which a
     sink naming its output by generation needs. The batch fails, so Spark replays it again
     when the query restarts; the Redis error is its ``__cause__``."""
+
+
+class CommitNotMadeError(RuntimeError):
+    """The end of the query's last finished batch could not be committed for longer than the
+    session timeout, and the generation did not end: Redis kept answering the commit with an
+    error (``StreamMember._held``). The query fails rather than plan further batches past an
+    uncommitted one; the error is its ``__cause__``."""
 
 
 @dataclass(frozen=True)
@@ -185,9 +194,12 @@ class StreamMember:
             else max(rejoin_wait_s, first_join_wait_s)
         self._gen: Generation | None = None
         self._hold = threading.Event()
-        # What the last commit of this generation's own plan raised when Redis did not answer
-        # (``_commit_own``); ``plan`` plans no further batch while it stands (``_held``).
-        self._commit_lost: ConnectionLost | None = None
+        # What the last commit of this generation's own plan raised when it was not made and
+        # the member was not fenced (``_commit_own``); ``plan`` plans no further batch while
+        # it stands (``_held``), failing the query past a session timeout of such errors
+        # (``_commit_failing_since``; ``_outage`` for ConnectionLost).
+        self._commit_failed: RcoordError | None = None
+        self._commit_failing_since: float | None = None
         self._closing = threading.Event()
         self._planned_at: float | None = None  # when plan() last began (monotonic)
         self._gap_warned = False
@@ -274,7 +286,7 @@ class StreamMember:
         self._group.start()  # a query restarted on a checkpoint plans before initial()
         self._check_plan_gap()
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
-        self._commit_lost = None
+        self._commit_failed = None
         self._commit_own(own)
         if self._held(own, until_target):
             return start
@@ -353,9 +365,15 @@ class StreamMember:
 
     def _held(self, own: Position, until_target: bool) -> bool:
         """Whether ``plan`` builds no batch now: the commit of ``own`` (the last batch's end,
-        planned in the live generation) failed because Redis did not answer, so the next batch
-        waits for it, as Kafka's ``commitSync`` retries a commit the coordinator did not
-        answer before the poll loop goes on.
+        planned in the live generation) was not made and did not fence the member, so the next
+        batch waits for it, as Kafka's ``commitSync`` retries a commit before the poll loop
+        goes on. That is a commit Redis did not answer (``ConnectionLost``: its outcome is
+        unknown) and one it answered with any other error than the fencing codes
+        (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID end the generation, and
+        its partitions go on from the group's committed offset, at least once): a replica's
+        READONLY (``ReadOnlyReplicaError``), COORDINATOR_NOT_AVAILABLE past the retries, a
+        per-partition error, a missing permission. Only ``ConnectionLost`` held before; the
+        others planned on, with the same duplicates after a crash.
 
         Planning on from an uncommitted end left two or more finished batches behind the
         group's committed offset. A crash then made the restarted query replay the last one
@@ -365,23 +383,54 @@ class StreamMember:
         from its end) or is the one replayed, whose start the group has committed.
 
         The commit is tried again by the next plan (under ``until_target`` here, since a plan
-        that reads nothing ends an availableNow run). Held no longer once the generation ends
-        (its partitions go on from the group's committed offset, at least once) and never past
-        the session timeout of failures (``_outage`` fails the query)."""
+        that reads nothing ends an availableNow run). Held no longer once the generation ends,
+        and never past the session timeout of failures: the query fails (``_outage``, or
+        ``CommitNotMadeError``). An error no retry mends (``reaction_for(...).fatal``: a
+        replica's URL, a missing permission or ACL, a refused login) fails it at once, with
+        the error's own message saying what to fix."""
         gen = self._gen
         while True:
-            exc = self._commit_lost
+            exc = self._commit_failed
             if exc is None or gen is None or gen.done.is_set():
+                self._commit_failing_since = None
                 return False
-            self._outage(exc)
+            if reaction_for(exc).fatal:
+                exc.add_note(f"rcoord: group {gen.group_id!r} could not commit the end of the "
+                             "last finished batch, and the query stops rather than plan "
+                             "further batches past it (a crash would deliver them again); "
+                             "restart it once this is fixed: it goes on from that batch's end")
+                raise exc
+            if isinstance(exc, ConnectionLost):
+                self._outage(exc)
+            else:
+                self._refused_too_long(gen, exc)
             log.warning("group %r: committing the last batch's end of [%s] failed (%s); no "
                         "further batch is planned until that commit lands", gen.group_id,
                         _names(set(own.offsets)), exc)
             if not until_target:
                 return True
             gen.done.wait(self._rejoin_wait_s)
-            self._commit_lost = None
+            self._commit_failed = None
             self._commit_own(own)
+
+    def _refused_too_long(self, gen: Generation, exc: RcoordError) -> None:
+        """``_outage`` for a commit Redis answered with an error (not ``ConnectionLost``):
+        ``CommitNotMadeError`` once such errors have lasted longer than the session timeout,
+        so a lasting refusal (OFFSET_METADATA_TOO_LARGE under a small
+        ``offset.metadata.max.bytes``, a deleted group) fails the query instead of holding
+        it, reading nothing, for ever."""
+        now = time.monotonic()
+        if self._commit_failing_since is None:
+            self._commit_failing_since = now
+            return
+        session_s = self._group.config.session_timeout_ms / 1000
+        if now - self._commit_failing_since > session_s:
+            raise CommitNotMadeError(
+                f"group {gen.group_id!r}: committing the end of the last finished batch failed "
+                f"for more than the session timeout ({session_s:g} s), so the query stops "
+                f"rather than plan further batches past it (a crash would deliver them again): "
+                f"{exc}. Fix that and restart the query: it goes on from that batch's end"
+            ) from exc
 
     def _check_plan_gap(self) -> None:
         """Warn when Spark planned this batch later than the rebalance timeout after the last.
@@ -526,13 +575,12 @@ class StreamMember:
             except (CommitFailedError, RebalanceInProgressError) as exc:
                 log.warning("group %r: %s", gen.group_id, exc)
                 return self._record(pos, todo, exc.error or Errors.ILLEGAL_GENERATION)
-            except RcoordError as exc:  # Redis unreachable for a session: try again next time
+            except RcoordError as exc:  # not made, member not fenced: plan holds (``_held``)
                 log.warning("group %r: commit failed, will retry: %s", gen.group_id, exc)
                 self._sent.pop(stamp, None)
-                if isinstance(exc, ConnectionLost):
-                    self._commit_lost = exc  # (``_held``)
+                self._commit_failed = exc  # (``_held``)
                 return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
-            self._unreachable_since = None
+            self._unreachable_since = self._commit_failing_since = None
             self._committed.update(todo)
             self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
             return self._record(pos, todo, Errors.NONE)
