@@ -16,7 +16,7 @@ import pytest
 from harness import wait_until
 
 from rcoord import CoordinatorConfig, GroupCoordinator, TopicPartition
-from rcoord.client import ConsumerGroup
+from rcoord.client import ConsumerGroup, Generation
 from rcoord.client.errors import ReadOnlyReplicaError
 from rcoord.errors import ConnectionLost, Errors, MissingPermissionError, ProtocolError, RcoordError
 from rcoord.spark.member import CommitNotMadeError, LatestFn, StreamMember, member_config
@@ -231,3 +231,37 @@ def test_a_commit_no_retry_mends_fails_the_query_at_once(
         a.plan(end1, latest, None, until_target=until_target)
     assert any("stops rather than plan further batches" in n for n in got.value.__notes__)
     assert _committed(coord) == {}
+
+
+@pytest.mark.parametrize("error", NOT_MADE)
+@pytest.mark.parametrize("until_target", [False, True])
+def test_a_restart_whose_resume_commit_is_not_made_delivers_no_record_twice(
+        until_target: bool, error: str, planned: Planned, redis_server: Any,
+        single_client: Any, namespace: str, coord: GroupCoordinator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark's commit log has batch 0 (records 0-3) but the old process never committed it; the
+    # restarted query commits its end under its own generation (StreamMember._resume). When
+    # that commit failed, the plan went on from the group's committed offset (none): records
+    # 0-3 came again in batch 1 and the sink stored them twice.
+    end1, latest = planned.end1, planned.latest
+    planned.member.close(5)
+    planned.producer.send_batch("ev", [b"y"] * 6)
+    real, left = Generation.commit_offsets, [1]
+
+    def commit(gen: Generation, offsets: Any) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            raise NOT_MADE[error]()
+        real(gen, offsets)
+
+    monkeypatch.setattr(Generation, "commit_offsets", commit)
+    b = _member(redis_server.url, namespace, single_client)  # the restarted query
+    try:
+        if not until_target:
+            assert b.plan(end1, latest, None) == end1  # held: no batch 1 yet
+            assert _committed(coord) == {}
+        after = b.plan(end1, latest, None, until_target=until_target)
+        assert _committed(coord) == {EV0: 4}
+        assert _read(end1, after) == list(range(4, 10))
+    finally:
+        b.close(5)

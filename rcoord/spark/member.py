@@ -46,8 +46,8 @@ were made under:
 * A restarted query whose last batch finished (Spark's commit log has it; Spark never called
   ``commit`` for it) plans first from that batch's end, planned by the old process: the
   partitions this member holds begin there and it is committed under this generation, unless
-  the group has committed further (``_resume``). Ends of replayed batches (``replaying``) are
-  never taken for finished ones.
+  the group has committed further (``_resume``); that commit, not made, holds the plan as
+  above. Ends of replayed batches (``replaying``) are never taken for finished ones.
 * ``close()`` leaves the group at once, so the others take the partitions over without
   waiting for the session timeout.
 """
@@ -288,7 +288,7 @@ class StreamMember:
         own = self._own(start)  # a replayed batch's end: what this member replayed of it
         self._commit_failed = None
         self._commit_own(own)
-        if self._held(own, until_target):
+        if self._held(own, until_target, lambda: self._commit_own(own)):
             return start
         gen = self._gen
         if gen is None or gen.done.is_set():
@@ -297,7 +297,10 @@ class StreamMember:
             gen = self._gen
             assert gen is not None
         if own is start and self._finished_elsewhere(start):
-            self._resume(gen, start)
+            resumed = gen
+            self._resume(resumed, start)
+            if self._held(start, until_target, lambda: self._resume(resumed, start)):
+                return start  # (the next plan resumes again)
         assigned = sorted(gen.offsets)
         # Partitions that go on from ``own``; the others (all of them when it was planned by
         # another membership: an old checkpoint, or a generation this query left) go on from
@@ -363,7 +366,7 @@ class StreamMember:
         self._planned.add((gen.generation_id, gen.member_id))
         return end
 
-    def _held(self, own: Position, until_target: bool) -> bool:
+    def _held(self, own: Position, until_target: bool, again: Callable[[], object]) -> bool:
         """Whether ``plan`` builds no batch now: the commit of ``own`` (the last batch's end,
         planned in the live generation) was not made and did not fence the member, so the next
         batch waits for it, as Kafka's ``commitSync`` retries a commit before the poll loop
@@ -382,12 +385,16 @@ class StreamMember:
         stored a second time. Held, the query's last batch is finished (``_resume`` goes on
         from its end) or is the one replayed, whose start the group has committed.
 
-        The commit is tried again by the next plan (under ``until_target`` here, since a plan
-        that reads nothing ends an availableNow run). Held no longer once the generation ends,
-        and never past the session timeout of failures: the query fails (``_outage``, or
-        ``CommitNotMadeError``). An error no retry mends (``reaction_for(...).fatal``: a
-        replica's URL, a missing permission or ACL, a refused login) fails it at once, with
-        the error's own message saying what to fix."""
+        The same holds for ``_resume``'s commit of the end of a batch the process before a
+        restart finished (``own`` is then that end): planned from the group's committed
+        offset, its records came again in the next batch.
+
+        The commit is tried again by the next plan (under ``until_target`` here, by ``again``,
+        since a plan that reads nothing ends an availableNow run). Held no longer once the
+        generation ends, and never past the session timeout of failures: the query fails
+        (``_outage``, or ``CommitNotMadeError``). An error no retry mends
+        (``reaction_for(...).fatal``: a replica's URL, a missing permission or ACL, a refused
+        login) fails it at once, with the error's own message saying what to fix."""
         gen = self._gen
         while True:
             exc = self._commit_failed
@@ -411,7 +418,7 @@ class StreamMember:
                 return True
             gen.done.wait(self._rejoin_wait_s)
             self._commit_failed = None
-            self._commit_own(own)
+            again()
 
     def _refused_too_long(self, gen: Generation, exc: RcoordError) -> None:
         """``_outage`` for a commit Redis answered with an error (not ``ConnectionLost``):
@@ -805,11 +812,19 @@ class StreamMember:
             return
         try:
             gen.commit_offsets(_with_tokens(todo, start.tokens, gen.member_id))
-        except RcoordError as exc:
-            # The group goes on from its committed offsets: the batch comes again (at least
-            # once), never skipped.
+        except (CommitFailedError, RebalanceInProgressError) as exc:
+            # Fenced: the generation ended; its partitions go on from the group's committed
+            # offsets (at least once), never skipped.
             log.warning("group %r: committing where the finished batch of generation %s by "
                         "%s ended failed: %s", gen.group_id, start.generation, start.member, exc)
+            return
+        except RcoordError as exc:
+            # Not made, the member not fenced: the plan holds and resumes again (``_held``).
+            # Planning from the group's committed offsets delivered the finished batch's
+            # records again under the next batch id, and the sink stored them twice.
+            log.warning("group %r: committing where the finished batch of generation %s by "
+                        "%s ended failed: %s", gen.group_id, start.generation, start.member, exc)
+            self._commit_failed = exc
             return
         log.info("group %r: [%s] go on where the batch planned in generation %s by %s ended "
                  "(finished before the restart)", gen.group_id, _names(set(todo)),
