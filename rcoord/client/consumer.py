@@ -372,10 +372,9 @@ class Consumer(SubscriptionMixin):
         # committed is where they start (``_start_commits``, applied in ``_note_started``).
         self._unstarted: set[TopicPartition] = set()
         # Commits of such partitions' offsets the application made (its ticket -> offsets):
-        # once landed, each sets the start of those still unstarted. And the ticket of the
-        # last one, which the first fetch waits for (``_starts_landed``).
+        # once landed, each sets the start of those still unstarted; the first fetch waits
+        # for those of partitions unstarted then (``_starts_landed``).
         self._start_commits: dict[int, dict[TopicPartition, int]] = {}
-        self._start_wait = 0
         # Partition counts read for commits of partitions not held (_check_exist), and of the
         # consumer's own commits of its positions, held or not (_own_unverified): topic ->
         # (a count it had, time.monotonic() of the read), trusted for a partition watch
@@ -1462,7 +1461,6 @@ class Consumer(SubscriptionMixin):
         if self._unstarted and not self._unstarted.isdisjoint(offsets):
             self._start_commits[ticket] = {
                 tp: o for tp, o in offsets.items() if tp in self._unstarted}
-            self._start_wait = ticket
 
     def _unverified(self, offsets: Mapping[TopicPartition, object]) -> list[TopicPartition]:
         """The partitions of a commit's ``offsets`` not known to exist (``_check_exist``)."""
@@ -1681,15 +1679,19 @@ class Consumer(SubscriptionMixin):
         fetch of the committed offsets is answered after the commits sent before it). False
         if the wait ended first: they stay unstarted, not fetched (``_fetchable``), and the
         next poll() waits again. Nothing is waited for when the listener queued no such
-        commit: no round trip is added to a rebalance."""
-        if self._start_wait and not self._committer.wait_idle(
-                _remaining(deadline), self._wakeup, self._stop, upto=self._start_wait):
+        commit: no round trip is added to a rebalance. Only the commits of partitions
+        unstarted now: one of a partition ``assign()`` gave up since (or a seek started)
+        sets no start; waited for, a held-up commit of a partition given up kept the new
+        ones from being fetched, every poll() until its deadline, until it landed."""
+        wait = max((ticket for ticket, starts in self._start_commits.items()
+                    if not self._unstarted.isdisjoint(starts)), default=0)
+        if wait and not self._committer.wait_idle(
+                _remaining(deadline), self._wakeup, self._stop, upto=wait):
             return False
         try:
             self._run_commit_callbacks()
         finally:
             self._unstarted.clear()
-            self._start_wait = 0
         return True
 
     def _changed_positions(self) -> dict[TopicPartition, int]:
