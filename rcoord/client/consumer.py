@@ -2348,8 +2348,8 @@ class Consumer(SubscriptionMixin):
         for i in range(n):
             tp = self._assigned[(self._drain_turn + i) % n]
             buf = self._buffers.get(tp)
-            if not buf or tp in self._paused:
-                continue
+            if not buf or tp in self._paused or tp in self._unstarted:
+                continue  # (an unstarted one's start may still move: ``_note_started``)
             room = limit - len(out)
             self._unacked.setdefault(tp, buf[0].offset)
             if len(buf) <= room:
@@ -2534,8 +2534,13 @@ class Consumer(SubscriptionMixin):
         got = unknown = False
         done_at = time.monotonic()
         for (tp, pos), result in zip(ask.asked, done.value, strict=True):
-            if tp not in self._buffers or self._fetch_pos.get(tp) != pos:
-                continue  # revoked, sought or reset since: a stale answer
+            if (tp not in self._buffers or self._fetch_pos.get(tp) != pos
+                    or tp in self._unstarted):
+                # Revoked, sought or reset since: a stale answer. Or unstarted (never asked,
+                # ``_fetchable``): given up and assigned again since, at the same start. Taken,
+                # its records were handed out from that start though a commit of the
+                # application then set another (``_note_started``), and again from there.
+                continue
             if tp in ask.resolved:
                 self._resolved(tp, ask.resolved[tp])  # the seek_to_* read its edge
             got = self._take(tp, result) or got
