@@ -1199,8 +1199,13 @@ class Consumer(SubscriptionMixin):
                         # asked past the last one of that partition, so a close() now does not
                         # rewind it to that record.
                         self._unacked[done] = before.offset + 1
-                if self._seeks.get(tp, 0) != seeks[tp] or tp not in self._position:
-                    continue  # sought (or revoked) in the loop body: these records are stale
+                if (self._seeks.get(tp, 0) != seeks[tp] or tp not in self._position
+                        or tp in self._unstarted):
+                    # Sought or revoked in the loop body: these records are stale. Or given up
+                    # and assigned again by assign() (its seek count forgotten with it): it
+                    # starts at its committed offset, and handed out, these records came
+                    # again from there at the next poll().
+                    continue
                 if tp in self._paused:
                     # Paused in the loop body: the rest of its records come after resume().
                     self._rewind(tp, record.offset)

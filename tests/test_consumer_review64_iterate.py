@@ -1,0 +1,41 @@
+"""The iterator's batch after ``assign()`` gave a partition up and assigned it again.
+
+Kafka's ``assign()`` forgets a partition's position when it gives the partition up; assigned
+again, the partition starts at its committed offset at the next poll(), and the records
+fetched for it before are dropped. Here the ``for record in consumer`` loop went on handing
+out the rest of the batch of that partition (its seek count, forgotten with it, matched
+again), and set its position past them while its fetch started at the committed offset:
+the next poll() handed the same records out again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_consumer import env  # noqa: F401 - env: the fixture
+
+from rcoord import TopicPartition
+from rcoord.client import Consumer
+
+TP0 = TopicPartition("t", 0)
+U0 = TopicPartition("u", 0)
+
+
+def test_loop_body_reassigning_a_partition_drops_the_rest_of_its_batch(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer: Consumer = env.consumer(topics=[], enable_auto_commit=False)
+    consumer.assign([TP0])
+    consumer.commit({TP0: 3})
+    got: list[int] = []
+    for record in consumer:
+        got.append(record.offset)
+        if len(got) == 1:
+            consumer.assign([U0])
+            consumer.assign([TP0])  # again: it starts at its committed offset, 3
+        if len(got) == 8:
+            break
+    # (before: [3, 4, 5, 6, 7, 8, 9, 3], then 4 to 9 again)
+    assert got == [3, 3, 4, 5, 6, 7, 8, 9]
