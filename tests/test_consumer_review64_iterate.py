@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_consumer import env  # noqa: F401 - env: the fixture
+import pytest
+from test_consumer import env, poll_until  # noqa: F401 - env: the fixture
 
 from rcoord import TopicPartition
 from rcoord.client import Consumer
@@ -39,3 +40,24 @@ def test_loop_body_reassigning_a_partition_drops_the_rest_of_its_batch(
             break
     # (before: [3, 4, 5, 6, 7, 8, 9, 3], then 4 to 9 again)
     assert got == [3, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_loop_left_after_reassigning_a_partition_keeps_its_committed_start(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """The loop body commits 5, gives t-0 up and assigns it again (it starts at 5), and
+    raises: leaving the loop sought t-0 back to the record the loop was on (3), the
+    previous assignment's, so records 3 and 4 came again."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer: Consumer = env.consumer(topics=[], enable_auto_commit=False)
+    consumer.assign([TP0])
+    consumer.commit({TP0: 3})
+    with pytest.raises(RuntimeError, match="left"):
+        for _ in consumer:
+            consumer.commit({TP0: 5})
+            consumer.assign([U0])
+            consumer.assign([TP0])
+            raise RuntimeError("left")
+    got = poll_until(consumer, lambda g: bool(g) and g[-1].offset == 9)
+    assert [r.offset for r in got] == [5, 6, 7, 8, 9]

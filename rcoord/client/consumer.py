@@ -1249,13 +1249,16 @@ class Consumer(SubscriptionMixin):
         out goes back to its first one (dropping what was fetched after the batch), so the next
         loop neither skips them nor gets records twice, and ``close()`` does not commit them.
         A partition the loop body sought (its position is the application's), no longer
-        assigned, or a consumer closed or closing meanwhile (whose close goes back to the
-        record the loop was on by itself), is left alone."""
+        assigned, assigned again (unstarted: it starts at its committed offset, which the
+        seek back to the old assignment's record overrode), or a consumer closed or closing
+        meanwhile (whose close goes back to the record the loop was on by itself), is left
+        alone."""
         firsts: dict[TopicPartition, int] = {}
         for r in records:
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
-            if tp in self._position and self._seeks.get(tp, 0) == seeks[tp]:
+            if (tp in self._position and tp not in self._unstarted
+                    and self._seeks.get(tp, 0) == seeks[tp]):
                 self._rewind(tp, offset)
 
     # -- commits
