@@ -99,10 +99,22 @@ async def readable_partitions(conn: Connection, topics: Any
     entry; and the others with Kafka's answer for them: TOPIC_AUTHORIZATION_FAILED, or
     UNKNOWN_TOPIC_OR_PARTITION for a name not in its metadata cache (an illegal name too) or a
     partition the topic does not have (a negative index too). Both in request order; one
-    partition-count read per topic named (not per partition), on the topic threads."""
+    partition-count read per topic named (not per partition), on the topic threads.
+
+    A topic whose count Redis could not read (``UNREACHED``: on a cluster, its slot with no
+    master) is UNKNOWN_TOPIC_OR_PARTITION too, as Kafka's broker answers a topic its metadata
+    cache does not hold (yet): its clients retry that code on a commit (KAFKA-6829). It failed
+    the whole request (COORDINATOR_NOT_AVAILABLE), so no partition of any other topic was
+    committed for as long as that slot was down. When every topic's read fails so (Redis itself
+    unreachable), the request still fails as a whole."""
     readable = {t.name for t in topics if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
-    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable))
-              if readable else {})
+    unreached: dict[str, BaseException] = {}
+    counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable),
+                                        unreached) if readable else {})
+    if unreached:
+        log_unreached(conn.state, f"topic {next(iter(unreached))!r}",
+                      next(iter(unreached.values())))
+        counts.update(dict.fromkeys(unreached, Errors.UNKNOWN_TOPIC_OR_PARTITION))
     known: list[tuple[TopicPartition, Any]] = []
     refused: dict[TopicPartition, int] = {}
     for t in topics:

@@ -1,0 +1,84 @@
+"""The gateway while one topic's slot is served by no master (``cluster-require-full-coverage
+no``): a request naming that topic and others answers the others as usual and that topic by
+itself, as Kafka answers by topic and partition. On a cluster of the module's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_harness import GatewayThread, call_once, settle_fast_groups
+from test_gateway_slot_moves import _unserved
+
+from rcoord import CoordinatorConfig
+from rcoord.errors import Errors
+from rcoord.keys import GroupKeys
+from rcoord.topics import Topics
+from rcoord.topics._base import meta_key
+
+
+def _started(cluster: Any, namespace: str) -> tuple[GatewayThread, str]:
+    """A gateway over ``cluster`` for topics "t" and "u" (1 partition each, on other slots),
+    and a group whose slot is neither topic's metadata slot."""
+    client = cluster.client()
+    try:
+        settle_fast_groups(client, namespace)
+        topics = Topics(client, namespace)
+        topics.create("t", 1)
+        topics.create("u", 1)
+        t_slot = client.keyslot(meta_key(namespace, "t"))
+        assert t_slot != client.keyslot(meta_key(namespace, "u"))
+        n = CoordinatorConfig(namespace=namespace).num_partitions
+        group = next(g for g in (f"g{i}" for i in range(1000))
+                     if client.keyslot(GroupKeys.of(namespace, n, g).group) != t_slot)
+    finally:
+        client.close()
+    return GatewayThread(cluster.url, namespace).start(), group
+
+
+def _codes(answer: Any) -> dict[str, int]:
+    return {t.name: int(t.partitions[0].error_code.value) for t in answer.topics}
+
+
+def test_an_offset_commit_answers_a_topic_whose_slot_is_unserved_by_itself(own_cluster,
+                                                                           namespace):
+    """OffsetCommit reads each topic's partition count (Kafka's check of its metadata
+    cache). One topic's slot unserved failed the whole commit COORDINATOR_NOT_AVAILABLE: no
+    offset of any other topic was stored for as long as it lasted. As Kafka answers a topic its
+    metadata cache does not hold, that topic is UNKNOWN_TOPIC_OR_PARTITION (retried by its
+    clients) and the other topic's offset is committed."""
+    gw, group = _started(own_cluster, namespace)
+    try:
+        with _unserved(own_cluster, meta_key(namespace, "t")):
+            committed = call_once(gw, 8, 8, {
+                "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                "topics": [{"name": name, "partitions": [
+                    {"partition_index": 0, "committed_offset": 7}]} for name in ("t", "u")]})
+        fetched = call_once(gw, 9, 8, {"groups": [{"group_id": group, "topics": [
+            {"name": "u", "partition_indexes": [0]}]}], "require_stable": False})
+    finally:
+        gw.stop()
+    assert _codes(committed) == {"t": Errors.UNKNOWN_TOPIC_OR_PARTITION, "u": Errors.NONE}
+    assert fetched.groups[0].topics[0].partitions[0].committed_offset == 7
+
+
+def test_an_offset_delete_answers_a_topic_whose_slot_is_unserved_by_itself(own_cluster,
+                                                                           namespace):
+    """OffsetDelete checks its topics as OffsetCommit does, and failed whole the same way;
+    the served topic's offset is deleted, the other is UNKNOWN_TOPIC_OR_PARTITION."""
+    gw, group = _started(own_cluster, namespace)
+    try:
+        call_once(gw, 8, 8, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+            "topics": [{"name": name, "partitions": [
+                {"partition_index": 0, "committed_offset": 7}]} for name in ("t", "u")]})
+        with _unserved(own_cluster, meta_key(namespace, "t")):
+            deleted = call_once(gw, 47, 0, {"group_id": group, "topics": [
+                {"name": name, "partitions": [{"partition_index": 0}]}
+                for name in ("t", "u")]}, header_bytes=4)
+        fetched = call_once(gw, 9, 8, {"groups": [{"group_id": group, "topics": [
+            {"name": "u", "partition_indexes": [0]}]}], "require_stable": False})
+    finally:
+        gw.stop()
+    assert deleted.error_code.value == Errors.NONE
+    assert _codes(deleted) == {"t": Errors.UNKNOWN_TOPIC_OR_PARTITION, "u": Errors.NONE}
+    assert fetched.groups[0].topics[0].partitions[0].committed_offset == -1
