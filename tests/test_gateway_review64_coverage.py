@@ -4,15 +4,26 @@ itself, as Kafka answers by topic and partition. On a cluster of the module's ow
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from gateway_harness import GatewayThread, call_once, settle_fast_groups
+from gateway_harness import (
+    GatewayThread,
+    call_once,
+    connect,
+    fetched_records,
+    request_frame,
+    response,
+    settle_fast_groups,
+)
+from harness import blocked_xreads, wait_until
 from test_gateway_slot_moves import _unserved
 
 from rcoord import CoordinatorConfig
 from rcoord.errors import Errors
+from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
 from rcoord.keys import GroupKeys
-from rcoord.topics import Topics
+from rcoord.topics import Producer, Topics, partition_key
 from rcoord.topics._base import meta_key
 
 
@@ -82,3 +93,51 @@ def test_an_offset_delete_answers_a_topic_whose_slot_is_unserved_by_itself(own_c
     assert deleted.error_code.value == Errors.NONE
     assert _codes(deleted) == {"t": Errors.UNKNOWN_TOPIC_OR_PARTITION, "u": Errors.NONE}
     assert fetched.groups[0].topics[0].partitions[0].committed_offset == -1
+
+
+def test_a_parked_fetch_whose_wait_meets_a_slot_losing_its_master_waits_on_the_others(
+        own_cluster, namespace, caplog):
+    """A Fetch parked on two partitions (one ``XREAD BLOCK`` per slot) when one partition's
+    slot loses its master: that wait ends with CLUSTERDOWN, which failed the whole Fetch
+    (both partitions NOT_LEADER_OR_FOLLOWER, the other's records not sent). The other
+    partition's wait goes on, and its record answers the Fetch; the unserved partition is
+    NOT_LEADER_OR_FOLLOWER alone."""
+    caplog.set_level(logging.WARNING, logger="rcoord.gateway")
+    client = own_cluster.client()
+    nodes = own_cluster.node_clients()
+    gw: GatewayThread | None = None
+    try:
+        settle_fast_groups(client, namespace)
+        Topics(client, namespace).create("t", 2)
+        assert (client.keyslot(partition_key(namespace, "t", 0))
+                != client.keyslot(partition_key(namespace, "t", 1)))
+        producer = Producer(client, namespace, idempotent=False)
+        for p in (0, 1):
+            producer.send("t", b"a", partition=p)
+        gw = GatewayThread(own_cluster.url, namespace).start()
+        sock = connect(gw)
+        try:
+            sock.sendall(request_frame(1, 12, 1, {
+                "replica_id": -1, "max_wait": 60_000, "min_bytes": 1, "max_bytes": 1 << 20,
+                "topics": [{"topic": "t", "partitions": [
+                    {"partition": p, "fetch_offset": 1, "partition_max_bytes": 1 << 20}
+                    for p in (0, 1)]}]}))
+            wait_until(lambda: sum(blocked_xreads(n) for n in nodes) == 2)
+            with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+                # (the wait on partition 1 failed: logged, by the Fetch or by the gateway)
+                wait_until(lambda: any("unreachable or unavailable" in r.getMessage()
+                                       for r in caplog.records))
+                producer.send("t", b"b", partition=0)
+                answer = response(sock, 1, 12, 5)
+        finally:
+            sock.close()
+    finally:
+        for node in nodes:
+            node.close()
+        client.close()
+        if gw is not None:
+            gw.stop()
+    parts = {p.partition_index: p for p in answer.responses[0].partitions}
+    assert parts[0].error_code.value == Errors.NONE
+    assert [r.value for r in fetched_records(bytes(parts[0].records))] == [b"b"]
+    assert parts[1].error_code.value == NOT_LEADER_OR_FOLLOWER

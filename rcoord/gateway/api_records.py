@@ -474,6 +474,13 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     A Fetch that gets no units before its deadline stops waiting and is answered with what it
     has, as Kafka's purgatory answers an expired Fetch. A block is timed from when its units
     are taken, ends by the deadline, and is never ``BLOCK 0`` (for ever).
+
+    A slot group whose wait fails unreached (``_UNAVAILABLE``: on a cluster, its slot lost its
+    master while the Fetch waited) is logged and no longer waited on; the others are, and the
+    read that follows the wait answers its partitions by themselves (NOT_LEADER_OR_FOLLOWER
+    while the slot is down). It failed the whole Fetch: every partition NOT_LEADER_OR_FOLLOWER,
+    the records that came meanwhile to the others not sent. Only when every group's wait has
+    failed so (Redis itself unreachable) is the first failure raised, as before.
     """
     loop = asyncio.get_running_loop()
     if not wanted or deadline <= loop.time():
@@ -490,18 +497,31 @@ async def _wait_for_records(state: GatewayState, wanted: list[tuple[str, int, in
     state.fetch_waiting += 1
     try:
         while (left_s := deadline - loop.time()) > 0:
-            if not await units.take(per_round, left_s):
+            taken = per_round
+            if not await units.take(taken, left_s):
                 return  # no units before max_wait: answer with what there is
             try:
                 block_ms = min(int((deadline - loop.time()) * 1000), state.block_limit_ms)
                 if rotating:
                     block_ms = min(block_ms, ROTATION_BLOCK_MS)
-                these = [groups[(turn + i) % len(groups)] for i in range(per_round)]
-                turn = (turn + per_round) % len(groups)
-                if block_ms < 1 or await _xread_any(state, these, block_ms):
+                these = [groups[(turn + i) % len(groups)] for i in range(taken)]
+                turn = (turn + taken) % len(groups)
+                failed: dict[int, BaseException] = {}
+                if block_ms < 1 or await _xread_any(state, these, block_ms, failed):
                     return
             finally:
-                units.give(per_round)
+                units.give(taken)
+            if failed:
+                gone = [these[i] for i in failed]
+                groups = [g for g in groups if all(g is not f for f in gone)]
+                first = next(iter(failed.values()))
+                if not groups:
+                    reraise_as_rcoord("fetch wait", first)
+                    raise first
+                log_unreached(state, "Fetch", first)
+                per_round = min(len(groups), MAX_SLOT_WAITS, units.units)
+                rotating = per_round < len(groups)
+                turn %= len(groups)
     finally:
         state.fetch_waiting -= 1
 
@@ -521,20 +541,27 @@ UNKNOWN_SERVER_ERROR (below Fetch v7, on each partition: kafka-python raises it 
 ``poll()``). Another reply is raised as it came."""
 
 
-async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int) -> bool:
+async def _xread_any(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int,
+                     failed: dict[int, BaseException]) -> bool:
     """One ``XREAD BLOCK`` per slot group given; True once one returned something (or failed
-    with an error other than ``_UNAVAILABLE``: the read that follows the wait reports it)."""
+    with an error other than ``_UNAVAILABLE``: the read that follows the wait reports it). A
+    group whose wait failed with ``_UNAVAILABLE`` is put in ``failed`` (its index in
+    ``by_slot``, with its failure) and the others are waited on."""
     try:
         if len(by_slot) == 1:
-            return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
-        return await _xread_first(state, by_slot, block_ms)
+            try:
+                return bool(await state.redis.xread(by_slot[0], count=1, block=block_ms))
+            except _UNAVAILABLE as exc:
+                failed[0] = exc
+                return False
+        return await _xread_first(state, by_slot, block_ms, failed)
     except _NOT_NOW as exc:
         reraise_as_rcoord("fetch wait", exc)
         raise
 
 
-async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int
-                       ) -> bool:
+async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block_ms: int,
+                       failed: dict[int, BaseException]) -> bool:
     waits = [asyncio.ensure_future(state.redis.xread(streams, count=1, block=block_ms))
              for streams in by_slot]
     try:
@@ -543,8 +570,9 @@ async def _xread_first(state: GatewayState, by_slot: list[dict[str, str]], block
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for w in done:
                 if isinstance(exc := w.exception(), _UNAVAILABLE):
-                    raise exc
-            if any(w.exception() is not None or w.result() for w in done):
+                    failed[waits.index(w)] = exc
+            if any(not isinstance(w.exception(), _UNAVAILABLE)
+                   and (w.exception() is not None or w.result()) for w in done):
                 return True
         return False
     finally:
