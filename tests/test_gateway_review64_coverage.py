@@ -141,3 +141,83 @@ def test_a_parked_fetch_whose_wait_meets_a_slot_losing_its_master_waits_on_the_o
     assert parts[0].error_code.value == Errors.NONE
     assert [r.value for r in fetched_records(bytes(parts[0].records))] == [b"b"]
     assert parts[1].error_code.value == NOT_LEADER_OR_FOLLOWER
+
+
+def _groups_apart(cluster: Any, namespace: str) -> tuple[str, str, str]:
+    """A group's key (to take its slot down), that group, and a group on another slot."""
+    client = cluster.client()
+    try:
+        settle_fast_groups(client, namespace)
+        Topics(client, namespace).create("u", 1)
+        n = CoordinatorConfig(namespace=namespace).num_partitions
+        down = GroupKeys.of(namespace, n, "g").group
+        other = next(g for g in (f"h{i}" for i in range(1000))
+                     if client.keyslot(GroupKeys.of(namespace, n, g).group)
+                     != client.keyslot(down))
+    finally:
+        client.close()
+    return down, "g", other
+
+
+def _commit(gw: GatewayThread, group: str) -> None:
+    answer = call_once(gw, 8, 8, {
+        "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+        "topics": [{"name": "u", "partitions": [{"partition_index": 0, "committed_offset": 3}]}]})
+    assert _codes(answer) == {"u": Errors.NONE}
+
+
+def test_describe_groups_answers_a_group_whose_slot_is_unserved_by_itself(own_cluster,
+                                                                          namespace):
+    """DescribeGroups names several groups (Kafka's admin client sends all a coordinator's
+    groups in one). One group's slot unserved failed the request for every group
+    (COORDINATOR_NOT_AVAILABLE); as Kafka answers by group, that group alone is."""
+    key, down, other = _groups_apart(own_cluster, namespace)
+    gw = GatewayThread(own_cluster.url, namespace).start()
+    try:
+        _commit(gw, other)
+        with _unserved(own_cluster, key):
+            described = call_once(gw, 15, 5, {"groups": [down, other],
+                                              "include_authorized_operations": False})
+    finally:
+        gw.stop()
+    by_id = {g.group_id: g for g in described.groups}
+    assert by_id[down].error_code.value == Errors.COORDINATOR_NOT_AVAILABLE
+    assert (by_id[other].error_code.value, by_id[other].group_state) == (Errors.NONE, "Empty")
+
+
+def test_delete_groups_answers_a_group_whose_slot_is_unserved_by_itself(own_cluster,
+                                                                        namespace):
+    """DeleteGroups deleted its groups one after the other in one flow: a group whose slot
+    is unserved failed the whole request COORDINATOR_NOT_AVAILABLE, after the groups before
+    it were deleted (told retriable, their retry answered GROUP_ID_NOT_FOUND), and the groups
+    after it were not tried. Each group is answered its own."""
+    key, down, other = _groups_apart(own_cluster, namespace)
+    gw = GatewayThread(own_cluster.url, namespace).start()
+    try:
+        _commit(gw, other)
+        with _unserved(own_cluster, key):
+            deleted = call_once(gw, 42, 2, {"groups_names": [down, other]})
+    finally:
+        gw.stop()
+    codes = {r.group_id: r.error_code.value for r in deleted.results}
+    assert codes == {down: Errors.COORDINATOR_NOT_AVAILABLE, other: Errors.NONE}
+
+
+def test_an_offset_fetch_of_groups_answers_a_group_whose_slot_is_unserved_by_itself(
+        own_cluster, namespace):
+    """OffsetFetch v8 names several groups; one group's slot unserved failed every group's
+    fetch (COORDINATOR_NOT_AVAILABLE); the other group's offsets are answered."""
+    key, down, other = _groups_apart(own_cluster, namespace)
+    gw = GatewayThread(own_cluster.url, namespace).start()
+    try:
+        _commit(gw, other)
+        with _unserved(own_cluster, key):
+            fetched = call_once(gw, 9, 8, {"groups": [
+                {"group_id": g, "topics": [{"name": "u", "partition_indexes": [0]}]}
+                for g in (down, other)], "require_stable": False})
+    finally:
+        gw.stop()
+    by_id = {g.group_id: g for g in fetched.groups}
+    assert by_id[down].error_code.value == Errors.COORDINATOR_NOT_AVAILABLE
+    assert by_id[other].error_code.value == Errors.NONE
+    assert by_id[other].topics[0].partitions[0].committed_offset == 3

@@ -27,7 +27,7 @@ from ..protocol.admin import GroupDescription
 from ..state import GroupState
 from .acl import Operation, ResourceType
 from .api_meta import readable_partitions
-from .errors import GROUP_AUTHORIZATION_FAILED
+from .errors import GROUP_AUTHORIZATION_FAILED, UNREACHED, log_unreached
 from .registry import api
 from .state import Connection
 
@@ -63,8 +63,14 @@ async def describe_groups(conn: Connection, req: Any, version: int) -> dict[str,
                            "group_state": "", "protocol_type": "", "protocol_data": "",
                            "members": []})
             continue
-        d = await conn.state.coordinator.describe_group(gid) if may_exist(gid) \
-            else GroupDescription(Errors.NONE, gid, GroupState.DEAD.value)
+        try:
+            d = await conn.state.coordinator.describe_group(gid) if may_exist(gid) \
+                else GroupDescription(Errors.NONE, gid, GroupState.DEAD.value)
+        except UNREACHED as exc:
+            # This group alone (on a cluster, its slot with no master), as Kafka answers by
+            # group: it failed the request for every group named.
+            log_unreached(conn.state, f"DescribeGroups v{version} of {gid!r}", exc)
+            d = GroupDescription(Errors.COORDINATOR_NOT_AVAILABLE, gid, "")
         groups.append({
             "error_code": d.error, "group_id": d.group_id, "group_state": d.state,
             "protocol_type": d.protocol_type, "protocol_data": d.protocol_name,
@@ -99,9 +105,17 @@ async def delete_groups(conn: Connection, req: Any, version: int) -> dict[str, A
     allowed = [g for g in names if conn.may(Operation.DELETE, ResourceType.GROUP, g)]
     results: dict[str, int] = {g: GROUP_AUTHORIZATION_FAILED for g in names if g not in allowed}
     results.update((g, Errors.GROUP_ID_NOT_FOUND) for g in allowed if not may_exist(g))
-    allowed = [g for g in allowed if g not in results]
-    if allowed:
-        results.update(await conn.state.coordinator.delete_groups(allowed))
+    for gid in dict.fromkeys(g for g in allowed if g not in results):
+        # One group at a time (each was its own script call already), each failure to reach
+        # it answered for it alone, as Kafka answers by group: in one call, a group whose
+        # slot had no master failed the whole request after the groups before it were
+        # deleted (told COORDINATOR_NOT_AVAILABLE, their retry GROUP_ID_NOT_FOUND), and the
+        # groups after it were not tried.
+        try:
+            results.update(await conn.state.coordinator.delete_groups([gid]))
+        except UNREACHED as exc:
+            log_unreached(conn.state, f"DeleteGroups v{version} of {gid!r}", exc)
+            results[gid] = Errors.COORDINATOR_NOT_AVAILABLE
     return {"throttle_time": 0, "results": [{"group_id": gid, "error_code": results[gid]}
                                             for gid in dict.fromkeys(names)]}
 

@@ -34,7 +34,12 @@ from ..topics.incarnation import created_times_async, older_than_their_topic, to
 from .acl import Operation, ResourceType
 from .api_admin import may_exist
 from .api_meta import readable_partitions
-from .errors import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
+from .errors import (
+    GROUP_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNREACHED,
+    log_unreached,
+)
 from .registry import api
 from .state import Connection
 from .wire import millis
@@ -178,6 +183,20 @@ async def _fetch_group(conn: Connection, group_id: str, topics: Any, version: in
     return {"group_id": group_id, "error_code": error, "topics": answered + refused}
 
 
+async def _fetch_group_alone(conn: Connection, group_id: str, topics: Any, version: int
+                             ) -> dict[str, Any]:
+    """One group of an OffsetFetch v8+, a failure to reach Redis for it (on a cluster, its
+    slot, or a slot of one of its topics, with no master) answered for that group alone,
+    COORDINATOR_NOT_AVAILABLE with no topics, as Kafka answers by group: it failed every group
+    of the request, so an admin client's listing of several groups' offsets got none."""
+    try:
+        return await _fetch_group(conn, group_id, topics, version)
+    except UNREACHED as exc:
+        log_unreached(conn.state, f"OffsetFetch v{version} of {group_id!r}", exc)
+        return {"group_id": group_id, "error_code": Errors.COORDINATOR_NOT_AVAILABLE,
+                "topics": []}
+
+
 def _asked(topic: Any, offsets: dict[TopicPartition, OffsetAndMetadata]
            ) -> Iterator[tuple[int, OffsetAndMetadata]]:
     """Each partition index of an OffsetFetch topic with its offset, twice if it is named
@@ -243,6 +262,6 @@ def _fetched(parts: Iterable[tuple[int, OffsetAndMetadata]]) -> Iterator[dict[st
 async def offset_fetch(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if version >= 8:
         return {"throttle_time": 0, "groups": [
-            await _fetch_group(conn, g.group_id, g.topics, version) for g in req.groups]}
+            await _fetch_group_alone(conn, g.group_id, g.topics, version) for g in req.groups]}
     one = await _fetch_group(conn, req.group_id, req.topics, version)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
