@@ -221,3 +221,30 @@ def test_an_offset_fetch_of_groups_answers_a_group_whose_slot_is_unserved_by_its
     assert by_id[down].error_code.value == Errors.COORDINATOR_NOT_AVAILABLE
     assert by_id[other].error_code.value == Errors.NONE
     assert by_id[other].topics[0].partitions[0].committed_offset == 3
+
+
+def test_delete_records_answers_a_partition_whose_slot_is_unserved_by_itself(own_cluster,
+                                                                             namespace):
+    """DeleteRecords removes a topic's partitions in one call, which failed on the partition
+    whose slot has no master after the other partition's records were removed: both were
+    answered REQUEST_TIMED_OUT. The served partition is answered its new log start; the
+    unserved one alone REQUEST_TIMED_OUT."""
+    client = own_cluster.client()
+    try:
+        settle_fast_groups(client, namespace)
+        Topics(client, namespace).create("t", 2)
+        producer = Producer(client, namespace, idempotent=False)
+        for p in (0, 1):
+            producer.send("t", b"a", partition=p)
+    finally:
+        client.close()
+    gw = GatewayThread(own_cluster.url, namespace).start()
+    try:
+        with _unserved(own_cluster, partition_key(namespace, "t", 1)):
+            deleted = call_once(gw, 21, 2, {"topics": [{"name": "t", "partitions": [
+                {"partition_index": p, "offset": -1} for p in (0, 1)]}], "timeout_ms": 5000})
+    finally:
+        gw.stop()
+    parts = {p.partition_index: (p.error_code.value, p.low_watermark)
+             for p in deleted.topics[0].partitions}
+    assert parts == {0: (Errors.NONE, 1), 1: (Errors.REQUEST_TIMED_OUT, -1)}

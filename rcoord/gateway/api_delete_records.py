@@ -7,7 +7,8 @@ TOPIC_AUTHORIZATION_FAILED), a topic or partition that does not exist UNKNOWN_TO
 (OFFSET_OUT_OF_RANGE past the log end; the new log start, the ``low_watermark``, otherwise);
 -1 for the low watermark of every error. A partition named twice is answered once, with the
 last offset given, as Kafka's request map keeps it. A topic whose call cannot reach Redis is
-REQUEST_TIMED_OUT on its partitions alone. A partition the log cannot serve (a stream whose last
+REQUEST_TIMED_OUT on its partitions alone, and a partition of it Redis cannot reach (its slot
+with no master) on itself alone. A partition the log cannot serve (a stream whose last
 id an XADD by hand made its own) is UNKNOWN_SERVER_ERROR, and the gateway logs why and what
 mends it, which DeleteRecords has no field to carry.
 """
@@ -51,6 +52,18 @@ def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[in
     return out
 
 
+async def _topic_reached(state: GatewayState, name: str) -> bool:
+    """Whether the topic's own keys (its partition count) can be read: else its partitions
+    are not asked one by one, each to fail the same way (Redis itself unreachable)."""
+    try:
+        await state.blocking(state.topics.partition_count, name)
+    except UNREACHED:
+        return False
+    except TopicError:
+        pass  # (deleted meanwhile: each partition's call answers it)
+    return True
+
+
 @api(21, "DeleteRecords", 0, 2)
 async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
@@ -66,7 +79,24 @@ async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, 
             return await state.blocking(_delete, state, name, offsets)
         except UNREACHED as exc:
             log_unreached(state, f"topic {name!r}", exc)
-            return dict.fromkeys(offsets, (Errors.REQUEST_TIMED_OUT.value, -1))
+            if len(offsets) < 2 or not await _topic_reached(state, name):
+                return dict.fromkeys(offsets, (Errors.REQUEST_TIMED_OUT.value, -1))
+        # One partition Redis could not reach (on a cluster, its slot with no master) failed
+        # the topic's call after the others' records were removed: every partition was
+        # REQUEST_TIMED_OUT. Each is asked again alone (a removal done is done again with no
+        # effect), so that only the unreached ones are, as Kafka answers by partition.
+        alone = await asyncio.gather(*(state.blocking(_delete, state, name, {p: offset})
+                                       for p, offset in offsets.items()),
+                                     return_exceptions=True)
+        out: dict[int, tuple[int, int]] = {}
+        for p, res in zip(offsets, alone, strict=True):
+            if isinstance(res, UNREACHED):
+                out[p] = (Errors.REQUEST_TIMED_OUT.value, -1)
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                out.update(res)
+        return out
 
     answers = await asyncio.gather(*(one(name, offsets) for name, offsets in wanted.items()))
     return {"throttle_time": 0, "topics": [
