@@ -225,3 +225,88 @@ def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
         starting.thread.join(STOP_WAIT_S)
         svc.stop()
         client.close()
+
+
+def test_the_stop_watchdog_shuts_no_socket_once_the_lease_release_began(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """The stop's watchdog shuts the client's sockets under a timer loop held in a call; that
+    call then fails, the loop ends, ``run()`` returns and the caller's ``stop()`` releases the
+    leases. Before, the watchdog went on with the shut it was in the middle of (or began one
+    more, the loop having ended just after its last look), under the release's connection
+    just taken: the release failed and the leases waited a TTL for another coordinator. Here
+    the watchdog's shut is held (the point where the loop ends under it) until the release
+    has begun or waits for the watchdog's lock; no shut may run while the release does."""
+    from rcoord.keys import PartitionKeys
+    from rcoord.service import service as service_module
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="release-kept",
+        lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
+    clock = _HeldClock(svc)
+    # ``step``: the release began (before) or waits for the watchdog's lock (now).
+    step, shut_done = threading.Event(), threading.Event()
+    releasing, released = threading.Event(), threading.Event()
+    overlaps: list[str] = []
+    shuts = 0
+    real_disconnect = service_module.disconnect_all
+    real_release = svc.leases.release_all
+
+    def disconnect_all(client: Any) -> None:
+        nonlocal shuts
+        shuts += 1
+        if shuts == 1:
+            clock.let_go()  # the held call comes back (as the shut fails it): the loop ends
+            step.wait(STOP_WAIT_S)
+        if releasing.is_set() and not released.is_set():
+            overlaps.append(f"shut {shuts} during the release")
+        real_disconnect(client)
+        shut_done.set()
+
+    def release_all(*args: Any, **kwargs: Any) -> None:
+        releasing.set()
+        step.set()
+        shut_done.wait(STOP_WAIT_S)
+        try:
+            real_release(*args, **kwargs)
+        finally:
+            released.set()
+
+    class WatchedLock:
+        """The watchdog's lock, saying when the release thread asks for it."""
+
+        def __init__(self, lock: Any) -> None:
+            self._lock = lock
+
+        def __enter__(self) -> Any:
+            if threading.current_thread().name == "rcoord-leave":
+                step.set()
+            return self._lock.__enter__()
+
+        def __exit__(self, *exc: object) -> Any:
+            return self._lock.__exit__(*exc)
+
+    service_module.disconnect_all = disconnect_all  # type: ignore[assignment]
+    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    svc._interrupting = WatchedLock(svc._interrupting)  # type: ignore[assignment]
+    client = own_server.client()
+
+    def run_then_stop() -> None:  # (as the CLI does)
+        svc.run()
+        svc.stop()
+
+    try:
+        runner = InThread(run_then_stop)
+        wait_until(lambda: bool(svc.leases.owned))
+        clock.catch()
+        svc._stop.set()
+        runner.thread.join(STOP_WAIT_S)
+        assert not runner.thread.is_alive()
+        assert shuts >= 1 and released.is_set()
+        assert overlaps == []
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        service_module.disconnect_all = real_disconnect
+        client.close()
+        _stop_after(svc, clock)

@@ -220,9 +220,12 @@ class CoordinatorService:
         ``left``)."""
         self._loop_error: BaseException | None = None
         self._interrupting = threading.Lock()
-        """Held by the stop's watchdog while it shuts the sockets, and by ``run()`` while it
-        leaves the loop behind: no socket is shut after that (``stop()`` releases the leases
-        through them)."""
+        """Held by the stop's watchdog while it shuts the sockets, by ``run()`` while it
+        leaves the loop behind, and by ``_leave`` as the lease release begins: no socket is
+        shut after either (``stop()`` releases the leases through them)."""
+        self._releasing = False
+        """The stop's lease release has begun (``_leave``): the watchdog shuts no more
+        sockets."""
         self._timer_thread: threading.Thread | None = None
         """The thread ``run()`` runs the timer loop on."""
         self._interrupted = False
@@ -472,7 +475,14 @@ class CoordinatorService:
 
     def _leave(self, release: bool) -> None:
         """Log the events since the last look (so a stop loses no transition or expiry; not on
-        a failed start: the leases may not have been logged yet), then release the leases."""
+        a failed start: the leases may not have been logged yet), then release the leases.
+
+        The stop's watchdog (``_interrupt_when_stopped``) is ended first, under its lock: it
+        may be shutting the sockets at the moment the timer loop ends (and ``run()`` returns,
+        and the caller's ``stop()`` begins), and it shut the connection the release had just
+        taken; the leases then waited a TTL before another coordinator took them."""
+        with self._interrupting:
+            self._releasing = True
         if self._interrupted:
             # The calls the stop failed on purpose must not leave healthy nodes unasked.
             forget_failures(self._client)
@@ -504,10 +514,11 @@ class CoordinatorService:
             self.listener.halt()
         while True:
             with self._interrupting:
-                if self._loop_left.is_set():
-                    # ``run()`` returned without the loop: ``stop()``'s lease release goes
-                    # through these connections now. (Before, the watchdog went on shutting
-                    # them under it, every 100 ms, for as long as the loop's call lasted.)
+                if self._loop_left.is_set() or self._releasing:
+                    # ``run()`` returned without the loop, or the stop's lease release has
+                    # begun: it goes through these connections now. (Before, the watchdog
+                    # went on shutting them under it, every 100 ms, for as long as the loop's
+                    # call lasted; or once more, when the loop ended during a shut.)
                     return
                 try:
                     disconnect_all(self._client)
