@@ -17,6 +17,12 @@ failure that says Redis cannot run anything now (unreachable, out of memory, rea
 pass, since every other topic would meet it too (each perhaps after a socket timeout); on a
 cluster the topics of the other nodes go on. The stop event is checked between topics, and
 between the scan rounds of a topic's trim.
+
+While a slot of a cluster has no master (a master lost with no replica to promote), the
+cluster client refuses to list every master (``connect.refuse_partial_listing``: the listing
+would leave out that slot's topics). A pass then lists the masters one by one
+(``_list_by_master``) and trims the topics found there: those of the served slots are trimmed
+on time, and the pass is logged as failed, naming the slots with no master.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 
 import redis.cluster
 
+from ..connect import partial_listing
 from ..errors import Errors
 from ..partitioning import partition_for
 from ..topics import TopicError, Topics, meta_key
@@ -94,7 +101,7 @@ class RetentionKeeper:
             self._metrics.retention_passes.labels("ok").inc()
             return 0
         try:
-            names = self._topics.list()
+            names, unlisted = self._list()
             mine = [t for t in names if partition_for(t, self._n) in owned]
             settings, failed_read = self._with_retention(mine)
         except Exception as exc:  # noqa: BLE001 - logged; the next pass tries again
@@ -142,13 +149,52 @@ class RetentionKeeper:
                             "event": "retention_error", "id": self._id, "failed": failures,
                             "topic": first_error[0], "why": first_error[1],
                             "retry_in_ms": self.interval_ms})
-        else:
+        if unlisted:
+            if not failures:
+                self._metrics.retention_passes.labels("failed").inc()
+            log.warning("the topics of %s were not listed; trying again next pass",
+                        ", ".join(what for what, _ in unlisted), extra={
+                            "event": "retention_error", "id": self._id,
+                            "unlisted": [what for what, _ in unlisted],
+                            "why": str(unlisted[0][1]), "retry_in_ms": self.interval_ms})
+        if not failures and not unlisted:
             self._metrics.retention_passes.labels("ok").inc()
         log.debug("retention pass", extra={
             "event": "retention_pass", "id": self._id, "topics": len(names), "on_leases": len(mine),
             "with_retention": len(settings), "applied": applied, "failed": failures,
             "took_ms": took_ms})
         return applied
+
+    def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
+        """The topic names, and what could not be listed (what, why): nothing, unless a slot of
+        a cluster has no master (``_list_by_master``)."""
+        try:
+            return self._topics.list(), []
+        except Exception as exc:
+            if self._single_node or not partial_listing(self._client.nodes_manager, "SCAN"):
+                raise
+            return self._list_by_master(exc)
+
+    def _list_by_master(self, refused: BaseException
+                        ) -> tuple[list[str], list[tuple[str, BaseException]]]:
+        """The topics on each master, listed through its own client while the cluster client
+        refuses a listing of every master (``refused``: a slot has no master). Before, the
+        whole pass was skipped, and no topic was trimmed for as long as the slot had no
+        master: their streams grew past their retention on the healthy masters too. Topics
+        are found on the masters that answer (a master that fails is named, with its error);
+        those of the slots with no master are not, and are named too. Raises when no master
+        answered."""
+        names: set[str] = set()
+        unlisted: list[tuple[str, BaseException]] = [("the slots with no master", refused)]
+        masters = self._client.get_primaries()
+        for node in masters:
+            try:
+                names.update(Topics(self._client.get_redis_connection(node), self._ns).list())
+            except NODE_FAILURES as exc:
+                unlisted.append((node.name, exc))
+        if len(unlisted) > len(masters):
+            raise unlisted[-1][1]
+        return sorted(names), unlisted
 
     def _with_retention(self, topics: Sequence[str]) -> tuple[list[str], list[tuple[str, BaseException]]]:
         """The topics that have a retention setting (in order), and those whose settings could
