@@ -252,6 +252,11 @@ class CoordinatorService:
         ends (``stop``)."""
         self._stopped_by_start = False
         """That start did: the stop waiting for it has nothing left to do."""
+        self._starting_on: int | None = None
+        """The thread running ``start()`` (its ident), while it does: a ``stop()`` on that
+        thread (a program's signal handler) is left to the start (``stop``)."""
+        self._stopped = False
+        """``_stop_now`` has begun: it runs once."""
         self.exit_code = 0
         self._hinted: set[int] = set()
         self._resync_due = False
@@ -264,6 +269,7 @@ class CoordinatorService:
         """Connect, settle, start listening and leasing. A start that fails part way closes
         what it opened (listener threads would otherwise reconnect forever)."""
         with self._starting:
+            self._starting_on = threading.get_ident()
             try:
                 started = self._connect_and_start()
             except BaseException:
@@ -274,6 +280,8 @@ class CoordinatorService:
                 # claimed id, ``StoppedBeforeClaim``.)
                 self._stopped_by_start = self._stop_called
                 raise
+            finally:
+                self._starting_on = None
             if self._stop_called:
                 # A stop() came while this start ran: it waits for this (``stop``), or has
                 # returned if this took longer than its grace.
@@ -390,10 +398,25 @@ class CoordinatorService:
         released them (held until they lapsed). It waits ``STOP_GRACE_MS`` at most (a start in
         a call that a node does not answer, through a client passed in without a socket
         timeout, may not end): then it returns, and the start undoes what it did as it ends.
-        (An ``RLock``: a program's signal handler that calls it on the thread running
-        ``start()`` does not wait for itself.)"""
+
+        From a program's signal handler (which Python runs on the main thread, between two
+        steps of whatever that thread is doing): on the thread running ``start()`` it only
+        sets the stop flag, and the start stops what it started as it ends (or, waiting for a
+        claimed id, ends at once); before, it shut the service down in the middle of the start,
+        which then went on starting the listener and the threads, and shut down again. Once a
+        stop has begun, another (a second signal while the stop runs on that thread) returns
+        at once: before, it began the stop again, and waited for ever for the client-closing
+        or listener lock the interrupted stop held. The flag itself is an ``Event``: the
+        handler leaves it alone once set, but a handler that fires while the thread is inside
+        the flag's own wait (``start()`` waiting for a claimed id) may still hang in the rare
+        moment that thread holds the flag's lock. The ``rcoord coordinator`` command is never
+        exposed to that: its handler only writes to a pipe, and a thread of its own sets the
+        flag (``cli.SignalStop``); a program's handler may do the same."""
         self._stop_called = True
-        self._stop.set()
+        if not self._stop.is_set():  # (``set()`` takes the lock the interrupted thread may hold)
+            self._stop.set()
+        if self._starting_on == threading.get_ident():
+            return  # a signal handler on the start's thread: the start stops as it ends
         if not self._starting.acquire(timeout=STOP_GRACE_MS / 1000):
             log.warning("stop(): the start is still in a call; it stops what it started as it "
                         "ends", extra={"event": "stop_left_to_start",
@@ -408,6 +431,11 @@ class CoordinatorService:
             self._starting.release()
 
     def _stop_now(self) -> None:
+        """Shut down (once: a ``stop()`` from a signal handler that fires while this runs on
+        the same thread returns at once, ``stop``)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._shut_down(release=False)
         log.info("coordinator stopped", extra={"event": "stopped", "id": self.config.coordinator_id})
 
