@@ -1,11 +1,12 @@
-"""Retention passes while one slot of a cluster has no master (a master lost with no replica
-to promote, under ``cluster-require-full-coverage no``).
+"""Retention passes while a master of a cluster is down, or one slot has no master (under
+``cluster-require-full-coverage no``).
 
-The cluster client refuses a listing of every master then (``connect.refuse_partial_listing``),
-and a pass began with one: every pass was skipped, and no topic was trimmed, on any master,
-for as long as the slot had no master. Kafka's broker applies the retention of the logs it
-leads whatever happens to the others. A pass now lists the masters one by one and trims the
-topics of the served slots; it is still counted and logged as failed.
+A pass began with a listing of every master through the cluster client, which fails on the
+dead master (still the master of its slots in the slot map) or is refused while a slot has
+no master (``connect.refuse_partial_listing``): every pass was skipped, and no topic was
+trimmed on any master for as long as that lasted. Kafka's broker applies the retention of the
+logs it leads whatever happens to the others. A pass now lists the masters one by one and
+trims the topics of those that answer; it is still counted and logged as failed.
 """
 
 from __future__ import annotations
@@ -65,3 +66,54 @@ def test_a_pass_trims_the_topics_of_the_served_slots_while_a_slot_has_no_master(
         assert _passes(metrics, "ok") == 1
     finally:
         client.close()
+
+
+def test_a_pass_trims_the_topics_of_the_other_masters_while_one_is_killed(
+        namespace: str, caplog: Any) -> None:
+    """A master killed with no replica to promote: its slots keep it as their master in the
+    slot map, so the listing through the cluster client failed on it, and so did every pass,
+    for good."""
+    import os
+    import signal
+
+    from harness import partial_coverage_cluster
+
+    caplog.set_level(logging.WARNING, logger="rcoord.service")
+    with partial_coverage_cluster() as cluster:
+        client = connect(cluster.url, socket_timeout=5)
+        try:
+            victim = cluster.nodes[0]
+            on_victim = {int(victim.port)}
+
+            def port(key: str) -> int:
+                return int(client.get_node_from_key(key).port)
+
+            topics = Topics(client, namespace)
+            producer = Producer(client, namespace)  # (its id taken now: its key may be lost)
+            names = [f"t{i}" for i in range(12)]
+            for name in names:
+                topics.create(name, 1, retention_records=2)
+                producer.send_batch(
+                    name, [ProducerRecord(b"v%d" % i, partition=0) for i in range(4)])
+            kept = [t for t in names if not {port(meta_key(namespace, t)),
+                                             port(partition_key(namespace, t, 0))} & on_victim]
+            assert kept and len(kept) < len(names)
+            metrics = Metrics()
+            keeper = RetentionKeeper(client, namespace, N, metrics, lambda: set(range(N)),
+                                     60_000, threading.Event(), "c1")
+            # A pass before the master dies (its scripts loaded on every master: a script
+            # load goes to every master, and fails with one dead, rcoord.topics._Lua).
+            assert keeper.run_once() == len(names)
+            assert [log_offsets(client, namespace, t, 0) for t in names] == [(2, 4)] * len(names)
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGKILL)
+            for name in kept:
+                producer.send_batch(
+                    name, [ProducerRecord(b"w%d" % i, partition=0) for i in range(2)])
+            assert keeper.run_once() == len(kept)
+            assert [log_offsets(client, namespace, t, 0) for t in kept] == [(4, 6)] * len(kept)
+            assert _passes(metrics, "failed") == 1
+            assert any(f"127.0.0.1:{victim.port}" in r.getMessage() for r in caplog.records
+                       if getattr(r, "event", None) == "retention_error")
+        finally:
+            client.close()

@@ -18,11 +18,12 @@ pass, since every other topic would meet it too (each perhaps after a socket tim
 cluster the topics of the other nodes go on. The stop event is checked between topics, and
 between the scan rounds of a topic's trim.
 
-While a slot of a cluster has no master (a master lost with no replica to promote), the
-cluster client refuses to list every master (``connect.refuse_partial_listing``: the listing
-would leave out that slot's topics). A pass then lists the masters one by one
-(``_list_by_master``) and trims the topics found there: those of the served slots are trimmed
-on time, and the pass is logged as failed, naming the slots with no master.
+While a master of a cluster fails (killed, with no replica to promote), or a slot has no
+master (the cluster client then refuses to list every master,
+``connect.refuse_partial_listing``: the listing would leave out that slot's topics), a pass
+lists the masters one by one (``_list_by_master``) and trims the topics found there: those of
+the masters that answer are trimmed on time, and the pass is logged as failed, naming what was
+not listed.
 """
 
 from __future__ import annotations
@@ -166,34 +167,41 @@ class RetentionKeeper:
         return applied
 
     def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
-        """The topic names, and what could not be listed (what, why): nothing, unless a slot of
-        a cluster has no master (``_list_by_master``)."""
+        """The topic names, and what could not be listed (what, why): nothing, unless the
+        listing of every master of a cluster failed (``_list_by_master``)."""
         try:
             return self._topics.list(), []
-        except Exception as exc:
-            if self._single_node or not partial_listing(self._client.nodes_manager, "SCAN"):
+        except NODE_FAILURES as exc:
+            if self._single_node:
                 raise
-            return self._list_by_master(exc)
+            refused = partial_listing(self._client.nodes_manager, "SCAN")
+            return self._list_by_master(exc if refused else None)
 
-    def _list_by_master(self, refused: BaseException
+    def _list_by_master(self, refused: BaseException | None
                         ) -> tuple[list[str], list[tuple[str, BaseException]]]:
-        """The topics on each master, listed through its own client while the cluster client
-        refuses a listing of every master (``refused``: a slot has no master). Before, the
-        whole pass was skipped, and no topic was trimmed for as long as the slot had no
-        master: their streams grew past their retention on the healthy masters too. Topics
-        are found on the masters that answer (a master that fails is named, with its error);
-        those of the slots with no master are not, and are named too. Raises when no master
-        answered."""
+        """The topics on each master, listed through its own client, when the cluster client's
+        listing of every master failed: a master fails, or the client refuses (``refused``: a
+        slot has no master). Before, the whole pass was skipped, and no topic was trimmed
+        for as long as that lasted (with a master lost and no replica, for good): streams
+        grew past their retention on the healthy masters too. Topics are found on the
+        masters that answer (one that fails is named, with its error); those of the slots
+        with no master are not, and are named too. Raises when no master answered."""
         names: set[str] = set()
-        unlisted: list[tuple[str, BaseException]] = [("the slots with no master", refused)]
+        unlisted: list[tuple[str, BaseException]] = []
+        if refused is not None:
+            unlisted.append(("the slots with no master", refused))
         masters = self._client.get_primaries()
+        failed = 0
         for node in masters:
+            if self._stop.is_set():
+                break  # (a hung master costs a socket timeout: the stop does not wait for it)
             try:
                 names.update(Topics(self._client.get_redis_connection(node), self._ns).list())
             except NODE_FAILURES as exc:
+                failed += 1
                 unlisted.append((node.name, exc))
-        if len(unlisted) > len(masters):
-            raise unlisted[-1][1]
+        if failed == len(masters):
+            raise unlisted[-1][1] if unlisted else ConnectionError("no master to list")
         return sorted(names), unlisted
 
     def _with_retention(self, topics: Sequence[str]) -> tuple[list[str], list[tuple[str, BaseException]]]:
