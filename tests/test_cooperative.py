@@ -85,6 +85,13 @@ def test_cooperative_sticky_withholds_moved_partitions_then_hands_them_out() -> 
 # -- against a real server ----------------------------------------------------------------------
 
 
+LONG_MS = int(WAIT_S * 1000)
+"""The members' sessions and rebalances: as long as a wait. The tests judge every callback of
+every member, and a process stalled past a short session (CI's 2 CPUs beside a JVM; shown with a
+2.5 s hold of the GIL) had a member removed, its partitions lost and dealt anew. Nothing here
+waits for a session or a rebalance timeout to pass (members leave by close() or LeaveGroup)."""
+
+
 class Runner:
     """One consumer polled in its own thread; records (monotonic time, partition) per record."""
 
@@ -128,7 +135,7 @@ def env(make_coordinator: Any, redis_client: Any, namespace: str) -> Iterator[An
 
     def consumer(
         assignors: tuple[str, ...] = (COOP,), listener: Recorder | None = None, *,
-        session_timeout_ms: int = 1000, rebalance_timeout_ms: int = 3000, **kw: Any
+        session_timeout_ms: int = LONG_MS, rebalance_timeout_ms: int = LONG_MS, **kw: Any
     ) -> Runner:
         cfg = ConsumerGroupConfig(
             group_id="g",
@@ -197,13 +204,7 @@ def _stable(runners: list[Runner], n: int) -> bool:
 
 def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any) -> None:
     env.topics.create("t", 12)
-    # Sessions and rebalances as long as a wait: what is judged is each member's every
-    # callback, and a process stalled past a 1 s session (a loaded CI machine; shown with a
-    # 2.5 s hold of the GIL) had a member removed, its partitions lost and dealt anew.
-    # Nothing here waits for a session or a rebalance timeout to pass.
-    long_ms = int(WAIT_S * 1000)
-    timeouts = {"session_timeout_ms": long_ms, "rebalance_timeout_ms": long_ms}
-    first = [env.consumer(**timeouts) for _ in range(3)]
+    first = [env.consumer() for _ in range(3)]  # (sessions of LONG_MS, as every test's)
     wait_until(lambda: _stable(first, 12))  # 4 each: the group formed, callbacks all ran
     before = {id(r): _held(r) for r in first}
     marks = [len(r.listener.events) for r in first]
@@ -216,7 +217,7 @@ def test_a_joining_member_takes_partitions_without_stopping_the_others(env: Any)
     )
     feeder.start()
     try:
-        fourth = env.consumer(**timeouts)
+        fourth = env.consumer()
         wait_until(lambda: _stable([*first, fourth], 12))
         t_done = time.monotonic()
         wait_until(lambda: all(any(t > t_done for t, _ in r.seen) for r in first))
@@ -292,8 +293,8 @@ class SlowRevoker(Recorder):
 
 REJOIN_GRACE_S = 1.0
 """How long ``SlowRevoker`` gives a member to rejoin from inside the callback: well under the
-rebalance timeout (3 s, after which the coordinator would drop the member), and far above the
-few milliseconds a member that does not wait for the callback takes to rejoin."""
+rebalance timeout (``LONG_MS``, after which the coordinator would drop the member), and far
+above the few milliseconds a member that does not wait for the callback takes to rejoin."""
 
 
 def test_a_revoking_member_rejoins_only_after_on_partitions_revoked_returns(
@@ -512,8 +513,8 @@ def test_leader_refuses_an_assignor_that_moves_partitions_directly(
     def cfg() -> ConsumerGroupConfig:
         return ConsumerGroupConfig(
             group_id="g", topics=["t"], assignors=[bad], redis_client=redis_client,
-            namespace=namespace, heartbeat_interval_ms=50, session_timeout_ms=1000,
-            rebalance_timeout_ms=2000, join_backoff_ms=100, retry_backoff_ms=10,
+            namespace=namespace, heartbeat_interval_ms=50, session_timeout_ms=LONG_MS,
+            rebalance_timeout_ms=LONG_MS, join_backoff_ms=100, retry_backoff_ms=10,
         )
 
     other = ConsumerGroup(cfg())  # not started yet (entering a with block would start it)
