@@ -282,7 +282,7 @@ def test_one_coordinator_serves_successive_loops_after_a_function_flush(own_serv
         admin.close()
 
 
-def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
+def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace, monkeypatch):
     """A reviewer's repro: the error of the read the parked calls share went to every waiter,
     so one killed connection failed all five parked SyncGroups, where the blocking coordinator
     fails only the thread whose read it was. Now it fails one (the oldest) and the others read
@@ -290,8 +290,16 @@ def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    from rcoord import ConnectionLost
+    from rcoord import ConnectionLost, steps
     from rcoord.keys import GroupKeys
+
+    # The shared read blocks until the members' 30 s sessions are near, not for at most a
+    # second (MAX_BLOCK_MS, and half the client's socket timeout, 5 s by default): the
+    # connection seen blocked in XREAD is still that read's when it is killed. With reads
+    # ending every second, a kill that came later (the test's thread lagging the loop on a
+    # loaded machine) met a connection that read had left, a due check's (two followers
+    # failed) or an idle one, and the test did not judge what it is about.
+    monkeypatch.setattr(steps, "MAX_BLOCK_MS", 60_000)
 
     admin = own_server.client()
     GroupCoordinator(admin, CoordinatorConfig(
@@ -332,7 +340,8 @@ def test_one_failed_shared_read_fails_one_parked_call(own_server, namespace):
     try:
         # No retries, so the one killed read is an error and not quietly sent again.
         _run_closing(scenario, lambda: redis.asyncio.Redis(
-            host="127.0.0.1", port=own_server.port, retry=Retry(NoBackoff(), 0)))
+            host="127.0.0.1", port=own_server.port, retry=Retry(NoBackoff(), 0),
+            socket_timeout=120))
     finally:
         admin.close()
 
