@@ -81,7 +81,12 @@ def test_run_timers_expires_idle_members(make_coordinator, pool):
     import time
 
     coord = make_coordinator()
-    ids, results = _form(coord, "g-idle", 1, pool)
+    # A session and a rebalance (the wait for the SyncGroup) longer than a thread may lag
+    # between the join, the sync and the first run_timers on a loaded machine: with 200 and
+    # 300 ms, a late sync_group found the member gone already (removed by that call, not by
+    # run_timers). The session's end is waited for below, within 10 s.
+    ids, results = _form(coord, "g-idle", 1, pool, session_timeout_ms=2000,
+                         rebalance_timeout_ms=2000)
     coord.sync_group("g-idle", results[0].generation_id, ids[0], assignments={})
     keys = coord._keys("g-idle")
     deadline = time.monotonic() + 10
@@ -101,7 +106,10 @@ def redis_is_member(coord, keys, member_id):
 
 def test_scripts_survive_script_flush(make_coordinator, redis_client, pool):
     coord = make_coordinator()
-    ids, results = _form(coord, "g-flush", 1, pool)
+    # (A session no lag of a loaded machine outlasts: with 200 ms, the member was gone by the
+    # heartbeat, UNKNOWN_MEMBER_ID. The test is about the script cache.)
+    ids, results = _form(coord, "g-flush", 1, pool, session_timeout_ms=10_000,
+                         rebalance_timeout_ms=10_000)
     if isinstance(redis_client, redis.RedisCluster):
         for node in redis_client.get_primaries():
             redis_client.get_redis_connection(node).script_flush()
