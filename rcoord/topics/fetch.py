@@ -133,11 +133,16 @@ def _entry_bytes(entries: Sequence[Sequence[Any]]) -> int:
 
 
 def _answer(
-    key: str, offset: int, entries: Any, offsets: Any, decode: _Decode = decode_entries
+    key: str, offset: int, entries: Any, offsets: Any, decode: _Decode = decode_entries,
+    continued: bool = False,
 ) -> PartitionRecords[Any] | None:
     """The fetch answer from an XRANGE and the log offsets read after it on the same
     connection (``topic_offsets.lua``'s reply); None when the two reads saw different streams
     (deleted and re-created).
+
+    ``continued``: the read goes on right after records this fetch already read (a step of
+    ``_fetch_bounded``), so its first entry may lie past ``offset``, across a gap (entries
+    removed by hand, XDEL), as within one read that began before the gap.
 
     Why the two reads need no transaction: within one stream, the log start and end only grow
     and the record at an offset never changes, so the entries read first are still the records
@@ -162,7 +167,8 @@ def _answer(
         raise entries
     if entries is None:  # (XRANGE ... COUNT 0: a read of none, for the log offsets alone)
         entries = []
-    if entries and (_id_offset(entries[0][0]) != offset or _id_offset(entries[-1][0]) >= end):
+    if entries and ((_id_offset(entries[0][0]) != offset and not continued)
+                    or _id_offset(entries[-1][0]) >= end):
         return None
     try:
         records = decode(entries)
@@ -178,10 +184,17 @@ def _answer(
     return PartitionRecords(records, start, end, Errors.NONE, _entry_bytes(entries))
 
 
+class _After(int):
+    """A read's offset that goes on right after records the same fetch read (a step of
+    ``_fetch_bounded``): ``_answer`` lets its first entry lie past it, across a gap. (Marked on
+    the offset, so the reads keep their shape for ``_fetch_many`` and whoever wraps it.)"""
+
+
 def _fetch_many(
     client: Any, reads: list[tuple[str, int, int, _Decode]]
 ) -> list[PartitionRecords[Any]]:
-    """Fetch answers for ``(stream key, offset, max records, decode)`` reads, in one pipeline.
+    """Fetch answers for ``(stream key, offset, max records, decode)`` reads, in one pipeline;
+    an offset that is an ``_After`` continues records read (``_answer``'s ``continued``).
 
     Every read is an XRANGE then the log offsets (``topic_offsets.lua`` with the partition's
     mark: three small reads, where XINFO STREAM copied the first and last records, 2 MB a read
@@ -203,7 +216,8 @@ def _fetch_many(
         replies = pipe.execute(raise_on_error=False)
         for n, i in enumerate(todo):
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
-            results[i] = _answer(reads[i][0], reads[i][1], replies[2 * n], offsets, reads[i][3])
+            results[i] = _answer(reads[i][0], reads[i][1], replies[2 * n], offsets, reads[i][3],
+                                 isinstance(reads[i][1], _After))
             if results[i] is None:
                 found[i] = _id_offset(replies[2 * n][0][0])
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
@@ -323,13 +337,18 @@ def _fetch_bounded(
                 steps.append((i, count))
         if not steps:
             break
-        more = _fetch_many(client, [(reads[i][0], _next_offset(reads[i][1], answers[i].records),
+        # A step that goes on past records read is one read continued: a gap where it begins
+        # is crossed as within a read (``_answer``). Refused as a read that begins at a gap is
+        # (``_unmatched``), the fetch ended before it, and the caller's next read, which then
+        # began at it, failed where one that began earlier crossed it.
+        more = _fetch_many(client, [(reads[i][0], _step_offset(reads[i][1], answers[i].records),
                                      count, reads[i][3]) for i, count in steps])
         for (i, count), b in zip(steps, more, strict=True):
             asked[i], got[i] = count, len(b.records)
             if b.error != Errors.NONE:
                 # Trimmed past the next offset meanwhile, gone, or not readable there (an entry
-                # that is not a record, a gap: ``_unmatched``): keep what was read.
+                # that is not a record; a gap where a first read began: ``_unmatched``): keep
+                # what was read.
                 got[i] = -1
                 continue
             a = answers[i]
@@ -347,6 +366,12 @@ def _next_offset(offset: int, records: Sequence[Any]) -> int:
     stream's middle by hand, XDEL) hold fewer records than offsets, and a step that read on
     from that count read the records before it again, so a fetch answered them twice."""
     return records[-1].offset + 1 if records else offset
+
+
+def _step_offset(offset: int, records: Sequence[Any]) -> int:
+    """Where a step of a read that began at ``offset`` and gave ``records`` begins
+    (``_next_offset``): an ``_After`` once it gave records, so a gap there is crossed."""
+    return _After(records[-1].offset + 1) if records else offset
 
 
 def _first_reads(
