@@ -126,7 +126,8 @@ def _describe(ctx: Context) -> int:
     own description was read is left out, as if listed a moment later: it failed the whole
     command with UNKNOWN_TOPIC_OR_PARTITION naming a topic nobody asked for. A topic named
     twice is described once, as ``delete`` takes it once. A partition that cannot be read is
-    its error in the table, and why (its ``detail``) a note on stderr."""
+    its error in the table, and why (its ``detail``) a note on stderr, as is a topic marked for
+    deletion (JSON: ``marked_for_deletion``)."""
     admin = ctx.topics()
     if ctx.args.topics:
         descs = [admin.describe(name) for name in dict.fromkeys(ctx.args.topics)]
@@ -139,6 +140,12 @@ def _describe(ctx: Context) -> int:
                 if exc.error != Errors.UNKNOWN_TOPIC_OR_PARTITION:
                     raise
     for d in descs:
+        if d.marked_for_deletion:
+            # A delete that stopped partway (Kafka's "MarkedForDeletion: true"): its removed
+            # partitions were bare UNKNOWN_TOPIC_OR_PARTITION rows, with no word of why.
+            ctx.note(f"{d.name}: marked for deletion: a delete of it stopped partway (its "
+                     f"removed partitions answer UNKNOWN_TOPIC_OR_PARTITION); "
+                     f"`rcoord topics delete {d.name}` finishes it")
         for p in d.partitions:
             if p.detail:
                 # Why a partition cannot be read (a stream whose last id is not rcoord's) and
@@ -148,6 +155,7 @@ def _describe(ctx: Context) -> int:
     if ctx.json:
         print_json([{
             "topic": d.name, "partition_count": len(d.partitions), "created_ms": d.created_ms,
+            "marked_for_deletion": d.marked_for_deletion,
             **{c.field: getattr(d, c.field) for c in SETTINGS},
             "partitions": [{"partition": p.partition, "log_start_offset": p.log_start_offset,
                             "log_end_offset": p.log_end_offset,

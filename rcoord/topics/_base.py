@@ -116,6 +116,10 @@ class TopicDescription:
     create_token: str = ""
     """Unique per ``create`` call: a topic deleted and created again under the same name has a
     new one (its offsets start again at 0), so a reader can tell the two apart."""
+    marked_for_deletion: bool = False
+    """A ``delete`` of it began and has not finished (``deleting`` in its metadata; Kafka's
+    ``MarkedForDeletion``): a delete that stopped partway, whose removed partitions are
+    UNKNOWN_TOPIC_OR_PARTITION; ``delete`` again finishes it, ``create`` refuses it."""
 
 
 Header: TypeAlias = tuple[str, bytes | None]

@@ -374,6 +374,7 @@ class Topics:
             created_ms=int(meta.get(b"created_ms", 0)),
             **{c.field: _opt_int(meta.get(c.field.encode())) for c in SETTINGS},
             create_token=meta.get(b"create_token", b"").decode(),
+            marked_for_deletion=b"deleting" in meta,
         )
 
     @translate_redis_errors
