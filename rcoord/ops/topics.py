@@ -163,7 +163,9 @@ def _describe(ctx: Context) -> int:
                            for p in d.partitions],
         } for d in descs])
         return 0
-    # A setting's column shows its value on the topic, "-" when the default applies.
+    # A setting's column shows its value on the topic, "-" when the default applies. RECORDS is
+    # the offsets held (log end less start, summed): the records, but for entries an XDEL by
+    # hand removed from a stream's middle, which it still counts (docs/operations.md says so).
     print_table(["TOPIC", "PARTITIONS", *(c.field.upper().replace("_", "-") for c in SETTINGS),
                  "RECORDS"],
                 [(d.name, len(d.partitions), *(getattr(d, c.field) for c in SETTINGS),
