@@ -209,6 +209,7 @@ def _fetch_many(
     results: list[PartitionRecords[Any] | None] = [None] * len(reads)
     todo = list(range(len(reads)))
     found: dict[int, int] = {}  # the offset of the entry a read that did not fit began at
+    empty: set[int] = set()  # reads that found no entry before the log end
     for _ in range(_STALE_RETRIES):
         pipe = _pipeline(client)
         for i in todo:
@@ -218,18 +219,29 @@ def _fetch_many(
             offsets = _log_offsets_after(client, reads[i][0], replies[2 * n + 1])
             results[i] = _answer(reads[i][0], reads[i][1], replies[2 * n], offsets, reads[i][3],
                                  isinstance(reads[i][1], _After))
-            if results[i] is None:
+            got = results[i]
+            if got is None:
                 found[i] = _id_offset(replies[2 * n][0][0])
+                empty.discard(i)
+            elif (not got.records and got.error == Errors.NONE and reads[i][2] > 0
+                  and reads[i][1] < got.log_end_offset):
+                # No entry from the offset to the log end: a record appended between the two
+                # reads (or the stream replaced), which the next read finds, or entries removed
+                # up to the log end by hand (XDEL), answered as a gap (``_unmatched``). It was
+                # no records and no error, so a consumer there waited with a lag that never
+                # went, until an append made it a gap it was told of.
+                results[i], found[i] = None, got.log_end_offset
+                empty.add(i)
             replies[2 * n] = None  # let the raw entries go as soon as they are decoded
         todo = [i for i in todo if results[i] is None]
         if not todo:
             return [r for r in results if r is not None]
     for i in todo:
-        results[i] = _unmatched(reads[i][0], reads[i][1], found[i])
+        results[i] = _unmatched(reads[i][0], reads[i][1], found[i], i in empty)
     return [r for r in results if r is not None]
 
 
-def _unmatched(key: str, offset: int, found: int) -> PartitionRecords[Any]:
+def _unmatched(key: str, offset: int, found: int, end: bool = False) -> PartitionRecords[Any]:
     """The answer for a partition whose entries read from ``offset`` did not fit its log
     offsets in any of ``_STALE_RETRIES`` reads (the first began at offset ``found``): a stream
     edited by hand (an XDEL in its middle, which rcoord never makes, or an XADD with an id past
@@ -240,11 +252,14 @@ def _unmatched(key: str, offset: int, found: int) -> PartitionRecords[Any]:
     seek past it, and a reader that skips lost records (Spark's ``failOnDataLoss=false``)
     knows where to without parsing the detail; it raised TopicError
     (UNKNOWN_TOPIC_OR_PARTITION, "replaced") for the whole fetch, and so stalled every
-    partition read with it for as long as the gap was there."""
+    partition read with it for as long as the gap was there. A read that found no entry though
+    the log end is past ``offset`` in every read comes with ``found`` that log end (``end``):
+    the entries up to it were removed by hand."""
     past = f"seek to offset {found}" if found > offset else "seek past it"
+    first = f"the log end at offset {found}" if end else f"the first at offset {found}"
     return PartitionRecords([], -1, -1, Errors.UNKNOWN_SERVER_ERROR, next_offset=(
         found if found > offset else -1), detail=(
-        f"{key}: its entries read from offset {offset} (the first at offset {found}) do not fit "
+        f"{key}: its entries read from offset {offset} ({first}) do not fit "
         f"its log offsets in any of {_STALE_RETRIES} reads: an entry was removed from its "
         f"middle by hand (XDEL) or added with an id of its own; {past} to read on, or remove "
         f"the records up to there with Topics.delete_records"))
