@@ -159,26 +159,29 @@ def send_reloading(first: Callable[[], T], again: Callable[[], T], load: Callabl
 
 
 def route_fcall_locally(client: Any) -> None:
-    """Make a redis-py cluster client find an FCALL's slot from its first key, without a round
-    trip.
+    """Make a redis-py cluster client find an FCALL's (and a pipelined EVALSHA's) slot from its
+    first key, without a round trip.
 
-    redis-py knows where EVAL/EVALSHA keep their keys, but treats FCALL as a command with
-    "movable keys" and asks a server (``COMMAND GETKEYS``, on its default node) before every
-    call: a second round trip per step, and every call fails while that one node is down. All
-    keys of an rcoord function share one slot and there is always at least one, so the first
-    key decides. The change is made in the client's own command table (shared with its
-    pipelines; made again after redis-py reloads the table); a client without one is left
-    alone.
+    redis-py treats FCALL as a command with "movable keys" and asks a server (``COMMAND
+    GETKEYS``, on its default node) before every call: a second round trip per step, and every
+    call fails while that one node is down. Its client knows where EVALSHA keeps its keys, but
+    its cluster pipeline asks the default node the same way, so every pipeline of topic scripts
+    (appends to several partitions, fetches' log offsets) failed while that node was down,
+    though their keys' masters answered. All keys of an rcoord function or topic script share
+    one slot and there is always at least one, so the first key decides. The change is made in
+    the client's own command table (shared with its pipelines; made again after redis-py
+    reloads the table); a client without one is left alone.
     """
     parser = getattr(client, "commands_parser", None)
     commands = getattr(parser, "commands", None)
     if not isinstance(commands, dict):
         return
-    entry = commands.get("fcall")
-    if not isinstance(entry, dict) or "movablekeys" not in entry.get("flags", ()):
-        return
-    commands["fcall"] = {**entry, "flags": [f for f in entry["flags"] if f != "movablekeys"],
-                         "first_key_pos": 3, "last_key_pos": 3, "step_count": 1}
+    for name in ("fcall", "evalsha"):
+        entry = commands.get(name)
+        if not isinstance(entry, dict) or "movablekeys" not in entry.get("flags", ()):
+            continue
+        commands[name] = {**entry, "flags": [f for f in entry["flags"] if f != "movablekeys"],
+                          "first_key_pos": 3, "last_key_pos": 3, "step_count": 1}
 
 
 class LoopLock:

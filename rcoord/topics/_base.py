@@ -16,7 +16,7 @@ from ..errors import Errors, InvalidRequestError, ProtocolError
 from ..murmur2 import murmur2
 from ..names import NAMESPACE_RULE, valid_namespace
 from ..partitioning import SLOTS, keyslot
-from ..scripts import lua_source, send_reloading
+from ..scripts import lua_source, route_fcall_locally, send_reloading
 
 MAX_APPEND_PER_CALL = 1000
 """Records per append script call; bounds how long one call holds the server."""
@@ -339,8 +339,24 @@ class _Lua:
         def send() -> Any:
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
-        return send_reloading(send, send, lambda: client.script_load(self.source),
+        return send_reloading(send, send, lambda: self.load(client, keys[0]),
                               lambda exc: isinstance(exc, redis.exceptions.NoScriptError))
+
+    def load(self, client: Any, key: str) -> Any:
+        """Load the script where ``key`` is served; returns that node (None on one server).
+
+        On a cluster, on the key's master alone: redis-py sends ``SCRIPT LOAD`` to every
+        master, so while one master was down (a slot without master, or a node killed with no
+        replica) a reload failed, connection refused, for the keys of the masters that answer
+        too, and every topic call needing it failed there (retention, appends, log offsets)
+        after that node's script cache was emptied (a restart, a failover)."""
+        node_of = getattr(client, "get_node_from_key", None)
+        if node_of is None:
+            client.script_load(self.source)
+            return None
+        node = node_of(key)
+        client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
+        return node
 
 
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
@@ -476,6 +492,7 @@ def _run_independent(
             if not kept(exc):
                 raise
             return [exc]
+    route_fcall_locally(client)  # (a cluster pipeline's EVALSHA: no COMMAND GETKEYS)
     pipe = client.pipeline(transaction=False)
     for lua, keys, args in calls:
         # execute_command: a cluster pipeline blocks the evalsha() method, not the command,
@@ -488,8 +505,14 @@ def _run_independent(
         # After a restart or SCRIPT FLUSH every call of the pipeline answers NOSCRIPT: load
         # each script once and send those calls again in one pipeline (their first keys are
         # distinct, so their order does not matter), not one round trip each.
-        for lua in {calls[n][0].sha: calls[n][0] for n in missing}.values():
-            client.script_load(lua.source)
+        loaded: set[tuple[str, object]] = set()
+        for n in missing:
+            lua, keys, _ = calls[n]
+            node_of = getattr(client, "get_node_from_key", None)
+            where = None if node_of is None else getattr(node_of(keys[0]), "name", None)
+            if (lua.sha, where) not in loaded:  # (once per script and node)
+                lua.load(client, keys[0])
+                loaded.add((lua.sha, where))
         again = client.pipeline(transaction=False)
         for n in missing:
             lua, keys, args = calls[n]

@@ -18,6 +18,7 @@ import redis.client
 import redis.exceptions
 
 from ..errors import Errors, InvalidRequestError, translate_redis_errors
+from ..scripts import route_fcall_locally
 from ._base import (
     INT32_MAX,
     OFFSETS,
@@ -105,6 +106,7 @@ def _pipeline(client: Any) -> Any:
     """
     if isinstance(client, redis.Redis):
         return redis.client.Pipeline(client.connection_pool, _RAW_REPLIES, False, None)
+    route_fcall_locally(client)  # (its EVALSHA of the log offsets: no COMMAND GETKEYS)
     return client.pipeline(transaction=False)
 
 
