@@ -342,21 +342,27 @@ class _Lua:
         return send_reloading(send, send, lambda: self.load(client, keys[0]),
                               lambda exc: isinstance(exc, redis.exceptions.NoScriptError))
 
-    def load(self, client: Any, key: str) -> Any:
-        """Load the script where ``key`` is served; returns that node (None on one server).
+    def load(self, client: Any, key: str) -> None:
+        """Load the script; on a cluster on every master, each on its own, so that a master
+        that does not answer fails only if it is ``key``'s.
 
-        On a cluster, on the key's master alone: redis-py sends ``SCRIPT LOAD`` to every
-        master, so while one master was down (a slot without master, or a node killed with no
-        replica) a reload failed, connection refused, for the keys of the masters that answer
-        too, and every topic call needing it failed there (retention, appends, log offsets)
-        after that node's script cache was emptied (a restart, a failover)."""
-        node_of = getattr(client, "get_node_from_key", None)
-        if node_of is None:
+        Every master, as redis-py's ``SCRIPT LOAD`` does: during a slot move the call is
+        answered by the importing master (``ASK``), not the key's. Each on its own: redis-py
+        sends them in one go, which failed, connection refused, while any master was down,
+        so after a node's script cache was emptied (a restart, a failover) every topic call
+        needing the reload (retention, appends, log offsets) failed there too, though its own
+        keys' master answered."""
+        masters = getattr(client, "get_primaries", None)
+        if masters is None:
             client.script_load(self.source)
-            return None
-        node = node_of(key)
-        client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
-        return node
+            return
+        own = client.get_node_from_key(key).name
+        for node in masters():
+            try:
+                client.execute_command("SCRIPT LOAD", self.source, target_nodes=node)
+            except redis.exceptions.RedisError:
+                if node.name == own:
+                    raise
 
 
 _Call = tuple[_Lua, Sequence[str], Sequence[Any]]
@@ -505,14 +511,8 @@ def _run_independent(
         # After a restart or SCRIPT FLUSH every call of the pipeline answers NOSCRIPT: load
         # each script once and send those calls again in one pipeline (their first keys are
         # distinct, so their order does not matter), not one round trip each.
-        loaded: set[tuple[str, object]] = set()
-        for n in missing:
-            lua, keys, _ = calls[n]
-            node_of = getattr(client, "get_node_from_key", None)
-            where = None if node_of is None else getattr(node_of(keys[0]), "name", None)
-            if (lua.sha, where) not in loaded:  # (once per script and node)
-                lua.load(client, keys[0])
-                loaded.add((lua.sha, where))
+        for n in {calls[n][0].sha: n for n in missing}.values():
+            calls[n][0].load(client, calls[n][1][0])
         again = client.pipeline(transaction=False)
         for n in missing:
             lua, keys, args = calls[n]
