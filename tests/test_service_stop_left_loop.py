@@ -65,6 +65,21 @@ def _stop_after(svc: Any, clock: _HeldClock) -> None:
 
 
 
+def _hold_start(svc: Any, hold_s: float) -> tuple[threading.Event, threading.Event]:
+    """Hold ``svc.start()`` in its settings read (``_named_at_start``): the first event is set
+    once it is held there, and it goes on once the second is set (or after ``hold_s``)."""
+    entered, released = threading.Event(), threading.Event()
+    real_named = svc._named_at_start
+
+    def named_at_start(named: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
+        released.wait(hold_s)
+        return real_named(named)
+
+    svc._named_at_start = named_at_start
+    return entered, released
+
+
 def test_a_timer_loop_left_behind_leaves_no_connection_open(
         own_server: EmbeddedServer, namespace: str) -> None:
     from rcoord.service.service import CoordinatorService, ServiceConfig
@@ -106,15 +121,7 @@ def test_a_stop_while_starting_leaves_nothing_running(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stopped-starting",
         lease_ttl_ms=1000, retention_check_interval_ms=0, metrics_port=0))
-    entered, released = threading.Event(), threading.Event()
-    real_named = svc._named_at_start
-
-    def named_at_start(named: dict[str, Any]) -> dict[str, Any]:
-        entered.set()
-        released.wait(30)
-        return real_named(named)
-
-    svc._named_at_start = named_at_start  # type: ignore[method-assign]
+    entered, released = _hold_start(svc, 30)
     starting = InThread(svc.start)
     client = own_server.client()
     try:
@@ -191,15 +198,7 @@ def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stuck-starting",
         lease_ttl_ms=1000, retention_check_interval_ms=0))
-    entered, released = threading.Event(), threading.Event()
-    real_named = svc._named_at_start
-
-    def named_at_start(named: dict[str, Any]) -> dict[str, Any]:
-        entered.set()
-        released.wait(60)
-        return real_named(named)
-
-    svc._named_at_start = named_at_start  # type: ignore[method-assign]
+    entered, released = _hold_start(svc, 60)
     starting = InThread(svc.start)
     client = own_server.client()
     try:
