@@ -47,7 +47,9 @@ were made under:
   ``commit`` for it) plans first from that batch's end, planned by the old process: the
   partitions this member holds begin there and it is committed under this generation, unless
   the group has committed further (``_resume``); that commit, not made, holds the plan as
-  above. Ends of replayed batches (``replaying``) are never taken for finished ones.
+  above, and fenced, the member rejoins and resumes in the next generation (a batch planned
+  in the ended one read the finished batch again). Ends of replayed batches (``replaying``)
+  are never taken for finished ones.
 * ``close()`` leaves the group at once, so the others take the partitions over without
   waiting for the session timeout.
 """
@@ -60,6 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TypeVar
 
 from ..client import (
@@ -296,11 +299,21 @@ class StreamMember:
                 return start
             gen = self._gen
             assert gen is not None
-        if own is start and self._finished_elsewhere(start):
+        while own is start and self._finished_elsewhere(start):
             resumed = gen
             self._resume(resumed, start)
-            if self._held(start, until_target, lambda: self._resume(resumed, start)):
+            if self._held(start, until_target, partial(self._resume, resumed, start)):
                 return start  # (the next plan resumes again)
+            if not resumed.done.is_set():
+                break
+            # Its commit fenced (or a rebalance began meanwhile): a batch planned in the ended
+            # generation went on from the group's committed offset, and read the finished
+            # batch again. Rejoin and resume in the next one, as a Kafka consumer whose commit
+            # is refused rejoins before it fetches; no generation soon: nothing this trigger.
+            if not self._next_generation(until_target):
+                return start
+            gen = self._gen
+            assert gen is not None
         assigned = sorted(gen.offsets)
         # Partitions that go on from ``own``; the others (all of them when it was planned by
         # another membership: an old checkpoint, or a generation this query left) go on from
