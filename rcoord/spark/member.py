@@ -439,12 +439,8 @@ class StreamMember:
         so a lasting refusal (OFFSET_METADATA_TOO_LARGE under a small
         ``offset.metadata.max.bytes``, a deleted group) fails the query instead of holding
         it, reading nothing, for ever."""
-        now = time.monotonic()
-        if self._commit_failing_since is None:
-            self._commit_failing_since = now
-            return
-        session_s = self._group.config.session_timeout_ms / 1000
-        if now - self._commit_failing_since > session_s:
+        self._commit_failing_since, session_s = self._failing_since(self._commit_failing_since)
+        if session_s is not None:
             raise CommitNotMadeError(
                 f"group {gen.group_id!r}: committing the end of the last finished batch failed "
                 f"for more than the session timeout ({session_s:g} s), so the query stops "
@@ -1020,16 +1016,23 @@ class StreamMember:
         ``fetchOffset.numRetries``). A blip shorter than a session keeps the query running:
         the member is still in its group, and its partitions with it; past the session timeout
         the group has expired it anyway, and Spark's restart of the query is the way back."""
-        now = time.monotonic()
-        if self._unreachable_since is None:
-            self._unreachable_since = now
-            return
-        session_s = self._group.config.session_timeout_ms / 1000
-        if now - self._unreachable_since > session_s:
+        self._unreachable_since, session_s = self._failing_since(self._unreachable_since)
+        if session_s is not None:
             raise ConnectionLost(
                 f"group {self._group.config.group_id!r}: Redis out of reach for more than the "
                 f"session timeout ({session_s:g} s), so the query stops rather than plan empty "
                 f"batches: {exc}") from exc
+
+    def _failing_since(self, since: float | None) -> tuple[float, float | None]:
+        """(when a run of failures began: ``since``, or now for its first; the session timeout
+        in seconds once the run has lasted longer than it, else None). The one bound of
+        ``_outage`` and ``_refused_too_long``: a shorter run may mend while the member keeps
+        its partitions; past it the group has expired the member anyway."""
+        now = time.monotonic()
+        if since is None:
+            return now, None
+        session_s = self._group.config.session_timeout_ms / 1000
+        return since, (session_s if now - since > session_s else None)
 
 
 def _server_ms(client: Any) -> int | None:
