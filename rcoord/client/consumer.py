@@ -55,6 +55,7 @@ may be called from another one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -337,10 +338,14 @@ class Consumer(SubscriptionMixin):
         self._unacked: dict[TopicPartition, int] = {}
         # The thread whose ``for record in consumer`` loop body is running (__iter__), or None.
         self._iterating: int | None = None
-        # seek()s per partition: the iterator tells a position the loop body set from its own.
-        # Like every per-partition table, forgotten with the partition (``_forget_partitions``):
-        # a pattern subscription over short-lived topics kept one entry per past partition.
+        # Per partition, the serial of its latest seek() (or of the iterator's first batch of
+        # it): the iterator tells a position the loop body set from its own. Like every
+        # per-partition table, forgotten with the partition (``_forget_partitions``): a pattern
+        # subscription over short-lived topics kept one entry per past partition. Serials are
+        # the consumer's, not counts per partition: a partition given up and assigned again
+        # (its entry forgotten) does not match the batch's again, even once started.
         self._seeks: dict[TopicPartition, int] = {}
+        self._seek_serials = itertools.count(1)
         self._poll_thread: int | None = None  # the thread of the latest poll()
         # The thread running poll() or commit() now, outside the listener: a close() from that
         # very thread (a signal handler interrupting it) would change the state under it, so it
@@ -736,7 +741,7 @@ class Consumer(SubscriptionMixin):
         """Set the position of ``key`` (a seek), dropping what was fetched from the old one."""
         self._position[key] = self._fetch_pos[key] = offset
         self._unstarted.discard(key)  # a commit no longer moves it
-        self._seeks[key] = self._seeks.get(key, 0) + 1
+        self._seeks[key] = next(self._seek_serials)
         self._unacked.pop(key, None)  # the application says where it stands now
         self._invalid.pop(key, None)
         self._resets.pop(key, None)
@@ -1199,12 +1204,11 @@ class Consumer(SubscriptionMixin):
                         # asked past the last one of that partition, so a close() now does not
                         # rewind it to that record.
                         self._unacked[done] = before.offset + 1
-                if (self._seeks.get(tp, 0) != seeks[tp] or tp not in self._position
-                        or tp in self._unstarted):
+                if self._seeks.get(tp, 0) != seeks[tp] or tp not in self._position:
                     # Sought or revoked in the loop body: these records are stale. Or given up
-                    # and assigned again by assign() (its seek count forgotten with it): it
-                    # starts at its committed offset, and handed out, these records came
-                    # again from there at the next poll().
+                    # and assigned again (its serial forgotten with it): it starts at its
+                    # committed offset, and handed out, these records came again from there
+                    # at the next poll().
                     continue
                 if tp in self._paused:
                     # Paused in the loop body: the rest of its records come after resume().
@@ -1233,9 +1237,11 @@ class Consumer(SubscriptionMixin):
             for record in batch:
                 tp = TopicPartition(record.topic, record.partition)
                 if tp not in seeks:
-                    seeks[tp] = self._seeks.get(tp, 0)
-                    if tp in self._position and not self._stop.is_set():
-                        self._position[tp] = record.offset
+                    seeks[tp] = 0  # (not assigned: its records are stale)
+                    if tp in self._position:
+                        seeks[tp] = self._seeks.setdefault(tp, next(self._seek_serials))
+                        if not self._stop.is_set():
+                            self._position[tp] = record.offset
         return seeks
 
     def _rewind(self, tp: TopicPartition, offset: int) -> None:
@@ -1249,16 +1255,15 @@ class Consumer(SubscriptionMixin):
         out goes back to its first one (dropping what was fetched after the batch), so the next
         loop neither skips them nor gets records twice, and ``close()`` does not commit them.
         A partition the loop body sought (its position is the application's), no longer
-        assigned, assigned again (unstarted: it starts at its committed offset, which the
-        seek back to the old assignment's record overrode), or a consumer closed or closing
-        meanwhile (whose close goes back to the record the loop was on by itself), is left
-        alone."""
+        assigned, assigned again (it starts at its committed offset, or is started from it
+        already: the seek back to the old assignment's record overrode that), or a consumer
+        closed or closing meanwhile (whose close goes back to the record the loop was on by
+        itself), is left alone."""
         firsts: dict[TopicPartition, int] = {}
         for r in records:
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
-            if (tp in self._position and tp not in self._unstarted
-                    and self._seeks.get(tp, 0) == seeks[tp]):
+            if tp in self._position and self._seeks.get(tp, 0) == seeks[tp]:
                 self._rewind(tp, offset)
 
     # -- commits
