@@ -7,12 +7,20 @@ again, the partition starts at its committed offset, and ``position()`` reads it
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import pytest
+from harness import WAIT_S, InThread, wait_until
 from test_consumer import env, poll_until  # noqa: F401 - env: the fixture
 
 from rcoord import TopicPartition
-from rcoord.client import Consumer
+from rcoord.client import Consumer, ConsumerGroupConfig
+from rcoord.client import consumer as consumer_module
+from rcoord.client import group as group_module
+from rcoord.client.coordinator import RedisCoordinator
+from rcoord.client.errors import IllegalStateError
+from rcoord.testing.embedded import EmbeddedServer
 
 TP0 = TopicPartition("t", 0)
 U0 = TopicPartition("u", 0)
@@ -63,3 +71,48 @@ def test_loop_body_reassigning_and_starting_a_partition_drops_the_rest_of_its_ba
         if len(got) == 8:
             break
     assert got == [3, 3, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("subscribed", [False, True])
+def test_close_past_a_held_start_leaves_no_connection_of_its_own_client_open(
+        redis_server: EmbeddedServer, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        subscribed: bool) -> None:
+    """committed() on one thread starts the coordinator on the client made from
+    ``redis_url`` (held there), and close(0.5) on another returns before it ends: close()
+    closed that client, and the start, then the query, went on on it and connected it again;
+    nothing closed it afterwards (the connection stayed open as long as the consumer). Now the
+    client is closed once the start returned, and the query, the consumer closed by then,
+    raises as a call on a closed consumer does."""
+    entered, released = threading.Event(), threading.Event()
+
+    class Held(RedisCoordinator):
+        def start(self) -> Any:
+            entered.set()
+            assert released.wait(WAIT_S)
+            return super().start()
+
+    # (the consumer's own coordinator after assign(), the group's when subscribed)
+    monkeypatch.setattr(group_module if subscribed else consumer_module,
+                        "RedisCoordinator", Held)
+    admin = redis_server.client()
+
+    def connections() -> int:
+        return sum(1 for c in admin.client_list() if c.get("name") == namespace)
+
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id=namespace, topics=["t"] if subscribed else [], namespace=namespace,
+        redis_url=f"{redis_server.url}?client_name={namespace}"))
+    try:
+        query = InThread(lambda: consumer.committed([TP0], timeout=WAIT_S))
+        wait_until(entered.is_set)
+        consumer.close(timeout=0.5)
+        released.set()
+        query.thread.join(WAIT_S)
+        assert not query.thread.is_alive()
+        wait_until(lambda: connections() == 0,
+                   why=lambda: f"{connections()} connection(s) of the closed consumer's client")
+        # (its query after the start, on a consumer closed meanwhile, is not made)
+        assert isinstance(query.outcome[0], IllegalStateError), query.outcome
+    finally:
+        released.set()
+        admin.close()

@@ -299,6 +299,12 @@ class Consumer(SubscriptionMixin):
         self._coordinator_arg = coordinator
         self._own_coordinator: Coordinator | None = None
         self._owned_client: Any = None
+        # Offset queries running now (``_query``: without the lock, so a close() from another
+        # thread does not wait for them), and whether the client made from ``redis_url`` is
+        # to be closed once the last returns (``_close_own_client``); under ``_client_guard``.
+        self._client_users = 0
+        self._client_close_due = False
+        self._client_guard = threading.Lock()
         # subscribe() gives the consumer a group; assign() gives it partitions and no group.
         self._group: ConsumerGroup | None = None
         self._assigned_manually = False
@@ -856,9 +862,33 @@ class Consumer(SubscriptionMixin):
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
-        with self._interruptible(), refused_by_replica(self._config.group_id, bound):
+        with (self._using_client(), self._interruptible(),
+              refused_by_replica(self._config.group_id, bound)):
             return call_with_retries(call, None, config=self._config, closing=self._stop,
                                      budget_s=budget)
+
+    @contextlib.contextmanager
+    def _using_client(self) -> Iterator[None]:
+        """Keep the clients made from ``redis_url`` (the consumer's own, the group's) open
+        while a query runs on them. A close() from another thread, past its bound, closed the
+        client under a coordinator start held there and the query after it, which connected
+        it again (redis-py reconnects a closed client): that connection stayed open as long
+        as the consumer. A query begun once the consumer is closed raises, as one begun
+        after close() returned does (its client may be closed already)."""
+        release = self._group.hold_client() if self._group is not None else None
+        with self._client_guard:
+            self._client_users += 1
+        try:
+            self._check_open()
+            yield
+        finally:
+            with self._client_guard:
+                self._client_users -= 1
+                due = self._client_close_due and not self._client_users
+            if release is not None:
+                release()
+            if due:
+                self._close_own_client()
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         """Stop returning records of ``partitions`` from ``poll()``; they stay assigned (and
@@ -2664,12 +2694,18 @@ class Consumer(SubscriptionMixin):
             )
 
     def _close_own_client(self) -> None:
-        if self._owned_client is not None:
+        """Close the client made from ``redis_url``, once no query runs on it
+        (``_using_client``; else the last one closes it)."""
+        with self._client_guard:
+            self._client_close_due = bool(self._client_users)
+            if self._client_close_due:
+                return
+            client, self._owned_client = self._owned_client, None
+        if client is not None:
             try:
-                self._owned_client.close()
+                client.close()
             except Exception:  # closing a broken client must not hide the close itself
                 log.debug("closing the Redis client failed", exc_info=True)
-            self._owned_client = None
 
     def close(self, timeout: float | None = None) -> None:
         """Revoke (committing, with auto-commit) or drop the partitions, leave the group, stop.
