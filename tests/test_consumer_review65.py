@@ -116,3 +116,25 @@ def test_close_past_a_held_start_leaves_no_connection_of_its_own_client_open(
     finally:
         released.set()
         admin.close()
+
+
+def test_close_in_the_loop_body_after_reassigning_a_partition_keeps_its_new_start(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """The loop body, on record 3, commits (4), gives t-0 up and assigns it again (it starts
+    at 4) and closes: close() took record 3 of the old assignment as not processed yet (its
+    ``_unacked`` entry was kept when the partition was given up), rewound the new one to it
+    and committed 3 over 4."""
+    env.topics.create("t", 1)
+    env.topics.create("u", 1)
+    env.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    consumer: Consumer = env.consumer(topics=[], enable_auto_commit=True)
+    consumer.assign([TP0])
+    consumer.commit({TP0: 3})
+    for _ in consumer:
+        consumer.commit()
+        consumer.assign([U0])
+        consumer.assign([TP0])
+        assert consumer.position(TP0) == 4
+        consumer.close()
+    reader: Consumer = env.consumer(topics=[], enable_auto_commit=False)
+    assert reader.committed([TP0]) == {TP0: 4}
