@@ -94,6 +94,61 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
+class StopFlag(threading.Event):
+    """The stop flag: an ``Event`` that a program's signal handler may set (``stop``).
+
+    Python runs a handler on the main thread between two steps of whatever it is doing.
+    ``Event.set()`` takes the event's lock, which is not reentrant: a handler that fired while
+    its thread held that lock (inside the flag's own ``wait``, ``start()`` waiting for a
+    claimed id; or its ``set``, a stop) waited for ever for itself. A set on a thread already
+    inside the flag's ``set`` or ``wait`` (only a handler can be) takes no lock: it marks the
+    flag, which reads as set at once, and the interrupted call sets it as it leaves (waking
+    the waiters). The main thread waits in slices of ``INTERRUPT_EVERY_S``: a mark made
+    before its wait began ends the wait within one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._marked = False
+        self._inside: set[int] = set()
+        """The threads inside ``set`` or ``wait`` (holding, or about to take, the lock)."""
+
+    def is_set(self) -> bool:
+        return self._marked or super().is_set()
+
+    def set(self) -> None:
+        me = threading.get_ident()
+        if me in self._inside:  # (a signal handler, on the thread it interrupted)
+            self._marked = True
+            return
+        self._inside.add(me)
+        try:
+            super().set()
+        finally:
+            self._inside.discard(me)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        me = threading.get_ident()
+        main = me == threading.main_thread().ident
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = None if deadline is None else _left(deadline)
+            if main:
+                step = INTERRUPT_EVERY_S if step is None else min(step, INTERRUPT_EVERY_S)
+            self._inside.add(me)
+            try:
+                super().wait(step)
+            finally:
+                self._inside.discard(me)
+            if self._marked and not super().is_set():
+                self.set()  # (a handler's mark, made during that wait: wakes the others)
+            if self.is_set() or (deadline is not None and _left(deadline) == 0):
+                return self.is_set()
+
+    def clear(self) -> None:
+        self._marked = False
+        super().clear()
+
+
 def default_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -199,7 +254,7 @@ class CoordinatorService:
         self._client = client
         self.metrics = Metrics()
         self._queue: EventQueue = queue.Queue()
-        self._stop = threading.Event()
+        self._stop = StopFlag()
         self._lease_wake = threading.Event()
         self._owned: set[int] = set()
         self._last_lease_ok = 0.0
@@ -406,15 +461,13 @@ class CoordinatorService:
         which then went on starting the listener and the threads, and shut down again. Once a
         stop has begun, another (a second signal while the stop runs on that thread) returns
         at once: before, it began the stop again, and waited for ever for the client-closing
-        or listener lock the interrupted stop held. The flag itself is an ``Event``: the
-        handler leaves it alone once set, but a handler that fires while the thread is inside
-        the flag's own wait (``start()`` waiting for a claimed id) may still hang in the rare
-        moment that thread holds the flag's lock. The ``rcoord coordinator`` command is never
-        exposed to that: its handler only writes to a pipe, and a thread of its own sets the
-        flag (``cli.SignalStop``); a program's handler may do the same."""
+        or listener lock the interrupted stop held. The flag (``StopFlag``) takes no lock when
+        a handler sets it on a thread inside the flag's own wait (``start()`` waiting for a
+        claimed id) or set (a stop): before, such a handler waited for ever for the lock its
+        thread held. (The ``rcoord coordinator`` command's handler only writes to a pipe, and
+        a thread of its own sets the flag: ``cli.SignalStop``.)"""
         self._stop_called = True
-        if not self._stop.is_set():  # (``set()`` takes the lock the interrupted thread may hold)
-            self._stop.set()
+        self._stop.set()
         if self._starting_on == threading.get_ident():
             return  # a signal handler on the start's thread: the start stops as it ends
         if not self._starting.acquire(timeout=STOP_GRACE_MS / 1000):

@@ -1,0 +1,151 @@
+"""Review 65 of the coordinator service's stop: a program's signal handler calling ``stop()``
+while its thread holds the stop flag's lock, and ``stop()`` from another thread while ``run()``
+runs with the timer loop in a call."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from harness import InThread
+
+from rcoord.testing.embedded import EmbeddedServer
+
+STOP_WAIT_S = 10.0
+
+
+def test_a_stop_from_a_handler_inside_the_claim_wait_ends_the_start(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """``start()`` waits on the stop flag for a claimed id to lapse; a handler that fired
+    while its thread held the flag's lock (inside the flag's own wait) called ``stop()``,
+    whose ``set()`` waited for ever for that lock. The stop now ends the wait: the start
+    raises ``StoppedBeforeClaim`` having taken nothing."""
+    from rcoord.scripts import Scripts
+    from rcoord.service.leases import LeaseKeeper, StoppedBeforeClaim
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    client = own_server.client()
+    scripts = Scripts(client)
+    scripts.load()
+    holder = f"{socket.gethostname()}-1-0123456789ab"  # (no machine named: never taken over)
+    other = LeaseKeeper(client, scripts, namespace, 4, "held-id", 60_000, holder)
+    other.claim_id(threading.Event())
+    other.register()
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="held-id",
+        lease_ttl_ms=1000, settings={"num_partitions": 4}, retention_check_interval_ms=0))
+    cond = svc._stop._cond  # type: ignore[attr-defined]
+    real_wait = cond.wait
+    handled: list[str] = []
+
+    def wait(timeout: float | None = None) -> bool:  # (called holding the flag's lock)
+        if not handled:
+            handled.append("called")
+            svc.stop()  # a SIGTERM's handler, on the thread running start()
+            handled.append("returned")
+        return bool(real_wait(timeout))
+
+    cond.wait = wait
+    try:
+        starting = InThread(svc.start)
+        starting.thread.join(STOP_WAIT_S)
+        assert not starting.thread.is_alive(), "start() hung: a stop from a handler in its wait"
+        assert handled == ["called", "returned"]
+        assert [type(o) for o in starting.outcome] == [StoppedBeforeClaim]
+        assert client.get(other.claim_key) == holder.encode()
+    finally:
+        client.close()
+
+
+def test_a_stop_from_a_handler_inside_the_stops_own_flag_set_ends(
+        own_server: EmbeddedServer, namespace: str, caplog: Any) -> None:
+    """A program's ``stop()`` sets the stop flag first; a second handler's ``stop()`` that
+    fired while that ``set()`` held the flag's lock waited for ever for it. Now the stop ends,
+    once, and releases the leases."""
+    import logging
+
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stop-in-set",
+        lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
+    cond = svc._stop._cond  # type: ignore[attr-defined]
+    real_notify = cond.notify_all
+    handled: list[str] = []
+
+    def notify_all() -> None:  # (called holding the flag's lock)
+        if not handled:
+            handled.append("called")
+            svc.stop()  # a second signal's handler, on the stopping thread
+            handled.append("returned")
+        real_notify()
+
+    cond.notify_all = notify_all
+    client = own_server.client()
+    try:
+        stopping = InThread(svc.stop)
+        stopping.thread.join(STOP_WAIT_S)
+        assert not stopping.thread.is_alive(), "stop() hung: a stop from a handler in its set"
+        assert handled == ["called", "returned"]
+        assert [getattr(r, "event", None) for r in caplog.records].count("stopped") == 1
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        client.close()
+
+
+def test_a_handlers_stop_marked_before_the_main_threads_wait_ends_that_wait(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """On the main thread (where handlers run), a stop marked by a handler just before the
+    flag's wait began (the lock held, the wait not yet listening) ends that wait within a
+    slice, not after it: here the claim wait's (a quarter of a day's TTL). A thread sets the
+    flag after ``STOP_WAIT_S`` if nothing else ended the wait."""
+    from rcoord.scripts import Scripts
+    from rcoord.service.leases import LeaseKeeper, StoppedBeforeClaim
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    assert threading.current_thread() is threading.main_thread()
+    client = own_server.client()
+    scripts = Scripts(client)
+    scripts.load()
+    holder = f"{socket.gethostname()}-1-0123456789ab"
+    other = LeaseKeeper(client, scripts, namespace, 4, "held-main", 60_000, holder)
+    other.claim_id(threading.Event())
+    other.register()
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="held-main",
+        lease_ttl_ms=86_400_000, settings={"num_partitions": 4},
+        retention_check_interval_ms=0))
+    cond = svc._stop._cond  # type: ignore[attr-defined]
+    real_wait = cond.wait
+    handled: list[str] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        if not handled:
+            handled.append("called")
+            svc.stop()
+        return bool(real_wait(timeout))
+
+    cond.wait = wait
+    rescued: list[str] = []
+
+    def rescue() -> None:
+        rescued.append("the wait went on after the handler's stop")
+        svc._stop.set()
+
+    timer = threading.Timer(STOP_WAIT_S, rescue)
+    timer.start()
+    try:
+        outcome: BaseException | None = None
+        try:
+            svc.start()
+        except StoppedBeforeClaim as exc:
+            outcome = exc
+        assert rescued == []
+        assert isinstance(outcome, StoppedBeforeClaim)
+    finally:
+        timer.cancel()
+        client.close()
