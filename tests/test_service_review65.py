@@ -149,3 +149,114 @@ def test_a_handlers_stop_marked_before_the_main_threads_wait_ends_that_wait(
     finally:
         timer.cancel()
         client.close()
+
+
+def test_a_stop_from_another_thread_interrupts_the_loop_run_still_runs(
+        own_server: EmbeddedServer, namespace: str, caplog: Any) -> None:
+    """``stop()`` from another thread while ``run()`` runs, the timer loop held in a call a
+    socket shut fails (a blocking read a lease TTL long). Before, the stop began the lease
+    release at once, under the loop still in its call (which came back to sweep partitions
+    released), and the watchdog, which shuts no socket once the release has begun, never
+    interrupted the loop (the stop's close of the client closed its socket under it, or,
+    through a client passed in, ``run()`` left it behind). Now the release waits for the loop,
+    which the watchdog interrupts; the leases are released, nothing is left behind."""
+    import logging
+
+    from harness import wait_until
+
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stop-while-running",
+        lease_ttl_ms=30_000, retention_check_interval_ms=0)).start()
+    blocked = f"{namespace}:test:blocked"
+    hold, entered = threading.Event(), threading.Event()
+    real_sync = svc.sweeper.sync_clock
+
+    def sync_clock() -> None:
+        if hold.is_set():
+            hold.clear()
+            entered.set()
+            svc._client.blpop([blocked], timeout=25)  # (until a socket shut fails it)
+        real_sync()
+
+    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    real_release = svc.leases.release_all
+    loop_ended_at_release: list[bool] = []
+
+    def release_all(*args: Any, **kwargs: Any) -> None:
+        loop_ended_at_release.append(svc._loop_ended.is_set())
+        real_release(*args, **kwargs)
+
+    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    client = own_server.client()
+    try:
+        runner = InThread(svc.run)
+        wait_until(lambda: bool(svc.leases.owned))
+        hold.set()
+        wait_until(entered.is_set)
+        wait_until(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()))
+        svc.stop()  # (from this thread; run() runs on another)
+        runner.thread.join(STOP_WAIT_S)
+        assert not runner.thread.is_alive()
+        assert loop_ended_at_release == [True], "the leases were released under a live loop"
+        events = [getattr(r, "event", None) for r in caplog.records]
+        assert "timer_loop_left" not in events and not svc._loop_left.is_set()
+        assert svc._interrupted  # (the watchdog shut the loop's socket)
+        assert "release_failed" not in events
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        client.rpush(blocked, "go")
+        client.close()
+
+
+def test_a_stop_from_another_thread_marks_a_loop_it_cannot_interrupt_before_releasing(
+        own_server: EmbeddedServer, namespace: str) -> None:
+    """Through a client passed in (whose sockets a stop leaves alone), a loop held in a call
+    cannot be interrupted. Before, a ``stop()`` from another thread released the leases at
+    once, the loop not yet marked left behind: coming back, it acted on partitions released.
+    Now the release waits until ``run()``'s wait marks it (``_loop_left``)."""
+    from harness import wait_until
+
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    passed = own_server.client()
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stop-passed-client",
+        lease_ttl_ms=30_000, retention_check_interval_ms=0), client=passed).start()
+    hold, entered, released = threading.Event(), threading.Event(), threading.Event()
+    real_sync = svc.sweeper.sync_clock
+
+    def sync_clock() -> None:
+        if hold.is_set():
+            hold.clear()
+            entered.set()
+            released.wait(30)
+        real_sync()
+
+    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    real_release = svc.leases.release_all
+    marked_at_release: list[bool] = []
+
+    def release_all(*args: Any, **kwargs: Any) -> None:
+        marked_at_release.append(svc._loop_ended.is_set() or svc._loop_left.is_set())
+        real_release(*args, **kwargs)
+
+    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    try:
+        runner = InThread(svc.run)
+        wait_until(lambda: bool(svc.leases.owned))
+        hold.set()
+        wait_until(entered.is_set)
+        svc.stop()  # (from this thread; run() runs on another)
+        runner.thread.join(STOP_WAIT_S)
+        assert not runner.thread.is_alive()
+        assert marked_at_release == [True], "the leases were released under an unmarked loop"
+    finally:
+        released.set()
+        if svc._timer_thread is not None:
+            svc._timer_thread.join(STOP_WAIT_S)
+        passed.close()

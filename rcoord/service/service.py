@@ -267,6 +267,9 @@ class CoordinatorService:
         self._last_alive = 0.0  # the timer loop's last sign of life (a turn begun or failed)
         self._running = False
         """``run()`` (the timer loop) has started: from then on leases need its turns."""
+        self._running_on: int | None = None
+        """The thread ``run()`` was called on (its ident): a ``stop()`` on another waits for
+        the timer loop before it releases the leases (``_shut_down``)."""
         self._loop_ended = threading.Event()
         """The timer loop has ended."""
         self._loop_left = threading.Event()
@@ -499,6 +502,12 @@ class CoordinatorService:
         not have been logged yet, so only released)."""
         self._stop.set()
         self._lease_wake.set()
+        if self._running and self._running_on != threading.get_ident():
+            # ``run()`` still runs on another thread: the release waits for its loop, as it
+            # does after ``run()`` returns. Before, it began at once, and the watchdog, which
+            # stops at the release (it would shut the release's connection), no longer
+            # interrupted a loop held in a call: it was left behind after ``LOOP_LEFT_MS``.
+            self._await_loop()
         deadline = time.monotonic() + STOP_GRACE_MS / 1000
         if self._lease_thread is not None:
             self._lease_thread.join(_left(deadline))
@@ -909,6 +918,7 @@ class CoordinatorService:
         index = self.config.wake != "hints"
         self._last_turn_ok = self._last_alive = time.monotonic()
         self._running = True
+        self._running_on = threading.get_ident()
         self._timer_thread = self._thread(self._run_timer_loop, "rcoord-timer", index)
         self._timer_thread.start()
         try:
@@ -923,24 +933,32 @@ class CoordinatorService:
             # (Only if not set: ``set()`` holds the lock a second signal's handler would want.)
             if not self._stop.is_set():
                 self._stop.set()
-            left = True
-            try:
-                left = not self._loop_ended.wait(LOOP_LEFT_MS / 1000)
-            finally:
-                # Also when a second KeyboardInterrupt ends this wait (a user pressing Ctrl-C
-                # again): before, the loop was left behind unmarked, acting on the partitions
-                # the caller's stop() then released, its sockets shut under that release.
-                if left:
-                    with self._interrupting:
-                        self._loop_left.set()
-            if left:
-                log.warning("the timer loop is still in a call the stop could not interrupt "
-                            "(a connect to a node that does not answer, or a client passed in, "
-                            "whose connections a stop leaves alone); left behind",
-                            extra={"event": "timer_loop_left",
-                                   "id": self.config.coordinator_id})
+            self._await_loop()
         if self._loop_error is not None:
             raise self._loop_error
+
+    def _await_loop(self) -> None:
+        """Wait ``LOOP_LEFT_MS`` for the timer loop to end (the stop's watchdog interrupts its
+        call meanwhile); else leave it behind, marked (``_loop_left``): what it comes back to
+        acts on no partition. ``run()`` does, once the stop flag is set, and so does a
+        ``stop()`` from another thread while ``run()`` runs, before it releases the leases."""
+        left = True
+        first = False
+        try:
+            left = not self._loop_ended.wait(LOOP_LEFT_MS / 1000)
+        finally:
+            # Also when a second KeyboardInterrupt ends this wait (a user pressing Ctrl-C
+            # again): before, the loop was left behind unmarked, acting on the partitions
+            # the caller's stop() then released, its sockets shut under that release.
+            if left:
+                with self._interrupting:
+                    first = not self._loop_left.is_set()
+                    self._loop_left.set()
+        if first:
+            log.warning("the timer loop is still in a call the stop could not interrupt "
+                        "(a connect to a node that does not answer, or a client passed in, "
+                        "whose connections a stop leaves alone); left behind",
+                        extra={"event": "timer_loop_left", "id": self.config.coordinator_id})
 
     def _run_timer_loop(self, index: bool) -> None:
         try:
