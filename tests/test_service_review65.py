@@ -260,3 +260,75 @@ def test_a_stop_from_another_thread_marks_a_loop_it_cannot_interrupt_before_rele
         if svc._timer_thread is not None:
             svc._timer_thread.join(STOP_WAIT_S)
         passed.close()
+
+
+def test_a_stop_from_a_handler_on_runs_thread_is_done_by_run_after_the_loop(
+        own_server: EmbeddedServer, namespace: str, caplog: Any) -> None:
+    """A program's handler calling ``stop()`` on the thread in ``run()`` (between two of its
+    polls), the timer loop held in a call a socket shut fails. Before, the handler shut the
+    service down there and then: it released the leases under the loop still in its call
+    (the watchdog, stopped by the release, never interrupted it). Now ``run()`` stops the
+    service as it returns, after the loop (interrupted) has ended; once."""
+    import logging
+
+    from harness import wait_until
+
+    from rcoord.keys import PartitionKeys
+    from rcoord.service.service import CoordinatorService, ServiceConfig
+
+    caplog.set_level(logging.INFO, logger="rcoord.service")
+    svc = CoordinatorService(ServiceConfig(
+        redis_url=own_server.url, namespace=namespace, coordinator_id="stop-in-run",
+        lease_ttl_ms=30_000, retention_check_interval_ms=0)).start()
+    blocked = f"{namespace}:test:blocked"
+    hold, entered = threading.Event(), threading.Event()
+    real_sync = svc.sweeper.sync_clock
+
+    def sync_clock() -> None:
+        if hold.is_set():
+            hold.clear()
+            entered.set()
+            svc._client.blpop([blocked], timeout=25)  # (until a socket shut fails it)
+        real_sync()
+
+    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
+    real_release = svc.leases.release_all
+    loop_ended_at_release: list[bool] = []
+
+    def release_all(*args: Any, **kwargs: Any) -> None:
+        loop_ended_at_release.append(svc._loop_ended.is_set())
+        real_release(*args, **kwargs)
+
+    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    signalled, handled = threading.Event(), threading.Event()
+    real_wait = svc._loop_ended.wait
+
+    def wait(timeout: float | None = None) -> bool:  # (run()'s poll, on its thread)
+        if (threading.current_thread().name == "runs" and signalled.is_set()
+                and not handled.is_set()):
+            handled.set()
+            svc.stop()  # a SIGTERM's handler, on the thread in run()
+        return real_wait(timeout)
+
+    svc._loop_ended.wait = wait  # type: ignore[method-assign]
+    client = own_server.client()
+    try:
+        runner = threading.Thread(target=svc.run, name="runs", daemon=True)
+        runner.start()
+        wait_until(lambda: bool(svc.leases.owned))
+        hold.set()
+        wait_until(entered.is_set)
+        wait_until(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()))
+        signalled.set()
+        runner.join(STOP_WAIT_S)
+        assert not runner.is_alive()
+        assert handled.is_set()
+        assert loop_ended_at_release == [True], "the leases were released under a live loop"
+        svc.stop()  # (the program's own, after run() returned: nothing left to do)
+        events = [getattr(r, "event", None) for r in caplog.records]
+        assert events.count("stopped") == 1 and "timer_loop_left" not in events
+        n = svc.group_config.num_partitions
+        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+    finally:
+        client.rpush(blocked, "go")
+        client.close()

@@ -268,8 +268,10 @@ class CoordinatorService:
         self._running = False
         """``run()`` (the timer loop) has started: from then on leases need its turns."""
         self._running_on: int | None = None
-        """The thread ``run()`` was called on (its ident): a ``stop()`` on another waits for
-        the timer loop before it releases the leases (``_shut_down``)."""
+        """The thread running ``run()`` (its ident), while it does: a ``stop()`` on that
+        thread (a program's signal handler) is left to ``run()`` (``stop``)."""
+        self._stop_left_to_run = False
+        """``run()`` stops the service as it returns (``stop``)."""
         self._loop_ended = threading.Event()
         """The timer loop has ended."""
         self._loop_left = threading.Event()
@@ -461,7 +463,10 @@ class CoordinatorService:
         steps of whatever that thread is doing): on the thread running ``start()`` it only
         sets the stop flag, and the start stops what it started as it ends (or, waiting for a
         claimed id, ends at once); before, it shut the service down in the middle of the start,
-        which then went on starting the listener and the threads, and shut down again. Once a
+        which then went on starting the listener and the threads, and shut down again. So on
+        the thread running ``run()``, which stops as it returns, once its loop has ended (or
+        been left behind): before, the handler released the leases under the loop still in its
+        turn, which the stop's watchdog then no longer interrupted. Once a
         stop has begun, another (a second signal while the stop runs on that thread) returns
         at once: before, it began the stop again, and waited for ever for the client-closing
         or listener lock the interrupted stop held. The flag (``StopFlag``) takes no lock when
@@ -473,6 +478,9 @@ class CoordinatorService:
         self._stop.set()
         if self._starting_on == threading.get_ident():
             return  # a signal handler on the start's thread: the start stops as it ends
+        if self._running_on == threading.get_ident():
+            self._stop_left_to_run = True
+            return  # a signal handler on run()'s thread: run() stops as it returns
         if not self._starting.acquire(timeout=STOP_GRACE_MS / 1000):
             log.warning("stop(): the start is still in a call; it stops what it started as it "
                         "ends", extra={"event": "stop_left_to_start",
@@ -502,11 +510,12 @@ class CoordinatorService:
         not have been logged yet, so only released)."""
         self._stop.set()
         self._lease_wake.set()
-        if self._running and self._running_on != threading.get_ident():
+        if self._running:
             # ``run()`` still runs on another thread: the release waits for its loop, as it
-            # does after ``run()`` returns. Before, it began at once, and the watchdog, which
-            # stops at the release (it would shut the release's connection), no longer
-            # interrupted a loop held in a call: it was left behind after ``LOOP_LEFT_MS``.
+            # does after ``run()`` returns (then at once). Before, it began at once, and the
+            # watchdog, which stops at the release (it would shut the release's connection),
+            # no longer interrupted a loop held in a call: it was left behind after
+            # ``LOOP_LEFT_MS``.
             self._await_loop()
         deadline = time.monotonic() + STOP_GRACE_MS / 1000
         if self._lease_thread is not None:
@@ -914,11 +923,12 @@ class CoordinatorService:
         within ``LOOP_LEFT_MS`` of it. The loop runs on a daemon thread of its own, so that a
         call that cannot be interrupted (stuck in ``connect()``) is left behind, not waited
         for; it then acts on no partition when it comes back. What ends the loop otherwise (a
-        bug) is raised here."""
+        bug) is raised here. A ``stop()`` from a signal handler on this thread is done here,
+        as this returns (``stop``)."""
         index = self.config.wake != "hints"
         self._last_turn_ok = self._last_alive = time.monotonic()
-        self._running = True
         self._running_on = threading.get_ident()
+        self._running = True
         self._timer_thread = self._thread(self._run_timer_loop, "rcoord-timer", index)
         self._timer_thread.start()
         try:
@@ -933,7 +943,12 @@ class CoordinatorService:
             # (Only if not set: ``set()`` holds the lock a second signal's handler would want.)
             if not self._stop.is_set():
                 self._stop.set()
-            self._await_loop()
+            try:
+                self._await_loop()
+            finally:
+                self._running_on = None
+            if self._stop_left_to_run:
+                self._stop_now()
         if self._loop_error is not None:
             raise self._loop_error
 
@@ -942,6 +957,8 @@ class CoordinatorService:
         call meanwhile); else leave it behind, marked (``_loop_left``): what it comes back to
         acts on no partition. ``run()`` does, once the stop flag is set, and so does a
         ``stop()`` from another thread while ``run()`` runs, before it releases the leases."""
+        if self._loop_left.is_set():
+            return
         left = True
         first = False
         try:
