@@ -600,8 +600,9 @@ class CoordinatorService:
     def _interrupt_when_stopped(self) -> None:
         """Once a stop is asked for, give the timer loop ``STOP_GRACE_MS`` to end its turn, then
         shut the client's connections, so that a call Redis does not answer (every master hung
-        or gone) fails at once instead of after a socket timeout per call; ``stop()`` can only
-        follow ``run()`` (the CLI runs it on the main thread). Again every ``INTERRUPT_EVERY_S``
+        or gone) fails at once instead of after a socket timeout per call; a ``stop()`` from
+        another thread while ``run()`` runs waits for that (``_await_loop``) before it releases
+        the leases. Again every ``INTERRUPT_EVERY_S``
         until the loop ends: a call that failed may go on to another node (the server's time is
         read from the first master that answers) on a new connection."""
         self._stop.wait()
@@ -932,17 +933,13 @@ class CoordinatorService:
         self._timer_thread = self._thread(self._run_timer_loop, "rcoord-timer", index)
         self._timer_thread.start()
         try:
-            # The stop flag is polled, never waited on: a signal handler that sets it runs on
-            # this thread, and would wait for ever for the flag's lock if it ran while this
-            # thread held it (inside ``Event.wait``). (The CLI's sets it from a thread of its
-            # own: ``SignalStop``; a program's own handler may not.)
+            # Two things end the wait, the loop's end and the stop flag: the flag is polled
+            # beside the loop's event (one wait cannot take both).
             while not self._loop_ended.wait(INTERRUPT_EVERY_S) and not self._stop.is_set():
                 pass
         finally:
             # Also on a KeyboardInterrupt here: the loop stops, as it did when it ran here.
-            # (Only if not set: ``set()`` holds the lock a second signal's handler would want.)
-            if not self._stop.is_set():
-                self._stop.set()
+            self._stop.set()
             try:
                 self._await_loop()
             finally:
