@@ -392,8 +392,8 @@ def test_a_writer_whose_temporary_file_was_taken_for_a_dead_ones_fails_its_batch
     folder = tmp_path / "counts" / "topic=ev" / "partition=0"
     real = clickstream._mark
 
-    def paused(folder: Path, start: int, generation: int, end: int | None = None) -> None:
-        real(folder, start, generation, end)
+    def paused(folder: Path, *args: Any) -> None:
+        real(folder, *args)
         for tmp in folder.glob(".tmp-*"):
             tmp.unlink()
 

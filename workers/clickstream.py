@@ -353,13 +353,15 @@ class _Sink:
             _index(folder)
             self._indexed.add(folder)
         if generation < 0:
-            _refuse_overlap(folder, start, end)
+            start = _start_of_run(folder, start, end, self.checkpoint)
         attempt = uuid.uuid4().hex
         tmp = folder / f".tmp-{attempt}"
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
         try:
             pq.write_table(table, tmp)
-            _mark(folder, start, generation, end)  # before the rename, for _settle
+            # before the rename, for _settle; a run without a group names its checkpoint
+            _mark(folder, start, generation, end,
+                  self.checkpoint if generation < 0 else "")
             if start < self._firsts.get((folder, generation), start + 1):
                 _mark_first(folder, start, generation)
                 self._firsts[(folder, generation)] = start
@@ -455,16 +457,30 @@ def _data(folder: Path, start: int, generation: int) -> Path:
     return folder / f"start-{start}.gen-{generation}.parquet"
 
 
-def _mark(folder: Path, start: int, generation: int, end: int | None = None) -> None:
+def _mark(folder: Path, start: int, generation: int, end: int | None = None,
+          run: str = "") -> None:
     """Index the file of ``start`` and ``generation`` ending at ``end`` (``_GENS``; None: not
-    known, an entry already made keeps its end), before its rename."""
+    known, an entry already made keeps its end), before its rename. ``run``, the checkpoint of
+    a run without a group, goes on a second line: only it tells that run's replay of a batch
+    from another run's read of the same offsets (``_start_of_run``)."""
     bucket = _bucket(folder, start)
     bucket.mkdir(parents=True, exist_ok=True)
     entry = bucket / f"{start}.{generation}"
     if end is None:
         entry.touch()
     else:
-        entry.write_text(str(end))
+        entry.write_text(f"{end}\n{run}" if run else str(end))
+
+
+def _read_entry(entry: Path, start: int) -> tuple[int, str]:
+    """The end and the run (``_mark``; "" where none is recorded) of the ``_GENS`` entry of
+    ``start``; an entry with no end, or gone, is taken to end at ``start + 1``."""
+    try:
+        lines = entry.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    end = lines[0].strip() if lines else ""
+    return int(end) if end.isdigit() else start + 1, lines[1] if len(lines) > 1 else ""
 
 
 def _mark_first(folder: Path, start: int, generation: int) -> None:
@@ -533,11 +549,7 @@ def _superseded(keys: Iterable[tuple[int, int]], firsts: dict[int, int],
             below[gen] = start
     for gen, start in below.items():
         first = newer(gen)
-        try:
-            text = (_bucket(folder, start) / f"{start}.{gen}").read_text().strip()
-        except FileNotFoundError:
-            text = ""
-        end = int(text) if text.isdigit() else start + 1
+        end, _ = _read_entry(_bucket(folder, start) / f"{start}.{gen}", start)
         if first is not None and first < end:
             out.add((start, gen))
     return out
@@ -613,32 +625,58 @@ def _settle(folder: Path, start: int, end: int | None = None) -> None:
         _data(folder, s, gen).unlink(missing_ok=True)
 
 
-def _refuse_overlap(folder: Path, start: int, end: int | None) -> None:
-    """Refuse a write of generation -1 (a run without a group, ``build_query(source=...)``)
-    whose offsets ``start`` to ``end`` overlap a generation -1 file of another start, found in
-    the index buckets ``_settle`` looks in. One run's batches never overlap, and its restart on
-    its checkpoint replays a batch at its start (which replaces the file): an overlap is a
-    second run, on another checkpoint, that read the same records again. Nothing supersedes a
-    generation -1 file, so both files counted them (read_counts too)."""
-    index = _index_of(folder) / _GENS
+def _start_of_run(folder: Path, start: int, end: int | None, run: str) -> int:
+    """Where a write of generation -1 (a run without a group, ``build_query(source=...)``, on
+    checkpoint ``run``) of offsets ``start`` to ``end`` goes: at ``start``, or at the start of
+    the file of the same run its range overlaps, which it replaces. One run's batches never
+    overlap, so that is its restart replaying a batch, which began later where retention
+    trimmed its first records meanwhile: written at its own start, beside the first attempt,
+    both counted the records after the trim. A file of another run (another checkpoint: the
+    default is a new one per run) that it overlaps makes it fail, as nothing supersedes a
+    generation -1 file: both would count the records read again (``read_counts`` too).
+
+    A run's files do not overlap each other, so of those that begin before ``start`` only the
+    one that begins last can reach into its range: the buckets are looked in from its range's
+    down to the first that has one, not only those ``_settle`` looks in (a batch of over 1,024
+    records, which a second run's reading its end again went past unseen)."""
+    gens = _index_of(folder) / _GENS
     stop = start + 1 if end is None else max(end, start + 1)
-    for bucket in range(max(0, start // _BUCKET - 1), (stop - 1) // _BUCKET + 1):
-        try:
-            names = os.listdir(index / str(bucket))
-        except FileNotFoundError:
+    try:
+        buckets = sorted((int(b) for b in os.listdir(gens) if b.isdigit()), reverse=True)
+    except FileNotFoundError:
+        return start
+    own: list[int] = []
+    for bucket in buckets:
+        if bucket > (stop - 1) // _BUCKET:
             continue
-        for s, gen in map(_entry, names):
-            if gen != -1 or s < 0 or s == start or s >= stop:
+        below = False
+        for s, gen in map(_entry, os.listdir(gens / str(bucket))):
+            if gen != -1 or s < 0 or s >= stop:
                 continue
-            text = (index / str(bucket) / f"{s}.{gen}").read_text().strip()
-            other = int(text) if text.isdigit() else s + 1
-            if other > start:
-                raise RuntimeError(
-                    f"{folder}: offsets {start} to {stop - 1}, read by a run without a group, "
-                    f"overlap those of {_data(folder, s, gen).name} ({s} to {other - 1}), "
-                    "which another such run wrote: both would count, and nothing tells which "
-                    "is right; give each run without a group its own output folder, or "
-                    "restart a run on its checkpoint")
+            other, other_run = _read_entry(gens / str(bucket) / f"{s}.{gen}", s)
+            below = below or s < start
+            if s < start and other <= start:
+                continue
+            if (other_run and other_run == run) or (s == start and not other_run):
+                own.append(s)  # (an entry from before runs were recorded: a restart's replay)
+                continue
+            by = (f"a run on checkpoint {other_run}" if other_run else
+                  "a run before runs were recorded, which may be this one")
+            raise RuntimeError(
+                f"{folder}: offsets {start} to {stop - 1}, read by a run without a group on "
+                f"checkpoint {run}, overlap those of {_data(folder, s, gen).name} ({s} to "
+                f"{other - 1}), written by {by}: both would count, and nothing tells which is "
+                "right; give each run without a group its own output folder, or restart a "
+                "run on its own checkpoint")
+        if below and bucket <= start // _BUCKET:
+            break
+    if len(own) > 1:
+        raise RuntimeError(
+            f"{folder}: offsets {start} to {stop - 1}, read by a run without a group on "
+            f"checkpoint {run}, overlap {len(own)} of its files (starts "
+            f"{', '.join(map(str, sorted(own)))}), where a replay reads one batch again; "
+            "give each run without a group its own output folder")
+    return own[0] if own else start
 
 
 def _settle_unsettled(folder: Path, own: str) -> None:
@@ -703,7 +741,7 @@ def build_query(
     files are of generation -1, which nothing supersedes: a restart on ``checkpoint`` replaces
     the file of the batch it replays, but a run on another checkpoint (the default: a new one
     per run) that reads offsets again which a file of ``out`` holds fails its batch
-    (``_refuse_overlap``); give such a run its own ``out``.
+    (``_start_of_run``); give such a run its own ``out``.
     """
     from pyspark.sql import functions as F
 

@@ -1,0 +1,64 @@
+"""The clickstream pipeline's files of runs without a group (generation -1), without Spark:
+a run's replay of its own batch against another run's read of the same offsets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
+
+from workers.clickstream import _Sink, read_counts
+
+WINDOW_MS = 10_000
+
+
+def _row(key: str, n: int) -> dict[str, Any]:
+    return {"ws": 0, "k": key, "n": n}
+
+
+def _files(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "counts").glob("topic=*/partition=*/*"))
+
+
+@pytest.mark.parametrize("first, end, trimmed", [(100, 300, 150), (0, 3000, 2500)])
+def test_a_runs_replay_of_a_batch_trimmed_meanwhile_replaces_its_own_file(
+        tmp_path: Path, first: int, end: int, trimmed: int) -> None:
+    # A run without a group wrote offsets first-end in one batch, and was killed before Spark
+    # logged it done; retention trimmed the records before `trimmed` meanwhile, and its restart
+    # on the same checkpoint replayed the batch from there. Before, the replay was refused as
+    # "another such run" (its start is inside the file's range), or, where the file began over
+    # a bucket of 1,024 offsets before, not seen, and written beside it: both counted.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    if first:
+        sink._write("ev", 0, 0, [_row("a", first)], -1, end=first)
+    sink._write("ev", 0, first, [_row("a", end - first)], -1, end=end)
+    restarted = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"))
+    restarted._write("ev", 0, trimmed, [_row("a", end - trimmed)], -1, end=end)
+    assert read_counts(tmp_path) == {(0, "a"): first + end - trimmed}
+    assert _files(tmp_path) == [f"start-{s}.gen--1.parquet" for s in sorted({0, first})]
+    restarted._write("ev", 0, end, [_row("a", 1)], -1, end=end + 1)  # and it goes on
+    assert read_counts(tmp_path) == {(0, "a"): first + end - trimmed + 1}
+
+
+@pytest.mark.parametrize("start, end", [(2500, 3000), (0, 50)])
+def test_another_runs_read_of_a_files_offsets_is_refused_naming_the_writer(
+        tmp_path: Path, start: int, end: int) -> None:
+    # Offsets 2500-2999 of a 3,000-record file: before, out of the buckets looked in, written
+    # beside it (counted twice). Offsets 0-49 of it: before, taken for a replay (same start)
+    # and written over it, losing 50-2999.
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp1"))
+    sink._write("ev", 0, 0, [_row("a", 3000)], -1, end=3000)
+    other = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp2"))
+    with pytest.raises(RuntimeError) as caught:
+        other._write("ev", 0, start, [_row("a", end - start)], -1, end=end)
+    message = str(caught.value)
+    assert f"checkpoint {tmp_path / 'cp2'}" in message
+    assert re.search(rf"start-0\.gen--1\.parquet \(0 to 2999\), written by a run on "
+                     rf"checkpoint {re.escape(str(tmp_path / 'cp1'))}", message)
+    assert "own output folder" in message
+    assert read_counts(tmp_path) == {(0, "a"): 3000}
+    assert _files(tmp_path) == ["start-0.gen--1.parquet"]
