@@ -3,6 +3,7 @@ a run's replay of its own batch against another run's read of the same offsets."
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,45 @@ def test_another_runs_read_of_a_files_offsets_is_refused_naming_the_writer(
     assert "own output folder" in message
     assert read_counts(tmp_path) == {(0, "a"): 3000}
     assert _files(tmp_path) == ["start-0.gen--1.parquet"]
+
+
+def test_a_write_of_the_topic_created_again_into_the_old_topics_output_is_refused(
+        tmp_path: Path) -> None:
+    # The old topic's generations 3-5 wrote offsets 0-349; the topic is deleted and created
+    # again (its offsets start over) and the group, still there, reads it from 0 in generation
+    # 6 into the same output. Before, nothing was checked: its file of 0-49 superseded the old
+    # topic's files of 0-349 (read_counts 50 where 350 records of the old topic counted).
+    old = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp1"))
+    old._write("ev", 0, 0, [_row("a", 100)], 3, end=100, token="t1")
+    old._write("ev", 0, 100, [_row("a", 250)], 5, end=350, token="t1")
+    old._write("ev", 1, 0, [_row("a", 1)], 5, end=1)  # no token known: not checked
+    new = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp2"))
+    with pytest.raises(RuntimeError) as caught:
+        new._write("ev", 0, 0, [_row("a", 50)], 6, end=50, token="t2")
+    message = str(caught.value)
+    assert "'ev' as created with token t1" in message and "(token t2)" in message
+    assert "new output folder" in message
+    with pytest.raises(RuntimeError, match="token t2"):  # any partition of the topic
+        new._write("ev", 1, 0, [_row("a", 50)], 6, end=50, token="t2")
+    assert read_counts(tmp_path) == {(0, "a"): 351}
+    assert _files(tmp_path) == ["start-0.gen-3.parquet", "start-0.gen-5.parquet",
+                                "start-100.gen-5.parquet"]
+    # the same topic, in a restarted run and in another topic's folder, writes on
+    again = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp3"))
+    again._write("ev", 0, 350, [_row("a", 2)], 6, end=352, token="t1")
+    again._write("other", 0, 0, [_row("b", 1)], 6, end=1, token="t2")
+    assert read_counts(tmp_path) == {(0, "a"): 353, (0, "b"): 1}
+    assert not list((tmp_path / "counts" / ".index").rglob(".tmp-*"))
+
+
+def test_a_batchs_create_tokens_are_those_its_offset_log_names(tmp_path: Path) -> None:
+    cp = tmp_path / "cp"
+    (cp / "offsets").mkdir(parents=True)
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    end = {"offsets": {"ev": {"0": 7}}, "tokens": {"ev": "t1"}, "generation": 4, "member": "m"}
+    (cp / "offsets" / "0").write_text("\n".join(["v1", meta, json.dumps(end)]))
+    (cp / "offsets" / "1").write_text("\n".join(["v1", meta, json.dumps({"ev": {"0": 7}})]))
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    assert sink.created_tokens(0) == {"ev": "t1"}
+    assert sink.created_tokens(1) == {}  # another source's offsets: none
+    assert sink.created_tokens(2) == {}  # no such batch

@@ -49,12 +49,13 @@ no batch is being written and ``settle(DIR)`` deleted the superseded files after
 is settled by the partition's next write, ``_UNSETTLED``; a batch begun before a trim, above,
 stays until a run's first write). The rule takes a group's generations to grow for ever: a group
 deleted and created again (its generations start over), or a topic created again (its offsets
-start over), needs a new DIR, which is not checked (the files cannot tell a new group's from a
-zombie's, nor a new topic's from offsets reset backwards): in the old DIR, a file of the new
-group is deleted as superseded where a higher-numbered generation of the old one began before
-its end, and the new topic's first file supersedes the old topic's. (Offsets an operator
-resets backwards are read again by a newer generation, whose files supersede the older ones
-they overlap: each record counts once.)
+start over), needs a new DIR. A topic's is checked: the topic folder's index records the
+create token of the topic its files are of, and a batch of the topic created again fails
+(``_same_topic``; a topic made before tokens is not checked). A group's is not (the files
+cannot tell a new group's from a zombie's): in the old DIR, a file of the new group is deleted
+as superseded where a higher-numbered generation of the old one began before its end.
+(Offsets an operator resets backwards are read again by a newer generation, whose files
+supersede the older ones they overlap: each record counts once.)
 """
 
 from __future__ import annotations
@@ -232,6 +233,7 @@ class _Sink:
         self.records = 0
         self.late = 0
         self._indexed: set[Path] = set()
+        self._tokens: set[tuple[str, str]] = set()  # (topic, create token) checked
         self._firsts: dict[tuple[Path, int], int] = {}  # (folder, generation): first marked
 
     def watermark_ms(self, batch_id: int, spark: Any = None) -> int:
@@ -298,6 +300,15 @@ class _Sink:
                 out[(tp.topic, tp.partition)] = end.starts[tp]
         return out
 
+    def created_tokens(self, batch_id: int, spark: Any = None) -> dict[str, str]:
+        """The create token of each topic the batch read (``Position.tokens``: the topic its
+        offsets belong to), from the checkpoint's offset log; empty for a source other than
+        group mode's, and a topic made before tokens has none."""
+        from rcoord.spark.replays import checkpoint_position
+
+        end = checkpoint_position(self.checkpoint, batch_id, spark=spark)
+        return {} if end is None else dict(end.tokens)
+
     def __call__(self, batch: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
@@ -319,6 +330,7 @@ class _Sink:
         gen = self.generation(batch_id, batch.sparkSession)
         starts = self.planned_starts(batch_id, batch.sparkSession)
         ends = self.planned_ends(batch_id, batch.sparkSession)
+        tokens = self.created_tokens(batch_id, batch.sparkSession)
         by_part: dict[tuple[str, int], list[Any]] = defaultdict(list)
         for row in rows:
             by_part[(row["topic"], row["partition"])].append(row)
@@ -328,14 +340,16 @@ class _Sink:
             first = min(r["lo"] for r in group)
             last = max(r["hi"] for r in group) + 1
             self._write(topic, partition, min(first, starts.get((topic, partition), first)),
-                        group, gen, end=max(last, ends.get((topic, partition), last)))
+                        group, gen, end=max(last, ends.get((topic, partition), last)),
+                        token=tokens.get(topic, ""))
         self.batches += 1
 
     def _write(self, topic: str, partition: int, start: int, rows: list[Any],
-               generation: int, *, end: int | None = None) -> None:
+               generation: int, *, end: int | None = None, token: str = "") -> None:
         """Write the file of ``rows``, the counts of offsets ``start`` to ``end`` (exclusive;
         None: not known, taken for ``start + 1``) of ``generation``, and settle the files
-        around it (``_settle``)."""
+        around it (``_settle``). ``token``: the topic's create token, checked against the
+        folder's (``_same_topic``); "" where none is known."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -348,6 +362,9 @@ class _Sink:
             "count": pa.array([r["n"] for r in kept], pa.int64()),
         })
         folder = Path(self.out_dir, "counts", f"topic={topic}", f"partition={partition}")
+        if token and (topic, token) not in self._tokens:  # once per topic and run
+            _same_topic(folder, topic, token)
+            self._tokens.add((topic, token))
         folder.mkdir(parents=True, exist_ok=True)
         if folder not in self._indexed:  # once per folder and run: files from before the index
             _index(folder)
@@ -387,6 +404,39 @@ class _Sink:
         _settle(folder, start, end)
         _settle_unsettled(folder, unsettled.name)
         unsettled.unlink(missing_ok=True)
+
+
+_TOKEN = "create_token"
+"""The create token of the topic a topic folder's files are of (``Topics.create_token``):
+``DIR/counts/.index/topic=T/create_token``, made by the first write that knows it."""
+
+
+def _same_topic(folder: Path, topic: str, token: str) -> None:
+    """Refuse a write of the topic created with ``token`` into the partition folder ``folder``
+    whose topic folder holds files of the topic as created by another call. A topic deleted and
+    created again starts its offsets over, and its files were told from the old topic's by
+    offset and generation only: the old topic's superseded the new one's, or the other way
+    round (50 records counted of 350). The first write that knows a token records it, by a
+    link (which fails where one is there), so that of two first writes one records and the
+    other compares."""
+    recorded = _index_of(folder).parent / _TOKEN
+    recorded.parent.mkdir(parents=True, exist_ok=True)
+    tmp = recorded.with_name(f".tmp-{uuid.uuid4().hex}")
+    tmp.write_text(token)
+    try:
+        os.link(tmp, recorded)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    found = recorded.read_text()
+    if found != token:
+        raise RuntimeError(
+            f"{folder.parent}: its files are of topic {topic!r} as created "
+            f"with token {found}, and this batch read the topic created again since (token "
+            f"{token}), whose offsets start over: files of both in one output would supersede "
+            "each other and lose records; give the new topic's pipeline a new output folder "
+            f"(or move {folder.parent} and {recorded.parent} away)")
 
 
 def _index_of(folder: Path) -> Path:
