@@ -4,7 +4,10 @@ a run's replay of its own batch against another run's read of the same offsets."
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +108,38 @@ def test_a_batchs_create_tokens_are_those_its_offset_log_names(tmp_path: Path) -
     assert sink.created_tokens(0) == {"ev": "t1"}
     assert sink.created_tokens(1) == {}  # another source's offsets: none
     assert sink.created_tokens(2) == {}  # no such batch
+
+
+_KILLED_IN_WRITE_TABLE = """
+import os, signal, sys
+import pyarrow.parquet as pq
+from workers.clickstream import _Sink
+
+real = pq.write_table
+def killed(table, where, *args, **kwargs):
+    real(table, where, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the driver killed inside its write
+pq.write_table = killed
+_Sink(sys.argv[1], 10_000, sys.argv[2])._write("ev", 0, 5, [{"ws": 0, "k": "a", "n": 3}], 6,
+                                               end=8)
+"""
+
+
+def test_a_restarted_query_removes_at_once_the_temporary_file_its_killed_run_left(
+        tmp_path: Path) -> None:
+    # Before, the file of a writer killed inside write_table (a whole batch's Parquet) stayed
+    # until a write over an hour later: the restart's first write found it too young.
+    cp = str(tmp_path / "cp")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_IN_WRITE_TABLE, str(tmp_path), cp],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+                            check=False, timeout=120)
+    assert killed.returncode == -9
+    folder = tmp_path / "counts" / "topic=ev" / "partition=0"
+    assert [p.name for p in folder.glob(".tmp-*")]  # the killed writer's
+    # another query's first write may not remove it (its writer may be alive, only slow)
+    _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp2"))._write(
+        "ev", 0, 0, [_row("a", 5)], 6, end=5)
+    assert [p.name for p in folder.glob(".tmp-*")]
+    _Sink(str(tmp_path), WINDOW_MS, cp)._write("ev", 0, 5, [_row("a", 3)], 6, end=8)
+    assert not list(folder.glob(".tmp-*"))
+    assert read_counts(tmp_path) == {(0, "a"): 8}

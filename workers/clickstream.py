@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import hashlib
 import json
 import logging
 import os
@@ -367,11 +368,11 @@ class _Sink:
             self._tokens.add((topic, token))
         folder.mkdir(parents=True, exist_ok=True)
         if folder not in self._indexed:  # once per folder and run: files from before the index
-            _index(folder)
+            _index(folder, _run_tag(self.checkpoint))
             self._indexed.add(folder)
         if generation < 0:
             start = _start_of_run(folder, start, end, self.checkpoint)
-        attempt = uuid.uuid4().hex
+        attempt = f"{_run_tag(self.checkpoint)}-{uuid.uuid4().hex}"
         tmp = folder / f".tmp-{attempt}"
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
         try:
@@ -605,7 +606,13 @@ def _superseded(keys: Iterable[tuple[int, int]], firsts: dict[int, int],
     return out
 
 
-def _index(folder: Path) -> None:
+def _run_tag(checkpoint: str) -> str:
+    """What a write's temporary file is named by before its attempt (``.tmp-<tag>-<attempt>``):
+    the query of ``checkpoint``, so that its restart knows the files of its own dead run."""
+    return hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+
+
+def _index(folder: Path, run: str = "") -> None:
     """Index the folder's files that have no ``_GENS`` entry (written before there was an
     index) and the generations with no ``_FIRSTS`` entry, and settle the whole folder: a
     sink's first write in a folder does it, once, so that a file written by an earlier
@@ -617,7 +624,10 @@ def _index(folder: Path) -> None:
     rebalance timeout. An entry made meanwhile is made again, which is harmless.
 
     A writer killed while writing its temporary file has no ``_UNSETTLED`` entry yet: the
-    folder's one listing here removes such a file once it is ``_STALE_S`` old (``_abandon``)."""
+    folder's one listing here removes such a file once it is ``_STALE_S`` old (``_abandon``),
+    and at once one of the query of ``run`` (``_run_tag``), which is its restart: Spark runs
+    one query of a checkpoint at a time, so that file's writer is dead. Before, the file (a
+    whole batch's Parquet) stayed until a restart over an hour later."""
     gens = _index_of(folder) / _GENS
     try:
         buckets = os.listdir(gens)
@@ -626,7 +636,10 @@ def _index(folder: Path) -> None:
     indexed = {_entry(name) for bucket in buckets for name in os.listdir(gens / bucket)}
     found: set[tuple[int, int]] = set()
     for name in os.listdir(folder):
-        if name.startswith(".tmp-"):
+        if run and name.startswith(f".tmp-{run}-"):
+            (folder / name).unlink(missing_ok=True)
+            log.warning("removed %s, a write of this query's run before its restart", name)
+        elif name.startswith(".tmp-"):
             _abandon(folder / name)
         m = _FILE.fullmatch(name)
         if m is not None:
