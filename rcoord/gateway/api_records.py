@@ -149,6 +149,10 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None,
         return out
     try:
         batches = decode_batches(data or b"", partition, version)
+        unserved = _unserved_slot(state, topic, partition)
+        if unserved:
+            out.update(error_code=NOT_LEADER_OR_FOLLOWER, error_message=unserved)
+            return out
         # (one at most, as Kafka's ProduceRequest.validateRecords: appending the first before
         # a later one failed would leave half a request written)
         metas = [_append_batch(state, topic, partition, b) for b in batches]
@@ -164,6 +168,27 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None,
     out.update(base_offset=metas[0].offset, log_append_time=metas[0].timestamp_ms,
                log_start_offset=_log_start(state, topic, partition))
     return out
+
+
+def _unserved_slot(state: GatewayState, topic: str, partition: int) -> str | None:
+    """Blocking: why the partition's slot has no master in the cluster client's slot map (read
+    again first, at most once a second: ``rcoord.connect.refresh_uncovered``), or None.
+
+    An append to such a slot is not sent, so it certainly did not run: NOT_LEADER_OR_FOLLOWER,
+    as Kafka answers a partition whose leader it is not, on which Kafka's producer reads its
+    metadata again and resends. Sent, it failed the same way (redis-py's
+    ``SlotNotCoveredError``) and was answered REQUEST_TIMED_OUT, "maybe written", which is all
+    that failure can say there: redis-py raises it too on the retry after a lost connection,
+    whose call may have run."""
+    if not state.cluster:
+        return None
+    try:
+        state.sync_redis.get_node_from_key(partition_key(state.config.namespace, topic,
+                                                         partition))
+    except redis.exceptions.SlotNotCoveredError as exc:
+        return (f"partition {partition} of {topic!r} is on a Redis Cluster slot no master "
+                f"serves now; nothing was appended ({exc})")
+    return None
 
 
 def _log_start(state: GatewayState, topic: str, partition: int) -> int:
