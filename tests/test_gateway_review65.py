@@ -8,6 +8,7 @@ from typing import Any
 
 from gateway_harness import GatewayThread, call_once, produced_batch, settle_fast_groups
 from harness import wait_until
+from test_gateway_review64_coverage import _codes, _started
 from test_gateway_slot_moves import _unserved
 
 from rcoord.errors import Errors
@@ -66,3 +67,36 @@ def test_a_produce_to_a_partition_whose_slot_has_no_master_is_not_leader_or_foll
         assert [r.value for r in fetch(client, namespace, "t", 1, 0).records] == [b"c"]
     finally:
         client.close()
+
+
+def test_an_offset_commit_or_delete_of_only_an_unserved_topic_answers_it_by_itself(
+        own_cluster, namespace):
+    """An OffsetCommit naming only a topic whose metadata slot has no master failed whole,
+    COORDINATOR_NOT_AVAILABLE, on which Kafka's consumer drops its coordinator and looks it up
+    again (``OffsetCommitResponseHandler``), though the group's coordinator was fine; beside a
+    served topic the same topic was UNKNOWN_TOPIC_OR_PARTITION, which it just retries. It is
+    that here too, as Kafka answers a commit of only unknown topics without asking the
+    coordinator; OffsetDelete likewise (its group's error was COORDINATOR_NOT_AVAILABLE).
+    Nothing of the refused commit or delete is applied."""
+    gw, group = _started(own_cluster, namespace)
+
+    def commit(offset: int) -> Any:
+        return call_once(gw, 8, 8, {
+            "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+            "topics": [{"name": "t", "partitions": [
+                {"partition_index": 0, "committed_offset": offset}]}]})
+
+    try:
+        assert _codes(commit(7)) == {"t": Errors.NONE}
+        with _unserved(own_cluster, meta_key(namespace, "t")):
+            committed = commit(9)
+            deleted = call_once(gw, 47, 0, {"group_id": group, "topics": [
+                {"name": "t", "partitions": [{"partition_index": 0}]}]}, header_bytes=4)
+        fetched = call_once(gw, 9, 8, {"groups": [{"group_id": group, "topics": [
+            {"name": "t", "partition_indexes": [0]}]}], "require_stable": False})
+    finally:
+        gw.stop()
+    assert _codes(committed) == {"t": Errors.UNKNOWN_TOPIC_OR_PARTITION}
+    assert deleted.error_code.value == Errors.NONE
+    assert _codes(deleted) == {"t": Errors.UNKNOWN_TOPIC_OR_PARTITION}
+    assert fetched.groups[0].topics[0].partitions[0].committed_offset == 7

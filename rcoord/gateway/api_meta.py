@@ -26,6 +26,7 @@ from .errors import (
     UNKNOWN_TOPIC_ID,
     UNREACHED,
     log_unreached,
+    slot_unserved,
 )
 from .registry import REGISTRY, api
 from .state import NODE_ID, Connection, GatewayState
@@ -72,7 +73,12 @@ def partition_counts(state: GatewayState, names: list[str] | None,
 
     With ``unreached``, a topic whose count Redis could not serve (``UNREACHED``: on a
     cluster, its slot with no master) is put there, with its failure, instead of failing the
-    whole call, unless every topic failed so (Redis itself unreachable: the first is raised).
+    whole call, unless every topic failed so and not every failure was its slot's own
+    (``slot_unserved``: else Redis itself may be unreachable, and the last failure is raised).
+    A request naming only topics whose slots have no master failed whole: an OffsetCommit of
+    one such topic was COORDINATOR_NOT_AVAILABLE, on which Kafka's consumer drops its
+    coordinator and looks it up again, where the same topic beside a served one was
+    UNKNOWN_TOPIC_OR_PARTITION, which it retries as it is.
     """
     out: dict[str, int | Errors] = {}
     # (Its own name: ``names is None`` below still says "every topic" once they are listed.)
@@ -81,7 +87,8 @@ def partition_counts(state: GatewayState, names: list[str] | None,
         try:
             out[name] = state.topics.partition_count(name)
         except UNREACHED as exc:
-            if unreached is None or len(unreached) + 1 == len(listed):
+            if unreached is None or (len(unreached) + 1 == len(listed) and not all(
+                    map(slot_unserved, [*unreached.values(), exc]))):
                 raise
             unreached[name] = exc
         except TopicError as exc:
@@ -105,8 +112,9 @@ async def readable_partitions(conn: Connection, topics: Any
     master) is UNKNOWN_TOPIC_OR_PARTITION too, as Kafka's broker answers a topic its metadata
     cache does not hold (yet): its clients retry that code on a commit (KAFKA-6829). It failed
     the whole request (COORDINATOR_NOT_AVAILABLE), so no partition of any other topic was
-    committed for as long as that slot was down. When every topic's read fails so (Redis itself
-    unreachable), the request still fails as a whole."""
+    committed for as long as that slot was down. When every topic's read fails so and not
+    every failure is its slot's own (Redis itself may be unreachable), the request still fails
+    as a whole (``partition_counts``)."""
     readable = {t.name for t in topics if conn.may(Operation.READ, ResourceType.TOPIC, t.name)}
     unreached: dict[str, BaseException] = {}
     counts = (await conn.state.blocking(partition_counts, conn.state, sorted(readable),

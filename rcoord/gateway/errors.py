@@ -41,6 +41,7 @@ __all__ = [
     "log_login_refused",
     "log_unreached",
     "since_last",
+    "slot_unserved",
     "throttled",
 ]
 
@@ -53,6 +54,22 @@ is a ConnectionLost), and redis-py errors no rcoord boundary translated (no free
 the pool): retriable, whatever the request was. A login Redis refuses the gateway (its password
 rotated under it) too: the gateway's credentials are not the Kafka client's to fix, and the
 client retries until the gateway is restarted with the new ones."""
+
+
+
+def slot_unserved(exc: BaseException) -> bool:
+    """Whether ``exc`` (one of ``UNREACHED``) is a Redis Cluster slot with no master in the
+    client's slot map (redis-py's ``SlotNotCoveredError``, which rcoord's boundary raises as
+    ``ConnectionLost``): that slot alone, while the other slots' masters may well answer. A
+    refused connection, a timeout or CLUSTERDOWN (which a cluster requiring full coverage
+    answers for every slot) may be Redis itself, so they are not."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.exceptions.SlotNotCoveredError):
+            return True
+        seen = seen.__cause__
+    return False
+
 
 LOGIN_REFUSED = (AuthenticationFailedError, redis.exceptions.AuthenticationError)
 """What a refused login of the gateway's own raises (rcoord's error, or redis-py's where no
