@@ -56,7 +56,6 @@ rotated under it) too: the gateway's credentials are not the Kafka client's to f
 client retries until the gateway is restarted with the new ones."""
 
 
-
 def slot_unserved(exc: BaseException) -> bool:
     """Whether ``exc`` (one of ``UNREACHED``) is a Redis Cluster slot with no master in the
     client's slot map (redis-py's ``SlotNotCoveredError``, which rcoord's boundary raises as
