@@ -257,6 +257,17 @@ def connect(gw: GatewayThread) -> socket.socket:
     return socket.create_connection(gw.address, timeout=10)
 
 
+def closed_by_gateway(sock: socket.socket, timeout_s: float | None = None) -> bool:
+    """Whether the gateway closed ``sock`` (instead of answering what was sent on it), waiting
+    up to the socket's timeout, or ``timeout_s`` if given: a reset counts as closed."""
+    if timeout_s is not None:
+        sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
 def call_once(gw: GatewayThread, api_key: int, version: int, body: dict[str, Any],
               header_bytes: int = 5, login: tuple[str, str] | None = None) -> Any:
     """One request on a connection of its own (a flexible version: response header v1, 5

@@ -16,6 +16,7 @@ kafka = pytest.importorskip("kafka")
 from gateway_harness import (
     FAST_GROUPS,
     GatewayThread,
+    closed_by_gateway,
     recv_frame,
     request_frame,
     settle_fast_groups,
@@ -25,13 +26,6 @@ from gateway_harness import connect as _connect
 from harness import wait_until
 
 from rcoord.topics import Topics, fetch
-
-
-def _closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def test_api_versions_lists_only_what_is_served(gateway: GatewayThread) -> None:
@@ -99,7 +93,7 @@ def test_bad_frames_close_only_their_connection(gateway: GatewayThread, bad: str
         else:
             body = b"\x00\x03\x00\x0c\x00\x00\x00\x01" + b"\xff" * 5  # Metadata v12, junk
             victim.sendall(len(body).to_bytes(4, "big") + body)
-        assert _closed(victim)
+        assert closed_by_gateway(victim)
         good.sendall(request_frame(18, 3, 11, {"client_software_name": "t",
                                           "client_software_version": "1"}))
         assert int.from_bytes(recv_frame(good)[:4], "big") == 11

@@ -12,7 +12,6 @@ name."""
 from __future__ import annotations
 
 import importlib
-import socket
 import threading
 from typing import Any
 
@@ -22,6 +21,7 @@ pytest.importorskip("kio")
 
 from gateway_harness import (
     call_once,
+    closed_by_gateway,
     connect,
     fetched_records,
     fill_backlog,
@@ -60,14 +60,6 @@ def _log(gateway: Any, redis_server: Any) -> tuple[int, int]:
         client.close()
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the gateway closed ``sock`` (instead of answering the request sent on it)."""
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def test_an_acks0_produce_that_fails_closes_the_connection(gateway, redis_server, topics):
     topics.create("t", 1)
     # A good acks=0 produce: no answer, and the connection serves the next request.
@@ -83,7 +75,7 @@ def test_an_acks0_produce_that_fails_closes_the_connection(gateway, redis_server
         sock = connect(gateway)
         try:
             sock.sendall(_produce(topic, 0, 1, index) + _metadata(2))
-            assert _closed(sock), (topic, index)
+            assert closed_by_gateway(sock), (topic, index)
         finally:
             sock.close()
     assert _log(gateway, redis_server) == (0, 1)  # the good one only
@@ -799,7 +791,7 @@ def test_a_transactional_batch_fails_the_whole_produce_as_kafka_does(gateway, re
         sock.sendall(request_frame(0, 9, 1, {"acks": 0, "timeout": 5000, "topic_data": [
             {"name": "t", "partition_data": [{"index": 0, "records": plain},
                                              {"index": 1, "records": _transactional(b"x")}]}]}))
-        assert _closed(sock)
+        assert closed_by_gateway(sock)
     finally:
         sock.close()
     assert _log(gateway, redis_server) == (0, 0)
@@ -993,7 +985,7 @@ def test_a_corrupt_first_batch_fails_the_whole_produce_as_kafka_does(
         sock.sendall(request_frame(0, 9, 1, {"acks": 0, "timeout": 5000, "topic_data": [
             {"name": "t", "partition_data": [{"index": 0, "records": plain},
                                              {"index": 1, "records": corrupt}]}]}))
-        assert _closed(sock)
+        assert closed_by_gateway(sock)
     finally:
         sock.close()
     client = redis_server.client()

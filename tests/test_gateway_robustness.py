@@ -13,7 +13,14 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, connect, request_frame, response, running_gateway
+from gateway_harness import (
+    call_once,
+    closed_by_gateway,
+    connect,
+    request_frame,
+    response,
+    running_gateway,
+)
 from harness import WAIT_S, wait_until
 
 from rcoord.errors import Errors
@@ -39,14 +46,6 @@ def test_a_fetch_that_waits_longer_than_the_redis_socket_timeout_is_answered_emp
     assert waited >= 1.4  # the whole max_wait, not cut short by the socket timeout
 
 
-def _closed_by_server(sock: socket.socket) -> bool:
-    """True once the gateway closed ``sock`` (within the socket's own timeout)."""
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def test_idle_and_half_sent_connections_are_closed_and_busy_ones_kept(redis_server, namespace):
     # Kafka's connections.max.idle.ms: before it, a peer that connected and stayed silent, or
     # sent a size prefix and part of a frame, held its task (and up to a frame's buffer) for
@@ -65,7 +64,7 @@ def test_idle_and_half_sent_connections_are_closed_and_busy_ones_kept(redis_serv
                 assert response(active, 18, 0, 4).error_code.value == Errors.NONE
                 time.sleep(0.1)
             assert time.monotonic() - started >= 1.0
-            assert _closed_by_server(silent) and _closed_by_server(partial)
+            assert closed_by_gateway(silent) and closed_by_gateway(partial)
         finally:
             for s in (silent, partial, active):
                 s.close()
@@ -117,7 +116,7 @@ def test_close_ends_a_parked_fetch_whose_first_cancel_was_lost(redis_server, nam
             closing = asyncio.run_coroutine_threadsafe(gw.gateway.close(), gw.loop)
             closing.result(10)  # (before: TimeoutError, the Fetch's task still parked)
             sock.settimeout(10)
-            assert _closed_by_server(sock)
+            assert closed_by_gateway(sock)
         finally:
             sock.close()
 

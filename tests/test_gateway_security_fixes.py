@@ -25,6 +25,7 @@ pytest.importorskip("kio")
 
 from gateway_harness import (
     GatewayThread,
+    closed_by_gateway,
     connect,
     make_certs,
     recv_frame,
@@ -54,14 +55,6 @@ ALLOW_ALL = {"principal": "User:alice", "resource": "topic", "name": "*", "opera
 def _deny_secret(host: Any) -> dict[str, Any]:
     return {"principal": "User:alice", "resource": "topic", "name": "secret",
             "operations": ["DESCRIBE"], "permission": "deny", "host": host}
-
-
-def _closed_by_server(sock: socket.socket) -> bool:
-    sock.settimeout(WAIT_S)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 # -- ACL hosts ----------------------------------------------------------------------------------
@@ -227,7 +220,7 @@ def test_api_versions_is_served_once_and_only_before_the_handshake(
             twice.sendall(_api_versions(1))
             assert response(twice, 18, 3, 4).error_code.value == 0
             twice.sendall(_api_versions(2))
-            assert _closed_by_server(twice)
+            assert closed_by_gateway(twice, WAIT_S)
         with connect(gw) as retried:  # one answered UNSUPPORTED_VERSION does not count
             retried.sendall(_unserved_api_versions(1))
             assert response(retried, 18, 0, 4).error_code.value == UNSUPPORTED_VERSION
@@ -243,11 +236,11 @@ def test_api_versions_is_served_once_and_only_before_the_handshake(
             assert _handshake(late, 1) == 0
             late.sendall(_api_versions(2))
             assert response(late, 18, 3, 4).error_code.value == ILLEGAL_SASL_STATE
-            assert _closed_by_server(late)
+            assert closed_by_gateway(late, WAIT_S)
         with connect(gw) as again:
             assert _handshake(again, 1) == 0
             assert _handshake(again, 2) == ILLEGAL_SASL_STATE
-            assert _closed_by_server(again)
+            assert closed_by_gateway(again, WAIT_S)
 
 
 def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_then_closed(
@@ -263,14 +256,14 @@ def test_another_request_after_the_handshake_is_answered_illegal_sasl_state_then
             after.sendall(metadata)
             (topic,) = response(after, 3, 12, 5).topics
             assert (topic.name, topic.error_code.value) == ("t", ILLEGAL_SASL_STATE)
-            assert _closed_by_server(after)
+            assert closed_by_gateway(after, WAIT_S)
         with connect(gw) as everything:  # all topics: nothing to carry the code, as before
             assert _handshake(everything, 1) == 0
             everything.sendall(request_frame(3, 12, 2, {"topics": None}))
-            assert _closed_by_server(everything)
+            assert closed_by_gateway(everything, WAIT_S)
         with connect(gw) as before:  # before the handshake: closed unanswered, as Kafka
             before.sendall(metadata)
-            assert _closed_by_server(before)
+            assert closed_by_gateway(before, WAIT_S)
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -287,7 +280,7 @@ def test_find_coordinator_below_v4_after_the_handshake_names_no_node(
         assert (found.error_code.value, found.node_id, found.host, found.port) == (
             ILLEGAL_SASL_STATE, -1, "", -1)
         assert found.error_message == "Request is not valid given the current SASL state."
-        assert _closed_by_server(sock)
+        assert closed_by_gateway(sock, WAIT_S)
 
 
 def test_sasl_authenticate_once_authenticated_is_refused_and_the_connection_stays(
@@ -384,7 +377,7 @@ def test_a_failed_authentication_is_answered_late_without_holding_up_others(
         assert _handshake(guesser, 1) == 0
         guesser.sendall(request_frame(36, 2, 2, {"auth_bytes": b"\0alice\0guess"}))
         assert response(guesser, 36, 2, 5).error_code.value == SASL_AUTHENTICATION_FAILED
-        assert _closed_by_server(guesser)
+        assert closed_by_gateway(guesser, WAIT_S)
 
 
 # -- TLS: a corrupt record, and files that cannot be used ---------------------------------------
