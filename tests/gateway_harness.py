@@ -253,6 +253,23 @@ def response(sock: socket.socket, api_key: int, version: int, header_bytes: int)
     return resp
 
 
+INIT_PRODUCER_ID_BODY = {"transactional_id": None, "transaction_timeout": 60000,
+                         "producer_id": -1, "producer_epoch": -1}
+"""An InitProducerId (v2+) body of an idempotent producer with no id yet, as Kafka's sends."""
+
+
+@contextlib.contextmanager
+def demoted(admin: Any, refused_port: int) -> Iterator[None]:
+    """``admin``'s server a replica of a port nothing listens on while the block runs (a
+    master a failover demoted: writes are refused READONLY, blocked reads ended), then a
+    master again."""
+    admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
+    try:
+        yield
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+
+
 def connect(gw: GatewayThread) -> socket.socket:
     return socket.create_connection(gw.address, timeout=10)
 

@@ -13,6 +13,7 @@ import pytest
 kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
+    INIT_PRODUCER_ID_BODY,
     connect,
     produced_batch,
     request_frame,
@@ -58,9 +59,7 @@ def test_two_producers_big_batches_each_land_whole_at_the_answered_base_offset(o
             topics.create("t", 1)
         # An idempotent producer (numbered batches) and a plain one, concurrently.
         init = connect(gw)
-        init.sendall(request_frame(22, 4, 1, {"transactional_id": None,
-                                               "transaction_timeout": 60000,
-                                               "producer_id": -1, "producer_epoch": -1}))
+        init.sendall(request_frame(22, 4, 1, INIT_PRODUCER_ID_BODY))
         pid = int(response(init, 22, 4, 5).producer_id)
         init.close()
         bases: dict[tuple[str, int], int] = {}

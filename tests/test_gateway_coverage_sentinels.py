@@ -3,7 +3,7 @@ epochs) beside the error code, so a client never reads a real-looking value from
 
 from __future__ import annotations
 
-from gateway_harness import call_once, running_gateway
+from gateway_harness import INIT_PRODUCER_ID_BODY, call_once, demoted, running_gateway
 
 from rcoord.errors import Errors
 from rcoord.gateway.error_responses import request_error_response
@@ -28,16 +28,10 @@ def test_init_producer_id_while_redis_refuses_writes_answers_epoch_minus_one(
         own_server, namespace, refused_port):
     """The same through a gateway whose Redis cannot allocate an id (a master demoted to a
     replica, as a failover does)."""
-    body = {"transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
-            "producer_epoch": -1}
     admin = own_server.client()
     try:
-        with running_gateway(own_server, namespace) as gw:
-            admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
-            try:
-                during = call_once(gw, INIT_PRODUCER_ID, 4, body)
-            finally:
-                admin.execute_command("REPLICAOF", "NO", "ONE")
+        with running_gateway(own_server, namespace) as gw, demoted(admin, refused_port):
+            during = call_once(gw, INIT_PRODUCER_ID, 4, INIT_PRODUCER_ID_BODY)
     finally:
         admin.close()
     assert (during.error_code.value, during.producer_id, during.producer_epoch) == (

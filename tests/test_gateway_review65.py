@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway_harness import GatewayThread, call_once, produced_batch, settle_fast_groups
+from gateway_harness import (
+    INIT_PRODUCER_ID_BODY,
+    GatewayThread,
+    call_once,
+    produced_batch,
+    settle_fast_groups,
+)
 from harness import wait_until
 from test_gateway_review64_coverage import _codes, _started
 from test_gateway_slot_moves import _unserved
@@ -46,9 +52,7 @@ def test_a_produce_to_a_partition_whose_slot_has_no_master_is_not_leader_or_foll
         try:
             with _unserved(own_cluster, keys[1]):
                 gw = GatewayThread(own_cluster.url, namespace).start()
-                pid = int(call_once(gw, 22, 4, {
-                    "transactional_id": None, "transaction_timeout": 60000,
-                    "producer_id": -1, "producer_epoch": -1}).producer_id)
+                pid = int(call_once(gw, 22, 4, INIT_PRODUCER_ID_BODY).producer_id)
                 resend = {1: produced_batch([Record(0, None, b"c", {}, 0)], producer_id=pid,
                                             producer_epoch=0, base_sequence=0)}
                 plain = _produce(gw, {0: produced_batch([Record(0, None, b"a", {}, 0)]),

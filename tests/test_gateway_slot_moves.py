@@ -10,8 +10,10 @@ import contextlib
 from collections.abc import Iterator
 
 from gateway_harness import (
+    INIT_PRODUCER_ID_BODY,
     call_once,
     connect,
+    demoted,
     produced_batch,
     request_frame,
     response,
@@ -43,11 +45,8 @@ def test_a_parked_fetch_ended_by_a_failover_is_answered_retriable(own_server, na
                 "topics": [{"topic": "idle", "partitions": [
                     {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}))
             wait_until(lambda: blocked_xreads(admin) > 0)
-            admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
-            try:
+            with demoted(admin, refused_port):
                 fetched = response(sock, 1, 12, 5)
-            finally:
-                admin.execute_command("REPLICAOF", "NO", "ONE")
             part = fetched.responses[0].partitions[0]
             assert (fetched.error_code.value, part.error_code.value) == (
                 NOT_LEADER_OR_FOLLOWER, NOT_LEADER_OR_FOLLOWER)
@@ -140,8 +139,7 @@ def test_an_idempotent_produce_through_split_keys_is_retriable_and_appended_once
                     {"name": "t", "partition_data": [{"index": 0, "records": batch}]}]})
                 return answer.responses[0].partition_responses[0]
 
-            init = call(22, 4, {"transactional_id": None, "transaction_timeout": 60000,
-                                "producer_id": -1, "producer_epoch": -1})
+            init = call(22, 4, INIT_PRODUCER_ID_BODY)
             pid = int(init.producer_id)
             assert produce(0, b"a").error_code.value == 0  # (the producer's state exists)
             _start(move)
@@ -170,17 +168,12 @@ def test_init_producer_id_while_redis_refuses_writes_is_retriable(own_server, na
     ``ProducerIdManager`` answers while it cannot hand out an id, which they retry."""
     with topics_of(own_server, namespace) as topics:
         topics.create("t", 1)
-    body = {"transactional_id": None, "transaction_timeout": 60000, "producer_id": -1,
-            "producer_epoch": -1}
     admin = own_server.client()
     try:
         with running_gateway(own_server, namespace) as gw:
-            admin.execute_command("REPLICAOF", "127.0.0.1", refused_port)
-            try:
-                during = call_once(gw, 22, 4, body)
-            finally:
-                admin.execute_command("REPLICAOF", "NO", "ONE")
-            after = call_once(gw, 22, 4, body)
+            with demoted(admin, refused_port):
+                during = call_once(gw, 22, 4, INIT_PRODUCER_ID_BODY)
+            after = call_once(gw, 22, 4, INIT_PRODUCER_ID_BODY)
     finally:
         admin.close()
     assert during.error_code.value == Errors.COORDINATOR_LOAD_IN_PROGRESS
