@@ -13,7 +13,7 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from harness import socket_warnings_on_collect
@@ -268,6 +268,16 @@ def demoted(admin: Any, refused_port: int) -> Iterator[None]:
         yield
     finally:
         admin.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def fetch_body(topic: str, partitions: Iterable[int], offset: int, max_wait_ms: int = 0
+               ) -> dict[str, Any]:
+    """A Fetch (v4-v12) body reading ``partitions`` of ``topic`` from ``offset``, up to 1 MiB
+    each and in all, waiting up to ``max_wait_ms`` for a first byte."""
+    return {"replica_id": -1, "max_wait": max_wait_ms, "min_bytes": 1, "max_bytes": 1 << 20,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": p, "fetch_offset": offset, "partition_max_bytes": 1 << 20}
+                for p in partitions]}]}
 
 
 def connect(gw: GatewayThread) -> socket.socket:

@@ -12,6 +12,7 @@ from gateway_harness import (
     GatewayThread,
     call_once,
     connect,
+    fetch_body,
     fetched_records,
     produced_batch,
     request_frame,
@@ -36,11 +37,7 @@ def _produce(gw: GatewayThread, partitions: list[int]) -> dict[int, int]:
 
 
 def _fetch(gw: GatewayThread, partitions: list[int]) -> dict[int, Any]:
-    answer = call_once(gw, 1, 12, {
-        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-        "topics": [{"topic": "t", "partitions": [
-            {"partition": p, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
-            for p in partitions]}]})
+    answer = call_once(gw, 1, 12, fetch_body("t", partitions, 0))
     return {p.partition_index: p for p in answer.responses[0].partitions}
 
 
@@ -120,11 +117,7 @@ def test_a_parked_fetch_beside_an_unserved_partition_waits_for_the_covered_ones(
         with _unserved(own_cluster, partition_key(namespace, "t", 1)):
             sock = connect(gw)
             try:
-                sock.sendall(request_frame(1, 12, 1, {
-                    "replica_id": -1, "max_wait": 60_000, "min_bytes": 1, "max_bytes": 1 << 20,
-                    "topics": [{"topic": "t", "partitions": [
-                        {"partition": p, "fetch_offset": 1, "partition_max_bytes": 1 << 20}
-                        for p in (0, 1)]}]}))
+                sock.sendall(request_frame(1, 12, 1, fetch_body("t", (0, 1), 1, 60_000)))
                 wait_until(lambda: any(blocked_xreads(n) for n in nodes))
                 Producer(client, namespace, idempotent=False).send("t", b"b", partition=0)
                 answer = response(sock, 1, 12, 5)

@@ -11,6 +11,7 @@ from gateway_harness import (
     GatewayThread,
     call_once,
     connect,
+    fetch_body,
     fetched_records,
     request_frame,
     response,
@@ -117,11 +118,7 @@ def test_a_parked_fetch_whose_wait_meets_a_slot_losing_its_master_waits_on_the_o
         gw = GatewayThread(own_cluster.url, namespace).start()
         sock = connect(gw)
         try:
-            sock.sendall(request_frame(1, 12, 1, {
-                "replica_id": -1, "max_wait": 60_000, "min_bytes": 1, "max_bytes": 1 << 20,
-                "topics": [{"topic": "t", "partitions": [
-                    {"partition": p, "fetch_offset": 1, "partition_max_bytes": 1 << 20}
-                    for p in (0, 1)]}]}))
+            sock.sendall(request_frame(1, 12, 1, fetch_body("t", (0, 1), 1, 60_000)))
             wait_until(lambda: sum(blocked_xreads(n) for n in nodes) == 2)
             with _unserved(own_cluster, partition_key(namespace, "t", 1)):
                 # (the wait on partition 1 failed: logged, by the Fetch or by the gateway)
