@@ -16,6 +16,7 @@ import pytest
 from harness import wait_until
 from test_spark_review63_commit_hold import (  # noqa: F401  (fixtures)
     EV0,
+    NOT_MADE,
     Planned,
     _committed,
     _member,
@@ -28,6 +29,7 @@ from test_spark_review63_commit_hold import (  # noqa: F401  (fixtures)
 from rcoord import GroupCoordinator
 from rcoord.client import Generation
 from rcoord.protocol.leave import MemberIdentity
+from rcoord.spark.member import CommitNotMadeError
 from rcoord.spark.plan import Position
 
 
@@ -75,5 +77,39 @@ def test_a_fenced_resume_commit_plans_no_batch_in_the_ended_generation(
         gen = b.generation  # planned in the generation the query rejoined, which is live
         assert gen is not None and not gen.done.is_set()
         assert (after.generation, after.member) == (gen.generation_id, gen.member_id)
+    finally:
+        b.close(5)
+
+
+def test_a_resume_commit_refused_for_a_session_fails_the_query(
+        planned: Planned, redis_server: Any, single_client: Any,  # noqa: F811 - fixtures
+        namespace: str, coord: GroupCoordinator,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A resume commit Redis keeps refusing (4864cb5 holds the plan on it): each plan() first
+    # ran _held for its own batch, which had nothing to commit, found no failure and cleared
+    # the failing clock; the resume's refusal started it again, so the query held for ever.
+    end1, latest = planned.end1, planned.latest
+    planned.member.close(5)
+    planned.producer.send_batch("ev", [b"y"] * 6)
+
+    def commit(gen: Generation, offsets: Any) -> None:
+        raise NOT_MADE["metadata-too-large"]()
+
+    monkeypatch.setattr(Generation, "commit_offsets", commit)
+    b = _member(redis_server.url, namespace, single_client)  # the restarted query
+    failed: list[CommitNotMadeError] = []
+
+    def plan_fails() -> bool:
+        try:
+            assert b.plan(end1, latest, None) == end1  # held: the resume commit is not made
+        except CommitNotMadeError as exc:
+            failed.append(exc)
+        return bool(failed)
+
+    try:
+        # (session timeout 1.5 s; before: held, every plan restarting the clock, for ever)
+        wait_until(plan_fails, timeout_s=20)
+        assert "OFFSET_METADATA_TOO_LARGE" in str(failed[0])
+        assert _committed(coord) == {}
     finally:
         b.close(5)

@@ -411,8 +411,14 @@ class StreamMember:
         gen = self._gen
         while True:
             exc = self._commit_failed
-            if exc is None or gen is None or gen.done.is_set():
+            if gen is None or gen.done.is_set():
                 self._commit_failing_since = None
+                return False
+            if exc is None:
+                # (Nothing failed: made, or nothing to commit. Only a commit made ends a run of
+                # failures: a plan's own batch with nothing to commit, before ``_resume``'s
+                # refused commit, restarted its clock at every plan, so a lasting refusal of
+                # that commit held the query for ever.)
                 return False
             if reaction_for(exc).fatal:
                 exc.add_note(f"rcoord: group {gen.group_id!r} could not commit the end of the "
@@ -838,6 +844,7 @@ class StreamMember:
         log.info("group %r: [%s] go on where the batch planned in generation %s by %s ended "
                  "(finished before the restart)", gen.group_id, _names(set(todo)),
                  start.generation, start.member)
+        self._unreachable_since = self._commit_failing_since = None
         self._committed.update(todo)
         self._base_tokens.update({tp: start.tokens.get(tp.topic) for tp in todo})
 
