@@ -415,22 +415,35 @@ def test_parked_calls_share_the_due_check_and_the_claim(redis_server, namespace)
     share each question in flight and ask for a claim once while it holds."""
     from collections import Counter
 
+    members = 60
+    parked: set[bytes] = set()
+    everyone_parked = asyncio.Event()
+
     class Counting(redis.asyncio.Redis):
         sent: Counter[str] = Counter()
 
         async def execute_command(self, *args: Any, **options: Any) -> Any:
-            self.sent[str(args[0]).upper()] += 1
-            return await super().execute_command(*args, **options)
+            command = str(args[0]).upper()
+            self.sent[command] += 1
+            if command == "ZSCORE":
+                await asyncio.wait_for(everyone_parked.wait(), 60)
+            reply = await super().execute_command(*args, **options)
+            if command == "FCALL" and "join_group" in str(args[1]) and reply[0] == b"W":
+                parked.add(reply[4])
+                if len(parked) == members:
+                    everyone_parked.set()
+            return reply
 
-    # The delay is the longest quiet spell the joins may leave between them and still form one
-    # generation: CI, with another worker process on its two CPUs, once left more than 300 ms
-    # between them, and a second generation formed. Under MAX_BLOCK_MS (1 s), so a parked
-    # call's wait ends at the deadline, not before it, and the due checks counted stay those
-    # of the deadline falling due.
+    # The generation forms once a due check finds the delay over with no member come in it:
+    # the due checks wait until every member is parked, so a join that a loaded machine holds
+    # up for longer than the delay still comes in the first generation (CI, with another
+    # worker process on its two CPUs, once left more than 300 ms between two joins). Without
+    # a stall every member is parked long before the deadline and no check waits. The delay is
+    # under MAX_BLOCK_MS (1 s), so a parked call's wait ends at the deadline, not before it,
+    # and the due checks counted stay those of the deadline falling due.
     GroupCoordinator(redis_server.client(), CoordinatorConfig(
         namespace=namespace, group_min_session_timeout_ms=10,
         group_initial_rebalance_delay_ms=800)).start()
-    members = 60
 
     async def scenario() -> None:
         client = Counting(host="127.0.0.1", port=redis_server.port, max_connections=500)
