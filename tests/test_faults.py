@@ -698,20 +698,29 @@ def test_script_flush_mid_run_changes_nothing(scenario, flush):
 
 
 def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(scenario):
-    sc = scenario()
+    # The worker to be killed has a session longer than the rebalance that waits for it (the
+    # workers' 4 s rebalance timeout), so it is still a member when the first service dies,
+    # however late the newcomer starts: with the 1.5 s session, a newcomer that started after it
+    # ran out met a group the first service had already rid of it, and nothing was left due.
+    sc = scenario(workers=2)
+    dead = Worker(sc, "w3", 10_000)
+    sc.workers.append(dead)
     sc.wait_stable()
     sc.start_traffic()
     sc.wait_produced(1 / 3)
-    dead = sc.workers[-1]
-    dead.proc.kill()  # silent: no LeaveGroup; its session must run out
+    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).members
+    dead_id = [ev["member"] for ev in dead.events() if ev["e"] == "assigned"][-1]
+    dead.proc.kill()  # silent: no LeaveGroup; the rebalance's deadline must remove it
     dead.proc.wait(10)
     newcomer = sc.add_worker("w4")  # its join starts a rebalance that waits for the dead one
     wait_until(lambda: sc.coord.describe_group(GROUP).state == "PreparingRebalance")
     sc.services[0].stop(signal.SIGKILL)
     killed = time.time()
+    assert sc.r.hexists(members, dead_id)  # its deadline is still to come
     second = sc.start_service()
     live = [*sc.workers[:-2], newcomer]
     sc.wait_stable(live, after=killed)
+    assert not sc.r.hexists(members, dead_id)
     sc.drain()
     # Now nobody touches the group but the second service: kill every worker (no LeaveGroup)
     # and stop the sampler; their sessions must still run out.
@@ -721,7 +730,6 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
     for w in live:
         w.proc.kill()
         w.proc.wait(10)
-    members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).members
     assert sc.r.hlen(members) == len(live)
     wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=15)
     assert second.alive
