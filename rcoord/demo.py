@@ -121,8 +121,14 @@ DEMO_WORK_MS = 1.0
 
 
 def _demo_worker(url: str, namespace: str, name: str, stop: Any,
-                 assignor: str = "cooperative-sticky") -> None:
-    """One worker process of the demo (spawned; stopped by ``stop``, or killed)."""
+                 assignor: str = "cooperative-sticky", ready: Any = None, go: Any = None) -> None:
+    """One worker process of the demo (spawned; stopped by ``stop``, or killed).
+
+    It sets ``ready`` once it is set up and polls (so joins the group) only once ``go`` is
+    set: a spawned process takes a second or more to import rcoord, longer on a loaded
+    machine, and workers that came to the group further apart than its initial delay split
+    the first generation in several, each taking the partitions from the last.
+    """
     import logging
 
     from .client import Consumer, ConsumerGroupConfig
@@ -151,6 +157,11 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any,
         max_poll_records=200,
     )
     report.consumer = consumer
+    if ready is not None:
+        ready.set()
+    while go is not None and not go.wait(0.1):
+        if stop.is_set():
+            return
     try:
         while not stop.is_set():
             try:
@@ -196,6 +207,9 @@ class _Demo:
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, Any] = {}
         self.stops: dict[str, Any] = {}
+        self.ready: dict[str, Any] = {}
+        self.go = self.ctx.Event()
+        """Set once the first workers are all ready: they join the group together."""
         self.names: list[str] = []
         self.produced = 0
         self.producing = False
@@ -235,9 +249,10 @@ class _Demo:
 
     def start_worker(self) -> str:
         name = f"w{len(self.names) + 1}"
-        stop = self.ctx.Event()
+        stop, ready = self.ctx.Event(), self.ctx.Event()
         proc = self.ctx.Process(
-            target=_demo_worker, args=(self.url, self.ns, name, stop, self.args.assignor),
+            target=_demo_worker,
+            args=(self.url, self.ns, name, stop, self.args.assignor, ready, self.go),
             daemon=True
         )
         # The worker starts with SIGINT blocked (a mask survives fork and exec): Ctrl-C reaches
@@ -251,7 +266,7 @@ class _Demo:
             proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        self.procs[name], self.stops[name] = proc, stop
+        self.procs[name], self.stops[name], self.ready[name] = proc, stop, ready
         self.names.append(name)
         self.say(f"started worker {name} (pid {proc.pid})")
         return name
@@ -372,6 +387,8 @@ class _Demo:
         for _ in range(a.workers):
             self.start_worker()
         first = set(self.names)
+        self.wait("the workers to start", lambda: all(self.ready[n].is_set() for n in first))
+        self.go.set()
         self.wait("the first generation", lambda: self.owners(first) is not None)
         self.say(f"the group is stable: {self.ownership(self.owners(first))}")
 

@@ -47,3 +47,38 @@ def test_abandon_wakes_a_call_in_flight_and_closes_no_socket_under_it(
         pool.release(held)
         client.close()
     assert held_sock.fileno() == -1  # closed by close(), as cleanup() does
+
+
+def test_a_worker_slow_to_start_still_joins_the_first_generation() -> None:
+    """The demo's first workers joined the group as each finished importing rcoord (spawned:
+    a second or more apart on a loaded machine), and a worker that came later than the 500 ms
+    initial delay split the first generation (generation 5 was the first with all three).
+    Now they join once all are ready: a third started late is in generation 1."""
+    import subprocess
+    import sys
+
+    # The third worker starts 1 s (twice the delay) after the first two have come as far as
+    # they can without it: joined the group (the demo before) or ready to (held for the rest).
+    lagging = (
+        "import runpy, sys, time\n"
+        "from rcoord import demo\n"
+        "start = demo._Demo.start_worker\n"
+        "def start_late(self):\n"
+        "    if len(self.names) == 2:\n"
+        "        ready = getattr(self, 'ready', {})\n"
+        "        while self.coord.describe_group(demo.DEMO_GROUP).state in ('Dead', 'Empty') and not (\n"
+        "                ready and all(e.is_set() for e in ready.values())):\n"
+        "            time.sleep(0.05)\n"
+        "        time.sleep(1)\n"
+        "    return start(self)\n"
+        "demo._Demo.start_worker = start_late\n"
+        "sys.argv = ['rcoord', 'demo', '--records', '300', '--produce-seconds', '1']\n"
+        "runpy.run_module('rcoord', run_name='__main__')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RCOORD_REDIS_URL"}
+    done = subprocess.run([sys.executable, "-c", lagging], capture_output=True, check=False,
+                          text=True, timeout=120, env=env)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "the group is stable: generation 1: w1 " in out, out
+    assert out.rstrip().endswith("demo: OK")
