@@ -161,7 +161,7 @@ def _demo_worker(url: str, namespace: str, name: str, stop: Any,
         ready.set()
     while go is not None and not go.wait(0.1):
         if stop.is_set():
-            return
+            break  # stopped before the group: still closed below
     try:
         while not stop.is_set():
             try:
