@@ -10,7 +10,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import Errors, translate_redis_errors
+import redis.exceptions
+
+from ..errors import ConnectionLost, Errors, reraise_as_rcoord, translate_redis_errors
 from ._base import (
     ALTER_META,
     CREATE_META,
@@ -61,6 +63,26 @@ one millisecond, so the server's clock has left the topic's ``created_ms``, with
 two clocks' rates."""
 
 # -- topics -----------------------------------------------------------------------------------
+
+
+class DeleteRecordsIncomplete(ConnectionLost):
+    """``Topics.delete_records`` lost Redis partway (a partition's slot with no master, a
+    dropped connection): ``done`` holds the answers of the partitions it finished, as the call
+    would have returned them, ``unfinished`` the offset to ask again of each other partition
+    (which may have been trimmed some way already). A -1 there is already the log end the call
+    read, so asking again keeps the records appended since. It raised a bare ``ConnectionLost``
+    before, and its caller took the whole call for failed though some partitions' records were
+    gone; Kafka's AdminClient answers each partition on its own."""
+
+    def __init__(self, message: str, done: dict[int, DeletedRecords],
+                 unfinished: dict[int, int]) -> None:
+        self.reason, self.done, self.unfinished = message, done, unfinished
+        super().__init__(f"{message} (partitions done: {sorted(done) or 'none'}; not done, "
+                         f"to ask again: {unfinished})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.done, self.unfinished))
+
 
 
 class Topics:
@@ -473,7 +495,9 @@ class Topics:
         is UNKNOWN_TOPIC_OR_PARTITION; one whose stream's last id is not rcoord's (an XADD by
         hand) is UNKNOWN_SERVER_ERROR with a ``detail`` saying what mends it (it raised for the
         whole call, after the other partitions' records were removed, which the caller was then
-        not told). A consumer positioned before the new log start is then
+        not told). Redis lost partway is ``DeleteRecordsIncomplete``, a ``ConnectionLost``
+        carrying the partitions done and those to ask again. A consumer positioned before the
+        new log start is then
         out of range and resets, as after retention. The removal is split into calls of about
         ``RETENTION_TRIM_BYTES`` each, so none holds the server for long.
         """
@@ -488,12 +512,18 @@ class Topics:
         while pending:
             calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
-            results = _run(self._r, calls, keep_errors=True)
+            try:
+                results = _run(self._r, calls, keep_errors=True)
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                # (a pipeline that raised may have run some of its calls: all stay unfinished)
+                _raise_incomplete(exc, out, pending)
+                raise
             again: dict[int, int] = {}
             for (p, target), res in zip(pending.items(), results):
                 if isinstance(res, Exception):
                     failed = _foreign_ids(res)  # (a stream an XADD by hand left unreadable)
                     if not isinstance(failed, TopicError):
+                        _raise_incomplete(res, out, pending)
                         raise res
                     out[p] = DeletedRecords(p, -1, failed.error, failed.detail)
                     continue
@@ -570,6 +600,18 @@ class Topics:
         if refused is not None:
             raise refused
         return dict(sorted(starts.items()))
+
+
+def _raise_incomplete(exc: Exception, done: dict[int, DeletedRecords],
+                      unfinished: dict[int, int]) -> None:
+    """Raise ``DeleteRecordsIncomplete`` for a redis-py error that rcoord reports as
+    ``ConnectionLost`` (else return): ``done`` are the answers so far, ``unfinished`` the
+    partitions the failed round asked."""
+    try:
+        reraise_as_rcoord("delete_records", exc)
+    except ConnectionLost as lost:
+        raise DeleteRecordsIncomplete(str(lost), dict(sorted(done.items())),
+                                      dict(sorted(unfinished.items()))) from exc
 
 
 def _queued_for_deletion(topic: str) -> str:
