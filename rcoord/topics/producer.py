@@ -701,7 +701,12 @@ class Producer:
                 # dropped as duplicates. (Partitions let go already are another send's now.)
                 waiting = [p for p in order if p not in spent]
                 for p in waiting:
-                    self._spend(seqs[p], len(by_part[p]), seqs[p].next)
+                    # From past the calls the server answered stored (a move that let the
+                    # first through): declared lost from the send's first number, a stored
+                    # record's number was taken for one of unknown outcome once the state had
+                    # expired, and a replay of it was refused, not answered duplicate.
+                    self._spend(seqs[p], len(by_part[p]),
+                                max(seqs[p].next, acked.get(p, -1) + 1))
                 if not isinstance(exc, SlotMoveOutlasted):
                     raise
                 # (It read "slot unavailable for now (TTL exhausted.)": redis-py's first
@@ -714,12 +719,8 @@ class Producer:
                 partly = []
                 for p in waiting:
                     seqs[p].acked = max(seqs[p].acked, acked.get(p, -1))
-                    got = [m for m in (out[i] for i in by_part[p]) if m is not None]
-                    if got:
-                        partly.append(
-                            f"partition {p}: {len(got)} of its {len(by_part[p])} records were "
-                            f"appended (offsets {min(m.offset for m in got)}.."
-                            f"{max(m.offset for m in got)}), the rest not")
+                    if got := _partly_appended(by_part[p], out):
+                        partly.append(f"partition {p}: {got}")
                 appended = ("this call's records to those partitions were not appended"
                             if not partly else "of this call's records to those partitions, "
                             + "; ".join(partly) + "; the others were not appended")
@@ -745,8 +746,12 @@ class Producer:
                 with self._lock:
                     self._forget_topic(topic)
             worst = min(failed.values(), key=lambda f: _rank(f[0]))[0]
-            detail = "; ".join(f"partition {p}: {why or e.name}"
-                               for p, (e, why, _) in sorted(failed.items()))
+            # A partition whose records went in several calls, refused after the first was
+            # stored: told only of the refusal, a caller resending them stored those twice.
+            detail = "; ".join(
+                f"partition {p}: {why or e.name}"
+                + (f" ({some})" if (some := _partly_appended(by_part[p], out)) else "")
+                for p, (e, why, _) in sorted(failed.items()))
             raise TopicError(worst, f"{topic} {detail}")
         return [m for m in out if m is not None]
 
@@ -797,6 +802,17 @@ class Producer:
             seq.lost_from = lost_at
 
 
+
+
+def _partly_appended(idxs: list[int], out: list[RecordMetadata | None]) -> str:
+    """What a partition's failed send stored, when its first calls were (its records ``idxs``
+    in several calls): a caller told the send failed would resend those and store them twice.
+    Empty when none was."""
+    got = [m for m in (out[i] for i in idxs) if m is not None]
+    if not got:
+        return ""
+    return (f"{len(got)} of its {len(idxs)} records were appended (offsets "
+            f"{min(m.offset for m in got)}..{max(m.offset for m in got)}), the rest not")
 
 
 def _idempotent_args(now: str, producer_id: str, epoch: int, first_sequence: int,
