@@ -3,12 +3,16 @@ stopped partway, ...)."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
+import test_cli_groups
+from test_cli_groups import ok
+from test_topics_review64_marked import _stopped_delete
 
 from rcoord.errors import ConnectionLost, Errors
 from rcoord.topics import (
@@ -23,6 +27,9 @@ from rcoord.topics import (
 from rcoord.topics import _base as topics_base
 from rcoord.topics import admin as topics_admin
 from rcoord.topics.admin import DeleteRecordsIncomplete
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
 
 
 @pytest.fixture
@@ -141,3 +148,22 @@ def test_a_refusal_after_a_stored_call_says_what_was_stored(redis_client, namesp
     assert fenced == [2]
     assert [r.value for r in fetch(redis_client, namespace, "t", 0, 0).records] == [
         b"a", b"b1------", b"n"]
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_list_notes_a_topic_whose_delete_stopped_partway(cli, redis_client, namespace,
+                                                        monkeypatch):
+    """``rcoord topics list`` gave no sign of it (``describe`` did): a note on stderr now says
+    so and what finishes it; stdout, which scripts parse, is unchanged."""
+    _stopped_delete(redis_client, namespace, monkeypatch)
+    for args, out in (([], "t\nu\n"), (["--output", "json"], None)):
+        res = ok(cli("topics", "list", *args))
+        if out is None:
+            assert json.loads(res.stdout) == ["t", "u"]
+        else:
+            assert res.stdout == out
+        notes = [line for line in res.stderr.splitlines() if "marked for deletion" in line]
+        assert len(notes) == 1 and ": t: marked for deletion" in notes[0], res.stderr
+        assert "rcoord topics delete t" in notes[0]
+    ok(cli("topics", "delete", "t"))
+    assert "marked for deletion" not in ok(cli("topics", "list")).stderr

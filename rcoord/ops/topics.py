@@ -112,7 +112,14 @@ def _limit(value: int | None, flag: str) -> int | None:
 
 
 def _list(ctx: Context) -> int:
-    names = ctx.topics().list()
+    """Topic names on stdout, one a line (JSON: a list), and for a topic marked for deletion a
+    note on stderr, as ``describe`` gives: the list gave no sign of a delete that stopped
+    partway, and a script parsing it must not meet a new column."""
+    admin = ctx.topics()
+    names = admin.list()
+    for name in admin.marked_for_deletion(names):
+        ctx.note(f"{name}: marked for deletion: a delete of it stopped partway; "
+                 f"`rcoord topics delete {name}` finishes it")
     if ctx.json:
         print_json(names)
     else:

@@ -375,6 +375,21 @@ class Topics:
         return {t: int(raw) for t, raw in zip(names, replies, strict=True) if raw is not None}
 
     @translate_redis_errors
+    def marked_for_deletion(self, topics: Iterable[str]) -> list[str]:
+        """Those of ``topics`` a ``delete`` began and has not finished (``describe``'s
+        ``marked_for_deletion``), sorted, in one pipeline (a round trip per node): so a
+        listing can say so without describing every topic."""
+        names = sorted(set(topics))
+        for topic in names:
+            _check_topic(topic)
+        if not names:
+            return []
+        pipe = self._r.pipeline(transaction=False)
+        for topic in names:
+            pipe.hexists(meta_key(self._ns, topic), "deleting")
+        return [t for t, marked in zip(names, pipe.execute(), strict=True) if marked]
+
+    @translate_redis_errors
     def describe(self, topic: str) -> TopicDescription:
         _check_topic(topic)
         meta = self._r.hgetall(meta_key(self._ns, topic))
