@@ -6,7 +6,8 @@ Hierarchy::
     ├── ConfigError            (also ValueError) a setting is out of range or conflicts with Redis
     ├── InvalidRequestError    (also ValueError) an argument can never be valid (size, type, charset)
     ├── ConnectionLost         Redis could not be reached or the connection dropped mid-call
-    │   └── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, OOM..)
+    │   ├── ServerUnavailable  Redis answered that it cannot run the call now (READONLY, BUSY, OOM..)
+    │   └── DeleteRecordsIncomplete  (rcoord.topics) lost partway: the partitions done, the rest
     ├── MissingPermissionError the Redis ACL user may not run a command rcoord needs
     ├── AuthenticationFailedError  Redis refused the login (wrong user or password, user off)
     ├── ParkAbandonedError     a parked JoinGroup/SyncGroup was given up because its caller closes

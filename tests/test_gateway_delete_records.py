@@ -85,6 +85,41 @@ def test_a_topic_redis_fails_on_is_answered_alone(gateway, redis_server, topics,
     assert "topic 'cut': Redis unreachable or unavailable" in caplog.text
 
 
+def test_a_call_that_loses_redis_partway_asks_again_only_what_it_left(gateway, redis_server,
+                                                                      topics, monkeypatch):
+    # Partition 1's removal takes bounded rounds, and Redis is lost in the second, after 5
+    # records were appended to it. The gateway asked every partition again alone, partition
+    # 1 with its -1, the log end by then: the 5 records appended since were removed too (low
+    # watermark 45). It asks again only what the call left, at the offset it resolved (40).
+    import redis
+
+    from rcoord.topics import admin as topics_admin
+
+    ns = gateway.config.namespace
+    topics.create("t", 2)
+    client = redis_server.client()
+    producer = Producer(client, ns, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(b"x" * 1000, partition=p)
+                              for p, n in ((0, 3), (1, 40)) for _ in range(n)])
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
+    real, rounds = topics_admin._run, []
+
+    def cut_in_second_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
+        rounds.append(len(calls))
+        if len(rounds) == 2:
+            producer.send_batch("t", [ProducerRecord(b"y", partition=1) for _ in range(5)])
+            raise redis.exceptions.ConnectionError("connection reset (test)")
+        return real(redis_client, calls, **kwargs)
+
+    monkeypatch.setattr(topics_admin, "_run", cut_in_second_round)
+    try:
+        assert _answers(gateway, [("t", 0, 2), ("t", 1, -1)]) == {
+            ("t", 0): (0, 2), ("t", 1): (0, 40)}
+        assert [log_offsets(client, ns, "t", p) for p in range(2)] == [(2, 3), (40, 45)]
+    finally:
+        client.close()
+
+
 def test_deleting_records_needs_delete_on_the_topic(redis_server, namespace, tmp_path: Path):
     with gateway_for_alice(redis_server, namespace, tmp_path, ["DELETE"],
                            ["READ", "WRITE", "DESCRIBE", "ALTER"]) as (gw, topics):

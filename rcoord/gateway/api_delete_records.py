@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from ..errors import Errors
-from ..topics import TopicError
+from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
 from .acl import Operation, ResourceType
 from .errors import TOPIC_AUTHORIZATION_FAILED, UNREACHED, log_unreached
 from .registry import api
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
     """Blocking: partition -> (error code, low watermark) for one topic's partitions."""
-    out = {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets if p < 0}
+    out = _negative(offsets)
     wanted = {p: offset for p, offset in offsets.items() if p >= 0}
     try:
         answers = state.topics.delete_records(topic, wanted) if wanted else {}
@@ -41,6 +41,17 @@ def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[in
         if exc.error not in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
             raise
         return {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets}
+    return {**out, **_answers(topic, answers)}
+
+
+def _negative(offsets: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """The answers of the negative partition indexes of ``offsets`` (none exists)."""
+    return {p: (Errors.UNKNOWN_TOPIC_OR_PARTITION.value, -1) for p in offsets if p < 0}
+
+
+def _answers(topic: str, answers: dict[int, DeletedRecords]) -> dict[int, tuple[int, int]]:
+    """partition -> (error code, low watermark) of ``Topics.delete_records``' answers."""
+    out: dict[int, tuple[int, int]] = {}
     for p, a in answers.items():
         if a.detail:
             # The answer's UNKNOWN_SERVER_ERROR alone says nothing (a DeleteRecords partition
@@ -79,17 +90,25 @@ async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, 
             return await state.blocking(_delete, state, name, offsets)
         except UNREACHED as exc:
             log_unreached(state, f"topic {name!r}", exc)
-            if len(offsets) < 2 or not await _topic_reached(state, name):
-                return dict.fromkeys(offsets, (Errors.REQUEST_TIMED_OUT.value, -1))
+            out: dict[int, tuple[int, int]] = {}
+            again, done = offsets, False
+            if isinstance(exc, DeleteRecordsIncomplete):
+                # The partitions it finished keep their answers, and the others are asked
+                # again at the offsets it resolved: asked again, a -1 (the log end) removed
+                # the records appended since the first call read it. (Redis answered some of
+                # its calls: one partition left is asked again too.)
+                out = {**_negative(offsets), **_answers(name, exc.done)}
+                again, done = exc.unfinished, bool(exc.done)
+            if (len(again) < 2 and not done) or not await _topic_reached(state, name):
+                return {**out, **dict.fromkeys(again, (Errors.REQUEST_TIMED_OUT.value, -1))}
         # One partition Redis could not reach (on a cluster, its slot with no master) failed
         # the topic's call after the others' records were removed: every partition was
         # REQUEST_TIMED_OUT. Each is asked again alone (a removal done is done again with no
         # effect), so that only the unreached ones are, as Kafka answers by partition.
         alone = await asyncio.gather(*(state.blocking(_delete, state, name, {p: offset})
-                                       for p, offset in offsets.items()),
+                                       for p, offset in again.items()),
                                      return_exceptions=True)
-        out: dict[int, tuple[int, int]] = {}
-        for p, res in zip(offsets, alone, strict=True):
+        for p, res in zip(again, alone, strict=True):
             if isinstance(res, UNREACHED):
                 out[p] = (Errors.REQUEST_TIMED_OUT.value, -1)
             elif isinstance(res, BaseException):

@@ -64,7 +64,7 @@ from ._base import (
     partition_tag,
     producer_state_keys,
 )
-from .admin import Topics
+from .admin import DeleteRecordsIncomplete, Topics
 from .fetch import (
     FetchWaker,
     PartitionRecords,
@@ -82,6 +82,7 @@ __all__ = [
     "TopicError",
     "CorruptRecordError",
     "DeletedRecords",
+    "DeleteRecordsIncomplete",
     "PartitionInfo",
     "TopicDescription",
     "ProducerRecord",

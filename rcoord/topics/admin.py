@@ -84,7 +84,6 @@ class DeleteRecordsIncomplete(ConnectionLost):
         return (type(self), (self.reason, self.done, self.unfinished))
 
 
-
 class Topics:
     """Create, grow, describe, list and delete topics, change their settings, and apply their
     retention.
