@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +145,61 @@ def test_a_restarted_query_removes_at_once_the_temporary_file_its_killed_run_lef
     _Sink(str(tmp_path), WINDOW_MS, cp)._write("ev", 0, 5, [_row("a", 3)], 6, end=8)
     assert not list(folder.glob(".tmp-*"))
     assert read_counts(tmp_path) == {(0, "a"): 8}
+
+
+def _new_checkpoint(cp: Path) -> None:
+    """A checkpoint Spark starts at ``cp`` (its query id in ``metadata``, as Spark writes it)."""
+    shutil.rmtree(cp, ignore_errors=True)
+    cp.mkdir(parents=True)
+    (cp / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
+
+
+def test_another_run_on_a_checkpoint_made_again_at_the_same_path_is_not_its_replay(
+        tmp_path: Path) -> None:
+    # A run without a group wrote offsets 0-2999 of partition 0. Its checkpoint is removed and
+    # a new run started at the same path from offset 2500 (to read the end again). Its batch
+    # overlaps the first run's file: with another path it is refused ("another run"); it was
+    # taken for the first run's replay (the path alone named the run) and written over that
+    # file: 0-2499 were lost.
+    cp = tmp_path / "cp"
+    _new_checkpoint(cp)
+    _Sink(str(tmp_path), WINDOW_MS, str(cp))._write("ev", 0, 0, [_row("a", 3000)], -1,
+                                                    end=3000)
+    _new_checkpoint(cp)  # a new query: another id, the same path
+    again = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    with pytest.raises(RuntimeError, match="written by a run on checkpoint .* \\(query "):
+        again._write("ev", 0, 2500, [_row("a", 500)], -1, end=3000)
+    assert read_counts(tmp_path) == {(0, "a"): 3000}, "a new run's batch replaced the old file"
+
+
+def test_a_live_writer_of_another_query_at_the_same_checkpoint_path_keeps_its_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two members of a group on two machines, each with its own local checkpoint at the same
+    # path (one deployment's settings). Member A is between its write and its rename when
+    # member B (the partition's new owner after a rebalance) first writes in that folder:
+    # B's listing takes A's temporary file for its own dead run's (d7fe3c2) and removes it,
+    # and A's batch fails ("was gone before its rename"). A fresh temporary file of another
+    # query is kept for an hour (``_abandon``). (One file system here: A has read its query
+    # id before B's checkpoint is made at the path.)
+    from workers import clickstream
+
+    cp = tmp_path / "cp"
+    _new_checkpoint(cp)
+    a = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    a._write("ev", 0, 0, [_row("a", 5)], 7, end=5)  # (A's earlier write: folder indexed)
+    _new_checkpoint(cp)  # (B's machine: its own checkpoint at that path, its own query id)
+    b = _Sink(str(tmp_path), WINDOW_MS, str(cp))
+    real = clickstream._mark
+    b_wrote: list[bool] = []
+
+    def b_writes_meanwhile(folder: Path, *args: Any) -> None:  # (A: written, not renamed)
+        real(folder, *args)
+        if not b_wrote:
+            b_wrote.append(True)
+            b._write("ev", 0, 10, [_row("a", 2)], 8, end=12)
+
+    monkeypatch.setattr(clickstream, "_mark", b_writes_meanwhile)
+    a._write("ev", 0, 5, [_row("a", 5)], 7, end=10)  # raised "was gone before its rename"
+    monkeypatch.undo()
+    assert b_wrote == [True]
+    assert read_counts(tmp_path) == {(0, "a"): 12}

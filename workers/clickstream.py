@@ -236,6 +236,28 @@ class _Sink:
         self._indexed: set[Path] = set()
         self._tokens: set[tuple[str, str]] = set()  # (topic, create token) checked
         self._firsts: dict[tuple[Path, int], int] = {}  # (folder, generation): first marked
+        self._run: str | None = None  # (``run``)
+
+    def run(self, spark: Any = None) -> str:
+        """Which query this sink writes for: its checkpoint, and the id Spark gave the query
+        there (``<checkpoint>/metadata``, written as the query starts), read once. A run's
+        replay of its own batch is told from another run's read of the same offsets by it
+        (``_start_of_run``), and a restart's temporary files from another writer's
+        (``_run_tag``). The path alone named the same run for a checkpoint deleted and made
+        again there, or a local checkpoint of the same name on another machine: the first
+        such run's file was replaced by the second's batch (2,500 of 3,000 offsets lost), and
+        a live writer's temporary file removed under it. The path alone where no id is
+        written (a sink used without Spark)."""
+        if self._run is None:
+            from rcoord.spark.replays import _read_log
+
+            text = _read_log(self.checkpoint, "metadata", spark)
+            try:
+                query = json.loads(text.splitlines()[0])["id"] if text else None
+            except (ValueError, KeyError, TypeError, IndexError):
+                query = None
+            self._run = self.checkpoint if not query else f"{self.checkpoint} (query {query})"
+        return self._run
 
     def watermark_ms(self, batch_id: int, spark: Any = None) -> int:
         """The watermark Spark runs micro-batch ``batch_id`` with: the ``batchWatermarkMs``
@@ -328,6 +350,7 @@ class _Sink:
             )
             .collect()
         )
+        self.run(batch.sparkSession)
         gen = self.generation(batch_id, batch.sparkSession)
         starts = self.planned_starts(batch_id, batch.sparkSession)
         ends = self.planned_ends(batch_id, batch.sparkSession)
@@ -368,18 +391,18 @@ class _Sink:
             self._tokens.add((topic, token))
         folder.mkdir(parents=True, exist_ok=True)
         if folder not in self._indexed:  # once per folder and run: files from before the index
-            _index(folder, _run_tag(self.checkpoint))
+            _index(folder, _run_tag(self.run()))
             self._indexed.add(folder)
         if generation < 0:
-            start = _start_of_run(folder, start, end, self.checkpoint)
-        attempt = f"{_run_tag(self.checkpoint)}-{uuid.uuid4().hex}"
+            start = _start_of_run(folder, start, end, self.run())
+        attempt = f"{_run_tag(self.run())}-{uuid.uuid4().hex}"
         tmp = folder / f".tmp-{attempt}"
         unsettled = _index_of(folder) / _UNSETTLED / f"{start}.{generation}.{attempt}"
         try:
             pq.write_table(table, tmp)
             # before the rename, for _settle; a run without a group names its checkpoint
             _mark(folder, start, generation, end,
-                  self.checkpoint if generation < 0 else "")
+                  self.run() if generation < 0 else "")
             if start < self._firsts.get((folder, generation), start + 1):
                 _mark_first(folder, start, generation)
                 self._firsts[(folder, generation)] = start
@@ -606,10 +629,10 @@ def _superseded(keys: Iterable[tuple[int, int]], firsts: dict[int, int],
     return out
 
 
-def _run_tag(checkpoint: str) -> str:
+def _run_tag(run: str) -> str:
     """What a write's temporary file is named by before its attempt (``.tmp-<tag>-<attempt>``):
-    the query of ``checkpoint``, so that its restart knows the files of its own dead run."""
-    return hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+    its query (``_Sink.run``), so that its restart knows the files of its own dead run."""
+    return hashlib.sha256(run.encode()).hexdigest()[:16]
 
 
 def _index(folder: Path, run: str = "") -> None:
@@ -625,8 +648,9 @@ def _index(folder: Path, run: str = "") -> None:
 
     A writer killed while writing its temporary file has no ``_UNSETTLED`` entry yet: the
     folder's one listing here removes such a file once it is ``_STALE_S`` old (``_abandon``),
-    and at once one of the query of ``run`` (``_run_tag``), which is its restart: Spark runs
-    one query of a checkpoint at a time, so that file's writer is dead. Before, the file (a
+    and at once one of the query ``run`` (``_Sink.run``: the checkpoint and Spark's id of the
+    query there), which is its restart: Spark runs a query once at a time, so that file's
+    writer is dead. Before, the file (a
     whole batch's Parquet) stayed until a restart over an hour later."""
     gens = _index_of(folder) / _GENS
     try:
@@ -689,13 +713,14 @@ def _settle(folder: Path, start: int, end: int | None = None) -> None:
 
 
 def _start_of_run(folder: Path, start: int, end: int | None, run: str) -> int:
-    """Where a write of generation -1 (a run without a group, ``build_query(source=...)``, on
-    checkpoint ``run``) of offsets ``start`` to ``end`` goes: at ``start``, or at the start of
+    """Where a write of generation -1 (a run without a group, ``build_query(source=...)``,
+    the query ``run``: ``_Sink.run``) of offsets ``start`` to ``end`` goes: at ``start``, or at the start of
     the file of the same run its range overlaps, which it replaces. One run's batches never
     overlap, so that is its restart replaying a batch, which began later where retention
     trimmed its first records meanwhile: written at its own start, beside the first attempt,
     both counted the records after the trim. A file of another run (another checkpoint: the
-    default is a new one per run) that it overlaps makes it fail, as nothing supersedes a
+    default is a new one per run; or a checkpoint made again at the same path, another query
+    id) that it overlaps makes it fail, as nothing supersedes a
     generation -1 file: both would count the records read again (``read_counts`` too).
 
     A run's files do not overlap each other, so of those that begin before ``start`` only the
@@ -803,8 +828,9 @@ def build_query(
     columns (the benchmark runs the pipeline over Spark's Parquet file source that way). Its
     files are of generation -1, which nothing supersedes: a restart on ``checkpoint`` replaces
     the file of the batch it replays, but a run on another checkpoint (the default: a new one
-    per run) that reads offsets again which a file of ``out`` holds fails its batch
-    (``_start_of_run``); give such a run its own ``out``.
+    per run), or on one made again at the same path (another query id), that reads offsets
+    again which a file of ``out`` holds fails its batch (``_start_of_run``); give such a run
+    its own ``out``.
     """
     from pyspark.sql import functions as F
 
