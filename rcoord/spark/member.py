@@ -314,6 +314,9 @@ class StreamMember:
                 return start
             gen = self._gen
             assert gen is not None
+        # Nothing holds the plan now: a run of failed commits, if any, is over (a resume
+        # refused, then found moot, left its clock running for the next refusal to trip).
+        self._commit_failing_since = None
         assigned = sorted(gen.offsets)
         # Partitions that go on from ``own``; the others (all of them when it was planned by
         # another membership: an old checkpoint, or a generation this query left) go on from
