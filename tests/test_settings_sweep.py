@@ -84,24 +84,32 @@ def _run(client: Any, scripts: Scripts, namespace: str, seed: int) -> set[int]:
     return _layouts(client, namespace) - {stored}
 
 
-def test_no_layout_is_left_behind_by_racing_settles_and_lost_settings(single_client, namespace):
+def test_no_layout_is_left_behind_by_racing_settles_and_lost_settings(own_server, namespace):
     """Settles racing (2 to 4, counts 3, 5 or 7, changing it or adopting it) while the settings
     hash is lost (up to twice) and withdraws fail; then one settle, as any later process does.
     Before, a loss while a layout's deletion was pending (its ``retire:`` mark in the lost
     hash), or two losses where the re-establishing settle never read that layout, left it in
     place (about 1 run in 100 here): its copies stayed, and a process that had settled on it
     was never refused, so it ran its own copy of every group it served. Every copy is now of
-    the count stored (``SWEEP``). Seeded, ``RUNS`` runs, each in its own namespace."""
-    scripts = Scripts(single_client)
+    the count stored (``SWEEP``). Seeded, ``RUNS`` runs, each in its own namespace.
+
+    On a server of its own: each run scans the whole server a few times (sweeps, ``_layouts``,
+    the clean-up), and the session's server holds every earlier test's keys (tens of thousands
+    late in a run), which made this test take a minute in the suite instead of seconds."""
+    client = own_server.client()
+    scripts = Scripts(client)
     scripts.load()
     left: dict[int, set[int]] = {}
-    for seed in range(RUNS):
-        ns = f"{namespace}.{seed}"
-        try:
-            if stale := _run(single_client, scripts, ns, seed):
-                left[seed] = stale
-        finally:  # (each sweep scans the server: keep it small)
-            single_client.delete(*single_client.scan_iter(match=f"{ns}:*", count=1000))
+    try:
+        for seed in range(RUNS):
+            ns = f"{namespace}.{seed}"
+            try:
+                if stale := _run(client, scripts, ns, seed):
+                    left[seed] = stale
+            finally:  # (each sweep scans the server: keep it small)
+                client.delete(*client.scan_iter(match=f"{ns}:*", count=1000))
+    finally:
+        client.close()
     assert left == {}
 
 
