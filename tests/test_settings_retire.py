@@ -142,8 +142,9 @@ def test_a_settle_that_read_a_mark_keeps_the_layout_changed_back_to_meanwhile(
     (a worker starting) reads the mark; another changes the count back to 50 and a group forms
     there; then the first settle goes on. Before, it deleted the 50 layout as marked: the
     group's partition lost its copy (calls refused until repaired) and its events stream, and
-    a warning said the group was created under an old count. The count is read again first."""
-    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace)).start()
+    a warning said the group was created under an old count. The count is read again first.
+    (The namespace's settings name no initial delay: the group forms at once.)"""
+    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST)).start()
     scripts = _change_count_failing_deletion(redis_client, namespace, 10)
     reader = settle_flow(namespace, None, None)
     op = reader.send(_perform(redis_client, scripts, next(reader), None, None))  # (read)
