@@ -6,13 +6,96 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from harness import InThread
+from harness import InThread, wait_until
+from test_service_stop_left_loop import _HeldClock
 
 from rcoord.testing.embedded import EmbeddedServer
 
 STOP_WAIT_S = 10.0
+
+
+def _claimed_elsewhere(client: Any, namespace: str, coordinator_id: str) -> Any:
+    """Another live process holds ``coordinator_id`` (a minute's claim, on this machine with no
+    machine named, so never taken over): a service's ``start()`` waits on its stop flag for
+    the claim to lapse, where these tests' handlers stop it."""
+    from rcoord.scripts import Scripts
+    from rcoord.service.leases import LeaseKeeper
+
+    scripts = Scripts(client)
+    scripts.load()
+    other = LeaseKeeper(client, scripts, namespace, 4, coordinator_id, 60_000,
+                        f"{socket.gethostname()}-1-0123456789ab")
+    other.claim_id(threading.Event())
+    other.register()
+    return other
+
+
+def _stop_inside_the_flags(svc: Any, method: str) -> list[str]:
+    """The stop flag's ``method`` (which runs holding the flag's lock) calls ``svc.stop()``
+    the first time, as a signal's handler that fired there, on that thread, does. What it
+    notes: ``called``, then ``returned`` once that stop came back."""
+    cond = svc._stop._cond
+    real = getattr(cond, method)
+    handled: list[str] = []
+
+    def inside(*args: Any) -> Any:
+        if not handled:
+            handled.append("called")
+            svc.stop()
+            handled.append("returned")
+        return real(*args)
+
+    setattr(cond, method, inside)
+    return handled
+
+
+def _noted_at_release(svc: Any, note: Callable[[], bool]) -> list[bool]:
+    """``note()`` as each release of the leases began: whether the timer loop had ended (or
+    was marked left behind) before the leases went, which is what a stop must wait for."""
+    noted: list[bool] = []
+    real = svc.leases.release_all
+
+    def release_all(*args: Any, **kwargs: Any) -> None:
+        noted.append(note())
+        real(*args, **kwargs)
+
+    svc.leases.release_all = release_all
+    return noted
+
+
+class _HeldInABlockingRead:
+    """The service's timer loop held, once ``catch()`` is called, in a blocking read a lease
+    TTL long inside its next clock sync: a call a socket shut fails (the watchdog's interrupt),
+    or ``let_go()``."""
+
+    def __init__(self, svc: Any, client: Any, namespace: str) -> None:
+        self.svc, self.client = svc, client
+        self.blocked = f"{namespace}:test:blocked"
+        self.hold, self.entered = threading.Event(), threading.Event()
+        real = svc.sweeper.sync_clock
+
+        def sync_clock() -> None:
+            if self.hold.is_set():
+                self.hold.clear()
+                self.entered.set()
+                svc._client.blpop([self.blocked], timeout=25)
+            real()
+
+        svc.sweeper.sync_clock = sync_clock
+
+    def catch(self) -> None:
+        """Once the service owns its leases, hold the loop's next call; wait until the server
+        has it blocked."""
+        wait_until(lambda: bool(self.svc.leases.owned))
+        self.hold.set()
+        wait_until(self.entered.is_set)
+        wait_until(lambda: any(c.get("cmd") == "blpop" for c in self.client.client_list()))
+
+    def let_go(self) -> None:
+        self.client.rpush(self.blocked, "go")
 
 
 def test_a_stop_from_a_handler_inside_the_claim_wait_ends_the_start(
@@ -21,39 +104,22 @@ def test_a_stop_from_a_handler_inside_the_claim_wait_ends_the_start(
     while its thread held the flag's lock (inside the flag's own wait) called ``stop()``,
     whose ``set()`` waited for ever for that lock. The stop now ends the wait: the start
     raises ``StoppedBeforeClaim`` having taken nothing."""
-    from rcoord.scripts import Scripts
-    from rcoord.service.leases import LeaseKeeper, StoppedBeforeClaim
+    from rcoord.service.leases import StoppedBeforeClaim
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     client = own_server.client()
-    scripts = Scripts(client)
-    scripts.load()
-    holder = f"{socket.gethostname()}-1-0123456789ab"  # (no machine named: never taken over)
-    other = LeaseKeeper(client, scripts, namespace, 4, "held-id", 60_000, holder)
-    other.claim_id(threading.Event())
-    other.register()
+    other = _claimed_elsewhere(client, namespace, "held-id")
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="held-id",
         lease_ttl_ms=1000, settings={"num_partitions": 4}, retention_check_interval_ms=0))
-    cond = svc._stop._cond  # type: ignore[attr-defined]
-    real_wait = cond.wait
-    handled: list[str] = []
-
-    def wait(timeout: float | None = None) -> bool:  # (called holding the flag's lock)
-        if not handled:
-            handled.append("called")
-            svc.stop()  # a SIGTERM's handler, on the thread running start()
-            handled.append("returned")
-        return bool(real_wait(timeout))
-
-    cond.wait = wait
+    handled = _stop_inside_the_flags(svc, "wait")  # (on the thread running start())
     try:
         starting = InThread(svc.start)
         starting.thread.join(STOP_WAIT_S)
         assert not starting.thread.is_alive(), "start() hung: a stop from a handler in its wait"
         assert handled == ["called", "returned"]
         assert [type(o) for o in starting.outcome] == [StoppedBeforeClaim]
-        assert client.get(other.claim_key) == holder.encode()
+        assert client.get(other.claim_key) == other.incarnation.encode()
     finally:
         client.close()
 
@@ -72,18 +138,7 @@ def test_a_stop_from_a_handler_inside_the_stops_own_flag_set_ends(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stop-in-set",
         lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
-    cond = svc._stop._cond  # type: ignore[attr-defined]
-    real_notify = cond.notify_all
-    handled: list[str] = []
-
-    def notify_all() -> None:  # (called holding the flag's lock)
-        if not handled:
-            handled.append("called")
-            svc.stop()  # a second signal's handler, on the stopping thread
-            handled.append("returned")
-        real_notify()
-
-    cond.notify_all = notify_all
+    handled = _stop_inside_the_flags(svc, "notify_all")  # (a second signal's handler)
     client = own_server.client()
     try:
         stopping = InThread(svc.stop)
@@ -103,33 +158,17 @@ def test_a_handlers_stop_marked_before_the_main_threads_wait_ends_that_wait(
     flag's wait began (the lock held, the wait not yet listening) ends that wait within a
     slice, not after it: here the claim wait's (a quarter of a day's TTL). A thread sets the
     flag after ``STOP_WAIT_S`` if nothing else ended the wait."""
-    from rcoord.scripts import Scripts
-    from rcoord.service.leases import LeaseKeeper, StoppedBeforeClaim
+    from rcoord.service.leases import StoppedBeforeClaim
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     assert threading.current_thread() is threading.main_thread()
     client = own_server.client()
-    scripts = Scripts(client)
-    scripts.load()
-    holder = f"{socket.gethostname()}-1-0123456789ab"
-    other = LeaseKeeper(client, scripts, namespace, 4, "held-main", 60_000, holder)
-    other.claim_id(threading.Event())
-    other.register()
+    _claimed_elsewhere(client, namespace, "held-main")
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="held-main",
         lease_ttl_ms=86_400_000, settings={"num_partitions": 4},
         retention_check_interval_ms=0))
-    cond = svc._stop._cond  # type: ignore[attr-defined]
-    real_wait = cond.wait
-    handled: list[str] = []
-
-    def wait(timeout: float | None = None) -> bool:
-        if not handled:
-            handled.append("called")
-            svc.stop()
-        return bool(real_wait(timeout))
-
-    cond.wait = wait
+    _stop_inside_the_flags(svc, "wait")
     rescued: list[str] = []
 
     def rescue() -> None:
@@ -162,8 +201,6 @@ def test_a_stop_from_another_thread_interrupts_the_loop_run_still_runs(
     which the watchdog interrupts; the leases are released, nothing is left behind."""
     import logging
 
-    from harness import wait_until
-
     from rcoord.keys import PartitionKeys
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
@@ -171,33 +208,12 @@ def test_a_stop_from_another_thread_interrupts_the_loop_run_still_runs(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stop-while-running",
         lease_ttl_ms=30_000, retention_check_interval_ms=0)).start()
-    blocked = f"{namespace}:test:blocked"
-    hold, entered = threading.Event(), threading.Event()
-    real_sync = svc.sweeper.sync_clock
-
-    def sync_clock() -> None:
-        if hold.is_set():
-            hold.clear()
-            entered.set()
-            svc._client.blpop([blocked], timeout=25)  # (until a socket shut fails it)
-        real_sync()
-
-    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
-    real_release = svc.leases.release_all
-    loop_ended_at_release: list[bool] = []
-
-    def release_all(*args: Any, **kwargs: Any) -> None:
-        loop_ended_at_release.append(svc._loop_ended.is_set())
-        real_release(*args, **kwargs)
-
-    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    loop_ended_at_release = _noted_at_release(svc, svc._loop_ended.is_set)
     client = own_server.client()
+    held = _HeldInABlockingRead(svc, client, namespace)
     try:
         runner = InThread(svc.run)
-        wait_until(lambda: bool(svc.leases.owned))
-        hold.set()
-        wait_until(entered.is_set)
-        wait_until(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()))
+        held.catch()
         svc.stop()  # (from this thread; run() runs on another)
         runner.thread.join(STOP_WAIT_S)
         assert not runner.thread.is_alive()
@@ -209,7 +225,7 @@ def test_a_stop_from_another_thread_interrupts_the_loop_run_still_runs(
         n = svc.group_config.num_partitions
         assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
     finally:
-        client.rpush(blocked, "go")
+        held.let_go()
         client.close()
 
 
@@ -219,44 +235,25 @@ def test_a_stop_from_another_thread_marks_a_loop_it_cannot_interrupt_before_rele
     cannot be interrupted. Before, a ``stop()`` from another thread released the leases at
     once, the loop not yet marked left behind: coming back, it acted on partitions released.
     Now the release waits until ``run()``'s wait marks it (``_loop_left``)."""
-    from harness import wait_until
-
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     passed = own_server.client()
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stop-passed-client",
         lease_ttl_ms=30_000, retention_check_interval_ms=0), client=passed).start()
-    hold, entered, released = threading.Event(), threading.Event(), threading.Event()
-    real_sync = svc.sweeper.sync_clock
-
-    def sync_clock() -> None:
-        if hold.is_set():
-            hold.clear()
-            entered.set()
-            released.wait(30)
-        real_sync()
-
-    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
-    real_release = svc.leases.release_all
-    marked_at_release: list[bool] = []
-
-    def release_all(*args: Any, **kwargs: Any) -> None:
-        marked_at_release.append(svc._loop_ended.is_set() or svc._loop_left.is_set())
-        real_release(*args, **kwargs)
-
-    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    clock = _HeldClock(svc)  # (a call no socket shut wakes)
+    marked_at_release = _noted_at_release(
+        svc, lambda: svc._loop_ended.is_set() or svc._loop_left.is_set())
     try:
         runner = InThread(svc.run)
         wait_until(lambda: bool(svc.leases.owned))
-        hold.set()
-        wait_until(entered.is_set)
+        clock.catch()
         svc.stop()  # (from this thread; run() runs on another)
         runner.thread.join(STOP_WAIT_S)
         assert not runner.thread.is_alive()
         assert marked_at_release == [True], "the leases were released under an unmarked loop"
     finally:
-        released.set()
+        clock.let_go()
         if svc._timer_thread is not None:
             svc._timer_thread.join(STOP_WAIT_S)
         passed.close()
@@ -271,8 +268,6 @@ def test_a_stop_from_a_handler_on_runs_thread_is_done_by_run_after_the_loop(
     service as it returns, after the loop (interrupted) has ended; once."""
     import logging
 
-    from harness import wait_until
-
     from rcoord.keys import PartitionKeys
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
@@ -280,26 +275,7 @@ def test_a_stop_from_a_handler_on_runs_thread_is_done_by_run_after_the_loop(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stop-in-run",
         lease_ttl_ms=30_000, retention_check_interval_ms=0)).start()
-    blocked = f"{namespace}:test:blocked"
-    hold, entered = threading.Event(), threading.Event()
-    real_sync = svc.sweeper.sync_clock
-
-    def sync_clock() -> None:
-        if hold.is_set():
-            hold.clear()
-            entered.set()
-            svc._client.blpop([blocked], timeout=25)  # (until a socket shut fails it)
-        real_sync()
-
-    svc.sweeper.sync_clock = sync_clock  # type: ignore[method-assign]
-    real_release = svc.leases.release_all
-    loop_ended_at_release: list[bool] = []
-
-    def release_all(*args: Any, **kwargs: Any) -> None:
-        loop_ended_at_release.append(svc._loop_ended.is_set())
-        real_release(*args, **kwargs)
-
-    svc.leases.release_all = release_all  # type: ignore[method-assign]
+    loop_ended_at_release = _noted_at_release(svc, svc._loop_ended.is_set)
     signalled, handled = threading.Event(), threading.Event()
     real_wait = svc._loop_ended.wait
 
@@ -312,13 +288,11 @@ def test_a_stop_from_a_handler_on_runs_thread_is_done_by_run_after_the_loop(
 
     svc._loop_ended.wait = wait  # type: ignore[method-assign]
     client = own_server.client()
+    held = _HeldInABlockingRead(svc, client, namespace)
     try:
         runner = threading.Thread(target=svc.run, name="runs", daemon=True)
         runner.start()
-        wait_until(lambda: bool(svc.leases.owned))
-        hold.set()
-        wait_until(entered.is_set)
-        wait_until(lambda: any(c.get("cmd") == "blpop" for c in client.client_list()))
+        held.catch()
         signalled.set()
         runner.join(STOP_WAIT_S)
         assert not runner.is_alive()
@@ -330,5 +304,5 @@ def test_a_stop_from_a_handler_on_runs_thread_is_done_by_run_after_the_loop(
         n = svc.group_config.num_partitions
         assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
     finally:
-        client.rpush(blocked, "go")
+        held.let_go()
         client.close()
