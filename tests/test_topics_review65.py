@@ -12,6 +12,7 @@ import pytest
 import redis
 import test_cli_groups
 from test_cli_groups import ok
+from test_delete_records import _filled
 from test_topics_review64_marked import _stopped_delete
 
 from rcoord.errors import ConnectionLost, Errors
@@ -45,9 +46,7 @@ def test_a_delete_records_redis_stops_partway_says_what_it_did(redis_client, nam
     each partition on its own. The ConnectionLost now says which partitions are done (their
     answers) and which are not, with the offset to ask again: -1 as the log end the call read,
     so that asking again keeps the records appended since."""
-    topics.create("t", 2)
-    Producer(redis_client, namespace, idempotent=False).send_batch("t", [
-        ProducerRecord(b"x" * 1000, partition=p) for p, n in ((0, 3), (1, 40)) for _ in range(n)])
+    _filled(redis_client, namespace, topics, [3, 40], b"x" * 1000)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
     real, rounds = topics_admin._run, []
 
