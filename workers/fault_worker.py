@@ -6,7 +6,7 @@ everything stored there)::
 
     {"e": "assigned" | "revoked" | "lost", "t": ..., "gen": ..., "member": ..., "parts": [...]}
     {"e": "processed", "t": ..., "values": [...], "parts": [...]}  # before the commit below
-    {"e": "commit", "t": ..., "gen": ..., "member": ..., "offsets": {"<partition>": offset}}
+    {"e": "commit", "t": ..., "sent": ..., "gen": ..., "member": ..., "offsets": {...}}
     {"e": "commit_refused" | "commit_failed", "t": ..., "gen": ..., "member": ..., "error": ...}
     {"e": "exit", "t": ..., "num_partitions": ...}      # the layout this process ended on
 
@@ -136,7 +136,10 @@ def main() -> int:
                 changed[tp] = pos
         if not changed:
             continue
-        stamp = {"gen": gen.generation_id, "member": gen.member_id}
+        # ``sent``: when the commit began. ``t`` is when its answer was written down, which a
+        # SIGSTOP between the two puts after the process is woken, though Redis stored the
+        # commit before the freeze (tests/test_chaos.py's fenced static member).
+        stamp = {"gen": gen.generation_id, "member": gen.member_id, "sent": time.time()}
         try:
             consumer.commit(changed)
         except CommitFailedError as exc:
