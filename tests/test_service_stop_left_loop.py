@@ -80,6 +80,21 @@ def _hold_start(svc: Any, hold_s: float) -> tuple[threading.Event, threading.Eve
     return entered, released
 
 
+def _nothing_left_running(svc: Any, client: Any, namespace: str,
+                          earlier: set[threading.Thread]) -> None:
+    """Every ``rcoord-`` thread started since ``earlier`` ended, and every lease released."""
+    from rcoord.keys import PartitionKeys
+
+    def ours_running() -> list[str]:
+        return [t.name for t in threading.enumerate()
+                if t not in earlier and t.name.startswith("rcoord-") and t.is_alive()]
+
+    wait_until(lambda: not ours_running(), timeout_s=STOP_WAIT_S,
+               why=lambda: f"threads still running after the stop: {ours_running()}")
+    n = svc.group_config.num_partitions
+    assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+
+
 def test_a_timer_loop_left_behind_leaves_no_connection_open(
         own_server: EmbeddedServer, namespace: str) -> None:
     from rcoord.service.service import CoordinatorService, ServiceConfig
@@ -114,7 +129,6 @@ def test_a_stop_while_starting_leaves_nothing_running(
     stop found no listener nor threads yet and closed the client; the start then went on,
     starting the listener (its threads reconnecting the closed client for ever) and taking
     leases nobody released. The stop now waits for the start to end, then undoes all of it."""
-    from rcoord.keys import PartitionKeys
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     earlier = set(threading.enumerate())
@@ -141,14 +155,7 @@ def test_a_stop_while_starting_leaves_nothing_running(
         stopping.thread.join(STOP_WAIT_S)
         assert not starting.thread.is_alive() and not stopping.thread.is_alive()
 
-        def ours_running() -> list[str]:
-            return [t.name for t in threading.enumerate()
-                    if t not in earlier and t.name.startswith("rcoord-") and t.is_alive()]
-
-        wait_until(lambda: not ours_running(), timeout_s=STOP_WAIT_S,
-                   why=lambda: f"threads still running after the stop: {ours_running()}")
-        n = svc.group_config.num_partitions
-        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+        _nothing_left_running(svc, client, namespace, earlier)
     finally:
         released.set()
         svc.stop()
@@ -191,7 +198,6 @@ def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
     """A start held in a call (a node that does not answer, through a client passed in
     without a socket timeout) is waited for the stop's grace only; that start then stops
     what it started as it ends."""
-    from rcoord.keys import PartitionKeys
     from rcoord.service.service import CoordinatorService, ServiceConfig
 
     earlier = set(threading.enumerate())
@@ -210,14 +216,7 @@ def test_a_stop_does_not_wait_for_a_start_stuck_in_a_call(
         starting.thread.join(STOP_WAIT_S)
         assert not starting.thread.is_alive()
 
-        def ours_running() -> list[str]:
-            return [t.name for t in threading.enumerate()
-                    if t not in earlier and t.name.startswith("rcoord-") and t.is_alive()]
-
-        wait_until(lambda: not ours_running(), timeout_s=STOP_WAIT_S,
-                   why=lambda: f"threads still running after the stop: {ours_running()}")
-        n = svc.group_config.num_partitions
-        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+        _nothing_left_running(svc, client, namespace, earlier)
         assert _open_sockets(svc._client) == 0
     finally:
         released.set()
