@@ -69,8 +69,10 @@ class DeleteRecordsIncomplete(ConnectionLost):
     """``Topics.delete_records`` lost Redis partway (a partition's slot with no master, a
     dropped connection): ``done`` holds the answers of the partitions it finished, as the call
     would have returned them, ``unfinished`` the offset to ask again of each other partition
-    (which may have been trimmed some way already). A -1 there is already the log end the call
-    read, so asking again keeps the records appended since. It raised a bare ``ConnectionLost``
+    (which may have been trimmed some way already). A -1 the caller asked is resolved to the log
+    end before anything is removed, so an offset there keeps, asked again, the records appended
+    since; a -1 stays only where Redis was lost before that read, when nothing was removed. It
+    raised a bare ``ConnectionLost``
     before, and its caller took the whole call for failed though some partitions' records were
     gone; Kafka's AdminClient answers each partition on its own."""
 
@@ -522,7 +524,8 @@ class Topics:
         count = self.partition_count(topic)
         out = {p: DeletedRecords(p, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
                for p in offsets if p >= count}
-        pending = {p: offset for p, offset in offsets.items() if p < count}
+        pending = self._log_ends_for_minus_one(
+            topic, {p: offset for p, offset in offsets.items() if p < count}, out)
         while pending:
             calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
                       [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
@@ -533,24 +536,55 @@ class Topics:
                 _raise_incomplete(exc, out, pending)
                 raise
             again: dict[int, int] = {}
+            lost: Exception | None = None
             for (p, target), res in zip(pending.items(), results):
                 if isinstance(res, Exception):
                     failed = _foreign_ids(res)  # (a stream an XADD by hand left unreadable)
                     if not isinstance(failed, TopicError):
-                        _raise_incomplete(res, out, pending)
-                        raise res
+                        # The others' answers of this round still count (each is done or asked
+                        # again, never both).
+                        lost, again[p] = lost or res, target
+                        continue
                     out[p] = DeletedRecords(p, -1, failed.error, failed.detail)
                     continue
                 error = _name(res[0])
                 if error != Errors.NONE:
                     out[p] = DeletedRecords(p, -1, error)
                 elif int(res[3]):
-                    # The log end this call resolved -1 to: appends since do not move it.
-                    again[p] = int(res[2]) if target == -1 else target
+                    again[p] = target
                 else:
                     out[p] = DeletedRecords(p, int(res[1]))
+            if lost is not None:
+                _raise_incomplete(lost, out, again)
+                raise lost
             pending = again
         return dict(sorted(out.items()))
+
+    def _log_ends_for_minus_one(self, topic: str, pending: dict[int, int],
+                                out: dict[int, DeletedRecords]) -> dict[int, int]:
+        """``pending`` with each -1 (the log end) read now, before anything is removed, as
+        Kafka resolves it to the high watermark when it takes the request: a call that loses
+        Redis partway then names its unfinished partitions at offsets that, asked again, keep
+        the records appended since (a -1 asked again was a later log end, and a partition
+        trimmed in the round that failed lost those records). A partition that cannot be read
+        gets its answer in ``out``."""
+        minus_one = [p for p, target in pending.items() if target == -1]
+        if not minus_one:
+            return pending
+        try:
+            got = _offsets_of(self._r, [partition_key(self._ns, topic, p) for p in minus_one])
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            _raise_incomplete(exc, out, pending)
+            raise
+        resolved = dict(pending)
+        for p, answer in zip(minus_one, got):
+            if isinstance(answer, tuple):
+                resolved[p] = answer[1]
+                continue
+            del resolved[p]
+            out[p] = (DeletedRecords(p, -1, answer.error, answer.detail)
+                      if isinstance(answer, TopicError) else DeletedRecords(p, -1, answer))
+        return resolved
 
     @translate_redis_errors
     def apply_retention(self, topic: str, stop: threading.Event | None = None) -> dict[int, int]:

@@ -1,0 +1,114 @@
+"""Review 66: a DeleteRecords that loses Redis in its first round, after a partition asked at -1
+was trimmed in that round: ``DeleteRecordsIncomplete`` says (its docstring) that a -1 it carries
+is already the log end the call read, but in the first round it is the caller's -1, and the
+gateway's retry trims to the log end of the retry, removing the records appended since."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+
+import redis
+from gateway_harness import call_once
+
+from rcoord.errors import Errors
+from rcoord.topics import Producer, ProducerRecord, log_offsets
+from rcoord.topics import admin as topics_admin
+
+
+def test_a_partition_done_in_the_round_that_failed_is_not_asked_again_at_minus_one(
+        gateway, redis_server, topics, monkeypatch):
+    # Partition 0 (asked at -1, its log end 3) is trimmed in the first round; partition 1's
+    # call in that same round is refused READONLY (its node demoted). Then 5 records are
+    # appended to partition 0. DeleteRecordsIncomplete should carry partition 0 as done (low
+    # watermark 3) and only partition 1 to ask again; the gateway then keeps the 5 records.
+    ns = gateway.config.namespace
+    topics.create("t", 2)
+    client = redis_server.client()
+    producer = Producer(client, ns, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=p)
+                              for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    real, rounds = topics_admin._run, []
+
+    def partition_1_refused_in_first_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
+        rounds.append(len(calls))
+        if len(rounds) > 1:
+            return real(redis_client, calls, **kwargs)
+        # calls are in partition order: partition 0's runs, partition 1's is refused
+        (first,) = real(redis_client, calls[:1], **kwargs)
+        producer.send_batch("t", [ProducerRecord(b"y", partition=0) for _ in range(5)])
+        return [first, redis.exceptions.ReadOnlyError(
+            "You can't write against a read only replica. (test)")]
+
+    monkeypatch.setattr(topics_admin, "_run", partition_1_refused_in_first_round)
+    try:
+        topics_body = {"timeout_ms": 5000, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "offset": -1}, {"partition_index": 1, "offset": 2}]}]}
+        answer = call_once(gateway, 21, 2, topics_body, 5).topics
+        got = {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
+               for t in answer for p in t.partitions}
+        assert got == {("t", 0): (Errors.NONE, 3), ("t", 1): (Errors.NONE, 2)}
+        # The 5 records appended to partition 0 after its removal are still there.
+        assert [log_offsets(client, ns, "t", p) for p in range(2)] == [(3, 8), (2, 4)]
+    finally:
+        client.close()
+
+
+def test_delete_records_incomplete_names_a_partition_either_done_or_to_ask_again(
+        redis_client, namespace, monkeypatch):
+    # The same failure at the Topics level: partition 0 is both in ``done`` and, at its -1, in
+    # ``unfinished`` (a caller asking again re-resolves -1 to a later log end).
+    topics = topics_admin.Topics(redis_client, namespace)
+    topics.create("t", 2)
+    Producer(redis_client, namespace, idempotent=False).send_batch("t", [
+        ProducerRecord(b"x", partition=p) for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    real = topics_admin._run
+
+    def partition_1_refused(client: Any, calls: Any, **kwargs: Any) -> Any:
+        (first,) = real(client, calls[:1], **kwargs)
+        return [first, redis.exceptions.ReadOnlyError("READONLY (test)")]
+
+    monkeypatch.setattr(topics_admin, "_run", partition_1_refused)
+    with pytest.raises(topics_admin.DeleteRecordsIncomplete) as info:
+        topics.delete_records("t", {0: -1, 1: 2})
+    assert info.value.done == {0: topics_admin.DeletedRecords(0, 3)}
+    assert set(info.value.done).isdisjoint(info.value.unfinished), info.value.unfinished
+    assert info.value.unfinished == {1: 2}
+
+
+def test_a_pipeline_lost_in_the_first_round_after_a_removal_at_minus_one_keeps_later_records(
+        gateway, redis_server, topics, monkeypatch):
+    # The same through the branch where the round's pipeline raises (a cluster pipeline whose
+    # other node's connection dropped, after partition 0's node ran its call): partition 0 is
+    # left unfinished at -1, not at the log end (3) the call had resolved and trimmed to.
+    ns = gateway.config.namespace
+    topics.create("t", 2)
+    client = redis_server.client()
+    producer = Producer(client, ns, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=p)
+                              for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    real, rounds = topics_admin._run, []
+
+    def lost_after_partition_0_ran(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
+        rounds.append(len(calls))
+        if len(rounds) > 1:
+            return real(redis_client, calls, **kwargs)
+        real(redis_client, calls[:1], **kwargs)
+        producer.send_batch("t", [ProducerRecord(b"y", partition=0) for _ in range(5)])
+        raise redis.exceptions.ConnectionError("connection reset (test)")
+
+    monkeypatch.setattr(topics_admin, "_run", lost_after_partition_0_ran)
+    try:
+        topics_body = {"timeout_ms": 5000, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "offset": -1}, {"partition_index": 1, "offset": 2}]}]}
+        answer = call_once(gateway, 21, 2, topics_body, 5).topics
+        got = {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
+               for t in answer for p in t.partitions}
+        assert rounds[0] == 2
+        # The records appended to partition 0 after the removal it asked for are kept.
+        assert log_offsets(client, ns, "t", 0) == (3, 8), got
+    finally:
+        client.close()
