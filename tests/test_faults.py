@@ -702,7 +702,9 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
     # workers' 4 s rebalance timeout), so it is still a member when the first service dies,
     # however late the newcomer starts: with the 1.5 s session, a newcomer that started after it
     # ran out met a group the first service had already rid of it, and nothing was left due.
-    sc = scenario(workers=2)
+    # The live workers' 6 s sessions outlast their freeze below (the join completes while they
+    # are stopped, and sets their next session deadline); they still beat every 300 ms.
+    sc = scenario(workers=2, session_ms=6000, heartbeat_ms=300)
     dead = Worker(sc, "w3", 10_000)
     sc.workers.append(dead)
     sc.wait_stable()
@@ -714,13 +716,24 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
     dead.proc.wait(10)
     newcomer = sc.add_worker("w4")  # its join starts a rebalance that waits for the dead one
     wait_until(lambda: sc.coord.describe_group(GROUP).state == "PreparingRebalance")
-    sc.services[0].stop(signal.SIGKILL)
-    killed = time.time()
-    assert sc.r.hexists(members, dead_id)  # its deadline is still to come
-    second = sc.start_service()
     live = [*sc.workers[:-2], newcomer]
+    # Every group step applies the group's due deadlines first: the live workers' parked joins
+    # and heartbeats, and the sampler's offset fetches, would remove the dead member as soon
+    # as the second service. So they are stopped until it is gone (the sampler waits on the
+    # lock it samples under; the producer only appends to the topic), and only the second
+    # service can have removed it.
+    with sc.sample_lock:
+        for w in live:
+            w.signal(signal.SIGSTOP)
+        sc.services[0].stop(signal.SIGKILL)
+        killed = time.time()
+        assert sc.r.hexists(members, dead_id)  # its deadline is still to come
+        second = sc.start_service()
+        wait_until(lambda: not sc.r.hexists(members, dead_id) or time.sleep(0.05),
+                   why=second.diagnose)
+        for w in live:
+            w.signal(signal.SIGCONT)
     sc.wait_stable(live, after=killed)
-    assert not sc.r.hexists(members, dead_id)
     sc.drain()
     # Now nobody touches the group but the second service: kill every worker (no LeaveGroup)
     # and stop the sampler; their sessions must still run out.
@@ -731,6 +744,6 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
         w.proc.kill()
         w.proc.wait(10)
     assert sc.r.hlen(members) == len(live)
-    wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=15)
+    wait_until(lambda: sc.r.hlen(members) == 0 or time.sleep(0.05), timeout_s=30)
     assert second.alive
     _judge(sc.finish(), owed_at_least=sc.records // 2)
