@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 from harness import handling, wait_until
 from test_service import ROOT, Proc
+from test_service_review64_retention import _passes as _keeper_passes
 
 from rcoord.errors import ConfigError, ConnectionLost
 from rcoord.partitioning import partition_for
 from rcoord.service.leases import plan
+from rcoord.service.metrics import Metrics
+from rcoord.service.retention import RetentionKeeper
 from rcoord.service.service import CoordinatorService, ServiceConfig
 from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets
 
@@ -235,6 +238,35 @@ def test_a_retention_pass_that_redis_fails_is_tried_again(redis_server, single_c
     assert sum("list: the connection dropped" in w for w in whys) == 2
     assert sum("bad: a script error" in w for w in whys) == 3
     assert svc._retention_thread is not None and svc._retention_thread.is_alive()
+
+
+def test_a_pass_a_stop_cuts_short_is_not_counted_ok(single_client, namespace):
+    """The stop comes before the first topic's trim (a hook on ``owned``, asked before each
+    topic): the other topic is left, and the pass is neither ok nor failed. Before, it was
+    counted ok, as a complete pass."""
+    topics = Topics(single_client, namespace)
+    names = ["s1", "s2"]
+    for name in names:
+        topics.create(name, 1, retention_records=1)
+        _produce(single_client, namespace, name, 3)
+    stop = threading.Event()
+    asked = []
+
+    def owned() -> set[int]:
+        asked.append(1)
+        if len(asked) == 2:  # the pass's start, then before the first topic
+            stop.set()
+        return set(range(N))
+
+    metrics = Metrics()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    assert keeper.run_once() == 1
+    assert sorted(log_offsets(single_client, namespace, t, 0) for t in names) == [(0, 3), (2, 3)]
+    assert _keeper_passes(metrics, "ok") == 0 and _keeper_passes(metrics, "failed") == 0
+    stop.clear()
+    assert keeper.run_once() == 2  # a pass with no stop is complete, and counted ok
+    assert [log_offsets(single_client, namespace, t, 0) for t in names] == [(2, 3)] * 2
+    assert _keeper_passes(metrics, "ok") == 1
 
 
 def test_stop_ends_the_retention_thread_at_once(redis_server, namespace, services):

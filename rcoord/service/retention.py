@@ -158,12 +158,16 @@ class RetentionKeeper:
                             "event": "retention_error", "id": self._id,
                             "unlisted": [what for what, _ in unlisted],
                             "why": str(unlisted[0][1]), "retry_in_ms": self.interval_ms})
-        if not failures and not unlisted:
+        # A stop cuts a pass short (the listing of the masters one by one, the topics, a
+        # topic's trim): what it left is not known to be trimmed, so such a pass is not "ok"
+        # (it is "failed" only for what failed). Before, a stopped pass counted "ok".
+        stopped = self._stop.is_set()
+        if not failures and not unlisted and not stopped:
             self._metrics.retention_passes.labels("ok").inc()
         log.debug("retention pass", extra={
             "event": "retention_pass", "id": self._id, "topics": len(names), "on_leases": len(mine),
             "with_retention": len(settings), "applied": applied, "failed": failures,
-            "took_ms": took_ms})
+            "stopped": stopped, "took_ms": took_ms})
         return applied
 
     def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
