@@ -33,19 +33,23 @@ def _claimed_elsewhere(client: Any, namespace: str, coordinator_id: str) -> Any:
     return other
 
 
-def _stop_inside_the_flags(svc: Any, method: str) -> list[str]:
+def _stop_inside_the_flags(svc: Any, method: str,
+                           seen: Callable[[], Any] | None = None) -> list[Any]:
     """The stop flag's ``method`` (which runs holding the flag's lock) calls ``svc.stop()``
     the first time, as a signal's handler that fired there, on that thread, does. What it
-    notes: ``called``, then ``returned`` once that stop came back."""
+    notes: ``called``, then ``returned`` once that stop came back, then what ``seen()``
+    returns then (if given)."""
     cond = svc._stop._cond
     real = getattr(cond, method)
-    handled: list[str] = []
+    handled: list[Any] = []
 
     def inside(*args: Any) -> Any:
         if not handled:
             handled.append("called")
             svc.stop()
             handled.append("returned")
+            if seen is not None:
+                handled.append(seen())
         return real(*args)
 
     setattr(cond, method, inside)
@@ -128,7 +132,12 @@ def test_a_stop_from_a_handler_inside_the_stops_own_flag_set_ends(
         own_server: EmbeddedServer, namespace: str, caplog: Any) -> None:
     """A program's ``stop()`` sets the stop flag first; a second handler's ``stop()`` that
     fired while that ``set()`` held the flag's lock waited for ever for it. Now the stop ends,
-    once, and releases the leases."""
+    once, and releases the leases.
+
+    The handler's stop leaves the shutdown to the interrupted one, which goes on as the
+    handler returns (no "stopped" logged and every lease held when it returned). Before, it
+    ran the whole shutdown inside the handler with the flag's lock held, so the flag's other
+    waiters (the metrics sampler, in a 5 s wait) woke only after it."""
     import logging
 
     from rcoord.keys import PartitionKeys
@@ -138,16 +147,23 @@ def test_a_stop_from_a_handler_inside_the_stops_own_flag_set_ends(
     svc = CoordinatorService(ServiceConfig(
         redis_url=own_server.url, namespace=namespace, coordinator_id="stop-in-set",
         lease_ttl_ms=1000, retention_check_interval_ms=0)).start()
-    handled = _stop_inside_the_flags(svc, "notify_all")  # (a second signal's handler)
     client = own_server.client()
+    n = svc.group_config.num_partitions
+    leases = [PartitionKeys(namespace, p, n).lease for p in range(n)]
+    wait_until(lambda: all(client.get(k) is not None for k in leases))
+
+    def seen() -> tuple[int, int]:
+        stopped = [getattr(r, "event", None) for r in caplog.records].count("stopped")
+        return stopped, sum(client.get(k) is not None for k in leases)
+
+    handled = _stop_inside_the_flags(svc, "notify_all", seen)  # (a second signal's handler)
     try:
         stopping = InThread(svc.stop)
         stopping.thread.join(STOP_WAIT_S)
         assert not stopping.thread.is_alive(), "stop() hung: a stop from a handler in its set"
-        assert handled == ["called", "returned"]
+        assert handled == ["called", "returned", (0, n)]
         assert [getattr(r, "event", None) for r in caplog.records].count("stopped") == 1
-        n = svc.group_config.num_partitions
-        assert [client.get(PartitionKeys(namespace, p, n).lease) for p in range(n)] == [None] * n
+        assert [client.get(k) for k in leases] == [None] * n
     finally:
         client.close()
 

@@ -111,6 +111,13 @@ class StopFlag(threading.Event):
         self._marked = False
         self._inside: set[int] = set()
         """The threads inside ``set`` or ``wait`` (holding, or about to take, the lock)."""
+        self._setting: set[int] = set()
+        """The threads inside ``set`` (``setting``)."""
+
+    def setting(self) -> bool:
+        """Whether this thread is inside this flag's ``set``: a call here is a signal handler
+        that interrupted it, and the flag's waiters wake only once that set goes on."""
+        return threading.get_ident() in self._setting
 
     def is_set(self) -> bool:
         return self._marked or super().is_set()
@@ -121,10 +128,12 @@ class StopFlag(threading.Event):
             self._marked = True
             return
         self._inside.add(me)
+        self._setting.add(me)
         try:
             super().set()
         finally:
             self._inside.discard(me)
+            self._setting.discard(me)
 
     def wait(self, timeout: float | None = None) -> bool:
         me = threading.get_ident()
@@ -472,8 +481,12 @@ class CoordinatorService:
         or listener lock the interrupted stop held. The flag (``StopFlag``) takes no lock when
         a handler sets it on a thread inside the flag's own wait (``start()`` waiting for a
         claimed id) or set (a stop): before, such a handler waited for ever for the lock its
-        thread held. (The ``rcoord coordinator`` command's handler only writes to a pipe, and
-        a thread of its own sets the flag: ``cli.SignalStop``.)"""
+        thread held. A handler inside a ``stop()``'s own ``set`` of the flag leaves the stop
+        to that call, which goes on as the handler returns: before, it ran the whole shutdown
+        inside the handler, the flag's lock held by the interrupted set, so the flag's other
+        waiters (the metrics sampler) woke only after it, and were left behind. (The ``rcoord
+        coordinator`` command's handler only writes to a pipe, and a thread of its own sets
+        the flag: ``cli.SignalStop``.)"""
         self._stop_called = True
         self._stop.set()
         if self._starting_on == threading.get_ident():
@@ -481,6 +494,8 @@ class CoordinatorService:
         if self._running_on == threading.get_ident():
             self._stop_left_to_run = True
             return  # a signal handler on run()'s thread: run() stops as it returns
+        if self._stop.setting():
+            return  # a signal handler inside a stop()'s set of the flag: that stop goes on next
         if not self._starting.acquire(timeout=STOP_GRACE_MS / 1000):
             log.warning("stop(): the start is still in a call; it stops what it started as it "
                         "ends", extra={"event": "stop_left_to_start",
