@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..cli import UsageError
 from ..errors import Errors
-from ..topics import TopicError
+from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
 from ..topics.configs import DELETE, SET, SETTINGS, settings_change, topic_configs
 from .common import Context, leaf
 from .console import add_console_arguments
@@ -250,27 +250,41 @@ def _add_partitions(ctx: Context) -> int:
 
 def _delete_records(ctx: Context) -> int:
     """Exit 0 if every partition's log start is where it was asked to be (or was already past
-    it), 1 if any partition refused (its error is in the table)."""
+    it), 1 if any partition refused (its error is in the table) or Redis was lost partway: the
+    partitions done by then are printed, and those not done named, before the error, which
+    was shown alone, so the operator could not tell whose records were already gone."""
     a = ctx.args
     if a.offset < -1:
         raise UsageError(f"--offset must be >= 0, or -1 for the log end, got {a.offset}")
     admin = ctx.topics()
     partitions = a.partition or range(admin.partition_count(a.topic))
-    done = admin.delete_records(a.topic, dict.fromkeys(partitions, a.offset))
+    try:
+        done = admin.delete_records(a.topic, dict.fromkeys(partitions, a.offset))
+    except DeleteRecordsIncomplete as exc:
+        _print_deleted(ctx, a.topic, exc.done)
+        # (the error line says what Redis answered, not which partitions are left)
+        ctx.note(f"{a.topic}: partitions {', '.join(map(str, sorted(exc.unfinished)))} not "
+                 f"done; run the command again for them")
+        raise
+    return 1 if _print_deleted(ctx, a.topic, done) else 0
+
+
+def _print_deleted(ctx: Context, topic: str, done: dict[int, DeletedRecords]) -> bool:
+    """Print the partitions' answers (and the detail of those refused); whether any refused."""
     failed = [d for d in done.values() if d.error != Errors.NONE]
     if ctx.json:
-        print_json({"topic": a.topic, "partitions": [
+        print_json({"topic": topic, "partitions": [
             {"partition": d.partition, "low_watermark": d.low_watermark,
              "error": None if d.error == Errors.NONE else d.error.name}
             for d in done.values()]})
     else:
         print_table(["TOPIC", "PARTITION", "LOW-WATERMARK", "ERROR"], [
-            [a.topic, d.partition, d.low_watermark, "-" if d.error == Errors.NONE else d.error.name]
+            [topic, d.partition, d.low_watermark, "-" if d.error == Errors.NONE else d.error.name]
             for d in done.values()])
     for d in failed:
         if d.detail:  # (UNKNOWN_SERVER_ERROR alone would not say what to do)
-            ctx.note(f"{a.topic}-{d.partition}: {d.detail}")
-    return 1 if failed else 0
+            ctx.note(f"{topic}-{d.partition}: {d.detail}")
+    return bool(failed)
 
 
 def _split_configs(text: str) -> list[str]:
