@@ -1,16 +1,22 @@
 """Review 66: topic admin at its edges (the command line of a DeleteRecords Redis stopped
-partway, ...)."""
+partway, reading many topics from a master that froze, ...)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
+import pytest
 import redis
 import test_cli_groups
 from test_cli_groups import rows
 from test_delete_records import _filled
 
-from rcoord.topics import Topics, log_offsets
+from rcoord.connect import connect
+from rcoord.errors import ConnectionLost
+from rcoord.topics import Topics, log_offsets, meta_key
 from rcoord.topics import admin as topics_admin
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
@@ -40,3 +46,60 @@ def test_delete_records_on_the_command_line_shows_the_partitions_done_before_red
     assert "connection reset (test)" in res.stderr and "t: partitions 1 not done" in res.stderr
     assert "Traceback" not in res.stderr
     assert [log_offsets(redis_client, namespace, "t", p)[0] for p in range(2)] == [3, 4]
+
+
+def test_partition_counts_from_a_frozen_master_waits_out_one_read_not_one_per_topic(
+        own_cluster, namespace):
+    """Four topics' metadata on one master, which freezes (SIGSTOP): redis-py's cluster
+    pipeline sent each HGET the node failed again alone, each with its own retries and socket
+    timeouts (41 s for 6 topics with a socket timeout of 0.5 s, against 13 s for one), so a
+    consumer's metadata read of many topics hung for minutes. Now one HGET is sent alone (with
+    redis-py's retries, which follow a failover), and the call fails when it fails."""
+    client = connect(own_cluster.url, socket_timeout=1.0)
+    try:
+        victim = own_cluster.nodes[1]
+        names = [t for t in (f"t{i}" for i in range(200))
+                 if client.get_node_from_key(meta_key(namespace, t)).port == victim.port][:4]
+        topics = Topics(client, namespace)
+        for topic in names:
+            topics.create(topic, 1)
+        assert topics.partition_counts(names) == dict.fromkeys(names, 1)
+        alone: list[Any] = []  # the commands sent on their own, outside a pipeline
+        real_pipeline, real_execute = client.pipeline, client.execute_command
+
+        def pipeline(*args: Any, **kwargs: Any) -> Any:
+            pipe = real_pipeline(*args, **kwargs)
+            parent = pipe.parent_execute_command
+
+            def resent(*command: Any, **options: Any) -> Any:
+                alone.append(command[1])
+                return parent(*command, **options)
+
+            pipe.parent_execute_command = resent
+            return pipe
+
+        def execute(*command: Any, **options: Any) -> Any:
+            if command[0] == "HGET":
+                alone.append(command[1])
+            return real_execute(*command, **options)
+
+        client.pipeline, client.execute_command = pipeline, execute
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ConnectionLost):
+                topics.partition_counts(names)
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        assert alone == [meta_key(namespace, names[0])]
+        client.pipeline, client.execute_command = real_pipeline, real_execute
+        deadline = time.monotonic() + 60  # (the node back, the cluster's state ok again)
+        while True:
+            try:
+                assert topics.partition_counts(names) == dict.fromkeys(names, 1)
+                break
+            except ConnectionLost:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        client.close()

@@ -45,6 +45,7 @@ from ._base import (
     partition_key,
     producer_log_key,
     producer_state_keys,
+    read_pipelined,
 )
 from .configs import SETTINGS, check_settings
 
@@ -369,10 +370,8 @@ class Topics:
             _check_topic(topic)
         if not names:
             return {}
-        pipe = self._r.pipeline(transaction=False)
-        for topic in names:
-            pipe.hget(meta_key(self._ns, topic), "partitions")
-        replies = pipe.execute()
+        replies = read_pipelined(self._r, [("HGET", meta_key(self._ns, topic), "partitions")
+                                           for topic in names])
         return {t: int(raw) for t, raw in zip(names, replies, strict=True) if raw is not None}
 
     @translate_redis_errors
@@ -385,10 +384,9 @@ class Topics:
             _check_topic(topic)
         if not names:
             return []
-        pipe = self._r.pipeline(transaction=False)
-        for topic in names:
-            pipe.hexists(meta_key(self._ns, topic), "deleting")
-        return [t for t, marked in zip(names, pipe.execute(), strict=True) if marked]
+        marks = read_pipelined(self._r, [("HEXISTS", meta_key(self._ns, topic), "deleting")
+                                         for topic in names])
+        return [t for t, marked in zip(names, marks, strict=True) if marked]
 
     @translate_redis_errors
     def describe(self, topic: str) -> TopicDescription:
