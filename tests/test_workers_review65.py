@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import wait_for_the_next_ms
+from test_cli_groups import ok, run_in_process
+
+from rcoord import TopicPartition
+from rcoord.keys import GroupKeys
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
@@ -203,3 +208,56 @@ def test_a_live_writer_of_another_query_at_the_same_checkpoint_path_keeps_its_fi
     monkeypatch.undo()
     assert b_wrote == [True]
     assert read_counts(tmp_path) == {(0, "a"): 12}
+
+
+def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
+        tmp_path: Path, request: pytest.FixtureRequest, backend: str, make_coordinator: Any,
+        redis_client: Any, namespace: str) -> None:
+    # Generations 3-5 of group g wrote offsets 0-349; g is deleted (`rcoord groups delete`)
+    # and made again at offset 350, its generations starting over, and its generation 1 reads
+    # 350-399 into the same output. Before, nothing was checked: that file was deleted as
+    # superseded (generation 5 began before its end), read_counts 350 where 400 records had
+    # counted.
+    url = str(request.getfixturevalue(
+        "redis_server" if backend == "single" else "redis_cluster").url)
+    coord = make_coordinator()
+    coord.commit_offsets("g", {TopicPartition("ev", 0): 0})
+
+    def sink(cp: str, group: str = "g") -> _Sink:
+        return _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / cp), group=group,
+                     namespace=namespace, url=url)
+
+    old = sink("cp1")
+    old._write("ev", 0, 0, [_row("a", 100)], 3, end=100)
+    old._write("ev", 0, 100, [_row("a", 250)], 5, end=350)
+    created = redis_client.hget(GroupKeys.of(namespace, coord.config.num_partitions, "g").group,
+                                "created")
+    ok(run_in_process(["groups", "delete", "g", "--redis-url", url, "--namespace", namespace]))
+    wait_for_the_next_ms(redis_client, int(created))  # (made again in another millisecond)
+    coord.commit_offsets("g", {TopicPartition("ev", 0): 350})  # made again
+    new = sink("cp2")
+    with pytest.raises(RuntimeError) as caught:
+        new._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
+    message = str(caught.value)
+    assert re.search(r"its files are of group 'g' as created at \d+ \(Redis ms\), and this "
+                     r"run is of group 'g' as created at \d+: generations start over", message)
+    assert "new output folder (--out)" in message
+    with pytest.raises(RuntimeError, match="of group 'g' as created at"):  # another topic too
+        new._write("other", 0, 0, [_row("b", 1)], 1, end=1)
+    # the old run, still going, rejoins the group made again: its generation going back is
+    # checked again
+    with pytest.raises(RuntimeError, match="of group 'g' as created at"):
+        old._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
+    coord.commit_offsets("h", {TopicPartition("ev", 0): 350})
+    with pytest.raises(RuntimeError, match="this run is of group 'h'"):  # another group
+        sink("cp3", group="h")._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
+    assert read_counts(tmp_path) == {(0, "a"): 350}
+    assert _files(tmp_path) == ["start-0.gen-3.parquet", "start-100.gen-5.parquet"]
+    # into a new output, the group made again writes on
+    fresh = _Sink(str(tmp_path / "new"), WINDOW_MS, str(tmp_path / "cp2"), group="g",
+                  namespace=namespace, url=url)
+    fresh._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
+    fresh._write("ev", 0, 400, [_row("a", 2)], 2, end=402)
+    assert read_counts(tmp_path / "new") == {(0, "a"): 52}
+    assert not list((tmp_path / "counts" / ".index").glob(".tmp-*"))
+

@@ -51,9 +51,11 @@ stays until a run's first write). The rule takes a group's generations to grow f
 deleted and created again (its generations start over), or a topic created again (its offsets
 start over), needs a new DIR. A topic's is checked: the topic folder's index records the
 create token of the topic its files are of, and a batch of the topic created again fails
-(``_same_topic``; a topic made before tokens is not checked). A group's is not (the files
-cannot tell a new group's from a zombie's): in the old DIR, a file of the new group is deleted
-as superseded where a higher-numbered generation of the old one began before its end.
+(``_same_topic``; a topic made before tokens is not checked). So is a group's: the output's
+index records the group and the time its record was created (read from Redis at a run's first
+write, and again if a generation comes below the run's highest), and a write of another group,
+or of the group made again, fails (``_same_group``; not checked without a Redis URL, and an
+output written before this record is taken to be of the group its first checked write finds).
 (Offsets an operator resets backwards are read again by a newer generation, whose files
 supersede the older ones they overlap: each record counts once.)
 """
@@ -237,6 +239,8 @@ class _Sink:
         self._tokens: set[tuple[str, str]] = set()  # (topic, create token) checked
         self._firsts: dict[tuple[Path, int], int] = {}  # (folder, generation): first marked
         self._run: str | None = None  # (``run``)
+        self._group_known = False  # the output's group checked (``_check_group``)
+        self._top_generation = -1  # the highest generation this run wrote
 
     def run(self, spark: Any = None) -> str:
         """Which query this sink writes for: its checkpoint, and the id Spark gave the query
@@ -389,6 +393,7 @@ class _Sink:
         if token and (topic, token) not in self._tokens:  # once per topic and run
             _same_topic(folder, topic, token)
             self._tokens.add((topic, token))
+        self._check_group(generation)
         folder.mkdir(parents=True, exist_ok=True)
         if folder not in self._indexed:  # once per folder and run: files from before the index
             _index(folder, _run_tag(self.run()))
@@ -429,6 +434,22 @@ class _Sink:
         _settle_unsettled(folder, unsettled.name)
         unsettled.unlink(missing_ok=True)
 
+    def _check_group(self, generation: int) -> None:
+        """Refuse a write of another group, or of another incarnation of this one, into the
+        output (``_same_group``): asked of Redis at the run's first write in group mode, and
+        again where a generation comes below the highest the run wrote, which only a group
+        made again while the run went on hands out. Not checked without a group or a Redis
+        URL (``batch_generation`` wants one), nor while the group record is not there."""
+        if generation < 0 or not self.group:
+            return
+        if not self._group_known or generation < self._top_generation:
+            url = self.url or os.environ.get("RCOORD_REDIS_URL", "")
+            created = _group_created(url, self.namespace, self.group) if url else None
+            if created is not None:
+                _same_group(self.out_dir, self.group, created)
+                self._group_known = True
+        self._top_generation = max(self._top_generation, generation)
+
 
 _TOKEN = "create_token"
 """The create token of the topic a topic folder's files are of (``Topics.create_token``):
@@ -444,16 +465,7 @@ def _same_topic(folder: Path, topic: str, token: str) -> None:
     link (which fails where one is there), so that of two first writes one records and the
     other compares."""
     recorded = _index_of(folder).parent / _TOKEN
-    recorded.parent.mkdir(parents=True, exist_ok=True)
-    tmp = recorded.with_name(f".tmp-{uuid.uuid4().hex}")
-    tmp.write_text(token)
-    try:
-        os.link(tmp, recorded)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-    found = recorded.read_text()
+    found = _record_once(recorded, token)
     if found != token:
         raise RuntimeError(
             f"{folder.parent}: its files are of topic {topic!r} as created "
@@ -461,6 +473,69 @@ def _same_topic(folder: Path, topic: str, token: str) -> None:
             f"{token}), whose offsets start over: files of both in one output would supersede "
             "each other and lose records; give the new topic's pipeline a new output folder "
             f"(or move {folder.parent} and {recorded.parent} away)")
+
+
+def _record_once(path: Path, text: str) -> str:
+    """What ``path`` holds, written ``text`` first if nothing was there: by a link, which fails
+    where a file is, so that of two first writers one records and the other reads its text."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex}")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text()
+
+
+_GROUP = "group"
+"""The group, and the time it was created at, whose files the output holds:
+``DIR/counts/.index/group``, ``{"group": ..., "created": ...}``, made by the first write of a
+run in group mode that read them (``_same_group``)."""
+
+
+def _group_created(url: str, namespace: str, group: str) -> str | None:
+    """When ``group`` was created (the group record's ``created``, Redis time in ms, written
+    once by the script that creates it): what tells one incarnation of a group from the one
+    made again under its id after a deletion. None if the group or the namespace's settings
+    are not there. Redis is asked here, not the checkpoint's offset log: the source records
+    the generation a batch was planned in, not the group's incarnation."""
+    from rcoord.keys import GroupKeys, settings_key
+    from rcoord.spark.clients import leased
+
+    with leased(url) as client:
+        count = client.hget(settings_key(namespace), "num_partitions")
+        if count is None:
+            return None
+        created = client.hget(GroupKeys.of(namespace, int(count), group).group, "created")
+    return None if created is None else created.decode() if isinstance(created, bytes) \
+        else str(created)
+
+
+def _same_group(out_dir: str, group: str, created: str) -> None:
+    """Refuse a write of ``group`` as created at ``created`` into an output whose files are of
+    another group, or of this one as created before (deleted since, or removed by offset
+    retention, and made again). Generations start over at 1 in a group made again, and any
+    group's are compared alike: a file of the new one was deleted as superseded where a
+    higher-numbered generation of the old one began before its end (records lost). The first
+    write that knows its group records it (``_record_once``)."""
+    mine = json.dumps({"group": group, "created": created})
+    recorded = Path(out_dir, "counts", ".index", _GROUP)
+    found = _record_once(recorded, mine)
+    if found == mine:
+        return
+    try:
+        theirs = json.loads(found)
+        was = f"group {theirs['group']!r} as created at {theirs['created']} (Redis ms)"
+    except (ValueError, KeyError, TypeError):
+        was = f"what {recorded} names ({found!r})"
+    raise RuntimeError(
+        f"{out_dir}: its files are of {was}, and this run is of group {group!r} as created at "
+        f"{created}: generations start over in a group made again (and differ between "
+        "groups), so files of both in one output would supersede each other and lose records; "
+        f"give this pipeline a new output folder (--out), or move {out_dir} away")
 
 
 def _index_of(folder: Path) -> Path:
