@@ -251,6 +251,11 @@ def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
     coord.commit_offsets("h", {TopicPartition("ev", 0): 350})
     with pytest.raises(RuntimeError, match="this run is of group 'h'"):  # another group
         sink("cp3", group="h")._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
+    # an output written before the group was recorded: its generations above the group's now
+    (tmp_path / "counts" / ".index" / "group").unlink()
+    with pytest.raises(RuntimeError, match=r"written by generation 5, and group 'g' \(created "
+                                           r"at \d+, Redis ms\) is at generation 0"):
+        sink("cp4")._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
     assert read_counts(tmp_path) == {(0, "a"): 350}
     assert _files(tmp_path) == ["start-0.gen-3.parquet", "start-100.gen-5.parquet"]
     # into a new output, the group made again writes on

@@ -54,8 +54,9 @@ create token of the topic its files are of, and a batch of the topic created aga
 (``_same_topic``; a topic made before tokens is not checked). So is a group's: the output's
 index records the group and the time its record was created (read from Redis at a run's first
 write, and again if a generation comes below the run's highest), and a write of another group,
-or of the group made again, fails (``_same_group``; not checked without a Redis URL, and an
-output written before this record is taken to be of the group its first checked write finds).
+or of the group made again, fails (``_same_group``; not checked without a Redis URL; an
+output written before this record is refused if a generation there is above the group's now,
+else taken for the group's).
 (Offsets an operator resets backwards are read again by a newer generation, whose files
 supersede the older ones they overlap: each record counts once.)
 """
@@ -444,9 +445,9 @@ class _Sink:
             return
         if not self._group_known or generation < self._top_generation:
             url = self.url or os.environ.get("RCOORD_REDIS_URL", "")
-            created = _group_created(url, self.namespace, self.group) if url else None
-            if created is not None:
-                _same_group(self.out_dir, self.group, created)
+            incarnation = _group_created(url, self.namespace, self.group) if url else None
+            if incarnation is not None:
+                _same_group(self.out_dir, self.group, *incarnation)
                 self._group_known = True
         self._top_generation = max(self._top_generation, generation)
 
@@ -496,12 +497,12 @@ _GROUP = "group"
 run in group mode that read them (``_same_group``)."""
 
 
-def _group_created(url: str, namespace: str, group: str) -> str | None:
+def _group_created(url: str, namespace: str, group: str) -> tuple[str, int] | None:
     """When ``group`` was created (the group record's ``created``, Redis time in ms, written
-    once by the script that creates it): what tells one incarnation of a group from the one
-    made again under its id after a deletion. None if the group or the namespace's settings
-    are not there. Redis is asked here, not the checkpoint's offset log: the source records
-    the generation a batch was planned in, not the group's incarnation."""
+    once by the script that creates it: what tells one incarnation of a group from the one
+    made again under its id after a deletion), and its generation now. None if the group or
+    the namespace's settings are not there. Redis is asked here, not the checkpoint's offset
+    log: the source records the generation a batch was planned in, not the incarnation."""
     from rcoord.keys import GroupKeys, settings_key
     from rcoord.spark.clients import leased
 
@@ -509,20 +510,36 @@ def _group_created(url: str, namespace: str, group: str) -> str | None:
         count = client.hget(settings_key(namespace), "num_partitions")
         if count is None:
             return None
-        created = client.hget(GroupKeys.of(namespace, int(count), group).group, "created")
-    return None if created is None else created.decode() if isinstance(created, bytes) \
-        else str(created)
+        created, gen = client.hmget(GroupKeys.of(namespace, int(count), group).group,
+                                    ["created", "gen"])
+    if created is None:
+        return None
+    text = created.decode() if isinstance(created, bytes) else str(created)
+    return text, int(gen or 0)
 
 
-def _same_group(out_dir: str, group: str, created: str) -> None:
-    """Refuse a write of ``group`` as created at ``created`` into an output whose files are of
-    another group, or of this one as created before (deleted since, or removed by offset
-    retention, and made again). Generations start over at 1 in a group made again, and any
-    group's are compared alike: a file of the new one was deleted as superseded where a
-    higher-numbered generation of the old one began before its end (records lost). The first
-    write that knows its group records it (``_record_once``)."""
+def _same_group(out_dir: str, group: str, created: str, generation: int) -> None:
+    """Refuse a write of ``group`` as created at ``created`` (at ``generation`` now) into an
+    output whose files are of another group, or of this one as created before (deleted since,
+    or removed by offset retention, and made again). Generations start over at 1 in a group
+    made again, and any group's are compared alike: a file of the new one was deleted as
+    superseded where a higher-numbered generation of the old one began before its end
+    (records lost). The first write that knows its group records it (``_record_once``); in an
+    output written before the record was kept, only if no generation there is above the
+    group's now (one a group made again has not reached)."""
     mine = json.dumps({"group": group, "created": created})
     recorded = Path(out_dir, "counts", ".index", _GROUP)
+    if not recorded.exists():
+        top = max((gen for folder in Path(out_dir, "counts").glob("topic=*/partition=*")
+                   for gen in _firsts(folder)), default=-1)
+        if top > generation:
+            raise RuntimeError(
+                f"{out_dir}: its files were written by generation {top}, and group {group!r} "
+                f"(created at {created}, Redis ms) is at generation {generation}: the group "
+                "was made again since (its generations start over), or the files are of "
+                "another group; files of both in one output would supersede each other and "
+                f"lose records; give this pipeline a new output folder (--out), or move "
+                f"{out_dir} away")
     found = _record_once(recorded, mine)
     if found == mine:
         return
