@@ -365,6 +365,13 @@ class Consumer(SubscriptionMixin):
         self._fetch_pos: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # Per partition held, the offset of the application's latest commit of it
+        # (``_note_commit_floor``), which none of the consumer's own commits (auto-commit's, a
+        # revocation's, close()'s) goes below (``_changed_positions``): close() and a loop left
+        # at a record take the position back to a record the application may have committed
+        # past already. A seek, the application's or the ``start_offset`` policy's, drops it:
+        # that position is the one to commit, as in Kafka.
+        self._commit_floor: dict[TopicPartition, int] = {}
         # Assigned partitions with no position to read from (start_offset="none"): -1 when
         # nothing was committed, else the position that fell out of the log. Not fetched or
         # committed; poll() raises until the application seeks them.
@@ -749,6 +756,7 @@ class Consumer(SubscriptionMixin):
         self._unstarted.discard(key)  # a commit no longer moves it
         self._seeks[key] = next(self._seek_serials)
         self._unacked.pop(key, None)  # the application says where it stands now
+        self._commit_floor.pop(key, None)  # ... and its commits go from there
         self._invalid.pop(key, None)
         self._resets.pop(key, None)
         self._unreadable.pop(key, None)
@@ -1277,8 +1285,11 @@ class Consumer(SubscriptionMixin):
     def _rewind(self, tp: TopicPartition, offset: int) -> None:
         """Go back to ``offset`` of ``tp``, dropping what was fetched after it (the records
         after the batch), as a seek does; the seek of a consumer closed meanwhile is left."""
-        with contextlib.suppress(IllegalStateError, ConcurrentModificationError):
+        with self._lock, contextlib.suppress(IllegalStateError, ConcurrentModificationError):
+            floor = self._commit_floor.get(tp)  # (not close()'s commit in between)
             self.seek(tp, offset)
+            if floor is not None:  # not the application's seek: what it committed stands
+                self._commit_floor[tp] = floor
 
     def _hand_back(self, records: list[ConsumerRecord], seeks: dict[TopicPartition, int]) -> None:
         """The iterator was left at ``records[0]``: each partition of the records not handed
@@ -1399,6 +1410,7 @@ class Consumer(SubscriptionMixin):
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
+        self._note_commit_floor(plain)
         ticket = self._committer.submit(run, plain, outcome.done, token)
         if not own:
             self._note_start_commit(ticket, plain)
@@ -1481,6 +1493,7 @@ class Consumer(SubscriptionMixin):
             commit, token = target
             own = given is None  # its positions: the missing partitions are skipped, logged
             unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
+            self._note_commit_floor(plain)
             if not unknown:
                 ticket = self._committer.submit(lambda: commit(wanted), plain, callback, token)
                 if not own:
@@ -1497,6 +1510,13 @@ class Consumer(SubscriptionMixin):
             ticket = self._committer.submit(checked, plain, callback, token)
             if not own:
                 self._note_start_commit(ticket, plain)
+
+    def _note_commit_floor(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """The application commits ``offsets``: the consumer's own commits of the partitions
+        held do not go below them (``_commit_floor``). Noted as the commit is queued, not as
+        it lands: commits are sent in that order, and close()'s final commit, reckoned before
+        an async commit's callback had run, was sent after it and undid it."""
+        self._commit_floor.update((tp, o) for tp, o in offsets.items() if tp in self._position)
 
     def _note_start_commit(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
         """A commit of ``offsets`` the application made (``ticket``): once it lands, it sets
@@ -1738,8 +1758,12 @@ class Consumer(SubscriptionMixin):
         return True
 
     def _changed_positions(self) -> dict[TopicPartition, int]:
-        """The positions that moved since they were last committed."""
-        return {tp: pos for tp, pos in self._positions().items() if self._committed.get(tp) != pos}
+        """The positions that moved since they were last committed, and not below what the
+        application committed (``_commit_floor``): what the consumer's own commits send.
+        Before, a ``close()`` in the loop body committed the record the loop was on over the
+        application's ``commit()`` past it, moving the committed offset back."""
+        return {tp: pos for tp, pos in self._positions().items()
+                if self._committed.get(tp) != pos and pos >= self._commit_floor.get(tp, pos)}
 
     def _queue_commit(self, commit: _CommitFn, offsets: dict[TopicPartition, int], what: str,
                       token: object = None) -> int | None:
@@ -2662,6 +2686,7 @@ class Consumer(SubscriptionMixin):
                 reset,
             )
             self._fetch_pos[tp] = self._position[tp] = reset
+            self._commit_floor.pop(tp, None)  # (a seek by the policy: see _reposition)
             self._caught_up.discard(tp)
             return False
         if result.error is not Errors.NONE:

@@ -63,7 +63,8 @@ def check_listener(listener: Any) -> None:
 
 
 PARTITION_TABLES = ("_buffers", "_position", "_fetch_pos", "_committed", "_invalid", "_resets",
-                    "_seeks", "_record_bytes", "_fetched_turn", "_fetch_found", "_unacked")
+                    "_seeks", "_record_bytes", "_fetched_turn", "_fetch_found", "_unacked",
+                    "_commit_floor")
 """The Consumer's dicts keyed by partition, and its sets of partitions (below), named once:
 a partition given up leaves every one (``_forget_partitions``), and dropping the assignment
 empties them all (``Consumer._drop_assignment``). A table listed in one place and not the
