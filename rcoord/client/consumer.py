@@ -2761,7 +2761,9 @@ class Consumer(SubscriptionMixin):
         close() revokes. With auto-commit it then commits only what that thread is done with:
         the records its latest ``poll()`` handed out count as processed once it polls again
         (when iterating, each record once the loop asks for the next), as Kafka's auto-commit
-        counts them; the rest go to the partitions' next owner (at-least-once). Called from
+        counts them; the rest go to the partitions' next owner (at-least-once). Never below
+        an offset the application committed itself since its last seek of the partition: that
+        commit says those records are processed (``_commit_floor``). Called from
         inside this thread's own ``poll()`` or ``commit()`` (a signal handler), it runs when
         that call returns, which then returns no records and commits none it drained; a
         signal handler that stops the loop while it processes records should call
