@@ -134,3 +134,18 @@ def test_close_in_the_loop_body_keeps_an_async_commit_made_just_before(
             consumer.close()
     assert done == [None]
     assert _committed(env, 1) == {TP0: 4}
+
+
+def test_close_after_an_async_commit_of_an_older_offset_commits_the_position(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """As Kafka's close(), which commits the consumed positions after the commitAsync sent
+    before it: close() took the position (10) for committed already, as the landed commit()
+    said, and left the older offset the async commit then wrote (2)."""
+    consumer = _ten_records(env)
+    got: list[int] = []
+    while len(got) < 10:
+        got += [r.offset for r in consumer.poll(timeout=1.0)]
+    consumer.commit()
+    consumer.commit_async({TP0: 2})
+    consumer.close()
+    assert _committed(env, 1) == {TP0: 10}

@@ -1515,8 +1515,14 @@ class Consumer(SubscriptionMixin):
         """The application commits ``offsets``: the consumer's own commits of the partitions
         held do not go below them (``_commit_floor``). Noted as the commit is queued, not as
         it lands: commits are sent in that order, and close()'s final commit, reckoned before
-        an async commit's callback had run, was sent after it and undid it."""
-        self._commit_floor.update((tp, o) for tp, o in offsets.items() if tp in self._position)
+        an async commit's callback had run, was sent after it and undid it. Their committed
+        offsets are not known until it lands (``_committed``, which the consumer's commits
+        leave out when unchanged): close() after ``commit_async()`` of an older offset left
+        that offset, where Kafka's close() commits the consumed positions after it."""
+        for tp, offset in offsets.items():
+            if tp in self._position:
+                self._commit_floor[tp] = offset
+                self._committed.pop(tp, None)
 
     def _note_start_commit(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
         """A commit of ``offsets`` the application made (``ticket``): once it lands, it sets
