@@ -224,3 +224,32 @@ def test_a_rejoin_that_changes_the_session_timeout_rewrites_the_record(
     assert (before[b"st"], after[b"st"]) == (30_000, 20_000)
     assert {k: v for k, v in after.items() if k != b"st"} == {
         k: v for k, v in before.items() if k != b"st"}
+
+
+def test_the_sweep_at_a_group_whose_published_deadline_lies_ahead_reads_no_deadline(
+        client: redis.Redis, namespace: str, record: Any) -> None:
+    """The timer sweep reaches a group from the partition's due index; when the group's 'ea'
+    lies ahead, a step published it since the sweep read the index (both are written together),
+    so nothing is due and the index already holds it: the call reads the clock, the settings
+    and the group, and neither the deadlines nor the index. A group that is gone still has its
+    stale index entry removed (the sweep repairs the index)."""
+    coord = coordinator(client, namespace, delay_ms=0)
+    keys = coord._keys("g")
+    joined = coord.join_group("g", **JOIN)
+    coord.sync_group("g", joined.generation_id, joined.member_id,
+                     assignments={joined.member_id: b"a"})
+    published = client.zscore(keys.partition.due, "g")
+    assert published is not None and client.hget(keys.group, "ea") == b"%d" % published
+
+    reply, commands = record(coord, first_call(coord._steps.call("expire_deadlines", keys, [])))
+    assert reply == [0]
+    assert on(keys.deadlines, commands) == []
+    assert on(keys.partition.due, commands) == []
+    assert [c[0].upper() for c in commands] == [b"TIME", b"HMGET", b"HMGET"]
+    assert client.zscore(keys.partition.due, "g") == published
+
+    gone = coord._keys("gone")
+    client.zadd(gone.partition.due, {"gone": 1})
+    reply, commands = record(coord, first_call(coord._steps.call("expire_deadlines", gone, [])))
+    assert reply == [0]
+    assert client.zscore(gone.partition.due, "gone") is None
