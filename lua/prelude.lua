@@ -45,10 +45,14 @@ local GROUP_ID, NOW, MOCK_TIME
 -- namespace's: keys are named by (partition count, partition), and copies exist only for the
 -- agreed count (rcoord/settings.py). No copy means a stale count or lost settings; nothing is
 -- written, and the caller settles the namespace again and retries (Kafka's NOT_COORDINATOR).
--- Every step needs the copy's existence and group_max_size (apply_due's capacity check), every
--- commit offsets_retention_ms, and a step that completes a join or propagates a sync
--- join_chunk_members (a field more in a read costs far less than a read), so those come in the
--- first read; the other settings are read, all at once, by the first step that asks for one.
+-- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and a
+-- step that completes a join or propagates a sync join_chunk_members (a field more in a read
+-- costs far less than a read), so those come in the first read; the other settings are read,
+-- all at once, by the first step that asks for one (offsets_retention_ms always comes with
+-- offsets_retention_check_interval_ms: retention_check_at). A brief step (read_group), which
+-- meets a chunk only when it continues one, leaves join_chunk_members out: each field an HMGET
+-- names costs a few tenths of a microsecond, and that is a part of every sweep's and await's
+-- fixed cost.
 -- Fills ``cfg`` with every setting from ``values``, an HMGET reply whose SETTINGS_FIELDS
 -- start at index ``first``.
 local function fill_settings(cfg, values, first)
@@ -58,21 +62,28 @@ local function fill_settings(cfg, values, first)
   return cfg
 end
 local CFG_META = {__index = function(cfg, name)
+  if name == 'join_chunk_members' then -- (no default: false when unset, chunk_size)
+    local value = tonumber(redis.call('HGET', K_CFG, name)) or false
+    rawset(cfg, name, value)
+    return value
+  end
   if DEFAULTS[name] == nil then return nil end
   fill_settings(cfg, redis.call('HMGET', K_CFG, unpack(SETTINGS_FIELDS)), 1)
   return rawget(cfg, name)
 end}
 local CFG = {}
 -- Reads the partition's settings copy into CFG; an error reply when there is none.
--- ``all``: every setting in the same read (JoinGroup uses several; other steps use the three).
-local function read_settings(all)
+-- ``all``: every setting in the same read (JoinGroup uses several; other steps use the two);
+-- ``brief``: a brief step's (group_step's opts.brief).
+local function read_settings(all, brief)
   local values
   if all then
     values = redis.call('HMGET', K_CFG, 'num_partitions', 'join_chunk_members',
       unpack(SETTINGS_FIELDS))
+  elseif brief then
+    values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size')
   else
-    values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size',
-      'offsets_retention_ms', 'join_chunk_members')
+    values = redis.call('HMGET', K_CFG, 'num_partitions', 'group_max_size', 'join_chunk_members')
   end
   if not values[1] then
     return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. K_CFG ..
@@ -84,9 +95,8 @@ local function read_settings(all)
     return nil
   end
   CFG = setmetatable({num_partitions = tonumber(values[1]),
-    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size,
-    offsets_retention_ms = tonumber(values[3]) or DEFAULTS.offsets_retention_ms,
-    join_chunk_members = tonumber(values[4]) or false}, CFG_META)
+    group_max_size = tonumber(values[2]) or DEFAULTS.group_max_size}, CFG_META)
+  if not brief then CFG.join_chunk_members = tonumber(values[3]) or false end
   return nil
 end
 
@@ -666,7 +676,7 @@ end
 local JOIN_CHUNK_MEMBERS = 100
 local CHUNK_RAN = false -- a chunk was written in this call (apply_due writes at most one)
 local function chunk_size()
-  -- (Read with the settings by every step: read_settings; false when unset.)
+  -- (Read with the settings by every step but a brief one: read_settings; false when unset.)
   return math.max(1, CFG.join_chunk_members or JOIN_CHUNK_MEMBERS)
 end
 
@@ -1764,7 +1774,7 @@ local function begin(keys, argv, all_settings, extra, brief)
   SLOTS_NOW, ANSWERED = nil, false
   MEMBERS_CACHE, MEMBERS_BY_ID, MEMBERS_DIRTY, LEAD_POS, RECS = nil, nil, false, 1, nil
   PROTOCOLS, LATENESS, PUBLISHED, DL_HEAD, MORE_DUE = nil, NO_LATENESS, nil, nil, false
-  local err = read_settings(all_settings)
+  local err = read_settings(all_settings, brief)
   if err then return err end
   read_group(extra, brief)
   return nil

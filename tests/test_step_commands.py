@@ -246,6 +246,10 @@ def test_the_sweep_at_a_group_whose_published_deadline_lies_ahead_reads_no_deadl
     assert on(keys.deadlines, commands) == []
     assert on(keys.partition.due, commands) == []
     assert [c[0].upper() for c in commands] == [b"TIME", b"HMGET", b"HMGET"]
+    # Of the settings, the copy's existence and the capacity check's limit: the chunk size only
+    # when the sweep continues a chunk.
+    assert on(keys.partition.cfg, commands) == [
+        [b"HMGET", keys.partition.cfg.encode(), b"num_partitions", b"group_max_size"]]
     assert client.zscore(keys.partition.due, "g") == published
 
     gone = coord._keys("gone")
