@@ -48,8 +48,9 @@ local GROUP_ID, NOW, MOCK_TIME
 -- Every step needs the copy's existence and group_max_size (apply_due's capacity check), and a
 -- step that completes a join or propagates a sync join_chunk_members (a field more in a read
 -- costs far less than a read), so those come in the first read; the other settings are read,
--- all at once, by the first step that asks for one (offsets_retention_ms always comes with
--- offsets_retention_check_interval_ms: retention_check_at). A brief step (read_group), which
+-- all at once, by the first step that asks for one (offsets_retention_ms: a commit that
+-- schedules the retention check asks for the check interval too, and the retention walk's page
+-- of up to 250 offsets costs a thousand times the read). A brief step (read_group), which
 -- meets a chunk only when it continues one, leaves join_chunk_members out: each field an HMGET
 -- names costs a few tenths of a microsecond, and that is a part of every sweep's and await's
 -- fixed cost.
