@@ -20,11 +20,12 @@ then gives both medians and the median of this tree's time over REV's per round.
 the figure to trust for a change; the absolute figures move with the load.
 
 Rows: a bare call (a script / function that only returns), the fixed overhead of a group step
-(``expire_deadlines`` with nothing due: read the clock, settings and group, apply nothing, check
-the group's earliest deadline against the published one), a heartbeat of a member whose session
-is not the group's earliest, a heartbeat of the member whose session is (in a steady group the
-next member to heartbeat is that one), a one-partition OffsetCommit, a JoinGroup and SyncGroup
-of a rebalance round of the one-member group (the leader rejoins: the join completes in the same
+(``expire_deadlines`` with nothing due: read the clock, settings and group, apply nothing; the
+group's published deadline lies ahead, so its deadlines are not read), a heartbeat of a member
+whose session is not the group's earliest, a heartbeat of the member whose session is (in a steady
+group the next member to heartbeat is that one), a one-partition OffsetCommit, a JoinGroup and
+SyncGroup of a rebalance round of the one-member group (the leader rejoins: the join completes in
+the same
 call, then the leader syncs its assignment), and ``await_reply`` collecting a stored reply.
 Issue 12's targets are printed beside them, and so is what each row's calls cost when they run
 only their Redis commands ("its commands alone"): the commands each call ran, recorded through

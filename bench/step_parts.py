@@ -1,15 +1,17 @@
 """Where the fixed cost of a group step goes: the wrapper every group step runs (``group_step``
 in lua/prelude.lua), measured a piece at a time.
 
-step_cost.py's "fixed overhead" row is ``expire_deadlines`` with nothing due, which besides the
-wrapper also publishes the group's earliest deadline (the sweep repairs the index); this bench
-splits that call into its parts. A copy of this tree's library, under another name, gets probe
-functions appended that run the wrapper's own helpers up to a point and return: each row adds
-one piece to the row above (except the full group read, which replaces the brief one), called
-with the same 16 keys and arguments as the real call, on the same two-member Stable group as
-step_cost.py. The difference between two rows is what that piece costs; the first row is what
-any call with a group step's keys costs before it runs a line. Server time from ``INFO
-commandstats`` deltas, every row ``--rounds`` times interleaved, median and range.
+step_cost.py's "fixed overhead" row is ``expire_deadlines`` with nothing due and the group's
+published deadline still ahead, which runs the wrapper alone (the "+ finish" row); where the
+published deadline has passed the sweep also publishes the group's earliest one (the "+ publish"
+row: it repairs the index). This bench splits that call into its parts. A copy of this tree's
+library, under another name, gets probe functions appended that run the wrapper's own helpers up
+to a point and return: each row adds one piece to the row above (except the full group read,
+which replaces the brief one), called with the same 16 keys and arguments as the real call, on
+the same two-member Stable group as step_cost.py. The difference between two rows is what that
+piece costs; the first row is what any call with a group step's keys costs before it runs a
+line. Server time from ``INFO commandstats`` deltas, every row ``--rounds`` times interleaved,
+median and range.
 
 Run: ``python bench/step_parts.py`` (``-n`` calls per row and round, default 4000; ``--rounds``,
 default 5; ``--redis-url`` for an existing server). Prints a table.
@@ -40,7 +42,7 @@ end
 probe('empty', function(keys, args) return 1 end)
 probe('clock', function(keys, args) bind_group_keys(keys) read_clock(args[1]) return 1 end)
 probe('settings', function(keys, args)
-  bind_group_keys(keys) read_clock(args[1]) read_settings(false) return 1
+  bind_group_keys(keys) read_clock(args[1]) read_settings(false, true) return 1
 end)
 probe('brief', function(keys, args) begin(keys, args, false, nil, true) return 1 end)
 probe('full', function(keys, args) begin(keys, args, false, nil, false) return 1 end)
@@ -56,12 +58,12 @@ end
 ROWS = [
     ("a call with a group step's 16 keys, empty body", "parts_empty"),
     ("+ bind the keys, read the clock (TIME)", "parts_clock"),
-    ("+ the partition's settings copy (HMGET, 4 fields)", "parts_settings"),
+    ("+ the partition's settings copy (HMGET, 2 fields: a brief step's)", "parts_settings"),
     ("+ per-call state, the group's brief read (HMGET, 5 fields)", "parts_brief"),
     ("  (the full read instead: HMGET, 13 fields)", "parts_full"),
     ("+ check for passed deadlines (none due)", "parts_due"),
     ("+ finish (nothing to publish or wake): a step that does nothing", "parts_finish"),
-    ("+ publish the earliest deadline (ZRANGE): the sweep's step", "parts_publish"),
+    ("+ publish the earliest deadline (ZRANGE): the sweep's repair", "parts_publish"),
     ("expire_deadlines itself (step_cost.py's fixed-overhead row)", None),
 ]
 
