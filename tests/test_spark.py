@@ -486,7 +486,8 @@ def test_group_query_killed_with_sigkill_loses_its_partitions_to_the_other(
     out = str(tmp_path / "out")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), PYSPARK_SUBMIT_ARGS=(
-        f'--conf "spark.driver.extraJavaOptions={JVM_OPTS}" pyspark-shell'))
+        f'--conf "spark.driver.extraJavaOptions={JVM_OPTS}" --conf spark.ui.enabled=false '
+        'pyspark-shell'))  # (as the module's session: the UI's listeners only cost time)
     log_file = open(tmp_path / "killed.log", "w")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [sys.executable, "-m", "workers.clickstream", "--group", "clicks", "--topic", "events",
