@@ -6,7 +6,7 @@ the compose file against the Compose Specification's JSON schema (vendored, see 
 from __future__ import annotations
 
 import json
-import time
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 import yaml
 from cluster_replicas import cluster_nodes, free_port, node, run_init, start_init
+from harness import wait_until
 
 from rcoord.testing.embedded import EmbeddedServer, _parse_info
 
@@ -51,6 +52,22 @@ def _snapshot(nodes: list[EmbeddedServer]) -> dict[int, list[tuple[str, str, str
             c.close()
         out[s.port] = [*view, ("epoch", epoch, "", ())]
     return out
+
+
+def _waiting_to_ping_again(proc: subprocess.Popen[str]) -> bool:
+    """Whether the bootstrap script is in its wait between PINGs (Linux: it has a ``sleep``
+    child), which before the cluster is made it enters only after a node refused a PING."""
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except OSError:
+        return False
+    for child in children:
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == "sleep":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _assert_formed(nodes: list[EmbeddedServer], masters: int) -> None:
@@ -91,9 +108,10 @@ def test_a_node_that_comes_up_late_is_waited_for(servers):
     names = [*_names(nodes), f"localhost:{late_port}"]
     proc = start_init(names, "--replicas", "1", "--timeout", "30")
     try:
-        # The fault itself: the sixth node starts 1.5 s after the script, which by then has
-        # had at least one PING refused (it polls once a second).
-        time.sleep(1.5)
+        # The fault itself: the sixth node starts only once the script has had a PING refused
+        # (it is in its one-second wait before the next).
+        wait_until(lambda: _waiting_to_ping_again(proc), timeout_s=30,
+                   why=lambda: proc.poll() is not None and proc.communicate())
         assert proc.poll() is None, proc.communicate()
         late = node(late_port)
         servers.append(late)
