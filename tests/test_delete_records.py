@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 import test_cli_groups
 from test_cli_groups import ok, rows
 
@@ -23,6 +25,7 @@ from rcoord.topics import (
     log_offsets,
 )
 from rcoord.topics import _base as topics_base
+from rcoord.topics import admin as topics_admin
 
 
 @pytest.fixture
@@ -36,6 +39,23 @@ def _filled(redis_client: Any, namespace: str, topics: Topics, counts: list[int]
     producer = Producer(redis_client, namespace, idempotent=False)
     producer.send_batch("t", [ProducerRecord(value, partition=partition)
                               for partition, n in enumerate(counts) for _ in range(n)])
+
+
+def _lose_redis_in_round(monkeypatch: Any, n: int,
+                         before: Callable[[], None] = lambda: None) -> list[int]:
+    """Make ``delete_records``' round ``n`` lose Redis (a dropped connection, after ``before``
+    runs); the list returned gets each round's number of calls."""
+    real, rounds = topics_admin._run, []
+
+    def cut(client: Any, calls: Any, **kwargs: Any) -> Any:
+        rounds.append(len(calls))
+        if len(rounds) == n:
+            before()
+            raise redis.exceptions.ConnectionError("connection reset (test)")
+        return real(client, calls, **kwargs)
+
+    monkeypatch.setattr(topics_admin, "_run", cut)
+    return rounds
 
 
 def test_the_log_start_moves_to_the_offset_given(redis_client, namespace, topics):

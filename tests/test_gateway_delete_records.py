@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("kio")
 
 from gateway_harness import call_once, gateway_for_alice
+from test_delete_records import _lose_redis_in_round
 
 from rcoord.errors import Errors
 from rcoord.topics import Producer, ProducerRecord, Topics, log_offsets, partition_key
@@ -91,8 +92,6 @@ def test_a_call_that_loses_redis_partway_asks_again_only_what_it_left(gateway, r
     # records were appended to it. The gateway asked every partition again alone, partition
     # 1 with its -1, the log end by then: the 5 records appended since were removed too (low
     # watermark 45). It asks again only what the call left, at the offset it resolved (40).
-    import redis
-
     from rcoord.topics import admin as topics_admin
 
     ns = gateway.config.namespace
@@ -102,16 +101,8 @@ def test_a_call_that_loses_redis_partway_asks_again_only_what_it_left(gateway, r
     producer.send_batch("t", [ProducerRecord(b"x" * 1000, partition=p)
                               for p, n in ((0, 3), (1, 40)) for _ in range(n)])
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    real, rounds = topics_admin._run, []
-
-    def cut_in_second_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
-        rounds.append(len(calls))
-        if len(rounds) == 2:
-            producer.send_batch("t", [ProducerRecord(b"y", partition=1) for _ in range(5)])
-            raise redis.exceptions.ConnectionError("connection reset (test)")
-        return real(redis_client, calls, **kwargs)
-
-    monkeypatch.setattr(topics_admin, "_run", cut_in_second_round)
+    _lose_redis_in_round(monkeypatch, 2, before=lambda: producer.send_batch(
+        "t", [ProducerRecord(b"y", partition=1) for _ in range(5)]))
     try:
         assert _answers(gateway, [("t", 0, 2), ("t", 1, -1)]) == {
             ("t", 0): (0, 2), ("t", 1): (0, 40)}

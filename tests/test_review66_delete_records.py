@@ -19,6 +19,17 @@ from rcoord.topics import Producer, ProducerRecord, log_offsets
 from rcoord.topics import admin as topics_admin
 
 
+def _three_and_four_records(redis_server: Any, ns: str, topics: Any) -> tuple[Any, Producer]:
+    """Topic t of two partitions holding 3 and 4 records; a client (the caller closes it) and
+    its producer, to append more in the middle of a call."""
+    topics.create("t", 2)
+    client = redis_server.client()
+    producer = Producer(client, ns, idempotent=False)
+    producer.send_batch("t", [ProducerRecord(b"x", partition=p)
+                              for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    return client, producer
+
+
 def test_a_partition_done_in_the_round_that_failed_is_not_asked_again_at_minus_one(
         gateway, redis_server, topics, monkeypatch):
     # Partition 0 (asked at -1, its log end 3) is trimmed in the first round; partition 1's
@@ -26,11 +37,7 @@ def test_a_partition_done_in_the_round_that_failed_is_not_asked_again_at_minus_o
     # appended to partition 0. DeleteRecordsIncomplete should carry partition 0 as done (low
     # watermark 3) and only partition 1 to ask again; the gateway then keeps the 5 records.
     ns = gateway.config.namespace
-    topics.create("t", 2)
-    client = redis_server.client()
-    producer = Producer(client, ns, idempotent=False)
-    producer.send_batch("t", [ProducerRecord(b"x", partition=p)
-                              for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    client, producer = _three_and_four_records(redis_server, ns, topics)
     real, rounds = topics_admin._run, []
 
     def partition_1_refused_in_first_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
@@ -85,11 +92,7 @@ def test_a_pipeline_lost_in_the_first_round_after_a_removal_at_minus_one_keeps_l
     # other node's connection dropped, after partition 0's node ran its call): partition 0 is
     # left unfinished at -1, not at the log end (3) the call had resolved and trimmed to.
     ns = gateway.config.namespace
-    topics.create("t", 2)
-    client = redis_server.client()
-    producer = Producer(client, ns, idempotent=False)
-    producer.send_batch("t", [ProducerRecord(b"x", partition=p)
-                              for p, n in ((0, 3), (1, 4)) for _ in range(n)])
+    client, producer = _three_and_four_records(redis_server, ns, topics)
     real, rounds = topics_admin._run, []
 
     def lost_after_partition_0_ran(redis_client: Any, calls: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 import redis
 import test_cli_groups
 from test_cli_groups import ok
-from test_delete_records import _filled
+from test_delete_records import _filled, _lose_redis_in_round
 from test_topics_review64_marked import _stopped_delete
 
 from rcoord.errors import ConnectionLost, Errors
@@ -48,15 +48,7 @@ def test_a_delete_records_redis_stops_partway_says_what_it_did(redis_client, nam
     so that asking again keeps the records appended since."""
     _filled(redis_client, namespace, topics, [3, 40], b"x" * 1000)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    real, rounds = topics_admin._run, []
-
-    def cut_in_second_round(client: Any, calls: Any, **kwargs: Any) -> Any:
-        rounds.append(len(calls))
-        if len(rounds) == 2:
-            raise redis.exceptions.ConnectionError("connection reset (test)")
-        return real(client, calls, **kwargs)
-
-    monkeypatch.setattr(topics_admin, "_run", cut_in_second_round)
+    rounds = _lose_redis_in_round(monkeypatch, 2)
     with pytest.raises(DeleteRecordsIncomplete) as info:
         topics.delete_records("t", {0: 2, 1: -1})
     assert isinstance(info.value, ConnectionLost)  # (retriable, as before)
@@ -65,7 +57,7 @@ def test_a_delete_records_redis_stops_partway_says_what_it_did(redis_client, nam
     assert info.value.unfinished == {1: 40}
     assert pickle.loads(pickle.dumps(info.value)).unfinished == {1: 40}
     assert rounds == [2, 1]
-    monkeypatch.setattr(topics_admin, "_run", real)
+    monkeypatch.setattr(topics_admin, "_run", topics_base._run)
     assert [log_offsets(redis_client, namespace, "t", p)[0] for p in range(2)] == [2, 4]
     assert topics.delete_records("t", info.value.unfinished) == {1: DeletedRecords(1, 40)}
 

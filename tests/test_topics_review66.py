@@ -9,10 +9,9 @@ import time
 from typing import Any
 
 import pytest
-import redis
 import test_cli_groups
 from test_cli_groups import rows
-from test_delete_records import _filled
+from test_delete_records import _filled, _lose_redis_in_round
 
 from rcoord.connect import connect
 from rcoord.errors import ConnectionLost
@@ -31,15 +30,7 @@ def test_delete_records_on_the_command_line_shows_the_partitions_done_before_red
     partitions are not done, then the error, and the exit status is 1."""
     _filled(redis_client, namespace, Topics(redis_client, namespace), [3, 40], b"x" * 1000)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)
-    real, rounds = topics_admin._run, []
-
-    def cut_in_second_round(client: Any, calls: Any, **kwargs: Any) -> Any:
-        rounds.append(len(calls))
-        if len(rounds) == 2:
-            raise redis.exceptions.ConnectionError("connection reset (test)")
-        return real(client, calls, **kwargs)
-
-    monkeypatch.setattr(topics_admin, "_run", cut_in_second_round)
+    _lose_redis_in_round(monkeypatch, 2)
     res = cli("topics", "delete-records", "t", "--offset", "-1")
     assert res.returncode == 1
     assert rows(res.stdout, "TOPIC PARTITION") == [["t", "0", "3", "-"]]
