@@ -263,10 +263,24 @@ def _delete_records(ctx: Context) -> int:
     except DeleteRecordsIncomplete as exc:
         _print_deleted(ctx, a.topic, exc.done)
         # (the error line says what Redis answered, not which partitions are left)
-        ctx.note(f"{a.topic}: partitions {', '.join(map(str, sorted(exc.unfinished)))} not "
-                 f"done; run the command again for them")
+        ctx.note(_not_done(a.topic, exc.unfinished))
         raise
     return 1 if _print_deleted(ctx, a.topic, done) else 0
+
+
+def _not_done(topic: str, unfinished: dict[int, int]) -> str:
+    """What finishes a DeleteRecords that lost Redis partway: the command again for the
+    partitions not done, at the offsets the call resolved -1 to (their log end when it read
+    them). Run again with -1, it would read a later log end and remove the records appended
+    since, which nobody asked to remove; a -1 is left only where nothing was removed yet."""
+    by_offset: dict[int, list[int]] = {}
+    for partition, offset in sorted(unfinished.items()):
+        by_offset.setdefault(offset, []).append(partition)
+    again = "; ".join(
+        f"rcoord topics delete-records {topic} --offset {offset} "
+        + " ".join(f"--partition {p}" for p in partitions)
+        for offset, partitions in sorted(by_offset.items()))
+    return f"{topic}: partitions {', '.join(map(str, sorted(unfinished)))} not done; run {again}"
 
 
 def _print_deleted(ctx: Context, topic: str, done: dict[int, DeletedRecords]) -> bool:
