@@ -52,11 +52,10 @@ deleted and created again (its generations start over), or a topic created again
 start over), needs a new DIR. A topic's is checked: the topic folder's index records the
 create token of the topic its files are of, and a batch of the topic created again fails
 (``_same_topic``; a topic made before tokens is not checked). So is a group's: the output's
-index records the group and the time its record was created (read from Redis at a run's first
-write, and again if a generation comes below the run's highest), and a write of another group,
-or of the group made again, fails (``_same_group``; not checked without a Redis URL; an
-output written before this record is refused if a generation there is above the group's now,
-else taken for the group's).
+index records the group and the time its record was created (read from Redis at each write),
+and a write of another group, or of the group made again, fails (``_same_group``; not checked
+without a Redis URL; an output written before this record is refused if a generation there is
+above the group's now, else taken for the group's).
 (Offsets an operator resets backwards are read again by a newer generation, whose files
 supersede the older ones they overlap: each record counts once.)
 """
@@ -240,8 +239,6 @@ class _Sink:
         self._tokens: set[tuple[str, str]] = set()  # (topic, create token) checked
         self._firsts: dict[tuple[Path, int], int] = {}  # (folder, generation): first marked
         self._run: str | None = None  # (``run``)
-        self._group_known = False  # the output's group checked (``_check_group``)
-        self._top_generation = -1  # the highest generation this run wrote
 
     def run(self, spark: Any = None) -> str:
         """Which query this sink writes for: its checkpoint, and the id Spark gave the query
@@ -437,19 +434,19 @@ class _Sink:
 
     def _check_group(self, generation: int) -> None:
         """Refuse a write of another group, or of another incarnation of this one, into the
-        output (``_same_group``): asked of Redis at the run's first write in group mode, and
-        again where a generation comes below the highest the run wrote, which only a group
-        made again while the run went on hands out. Not checked without a group or a Redis
-        URL (``batch_generation`` wants one), nor while the group record is not there."""
+        output (``_same_group``): asked of Redis at each write in group mode (one read, beside
+        a file's write). A group made again while the run went on may hand out any
+        generation, the run's last one too: until 2026-11-30 it was asked again only for a
+        generation below the run's highest, and the group made again, back at that
+        generation, wrote into the old output, its records counted twice. Not checked
+        without a group or a Redis URL (``batch_generation`` wants one), nor while the group
+        record is not there."""
         if generation < 0 or not self.group:
             return
-        if not self._group_known or generation < self._top_generation:
-            url = self.url or os.environ.get("RCOORD_REDIS_URL", "")
-            incarnation = _group_created(url, self.namespace, self.group) if url else None
-            if incarnation is not None:
-                _same_group(self.out_dir, self.group, *incarnation)
-                self._group_known = True
-        self._top_generation = max(self._top_generation, generation)
+        url = self.url or os.environ.get("RCOORD_REDIS_URL", "")
+        incarnation = _group_created(url, self.namespace, self.group) if url else None
+        if incarnation is not None:
+            _same_group(self.out_dir, self.group, *incarnation)
 
 
 _TOKEN = "create_token"
