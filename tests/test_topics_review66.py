@@ -46,7 +46,7 @@ def test_partition_counts_from_a_frozen_master_waits_out_one_read_not_one_per_to
     timeouts (41 s for 6 topics with a socket timeout of 0.5 s, against 13 s for one), so a
     consumer's metadata read of many topics hung for minutes. Now one HGET is sent alone (with
     redis-py's retries, which follow a failover), and the call fails when it fails."""
-    client = connect(own_cluster.url, socket_timeout=1.0)
+    client = connect(own_cluster.url, socket_timeout=0.5)
     try:
         victim = own_cluster.nodes[1]
         names = [t for t in (f"t{i}" for i in range(200))
