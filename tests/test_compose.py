@@ -56,17 +56,18 @@ def _snapshot(nodes: list[EmbeddedServer]) -> dict[int, list[tuple[str, str, str
 
 def _waiting_to_ping_again(proc: subprocess.Popen[str]) -> bool:
     """Whether the bootstrap script is in its wait between PINGs (Linux: it has a ``sleep``
-    child), which before the cluster is made it enters only after a node refused a PING."""
-    try:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    except OSError:
-        return False
-    for child in children:
+    child), which before the cluster is made it enters only after a node refused a PING. Read
+    from every process's ``/proc/PID/stat`` (``PID (COMM) STATE PPID``): a process's own
+    ``children`` file needs a kernel option some kernels lack."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if Path(f"/proc/{child}/comm").read_text().strip() == "sleep":
-                return True
+            text = stat.read_text()
         except OSError:
-            continue
+            continue  # (gone meanwhile)
+        comm, _, rest = text.partition("(")[2].rpartition(")")
+        fields = rest.split()
+        if comm == "sleep" and len(fields) > 1 and fields[1] == str(proc.pid):
+            return True
     return False
 
 
