@@ -210,8 +210,8 @@ def main() -> None:
                      run_parquet(spark, files, n, os.path.join(work, "o3"))))
         times = []
         produced = n
-        for _ in range(args.handovers):
-            secs, produced = handover(spark, coord, r, url, ns, os.path.join(work, "oh"),
+        for i in range(args.handovers):  # (a group of its own each, so an output of its own)
+            secs, produced = handover(spark, coord, r, url, ns, os.path.join(work, f"oh{i}"),
                                       produced)
             times.append(secs)
 
