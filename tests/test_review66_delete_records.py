@@ -5,6 +5,7 @@ gateway's retry trims to the log end of the retry, removing the records appended
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,15 +20,50 @@ from rcoord.topics import Producer, ProducerRecord, log_offsets
 from rcoord.topics import admin as topics_admin
 
 
-def _three_and_four_records(redis_server: Any, ns: str, topics: Any) -> tuple[Any, Producer]:
-    """Topic t of two partitions holding 3 and 4 records; a client (the caller closes it) and
-    its producer, to append more in the middle of a call."""
+def _three_and_four_records(client: Any, ns: str, topics: Any) -> Producer:
+    """Topic t of two partitions holding 3 and 4 records; a producer on ``client``, to append
+    more in the middle of a call."""
     topics.create("t", 2)
-    client = redis_server.client()
     producer = Producer(client, ns, idempotent=False)
     producer.send_batch("t", [ProducerRecord(b"x", partition=p)
                               for p, n in ((0, 3), (1, 4)) for _ in range(n)])
-    return client, producer
+    return producer
+
+
+def _first_round_runs_partition_0_alone(monkeypatch: Any, ends: Callable[[Any], list[Any]],
+                                        producer: Producer | None = None) -> list[int]:
+    """Make ``delete_records``' first round run partition 0's call alone, then (``producer``)
+    append 5 records to partition 0, then end as ``ends(partition 0's result)`` returns or
+    raises; later rounds run as they are. The list returned gets each round's number of
+    calls (calls are in partition order)."""
+    real, rounds = topics_admin._run, []
+
+    def first_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
+        rounds.append(len(calls))
+        if len(rounds) > 1:
+            return real(redis_client, calls, **kwargs)
+        (first,) = real(redis_client, calls[:1], **kwargs)
+        if producer is not None:
+            producer.send_batch("t", [ProducerRecord(b"y", partition=0) for _ in range(5)])
+        return ends(first)
+
+    monkeypatch.setattr(topics_admin, "_run", first_round)
+    return rounds
+
+
+def _gateway_deletes_0_at_minus_one_and_1_at_2(gateway: Any) -> dict[Any, Any]:
+    """The gateway's DeleteRecords (v2) of t-0 at -1 and t-1 at 2: (error, low watermark) of
+    each."""
+    topics_body = {"timeout_ms": 5000, "topics": [{"name": "t", "partitions": [
+        {"partition_index": 0, "offset": -1}, {"partition_index": 1, "offset": 2}]}]}
+    answer = call_once(gateway, 21, 2, topics_body, 5).topics
+    return {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
+            for t in answer for p in t.partitions}
+
+
+def _partition_1_read_only(first: Any) -> list[Any]:
+    return [first, redis.exceptions.ReadOnlyError(
+        "You can't write against a read only replica. (test)")]
 
 
 def test_a_partition_done_in_the_round_that_failed_is_not_asked_again_at_minus_one(
@@ -37,26 +73,11 @@ def test_a_partition_done_in_the_round_that_failed_is_not_asked_again_at_minus_o
     # appended to partition 0. DeleteRecordsIncomplete should carry partition 0 as done (low
     # watermark 3) and only partition 1 to ask again; the gateway then keeps the 5 records.
     ns = gateway.config.namespace
-    client, producer = _three_and_four_records(redis_server, ns, topics)
-    real, rounds = topics_admin._run, []
-
-    def partition_1_refused_in_first_round(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
-        rounds.append(len(calls))
-        if len(rounds) > 1:
-            return real(redis_client, calls, **kwargs)
-        # calls are in partition order: partition 0's runs, partition 1's is refused
-        (first,) = real(redis_client, calls[:1], **kwargs)
-        producer.send_batch("t", [ProducerRecord(b"y", partition=0) for _ in range(5)])
-        return [first, redis.exceptions.ReadOnlyError(
-            "You can't write against a read only replica. (test)")]
-
-    monkeypatch.setattr(topics_admin, "_run", partition_1_refused_in_first_round)
+    client = redis_server.client()
     try:
-        topics_body = {"timeout_ms": 5000, "topics": [{"name": "t", "partitions": [
-            {"partition_index": 0, "offset": -1}, {"partition_index": 1, "offset": 2}]}]}
-        answer = call_once(gateway, 21, 2, topics_body, 5).topics
-        got = {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
-               for t in answer for p in t.partitions}
+        producer = _three_and_four_records(client, ns, topics)
+        _first_round_runs_partition_0_alone(monkeypatch, _partition_1_read_only, producer)
+        got = _gateway_deletes_0_at_minus_one_and_1_at_2(gateway)
         assert got == {("t", 0): (Errors.NONE, 3), ("t", 1): (Errors.NONE, 2)}
         # The 5 records appended to partition 0 after its removal are still there.
         assert [log_offsets(client, ns, "t", p) for p in range(2)] == [(3, 8), (2, 4)]
@@ -69,16 +90,8 @@ def test_delete_records_incomplete_names_a_partition_either_done_or_to_ask_again
     # The same failure at the Topics level: partition 0 is both in ``done`` and, at its -1, in
     # ``unfinished`` (a caller asking again re-resolves -1 to a later log end).
     topics = topics_admin.Topics(redis_client, namespace)
-    topics.create("t", 2)
-    Producer(redis_client, namespace, idempotent=False).send_batch("t", [
-        ProducerRecord(b"x", partition=p) for p, n in ((0, 3), (1, 4)) for _ in range(n)])
-    real = topics_admin._run
-
-    def partition_1_refused(client: Any, calls: Any, **kwargs: Any) -> Any:
-        (first,) = real(client, calls[:1], **kwargs)
-        return [first, redis.exceptions.ReadOnlyError("READONLY (test)")]
-
-    monkeypatch.setattr(topics_admin, "_run", partition_1_refused)
+    _three_and_four_records(redis_client, namespace, topics)
+    _first_round_runs_partition_0_alone(monkeypatch, _partition_1_read_only)
     with pytest.raises(topics_admin.DeleteRecordsIncomplete) as info:
         topics.delete_records("t", {0: -1, 1: 2})
     assert info.value.done == {0: topics_admin.DeletedRecords(0, 3)}
@@ -92,24 +105,15 @@ def test_a_pipeline_lost_in_the_first_round_after_a_removal_at_minus_one_keeps_l
     # other node's connection dropped, after partition 0's node ran its call): partition 0 is
     # left unfinished at -1, not at the log end (3) the call had resolved and trimmed to.
     ns = gateway.config.namespace
-    client, producer = _three_and_four_records(redis_server, ns, topics)
-    real, rounds = topics_admin._run, []
 
-    def lost_after_partition_0_ran(redis_client: Any, calls: Any, **kwargs: Any) -> Any:
-        rounds.append(len(calls))
-        if len(rounds) > 1:
-            return real(redis_client, calls, **kwargs)
-        real(redis_client, calls[:1], **kwargs)
-        producer.send_batch("t", [ProducerRecord(b"y", partition=0) for _ in range(5)])
+    def lost(first: Any) -> list[Any]:
         raise redis.exceptions.ConnectionError("connection reset (test)")
 
-    monkeypatch.setattr(topics_admin, "_run", lost_after_partition_0_ran)
+    client = redis_server.client()
     try:
-        topics_body = {"timeout_ms": 5000, "topics": [{"name": "t", "partitions": [
-            {"partition_index": 0, "offset": -1}, {"partition_index": 1, "offset": 2}]}]}
-        answer = call_once(gateway, 21, 2, topics_body, 5).topics
-        got = {(t.name, p.partition_index): (p.error_code.value, p.low_watermark)
-               for t in answer for p in t.partitions}
+        producer = _three_and_four_records(client, ns, topics)
+        rounds = _first_round_runs_partition_0_alone(monkeypatch, lost, producer)
+        got = _gateway_deletes_0_at_minus_one_and_1_at_2(gateway)
         assert rounds[0] == 2
         # The records appended to partition 0 after the removal it asked for are kept.
         assert log_offsets(client, ns, "t", 0) == (3, 8), got
