@@ -13,34 +13,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import wait_for_the_next_ms
-from test_cli_groups import ok, run_in_process
-from test_workers_review65 import WINDOW_MS, _row
+import test_cli_groups
+from test_workers_review65 import WINDOW_MS, _made_again, _row
 
 from rcoord import TopicPartition
-from rcoord.keys import GroupKeys
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
 
 from workers.clickstream import _Sink, read_counts
 
+url = test_cli_groups.url  # fixture: the backend's URL
 
 def test_a_write_of_the_group_made_again_at_the_runs_highest_generation_is_refused(
-        tmp_path: Path, request: pytest.FixtureRequest, backend: str, make_coordinator: Any,
+        tmp_path: Path, url: str, make_coordinator: Any,
         redis_client: Any, namespace: str) -> None:
-    url = str(request.getfixturevalue(
-        "redis_server" if backend == "single" else "redis_cluster").url)
     coord = make_coordinator()
     coord.commit_offsets("g", {TopicPartition("ev", 0): 0})
     run = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp"), group="g",
                 namespace=namespace, url=url)
     run._write("ev", 0, 0, [_row("a", 100)], 2, end=100)
     run._write("ev", 0, 100, [_row("a", 100)], 3, end=200)  # the run's highest: 3
-    created = redis_client.hget(GroupKeys.of(namespace, coord.config.num_partitions, "g").group,
-                                "created")
-    ok(run_in_process(["groups", "delete", "g", "--redis-url", url, "--namespace", namespace]))
-    wait_for_the_next_ms(redis_client, int(created))  # (made again in another millisecond)
-    coord.commit_offsets("g", {TopicPartition("ev", 0): 150})  # made again, its offset at 150
+    _made_again(redis_client, coord, url, namespace, 150)  # its offset at 150
     # The run rejoins the group made again, whose generation has come to 3 again (its 3rd
     # rebalance), and writes 150-249 at generation 3: a write of another incarnation of the
     # group into the output, which the sink promises to refuse (_check_group's docstring).

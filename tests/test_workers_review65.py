@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_cli_groups
 from harness import wait_for_the_next_ms
 from test_cli_groups import ok, run_in_process
 
@@ -26,6 +27,8 @@ from workers.clickstream import _Sink, read_counts
 
 WINDOW_MS = 10_000
 
+
+url = test_cli_groups.url  # fixture: the backend's URL
 
 def _row(key: str, n: int) -> dict[str, Any]:
     return {"ws": 0, "k": key, "n": n}
@@ -210,16 +213,25 @@ def test_a_live_writer_of_another_query_at_the_same_checkpoint_path_keeps_its_fi
     assert read_counts(tmp_path) == {(0, "a"): 12}
 
 
+def _made_again(redis_client: Any, coord: Any, url: str, namespace: str, offset: int) -> None:
+    """Delete group g (``rcoord groups delete``) and make it again, in a later Redis
+    millisecond than it was made (its record's ``created``), by a commit of ev-0 at
+    ``offset``."""
+    created = redis_client.hget(GroupKeys.of(namespace, coord.config.num_partitions, "g").group,
+                                "created")
+    ok(run_in_process(["groups", "delete", "g", "--redis-url", url, "--namespace", namespace]))
+    wait_for_the_next_ms(redis_client, int(created))
+    coord.commit_offsets("g", {TopicPartition("ev", 0): offset})
+
+
 def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
-        tmp_path: Path, request: pytest.FixtureRequest, backend: str, make_coordinator: Any,
+        tmp_path: Path, url: str, make_coordinator: Any,
         redis_client: Any, namespace: str) -> None:
     # Generations 3-5 of group g wrote offsets 0-349; g is deleted (`rcoord groups delete`)
     # and made again at offset 350, its generations starting over, and its generation 1 reads
     # 350-399 into the same output. Before, nothing was checked: that file was deleted as
     # superseded (generation 5 began before its end), read_counts 350 where 400 records had
     # counted.
-    url = str(request.getfixturevalue(
-        "redis_server" if backend == "single" else "redis_cluster").url)
     coord = make_coordinator()
     coord.commit_offsets("g", {TopicPartition("ev", 0): 0})
 
@@ -230,11 +242,7 @@ def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
     old = sink("cp1")
     old._write("ev", 0, 0, [_row("a", 100)], 3, end=100)
     old._write("ev", 0, 100, [_row("a", 250)], 5, end=350)
-    created = redis_client.hget(GroupKeys.of(namespace, coord.config.num_partitions, "g").group,
-                                "created")
-    ok(run_in_process(["groups", "delete", "g", "--redis-url", url, "--namespace", namespace]))
-    wait_for_the_next_ms(redis_client, int(created))  # (made again in another millisecond)
-    coord.commit_offsets("g", {TopicPartition("ev", 0): 350})  # made again
+    _made_again(redis_client, coord, url, namespace, 350)
     new = sink("cp2")
     with pytest.raises(RuntimeError) as caught:
         new._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
