@@ -319,16 +319,9 @@ def test_delete_racing_add_partitions_deletes_the_added_partitions(
         assert partition_keys_left(redis_client, namespace, "t", p) == []
 
 
-def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
-    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A delete that stops after removing partition 0's stream (its process dies, Redis goes
-    away) left a topic that ``create`` made whole again: partition 0 empty, partition 1 with
-    the old record, passed off as one topic. It answers TOPIC_ALREADY_EXISTS "queued for
-    deletion" and makes nothing; ``delete`` again finishes, then ``create`` starts clean."""
-    topics.create("t", 2)
-    Producer(redis_client, namespace).send_batch(
-        "t", [ProducerRecord(b"old", partition=p) for p in (0, 1)])
+def _delete_stopped_after_partition_0(topics: Topics, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``topics.delete("t")`` that stops (its process gone) once it has removed partition 0;
+    ``topics`` deletes as before afterwards."""
     real_delete = topics._delete_partitions
 
     def stop_after_the_first(topic: str, partitions: range) -> None:
@@ -339,6 +332,19 @@ def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
     with pytest.raises(RcoordError):
         topics.delete("t")
     monkeypatch.setattr(topics, "_delete_partitions", real_delete)
+
+
+def test_create_does_not_bring_back_what_a_delete_that_stopped_partway_removed(
+    topics: Topics, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete that stops after removing partition 0's stream (its process dies, Redis goes
+    away) left a topic that ``create`` made whole again: partition 0 empty, partition 1 with
+    the old record, passed off as one topic. It answers TOPIC_ALREADY_EXISTS "queued for
+    deletion" and makes nothing; ``delete`` again finishes, then ``create`` starts clean."""
+    topics.create("t", 2)
+    Producer(redis_client, namespace).send_batch(
+        "t", [ProducerRecord(b"old", partition=p) for p in (0, 1)])
+    _delete_stopped_after_partition_0(topics, monkeypatch)
     with pytest.raises(TopicError, match="queued for deletion") as info:
         topics.create("t", 2)
     assert info.value.error == Errors.TOPIC_ALREADY_EXISTS

@@ -12,11 +12,10 @@ import json
 from typing import Any
 
 import pytest
-import redis
 import test_cli_groups
 from test_cli_groups import ok, rows
+from test_topics import _delete_stopped_after_partition_0
 
-from rcoord.errors import RcoordError
 from rcoord.topics import Producer, ProducerRecord, Topics
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
@@ -31,15 +30,7 @@ def _stopped_delete(redis_client: Any, namespace: str, monkeypatch: pytest.Monke
     topics.create("u", 1)
     Producer(redis_client, namespace).send_batch(
         "t", [ProducerRecord(b"old", partition=p) for p in (0, 1)])
-    real_delete = topics._delete_partitions
-
-    def stop_after_the_first(topic: str, partitions: range) -> None:
-        real_delete(topic, range(partitions.start, partitions.start + 1))
-        raise redis.exceptions.ConnectionError("the delete's process went away")
-
-    monkeypatch.setattr(topics, "_delete_partitions", stop_after_the_first)
-    with pytest.raises(RcoordError):
-        topics.delete("t")
+    _delete_stopped_after_partition_0(topics, monkeypatch)
 
 
 @pytest.mark.parametrize("backend", ["single"])
