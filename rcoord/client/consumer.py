@@ -365,6 +365,10 @@ class Consumer(SubscriptionMixin):
         self._fetch_pos: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # The partitions of each commit queued (``_submit_commit``) whose outcome has not been
+        # taken yet (``_run_commit_callbacks``), by ticket: a commit's landing is noted in
+        # ``_committed`` only for the partitions none of the later ones will overwrite.
+        self._commits_pending: dict[int, frozenset[TopicPartition]] = {}
         # Per partition held, the offset of the application's latest commit of it
         # (``_note_commit_floor``), which none of the consumer's own commits (auto-commit's, a
         # revocation's, close()'s) goes below (``_changed_positions``): close() and a loop left
@@ -1411,7 +1415,7 @@ class Consumer(SubscriptionMixin):
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
         self._note_commit_floor(plain)
-        ticket = self._committer.submit(run, plain, outcome.done, token)
+        ticket = self._submit_commit(run, plain, outcome.done, token)
         if not own:
             self._note_start_commit(ticket, plain)
         try:
@@ -1495,7 +1499,7 @@ class Consumer(SubscriptionMixin):
             unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
             self._note_commit_floor(plain)
             if not unknown:
-                ticket = self._committer.submit(lambda: commit(wanted), plain, callback, token)
+                ticket = self._submit_commit(lambda: commit(wanted), plain, callback, token)
                 if not own:
                     self._note_start_commit(ticket, plain)
                 return
@@ -1507,7 +1511,7 @@ class Consumer(SubscriptionMixin):
                 self._check_exist(unknown)
                 commit(wanted)
 
-            ticket = self._committer.submit(checked, plain, callback, token)
+            ticket = self._submit_commit(checked, plain, callback, token)
             if not own:
                 self._note_start_commit(ticket, plain)
 
@@ -1704,8 +1708,9 @@ class Consumer(SubscriptionMixin):
             error = done.error
             current = self._commit_target()
             starts = self._start_commits.pop(done.ticket, None)
+            self._commits_pending.pop(done.ticket, None)
             if error is None and current is not None and done.token is current[1]:
-                self._note_committed(done.offsets)
+                self._note_committed(done.offsets, done.ticket)
                 if starts:
                     self._note_started(starts)
             if done.callback is None:
@@ -1719,13 +1724,27 @@ class Consumer(SubscriptionMixin):
         if first is not None:
             raise first
 
-    def _note_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Remember the committed offsets of the partitions held now (``_changed_positions``
-        compares with them). Not of others: a commit of offsets of partitions the consumer does
-        not hold, or an async commit whose callback ran after ``assign()`` moved off its
-        partitions, left an entry that nothing removed, one per such partition for good."""
-        self._committed.update(
-            (tp, offset) for tp, offset in offsets.items() if tp in self._position)
+    def _submit_commit(self, run: Callable[[], None], offsets: dict[TopicPartition, int],
+                       callback: OffsetCommitCallback | None, token: object = None) -> int:
+        """Queue a commit of ``offsets`` on the committer, noted pending until its outcome is
+        taken (``_commits_pending``); its ticket."""
+        ticket = self._committer.submit(run, offsets, callback, token)
+        self._commits_pending[ticket] = frozenset(offsets)
+        return ticket
+
+    def _note_committed(self, offsets: Mapping[TopicPartition, int], ticket: int) -> None:
+        """The commit ``ticket`` of ``offsets`` landed: remember the committed offsets of the
+        partitions held now (``_changed_positions`` compares with them). Not of others: a
+        commit of offsets of partitions the consumer does not hold, or an async commit whose
+        callback ran after ``assign()`` moved off its partitions, left an entry that nothing
+        removed, one per such partition for good. Nor of those a commit queued after it and
+        still pending will overwrite: an auto-commit's landing, its callback run before the
+        application's older ``commit_async()`` queued after it landed, noted the position as
+        committed, and close() left that older offset committed."""
+        later = self._commits_pending.copy()  # (one step: close() may submit meanwhile)
+        overwritten = set().union(*(tps for t, tps in later.items() if t > ticket))
+        self._committed.update((tp, offset) for tp, offset in offsets.items()
+                               if tp in self._position and tp not in overwritten)
 
     def _note_started(self, starts: Mapping[TopicPartition, int]) -> None:
         """A commit the application made of unstarted partitions' offsets landed: those still
@@ -1780,7 +1799,7 @@ class Consumer(SubscriptionMixin):
         if not offsets:
             return None
         unknown = self._own_unverified(offsets)
-        return self._committer.submit(
+        return self._submit_commit(
             lambda: commit(self._skip_missing(offsets, unknown, what) if unknown else offsets),
             offsets, _logged(what), token)
 
@@ -1816,7 +1835,7 @@ class Consumer(SubscriptionMixin):
                 log.warning("auto-commit of %s, whose wait an interrupt ended, failed: %s",
                             _names(sorted(offsets)), error)
 
-        ticket = self._committer.submit(run, changed, done)
+        ticket = self._submit_commit(run, changed, done)
         try:
             self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
         except BaseException:
@@ -1828,7 +1847,7 @@ class Consumer(SubscriptionMixin):
                                  "commit could not reach the coordinator")
         if outcome[0] is not None:
             raise outcome[0]
-        self._committed.update(changed)
+        self._note_committed(changed, ticket)
 
     def _maybe_auto_commit(self, deadline: float | None) -> None:
         """Every ``auto_commit_interval_ms``, commit the positions that moved, as Kafka's
