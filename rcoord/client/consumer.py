@@ -374,8 +374,10 @@ class Consumer(SubscriptionMixin):
         # revocation's, close()'s) goes below (``_changed_positions``): close() and a loop left
         # at a record take the position back to a record the application may have committed
         # past already. A seek, the application's or the ``start_offset`` policy's, drops it:
-        # that position is the one to commit, as in Kafka.
-        self._commit_floor: dict[TopicPartition, int] = {}
+        # that position is the one to commit, as in Kafka. Kept as (ticket, offset) of that
+        # commit and of those before it back to the last landed, so that one failing leaves
+        # the floor of the commit before it (``_settle_commit_floor``); the last is the floor.
+        self._commit_floor: dict[TopicPartition, list[tuple[int, int]]] = {}
         # Assigned partitions with no position to read from (start_offset="none"): -1 when
         # nothing was committed, else the position that fell out of the log. Not fetched or
         # committed; poll() raises until the application seeks them.
@@ -1414,8 +1416,8 @@ class Consumer(SubscriptionMixin):
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
-        self._note_commit_floor(plain)
         ticket = self._submit_commit(run, plain, outcome.done, token)
+        self._note_commit_floor(ticket, plain)
         if not own:
             self._note_start_commit(ticket, plain)
         try:
@@ -1497,9 +1499,9 @@ class Consumer(SubscriptionMixin):
             commit, token = target
             own = given is None  # its positions: the missing partitions are skipped, logged
             unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
-            self._note_commit_floor(plain)
             if not unknown:
                 ticket = self._submit_commit(lambda: commit(wanted), plain, callback, token)
+                self._note_commit_floor(ticket, plain)
                 if not own:
                     self._note_start_commit(ticket, plain)
                 return
@@ -1512,10 +1514,11 @@ class Consumer(SubscriptionMixin):
                 commit(wanted)
 
             ticket = self._submit_commit(checked, plain, callback, token)
+            self._note_commit_floor(ticket, plain)
             if not own:
                 self._note_start_commit(ticket, plain)
 
-    def _note_commit_floor(self, offsets: Mapping[TopicPartition, int]) -> None:
+    def _note_commit_floor(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
         """The application commits ``offsets``: the consumer's own commits of the partitions
         held do not go below them (``_commit_floor``). Noted as the commit is queued, not as
         it lands: commits are sent in that order, and close()'s final commit, reckoned before
@@ -1525,8 +1528,24 @@ class Consumer(SubscriptionMixin):
         that offset, where Kafka's close() commits the consumed positions after it."""
         for tp, offset in offsets.items():
             if tp in self._position:
-                self._commit_floor[tp] = offset
+                self._commit_floor.setdefault(tp, []).append((ticket, offset))
                 self._committed.pop(tp, None)
+
+    def _settle_commit_floor(self, ticket: int, offsets: Mapping[TopicPartition, int],
+                             landed: bool) -> None:
+        """The commit ``ticket`` of ``offsets`` finished. Landed, the application's commits
+        before it no longer matter to the floor (``_commit_floor``). Failed, it commits
+        nothing, so it holds the consumer's own commits back no more (as in Kafka, where a
+        failed ``commitAsync`` pins nothing): the floor goes back to the application's commit
+        before it. Before, a ``commit()`` that failed for good at record 3 (4) kept close()
+        from committing 3, leaving an older offset, until the next seek or rebalance."""
+        for tp in offsets:
+            floors = self._commit_floor.get(tp)
+            if floors is None or all(t != ticket for t, _ in floors):
+                continue  # (the consumer's own commit, or one from before a seek)
+            floors[:] = [(t, o) for t, o in floors if (t >= ticket if landed else t != ticket)]
+            if not floors:
+                del self._commit_floor[tp]
 
     def _note_start_commit(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
         """A commit of ``offsets`` the application made (``ticket``): once it lands, it sets
@@ -1709,6 +1728,7 @@ class Consumer(SubscriptionMixin):
             current = self._commit_target()
             starts = self._start_commits.pop(done.ticket, None)
             self._commits_pending.pop(done.ticket, None)
+            self._settle_commit_floor(done.ticket, done.offsets, error is None)
             if error is None and current is not None and done.token is current[1]:
                 self._note_committed(done.offsets, done.ticket)
                 if starts:
@@ -1787,8 +1807,10 @@ class Consumer(SubscriptionMixin):
         application committed (``_commit_floor``): what the consumer's own commits send.
         Before, a ``close()`` in the loop body committed the record the loop was on over the
         application's ``commit()`` past it, moving the committed offset back."""
+        floors = {tp: entries[-1][1] for tp, entries in self._commit_floor.copy().items()
+                  if entries}
         return {tp: pos for tp, pos in self._positions().items()
-                if self._committed.get(tp) != pos and pos >= self._commit_floor.get(tp, pos)}
+                if self._committed.get(tp) != pos and pos >= floors.get(tp, pos)}
 
     def _queue_commit(self, commit: _CommitFn, offsets: dict[TopicPartition, int], what: str,
                       token: object = None) -> int | None:
