@@ -28,7 +28,8 @@ def _ten_records(environment: Any) -> Any:
     return environment.consumer()
 
 
-def test_a_failed_commit_sets_no_floor_for_close(env: Any) -> None:  # noqa: F811 - the fixture
+def test_close_in_the_loop_body_commits_the_record_it_is_on(
+        env: Any) -> None:  # noqa: F811 - the fixture
     """Baseline of the same loop without the failed commit: close() at record 3 commits 3."""
     consumer = _ten_records(env)
     for record in consumer:
