@@ -35,6 +35,7 @@ class _Retention(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.applied: list[tuple[str, str]] = []  # (coordinator id, topic)
+        self.stopped: list[str] = []  # topics whose trim a stop may have cut short
         self.errors: list[logging.LogRecord] = []
         self._lock = threading.Lock()
 
@@ -45,6 +46,8 @@ class _Retention(logging.Handler):
                 self.applied.append((str(getattr(record, "id", "")), str(getattr(record, "topic", ""))))
             elif event == "retention_error":
                 self.errors.append(record)
+            elif event == "retention_stopped":
+                self.stopped.append(str(getattr(record, "topic", "")))
 
     def appliers(self, topic: str) -> set[str]:
         with self._lock:
@@ -260,13 +263,62 @@ def test_a_pass_a_stop_cuts_short_is_not_counted_ok(single_client, namespace):
 
     metrics = Metrics()
     keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
-    assert keeper.run_once() == 1
+    # (The first topic's trim, one round, ends; its answer does not say whether the stop cut
+    # it short, so it is not counted applied.)
+    assert keeper.run_once() == 0
     assert sorted(log_offsets(single_client, namespace, t, 0) for t in names) == [(0, 3), (2, 3)]
     assert _keeper_passes(metrics, "ok") == 0 and _keeper_passes(metrics, "failed") == 0
     stop.clear()
     assert keeper.run_once() == 2  # a pass with no stop is complete, and counted ok
     assert [log_offsets(single_client, namespace, t, 0) for t in names] == [(2, 3)] * 2
     assert _keeper_passes(metrics, "ok") == 1
+
+
+def test_a_topic_whose_trim_a_stop_cut_short_is_not_counted_applied(
+        single_client, namespace, retention_log, monkeypatch):
+    """The stop comes while the topic's first trim round runs (held at a gate in ``_run``
+    until the stop is set): the trim ends after that round, 4 of its 30 old records gone, and
+    the topic is neither counted in ``rcoord_retention_topics_applied`` nor logged
+    ``retention_applied``, but ``retention_stopped``. Before, it was counted and logged
+    applied, as a finished trim."""
+    from rcoord.topics import admin as topics_admin
+
+    topics = Topics(single_client, namespace)
+    topics.create("c", 1, retention_records=10)
+    Producer(single_client, namespace).send_batch(
+        "c", [ProducerRecord(b"x" * 1000, partition=0) for _ in range(40)])
+    monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 5000)  # 4 records a round
+    entered, gate = threading.Event(), threading.Event()
+    run = topics_admin._run
+
+    def held(*args: Any, **kw: Any) -> Any:
+        entered.set()
+        assert gate.wait(60)
+        return run(*args, **kw)
+
+    monkeypatch.setattr(topics_admin, "_run", held)
+    stop = threading.Event()
+    metrics = Metrics()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, lambda: set(range(N)), 60_000,
+                             stop, "c1")
+    result: list[int] = []
+    pass_thread = threading.Thread(target=lambda: result.append(keeper.run_once()), daemon=True)
+    pass_thread.start()
+    try:
+        assert entered.wait(60)
+        stop.set()  # what the service's stop() does first
+    finally:
+        gate.set()
+        pass_thread.join(60)
+    assert result == [0]
+    assert log_offsets(single_client, namespace, "c", 0) == (4, 40)  # one round, then the stop
+    assert metrics.registry.get_sample_value("rcoord_retention_topics_applied_total") == 0
+    assert retention_log.appliers("c") == set() and retention_log.stopped == ["c"]
+    stop.clear()
+    assert keeper.run_once() == 1  # the next pass finishes the trim, and counts it
+    assert log_offsets(single_client, namespace, "c", 0) == (30, 40)
+    assert metrics.registry.get_sample_value("rcoord_retention_topics_applied_total") == 1
+    assert retention_log.appliers("c") == {"c1"} and retention_log.stopped == ["c"]
 
 
 def test_stop_ends_the_retention_thread_at_once(redis_server, namespace, services):
