@@ -325,7 +325,8 @@ class CoordinatorService:
         """The thread running ``start()`` (its ident), while it does: a ``stop()`` on that
         thread (a program's signal handler) is left to the start (``stop``)."""
         self._stopped = False
-        """``_stop_now`` has begun: it runs once."""
+        """``_stop_now`` has begun, or a failed start shut down what it opened: it runs once,
+        and never after such a start."""
         self.exit_code = 0
         self._hinted: set[int] = set()
         self._resync_due = False
@@ -343,11 +344,13 @@ class CoordinatorService:
                 started = self._connect_and_start()
             except BaseException:
                 # It shut down what it opened (``_connect_and_start``): a stop that waits for
-                # it has nothing left to do. (It shut all down a second time: it read the last
-                # events of a service that had none, a WARNING, and logged "coordinator
-                # stopped" for one that never started; say a stop that ended a wait for a
-                # claimed id, ``StoppedBeforeClaim``.)
-                self._stopped_by_start = self._stop_called
+                # it, or comes after it (a caller's ``finally``, a signal handler as this
+                # returns), has nothing left to do. (It shut all down a second time: it read
+                # the last events of a service that had none, a WARNING, and logged
+                # "coordinator stopped" for one that never started; say a stop that ended a
+                # wait for a claimed id, ``StoppedBeforeClaim``. A stop after a start that
+                # failed on its own did so until this was set here.)
+                self._stopped = True
                 raise
             finally:
                 self._starting_on = None
