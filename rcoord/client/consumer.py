@@ -2438,6 +2438,12 @@ class Consumer(SubscriptionMixin):
         that thread, not close() (which waited up to the socket timeout, 10 s, before). Its
         outcome is logged when close() runs the commit callbacks."""
         if self._closing:
+            # The commits queued before it end first, their outcomes taken, so that one that
+            # failed holds nothing back (``_settle_commit_floor``): reckoned while an
+            # application's ``commit_async()`` of a position past the record the loop was on
+            # was still pending, then failed, close() committed nothing of the partition.
+            self._committer.wait_idle(_remaining(self._close_deadline))
+            self._run_close_callbacks()
             self._queue_commit(commit, self._changed_positions(), f"final commit of {of}")
             if not self._committer.wait_idle(_remaining(self._close_deadline)):
                 log.warning("final commit of %s: close()'s timeout passed before Redis "
