@@ -702,8 +702,11 @@ def test_kill9_of_the_service_mid_rebalance_a_second_one_applies_the_deadlines(s
     # workers' 4 s rebalance timeout), so it is still a member when the first service dies,
     # however late the newcomer starts: with the 1.5 s session, a newcomer that started after it
     # ran out met a group the first service had already rid of it, and nothing was left due.
-    # The live workers' 6 s sessions outlast their freeze below (the join completes while they
-    # are stopped, and sets their next session deadline); they still beat every 300 ms.
+    # The live workers beat every 300 ms, and their 6 s sessions outlast their freeze below. They
+    # are frozen as soon as the group is PreparingRebalance, so one may not have rejoined yet:
+    # then the rebalance's deadline, which only the second service can apply, removes it with
+    # the dead member, and it joins again once resumed; one that rejoined is kept, and the join
+    # that completes while it is frozen sets its next session deadline.
     sc = scenario(workers=2, session_ms=6000, heartbeat_ms=300)
     dead = Worker(sc, "w3", 10_000)
     sc.workers.append(dead)
