@@ -321,6 +321,66 @@ def test_a_topic_whose_trim_a_stop_cut_short_is_not_counted_applied(
     assert retention_log.appliers("c") == {"c1"} and retention_log.stopped == ["c"]
 
 
+def test_a_pass_that_cannot_confirm_its_leases_is_failed_not_ok(single_client, namespace,
+                                                               retention_log):
+    """``owned`` answers None (the leases were not renewed within a TTL) at the pass's start:
+    nothing is trimmed, and the pass is counted failed and logged, not ok. Before, "don't
+    know" read as "no leases" and the pass counted ok."""
+    topics = Topics(single_client, namespace)
+    topics.create("u", 1, retention_records=1)
+    _produce(single_client, namespace, "u", 3)
+    leases: list[set[int] | None] = [None]
+    metrics = Metrics()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, lambda: leases[0], 60_000,
+                             threading.Event(), "c1")
+    assert keeper.run_once() == 0
+    assert log_offsets(single_client, namespace, "u", 0) == (0, 3)
+    assert _keeper_passes(metrics, "ok") == 0 and _keeper_passes(metrics, "failed") == 1
+    assert [getattr(r, "leases_unconfirmed", None) for r in retention_log.errors] == [True]
+    leases[0] = set(range(N))  # the next lease round confirms them
+    assert keeper.run_once() == 1
+    assert log_offsets(single_client, namespace, "u", 0) == (2, 3)
+    assert _keeper_passes(metrics, "ok") == 1 and _keeper_passes(metrics, "failed") == 1
+
+
+def test_a_pass_whose_leases_go_unconfirmed_midway_is_failed_not_ok(single_client, namespace,
+                                                                    retention_log):
+    """The leases are confirmed at the pass's start and not before its first topic: both
+    topics are left, and the pass is counted failed and logged with the 2 topics it did not
+    reach. Before, the unconfirmed leases read as moved and the pass counted ok."""
+    topics = Topics(single_client, namespace)
+    names = ["m1", "m2"]
+    for name in names:
+        topics.create(name, 1, retention_records=1)
+        _produce(single_client, namespace, name, 3)
+    asked = []
+
+    def owned() -> set[int] | None:
+        asked.append(1)
+        return set(range(N)) if len(asked) == 1 else None
+
+    metrics = Metrics()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000,
+                             threading.Event(), "c1")
+    assert keeper.run_once() == 0
+    assert [log_offsets(single_client, namespace, t, 0) for t in names] == [(0, 3)] * 2
+    assert _keeper_passes(metrics, "ok") == 0 and _keeper_passes(metrics, "failed") == 1
+    assert [(getattr(r, "leases_unconfirmed", None), getattr(r, "left", None))
+            for r in retention_log.errors] == [(True, 2)]
+
+
+def test_the_service_says_it_does_not_know_its_leases_once_unconfirmed(redis_server, namespace,
+                                                                       services):
+    """The leases source the service gives its retention: the leased partitions while they
+    are confirmed, None (not an empty set, "none held") once they are not (here: the timer
+    loop was left behind, which no lease round confirms again)."""
+    svc = _service(redis_server.url, namespace, "unsure", interval_ms=86_400_000)
+    services.append(svc)
+    assert svc._confirmed_leases() == set(range(N))  # the only process: it leases them all
+    svc._loop_left.set()
+    assert svc._confirmed_leases() is None
+
+
 def test_stop_ends_the_retention_thread_at_once(redis_server, namespace, services):
     """Waiting for its next pass (a day away), the thread ends with the service."""
     svc = _service(redis_server.url, namespace, "idle", interval_ms=86_400_000)

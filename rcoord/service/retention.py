@@ -60,12 +60,20 @@ SETTINGS_CHUNK = 500
 class RetentionKeeper:
     """The retention passes of one coordinator process; ``run()`` is its thread's body.
 
-    ``owned`` returns the lease partitions this process holds now (empty while its leases are
-    not confirmed); it is asked at the start of a pass and again before each topic, so a topic
-    whose lease moved during a pass is left to its new holder."""
+    ``owned`` returns the lease partitions this process holds now, or None while its leases are
+    not confirmed (no renewal within a TTL: Redis out of reach, the process paused), when it
+    cannot tell which it holds; it is asked at the start of a pass and again before each topic,
+    so a topic whose lease moved during a pass is left to its new holder.
+
+    A pass that meets unconfirmed leases trims nothing more and is counted "failed" and logged
+    ``retention_error`` (``leases_unconfirmed``), not "ok": the topics left are due and nobody
+    may be trimming them, as after a failed listing, and an operator alerting on failed passes
+    must see a process whose lease rounds keep lapsing. (A stopped pass is not counted failed:
+    the stop is asked for.) Before, unconfirmed leases read as "no leases": the pass, or the
+    topics left in it, were skipped and the pass counted "ok"."""
 
     def __init__(self, client: Any, namespace: str, num_partitions: int, metrics: Metrics,
-                 owned: Callable[[], set[int]], interval_ms: int, stop: threading.Event,
+                 owned: Callable[[], set[int] | None], interval_ms: int, stop: threading.Event,
                  coordinator_id: str = "") -> None:
         self._client = client
         self._ns = namespace
@@ -98,6 +106,9 @@ class RetentionKeeper:
         Returns how many topics had their retention applied."""
         started = time.monotonic()
         owned = self._owned()
+        if owned is None:
+            self._unconfirmed(0)
+            return 0
         if not owned:
             self._metrics.retention_passes.labels("ok").inc()
             return 0
@@ -116,10 +127,16 @@ class RetentionKeeper:
         first_error: tuple[str, str] | None = None
         if failed_read:
             first_error = (failed_read[0][0], str(failed_read[0][1]))
-        for topic in settings:
+        unconfirmed = False
+        for done, topic in enumerate(settings):
             if self._stop.is_set():
                 break
-            if partition_for(topic, self._n) not in self._owned():
+            now_owned = self._owned()
+            if now_owned is None:
+                unconfirmed = True
+                self._unconfirmed(len(settings) - done)
+                break
+            if partition_for(topic, self._n) not in now_owned:
                 continue  # its lease moved during the pass: its new holder trims it
             try:
                 starts = self._topics.apply_retention(topic, self._stop)
@@ -152,7 +169,8 @@ class RetentionKeeper:
         took_ms = int((time.monotonic() - started) * 1000)
         if failures:
             self._metrics.retention_errors.inc(failures)
-            self._metrics.retention_passes.labels("failed").inc()
+            if not unconfirmed:
+                self._metrics.retention_passes.labels("failed").inc()
             assert first_error is not None
             log.warning("applying retention failed for %d topic(s); trying again next pass",
                         failures, extra={
@@ -160,7 +178,7 @@ class RetentionKeeper:
                             "topic": first_error[0], "why": first_error[1],
                             "retry_in_ms": self.interval_ms})
         if unlisted:
-            if not failures:
+            if not failures and not unconfirmed:
                 self._metrics.retention_passes.labels("failed").inc()
             log.warning("the topics of %s were not listed; trying again next pass",
                         ", ".join(what for what, _ in unlisted), extra={
@@ -171,13 +189,22 @@ class RetentionKeeper:
         # topic's trim): what it left is not known to be trimmed, so such a pass is not "ok"
         # (it is "failed" only for what failed). Before, a stopped pass counted "ok".
         stopped = self._stop.is_set()
-        if not failures and not unlisted and not stopped:
+        if not failures and not unlisted and not stopped and not unconfirmed:
             self._metrics.retention_passes.labels("ok").inc()
         log.debug("retention pass", extra={
             "event": "retention_pass", "id": self._id, "topics": len(names), "on_leases": len(mine),
             "with_retention": len(settings), "applied": applied, "failed": failures,
-            "stopped": stopped, "took_ms": took_ms})
+            "stopped": stopped, "leases_unconfirmed": unconfirmed, "took_ms": took_ms})
         return applied
+
+    def _unconfirmed(self, left: int) -> None:
+        """Count and log a pass that found its leases unconfirmed (see the class docstring),
+        with ``left`` topics with retention it did not reach."""
+        self._metrics.retention_passes.labels("failed").inc()
+        log.warning("this process's leases are not confirmed: retention waits for the next pass",
+                    extra={"event": "retention_error", "id": self._id, "leases_unconfirmed": True,
+                           "left": left, "why": "the leases were not renewed within a TTL",
+                           "retry_in_ms": self.interval_ms})
 
     def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
         """The topic names, and what could not be listed (what, why): nothing, unless the

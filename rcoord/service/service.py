@@ -1068,11 +1068,12 @@ class CoordinatorService:
                 self._stop.wait(pause / 1000)
                 pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
 
-    def _confirmed_leases(self) -> set[int]:
+    def _confirmed_leases(self) -> set[int] | None:
         """The partitions this process leases, if its leases were renewed within a TTL
-        (``_leases_confirmed``); else none: the retention of their topics waits for the next
-        lease round to say which are still this process's."""
-        return set(self.leases.owned) if self._leases_confirmed() else set()
+        (``_leases_confirmed``); else None, not knowing (an empty set says it holds none): the
+        retention of their topics waits for the next lease round to say which are still this
+        process's, and the pass is not counted ok (``RetentionKeeper``)."""
+        return set(self.leases.owned) if self._leases_confirmed() else None
 
     def _leases_confirmed(self) -> bool:
         """The leases were renewed within a TTL (counted from the start of the round that
