@@ -925,10 +925,15 @@ class CoordinatorService:
                          over_message="sampling groups failed: over")
         known: dict[int, Sample] = {}
         while not self._stop.wait(SAMPLE_MS / 1000):
+            # Only the leases confirmed within a TTL, as ``rcoord_leases_held`` counts them:
+            # before, while they were not (Redis out of reach, a pause, the loop left behind),
+            # the gauges went on counting their groups, beside ``rcoord_leases_held`` 0, and a
+            # sum over the processes counted them twice once another had taken them.
+            owned = self._confirmed_leases() or set()
             try:
                 for partitions, exc in sample_groups(
                         self._client, self.config.namespace, self.group_config.num_partitions,
-                        set(self.leases.owned), self.metrics, known):
+                        owned, self.metrics, known):
                     log.debug("sampling a node's groups failed; counted as last sampled",
                               extra={"event": "sample_unread", "partitions": partitions,
                                      "why": str(exc)})
