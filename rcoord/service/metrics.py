@@ -38,9 +38,9 @@ class Metrics:
                                    ["to"], registry=r)
         self.retention_passes = Counter(
             "rcoord_retention_passes",
-            "Topic retention passes of this process: 'failed' if the topics could not be listed "
-            "or a topic's retention failed (tried again next pass); a pass a stop cut short "
-            "is not counted ok", ["result"], registry=r)
+            "Topic retention passes of this process: 'failed' if the topics could not be listed, "
+            "a topic's retention failed, or the process's leases were not confirmed (tried again "
+            "next pass); a pass a stop cut short is not counted ok", ["result"], registry=r)
         self.retention_topics = Counter(
             "rcoord_retention_topics_applied",
             "Topics (on this process's leases, with a retention setting) whose retention this "
