@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness import wait_until
 from test_consumer import _committed, env  # noqa: F401 - env: the fixture
 
 from rcoord import TopicPartition
@@ -75,3 +76,43 @@ def test_unsubscribe_after_a_failed_async_commit_commits_the_record_the_loop_was
     consumer.close()  # (runs the callback; nothing assigned, so it commits nothing)
     assert len(errors) == 1 and errors[0] is not None
     assert _committed(env, 1) == {TP0: 3}
+
+
+def test_assign_dropping_the_partition_after_a_failed_async_commit_commits_its_record(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """assign() that drops t-0 makes the same final auto-commit (``_auto_commit_now``), held
+    back the same way (want 3)."""
+    env.topics.create("u", 1)
+    consumer = _assigned_ten_records(env)
+    errors = _left_at_3(consumer, failing_commit=True)
+    consumer.assign([TopicPartition("u", 0)])
+    consumer.close()
+    assert len(errors) == 1 and errors[0] is not None
+    assert _committed(env, 1) == {TP0: 3}
+
+
+def test_a_commit_in_a_commit_callback_runs_after_the_earlier_callbacks_and_counts_last(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """commit_async({t-0: 5}, a), then commit_async() of the position 10 (b); both landed,
+    the next poll() runs a, which commits 2 (commit()). That commit's own callback run takes
+    the completions after a's batch only, so b's runs after it (Kafka's commitSync first
+    runs the completed callbacks still queued, b's among them), and b's landing, taken last,
+    is noted as committed over the 2 the later commit wrote (``_note_committed``: the commit
+    after it is no longer pending): close() then takes 10 for committed, and leaves 2."""
+    consumer = _assigned_ten_records(env)
+    got = []
+    while len(got) < 10:
+        got.extend(consumer.poll(timeout=0.05))
+    order: list[str] = []
+
+    def a(offsets: Any, exc: BaseException | None) -> None:
+        order.append("a")
+        consumer.commit({TP0: 2})
+        order.append("a's commit() returned")
+
+    consumer.commit_async({TP0: 5}, a)
+    consumer.commit_async(None, lambda offsets, exc: order.append("b"))
+    wait_until(lambda: consumer._committer.pending == 0)
+    assert consumer.poll(timeout=0) == []  # runs a, then b
+    consumer.close()
+    assert (order, _committed(env, 1)) == (["a", "b", "a's commit() returned"], {TP0: 10})
