@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import threading
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,15 +30,61 @@ from gateway_harness import (
     produced_batch,
     request_frame,
     response,
+    running_gateway,
     with_crc,
 )
 
 from rcoord.errors import Errors
 from rcoord.gateway.errors import CORRUPT_MESSAGE
-from rcoord.topics import Producer, Record, log_offsets
+from rcoord.topics import Producer, Record, Topics, log_offsets
 
 INVALID_REQUIRED_ACKS = 21
 INVALID_RECORD = 87
+
+
+@pytest.fixture(scope="module")
+def _shared_gateway(redis_server: Any) -> Iterator[Any]:
+    """One gateway for the module's tests that only send requests and read answers: a
+    gateway's start and stop collect garbage to judge leaked sockets (tests/gateway_harness.py),
+    which cost over 0.3 s a test in a full run's heap; a socket a test leaves without a cycle
+    still fails that test (pytest's unraisable hook), a cycle's at the module's end."""
+    with running_gateway(redis_server, "t" + uuid.uuid4().hex[:12]) as gw:
+        yield gw
+
+
+@pytest.fixture
+def own_gateway() -> None:
+    """Marks a test (``usefixtures``) that gets a gateway and a namespace of its own: the
+    group tests, whose groups a shared namespace would keep from one test to the next."""
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    if "own_gateway" in request.fixturenames:
+        return "t" + uuid.uuid4().hex[:12]
+    return str(request.getfixturevalue("_shared_gateway").config.namespace)
+
+
+@pytest.fixture
+def gateway(request: pytest.FixtureRequest, redis_server: Any, namespace: str) -> Iterator[Any]:
+    """The shared gateway, left as a fresh one would be: the test's topics deleted (with their
+    producers' states), and the namespace's keys checked to be the ones the test found. A test
+    marked ``own_gateway`` gets conftest's per-test gateway."""
+    if "own_gateway" in request.fixturenames:
+        with running_gateway(redis_server, namespace) as own:
+            yield own
+        return
+    client = redis_server.client()
+    try:
+        found = set(client.scan_iter(match=f"{namespace}:*"))
+        yield request.getfixturevalue("_shared_gateway")
+        topics = Topics(client, namespace)
+        for name in topics.list():
+            topics.delete(name)
+        left = set(client.scan_iter(match=f"{namespace}:*"))
+        assert left == found, f"keys the next test would see: {sorted(left ^ found)}"
+    finally:
+        client.close()
 
 
 def _produce(topic: str, acks: int, corr: int, index: int = 0) -> bytes:
@@ -418,6 +466,7 @@ def test_a_partition_named_twice_is_appended_to_and_read_once(gateway, redis_ser
     assert _records(fetched) == {0: [b"c"]}  # read from the last entry's offset
 
 
+@pytest.mark.usefixtures("own_gateway")
 def test_sync_group_v5_needs_its_protocol_type_and_name(gateway):
     """From v5 a SyncGroup's protocol type and name are mandatory: Kafka answers one without
     them INCONSISTENT_GROUP_PROTOCOL before it looks at the group. The gateway passed the nulls
@@ -452,6 +501,7 @@ def test_sync_group_v5_needs_its_protocol_type_and_name(gateway):
         sock.close()
 
 
+@pytest.mark.usefixtures("own_gateway")
 def test_a_join_group_listing_a_protocol_twice_is_an_invalid_request(gateway):
     """rcoord refuses a JoinGroup that names one protocol twice (docs/architecture.md,
     "Errors"); through the gateway that is INVALID_REQUEST, and no member is added."""
@@ -466,6 +516,7 @@ def test_a_join_group_listing_a_protocol_twice_is_an_invalid_request(gateway):
     assert [g.group_state for g in described.groups] == ["Dead"]
 
 
+@pytest.mark.usefixtures("own_gateway")
 def test_a_join_group_v0_session_timeout_out_of_bounds_is_invalid_session_timeout(gateway):
     """JoinGroup v0 has no rebalance timeout: it is the session timeout, as in Kafka. A session
     timeout of 0 was answered INVALID_REQUEST (the rebalance timeout's own check, which ran
@@ -481,6 +532,7 @@ def test_a_join_group_v0_session_timeout_out_of_bounds_is_invalid_session_timeou
     assert joined.error_code.value == Errors.INVALID_SESSION_TIMEOUT
 
 
+@pytest.mark.usefixtures("own_gateway")
 @pytest.mark.parametrize("rebalance_ms", [0, -1, -(1 << 31)])
 def test_a_join_group_rebalance_timeout_below_one_is_taken_as_kafka_takes_it(gateway,
                                                                             rebalance_ms):
@@ -648,6 +700,7 @@ def test_a_producer_batch_with_a_negative_sequence_is_an_invalid_record(gateway,
     assert _log(gateway, redis_server) == (0, 0)
 
 
+@pytest.mark.usefixtures("own_gateway")
 @pytest.mark.parametrize("version", [5, 8, 9])
 def test_a_static_leader_back_in_a_stable_group_assigns_only_if_it_can_skip(gateway, version):
     """A static leader restarted (a new member id, the same group.instance.id) in a Stable
