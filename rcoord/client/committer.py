@@ -112,7 +112,7 @@ class AsyncCommitter:
             return self._finished >= ticket
 
     def completed(self, ticket: int) -> Completion | None:
-        """The outcome of the finished job ``ticket``, while ``take_completions`` has not
+        """The outcome of the finished job ``ticket``, while ``take_completion`` has not
         taken it yet (None otherwise, or not finished)."""
         with self._cond:
             return next((done for done in self._done if done.ticket == ticket), None)
@@ -149,12 +149,11 @@ class AsyncCommitter:
         with self._cond:
             return self._submitted - self._finished
 
-    def take_completions(self) -> list[Completion]:
-        """The finished jobs since the last call, in submission order."""
+    def take_completion(self) -> Completion | None:
+        """The oldest finished job not taken yet, or None: one at a time, so that a callback's
+        own ``commit()`` first takes those finished before it, in order."""
         with self._cond:
-            out = list(self._done)
-            self._done.clear()
-            return out
+            return self._done.popleft() if self._done else None
 
     def give_up(self) -> None:
         """The consumer's close() timeout passed: stop spending time on an unreachable

@@ -74,7 +74,7 @@ from ..topics import CorruptRecordError, FetchWaker, Header, PartitionRecords, R
 from ..topics._base import legal_topic, sync_headers, unreadable_partition
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
-from .committer import AsyncCommitter, OffsetCommitCallback
+from .committer import AsyncCommitter, Completion, OffsetCommitCallback
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import (
@@ -369,6 +369,9 @@ class Consumer(SubscriptionMixin):
         # taken yet (``_run_commit_callbacks``), by ticket: a commit's landing is noted in
         # ``_committed`` only for the partitions none of the later ones will overwrite.
         self._commits_pending: dict[int, frozenset[TopicPartition]] = {}
+        # Finished commits whose outcomes are in the books (``_take_outcomes``) and whose
+        # callbacks have not run yet (``_run_commit_callbacks``).
+        self._outcomes: deque[Completion] = deque()
         # Per partition held, the offset of the application's latest commit of it
         # (``_note_commit_floor``), which none of the consumer's own commits (auto-commit's, a
         # revocation's, close()'s) goes below (``_changed_positions``): close() and a loop left
@@ -1719,11 +1722,14 @@ class Consumer(SubscriptionMixin):
             return
         log.warning("async commits still pending after %.0f s; committing anyway", limit)
 
-    def _run_commit_callbacks(self) -> None:
-        """Run finished async commits' callbacks in commit order; the first exception a
-        callback raises propagates once they all ran."""
-        first: BaseException | None = None
-        for done in self._committer.take_completions():
+    def _take_outcomes(self) -> None:
+        """Take the finished commits' outcomes into the consumer's books (what is committed,
+        the commit floor, the unstarted partitions' starts) now; their callbacks run later, in
+        commit order (``_run_commit_callbacks``). An implicit commit reckons its positions
+        after this, so that an application's commit that failed holds nothing back; before,
+        ``unsubscribe()`` or ``assign()`` right after a refused ``commit_async()`` of a later
+        position left the partition uncommitted (its floor still set)."""
+        while (done := self._committer.take_completion()) is not None:
             error = done.error
             current = self._commit_target()
             starts = self._start_commits.pop(done.ticket, None)
@@ -1733,6 +1739,21 @@ class Consumer(SubscriptionMixin):
                 self._note_committed(done.offsets, done.ticket)
                 if starts:
                     self._note_started(starts)
+            self._outcomes.append(done)
+
+    def _run_commit_callbacks(self) -> None:
+        """Run finished commits' callbacks in commit order, one at a time: a ``commit()`` made
+        in one first runs the others finished before it, as Kafka's commitSync runs the
+        completed callbacks first (before, they ran after it, and their landings were noted
+        over its offset). The first exception a callback raises propagates once they all ran."""
+        self._take_outcomes()
+        first: BaseException | None = None
+        while self._outcomes:
+            try:
+                done = self._outcomes.popleft()
+            except IndexError:
+                break  # (another thread's close() took the last)
+            error = done.error
             if done.callback is None:
                 if error is not None:
                     log.warning("async commit of %s failed: %s", done.offsets, error)
@@ -1833,7 +1854,11 @@ class Consumer(SubscriptionMixin):
         by ``wakeup()``; its error is raised here. Before, it waited for the queued commits for
         two session timeouts at most, then committed on this thread: a simple-group commit
         (``assign()``), which no generation fences, was overtaken by an older async commit
-        still in flight, which moved the committed offset back."""
+        still in flight, which moved the committed offset back. The commits queued before
+        end first and their outcomes are taken (``_take_outcomes``), so that one that failed
+        holds nothing back."""
+        self._await_committer()
+        self._take_outcomes()
         changed = self._changed_positions()
         if not changed:
             self._await_committer()  # (nothing to order: only the callbacks' timing)
@@ -2443,7 +2468,7 @@ class Consumer(SubscriptionMixin):
             # application's ``commit_async()`` of a position past the record the loop was on
             # was still pending, then failed, close() committed nothing of the partition.
             self._committer.wait_idle(_remaining(self._close_deadline))
-            self._run_close_callbacks()
+            self._take_outcomes()
             self._queue_commit(commit, self._changed_positions(), f"final commit of {of}")
             if not self._committer.wait_idle(_remaining(self._close_deadline)):
                 log.warning("final commit of %s: close()'s timeout passed before Redis "
