@@ -7,7 +7,8 @@
 -- Returns cmsgpack {st = state, pt = protocol type, pn = protocol name (Stable only),
 --                   mem = {{id, iid, cid, host, meta, asg}...}, n = members in all,
 --                   nx = where the next page starts, tok = what the pages of one description
---                   share}; a missing group is 'Dead'.
+--                   share, inc = the group's incarnation token: 'inc' of its record, or
+--                   'created' for a record an older rcoord made}; a missing group is 'Dead'.
 -- Listing 1,000 members in one call held the shard 7-9 ms, so a caller lists a large group a
 -- page at a time (rcoord/steps.py describe_group). The pages come from the join order key;
 -- a page whose tok differs from the first page's was taken after the members, the state or
@@ -23,7 +24,7 @@ end
 local function describe_group(ARGV)
   local out
   if not group_exists() then
-    out = {st = DEAD, pt = '', pn = '', mem = {}, n = 0, tok = ''}
+    out = {st = DEAD, pt = '', pn = '', mem = {}, n = 0, tok = '', inc = ''}
   else
     -- As Kafka: metadata and assignments are shown only once the group is Stable.
     local stable = G.state == STABLE
@@ -44,7 +45,8 @@ local function describe_group(ARGV)
       total = #members
     end
     out = {st = G.state, pt = G.ptype, pn = stable and G.pname or '', mem = members, n = total,
-      nx = nx, tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total}
+      nx = nx, tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total,
+      inc = G.inc or G.created or ''}
   end
   return cmsgpack.pack(out)
 end

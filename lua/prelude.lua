@@ -254,6 +254,12 @@ local function create_group()
   set_g('leader', '')
   set_g('ts', NOW)
   set_g('created', NOW)
+  -- What tells this incarnation of the group from one made again under its id after a
+  -- deletion (group_incarnation): 'created' alone does not, a group made again within the same
+  -- millisecond (or at the same mock time) sharing it, so Redis TIME's microseconds follow it,
+  -- read even under a mock time. A record an older rcoord made has no 'inc': 'created' stands.
+  local t = redis.call('TIME')
+  set_g('inc', string.format('%d.%s%06d', NOW, t[1], tonumber(t[2])))
   set_g('oq', 1) -- the group keeps its members' join order in K_ORDER (oldest_member)
   -- A group deleted by a call that woke its parked callers leaves its wake stream for a
   -- minute (finish): a group made again under the id meanwhile waits after that stream's

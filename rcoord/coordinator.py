@@ -37,7 +37,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .config import CoordinatorConfig
 from .errors import translate_redis_errors
 from .flow import Flow, drive
-from .keys import GroupKeys
+from .keys import GroupKeys, settings_key
 from .scripts import Scripts
 from .steps import (
     DUE_BATCH,
@@ -52,7 +52,7 @@ from .steps import (
 from .batching import SharedCalls
 from .wake import SharedWakeReads
 
-__all__ = ["GroupCoordinator", "blocking_step"]
+__all__ = ["GroupCoordinator", "blocking_step", "group_incarnation"]
 # Re-exported for callers that tuned or read them here before the steps had their own module.
 __all__ += ["DUE_BATCH", "HEARTBEAT_BATCH", "KEYS_CACHE_SIZE", "MAX_DUE_RETRIES",
             "NOT_COORDINATOR_RETRIES"]
@@ -195,3 +195,23 @@ class GroupCoordinator:
     delete_groups = blocking_step(GroupSteps.delete_groups)
     delete_offsets = blocking_step(GroupSteps.delete_offsets)
     run_timers = blocking_step(GroupSteps.run_timers)
+
+
+def group_incarnation(redis_client: Any, namespace: str, group_id: str) -> tuple[str, int] | None:
+    """The incarnation token of ``group_id`` (``GroupDescription.incarnation``) and its
+    generation now; None if the group or the namespace's settings are not there.
+
+    For a process that keeps state per group outside Redis (a job's output) and must tell the
+    group it wrote for from one deleted and made again, whose generations start over: one read
+    of the group record, writing nothing (``describe_group`` needs a started coordinator, whose
+    start may write the settings, and applies the group's passed deadlines). ``redis_client``
+    is a blocking client, as ``GroupCoordinator`` takes."""
+    count = redis_client.hget(settings_key(namespace), "num_partitions")
+    if count is None:
+        return None
+    record = GroupKeys.of(namespace, int(count), group_id).group
+    inc, created, gen = redis_client.hmget(record, ["inc", "created", "gen"])
+    token = inc if inc is not None else created  # (a record an older rcoord made: no 'inc')
+    if token is None:
+        return None
+    return (token.decode() if isinstance(token, bytes) else str(token)), int(gen or 0)

@@ -24,6 +24,40 @@ def test_describe_unknown_group_is_dead(ctx):
     assert (d.error, d.group_id, d.state, d.members) == (Errors.NONE, "nobody", "Dead", [])
 
 
+def test_a_group_made_again_in_the_same_millisecond_has_another_incarnation(
+        ctx, redis_client, namespace):
+    # Deleted and made again at the same (mock) time, the group's record has the same
+    # 'created'; its incarnation token still differs, and group_incarnation (one read, for
+    # callers with no coordinator) answers it with the generation.
+    from rcoord.coordinator import group_incarnation
+
+    assert ctx.coord.describe_group("g").incarnation == ""  # (Dead)
+    assert group_incarnation(redis_client, namespace, "g") is None
+    assert group_incarnation(redis_client, namespace + "-none", "g") is None  # (no settings)
+    ctx.coord.commit_offsets("g", {ORDERS0: OffsetAndMetadata(5)})
+    first = ctx.coord.describe_group("g").incarnation
+    assert first and group_incarnation(redis_client, namespace, "g") == (first, 0)
+    assert ctx.coord.delete_groups(["g"]) == {"g": Errors.NONE}
+    ctx.coord.commit_offsets("g", {ORDERS0: OffsetAndMetadata(5)})
+    again = ctx.coord.describe_group("g").incarnation
+    assert again and again != first
+    assert group_incarnation(redis_client, namespace, "g") == (again, 0)
+
+
+def test_a_group_record_without_a_token_has_its_creation_time_for_incarnation(
+        ctx, redis_client, namespace):
+    # (a record an older rcoord made has no 'inc')
+    from rcoord.coordinator import group_incarnation
+    from rcoord.keys import GroupKeys
+
+    ctx.coord.commit_offsets("g", {ORDERS0: OffsetAndMetadata(5)})
+    record = GroupKeys.of(namespace, ctx.coord.config.num_partitions, "g").group
+    redis_client.hdel(record, "inc")
+    created = redis_client.hget(record, "created").decode()
+    assert ctx.coord.describe_group("g").incarnation == created
+    assert group_incarnation(redis_client, namespace, "g") == (created, 0)
+
+
 def test_describe_stable_group_shows_metadata_and_assignment(ctx):
     gen, ids = ctx.stable_group(2, client_id="cid", client_host="/10.0.0.1")
     d = ctx.coord.describe_group(ctx.group_id)

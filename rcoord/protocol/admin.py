@@ -42,6 +42,12 @@ class GroupDescription:
 
     ``protocol_name`` and the members' metadata and assignment are filled only while the group
     is Stable, as Kafka does.
+
+    ``incarnation`` (not Kafka's) tells this group from one deleted and made again under its
+    id, whose generations start over: an opaque token written once when the group record is
+    made, never repeated (its creation's millisecond, and Redis ``TIME``'s microseconds, as a
+    group can be made again within one millisecond). A group an older rcoord made has its
+    creation's millisecond alone; an unknown group has "". Compare tokens for equality only.
     """
 
     error: Errors
@@ -50,6 +56,7 @@ class GroupDescription:
     protocol_type: str = ""
     protocol_name: str = ""
     members: list[MemberDescription] = field(default_factory=list)
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ def decode_description_page(group_id: str, blob: bytes) -> DescriptionPage:
             )
             for m in (rep.get(b"mem") or [])
         ],
+        incarnation=text(rep.get(b"inc")),
     )
     total = int(rep.get(b"n") or 0)
     return DescriptionPage(description, total, int(rep.get(b"nx") or total),
