@@ -18,7 +18,7 @@ import test_cli_groups
 from harness import wait_for_the_next_ms
 from test_cli_groups import ok, run_in_process
 
-from rcoord import TopicPartition
+from rcoord import Errors, MockTime, TopicPartition
 from rcoord.keys import GroupKeys
 
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[spark]')")
@@ -224,6 +224,27 @@ def _made_again(redis_client: Any, coord: Any, url: str, namespace: str, offset:
     coord.commit_offsets("g", {TopicPartition("ev", 0): offset})
 
 
+def test_the_group_made_again_in_the_same_millisecond_is_told_from_the_old_one(
+        tmp_path: Path, url: str, make_coordinator: Any) -> None:
+    # g is deleted and made again at the same (mock) time, so both records have the same
+    # 'created'. Before, the worker told the two apart by 'created' alone: the new group's
+    # generation 1 wrote into the old group's output, and the old file (generation 5, begun
+    # before its end) superseded it.
+    coord = make_coordinator(clock=MockTime())
+    coord.commit_offsets("g", {TopicPartition("ev", 0): 0})
+    old = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp1"), group="g",
+                namespace=coord.config.namespace, url=url)
+    old._write("ev", 0, 0, [_row("a", 100)], 5, end=100)
+    assert coord.delete_groups(["g"]) == {"g": Errors.NONE}
+    coord.commit_offsets("g", {TopicPartition("ev", 0): 100})
+    new = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp2"), group="g",
+                namespace=coord.config.namespace, url=url)
+    with pytest.raises(RuntimeError, match=r"its files are of group 'g' of incarnation \S+, "
+                                           r"and this run is of group 'g' of incarnation"):
+        new._write("ev", 0, 100, [_row("a", 50)], 1, end=150)
+    assert read_counts(tmp_path) == {(0, "a"): 100}
+
+
 def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
         tmp_path: Path, url: str, make_coordinator: Any,
         redis_client: Any, namespace: str) -> None:
@@ -247,22 +268,22 @@ def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
     with pytest.raises(RuntimeError) as caught:
         new._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
     message = str(caught.value)
-    assert re.search(r"its files are of group 'g' as created at \d+ \(Redis ms\), and this "
-                     r"run is of group 'g' as created at \d+: generations start over", message)
+    assert re.search(r"its files are of group 'g' of incarnation \S+, and this "
+                     r"run is of group 'g' of incarnation \S+: generations start over", message)
     assert "new output folder (--out)" in message
-    with pytest.raises(RuntimeError, match="of group 'g' as created at"):  # another topic too
+    with pytest.raises(RuntimeError, match="of group 'g' of incarnation"):  # another topic too
         new._write("other", 0, 0, [_row("b", 1)], 1, end=1)
     # the old run, still going, rejoins the group made again: its generation going back is
     # checked again
-    with pytest.raises(RuntimeError, match="of group 'g' as created at"):
+    with pytest.raises(RuntimeError, match="of group 'g' of incarnation"):
         old._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
     coord.commit_offsets("h", {TopicPartition("ev", 0): 350})
     with pytest.raises(RuntimeError, match="this run is of group 'h'"):  # another group
         sink("cp3", group="h")._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
     # an output written before the group was recorded: its generations above the group's now
     (tmp_path / "counts" / ".index" / "group").unlink()
-    with pytest.raises(RuntimeError, match=r"written by generation 5, and group 'g' \(created "
-                                           r"at \d+, Redis ms\) is at generation 0"):
+    with pytest.raises(RuntimeError, match=r"written by generation 5, and group 'g' "
+                                           r"\(incarnation \S+\) is at generation 0"):
         sink("cp4")._write("ev", 0, 350, [_row("a", 50)], 1, end=400)
     assert read_counts(tmp_path) == {(0, "a"): 350}
     assert _files(tmp_path) == ["start-0.gen-3.parquet", "start-100.gen-5.parquet"]

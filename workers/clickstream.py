@@ -52,8 +52,8 @@ deleted and created again (its generations start over), or a topic created again
 start over), needs a new DIR. A topic's is checked: the topic folder's index records the
 create token of the topic its files are of, and a batch of the topic created again fails
 (``_same_topic``; a topic made before tokens is not checked). So is a group's: the output's
-index records the group and the time its record was created (read from Redis at each write),
-and a write of another group, or of the group made again, fails (``_same_group``; not checked
+index records the group and its incarnation token (``group_incarnation``, read from Redis at
+each write), and a write of another group, or of the group made again, fails (``_same_group``; not checked
 without a Redis URL; an output written before this record is refused if a generation there is
 above the group's now, else taken for the group's).
 (Offsets an operator resets backwards are read again by a newer generation, whose files
@@ -444,7 +444,7 @@ class _Sink:
         if generation < 0 or not self.group:
             return
         url = self.url or os.environ.get("RCOORD_REDIS_URL", "")
-        incarnation = _group_created(url, self.namespace, self.group) if url else None
+        incarnation = _group_incarnation(url, self.namespace, self.group) if url else None
         if incarnation is not None:
             _same_group(self.out_dir, self.group, *incarnation)
 
@@ -489,34 +489,28 @@ def _record_once(path: Path, text: str) -> str:
 
 
 _GROUP = "group"
-"""The group, and the time it was created at, whose files the output holds:
-``DIR/counts/.index/group``, ``{"group": ..., "created": ...}``, made by the first write of a
-run in group mode that read them (``_same_group``)."""
+"""The group, and its incarnation token, whose files the output holds:
+``DIR/counts/.index/group``, ``{"group": ..., "created": ...}`` (the key named when the token
+was the creation's millisecond, which a group an older rcoord made still has), made by the
+first write of a run in group mode that read them (``_same_group``)."""
 
 
-def _group_created(url: str, namespace: str, group: str) -> tuple[str, int] | None:
-    """When ``group`` was created (the group record's ``created``, Redis time in ms, written
-    once by the script that creates it: what tells one incarnation of a group from the one
-    made again under its id after a deletion), and its generation now. None if the group or
-    the namespace's settings are not there. Redis is asked here, not the checkpoint's offset
-    log: the source records the generation a batch was planned in, not the incarnation."""
-    from rcoord.keys import GroupKeys, settings_key
+def _group_incarnation(url: str, namespace: str, group: str) -> tuple[str, int] | None:
+    """The incarnation token of ``group`` (``rcoord.coordinator.group_incarnation``: what tells
+    it from the group made again under its id after a deletion) and its generation now; None
+    if the group or the namespace's settings are not there. Redis is asked here, not the
+    checkpoint's offset log: the source records the generation a batch was planned in, not the
+    incarnation. Until 2026-11-30 the token was the record's ``created``, a millisecond: the
+    group deleted and made again within it was taken for the old one."""
+    from rcoord.coordinator import group_incarnation
     from rcoord.spark.clients import leased
 
     with leased(url) as client:
-        count = client.hget(settings_key(namespace), "num_partitions")
-        if count is None:
-            return None
-        created, gen = client.hmget(GroupKeys.of(namespace, int(count), group).group,
-                                    ["created", "gen"])
-    if created is None:
-        return None
-    text = created.decode() if isinstance(created, bytes) else str(created)
-    return text, int(gen or 0)
+        return group_incarnation(client, namespace, group)
 
 
 def _same_group(out_dir: str, group: str, created: str, generation: int) -> None:
-    """Refuse a write of ``group`` as created at ``created`` (at ``generation`` now) into an
+    """Refuse a write of ``group`` of incarnation ``created`` (at ``generation`` now) into an
     output whose files are of another group, or of this one as created before (deleted since,
     or removed by offset retention, and made again). Generations start over at 1 in a group
     made again, and any group's are compared alike: a file of the new one was deleted as
@@ -532,7 +526,7 @@ def _same_group(out_dir: str, group: str, created: str, generation: int) -> None
         if top > generation:
             raise RuntimeError(
                 f"{out_dir}: its files were written by generation {top}, and group {group!r} "
-                f"(created at {created}, Redis ms) is at generation {generation}: the group "
+                f"(incarnation {created}) is at generation {generation}: the group "
                 "was made again since (its generations start over), or the files are of "
                 "another group; files of both in one output would supersede each other and "
                 f"lose records; give this pipeline a new output folder (--out), or move "
@@ -542,11 +536,11 @@ def _same_group(out_dir: str, group: str, created: str, generation: int) -> None
         return
     try:
         theirs = json.loads(found)
-        was = f"group {theirs['group']!r} as created at {theirs['created']} (Redis ms)"
+        was = f"group {theirs['group']!r} of incarnation {theirs['created']}"
     except (ValueError, KeyError, TypeError):
         was = f"what {recorded} names ({found!r})"
     raise RuntimeError(
-        f"{out_dir}: its files are of {was}, and this run is of group {group!r} as created at "
+        f"{out_dir}: its files are of {was}, and this run is of group {group!r} of incarnation "
         f"{created}: generations start over in a group made again (and differ between "
         "groups), so files of both in one output would supersede each other and lose records; "
         f"give this pipeline a new output folder (--out), or move {out_dir} away")
