@@ -76,14 +76,17 @@ def group(client: redis.Redis, namespace: str, clock: MockTime, pool: Any) -> Ct
 
 
 def snapshot(r: redis.Redis, namespace: str) -> dict[bytes, Any]:
-    """Every key of the namespace by content (stream entries without their ids, and the group's
-    last wake-up id 'wid', which come from the server's clock, not the mock one)."""
+    """Every key of the namespace by content (stream entries without their ids, the group's
+    last wake-up id 'wid' and the microseconds of its incarnation token 'inc', which come from
+    the server's clock, not the mock one)."""
     out: dict[bytes, Any] = {}
     for key in sorted(r.scan_iter(match=f"{namespace}:*", count=1000)):
         kind = r.type(key)
         if kind == b"hash":
             value: Any = r.hgetall(key)
             value.pop(b"wid", None)
+            if b"inc" in value:  # (its mock-time millisecond is kept)
+                value[b"inc"] = value[b"inc"].split(b".")[0]
         elif kind == b"zset":
             value = r.zrange(key, 0, -1, withscores=True)
         elif kind == b"stream":
