@@ -9,6 +9,7 @@ each module only to keep listings fast.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import socket
 import time
 import uuid
@@ -239,6 +240,18 @@ def driver(request: pytest.FixtureRequest) -> str:
 # coordinator on both backends. Dropping asyncio x cluster here saves a quarter of the
 # scenario runs.
 CTX_PAIRS = [("blocking", "single"), ("blocking", "cluster"), ("asyncio", "single")]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection made (every test module, rcoord, the client libraries) out of the
+    collector's sight, so each full collection walks only what the tests made since.
+
+    Tests collect garbage on purpose to report unclosed sockets where they are left (every
+    gateway start and stop in tests/gateway_harness.py); with the whole suite's modules in the
+    heap one such collection took 162 ms here, frozen about 0.01 ms. Nothing a test makes is
+    frozen, so no socket a test leaves escapes the check."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)
