@@ -107,7 +107,7 @@ class RetentionKeeper:
         started = time.monotonic()
         owned = self._owned()
         if owned is None:
-            self._unconfirmed(0)
+            self._unconfirmed(None)
             return 0
         if not owned:
             self._metrics.retention_passes.labels("ok").inc()
@@ -197,14 +197,18 @@ class RetentionKeeper:
             "stopped": stopped, "leases_unconfirmed": unconfirmed, "took_ms": took_ms})
         return applied
 
-    def _unconfirmed(self, left: int) -> None:
+    def _unconfirmed(self, left: int | None) -> None:
         """Count and log a pass that found its leases unconfirmed (see the class docstring),
-        with ``left`` topics with retention it did not reach."""
+        with ``left`` topics with retention it did not reach: None at the pass's start, which
+        has listed no topic, so the line leaves ``left`` out rather than say 0 (nothing undone)."""
         self._metrics.retention_passes.labels("failed").inc()
+        extra: dict[str, object] = {
+            "event": "retention_error", "id": self._id, "leases_unconfirmed": True,
+            "why": "the leases were not renewed within a TTL", "retry_in_ms": self.interval_ms}
+        if left is not None:
+            extra["left"] = left
         log.warning("this process's leases are not confirmed: retention waits for the next pass",
-                    extra={"event": "retention_error", "id": self._id, "leases_unconfirmed": True,
-                           "left": left, "why": "the leases were not renewed within a TTL",
-                           "retry_in_ms": self.interval_ms})
+                    extra=extra)
 
     def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
         """The topic names, and what could not be listed (what, why): nothing, unless the
