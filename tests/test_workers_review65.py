@@ -245,6 +245,30 @@ def test_the_group_made_again_in_the_same_millisecond_is_told_from_the_old_one(
     assert read_counts(tmp_path) == {(0, "a"): 100}
 
 
+def test_an_outputs_record_an_older_worker_made_of_the_same_group_is_taken_as_its_own(
+        tmp_path: Path, url: str, make_coordinator: Any,
+        redis_client: Any, namespace: str) -> None:
+    # A worker older than the incarnation token recorded the group by its 'created' alone (a
+    # millisecond). Upgraded, the worker asks for the token ('created' then Redis TIME's
+    # microseconds) of the same group: before, it took the two for different incarnations and
+    # refused its own output. Another millisecond is still another incarnation.
+    coord = make_coordinator()
+    coord.commit_offsets("g", {TopicPartition("ev", 0): 0})
+    created = redis_client.hget(GroupKeys.of(namespace, coord.config.num_partitions, "g").group,
+                                "created").decode()
+    index = tmp_path / "counts" / ".index"
+    index.mkdir(parents=True)
+    (index / "group").write_text(json.dumps({"group": "g", "created": created}))
+    sink = _Sink(str(tmp_path), WINDOW_MS, str(tmp_path / "cp1"), group="g",
+                 namespace=namespace, url=url)
+    sink._write("ev", 0, 0, [_row("a", 100)], 1, end=100)
+    assert read_counts(tmp_path) == {(0, "a"): 100}
+    (index / "group").write_text(json.dumps({"group": "g", "created": str(int(created) - 1)}))
+    with pytest.raises(RuntimeError, match=rf"of incarnation {int(created) - 1}, and this run"):
+        sink._write("ev", 0, 100, [_row("a", 50)], 1, end=150)
+    assert read_counts(tmp_path) == {(0, "a"): 100}
+
+
 def test_a_write_of_the_group_made_again_into_the_old_groups_output_is_refused(
         tmp_path: Path, url: str, make_coordinator: Any,
         redis_client: Any, namespace: str) -> None:

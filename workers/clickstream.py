@@ -536,6 +536,8 @@ def _same_group(out_dir: str, group: str, created: str, generation: int) -> None
         return
     try:
         theirs = json.loads(found)
+        if theirs["group"] == group and _older_token_of(str(theirs["created"]), created):
+            return
         was = f"group {theirs['group']!r} of incarnation {theirs['created']}"
     except (ValueError, KeyError, TypeError):
         was = f"what {recorded} names ({found!r})"
@@ -544,6 +546,15 @@ def _same_group(out_dir: str, group: str, created: str, generation: int) -> None
         f"{created}: generations start over in a group made again (and differ between "
         "groups), so files of both in one output would supersede each other and lose records; "
         f"give this pipeline a new output folder (--out), or move {out_dir} away")
+
+
+def _older_token_of(recorded: str, token: str) -> bool:
+    """Whether ``recorded``, an output's record made by a worker older than the incarnation
+    token (the group's ``created``, a millisecond), names the incarnation ``token`` stands for
+    (``created``, then Redis TIME's microseconds): a worker upgraded after its output's first
+    write refused its own output before. Such a record cannot tell a group made again within
+    its millisecond, as it could not when it was written."""
+    return "." not in recorded and token.partition(".")[0] == recorded
 
 
 def _index_of(folder: Path) -> Path:
