@@ -45,9 +45,11 @@ class GroupDescription:
 
     ``incarnation`` (not Kafka's) tells this group from one deleted and made again under its
     id, whose generations start over: an opaque token written once when the group record is
-    made, never repeated (its creation's millisecond, and Redis ``TIME``'s microseconds, as a
-    group can be made again within one millisecond). A group an older rcoord made has its
-    creation's millisecond alone; an unknown group has "". Compare tokens for equality only.
+    made, not repeated by separate calls (its creation's millisecond, and Redis ``TIME``'s
+    microseconds, as a group can be made again within one millisecond; the calls of one
+    MULTI/EXEC share one ``TIME``, so a group deleted and made again inside a hand-made
+    transaction, which rcoord never sends, keeps its token). A group an older rcoord made has
+    its creation's millisecond alone; an unknown group has "". Compare tokens for equality only.
     """
 
     error: Errors
