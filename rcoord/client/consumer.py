@@ -2358,9 +2358,18 @@ class Consumer(SubscriptionMixin):
         """Whether the revocation's final auto-commit has finished (landed, or failed and
         logged), sending it first if it is not in flight yet: behind the async commits queued
         before, so it never overtakes one. Waits until ``deadline``, ``wakeup()`` or
-        ``close()``; False while it is still in flight."""
+        ``close()``; False while it is still in flight.
+
+        The commits queued before it end first and their outcomes are taken
+        (``_take_outcomes``), as for close()'s (the rebalance waits for them as it waits for
+        its own: a later poll() goes on), so that one that failed holds nothing back: reckoned
+        while an application's ``commit_async()`` past the position was still in flight, then
+        refused, the revocation committed nothing of the partition."""
         ticket = self._revocation_commit
         if ticket is None:
+            if not self._commits_landed(deadline, self._committer.last_ticket):
+                return False
+            self._take_outcomes()
             ticket = self._queue_commit(commit, self._changed_positions(), f"final commit of {of}",
                                         self._gen)
             if ticket is None:

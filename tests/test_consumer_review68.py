@@ -1,0 +1,89 @@
+"""Review 68: the consumer's implicit commits that 95e529a left out (a rebalance's revocation
+commit, eager and cooperative) and an auto-commit landing after the application's commit.
+
+95e529a made close(), ``unsubscribe()`` and ``assign()`` wait for the commits queued before
+their final commit and take their outcomes (``_take_outcomes``) before they reckon the
+positions, so that an application's ``commit_async()`` that is refused holds nothing back
+(``_settle_commit_floor``). A rebalance reckoned its commit at once: a refused
+``commit_async()`` past the position still in flight then kept it from committing the
+partition (its records came again after the rebalance; Kafka, which pins nothing on a
+``commitAsync``, commits the consumed positions in ``onJoinPrepare``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from harness import wait_until
+from test_consumer import Recorder, _committed, env, poll_until  # noqa: F401 - env: the fixture
+from test_consumer_review67 import _Gated
+
+from rcoord import TopicPartition
+from rcoord.client import Consumer
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+def _polled_all(environment: Any, coord: _Gated, partitions: int, **kw: Any) -> Consumer:
+    """Topic t (``partitions`` partitions, ten records) and a consumer of it in group g
+    (commits through ``coord``, let through) that has polled all ten, its commits held from
+    then on; auto-commit only when it gives partitions up (or as ``kw`` says)."""
+    environment.topics.create("t", partitions)
+    environment.producer.send_batch("t", [b"%d" % i for i in range(10)])
+    kw.setdefault("auto_commit_interval_ms", 3_600_000)
+    consumer: Consumer = environment.consumer(coordinator=coord, **kw)
+    coord.open()
+    got: list[Any] = []
+    wait_until(lambda: len(got) == 10, step=lambda: got.extend(consumer.poll(timeout=0.05)))
+    wait_until(lambda: consumer._committer.pending == 0)
+    coord.gate = threading.Semaphore(0)
+    return consumer
+
+
+class _Joiner:
+    """A second member of group g (no auto-commit), polling on its own thread until
+    ``stop()``: its join ends the first member's generation."""
+
+    def __init__(self, environment: Any, **kw: Any) -> None:
+        self.consumer: Consumer = environment.consumer(enable_auto_commit=False, **kw)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self.consumer.poll(timeout=0.05)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def test_eager_revocation_commits_the_position_after_a_refused_async_commit_in_flight(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Position 10; commit_async({t-0: 11}) is held, then refused. A rebalance's revocation
+    (poll()) reckoned its commit while that commit was in flight: its 11 held the 10 back,
+    nothing of t-0 was committed (-1). Now the revocation waits (until poll()'s deadline, a
+    later poll() going on) for the commits queued before it and takes their outcomes."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer = _polled_all(env, coord, 1, listener=listener)
+    coord.refused.add(11)
+    refused: list[BaseException | None] = []
+    consumer.commit_async({TP0: 11}, lambda offsets, exc: refused.append(exc))
+    gen = consumer.generation
+    assert gen is not None
+    joiner = _Joiner(env)
+    try:
+        wait_until(gen.done.is_set)
+        assert consumer.poll(timeout=0) == []  # the refused commit is still held
+        coord.open()
+        wait_until(lambda: "revoked" in listener.kinds(),
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert _committed(env, 1) == {TP0: 10}
+        wait_until(lambda: bool(refused), step=lambda: consumer.poll(timeout=0.05))
+        assert refused[0] is not None
+    finally:
+        joiner.stop()
