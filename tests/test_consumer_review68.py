@@ -78,11 +78,45 @@ def test_eager_revocation_commits_the_position_after_a_refused_async_commit_in_f
     joiner = _Joiner(env)
     try:
         wait_until(gen.done.is_set)
-        assert consumer.poll(timeout=0) == []  # the refused commit is still held
+        assert consumer.poll(timeout=0) == []  # (the refused commit is still held)
         coord.open()
         wait_until(lambda: "revoked" in listener.kinds(),
                    step=lambda: consumer.poll(timeout=0.05))
         assert _committed(env, 1) == {TP0: 10}
+        wait_until(lambda: bool(refused), step=lambda: consumer.poll(timeout=0.05))
+        assert refused[0] is not None
+    finally:
+        joiner.stop()
+
+
+def test_cooperative_revocation_commits_the_position_after_a_refused_async_commit_in_flight(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Cooperative, t-0 and t-1 at 5; commit_async({t-0: 6, t-1: 6}) is held, then refused.
+    A second member joins: the partition moved to it was committed (``_stop_revoked``) as
+    reckoned while that commit was in flight, its 6 holding the 5 back, so it was left
+    uncommitted (-1). Now the move waits for the application's commits in flight of the
+    revoked partitions (until poll()'s deadline, a later poll() applying it) and takes their
+    outcomes first."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer = _polled_all(env, coord, 2, listener=listener, assignors=["cooperative-sticky"])
+    assert consumer.position(TP0) == consumer.position(TP1) == 5
+    coord.refused.add(6)
+    refused: list[BaseException | None] = []
+    consumer.commit_async({TP0: 6, TP1: 6}, lambda offsets, exc: refused.append(exc))
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    try:
+        # poll() until it took the next generation, with the refused commit still held: it
+        # moved the partition (before), or waits (``_interrupted``: a later poll() applies it).
+        wait_until(lambda: "revoked" in listener.kinds() or consumer._interrupted is not None,
+                   step=lambda: consumer.poll(timeout=0))
+        coord.open()
+        wait_until(lambda: "revoked" in listener.kinds(),
+                   step=lambda: consumer.poll(timeout=0.05))
+        revoked = next(parts for kind, parts in listener.events if kind == "revoked")
+        assert len(revoked) == 1
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert _committed(env, 2)[revoked[0]] == 5
         wait_until(lambda: bool(refused), step=lambda: consumer.poll(timeout=0.05))
         assert refused[0] is not None
     finally:

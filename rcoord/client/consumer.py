@@ -446,6 +446,10 @@ class Consumer(SubscriptionMixin):
         # final auto-commit, still in flight; then the hold released once the listener's async
         # commits landed (``_release_hold``).
         self._revocation_commit: int | None = None
+        # Before a rebalance's commit is reckoned (``_floors_landed``): the generation given
+        # up (eager) or moved to (cooperative), and the committer's ticket of the newest
+        # application commit then in flight of the partitions it commits, which it waits for.
+        self._floor_wait: tuple[Generation, int] | None = None
         self._releasing: tuple[_Hold, int] | None = None  # (the hold, the last commit's ticket)
         # A cooperative revocation's rejoin, due once the commits queued during it landed
         # (``_finish_rejoin``): what requests that rejoin (None when it is due anyway: a new
@@ -460,7 +464,8 @@ class Consumer(SubscriptionMixin):
         # or returned (out of _assigned) but still assigned, with their positions (_transition).
         self._pending_revocation: list[TopicPartition] = []
         # A cooperative generation not applied yet because the revocation callback raised
-        # WakeupError while applying it: the consumer still holds the previous one's partitions
+        # WakeupError while applying it, or the application's commits in flight of the
+        # partitions it revokes had not landed by poll()'s deadline: the consumer still holds the previous one's partitions
         # (``_hold`` is this one's) and the next poll() applies it again (``_transition``).
         self._interrupted: Generation | None = None
         # A subscription subscribe() changed, for the next poll() to rejoin with (Kafka: the
@@ -2046,6 +2051,14 @@ class Consumer(SubscriptionMixin):
         offsets = new.offsets
         revoked = sorted(before - offsets.keys())
         added = sorted(offsets.keys() - before)
+        if revoked and self._auto_commit and not self._floors_landed(new, revoked, deadline):
+            # Their commit waits for the application's commits of them in flight (as Kafka's
+            # onJoinComplete runs in poll(), the next poll() goes on): nothing applied yet,
+            # the member, in ``new``, held from rejoining by ``hold`` meanwhile.
+            self._hold = hold
+            if not self._closed:
+                self._interrupted = new
+            return
         self._revoking = True
         stopped = woken = False
         failed: Exception | None = None  # what on_partitions_revoked raised
@@ -2158,8 +2171,14 @@ class Consumer(SubscriptionMixin):
         commit them; ``_forget_revoked`` is the second half. The commit is queued on the
         committer (behind older async commits, so it never overtakes one; a failure is
         logged); the rejoin that hands the partitions over waits for it (``_finish_rejoin``),
-        as does a sync ``commit()`` in the callback."""
+        as does a sync ``commit()`` in the callback. The finished commits' outcomes are taken
+        first (``_take_outcomes``), so that one refused holds nothing back; those still in
+        flight are waited for by ``_transition`` (``_floors_landed``), not by a change of
+        subscription (``_revoke_unsubscribed``), whose revocation comes before poll() has a
+        deadline to bound a wait with: a refused one still in flight then keeps the partition
+        uncommitted (redelivered by its next owner, not lost)."""
         if revoked and self._auto_commit:
+            self._take_outcomes()
             gone = set(revoked)
             self._queue_commit(
                 commit, {tp: o for tp, o in self._changed_positions().items() if tp in gone},
@@ -2360,16 +2379,16 @@ class Consumer(SubscriptionMixin):
         before, so it never overtakes one. Waits until ``deadline``, ``wakeup()`` or
         ``close()``; False while it is still in flight.
 
-        The commits queued before it end first and their outcomes are taken
-        (``_take_outcomes``), as for close()'s (the rebalance waits for them as it waits for
-        its own: a later poll() goes on), so that one that failed holds nothing back: reckoned
-        while an application's ``commit_async()`` past the position was still in flight, then
-        refused, the revocation committed nothing of the partition."""
+        The application's commits in flight end first and their outcomes are taken
+        (``_floors_landed``), as for close()'s, so that one that failed holds nothing back:
+        reckoned while a ``commit_async()`` past the position was still in flight, then
+        refused, the revocation committed nothing of the partition (redelivered)."""
         ticket = self._revocation_commit
         if ticket is None:
-            if not self._commits_landed(deadline, self._committer.last_ticket):
+            gen = self._gen
+            assert gen is not None
+            if not self._floors_landed(gen, list(self._commit_floor), deadline):
                 return False
-            self._take_outcomes()
             ticket = self._queue_commit(commit, self._changed_positions(), f"final commit of {of}",
                                         self._gen)
             if ticket is None:
@@ -2459,6 +2478,25 @@ class Consumer(SubscriptionMixin):
         ``deadline``, ``wakeup()`` or ``close()``."""
         return self._committer.finished(upto) or self._committer.wait_idle(
             _remaining(deadline), self._wakeup, self._stop, upto=upto)
+
+    def _floors_landed(self, gen: Generation, partitions: list[TopicPartition],
+                       deadline: float | None) -> bool:
+        """Before a rebalance reckons its commit of ``partitions`` (giving up ``gen``, or
+        moving to it): whether the application's commits of them in flight then have
+        finished, waiting until ``deadline``, ``wakeup()`` or ``close()``; if so their
+        outcomes are taken (``_take_outcomes``), so that one refused holds nothing back
+        (``_settle_commit_floor``). Only those in flight at the first call for ``gen``: a
+        ``poll(0)`` loop that commits after each poll() would otherwise never catch up."""
+        wait = self._floor_wait
+        if wait is None or wait[0] is not gen:
+            newest = max((t for tp in partitions for t, _ in self._commit_floor.get(tp, ())),
+                         default=0)
+            wait = self._floor_wait = (gen, newest)
+        if not self._commits_landed(deadline, wait[1]):
+            return False
+        self._floor_wait = None
+        self._take_outcomes()
+        return True
 
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
