@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from harness import wait_until
+from harness import WAIT_S, wait_until
 from test_consumer import Recorder, _committed, env, poll_until  # noqa: F401 - env: the fixture
-from test_consumer_review67 import _Gated
+from test_consumer_review67 import _assigned_at_10, _Gated
 
 from rcoord import TopicPartition
 from rcoord.client import Consumer
@@ -121,3 +121,57 @@ def test_cooperative_revocation_commits_the_position_after_a_refused_async_commi
         assert refused[0] is not None
     finally:
         joiner.stop()
+
+
+class _Counted(_Gated):
+    """``_Gated``, counting the commits that reach the coordinator."""
+
+    def __init__(self, env: Any) -> None:  # noqa: F811 - the fixture object
+        super().__init__(env)
+        self.sent = 0
+
+    def commit_offsets(self, group_id: str, offsets: Any, *args: Any, **kw: Any) -> Any:
+        self.sent += 1
+        return super().commit_offsets(group_id, offsets, *args, **kw)
+
+
+def test_an_auto_commit_landing_after_an_async_commit_that_landed_is_what_is_committed(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Position 10: commit_async({t-0: 5}) is queued, then an auto-commit of 10 behind it;
+    the 5 lands, then the 10. The books take 10 as committed (the 5's landing is not noted
+    over it: the auto-commit after it was still pending), so close() sends nothing, and 10
+    stays, as Kafka's auto-commit leaves the consumed position after the application's
+    commit."""
+    coord = _Counted(env)
+    consumer = _assigned_at_10(env, coord, auto_commit_interval_ms=1)
+    consumer.commit_async({TP0: 5})
+    wait_until(lambda: consumer._committer.pending == 2,
+               step=lambda: consumer.poll(timeout=0))  # the auto-commit of 10, behind it
+    coord.gate.release()
+    wait_until(lambda: consumer._committer.pending == 1)
+    assert consumer.committed([TP0]) == {TP0: 5}
+    coord.open()
+    wait_until(lambda: consumer._committer.pending == 0)
+    assert consumer.committed([TP0]) == {TP0: 10}
+    sent = coord.sent
+    assert consumer.poll(timeout=0) == []  # (takes the outcomes; no commit: nothing moved)
+    consumer.close(timeout=WAIT_S)
+    assert (coord.sent, _committed(env, 1)) == (sent, {TP0: 10})
+
+
+def test_an_auto_commit_after_a_commit_that_landed_commits_the_position(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Position 10: commit({t-0: 5}) lands, then the next poll()'s auto-commit sends 10 (the
+    application's 5 is a floor, not a ceiling); close() then sends nothing, and 10 stays."""
+    coord = _Counted(env)
+    consumer = _assigned_at_10(env, coord, auto_commit_interval_ms=1)
+    coord.open()
+    consumer.commit({TP0: 5})
+    assert consumer.committed([TP0]) == {TP0: 5}
+    wait_until(lambda: consumer.committed([TP0]) == {TP0: 10},
+               step=lambda: consumer.poll(timeout=0))
+    wait_until(lambda: consumer._committer.pending == 0)
+    sent = coord.sent
+    assert consumer.poll(timeout=0) == []  # (takes the outcome; no commit: nothing moved)
+    consumer.close(timeout=WAIT_S)
+    assert (coord.sent, _committed(env, 1)) == (sent, {TP0: 10})
