@@ -465,8 +465,9 @@ class Consumer(SubscriptionMixin):
         self._pending_revocation: list[TopicPartition] = []
         # A cooperative generation not applied yet because the revocation callback raised
         # WakeupError while applying it, or the application's commits in flight of the
-        # partitions it revokes had not landed by poll()'s deadline: the consumer still holds the previous one's partitions
-        # (``_hold`` is this one's) and the next poll() applies it again (``_transition``).
+        # partitions it revokes had not landed by poll()'s deadline: the consumer still holds
+        # the previous one's partitions (``_hold`` is this one's) and the next poll() applies
+        # it again (``_transition``).
         self._interrupted: Generation | None = None
         # A subscription subscribe() changed, for the next poll() to rejoin with (Kafka: the
         # rejoin, and the revocation before it, happen in poll(), between batches).
@@ -2174,9 +2175,10 @@ class Consumer(SubscriptionMixin):
         as does a sync ``commit()`` in the callback. The finished commits' outcomes are taken
         first (``_take_outcomes``), so that one refused holds nothing back; those still in
         flight are waited for by ``_transition`` (``_floors_landed``), not by a change of
-        subscription (``_revoke_unsubscribed``), whose revocation comes before poll() has a
-        deadline to bound a wait with: a refused one still in flight then keeps the partition
-        uncommitted (redelivered by its next owner, not lost)."""
+        subscription (``_revoke_unsubscribed``), which waits for nothing before its callback
+        (the member goes on consuming what it kept; the rejoin waits for the commits): a
+        refused one still in flight then keeps the partition uncommitted (redelivered by its
+        next owner, not lost)."""
         if revoked and self._auto_commit:
             self._take_outcomes()
             gone = set(revoked)
