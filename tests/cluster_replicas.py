@@ -20,7 +20,12 @@ from typing import Any
 import redis
 import redis.cluster
 
-from rcoord.testing.embedded import EmbeddedServer, _pick_free_port, find_server_binary
+from rcoord.testing.embedded import (
+    EmbeddedServer,
+    _on_each,
+    _pick_free_port,
+    find_server_binary,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 INIT = ROOT / "compose" / "cluster-init.sh"
@@ -113,8 +118,13 @@ class ReplicaCluster:
     def start(self) -> ReplicaCluster:
         try:
             for _ in range(self.size):
-                server = node(free_port(), self.node_timeout_ms).start()
+                server = node(free_port(), self.node_timeout_ms)
                 self.nodes[server.port] = server
+            # Together, as EmbeddedCluster starts and stops its nodes: each takes 0.06 s to
+            # start and 0.07 s to stop, which one after another added 0.8 s to every set-up.
+            errors = _on_each(list(self.nodes.values()), lambda server: server.start())
+            if errors:
+                raise errors[0]
             res = run_init(self.addrs, "--replicas", str(self.replicas), "--timeout", "30")
             if res.returncode != 0:
                 raise RuntimeError(f"bootstrap failed: {res.stdout}{res.stderr}")
@@ -192,5 +202,4 @@ class ReplicaCluster:
         return True
 
     def stop(self) -> None:
-        for server in self.nodes.values():
-            server.stop()
+        _on_each(list(self.nodes.values()), lambda server: server.stop())

@@ -805,14 +805,14 @@ class EmbeddedCluster:
 
 
 def _on_each(
-    nodes: Sequence[_ClusterNode], call: Callable[[_ClusterNode], object]
+    nodes: Sequence[EmbeddedServer], call: Callable[[EmbeddedServer], object]
 ) -> list[BaseException]:
     """Run ``call`` on every node in its own thread; return what they raised,
     once every call has ended (so none is still running when the caller
     cleans up)."""
     errors: list[BaseException] = []
 
-    def run(node: _ClusterNode) -> None:
+    def run(node: EmbeddedServer) -> None:
         try:
             call(node)
         except BaseException as exc:  # noqa: BLE001 - returned to the caller
