@@ -59,8 +59,9 @@ def test_partition_counts_from_a_frozen_master_waits_out_one_read_not_one_per_to
         # The frozen read has a client of its own that retries once: redis-py's default
         # retries cost 26 socket timeouts here (13 s), and one retry sends the first HGET
         # again all the same. It reads once first, so its connection to the master is open
-        # when the master freezes (a new one fails as a whole pipeline, not per command).
-        frozen = connect(own_cluster.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
+        # when the master freezes (a new one fails as a whole pipeline, not per command). Its
+        # socket timeout of 1 s leaves that first read a margin on a loaded machine.
+        frozen = connect(own_cluster.url, socket_timeout=1.0, retry=Retry(NoBackoff(), 1))
         frozen_topics = Topics(frozen, namespace)
         assert frozen_topics.partition_counts(names) == dict.fromkeys(names, 1)
         alone: list[Any] = []  # the commands sent on their own, outside a pipeline
