@@ -1167,7 +1167,9 @@ class Consumer(SubscriptionMixin):
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
         self._run_commit_callbacks()
-        self._apply_subscription()
+        if not self._apply_subscription(deadline):
+            self._take_wakeup("poll()")
+            return []  # (a changed subscription's revocation waits: ``_revoke_unsubscribed``)
         while True:
             self._take_wakeup("poll()")
             if self._stop.is_set():
@@ -1176,7 +1178,9 @@ class Consumer(SubscriptionMixin):
             if self._stop.is_set():
                 return []
             self._release_hold(deadline)
-            self._finish_rejoin(deadline)
+            if not self._finish_rejoin(deadline):
+                self._take_wakeup("poll()")
+                return []  # (as for the first step's)
             if self._gen is None and self._group is None:
                 if not self._assigned_manually:
                     raise IllegalStateError(
@@ -2173,12 +2177,8 @@ class Consumer(SubscriptionMixin):
         committer (behind older async commits, so it never overtakes one; a failure is
         logged); the rejoin that hands the partitions over waits for it (``_finish_rejoin``),
         as does a sync ``commit()`` in the callback. The finished commits' outcomes are taken
-        first (``_take_outcomes``), so that one refused holds nothing back; those still in
-        flight are waited for by ``_transition`` (``_floors_landed``), not by a change of
-        subscription (``_revoke_unsubscribed``), which waits for nothing before its callback
-        (the member goes on consuming what it kept; the rejoin waits for the commits): a
-        refused one still in flight then keeps the partition uncommitted (redelivered by its
-        next owner, not lost)."""
+        first (``_take_outcomes``), so that one refused holds nothing back; the callers wait
+        for those still in flight (``_floors_landed``)."""
         if revoked and self._auto_commit:
             self._take_outcomes()
             gone = set(revoked)
@@ -2196,7 +2196,8 @@ class Consumer(SubscriptionMixin):
         self._pending_revocation = []
         self._forget_partitions(revoked)
 
-    def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None:
+    def _revoke_unsubscribed(self, subscribed: Callable[[str], bool],
+                             deadline: float | None) -> bool:
         """Before a cooperative rejoin for a new subscription (``poll()`` after
         ``subscribe()``): revoke the partitions of topics no longer subscribed, as Kafka's
         ``onJoinPrepare`` does, so none is consumed here once the rejoin lets another member
@@ -2207,15 +2208,22 @@ class Consumer(SubscriptionMixin):
         Their commits (auto-commit's, and the callback's async ones) are queued, not waited
         for: the held generation's hold keeps the member from rejoining until they landed
         (``_finish_rejoin``, waiting until ``poll()``'s deadline, a later ``poll()`` going on),
-        and meanwhile the member consumes what it kept."""
+        and meanwhile the member consumes what it kept.
+
+        Their commit is reckoned once the application's commits of them in flight have landed
+        or failed (``_floors_landed``), as a rebalance's is, so that one refused holds nothing
+        back (before, it kept the partition uncommitted for its next owner). False while those
+        are still in flight at ``deadline`` (or ``wakeup()``, ``close()``): nothing revoked."""
         gen, hold = self._gen, self._hold
         if (gen is None or hold is None or self._group is None
                 or self._group.protocol is not RebalanceProtocol.COOPERATIVE
                 or self._partitions_lost()):
-            return
+            return True
         revoked = [tp for tp in self._assigned if not subscribed(tp.topic)]
         if not revoked:
-            return
+            return True
+        if self._auto_commit and not self._floors_landed(gen, revoked, deadline):
+            return False
         # First: a rebalance another member starts meanwhile must not rejoin either (the
         # member would no longer report them as owned while their commits are in flight).
         # The hold keeps the member from rejoining only if its routine has not let it go yet:
@@ -2256,6 +2264,7 @@ class Consumer(SubscriptionMixin):
                 self._forget_revoked(revoked)
                 hold.applied.set()
                 self._await_committer()
+        return True
 
     def _must_revoke(self) -> bool:
         """The held generation ended and its partitions are not carried into the next one
@@ -2413,16 +2422,17 @@ class Consumer(SubscriptionMixin):
                 rejoin = pending[0]
         self._rejoin_after = (rejoin, hold, self._committer.last_ticket)
 
-    def _finish_rejoin(self, deadline: float | None) -> None:
+    def _finish_rejoin(self, deadline: float | None) -> bool:
         """After a cooperative revocation (``_transition``, ``_revoke_unsubscribed``): once the
         commits queued during it landed (waiting until ``deadline``, ``wakeup()`` or
         ``close()``; a later poll() goes on), rejoin so the revoked partitions reach their new
         owners, with the subscription the callback made, if it made one. As Kafka's
         ``onJoinPrepare``, the revocation comes before the JoinGroup; until then the member
-        goes on consuming what it kept."""
+        goes on consuming what it kept. False while the callback's subscription waits to
+        revoke (``_apply_subscription``): the rejoin waits with it, and poll() returns."""
         pending = self._rejoin_after
         if pending is None or not self._commits_landed(deadline, pending[2]):
-            return
+            return True
         self._rejoin_after = None
         rejoin, hold, _ = pending
         try:
@@ -2435,7 +2445,9 @@ class Consumer(SubscriptionMixin):
                 # sends the JoinGroup. If it revokes any, the rejoin waits for their commits
                 # under this same hold, and still requests the rejoin this one owed.
                 try:
-                    self._apply_subscription()
+                    if not self._apply_subscription(deadline):
+                        self._rejoin_after = pending
+                        return False
                 except (WakeupError, KeyboardInterrupt):
                     if self._resubscribe is not None and self._rejoin_after is None:
                         # That revocation was cut short and is made again at the next
@@ -2445,7 +2457,7 @@ class Consumer(SubscriptionMixin):
                 again = self._rejoin_after
                 if again is not None and again[1] is hold:
                     self._rejoin_after = (again[0] or rejoin, hold, again[2])
-                    return
+                    return True
             if rejoin is not None:
                 # After the callback: their new owners wait for it. (A subscription that
                 # came back to the joined one ends no generation: this rejoin still must.)
@@ -2453,6 +2465,7 @@ class Consumer(SubscriptionMixin):
         finally:
             if self._rejoin_after is None:
                 hold.applied.set()  # the member may rejoin now (see _Hold)
+        return True
 
     def _release_hold(self, deadline: float | None) -> None:
         """Let the member rejoin after a revocation once the async commits queued before its

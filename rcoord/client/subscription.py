@@ -118,7 +118,8 @@ class SubscriptionMixin:
                     polling: bool = False) -> None: ...
         def _drop_holds(self) -> None: ...
         def _leave_inside_revocation(self) -> None: ...
-        def _revoke_unsubscribed(self, subscribed: Callable[[str], bool]) -> None: ...
+        def _revoke_unsubscribed(self, subscribed: Callable[[str], bool],
+                                 deadline: float | None) -> bool: ...
         def _partitions_lost(self) -> bool: ...
         def _reset_later(self, tp: TopicPartition, edge: int) -> None: ...
 
@@ -195,21 +196,27 @@ class SubscriptionMixin:
             )
             self._poll_timer.reset(config.group_id)
 
-    def _apply_subscription(self) -> None:
+    def _apply_subscription(self, deadline: float | None) -> bool:
         """``poll()``'s first step after ``subscribe()`` changed the subscription: revoke the
         partitions no longer subscribed (cooperative) and rejoin with the new one, between the
         application's batches: the records the last ``poll()`` returned are processed by now,
-        so their positions are what auto-commit commits."""
+        so their positions are what auto-commit commits.
+
+        False while that revocation waits for the application's commits in flight of those
+        partitions (``_revoke_unsubscribed``, until ``deadline``): the change stays pending,
+        nothing applied, and a later ``poll()`` goes on."""
         config, self._resubscribe = self._resubscribe, None
         group = self._group
         if config is None or group is None:
-            return
+            return True
         pattern, wanted = config.topic_pattern, set(config.topics)
         again = False
         try:
-            self._revoke_unsubscribed(
-                (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
-                else wanted.__contains__)
+            if not self._revoke_unsubscribed(
+                    (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
+                    else wanted.__contains__, deadline):
+                again = True
+                return False
         except (WakeupError, KeyboardInterrupt):
             # The revocation callback was cut short, its partitions kept: as Kafka, which
             # revokes them again (in onJoinComplete) before anyone else may have them, the
@@ -223,6 +230,7 @@ class SubscriptionMixin:
                 self._resubscribe = config
             elif not group.closed:  # else the group's fatal error is what next() raises
                 group.resubscribe(config.topics, pattern)
+        return True
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
