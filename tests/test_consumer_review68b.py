@@ -20,7 +20,7 @@ import pytest
 from harness import WAIT_S, wait_until
 from test_consumer import Recorder, _committed, env  # noqa: F401 - env: the fixture
 from test_consumer_review67 import _Gated
-from test_consumer_review68 import _polled_all
+from test_consumer_review68 import _Joiner, _polled_all
 
 from rcoord import TopicPartition
 from rcoord.client import Consumer, WakeupError
@@ -130,3 +130,45 @@ def test_close_during_a_changed_subscriptions_wait_ends_it_and_commits_the_posit
     closer.join(WAIT_S * 2)
     assert not closer.is_alive()
     assert _committed(env, 1) == {TP0: 10}
+
+
+def test_a_subscription_the_revocation_callback_made_waits_for_the_commits_in_flight(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Cooperative, t-0 and t-1 at 5, u-0: a second member (of t) takes one t partition, and
+    on_partitions_revoked subscribes to ["u"]; the rejoin waits for the revocation's commits
+    (``_finish_rejoin``), and meanwhile commit_async() of the t partition kept, at 6, is
+    queued, then refused. Once the revocation's commits landed, that subscription revoked
+    the kept partition while the refused commit was still in flight: it stayed uncommitted
+    (-1). Now it waits for it (the rejoin too), and its 5 is committed."""
+    coord = _Gated(env)
+    env.topics.create("u", 1)
+
+    class Resubscribing(Recorder):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            super().on_partitions_revoked(partitions)
+            if len(self.kinds()) == 2:  # ("assigned", then this first revocation)
+                consumer.subscribe(["u"])
+
+    listener = Resubscribing()
+    consumer = _polled_all(env, coord, 2, listener=listener, topics=["t", "u"],
+                           assignors=["cooperative-sticky"])
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    try:
+        wait_until(lambda: "revoked" in listener.kinds(), step=lambda: consumer.poll(timeout=0))
+        moved = listener.events[1][1]
+        (kept,) = {TopicPartition("t", 0), TopicPartition("t", 1)} - set(moved)
+        assert consumer._rejoin_after is not None and consumer._committer.pending > 0
+        revocation_commits = consumer._committer.pending
+        coord.refused.add(6)
+        consumer.commit_async({kept: 6})
+        coord.gate.release(revocation_commits)  # the refused one stays held
+        wait_until(lambda: consumer._committer.pending == 1)
+        assert consumer.poll(timeout=0) == []
+        coord.open()
+        wait_until(lambda: listener.kinds().count("revoked") == 2,
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert [e for e in listener.events if e[0] == "revoked"][1] == ("revoked", [kept])
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert _committed(env, 2)[kept] == 5
+    finally:
+        joiner.stop()
