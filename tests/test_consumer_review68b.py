@@ -172,3 +172,25 @@ def test_a_subscription_the_revocation_callback_made_waits_for_the_commits_in_fl
         assert _committed(env, 2)[kept] == 5
     finally:
         joiner.stop()
+
+
+def test_a_changed_subscription_abandoned_while_waiting_does_not_shorten_a_later_ones_wait(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """subscribe(["u"]) waits for the refused commit of 11 in flight; subscribe(["t", "u"])
+    back (nothing to revoke), that commit lands; then commit_async({t-0: 12}), refused too,
+    and subscribe(["u"]) again: that revocation waits for the 12, not for the 11 its
+    abandoned predecessor fixed, and commits 10."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer, _ = _refused_in_flight(env, coord, listener, assignors=["cooperative-sticky"])
+    assert consumer.poll(timeout=0) == []
+    consumer.subscribe(["t", "u"])
+    consumer.poll(timeout=0)
+    coord.gate.release()
+    wait_until(lambda: consumer._committer.pending == 0)
+    coord.refused.add(12)
+    consumer.commit_async({TP0: 12})
+    consumer.subscribe(["u"])
+    assert consumer.poll(timeout=0) == []
+    assert "revoked" not in listener.kinds()
+    _revoked_and_committed(env, coord, consumer, listener)

@@ -2215,13 +2215,17 @@ class Consumer(SubscriptionMixin):
         back (before, it kept the partition uncommitted for its next owner). False while those
         are still in flight at ``deadline`` (or ``wakeup()``, ``close()``): nothing revoked."""
         gen, hold = self._gen, self._hold
-        if (gen is None or hold is None or self._group is None
-                or self._group.protocol is not RebalanceProtocol.COOPERATIVE
-                or self._partitions_lost()):
-            return True
-        revoked = [tp for tp in self._assigned if not subscribed(tp.topic)]
+        revoked = [] if (gen is None or hold is None or self._group is None
+                         or self._group.protocol is not RebalanceProtocol.COOPERATIVE
+                         or self._partitions_lost()) else [
+            tp for tp in self._assigned if not subscribed(tp.topic)]
         if not revoked:
+            if self._floor_wait is not None and self._floor_wait[0] is gen:
+                # An earlier change's wait, abandoned (subscribed back): a later change
+                # waits for the commits in flight at its own first try, not at that one's.
+                self._floor_wait = None
             return True
+        assert gen is not None and hold is not None
         if self._auto_commit and not self._floors_landed(gen, revoked, deadline):
             return False
         # First: a rebalance another member starts meanwhile must not rejoin either (the
