@@ -447,8 +447,9 @@ class Consumer(SubscriptionMixin):
         # commits landed (``_release_hold``).
         self._revocation_commit: int | None = None
         # Before a rebalance's commit is reckoned (``_floors_landed``): the generation given
-        # up (eager) or moved to (cooperative), and the committer's ticket of the newest
-        # application commit then in flight of the partitions it commits, which it waits for.
+        # up (eager), moved to (cooperative) or revoked from (a changed subscription,
+        # ``_revoke_unsubscribed``), and the committer's ticket of the newest application
+        # commit then in flight of the partitions it commits, which it waits for.
         self._floor_wait: tuple[Generation, int] | None = None
         self._releasing: tuple[_Hold, int] | None = None  # (the hold, the last commit's ticket)
         # A cooperative revocation's rejoin, due once the commits queued during it landed
