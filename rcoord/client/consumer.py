@@ -2206,15 +2206,16 @@ class Consumer(SubscriptionMixin):
         partitions are lost, ``_settle`` revokes everything once the generation ends, as for
         any rebalance.
 
-        Their commits (auto-commit's, and the callback's async ones) are queued, not waited
-        for: the held generation's hold keeps the member from rejoining until they landed
-        (``_finish_rejoin``, waiting until ``poll()``'s deadline, a later ``poll()`` going on),
-        and meanwhile the member consumes what it kept.
+        First, their commit is reckoned only once the application's commits of them in flight
+        have landed or failed (``_floors_landed``), as a rebalance's is, so that one refused
+        holds nothing back (before, it kept the partition uncommitted for its next owner).
+        False while those are still in flight at ``deadline`` (or ``wakeup()``, ``close()``):
+        nothing revoked, and ``poll()`` returns nothing.
 
-        Their commit is reckoned once the application's commits of them in flight have landed
-        or failed (``_floors_landed``), as a rebalance's is, so that one refused holds nothing
-        back (before, it kept the partition uncommitted for its next owner). False while those
-        are still in flight at ``deadline`` (or ``wakeup()``, ``close()``): nothing revoked."""
+        Then their commits (auto-commit's, and the callback's async ones) are queued, not
+        waited for: the held generation's hold keeps the member from rejoining until they
+        landed (``_finish_rejoin``, waiting until ``poll()``'s deadline, a later ``poll()``
+        going on), and meanwhile the member consumes what it kept."""
         gen, hold = self._gen, self._hold
         revoked = [] if (gen is None or hold is None or self._group is None
                          or self._group.protocol is not RebalanceProtocol.COOPERATIVE
