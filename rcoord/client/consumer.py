@@ -1430,10 +1430,7 @@ class Consumer(SubscriptionMixin):
             TopicPartition(*tp): off.offset if isinstance(off, OffsetAndMetadata) else int(off)
             for tp, off in wanted.items()}
         outcome = _SyncCommit()
-        ticket = self._submit_commit(run, plain, outcome.done, token)
-        self._note_commit_floor(ticket, plain)
-        if not own:
-            self._note_start_commit(ticket, plain)
+        ticket = self._submit_app_commit(run, plain, outcome.done, token, own)
         try:
             landed = self._committer.wait_idle(_remaining(deadline), *interrupts, upto=ticket)
         except BaseException:
@@ -1514,10 +1511,7 @@ class Consumer(SubscriptionMixin):
             own = given is None  # its positions: the missing partitions are skipped, logged
             unknown = self._own_unverified(wanted) if own else self._unverified(wanted)
             if not unknown:
-                ticket = self._submit_commit(lambda: commit(wanted), plain, callback, token)
-                self._note_commit_floor(ticket, plain)
-                if not own:
-                    self._note_start_commit(ticket, plain)
+                self._submit_app_commit(lambda: commit(wanted), plain, callback, token, own)
                 return
 
             def checked() -> None:  # (on the committer thread: it reads Redis)
@@ -1527,10 +1521,19 @@ class Consumer(SubscriptionMixin):
                 self._check_exist(unknown)
                 commit(wanted)
 
-            ticket = self._submit_commit(checked, plain, callback, token)
-            self._note_commit_floor(ticket, plain)
-            if not own:
-                self._note_start_commit(ticket, plain)
+            self._submit_app_commit(checked, plain, callback, token, own)
+
+    def _submit_app_commit(self, run: Callable[[], None], offsets: dict[TopicPartition, int],
+                           callback: OffsetCommitCallback | None, token: object,
+                           own: bool) -> int:
+        """Queue an application's commit (``commit()``, ``commit_async()``) of ``offsets``: its
+        floor (``_note_commit_floor``) and, when it named its offsets (not ``own``: the
+        consumer's positions), the starts it sets once it lands (``_note_start_commit``)."""
+        ticket = self._submit_commit(run, offsets, callback, token)
+        self._note_commit_floor(ticket, offsets)
+        if not own:
+            self._note_start_commit(ticket, offsets)
+        return ticket
 
     def _note_commit_floor(self, ticket: int, offsets: Mapping[TopicPartition, int]) -> None:
         """The application commits ``offsets``: the consumer's own commits of the partitions
@@ -1872,7 +1875,6 @@ class Consumer(SubscriptionMixin):
         self._take_outcomes()
         changed = self._changed_positions()
         if not changed:
-            self._await_committer()  # (nothing to order: only the callbacks' timing)
             return
         unknown = self._own_unverified(changed)
         outcome: list[BaseException | None] = []
