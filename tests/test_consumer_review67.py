@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from harness import WAIT_S, wait_until
 from test_consumer import _committed, env, poll_until  # noqa: F401 - env: the fixture
+from test_consumer_review66 import _ten_records
 
 from rcoord import TopicPartition
 from rcoord.client import Consumer
@@ -82,10 +83,8 @@ def test_close_commits_the_position_after_an_older_async_commit_queued_behind_an
 def _ten_records_assigned(environment: Any, coord: _Gated) -> Consumer:
     """Topic t (one partition, records 0 to 9) and a consumer of it after ``assign()``, with
     auto-commit at close() only, its commits through ``coord`` (let through)."""
-    environment.topics.create("t", 1)
-    environment.producer.send_batch("t", [b"%d" % i for i in range(10)])
-    consumer: Consumer = environment.consumer(topics=[], coordinator=coord,
-                                              auto_commit_interval_ms=3_600_000)
+    consumer = _ten_records(environment, topics=[], coordinator=coord,
+                            auto_commit_interval_ms=3_600_000)
     consumer.assign([TP0])
     coord.open()
     return consumer

@@ -14,18 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from test_consumer import _committed, env  # noqa: F401 - env: the fixture
+from test_consumer_review66 import _ten_records
 
 from rcoord import TopicPartition
 from rcoord.topics import TopicError
 
 TP0 = TopicPartition("t", 0)
 MISSING = TopicPartition("no-such-topic", 0)
-
-
-def _ten_records(environment: Any) -> Any:
-    environment.topics.create("t", 1)
-    environment.producer.send_batch("t", [b"%d" % i for i in range(10)])
-    return environment.consumer()
 
 
 def test_close_in_the_loop_body_commits_the_record_it_is_on(

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness import wait_until
 from test_consumer import _committed, env  # noqa: F401 - env: the fixture
+from test_consumer_review66 import _ten_records
 
 from rcoord import TopicPartition
 
@@ -27,9 +28,7 @@ MISSING = TopicPartition("no-such-topic", 0)
 def _assigned_ten_records(environment: Any) -> Any:
     """Topic t (one partition, records 0 to 9) and a consumer of it after ``assign()``, with
     auto-commit only when it gives the partition up."""
-    environment.topics.create("t", 1)
-    environment.producer.send_batch("t", [b"%d" % i for i in range(10)])
-    consumer = environment.consumer(topics=[], auto_commit_interval_ms=3_600_000)
+    consumer = _ten_records(environment, topics=[], auto_commit_interval_ms=3_600_000)
     consumer.assign([TP0])
     return consumer
 
