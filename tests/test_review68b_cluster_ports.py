@@ -3,9 +3,9 @@ starts any node, so a port picked for one node can be another's cluster bus port
 the same port twice, where one after another each pick skipped what the started nodes bound.
 
 The kernel's ``bind(port 0)`` is modelled by a scripted ``_ephemeral_port`` that, as the
-kernel, never hands out a port bound now: it offers ``p`` then ``p + 10000`` (or ``p`` again). Measured with the
-real kernel here, six picks made before any start collide so in about 1 set-up of 430 (7 in
-3,000: 6 a bus port, 1 the same port twice)."""
+kernel, never hands out a port bound now: it offers ``p`` then ``p + 10000`` (or ``p``
+again). Measured with the real kernel here, six picks made before any start collide so in
+about 1 set-up of 430 (7 in 3,000: 6 a bus port, 1 the same port twice)."""
 
 from __future__ import annotations
 

@@ -54,8 +54,8 @@ create token of the topic its files are of, and a batch of the topic created aga
 (``_same_topic``; a topic made before tokens is not checked). So is a group's: the output's
 index records the group and its incarnation token (``group_incarnation``, read from Redis at
 each write), and a write of another group, or of the group made again, fails (``_same_group``;
-not checked without a Redis URL; an output written before this record is refused if a generation there is
-above the group's now, else taken for the group's).
+not checked without a Redis URL; an output written before this record is refused if a
+generation there is above the group's now, else taken for the group's).
 (Offsets an operator resets backwards are read again by a newer generation, whose files
 supersede the older ones they overlap: each record counts once.)
 """
