@@ -12,9 +12,10 @@
 -- Listing 1,000 members in one call held the shard 7-9 ms, so a caller lists a large group a
 -- page at a time (rcoord/steps.py describe_group). The pages come from the join order key;
 -- a page whose tok differs from the first page's was taken after the members, the state or
--- the generation changed (a static member's replacement too: it bumps the join sequence), and
--- the caller starts again; so does one that lacks a member its ids named. A group an older
--- rcoord made (no order key, or members it added missing from it) is listed whole in one call.
+-- the generation changed (a static member's replacement too: it bumps the join sequence), or
+-- the group was deleted and made again (its incarnation), and the caller starts again; so
+-- does one that lacks a member its ids named. A group an older rcoord made (no order key, or
+-- members it added missing from it) is listed whole in one call.
 
 local function member_entry(rec, stable)
   return {id = rec.id, iid = rec.iid, cid = rec.cid, host = rec.host,
@@ -44,9 +45,10 @@ local function describe_group(ARGV)
       for _, rec in ipairs(all_members()) do members[#members + 1] = member_entry(rec, stable) end
       total = #members
     end
+    local inc = G.inc or G.created or ''
     out = {st = G.state, pt = G.ptype, pn = stable and G.pname or '', mem = members, n = total,
-      nx = nx, tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total,
-      inc = G.inc or G.created or ''}
+      nx = nx, tok = G.state .. ':' .. gen() .. ':' .. (G.seq or '0') .. ':' .. total .. ':' .. inc,
+      inc = inc}
   end
   return cmsgpack.pack(out)
 end

@@ -722,3 +722,33 @@ def test_a_sync_reply_written_by_a_later_chunk_carries_the_time_of_the_session_r
         assert res.error is Errors.NONE and res.assignment == mid.encode()
         assert raw.r.zscore(raw.keys.deadlines, f"hb:{mid}") == now + 1 + 60_000
         assert res.parked_ms == 1, mid  # parked at now, refreshed at now + 1
+
+
+def test_a_group_made_again_with_the_same_counts_between_pages_starts_again(make_coordinator,
+                                                                            monkeypatch):
+    # The pages' token held the state, the generation, the join sequence and the member count:
+    # a group emptied, deleted and formed again alike between two pages matched all four, and
+    # the description mixed the two groups' members. Its incarnation tells them apart.
+    import rcoord.steps
+    from rcoord.steps import GroupSteps
+    from rcoord.testing.clock import MockTime
+
+    clock = MockTime(T0 + DELAY)
+    coord = make_coordinator(clock=clock, group_initial_rebalance_delay_ms=DELAY)
+    raw = Raw(coord)
+    old = form_stable(raw, 4)
+    monkeypatch.setattr(rcoord.steps, "DESCRIBE_PAGE", 2)
+    made: list[list[str]] = []
+    call = GroupSteps.call
+
+    def remaking(self, step, keys, args):
+        reply = yield from call(self, step, keys, args)
+        if step == "describe_group" and not made:
+            raw.call("leave_group", clock(), msgpack.packb([[m, ""] for m in old]))
+            assert coord.delete_groups([GROUP]) == {GROUP: Errors.NONE}
+            made.append(form_stable(raw, 4))
+        return reply
+
+    monkeypatch.setattr(GroupSteps, "call", remaking)
+    desc = coord.describe_group(GROUP)
+    assert [m.member_id for m in desc.members] == made[0]
