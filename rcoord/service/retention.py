@@ -152,14 +152,15 @@ class RetentionKeeper:
                 if self._single_node and isinstance(exc, NODE_FAILURES):
                     break  # Redis cannot run anything now: every other topic would fail too
                 continue
-            if self._stop.is_set():
-                # The trim ends at the stop between its rounds, and its answer does not say
-                # whether rounds were left: a trim the stop may have cut short is not counted
-                # applied (the next pass, wherever the lease goes, finishes it or counts it).
-                # Before, it was counted and logged applied, as a finished trim.
-                log.debug("retention stopped: the topic's trim may be unfinished", extra={
+            if not starts.done:
+                # The trim ended at the stop between its rounds with rounds left: it is not
+                # counted applied (the next pass, wherever the lease goes, finishes it and counts
+                # it). One that finished in the stop's round is (its answer says it is done);
+                # before, the answer did not say, and it was taken for cut short.
+                log.debug("retention stopped: the topic's trim is unfinished", extra={
                     "event": "retention_stopped", "id": self._id, "topic": topic,
-                    "partition": partition_for(topic, self._n), "log_start_offsets": starts})
+                    "partition": partition_for(topic, self._n), "log_start_offsets": starts,
+                    "unfinished": list(starts.unfinished)})
                 break
             applied += 1
             self._metrics.retention_topics.inc()

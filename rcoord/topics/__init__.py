@@ -64,7 +64,7 @@ from ._base import (
     partition_tag,
     producer_state_keys,
 )
-from .admin import DeleteRecordsIncomplete, Topics
+from .admin import DeleteRecordsIncomplete, LogStarts, Topics
 from .fetch import (
     FetchWaker,
     PartitionRecords,
@@ -83,6 +83,7 @@ __all__ = [
     "CorruptRecordError",
     "DeletedRecords",
     "DeleteRecordsIncomplete",
+    "LogStarts",
     "PartitionInfo",
     "TopicDescription",
     "ProducerRecord",

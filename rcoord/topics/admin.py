@@ -87,6 +87,22 @@ class DeleteRecordsIncomplete(ConnectionLost):
         return (type(self), (self.reason, self.done, self.unfinished))
 
 
+class LogStarts(dict[int, int]):
+    """``Topics.apply_retention``'s answer, partition -> log start offset, with ``unfinished``:
+    the partitions a stop left with rounds to go (their scripts answered "more to do"), empty
+    when the trim is done. A dict still, so callers that read only the offsets are unchanged;
+    the coordinator service counts a topic applied only when ``done``. Before, the answer did
+    not say, and a trim that finished in the round the stop came was counted as cut short."""
+
+    def __init__(self, starts: dict[int, int], unfinished: Iterable[int] = ()) -> None:
+        super().__init__(sorted(starts.items()))
+        self.unfinished = tuple(sorted(unfinished))
+
+    @property
+    def done(self) -> bool:
+        return not self.unfinished
+
+
 class Topics:
     """Create, grow, describe, list and delete topics, change their settings, and apply their
     retention.
@@ -585,8 +601,9 @@ class Topics:
         return resolved
 
     @translate_redis_errors
-    def apply_retention(self, topic: str, stop: threading.Event | None = None) -> dict[int, int]:
-        """Trim every partition by the topic's retention; returns partition -> log start offset.
+    def apply_retention(self, topic: str, stop: threading.Event | None = None) -> LogStarts:
+        """Trim every partition by the topic's retention; returns partition -> log start offset
+        (``LogStarts``, which also says whether the trim is done).
 
         By count: the newest ``retention_records`` are kept (exactly; Kafka works per segment
         and so keeps somewhat more); the others go about ``RETENTION_TRIM_BYTES`` a call
@@ -600,10 +617,11 @@ class Topics:
 
         ``stop`` (the coordinator service's) is looked at between those rounds: once it is set
         the trim ends where it is, every partition trimmed at least one round (a large expired
-        backlog takes many), and the next pass goes on from there. It held a stopping service
-        for the whole backlog before. An entry with no integer timestamp (added with XADD by
-        hand) that the search by age reads is a TopicError (UNKNOWN_SERVER_ERROR) naming it,
-        raised once the topic's other partitions are trimmed.
+        backlog takes many; those left are the answer's ``unfinished``), and the next pass goes
+        on from there. It held a stopping service for the whole backlog before. An entry with
+        no integer timestamp (added with XADD by hand) that the search by age reads is a
+        TopicError (UNKNOWN_SERVER_ERROR) naming it, raised once the topic's other partitions
+        are trimmed.
         """
         _check_topic(topic)
         desc_meta = self._r.hgetall(meta_key(self._ns, topic))
@@ -645,7 +663,7 @@ class Topics:
                 break
         if refused is not None:
             raise refused
-        return dict(sorted(starts.items()))
+        return LogStarts(starts, pending)
 
 
 def _raise_incomplete(exc: Exception, done: dict[int, DeletedRecords],
