@@ -66,3 +66,27 @@ def test_a_topic_whose_trim_finished_in_the_stops_round_is_counted_applied(
     assert (applied, topics_applied) == (1, 1.0)
     assert retention_log.appliers(trimmed) == {"c1"} and retention_log.stopped == []
     assert _keeper_passes(metrics, "ok") == 0 and _keeper_passes(metrics, "failed") == 0
+
+
+def test_a_pass_whose_stop_came_in_its_last_trims_finished_round_is_ok(
+        single_client, namespace, retention_log):  # noqa: F811 - the fixture
+    """One topic (retention 1 record, 3 records); the stop comes just before its trim, which
+    finishes in its one round: the pass left nothing, so it is ok. Before, every pass that
+    ended with the stop set was taken for cut short and counted neither ok nor failed."""
+    Topics(single_client, namespace).create("o", 1, retention_records=1)
+    _produce(single_client, namespace, "o", 3)
+    stop = threading.Event()
+    asked: list[int] = []
+
+    def owned() -> set[int]:
+        asked.append(1)
+        if len(asked) == 2:  # the pass's start, then before the topic
+            stop.set()
+        return set(range(N))
+
+    metrics = Metrics()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    assert keeper.run_once() == 1
+    assert log_offsets(single_client, namespace, "o", 0) == (2, 3)
+    assert retention_log.appliers("o") == {"c1"} and retention_log.stopped == []
+    assert _keeper_passes(metrics, "ok") == 1 and _keeper_passes(metrics, "failed") == 0

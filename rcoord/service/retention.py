@@ -128,8 +128,15 @@ class RetentionKeeper:
         if failed_read:
             first_error = (failed_read[0][0], str(failed_read[0][1]))
         unconfirmed = False
+        # A stop cuts a pass short (the listing of the masters one by one, the topics, a
+        # topic's trim): what it left is not known to be trimmed, so such a pass is not "ok"
+        # (it is "failed" only for what failed). A stop that came once every topic's trim was
+        # done leaves nothing: that pass is "ok". (Before, a stopped pass counted "ok"; later
+        # every pass that ended with the stop set was taken for cut short.)
+        stopped = self._stop.is_set()  # the listing may have ended at it
         for done, topic in enumerate(settings):
             if self._stop.is_set():
+                stopped = True
                 break
             now_owned = self._owned()
             if now_owned is None:
@@ -161,6 +168,7 @@ class RetentionKeeper:
                     "event": "retention_stopped", "id": self._id, "topic": topic,
                     "partition": partition_for(topic, self._n), "log_start_offsets": starts,
                     "unfinished": list(starts.unfinished)})
+                stopped = True
                 break
             applied += 1
             self._metrics.retention_topics.inc()
@@ -186,10 +194,6 @@ class RetentionKeeper:
                             "event": "retention_error", "id": self._id,
                             "unlisted": [what for what, _ in unlisted],
                             "why": str(unlisted[0][1]), "retry_in_ms": self.interval_ms})
-        # A stop cuts a pass short (the listing of the masters one by one, the topics, a
-        # topic's trim): what it left is not known to be trimmed, so such a pass is not "ok"
-        # (it is "failed" only for what failed). Before, a stopped pass counted "ok".
-        stopped = self._stop.is_set()
         if not failures and not unlisted and not stopped and not unconfirmed:
             self._metrics.retention_passes.labels("ok").inc()
         log.debug("retention pass", extra={
