@@ -23,7 +23,9 @@ every node. redis-py's own ``RedisCluster.close()`` does not when the client was
 from __future__ import annotations
 
 import functools
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +39,7 @@ from .urls import redact_url
 
 __all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
            "learn_node", "partial_listing", "refresh_uncovered", "refuse_partial_listing",
-           "server_mode"]
+           "refused_unrun", "server_mode"]
 
 MAX_CONNECTIONS = 1000
 """Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
@@ -119,10 +121,14 @@ class ClusterClient(redis.cluster.RedisCluster):
     ``nodes_manager``, ``ClusterNode.redis_connection``); nothing of redis-py is patched.
 
     Its ``nodes_manager`` follows an ``ASK`` to a master added since the topology was read
-    (``_LearningNodesManager``).
+    (``_LearningNodesManager``), and a call every attempt of which a node refused unrun is
+    marked so (``refused_unrun``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Whether an attempt of the thread's call in flight may have run (``refused_unrun``);
+        # set first: redis-py's __init__ may send a call through this client.
+        self._maybe_ran = threading.local()
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
@@ -136,6 +142,34 @@ class ClusterClient(redis.cluster.RedisCluster):
             super().close()
         finally:
             self._disconnect_nodes()
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's, and a refusal (``REFUSALS``) it ends with is marked ``refused_unrun``
+        when no attempt of this call failed otherwise: redis-py sends a call again after a
+        lost connection or a timeout, which it may have run, and then raises the later
+        attempt's error alone."""
+        calls = self._maybe_ran
+        outer = getattr(calls, "value", False)  # (a call sent while another is: its own mark)
+        calls.value = False
+        try:
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except REFUSALS as exc:
+            if not calls.value:
+                _REFUSED_UNRUN.add(exc)
+            raise
+        finally:
+            calls.value = outer
+
+    def _execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """redis-py's attempt at one node, noting an attempt that failed other than by a
+        refusal (``execute_command``)."""
+        try:
+            return super()._execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except REFUSALS:
+            raise
+        except BaseException:
+            self._maybe_ran.value = True
+            raise
 
     def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's, but a listing of every slot is refused while one has no master
@@ -180,6 +214,31 @@ class ClusterClient(redis.cluster.RedisCluster):
             if node.redis_connection is not None)}
         for pool in pools.values():
             pool.disconnect()
+
+
+REFUSALS = (redis.exceptions.ClusterError, redis.exceptions.SlotNotCoveredError)
+"""What a cluster client's call raises when a node refused it before running it: redis-py's
+"TTL exhausted" (its redirections, ``TRYAGAIN``, ``MOVED`` and ``ASK``, ran out; a multi-key
+call whose keys a slot move split between two masters gets ``TRYAGAIN`` until the move ends),
+``CLUSTERDOWN``, or a slot no master is known for (nothing sent)."""
+
+_REFUSED_UNRUN: weakref.WeakSet[BaseException] = weakref.WeakSet()
+"""The refusals ``ClusterClient.execute_command`` raised with no attempt that may have run."""
+
+
+def refused_unrun(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from (rcoord's ``ConnectionLost`` is
+    raised from redis-py's), is a cluster client's call every attempt of which a node refused
+    before running it: certainly not run, where the error alone (a "TTL exhausted") cannot
+    say so, since redis-py raises it too after a retry of an attempt that may have run. A
+    write so refused can be answered "not written" (the gateway's Produce:
+    NOT_LEADER_OR_FOLLOWER), not "maybe written"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if seen in _REFUSED_UNRUN:
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def learn_node(manager: Any, found: Any, host: str | None, node_name: str | None,

@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
+from ..connect import refused_unrun
 from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
@@ -345,13 +346,25 @@ def _unreached(state: GatewayState, what: str, partition: int, exc: BaseExceptio
     Logged as ``dispatch`` logs it for other requests (``log_unreached``: once, then at most
     once a while; a refused login of the gateway's own by ``log_login_refused``): answered
     here, Redis unreachable was logged nowhere, and a gateway only producers used gave no sign
-    of the outage."""
+    of the outage.
+
+    An append every attempt of which Redis refused unrun (a slot move's ``TRYAGAIN``, its
+    keys split between two masters; CLUSTERDOWN: ``rcoord.connect.refused_unrun``) was
+    certainly not stored: NOT_LEADER_OR_FOLLOWER, as Kafka answers a partition whose leader
+    moved (``Partition.appendRecordsToLeader``), on which its producer reads its metadata
+    again and resends (``_unserved_slot``'s answer). It was REQUEST_TIMED_OUT too, "maybe
+    written", which a producer without idempotence resends as a possible duplicate."""
     if not isinstance(exc, UNREACHED):
         raise exc
     log_unreached(state, what, exc)
-    return {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
-            "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
-            "log_append_time": -1, "log_start_offset": -1}
+    out = {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
+           "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
+           "log_append_time": -1, "log_start_offset": -1}
+    if refused_unrun(exc):
+        out.update(error_code=NOT_LEADER_OR_FOLLOWER, error_message=(
+            f"partition {partition}: Redis refused the append for now (a slot moving or "
+            f"failing over); nothing was appended ({exc})"))
+    return out
 
 
 def _answer(partitions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
