@@ -108,10 +108,11 @@ def test_offset_fetch_while_a_topics_slot_is_not_served_is_retriable(own_cluster
 def test_an_idempotent_produce_through_split_keys_is_retriable_and_appended_once(own_cluster,
                                                                                  namespace):
     """While a partition's keys are split between two masters, an append is refused
-    (TRYAGAIN, then redis-py's "TTL exhausted"): the gateway answers REQUEST_TIMED_OUT, which a
-    Kafka producer retries with the same producer id, epoch and sequence; once the move is
-    over, that resend is appended once, and a second resend is answered as the duplicate it
-    is, with the first's offset."""
+    (TRYAGAIN, then redis-py's "TTL exhausted"): the gateway answers NOT_LEADER_OR_FOLLOWER
+    (nothing was stored: tests/test_gateway_tryagain69.py), which a Kafka producer retries
+    with the same producer id, epoch and sequence; once the move is over, that resend is
+    appended once, and a second resend is answered as the duplicate it is, with the first's
+    offset."""
     from test_parked_slot_moves import _Move
     from test_producer_slot_moves import _end, _migrate, _start
 
@@ -145,7 +146,7 @@ def test_an_idempotent_produce_through_split_keys_is_retriable_and_appended_once
             _start(move)
             _migrate(move, [stream])  # the stream moved, the producer state not yet
             refused = produce(1, b"b")
-            assert refused.error_code.value == Errors.REQUEST_TIMED_OUT
+            assert refused.error_code.value == NOT_LEADER_OR_FOLLOWER
             move.keys()  # the rest of the move
             move.owner()
             resent = produce(1, b"b")

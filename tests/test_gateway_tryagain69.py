@@ -91,26 +91,6 @@ def test_a_produce_every_attempt_of_which_a_move_refused_is_not_leader(own_clust
         assert values == [b"a", b"b"]
 
 
-def test_an_idempotent_produce_a_move_refused_is_not_leader(own_cluster, namespace):
-    """The same for an idempotent producer's batch (its append script names its producer
-    state too): NOT_LEADER_OR_FOLLOWER, and the resend with the same sequence is appended."""
-    ids = {"producer_id": 7, "producer_epoch": 0}
-    with _split(own_cluster, namespace) as (client, move), \
-            running_gateway(own_cluster, namespace) as gw, \
-            contextlib.closing(connect(gw)) as sock:
-        assert _produce(sock, 1, b"a", base_sequence=0, **ids).error_code.value == 0
-        _start(move)
-        _migrate(move, [move.key])
-        refused = _produce(sock, 2, b"b", base_sequence=1, **ids)
-        assert refused.error_code.value == NOT_LEADER_OR_FOLLOWER
-        move.keys()
-        move.owner()
-        resent = _produce(sock, 3, b"b", base_sequence=1, **ids)
-        assert (resent.error_code.value, resent.base_offset) == (0, 1)
-        values = [r.value for r in fetch(client, namespace, "t", 0, 0).records]
-        assert values == [b"a", b"b"]
-
-
 def test_a_call_that_lost_a_reply_before_the_refusals_may_have_run(own_cluster, namespace):
     """redis-py retries a call whose connection failed (it may have run), and that retry met
     the move's refusals until "TTL exhausted": the final error is a refusal, but the call is
