@@ -2121,8 +2121,12 @@ class Consumer(SubscriptionMixin):
                     # onJoinPrepare revokes them before the JoinGroup; a rejoin for them was a
                     # rebalance of the whole group for nothing.
                     self._await_rejoin(new.request_rejoin if new.revoked else None, hold)
-                else:
+                elif self._rejoin_after is None or self._rejoin_after[1] is not hold:
                     hold.applied.set()  # the member may rejoin now (see _Hold)
+                # (Else a revocation for a changed subscription, made while ``new`` waited,
+                # owes its rejoin under ``hold``: ``_finish_rejoin`` lets the member go once
+                # its commits landed. Let go here, it rejoined with them in flight, and they
+                # were refused once the next generation completed.)
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way), unless it closed the consumer; then its exception,
         # the first one, propagates. A close() from another thread, which began meanwhile

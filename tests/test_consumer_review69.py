@@ -1,0 +1,87 @@
+"""Review 69: a cooperative move that waits for the application's commits (``_interrupted``,
+b62a007) meeting a ``subscribe()`` that drops a topic, and auto-commit's reckoning of the
+positions without the finished commits' outcomes.
+
+A cooperative member gives up what a generation revokes before it rejoins (KIP-429, Kafka's
+``onJoinPrepare``/``onJoinComplete``): its commits of them land in the generation that still
+accepts them, and the assignor hears the member's true holdings.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from harness import wait_until
+from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
+from test_consumer_review67 import _Gated
+from test_consumer_review68 import _Joiner
+
+from rcoord import TopicPartition
+from rcoord.client import Consumer
+
+TOPICS = ["t", "u", "v"]
+
+
+def _committed_of(environment: Any, tp: TopicPartition) -> int:
+    fetched = environment.coord.fetch_offsets("g", [tp]).offsets
+    return fetched[tp].offset if tp in fetched else -1
+
+
+def _moving(environment: Any, coord: _Gated, listener: Recorder,
+            ) -> tuple[Consumer, _Joiner, TopicPartition]:
+    """Topics t, u, v (one partition each, ten records) and a cooperative consumer of them
+    at 10 everywhere; each partition's commit_async() of 5 is queued (held: the application's
+    commits in flight), then a second member joins: the consumer takes the next generation,
+    which moves one partition (returned) to it, and waits to apply it (``_interrupted``)."""
+    for name in TOPICS:
+        environment.topics.create(name, 1)
+        environment.producer.send_batch(name, [b"%d" % i for i in range(10)])
+    consumer: Consumer = environment.consumer(
+        coordinator=coord, listener=listener, topics=TOPICS, assignors=["cooperative-sticky"],
+        auto_commit_interval_ms=3_600_000, rebalance_timeout_ms=60_000)
+    coord.open()
+    got: list[Any] = []
+    wait_until(lambda: len(got) == 30, step=lambda: got.extend(consumer.poll(timeout=0.05)))
+    wait_until(lambda: consumer._committer.pending == 0)
+    coord.gate = threading.Semaphore(0)
+    held = consumer.assignment()
+    for tp in held:  # (one commit each: the floor a move waits for is its partition's own)
+        consumer.commit_async({tp: 5})
+    joiner = _Joiner(environment, topics=TOPICS, assignors=["cooperative-sticky"])
+    wait_until(lambda: consumer._interrupted is not None, step=lambda: consumer.poll(timeout=0))
+    new = consumer._interrupted
+    assert new is not None
+    (moved,) = sorted(set(held) - new.offsets.keys())
+    assert consumer.assignment() == held  # (nothing applied yet)
+    return consumer, joiner, moved
+
+
+def test_dropping_the_moved_partitions_topic_keeps_the_member_from_rejoining_until_committed(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """While the move waits, subscribe() drops the moved partition's topic, and the next
+    poll() revokes it for the subscription (its commit of 10 held behind the others).
+    Applying the move then revoked nothing more, and let the member rejoin at once
+    (``hold.applied``), its revocation commit still in flight: once the next generation
+    completed, that commit was fenced and the partition's new owner started from 5."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer, joiner, moved = _moving(env, coord, listener)
+    try:
+        hold = consumer._hold
+        assert hold is not None
+        consumer.subscribe([t for t in TOPICS if t != moved.topic])
+        consumer.seek(moved, 10)  # (its commit's floor goes: the subscription's revocation
+        # need not wait for it, while the commits stay held)
+        assert consumer.poll(timeout=0) == []
+        assert ("revoked", [moved]) in listener.events
+        assert moved not in consumer.assignment()
+        assert not hold.applied.is_set()  # its revocation commit is still held
+        coord.open()
+        wait_until(lambda: _committed_of(env, moved) == 10,
+                   step=lambda: consumer.poll(timeout=0.05))
+        wait_until(lambda: moved in joiner.consumer.assignment(),
+                   step=lambda: consumer.poll(timeout=0.05))
+    finally:
+        coord.open()
+        joiner.stop()
