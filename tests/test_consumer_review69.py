@@ -85,3 +85,45 @@ def test_dropping_the_moved_partitions_topic_keeps_the_member_from_rejoining_unt
     finally:
         coord.open()
         joiner.stop()
+
+
+def test_the_rejoin_a_dropped_topic_owes_waits_for_the_move_in_hand(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """While the move waits, subscribe() drops a kept partition's topic and poll() revokes
+    it, then the commits (the moved partition's among them)
+    land between the move's try (``_settle``, still waiting) and the rejoin's
+    (``_finish_rejoin``, made reachable here by ``_release_hold``, between the two): the
+    rejoin let the member go (``hold.applied``) with the move not applied, still holding the
+    partition the generation took away (and no on_partitions_revoked for it)."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer, joiner, moved = _moving(env, coord, listener)
+    try:
+        hold = consumer._hold
+        assert hold is not None
+        dropped = next(tp for tp in consumer.assignment() if tp != moved)
+        consumer.subscribe([t for t in TOPICS if t != dropped.topic])
+        landed = threading.Event()
+        release_hold = consumer._release_hold
+
+        def commits_land_here(deadline: float | None) -> None:
+            if not landed.is_set():
+                landed.set()
+                coord.open()
+                wait_until(lambda: consumer._committer.pending == 0)
+            release_hold(deadline)
+
+        consumer.seek(dropped, 10)  # (as above: its revocation need not wait)
+        consumer._release_hold = commits_land_here  # type: ignore[method-assign]
+        assert consumer.poll(timeout=0) == []
+        assert landed.is_set()
+        assert ("revoked", [dropped]) in listener.events
+        assert moved in consumer.assignment()  # (the move waits for the next poll())
+        assert not hold.applied.is_set()  # ... and holds the member meanwhile
+        wait_until(lambda: ("revoked", [moved]) in listener.events,
+                   step=lambda: consumer.poll(timeout=0.05))
+        wait_until(lambda: _committed_of(env, moved) == 10,  # (under the move's generation)
+                   step=lambda: consumer.poll(timeout=0.05))
+    finally:
+        coord.open()
+        joiner.stop()

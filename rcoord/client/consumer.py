@@ -2443,7 +2443,10 @@ class Consumer(SubscriptionMixin):
         goes on consuming what it kept. False while the callback's subscription waits to
         revoke (``_apply_subscription``): the rejoin waits with it, and poll() returns."""
         pending = self._rejoin_after
-        if pending is None or not self._commits_landed(deadline, pending[2]):
+        if (pending is None or (self._interrupted is not None and pending[1] is self._hold)
+                or not self._commits_landed(deadline, pending[2])):
+            # (A move still waiting to be applied, ``_interrupted``, holds that same hold: the
+            # member rejoins once it is applied, so that it rejoins without what it revokes.)
             return True
         self._rejoin_after = None
         rejoin, hold, _ = pending
