@@ -12,15 +12,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from harness import wait_until
+from harness import WAIT_S, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review67 import _Gated
+from test_consumer_review67 import _assigned_at_10, _Gated
 from test_consumer_review68 import _Joiner
 
 from rcoord import TopicPartition
 from rcoord.client import Consumer
 
 TOPICS = ["t", "u", "v"]
+TP0 = TopicPartition("t", 0)
 
 
 def _committed_of(environment: Any, tp: TopicPartition) -> int:
@@ -127,3 +128,44 @@ def test_the_rejoin_a_dropped_topic_owes_waits_for_the_move_in_hand(
     finally:
         coord.open()
         joiner.stop()
+
+
+def test_auto_commit_in_a_long_poll_takes_a_refused_commits_outcome(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Position 10, 5 committed; commit_async({t-0: 11}) is held, then refused while a
+    poll() with nothing to read blocks. Each auto-commit of that poll reckoned the positions
+    without the refusal's outcome: its floor (11) kept the 10 out, for as long as the poll
+    lasted (the whole timeout, unbounded with None), where Kafka's auto-commit sends the
+    position at the next interval. Now it takes the finished commits' outcomes first."""
+    coord = _Gated(env)
+    consumer = _assigned_at_10(env, coord, auto_commit_interval_ms=1)
+    coord.gate.release()
+    consumer.commit({TP0: 5})
+    coord.refused.add(11)
+    refused: list[BaseException | None] = []
+    consumer.commit_async({TP0: 11}, lambda offsets, exc: refused.append(exc))
+    first = consumer._next_auto_commit
+    failed: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            consumer.poll(timeout=WAIT_S * 4)
+        except BaseException as exc:  # noqa: BLE001 - the wakeup() ending it, or a failure
+            failed.append(exc)
+
+    polling = threading.Thread(target=poll, daemon=True)
+    polling.start()
+    try:
+        # The poll's first auto-commit, the refused commit still held: nothing of t-0 to send.
+        wait_until(lambda: consumer._next_auto_commit != first)
+        assert consumer._committer.pending == 1
+        coord.open()
+        wait_until(lambda: _committed_of(env, TP0) == 10)
+        assert polling.is_alive()  # (committed by that same poll)
+    finally:
+        consumer.wakeup()
+        polling.join(WAIT_S)
+    assert not polling.is_alive()
+    assert [type(exc).__name__ for exc in failed] == ["WakeupError"]
+    consumer.poll(timeout=0)
+    assert refused and refused[0] is not None

@@ -1930,6 +1930,9 @@ class Consumer(SubscriptionMixin):
             if now < self._next_auto_commit:
                 return
             self._next_auto_commit = now + self._auto_commit_s
+            # (Those finished since poll() began first: a refused commit's floor, left in the
+            # books, kept its partition out of every auto-commit while the poll() lasted.)
+            self._take_outcomes()
             ticket = self._queue_commit(target[0], self._changed_positions(), "auto-commit",
                                         target[1])
             if ticket is None:
