@@ -169,3 +169,31 @@ def test_auto_commit_in_a_long_poll_takes_a_refused_commits_outcome(
     assert [type(exc).__name__ for exc in failed] == ["WakeupError"]
     consumer.poll(timeout=0)
     assert refused and refused[0] is not None
+
+
+def test_a_move_applied_after_a_subscription_revoked_a_topic_does_not_take_it_back(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """While the move waits, subscribe() drops a kept partition's topic and poll() revokes
+    it; the move, applied afterwards, added it back (its generation, joined with the old
+    subscription, still assigns it): announced, fetched from that generation's offsets, while
+    the rejoin reported it no longer owned, so the next generation gave it to the other
+    member with this one still consuming it. As Kafka, which takes no assignment that does
+    not match the subscription, the move takes only the subscribed topics' partitions."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer, joiner, moved = _moving(env, coord, listener)
+    try:
+        dropped = next(tp for tp in consumer.assignment() if tp != moved)
+        consumer.subscribe([t for t in TOPICS if t != dropped.topic])
+        consumer.seek(dropped, 10)  # (as above: its revocation need not wait)
+        assert consumer.poll(timeout=0) == []
+        assert ("revoked", [dropped]) in listener.events
+        since = len(listener.events)
+        coord.open()
+        wait_until(lambda: ("revoked", [moved]) in listener.events,
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert dropped not in consumer.assignment()
+        assert all(dropped not in parts for _, parts in listener.events[since:])
+    finally:
+        coord.open()
+        joiner.stop()

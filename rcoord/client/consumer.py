@@ -2061,7 +2061,11 @@ class Consumer(SubscriptionMixin):
         before = set(self._assigned)
         offsets = new.offsets
         revoked = sorted(before - offsets.keys())
-        added = sorted(offsets.keys() - before)
+        # (Not those of a topic subscribe() dropped since ``new`` was joined: revoked already
+        # (``_revoke_unsubscribed``) and no longer reported owned, they went to another member
+        # while this one consumed them again, as Kafka's onJoinComplete takes no assignment
+        # that does not match the subscription.)
+        added = sorted(tp for tp in offsets.keys() - before if self._subscribed(tp.topic))
         if revoked and self._auto_commit and not self._floors_landed(new, revoked, deadline):
             # Their commit waits for the application's commits of them in flight (as Kafka's
             # onJoinComplete runs in poll(), the next poll() goes on): nothing applied yet,

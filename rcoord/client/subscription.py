@@ -209,12 +209,10 @@ class SubscriptionMixin:
         group = self._group
         if config is None or group is None:
             return True
-        pattern, wanted = config.topic_pattern, set(config.topics)
+        pattern = config.topic_pattern
         again = False
         try:
-            if not self._revoke_unsubscribed(
-                    (lambda t: pattern.fullmatch(t) is not None) if pattern is not None
-                    else wanted.__contains__, deadline):
+            if not self._revoke_unsubscribed(_subscribes(config), deadline):
                 again = True
                 return False
         except (WakeupError, KeyboardInterrupt):
@@ -231,6 +229,11 @@ class SubscriptionMixin:
             elif not group.closed:  # else the group's fatal error is what next() raises
                 group.resubscribe(config.topics, pattern)
         return True
+
+    def _subscribed(self, topic: str) -> bool:
+        """Whether the subscription as it stands now (``subscribe()``'s, applied or not) takes
+        ``topic``."""
+        return _subscribes(self._config)(topic)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Consume exactly ``partitions``, with no group membership (Kafka's ``assign``).
@@ -420,3 +423,11 @@ def commit_as_simple_group(
         f"commit to group {group_id!r} failed for "
         + ", ".join(f"{tp.topic}-{tp.partition}: {e.name}" for tp, e in sorted(failed.items())),
     )
+
+
+def _subscribes(config: ConsumerGroupConfig) -> Callable[[str], bool]:
+    """Whether ``config``'s subscription takes a topic: its pattern matches the whole name
+    (as ``topics_matching``), or the name is one of its topics."""
+    pattern, wanted = config.topic_pattern, set(config.topics)
+    return ((lambda t: pattern.fullmatch(t) is not None) if pattern is not None
+            else wanted.__contains__)
