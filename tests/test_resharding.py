@@ -139,22 +139,36 @@ def test_moving_the_groups_slot_under_load_loses_nothing_and_the_service_follows
 
     # The service's timers follow the slot: with the producer and sampler stopped and every
     # member gone silent (SIGKILL, no LeaveGroup), nobody but the service touches the group, so
-    # only its sweeps (counted by rcoord_deadlines_applied) can expire the members. The wait
-    # reads the members hash, running no step (a step applies passed deadlines itself), and
-    # asks that the service applied at least one deadline, not one per member: a join's or a
-    # sync's deadline removes every member it did not hear from, counted one (the wait for one
-    # per member ran out twice in about ten runs, its cause not established).
+    # only its sweeps (counted by rcoord_deadlines_applied) can expire the members.
+    #
+    # The kill waits for the group to be Stable with one member per worker. The members'
+    # sessions lapse during the move (their calls meet TRYAGAIN for longer than the 1.5 s
+    # session), so right after it the group is Empty and the workers are rejoining; the kill
+    # came 0.4-0.6 s after the move, and so found 0 to 3 members, and the service had that many
+    # to expire: one deadline each, and one more for the last (the group then completes an
+    # empty join). Killed with one member it applied 2 deadlines, short of the one per worker
+    # the wait asked for, which ran out (twice in about ten runs); killed with none it applied
+    # 0, and the test could not say whether the service followed the slot at all. (Measured:
+    # the service's first sweep on the new master came 10-190 ms after the move, and the
+    # members killed after it expired 0-2 ms after their deadlines.) With each member Stable,
+    # each has a session deadline of its own, applied before the rebalance's (4 s): at least one
+    # per worker. The wait reads the members hash, running no step (a step applies passed
+    # deadlines itself), and the count in the same wait (the service counts a call's deadlines
+    # once it has returned, after it emptied the hash).
     sc._stop.set()
     for t in sc._threads:
         t.join(10)
+    wait_until(lambda: (g := sc.coord.describe_group(GROUP)).state == "Stable"
+               and len(g.members) == len(sc.workers), timeout_s=30)
     svc = sc.services[0]
     applied = _metric(svc, "rcoord_deadlines_applied_total")
     for w in sc.workers:
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait(10)
     members = GroupKeys.of(sc.ns, sc.coord.config.num_partitions, GROUP).members
-    wait_until(lambda: sc.r.hlen(members) == 0, timeout_s=60, why=svc.diagnose)
-    assert _metric(svc, "rcoord_deadlines_applied_total") > applied
+    wait_until(lambda: sc.r.hlen(members) == 0 and _metric(
+        svc, "rcoord_deadlines_applied_total") >= applied + len(sc.workers),
+        timeout_s=60, why=svc.diagnose)
     assert len(sc.coord.describe_group(GROUP).members) == 0
     _judge(sc.finish(), owed_at_least=sc.records // 2)
 
