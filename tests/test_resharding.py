@@ -143,16 +143,16 @@ def test_moving_the_groups_slot_under_load_loses_nothing_and_the_service_follows
     #
     # The kill waits for the group to be Stable with one member per worker. The members'
     # sessions lapse during the move (their calls meet TRYAGAIN for longer than the 1.5 s
-    # session), so right after it the group is Empty and the workers are rejoining; the kill
-    # came 0.4-0.6 s after the move, and so found 0 to 3 members, and the service had that many
-    # to expire: one deadline each, and one more for the last (the group then completes an
-    # empty join). Killed with one member it applied 2 deadlines, short of the one per worker
-    # the wait asked for, which ran out (twice in about ten runs); killed with none it applied
-    # 0, and the test could not say whether the service followed the slot at all. (Measured:
-    # the service's first sweep on the new master came 10-190 ms after the move, and the
-    # members killed after it expired 0-2 ms after their deadlines.) With each member Stable,
-    # each has a session deadline of its own, applied before the rebalance's (4 s): at least one
-    # per worker. The wait reads the members hash, running no step (a step applies passed
+    # session), so right after it the group is Empty and the workers are rejoining, and the
+    # kill came 0.4-0.6 s after the move: it found 0 to 3 members, and the service had only
+    # those to expire, one deadline each (and one per pending member id), one more for the
+    # group's empty join after the last. Killed with one member and no pending id that is 2,
+    # short of the one per worker the old wait asked for (it ran out twice in about ten runs);
+    # killed with none it is 0 (measured: "applied > before" failed), and the test could not
+    # say whether the service followed the slot at all. It does: the members killed after the
+    # move were expired 0-2 ms after deadlines set on the new master. Once Stable, each member
+    # has a session deadline of its own, applied before the rebalance's (4 s): one per worker
+    # at least. The wait reads the members hash, running no step (a step applies passed
     # deadlines itself), and the count in the same wait (the service counts a call's deadlines
     # once it has returned, after it emptied the hash).
     sc._stop.set()
