@@ -134,8 +134,8 @@ def _promoted(cluster: ReplicaCluster, slot: int, port: int) -> bool:
 
 
 def _health(svc: Any) -> dict[str, Any]:
-    """The service's /healthz (its port is in the first log line)."""
-    port = json.loads(svc.out.read_text().split("\n", 1)[0])["metrics_port"]
+    """The service's /healthz."""
+    port = svc.metrics_port
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
             return dict(json.loads(resp.read()))

@@ -164,8 +164,16 @@ class Service:
     def _started(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"the service exited: {self.out.read_text()}")
-        first = self.out.read_text().split("\n", 1)[0]
-        return first.startswith("{") and "metrics_port" in first
+        return self.metrics_port is not None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of its /metrics and /healthz, from the line that announces it (not the
+        first line with ``RCOORD_LOG_LEVEL=DEBUG``: redis-py's own debug lines come first)."""
+        for line in self.out.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"metrics_port"' in line:
+                return int(json.loads(line)["metrics_port"])
+        return None
 
     @property
     def alive(self) -> bool:

@@ -14,7 +14,6 @@ service, not the members, must apply the partition's deadlines from the new mast
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import urllib.request
@@ -74,7 +73,7 @@ def migrate_slot(cluster: ReplicaCluster, slot: int, src: NodeInfo, dst: NodeInf
 
 def _metric(svc: Any, name: str) -> float:
     """Sum of a counter's samples on the service's /metrics."""
-    port = json.loads(svc.out.read_text().split("\n", 1)[0])["metrics_port"]
+    port = svc.metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
         text = resp.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
