@@ -22,11 +22,12 @@ every node. redis-py's own ``RedisCluster.close()`` does not when the client was
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -38,8 +39,8 @@ from .errors import ConfigError, MissingPermissionError
 from .urls import redact_url
 
 __all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
-           "learn_node", "partial_listing", "refresh_uncovered", "refuse_partial_listing",
-           "refused_unrun", "server_mode"]
+           "learn_node", "one_operation", "partial_listing", "refresh_uncovered",
+           "refuse_partial_listing", "refused_unrun", "server_mode"]
 
 MAX_CONNECTIONS = 1000
 """Connections a client made by ``connect`` opens at most (per node on a cluster), as needed.
@@ -145,12 +146,14 @@ class ClusterClient(redis.cluster.RedisCluster):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's, and a refusal (``REFUSALS``) it ends with is marked ``refused_unrun``
-        when no attempt of this call failed otherwise: redis-py sends a call again after a
-        lost connection or a timeout, which it may have run, and then raises the later
-        attempt's error alone."""
+        when no attempt of this call (of the whole ``one_operation`` it is in) failed
+        otherwise: redis-py sends a call again after a lost connection or a timeout, which it
+        may have run, and then raises the later attempt's error alone."""
         calls = self._maybe_ran
+        scoped = getattr(calls, "scoped", False)
         outer = getattr(calls, "value", False)  # (a call sent while another is: its own mark)
-        calls.value = False
+        if not scoped:
+            calls.value = False
         try:
             return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
         except REFUSALS as exc:
@@ -158,7 +161,23 @@ class ClusterClient(redis.cluster.RedisCluster):
                 _REFUSED_UNRUN.add(exc)
             raise
         finally:
-            calls.value = outer
+            if not scoped:
+                calls.value = outer
+
+    @contextlib.contextmanager
+    def one_operation(self) -> Iterator[None]:
+        """Judge the calls of the block together for ``refused_unrun``: one script call can be
+        several commands (on NOSCRIPT, ``rcoord.scripts.send_reloading`` loads the script and
+        sends it again), and the last one's refusals say nothing of an earlier one that lost
+        its connection after it ran (a failover's empty script cache, then a slot move: a
+        stored append was answered "not stored")."""
+        calls = self._maybe_ran
+        saved = getattr(calls, "scoped", False), getattr(calls, "value", False)
+        calls.scoped, calls.value = True, False
+        try:
+            yield
+        finally:
+            calls.scoped, calls.value = saved
 
     def _execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's attempt at one node, noting an attempt that failed other than by a
@@ -224,6 +243,14 @@ call whose keys a slot move split between two masters gets ``TRYAGAIN`` until th
 
 _REFUSED_UNRUN: weakref.WeakSet[BaseException] = weakref.WeakSet()
 """The refusals ``ClusterClient.execute_command`` raised with no attempt that may have run."""
+
+
+def one_operation(client: Any) -> contextlib.AbstractContextManager[None]:
+    """``ClusterClient.one_operation`` of a cluster client made by ``connect``; nothing for
+    another client (whose refusals are never marked)."""
+    if isinstance(client, ClusterClient):
+        return client.one_operation()
+    return contextlib.nullcontext()
 
 
 def refused_unrun(exc: BaseException) -> bool:

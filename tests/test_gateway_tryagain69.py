@@ -129,3 +129,37 @@ def test_a_produce_that_may_have_run_stays_timed_out(own_cluster, namespace):
         gw.gateway.state.sync_redis.__class__ = _LostOnce
         refused = _produce(sock, 2, b"b")
         assert refused.error_code.value == Errors.REQUEST_TIMED_OUT
+
+
+def test_the_calls_of_one_operation_are_judged_together(own_cluster, namespace):
+    """Inside ``one_operation`` (the gateway's append: a script reload's resend is a second
+    call), a refused call after one that may have run is not marked either; the block's end
+    judges each call alone again, and a plain client's block marks nothing."""
+    from rcoord.connect import one_operation
+
+    with _split(own_cluster, namespace) as (_, move):
+        flaky = _LostOnce.from_url(own_cluster.url)
+        try:
+            _start(move)
+            _migrate(move, [move.key])
+            sha = flaky.script_load("return redis.call('EXISTS', KEYS[1], KEYS[2])")
+            keys = (move.key, move.key + ":other")
+            outcomes = []
+
+            def send() -> None:
+                try:
+                    flaky.evalsha(sha, 2, *keys)
+                except redis.exceptions.ClusterError as exc:
+                    outcomes.append(exc)
+
+            with one_operation(flaky):
+                send()  # its first attempt lost its connection, then refusals
+                send()  # refused throughout, but in the same operation
+            send()
+            with one_operation(flaky):
+                send()
+            assert [refused_unrun(e) for e in outcomes] == [False, False, True, True]
+            with one_operation(redis.Redis()):  # (not a cluster client: nothing to judge)
+                pass
+        finally:
+            flaky.close()

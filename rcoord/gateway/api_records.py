@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 import redis.exceptions
 
 from ..asyncio.cancel import cancel_and_wait
-from ..connect import refused_unrun
+from ..connect import one_operation, refused_unrun
 from ..errors import Errors, InvalidRequestError, reraise_as_rcoord
 from ..partitioning import keyslot
 from ..topics import (
@@ -156,7 +156,8 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None,
             return out
         # (one at most, as Kafka's ProduceRequest.validateRecords: appending the first before
         # a later one failed would leave half a request written)
-        metas = [_append_batch(state, topic, partition, b) for b in batches]
+        with one_operation(state.sync_redis):  # (a reload's resend judged with its first send)
+            metas = [_append_batch(state, topic, partition, b) for b in batches]
     except BatchError as exc:
         # Kafka looks the partition up before it reads the records (handleProduceRequest).
         missing = _missing(state, topic, partition)
