@@ -446,11 +446,12 @@ class Consumer(SubscriptionMixin):
         # final auto-commit, still in flight; then the hold released once the listener's async
         # commits landed (``_release_hold``).
         self._revocation_commit: int | None = None
-        # Before a rebalance's commit is reckoned (``_floors_landed``): the generation given
-        # up (eager), moved to (cooperative) or revoked from (a changed subscription,
-        # ``_revoke_unsubscribed``), and the committer's ticket of the newest application
-        # commit then in flight of the partitions it commits, which it waits for.
-        self._floor_wait: tuple[Generation, int] | None = None
+        # Before a rebalance's commit is reckoned (``_floors_landed``): what waits, the
+        # generation given up (eager) or moved to (cooperative), or a changed subscription
+        # (the config ``subscribe()`` made, ``_revoke_unsubscribed``), and the committer's
+        # ticket of the newest application commit then in flight of the partitions it
+        # commits, which it waits for.
+        self._floor_wait: tuple[object, int] | None = None
         self._releasing: tuple[_Hold, int] | None = None  # (the hold, the last commit's ticket)
         # A cooperative revocation's rejoin, due once the commits queued during it landed
         # (``_finish_rejoin``): what requests that rejoin (None when it is due anyway: a new
@@ -2210,7 +2211,7 @@ class Consumer(SubscriptionMixin):
         self._pending_revocation = []
         self._forget_partitions(revoked)
 
-    def _revoke_unsubscribed(self, subscribed: Callable[[str], bool],
+    def _revoke_unsubscribed(self, subscribed: Callable[[str], bool], change: object,
                              deadline: float | None) -> bool:
         """Before a cooperative rejoin for a new subscription (``poll()`` after
         ``subscribe()``): revoke the partitions of topics no longer subscribed, as Kafka's
@@ -2235,13 +2236,12 @@ class Consumer(SubscriptionMixin):
                          or self._partitions_lost()) else [
             tp for tp in self._assigned if not subscribed(tp.topic)]
         if not revoked:
-            if self._floor_wait is not None and self._floor_wait[0] is gen:
-                # An earlier change's wait, abandoned (subscribed back): a later change
-                # waits for the commits in flight at its own first try, not at that one's.
-                self._floor_wait = None
             return True
         assert gen is not None and hold is not None
-        if self._auto_commit and not self._floors_landed(gen, revoked, deadline):
+        # Keyed by the ``change`` (``subscribe()``'s), not the generation: a later change
+        # waits for the commits in flight at its own first try, not at an abandoned one's,
+        # and no change restarts a rebalance's own wait in the generation.
+        if self._auto_commit and not self._floors_landed(change, revoked, deadline):
             return False
         # First: a rebalance another member starts meanwhile must not rejoin either (the
         # member would no longer report them as owned while their commits are in flight).
@@ -2516,19 +2516,20 @@ class Consumer(SubscriptionMixin):
         return self._committer.finished(upto) or self._committer.wait_idle(
             _remaining(deadline), self._wakeup, self._stop, upto=upto)
 
-    def _floors_landed(self, gen: Generation, partitions: list[TopicPartition],
+    def _floors_landed(self, key: object, partitions: list[TopicPartition],
                        deadline: float | None) -> bool:
-        """Before a rebalance reckons its commit of ``partitions`` (giving up ``gen``, or
-        moving to it): whether the application's commits of them in flight then have
-        finished, waiting until ``deadline``, ``wakeup()`` or ``close()``; if so their
-        outcomes are taken (``_take_outcomes``), so that one refused holds nothing back
-        (``_settle_commit_floor``). Only those in flight at the first call for ``gen``: a
+        """Before a rebalance reckons its commit of ``partitions`` (giving up the generation
+        ``key``, or moving to it; or for the changed subscription ``key``): whether the
+        application's commits of them in flight then have finished, waiting until
+        ``deadline``, ``wakeup()`` or ``close()``; if so their outcomes are taken
+        (``_take_outcomes``), so that one refused holds nothing back
+        (``_settle_commit_floor``). Only those in flight at the first call for ``key``: a
         ``poll(0)`` loop that commits after each poll() would otherwise never catch up."""
         wait = self._floor_wait
-        if wait is None or wait[0] is not gen:
+        if wait is None or wait[0] is not key:
             newest = max((t for tp in partitions for t, _ in self._commit_floor.get(tp, ())),
                          default=0)
-            wait = self._floor_wait = (gen, newest)
+            wait = self._floor_wait = (key, newest)
         if not self._commits_landed(deadline, wait[1]):
             return False
         self._floor_wait = None
