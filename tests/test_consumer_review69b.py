@@ -10,6 +10,8 @@ from harness import wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review67 import _Gated
 from test_consumer_review68 import _Joiner, _polled_all
+from test_review69_consumer_wait import _Held
+from test_review69_subscription_wait import _both_at_10
 
 from rcoord import TopicPartition
 
@@ -48,4 +50,36 @@ def test_subscribing_at_every_poll_does_not_restart_a_rebalances_wait_for_the_co
         assert "revoked" in listener.kinds()
     finally:
         coord.open()
+        joiner.stop()
+
+
+def test_a_changed_subscription_after_the_generation_ended_rejoins_once_its_commit_landed(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """Cooperative; a second member ends the generation, then subscribe(["u"]). The poll()
+    that revokes t-0 returns by its deadline while Redis holds the revocation's commit; the
+    member does not rejoin with the new subscription before that commit landed (as Kafka's
+    onJoinPrepare commits before the JoinGroup): the change stays pending, and a later poll()
+    applies it once the commit is let through."""
+    coord = _Gated(env)
+    listener = Recorder()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    held = _Held()
+    group = consumer._group
+    assert group is not None
+    try:
+        wait_until(lambda: consumer._gen is not None and consumer._gen.done.is_set())
+        coord.gate = held  # type: ignore[assignment]
+        consumer.subscribe(["u"])
+        assert consumer.poll(timeout=0.5) == []
+        assert "revoked" in listener.kinds()
+        assert consumer.poll(timeout=0) == []  # (still held: not applied)
+        assert (consumer._resubscribe is not None, set(group._config.topics)) == (
+            True, {"t", "u"})
+        held.release()
+        wait_until(lambda: consumer._resubscribe is None,
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert set(group._config.topics) == {"u"}
+    finally:
+        held.release()
         joiner.stop()

@@ -453,6 +453,10 @@ class Consumer(SubscriptionMixin):
         # commits, which it waits for.
         self._floor_wait: tuple[object, int] | None = None
         self._releasing: tuple[_Hold, int] | None = None  # (the hold, the last commit's ticket)
+        # A changed subscription's revocation after the held generation ended: the ticket of
+        # the last commit queued during it, which the rejoin with the new subscription waits
+        # for (``_unsubscribed_landed``), the change pending meanwhile.
+        self._unsubscribed_commit: int | None = None
         # A cooperative revocation's rejoin, due once the commits queued during it landed
         # (``_finish_rejoin``): what requests that rejoin (None when it is due anyway: a new
         # subscription ended the generation), the hold that keeps the member from it, and the
@@ -2229,7 +2233,11 @@ class Consumer(SubscriptionMixin):
         Then their commits (auto-commit's, and the callback's async ones) are queued, not
         waited for: the held generation's hold keeps the member from rejoining until they
         landed (``_finish_rejoin``, waiting until ``poll()``'s deadline, a later ``poll()``
-        going on), and meanwhile the member consumes what it kept."""
+        going on), and meanwhile the member consumes what it kept. Once the generation
+        ended, no hold keeps it: the new subscription waits for them instead
+        (``_unsubscribed_landed``), False meanwhile, the change pending."""
+        if not self._unsubscribed_landed(deadline):
+            return False
         gen, hold = self._gen, self._hold
         revoked = [] if (gen is None or hold is None or self._group is None
                          or self._group.protocol is not RebalanceProtocol.COOPERATIVE
@@ -2279,10 +2287,23 @@ class Consumer(SubscriptionMixin):
                 # The generation ended before this poll() and the member is rejoining (or
                 # has joined the next one, which the commits were made under, ``peek``):
                 # nothing keeps it from rejoining with the new subscription but waiting for
-                # the commits here, as Kafka's onJoinPrepare would before its JoinGroup.
+                # the commits before it is applied, as Kafka's onJoinPrepare would before its
+                # JoinGroup.
                 self._forget_revoked(revoked)
                 hold.applied.set()
-                self._await_committer()
+                self._unsubscribed_commit = self._committer.last_ticket
+        return self._unsubscribed_landed(deadline)
+
+    def _unsubscribed_landed(self, deadline: float | None) -> bool:
+        """Whether the commits of a changed subscription's revocation after the held
+        generation ended (``_revoke_unsubscribed``) have finished, waiting until ``deadline``,
+        ``wakeup()`` or ``close()``: until then the change stays pending and ``poll()``
+        returns nothing, where it waited for them past its deadline (up to two session
+        timeouts), deaf to ``wakeup()`` and ``close()``."""
+        ticket = self._unsubscribed_commit
+        if ticket is not None and not self._commits_landed(deadline, ticket):
+            return False
+        self._unsubscribed_commit = None
         return True
 
     def _must_revoke(self) -> bool:
