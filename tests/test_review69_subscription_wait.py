@@ -67,3 +67,31 @@ def test_a_changed_subscription_revoking_other_partitions_waits_for_their_commit
     wait_until(lambda: "revoked" in listener.kinds(), step=lambda: consumer.poll(timeout=0.05))
     wait_until(lambda: consumer._committer.pending == 0)
     assert (_committed_of(env, U0), revoked_early) == ({U0: 10}, False)
+
+
+def test_a_later_change_revoking_the_same_partition_waits_for_its_commits_in_flight(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """The same root cause with the same partition revoked: subscribe(["u"]) waits for the
+    refused 11; then commit_async({t-0: 12}), refused too, and subscribe(["u", "v"]), a new
+    change revoking t-0 again. Its first try found the 12 in flight, yet it waited only for
+    the 11 (ef2ecb0: "a later change waits for the commits in flight at its own first try"),
+    and t-0 was left uncommitted. Keying the wait by the revoked set would not cover this:
+    keyed by the change (the pending subscription), it would."""
+    coord = _Gated(env)
+    listener = Recorder()
+    env.topics.create("v", 1)
+    consumer = _both_at_10(env, coord, listener)
+    coord.refused.update({11, 12})
+    consumer.commit_async({T0: 11})
+    consumer.subscribe(["u"])
+    assert consumer.poll(timeout=0) == []  # (waits for the 11)
+    consumer.commit_async({T0: 12})
+    consumer.subscribe(["u", "v"])
+    coord.gate.release()  # the 11 only (refused); the 12 stays held
+    wait_until(lambda: consumer._committer.pending == 1)
+    assert consumer.poll(timeout=0) == []
+    revoked_early = "revoked" in listener.kinds()
+    coord.open()
+    wait_until(lambda: "revoked" in listener.kinds(), step=lambda: consumer.poll(timeout=0.05))
+    wait_until(lambda: consumer._committer.pending == 0)
+    assert (_committed_of(env, T0), revoked_early) == ({T0: 10}, False)
