@@ -25,15 +25,16 @@ def _committed_of(environment: Any, *partitions: TopicPartition) -> dict[TopicPa
     return {tp: o.offset for tp, o in fetched.items()}
 
 
-def _both_at_10(environment: Any, coord: _Gated, listener: Recorder) -> Consumer:
+def _both_at_10(environment: Any, coord: _Gated, listener: Recorder, **kw: Any) -> Consumer:
     """Topics t and u (one partition each, ten records each) and a cooperative consumer of
-    both in group g that has polled all twenty; its commits held from then on."""
+    both in group g (configured as ``kw`` says) that has polled all twenty; its commits held
+    from then on."""
     for topic in ("t", "u"):
         environment.topics.create(topic, 1)
         environment.producer.send_batch(topic, [b"%d" % i for i in range(10)])
     consumer: Consumer = environment.consumer(
         coordinator=coord, topics=["t", "u"], listener=listener,
-        assignors=["cooperative-sticky"], auto_commit_interval_ms=3_600_000)
+        assignors=["cooperative-sticky"], auto_commit_interval_ms=3_600_000, **kw)
     coord.open()
     got: list[Any] = []
     wait_until(lambda: len(got) == 20, step=lambda: got.extend(consumer.poll(timeout=0.05)))
