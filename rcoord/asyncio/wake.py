@@ -238,6 +238,11 @@ class AsyncWakeReads:
                 and await self._read(client, key, position, None) is not None):
             return True
         self._check_open()  # (closed during that look: it must not start a read)
+        # During the look the read may have ended, its waiters left and ``_drop_idle`` forgotten
+        # the stream: parked on that object, this call would read alone, uncounted and out of
+        # ``close()``'s reach. Wait on the stream this object knows under ``key`` (the same one,
+        # made again, or one a later call made meanwhile).
+        stream = self._streams.setdefault(key, stream)
         waiter: asyncio.Future[bool] = loop.create_future()
         stream.waiters[waiter] = (position, deadline)
         try:
