@@ -10,7 +10,7 @@ import redis.exceptions
 
 from ..connect import UNCOVERED_REFRESH_S, learn_node, partial_listing, refuse_partial_listing
 
-__all__ = ["AsyncClusterClient"]
+__all__ = ["AsyncClusterClient", "learn_slots"]
 
 
 class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
@@ -47,6 +47,18 @@ class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
                 raise redis.exceptions.SlotNotCoveredError(
                     f"{args[0]}: its slot is served by no master of the Redis Cluster") from None
             return await find(*args, **kwargs)
+
+
+def learn_slots(client: Any) -> None:
+    """Give a plain ``redis.asyncio.RedisCluster`` the slot lookups of an ``AsyncClusterClient``
+    (``_LearningNodesManager``): the coordinator takes any asyncio cluster client, and with
+    redis-py's own a call on a slot no master serves failed with a bare ``KeyError`` that no
+    error boundary maps, where the blocking client's ``SlotNotCoveredError`` is a retriable
+    ``ConnectionLost``. Only redis-py's own manager is changed (the same layout, so the class
+    can be swapped in place); a caller's subclass is theirs, and left as it is."""
+    manager = getattr(client, "nodes_manager", None)
+    if type(manager) is redis.asyncio.cluster.NodesManager:
+        manager.__class__ = _LearningNodesManager
 
 
 class _LearningNodesManager(redis.asyncio.cluster.NodesManager):

@@ -18,6 +18,7 @@ from ..errors import reraise_as_rcoord
 from ..flow import Flow, adrive
 from ..scripts import LoopLock, Scripts
 from ..steps import GroupSteps, config_arg, present_as
+from .cluster import learn_slots
 from .wake import AsyncWakeReads, command_limit
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
@@ -94,6 +95,7 @@ class AsyncGroupCoordinator:
         async with self._lock.lock():
             if self._steps.config is None:
                 self._steps.prepare(self._redis, "AsyncGroupCoordinator")
+                learn_slots(self._redis)
                 self._scripts.load()
                 await _translated("start", self._run(self._steps.settle()))
         return self
