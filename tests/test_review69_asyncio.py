@@ -1,0 +1,85 @@
+"""Review 69: where the asyncio coordinator's shared wake reads leave something behind."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio
+from harness import await_until
+
+import rcoord.asyncio.wake
+from rcoord.asyncio.wake import AsyncWakeReads
+
+
+async def _blocked_xreads(admin: Any) -> list[Any]:
+    return [c for c in await admin.client_list()
+            if c.get("cmd") == "xread" and "b" in c.get("flags", "")]
+
+
+def test_a_stream_forgotten_during_a_waiters_look_is_not_left_behind_by_close(
+        redis_server, namespace, monkeypatch):
+    """A waiter older than the read in flight first looks without blocking; while it looked,
+    the read ended (its only waiter cancelled) and a wait on another stream forgot the idle stream
+    (``_drop_idle``, past ``MAX_IDLE_STREAMS``). The waiter then parked on the forgotten
+    stream object, with a reader of its own: not counted by ``waiting()``, not ended by
+    ``close()``, which must fail every call still waiting and leave no read behind."""
+    monkeypatch.setattr(rcoord.asyncio.wake, "MAX_IDLE_STREAMS", 1)
+    key, other = f"{namespace}:wake69", f"{namespace}:wake69b"
+
+    class GatedLook(redis.asyncio.Redis):
+        """Holds a non-blocking XREAD (the look) until the test lets it return."""
+
+        gate: asyncio.Event
+        looked: asyncio.Event
+
+        async def xread(self, streams: Any, count: Any = None, block: Any = None,
+                        **kwargs: Any) -> Any:
+            reply = await super().xread(streams, count=count, block=block, **kwargs)
+            if block is None and key in streams:
+                self.looked.set()
+                await asyncio.wait_for(self.gate.wait(), 60)
+            return reply
+
+    async def scenario() -> None:
+        client = GatedLook(host="127.0.0.1", port=redis_server.port)
+        client.gate, client.looked = asyncio.Event(), asyncio.Event()
+        admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        reads = AsyncWakeReads(8)
+        tasks: list[asyncio.Task[bool]] = []
+        try:
+            await admin.xadd(key, {"e": 1}, id="1-0")
+            # W1 waits from 9-0: the read in flight reads from there.
+            tasks.append(asyncio.create_task(reads.wait(client, key, "9-0", 30_000)))
+            await await_until(lambda: reads.waiting(key) == 1 and reads.reading() == 1,
+                              "the first waiter's read in flight")
+            # W2 waits from 2-0, older than that read: it looks first (held in the look).
+            tasks.append(asyncio.create_task(reads.wait(client, key, "2-0", 30_000)))
+            await asyncio.wait_for(client.looked.wait(), 30)  # (it found nothing after 2-0)
+            # Meanwhile W1 gives up (cancelled: a caller's timeout), and its read is ended.
+            tasks[0].cancel()
+            await asyncio.gather(tasks[0], return_exceptions=True)
+            await await_until(lambda: reads.reading() == 0, "the first read ended")
+            # A wait on another stream forgets the idle ones.
+            tasks.append(asyncio.create_task(reads.wait(client, other, "0-0", 30_000)))
+            await await_until(lambda: reads.waiting(other) == 1, "the other stream's waiter")
+            client.gate.set()  # W2's look returns: nothing after 2-0 when it looked
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while not tasks[1].done() and len(await _blocked_xreads(admin)) < 2:
+                assert loop.time() < deadline, "W2 neither answered nor parked"
+                await asyncio.sleep(0.01)
+            await reads.close()
+            # close() fails every call still waiting, at once, and leaves no read behind.
+            _, pending = await asyncio.wait(tasks[1:], timeout=10)
+            assert not pending, (f"{len(pending)} call(s) still waiting after close(); "
+                                 f"waiting({key!r}) = {reads.waiting(key)}")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await admin.delete(key, other)
+            await admin.aclose()
+            await client.aclose()
+
+    asyncio.run(scenario())
