@@ -83,3 +83,51 @@ def test_a_stream_forgotten_during_a_waiters_look_is_not_left_behind_by_close(
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_slot_no_master_serves_is_a_connection_loss_on_a_plain_asyncio_cluster_client(
+        redis_cluster, namespace):
+    """``redis.asyncio.RedisCluster(require_full_coverage=False)`` keeps no entry for a slot no
+    master served when it read the slot map (a failover under way), and redis-py 8.1's asyncio
+    ``get_node_from_slot`` then raises ``KeyError`` out of the client's ``execute_command``,
+    which no error boundary knows: the call failed with a bare ``KeyError``, where the blocking
+    coordinator, given ``redis.RedisCluster(require_full_coverage=False)`` in the same state,
+    answers (its client reads the map again) or raises the retriable ``ConnectionLost``.
+    ``rcoord.asyncio.AsyncClusterClient`` maps it, but the coordinator takes any
+    ``redis.asyncio.RedisCluster``."""
+    import redis.asyncio.cluster
+    import redis.cluster
+
+    from rcoord import ConnectionLost, Errors, GroupCoordinator
+    from rcoord.asyncio import AsyncGroupCoordinator
+    from rcoord.keys import GroupKeys
+
+    blocking = redis.cluster.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0],
+                                          require_full_coverage=False)
+    try:
+        coord = GroupCoordinator(blocking, namespace).start()
+        slot = redis.cluster.key_slot(
+            GroupKeys.of(namespace, coord.config.num_partitions, "g").group.encode())
+        # What reading the map leaves when no master served the slot.
+        blocking.nodes_manager.slots_cache.pop(slot)
+        try:
+            assert coord.heartbeat("g", 1, "m") == Errors.UNKNOWN_MEMBER_ID
+        except ConnectionLost:
+            pass
+    finally:
+        blocking.close()
+
+    async def scenario() -> None:
+        client = redis.asyncio.cluster.RedisCluster(
+            host="127.0.0.1", port=redis_cluster.ports[0], require_full_coverage=False)
+        try:
+            acoord = await AsyncGroupCoordinator(client, namespace).start()
+            client.nodes_manager.slots_cache.pop(slot)  # (as above)
+            try:
+                assert await acoord.heartbeat("g", 1, "m") == Errors.UNKNOWN_MEMBER_ID
+            except ConnectionLost:
+                pass
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
