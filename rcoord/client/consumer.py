@@ -2066,11 +2066,12 @@ class Consumer(SubscriptionMixin):
         before = set(self._assigned)
         offsets = new.offsets
         revoked = sorted(before - offsets.keys())
+        fresh = offsets.keys() - before
         # (Not those of a topic subscribe() dropped since ``new`` was joined: revoked already
         # (``_revoke_unsubscribed``) and no longer reported owned, they went to another member
         # while this one consumed them again, as Kafka's onJoinComplete takes no assignment
         # that does not match the subscription.)
-        added = sorted(tp for tp in offsets.keys() - before if self._subscribed(tp.topic))
+        added = sorted(tp for tp in fresh if self._subscribed(tp.topic))
         if revoked and self._auto_commit and not self._floors_landed(new, revoked, deadline):
             # Their commit waits for the application's commits of them in flight (as Kafka's
             # onJoinComplete runs in poll(), the next poll() goes on): nothing applied yet,
@@ -2139,6 +2140,13 @@ class Consumer(SubscriptionMixin):
                 # owes its rejoin under ``hold``: ``_finish_rejoin`` lets the member go once
                 # its commits landed. Let go here, it rejoined with them in flight, and they
                 # were refused once the next generation completed.)
+                if len(added) < len(fresh) and self._resubscribe is None:
+                    # Left out with no change pending whose rejoin hands them on (a custom or
+                    # foreign leader's assignor gave them): nobody consumed them until some
+                    # other rebalance. Rejoin, as Kafka's onJoinComplete does for "received
+                    # assignment does not match the current subscription" (once the hold
+                    # lets the member go, as any rejoin; ended already, nothing more).
+                    new.request_rejoin()
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way), unless it closed the consumer; then its exception,
         # the first one, propagates. A close() from another thread, which began meanwhile
