@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import wait_until
-from test_consumer import env  # noqa: F401 - env: the fixture
+from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
+from test_consumer_review67 import _Gated
+from test_consumer_review68 import _Joiner
+from test_review69_consumer_wait import _Held
+from test_review69_subscription_wait import _both_at_10
 
 from rcoord import TopicPartition
 from rcoord.assignors import CooperativeStickyAssignor
@@ -55,3 +60,47 @@ def test_an_assignment_of_a_topic_not_subscribed_is_answered_with_a_rejoin(
     assert later is not None and FOREIGN not in later.offsets
     assert FOREIGN not in consumer.assignment() and len(consumer.assignment()) == 2
 
+
+class _Failing(Recorder):
+    """Its first on_partitions_revoked raises (the others, close()'s among them, do not)."""
+
+    failed = False
+
+    def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        super().on_partitions_revoked(partitions)
+        if not self.failed:
+            self.failed = True
+            raise ValueError("the application's revocation failed")
+
+
+def test_a_changed_subscription_whose_revocation_callback_raised_still_waits_for_its_commit(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """As review 69b's test, with on_partitions_revoked raising a ValueError: poll() raises
+    it, as Kafka's listener exceptions propagate, but the change must still wait for the
+    revocation's commit held in Redis. It was applied at once (the member rejoined with
+    that commit in flight); it stays pending until the commit landed."""
+    coord = _Gated(env)
+    listener = _Failing()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    held = _Held()
+    group = consumer._group
+    assert group is not None
+    try:
+        wait_until(lambda: consumer._gen is not None and consumer._gen.done.is_set())
+        coord.gate = held  # type: ignore[assignment]
+        consumer.subscribe(["u"])
+        with pytest.raises(ValueError, match="revocation failed"):
+            consumer.poll(timeout=0.5)
+        assert "revoked" in listener.kinds()
+        assert (consumer._resubscribe is not None, set(group._config.topics)) == (
+            True, {"t", "u"})
+        assert consumer.poll(timeout=0) == []  # (still held: not applied)
+        assert set(group._config.topics) == {"t", "u"}
+        held.release()
+        wait_until(lambda: consumer._resubscribe is None,
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert set(group._config.topics) == {"u"}
+    finally:
+        held.release()
+        joiner.stop()

@@ -106,6 +106,7 @@ class SubscriptionMixin:
         _simple_retries_end: threading.Event
         _poll_timer: PollTimer
         _resubscribe: ConsumerGroupConfig | None
+        _unsubscribed_commit: int | None
 
         def _check_open(self) -> None: ...
         def _single_threaded(self) -> contextlib.AbstractContextManager[None]: ...
@@ -222,6 +223,14 @@ class SubscriptionMixin:
             # (the rejoin no longer reports them as owned). Unless the callback subscribed
             # anew, unsubscribed or closed: then that is what the next poll() applies.
             again = self._resubscribe is None and self._group is group and not group.closed
+            raise
+        except Exception:
+            # The callback raised after the revocation was made (its exception is poll()'s,
+            # as Kafka's listener exceptions are): if its commits are still in flight past
+            # the generation (``_unsubscribed_commit``), the change still waits for them, as
+            # when it returned; applied now, the member rejoined with them in flight.
+            again = (self._unsubscribed_commit is not None and self._resubscribe is None
+                     and self._group is group and not group.closed)
             raise
         finally:
             if again:
