@@ -15,7 +15,7 @@ from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import _both_at_10
 
 from rcoord import TopicPartition
-from rcoord.assignors import CooperativeStickyAssignor
+from rcoord.assignors import CooperativeStickyAssignor, RangeAssignor
 
 FOREIGN = TopicPartition("u", 0)
 
@@ -104,3 +104,39 @@ def test_a_changed_subscription_whose_revocation_callback_raised_still_waits_for
     finally:
         held.release()
         joiner.stop()
+
+
+class _ForeignRange(RangeAssignor):
+    """range (eager), which once ``armed`` also gives u-0 to the first member."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def assign(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().assign(*args, **kwargs)
+        if self.armed:
+            self.armed = False
+            result[min(result)].append(FOREIGN)
+        return result
+
+
+@pytest.mark.parametrize("assignor", [_Foreign, _ForeignRange])
+def test_a_first_generation_assigning_a_topic_not_subscribed_takes_none_of_it_and_rejoins(
+        env: Any, assignor: type) -> None:  # noqa: F811 - the fixture
+    """The same in the member's first generation (cooperative) and in an eager one: u-0 was
+    consumed and announced in on_partitions_assigned, and no rejoin followed."""
+    env.topics.create("t", 2)
+    env.topics.create("u", 1)
+    foreign = assignor()
+    foreign.armed = True
+    listener = Recorder()
+    consumer = env.consumer(assignors=[foreign], listener=listener)
+
+    def rejoined() -> bool:  # (generation 1 had u-0; the one after, asked for, has not)
+        gen = consumer.generation
+        return (not foreign.armed and gen is not None and gen.generation_id >= 2
+                and FOREIGN not in gen.offsets and len(consumer.assignment()) == 2)
+
+    wait_until(rejoined, step=lambda: consumer.poll(timeout=0.05))
+    assert FOREIGN not in consumer.assignment()
+    assert listener.events and all(FOREIGN not in parts for _, parts in listener.events)

@@ -1964,18 +1964,24 @@ class Consumer(SubscriptionMixin):
             gen._end(EndReason.ERROR, exc)
             return
         self._gen, self._hold = gen, hold
-        offsets = gen.offsets
+        # Only the subscribed topics' partitions: a custom or foreign leader's assignor may
+        # give others, which were consumed and announced (``_transition`` filters likewise).
+        offsets = {tp: o for tp, o in gen.offsets.items() if self._subscribed(tp.topic)}
         self._assigned = sorted(offsets)
         self._position = dict(offsets)
         self._fetch_pos = dict(offsets)
         self._invalid = {tp: o for tp, o in offsets.items() if o < 0}
         self._resets = {}
         self._buffers = {tp: deque() for tp in self._assigned}
-        self._committed = dict(gen.committed)
+        self._committed = {tp: c for tp, c in gen.committed.items() if tp in offsets}
         self._unstarted = set(self._assigned)
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
         gen.acknowledge()
         hold.applied.set()  # nothing revoked in taking it
+        if len(offsets) < len(gen.offsets) and self._resubscribe is None:
+            # As Kafka's onJoinComplete for "received assignment does not match the current
+            # subscription": rejoin (with a change pending, its own rejoin does).
+            gen.request_rejoin()
         log.info(
             "generation %d: assigned %s",
             gen.generation_id,
