@@ -1978,10 +1978,7 @@ class Consumer(SubscriptionMixin):
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
         gen.acknowledge()
         hold.applied.set()  # nothing revoked in taking it
-        if len(offsets) < len(gen.offsets) and self._resubscribe is None:
-            # As Kafka's onJoinComplete for "received assignment does not match the current
-            # subscription": rejoin (with a change pending, its own rejoin does).
-            gen.request_rejoin()
+        self._rejoin_for_unsubscribed(gen, given=len(gen.offsets), taken=len(offsets))
         log.info(
             "generation %d: assigned %s",
             gen.generation_id,
@@ -2146,13 +2143,7 @@ class Consumer(SubscriptionMixin):
                 # owes its rejoin under ``hold``: ``_finish_rejoin`` lets the member go once
                 # its commits landed. Let go here, it rejoined with them in flight, and they
                 # were refused once the next generation completed.)
-                if len(added) < len(fresh) and self._resubscribe is None:
-                    # Left out with no change pending whose rejoin hands them on (a custom or
-                    # foreign leader's assignor gave them): nobody consumed them until some
-                    # other rebalance. Rejoin, as Kafka's onJoinComplete does for "received
-                    # assignment does not match the current subscription" (once the hold
-                    # lets the member go, as any rejoin; ended already, nothing more).
-                    new.request_rejoin()
+                self._rejoin_for_unsubscribed(new, given=len(fresh), taken=len(added))
         # As Kafka: the added partitions are announced even if the revocation callback raised
         # (they are assigned either way), unless it closed the consumer; then its exception,
         # the first one, propagates. A close() from another thread, which began meanwhile
@@ -2228,6 +2219,17 @@ class Consumer(SubscriptionMixin):
         self._revoking = False
         self._pending_revocation = []
         self._forget_partitions(revoked)
+
+    def _rejoin_for_unsubscribed(self, gen: Generation, given: int, taken: int) -> None:
+        """``gen`` gave the member ``given`` partitions new to it, of which it took the
+        ``taken`` of subscribed topics (``_subscribed``). Those left out (a custom or foreign
+        leader's assignor gave them) reached nobody until some other rebalance: the member
+        rejoins, as Kafka's onJoinComplete does for "received assignment does not match the
+        current subscription", unless a subscription change is pending, whose own rejoin hands
+        them on. As any rejoin, once the hold lets the member go; for a generation ended
+        already, nothing more."""
+        if taken < given and self._resubscribe is None:
+            gen.request_rejoin()
 
     def _revoke_unsubscribed(self, subscribed: Callable[[str], bool], change: object,
                              deadline: float | None) -> bool:
