@@ -107,6 +107,7 @@ class RetentionKeeper:
         started = time.monotonic()
         owned = self._owned()
         if owned is None:
+            self._metrics.retention_passes.labels("failed").inc()
             self._unconfirmed(None)
             return 0
         if not owned:
@@ -178,8 +179,6 @@ class RetentionKeeper:
         took_ms = int((time.monotonic() - started) * 1000)
         if failures:
             self._metrics.retention_errors.inc(failures)
-            if not unconfirmed:
-                self._metrics.retention_passes.labels("failed").inc()
             assert first_error is not None
             log.warning("applying retention failed for %d topic(s); trying again next pass",
                         failures, extra={
@@ -187,14 +186,16 @@ class RetentionKeeper:
                             "topic": first_error[0], "why": first_error[1],
                             "retry_in_ms": self.interval_ms})
         if unlisted:
-            if not failures and not unconfirmed:
-                self._metrics.retention_passes.labels("failed").inc()
             log.warning("the topics of %s were not listed; trying again next pass",
                         ", ".join(what for what, _ in unlisted), extra={
                             "event": "retention_error", "id": self._id,
                             "unlisted": [what for what, _ in unlisted],
                             "why": str(unlisted[0][1]), "retry_in_ms": self.interval_ms})
-        if not failures and not unlisted and not stopped and not unconfirmed:
+        # One result per pass: "failed" for whatever failed (a stopped pass is not failed for
+        # the stop), "ok" only when nothing failed and the stop left nothing.
+        if failures or unlisted or unconfirmed:
+            self._metrics.retention_passes.labels("failed").inc()
+        elif not stopped:
             self._metrics.retention_passes.labels("ok").inc()
         log.debug("retention pass", extra={
             "event": "retention_pass", "id": self._id, "topics": len(names), "on_leases": len(mine),
@@ -203,10 +204,9 @@ class RetentionKeeper:
         return applied
 
     def _unconfirmed(self, left: int | None) -> None:
-        """Count and log a pass that found its leases unconfirmed (see the class docstring),
-        with ``left`` topics with retention it did not reach: None at the pass's start, which
+        """Log a pass that found its leases unconfirmed (see the class docstring), with ``left``
+        topics with retention it did not reach: None at the pass's start, which
         has listed no topic, so the line leaves ``left`` out rather than say 0 (nothing undone)."""
-        self._metrics.retention_passes.labels("failed").inc()
         extra: dict[str, object] = {
             "event": "retention_error", "id": self._id, "leases_unconfirmed": True,
             "why": "the leases were not renewed within a TTL", "retry_in_ms": self.interval_ms}
