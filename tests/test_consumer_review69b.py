@@ -4,6 +4,8 @@ subscription."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from harness import wait_until
@@ -60,17 +62,8 @@ def test_a_changed_subscription_after_the_generation_ended_rejoins_once_its_comm
     member does not rejoin with the new subscription before that commit landed (as Kafka's
     onJoinPrepare commits before the JoinGroup): the change stays pending, and a later poll()
     applies it once the commit is let through."""
-    coord = _Gated(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    held = _Held()
-    group = consumer._group
-    assert group is not None
-    try:
-        wait_until(lambda: consumer._gen is not None and consumer._gen.done.is_set())
-        coord.gate = held  # type: ignore[assignment]
-        consumer.subscribe(["u"])
+    with _ended_then_changed(env, listener) as (consumer, group, held):
         assert consumer.poll(timeout=0.5) == []
         assert "revoked" in listener.kinds()
         assert consumer.poll(timeout=0) == []  # (still held: not applied)
@@ -80,6 +73,25 @@ def test_a_changed_subscription_after_the_generation_ended_rejoins_once_its_comm
         wait_until(lambda: consumer._resubscribe is None,
                    step=lambda: consumer.poll(timeout=0.05))
         assert set(group._config.topics) == {"u"}
+
+
+@contextlib.contextmanager
+def _ended_then_changed(
+        env: Any, listener: Recorder) -> Iterator[tuple[Any, Any, _Held]]:  # noqa: F811
+    """Cooperative, t-0 and u-0 at 10 (``_both_at_10``); a second member ends the generation,
+    Redis then holds commits (``_Held``), and the subscription changes to u alone: the
+    consumer, its group and the hold (released, and the second member stopped, at the end)."""
+    coord = _Gated(env)
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    held = _Held()
+    group = consumer._group
+    assert group is not None
+    try:
+        wait_until(lambda: consumer._gen is not None and consumer._gen.done.is_set())
+        coord.gate = held  # type: ignore[assignment]
+        consumer.subscribe(["u"])
+        yield consumer, group, held
     finally:
         held.release()
         joiner.stop()

@@ -9,10 +9,7 @@ from typing import Any
 import pytest
 from harness import wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review67 import _Gated
-from test_consumer_review68 import _Joiner
-from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import _both_at_10
+from test_consumer_review69b import _ended_then_changed
 
 from rcoord import TopicPartition
 from rcoord.assignors import CooperativeStickyAssignor, RangeAssignor
@@ -20,19 +17,26 @@ from rcoord.assignors import CooperativeStickyAssignor, RangeAssignor
 FOREIGN = TopicPartition("u", 0)
 
 
-class _Foreign(CooperativeStickyAssignor):
-    """cooperative-sticky, which once ``armed`` also gives u-0, a topic no member subscribes
-    to, to the first member: as a custom or foreign leader's assignor may."""
+class _GivesForeign:
+    """An assignor which, once ``armed``, also gives u-0, a topic no member subscribes to, to
+    the first member: as a custom or foreign leader's assignor may."""
 
-    def __init__(self) -> None:
-        self.armed = False
+    armed = False
 
     def assign(self, *args: Any, **kwargs: Any) -> Any:
-        result = super().assign(*args, **kwargs)
+        result = super().assign(*args, **kwargs)  # type: ignore[misc]
         if self.armed:
             self.armed = False
             result[min(result)].append(FOREIGN)
         return result
+
+
+class _Foreign(_GivesForeign, CooperativeStickyAssignor):
+    """cooperative-sticky, giving u-0 once armed."""
+
+
+class _ForeignRange(_GivesForeign, RangeAssignor):
+    """range (eager), giving u-0 once armed."""
 
 
 def test_an_assignment_of_a_topic_not_subscribed_is_answered_with_a_rejoin(
@@ -79,17 +83,8 @@ def test_a_changed_subscription_whose_revocation_callback_raised_still_waits_for
     it, as Kafka's listener exceptions propagate, but the change must still wait for the
     revocation's commit held in Redis. It was applied at once (the member rejoined with
     that commit in flight); it stays pending until the commit landed."""
-    coord = _Gated(env)
     listener = _Failing()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    held = _Held()
-    group = consumer._group
-    assert group is not None
-    try:
-        wait_until(lambda: consumer._gen is not None and consumer._gen.done.is_set())
-        coord.gate = held  # type: ignore[assignment]
-        consumer.subscribe(["u"])
+    with _ended_then_changed(env, listener) as (consumer, group, held):
         with pytest.raises(ValueError, match="revocation failed"):
             consumer.poll(timeout=0.5)
         assert "revoked" in listener.kinds()
@@ -101,23 +96,6 @@ def test_a_changed_subscription_whose_revocation_callback_raised_still_waits_for
         wait_until(lambda: consumer._resubscribe is None,
                    step=lambda: consumer.poll(timeout=0.05))
         assert set(group._config.topics) == {"u"}
-    finally:
-        held.release()
-        joiner.stop()
-
-
-class _ForeignRange(RangeAssignor):
-    """range (eager), which once ``armed`` also gives u-0 to the first member."""
-
-    def __init__(self) -> None:
-        self.armed = True
-
-    def assign(self, *args: Any, **kwargs: Any) -> Any:
-        result = super().assign(*args, **kwargs)
-        if self.armed:
-            self.armed = False
-            result[min(result)].append(FOREIGN)
-        return result
 
 
 @pytest.mark.parametrize("assignor", [_Foreign, _ForeignRange])
