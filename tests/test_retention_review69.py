@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import threading
 
-from test_service_retention import N, _keeper_passes, _produce, retention_log  # noqa: F401
+from test_service_retention import (  # noqa: F401 - retention_log: the fixture
+    _keeper_passes,
+    _produce,
+    _stopping_before_first_topic,
+    retention_log,
+)
 
 from rcoord.service.metrics import Metrics
-from rcoord.service.retention import RetentionKeeper
 from rcoord.topics import Topics, log_offsets
 from rcoord.topics import admin as topics_admin
 
@@ -47,17 +51,8 @@ def test_a_topic_whose_trim_finished_in_the_stops_round_is_counted_applied(
     for name in names:
         topics.create(name, 1, retention_records=1)
         _produce(single_client, namespace, name, 3)
-    stop = threading.Event()
-    asked: list[int] = []
-
-    def owned() -> set[int]:
-        asked.append(1)
-        if len(asked) == 2:
-            stop.set()
-        return set(range(N))
-
     metrics = Metrics()
-    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    keeper, _ = _stopping_before_first_topic(single_client, namespace, metrics)
     applied = keeper.run_once()
     offsets = {t: log_offsets(single_client, namespace, t, 0) for t in names}
     assert sorted(offsets.values()) == [(0, 3), (2, 3)]  # one trimmed, one left
@@ -75,17 +70,8 @@ def test_a_pass_whose_stop_came_in_its_last_trims_finished_round_is_ok(
     ended with the stop set was taken for cut short and counted neither ok nor failed."""
     Topics(single_client, namespace).create("o", 1, retention_records=1)
     _produce(single_client, namespace, "o", 3)
-    stop = threading.Event()
-    asked: list[int] = []
-
-    def owned() -> set[int]:
-        asked.append(1)
-        if len(asked) == 2:  # the pass's start, then before the topic
-            stop.set()
-        return set(range(N))
-
     metrics = Metrics()
-    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    keeper, _ = _stopping_before_first_topic(single_client, namespace, metrics)
     assert keeper.run_once() == 1
     assert log_offsets(single_client, namespace, "o", 0) == (2, 3)
     assert retention_log.appliers("o") == {"c1"} and retention_log.stopped == []

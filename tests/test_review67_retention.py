@@ -5,13 +5,10 @@ debug log says ``retention_applied``, though records past its retention are left
 
 from __future__ import annotations
 
-import threading
-
-from test_service_retention import N, _produce
+from test_service_retention import _produce, _stopping_before_first_topic
 from test_service_review64_retention import _passes
 
 from rcoord.service.metrics import Metrics
-from rcoord.service.retention import RetentionKeeper
 from rcoord.topics import Topics, log_offsets
 from rcoord.topics import admin as topics_admin
 
@@ -23,17 +20,8 @@ def test_a_topic_whose_trim_the_stop_cut_short_is_not_counted_applied(
     Topics(single_client, namespace).create("s", 1, retention_records=1)
     _produce(single_client, namespace, "s", 20)
     monkeypatch.setattr(topics_admin, "RETENTION_TRIM_BYTES", 1)
-    stop = threading.Event()
-    asked: list[int] = []
-
-    def owned() -> set[int]:
-        asked.append(1)
-        if len(asked) == 2:  # the pass's start, then before the topic
-            stop.set()
-        return set(range(N))
-
     metrics = Metrics()
-    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    keeper, _ = _stopping_before_first_topic(single_client, namespace, metrics)
     applied = keeper.run_once()
     start, end = log_offsets(single_client, namespace, "s", 0)
     assert end == 20 and start < 19  # cut short: records past the retention are left

@@ -243,6 +243,23 @@ def test_a_retention_pass_that_redis_fails_is_tried_again(redis_server, single_c
     assert svc._retention_thread is not None and svc._retention_thread.is_alive()
 
 
+def _stopping_before_first_topic(client: Any, namespace: str, metrics: Metrics
+                                 ) -> tuple[RetentionKeeper, threading.Event]:
+    """A keeper (id c1, all of the N partitions) whose stop comes just before its first
+    topic's trim: ``owned`` is asked at the pass's start, then before each topic, and sets the
+    stop the second time it is asked; the stop, for a test to clear."""
+    stop = threading.Event()
+    asked: list[int] = []
+
+    def owned() -> set[int]:
+        asked.append(1)
+        if len(asked) == 2:
+            stop.set()
+        return set(range(N))
+
+    return RetentionKeeper(client, namespace, N, metrics, owned, 60_000, stop, "c1"), stop
+
+
 def test_a_pass_a_stop_cuts_short_is_not_counted_ok(single_client, namespace):
     """The stop comes before the first topic's trim (a hook on ``owned``, asked before each
     topic): the other topic is left, and the pass is neither ok nor failed. Before, it was
@@ -252,17 +269,8 @@ def test_a_pass_a_stop_cuts_short_is_not_counted_ok(single_client, namespace):
     for name in names:
         topics.create(name, 1, retention_records=1)
         _produce(single_client, namespace, name, 3)
-    stop = threading.Event()
-    asked = []
-
-    def owned() -> set[int]:
-        asked.append(1)
-        if len(asked) == 2:  # the pass's start, then before the first topic
-            stop.set()
-        return set(range(N))
-
     metrics = Metrics()
-    keeper = RetentionKeeper(single_client, namespace, N, metrics, owned, 60_000, stop, "c1")
+    keeper, stop = _stopping_before_first_topic(single_client, namespace, metrics)
     # (The first topic's trim finishes in its one round: its answer says it is done, so it is
     # counted applied; test_retention_review69.)
     assert keeper.run_once() == 1
