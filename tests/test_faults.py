@@ -105,6 +105,24 @@ def test_checker_finds_a_committed_offset_going_back():
     assert any("commit went back" in v for v in violations(h))
 
 
+def test_checker_compares_a_commit_only_with_those_answered_before_it_began():
+    """A static member frozen between its commit and its note: the commit, sent at 1.5 before
+    its replacement's (answered at 2.0), is written down at 3.0. Redis stored it somewhere in
+    [1.5, 3.0], so it is no evidence of going back; one sent after 2.0 is."""
+    h = _clean()
+    h.commits.append(Commit("w1b", "m1b", 2, 3.0, {0: 6}, sent=1.5))
+    assert violations(h) == []
+    h.commits.append(Commit("w1b", "m1b", 2, 3.5, {0: 5}, sent=2.0))
+    assert [v for v in violations(h) if v.startswith("commit went back: partition 0")] == [
+        ("commit went back: partition 0 (epoch 0): w1 committed 7 in generation 2, "
+         "then w1b 5 in generation 2")]
+    # An earlier generation's highest commit counts whenever the later one began.
+    h = _clean()
+    h.commits.append(Commit("w2", "m2", 3, 3.0, {0: 6}, sent=0.5))
+    assert any("w1 committed 7 in generation 2, then w2 6 in generation 3" in v
+               for v in violations(h))
+
+
 def test_checker_finds_an_acked_record_never_processed_or_missing():
     h = _clean()
     h.processed.pop("v1")
@@ -130,14 +148,16 @@ def test_checker_reads_worker_files(tmp_path):
         {"e": "assigned", "t": 1.0, "gen": 1, "member": "m1", "parts": [0, 1]},
         {"e": "processed", "t": 1.1, "values": ["v1", "v2"]},
         {"e": "commit", "t": 1.2, "gen": 1, "member": "m1", "offsets": {"0": 2}},
+        {"e": "commit", "t": 1.4, "sent": 1.3, "gen": 1, "member": "m1", "offsets": {"0": 3}},
     ]
     path = tmp_path / "w1.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"e": "proc')  # cut by a kill
     h, events = read_worker_files([path], epoch_of=lambda ev: 7)
     assert h.assignments == [Assignment("w1", "m1", 1, (0, 1), 7)]
-    assert h.commits == [Commit("w1", "m1", 1, 1.2, {0: 2}, 7)]
+    assert h.commits == [Commit("w1", "m1", 1, 1.2, {0: 2}, 7),
+                         Commit("w1", "m1", 1, 1.4, {0: 3}, 7, sent=1.3)]
     assert h.processed == {"v1": 1, "v2": 1}
-    assert len(events) == 3
+    assert len(events) == 4
 
 
 # -- the scenario harness ---------------------------------------------------------------------

@@ -8,6 +8,10 @@ A run is judged only by what was observed, never by what the system says about i
 2. **Committed offsets never go back.** Per partition, the offsets sampled from the coordinator
    over time never decrease, and the commits the workers saw succeed, ordered by generation (one
    owner per generation, and generation N+1 only starts from what N committed), never decrease.
+   Within a generation a commit is compared only with those answered before it began: Redis
+   stored each somewhere between its ``sent`` and its ``t``, so two that overlap have no order
+   a worker can see (a frozen static member's commit, sent before its replacement's, may be
+   written down after it).
 3. **Every acknowledged record is processed, and is in the log.** Each value the producer got an
    ack for was handed to some worker at least once, and is in the log read back at the end.
 4. **No record is appended twice.** Read back, each value is in the log once, and only values
@@ -21,6 +25,7 @@ Each event carries its epoch; rules 1 and 2 compare events of one epoch only.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,7 +54,7 @@ class Assignment:
 
 @dataclass(frozen=True)
 class Commit:
-    """A commit a worker saw succeed; ``t`` orders one member's commits within a generation."""
+    """A commit a worker saw succeed: begun at ``sent``, its answer written down at ``t``."""
 
     worker: str
     member: str
@@ -57,6 +62,8 @@ class Commit:
     t: float
     offsets: dict[int, int]
     epoch: int = 0
+    sent: float | None = None
+    """When the commit began (None: at ``t``)."""
 
 
 @dataclass(frozen=True)
@@ -114,15 +121,37 @@ def _offsets_back(h: History) -> Iterable[str]:
                 yield (f"committed offset went back: partition {p} (epoch {s.epoch}) was "
                        f"{prev[1]} at t={prev[0]:.3f}, {off} at t={s.t:.3f}")
             last[(s.epoch, p)] = (s.t, off)
-    seen: dict[tuple[int, int], Commit] = {}
-    for c in sorted(h.commits, key=lambda c: (c.epoch, c.gen, c.t)):
+    yield from _commits_back(h.commits)
+
+
+def _commits_back(commits: list[Commit]) -> Iterable[str]:
+    """A commit lower than one of an earlier generation, or than one of its own generation
+    answered before it began (a prefix of that generation's commits ordered by answer)."""
+    earlier: dict[tuple[int, int], tuple[int, Commit]] = {}  # best of earlier generations
+    answered: dict[tuple[int, int], list[float]] = {}  # this generation's answer times
+    best: dict[tuple[int, int], list[tuple[int, Commit]]] = {}  # their running maximum
+    gen_of: dict[tuple[int, int], int] = {}
+    for c in sorted(commits, key=lambda c: (c.epoch, c.gen, c.t)):
+        began = c.t if c.sent is None else c.sent
         for p, off in c.offsets.items():
-            before = seen.get((c.epoch, p))
-            if before is not None and off < before.offsets[p]:
+            key = (c.epoch, p)
+            if gen_of.get(key) != c.gen:
+                ended, prev = (best.get(key) or [None])[-1], earlier.get(key)
+                if ended is not None and (prev is None or ended[0] > prev[0]):
+                    earlier[key] = ended
+                gen_of[key], answered[key], best[key] = c.gen, [], []
+            before = earlier.get(key)
+            n = bisect_right(answered[key], began)
+            if n and (before is None or best[key][n - 1][0] > before[0]):
+                before = best[key][n - 1]
+            if before is not None and off < before[0]:
+                b = before[1]
                 yield (f"commit went back: partition {p} (epoch {c.epoch}): "
-                       f"{before.worker} committed {before.offsets[p]} in generation {before.gen}, "
+                       f"{b.worker} committed {before[0]} in generation {b.gen}, "
                        f"then {c.worker} {off} in generation {c.gen}")
-            seen[(c.epoch, p)] = c
+            top = best[key][-1] if best[key] and best[key][-1][0] >= off else (off, c)
+            answered[key].append(c.t)
+            best[key].append(top)
 
 
 def _acked_lost(h: History) -> Iterable[str]:
@@ -174,7 +203,8 @@ def read_worker_files(
                                                 tuple(ev["parts"]), epoch))
             elif ev["e"] == "commit":
                 h.commits.append(Commit(worker, ev["member"], ev["gen"], ev["t"],
-                                        {int(p): o for p, o in ev["offsets"].items()}, epoch))
+                                        {int(p): o for p, o in ev["offsets"].items()}, epoch,
+                                        ev.get("sent")))
             elif ev["e"] == "processed":
                 h.processed.update(ev["values"])
     return h, events
