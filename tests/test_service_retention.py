@@ -282,6 +282,23 @@ def test_a_pass_a_stop_cuts_short_is_not_counted_ok(single_client, namespace):
     assert _keeper_passes(metrics, "ok") == 1
 
 
+def test_a_pass_whose_complete_listing_found_no_topic_with_retention_is_ok(
+        single_client, namespace):
+    """The stop is set before the pass, whose listing (one node: it does not stop) is
+    complete and finds only a topic without retention: the pass left nothing, so it is ok.
+    Before, a stop set at the listing's end was taken for a listing cut short."""
+    Topics(single_client, namespace).create("plain", 1)
+    _produce(single_client, namespace, "plain", 3)
+    metrics = Metrics()
+    stop = threading.Event()
+    stop.set()
+    keeper = RetentionKeeper(single_client, namespace, N, metrics, lambda: set(range(N)),
+                             60_000, stop, "c1")
+    assert keeper.run_once() == 0
+    assert _keeper_passes(metrics, "ok") == 1 and _keeper_passes(metrics, "failed") == 0
+    assert log_offsets(single_client, namespace, "plain", 0) == (0, 3)
+
+
 def test_a_topic_whose_trim_a_stop_cut_short_is_not_counted_applied(
         single_client, namespace, retention_log, monkeypatch):
     """The stop comes while the topic's first trim round runs (held at a gate in ``_run``

@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any
 
+import redis
 from test_gateway_slot_moves import _unserved
 
 from rcoord.connect import connect
@@ -117,3 +118,31 @@ def test_a_pass_trims_the_topics_of_the_other_masters_while_one_is_killed(
                        if getattr(r, "event", None) == "retention_error")
         finally:
             client.close()
+
+
+def test_a_listing_of_the_masters_one_by_one_that_the_stop_cut_short_is_not_ok(
+        redis_cluster: Any, namespace: str, monkeypatch: Any) -> None:
+    """The cluster client's listing fails once (a master's hiccup), so the pass lists the
+    masters one by one, and the stop, set before, ends that listing at its first master: no
+    topic found, none failed, and the pass is not ok, since the masters not listed may hold
+    topics with retention (nor failed: the stop is not a failure)."""
+    client = connect(redis_cluster.url, socket_timeout=5)
+    try:
+        Topics(client, namespace).create("kept", 1, retention_records=2)
+        metrics = Metrics()
+        stop = threading.Event()
+        stop.set()
+        keeper = RetentionKeeper(client, namespace, N, metrics, lambda: set(range(N)),
+                                 60_000, stop, "c1")
+
+        def hiccup() -> list[str]:
+            raise redis.ConnectionError("a master's hiccup")
+
+        monkeypatch.setattr(keeper._topics, "list", hiccup)
+        assert keeper.run_once() == 0
+        assert _passes(metrics, "ok") == 0 and _passes(metrics, "failed") == 0
+        stop.clear()  # the next pass lists every master one by one and applies the retention
+        assert keeper.run_once() == 1
+        assert _passes(metrics, "ok") == 1
+    finally:
+        client.close()

@@ -114,7 +114,7 @@ class RetentionKeeper:
             self._metrics.retention_passes.labels("ok").inc()
             return 0
         try:
-            names, unlisted = self._list()
+            names, unlisted, cut = self._list()
             mine = [t for t in names if partition_for(t, self._n) in owned]
             settings, failed_read = self._with_retention(mine)
         except Exception as exc:  # noqa: BLE001 - logged; the next pass tries again
@@ -133,8 +133,9 @@ class RetentionKeeper:
         # topic's trim): what it left is not known to be trimmed, so such a pass is not "ok"
         # (it is "failed" only for what failed). A stop that came once every topic's trim was
         # done leaves nothing: that pass is "ok". (Before, a stopped pass counted "ok"; later
-        # every pass that ended with the stop set was taken for cut short.)
-        stopped = self._stop.is_set()  # the listing may have ended at it
+        # every pass that ended with the stop set was taken for cut short, also one whose
+        # complete listing found no topic with retention.)
+        stopped = cut
         for done, topic in enumerate(settings):
             if self._stop.is_set():
                 stopped = True
@@ -215,11 +216,12 @@ class RetentionKeeper:
         log.warning("this process's leases are not confirmed: retention waits for the next pass",
                     extra=extra)
 
-    def _list(self) -> tuple[list[str], list[tuple[str, BaseException]]]:
-        """The topic names, and what could not be listed (what, why): nothing, unless the
-        listing of every master of a cluster failed (``_list_by_master``)."""
+    def _list(self) -> tuple[list[str], list[tuple[str, BaseException]], bool]:
+        """The topic names, what could not be listed (what, why): nothing, unless the
+        listing of every master of a cluster failed (``_list_by_master``), and whether the
+        stop cut the listing short (only a listing of the masters one by one stops)."""
         try:
-            return self._topics.list(), []
+            return self._topics.list(), [], False
         except NODE_FAILURES as exc:
             if self._single_node:
                 raise
@@ -227,7 +229,7 @@ class RetentionKeeper:
             return self._list_by_master(exc if refused else None)
 
     def _list_by_master(self, refused: BaseException | None
-                        ) -> tuple[list[str], list[tuple[str, BaseException]]]:
+                        ) -> tuple[list[str], list[tuple[str, BaseException]], bool]:
         """The topics on each master, listed through its own client, when the cluster client's
         listing of every master failed: a master fails, or the client refuses (``refused``: a
         slot has no master). Before, the whole pass was skipped, and no topic was trimmed
@@ -241,9 +243,11 @@ class RetentionKeeper:
             unlisted.append(("the slots with no master", refused))
         masters = self._client.get_primaries()
         failed = 0
+        cut = False
         for node in masters:
             if self._stop.is_set():
-                break  # (a hung master costs a socket timeout: the stop does not wait for it)
+                cut = True  # (a hung master costs a socket timeout: the stop does not wait)
+                break
             try:
                 names.update(Topics(self._client.get_redis_connection(node), self._ns).list())
             except NODE_FAILURES as exc:
@@ -251,7 +255,7 @@ class RetentionKeeper:
                 unlisted.append((node.name, exc))
         if failed == len(masters):
             raise unlisted[-1][1] if unlisted else ConnectionError("no master to list")
-        return sorted(names), unlisted
+        return sorted(names), unlisted, cut
 
     def _with_retention(self, topics: Sequence[str]) -> tuple[list[str], list[tuple[str, BaseException]]]:
         """The topics that have a retention setting (in order), and those whose settings could
