@@ -35,7 +35,7 @@ import redis.cluster
 import redis.exceptions
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from .errors import ConfigError, MissingPermissionError
+from .errors import ConfigError, MissingPermissionError, is_missing_function
 from .urls import redact_url
 
 __all__ = ["FULL_COVERAGE", "MAX_CONNECTIONS", "ClusterClient", "connect", "driver_info",
@@ -181,13 +181,17 @@ class ClusterClient(redis.cluster.RedisCluster):
 
     def _execute_command(self, *args: Any, **kwargs: Any) -> Any:
         """redis-py's attempt at one node, noting an attempt that failed other than by a
-        refusal (``execute_command``)."""
+        refusal (``execute_command``). A script or function the server did not have ran
+        nothing either: in ``one_operation`` the resend after its reload is judged with it,
+        so counting it "may have run" answered an append nothing of which was stored
+        "maybe written"."""
         try:
             return super()._execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
         except REFUSALS:
             raise
-        except BaseException:
-            self._maybe_ran.value = True
+        except BaseException as exc:
+            if not _not_loaded(exc):
+                self._maybe_ran.value = True
             raise
 
     def _determine_nodes(self, *args: Any, **kwargs: Any) -> Any:
@@ -233,6 +237,12 @@ class ClusterClient(redis.cluster.RedisCluster):
             if node.redis_connection is not None)}
         for pool in pools.values():
             pool.disconnect()
+
+
+def _not_loaded(exc: BaseException) -> bool:
+    """The server's answer that the script (``NOSCRIPT``) or function called is not loaded:
+    it ran nothing."""
+    return isinstance(exc, redis.exceptions.NoScriptError) or is_missing_function(exc)
 
 
 REFUSALS = (redis.exceptions.ClusterError, redis.exceptions.SlotNotCoveredError)
