@@ -233,16 +233,22 @@ class AsyncWakeReads:
                 self._drop_idle()
             stream = self._streams[key] = _Stream()
         # A read in flight that starts after this position would not see entries between the
-        # two: look once, without blocking.
-        if (stream.reader is not None and position < stream.read_from
-                and await self._read(client, key, position, None) is not None):
-            return True
-        self._check_open()  # (closed during that look: it must not start a read)
-        # During the look the read may have ended, its waiters left and ``_drop_idle`` forgotten
-        # the stream: parked on that object, this call would read alone, uncounted and out of
-        # ``close()``'s reach. Wait on the stream this object knows under ``key`` (the same one,
-        # made again, or one a later call made meanwhile).
-        stream = self._streams.setdefault(key, stream)
+        # two: look, without blocking. During the look that read may end and a later call
+        # start another, also after this position, past an entry that came meanwhile: look
+        # again whenever the read in flight is not the one looked past (the blocking side
+        # remembers the newest entry instead, ``rcoord.wake``).
+        looked_past = None
+        while (stream.reader is not None and stream.reader is not looked_past
+               and position < stream.read_from):
+            looked_past = stream.reader
+            if await self._read(client, key, position, None) is not None:
+                return True
+            self._check_open()  # (closed during that look: it must not start a read)
+            # During the look the read may have ended, its waiters left and ``_drop_idle``
+            # forgotten the stream: parked on that object, this call would read alone,
+            # uncounted and out of ``close()``'s reach. Wait on the stream this object knows
+            # under ``key`` (the same one, made again, or one a later call made meanwhile).
+            stream = self._streams.setdefault(key, stream)
         waiter: asyncio.Future[bool] = loop.create_future()
         stream.waiters[waiter] = (position, deadline)
         try:
