@@ -8,7 +8,8 @@ TOPIC_AUTHORIZATION_FAILED), a topic or partition that does not exist UNKNOWN_TO
 -1 for the low watermark of every error. A partition named twice is answered once, with the
 last offset given, as Kafka's request map keeps it. A topic whose call cannot reach Redis is
 REQUEST_TIMED_OUT on its partitions alone, and a partition of it Redis cannot reach (its slot
-with no master) on itself alone. A partition the log cannot serve (a stream whose last
+with no master) on itself alone; NOT_LEADER_OR_FOLLOWER where Redis refused the call unrun
+(``_unreached_code``). A partition the log cannot serve (a stream whose last
 id an XADD by hand made its own) is UNKNOWN_SERVER_ERROR, and the gateway logs why and what
 mends it, which DeleteRecords has no field to carry.
 """
@@ -19,10 +20,11 @@ import asyncio
 import logging
 from typing import Any
 
+from ..connect import one_operation, refused_unrun
 from ..errors import Errors
 from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
 from .acl import Operation, ResourceType
-from .errors import TOPIC_AUTHORIZATION_FAILED, UNREACHED, log_unreached
+from .errors import NOT_LEADER_OR_FOLLOWER, TOPIC_AUTHORIZATION_FAILED, UNREACHED, log_unreached
 from .registry import api
 from .state import Connection, GatewayState
 
@@ -36,7 +38,8 @@ def _delete(state: GatewayState, topic: str, offsets: dict[int, int]) -> dict[in
     out = _negative(offsets)
     wanted = {p: offset for p, offset in offsets.items() if p >= 0}
     try:
-        answers = state.topics.delete_records(topic, wanted) if wanted else {}
+        with one_operation(state.sync_redis):  # (a script reload's resend judged with its send)
+            answers = state.topics.delete_records(topic, wanted) if wanted else {}
     except TopicError as exc:
         if exc.error not in (Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOPIC_EXCEPTION):
             raise
@@ -61,6 +64,18 @@ def _answers(topic: str, answers: dict[int, DeletedRecords]) -> dict[int, tuple[
             log.warning("DeleteRecords of %s-%d: %s: %s", topic, p, a.error.name, a.detail)
         out[p] = (a.error.value, a.low_watermark)
     return out
+
+
+def _unreached_code(exc: BaseException) -> int:
+    """The error of a partition whose removal could not reach Redis: REQUEST_TIMED_OUT, or
+    NOT_LEADER_OR_FOLLOWER when every attempt of the failed call was refused unrun (a slot
+    move's ``TRYAGAIN``, a slot with no master, CLUSTERDOWN: ``rcoord.connect.refused_unrun``),
+    as Kafka's ``ReplicaManager.deleteRecords`` answers a partition whose leader moved.
+    kafka-python's ``delete_records`` asks such a partition again, with fresh metadata, until
+    its timeout, and raised at once on REQUEST_TIMED_OUT; Java's AdminClient retries both. A
+    removal asked again is harmless (one done is done again with no effect), so the certainty
+    only makes the retry automatic; earlier rounds of a large removal may have trimmed some."""
+    return NOT_LEADER_OR_FOLLOWER if refused_unrun(exc) else Errors.REQUEST_TIMED_OUT.value
 
 
 async def _topic_reached(state: GatewayState, name: str) -> bool:
@@ -100,7 +115,7 @@ async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, 
                 out = {**_negative(offsets), **_answers(name, exc.done)}
                 again, done = exc.unfinished, bool(exc.done)
             if (len(again) < 2 and not done) or not await _topic_reached(state, name):
-                return {**out, **dict.fromkeys(again, (Errors.REQUEST_TIMED_OUT.value, -1))}
+                return {**out, **dict.fromkeys(again, (_unreached_code(exc), -1))}
         # One partition Redis could not reach (on a cluster, its slot with no master) failed
         # the topic's call after the others' records were removed: every partition was
         # REQUEST_TIMED_OUT. Each is asked again alone (a removal done is done again with no
@@ -110,7 +125,7 @@ async def delete_records(conn: Connection, req: Any, version: int) -> dict[str, 
                                      return_exceptions=True)
         for p, res in zip(again, alone, strict=True):
             if isinstance(res, UNREACHED):
-                out[p] = (Errors.REQUEST_TIMED_OUT.value, -1)
+                out[p] = (_unreached_code(res), -1)
             elif isinstance(res, BaseException):
                 raise res
             else:

@@ -1,0 +1,58 @@
+"""Admin calls a slot move refused unrun (``TRYAGAIN`` until redis-py's "TTL exhausted":
+``rcoord.connect.refused_unrun``). A DeleteRecords partition so refused is answered
+NOT_LEADER_OR_FOLLOWER, as Kafka's ``ReplicaManager.deleteRecords`` answers a partition whose
+leader moved: kafka-python's AdminClient asks it again with fresh metadata until its timeout,
+where it raised REQUEST_TIMED_OUT at once. One an attempt of which lost its connection stays
+REQUEST_TIMED_OUT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_harness import call_once, running_gateway
+from test_gateway_tryagain69 import _LostOnce, _split
+from test_producer_slot_moves import _migrate, _start
+
+from rcoord.errors import Errors
+from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
+from rcoord.topics import Producer, log_offsets
+
+
+def _delete_records(gw: Any, offset: int) -> tuple[int, int]:
+    """(error code, low watermark) of DeleteRecords v2 of partition 0 of ``t`` to ``offset``."""
+    answer = call_once(gw, 21, 2, {"topics": [{"name": "t", "partitions": [
+        {"partition_index": 0, "offset": offset}]}], "timeout_ms": 5000})
+    (part,) = answer.topics[0].partitions
+    return part.error_code.value, part.low_watermark
+
+
+def test_a_delete_records_a_move_refused_throughout_is_not_leader(own_cluster, namespace):
+    """The removal's script names the stream (moved) and its mark (not): refused until the
+    move ends. Answered NOT_LEADER_OR_FOLLOWER (it was REQUEST_TIMED_OUT), nothing removed;
+    asked again once the move is over, the records go."""
+    with _split(own_cluster, namespace) as (client, move), \
+            running_gateway(own_cluster, namespace) as gw:
+        producer = Producer(client, namespace, idempotent=False)
+        for value in (b"a", b"b", b"c"):
+            producer.send("t", value, partition=0)
+        _start(move)
+        _migrate(move, [move.key])
+        assert _delete_records(gw, 2) == (NOT_LEADER_OR_FOLLOWER, -1)
+        move.keys()
+        move.owner()
+        assert log_offsets(client, namespace, "t", 0) == (0, 3)
+        assert _delete_records(gw, 2) == (Errors.NONE, 2)
+        assert log_offsets(client, namespace, "t", 0) == (2, 3)
+
+
+def test_a_delete_records_that_may_have_run_stays_timed_out(own_cluster, namespace):
+    """The removal's first attempt lost its connection (it may have run), then met the move's
+    refusals: REQUEST_TIMED_OUT."""
+    with _split(own_cluster, namespace) as (client, move), \
+            running_gateway(own_cluster, namespace) as gw:
+        Producer(client, namespace, idempotent=False).send("t", b"a", partition=0)
+        _start(move)
+        _migrate(move, [move.key])
+        assert gw.gateway is not None
+        gw.gateway.state.sync_redis.__class__ = _LostOnce
+        assert _delete_records(gw, 1) == (Errors.REQUEST_TIMED_OUT, -1)
