@@ -3,12 +3,14 @@
 NOT_LEADER_OR_FOLLOWER, as Kafka's ``ReplicaManager.deleteRecords`` answers a partition whose
 leader moved: kafka-python's AdminClient asks it again with fresh metadata until its timeout,
 where it raised REQUEST_TIMED_OUT at once. One an attempt of which lost its connection stays
-REQUEST_TIMED_OUT."""
+REQUEST_TIMED_OUT. An AlterConfigs whose write may have run is not answered "nothing was
+changed"."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import redis
 from gateway_harness import call_once, running_gateway
 from test_gateway_tryagain69 import _LostOnce, _split
 from test_producer_slot_moves import _migrate, _start
@@ -16,6 +18,18 @@ from test_producer_slot_moves import _migrate, _start
 from rcoord.errors import Errors
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
 from rcoord.topics import Producer, log_offsets
+
+TOPIC, SET = 2, 0  # (IncrementalAlterConfigs' resource type and operation)
+
+
+class _RepliesLost(redis.Redis):
+    """A client each script call of which runs, then loses its reply (a dropped connection)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        out = super().execute_command(*args, **options)
+        if args[0] == "EVALSHA":
+            raise redis.exceptions.ConnectionError("reply lost (test)")
+        return out
 
 
 def _delete_records(gw: Any, offset: int) -> tuple[int, int]:
@@ -56,3 +70,23 @@ def test_a_delete_records_that_may_have_run_stays_timed_out(own_cluster, namespa
         assert gw.gateway is not None
         gw.gateway.state.sync_redis.__class__ = _LostOnce
         assert _delete_records(gw, 1) == (Errors.REQUEST_TIMED_OUT, -1)
+
+
+def test_an_alter_configs_whose_reply_was_lost_is_not_said_to_have_changed_nothing(
+        gateway, topics):
+    """The topic's settings were written and the reply lost: REQUEST_TIMED_OUT (retriable; a
+    setting written again does no harm), whose message said "nothing was changed"."""
+    topics.create("t", 1)
+    state = gateway.gateway.state
+    state.sync_redis.__class__ = _RepliesLost
+    try:
+        answer = call_once(gateway, 44, 1, {"validate_only": False, "resources": [
+            {"resource_type": TOPIC, "resource_name": "t", "configs": [
+                {"name": "retention.ms", "config_operation": SET, "value": "60000"}]}]})
+    finally:
+        state.sync_redis.__class__ = redis.Redis
+    (res,) = answer.responses
+    assert res.error_code.value == Errors.REQUEST_TIMED_OUT
+    assert topics.describe("t").retention_ms == 60_000
+    assert "nothing was changed" not in res.error_message
+    assert "may have been made" in res.error_message

@@ -120,7 +120,10 @@ async def _alter(conn: Connection, kind: int, name: str, ops: list[_Op], replace
         return exc.error, exc.detail or None
     except UNREACHED as exc:
         log_unreached(conn.state, f"configs of {name!r}", exc)
-        return Errors.REQUEST_TIMED_OUT, "Redis could not be reached; nothing was changed"
+        # (not "nothing was changed": the write may have run and its reply been lost, or
+        # a producer_id_expiration_ms change have failed after the setting was written)
+        return Errors.REQUEST_TIMED_OUT, ("Redis could not be reached; the change may have "
+                                          "been made or not: asking again does no harm")
     return Errors.NONE, None
 
 
