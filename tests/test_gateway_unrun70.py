@@ -13,7 +13,7 @@ from typing import Any
 import redis
 from gateway_harness import call_once, running_gateway
 from test_gateway_tryagain69 import _LostOnce, _split
-from test_producer_slot_moves import _migrate, _start
+from test_producer_slot_moves import _migrate, _split_p0, _start
 
 from rcoord.errors import Errors
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
@@ -57,6 +57,20 @@ def test_a_delete_records_a_move_refused_throughout_is_not_leader(own_cluster, n
         assert log_offsets(client, namespace, "t", 0) == (0, 3)
         assert _delete_records(gw, 2) == (Errors.NONE, 2)
         assert log_offsets(client, namespace, "t", 0) == (2, 3)
+
+
+def test_a_partition_refused_throughout_is_answered_alone(own_cluster, namespace):
+    """Of a topic's two partitions, the one whose slot is moving is refused (the topic's call,
+    a pipeline, then that partition asked alone): it alone is NOT_LEADER_OR_FOLLOWER, the
+    other's records are removed."""
+    with _split_p0(own_cluster, namespace, 2, idempotent=False) as (client, _, _), \
+            running_gateway(own_cluster, namespace) as gw:
+        answer = call_once(gw, 21, 2, {"topics": [{"name": "t", "partitions": [
+            {"partition_index": p, "offset": 1} for p in (0, 1)]}], "timeout_ms": 5000})
+        parts = {p.partition_index: (p.error_code.value, p.low_watermark)
+                 for p in answer.topics[0].partitions}
+        assert parts == {0: (NOT_LEADER_OR_FOLLOWER, -1), 1: (Errors.NONE, 1)}
+        assert log_offsets(client, namespace, "t", 1) == (1, 1)
 
 
 def test_a_delete_records_that_may_have_run_stays_timed_out(own_cluster, namespace):
