@@ -2277,7 +2277,7 @@ class Consumer(SubscriptionMixin):
         self._revoking = True
         woken = False
         try:
-            self._stop_revoked(revoked, self._commit_generation().commit_offsets)
+            self._stop_revoked(revoked, self._commit_carried(self._commit_generation()))
             self._assigned = [tp for tp in self._assigned if subscribed(tp.topic)]
             self._pending_revocation = revoked
             log.info("generation %d: revoking %s (no longer subscribed)", gen.generation_id,
@@ -2339,13 +2339,42 @@ class Consumer(SubscriptionMixin):
         silently dropping a close()'s final commit and failing commit()."""
         gen = self._gen
         assert gen is not None
-        if (gen.done.is_set() and gen.carried and not self._partitions_lost()
-                and self._group is not None):
-            ahead = self._group.newest()
-            if (ahead is not None and ahead.member_id == gen.member_id
-                    and ahead.generation_id > gen.generation_id):
-                return ahead
+        if gen.done.is_set() and gen.carried and not self._partitions_lost():
+            return self._joined_after(gen) or gen
         return gen
+
+    def _joined_after(self, gen: Generation) -> Generation | None:
+        """The newest generation the same member has joined since ``gen`` (None if none):
+        it still owns there what it carried from ``gen`` (``_commit_generation``)."""
+        ahead = self._group.newest() if self._group is not None else None
+        if (ahead is not None and ahead.member_id == gen.member_id
+                and ahead.generation_id > gen.generation_id):
+            return ahead
+        return None
+
+    def _commit_carried(self, under: Generation) -> _CommitFn:
+        """Commit under ``under`` (``_commit_generation``), and once more under the newer
+        generation the member has joined meanwhile if ``under``'s commit is refused as
+        rebalancing: a changed subscription's revocation after the generation ended
+        (``_revoke_unsubscribed``) commits while the group thread is already rejoining, so
+        the join may complete before the commit arrives (ILLEGAL_GENERATION). The member still
+        owns the partitions there, the change's rejoin that hands them on waiting for this
+        commit; dropped, they were left uncommitted for their next owner, where Kafka's
+        onJoinPrepare commits before its JoinGroup."""
+
+        def commit(offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+            try:
+                under.commit_offsets(offsets)
+            except RebalanceInProgressError:
+                ahead = self._joined_after(under)
+                if ahead is None:
+                    raise
+                log.info("commit of generation %d refused as rebalancing: committing under "
+                         "generation %d, joined since", under.generation_id,
+                         ahead.generation_id)
+                ahead.commit_offsets(offsets)
+
+        return commit
 
     def _partitions_lost(self) -> bool:
         """Whether the current generation's partitions are lost rather than revoked: the
