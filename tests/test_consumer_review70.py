@@ -8,7 +8,8 @@ member joined. Sent then, it is accepted, as Kafka accepts a commit of the curre
 during PreparingRebalance. Held until the member's join completed generation 2, it is refused
 ILLEGAL_GENERATION, as Kafka refuses it too; but the member still owns t-0 in generation 2 (it
 was carried through the join, and the change that gives it up waits for this commit), so the
-consumer commits it again there rather than leave t-0 uncommitted for its next owner."""
+consumer commits it again there rather than leave t-0 uncommitted for its next owner; refused
+while that join is still under way (SyncGroup not returned), it waits for the join first."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from rcoord.keys import GroupKeys
 
 
 class _JoinGated(_Gated):
-    """``_Gated``, whose JoinGroups also wait while ``joins`` is clear (a minute at most),
+    """``_Gated``, whose JoinGroups also wait while ``joins`` is clear, and SyncGroups while
+    ``syncs`` is (a minute at most),
     and which notes each commit as it reaches Redis: (its generation, the group's state and
     generation then, its answer or the error it raised)."""
 
@@ -39,6 +41,9 @@ class _JoinGated(_Gated):
         self.joins = threading.Event()
         self.joins.set()
         self.join_held = threading.Event()
+        self.syncs = threading.Event()
+        self.syncs.set()
+        self.sync_held = threading.Event()
         self.commits: list[tuple[int, tuple[str, int], object]] = []
 
     def join_group(self, *args: Any, **kw: Any) -> Any:
@@ -46,6 +51,12 @@ class _JoinGated(_Gated):
             self.join_held.set()
             assert self.joins.wait(60)
         return super().join_group(*args, **kw)
+
+    def sync_group(self, *args: Any, **kw: Any) -> Any:
+        if not self.syncs.is_set():
+            self.sync_held.set()
+            assert self.syncs.wait(60)
+        return super().sync_group(*args, **kw)
 
     def commit_offsets(self, group_id: str, offsets: Any, *args: Any, **kw: Any) -> Any:
         assert self.gate.acquire(timeout=60)
@@ -134,3 +145,27 @@ def test_a_revocations_commit_refused_once_the_member_joined_the_next_generation
         wait_until(lambda: consumer._resubscribe is None,
                    step=lambda: consumer.poll(timeout=0.05))
         assert set(consumer._group._config.topics) == {"u"}
+
+
+def test_a_revocations_commit_refused_while_the_members_join_completes_waits_for_it(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """The commit under generation 1 arrives once the member has joined generation 2 but
+    before its SyncGroup returned (held): refused ILLEGAL_GENERATION with no newer generation
+    to commit under yet. It waits for the member's join to complete (Kafka's onJoinPrepare
+    would have committed before its JoinGroup), then commits under generation 2: t-0 at 10,
+    where it was dropped (-1)."""
+    with _revoked_while_rejoining(env) as (consumer, coord, held, _):
+        group = consumer._group
+        coord.syncs.clear()
+        coord.joins.set()
+        wait_until(coord.sync_held.is_set)
+        wait_until(lambda: _group_state(env)[1] == 2)
+        held.release()
+        wait_until(lambda: len(coord.commits) == 1)
+        assert coord.commits[0][0] == 1 and coord.commits[0][1][1] == 2
+        assert group.newest().generation_id == 1
+        coord.syncs.set()
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert _committed_of(env, T0) == {T0: 10}
+        assert [(gen, then) for gen, then, _ in coord.commits] == [
+            (1, coord.commits[0][1]), (2, ("Stable", 2))]

@@ -2343,19 +2343,16 @@ class Consumer(SubscriptionMixin):
             return self._joined_after(gen) or gen
         return gen
 
-    def _joined_after(self, gen: Generation) -> Generation | None:
-        """The newest generation the same member has joined since ``gen`` (None if none):
-        it still owns there what it carried from ``gen`` (``_commit_generation``)."""
-        ahead = self._group.newest() if self._group is not None else None
-        if (ahead is not None and ahead.member_id == gen.member_id
-                and ahead.generation_id > gen.generation_id):
-            return ahead
-        return None
+    def _joined_after(self, gen: Generation, wait_s: float = 0.0) -> Generation | None:
+        """The newest generation the same member has joined since ``gen`` (None if none), a
+        join under way waited for up to ``wait_s``: it still owns there what it carried from
+        ``gen`` (``_commit_generation``)."""
+        return self._group.newest_after(gen, wait_s) if self._group is not None else None
 
     def _commit_carried(self, under: Generation) -> _CommitFn:
         """Commit under ``under`` (``_commit_generation``), and once more under the newer
-        generation the member has joined meanwhile if ``under``'s commit is refused as
-        rebalancing: a changed subscription's revocation after the generation ended
+        generation the member has joined meanwhile (its join under way waited for) if
+        ``under``'s commit is refused as rebalancing: a changed subscription's revocation after the generation ended
         (``_revoke_unsubscribed``) commits while the group thread is already rejoining, so
         the join may complete before the commit arrives (ILLEGAL_GENERATION). The member still
         owns the partitions there, the change's rejoin that hands them on waiting for this
@@ -2366,7 +2363,8 @@ class Consumer(SubscriptionMixin):
             try:
                 under.commit_offsets(offsets)
             except RebalanceInProgressError:
-                ahead = self._joined_after(under)
+                # (bounded as Kafka's onJoinPrepare bounds its commit: the rebalance timeout)
+                ahead = self._joined_after(under, self._config.rebalance_timeout_ms / 1000)
                 if ahead is None:
                     raise
                 log.info("commit of generation %d refused as rebalancing: committing under "

@@ -536,6 +536,25 @@ class ConsumerGroup:
         with self._cond:
             return self._newest
 
+    def newest_after(self, generation: Generation, timeout: float = 0.0) -> Generation | None:
+        """The newest generation the same member has joined since ``generation`` (``newest``),
+        waiting up to ``timeout`` for a join under way to complete; None if none did, or the
+        member lost its id or the group closed meanwhile. A commit under a generation carried
+        through the rejoin, refused because that join's JoinGroup completed first, has no
+        generation to go under until its SyncGroup has returned (``Consumer._commit_carried``)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                ahead = self._newest
+                if (ahead is not None and ahead.member_id == generation.member_id
+                        and ahead.generation_id > generation.generation_id):
+                    return ahead
+                remaining = deadline - time.monotonic()
+                if (remaining <= 0 or self._closing.is_set() or self._exited.is_set()
+                        or self._member_id != generation.member_id):
+                    return None
+                self._cond.wait(remaining)
+
     def close(self, timeout: float | None = None) -> None:
         """End the generation, wait for its routines, leave the group (unless static), stop.
 
