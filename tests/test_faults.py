@@ -36,6 +36,7 @@ from faults.history import (
     History,
     Sample,
     assert_clean,
+    read_events,
     read_worker_files,
     violations,
 )
@@ -160,6 +161,18 @@ def test_checker_reads_worker_files(tmp_path):
     assert len(events) == 4
 
 
+def test_checker_reads_complete_lines_only(tmp_path):
+    """A worker's last line cut short (a SIGKILL, or the test reading while the worker writes)
+    just after a commit's offsets ends with a ``}``, and is no event."""
+    path = tmp_path / "w1.jsonl"
+    whole = {"e": "commit", "t": 1.2, "offsets": {"0": 2}, "gen": 1, "member": "m1", "sent": 1.1}
+    line = json.dumps(whole)
+    path.write_text(line + "\n" + line[:line.index("}") + 1])
+    assert read_events(path) == [whole]
+    assert read_worker_files([path])[0].commits == [Commit("w1", "m1", 1, 1.2, {0: 2}, sent=1.1)]
+    assert read_events(tmp_path / "w2.jsonl") == []  # a worker that has not started writing
+
+
 # -- the scenario harness ---------------------------------------------------------------------
 
 
@@ -252,9 +265,7 @@ class Worker:
         return code
 
     def events(self) -> list[dict[str, Any]]:
-        if not self.history.exists():
-            return []
-        return [json.loads(x) for x in self.history.read_text().splitlines() if x.endswith("}")]
+        return read_events(self.history)
 
 
 class Scenario:

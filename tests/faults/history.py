@@ -38,6 +38,7 @@ __all__ = [
     "History",
     "Sample",
     "assert_clean",
+    "read_events",
     "read_worker_files",
     "violations",
 ]
@@ -179,6 +180,16 @@ def _natural(value: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, value)
 
 
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of one worker's history file, its complete lines only: the last line may be
+    cut short, by a SIGKILL or by a read while the worker writes it, and a commit's line cut
+    just after its offsets ends with a ``}`` too."""
+    if not path.exists():
+        return []
+    *lines, _rest = path.read_text(encoding="utf-8").split("\n")
+    return [json.loads(line) for line in lines]
+
+
 def read_worker_files(
     paths: Iterable[Path], epoch_of: Any = None
 ) -> tuple[History, list[dict[str, Any]]]:
@@ -191,10 +202,7 @@ def read_worker_files(
     events: list[dict[str, Any]] = []
     for path in paths:
         worker = path.stem
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.endswith("}"):
-                continue  # a line cut short by SIGKILL
-            ev = json.loads(line)
+        for ev in read_events(path):
             ev["worker"] = worker
             events.append(ev)
             epoch = epoch_of(ev) if epoch_of is not None else 0
