@@ -511,7 +511,9 @@ def _judge(h: History, owed_at_least: int) -> None:
 
 
 def _commits_after(sc: Scenario, t: float) -> int:
-    return sum(1 for ev in sc.events() if ev["e"] == "commit" and ev["t"] > t)
+    """Commits begun after ``t`` (``sent``): one answered before and written down after it,
+    by a worker descheduled between the two, ran before it."""
+    return sum(1 for ev in sc.events() if ev["e"] == "commit" and ev["sent"] > t)
 
 
 # -- the faults -------------------------------------------------------------------------------
@@ -525,12 +527,12 @@ def test_kill9_of_redis_with_aof_always_loses_no_acked_commit_or_append(scenario
     wait_until(lambda: _commits_after(sc, 0) > 0)
     before = sc.committed()
     _kill9_server(sc)
+    down = time.time()  # a commit begun after this ran on the restarted server
     sc.server.restart()  # same port, same dir: the AOF is replayed
     after = sc.committed()
     assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
-    restarted = time.time()
     sc.drain()
-    assert _commits_after(sc, restarted) > 0  # the same worker processes went on
+    assert _commits_after(sc, down) > 0  # the same worker processes went on
     assert all(w.proc.poll() is None for w in sc.workers)
     assert all(s.alive for s in sc.services)
     _judge(sc.finish(), owed_at_least=sc.records // 2)
@@ -547,8 +549,8 @@ def test_redis_down_for_three_seconds_comes_back_with_its_aof(scenario):
     os.kill(pid, signal.SIGTERM)
     wait_until(lambda: not sc.server.is_running, timeout_s=10)
     time.sleep(3.0)  # the fault itself: no server for 3 s (twice the session timeout)
+    back = time.time()  # before the restart: the workers may regroup before it returns
     sc.server.restart()
-    back = time.time()
     after = sc.committed()
     assert all(after.get(p, -1) >= off for p, off in before.items()), (before, after)
     # The same processes form a group again (their sessions ran out on the server's clock
@@ -584,8 +586,9 @@ def test_redis_restart_without_persistence_keeps_one_agreed_layout(scenario):
         assert TOPIC not in Topics(sc.r, sc.ns).list()  # the data is really gone
         Topics(sc.r, sc.ns).create(TOPIC, PARTITIONS)  # the admin re-creates the topic
         sc.epoch = 2
-    lost = time.time()
-    sc.wait_stable(after=lost)
+    # A group on every partition needs the topic made again after ``restarting``; a time
+    # taken now would miss one formed while this thread was descheduled.
+    sc.wait_stable(after=restarting)
     sc.drain()
     pre |= {ev["member"] for ev in sc.events() if ev.get("member") and ev["t"] < restarting}
     h = sc.finish(epoch_of=lambda ev: 0 if ev.get("member") in pre else 1)
@@ -645,8 +648,8 @@ def test_sigstop_of_the_server_longer_than_the_session_expires_every_member(scen
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     time.sleep(2.5)  # the fault itself: frozen for longer than the 1.5 s session timeout
+    resumed = time.time()  # before SIGCONT: nothing is assigned while the server is frozen
     os.kill(pid, signal.SIGCONT)
-    resumed = time.time()
     # Redis TIME moved on while the server was frozen, so at the first touch every session has
     # run out: the members' partitions are lost (not revoked, no commit) and they rejoin.
     sc.wait_stable(after=resumed)
@@ -666,14 +669,14 @@ def test_sigstop_of_a_worker_past_its_session_moves_its_partitions_and_fences_it
     victim, others = sc.workers[-1], sc.workers[:-1]
     mine = next(ev for ev in victim.events() if ev["e"] == "assigned" and ev["gen"] == gen)
     assert mine["parts"]
+    stopped = time.time()  # before the act: the others may regroup before a time taken after
     victim.signal(signal.SIGSTOP)
-    stopped = time.time()
     sc.wait_stable(others, after=stopped)  # its session ran out: the others took its partitions
     zombie = sc.coord.commit_offsets(GROUP, {TopicPartition(TOPIC, p): 0 for p in mine["parts"]},
                                      member_id=mine["member"], generation_id=gen)
     assert {e.name for e in zombie.values()} <= {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"}
-    victim.signal(signal.SIGCONT)
     resumed = time.time()
+    victim.signal(signal.SIGCONT)
     sc.wait_stable(sc.workers, after=resumed)  # it noticed, and rejoined
     sc.drain()
     mine_now = victim.events()
