@@ -12,6 +12,44 @@ import rcoord.asyncio.wake
 from rcoord.asyncio.wake import AsyncWakeReads
 
 
+class GatedLook(redis.asyncio.Redis):
+    """Holds a non-blocking XREAD of ``key`` (a waiter's look) until ``gate`` is set;
+    ``looked`` is set when one is held."""
+
+    key: str
+    gate: asyncio.Event
+    looked: asyncio.Event
+
+    async def xread(self, streams: Any, count: Any = None, block: Any = None,
+                    **kwargs: Any) -> Any:
+        reply = await super().xread(streams, count=count, block=block, **kwargs)
+        if block is None and self.key in streams:
+            self.looked.set()
+            await asyncio.wait_for(self.gate.wait(), 60)
+        return reply
+
+
+def gated_look(port: int, key: str) -> GatedLook:
+    """A ``GatedLook`` client (made in the running loop, which its events belong to)."""
+    client = GatedLook(host="127.0.0.1", port=port)
+    client.key, client.gate, client.looked = key, asyncio.Event(), asyncio.Event()
+    return client
+
+
+async def held_in_look(reads: AsyncWakeReads, client: GatedLook, admin: Any, key: str,
+                       first_from: str, block_ms: int) -> list[asyncio.Task[bool]]:
+    """With 1-0 in the stream, W1 waits from ``first_from`` (the read in flight reads from
+    there), then W2 from 2-0, older than that read: it looks first, and is held in the look
+    (which found nothing after 2-0). The two waits' tasks."""
+    await admin.xadd(key, {"e": 1}, id="1-0")
+    w1 = asyncio.create_task(reads.wait(client, key, first_from, block_ms))
+    await await_until(lambda: reads.waiting(key) == 1 and reads.reading() == 1,
+                      "the first waiter's read in flight")
+    w2 = asyncio.create_task(reads.wait(client, key, "2-0", block_ms))
+    await asyncio.wait_for(client.looked.wait(), 30)
+    return [w1, w2]
+
+
 async def _blocked_xreads(admin: Any) -> list[Any]:
     return [c for c in await admin.client_list()
             if c.get("cmd") == "xread" and "b" in c.get("flags", "")]
@@ -27,35 +65,13 @@ def test_a_stream_forgotten_during_a_waiters_look_is_not_left_behind_by_close(
     monkeypatch.setattr(rcoord.asyncio.wake, "MAX_IDLE_STREAMS", 1)
     key, other = f"{namespace}:wake69", f"{namespace}:wake69b"
 
-    class GatedLook(redis.asyncio.Redis):
-        """Holds a non-blocking XREAD (the look) until the test lets it return."""
-
-        gate: asyncio.Event
-        looked: asyncio.Event
-
-        async def xread(self, streams: Any, count: Any = None, block: Any = None,
-                        **kwargs: Any) -> Any:
-            reply = await super().xread(streams, count=count, block=block, **kwargs)
-            if block is None and key in streams:
-                self.looked.set()
-                await asyncio.wait_for(self.gate.wait(), 60)
-            return reply
-
     async def scenario() -> None:
-        client = GatedLook(host="127.0.0.1", port=redis_server.port)
-        client.gate, client.looked = asyncio.Event(), asyncio.Event()
+        client = gated_look(redis_server.port, key)
         admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
         reads = AsyncWakeReads(8)
         tasks: list[asyncio.Task[bool]] = []
         try:
-            await admin.xadd(key, {"e": 1}, id="1-0")
-            # W1 waits from 9-0: the read in flight reads from there.
-            tasks.append(asyncio.create_task(reads.wait(client, key, "9-0", 30_000)))
-            await await_until(lambda: reads.waiting(key) == 1 and reads.reading() == 1,
-                              "the first waiter's read in flight")
-            # W2 waits from 2-0, older than that read: it looks first (held in the look).
-            tasks.append(asyncio.create_task(reads.wait(client, key, "2-0", 30_000)))
-            await asyncio.wait_for(client.looked.wait(), 30)  # (it found nothing after 2-0)
+            tasks += await held_in_look(reads, client, admin, key, "9-0", 30_000)
             # Meanwhile W1 gives up (cancelled: a caller's timeout), and its read is ended.
             tasks[0].cancel()
             await asyncio.gather(tasks[0], return_exceptions=True)

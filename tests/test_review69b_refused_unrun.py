@@ -64,23 +64,30 @@ class _FailedOver(ClusterClient):
         return real
 
 
-def test_a_stored_append_whose_resend_after_a_reload_a_move_refused_is_not_not_stored(
-        own_cluster, namespace):
-    """Fails now: 6 (NOT_LEADER_OR_FOLLOWER, "nothing was appended") for a batch stored."""
-    with _split(own_cluster, namespace) as (client, move), \
-            running_gateway(own_cluster, namespace) as gw, \
+def produce_through(cluster: Any, namespace: str, client_class: type) -> tuple[Any, list[Any]]:
+    """A Produce of "a", then one of "b" through the gateway whose cluster client is of
+    ``client_class`` (given the slot move, counting its EVALSHAs: two expected, the second
+    after a reload): the second's answer, and the values in the log after the move ended."""
+    with _split(cluster, namespace) as (client, move), \
+            running_gateway(cluster, namespace) as gw, \
             contextlib.closing(connect(gw)) as sock:
         assert _produce(sock, 1, b"a").error_code.value == 0
         assert gw.gateway is not None
         sync = gw.gateway.state.sync_redis
-        sync.__class__ = _FailedOver
+        sync.__class__ = client_class
         sync.move = move
         answer = _produce(sock, 2, b"b")
         sync.__class__ = ClusterClient
-        assert sync.evalshas == 2  # (the first lost its reply, the second came after a reload)
+        assert sync.evalshas == 2  # (the first failed one way or another; a reload; the resend)
         move.keys()
         move.owner()
-        values = [r.value for r in fetch(client, namespace, "t", 0, 0).records]
-        assert values == [b"a", b"b"]  # stored by the first EVALSHA
-        # Stored, so "maybe written" at best; NOT_LEADER_OR_FOLLOWER makes it resent.
-        assert answer.error_code.value == Errors.REQUEST_TIMED_OUT, answer.error_message
+        return answer, [r.value for r in fetch(client, namespace, "t", 0, 0).records]
+
+
+def test_a_stored_append_whose_resend_after_a_reload_a_move_refused_is_not_not_stored(
+        own_cluster, namespace):
+    """Fails now: 6 (NOT_LEADER_OR_FOLLOWER, "nothing was appended") for a batch stored."""
+    answer, values = produce_through(own_cluster, namespace, _FailedOver)
+    assert values == [b"a", b"b"]  # stored by the first EVALSHA
+    # Stored, so "maybe written" at best; NOT_LEADER_OR_FOLLOWER makes it resent.
+    assert answer.error_code.value == Errors.REQUEST_TIMED_OUT, answer.error_message

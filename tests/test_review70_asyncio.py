@@ -7,10 +7,10 @@ not woken until that read's deadline (or some later entry)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import redis.asyncio
 from harness import await_until
+from test_review69_asyncio import gated_look, held_in_look
 
 from rcoord.asyncio.wake import AsyncWakeReads
 
@@ -20,36 +20,14 @@ def test_an_entry_that_came_during_a_waiters_look_wakes_it(redis_server, namespa
     read W3 started from 4-0 while W2's look was out."""
     key = f"{namespace}:wake70"
 
-    class GatedLook(redis.asyncio.Redis):
-        """Holds a non-blocking XREAD (the look) until the test lets it return."""
-
-        gate: asyncio.Event
-        looked: asyncio.Event
-
-        async def xread(self, streams: Any, count: Any = None, block: Any = None,
-                        **kwargs: Any) -> Any:
-            reply = await super().xread(streams, count=count, block=block, **kwargs)
-            if block is None and key in streams:
-                self.looked.set()
-                await asyncio.wait_for(self.gate.wait(), 60)
-            return reply
-
     async def scenario() -> None:
-        client = GatedLook(host="127.0.0.1", port=redis_server.port)
-        client.gate, client.looked = asyncio.Event(), asyncio.Event()
+        client = gated_look(redis_server.port, key)
         admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
         reads = AsyncWakeReads(8)
         tasks: list[asyncio.Task[bool]] = []
         try:
-            await admin.xadd(key, {"e": 1}, id="1-0")
-            # W1 waits from 3-0: the read in flight reads from there.
-            tasks.append(asyncio.create_task(reads.wait(client, key, "3-0", 120_000)))
-            await await_until(lambda: reads.waiting(key) == 1 and reads.reading() == 1,
-                              "the first waiter's read in flight")
-            # W2 waits from 2-0, older than that read: it looks first (held in the look,
-            # which found nothing after 2-0).
-            tasks.append(asyncio.create_task(reads.wait(client, key, "2-0", 120_000)))
-            await asyncio.wait_for(client.looked.wait(), 30)
+            # W1 waits from 3-0; W2 from 2-0 is held in its look.
+            tasks += await held_in_look(reads, client, admin, key, "3-0", 120_000)
             # Meanwhile 4-0 arrives: W1 is woken and its read ends.
             await admin.xadd(key, {"e": 2}, id="4-0")
             assert await asyncio.wait_for(tasks[0], 30) is True

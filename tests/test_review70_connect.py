@@ -8,16 +8,13 @@ stored, where 8a8a728 answered NOT_LEADER_OR_FOLLOWER (judged alone, the resend 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-from gateway_harness import connect, running_gateway
-from test_gateway_tryagain69 import _produce, _split
 from test_producer_slot_moves import _migrate, _start
+from test_review69b_refused_unrun import produce_through
 
 from rcoord.connect import ClusterClient
 from rcoord.gateway.errors import NOT_LEADER_OR_FOLLOWER
-from rcoord.topics.fetch import fetch
 
 
 class _ScriptsGone(ClusterClient):
@@ -43,20 +40,7 @@ class _ScriptsGone(ClusterClient):
 def test_an_append_refused_after_a_noscript_reload_is_not_leader(own_cluster, namespace):
     """Fails now: REQUEST_TIMED_OUT for an append nothing of which ran (the NOSCRIPT reply
     counted as an attempt that may have run, for the whole operation)."""
-    with _split(own_cluster, namespace) as (client, move), \
-            running_gateway(own_cluster, namespace) as gw, \
-            contextlib.closing(connect(gw)) as sock:
-        assert _produce(sock, 1, b"a").error_code.value == 0
-        assert gw.gateway is not None
-        sync = gw.gateway.state.sync_redis
-        sync.__class__ = _ScriptsGone
-        sync.move = move
-        answer = _produce(sock, 2, b"b")
-        sync.__class__ = ClusterClient
-        assert sync.evalshas == 2  # (NOSCRIPT, then the resend after the reload)
-        move.keys()
-        move.owner()
-        values = [r.value for r in fetch(client, namespace, "t", 0, 0).records]
-        assert values == [b"a"]  # nothing of it stored
-        # Certainly not stored: "not stored", as an append refused throughout.
-        assert answer.error_code.value == NOT_LEADER_OR_FOLLOWER, answer.error_message
+    answer, values = produce_through(own_cluster, namespace, _ScriptsGone)
+    assert values == [b"a"]  # nothing of it stored
+    # Certainly not stored: "not stored", as an append refused throughout.
+    assert answer.error_code.value == NOT_LEADER_OR_FOLLOWER, answer.error_message
