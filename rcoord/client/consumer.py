@@ -2352,9 +2352,10 @@ class Consumer(SubscriptionMixin):
     def _commit_carried(self, under: Generation) -> _CommitFn:
         """Commit under ``under`` (``_commit_generation``), and once more under the newer
         generation the member has joined meanwhile (its join under way waited for) if
-        ``under``'s commit is refused as rebalancing: a changed subscription's revocation after the generation ended
-        (``_revoke_unsubscribed``) commits while the group thread is already rejoining, so
-        the join may complete before the commit arrives (ILLEGAL_GENERATION). The member still
+        ``under``'s commit is refused as rebalancing: a changed subscription's revocation
+        after the generation ended (``_revoke_unsubscribed``) commits while the group thread
+        is already rejoining, so the join may complete before the commit arrives
+        (ILLEGAL_GENERATION). The member still
         owns the partitions there, the change's rejoin that hands them on waiting for this
         commit; dropped, they were left uncommitted for their next owner, where Kafka's
         onJoinPrepare commits before its JoinGroup."""
