@@ -27,7 +27,7 @@ def _grow(name: str, count: int, assignments: list[list[int]] | None = None) -> 
 
 def _answers(gateway: Any, entries: list[dict[str, Any]], validate_only: bool = False,
              version: int = 3) -> dict[str, tuple[int, str | None]]:
-    body = {"topics": entries, "timeout_ms": 5000, "validate_only": validate_only}
+    body = {"topics": entries, "timeout": 5000, "validate_only": validate_only}
     # (v0 and v1 are not flexible: response header v0)
     results = call_once(gateway, 37, version, body, 5 if version >= 2 else 4).results
     return {r.name: (r.error_code.value, r.error_message) for r in results}
@@ -113,7 +113,7 @@ def test_growing_a_topic_needs_alter_on_it(redis_server, namespace, tmp_path: Pa
     with gateway_for_alice(redis_server, namespace, tmp_path, ["ALTER"],
                            ["READ", "WRITE", "DESCRIBE", "CREATE"]) as (gw, topics):
         results = call_once(gw, 37, 3, {"topics": [_grow("mine", 2), _grow("theirs", 2)],
-                                        "timeout_ms": 5000, "validate_only": False},
+                                        "timeout": 5000, "validate_only": False},
                             login=("alice", "pw")).results
         assert {r.name: r.error_code.value for r in results} == {
             "mine": 0, "theirs": TOPIC_AUTHORIZATION_FAILED}

@@ -300,7 +300,7 @@ def test_validate_only_reads_the_topic_not_the_keyspace(gateway, topics, monkeyp
         raise AssertionError("validate_only listed every topic")
 
     monkeypatch.setattr(Topics, "list", no_listing)
-    checked = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": True, "topics": [
+    checked = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": True, "topics": [
         _new_topic("taken"), _new_topic("free")]})
     assert {t.name: t.error_code.value for t in checked.topics} == {
         "taken": Errors.TOPIC_ALREADY_EXISTS, "free": 0}
@@ -317,7 +317,7 @@ def test_an_existing_topic_is_already_exists_whatever_else_is_wrong(gateway, top
     asked = [_new_topic("there", rf=3), _new_topic("there", count=0),
              {**_new_topic("there"), "configs": [{"name": "cleanup.policy", "value": "x"}]}]
     for topic in asked:
-        answered = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+        answered = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": validate_only,
                                               "topics": [topic]})
         assert [(t.name, t.error_code.value) for t in answered.topics] == [
             ("there", Errors.TOPIC_ALREADY_EXISTS)]
@@ -343,13 +343,13 @@ def test_a_topic_redis_fails_on_is_answered_alone(gateway, topics, monkeypatch, 
 
     monkeypatch.setattr(Topics, "create", failing(create))
     monkeypatch.setattr(Topics, "delete", failing(delete))
-    created = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False,
+    created = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": False,
                                          "topics": [_new_topic("kept"), _new_topic("cut")]})
     assert {t.name: t.error_code.value for t in created.topics} == {
         "kept": 0, "cut": Errors.REQUEST_TIMED_OUT}
     assert topics.list() == ["kept"]
     create(topics, "cut", 1)  # (the real one)
-    deleted = call_once(gateway, 20, 5, {"timeout_ms": 5000, "topic_names": ["kept", "cut"]})
+    deleted = call_once(gateway, 20, 5, {"timeout": 5000, "topic_names": ["kept", "cut"]})
     assert {t.name: t.error_code.value for t in deleted.responses} == {
         "kept": 0, "cut": Errors.REQUEST_TIMED_OUT}
     assert topics.list() == ["cut"]
@@ -569,13 +569,13 @@ def test_a_topic_named_twice_is_neither_created_nor_deleted(gateway, topics):
     once, INVALID_REQUEST "Duplicate topic name.", and nothing is done for it; one entry was
     created with the other refused (which one's settings won was not fixed), and a delete was
     answered NONE twice."""
-    created = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False, "topics": [
+    created = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": False, "topics": [
         _new_topic("dup"), _new_topic("dup", 3), _new_topic("once", 2)]})
     assert sorted((t.name, t.error_code.value, t.error_message) for t in created.topics) == [
         ("dup", Errors.INVALID_REQUEST, "Duplicate topic name."), ("once", 0, None)]
     assert topics.list() == ["once"]
     topics.create("dup", 1)
-    deleted = call_once(gateway, 20, 5, {"timeout_ms": 5000,
+    deleted = call_once(gateway, 20, 5, {"timeout": 5000,
                                          "topic_names": ["dup", "once", "dup"]})
     assert sorted((r.name, r.error_code.value, r.error_message) for r in deleted.responses) == [
         ("dup", Errors.INVALID_REQUEST, "Duplicate topic name."), ("once", 0, None)]
@@ -596,14 +596,14 @@ def test_a_manual_assignment_is_checked_as_kafka_checks_it(gateway, topics, entr
     so an assignment naming a broker that does not exist, or numPartitions 4 with one
     assignment (the client got 1 partition, silently), created a topic."""
     for validate_only in (True, False):
-        (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+        (answer,) = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": validate_only,
                                                "topics": [entry]}).topics
         assert answer.error_code.value == code and says in answer.error_message
     assert topics.list() == []
 
 
 def test_a_manual_assignment_on_this_broker_creates_its_partitions(gateway, topics):
-    (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": False, "topics": [
+    (answer,) = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": False, "topics": [
         _new_topic("m", -1, -1, [(1, [0]), (0, [0]), (2, [0])])]}).topics
     assert (answer.error_code.value, answer.num_partitions, answer.replication_factor) == (0, 3, 1)
     assert topics.partition_count("m") == 3
@@ -615,7 +615,7 @@ def test_a_config_with_a_null_value_is_refused(gateway, topics, validate_only):
     not supported for topic configs: ..."); the gateway created the topic with the default
     retention, as if the config had not been given."""
     entry = {**_new_topic("n"), "configs": [{"name": "retention.ms", "value": None}]}
-    (answer,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": validate_only,
+    (answer,) = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": validate_only,
                                            "topics": [entry]}).topics
     assert (answer.error_code.value, answer.error_message) == (
         Errors.INVALID_CONFIG, "Null value not supported for topic configs: retention.ms")
@@ -628,7 +628,7 @@ def test_config_values_are_read_as_kafka_reads_a_long(gateway, topics):
     int() took them, and the first two made a topic)."""
     def answer(value: str) -> tuple[int, int | None]:
         entry = {**_new_topic("c"), "configs": [{"name": "retention.ms", "value": value}]}
-        (got,) = call_once(gateway, 19, 7, {"timeout_ms": 5000, "validate_only": True,
+        (got,) = call_once(gateway, 19, 7, {"timeout": 5000, "validate_only": True,
                                             "topics": [entry]}).topics
         values = {c.name: c.value for c in got.configs or ()}
         return got.error_code.value, None if not values else int(values["retention.ms"])
@@ -648,7 +648,7 @@ def test_a_created_topic_is_answered_with_its_configs(gateway, topics, version, 
     with a NullPointerException although the topic was created. They are what DescribeConfigs
     then gives for the topic."""
     entry = {**_new_topic("c", 2), "configs": [{"name": "retention.ms", "value": "60000"}]}
-    (answer,) = call_once(gateway, 19, version, {"timeout_ms": 5000,
+    (answer,) = call_once(gateway, 19, version, {"timeout": 5000,
                                                  "validate_only": validate_only,
                                                  "topics": [entry]}).topics
     assert (answer.error_code.value, int(answer.topic_config_error_code),

@@ -38,9 +38,11 @@ from .errors import (
     TOPIC_AUTHORIZATION_FAILED,
     UNREACHED,
     log_unreached,
+    unreached_topic_code,
 )
 from .registry import api
 from .state import NODE_ID, Connection, GatewayState
+from .wire import millis
 
 __all__: list[str] = []
 
@@ -182,8 +184,8 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
             return await state.blocking(_create, state, topic, bool(req.validate_only),
                                         describable)
         except UNREACHED as exc:
-            return {**_unreached(conn.state, topic.name, exc), "num_partitions": -1,
-                    "replication_factor": -1}
+            return {**_unreached(conn.state, topic.name, exc, millis(req.timeout)),
+                    "num_partitions": -1, "replication_factor": -1}
 
     twice = _named_twice(t.name for t in req.topics)
     results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))
@@ -193,14 +195,16 @@ async def create_topics(conn: Connection, req: Any, version: int) -> dict[str, A
          "replication_factor": -1} for name in twice)]}
 
 
-def _unreached(state: GatewayState, name: str, exc: BaseException) -> dict[str, Any]:
-    """The answer for a topic whose create or delete could not reach Redis (whether it was
-    done is not known): REQUEST_TIMED_OUT, retriable. The other topics of the request keep
-    their own answers: one unreachable call failed the whole request, so topics created or
-    deleted by it were answered as not, and a retry found them TOPIC_ALREADY_EXISTS or
-    unknown (Kafka applies a request's topics together; rcoord cannot, so it says which)."""
+def _unreached(state: GatewayState, name: str, exc: BaseException, timeout_ms: int
+               ) -> dict[str, Any]:
+    """The answer for a topic whose create, delete or growth could not reach Redis (whether it
+    was done is not known): ``unreached_topic_code``, retriable. The other topics of the
+    request keep their own answers: one unreachable call failed the whole request, so topics
+    created or deleted by it were answered as not, and a retry found them
+    TOPIC_ALREADY_EXISTS or unknown (Kafka applies a request's topics together; rcoord cannot,
+    so it says which)."""
     log_unreached(state, f"topic {name!r}", exc)
-    return {"name": name, "error_code": Errors.REQUEST_TIMED_OUT,
+    return {"name": name, "error_code": unreached_topic_code(timeout_ms),
             "error_message": f"Redis unreachable or unavailable: {exc}"}
 
 
@@ -254,7 +258,7 @@ async def delete_topics(conn: Connection, req: Any, version: int) -> dict[str, A
                     await state.blocking(_missing, state, name)):
                 return _unknown(name)
         except UNREACHED as exc:
-            return _unreached(conn.state, name, exc)
+            return _unreached(conn.state, name, exc, millis(req.timeout))
         return {"name": name, "error_code": TOPIC_AUTHORIZATION_FAILED,
                 "error_message": "Authorization failed."}
 
@@ -322,7 +326,7 @@ async def create_partitions(conn: Connection, req: Any, version: int) -> dict[st
         try:
             return await state.blocking(_grow, state, topic, bool(req.validate_only))
         except UNREACHED as exc:
-            return _unreached(conn.state, topic.name, exc)
+            return _unreached(conn.state, topic.name, exc, millis(req.timeout))
 
     twice = _named_twice(t.name for t in req.topics)
     results = await asyncio.gather(*(one(t) for t in req.topics if t.name not in twice))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import redis.exceptions
 
-from ..errors import AuthenticationFailedError, ConnectionLost, as_authentication_failed
+from ..errors import AuthenticationFailedError, ConnectionLost, Errors, as_authentication_failed
 from .acl import ResourceType
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ __all__ = [
     "INVALID_TIMESTAMP",
     "LEADER_NOT_AVAILABLE",
     "LOGIN_REFUSED",
+    "NETWORK_EXCEPTION",
     "NOT_LEADER_OR_FOLLOWER",
     "TOPIC_AUTHORIZATION_FAILED",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
@@ -43,6 +44,7 @@ __all__ = [
     "since_last",
     "slot_unserved",
     "throttled",
+    "unreached_topic_code",
 ]
 
 log = logging.getLogger("rcoord.gateway")
@@ -148,6 +150,7 @@ def log_unreached(state: GatewayState, what: str, exc: BaseException) -> None:
 CORRUPT_MESSAGE = 2
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
+NETWORK_EXCEPTION = 13
 INVALID_REQUIRED_ACKS = 21
 INVALID_TIMESTAMP = 32
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -161,6 +164,21 @@ FETCH_SESSION_ID_NOT_FOUND = 70
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
 UNKNOWN_TOPIC_ID = 100
+
+
+def unreached_topic_code(timeout_ms: int) -> int:
+    """What CreateTopics, DeleteTopics and CreatePartitions answer a topic whose call could not
+    reach Redis (whether it was done is not known), given the request's ``timeout_ms``.
+
+    REQUEST_TIMED_OUT where the client waits. Asked not to wait (0 or less), a Kafka broker
+    answers that code for a topic it began to create, delete or grow (``ZkAdminManager``:
+    "if timeout <= 0 ... return immediately"), and librdkafka, asked so
+    (``operation_timeout=0``), takes it for "in progress" and succeeds the topic's future
+    (measured, confluent-kafka 2.16): a client was told a topic was created, deleted or grown
+    that was not. NETWORK_EXCEPTION says the same thing, an answer lost before it came
+    (retriable, as REQUEST_TIMED_OUT), and no client takes it for success."""
+    return Errors.REQUEST_TIMED_OUT if timeout_ms > 0 else NETWORK_EXCEPTION
+
 
 AUTHORIZATION_FAILED = {
     ResourceType.TOPIC: TOPIC_AUTHORIZATION_FAILED,
