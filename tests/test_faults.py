@@ -15,6 +15,7 @@ The checker's own tests (hand-made histories that break each rule) come first.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ import redis
 from faults.history import (
     Assignment,
     Commit,
+    EventReader,
     History,
     Sample,
     assert_clean,
@@ -173,6 +175,40 @@ def test_checker_reads_complete_lines_only(tmp_path):
     assert read_events(tmp_path / "w2.jsonl") == []  # a worker that has not started writing
 
 
+def test_event_reader_parses_only_complete_lines_appended_since_its_last_read(tmp_path):
+    """The harness polls each worker's file while it grows: a read parses the lines appended
+    since the last one (not the whole file again), leaves a line cut short (here inside a
+    two-byte character, and just after a commit's offsets) until its newline is there, and
+    hands out new dicts in a new list, so a caller cannot change what the next read returns."""
+    path = tmp_path / "w1.jsonl"
+    reader = EventReader(path)
+    assert reader.read() == []  # a worker that has not started writing
+
+    def append(data: bytes) -> None:
+        with path.open("ab") as f:
+            f.write(data)
+
+    first = {"e": "assigned", "t": 1.0, "gen": 1, "member": "m1", "parts": [0]}
+    second = {"e": "processed", "t": 1.1, "values": ["v1", "é"]}
+    third = {"e": "commit", "t": 1.2, "offsets": {"0": 2}, "gen": 1, "member": "m1", "sent": 1.1}
+    one, two, three = (json.dumps(x, ensure_ascii=False).encode() + b"\n"
+                       for x in (first, second, third))
+    in_char, after_offsets = two.index("é".encode()) + 1, three.index(b"}") + 1
+    append(one + two[:in_char])
+    assert reader.read() == [first]
+    append(two[in_char:] + three[:after_offsets])
+    got = reader.read()
+    assert got == [first, second]
+    got[0]["worker"] = "w1"
+    got.append(third)
+    assert reader.read() == [first, second]
+    with path.open("r+b") as f:  # what was parsed is not parsed again
+        f.write(one.replace(b'"m1"', b'"m9"'))
+    append(three[after_offsets:])
+    assert reader.read() == [first, second, third]
+    assert read_events(path) == [{**first, "member": "m9"}, second, third]
+
+
 # -- the scenario harness ---------------------------------------------------------------------
 
 
@@ -264,8 +300,13 @@ class Worker:
         self._fh.close()
         return code
 
+    @functools.cached_property
+    def _reader(self) -> EventReader:
+        """Made on first use, so a subclass with an ``__init__`` of its own has one too."""
+        return EventReader(self.history)
+
     def events(self) -> list[dict[str, Any]]:
-        return read_events(self.history)
+        return self._reader.read()
 
 
 class Scenario:
@@ -362,7 +403,9 @@ class Scenario:
     def events(self) -> list[dict[str, Any]]:
         out = []
         for w in self.workers:
-            out += [{**ev, "worker": w.name} for ev in w.events()]
+            for ev in w.events():
+                ev["worker"] = w.name
+                out.append(ev)
         return out
 
     def owners(self, after: float = 0.0) -> dict[int, dict[str, str]]:

@@ -35,6 +35,7 @@ from typing import Any
 __all__ = [
     "Assignment",
     "Commit",
+    "EventReader",
     "History",
     "Sample",
     "assert_clean",
@@ -180,14 +181,38 @@ def _natural(value: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, value)
 
 
+class EventReader:
+    """One worker's history file, read as it grows: a test polls it every few ms all run long,
+    and parsing the whole file on each poll took the CPU the workers and the server it judges
+    need. Each read parses only the lines appended since the last one, and only complete ones:
+    the last line may be cut short, by a SIGKILL or by a read while the worker writes it, and a
+    commit's line cut just after its offsets ends with a ``}`` too. It is read again, whole,
+    once its newline is there."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._events: list[dict[str, Any]] = []
+        self._offset = 0
+        """Where the first line not parsed yet begins."""
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every complete event so far, as new dicts in a new list: the caller's to change."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                appended = f.read()
+        except FileNotFoundError:  # a worker that has not started writing
+            appended = b""
+        end = appended.rfind(b"\n")
+        if end >= 0:
+            self._events += [json.loads(line) for line in appended[:end].split(b"\n")]
+            self._offset += end + 1
+        return [dict(ev) for ev in self._events]
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events of one worker's history file, its complete lines only: the last line may be
-    cut short, by a SIGKILL or by a read while the worker writes it, and a commit's line cut
-    just after its offsets ends with a ``}`` too."""
-    if not path.exists():
-        return []
-    *lines, _rest = path.read_text(encoding="utf-8").split("\n")
-    return [json.loads(line) for line in lines]
+    """The complete events of one worker's history file, read whole (``EventReader``)."""
+    return EventReader(path).read()
 
 
 def read_worker_files(
