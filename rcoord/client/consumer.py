@@ -2404,7 +2404,9 @@ class Consumer(SubscriptionMixin):
             under = self._commit_generation()
             of = f"generation {under.generation_id}"
             if not polling:
-                self._final_commit(under.commit_offsets, of)
+                # (close(), unsubscribe(): no hold keeps a carried generation's member from
+                # rejoining, so its join may complete before the commit arrives)
+                self._final_commit(self._commit_carried(under), of)
             elif not self._revocation_committed(under.commit_offsets, of, poll_deadline):
                 return
             lost = gen.lost or under.lost  # a refused commit can reveal they are gone

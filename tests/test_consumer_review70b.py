@@ -1,0 +1,104 @@
+"""Review 70b: the auto-commits of revoked partitions other than a changed subscription's
+(``Consumer._commit_carried``, review 70), made while the member's group thread rejoins in the
+background, when the next generation's join completes before the commit arrives.
+
+A cooperative rebalance's revocation (``_transition``) commits under the generation it moves
+to, whose hold keeps the member from rejoining until that commit has landed: however long the
+commit is held, and whatever ends that generation meanwhile, it is accepted there. close()'s
+final commit has no such hold (the generation was taken in hand, so its routine let the
+member rejoin at once): refused because the member's join went on meanwhile, it was dropped,
+the partitions left uncommitted for their next owners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import InThread, wait_until
+from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
+from test_consumer_review68 import _Joiner
+from test_consumer_review70 import _group_state, _JoinGated
+from test_review69_consumer_wait import _Held
+from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
+
+from rcoord.errors import Errors
+
+
+def test_a_cooperative_revocations_commit_held_past_its_generations_end_lands_there(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """A second member joins: generation 2 moves one partition away (``_transition``), whose
+    commit under generation 2 Redis holds. A third member then ends generation 2. The hold
+    on generation 2 keeps the member from rejoining while the commit is held (its routines
+    have not returned, it sends no JoinGroup), so the commit, let through, is made while the
+    group still prepares the rebalance in generation 2, and accepted."""
+    coord = _JoinGated(env)
+    listener = Recorder()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
+                           rebalance_timeout_ms=60_000)
+    held = _Held()
+    coord.gate = held  # type: ignore[assignment]
+    group = consumer._group
+    joiners = [_Joiner(env, assignors=["cooperative-sticky"])]
+    try:
+        wait_until(lambda: "revoked" in listener.kinds(),
+                   step=lambda: consumer.poll(timeout=0.05))
+        (revoked,) = next(parts for kind, parts in listener.events if kind == "revoked")
+        gen2 = consumer.generation
+        assert gen2 is not None and gen2.generation_id == 2
+        assert consumer._committer.pending == 1  # the revoked partition's commit, held
+        joiners.append(_Joiner(env, assignors=["cooperative-sticky"]))
+        wait_until(lambda: gen2.done.is_set()
+                   and _group_state(env) == ("PreparingRebalance", 2))
+        assert consumer.poll(timeout=0) == []
+        # (the group thread waits in collecting generation 2: no JoinGroup sent)
+        assert not gen2.wait_routines(0) and group.newest() is gen2
+        held.release()
+        wait_until(lambda: consumer._committer.pending == 0,
+                   step=lambda: consumer.poll(timeout=0.05))
+        assert coord.commits == [(2, ("PreparingRebalance", 2), {Errors.NONE})]
+        assert _committed_of(env, revoked) == {revoked: 10}
+    finally:
+        held.release()
+        for joiner in joiners:
+            joiner.stop()
+
+
+def test_closes_final_commit_refused_while_the_members_join_completes_waits_for_it(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """A second member ends generation 1; the member, carrying t-0 and u-0, rejoins in the
+    background and its SyncGroup is held. close() commits under generation 1 (the newest
+    the member completed), which arrives after the JoinGroup completed generation 2: refused
+    ILLEGAL_GENERATION, and it was dropped, both partitions left uncommitted (-1) for the
+    second member. The member still owns them until its close leaves generation 2, so the
+    commit waits for that join and is made there: both at 10."""
+    coord = _JoinGated(env)
+    listener = Recorder()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
+                           rebalance_timeout_ms=60_000)
+    held = _Held()
+    coord.gate = held  # type: ignore[assignment]
+    group = consumer._group
+    coord.syncs.clear()
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    closing = None
+    try:
+        wait_until(coord.sync_held.is_set)
+        wait_until(lambda: _group_state(env)[1] == 2)
+        assert group.newest().generation_id == 1
+        assert consumer.poll(timeout=0) == []  # (the records handed out count as processed)
+        closing = InThread(lambda: consumer.close(timeout=30))
+        wait_until(lambda: consumer._committer.pending == 1)
+        held.release()
+        wait_until(lambda: len(coord.commits) == 1)
+        assert coord.commits[0][0] == 1 and coord.commits[0][1][1] == 2
+        coord.syncs.set()
+        wait_until(lambda: bool(closing.outcome))
+        assert closing.outcome == [None]
+        assert [gen for gen, _, _ in coord.commits] == [1, 2]
+        assert coord.commits[-1][2] == {Errors.NONE}
+        assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
+    finally:
+        held.release()
+        coord.syncs.set()
+        joiner.stop()
+        if closing is not None:
+            closing.thread.join(60)
