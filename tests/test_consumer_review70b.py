@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review68 import _Joiner
@@ -62,14 +63,15 @@ def test_a_cooperative_revocations_commit_held_past_its_generations_end_lands_th
             joiner.stop()
 
 
-def test_closes_final_commit_refused_while_the_members_join_completes_waits_for_it(
-        env: Any) -> None:  # noqa: F811 - the fixture
+@pytest.mark.parametrize("leave", ["close", "unsubscribe"])
+def test_a_final_commit_refused_while_the_members_join_completes_waits_for_it(
+        env: Any, leave: str) -> None:  # noqa: F811 - the fixture
     """A second member ends generation 1; the member, carrying t-0 and u-0, rejoins in the
-    background and its SyncGroup is held. close() commits under generation 1 (the newest
-    the member completed), which arrives after the JoinGroup completed generation 2: refused
-    ILLEGAL_GENERATION, and it was dropped, both partitions left uncommitted (-1) for the
-    second member. The member still owns them until its close leaves generation 2, so the
-    commit waits for that join and is made there: both at 10."""
+    background and its SyncGroup is held. close() (or unsubscribe()) commits under generation
+    1 (the newest the member completed), which arrives after the JoinGroup completed
+    generation 2: refused ILLEGAL_GENERATION, and it was dropped, both partitions left
+    uncommitted (-1) for the second member. The member still owns them until it leaves
+    generation 2, so the commit waits for that join and is made there: both at 10."""
     coord = _JoinGated(env)
     listener = Recorder()
     consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
@@ -85,7 +87,8 @@ def test_closes_final_commit_refused_while_the_members_join_completes_waits_for_
         wait_until(lambda: _group_state(env)[1] == 2)
         assert group.newest().generation_id == 1
         assert consumer.poll(timeout=0) == []  # (the records handed out count as processed)
-        closing = InThread(lambda: consumer.close(timeout=30))
+        closing = InThread(lambda: consumer.close(timeout=30) if leave == "close"
+                           else consumer.unsubscribe())
         wait_until(lambda: consumer._committer.pending == 1)
         held.release()
         wait_until(lambda: len(coord.commits) == 1)
