@@ -11,6 +11,7 @@ the partitions left uncommitted for their next owners."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from test_consumer_review70 import _group_state, _JoinGated
 from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
 
+from rcoord.client.errors import IllegalStateError
 from rcoord.errors import Errors
 
 
@@ -105,3 +107,83 @@ def test_a_final_commit_refused_while_the_members_join_completes_waits_for_it(
         joiner.stop()
         if closing is not None:
             closing.thread.join(60)
+
+
+class _LeavingListener(Recorder):
+    """``Recorder``, which calls ``leave`` from ``on_partitions_revoked``."""
+
+    leave: Any = None
+
+    def on_partitions_revoked(self, partitions: list[Any]) -> None:
+        super().on_partitions_revoked(partitions)
+        self.leave()
+
+
+class _Turnstile:
+    """A gate for ``_Gated`` that lets a commit through per ``release()`` (waiting a minute at
+    most), counting the commits that reached it."""
+
+    def __init__(self) -> None:
+        self.permits = threading.Semaphore(0)
+        self.arrived = 0
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        self.arrived += 1
+        return self.permits.acquire(timeout=60)
+
+    def release(self, n: int = 1) -> None:
+        self.permits.release(n)
+
+
+@pytest.mark.parametrize("leave", ["close", "unsubscribe"])
+def test_leaving_inside_a_changed_subscriptions_revocation_commits_the_kept_partitions_there(
+        env: Any, leave: str) -> None:  # noqa: F811 - the fixture
+    """Generation 1 ended by a second member, the member rejoining (its JoinGroup held);
+    subscribe(["u"]) and poll() revoke t-0 (committed at once, under generation 1), and the
+    listener closes the consumer (or unsubscribes): that commits u-0, which it keeps, under
+    generation 1 too. Held until the member's JoinGroup completed generation 2 (its SyncGroup
+    held), it was refused ILLEGAL_GENERATION and dropped, u-0 left uncommitted (-1) for the
+    second member; it now waits for that join and is made under generation 2."""
+    coord = _JoinGated(env)
+    listener = _LeavingListener()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
+                           rebalance_timeout_ms=60_000)
+    listener.leave = (lambda: consumer.close(timeout=30)) if leave == "close" else (
+        consumer.unsubscribe)
+    gate = _Turnstile()
+    coord.gate = gate  # type: ignore[assignment]
+    coord.joins.clear()
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    polled = None
+    try:
+        wait_until(coord.join_held.is_set)
+        assert _group_state(env) == ("PreparingRebalance", 1)
+        consumer.subscribe(["u"])
+        polled = InThread(lambda: consumer.poll(timeout=0.5))
+        wait_until(lambda: gate.arrived == 1)
+        gate.release()
+        wait_until(lambda: gate.arrived == 2)  # u-0's commit, held
+        assert coord.commits == [(1, ("PreparingRebalance", 1), {Errors.NONE})]
+        coord.syncs.clear()
+        coord.joins.set()
+        wait_until(coord.sync_held.is_set)
+        wait_until(lambda: _group_state(env)[1] == 2)
+        gate.release(2)
+        wait_until(lambda: len(coord.commits) == 2)
+        assert coord.commits[1][0] == 1 and coord.commits[1][1][1] == 2
+        coord.syncs.set()
+        wait_until(lambda: bool(polled.outcome))
+        if leave == "close":
+            assert polled.outcome == [[]]
+        else:  # (as Kafka's poll() once unsubscribed)
+            assert [type(o) for o in polled.outcome] == [IllegalStateError]
+        assert [gen for gen, _, _ in coord.commits] == [1, 1, 2]
+        assert coord.commits[-1][2] == {Errors.NONE}
+        assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
+    finally:
+        gate.release(10)
+        coord.joins.set()
+        coord.syncs.set()
+        joiner.stop()
+        if polled is not None:
+            polled.thread.join(60)

@@ -2464,7 +2464,8 @@ class Consumer(SubscriptionMixin):
         hold = self._hold
         if (self._pending_revocation and self._gen is not None and self._auto_commit
                 and not self._partitions_lost()):
-            self._final_commit(self._commit_generation().commit_offsets, "the partitions kept")
+            self._final_commit(self._commit_carried(self._commit_generation()),
+                               "the partitions kept")
         self._drop_assignment()
         if hold is not None:
             hold.released.set()
@@ -3082,7 +3083,7 @@ class Consumer(SubscriptionMixin):
                     # close() from inside a cooperative revocation's callback: that revocation
                     # gives up only some partitions, so the positions of those kept are
                     # committed too (the listener, running now, is not called again).
-                    self._final_commit(self._commit_generation().commit_offsets,
+                    self._final_commit(self._commit_carried(self._commit_generation()),
                                        "the partitions kept")
                 # Else close() was called from inside an eager revocation's callback: that
                 # revocation is this consumer's last.
