@@ -187,3 +187,40 @@ def test_leaving_inside_a_changed_subscriptions_revocation_commits_the_kept_part
         joiner.stop()
         if polled is not None:
             polled.thread.join(60)
+
+
+def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """As above, but the member's SyncGroup stays held: close(timeout=2)'s commit, refused
+    under generation 1, waits for a join that does not complete within the rebalance timeout
+    (60 s). close() returns by its own bound, and the wait on the committer thread ends with
+    the group's close, nothing committed (the partitions go to the second member at -1, as
+    when a close() times out before its commit lands)."""
+    coord = _JoinGated(env)
+    listener = Recorder()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
+                           rebalance_timeout_ms=60_000)
+    held = _Held()
+    coord.gate = held  # type: ignore[assignment]
+    coord.syncs.clear()
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    closing = None
+    try:
+        wait_until(coord.sync_held.is_set)
+        wait_until(lambda: _group_state(env)[1] == 2)
+        assert consumer.poll(timeout=0) == []
+        closing = InThread(lambda: consumer.close(timeout=2))
+        wait_until(lambda: consumer._committer.pending == 1)
+        held.release()
+        wait_until(lambda: bool(closing.outcome))  # (well within the rebalance timeout)
+        assert closing.outcome == [None]
+        assert not coord.syncs.is_set()  # the join never completed
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert [gen for gen, _, _ in coord.commits] == [1]
+        assert _committed_of(env, T0, U0) == {T0: -1, U0: -1}
+    finally:
+        held.release()
+        coord.syncs.set()
+        joiner.stop()
+        if closing is not None:
+            closing.thread.join(60)
