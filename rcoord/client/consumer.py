@@ -2353,12 +2353,14 @@ class Consumer(SubscriptionMixin):
         """Commit under ``under`` (``_commit_generation``), and once more under the newer
         generation the member has joined meanwhile (its join under way waited for) if
         ``under``'s commit is refused as rebalancing: a changed subscription's revocation
-        after the generation ended (``_revoke_unsubscribed``) commits while the group thread
-        is already rejoining, so the join may complete before the commit arrives
-        (ILLEGAL_GENERATION). The member still
-        owns the partitions there, the change's rejoin that hands them on waiting for this
-        commit; dropped, they were left uncommitted for their next owner, where Kafka's
-        onJoinPrepare commits before its JoinGroup."""
+        after the generation ended (``_revoke_unsubscribed``), and the final commit of
+        ``close()`` or ``unsubscribe()`` once a carried generation was taken in hand (its hold
+        let the member go), commit while the group thread may be rejoining, so the join may
+        complete before the commit arrives (ILLEGAL_GENERATION). The member still owns the
+        partitions there, until the change's rejoin (which waits for this commit) or its
+        leave hands them on; dropped, they were left uncommitted for their next owner, where
+        Kafka's onJoinPrepare commits before its JoinGroup. Not for the application's own
+        ``commit()``: refused, it raises, as Kafka's commitSync does during a rebalance."""
 
         def commit(offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
             try:
