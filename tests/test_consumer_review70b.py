@@ -23,7 +23,7 @@ from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
 
 from rcoord.client.errors import IllegalStateError
-from rcoord.errors import Errors
+from rcoord.errors import Errors, RebalanceInProgressError
 
 
 def test_a_cooperative_revocations_commit_held_past_its_generations_end_lands_there(
@@ -224,3 +224,68 @@ def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
         joiner.stop()
         if closing is not None:
             closing.thread.join(60)
+
+
+class _CommittingListener(Recorder):
+    """``Recorder``, whose ``on_partitions_revoked`` calls ``commit()`` and notes what it
+    raised (None if nothing)."""
+
+    app: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised: list[BaseException | None] = []
+
+    def on_partitions_revoked(self, partitions: list[Any]) -> None:
+        super().on_partitions_revoked(partitions)
+        try:
+            self.app.commit()
+        except RebalanceInProgressError as exc:
+            self.raised.append(exc)
+        else:
+            self.raised.append(None)
+
+
+def test_the_applications_commit_in_the_revocation_callback_is_not_made_again(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """As above, but the listener calls commit(): reckoned under generation 1 and held until
+    the member's JoinGroup completed generation 2, it is refused and raises
+    ``RebalanceInProgressError``, as Kafka's commitSync in onPartitionsRevoked does once the
+    generation moved on; it is not made again under generation 2 (``_commit_carried`` is
+    for the consumer's own commits of partitions it gives up)."""
+    coord = _JoinGated(env)
+    listener = _CommittingListener()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
+                           rebalance_timeout_ms=60_000)
+    listener.app = consumer
+    gate = _Turnstile()
+    coord.gate = gate  # type: ignore[assignment]
+    coord.joins.clear()
+    joiner = _Joiner(env, assignors=["cooperative-sticky"])
+    polled = None
+    try:
+        wait_until(coord.join_held.is_set)
+        consumer.subscribe(["u"])
+        polled = InThread(lambda: consumer.poll(timeout=0.5))
+        wait_until(lambda: gate.arrived == 1)
+        gate.release()  # t-0's auto-commit, under generation 1 (PreparingRebalance)
+        wait_until(lambda: gate.arrived == 2)  # the listener's commit(), held
+        coord.syncs.clear()
+        coord.joins.set()
+        wait_until(coord.sync_held.is_set)
+        wait_until(lambda: _group_state(env)[1] == 2)
+        gate.release(10)
+        wait_until(lambda: bool(listener.raised))
+        coord.syncs.set()
+        wait_until(lambda: bool(polled.outcome))
+        wait_until(lambda: consumer._committer.pending == 0)
+        assert [type(e) for e in listener.raised] == [RebalanceInProgressError]
+        assert [gen for gen, _, _ in coord.commits] == [1, 1]
+        assert coord.commits[0][2] == {Errors.NONE}
+    finally:
+        gate.release(10)
+        coord.joins.set()
+        coord.syncs.set()
+        joiner.stop()
+        if polled is not None:
+            polled.thread.join(60)
