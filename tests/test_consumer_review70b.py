@@ -7,7 +7,10 @@ to, whose hold keeps the member from rejoining until that commit has landed: how
 commit is held, and whatever ends that generation meanwhile, it is accepted there. close()'s
 final commit has no such hold (the generation was taken in hand, so its routine let the
 member rejoin at once): refused because the member's join went on meanwhile, it was dropped,
-the partitions left uncommitted for their next owners."""
+the partitions left uncommitted for their next owners; so was unsubscribe()'s, and the commit
+of the kept partitions by a close() or unsubscribe() from a revocation callback. They now wait
+for that join (within close()'s bound) and are made under the new generation. The
+application's own commit() is not: refused, it raises, as Kafka's commitSync does."""
 
 from __future__ import annotations
 
