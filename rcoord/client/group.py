@@ -539,7 +539,8 @@ class ConsumerGroup:
     def newest_after(self, generation: Generation, timeout: float = 0.0) -> Generation | None:
         """The newest generation the same member has joined since ``generation`` (``newest``),
         waiting up to ``timeout`` for a join under way to complete; None if none did, or the
-        member lost its id or the group closed meanwhile. A commit under a generation carried
+        member lost its id, the group closed or its holder's ``close()`` gave up waiting
+        (``stop_retrying``) meanwhile. A commit under a generation carried
         through the rejoin, refused because that join's JoinGroup completed first, has no
         generation to go under until its SyncGroup has returned (``Consumer._commit_carried``)."""
         deadline = time.monotonic() + timeout
@@ -551,7 +552,7 @@ class ConsumerGroup:
                     return ahead
                 remaining = deadline - time.monotonic()
                 if (remaining <= 0 or self._closing.is_set() or self._exited.is_set()
-                        or self._member_id != generation.member_id):
+                        or self._finished.is_set() or self._member_id != generation.member_id):
                     return None
                 self._cond.wait(remaining)
 
@@ -655,9 +656,12 @@ class ConsumerGroup:
         For a holder whose ``close()`` timeout has passed before it closed this group
         (``Consumer.close``, which revokes first): against an unreachable coordinator those
         retries would otherwise go on for a session timeout each. ``close(timeout)`` does the
-        same once its own timeout passed. Meant for closing only: it is never undone.
+        same once its own timeout passed. Meant for closing only: it is never undone. A commit
+        waiting for a join to complete (``newest_after``) stops waiting too.
         """
-        self._finished.set()
+        with self._cond:
+            self._finished.set()
+            self._cond.notify_all()
 
     def leave_until_resumed(self, reason: str) -> None:
         """Leave the group now and stay out until ``resume()``: Kafka's reaction to an
@@ -827,7 +831,9 @@ class ConsumerGroup:
         if reaction.member_id == "leave" and self._member_id:
             self._leave(self._member_id, f"leaving after {exc}"[:255])
         if reaction.member_id in ("reset", "leave"):
-            self._member_id = ""
+            with self._cond:
+                self._member_id = ""
+                self._cond.notify_all()  # (a commit waiting for this member's join: newest_after)
         if reaction.fatal:
             log.error("consumer group %r: fatal error, closing: %s", self._config.group_id, exc)
             with self._cond:
