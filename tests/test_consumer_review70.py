@@ -78,34 +78,53 @@ def _group_state(environment: Any) -> tuple[str, int]:
 
 
 @contextlib.contextmanager
+def rejoining(env: Any, listener: Any, gate: Any, hold: str | None = None,  # noqa: F811
+              coordinator: type[_JoinGated] = _JoinGated, **settings: Any
+              ) -> Iterator[tuple[Any, _JoinGated, list[_Joiner], list[threading.Thread]]]:
+    """Cooperative, t-0 and u-0 at 10 (``_both_at_10``; sessions of 30 s and rebalances of
+    60 s unless ``settings`` say otherwise: the group's join waits for a held member that
+    long), nothing committed. The consumer's commits go through ``gate`` (``_Held``, a
+    turnstile), its JoinGroups or SyncGroups are held if ``hold`` names them ("joins",
+    "syncs"), and a second member joins, ending generation 1. Yields the consumer, its
+    coordinator, the members that joined (a test may add more) and a list for the threads
+    the test starts; at the end the gate and the holds open, the members stop and the
+    threads are joined (a rebalance timeout each at most)."""
+    settings = {"session_timeout_ms": 30_000, "rebalance_timeout_ms": 60_000, **settings}
+    coord = coordinator(env)
+    consumer = _both_at_10(env, coord, listener, **settings)
+    coord.gate = gate  # type: ignore[assignment]
+    if hold is not None:
+        getattr(coord, hold).clear()
+    joiners = [_Joiner(env, assignors=["cooperative-sticky"])]
+    threads: list[threading.Thread] = []
+    try:
+        yield consumer, coord, joiners, threads
+    finally:
+        gate.release(10)
+        coord.joins.set()
+        coord.syncs.set()
+        for joiner in joiners:
+            joiner.stop()
+        for thread in threads:
+            thread.join(settings["rebalance_timeout_ms"] / 1000)
+
+
+@contextlib.contextmanager
 def _revoked_while_rejoining(
         env: Any) -> Iterator[tuple[Any, _JoinGated, _Held, _Joiner]]:  # noqa: F811
-    """Cooperative, t-0 and u-0 at 10 (``_both_at_10``), nothing committed. The member's
-    joins are held; a second member ends generation 1, whose member is now rejoining (its
-    JoinGroup held, the group PreparingRebalance); then subscribe(["u"]), and a poll() that
-    revokes t-0 and queues its commit, which Redis holds (``_Held``): the consumer, its
-    coordinator, the commit's hold and the second member."""
-    coord = _JoinGated(env)
+    """``rejoining``, the member's JoinGroup held (the group PreparingRebalance); then
+    subscribe(["u"]), and a poll() that revokes t-0 and queues its commit, which Redis holds
+    (``_Held``): the consumer, its coordinator, the commit's hold and the second member."""
     listener = Recorder()
-    # (the group's rebalance timeout: its join waits for the held member that long)
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
     held = _Held()
-    coord.gate = held  # type: ignore[assignment]
-    coord.joins.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    try:
+    with rejoining(env, listener, held, "joins") as (consumer, coord, joiners, _):
         wait_until(coord.join_held.is_set)
         assert _group_state(env) == ("PreparingRebalance", 1)
         consumer.subscribe(["u"])
         assert consumer.poll(timeout=0.5) == []
         assert listener.events == [("assigned", [T0, U0]),
                                    ("revoked", [T0])]
-        yield consumer, coord, held, joiner
-    finally:
-        held.release()
-        coord.joins.set()
-        joiner.stop()
+        yield consumer, coord, held, joiners[0]
 
 
 def test_a_revocations_commit_sent_while_the_group_prepares_the_rebalance_is_accepted(

@@ -21,9 +21,9 @@ import pytest
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review68 import _Joiner
-from test_consumer_review70 import _group_state, _JoinGated
+from test_consumer_review70 import _group_state, rejoining
 from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
+from test_review69_subscription_wait import T0, U0, _committed_of
 
 from rcoord.client.errors import IllegalStateError
 from rcoord.errors import Errors, RebalanceInProgressError
@@ -36,15 +36,10 @@ def test_a_cooperative_revocations_commit_held_past_its_generations_end_lands_th
     on generation 2 keeps the member from rejoining while the commit is held (its routines
     have not returned, it sends no JoinGroup), so the commit, let through, is made while the
     group still prepares the rebalance in generation 2, and accepted."""
-    coord = _JoinGated(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
     held = _Held()
-    coord.gate = held  # type: ignore[assignment]
-    group = consumer._group
-    joiners = [_Joiner(env, assignors=["cooperative-sticky"])]
-    try:
+    with rejoining(env, listener, held) as (consumer, coord, joiners, _):
+        group = consumer._group
         wait_until(lambda: "revoked" in listener.kinds(),
                    step=lambda: consumer.poll(timeout=0.05))
         (revoked,) = next(parts for kind, parts in listener.events if kind == "revoked")
@@ -62,10 +57,6 @@ def test_a_cooperative_revocations_commit_held_past_its_generations_end_lands_th
                    step=lambda: consumer.poll(timeout=0.05))
         assert coord.commits == [(2, ("PreparingRebalance", 2), {Errors.NONE})]
         assert _committed_of(env, revoked) == {revoked: 10}
-    finally:
-        held.release()
-        for joiner in joiners:
-            joiner.stop()
 
 
 @pytest.mark.parametrize("leave", ["close", "unsubscribe"])
@@ -77,23 +68,17 @@ def test_a_final_commit_refused_while_the_members_join_completes_waits_for_it(
     generation 2: refused ILLEGAL_GENERATION, and it was dropped, both partitions left
     uncommitted (-1) for the second member. The member still owns them until it leaves
     generation 2, so the commit waits for that join and is made there: both at 10."""
-    coord = _JoinGated(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
     held = _Held()
-    coord.gate = held  # type: ignore[assignment]
-    group = consumer._group
-    coord.syncs.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    closing = None
-    try:
+    with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
+        group = consumer._group
         wait_until(coord.sync_held.is_set)
         wait_until(lambda: _group_state(env)[1] == 2)
         assert group.newest().generation_id == 1
         assert consumer.poll(timeout=0) == []  # (the records handed out count as processed)
         closing = InThread(lambda: consumer.close(timeout=30) if leave == "close"
                            else consumer.unsubscribe())
+        threads.append(closing.thread)
         wait_until(lambda: consumer._committer.pending == 1)
         held.release()
         wait_until(lambda: len(coord.commits) == 1)
@@ -104,12 +89,6 @@ def test_a_final_commit_refused_while_the_members_join_completes_waits_for_it(
         assert [gen for gen, _, _ in coord.commits] == [1, 2]
         assert coord.commits[-1][2] == {Errors.NONE}
         assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
-    finally:
-        held.release()
-        coord.syncs.set()
-        joiner.stop()
-        if closing is not None:
-            closing.thread.join(60)
 
 
 class _LeavingListener(Recorder):
@@ -147,22 +126,16 @@ def test_leaving_inside_a_changed_subscriptions_revocation_commits_the_kept_part
     generation 1 too. Held until the member's JoinGroup completed generation 2 (its SyncGroup
     held), it was refused ILLEGAL_GENERATION and dropped, u-0 left uncommitted (-1) for the
     second member; it now waits for that join and is made under generation 2."""
-    coord = _JoinGated(env)
     listener = _LeavingListener()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
-    listener.leave = (lambda: consumer.close(timeout=30)) if leave == "close" else (
-        consumer.unsubscribe)
     gate = _Turnstile()
-    coord.gate = gate  # type: ignore[assignment]
-    coord.joins.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    polled = None
-    try:
+    with rejoining(env, listener, gate, "joins") as (consumer, coord, _, threads):
+        listener.leave = (lambda: consumer.close(timeout=30)) if leave == "close" else (
+            consumer.unsubscribe)
         wait_until(coord.join_held.is_set)
         assert _group_state(env) == ("PreparingRebalance", 1)
         consumer.subscribe(["u"])
         polled = InThread(lambda: consumer.poll(timeout=0.5))
+        threads.append(polled.thread)
         wait_until(lambda: gate.arrived == 1)
         gate.release()
         wait_until(lambda: gate.arrived == 2)  # u-0's commit, held
@@ -183,13 +156,6 @@ def test_leaving_inside_a_changed_subscriptions_revocation_commits_the_kept_part
         assert [gen for gen, _, _ in coord.commits] == [1, 1, 2]
         assert coord.commits[-1][2] == {Errors.NONE}
         assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
-    finally:
-        gate.release(10)
-        coord.joins.set()
-        coord.syncs.set()
-        joiner.stop()
-        if polled is not None:
-            polled.thread.join(60)
 
 
 def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
@@ -199,20 +165,14 @@ def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
     (60 s). close() returns by its own bound, and the wait on the committer thread ends with
     the group's close, nothing committed (the partitions go to the second member at -1, as
     when a close() times out before its commit lands)."""
-    coord = _JoinGated(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
     held = _Held()
-    coord.gate = held  # type: ignore[assignment]
-    coord.syncs.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    closing = None
-    try:
+    with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
         wait_until(coord.sync_held.is_set)
         wait_until(lambda: _group_state(env)[1] == 2)
         assert consumer.poll(timeout=0) == []
         closing = InThread(lambda: consumer.close(timeout=2))
+        threads.append(closing.thread)
         wait_until(lambda: consumer._committer.pending == 1)
         held.release()
         wait_until(lambda: bool(closing.outcome))  # (well within the rebalance timeout)
@@ -221,12 +181,6 @@ def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
         wait_until(lambda: consumer._committer.pending == 0)
         assert [gen for gen, _, _ in coord.commits] == [1]
         assert _committed_of(env, T0, U0) == {T0: -1, U0: -1}
-    finally:
-        held.release()
-        coord.syncs.set()
-        joiner.stop()
-        if closing is not None:
-            closing.thread.join(60)
 
 
 class _CommittingListener(Recorder):
@@ -256,20 +210,14 @@ def test_the_applications_commit_in_the_revocation_callback_is_not_made_again(
     ``RebalanceInProgressError``, as Kafka's commitSync in onPartitionsRevoked does once the
     generation moved on; it is not made again under generation 2 (``_commit_carried`` is
     for the consumer's own commits of partitions it gives up)."""
-    coord = _JoinGated(env)
     listener = _CommittingListener()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000,
-                           rebalance_timeout_ms=60_000)
-    listener.app = consumer
     gate = _Turnstile()
-    coord.gate = gate  # type: ignore[assignment]
-    coord.joins.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    polled = None
-    try:
+    with rejoining(env, listener, gate, "joins") as (consumer, coord, _, threads):
+        listener.app = consumer
         wait_until(coord.join_held.is_set)
         consumer.subscribe(["u"])
         polled = InThread(lambda: consumer.poll(timeout=0.5))
+        threads.append(polled.thread)
         wait_until(lambda: gate.arrived == 1)
         gate.release()  # t-0's auto-commit, under generation 1 (PreparingRebalance)
         wait_until(lambda: gate.arrived == 2)  # the listener's commit(), held
@@ -285,10 +233,3 @@ def test_the_applications_commit_in_the_revocation_callback_is_not_made_again(
         assert [type(e) for e in listener.raised] == [RebalanceInProgressError]
         assert [gen for gen, _, _ in coord.commits] == [1, 1]
         assert coord.commits[0][2] == {Errors.NONE}
-    finally:
-        gate.release(10)
-        coord.joins.set()
-        coord.syncs.set()
-        joiner.stop()
-        if polled is not None:
-            polled.thread.join(60)

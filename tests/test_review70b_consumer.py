@@ -16,10 +16,8 @@ from typing import Any
 
 from harness import wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review68 import _Joiner
-from test_consumer_review70 import _group_state, _JoinGated
+from test_consumer_review70 import _group_state, _JoinGated, rejoining
 from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import _both_at_10
 
 SESSION_MS = 10_000
 REBALANCE_MS = 120_000
@@ -49,17 +47,13 @@ def test_close_is_not_held_for_the_rebalance_timeout_by_a_refused_revocation_com
     session timeout, then it gives up waiting) and seconds more. It did not: the
     committer waited in ``newest_after`` for the join, which only the group's close (after
     the committer's wait) ends, so close() stayed for the rebalance timeout."""
-    coord = _SyncParked(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=SESSION_MS,
-                           heartbeat_interval_ms=1_000, rebalance_timeout_ms=REBALANCE_MS)
-    coord.group = consumer._group
     held = _Held()
-    coord.gate = held  # type: ignore[assignment]
-    coord.joins.clear()
-    joiner = _Joiner(env, assignors=["cooperative-sticky"])
-    closer: threading.Thread | None = None
-    try:
+    with rejoining(env, listener, held, "joins", coordinator=_SyncParked,
+                   session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1_000,
+                   rebalance_timeout_ms=REBALANCE_MS) as (consumer, coord, _, threads):
+        assert isinstance(coord, _SyncParked)
+        coord.group = consumer._group
         wait_until(coord.join_held.is_set)
         assert _group_state(env) == ("PreparingRebalance", 1)
         consumer.subscribe(["u"])
@@ -73,14 +67,10 @@ def test_close_is_not_held_for_the_rebalance_timeout_by_a_refused_revocation_com
         wait_until(lambda: len(coord.commits) == 1)
         assert coord.commits[0][0] == 1  # refused: the group is in generation 2
         closer = threading.Thread(target=consumer.close, daemon=True)
+        threads.append(closer)
         closer.start()
         # Within its bound (one session timeout, then it gives up waiting) and seconds more,
         # not at the rebalance timeout.
         wait_until(lambda: not closer.is_alive(), timeout_s=SESSION_MS / 1000 + 30,
                    why=lambda: f"close() still waiting; {consumer._committer.pending} commit(s) "
                                "pending")
-    finally:
-        coord.syncs.set()
-        joiner.stop()
-        if closer is not None:
-            closer.join(REBALANCE_MS / 1000)
