@@ -127,6 +127,17 @@ def _revoked_while_rejoining(
         yield consumer, coord, held, joiners[0]
 
 
+def arrives_in_the_next_join(env: Any, coord: _JoinGated, held: _Held) -> None:  # noqa: F811
+    """The member's JoinGroup let through, its SyncGroup held: once the group is in generation
+    2, the held commit (queued under generation 1) is let through and answered."""
+    coord.syncs.clear()
+    coord.joins.set()
+    wait_until(coord.sync_held.is_set)
+    wait_until(lambda: _group_state(env)[1] == 2)
+    held.release()
+    wait_until(lambda: len(coord.commits) == 1)
+
+
 def test_a_revocations_commit_sent_while_the_group_prepares_the_rebalance_is_accepted(
         env: Any) -> None:  # noqa: F811 - the fixture
     """The commit goes under generation 1 while the group, PreparingRebalance, is still in
@@ -175,12 +186,7 @@ def test_a_revocations_commit_refused_while_the_members_join_completes_waits_for
     where it was dropped (-1)."""
     with _revoked_while_rejoining(env) as (consumer, coord, held, _):
         group = consumer._group
-        coord.syncs.clear()
-        coord.joins.set()
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
-        held.release()
-        wait_until(lambda: len(coord.commits) == 1)
+        arrives_in_the_next_join(env, coord, held)
         assert coord.commits[0][0] == 1 and coord.commits[0][1][1] == 2
         assert group.newest().generation_id == 1
         coord.syncs.set()

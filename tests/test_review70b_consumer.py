@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review70 import _group_state, _JoinGated, rejoining
+from test_consumer_review70 import _group_state, _JoinGated, arrives_in_the_next_join, rejoining
 from test_review69_consumer_wait import _Held
 
 SESSION_MS = 10_000
@@ -59,12 +59,7 @@ def test_close_is_not_held_for_the_rebalance_timeout_by_a_refused_revocation_com
         consumer.subscribe(["u"])
         assert consumer.poll(timeout=0.5) == []
         assert [event for event, _ in listener.events] == ["assigned", "revoked"]
-        coord.syncs.clear()
-        coord.joins.set()
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
-        held.release()
-        wait_until(lambda: len(coord.commits) == 1)
+        arrives_in_the_next_join(env, coord, held)
         assert coord.commits[0][0] == 1  # refused: the group is in generation 2
         closer = threading.Thread(target=consumer.close, daemon=True)
         threads.append(closer)
