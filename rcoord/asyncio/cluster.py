@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio.cluster
 import redis.exceptions
@@ -54,14 +54,26 @@ def learn_slots(client: Any) -> None:
     (``_LearningNodesManager``): the coordinator takes any asyncio cluster client, and with
     redis-py's own a call on a slot no master serves failed with a bare ``KeyError`` that no
     error boundary maps, where the blocking client's ``SlotNotCoveredError`` is a retriable
-    ``ConnectionLost``. Only redis-py's own manager is changed (the same layout, so the class
-    can be swapped in place); a caller's subclass is theirs, and left as it is."""
+    ``ConnectionLost``. A caller's subclass of redis-py's manager failed the same way, so it
+    takes a subclass of its own class with the lookups added (``_learning``). A manager that
+    is not redis-py's is left as it is."""
     manager = getattr(client, "nodes_manager", None)
-    if type(manager) is redis.asyncio.cluster.NodesManager:
-        manager.__class__ = _LearningNodesManager
+    cls = type(manager)
+    if issubclass(cls, redis.asyncio.cluster.NodesManager) and not issubclass(cls, _Learning):
+        manager.__class__ = _learning(cls)
 
 
-class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
+if TYPE_CHECKING:
+    _Manager = redis.asyncio.cluster.NodesManager
+else:
+    _Manager = object  # (a mixin: the manager's class, redis-py's or a caller's, comes after)
+
+
+class _Learning(_Manager):
+    """The lookups ``_LearningNodesManager`` adds to redis-py's manager, as a mixin: put ahead
+    of a caller's subclass, they wrap its overrides (``super()``), which still run as before,
+    and change only what redis-py does for an unknown node or an uncovered slot."""
+
     __slots__ = ()  # redis-py's has slots: the same layout lets the client's take this class
 
     def get_node(self, host: str | None = None, port: int | None = None,
@@ -84,3 +96,23 @@ class _LearningNodesManager(redis.asyncio.cluster.NodesManager):
     def _new_master(self, host: str, port: int) -> Any:
         return redis.asyncio.cluster.ClusterNode(
             host, port, redis.cluster.PRIMARY, **self.connection_kwargs)
+
+
+class _LearningNodesManager(_Learning, redis.asyncio.cluster.NodesManager):
+    __slots__ = ()
+
+
+# The class a manager of each class takes (``_learning``), made once per class.
+_LEARNING: dict[type[Any], type[_Learning]] = {
+    redis.asyncio.cluster.NodesManager: _LearningNodesManager}
+
+
+def _learning(cls: type[Any]) -> type[_Learning]:
+    """The class a manager of class ``cls`` takes. Its own slots are none, and ``cls`` is its
+    layout base (the mixin's is ``object``), so an object of ``cls`` with or without a
+    ``__dict__`` can take it."""
+    made = _LEARNING.get(cls)
+    if made is None:
+        made = _LEARNING.setdefault(cls, type(
+            f"_Learning{cls.__name__}", (_Learning, cls), {"__slots__": (), "__module__": __name__}))
+    return made
