@@ -236,7 +236,8 @@ class AsyncWakeReads:
         # two: look, without blocking. During the look that read may end and a later call
         # start another, also after this position, past an entry that came meanwhile: look
         # again whenever the read in flight is not the one looked past (the blocking side
-        # remembers the newest entry instead, ``rcoord.wake``).
+        # remembers the newest entry instead, ``rcoord.wake``), until this call's deadline:
+        # calls that keep ending that read and starting another would keep it looking.
         looked_past = None
         while (stream.reader is not None and stream.reader is not looked_past
                and position < stream.read_from):
@@ -244,6 +245,8 @@ class AsyncWakeReads:
             if await self._read(client, key, position, None) is not None:
                 return True
             self._check_open()  # (closed during that look: it must not start a read)
+            if loop.time() >= deadline:
+                return False
             # During the look the read may have ended, its waiters left and ``_drop_idle``
             # forgotten the stream: parked on that object, this call would read alone,
             # uncounted and out of ``close()``'s reach. Wait on the stream this object knows
