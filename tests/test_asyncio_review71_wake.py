@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio
 from harness import await_until
-from test_review69_asyncio import gated_look
-
-from rcoord.asyncio.wake import AsyncWakeReads
+from test_review69_asyncio import wake_scene
 
 
 def test_a_waiter_does_not_look_again_past_its_deadline(redis_server, namespace):
@@ -21,11 +18,8 @@ def test_a_waiter_does_not_look_again_past_its_deadline(redis_server, namespace)
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        client = gated_look(redis_server.port, key)
-        admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
-        reads = AsyncWakeReads(8)
-        tasks: list[asyncio.Task[bool]] = []
-        try:
+        async with wake_scene(redis_server.port, key) as scene:
+            client, admin, reads, tasks = scene.client, scene.admin, scene.reads, scene.tasks
             await admin.xadd(key, {"e": 1}, id="1-0")
             # W1 reads from 3-0; W2 (from 2-0, older) looks first, and is held in the look.
             tasks.append(asyncio.create_task(reads.wait(client, key, "3-0", 120_000)))
@@ -51,14 +45,5 @@ def test_a_waiter_does_not_look_again_past_its_deadline(redis_server, namespace)
                 "W2 (100 ms) looked again past its deadline, the read in flight having been "
                 "restarted during its first look")
             assert tasks[1].result() is False
-        finally:
-            client.gate.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await reads.close()
-            await admin.delete(key)
-            await admin.aclose()
-            await client.aclose()
 
     asyncio.run(scenario())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio
@@ -36,6 +39,36 @@ def gated_look(port: int, key: str) -> GatedLook:
     return client
 
 
+@dataclasses.dataclass
+class WakeScene:
+    """What the wake reviews' scenarios share: a gated client, a plain one for setting up, the
+    reads under test, and the waits' tasks (``wake_scene`` ends them)."""
+
+    client: GatedLook
+    admin: Any
+    reads: AsyncWakeReads
+    tasks: list[asyncio.Task[bool]]
+
+
+@contextlib.asynccontextmanager
+async def wake_scene(port: int, key: str, *more_keys: str) -> AsyncIterator[WakeScene]:
+    """A ``WakeScene`` on ``key``; at the end every look is let go and every wait cancelled,
+    the reads closed and the streams deleted."""
+    scene = WakeScene(gated_look(port, key), redis.asyncio.Redis(host="127.0.0.1", port=port),
+                      AsyncWakeReads(8), [])
+    try:
+        yield scene
+    finally:
+        scene.client.gate.set()
+        for task in scene.tasks:
+            task.cancel()
+        await asyncio.gather(*scene.tasks, return_exceptions=True)
+        await scene.reads.close()
+        await scene.admin.delete(key, *more_keys)
+        await scene.admin.aclose()
+        await scene.client.aclose()
+
+
 async def held_in_look(reads: AsyncWakeReads, client: GatedLook, admin: Any, key: str,
                        first_from: str, block_ms: int) -> list[asyncio.Task[bool]]:
     """With 1-0 in the stream, W1 waits from ``first_from`` (the read in flight reads from
@@ -66,11 +99,8 @@ def test_a_stream_forgotten_during_a_waiters_look_is_not_left_behind_by_close(
     key, other = f"{namespace}:wake69", f"{namespace}:wake69b"
 
     async def scenario() -> None:
-        client = gated_look(redis_server.port, key)
-        admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
-        reads = AsyncWakeReads(8)
-        tasks: list[asyncio.Task[bool]] = []
-        try:
+        async with wake_scene(redis_server.port, key, other) as scene:
+            client, admin, reads, tasks = scene.client, scene.admin, scene.reads, scene.tasks
             tasks += await held_in_look(reads, client, admin, key, "9-0", 30_000)
             # Meanwhile W1 gives up (cancelled: a caller's timeout), and its read is ended.
             tasks[0].cancel()
@@ -90,13 +120,6 @@ def test_a_stream_forgotten_during_a_waiters_look_is_not_left_behind_by_close(
             _, pending = await asyncio.wait(tasks[1:], timeout=10)
             assert not pending, (f"{len(pending)} call(s) still waiting after close(); "
                                  f"waiting({key!r}) = {reads.waiting(key)}")
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await admin.delete(key, other)
-            await admin.aclose()
-            await client.aclose()
 
     asyncio.run(scenario())
 

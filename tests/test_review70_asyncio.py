@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio
 from harness import await_until
-from test_review69_asyncio import gated_look, held_in_look
-
-from rcoord.asyncio.wake import AsyncWakeReads
+from test_review69_asyncio import held_in_look, wake_scene
 
 
 def test_an_entry_that_came_during_a_waiters_look_wakes_it(redis_server, namespace):
@@ -21,11 +18,8 @@ def test_an_entry_that_came_during_a_waiters_look_wakes_it(redis_server, namespa
     key = f"{namespace}:wake70"
 
     async def scenario() -> None:
-        client = gated_look(redis_server.port, key)
-        admin = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
-        reads = AsyncWakeReads(8)
-        tasks: list[asyncio.Task[bool]] = []
-        try:
+        async with wake_scene(redis_server.port, key) as scene:
+            client, admin, reads, tasks = scene.client, scene.admin, scene.reads, scene.tasks
             # W1 waits from 3-0; W2 from 2-0 is held in its look.
             tasks += await held_in_look(reads, client, admin, key, "3-0", 120_000)
             # Meanwhile 4-0 arrives: W1 is woken and its read ends.
@@ -41,13 +35,5 @@ def test_an_entry_that_came_during_a_waiters_look_wakes_it(redis_server, namespa
             assert done, (f"W2 (from 2-0) still waiting with 4-0 in the stream; "
                           f"waiting({key!r}) = {reads.waiting(key)}")
             assert tasks[1].result() is True
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await reads.close()
-            await admin.delete(key)
-            await admin.aclose()
-            await client.aclose()
 
     asyncio.run(scenario())
