@@ -327,6 +327,8 @@ class Consumer(SubscriptionMixin):
         self._closer: int | None = None  # the thread running close(), which holds the lock
         self._stop = threading.Event()  # close() was called (possibly from another thread)
         self._wakeup = threading.Event()  # wakeup() was called: poll() raises WakeupError
+        # In unsubscribe(): False, True once it took a wakeup() to raise (_leave_woken).
+        self._woken_leaving: bool | None = None
         # Ends the retries of assign()'s simple-group commits: close()'s bound has passed (as
         # ConsumerGroup.stop_retrying ends a generation's), so close()'s final commit is retried
         # until then, as a subscribed consumer's is.
@@ -1160,7 +1162,9 @@ class Consumer(SubscriptionMixin):
         ``commit()``'s wait for earlier commits too, before it sends anything, and for
         its own commit (which stays in flight, as after its timeout), and ``poll()``'s waits
         for its auto-commit, its fetch and a revocation's commits, which stay in flight (a
-        later ``poll()`` collects them and goes on with the revocation)."""
+        later ``poll()`` collects them and goes on with the revocation). In ``unsubscribe()``
+        it ends the final commit's retries and its wait for the member's join; the member
+        still leaves, then ``unsubscribe()`` raises it (``_leave_woken``)."""
         self._wakeup.set()
         self._wake_waits()
 
@@ -1865,7 +1869,8 @@ class Consumer(SubscriptionMixin):
             lambda: commit(self._skip_missing(offsets, unknown, what) if unknown else offsets),
             offsets, _logged(what), token)
 
-    def _commit_changed(self, commit: _CommitFn) -> None:
+    def _commit_changed(self, commit: _CommitFn,
+                        woken: Callable[[], None] | None = None) -> None:
         """Commit the positions that moved since the last commit, on the committer thread
         behind the async commits queued before (so it never overtakes one, however long they
         retry), and wait for it: a revocation's, which must land before the member rejoins
@@ -1875,7 +1880,8 @@ class Consumer(SubscriptionMixin):
         (``assign()``), which no generation fences, was overtaken by an older async commit
         still in flight, which moved the committed offset back. The commits queued before
         end first and their outcomes are taken (``_take_outcomes``), so that one that failed
-        holds nothing back."""
+        holds nothing back. With ``woken``, ``wakeup()`` ends the wait: ``woken`` is called,
+        which must end the commit's retries (``_leave_woken``), and the commit is waited for."""
         self._await_committer()
         self._take_outcomes()
         changed = self._changed_positions()
@@ -1902,6 +1908,9 @@ class Consumer(SubscriptionMixin):
 
         ticket = self._submit_commit(run, changed, done)
         try:
+            if woken is not None and not self._committer.wait_idle(
+                    None, self._wakeup, upto=ticket):
+                woken()
             self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
         except BaseException:
             # A KeyboardInterrupt ends the wait, the commit in flight: a failure is logged.
@@ -2609,9 +2618,11 @@ class Consumer(SubscriptionMixin):
     def _final_commit(self, commit: _CommitFn, of: str) -> None:
         """Auto-commit's last commit of the partitions this consumer gives up (a revocation, or
         close() after assign()), bounded as close() bounds it (``_give_up_waiting``). A commit
-        that fails is logged, not raised, so giving the partitions up completes (a wakeup does
-        not cut it short: it runs on the committer thread, and ``_commit_changed`` waits for it
-        whatever the wakeup; one pending stays set for the next poll() or commit()).
+        that fails is logged, not raised, so giving the partitions up completes. In
+        ``unsubscribe()`` a wakeup ends its retries and its wait for the member's join
+        (``_leave_woken``); elsewhere it does not cut it short (it runs on the committer
+        thread, and ``_commit_changed`` waits for it whatever the wakeup; one pending stays
+        set for the next poll() or commit()).
 
         Inside ``close()`` the commit goes through the committer, behind the queued async
         commits, and close() waits for it only until its deadline: Redis not answering holds
@@ -2633,11 +2644,29 @@ class Consumer(SubscriptionMixin):
                 self._give_up_waiting()
             return
         try:
-            self._commit_changed(commit)
+            # (only unsubscribe() raises the wakeup it takes: a subscribe() leaving a group a
+            # fatal error closed does not)
+            self._commit_changed(
+                commit, None if self._woken_leaving is None else self._leave_woken)
         except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("final commit of %s refused: %s", of, exc)
         except RcoordError as exc:
             log.warning("final commit of %s failed: %s", of, exc)
+
+    def _leave_woken(self) -> None:
+        """``wakeup()`` during ``unsubscribe()``'s final commit: end its retries and its wait
+        for the member's join (``_commit_carried``, up to the rebalance timeout otherwise) by
+        giving up the group's retries, as close()'s give-up does (the group is closed next),
+        so the member still leaves at once, the partitions revoked, and the next owner reads
+        from the last commit that landed. The wakeup is used up here, so the revocation
+        callback's own commits are not refused by it; ``unsubscribe()`` raises it once the
+        member has left, as Kafka's raises the WakeupException of a ``commitSync`` in
+        ``onPartitionsRevoked``. Left half-left instead (Kafka's case), the member kept its
+        partitions in the group until its session timed out."""
+        self._wakeup.clear()
+        self._woken_leaving = True
+        if self._group is not None:
+            self._group.stop_retrying()
 
     # -- fetching
 

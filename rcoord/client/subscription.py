@@ -107,6 +107,7 @@ class SubscriptionMixin:
         _poll_timer: PollTimer
         _resubscribe: ConsumerGroupConfig | None
         _unsubscribed_commit: int | None
+        _woken_leaving: bool | None
 
         def _check_open(self) -> None: ...
         def _single_threaded(self) -> contextlib.AbstractContextManager[None]: ...
@@ -339,7 +340,11 @@ class SubscriptionMixin:
 
     def unsubscribe(self) -> None:
         """Give up every partition: leave the group (revoking, with a final auto-commit), or
-        forget the ``assign()``ed partitions (auto-committing their positions)."""
+        forget the ``assign()``ed partitions (auto-committing their positions).
+
+        A ``wakeup()`` while the final auto-commit is waited for ends that commit's retries
+        and its wait for the member's join (``Consumer._leave_woken``); the member still
+        leaves, and then ``WakeupError`` is raised."""
         with self._single_threaded():
             self._check_open()
             if self._assigned_manually:
@@ -348,7 +353,14 @@ class SubscriptionMixin:
                 self._assigned_manually = False
                 self._forget_partitions(self._assigned)
                 self._assigned = []
-            self._leave_group()
+            self._woken_leaving = False
+            try:
+                self._leave_group()
+            finally:
+                woken, self._woken_leaving = self._woken_leaving, None
+            if woken:
+                raise WakeupError("unsubscribe() interrupted by wakeup(): its final commit was "
+                                  "given up; the consumer left the group")
 
     def _auto_commit_now(self) -> None:
         target = self._commit_target()
