@@ -16,11 +16,12 @@ from typing import Any
 
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review70 import _group_state, rejoining
+from test_consumer_review70 import _group_state, _JoinGated, rejoining
 from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import T0, U0, _committed_of
 
 from rcoord.client.errors import WakeupError
+from rcoord.errors import ConnectionLost
 from rcoord.keys import GroupKeys
 
 
@@ -65,6 +66,45 @@ def test_wakeup_ends_unsubscribes_wait_for_the_members_join_and_the_member_leave
         assert member not in _members(env) and len(_members(env)) == 1
         # (the wakeup was used up: committed() does not raise it again)
         assert consumer.committed([T0, U0]) == {T0: -1, U0: -1}
+
+
+class _Unreachable(_JoinGated):
+    """``_JoinGated``, whose commits, once let through, find Redis unreachable (counted)."""
+
+    tries = 0
+
+    def commit_offsets(self, *args: Any, **kw: Any) -> Any:
+        assert self.gate.acquire(timeout=60)
+        self.tries += 1
+        raise ConnectionLost("Redis unreachable (the test's)")
+
+
+def test_wakeup_ends_unsubscribes_final_commit_retrying_against_an_unreachable_redis(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """unsubscribe()'s final commit finds Redis unreachable and retries, for a session
+    timeout (30 s): wakeup() left unsubscribe() waiting for those retries. Now they end at
+    their next pause, the commit is given up, the member still leaves (its LeaveGroup is not
+    a commit), and unsubscribe() raises WakeupError."""
+    listener = Recorder()
+    held = _Held()
+    with rejoining(env, listener, held, "syncs", coordinator=_Unreachable) as (
+            consumer, coord, _, threads):
+        assert isinstance(coord, _Unreachable)
+        member = consumer.member_id
+        wait_until(coord.sync_held.is_set)
+        assert consumer.poll(timeout=0) == []
+        held.release()
+        leaving = InThread(consumer.unsubscribe)
+        threads.append(leaving.thread)
+        wait_until(lambda: coord.tries >= 2)  # (retrying)
+        consumer.wakeup()
+        wait_until(lambda: consumer._committer.pending == 0)  # (the SyncGroup still held)
+        coord.syncs.set()
+        wait_until(lambda: bool(leaving.outcome))
+        assert isinstance(leaving.outcome[0], WakeupError)
+        assert listener.events[-1] == ("revoked", [T0, U0])
+        assert member not in _members(env) and len(_members(env)) == 1
+        assert _committed_of(env, T0, U0) == {T0: -1, U0: -1}
 
 
 def test_unsubscribe_without_a_wakeup_still_waits_for_the_members_join(
