@@ -18,7 +18,7 @@ from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review70 import _group_state, _JoinGated, rejoining
 from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import T0, U0, _committed_of
+from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
 
 from rcoord.client.errors import WakeupError
 from rcoord.errors import ConnectionLost
@@ -129,3 +129,28 @@ def test_unsubscribe_without_a_wakeup_still_waits_for_the_members_join(
         assert leaving.outcome == [None]
         assert [gen for gen, _, _ in coord.commits] == [1, 2]
         assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
+
+
+def test_a_wakeup_pending_at_unsubscribe_is_raised_after_the_final_commit_and_the_leave(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """wakeup() before unsubscribe(), the group stable: the final commit is a blocking call,
+    so, as Kafka's commitSync in onPartitionsRevoked, it takes the pending wakeup. It is
+    still made (once, not retried) and lands, the member leaves, and then unsubscribe()
+    raises WakeupError, once."""
+    coord = _JoinGated(env)
+    listener = Recorder()
+    consumer = _both_at_10(env, coord, listener)
+    coord.open()
+    member = consumer.member_id
+    consumer.wakeup()
+    try:
+        consumer.unsubscribe()
+    except WakeupError:
+        pass
+    else:
+        raise AssertionError("unsubscribe() did not raise the pending wakeup")
+    assert [gen for gen, _, _ in coord.commits] == [1]
+    assert _committed_of(env, T0, U0) == {T0: 10, U0: 10}
+    assert listener.events[-1] == ("revoked", [T0, U0])
+    assert member not in _members(env)
+    assert consumer.committed([T0]) == {T0: 10}  # (used up)
