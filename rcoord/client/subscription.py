@@ -359,8 +359,9 @@ class SubscriptionMixin:
             finally:
                 woken, self._woken_leaving = self._woken_leaving, None
             if woken:
-                raise WakeupError("unsubscribe() interrupted by wakeup(): its final commit was "
-                                  "given up; the consumer left the group")
+                raise WakeupError("unsubscribe() interrupted by wakeup(): its final commit "
+                                  "was made once, not retried nor waited for (it may not have "
+                                  "landed); the consumer left the group")
 
     def _auto_commit_now(self) -> None:
         target = self._commit_target()
