@@ -695,11 +695,19 @@ class ConsumerGroup:
                     self._config.group_id,
                     reason,
                 )
-            self._member_id = ""
+            self._forget_member_id()
             # The UUID of a new member's join under way is forgotten too: kept (the run thread
             # keeps it while it sees no member id, as for a join never answered), the next
             # join named the member that just left again.
             self._member_uuid = None
+
+    def _forget_member_id(self) -> None:
+        """The member has no id any more: a commit waiting for its join (``newest_after``)
+        has no generation to come and must be woken, or it waited for the rebalance timeout
+        (the poll timer's leave forgot the id unnotified: tests/test_review71_consumer.py)."""
+        with self._cond:
+            self._member_id = ""
+            self._cond.notify_all()
 
     def resume(self) -> None:
         """Let the member join again after ``leave_until_resumed`` (idempotent)."""
@@ -774,7 +782,7 @@ class ConsumerGroup:
                     # rebalance the whole group.
                     if self._config.group_instance_id is None:
                         self._leave(gen.member_id, "the consumer left the group: poll timeout")
-                    self._member_id = ""
+                    self._forget_member_id()
                 self._start_threads(gen)
                 self._deliver(gen)
                 gen.done.wait()
@@ -831,9 +839,7 @@ class ConsumerGroup:
         if reaction.member_id == "leave" and self._member_id:
             self._leave(self._member_id, f"leaving after {exc}"[:255])
         if reaction.member_id in ("reset", "leave"):
-            with self._cond:
-                self._member_id = ""
-                self._cond.notify_all()  # (a commit waiting for this member's join: newest_after)
+            self._forget_member_id()
         if reaction.fatal:
             log.error("consumer group %r: fatal error, closing: %s", self._config.group_id, exc)
             with self._cond:
