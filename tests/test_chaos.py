@@ -106,17 +106,21 @@ def _local_ports(pid: int) -> set[int]:
     return ports
 
 
+def _client_ids(sc: Scenario, w: Worker) -> set[str]:
+    """The server's ids of worker ``w``'s connections (ids, unlike ports, are never reused)."""
+    ports = _local_ports(w.proc.pid)
+    return {c["id"] for c in sc.r.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports}
+
+
 def _kill_connections(sc: Scenario, w: Worker) -> int:
     """CLIENT KILL every connection of worker ``w``; how many were closed."""
-    ports = _local_ports(w.proc.pid)
     n = 0
-    for c in sc.r.client_list():
-        if int(c["addr"].rsplit(":", 1)[1]) in ports:
-            try:
-                sc.r.client_kill_filter(_id=c["id"])
-            except redis.ResponseError:
-                continue  # it closed by itself meanwhile
-            n += 1
+    for cid in _client_ids(sc, w):
+        try:
+            sc.r.client_kill_filter(_id=cid)
+        except redis.ResponseError:
+            continue  # it closed by itself meanwhile
+        n += 1
     return n
 
 
@@ -337,14 +341,25 @@ def test_a_frozen_static_member_replaced_by_its_instance_id_is_fenced(chaos):
     """A static member frozen (SIGSTOP) and, within its session, replaced by a new process with
     the same ``group.instance.id``: the new one takes its place (and its partitions); the old
     one, woken, is fenced (FENCED_INSTANCE_ID): neither it nor a commit in its name writes an
-    offset, and the group is Stable with the replacement."""
+    offset, and the group is Stable with the replacement.
+
+    Whether the woken one wrote an offset is read from the server, not only from its notes: a
+    commit it began before the freeze, held in its socket (half written) and run after the
+    wake, is answered after the wake like one stored before the freeze. So the traffic is
+    drained while it is frozen (every committed offset at the log end, which has grown since
+    the freeze, so anything it could commit is lower), and after it is woken, gone, and every
+    connection it had when frozen is closed by the server, the committed offsets are the log
+    ends still: nobody else has anything left to commit, so no later commit hides its write."""
     sc = chaos(workers=2, records=1_000_000)
     old_w = StaticWorker(sc, "s1", "i1")
     sc.wait_stable(timeout_s=STEP_WAIT_S)
     sc.start_traffic()
     _wait_commits(sc, more=1)
     old = [ev for ev in old_w.events() if ev["e"] == "assigned"][-1]
-    old_w.signal(signal.SIGSTOP)
+    _freeze(old_w)
+    frozen_ends = sc.log_ends()
+    held = _client_ids(sc, old_w)
+    assert held
     new_w = StaticWorker(sc, "s1b", "i1")
     wait_until(lambda: any(ev["e"] == "assigned" for ev in new_w.events()),
                timeout_s=STEP_WAIT_S)
@@ -354,22 +369,30 @@ def test_a_frozen_static_member_replaced_by_its_instance_id_is_fenced(chaos):
                                   generation_id=old["gen"], group_instance_id="i1")
     assert {e.name for e in got.values()} == {"FENCED_INSTANCE_ID"}, got
     assert all(sc.committed().get(p, -1) >= o for p, o in before.items())
+    wait_until(lambda: all(end > frozen_ends[p] for p, end in sc.log_ends().items()),
+               timeout_s=STEP_WAIT_S)
+    sc.stop_producing()
+    sc.drain(timeout_s=STEP_WAIT_S)  # the replacement committed the log end of i1's partitions
+    ends = sc.log_ends()
     woke = time.time()
     old_w.signal(signal.SIGCONT)
     wait_until(lambda: any(ev["e"] in ("lost", "revoked") and ev["t"] > woke
                            for ev in old_w.events()), timeout_s=STEP_WAIT_S)
+    _freeze(old_w)  # (and the connections it has opened since, a commit retried on one)
+    held |= _client_ids(sc, old_w)
     assert old_w.stop() == 0
     # (No commit begun after the wake was stored. One begun before the freeze was stored
     # before the replacement, though its answer may be written down after the wake: a SIGSTOP
     # between the commit and its note failed this test, which read the note's time.)
     assert not [ev for ev in old_w.events() if ev["e"] == "commit" and ev["sent"] > woke]
+    # The server read to its end what each connection of the old one carried (it closes a
+    # connection only then), and stored none of it: the offsets are the log ends still.
+    wait_until(lambda: not held & {c["id"] for c in sc.r.client_list()}, timeout_s=STEP_WAIT_S)
+    assert sc.committed() == ends, (sc.committed(), ends)
     live = _live(sc)
     wait_until(lambda: sc.coord.describe_group(GROUP).state == "Stable", timeout_s=STEP_WAIT_S)
     desc = sc.coord.describe_group(GROUP)
     assert len(desc.members) == len(live)
-    _wait_commits(sc)
-    sc.stop_producing()
-    sc.drain(timeout_s=STEP_WAIT_S)
     # Kafka keeps the generation when a static member is replaced in a Stable group (the new
     # member id gets the old one's assignment): one owner per generation is one *instance*.
     h = sc.finish()
