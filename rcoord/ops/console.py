@@ -289,8 +289,9 @@ class _Printer:
                 if a.print_key:
                     parts.append(b"null" if key is None else key)
                 parts.append(b"null" if value is None else value)
-                # The separator as typed: argv's bytes (os.fsencode undoes their decoding).
-                sep = os.fsencode(a.key_separator) if a.print_key else b"\t"
+                # The separator as typed: argv's bytes (os.fsencode undoes their decoding);
+                # between every two fields, as Kafka's DefaultMessageFormatter writes it.
+                sep = os.fsencode(a.key_separator)
                 _write_line(sep.join(parts))
             self.count += 1
 

@@ -39,14 +39,17 @@ from .reset import (
 __all__ = ["add_arguments"]
 
 STATES = {s.value.lower(): s.value for s in GroupState}
+VIEWS = {"state": "group's", "members": "members'", "offsets": "partitions'"}
+"""``groups describe``'s one-table views, Kafka's ``--describe`` options; without one, all."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = leaf(sub, "list", "list the consumer groups (optionally in some states)", _list)
-    q.add_argument("--state", action="append", default=[],
+    # (bare, as Kafka's --list --state: every group, with its state, which the table has)
+    q.add_argument("--state", action="append", default=[], nargs="?", const="",
                    help="only groups in this state (repeat, or comma-separate): "
-                   + ", ".join(STATES.values()))
+                   + ", ".join(STATES.values()) + "; bare: every group")
     q = leaf(sub, "describe", "a group's state, members, and committed offsets and lag",
              _describe)
     q.epilog = ("TOTAL-LAG is the sum of the partitions' LAG when every one is known; '-' when "
@@ -55,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "unless every lag is known; known_lag (the sum of the known ones, null if none) "
                 "and lag_unknown_partitions say the rest.")
     q.add_argument("group")
+    view = q.add_mutually_exclusive_group()
+    for name, what in VIEWS.items():
+        view.add_argument(f"--{name}", dest="view", action="store_const", const=name,
+                          help=f"only the {what} table (as kafka-consumer-groups --describe)")
     q = leaf(sub, "delete", "delete empty groups and their offsets", _delete)
     q.add_argument("groups", nargs="+", metavar="GROUP")
     q = leaf(sub, "delete-offsets", "delete a group's committed offsets of some topics",
@@ -241,16 +248,22 @@ def _describe(ctx: Context) -> int:
             "total_lag": total, "known_lag": known_lag, "lag_unknown_partitions": unknown,
         })
         return 0
-    print_table(["GROUP", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "#MEMBERS", "TOTAL-LAG"],
-                [(group, desc.state, desc.protocol_type, desc.protocol_name, len(members),
-                  total_text)])
-    if members:
-        print_line()
+    # A view prints its table alone, even empty (its header says which it is), as Kafka's;
+    # with none, each table there is something to show, a blank line between.
+    view = ctx.args.view
+    if view in (None, "state"):
+        print_table(["GROUP", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "#MEMBERS", "TOTAL-LAG"],
+                    [(group, desc.state, desc.protocol_type, desc.protocol_name, len(members),
+                      total_text)])
+    if view == "members" or (view is None and members):
+        if view is None:
+            print_line()
         print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"],
                     [(m["consumer_id"], m["group_instance_id"], m["host"], m["client_id"],
                       len(m["partitions"])) for m in members])
-    if rows:
-        print_line()
+    if view == "offsets" or (view is None and rows):
+        if view is None:
+            print_line()
         print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
                      "CONSUMER-ID", "HOST", "CLIENT-ID"],
                     [(group, r["topic"], r["partition"], r["current_offset"],
