@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from rcoord.cli import explain
+from rcoord.cli import UsageError, explain
 from rcoord.errors import MissingPermissionError
+from rcoord.ops.reset import parse_topics
 from rcoord.testing.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -360,3 +361,27 @@ def test_the_gateway_takes_its_log_level_from_the_environment_as_every_command(m
     assert level() == "DEBUG"
     monkeypatch.delenv("RCOORD_LOG_LEVEL")
     assert level() == "INFO"
+
+
+@pytest.mark.parametrize("number", ["1_0", "+3", " 3", "\u0663"])
+@pytest.mark.parametrize("args", [
+    ("groups", "reset-offsets", "g", "--topic", "t", "--to-offset", "{}"),
+    ("topics", "create", "t", "--partitions", "{}"),
+    ("topics", "consume", "t", "--partition", "{}"),
+])
+def test_a_number_is_digits_only(args, number):
+    """int() read "1_0" as 10, "+3" and " 3" as 3 and other scripts' digits as theirs: a typo
+    became another partition or offset (a reset committed it), where Kafka's tools refuse it.
+    Refused before anything connects (nothing listens at the URL): a usage error (exit 2)
+    naming the value."""
+    res = rcoord(*(a.format(number) for a in args),
+                 env={"RCOORD_REDIS_URL": "redis://127.0.0.1:1"})
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert repr(number) in one_error_line(res, " ".join(args[:2]))
+
+
+@pytest.mark.parametrize("number", ["1_0", "+3", " 3", "\u0663"])
+def test_a_topics_partitions_are_digits_only(number):
+    """``--topic t:1_0`` named partition 10 (read once connected, so tested here directly)."""
+    with pytest.raises(UsageError, match="partitions must be numbers"):
+        parse_topics([f"t:{number}"])

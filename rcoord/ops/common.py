@@ -5,6 +5,7 @@ the rest of ``rcoord.cli``)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,8 +31,20 @@ from ..cli import (
 from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
 from .output import stdout_gone
 
-__all__ = ["Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common", "leaf",
-           "run", "stdout_gone"]
+__all__ = ["INTEGER", "Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common",
+           "integer", "leaf", "run", "stdout_gone"]
+
+INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+"""A number as the commands take it: int() also took "1_0" as 10, "+3", " 3" and other
+scripts' digits ("\u0663" as 3), which Kafka's tools refuse or a typo made."""
+
+
+def integer(text: str) -> int:
+    """An option's number (argparse ``type``): refused, it is a usage error naming the option."""
+    if not INTEGER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits, maybe a '-')")
+    return int(text)
+
 
 SOCKET_TIMEOUT_S = 15.0
 """Longer than any blocking read a command makes (``topics consume`` waits 500 ms at most)."""

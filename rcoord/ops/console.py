@@ -29,7 +29,7 @@ from typing import Any
 
 from ..cli import UsageError, explain
 from ..errors import InvalidRequestError, ProtocolError
-from .common import Context, Failure, Progress, StopSignals, leaf, stdout_gone
+from .common import Context, Failure, Progress, StopSignals, integer, leaf, stdout_gone
 
 __all__ = ["add_console_arguments"]
 
@@ -56,7 +56,7 @@ def add_console_arguments(sub: Any) -> None:
     q.add_argument("topic")
     q.add_argument("--key-separator", metavar="SEP",
                    help="each line is KEY SEP VALUE (split at the first SEP)")
-    q.add_argument("--partition", type=int, metavar="P",
+    q.add_argument("--partition", type=integer, metavar="P",
                    help="append to this partition (default: Kafka's partitioner)")
     q.dash_values = frozenset({"--key-separator"})  # (a separator may start with one: ->)
     q = leaf(sub, "consume", "print a topic's records (as a group member with --group)",
@@ -67,14 +67,14 @@ def add_console_arguments(sub: Any) -> None:
     q.add_argument("--from-beginning", action="store_true",
                    help="start at the log start where there is no committed offset (default: "
                    "the log end, only new records)")
-    q.add_argument("--partition", type=int, metavar="P",
+    q.add_argument("--partition", type=integer, metavar="P",
                    help="read only partition P (not with --group); from the log end unless "
                    "--offset or --from-beginning says otherwise")
     q.add_argument("--offset", metavar="O",
                    help="with --partition: where to start, 'earliest', 'latest' or an offset")
-    q.add_argument("--max-messages", type=int, metavar="N",
+    q.add_argument("--max-messages", type=integer, metavar="N",
                    help="stop after N records (-1, the default: no limit)")
-    q.add_argument("--timeout-ms", type=int, metavar="MS",
+    q.add_argument("--timeout-ms", type=integer, metavar="MS",
                    help="stop after MS without a record (-1, the default: run until Ctrl-C)")
     q.add_argument("--print-key", action="store_true", help="print KEY SEP VALUE")
     q.add_argument("--print-offset", action="store_true",

@@ -22,7 +22,7 @@ from ..protocol.admin import GroupDescription, MemberDescription, OffsetDeleteRe
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..state import GroupState
 from ..topics.incarnation import stale_commits
-from .common import Context, Failure, leaf
+from .common import Context, Failure, integer, leaf
 from .output import print_json, print_line, print_table
 from .reset import (
     MODES,
@@ -83,8 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--to-latest", action="store_true", help="the log end offset")
     mode.add_argument("--to-current", action="store_true",
                       help="the committed offset (the log end where there is none)")
-    mode.add_argument("--to-offset", type=int, metavar="N", help="offset N")
-    mode.add_argument("--shift-by", type=int, metavar="N",
+    mode.add_argument("--to-offset", type=integer, metavar="N", help="offset N")
+    mode.add_argument("--shift-by", type=integer, metavar="N",
                       help="the committed offset plus N (N may be negative)")
     mode.add_argument("--to-datetime", metavar="ISO8601",
                       help="the first record at or after YYYY-MM-DDTHH:mm:SS.sss[zone]")

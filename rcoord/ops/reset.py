@@ -25,7 +25,7 @@ from typing import Any
 
 from ..cli import UsageError
 from ..protocol.offsets import TopicPartition
-from .common import Failure
+from .common import INTEGER, Failure
 
 __all__ = ["MODES", "Mode", "Row", "export_csv", "parse_datetime", "parse_duration",
            "parse_reset_file", "parse_topics", "plan"]
@@ -90,19 +90,15 @@ def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
         if not colon:
             out.append((topic, None))
             continue
-        try:
-            numbers = [int(p) for p in parts.split(",")]
-        except ValueError:
-            raise UsageError(
-                f"--topic {spec!r}: partitions must be numbers, as in {topic}:0,1,2"
-            ) from None
+        if not all(INTEGER.fullmatch(p) for p in parts.split(",")):
+            raise UsageError(f"--topic {spec!r}: partitions must be numbers, as in {topic}:0,1,2")
+        numbers = [int(p) for p in parts.split(",")]
         if any(n < 0 for n in numbers):
             raise UsageError(f"--topic {spec!r}: partitions are >= 0")
         out.append((topic, sorted(set(numbers))))
     return out
 
 
-_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 
 _FORMATS = {3: "topic,partition,offset", 4: "group,topic,partition,offset"}
 
@@ -143,9 +139,8 @@ def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition,
             if fields[0] != group:
                 continue
             fields = fields[1:]
-        # Digits only (a minus sign is refused below): int() also took "1_0" as 10, "+3", and
-        # other scripts' digits ("\u0663" as 3), none of which Kafka's reader takes.
-        if not all(_INTEGER.fullmatch(f) for f in fields[1:3]):
+        # (a minus sign is refused below)
+        if not all(INTEGER.fullmatch(f) for f in fields[1:3]):
             raise UsageError(f"{where}: the partition and offset must be integers, got "
                              f"{line!r}")
         partition, offset = int(fields[1]), int(fields[2])

@@ -13,7 +13,7 @@ from ..cli import UsageError
 from ..errors import Errors
 from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
 from ..topics.configs import DELETE, SET, SETTINGS, settings_change, topic_configs
-from .common import Context, leaf
+from .common import Context, integer, leaf
 from .console import add_console_arguments
 from .output import print_json, print_line, print_table
 
@@ -24,11 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = leaf(sub, "create", "create a topic", _create)
     q.add_argument("topic")
-    q.add_argument("--partitions", type=int, required=True, metavar="N",
+    q.add_argument("--partitions", type=integer, required=True, metavar="N",
                    help="how many partitions (1 or more; add-partitions grows them later)")
-    q.add_argument("--retention-ms", type=int, metavar="MS",
+    q.add_argument("--retention-ms", type=integer, metavar="MS",
                    help="records older than this are removed (default, or -1: kept)")
-    q.add_argument("--retention-records", type=int, metavar="N",
+    q.add_argument("--retention-records", type=integer, metavar="N",
                    help="keep only the newest N records per partition (default, or -1: all)")
     q.add_argument("--config", action="append", default=[], metavar="NAME=VALUE[,...]",
                    help="a topic config, as kafka-topics --config: "
@@ -44,14 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--if-exists", action="store_true", help="succeed if a topic is missing")
     q = leaf(sub, "add-partitions", "grow a topic to N partitions", _add_partitions)
     q.add_argument("topic")
-    q.add_argument("--partitions", type=int, required=True, metavar="N",
+    q.add_argument("--partitions", type=integer, required=True, metavar="N",
                    help="the new total, more than now")
     q = leaf(sub, "delete-records", "remove the records before an offset (Kafka's "
              "kafka-delete-records)", _delete_records)
     q.add_argument("topic")
-    q.add_argument("--offset", type=int, required=True, metavar="O",
+    q.add_argument("--offset", type=integer, required=True, metavar="O",
                    help="the new log start offset; -1: the log end (every record goes)")
-    q.add_argument("--partition", type=int, action="append", metavar="P",
+    q.add_argument("--partition", type=integer, action="append", metavar="P",
                    help="a partition (repeat for more; default: every partition)")
     q = leaf(sub, "alter-configs", "change a topic's configs (Kafka's kafka-configs --alter)",
              _alter_configs)
