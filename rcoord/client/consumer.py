@@ -1736,12 +1736,20 @@ class Consumer(SubscriptionMixin):
             return self._commit_simple, _SIMPLE
         return None
 
-    def _await_committer(self) -> None:
+    def _await_committer(self, woken: Callable[[], None] | None = None) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left. (commit() waits with its own
-        # deadline and wakeup: ``_commit``.)
+        # deadline and wakeup: ``_commit``.) With ``woken`` (``_leave_woken``, unsubscribe()),
+        # wakeup() ends the queued commits' retries, which are still waited for (one attempt
+        # each, its failure given to its callback): before, unsubscribe() waited for them,
+        # deaf to wakeup(), a session timeout each against an unreachable Redis.
         limit = 2 * self._config.session_timeout_ms / 1000
-        if not self._committer.pending or self._committer.wait_idle(limit):
+        if not self._committer.pending:
+            return
+        if (woken is not None and not self._committer.wait_idle(limit, self._wakeup)
+                and self._wakeup.is_set()):
+            woken()
+        if self._committer.wait_idle(limit):
             return
         log.warning("async commits still pending after %.0f s; committing anyway", limit)
 
@@ -1881,8 +1889,9 @@ class Consumer(SubscriptionMixin):
         still in flight, which moved the committed offset back. The commits queued before
         end first and their outcomes are taken (``_take_outcomes``), so that one that failed
         holds nothing back. With ``woken``, ``wakeup()`` ends the wait: ``woken`` is called,
-        which must end the commit's retries (``_leave_woken``), and the commit is waited for."""
-        self._await_committer()
+        which must end the commit's retries (``_leave_woken``), and the commit is waited for;
+        so for the commits queued before (``_await_committer``)."""
+        self._await_committer(woken)
         self._take_outcomes()
         changed = self._changed_positions()
         if not changed:
@@ -2449,7 +2458,7 @@ class Consumer(SubscriptionMixin):
                     self._releasing = (hold, self._committer.last_ticket)
                     self._release_hold(poll_deadline)
                 else:
-                    self._await_committer()
+                    self._await_committer(self._woken_if_leaving())
                     hold.released.set()
 
     def _drop_assignment(self) -> None:
@@ -2644,14 +2653,17 @@ class Consumer(SubscriptionMixin):
                 self._give_up_waiting()
             return
         try:
-            # (only unsubscribe() raises the wakeup it takes: a subscribe() leaving a group a
-            # fatal error closed does not)
-            self._commit_changed(
-                commit, None if self._woken_leaving is None else self._leave_woken)
+            self._commit_changed(commit, self._woken_if_leaving())
         except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("final commit of %s refused: %s", of, exc)
         except RcoordError as exc:
             log.warning("final commit of %s failed: %s", of, exc)
+
+    def _woken_if_leaving(self) -> Callable[[], None] | None:
+        """``_leave_woken`` inside ``unsubscribe()``, for its waits on the committer; None
+        elsewhere (only unsubscribe() raises the wakeup it takes: a subscribe() leaving a
+        group a fatal error closed does not)."""
+        return None if self._woken_leaving is None else self._leave_woken
 
     def _leave_woken(self) -> None:
         """``wakeup()`` during ``unsubscribe()``'s final commit: end its retries and its wait

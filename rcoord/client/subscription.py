@@ -114,7 +114,8 @@ class SubscriptionMixin:
         def _coordinator(self) -> Coordinator: ...
         def _commit_target(self) -> tuple[_CommitFn, object] | None: ...
         def _commit_changed(self, commit: _CommitFn) -> None: ...
-        def _await_committer(self) -> None: ...
+        def _await_committer(self, woken: Callable[[], None] | None = None) -> None: ...
+        def _woken_if_leaving(self) -> Callable[[], None] | None: ...
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
                     polling: bool = False) -> None: ...
@@ -342,9 +343,10 @@ class SubscriptionMixin:
         """Give up every partition: leave the group (revoking, with a final auto-commit), or
         forget the ``assign()``ed partitions (auto-committing their positions).
 
-        A ``wakeup()`` while the final auto-commit is waited for ends that commit's retries
-        and its wait for the member's join (``Consumer._leave_woken``); the member still
-        leaves, and then ``WakeupError`` is raised."""
+        A ``wakeup()`` while the final auto-commit, or the async commits queued before it,
+        are waited for ends their retries and the final commit's wait for the member's join
+        (``Consumer._leave_woken``); the member still leaves, and then ``WakeupError`` is
+        raised."""
         with self._single_threaded():
             self._check_open()
             if self._assigned_manually:
@@ -360,8 +362,9 @@ class SubscriptionMixin:
                 woken, self._woken_leaving = self._woken_leaving, None
             if woken:
                 raise WakeupError("unsubscribe() interrupted by wakeup(): its final commit "
-                                  "was made once, not retried nor waited for (it may not have "
-                                  "landed); the consumer left the group")
+                                  "and the async commits queued before it were made once, not "
+                                  "retried (they may not have landed; a failure is logged or "
+                                  "given to its callback); the consumer left the group")
 
     def _auto_commit_now(self) -> None:
         target = self._commit_target()
@@ -377,7 +380,7 @@ class SubscriptionMixin:
         group = self._group
         if group is None:
             return
-        self._await_committer()
+        self._await_committer(self._woken_if_leaving())
         self._run_commit_callbacks()
         try:
             if self._gen is not None and not self._revoking:
