@@ -1736,19 +1736,21 @@ class Consumer(SubscriptionMixin):
             return self._commit_simple, _SIMPLE
         return None
 
-    def _await_committer(self, woken: Callable[[], None] | None = None) -> None:
+    def _await_committer(self, woken: Callable[[], bool] | None = None) -> None:
         # Each job's retries are bounded by a session timeout; this bound only guards against a
         # committer that close() already stopped with jobs left. (commit() waits with its own
         # deadline and wakeup: ``_commit``.) With ``woken`` (``_leave_woken``, unsubscribe()),
         # wakeup() ends the queued commits' retries, which are still waited for (one attempt
-        # each, its failure given to its callback): before, unsubscribe() waited for them,
-        # deaf to wakeup(), a session timeout each against an unreachable Redis.
+        # each, its failure given to its callback), or, after assign(), the wait, which leaves
+        # them in flight: before, unsubscribe() waited for them, deaf to wakeup(), a session
+        # timeout each against an unreachable Redis.
         limit = 2 * self._config.session_timeout_ms / 1000
         if not self._committer.pending:
             return
-        if (woken is not None and not self._committer.wait_idle(limit, self._wakeup)
-                and self._wakeup.is_set()):
-            woken()
+        if woken is not None and (self._woken_leaving or (
+                not self._committer.wait_idle(limit, self._wakeup)
+                and self._wakeup.is_set())) and not woken():
+            return
         if self._committer.wait_idle(limit):
             return
         log.warning("async commits still pending after %.0f s; committing anyway", limit)
@@ -1878,7 +1880,7 @@ class Consumer(SubscriptionMixin):
             offsets, _logged(what), token)
 
     def _commit_changed(self, commit: _CommitFn,
-                        woken: Callable[[], None] | None = None) -> None:
+                        woken: Callable[[], bool] | None = None) -> None:
         """Commit the positions that moved since the last commit, on the committer thread
         behind the async commits queued before (so it never overtakes one, however long they
         retry), and wait for it: a revocation's, which must land before the member rejoins
@@ -1889,8 +1891,9 @@ class Consumer(SubscriptionMixin):
         still in flight, which moved the committed offset back. The commits queued before
         end first and their outcomes are taken (``_take_outcomes``), so that one that failed
         holds nothing back. With ``woken``, ``wakeup()`` ends the wait: ``woken`` is called,
-        which must end the commit's retries (``_leave_woken``), and the commit is waited for;
-        so for the commits queued before (``_await_committer``)."""
+        which ends the commit's retries, and the commit is waited for; or, when it returns
+        False, the commit is left in flight, its failure logged (``_leave_woken``); so for the
+        commits queued before (``_await_committer``)."""
         self._await_committer(woken)
         self._take_outcomes()
         changed = self._changed_positions()
@@ -1917,9 +1920,10 @@ class Consumer(SubscriptionMixin):
 
         ticket = self._submit_commit(run, changed, done)
         try:
-            if woken is not None and not self._committer.wait_idle(
-                    None, self._wakeup, upto=ticket):
-                woken()
+            if woken is not None and (self._woken_leaving or not self._committer.wait_idle(
+                    None, self._wakeup, upto=ticket)) and not woken():
+                interrupted.append(True)
+                return
             self._committer.wait_idle(None, upto=ticket)  # (its retries bound it)
         except BaseException:
             # A KeyboardInterrupt ends the wait, the commit in flight: a failure is logged.
@@ -2659,13 +2663,13 @@ class Consumer(SubscriptionMixin):
         except RcoordError as exc:
             log.warning("final commit of %s failed: %s", of, exc)
 
-    def _woken_if_leaving(self) -> Callable[[], None] | None:
+    def _woken_if_leaving(self) -> Callable[[], bool] | None:
         """``_leave_woken`` inside ``unsubscribe()``, for its waits on the committer; None
         elsewhere (only unsubscribe() raises the wakeup it takes: a subscribe() leaving a
         group a fatal error closed does not)."""
         return None if self._woken_leaving is None else self._leave_woken
 
-    def _leave_woken(self) -> None:
+    def _leave_woken(self) -> bool:
         """``wakeup()`` during ``unsubscribe()``'s final commit: end its retries and its wait
         for the member's join (``_commit_carried``, up to the rebalance timeout otherwise) by
         giving up the group's retries, as close()'s give-up does (the group is closed next),
@@ -2674,11 +2678,19 @@ class Consumer(SubscriptionMixin):
         callback's own commits are not refused by it; ``unsubscribe()`` raises it once the
         member has left, as Kafka's raises the WakeupException of a ``commitSync`` in
         ``onPartitionsRevoked``. Left half-left instead (Kafka's case), the member kept its
-        partitions in the group until its session timed out."""
+        partitions in the group until its session timed out.
+
+        After ``assign()`` no group closes: the wait ends (False), the commits left in flight
+        (in order on the committer, their retries bounded as ever, a failure logged), so that
+        ``unsubscribe()`` forgets the partitions at once and raises, as Kafka's, which makes
+        no commit there. Before, it waited for them (a session timeout each, retried against
+        an unreachable Redis), deaf to ``wakeup()``; cut, the auto-commit would be lost."""
         self._wakeup.clear()
         self._woken_leaving = True
-        if self._group is not None:
-            self._group.stop_retrying()
+        if self._group is None:
+            return False
+        self._group.stop_retrying()
+        return True
 
     # -- fetching
 

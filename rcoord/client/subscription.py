@@ -113,9 +113,10 @@ class SubscriptionMixin:
         def _single_threaded(self) -> contextlib.AbstractContextManager[None]: ...
         def _coordinator(self) -> Coordinator: ...
         def _commit_target(self) -> tuple[_CommitFn, object] | None: ...
-        def _commit_changed(self, commit: _CommitFn) -> None: ...
-        def _await_committer(self, woken: Callable[[], None] | None = None) -> None: ...
-        def _woken_if_leaving(self) -> Callable[[], None] | None: ...
+        def _commit_changed(self, commit: _CommitFn,
+                            woken: Callable[[], bool] | None = None) -> None: ...
+        def _await_committer(self, woken: Callable[[], bool] | None = None) -> None: ...
+        def _woken_if_leaving(self) -> Callable[[], bool] | None: ...
         def _run_commit_callbacks(self) -> None: ...
         def _revoke(self, *, lost: bool, poll_deadline: float | None = None,
                     polling: bool = False) -> None: ...
@@ -346,20 +347,27 @@ class SubscriptionMixin:
         A ``wakeup()`` while the final auto-commit, or the async commits queued before it,
         are waited for ends their retries and the final commit's wait for the member's join
         (``Consumer._leave_woken``); the member still leaves, and then ``WakeupError`` is
-        raised."""
+        raised. After ``assign()`` it ends the wait, the commits left in flight; the
+        partitions are still forgotten, and then ``WakeupError`` is raised."""
         with self._single_threaded():
             self._check_open()
-            if self._assigned_manually:
-                if self._auto_commit:
-                    self._auto_commit_now()
-                self._assigned_manually = False
-                self._forget_partitions(self._assigned)
-                self._assigned = []
+            manually = self._assigned_manually
             self._woken_leaving = False
             try:
+                if manually:
+                    if self._auto_commit:
+                        self._auto_commit_now()  # (a wakeup returns, the commit in flight)
+                    self._assigned_manually = False
+                    self._forget_partitions(self._assigned)
+                    self._assigned = []
                 self._leave_group()
             finally:
                 woken, self._woken_leaving = self._woken_leaving, None
+            if woken and manually:
+                raise WakeupError("unsubscribe() interrupted by wakeup(): the auto-commit of "
+                                  "the assigned partitions' positions was left in flight, "
+                                  "behind the commits queued before it (a failure is logged); "
+                                  "the partitions are forgotten")
             if woken:
                 raise WakeupError("unsubscribe() interrupted by wakeup(): its final commit "
                                   "and the async commits queued before it were made once, not "
@@ -371,7 +379,7 @@ class SubscriptionMixin:
         if target is None:
             return
         try:
-            self._commit_changed(target[0])
+            self._commit_changed(target[0], self._woken_if_leaving())
         except RcoordError as exc:
             log.warning("auto-commit failed: %s", exc)
 
