@@ -240,7 +240,7 @@ def _describe(ctx: Context) -> int:
         ctx.note(f"consumer group {group!r} has no active members")
     elif desc.state != GroupState.STABLE.value:
         ctx.note(f"warning: consumer group {group!r} is rebalancing ({desc.state}); "
-                 "members and their partitions are shown once it is Stable")
+                 "the members' partitions are known once it is Stable")
     if ctx.json:
         print_json({
             "group": group, "state": desc.state, "protocol_type": desc.protocol_type or None,
