@@ -408,6 +408,19 @@ def test_config_validate_names_the_bad_field(field: str, value: Any) -> None:
         ConsumerGroupConfig(**settings)
 
 
+@pytest.mark.parametrize("field", ["session_timeout_ms", "rebalance_timeout_ms",
+                                   "heartbeat_interval_ms", "retry_backoff_max_ms"])
+def test_config_durations_are_kafkas_int(field: str) -> None:
+    """Past Kafka's INT (Long.MAX, a Java user's "no limit") a duration failed later, in a
+    wait threading cannot take or a join the coordinator refuses, naming no setting."""
+    settings: dict[str, Any] = {"group_id": "g", "topics": ["t"], "session_timeout_ms": 2**31 - 1,
+                                "retry_backoff_max_ms": 2**31 - 1}
+    largest = (2**31 - 1) // 3 if field == "heartbeat_interval_ms" else 2**31 - 1
+    assert getattr(ConsumerGroupConfig(**{**settings, field: largest}), field) == largest
+    with pytest.raises(ConfigError, match=f"{field} must be at most 2147483647"):
+        ConsumerGroupConfig(**{**settings, field: 2**63 - 1})
+
+
 @pytest.mark.parametrize("topic", ["my topic", "a/b", "t:1", "x" * 250, ".", ".."])
 def test_config_refuses_a_topic_name_rcoord_topics_refuse(topic: str) -> None:
     """Every subscribed topic is read through rcoord.topics, which refuses such a name. Before,

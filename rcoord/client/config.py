@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
-from ..protocol._checks import check_id
+from ..protocol._checks import INT32_MAX, check_id
 from ..protocol.consumer import ENCODINGS, Encoding
 from ..topics._base import TOPIC_RULE, TopicError, _check_topic
 from ..urls import redact_url, repr_redacting, url_problem
@@ -286,5 +286,10 @@ def _int(name: str, value: Any) -> int:
 
 
 def _positive(name: str, value: Any) -> None:
+    """A positive duration, at most Kafka's INT: past it (Long.MAX, a Java user's "no limit")
+    the consumer failed later, in a wait threading cannot take, or a join the coordinator
+    refuses, naming no setting."""
     if _int(name, value) < 1:
         raise ConfigError(f"{name} must be >= 1, got {value}")
+    if value > INT32_MAX:
+        raise ConfigError(f"{name} must be at most {INT32_MAX} (Kafka's INT), got {value}")

@@ -33,6 +33,7 @@ from typing import Any
 from ..config import CoordinatorConfig
 from ..errors import ConfigError
 from ..names import NAMESPACE_RULE, valid_namespace
+from ..protocol._checks import INT32_MAX
 from ..topics.producer import MAX_REQUEST_SIZE, MAX_REQUEST_SIZE_LIMIT
 from ..urls import redact_url, repr_redacting, url_problem
 
@@ -248,13 +249,18 @@ def _namespace(opts: Mapping[str, str]) -> str:
     return ns
 
 
-def _positive_int(name: str, raw: str) -> int:
+def _positive_int(name: str, raw: str, most: int | None = None) -> int:
+    """``raw`` as a positive integer, at most ``most``: a timeout is Kafka's INT, and past it
+    (Long.MAX, a Java user's "no limit") the query failed later, in a wait threading cannot
+    take ("timestamp out of range for platform time_t"), naming no option."""
     try:
         value = int(raw)
     except ValueError:
         raise OptionError(f"{name}: must be a positive integer, got {raw!r}") from None
     if value < 1:
         raise OptionError(f"{name}: must be a positive integer, got {raw!r}")
+    if most is not None and value > most:
+        raise OptionError(f"{name}: must be at most {most} (Kafka's INT), got {raw!r}")
     return value
 
 
@@ -430,7 +436,7 @@ def parse_read_options(
         if opts.get(key):
             if group_id is None:
                 raise OptionError(f"{name}: only meaningful with groupId")
-            timeouts[key] = _positive_int(name, opts[key])
+            timeouts[key] = _positive_int(name, opts[key], most=INT32_MAX)
     session = timeouts.get("sessiontimeoutms", 10_000)
     beat = timeouts.get("heartbeatintervalms", min(1_000, max(1, session // 3)))
     if beat * 3 > session:
