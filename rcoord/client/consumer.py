@@ -1747,11 +1747,18 @@ class Consumer(SubscriptionMixin):
         limit = 2 * self._config.session_timeout_ms / 1000
         if not self._committer.pending:
             return
-        if woken is not None and (self._woken_leaving or (
-                not self._committer.wait_idle(limit, self._wakeup)
-                and self._wakeup.is_set())) and not woken():
-            return
-        if self._committer.wait_idle(limit):
+        deadline = time.monotonic() + limit  # (one bound for both waits)
+        if woken is not None:
+            if not self._woken_leaving:
+                if self._committer.wait_idle(limit, self._wakeup):
+                    return
+                if not self._wakeup.is_set():  # (the bound passed)
+                    log.warning("async commits still pending after %.0f s; committing anyway",
+                                limit)
+                    return
+            if not woken():
+                return
+        if self._committer.wait_idle(max(0.0, deadline - time.monotonic())):
             return
         log.warning("async commits still pending after %.0f s; committing anyway", limit)
 
@@ -2666,8 +2673,11 @@ class Consumer(SubscriptionMixin):
     def _woken_if_leaving(self) -> Callable[[], bool] | None:
         """``_leave_woken`` inside ``unsubscribe()``, for its waits on the committer; None
         elsewhere (only unsubscribe() raises the wakeup it takes: a subscribe() leaving a
-        group a fatal error closed does not)."""
-        return None if self._woken_leaving is None else self._leave_woken
+        group a fatal error closed does not; nor does a ``close()`` called from a listener
+        inside ``unsubscribe()``, which ignores wakeups as every ``close()`` does)."""
+        if self._woken_leaving is None or self._stop.is_set():
+            return None
+        return self._leave_woken
 
     def _leave_woken(self) -> bool:
         """``wakeup()`` during ``unsubscribe()``'s final commit: end its retries and its wait
