@@ -34,15 +34,16 @@ from .output import stdout_gone
 __all__ = ["INTEGER", "Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common",
            "integer", "leaf", "run", "stdout_gone"]
 
-INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
-"""A number as the commands take it: int() also took "1_0" as 10, "+3", " 3" and other
-scripts' digits ("\u0663" as 3), which Kafka's tools refuse or a typo made."""
+INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
+"""A number as the commands take it, a sign and digits, as Java's ``Long.valueOf`` reads
+Kafka's tools' options: int() also took "1_0" as 10, " 3" and other scripts' digits ("\u0663"
+as 3), which a typo made."""
 
 
 def integer(text: str) -> int:
     """An option's number (argparse ``type``): refused, it is a usage error naming the option."""
     if not INTEGER.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits, maybe a '-')")
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits, maybe a sign)")
     return int(text)
 
 

@@ -139,8 +139,8 @@ def parse_reset_file(text: str, group: str, source: str) -> dict[TopicPartition,
             if fields[0] != group:
                 continue
             fields = fields[1:]
-        # (a minus sign is refused below)
-        if not all(INTEGER.fullmatch(f) for f in fields[1:3]):
+        # (digits: a minus sign is refused below, and a plus a file never needs)
+        if not all(INTEGER.fullmatch(f) and f[0] != "+" for f in fields[1:3]):
             raise UsageError(f"{where}: the partition and offset must be integers, got "
                              f"{line!r}")
         partition, offset = int(fields[1]), int(fields[2])
