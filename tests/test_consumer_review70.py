@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from harness import wait_until
+from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review67 import _Gated
 from test_consumer_review68 import _Joiner
@@ -125,6 +125,20 @@ def _revoked_while_rejoining(
         assert listener.events == [("assigned", [T0, U0]),
                                    ("revoked", [T0])]
         yield consumer, coord, held, joiners[0]
+
+
+def leaving_while_syncing(env: Any, consumer: Any, coord: _JoinGated,  # noqa: F811
+                          threads: list[Any], leave: Callable[[], Any]) -> InThread:
+    """In ``rejoining(..., "syncs")``: once the member's SyncGroup of generation 2 is held and
+    the records handed out count as processed, ``leave`` (close() or unsubscribe()) in a
+    thread, returned once its final commit is queued on the committer."""
+    wait_until(coord.sync_held.is_set)
+    wait_until(lambda: _group_state(env)[1] == 2)
+    assert consumer.poll(timeout=0) == []
+    leaving = InThread(leave)
+    threads.append(leaving.thread)
+    wait_until(lambda: consumer._committer.pending == 1)
+    return leaving
 
 
 def arrives_in_the_next_join(env: Any, coord: _JoinGated, held: _Held) -> None:  # noqa: F811

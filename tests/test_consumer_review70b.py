@@ -21,7 +21,7 @@ import pytest
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review68 import _Joiner
-from test_consumer_review70 import _group_state, rejoining
+from test_consumer_review70 import _group_state, leaving_while_syncing, rejoining
 from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import T0, U0, _committed_of
 
@@ -72,14 +72,10 @@ def test_a_final_commit_refused_while_the_members_join_completes_waits_for_it(
     held = _Held()
     with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
         group = consumer._group
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
+        closing = leaving_while_syncing(
+            env, consumer, coord, threads,
+            lambda: consumer.close(timeout=30) if leave == "close" else consumer.unsubscribe())
         assert group.newest().generation_id == 1
-        assert consumer.poll(timeout=0) == []  # (the records handed out count as processed)
-        closing = InThread(lambda: consumer.close(timeout=30) if leave == "close"
-                           else consumer.unsubscribe())
-        threads.append(closing.thread)
-        wait_until(lambda: consumer._committer.pending == 1)
         held.release()
         wait_until(lambda: len(coord.commits) == 1)
         assert coord.commits[0][0] == 1 and coord.commits[0][1][1] == 2
@@ -168,12 +164,8 @@ def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
     listener = Recorder()
     held = _Held()
     with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
-        assert consumer.poll(timeout=0) == []
-        closing = InThread(lambda: consumer.close(timeout=2))
-        threads.append(closing.thread)
-        wait_until(lambda: consumer._committer.pending == 1)
+        closing = leaving_while_syncing(env, consumer, coord, threads,
+                                        lambda: consumer.close(timeout=2))
         held.release()
         wait_until(lambda: bool(closing.outcome))  # (well within the rebalance timeout)
         assert closing.outcome == [None]

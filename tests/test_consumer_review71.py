@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review70 import _group_state, _JoinGated, rejoining
+from test_consumer_review70 import _JoinGated, leaving_while_syncing, rejoining
 from test_review69_consumer_wait import _Held
 from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
 
@@ -46,12 +46,7 @@ def test_wakeup_ends_unsubscribes_wait_for_the_members_join_and_the_member_leave
         group = consumer._group
         assert group is not None
         member = group.member_id
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
-        assert consumer.poll(timeout=0) == []  # (the records handed out count as processed)
-        leaving = InThread(consumer.unsubscribe)
-        threads.append(leaving.thread)
-        wait_until(lambda: consumer._committer.pending == 1)
+        leaving = leaving_while_syncing(env, consumer, coord, threads, consumer.unsubscribe)
         held.release()
         wait_until(lambda: len(coord.commits) == 1)
         assert coord.commits[0][0] == 1 and coord.commits[0][1][1] == 2  # refused: waits
@@ -115,12 +110,7 @@ def test_unsubscribe_without_a_wakeup_still_waits_for_the_members_join(
     listener = Recorder()
     held = _Held()
     with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
-        wait_until(coord.sync_held.is_set)
-        wait_until(lambda: _group_state(env)[1] == 2)
-        assert consumer.poll(timeout=0) == []
-        leaving = InThread(consumer.unsubscribe)
-        threads.append(leaving.thread)
-        wait_until(lambda: consumer._committer.pending == 1)
+        leaving = leaving_while_syncing(env, consumer, coord, threads, consumer.unsubscribe)
         held.release()
         wait_until(lambda: len(coord.commits) == 1)
         assert not leaving.outcome
