@@ -97,6 +97,12 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
          "groupId: group mode is for streaming reads"),
         (ReadKind.STREAM, {"assign": '{"a": [0]}', "groupId": "g"}, "groupId"),
         (ReadKind.STREAM, {"subscribe": "a", "endingOffsets": "latest"}, "endingOffsets"),
+        (ReadKind.STREAM, {"subscribe": "a", "endingOffsets": "earliest"},
+         "endingOffsets: only for batch reads"),
+        # before: schema()'s check (no kind) told a stream's user "a batch read cannot end at
+        # earliest", as if the read were a batch
+        (None, {"subscribe": "a", "endingOffsets": "earliest"},
+         "endingOffsets: .*cannot end at earliest .*; a stream .*takes none"),
         (ReadKind.STREAM, {"subscribe": "a", "maxOffsetsPerTrigger": "0"},
          "maxOffsetsPerTrigger"),
         (ReadKind.STREAM, {"subscribe": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
@@ -120,7 +126,7 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
         (ReadKind.BATCH, {"subscribe": "a", "namespace": ""}, "namespace: empty"),
     ],
 )
-def test_bad_options_name_the_option(kind: ReadKind, given: dict[str, str], names: str) -> None:
+def test_bad_options_name_the_option(kind: ReadKind | None, given: dict[str, str], names: str) -> None:
     with pytest.raises(OptionError, match="^" + names.replace("/", "/").replace("(", r"\(")):
         parse_read_options({**URL, **given}, kind, env={})
 

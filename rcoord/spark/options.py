@@ -412,8 +412,13 @@ def parse_read_options(
         if kind is ReadKind.STREAM:
             raise OptionError("endingOffsets: only for batch reads (spark.read); a stream "
                               "reads on as records arrive")
-        ending = parse_offsets("endingOffsets", opts["endingoffsets"], (LATEST,),
-                               "; a batch read cannot end at earliest (it would read nothing)")
+        # Spark's schema() check does not know the read's kind (None): its message must
+        # hold for a stream too, which takes no endingOffsets at all.
+        why = ("; a batch read cannot end at earliest (it would read nothing)"
+               if kind is ReadKind.BATCH else
+               "; endingOffsets is for batch reads (spark.read), which cannot end at earliest "
+               "(it would read nothing); a stream (spark.readStream) takes none")
+        ending = parse_offsets("endingOffsets", opts["endingoffsets"], (LATEST,), why)
 
     max_per_trigger = None
     if opts.get("maxoffsetspertrigger"):
