@@ -91,10 +91,10 @@ end
 
 -- A state idle for producer.id.expiration.ms is gone, as if pruned (Kafka's isProducerExpired).
 local raw = redis.call('HGET', KEYS[2], pid)
-local st = nil
+local st, expired = nil, nil
 if raw then
   st = load_state(raw)
-  if now - st.active >= expiration then st = nil end
+  if now - st.active >= expiration then st, expired = nil, st end
 end
 local starts = st == nil  -- a producer (re)starts here: the one way the state can grow
 local log_key = KEYS[5]
@@ -190,6 +190,10 @@ if st then
 else
   -- No state (new, expired, or a re-created topic): any sequence starts it, as in Kafka.
   st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = nil}
+  -- The skipped ranges of an expired state still here (not yet pruned) of this epoch stay
+  -- skipped: a replay of a sequence a loss skipped before the expiry would otherwise be below
+  -- the new state's first, taken for appended, and answered a duplicate (stored at -1).
+  if expired and expired.epoch == epoch then st.gaps, st.unknown = expired.gaps, expired.unknown end
   -- A declared loss below it: whether those calls ran went with the expired state.
   if lost_from and not modulus and lost_from < first then unknown_from = lost_from end
 end
@@ -238,7 +242,11 @@ if last_id then appended(KEYS[4], t, last_id) end
 if dup < n then
   st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, t}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
-  if unknown_from then st.unknown = {unknown_from, first - 1} end
+  if unknown_from then
+    local u = st.unknown
+    st.unknown = u and {math.min(u[1], unknown_from), math.max(u[2], first - 1)}
+      or {unknown_from, first - 1}
+  end
   if gap then
     st.gaps[#st.gaps + 1] = gap
     if #st.gaps > KEEP_GAPS then

@@ -406,6 +406,28 @@ def test_a_loss_declared_after_the_state_expired_is_of_unknown_outcome(
     assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e"]
 
 
+def test_ranges_of_unknown_outcome_outlive_a_second_expiry(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """The range of unknown outcome a state started with (2..3, declared lost after an expiry)
+    is carried by the next state started after another expiry, and joined with that one's
+    declared loss (5): before, the second new state dropped 2..3, and a replay of sequence 2
+    was answered a duplicate at offset -1, though it may never have been stored."""
+    topics.create("t", 1)
+    exp = 10_000
+    for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
+                                   (4, [b"e"], 2, 1_000 + exp),
+                                   (6, [b"g"], 5, 1_000 + 2 * exp)):
+        assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
+                         now=now, expiration=exp))[1] == 0
+    assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 5, -2, 0]]
+    for resent in (2, 5):
+        res = append(redis_client, namespace, "t", 0, "p", 0, resent, [b"x"],
+                     now=1_000 + 2 * exp, expiration=exp)
+        assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
+    assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e", b"g"]
+
+
 SEQ_MAX = (1 << 31) - 1  # a Kafka producer's top sequence; 0 comes next
 
 

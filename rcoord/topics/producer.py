@@ -129,7 +129,8 @@ class Producer:
     same id and epoch that resends the same records in the same order appends nothing twice
     either (a replay; the Spark sink also handles another order, see ``log_appends``); a
     record whose earlier send failed and was skipped as lost is refused with
-    OUT_OF_ORDER_SEQUENCE_NUMBER, never reported stored. One with a higher epoch starts again
+    OUT_OF_ORDER_SEQUENCE_NUMBER, never reported stored (while the partition still holds the
+    producer's state, expired or not: docs/guarantees.md). One with a higher epoch starts again
     from 0. The state expires after the topic's
     ``producer_id_expiration_ms`` without an append. See docs/guarantees.md.
     ``idempotent=False`` appends every call as it comes.
