@@ -2388,17 +2388,31 @@ class Consumer(SubscriptionMixin):
         complete before the commit arrives (ILLEGAL_GENERATION). The member still owns the
         partitions there, until the change's rejoin (which waits for this commit) or its
         leave hands them on; dropped, they were left uncommitted for their next owner, where
-        Kafka's onJoinPrepare commits before its JoinGroup. Not for the application's own
-        ``commit()``: refused, it raises, as Kafka's commitSync does during a rebalance."""
+        Kafka's onJoinPrepare commits before its JoinGroup. Unless that join lost them
+        (``under.lost``): the member rejoined owning nothing, and the commit fails
+        (``CommitFailedError``) rather than land for partitions another member may own. Not for
+        the application's own ``commit()``: refused, it raises, as Kafka's commitSync does
+        during a rebalance."""
 
         def commit(offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
             try:
                 under.commit_offsets(offsets)
-            except RebalanceInProgressError:
+            except RebalanceInProgressError as refused:
                 # (bounded as Kafka's onJoinPrepare bounds its commit: the rebalance timeout)
                 ahead = self._joined_after(under, self._config.rebalance_timeout_ms / 1000)
                 if ahead is None:
                     raise
+                if under.lost:
+                    # The join it waited for lost them (a SyncGroup failing with a "lost"
+                    # reaction that keeps the member id): the member rejoined owning nothing,
+                    # and the generation it joined would take a commit of partitions that
+                    # may be another member's now (Kafka's onPartitionsLost commits nothing).
+                    raise CommitFailedError(
+                        f"commit of generation {under.generation_id} refused as rebalancing, "
+                        f"and not made again under generation {ahead.generation_id}: the "
+                        "member's rejoin lost the partitions, so they may belong to another "
+                        "member now, which will process again the records after the last "
+                        "successful commit.", Errors.ILLEGAL_GENERATION) from refused
                 log.info("commit of generation %d refused as rebalancing: committing under "
                          "generation %d, joined since", under.generation_id,
                          ahead.generation_id)
