@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import wait_until
+from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review70 import _JoinGated, leaving_while_syncing, rejoining
+from test_consumer_review71 import _members
 from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import T0, U0, _committed_of
+from test_review69_subscription_wait import T0, U0, _both_at_10, _committed_of
 
-from rcoord.errors import Errors, ProtocolError
+from rcoord.client.errors import WakeupError
+from rcoord.errors import ConnectionLost, Errors, ProtocolError
 
 
 class _SyncRefused(_JoinGated):
@@ -61,3 +63,70 @@ def test_unsubscribes_final_commit_is_not_made_again_once_the_members_join_lost_
         assert _committed_of(env, T0, U0) == {T0: -1, U0: -1}
         assert listener.events[-1] == ("lost", [T0, U0])
         assert "the member's rejoin lost the partitions" in caplog.text
+
+
+class _GoesAway(_JoinGated):
+    """``_JoinGated``, whose commits find Redis unreachable once ``away`` is set (counted):
+    each is retried, for a session timeout, unless the group stops retrying."""
+
+    away = False
+    tries = 0
+
+    def commit_offsets(self, *args: Any, **kw: Any) -> Any:
+        if not self.away:
+            return super().commit_offsets(*args, **kw)
+        self.tries += 1
+        raise ConnectionLost("Redis unreachable (the test's)")
+
+
+class _CommitsAsyncOnRevoke(Recorder):
+    """A ``Recorder`` whose ``on_partitions_revoked`` commits t-0 at 10 with ``commit_async``,
+    noting the callback's outcome in ``outcomes``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committing: Any = None
+        self.outcomes: list[tuple[dict[Any, int], BaseException | None]] = []
+
+    def on_partitions_revoked(self, partitions: list[Any]) -> None:
+        super().on_partitions_revoked(partitions)
+        self.committing.commit_async({T0: 10}, lambda offsets, exc: self.outcomes.append(
+            (offsets, exc)))
+
+
+def test_wakeup_ends_unsubscribes_wait_for_a_listeners_async_commit_and_the_member_leaves(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """No auto-commit; the listener's ``on_partitions_revoked`` calls commit_async(), which
+    finds Redis unreachable and retries, for a session timeout (30 s): unsubscribe() waits for
+    it after the listener (``Consumer._revoke``) so that it lands before the member leaves.
+    wakeup() ends those retries at their next pause: the commit is given up, the member still
+    leaves (its LeaveGroup is not a commit), unsubscribe() raises WakeupError, and the
+    commit's callback gets its failure (at close(), as Kafka runs the callbacks of finished
+    async commits there); nothing is committed."""
+    coord = _GoesAway(env)
+    listener = _CommitsAsyncOnRevoke()
+    consumer = _both_at_10(env, coord, listener, enable_auto_commit=False,
+                           session_timeout_ms=30_000)
+    listener.committing = consumer
+    member = consumer.member_id
+    coord.away = True
+    leaving = InThread(consumer.unsubscribe)
+    try:
+        wait_until(lambda: coord.tries >= 2)  # (retrying, unsubscribe() waiting for it)
+        assert not leaving.outcome
+        consumer.wakeup()
+        wait_until(lambda: bool(leaving.outcome))
+        assert isinstance(leaving.outcome[0], WakeupError)
+        assert listener.events[-1] == ("revoked", [T0, U0])
+        assert member not in _members(env) and len(_members(env)) == 0
+        assert consumer.assignment() == [] and consumer._committer.pending == 0
+        assert listener.outcomes == []  # (finished, its callback not run yet)
+        # (the wakeup was used up: committed() does not raise it again)
+        assert consumer.committed([T0, U0]) == {T0: -1, U0: -1}
+    finally:
+        consumer.close()
+        leaving.thread.join(60)
+    assert len(listener.outcomes) == 1
+    offsets, error = listener.outcomes[0]
+    assert offsets == {T0: 10} and isinstance(error, ConnectionLost)
+    assert _committed_of(env, T0, U0) == {T0: -1, U0: -1}
