@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +159,22 @@ class Context:
         from ..topics import Topics
 
         return Topics(self.client, self.namespace)
+
+    def refuse_marked_for_deletion(self, topics: Iterable[str], outcome: str) -> None:
+        """Refuse a command on a topic a ``delete`` began and did not finish (Kafka refuses
+        requests on a topic marked for deletion, and once deleted it has none to act on): its
+        surviving partitions would take records, offsets or configs that the delete finishing
+        it throws away, or that a topic created again under its name would seem to have.
+        ``outcome`` says what was not done. Names no topic can have (committed offsets of
+        any source's) are not looked up."""
+        from ..topics._base import legal_topic
+
+        marked = self.topics().marked_for_deletion(t for t in topics if legal_topic(t))
+        if marked:
+            name = marked[0]
+            raise Failure(f"topic {name!r} is marked for deletion: a delete of it stopped "
+                          f"partway; `rcoord topics delete {name}` finishes it (then `rcoord "
+                          f"topics create {name}` makes it again); {outcome}")
 
     def note(self, text: str) -> None:
         """A remark beside the output (stderr), e.g. a clamped offset."""

@@ -138,6 +138,9 @@ def _produce(ctx: Context) -> int:
     if a.partition is not None and a.partition >= count:
         raise Failure(f"topic {a.topic!r} has {count} partitions; there is no partition "
                       f"{a.partition}")
+    # Before any input is read: appended to it, a line failed on a partition the delete had
+    # removed and was said to be one that "may or may not have been" produced.
+    ctx.refuse_marked_for_deletion([a.topic], "no line was produced")
     # The separator as typed: argv's bytes (os.fsencode undoes Python's decoding of them).
     separator = None if a.key_separator is None else os.fsencode(a.key_separator)
     producer = Producer(ctx.client, ctx.namespace)

@@ -1,0 +1,47 @@
+"""Review 72 of the operator's CLI against Kafka's tools: ``rcoord topics produce`` and the
+commands that change a topic or a group's offsets of it, on a topic whose delete stopped
+partway (marked for deletion), and the line ends ``produce`` splits its input at. Each test
+fails on the code it was written against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import test_cli_groups
+from test_cli_errors import one_error_line
+from test_cli_groups import ok
+from test_topics_review64_marked import _stopped_delete
+
+from rcoord.topics import fetch
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+
+def _values(redis_client: Any, namespace: str, topic: str, partition: int) -> list[bytes | None]:
+    return [r.value for r in fetch(redis_client, namespace, topic, partition, 0).records]
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize("where", [[], ["--partition", "0"], ["--partition", "1"]])
+def test_produce_to_a_topic_marked_for_deletion_is_refused_definitely(
+        cli: Any, redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        where: list[str]) -> None:
+    """Topic t's delete removed partition 0 and stopped. Produced to partition 0 (or by the
+    partitioner, which chose it) the lines were refused and said to be ones that "may or may
+    not have been" produced, though the refusal is certain and nothing was written; produced
+    to partition 1, which survives, they were appended to a topic the delete that finishes it
+    throws away. Now the command refuses before it reads a line, says nothing was produced,
+    and names the way out."""
+    _stopped_delete(redis_client, namespace, monkeypatch)
+    res = cli("topics", "produce", "t", *where, stdin="a\nb\n")
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = one_error_line(res, "topics produce")
+    assert "'t' is marked for deletion" in line and "no line was produced" in line, line
+    assert "may or may not" not in line
+    assert "rcoord topics delete t" in line and "rcoord topics create t" in line
+    assert _values(redis_client, namespace, "t", 1) == [b"old"]  # nothing appended
+    ok(cli("topics", "delete", "t"))
+    ok(cli("topics", "create", "t", "--partitions", "2"))
+    ok(cli("topics", "produce", "t", *where, stdin="a\nb\n"))
