@@ -13,7 +13,8 @@ from test_cli_errors import one_error_line
 from test_cli_groups import ok
 from test_topics_review64_marked import _stopped_delete
 
-from rcoord.topics import fetch
+from rcoord import TopicPartition
+from rcoord.topics import Topics, fetch
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
 cli = test_cli_groups.cli
@@ -45,3 +46,39 @@ def test_produce_to_a_topic_marked_for_deletion_is_refused_definitely(
     ok(cli("topics", "delete", "t"))
     ok(cli("topics", "create", "t", "--partitions", "2"))
     ok(cli("topics", "produce", "t", *where, stdin="a\nb\n"))
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize("args", [
+    ["groups", "reset-offsets", "g", "--topic", "t:1", "--to-earliest", "--execute"],
+    ["groups", "reset-offsets", "g", "--all-topics", "--to-earliest", "--execute"],
+    ["groups", "reset-offsets", "g", "--topic", "t", "--to-earliest", "--execute"],
+    ["groups", "reset-offsets", "g", "--topic", "t:1", "--to-earliest"],  # (a dry run)
+    ["topics", "delete-records", "t", "--offset", "-1", "--partition", "1"],
+    ["topics", "delete-records", "t", "--offset", "-1"],
+    ["topics", "alter-configs", "t", "--add-config", "retention.ms=5000"],
+    ["topics", "alter-configs", "t", "--add-config", "retention.ms=5000", "--validate-only"],
+])
+def test_commands_that_change_a_topic_marked_for_deletion_refuse_it(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Kafka refuses requests on a topic marked for deletion, and once it is deleted there is
+    nothing to act on. Here the surviving partition 1 of t (its delete removed partition 0 and
+    stopped) was reset, trimmed or reconfigured, for the delete that finishes it to throw away
+    (a reset of all of t, or a trim of every partition, said "no partition 0 (any more)" or
+    UNKNOWN_TOPIC_OR_PARTITION, with no word of why). Now each is refused, naming the topic
+    and what finishes the delete, and writes nothing."""
+    coord = make_coordinator()
+    _stopped_delete(redis_client, namespace, monkeypatch)
+    coord.commit_offsets("g", {TopicPartition("t", 1): 1})  # (once t is made: its offset)
+    before = Topics(redis_client, namespace).settings("t")
+    res = cli(*args)
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = one_error_line(res, " ".join(args[:2]))
+    assert "'t' is marked for deletion" in line and "rcoord topics delete t" in line, line
+    assert line.endswith(("nothing was changed", "no record was deleted",
+                          "no config was changed")), line
+    assert {tp: o.offset for tp, o in coord.fetch_offsets("g").offsets.items()} == {
+        TopicPartition("t", 1): 1}
+    assert _values(redis_client, namespace, "t", 1) == [b"old"]
+    assert Topics(redis_client, namespace).settings("t") == before

@@ -443,6 +443,9 @@ def _reset_offsets(ctx: Context) -> int:
                           "--topic")
     else:
         tps = _partitions(ctx, args.topic)
+    # Whatever chose the partitions, and in a dry run too (it plans what --execute commits): the
+    # surviving ones were reset, the removed ones said to be "no partition 0 (any more)".
+    ctx.refuse_marked_for_deletion({tp.topic for tp in tps}, "nothing was changed")
     offsets = log_ends(ctx, [tp.topic for tp in tps], needed=set(tps))
     if args.all_topics:
         # Offsets outlive their topic, and its partitions: a deleted topic, or a partition past

@@ -258,6 +258,9 @@ def _delete_records(ctx: Context) -> int:
         raise UsageError(f"--offset must be >= 0, or -1 for the log end, got {a.offset}")
     admin = ctx.topics()
     partitions = a.partition or range(admin.partition_count(a.topic))
+    # (its surviving partitions were trimmed, and the removed ones answered
+    # UNKNOWN_TOPIC_OR_PARTITION with no word of why)
+    ctx.refuse_marked_for_deletion([a.topic], "no record was deleted")
     try:
         done = admin.delete_records(a.topic, dict.fromkeys(partitions, a.offset))
     except DeleteRecordsIncomplete as exc:
@@ -339,6 +342,8 @@ def _alter_configs(ctx: Context) -> int:
     a = ctx.args
     changes = settings_change(_config_ops(a.add_config, a.delete_config))
     admin = ctx.topics()
+    # (the configs were written, to be thrown away by the delete that finishes it)
+    ctx.refuse_marked_for_deletion([a.topic], "no config was changed")
     admin.alter_configs(a.topic, changes, validate_only=a.validate_only)
     current = admin.settings(a.topic)
     # (with --validate-only, what they would be)
