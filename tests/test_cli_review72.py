@@ -5,6 +5,8 @@ fails on the code it was written against."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -82,3 +84,41 @@ def test_commands_that_change_a_topic_marked_for_deletion_refuse_it(
         TopicPartition("t", 1): 1}
     assert _values(redis_client, namespace, "t", 1) == [b"old"]
     assert Topics(redis_client, namespace).settings("t") == before
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize(("text", "lines"), [
+    (b"a\rb\r\nc\r\r\nd\n\ne", [b"a", b"b", b"c", b"", b"d", b"", b"e"]),
+    (b"x\r\ny\r\n", [b"x", b"y"]),  # (no empty line after the last line end)
+    (b"x\r", [b"x"]),
+    (b"\n", [b""]),
+])
+def test_produce_ends_a_line_where_kafkas_console_producer_does(
+        cli: Any, redis_client: Any, namespace: str, text: bytes, lines: list[bytes]) -> None:
+    """Kafka's console producer reads its lines with ``BufferedReader.readLine``, which ends a
+    line at ``\\n``, ``\\r`` or ``\\r\\n``. Here only ``\\n`` ended one, and every ``\\r`` before
+    it was stripped: ``a\\rb\\r\\n`` was one record ``a\\rb``, and ``c\\r\\r\\n`` one record, not
+    ``c`` and an empty one."""
+    Topics(redis_client, namespace).create("t", 1)
+    ok(cli("topics", "produce", "t", stdin=text))
+    assert _values(redis_client, namespace, "t", 0) == lines
+
+
+def test_produce_reads_a_line_end_split_across_reads_as_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdin a pipe (read as it comes): a ``\\r`` ends its line at once, before the next byte
+    comes (as readLine returns), and a ``\\n`` that comes next is the same line end, not an
+    empty line."""
+    from rcoord.ops.console import _lines
+
+    r, w = os.pipe()
+    with os.fdopen(r, "r") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        lines = _lines(linger_s=5.0)  # (what is asked for is written before: no wait)
+        try:
+            os.write(w, b"a\r")
+            assert next(lines) == (1, b"a")
+            os.write(w, b"\nb\nc\r")
+        finally:
+            os.close(w)
+        assert list(lines) == [(2, b"b"), (3, b"c")]

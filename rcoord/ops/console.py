@@ -21,6 +21,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import select
 import sys
 import time
@@ -87,8 +88,44 @@ def add_console_arguments(sub: Any) -> None:
 # -- produce ----------------------------------------------------------------------------------
 
 
+class _LineEnds:
+    """Cuts input into lines as Kafka's console producer reads them (``BufferedReader.readLine``
+    in LineMessageReader): a line ends at ``\n``, ``\r`` or ``\r\n``, and a last line without
+    a line end is a line too, while an input ending in a line end has no empty line after it.
+    Lines were cut at ``\n`` alone, with every ``\r`` and ``\n`` at their end stripped: a file
+    of ``\r``-ended lines (classic Mac OS) was one record, and ``a\r\r\n`` one line, not two.
+
+    ``feed`` takes the input as it comes, in chunks of any size: a ``\r`` ends its line at once
+    (what is typed is sent without waiting for the next byte), and a ``\n`` right after it, in
+    the next chunk too, is the same line end."""
+
+    _END = re.compile(rb"\r\n|\r|\n")
+
+    def __init__(self) -> None:
+        self._partial: list[bytes] = []  # the line being read, in the chunks it came in
+        self._after_cr = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The lines ``data`` completes, without their line ends."""
+        if self._after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        self._after_cr = data.endswith(b"\r")
+        *complete, rest = self._END.split(data)
+        lines = []
+        for piece in complete:
+            lines.append(b"".join([*self._partial, piece]))
+            self._partial = []
+        if rest:
+            self._partial.append(rest)
+        return lines
+
+    def end(self) -> bytes | None:
+        """The last line, if the input ended inside one."""
+        return b"".join(self._partial) if self._partial else None
+
+
 def _lines(linger_s: float) -> Iterator[tuple[int, bytes] | None]:
-    """stdin's lines as bytes, without their line ends: a record holds the line's bytes as
+    """stdin's lines as bytes (``_LineEnds``), numbered: a record holds the line's bytes as
     they are (Kafka's console producer would replace bytes that are not UTF-8; here a value
     is never changed, and no line can stop the run half-way).
 
@@ -100,29 +137,27 @@ def _lines(linger_s: float) -> Iterator[tuple[int, bytes] | None]:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):
         fd = -1
-    if fd < 0 or sys.platform == "win32":
-        for number, line in enumerate(stream, 1):
-            yield number, line.rstrip(b"\r\n")
-        return
+    ends = _LineEnds()
     number = 0
-    partial: list[bytes] = []  # the line being read, in the chunks it came in
-    while True:
-        if not select.select([fd], [], [], linger_s)[0]:
-            yield None
-            select.select([fd], [], [])  # wait for more, however long
-        data = os.read(fd, 1 << 16)
-        if not data:  # end of input: a last line without a line end is a line too
-            if partial:
-                yield number + 1, b"".join(partial).rstrip(b"\r\n")
-            return
-        *complete, rest = data.split(b"\n")
-        for piece in complete:
-            partial.append(piece)
-            number += 1
-            yield number, b"".join(partial).rstrip(b"\r\n")
-            partial = []
-        if rest:
-            partial.append(rest)
+    if fd < 0 or sys.platform == "win32":
+        for data in stream:
+            for line in ends.feed(data):
+                number += 1
+                yield number, line
+    else:
+        while True:
+            if not select.select([fd], [], [], linger_s)[0]:
+                yield None
+                select.select([fd], [], [])  # wait for more, however long
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            for line in ends.feed(data):
+                number += 1
+                yield number, line
+    last = ends.end()
+    if last is not None:
+        yield number + 1, last
 
 
 def _produce(ctx: Context) -> int:
