@@ -352,7 +352,12 @@ class SubscriptionMixin:
         with self._single_threaded():
             self._check_open()
             manually = self._assigned_manually
-            self._woken_leaving = False
+            # A listener's own unsubscribe() inside this one's revocation leaves the wakeup
+            # taken (or taken later) to the outer call, which raises it once the member left:
+            # reset here, it was lost, and no call raised it.
+            nested = self._woken_leaving is not None
+            if not nested:
+                self._woken_leaving = False
             try:
                 if manually:
                     if self._auto_commit:
@@ -362,7 +367,9 @@ class SubscriptionMixin:
                     self._assigned = []
                 self._leave_group()
             finally:
-                woken, self._woken_leaving = self._woken_leaving, None
+                woken: bool | None = False
+                if not nested:
+                    woken, self._woken_leaving = self._woken_leaving, None
             if woken and manually:
                 raise WakeupError("unsubscribe() interrupted by wakeup(): the auto-commit of "
                                   "the assigned partitions' positions was left in flight, "
