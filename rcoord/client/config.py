@@ -175,9 +175,7 @@ class ConsumerGroupConfig:
             "retry_backoff_max_ms",
         ):
             _positive(name, getattr(self, name))
-        _int("join_backoff_ms", self.join_backoff_ms)
-        if self.join_backoff_ms < 0:
-            raise ConfigError(f"join_backoff_ms must be >= 0, got {self.join_backoff_ms}")
+        _positive("join_backoff_ms", self.join_backoff_ms, least=0)
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ConfigError(
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be at most "
@@ -285,11 +283,18 @@ def _int(name: str, value: Any) -> int:
     return value
 
 
-def _positive(name: str, value: Any) -> None:
-    """A positive duration, at most Kafka's INT: past it (Long.MAX, a Java user's "no limit")
-    the consumer failed later, in a wait threading cannot take, or a join the coordinator
-    refuses, naming no setting."""
-    if _int(name, value) < 1:
-        raise ConfigError(f"{name} must be >= 1, got {value}")
+def _positive(name: str, value: Any, least: int = 1) -> None:
+    """A duration of at least ``least`` ms, at most INT32_MAX: past it (Long.MAX, a Java
+    user's "no limit") the consumer failed later, in a wait whose deadline the platform's
+    clock cannot hold, or a join the coordinator refuses (Kafka's timeouts are INTs), naming
+    no setting."""
+    if _int(name, value) < least:
+        raise ConfigError(f"{name} must be >= {least}, got {value}")
+    check_duration_bound(name, value)
+
+
+def check_duration_bound(name: str, value: int) -> None:
+    """Refuse a duration past INT32_MAX ms (about 24.8 days), ``name`` in the message."""
     if value > INT32_MAX:
-        raise ConfigError(f"{name} must be at most {INT32_MAX} (Kafka's INT), got {value}")
+        raise ConfigError(f"{name} must be at most {INT32_MAX} ms (about 24.8 days, the bound "
+                          f"of Kafka's timeouts), got {value}")

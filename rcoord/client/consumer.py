@@ -75,7 +75,7 @@ from ..topics._base import legal_topic, sync_headers, unreadable_partition
 from ..topics.incarnation import older_than_their_topic, topics_to_judge
 from ..topics.times import OffsetAndTimestamp
 from .committer import AsyncCommitter, Completion, OffsetCommitCallback
-from .config import ConsumerGroupConfig
+from .config import ConsumerGroupConfig, check_duration_bound
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import (
     CommitFailedError,
@@ -290,6 +290,8 @@ class Consumer(SubscriptionMixin):
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+            if name.endswith("_ms"):
+                check_duration_bound(name, value)
         if not isinstance(enable_auto_commit, bool):
             # bool("false") is True: a string from an environment or a file turned it on.
             raise ConfigError(f"enable_auto_commit must be True or False, got "
