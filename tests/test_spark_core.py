@@ -124,6 +124,12 @@ def opts(kind: ReadKind = ReadKind.STREAM, **kw: str) -> Any:
         (ReadKind.STREAM, {"subscribe": "a", "startingOffsets": ""}, "startingOffsets: empty"),
         (ReadKind.STREAM, {"subscribe": "a", "failOnDataLoss": ""}, "failOnDataLoss: empty"),
         (ReadKind.BATCH, {"subscribe": "a", "namespace": ""}, "namespace: empty"),
+        # before: read by Python's int(), which Spark's Kafka source (Java's parseLong) refuses:
+        # 10 and partition 0
+        (ReadKind.BATCH, {"subscribe": "a", "fetchSize": "1_0"},
+         "fetchSize: must be a positive integer"),
+        (ReadKind.BATCH, {"subscribe": "a", "startingOffsets": '{"a": {" 0": 1}}'},
+         "startingOffsets: partition ' 0' of topic 'a' is not an integer"),
     ],
 )
 def test_bad_options_name_the_option(kind: ReadKind | None, given: dict[str, str], names: str) -> None:

@@ -249,14 +249,23 @@ def _namespace(opts: Mapping[str, str]) -> str:
     return ns
 
 
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _java_int(raw: str) -> int | None:
+    """``raw`` as Java's ``Long.parseLong`` reads it (Spark's Kafka source reads its numbers
+    so), or None: Python's ``int()`` also takes blanks around it, ``1_0`` and other scripts'
+    digits, so a typo became another number instead of an error."""
+    return int(raw) if _JAVA_INT.fullmatch(raw) else None
+
+
 def _positive_int(name: str, raw: str, most: int | None = None) -> int:
     """``raw`` as a positive integer, at most ``most``: a timeout is Kafka's INT, and past it
     (Long.MAX, a Java user's "no limit") the query failed later, in a wait threading cannot
     take ("timestamp out of range for platform time_t"), naming no option."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(f"{name}: must be a positive integer, got {raw!r}") from None
+    value = _java_int(raw)
+    if value is None:
+        raise OptionError(f"{name}: must be a positive integer, got {raw!r}")
     if value < 1:
         raise OptionError(f"{name}: must be a positive integer, got {raw!r}")
     if most is not None and value > most:
@@ -308,11 +317,10 @@ def parse_offsets(name: str, raw: str, allowed: tuple[int, ...], why: str = "") 
                               f"got {parts!r}")
         out[topic] = {}
         for p, off in parts.items():
-            try:
-                partition = int(p)
-            except (TypeError, ValueError):
+            partition = _java_int(p)
+            if partition is None:
                 raise OptionError(f"{name}: partition {p!r} of topic {topic!r} is not an "
-                                  "integer") from None
+                                  "integer")
             if partition < 0:
                 raise OptionError(f"{name}: partition {p!r} of topic {topic!r} is negative")
             if not isinstance(off, int) or isinstance(off, bool):
