@@ -1,0 +1,59 @@
+"""Review 72: ``wakeup()`` in ``unsubscribe()`` (3684efa, 7a69ed5..5074474).
+
+``unsubscribe()`` keeps the wakeup it took in ``_woken_leaving`` and raises it once the
+member has left; a listener's own ``unsubscribe()`` inside that revocation (which the consumer
+takes: ``_leave_inside_revocation``) resets it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import InThread, wait_until
+from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
+from test_consumer_review71 import _members, _Unreachable
+from test_review69_consumer_wait import _Held
+from test_review69_subscription_wait import T0, U0, _both_at_10
+
+from rcoord.client.errors import WakeupError
+
+
+class _UnsubscribingInRevoke(Recorder):
+    """A listener whose ``on_partitions_revoked`` calls ``unsubscribe()`` itself."""
+
+    leaver: Any = None
+
+    def on_partitions_revoked(self, partitions: list[Any]) -> None:
+        super().on_partitions_revoked(partitions)
+        if self.leaver is not None:
+            self.leaver.unsubscribe()
+
+
+def test_a_wakeup_taken_by_unsubscribe_is_raised_when_its_listener_unsubscribes_too(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """commit_async({t-0: 5}) retries against an unreachable Redis; unsubscribe() waits for it
+    and wakeup() ends that wait: the wakeup is used up (cleared) and kept for unsubscribe() to
+    raise once the member left. The revocation's listener calls unsubscribe() too; its own
+    call set ``_woken_leaving`` to False and then None, so the outer unsubscribe() returned
+    normally: the wakeup was lost, no call raised it (nor does a later one)."""
+    coord = _Unreachable(env)
+    listener = _UnsubscribingInRevoke()
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    listener.leaver = consumer
+    coord.gate = _Held()  # type: ignore[assignment]
+    coord.gate.release()
+    member = consumer.member_id
+    consumer.commit_async({T0: 5})
+    leaving = InThread(consumer.unsubscribe)
+    try:
+        wait_until(lambda: coord.tries >= 2)  # (the async commit retrying)
+        assert not leaving.outcome
+        consumer.wakeup()
+        wait_until(lambda: bool(leaving.outcome))
+        assert listener.events[-1] == ("revoked", [T0, U0])
+        assert member not in _members(env)
+        assert isinstance(leaving.outcome[0], WakeupError), (
+            f"unsubscribe() took the wakeup and returned {leaving.outcome[0]!r}; "
+            f"a wakeup is still pending: {consumer._wakeup.is_set()}")
+    finally:
+        consumer.close(timeout=0)
+        leaving.thread.join(60)
