@@ -126,9 +126,15 @@ def epoch_appends(client: Any, namespace: str, topic: str, producer_id: str, epo
     out = {}
     for i, (s, calls) in enumerate(zip(mine, logs)):
         covered = sorted((first, first + count - 1) for first, _, count in calls)
+        # The log is read after the state: another attempt under this id and epoch may have
+        # appended in between, past the state's last sequence. Its records are counted here,
+        # so the last sequence is the log's: resumed at the state's, this attempt's own
+        # records were answered duplicates of the ones it had just counted, and an identical
+        # row was taken for stored twice while stored once.
+        last = max([s.last_sequence, *(b for _, b in covered)])
         contiguous = bool(covered) and covered[0][0] == 0 and all(
             b[0] == a[1] + 1 for a, b in itertools.pairwise(covered))
-        complete = whole[i] and contiguous and covered[-1][1] == s.last_sequence
-        out[s.partition] = EpochAppends(s.partition, s.last_sequence,
+        complete = whole[i] and contiguous and covered[-1][1] == last
+        out[s.partition] = EpochAppends(s.partition, last,
                                         sorted(records[i], key=lambda r: r.offset), complete)
     return out
