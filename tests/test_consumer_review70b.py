@@ -159,8 +159,9 @@ def test_a_final_commit_waiting_for_the_members_join_ends_with_closes_timeout(
     """As above, but the member's SyncGroup stays held: close(timeout=2)'s commit, refused
     under generation 1, waits for a join that does not complete within the rebalance timeout
     (60 s). close() returns by its own bound, and the wait on the committer thread ends with
-    the group's close, nothing committed (the partitions go to the second member at -1, as
-    when a close() times out before its commit lands)."""
+    close()'s give-up at that bound (``stop_retrying``), nothing committed (the partitions go
+    to the second member at -1, as when a close() times out before its commit lands). What
+    each mechanism does alone: test_consumer_review72b."""
     listener = Recorder()
     held = _Held()
     with rejoining(env, listener, held, "syncs") as (consumer, coord, _, threads):
