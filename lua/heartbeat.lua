@@ -3,13 +3,16 @@
 -- prelude's state) and takes only the keys it needs. If any of the group's deadlines has passed
 -- it changes nothing and answers 'DUE': the caller applies them (expire_deadlines) and sends the
 -- heartbeat again, so deadlines still act first, as in every other step.
--- keys[1] due  keys[2] group  keys[3] members  keys[4] statics  keys[5] deadlines  keys[6] hint
+-- keys[1] cfg  keys[2] due  keys[3] group  keys[4] members  keys[5] statics  keys[6] deadlines
+-- keys[7] hint
 --   (named in rcoord/contract.py HEARTBEAT_KEYS; rcoord/keys.py GroupKeys.heartbeat_keys)
 -- The state constants (EMPTY ... DEAD) come from the library's header (rcoord/contract.py).
 -- ARGV[1] now ms or ''   ARGV[2] group id
 -- ARGV[3..] one or more triples: member id, generation id, group instance id ('' = none)
 --   (several members of one group heartbeat in one call: GroupCoordinator.heartbeat_many)
 -- Returns an array with the Kafka error name for each triple ('NONE' on success), or 'DUE'.
+-- Refuses (RCOORD_NOT_COORDINATOR, as prelude.lua read_settings) a partition with no settings
+-- copy: the caller's partition count is stale, and it settles again and re-addresses.
 
 local function heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_id, generation,
                              iid)
@@ -34,8 +37,8 @@ local function heartbeat_one(k_members, k_static, k_dl, state, gen, now, member_
 end
 
 register('heartbeat', function(KEYS, ARGV)
-  local k_due, k_group, k_members, k_static, k_dl, k_hint = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
-    KEYS[5], KEYS[6]
+  local k_cfg, k_due, k_group, k_members, k_static, k_dl, k_hint = KEYS[1], KEYS[2], KEYS[3],
+    KEYS[4], KEYS[5], KEYS[6], KEYS[7]
   local group_id = ARGV[2]
   -- Malformed arguments are refused before anything is written (Redis does not undo a script
   -- that fails half-way: a short last triple failed after the triples before it had refreshed
@@ -50,6 +53,15 @@ register('heartbeat', function(KEYS, ARGV)
     return redis.error_reply(RCOORD_BAD_ARGUMENT .. ' heartbeat: takes ARGV[1] now (empty or '
       .. 'a decimal integer), ARGV[2] the group id, then triples of member id, int32 '
       .. 'generation id and group instance id; got ' .. #ARGV .. ' arguments')
+  end
+  -- A group formed in a layout a change of the partition count then withdrew (its copy of the
+  -- settings deleted: rcoord/settings.py) is not the group: answered here, its member stayed
+  -- live there while the group formed again under the new count. Kafka answers a heartbeat
+  -- sent to a broker that no longer coordinates the group NOT_COORDINATOR. (One EXISTS: the
+  -- hot path reads nothing else of the settings.)
+  if redis.call('EXISTS', k_cfg) == 0 then
+    return redis.error_reply(RCOORD_NOT_COORDINATOR .. ' no settings at ' .. k_cfg ..
+      ': the partition count is stale or the settings were lost')
   end
   local now, mock_time = read_clock(ARGV[1])
 

@@ -48,8 +48,10 @@ GROUP_KEYS: tuple[tuple[str, str], ...] = (
 ``GroupKeys.all()`` follows this order; the library binds its locals from it, so neither side
 numbers the keys by hand."""
 
-HEARTBEAT_KEYS: tuple[str, ...] = ("due", "group", "members", "statics", "deadlines", "hint")
-"""The heartbeat function's KEYS (it runs outside the group step wrapper and takes only these)."""
+HEARTBEAT_KEYS: tuple[str, ...] = (
+    "cfg", "due", "group", "members", "statics", "deadlines", "hint")
+"""The heartbeat function's KEYS (it runs outside the group step wrapper and takes only these;
+the settings copy only to refuse a stale layout, as every group step does)."""
 
 GROUP_CORE_FIELDS: tuple[tuple[str, str], ...] = (
     ("state", "the group state's name (rcoord.state.GroupState value)"),

@@ -184,11 +184,11 @@ class GroupKeys:
         return self._k("a")
 
     def heartbeat_keys(self) -> list[str]:
-        """KEYS of heartbeat.lua: due, group, members, statics, deadlines, hint."""
+        """KEYS of heartbeat.lua: cfg, due, group, members, statics, deadlines, hint."""
         return list(self._heartbeat)
 
     @functools.cached_property
     def _heartbeat(self) -> tuple[str, ...]:
         # Built once per group: a heartbeat is a member's most frequent call, and naming its
-        # six keys took about a sixth of its client CPU.
+        # keys took about a sixth of its client CPU.
         return tuple(self.named(name) for name in HEARTBEAT_KEYS)

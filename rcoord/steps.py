@@ -375,12 +375,20 @@ class GroupSteps:
                     f"group {keys.group_id!r} still had deadlines or chunks to apply after "
                     f"{MAX_BUSY_CALLS} calls of {step}; try again")
             except redis.exceptions.ResponseError as exc:
-                if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
-                    raise
-            if self.config is seen:
-                yield from self.resettle()
+                yield from self._refused(exc, attempt, seen)
             keys = self.keys(keys.group_id)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refused(self, exc: redis.exceptions.ResponseError, attempt: int,
+                 seen: CoordinatorConfig | None) -> Flow[None]:
+        """After a script's refusal ``exc`` of a call sent under the settings ``seen``: settle
+        again if it said the layout is stale (unless a concurrent call already did), so the
+        caller re-addresses the group and retries; raise it if it said anything else or this
+        was the last of ``NOT_COORDINATOR_RETRIES`` retries."""
+        if _NOT_COORDINATOR not in str(exc) or attempt == NOT_COORDINATOR_RETRIES:
+            raise exc
+        if self.config is seen:
+            yield from self.resettle()
 
     def _park(self, group_id: str, member_id: str, kind: str, reply: list[Any]) -> Flow[bytes]:
         """Wait for a parked Join/SyncGroup's reply (``rcoord.protocol.park``)."""
@@ -501,10 +509,19 @@ class GroupSteps:
         gid, args = heartbeat_args(group_id, generation_id, member_id, group_instance_id)
         if not gid:
             return Errors.INVALID_GROUP_ID
-        stalled = 0
+        stalled = refused = 0
         for _ in range(MAX_DUE_CALLS):
             keys = self.keys(gid)  # as the group is addressed now (a sweep may have re-settled)
-            reply = yield Script("heartbeat", keys.heartbeat_keys(), [self.now_arg(), gid, *args])
+            seen = self.config
+            try:
+                reply = yield Script("heartbeat", keys.heartbeat_keys(),
+                                     [self.now_arg(), gid, *args])
+            except redis.exceptions.ResponseError as exc:
+                # A stale layout: re-addressed, the member is answered by the group in force
+                # (UNKNOWN_MEMBER_ID if it joined only the withdrawn layout's copy: it rejoins).
+                yield from self._refused(exc, refused, seen)
+                refused += 1
+                continue
             if reply != b"DUE":
                 return decode_heartbeat(reply[0])
             # A deadline of the group has passed: apply it first, as every step does. A call
@@ -560,8 +577,9 @@ class GroupSteps:
                 continue
             if reply == b"DUE" or isinstance(reply, Exception):
                 # A passed deadline (apply it first, as every step does), or a call that failed
-                # even after the driver's reload: send this group's chunk again once, addressed
-                # as the group is now (applying the deadline may have settled a new layout).
+                # even after the driver's reload or was refused under a stale layout
+                # (NOT_COORDINATOR: the sweep, refused too, settles again): send this group's
+                # chunk again once, addressed as the group is now.
                 # A master that refuses it for now (out of memory, a failed save, too few
                 # replicas, a slot migrating: what the API raises as ServerUnavailable) is
                 # answered for this group alone, as an unreachable one is above; raising here
