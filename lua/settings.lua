@@ -6,6 +6,8 @@
 --         '<ns>:{tag}:withdrawn' (a string: the version its layout was withdrawn at)
 -- KEYS[3..] (op withdraw only) keys of that partition deleted with its copy (its events stream,
 --         read position and replica-ack counter: the same {tag}, so the same slot)
+-- (op drop) KEYS[1] a partition's copy, KEYS[2] its groups set, KEYS[3] its due index,
+--         KEYS[4] the group's offsets, KEYS[5] its wake stream, KEYS[6..] its other keys
 -- ARGV[1] op:
 --   'establish'  ARGV[2..] field, value pairs: stored (version 1) only if no settings exist;
 --                either way the stored settings come back. Whoever comes first decides.
@@ -30,6 +32,13 @@
 --                the copy's deletion and the others' cannot lose the live partition's stream.
 --                KEYS[2] is set to ARGV[2] (kept if it holds a newer one), so a late copy of the
 --                old settings is refused by 'copy' itself, whether or not its writer lives on.
+--   'drop'       ARGV[2] a group id: unless the copy exists (the layout is in force again, and
+--                the group with it), the group's keys are deleted, ARGV[2] removed from the
+--                groups set and the due index, and a wake-up left for its parked callers
+--                (expiring, as prelude.lua's finish leaves one for a deleted group); returns
+--                the group's offsets as they were (a flat field, value array), or 0 if kept.
+--                A group formed in a layout a change of count withdrew (rcoord/settings.py
+--                _retire): no step serves it, and kept, it came back with a change back.
 --   'mark'       ARGV[2] a field ('retire:<count>'), ARGV[3] its value (a random token): set
 --                if the settings exist (a hash created holding only it would lack
 --                num_partitions, which every settle refuses).
@@ -40,8 +49,9 @@
 --                copy by a failover); the stored settings come back ({} if none exist: nothing
 --                is written, the settle re-establishes them). RCOORD_BAD_ARGUMENT if the version
 --                is not an integer.
--- Returns a flat field, value array (establish, update, move, adopt) or 1 / 0 (copy, withdraw,
--- mark, unmark: written or deleted, or not; copy may also refuse as said above).
+-- Returns a flat field, value array (establish, update, move, adopt; drop: the offsets) or 1 / 0
+-- (copy, withdraw, mark, unmark: written or deleted, or not; copy may also refuse as said above;
+-- drop: 0 if kept).
 
 -- ARGV[2] (a version) and ARGV[3..] (field, value pairs) as one HSET argument list.
 local function versioned_pairs(ARGV)
@@ -111,6 +121,17 @@ register('settings', function(KEYS, ARGV)
     if withdrawn_at(KEYS[2]) < version then redis.call('SET', KEYS[2], ARGV[2]) end
     redis.call('DEL', key, unpack(KEYS, 3))
     return 1
+  elseif op == 'drop' then
+    if redis.call('EXISTS', key) == 1 then return 0 end
+    local offsets = redis.call('HGETALL', KEYS[4])
+    redis.call('DEL', KEYS[4], unpack(KEYS, 6))
+    redis.call('SREM', KEYS[2], ARGV[2])
+    redis.call('ZREM', KEYS[3], ARGV[2])
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', '16', '*', 'g', '-1')
+      redis.call('PEXPIRE', KEYS[5], 60000)
+    end
+    return offsets
   elseif op == 'mark' then
     if redis.call('EXISTS', key) == 0 then return 0 end
     redis.call('HSET', key, ARGV[2], ARGV[3])

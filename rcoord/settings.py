@@ -58,8 +58,9 @@ same with Redis as the only authority:
   to notice. A settle that wrote copies reads the count again and, if it moved meanwhile,
   deletes them and goes another round (``_overtaken``): they may have come before the
   changer's deletion. A group
-  created in the instant between the check and the deletion is reported (logged); it can no
-  longer be reached and its members rejoin under the new count.
+  created in the instant between the check and the deletion can no longer be reached (its
+  heartbeats too are refused) and is deleted, logged with the offsets it held
+  (``_drop_stranded``); its members rejoin under the new count.
 
 The steps are one sans-I/O flow (``settle_flow``, see ``rcoord.flow``), so the blocking and the
 asyncio coordinators share them and differ only in the driver that performs the I/O.
@@ -78,6 +79,7 @@ from .config import STORED_SETTINGS, CoordinatorConfig, bad_stored_setting
 from .errors import ConfigError
 from .flow import UNREACHABLE, Command, Flow, Pipeline, Script, ScriptBatch, drive
 from .keys import PartitionKeys, anchor_keys, settings_key
+from .protocol.offsets import decode_fetch
 
 __all__ = ["MAX_SETTLE_ROUNDS", "Settled", "copy_pattern", "settle", "settle_flow"]
 
@@ -454,10 +456,36 @@ def _retire(namespace: str, key: str, stored: dict[str, str]) -> Flow[dict[str, 
                 late = 0 if back is not None and _text(back) == str(old) else late
             if late:
                 log.warning("%d group(s) were created under the old partition count %d while "
-                            "namespace %r moved to %d; their members rejoin under the new count",
-                            late, old, namespace, current)
+                            "namespace %r moved to %d; they are deleted, and their members "
+                            "rejoin under the new count", late, old, namespace, current)
+                yield from _drop_stranded(namespace, old, current)
         yield Script("settings", [key], ["unmark", name, stored[name]])
     return {k: v for k, v in stored.items() if not k.startswith(RETIRE)}
+
+
+def _drop_stranded(namespace: str, old: int, current: int) -> Flow[None]:
+    """Delete the groups left in the withdrawn ``old`` layout (formed between a change of
+    count's check for groups and its deletion of the copies), each logged with the offsets it
+    held. No step serves them (each refuses a partition with no copy), and kept, a change back
+    to ``old`` made them live again with offsets from before two changes of count. Each goes
+    in one script in its slot, and only while its partition has no copy: one written since (a
+    change back) makes the layout, and the group, the one in force, and it is kept."""
+    held = yield Pipeline([("SMEMBERS", PartitionKeys(namespace, p, old).groups)
+                           for p in range(old)])
+    for p, ids in enumerate(held):
+        for raw in ids:
+            keys = PartitionKeys(namespace, p, old).group(_text(raw))
+            pk = keys.partition
+            own = [keys.members, keys.statics, keys.pending, keys.joining, keys.syncing,
+                   keys.replies, keys.deadlines, keys.hint, keys.order, keys.claim, keys.group]
+            offsets = yield Script("settings", [pk.cfg, pk.groups, pk.due, keys.offsets,
+                                                keys.wake, *own], ["drop", keys.group_id])
+            if isinstance(offsets, list):
+                log.warning("group %r, formed under the withdrawn partition count %d of namespace "
+                            "%r (now %d), is deleted with its committed offsets %s",
+                            keys.group_id, old, namespace, current,
+                            {f"{tp.topic}-{tp.partition}": rec.offset
+                             for tp, rec in decode_fetch(offsets).items()} or "(none)")
 
 
 def _withdraw(copies: list[str], version: int,
