@@ -34,9 +34,10 @@
 -- one call appends them. Stored sequences never wrap: a wrapping one is unwrapped on arrival
 -- (below). Every check comes before the first write.
 -- Skipped ranges: {first, -2 - last, kind, 0}, kind GAP (the sequences a declared loss skipped:
--- never appended, and never will be; the last KEEP_GAPS of the epoch) or UNKNOWN (at most one:
--- sequences whose outcome is no longer known, those of gaps beyond KEEP_GAPS and those a call
--- declared lost when the state had expired). A call that sends one again (a late call, or a
+-- never appended, and never will be; the last KEEP_GAPS of the epoch) or UNKNOWN (at most
+-- KEEP_GAPS, apart: sequences whose outcome is no longer known, those of gaps beyond KEEP_GAPS,
+-- which join the oldest such range, and those a call declared lost when the state had
+-- expired). A call that sends one again (a late call, or a
 -- replay by a new Producer under the same id and epoch) is refused, not called a duplicate,
 -- which would tell a replay that its record is stored. The negative second field makes an
 -- older rcoord's script, which reads every entry as a batch, match no sequence to them (its
@@ -76,14 +77,14 @@ local log_ttl = string.format('%d', math.min(expiration, 2 ^ 46))
 
 local function load_state(raw)
   local v = cmsgpack.unpack(raw)
-  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}, gaps = {}, unknown = nil}
+  local st = {epoch = v[1], last = v[2], active = v[3], batches = {}, gaps = {}, unknown = {}}
   for i = 4, #v, 4 do
     if v[i + 1] >= v[i] then
       st.batches[#st.batches + 1] = {v[i], v[i + 1], v[i + 2], v[i + 3]}
     elseif v[i + 2] == GAP then
       st.gaps[#st.gaps + 1] = {v[i], -2 - v[i + 1]}
     else
-      st.unknown = {v[i], -2 - v[i + 1]}
+      st.unknown[#st.unknown + 1] = {v[i], -2 - v[i + 1]}
     end
   end
   return st
@@ -119,14 +120,14 @@ local function skipped_in(st, first, last)
         .. 'partition, and cannot be appended in its place now that later ones are', g[2] + 1)}
     end
   end
-  local u = st.unknown
-  if u == nil then return nil end
-  for s = math.max(first, u[1]), math.min(last, u[2]) do
-    if batch_of(st, s) == nil then
-      return {s, 'unknown', string.format(
-        'whose call failed and whose outcome is no longer known (the producer state expired '
-        .. 'before the next call, or more than %d gaps were declared lost in this epoch): that '
-        .. 'record may or may not be in the partition', KEEP_GAPS)}
+  for _, u in ipairs(st.unknown) do
+    for s = math.max(first, u[1]), math.min(last, u[2]) do
+      if batch_of(st, s) == nil then
+        return {s, 'unknown', string.format(
+          'whose call failed and whose outcome is no longer known (the producer state expired '
+          .. 'before the next call, or more than %d gaps were declared lost in this epoch): '
+          .. 'that record may or may not be in the partition', KEEP_GAPS)}
+      end
     end
   end
   return nil
@@ -142,7 +143,7 @@ if st then
       pid, epoch, st.epoch)}
   end
   if epoch > st.epoch then
-    st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = nil}
+    st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = {}}
   end
   local sent = first
   if modulus and st.last >= 0 then
@@ -189,11 +190,18 @@ if st then
   end
 else
   -- No state (new, expired, or a re-created topic): any sequence starts it, as in Kafka.
-  st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = nil}
+  st = {epoch = epoch, last = -1, active = now, batches = {}, gaps = {}, unknown = {}}
   -- The skipped ranges of an expired state still here (not yet pruned) of this epoch stay
-  -- skipped: a replay of a sequence a loss skipped before the expiry would otherwise be below
-  -- the new state's first, taken for appended, and answered a duplicate (stored at -1).
-  if expired and expired.epoch == epoch then st.gaps, st.unknown = expired.gaps, expired.unknown end
+  -- skipped below the new state's first: a replay of a sequence a loss skipped before the
+  -- expiry would otherwise be taken for appended, and answered a duplicate (stored at -1).
+  -- From `first` on the sequences are the new state's, appended by it (a replay from 0).
+  if expired and expired.epoch == epoch then
+    for kind, ranges in pairs({gaps = expired.gaps, unknown = expired.unknown}) do
+      for _, r in ipairs(ranges) do
+        if r[1] < first then st[kind][#st[kind] + 1] = {r[1], math.min(r[2], first - 1)} end
+      end
+    end
+  end
   -- A declared loss below it: whether those calls ran went with the expired state.
   if lost_from and not modulus and lost_from < first then unknown_from = lost_from end
 end
@@ -242,17 +250,16 @@ if last_id then appended(KEYS[4], t, last_id) end
 if dup < n then
   st.batches[#st.batches + 1] = {first + dup, first + n - 1, seq(first_id) - 1, t}
   while #st.batches > KEEP_BATCHES do table.remove(st.batches, 1) end
-  if unknown_from then
-    local u = st.unknown
-    st.unknown = u and {math.min(u[1], unknown_from), math.max(u[2], first - 1)}
-      or {unknown_from, first - 1}
-  end
+  -- Kept apart from the ranges carried: joined, the sequences between them, stored by the
+  -- state in between, were refused as unknown.
+  if unknown_from then st.unknown[#st.unknown + 1] = {unknown_from, first - 1} end
   if gap then
     st.gaps[#st.gaps + 1] = gap
     if #st.gaps > KEEP_GAPS then
-      -- The oldest gap's sequences join the range of unknown outcome (with those between).
-      local old, u = table.remove(st.gaps, 1), st.unknown
-      st.unknown = u and {math.min(u[1], old[1]), math.max(u[2], old[2])} or old
+      -- The oldest gap's sequences join the oldest range of unknown outcome (with those
+      -- between).
+      local old, u = table.remove(st.gaps, 1), st.unknown[1]
+      st.unknown[1] = u and {math.min(u[1], old[1]), math.max(u[2], old[2])} or old
     end
   end
   st.last = first + n - 1
@@ -260,7 +267,11 @@ if dup < n then
   local function put(a, b, c, d)
     out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = a, b, c, d
   end
-  if st.unknown then put(st.unknown[1], -2 - st.unknown[2], UNKNOWN, 0) end
+  while #st.unknown > KEEP_GAPS do  -- (the oldest two join, with the sequences between)
+    local a, b = st.unknown[1], table.remove(st.unknown, 2)
+    st.unknown[1] = {math.min(a[1], b[1]), math.max(a[2], b[2])}
+  end
+  for _, u in ipairs(st.unknown) do put(u[1], -2 - u[2], UNKNOWN, 0) end
   for _, g in ipairs(st.gaps) do put(g[1], -2 - g[2], GAP, 0) end
   for _, b in ipairs(st.batches) do put(b[1], b[2], b[3], b[4]) end
   redis.call('HSET', KEYS[2], pid, cmsgpack.pack(out))

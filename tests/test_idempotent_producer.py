@@ -410,9 +410,10 @@ def test_ranges_of_unknown_outcome_outlive_a_second_expiry(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
     """The range of unknown outcome a state started with (2..3, declared lost after an expiry)
-    is carried by the next state started after another expiry, and joined with that one's
-    declared loss (5): before, the second new state dropped 2..3, and a replay of sequence 2
-    was answered a duplicate at offset -1, though it may never have been stored."""
+    is carried by the next state started after another expiry, beside that one's declared loss
+    (5): before, the second new state dropped 2..3, and a replay of sequence 2 was answered a
+    duplicate at offset -1, though it may never have been stored. Kept apart, not joined: 4
+    was stored in between (test_review72b_appends)."""
     topics.create("t", 1)
     exp = 10_000
     for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
@@ -420,12 +421,33 @@ def test_ranges_of_unknown_outcome_outlive_a_second_expiry(
                                    (6, [b"g"], 5, 1_000 + 2 * exp)):
         assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
                          now=now, expiration=exp))[1] == 0
-    assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 5, -2, 0]]
+    assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 3, -2, 0], [5, -2 - 5, -2, 0]]
     for resent in (2, 5):
         res = append(redis_client, namespace, "t", 0, "p", 0, resent, [b"x"],
                      now=1_000 + 2 * exp, expiration=exp)
         assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
     assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e", b"g"]
+
+
+def test_ranges_of_unknown_outcome_beyond_those_kept_join_the_oldest(
+    topics: Topics, redis_client: Any, namespace: str
+) -> None:
+    """Each of 17 states, started after an expiry, declares one sequence lost (1, 3, ... 33):
+    the ranges are kept apart up to 16, and then the oldest two join, with the stored sequence
+    between them (2), whose replay is refused as unknown from then on; the state stays
+    bounded."""
+    topics.create("t", 1)
+    exp = 10_000
+    assert ok(append(redis_client, namespace, "t", 0, "p", 0, 0, [b"a"], now=1_000,
+                     expiration=exp))[1] == 0
+    for i in range(1, 18):
+        assert ok(append(redis_client, namespace, "t", 0, "p", 0, 2 * i, [b"x"], lost=2 * i - 1,
+                         now=1_000 + i * exp, expiration=exp))[1] == 0
+    ranges = _skipped_ranges(redis_client, namespace)
+    assert ranges == [[1, -2 - 3, -2, 0]] + [[s, -2 - s, -2, 0] for s in range(5, 35, 2)]
+    res = append(redis_client, namespace, "t", 0, "p", 0, 2, [b"x"], now=1_000 + 17 * exp,
+                 expiration=exp)
+    assert error(res) == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and res[3] == b"unknown"
 
 
 SEQ_MAX = (1 << 31) - 1  # a Kafka producer's top sequence; 0 comes next
