@@ -155,6 +155,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
+"""A number as the commands take it, a sign and digits, as Java's ``Long.valueOf`` reads
+Kafka's tools' options: int() also took "1_0" as 10, " 3" and other scripts' digits ("\u0663"
+as 3), which a typo made."""
+
 _NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")
 
 

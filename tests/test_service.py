@@ -344,6 +344,11 @@ def test_a_bad_number_in_the_environment_names_the_variable(monkeypatch, capsys)
     err = capsys.readouterr().err
     assert "--lease-ttl-ms: invalid int value: 'xyz'" in err and "RCOORD_" not in err
     assert p.parse_args(["--lease-ttl-ms", "9"]).lease_ttl_ms == 9
+    # As the groups and topics commands read numbers: int() took "1_0" as 10 and " 3" as 3
+    for typo in ("1_0", " 3"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--lease-ttl-ms", typo])
+        assert f"--lease-ttl-ms: invalid int value: {typo!r}" in capsys.readouterr().err
 
 
 def test_a_bad_wake_mode_in_the_environment_names_the_variable(monkeypatch, capsys):
@@ -376,6 +381,9 @@ def test_a_bad_wake_mode_in_the_environment_names_the_variable(monkeypatch, caps
     ("RCOORD_LOG_LEVEL", "loud", "--log-level 'loud' (from $RCOORD_LOG_LEVEL) is not a log level"),
     ("RCOORD_SETTINGS", "session_timeout_ms=1,num_partitions=x",
      "--set expects NAME=INTEGER, got 'num_partitions=x' (from $RCOORD_SETTINGS)"),
+    # before: int() took it as 10
+    ("RCOORD_SETTINGS", "num_partitions=1_0",
+     "--set expects NAME=INTEGER, got 'num_partitions=1_0' (from $RCOORD_SETTINGS)"),
 ])
 def test_a_bad_log_level_or_setting_in_the_environment_names_the_variable(
         monkeypatch, capsys, variable, value, error):

@@ -5,7 +5,6 @@ the rest of ``rcoord.cli``)."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +15,7 @@ from ..cli import (
     ENV_REDIS_URL,
     EXIT_FAILURE,
     EXIT_USAGE,
+    INTEGER,
     AfterCommand,
     Parser,
     StopSignals,
@@ -34,10 +34,6 @@ from .output import stdout_gone
 __all__ = ["INTEGER", "Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common",
            "integer", "leaf", "run", "stdout_gone"]
 
-INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
-"""A number as the commands take it, a sign and digits, as Java's ``Long.valueOf`` reads
-Kafka's tools' options: int() also took "1_0" as 10, " 3" and other scripts' digits ("\u0663"
-as 3), which a typo made."""
 
 
 def integer(text: str) -> int:

@@ -63,7 +63,7 @@ import sys
 import threading
 from typing import Any
 
-from ..cli import FromEnv, FromEnvInt, env_default, env_note, from_env
+from ..cli import INTEGER, FromEnv, FromEnvInt, env_default, env_note, from_env
 from ..errors import ConfigError
 
 __all__ = ["JsonFormatter", "add_coordinator_arguments", "coordinator_main"]
@@ -93,11 +93,9 @@ def _int(text: str) -> int:
     """argparse's ``type=int``, whose error names the environment variable a default came
     from (it read "argument --lease-ttl-ms: invalid int value: 'abc'" for
     ``RCOORD_LEASE_TTL_MS=abc``, a flag nobody typed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid int value: {str(text)!r}{env_note(text)}") from None
+    if not INTEGER.fullmatch(text):  # (as the groups and topics commands: ops.common.integer)
+        raise argparse.ArgumentTypeError(f"invalid int value: {str(text)!r}{env_note(text)}")
+    value = int(text)
     if isinstance(text, FromEnv):  # (kept for the range check in coordinator_main)
         out = FromEnvInt(value)
         out.variable = text.variable
@@ -167,13 +165,10 @@ def parse_settings(items: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[name.strip()] = int(value)
-        except ValueError:
-            raise ConfigError(
-                f"--set expects NAME=INTEGER, got {str(item)!r}{env_note(item)}") from None
+        value = value.strip()  # (blanks around it, as a properties file's are trimmed)
+        if not sep or not INTEGER.fullmatch(value):
+            raise ConfigError(f"--set expects NAME=INTEGER, got {str(item)!r}{env_note(item)}")
+        out[name.strip()] = int(value)
     return out
 
 
