@@ -35,6 +35,34 @@ def _join_stable(coord: GroupCoordinator) -> tuple[str, int]:
     return mid, gen
 
 
+def _change_count_while_forming(redis_client: Any, namespace: str, clock: MockTime,
+                                monkeypatch: pytest.MonkeyPatch, old: Any,
+                                commit: TopicPartition | None = None) -> tuple[Any, str, int]:
+    """Change the namespace's count from 50 to 10 while ``old`` (a process on 50) forms
+    ``GROUP`` Stable, one member (committing 42 at ``commit``), between the change's check for
+    groups and its deletion of the old layout; the coordinator on 10, the member id and its
+    generation."""
+    real = settings._count_groups
+    formed: list[tuple[str, int]] = []
+
+    def racing(ns: str, n: int) -> Any:
+        count = yield from real(ns, n)
+        if not formed:  # the change's check found no group; one forms before the deletion
+            formed.append(_join_stable(old))
+            if commit is not None:
+                old.commit_offsets(GROUP, {commit: 42}, member_id=formed[0][0],
+                                   generation_id=formed[0][1])
+        return count
+
+    monkeypatch.setattr(settings, "_count_groups", racing)
+    new = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
+                                                           num_partitions=10, **FAST),
+                           clock=clock).start()
+    monkeypatch.undo()
+    assert formed and int(redis_client.hget(settings_key(namespace), "num_partitions")) == 10
+    return new, *formed[0]
+
+
 def test_a_member_left_in_a_withdrawn_layout_is_not_kept_alive_by_its_heartbeats(
         redis_client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """settings.py admits a group formed between a change of count's check for groups and the
@@ -48,22 +76,7 @@ def test_a_member_left_in_a_withdrawn_layout_is_not_kept_alive_by_its_heartbeats
     old = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST),
                            clock=clock).start()
     assert old.config.num_partitions == 50
-    real = settings._count_groups
-    formed: dict[str, Any] = {}
-
-    def racing(ns: str, n: int) -> Any:
-        count = yield from real(ns, n)
-        if not formed:  # the change's check found no group; one forms before the deletion
-            formed["member"] = _join_stable(old)
-        return count
-
-    monkeypatch.setattr(settings, "_count_groups", racing)
-    new = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
-                                                           num_partitions=10, **FAST),
-                           clock=clock).start()
-    monkeypatch.undo()
-    assert formed and int(redis_client.hget(settings_key(namespace), "num_partitions")) == 10
-    mid, gen = formed["member"]
+    new, mid, gen = _change_count_while_forming(redis_client, namespace, clock, monkeypatch, old)
 
     # The group forms under the count in force, with a member of its own.
     other, other_gen = _join_stable(new)
@@ -92,23 +105,8 @@ def test_a_group_stranded_by_a_change_of_count_does_not_come_back_when_the_count
     clock = MockTime()
     old = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST),
                            clock=clock).start()
-    real = settings._count_groups
-    formed: dict[str, Any] = {}
-
-    def racing(ns: str, n: int) -> Any:
-        count = yield from real(ns, n)
-        if not formed:
-            formed["member"] = mid, gen = _join_stable(old)
-            old.commit_offsets(GROUP, {TopicPartition("t", 0): 42}, member_id=mid,
-                               generation_id=gen)
-        return count
-
-    monkeypatch.setattr(settings, "_count_groups", racing)
-    GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10,
-                                                     **FAST), clock=clock).start()
-    monkeypatch.undo()
-    mid, _ = formed["member"]
-    assert int(redis_client.hget(settings_key(namespace), "num_partitions")) == 10
+    _, mid, _ = _change_count_while_forming(redis_client, namespace, clock, monkeypatch, old,
+                                            commit=TopicPartition("t", 0))
 
     # Long after (the stranded member's session is over), no group exists under 10, so the
     # count may change back; the stranded group must not return with it.
@@ -144,21 +142,7 @@ def test_a_stranded_member_is_answered_by_the_group_in_force_and_rejoins(
         old = AsyncBacked(redis_client, async_client_factory(request, backend), cfg,
                           clock).start()
         request.addfinalizer(old.close)
-    real = settings._count_groups
-    formed: dict[str, Any] = {}
-
-    def racing(ns: str, n: int) -> Any:
-        count = yield from real(ns, n)
-        if not formed:
-            formed["member"] = _join_stable(old)
-        return count
-
-    monkeypatch.setattr(settings, "_count_groups", racing)
-    new = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace,
-                                                           num_partitions=10, **FAST),
-                           clock=clock).start()
-    monkeypatch.undo()
-    mid, gen = formed["member"]
+    new, mid, gen = _change_count_while_forming(redis_client, namespace, clock, monkeypatch, old)
     other, other_gen = _join_stable(new)
 
     if call == "heartbeat":
@@ -180,23 +164,9 @@ def test_a_stranded_group_is_deleted_whole_and_logged_with_its_offsets(
     clock = MockTime()
     old = GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, **FAST),
                            clock=clock).start()
-    real = settings._count_groups
-    formed: dict[str, Any] = {}
-
-    def racing(ns: str, n: int) -> Any:
-        count = yield from real(ns, n)
-        if not formed:
-            formed["member"] = mid, gen = _join_stable(old)
-            old.commit_offsets(GROUP, {TopicPartition("t", 3): 42}, member_id=mid,
-                               generation_id=gen)
-        return count
-
-    monkeypatch.setattr(settings, "_count_groups", racing)
     with caplog.at_level("WARNING", logger="rcoord.settings"):
-        GroupCoordinator(redis_client, CoordinatorConfig(namespace=namespace, num_partitions=10,
-                                                         **FAST), clock=clock).start()
-    monkeypatch.undo()
-    assert formed
+        _change_count_while_forming(redis_client, namespace, clock, monkeypatch, old,
+                                    commit=TopicPartition("t", 3))
     pk = GroupKeys.of(namespace, 50, GROUP).partition
     assert not redis_client.sismember(pk.groups, GROUP)
     assert redis_client.zscore(pk.due, GROUP) is None
