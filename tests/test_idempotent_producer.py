@@ -406,6 +406,20 @@ def test_a_loss_declared_after_the_state_expired_is_of_unknown_outcome(
     assert values(namespace, redis_client, "t", 0) == [b"a", b"b", b"e"]
 
 
+def expire_twice_declaring_losses(topics: Topics, redis_client: Any, namespace: str) -> int:
+    """Producer "p" on t-0: a and b stored (0, 1); after an expiry e at 4, declaring 2..3 lost;
+    after a second g at 6, declaring 5 lost. The expiration used (the clock ends at 1,000 ms
+    plus twice that)."""
+    topics.create("t", 1)
+    exp = 10_000
+    for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
+                                   (4, [b"e"], 2, 1_000 + exp),
+                                   (6, [b"g"], 5, 1_000 + 2 * exp)):
+        assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
+                         now=now, expiration=exp))[1] == 0
+    return exp
+
+
 def test_ranges_of_unknown_outcome_outlive_a_second_expiry(
     topics: Topics, redis_client: Any, namespace: str
 ) -> None:
@@ -414,13 +428,7 @@ def test_ranges_of_unknown_outcome_outlive_a_second_expiry(
     (5): before, the second new state dropped 2..3, and a replay of sequence 2 was answered a
     duplicate at offset -1, though it may never have been stored. Kept apart, not joined: 4
     was stored in between (test_review72b_appends)."""
-    topics.create("t", 1)
-    exp = 10_000
-    for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
-                                   (4, [b"e"], 2, 1_000 + exp),
-                                   (6, [b"g"], 5, 1_000 + 2 * exp)):
-        assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
-                         now=now, expiration=exp))[1] == 0
+    exp = expire_twice_declaring_losses(topics, redis_client, namespace)
     assert _skipped_ranges(redis_client, namespace) == [[2, -2 - 3, -2, 0], [5, -2 - 5, -2, 0]]
     for resent in (2, 5):
         res = append(redis_client, namespace, "t", 0, "p", 0, resent, [b"x"],

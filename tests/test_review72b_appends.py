@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_idempotent_producer import append, ok, topics, values
+from test_idempotent_producer import append, expire_twice_declaring_losses, ok, topics, values
 
 from rcoord.topics import Topics
 
@@ -45,17 +45,11 @@ def test_joining_two_ranges_of_unknown_outcome_does_not_take_in_a_stored_record(
     """As test_idempotent_producer's second-expiry test: 2..3 of unknown outcome (declared lost
     after a first expiry), then 5 (after a second). The carried range and the new one are
     joined into 2..5, which takes in sequence 4, e, appended after the first expiry and
-    stored. A replay of 4 was answered a duplicate before 7c03e45; now it is refused as of
+    stored. A replay of 4 was answered a duplicate before 7c03e45; after it, refused as of
     unknown outcome ('may or may not be in the partition'), and a replayer told to go on
     under a higher epoch stores e twice. Two disjoint ranges would need two entries (or the
-    carried one kept apart), not their hull."""
-    topics.create("t", 1)
-    exp = 10_000
-    for first, vals, lost, now in ((0, [b"a", b"b"], None, 1_000),
-                                   (4, [b"e"], 2, 1_000 + exp),
-                                   (6, [b"g"], 5, 1_000 + 2 * exp)):
-        assert ok(append(redis_client, namespace, "t", 0, "p", 0, first, vals, lost=lost,
-                         now=now, expiration=exp))[1] == 0
+    carried one kept apart), not their hull (8e32664 keeps them apart)."""
+    exp = expire_twice_declaring_losses(topics, redis_client, namespace)
     res = append(redis_client, namespace, "t", 0, "p", 0, 4, [b"e"], now=1_000 + 2 * exp,
                  expiration=exp)
     assert res[0] == b"NONE", f"stored record e refused on replay: {res[:1]} {res[3:]}"
