@@ -30,6 +30,16 @@ from rcoord.client.errors import WakeupError
 from rcoord.errors import ConnectionLost
 
 
+def unreachable_at_10(env: Any, listener: Any) -> tuple[_Unreachable, Any]:  # noqa: F811
+    """A consumer owning t-0 and u-0 (committed at 10; 30 s sessions) whose commits, from
+    now on, find Redis unreachable (the coordinator's gate held open)."""
+    coord = _Unreachable(env)
+    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    coord.gate = _Held()  # type: ignore[assignment]
+    coord.gate.release()
+    return coord, consumer
+
+
 def test_wakeup_ends_unsubscribes_wait_for_async_commits_retrying_and_the_member_leaves(
         env: Any) -> None:  # noqa: F811 - the fixture
     """commit_async({t-0: 5}) finds Redis unreachable and retries, for a session timeout
@@ -37,11 +47,8 @@ def test_wakeup_ends_unsubscribes_wait_for_async_commits_retrying_and_the_member
     until those retries ran out (the test's wait ended first). Now they end at their next
     pause: the callback gets the failure, the final commit is made once (failed too), the
     partitions are revoked, the member leaves, and unsubscribe() raises WakeupError."""
-    coord = _Unreachable(env)
     listener = Recorder()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
-    coord.gate = _Held()  # type: ignore[assignment]
-    coord.gate.release()
+    coord, consumer = unreachable_at_10(env, listener)
     member = consumer.member_id
     outcomes: list[tuple[Any, Any]] = []
     consumer.commit_async({T0: 5}, lambda offsets, error: outcomes.append((offsets, error)))

@@ -10,9 +10,9 @@ from typing import Any
 
 from harness import InThread, wait_until
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
-from test_consumer_review71 import _members, _Unreachable
-from test_review69_consumer_wait import _Held
-from test_review69_subscription_wait import T0, U0, _both_at_10
+from test_consumer_review71 import _members
+from test_consumer_review71b import unreachable_at_10
+from test_review69_subscription_wait import T0, U0
 
 from rcoord.client.errors import WakeupError
 
@@ -35,12 +35,9 @@ def test_a_wakeup_taken_by_unsubscribe_is_raised_when_its_listener_unsubscribes_
     raise once the member left. The revocation's listener calls unsubscribe() too; its own
     call set ``_woken_leaving`` to False and then None, so the outer unsubscribe() returned
     normally: the wakeup was lost, no call raised it (nor does a later one)."""
-    coord = _Unreachable(env)
     listener = _UnsubscribingInRevoke()
-    consumer = _both_at_10(env, coord, listener, session_timeout_ms=30_000)
+    coord, consumer = unreachable_at_10(env, listener)
     listener.leaver = consumer
-    coord.gate = _Held()  # type: ignore[assignment]
-    coord.gate.release()
     member = consumer.member_id
     consumer.commit_async({T0: 5})
     leaving = InThread(consumer.unsubscribe)
