@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cli import INTEGER
 from ..config import CoordinatorConfig
 from ..errors import ConfigError
 from ..names import NAMESPACE_RULE, valid_namespace
@@ -249,14 +250,11 @@ def _namespace(opts: Mapping[str, str]) -> str:
     return ns
 
 
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
-
-
 def _java_int(raw: str) -> int | None:
     """``raw`` as Java's ``Long.parseLong`` reads it (Spark's Kafka source reads its numbers
     so), or None: Python's ``int()`` also takes blanks around it, ``1_0`` and other scripts'
     digits, so a typo became another number instead of an error."""
-    return int(raw) if _JAVA_INT.fullmatch(raw) else None
+    return int(raw) if INTEGER.fullmatch(raw) else None
 
 
 def _positive_int(name: str, raw: str, most: int | None = None) -> int:
