@@ -17,6 +17,7 @@ earliest deadline meanwhile, so it neither stops the others nor makes the loop s
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -272,23 +273,39 @@ class Sweeper:
         except MOVED:
             raise  # nodes.each_node runs the piece again through the cluster client
         except redis.ResponseError as exc:
-            self._failed(p, group_id, exc)
+            self._failed(p, group_id, exc, node)
             return 0
         self._succeeded(p, group_id)
         return self._record(reply, source)
 
-    def _failed(self, p: int, group_id: str, exc: redis.ResponseError) -> None:
+    def _failed(self, p: int, group_id: str, exc: redis.ResponseError, node: Any) -> None:
         """Raise what says Redis cannot run anything now (the loop waits, then tries again);
         else back this group off, so one broken group (a script error is a bug, logged) stops
-        neither the others nor the loop's wait."""
+        neither the others nor the loop's wait.
+
+        Its entry in the partition's due index moves to its retry time too (only later, only
+        if still there): a script announces a deadline on the shard channel only when it is
+        earlier than the index's first entry, so a stale passed entry left there would keep
+        every later deadline of the partition unannounced until the next re-read of the index.
+        When the group is retried its 'ea' has passed, so ``expire_deadlines`` publishes its
+        real earliest deadline again, and any step that moves the group's deadlines does too."""
         _raise_if_refused(exc)
         with self._lock:
             _, failures = self.backed_off.get((p, group_id), (0.0, 0))
             delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
-            self.backed_off[(p, group_id)] = (self.server_now() + delay, failures + 1)
+            retry_at = self.server_now() + delay
+            self.backed_off[(p, group_id)] = (retry_at, failures + 1)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
+        try:
+            node.zadd(self._pk[p].due, {group_id: math.ceil(retry_at)}, xx=True, gt=True)
+        except redis.RedisError as move_exc:
+            # The backoff above still holds in this process; another one re-reading the index
+            # retries the group sooner, which is only a wasted call.
+            log.debug("a failed group's index entry stays", extra={
+                "event": "expire_error_index", "partition": p, "group": group_id,
+                "why": str(move_exc)})
 
     def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         if self._left.is_set():
