@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..assignors import Assignor, UnknownAssignorError, get_assignor
 from ..errors import ConfigError, InvalidRequestError
 from ..names import NAMESPACE_RULE, valid_namespace
-from ..protocol._checks import INT32_MAX, check_id
+from ..protocol._checks import INT32_MAX, INT64_MAX, check_id
 from ..protocol.consumer import ENCODINGS, Encoding
 from ..topics._base import TOPIC_RULE, TopicError, _check_topic
 from ..urls import redact_url, repr_redacting, url_problem
@@ -190,13 +190,20 @@ class ConsumerGroupConfig:
             raise ConfigError("watch_partition_changes must be a bool")
         if self.retention_ms is not None:
             _int("retention_ms", self.retention_ms)
-            if self.retention_ms < 0:
-                raise ConfigError(f"retention_ms must be >= 0 or None, got {self.retention_ms}")
+            # Kafka's OffsetCommit carries it as an INT64; past it every commit was refused,
+            # the auto-commits and close()'s final commit only logging it.
+            if not 0 <= self.retention_ms <= INT64_MAX:
+                raise ConfigError(f"retention_ms must be from 0 to {INT64_MAX} or None, got "
+                                  f"{self.retention_ms}")
         _int("commit_required_acks", self.commit_required_acks)
         if self.commit_required_acks < 0:
             raise ConfigError(
                 f"commit_required_acks must be >= 0, got {self.commit_required_acks} (Redis "
                 "keeps no in-sync replica set, so Kafka's -1 has no equivalent: name a count)")
+        if self.commit_required_acks > INT32_MAX:
+            # (The commit script takes an INT32, as Kafka's acks; past it every commit failed.)
+            raise ConfigError(f"commit_required_acks must be at most {INT32_MAX}, got "
+                              f"{self.commit_required_acks}")
         _positive("commit_ack_timeout_ms", self.commit_ack_timeout_ms)
         if self.start_offset not in ("earliest", "latest", "none"):
             raise ConfigError(
