@@ -180,6 +180,13 @@ def test_consume_takes_minus_one_as_no_limit_as_kafka(cli, redis_client, namespa
     res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "2",
                  "--timeout-ms", "-1"))
     assert res.stdout.splitlines() == ["v0", "v1"]
+    # The largest each takes (Kafka's Integer and Long): a wait that long is a deadline too.
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "2147483647",
+                 "--timeout-ms", "300"))
+    assert res.stdout.splitlines() == ["v0", "v1", "v2"]
+    res = ok(cli("topics", "consume", "ev", "--from-beginning", "--max-messages", "1",
+                 "--timeout-ms", "9223372036854775807"))
+    assert res.stdout.splitlines() == ["v0"]
 
 
 def test_produce_and_consume_directly(cli, redis_client, namespace):
@@ -587,9 +594,16 @@ def test_a_direct_consumer_reads_a_topic_created_again_from_its_start(url, names
     (["produce", "nope"], "x\n", 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
     (["produce", "t", "--partition", "4"], "x\n", 1, "there is no partition 4"),
     (["consume", "nope", "--timeout-ms", "100"], None, 1, "UNKNOWN_TOPIC_OR_PARTITION: nope"),
-    (["consume", "t", "--max-messages", "0"], None, 2, "--max-messages must be >= 1"),
+    (["consume", "t", "--max-messages", "0"], None, 2,
+     "--max-messages must be from 1 to 2147483647 (or -1: no limit), got 0"),
     (["consume", "t", "--timeout-ms", "-2"], None, 2,
-     "--timeout-ms must be >= 1 (or -1: no limit), got -2"),
+     "--timeout-ms must be from 1 to 9223372036854775807 (or -1: no limit), got -2"),
+    # Past Kafka's Integer and Long (its console consumer refuses them too).
+    (["consume", "t", "--max-messages", "2147483648"], None, 2,
+     "--max-messages must be from 1 to 2147483647 (or -1: no limit), got 2147483648"),
+    (["consume", "t", "--timeout-ms", "9223372036854775808"], None, 2,
+     "--timeout-ms must be from 1 to 9223372036854775807 (or -1: no limit), got "
+     "9223372036854775808"),
     # Kafka's consumer refuses an empty or blank group.id; "" ran without a group (exit 0,
     # nothing committed) and " " joined a group named " ".
     (["consume", "t", "--group", "", "--timeout-ms", "100"], None, 2,

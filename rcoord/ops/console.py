@@ -30,6 +30,7 @@ from typing import Any
 
 from ..cli import UsageError, explain
 from ..errors import InvalidRequestError, ProtocolError
+from ..protocol._checks import INT32_MAX, INT64_MAX
 from .common import Context, Failure, Progress, StopSignals, integer, leaf, stdout_gone
 
 __all__ = ["add_console_arguments"]
@@ -334,17 +335,23 @@ class _Printer:
             self.count += 1
 
 
+_CONSUME_LIMITS = {"max_messages": INT32_MAX, "timeout_ms": INT64_MAX}
+"""The largest of each: Kafka's console consumer reads ``--max-messages`` as an Integer and
+``--timeout-ms`` as a Long, and refuses a number past them; here one past a float's range
+failed with an OverflowError before a record was read."""
+
+
 def _consume(ctx: Context) -> int:
     a = ctx.args
-    for name in ("max_messages", "timeout_ms"):
+    for name, most in _CONSUME_LIMITS.items():
         value = getattr(a, name)
         if value == -1:
             # Kafka's console consumer's default for both, "no limit": a script written for
             # it that passes -1 explicitly ran into a usage error here.
             setattr(a, name, None)
-        elif value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1 (or -1: no limit), "
-                             f"got {value}")
+        elif value is not None and not 1 <= value <= most:
+            raise UsageError(f"--{name.replace('_', '-')} must be from 1 to {most} (or -1: no "
+                             f"limit), got {value}")
     if a.group is not None and not a.group.strip():
         # Kafka's consumer refuses such a group.id (InvalidGroupIdException). Here "" read as
         # no group and ran unattached, committing nothing, and " " joined a group named " ".
@@ -352,6 +359,10 @@ def _consume(ctx: Context) -> int:
                          "leave --group out to read without a group")
     _check_partition_options(a)
     count = ctx.topics().partition_count(a.topic)  # a missing topic: an error, not a wait
+    if a.group is not None:
+        # A group's commits would outlive the delete that finishes the topic, as the offsets
+        # reset-offsets is refused to write; reading without a group writes nothing.
+        ctx.refuse_marked_for_deletion([a.topic], "nothing was consumed or committed")
     if a.partition is not None and not 0 <= a.partition < count:
         raise Failure(f"topic {a.topic!r} has {count} partitions; there is no partition "
                       f"{a.partition}")
