@@ -9,9 +9,14 @@ from typing import Any
 import pytest
 import test_cli_groups
 from test_cli_groups import ok
+from test_consumer import env  # noqa: F401 - env: the fixture
+
+from rcoord import TopicPartition
+from rcoord.errors import ConfigError
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
 cli = test_cli_groups.cli
+TP = TopicPartition("t", 0)
 
 
 @pytest.mark.parametrize("backend", ["single"])
@@ -32,3 +37,26 @@ def test_consume_timeout_ms_too_large_for_a_deadline_is_a_usage_error(
     assert "unexpected" not in res.stderr, res.stderr
     assert res.returncode == 2, res.stdout + res.stderr
     assert "--timeout-ms" in res.stderr, res.stderr
+
+
+def test_retention_ms_past_int64_is_refused_at_construction_or_works(
+        env: Any) -> None:  # noqa: F811 - the fixture
+    """9010c89 bounded the group's durations at construction so that a value the consumer
+    cannot use is a ConfigError naming it, not a later failure. ``retention_ms`` was left
+    checked only for >= 0 (config.py:191): 2**63 (past Kafka's Long retention, which no Java
+    client can send) is taken, and then every commit fails, with InvalidRequestError
+    'retention_ms 9223372036854775808 is outside int64', the auto-commits and close()'s final
+    commit only logged: the group runs and commits nothing. Refused at construction (as
+    ConfigError naming it) it would be a clear error instead."""
+    env.topics.create("t", 1)
+    try:
+        consumer = env.consumer(topics=[], retention_ms=2**63)
+    except ConfigError as exc:
+        assert "retention_ms" in str(exc)
+        return
+    try:
+        consumer.assign([TP])
+        consumer.commit({TP: 0})
+        assert consumer.committed([TP]) == {TP: 0}
+    finally:
+        consumer.close(timeout=0)
