@@ -39,20 +39,23 @@ def test_consume_timeout_ms_too_large_for_a_deadline_is_a_usage_error(
     assert "--timeout-ms" in res.stderr, res.stderr
 
 
-def test_retention_ms_past_int64_is_refused_at_construction_or_works(
-        env: Any) -> None:  # noqa: F811 - the fixture
+@pytest.mark.parametrize(("name", "value"), [("retention_ms", 2**63),
+                                            ("commit_required_acks", 2**31)])
+def test_group_numbers_every_commit_refuses_are_refused_at_construction_or_work(
+        env: Any, name: str, value: int) -> None:  # noqa: F811 - the fixture
     """9010c89 bounded the group's durations at construction so that a value the consumer
-    cannot use is a ConfigError naming it, not a later failure. ``retention_ms`` was left
-    checked only for >= 0 (config.py:191): 2**63 (past Kafka's Long retention, which no Java
-    client can send) is taken, and then every commit fails, with InvalidRequestError
-    'retention_ms 9223372036854775808 is outside int64', the auto-commits and close()'s final
-    commit only logged: the group runs and commits nothing. Refused at construction (as
-    ConfigError naming it) it would be a clear error instead."""
+    cannot use is a ConfigError naming it, not a later failure. ``retention_ms`` and
+    ``commit_required_acks`` were left checked only for >= 0 (config.py:191-198): 2**63
+    (past Kafka's Long retention, which no Java client can send) and 2**31 replicas are taken,
+    and then every commit fails, with InvalidRequestError 'retention_ms 9223372036854775808
+    is outside int64' ('required_acks 2147483648 is outside int32'), the auto-commits and
+    close()'s final commit only logged: the group runs and commits nothing. Refused at
+    construction (as ConfigError naming the setting) it would be a clear error instead."""
     env.topics.create("t", 1)
     try:
-        consumer = env.consumer(topics=[], retention_ms=2**63)
+        consumer = env.consumer(topics=[], **{name: value})
     except ConfigError as exc:
-        assert "retention_ms" in str(exc)
+        assert name in str(exc)
         return
     try:
         consumer.assign([TP])
