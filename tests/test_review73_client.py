@@ -10,6 +10,7 @@ import pytest
 import test_cli_groups
 from test_cli_groups import ok
 from test_consumer import env  # noqa: F401 - env: the fixture
+from test_topics_review64_marked import _stopped_delete
 
 from rcoord import TopicPartition
 from rcoord.errors import ConfigError
@@ -63,3 +64,25 @@ def test_group_numbers_every_commit_refuses_are_refused_at_construction_or_work(
         assert consumer.committed([TP]) == {TP: 0}
     finally:
         consumer.close(timeout=0)
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_consume_as_a_group_commits_nothing_to_a_topic_marked_for_deletion(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """665c6ca and 3b7ee9b made produce, reset-offsets, delete-records and alter-configs
+    refuse a topic whose delete stopped partway: the delete that finishes it throws away what
+    they write, or a topic created again under its name seems to have it. ``topics consume
+    --group`` was left out (console.py ``_consume`` never calls
+    ``refuse_marked_for_deletion``): on t (partition 0 removed, partition 1 holding 'old') it
+    printed 'old', exit 0, and committed t-0 at 0 and t-1 at 1: the offsets reset-offsets is
+    refused to write, one of them for a partition that no longer exists (Kafka's broker
+    answers an OffsetCommit for it UNKNOWN_TOPIC_OR_PARTITION), kept through ``topics delete
+    t`` and ``topics create t``. Refused as the others, it commits nothing."""
+    coord = make_coordinator()
+    _stopped_delete(redis_client, namespace, monkeypatch)
+    res = cli("topics", "consume", "t", "--group", "g", "--from-beginning",
+              "--max-messages", "1", "--timeout-ms", "30000")
+    assert coord.fetch_offsets("g").offsets == {}, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "'t' is marked for deletion" in res.stderr, res.stderr
