@@ -66,7 +66,8 @@ class ConsumerGroupConfig:
         join_backoff_ms: pause before joining again after a failed join (kafka-go
             ``JoinGroupBackoff``).
         retention_ms: how long committed offsets are kept once the group is empty; None keeps
-            the namespace's ``offsets_retention_ms`` (kafka-go ``RetentionTime``).
+            the namespace's ``offsets_retention_ms`` (kafka-go ``RetentionTime``); at most
+            Long.MAX, as Kafka's OffsetCommit carries it.
         commit_required_acks: replicas that must have a commit before it counts as done (Kafka's
             ``offsets.commit.required.acks``); 0, the default, trusts the master's answer, which
             a failover can lose (docs/guarantees.md, "Failover"). With N > 0 a commit too few
