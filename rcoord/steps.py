@@ -543,7 +543,9 @@ class GroupSteps:
         members each), all in one round trip. Same answers as ``heartbeat``, in order, except
         that a group whose master cannot be reached or refuses the call for now (where
         ``heartbeat`` raises ``ConnectionLost``) answers COORDINATOR_NOT_AVAILABLE for its
-        members, so the other groups' answers are not lost with it.
+        members, and one still refused under a stale layout after every re-settle (where
+        ``heartbeat`` raises ``NotCoordinatorError``) NOT_COORDINATOR, so the other groups'
+        answers are not lost with it.
         """
         out: list[Errors | None] = [None] * len(heartbeats)
         by_group: dict[str, list[tuple[int, list[Any]]]] = {}
@@ -579,21 +581,24 @@ class GroupSteps:
                 # A passed deadline (apply it first, as every step does), or a call that failed
                 # even after the driver's reload or was refused under a stale layout
                 # (NOT_COORDINATOR: the sweep, refused too, settles again): send this group's
-                # chunk again once, addressed as the group is now.
+                # chunk again, addressed as the group is now (``_resend_heartbeats``).
                 # A master that refuses it for now (out of memory, a failed save, too few
                 # replicas, a slot migrating: what the API raises as ServerUnavailable) is
                 # answered for this group alone, as an unreachable one is above; raising here
                 # lost the answers of every group on the healthy masters for as long as it
                 # refused.
                 try:
-                    yield from self.call("expire_deadlines", self.keys(gid), [])
-                    reply = yield Script("heartbeat", self.keys(gid).heartbeat_keys(), args)
+                    reply = yield from self._resend_heartbeats(gid, args)
                 except (redis.exceptions.RedisError,
                         redis.exceptions.RedisClusterException) as exc:
                     if not _unavailable(exc):
                         raise
                     for i, _ in chunk:
                         out[i] = Errors.COORDINATOR_NOT_AVAILABLE
+                    continue
+                if reply is None:
+                    for i, _ in chunk:
+                        out[i] = Errors.NOT_COORDINATOR
                     continue
             if reply == b"DUE":
                 # Deadlines keep falling due: one by one. The master may refuse these calls
@@ -614,6 +619,26 @@ class GroupSteps:
                 for (i, _), code in zip(chunk, reply, strict=True):
                     out[i] = decode_heartbeat(code)
         return [e if e is not None else Errors.UNKNOWN_SERVER_ERROR for e in out]
+
+    def _resend_heartbeats(self, gid: str, args: list[Any]) -> Flow[Any]:
+        """``heartbeat_many``'s second call of one group's chunk (its script ``args``), after
+        its deadlines are applied; None if every try was refused under a stale layout.
+
+        The sweep settles again when it is refused, but the count may change again before the
+        heartbeats follow it: they settle again and are sent again, within the bound every
+        group step keeps (``NOT_COORDINATOR_RETRIES``). Before, that refusal raised for every
+        member of every group in the batch; past the bound the caller now answers this
+        group's members NOT_COORDINATOR, as Kafka answers each request."""
+        for attempt in range(NOT_COORDINATOR_RETRIES + 1):
+            yield from self.call("expire_deadlines", self.keys(gid), [])
+            seen = self.config
+            try:
+                return (yield Script("heartbeat", self.keys(gid).heartbeat_keys(), args))
+            except redis.exceptions.ResponseError as exc:
+                if _NOT_COORDINATOR in str(exc) and attempt == NOT_COORDINATOR_RETRIES:
+                    return None
+                yield from self._refused(exc, attempt, seen)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def leave_group(self, group_id: str, members: Sequence[MemberIdentity]) -> Flow[LeaveGroupResult]:
         """LeaveGroup for one or many members (by member id, or by instance id)."""
