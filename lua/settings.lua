@@ -127,10 +127,10 @@ register('settings', function(KEYS, ARGV)
     redis.call('DEL', KEYS[4], unpack(KEYS, 6))
     redis.call('SREM', KEYS[2], ARGV[2])
     redis.call('ZREM', KEYS[3], ARGV[2])
-    if redis.call('EXISTS', KEYS[5]) == 1 then
-      redis.call('XADD', KEYS[5], 'MAXLEN', '~', '16', '*', 'g', '-1')
-      redis.call('PEXPIRE', KEYS[5], 60000)
-    end
+    -- Whether or not the stream exists yet: a group's first join parked for the initial delay
+    -- waits on a stream no wake-up has created (it waited for its deadline, refused then).
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', '16', '*', 'g', '-1')
+    redis.call('PEXPIRE', KEYS[5], 60000)
     return offsets
   elseif op == 'mark' then
     if redis.call('EXISTS', key) == 0 then return 0 end
