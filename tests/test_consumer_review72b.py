@@ -116,6 +116,10 @@ def test_a_wait_for_the_members_join_ends_when_the_group_closes(
         wait_until(lambda: _group_state(env)[1] == 2)
         gen1 = group.newest()
         assert gen1 is not None and gen1.generation_id == 1
+        # No generation is current: close() waits for no routines, so nothing sets
+        # ``_finished`` before its 60 s bound or the run thread's exit (held in the SyncGroup).
+        # Only ``_closing`` can end the wait, whether or not setting ``_finished`` notifies.
+        assert group._current is None
         waiting = InThread(lambda: group.newest_after(gen1, 600))
         threads.append(waiting.thread)
         closing = InThread(lambda: group.close(timeout=60))
@@ -123,3 +127,4 @@ def test_a_wait_for_the_members_join_ends_when_the_group_closes(
         wait_until(lambda: bool(waiting.outcome))
         assert waiting.outcome == [None]
         assert not coord.syncs.is_set() and not group._exited.is_set()
+        assert not group._finished.is_set() and group._member_id == gen1.member_id
