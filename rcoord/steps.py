@@ -610,10 +610,14 @@ class GroupSteps:
                                                            hb_args[2] or None)
                     except (redis.exceptions.RedisError,
                             redis.exceptions.RedisClusterException) as exc:
-                        if not _unavailable(exc):
+                        # Still refused under a stale layout after every re-settle, as the
+                        # resend above: NOT_COORDINATOR for the rest of this group alone.
+                        code = (Errors.NOT_COORDINATOR if _NOT_COORDINATOR in str(exc)
+                                else Errors.COORDINATOR_NOT_AVAILABLE)
+                        if code is Errors.COORDINATOR_NOT_AVAILABLE and not _unavailable(exc):
                             raise
                         for j, _ in chunk[n:]:
-                            out[j] = Errors.COORDINATOR_NOT_AVAILABLE
+                            out[j] = code
                         break
             else:
                 for (i, _), code in zip(chunk, reply, strict=True):

@@ -338,3 +338,53 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
         got = done.value
     assert got == [Errors.NONE, Errors.NONE, Errors.COORDINATOR_NOT_AVAILABLE]
     assert heartbeats_of_a == ["m1", "m1", "m2"]
+
+
+def test_heartbeat_many_whose_due_group_stays_refused_one_by_one_answers_the_others() -> None:
+    """As above, but the one-by-one heartbeat is refused under a stale layout (the partition
+    count changed) at each of its re-settles: that heartbeat raises once they run out, and
+    heartbeat_many raised it for every member of every group. Now this group's members not
+    answered yet get NOT_COORDINATOR, as the resend's refusal answers them, and the other
+    groups' answers stand."""
+    import redis.exceptions
+
+    from rcoord import CoordinatorConfig
+    from rcoord.flow import Script, ScriptBatch
+    from rcoord.steps import NOT_COORDINATOR_RETRIES, GroupSteps
+
+    steps = GroupSteps(CoordinatorConfig(namespace="hbdue"), "hbdue", None)
+    steps.config = CoordinatorConfig(namespace="hbdue")
+    heartbeats_of_a: list[str] = []
+
+    def answer(op: Any) -> Any:
+        if isinstance(op, ScriptBatch):  # group "a" falls due; "b" answers
+            return [b"DUE" if args[1] == "a" else [b"NONE"] for _, args in op.calls]
+        assert isinstance(op, Script) and op.args[1] == "a", op
+        if op.name == "expire_deadlines":
+            return [1]
+        heartbeats_of_a.append(op.args[2])
+        if len(heartbeats_of_a) == 1:
+            return b"DUE"  # the resend falls due again
+        if len(heartbeats_of_a) == 2:
+            return [b"NONE"]  # the first member, alone
+        # The second member's: refused under a stale layout, each time after another process
+        # settled (a new config in force: this call does not settle again itself).
+        steps.config = CoordinatorConfig(namespace="hbdue")
+        raise redis.exceptions.ResponseError(
+            "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
+
+    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2"),
+                                 ("a", 1, "m3")])
+    op = next(flow)
+    try:
+        while True:
+            try:
+                result = answer(op)
+            except redis.exceptions.RedisError as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        got = done.value
+    assert got == [Errors.NONE, Errors.NONE, Errors.NOT_COORDINATOR, Errors.NOT_COORDINATOR]
+    assert heartbeats_of_a == ["m1", "m1"] + ["m2"] * (NOT_COORDINATOR_RETRIES + 1)
