@@ -30,10 +30,12 @@ leaves.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from .batching import SharedCalls
 from .config import CoordinatorConfig
 from .errors import translate_redis_errors
 from .flow import Flow, drive
@@ -49,7 +51,6 @@ from .steps import (
     config_arg,
     present_as,
 )
-from .batching import SharedCalls
 from .wake import SharedWakeReads
 
 __all__ = ["GroupCoordinator", "blocking_step", "group_incarnation"]
@@ -207,6 +208,13 @@ def group_incarnation(redis_client: Any, namespace: str, group_id: str) -> tuple
     start may write the settings, and applies the group's passed deadlines). ``redis_client``
     is a blocking client, as ``GroupCoordinator`` takes."""
     count = redis_client.hget(settings_key(namespace), "num_partitions")
+    if inspect.isawaitable(count):
+        # An asyncio client failed later with int()'s message about a coroutine, and left
+        # that coroutine never awaited (a warning at its collection).
+        count.close()  # type: ignore[attr-defined]
+        raise TypeError("group_incarnation takes a blocking redis client (redis.Redis or "
+                        "redis.RedisCluster), as GroupCoordinator does; it was given "
+                        f"{type(redis_client).__module__}.{type(redis_client).__name__}")
     if count is None:
         return None
     record = GroupKeys.of(namespace, int(count), group_id).group

@@ -413,3 +413,19 @@ def test_deleting_a_group_right_after_its_member_expired_leaves_no_keys(ctx):
 def test_list_groups_state_filter_ignores_case_and_spaces(ctx):
     ctx.stable_group(1)
     assert {g.group_id for g in ctx.coord.list_groups([" stable "])} == {ctx.group_id}
+
+
+def test_group_incarnation_given_an_asyncio_client_says_it_takes_a_blocking_one():
+    # It failed with int()'s message about a coroutine, leaving one never awaited (a
+    # RuntimeWarning, an error under this suite's filterwarnings). No connection is made:
+    # the asyncio client's call is a coroutine until awaited.
+    import gc
+
+    import redis.asyncio
+
+    from rcoord.coordinator import group_incarnation
+
+    client = redis.asyncio.Redis(host="127.0.0.1", port=1)
+    with pytest.raises(TypeError, match=r"takes a blocking redis client .* redis\.asyncio"):
+        group_incarnation(client, "ns", "g")
+    gc.collect()  # a coroutine left unawaited would warn here
