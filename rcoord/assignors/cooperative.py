@@ -39,18 +39,25 @@ class CooperativeAssignmentError(RcoordError):
 def partitions_transferring_ownership(
     owned: Mapping[str, Iterable[TopicPartition]],
     assigned: Mapping[str, Iterable[TopicPartition]],
+    standing: Mapping[str, Iterable[TopicPartition]] | None = None,
 ) -> dict[TopicPartition, str]:
     """``{partition: new member}`` for partitions that some member gains while another loses.
 
     A member missing from ``assigned`` loses everything it owned; a member missing from
-    ``owned`` owned nothing.
+    ``owned`` owned nothing. ``standing`` is what each member's claims come to once conflicts
+    are settled (``resolve_claims``; by default ``owned``): a partition outside its member's
+    standing claims counts as gained even if the member claimed it, because another claimant
+    (a newer generation's, or a rival of the same generation) may still hold it, and must
+    revoke it before anyone is given it.
     """
+    if standing is None:
+        standing = owned
     added: dict[TopicPartition, str] = {}
     revoked: set[TopicPartition] = set()
     for mid, parts in assigned.items():
         mine = set(owned.get(mid, ()))
         new = set(parts)
-        for tp in new - mine:
+        for tp in new - set(standing.get(mid, ())):
             added[tp] = mid
         revoked |= mine - new
     for mid, parts in owned.items():
@@ -62,14 +69,16 @@ def partitions_transferring_ownership(
 def validate_cooperative_assignment(
     owned: Mapping[str, Iterable[TopicPartition]],
     assigned: Mapping[str, Iterable[TopicPartition]],
+    standing: Mapping[str, Iterable[TopicPartition]] | None = None,
 ) -> None:
     """Raise ``CooperativeAssignmentError`` if any partition moves directly between members.
 
     ``owned`` is what each member reported owning in its JoinGroup subscription
-    (``owned_partitions``), ``assigned`` the assignment about to be sent. Returns None when the
+    (``owned_partitions``), ``assigned`` the assignment about to be sent, ``standing`` the
+    claims that stood (see ``partitions_transferring_ownership``). Returns None when the
     assignment respects KIP-429.
     """
-    moving = partitions_transferring_ownership(owned, assigned)
+    moving = partitions_transferring_ownership(owned, assigned, standing)
     if moving:
         bad = sorted(moving)
         shown = ", ".join(f"{tp.topic}-{tp.partition} -> {moving[tp]}" for tp in bad[:10])

@@ -136,7 +136,9 @@ def _assign(ids: list[str], members: Mapping[str, Any], topics: list[str],
         generation = claims.max_generation + 1
         built = _settle(ids, members, topics, counts, claims, rack_info, generation)
         owned = {mid: members[mid].owned_partitions for mid in ids}
-        moving = partitions_transferring_ownership(owned, built)
+        # A partition whose claim did not stand (a stale or a doubled one) is not kept by its
+        # claimant: like the constrained path, wait for its holder to revoke it.
+        moving = partitions_transferring_ownership(owned, built, claims.owned)
         for _ in range(_PLAN_ROUNDS if plan_assign_round and rack_info.enabled else 0):
             if not moving:
                 break
@@ -152,7 +154,7 @@ def _assign(ids: list[str], members: Mapping[str, Any], topics: list[str],
             if not partitions_transferring_ownership(kept, following):
                 break
             built = following
-            moving = partitions_transferring_ownership(owned, built)
+            moving = partitions_transferring_ownership(owned, built, claims.owned)
     return built, moving
 
 
