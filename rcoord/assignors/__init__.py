@@ -42,6 +42,7 @@ from ._base import (
 from .cooperative import (
     CooperativeAssignmentError,
     partitions_transferring_ownership,
+    standing_claims,
     validate_cooperative_assignment,
 )
 from .rack_affinity import RackAffinityAssignor
@@ -66,6 +67,7 @@ __all__ = [
     "partitions_transferring_ownership",
     "rebalance_protocol",
     "register_assignor",
+    "standing_claims",
     "sticky_assignment",
     "supported_protocols",
     "user_data_for",

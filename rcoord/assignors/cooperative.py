@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..errors import RcoordError
+from ..protocol.consumer import ConsumerProtocolSubscription
 from ..protocol.offsets import TopicPartition
+from ._sticky_inputs import cooperative_sticky_member_data, resolve_claims
 
 __all__ = [
     "CooperativeAssignmentError",
     "partitions_transferring_ownership",
+    "standing_claims",
     "validate_cooperative_assignment",
 ]
 
@@ -64,6 +67,23 @@ def partitions_transferring_ownership(
         if mid not in assigned:
             revoked.update(parts)
     return {tp: mid for tp, mid in added.items() if tp in revoked}
+
+
+def standing_claims(
+    members: Mapping[str, ConsumerProtocolSubscription],
+    partitions_per_topic: Mapping[str, int],
+) -> dict[str, list[TopicPartition]]:
+    """Each member's owned partitions whose claim stands, as cooperative-sticky settles them.
+
+    The leader checks an assignment against these, so that it refuses what cooperative-sticky
+    holds back: a partition handed to a claimant whose claim lost (to a newer generation, or to
+    a rival of the same generation) while the other claimant may still consume it. Generations
+    are read as Kafka's cooperative members send them (the subscription's, else the one in
+    cooperative-sticky's ``user_data``).
+    """
+    ids = sorted(members)
+    read = {mid: cooperative_sticky_member_data(sub) for mid, sub in members.items()}
+    return resolve_claims(ids, read, partitions_per_topic).owned
 
 
 def validate_cooperative_assignment(

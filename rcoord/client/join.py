@@ -40,6 +40,7 @@ from ..assignors import (
     RackAffinityAssignor,
     RebalanceProtocol,
     kafka_member_order,
+    standing_claims,
     user_data_for,
     validate_cooperative_assignment,
 )
@@ -383,7 +384,7 @@ def leader_assignment(
     log.debug("group %r: %s assignment %s", group_id, name, plan)
     if protocol is RebalanceProtocol.COOPERATIVE:
         owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
-        check_cooperative(owned, plan, name)
+        check_cooperative(owned, plan, name, standing_claims(subscriptions, counts))
     encodings = {m.member_id: metadata_encoding(m.metadata) for m in joined.members}
     encoded = {
         mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode(
@@ -398,6 +399,7 @@ def check_cooperative(
     owned: Mapping[str, Sequence[TopicPartition]],
     assigned: Mapping[str, Sequence[TopicPartition]],
     assignor_name: str = "",
+    standing: Mapping[str, Sequence[TopicPartition]] | None = None,
 ) -> None:
     """Raise ``CooperativeAssignmentError`` if a partition moves between two owners in one round.
 
@@ -405,7 +407,7 @@ def check_cooperative(
     named in the message so the leader's error says which plug-in is at fault.
     """
     try:
-        validate_cooperative_assignment(owned, assigned)
+        validate_cooperative_assignment(owned, assigned, standing)
     except CooperativeAssignmentError as exc:
         raise CooperativeAssignmentError(
             f"assignor {assignor_name!r} breaks the cooperative protocol: {exc}", exc.partitions
