@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from ..errors import InvalidRequestError, RcoordError
-from ..protocol.consumer import ConsumerProtocolSubscription
+from ..protocol.consumer import ConsumerProtocolSubscription, _topic_partitions
 from ..protocol.offsets import TopicPartition
 
 __all__ = [
@@ -218,7 +218,9 @@ def check_partition_racks(partition_racks: Any) -> dict[TopicPartition, frozense
     """Validate ``partition_racks`` and return it normalised (``{}`` for None).
 
     Each value is the set of racks holding a replica of the partition (KIP-881); a bare str
-    would silently become its characters, so it is refused.
+    would silently become its characters, so it is refused. A key is checked as a subscription's
+    owned partitions are: one that names no partition (``("t", "0")``, a bytes topic, a
+    negative partition) would match nothing and silently turn rack awareness off.
     """
     if partition_racks is None:
         return {}
@@ -226,14 +228,17 @@ def check_partition_racks(partition_racks: Any) -> dict[TopicPartition, frozense
         raise TypeError("partition_racks must map TopicPartition -> set of rack names")
     out: dict[TopicPartition, frozenset[str]] = {}
     for tp, racks in partition_racks.items():
-        if not isinstance(tp, tuple) or len(tp) != 2:
-            raise TypeError(f"partition_racks keys must be TopicPartition, got {tp!r}")
+        try:
+            (key,) = _topic_partitions("partition_racks keys", (tp,))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"partition_racks key {tp!r} must be a TopicPartition(topic: str, "
+                            f"partition: int >= 0): {exc}") from None
         if isinstance(racks, (str, bytes)) or not isinstance(racks, Iterable):
             raise TypeError(f"racks of {tp!r} must be a set of str, got {type(racks).__name__}")
         names = frozenset(racks)
         if not all(isinstance(r, str) for r in names):
             raise TypeError(f"racks of {tp!r} must be str")
-        out[TopicPartition(tp[0], tp[1])] = names
+        out[key] = names
     return out
 
 
