@@ -472,22 +472,29 @@ def read_range(
         return (f"{where}: offsets {at}..{rng.end - 1} were planned but the partition no "
                 "longer exists (its topic was deleted)")
 
-    if token:
+    def recreated(at: int) -> str | None:
+        """Data loss from ``at`` on if the topic is no longer the one planned in: a token
+        still the planned one after a fetch proves its records the planned topic's (tokens
+        never repeat). Checked before the first fetch and after each, not only before: a
+        topic deleted and created again between two fetches of one task had the new topic's
+        records read as the rest of the planned range, no loss reported."""
+        if not token:
+            return None
         try:
             now = Topics(client, namespace).create_token(rng.topic)
         except TopicError as exc:
             if exc.error is not Errors.UNKNOWN_TOPIC_OR_PARTITION:
                 raise
             now = ""
-        if now != token:
-            msg = (f"topic {rng.topic!r} partition {rng.partition}: offsets {rng.start} to "
-                   f"{rng.end - 1} were planned in a topic that has since been deleted"
-                   f"{' and created again' if now else ''}")
-            if fail_on_data_loss:
-                raise DataLossError(f"{msg}; set failOnDataLoss=false to go on from the "
-                                    "earliest available offset")
-            log.warning("%s; skipping them (failOnDataLoss=false)", msg)
-            return
+        if now == token:
+            return None
+        return (f"topic {rng.topic!r} partition {rng.partition}: offsets {at} to "
+                f"{rng.end - 1} were planned in a topic that has since been deleted"
+                f"{' and created again' if now else ''}")
+
+    if (msg := recreated(rng.start)) is not None:
+        lost(msg)
+        return
     def missing(at: int, upto: int) -> str:
         return (f"{where}: offsets {at}..{upto - 1} are missing from the stream (removed from "
                 "its middle by hand, e.g. an XDEL; rcoord removes records only from a log's "
@@ -545,6 +552,9 @@ def read_range(
             return
         if res.error is not Errors.NONE:
             raise TopicError(res.error, f"{where} at offset {offset}")
+        if (msg := recreated(offset)) is not None:
+            lost(msg)
+            return
         records = [r for r in res.records if r.offset < rng.end]
         if not records and offset < res.log_end_offset:
             lost(missing(offset, rng.end))  # (the entries up to the log end went by hand)
