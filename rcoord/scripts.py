@@ -58,7 +58,7 @@ GROUP_STEPS = (
 )
 """Steps that run inside the prelude's ``group_step`` wrapper and take the group keys layout."""
 
-STANDALONE = ("due_groups", "heartbeat", "lease", "settings")
+STANDALONE = ("due_groups", "defer_due", "heartbeat", "lease", "settings")
 """Functions outside the wrapper: partition-level and namespace-level ones, and the heartbeat
 hot path."""
 

@@ -268,38 +268,44 @@ class Sweeper:
             return 0
         keys = self._pk[p].group(group_id)
         node = node if node is not None else node_client(self._client, keys.group)
+        sent_at = self.server_now()
         try:
             reply = node_scripts(self._scripts, node).expire_deadlines(keys=keys.all(), args=["", group_id])
         except MOVED:
             raise  # nodes.each_node runs the piece again through the cluster client
         except redis.ResponseError as exc:
-            self._failed(p, group_id, exc, node)
+            self._failed(p, group_id, exc, node, sent_at)
             return 0
         self._succeeded(p, group_id)
         return self._record(reply, source)
 
-    def _failed(self, p: int, group_id: str, exc: redis.ResponseError, node: Any) -> None:
+    def _failed(self, p: int, group_id: str, exc: redis.ResponseError, node: Any,
+                sent_at: float | None = None) -> None:
         """Raise what says Redis cannot run anything now (the loop waits, then tries again);
         else back this group off, so one broken group (a script error is a bug, logged) stops
         neither the others nor the loop's wait.
 
-        Its entry in the partition's due index moves to its retry time too (only later, only
-        if still there): a script announces a deadline on the shard channel only when it is
-        earlier than the index's first entry, so a stale passed entry left there would keep
-        every later deadline of the partition unannounced until the next re-read of the index.
-        When the group is retried its 'ea' has passed, so ``expire_deadlines`` publishes its
-        real earliest deadline again, and any step that moves the group's deadlines does too."""
+        Its entry in the partition's due index moves to its retry time too (``defer_due``), if
+        it had passed when the failed call was sent (``sent_at``, server ms; by default now):
+        a script announces a deadline only when it is earlier than the index's first entry, so
+        a stale passed entry left there kept every later deadline of the partition unannounced
+        until the next re-read of the index. A deadline a step of the group published since
+        is its real one and stays (a ZADD of its own after the failed reply replaced it, and
+        every sweeper reading the index slept past it). When the group is retried its 'ea' has
+        passed, so ``expire_deadlines`` publishes its real earliest deadline again."""
         _raise_if_refused(exc)
         with self._lock:
             _, failures = self.backed_off.get((p, group_id), (0.0, 0))
             delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
-            retry_at = self.server_now() + delay
-            self.backed_off[(p, group_id)] = (retry_at, failures + 1)
+            now = self.server_now()
+            self.backed_off[(p, group_id)] = (now + delay, failures + 1)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
         try:
-            node.zadd(self._pk[p].due, {group_id: math.ceil(retry_at)}, xx=True, gt=True)
+            node_scripts(self._scripts, node).defer_due(keys=[self._pk[p].due], args=[
+                group_id, math.floor(now if sent_at is None else sent_at),
+                math.ceil(now + delay)])
         except redis.RedisError as move_exc:
             # The backoff above still holds in this process; another one re-reading the index
             # retries the group sooner, which is only a wasted call.
