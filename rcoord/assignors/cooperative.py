@@ -72,17 +72,21 @@ def partitions_transferring_ownership(
 def standing_claims(
     members: Mapping[str, ConsumerProtocolSubscription],
     partitions_per_topic: Mapping[str, int],
+    generation_in_user_data: bool = True,
 ) -> dict[str, list[TopicPartition]]:
     """Each member's owned partitions whose claim stands, as cooperative-sticky settles them.
 
     The leader checks an assignment against these, so that it refuses what cooperative-sticky
     holds back: a partition handed to a claimant whose claim lost (to a newer generation, or to
-    a rival of the same generation) while the other claimant may still consume it. Generations
-    are read as Kafka's cooperative members send them (the subscription's, else the one in
-    cooperative-sticky's ``user_data``).
+    a rival of the same generation) while the other claimant may still consume it.
+    Generations are the subscriptions'; with ``generation_in_user_data`` (cooperative-sticky's
+    own members) a member without one is read as Kafka's cooperative-sticky reads it, from its
+    ``user_data``. Another assignor's ``user_data`` is its own: its first bytes read as a
+    generation made a plug-in's data beat a real newer generation.
     """
     ids = sorted(members)
-    read = {mid: cooperative_sticky_member_data(sub) for mid, sub in members.items()}
+    read = ({mid: cooperative_sticky_member_data(sub) for mid, sub in members.items()}
+            if generation_in_user_data else members)
     return resolve_claims(ids, read, partitions_per_topic).owned
 
 

@@ -37,6 +37,7 @@ from .. import topics as _topics
 from ..assignors import (
     Assignor,
     CooperativeAssignmentError,
+    CooperativeStickyAssignor,
     RackAffinityAssignor,
     RebalanceProtocol,
     kafka_member_order,
@@ -384,7 +385,9 @@ def leader_assignment(
     log.debug("group %r: %s assignment %s", group_id, name, plan)
     if protocol is RebalanceProtocol.COOPERATIVE:
         owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
-        check_cooperative(owned, plan, name, standing_claims(subscriptions, counts))
+        standing = standing_claims(subscriptions, counts,
+                                   generation_in_user_data=name == CooperativeStickyAssignor.name)
+        check_cooperative(owned, plan, name, standing)
     encodings = {m.member_id: metadata_encoding(m.metadata) for m in joined.members}
     encoded = {
         mid: ConsumerProtocolAssignment(plan.get(mid, [])).encode(
