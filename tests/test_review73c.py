@@ -10,6 +10,14 @@ later ('GT'), replaces that fresh value with the retry time. The group is health
 holds its real deadline, and its index entry is later: no step republishes it (a write at or
 after 'ea' leaves the index alone), so every coordinator that reads the index (a lease moved to
 another process) sleeps past the group's deadline until the retry.
+
+75bdda9 has the leader check every cooperative plan against the claims that stood, read as
+cooperative-sticky reads them (``standing_claims``: a member without a generation in its
+subscription takes the int32 at the start of its ``user_data``). Under any other assignor that
+``user_data`` is the plug-in's own (Kafka's ``CooperativeStickyAssignor.memberData`` is that
+assignor's alone; Kafka's leader checks the raw owned partitions), so its first four bytes
+become a generation that can beat a real one, and the leader refuses a plan that keeps a
+partition with its newest claimant.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from typing import Any
 
 import redis
 from harness import server_ms
+from test_review73_assignors import T0, Fixed, lead
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
+from rcoord.protocol.consumer import ConsumerProtocolSubscription
 
 JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
                         "session_timeout_ms": 10_000, "rebalance_timeout_ms": 2000}
@@ -59,3 +69,62 @@ def test_a_failed_expiry_moves_a_deadline_a_step_published_meanwhile(own_server,
     assert index is not None and index <= int(ea), (
         f"the index entry {index:.0f} is {index - int(ea):.0f} ms past the group's published "
         f"earliest deadline {int(ea)}; another sweeper waits until {other.next_due():.0f}")
+
+
+class Weighted(Fixed):
+    """A cooperative plug-in whose members send their weight as an int32 in ``user_data``."""
+
+    name = "weighted"
+
+
+def test_the_leader_reads_no_generation_in_another_assignors_user_data():
+    # A has no generation in its subscription (reset, or a v1 subscription) and still claims
+    # t0p0; B, of generation 5, owns t0p0-t0p3. B's claim is the newer one: the plug-in keeps
+    # everything on B and A revokes t0p0, which is no transfer by any reading of the claims.
+    plan = {"A": [], "B": T0}
+    members = {"A": ConsumerProtocolSubscription(["t0"], b"", T0[:1], -1),
+               "B": ConsumerProtocolSubscription(["t0"], b"", T0, 5)}
+    lead(members, Weighted(plan))  # passes
+    # The same group, A's plug-in sending its weight (9): the leader refuses the round.
+    members["A"] = ConsumerProtocolSubscription(["t0"], (9).to_bytes(4, "big"), T0[:1], -1)
+    lead(members, Weighted(plan))
+
+
+def test_heartbeat_many_whose_resend_sweep_stays_refused_answers_the_others() -> None:
+    """21ba8f5/90d6b22 answer a group NOT_COORDINATOR when its resent heartbeat, or a heartbeat
+    one by one, is still refused under a stale layout after every re-settle, so the other
+    groups' answers stand. The resend's first call, the group's sweep (``expire_deadlines``),
+    can be refused the same way (the count changes again at each of its re-settles): it raises
+    out of ``_resend_heartbeats`` and heartbeat_many raises it for every member of every
+    group."""
+    import redis.exceptions
+
+    from rcoord import CoordinatorConfig
+    from rcoord.flow import Script, ScriptBatch
+    from rcoord.steps import GroupSteps
+
+    steps = GroupSteps(CoordinatorConfig(namespace="hbdue"), "hbdue", None)
+    steps.config = CoordinatorConfig(namespace="hbdue")
+
+    def answer(op: Any) -> Any:
+        if isinstance(op, ScriptBatch):  # group "a" falls due; "b" answers
+            return [b"DUE" if args[1] == "a" else [b"NONE"] for _, args in op.calls]
+        assert isinstance(op, Script) and op.name == "expire_deadlines", op
+        # Refused under a stale layout, each time after another process settled.
+        steps.config = CoordinatorConfig(namespace="hbdue")
+        raise redis.exceptions.ResponseError(
+            "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
+
+    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1")])
+    op = next(flow)
+    try:
+        while True:
+            try:
+                result = answer(op)
+            except redis.exceptions.RedisError as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        got = done.value
+    assert got == [Errors.NOT_COORDINATOR, Errors.NONE]
