@@ -290,6 +290,25 @@ def prepare_spark_env(root: Any) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), path) if p)
 
 
+def drive_by_hand(flow: Any, answer: Any) -> Any:
+    """Run a step's flow (``rcoord.flow``) with ``answer(op)`` as its driver: each operation's
+    result sent back, a Redis error ``answer`` raises thrown into the flow, as the drivers do;
+    the flow's value. Lets a test script what Redis answers, call by call, with no server."""
+    import redis.exceptions
+
+    op = next(flow)
+    try:
+        while True:
+            try:
+                result = answer(op)
+            except redis.exceptions.RedisError as exc:
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as done:
+        return done.value
+
+
 def server_ms(client: Any) -> int:
     """Redis ``TIME`` in milliseconds (any node of a cluster: the tests' nodes share a clock)."""
     reply = client.time()

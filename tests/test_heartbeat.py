@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import WAIT_S, wait_until
+from harness import WAIT_S, drive_by_hand, wait_until
 
 from rcoord import Errors
 
@@ -324,18 +324,8 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
             return [b"NONE"]  # the first member, alone
         raise refused  # the master refuses the second member's heartbeat for now
 
-    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2")])
-    op = next(flow)
-    try:
-        while True:
-            try:
-                result = answer(op)
-            except redis.exceptions.RedisError as exc:
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as done:
-        got = done.value
+    got = drive_by_hand(steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2")]),
+                        answer)
     assert got == [Errors.NONE, Errors.NONE, Errors.COORDINATOR_NOT_AVAILABLE]
     assert heartbeats_of_a == ["m1", "m1", "m2"]
 
@@ -373,18 +363,7 @@ def test_heartbeat_many_whose_due_group_stays_refused_one_by_one_answers_the_oth
         raise redis.exceptions.ResponseError(
             "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
 
-    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2"),
-                                 ("a", 1, "m3")])
-    op = next(flow)
-    try:
-        while True:
-            try:
-                result = answer(op)
-            except redis.exceptions.RedisError as exc:
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as done:
-        got = done.value
+    batch = [("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2"), ("a", 1, "m3")]
+    got = drive_by_hand(steps.heartbeat_many(batch), answer)
     assert got == [Errors.NONE, Errors.NONE, Errors.NOT_COORDINATOR, Errors.NOT_COORDINATOR]
     assert heartbeats_of_a == ["m1", "m1"] + ["m2"] * (NOT_COORDINATOR_RETRIES + 1)

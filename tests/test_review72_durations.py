@@ -25,11 +25,17 @@ def test_default_api_timeout_ms_past_kafkas_int_is_refused_or_works(
     """Taken, the first commit() failed with 'OverflowError: timestamp out of range for
     platform time_t' (the committer's wait for its deadline), naming no setting: refused at
     construction naming the option (as ConfigError) it would be a clear error instead."""
+    refused_or_commits(env, "default_api_timeout_ms", LONG_MAX)
+
+
+def refused_or_commits(env: Any, name: str, value: int) -> None:  # noqa: F811 - not the fixture
+    """A consumer made with setting ``name`` at ``value`` is refused (a ConfigError naming
+    it), or commits and reads back what it committed."""
     env.topics.create("t", 1)
     try:
-        consumer = env.consumer(topics=[], default_api_timeout_ms=LONG_MAX)
+        consumer = env.consumer(topics=[], **{name: value})
     except ConfigError as exc:
-        assert "default_api_timeout_ms" in str(exc)
+        assert name in str(exc)
         return
     try:
         consumer.assign([TP])

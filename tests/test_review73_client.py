@@ -10,14 +10,11 @@ import pytest
 import test_cli_groups
 from test_cli_groups import ok
 from test_consumer import env  # noqa: F401 - env: the fixture
+from test_review72_durations import refused_or_commits
 from test_topics_review64_marked import _stopped_delete
-
-from rcoord import TopicPartition
-from rcoord.errors import ConfigError
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
 cli = test_cli_groups.cli
-TP = TopicPartition("t", 0)
 
 
 @pytest.mark.parametrize("backend", ["single"])
@@ -52,18 +49,7 @@ def test_group_numbers_every_commit_refuses_are_refused_at_construction_or_work(
     is outside int64' ('required_acks 2147483648 is outside int32'), the auto-commits and
     close()'s final commit only logged: the group runs and commits nothing. Refused at
     construction (as ConfigError naming the setting) it would be a clear error instead."""
-    env.topics.create("t", 1)
-    try:
-        consumer = env.consumer(topics=[], **{name: value})
-    except ConfigError as exc:
-        assert name in str(exc)
-        return
-    try:
-        consumer.assign([TP])
-        consumer.commit({TP: 0})
-        assert consumer.committed([TP]) == {TP: 0}
-    finally:
-        consumer.close(timeout=0)
+    refused_or_commits(env, name, value)
 
 
 @pytest.mark.parametrize("backend", ["single"])

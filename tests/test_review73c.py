@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from harness import server_ms
+from harness import drive_by_hand, server_ms
 from test_review73_assignors import T0, Fixed, lead
 
 from rcoord import CoordinatorConfig, Errors, GroupCoordinator
@@ -115,16 +115,5 @@ def test_heartbeat_many_whose_resend_sweep_stays_refused_answers_the_others() ->
         raise redis.exceptions.ResponseError(
             "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
 
-    flow = steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1")])
-    op = next(flow)
-    try:
-        while True:
-            try:
-                result = answer(op)
-            except redis.exceptions.RedisError as exc:
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as done:
-        got = done.value
+    got = drive_by_hand(steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1")]), answer)
     assert got == [Errors.NOT_COORDINATOR, Errors.NONE]
