@@ -212,3 +212,14 @@ def test_the_admin_role_raises_the_producer_expiration(
     state, activity = producer_state_keys(namespace, "t", 0)
     assert redis_client.pttl(state) > 60_000 and redis_client.pttl(activity) > 60_000
     client.close()
+
+
+def test_a_delete_of_a_config_rcoord_does_not_keep_changes_nothing():
+    # As Kafka's controller: a deleted name is dropped before the rest is validated, so the
+    # request's other changes stand (it was INVALID_CONFIG, and they were lost with it). A SET
+    # of such a name is still refused, naming the configs there are.
+    assert settings_change([("segment.bytes", DELETE, ""),
+                            ("retention.ms", SET, "60000")]) == {"retention_ms": 60000}
+    assert settings_change([("no.such.config", DELETE, "")]) == {}
+    with pytest.raises(TopicError, match="Unknown topic config name: segment.bytes"):
+        settings_change([("segment.bytes", SET, "1024")])
