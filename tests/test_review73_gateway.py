@@ -1,0 +1,40 @@
+"""Review 73: the gateway driven by real Kafka clients, where it answers otherwise than Kafka.
+
+Each test here failed on the code it was written against (see the review's report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kio")
+ck = pytest.importorskip("confluent_kafka")
+
+from rcoord.topics import Topics
+
+WAIT_S = 60.0
+
+
+def test_incremental_delete_of_a_config_rcoord_does_not_have_is_a_no_op(
+        gateway: Any, topics: Topics) -> None:
+    """Kafka's controller validates a topic's configs as they are after the change
+    (``ConfigurationControlManager.validateAlterConfig`` removes a DELETEd name before
+    ``LogConfig.validate``), so deleting a config the topic does not set, also one the broker
+    does not know, succeeds and changes nothing. Tools that bring a topic to a desired set of
+    configs (``kafka-configs --delete-config segment.bytes``, Terraform's provider) send such
+    DELETEs; refusing them INVALID_CONFIG fails the whole resource, its SETs too."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    topics.create("t", 1)
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"})
+    change = ConfigResource("topic", "t", incremental_configs=[
+        ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("segment.bytes", None, incremental_operation=AlterConfigOpType.DELETE)])
+    futures = admin.incremental_alter_configs([change], request_timeout=30)
+    assert futures[change].result(timeout=WAIT_S) is None
+    resource = ConfigResource("topic", "t")
+    entries = admin.describe_configs([resource], request_timeout=30)[resource].result(
+        timeout=WAIT_S)
+    assert entries["retention.ms"].value == "60000"
+    assert "segment.bytes" not in entries
