@@ -30,6 +30,15 @@ from rcoord.client.errors import WakeupError
 from rcoord.errors import ConnectionLost
 
 
+def wake_while_retrying(coord: Any, consumer: Any, leaving: Any) -> None:
+    """``wakeup()`` once the commit ``leaving`` (an ``unsubscribe()`` in a thread) waits for
+    has been tried twice and failed, and wait until that call has ended."""
+    wait_until(lambda: coord.tries >= 2)  # (the async commit retrying)
+    assert not leaving.outcome
+    consumer.wakeup()
+    wait_until(lambda: bool(leaving.outcome))
+
+
 def unreachable_at_10(env: Any, listener: Any) -> tuple[_Unreachable, Any]:  # noqa: F811
     """A consumer owning t-0 and u-0 (committed at 10; 30 s sessions) whose commits, from
     now on, find Redis unreachable (the coordinator's gate held open)."""
@@ -54,10 +63,7 @@ def test_wakeup_ends_unsubscribes_wait_for_async_commits_retrying_and_the_member
     consumer.commit_async({T0: 5}, lambda offsets, error: outcomes.append((offsets, error)))
     leaving = InThread(consumer.unsubscribe)
     try:
-        wait_until(lambda: coord.tries >= 2)  # (the async commit retrying)
-        assert not leaving.outcome
-        consumer.wakeup()
-        wait_until(lambda: bool(leaving.outcome))
+        wake_while_retrying(coord, consumer, leaving)
     finally:
         consumer.close(timeout=0)
         leaving.thread.join(60)

@@ -300,7 +300,6 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
     import redis.exceptions
 
     from rcoord import CoordinatorConfig
-    from rcoord.flow import Script, ScriptBatch
     from rcoord.steps import GroupSteps
 
     cfg = CoordinatorConfig(namespace="hbdue")
@@ -309,21 +308,11 @@ def test_heartbeat_many_whose_due_group_is_refused_one_by_one_answers_the_others
     refused: redis.exceptions.RedisError = (
         redis.exceptions.AuthenticationError(refusal) if refusal.startswith("WRONGPASS")
         else redis.exceptions.ResponseError(refusal))
-    heartbeats_of_a: list[str] = []
 
-    def answer(op: Any) -> Any:
-        if isinstance(op, ScriptBatch):  # group "a" falls due; "b" answers
-            return [b"DUE" if args[1] == "a" else [b"NONE"] for _, args in op.calls]
-        assert isinstance(op, Script) and op.args[1] == "a", op
-        if op.name == "expire_deadlines":
-            return [1]
-        heartbeats_of_a.append(op.args[2])
-        if len(heartbeats_of_a) == 1:
-            return b"DUE"  # the resend falls due again
-        if len(heartbeats_of_a) == 2:
-            return [b"NONE"]  # the first member, alone
+    def refuse() -> None:
         raise refused  # the master refuses the second member's heartbeat for now
 
+    heartbeats_of_a, answer = _due_then_one_by_one(refuse)
     got = drive_by_hand(steps.heartbeat_many([("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2")]),
                         answer)
     assert got == [Errors.NONE, Errors.NONE, Errors.COORDINATOR_NOT_AVAILABLE]
@@ -339,11 +328,32 @@ def test_heartbeat_many_whose_due_group_stays_refused_one_by_one_answers_the_oth
     import redis.exceptions
 
     from rcoord import CoordinatorConfig
-    from rcoord.flow import Script, ScriptBatch
     from rcoord.steps import NOT_COORDINATOR_RETRIES, GroupSteps
 
     steps = GroupSteps(CoordinatorConfig(namespace="hbdue"), "hbdue", None)
     steps.config = CoordinatorConfig(namespace="hbdue")
+
+    def refuse() -> None:
+        # The second member's: refused under a stale layout, each time after another process
+        # settled (a new config in force: this call does not settle again itself).
+        steps.config = CoordinatorConfig(namespace="hbdue")
+        raise redis.exceptions.ResponseError(
+            "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
+
+    heartbeats_of_a, answer = _due_then_one_by_one(refuse)
+    batch = [("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2"), ("a", 1, "m3")]
+    got = drive_by_hand(steps.heartbeat_many(batch), answer)
+    assert got == [Errors.NONE, Errors.NONE, Errors.NOT_COORDINATOR, Errors.NOT_COORDINATOR]
+    assert heartbeats_of_a == ["m1", "m1"] + ["m2"] * (NOT_COORDINATOR_RETRIES + 1)
+
+
+def _due_then_one_by_one(refuse: Any) -> tuple[list[str], Any]:
+    """A driver's answers for ``heartbeat_many`` of group "a" (two or more members) and "b":
+    the batch finds "a" due and answers "b"; "a"'s resend falls due again, so its members go
+    one by one; the first is answered NONE, and each later heartbeat calls ``refuse`` (which
+    raises). Returns the member ids of "a"'s heartbeats as sent, and the answer function."""
+    from rcoord.flow import Script, ScriptBatch
+
     heartbeats_of_a: list[str] = []
 
     def answer(op: Any) -> Any:
@@ -357,13 +367,7 @@ def test_heartbeat_many_whose_due_group_stays_refused_one_by_one_answers_the_oth
             return b"DUE"  # the resend falls due again
         if len(heartbeats_of_a) == 2:
             return [b"NONE"]  # the first member, alone
-        # The second member's: refused under a stale layout, each time after another process
-        # settled (a new config in force: this call does not settle again itself).
-        steps.config = CoordinatorConfig(namespace="hbdue")
-        raise redis.exceptions.ResponseError(
-            "RCOORD_NOT_COORDINATOR no settings at hbdue:{10.0.2}:cfg")
+        refuse()
+        raise AssertionError("refuse() must raise")
 
-    batch = [("a", 1, "m1"), ("b", 1, "n1"), ("a", 1, "m2"), ("a", 1, "m3")]
-    got = drive_by_hand(steps.heartbeat_many(batch), answer)
-    assert got == [Errors.NONE, Errors.NONE, Errors.NOT_COORDINATOR, Errors.NOT_COORDINATOR]
-    assert heartbeats_of_a == ["m1", "m1"] + ["m2"] * (NOT_COORDINATOR_RETRIES + 1)
+    return heartbeats_of_a, answer

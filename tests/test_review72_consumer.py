@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import InThread, wait_until
+from harness import InThread
 from test_consumer import Recorder, env  # noqa: F401 - env: the fixture
 from test_consumer_review71 import _members
-from test_consumer_review71b import unreachable_at_10
+from test_consumer_review71b import unreachable_at_10, wake_while_retrying
 from test_review69_subscription_wait import T0, U0
 
 from rcoord.client.errors import WakeupError
@@ -42,10 +42,7 @@ def test_a_wakeup_taken_by_unsubscribe_is_raised_when_its_listener_unsubscribes_
     consumer.commit_async({T0: 5})
     leaving = InThread(consumer.unsubscribe)
     try:
-        wait_until(lambda: coord.tries >= 2)  # (the async commit retrying)
-        assert not leaving.outcome
-        consumer.wakeup()
-        wait_until(lambda: bool(leaving.outcome))
+        wake_while_retrying(coord, consumer, leaving)
         assert listener.events[-1] == ("revoked", [T0, U0])
         assert member not in _members(env)
         assert isinstance(leaving.outcome[0], WakeupError), (
