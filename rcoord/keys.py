@@ -170,6 +170,12 @@ class GroupKeys:
             return str(getattr(self, name))
         return str(getattr(self.partition, name))
 
+    def own(self) -> list[str]:
+        """Every key of this group alone, not its partition's: the layout's own keys and the
+        claim, which no script takes. What deleting the group outside a step must delete."""
+        return [*(self.named(name) for name, _ in GROUP_KEYS
+                  if isinstance(getattr(type(self), name, None), property)), self.claim]
+
     @functools.cached_property
     def _all(self) -> tuple[str, ...]:
         return tuple(self.named(name) for name, _ in GROUP_KEYS)

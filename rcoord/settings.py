@@ -479,8 +479,7 @@ def _drop_stranded(namespace: str, old: int, current: int) -> Flow[None]:
         for raw in ids:
             keys = PartitionKeys(namespace, p, old).group(_text(raw))
             pk = keys.partition
-            own = [keys.members, keys.statics, keys.pending, keys.joining, keys.syncing,
-                   keys.replies, keys.deadlines, keys.hint, keys.order, keys.claim, keys.group]
+            own = [k for k in keys.own() if k not in (keys.offsets, keys.wake)]
             offsets = yield Script("settings", [pk.cfg, pk.groups, pk.due, keys.offsets,
                                                 keys.wake, *own], ["drop", keys.group_id])
             if isinstance(offsets, list):
