@@ -156,9 +156,10 @@ class Parser(argparse.ArgumentParser):
 
 
 INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
-"""A number as the commands take it, a sign and digits, as Java's ``Long.valueOf`` reads
-Kafka's tools' options: int() also took "1_0" as 10, " 3" and other scripts' digits ("\u0663"
-as 3), which a typo made."""
+"""A number as the commands take it, a sign and ASCII digits. int() also takes "1_0" as 10
+and " 3", which Java's ``Long.valueOf`` (how Kafka's tools read their options) refuses; both
+take other scripts' digits ("\u0663" as 3), which rcoord refuses too: on a command line they
+are a paste from elsewhere, not a number the operator meant."""
 
 _NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")
 
