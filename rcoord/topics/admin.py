@@ -625,8 +625,12 @@ class Topics:
         """
         _check_topic(topic)
         desc_meta = self._r.hgetall(meta_key(self._ns, topic))
-        if not desc_meta:
-            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, topic)
+        if not desc_meta or b"deleting" in desc_meta:
+            # A topic marked for deletion is no longer kept (Kafka's LogManager takes a log out
+            # of the logs its clean-up goes through when the delete begins): its partitions may
+            # be gone already, and each such answer was read as a log start of -1.
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"{topic} (marked for deletion)"
+                             if desc_meta else topic)
         n = int(desc_meta[b"partitions"])
         records = desc_meta.get(b"retention_records", b"")
         age = desc_meta.get(b"retention_ms", b"")
@@ -654,6 +658,8 @@ class Topics:
                         raise res
                     refused = refused or failed
                     continue
+                if _name(res[0]) == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+                    continue  # no stream (a create that stopped after its claim): nothing kept
                 # (kept -1: the count's removal goes on, the search by age has not begun.)
                 starts[p], kept[p] = int(res[1]), int(res[4]) if int(res[4]) >= 0 else ""
                 if int(res[3]):
@@ -663,6 +669,8 @@ class Topics:
                 break
         if refused is not None:
             raise refused
+        if not starts and not pending:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"{topic} has no partition left")
         return LogStarts(starts, pending)
 
 
