@@ -16,9 +16,10 @@ one INVALID_TOPIC_EXCEPTION, an unknown config, a value out of bounds or APPEND 
 is not a list INVALID_CONFIG, an absent topic UNKNOWN_TOPIC_OR_PARTITION. A resource's changes
 are checked whole before any is written, and written in one script: all land or none.
 
-The broker's configs are this gateway's command-line flags (STATIC_BROKER_CONFIG): naming one is
-INVALID_REQUEST, as Kafka answers a static config; an empty change of this broker (or of the
-cluster defaults, the empty name) succeeds. Other resource types are INVALID_REQUEST. A topic
+The broker's configs are this gateway's command-line flags (STATIC_BROKER_CONFIG): changing one
+is INVALID_REQUEST, as Kafka answers a static config; an empty change of this broker (or of the
+cluster defaults, the empty name) succeeds, and so does a DELETE, which has no dynamic value to
+take back. Other resource types are INVALID_REQUEST. A topic
 whose call cannot reach Redis is REQUEST_TIMED_OUT alone.
 """
 
@@ -89,10 +90,15 @@ def _check_broker(name: str, ops: list[_Op]) -> None:
         if int(name) != NODE_ID:
             raise _Refused(Errors.INVALID_REQUEST,
                            f"Unexpected broker id, expected {NODE_ID}, but received {name}")
-    if ops:
+    # A DELETE takes a dynamic value back to the static one, and the gateway has no dynamic
+    # value: nothing to do, as Kafka answers a DELETE of a name never set dynamically (its
+    # ConfigAdminManager drops deleted names before validating). Tools that bring a cluster to
+    # a wanted set of configs send such DELETEs.
+    changes = [o for o in ops if o.op != DELETE]
+    if changes:
         raise _Refused(Errors.INVALID_REQUEST,
                        "Cannot update these configs dynamically: "
-                       f"{', '.join(sorted(o.name for o in ops))} (the gateway's broker configs "
+                       f"{', '.join(sorted(o.name for o in changes))} (the gateway's broker configs "
                        "are its command-line flags: restart it with other values)")
 
 
