@@ -69,8 +69,11 @@ class Sweeper:
         expired any more (the stop releases the leases to other processes)."""
         self.backoff_first_ms = BACKOFF_FIRST_MS
         self.backoff_max_ms = BACKOFF_MAX_MS
-        self.backed_off: dict[tuple[int, str], tuple[float, int]] = {}
-        """(partition, group) -> (server ms before which it is not retried, failures so far)."""
+        self.backed_off: dict[tuple[int, str], tuple[float, int, bool]] = {}
+        """(partition, group) -> (its retry time, server ms; failures so far; whether this
+        process holds it back until then). It is held back only when its index entry could not
+        be moved to the retry time (``_failed``): else the index says when it is due, and an
+        earlier deadline a step published since is acted on when it falls due."""
         self._scripts = scripts
         self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
         self._metrics = metrics
@@ -125,11 +128,11 @@ class Sweeper:
 
     def _waiting(self, p: int, group_id: str, now: float) -> bool:
         entry = self.backed_off.get((p, group_id))
-        return entry is not None and entry[0] > now
+        return entry is not None and entry[2] and entry[0] > now
 
     def _backed_off_in(self, p: int) -> int:
         with self._lock:
-            return sum(1 for q, _ in self.backed_off if q == p)
+            return sum(1 for (q, _), entry in self.backed_off.items() if q == p and entry[2])
 
     def _succeeded(self, p: int, group_id: str) -> None:
         with self._lock:
@@ -234,7 +237,8 @@ class Sweeper:
             for raw, score in firsts:
                 with self._lock:
                     entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
-                    at = min(at, float(score) if entry is None else max(float(score), entry[0]))
+                    held = entry[0] if entry is not None and entry[2] else float("-inf")
+                    at = min(at, max(float(score), held))
             self.earliest[p] = at
             self._node_failures.pop(p, None)
 
@@ -292,13 +296,19 @@ class Sweeper:
         until the next re-read of the index. A deadline a step of the group published since
         is its real one and stays (a ZADD of its own after the failed reply replaced it, and
         every sweeper reading the index slept past it). When the group is retried its 'ea' has
-        passed, so ``expire_deadlines`` publishes its real earliest deadline again."""
+        passed, so ``expire_deadlines`` publishes its real earliest deadline again.
+
+        Once the entry is moved (or found newer) the index says when the group is due, and this
+        process holds it back no longer: a hold kept the sweeper that failed, the lease holder,
+        asleep past a deadline published since, up to ``backoff_max_ms``, and a group made again
+        under the name inherited it. Only an entry left where it was (the move failed) is held
+        back here until the retry time, so a passed entry is not retried at once."""
         _raise_if_refused(exc)
         with self._lock:
-            _, failures = self.backed_off.get((p, group_id), (0.0, 0))
+            _, failures, _ = self.backed_off.get((p, group_id), (0.0, 0, False))
             delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
             now = self.server_now()
-            self.backed_off[(p, group_id)] = (now + delay, failures + 1)
+            self.backed_off[(p, group_id)] = (now + delay, failures + 1, True)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
@@ -307,11 +317,14 @@ class Sweeper:
                 group_id, math.floor(now if sent_at is None else sent_at),
                 math.ceil(now + delay)])
         except redis.RedisError as move_exc:
-            # The backoff above still holds in this process; another one re-reading the index
-            # retries the group sooner, which is only a wasted call.
+            # The hold above stays in this process; another one re-reading the index retries
+            # the group sooner, which is only a wasted call.
             log.debug("a failed group's index entry stays", extra={
                 "event": "expire_error_index", "partition": p, "group": group_id,
                 "why": str(move_exc)})
+        else:
+            with self._lock:
+                self.backed_off[(p, group_id)] = (now + delay, failures + 1, False)
 
     def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         if self._left.is_set():
