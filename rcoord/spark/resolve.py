@@ -513,6 +513,11 @@ def read_range(
                 raise
             lost(gone(offset))
             return
+        if (msg := recreated(offset)) is not None:
+            # Before the answer is read: a topic made again answers past its (new) log end or
+            # with a gap, and the loss was named a failover's or an XDEL's.
+            lost(msg)
+            return
         if res.next_offset > offset:
             # A gap where the read begins: no record at offset..next_offset-1 (an XDEL by hand).
             # Data loss, as Spark's Kafka source reports records missing between the offset
@@ -552,9 +557,6 @@ def read_range(
             return
         if res.error is not Errors.NONE:
             raise TopicError(res.error, f"{where} at offset {offset}")
-        if (msg := recreated(offset)) is not None:
-            lost(msg)
-            return
         records = [r for r in res.records if r.offset < rng.end]
         if not records and offset < res.log_end_offset:
             lost(missing(offset, rng.end))  # (the entries up to the log end went by hand)
