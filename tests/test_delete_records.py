@@ -204,3 +204,29 @@ def test_a_stream_whose_last_id_is_not_rcoords_is_refused_for_its_partition_alon
     assert rows(res.stdout, "TOPIC PARTITION") == [
         ["t", "0", "1", "-"], ["t", "1", "-1", "UNKNOWN_SERVER_ERROR"], ["t", "2", "40", "-"]]
     assert "t-1: " in res.stderr and "delete and re-create the topic" in res.stderr
+
+
+def test_a_topic_made_again_between_rounds_keeps_its_records(redis_client, namespace, topics,
+                                                             monkeypatch):
+    """A removal of several calls checks, in each, the creation token read when it began: the
+    topic deleted and made again (same name, same partition) after the first call is another
+    log, answered UNKNOWN_TOPIC_OR_PARTITION as Kafka answers for a deleted topic. The later
+    calls trimmed the new topic's records before (its log start 30, of 40 fresh records)."""
+    _filled(redis_client, namespace, topics, [40], value=b"x" * 1000)
+    monkeypatch.setattr("rcoord.topics.admin.RETENTION_TRIM_BYTES", 5000)  # (several calls)
+    made_again = []
+
+    class Recreating(topics_base._Lua):
+        def __call__(self, client: Any, keys: Any, args: Any) -> Any:
+            reply = super().__call__(client, keys, args)
+            if not made_again:  # (after the first call, which removed 4 records)
+                topics.delete("t")
+                _filled(redis_client, namespace, topics, [40], value=b"y" * 1000)
+                made_again.append(int(reply[1]))
+            return reply
+
+    monkeypatch.setattr("rcoord.topics.admin.DELETE_RECORDS", Recreating("topic_delete_records"))
+    assert topics.delete_records("t", {0: 30}) == {
+        0: DeletedRecords(0, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)}
+    assert made_again == [4]
+    assert log_offsets(redis_client, namespace, "t", 0) == (0, 40)

@@ -39,6 +39,7 @@ from ._base import (
     _opt_int,
     _run,
     _run_through_slot_moves,
+    creation_token_key,
     last_timestamp_key_of,
     make_keys,
     meta_key,
@@ -535,14 +536,17 @@ class Topics:
         for partition, offset in offsets.items():
             _check_int("partition", partition, 0)
             _check_int("offset", offset, -(2**63), 2**63 - 1)
-        count = self.partition_count(topic)
+        # (The token, read first, is checked by every call: a topic made again meanwhile is
+        # another log, whose records no later call may remove.)
+        count, token = self._count_and_token(topic)
         out = {p: DeletedRecords(p, -1, Errors.UNKNOWN_TOPIC_OR_PARTITION)
                for p in offsets if p >= count}
         pending = self._log_ends_for_minus_one(
             topic, {p: offset for p, offset in offsets.items() if p < count}, out)
         while pending:
-            calls = [(DELETE_RECORDS, _keys_with_mark(partition_key(self._ns, topic, p)),
-                      [target, RETENTION_TRIM_BYTES]) for p, target in pending.items()]
+            calls = [(DELETE_RECORDS, [*_keys_with_mark(partition_key(self._ns, topic, p)),
+                                       creation_token_key(self._ns, topic, p)],
+                      [target, RETENTION_TRIM_BYTES, token]) for p, target in pending.items()]
             try:
                 results = _run(self._r, calls, keep_errors=True)
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
