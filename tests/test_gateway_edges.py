@@ -105,7 +105,7 @@ def test_a_timestamp_past_every_record_is_answered_with_no_leader_epoch(gateway,
 def test_a_timestamp_its_version_lacks_is_unsupported_version(gateway, topics, version,
                                                               timestamp):
     """Kafka's ReplicaManager.isListOffsetsTimestampUnsupported: MAX_TIMESTAMP (-3) needs v7,
-    tiered storage's -4 and -5 need v8 and v9 (not served), other negative timestamps none:
+    tiered storage's -4 and -5 need v8 and v9, other negative timestamps none:
     UNSUPPORTED_VERSION for that partition. -3 was answered below v7, the others with
     INVALID_REQUEST. Earliest and latest are answered at every version."""
     topics.create("uv", 1)
@@ -114,6 +114,38 @@ def test_a_timestamp_its_version_lacks_is_unsupported_version(gateway, topics, v
     for ts in (-1, -2):
         got = _list_offsets(gateway, version, "uv", [0], ts)[0]
         assert (got.error_code.value, got.offset) == (0, 0)
+
+
+def test_tiered_storages_timestamps_are_answered_as_kafka_without_it(gateway, redis_server,
+                                                                     topics):
+    """v8 and v9 (KIP-405, KIP-1005) add EARLIEST_LOCAL (-4) and LATEST_TIERED (-5), which
+    Kafka's UnifiedLog.fetchOffsetByTimestamp answers, with no remote storage, as the log start
+    (like -2) and as offset, timestamp and leader epoch -1 (no error); each below its version,
+    and any other negative timestamp, is UNSUPPORTED_VERSION (isListOffsetsTimestampUnsupported).
+    Both versions were not served (the gateway advertised 1-7), so a request of either was
+    answered UNSUPPORTED_VERSION whole."""
+    topics.create("tier", 1)
+    client = redis_server.client()
+    try:
+        Producer(client, gateway.config.namespace, idempotent=False).send_batch(
+            "tier", [ProducerRecord(b"x", partition=0) for _ in range(5)])
+    finally:
+        client.close()
+    topics.delete_records("tier", {0: 2})  # (the log start is not 0)
+    answers = {(version, ts): _list_offsets(gateway, version, "tier", [0], ts)[0]
+               for version in (8, 9) for ts in (-2, -4, -5, -6)}
+    codes = {key: got.error_code.value for key, got in answers.items()}
+    assert codes == {(8, -2): 0, (8, -4): 0, (8, -5): Errors.UNSUPPORTED_VERSION,
+                     (8, -6): Errors.UNSUPPORTED_VERSION, (9, -2): 0, (9, -4): 0, (9, -5): 0,
+                     (9, -6): Errors.UNSUPPORTED_VERSION}
+    for version in (8, 9):
+        for ts in (-2, -4):
+            got = answers[version, ts]
+            assert (got.offset, got.timestamp, got.leader_epoch) == (2, -1, 0)
+    got = answers[9, -5]
+    assert (got.offset, got.timestamp, got.leader_epoch) == (-1, -1, -1)
+    assert _list_offsets(gateway, 9, "tier", [3], -5)[3].error_code.value == (
+        Errors.UNKNOWN_TOPIC_OR_PARTITION)  # (the partition is still looked up)
 
 
 @pytest.mark.parametrize("version", [1, 7])

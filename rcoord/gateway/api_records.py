@@ -84,12 +84,12 @@ MAX_SLOT_WAITS = 8
 """Slot groups (``XREAD BLOCK``s, one unit each) a Fetch waits on at once on a Redis Cluster."""
 ROTATION_BLOCK_MS = 100
 """The longest block of a round while the Fetch has slot groups that round does not cover."""
-_EARLIEST, _LATEST, _MAX_TIMESTAMP = -2, -1, -3
-_SPECIAL_TIMESTAMPS = {_EARLIEST: 1, _LATEST: 1, _MAX_TIMESTAMP: 7}
+_EARLIEST, _LATEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL, _LATEST_TIERED = -2, -1, -3, -4, -5
+_SPECIAL_TIMESTAMPS = {_EARLIEST: 1, _LATEST: 1, _MAX_TIMESTAMP: 7, _EARLIEST_LOCAL: 8,
+                       _LATEST_TIERED: 9}
 """ListOffsets' negative timestamps served, each with the first version that has it (Kafka's
-``ReplicaManager.timestampMinSupportedVersion``; -4 and -5, tiered storage's, come with v8 and
-v9, which are not served). Another negative timestamp, or one before its version, is answered
-UNSUPPORTED_VERSION for its partition, as Kafka answers it."""
+``ReplicaManager.timestampMinSupportedVersion``). Another negative timestamp, or one before its
+version, is answered UNSUPPORTED_VERSION for its partition, as Kafka answers it."""
 
 
 # -- Produce ----------------------------------------------------------------------------------
@@ -767,8 +767,13 @@ def _list_offset(state: GatewayState, topic: str, partition: int, ts: int) -> di
     ns = state.config.namespace
     try:
         start, end = log_offsets(state.sync_redis, ns, topic, partition)
-        if ts == _EARLIEST:
+        # Tiered storage's (KIP-405, KIP-1005) as Kafka's UnifiedLog.fetchOffsetByTimestamp
+        # answers them with no remote storage, which rcoord has: the local log start is the log
+        # start, and there is no tiered offset (offset, timestamp and leader epoch -1, no error).
+        if ts in (_EARLIEST, _EARLIEST_LOCAL):
             out.update(offset=start, leader_epoch=0)
+        elif ts == _LATEST_TIERED:
+            pass
         elif ts == _LATEST:
             out.update(offset=end, leader_epoch=0)
         elif ts == _MAX_TIMESTAMP:
@@ -795,7 +800,7 @@ def _at_or_after(state: GatewayState, topic: str, partition: int, ts: int) -> di
                                    "leader_epoch": 0}
 
 
-@api(2, "ListOffsets", 1, 7)
+@api(2, "ListOffsets", 1, 9)
 async def list_offsets(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     state = conn.state
     described = {t.name for t in req.topics
