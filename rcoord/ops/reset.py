@@ -8,7 +8,8 @@ the log end where there is none), ``--from-file`` (the offsets of a CSV file, as
 writes it: ``topic,partition,offset`` lines, or ``group,topic,partition,offset``). Every
 target is clamped into [log start, log end], as Kafka does, and the plan says where it was; but
 a committed offset ``--to-current`` keeps is kept as it is, out of range or not (Kafka's
-``resetToCurrent`` does not check it either).
+``resetToCurrent`` does not check it either), and so is an offset found by time above the log
+end read before the search (its record was appended since).
 
 Times are read on Redis' clock (``TIME``), the clock that stamped the records, so
 ``--by-duration PT1H`` means an hour before now as the server counts it.
@@ -249,6 +250,14 @@ def plan(
             if not start <= requested <= end:
                 note = (f"{requested} is outside the log's offsets [{start}, {end}]; kept, as "
                         "committed")
+        elif mode.name in ("to_datetime", "by_duration") and requested > end:
+            # A record found is in the log, searched after its offsets were read: above that
+            # log end only when appended since (and the first appended removed since, else it
+            # is found at the log end). Clamped, it planned an offset perhaps below the log
+            # start by then, out of range, with a note that blamed the offset found.
+            new = requested
+            note = (f"{requested}: the first record at or after that time, appended after the "
+                    f"log end offset ({end}) was read")
         else:
             new = min(max(requested, start), end)
             if requested > end:
