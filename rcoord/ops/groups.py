@@ -314,9 +314,9 @@ def _partitions(ctx: Context, specs: Sequence[str],
                 named_may_be_gone: bool = False) -> list[TopicPartition]:
     """The partitions ``--topic`` names; every one must exist, except, with
     ``named_may_be_gone``, partitions named explicitly (``x:0``) of a topic that does not exist
-    (any more) or past its partition count: offsets outlive their topic, and Kafka's broker
-    deletes the offsets of named partitions without checking the topic, so they can be
-    removed."""
+    (any more) or past its partition count: offsets outlive their topic in rcoord (Kafka's
+    broker deletes them with the topic, and so answers UNKNOWN_TOPIC_OR_PARTITION for such a
+    partition), so naming them is how they are removed."""
     from ..topics import TopicError
 
     out: list[TopicPartition] = []
