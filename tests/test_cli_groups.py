@@ -277,6 +277,27 @@ def test_total_lag_is_never_a_guess(cli, make_coordinator, redis_client, namespa
     assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (5, 5, 0)
 
 
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_commit_past_the_log_end_does_not_lower_the_total_lag(cli, make_coordinator,
+                                                                 redis_client, namespace):
+    """A partition committed past its log end (records lost to a failover, or a reset by
+    hand) shows its negative LAG, as Kafka's ``getLag`` does; but the total summed it, so
+    another partition 4 behind made a TOTAL-LAG of -4 + 4 = 0, and an alert on it read a
+    group that is behind as caught up. It counts as 0 behind in the total."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("orders", 2)
+    produce(redis_client, namespace, "orders", {0: 2, 1: 4})
+    errors = coord.commit_offsets("ahead", {TopicPartition("orders", 0): 6,
+                                            TopicPartition("orders", 1): 0})
+    assert set(errors.values()) == {Errors.NONE}
+    res = ok(cli("groups", "describe", "ahead"))
+    assert [r[5] for r in rows(res.stdout, "GROUP  TOPIC")] == ["-4", "4"]
+    assert rows(res.stdout, "GROUP  STATE")[0][5] == "4"
+    doc = json.loads(ok(cli("groups", "describe", "ahead", "--output", "json")).stdout)
+    assert [p["lag"] for p in doc["partitions"]] == [-4, 4]
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (4, 4, 0)
+
+
 def test_describe_leaves_out_offsets_committed_to_a_deleted_topic(cli, make_coordinator,
                                                                    redis_client, namespace):
     # Kafka deletes a topic's committed offsets with it. Before, the old topic's offset 50

@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    + ", ".join(STATES.values()) + "; bare: every group")
     q = leaf(sub, "describe", "a group's state, members, and committed offsets and lag",
              _describe)
-    q.epilog = ("TOTAL-LAG is the sum of the partitions' LAG when every one is known; '-' when "
+    q.epilog = ("TOTAL-LAG is the sum of the partitions' LAG (a negative one, a commit past the "
+                "log end, counted as 0) when every one is known; '-' when "
                 "none is (LAG is '-' where nothing is committed or the log end is unknown), "
                 "'>=N' when only some are, N the sum of those. In JSON total_lag is null "
                 "unless every lag is known; known_lag (the sum of the known ones, null if none) "
@@ -229,7 +230,9 @@ def _describe(ctx: Context) -> int:
     # An unknown lag is not 0 (a group that committed nothing may be a whole log behind), so
     # the total is given only where every lag is known: a script alerting on it must never
     # read a partial sum, or 0, as the group's lag. Text marks the known part as a lower bound.
-    known = [r["lag"] for r in rows if r["lag"] is not None]
+    # A partition committed past its log end (records lost to a failover, a reset by hand)
+    # shows its negative lag, as Kafka's; in the total it is 0 behind, or it hid another's.
+    known = [max(r["lag"], 0) for r in rows if r["lag"] is not None]
     unknown = len(rows) - len(known)
     known_lag = sum(known) if known or not rows else None
     total = known_lag if not unknown else None
