@@ -368,11 +368,34 @@ class Producer:
         Spark sink places the rows an earlier attempt stored too, so it places the others where
         an attempt in the same order does (``rcoord.spark.write``)."""
         _check_topic(topic)
-        _encode_record(record)  # the checks a send makes first: the partitioner reads the record
+        # Every check a send makes of one record, so a caller placing records before it sends
+        # any (the Spark sink, per topic) finds a bad one before it sends the others': a row
+        # over the size or past the partitions failed only when its topic's batch went, after
+        # other topics' rows placed before it were appended.
+        encoded = _encode_record(record)
+        self._check_size(topic, "the record", len(encoded[1]) + len(encoded[2]) + len(encoded[3]))
         n = self._num_partitions(topic)
         if record.partition is not None:
-            return _check_int("partition", record.partition, 0)  # (a send checks the range)
+            return self._explicit_partition(topic, record.partition, n)[0]
         return self._choose(topic, record, n)
+
+    def _check_size(self, topic: str, which: str, size: int) -> None:
+        if size > self._max_request_size:
+            raise TopicError(Errors.MESSAGE_TOO_LARGE, (
+                f"{topic}: {which} is {size} bytes (value, key and headers), more than "
+                f"max_request_size {self._max_request_size}; nothing of this call was "
+                f"appended"))
+
+    def _explicit_partition(self, topic: str, partition: int, n: int) -> tuple[int, int]:
+        """A record's own partition, checked (and the count ``n``, read again if the partition
+        is past it: partitions may have been added since it was cached)."""
+        p = _check_int("partition", partition, 0)  # (Kafka: non-negative or null)
+        if p >= n:
+            n = self._num_partitions(topic, refresh=True)
+        if p >= n:
+            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                             f"{topic} has no partition {p} (count {n})")
+        return p, n
 
     @translate_redis_errors
     def _allocate_producer_id(self) -> str:
@@ -502,23 +525,17 @@ class Producer:
         encoded = [_encode_record(rec) for rec in recs]
         sizes = [len(e[1]) + len(e[2]) + len(e[3]) for e in encoded]
         for i, size in enumerate(sizes):
-            if size > self._max_request_size:
-                raise TopicError(Errors.MESSAGE_TOO_LARGE, (
-                    f"{topic}: record {i} is {size} bytes (value, key and headers), more than "
-                    f"max_request_size {self._max_request_size}; nothing of this call was "
-                    f"appended"))
+            self._check_size(topic, f"record {i}", size)
         n = self._num_partitions(topic)
         parts: list[int] = []
         for rec in recs:
             if rec.partition is not None:
-                p = _check_int("partition", rec.partition, 0)  # (Kafka: non-negative or null)
-                if p >= n:
-                    n = self._num_partitions(topic, refresh=True)
+                p, n = self._explicit_partition(topic, rec.partition, n)
             else:
                 p = self._choose(topic, rec, n)
-            if not 0 <= p < n:
-                raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                                 f"{topic} has no partition {p} (count {n})")
+                if not 0 <= p < n:
+                    raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                                     f"{topic} has no partition {p} (count {n})")
             parts.append(p)
 
         by_part: dict[int, list[int]] = {}
