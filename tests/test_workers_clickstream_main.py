@@ -108,6 +108,36 @@ def _main_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) 
     return seen
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (("--heartbeat-interval-ms", "5000"),  # the default session, 10000, holds two
+     "--heartbeat-interval-ms: 5000 must be at most --session-timeout-ms / 3 (3333.33)"),
+    (("--session-timeout-ms", "3000", "--heartbeat-interval-ms", "1001"),
+     "--heartbeat-interval-ms: 1001 must be at most --session-timeout-ms / 3 (1000)"),
+    (("--session-timeout-ms", "2"),
+     "--session-timeout-ms: 2 is too short; it must hold three heartbeat intervals"),
+    (("--session-timeout-ms", "1_0"), "argument --session-timeout-ms: '1_0'"),
+    (("--rebalance-timeout-ms", "2147483648"), "argument --rebalance-timeout-ms: '2147483648'"),
+])
+def test_group_timeouts_the_source_refuses_are_a_usage_error_before_spark_starts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        flags: tuple[str, ...], words: str) -> None:
+    # Each passed the flags' type and failed in the source (OptionError) once Spark had
+    # started, behind a traceback; the source's rule is now said first, naming the flags.
+    with pytest.raises(SystemExit) as exited:
+        _main_options(monkeypatch, tmp_path, *flags)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_group_timeouts_the_source_takes_pass(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    options = _main_options(monkeypatch, tmp_path, "--session-timeout-ms", "3000",
+                            "--heartbeat-interval-ms", "1000")["options"]
+    assert options == {"sessionTimeoutMs": "3000", "heartbeatIntervalMs": "1000"}
+    assert _main_options(monkeypatch, tmp_path, "--session-timeout-ms", "3")["options"] == {
+        "sessionTimeoutMs": "3"}
+
+
 def test_a_batch_is_capped_unless_told_otherwise(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

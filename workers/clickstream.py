@@ -111,6 +111,19 @@ def _duration(least: int) -> Any:
     return parse
 
 
+def _timeout_ms(text: str) -> int:
+    """An argparse ``type``: a group timeout, a positive number of milliseconds within Kafka's
+    INT, as the source takes it (``rcoord.spark.options``), but checked before Spark starts:
+    the source refused '10s' or '0' only once Spark had started, behind a traceback."""
+    from rcoord.cli import INTEGER
+    from rcoord.protocol._checks import INT32_MAX
+
+    if not INTEGER.fullmatch(text) or not 1 <= int(text) <= INT32_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a number of milliseconds from 1 to {INT32_MAX} (Kafka's INT), no unit")
+    return int(text)
+
+
 MAX_OFFSETS_PER_TRIGGER = 100_000
 """The default cap on a micro-batch's records (the source's ``maxOffsetsPerTrigger``). Each
 batch collects its aggregated rows, up to one per record, on the driver, and must end within
@@ -989,6 +1002,8 @@ def stop_gracefully(query: Any, timeout_s: float = 10.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rcoord.spark.options import ReadOptions
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--group", required=True, help="consumer group of the instances")
     parser.add_argument("--topic", required=True, help="topic(s) to read, comma-separated")
@@ -1006,9 +1021,12 @@ def main(argv: list[str] | None = None) -> int:
                         default=MAX_OFFSETS_PER_TRIGGER,
                         help="records a micro-batch reads at most, over all partitions "
                         f"(default {MAX_OFFSETS_PER_TRIGGER:,}; -1: no limit)")
-    parser.add_argument("--session-timeout-ms", default=None)
-    parser.add_argument("--heartbeat-interval-ms", default=None)
-    parser.add_argument("--rebalance-timeout-ms", default=None,
+    parser.add_argument("--session-timeout-ms", type=_timeout_ms, default=None,
+                        help=f"the group's session timeout (default {ReadOptions.session_timeout_ms})")
+    parser.add_argument("--heartbeat-interval-ms", type=_timeout_ms, default=None,
+                        help="at most a third of the session timeout (default "
+                        f"{ReadOptions.heartbeat_interval_ms}, or that third if smaller)")
+    parser.add_argument("--rebalance-timeout-ms", type=_timeout_ms, default=None,
                         help="the source's rebalanceTimeoutMs: above the trigger interval plus "
                         "the longest batch (docs/architecture.md)")
     parser.add_argument("--run-for", type=float, default=None,
@@ -1016,6 +1034,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.redis_url:  # said before Spark starts, naming this command's flag
         parser.error("no Redis to read from: give --redis-url URL or set RCOORD_REDIS_URL")
+    # the source's rule (rcoord.spark.options), said before Spark starts and naming the flags
+    session = args.session_timeout_ms or ReadOptions.session_timeout_ms
+    beat = args.heartbeat_interval_ms or min(ReadOptions.heartbeat_interval_ms,
+                                             max(1, session // 3))
+    if beat * 3 > session:
+        if args.heartbeat_interval_ms is None:
+            parser.error(f"--session-timeout-ms: {session} is too short; it must hold three "
+                         "heartbeat intervals of at least 1 ms (at least 3)")
+        parser.error(f"--heartbeat-interval-ms: {beat} must be at most --session-timeout-ms / 3 "
+                     f"({session / 3:g})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
