@@ -1002,6 +1002,7 @@ def stop_gracefully(query: Any, timeout_s: float = 10.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rcoord.cli import env_default
     from rcoord.spark.options import ReadOptions
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1009,7 +1010,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", required=True, help="topic(s) to read, comma-separated")
     parser.add_argument("--out", required=True, help="output directory (Parquet)")
     parser.add_argument("--redis-url", default=os.environ.get("RCOORD_REDIS_URL"))
-    parser.add_argument("--namespace", default="rcoord")
+    parser.add_argument("--namespace", default=env_default("RCOORD_NAMESPACE", "rcoord"),
+                        help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     parser.add_argument("--master", default=None, help="Spark master (default local[2])")
     parser.add_argument("--window", default="10s", type=_duration(1),
                         help="tumbling window length (500ms, 10s, 1m, 1h; default 10s)")
