@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from harness import without_join_delay
 
 from rcoord.topics import Producer, Topics
@@ -139,3 +140,17 @@ def test_fault_worker_refused_for_its_session_exits_naming_the_setting(
     assert res.returncode == 2, res.stdout + res.stderr
     assert "INVALID_SESSION_TIMEOUT" in res.stderr and "session_timeout_ms=1500" in res.stderr
     assert res.stderr.count("refused") == 1, res.stderr
+
+
+@pytest.mark.parametrize(("flag", "bad"), [("--max-records", "-5"), ("--max-records", "1_0"),
+                                           ("--idle-exit-s", "-1"), ("--idle-exit-s", "nan")])
+def test_word_count_refuses_a_negative_limit_before_it_joins(capsys, flag, bad):
+    # A negative --max-records or --idle-exit-s stopped the worker at once (before its first
+    # record, or at its first empty poll) with "records 0; top words []", as if the topic were
+    # empty; the Redis here does not exist: the flag is refused before the worker connects.
+    from workers import word_count
+
+    with pytest.raises(SystemExit) as exited:
+        word_count.main(["--redis-url", "redis://127.0.0.1:1/0", "--topic", "lines", flag, bad])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {bad!r}" in capsys.readouterr().err

@@ -1,9 +1,10 @@
 """A worker that counts words in the records of a topic, as one member of a consumer group.
 
 Run several copies against the same Redis and they share the topic's partitions; kill one and
-its partitions move to the others after its session timeout; the counts it committed are kept
-(offsets are committed with generation fencing, so a zombie cannot move them back). Stop one
-with SIGTERM (``docker stop``, ``kill``) or Ctrl-C and it commits, leaves the group at once (its
+its partitions move to the others after its session timeout, from the offsets it committed
+(committed with generation fencing, so a zombie cannot move them back): its counts, kept in
+memory only, go with it, and the others count the records after those offsets. Stop one with
+SIGTERM (``docker stop``, ``kill``) or Ctrl-C and it commits, leaves the group at once (its
 partitions move without waiting for its session to pass) and prints its summary, as a Kafka
 consumer closed from a shutdown hook does.
 
@@ -24,8 +25,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition  # noqa: E402
+from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition
+from rcoord.cli import INTEGER
 from rcoord.client import WakeupError
+
+
+def _records(text: str) -> int:
+    """An argparse ``type``: a number of records, 0 for no limit (a negative one stopped the
+    worker before it read a record, without a word)."""
+    if not INTEGER.fullmatch(text) or int(text) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of records >= 0 (0: never stop)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: seconds, 0 for never (a negative one stopped the worker at its
+    first empty poll; 'nan' never stopped it)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0 (0: never stop)")
+    return seconds
 
 
 class Announce(ConsumerRebalanceListener):
@@ -51,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topic", required=True)
     ap.add_argument("--group", default="word-count")
     ap.add_argument("--namespace", default="rcoord")
-    ap.add_argument("--max-records", type=int, default=0, help="stop after this many (0: never)")
-    ap.add_argument("--idle-exit-s", type=float, default=0.0,
+    ap.add_argument("--max-records", type=_records, default=0,
+                    help="stop after this many (0: never)")
+    ap.add_argument("--idle-exit-s", type=_seconds, default=0.0,
                     help="stop after this long holding partitions with no records (the time "
-                    "spent joining the group does not count)")
+                    "spent joining the group does not count; 0: never)")
     args = ap.parse_args(argv)
 
     config = ConsumerGroupConfig(
