@@ -271,3 +271,30 @@ def test_a_url_argument_the_asyncio_cluster_client_lacks_is_named(redis_cluster)
     with pytest.raises(ConfigError, match="retry_on_timeout"):
         Gateway(GatewayConfig(listen_port=0), url, client_name=name)
     wait_until(lambda: _clients_of(redis_cluster, name) == 0)  # (closed: the server sees it)
+
+
+@pytest.mark.parametrize("flag", ["--max-frame-bytes", "--connections-max-idle-ms",
+                                  "--commit-required-acks", "--commit-ack-timeout-ms"])
+@pytest.mark.parametrize("bad", ["1_000_000", " 3000", "\u0663000"])
+def test_a_number_int_takes_and_the_other_commands_refuse_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str,
+        bad: str) -> None:
+    # type=int read '1_000_000' as 1000000, ' 3000' as 3000 and Arabic-Indic digits as theirs,
+    # where every other rcoord command (rcoord.cli.INTEGER) refuses them: the gateway went on
+    # (here to the missing Redis URL) with a number the operator may not have meant.
+    from rcoord.cli import main
+
+    monkeypatch.delenv("RCOORD_REDIS_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["gateway", flag, bad])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {bad!r} is not an integer" in capsys.readouterr().err
+
+
+def test_the_numbers_keep_their_bounds(monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from rcoord.cli import main
+
+    assert main(["gateway", "--redis-url", "redis://127.0.0.1:1/0", "--max-frame-bytes",
+                 "+1023"]) == 2
+    assert "max_frame_bytes must be >= 1024, got 1023" in capsys.readouterr().err

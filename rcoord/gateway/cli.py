@@ -28,6 +28,7 @@ from ..cli import (
     with_tls_files,
 )
 from ..errors import as_missing_permission, is_missing_permission
+from ..ops.common import integer
 
 __all__ = ["add_arguments", "gateway_main", "host_port"]
 
@@ -52,10 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", action=AfterCommand,
                    default=env_default("RCOORD_NAMESPACE", "rcoord"),
                    help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
-    p.add_argument("--max-frame-bytes", type=int, default=100 * 1024 * 1024,
+    p.add_argument("--max-frame-bytes", type=integer, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
-    p.add_argument("--connections-max-idle-ms", type=int, default=600_000,
+    p.add_argument("--connections-max-idle-ms", type=integer, default=600_000,
                    help="close a connection that sends no request for this long (Kafka's "
                    "connections.max.idle.ms, default 600000)")
     p.add_argument("--auth-file", default=None,
@@ -74,10 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "ssl.key.password; default: the key is not encrypted)")
     p.add_argument("--listen-tls-ca-file", default=None,
                    help="require a client certificate signed by this CA (mutual TLS)")
-    p.add_argument("--commit-required-acks", type=int, default=0,
+    p.add_argument("--commit-required-acks", type=integer, default=0,
                    help="replicas that must have an OffsetCommit before it is answered (Kafka's "
                         "offsets.commit.required.acks; default 0: the master's answer)")
-    p.add_argument("--commit-ack-timeout-ms", type=int, default=5000,
+    p.add_argument("--commit-ack-timeout-ms", type=integer, default=5000,
                    help="how long a commit waits for them (offsets.commit.timeout.ms; 5000)")
     p.add_argument("--log-level", action=AfterCommand,
                    default=env_default("RCOORD_LOG_LEVEL", "INFO"),
