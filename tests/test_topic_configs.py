@@ -223,3 +223,20 @@ def test_a_delete_of_a_config_rcoord_does_not_keep_changes_nothing():
     assert settings_change([("no.such.config", DELETE, "")]) == {}
     with pytest.raises(TopicError, match="Unknown topic config name: segment.bytes"):
         settings_change([("segment.bytes", SET, "1024")])
+
+
+def test_the_command_line_refuses_a_delete_of_a_config_rcoord_does_not_keep(cli, topics):
+    """``--delete-config retention.m`` (a typo) printed "Changed the configs of topic t." and
+    exited 0, changing nothing (``settings_change`` skips it, for the gateway, as Kafka's broker
+    answers NONE); kafka-configs.sh refuses it ("Invalid config(s): retention.m"). The other
+    changes given with it are not made either."""
+    topics.create("t", 1, retention_ms=60_000)
+    res = cli("topics", "alter-configs", "t", "--add-config", "retention.records=3",
+              "--delete-config", "retention.m")
+    assert res.returncode == 2 and "Unknown topic config name: retention.m " in res.stderr
+    assert "Changed" not in res.stdout
+    assert _settings(topics, "t") == (60_000, None, None)
+    # a config rcoord keeps at its one value is still deleted (it keeps that value)
+    assert "Changed the configs of topic t." in ok(cli(
+        "topics", "alter-configs", "t", "--delete-config", "cleanup.policy,retention.ms")).stdout
+    assert _settings(topics, "t") == (None, None, None)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..cli import UsageError
 from ..errors import Errors
 from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
-from ..topics.configs import DELETE, SET, SETTINGS, settings_change, topic_configs
+from ..topics.configs import DELETE, SET, SETTINGS, setting_named, settings_change, topic_configs
 from .common import Context, integer, leaf
 from .console import add_console_arguments
 from .output import print_json, print_line, print_table
@@ -340,7 +340,14 @@ def _alter_configs(ctx: Context) -> int:
     """Every change is checked (names, values, the topic) before any is written, and all are
     written at once: an error leaves the topic's configs as they were."""
     a = ctx.args
-    changes = settings_change(_config_ops(a.add_config, a.delete_config))
+    ops = _config_ops(a.add_config, a.delete_config)
+    for name, op, _ in ops:
+        if op == DELETE:
+            # settings_change skips a name rcoord does not keep, as Kafka's broker does (the
+            # gateway answers NONE), so a typo said "Changed" and changed nothing;
+            # kafka-configs.sh refuses it ("Invalid config(s)"), naming it, as --add-config's.
+            setting_named(name)
+    changes = settings_change(ops)
     admin = ctx.topics()
     # (the configs were written, to be thrown away by the delete that finishes it)
     ctx.refuse_marked_for_deletion([a.topic], "no config was changed")
