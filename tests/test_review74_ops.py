@@ -51,3 +51,17 @@ def test_a_bad_group_timeout_is_a_usage_error_before_spark_starts(
             signal.signal(sig, handler)
     assert exited.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+
+def test_the_namespace_comes_from_the_environment_as_the_redis_url_does(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With ``RCOORD_REDIS_URL`` and ``RCOORD_NAMESPACE`` exported (docs/operations.md: "as for
+    every rcoord command"), ``python -m workers.clickstream --group G --topic T --out DIR`` took
+    its Redis from the environment and its namespace not: it read group G of namespace
+    ``rcoord``, while ``rcoord groups describe G`` looked in ``$RCOORD_NAMESPACE``."""
+    from test_workers_clickstream_main import _main_options
+
+    monkeypatch.setenv("RCOORD_NAMESPACE", "team-a")
+    assert _main_options(monkeypatch, tmp_path)["namespace"] == "team-a"
+    assert _main_options(monkeypatch, tmp_path, "--namespace", "b")["namespace"] == "b"
