@@ -48,11 +48,12 @@ def test_word_count_idle_exit_counts_only_time_holding_partitions(
     producer = Producer(single_client, namespace)
     for i in range(6):
         producer.send("lines", b"gamma", key=str(i).encode())
+    # (The namespace from $RCOORD_NAMESPACE, as every rcoord command reads it: the worker read
+    # the group and topic of namespace 'rcoord' before, and found no topic.)
     argv = [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
-            redis_server.url, "--topic", "lines", "--namespace", namespace,
-            "--idle-exit-s", "1"]
-    res = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=60,
-                         check=False)
+            redis_server.url, "--topic", "lines", "--idle-exit-s", "1"]
+    res = subprocess.run(argv, env={**ENV, "RCOORD_NAMESPACE": namespace}, capture_output=True,
+                         text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "records 6; top words [('gamma', 6)]" in res.stdout
 

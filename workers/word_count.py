@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition
-from rcoord.cli import INTEGER
+from rcoord.cli import INTEGER, env_default
 from rcoord.client import WakeupError
 
 
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis-url", required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--group", default="word-count")
-    ap.add_argument("--namespace", default="rcoord")
+    ap.add_argument("--namespace", default=env_default("RCOORD_NAMESPACE", "rcoord"),
+                    help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     ap.add_argument("--max-records", type=_records, default=0,
                     help="stop after this many (0: never)")
     ap.add_argument("--idle-exit-s", type=_seconds, default=0.0,
