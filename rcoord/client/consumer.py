@@ -2468,10 +2468,12 @@ class Consumer(SubscriptionMixin):
                 gen.end_reason.value if gen.end_reason else "closing",
             )
             method = "on_partitions_lost" if lost else "on_partitions_revoked"
-            if partitions or polling:
+            if partitions or (polling and not lost):
                 # Leaving (close(), unsubscribe()) with nothing assigned calls no listener,
-                # as Kafka's onLeavePrepare; a rebalance in poll() calls it even so, as
-                # Kafka's onJoinPrepare does.
+                # as Kafka's onLeavePrepare; an eager rebalance in poll() calls
+                # on_partitions_revoked even so, as Kafka's onJoinPrepare does, but never
+                # on_partitions_lost for nothing (its onJoinPrepare checks the lost set is
+                # non-empty; ConsumerRebalanceListener's contract).
                 self._listen(method, partitions)  # what it raises propagates after finally
         finally:
             self._revoking = False
