@@ -342,8 +342,8 @@ def test_assign_of_a_topic_created_between_its_reads_starts_at_its_end(env: Any)
     consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest",
                             coordinator=coord)
     consumer.assign([TP("t", 0)])
-    assert coord.misses == 1
     assert consumer.position(TP("t", 0), timeout=WAIT_S) == 2
+    assert coord.misses == 1  # (the read of the start, by position(), found it missing)
 
 
 def test_assign_of_a_missing_partition_logs_that_it_waits(
@@ -353,6 +353,7 @@ def test_assign_of_a_missing_partition_logs_that_it_waits(
     consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest")
     with caplog.at_level("WARNING", logger="rcoord.client"):
         consumer.assign([TP("t", 0)])
+        assert consumer.poll(timeout=0) == []  # (which reads the start: none yet)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "t-0 does not exist yet" in text and "start_offset='latest'" in text, text
     assert "starting at 0" not in text, text
@@ -396,6 +397,7 @@ def test_committed_of_a_deleted_topic_is_none_as_assign_takes_it(env: Any) -> No
     consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="none",
                             coordinator=coord)
     consumer.assign([TP("t", 0), TP("u", 0)])
+    assert consumer.position(TP("t", 0)) == 5  # (read with u-0's: both are held now)
     assert consumer.committed() == {TP("t", 0): 5, TP("u", 0): 3}
     assert len(coord.lookups) == 0
     env.topics.delete("t")
@@ -429,6 +431,7 @@ def test_committed_of_a_partition_past_the_count_is_none(env: Any) -> None:
     consumer = env.consumer(enable_auto_commit=False, topics=[], coordinator=coord,
                             partition_watch_interval_ms=600_000)
     consumer.assign([TP("t", 0)])
+    assert consumer.position(TP("t", 0)) == 2  # (its start read: it is held now)
     assert consumer.committed() == {TP("t", 0): 2}
     assert len(coord.lookups) == 0
     assert consumer.committed([TP("t", 0), TP("t", 3)]) == {TP("t", 0): 2, TP("t", 3): -1}

@@ -92,6 +92,7 @@ from .errors import (
 from .generation import EndReason, Generation, GenerationContext, commit_offsets_arg
 from .group import ConsumerGroup
 from .inflight import Finished, InFlight
+from .join import start_offsets
 from .policy import reaction_for
 from .polltimer import PollTimer
 from .retry import call_with_retries, interruptible_by
@@ -402,6 +403,11 @@ class Consumer(SubscriptionMixin):
         # on_partitions_assigned fetches their committed offsets, so an offset the listener
         # committed is where they start (``_start_commits``, applied in ``_note_started``).
         self._unstarted: set[TopicPartition] = set()
+        # Partitions assign() gave that have no start yet (unstarted, their committed offset
+        # not read): the first poll() or position() reads them all at once (``_read_starts``),
+        # as Kafka's first poll() after assign() fetches the committed offsets, so a commit by
+        # another client in between is where they start. Their ``_position`` is a stand-in.
+        self._unread: set[TopicPartition] = set()
         # Commits of such partitions' offsets the application made (its ticket -> offsets):
         # once landed, each sets the start of those still unstarted; the first fetch waits
         # for those of partitions unstarted then (``_starts_landed``).
@@ -562,6 +568,9 @@ class Consumer(SubscriptionMixin):
         self._check_open()
         key = self._require_assigned(tp, "read the position of")
         _check_timeout(timeout)
+        if key in self._unread:
+            self._take_wakeup("position()")
+            self._read_starts(timeout)
         if key in self._unstarted:
             self._await_start_commit(key, timeout)
         if key in self._invalid:
@@ -621,6 +630,39 @@ class Consumer(SubscriptionMixin):
                     f"longer timeout")
             with self._interruptible():
                 self._pause(min(deadline - now, self._config.retry_backoff_ms / 1000))
+
+    def _read_starts(self, timeout: float | None) -> None:
+        """Where the ``assign()``ed partitions without a start (``_unread``) start: their
+        committed offsets, else the ``start_offset`` policy, read in one OffsetFetch (and log
+        read) as Kafka's first ``poll()`` or ``position()`` after ``assign()`` fetches them
+        (``initWithCommittedOffsetsIfNeeded``). Before, ``assign()`` read them itself, and
+        a commit by another client before the first ``poll()`` (another simple-group
+        consumer, ``groups reset-offsets``) was ignored, then written over by the next commit
+        of the positions. Read without the lock (a ``close()`` from another thread does not
+        wait for it); a partition sought or given up meanwhile keeps what that did.
+        ``timeout``: see ``_query`` (``ConnectionLost``, ``TimeoutError``)."""
+        unread = sorted(self._unread)
+        if not unread:
+            return
+        coord = self._started(timeout)
+        missing: set[TopicPartition] = set()
+        offsets, committed = start_offsets(
+            unread, coord, self._config,
+            lambda call, error_of: self._query(call, timeout, error_of), missing=missing)
+        edge = 0 if self._config.start_offset == "earliest" else 1
+        with self._single_threaded():
+            self._check_open()
+            for tp in unread:
+                if tp not in self._unread:
+                    continue
+                self._unread.discard(tp)
+                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+                if offsets[tp] < 0:  # start_offset="none" and nothing committed
+                    self._invalid[tp] = offsets[tp]
+                if tp in committed:
+                    self._committed[tp] = committed[tp]
+                if tp in missing:  # (no position until it exists: see assign())
+                    self._reset_later(tp, edge)
 
     def _await_start_commit(self, key: TopicPartition, timeout: float | None) -> None:
         """``position()`` of an unstarted partition (``_unstarted``) whose offset the
@@ -779,6 +821,7 @@ class Consumer(SubscriptionMixin):
         """Set the position of ``key`` (a seek), dropping what was fetched from the old one."""
         self._position[key] = self._fetch_pos[key] = offset
         self._unstarted.discard(key)  # a commit no longer moves it
+        self._unread.discard(key)  # (the seek wins over the committed offset, as in Kafka)
         self._seeks[key] = next(self._seek_serials)
         self._unacked.pop(key, None)  # the application says where it stands now
         self._commit_floor.pop(key, None)  # ... and its commits go from there
@@ -876,7 +919,8 @@ class Consumer(SubscriptionMixin):
                     else time.monotonic() + (self._api_timeout_s if bounded is None else bounded))
         return self._query(lambda: self._coordinator(deadline), timeout)
 
-    def _query(self, call: Callable[[], T], timeout: float | None) -> T:
+    def _query(self, call: Callable[[], T], timeout: float | None,
+               error_of: Callable[[T], Errors] | None = None) -> T:
         """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
         ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
         (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
@@ -891,13 +935,14 @@ class Consumer(SubscriptionMixin):
         (READONLY, MASTERDOWN) met for the whole ``timeout`` raises ``ReadOnlyReplicaError``,
         which says to give the master's URL (``refused_by_replica``). A coordinator start
         that an earlier ``poll(timeout)`` began and still waits on Redis is waited for only
-        until ``timeout``, then ``TimeoutError`` (``_started``)."""
+        until ``timeout``, then ``TimeoutError`` (``_started``). ``error_of``: the answer's
+        error, the retriable ones retried as long (``call_with_retries``)."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
         with (self._using_client(), self._interruptible(),
               refused_by_replica(self._config.group_id, bound)):
-            return call_with_retries(call, None, config=self._config, closing=self._stop,
+            return call_with_retries(call, error_of, config=self._config, closing=self._stop,
                                      budget_s=budget)
 
     @contextlib.contextmanager
@@ -994,7 +1039,8 @@ class Consumer(SubscriptionMixin):
             # missing (the topic may have grown since; the commit checks read again too).
             suspect = {tp for tp, om in result.offsets.items() if om.offset >= 0
                        and tp.topic in created
-                       and (tp not in self._position or tp in self._resets)}
+                       and (tp not in self._position or tp in self._resets
+                            or tp in self._unread)}
             since = time.monotonic() - self._config.partition_watch_interval_ms / 1000
             kept = {t: _fresh_count(self._partition_counts.get(t), since)
                     for t in {tp.topic for tp in suspect}}
@@ -1024,7 +1070,8 @@ class Consumer(SubscriptionMixin):
         one whose stream cannot be read (its last id is not rcoord's: ``end_offsets()`` of it
         raises its error). ``timeout``: see ``_query``."""
         self._check_open()
-        held = [tp for tp in self._assigned if tp not in self._invalid and tp not in self._resets]
+        held = [tp for tp in self._assigned if tp not in self._invalid and tp not in self._resets
+                and tp not in self._unread]
         # (a partition without a position has no lag: Kafka's currentLag is empty then)
         ends = self._edges([(tp, 1) for tp in held], timeout, missing_ok=True)
         return {tp: max(0, end - self._position.get(tp, end)) for tp, end in ends.items()}
@@ -1215,6 +1262,15 @@ class Consumer(SubscriptionMixin):
                 if _expired(deadline):
                     return []
                 continue
+            if self._unread:
+                try:
+                    self._read_starts(_remaining(deadline))
+                except (ConnectionLost, TimeoutError):
+                    # Redis away: as Kafka's poll() when its fetch of committed offsets times
+                    # out, no records meanwhile; a later try reads them (logged by the retries).
+                    if _expired(deadline):
+                        return []
+                    continue
             if (self._unstarted and not self._starts_landed(deadline)
                     and not _expired(deadline)):
                 continue  # (woken up, or closing: the loop's top says)

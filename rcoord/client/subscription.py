@@ -36,7 +36,6 @@ from .errors import (
     session_bound,
 )
 from .group import ConsumerGroup
-from .join import start_offsets
 from .polltimer import PollTimer
 from .retry import call_with_retries
 
@@ -69,7 +68,7 @@ PARTITION_TABLES = ("_buffers", "_position", "_fetch_pos", "_committed", "_inval
 a partition given up leaves every one (``_forget_partitions``), and dropping the assignment
 empties them all (``Consumer._drop_assignment``). A table listed in one place and not the
 other kept one entry per partition ever held."""
-PARTITION_MARKS = ("_paused", "_caught_up", "_unstarted")
+PARTITION_MARKS = ("_paused", "_caught_up", "_unstarted", "_unread")
 
 
 class SubscriptionMixin:
@@ -91,6 +90,7 @@ class SubscriptionMixin:
         _paused: set[TopicPartition]
         _caught_up: set[TopicPartition]
         _unstarted: set[TopicPartition]
+        _unread: set[TopicPartition]
         _seeks: dict[TopicPartition, int]
         _record_bytes: dict[TopicPartition, int]
         _fetched_turn: dict[TopicPartition, int]
@@ -252,13 +252,15 @@ class SubscriptionMixin:
 
         No JoinGroup, no heartbeats, no rebalance callbacks. A new partition starts at its
         committed offset in ``group_id`` (or the ``start_offset`` policy), as it is at the next
-        ``poll()``: an offset committed by this consumer before then is where it starts, as
-        in Kafka, whose first poll fetches the committed offsets (``Consumer._note_started``;
-        before, it started at the offset read here); a partition kept from
-        the previous ``assign()`` keeps its position. One that does not exist yet (no topic, or
-        a number past its count) has no position until it exists, then the policy's edge at
-        that time (``_reset_later``; the log read of ``start_offsets`` finds it missing, so no
-        other read, and no topic created between two reads starts at 0), as Kafka retries the
+        ``poll()`` or ``position()``, which reads it (``Consumer._read_starts``), as Kafka's
+        first poll fetches the committed offsets: an offset committed before then, by this
+        consumer or another client, is where it starts (before, it started at the offset read
+        here, moved only by this consumer's own commits); a ``seek()`` before then wins. A
+        partition kept from the previous ``assign()`` keeps its position. One that does not
+        exist yet (no topic, or a number past its count) when that read is made has no
+        position until it exists, then the policy's edge at that time (``_reset_later``; the
+        log read of ``start_offsets`` finds it missing, so no other read, and no topic created
+        between two reads starts at 0), as Kafka retries the
         reset of a partition missing from its metadata; under "none" it raises
         ``NoOffsetForPartitionError``. A committed offset does not change that: one to a
         partition that does not exist is a deleted topic's, which Kafka deletes with it.
@@ -284,33 +286,18 @@ class SubscriptionMixin:
             added = [tp for tp in wanted if tp not in before]
             if removed and self._assigned_manually and self._auto_commit:
                 self._auto_commit_now()
-            missing: set[TopicPartition] = set()
             with refused_by_replica(self._config.group_id, retry_bound(self._config)):
-                # (the coordinator's start retried as the reads are: made alone, one start on
-                # a replica raised "try again" at once, one with Redis down ConnectionLost)
-                coord = call_with_retries(self._coordinator, None, config=self._config,
-                                          closing=self._stop)
-                offsets, committed = start_offsets(
-                    added,
-                    coord,
-                    self._config,
-                    lambda call, error_of: call_with_retries(
-                        call, error_of, config=self._config, closing=self._stop
-                    ),
-                    missing=missing,
-                )
+                # (the coordinator's start, retried: unretried, one start on a replica raised
+                # "try again" at once, one with Redis down ConnectionLost; the offsets are
+                # read by the first poll() or position(): Consumer._read_starts)
+                call_with_retries(self._coordinator, None, config=self._config,
+                                  closing=self._stop)
             self._forget_partitions(removed)
-            edge = 0 if self._config.start_offset == "earliest" else 1
             for tp in added:
-                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
-                if offsets[tp] < 0:  # start_offset="none" and nothing committed
-                    self._invalid[tp] = offsets[tp]
+                self._position[tp] = self._fetch_pos[tp] = 0  # (a stand-in until it is read)
                 self._buffers[tp] = deque()
                 self._unstarted.add(tp)  # (a seek, _reset_later's too, gives it a position)
-                if tp in committed:
-                    self._committed[tp] = committed[tp]
-                if tp in missing:
-                    self._reset_later(tp, edge)
+                self._unread.add(tp)  # (its start is read by the next poll() or position())
             self._assigned = wanted
             self._assigned_manually = True
             self._next_auto_commit = time.monotonic() + self._auto_commit_s
