@@ -35,7 +35,9 @@ JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b""
                         "session_timeout_ms": 10_000, "rebalance_timeout_ms": 2000}
 
 
-def test_a_failed_expiry_moves_a_deadline_a_step_published_meanwhile(own_server, namespace):
+def sweeper_beside_a_coordinator(own_server: Any, namespace: str) -> tuple[Any, Any, Any]:
+    """(client, coordinator, sweeper) of one partition, the sweeper's retry of a failed group a
+    minute ahead, its clock synced and its partition read."""
     from rcoord.service.metrics import Metrics
     from rcoord.service.sweeper import Sweeper
 
@@ -47,6 +49,11 @@ def test_a_failed_expiry_moves_a_deadline_a_step_published_meanwhile(own_server,
     sweeper.backoff_first_ms = 60_000  # its retry lies a minute ahead
     sweeper.sync_clock()
     sweeper.resync({0})
+    return client, coord, sweeper
+
+
+def test_a_failed_expiry_moves_a_deadline_a_step_published_meanwhile(own_server, namespace):
+    client, coord, sweeper = sweeper_beside_a_coordinator(own_server, namespace)
     # The sweeper's expire_deadlines of the group failed (a transient script error); before
     # its ZADD reached Redis a step of the group ran and published its real earliest deadline:
     # the group forms, its member's session ends 10 s ahead.
@@ -62,6 +69,9 @@ def test_a_failed_expiry_moves_a_deadline_a_step_published_meanwhile(own_server,
     sweeper._failed(0, "good", redis.ResponseError("a transient failure"), client)
 
     # Another coordinator process (the partition's lease moved) reads the index afresh.
+    from rcoord.service.metrics import Metrics
+    from rcoord.service.sweeper import Sweeper
+
     other = Sweeper(client, coord._scripts, namespace, 1, Metrics())
     other.sync_clock()
     other.resync({0})

@@ -50,19 +50,11 @@ def test_the_failing_sweeper_acts_on_a_deadline_published_after_its_failed_call(
     backoff the same way."""
     import redis
     from harness import server_ms
+    from test_review73c import sweeper_beside_a_coordinator
 
-    from rcoord import CoordinatorConfig, Errors, GroupCoordinator
-    from rcoord.service.metrics import Metrics
-    from rcoord.service.sweeper import Sweeper
+    from rcoord import Errors
 
-    client = own_server.client()
-    coord = GroupCoordinator(client, CoordinatorConfig(
-        namespace=namespace, num_partitions=1, group_min_session_timeout_ms=10,
-        group_initial_rebalance_delay_ms=0)).start()
-    sweeper = Sweeper(client, coord._scripts, namespace, 1, Metrics())
-    sweeper.backoff_first_ms = 60_000  # its retry lies a minute ahead
-    sweeper.sync_clock()
-    sweeper.resync({0})
+    client, coord, sweeper = sweeper_beside_a_coordinator(own_server, namespace)
     # The sweeper's expire_deadlines of the group was sent now and failed; before its reply
     # came back a step of the group ran and published its real earliest deadline (the member's
     # session, 10 s ahead).
