@@ -377,7 +377,7 @@ class Producer:
         n = self._num_partitions(topic)
         if record.partition is not None:
             return self._explicit_partition(topic, record.partition, n)[0]
-        return self._choose(topic, record, n)
+        return _in_range(topic, self._choose(topic, record, n), n)
 
     def _check_size(self, topic: str, which: str, size: int) -> None:
         if size > self._max_request_size:
@@ -392,10 +392,7 @@ class Producer:
         p = _check_int("partition", partition, 0)  # (Kafka: non-negative or null)
         if p >= n:
             n = self._num_partitions(topic, refresh=True)
-        if p >= n:
-            raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                             f"{topic} has no partition {p} (count {n})")
-        return p, n
+        return _in_range(topic, p, n), n
 
     @translate_redis_errors
     def _allocate_producer_id(self) -> str:
@@ -532,10 +529,7 @@ class Producer:
             if rec.partition is not None:
                 p, n = self._explicit_partition(topic, rec.partition, n)
             else:
-                p = self._choose(topic, rec, n)
-                if not 0 <= p < n:
-                    raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
-                                     f"{topic} has no partition {p} (count {n})")
+                p = _in_range(topic, self._choose(topic, rec, n), n)  # (a custom partitioner's)
             parts.append(p)
 
         by_part: dict[int, list[int]] = {}
@@ -985,3 +979,10 @@ def append_idempotent(
             else:
                 out.append(RecordMetadata(topic, partition, first + j - dup, ts))
     return out
+
+
+def _in_range(topic: str, partition: int, count: int) -> int:
+    if not 0 <= partition < count:
+        raise TopicError(Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                         f"{topic} has no partition {partition} (count {count})")
+    return partition
