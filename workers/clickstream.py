@@ -115,13 +115,14 @@ def _timeout_ms(text: str) -> int:
     """An argparse ``type``: a group timeout, a positive number of milliseconds within Kafka's
     INT, as the source takes it (``rcoord.spark.options``), but checked before Spark starts:
     the source refused '10s' or '0' only once Spark had started, behind a traceback."""
-    from rcoord.cli import INTEGER
+    from rcoord.ops.common import integer
     from rcoord.protocol._checks import INT32_MAX
 
-    if not INTEGER.fullmatch(text) or not 1 <= int(text) <= INT32_MAX:
+    ms = integer(text)  # (digits and a sign, as every rcoord command reads a number)
+    if not 1 <= ms <= INT32_MAX:
         raise argparse.ArgumentTypeError(
             f"{text!r}: a number of milliseconds from 1 to {INT32_MAX} (Kafka's INT), no unit")
-    return int(text)
+    return ms
 
 
 MAX_OFFSETS_PER_TRIGGER = 100_000

@@ -26,16 +26,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition
-from rcoord.cli import INTEGER, env_default
+from rcoord.cli import env_default
 from rcoord.client import WakeupError
+from rcoord.ops.common import integer
 
 
 def _records(text: str) -> int:
     """An argparse ``type``: a number of records, 0 for no limit (a negative one stopped the
     worker before it read a record, without a word)."""
-    if not INTEGER.fullmatch(text) or int(text) < 0:
+    records = integer(text)  # (digits and a sign, as every rcoord command reads a number)
+    if records < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of records >= 0 (0: never stop)")
-    return int(text)
+    return records
 
 
 def _seconds(text: str) -> float:
