@@ -176,10 +176,26 @@ def test_altering_configs_needs_alter_configs(redis_server, namespace, tmp_path:
             == (9, None)
 
 
+def set_retention_and_delete(gateway: Any, topic: str, deleted: str) -> tuple[Any, Any]:
+    """confluent-kafka's IncrementalAlterConfigs of ``topic`` through the gateway: retention.ms
+    SET to 60000 and ``deleted`` DELETEd in one resource, answered NONE; (the AdminClient, the
+    topic's configs described after)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"})
+    change = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry(deleted, None, incremental_operation=AlterConfigOpType.DELETE)])
+    futures = admin.incremental_alter_configs([change], request_timeout=30)
+    assert futures[change].result(timeout=WAIT_S) is None
+    resource = ConfigResource("topic", topic)
+    return admin, admin.describe_configs([resource], request_timeout=30)[resource].result(
+        timeout=WAIT_S)
+
+
 def test_confluent_kafka_alters_configs(gateway, topics):
     ck = pytest.importorskip("confluent_kafka")
     from confluent_kafka.admin import (
-        AdminClient,
         AlterConfigOpType,
         ConfigEntry,
         ConfigResource,
@@ -187,16 +203,8 @@ def test_confluent_kafka_alters_configs(gateway, topics):
     )
 
     topics.create("t", 1, retention_records=7)
-    admin = AdminClient({"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"})
-    change = ConfigResource("topic", "t", incremental_configs=[
-        ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("retention.records", None, incremental_operation=AlterConfigOpType.DELETE)])
-    futures = admin.incremental_alter_configs([change], request_timeout=30)
-    assert futures[change].result(timeout=WAIT_S) is None
+    admin, entries = set_retention_and_delete(gateway, "t", "retention.records")
     assert _settings(topics, "t") == (60_000, None, None)
-    resource = ConfigResource("topic", "t")
-    entries = admin.describe_configs([resource], request_timeout=30)[resource].result(
-        timeout=WAIT_S)
     assert (entries["retention.ms"].value, entries["retention.ms"].source) == (
         "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
     assert entries["retention.records"].source == ConfigSource.DEFAULT_CONFIG.value

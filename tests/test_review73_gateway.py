@@ -24,17 +24,9 @@ def test_incremental_delete_of_a_config_rcoord_does_not_have_is_a_no_op(
     does not know, succeeds and changes nothing. Tools that bring a topic to a desired set of
     configs (``kafka-configs --delete-config segment.bytes``, Terraform's provider) send such
     DELETEs; refusing them INVALID_CONFIG fails the whole resource, its SETs too."""
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+    from test_gateway_alter_configs import set_retention_and_delete
 
     topics.create("t", 1)
-    admin = AdminClient({"bootstrap.servers": gateway.bootstrap, "broker.address.family": "v4"})
-    change = ConfigResource("topic", "t", incremental_configs=[
-        ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("segment.bytes", None, incremental_operation=AlterConfigOpType.DELETE)])
-    futures = admin.incremental_alter_configs([change], request_timeout=30)
-    assert futures[change].result(timeout=WAIT_S) is None
-    resource = ConfigResource("topic", "t")
-    entries = admin.describe_configs([resource], request_timeout=30)[resource].result(
-        timeout=WAIT_S)
+    _, entries = set_retention_and_delete(gateway, "t", "segment.bytes")
     assert entries["retention.ms"].value == "60000"
     assert "segment.bytes" not in entries
