@@ -13,8 +13,6 @@ ck = pytest.importorskip("confluent_kafka")
 
 from rcoord.topics import Topics
 
-WAIT_S = 60.0
-
 
 def test_incremental_delete_of_a_config_rcoord_does_not_have_is_a_no_op(
         gateway: Any, topics: Topics) -> None:
