@@ -1,10 +1,15 @@
 -- topic_retention.lua: applies retention (by record count and by age) to one partition.
 -- KEYS[1] stream, KEYS[2] optional: the partition's last-record mark (same hash tag), which
 -- gives the log offsets without XINFO STREAM's copy of the first and last records (as in
--- topic_offsets.lua). ARGV[1] retention records or '', ARGV[2] retention ms or '', ARGV[3] most
+-- topic_offsets.lua), KEYS[3] (with ARGV[7]) the partition's creation token (same hash tag).
+-- ARGV[1] retention records or '', ARGV[2] retention ms or '', ARGV[3] most
 -- entries one call removes by age, ARGV[4] scan budget (bytes of field values copied), ARGV[5]
 -- '' on a partition's first call, else the previous call's `kept`, ARGV[6] most bytes of
--- records one call removes (estimated from records read: topic_common.lua's trim_head_toward).
+-- records one call removes (estimated from records read: topic_common.lua's trim_head_toward),
+-- ARGV[7] optional: the topic's creation token read with the settings ARGV[1] and ARGV[2]
+-- ('' for a topic made before tokens). A partition carrying another token is
+-- UNKNOWN_TOPIC_OR_PARTITION (nothing removed): the topic was deleted and made again since the
+-- settings were read, and a later round trimmed the new topic by the old one's retention.
 -- Returns {error name, start, end, more to do, kept}: `kept` is an offset at or after which
 -- every record is known to be kept (at least the log end), -1 when the search by age has not
 -- run yet (the count's removal is not done: the next call is a partition's first again).
@@ -27,6 +32,9 @@
 -- only make a call remove less, never more: what is removed was read as expired by this call.
 
 if not is_partition(KEYS[1]) then return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0, -1} end
+if ARGV[7] and (redis.call('GET', KEYS[3]) or '') ~= ARGV[7] then
+  return {'UNKNOWN_TOPIC_OR_PARTITION', -1, -1, 0, -1}
+end
 local s, e = partition_offsets(KEYS[1], KEYS[2])
 local by_count = (ARGV[1] ~= '') and e - tonumber(ARGV[1]) or s
 if by_count > s then

@@ -638,15 +638,20 @@ class Topics:
         n = int(desc_meta[b"partitions"])
         records = desc_meta.get(b"retention_records", b"")
         age = desc_meta.get(b"retention_ms", b"")
+        # Read with the settings and checked by every round, as in ``delete_records``: a topic
+        # deleted and made again between two rounds had its records trimmed by the old topic's
+        # retention.
+        token = desc_meta.get(b"create_token", b"")
         pending = list(range(n))
         starts: dict[int, int] = {}
         kept: dict[int, int | str] = dict.fromkeys(pending, "")  # the search's bound, per partition
         refused: TopicError | None = None
         while pending:
             results = _run(self._r, [
-                (RETENTION, _keys_with_mark(partition_key(self._ns, topic, p)),
+                (RETENTION, [*_keys_with_mark(partition_key(self._ns, topic, p)),
+                             creation_token_key(self._ns, topic, p)],
                  [records, age, RETENTION_SCAN, RETENTION_SCAN_BYTES, kept[p],
-                  RETENTION_TRIM_BYTES])
+                  RETENTION_TRIM_BYTES, token])
                 for p in pending
             ], keep_errors=True)
             again = []
@@ -663,7 +668,11 @@ class Topics:
                     refused = refused or failed
                     continue
                 if _name(res[0]) == Errors.UNKNOWN_TOPIC_OR_PARTITION:
-                    continue  # no stream (a create that stopped after its claim): nothing kept
+                    # No stream (a create that stopped after its claim), or the topic made
+                    # again since the settings were read: nothing of it is trimmed (and an
+                    # earlier round's log start, the old topic's, is not answered).
+                    starts.pop(p, None)
+                    continue
                 # (kept -1: the count's removal goes on, the search by age has not begun.)
                 starts[p], kept[p] = int(res[1]), int(res[4]) if int(res[4]) >= 0 else ""
                 if int(res[3]):
