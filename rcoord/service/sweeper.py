@@ -69,11 +69,13 @@ class Sweeper:
         expired any more (the stop releases the leases to other processes)."""
         self.backoff_first_ms = BACKOFF_FIRST_MS
         self.backoff_max_ms = BACKOFF_MAX_MS
-        self.backed_off: dict[tuple[int, str], tuple[float, int, bool]] = {}
-        """(partition, group) -> (its retry time, server ms; failures so far; whether this
-        process holds it back until then). It is held back only when its index entry could not
-        be moved to the retry time (``_failed``): else the index says when it is due, and an
-        earlier deadline a step published since is acted on when it falls due."""
+        self.backed_off: dict[tuple[int, str], tuple[float, int, float | None]] = {}
+        """(partition, group) -> (its retry time, server ms; failures so far; when this process
+        holds it back until then, the server ms its failed call was sent at, else None). It is
+        held back only when its index entry could not be moved to the retry time
+        (``_failed``): else the index says when it is due. Even then, an index entry later than
+        the failed call is a deadline a step published since (``_held``), acted on when it
+        falls due."""
         self._scripts = scripts
         self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
         self._metrics = metrics
@@ -126,13 +128,21 @@ class Sweeper:
         """The earliest deadline to act on; a backed-off group counts from its retry time."""
         return min(self.earliest.values(), default=float("inf"))
 
-    def _waiting(self, p: int, group_id: str, now: float) -> bool:
+    def _held(self, p: int, group_id: str, score: float | None) -> float:
+        """Until when this process holds the group back (-inf: it does not) given its index
+        entry's ``score``: only the entry the failed call found passed is held, not one a step
+        of the group published after it (that step applied the passed deadlines; a group made
+        again under the name publishes too). Holding that one slept past it, up to
+        ``backoff_max_ms``."""
         entry = self.backed_off.get((p, group_id))
-        return entry is not None and entry[2] and entry[0] > now
+        if entry is None or entry[2] is None or (score is not None and score > entry[2]):
+            return float("-inf")
+        return entry[0]
 
     def _backed_off_in(self, p: int) -> int:
         with self._lock:
-            return sum(1 for (q, _), entry in self.backed_off.items() if q == p and entry[2])
+            return sum(1 for (q, _), entry in self.backed_off.items()
+                       if q == p and entry[2] is not None)
 
     def _succeeded(self, p: int, group_id: str) -> None:
         with self._lock:
@@ -182,8 +192,8 @@ class Sweeper:
                 # path, through the library call, loads it or reports the failure.
                 full.append(p)
                 continue
-            groups = [g.decode("utf-8", "surrogateescape") for g in reply[1:]]
-            ready = [g for g in groups if not self._waiting(p, g, now)]
+            ready = [g for g, score in self._with_held_scores(node, p, reply[1:])
+                     if self._held(p, g, score) <= now]
             work.extend((p, g) for g in ready)
             if len(ready) >= DUE_BATCH:
                 full.append(p)
@@ -236,8 +246,7 @@ class Sweeper:
             at = float("inf")
             for raw, score in firsts:
                 with self._lock:
-                    entry = self.backed_off.get((p, raw.decode("utf-8", "surrogateescape")))
-                    held = entry[0] if entry is not None and entry[2] else float("-inf")
+                    held = self._held(p, raw.decode("utf-8", "surrogateescape"), float(score))
                     at = min(at, max(float(score), held))
             self.earliest[p] = at
             self._node_failures.pop(p, None)
@@ -256,14 +265,31 @@ class Sweeper:
             limit = DUE_BATCH + self._backed_off_in(p)
             due = node_scripts(self._scripts, node).due_groups(keys=[pk.due], args=["", limit])
             now = float(due[0])
-            groups = [g.decode("utf-8", "surrogateescape") for g in due[1:]]
-            ready = [g for g in groups if not self._waiting(p, g, now)]
+            ready = [g for g, score in self._with_held_scores(node, p, due[1:])
+                     if self._held(p, g, score) <= now]
             done = self._expire_many(node, [(p, g) for g in ready], source)
             applied += done
             if len(ready) < DUE_BATCH or not done:
                 break
         self._refresh_node(node, [p])
         return applied
+
+    def _with_held_scores(self, node: Any, p: int, raws: list[bytes],
+                          ) -> list[tuple[str, float | None]]:
+        """Each due group with its index score where this process holds it (``_held`` needs
+        it; read in one round trip, and only then: a hold is rare), else None."""
+        groups = [raw.decode("utf-8", "surrogateescape") for raw in raws]
+        with self._lock:
+            held = [i for i, g in enumerate(groups)
+                    if (entry := self.backed_off.get((p, g))) is not None and entry[2] is not None]
+        scores: list[float | None] = [None] * len(groups)
+        if held:
+            pipe = node.pipeline(transaction=False)
+            for i in held:
+                pipe.zscore(self._pk[p].due, raws[i])
+            for i, score in zip(held, pipe.execute(), strict=True):
+                scores[i] = float(score) if score is not None else None
+        return list(zip(groups, scores, strict=True))
 
     def expire_group(self, p: int, group_id: str, source: str, node: Any = None) -> int:
         """Apply one group's passed deadlines, through ``node`` (its node's client, found if
@@ -305,10 +331,11 @@ class Sweeper:
         back here until the retry time, so a passed entry is not retried at once."""
         _raise_if_refused(exc)
         with self._lock:
-            _, failures, _ = self.backed_off.get((p, group_id), (0.0, 0, False))
+            _, failures, _ = self.backed_off.get((p, group_id), (0.0, 0, None))
             delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
             now = self.server_now()
-            self.backed_off[(p, group_id)] = (now + delay, failures + 1, True)
+            self.backed_off[(p, group_id)] = (now + delay, failures + 1,
+                                              now if sent_at is None else sent_at)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
@@ -324,7 +351,7 @@ class Sweeper:
                 "why": str(move_exc)})
         else:
             with self._lock:
-                self.backed_off[(p, group_id)] = (now + delay, failures + 1, False)
+                self.backed_off[(p, group_id)] = (now + delay, failures + 1, None)
 
     def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         if self._left.is_set():
