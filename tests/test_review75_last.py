@@ -48,3 +48,44 @@ def test_apply_retention_leaves_a_topic_made_again_between_rounds_alone(
         pass  # (answering the old topic gone is fine; trimming the new one is not)
     assert made_again and made_again[0] > 0
     assert log_offsets(redis_client, namespace, "t", 0) == (0, 40)
+
+
+JOIN: dict[str, Any] = {"protocol_type": "consumer", "protocols": [("range", b"")],
+                        "session_timeout_ms": 10_000, "rebalance_timeout_ms": 2000}
+
+
+def test_a_sweeper_whose_defer_failed_acts_on_a_deadline_published_after_its_failed_call(
+        own_server: Any, namespace: str, monkeypatch: Any) -> None:
+    """eba6c12 drops the in-memory hold once ``defer_due`` has answered, so a deadline a step
+    published after the failed ``expire_deadlines`` is acted on when it falls due. When
+    ``defer_due`` itself fails (Redis lost between the two calls), the hold stays, and
+    ``_refresh_node`` counts the entry from ``max(score, retry)`` though the score it reads is
+    newer than the failed call (a step published it since, so the group's passed deadlines
+    were applied): the lease holder sleeps past that real deadline until the retry time (up
+    to ``backoff_max_ms``, 30 s), the case eba6c12 meant to close."""
+    import redis
+    from harness import server_ms
+    from test_review73c import sweeper_beside_a_coordinator
+
+    from rcoord import Errors
+
+    client, coord, sweeper = sweeper_beside_a_coordinator(own_server, namespace)
+    sent_at = sweeper.server_now()  # the failed expire_deadlines was sent now ...
+    mid = coord.join_group("good", **JOIN).member_id  # ... and a step published since
+    res = coord.join_group("good", mid, **JOIN)
+    assert res.error == Errors.NONE
+    assert coord.sync_group("good", res.generation_id, mid, assignments={}).error == Errors.NONE
+    ea = client.hget(coord._keys("good").group, "ea")
+    assert ea is not None and int(ea) > server_ms(client)  # healthy: nothing due
+
+    def lost(**_: Any) -> Any:
+        raise redis.ConnectionError("connection reset (test)")
+
+    monkeypatch.setattr(coord._scripts, "defer_due", lost, raising=False)
+    sweeper._failed(0, "good", redis.ResponseError("a transient failure"), client, sent_at)
+    assert client.zscore(coord._keys("good").partition.due, "good") == int(ea)
+
+    sweeper.resync({0})  # the lease holder re-reads its partitions (as every second)
+    assert sweeper.next_due() <= int(ea), (
+        f"the sweeper wakes at {sweeper.next_due():.0f}, {sweeper.next_due() - int(ea):.0f} "
+        f"ms past the group's published earliest deadline {int(ea)}")
