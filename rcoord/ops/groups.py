@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, what in VIEWS.items():
         view.add_argument(f"--{name}", dest="view", action="store_const", const=name,
                           help=f"only the {what} table (as kafka-consumer-groups --describe)")
+    # (taken with any view, as Kafka's --verbose, which changes only the members' table)
+    q.add_argument("--verbose", action="store_true",
+                   help="add each member's partitions to the members' table (ASSIGNMENT)")
     q = leaf(sub, "delete", "delete empty groups and their offsets", _delete)
     q.add_argument("groups", nargs="+", metavar="GROUP")
     q = leaf(sub, "delete-offsets", "delete a group's committed offsets of some topics",
@@ -261,9 +264,14 @@ def _describe(ctx: Context) -> int:
     if view == "members" or (view is None and members):
         if view is None:
             print_line()
-        print_table(["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"],
-                    [(m["consumer_id"], m["group_instance_id"], m["host"], m["client_id"],
-                      len(m["partitions"])) for m in members])
+        headers = ["CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
+        table_rows = [[m["consumer_id"], m["group_instance_id"], m["host"], m["client_id"],
+                       len(m["partitions"])] for m in members]
+        if ctx.args.verbose:
+            headers.append("ASSIGNMENT")
+            for row, m in zip(table_rows, desc.members, strict=True):
+                row.append(_assignment(assigned[m.member_id]))
+        print_table(headers, table_rows)
     if view == "offsets" or (view is None and rows):
         if view is None:
             print_line()
@@ -273,6 +281,17 @@ def _describe(ctx: Context) -> int:
                       r["log_end_offset"], r["lag"], r["consumer_id"], r["host"],
                       r["client_id"]) for r in rows])
     return 0
+
+
+def _assignment(tps: Sequence[TopicPartition]) -> str | None:
+    """``--verbose``'s ASSIGNMENT, as Kafka's: ``topic(p,p)`` per topic, comma-separated; None
+    (shown ``-``) for no partitions. Partitions sort as numbers, where Kafka's sort as strings
+    (10 before 2)."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in tps:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return ", ".join(f"{t}({','.join(map(str, sorted(ps)))})"
+                     for t, ps in sorted(by_topic.items())) or None
 
 
 # -- delete -----------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""Four CLI items: ``groups describe --verbose``'s ASSIGNMENT column, the date-times
+``reset-offsets --to-datetime`` takes (exactly Kafka's ``Utils.getDateTime``'s),
+``topics alter-configs --delete-config`` of several unknown names, and a reset by time of a
+topic deleted and made again between the read of its log offsets and the search by time."""
+
+from __future__ import annotations
+
+import json
+
+import test_cli_groups
+from test_cli_groups import ok, rows, stable_group
+
+from rcoord import TopicPartition
+from rcoord.topics import Topics
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+
+# -- groups describe --verbose ----------------------------------------------------------------
+
+
+def test_describe_verbose_adds_each_members_partitions(cli, make_coordinator, redis_client,
+                                                       namespace, pool):
+    """Kafka's ``--describe --members --verbose`` adds ASSIGNMENT, ``topic(p,p)``, to the
+    members' table; ``--verbose`` was refused as an unknown option."""
+    coord = make_coordinator()
+    Topics(redis_client, namespace).create("orders", 12)
+    _, ids = stable_group(coord, pool, "busy", "orders",
+                          {"alpha": [10, 2, 0], "beta": [1], "gamma": []})
+    res = ok(cli("groups", "describe", "busy", "--members", "--verbose"))
+    assert res.stdout.splitlines()[0].split() == [
+        "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
+    assert sorted(rows(res.stdout, "CONSUMER-ID")) == sorted([
+        [ids["alpha"], "-", "/10.0.0.5", "alpha", "3", "orders(0,2,10)"],
+        [ids["beta"], "-", "/10.0.0.4", "beta", "1", "orders(1)"],
+        [ids["gamma"], "-", "/10.0.0.5", "gamma", "0", "-"],
+    ])
+    # Without a view the members' table has it too; --state and --offsets take --verbose and
+    # are unchanged by it, as Kafka's; without --verbose there is no such column.
+    assert "ASSIGNMENT" in ok(cli("groups", "describe", "busy", "--verbose")).stdout
+    for view in ("--state", "--offsets"):
+        assert (ok(cli("groups", "describe", "busy", view, "--verbose")).stdout
+                == ok(cli("groups", "describe", "busy", view)).stdout)
+    assert "ASSIGNMENT" not in ok(cli("groups", "describe", "busy", "--members")).stdout
+    # JSON has every member's partitions anyway.
+    doc = json.loads(ok(cli("groups", "describe", "busy", "--verbose", "--output",
+                            "json")).stdout)
+    assert sorted(next(m["partitions"] for m in doc["members"] if m["client_id"] == "alpha")) \
+        == [["orders", 0], ["orders", 2], ["orders", 10]]
+
+
+def test_an_assignment_of_several_topics_is_one_group_per_topic():
+    from rcoord.ops.groups import _assignment
+
+    tps = [TopicPartition("b", 1), TopicPartition("a", 10), TopicPartition("a", 9)]
+    assert _assignment(tps) == "a(9,10), b(1)"
+    assert _assignment([]) is None
