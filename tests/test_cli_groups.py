@@ -669,11 +669,11 @@ def test_reset_offsets_every_mode(cli, reset_setup):
     assert "t-0: -97 is below the log start offset; clamped to 2" in err
 
     # --to-datetime: the first record at or after it (partition 1's records are at T0..T0+4m).
-    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T00:03:30Z",
+    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T00:03:30.000Z",
                          "--execute")
     assert plan_rows == [["g", "t", "0", "2", "4"], ["g", "t", "1", "0", "4"]]
     assert committed(coord, "g") == {("t", 0): 4, ("t", 1): 4}
-    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T01:03:30+01:00")
+    plan_rows, _ = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T01:03:30.000+01:00")
     assert [r[4] for r in plan_rows] == ["4", "4"]  # the same instant in another zone
     _, err = reset(cli, "--topic", "t", "--to-datetime", "2024-01-01T00:07:00.000Z", "--execute")
     assert committed(coord, "g") == {("t", 0): 7, ("t", 1): 5}
@@ -928,7 +928,7 @@ def test_parse_duration_and_datetime(monkeypatch):
     for bad in ("P", "PT", "1H", "P1H", "PT1D", "P1DT"):
         with pytest.raises(UsageError):
             parse_duration(bad)
-    assert parse_datetime("2024-01-01T00:00:00Z") == T0
+    assert parse_datetime("2024-01-01T00:00:00.000Z") == T0
     assert parse_datetime("2024-01-01T00:00:00.250+00:00") == T0 + 250
     # Exact milliseconds (a float product truncated this one to ...594 before).
     assert parse_datetime("2038-06-23T00:35:34.595Z") == 2_160_866_134_595
@@ -938,7 +938,7 @@ def test_parse_duration_and_datetime(monkeypatch):
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
     try:
-        assert parse_datetime("2024-01-01T12:00:00") == T0 + 12 * 3_600_000
+        assert parse_datetime("2024-01-01T12:00:00.000") == T0 + 12 * 3_600_000
     finally:
         monkeypatch.undo()
         time.tzset()

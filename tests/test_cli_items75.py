@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import test_cli_groups
 from test_cli_groups import ok, rows, stable_group
 
 from rcoord import TopicPartition
+from rcoord.ops.reset import parse_datetime
 from rcoord.topics import Topics
 
 url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
@@ -56,3 +58,38 @@ def test_an_assignment_of_several_topics_is_one_group_per_topic():
     tps = [TopicPartition("b", 1), TopicPartition("a", 10), TopicPartition("a", 9)]
     assert _assignment(tps) == "a(9,10), b(1)"
     assert _assignment([]) is None
+
+
+# -- reset-offsets --to-datetime --------------------------------------------------------------
+
+T0 = 1_714_521_600_000  # 2024-05-01T00:00:00.000Z
+
+
+@pytest.mark.parametrize(("text", "ms"), [
+    ("2024-05-01T00:00:00.000", T0),  # no zone: UTC
+    ("2024-05-01T00:00:00.000Z", T0),
+    ("2024-05-01T02:00:00.000+02", T0),
+    ("2024-05-01T02:30:00.000+0230", T0),
+    ("2024-05-01T02:30:00.000+02:30", T0),
+    ("2024-04-30T23:00:00.250-01:00", T0 + 250),
+])
+def test_to_datetime_takes_kafkas_forms(text, ms):
+    assert parse_datetime(text) == ms
+
+
+@pytest.mark.parametrize("text", [
+    "2024-05-01",  # a date alone: was midnight UTC
+    "2024-05-01T10:00:00Z",  # no milliseconds (Kafka's pattern has .SSS)
+    "2024-05-01T10:00:00",
+    "2024-05-01T10:00",
+    "2024-05-01 10:00:00.000",  # a blank for the T
+    "20240501T100000.000",
+    "2024-05-01T10:00:00.000z",
+    "2024-05-01T10:00:00.000+24:00",
+    "2024-05-01T10:00:00.000Z!",
+])
+def test_to_datetime_refuses_other_forms_naming_the_flag_and_the_form(cli, text):
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-datetime", text)
+    assert res.returncode == 2 and res.stdout == ""
+    assert f"--to-datetime {text!r} is not an ISO-8601 date-time" in res.stderr
+    assert "YYYY-MM-DDTHH:mm:SS.sss" in res.stderr and "Traceback" not in res.stderr

@@ -59,22 +59,40 @@ def parse_duration(text: str) -> int:
     return -ms if sign == "-" else ms
 
 
+_DATETIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3})"
+                       r"(?:(Z)|([-+])(\d{2})(?::?(\d{2}))?)?", re.ASCII)
+"""Kafka's ``--to-datetime`` forms (``Utils.getDateTime``): the date, ``T``, the time to the
+millisecond, and a zone or none: ``Z``, ``+hh``, ``+hhmm`` or ``+hh:mm``."""
+
+
 def parse_datetime(text: str) -> int:
-    """An ISO-8601 date and time in epoch ms, e.g. ``2024-05-01T10:00:00.000`` or with a zone
-    (``Z``, ``+02:00``); without one it is UTC, as Kafka's ``--to-datetime`` reads it
-    (``Utils.getDateTime`` appends ``Z``), whatever the machine's zone."""
+    """An ISO-8601 date and time in epoch ms, in the forms Kafka's ``--to-datetime`` takes
+    (``_DATETIME``); without a zone it is UTC, as Kafka reads it (``Utils.getDateTime``
+    appends ``Z``), whatever the machine's zone. Any other form is refused, as Kafka's: a date
+    alone (``2024-05-01``) was read as midnight UTC, a time without milliseconds or another
+    ISO-8601 spelling as Python reads it, so a command copied from or to Kafka's tool reset
+    where neither said."""
+    m = _DATETIME.fullmatch(text.strip())
     try:
-        when = dt.datetime.fromisoformat(text.strip())
+        if not m:
+            raise ValueError(text)
+        when = dt.datetime.fromisoformat(m[1])
+        zone = dt.UTC
+        if m[3]:
+            hours, minutes = int(m[4]), int(m[5] or 0)
+            if hours > 23 or minutes > 59:
+                raise ValueError(text)
+            offset = dt.timedelta(hours=hours, minutes=minutes)
+            zone = dt.timezone(-offset if m[3] == "-" else offset)
     except ValueError:
         raise UsageError(
-            f"--to-datetime {text!r} is not an ISO-8601 date-time; write "
-            "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +02:00)"
+            f"--to-datetime {text!r} is not an ISO-8601 date-time as Kafka takes it; write "
+            "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +hh, +hhmm, +hh:mm), e.g. "
+            "2024-05-01T00:00:00.000"
         ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
     # Integer arithmetic: ``timestamp() * 1000`` is a float, which truncates some instants to
     # the millisecond before (2038-06-23T00:35:34.595Z gave ...594).
-    return (when - _EPOCH) // dt.timedelta(milliseconds=1)
+    return (when.replace(tzinfo=zone) - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
 def parse_topics(specs: Sequence[str]) -> list[tuple[str, list[int] | None]]:
