@@ -93,3 +93,19 @@ def test_to_datetime_refuses_other_forms_naming_the_flag_and_the_form(cli, text)
     assert res.returncode == 2 and res.stdout == ""
     assert f"--to-datetime {text!r} is not an ISO-8601 date-time" in res.stderr
     assert "YYYY-MM-DDTHH:mm:SS.sss" in res.stderr and "Traceback" not in res.stderr
+
+
+# -- topics alter-configs --delete-config -----------------------------------------------------
+
+
+def test_a_delete_of_several_unknown_configs_names_every_one(cli, redis_client, namespace):
+    """kafka-configs.sh's "Invalid config(s): a,b" names them all; only the first was named, so
+    the second typo was found only once the first was mended. Nothing is changed."""
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 1, retention_ms=60_000)
+    res = cli("topics", "alter-configs", "t", "--add-config", "retention.ms=1000",
+              "--delete-config", "retention.m,cleanup.policy", "--delete-config", "segmnt.ms")
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    assert "Unknown topic config names: retention.m, segmnt.ms (rcoord topics have: " \
+        in res.stderr
+    assert topics.settings("t")["retention_ms"] == 60_000

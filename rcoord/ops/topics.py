@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..cli import UsageError
 from ..errors import Errors
 from ..topics import DeletedRecords, DeleteRecordsIncomplete, TopicError
-from ..topics.configs import DELETE, SET, SETTINGS, setting_named, settings_change, topic_configs
+from ..topics.configs import DELETE, SET, SETTINGS, settings_change, topic_configs
 from .common import Context, integer, leaf
 from .console import add_console_arguments
 from .output import print_json, print_line, print_table
@@ -341,12 +341,16 @@ def _alter_configs(ctx: Context) -> int:
     written at once: an error leaves the topic's configs as they were."""
     a = ctx.args
     ops = _config_ops(a.add_config, a.delete_config)
-    for name, op, _ in ops:
-        if op == DELETE:
-            # settings_change skips a name rcoord does not keep, as Kafka's broker does (the
-            # gateway answers NONE), so a typo said "Changed" and changed nothing;
-            # kafka-configs.sh refuses it ("Invalid config(s)"), naming it, as --add-config's.
-            setting_named(name)
+    # settings_change skips a name rcoord does not keep, as Kafka's broker does (the gateway
+    # answers NONE), so a typo said "Changed" and changed nothing; kafka-configs.sh refuses it
+    # ("Invalid config(s): a,b"), naming every one (only the first was named, so a second
+    # typo surfaced only once the first was mended).
+    known = {c.kafka_name for c, _, _ in topic_configs({})}
+    unknown = [name for name, op, _ in ops if op == DELETE and name not in known]
+    if unknown:
+        raise TopicError(Errors.INVALID_CONFIG,
+                         f"Unknown topic config name{'s' * (len(unknown) > 1)}: "
+                         f"{', '.join(unknown)} (rcoord topics have: {', '.join(sorted(known))})")
     changes = settings_change(ops)
     admin = ctx.topics()
     # (the configs were written, to be thrown away by the delete that finishes it)
