@@ -6,11 +6,13 @@ topic deleted and made again between the read of its log offsets and the search 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import test_cli_groups
-from test_cli_groups import ok, rows, stable_group
+from test_cli_groups import committed, ok, produce, rows, stable_group
 
+import rcoord.topics
 from rcoord import TopicPartition
 from rcoord.ops.reset import parse_datetime
 from rcoord.topics import Topics
@@ -109,3 +111,40 @@ def test_a_delete_of_several_unknown_configs_names_every_one(cli, redis_client, 
     assert "Unknown topic config names: retention.m, segmnt.ms (rcoord topics have: " \
         in res.stderr
     assert topics.settings("t")["retention_ms"] == 60_000
+
+
+# -- a reset by time of a topic made again ----------------------------------------------------
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["made-again", "deleted"])
+def test_a_reset_by_time_refuses_a_topic_deleted_after_its_offsets_were_read(
+        cli, make_coordinator, redis_client, namespace, monkeypatch, again):
+    """The topic is deleted (and made again, with a record of its own) after the command read
+    its log offsets and before it searches by time. The search answered the new topic's offset
+    0, which the plan clamped to the old topic's log start, 7, and committed: past the new
+    topic's log end (1), an offset of neither. Now nothing is committed and the error says
+    why; deleted and not made again, the search's error said only UNKNOWN_TOPIC_OR_PARTITION."""
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 1)
+    secs, _ = redis_client.time()
+    now = int(secs) * 1000
+    produce(redis_client, namespace, "t", {0: 10}, stamps=[now - 3_600_000] * 10)
+    topics.delete_records("t", {0: 7})
+    coord.commit_offsets("g", {TopicPartition("t", 0): 8})
+    real = rcoord.topics.offsets_for_times
+
+    def made_again(*args: Any, **kwargs: Any) -> Any:
+        topics.delete("t")
+        if again:
+            topics.create("t", 1)
+            produce(redis_client, namespace, "t", {0: 1}, stamps=[now] * 1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rcoord.topics, "offsets_for_times", made_again)
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--by-duration", "PT30M",
+              "--execute")
+    assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+    assert ("topic 't' was deleted" + (" and created again" if again else "")
+            + " while the reset read it; nothing was changed") in res.stderr
+    assert committed(coord, "g") == {("t", 0): 8}

@@ -13,7 +13,7 @@ writes the offsets, never by a read-then-write here.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..cli import UsageError
@@ -468,6 +468,9 @@ def _reset_offsets(ctx: Context) -> int:
     # Whatever chose the partitions, and in a dry run too (it plans what --execute commits): the
     # surviving ones were reset, the removed ones said to be "no partition 0 (any more)".
     ctx.refuse_marked_for_deletion({tp.topic for tp in tps}, "nothing was changed")
+    by_time_mode = mode.name in ("to_datetime", "by_duration")
+    # (read before the log offsets: the search by time reads the topics again after them)
+    made = _create_tokens(ctx, [tp.topic for tp in tps]) if by_time_mode else {}
     offsets = log_ends(ctx, [tp.topic for tp in tps], needed=set(tps))
     if args.all_topics:
         # Offsets outlive their topic, and its partitions: a deleted topic, or a partition past
@@ -502,10 +505,14 @@ def _reset_offsets(ctx: Context) -> int:
         # A plan is still worth showing, but not as one --execute would commit.
         ctx.note(f"note: --execute would refuse this plan: {too_many}")
     by_time: dict[TopicPartition, int | None] = {}
-    if mode.name in ("to_datetime", "by_duration"):
+    if by_time_mode:
         if mode.value < 0:
             raise UsageError(f"--{mode.describe()} points before 1970")
-        found = offsets_for_times(ctx.client, ctx.namespace, {tp: mode.value for tp in tps})
+        try:
+            found = offsets_for_times(ctx.client, ctx.namespace, {tp: mode.value for tp in tps})
+        finally:
+            # (a search failed for a topic deleted since is told as that, too)
+            _refuse_made_again(ctx, {tp.topic: made[tp.topic] for tp in tps})
         by_time = {TopicPartition(*tp): (f.offset if f else None) for tp, f in found.items()}
     rows = plan(mode, tps, committed, offsets, by_time, from_file)
     for row in rows:
@@ -527,6 +534,35 @@ def _reset_offsets(ctx: Context) -> int:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
     return 0
+
+
+def _create_tokens(ctx: Context, topics: Sequence[str]) -> dict[str, str | None]:
+    """Each topic's creation token (``Topics.create_token``; None: no such topic)."""
+    from ..topics import TopicError
+
+    out: dict[str, str | None] = {}
+    admin = ctx.topics()
+    for topic in sorted(set(topics)):
+        try:
+            out[topic] = admin.create_token(topic)
+        except TopicError as exc:
+            if exc.error not in NO_SUCH_TOPIC:
+                raise
+            out[topic] = None
+    return out
+
+
+def _refuse_made_again(ctx: Context, made: Mapping[str, str | None]) -> None:
+    """Refuse a reset by time of a topic deleted (and perhaps created again) since its log
+    offsets were read (``made``: the creation tokens read before them): the search answered
+    the new topic's offsets, which were planned, clamped and committed within the old topic's
+    bounds, offsets of neither."""
+    now = _create_tokens(ctx, list(made))
+    changed = [topic for topic in sorted(made) if now[topic] != made[topic]]
+    if changed:
+        raise Failure(f"topic {changed[0]!r} was deleted"
+                      + (" and created again" if now[changed[0]] is not None else "")
+                      + " while the reset read it; nothing was changed. Run the reset again")
 
 
 def _reset_file(args: argparse.Namespace) -> dict[TopicPartition, int]:
