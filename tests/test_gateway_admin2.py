@@ -228,7 +228,8 @@ def test_describe_configs_broker_and_other_types_raw_frames(gateway: GatewayThre
         (BROKER, "0", None), (BROKER, "", None), (BROKER, "7", None), (BROKER_LOGGER, "0", None),
         (32, "g", None)])
     assert broker.error_code.value == NONE
-    assert _configs(broker) == {"offsets.commit.required.acks": ("0", STATIC_BROKER, True),
+    assert _configs(broker) == {"message.max.bytes": ("1048588", STATIC_BROKER, True),
+                                "offsets.commit.required.acks": ("0", STATIC_BROKER, True),
                                 "offsets.commit.timeout.ms": ("5000", STATIC_BROKER, True)}
     assert (defaults.error_code.value, defaults.configs) == (NONE, ())
     assert other.error_code.value == INVALID_REQUEST and "broker 0" in other.error_message

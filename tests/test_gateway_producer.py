@@ -248,16 +248,18 @@ def test_kafka_python_idempotent_producer(gateway: GatewayThread, topics: Topics
 
 
 def test_a_record_over_a_mebibyte_is_taken_within_the_frame_limit(
-        gateway: GatewayThread, topics: Topics, redis_server: Any, namespace: str) -> None:
+        topics: Topics, redis_server: Any, namespace: str) -> None:
     """A Kafka client bounds its records by its own ``max.request.size``; the gateway's
-    appends take any record its frame limit lets in, not the Producer's 1 MiB default."""
+    appends take any record its ``message_max_bytes`` lets in (Kafka's ``message.max.bytes``,
+    raised here as on a broker), not the Producer's 1 MiB default."""
     topics.create("large", 1)
-    producer = kafka.KafkaProducer(bootstrap_servers=gateway.bootstrap, enable_idempotence=False,
-                                   max_request_size=4 << 20)
-    try:
-        meta = producer.send("large", value=b"L" * (2 << 20)).get(20)
-    finally:
-        producer.close()
+    with running_gateway(redis_server, namespace, message_max_bytes=4 << 20) as gateway:
+        producer = kafka.KafkaProducer(bootstrap_servers=gateway.bootstrap,
+                                       enable_idempotence=False, max_request_size=4 << 20)
+        try:
+            meta = producer.send("large", value=b"L" * (2 << 20)).get(20)
+        finally:
+            producer.close()
     assert meta.offset == 0
     assert [len(r.value or b"") for r in _read_all(redis_server, namespace, "large", 0)] == [
         2 << 20]

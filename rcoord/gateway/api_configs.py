@@ -11,9 +11,9 @@ DYNAMIC_TOPIC_CONFIG (at creation or by AlterConfigs and IncrementalAlterConfigs
 read-only. A config name asked for that rcoord does not have is left out, as Kafka does.
 
 The broker (resource name: this gateway's node id) has the gateway settings Kafka names:
-``offsets.commit.required.acks`` and ``offsets.commit.timeout.ms``, with source
-STATIC_BROKER_CONFIG (command-line flags). The empty name (the cluster-wide dynamic defaults in
-Kafka) has no configs: nothing here is set dynamically.
+``message.max.bytes``, ``offsets.commit.required.acks`` and ``offsets.commit.timeout.ms``,
+with source STATIC_BROKER_CONFIG (command-line flags). The empty name (the cluster-wide dynamic
+defaults in Kafka) has no configs: nothing here is set dynamically.
 
 Errors and ACLs, as Kafka's ``ConfigHelper`` and ``KafkaApis``: a topic needs DESCRIBE_CONFIGS
 on it (TOPIC_AUTHORIZATION_FAILED, checked before existence, so a refused principal does not
@@ -78,6 +78,8 @@ def configs_of(given: Mapping[str, int | None]) -> list[ConfigEntry]:
 def broker_configs(state: GatewayState) -> list[ConfigEntry]:
     cfg = state.config
     return [
+        ConfigEntry("message.max.bytes", str(cfg.message_max_bytes), STATIC_BROKER_CONFIG, INT,
+                    "The largest record batch a Produce may append to a partition."),
         ConfigEntry("offsets.commit.required.acks", str(cfg.commit_required_acks),
                     STATIC_BROKER_CONFIG, INT,
                     "Redis replicas that must have an offset commit before it is answered."),

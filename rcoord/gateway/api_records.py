@@ -102,7 +102,7 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
 
     One script call per batch however many records it has (``atomic``): Kafka appends a batch
     whole, and the client takes base offset + index as each record's offset, so nothing may
-    land in between. The frame limit (``max_frame_bytes``) bounds the batch.
+    land in between. ``message_max_bytes`` bounds the batch (``decode_batches``).
     """
     if not batch.records:
         raise BatchError(Errors.INVALID_REQUEST, "a record batch without records")
@@ -149,7 +149,8 @@ def _append(state: GatewayState, topic: str, partition: int, data: bytes | None,
         out.update(error_code=Errors.UNKNOWN_TOPIC_OR_PARTITION, error_message=missing)
         return out
     try:
-        batches = decode_batches(data or b"", partition, version)
+        batches = decode_batches(data or b"", partition, version,
+                                 state.config.message_max_bytes)
         unserved = _unserved_slot(state, topic, partition)
         if unserved:
             out.update(error_code=NOT_LEADER_OR_FOLLOWER, error_message=unserved)

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frame-bytes", type=integer, default=100 * 1024 * 1024,
                    help="largest request accepted; a larger one closes the connection "
                    "(Kafka's socket.request.max.bytes, default 100 MiB)")
+    p.add_argument("--message-max-bytes", type=integer, default=1024 * 1024 + 12,
+                   help="largest record batch a Produce appends to a partition; a larger one "
+                   "is refused MESSAGE_TOO_LARGE (Kafka's message.max.bytes, default 1048588)")
     p.add_argument("--connections-max-idle-ms", type=integer, default=600_000,
                    help="close a connection that sends no request for this long (Kafka's "
                    "connections.max.idle.ms, default 600000)")
@@ -138,6 +141,7 @@ def gateway_main(args: argparse.Namespace) -> int:
             advertise_host=advertise[0] if advertise else None,
             advertise_port=advertise[1] if advertise else None,
             namespace=args.namespace, max_frame_bytes=args.max_frame_bytes,
+            message_max_bytes=args.message_max_bytes,
             tls_cert_file=args.listen_tls_cert_file, tls_key_file=args.listen_tls_key_file,
             tls_ca_file=args.listen_tls_ca_file,
             tls_key_password_file=args.listen_tls_key_password_file,

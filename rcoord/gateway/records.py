@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
+from ..errors import Errors
 from ..topics import ProducerRecord, Record
 from .errors import CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP, UNSUPPORTED_COMPRESSION_TYPE
 from .tags import encode_uvarint
@@ -101,9 +102,11 @@ def check_request_records(data: bytes, version: int) -> None:
                          "one Produce request; Kafka takes one")
 
 
-def decode_batches(data: bytes, partition: int, version: int) -> list[IncomingBatch]:
+def decode_batches(data: bytes, partition: int, version: int,
+                   max_batch_bytes: int | None = None) -> list[IncomingBatch]:
     """The whole batch of one partition's ``records`` field of a ProduceRequest (a second one
-    is INVALID_RECORD).
+    is INVALID_RECORD). A batch of more than ``max_batch_bytes`` (None: any size) is
+    MESSAGE_TOO_LARGE.
 
     Bytes after the last whole batch are dropped, as Kafka does: its reader stops at a batch
     whose bytes are not all there (``ByteBufferLogInputStream.nextBatch``) and the append trims
@@ -123,6 +126,11 @@ def decode_batches(data: bytes, partition: int, version: int) -> list[IncomingBa
             # size and CRC: offsets are the broker's to give. Such a batch was appended.
             raise BatchError(INVALID_RECORD, f"the record batch's base offset is {base_offset}; "
                              "a producer's batch must have base offset 0")
+        if max_batch_bytes is not None and end - pos > max_batch_bytes:
+            # (analyzeAndValidateRecords again: after the base offset, before the CRC)
+            raise BatchError(Errors.MESSAGE_TOO_LARGE, f"the record batch is {end - pos} "
+                             "bytes, more than the gateway's message.max.bytes "
+                             f"({max_batch_bytes}, --message-max-bytes)")
         if end - pos < _HEADER_BYTES:  # (DefaultRecordBatch.ensureValid)
             raise BatchError(CORRUPT_MESSAGE, f"corrupt record batch: its {end - pos} bytes "
                              f"are fewer than a v2 batch header's {_HEADER_BYTES}")

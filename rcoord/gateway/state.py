@@ -159,6 +159,12 @@ class GatewayConfig:
     advertise_port: int | None = None
     namespace: str = "rcoord"
     max_frame_bytes: int = 100 * 1024 * 1024
+    message_max_bytes: int = 1024 * 1024 + 12
+    """The largest record batch a Produce may append to a partition (Kafka's broker setting
+    ``message.max.bytes``, and its default: 1 MiB and a batch's 12-byte log overhead); a larger
+    one is MESSAGE_TOO_LARGE for its partition. Without it a batch was bounded only by
+    ``max_frame_bytes`` (100 MiB), so a client told by a Kafka broker's limit found none here,
+    and a stream entry could hold a hundred times what Kafka's consumers expect a batch to be."""
     topic_threads: int = 16
     tls_cert_file: str | None = None
     """Serve TLS on the listener with this certificate chain (PEM); None: plaintext."""
@@ -191,6 +197,8 @@ class GatewayConfig:
             raise ValueError(f"advertise_port must be 1..65535, got {self.advertise_port}")
         if self.max_frame_bytes < 1024:
             raise ValueError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+        if self.message_max_bytes < 0:  # (Kafka's atLeast(0))
+            raise ValueError(f"message_max_bytes must be >= 0, got {self.message_max_bytes}")
         if self.commit_required_acks < 0 or self.commit_ack_timeout_ms < 1:
             raise ValueError("commit_required_acks must be >= 0 and commit_ack_timeout_ms >= 1 "
                              "(Redis keeps no in-sync replica set: Kafka's -1 has no equivalent)")
