@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--message-max-bytes", type=integer, default=1024 * 1024 + 12,
                    help="largest record batch a Produce appends to a partition; a larger one "
                    "is refused MESSAGE_TOO_LARGE (Kafka's message.max.bytes, default 1048588)")
+    p.add_argument("--socket-send-buffer-bytes", type=integer, default=100 * 1024,
+                   help="each client socket's send buffer (Kafka's socket.send.buffer.bytes, "
+                   "default 102400; -1: the system's)")
     p.add_argument("--connections-max-idle-ms", type=integer, default=600_000,
                    help="close a connection that sends no request for this long (Kafka's "
                    "connections.max.idle.ms, default 600000)")
@@ -148,6 +151,7 @@ def gateway_main(args: argparse.Namespace) -> int:
             commit_required_acks=args.commit_required_acks,
             commit_ack_timeout_ms=args.commit_ack_timeout_ms,
             connections_max_idle_ms=args.connections_max_idle_ms,
+            socket_send_buffer_bytes=args.socket_send_buffer_bytes,
         )
         try:
             config.validate()

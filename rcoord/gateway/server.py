@@ -9,7 +9,9 @@ connection waits on that task alone, and the event loop keeps serving every othe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
 from typing import Any, Self
 
@@ -337,6 +339,11 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = conn
+        sock = writer.get_extra_info("socket")
+        if self.config.socket_send_buffer_bytes != -1 and sock is not None:
+            with contextlib.suppress(OSError):  # (gone already: the first read says so)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                self.config.socket_send_buffer_bytes)
         flush = False  # (idle, cancelled, broken or refused: unsent responses are dropped)
         try:
             while True:

@@ -182,6 +182,14 @@ class GatewayConfig:
     ``offsets.commit.required.acks``; 0 trusts the master, see docs/guarantees.md)."""
     commit_ack_timeout_ms: int = 5000
     """How long a commit waits for them (``offsets.commit.timeout.ms``)."""
+    socket_send_buffer_bytes: int = 100 * 1024
+    """Each client socket's send buffer (SO_SNDBUF; Kafka's ``socket.send.buffer.bytes`` and its
+    default; -1: the system's, which Linux grows up to ``net.ipv4.tcp_wmem``'s maximum, 4 MiB by
+    default). A connection reads its next request only once the answers before it are in this
+    buffer and its transport's 64 KiB, as Kafka's broker: left to grow, it took about 10,000
+    answers (4 MiB) for a peer that never reads before the connection stopped reading, its
+    work done and its memory held until the idle sweep, which that work had kept away for
+    seconds on a loaded machine."""
     connections_max_idle_ms: int = 600_000
     """A connection that has no request in progress and sends no complete request for about
     this long is closed (Kafka's ``connections.max.idle.ms``, 10 minutes): a peer that connects
@@ -202,6 +210,9 @@ class GatewayConfig:
         if self.commit_required_acks < 0 or self.commit_ack_timeout_ms < 1:
             raise ValueError("commit_required_acks must be >= 0 and commit_ack_timeout_ms >= 1 "
                              "(Redis keeps no in-sync replica set: Kafka's -1 has no equivalent)")
+        if self.socket_send_buffer_bytes < 1 and self.socket_send_buffer_bytes != -1:
+            raise ValueError("socket_send_buffer_bytes must be >= 1, or -1 for the system's, "
+                             f"got {self.socket_send_buffer_bytes}")
         if self.connections_max_idle_ms < 100:
             raise ValueError("connections_max_idle_ms must be >= 100, got "
                              f"{self.connections_max_idle_ms}")
