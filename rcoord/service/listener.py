@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 import redis.exceptions
+from redis.crc import key_slot
 
 from ..keys import PartitionKeys
 from ..partitioning import partition_tag
@@ -106,6 +107,11 @@ class Listener:
         self._subscribed: set[str] = set()
         self._lost = threading.Event()
         self._refreshed = 0.0
+        self._by_slot: dict[int, list[bytes]] = {}
+        for channel in self._channels:
+            self._by_slot.setdefault(key_slot(channel), []).append(channel)
+        self._owners: dict[int, str] = {}
+        """The master each slot of deadline channels was last followed to after it moved."""
 
     def start(self) -> None:
         self._spawn(self._run_lease_channel, "rcoord-coordinators")
@@ -234,8 +240,61 @@ class Listener:
 
     def _run_shard(self) -> None:
         """Shard channels of every partition: a script made a deadline the partition's earliest."""
-        self._listen("deadlines", lambda ps: ps.ssubscribe(*self._channels),
-                     lambda ps: ps.get_sharded_message(timeout=0.02))
+        self._listen("deadlines", lambda ps: ps.ssubscribe(*self._channels), self._receive_shard)
+
+    def _receive_shard(self, pubsub: Any) -> dict[str, Any] | None:
+        try:
+            msg: dict[str, Any] | None = pubsub.get_sharded_message(timeout=0.02)
+        except redis.exceptions.MovedError as exc:
+            # A master's answer to an (un)subscribe sent to it for a slot it no longer owns:
+            # redis-py's own move of a subscription unsubscribes there, and ours subscribes
+            # there if the slot map was stale. A reply like any other: the connection is fine.
+            if self._stop.is_set() or not self._by_slot.get(exc.slot_id):
+                raise
+            self._follow_moved_slot(pubsub, exc.slot_id, f"{exc.host}:{exc.port}", exc)
+            return None
+        if msg is not None and msg["type"] == "sunsubscribe" and not self._stop.is_set():
+            self._follow_moved_slot(pubsub, key_slot(msg["channel"]), None, None)
+        return msg
+
+    def _follow_moved_slot(self, pubsub: Any, slot: int, moved_to: str | None,
+                           moved: Exception | None) -> None:
+        """Subscribe again, on its new master, to the deadline channels of a slot that moved.
+
+        The listener never unsubscribes (it closes), so an ``sunsubscribe`` it hears is the
+        server's: the slot moved to another master, which ended the subscriptions there.
+        redis-py passes it on and keeps the channels in its books, and the connection stays
+        up, so nothing else would subscribe again: the partition's deadlines acted only from
+        the sweeper's index reads. Each move is logged once (when the owner the listener knows
+        of changes); the echoes of one (redis-py's reconciliation, where it has one, moves the
+        subscription too, and the old master answers its unsubscribe ``MOVED``) only subscribe
+        again, which is a no-op where the channel is heard already.
+
+        The slot map is refreshed at most every ``REFRESH_S``: a ``MOVED`` naming another master
+        than a map still stale after that is raised, and ``_listen``'s reconnect (paced by its
+        backoff) takes over, rather than a subscribe sent to the wrong master every poll."""
+        channels = self._by_slot.get(slot)
+        if not channels:
+            return
+        self._events.put(Resync())  # what the gap lost
+        owner = self._owner(channels[0])
+        if moved_to is None or owner != moved_to:
+            self._refresh_topology()
+            owner = self._owner(channels[0])
+            if moved is not None and owner != moved_to:
+                raise moved
+        if self._owners.get(slot) != owner:
+            self._owners[slot] = owner
+            log.info("a deadline channel's slot moved; subscribing on its new master",
+                     extra={"event": "listener_slot_moved", "slot": slot, "node": owner,
+                            "partitions": sorted(self._channels[c] for c in channels)})
+        pubsub.ssubscribe(*channels)
+
+    def _owner(self, channel: bytes) -> str:
+        """``host:port`` of the master the client's slot map names for ``channel`` ('' on a
+        single node, whose slots never move)."""
+        find = getattr(self._client, "get_node_from_key", None)
+        return "" if find is None else str(find(channel).name)
 
     def _run_lease_channel(self) -> None:
         self._listen("coordinators", lambda ps: ps.subscribe(self._lease_channel),
