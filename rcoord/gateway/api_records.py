@@ -51,6 +51,7 @@ from .errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     TRANSACTIONS_NOT_SERVED,
     UNREACHED,
+    UNREACHED_MESSAGE,
     log_unreached,
 )
 from .records import (
@@ -359,13 +360,16 @@ def _unreached(state: GatewayState, what: str, partition: int, exc: BaseExceptio
     if not isinstance(exc, UNREACHED):
         raise exc
     log_unreached(state, what, exc)
+    # The client is told what happened, never redis-py's words: they name the Redis server's
+    # address (or its refused login), which only the gateway's log may hold, as Kafka's broker
+    # answers a storage failure with its code alone.
     out = {"index": partition, "error_code": Errors.REQUEST_TIMED_OUT,
-           "error_message": f"Redis unreachable or unavailable: {exc}", "base_offset": -1,
+           "error_message": UNREACHED_MESSAGE, "base_offset": -1,
            "log_append_time": -1, "log_start_offset": -1}
     if refused_unrun(exc):
         out.update(error_code=NOT_LEADER_OR_FOLLOWER, error_message=(
             f"partition {partition}: Redis refused the append for now (a slot moving or "
-            f"failing over); nothing was appended ({exc})"))
+            "failing over); nothing was appended"))
     return out
 
 

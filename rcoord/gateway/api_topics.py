@@ -37,6 +37,7 @@ from .errors import (
     INVALID_REPLICATION_FACTOR,
     TOPIC_AUTHORIZATION_FAILED,
     UNREACHED,
+    UNREACHED_MESSAGE,
     log_unreached,
     unreached_topic_code,
 )
@@ -205,7 +206,7 @@ def _unreached(state: GatewayState, name: str, exc: BaseException, timeout_ms: i
     so it says which)."""
     log_unreached(state, f"topic {name!r}", exc)
     return {"name": name, "error_code": unreached_topic_code(timeout_ms),
-            "error_message": f"Redis unreachable or unavailable: {exc}"}
+            "error_message": UNREACHED_MESSAGE}  # (no Redis address: ``api_records._unreached``)
 
 
 def _named_twice(names: Iterable[str]) -> list[str]:

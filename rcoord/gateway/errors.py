@@ -131,6 +131,11 @@ def log_login_refused(state: GatewayState, what: str, exc: BaseException) -> Non
                 "with working credentials%s", what, message, since_last(count))
 
 
+UNREACHED_MESSAGE = "Redis unreachable or unavailable (the gateway's log says why)"
+"""What a client is answered for a call that could not reach Redis: the why (redis-py's words,
+with the server's address or its refused login) goes to the gateway's log alone."""
+
+
 def log_unreached(state: GatewayState, what: str, exc: BaseException) -> None:
     """Log a call that could not reach Redis (``UNREACHED``); ``what`` names it ("Fetch v11",
     "topic 'orders'"). A refused login of the gateway's own goes through ``log_login_refused``.
