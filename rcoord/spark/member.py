@@ -93,6 +93,7 @@ from .replays import (
 )
 from .resolve import (
     Clamp,
+    DataLossError,
     added_loss,
     continuity_loss,
     continuity_restart,
@@ -565,7 +566,8 @@ class StreamMember:
     def commit(self, pos: Position) -> CommitOutcome | None:
         """Commit ``pos`` (a finished batch's end) with the generation it was planned in.
 
-        Returns None when there is nothing new to commit.
+        Returns None when there is nothing new to commit, or when the commit was not made and
+        is held (``_held``: the next plan makes it again).
         """
         return self._commit_own(self._own(pos))
 
@@ -604,7 +606,10 @@ class StreamMember:
                 log.warning("group %r: commit failed, will retry: %s", gen.group_id, exc)
                 self._sent.pop(stamp, None)
                 self._commit_failed = exc  # (``_held``)
-                return self._record(pos, todo, Errors.UNKNOWN_SERVER_ERROR)
+                # Not an outcome: nothing was refused and nothing is read again; counted in
+                # ``refused`` once per held plan, an outage of n plans showed n refusals of a
+                # batch committed once, in full.
+                return None
             self._unreachable_since = self._commit_failing_since = None
             self._committed.update(todo)
             self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
@@ -698,6 +703,11 @@ class StreamMember:
                 log.info("group %r: generation %d ended before it was taken; waiting for the "
                          "next", gen.group_id, gen.generation_id)
                 continue
+            except DataLossError:
+                # (A RuntimeError too, but the query's to fail, as any plan's: taken for a
+                # thread that cannot start, it ended the generation with its routine held, so
+                # the call waited out its whole join wait and failed with a timeout's error.)
+                raise
             except RuntimeError as exc:
                 # The hold's thread cannot start (the process's thread limit). Let out from
                 # here, the generation stayed live, heartbeating, held by no one: this member
@@ -725,6 +735,14 @@ class StreamMember:
 
         gen.start(revoke)
         self._hold = hold
+        try:
+            self._begin(gen, query_start)
+        except BaseException:
+            hold.set()  # (nothing of this generation is planned: its routine need not wait)
+            raise
+
+    def _begin(self, gen: Generation, query_start: bool) -> None:
+        """``_adopt``'s work once the generation is held."""
         self._gen = gen
         self._committed = {}
         self._gone = set()
