@@ -60,15 +60,20 @@ def parse_duration(text: str) -> int:
 
 
 _DATETIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3})"
-                       r"(?:(Z)|([-+])(\d{2})(?::?(\d{2}))?)?", re.ASCII)
+                       r"(?:(Z)|([-+])(\d{2})(?:(:?)(\d{2}))?)?", re.ASCII)
 """Kafka's ``--to-datetime`` forms (``Utils.getDateTime``): the date, ``T``, the time to the
-millisecond, and a zone or none: ``Z``, ``+hh``, ``+hhmm`` or ``+hh:mm``."""
+millisecond, and a zone or none: ``Z``, ``+hh``, ``+hh:mm``, or ``+hh00``. Kafka reads
+``+hhmm`` with ``SimpleDateFormat``'s ``X`` (``+hh``), ignoring the minutes after it, so
+``+0530`` is +05:00 there: such a zone is refused, where reading it as +05:30 reset 30 minutes
+away from what the same command does with Kafka's tool."""
 
 
 def parse_datetime(text: str) -> int:
     """An ISO-8601 date and time in epoch ms, in the forms Kafka's ``--to-datetime`` takes
     (``_DATETIME``); without a zone it is UTC, as Kafka reads it (``Utils.getDateTime``
-    appends ``Z``), whatever the machine's zone. Any other form is refused, as Kafka's: a date
+    appends ``Z``), whatever the machine's zone. Any other form is refused, as Kafka's (and a
+    few Kafka's ``SimpleDateFormat`` reads loosely: single-digit fields, ``.5`` as 5 ms,
+    text after the zone, ``+hhmm`` with minutes, whose minutes it ignores): a date
     alone (``2024-05-01``) was read as midnight UTC, a time without milliseconds or another
     ISO-8601 spelling as Python reads it, so a command copied from or to Kafka's tool reset
     where neither said."""
@@ -79,16 +84,17 @@ def parse_datetime(text: str) -> int:
         when = dt.datetime.fromisoformat(m[1])
         zone = dt.UTC
         if m[3]:
-            hours, minutes = int(m[4]), int(m[5] or 0)
-            if hours > 23 or minutes > 59:
+            hours, minutes = int(m[4]), int(m[6] or 0)
+            if hours > 23 or minutes > 59 or (m[6] and not m[5] and minutes):
                 raise ValueError(text)
             offset = dt.timedelta(hours=hours, minutes=minutes)
             zone = dt.timezone(-offset if m[3] == "-" else offset)
     except ValueError:
         raise UsageError(
             f"--to-datetime {text!r} is not an ISO-8601 date-time as Kafka takes it; write "
-            "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +hh, +hhmm, +hh:mm), e.g. "
-            "2024-05-01T00:00:00.000"
+            "YYYY-MM-DDTHH:mm:SS.sss, optionally with a zone (Z, +hh, +hh:mm), e.g. "
+            "2024-05-01T00:00:00.000 (a zone +hhmm is taken only as +hh00: Kafka's tool reads "
+            "+0530 as +05:00)"
         ) from None
     # Integer arithmetic: ``timestamp() * 1000`` is a float, which truncates some instants to
     # the millisecond before (2038-06-23T00:35:34.595Z gave ...594).
