@@ -18,12 +18,12 @@ as Kafka's ``OffsetDeleteResponse.Builder.merge`` drops the per-partition answer
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from ..errors import Errors, InvalidRequestError
 from ..protocol._checks import check_id
 from ..protocol.admin import GroupDescription
+from ..protocol.offsets import TopicPartition
 from ..state import GroupState
 from .acl import Operation, ResourceType
 from .api_meta import readable_partitions
@@ -123,14 +123,22 @@ async def delete_groups(conn: Connection, req: Any, version: int) -> dict[str, A
 @api(47, "OffsetDelete", 0, 0, group=True)
 async def offset_delete(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     conn.require(Operation.DELETE, ResourceType.GROUP, req.group_id)
-    by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if not may_exist(req.group_id):
+        # (as OffsetFetch and DeleteGroups: a name too long to store names no group; the
+        # script's refusal of it was answered INVALID_REQUEST)
+        return {"throttle_time": 0, "error_code": Errors.GROUP_ID_NOT_FOUND, "topics": []}
     known, refused = await readable_partitions(conn, req.topics)
-    for tp, code in refused.items():  # not deleted
-        by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
-    res = await conn.state.coordinator.delete_offsets(req.group_id, [tp for tp, _ in known])
+    res = await conn.state.coordinator.delete_offsets(
+        req.group_id, list(dict.fromkeys(tp for tp, _ in known)))
     if res.error != Errors.NONE:  # the group's error alone, as Kafka's response builder
         return {"throttle_time": 0, "error_code": res.error, "topics": []}
-    for tp, code in res.partitions.items():
-        by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
+    codes = {**res.partitions, **refused}  # (refused: not deleted)
+    # Every entry of the request answered, in its order, a topic or partition named twice
+    # twice, as Kafka's ``OffsetMetadataManager.deleteOffsets``; answers gathered by topic
+    # and partition answered such a partition once.
     return {"throttle_time": 0, "error_code": res.error, "topics": [
-        {"name": t, "partitions": parts} for t, parts in by_topic.items()]}
+        {"name": t.name, "partitions": [
+            {"partition_index": p.partition_index,
+             "error_code": codes[TopicPartition(t.name, p.partition_index)]}
+            for p in t.partitions]}
+        for t in req.topics]}
