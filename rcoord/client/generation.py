@@ -80,6 +80,13 @@ def commit_offsets_arg(
     return out
 
 
+def _name_of(fn: Callable[..., Any]) -> str:
+    """A routine's function as a log line names it (a lambda's is where it was written)."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    code = getattr(fn, "__code__", None)
+    return name if code is None else f"{name} at {code.co_filename}:{code.co_firstlineno}"
+
+
 class EndReason(enum.Enum):
     """Why a generation ended."""
 
@@ -216,6 +223,7 @@ class Generation:
         # heartbeat answered (heartbeat_answered).
         self._session_from = time.monotonic() if session_from is None else session_from
         self._threads: list[threading.Thread] = []
+        self._routine_names: dict[threading.Thread, str] = {}  # for the warning of collect
         self._sealed = False
         self._end_reason: EndReason | None = None
         self._end_error: BaseException | Errors | None = None
@@ -344,6 +352,7 @@ class Generation:
             # ``collect`` join a thread never started, which raises on the group's run thread.
             thread.start()
             self._threads.append(thread)
+            self._routine_names[thread] = f"{thread.name} ({_name_of(fn)})"
 
     def _run_routine(self, fn: Callable[[GenerationContext], Any], ctx: GenerationContext) -> None:
         try:
@@ -543,13 +552,30 @@ class Generation:
         with self._lock:
             return thread in self._threads
 
-    def collect(self, warn_after: float) -> None:
+    def collect(
+        self, warn_after: float, on_stuck: Callable[[list[str]], None] | None = None
+    ) -> None:
         """Refuse new routines, wait for every routine (logging every ``warn_after`` seconds
-        while one still runs), then stop and join the helper threads."""
+        while one still runs), then stop and join the helper threads.
+
+        Routines still running ``warn_after`` seconds (the rebalance timeout) after the wait
+        began are passed, by name, to ``on_stuck``, once: a routine that ignores ``ctx.done``
+        would otherwise keep the member in the group for ever when the coordinator is not
+        rebalancing (the generation ended on the member's side: new partitions, a routine that
+        raised, ``resubscribe()``, ``close()``), its heartbeat answered NONE at every beat.
+        """
         with self._lock:
             self._sealed = True
             routines = list(self._threads)
+        deadline = time.monotonic() + warn_after
         for thread in routines:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [thread for thread in routines if thread.is_alive()]
+        if stuck and on_stuck is not None:
+            with self._lock:
+                names = [self._routine_names[thread] for thread in stuck]
+            on_stuck(names)
+        for thread in stuck:
             thread.join(warn_after)
             while thread.is_alive():
                 log.warning(

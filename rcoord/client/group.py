@@ -43,6 +43,11 @@ Where this differs from kafka-go, on purpose:
   (aiokafka does the same). kafka-go stops it at once, so a slow revocation can expire the member.
   The rebalance timeout still bounds the revocation: a member that has not rejoined by then is
   removed by the coordinator, and the next beat reports it (UNKNOWN_MEMBER_ID: partitions lost).
+  A generation can also end on the member's side alone (new partitions, a routine that raised,
+  ``resubscribe()``, ``close()``), the coordinator answering NONE; so routines still running a
+  rebalance timeout after the end make the member leave (a static member stops beating and its
+  session expires), as Kafka's heartbeat thread does once ``max.poll.interval.ms`` passes, and
+  their commits are refused (``ConsumerGroup._leave_stuck``).
 * **A routine that returns does not end the generation**; one that raises does. In kafka-go any
   returning function ends it, because the heartbeat and the watchers are such functions too.
 * **Only the leader watches partition counts**, as in Kafka's Java client. A follower's rejoin with
@@ -562,6 +567,11 @@ class ConsumerGroup:
         ``timeout`` bounds the wait for the background thread, and for a coordinator start
         that a ``next(timeout)`` gave up waiting for (None: wait for them).
         Idempotent; ``next()`` raises ``GroupClosedError`` afterwards.
+
+        A routine that ignores ``ctx.done`` holds back the background thread (and a
+        ``close()`` without a timeout) until it returns, but not the group: a rebalance
+        timeout after the close began, the member leaves (a static one stops beating, so its
+        session expires) and the routine's commits are refused (``_leave_stuck``).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -991,7 +1001,39 @@ class ConsumerGroup:
 
     def _collect(self, gen: Generation) -> None:
         """Wait for every routine of ``gen``, then stop its heartbeat and watcher."""
-        gen.collect(warn_after=self._config.rebalance_timeout_ms / 1000)
+        gen.collect(warn_after=self._config.rebalance_timeout_ms / 1000,
+                    on_stuck=lambda routines: self._leave_stuck(gen, routines))
+
+    def _leave_stuck(self, gen: Generation, routines: list[str]) -> None:
+        """``routines`` of ``gen`` still run a rebalance timeout after it ended: the member
+        leaves the group, as Kafka's heartbeat thread sends LeaveGroup once
+        ``max.poll.interval.ms`` passes without the application coming back. Its heartbeat,
+        which beat until the routines returned, kept it (and its partitions) in the group for
+        ever when the generation had ended on the member's side alone (the coordinator, not
+        rebalancing, answered NONE). A static member sends no LeaveGroup (KIP-345): its
+        heartbeat stops, so its session expires. The generation is lost, so the routines'
+        commits are refused (``CommitFailedError``); the member rejoins, under a new member id
+        (or its instance id alone), once they have returned."""
+        cfg = self._config
+        if gen.lost:  # out of the group already: the heartbeat has stopped
+            log.warning("group %r: routines of generation %d ignore ctx.done and still run "
+                        "%d ms after it ended: %s", cfg.group_id, gen.generation_id,
+                        cfg.rebalance_timeout_ms, ", ".join(routines))
+            return
+        log.warning("group %r: routines of generation %d ignore ctx.done and still run %d ms "
+                    "(rebalance_timeout_ms) after it ended: %s; the member %s, its partitions "
+                    "are lost, and it rejoins once they return", cfg.group_id,
+                    gen.generation_id, cfg.rebalance_timeout_ms, ", ".join(routines),
+                    "leaves the group" if cfg.group_instance_id is None
+                    else "stops heartbeating (static: its session expires)")
+        gen._mark_lost(left=True)
+        if cfg.group_instance_id is None:
+            self._leave(gen.member_id, "routines did not return within rebalance_timeout_ms "
+                        "after the generation ended")
+        with self._cond:
+            forget = self._member_id == gen.member_id
+        if forget:
+            self._forget_member_id()
 
     def _notify(self) -> None:
         with self._cond:
