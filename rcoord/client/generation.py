@@ -556,7 +556,8 @@ class Generation:
         self, warn_after: float, on_stuck: Callable[[list[str]], None] | None = None
     ) -> None:
         """Refuse new routines, wait for every routine (logging every ``warn_after`` seconds
-        while one still runs), then stop and join the helper threads.
+        while one still runs), then stop and join the helper threads (not those of a lost
+        generation, which act on nothing once it is collected).
 
         Routines still running ``warn_after`` seconds (the rebalance timeout) after the wait
         began are passed, by name, to ``on_stuck``, once: a routine that ignores ``ctx.done``
@@ -588,7 +589,11 @@ class Generation:
                 thread.join(warn_after)
         self._routines_done.set()
         with self._lock:
-            helpers = list(self._helpers)
+            # Those of a lost generation are left behind (its heartbeat stops at its next
+            # attempt, heartbeat._abandoned): joined, a heartbeat stuck in a call (a
+            # black-holed connection, a client without socket_timeout) held back the rejoin
+            # of a member whose session was already over, for as long as the call lasted.
+            helpers = [] if self._lost else list(self._helpers)
         for thread in helpers:
             thread.join()
 

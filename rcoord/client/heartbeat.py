@@ -72,6 +72,8 @@ def heartbeat_loop(
     sent = [0.0]
 
     def beat() -> Errors:
+        if _abandoned(gen):
+            raise _Abandoned  # ends the retries: nothing is left to keep alive
         sent[0] = time.monotonic()  # (of this attempt: retries resend)
         return coord.heartbeat(
             gen.group_id, gen.generation_id, gen.member_id, cfg.group_instance_id)
@@ -84,9 +86,14 @@ def heartbeat_loop(
             return
         try:
             error = retry(beat, lambda e: e)
-        except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
-            gen._end(EndReason.of(exc), exc)
+        except _Abandoned:
             return
+        except Exception as exc:  # noqa: BLE001 - ERROR_POLICY decides (OTHERWISE for bugs)
+            if not _abandoned(gen):
+                gen._end(EndReason.of(exc), exc)
+            return
+        if _abandoned(gen):
+            return  # a late answer: the group has moved on without this generation
         if error in REFRESHED:
             gen.heartbeat_answered(sent[0])
         if error is Errors.NONE:
@@ -94,6 +101,18 @@ def heartbeat_loop(
         gen._end(EndReason.of(error), error)
         if reaction_for(error).lost:
             return
+
+
+class _Abandoned(Exception):
+    """A heartbeat retry of an abandoned generation (``_abandoned``): the retries end."""
+
+
+def _abandoned(gen: Generation) -> bool:
+    """Whether ``collect`` has left ``gen``'s helpers behind: it is lost and its routines have
+    returned, so the member rejoins without waiting for them. Its heartbeat's retries went on
+    for up to a session timeout after a call returned, for a session already over, and a late
+    answer must not act on what the group does next."""
+    return gen.lost and gen.wait_routines(0)
 
 
 class JoinBeats:
