@@ -42,6 +42,7 @@ _COMMIT_FENCED = (
     Errors.UNKNOWN_MEMBER_ID,
     Errors.ILLEGAL_GENERATION,
     Errors.FENCED_INSTANCE_ID,
+    Errors.GROUP_ID_NOT_FOUND,
     Errors.REBALANCE_IN_PROGRESS,
 )
 
@@ -50,6 +51,11 @@ _COMMIT_WHY = {
     "expired, it missed the rebalance timeout, or it left)",
     Errors.ILLEGAL_GENERATION: "generation {gen} is over: the group has moved to a newer generation",
     Errors.FENCED_INSTANCE_ID: "another process took over group instance id {iid}",
+    # (OffsetCommit v9's answer for a group deleted since: its member expired, then the Empty
+    # group was deleted or its offsets expired. Kafka's classic member gets ILLEGAL_GENERATION
+    # there; it was "anything else", a ProtocolError that left the generation running.)
+    Errors.GROUP_ID_NOT_FOUND: "the group was deleted since generation {gen} began (its members "
+    "had left or expired)",
 }
 
 

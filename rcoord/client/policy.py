@@ -70,6 +70,7 @@ ERROR_POLICY: Mapping[Errors, Reaction] = MappingProxyType(
         Errors.REBALANCE_IN_PROGRESS: Reaction(False, "keep", "revoked", "rejoin"),
         Errors.ILLEGAL_GENERATION: Reaction(False, "keep", "lost", "rejoin"),
         Errors.UNKNOWN_MEMBER_ID: Reaction(False, "reset", "lost", "rejoin"),
+        Errors.GROUP_ID_NOT_FOUND: Reaction(False, "reset", "lost", "rejoin"),
         Errors.FENCED_INSTANCE_ID: Reaction(False, "keep", "lost", "fatal"),
         Errors.COORDINATOR_NOT_AVAILABLE: _UNREACHABLE,
         Errors.COORDINATOR_LOAD_IN_PROGRESS: _UNREACHABLE,
@@ -91,6 +92,7 @@ error                              retry  member id  partitions  then
 REBALANCE_IN_PROGRESS              no     keep       revoked     rejoin
 ILLEGAL_GENERATION                 no     keep       lost        rejoin
 UNKNOWN_MEMBER_ID                  no     reset      lost        rejoin
+GROUP_ID_NOT_FOUND                 no     reset      lost        rejoin
 FENCED_INSTANCE_ID                 no     keep       lost        fatal
 COORDINATOR_NOT_AVAILABLE,         yes    keep       lost        backoff
 NOT_COORDINATOR,
@@ -113,6 +115,9 @@ commits of the current generation while it prepares the rebalance), and the hear
 beating until the revocation is done. ILLEGAL_GENERATION means the group went on without this
 generation; Kafka resets the generation but keeps the member id. UNKNOWN_MEMBER_ID means the
 member was removed (session expired, rebalance timeout, or left); it rejoins with a fresh id.
+GROUP_ID_NOT_FOUND (a commit's answer once the group was deleted: its members expired and it was
+deleted, or its offsets expired) means the same, the group gone with the member; Kafka's classic
+member is told ILLEGAL_GENERATION there.
 Both lose the partitions: someone else may be processing them. FENCED_INSTANCE_ID means another
 process took over this static member's instance id; carrying on would make two owners, so it is
 fatal, as in Kafka. Coordinator unavailability and lost connections are retried; if that fails for
