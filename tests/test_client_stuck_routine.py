@@ -11,23 +11,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pytest
 from harness import wait_until
-from test_review75_group_client import StallingHeartbeats
+from test_review75_group_client import (  # (one node, as there)
+    REBALANCE_MS,
+    SESSION_MS,
+    WAIT_S,
+    StallingHeartbeats,
+    backend,  # noqa: F401 - the fixture
+)
 
 from rcoord import GroupCoordinator, TopicPartition
 from rcoord.client import CommitFailedError, ConsumerGroup, ConsumerGroupConfig, EndReason
 from rcoord.client.generation import GenerationContext
 from rcoord.topics import Topics
-
-WAIT_S = 15.0
-REBALANCE_MS = 2000
-SESSION_MS = 1000
-
-
-@pytest.fixture
-def backend() -> str:
-    return "single"
 
 
 def test_a_static_member_whose_routine_ignores_done_stops_beating_and_its_commit_is_refused(
