@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,3 +222,13 @@ class ReplicaCluster:
 
     def stop(self) -> None:
         _on_each(list(self.nodes.values()), lambda server: server.stop())
+
+
+def running_cluster(**kw: Any) -> Iterator[ReplicaCluster]:
+    """A ``ReplicaCluster(**kw)`` started, and stopped once the generator is closed: the body
+    of a test's fixture (``yield from running_cluster(masters=3, replicas=0)``)."""
+    cluster = ReplicaCluster(**kw).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis.cluster
-from cluster_replicas import NodeInfo, ReplicaCluster
+from cluster_replicas import NodeInfo, ReplicaCluster, running_cluster
 from harness import wait_until
 
 from rcoord.connect import connect
@@ -30,11 +30,7 @@ PARTITIONS = 4
 
 @pytest.fixture
 def cluster() -> Iterator[ReplicaCluster]:
-    c = ReplicaCluster(masters=3, replicas=0).start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from running_cluster(masters=3, replicas=0)
 
 
 def _move_empty_slot(cluster: ReplicaCluster, slot: int, src: NodeInfo, dst: NodeInfo) -> None:

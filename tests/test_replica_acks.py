@@ -136,13 +136,9 @@ def test_a_server_that_refuses_wait_raises_instead_of_answering_not_available(
 
 @pytest.fixture(scope="module")
 def replica_cluster() -> Iterator[Any]:
-    from cluster_replicas import ReplicaCluster
+    from cluster_replicas import running_cluster
 
-    cluster = ReplicaCluster(masters=3, replicas=1).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster(masters=3, replicas=1)
 
 
 @pytest.mark.slow

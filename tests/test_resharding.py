@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import redis
-from cluster_replicas import NodeInfo, ReplicaCluster
+from cluster_replicas import NodeInfo, ReplicaCluster, running_cluster
 from harness import wait_until
 from test_failover import ClusterScenario, _still_running
 from test_faults import GROUP, _commits_after, _judge
@@ -93,11 +93,7 @@ def _redirections(cluster: ReplicaCluster, port: int) -> dict[str, int]:
 
 @pytest.fixture
 def cluster() -> Iterator[ReplicaCluster]:
-    c = ReplicaCluster(masters=3, replicas=0).start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from running_cluster(masters=3, replicas=0)
 
 
 @pytest.fixture

@@ -30,24 +30,14 @@ import pytest
 
 pytest.importorskip("kio")
 
-from gateway_harness import call_once, connect, request_frame, response
+from gateway_harness import connect, request_frame, response
 from test_client_group import OneMemberGroup, fast_config
+from test_gateway_offset_edges import TOO_LONG, _commit  # (a simple commit through the gateway)
 
 from rcoord import Errors, TopicPartition
 from rcoord.client import CommitFailedError, ConsumerGroup
 
 NONE, GROUP_ID_NOT_FOUND = 0, 69
-TOO_LONG = "x" * 1025  # past MAX_ID_BYTES: no group is stored under it
-
-
-def _commit(gateway: Any, group: str, topic: str, offsets: dict[int, int]) -> None:
-    """A simple (``assign()``) commit: no member, generation -1."""
-    got = call_once(gateway, 8, 8, {
-        "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
-        "group_instance_id": None, "topics": [{"name": topic, "partitions": [
-            {"partition_index": p, "committed_offset": o, "committed_leader_epoch": -1,
-             "committed_metadata": ""} for p, o in offsets.items()]}]})
-    assert [p.error_code.value for t in got.topics for p in t.partitions] == [NONE] * len(offsets)
 
 
 def _offset_delete(gateway: Any, group: str, topics: list[tuple[str, list[int]]]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster_replicas import ReplicaCluster
+from cluster_replicas import ReplicaCluster, running_cluster
 from harness import wait_until
 from test_service import JOIN, Proc
 
@@ -33,11 +33,7 @@ SESSION_MS = 1000
 
 @pytest.fixture
 def cluster() -> Iterator[ReplicaCluster]:
-    cl = ReplicaCluster(masters=3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS).start()
-    try:
-        yield cl
-    finally:
-        cl.stop()
+    yield from running_cluster(masters=3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS)
 
 
 def _lonely_member(coord: GroupCoordinator, group: str) -> str:
