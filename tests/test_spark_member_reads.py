@@ -22,7 +22,7 @@ from rcoord.client import ConsumerGroup, ConsumerGroupConfig
 from rcoord.client.coordinator import RedisCoordinator
 from rcoord.errors import ConnectionLost
 from rcoord.protocol.offsets import TopicPartition as TP
-from rcoord.spark.member import StreamMember
+from rcoord.spark.member import StreamMember, _parse_metadata
 from rcoord.topics import Producer, ProducerRecord, Topics
 
 PARTITIONS = 40
@@ -114,3 +114,25 @@ def test_log_starts_unread_with_redis_away_are_warned_about_each(
         assert member._log_starts_now() == {}
     assert warned(caplog) == [f"group 'g': no log start for ev-{p}"
                               for p in range(PARTITIONS + 2)]
+
+
+def test_a_start_chosen_in_a_topic_made_again_since_is_not_committed(
+    member: Any, redis_client: Any, namespace: str,
+) -> None:
+    # Under latest, a start this process chose before (its commit did not land) is placed
+    # again by the next generation. Before, when the topic had been deleted and created
+    # again meanwhile, that generation committed the old topic's offset, stamped with the old
+    # token, after the creation: a plain Consumer of the group counts such a commit as the new
+    # topic's (rcoord.topics.incarnation) and would have skipped the new topic's first records.
+    member._seen.update(starts_of())
+    member._chosen[TP("ev", 0)] = (7, "the-deleted-topics-token")
+    commits: list[dict[TP, Any]] = []
+    gen = SimpleNamespace(group_id="g", member_id="m", committed={},
+                          offsets={TP("ev", 0): 9, TP("ev", 1): 9},
+                          commit_offsets=commits.append)
+    assert member._place(gen, False) == {TP("ev", 0): 7, TP("ev", 1): 2}
+    token = Topics(redis_client, namespace).create_token("ev")
+    assert [{tp: (o.offset, _parse_metadata(o.metadata)[0]) for tp, o in c.items()}
+            for c in commits] == [{TP("ev", 1): (2, token)}]
+    # The plan starts ev-0 where it was chosen, in the old topic: data loss (continuity_loss).
+    assert member._base_tokens[TP("ev", 0)] == "the-deleted-topics-token"

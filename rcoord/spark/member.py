@@ -895,7 +895,7 @@ class StreamMember:
         # The create tokens are read before the log starts (a topic created again in between
         # then shows as data loss, never as the new topic read from the old one's offset). A
         # start chosen before keeps the token it was chosen with.
-        fresh = self._create_tokens({tp.topic for tp in todo if tp not in self._chosen})
+        fresh = self._create_tokens({tp.topic for tp in todo})
         log_starts = {} if query_start else self._log_starts(
             [tp for tp in todo if tp not in self._chosen])
         placed: dict[TP, int] = {}
@@ -919,14 +919,23 @@ class StreamMember:
             self._chosen.setdefault(tp, (offset, fresh.get(tp.topic)))
         tokens = {tp: self._chosen[tp][1] for tp in placed}
         self._base_tokens.update(tokens)
+        # A start chosen in a topic deleted and created again since is not committed: the
+        # group's other readers (a plain Consumer) would take the old topic's offset for the
+        # new one's (a commit made after the creation counts as the new topic's,
+        # rcoord.topics.incarnation) and skip its first records. The plan still starts there
+        # with the old token, so it reports the data loss (continuity_loss).
+        stale = {tp for tp in placed
+                 if tokens[tp] and fresh.get(tp.topic) and tokens[tp] != fresh[tp.topic]}
+        commit = {tp: _stamped(o, tokens[tp], gen.member_id)
+                  for tp, o in placed.items() if tp not in stale}
         try:
-            gen.commit_offsets({tp: _stamped(o, tokens[tp], gen.member_id)
-                                for tp, o in placed.items()})
+            if commit:
+                gen.commit_offsets(commit)
         except RcoordError as exc:
             # The generation ended already (or Redis is away): the next one places them the
             # same way, from _chosen.
             log.warning("group %r: committing the start of %s failed: %s", gen.group_id,
-                        _names(set(placed)), exc)
+                        _names(set(commit)), exc)
         return placed
 
     def _check_unread(self, tp: TP, log_start: int) -> int:
