@@ -42,7 +42,8 @@ POOL_TIMEOUT_S = 10.0
 """How long a command waits for a free connection of that pool before it fails as Redis
 unavailable (answered with the retriable codes of docs/gateway.md, "Bad requests")."""
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
-"""A client that has not finished its TLS handshake by then is disconnected."""
+"""A client that has not finished its TLS handshake by then is disconnected (the default of
+``Gateway``'s ``tls_handshake_timeout_s``)."""
 
 
 def async_single_node(redis_url: str, **kwargs: Any) -> redis.asyncio.Redis:
@@ -191,12 +192,18 @@ class Gateway:
 
     ``start()`` binds the listening socket (port 0 picks a free one; ``address`` tells which)
     and loads the coordinator's scripts; ``close()`` stops accepting, ends every connection
-    and releases the Redis clients.
+    and releases the Redis clients. ``tls_handshake_timeout_s`` bounds a TLS client's
+    handshake: a peer that opens TCP and never completes it would otherwise hold its socket
+    for ever (tests give it a small one to see it happen).
     """
 
     def __init__(self, config: GatewayConfig, redis_url: str, *, auth: Any = None,
+                 tls_handshake_timeout_s: float = TLS_HANDSHAKE_TIMEOUT_S,
                  **redis_kwargs: Any) -> None:
         self.config = config.validate()
+        if not tls_handshake_timeout_s > 0:
+            raise ValueError(f"tls_handshake_timeout_s must be > 0, got {tls_handshake_timeout_s}")
+        self._tls_handshake_timeout_s = tls_handshake_timeout_s
         kwargs = {"socket_timeout": SOCKET_TIMEOUT_S, **redis_kwargs}
         self._tls = server_tls_context(self.config)  # (a bad file: before Redis is reached)
         # One node or a Redis Cluster, as the server says (rcoord.connect); the asyncio client
@@ -236,7 +243,7 @@ class Gateway:
         await self.state.coordinator.start()
         self._server = await asyncio.start_server(
             self._accept, self.config.listen_host, self.config.listen_port, ssl=self._tls,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self._tls else None)
+            ssl_handshake_timeout=self._tls_handshake_timeout_s if self._tls else None)
         self._sweeper = asyncio.create_task(self._sweep_idle(), name="rcoord-gateway-idle")
         host, port = self.address
         self.state.advertised = (self.config.advertise_host or host,
