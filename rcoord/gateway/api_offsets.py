@@ -77,9 +77,10 @@ async def offset_commit(conn: Connection, req: Any, version: int) -> dict[str, A
             entries[tp] = p
     offsets: dict[TopicPartition, OffsetAndMetadata | int] = {}
     for tp, p in entries.items():
+        # Only -1 means "no epoch"; Kafka stores any other as given (``Utils.ofSentinel``).
         epoch = int(getattr(p, "committed_leader_epoch", -1))
         offsets[tp] = OffsetAndMetadata(
-            p.committed_offset, p.committed_metadata or "", None if epoch < 0 else epoch)
+            p.committed_offset, p.committed_metadata or "", None if epoch == -1 else epoch)
     codes: dict[TopicPartition, Any] = {}
     if offsets or not refused:
         codes = dict(await conn.state.coordinator.commit_offsets(

@@ -163,7 +163,7 @@ def decode_record(blob: bytes) -> OffsetAndMetadata:
     return OffsetAndMetadata(
         offset=int(rec[b"o"]),
         metadata=text(rec[b"m"]),
-        leader_epoch=None if epoch < 0 else epoch,
+        leader_epoch=None if epoch == -1 else epoch,  # (Kafka keeps -2 and below as given)
         commit_timestamp_ms=int(rec[b"t"]),
     )
 
