@@ -1,8 +1,10 @@
-"""The gateway items of review 76: the TLS handshake's bound, and a committed leader epoch
-below -1 (kept, as Kafka keeps it)."""
+"""The gateway items of review 76: the TLS handshake's bound, a committed leader epoch below -1
+(kept, as Kafka keeps it), and SaslHandshake v0, after which the PLAIN token comes as a raw
+frame (Kafka's ``SaslServerAuthenticator`` without SaslAuthenticate headers)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +20,14 @@ from gateway_harness import (
     closed_by_gateway,
     connect,
     make_certs,
+    recv_frame,
+    request_frame,
+    response,
     running_gateway,
 )
+
+from rcoord.gateway.auth import load_auth_file
+from rcoord.gateway.framing import frame
 
 HANDSHAKE_LIMIT_S = 0.5
 """The TLS handshake limit the test gateway gets: far below the 10 s default, so a peer the
@@ -77,3 +85,59 @@ def test_a_committed_leader_epoch_below_minus_one_is_fetched_as_it_was_committed
     assert [(p.partition_index, p.committed_offset, p.committed_leader_epoch)
             for g in fetched.groups for t in g.topics for p in t.partitions] == [
         (p, 10 + p, e) for p, e in epochs.items()]
+
+
+@pytest.fixture
+def sasl(redis_server: Any, namespace: str, tmp_path: Path) -> Iterator[GatewayThread]:
+    path = tmp_path / "auth.json"
+    path.write_text(json.dumps({"users": {"alice": "alice-pw"}}))
+    with running_gateway(redis_server, namespace, auth=load_auth_file(path)) as gw:
+        yield gw
+
+
+def _handshake_v0(sock: Any) -> None:
+    sock.sendall(request_frame(17, 0, 1, {"mechanism": "PLAIN"}))
+    got = response(sock, 17, 0, 4)
+    assert (got.error_code.value, list(got.mechanisms)) == (0, ["PLAIN"])
+
+
+def test_api_versions_advertises_sasl_handshake_v0_and_v1(sasl: GatewayThread) -> None:
+    with connect(sasl) as sock:
+        sock.sendall(request_frame(18, 3, 1, {"client_software_name": "t",
+                                              "client_software_version": "1"}))
+        got = response(sock, 18, 3, 4)
+    assert [(k.min_version, k.max_version) for k in got.api_keys if k.api_key == 17] == [(0, 1)]
+
+
+def test_sasl_handshake_v0_then_a_raw_plain_token_logs_in(sasl: GatewayThread) -> None:
+    with connect(sasl) as sock:
+        _handshake_v0(sock)
+        sock.sendall(frame(b"\0alice\0alice-pw"))
+        assert recv_frame(sock) == b""  # PLAIN's empty challenge, size-prefixed
+        # Authenticated: requests are served (ApiVersions once more, as after SaslAuthenticate).
+        sock.sendall(request_frame(18, 3, 2, {"client_software_name": "t",
+                                              "client_software_version": "1"}))
+        assert response(sock, 18, 3, 4).error_code.value == 0
+
+
+@pytest.mark.parametrize("token", [b"\0alice\0wrong", b"not a PLAIN token",
+                                   b"bob\0alice\0alice-pw"])
+def test_sasl_handshake_v0_then_a_refused_raw_token_closes_the_connection_unanswered(
+        sasl: GatewayThread, token: bytes) -> None:
+    with connect(sasl) as sock:
+        _handshake_v0(sock)
+        sock.sendall(frame(token))
+        assert closed_by_gateway(sock, 30)
+
+
+def test_kafka_python_logs_in_with_sasl_handshake_v0(sasl: GatewayThread) -> None:
+    """kafka-python told the broker is 0.10 sends SaslHandshake v0 and the raw PLAIN token."""
+    kafka = pytest.importorskip("kafka")
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=sasl.bootstrap, api_version=(0, 10, 2),
+        security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+        sasl_plain_username="alice", sasl_plain_password="alice-pw", request_timeout_ms=30000)
+    try:
+        assert admin.list_topics() == []
+    finally:
+        admin.close()

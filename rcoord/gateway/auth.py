@@ -1,11 +1,16 @@
-"""SASL/PLAIN authentication on the Kafka listener (SaslHandshake v1 + SaslAuthenticate).
+"""SASL/PLAIN authentication on the Kafka listener (SaslHandshake v1 + SaslAuthenticate, or
+SaslHandshake v0 + a raw token).
 
 With ``--auth-file`` every connection must authenticate, in the order Kafka's
 ``SaslServerAuthenticator`` allows (``dispatch`` enforces it): ApiVersions at most once, and
 only before SaslHandshake; SaslHandshake once; then SaslAuthenticate. Any other request first,
 or ApiVersions again, closes the connection unanswered; ApiVersions or SaslHandshake after the
 handshake is answered ILLEGAL_SASL_STATE, then the connection is closed. A failed
-SaslAuthenticate is answered SASL_AUTHENTICATION_FAILED, then the connection is closed. Every
+SaslAuthenticate is answered SASL_AUTHENTICATION_FAILED, then the connection is closed. After
+SaslHandshake v0 the next frame is the PLAIN token itself, with no request header (Kafka's
+``handleSaslToken`` without SaslAuthenticate headers): accepted, it is answered with an empty
+frame (``PlainSaslServer``'s empty challenge); refused, the connection is closed unanswered,
+as Kafka has no error to send there. Every
 such refusal is answered ``failed_authentication_delay_ms`` late (Kafka's
 ``connection.failed.authentication.delay.ms``, 100 ms), so one client cannot try passwords as
 fast as the round trips go. A connection that has not authenticated is closed once it is
@@ -37,7 +42,7 @@ from .acl import Authorizer, parse_acls
 from .registry import api
 from .state import Connection
 
-__all__ = ["AuthConfig", "load_auth_file", "refuse"]
+__all__ = ["AuthConfig", "load_auth_file", "raw_token", "refuse"]
 
 log = logging.getLogger("rcoord.gateway")
 
@@ -116,7 +121,7 @@ async def refuse(conn: Connection, response: _Answer) -> _Answer:
     return response
 
 
-@api(SASL_HANDSHAKE, "SaslHandshake", 1, 1)
+@api(SASL_HANDSHAKE, "SaslHandshake", 0, 1)
 async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, Any]:
     if conn.state.auth is None or conn.principal is not None:
         return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": list(MECHANISMS)}
@@ -124,6 +129,7 @@ async def sasl_handshake(conn: Connection, req: Any, version: int) -> dict[str, 
         return await refuse(conn, {"error_code": UNSUPPORTED_SASL_MECHANISM,
                                    "mechanisms": list(MECHANISMS)})
     conn.sasl_mechanism = req.mechanism
+    conn.sasl_raw_token = version == 0
     return {"error_code": Errors.NONE, "mechanisms": list(MECHANISMS)}
 
 
@@ -140,8 +146,30 @@ async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[st
         return await refuse(conn, {"error_code": ILLEGAL_SASL_STATE,
                                    "error_message": "no SASL handshake before",
                                    "auth_bytes": b"", "session_lifetime": 0})
-    # PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
-    parts = bytes(req.auth_bytes).split(b"\0")
+    if not _plain_login(conn, auth, bytes(req.auth_bytes)):
+        return await refuse(conn, {
+            "error_code": SASL_AUTHENTICATION_FAILED,
+            "error_message": "Authentication failed: invalid username or password",
+            "auth_bytes": b"", "session_lifetime": 0})
+    return {"error_code": Errors.NONE, "error_message": None, "auth_bytes": b"",
+            "session_lifetime": 0}
+
+
+async def raw_token(conn: Connection, token: bytes) -> bytes | None:
+    """The answer to the frame after SaslHandshake v0, the PLAIN token itself: an empty frame
+    once it logs in, else none and the connection closed (v0 has no frame to carry an error,
+    so Kafka's client sees only the close)."""
+    conn.sasl_raw_token = False
+    assert conn.state.auth is not None  # (SaslHandshake succeeds only with an auth file)
+    if not _plain_login(conn, conn.state.auth, token):
+        return await refuse(conn, None)
+    return b""
+
+
+def _plain_login(conn: Connection, auth: AuthConfig, token: bytes) -> bool:
+    """Log ``conn`` in with the PLAIN ``token`` (RFC 4616: [authzid] NUL authcid NUL passwd),
+    whichever SaslHandshake version carried it; False (logged) if refused."""
+    parts = token.split(b"\0")
     user = password = ""
     if len(parts) == 3:
         authzid, user_b, password_b = parts
@@ -154,10 +182,6 @@ async def sasl_authenticate(conn: Connection, req: Any, version: int) -> dict[st
     if not user or not auth.check(user, password):
         log.warning("SASL/PLAIN authentication failed from %s for user %r", conn.client_host,
                     user)
-        return await refuse(conn, {
-            "error_code": SASL_AUTHENTICATION_FAILED,
-            "error_message": "Authentication failed: invalid username or password",
-            "auth_bytes": b"", "session_lifetime": 0})
+        return False
     conn.principal = f"User:{user}"
-    return {"error_code": Errors.NONE, "error_message": None, "auth_bytes": b"",
-            "session_lifetime": 0}
+    return True

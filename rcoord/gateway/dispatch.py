@@ -17,7 +17,8 @@
   second) after it came, as an empty one would be: clients that do not back off from a
   Fetch's errors (kafka-python) would otherwise fetch again hundreds of times a second.
 * With an auth file, requests before authentication follow Kafka's SaslServerAuthenticator
-  (``_before_authentication``).
+  (``_before_authentication``); the frame after SaslHandshake v0 is a SASL token, not a
+  request (``auth.raw_token``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ async def handle_frame(conn: Connection, frame: bytes) -> bytes | None:
 
     Raises FrameError when the connection must close.
     """
+    if conn.sasl_raw_token:
+        return await auth.raw_token(conn, frame)
     try:
         head = parse_header_prefix(frame)
     except ValueError as exc:

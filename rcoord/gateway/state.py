@@ -296,6 +296,9 @@ class Connection:
     client_host: str
     client_id: str = ""
     sasl_mechanism: str | None = None
+    sasl_raw_token: bool = False
+    """SaslHandshake v0 was answered: the next frame is the SASL token, no request
+    (``auth.raw_token``)."""
     api_versions_answered: bool = False
     """ApiVersions was answered before authentication (Kafka's HANDSHAKE_REQUEST state): the
     SASL order (``dispatch``) lets it come once, before SaslHandshake."""
