@@ -469,8 +469,9 @@ def _reset_offsets(ctx: Context) -> int:
     # surviving ones were reset, the removed ones said to be "no partition 0 (any more)".
     ctx.refuse_marked_for_deletion({tp.topic for tp in tps}, "nothing was changed")
     by_time_mode = mode.name in ("to_datetime", "by_duration")
-    # (read before the log offsets: the search by time reads the topics again after them)
-    made = _create_tokens(ctx, [tp.topic for tp in tps]) if by_time_mode else {}
+    # (read before the log offsets, which every mode plans from: compared after the search by
+    # time, just before the commit and after it)
+    made = _create_tokens(ctx, [tp.topic for tp in tps])
     offsets = log_ends(ctx, [tp.topic for tp in tps], needed=set(tps))
     if args.all_topics:
         # Offsets outlive their topic, and its partitions: a deleted topic, or a partition past
@@ -530,9 +531,17 @@ def _reset_offsets(ctx: Context) -> int:
                  f"{CoordinatorConfig().num_partitions}), which a coordinator started later "
                  "cannot change while the namespace holds groups; to choose them, start a "
                  "coordinator with them first")
+    # Every mode's plan is of the topics whose log offsets were read: one made again since
+    # (offsets committed after its creation are its own) was given the old topic's offsets.
+    # The commit script cannot compare the tokens itself: they live in each topic's slot, the
+    # offsets in the group's, so a change in between is told after the commit.
+    made = {r.tp.topic: made[r.tp.topic] for r in rows}
+    _refuse_made_again(ctx, made)
     if args.execute:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
+    if args.execute:  # (after the plan: it shows what was committed)
+        _refuse_made_again(ctx, made, committed=True)
     return 0
 
 
@@ -552,17 +561,23 @@ def _create_tokens(ctx: Context, topics: Sequence[str]) -> dict[str, str | None]
     return out
 
 
-def _refuse_made_again(ctx: Context, made: Mapping[str, str | None]) -> None:
-    """Refuse a reset by time of a topic deleted (and perhaps created again) since its log
-    offsets were read (``made``: the creation tokens read before them): the search answered
-    the new topic's offsets, which were planned, clamped and committed within the old topic's
-    bounds, offsets of neither."""
+def _refuse_made_again(ctx: Context, made: Mapping[str, str | None], *,
+                       committed: bool = False) -> None:
+    """Refuse a reset of a topic deleted (and perhaps created again) since its log offsets were
+    read (``made``: the creation tokens read before them): the plan holds the old topic's
+    offsets (and a search by time answered the new topic's, planned, clamped and committed
+    within the old topic's bounds, offsets of neither). ``committed``: the check after the
+    commit, which can only tell that the offsets were committed."""
     now = _create_tokens(ctx, list(made))
     changed = [topic for topic in sorted(made) if now[topic] != made[topic]]
     if changed:
-        raise Failure(f"topic {changed[0]!r} was deleted"
-                      + (" and created again" if now[changed[0]] is not None else "")
-                      + " while the reset read it; nothing was changed. Run the reset again")
+        what = (f"topic {changed[0]!r} was deleted"
+                + (" and created again" if now[changed[0]] is not None else ""))
+        if committed:
+            raise Failure(f"{what} while the reset committed; the offsets were committed before "
+                          "that was seen, and may be taken for the new topic's: run the reset "
+                          "again")
+        raise Failure(f"{what} while the reset read it; nothing was changed. Run the reset again")
 
 
 def _reset_file(args: argparse.Namespace) -> dict[TopicPartition, int]:

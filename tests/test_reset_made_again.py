@@ -1,0 +1,128 @@
+"""``groups reset-offsets`` of a topic deleted (and perhaps made again) between the plan and
+the commit, in every mode: the plan's offsets are the old topic's, and a commit of them, made
+after the new topic's creation, is taken for the new topic's offsets.
+
+The topic is changed deterministically at a step of the command (after ``plan``, or in the
+commit call itself), never by timing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import test_cli_groups
+from test_cli_groups import committed, ok, produce
+
+import rcoord.coordinator
+import rcoord.ops.groups
+from rcoord import TopicPartition
+from rcoord.topics import Topics
+from rcoord.topics._base import meta_key
+
+url = test_cli_groups.url  # fixtures: the backend's URL, and the command line on it
+cli = test_cli_groups.cli
+
+MODES = {
+    "to-earliest": ["--to-earliest"],
+    "to-latest": ["--to-latest"],
+    "to-offset": ["--to-offset", "3"],
+    "shift-by": ["--shift-by", "1"],
+    "to-current": ["--to-current"],
+    "from-file": ["--from-file", "{file}"],
+}
+
+
+def _setup(make_coordinator: Any, redis_client: Any, namespace: str,
+           names: tuple[str, ...] = ("t",)) -> Any:
+    """Group ``g`` (Empty) at offset 8 of each topic of ``names`` (1 partition, 10 records)."""
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    for name in names:
+        topics.create(name, 1)
+        produce(redis_client, namespace, name, {0: 10})
+    coord.commit_offsets("g", {TopicPartition(name, 0): 8 for name in names})
+    return coord
+
+
+def _change(redis_client: Any, namespace: str, topic: str, how: str) -> None:
+    topics = Topics(redis_client, namespace)
+    if how == "marked":
+        redis_client.hset(meta_key(namespace, topic), "deleting", "1")  # (a delete's mark)
+        return
+    topics.delete(topic)
+    if how == "made again":
+        topics.create(topic, 1)
+        produce(redis_client, namespace, topic, {0: 2})
+
+
+def _after_plan(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    real = rcoord.ops.groups.plan
+
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        rows = real(*args, **kwargs)
+        change()
+        return rows
+
+    monkeypatch.setattr(rcoord.ops.groups, "plan", planned)
+
+
+@pytest.mark.parametrize("backend", ["single"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_reset_refuses_a_topic_made_again_after_the_plan(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, mode: str) -> None:
+    """Only a reset by time compared the creation tokens; every other mode committed the old
+    topic's planned offset (here 10, 0, 3, 9 or 8) to the new topic of 2 records."""
+    coord = _setup(make_coordinator, redis_client, namespace)
+    file = tmp_path / "plan.csv"
+    file.write_text("t,0,3\n")
+    _after_plan(monkeypatch, lambda: _change(redis_client, namespace, "t", "made again"))
+    args = [a.format(file=file) for a in MODES[mode]]
+    res = cli("groups", "reset-offsets", "g", *([] if mode == "from-file" else ["--topic", "t"]),
+              *args, "--execute")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert ("topic 't' was deleted and created again while the reset read it; nothing was "
+            "changed") in res.stderr, res.stderr
+    assert committed(coord, "g") == {("t", 0): 8}
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_dry_run_refuses_what_execute_refuses(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run shows the plan --execute would commit: not one of a topic gone since."""
+    _setup(make_coordinator, redis_client, namespace)
+    _after_plan(monkeypatch, lambda: _change(redis_client, namespace, "t", "deleted"))
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-latest")
+    assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+    assert "topic 't' was deleted while the reset read it; nothing was changed" in res.stderr
+
+
+def test_a_topic_made_again_during_the_commit_is_told(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit script runs in the group's slot and the creation token lives in the topic's,
+    so no commit can check it atomically: a topic made again after the last check and before
+    the commit is seen after it, and the command fails saying so (it said it committed)."""
+    coord = _setup(make_coordinator, redis_client, namespace, ("t", "u"))
+    real = rcoord.coordinator.GroupCoordinator.commit_offsets
+
+    def made_again_first(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _change(redis_client, namespace, "t", "made again")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(rcoord.coordinator.GroupCoordinator, "commit_offsets", made_again_first)
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--topic", "u", "--to-earliest",
+              "--execute")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert ("topic 't' was deleted and created again while the reset committed; the offsets "
+            "were committed before that was seen") in res.stderr, res.stderr
+    assert "run the reset again" in res.stderr
+    assert "committed 2 offsets of group 'g'" in res.stderr  # (and the plan shows them)
+    assert [line.split()[1:] for line in res.stdout.splitlines()[1:]] == [
+        ["t", "0", "8", "0"], ["u", "0", "8", "0"]]
+    monkeypatch.setattr(rcoord.coordinator.GroupCoordinator, "commit_offsets", real)
+    # Run again, the reset plans and commits the new topic's offsets.
+    ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--topic", "u", "--to-latest",
+           "--execute"))
+    assert committed(coord, "g") == {("t", 0): 2, ("u", 0): 10}
