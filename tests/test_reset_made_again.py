@@ -1,6 +1,7 @@
-"""``groups reset-offsets`` of a topic deleted (and perhaps made again) between the plan and
-the commit, in every mode: the plan's offsets are the old topic's, and a commit of them, made
-after the new topic's creation, is taken for the new topic's offsets.
+"""``groups reset-offsets`` of a topic deleted (and perhaps made again, or only marked for
+deletion) between the plan and the commit, in every mode: the plan's offsets are the old
+topic's, and a commit of them, made after the new topic's creation, is taken for the new
+topic's offsets.
 
 The topic is changed deterministically at a step of the command (after ``plan``, or in the
 commit call itself), never by timing."""
@@ -96,6 +97,43 @@ def test_a_dry_run_refuses_what_execute_refuses(
     res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-latest")
     assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
     assert "topic 't' was deleted while the reset read it; nothing was changed" in res.stderr
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_the_refusal_names_every_topic_changed_and_one_marked_for_deletion(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal named only the first topic changed, and a topic marked for deletion (a
+    delete begun, not finished: Kafka answers UNKNOWN_TOPIC_OR_PARTITION for it) was not seen
+    at all: its planned offset was committed."""
+    coord = _setup(make_coordinator, redis_client, namespace, ("a", "b", "c", "d"))
+
+    def change() -> None:
+        _change(redis_client, namespace, "a", "made again")
+        _change(redis_client, namespace, "b", "deleted")
+        _change(redis_client, namespace, "c", "marked")
+
+    _after_plan(monkeypatch, change)
+    res = cli("groups", "reset-offsets", "g", "--topic", "a", "--topic", "b", "--topic", "c",
+              "--topic", "d", "--to-earliest", "--execute")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert ("topic 'a' was deleted and created again, topic 'b' was deleted, topic 'c' was "
+            "marked for deletion while the reset read them; nothing was changed") \
+        in res.stderr, res.stderr
+    assert committed(coord, "g") == {(t, 0): 8 for t in "abcd"}
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_only_a_marked_topic_is_refused_too(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    coord = _setup(make_coordinator, redis_client, namespace)
+    _after_plan(monkeypatch, lambda: _change(redis_client, namespace, "t", "marked"))
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-earliest", "--execute")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "topic 't' was marked for deletion while the reset read it; nothing was changed" \
+        in res.stderr, res.stderr
+    assert committed(coord, "g") == {("t", 0): 8}
 
 
 def test_a_topic_made_again_during_the_commit_is_told(

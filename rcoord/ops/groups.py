@@ -563,21 +563,28 @@ def _create_tokens(ctx: Context, topics: Sequence[str]) -> dict[str, str | None]
 
 def _refuse_made_again(ctx: Context, made: Mapping[str, str | None], *,
                        committed: bool = False) -> None:
-    """Refuse a reset of a topic deleted (and perhaps created again) since its log offsets were
-    read (``made``: the creation tokens read before them): the plan holds the old topic's
-    offsets (and a search by time answered the new topic's, planned, clamped and committed
-    within the old topic's bounds, offsets of neither). ``committed``: the check after the
-    commit, which can only tell that the offsets were committed."""
+    """Refuse a reset of topics deleted (and perhaps created again), or marked for deletion,
+    since their log offsets were read (``made``: the creation tokens read before them): the
+    plan holds the old topics' offsets (and a search by time answered the new topic's, planned,
+    clamped and committed within the old topic's bounds, offsets of neither); a topic marked
+    for deletion is one Kafka answers UNKNOWN_TOPIC_OR_PARTITION for, whose offsets the delete
+    finishing it leaves to a topic made again. Every topic is named: the first alone left the
+    operator to find the others by running again. ``committed``: the check after the commit,
+    which can only tell that the offsets were committed."""
     now = _create_tokens(ctx, list(made))
-    changed = [topic for topic in sorted(made) if now[topic] != made[topic]]
-    if changed:
-        what = (f"topic {changed[0]!r} was deleted"
-                + (" and created again" if now[changed[0]] is not None else ""))
-        if committed:
-            raise Failure(f"{what} while the reset committed; the offsets were committed before "
-                          "that was seen, and may be taken for the new topic's: run the reset "
-                          "again")
-        raise Failure(f"{what} while the reset read it; nothing was changed. Run the reset again")
+    marked = set(ctx.topics().marked_for_deletion(t for t, token in now.items()
+                                                  if token is not None))
+    changed = [topic for topic in sorted(made) if now[topic] != made[topic] or topic in marked]
+    if not changed:
+        return
+    what = ", ".join(f"topic {topic!r} was " + (
+        "deleted" + (" and created again" if now[topic] is not None else "")
+        if now[topic] != made[topic] else "marked for deletion") for topic in changed)
+    if committed:
+        raise Failure(f"{what} while the reset committed; the offsets were committed before "
+                      "that was seen, and may be taken for the new topic's: run the reset again")
+    raise Failure(f"{what} while the reset read {'it' if len(changed) == 1 else 'them'}; "
+                  "nothing was changed. Run the reset again")
 
 
 def _reset_file(args: argparse.Namespace) -> dict[TopicPartition, int]:
