@@ -541,7 +541,7 @@ def _reset_offsets(ctx: Context) -> int:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
     if args.execute:  # (after the plan: it shows what was committed)
-        _refuse_made_again(ctx, made, committed=True)
+        _refuse_made_again(ctx, made, committed=group)
     return 0
 
 
@@ -562,19 +562,25 @@ def _create_tokens(ctx: Context, topics: Sequence[str]) -> dict[str, str | None]
 
 
 def _refuse_made_again(ctx: Context, made: Mapping[str, str | None], *,
-                       committed: bool = False) -> None:
+                       committed: str | None = None) -> None:
     """Refuse a reset of topics deleted (and perhaps created again), or marked for deletion,
     since their log offsets were read (``made``: the creation tokens read before them): the
     plan holds the old topics' offsets (and a search by time answered the new topic's, planned,
     clamped and committed within the old topic's bounds, offsets of neither); a topic marked
     for deletion is one Kafka answers UNKNOWN_TOPIC_OR_PARTITION for, whose offsets the delete
     finishing it leaves to a topic made again. Every topic is named: the first alone left the
-    operator to find the others by running again. ``committed``: the check after the commit,
-    which can only tell that the offsets were committed."""
+    operator to find the others by running again. ``committed``: the group, for the check
+    after its commit, which can only tell that the offsets were committed."""
     now = _create_tokens(ctx, list(made))
     marked = set(ctx.topics().marked_for_deletion(t for t, token in now.items()
                                                   if token is not None))
     changed = [topic for topic in sorted(made) if now[topic] != made[topic] or topic in marked]
+    if changed and committed is not None:
+        # A commit older than its topic counts as none (``rcoord.topics.incarnation``): one to
+        # a topic deleted, or marked, or made again after it, is as any offset of a deleted
+        # topic. Only a topic made again before it took the plan's offsets for its own.
+        kept = {tp.topic for tp in _committed(ctx, committed)}
+        changed = [t for t in changed if now[t] not in (None, made[t]) and t in kept]
     if not changed:
         return
     what = ", ".join(f"topic {topic!r} was " + (
@@ -582,7 +588,7 @@ def _refuse_made_again(ctx: Context, made: Mapping[str, str | None], *,
         if now[topic] != made[topic] else "marked for deletion") for topic in changed)
     if committed:
         raise Failure(f"{what} while the reset committed; the offsets were committed before "
-                      "that was seen, and may be taken for the new topic's: run the reset again")
+                      "that was seen, and are taken for the new topic's: run the reset again")
     raise Failure(f"{what} while the reset read {'it' if len(changed) == 1 else 'them'}; "
                   "nothing was changed. Run the reset again")
 
