@@ -298,6 +298,34 @@ def test_a_commit_past_the_log_end_does_not_lower_the_total_lag(cli, make_coordi
     assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (4, 4, 0)
 
 
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_deleted_topics_offsets_leave_the_total_lag_known(cli, make_coordinator,
+                                                            redis_client, namespace):
+    """Kafka deletes a topic's committed offsets with it, so its describe never shows them;
+    rcoord keeps them until delete-offsets, and their unknown LAG made the TOTAL-LAG '>=N'
+    (null in JSON) for good, though they are behind nothing. They are shown, left out of the
+    total, and a note says how to remove them."""
+    coord = make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("orders", 1)
+    topics.create("old", 2)
+    produce(redis_client, namespace, "orders", {0: 9})
+    errors = coord.commit_offsets("g", {TopicPartition("orders", 0): 4,
+                                        TopicPartition("old", 0): 1,
+                                        TopicPartition("old", 1): 2})
+    assert set(errors.values()) == {Errors.NONE}
+    topics.delete("old")
+    res = ok(cli("groups", "describe", "g"))
+    assert rows(res.stdout, "GROUP  STATE")[0][5] == "5"
+    assert [r[1:6] for r in rows(res.stdout, "GROUP  TOPIC")] == [
+        ["old", "0", "1", "-", "-"], ["old", "1", "2", "-", "-"], ["orders", "0", "4", "9", "5"]]
+    assert ("note: topic 'old' does not exist (any more); its committed offsets are not in "
+            "TOTAL-LAG (remove them with: groups delete-offsets g --topic old:0,1)") in res.stderr
+    doc = json.loads(ok(cli("groups", "describe", "g", "--output", "json")).stdout)
+    assert (doc["total_lag"], doc["known_lag"], doc["lag_unknown_partitions"]) == (5, 5, 0)
+    assert len(doc["partitions"]) == 3
+
+
 def test_describe_leaves_out_offsets_committed_to_a_deleted_topic(cli, make_coordinator,
                                                                    redis_client, namespace):
     # Kafka deletes a topic's committed offsets with it. Before, the old topic's offset 50

@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.epilog = ("TOTAL-LAG is the sum of the partitions' LAG (a negative one, a commit past the "
                 "log end, counted as 0) when every one is known; '-' when "
                 "none is (LAG is '-' where nothing is committed or the log end is unknown), "
-                "'>=N' when only some are, N the sum of those. In JSON total_lag is null "
+                "'>=N' when only some are, N the sum of those; a deleted topic's offsets "
+                "are left out of it. In JSON total_lag is null "
                 "unless every lag is known; known_lag (the sum of the known ones, null if none) "
                 "and lag_unknown_partitions say the rest.")
     q.add_argument("group")
@@ -235,9 +236,19 @@ def _describe(ctx: Context) -> int:
     # read a partial sum, or 0, as the group's lag. Text marks the known part as a lower bound.
     # A partition committed past its log end (records lost to a failover, a reset by hand)
     # shows its negative lag, as Kafka's; in the total it is 0 behind, or it hid another's.
-    known = [max(r["lag"], 0) for r in rows if r["lag"] is not None]
-    unknown = len(rows) - len(known)
-    known_lag = sum(known) if known or not rows else None
+    # A deleted topic's offsets (Kafka deletes them with it; rcoord keeps them until
+    # delete-offsets) are behind nothing: they made the total unknown for good.
+    existing = {tp.topic for tp in ends}
+    gone = [tp for tp in tps if tp.topic not in existing and tp not in owner]
+    for topic in sorted({tp.topic for tp in gone}):
+        parts = ",".join(str(tp.partition) for tp in gone if tp.topic == topic)
+        ctx.note(f"note: topic {topic!r} does not exist (any more); its committed offsets are "
+                 f"not in TOTAL-LAG (remove them with: groups delete-offsets {group} --topic "
+                 f"{topic}:{parts})")
+    counted = [r for r, tp in zip(rows, tps, strict=True) if tp.topic in existing or tp in owner]
+    known = [max(r["lag"], 0) for r in counted if r["lag"] is not None]
+    unknown = len(counted) - len(known)
+    known_lag = sum(known) if known or not counted else None
     total = known_lag if not unknown else None
     total_text: int | str | None = total
     if unknown and known_lag is not None:
