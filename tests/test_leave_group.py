@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from harness import WAIT_S, wait_until
 from rcoord import Errors, MemberIdentity
+from rcoord.protocol._checks import MAX_ID_BYTES
+
+TOO_LONG = "x" * (MAX_ID_BYTES + 1)  # no member's id or instance id can be this long
 
 
 def test_leave_empty_group_id(ctx):
@@ -123,3 +126,31 @@ def test_a_top_level_error_of_a_later_call_answers_every_member_not_yet_removed(
     # The first call's top-level error is the request's.
     assert decode_leave([[b"COORDINATOR_NOT_AVAILABLE", []]], names).error == \
         Errors.COORDINATOR_NOT_AVAILABLE
+
+
+def test_identities_no_member_can_have_are_answered_each_as_kafka_would(ctx):
+    # Each was refused InvalidRequestError, for the whole batch, and nobody left. Kafka answers
+    # each identity by itself: an instance id no static member has is unknown whatever the
+    # member id; a member id past the bound is nobody's, so with a static member's instance id
+    # it is fenced (validateMember), as any other member id would be.
+    mid = ctx.join(group_instance_id="i1").member_id
+    res = ctx.coord.leave_group(ctx.group_id, [
+        MemberIdentity(TOO_LONG, "i1"), MemberIdentity(TOO_LONG), MemberIdentity("", ""),
+        MemberIdentity(mid, TOO_LONG), MemberIdentity("", "i1")])
+    assert res.error == Errors.NONE
+    assert [(m.member_id, m.group_instance_id, m.error) for m in res.members] == [
+        (TOO_LONG, "i1", Errors.FENCED_INSTANCE_ID), (TOO_LONG, None, Errors.UNKNOWN_MEMBER_ID),
+        ("", "", Errors.UNKNOWN_MEMBER_ID), (mid, TOO_LONG, Errors.UNKNOWN_MEMBER_ID),
+        ("", "i1", Errors.NONE)]
+    assert ctx.member_ids() == set()
+
+
+def test_an_identity_no_call_carried_keeps_its_place_beside_a_later_calls_error():
+    from rcoord.protocol.leave import decode_leave
+
+    names = [MemberIdentity("a"), MemberIdentity("", ""), MemberIdentity("b"),
+             MemberIdentity("", TOO_LONG), MemberIdentity("c")]
+    res = decode_leave([[b"NONE", [b"NONE"]], [b"COORDINATOR_NOT_AVAILABLE", []]], names)
+    assert [m.error for m in res.members] == [
+        Errors.NONE, Errors.UNKNOWN_MEMBER_ID, Errors.COORDINATOR_NOT_AVAILABLE,
+        Errors.UNKNOWN_MEMBER_ID, Errors.COORDINATOR_NOT_AVAILABLE]
