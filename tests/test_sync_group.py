@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness import WAIT_S, wait_until
 from rcoord import Errors, MemberIdentity
+from rcoord.protocol._checks import MAX_ID_BYTES
 
 
 def _completing(ctx, n):
@@ -41,6 +42,20 @@ def test_leader_assignment_reaches_parked_followers_and_missing_ones_are_empty(c
     # A member that syncs after the leader gets its (empty) assignment from the Stable group.
     late = ctx.sync(f2, gen)
     assert late.error == Errors.NONE and late.assignment == b""
+
+
+def test_a_leaders_entry_for_an_id_past_the_bound_is_ignored_as_any_non_members(ctx):
+    # It raised InvalidRequestError: nothing was stored, the group stayed CompletingRebalance
+    # and the parked follower waited out the rebalance timeout. Kafka keeps only its members'
+    # entries (setAndPropagateAssignment); no member's id is longer than MAX_ID_BYTES.
+    gen, (leader, follower) = _completing(ctx, 2)
+    parked = ctx.sync_async(follower, gen)
+    wait_until(lambda: ctx.awaiting_sync(follower))
+    too_long = "x" * (MAX_ID_BYTES + 1)
+    res = ctx.sync(leader, gen, {too_long: b"T", leader: b"L", follower: b"F"})
+    assert (res.error, res.assignment) == (Errors.NONE, b"L")
+    assert (parked.result(WAIT_S).error, parked.result(WAIT_S).assignment) == (Errors.NONE, b"F")
+    assert ctx.state() == "Stable"
 
 
 def test_sync_with_wrong_generation(ctx):

@@ -16,6 +16,7 @@ import msgpack
 
 from ..errors import Errors
 from ._checks import (
+    MAX_ID_BYTES,
     MAX_REQUEST_BYTES,
     check_count,
     check_id,
@@ -24,6 +25,7 @@ from ._checks import (
     optional_text,
     require_bytes,
     require_int32,
+    require_str,
 )
 
 __all__ = ["SyncGroupResult", "SyncRequest"]
@@ -68,15 +70,20 @@ def _optional(name: str, value: Any) -> str:
 def _pack_assignments(assignments: Any) -> bytes:
     """The leader's assignments, stored in one script call: a generation's assignment is one
     decision, so it is refused, not split, above MAX_ITEMS_PER_CALL members (no generation
-    larger than that can complete) or MAX_REQUEST_BYTES in all."""
+    larger than that can complete) or MAX_REQUEST_BYTES in all. An entry whose member id is past
+    MAX_ID_BYTES is no member's and is dropped: Kafka keeps only its members' entries
+    (setAndPropagateAssignment), as the script does for an unknown id; refusing the sync for it
+    left the group CompletingRebalance and its followers waiting out the rebalance timeout."""
     if not isinstance(assignments, Mapping):
         raise TypeError("assignments must be a mapping of member id -> bytes")
     check_count("assignments", assignments)
     out: dict[bytes, bytes] = {}
     total = 0
     for k, v in assignments.items():
-        key = check_id("assignment member id", k).encode()
+        key = require_str("assignment member id", k).encode()
         value = require_bytes(f"assignment for {k!r}", v)
+        if len(key) > MAX_ID_BYTES:
+            continue
         total += len(key) + len(value)
         check_total("assignments", total, MAX_REQUEST_BYTES)
         out[key] = value
