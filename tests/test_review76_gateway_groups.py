@@ -53,3 +53,20 @@ def test_a_leave_batch_answers_an_identity_no_member_can_have_by_itself(gateway,
     assert [(m.member_id, m.group_instance_id, m.error_code.value) for m in left.members] == [
         ("", "i1", Errors.NONE), (*stranger, Errors.UNKNOWN_MEMBER_ID)]
     assert _states(gateway, "g") == ["Empty"]
+
+
+def test_a_leaders_assignment_for_an_id_no_member_can_have_is_ignored(gateway):
+    """Kafka's classicGroupSyncToClassicGroup keeps, of the leader's assignments, those of the
+    group's members (``assignment.getOrDefault(member.memberId(), EMPTY_ASSIGNMENT)``): an
+    entry for any other member id is ignored and the generation completes. The gateway refused
+    the leader's SyncGroup INVALID_REQUEST when one entry's member id was longer than any
+    member's can be, so the group never became Stable and its followers waited out the
+    rebalance timeout."""
+    joined = _join_static(gateway, "g", "i1")
+    synced = call_once(gateway, 14, 5, {
+        "group_id": "g", "generation_id": joined.generation_id, "member_id": joined.member_id,
+        "group_instance_id": "i1", "protocol_type": "consumer", "protocol_name": "range",
+        "assignments": [{"member_id": joined.member_id, "assignment": b"A"},
+                        {"member_id": TOO_LONG, "assignment": b"B"}]})
+    assert (synced.error_code.value, synced.assignment) == (Errors.NONE, b"A")
+    assert _states(gateway, "g") == ["Stable"]
