@@ -559,11 +559,22 @@ class Generation:
             return thread in self._threads
 
     def collect(
-        self, warn_after: float, on_stuck: Callable[[list[str]], None] | None = None
+        self,
+        warn_after: float,
+        on_stuck: Callable[[list[str]], None] | None = None,
+        session_timeout_ms: int | None = None,
     ) -> None:
         """Refuse new routines, wait for every routine (logging every ``warn_after`` seconds
         while one still runs), then stop and join the helper threads (not those of a lost
         generation, which act on nothing once it is collected).
+
+        With ``session_timeout_ms``, a helper is waited for only until the session, counted
+        from the last beat answered, has passed: then the generation is lost
+        (``_session_expired``) and its helpers are left behind. A generation that ended on the
+        member's side (new partitions, a routine that raised) is not lost, and its session
+        watcher stops at the end, so a heartbeat stuck in a call held back the rejoin for as
+        long as the call lasted, while the coordinator removed the member a session after its
+        last beat.
 
         Routines still running ``warn_after`` seconds (the rebalance timeout) after the wait
         began are passed, by name, to ``on_stuck``, once: a routine that ignores ``ctx.done``
@@ -601,7 +612,19 @@ class Generation:
             # of a member whose session was already over, for as long as the call lasted.
             helpers = [] if self._lost else list(self._helpers)
         for thread in helpers:
-            thread.join()
+            if session_timeout_ms is None:
+                thread.join()
+                continue
+            while thread.is_alive() and not self.lost:
+                left = self.session_left(session_timeout_ms / 1000)
+                if left <= 0:
+                    log.warning("group %r: the heartbeat of generation %d, which ended, has "
+                                "had no answer for %d ms (the session timeout): its "
+                                "partitions are lost; rejoining without waiting for it",
+                                self.group_id, self.generation_id, session_timeout_ms)
+                    self._session_expired(session_timeout_ms)
+                    break
+                thread.join(left)
 
     @property
     def pending_reaction(self) -> tuple[Reaction, BaseException | Errors | None] | None:

@@ -800,7 +800,7 @@ class ConsumerGroup:
                     self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing.is_set()
                 )
                 self._collect(gen)
-                if carried:
+                if carried and not gen.lost:  # (lost in collect: its heartbeat stuck)
                     if gen.acknowledged:
                         self._owned = tuple(gen.partitions)
                         self._owned_generation = gen.generation_id
@@ -1002,7 +1002,8 @@ class ConsumerGroup:
     def _collect(self, gen: Generation) -> None:
         """Wait for every routine of ``gen``, then stop its heartbeat and watcher."""
         gen.collect(warn_after=self._config.rebalance_timeout_ms / 1000,
-                    on_stuck=lambda routines: self._leave_stuck(gen, routines))
+                    on_stuck=lambda routines: self._leave_stuck(gen, routines),
+                    session_timeout_ms=self._config.session_timeout_ms)
 
     def _leave_stuck(self, gen: Generation, routines: list[str]) -> None:
         """``routines`` of ``gen`` still run a rebalance timeout after it ended: the member

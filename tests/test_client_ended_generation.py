@@ -1,0 +1,75 @@
+"""A generation that ended without being lost: its heartbeat stuck in a call does not hold back
+the rejoin (``Generation.collect`` waits for it no longer than the session, then the generation
+is lost and its helpers are left behind), and a leader's assignor that hands out what the group
+did not subscribe to is refused before anything is synced.
+
+Against a real server (one node). Every wait is on a condition, bounded by ``wait_until``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from harness import wait_until
+from test_review75_group_client import (  # (one node, as there)
+    SESSION_MS,
+    WAIT_S,
+    StallingHeartbeats,
+    _config,
+    backend,  # noqa: F401 - the fixture
+)
+
+from rcoord.client import ConsumerGroup, EndReason
+from rcoord.client.generation import GenerationContext
+from rcoord.topics import Topics
+
+# The generation ends on the member's side (the leader's watcher sees new partitions), so the
+# session watcher stops, and the heartbeat, which beats until the routines have returned, then
+# sticks in a call. collect joined it without a bound: the member, its routines all returned,
+# could not rejoin until that call came back (never, with a client without socket_timeout).
+
+
+def test_a_heartbeat_stuck_after_a_member_side_end_does_not_hold_back_the_rejoin(
+    redis_client: Any, namespace: str, make_coordinator: Any
+) -> None:
+    make_coordinator()  # the namespace's settings (short sessions allowed)
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2)
+    stalling = StallingHeartbeats(redis_client, namespace)
+    stalling.start()
+    config = dataclasses.replace(_config(redis_client, namespace), join_backoff_ms=100)
+    group = ConsumerGroup(config, coordinator=stalling)
+
+    def revoking(ctx: GenerationContext) -> None:
+        ctx.done.wait()
+        stalling.stalled.wait()  # returns once the heartbeat is stuck
+
+    try:
+        old = group.next(timeout=WAIT_S)
+        old.start(revoking)
+        topics.add_partitions("t", 4)
+        assert old.done.wait(WAIT_S)
+        assert old.end_reason is EndReason.PARTITIONS_CHANGED and not old.lost
+        stalling.stall = True  # the next beat sticks; the routine returns then
+        assert stalling.stalled.wait(WAIT_S)
+        stalling.stall = False  # only the call in flight stays stuck
+        assert old.wait_routines(WAIT_S)
+        # (newest, not next(): next() first reports the lost session's error once)
+        wait_until(lambda: (new := group.newest()) is not None and new is not old,
+                   timeout_s=SESSION_MS / 1000 + 10)
+        assert old.lost  # no beat answered for a session: the coordinator removes the member
+        new = group.newest()
+        assert new is not None
+        beat = next(t for t in threading.enumerate()
+                    if t.name == f"rcoord-g-gen{old.generation_id}-heartbeat")
+        reason = old.end_reason
+        stalling.release.set()  # the old heartbeat's call is answered now, late
+        beat.join(WAIT_S)
+        assert not beat.is_alive()
+        assert not new.done.is_set() and not new.lost
+        assert old.end_reason is reason
+    finally:
+        stalling.release.set()
+        group.close(timeout=WAIT_S)
