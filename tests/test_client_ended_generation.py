@@ -1,7 +1,7 @@
 """A generation that ended without being lost: its heartbeat stuck in a call does not hold back
 the rejoin (``Generation.collect`` waits for it no longer than the session, then the generation
-is lost and its helpers are left behind), and a leader's assignor that hands out what the group
-did not subscribe to is refused before anything is synced.
+is lost and its helpers are left behind), and a leader's assignor that gives a partition that
+does not exist, or partitions to an id that is no member, is refused before anything is synced.
 
 Against a real server (one node). Every wait is on a condition, bounded by ``wait_until``.
 """
@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from typing import Any
 
+import pytest
 from harness import wait_until
 from test_review75_group_client import (  # (one node, as there)
     SESSION_MS,
@@ -21,7 +22,9 @@ from test_review75_group_client import (  # (one node, as there)
     backend,  # noqa: F401 - the fixture
 )
 
-from rcoord.client import ConsumerGroup, EndReason
+from rcoord import TopicPartition
+from rcoord.assignors import RebalanceProtocol
+from rcoord.client import ConsumerGroup, EndReason, InvalidAssignmentError
 from rcoord.client.generation import GenerationContext
 from rcoord.topics import Topics
 
@@ -72,4 +75,54 @@ def test_a_heartbeat_stuck_after_a_member_side_end_does_not_hold_back_the_rejoin
         assert old.end_reason is reason
     finally:
         stalling.release.set()
+        group.close(timeout=WAIT_S)
+
+
+# The leader synced whatever a custom assignor returned: a partition that does not exist (the
+# member started it at 0), or partitions given to an id that is no member (no one consumed
+# them, silently). A topic no member subscribes to is let through, as Kafka's leader does; the
+# Consumer refuses it and rejoins (test_consumer_review69c).
+
+
+class _Giving:
+    """A custom assignor: range's plan, plus ``extra`` given to ``to`` (the only member when
+    None)."""
+
+    name = "giving"
+    supported_protocols = (RebalanceProtocol.EAGER,)
+
+    def __init__(self, extra: list[TopicPartition], to: str | None = None) -> None:
+        self.extra = extra
+        self.to = to
+
+    def assign(self, members: Any, partitions_per_topic: Any, **kw: Any) -> Any:
+        plan = {mid: [TopicPartition(t, p) for t in sorted(sub.topics)
+                      for p in range(partitions_per_topic.get(t, 0))]
+                for mid, sub in members.items()}
+        to = self.to if self.to is not None else next(iter(members))
+        plan.setdefault(to, []).extend(self.extra)
+        return plan
+
+
+@pytest.mark.parametrize(("extra", "to", "said"), [
+    ([TopicPartition("t", 2)], None, r"t-2 .* has 2 partitions"),
+    ([TopicPartition("t", -1)], None, r"t--1 .* has 2 partitions"),
+    ([TopicPartition("t", 0)], "ghost", r"'ghost', which is not a member"),
+])
+def test_a_leaders_assignor_that_gives_what_no_member_can_consume_is_refused(
+    redis_client: Any, namespace: str, make_coordinator: Any,
+    extra: list[TopicPartition], to: str | None, said: str
+) -> None:
+    make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2)
+    config = dataclasses.replace(_config(redis_client, namespace), assignors=[_Giving(extra, to)],
+                                 join_backoff_ms=100)
+    group = ConsumerGroup(config)
+    try:
+        with pytest.raises(InvalidAssignmentError, match=f"'giving'.*{said}") as raised:
+            group.next(timeout=WAIT_S)
+        assert raised.value.partitions == extra
+        assert group.newest() is None  # nothing was synced, so no generation was handed out
+    finally:
         group.close(timeout=WAIT_S)

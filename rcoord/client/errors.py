@@ -25,6 +25,7 @@ __all__ = [
     "GenerationEndedError",
     "GroupClosedError",
     "IllegalStateError",
+    "InvalidAssignmentError",
     "InvalidOffsetError",
     "JoinRefusedError",
     "NoOffsetForPartitionError",
@@ -160,6 +161,22 @@ class GroupClosedError(RcoordError):
 
 class GenerationEndedError(RcoordError):
     """``Generation.start`` was called after the generation's routines were collected."""
+
+
+class InvalidAssignmentError(RcoordError):
+    """The leader's assignor gave partitions to an id that is not a member of the group, or a
+    partition its topic does not have. Raised on the leader before SyncGroup, so nothing is
+    handed out: synced, the partitions went to no one, or the member started a partition that
+    does not exist at offset 0 (and its commits were refused). ``member_id`` is the id given
+    them; ``partitions`` lists the offending ones, sorted."""
+
+    def __init__(self, message: str, member_id: str, partitions: list[TopicPartition]) -> None:
+        super().__init__(message)
+        self.member_id = member_id
+        self.partitions = sorted(partitions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.member_id, self.partitions))
 
 
 class InvalidOffsetError(RcoordError):

@@ -60,13 +60,14 @@ from ..protocol.sync import SyncGroupResult
 from ..topics import incarnation as _incarnation
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator
-from .errors import JoinRefusedError
+from .errors import InvalidAssignmentError, JoinRefusedError
 from .generation import Generation
 from .policy import reaction_for
 from .retry import Retry
 
 __all__ = [
     "NO_POSITION",
+    "check_assignment",
     "check_cooperative",
     "fenced_reason",
     "join_generation",
@@ -383,6 +384,7 @@ def leader_assignment(
         extra["partition_racks"] = retry(lambda: racks_of(counts), None)
     plan = assignor.assign(subscriptions, counts, **extra)
     log.debug("group %r: %s assignment %s", group_id, name, plan)
+    check_assignment(plan, subscriptions, counts, name, group_id)
     if protocol is RebalanceProtocol.COOPERATIVE:
         owned = {mid: list(sub.owned_partitions) for mid, sub in subscriptions.items()}
         standing = standing_claims(subscriptions, counts,
@@ -396,6 +398,42 @@ def leader_assignment(
         for mid in subscriptions
     }
     return encoded, {t: counts.get(t, 0) for t in topics}
+
+
+def check_assignment(
+    plan: Mapping[str, Sequence[TopicPartition]],
+    subscriptions: Mapping[str, ConsumerProtocolSubscription],
+    counts: Mapping[str, int],
+    assignor_name: str,
+    group_id: str,
+) -> None:
+    """Raise ``InvalidAssignmentError`` if ``plan`` gives partitions to an id that is not a
+    member, or a partition its topic does not have (of the topics in ``counts``, those the
+    group subscribes to): the leader's check of a plug-in's output before anything is synced.
+
+    A topic outside the member's subscription is let through, as Kafka's leader lets a custom
+    assignor add topics (``maybeUpdateGroupSubscription``): the member refuses it and rejoins
+    (``Consumer``, as Kafka's ``checkAssignmentMatchedSubscription``)."""
+    for mid in sorted(plan):
+        parts = [TopicPartition(*tp) for tp in plan[mid]]
+        if not parts:
+            continue
+        said = f"group {group_id!r}: assignor {assignor_name!r} gave"
+        if mid not in subscriptions:
+            raise InvalidAssignmentError(
+                f"{said} {_listed(parts)} to {mid!r}, which is not a member of the group "
+                f"(members: {sorted(subscriptions)}), so no one would consume them", mid, parts)
+        missing = [tp for tp in parts if tp.topic in counts
+                   and not 0 <= tp.partition < counts[tp.topic]]
+        if missing:
+            topic = min(missing).topic
+            raise InvalidAssignmentError(
+                f"{said} {_listed(missing)} to member {mid!r}, but topic {topic!r} has "
+                f"{counts[topic]} partitions", mid, missing)
+
+
+def _listed(parts: Sequence[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(parts))
 
 
 def check_cooperative(
