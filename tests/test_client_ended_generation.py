@@ -126,3 +126,29 @@ def test_a_leaders_assignor_that_gives_what_no_member_can_consume_is_refused(
         assert group.newest() is None  # nothing was synced, so no generation was handed out
     finally:
         group.close(timeout=WAIT_S)
+
+
+# A topic outside the member's subscription passes the leader (as in Kafka); Consumer leaves it
+# out and rejoins, but a ConsumerGroup handed the generation out whole, and its routines
+# consumed a topic the member never subscribed to (one another application may own).
+
+
+def test_a_group_member_given_a_topic_it_does_not_subscribe_to_refuses_the_generation(
+    redis_client: Any, namespace: str, make_coordinator: Any
+) -> None:
+    make_coordinator()
+    topics = Topics(redis_client, namespace)
+    topics.create("t", 2)
+    topics.create("u", 2)  # exists, but no member subscribes to it
+    foreign = [TopicPartition("u", 0)]
+    config = dataclasses.replace(_config(redis_client, namespace),
+                                 assignors=[_Giving(foreign)], join_backoff_ms=100)
+    group = ConsumerGroup(config)
+    try:
+        with pytest.raises(InvalidAssignmentError,
+                           match=r"'giving' gave topic 'u' \(u-0\) to member '.+', which does "
+                                 r"not subscribe to it") as raised:
+            group.next(timeout=WAIT_S)
+        assert raised.value.partitions == foreign and raised.value.member_id
+    finally:
+        group.close(timeout=WAIT_S)

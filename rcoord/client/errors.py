@@ -165,10 +165,11 @@ class GenerationEndedError(RcoordError):
 
 class InvalidAssignmentError(RcoordError):
     """The leader's assignor gave partitions to an id that is not a member of the group, or a
-    partition its topic does not have. Raised on the leader before SyncGroup, so nothing is
-    handed out: synced, the partitions went to no one, or the member started a partition that
-    does not exist at offset 0 (and its commits were refused). ``member_id`` is the id given
-    them; ``partitions`` lists the offending ones, sorted."""
+    partition its topic does not have: raised on the leader before SyncGroup, so nothing is
+    handed out (synced, the partitions went to no one, or the member started a partition that
+    does not exist at offset 0). Or it gave a ``ConsumerGroup`` member a topic the member does
+    not subscribe to: raised by ``next()``, the generation withdrawn (its routines consumed
+    it). ``member_id`` is the id given them; ``partitions`` lists the offending ones, sorted."""
 
     def __init__(self, message: str, member_id: str, partitions: list[TopicPartition]) -> None:
         super().__init__(message)

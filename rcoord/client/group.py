@@ -127,7 +127,7 @@ from .errors import (
 )
 from .generation import EndReason, Generation
 from .heartbeat import start_helpers
-from .join import fenced_reason, join_generation
+from .join import fenced_reason, join_generation, unsubscribed_error
 from .policy import OTHERWISE, Reaction, reaction_for
 from .retry import call_with_retries
 
@@ -761,7 +761,10 @@ class ConsumerGroup:
                 failures = 0
                 self._assigned = tuple(gen.partitions)
                 self._assigned_generation = gen.generation_id
-                if self._acknowledge == "on_take":
+                refused = unsubscribed_error(gen) if self._acknowledge == "on_take" else None
+                if refused is not None:
+                    gen._end(EndReason.ERROR, refused)  # withdrawn: none of it is handed out
+                elif self._acknowledge == "on_take":
                     # Every routine of the previous generation has returned: the member holds
                     # exactly what this generation gives it.
                     gen.acknowledge()

@@ -432,6 +432,24 @@ def check_assignment(
                 f"{counts[topic]} partitions", mid, missing)
 
 
+def unsubscribed_error(gen: Generation) -> InvalidAssignmentError | None:
+    """The error for ``gen``'s partitions of topics its member did not subscribe to, if any.
+
+    A custom leader's assignor may hand them out (``check_assignment`` lets them through, as
+    Kafka's leader does). ``Consumer`` leaves them out and rejoins; a ``ConsumerGroup`` that
+    hands its generations out whole (``acknowledge="on_take"``) cannot take part of one, and
+    its routines consumed them: it refuses the generation with this error instead."""
+    subscribed = set(gen.watched_matched)
+    foreign = [tp for tp in gen.partitions if tp.topic not in subscribed]
+    if not foreign:
+        return None
+    topic = min(foreign).topic
+    return InvalidAssignmentError(
+        f"group {gen.group_id!r}: the leader's assignor {gen.protocol_name!r} gave topic "
+        f"{topic!r} ({_listed(foreign)}) to member {gen.member_id!r}, which does not subscribe "
+        f"to it (its topics: {sorted(subscribed)})", gen.member_id, foreign)
+
+
 def _listed(parts: Sequence[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(parts))
 
