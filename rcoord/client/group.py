@@ -47,7 +47,9 @@ Where this differs from kafka-go, on purpose:
   ``resubscribe()``, ``close()``), the coordinator answering NONE; so routines still running a
   rebalance timeout after the end make the member leave (a static member stops beating and its
   session expires), as Kafka's heartbeat thread does once ``max.poll.interval.ms`` passes, and
-  their commits are refused (``ConsumerGroup._leave_stuck``).
+  their commits are refused (``ConsumerGroup._leave_stuck``). Its helpers are waited for only
+  until its session has passed since the last beat answered (a heartbeat stuck in a call would
+  hold back the rejoin); then the generation is lost and they are left behind.
 * **A routine that returns does not end the generation**; one that raises does. In kafka-go any
   returning function ends it, because the heartbeat and the watchers are such functions too.
 * **Only the leader watches partition counts**, as in Kafka's Java client. A follower's rejoin with

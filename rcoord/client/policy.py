@@ -166,7 +166,11 @@ joined again every ``join_backoff_ms`` for ever.
 
 MEMBER_ID_REQUIRED is not in the table: the worker never asks for it (it joins with
 ``require_known_member_id=False`` and a UUID of its own, ``rcoord.client.join``); a coordinator
-that answers it anyway is "anything else".
+that answers it anyway is "anything else". So is ``InvalidAssignmentError`` (a leader's assignor
+that gave partitions to a non-member, past a topic's count, or, to a ``ConsumerGroup`` handing
+generations out whole, of a topic the member does not subscribe to): the member leaves, backs
+off and joins again, and ``next()`` reports it, since the same assignor may answer otherwise
+with the next membership.
 """
 
 CONNECTION_LOST = _UNREACHABLE
