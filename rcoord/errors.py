@@ -423,7 +423,8 @@ def reraise_as_rcoord(name: str, exc: BaseException) -> None:
         # (before ConnectionError, of which redis-py makes it a subclass: no retry mends it)
         raise as_authentication_failed(name, exc) from exc
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        raise ConnectionLost(f"{name}: {exc}") from exc
+        # (redis-py's asyncio cluster raises MaxConnectionsError() with no words: its name)
+        raise ConnectionLost(f"{name}: {str(exc) or type(exc).__name__}") from exc
     if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)):
         # redis-py gives up on a slot after a bounded number of redirections: "TTL
         # exhausted" when a multi-key script keeps meeting TRYAGAIN while its slot migrates

@@ -19,7 +19,7 @@ from ..flow import Flow, adrive
 from ..scripts import LoopLock, Scripts
 from ..steps import GroupSteps, config_arg, present_as
 from .cluster import learn_slots
-from .wake import AsyncWakeReads, command_limit
+from .wake import AsyncWakeReads, command_limit, pool_size
 
 __all__ = ["AsyncGroupCoordinator", "asyncio_step"]
 
@@ -69,12 +69,16 @@ class AsyncGroupCoordinator:
         given = config_arg(config)
         if namespace is not None and config is not None:
             raise TypeError("give the namespace either as config or as namespace=, not both")
+        if namespace is not None and not isinstance(namespace, str):
+            # (as config_arg refuses one given as config; before, only start() refused it)
+            raise TypeError(f"namespace must be a str, got {type(namespace).__name__} "
+                            f"{namespace!r:.60}")
         # (An empty name is refused as the blocking coordinator refuses it, not the default.)
         namespace = config if isinstance(config, str) else (
             "rcoord" if namespace is None else namespace)
         self._steps = GroupSteps(given, namespace, clock)
         self._lock = LoopLock()  # (an asyncio.Lock binds to a loop: this loop's lock)
-        self._wake_reads = AsyncWakeReads(command_limit(redis_client))
+        self._wake_reads = AsyncWakeReads(command_limit(redis_client), pool_size(redis_client))
 
     async def _run(self, flow: Flow[R]) -> R:
         return await adrive(self._redis, self._scripts, flow, self._wake_reads)
@@ -85,7 +89,7 @@ class AsyncGroupCoordinator:
         after ``shutdown()``: calls made from then on are served, while those still running
         from before ``close()`` go on failing."""
         if self._wake_reads.closed:
-            self._wake_reads = AsyncWakeReads(command_limit(self._redis))
+            self._wake_reads = AsyncWakeReads(command_limit(self._redis), pool_size(self._redis))
         return await self._started()
 
     async def _started(self) -> AsyncGroupCoordinator:

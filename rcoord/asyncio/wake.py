@@ -131,10 +131,16 @@ class _Stream:
 class AsyncWakeReads:
     """The wake-stream reads of one asyncio coordinator (see the module docstring), and the
     bounds on its commands (``commands`` per master) and its reads in flight (``commands // 2``
-    per master)."""
+    per master, at least one; within the commands' own when ``pool``, the connections of each
+    master's pool, cannot hold both)."""
 
-    def __init__(self, commands: int) -> None:
+    def __init__(self, commands: int, pool: int | None = None) -> None:
         self._sizes = (commands, max(1, commands // 2))
+        # A pool too small for both bounds (``max_connections=1``): the reads take the
+        # commands' places. Apart, a reader cancelled at its waiter's deadline, not yet ended,
+        # held the one connection as the call sent its next command ("Too many connections"),
+        # where the blocking coordinator serves the same call with a pool of one.
+        self._share = pool is not None and pool < sum(self._sizes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands = self._reads = asyncio.Semaphore(1)  # (made for each loop: _bound)
         # a cluster's bounds while in use, by (master name, whether of reads)
@@ -152,7 +158,7 @@ class AsyncWakeReads:
         if loop is not self._loop:
             self._loop = loop
             self._commands = asyncio.Semaphore(self._sizes[0])
-            self._reads = asyncio.Semaphore(self._sizes[1])
+            self._reads = self._commands if self._share else asyncio.Semaphore(self._sizes[1])
             self._by_master = {}
             self._streams, self._shared, self._sharers, self._claims = {}, {}, {}, {}
             self._ending = set()
@@ -198,6 +204,7 @@ class AsyncWakeReads:
     async def _place(self, name: str, reads: bool = False) -> AsyncIterator[None]:
         """A place under master ``name``'s bound of commands, or of blocking reads (``reads``);
         "" is a single-node client's (``commands()``, or the reads' own)."""
+        reads = reads and not self._share
         if not name:
             async with self._reads if reads else self._commands:
                 yield
