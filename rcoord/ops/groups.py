@@ -190,6 +190,20 @@ def log_ends(ctx: Context, topics: Sequence[str], *,
     return out
 
 
+def _missing(ctx: Context, topic: str) -> bool:
+    """Whether ``topic`` does not exist: ``log_ends`` leaves out the partitions of a topic that
+    is gone and those whose offsets cannot be read alike."""
+    from ..topics import TopicError
+
+    try:
+        ctx.topics().describe(topic)
+    except TopicError as exc:
+        if exc.error not in NO_SUCH_TOPIC:
+            raise
+        return True
+    return False
+
+
 def _committed(ctx: Context, group: str) -> dict[TopicPartition, OffsetAndMetadata]:
     """The group's committed offsets, without those made to a deleted topic of the same name
     (``rcoord.topics.incarnation``; Kafka deletes them with the topic): they showed a negative
@@ -238,7 +252,9 @@ def _describe(ctx: Context) -> int:
     # shows its negative lag, as Kafka's; in the total it is 0 behind, or it hid another's.
     # A deleted topic's offsets (Kafka deletes them with it; rcoord keeps them until
     # delete-offsets) are behind nothing: they made the total unknown for good.
-    existing = {tp.topic for tp in ends}
+    read = {tp.topic for tp in ends}
+    # (a topic none of whose partitions could be read is there, its lag unknown)
+    existing = read | {t for t in {tp.topic for tp in tps} - read if not _missing(ctx, t)}
     gone = [tp for tp in tps if tp.topic not in existing and tp not in owner]
     for topic in sorted({tp.topic for tp in gone}):
         parts = ",".join(str(tp.partition) for tp in gone if tp.topic == topic)
