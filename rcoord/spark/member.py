@@ -915,17 +915,20 @@ class StreamMember:
         # The commit names the topic its offsets belong to, as every commit of a plan does:
         # a topic deleted and created again under it is then data loss, not a read of the new
         # topic from the old one's offset (which skipped the new topic's first records).
+        earlier = {tp for tp in placed if tp in self._chosen}
         for tp, offset in placed.items():
             self._chosen.setdefault(tp, (offset, fresh.get(tp.topic)))
         tokens = {tp: self._chosen[tp][1] for tp in placed}
         self._base_tokens.update(tokens)
-        # A start chosen in a topic deleted and created again since is not committed: the
-        # group's other readers (a plain Consumer) would take the old topic's offset for the
-        # new one's (a commit made after the creation counts as the new topic's,
-        # rcoord.topics.incarnation) and skip its first records. The plan still starts there
-        # with the old token, so it reports the data loss (continuity_loss).
-        stale = {tp for tp in placed
-                 if tokens[tp] and fresh.get(tp.topic) and tokens[tp] != fresh[tp.topic]}
+        # A start chosen before is committed only if its topic is still the one it was chosen
+        # in (both tokens known and equal): else the group's other readers (a plain Consumer)
+        # could take the old topic's offset for the new one's (a commit made after the
+        # creation counts as the new topic's, rcoord.topics.incarnation) and skip its first
+        # records. The plan still starts there with the old token, so a topic made again is
+        # reported as data loss (continuity_loss); one whose token could not be read now is
+        # placed again from _chosen by the next generation.
+        stale = {tp for tp in earlier
+                 if not tokens[tp] or tokens[tp] != fresh.get(tp.topic)}
         commit = {tp: _stamped(o, tokens[tp], gen.member_id)
                   for tp, o in placed.items() if tp not in stale}
         try:
