@@ -27,8 +27,12 @@ class FrameError(Exception):
     """The byte stream is not a sequence of acceptable frames; the connection must close."""
 
 
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
-    """The next frame's body, or None at a clean end of stream (between frames)."""
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int,
+                     raw_token: bool = False) -> bytes | None:
+    """The next frame's body, or None at a clean end of stream (between frames). A request is
+    at least a header; the raw SASL token after SaslHandshake v0 (``raw_token``) is the whole
+    frame, and a valid PLAIN one can be shorter (``"\0bob\0pw"``: 7 bytes)."""
+    min_bytes = 0 if raw_token else _MIN_FRAME_BYTES
     try:
         prefix = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
@@ -36,8 +40,8 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
             return None
         raise FrameError(f"truncated size prefix ({len(exc.partial)} of 4 bytes)") from None
     size = int.from_bytes(prefix, "big", signed=True)
-    if size < _MIN_FRAME_BYTES:
-        raise FrameError(f"frame size {size} is below the {_MIN_FRAME_BYTES} bytes of a header")
+    if size < min_bytes:
+        raise FrameError(f"frame size {size} is below the {min_bytes} bytes of a header")
     if size > max_bytes:
         raise FrameError(f"frame size {size} exceeds the limit of {max_bytes} bytes")
     try:

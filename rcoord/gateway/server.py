@@ -354,7 +354,8 @@ class Gateway:
         flush = False  # (idle, cancelled, broken or refused: unsent responses are dropped)
         try:
             while True:
-                request = await read_frame(reader, self._frame_limit(conn))
+                request = await read_frame(reader, self._frame_limit(conn),
+                                           conn.sasl_raw_token)
                 if request is None:
                     flush = True
                     break
