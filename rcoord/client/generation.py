@@ -237,6 +237,7 @@ class Generation:
         self._reaction_error: BaseException | Errors | None = None
         self._lost = False
         self._left = False  # the member left the group on its own (poll timeout): _mark_lost
+        self._left_behind = False  # collect went on without a helper stuck in a call
         # Set once every routine has returned: the heartbeat and the watcher stop then.
         self._routines_done = threading.Event()
         self._helpers: list[threading.Thread] = []  # the heartbeat and the watcher
@@ -289,6 +290,11 @@ class Generation:
     def end_error(self) -> BaseException | Errors | None:
         """The error code or exception that ended it, if one did."""
         return self._end_error
+
+    @property
+    def left_behind(self) -> bool:
+        """Whether ``collect`` went on without a helper still in a call (``helper_wait_s``)."""
+        return self._left_behind
 
     @property
     def lost(self) -> bool:
@@ -562,19 +568,21 @@ class Generation:
         self,
         warn_after: float,
         on_stuck: Callable[[list[str]], None] | None = None,
-        session_timeout_ms: int | None = None,
+        helper_wait_s: float | None = None,
     ) -> None:
         """Refuse new routines, wait for every routine (logging every ``warn_after`` seconds
         while one still runs), then stop and join the helper threads (not those of a lost
         generation, which act on nothing once it is collected).
 
-        With ``session_timeout_ms``, a helper is waited for only until the session, counted
-        from the last beat answered, has passed: then the generation is lost
-        (``_session_expired``) and its helpers are left behind. A generation that ended on the
-        member's side (new partitions, a routine that raised) is not lost, and its session
-        watcher stops at the end, so a heartbeat stuck in a call held back the rejoin for as
-        long as the call lasted, while the coordinator removed the member a session after its
-        last beat.
+        With ``helper_wait_s``, a helper still running that long after the routines returned
+        (a heartbeat or watcher stuck in a call) is left behind: ``left_behind`` is set, and
+        its late answer acts on nothing (``heartbeat._abandoned``). Joined without a bound, a
+        heartbeat stuck in a call on a generation that ended on the member's side (new
+        partitions, a routine that raised, ``resubscribe()``) held back the rejoin for as long
+        as the call lasted; joined until the session passed, the wait itself let the session
+        expire (the heartbeat beats no more once the routines returned), and a cooperative
+        member gave up the partitions it would have carried. Kafka's rebalance never waits for
+        a heartbeat in flight.
 
         Routines still running ``warn_after`` seconds (the rebalance timeout) after the wait
         began are passed, by name, to ``on_stuck``, once: a routine that ignores ``ctx.done``
@@ -611,20 +619,17 @@ class Generation:
             # black-holed connection, a client without socket_timeout) held back the rejoin
             # of a member whose session was already over, for as long as the call lasted.
             helpers = [] if self._lost else list(self._helpers)
+        until = None if helper_wait_s is None else time.monotonic() + helper_wait_s
         for thread in helpers:
-            if session_timeout_ms is None:
-                thread.join()
-                continue
-            while thread.is_alive() and not self.lost:
-                left = self.session_left(session_timeout_ms / 1000)
-                if left <= 0:
-                    log.warning("group %r: the heartbeat of generation %d, which ended, has "
-                                "had no answer for %d ms (the session timeout): its "
-                                "partitions are lost; rejoining without waiting for it",
-                                self.group_id, self.generation_id, session_timeout_ms)
-                    self._session_expired(session_timeout_ms)
-                    break
-                thread.join(left)
+            thread.join(None if until is None else max(0.0, until - time.monotonic()))
+        stuck_helpers = [thread.name for thread in helpers if thread.is_alive()]
+        if stuck_helpers:
+            with self._lock:
+                self._left_behind = True
+            log.warning("group %r: %s of generation %d still in a call %.1f s after its "
+                        "routines returned; rejoining without it (its answer will act on "
+                        "nothing)", self.group_id, ", ".join(stuck_helpers),
+                        self.generation_id, helper_wait_s)
 
     @property
     def pending_reaction(self) -> tuple[Reaction, BaseException | Errors | None] | None:

@@ -805,7 +805,7 @@ class ConsumerGroup:
                     self.protocol is RebalanceProtocol.COOPERATIVE and not self._closing.is_set()
                 )
                 self._collect(gen)
-                if carried and not gen.lost:  # (lost in collect: its heartbeat stuck)
+                if carried and not gen.lost:
                     if gen.acknowledged:
                         self._owned = tuple(gen.partitions)
                         self._owned_generation = gen.generation_id
@@ -1008,7 +1008,7 @@ class ConsumerGroup:
         """Wait for every routine of ``gen``, then stop its heartbeat and watcher."""
         gen.collect(warn_after=self._config.rebalance_timeout_ms / 1000,
                     on_stuck=lambda routines: self._leave_stuck(gen, routines),
-                    session_timeout_ms=self._config.session_timeout_ms)
+                    helper_wait_s=self._config.heartbeat_interval_ms / 1000)
 
     def _leave_stuck(self, gen: Generation, routines: list[str]) -> None:
         """``routines`` of ``gen`` still run a rebalance timeout after it ended: the member

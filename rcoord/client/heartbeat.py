@@ -109,10 +109,11 @@ class _Abandoned(Exception):
 
 def _abandoned(gen: Generation) -> bool:
     """Whether ``collect`` has left ``gen``'s helpers behind: it is lost and its routines have
-    returned, so the member rejoins without waiting for them. Its heartbeat's retries went on
-    for up to a session timeout after a call returned, for a session already over, and a late
-    answer must not act on what the group does next."""
-    return gen.lost and gen.wait_routines(0)
+    returned, or it went on without a helper stuck in a call (``left_behind``), so the member
+    rejoins without waiting for them. Its heartbeat's retries went on for up to a session
+    timeout after a call returned, for a session already over, and a late answer must not act
+    on what the group does next."""
+    return (gen.lost and gen.wait_routines(0)) or gen.left_behind
 
 
 class JoinBeats:
