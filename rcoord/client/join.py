@@ -414,7 +414,9 @@ def check_assignment(
     A topic outside the member's subscription is let through, as Kafka's leader lets a custom
     assignor add topics (``maybeUpdateGroupSubscription``): the member refuses it and rejoins
     (``Consumer``, as Kafka's ``checkAssignmentMatchedSubscription``)."""
-    for mid in sorted(plan):
+    # A subscribed topic missing from ``counts`` does not exist: it has no partition to give.
+    subscribed = {t for sub in subscriptions.values() for t in sub.topics} | set(counts)
+    for mid in sorted(plan, key=repr):  # (ids of another type are named, not compared)
         parts = [TopicPartition(*tp) for tp in plan[mid]]
         if not parts:
             continue
@@ -423,13 +425,14 @@ def check_assignment(
             raise InvalidAssignmentError(
                 f"{said} {_listed(parts)} to {mid!r}, which is not a member of the group "
                 f"(members: {sorted(subscriptions)}), so no one would consume them", mid, parts)
-        missing = [tp for tp in parts if tp.topic in counts
-                   and not 0 <= tp.partition < counts[tp.topic]]
+        missing = [tp for tp in parts if tp.topic in subscribed
+                   and not 0 <= tp.partition < counts.get(tp.topic, 0)]
         if missing:
             topic = min(missing).topic
             raise InvalidAssignmentError(
                 f"{said} {_listed(missing)} to member {mid!r}, but topic {topic!r} has "
-                f"{counts[topic]} partitions", mid, missing)
+                f"{counts.get(topic, 0)} partitions"
+                + ("" if topic in counts else " (it does not exist)"), mid, missing)
 
 
 def unsubscribed_error(gen: Generation) -> InvalidAssignmentError | None:
@@ -439,8 +442,11 @@ def unsubscribed_error(gen: Generation) -> InvalidAssignmentError | None:
     Kafka's leader does). ``Consumer`` leaves them out and rejoins; a ``ConsumerGroup`` that
     hands its generations out whole (``acknowledge="on_take"``) cannot take part of one, and
     its routines consumed them: it refuses the generation with this error instead."""
-    subscribed = set(gen.watched_matched)
-    foreign = [tp for tp in gen.partitions if tp.topic not in subscribed]
+    # Under a pattern, the pattern decides, as Kafka's checkAssignmentMatchedSubscription does:
+    # the leader may have seen a matching topic made since this member listed the topics.
+    subscribed, pattern = set(gen.watched_matched), gen.watched_pattern
+    foreign = [tp for tp in gen.partitions if tp.topic not in subscribed
+               and (pattern is None or not pattern.fullmatch(tp.topic))]
     if not foreign:
         return None
     topic = min(foreign).topic
