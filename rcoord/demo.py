@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import secrets
@@ -38,6 +39,7 @@ from .cli import (
     report,
     with_tls_files,
 )
+from .ops.common import integer
 from .topics.admin import MAX_PARTITIONS_PER_CALL
 
 __all__ = ["add_arguments", "run"]
@@ -65,9 +67,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
         help=f"Redis or Redis Cluster to use (default ${ENV_REDIS_URL}); without one, "
         "an embedded server is started on 127.0.0.1",
     )
-    p.add_argument("--partitions", type=int, default=12, help="partitions of the topic (12)")
-    p.add_argument("--records", type=int, default=3000, help="records to produce (3000)")
-    p.add_argument("--workers", type=int, default=3, help="worker processes at the start (3)")
+    p.add_argument("--partitions", type=integer, default=12,
+                   help="partitions of the topic (12)")
+    p.add_argument("--records", type=integer, default=3000, help="records to produce (3000)")
+    p.add_argument("--workers", type=integer, default=3,
+                   help="worker processes at the start (3)")
     p.add_argument(
         "--produce-seconds",
         type=float,
@@ -88,7 +92,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", action=AfterCommand,
                    default=env_default("RCOORD_LOG_LEVEL", "WARNING"),
-                   help="of this process; DEBUG also prints the traceback of an error (WARNING)")
+                   help="of this process; DEBUG also prints the traceback of an error "
+                   "(default $RCOORD_LOG_LEVEL, else WARNING)")
     add_tls_arguments(p)
 
 
@@ -644,8 +649,13 @@ def _run_demo(args: argparse.Namespace) -> int:
         if args.partitions > MAX_PARTITIONS_PER_CALL:
             raise UsageError(f"--partitions must be <= {MAX_PARTITIONS_PER_CALL} (one topic "
                              f"create), got {args.partitions}")
-        if args.time_limit <= 0:
-            raise UsageError(f"--time-limit must be > 0, got {args.time_limit:g}")
+        # "not > 0": nan passes a "<= 0" check, and the demo gave up at its first deadline.
+        if not args.time_limit > 0 or math.isinf(args.time_limit):
+            raise UsageError(f"--time-limit must be a number of seconds > 0, got "
+                             f"{args.time_limit:g}")
+        if not 0 <= args.produce_seconds < math.inf:
+            raise UsageError(f"--produce-seconds must be a number of seconds >= 0, got "
+                             f"{args.produce_seconds:g}")
         from .assignors import UnknownAssignorError, get_assignor
 
         try:

@@ -192,7 +192,7 @@ def test_a_bad_value_in_the_environment_names_its_variable(command, redis_server
 def test_a_bad_flag_value_is_one_line(redis_server):
     res = rcoord("demo", "--redis-url", redis_server.url, "--partitions", "many")
     line = one_error_line(res, "demo")
-    assert res.returncode == 2 and "--partitions: invalid int value: 'many'" in line
+    assert res.returncode == 2 and "--partitions: 'many' is not an integer" in line
 
 
 def test_an_unknown_demo_assignor_is_a_usage_error(redis_server):
@@ -386,3 +386,14 @@ def test_a_topics_partitions_are_digits_only(number):
     """``--topic t:1_0`` named partition 10 (read once connected, so tested here directly)."""
     with pytest.raises(UsageError, match="partitions must be numbers"):
         parse_topics([f"t:{number}"])
+
+
+@pytest.mark.parametrize("number", ["1_0", " 3", "\u0663"])
+@pytest.mark.parametrize("flag", ["--partitions", "--records", "--workers"])
+def test_the_demo_numbers_are_digits_only(flag, number):
+    """The demo read its numbers with int(): ``--records 1_0`` ran with 10 records where the
+    groups and topics commands refuse "1_0" (test_a_number_is_digits_only)."""
+    res = rcoord("demo", flag, number, env={"RCOORD_REDIS_URL": "redis://127.0.0.1:1"})
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    line = one_error_line(res, "demo")
+    assert flag in line and repr(number) in line, line

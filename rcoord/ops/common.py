@@ -66,7 +66,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="table for people (default), json for programs")
     p.add_argument("--log-level", action=AfterCommand,
                    default=env_default("RCOORD_LOG_LEVEL", "WARNING"),
-                   help="DEBUG also prints the traceback of an error (WARNING)")
+                   help="DEBUG also prints the traceback of an error (default "
+                   "$RCOORD_LOG_LEVEL, else WARNING)")
     add_tls_arguments(p)
 
 
