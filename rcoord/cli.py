@@ -66,7 +66,7 @@ class Parser(argparse.ArgumentParser):
     A command's own parser (one with no subcommands) names an option it does not know before
     anything else: argparse sets unknown options aside and first complains about the required
     ones they leave missing, so ``topics create --partitons 3`` said "required: --partitions"
-    and hid the typo."""
+    and hid the typo. It names a word it has no place for too (``groups describe g1 g2``)."""
 
     _has_commands = False
 
@@ -81,12 +81,18 @@ class Parser(argparse.ArgumentParser):
     before the next flag stays argparse's "expected one argument", not a value)."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if args is not None and not self._has_commands:
-            args = self._join_dash_values(list(args))
-            unknown = self._unknown_options(args)
-            if unknown:
-                self.error(unknown)
-        return super().parse_known_args(args, namespace)
+        if args is None or self._has_commands:
+            return super().parse_known_args(args, namespace)
+        args = self._join_dash_values(list(args))
+        unknown = self._unknown_options(args)
+        if unknown:
+            self.error(unknown)
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            # A word left over (``groups describe g1 g2``) went up to the top-level parser,
+            # whose error pointed at ``rcoord --help``, which says nothing about the command.
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
 
     def _join_dash_values(self, args: list[str]) -> list[str]:
         out: list[str] = []
