@@ -1003,14 +1003,15 @@ def stop_gracefully(query: Any, timeout_s: float = 10.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rcoord.cli import env_default
+    from rcoord.cli import ENV_REDIS_URL, UsageError, check_url, env_default
     from rcoord.spark.options import ReadOptions
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--group", required=True, help="consumer group of the instances")
     parser.add_argument("--topic", required=True, help="topic(s) to read, comma-separated")
     parser.add_argument("--out", required=True, help="output directory (Parquet)")
-    parser.add_argument("--redis-url", default=os.environ.get("RCOORD_REDIS_URL"))
+    parser.add_argument("--redis-url", default=env_default(ENV_REDIS_URL),
+                        help=f"Redis or Redis Cluster to read from (default ${ENV_REDIS_URL})")
     parser.add_argument("--namespace", default=env_default("RCOORD_NAMESPACE", "rcoord"),
                         help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     parser.add_argument("--master", default=None, help="Spark master (default local[2])")
@@ -1037,6 +1038,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.redis_url:  # said before Spark starts, naming this command's flag
         parser.error("no Redis to read from: give --redis-url URL or set RCOORD_REDIS_URL")
+    try:  # (an http:// URL was refused by the source ~25 s later, behind two tracebacks)
+        check_url(args.redis_url)
+    except UsageError as exc:
+        parser.error(str(exc))
     # the source's rule (rcoord.spark.options), said before Spark starts and naming the flags
     session = args.session_timeout_ms or ReadOptions.session_timeout_ms
     beat = args.heartbeat_interval_ms or min(ReadOptions.heartbeat_interval_ms,
