@@ -373,6 +373,11 @@ def leader_assignment(
             ) from exc
     topics = sorted({t for sub in subscriptions.values() for t in sub.topics})
     counts = retry(lambda: coordinator.partition_counts(topics), None)
+    for topic in (t for t in topics if t not in counts):
+        # Kafka's client logs the topic at each metadata refresh (UNKNOWN_TOPIC_OR_PARTITION);
+        # without a word, a --topic typo looked like a member waiting for partitions for ever.
+        log.warning("group %r: subscribed topic %r does not exist (UNKNOWN_TOPIC_OR_PARTITION); "
+                    "its partitions are assigned once it is created", group_id, topic)
     order = kafka_member_order((m.member_id, m.group_instance_id) for m in joined.members)
     extra: dict[str, Any] = {}
     if _takes(assignor, "member_order"):
