@@ -155,3 +155,18 @@ def test_word_count_refuses_a_negative_limit_before_it_joins(capsys, flag, bad):
         word_count.main(["--redis-url", "redis://127.0.0.1:1/0", "--topic", "lines", flag, bad])
     assert exited.value.code == 2
     assert f"argument {flag}: {bad!r}" in capsys.readouterr().err
+
+
+def test_word_count_takes_its_url_from_the_environment_as_the_rcoord_commands(capsys,
+                                                                              monkeypatch):
+    """``--redis-url`` was required where clickstream and every rcoord command default to
+    $RCOORD_REDIS_URL; a bad one is named with its variable (nothing listens there: refused
+    before the worker connects)."""
+    from workers import word_count
+
+    monkeypatch.setenv("RCOORD_REDIS_URL", "http://127.0.0.1:1")
+    with pytest.raises(SystemExit) as exited:
+        word_count.main(["--topic", "lines"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "'http://127.0.0.1:1' (from $RCOORD_REDIS_URL) is not a Redis URL" in err, err
