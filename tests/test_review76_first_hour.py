@@ -1,0 +1,86 @@
+"""Review 76: a newcomer's first hour (the README, ``rcoord demo``, workers/, the everyday CLI).
+
+Each test fails on the code it was written against, showing a defect a first user meets: a
+bad flag the demo takes for a run that failed, and the word_count example's bad URL (a
+traceback) and its stop line (a commit and a leave claimed where there was neither)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from harness import wait_until
+
+from rcoord.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+NOWHERE = "redis://127.0.0.1:1/0"
+"""A URL nothing answers at: a flag refused as it should be never gets as far as connecting."""
+
+
+@pytest.mark.parametrize("flag", [["--time-limit", "nan"], ["--produce-seconds", "nan"],
+                                  ["--produce-seconds", "-1"]])
+def test_demo_refuses_a_bad_number_before_it_connects(
+        flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--time-limit -1`` is a usage error (exit 2), but ``--time-limit nan`` passed the
+    ``<= 0`` check: the demo went on to connect (here, to fail to), and on a live Redis began
+    its set-up and gave up at once,
+    "demo: FAILED: ... not done within --time-limit nan s", exit 1, as if the run had failed.
+    ``--produce-seconds -1`` or ``nan`` ("spread the records over this many seconds") was
+    taken silently. Each should be refused as the other number flags are, naming the flag."""
+    status = main(["demo", "--redis-url", NOWHERE, *flag])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert flag[0] in err and "cannot reach Redis" not in err, err
+
+
+def test_word_count_refuses_a_bad_url_in_one_line() -> None:
+    """``--max-records -5`` is refused in one line, exit 2, before the worker connects; a URL
+    that is not a Redis one (``http://...``, the usual slip) ended it with a ConfigError
+    traceback, exit 1, its one useful line at the bottom."""
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
+         "http://127.0.0.1:1", "--topic", "lines"],
+        env=ENV, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "is not a Redis URL" in res.stderr, res.stderr
+
+
+def test_word_count_stopped_before_it_joined_does_not_claim_a_commit_and_a_leave() -> None:
+    """Redis unreachable, the worker retries (and says so); stopped then, it printed "stopped
+    by SIGTERM; committed and left the group", though it never joined a group and committed
+    nothing: an operator reading that believes its partitions' progress is safe."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", NOWHERE,
+         "--topic", "lines"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_lines: list[str] = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr or ():
+            err_lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        # Its signal handlers are installed before its first poll, whose failure it logs.
+        wait_until(lambda: any("starting again" in line for line in err_lines),
+                   timeout_s=60, why=lambda: "".join(err_lines))
+        proc.send_signal(signal.SIGTERM)
+        out = proc.stdout.read() if proc.stdout else ""
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert proc.returncode == 0, out + "".join(err_lines)
+    assert "records 0" in out, out
+    assert "committed and left the group" not in out, out
