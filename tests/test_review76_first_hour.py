@@ -84,3 +84,19 @@ def test_word_count_stopped_before_it_joined_does_not_claim_a_commit_and_a_leave
     assert proc.returncode == 0, out + "".join(err_lines)
     assert "records 0" in out, out
     assert "committed and left the group" not in out, out
+
+
+def test_clickstream_refuses_a_bad_url_before_spark_starts() -> None:
+    """A missing URL is refused before Spark starts (exit 2, one line), but one that is not a
+    Redis URL (``http://...``) started Spark and failed about 25 s later behind a Python and a
+    Java traceback ("PYTHON_DATA_SOURCE_ERROR ... OptionError: url: ..."), exit 1."""
+    env = {k: v for k, v in ENV.items() if k != "RCOORD_REDIS_URL"}
+    res = subprocess.run(
+        [sys.executable, "-m", "workers.clickstream", "--redis-url", "http://127.0.0.1:1",
+         "--group", "clicks", "--topic", "events", "--out", "/nonexistent-clickstream-out"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.splitlines()[-1].endswith(
+        "is not a Redis URL; write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... "
+        "for TLS"), res.stderr[-2000:]
