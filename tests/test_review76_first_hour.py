@@ -100,3 +100,22 @@ def test_clickstream_refuses_a_bad_url_before_spark_starts() -> None:
     assert res.stderr.splitlines()[-1].endswith(
         "is not a Redis URL; write redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... "
         "for TLS"), res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv", [["groups", "describe", "g1", "g2"],
+                                  ["topics", "consume", "orders", "extra"],
+                                  ["groups", "reset-offsets", "g1", "orders", "--to-earliest"]])
+def test_an_extra_word_is_named_by_the_command_that_refuses_it(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An option a command does not know is named by that command ("rcoord groups describe:
+    error: unrecognized option ... (see rcoord groups describe --help)"); an extra word (a
+    second group, as kafka-consumer-groups takes several --group; a topic without --topic)
+    was refused by the top-level parser, "rcoord: error: unrecognized arguments: g2 (see
+    rcoord --help)", whose help lists the command families and nothing about the mistake."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--redis-url", NOWHERE, *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    command = " ".join(argv[:2])
+    assert err.startswith(f"rcoord {command}: error: "), err
+    assert f"(see rcoord {command} --help)" in err, err
