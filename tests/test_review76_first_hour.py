@@ -57,30 +57,30 @@ def test_word_count_stopped_before_it_joined_does_not_claim_a_commit_and_a_leave
     """Redis unreachable, the worker retries (and says so); stopped then, it printed "stopped
     by SIGTERM; committed and left the group", though it never joined a group and committed
     nothing: an operator reading that believes its partitions' progress is safe."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", NOWHERE,
-         "--topic", "lines"],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err_lines: list[str] = []
+    with subprocess.Popen(
+            [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url", NOWHERE,
+             "--topic", "lines"],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        err_lines: list[str] = []
 
-    def read_stderr() -> None:
-        for line in proc.stderr or ():
-            err_lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
+        def read_stderr() -> None:
+            for line in proc.stderr or ():
+                err_lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    try:
-        # Its signal handlers are installed before its first poll, whose failure it logs.
-        wait_until(lambda: any("starting again" in line for line in err_lines),
-                   timeout_s=60, why=lambda: "".join(err_lines))
-        proc.send_signal(signal.SIGTERM)
-        out = proc.stdout.read() if proc.stdout else ""
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=10)
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            # Its signal handlers are installed before its first poll, whose failure it logs.
+            wait_until(lambda: any("starting again" in line for line in err_lines),
+                       timeout_s=60, why=lambda: "".join(err_lines))
+            proc.send_signal(signal.SIGTERM)
+            out = proc.stdout.read() if proc.stdout else ""
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=10)
     assert proc.returncode == 0, out + "".join(err_lines)
     assert "records 0" in out, out
     assert "committed and left the group" not in out, out
@@ -119,3 +119,44 @@ def test_an_extra_word_is_named_by_the_command_that_refuses_it(
     command = " ".join(argv[:2])
     assert err.startswith(f"rcoord {command}: error: "), err
     assert f"(see rcoord {command} --help)" in err, err
+
+
+def test_word_count_on_a_topic_that_does_not_exist_says_so(redis_server, single_client,
+                                                           namespace) -> None:
+    """A typo in ``--topic`` (the first mistake a newcomer makes): the worker joined, printed
+    "assigned []" and then waited for ever without a word, ``--idle-exit-s`` not counting
+    (it holds no partitions). Kafka's consumer logs the missing topic at every metadata
+    refresh ("Error while fetching metadata ...: {nosuch=UNKNOWN_TOPIC_OR_PARTITION}")."""
+    from harness import without_join_delay
+
+    without_join_delay(single_client, namespace)
+    with subprocess.Popen(
+            [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
+             redis_server.url, "--namespace", namespace, "--topic", "nosuch"],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        lines: list[str] = []
+
+        def read(stream: object) -> None:
+            for line in stream:  # type: ignore[attr-defined]
+                lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
+
+        readers = [threading.Thread(target=read, args=(s,), daemon=True)
+                   for s in (proc.stdout, proc.stderr)]
+        for reader in readers:
+            reader.start()
+        try:
+            wait_until(lambda: any("assigned []" in line for line in lines), timeout_s=60,
+                       why=lambda: "".join(lines))
+            # Generous: any warning would come at the first assignment or metadata refresh.
+            wait_until(lambda: any("nosuch" in line for line in lines), timeout_s=30,
+                       why=lambda: "no line names the missing topic:\n" + "".join(lines))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for reader in readers:
+                reader.join(timeout=10)
