@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from harness import wait_until
 from test_review75_group_client import (  # (one node, as there)
-    SESSION_MS,
     WAIT_S,
     StallingHeartbeats,
     _config,
