@@ -24,13 +24,40 @@ from test_review75_group_client import (  # (one node, as there)
 from rcoord import TopicPartition
 from rcoord.assignors import RebalanceProtocol
 from rcoord.client import ConsumerGroup, EndReason, InvalidAssignmentError
-from rcoord.client.generation import GenerationContext
+from rcoord.client.generation import Generation, GenerationContext
 from rcoord.topics import Topics
 
 # The generation ends on the member's side (the leader's watcher sees new partitions), so the
 # session watcher stops, and the heartbeat, which beats until the routines have returned, then
 # sticks in a call. collect joined it without a bound: the member, its routines all returned,
 # could not rejoin until that call came back (never, with a client without socket_timeout).
+
+
+def rejoined_past_a_stuck_heartbeat(group: ConsumerGroup, topics: Topics,
+                                    stalling: StallingHeartbeats, timeout_s: float,
+                                    ) -> tuple[Generation, Generation]:
+    """(the generation, the next one) once ``group``, on ``stalling``, has rejoined after its
+    generation ended on the member's side (topic "t" grown to 4 partitions) and its heartbeat
+    stuck in a call as the generation's one routine returned."""
+
+    def revoking(ctx: GenerationContext) -> None:
+        ctx.done.wait()
+        stalling.stalled.wait()  # returns once the heartbeat is stuck
+
+    old = group.next(timeout=WAIT_S)
+    old.start(revoking)
+    topics.add_partitions("t", 4)
+    assert old.done.wait(WAIT_S)
+    assert old.end_reason is EndReason.PARTITIONS_CHANGED and not old.lost
+    stalling.stall = True  # the next beat sticks; the routine returns then
+    assert stalling.stalled.wait(WAIT_S)
+    stalling.stall = False  # only the call in flight stays stuck
+    assert old.wait_routines(WAIT_S)
+    wait_until(lambda: (new := group.newest()) is not None and new is not old,
+               timeout_s=timeout_s)
+    new = group.newest()
+    assert new is not None
+    return old, new
 
 
 def test_a_heartbeat_stuck_after_a_member_side_end_does_not_hold_back_the_rejoin(
@@ -44,27 +71,11 @@ def test_a_heartbeat_stuck_after_a_member_side_end_does_not_hold_back_the_rejoin
     config = dataclasses.replace(_config(redis_client, namespace), join_backoff_ms=100)
     group = ConsumerGroup(config, coordinator=stalling)
 
-    def revoking(ctx: GenerationContext) -> None:
-        ctx.done.wait()
-        stalling.stalled.wait()  # returns once the heartbeat is stuck
-
     try:
-        old = group.next(timeout=WAIT_S)
-        old.start(revoking)
-        topics.add_partitions("t", 4)
-        assert old.done.wait(WAIT_S)
-        assert old.end_reason is EndReason.PARTITIONS_CHANGED and not old.lost
-        stalling.stall = True  # the next beat sticks; the routine returns then
-        assert stalling.stalled.wait(WAIT_S)
-        stalling.stall = False  # only the call in flight stays stuck
-        assert old.wait_routines(WAIT_S)
-        wait_until(lambda: (new := group.newest()) is not None and new is not old,
-                   timeout_s=WAIT_S)
+        old, new = rejoined_past_a_stuck_heartbeat(group, topics, stalling, WAIT_S)
         # Not waited for (a heartbeat interval at most): not lost either, as Kafka's rebalance
         # never waits for a heartbeat in flight.
         assert old.left_behind and not old.lost
-        new = group.newest()
-        assert new is not None
         beat = next(t for t in threading.enumerate()
                     if t.name == f"rcoord-g-gen{old.generation_id}-heartbeat")
         reason = old.end_reason

@@ -10,8 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from harness import wait_until
-from test_client_ended_generation import _Giving
+from test_client_ended_generation import _Giving, rejoined_past_a_stuck_heartbeat
 from test_review75_group_client import (  # (one node, as there)
     WAIT_S,
     StallingHeartbeats,
@@ -20,8 +19,7 @@ from test_review75_group_client import (  # (one node, as there)
 )
 
 from rcoord import TopicPartition
-from rcoord.client import ConsumerGroup, EndReason, InvalidAssignmentError
-from rcoord.client.generation import GenerationContext
+from rcoord.client import ConsumerGroup, InvalidAssignmentError
 from rcoord.topics import Topics
 
 # A topic the group subscribes to that does not exist has no partitions at all, but the leader
@@ -109,25 +107,9 @@ def test_a_heartbeat_stuck_after_a_member_side_end_does_not_cost_the_carried_par
                                  assignors=["cooperative-sticky"])
     group = ConsumerGroup(config, coordinator=stalling)
 
-    def revoking(ctx: GenerationContext) -> None:
-        ctx.done.wait()
-        stalling.stalled.wait()  # returns once the heartbeat is stuck
-
     try:
-        old = group.next(timeout=WAIT_S)
+        old, new = rejoined_past_a_stuck_heartbeat(group, topics, stalling, WAIT_S + 10)
         assert old.partitions == [TopicPartition("t", 0), TopicPartition("t", 1)]
-        old.start(revoking)
-        topics.add_partitions("t", 4)
-        assert old.done.wait(WAIT_S)
-        assert old.end_reason is EndReason.PARTITIONS_CHANGED and not old.lost
-        stalling.stall = True  # the next beat sticks; the routine returns then
-        assert stalling.stalled.wait(WAIT_S)
-        stalling.stall = False  # only the call in flight stays stuck
-        assert old.wait_routines(WAIT_S)
-        wait_until(lambda: (new := group.newest()) is not None and new is not old,
-                   timeout_s=WAIT_S + 10)
-        new = group.newest()
-        assert new is not None
         assert not old.lost, "the carried partitions were given up: " + repr(old.end_error)
         assert new.owned_before == old.partitions
     finally:
