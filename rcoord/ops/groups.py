@@ -157,9 +157,10 @@ NO_SUCH_TOPIC = frozenset({Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.INVALID_TOP
 topics). Its offsets have no log end, and must not stop a command about the group's others."""
 
 
-def log_ends(ctx: Context, topics: Sequence[str], *,
-             needed: Collection[TopicPartition] = ()) -> dict[TopicPartition, tuple[int, int]]:
-    """(log start, log end) of every partition of ``topics``; a missing topic is left out.
+def log_ends(ctx: Context, topics: Sequence[str], *, needed: Collection[TopicPartition] = (),
+             missing: set[str] | None = None) -> dict[TopicPartition, tuple[int, int]]:
+    """(log start, log end) of every partition of ``topics``; a missing topic is left out (and
+    added to ``missing``, if given: only this read tells it from an unreadable one).
 
     A partition whose offsets cannot be read (UNKNOWN_SERVER_ERROR: its stream's last id is
     not rcoord's, an XADD by hand; ``Topics.describe`` answers it for that partition alone)
@@ -177,6 +178,8 @@ def log_ends(ctx: Context, topics: Sequence[str], *,
         except TopicError as exc:
             if exc.error not in NO_SUCH_TOPIC:
                 raise
+            if missing is not None:
+                missing.add(topic)
             continue
         for p in desc.partitions:
             if p.error == Errors.NONE:
@@ -188,20 +191,6 @@ def log_ends(ctx: Context, topics: Sequence[str], *,
                 # Why its lag is unknown, and what mends it: said nowhere before.
                 ctx.note(f"{topic}-{p.partition}: {p.error.name}: {p.detail}")
     return out
-
-
-def _missing(ctx: Context, topic: str) -> bool:
-    """Whether ``topic`` does not exist: ``log_ends`` leaves out the partitions of a topic that
-    is gone and those whose offsets cannot be read alike."""
-    from ..topics import TopicError
-
-    try:
-        ctx.topics().describe(topic)
-    except TopicError as exc:
-        if exc.error not in NO_SUCH_TOPIC:
-            raise
-        return True
-    return False
 
 
 def _committed(ctx: Context, group: str) -> dict[TopicPartition, OffsetAndMetadata]:
@@ -226,7 +215,8 @@ def _describe(ctx: Context) -> int:
         for tp in assigned[m.member_id]:
             owner[tp] = m
     tps = sorted(set(committed) | set(owner))
-    ends = log_ends(ctx, [tp.topic for tp in tps])
+    missing: set[str] = set()
+    ends = log_ends(ctx, [tp.topic for tp in tps], missing=missing)
     rows: list[dict[str, Any]] = []
     for tp in tps:
         offset = committed.get(tp)
@@ -252,16 +242,15 @@ def _describe(ctx: Context) -> int:
     # shows its negative lag, as Kafka's; in the total it is 0 behind, or it hid another's.
     # A deleted topic's offsets (Kafka deletes them with it; rcoord keeps them until
     # delete-offsets) are behind nothing: they made the total unknown for good.
-    read = {tp.topic for tp in ends}
     # (a topic none of whose partitions could be read is there, its lag unknown)
-    existing = read | {t for t in {tp.topic for tp in tps} - read if not _missing(ctx, t)}
-    gone = [tp for tp in tps if tp.topic not in existing and tp not in owner]
+    gone = [tp for tp in tps if tp.topic in missing and tp not in owner]
     for topic in sorted({tp.topic for tp in gone}):
         parts = ",".join(str(tp.partition) for tp in gone if tp.topic == topic)
         ctx.note(f"note: topic {topic!r} does not exist (any more); its committed offsets are "
                  f"not in TOTAL-LAG (remove them with: groups delete-offsets {group} --topic "
                  f"{topic}:{parts})")
-    counted = [r for r, tp in zip(rows, tps, strict=True) if tp.topic in existing or tp in owner]
+    counted = [r for r, tp in zip(rows, tps, strict=True)
+               if tp.topic not in missing or tp in owner]
     known = [max(r["lag"], 0) for r in counted if r["lag"] is not None]
     unknown = len(counted) - len(known)
     known_lag = sum(known) if known or not counted else None
