@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis.exceptions
 import test_cli_groups
 from test_cli_groups import committed, ok, produce
 
@@ -186,4 +187,38 @@ def test_a_topic_changed_after_the_commit_is_no_failure(
     res = ok(cli("groups", "reset-offsets", "g", "--topic", "t", "--to-offset", "5",
                  "--execute"))
     assert "committed 1 offsets of group 'g'" in res.stderr
+    assert committed(coord, "g") == {("t", 0): 5}
+
+
+@pytest.mark.parametrize("backend", ["single"])
+def test_a_failed_check_after_the_commit_says_the_offsets_were_committed(
+        cli: Any, make_coordinator: Any, redis_client: Any, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check after the commit reads the creation tokens again; when that read fails, the
+    error said only what failed (a lost connection), so an operator took the reset for undone,
+    though the commit had landed. It now says the offsets were committed and that the check
+    could not be made."""
+    coord = _setup(make_coordinator, redis_client, namespace)
+    real_commit = rcoord.coordinator.GroupCoordinator.commit_offsets
+    real_token = Topics.create_token
+    done: list[bool] = []
+
+    def commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        errors = real_commit(self, *args, **kwargs)
+        done.append(True)
+        return errors
+
+    def token(self: Any, topic: str) -> Any:
+        if done:
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return real_token(self, topic)
+
+    monkeypatch.setattr(rcoord.coordinator.GroupCoordinator, "commit_offsets", commit)
+    monkeypatch.setattr(Topics, "create_token", token)
+    res = cli("groups", "reset-offsets", "g", "--topic", "t", "--to-offset", "5", "--execute")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "committed 1 offsets of group 'g'" in res.stderr
+    assert ("the offsets were committed, but whether a topic was deleted or made again since "
+            "the plan could not be checked") in res.stderr, res.stderr
+    assert "Connection closed by server" in res.stderr, res.stderr
     assert committed(coord, "g") == {("t", 0): 5}

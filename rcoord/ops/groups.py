@@ -557,7 +557,17 @@ def _reset_offsets(ctx: Context) -> int:
         _commit(ctx, group, rows)
     _show_plan(ctx, group, rows, executed=bool(args.execute))
     if args.execute:  # (after the plan: it shows what was committed)
-        _refuse_made_again(ctx, made, committed=group)
+        try:
+            _refuse_made_again(ctx, made, committed=group)
+        except Failure:
+            raise
+        except Exception as exc:
+            # The error alone (a lost connection) read as a reset that had not happened.
+            from ..cli import explain
+
+            raise Failure("the offsets were committed, but whether a topic was deleted or made "
+                          "again since the plan could not be checked: "
+                          f"{explain(exc, ctx.url)[1]}") from exc
     return 0
 
 
