@@ -16,6 +16,7 @@
 * ``member_assignment``: what SyncGroup gave this member, decoded.
 * ``start_offsets``: OffsetFetch for the assigned partitions; a partition without a committed
   offset starts at the ``start_offset`` policy (log start or log end).
+* ``warn_unassigned_missing``: a follower's warning of its topics that do not exist.
 * ``topics_to_watch``: the topics whose partition counts the leader watches.
 * ``topics_matching``: the topics a pattern subscription stands for now.
 """
@@ -45,7 +46,7 @@ from ..assignors import (
     user_data_for,
     validate_cooperative_assignment,
 )
-from ..errors import Errors, ProtocolError
+from ..errors import Errors, ProtocolError, RcoordError
 from ..protocol.consumer import (
     PROTOCOL_TYPE,
     ConsumerProtocolAssignment,
@@ -77,6 +78,7 @@ __all__ = [
     "start_offsets",
     "topics_matching",
     "topics_to_watch",
+    "warn_unassigned_missing",
 ]
 
 log = logging.getLogger("rcoord.client")
@@ -308,6 +310,8 @@ def join_generation(
                 f"{synced.error.name}",
             )
         partitions = member_assignment(synced, cfg.group_id)
+        if counts is None and pattern is None:  # (the leader's assignment warned already)
+            warn_unassigned_missing(topics, partitions, coord, cfg.group_id, member_id)
         offsets, committed = start_offsets(partitions, coord, cfg, retry)
         gen = Generation(
             group_id=cfg.group_id,
@@ -497,6 +501,30 @@ def member_assignment(synced: SyncGroupResult, group_id: str) -> list[TopicParti
             f"the leader of {group_id!r} sent this member an assignment it cannot decode: {exc}"
         ) from exc
     return list(assignment.partitions)
+
+
+def warn_unassigned_missing(topics: Sequence[str], partitions: Sequence[TopicPartition],
+                            coordinator: Coordinator, group_id: str, member_id: str) -> None:
+    """Warn of each of a follower's ``topics`` that does not exist, once per generation, as
+    the leader does at each assignment: only the leader read the counts, so a follower with a
+    --topic typo (in its process, not the leader's) was assigned nothing without a word.
+
+    A topic of which the member got a partition exists: only the others are read, so a member
+    holding partitions of all its topics makes no round trip. The read is one attempt whose
+    failure is only logged: a warning is not worth failing a generation already synced."""
+    held = {tp.topic for tp in partitions}
+    unassigned = [t for t in topics if t not in held]
+    if not unassigned:
+        return
+    try:
+        counts = coordinator.partition_counts(unassigned)
+    except RcoordError as exc:
+        log.debug("group %r: reading whether %s exist failed: %s", group_id, unassigned, exc)
+        return
+    for topic in (t for t in unassigned if t not in counts):
+        log.warning("group %r: topic %r this member (%s) subscribes to does not exist "
+                    "(UNKNOWN_TOPIC_OR_PARTITION); its partitions are assigned once it is "
+                    "created", group_id, topic, member_id)
 
 
 def topics_to_watch(topics: Sequence[str], joined: JoinGroupResult) -> list[str]:
