@@ -81,7 +81,9 @@ class Parser(argparse.ArgumentParser):
     before the next flag stays argparse's "expected one argument", not a value)."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if args is None or self._has_commands:
+        if args is None:  # (as argparse reads it: a script's ``parse_args()`` is checked too)
+            args = sys.argv[1:]
+        if self._has_commands:
             return super().parse_known_args(args, namespace)
         args = self._join_dash_values(list(args))
         unknown = self._unknown_options(args)
