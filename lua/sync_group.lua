@@ -84,7 +84,8 @@ local function sync_group(req)
       return reply_or_wait(member_id, 's')
     end
     remove_pending_sync(member_id)
-    -- Kafka's doSyncGroup refreshes the session here too: a member counts its session from the
+    -- The Scala coordinator's doSyncGroup refreshed the session here too (Kafka 4's Java one
+    -- no longer does; kept, harmless): a member counts its session from the
     -- sending of its SyncGroup (rcoord/client/heartbeat.py watch_session).
     reschedule_heartbeat(member_id, rec.st)
     return respond({k = 's', e = 'NONE', pt = G.ptype, pn = G.pname, asg = rec.asg})
