@@ -434,6 +434,14 @@ def check_assignment(
             raise InvalidAssignmentError(
                 f"{said} {_listed(parts)} to {mid!r}, which is not a member of the group "
                 f"(members: {sorted(subscriptions)}), so no one would consume them", mid, parts)
+        # (compared below: a partition id of another type ended the round in a TypeError
+        # naming neither the assignor nor the member)
+        mistyped = [tp for tp in parts if not isinstance(tp.topic, str)
+                    or not isinstance(tp.partition, int) or isinstance(tp.partition, bool)]
+        if mistyped:
+            raise InvalidAssignmentError(
+                f"{said} {mistyped[0]!r} to member {mid!r}: a partition is a topic (str) and "
+                "a partition id (int)", mid, mistyped)
         missing = [tp for tp in parts if tp.topic in subscribed
                    and not 0 <= tp.partition < counts.get(tp.topic, 0)]
         if missing:
