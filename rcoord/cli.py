@@ -168,6 +168,10 @@ INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
 and " 3", which Java's ``Long.valueOf`` (how Kafka's tools read their options) refuses; both
 take other scripts' digits ("\u0663" as 3), which rcoord refuses too: on a command line they
 are a paste from elsewhere, not a number the operator meant."""
+DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+"""A number of seconds as the commands take it: ``INTEGER``'s digits, maybe a fraction and an
+exponent. float() also takes "1_0", " 3", "nan" and "inf"."""
+
 
 _NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")
 

@@ -39,7 +39,7 @@ from .cli import (
     report,
     with_tls_files,
 )
-from .ops.common import integer
+from .ops.common import integer, seconds
 from .topics.admin import MAX_PARTITIONS_PER_CALL
 
 __all__ = ["add_arguments", "run"]
@@ -74,13 +74,13 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes at the start (3)")
     p.add_argument(
         "--produce-seconds",
-        type=float,
+        type=seconds,
         default=8.0,
         help="spread the records over this many seconds (8)",
     )
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=55.0,
         help="give up (exit 1) after this many seconds, set-up included (55)",
     )

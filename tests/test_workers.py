@@ -144,7 +144,8 @@ def test_fault_worker_refused_for_its_session_exits_naming_the_setting(
 
 
 @pytest.mark.parametrize(("flag", "bad"), [("--max-records", "-5"), ("--max-records", "1_0"),
-                                           ("--idle-exit-s", "-1"), ("--idle-exit-s", "nan")])
+                                           ("--idle-exit-s", "-1"), ("--idle-exit-s", "nan"),
+                                           ("--idle-exit-s", "1_0")])
 def test_word_count_refuses_a_negative_limit_before_it_joins(capsys, flag, bad):
     # A negative --max-records or --idle-exit-s stopped the worker at once (before its first
     # record, or at its first empty poll) with "records 0; top words []", as if the topic were

@@ -116,6 +116,10 @@ def _main_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *flags: str) 
     (("--session-timeout-ms", "2"),
      "--session-timeout-ms: 2 is too short; it must hold three heartbeat intervals"),
     (("--session-timeout-ms", "1_0"), "argument --session-timeout-ms: '1_0'"),
+    # float() took these: "nan" never stopped the query, -1 stopped it at once
+    (("--run-for", "nan"), "argument --run-for: 'nan'"),
+    (("--run-for", "-1"), "argument --run-for: '-1'"),
+    (("--run-for", "1_0"), "argument --run-for: '1_0'"),
     (("--rebalance-timeout-ms", "2147483648"), "argument --rebalance-timeout-ms: '2147483648'"),
 ])
 def test_group_timeouts_the_source_refuses_are_a_usage_error_before_spark_starts(

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition
 from rcoord.cli import ENV_REDIS_URL, Parser, UsageError, check_url, env_default
 from rcoord.client import WakeupError
-from rcoord.ops.common import integer
+from rcoord.ops.common import integer, seconds
 
 
 def _records(text: str) -> int:
@@ -42,14 +42,11 @@ def _records(text: str) -> int:
 
 def _seconds(text: str) -> float:
     """An argparse ``type``: seconds, 0 for never (a negative one stopped the worker at its
-    first empty poll; 'nan' never stopped it)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
+    first empty poll; 'nan' never stopped it; "1_0" was 10)."""
+    value = seconds(text)
+    if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0 (0: never stop)")
-    return seconds
+    return value
 
 
 class Announce(ConsumerRebalanceListener):

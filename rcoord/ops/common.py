@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cli import (
+    DECIMAL,
     ENV_REDIS_URL,
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -32,7 +33,7 @@ from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
 from .output import stdout_gone
 
 __all__ = ["INTEGER", "Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common",
-           "integer", "leaf", "run", "stdout_gone"]
+           "integer", "leaf", "run", "seconds", "stdout_gone"]
 
 
 
@@ -41,6 +42,16 @@ def integer(text: str) -> int:
     if not INTEGER.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer (digits, maybe a sign)")
     return int(text)
+
+
+def seconds(text: str) -> float:
+    """An option's seconds (argparse ``type``), ``integer``'s words with a fraction: float()
+    alone took "1_0" as 10 and " 3" as 3 where ``integer`` refuses them. The range is the
+    option's to check."""
+    if not DECIMAL.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds (digits, maybe a sign and a fraction)")
+    return float(text)
 
 
 SOCKET_TIMEOUT_S = 15.0
