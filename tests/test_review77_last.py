@@ -37,3 +37,75 @@ def test_the_demo_seconds_take_the_same_words_as_its_numbers(flag, number):
     assert res.returncode == 2, (res.returncode, res.stderr)
     line = one_error_line(res, "demo")
     assert flag in line and repr(number) in line, line
+
+
+# dfca8db answered the review's "word_count on a topic that does not exist waits for ever without
+# a word" (3e2df01) with a warning logged by the leader alone, for every member's topics. A
+# member that is not the leader (a second worker started with a --topic typo beside a running
+# one, the usual way to make one) still prints "assigned []" and says nothing more: the warning
+# is in the other worker's log. Kafka's consumer logs its own subscription's missing topics at
+# each metadata refresh, whichever member leads.
+
+
+def test_a_follower_on_a_topic_that_does_not_exist_says_so(redis_server, single_client,
+                                                          namespace) -> None:
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    from harness import wait_until, without_join_delay
+
+    from rcoord.topics import Topics
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RCOORD_")}
+    env["PYTHONPATH"] = str(root)
+    without_join_delay(single_client, namespace)
+    Topics(single_client, namespace).create("lines", 1)
+
+    def worker(stack: ExitStack, topic: str) -> list[str]:
+        proc = stack.enter_context(subprocess.Popen(
+            [sys.executable, str(root / "workers" / "word_count.py"), "--redis-url",
+             redis_server.url, "--namespace", namespace, "--topic", topic, "--group", "g77"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        lines: list[str] = []
+
+        def read(stream: object) -> None:
+            for line in stream:  # type: ignore[attr-defined]
+                lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
+
+        readers = [threading.Thread(target=read, args=(s,), daemon=True)
+                   for s in (proc.stdout, proc.stderr)]
+        for reader in readers:
+            reader.start()
+
+        def stop() -> None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for reader in readers:
+                reader.join(timeout=10)
+
+        stack.callback(stop)
+        return lines
+
+    with ExitStack() as stack:
+        leader = worker(stack, "lines")
+        wait_until(lambda: any("assigned [0]" in line for line in leader),
+                   timeout_s=60, why=lambda: "".join(leader))
+        follower = worker(stack, "nosuch")
+        wait_until(lambda: any("assigned []" in line for line in follower), timeout_s=60,
+                   why=lambda: "".join(follower))
+        # The leader has said it by now (at the assignment that gave the follower nothing).
+        wait_until(lambda: any("nosuch" in line for line in leader), timeout_s=30,
+                   why=lambda: "the leader did not name it either:\n" + "".join(leader))
+        wait_until(lambda: any("nosuch" in line for line in follower), timeout_s=30,
+                   why=lambda: "no line of the follower names its missing topic:\n"
+                   + "".join(follower))
