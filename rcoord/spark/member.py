@@ -81,6 +81,7 @@ from ..client.join import log_offsets_of, topics_matching
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
+from ..topics.incarnation import created_times
 from ..topics.times import server_ms
 from .options import ReadOptions
 from .plan import OffsetRange, Position, limit_end
@@ -234,6 +235,10 @@ class StreamMember:
         self._placed: dict[TP, int] = {}
         # Every such start this process chose, kept across generations (see _place).
         self._chosen: dict[TP, tuple[int, str | None]] = {}  # (start, its topic's token)
+        # For a start chosen while its topic's token could not be read: the server's time
+        # then, which the topic's creation time is checked against once the token is read
+        # (_settle_tokens).
+        self._chosen_ms: dict[TP, int] = {}
         # Per partition the group had no committed offset for, the start this process took:
         # the query's own start, or where it went on after reporting a loss (_check_unread).
         # A partition without one is new to the query.
@@ -894,8 +899,13 @@ class StreamMember:
             return {}
         # The create tokens are read before the log starts (a topic created again in between
         # then shows as data loss, never as the new topic read from the old one's offset). A
-        # start chosen before keeps the token it was chosen with.
+        # start chosen before keeps the token it was chosen with (chosen without one: the
+        # token its topic is found to have had then, _settle_tokens).
         fresh = self._create_tokens({tp.topic for tp in todo})
+        remade = self._settle_tokens([tp for tp in todo if tp in self._chosen], fresh)
+        # A start chosen now without its topic's token is dated instead (_settle_tokens).
+        since = _server_ms(self._group.redis_client) if any(
+            tp not in self._chosen and tp.topic not in fresh for tp in todo) else None
         log_starts = {} if query_start else self._log_starts(
             [tp for tp in todo if tp not in self._chosen])
         placed: dict[TP, int] = {}
@@ -909,7 +919,12 @@ class StreamMember:
                 if isinstance(got, RcoordError):
                     log.warning("group %r: no log start for %s-%d (%s); it starts at its log "
                                 "end", gen.group_id, tp.topic, tp.partition, got)
-                    placed[tp] = start
+                    got = start
+                    if tp not in remade:
+                        placed[tp] = start
+                        continue
+                if tp in remade:  # (the new topic begins there: _seen is its own now)
+                    placed[tp] = self._seen[tp] = restart_after_loss(remade[tp], got, self._fail)
                 else:
                     placed[tp] = self._check_unread(tp, got)
         # The commit names the topic its offsets belong to, as every commit of a plan does:
@@ -917,8 +932,16 @@ class StreamMember:
         # topic from the old one's offset (which skipped the new topic's first records).
         earlier = {tp for tp in placed if tp in self._chosen}
         for tp, offset in placed.items():
-            self._chosen.setdefault(tp, (offset, fresh.get(tp.topic)))
-        tokens = {tp: self._chosen[tp][1] for tp in placed}
+            token = fresh.get(tp.topic)
+            if tp in earlier:
+                continue
+            if token is not None:
+                self._chosen[tp] = (offset, token)
+            elif since is not None:
+                self._chosen[tp], self._chosen_ms[tp] = (offset, None), since
+            # (Neither token nor time: chosen again by the next generation, from its log
+            # start, rather than kept where no later read could tell its topic.)
+        tokens = {tp: self._chosen[tp][1] if tp in self._chosen else None for tp in placed}
         self._base_tokens.update(tokens)
         # A start chosen before is committed only if its topic is still the one it was chosen
         # in (both tokens known and equal): else the group's other readers (a plain Consumer)
@@ -940,6 +963,47 @@ class StreamMember:
             log.warning("group %r: committing the start of %s failed: %s", gen.group_id,
                         _names(set(commit)), exc)
         return placed
+
+    def _settle_tokens(self, tps: Sequence[TP], fresh: Mapping[str, str]) -> dict[TP, str]:
+        """Give the starts of ``tps`` chosen while their topic's token could not be read
+        (``_chosen_ms``) the token ``fresh`` now has for it, if the topic was created before
+        the start was chosen; a topic created since is another one, and the partition is
+        returned with the data loss to report (the old topic's records from that start on
+        went unread), to be chosen again in the new topic (``_place``).
+
+        Kept without a token, such a start was never committed (only a start whose topic is
+        known to be the same is): a generation that ended before its first batch committed
+        left the partition to a member that placed it afresh, under ``latest`` at a newer log
+        end, and the records between went to nobody, unreported."""
+        todo = [tp for tp in tps if self._chosen[tp][1] is None and tp in self._chosen_ms
+                and tp.topic in fresh]
+        if not todo:
+            return {}
+        config = self._group.config
+        try:
+            born = created_times(self._group.redis_client, config.namespace,
+                                 {tp.topic for tp in todo})
+        except REDIS_FAILURES as exc:
+            log.warning("group %r: cannot read when %s was created (%s)", config.group_id,
+                        ", ".join(sorted({tp.topic for tp in todo})), exc)
+            return {}
+        remade: dict[TP, str] = {}
+        for tp in todo:
+            if tp.topic not in born:
+                continue  # (deleted meanwhile: tried again next time)
+            start, chosen_ms = self._chosen[tp][0], self._chosen_ms.pop(tp)
+            # (Created in the start's millisecond counts as since: a loss reported, never
+            # the new topic read from the old one's offset; ``Topics.create`` returns only
+            # once its millisecond is over, rcoord.topics.incarnation.)
+            if born[tp.topic] < chosen_ms:
+                self._chosen[tp] = (start, fresh[tp.topic])
+                continue
+            del self._chosen[tp]
+            remade[tp] = (f"topic {tp.topic!r} partition {tp.partition}: the topic was deleted "
+                          f"and created again since offset {start} was chosen as where the "
+                          "query starts it, so the old topic's records from there on were "
+                          "never read")
+        return remade
 
     def _check_unread(self, tp: TP, log_start: int) -> int:
         """Where a partition the group has no committed offset for begins, ``log_start`` being

@@ -1,0 +1,84 @@
+"""Group mode under ``startingOffsets=latest``: a start chosen while its topic's create token
+could not be read (``StreamMember._settle_tokens``), and a loss reported once when a topic is
+made again (``StreamMember._check_unread``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_spark_member_reads import member  # noqa: F401  (fixture)
+
+from rcoord.errors import ConnectionLost
+from rcoord.protocol.offsets import TopicPartition as TP
+from rcoord.spark.member import _parse_metadata
+from rcoord.spark.resolve import DataLossError
+from rcoord.topics import Producer, ProducerRecord, Topics
+
+EV0 = TP("ev", 0)
+
+
+def generation(offsets: dict[TP, int], commits: list[Any], *, fails: bool = False) -> Any:
+    """A generation of member "m" with nothing committed; its commits land in ``commits``, or
+    fail as those of a generation that ended (``fails``)."""
+    def commit(offsets: dict[TP, Any]) -> None:
+        if fails:
+            raise ConnectionLost("the generation ended")
+        commits.append({tp: (o.offset, _parse_metadata(o.metadata)[0])
+                        for tp, o in offsets.items()})
+
+    return SimpleNamespace(group_id="g", member_id="m", committed={}, offsets=offsets,
+                           commit_offsets=commit)
+
+
+def chosen_without_a_token(stream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The query's first generation places ev-0 at its log end, 9, while the token read fails,
+    and its commit of that start fails too (the generation ended)."""
+    def away(self: Any, topic: str) -> str:
+        raise ConnectionLost("Redis away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Topics, "create_token", away)
+        assert stream._place(generation({EV0: 9}, [], fails=True), True) == {EV0: 9}
+
+
+def test_a_start_chosen_without_its_token_is_committed_once_the_token_is_read(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # The next generation of this process places ev-0 where it was chosen. Before, with no
+    # token to compare, that start was never committed: when this generation too ended
+    # before its first batch committed, the partition's next owner (another query starting)
+    # placed it at a newer log end, and the records between were neither read nor reported.
+    chosen_without_a_token(member, monkeypatch)
+    commits: list[Any] = []
+    assert member._place(generation({EV0: 12}, commits), False) == {EV0: 9}
+    token = Topics(redis_client, namespace).create_token("ev")
+    assert commits == [{EV0: (9, token)}]
+    assert member._base_tokens[EV0] == token
+
+
+def test_a_start_chosen_without_its_token_in_a_topic_made_again_since_is_data_loss(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # The topic is deleted and made again, and its new log passes the old start: nothing in
+    # the offsets shows the re-creation. Before, the next generation started ev-0 at 9 in the
+    # new topic, unreported: the old topic's records from 9 on and the new one's below 9 were
+    # never read.
+    chosen_without_a_token(member, monkeypatch)
+    topics = Topics(redis_client, namespace)
+    topics.delete("ev")
+    topics.create("ev", 1)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(12)])
+    commits: list[Any] = []
+    with pytest.raises(DataLossError, match="created again since offset 9 was chosen"):
+        member._place(generation({EV0: 12}, commits), False)
+    assert commits == []
+    # Without failOnDataLoss the new topic is read from its log start, committed as its own.
+    member._fail = False
+    member._chosen[EV0], member._chosen_ms[EV0] = (9, None), 0  # (chosen before: dated 0)
+    assert member._place(generation({EV0: 12}, commits), False) == {EV0: 0}
+    assert commits == [{EV0: (0, topics.create_token("ev"))}]
