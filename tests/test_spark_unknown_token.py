@@ -4,32 +4,38 @@ made again (``StreamMember._check_unread``)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_spark_member_reads import member  # noqa: F401  (fixture)
+from test_spark_member_reads import member, starts_of, warned  # noqa: F401  (fixture)
 
 from rcoord.errors import ConnectionLost
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.spark.member import _parse_metadata
-from rcoord.spark.resolve import DataLossError
+from rcoord.spark.plan import Position
+from rcoord.spark.resolve import DataLossError, log_snapshot
 from rcoord.topics import Producer, ProducerRecord, Topics
 
 EV0 = TP("ev", 0)
 
 
-def generation(offsets: dict[TP, int], commits: list[Any], *, fails: bool = False) -> Any:
-    """A generation of member "m" with nothing committed; its commits land in ``commits``, or
-    fail as those of a generation that ended (``fails``)."""
+def generation(offsets: dict[TP, int], commits: list[Any], *, fails: bool = False,
+               number: int = 1, committed: dict[TP, int] | None = None) -> Any:
+    """Generation ``number`` of member "m" with ``committed`` (by default nothing); its
+    commits land in ``commits``, or fail as those of a generation that ended (``fails``)."""
     def commit(offsets: dict[TP, Any]) -> None:
         if fails:
             raise ConnectionLost("the generation ended")
         commits.append({tp: (o.offset, _parse_metadata(o.metadata)[0])
                         for tp, o in offsets.items()})
 
-    return SimpleNamespace(group_id="g", member_id="m", committed={}, offsets=offsets,
-                           commit_offsets=commit)
+    return SimpleNamespace(group_id="g", member_id="m", generation_id=number,
+                           committed=committed or {}, offsets=offsets, commit_offsets=commit,
+                           done=threading.Event())
 
 
 def chosen_without_a_token(stream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,3 +88,62 @@ def test_a_start_chosen_without_its_token_in_a_topic_made_again_since_is_data_lo
     member._chosen[EV0], member._chosen_ms[EV0] = (9, None), 0  # (chosen before: dated 0)
     assert member._place(generation({EV0: 12}, commits), False) == {EV0: 0}
     assert commits == [{EV0: (0, topics.create_token("ev"))}]
+
+
+def test_a_topic_made_again_is_one_data_loss_not_also_retention(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any, namespace: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # ev-0 began at 0 for this query, at a start chosen in the old topic and not committed.
+    # The topic is made again, and retention trims the new one's log to 3 before the next
+    # generation plans it. Before, that one loss was reported twice: as the old topic's
+    # offsets 0 to 2 "removed by retention" (the new topic's log start checked against the old
+    # topic's start, _check_unread), and as the topic made again.
+    member._fail = False
+    member._seen.update(starts_of())
+    topics = Topics(redis_client, namespace)
+    member._chosen[EV0] = (0, topics.create_token("ev"))
+    topics.delete("ev")
+    topics.create("ev", 1)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(5)])
+    topics.delete_records("ev", {0: 3})
+    gen = generation({EV0: 5}, [], number=2)
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    with caplog.at_level(logging.WARNING, "rcoord.spark"):
+        member._begin(gen, False)
+        end = member.plan(Position({}), lambda parts: log_snapshot(topics, parts), None)
+    losses = [m for m in warned(caplog) if m.startswith("topic 'ev' partition 0")]
+    assert losses == [("topic 'ev' partition 0: the topic was deleted and created again since "
+                       "offset 0 was planned")], losses
+    assert end.offsets == {EV0: 5} and end.starts == {EV0: 3}
+    # The query began the new topic at 3: a later generation checks retention against that.
+    assert member._seen[EV0] == 3
+
+
+def test_a_topic_deleted_and_made_again_is_one_data_loss_in_the_next_generation(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any, namespace: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # ev-0 began at 0 for this query. Its topic is deleted (reported: gone), made again with
+    # its log trimmed to 3, and read from there; the generation ends before a commit lands.
+    # Before, the next generation placed ev-0 at the new log start and checked it against the
+    # old topic's start: "offsets 0 to 2 removed by retention", a second report of the loss.
+    member._fail = False
+    member._seen.update(starts_of())
+    topics = Topics(redis_client, namespace)
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gens are fakes)
+    latest = partial(log_snapshot, topics)
+    with caplog.at_level(logging.WARNING, "rcoord.spark"):
+        member._begin(generation({EV0: 0}, [], number=1, committed={EV0: 0}), False)
+        topics.delete("ev")
+        first = member.plan(Position({}), latest, None)
+        topics.create("ev", 1)
+        Producer(redis_client, namespace).send_batch(
+            "ev", [ProducerRecord(b"x", partition=0) for _ in range(5)])
+        topics.delete_records("ev", {0: 3})
+        assert member.plan(first, latest, None).starts == {EV0: 3}
+        member._begin(generation({EV0: 5}, [], number=2), False)
+    losses = [m for m in warned(caplog) if m.startswith("topic 'ev' partition 0")]
+    assert losses == ["topic 'ev' partition 0 is gone"], losses  # (warned: up to " (")
+    assert member._placed == {EV0: 3}

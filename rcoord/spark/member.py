@@ -355,10 +355,19 @@ class StreamMember:
                 # its log start (the group's committed offset belongs to the deleted topic).
                 self._gone.discard(tp)
                 begin[tp] = starts[tp] = lo
+                if tp in self._seen:  # (where the query began the new topic: _check_unread)
+                    self._seen[tp] = lo
                 continue
-            if tp not in carried and tp not in gen.committed and tp not in self._committed:
+            planned = (own.tokens.get(tp.topic) if tp in carried else None) \
+                or self._base_tokens.get(tp)
+            now = tokens.get(tp.topic)
+            made_again = bool(planned and now and planned != now)
+            if tp not in carried and tp not in gen.committed and tp not in self._committed \
+                    and not made_again:
                 # No offset committed: the query has not read it before (added, or matched by
                 # a pattern, also while the query was down), or only from where it began.
+                # (Not in a topic made again: its log start is not comparable with where the
+                # query began the old one, and that loss is reported once, below.)
                 start_at = self._check_unread(tp, lo)
                 if start_at > begin[tp]:
                     begin[tp] = starts[tp] = start_at
@@ -366,13 +375,12 @@ class StreamMember:
             # offset was planned or committed in), the offset is below the log start
             # (retention) or past the log end: data loss, as outside group mode
             # (resolve.next_position).
-            planned = (own.tokens.get(tp.topic) if tp in carried else None) \
-                or self._base_tokens.get(tp)
-            now = tokens.get(tp.topic)
             loss = continuity_loss(tp, begin[tp], (lo, hi), planned, now)
             if loss is not None:
                 at, what = continuity_restart(begin[tp], (lo, hi), planned, now)
                 begin[tp] = starts[tp] = restart_after_loss(loss, at, self._fail, what)
+                if made_again and tp in self._seen:
+                    self._seen[tp] = begin[tp]  # (where the query began the new topic)
         readable = bounds if clamp is None else clamp(dict(bounds), tokens)
         ends = limit_end(begin, {tp: max(begin[tp], readable[tp][1]) for tp in begin}, limit)
         read = {tp.topic for tp in begin}
