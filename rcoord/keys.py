@@ -46,9 +46,15 @@ a deadline the partition's earliest, so the lease holder never sleeps past it.
 the claim of coordinator id ``<id>``: the incarnation of the one process that uses it
 (``rcoord.service.leases``).
 
-``<ns>:replays:<group>`` (no tag: read and written alone) records, for a Spark query restarted on
-its checkpoint, the generation in which it replayed its old process's last batch
-(``rcoord.spark.replays``); ``delete_groups`` deletes it after the group.
+``<ns>:{}:replays:<group>`` (no tag: read and written alone; ``{}`` is none, so Redis hashes the
+whole name) records, for a Spark query restarted on its checkpoint, the generation in which it
+replayed its old process's last batch (``rcoord.spark.replays``); ``delete_groups`` deletes it
+after the group.
+
+No other key ends in a name a user chooses without a brace before it: a namespace may hold
+``:``, so until 2026-12-01 ``<ns>:replays:<group>`` was also namespace ``<ns>:replays``'s settings
+(group ``settings``) or another namespace's offsets (a group id with ``{...}:o:`` in it), and
+deleting the group deleted them. No namespace holds a brace, so none begins ``<ns>:{}:``.
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ def settings_key(namespace: str) -> str:
 
 
 def replays_key(namespace: str, group_id: str) -> str:
-    """Read alone, by the Spark sink's helper and the source runner: no hash tag needed."""
-    return f"{namespace}:replays:{group_id}"
+    """Read alone, by the Spark sink's helper and the source runner: no hash tag needed. The
+    empty ``{}`` keeps it out of every other namespace's keys (module docstring)."""
+    return f"{namespace}:{{}}:replays:{group_id}"
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,7 +3,9 @@
 Every party that names keys checks it the same way (the coordinator's and the worker's
 configuration, the topics API, the Spark options). Braces are out above all: ``{...}`` is a hash
 tag in Redis Cluster, and a namespace holding one would move a partition's keys into different
-slots, so its scripts would fail with CROSSSLOT.
+slots, so its scripts would fail with CROSSSLOT. A colon is in: so a key that ends in a name a
+user chooses (a group id) must have a brace before it, else it may be another namespace's key
+(``rcoord.keys``: the Spark replay records).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 import pyarrow.parquet as pq
 
+from rcoord.keys import replays_key
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.spark import OptionError, batch_generation
 from rcoord.spark.plan import Position
@@ -100,7 +101,7 @@ def test_the_generation_is_the_planned_one_unless_a_restarted_query_replayed_the
     # a generation-5 member wrote at the same start and never committed.
     record_replay(single_client, namespace, "g", Position.from_json(end), 6)
     assert sink.generation(2) == 6
-    assert 0 < single_client.ttl(f"{namespace}:replays:g") <= REPLAY_TTL_S
+    assert 0 < single_client.ttl(replays_key(namespace, "g")) <= REPLAY_TTL_S
     # only a run's first batch can be a replay: a later one takes the planned generation
     # without asking Redis
     sink.batches = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rcoord.keys import replays_key
 from rcoord.protocol.offsets import TopicPartition as TP
 from rcoord.spark.plan import Position
 from rcoord.spark.replays import REPLAY_TTL_S, record_replay, replayed_generation
@@ -18,7 +19,7 @@ def _end(generation: int, member: str = "m-1") -> Position:
 
 
 def _fields(client: Any, namespace: str) -> set[str]:
-    return {f.decode() for f in client.hkeys(f"{namespace}:replays:g")}
+    return {f.decode() for f in client.hkeys(replays_key(namespace, "g"))}
 
 
 def test_a_record_older_than_the_retention_is_dropped_by_the_next_write(
@@ -26,7 +27,7 @@ def test_a_record_older_than_the_retention_is_dropped_by_the_next_write(
     # Before, every restart whose first batch was a replay added a field and renewed the
     # hash's expiry: a query restarted weekly kept one field per restart for good.
     record_replay(redis_client, namespace, "g", _end(1), 2)  # on the server's clock
-    key = f"{namespace}:replays:g"
+    key = replays_key(namespace, "g")
     secs, _ = redis_client.time()
     redis_client.hset(key, "@1:m-1", secs * 1000 - KEEP_MS)  # as if written a retention ago
     record_replay(redis_client, namespace, "g", _end(3), 4)
@@ -63,7 +64,7 @@ def test_records_count_for_the_retention_from_their_own_write(
 def test_a_record_written_without_a_time_is_read_and_dropped_a_retention_after_a_write(
         redis_client: Any, namespace: str) -> None:
     # what rcoord wrote before the times were kept (and an older rcoord still writes)
-    redis_client.hset(f"{namespace}:replays:g", "1:m-1", 2)
+    redis_client.hset(replays_key(namespace, "g"), "1:m-1", 2)
     t0 = 1_000 * DAY_MS
     assert replayed_generation(redis_client, namespace, "g", _end(1), now_ms=t0) == 2
     record_replay(redis_client, namespace, "g", _end(3), 4, now_ms=t0)  # judged from here
