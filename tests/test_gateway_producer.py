@@ -102,6 +102,10 @@ def test_resent_batch_is_appended_once_and_sequences_are_checked(
         assert raw.produce("idem", _batch(pid, 1, 0, [b"new-epoch"])).error_code.value == 0
         fenced = raw.produce("idem", _batch(pid, 0, 9, [b"zombie"]))
         assert fenced.error_code.value == 47  # INVALID_PRODUCER_EPOCH
+        # (the reason alone: it began "PRODUCER_FENCED: ", another code's name, which a Kafka
+        # client logged after INVALID_PRODUCER_EPOCH)
+        assert fenced.error_message and "epoch" in fenced.error_message, fenced.error_message
+        assert "PRODUCER_FENCED" not in fenced.error_message, fenced.error_message
 
         txn = raw.init_producer_id("a-transaction")
         assert txn.error_code.value == TRANSACTIONAL_ID_AUTHORIZATION_FAILED  # not served

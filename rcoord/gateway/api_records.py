@@ -129,7 +129,7 @@ def _append_batch(state: GatewayState, topic: str, partition: int, batch: Incomi
             atomic=True, wrapping=True)  # Kafka's sequences go from 2**31 - 1 to 0
     except TopicError as exc:
         if exc.error == Errors.PRODUCER_FENCED:  # what Kafka answers a Produce with (KIP-588)
-            raise BatchError(INVALID_PRODUCER_EPOCH, str(exc)) from None
+            raise BatchError(INVALID_PRODUCER_EPOCH, exc.detail or str(exc)) from None
         raise
     # A duplicate is a whole batch the partition remembers, with its offsets (wrapping=True):
     # never DUPLICATE_SEQUENCE_NUMBER, which a Kafka client counts as success.
