@@ -173,7 +173,8 @@ DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?
 exponent. float() also takes "1_0", " 3", "nan" and "inf"."""
 
 
-_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")
+_NUMBER = re.compile(r"-(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+"""A negative number (``DECIMAL``'s forms, an exponent too): a value, not an unknown option."""
 
 
 # -- options before the command ----------------------------------------------------------------

@@ -426,10 +426,19 @@ def check_assignment(
     # A subscribed topic missing from ``counts`` does not exist: it has no partition to give.
     subscribed = {t for sub in subscriptions.values() for t in sub.topics} | set(counts)
     for mid in sorted(plan, key=repr):  # (ids of another type are named, not compared)
-        parts = [TopicPartition(*tp) for tp in plan[mid]]
+        said = f"group {group_id!r}: assignor {assignor_name!r} gave"
+        entries = list(plan[mid])
+        # (spread below: an entry that is no pair ended the round in a TypeError, or, a
+        # two-letter str, was read as a topic and a partition)
+        odd = [e for e in entries if isinstance(e, (str, bytes)) or not isinstance(e, Sequence)
+               or len(e) != 2]
+        if odd:
+            raise InvalidAssignmentError(
+                f"{said} {odd[0]!r} to member {mid!r}: a partition is a (topic, partition id) "
+                "pair", mid, [])
+        parts = [TopicPartition(*tp) for tp in entries]
         if not parts:
             continue
-        said = f"group {group_id!r}: assignor {assignor_name!r} gave"
         if mid not in subscriptions:
             raise InvalidAssignmentError(
                 f"{said} {_listed(parts)} to {mid!r}, which is not a member of the group "
@@ -441,7 +450,7 @@ def check_assignment(
         if mistyped:
             raise InvalidAssignmentError(
                 f"{said} {mistyped[0]!r} to member {mid!r}: a partition is a topic (str) and "
-                "a partition id (int)", mid, mistyped)
+                "a partition id (int)", mid, mistyped[:1])  # (the first: no order among them)
         missing = [tp for tp in parts if tp.topic in subscribed
                    and not 0 <= tp.partition < counts.get(tp.topic, 0)]
         if missing:
