@@ -114,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stopping and (not args.max_records or seen < args.max_records):
             try:
-                records = consumer.poll(timeout=0.5)
+                # (at most what --max-records leaves: whole polls were counted and committed,
+                # the records past N with them)
+                records = consumer.poll(timeout=0.5, max_records=(
+                    args.max_records - seen if args.max_records else None))
             except WakeupError:
                 break
             if not records:
