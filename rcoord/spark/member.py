@@ -361,6 +361,19 @@ class StreamMember:
             planned = (own.tokens.get(tp.topic) if tp in carried else None) \
                 or self._base_tokens.get(tp)
             now = tokens.get(tp.topic)
+            if not planned and now and tp in self._chosen_ms and tp in self._chosen:
+                # A start this generation chose without its token (dated, _settle_tokens): its
+                # own plan had nothing to compare, and read a topic made again since from the
+                # old topic's offset, unreported.
+                remade = self._settle_tokens([tp], {tp.topic: now})
+                if tp in remade:
+                    begin[tp] = starts[tp] = restart_after_loss(remade[tp], lo, self._fail)
+                    self._base_tokens[tp] = now
+                    if tp in self._seen:  # (where the query began the new topic)
+                        self._seen[tp] = begin[tp]
+                    continue
+                if self._chosen[tp][1] is not None:
+                    planned = self._base_tokens[tp] = self._chosen[tp][1]
             made_again = bool(planned and now and planned != now)
             if tp not in carried and tp not in gen.committed and tp not in self._committed \
                     and not made_again:
