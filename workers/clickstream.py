@@ -91,7 +91,8 @@ def _ms(text: str) -> int:
     text = text.strip().lower()
     for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("", 1)):
         number = text[: len(text) - len(suffix)].strip()
-        if text.endswith(suffix) and number.replace(".", "", 1).isdigit():
+        # (ASCII digits: isdigit() took "\u0663" as 3, and "\u00b2" for float() to refuse)
+        if text.endswith(suffix) and re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", number):
             return int(float(number) * factor)
     raise ValueError(f"{text!r} is no duration: write a number with ms, s, m or h after it "
                      "('500ms', '10s', '1m'), or a number of milliseconds")
