@@ -86,3 +86,20 @@ def test_a_start_chosen_without_its_token_is_checked_by_its_own_generations_plan
     with caplog.at_level(logging.WARNING, "rcoord.spark"), pytest.raises(DataLossError):
         end = member.plan(Position({}), partial(log_snapshot, topics), None)
         pytest.fail(f"planned {end.starts} to {end.offsets}, no loss; warned {warned(caplog)}")
+
+
+# 81ec859 made clickstream's --run-for digits only (cli.DECIMAL: "rcoord refuses other
+# scripts' digits"), but its other times, --window, --watermark and --trigger (_ms), still read
+# str.isdigit() and float(): "\u0663s" (an Arabic-Indic 3) is taken as 3 s, and "\u00b2s" (a
+# superscript 2, which isdigit() takes and float() does not) is refused with float()'s own
+# "could not convert string to float", not the message naming the forms.
+
+
+@pytest.mark.parametrize("text", ["\u0663s", "\u00b2s"])
+def test_clickstream_durations_take_the_seconds_words_only(text: str) -> None:
+    import argparse
+
+    from workers import clickstream
+
+    with pytest.raises(argparse.ArgumentTypeError, match="is no duration"):
+        clickstream._duration(0)(text)
