@@ -41,6 +41,7 @@ from ._base import (
     _run_through_slot_moves,
     creation_token_key,
     last_timestamp_key_of,
+    legal_topic,
     make_keys,
     meta_key,
     partition_key,
@@ -503,14 +504,19 @@ class Topics:
     @translate_redis_errors
     def list(self) -> list[str]:
         """Topic names, sorted. SCAN visits every master in a cluster; the metadata hashes are
-        the only registry, so there is no second structure to keep consistent."""
+        the only registry, so there is no second structure to keep consistent. A key the
+        pattern matches whose name is not a legal topic name is another namespace's (one
+        called ``<ns>:topicmeta`` has keys such as ``<ns>:topicmeta:{}:replays:q}``), not a
+        topic of this one."""
         prefix = f"{self._ns}:topicmeta:{{"
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*}"
         names = set()
         for key in self._r.scan_iter(match=pattern, count=1000):
             text = key.decode() if isinstance(key, bytes) else key
             if text.startswith(prefix) and text.endswith("}"):
-                names.add(text[len(prefix):-1])
+                name = text[len(prefix):-1]
+                if legal_topic(name):
+                    names.add(name)
         return sorted(names)
 
     @translate_redis_errors
