@@ -1057,9 +1057,14 @@ class CoordinatorService:
                     sweeper.sync_clock()
                     if index:
                         sweeper.resync(owned)
-                if mono - last_tail >= TAIL_MS and self._leases_confirmed():
+                if mono - last_tail >= TAIL_MS:
+                    # Moved on whether or not the events are read: while the leases are
+                    # unconfirmed the turn's wait is still bounded by TAIL_MS from here; it
+                    # was bounded by a time already passed, and the loop turned without
+                    # waiting (a spin) until a lease round confirmed them again.
                     last_tail = mono
-                    self.tail.poll(self._tailed(owned))
+                    if self._leases_confirmed():
+                        self.tail.poll(self._tailed(owned))
                 pause = LOOP_PAUSE_MS
                 self._last_turn_ok = time.monotonic()
                 failing.ended()
