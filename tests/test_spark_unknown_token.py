@@ -38,15 +38,38 @@ def generation(offsets: dict[TP, int], commits: list[Any], *, fails: bool = Fals
                            done=threading.Event())
 
 
+def away(self: Any, topic: str) -> str:
+    """``Topics.create_token`` while Redis is away."""
+    raise ConnectionLost("Redis away")
+
+
 def chosen_without_a_token(stream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The query's first generation places ev-0 at its log end, 9, while the token read fails,
     and its commit of that start fails too (the generation ended)."""
-    def away(self: Any, topic: str) -> str:
-        raise ConnectionLost("Redis away")
-
     with monkeypatch.context() as patch:
         patch.setattr(Topics, "create_token", away)
         assert stream._place(generation({EV0: 9}, [], fails=True), True) == {EV0: 9}
+
+
+def began_at_its_start(stream: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,
+                       namespace: str) -> Topics:
+    """The query began every partition of "ev" at its log start (``_seen``), reads without
+    failOnDataLoss, and its group has no thread (the generations are fakes); "ev"'s admin."""
+    stream._fail = False
+    stream._seen.update(starts_of())
+    monkeypatch.setattr(stream._group, "start", lambda: None)
+    return Topics(redis_client, namespace)
+
+
+def created_again(topics: Topics, redis_client: Any, namespace: str, records: int,
+                  trim: int = 0) -> None:
+    """Create the deleted "ev" again with one partition of ``records`` records, its log
+    trimmed to ``trim`` by retention."""
+    topics.create("ev", 1)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(records)])
+    if trim:
+        topics.delete_records("ev", {0: trim})
 
 
 def test_a_start_chosen_without_its_token_is_committed_once_the_token_is_read(
@@ -76,9 +99,7 @@ def test_a_start_chosen_without_its_token_in_a_topic_made_again_since_is_data_lo
     chosen_without_a_token(member, monkeypatch)
     topics = Topics(redis_client, namespace)
     topics.delete("ev")
-    topics.create("ev", 1)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(12)])
+    created_again(topics, redis_client, namespace, 12)
     commits: list[Any] = []
     with pytest.raises(DataLossError, match="created again since offset 9 was chosen"):
         member._place(generation({EV0: 12}, commits), False)
@@ -99,17 +120,11 @@ def test_a_topic_made_again_is_one_data_loss_not_also_retention(
     # generation plans it. Before, that one loss was reported twice: as the old topic's
     # offsets 0 to 2 "removed by retention" (the new topic's log start checked against the old
     # topic's start, _check_unread), and as the topic made again.
-    member._fail = False
-    member._seen.update(starts_of())
-    topics = Topics(redis_client, namespace)
+    topics = began_at_its_start(member, monkeypatch, redis_client, namespace)
     member._chosen[EV0] = (0, topics.create_token("ev"))
     topics.delete("ev")
-    topics.create("ev", 1)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(5)])
-    topics.delete_records("ev", {0: 3})
+    created_again(topics, redis_client, namespace, 5, trim=3)
     gen = generation({EV0: 5}, [], number=2)
-    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
     with caplog.at_level(logging.WARNING, "rcoord.spark"):
         member._begin(gen, False)
         end = member.plan(Position({}), lambda parts: log_snapshot(topics, parts), None)
@@ -129,19 +144,13 @@ def test_a_topic_deleted_and_made_again_is_one_data_loss_in_the_next_generation(
     # its log trimmed to 3, and read from there; the generation ends before a commit lands.
     # Before, the next generation placed ev-0 at the new log start and checked it against the
     # old topic's start: "offsets 0 to 2 removed by retention", a second report of the loss.
-    member._fail = False
-    member._seen.update(starts_of())
-    topics = Topics(redis_client, namespace)
-    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gens are fakes)
+    topics = began_at_its_start(member, monkeypatch, redis_client, namespace)
     latest = partial(log_snapshot, topics)
     with caplog.at_level(logging.WARNING, "rcoord.spark"):
         member._begin(generation({EV0: 0}, [], number=1, committed={EV0: 0}), False)
         topics.delete("ev")
         first = member.plan(Position({}), latest, None)
-        topics.create("ev", 1)
-        Producer(redis_client, namespace).send_batch(
-            "ev", [ProducerRecord(b"x", partition=0) for _ in range(5)])
-        topics.delete_records("ev", {0: 3})
+        created_again(topics, redis_client, namespace, 5, trim=3)
         assert member.plan(first, latest, None).starts == {EV0: 3}
         member._begin(generation({EV0: 5}, [], number=2), False)
     losses = [m for m in warned(caplog) if m.startswith("topic 'ev' partition 0")]
