@@ -367,10 +367,7 @@ class StreamMember:
                 # old topic's offset, unreported.
                 remade = self._settle_tokens([tp], {tp.topic: now})
                 if tp in remade:
-                    begin[tp] = starts[tp] = restart_after_loss(remade[tp], lo, self._fail)
-                    self._base_tokens[tp] = now
-                    if tp in self._seen:  # (where the query began the new topic)
-                        self._seen[tp] = begin[tp]
+                    begin[tp] = starts[tp] = self._begin_remade(tp, remade[tp], lo, now)
                     continue
                 if self._chosen[tp][1] is not None:
                     planned = self._base_tokens[tp] = self._chosen[tp][1]
@@ -944,8 +941,9 @@ class StreamMember:
                     if tp not in remade:
                         placed[tp] = start
                         continue
-                if tp in remade:  # (the new topic begins there: _seen is its own now)
-                    placed[tp] = self._seen[tp] = restart_after_loss(remade[tp], got, self._fail)
+                if tp in remade:
+                    placed[tp] = self._begin_remade(tp, remade[tp], got, fresh[tp.topic],
+                                                    placed=True)
                 else:
                     placed[tp] = self._check_unread(tp, got)
         # The commit names the topic its offsets belong to, as every commit of a plan does:
@@ -1025,6 +1023,20 @@ class StreamMember:
                           "query starts it, so the old topic's records from there on were "
                           "never read")
         return remade
+
+    def _begin_remade(self, tp: TP, loss: str, log_start: int, token: str, *,
+                      placed: bool = False) -> int:
+        """Where ``tp`` goes on once ``_settle_tokens`` found its dated start's topic made again
+        (``loss`` to report): the new topic's log start ``log_start``, after the loss
+        (``restart_after_loss``: raised under failOnDataLoss), the offset then belonging to the
+        new topic (``token``). The query began the new topic there: that is the partition's
+        ``_seen``, which ``_check_unread`` compares later log starts with, if it has one, or
+        ``placed`` (``_place``: the group has no committed offset for it)."""
+        at = restart_after_loss(loss, log_start, self._fail)
+        self._base_tokens[tp] = token
+        if placed or tp in self._seen:
+            self._seen[tp] = at
+        return at
 
     def _check_unread(self, tp: TP, log_start: int) -> int:
         """Where a partition the group has no committed offset for begins, ``log_start`` being
