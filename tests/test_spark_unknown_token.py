@@ -156,3 +156,34 @@ def test_a_topic_deleted_and_made_again_is_one_data_loss_in_the_next_generation(
     losses = [m for m in warned(caplog) if m.startswith("topic 'ev' partition 0")]
     assert losses == ["topic 'ev' partition 0 is gone"], losses  # (warned: up to " (")
     assert member._placed == {EV0: 3}
+
+
+def test_a_dated_start_read_on_is_lost_from_where_the_query_committed(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # ev-0 is placed at 9 while its token cannot be read (dated), and that commit lands; the
+    # plans cannot read the token either, so the query reads 9 to 20 and commits 20 without
+    # one. The topic is then made again with a log past 20. Before, the loss reported named
+    # offset 9 (the date's start was never moved): "the old topic's records from 9 on were
+    # never read", though the query had read and committed them up to 20.
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    commits: list[Any] = []
+
+    def tokenless(parts: Any) -> Any:
+        return log_snapshot(topics, parts)[0], {}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Topics, "create_token", away)
+        member._begin(generation({EV0: 9}, commits), True)
+    first = member.plan(Position({}), tokenless, None)
+    assert first.offsets[EV0] == 20 and "ev" not in first.tokens
+    assert member.plan(first, tokenless, None) == first  # (commits 20: nothing new)
+    assert commits == [{EV0: (9, None)}, {EV0: (20, None)}]
+    topics.delete("ev")
+    created_again(topics, redis_client, namespace, 25)
+    with pytest.raises(DataLossError, match="created again since offset 20 was chosen"):
+        member.plan(first, partial(log_snapshot, topics), None)

@@ -636,6 +636,12 @@ class StreamMember:
             self._unreachable_since = self._commit_failing_since = None
             self._committed.update(todo)
             self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
+            for tp in todo.keys() & self._chosen_ms.keys():
+                # A dated start (_settle_tokens) this plan read on from, committed without a
+                # token (the plan could not read it either): the query has read up to here,
+                # so a topic found made again since the date loses the old topic's records
+                # from here on. The loss named the first start, as if nothing had been read.
+                self._chosen[tp] = (todo[tp], None)
             return self._record(pos, todo, Errors.NONE)
         # This process's plan from an earlier generation: let the coordinator fence it with
         # its own stamp.
@@ -1019,9 +1025,9 @@ class StreamMember:
                 continue
             del self._chosen[tp]
             remade[tp] = (f"topic {tp.topic!r} partition {tp.partition}: the topic was deleted "
-                          f"and created again since offset {start} was chosen as where the "
-                          "query starts it, so the old topic's records from there on were "
-                          "never read")
+                          f"and created again since offset {start} was chosen (or committed "
+                          "without its token) as where the query goes on, so the old topic's "
+                          "records from there on were never read")
         return remade
 
     def _begin_remade(self, tp: TP, loss: str, log_start: int, token: str, *,
