@@ -81,6 +81,7 @@ from ..client.join import log_offsets_of, topics_matching
 from ..errors import ConnectionLost, Errors, RcoordError
 from ..protocol.offsets import OffsetAndMetadata, TopicPartition
 from ..topics import Topics
+from ..topics._base import meta_key
 from ..topics.incarnation import created_times
 from ..topics.times import server_ms
 from .options import ReadOptions
@@ -927,9 +928,12 @@ class StreamMember:
         # token its topic is found to have had then, _settle_tokens).
         fresh = self._create_tokens({tp.topic for tp in todo})
         remade = self._settle_tokens([tp for tp in todo if tp in self._chosen], fresh)
-        # A start chosen now without its topic's token is dated instead (_settle_tokens).
-        since = _server_ms(self._group.redis_client) if any(
-            tp not in self._chosen and tp.topic not in fresh for tp in todo) else None
+        # A start chosen now without its topic's token is dated instead (_settle_tokens), by
+        # the clock of its topic's master, which stamped the topic's created_ms.
+        config = self._group.config
+        since = {t: ms for t in sorted({tp.topic for tp in todo
+                                        if tp not in self._chosen and tp.topic not in fresh})
+                 if (ms := _topic_ms(self._group.redis_client, config.namespace, t)) is not None}
         log_starts = {} if query_start else self._log_starts(
             [tp for tp in todo if tp not in self._chosen])
         placed: dict[TP, int] = {}
@@ -962,8 +966,8 @@ class StreamMember:
                 continue
             if token is not None:
                 self._chosen[tp] = (offset, token)
-            elif since is not None:
-                self._chosen[tp], self._chosen_ms[tp] = (offset, None), since
+            elif tp.topic in since:
+                self._chosen[tp], self._chosen_ms[tp] = (offset, None), since[tp.topic]
             # (Neither token nor time: chosen again by the next generation, from its log
             # start, rather than kept where no later read could tell its topic.)
         tokens = {tp: self._chosen[tp][1] if tp in self._chosen else None for tp in placed}
@@ -1186,6 +1190,25 @@ def _server_ms(client: Any) -> int | None:
         return server_ms(client)
     except REDIS_FAILURES:
         return None
+
+
+def _topic_ms(client: Any, namespace: str, topic: str) -> int | None:
+    """Now by the clock of ``topic``'s master (the node of its metadata hash, whose ``TIME``
+    stamped the topic's ``created_ms``), which ``_settle_tokens`` compares with it; None if
+    no clock can be read. A cluster's ``TIME`` went to any node: a master whose clock was
+    behind the topic's dated a start chosen just after the topic's creation before it, and
+    the unchanged topic was taken for one made again (a false DataLossError). When the
+    topic's master does not answer (the token read that failed may have met the same
+    outage), any node's clock dates it, as before, up to the masters' skew."""
+    if hasattr(client, "get_node_from_key"):
+        try:
+            node = client.get_node_from_key(meta_key(namespace, topic))
+            secs, micros = client.time(target_nodes=node)
+            return int(secs) * 1000 + int(micros) // 1000
+        except REDIS_FAILURES as exc:
+            log.info("cannot read the clock of topic %r's master (%s); any node's dates its "
+                     "start", topic, exc)
+    return _server_ms(client)
 
 
 def _planned_ms(client: Any) -> int:
