@@ -779,6 +779,14 @@ class StreamMember:
         metadata = self._committed_metadata(gen)
         self._base_tokens = {tp: token for tp, (token, _) in metadata.items()}
         self._base_members = {tp: member for tp, (_, member) in metadata.items()}
+        for tp, offset in gen.committed.items():
+            if tp in self._chosen and self._chosen[tp][0] != offset:
+                # The group committed past a start this process chose (and dated) in an
+                # earlier generation: another member read on from it, maybe in a topic made
+                # again since. That start, and its date, no longer say where the query goes
+                # on; the date judged the group's offset, a loss nobody had.
+                del self._chosen[tp]
+                self._chosen_ms.pop(tp, None)
         first = query_start and not self._adopted
         self._placed = self._place(gen, first)
         self._adopted = True
