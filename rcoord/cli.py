@@ -168,13 +168,17 @@ INTEGER = re.compile(r"[-+]?[0-9]+", re.ASCII)
 and " 3", which Java's ``Long.valueOf`` (how Kafka's tools read their options) refuses; both
 take other scripts' digits ("\u0663" as 3), which rcoord refuses too: on a command line they
 are a paste from elsewhere, not a number the operator meant."""
-DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+_UNSIGNED_DECIMAL = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+"""``DECIMAL`` without its sign, ASCII digits only: the one definition of both forms below."""
+DECIMAL = re.compile(rf"[-+]?{_UNSIGNED_DECIMAL}", re.ASCII)
 """A number of seconds as the commands take it: ``INTEGER``'s digits, maybe a fraction and an
 exponent. float() also takes "1_0", " 3", "nan" and "inf"."""
 
 
-_NUMBER = re.compile(r"-(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-"""A negative number (``DECIMAL``'s forms, an exponent too): a value, not an unknown option."""
+_NUMBER = re.compile(rf"-{_UNSIGNED_DECIMAL}", re.ASCII)
+"""A negative number (``DECIMAL``'s forms, an exponent too): a value, not an unknown option.
+(It spelt ``DECIMAL``'s form again with ``\\d``, which takes other scripts' digits: "-\u0663"
+was let through as a value where every number rcoord reads is ASCII digits.)"""
 
 
 # -- options before the command ----------------------------------------------------------------

@@ -1,0 +1,38 @@
+"""Small items of the commands' option parsing: what the messages and the help say matches
+what is taken, and a number is ASCII digits wherever the parser reads one."""
+
+from __future__ import annotations
+
+import pytest
+
+from rcoord.cli import _NUMBER, DECIMAL, Parser
+
+
+def _positional_parser() -> Parser:
+    p = Parser(prog="t")
+    p.add_argument("name")
+    return p
+
+
+@pytest.mark.parametrize("text", ["-1", "-1.5", "-.5"])
+def test_a_negative_number_is_a_value_not_an_option(text: str) -> None:
+    assert _positional_parser().parse_args([text]).name == text
+
+
+def test_the_negative_number_form_is_decimals_with_a_minus() -> None:
+    for text in ("-1", "-1.", "-.5", "-1e3", "-2E-1"):
+        assert _NUMBER.fullmatch(text) and DECIMAL.fullmatch(text), text
+    for text in ("1", "+1", "--1", "-e3", "-1e", "-\u0663", "-1\u0663", "-\uff11"):
+        assert not _NUMBER.fullmatch(text), text
+
+
+def test_a_negative_number_in_another_scripts_digits_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """cli._NUMBER spelt DECIMAL's form again with ``\\d``, which matches other scripts' digits:
+    "-\\u0663" (an Arabic-Indic 3) passed the parser's unknown-option check as a negative
+    number, where every number rcoord reads is ASCII digits (cli.INTEGER, cli.DECIMAL)."""
+    with pytest.raises(SystemExit) as exited:
+        _positional_parser().parse_args(["-\u0663"])
+    assert exited.value.code == 2
+    assert "unrecognized option: -\u0663" in capsys.readouterr().err
