@@ -3,9 +3,21 @@ what is taken, and a number is ASCII digits wherever the parser reads one."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from rcoord.cli import _NUMBER, DECIMAL, Parser
+from rcoord.ops.common import seconds
+
+
+def test_the_seconds_message_names_the_exponent_it_takes() -> None:
+    """``seconds`` takes ``1e3`` (cli.DECIMAL) but its message said "digits, maybe a sign and a
+    fraction", so an operator told a form was wrong was not told that one is right."""
+    assert seconds("1e3") == 1000.0
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        seconds("ten")
+    assert "exponent" in str(refused.value) and "1e3" in str(refused.value), refused.value
 
 
 def _positional_parser() -> Parser:

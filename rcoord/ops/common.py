@@ -50,7 +50,8 @@ def seconds(text: str) -> float:
     option's to check."""
     if not DECIMAL.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds (digits, maybe a sign and a fraction)")
+            f"{text!r} is not a number of seconds (digits, maybe a sign, a fraction and an "
+            "exponent: 30, 0.5, 1e3)")
     return float(text)
 
 
