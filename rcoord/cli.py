@@ -379,7 +379,7 @@ def check_url(url: str | None, flag: str = "--redis-url") -> str:
     problem = url_problem(url)
     if problem:
         sep = " " if problem.startswith("is not") else ": "
-        raise UsageError(f"{flag} {redact(url)!r}{env_note(url)}{sep}{problem}")
+        raise UsageError(f"{flag} {redact(url, query=True)!r}{env_note(url)}{sep}{problem}")
     return url
 
 

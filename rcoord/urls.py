@@ -18,7 +18,7 @@ import functools
 import inspect
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 __all__ = ["URL_FORM", "redact_url", "repr_redacting", "url_problem"]
 
@@ -98,9 +98,14 @@ def _connection_options(connection_class: Any) -> frozenset[str]:
     return frozenset(names - {"self"})
 
 
-def redact_url(url: object) -> str:
+def redact_url(url: object, *, query: bool = False) -> str:
     """``url`` as messages show it: no password, nothing else of what comes before the host's
-    ``@`` but the user name, and no query arguments, however malformed the URL is.
+    ``@`` but the user name, and no query arguments, however malformed the URL is; with
+    ``query``, the query arguments are kept, the value of any that names a password
+    (``?password=``, ``?ssl_password=``) masked. A message about the URL the user gave
+    (``cli.check_url``) keeps them: "'socket_timout' is not a connection option" quoted a URL
+    that had none. Others drop them (the URL a command connects with carries the TLS file
+    arguments ``--tls-ca-file`` added, which the user did not write).
 
     The cut is the last ``@``, not a parser's: a raw ``/``, ``?`` or ``#`` in a password ends
     the authority early for ``urlsplit``, which then finds no password at all (the whole URL
@@ -113,7 +118,20 @@ def redact_url(url: object) -> str:
     if "@" in rest:
         userinfo, _, rest = rest.rpartition("@")
         masked = f"{userinfo.split(':', 1)[0]}:***@" if ":" in userinfo else "***@"
-    return f"{scheme}{sep}{masked}{re.split(r'[?#]', rest, maxsplit=1)[0]}"
+    if not query:
+        return f"{scheme}{sep}{masked}{re.split(r'[?#]', rest, maxsplit=1)[0]}"
+    where, mark, args = rest.partition("?")
+    return f"{scheme}{sep}{masked}{where}{mark}{_masked_query(args)}"
+
+
+def _masked_query(query: str) -> str:
+    """A URL's query (and fragment) as ``redact_url`` shows it: the value of an argument whose
+    name holds "password" masked to the next ``&``, so a raw ``#`` in it hides nothing."""
+    shown = []
+    for arg in query.split("&"):
+        name, eq, _ = arg.partition("=")
+        shown.append(f"{name}{eq}***" if eq and "password" in unquote(name).lower() else arg)
+    return "&".join(shown)
 
 
 def repr_redacting(obj: Any, url_field: str) -> str:

@@ -111,6 +111,33 @@ def test_every_entry_point_refuses_what_the_cli_refuses(suffix: str, says: str) 
         assert says in message, message
 
 
+def test_the_cli_quotes_the_query_its_error_names() -> None:
+    """The URL in a message lost its query string, so "'socket_timout' is not a connection
+    option" quoted 'redis://u:***@127.0.0.1:6379/0', a URL with no such argument; the query is
+    shown now, a password in it masked as the one before the host is."""
+    url = "redis://u:Zm9vYmFy@127.0.0.1:6379/0?socket_timout=1&Password=Zm9vYmFy"
+    with pytest.raises(UsageError) as refused:
+        check_url(url)
+    message = str(refused.value)
+    assert "'redis://u:***@127.0.0.1:6379/0?socket_timout=1&Password=***'" in message, message
+    assert "Zm9vYmFy" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://h:1/0?client_name=x#top", "redis://h:1/0?client_name=x#top"),
+        ("rediss://h:1/0?ssl_password=ab#Zm9vYmFy&db=1", "rediss://h:1/0?ssl_password=***&db=1"),
+        ("redis://h:1/0?pass%77ord=Zm9vYmFy", "redis://h:1/0?pass%77ord=***"),
+        ("redis://h:1/0?password", "redis://h:1/0?password"),
+        ("redis://u:Zm9vYmFy@h:1/0?password=Zm9vYmFy", "redis://u:***@h:1/0?password=***"),
+    ],
+)
+def test_a_shown_query_masks_every_password_in_it(url: str, shown: str) -> None:
+    assert redact_url(url, query=True) == shown
+    assert redact_url(url) == shown.split("?")[0]
+
+
 def test_urls_every_entry_point_takes() -> None:
     for url in ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379/3",
                 "rediss://u:p%2Fq@h:1/0?ssl_cert_reqs=none", "unix:///tmp/r.sock?db=1",
