@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from rcoord.cli import _NUMBER, DECIMAL, Parser
-from rcoord.ops.common import seconds
+from rcoord.cli import _NUMBER, DECIMAL, LOG_LEVELS, Parser
+from rcoord.ops.common import add_common, seconds
 
 
 def test_the_seconds_message_names_the_exponent_it_takes() -> None:
@@ -48,3 +48,15 @@ def test_a_negative_number_in_another_scripts_digits_is_refused(
         _positional_parser().parse_args(["-\u0663"])
     assert exited.value.code == 2
     assert "unrecognized option: -\u0663" in capsys.readouterr().err
+
+
+def test_the_log_level_help_of_groups_and_topics_names_every_level_taken() -> None:
+    """``rcoord groups ... --help`` and ``rcoord topics ... --help`` said only "DEBUG also prints
+    the traceback", naming neither CRITICAL nor ERROR nor INFO, all of which are taken."""
+    p = Parser(prog="t")
+    add_common(p)
+    (action,) = [a for a in p._actions if "--log-level" in a.option_strings]
+    assert action.help is not None
+    assert "CRITICAL" in LOG_LEVELS
+    for level in LOG_LEVELS:
+        assert level in action.help, action.help

@@ -17,6 +17,7 @@ from ..cli import (
     EXIT_FAILURE,
     EXIT_USAGE,
     INTEGER,
+    LOG_LEVELS,
     AfterCommand,
     Parser,
     StopSignals,
@@ -78,8 +79,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="table for people (default), json for programs")
     p.add_argument("--log-level", action=AfterCommand,
                    default=env_default("RCOORD_LOG_LEVEL", "WARNING"),
-                   help="DEBUG also prints the traceback of an error (default "
-                   "$RCOORD_LOG_LEVEL, else WARNING)")
+                   help=f"{', '.join(LOG_LEVELS)}; DEBUG also prints the traceback of an "
+                   "error (default $RCOORD_LOG_LEVEL, else WARNING)")
     add_tls_arguments(p)
 
 
