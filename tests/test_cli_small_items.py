@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from rcoord.cli import _NUMBER, DECIMAL, LOG_LEVELS, Parser
-from rcoord.ops.common import add_common, seconds
+from rcoord.ops.common import add_common, nonnegative_seconds, seconds
 
 
 def test_the_seconds_message_names_the_exponent_it_takes() -> None:
@@ -60,3 +60,21 @@ def test_the_log_level_help_of_groups_and_topics_names_every_level_taken() -> No
     assert "CRITICAL" in LOG_LEVELS
     for level in LOG_LEVELS:
         assert level in action.help, action.help
+
+
+@pytest.mark.parametrize(
+    ("zero", "said"),
+    [("never stop", "a number of seconds >= 0 (0: never stop)"), ("", "a number of seconds >= 0")],
+)
+def test_the_workers_seconds_are_one_check_with_their_own_words(zero: str, said: str) -> None:
+    """word_count's --idle-exit-s and clickstream's --run-for were two copies of one check
+    (``seconds``, then finite and >= 0); ``nonnegative_seconds`` is that check, with what 0
+    means said where it means something."""
+    parse = nonnegative_seconds(zero)
+    assert parse("0") == 0.0 and parse("1.5e1") == 15.0
+    for bad in ("-1", "1e400"):
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            parse(bad)
+        assert str(refused.value) == f"{bad!r}: {said}"
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a number of seconds"):
+        parse("nan")

@@ -126,17 +126,6 @@ def _timeout_ms(text: str) -> int:
     return ms
 
 
-def _run_for(text: str) -> float:
-    """An argparse ``type``: seconds >= 0 and finite. float() took "nan" and "inf" (the query
-    never stopped) and -1 (it stopped at once, as 0 does when asked)."""
-    from rcoord.ops.common import seconds
-
-    value = seconds(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0")
-    return value
-
-
 MAX_OFFSETS_PER_TRIGGER = 100_000
 """The default cap on a micro-batch's records (the source's ``maxOffsetsPerTrigger``). Each
 batch collects its aggregated rows, up to one per record, on the driver, and must end within
@@ -1016,6 +1005,7 @@ def stop_gracefully(query: Any, timeout_s: float = 10.0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from rcoord.cli import ENV_REDIS_URL, UsageError, check_url, env_default
+    from rcoord.ops.common import nonnegative_seconds
     from rcoord.spark.options import ReadOptions
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1045,7 +1035,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebalance-timeout-ms", type=_timeout_ms, default=None,
                         help="the source's rebalanceTimeoutMs: above the trigger interval plus "
                         "the longest batch (docs/architecture.md)")
-    parser.add_argument("--run-for", type=_run_for, default=None,
+    # (float() took "nan" and "inf", the query never stopped, and -1, it stopped at once)
+    parser.add_argument("--run-for", type=nonnegative_seconds(), default=None,
                         help="stop gracefully after this many seconds (default: until signalled)")
     args = parser.parse_args(argv)
     if not args.redis_url:  # said before Spark starts, naming this command's flag

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rcoord import Consumer, ConsumerGroupConfig, ConsumerRebalanceListener, TopicPartition
 from rcoord.cli import ENV_REDIS_URL, Parser, UsageError, check_url, env_default
 from rcoord.client import WakeupError
-from rcoord.ops.common import integer, seconds
+from rcoord.ops.common import integer, nonnegative_seconds
 
 
 def _records(text: str) -> int:
@@ -38,15 +38,6 @@ def _records(text: str) -> int:
     if records < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of records >= 0 (0: never stop)")
     return records
-
-
-def _seconds(text: str) -> float:
-    """An argparse ``type``: seconds, 0 for never (a negative one stopped the worker at its
-    first empty poll; 'nan' never stopped it; "1_0" was 10)."""
-    value = seconds(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0 (0: never stop)")
-    return value
 
 
 class Announce(ConsumerRebalanceListener):
@@ -79,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the rcoord namespace (default $RCOORD_NAMESPACE, else rcoord)")
     ap.add_argument("--max-records", type=_records, default=0,
                     help="stop after this many (0: never)")
-    ap.add_argument("--idle-exit-s", type=_seconds, default=0.0,
+    # (a negative one stopped the worker at its first empty poll; 'nan' never stopped it;
+    # "1_0" was 10)
+    ap.add_argument("--idle-exit-s", type=nonnegative_seconds("never stop"), default=0.0,
                     help="stop after this long holding partitions with no records (the time "
                     "spent joining the group does not count; 0: never)")
     args = ap.parse_args(argv)

@@ -34,7 +34,7 @@ from ..errors import ConfigError, Errors, InvalidRequestError, ProtocolError
 from .output import stdout_gone
 
 __all__ = ["INTEGER", "Context", "Failure", "Progress", "StopSignals", "Terminated", "add_common",
-           "integer", "leaf", "run", "seconds", "stdout_gone"]
+           "integer", "leaf", "nonnegative_seconds", "run", "seconds", "stdout_gone"]
 
 
 
@@ -54,6 +54,22 @@ def seconds(text: str) -> float:
             f"{text!r} is not a number of seconds (digits, maybe a sign, a fraction and an "
             "exponent: 30, 0.5, 1e3)")
     return float(text)
+
+
+def nonnegative_seconds(zero: str = "") -> Callable[[str], float]:
+    """An argparse ``type``: ``seconds``, finite and at least 0 (the workers' ``--idle-exit-s``
+    and ``--run-for``); ``zero`` says what 0 means, for the message. "1e400" is inf, which
+    never stopped anything, and a negative number stopped at once, as 0 does when asked."""
+    meaning = f" (0: {zero})" if zero else ""
+
+    def parse(text: str) -> float:
+        value = seconds(text)
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds >= 0{meaning}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
 
 
 SOCKET_TIMEOUT_S = 15.0
