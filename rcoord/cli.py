@@ -70,6 +70,15 @@ class Parser(argparse.ArgumentParser):
 
     _has_commands = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own test of "a negative number, not an option" (3.11: ^-\d+$ or
+        # ^-\d*\.\d+$, by re.match) takes no exponent: "--time-limit -1e3" passed
+        # _unknown_options as a number, then argparse took "-1e3" for an option and said
+        # "expected one argument", where "-1000" is named with its range. Both now use one
+        # form (``_NUMBER``, anchored at its end since argparse calls match()).
+        self._negative_number_matcher = _NUMBER
+
     def add_subparsers(self, **kwargs: Any) -> Any:
         self._has_commands = True
         return super().add_subparsers(**kwargs)
@@ -175,7 +184,7 @@ DECIMAL = re.compile(rf"[-+]?{_UNSIGNED_DECIMAL}", re.ASCII)
 exponent. float() also takes "1_0", " 3", "nan" and "inf"."""
 
 
-_NUMBER = re.compile(rf"-{_UNSIGNED_DECIMAL}", re.ASCII)
+_NUMBER = re.compile(rf"-{_UNSIGNED_DECIMAL}\Z", re.ASCII)
 """A negative number (``DECIMAL``'s forms, an exponent too): a value, not an unknown option.
 (It spelt ``DECIMAL``'s form again with ``\\d``, which takes other scripts' digits: "-\u0663"
 was let through as a value where every number rcoord reads is ASCII digits.)"""
