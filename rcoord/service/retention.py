@@ -63,7 +63,10 @@ class RetentionKeeper:
     ``owned`` returns the lease partitions this process holds now, or None while its leases are
     not confirmed (no renewal within a TTL: Redis out of reach, the process paused), when it
     cannot tell which it holds; it is asked at the start of a pass and again before each topic,
-    so a topic whose lease moved during a pass is left to its new holder.
+    so a topic whose lease moved during a pass is left to its new holder. (The service's
+    ``owned`` answers the last confirmed set, not None, while Redis refuses the lease rounds as
+    out of memory: nobody can take a lease then, and a trim is what frees memory;
+    ``CoordinatorService._retention_leases``.)
 
     A pass that meets unconfirmed leases trims nothing more and is counted "failed" and logged
     ``retention_error`` (``leases_unconfirmed``), not "ok": the topics left are due and nobody

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from ..config import STORED_SETTINGS, CoordinatorConfig
 from ..coordinator import GroupCoordinator
 from ..errors import ConfigError
@@ -257,6 +259,16 @@ def connect_timeout_s(cfg: ServiceConfig) -> float:
     return min(socket_timeout_s(cfg), CONNECT_TIMEOUT_MAX_S)
 
 
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Redis refused the call as out of memory (redis-py's ``OutOfMemoryError``, as raised or
+    as the cause of rcoord's ``ServerUnavailable``)."""
+    while exc is not None:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class CoordinatorService:
     def __init__(self, config: ServiceConfig, client: Any = None) -> None:
         self.config = config
@@ -270,6 +282,10 @@ class CoordinatorService:
         self._confirmed_at = 0.0
         """When the last successful lease round began (monotonic): the leases it renewed hold
         for a TTL from then at least (``_leases_confirmed``)."""
+        self._refused_at = 0.0
+        """When the last lease round Redis refused as out of memory began (monotonic), while
+        every round since the last confirmed one was refused so, each within a TTL of the one
+        before; 0 once another failure or a give-up broke that chain (``_retention_leases``)."""
         self._watch_since = 0.0
         """Since when the lease thread has watched the timer loop without a gap of its own."""
         self._last_turn_ok = 0.0
@@ -441,7 +457,7 @@ class CoordinatorService:
                              daemon=True).start()
         if cfg.retention_check_interval_ms > 0:
             self.retention = RetentionKeeper(
-                self._client, cfg.namespace, n, self.metrics, self._confirmed_leases,
+                self._client, cfg.namespace, n, self.metrics, self._retention_leases,
                 cfg.retention_check_interval_ms, self._stop, cfg.coordinator_id)
             self._retention_thread = self._thread(self.retention.run, "rcoord-retention")
             self._retention_thread.start()
@@ -737,6 +753,7 @@ class CoordinatorService:
                 # (and once the last round is a TTL old, the leases lapsed: ``_leases_held``
                 # reports none, where the gauge and /healthz kept the old count before)
                 failing.failed(exc)
+                self._round_refused(started, exc)
                 continue
             failing.ended()
             self._owned = owned
@@ -785,6 +802,7 @@ class CoordinatorService:
         except Exception as exc:  # noqa: BLE001 - they lapse by themselves after a TTL
             log.warning("could not release leases", extra={"event": "lease_error", "why": str(exc)})
         self._owned = set()
+        self._refused_at = 0.0  # (retention stops too: ``_retention_leases``)
         self._queue.put(Owned(frozenset()))
         return set()
 
@@ -1077,6 +1095,53 @@ class CoordinatorService:
                 self._last_alive = time.monotonic()
                 self._stop.wait(pause / 1000)
                 pause = min(LOOP_PAUSE_MAX_MS, pause * 2)
+
+    def _round_refused(self, started: float, exc: BaseException) -> None:
+        """Note a failed lease round (begun at ``started``) for ``_retention_leases``: one
+        Redis refused as out of memory, within a TTL of the round before (confirmed or refused
+        so), goes on the chain; any other failure breaks it. Logged once per chain."""
+        last = max(self._confirmed_at, self._refused_at)
+        if not _out_of_memory(exc) or started - last >= self.config.lease_ttl_ms / 1000:
+            self._refused_at = 0.0
+            return
+        if self._refused_at <= self._confirmed_at:
+            log.warning("Redis is out of memory and refuses the lease rounds: retention goes on "
+                        "with the leases last confirmed, to free memory", extra={
+                            "event": "retention_on_last_leases", "id": self.config.coordinator_id,
+                            "partitions": sorted(self.leases.owned), "why": str(exc)})
+        self._refused_at = started
+
+    def _retention_leases(self) -> set[int] | None:
+        """The partitions whose topics the retention passes trim (``RetentionKeeper``'s
+        ``owned``): ``_confirmed_leases``, or, while Redis refuses the lease rounds as out of
+        memory (noeviction), the set the last confirmed round held.
+
+        Out of memory, Redis refuses every write that may grow it, each lease round's included
+        (the registry's ZADD, the ``lease`` function), but not a trim (XTRIM), which is what frees
+        memory (``ServerUnavailable``'s message tells the operator to free it with retention).
+        Before, the leases were unconfirmed a TTL later and every pass failed as
+        ``leases_unconfirmed``: no topic was trimmed for as long as Redis was full
+        (``tests/test_review78_service.py::test_retention_is_applied_while_redis_is_out_of_memory``;
+        Kafka's broker runs its log retention whatever else fails). While the rounds are refused
+        so, nobody takes a lease either (taking one writes to the same Redis, and every round
+        registers on the registry's node first, the one refusing), so the last set is still this
+        process's in fact. The chain holds only while each refused round came within a TTL of
+        the one before (a paused process's leases may have moved meanwhile) and breaks at any
+        other failure (``_round_refused``). Retention only: a trim is idempotent, so should the
+        set be wrong, two processes trimming one topic cost a call, where the timer loop acting
+        on a partition it lost would log its events twice. It can be wrong: memory freed for a
+        moment lets another process's round through; and on a cluster one master out of memory
+        fails the whole round of every process with a lease there (its OOM answer to the
+        ``lease`` function is no node failure), while the registry's master, if another, still
+        takes a newcomer, whose plan may give it a lease of this process's on a healthy master
+        once that lease lapses."""
+        confirmed = self._confirmed_leases()
+        if confirmed is not None:
+            return confirmed
+        if (self._loop_left.is_set() or self._refused_at <= self._confirmed_at
+                or time.monotonic() - self._refused_at >= self.config.lease_ttl_ms / 1000):
+            return None
+        return set(self.leases.owned)
 
     def _confirmed_leases(self) -> set[int] | None:
         """The partitions this process leases, if its leases were renewed within a TTL
