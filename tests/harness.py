@@ -11,7 +11,10 @@ import contextlib
 import gc
 import logging
 import re
+import signal
+import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -184,6 +187,37 @@ def without_join_delay(client: Any, namespace: str) -> None:
 
     GroupCoordinator(client, CoordinatorConfig(namespace=namespace,
                                                group_initial_rebalance_delay_ms=0)).start()
+
+
+@contextlib.contextmanager
+def output_lines(proc: subprocess.Popen[str], stop_timeout_s: float = 60) -> Iterator[list[str]]:
+    """The lines a child process writes to its stdout and stderr, collected as they come (tests
+    wait on them). On leaving, a child still running is stopped as an operator would stop it
+    (SIGTERM, killed only if it has not ended within ``stop_timeout_s``), and both streams are
+    drained, so its last lines are in the list."""
+    lines: list[str] = []
+
+    def read(stream: Any) -> None:
+        for line in stream:
+            lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
+
+    readers = [threading.Thread(target=read, args=(s,), daemon=True)
+               for s in (proc.stdout, proc.stderr)]
+    for reader in readers:
+        reader.start()
+    try:
+        yield lines
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=stop_timeout_s)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for reader in readers:
+            reader.join(timeout=10)
 
 
 def wait_until(cond: Any, step: Any = None, timeout_s: float = WAIT_S,

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from harness import wait_until
+from harness import output_lines, wait_until
 
 from rcoord.cli import main
 
@@ -133,33 +133,13 @@ def test_word_count_on_a_topic_that_does_not_exist_says_so(redis_server, single_
     from harness import without_join_delay
 
     without_join_delay(single_client, namespace)
-    with subprocess.Popen(
+    with (subprocess.Popen(
             [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
              redis_server.url, "--namespace", namespace, "--topic", "nosuch"],
-            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        lines: list[str] = []
-
-        def read(stream: object) -> None:
-            for line in stream:  # type: ignore[attr-defined]
-                lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
-
-        readers = [threading.Thread(target=read, args=(s,), daemon=True)
-                   for s in (proc.stdout, proc.stderr)]
-        for reader in readers:
-            reader.start()
-        try:
-            wait_until(lambda: any("assigned []" in line for line in lines), timeout_s=60,
-                       why=lambda: "".join(lines))
-            # Generous: any warning would come at the first assignment or metadata refresh.
-            wait_until(lambda: any("nosuch" in line for line in lines), timeout_s=30,
-                       why=lambda: "no line names the missing topic:\n" + "".join(lines))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for reader in readers:
-                reader.join(timeout=10)
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc,
+          output_lines(proc) as lines):
+        wait_until(lambda: any("assigned []" in line for line in lines), timeout_s=60,
+                   why=lambda: "".join(lines))
+        # Generous: any warning would come at the first assignment or metadata refresh.
+        wait_until(lambda: any("nosuch" in line for line in lines), timeout_s=30,
+                   why=lambda: "no line names the missing topic:\n" + "".join(lines))

@@ -49,14 +49,12 @@ def test_the_demo_seconds_take_the_same_words_as_its_numbers(flag, number):
 
 def test_a_follower_on_a_topic_that_does_not_exist_says_so(redis_server, single_client,
                                                           namespace) -> None:
-    import signal
     import subprocess
     import sys
-    import threading
     from contextlib import ExitStack
     from pathlib import Path
 
-    from harness import wait_until, without_join_delay
+    from harness import output_lines, wait_until, without_join_delay
 
     from rcoord.topics import Topics
 
@@ -71,30 +69,7 @@ def test_a_follower_on_a_topic_that_does_not_exist_says_so(redis_server, single_
             [sys.executable, str(root / "workers" / "word_count.py"), "--redis-url",
              redis_server.url, "--namespace", namespace, "--topic", topic, "--group", "g77"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        lines: list[str] = []
-
-        def read(stream: object) -> None:
-            for line in stream:  # type: ignore[attr-defined]
-                lines.append(line)  # noqa: PERF402 - line by line: the test waits on them
-
-        readers = [threading.Thread(target=read, args=(s,), daemon=True)
-                   for s in (proc.stdout, proc.stderr)]
-        for reader in readers:
-            reader.start()
-
-        def stop() -> None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for reader in readers:
-                reader.join(timeout=10)
-
-        stack.callback(stop)
-        return lines
+        return stack.enter_context(output_lines(proc))
 
     with ExitStack() as stack:
         leader = worker(stack, "lines")

@@ -179,33 +179,21 @@ def test_word_count_against_an_unreachable_redis_says_so_and_keeps_trying():
     next call") reaches stderr without any logging set up (logging's last-resort handler), the
     password never shown, and SIGTERM still stops it with its summary."""
     import signal
-    import threading
 
     from cluster_replicas import free_port
-    from harness import wait_until
+    from harness import output_lines, wait_until
 
     port = free_port()  # nothing listens there
     argv = [sys.executable, str(ROOT / "workers" / "word_count.py"), "--redis-url",
             f"redis://admin:Zm9vYmFy@127.0.0.1:{port}/0", "--topic", "lines"]
-    lines: list[str] = []
-    with subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        readers = [threading.Thread(target=lambda s=s: lines.extend(s), daemon=True)
-                   for s in (proc.stdout, proc.stderr)]
-        for reader in readers:
-            reader.start()
-        try:
-            wait_until(lambda: any(f"127.0.0.1:{port}" in line and "starting again" in line
-                                   for line in lines), timeout_s=30,
-                       why=lambda: "no line says Redis cannot be reached:\n" + "".join(lines))
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for reader in readers:
-            reader.join(timeout=10)
+    with (subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) as proc,
+          output_lines(proc) as lines):
+        wait_until(lambda: any(f"127.0.0.1:{port}" in line and "starting again" in line
+                               for line in lines), timeout_s=30,
+                   why=lambda: "no line says Redis cannot be reached:\n" + "".join(lines))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
     text = "".join(lines)
     assert proc.returncode == 0, text
     assert "Zm9vYmFy" not in text and "Traceback" not in text, text
