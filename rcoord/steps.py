@@ -48,7 +48,7 @@ from .flow import (
 )
 from .keys import GroupKeys, PartitionKeys, replays_key, settings_key
 from .partitioning import partition_for
-from .protocol._checks import check_id, check_instance_id, require_int32
+from .protocol._checks import NO_MEMBER_ID, check_id, check_instance_id, member_ref, require_int32
 from .protocol.admin import (
     DESCRIBE_PAGE,
     DESCRIBE_RESTARTS,
@@ -463,14 +463,17 @@ class GroupSteps:
             new_member_uuid=new_member_uuid, supports_skip_assignment=supports_skip_assignment,
         )
         if not req.group_id:
-            return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, req.member_id)
+            return JoinGroupResult.failed(Errors.INVALID_GROUP_ID, member_id)
         reply = yield from self.call("join_group", self.keys(req.group_id), req.args())
         if reply[0] == b"W":
             # The member id may have been created by this call; the wait reply carries it.
             parked_id = _text(bytes(reply[4]))
             return JoinGroupResult.decode((yield from self._park(req.group_id, parked_id, "j",
                                                                   reply)))
-        return JoinGroupResult.decode(bytes(reply[1]))
+        res = JoinGroupResult.decode(bytes(reply[1]))
+        if res.member_id == NO_MEMBER_ID:  # (member_ref's stand-in: the reply echoes the id sent)
+            return replace(res, member_id=member_id)
+        return res
 
     def sync_group(
         self,
@@ -700,7 +703,7 @@ class GroupSteps:
             order, packed, _ = encode_commit(
                 offsets, (yield from self.resettle()).offset_metadata_max_bytes)
         args = [
-            check_id("member_id", member_id),
+            member_ref(member_id),
             require_int32("generation_id", generation_id),
             check_instance_id(group_instance_id),
             retention_arg(retention_ms),

@@ -97,6 +97,23 @@ def check_id(name: str, value: Any) -> str:
     return value
 
 
+NO_MEMBER_ID = "-" * (MAX_ID_BYTES + 1)
+"""Sent for a member id past MAX_ID_BYTES (``member_ref``): no member's (generated ids stay
+within the bound), so a script answers it as it answers any id the group does not know,
+without carrying an unbounded id to Redis."""
+
+
+def member_ref(value: Any) -> str:
+    """A member id that a request names (to heartbeat, sync, commit, rejoin or leave as), not
+    one to store: valid UTF-8 of any length. Kafka has no bound on it and answers an id no
+    member has UNKNOWN_MEMBER_ID (or FENCED_INSTANCE_ID beside another member's instance id)
+    in the order its checks run; past MAX_ID_BYTES it cannot be a member's, so
+    ``NO_MEMBER_ID`` stands for it. (Refused INVALID_REQUEST before: through the gateway a
+    Kafka client sending such an id got an error its client treats as fatal.)"""
+    text = require_str("member_id", value)
+    return text if len(text.encode("utf-8")) <= MAX_ID_BYTES else NO_MEMBER_ID
+
+
 def check_count(name: str, items: Any, limit: int = MAX_ITEMS_PER_CALL) -> None:
     """Refuse a call's list before looking at its items, so a huge list costs nothing."""
     if len(items) > limit:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Errors
-from ._checks import check_id, check_instance_id, require_int32
+from ._checks import check_id, check_instance_id, member_ref, require_int32
 
 __all__ = ["heartbeat_args", "decode_heartbeat"]
 
@@ -19,7 +19,7 @@ def heartbeat_args(
 ) -> tuple[str, list[Any]]:
     """(group id, ARGV[3:] of heartbeat.lua)."""
     return check_id("group_id", group_id), [
-        check_id("member_id", member_id),
+        member_ref(member_id),
         require_int32("generation_id", generation_id),
         check_instance_id(group_instance_id),
     ]

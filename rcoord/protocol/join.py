@@ -27,6 +27,7 @@ from ._checks import (
     check_id,
     check_instance_id,
     check_total,
+    member_ref,
     optional_text,
     require_bytes,
     require_int32,
@@ -163,7 +164,7 @@ class JoinRequest:
         KIP-814's SkipAssignment (Kafka's JoinGroup v9+); one that does not is not told it
         leads when, a static leader back in a Stable group, it must not assign."""
         group_id = check_id("group_id", group_id)
-        member_id = check_id("member_id", member_id)
+        member_id = member_ref(member_id)
         protocol_type = check_id("protocol_type", protocol_type)
         session_timeout_ms = require_int32("session_timeout_ms", session_timeout_ms)
         if rebalance_timeout_ms is None:

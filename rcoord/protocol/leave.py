@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 
 from ..errors import Errors, InvalidRequestError
-from ._checks import MAX_ID_BYTES, MAX_ITEMS_PER_CALL, check_id, require_str
+from ._checks import MAX_ID_BYTES, MAX_ITEMS_PER_CALL, check_id, member_ref, require_str
 
 __all__ = ["MemberIdentity", "LeaveMemberResult", "LeaveGroupResult", "leave_args"]
 
@@ -33,10 +33,6 @@ requests may come between two calls, which is a history Kafka allows too (member
 moment apart). Removing 500 of 1,000 members in one call held the shard for 3-5.5 ms; 100 take
 about 1 ms (``bench/leave_batch.py``)."""
 
-_NO_MEMBER_ID = b"-" * (MAX_ID_BYTES + 1)
-"""Sent for a member id past MAX_ID_BYTES: no member's (generated ids stay within the bound), so
-the script answers it as it would the id itself (UNKNOWN_MEMBER_ID, or FENCED_INSTANCE_ID when
-its instance id is another member's), without carrying an unbounded id to Redis."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +83,11 @@ def leave_args(group_id: Any, members: Any) -> tuple[str, list[MemberIdentity], 
             raise TypeError(f"members must be MemberIdentity values, got {type(m).__name__}")
         if m.reason is not None:
             require_str("reason", m.reason)
-        member_id = require_str("member_id", m.member_id).encode()
+        member_id = member_ref(m.member_id).encode()
         idents.append(m)
         if _names_no_static_member(m):
             continue
-        packed.append([member_id if len(member_id) <= MAX_ID_BYTES else _NO_MEMBER_ID,
+        packed.append([member_id,
                        (m.group_instance_id or "").encode()])
     chunks = [msgpack.packb(packed[i:i + LEAVE_CHUNK], use_bin_type=False)
               for i in range(0, len(packed), LEAVE_CHUNK)]

@@ -22,6 +22,7 @@ from ._checks import (
     check_id,
     check_instance_id,
     check_total,
+    member_ref,
     optional_text,
     require_bytes,
     require_int32,
@@ -119,7 +120,7 @@ class SyncRequest:
         return cls(
             group_id=check_id("group_id", group_id),
             generation_id=require_int32("generation_id", generation_id),
-            member_id=check_id("member_id", member_id),
+            member_id=member_ref(member_id),
             group_instance_id=check_instance_id(group_instance_id),
             protocol_type=_optional("protocol_type", protocol_type),
             protocol_name=_optional("protocol_name", protocol_name),
