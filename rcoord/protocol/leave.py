@@ -34,7 +34,6 @@ moment apart). Removing 500 of 1,000 members in one call held the shard for 3-5.
 about 1 ms (``bench/leave_batch.py``)."""
 
 
-
 @dataclass(frozen=True)
 class MemberIdentity:
     """A member to remove: by member id, or by instance id with an empty member id."""
