@@ -78,3 +78,16 @@ def test_the_workers_seconds_are_one_check_with_their_own_words(zero: str, said:
         assert str(refused.value) == f"{bad!r}: {said}"
     with pytest.raises(argparse.ArgumentTypeError, match="is not a number of seconds"):
         parse("nan")
+
+
+def test_the_log_level_help_of_the_coordinator_names_every_level_taken() -> None:
+    """``rcoord coordinator --help`` said "DEBUG, INFO, WARNING or ERROR", though CRITICAL is
+    taken too (cli.log_level checks LOG_LEVELS)."""
+    from rcoord.service.cli import add_coordinator_arguments
+
+    p = Parser(prog="t")
+    add_coordinator_arguments(p)
+    (action,) = [a for a in p._actions if "--log-level" in a.option_strings]
+    assert action.help is not None
+    for level in LOG_LEVELS:
+        assert level in action.help, action.help

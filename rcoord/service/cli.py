@@ -63,7 +63,7 @@ import sys
 import threading
 from typing import Any
 
-from ..cli import INTEGER, FromEnv, FromEnvInt, env_default, env_note, from_env
+from ..cli import INTEGER, LOG_LEVELS, FromEnv, FromEnvInt, env_default, env_note, from_env
 from ..errors import ConfigError
 
 __all__ = ["JsonFormatter", "add_coordinator_arguments", "coordinator_main"]
@@ -149,7 +149,7 @@ def add_coordinator_arguments(p: argparse.ArgumentParser) -> None:
                    "default $RCOORD_RETENTION_CHECK_INTERVAL_MS, else 300000; 0 turns it off)")
     p.add_argument("--log-level", action=AfterCommand,
                    default=env_default("RCOORD_LOG_LEVEL", "INFO"),
-                   help="DEBUG, INFO, WARNING or ERROR (default $RCOORD_LOG_LEVEL, else INFO); "
+                   help=f"{', '.join(LOG_LEVELS)} (default $RCOORD_LOG_LEVEL, else INFO); "
                    "logs are JSON lines on stdout")
     add_tls_arguments(p)
     # (Each item names the variable, for parse_settings's error: "--set expects ..." named a
