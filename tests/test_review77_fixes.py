@@ -103,3 +103,21 @@ def test_clickstream_durations_take_the_seconds_words_only(text: str) -> None:
 
     with pytest.raises(argparse.ArgumentTypeError, match="is no duration"):
         clickstream._duration(0)(text)
+
+
+@pytest.mark.parametrize("text", ["9" * 400, "9" * 400 + "h", "1" + "0" * 20 + "ms"])
+def test_clickstream_durations_past_any_event_time_span_are_refused(text: str) -> None:
+    """A 400-digit duration raised an OverflowError (float() made it inf, int() refused that),
+    which argparse does not turn into a usage error: a traceback, where every other bad value
+    is "argument --window: ..."; and one that fits a float but no span of event times
+    (years 1 to 9999) was taken."""
+    import argparse
+
+    from workers import clickstream
+
+    with pytest.raises(argparse.ArgumentTypeError, match="too long"):
+        clickstream._duration(0)(text)
+    with pytest.raises(ValueError, match="too long"):  # (build_query reads its strings so)
+        clickstream._ms(text)
+    longest = clickstream._MAX_MS - clickstream._MIN_MS
+    assert clickstream._ms(f"{longest}ms") == longest

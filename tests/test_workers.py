@@ -113,10 +113,12 @@ def test_clickstream_without_a_redis_url_is_a_usage_error_before_spark_starts():
 def test_clickstream_durations_it_cannot_read_are_usage_errors_before_spark_starts():
     """``--window "10 seconds"`` (Spark's own spelling), ``--watermark 10min`` or ``--window 0``
     started Spark and failed after it behind a traceback (``int()``'s ValueError, or Spark's
-    division by zero for a 0 ms window)."""
+    division by zero for a 0 ms window); a 400-digit number failed argparse itself with a
+    traceback (float() made it inf, and int(inf) raised an OverflowError argparse lets
+    through)."""
     env = {**ENV, "RCOORD_REDIS_URL": "redis://127.0.0.1:1/0"}
     for flag, value in (("--window", "10 seconds"), ("--watermark", "10min"),
-                        ("--window", "0"), ("--trigger", "-1s")):
+                        ("--window", "0"), ("--trigger", "-1s"), ("--watermark", "9" * 400)):
         res = subprocess.run(
             [sys.executable, "-m", "workers.clickstream", "--group", "clicks", "--topic",
              "events", "--out", "/nonexistent-clickstream-out", f"{flag}={value}"],

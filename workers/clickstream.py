@@ -87,13 +87,21 @@ __all__ = ["MAX_OFFSETS_PER_TRIGGER", "build_query", "main", "read_counts", "set
 
 def _ms(text: str) -> int:
     """'10s', '500ms', '2m', '1h', or a number of milliseconds; a ``ValueError`` naming those
-    forms for anything else (Spark's "10 seconds" too)."""
+    forms for anything else (Spark's "10 seconds" too), or the longest taken for one longer
+    than the span of event times (years 1 to 9999, ``_MIN_MS`` to ``_MAX_MS``): a 400-digit
+    number was inf to float(), and int() raised an OverflowError, which argparse let through
+    as a traceback where any other bad value is a usage error."""
     text = text.strip().lower()
     for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("", 1)):
         number = text[: len(text) - len(suffix)].strip()
         # (ASCII digits: isdigit() took "\u0663" as 3, and "\u00b2" for float() to refuse)
         if text.endswith(suffix) and re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", number):
-            return int(float(number) * factor)
+            ms = float(number) * factor
+            if ms > _MAX_MS - _MIN_MS:
+                raise ValueError(f"{text!r} is too long a duration: at most "
+                                 f"{_MAX_MS - _MIN_MS} ms, the span of event times Spark's "
+                                 "timestamps hold (years 1 to 9999)")
+            return int(ms)
     raise ValueError(f"{text!r} is no duration: write a number with ms, s, m or h after it "
                      "('500ms', '10s', '1m'), or a number of milliseconds")
 
