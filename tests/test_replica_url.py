@@ -243,6 +243,31 @@ def test_an_unreachable_redis_at_the_start_is_logged(refused_port: int, namespac
         r.close()
 
 
+def test_an_unreachable_redis_url_at_the_start_is_logged_with_the_url_not_the_call(
+        refused_port: int, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning read "consumer group 'g': _connect: Error 111 connecting to ...": the name
+    of the function the error boundary wrapped (a private one), and not the URL the group was
+    given. It names the URL now, its password masked (as "Redis at URL" is said everywhere: no
+    query), beside redis-py's own words."""
+    url = f"redis://admin:Zm9vYmFy@127.0.0.1:{refused_port}/0?password=Zm9vYmFy"
+    consumer = Consumer(ConsumerGroupConfig(
+        group_id="g", topics=["t"], redis_url=url, namespace=namespace, **SHORT))
+    try:
+        with caplog.at_level(logging.WARNING, "rcoord.client"):
+            assert consumer.poll(timeout=0.01) == []
+        starts = [m for m in caplog.messages
+                  if "starting again at the next call" in m and f":{refused_port}" in m]
+        assert len(starts) == 1, caplog.messages
+        (start,) = starts
+        assert start.startswith(
+            f"consumer group 'g': Redis at redis://admin:***@127.0.0.1:{refused_port}/0: "
+            "Error 111 connecting to "), start
+        assert "Connection refused" in start and "_connect" not in start, start
+        assert "Zm9vYmFy" not in start, start
+    finally:
+        consumer.close(timeout=WAIT_S)
+
+
 def test_offset_queries_and_assign_on_a_replica_say_to_give_the_master(
         replica: EmbeddedServer, namespace: str) -> None:
     """``committed()``, ``position()`` after ``assign()`` (which reads the committed offsets)

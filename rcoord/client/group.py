@@ -118,6 +118,7 @@ from ..errors import (
 from ..flow import abandon_parked_when
 from ..protocol.leave import MemberIdentity
 from ..protocol.offsets import TopicPartition
+from ..urls import redact_url
 from .config import ConsumerGroupConfig
 from .coordinator import Coordinator, RedisCoordinator, client_from_url
 from .errors import (
@@ -367,8 +368,14 @@ class ConsumerGroup:
         read_only = replica_answer(exc) is not None
         if self._start_refused is None or self._start_refused[1] != read_only:
             self._start_refused = (now, read_only)
-            log.warning("consumer group %r: %s; starting again at the next call",
-                        self._config.group_id, exc)
+            # (the error boundary's text begins with the name of the call it wrapped, a private
+            # one such as "_connect"; the user is told which server, and redis-py's words)
+            cause = exc.__cause__ or exc
+            url = self._config.redis_url
+            log.warning("consumer group %r: %s: %s; starting again at the next call",
+                        self._config.group_id,
+                        "Redis" if url is None else f"Redis at {redact_url(url)}",
+                        str(cause) or type(cause).__name__)
             return
         if not read_only or (now - self._start_refused[0]) * 1000 < self._config.session_timeout_ms:
             return
