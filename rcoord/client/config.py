@@ -222,7 +222,7 @@ class ConsumerGroupConfig:
             raise ConfigError("give redis_url or redis_client, not both")
         problem = None if self.redis_url is None else url_problem(self.redis_url)
         if problem:
-            raise ConfigError(f"redis_url {redact_url(self.redis_url)!r} {problem}")
+            raise ConfigError(f"redis_url {redact_url(self.redis_url, query=True)!r} {problem}")
         if not valid_namespace(self.namespace):
             raise ConfigError(f"namespace must be {NAMESPACE_RULE}, got {self.namespace!r}")
 

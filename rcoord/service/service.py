@@ -212,7 +212,7 @@ class ServiceConfig:
                               f"printable characters, got {cid!r}")
         problem = url_problem(self.redis_url)
         if problem:
-            raise ConfigError(f"redis_url {redact_url(self.redis_url)!r} {problem}")
+            raise ConfigError(f"redis_url {redact_url(self.redis_url, query=True)!r} {problem}")
         if not 100 <= self.lease_ttl_ms <= MAX_LEASE_TTL_MS:
             raise ConfigError(f"lease_ttl_ms must be in 100..{MAX_LEASE_TTL_MS} (a day), got "
                               f"{self.lease_ttl_ms}")

@@ -239,7 +239,7 @@ def _url(opts: Mapping[str, str], env: Mapping[str, str]) -> str:
         )
     problem = url_problem(url)
     if problem:
-        raise OptionError(f"url: {redact_url(url)!r} {problem}")
+        raise OptionError(f"url: {redact_url(url, query=True)!r} {problem}")
     return url
 
 
