@@ -107,21 +107,39 @@ def redact_url(url: object, *, query: bool = False) -> str:
     that had none. Others drop them (the URL a command connects with carries the TLS file
     arguments ``--tls-ca-file`` added, which the user did not write).
 
-    The cut is the last ``@``, not a parser's: a raw ``/``, ``?`` or ``#`` in a password ends
-    the authority early for ``urlsplit``, which then finds no password at all (the whole URL
-    was shown). A URL whose ``@`` might belong to either is masked, the safe side."""
+    The cut is the last ``@`` outside a query argument's password (``_in_query_password``),
+    not a parser's: a raw ``/``, ``?`` or ``#`` in a password ends the authority early for
+    ``urlsplit``, which then finds no password at all (the whole URL was shown). A URL whose
+    ``@`` might belong to either is masked, the safe side. The ``@`` of a ``?password=``
+    value is not one: that value is masked whole (or dropped with the query), and cut there,
+    the password's tail was shown as the host ('redis://h:***@TAIL'). Where the URL is well
+    formed, this is urllib's cut (the last ``@`` of the authority), the host redis-py reads."""
     text = str(url)
     scheme, sep, rest = text.partition("://")
     if not sep:
         scheme, rest = "", text
     masked = ""
-    if "@" in rest:
-        userinfo, _, rest = rest.rpartition("@")
+    at = len(rest)
+    while (at := rest.rfind("@", 0, at)) >= 0 and _in_query_password(rest[:at]):
+        pass
+    if at >= 0:
+        userinfo, rest = rest[:at], rest[at + 1:]
         masked = f"{userinfo.split(':', 1)[0]}:***@" if ":" in userinfo else "***@"
     if not query:
         return f"{scheme}{sep}{masked}{re.split(r'[?#]', rest, maxsplit=1)[0]}"
     where, mark, args = rest.partition("?")
     return f"{scheme}{sep}{masked}{where}{mark}{_masked_query(args)}"
+
+
+def _in_query_password(before: str) -> bool:
+    """Whether the text after ``before`` is inside the value of a query argument whose name
+    holds "password" (one ``_masked_query`` masks): after a ``?``, the last ``?``- or
+    ``&``-separated piece of ``before`` is ``NAME=...``. (A password before the host that
+    itself holds "?password=" is read so too: its part before the "?" is then shown.)"""
+    if "?" not in before:
+        return False
+    name, eq, _ = re.split(r"[?&]", before)[-1].partition("=")
+    return bool(eq) and "password" in unquote(name).lower()
 
 
 def _masked_query(query: str) -> str:
