@@ -362,9 +362,12 @@ async def _aperform_one(client: Any, scripts: Any, op: Op) -> Any:
     if isinstance(op, XRead):
         return bool(await client.xread({op.key: op.after}, count=1, block=op.block_ms))
     if isinstance(op, MasterOf):
-        if hasattr(client, "get_node_from_key"):
-            await client.initialize()
-        return _master_name(client, op.key)
+        if not hasattr(client, "get_node_from_key"):
+            return ""
+        from .asyncio.cluster import node_of_key
+
+        node = await node_of_key(client, op.key)  # (a slot the map lost: read again)
+        return f"{node.host}:{node.port}"
     if isinstance(op, WaitReplicas):
         return await _await_replicas(client, op)
     raise TypeError(f"not an operation: {op!r}")
@@ -374,15 +377,17 @@ async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
     if hasattr(client, "get_node_from_key"):  # redis.asyncio.RedisCluster: one node's pipeline
         from redis.asyncio.cluster import PipelineCommand
 
-        await client.initialize()
+        from .asyncio.cluster import node_of_key
+
+        node = await node_of_key(client, op.key)  # (as MasterOf looks it up)
         commands = [PipelineCommand(0, "INCR", op.key),
                     PipelineCommand(1, "WAIT", op.replicas, op.timeout_ms)]
-        await client.get_node_from_key(op.key).execute_pipeline(commands)
+        await node.execute_pipeline(commands)
         for command in commands:
             if isinstance(command.result, Exception):
                 raise command.result
         acked: Any = commands[1].result
-        return int(acked), _master_name(client, op.key)
+        return int(acked), f"{node.host}:{node.port}"
     pipe = client.pipeline(transaction=False)
     pipe.execute_command("INCR", op.key)
     pipe.execute_command("WAIT", op.replicas, op.timeout_ms)

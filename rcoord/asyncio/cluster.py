@@ -10,7 +10,7 @@ import redis.exceptions
 
 from ..connect import UNCOVERED_REFRESH_S, learn_node, partial_listing, refuse_partial_listing
 
-__all__ = ["AsyncClusterClient", "learn_slots"]
+__all__ = ["AsyncClusterClient", "learn_slots", "node_of_key", "refresh_uncovered"]
 
 
 class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
@@ -37,16 +37,46 @@ class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
         except redis.exceptions.SlotNotCoveredError:
             # A slot the map has no master for is looked up again once the map is read again
             # (``connect.refresh_uncovered``, which says why), at most every second.
-            now = time.monotonic()
-            if now - self._uncovered_refreshed < UNCOVERED_REFRESH_S:
-                raise
-            self._uncovered_refreshed = now
             try:
-                await self.nodes_manager.initialize()
-            except Exception:  # noqa: BLE001 - the slot's own error is raised
+                refreshed = await refresh_uncovered(self)
+            except redis.exceptions.SlotNotCoveredError:
                 raise redis.exceptions.SlotNotCoveredError(
                     f"{args[0]}: its slot is served by no master of the Redis Cluster") from None
+            if not refreshed:
+                raise
             return await find(*args, **kwargs)
+
+
+async def refresh_uncovered(client: Any) -> bool:
+    """The asyncio twin of ``rcoord.connect.refresh_uncovered`` (which says why): read the
+    slot map of ``client`` again after a lookup met a slot with no master in it, at most every
+    ``UNCOVERED_REFRESH_S``: whether it was read (then the caller looks the slot up again).
+    A read that failed raises ``SlotNotCoveredError``."""
+    now = time.monotonic()
+    if now - getattr(client, "_uncovered_refreshed", -UNCOVERED_REFRESH_S) < UNCOVERED_REFRESH_S:
+        return False
+    client._uncovered_refreshed = now
+    try:
+        await client.nodes_manager.initialize()
+    except Exception:  # noqa: BLE001 - the slot's own error is raised
+        raise redis.exceptions.SlotNotCoveredError(
+            "a slot is served by no master of the Redis Cluster") from None
+    return True
+
+
+async def node_of_key(client: Any, key: Any) -> Any:
+    """The master ``client`` (a ``redis.asyncio.RedisCluster``) sends ``key`` to, looked up
+    again once the map is read again when the map has none for its slot, as the blocking
+    ``ClusterClient.get_node_from_key`` does: the acks of a commit (``MasterOf``, the replica
+    wait) look the master up themselves, outside ``_determine_nodes``, and failed on a slot
+    whose step had just been served (the commit stored, then reported lost)."""
+    await client.initialize()  # (at once when it knows the slots)
+    try:
+        return client.get_node_from_key(key)
+    except redis.exceptions.SlotNotCoveredError:
+        if not await refresh_uncovered(client):
+            raise
+        return client.get_node_from_key(key)
 
 
 def learn_slots(client: Any) -> None:
