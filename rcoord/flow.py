@@ -325,6 +325,11 @@ async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -
         return await wake_reads.claim(client, op.key, op.px_ms)
     if wake_reads is None:
         return await _aperform_one(client, scripts, op)
+    if isinstance(op, WaitReplicas):
+        # WAIT holds its connection up to its timeout, as a parked read does: under the
+        # commands' bound it held a place a heartbeat needed, for the whole ack timeout.
+        async with wake_reads.blocking_place(client, op.key):
+            return await _aperform_one(client, scripts, op)
     # A place on each master it sends to (one bound on a single node): calls stuck on a stalled
     # master do not hold up those for the others.
     async with wake_reads.places(client, _routing_keys(op)):

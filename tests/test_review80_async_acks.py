@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -60,5 +61,48 @@ def test_a_commit_with_acks_is_answered_after_its_slot_left_the_clients_map(
             assert (await acoord.fetch_offsets("g", [TP])).offsets[TP].offset == 7
         finally:
             await aclient.aclose()
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Any, timeout_s: float = 10.0) -> None:
+    """Wait (polling, bounded) until ``condition()`` holds."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def _waiting_in_wait(server: Any) -> bool:
+    with server.client() as admin:
+        return any(c.get("cmd") == "wait" for c in admin.client_list())
+
+
+def test_a_replica_wait_does_not_hold_a_place_a_heartbeat_needs(redis_server):
+    """A commit's WAIT blocks its connection for up to ``ack_timeout_ms``, as a parked call's
+    stream read does for its block; it took a place under the commands' bound, which on a
+    client with a small pool (``max_connections=2``: one place) is every place, so another
+    member's heartbeat waited behind it for the whole ack timeout (a member's session can be
+    shorter). It now waits under the blocking reads' bound, as those reads do."""
+    cfg = _config()
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port,
+                                     max_connections=2)
+        coord = AsyncGroupCoordinator(client, cfg)
+        try:
+            await coord.start()
+            # No replica: the WAIT lasts its whole timeout (far longer than a heartbeat).
+            commit = asyncio.ensure_future(coord.commit_offsets(
+                "g", {TP: 1}, required_acks=1, ack_timeout_ms=10_000))
+            await _until(lambda: _waiting_in_wait(redis_server) or commit.done())
+            beat = asyncio.ensure_future(coord.heartbeat("other", 1, "m"))
+            done, _ = await asyncio.wait({beat, commit}, return_when=asyncio.FIRST_COMPLETED)
+            assert beat in done and not commit.done(), "the heartbeat waited for the WAIT"
+            assert beat.result() == Errors.UNKNOWN_MEMBER_ID
+            commit.cancel()
+            await asyncio.wait({commit})
+        finally:
+            await coord.close()
+            await client.aclose()
 
     asyncio.run(scenario())

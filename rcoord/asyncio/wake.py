@@ -22,10 +22,11 @@ master too): a read holds its connection for up to a second, and sharing one bou
 many parked groups as the bound took every place, so a heartbeat (or the SyncGroup that would
 wake them) waited for a read to end; and with one read bound for all masters, the reads stuck on
 a stalled master held every read place, so a parked call on a healthy master was woken only by
-its own timeout, up to a second late, each time. When the deadline the parked calls wait for falls
-due, they all ask whether it is due and then claim it: the same question in flight is asked
-once and its answer shared (``read``), and one call per claim's length asks for the claim
-(``claim``), as the blocking coordinator's threads do.
+its own timeout, up to a second late, each time. A commit's replica WAIT, which holds its
+connection up to its ack timeout, waits under the reads' bound too (``blocking_place``). When
+the deadline the parked calls wait for falls due, they all ask whether it is due and then claim
+it: the same question in flight is asked once and its answer shared (``read``), and one call
+per claim's length asks for the claim (``claim``), as the blocking coordinator's threads do.
 
 The bounds, and the streams, belong to the event loop that uses them (an ``asyncio.Semaphore``
 binds to its loop): a coordinator used from another loop (``asyncio.run`` twice) starts afresh.
@@ -220,6 +221,18 @@ class AsyncWakeReads:
             bound.users -= 1
             if not bound.users and self._by_master.get((name, reads)) is bound:
                 del self._by_master[name, reads]
+
+    @contextlib.asynccontextmanager
+    async def blocking_place(self, client: Any, key: Any) -> AsyncIterator[None]:
+        """Hold a place for a command that blocks its connection for long (a commit's replica
+        WAIT, up to its ack timeout), on the master of ``key``: under the bound of the blocking
+        reads, not the commands', so the commands (a member's heartbeat) never wait for it.
+        Within the commands' own when the pool cannot hold both (``_share``)."""
+        self._bound()
+        self._check_open()
+        async with self._read_place(client, key):
+            self._check_open()  # (closed while this call waited for a place)
+            yield
 
     @contextlib.asynccontextmanager
     async def _read_place(self, client: Any, key: Any) -> AsyncIterator[None]:
