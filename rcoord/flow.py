@@ -380,23 +380,44 @@ async def _aperform_one(client: Any, scripts: Any, op: Op) -> Any:
 
 async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
     if hasattr(client, "get_node_from_key"):  # redis.asyncio.RedisCluster: one node's pipeline
-        from redis.asyncio.cluster import PipelineCommand
-
         from .asyncio.cluster import node_of_key
 
         node = await node_of_key(client, op.key)  # (as MasterOf looks it up)
-        commands = [PipelineCommand(0, "INCR", op.key),
-                    PipelineCommand(1, "WAIT", op.replicas, op.timeout_ms)]
-        await node.execute_pipeline(commands)
-        for command in commands:
-            if isinstance(command.result, Exception):
-                raise command.result
-        acked: Any = commands[1].result
-        return int(acked), f"{node.host}:{node.port}"
+        try:
+            acked = await _node_wait(node, op)
+        except redis.exceptions.ConnectionError as exc:
+            # A pooled connection the server had closed (idle, killed): redis-py sends a
+            # command again on a fresh one, but a node's execute_pipeline does not, and the
+            # commit, stored, was reported lost. INCR and WAIT are safe to send again (WAIT
+            # counts the new connection's INCR, which follows the commit on that master).
+            if isinstance(exc, _NOT_STALE):
+                raise
+            await node.disconnect_free_connections()
+            node = await node_of_key(client, op.key)
+            acked = await _node_wait(node, op)
+        return acked, f"{node.host}:{node.port}"
     pipe = client.pipeline(transaction=False)
     pipe.execute_command("INCR", op.key)
     pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
     return int((await pipe.execute())[1]), ""
+
+
+_NOT_STALE = (redis.exceptions.MaxConnectionsError, redis.exceptions.AuthenticationError)
+"""Connection errors a fresh connection would not mend (a full pool, a refused login)."""
+
+
+async def _node_wait(node: Any, op: WaitReplicas) -> int:
+    """INCR and WAIT on one connection of cluster node ``node``: how many replicas acked."""
+    from redis.asyncio.cluster import PipelineCommand
+
+    commands = [PipelineCommand(0, "INCR", op.key),
+                PipelineCommand(1, "WAIT", op.replicas, op.timeout_ms)]
+    await node.execute_pipeline(commands)
+    for command in commands:
+        if isinstance(command.result, Exception):
+            raise command.result
+    acked: Any = commands[1].result
+    return int(acked)
 
 
 def _raise_swallowed_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:

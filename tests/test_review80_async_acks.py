@@ -106,3 +106,61 @@ def test_a_replica_wait_does_not_hold_a_place_a_heartbeat_needs(redis_server):
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["single", "cluster"])
+def test_a_stale_pooled_connection_does_not_fail_a_stored_commit_with_acks(
+        request, backend):
+    """The server dropped the client's idle connections (a restart of the proxy, ``timeout``,
+    ``CLIENT KILL``) after the commit's script ran and before its replica wait. redis-py sends
+    a command again on a fresh connection when the pooled one turns out closed, and so does the
+    single node's pipeline; the cluster's wait went through one node's ``execute_pipeline``,
+    which does not, and the stored commit was reported ``ConnectionLost``. INCR and WAIT are
+    safe to send again on another connection (WAIT counts that connection's INCR, after the
+    commit in the replication stream). No replica: the answer is COORDINATOR_NOT_AVAILABLE."""
+    from rcoord import ConnectionLost
+
+    cfg = _config()
+    keys = GroupKeys.of(cfg.namespace, cfg.num_partitions, "g")
+    if backend == "single":
+        server = request.getfixturevalue("redis_server")
+        port = server.port
+    else:
+        cluster = request.getfixturevalue("redis_cluster")
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as probe:
+            port = int(probe.get_node_from_key(keys.partition.acks).port)
+
+    async def scenario() -> None:
+        if backend == "single":
+            client: Any = redis.asyncio.Redis(host="127.0.0.1", port=port)
+        else:
+            client = AsyncClusterClient(host="127.0.0.1", port=port)
+        coord = AsyncGroupCoordinator(client, cfg)
+        scripts = coord._scripts
+        real = scripts.acall
+        killed = []
+
+        async def then_drop_connections(name: str, *args: Any) -> Any:
+            reply = await real(name, *args)
+            if name == "commit_offsets":  # stored: the group's master drops its clients
+                with redis.Redis(host="127.0.0.1", port=port) as admin:
+                    killed.append(admin.execute_command(
+                        "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
+            return reply
+
+        try:
+            await coord.start()
+            scripts.acall = then_drop_connections  # type: ignore[method-assign]
+            try:
+                got = await coord.commit_offsets("g", {TP: 5}, required_acks=1,
+                                                 ack_timeout_ms=20)
+            except ConnectionLost as exc:
+                pytest.fail(f"a stored commit reported lost: {exc!r}")
+            assert killed and killed[0] >= 1  # (the pooled connection was dropped)
+            assert got == {TP: Errors.COORDINATOR_NOT_AVAILABLE}
+            assert (await coord.fetch_offsets("g", [TP])).offsets[TP].offset == 5
+        finally:
+            await coord.close()
+            await client.aclose()
+
+    asyncio.run(scenario())
