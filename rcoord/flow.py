@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Coroutine, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +44,7 @@ __all__ = [
     "Script",
     "ScriptBatch",
     "SharedRead",
+    "Unbroken",
     "WaitReplicas",
     "Woken",
     "XRead",
@@ -159,6 +160,17 @@ class MasterOf:
     key: Any
 
 
+@dataclass(frozen=True)
+class Unbroken:
+    """Run ``flow`` (a flow of its own) to its end even if the caller gives up meanwhile, for
+    writes that must not be left half made: ``delete_groups`` deletes a group, then its Spark
+    replay record in another slot, and a caller cancelled between the two left the record of
+    a group that was gone. The asyncio driver runs it as a task of its own, shielded: a
+    cancellation of the caller's task is raised once it has ended. Sent back: its value."""
+
+    flow: Generator[Any, Any, Any]
+
+
 _ABANDON: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
     "rcoord_abandon_parked", default=None)
 
@@ -198,7 +210,7 @@ def _master_name(client: Any, key: Any) -> str:
 
 
 Op = (Script | ScriptBatch | Command | SharedRead | Claim | Pipeline | XRead | WaitReplicas
-      | MasterOf)
+      | MasterOf | Unbroken)
 Flow = Generator[Op, Any, R]
 
 
@@ -270,6 +282,8 @@ def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None, calls: A
         pipe.execute_command("INCR", op.key)
         pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
         return int(pipe.execute()[1]), name
+    if isinstance(op, Unbroken):
+        return drive(client, scripts, op.flow, wake_reads, calls)
     raise TypeError(f"not an operation: {op!r}")
 
 
@@ -315,6 +329,8 @@ async def _batch_async(client: Any, scripts: Any, op: ScriptBatch) -> list[Any]:
 
 
 async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -> Any:
+    if isinstance(op, Unbroken):
+        return await _unbroken(adrive(client, scripts, op.flow, wake_reads))
     if isinstance(op, XRead) and wake_reads is not None:
         # Calls of one coordinator share the read (rcoord.asyncio.wake), which has a bound of
         # its own: a waiter holds no place.
@@ -336,6 +352,23 @@ async def _aperform(client: Any, scripts: Any, op: Op, wake_reads: Any = None) -
         return await _aperform_one(client, scripts, op)
 
 
+async def _unbroken(run: Coroutine[Any, Any, R]) -> R:
+    """Await ``run`` in a task of its own that a cancellation of the caller does not reach
+    (``Unbroken``); a cancellation that came meanwhile is raised once it has ended."""
+    task = asyncio.ensure_future(run)
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})  # (cancelled, it leaves the task running)
+        except asyncio.CancelledError:
+            interrupted = True
+    if interrupted:
+        if not task.cancelled():
+            task.exception()  # (retrieved: the caller is told of its cancellation)
+        raise asyncio.CancelledError
+    return task.result()
+
+
 def _routing_keys(op: Op) -> list[Any]:
     """The keys that route the commands ``op`` sends: a cluster sends each command to its
     first key's master (a step's keys share one slot)."""
@@ -347,6 +380,8 @@ def _routing_keys(op: Op) -> list[Any]:
         return list(op.args[1:2])
     if isinstance(op, Pipeline):
         return [command[1] for command in op.commands if len(command) > 1]
+    if isinstance(op, Unbroken):
+        return []  # (never asked: its flow's operations take their own places)
     return [op.key]  # Claim, XRead, WaitReplicas, MasterOf
 
 

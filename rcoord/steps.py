@@ -42,6 +42,7 @@ from .flow import (
     Script,
     ScriptBatch,
     SharedRead,
+    Unbroken,
     WaitReplicas,
     Woken,
     XRead,
@@ -850,10 +851,17 @@ class GroupSteps:
         """
         out: dict[str, Errors] = {}
         for gid in group_ids_arg(group_ids):
-            out[gid] = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
-            if out[gid] == Errors.NONE:
-                yield Command(("DEL", replays_key(self.namespace, gid)))
+            # Both or neither: a caller cancelled between the two left the record of a group
+            # that was gone, and a retry finds no group (GROUP_ID_NOT_FOUND) and deletes nothing.
+            out[gid] = yield Unbroken(self._delete_group(gid))
         return out
+
+    def _delete_group(self, gid: str) -> Flow[Errors]:
+        """Delete one group, then (if it was deleted) its Spark replay record."""
+        code = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
+        if code == Errors.NONE:
+            yield Command(("DEL", replays_key(self.namespace, gid)))
+        return code
 
     def delete_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition]

@@ -164,3 +164,62 @@ def test_a_stale_pooled_connection_does_not_fail_a_stored_commit_with_acks(
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["single", "cluster"])
+def test_a_delete_cancelled_after_its_script_ran_still_drops_the_replay_record(
+        request, backend):
+    """``delete_groups`` deletes the group (its script), then the group's Spark replay record
+    (another slot, a DEL of its own). A caller's task cancelled between the two (its
+    ``asyncio.timeout``, a shutdown) left the record behind, the group gone: a group made
+    again under that id started with the old one's replays, and deleting it again answered
+    GROUP_ID_NOT_FOUND without a DEL. The two now run to their end (the flow's ``Unbroken``),
+    and the cancellation is raised after them."""
+    from rcoord.keys import replays_key
+
+    cfg = _config()
+    if backend == "single":
+        server = request.getfixturevalue("redis_server")
+        blocking: Any = server.client()
+        make: Any = lambda: redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+    else:
+        port = request.getfixturevalue("redis_cluster").ports[0]
+        blocking = ClusterClient(host="127.0.0.1", port=port)
+        make = lambda: AsyncClusterClient(host="127.0.0.1", port=port)
+    request.addfinalizer(blocking.close)
+    record = replays_key(cfg.namespace, "g")
+
+    async def scenario() -> None:
+        client = make()
+        coord = AsyncGroupCoordinator(client, cfg)
+        scripts = coord._scripts
+        real = scripts.acall
+        ran, proceed = asyncio.Event(), asyncio.Event()
+
+        async def then_pause(name: str, *args: Any) -> Any:
+            reply = await real(name, *args)
+            if name == "delete_group":  # the group is gone; its record not yet
+                ran.set()
+                await proceed.wait()
+            return reply
+
+        try:
+            await coord.start()
+            assert await coord.commit_offsets("g", {TP: 5}) == {TP: Errors.NONE}  # Empty group
+            blocking.hset(record, "1:m", 3)
+            scripts.acall = then_pause  # type: ignore[method-assign]
+            deleting = asyncio.ensure_future(coord.delete_groups(["g"]))
+            await ran.wait()
+            deleting.cancel()
+            await asyncio.sleep(0)  # (the cancellation reaches the call)
+            proceed.set()
+            await asyncio.wait({deleting})
+            assert deleting.cancelled()  # the caller's cancellation is not lost
+            scripts.acall = real  # type: ignore[method-assign]
+            assert (await coord.describe_group("g")).state == "Dead"
+            assert not blocking.exists(record), "the replay record outlived its group"
+        finally:
+            await coord.close()
+            await client.aclose()
+
+    asyncio.run(scenario())
