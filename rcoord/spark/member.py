@@ -234,7 +234,8 @@ class StreamMember:
         # Where the current generation starts the partitions the group has no offset for
         # (see _place); the others start at the group's committed offset.
         self._placed: dict[TP, int] = {}
-        # Every such start this process chose, kept across generations (see _place).
+        # Every such start this process chose, kept across generations (see _place), and
+        # moved with this process's commits read on from it (_commit_own).
         self._chosen: dict[TP, tuple[int, str | None]] = {}  # (start, its topic's token)
         # For a start chosen while its topic's token could not be read: the server's time
         # then, which the topic's creation time is checked against once the token is read
@@ -637,12 +638,18 @@ class StreamMember:
             self._unreachable_since = self._commit_failing_since = None
             self._committed.update(todo)
             self._base_tokens.update({tp: pos.tokens.get(tp.topic) for tp in todo})
-            for tp in todo.keys() & self._chosen_ms.keys():
-                # A dated start (_settle_tokens) this plan read on from, committed without a
-                # token (the plan could not read it either): the query has read up to here,
-                # so a topic found made again since the date loses the old topic's records
-                # from here on. The loss named the first start, as if nothing had been read.
-                self._chosen[tp] = (todo[tp], None)
+            for tp in todo.keys() & self._chosen.keys():
+                # A start this process chose (_place) that this plan read on from: the query
+                # has read up to here, so a topic found made again later (the group's commit,
+                # older than the new topic, then counts as none, and _place starts there
+                # again) loses the old topic's records from here on, and a commit that expired
+                # is taken up from here. The loss named the first start, as if nothing had been
+                # read, and a commit that expired was read again from it. A dated start
+                # (_settle_tokens) keeps its date, committed without a token (the plan could
+                # not read it either); one chosen with its token takes the plan's, if read.
+                token = None if tp in self._chosen_ms else (
+                    pos.tokens.get(tp.topic) or self._chosen[tp][1])
+                self._chosen[tp] = (todo[tp], token)
             return self._record(pos, todo, Errors.NONE)
         # This process's plan from an earlier generation: let the coordinator fence it with
         # its own stamp.

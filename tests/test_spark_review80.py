@@ -1,0 +1,68 @@
+"""Group mode under ``startingOffsets=latest``: the starts this process chose (``_chosen``)
+after their commits landed, the clock that dates a start chosen without its token, and a topic
+made again between the query's join and its token read. Each test failed on the code before
+its fix (``StreamMember`` driven through fake generations: no Spark, no group thread)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pytest
+from test_spark_member_reads import member  # noqa: F401  (fixture)
+from test_spark_unknown_token import EV0, created_again, generation
+
+from rcoord.spark.plan import Position
+from rcoord.spark.resolve import DataLossError, log_snapshot
+from rcoord.topics import Producer, ProducerRecord, Topics
+
+
+def test_a_chosen_start_read_on_is_lost_from_where_the_query_committed(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # ev-0 is placed at its log end, 9, with its topic's token, and that commit lands; the
+    # query reads 9 to 20 and commits 20. The topic is then made again with a log past 20,
+    # and the next generation finds no committed offset (the group's commit is older than
+    # the new topic). Before, it began ev-0 at the chosen start, 9, which was never moved:
+    # "created again since offset 9", though the query had read and committed up to 20
+    # (and, had the group's offset merely expired, it read 9 to 20 again).
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    token = topics.create_token("ev")
+    latest = partial(log_snapshot, topics)
+    commits: list[Any] = []
+    member._begin(generation({EV0: 9}, commits), True)
+    first = member.plan(Position({}), latest, None)
+    assert first.offsets[EV0] == 20
+    assert member.plan(first, latest, None) == first  # (commits 20: nothing new)
+    assert commits == [{EV0: (9, token)}, {EV0: (20, token)}]
+    topics.delete("ev")
+    created_again(topics, redis_client, namespace, 25)
+    member._begin(generation({EV0: 25}, commits, number=2), False)
+    with pytest.raises(DataLossError, match="since offset 20 was planned"):
+        member.plan(first, latest, None)
+    assert member._placed == {EV0: 20}
+
+
+def test_a_chosen_start_read_on_is_taken_up_from_the_commit_when_it_expires(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # As above, but the topic stays: the group's offset 20 is gone (expired, or deleted by
+    # an operator), and the next generation finds none. Before, it began again at 9, and
+    # committed it: the query read 9 to 20 a second time.
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    latest = partial(log_snapshot, topics)
+    commits: list[Any] = []
+    member._begin(generation({EV0: 9}, commits), True)
+    first = member.plan(Position({}), latest, None)
+    member.plan(first, latest, None)
+    member._begin(generation({EV0: 20}, commits, number=2), False)
+    assert member._placed == {EV0: 20}
+    assert commits[-1] == {EV0: (20, topics.create_token("ev"))}
