@@ -9,8 +9,9 @@ from functools import partial
 from typing import Any
 
 import pytest
+import redis
 from test_spark_member_reads import member  # noqa: F401  (fixture)
-from test_spark_unknown_token import EV0, created_again, generation
+from test_spark_unknown_token import EV0, chosen_without_a_token, created_again, generation
 
 from rcoord.spark.plan import Position
 from rcoord.spark.resolve import DataLossError, log_snapshot
@@ -66,3 +67,40 @@ def test_a_chosen_start_read_on_is_taken_up_from_the_commit_when_it_expires(
     member._begin(generation({EV0: 20}, commits, number=2), False)
     assert member._placed == {EV0: 20}
     assert commits[-1] == {EV0: (20, topics.create_token("ev"))}
+
+
+def test_a_start_is_not_dated_by_another_masters_clock(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str, backend: str,
+) -> None:
+    # In a cluster a start chosen without its token is dated by its topic's master (3bde4a2),
+    # whose TIME stamped the topic's created_ms; when that master did not answer, any node's
+    # clock dated it. Another master's clock an hour behind dated a start chosen just after
+    # the topic was created before the creation, and the unchanged topic was reported as
+    # made again (a false DataLossError; one ahead would take a topic made again just after
+    # the start for the same one, and read it from the old offset, unreported). Undated, the
+    # start is chosen again by the next generation (from its log start: read again, never
+    # lost), as when no clock answers. The other clock is driven by TIME sent to no node in
+    # particular; the topic's master (TIME sent to it) does not answer.
+    if backend != "cluster":
+        pytest.skip("one node: one clock")
+    time = redis_client.time
+
+    def other_masters(**kw: Any) -> Any:
+        if "target_nodes" in kw:
+            raise redis.ConnectionError("the topic's master does not answer")
+        secs, micros = time(**kw)
+        return int(secs) - 3600, micros
+
+    topics = Topics(redis_client, namespace)
+    topics.delete("ev")
+    topics.create("ev", 1)
+    monkeypatch.setattr(redis_client, "time", other_masters)
+    chosen_without_a_token(member, monkeypatch)
+    commits: list[Any] = []
+    try:
+        placed = member._place(generation({EV0: 12}, commits), False)
+    except DataLossError as exc:
+        pytest.fail(f"dated by another master's clock, the unchanged topic was made again: {exc}")
+    assert placed == {EV0: 0}
+    assert commits == [{EV0: (0, topics.create_token("ev"))}]

@@ -1210,20 +1210,24 @@ def _server_ms(client: Any) -> int | None:
 def _topic_ms(client: Any, namespace: str, topic: str) -> int | None:
     """Now by the clock of ``topic``'s master (the node of its metadata hash, whose ``TIME``
     stamped the topic's ``created_ms``), which ``_settle_tokens`` compares with it; None if
-    no clock can be read. A cluster's ``TIME`` went to any node: a master whose clock was
+    that clock cannot be read. A cluster's ``TIME`` went to any node: a master whose clock was
     behind the topic's dated a start chosen just after the topic's creation before it, and
-    the unchanged topic was taken for one made again (a false DataLossError). When the
-    topic's master does not answer (the token read that failed may have met the same
-    outage), any node's clock dates it, as before, up to the masters' skew."""
-    if hasattr(client, "get_node_from_key"):
-        try:
-            node = client.get_node_from_key(meta_key(namespace, topic))
-            secs, micros = client.time(target_nodes=node)
-            return int(secs) * 1000 + int(micros) // 1000
-        except REDIS_FAILURES as exc:
-            log.info("cannot read the clock of topic %r's master (%s); any node's dates its "
-                     "start", topic, exc)
-    return _server_ms(client)
+    the unchanged topic was taken for one made again (a false DataLossError); one ahead took
+    a topic made again just after the start for the same one (the new topic read from the
+    old one's offset, unreported). When the topic's master does not answer (the token read
+    that failed may have met the same outage), no other clock dates the start (until
+    2026-12-02 any node's did, with both risks): undated, it is chosen again by the next
+    generation (``_place``), its records read again rather than skipped or falsely lost."""
+    if not hasattr(client, "get_node_from_key"):
+        return _server_ms(client)  # (one node: the topic's master)
+    try:
+        node = client.get_node_from_key(meta_key(namespace, topic))
+        secs, micros = client.time(target_nodes=node)
+    except REDIS_FAILURES as exc:
+        log.info("cannot read the clock of topic %r's master (%s); its start is not dated",
+                 topic, exc)
+        return None
+    return int(secs) * 1000 + int(micros) // 1000
 
 
 def _planned_ms(client: Any) -> int:
