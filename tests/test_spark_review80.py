@@ -13,6 +13,7 @@ import redis
 from test_spark_member_reads import member  # noqa: F401  (fixture)
 from test_spark_unknown_token import EV0, chosen_without_a_token, created_again, generation
 
+from rcoord.errors import ConnectionLost
 from rcoord.spark.plan import Position
 from rcoord.spark.resolve import DataLossError, log_snapshot
 from rcoord.topics import Producer, ProducerRecord, Topics
@@ -104,3 +105,66 @@ def test_a_start_is_not_dated_by_another_masters_clock(
         pytest.fail(f"dated by another master's clock, the unchanged topic was made again: {exc}")
     assert placed == {EV0: 0}
     assert commits == [{EV0: (0, topics.create_token("ev"))}]
+
+
+def test_a_topic_made_again_between_the_join_and_the_token_read_is_read_from_its_log_start(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # The query starts under latest: its join reads ev-0's log end, 9; the topic is then
+    # deleted and made again with 12 records, before the member reads its token. Before, the
+    # start was the old topic's 9 under the new topic's token, committed so: the new topic's
+    # first 9 records, all appended after the query began, were skipped unreported. Now the
+    # token read before the join differs from the one after it: the topic was made again
+    # since the query began, and is read from its log start, as a topic that appears later.
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(9)])
+    commits: list[Any] = []
+
+    def join(timeout: float | None = None) -> Any:
+        gen = generation({EV0: 9}, commits)  # (the log end the join read)
+        gen.start = lambda routine: None
+        topics.delete("ev")
+        created_again(topics, redis_client, namespace, 12)
+        return gen
+
+    monkeypatch.setattr(member._group, "next", join)
+    start = member.initial(5.0)
+    assert start.offsets[EV0] == 0
+    assert commits == [{EV0: (0, topics.create_token("ev"))}]
+
+
+def test_a_topic_made_again_since_the_join_whose_log_start_is_unknown_is_data_loss(
+    member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
+    namespace: str,
+) -> None:
+    # As above, but the new topic's log start cannot be read: the start stays the join's 9,
+    # as the old topic's, uncommitted, and the first plan reports the topic made again (it
+    # was taken for the new topic's offset, its first 9 records skipped unreported).
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(9)])
+    commits: list[Any] = []
+
+    def join(timeout: float | None = None) -> Any:
+        gen = generation({EV0: 9}, commits)
+        gen.start = lambda routine: None
+        topics.delete("ev")
+        created_again(topics, redis_client, namespace, 12)
+        return gen
+
+    log_starts = member._log_starts
+
+    def unknown(tps: Any) -> Any:
+        return {tp: ConnectionLost("Redis away") if tp == EV0 else got
+                for tp, got in log_starts(tps).items()}
+
+    monkeypatch.setattr(member._group, "next", join)
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    with monkeypatch.context() as patch:
+        patch.setattr(member, "_log_starts", unknown)
+        member.initial(5.0)
+    assert commits == []
+    with pytest.raises(DataLossError, match="created again since offset 9 was planned"):
+        member.plan(Position({}), partial(log_snapshot, topics), None)

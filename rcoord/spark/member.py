@@ -250,6 +250,9 @@ class StreamMember:
         # may hold records nobody processed. Any other end of another process's plan that
         # Spark plans from is that of a batch Spark's commit log records as finished (_resume).
         self._replaying: list[Position] = []
+        # Under latest, the create tokens of the subscribed topics read before the query's
+        # first join (initial()); None when not read (_place: topics made again since).
+        self._start_tokens: dict[str, str] | None = None
         self.outcomes: list[CommitOutcome] = []
 
     # -- information
@@ -270,6 +273,11 @@ class StreamMember:
         Spark asks twice when a query starts; both answers are the same position.
         """
         if self._initial is None:
+            if self._group.config.start_offset == "latest" and not self._adopted \
+                    and not self._group.joining:
+                # Before any join reads a log end: a topic made again between that read and
+                # _place's token read shows as another token (_place).
+                self._start_tokens = self._subscribed_tokens(timeout_s)
             self._take(timeout_s, query_start=True)
             self._initial = self._base_position()
             self._planned.add((int(self._initial.generation or 0), self._initial.member or ""))
@@ -949,12 +957,33 @@ class StreamMember:
         since = {t: ms for t in sorted({tp.topic for tp in todo
                                         if tp not in self._chosen and tp.topic not in fresh})
                  if (ms := _topic_ms(self._group.redis_client, config.namespace, t)) is not None}
-        log_starts = {} if query_start else self._log_starts(
+        # The query's start is the log end its join read, of the topic the token read before
+        # that join names (initial()). Another token now: the topic was made again since the
+        # query began, perhaps after that read, and the offset may be the old topic's (taken
+        # for the new one's, the new topic's first records went unread, unreported). All the
+        # new topic's records came after the query began: it is read from its log start, as
+        # a topic that appears later, that log start read after the token (a topic made again
+        # in between then shows as data loss, below).
+        before = self._start_tokens if query_start else None
+        made_since = [tp for tp in todo if before is not None and tp.topic in before
+                      and tp.topic in fresh and before[tp.topic] != fresh[tp.topic]]
+        log_starts = self._log_starts(made_since) if query_start else self._log_starts(
             [tp for tp in todo if tp not in self._chosen])
         placed: dict[TP, int] = {}
         for tp, start in todo.items():
             if query_start:
-                placed[tp] = start
+                got = log_starts.get(tp, start)
+                if isinstance(got, RcoordError):
+                    # Its log start unknown: the join's offset, as the old topic's (before's
+                    # token, a start chosen before: not committed), which the plan reports as
+                    # a topic made again, rather than the new topic read from it unreported.
+                    log.warning("group %r: no log start for %s-%d (%s)", gen.group_id,
+                                tp.topic, tp.partition, got)
+                    assert before is not None
+                    self._chosen[tp] = (start, before[tp.topic])
+                    placed[tp] = start
+                else:
+                    placed[tp] = start if tp not in made_since else self._check_unread(tp, got)
             elif tp in self._chosen:
                 placed[tp] = self._chosen[tp][0]
             else:
@@ -1116,6 +1145,24 @@ class StreamMember:
             return {tp: exc for tp in tps}
         return {tp: got if isinstance(got, RcoordError) else got[0]
                 for tp, got in ((tp, edges[tp]) for tp in tps)}
+
+    def _subscribed_tokens(self, timeout_s: float) -> dict[str, str] | None:
+        """The create tokens of the topics the query subscribes to now (``_create_tokens``:
+        one it cannot read is missing), read connected but not joined (``ConsumerGroup.connect``,
+        waiting at most ``timeout_s`` for a start under way), or None if the group cannot
+        connect or the names cannot be listed."""
+        config = self._group.config
+        names: Sequence[str] = config.topics
+        try:
+            self._group.connect(timeout_s)
+            if config.topic_pattern is not None:
+                names = topics_matching(config.topic_pattern,
+                                        Topics(self._group.redis_client, config.namespace).list())
+        except (*REDIS_FAILURES, TimeoutError) as exc:
+            log.warning("group %r: cannot read its topics before joining (%s)", config.group_id,
+                        exc)
+            return None
+        return self._create_tokens(set(names))
 
     def _create_tokens(self, topics: set[str]) -> dict[str, str]:
         """The create token of each of ``topics`` (``Topics.create_token``), read through the
