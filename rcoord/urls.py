@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import inspect
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -39,12 +40,14 @@ def url_problem(url: object) -> str | None:
         return f"is not a Redis URL; write {URL_FORM}"
     encode = ("a '/', '?', '#' or '@' in the user name or password must be percent-encoded: "
               "%2F, %3F, %23, %40")
+    # (the '@' ending a user info: not one of a query value that redis-py reads as the value's)
+    at = _last_at(rest, functools.partial(_in_option_value, scheme.lower()))
     try:
         options = parse_url(url)
     except ValueError as exc:  # (its text may quote part of a password)
-        return f"is not a Redis URL ({encode if '@' in rest else exc}); write {URL_FORM}"
+        return f"is not a Redis URL ({encode if at >= 0 else exc}); write {URL_FORM}"
     parts = urlsplit(url)
-    if "@" in rest and "@" not in parts.netloc:  # the password's '/' cut the authority short
+    if at >= 0 and "@" not in parts.netloc:  # the password's '/' cut the authority short
         return f"is not a Redis URL ({encode}); write {URL_FORM}"
     if parts.scheme in ("redis", "rediss") and not parts.hostname:
         # (redis-py connects to localhost: redis://${REDIS_HOST}:6379 with the variable unset
@@ -71,6 +74,42 @@ def url_problem(url: object) -> str | None:
                 " (check the spelling; e.g. socket_timeout, socket_connect_timeout, "
                 "health_check_interval, client_name, ssl_cert_reqs, ssl_ca_certs)")
     return None
+
+
+def _last_at(rest: str, in_value: Callable[[str], bool]) -> int:
+    """The index in ``rest`` (a URL after its ``://``) of the last ``@`` for which
+    ``in_value(text before it)`` is false, or -1: the ``@`` that ends the user info."""
+    at = len(rest)
+    while (at := rest.rfind("@", 0, at)) >= 0 and in_value(rest[:at]):
+        pass
+    return at
+
+
+_HEAD = {  # (what may come before a query whose value holds an '@', by scheme: a host name
+    # or [IPv6], a port and database of digits, a unix socket's path; a user info before them)
+    "unix": re.compile(r"(?:[^/?#@]*@)?/[^?#@]*"),
+    "redis": re.compile(r"(?:[^/?#@]*@)?(?:\[[\w:.%]+\]|[\w.%-]+)(?::\d+)?(?:/\d*)?"),
+}
+
+
+def _in_option_value(scheme: str, before: str) -> bool:
+    """Whether the text after ``before`` is inside the value of a query argument redis-py reads
+    (one of a connection's options). redis-py's authority ends at the first ``/``, ``?`` or
+    ``#``, so ``redis://h:1/0?client_name=a@b`` names host ``h``; but so read, a password
+    holding a raw ``?`` reads as a host, its tail as a query (``redis://u:12?x=y@h`` connects to
+    ``u:12``). So the ``@`` is taken for the value's only where a password is the less likely
+    reading: what comes before the ``?`` is a host (``[USER:PASSWORD@]HOST[:PORT][/DB]``; a
+    unix URL's path), no ``#`` comes before the ``@``, and the argument is an option redis-py
+    takes. Elsewhere the ``@`` still ends the user info (``url_problem`` asks for the password
+    to be percent-encoded)."""
+    head, mark, query = before.partition("?")
+    if not mark or "#" in query:
+        return False
+    if not _HEAD["unix" if scheme == "unix" else "redis"].fullmatch(head):
+        return False
+    name, eq, _ = query.split("&")[-1].partition("=")
+    options = _connection_options(None) | _connection_options(_ssl_connection())
+    return bool(eq) and unquote(name.replace("+", " ")) in options
 
 
 def _ssl_connection() -> Any:

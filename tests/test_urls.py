@@ -215,3 +215,49 @@ def test_a_url_without_a_host_is_refused(url: str, says: str) -> None:
     redis-py connected to localhost, whatever Redis (or none) ran there."""
     for message in _entry_point_errors(url):
         assert says in message and "Zm9vYmFy" not in message, message
+
+
+@pytest.mark.parametrize(("url", "read"), [
+    ("redis://h:1/0?password=ab@Zm9vYmFy", {"host": "h", "password": "ab@Zm9vYmFy"}),
+    ("redis://h:1/0?client_name=a@b", {"host": "h", "client_name": "a@b"}),
+    ("redis://u:p@h:1/2?client_name=a@b&socket_timeout=5", {"host": "h", "client_name": "a@b"}),
+    ("rediss://h:1/0?ssl_password=a@b@c&ssl_cert_reqs=none", {"host": "h", "ssl_password": "a@b@c"}),
+    ("redis://[::1]:6379/0?client_name=a@b", {"host": "::1", "client_name": "a@b"}),
+    ("unix:///tmp/r.sock?client_name=a@b", {"path": "/tmp/r.sock", "client_name": "a@b"}),
+])
+def test_an_at_in_a_query_value_is_taken_as_redis_py_reads_it(url: str, read: Any) -> None:
+    """Every entry point refused these ("a '/', '?', '#' or '@' in the user name or password
+    must be percent-encoded"): an '@' outside urllib's authority was taken for the end of a
+    password holding a raw '/', '?' or '#'. redis-py reads the '@' as the value's (the
+    authority ends at the first '/', '?' or '#'), so the URL is taken as it reads it."""
+    from redis.connection import parse_url
+
+    options = parse_url(url)
+    assert {k: options[k] for k in read} == read, options
+    assert url_problem(url) is None, url_problem(url)
+    assert check_url(url) == url
+    assert ConsumerGroupConfig(group_id="g", topics=["t"], redis_url=url).redis_url == url
+    assert ServiceConfig(redis_url=url).redis_url == url
+    assert parse_read_options({"url": url, "subscribe": "t"}, "batch", env={}).url == url
+
+
+@pytest.mark.parametrize("url", [
+    "redis://u:12?c=Zm9vYmFy@h:1/0",  # (not an option of redis-py's: a password's '?')
+    "redis://u:ab?client_name=Zm9vYmFy@h:1/0",  # ('u:ab' is no host and port)
+    "redis://u:12/Zm9v@h:1/0?client_name=a@b",  # (an '@' in the path)
+    "redis://h:1/0?client_name=a#Zm9vYmFy@h",  # (an '@' in the fragment)
+    "redis://:12?client_name=Zm9vYmFy@h:1/0",  # (no host before the '?')
+    "unix://u:12?client_name=Zm9vYmFy@/tmp/r.sock",  # (a unix URL's authority has no host)
+])
+def test_an_at_that_may_end_a_password_is_still_refused(url: str) -> None:
+    """The '@' of a query value is taken only where what comes before the '?' is a host (and
+    port, database) and the argument is one redis-py takes: otherwise the '@' may end a password
+    holding a raw '?', '/' or '#', and the message asks for it to be percent-encoded."""
+    assert url_problem(url) is not None and "percent-encoded" in url_problem(url), url
+    for message in _entry_point_errors(url):
+        assert "percent-encoded" in message and "Zm9v" not in message, message
+
+
+def test_a_bad_query_value_beside_an_at_is_named_as_redis_py_names_it() -> None:
+    problem = url_problem("redis://h:1/0?client_name=a@b&socket_timeout=x")
+    assert problem is not None and "Invalid value for 'socket_timeout'" in problem, problem
