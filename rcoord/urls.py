@@ -146,21 +146,23 @@ def redact_url(url: object, *, query: bool = False) -> str:
     that had none. Others drop them (the URL a command connects with carries the TLS file
     arguments ``--tls-ca-file`` added, which the user did not write).
 
-    The cut is the last ``@`` outside a query argument's password (``_in_query_password``),
-    not a parser's: a raw ``/``, ``?`` or ``#`` in a password ends the authority early for
+    The cut is the last ``@`` outside a query argument's password (``_in_query_password``)
+    and outside a value ``url_problem`` reads as the value's (``_in_option_value``), not a
+    parser's: a raw ``/``, ``?`` or ``#`` in a password ends the authority early for
     ``urlsplit``, which then finds no password at all (the whole URL was shown). A URL whose
     ``@`` might belong to either is masked, the safe side. The ``@`` of a ``?password=``
     value is not one: that value is masked whole (or dropped with the query), and cut there,
-    the password's tail was shown as the host ('redis://h:***@TAIL'). Where the URL is well
-    formed, this is urllib's cut (the last ``@`` of the authority), the host redis-py reads."""
+    the password's tail was shown as the host ('redis://h:***@TAIL'); nor is one of
+    ``?client_name=a@b`` after a host, which was shown as 'redis://h:***@b', a host the URL
+    does not name. Where the URL is well formed (``url_problem`` takes it), this is urllib's
+    cut (the last ``@`` of the authority), the host redis-py reads."""
     text = str(url)
     scheme, sep, rest = text.partition("://")
     if not sep:
         scheme, rest = "", text
     masked = ""
-    at = len(rest)
-    while (at := rest.rfind("@", 0, at)) >= 0 and _in_query_password(rest[:at]):
-        pass
+    at = _last_at(rest, lambda before: _in_query_password(before)
+                  or _in_option_value(scheme.lower(), before))
     if at >= 0:
         userinfo, rest = rest[:at], rest[at + 1:]
         masked = f"{userinfo.split(':', 1)[0]}:***@" if ":" in userinfo else "***@"

@@ -11,6 +11,7 @@ argument a ``TypeError`` at the first command)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,27 @@ def test_an_at_that_may_end_a_password_is_still_refused(url: str) -> None:
 def test_a_bad_query_value_beside_an_at_is_named_as_redis_py_names_it() -> None:
     problem = url_problem("redis://h:1/0?client_name=a@b&socket_timeout=x")
     assert problem is not None and "Invalid value for 'socket_timeout'" in problem, problem
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://h:1/0?client_name=a@b", "redis://h:1/0?client_name=a@b"),
+    ("redis://u:Zm9vYmFy@h:1/0?client_name=a@b&db=1", "redis://u:***@h:1/0?client_name=a@b&db=1"),
+    ("rediss://[::1]:1?client_name=a@b@c", "rediss://[::1]:1?client_name=a@b@c"),
+    ("unix:///tmp/r.sock?client_name=a@b", "unix:///tmp/r.sock?client_name=a@b"),
+    # (an '@' that may end a password holding a raw '?': masked, as before)
+    ("redis://u:Zm9v?c=d@h", "redis://u:***@h"),
+    ("redis://u:12?c=Zm9vYmFy@h:1/0", "redis://u:***@h:1/0"),
+    ("redis://u:Zm9v?client_name=d@h", "redis://u:***@h"),
+    ("redis://h:1/0?client_name=a#Zm9vYmFy@h", "redis://h:***@h"),
+])
+def test_an_at_in_a_query_value_redis_py_reads_ends_no_user_info(url: str, shown: str) -> None:
+    """'redis://h:1/0?client_name=a@b' was shown as 'redis://h:***@b': the value's '@' was
+    taken for the end of a user info (only a ``?password=`` value's was not, 10a7296), so a
+    message named a host the URL does not connect to. The user info ends where url_problem
+    reads it to; an '@' that may end a password is still taken for its end, the password
+    masked."""
+    assert redact_url(url, query=True) == shown
+    assert redact_url(url) == re.split(r"[?#]", shown)[0]
+    assert "Zm9v" not in redact_url(url, query=True)
+    if url_problem(url) is None:  # (the host redis-py connects to is the one shown)
+        assert urlsplit(shown).hostname == urlsplit(url).hostname, shown
