@@ -71,8 +71,8 @@ def async_cluster(redis_url: str, **kwargs: Any) -> redis.asyncio.RedisCluster:
     if refused:
         names = ", ".join(f"?{name}=" for name in refused)
         raise ConfigError(
-            f"the URL {redact_url(redis_url)!r} has {names}, which redis-py's asyncio Redis "
-            "Cluster client (the gateway's, on a cluster) does not take: remove "
+            f"the URL {redact_url(redis_url, query=True)!r} has {names}, which redis-py's "
+            "asyncio Redis Cluster client (the gateway's, on a cluster) does not take: remove "
             f"{'it' if len(refused) == 1 else 'them'} from the gateway's --redis-url")
     kwargs.setdefault("max_connections", DEFAULT_MAX_CONNECTIONS)
     kwargs.setdefault("require_full_coverage", FULL_COVERAGE)
