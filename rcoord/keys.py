@@ -34,7 +34,7 @@ partition's layout was withdrawn by a change of the partition count: a copy of t
 no newer is refused there (``rcoord.settings._withdrawn``). It stays while the count differs.
 
 ``<ns>:{t}:a:<group>`` (same tag, no script touches it) is the short-lived claim with which one
-parked caller applies a due deadline for the others.
+parked caller applies a due deadline for the others; DeleteGroups deletes it after the group.
 
 The shard channel named like key 3 (``<ns>:{t}:due``) carries a message whenever a script makes
 a deadline the partition's earliest, so the lease holder never sleeps past it.

@@ -857,9 +857,12 @@ class GroupSteps:
         return out
 
     def _delete_group(self, gid: str) -> Flow[Errors]:
-        """Delete one group, then (if it was deleted) its Spark replay record."""
+        """Delete one group, then (if it was deleted) its Spark replay record and the claim
+        of its parked callers (``GroupKeys.claim``, no script's key), which outlived the group
+        and could hold up the deadline handling of a group made again under its name."""
         code = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
         if code == Errors.NONE:
+            yield Command(("DEL", self.keys(gid).claim))
             yield Command(("DEL", replays_key(self.namespace, gid)))
         return code
 

@@ -9,7 +9,7 @@ from harness import wait_until
 
 from rcoord import Errors, MemberIdentity, OffsetAndMetadata, TopicPartition
 from rcoord import steps as steps_module
-from rcoord.keys import replays_key
+from rcoord.keys import GroupKeys, replays_key
 from rcoord.protocol.consumer import ConsumerProtocolSubscription
 
 ORDERS0, AUDIT0 = TopicPartition("orders", 0), TopicPartition("audit", 0)
@@ -48,7 +48,6 @@ def test_a_group_record_without_a_token_has_its_creation_time_for_incarnation(
         ctx, redis_client, namespace):
     # (a record an older rcoord made has no 'inc')
     from rcoord.coordinator import group_incarnation
-    from rcoord.keys import GroupKeys
 
     ctx.coord.commit_offsets("g", {ORDERS0: OffsetAndMetadata(5)})
     record = GroupKeys.of(namespace, ctx.coord.config.num_partitions, "g").group
@@ -144,6 +143,21 @@ def test_deleting_a_group_removes_its_spark_replay_record(ctx, redis_client, nam
     assert not redis_client.exists(replays_key(namespace, "offsets-only"))
     assert redis_client.hget(replays_key(namespace, "kept"), "1:m") == b"3"
     assert redis_client.hget(replays_key(namespace, ctx.group_id), "1:m") == b"3"
+
+
+def test_deleting_a_group_removes_its_parked_callers_claim(ctx, redis_client, namespace):
+    # The claim (GroupKeys.claim) is no script's key: the group's script could not delete it,
+    # and it outlived the group. Only the deleted group's goes.
+    ctx.stable_group(1)
+    ctx.coord.commit_offsets("offsets-only", {ORDERS0: 5})
+    n = ctx.coord.config.num_partitions
+    claims = {gid: GroupKeys.of(namespace, n, gid).claim for gid in ("offsets-only", ctx.group_id)}
+    for claim in claims.values():
+        redis_client.set(claim, "x", px=60_000)
+    assert ctx.coord.delete_groups(["offsets-only", ctx.group_id]) == {
+        "offsets-only": Errors.NONE, ctx.group_id: Errors.NON_EMPTY_GROUP}
+    assert not redis_client.exists(claims["offsets-only"])
+    assert redis_client.get(claims[ctx.group_id]) == b"x"
 
 
 def test_delete_offsets_refused_for_subscribed_topic(ctx):
