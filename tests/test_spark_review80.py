@@ -19,6 +19,24 @@ from rcoord.spark.resolve import DataLossError, log_snapshot
 from rcoord.topics import Producer, ProducerRecord, Topics
 
 
+def read_on_from_9_to_20(member: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                         redis_client: Any,
+                         namespace: str) -> tuple[Topics, Any, list[Any], Position]:
+    """ev-0 (20 records) placed at 9 with its topic's token by a first generation, then read
+    to 20 and committed: (topics, the latest snapshot, the commits made, the plan at 20)."""
+    topics = Topics(redis_client, namespace)
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
+    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    latest = partial(log_snapshot, topics)
+    commits: list[Any] = []
+    member._begin(generation({EV0: 9}, commits), True)
+    first = member.plan(Position({}), latest, None)
+    assert first.offsets[EV0] == 20
+    assert member.plan(first, latest, None) == first  # (commits 20: nothing new)
+    return topics, latest, commits, first
+
+
 def test_a_chosen_start_read_on_is_lost_from_where_the_query_committed(
     member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
     namespace: str,
@@ -29,17 +47,9 @@ def test_a_chosen_start_read_on_is_lost_from_where_the_query_committed(
     # the new topic). Before, it began ev-0 at the chosen start, 9, which was never moved:
     # "created again since offset 9", though the query had read and committed up to 20
     # (and, had the group's offset merely expired, it read 9 to 20 again).
-    topics = Topics(redis_client, namespace)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
-    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
+    topics, latest, commits, first = read_on_from_9_to_20(member, monkeypatch, redis_client,
+                                                          namespace)
     token = topics.create_token("ev")
-    latest = partial(log_snapshot, topics)
-    commits: list[Any] = []
-    member._begin(generation({EV0: 9}, commits), True)
-    first = member.plan(Position({}), latest, None)
-    assert first.offsets[EV0] == 20
-    assert member.plan(first, latest, None) == first  # (commits 20: nothing new)
     assert commits == [{EV0: (9, token)}, {EV0: (20, token)}]
     topics.delete("ev")
     created_again(topics, redis_client, namespace, 25)
@@ -56,15 +66,7 @@ def test_a_chosen_start_read_on_is_taken_up_from_the_commit_when_it_expires(
     # As above, but the topic stays: the group's offset 20 is gone (expired, or deleted by
     # an operator), and the next generation finds none. Before, it began again at 9, and
     # committed it: the query read 9 to 20 a second time.
-    topics = Topics(redis_client, namespace)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(20)])
-    monkeypatch.setattr(member._group, "start", lambda: None)  # (no thread: gen is the fake)
-    latest = partial(log_snapshot, topics)
-    commits: list[Any] = []
-    member._begin(generation({EV0: 9}, commits), True)
-    first = member.plan(Position({}), latest, None)
-    member.plan(first, latest, None)
+    topics, _, commits, _ = read_on_from_9_to_20(member, monkeypatch, redis_client, namespace)
     member._begin(generation({EV0: 20}, commits, number=2), False)
     assert member._placed == {EV0: 20}
     assert commits[-1] == {EV0: (20, topics.create_token("ev"))}
@@ -107,6 +109,24 @@ def test_a_start_is_not_dated_by_another_masters_clock(
     assert commits == [{EV0: (0, topics.create_token("ev"))}]
 
 
+def joining_makes_ev_again(topics: Topics, redis_client: Any, namespace: str,
+                           commits: list[Any]) -> Any:
+    """A fake ``ConsumerGroup.next`` for a query starting under latest: "ev" holds 9 records,
+    the join reads that log end (9), then the topic is deleted and made again with 12 records
+    before the member reads its token."""
+    Producer(redis_client, namespace).send_batch(
+        "ev", [ProducerRecord(b"x", partition=0) for _ in range(9)])
+
+    def join(timeout: float | None = None) -> Any:
+        gen = generation({EV0: 9}, commits)  # (the log end the join read)
+        gen.start = lambda routine: None
+        topics.delete("ev")
+        created_again(topics, redis_client, namespace, 12)
+        return gen
+
+    return join
+
+
 def test_a_topic_made_again_between_the_join_and_the_token_read_is_read_from_its_log_start(
     member: Any, monkeypatch: pytest.MonkeyPatch, redis_client: Any,  # noqa: F811
     namespace: str,
@@ -118,17 +138,8 @@ def test_a_topic_made_again_between_the_join_and_the_token_read_is_read_from_its
     # token read before the join differs from the one after it: the topic was made again
     # since the query began, and is read from its log start, as a topic that appears later.
     topics = Topics(redis_client, namespace)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(9)])
     commits: list[Any] = []
-
-    def join(timeout: float | None = None) -> Any:
-        gen = generation({EV0: 9}, commits)  # (the log end the join read)
-        gen.start = lambda routine: None
-        topics.delete("ev")
-        created_again(topics, redis_client, namespace, 12)
-        return gen
-
+    join = joining_makes_ev_again(topics, redis_client, namespace, commits)
     monkeypatch.setattr(member._group, "next", join)
     start = member.initial(5.0)
     assert start.offsets[EV0] == 0
@@ -143,17 +154,8 @@ def test_a_topic_made_again_since_the_join_whose_log_start_is_unknown_is_data_lo
     # as the old topic's, uncommitted, and the first plan reports the topic made again (it
     # was taken for the new topic's offset, its first 9 records skipped unreported).
     topics = Topics(redis_client, namespace)
-    Producer(redis_client, namespace).send_batch(
-        "ev", [ProducerRecord(b"x", partition=0) for _ in range(9)])
     commits: list[Any] = []
-
-    def join(timeout: float | None = None) -> Any:
-        gen = generation({EV0: 9}, commits)
-        gen.start = lambda routine: None
-        topics.delete("ev")
-        created_again(topics, redis_client, namespace, 12)
-        return gen
-
+    join = joining_makes_ev_again(topics, redis_client, namespace, commits)
     log_starts = member._log_starts
 
     def unknown(tps: Any) -> Any:
