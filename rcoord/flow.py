@@ -205,7 +205,11 @@ def _abandoned(op: Op) -> ParkAbandonedError | None:
 def _master_name(client: Any, key: Any) -> str:
     if not hasattr(client, "get_node_from_key"):
         return ""
-    node = client.get_node_from_key(key)
+    return _node_name(client.get_node_from_key(key))
+
+
+def _node_name(node: Any) -> str:
+    """How a cluster node is named in a replica wait's answer (``host:port``)."""
     return f"{node.host}:{node.port}"
 
 
@@ -277,7 +281,7 @@ def _perform(client: Any, scripts: Any, op: Op, wake_reads: Any = None, calls: A
         target, name = client, ""
         if hasattr(client, "get_node_from_key"):  # a cluster: the key's master, directly,
             node = client.get_node_from_key(op.key)  # so INCR and WAIT share a connection
-            target, name = client.get_redis_connection(node), f"{node.host}:{node.port}"
+            target, name = client.get_redis_connection(node), _node_name(node)
         pipe = target.pipeline(transaction=False)
         pipe.execute_command("INCR", op.key)
         pipe.execute_command("WAIT", op.replicas, op.timeout_ms)
@@ -407,7 +411,7 @@ async def _aperform_one(client: Any, scripts: Any, op: Op) -> Any:
         from .asyncio.cluster import node_of_key
 
         node = await node_of_key(client, op.key)  # (a slot the map lost: read again)
-        return f"{node.host}:{node.port}"
+        return _node_name(node)
     if isinstance(op, WaitReplicas):
         return await _await_replicas(client, op)
     raise TypeError(f"not an operation: {op!r}")
@@ -430,7 +434,7 @@ async def _await_replicas(client: Any, op: WaitReplicas) -> tuple[int, str]:
             await node.disconnect_free_connections()
             node = await node_of_key(client, op.key)
             acked = await _node_wait(node, op)
-        return acked, f"{node.host}:{node.port}"
+        return acked, _node_name(node)
     pipe = client.pipeline(transaction=False)
     pipe.execute_command("INCR", op.key)
     pipe.execute_command("WAIT", op.replicas, op.timeout_ms)

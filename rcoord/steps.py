@@ -862,8 +862,8 @@ class GroupSteps:
         and could hold up the deadline handling of a group made again under its name."""
         code = Errors.from_name((yield from self.call("delete_group", self.keys(gid), [])))
         if code == Errors.NONE:
-            yield Command(("DEL", self.keys(gid).claim))
-            yield Command(("DEL", replays_key(self.namespace, gid)))
+            yield Pipeline((("DEL", self.keys(gid).claim),
+                            ("DEL", replays_key(self.namespace, gid))))
         return code
 
     def delete_offsets(
