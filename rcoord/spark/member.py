@@ -1117,8 +1117,7 @@ class StreamMember:
         config, coordinator = self._group.config, self._group.coordinator
         out: dict[TP, int] = {}
         try:
-            names = list(config.topics) if config.topic_pattern is None else list(
-                topics_matching(config.topic_pattern, coordinator.list_topics()))
+            names = self._subscribed_names(lambda: coordinator.list_topics())
             counts = coordinator.partition_counts(sorted(names))
         except RcoordError as exc:
             counts = {}
@@ -1146,18 +1145,24 @@ class StreamMember:
         return {tp: got if isinstance(got, RcoordError) else got[0]
                 for tp, got in ((tp, edges[tp]) for tp in tps)}
 
+    def _subscribed_names(self, listed: Callable[[], Sequence[str]]) -> list[str]:
+        """The topics the query subscribes to now: its names, or those of its pattern among
+        ``listed()`` (the namespace's topics, read only for a pattern)."""
+        config = self._group.config
+        if config.topic_pattern is None:
+            return list(config.topics)
+        return list(topics_matching(config.topic_pattern, listed()))
+
     def _subscribed_tokens(self, timeout_s: float) -> dict[str, str] | None:
         """The create tokens of the topics the query subscribes to now (``_create_tokens``:
         one it cannot read is missing), read connected but not joined (``ConsumerGroup.connect``,
         waiting at most ``timeout_s`` for a start under way), or None if the group cannot
         connect or the names cannot be listed."""
         config = self._group.config
-        names: Sequence[str] = config.topics
         try:
             self._group.connect(timeout_s)
-            if config.topic_pattern is not None:
-                names = topics_matching(config.topic_pattern,
-                                        Topics(self._group.redis_client, config.namespace).list())
+            names = self._subscribed_names(
+                lambda: Topics(self._group.redis_client, config.namespace).list())
         except (*REDIS_FAILURES, TimeoutError) as exc:
             log.warning("group %r: cannot read its topics before joining (%s)", config.group_id,
                         exc)
