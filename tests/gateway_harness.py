@@ -13,10 +13,11 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness import socket_warnings_on_collect
+from harness import WAIT_S, socket_warnings_on_collect
 
 from rcoord import CoordinatorConfig, GroupCoordinator
 from rcoord.gateway import Gateway, GatewayConfig
@@ -111,6 +112,40 @@ def _collect_unclosed_sockets(gateways: set[tuple[str, int]]) -> None:
     ours = [w for w in leaked
             if (m := _PEER.search(w)) is None or (m[1], int(m[2])) not in gateways]
     assert not ours, f"unclosed sockets left by this test: {ours}"
+
+
+def poll_until(consumer: Any, done: Callable[[list[Any]], bool], timeout_s: float = WAIT_S
+               ) -> None:
+    """Poll a kafka-python group member until ``done`` (given each poll's records) holds.
+
+    kafka-python 3.0.12 rejoins once after its first assignment (the metadata snapshot it keeps
+    from that join is empty), and a poll whose timeout expires while that rejoin is in flight
+    drops the join's result: the member stays in the group, never stable, with nothing to
+    fetch, and no later poll rejoins. Seen in CI under load, with polls of 200 ms. Polls here
+    last long enough for a join, and a member left in that state is asked to rejoin."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = [r for rs in consumer.poll(timeout_ms=500).values() for r in rs]
+        if done(records):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"kafka-python member not done in {timeout_s} s; assignment "
+                                 f"{sorted(consumer.assignment())}")
+        member = consumer._coordinator
+        if member.generation_if_stable() is None and not member.need_rejoin():
+            member.request_rejoin()
+
+
+def committed_when_stable(consumer: Any, offsets: Any = None) -> bool:
+    """Commit, or False when kafka-python refuses because its member is rebalancing (its own
+    advice: poll, then retry); for ``poll_until``."""
+    import kafka.errors
+
+    try:
+        consumer.commit(offsets)
+    except (kafka.errors.RebalanceInProgressError, kafka.errors.CommitFailedError):
+        return False
+    return True
 
 
 def settle_fast_groups(client: Any, namespace: str) -> None:

@@ -418,7 +418,7 @@ def test_gateway_serves_kafka_clients_as_the_admin_user(users: Users, namespace:
     the topic through a gateway whose Redis user has exactly those rules."""
     import kafka
     import kafka.admin
-    from gateway_harness import GatewayThread
+    from gateway_harness import GatewayThread, committed_when_stable, poll_until
 
     name, admin = admin_setup(users, namespace)  # (the settings, with fast groups)
     admin.close()
@@ -436,10 +436,8 @@ def test_gateway_serves_kafka_clients_as_the_admin_user(users: Users, namespace:
                                            enable_auto_commit=False)
             got: list[Any] = []
             try:
-                wait_until(lambda: got.extend(
-                    r for rs in consumer.poll(timeout_ms=200).values() for r in rs)
-                    or len(got) >= 6, timeout_s=WAIT_S)
-                consumer.commit()
+                poll_until(consumer, lambda records: got.extend(records) or len(got) >= 6)
+                poll_until(consumer, lambda _: committed_when_stable(consumer))
             finally:
                 consumer.close()
             assert sorted(r.value for r in got) == [b"v%d" % i for i in range(6)]

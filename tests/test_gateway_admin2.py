@@ -18,6 +18,8 @@ kafka = pytest.importorskip("kafka")
 
 from gateway_harness import (
     GatewayThread,
+    committed_when_stable,
+    poll_until,
     request_frame,
     response,
     running_gateway,
@@ -101,8 +103,7 @@ def _subscribed_member(gw: GatewayThread, group: str, topic: str) -> Any:
         # Metadata first: a leader that assigns before it knows the topic assigns nothing.
         wait_until(lambda: bool(consumer.partitions_for_topic(topic)), timeout_s=WAIT_S)
         consumer.subscribe([topic])
-        wait_until(lambda: (consumer.poll(timeout_ms=200), bool(consumer.assignment()))[1],
-                   timeout_s=WAIT_S)
+        poll_until(consumer, lambda _: bool(consumer.assignment()))
     except BaseException:
         consumer.close()
         raise
@@ -120,7 +121,8 @@ def test_offset_delete_raw_frames(gateway: GatewayThread, topics: Topics, raw: _
 
     consumer = _subscribed_member(gateway, "live", "t")
     try:
-        consumer.commit({kafka.TopicPartition("t", 0): kafka.OffsetAndMetadata(3, "", -1)})
+        poll_until(consumer, lambda _: committed_when_stable(
+            consumer, {kafka.TopicPartition("t", 0): kafka.OffsetAndMetadata(3, "", -1)}))
         top, parts = raw.offset_delete("live", {"t": [0, 1], "u": [0]})
         assert top == NONE
         assert parts == {("t", 0): GROUP_SUBSCRIBED_TO_TOPIC, ("t", 1): GROUP_SUBSCRIBED_TO_TOPIC,
