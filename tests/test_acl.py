@@ -434,6 +434,7 @@ def test_gateway_serves_kafka_clients_as_the_admin_user(users: Users, namespace:
             consumer = kafka.KafkaConsumer("k", bootstrap_servers=gw.bootstrap, group_id="kg",
                                            auto_offset_reset="earliest",
                                            enable_auto_commit=False)
+            assert "k" in consumer.topics()  # (after subscribing: see poll_until)
             got: list[Any] = []
             try:
                 poll_until(consumer, lambda records: got.extend(records) or len(got) >= 6)

@@ -27,7 +27,6 @@ from gateway_harness import (
     topics_of,
 )
 from gateway_harness import connect as _connect
-from harness import wait_until
 
 from rcoord.gateway.auth import load_auth_file
 from rcoord.topics import Topics
@@ -100,9 +99,10 @@ def _subscribed_member(gw: GatewayThread, group: str, topic: str) -> Any:
                                    enable_auto_commit=False, session_timeout_ms=10_000,
                                    heartbeat_interval_ms=500)
     try:
-        # Metadata first: a leader that assigns before it knows the topic assigns nothing.
-        wait_until(lambda: bool(consumer.partitions_for_topic(topic)), timeout_s=WAIT_S)
+        # A metadata fetch made after subscribing: a leader that assigns before it knows the
+        # topic assigns nothing, and kafka-python rejoins when the snapshot it kept changes.
         consumer.subscribe([topic])
+        assert topic in consumer.topics()
         poll_until(consumer, lambda _: bool(consumer.assignment()))
     except BaseException:
         consumer.close()
