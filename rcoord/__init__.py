@@ -15,7 +15,6 @@ from .client import (
     Generation,
     GroupClosedError,
 )
-from .testing.clock import MockTime
 from .config import CoordinatorConfig
 from .coordinator import GroupCoordinator
 from .errors import (
@@ -41,27 +40,25 @@ from .protocol import (
 from .protocol.admin import GroupDescription, GroupListing, MemberDescription, OffsetDeleteResult
 from .protocol.offsets import OffsetAndMetadata, OffsetFetchResult, TopicPartition
 from .state import GroupState
+from .testing.clock import MockTime
 
 __all__ = [
+    "AuthenticationFailedError",
     "CommitFailedError",
     "ConfigError",
+    "ConnectionLost",
     "Consumer",
     "ConsumerGroup",
     "ConsumerGroupConfig",
     "ConsumerRebalanceListener",
     "ConsumerRecord",
-    "Generation",
-    "GroupClosedError",
-    "ConnectionLost",
-    "ServerUnavailable",
-    "AuthenticationFailedError",
     "CoordinatorConfig",
     "Errors",
+    "Generation",
+    "GroupClosedError",
     "GroupCoordinator",
     "GroupDescription",
     "GroupListing",
-    "MemberDescription",
-    "OffsetDeleteResult",
     "GroupState",
     "IllegalStateError",
     "InvalidRequestError",
@@ -69,14 +66,17 @@ __all__ = [
     "JoinGroupResult",
     "LeaveGroupResult",
     "LeaveMemberResult",
+    "MemberDescription",
     "MemberIdentity",
     "MockTime",
     "OffsetAndMetadata",
+    "OffsetDeleteResult",
     "OffsetFetchResult",
-    "TopicPartition",
     "ProtocolError",
     "RcoordError",
+    "ServerUnavailable",
     "SyncGroupResult",
+    "TopicPartition",
     "partition_for",
 ]
 

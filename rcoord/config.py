@@ -19,7 +19,7 @@ from typing import Any, Self
 from .errors import ConfigError
 from .names import NAMESPACE_RULE, valid_namespace
 
-__all__ = ["CoordinatorConfig", "STORED_SETTINGS"]
+__all__ = ["STORED_SETTINGS", "CoordinatorConfig"]
 
 
 

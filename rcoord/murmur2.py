@@ -9,7 +9,7 @@ fall through. Python's ``hash()`` is randomised per process and could never be u
 
 from __future__ import annotations
 
-__all__ = ["murmur2", "to_positive", "partition_for_key"]
+__all__ = ["murmur2", "partition_for_key", "to_positive"]
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995

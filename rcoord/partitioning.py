@@ -23,12 +23,12 @@ import functools
 import itertools
 
 __all__ = [
+    "SLOTS",
     "java_string_hashcode",
     "kafka_abs",
-    "partition_for",
     "keyslot",
+    "partition_for",
     "partition_tag",
-    "SLOTS",
 ]
 
 SLOTS = 16384
@@ -86,7 +86,7 @@ def keyslot(key: str | bytes) -> int:
     return _crc16(k) % SLOTS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tags(num_partitions: int) -> tuple[str, ...]:
     if not 1 <= num_partitions <= SLOTS:
         raise ValueError(f"num_partitions must be in 1..{SLOTS}, got {num_partitions}")

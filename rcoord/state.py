@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["GroupState", "VALID_PREVIOUS", "IllegalTransition", "transition_to", "can_rebalance"]
+__all__ = ["VALID_PREVIOUS", "GroupState", "IllegalTransition", "can_rebalance", "transition_to"]
 
 
 class GroupState(enum.Enum):

@@ -13,10 +13,10 @@ __all__ = [
     "JoinGroupMember",
     "JoinGroupResult",
     "JoinRequest",
-    "SyncGroupResult",
-    "SyncRequest",
     "LeaveGroupResult",
     "LeaveMemberResult",
     "MemberIdentity",
+    "SyncGroupResult",
+    "SyncRequest",
     "decode_heartbeat",
 ]

@@ -13,13 +13,13 @@ from ._checks import check_count, check_id, optional_text, require_str, text
 from .offsets import TopicPartition
 
 __all__ = [
-    "MemberDescription",
-    "GroupDescription",
-    "GroupListing",
-    "OffsetDeleteResult",
     "DESCRIBE_PAGE",
     "DESCRIBE_RESTARTS",
     "DescriptionPage",
+    "GroupDescription",
+    "GroupListing",
+    "MemberDescription",
+    "OffsetDeleteResult",
     "decode_description_page",
     "group_ids_arg",
     "states_filter",

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import Errors
 from ._checks import check_id, check_instance_id, member_ref, require_int32
 
-__all__ = ["heartbeat_args", "decode_heartbeat"]
+__all__ = ["decode_heartbeat", "heartbeat_args"]
 
 
 def heartbeat_args(

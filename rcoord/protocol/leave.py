@@ -20,7 +20,7 @@ import msgpack
 from ..errors import Errors, InvalidRequestError
 from ._checks import MAX_ID_BYTES, MAX_ITEMS_PER_CALL, check_id, member_ref, require_str
 
-__all__ = ["MemberIdentity", "LeaveMemberResult", "LeaveGroupResult", "leave_args"]
+__all__ = ["LeaveGroupResult", "LeaveMemberResult", "MemberIdentity", "leave_args"]
 
 MAX_LEAVING = MAX_ITEMS_PER_CALL
 """Most members one LeaveGroup may name; a longer list is refused, not split."""

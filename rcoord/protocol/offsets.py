@@ -35,9 +35,9 @@ from ._checks import (
 )
 
 __all__ = [
-    "TopicPartition",
     "OffsetAndMetadata",
     "OffsetFetchResult",
+    "TopicPartition",
     "encode_commit",
     "fetch_batches",
     "field_of",

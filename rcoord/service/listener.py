@@ -13,6 +13,7 @@ each outage is logged once as a warning and its end as info.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -101,7 +102,7 @@ class Listener:
         self._channels = {PartitionKeys(namespace, p, num_partitions).due.encode(): p
                           for p in range(num_partitions)}
         self._tags = {partition_tag(p, num_partitions): p for p in range(num_partitions)}
-        self._hint_re = re.compile(rb"^" + re.escape(namespace.encode()) + rb":\{([^}]*)\}:h:(.*)$", re.S)
+        self._hint_re = re.compile(rb"^" + re.escape(namespace.encode()) + rb":\{([^}]*)\}:h:(.*)$", re.DOTALL)
         self.keyspace_status = "disabled" if not hints else "starting"
         self._lock = threading.Lock()
         self._subscribed: set[str] = set()
@@ -335,10 +336,8 @@ class Listener:
                 self._stop.wait(backoff.next())
             finally:
                 if pubsub is not None:
-                    try:
+                    with contextlib.suppress(Exception):  # closing a broken connection
                         pubsub.close()
-                    except Exception:  # noqa: BLE001 - closing a broken connection
-                        pass
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
@@ -422,10 +421,8 @@ class Listener:
                 self._stop.wait(backoff.next())
             finally:
                 if pubsub is not None:
-                    try:
+                    with contextlib.suppress(Exception):  # closing a broken connection
                         pubsub.close()
-                    except Exception:  # noqa: BLE001
-                        pass
         with self._lock:
             self._subscribed.discard(addr)
         if quit_.is_set() and not self._stop.is_set():

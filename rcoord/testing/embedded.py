@@ -35,6 +35,7 @@ Safety properties
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import random
 import shutil
@@ -44,9 +45,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Self
 
 import redis
 import redis.cluster
@@ -54,13 +56,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 __all__ = [
+    "CLUSTER_SLOTS",
     "ENV_SERVER_BINARY",
     "HOST",
-    "CLUSTER_SLOTS",
+    "EmbeddedCluster",
+    "EmbeddedServer",
     "EmbeddedServerError",
     "find_server_binary",
-    "EmbeddedServer",
-    "EmbeddedCluster",
 ]
 
 #: Environment variable naming an explicit server binary.
@@ -206,15 +208,15 @@ def _parse_info(raw: Any) -> dict[str, str]:
 # Registry for the atexit hook: servers currently running, with owner pid so
 # a forked child never kills its parent's servers.
 _registry_lock = threading.Lock()
-_running: dict[int, "EmbeddedServer"] = {}
+_running: dict[int, EmbeddedServer] = {}
 
 
-def _register(server: "EmbeddedServer") -> None:
+def _register(server: EmbeddedServer) -> None:
     with _registry_lock:
         _running[id(server)] = server
 
 
-def _unregister(server: "EmbeddedServer") -> None:
+def _unregister(server: EmbeddedServer) -> None:
     with _registry_lock:
         _running.pop(id(server), None)
 
@@ -226,10 +228,8 @@ def _stop_all_at_exit() -> None:
     me = os.getpid()
     for server in servers:
         if server._owner_pid == me:
-            try:
+            with contextlib.suppress(Exception):  # best effort at exit
                 server.stop()
-            except Exception:  # pragma: no cover - best effort at exit
-                pass
 
 
 # --------------------------------------------------------------------------
@@ -327,7 +327,7 @@ class EmbeddedServer:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def start(self, timeout: float = _START_TIMEOUT) -> "EmbeddedServer":
+    def start(self, timeout: float = _START_TIMEOUT) -> Self:
         """Spawn the server and wait (at most ``timeout`` s) for ``PING``.
 
         Raises :class:`EmbeddedServerError` (with the log tail) if the
@@ -354,7 +354,7 @@ class EmbeddedServer:
         with self._lock:
             self._cleanup(remove_dir=True)
 
-    def restart(self, timeout: float = _START_TIMEOUT) -> "EmbeddedServer":
+    def restart(self, timeout: float = _START_TIMEOUT) -> EmbeddedServer:
         """Stop the process and start it again on the same port.
 
         Data is lost (persistence is disabled).  The working directory is
@@ -377,7 +377,7 @@ class EmbeddedServer:
                 raise
             return self
 
-    def __enter__(self) -> "EmbeddedServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -469,7 +469,7 @@ class EmbeddedServer:
     def _spawn(self, port: int) -> None:
         assert self._dir is not None and self._binary is not None
         log_path = self._dir / _LOG_NAME
-        self._log_fh = open(log_path, "ab")
+        self._log_fh = open(log_path, "ab")  # noqa: SIM115 - held while the server runs
         self._log_offset = self._log_fh.tell()
         cmd = [self._binary, *self._server_args(port)]
         try:
@@ -684,7 +684,7 @@ class EmbeddedCluster:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def start(self, timeout: float = _CLUSTER_TIMEOUT) -> "EmbeddedCluster":
+    def start(self, timeout: float = _CLUSTER_TIMEOUT) -> Self:
         """Start all nodes and form the cluster (bounded by ``timeout`` s for
         the convergence wait).  On failure everything is stopped."""
         with self._lock:
@@ -712,7 +712,7 @@ class EmbeddedCluster:
         with self._lock:
             self._stop_nodes()
 
-    def __enter__(self) -> "EmbeddedCluster":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
