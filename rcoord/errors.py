@@ -175,8 +175,10 @@ class ServerUnavailable(ConnectionLost):
 
 def is_missing_function(exc: BaseException) -> bool:
     """Whether a server error says the called function is not loaded (Redis and Valkey answer
-    "ERR Function not found")."""
-    return isinstance(exc, redis.exceptions.ResponseError) and "function not found" in str(exc).lower()
+    "ERR Function not found"; redis-py drops the code). The whole answer, not words in it: a
+    script's error that holds them ran."""
+    return (isinstance(exc, redis.exceptions.ResponseError)
+            and str(exc).strip().lower().removeprefix("err ") == "function not found")
 
 
 def _cannot_run_now(exc: redis.exceptions.ResponseError) -> bool:

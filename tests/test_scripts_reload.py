@@ -77,6 +77,20 @@ def test_a_call_gives_up_after_max_reloads(client: Any) -> None:
     assert scripts.loads == MAX_RELOADS
 
 
+def test_only_the_servers_own_answer_counts_as_a_missing_function(client: Any) -> None:
+    """A script's error whose text holds the same words ran: counted as unrun, a call could be
+    sent again (or its failure counted as the server's unavailability). (A script replying
+    exactly the server's words could not be told apart; no rcoord script does.)"""
+    with pytest.raises(redis.ResponseError) as missing:
+        client.fcall("rcoord_no_such_function", 0)
+    assert is_missing_function(missing.value)
+    for script in ("return redis.error_reply('function not found here')",
+                   "error('Function not found')"):
+        with pytest.raises(redis.ResponseError) as ran:
+            client.eval(script, 0)
+        assert not is_missing_function(ran.value), script
+
+
 @pytest.mark.parametrize("flushes", [MAX_RELOADS - 1, MAX_RELOADS])
 def test_the_asyncio_driver_loads_alike(own_server: EmbeddedServer, flushes: int) -> None:
     async def run() -> tuple[Any, int]:
