@@ -56,6 +56,8 @@ BACKOFF_FIRST_MS = 100
 BACKOFF_MAX_MS = 30_000
 """A group whose call failed is retried after 100 ms, doubling up to 30 s."""
 log = logging.getLogger("rcoord.service")
+_UNREAD = object()
+"""A group's incarnation that could not be read (``Sweeper._incarnation``)."""
 
 
 class Sweeper:
@@ -69,13 +71,15 @@ class Sweeper:
         expired any more (the stop releases the leases to other processes)."""
         self.backoff_first_ms = BACKOFF_FIRST_MS
         self.backoff_max_ms = BACKOFF_MAX_MS
-        self.backed_off: dict[tuple[int, str], tuple[float, int, float | None]] = {}
+        self.backed_off: dict[tuple[int, str], tuple[float, int, float | None, str | None]] = {}
         """(partition, group) -> (its retry time, server ms; failures so far; when this process
-        holds it back until then, the server ms its failed call was sent at, else None). It is
+        holds it back until then, the server ms its failed call was sent at, else None; the
+        incarnation of the group that failed, ``_incarnation``). It is
         held back only when its index entry could not be moved to the retry time
         (``_failed``): else the index says when it is due. Even then, an index entry later than
         the failed call is a deadline a step published since (``_held``), acted on when it
-        falls due."""
+        falls due. The failures are counted for one incarnation: a group made again under the
+        name (after DeleteGroups or the offsets retention) starts from none."""
         self._scripts = scripts
         self._pk = [PartitionKeys(namespace, p, num_partitions) for p in range(num_partitions)]
         self._metrics = metrics
@@ -328,14 +332,24 @@ class Sweeper:
         process holds it back no longer: a hold kept the sweeper that failed, the lease holder,
         asleep past a deadline published since, up to ``backoff_max_ms``, and a group made again
         under the name inherited it. Only an entry left where it was (the move failed) is held
-        back here until the retry time, so a passed entry is not retried at once."""
+        back here until the retry time, so a passed entry is not retried at once.
+
+        The failures are counted for the group's incarnation (one more round trip, after a
+        failure only): a group deleted and made again under the name inherited the old one's
+        count until its retry time was long past (``resync``), and its first retry waited
+        twice ``backoff_first_ms`` or more."""
         _raise_if_refused(exc)
+        inc = self._incarnation(node, p, group_id)
         with self._lock:
-            _, failures, _ = self.backed_off.get((p, group_id), (0.0, 0, None))
+            _, failures, _, was = self.backed_off.get((p, group_id), (0.0, 0, None, None))
+            if inc is _UNREAD:
+                inc = was  # (unknown: taken for the same group)
+            elif inc != was:
+                failures = 0  # another group under the name, or the first failure
             delay = min(self.backoff_max_ms, self.backoff_first_ms * 2 ** min(failures, 30))
             now = self.server_now()
             self.backed_off[(p, group_id)] = (now + delay, failures + 1,
-                                              now if sent_at is None else sent_at)
+                                              now if sent_at is None else sent_at, inc)
         log.error("expiring a group failed; retrying it later", extra={
             "event": "expire_error", "partition": p, "group": group_id, "why": str(exc),
             "failures": failures + 1, "retry_in_ms": int(delay)})
@@ -351,7 +365,18 @@ class Sweeper:
                 "why": str(move_exc)})
         else:
             with self._lock:
-                self.backed_off[(p, group_id)] = (now + delay, failures + 1, None)
+                self.backed_off[(p, group_id)] = (now + delay, failures + 1, None, inc)
+
+    def _incarnation(self, node: Any, p: int, group_id: str) -> Any:
+        """The incarnation token of the group (its record's 'inc', or 'created' for a record an
+        older rcoord made, as ``coordinator.group_incarnation`` reads it): None if it has no
+        record, ``_UNREAD`` if the read failed (a record that is not a hash, among others)."""
+        try:
+            inc, created = node.hmget(self._pk[p].group(group_id).group, ["inc", "created"])
+        except redis.RedisError:
+            return _UNREAD
+        token = inc if inc is not None else created
+        return token.decode("utf-8", "surrogateescape") if isinstance(token, bytes) else token
 
     def _expire_many(self, node: Any, work: list[tuple[int, str]], source: str) -> int:
         if self._left.is_set():
