@@ -351,10 +351,17 @@ def test_assign_of_a_missing_partition_logs_that_it_waits(
     """The warning says the partition waits for its topic and then starts by start_offset;
     it said "starting at 0", which assign() no longer does (the position waits)."""
     consumer = env.consumer(enable_auto_commit=False, topics=[], start_offset="latest")
+    def logged() -> str:
+        return "\n".join(r.getMessage() for r in caplog.records)
+
+    got: list[Any] = []
     with caplog.at_level("WARNING", logger="rcoord.client"):
         consumer.assign([TP("t", 0)])
-        assert consumer.poll(timeout=0) == []  # (which reads the start: none yet)
-    text = "\n".join(r.getMessage() for r in caplog.records)
+        # (poll() reads the start, none yet, on a thread of its own: _collect_starts)
+        wait_until(lambda: "does not exist yet" in logged(),
+                   lambda: got.extend(consumer.poll(timeout=0)))
+    text = logged()
+    assert got == []
     assert "t-0 does not exist yet" in text and "start_offset='latest'" in text, text
     assert "starting at 0" not in text, text
 

@@ -578,3 +578,116 @@ def test_an_offset_query_gives_up_after_its_timeout_and_a_wakeup_ends_it_sooner(
         _resume(own_server)
         consumer.close(timeout=5)
         client.close()
+
+
+def _assigned(client: Any, namespace: str, **kw: Any) -> Consumer:
+    """A consumer of group "g" with partition t-0 ``assign()``ed (no membership)."""
+    consumer = _consumer(client, namespace, topics=(), **kw)
+    consumer.assign([TP("t", 0)])
+    return consumer
+
+
+def test_the_first_poll_after_assign_returns_by_its_timeout_while_redis_does_not_answer(
+    own_server: EmbeddedServer, client: Any, namespace: str, stalled: Callable[[], None]
+) -> None:
+    """The first poll() after assign() reads where the partition starts (its committed offset,
+    3). With the server stopped, each poll(0.2) returns [] while that read stays in flight
+    (the client has no socket timeout: it waited until SIGCONT, for ever here). Once the
+    server answers, reading starts at the committed offset: 3 and 4, once each."""
+    _topic(client, namespace, 5)
+    tp = TP("t", 0)
+    committer = _assigned(client, namespace, enable_auto_commit=False)
+    committer.commit({tp: 3})
+    committer.close(timeout=5)
+    consumer = _assigned(client, namespace, enable_auto_commit=False)
+    try:
+        stalled()
+        for _ in range(3):
+            assert _returns_by_itself(lambda: consumer.poll(timeout=0.2)) == []
+        assert consumer._reading_starts.busy  # the read, still in flight: not sent again
+        _resume(own_server)
+        assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 2)] == [3, 4]
+        assert consumer.poll(timeout=0.1) == []
+    finally:
+        _resume(own_server)
+        consumer.close(timeout=5)
+
+
+def test_a_commit_landed_while_the_start_read_is_in_flight_sets_the_start(
+    client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """poll()'s read of the assigned partition's start found the committed offset 3, and its
+    answer is held up (as by a slow server). Meanwhile the application commits 4, which
+    lands: the partition starts there, as a commit of it made before the first poll() does,
+    and the read's older answer, collected afterwards, does not set the start back to 3
+    (which read 3 again)."""
+    _topic(client, namespace, 5)
+    tp = TP("t", 0)
+    committer = _assigned(client, namespace, enable_auto_commit=False)
+    committer.commit({tp: 3})
+    committer.close(timeout=5)
+    consumer = _assigned(client, namespace, enable_auto_commit=False)
+    coord = consumer._own_coordinator
+    assert coord is not None
+    answer = threading.Event()
+    read = coord.fetch_offsets
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        found = read(*args, **kwargs)
+        answer.wait(BOUND_S)
+        return found
+
+    monkeypatch.setattr(coord, "fetch_offsets", held_up)
+    try:
+        assert consumer.poll(timeout=0.1) == []
+        assert consumer._reading_starts.busy
+        landed: list[Any] = []
+        consumer.commit_async({tp: 4}, lambda offsets, error: landed.append(error))
+        # (the read's answer still held up: not 3, nor nothing until it comes)
+        got = poll_until(consumer, lambda g: bool(landed) and len(g) >= 1)
+        assert landed == [None] and [r.offset for r in got] == [4]
+        answer.set()
+        wait_until(lambda: consumer._reading_starts.wait_finished(0))
+        assert consumer.poll(timeout=0.1) == []  # (its answer does not set the start back)
+        assert consumer.position(tp) == 5
+    finally:
+        answer.set()
+        consumer.close(timeout=5)
+
+
+def test_a_start_read_sent_before_an_assign_that_took_the_partition_again_is_dropped(
+    client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """poll()'s read of t-0's start found the committed offset 3, and its answer is held up.
+    The application gives the partition up and assigns it again; another client commits 4;
+    then the old answer comes. The partition starts at 4, where a read after that assign()
+    finds it: the answer from before it is dropped, not taken for the new assignment's."""
+    _topic(client, namespace, 5)
+    tp = TP("t", 0)
+    other = _assigned(client, namespace, enable_auto_commit=False)
+    other.commit({tp: 3})
+    consumer = _assigned(client, namespace, enable_auto_commit=False)
+    coord = consumer._own_coordinator
+    assert coord is not None
+    answer = threading.Event()
+    read = coord.fetch_offsets
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        found = read(*args, **kwargs)
+        answer.wait(BOUND_S)
+        return found
+
+    monkeypatch.setattr(coord, "fetch_offsets", held_up)
+    try:
+        assert consumer.poll(timeout=0.1) == []
+        assert consumer._reading_starts.busy
+        consumer.assign([TP("t", 1)])  # (no such partition: given up, t-0 is not read)
+        consumer.assign([tp])
+        other.commit({tp: 4})
+        answer.set()
+        assert [r.offset for r in poll_until(consumer, lambda g: len(g) >= 1)] == [4]
+        assert consumer.poll(timeout=0.1) == []
+    finally:
+        answer.set()
+        other.close(timeout=5)
+        consumer.close(timeout=5)

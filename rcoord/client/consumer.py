@@ -408,6 +408,14 @@ class Consumer(SubscriptionMixin):
         # as Kafka's first poll() after assign() fetches the committed offsets, so a commit by
         # another client in between is where they start. Their ``_position`` is a stand-in.
         self._unread: set[TopicPartition] = set()
+        # poll()'s read of those starts runs on a thread of its own and outlives a poll() whose
+        # timeout it outlasts (Redis slow or not answering), as the fetch does: a later poll()
+        # collects it (``_collect_starts``). Tagged with ``_unread_adds`` as it was when the
+        # read was sent: an assign() since then (which may have given up a partition and
+        # taken it again) drops the answer, and the partitions still unread are read again.
+        self._reading_starts: InFlight[_Starts, tuple[int, tuple[TopicPartition, ...]]] = (
+            InFlight(f"rcoord-{config.group_id}-starts"))
+        self._unread_adds = 0
         # Commits of such partitions' offsets the application made (its ticket -> offsets):
         # once landed, each sets the start of those still unstarted; the first fetch waits
         # for those of partitions unstarted then (``_starts_landed``).
@@ -640,29 +648,73 @@ class Consumer(SubscriptionMixin):
         consumer, ``groups reset-offsets``) was ignored, then written over by the next commit
         of the positions. Read without the lock (a ``close()`` from another thread does not
         wait for it); a partition sought or given up meanwhile keeps what that did.
-        ``timeout``: see ``_query`` (``ConnectionLost``, ``TimeoutError``)."""
+        ``timeout``: see ``_query`` (``ConnectionLost``, ``TimeoutError``). ``position()``'s;
+        ``poll()`` reads them on a thread (``_collect_starts``)."""
         unread = sorted(self._unread)
         if not unread:
             return
-        coord = self._started(timeout)
+        found = self._starts_of(unread, timeout, interruptible=True)
+        with self._single_threaded():
+            self._check_open()
+            self._apply_starts(unread, found)
+
+    def _starts_of(self, unread: list[TopicPartition], timeout: float | None, *,
+                   interruptible: bool) -> _Starts:
+        """``start_offsets`` of ``unread`` (``_read_starts``), each query as ``_query``."""
+        coord = self._started(timeout, interruptible=interruptible)
         missing: set[TopicPartition] = set()
         offsets, committed = start_offsets(
             unread, coord, self._config,
-            lambda call, error_of: self._query(call, timeout, error_of), missing=missing)
+            lambda call, error_of: self._query(call, timeout, error_of,
+                                               interruptible=interruptible),
+            missing=missing)
+        return _Starts(offsets, committed, frozenset(missing))
+
+    def _apply_starts(self, unread: list[TopicPartition], found: _Starts) -> None:
+        """Set the starts ``found`` of the partitions of ``unread`` still unread (the lock
+        held); one sought or given up meanwhile keeps what that did."""
+        offsets, committed = found.offsets, found.committed
         edge = 0 if self._config.start_offset == "earliest" else 1
-        with self._single_threaded():
-            self._check_open()
-            for tp in unread:
-                if tp not in self._unread:
-                    continue
-                self._unread.discard(tp)
-                self._position[tp] = self._fetch_pos[tp] = offsets[tp]
-                if offsets[tp] < 0:  # start_offset="none" and nothing committed
-                    self._invalid[tp] = offsets[tp]
-                if tp in committed:
-                    self._committed[tp] = committed[tp]
-                if tp in missing:  # (no position until it exists: see assign())
-                    self._reset_later(tp, edge)
+        for tp in unread:
+            if tp not in self._unread:
+                continue
+            self._unread.discard(tp)
+            self._position[tp] = self._fetch_pos[tp] = offsets[tp]
+            if offsets[tp] < 0:  # start_offset="none" and nothing committed
+                self._invalid[tp] = offsets[tp]
+            if tp in committed:
+                self._committed[tp] = committed[tp]
+            if tp in found.missing:  # (no position until it exists: see assign())
+                self._reset_later(tp, edge)
+
+    def _collect_starts(self, deadline: float | None) -> bool:
+        """``poll()``'s ``_read_starts``: the read runs on a thread of its own
+        (``_reading_starts``), sent if none is in flight, and ``poll()`` waits for it only
+        until its deadline (or ``wakeup()``, or ``close()``); one still in flight then is
+        collected by a later ``poll()``, as Kafka's ``poll(timeout)`` bounds its fetch of the
+        committed offsets by its timer and keeps the request pending for the next. Before,
+        ``poll()`` made the read itself, under the consumer's lock, and a Redis that did not
+        answer held a ``poll(0.2)`` for the socket timeout (10 s; a client without one, until
+        Redis answered). True once the read was collected (applied, or dropped for an
+        ``assign()`` made since it was sent: ``_unread_adds``); its ``ConnectionLost`` or
+        ``TimeoutError`` (retried for the timeout left to the ``poll()`` that sent it) and any
+        other error are raised here."""
+        if not self._reading_starts.busy:
+            unread = tuple(sorted(self._unread))
+            timeout = _remaining(deadline)
+            self._reading_starts.start(
+                lambda: self._starts_of(list(unread), timeout, interruptible=False),
+                (self._unread_adds, unread))
+        done = self._reading_starts.wait(_remaining(deadline), self._wakeup, self._stop)
+        if done is None:
+            return False
+        if done.error is not None:
+            raise done.error
+        adds, unread = done.tag
+        assert done.value is not None
+        if adds == self._unread_adds:
+            self._apply_starts(list(unread), done.value)
+        return True
 
     def _await_start_commit(self, key: TopicPartition, timeout: float | None) -> None:
         """``position()`` of an unstarted partition (``_unstarted``) whose offset the
@@ -909,7 +961,7 @@ class Consumer(SubscriptionMixin):
         found = self._query(lambda: coord.offsets_for_times(keys), timeout)
         return {tp: found[tp] for tp in asked}
 
-    def _started(self, timeout: float | None) -> Coordinator:
+    def _started(self, timeout: float | None, *, interruptible: bool = True) -> Coordinator:
         """The coordinator for an offset query with ``timeout`` (``_query``): its start is
         retried as the query is, and a start that a ``poll(timeout)`` began and gave up
         waiting for (still held in the client's own retries) is waited for only until the
@@ -917,10 +969,12 @@ class Consumer(SubscriptionMixin):
         bounded = _check_timeout(timeout)  # (None: no bound, also for one too long to wait)
         deadline = (None if timeout is not None and bounded is None
                     else time.monotonic() + (self._api_timeout_s if bounded is None else bounded))
-        return self._query(lambda: self._coordinator(deadline), timeout)
+        return self._query(lambda: self._coordinator(deadline), timeout,
+                           interruptible=interruptible)
 
     def _query(self, call: Callable[[], T], timeout: float | None,
-               error_of: Callable[[T], Errors] | None = None) -> T:
+               error_of: Callable[[T], Errors] | None = None, *,
+               interruptible: bool = True) -> T:
         """A read of offsets, retried while Redis is unreachable (``ConnectionLost``) for up to
         ``timeout`` seconds after its first failure, by default ``default_api_timeout_ms``
         (Kafka's ``default.api.timeout.ms``, whose offset queries retry as long); then that
@@ -936,11 +990,15 @@ class Consumer(SubscriptionMixin):
         which says to give the master's URL (``refused_by_replica``). A coordinator start
         that an earlier ``poll(timeout)`` began and still waits on Redis is waited for only
         until ``timeout``, then ``TimeoutError`` (``_started``). ``error_of``: the answer's
-        error, the retriable ones retried as long (``call_with_retries``)."""
+        error, the retriable ones retried as long (``call_with_retries``). Not
+        ``interruptible``: on a thread of the consumer's own (``_collect_starts``), whose
+        retries a ``wakeup()`` must not end (nor use up: it is the application's thread's);
+        ``close()`` still does."""
         _check_timeout(timeout)
         budget = self._api_timeout_s if timeout is None else float(timeout)
         bound = f"{budget * 1000:g} ms (the call's timeout, by default default_api_timeout_ms)"
-        with (self._using_client(), self._interruptible(),
+        with (self._using_client(),
+              self._interruptible() if interruptible else contextlib.nullcontext(),
               refused_by_replica(self._config.group_id, bound)):
             return call_with_retries(call, error_of, config=self._config, closing=self._stop,
                                      budget_s=budget)
@@ -1092,7 +1150,8 @@ class Consumer(SubscriptionMixin):
 
         It returns by ``timeout`` even while Redis does not answer: the fetch and the
         auto-commit run on background threads and stay in flight for a later poll() to collect
-        (``_fetch``, ``_maybe_auto_commit``), and so do a revocation's commits (a changed
+        (``_fetch``, ``_maybe_auto_commit``), as does the read of where ``assign()``ed
+        partitions start (``_collect_starts``), and so do a revocation's commits (a changed
         subscription's too), which the member's rejoin waits for instead (``_revoke``,
         ``_finish_rejoin``). Not bounded by it: the listener.
         """
@@ -1222,6 +1281,7 @@ class Consumer(SubscriptionMixin):
         ``poll()``'s for its fetch and its auto-commit, ``commit()``'s for its commit."""
         self._committer.interrupt_waits()
         self._fetching.interrupt_waits()
+        self._reading_starts.interrupt_waits()
 
     def _poll(self, deadline: float | None, limit: int) -> list[ConsumerRecord]:
         """``poll()``'s loop, with the lock held and the poll timer stopped."""
@@ -1264,10 +1324,14 @@ class Consumer(SubscriptionMixin):
                 continue
             if self._unread:
                 try:
-                    self._read_starts(_remaining(deadline))
+                    collected = self._collect_starts(deadline)
                 except (ConnectionLost, TimeoutError):
                     # Redis away: as Kafka's poll() when its fetch of committed offsets times
                     # out, no records meanwhile; a later try reads them (logged by the retries).
+                    collected = False
+                if not collected or self._unread:
+                    # (still in flight, failed, or dropped: the loop's top looks at wakeup()
+                    # and close() before the next wait or read)
                     if _expired(deadline):
                         return []
                     continue
@@ -1892,8 +1956,13 @@ class Consumer(SubscriptionMixin):
         position. Before, they started where the generation's committed offsets (read before
         the listener ran) said, and the next commit of the positions undid the listener's.
         Only the application's commits: an auto-commit or a revocation's sends positions."""
+        reading = self._reading_starts.busy
         for tp, offset in starts.items():
             if tp in self._unstarted:
+                if reading:
+                    # poll()'s read of its start is in flight: its answer may predate this
+                    # commit, and it would set the start back over it.
+                    self._unread.discard(tp)
                 self._position[tp] = self._fetch_pos[tp] = offset
                 self._invalid.pop(tp, None)  # (start_offset="none": it has one now)
                 self._caught_up.discard(tp)
@@ -3252,6 +3321,7 @@ class Consumer(SubscriptionMixin):
                     left = _remaining(deadline)
                     ender.join(self._config.session_timeout_ms / 1000 if left is None else left)
                 self._fetching.close()  # a fetch still in flight is dropped
+                self._reading_starts.close()  # (so is a read of assign()'s starts)
                 if ender is None:
                     self._close_own_client()  # (else the ender does, once the calls returned)
         return listener_error
@@ -3327,6 +3397,16 @@ _FETCH_POLLS = 4
 
 _MIN_FETCH_SHARE = 50
 """Fewest records a fetch asks of one partition (unless max_poll_records is smaller)."""
+
+
+@dataclass(frozen=True)
+class _Starts:
+    """What ``start_offsets`` found of the ``assign()``ed partitions (``_starts_of``)."""
+
+    offsets: dict[TopicPartition, int]
+    committed: dict[TopicPartition, int]
+    missing: frozenset[TopicPartition]
+
 
 @dataclass(frozen=True)
 class _FetchAsk:

@@ -91,6 +91,7 @@ class SubscriptionMixin:
         _caught_up: set[TopicPartition]
         _unstarted: set[TopicPartition]
         _unread: set[TopicPartition]
+        _unread_adds: int
         _seeks: dict[TopicPartition, int]
         _record_bytes: dict[TopicPartition, int]
         _fetched_turn: dict[TopicPartition, int]
@@ -293,6 +294,8 @@ class SubscriptionMixin:
                 call_with_retries(self._coordinator, None, config=self._config,
                                   closing=self._stop)
             self._forget_partitions(removed)
+            if added:
+                self._unread_adds += 1  # (an answer to a read sent before is dropped)
             for tp in added:
                 self._position[tp] = self._fetch_pos[tp] = 0  # (a stand-in until it is read)
                 self._buffers[tp] = deque()
