@@ -200,6 +200,7 @@ def test_kafka_python_consumes_its_group_and_is_refused_another(
                                    enable_auto_commit=False, consumer_timeout_ms=5000,
                                    **_kp(gateway))
     try:
+        assert "orders" in consumer.topics()  # (after subscribing: see poll_until)
         assert [m.value for m in take(consumer, 3)] == [b"o0", b"o1", b"o2"]
         consumer.commit()
         tp = kafka.TopicPartition("orders", 0)
@@ -572,6 +573,7 @@ def test_a_refused_client_does_not_disturb_an_allowed_one(gateway: GatewayThread
         consumer = kafka.KafkaConsumer("orders", group_id="app", auto_offset_reset="earliest",
                                        consumer_timeout_ms=5000, **_kp(gateway))
         try:
+            assert "orders" in consumer.topics()  # (after subscribing: see poll_until)
             assert [m.value for m in take(consumer, 1)] == [b"ok"]
         finally:
             consumer.close()

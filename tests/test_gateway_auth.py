@@ -67,6 +67,7 @@ def test_kafka_python_authenticates(
     consumer = kafka.KafkaConsumer("secured", group_id="sg", auto_offset_reset="earliest",
                                    consumer_timeout_ms=5000, **_kp_conf(gateway, "alice-secret"))
     try:
+        assert "secured" in consumer.topics()  # (after subscribing: see poll_until)
         assert [m.value for m in take(consumer, 1)] == [b"in"]
     finally:
         consumer.close()

@@ -142,6 +142,7 @@ def test_kafka_python_over_sasl_ssl(sasl_ssl: GatewayThread, topics: Topics,
     consumer = kafka.KafkaConsumer("sealed", group_id="kp", auto_offset_reset="earliest",
                                    consumer_timeout_ms=5000, **conf)
     try:
+        assert "sealed" in consumer.topics()  # (after subscribing: see poll_until)
         assert [m.value for m in take(consumer, 1)] == [b"kp"]
     finally:
         consumer.close()
