@@ -95,9 +95,12 @@ class KafkaMember(_Member):
             auto_offset_reset="earliest", heartbeat_interval_ms=200, session_timeout_ms=6000,
             partition_assignment_strategy=[RangePartitionAssignor])
         # kafka-python can join before its first metadata answer is in; as the leader it then
-        # assigns nothing ("No partition metadata for topic") and, if that answer lands
-        # between its assignment and its metadata snapshot, never rejoins. Seen once under a
-        # loaded machine; waiting for the topic's metadata first takes the race out.
+        # assigns nothing ("No partition metadata for topic") and rejoins once that answer
+        # lands, a rejoin whose result a poll that times out meanwhile drops (see
+        # gateway_harness.poll_until). Seen under a loaded machine. A metadata fetch made after
+        # subscribing (topics() always asks; partitions_for_topic may answer from the cache,
+        # leaving the coordinator's snapshot empty) takes the race out.
+        assert TOPIC in self.consumer.topics()
         assert self.consumer.partitions_for_topic(TOPIC) == set(range(N))
 
     def step(self) -> None:
