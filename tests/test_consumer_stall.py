@@ -613,6 +613,23 @@ def test_the_first_poll_after_assign_returns_by_its_timeout_while_redis_does_not
         consumer.close(timeout=5)
 
 
+def _hold_up_offset_reads(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The consumer's reads of committed offsets answer only once the event returned is set
+    (as a slow server's would): what they read, they read at once."""
+    coord = consumer._own_coordinator
+    assert coord is not None
+    answer = threading.Event()
+    read = coord.fetch_offsets
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        found = read(*args, **kwargs)
+        answer.wait(BOUND_S)
+        return found
+
+    monkeypatch.setattr(coord, "fetch_offsets", held_up)
+    return answer
+
+
 def test_a_commit_landed_while_the_start_read_is_in_flight_sets_the_start(
     client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -627,17 +644,7 @@ def test_a_commit_landed_while_the_start_read_is_in_flight_sets_the_start(
     committer.commit({tp: 3})
     committer.close(timeout=5)
     consumer = _assigned(client, namespace, enable_auto_commit=False)
-    coord = consumer._own_coordinator
-    assert coord is not None
-    answer = threading.Event()
-    read = coord.fetch_offsets
-
-    def held_up(*args: Any, **kwargs: Any) -> Any:
-        found = read(*args, **kwargs)
-        answer.wait(BOUND_S)
-        return found
-
-    monkeypatch.setattr(coord, "fetch_offsets", held_up)
+    answer = _hold_up_offset_reads(consumer, monkeypatch)
     try:
         assert consumer.poll(timeout=0.1) == []
         assert consumer._reading_starts.busy
@@ -667,17 +674,7 @@ def test_a_start_read_sent_before_an_assign_that_took_the_partition_again_is_dro
     other = _assigned(client, namespace, enable_auto_commit=False)
     other.commit({tp: 3})
     consumer = _assigned(client, namespace, enable_auto_commit=False)
-    coord = consumer._own_coordinator
-    assert coord is not None
-    answer = threading.Event()
-    read = coord.fetch_offsets
-
-    def held_up(*args: Any, **kwargs: Any) -> Any:
-        found = read(*args, **kwargs)
-        answer.wait(BOUND_S)
-        return found
-
-    monkeypatch.setattr(coord, "fetch_offsets", held_up)
+    answer = _hold_up_offset_reads(consumer, monkeypatch)
     try:
         assert consumer.poll(timeout=0.1) == []
         assert consumer._reading_starts.busy
