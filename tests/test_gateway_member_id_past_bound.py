@@ -121,32 +121,23 @@ def _check_join_error(resp: Any, version: int, member_id: str, code: int) -> Non
 
 
 @pytest.mark.parametrize("key", [JOIN_GROUP, SYNC_GROUP, HEARTBEAT, OFFSET_COMMIT])
-def test_an_id_past_the_bound_is_an_unknown_member_at_every_version(raw: _Raw, key: int) -> None:
+@pytest.mark.parametrize(("instance_id", "code"), [(None, Errors.UNKNOWN_MEMBER_ID),
+                                                   (IID, Errors.FENCED_INSTANCE_ID)])
+def test_an_id_past_the_bound_is_answered_as_a_short_unknown_id_at_every_version(
+        raw: _Raw, key: int, instance_id: str | None, code: int) -> None:
+    """An unknown member, or, beside a member's instance id (from the first version that
+    carries one), a fenced one."""
     gen, mid = _stable_static_member(raw)
     for version in VERSIONS[key]:
-        for who in (LONG, SHORT):
-            resp = raw.call(key, version, _bodies(who, gen, None)[key])
-            assert _codes(key, resp) == _expected(key, Errors.UNKNOWN_MEMBER_ID), (version, who)
-            if key == JOIN_GROUP:
-                _check_join_error(resp, version, who, Errors.UNKNOWN_MEMBER_ID)
-    # The group's member is untouched, in its generation.
-    beat = raw.call(HEARTBEAT, 3, _bodies(mid, gen, IID)[HEARTBEAT])
-    assert beat.error_code.value == Errors.NONE
-
-
-@pytest.mark.parametrize("key", [JOIN_GROUP, SYNC_GROUP, HEARTBEAT, OFFSET_COMMIT])
-def test_an_id_past_the_bound_beside_a_members_instance_id_is_fenced(raw: _Raw, key: int
-                                                                     ) -> None:
-    gen, mid = _stable_static_member(raw)
-    for version in VERSIONS[key]:
-        if version < INSTANCE_ID_FROM[key]:
+        if instance_id is not None and version < INSTANCE_ID_FROM[key]:
             continue
         for who in (LONG, SHORT):
-            resp = raw.call(key, version, _bodies(who, gen, IID)[key])
-            assert _codes(key, resp) == _expected(key, Errors.FENCED_INSTANCE_ID), (version, who)
+            resp = raw.call(key, version, _bodies(who, gen, instance_id)[key])
+            assert _codes(key, resp) == _expected(key, code), (version, who)
             if key == JOIN_GROUP:
-                _check_join_error(resp, version, who, Errors.FENCED_INSTANCE_ID)
-    beat = raw.call(HEARTBEAT, 4, _bodies(mid, gen, IID)[HEARTBEAT])
+                _check_join_error(resp, version, who, code)
+    # The group's member is untouched, in its generation.
+    beat = raw.call(HEARTBEAT, 3, _bodies(mid, gen, IID)[HEARTBEAT])
     assert beat.error_code.value == Errors.NONE
 
 
