@@ -594,12 +594,7 @@ def test_the_first_poll_after_assign_returns_by_its_timeout_while_redis_does_not
     3). With the server stopped, each poll(0.2) returns [] while that read stays in flight
     (the client has no socket timeout: it waited until SIGCONT, for ever here). Once the
     server answers, reading starts at the committed offset: 3 and 4, once each."""
-    _topic(client, namespace, 5)
-    tp = TP("t", 0)
-    committer = _assigned(client, namespace, enable_auto_commit=False)
-    committer.commit({tp: 3})
-    committer.close(timeout=5)
-    consumer = _assigned(client, namespace, enable_auto_commit=False)
+    consumer = _assigned_after_a_commit_of_3(client, namespace)
     try:
         stalled()
         for _ in range(3):
@@ -611,6 +606,15 @@ def test_the_first_poll_after_assign_returns_by_its_timeout_while_redis_does_not
     finally:
         _resume(own_server)
         consumer.close(timeout=5)
+
+
+def _assigned_after_a_commit_of_3(client: Any, namespace: str) -> Any:
+    """A consumer assigned t-0 (5 records), whose group another consumer committed 3 for."""
+    _topic(client, namespace, 5)
+    committer = _assigned(client, namespace, enable_auto_commit=False)
+    committer.commit({TP("t", 0): 3})
+    committer.close(timeout=5)
+    return _assigned(client, namespace, enable_auto_commit=False)
 
 
 def _hold_up_offset_reads(consumer: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -638,12 +642,8 @@ def test_a_commit_landed_while_the_start_read_is_in_flight_sets_the_start(
     lands: the partition starts there, as a commit of it made before the first poll() does,
     and the read's older answer, collected afterwards, does not set the start back to 3
     (which read 3 again)."""
-    _topic(client, namespace, 5)
     tp = TP("t", 0)
-    committer = _assigned(client, namespace, enable_auto_commit=False)
-    committer.commit({tp: 3})
-    committer.close(timeout=5)
-    consumer = _assigned(client, namespace, enable_auto_commit=False)
+    consumer = _assigned_after_a_commit_of_3(client, namespace)
     answer = _hold_up_offset_reads(consumer, monkeypatch)
     try:
         assert consumer.poll(timeout=0.1) == []
